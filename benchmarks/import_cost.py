@@ -1,0 +1,109 @@
+"""Cost of `import kernel_lock` + load + verify + resolve, next to `import torch` alone.
+
+Goal (issue 2): under 50 ms extra. Both are measured in this one run, interleaved, as the median of
+fresh interpreter starts, so machine noise hits both alike. Prints figures; asserts nothing.
+
+    python benchmarks/import_cost.py [--runs 9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+LOCK = """\
+lock-version = "1.0"
+created-by = "benchmark"
+[environment]
+device-type = { value = "cpu", match = "exact" }
+torch = { value = "%s", match = "compatible" }
+[slots.LayerNorm]
+implementation = "torch.layer_norm"
+target = "torch.nn.LayerNorm"
+semantics = "layer_norm"
+kwargs = { eps = 1e-5 }
+[slots.RMSNorm]
+implementation = "torch.rms_norm"
+target = "torch.nn.RMSNorm"
+semantics = "rms_norm"
+kwargs = { eps = 1e-6 }
+[slots.Linear]
+implementation = "torch.linear"
+target = "torch.nn.Linear"
+semantics = "linear"
+"""
+
+
+def wall(code: str) -> float:
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=9)
+    args = ap.parse_args()
+    import torch
+
+    import kernel_lock
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "kernel-lock.toml"
+        kernel_lock.loads(LOCK % torch.__version__.split("+")[0], emit_warnings=False).sealed().dump(path)
+        cases = {
+            "import torch": "import torch",
+            "import kernel_lock (no torch)": "import kernel_lock",
+            "import torch + kernel_lock + load + verify + resolve 3 slots": (
+                "import torch, kernel_lock\n"
+                f"lock = kernel_lock.load({str(path)!r})\n"
+                "lock.verify()\n"
+                "[lock.factory(s) for s in kernel_lock.SLOTS]"
+            ),
+        }
+        times: dict[str, list[float]] = {k: [] for k in cases}
+        for name, code in cases.items():
+            wall(code)  # warm the page cache once
+        for _ in range(args.runs):
+            for name, code in cases.items():
+                times[name].append(wall(code))
+        # in-process split (less noisy than the difference of two interpreter starts)
+        split_code = (
+            "import time, json; import torch\n"
+            "t0 = time.perf_counter(); import kernel_lock; t1 = time.perf_counter()\n"
+            f"lock = kernel_lock.load({str(path)!r}); t2 = time.perf_counter()\n"
+            "lock.verify(); t3 = time.perf_counter()\n"
+            "[lock.factory(s)(8, 8) if s == 'Linear' else lock.factory(s)(8) for s in kernel_lock.SLOTS]; t4 = time.perf_counter()\n"
+            "print(json.dumps([t1 - t0, t2 - t1, t3 - t2, t4 - t3]))"
+        )
+        import json
+
+        splits = []
+        for _ in range(args.runs):
+            out = subprocess.run([sys.executable, "-c", split_code], check=True, cwd=ROOT, capture_output=True, text=True)
+            splits.append(json.loads(out.stdout))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    base = med["import torch"]
+    print(f"runs per case: {args.runs} (median wall time of a fresh interpreter)")
+    for name, t in med.items():
+        print(f"  {name:<62} {t * 1000:8.1f} ms   ratio to import torch {t / base:5.3f}")
+    extra = (med["import torch + kernel_lock + load + verify + resolve 3 slots"] - base) * 1000
+    print(f"extra over `import torch` (difference of medians, noisy): {extra:.1f} ms")
+    names = ["import kernel_lock", "load", "verify (fingerprint)", "resolve + build 3 slots"]
+    parts = [statistics.median(s[i] for s in splits) * 1000 for i in range(4)]
+    for n, v in zip(names, parts):
+        print(f"  in-process, torch already imported: {n:<26} {v:7.2f} ms")
+    print(f"in-process total extra: {sum(parts):.1f} ms (goal: under 50 ms); ratio to import torch: "
+          f"{1 + sum(parts) / 1000 / base:.3f}")
+
+
+if __name__ == "__main__":
+    main()

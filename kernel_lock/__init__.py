@@ -1,0 +1,53 @@
+"""kernel_lock: read a kernel-lock TOML, check this machine against it, and build the pinned classes.
+
+    import kernel_lock
+    lock = kernel_lock.load("kernel-lock.toml")
+    lock.verify()                        # raises LockMismatch, listing every differing field
+    LayerNorm = lock.factory("LayerNorm")
+    norm = LayerNorm(1024)               # the library's own class, with the pinned kwargs
+
+Import-light on purpose: training and inference import this in every process. torch is imported only
+when something is resolved; rich and kernel_probe never.
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    EXIT_CODES,
+    Difference,
+    KernelUnavailable,
+    LockError,
+    LockFormatError,
+    LockMismatch,
+    LockVersionError,
+    LockWarning,
+    TargetNotAllowed,
+)
+from .lock import LOCK_VERSION, SLOTS, KernelLock, load, loads
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "EXIT_CODES",
+    "LOCK_VERSION",
+    "SLOTS",
+    "Difference",
+    "KernelLock",
+    "KernelUnavailable",
+    "LockError",
+    "LockFormatError",
+    "LockMismatch",
+    "LockVersionError",
+    "LockWarning",
+    "TargetNotAllowed",
+    "factory",
+    "load",
+    "loads",
+]
+
+
+def factory(lock: KernelLock | None, slot: str, mode: str = "training", **options):
+    """``lock.factory(slot)``, also for ``lock=None`` (every slot resolves to torch.nn)."""
+    from .resolve import factory as _factory
+
+    return _factory(lock, slot, mode=mode, **options)

@@ -1,0 +1,97 @@
+"""The one error family of kernel_lock.
+
+Every error names *where* (file and dotted key path), *what* went wrong, and the *fix*. The CLI maps
+each class to a documented exit code (see ``EXIT_CODES``), so scripts can tell a stale lock (3) from
+a broken file (5) without parsing messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class LockError(Exception):
+    """Base of every error kernel_lock raises on purpose."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, path: str | None = None, key: str | None = None, fix: str | None = None):
+        self.path = path
+        self.key = key
+        self.problem = message
+        self.fix = fix
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        where = ": ".join(part for part in (self.path, f"'{self.key}'" if self.key else None) if part)
+        text = f"{where}: {self.problem}" if where else self.problem
+        if self.fix:
+            text += f"\n  fix: {self.fix}"
+        return text
+
+
+class LockFormatError(LockError, ValueError):
+    """The lock (or another input file) is not valid: not TOML, wrong types, missing keys, ..."""
+
+    exit_code = 5
+
+
+class LockVersionError(LockFormatError):
+    """The lock's major ``lock-version`` is one this kernel_lock does not understand."""
+
+
+class TargetNotAllowed(LockFormatError):
+    """A target is outside the import allow-list, or is not a ``torch.nn.Module`` subclass."""
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One fingerprint field (or library) where this machine differs from the lock."""
+
+    field: str
+    expected: object
+    found: object
+    rule: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: lock has {self.expected!r}, this machine has {self.found!r} (match = {self.rule})"
+
+
+class LockMismatch(LockError):
+    """This machine is not the one the lock was probed on (or lacks what it pins)."""
+
+    exit_code = 3
+
+    def __init__(self, differences: list[Difference], *, path: str | None = None, fix: str | None = None):
+        self.differences = list(differences)
+        lines = "\n".join(f"  - {d}" for d in self.differences)
+        super().__init__(
+            f"the environment does not match the lock ({len(self.differences)} field(s)):\n{lines}",
+            path=path,
+            key="environment",
+            fix=fix
+            or "re-run `kernel-probe --force` on this machine to write a lock for it, relax the field's "
+            "`match` rule in the lock if the difference is harmless, or use the matching machine",
+        )
+
+
+class KernelUnavailable(LockError):
+    """A slot's implementation cannot be built here (library missing or broken), and no allowed way out."""
+
+    exit_code = 3
+
+
+class LockWarning(UserWarning):
+    """Something worth knowing that does not stop resolution (hand-edited lock, newer minor version)."""
+
+
+EXIT_CODES = {
+    0: "ok",
+    1: "other failure (a bug, an interrupted run, a library that crashed the probe itself)",
+    2: "usage error (bad command-line arguments)",
+    3: "the environment does not match the lock, the lock is stale or missing (--check), "
+    "or a pinned kernel is unavailable here",
+    4: "the machine does not meet the site profile",
+    5: "malformed input file (lock, profile, config): not TOML, wrong types, unknown keys, "
+    "disallowed targets, missing or unreadable path",
+}

@@ -1,0 +1,280 @@
+"""From a verified lock to the real classes: the resolver.
+
+Training mode never substitutes: the pinned implementation is built here, or an error says why not.
+Inference mode may use the slot's verified torch.nn twin instead, and says so (a WARNING log record
+and the ``substituted_from`` attribute of what it returns), so a caller can assert on it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import inspect
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import Difference, KernelUnavailable, LockFormatError, LockMismatch, TargetNotAllowed
+from .lock import MODES, SLOTS, KernelLock, Slot, check_target
+
+log = logging.getLogger("kernel_lock")
+
+# What a slot the lock does not mention resolves to: plain torch.nn, as before the lock existed.
+DEFAULT_TARGETS = {"LayerNorm": "torch.nn.LayerNorm", "RMSNorm": "torch.nn.RMSNorm", "Linear": "torch.nn.Linear"}
+
+
+class KernelFactory(functools.partial):
+    """``functools.partial`` of the real class, with the pinned kwargs (call-site kwargs win).
+
+    Calling it builds the library's own module (``type(m)`` is the pinned class, no wrapper). The
+    extra attributes record how the slot was resolved.
+    """
+
+    slot: str
+    implementation: str
+    target: str
+    mode: str
+    substituted_from: str | None  # the training implementation this twin stands in for
+    max_error: float | None  # verified max error between the twin and the training implementation
+
+    def describe(self) -> str:
+        text = f"{self.slot} -> {self.implementation} ({self.target})"
+        if self.substituted_from:
+            text += f", substituted for {self.substituted_from} (verified max error {self.max_error})"
+        return text
+
+
+def _check_slot_name(slot: str) -> None:
+    if slot not in SLOTS:
+        close = [s for s in SLOTS if s.lower() == slot.lower()]
+        raise LockFormatError(
+            f"unknown slot {slot!r}",
+            key=slot,
+            fix=f"did you mean {close[0]!r}? slot names are case-sensitive" if close else f"known slots: {', '.join(SLOTS)}",
+        )
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise LockFormatError(f"unknown mode {mode!r}", fix=f"use one of {', '.join(MODES)}")
+
+
+def import_target(target: str, trusted: tuple[str, ...] = (), *, where: str | None = None, key: str | None = None) -> type:
+    """Import an allow-listed ``torch.nn.Module`` subclass. The allow-list is checked first."""
+    check_target(target, trusted, path=where, key=key)
+    module_name, _, attr = target.rpartition(".")
+    # a nested class ("pkg.mod.Outer.Inner") is not supported on purpose: one module, one class
+    module = importlib.import_module(module_name)
+    try:
+        obj = getattr(module, attr)
+    except AttributeError:
+        raise ImportError(f"module {module_name!r} has no attribute {attr!r}") from None
+    import torch
+
+    if not (isinstance(obj, type) and issubclass(obj, torch.nn.Module)):
+        raise TargetNotAllowed(
+            f"target {target!r} is a {type(obj).__name__}, not a torch.nn.Module subclass",
+            path=where,
+            key=key,
+            fix="a slot must name a module class, such as torch.nn.LayerNorm",
+        )
+    return obj
+
+
+def check_kwargs(cls: type, kwargs: Mapping[str, Any], *, where: str | None, key: str) -> None:
+    """Refuse pinned kwargs the class's constructor does not accept (before any call)."""
+    try:
+        sig = inspect.signature(cls)
+    except (TypeError, ValueError):  # builtins without a signature: nothing to check
+        return
+    params = sig.parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    for name in kwargs:
+        p = params.get(name)
+        if p is None or p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.VAR_POSITIONAL):
+            accepted = [n for n, q in params.items() if q.kind in (q.POSITIONAL_OR_KEYWORD, q.KEYWORD_ONLY)]
+            raise LockFormatError(
+                f"{cls.__module__}.{cls.__qualname__} does not accept the keyword argument {name!r}",
+                path=where,
+                key=f"{key}.{name}",
+                fix=f"remove it; accepted: {', '.join(accepted)}",
+            )
+
+
+def _requirement_problems(slot: Slot) -> list[Difference]:
+    """Requirements of a slot that this machine does not satisfy (no import; metadata only)."""
+    from importlib import metadata
+
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    problems = []
+    for req in slot.requires:
+        try:
+            version = metadata.version(req.name)
+        except metadata.PackageNotFoundError:
+            version = None
+        if version is None and req.module and importlib.util.find_spec(req.module) is not None:
+            version = "unknown"  # importable but not installed as a distribution (e.g. a source tree)
+        if version is None:
+            problems.append(Difference(f"slots.{slot.name}.requires.{req.name}", req.specifier or "any", "not installed", "specifier"))
+            continue
+        if req.specifier and version != "unknown":
+            try:
+                ok = SpecifierSet(req.specifier).contains(Version(version), prereleases=True)
+            except InvalidVersion:
+                ok = False
+            if not ok:
+                problems.append(Difference(f"slots.{slot.name}.requires.{req.name}", req.specifier, version, "specifier"))
+    return problems
+
+
+def verify(lock: KernelLock, mode: str = "training", *, current: Mapping[str, Any] | None = None) -> list[str]:
+    """Check this machine against the lock. Raises :class:`LockMismatch` listing every difference.
+
+    Training: every fingerprint field (under its match rule), every pinned library version and every
+    slot requirement. Inference: the machine may differ (that is the point), but every slot must be
+    buildable, either as pinned or through a verified twin. Returns notes (substitutions).
+    """
+    _check_mode(mode)
+    if current is None:
+        from . import fingerprint
+
+        current = fingerprint.current()
+    notes: list[str] = []
+    if mode == "training":
+        from . import fingerprint
+
+        libs = fingerprint.library_versions(lock.environment.libraries)
+        diffs = fingerprint.compare(lock.environment.fields, current, lock.environment.libraries, libs)
+        for slot in lock.slots.values():
+            diffs.extend(_requirement_problems(slot))
+        if diffs:
+            raise LockMismatch(diffs, path=lock.path)
+        return notes
+    problems = []
+    for slot in lock.slots.values():
+        reason = _unusable_reason(slot, current)
+        if reason is None:
+            continue
+        if slot.twin is None or slot.twin.state_dict == "incompatible":
+            why = "no twin" if slot.twin is None else "its twin's state dict does not interchange"
+            problems.append(Difference(f"slots.{slot.name}", slot.implementation, f"{reason}; {why}", "inference"))
+        else:
+            notes.append(f"{slot.name}: {slot.implementation} cannot run here ({reason}); inference uses twin {slot.twin.target}")
+    if problems:
+        raise LockMismatch(
+            problems,
+            path=lock.path,
+            fix="install the library the slot needs, or re-probe on this machine; a slot without a verified "
+            "twin cannot be substituted",
+        )
+    return notes
+
+
+def _unusable_reason(slot: Slot, current: Mapping[str, Any]) -> str | None:
+    problems = _requirement_problems(slot)
+    if problems:
+        return "; ".join(f"{p.field.rsplit('.', 1)[-1]} {p.found} (needs {p.expected})" for p in problems)
+    if slot.devices and current.get("device-type") not in slot.devices:
+        return f"it runs on {', '.join(slot.devices)}, this machine's device is {current.get('device-type')}"
+    return None
+
+
+def _ensure_verified(lock: KernelLock, mode: str) -> None:
+    done = lock.__dict__.setdefault("_verified_modes", set())
+    if mode not in done:
+        verify(lock, mode=mode)
+        done.add(mode)
+
+
+def _build(slot_name: str, target: str, kwargs: Mapping[str, Any], lock: KernelLock | None, key: str) -> type:
+    trusted = lock.trusted_modules if lock else ()
+    where = lock.path if lock else None
+    try:
+        cls = import_target(target, trusted, where=where, key=f"{key}.target")
+    except (LockFormatError, TargetNotAllowed):
+        raise
+    except ImportError as exc:
+        missing = getattr(exc, "name", None) or target.split(".")[0]
+        raise KernelUnavailable(
+            f"slot {slot_name}: cannot import {target!r}: {exc}",
+            path=where,
+            key=key,
+            fix=f"install the library that provides module {missing!r}, re-run `kernel-probe` to choose "
+            "what this machine can run, or resolve in inference mode to use the verified torch.nn twin",
+        ) from None
+    except Exception as exc:  # a library that raises something else while importing is broken, not absent
+        raise KernelUnavailable(
+            f"slot {slot_name}: importing {target!r} failed with {type(exc).__name__}: {exc}",
+            path=where,
+            key=key,
+            fix="repair or reinstall that library, re-run `kernel-probe`, or use inference mode",
+        ) from None
+    check_kwargs(cls, kwargs, where=where, key=f"{key}.kwargs")
+    return cls
+
+
+def factory(lock: KernelLock | None, slot: str, mode: str = "training", *, verify_environment: bool = True) -> KernelFactory:
+    """The callable that builds ``slot``'s pinned class with the pinned kwargs.
+
+    A slot the lock does not mention resolves to torch.nn (locks may pin only some slots).
+    """
+    _check_slot_name(slot)
+    _check_mode(mode)
+    entry = lock.slots.get(slot) if lock is not None else None
+    if entry is None:
+        target = DEFAULT_TARGETS[slot]
+        cls = _build(slot, target, {}, None, f"slots.{slot}")
+        return _make(cls, {}, slot, "torch (default; slot not in lock)", target, mode, None, None)
+    if verify_environment and mode == "training":
+        _ensure_verified(lock, mode)  # inference checks each slot itself below
+    key = f"slots.{slot}"
+    if mode == "training":
+        problems = _requirement_problems(entry)
+        if problems:
+            raise KernelUnavailable(
+                f"slot {slot}: {entry.implementation} ({entry.target}) needs "
+                + "; ".join(f"{p.field.rsplit('.', 1)[-1]} {p.expected} (found: {p.found})" for p in problems),
+                path=lock.path,
+                key=f"{key}.requires",
+                fix="install it (e.g. `pip install kernel-probe[liger]`), re-run `kernel-probe` on this machine, "
+                "or load in inference mode (mode='inference') to use the verified torch.nn twin",
+            )
+        cls = _build(slot, entry.target, entry.kwargs, lock, key)
+        return _make(cls, entry.kwargs, slot, entry.implementation, entry.target, mode, None, None)
+    from . import fingerprint
+
+    reason = _unusable_reason(entry, fingerprint.current())
+    if reason is None:
+        try:
+            cls = _build(slot, entry.target, entry.kwargs, lock, key)
+            return _make(cls, entry.kwargs, slot, entry.implementation, entry.target, mode, None, None)
+        except KernelUnavailable as exc:
+            reason = exc.problem
+    twin = entry.twin
+    if twin is None or twin.state_dict == "incompatible":
+        raise KernelUnavailable(
+            f"slot {slot}: {entry.implementation} cannot run here ({reason}) and it has no verified portable "
+            + ("twin" if twin is None else f"twin (the state dicts of {entry.target} and {twin.target} do not interchange)"),
+            path=lock.path,
+            key=f"{key}.twin",
+            fix="install the training library on this machine, or re-train / re-probe with an implementation "
+            "whose state dict interchanges with torch.nn",
+        )
+    cls = _build(slot, twin.target, twin.kwargs, lock, f"{key}.twin")
+    log.warning(
+        "kernel_lock: inference substitutes %s for slot %s: %s cannot run here (%s); verified max error between them: %s",
+        twin.target, slot, entry.implementation, reason, "not recorded" if twin.max_error is None else f"{twin.max_error:.3g}",
+    )  # fmt: skip
+    return _make(cls, twin.kwargs, slot, f"twin:{entry.implementation}", twin.target, mode, entry.implementation, twin.max_error)
+
+
+def _make(cls: type, kwargs: Mapping[str, Any], slot: str, implementation: str, target: str, mode: str,
+          substituted_from: str | None, max_error: float | None) -> KernelFactory:
+    f = KernelFactory(cls, **dict(kwargs))
+    f.slot, f.implementation, f.target, f.mode = slot, implementation, target, mode
+    f.substituted_from, f.max_error = substituted_from, max_error
+    return f

@@ -1,0 +1,95 @@
+"""The ``kernel-probe`` command line.
+
+``kernel-probe [options]`` runs the probe (detect, check, time, choose, write the lock);
+``kernel-probe SUBCOMMAND ...`` runs one of the tools below. Every user error becomes one message on
+stderr and a documented exit code (kernel_lock.EXIT_CODES); ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+
+from kernel_lock.errors import EXIT_CODES, LockError, LockWarning
+
+from . import __version__, output
+
+# name -> (module under kernel_probe.commands, one-line help). Each module has add_arguments(p) and run(args).
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "verify": ("lockcmds", "check this machine against a lock and resolve every slot"),
+    "show": ("lockcmds", "print a lock in readable form"),
+    "rehash": ("lockcmds", "accept hand edits: recompute a lock's digest (atomic rewrite)"),
+}
+
+
+def _epilog() -> str:
+    codes = "\n".join(f"  {code}  {text}" for code, text in EXIT_CODES.items())
+    return f"exit codes:\n{codes}"
+
+
+def _base_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog, description=description, epilog=_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    return p
+
+
+def _load(module: str):
+    import importlib
+
+    return importlib.import_module(f"kernel_probe.commands.{module}")
+
+
+def build_subparser(name: str) -> tuple[argparse.ArgumentParser, Callable]:
+    module_name, help_text = SUBCOMMANDS[name]
+    module = _load(module_name)
+    p = _base_parser(f"kernel-probe {name}", help_text)
+    getattr(module, f"add_{name.replace('-', '_')}_arguments")(p)
+    return p, getattr(module, f"run_{name.replace('-', '_')}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-V", "--version"):
+        print(f"kernel-probe {__version__}")
+        return 0
+    if argv and argv[0] in SUBCOMMANDS:
+        parser, run = build_subparser(argv[0])
+        rest = argv[1:]
+    else:
+        from .commands import probe
+
+        parser = _base_parser("kernel-probe", "Probe kernels on this machine and write a kernel lock.")
+        probe.add_probe_arguments(parser)
+        sub = "\n".join(f"  {n:<14} {h}" for n, (_, h) in SUBCOMMANDS.items())
+        parser.epilog = f"subcommands (kernel-probe SUBCOMMAND --help):\n{sub}\n\n{_epilog()}"
+        run, rest = probe.run_probe, argv
+    args = parser.parse_args(rest)  # exits 2 on usage errors
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    output.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LockWarning)  # commands report lock warnings themselves
+        try:
+            return int(run(args) or 0)
+        except LockError as exc:
+            if args.debug:
+                raise
+            output.error(str(exc))
+            return exc.exit_code
+        except KeyboardInterrupt:
+            output.error("interrupted")
+            return 1
+        except Exception as exc:  # a bug: say so plainly, keep the traceback for --debug
+            if args.debug or os.environ.get("KERNEL_PROBE_DEBUG"):
+                raise
+            output.error(f"unexpected {type(exc).__name__}: {exc} (re-run with --debug for the traceback)")
+            return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

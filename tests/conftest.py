@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FAKES = Path(__file__).resolve().parent / "fakes"
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+# child processes (probe workers, import checks) must see the checkout and the fake libraries too
+_pp = os.environ.get("PYTHONPATH", "")
+_need = [str(ROOT), str(FAKES)]
+os.environ["PYTHONPATH"] = os.pathsep.join(_need + ([_pp] if _pp else []))
+if str(FAKES) not in sys.path:
+    sys.path.insert(0, str(FAKES))
+
+MINIMAL_LOCK = '''\
+lock-version = "1.0"
+created-by = "hand"
+
+[environment]
+device-type = { value = "cpu", match = "exact" }
+
+[slots.LayerNorm]
+implementation = "torch.layer_norm"
+target = "torch.nn.LayerNorm"
+semantics = "layer_norm"
+kwargs = { eps = 1e-6 }
+
+[slots.RMSNorm]
+implementation = "torch.rms_norm"
+target = "torch.nn.RMSNorm"
+semantics = "rms_norm"
+kwargs = { eps = 1e-6 }
+
+[slots.Linear]
+implementation = "torch.linear"
+target = "torch.nn.Linear"
+semantics = "linear"
+kwargs = { bias = false }
+'''
+
+
+@pytest.fixture
+def minimal_lock_text() -> str:
+    return MINIMAL_LOCK
+
+
+@pytest.fixture
+def lock_file(tmp_path: Path) -> Path:
+    p = tmp_path / "kernel-lock.toml"
+    p.write_text(MINIMAL_LOCK)
+    return p

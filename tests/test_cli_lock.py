@@ -1,0 +1,112 @@
+"""The lock subcommands: exit codes, one clear message, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kernel_probe.cli import main
+
+from .conftest import MINIMAL_LOCK, ROOT
+
+
+def run(argv, capsys):
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_verify_ok(lock_file, capsys):
+    code, out, err = run(["verify", str(lock_file)], capsys)
+    assert code == 0, err
+    assert "torch.nn.LayerNorm" in out and "no digest" in err
+
+
+def test_verify_json(lock_file, capsys):
+    code, out, _ = run(["verify", str(lock_file), "--json"], capsys)
+    data = json.loads(out)
+    assert code == 0 and data["ok"] is True
+    assert data["slots"]["RMSNorm"]["target"] == "torch.nn.RMSNorm"
+    assert data["slots"]["Linear"]["kwargs"] == {"bias": False}
+
+
+def test_verify_uses_env_var_default(lock_file, capsys, monkeypatch):
+    monkeypatch.setenv("KERNEL_LOCK", str(lock_file))
+    assert run(["verify"], capsys)[0] == 0
+
+
+def test_verify_mismatch_exit_3_json_lists_fields(tmp_path, capsys):
+    p = tmp_path / "k.toml"
+    p.write_text(MINIMAL_LOCK.replace('value = "cpu"', 'value = "rocm"'))
+    code, out, err = run(["verify", str(p), "--json"], capsys)
+    assert code == 3
+    data = json.loads(out)
+    assert data["ok"] is False
+    assert data["differences"] == [{"field": "device-type", "expected": "rocm", "found": "cpu", "rule": "exact"}]
+    code, out, err = run(["verify", str(p)], capsys)
+    assert code == 3 and "device-type" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "content,code,words",
+    [
+        ("not = = toml", 5, "not valid TOML"),
+        (MINIMAL_LOCK.replace('"1.0"', '"3.0"'), 5, "not supported"),
+        (MINIMAL_LOCK.replace('target = "torch.nn.LayerNorm"', 'target = "os.system"'), 5, "allow-list"),
+        (MINIMAL_LOCK.replace("kwargs = { eps = 1e-6 }", "kwargs = { epsilon = 1e-6 }", 1), 5, "does not accept"),
+        (MINIMAL_LOCK.replace("[slots.Linear]", "[slots.Layernorm]"), 5, "did you mean 'LayerNorm'"),
+    ],
+)
+def test_verify_bad_lock_exit_codes(tmp_path, capsys, content, code, words):
+    p = tmp_path / "k.toml"
+    p.write_text(content)
+    got, out, err = run(["verify", str(p)], capsys)
+    assert got == code
+    assert words in err and str(p) in err and "Traceback" not in err
+
+
+def test_missing_and_directory(tmp_path, capsys):
+    code, _, err = run(["verify", str(tmp_path / "nope.toml")], capsys)
+    assert code == 5 and "no such file" in err
+    code, _, err = run(["show", str(tmp_path)], capsys)
+    assert code == 5 and "is a directory" in err
+
+
+def test_strict_refuses_hand_edit(tmp_path, capsys):
+    import kernel_lock
+
+    p = tmp_path / "k.toml"
+    kernel_lock.loads(MINIMAL_LOCK, emit_warnings=False).sealed().dump(p)
+    assert run(["verify", str(p), "--strict"], capsys)[0] == 0
+    p.write_text(p.read_text().replace("1e-06", "1e-07", 1))
+    code, _, err = run(["verify", str(p), "--strict"], capsys)
+    assert code == 5 and "edited by hand" in err
+    # rehash accepts the edit
+    assert run(["rehash", str(p)], capsys)[0] == 0
+    assert run(["verify", str(p), "--strict"], capsys)[0] == 0
+
+
+def test_show_text_and_json(lock_file, capsys):
+    code, out, _ = run(["show", str(lock_file)], capsys)
+    assert code == 0 and "LayerNorm" in out and "torch.layer_norm" in out
+    code, out, _ = run(["show", str(lock_file), "--json"], capsys)
+    assert json.loads(out)["slots"]["LayerNorm"]["kwargs"] == {"eps": 1e-6}
+
+
+def test_usage_error_is_exit_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["verify", "--mode", "serving"])
+    assert exc.value.code == 2
+
+
+def test_no_traceback_from_real_process(tmp_path):
+    p = tmp_path / "k.toml"
+    p.write_text("[[[")
+    proc = subprocess.run([sys.executable, "-m", "kernel_probe", "verify", str(p)], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 5
+    assert "Traceback" not in proc.stderr and "not valid TOML" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "kernel_probe", "verify", str(p), "--debug"], capture_output=True, text=True, cwd=ROOT)
+    assert "Traceback" in proc.stderr  # --debug shows it
