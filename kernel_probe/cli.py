@@ -23,6 +23,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("lockcmds", "check this machine against a lock and resolve every slot"),
     "show": ("lockcmds", "print a lock in readable form"),
     "rehash": ("lockcmds", "accept hand edits: recompute a lock's digest (atomic rewrite)"),
+    "env": ("envcmd", "report this machine: host, torch build, accelerators, triton, kernel libraries, site"),
+    "check": ("check", "run the correctness kernels and print the verdict table"),
 }
 
 

@@ -1,0 +1,164 @@
+"""Run the correctness kernels for every candidate of every slot, isolated, and collect verdicts."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+from .candidates import SLOT_SEMANTICS, Candidate, for_slot
+from .judge import Verdict, judge_row, worst_status
+from .worker import DEFAULT_TIMEOUT, Worker, WorkerDied
+
+DTYPE_NAMES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
+               "fp16": "float16", "float16": "float16"}  # fmt: skip
+ALL_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def parse_dtype(text: str) -> str:
+    from .errors import UsageError
+
+    key = text.strip().lower()
+    if key not in DTYPE_NAMES:
+        raise UsageError(f"unknown dtype {text!r}: use one of fp32, bf16, fp16 (or float32, bfloat16, float16)")
+    return DTYPE_NAMES[key]
+
+
+def dtype_plan(dtypes: Iterable[str], regimes: Iterable[str] = ("true", "mixed")) -> list[tuple[str, str]]:
+    """(dtype, regime) pairs: float32 only runs "true"; low precision runs plain and under autocast."""
+    plan = []
+    for d in dtypes:
+        for r in regimes:
+            if d == "float32" and r == "mixed":
+                continue
+            plan.append((d, r))
+    return plan
+
+
+@dataclass
+class Report:
+    """Everything the probe knows about one candidate for one slot on one device."""
+
+    id: str
+    target: str
+    slot: str
+    semantics: str
+    device: str
+    status: str
+    reasons: list[str] = field(default_factory=list)
+    verdicts: list[Verdict] = field(default_factory=list)
+    source: str = "builtin"
+    candidate: Candidate | None = None
+
+    @property
+    def twin(self) -> dict[str, Any]:
+        """The twin check of the first accepted row (they agree across rows in practice)."""
+        for v in self.verdicts:
+            if v.status == "accepted" and v.twin:
+                return v.twin
+        return {}
+
+    def worst_ratio(self) -> float | None:
+        ratios = [v.worst_ratio for v in self.verdicts if v.worst_ratio is not None]
+        return max(ratios) if ratios else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "target": self.target,
+            "device": self.device,
+            "status": self.status,
+            "reasons": self.reasons,
+            "source": self.source,
+            "worst_error_ratio": self.worst_ratio(),
+            "twin": self.twin,
+            "evidence": [v.to_json() for v in self.verdicts],
+        }
+
+
+def installed(cand: Candidate) -> str | None:
+    """None if the candidate's library is present (by metadata / find_spec, no import); else why not."""
+    if cand.distribution:
+        try:
+            metadata.version(cand.distribution)
+        except metadata.PackageNotFoundError:
+            if not (cand.module and importlib.util.find_spec(cand.module.split(".")[0]) is not None):
+                return f"not installed: {cand.distribution} (pip install {cand.distribution})"
+    elif cand.module and importlib.util.find_spec(cand.module.split(".")[0]) is None:
+        return f"not installed: no module {cand.module.split('.')[0]!r}"
+    return None
+
+
+def _with_reasons(report: Report) -> Report:
+    reasons: list[str] = []
+    for v in report.verdicts:
+        if v.status != "accepted":
+            for r in v.reasons:
+                line = f"{v.dtype}/{v.regime}: {r}"
+                if line not in reasons:
+                    reasons.append(line)
+    report.reasons = reasons + report.reasons
+    return report
+
+
+def check_candidate(cand: Candidate, slot: str, device: str, plan: list[tuple[str, str]], worker: Worker, *,
+                    timeout: float = DEFAULT_TIMEOUT, with_compile: bool = False,
+                    canonical: Mapping[str, Any] | None = None) -> Report:  # fmt: skip
+    base = dict(id=cand.id, target=cand.target, slot=slot, semantics=cand.semantics, device=device,
+                source=cand.source, candidate=cand)  # fmt: skip
+    expected = SLOT_SEMANTICS[slot]
+    if cand.semantics != expected:
+        return Report(status="rejected", reasons=[f"semantics: {cand.semantics} != {expected}"], **base)
+    missing = installed(cand)
+    if missing:
+        return Report(status="unavailable", reasons=[missing], **base)
+    if cand.devices and device not in cand.devices:
+        why = f"runs on {', '.join(cand.devices)}; this device is {device}"
+        try:
+            tried = worker.call({"op": "try", "candidate": cand.to_json(), "slot": slot, "device": device}, timeout)
+            if tried.get("ran"):
+                why += "; it ran here, but " + (cand.note or "not as the kernel it is declared to be") + ", so it is not offered"
+            else:
+                why += f"; trying it raised {tried['error']}"
+        except WorkerDied as exc:
+            why += f"; trying it {exc.status}: {exc.reason}"
+        return Report(status="unavailable", reasons=[why], **base)
+    if cand.compiled and device == "cpu" and not with_compile:
+        return Report(status="skipped", reasons=[
+            "torch.compile candidates are not probed on CPU by default (each shape and dtype costs seconds "
+            "of C++ compilation); pass --with-compile to include them"], **base)  # fmt: skip
+    try:
+        raw = worker.call({"op": "check", "candidate": cand.to_json(), "slot": slot, "device": device,
+                           "dtypes": plan, "canonical": dict(canonical or {})}, timeout)  # fmt: skip
+    except WorkerDied as exc:
+        return Report(status=exc.status, reasons=[exc.reason], **base)
+    if raw.get("phase") == "import":
+        status = "unavailable" if raw["kind"] == "import" else "crashed"
+        return Report(status=status, reasons=[f"import of {cand.target} failed: {raw['error']}"], **base)
+    verdicts = [judge_row(cand.id, device, cand.semantics, row) for row in raw["rows"]]
+    report = Report(status=worst_status([v.status for v in verdicts]), verdicts=verdicts, **base)
+    return _with_reasons(report)
+
+
+def check_all(slots: Iterable[str], candidates: list[Candidate], device: str, plan: list[tuple[str, str]], *,
+              timeout: float = DEFAULT_TIMEOUT, with_compile: bool = False, worker: Worker | None = None,
+              canonical: Mapping[str, Mapping[str, Any]] | None = None,
+              progress: Callable[[str, str], None] | None = None) -> dict[str, list[Report]]:  # fmt: skip
+    """Verdicts for every candidate of every slot. One worker serves them all unless one dies."""
+    own = worker is None
+    worker = worker or Worker()
+    try:
+        out: dict[str, list[Report]] = {}
+        for slot in slots:
+            out[slot] = []
+            for cand in for_slot(candidates, slot):
+                if progress:
+                    progress(slot, cand.id)
+                out[slot].append(check_candidate(cand, slot, device, plan, worker, timeout=timeout,
+                                                 with_compile=with_compile, canonical=(canonical or {}).get(slot)))  # fmt: skip
+        return out
+    finally:
+        if own:
+            worker.close()

@@ -1,0 +1,115 @@
+"""kernel-probe check: the verdict table (candidates x dtypes) for this machine."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from kernel_lock.lock import SLOTS
+
+from .. import output
+from ..worker import DEFAULT_TIMEOUT
+
+
+def add_candidate_arguments(p: argparse.ArgumentParser) -> None:
+    """Options shared by `check` and the main probe."""
+    p.add_argument("--candidate", action="append", default=[], metavar="SLOT=dotted.path.Class",
+                   help="offer a third-party class for a slot (repeatable); it is judged like the built-ins")
+    p.add_argument("--dtype", action="append", default=[], metavar="DTYPE",
+                   help="fp32, bf16 or fp16 (repeatable; default: all the device supports)")
+    p.add_argument("--slot", action="append", default=[], choices=SLOTS, help="only these slots (repeatable)")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                   help=f"seconds one candidate may take before it is marked timeout (default {DEFAULT_TIMEOUT:.0f})")
+    p.add_argument("--with-compile", action="store_true",
+                   help="also probe the torch.compile candidates on CPU (slow: C++ compilation per shape)")
+    p.add_argument("--no-plugins", action="store_true", help="ignore kernel_probe.candidates entry points")
+
+
+def add_check_arguments(p: argparse.ArgumentParser) -> None:
+    add_candidate_arguments(p)
+    p.add_argument("--regime", choices=("true", "mixed", "both"), default="both",
+                   help="plain low precision, under torch.autocast, or both (default)")
+    p.add_argument("--json", action="store_true", help="machine-readable verdicts on stdout")
+
+
+def gather_candidates(args: argparse.Namespace, extra: list | None = None):
+    from .. import candidates as cands
+
+    offered = [cands.from_command_line(text) for text in args.candidate]
+    return cands.registry([*(extra or []), *offered], entry_points=not args.no_plugins)
+
+
+def detect_device() -> dict[str, Any]:
+    import torch
+
+    from kernel_lock.fingerprint import device_facts
+
+    return device_facts(torch)
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from ..checker import ALL_DTYPES, check_all, dtype_plan, parse_dtype
+
+    dtypes = [parse_dtype(d) for d in args.dtype] or list(ALL_DTYPES)
+    regimes = ("true", "mixed") if args.regime == "both" else (args.regime,)
+    plan = dtype_plan(dtypes, regimes)
+    candidates, problems = gather_candidates(args)
+    for problem in problems:
+        output.warn(problem)
+    device = detect_device()
+    slots = args.slot or list(SLOTS)
+    progress = None if args.json else (lambda slot, cid: output.info(f"checking {slot}: {cid} ..."))
+    reports = check_all(slots, candidates, device["type"], plan, timeout=args.timeout,
+                        with_compile=args.with_compile, progress=progress)  # fmt: skip
+    if args.json:
+        output.print_json({
+            "device": device,
+            "plan": [{"dtype": d, "regime": r} for d, r in plan],
+            "problems": problems,
+            "slots": {slot: [r.to_json() for r in rs] for slot, rs in reports.items()},
+        })  # fmt: skip
+        return 0
+    render_verdicts(reports, plan, device)
+    return 0
+
+
+SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+STATUS_STYLE = {"accepted": "green", "rejected": "red", "crashed": "red", "timeout": "red",
+                "unavailable": "yellow", "skipped": "dim"}  # fmt: skip
+
+
+def render_verdicts(reports, plan, device) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    con = output.console()
+    con.print(f"device: {device['type']} ({escape(str(device['name']))})")
+    for slot, rs in reports.items():
+        table = Table(title=f"{slot}", show_edge=False, title_justify="left")
+        table.add_column("candidate", overflow="fold", min_width=20)
+        table.add_column("status", no_wrap=True, min_width=11)
+        for d, r in plan:
+            table.add_column(SHORT[d] + ("+amp" if r == "mixed" else ""), justify="right", no_wrap=True, min_width=7)
+        for rep in rs:
+            cells = []
+            by = {(v.dtype, v.regime): v for v in rep.verdicts}
+            for d, r in plan:
+                v = by.get((d, r))
+                if v is None:
+                    cells.append("-")
+                elif v.status == "accepted":
+                    cells.append(f"[green]ok[/] {v.worst_ratio:.2f}")
+                elif v.worst_ratio is not None and v.status == "rejected":
+                    cells.append(f"[red]x[/] {v.worst_ratio:.2g}")
+                else:
+                    cells.append(f"[{STATUS_STYLE.get(v.status, '')}]{v.status[:7]}[/]")
+            style = STATUS_STYLE.get(rep.status, "")
+            table.add_row(escape(rep.id), f"[{style}]{rep.status}[/]", *cells)
+        con.print(table)
+        for rep in rs:
+            if rep.status != "accepted" and rep.reasons:
+                con.print(f"  [bold]{escape(rep.id)}[/] {rep.status}: {escape(rep.reasons[0])}")
+                for reason in rep.reasons[1:3]:
+                    con.print(f"      {escape(reason)}")
+    con.print("cells: worst error / tolerance (< 1 passes; tolerance = 4 x torch.nn's own error + 2 eps); "
+              "+amp: under torch.autocast with fp32 parameters")

@@ -1,0 +1,126 @@
+"""Where a verdict is decided: raw measurements in, (status, reasons) out.
+
+The tolerance model. A candidate is judged against the error torch.nn itself makes in the same
+dtype, regime and device, on the same input, measured against the same float64 reference:
+
+    tolerance = FACTOR * error(torch.nn) + FLOOR(dtype)        FACTOR = 4, FLOOR = 2 * eps(dtype)
+
+so a kernel may be a few times less accurate than torch.nn (a different reduction order, one extra
+rounding), but not qualitatively worse, and the floor (two units of the dtype's machine epsilon,
+relative to the largest reference value) keeps exact-ish cases from demanding bit equality. One
+atol per dtype cannot do this: torch.nn's own bf16 dweight error on rows of tiny variance is ~0.25
+while its fp32 output error is ~1e-7. Errors are normwise relative: max|got - ref| / max|ref|.
+
+Besides errors, these flags fail a candidate outright: it modified its input, its backward modified
+grad_output (a residual's gradient would be corrupted), or its output dtype differs from torch.nn's
+in the same regime (under autocast too: a silent change of precision downstream).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+FACTOR = 4.0
+EPS = {"float32": 2.0**-23, "bfloat16": 2.0**-7, "float16": 2.0**-10}
+STATUS_ORDER = ("crashed", "timeout", "rejected", "unavailable", "accepted", "skipped")  # worst first
+
+HINTS = {
+    "tiny-variance": "rows whose variance is below eps: is eps the one pinned, and added where torch adds it?",
+    "large-mean": "large mean, small spread: catastrophic cancellation in the variance",
+    "large-magnitude": "large values: overflow in low precision",
+    "non-contiguous-3d": "3-D, non-contiguous input with padded rows",
+    "sequence": "several inputs in a row: state kept between calls",
+    "residual": "y = f(x) + skip",
+    "random": "plain random input",
+}
+_DTYPE_PROBLEM = re.compile(r"not implemented for|unsupported (data)?type|unsupported dtype|dtype.*not supported|expected .*dtype", re.I)
+
+
+def floor(dtype: str) -> float:
+    return 2.0 * EPS.get(dtype, EPS["float32"])
+
+
+@dataclass
+class Verdict:
+    """One (candidate, device, dtype, regime): status, reasons, and the numbers behind them."""
+
+    candidate: str
+    device: str
+    dtype: str
+    regime: str
+    status: str
+    reasons: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    worst_ratio: float | None = None
+    out_dtype: str = ""
+    twin: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    errors: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def judge_row(candidate: str, device: str, semantics: str, row: Mapping[str, Any]) -> Verdict:
+    v = Verdict(candidate, device, row["dtype"], row["regime"], "accepted", out_dtype=row.get("out_dtype", ""))
+    if "skipped" in row:
+        v.status, v.reasons = "skipped", [row["skipped"]]
+        return v
+    if "exception" in row:
+        message = row["exception"]
+        v.status = "unavailable" if _DTYPE_PROBLEM.search(message) else "crashed"
+        v.reasons = [f"raised {message}"]
+        return v
+    tol_floor = floor(row["dtype"])
+    worst = 0.0
+    alt_ok = None
+    for case, tensors in row.get("cases", {}).items():
+        bad = []
+        for tensor, (got, base) in tensors.items():
+            tol = FACTOR * base + tol_floor
+            ratio = got / tol if tol > 0 else float("inf")
+            if tensor.startswith("y-as-"):
+                alt_ok = (alt_ok is not False) and ratio <= 1.0
+                continue
+            worst = max(worst, ratio)
+            if ratio > 1.0:
+                v.failed.append(f"{case}:{tensor}")
+                bad.append(f"{tensor} error {got:.3g} > tolerance {tol:.3g}")
+        if bad:  # one line per failing case, naming what that case is about
+            v.reasons.append(f"{case} ({HINTS.get(case, case)}): {', '.join(bad)}")
+    v.worst_ratio = worst
+    flags = row.get("flags", {})
+    if "grad-output-modified" in flags:
+        v.failed.append("grad-output-modified")
+        v.reasons.insert(0, f"backward modifies grad_output in place (seen on {flags['grad-output-modified']}): "
+                            "gradients of other branches, e.g. a residual, are corrupted")  # fmt: skip
+    if "input-modified" in flags:
+        v.failed.append("input-modified")
+        v.reasons.insert(0, f"modifies its input (seen on {flags['input-modified']})")
+    if "output-dtype" in flags:
+        v.failed.append("output-dtype")
+        regime = "under autocast" if row["regime"] == "mixed" else "in plain " + row["dtype"]
+        v.reasons.insert(0, f"output dtype {flags['output-dtype']} {regime}")
+    missing = row.get("missing_parameters") or []
+    if missing:
+        v.notes.append(f"has no parameter(s) {', '.join(missing)} that torch.nn has")
+    if v.failed:
+        v.status = "rejected"
+        y_failed = any(f.endswith(":y") for f in v.failed)
+        if semantics in ("layer_norm", "rms_norm") and y_failed and alt_ok:
+            alt = "rms_norm" if semantics == "layer_norm" else "layer_norm"
+            v.reasons.insert(0, f"semantics: {alt} != {semantics} (its output matches a {alt} reference)")
+    v.twin = dict(row.get("twin") or {})
+    v.errors = {case: dict(t) for case, t in row.get("cases", {}).items()}
+    return v
+
+
+def worst_status(statuses: list[str]) -> str:
+    present = [s for s in STATUS_ORDER if s in statuses]
+    if not present:
+        return "skipped"
+    real = [s for s in present if s != "skipped"]
+    return real[0] if real else "skipped"

@@ -1,0 +1,240 @@
+"""Norm and linear fakes. Correct ones compute in float32 like torch.nn; wrong ones each have one bug."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class _Norm(nn.Module):
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, device=None, dtype=None):
+        super().__init__()
+        n = normalized_shape if isinstance(normalized_shape, int) else normalized_shape[-1]
+        self.hidden, self.eps = n, eps
+        self.weight = nn.Parameter(torch.ones(n, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(n, device=device, dtype=dtype)) if bias else None
+
+
+def _ln32(x, w, b, eps):
+    """A hand-written two-pass LayerNorm in float32 (what a correct kernel does)."""
+    xf = x.float()
+    mean = xf.mean(-1, keepdim=True)
+    var = (xf - mean).pow(2).mean(-1, keepdim=True)
+    y = (xf - mean) * torch.rsqrt(var + eps)
+    y = y * w.float()
+    if b is not None:
+        y = y + b.float()
+    return y.to(x.dtype)
+
+
+def _rms32(x, w, eps):
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * w.float()).to(x.dtype)
+
+
+# ---- correct ----------------------------------------------------------------------------------
+class GoodLayerNorm(_Norm):
+    def forward(self, x):
+        return _ln32(x, self.weight, self.bias, self.eps)
+
+
+class GoodRMSNorm(_Norm):
+    def __init__(self, normalized_shape, eps=1e-6, elementwise_affine=True, device=None, dtype=None):
+        super().__init__(normalized_shape, eps, elementwise_affine, bias=False, device=device, dtype=dtype)
+
+    def forward(self, x):
+        return _rms32(x, self.weight, self.eps)
+
+
+class GoodLinear(nn.Module):
+    def __init__(self, in_features, out_features, bias=True, device=None, dtype=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype)) if bias else None
+        nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, x):
+        # F.linear, not `x @ w.t() + b`: under autocast the latter promotes to float32
+        return F.linear(x, self.weight, self.bias)
+
+
+class ExtraStateLayerNorm(GoodLayerNorm):
+    """Correct, but like transformer-engine it adds `_extra_state` to its state dict."""
+
+    def get_extra_state(self):
+        return torch.empty(0, dtype=torch.uint8)
+
+    def set_extra_state(self, state):
+        pass
+
+
+class NestedLayerNorm(nn.Module):
+    """Correct maths, but its parameters live in a submodule (`norm.weight`): no portable twin."""
+
+    def __init__(self, normalized_shape, eps=1e-5, bias=True):
+        super().__init__()
+        self.norm = GoodLayerNorm(normalized_shape, eps=eps, bias=bias)
+
+    def forward(self, x):
+        return self.norm(x)
+
+
+# ---- wrong: each has one bug ------------------------------------------------------------------
+class WrongEpsLayerNorm(_Norm):
+    """Ignores the eps it is given and uses 1e-6 (liger's default vs torch's 1e-5)."""
+
+    def forward(self, x):
+        return _ln32(x, self.weight, self.bias, 1e-6)
+
+
+class NoBiasLayerNorm(_Norm):
+    """Accepts bias=True but never adds it."""
+
+    def forward(self, x):
+        return _ln32(x, self.weight, None, self.eps)
+
+
+class IgnoresWeightLayerNorm(_Norm):
+    def forward(self, x):
+        return _ln32(x, torch.ones_like(self.weight), self.bias, self.eps)
+
+
+class RMSNormAsLayerNorm(_Norm):
+    """An RMSNorm offered as a LayerNorm: no mean subtraction (and here, no bias)."""
+
+    def forward(self, x):
+        return _rms32(x, self.weight, self.eps)
+
+
+class OnePassLayerNorm(_Norm):
+    """Variance as E[x^2] - E[x]^2 in the input dtype: cancellation for a large mean."""
+
+    def forward(self, x):
+        mean = x.mean(-1, keepdim=True)
+        var = (x * x).mean(-1, keepdim=True) - mean * mean
+        y = (x - mean) * torch.rsqrt(var.clamp_min(0) + self.eps)
+        return y * self.weight + self.bias
+
+
+class LowPrecisionLayerNorm(_Norm):
+    """Two-pass, but entirely in the input dtype: squares overflow in fp16."""
+
+    def forward(self, x):
+        mean = x.mean(-1, keepdim=True)
+        d = x - mean
+        var = (d * d).sum(-1, keepdim=True) / x.shape[-1]
+        return d * torch.rsqrt(var + self.eps) * self.weight + self.bias
+
+
+class ContiguousOnlyLayerNorm(_Norm):
+    """Reads its input as if it were contiguous (ignores strides), like a kernel missing a .contiguous()."""
+
+    def forward(self, x):
+        flat = torch.as_strided(x, (x.numel() // self.hidden, self.hidden), (self.hidden, 1))
+        return _ln32(flat, self.weight, self.bias, self.eps).reshape(x.shape)
+
+
+class CachingLayerNorm(_Norm):
+    """Caches the statistics of the first input it sees, per shape."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self._cache = {}
+
+    def forward(self, x):
+        xf = x.float()
+        key = tuple(x.shape)
+        if key not in self._cache:
+            mean = xf.mean(-1, keepdim=True)
+            rstd = torch.rsqrt(xf.var(-1, unbiased=False, keepdim=True) + self.eps)
+            self._cache[key] = (mean.detach(), rstd.detach())
+        mean, rstd = self._cache[key]
+        return ((xf - mean) * rstd * self.weight.float() + self.bias.float()).to(x.dtype)
+
+
+class _InPlaceGradFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, b, eps):
+        ctx.save_for_backward(x, w, b)
+        ctx.eps = eps
+        return F.layer_norm(x, (x.shape[-1],), w, b, eps)
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, w, b = ctx.saved_tensors
+        with torch.enable_grad():
+            xx = x.detach().requires_grad_(True)
+            ww = w.detach().requires_grad_(True)
+            bb = b.detach().requires_grad_(True)
+            y = F.layer_norm(xx, (x.shape[-1],), ww, bb, ctx.eps)
+            dx, dw, db = torch.autograd.grad(y, (xx, ww, bb), gy)
+        gy.copy_(dx)  # like LigerRMSNorm(in_place=True): dx is written into grad_output's buffer
+        return gy, dw, db, None
+
+
+class InPlaceBackwardLayerNorm(_Norm):
+    def forward(self, x):
+        return _InPlaceGradFn.apply(x, self.weight, self.bias, self.eps)
+
+
+class MutatesInputLayerNorm(_Norm):
+    def forward(self, x):
+        with torch.no_grad():
+            x.mul_(1.0000001).add_(0.0)  # "harmless" in-place touch of the caller's tensor
+            x[..., 0] = x[..., 0] * 1.5
+        return _ln32(x, self.weight, self.bias, self.eps)
+
+
+class NaNLayerNorm(_Norm):
+    def forward(self, x):
+        y = _ln32(x, self.weight, self.bias, self.eps)
+        return y * torch.where(torch.arange(y.shape[-1], device=y.device) == 3, float("nan"), 1.0).to(y.dtype)
+
+
+class WrongBackwardLayerNorm(_Norm):
+    """Forward right; backward drops the mean term of dx (a classic hand-written-kernel bug)."""
+
+    def forward(self, x):
+        return _WrongGrad.apply(x, self.weight, self.bias, self.eps)
+
+
+class _WrongGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, b, eps):
+        xf = x.float()
+        mean = xf.mean(-1, keepdim=True)
+        rstd = torch.rsqrt(xf.var(-1, unbiased=False, keepdim=True) + eps)
+        xhat = (xf - mean) * rstd
+        ctx.save_for_backward(xhat, rstd, w)
+        return (xhat * w.float() + b.float()).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, gy):
+        xhat, rstd, w = ctx.saved_tensors
+        g = gy.float() * w.float()
+        dx = rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))  # missing "- g.mean()"
+        red = tuple(range(gy.dim() - 1))
+        return dx.to(gy.dtype), (gy.float() * xhat).sum(red).to(w.dtype), gy.float().sum(red).to(w.dtype), None
+
+
+class UpcastingLayerNorm(_Norm):
+    """Returns float32 whatever the input dtype."""
+
+    def forward(self, x):
+        return _ln32(x, self.weight, self.bias, self.eps).float()
+
+
+class AbortInForwardLayerNorm(_Norm):
+    def forward(self, x):
+        os.abort()
+
+
+class WrongLinear(GoodLinear):
+    """Forgets the bias."""
+
+    def forward(self, x):
+        return F.linear(x, self.weight)

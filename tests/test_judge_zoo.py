@@ -1,0 +1,159 @@
+"""The zoo: the judge must accept the correct fakes and reject each wrong one for the right reason."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from kernel_probe import candidates as cands
+from kernel_probe.checker import check_all, dtype_plan
+from kernel_probe.worker import Worker
+
+PLAN = dtype_plan(["float32", "bfloat16", "float16"])
+ZOO = {
+    "LayerNorm": [
+        "norms.GoodLayerNorm", "norms.ExtraStateLayerNorm", "norms.NestedLayerNorm", "prints_on_import.ChattyLayerNorm",
+        "norms.WrongEpsLayerNorm", "norms.NoBiasLayerNorm", "norms.IgnoresWeightLayerNorm", "norms.RMSNormAsLayerNorm",
+        "norms.OnePassLayerNorm", "norms.LowPrecisionLayerNorm", "norms.ContiguousOnlyLayerNorm", "norms.CachingLayerNorm",
+        "norms.InPlaceBackwardLayerNorm", "norms.MutatesInputLayerNorm", "norms.NaNLayerNorm",
+        "norms.WrongBackwardLayerNorm", "norms.UpcastingLayerNorm", "norms.AbortInForwardLayerNorm",
+        "abort_on_import.X", "hang_on_import.X", "raise_on_import.X", "missing_dependency.X",
+    ],
+    "RMSNorm": ["norms.GoodRMSNorm"],
+    "Linear": ["norms.GoodLinear", "norms.WrongLinear"],
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def results():
+    offered = [cands.from_command_line(f"{slot}=kp_zoo.{name}") for slot, names in ZOO.items() for name in names]
+    # a registry candidate that declares RMSNorm semantics, offered for the LayerNorm slot
+    offered.append(cands.Candidate("zoo.rms_for_ln", ("LayerNorm",), "rms_norm", "kp_zoo.norms.GoodRMSNorm"))
+    candidates, problems = cands.registry(offered, entry_points=False)
+    assert problems == []
+    with Worker() as worker:
+        reports = check_all(list(ZOO), candidates, "cpu", PLAN, timeout=10, worker=worker)
+        started = worker.started
+    by_id = {r.id: r for rs in reports.values() for r in rs}
+    return by_id, started
+
+
+def rep(results, name):
+    by_id, _ = results
+    return by_id[name if name.startswith(("torch.", "liger.", "zoo.")) else f"custom:kp_zoo.{name}"]
+
+
+def row(report, dtype, regime="true"):
+    return next(v for v in report.verdicts if (v.dtype, v.regime) == (dtype, regime))
+
+
+@pytest.mark.parametrize("name", ["torch.layer_norm", "torch.rms_norm", "torch.linear"])
+def test_torch_nn_accepted_everywhere_on_cpu(results, name):
+    r = rep(results, name)
+    assert r.status == "accepted", r.reasons
+    assert {(v.dtype, v.regime) for v in r.verdicts if v.status == "accepted"} >= {("float32", "true"), ("bfloat16", "true"), ("bfloat16", "mixed")}
+    assert r.twin["state_dict"] == "interchangeable" and r.twin["max_error"] == 0.0
+
+
+@pytest.mark.parametrize("name", ["norms.GoodLayerNorm", "norms.GoodRMSNorm", "norms.GoodLinear",
+                                  "prints_on_import.ChattyLayerNorm"])
+def test_correct_fakes_are_accepted(results, name):
+    r = rep(results, name)
+    assert r.status == "accepted", r.reasons
+    assert all(v.worst_ratio < 1 for v in r.verdicts)
+
+
+def test_extra_state_is_accepted_with_a_migration(results):
+    r = rep(results, "norms.ExtraStateLayerNorm")
+    assert r.status == "accepted"
+    assert r.twin["state_dict"] == "migrate" and r.twin["migration"] == ["drop:_extra_state"]
+
+
+def test_no_portable_twin_is_recorded(results):
+    r = rep(results, "norms.NestedLayerNorm")
+    assert r.status == "accepted"
+    assert r.twin["state_dict"] == "incompatible" and "norm.weight" in r.twin["reason"]
+
+
+# (fake, dtype, regime, a failed check that must be among the reasons, words in the reasons)
+WRONG = [
+    ("norms.WrongEpsLayerNorm", "float32", "true", "tiny-variance:y", "eps"),
+    ("norms.NoBiasLayerNorm", "float32", "true", "random:dbias", "dbias error inf"),
+    ("norms.IgnoresWeightLayerNorm", "float32", "true", "random:dweight", "dweight error"),
+    ("norms.OnePassLayerNorm", "float32", "true", "large-mean:y", "cancellation"),
+    ("norms.LowPrecisionLayerNorm", "float16", "true", "large-magnitude:y", "overflow"),
+    ("norms.ContiguousOnlyLayerNorm", "float32", "true", "non-contiguous-3d:y", "non-contiguous"),
+    ("norms.CachingLayerNorm", "float32", "true", "sequence:y", "state kept between calls"),
+    ("norms.InPlaceBackwardLayerNorm", "float32", "true", "grad-output-modified", "modifies grad_output in place"),
+    ("norms.InPlaceBackwardLayerNorm", "float32", "true", "residual:dskip", "skip"),
+    ("norms.MutatesInputLayerNorm", "float32", "true", "input-modified", "modifies its input"),
+    ("norms.NaNLayerNorm", "float32", "true", "random:y", "inf"),
+    ("norms.WrongBackwardLayerNorm", "float32", "true", "random:dx", "dx error"),
+    ("norms.UpcastingLayerNorm", "bfloat16", "true", "output-dtype", "output dtype float32 (torch.nn: bfloat16)"),
+    ("norms.UpcastingLayerNorm", "bfloat16", "mixed", "output-dtype", "under autocast"),
+    ("norms.WrongLinear", "float32", "true", "random:y", "y error"),
+]
+
+
+@pytest.mark.parametrize("name,dtype,regime,check,words", WRONG, ids=[f"{w[0]}-{w[3]}" for w in WRONG])
+def test_wrong_fakes_are_rejected_for_the_right_reason(results, name, dtype, regime, check, words):
+    r = rep(results, name)
+    assert r.status == "rejected"
+    v = row(r, dtype, regime)
+    assert v.status == "rejected"
+    assert check in v.failed, v.failed
+    text = " ".join(v.reasons) + " " + " ".join(r.reasons)
+    assert words in text, text
+
+
+def test_wrong_backward_has_a_correct_forward(results):
+    v = row(rep(results, "norms.WrongBackwardLayerNorm"), "float32")
+    assert not any(f.endswith(":y") for f in v.failed)
+
+
+def test_rmsnorm_offered_as_layernorm_names_the_semantics(results):
+    r = rep(results, "norms.RMSNormAsLayerNorm")
+    assert r.status == "rejected"
+    assert r.reasons[0].endswith("semantics: rms_norm != layer_norm (its output matches a rms_norm reference)")
+    declared = rep(results, "zoo.rms_for_ln")
+    assert declared.status == "rejected" and declared.reasons == ["semantics: rms_norm != layer_norm"]
+
+
+@pytest.mark.parametrize(
+    "name,status,words",
+    [
+        ("abort_on_import.X", "crashed", "SIGABRT"),
+        ("norms.AbortInForwardLayerNorm", "crashed", "SIGABRT"),
+        ("hang_on_import.X", "timeout", "no answer within 10 s"),
+        ("raise_on_import.X", "crashed", "RuntimeError: CUDA driver initialization failed"),
+        ("missing_dependency.X", "unavailable", "No module named 'kp_this_dependency_does_not_exist'"),
+    ],
+)
+def test_crashing_and_hanging_fakes(results, name, status, words):
+    r = rep(results, name)
+    assert r.status == status
+    assert any(words in reason for reason in r.reasons), r.reasons
+
+
+def test_one_worker_serves_many_candidates(results):
+    _, started = results
+    # one start, plus one fresh worker after each of the 3 that died (2 aborts, 1 hang)
+    assert started == 4
+
+
+def test_crash_reasons_do_not_carry_earlier_output(results):
+    r = rep(results, "norms.AbortInForwardLayerNorm")
+    assert "liger" not in " ".join(r.reasons)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("liger_kernel") is None, reason="liger-kernel is not installed here (pip install liger-kernel)")
+@pytest.mark.parametrize("name", ["liger.layer_norm", "liger.rms_norm"])
+def test_real_liger_on_cpu_is_unavailable_with_its_reason(results, name):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: liger runs here")
+    r = rep(results, name)
+    assert r.status == "unavailable"
+    assert "this device is cpu" in r.reasons[0] and "0 active drivers" in r.reasons[0]
