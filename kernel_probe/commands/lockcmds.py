@@ -126,3 +126,117 @@ def run_rehash(args: argparse.Namespace) -> int:
     sealed.dump(args.lock)
     output.info(f"{args.lock}: digest {'unchanged' if sealed.digest == lock.digest else 'updated'} ({sealed.digest})")
     return 0
+
+
+# ---- explain --------------------------------------------------------------------------------
+def add_explain_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("lock", help="lock file")
+    p.add_argument("slot", help="LayerNorm, RMSNorm or Linear")
+    p.add_argument("--json", action="store_true", help="the slot's entry as JSON")
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from kernel_lock.resolve import _check_slot_name
+
+    lock = _load(args.lock)
+    _check_slot_name(args.slot)
+    slot = lock.slots.get(args.slot)
+    if args.json:
+        output.print_json(slot.to_dict() if slot else {"implementation": None, "note": "not pinned: resolves to torch.nn"})
+        return 0
+    con = output.console()
+    if slot is None:
+        con.print(f"{args.slot} is not pinned in {args.lock}: it resolves to torch.nn (the default)")
+        return 0
+    con.print(f"[bold]{args.slot}[/] -> {escape(slot.implementation)} ({escape(slot.target)})")
+    con.print(f"  why: {escape(slot.reason or 'no reason recorded')}")
+    con.print(f"  kwargs: {dict(slot.kwargs)}; requires: {', '.join(f'{r.name}{r.specifier}' for r in slot.requires) or 'torch only'}")
+    if slot.twin:
+        t = slot.twin
+        con.print(f"  twin for inference: {t.target} {dict(t.kwargs)}, state dict {t.state_dict}"
+                  + (f" ({', '.join(t.migration)})" if t.migration else "")
+                  + (f", verified max error {t.max_error}" if t.max_error is not None else ""))
+    else:
+        con.print("  no portable twin: inference needs the same library")
+    if slot.evidence:
+        ev = Table(title="correctness evidence", title_justify="left", show_edge=False)
+        for col in ("device", "dtype", "regime", "status", "worst error / tolerance", "failed"):
+            ev.add_column(col)
+        for e in slot.evidence:
+            ev.add_row(*(str(e.get(k, "")) for k in ("device", "dtype", "regime", "status", "worst-error-ratio")),
+                       ", ".join(e.get("failed", [])))  # fmt: skip
+        con.print(ev)
+    if slot.timing:
+        tt = Table(title="timings (forward + backward)", title_justify="left", show_edge=False)
+        for col in ("implementation", "shape", "dtype", "ms", "GB/s", "% copy", "first call s"):
+            tt.add_column(col)
+        for t in slot.timing:
+            tt.add_row(t.get("implementation", ""), t.get("shape", ""), f"{t.get('dtype', '')} {t.get('regime', '')}",
+                       str(t.get("median-ms", t.get("error", ""))), str(t.get("gbps", "")),
+                       str(t.get("copy-percent", "")), str(t.get("compile-s", "")))  # fmt: skip
+        con.print(tt)
+    for r in slot.rejected:
+        con.print(f"  not chosen: {escape(r.implementation)} {escape(f'[{r.status}]')} {escape('; '.join(r.reasons))}")
+    return 0
+
+
+# ---- diff -----------------------------------------------------------------------------------
+def add_diff_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("a", help="old lock")
+    p.add_argument("b", help="new lock")
+    p.add_argument("--json", action="store_true", help="the differences as JSON")
+    p.add_argument("--exit-code", action="store_true", help="exit 1 when the locks differ (like git diff --exit-code)")
+
+
+def lock_differences(a: kernel_lock.KernelLock, b: kernel_lock.KernelLock) -> dict[str, list[dict[str, Any]]]:
+    env = []
+    for name in sorted(set(a.environment.fields) | set(b.environment.fields)):
+        x, y = a.environment.fields.get(name), b.environment.fields.get(name)
+        if (x and x.value) != (y and y.value) or (x and x.match) != (y and y.match):
+            env.append({"field": name, "a": x.to_dict() if x else None, "b": y.to_dict() if y else None})
+    for name in sorted(set(a.environment.libraries) | set(b.environment.libraries)):
+        x, y = a.environment.libraries.get(name), b.environment.libraries.get(name)
+        if (x and x.value) != (y and y.value):
+            env.append({"field": f"libraries.{name}", "a": x.to_dict() if x else None, "b": y.to_dict() if y else None})
+    slots = []
+    for name in kernel_lock.SLOTS:
+        x, y = a.slots.get(name), b.slots.get(name)
+        for key in ("implementation", "target", "kwargs"):
+            vx = getattr(x, key) if x else None
+            vy = getattr(y, key) if y else None
+            if vx != vy:
+                slots.append({"slot": name, "key": key, "a": dict(vx) if key == "kwargs" and vx is not None else vx,
+                              "b": dict(vy) if key == "kwargs" and vy is not None else vy})  # fmt: skip
+    top = []
+    for key in ("precision", "mode", "lock_version"):
+        if getattr(a, key) != getattr(b, key):
+            top.append({"key": key.replace("_", "-"), "a": getattr(a, key), "b": getattr(b, key)})
+    if dict(a.profile).get("name") != dict(b.profile).get("name"):
+        top.append({"key": "profile", "a": dict(a.profile).get("name"), "b": dict(b.profile).get("name")})
+    return {"lock": top, "environment": env, "slots": slots}
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    from rich.markup import escape
+
+    a, b = _load(args.a), _load(args.b)
+    diffs = lock_differences(a, b)
+    differ = any(diffs.values())
+    if args.json:
+        output.print_json(diffs)
+    else:
+        con = output.console()
+        if not differ:
+            con.print("no differences in environment or choices")
+        for d in diffs["lock"]:
+            con.print(f"{d['key']}: {d['a']!r} -> {d['b']!r}")
+        for d in diffs["environment"]:
+            fa = d["a"]["value"] if d["a"] else "absent"
+            fb = d["b"]["value"] if d["b"] else "absent"
+            con.print(f"environment {d['field']}: {escape(repr(fa))} -> {escape(repr(fb))}")
+        for d in diffs["slots"]:
+            con.print(f"slot {d['slot']} {d['key']}: {escape(repr(d['a']))} -> {escape(repr(d['b']))}")
+    return 1 if (differ and args.exit_code) else 0

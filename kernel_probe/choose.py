@@ -1,0 +1,124 @@
+"""Where a slot's implementation is chosen, from verdicts and timings.
+
+The rule. Only candidates ``accepted`` by the correctness kernels and timed without error at every
+requested shape are eligible. Each is scored by the geometric mean, over the shapes, of its median
+time divided by the torch.nn default's. The default keeps the slot unless another candidate is
+faster by more than the margin:
+
+    score <= 1 / (1 + margin),   margin = max(5 %, 2 x the larger relative spread (IQR / median)
+                                               of the two candidates' timings at any shape)
+
+so a difference timing noise could produce never flips the choice, and repeated probes on one machine
+choose the same. Among candidates that clear the margin the lowest score wins; exact ties go to the
+candidate declared first. ``--pin SLOT=ID`` forces an accepted candidate whatever its speed;
+``--prefer SLOT=ID`` takes it when it is accepted and not slower than the default by more than the
+margin. A pinned or preferred candidate that is not accepted is an error, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .checker import Report
+from .errors import ProbeError
+
+MIN_MARGIN = 0.05
+
+
+@dataclass
+class Choice:
+    slot: str
+    report: Report
+    how: str  # fastest | default | pinned | preferred
+    reason: str
+    scores: dict[str, float] = field(default_factory=dict)
+
+
+def _ok_timings(rows: list[Mapping[str, Any]] | None, shapes: list[str]) -> bool:
+    if not rows:
+        return False
+    got = {r["shape"]: r for r in rows if "error" not in r}
+    return all(s in got for s in shapes)
+
+
+def _score(rows, base_rows, shapes) -> tuple[float, float]:
+    """(geometric mean time ratio to the default, the larger relative spread seen)."""
+    by = {r["shape"]: r for r in rows}
+    base = {r["shape"]: r for r in base_rows}
+    logs, spread = [], 0.0
+    for s in shapes:
+        logs.append(math.log(by[s]["median_ms"] / base[s]["median_ms"]))
+        spread = max(spread, by[s].get("spread", 0.0), base[s].get("spread", 0.0))
+    return math.exp(sum(logs) / len(logs)), spread
+
+
+def _worst_shape(rows, base_rows, shapes) -> tuple[str, float]:
+    by = {r["shape"]: r for r in rows}
+    base = {r["shape"]: r for r in base_rows}
+    ratios = {s: by[s]["median_ms"] / base[s]["median_ms"] for s in shapes}
+    s = max(ratios, key=lambda k: abs(math.log(ratios[k])))
+    return s, ratios[s]
+
+
+def choose(slot: str, reports: list[Report], timings: Mapping[str, list[Mapping[str, Any]]], shapes: list[str],
+           dtype: str, default_id: str, *, pin: str | None = None, prefer: str | None = None,
+           origin: str = "--pin") -> Choice:  # fmt: skip
+    by_id = {r.id: r for r in reports}
+    for forced, kind in ((pin, "pinned"), (prefer, "preferred")):
+        if forced is None:
+            continue
+        r = by_id.get(forced)
+        if r is None:
+            known = ", ".join(sorted(by_id))
+            raise ProbeError(f"{origin} {slot}={forced}: no such candidate for {slot} (known: {known})",
+                             fix="use one of the ids kernel-probe check lists")  # fmt: skip
+        if r.status != "accepted":
+            raise ProbeError(
+                f"{origin} {slot}={forced}: the candidate is {r.status} on this machine: {'; '.join(r.reasons[:3]) or 'no reason recorded'}",
+                fix=f"remove the {kind[:-2]} or fix the candidate; a {kind} kernel is never silently replaced",
+            )
+    eligible = [r for r in reports if r.status == "accepted" and _ok_timings(timings.get(r.id), shapes)]
+    if pin is not None:
+        return Choice(slot, by_id[pin], "pinned", f"{pin} pinned by {origin}")
+    if not eligible:
+        raise ProbeError(f"no candidate for {slot} was both accepted and timed on this machine",
+                         fix="run `kernel-probe check --slot " + slot + "` to see every verdict and its reasons")  # fmt: skip
+    default = next((r for r in eligible if r.id == default_id), None)
+    if default is None:  # torch.nn itself failed here: take the fastest eligible, say so
+        base = eligible[0]
+        best = min(eligible, key=lambda r: (_score(timings[r.id], timings[base.id], shapes)[0], eligible.index(r)))
+        return Choice(slot, best, "fastest", f"{best.id} fastest accepted candidate; the default {default_id} was not accepted here")
+    scores: dict[str, float] = {}
+    clear: list[tuple[float, int, Report]] = []
+    for i, r in enumerate(eligible):
+        if r is default:
+            scores[r.id] = 1.0
+            continue
+        score, spread = _score(timings[r.id], timings[default.id], shapes)
+        scores[r.id] = score
+        margin = max(MIN_MARGIN, 2 * spread)
+        if prefer == r.id and score <= 1 + margin:
+            return Choice(slot, r, "preferred", f"{r.id} preferred by {origin} ({1 / score:.2f}x the default's speed)", scores)
+        if score <= 1 / (1 + margin):
+            clear.append((score, i, r))
+    others = [r for r in eligible if r is not default]
+    if clear:
+        score, _, best = min(clear, key=lambda t: (t[0], t[1]))
+        shape, ratio = _worst_shape(timings[best.id], timings[default.id], shapes)
+        where = f"at {shapes[0]} {dtype}" if len(shapes) == 1 else f"over {len(shapes)} shapes {dtype} (geometric mean)"
+        return Choice(slot, best, "fastest", f"{best.id} {1 / score:.2f}x faster than {default.id} {where}", scores)
+    if not others:
+        rejected = [r for r in reports if r.status != "accepted"]
+        note = f"no other candidate was accepted ({len(rejected)} not accepted)" if rejected else "no other candidate"
+        return Choice(slot, default, "default", f"{default.id} is the default; {note}", scores)
+    fastest_other = min(others, key=lambda r: (scores[r.id], eligible.index(r)))
+    s = scores[fastest_other.id]
+    if s >= 1:
+        shape, ratio = _worst_shape(timings[fastest_other.id], timings[default.id], shapes)
+        detail = f"{fastest_other.id} {ratio:.2f}x slower at {shape} {dtype}"
+    else:
+        detail = f"{fastest_other.id} only {1 / s:.2f}x faster, inside the noise margin"
+    return Choice(slot, default, "default", f"{default.id} is the default; {detail}", scores)

@@ -1,0 +1,258 @@
+"""The main command: detect, check, time, choose, write the lock — or reuse the one that is there."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import kernel_lock
+from kernel_lock.errors import LockError, LockMismatch
+from kernel_lock.lock import SLOTS
+
+from .. import output
+from ..errors import InputFileError, StaleLock, UsageError
+from .check import add_candidate_arguments, detect_device, gather_candidates
+from .lockcmds import DEFAULT_LOCK
+
+PRECISIONS = {  # Lightning / anemoi names -> (dtype, regime)
+    "32-true": ("float32", "true"),
+    "bf16-true": ("bfloat16", "true"),
+    "16-true": ("float16", "true"),
+    "bf16-mixed": ("bfloat16", "mixed"),
+    "16-mixed": ("float16", "mixed"),
+}
+DEFAULT_SHAPES = {"gpu": ["40320x1024", "542080x1024"], "cpu": ["2048x1024"]}
+DEFAULT_REPS = {"gpu": 20, "cpu": 5}  # CPU timings of bf16 under autocast are slow; 5 keep a cold probe short
+
+
+def add_probe_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default=DEFAULT_LOCK, help=f"where to write the lock (default ./{DEFAULT_LOCK})")
+    p.add_argument("--shape", action="append", default=[], metavar="ROWSxHIDDEN",
+                   help="model shape to time at, e.g. 40320x1024 (repeatable; Linear: ROWSxINxOUT). "
+                   "Default: 40320x1024 and 542080x1024 on GPU, 4096x1024 on CPU")
+    p.add_argument("--precision", choices=tuple(PRECISIONS), default="bf16-mixed",
+                   help="the training precision regime to verify and time in (default bf16-mixed)")
+    p.add_argument("--prefer", action="append", default=[], metavar="SLOT=ID",
+                   help="take this candidate if accepted and not slower than the default beyond the noise margin")
+    p.add_argument("--pin", action="append", default=[], metavar="SLOT=ID",
+                   help="take this candidate if accepted, whatever its speed")
+    p.add_argument("--force", action="store_true", help="probe again even if the lock is current; replace a corrupt lock")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 0 if the lock is current for this machine, 3 if stale or missing")
+    p.add_argument("--json", action="store_true", help="machine-readable summary on stdout")
+    p.add_argument("--reps", type=int, default=None, help="timed repetitions per shape (at least; default 20 on GPU, 5 on CPU)")
+    p.add_argument("--lock-timeout", type=float, default=1800.0,
+                   help="seconds to wait for another kernel-probe writing the same lock (default 1800)")
+    add_candidate_arguments(p)
+
+
+def _pairs(values: list[str], flag: str) -> dict[str, str]:
+    out = {}
+    for text in values:
+        slot, sep, cid = text.partition("=")
+        if not sep or not cid:
+            raise UsageError(f"{flag} {text!r}: expected SLOT=ID, e.g. {flag} RMSNorm=liger.rms_norm")
+        if slot not in SLOTS:
+            raise UsageError(f"{flag} {text!r}: unknown slot {slot!r} (known: {', '.join(SLOTS)})")
+        out[slot] = cid
+    return out
+
+
+def _reusable(path: Path, digest: str) -> tuple[kernel_lock.KernelLock | None, str]:
+    """(the lock, "") if it can be reused; (None, why not) otherwise. Raises for a corrupt lock."""
+    if not path.exists():
+        return None, f"{path} does not exist"
+    try:
+        lock = kernel_lock.load(path, emit_warnings=False)
+    except LockError as exc:
+        raise InputFileError(f"the existing lock is not valid: {exc.problem}", path=str(path), key=exc.key,
+                             fix="re-run with --force to replace it (nothing was overwritten)") from None  # fmt: skip
+    if not lock.intact:
+        raise InputFileError("the existing lock was edited by hand (its digest does not match)", path=str(path),
+                             fix="re-run with --force to replace it, or accept the edit with `kernel-probe rehash`")  # fmt: skip
+    if lock.provenance.get("inputs") != digest:
+        return None, "it was probed with other options (shapes, precision, candidates, pins or profile)"
+    try:
+        lock.verify()
+    except LockMismatch as exc:
+        return None, "this machine differs: " + "; ".join(str(d) for d in exc.differences)
+    return lock, ""
+
+
+def run_probe(args: argparse.Namespace) -> int:
+    t_start = time.perf_counter()
+    out = Path(args.out)
+    dtype, regime = PRECISIONS[args.precision]
+    pins, prefers = _pairs(args.pin, "--pin"), _pairs(args.prefer, "--prefer")
+    if args.dtype:
+        raise UsageError("the main probe takes --precision (e.g. bf16-mixed), not --dtype; --dtype is for `kernel-probe check`")
+    from ..timing import parse_shape
+
+    try:
+        for s in args.shape:
+            parse_shape(s)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.reps is not None and args.reps < 1:
+        raise UsageError("--reps must be at least 1")
+    slots = args.slot or list(SLOTS)
+    candidates, problems = gather_candidates(args)
+    device = detect_device()
+    kind = "cpu" if device["type"] == "cpu" else "gpu"
+    shapes = args.shape or DEFAULT_SHAPES[kind]
+    args.reps = args.reps or DEFAULT_REPS[kind]
+    inputs = {
+        "precision": args.precision, "shapes": shapes, "slots": slots, "pins": pins, "prefers": prefers,
+        "candidates": sorted(f"{c.id}={c.target}" for c in candidates), "with_compile": args.with_compile,
+    }  # fmt: skip
+    from ..lockwrite import inputs_digest
+
+    digest = inputs_digest(inputs)
+    from ..lockwrite import check_writable, exclusive
+
+    if not args.check:
+        check_writable(out)
+    if not args.force:
+        lock, why = _reusable(out, digest)
+        if lock is not None:
+            return _reused(args, out, lock, t_start)
+        if args.check:
+            raise StaleLock(f"{out} is stale or missing: {why}", fix="run `kernel-probe` (without --check) to probe and write it")
+    elif args.check:
+        raise UsageError("--check and --force contradict each other")
+    with exclusive(out, args.lock_timeout) as locked:
+        if not locked:
+            output.warn(f"{out.parent}: file locking is not supported here; concurrent probes may race (each write stays atomic)")
+        if not args.force:  # another rank may have written it while we waited
+            lock, _ = _reusable(out, digest)
+            if lock is not None:
+                return _reused(args, out, lock, t_start)
+        for problem in problems:
+            output.warn(problem)
+        result = _probe(args, out, slots, candidates, device, shapes, dtype, regime, pins, prefers, digest)
+    result["seconds"] = round(time.perf_counter() - t_start, 2)
+    _report(args, result)
+    return 0
+
+
+def _reused(args, out: Path, lock, t_start: float) -> int:
+    seconds = time.perf_counter() - t_start
+    if args.json:
+        output.print_json({"lock": str(out), "reused": True, "seconds": round(seconds, 2),
+                           "slots": {n: {"chosen": s.implementation, "reason": s.reason} for n, s in lock.slots.items()}})  # fmt: skip
+    else:
+        choices = ", ".join(f"{n} -> {s.implementation}" for n, s in lock.slots.items())
+        output.info(f"{out}: current for this machine, reused without probing ({choices})")
+    return 0
+
+
+def _probe(args, out, slots, candidates, device, shapes, dtype, regime, pins, prefers, digest) -> dict[str, Any]:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from kernel_lock import fingerprint
+
+    from ..candidates import default_for, for_slot
+    from ..checker import check_candidate
+    from ..choose import choose
+    from ..lockwrite import build_lock
+    from ..worker import Worker, WorkerDied
+
+    # fp32 as a sanity baseline, plus the regime the model trains in
+    plan = [("float32", "true")] + ([(dtype, regime)] if dtype != "float32" else [])
+    per_slot = {s: for_slot(candidates, s) for s in slots}
+    total = sum(len(v) for v in per_slot.values())
+    reports: dict[str, list] = {s: [] for s in slots}
+    timings: dict[str, dict[str, list]] = {s: {} for s in slots}
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                        TimeElapsedColumn(), console=output.console(stderr=True), transient=True,
+                        disable=args.json or not output.console(stderr=True).is_terminal)  # fmt: skip
+    t_check = time.perf_counter()
+    with Worker() as worker, progress:
+        task = progress.add_task("checking", total=total)
+        for slot, cands in per_slot.items():
+            for cand in cands:
+                progress.update(task, description=f"checking {slot}: {cand.id}")
+                reports[slot].append(check_candidate(cand, slot, device["type"], plan, worker, timeout=args.timeout,
+                                                     with_compile=args.with_compile))  # fmt: skip
+                progress.advance(task)
+        check_s = time.perf_counter() - t_check
+        accepted = [(s, r) for s, rs in reports.items() for r in rs if r.status == "accepted"]
+        task2 = progress.add_task("timing", total=len(accepted))
+        t_time = time.perf_counter()
+        for slot, r in accepted:
+            progress.update(task2, description=f"timing {slot}: {r.id}")
+            request = {"op": "time", "candidate": r.candidate.to_json(), "slot": slot, "device": device["type"],
+                       "shapes": shapes, "dtype": dtype, "regime": regime, "options": {"reps": args.reps, "warmup": min(3, args.reps),
+                                                        "min_seconds": 0.2 if device["type"] != "cpu" else 0.0}}  # fmt: skip
+            try:
+                timings[slot][r.id] = worker.call(request, args.timeout)["rows"]
+            except WorkerDied as exc:
+                r.status, r.reasons = exc.status, [f"while timing: {exc.reason}"] + r.reasons
+            progress.advance(task2)
+        time_s = time.perf_counter() - t_time
+    choices = {
+        slot: choose(slot, reports[slot], timings[slot], shapes, dtype, default_for(slot).id,
+                     pin=pins.get(slot), prefer=prefers.get(slot))
+        for slot in slots
+    }  # fmt: skip
+    current = fingerprint.current()
+    provenance = {"inputs": digest, "command": ("kernel-probe " + shlex.join(sys.argv[1:])).strip(), "shapes": list(shapes),
+                  "check-seconds": round(check_s, 2), "time-seconds": round(time_s, 2)}  # fmt: skip
+    lock = build_lock(choices, reports, timings, current, precision=args.precision, provenance=provenance)
+    lock.dump(out)
+    return {"lock": str(out), "reused": False, "device": device, "shapes": shapes, "precision": args.precision,
+            "choices": choices, "reports": reports, "timings": timings, "check_s": check_s, "time_s": time_s}  # fmt: skip
+
+
+def _report(args, result: dict[str, Any]) -> None:
+    choices, reports, timings = result["choices"], result["reports"], result["timings"]
+    if args.json:
+        output.print_json({
+            "lock": result["lock"], "reused": False, "seconds": result["seconds"], "device": result["device"],
+            "precision": result["precision"], "shapes": result["shapes"],
+            "check_seconds": round(result["check_s"], 2), "time_seconds": round(result["time_s"], 2),
+            "slots": {
+                slot: {
+                    "chosen": c.report.id, "how": c.how, "reason": c.reason,
+                    "candidates": [dict(r.to_json(), timings=timings[slot].get(r.id, [])) for r in reports[slot]],
+                }
+                for slot, c in choices.items()
+            },
+        })  # fmt: skip
+        return
+    from rich.markup import escape
+    from rich.table import Table
+
+    from .check import STATUS_STYLE
+
+    con = output.console()
+    dev = result["device"]
+    con.print(f"device {dev['type']} ({escape(str(dev['name']))}), precision {result['precision']}, "
+              f"shapes {', '.join(result['shapes'])}{' (defaults)' if not args.shape else ''}")  # fmt: skip
+    for slot, c in choices.items():
+        table = Table(title=slot, title_justify="left", show_edge=False)
+        for col, kw in (("candidate", {"overflow": "fold", "min_width": 16}), ("verdict", {"no_wrap": True}),
+                        ("shape", {"no_wrap": True}), ("ms", {"justify": "right"}), ("GB/s", {"justify": "right"}),
+                        ("% copy", {"justify": "right"}), ("chosen", {"no_wrap": True})):  # fmt: skip
+            table.add_column(col, **kw)
+        for r in reports[slot]:
+            style = STATUS_STYLE.get(r.status, "")
+            rows = timings[slot].get(r.id) or [None]
+            for i, t in enumerate(rows):
+                chosen = "[bold green]<-[/]" if r.id == c.report.id and i == 0 else ""
+                cells = ["", "", "", ""]
+                if t is not None:
+                    cells = [t["shape"], "error", "", ""] if "error" in t else [
+                        t["shape"], f"{t['median_ms']:.3f}", f"{t['gbps']:.0f}", f"{t['copy_percent']:.0f}"]
+                table.add_row(escape(r.id) if i == 0 else "", f"[{style}]{r.status}[/]" if i == 0 else "", *cells, chosen)
+        con.print(table)
+        for r in reports[slot]:
+            if r.status not in ("accepted", "skipped") and r.reasons:
+                con.print(f"  [dim]{escape(r.id)} {r.status}: {escape(r.reasons[0])}[/]")
+    for slot, c in choices.items():
+        con.print(f"[bold]{slot}[/] -> {escape(c.report.id)} ({escape(c.reason)})")
+    con.print(f"wrote {result['lock']} in {result['seconds']:.1f} s (check {result['check_s']:.1f} s, timing {result['time_s']:.1f} s)")

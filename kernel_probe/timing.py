@@ -1,0 +1,172 @@
+"""Timing, run inside the worker: forward+backward of one candidate at the model's shapes.
+
+GPU: CUDA events around each repetition, after warm-up; inputs rotate through enough buffers to
+exceed twice the L2 cache, so the figure is not an L2-resident fantasy. CPU: perf_counter. The first
+call (Triton JIT, torch.compile) is timed apart and reported as ``compile_s``, never mixed into the
+median. Bandwidth is the bytes the op must move divided by the time, and is reported against a
+device-to-device copy measured in the same process, so the ratio survives a noisy machine.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from .candidates import Candidate, canonical_for
+from .measure import DTYPES, build
+
+DEFAULT_OPTIONS = {"warmup": 3, "reps": 20, "min_seconds": 0.2, "max_reps": 200}
+
+
+def parse_shape(text: str) -> tuple[int, int, int | None]:
+    """'40320x1024' -> (40320, 1024, None); '8192x1024x4096' -> (8192, 1024, 4096) for Linear."""
+    parts = text.lower().replace("*", "x").split("x")
+    if len(parts) not in (2, 3) or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"--shape {text!r}: expected ROWSxHIDDEN (e.g. 40320x1024) or ROWSxINxOUT for Linear, all positive integers")
+    rows, hidden = int(parts[0]), int(parts[1])
+    out = int(parts[2]) if len(parts) == 3 else None
+    return rows, hidden, out
+
+
+def bytes_moved(semantics: str, rows: int, hidden: int, out: int, dtype_bytes: int) -> int:
+    """Minimum bytes for forward+backward: norms read x, write y; read x, dy, write dx (5 N D)."""
+    if semantics == "linear":
+        return dtype_bytes * (2 * rows * hidden + 2 * rows * out + 3 * hidden * out)
+    return 5 * rows * hidden * dtype_bytes
+
+
+def flops(semantics: str, rows: int, hidden: int, out: int) -> int:
+    return 6 * rows * hidden * out if semantics == "linear" else 0
+
+
+class _Clock:
+    def __init__(self, device: str):
+        self.cuda = device in ("cuda", "rocm")
+
+    def time(self, fn) -> float:
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1000.0
+        t = time.perf_counter()
+        fn()
+        return time.perf_counter() - t
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+
+def _repeat(clock: _Clock, fn, opts: Mapping[str, Any]) -> list[float]:
+    for _ in range(int(opts["warmup"])):
+        fn()
+    clock.sync()
+    samples: list[float] = []
+    t_end = time.perf_counter() + float(opts["min_seconds"])
+    while len(samples) < int(opts["reps"]) or (time.perf_counter() < t_end and len(samples) < int(opts["max_reps"])):
+        samples.append(clock.time(fn))
+    return samples
+
+
+def _spread(samples: list[float]) -> float:
+    """Relative noise: interquartile range / median."""
+    if len(samples) < 4:
+        return 0.0
+    q = statistics.quantiles(samples, n=4)
+    return (q[2] - q[0]) / max(statistics.median(samples), 1e-12)
+
+
+def _buffers(n: int, make) -> list:
+    return [make() for _ in range(n)]
+
+
+def _l2_bytes(device: str) -> int:
+    if device in ("cuda", "rocm"):
+        try:
+            return int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0))
+        except Exception:
+            return 0
+    return 0
+
+
+def copy_bandwidth(device: str, nbytes: int, opts: Mapping[str, Any]) -> float:
+    """GB/s of a device-to-device copy of ``nbytes`` (read + write counted)."""
+    torch_device = "cuda" if device == "rocm" else device
+    n = max(nbytes // 4, 1 << 20)
+    src = torch.empty(n, dtype=torch.float32, device=torch_device).uniform_()
+    dst = torch.empty_like(src)
+    samples = _repeat(_Clock(device), lambda: dst.copy_(src), opts)
+    return 2 * n * 4 / statistics.median(samples) / 1e9
+
+
+def time_candidate(cand: Candidate, slot: str, device: str, shapes: list[str], dtype_name: str, regime: str,
+                   canonical_overrides: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    opts = {**DEFAULT_OPTIONS, **(options or {})}
+    torch_device = "cuda" if device == "rocm" else device
+    dtype = DTYPES[dtype_name]
+    mixed = regime == "mixed"
+    param_dtype = torch.float32 if mixed else dtype
+    clock = _Clock(device)
+    out_rows: list[dict[str, Any]] = []
+    copy_cache: dict[int, float] = {}
+    for shape in shapes:
+        rows, hidden, out = parse_shape(shape)
+        out = out or hidden
+        canonical = canonical_for(slot, hidden=hidden, out_features=out, device=torch_device,
+                                  param_dtype=str(param_dtype).replace("torch.", ""), overrides=canonical_overrides)  # fmt: skip
+        row: dict[str, Any] = {"implementation": cand.id, "shape": shape, "dtype": dtype_name, "regime": regime}
+        try:
+            module = build(cand, canonical, torch_device, param_dtype)
+            width_out = out if cand.semantics == "linear" else hidden
+            per_input = rows * hidden * dtype.itemsize
+            n_buf = 1
+            l2 = _l2_bytes(device)
+            if l2 and per_input < 2 * l2:
+                n_buf = min(8, 2 * l2 // max(per_input, 1) + 1)
+            xs = _buffers(n_buf, lambda: torch.randn(rows, hidden, device=torch_device, dtype=dtype).requires_grad_(True))
+            gy = torch.randn(rows, width_out, device=torch_device, dtype=dtype)
+            state = {"i": 0}
+            ctx = (lambda: torch.autocast(device_type=torch_device, dtype=dtype)) if mixed else None
+
+            def step():
+                x = xs[state["i"] % n_buf]
+                state["i"] += 1
+                x.grad = None
+                if ctx is not None:
+                    with ctx():
+                        y = module(x)
+                else:
+                    y = module(x)
+                y.backward(gy)
+
+            t0 = time.perf_counter()
+            step()
+            clock.sync()
+            row["compile_s"] = round(time.perf_counter() - t0, 4)
+            samples = _repeat(clock, step, opts)
+            median = statistics.median(samples)
+            nbytes = bytes_moved(cand.semantics, rows, hidden, out, dtype.itemsize)
+            row.update(median_ms=median * 1000, spread=_spread(samples), reps=len(samples), gbps=nbytes / median / 1e9)
+            fl = flops(cand.semantics, rows, hidden, out)
+            if fl:
+                row["tflops"] = fl / median / 1e12
+            key = nbytes // 5
+            if key not in copy_cache:
+                copy_cache[key] = copy_bandwidth(device, key * 2, opts)
+            row["copy_gbps"] = copy_cache[key]
+            row["copy_percent"] = 100.0 * row["gbps"] / copy_cache[key]
+            del module, xs, gy
+        except Exception as exc:  # OOM at the model's shape, a kernel that refuses the size, ...
+            row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:400]
+        finally:
+            if torch_device == "cuda":
+                torch.cuda.empty_cache()
+        out_rows.append(row)
+    return {"candidate": cand.id, "device": device, "rows": out_rows}

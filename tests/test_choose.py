@@ -1,0 +1,80 @@
+"""The choice rule on synthetic verdicts and timings: margin, ties, pins, prefers."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernel_probe.checker import Report
+from kernel_probe.choose import choose
+from kernel_probe.errors import ProbeError
+
+SHAPES = ["40320x1024", "542080x1024"]
+
+
+def rep(cid, status="accepted"):
+    return Report(id=cid, target=f"x.{cid}", slot="RMSNorm", semantics="rms_norm", device="cuda", status=status,
+                  reasons=[] if status == "accepted" else ["because"])  # fmt: skip
+
+
+def t(ms_a, ms_b, spread=0.01):
+    return [{"shape": SHAPES[0], "median_ms": ms_a, "spread": spread}, {"shape": SHAPES[1], "median_ms": ms_b, "spread": spread}]
+
+
+def decide(timings, reports=None, **kw):
+    reports = reports or [rep(k) for k in timings]
+    return choose("RMSNorm", reports, timings, SHAPES, "bfloat16", "torch.rms_norm", **kw)
+
+
+def test_default_kept_when_others_are_slower():
+    c = decide({"torch.rms_norm": t(0.273, 2.345), "liger.rms_norm": t(0.501, 3.893)})
+    assert c.report.id == "torch.rms_norm" and c.how == "default"
+    assert "liger.rms_norm 1.84x slower at 40320x1024 bfloat16" in c.reason
+
+
+def test_faster_candidate_beyond_margin_wins():
+    c = decide({"torch.rms_norm": t(0.273, 2.345), "torch.compile.rms_norm": t(0.20, 1.40)})
+    assert c.report.id == "torch.compile.rms_norm" and c.how == "fastest"
+    assert "faster than torch.rms_norm over 2 shapes" in c.reason
+
+
+def test_inside_noise_margin_keeps_default():
+    c = decide({"torch.rms_norm": t(1.0, 1.0), "liger.rms_norm": t(0.97, 0.97)})
+    assert c.report.id == "torch.rms_norm" and "inside the noise margin" in c.reason
+
+
+def test_noisy_timings_widen_the_margin():
+    quiet = decide({"torch.rms_norm": t(1.0, 1.0, 0.01), "liger.rms_norm": t(0.9, 0.9, 0.01)})
+    noisy = decide({"torch.rms_norm": t(1.0, 1.0, 0.08), "liger.rms_norm": t(0.9, 0.9, 0.08)})
+    assert quiet.report.id == "liger.rms_norm" and noisy.report.id == "torch.rms_norm"
+
+
+def test_rejected_and_untimed_are_never_chosen():
+    reports = [rep("torch.rms_norm"), rep("liger.rms_norm", "rejected"), rep("quack.rms_norm")]
+    c = decide({"torch.rms_norm": t(1, 1), "liger.rms_norm": t(0.1, 0.1), "quack.rms_norm": [{"shape": SHAPES[0], "error": "OOM"}]}, reports)
+    assert c.report.id == "torch.rms_norm"
+
+
+def test_deterministic_tie_break():
+    timings = {"torch.rms_norm": t(1, 1), "b.rms": t(0.5, 0.5), "a.rms": t(0.5, 0.5)}
+    assert {decide(timings).report.id for _ in range(5)} == {"b.rms"}  # declared first wins an exact tie
+
+
+def test_pin_and_prefer():
+    timings = {"torch.rms_norm": t(0.273, 2.345), "liger.rms_norm": t(0.501, 3.893)}
+    assert decide(timings, pin="liger.rms_norm").how == "pinned"
+    assert decide(timings, prefer="liger.rms_norm").report.id == "torch.rms_norm"  # far slower: preference loses
+    close = {"torch.rms_norm": t(1.0, 1.0), "liger.rms_norm": t(1.02, 1.02)}
+    assert decide(close, prefer="liger.rms_norm").how == "preferred"
+
+
+@pytest.mark.parametrize("kw", [{"pin": "liger.rms_norm"}, {"prefer": "liger.rms_norm"}, {"pin": "nope"}])
+def test_pinning_what_cannot_be_used_is_an_error(kw):
+    reports = [rep("torch.rms_norm"), rep("liger.rms_norm", "unavailable")]
+    with pytest.raises(ProbeError) as exc:
+        decide({"torch.rms_norm": t(1, 1)}, reports, **kw)
+    assert "never silently" in str(exc.value) or "no such candidate" in str(exc.value)
+
+
+def test_nothing_accepted_is_an_error():
+    with pytest.raises(ProbeError, match="kernel-probe check --slot RMSNorm"):
+        decide({}, [rep("torch.rms_norm", "crashed")])
