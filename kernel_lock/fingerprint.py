@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -120,15 +121,25 @@ def library_versions(names: Iterable[str]) -> dict[str, str | None]:
     return out
 
 
-def cpu_microarch() -> str:
+def archspec_host() -> Any | None:
+    """archspec's ``Microarchitecture`` for this CPU, or None when archspec is missing or fails.
+
+    archspec caches the answer, so every caller (fingerprint, ``kernel-probe env``) sees the same one.
+    An unknown CPU model is not a failure: archspec returns its generic level (vendor "generic").
+    """
     try:
         import archspec.cpu
     except ImportError:
-        return "unknown"
+        return None
     try:
-        return str(archspec.cpu.host().name)
+        return archspec.cpu.host()
     except Exception:  # archspec raises on CPUs it has no entry for; that is a fact, not an error
-        return "unknown"
+        return None
+
+
+def cpu_microarch() -> str:
+    host = archspec_host()
+    return "unknown" if host is None else str(host.name)
 
 
 def normalize_gcn_arch(name: str) -> str:
@@ -136,30 +147,88 @@ def normalize_gcn_arch(name: str) -> str:
     return name.split(":", 1)[0].strip()
 
 
-def _nvml_devices() -> dict[str, Any] | None:
-    """NVIDIA facts via NVML (nvidia-ml-py), which does not create a CUDA context. None if unavailable."""
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def visible_nvml_indices(visible: str | None, uuids: list[str]) -> list[int] | None:
+    """NVML indices of the devices CUDA will see, in CUDA's order (NVML ignores CUDA_VISIBLE_DEVICES).
+
+    ``visible`` is the value of CUDA_VISIBLE_DEVICES (None when unset); ``uuids`` are NVML's device
+    UUIDs by NVML index. Like CUDA, an index or a unique ``GPU-`` UUID prefix selects a device and
+    the list stops at the first entry that does not ("-1", "" and out-of-range entries hide the
+    rest). MIG entries cannot be mapped from the parent GPU list: None means "ask torch instead".
+    """
+    if visible is None:
+        return list(range(len(uuids)))
+    out: list[int] = []
+    for entry in (e.strip() for e in visible.split(",")):
+        if entry.startswith("MIG-"):
+            return None
+        if entry.isdigit() and int(entry) < len(uuids):
+            index = int(entry)
+        elif entry.startswith("GPU-"):
+            matches = [i for i, uuid in enumerate(uuids) if uuid.startswith(entry)]
+            if len(matches) != 1:
+                break
+            index = matches[0]
+        else:
+            break
+        if index in out:  # CUDA refuses duplicates; treat like an invalid entry
+            break
+        out.append(index)
+    return out
+
+
+def nvml_devices() -> list[dict[str, Any]] | None:
+    """Every CUDA-visible NVIDIA GPU via NVML (nvidia-ml-py), without creating a CUDA context.
+
+    One dict per device, in CUDA's order: index, nvml_index, name, arch (sm_XY), capability,
+    uuid, memory_bytes, driver (kernel driver version) and cuda_driver (the newest CUDA the driver
+    supports). None when NVML is not installed, has no library or no devices, or fails in any way:
+    NVML is an optional shortcut, never a reason for the fingerprint to fail.
+    """
     try:
         import pynvml  # type: ignore[import-not-found]
-    except Exception:
+    except Exception:  # not installed, or a broken/deprecated shim
         return None
     try:
         pynvml.nvmlInit()
-    except Exception:
+    except Exception:  # no driver library (NVMLError_LibraryNotFound), no permission, ...
         return None
     try:
-        count = pynvml.nvmlDeviceGetCount()
-        if count == 0:
+        count = int(pynvml.nvmlDeviceGetCount())
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        uuids = [_text(pynvml.nvmlDeviceGetUUID(h)) for h in handles]
+        order = visible_nvml_indices(os.environ.get("CUDA_VISIBLE_DEVICES"), uuids)
+        if not order:
             return None
-        handle = pynvml.nvmlDeviceGetHandleByIndex(_visible_index())
-        name = pynvml.nvmlDeviceGetName(handle)
-        name = name.decode() if isinstance(name, bytes) else str(name)
-        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        driver = driver.decode() if isinstance(driver, bytes) else str(driver)
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if visible is not None and visible.strip() != "":
-            count = len([v for v in visible.split(",") if v.strip() and not v.strip().startswith("-")])
-        return {"name": name, "arch": f"sm_{major}{minor}", "count": count, "driver": driver}
+        driver = _text(pynvml.nvmlSystemGetDriverVersion())
+        try:
+            cuda = int(pynvml.nvmlSystemGetCudaDriverVersion_v2())
+            cuda_driver = f"{cuda // 1000}.{cuda % 1000 // 10}"
+        except Exception:
+            cuda_driver = ""
+        devices = []
+        for cuda_index, nvml_index in enumerate(order):
+            handle = handles[nvml_index]
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+            try:
+                memory: int | None = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+            except Exception:
+                memory = None
+            devices.append({
+                "index": cuda_index,
+                "nvml_index": nvml_index,
+                "name": _text(pynvml.nvmlDeviceGetName(handle)),
+                "arch": f"sm_{major}{minor}",
+                "capability": [int(major), int(minor)],
+                "uuid": uuids[nvml_index],
+                "memory_bytes": memory,
+                "driver": driver,
+                "cuda_driver": cuda_driver,
+            })
+        return devices
     except Exception:
         return None
     finally:
@@ -169,9 +238,34 @@ def _nvml_devices() -> dict[str, Any] | None:
             pass
 
 
-def _visible_index() -> int:
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-    return int(visible) if visible.isdigit() else 0
+def _nvml_devices() -> dict[str, Any] | None:
+    """The primary NVIDIA device via NVML (name, arch, count, driver), or None if NVML is unavailable."""
+    devices = nvml_devices()
+    if not devices:
+        return None
+    first = devices[0]
+    return {"name": first["name"], "arch": first["arch"], "count": len(devices), "driver": first["driver"]}
+
+
+# Where the kernel driver states its version: one small file read, no library, no device context.
+_DRIVER_FILES = {
+    "cuda": ("/proc/driver/nvidia/version", re.compile(r"Kernel Module\s+(?:for\s+\S+\s+)?([0-9][0-9.]*)")),
+    "rocm": ("/sys/module/amdgpu/version", re.compile(r"([0-9][0-9.]*)")),
+}
+
+
+def driver_version(device_type: str) -> str:
+    """The GPU kernel driver's version from its /proc or /sys file; '' when there is none."""
+    entry = _DRIVER_FILES.get(device_type)
+    if entry is None:
+        return ""
+    path, pattern = entry
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            match = pattern.search(fh.read(4096))
+    except OSError:
+        return ""
+    return match.group(1) if match else ""
 
 
 def device_facts(torch: Any) -> dict[str, Any]:
@@ -191,7 +285,7 @@ def device_facts(torch: Any) -> dict[str, Any]:
                 "name": str(props.name),
                 "arch": normalize_gcn_arch(str(getattr(props, "gcnArchName", ""))),
                 "count": int(cuda_mod.device_count()),
-                "driver": "",
+                "driver": driver_version("rocm"),
             }
     elif getattr(torch.version, "cuda", None) and cuda_mod is not None:
         nvml = _nvml_devices()
@@ -205,7 +299,7 @@ def device_facts(torch: Any) -> dict[str, Any]:
                 "name": str(cuda_mod.get_device_name(0)),
                 "arch": f"sm_{major}{minor}",
                 "count": int(cuda_mod.device_count()),
-                "driver": "",
+                "driver": driver_version("cuda"),
             }
     mps = getattr(getattr(torch, "backends", None), "mps", None)
     if mps is not None and mps.is_available():
@@ -224,13 +318,25 @@ def device_facts(torch: Any) -> dict[str, Any]:
     return {"type": "cpu", "vendor": _cpu_vendor(), "name": _cpu_name(), "arch": "", "count": 1, "driver": ""}
 
 
-def _cpu_vendor() -> str:
-    try:
-        import archspec.cpu
+_CPU_VENDORS = {"authenticamd": "amd", "genuineintel": "intel", "arm": "arm", "0x41": "arm", "0x4e": "nvidia"}
 
-        return str(archspec.cpu.host().vendor).lower()
-    except Exception:
-        return "unknown"
+
+def _cpu_vendor() -> str:
+    """archspec's vendor, or /proc/cpuinfo's vendor_id when archspec only knows a generic level."""
+    host = archspec_host()
+    vendor = "" if host is None else str(host.vendor).lower()
+    if vendor and vendor != "generic":
+        return {"authenticamd": "amd", "genuineintel": "intel"}.get(vendor, vendor)
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                key = line.split(":", 1)[0].strip().lower()
+                if key in ("vendor_id", "cpu implementer"):
+                    raw = line.split(":", 1)[1].strip().lower()
+                    return _CPU_VENDORS.get(raw, raw)
+    except OSError:
+        pass
+    return vendor or "unknown"
 
 
 def _cpu_name() -> str:

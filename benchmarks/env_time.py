@@ -1,0 +1,67 @@
+"""Wall time of ``kernel-probe env`` as a ratio to ``python -c "import torch"``.
+
+    python benchmarks/env_time.py [--runs 5]
+
+Goal: ``env --json --no-import-checks`` at most 1.5x a bare torch import. The full ``env --json``
+also imports every installed kernel library (and Triton) in child processes; the difference
+between the two is what those checks cost on this machine. Every command is a fresh interpreter,
+timed end to end; the runs are interleaved so a slow moment hits all three alike; the median is
+reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+COMMANDS = {
+    "import torch": [sys.executable, "-c", "import torch"],
+    "env --json --no-import-checks": [sys.executable, "-m", "kernel_probe", "env", "--json", "--no-import-checks"],
+    "env --json": [sys.executable, "-m", "kernel_probe", "env", "--json"],
+}
+
+
+def _time(argv: list[str], env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    done = subprocess.run(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(argv[1:])} failed ({done.returncode}):\n{done.stderr}")
+    return seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=5, help="runs of each command (default 5)")
+    args = parser.parse_args()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+
+    for argv in COMMANDS.values():  # warm the file cache once; not counted
+        _time(argv, env)
+    samples: dict[str, list[float]] = {name: [] for name in COMMANDS}
+    for _ in range(args.runs):
+        for name, argv in COMMANDS.items():
+            samples[name].append(_time(argv, env))
+
+    median = {name: statistics.median(values) for name, values in samples.items()}
+    base = median["import torch"]
+    print(f"{args.runs} runs each, median wall time, {os.cpu_count()} CPUs, python {sys.version.split()[0]}")
+    for name, seconds in median.items():
+        spread = f"{min(samples[name]):.2f}-{max(samples[name]):.2f}"
+        print(f"  {name:<32} {seconds:6.2f} s  ({spread})  {seconds / base:5.2f}x import torch")
+    cheap = median["env --json --no-import-checks"] / base
+    added = median["env --json"] - median["env --json --no-import-checks"]
+    verdict = "met" if cheap <= 1.5 else "NOT met"
+    print(f"env without import checks: {cheap:.2f}x import torch (goal <= 1.5x: {verdict})")
+    print(f"import checks add {added:.2f} s ({added / base:.2f}x import torch)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

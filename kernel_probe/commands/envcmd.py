@@ -1,0 +1,244 @@
+"""``kernel-probe env``: report this machine (presentation only; the facts come from kernel_probe.detect)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .. import output
+from ..errors import UsageError
+
+STATUS_STYLE = {
+    "ok": "green",
+    "error": "red",
+    "crashed": "bold red",
+    "timeout": "yellow",
+    "skipped": "dim",
+    "not-installed": "dim",
+}
+
+
+def add_env_arguments(p: argparse.ArgumentParser) -> None:
+    from ..detect import DEFAULT_TIMEOUT
+
+    p.add_argument("--json", action="store_true", help="the report as JSON (keys documented in docs/env.md)")
+    p.add_argument("--no-import-checks", action="store_true",
+                   help="do not import kernel libraries or Triton (no child processes): metadata and torch only")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                   help=f"how long each library import check may take (default {DEFAULT_TIMEOUT:g})")
+
+
+def run_env(args: argparse.Namespace) -> int:
+    if not args.timeout > 0:
+        raise UsageError(f"--timeout must be a positive number of seconds, not {args.timeout:g}",
+                         fix="pass e.g. --timeout 20")
+    from ..detect import detect
+
+    report = detect(import_checks=not args.no_import_checks, timeout=args.timeout)
+    if args.json:
+        output.print_json(report)
+    else:
+        render(report, output.console())
+    return 0
+
+
+# ---- rendering ------------------------------------------------------------------------------
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**30:.1f} GiB"
+
+
+def _onoff(value: Any) -> str:
+    return {True: "on", False: "off", None: "n/a"}.get(value, str(value))
+
+
+def _section(console: Any, title: str, rows: list[tuple[str, str]]) -> None:
+    from rich.table import Table
+
+    console.print()
+    console.rule(f"[bold]{title}[/]", align="left")
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    for key, value in rows:
+        table.add_row(key, value)
+    console.print(table)
+
+
+def _status(entry: dict[str, Any]) -> str:
+    from rich.markup import escape
+
+    status = entry.get("status", "")
+    text = f"[{STATUS_STYLE.get(status, '')}]{escape(status)}[/]" if STATUS_STYLE.get(status) else escape(status)
+    if entry.get("seconds") is not None:
+        text += f" in {entry['seconds']:.2f} s"
+    return text
+
+
+def _host_rows(h: dict[str, Any]) -> list[tuple[str, str]]:
+    from rich.markup import escape
+
+    cpu, mem, os_, py = h["cpu"], h["memory"], h["os"], h["python"]
+    model = cpu["microarch"]
+    if cpu["model_known"]:
+        model += f" (generic {cpu['generic']})" if cpu.get("generic") and cpu["generic"] != model else ""
+    else:
+        model = f"unknown model, generic level {cpu.get('generic') or cpu['microarch']}"
+    memory = f"{_gib(mem['total_bytes'])} total, {_gib(mem['available_bytes'])} available"
+    if mem.get("cgroup_limit_bytes"):
+        memory += f", {_gib(mem['cgroup_limit_bytes'])} cgroup limit"
+    cores = str(cpu["cores"])
+    if cpu.get("usable_cores") not in (None, cpu["cores"]):
+        cores += f" ({cpu['usable_cores']} usable)"
+    return [
+        ("os", escape(f"{os_.get('distribution') or os_['system']} ({os_['system']} {os_['release']})")),
+        ("python", escape(f"{py['version']} {py['implementation']}, {py['executable']}"
+                          + (" (virtualenv)" if py["virtualenv"] else ""))),
+        ("cpu", escape(f"{cpu['arch']}, {model}" + (f", {cpu['brand']}" if cpu.get("brand") else ""))),
+        ("cores", cores),
+        ("memory", memory),
+    ]
+
+
+def _torch_rows(t: dict[str, Any] | None) -> list[tuple[str, str]]:
+    from rich.markup import escape
+
+    if t is None:
+        return [("torch", "[red]not importable[/] (see errors)")]
+    builds = {"cuda": f"CUDA {t['cuda']}", "rocm": f"ROCm/HIP {t['hip']}", "xpu": f"XPU {t['xpu']}"}
+    build = builds.get(t["build"], "CPU only")
+    dnn, coll, m = t["dnn"], t["collectives"], t["math"]
+    rows = [
+        ("version", escape(f"{t['version']} ({t['location']})")),
+        ("built for", escape(build)),
+        ("device code", escape(" ".join(t["arch_list"]) or "none")),
+        (dnn["library"], escape(f"{dnn['version']} (compiled {dnn['compiled']})" if dnn["version"] else
+                                (dnn["error"] or "not loaded"))),
+        (coll["library"], escape(coll["version"] or coll["error"] or "not in this build")),
+        ("cpu kernels", escape(str(t["cpu_capability"]))),
+        ("tf32", f"matmul {_onoff(m['matmul_allow_tf32'])}, cudnn {_onoff(m['cudnn_allow_tf32'])}, "
+                 f"fp32 matmul precision {m['float32_matmul_precision']}"),
+        ("reductions", f"fp16 reduced {_onoff(m['matmul_allow_fp16_reduced_precision_reduction'])}, "
+                       f"bf16 reduced {_onoff(m['matmul_allow_bf16_reduced_precision_reduction'])}"),
+        ("determinism", f"algorithms {_onoff(m['deterministic_algorithms'])}"
+                        + (" (warn only)" if m["deterministic_warn_only"] else "")
+                        + f", cudnn deterministic {_onoff(m['cudnn_deterministic'])}, "
+                          f"benchmark {_onoff(m['cudnn_benchmark'])}"),
+    ]
+    for name, value in t["environment"].items():
+        rows.append((escape(name), escape(value)))
+    return rows
+
+
+def _device_rows(devices: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    from rich.markup import escape
+
+    rows = []
+    for d in devices:
+        label = f"{d['type']}:{d['index']}"
+        if d["type"] == "cpu":
+            rows.append((label, escape(f"{d['name']} (no accelerator torch can use)")))
+            continue
+        parts = [f"{d['vendor']} {d['arch'] or '(arch n/a)'}"]
+        if d.get("gcn_arch_name") and d["gcn_arch_name"] != d["arch"]:
+            parts[0] += f" ({d['gcn_arch_name']})"
+        if d.get("memory_bytes"):
+            parts.append(_gib(d["memory_bytes"]))
+        if d.get("driver"):
+            parts.append(f"driver {d['driver']}")
+        text = escape(f"{d['name']}\n" + ", ".join(parts))
+        cover = d.get("torch_build_covers") or {}
+        if cover.get("covered") is True:
+            text += f"\n[green]torch build covers it[/] ({escape(cover['how'])})"
+        elif cover.get("covered") is False:
+            text += f"\n[red]torch build does not cover it[/]: {escape(cover['detail'])}"
+        elif cover.get("how") == "unknown":
+            text += f"\ntorch build coverage unknown: {escape(cover['detail'])}"
+        for note in d.get("notes") or ():
+            text += f"\n[yellow]note[/]: {escape(note)}"
+        rows.append((label, text))
+    return rows
+
+
+def _triton_rows(t: dict[str, Any]) -> list[tuple[str, str]]:
+    from rich.markup import escape
+
+    if not t["installed"]:
+        return [("triton", "[dim]not installed[/]")]
+    dists = ", ".join(f"{n} {v['version']} ({v['built_for']})" for n, v in t["distributions"].items()) or "none found"
+    rows = [
+        ("provider", escape(f"{t['provider']} {t['version']}" if t["provider"] else
+                            f"unknown: {t['provider_evidence'] or 'no distribution metadata'}")),
+        ("installed", escape(dists)),
+        ("location", escape(t["location"] or "?")),
+    ]
+    if t["backend"]:
+        rows.append(("target", escape(f"{t['backend']} {t['arch'] or '(arch n/a)'}"
+                                      + (f", warp size {t['warp_size']}" if t.get("warp_size") else "")
+                                      + f" (from {t['target_source']})")))
+    elif t.get("target_error"):
+        rows.append(("target", escape(f"none: {t['target_error']}")))
+    if t["conflict"]:
+        rows.append(("conflict", f"[yellow]{escape(t['conflict'])}[/]"))
+    if t["matches_torch_build"] is False:
+        rows.append(("mismatch", "[red]the importable triton is not built for this torch's GPU runtime[/]"))
+    rows.append(("import", _status(t["import"])))
+    return rows
+
+
+def _library_rows(libs: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
+    from rich.markup import escape
+
+    rows = []
+    for name, lib in libs.items():
+        imp = lib["import"]
+        if not lib["installed"]:
+            text = "[dim]not installed[/]"
+            if lib["distributions"]:
+                text += f": {escape(imp['reason'])}"
+            rows.append((escape(name), text))
+            continue
+        head = escape(f"{lib['version'] or '(no distribution metadata)'}")
+        if lib.get("identified_as"):
+            head += f", {escape(lib['identified_as'])}"
+        text = f"{head}\nimport {escape(lib['check_module'])}: {_status(imp)}"
+        if imp["status"] != "ok" and imp.get("reason"):
+            text += f"\n{escape(imp['reason'])}"
+        if imp.get("stdout"):
+            text += f"\n[yellow]printed to stdout on import[/]: {escape(imp['stdout'][:200])}"
+        text += f"\n[dim]{escape(lib['location'] or '')}[/]"
+        rows.append((escape(name), text))
+    return rows
+
+
+def _site_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+    from rich.markup import escape
+
+    rows = [("hostname", escape(s["hostname"]))]
+    for name, value in s["slurm"].items():
+        rows.append((escape(name), escape(value)))
+    for marker in s["markers"]:
+        rows.append((escape(marker["signal"]), escape(f"{marker['value']} (hint: {marker['hint']})")))
+    if not s["slurm"] and not s["markers"]:
+        rows.append(("markers", "[dim]no Slurm job, no known site marker[/]"))
+    return rows
+
+
+def render(report: dict[str, Any], console: Any) -> None:
+    """The readable report: one small section per part (narrow terminals fold the values)."""
+    from rich.markup import escape
+
+    _section(console, "host", _host_rows(report["host"]))
+    _section(console, "torch", _torch_rows(report["torch"]))
+    _section(console, "accelerators", _device_rows(report["accelerators"]))
+    _section(console, "triton", _triton_rows(report["triton"]))
+    _section(console, "kernel libraries", _library_rows(report["libraries"]))
+    _section(console, "site", _site_rows(report["site"]))
+    if report["fingerprint"] is not None:
+        _section(console, "lock fingerprint",
+                 [(escape(k), escape(str(v)) if v != "" else "[dim]''[/]") for k, v in report["fingerprint"].items()])
+    if report["errors"]:
+        _section(console, "errors", [(escape(e["where"]), f"[red]{escape(e['error'])}[/]") for e in report["errors"]])
+    checks = report["import_checks"]
+    how = f"import checks in child processes, {checks['timeout']:g} s timeout" if checks["run"] else "no import checks"
+    console.print()
+    console.print(f"[dim]detected in {report['seconds']:.2f} s ({how})[/]", soft_wrap=False)
