@@ -18,7 +18,7 @@ margin. A pinned or preferred candidate that is not accepted is an error, never 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,10 +64,15 @@ def _worst_shape(rows, base_rows, shapes) -> tuple[str, float]:
 
 
 def choose(slot: str, reports: list[Report], timings: Mapping[str, list[Mapping[str, Any]]], shapes: list[str],
-           dtype: str, default_id: str, *, pin: str | None = None, prefer: str | None = None,
-           origin: str = "--pin") -> Choice:  # fmt: skip
+           dtype: str, default_id: str, *, pin: str | None = None, prefer: str | Sequence[str] | None = None,
+           origin: str = "--pin", strict_prefer: bool = True) -> Choice:  # fmt: skip
+    """``prefer`` may be an ordered list (a profile's preferences): the first preferred candidate
+    that is eligible and within the margin wins. With ``strict_prefer`` (the command line), a
+    preferred candidate that is not accepted is an error; a profile's list just moves on."""
     by_id = {r.id: r for r in reports}
-    for forced, kind in ((pin, "pinned"), (prefer, "preferred")):
+    prefers = [prefer] if isinstance(prefer, str) else list(prefer or ())
+    checks = [(pin, "pinned")] + ([(p, "preferred") for p in prefers] if strict_prefer else [])
+    for forced, kind in checks:
         if forced is None:
             continue
         r = by_id.get(forced)
@@ -92,6 +97,7 @@ def choose(slot: str, reports: list[Report], timings: Mapping[str, list[Mapping[
         best = min(eligible, key=lambda r: (_score(timings[r.id], timings[base.id], shapes)[0], eligible.index(r)))
         return Choice(slot, best, "fastest", f"{best.id} fastest accepted candidate; the default {default_id} was not accepted here")
     scores: dict[str, float] = {}
+    margins: dict[str, float] = {}
     clear: list[tuple[float, int, Report]] = []
     for i, r in enumerate(eligible):
         if r is default:
@@ -99,11 +105,15 @@ def choose(slot: str, reports: list[Report], timings: Mapping[str, list[Mapping[
             continue
         score, spread = _score(timings[r.id], timings[default.id], shapes)
         scores[r.id] = score
-        margin = max(MIN_MARGIN, 2 * spread)
-        if prefer == r.id and score <= 1 + margin:
-            return Choice(slot, r, "preferred", f"{r.id} preferred by {origin} ({1 / score:.2f}x the default's speed)", scores)
-        if score <= 1 / (1 + margin):
+        margins[r.id] = max(MIN_MARGIN, 2 * spread)
+        if score <= 1 / (1 + margins[r.id]):
             clear.append((score, i, r))
+    for cid in prefers:
+        if cid == default.id:
+            return Choice(slot, default, "preferred", f"{cid} preferred by {origin}", scores)
+        r = next((e for e in eligible if e.id == cid), None)
+        if r is not None and scores[r.id] <= 1 + margins[r.id]:
+            return Choice(slot, r, "preferred", f"{r.id} preferred by {origin} ({1 / scores[r.id]:.2f}x the default's speed)", scores)
     others = [r for r in eligible if r is not default]
     if clear:
         score, _, best = min(clear, key=lambda t: (t[0], t[1]))

@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "rehash": ("lockcmds", "accept hand edits: recompute a lock's digest (atomic rewrite)"),
     "env": ("envcmd", "report this machine: host, torch build, accelerators, triton, kernel libraries, site"),
     "check": ("check", "run the correctness kernels and print the verdict table"),
+    "profiles": ("profilecmds", "site profiles: list, show NAME, check PATH"),
     "explain": ("lockcmds", "why a lock chose what it chose for one slot: evidence, timings, rejections"),
     "diff": ("lockcmds", "what changed between two locks: environment fields and choices"),
 }

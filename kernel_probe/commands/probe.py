@@ -34,8 +34,13 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shape", action="append", default=[], metavar="ROWSxHIDDEN",
                    help="model shape to time at, e.g. 40320x1024 (repeatable; Linear: ROWSxINxOUT). "
                    "Default: 40320x1024 and 542080x1024 on GPU, 4096x1024 on CPU")
-    p.add_argument("--precision", choices=tuple(PRECISIONS), default="bf16-mixed",
-                   help="the training precision regime to verify and time in (default bf16-mixed)")
+    p.add_argument("--precision", choices=tuple(PRECISIONS), default=None,
+                   help="the training precision regime to verify and time in (default: the profile's, else bf16-mixed)")
+    p.add_argument("--profile", default=None, metavar="NAME|PATH|auto",
+                   help="apply a site profile: its requirements are enforced (exit 4), its policy applied; "
+                   "auto picks one from the site signals")
+    p.add_argument("--profiles-dir", action="append", default=[], metavar="DIR",
+                   help="extra directory of profiles (repeatable; also $KERNEL_PROBE_PROFILES, os.pathsep-separated)")
     p.add_argument("--prefer", action="append", default=[], metavar="SLOT=ID",
                    help="take this candidate if accepted and not slower than the default beyond the noise margin")
     p.add_argument("--pin", action="append", default=[], metavar="SLOT=ID",
@@ -86,7 +91,6 @@ def _reusable(path: Path, digest: str) -> tuple[kernel_lock.KernelLock | None, s
 def run_probe(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     out = Path(args.out)
-    dtype, regime = PRECISIONS[args.precision]
     pins, prefers = _pairs(args.pin, "--pin"), _pairs(args.prefer, "--prefer")
     if args.dtype:
         raise UsageError("the main probe takes --precision (e.g. bf16-mixed), not --dtype; --dtype is for `kernel-probe check`")
@@ -100,14 +104,28 @@ def run_probe(args: argparse.Namespace) -> int:
     if args.reps is not None and args.reps < 1:
         raise UsageError("--reps must be at least 1")
     slots = args.slot or list(SLOTS)
-    candidates, problems = gather_candidates(args)
     device = detect_device()
+    profile, matched = _apply_profile(args, device)
+    candidates, problems = gather_candidates(args, extra=list(profile.candidates) if profile else [])
     kind = "cpu" if device["type"] == "cpu" else "gpu"
-    shapes = args.shape or DEFAULT_SHAPES[kind]
+    if args.shape:
+        shapes, shapes_from = args.shape, ""
+    elif profile and profile.shapes:
+        shapes, shapes_from = list(profile.shapes), f" (from profile {profile.name})"
+    else:
+        shapes, shapes_from = DEFAULT_SHAPES[kind], " (defaults)"
+    args.shapes_from = shapes_from
+    args.precision = args.precision or (profile.precision if profile and profile.precision else "bf16-mixed")
+    dtype, regime = PRECISIONS[args.precision]
     args.reps = args.reps or DEFAULT_REPS[kind]
+    policy = {}
+    if profile is not None:
+        for slot, sp in profile.slots.items():
+            policy[slot] = {"allowed": list(sp.allowed), "preferred": list(sp.preferred), "pin": sp.pin}
     inputs = {
         "precision": args.precision, "shapes": shapes, "slots": slots, "pins": pins, "prefers": prefers,
         "candidates": sorted(f"{c.id}={c.target}" for c in candidates), "with_compile": args.with_compile,
+        "profile": profile.digest if profile else None,
     }  # fmt: skip
     from ..lockwrite import inputs_digest
 
@@ -133,7 +151,8 @@ def run_probe(args: argparse.Namespace) -> int:
                 return _reused(args, out, lock, t_start)
         for problem in problems:
             output.warn(problem)
-        result = _probe(args, out, slots, candidates, device, shapes, dtype, regime, pins, prefers, digest)
+        result = _probe(args, out, slots, candidates, device, shapes, dtype, regime, pins, prefers, digest,
+                        profile=profile, matched=matched)
     result["seconds"] = round(time.perf_counter() - t_start, 2)
     _report(args, result)
     return 0
@@ -150,13 +169,41 @@ def _reused(args, out: Path, lock, t_start: float) -> int:
     return 0
 
 
-def _probe(args, out, slots, candidates, device, shapes, dtype, regime, pins, prefers, digest) -> dict[str, Any]:
+def _apply_profile(args, device):
+    """Load the profile (or auto-detect it), enforce its requirements (exit 4 on unmet)."""
+    if not args.profile:
+        return None, ""
+    from kernel_lock import fingerprint
+
+    from .. import profiles
+
+    if args.profile == "auto":
+        from ..detect.site import detect_site
+
+        profile, matched, notes = profiles.auto_detect(profiles.available(args.profiles_dir).values(), detect_site(), device)
+        for note in notes:
+            output.info(f"profile auto: {note}")
+        if profile is None:
+            output.info("profile auto: no profile's site signals matched this machine; none applied")
+            return None, ""
+        output.info(f"profile auto: {profile.name} (matched {matched})")
+    else:
+        profile, matched = profiles.resolve(args.profile, args.profiles_dir), "explicit (--profile)"
+    current = fingerprint.current()
+    libs = fingerprint.library_versions(profiles.required_libraries(profile))
+    for warning in profiles.enforce(profile, current, libs):
+        output.warn(warning)
+    return profile, matched
+
+
+def _probe(args, out, slots, candidates, device, shapes, dtype, regime, pins, prefers, digest, *, profile=None,
+           matched="") -> dict[str, Any]:  # fmt: skip
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from kernel_lock import fingerprint
 
     from ..candidates import default_for, for_slot
-    from ..checker import check_candidate
+    from ..checker import Report, check_candidate
     from ..choose import choose
     from ..lockwrite import build_lock
     from ..worker import Worker, WorkerDied
@@ -174,10 +221,16 @@ def _probe(args, out, slots, candidates, device, shapes, dtype, regime, pins, pr
     with Worker() as worker, progress:
         task = progress.add_task("checking", total=total)
         for slot, cands in per_slot.items():
+            allowed = profile.slots[slot].allowed if profile and slot in profile.slots else ()
             for cand in cands:
                 progress.update(task, description=f"checking {slot}: {cand.id}")
-                reports[slot].append(check_candidate(cand, slot, device["type"], plan, worker, timeout=args.timeout,
-                                                     with_compile=args.with_compile))  # fmt: skip
+                if allowed and cand.id not in allowed:
+                    reports[slot].append(Report(cand.id, cand.target, slot, cand.semantics, device["type"], "skipped",
+                                                [f"not allowed by profile {profile.name}"], source=cand.source,
+                                                candidate=cand))  # fmt: skip
+                else:
+                    reports[slot].append(check_candidate(cand, slot, device["type"], plan, worker, timeout=args.timeout,
+                                                         with_compile=args.with_compile))  # fmt: skip
                 progress.advance(task)
         check_s = time.perf_counter() - t_check
         accepted = [(s, r) for s, rs in reports.items() for r in rs if r.status == "accepted"]
@@ -194,15 +247,21 @@ def _probe(args, out, slots, candidates, device, shapes, dtype, regime, pins, pr
                 r.status, r.reasons = exc.status, [f"while timing: {exc.reason}"] + r.reasons
             progress.advance(task2)
         time_s = time.perf_counter() - t_time
-    choices = {
-        slot: choose(slot, reports[slot], timings[slot], shapes, dtype, default_for(slot).id,
-                     pin=pins.get(slot), prefer=prefers.get(slot))
-        for slot in slots
-    }  # fmt: skip
+    choices = {}
+    for slot in slots:
+        sp = profile.slots.get(slot) if profile else None
+        if slot in pins or slot in prefers or sp is None:
+            choices[slot] = choose(slot, reports[slot], timings[slot], shapes, dtype, default_for(slot).id,
+                                   pin=pins.get(slot), prefer=prefers.get(slot))  # fmt: skip
+        else:
+            origin = f"profile {profile.name}"
+            choices[slot] = choose(slot, reports[slot], timings[slot], shapes, dtype, default_for(slot).id, pin=sp.pin,
+                                   prefer=list(sp.preferred), origin=origin, strict_prefer=False)  # fmt: skip
     current = fingerprint.current()
     provenance = {"inputs": digest, "command": ("kernel-probe " + shlex.join(sys.argv[1:])).strip(), "shapes": list(shapes),
                   "check-seconds": round(check_s, 2), "time-seconds": round(time_s, 2)}  # fmt: skip
-    lock = build_lock(choices, reports, timings, current, precision=args.precision, provenance=provenance)
+    lock = build_lock(choices, reports, timings, current, precision=args.precision, provenance=provenance,
+                      profile=profile.lock_record(matched) if profile else None)  # fmt: skip
     lock.dump(out)
     return {"lock": str(out), "reused": False, "device": device, "shapes": shapes, "precision": args.precision,
             "choices": choices, "reports": reports, "timings": timings, "check_s": check_s, "time_s": time_s}  # fmt: skip
@@ -232,7 +291,7 @@ def _report(args, result: dict[str, Any]) -> None:
     con = output.console()
     dev = result["device"]
     con.print(f"device {dev['type']} ({escape(str(dev['name']))}), precision {result['precision']}, "
-              f"shapes {', '.join(result['shapes'])}{' (defaults)' if not args.shape else ''}")  # fmt: skip
+              f"shapes {', '.join(result['shapes'])}{args.shapes_from}")  # fmt: skip
     for slot, c in choices.items():
         table = Table(title=slot, title_justify="left", show_edge=False)
         for col, kw in (("candidate", {"overflow": "fold", "min_width": 16}), ("verdict", {"no_wrap": True}),

@@ -1,0 +1,72 @@
+"""kernel-probe profiles list | show NAME | check PATH."""
+
+from __future__ import annotations
+
+import argparse
+
+from .. import output
+
+
+def add_profiles_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profiles-dir", action="append", default=[], metavar="DIR",
+                   help="extra directory of profiles (repeatable; also $KERNEL_PROBE_PROFILES)")
+    sub = p.add_subparsers(dest="action", required=True, metavar="{list,show,check}")
+    ls = sub.add_parser("list", help="every profile found, built-in and yours")
+    ls.add_argument("--json", action="store_true")
+    show = sub.add_parser("show", help="one profile: what it requires and its policy")
+    show.add_argument("name", help="profile name or path")
+    show.add_argument("--json", action="store_true")
+    check = sub.add_parser("check", help="validate a profile file (exit 5 on errors)")
+    check.add_argument("path")
+
+
+def _summary(prof) -> dict:
+    return {
+        "name": prof.name, "description": prof.description, "path": prof.path, "digest": prof.digest,
+        "detect": prof.detect, "requires": prof.requires, "precision": prof.precision, "shapes": list(prof.shapes),
+        "policy": {s: {"allowed": list(p.allowed), "preferred": list(p.preferred), "pin": p.pin} for s, p in prof.slots.items()},
+        "candidates": [c.id for c in prof.candidates], "sources": list(prof.sources), "unknown": list(prof.unknown),
+        "strictness": {"default": prof.default_strictness, "warn": list(prof.warn_groups)},
+    }  # fmt: skip
+
+
+def run_profiles(args: argparse.Namespace) -> int:
+    from .. import profiles
+
+    if args.action == "check":
+        prof = profiles.load_file(args.path)
+        output.console().print(f"ok: {args.path} is a valid profile ({prof.name})")
+        return 0
+    if args.action == "list":
+        found = profiles.available(args.profiles_dir)
+        if args.json:
+            output.print_json([_summary(p) for p in found.values()])
+            return 0
+        from rich.markup import escape
+        from rich.table import Table
+
+        table = Table(show_edge=False)
+        for col in ("name", "description", "file"):
+            table.add_column(col, overflow="fold")
+        for prof in found.values():
+            table.add_row(prof.name, escape(prof.description), escape(prof.path))
+        output.console().print(table)
+        return 0
+    prof = profiles.resolve(args.name, args.profiles_dir)
+    data = _summary(prof)
+    if args.json:
+        output.print_json(data)
+        return 0
+    from rich.markup import escape
+
+    con = output.console()
+    con.print(f"[bold]{prof.name}[/]: {escape(prof.description)}")
+    con.print(f"file: {escape(prof.path)} ({prof.digest[:19]}...)")
+    for key in ("detect", "requires", "policy"):
+        con.print(f"{key}: {escape(str(data[key]))}")
+    con.print(f"precision: {prof.precision or 'not set'}; shapes: {', '.join(prof.shapes) or 'not set'}")
+    for s in prof.sources:
+        con.print(f"source: {escape(s)}")
+    for u in prof.unknown:
+        con.print(f"[yellow]not documented:[/] {escape(u)}")
+    return 0

@@ -1,0 +1,457 @@
+"""Site profiles: what a site's nodes are expected to be, how to recognise the site, and its policy.
+
+A profile is data (``profiles/*.toml``, documented in ``docs/profiles.md``); this module parses and
+validates it strictly (unknown keys are errors: a typo in a policy must not silently widen it),
+matches profiles against the site signals, and lists every requirement a machine does not meet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernel_lock import _toml
+from kernel_lock.lock import SLOTS
+
+from .candidates import BUILTIN, SLOT_SEMANTICS, Candidate
+from .errors import InputFileError, ProfileUnmet, UsageError
+
+PROFILE_VERSION = "1"
+ENV_VAR = "KERNEL_PROBE_PROFILES"
+PRECISIONS = ("32-true", "bf16-true", "16-true", "bf16-mixed", "16-mixed")
+GROUPS = ("device", "count", "versions", "libraries", "forbidden")  # strictness groups
+STRENGTH = {"env": 3, "file": 3, "slurm-cluster": 2, "hostname": 1, "device": 0}
+
+
+class ProfileError(InputFileError):
+    """A malformed profile (exit 5); the message names the file and the dotted key."""
+
+
+@dataclass(frozen=True)
+class SlotPolicy:
+    allowed: tuple[str, ...] = ()
+    preferred: tuple[str, ...] = ()
+    pin: str | None = None
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str
+    path: str
+    digest: str
+    sources: tuple[str, ...] = ()
+    unknown: tuple[str, ...] = ()
+    detect: Mapping[str, Any] = field(default_factory=dict)
+    requires: Mapping[str, Any] = field(default_factory=dict)
+    precision: str | None = None
+    shapes: tuple[str, ...] = ()
+    slots: Mapping[str, SlotPolicy] = field(default_factory=dict)
+    candidates: tuple[Candidate, ...] = ()
+    default_strictness: str = "error"
+    warn_groups: tuple[str, ...] = ()
+
+    def lock_record(self, matched: str) -> dict[str, Any]:
+        return {"name": self.name, "digest": self.digest, "matched": matched, "source": self.path}
+
+
+# ---- parsing ------------------------------------------------------------------------------------
+class _P:
+    def __init__(self, path: str):
+        self.path = path
+
+    def err(self, key: str, problem: str, fix: str | None = None) -> ProfileError:
+        return ProfileError(problem, path=self.path, key=key, fix=fix)
+
+    def table(self, d: Mapping[str, Any], key: str, known: Sequence[str], where: str) -> dict[str, Any]:
+        v = d.get(key, {})
+        if not isinstance(v, dict):
+            raise self.err(f"{where}{key}", f"expected a table, got {type(v).__name__}")
+        self.no_unknown(v, known, f"{where}{key}.")
+        return v
+
+    def free_table(self, d: Mapping[str, Any], key: str, where: str) -> dict[str, Any]:
+        """A table whose keys are the user's (variables, paths, library names)."""
+        v = d.get(key, {})
+        if not isinstance(v, dict):
+            raise self.err(f"{where}{key}", f"expected a table, got {type(v).__name__}")
+        return v
+
+    def no_unknown(self, d: Mapping[str, Any], known: Sequence[str], where: str) -> None:
+        for k in d:
+            if k not in known:
+                import difflib
+
+                close = difflib.get_close_matches(str(k), list(known), n=1, cutoff=0.75)
+                hint = f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(known)}"
+                raise self.err(f"{where}{k}", f"unknown key {k!r}", fix=hint)
+
+    def string(self, d, key, where, required=False, default=None) -> str | None:
+        v = d.get(key)
+        if v is None:
+            if required:
+                raise self.err(f"{where}{key}", "required key is missing")
+            return default
+        if not isinstance(v, str):
+            raise self.err(f"{where}{key}", f"expected a string, got {type(v).__name__}")
+        return v
+
+    def strings(self, d, key, where) -> tuple[str, ...]:
+        v = d.get(key, [])
+        if isinstance(v, str):
+            v = [v]
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise self.err(f"{where}{key}", "expected a list of strings")
+        return tuple(v)
+
+    def regex(self, pattern: str, key: str) -> str:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise self.err(key, f"{pattern!r} is not a valid regular expression: {exc}") from None
+        return pattern
+
+    def specifier(self, spec: Any, key: str) -> str:
+        from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+        if not isinstance(spec, str):
+            raise self.err(key, f"expected a PEP 440 specifier string, got {type(spec).__name__}")
+        try:
+            SpecifierSet(spec)
+        except InvalidSpecifier:
+            raise self.err(key, f"{spec!r} is not a PEP 440 version specifier like '>=2.4,<2.12'") from None
+        return spec
+
+
+_TOP = ("profile-version", "name", "description", "sources", "unknown", "detect", "requires", "policy", "candidate",
+        "strictness")  # fmt: skip
+_DETECT = ("env", "files", "hostname", "slurm-cluster", "device")
+_REQUIRES = ("device-type", "device-vendor", "device-arch", "min-device-count", "arch", "torch", "torch-cuda",
+             "torch-hip", "driver", "libraries", "forbidden")  # fmt: skip
+_POLICY = ("precision", "shapes", *SLOTS)
+_SLOT_POLICY = ("allowed", "preferred", "pin")
+_CANDIDATE = ("id", "slots", "semantics", "target", "args", "kwargs", "distribution", "specifier", "module", "devices",
+              "twin-target", "twin-kwargs", "note")  # fmt: skip
+
+
+def parse(text: str, path: str) -> Profile:
+    p = _P(path)
+    try:
+        d = _toml.loads(text)
+    except _toml.TOMLDecodeError as exc:
+        raise p.err("", f"not valid TOML: {exc}") from None
+    p.no_unknown(d, _TOP, "")
+    version = p.string(d, "profile-version", "", required=True)
+    if version != PROFILE_VERSION:
+        raise p.err("profile-version", f"unsupported profile-version {version!r} (this kernel-probe reads {PROFILE_VERSION!r})")
+    name = p.string(d, "name", "", required=True)
+    if not re.match(r"^[a-z0-9][a-z0-9._-]*$", name):
+        raise p.err("name", f"{name!r}: use lower-case letters, digits, '.', '_' and '-'")
+    detect = p.table(d, "detect", _DETECT, "")
+    for key in ("env", "files"):
+        table = p.free_table(detect, key, "detect.")
+        for k, v in table.items():
+            if not isinstance(v, str):
+                raise p.err(f"detect.{key}.{k}", "expected a regular expression string ('' = present)")
+            p.regex(v, f"detect.{key}.{k}")
+    for key in ("hostname", "slurm-cluster"):
+        for i, pattern in enumerate(p.strings(detect, key, "detect.")):
+            p.regex(pattern, f"detect.{key}[{i}]")
+    p.table(detect, "device", ("type", "vendor", "arch"), "detect.")
+    requires = p.table(d, "requires", _REQUIRES, "")
+    for key in ("device-type", "device-vendor", "device-arch", "arch"):
+        p.strings(requires, key, "requires.")
+    count = requires.get("min-device-count", 0)
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise p.err("requires.min-device-count", "expected a non-negative integer")
+    for key in ("torch", "torch-cuda", "torch-hip", "driver"):
+        if key in requires:
+            p.specifier(requires[key], f"requires.{key}")
+    for key in ("libraries", "forbidden"):
+        table = p.free_table(requires, key, "requires.")
+        for lib, spec in table.items():
+            p.specifier(spec, f"requires.{key}.{lib}")
+    declared = tuple(_candidate(p, c, i, name) for i, c in enumerate(_list_of_tables(p, d, "candidate")))
+    known_ids = {c.id: c for c in (*BUILTIN, *declared)}
+    policy = p.table(d, "policy", _POLICY, "")
+    precision = p.string(policy, "precision", "policy.")
+    if precision is not None and precision not in PRECISIONS:
+        raise p.err("policy.precision", f"{precision!r} is not one of {', '.join(PRECISIONS)}")
+    shapes = p.strings(policy, "shapes", "policy.")
+    from .timing import parse_shape
+
+    for i, s in enumerate(shapes):
+        try:
+            parse_shape(s)
+        except ValueError as exc:
+            raise p.err(f"policy.shapes[{i}]", str(exc).replace("--shape ", "")) from None
+    slots = {}
+    for slot in SLOTS:
+        if slot not in policy:
+            continue
+        sp = p.table(policy, slot, _SLOT_POLICY, "policy.")
+        allowed, preferred = p.strings(sp, "allowed", f"policy.{slot}."), p.strings(sp, "preferred", f"policy.{slot}.")
+        pin = p.string(sp, "pin", f"policy.{slot}.")
+        for key, ids in (("allowed", allowed), ("preferred", preferred), ("pin", (pin,) if pin else ())):
+            for cid in ids:
+                cand = known_ids.get(cid)
+                if cand is None:
+                    raise p.err(f"policy.{slot}.{key}", f"unknown candidate id {cid!r}",
+                                fix="use an id from `kernel-probe check` (e.g. torch.layer_norm, liger.rms_norm) "
+                                "or declare it in a [[candidate]] table")  # fmt: skip
+                if slot not in cand.slots:
+                    raise p.err(f"policy.{slot}.{key}", f"candidate {cid!r} is for {', '.join(cand.slots)}, not {slot}")
+        if allowed:
+            for key, ids in (("preferred", preferred), ("pin", (pin,) if pin else ())):
+                for cid in ids:
+                    if cid not in allowed:
+                        raise p.err(f"policy.{slot}.{key}", f"{cid!r} is not in policy.{slot}.allowed")
+        slots[slot] = SlotPolicy(allowed, preferred, pin)
+    strict = p.table(d, "strictness", ("default", "warn"), "")
+    default = p.string(strict, "default", "strictness.", default="error")
+    if default not in ("error", "warn"):
+        raise p.err("strictness.default", f"{default!r} is not 'error' or 'warn'")
+    warn = p.strings(strict, "warn", "strictness.")
+    for g in warn:
+        if g not in GROUPS:
+            raise p.err("strictness.warn", f"unknown group {g!r}; groups: {', '.join(GROUPS)}")
+    return Profile(
+        name=name,
+        description=p.string(d, "description", "", default="") or "",
+        path=path,
+        digest="sha256:" + hashlib.sha256(text.encode()).hexdigest(),
+        sources=p.strings(d, "sources", ""),
+        unknown=p.strings(d, "unknown", ""),
+        detect=detect,
+        requires=requires,
+        precision=precision,
+        shapes=shapes,
+        slots=slots,
+        candidates=declared,
+        default_strictness=default,
+        warn_groups=warn,
+    )
+
+
+def _list_of_tables(p: _P, d: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
+    v = d.get(key, [])
+    if not isinstance(v, list) or not all(isinstance(x, dict) for x in v):
+        raise p.err(key, "expected an array of tables ([[candidate]])")
+    return v
+
+
+def _candidate(p: _P, c: Mapping[str, Any], i: int, profile: str) -> Candidate:
+    where = f"candidate[{i}]."
+    p.no_unknown(c, _CANDIDATE, where)
+    cid = p.string(c, "id", where, required=True)
+    slots = p.strings(c, "slots", where)
+    if not slots or any(s not in SLOTS for s in slots):
+        raise p.err(f"{where}slots", f"expected a list of slots from {', '.join(SLOTS)}")
+    semantics = p.string(c, "semantics", where, default=SLOT_SEMANTICS[slots[0]])
+    target = p.string(c, "target", where, required=True)
+    if not re.match(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$", target):
+        raise p.err(f"{where}target", f"{target!r} is not a dotted import path")
+    spec = p.string(c, "specifier", where, default="") or ""
+    if spec:
+        p.specifier(spec, f"{where}specifier")
+    default_args = ("$in_features", "$out_features") if slots[0] == "Linear" else ("$normalized_shape",)
+    return Candidate(
+        id=cid, slots=slots, semantics=semantics, target=target,
+        args=tuple(c.get("args", default_args)), kwargs=dict(c.get("kwargs", {"eps": "$eps"} if slots[0] != "Linear" else {"bias": "$bias"})),
+        distribution=p.string(c, "distribution", where, default="") or "", specifier=spec,
+        module=p.string(c, "module", where, default=target.split(".")[0]) or "",
+        devices=p.strings(c, "devices", where), twin_target=p.string(c, "twin-target", where, default="") or "",
+        twin_kwargs=dict(c.get("twin-kwargs", {})), note=p.string(c, "note", where, default="") or "",
+        source=f"profile:{profile}",
+    )  # fmt: skip
+
+
+def load_file(path: str | os.PathLike[str]) -> Profile:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ProfileError("no such file", path=str(p), fix="check the path, or use `kernel-probe profiles list`") from None
+    except IsADirectoryError:
+        raise ProfileError("is a directory, not a profile", path=str(p), fix="pass a .toml file, or use --profiles-dir") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"cannot read: {exc}", path=str(p)) from None
+    return parse(text, str(p))
+
+
+# ---- finding profiles ---------------------------------------------------------------------------
+def builtin_dirs() -> list[Path]:
+    here = Path(__file__).resolve().parent
+    candidates = [here.parent / "profiles", Path(sys.prefix) / "share" / "kernel-probe" / "profiles"]
+    return [d for d in candidates if d.is_dir()]
+
+
+def search_dirs(extra: Iterable[str] = ()) -> list[Path]:
+    env = [x for x in os.environ.get(ENV_VAR, "").split(os.pathsep) if x]
+    return [Path(x) for x in (*extra, *env)] + builtin_dirs()
+
+
+def available(extra: Iterable[str] = ()) -> dict[str, Profile]:
+    """Every profile by name; user directories shadow the built-ins (first found wins)."""
+    out: dict[str, Profile] = {}
+    for d in search_dirs(extra):
+        if not d.is_dir():
+            raise UsageError(f"profiles directory {d} does not exist (from --profiles-dir or ${ENV_VAR})")
+        for f in sorted(d.glob("*.toml")):
+            prof = load_file(f)
+            out.setdefault(prof.name, prof)
+    return out
+
+
+def resolve(spec: str, extra: Iterable[str] = ()) -> Profile:
+    """A profile by name, or by path (anything with a '/' or ending in .toml)."""
+    if "/" in spec or spec.endswith(".toml"):
+        return load_file(spec)
+    profiles = available(extra)
+    if spec not in profiles:
+        raise UsageError(f"unknown profile {spec!r}; available: {', '.join(sorted(profiles)) or 'none'}"
+                         " (or pass a path to a .toml file)")  # fmt: skip
+    return profiles[spec]
+
+
+# ---- detection ----------------------------------------------------------------------------------
+def signals_matched(profile: Profile, site: Mapping[str, Any], device: Mapping[str, Any],
+                    env: Mapping[str, str] | None = None, read_file=None) -> list[tuple[int, str]]:  # fmt: skip
+    """Every detect signal of ``profile`` that matches, as (strength, description)."""
+    env = os.environ if env is None else env
+    det = profile.detect
+    hits: list[tuple[int, str]] = []
+    for var, pattern in det.get("env", {}).items():
+        value = env.get(var)
+        if value is not None and re.search(pattern, value):
+            hits.append((STRENGTH["env"], f"env:{var}={value}"))
+    for path, pattern in det.get("files", {}).items():
+        value = (read_file or _first_line)(path)
+        if value is not None and re.search(pattern, value):
+            hits.append((STRENGTH["file"], f"file:{path}={value}"))
+    cluster = env.get("SLURM_CLUSTER_NAME") or (site.get("slurm") or {}).get("SLURM_CLUSTER_NAME")
+    for pattern in det.get("slurm-cluster", []):
+        if cluster and re.search(pattern, cluster):
+            hits.append((STRENGTH["slurm-cluster"], f"slurm-cluster:{cluster}"))
+    host = site.get("hostname") or ""
+    for pattern in det.get("hostname", []):
+        if host and re.search(pattern, host):
+            hits.append((STRENGTH["hostname"], f"hostname:{host}"))
+    dev = det.get("device", {})
+    if dev and all(str(device.get(k, "")) == str(v) for k, v in dev.items()):
+        hits.append((STRENGTH["device"], "device:" + ",".join(f"{k}={v}" for k, v in dev.items())))
+    return sorted(hits, reverse=True)
+
+
+def _first_line(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.readline().strip() or None
+    except OSError:
+        return None
+
+
+def auto_detect(profiles: Iterable[Profile], site: Mapping[str, Any], device: Mapping[str, Any],
+                env: Mapping[str, str] | None = None, read_file=None) -> tuple[Profile | None, str, list[str]]:  # fmt: skip
+    """(profile, the signal that matched, notes). None when nothing matched. Ambiguity is an error."""
+    scored = []
+    for prof in profiles:
+        hits = signals_matched(prof, site, device, env, read_file)
+        if hits:
+            scored.append((hits[0][0], len(hits), prof, hits))
+    if not scored:
+        return None, "", ["no profile's site signals matched this machine"]
+    scored.sort(key=lambda t: (-t[0], -t[1], t[2].name))
+    best = scored[0]
+    rivals = [s for s in scored[1:] if s[0] == best[0] and s[1] == best[1]]
+    if rivals:
+        names = ", ".join(p.name for _, _, p, _ in [best, *rivals])
+        raise ProfileUnmet(f"--profile auto is ambiguous: {names} match equally well ({best[3][0][1]})",
+                           fix="name the profile with --profile NAME")  # fmt: skip
+    notes = [f"{p.name} also matched ({h[0][1]}), more weakly" for _, _, p, h in scored[1:]]
+    return best[2], best[3][0][1], notes
+
+
+# ---- enforcement --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Unmet:
+    group: str
+    field: str
+    expected: str
+    found: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: expected {self.expected}, found {self.found}"
+
+
+def _in_spec(spec: str, version: str) -> bool:
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    if not version:
+        return False
+    try:
+        return SpecifierSet(spec).contains(Version(version.split("+")[0]), prereleases=True)
+    except InvalidVersion:
+        return False
+
+
+def unmet(profile: Profile, fingerprint: Mapping[str, Any], libraries: Mapping[str, str | None]) -> list[Unmet]:
+    """Every requirement of ``profile`` this machine does not meet (expected vs found)."""
+    req = profile.requires
+    out: list[Unmet] = []
+    for key in ("device-type", "device-vendor", "device-arch", "arch"):
+        allowed = req.get(key)
+        if allowed:
+            allowed = [allowed] if isinstance(allowed, str) else list(allowed)
+            found = str(fingerprint.get(key, ""))
+            if key == "device-vendor" and fingerprint.get("device-type") == "cpu":
+                found = f"none (no accelerator; CPU vendor {found})"  # a CPU's vendor is not a GPU's
+            if found not in allowed:
+                out.append(Unmet("device", key, " or ".join(allowed), found or "none"))
+    need = req.get("min-device-count", 0)
+    if need and (fingerprint.get("device-type") == "cpu" or int(fingerprint.get("device-count", 0)) < need):
+        have = 0 if fingerprint.get("device-type") == "cpu" else fingerprint.get("device-count", 0)
+        out.append(Unmet("count", "device-count", f">= {need} accelerator(s)", str(have)))
+    for key in ("torch", "torch-cuda", "torch-hip", "driver"):
+        spec = req.get(key)
+        if spec is not None:
+            found = str(fingerprint.get(key, ""))
+            if not _in_spec(spec, found):
+                out.append(Unmet("versions", key, spec, found or "none"))
+    for lib, spec in req.get("libraries", {}).items():
+        version = libraries.get(lib)
+        if version is None:
+            out.append(Unmet("libraries", f"library {lib}", spec or "installed", "not installed"))
+        elif spec and not _in_spec(spec, version):
+            out.append(Unmet("libraries", f"library {lib}", spec, version))
+    for lib, spec in req.get("forbidden", {}).items():
+        version = libraries.get(lib)
+        if version is not None and (not spec or _in_spec(spec, version)):
+            out.append(Unmet("forbidden", f"library {lib}", f"not installed{' in ' + spec if spec else ''}", version))
+    return out
+
+
+def enforce(profile: Profile, fingerprint: Mapping[str, Any], libraries: Mapping[str, str | None]) -> list[str]:
+    """Raise ProfileUnmet (exit 4) listing every unmet requirement that is an error; return warnings."""
+    problems = unmet(profile, fingerprint, libraries)
+    errors = [u for u in problems if profile.default_strictness == "error" and u.group not in profile.warn_groups]
+    warnings = [f"profile {profile.name}: {u}" for u in problems if u not in errors]
+    if errors:
+        lines = "\n".join(f"  - {u}" for u in errors)
+        raise ProfileUnmet(
+            f"this machine does not meet profile {profile.name!r} ({len(errors)} unmet):\n{lines}",
+            path=profile.path,
+            fix="run on a node of that site, choose another --profile, or relax the profile's [strictness]",
+        )
+    return warnings
+
+
+def required_libraries(profile: Profile) -> list[str]:
+    return sorted({*profile.requires.get("libraries", {}), *profile.requires.get("forbidden", {})})
