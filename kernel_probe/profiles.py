@@ -20,6 +20,7 @@ from kernel_lock import _toml
 from kernel_lock.lock import SLOTS
 
 from .candidates import BUILTIN, SLOT_SEMANTICS, Candidate
+from .detect.site import first_line
 from .errors import InputFileError, ProfileUnmet, UsageError
 
 PROFILE_VERSION = "1"
@@ -332,7 +333,7 @@ def signals_matched(profile: Profile, site: Mapping[str, Any], device: Mapping[s
         if value is not None and re.search(pattern, value):
             hits.append((STRENGTH["env"], f"env:{var}={value}"))
     for path, pattern in det.get("files", {}).items():
-        value = (read_file or _first_line)(path)
+        value = (read_file or first_line)(path)
         if value is not None and re.search(pattern, value):
             hits.append((STRENGTH["file"], f"file:{path}={value}"))
     cluster = env.get("SLURM_CLUSTER_NAME") or (site.get("slurm") or {}).get("SLURM_CLUSTER_NAME")
@@ -347,14 +348,6 @@ def signals_matched(profile: Profile, site: Mapping[str, Any], device: Mapping[s
     if dev and all(str(device.get(k, "")) == str(v) for k, v in dev.items()):
         hits.append((STRENGTH["device"], "device:" + ",".join(f"{k}={v}" for k, v in dev.items())))
     return sorted(hits, reverse=True)
-
-
-def _first_line(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.readline().strip() or None
-    except OSError:
-        return None
 
 
 def auto_detect(profiles: Iterable[Profile], site: Mapping[str, Any], device: Mapping[str, Any],

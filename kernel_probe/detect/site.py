@@ -53,7 +53,7 @@ SLURM_VARIABLES: tuple[str, ...] = (
 )
 
 
-def _first_line(path: str) -> str | None:
+def first_line(path: str) -> str | None:
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
             return fh.readline().strip() or None
@@ -66,7 +66,7 @@ def detect_site(env: Mapping[str, str] | None = None, *, hostname: str | None = 
     env = os.environ if env is None else env
     found = []
     for marker in markers:
-        value = env.get(marker.name) if marker.kind == "env" else _first_line(marker.name)
+        value = env.get(marker.name) if marker.kind == "env" else first_line(marker.name)
         if value:
             found.append({"signal": f"{marker.kind}:{marker.name}", "value": value, "hint": marker.hint})
     return {
