@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
 from collections.abc import Mapping
 from typing import Any
+
+from .detect.importcheck import signal_name
 
 DEFAULT_TIMEOUT = 300.0
 START_TIMEOUT = 120.0
@@ -30,13 +31,6 @@ class WorkerDied(Exception):
         super().__init__(reason)
         self.status = status  # "crashed" | "timeout"
         self.reason = reason
-
-
-def _signal_name(code: int) -> str:
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"signal {-code}"
 
 
 class Worker:
@@ -138,7 +132,7 @@ class Worker:
                 proc.kill()
                 code = proc.wait()
             tail = self._stderr_tail()
-            how = f"killed by {_signal_name(code)}" if code < 0 else f"exited with status {code}"
+            how = f"killed by {signal_name(-code)}" if code < 0 else f"exited with status {code}"
             self.close()
             raise WorkerDied("crashed", f"the worker process {how}" + (f"; stderr: {tail[-600:]}" if tail else ""))
         reply = json.loads(line)
@@ -180,6 +174,7 @@ def _dispatch(request: Mapping[str, Any]) -> dict[str, Any]:
         return measure.check(
             cand, request["slot"], request["device"], [tuple(d) for d in request["dtypes"]],
             canonical_overrides=request.get("canonical"), seed=request.get("seed", 0),
+            hidden=request.get("hidden", measure.CHECK_HIDDEN),
         )  # fmt: skip
     if op == "try":
         return measure.try_once(cand, request["slot"], request["device"])

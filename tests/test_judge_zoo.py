@@ -18,7 +18,7 @@ ZOO = {
         "norms.OnePassLayerNorm", "norms.LowPrecisionLayerNorm", "norms.ContiguousOnlyLayerNorm", "norms.CachingLayerNorm",
         "norms.InPlaceBackwardLayerNorm", "norms.MutatesInputLayerNorm", "norms.NaNLayerNorm",
         "norms.WrongBackwardLayerNorm", "norms.UpcastingLayerNorm", "norms.AbortInForwardLayerNorm",
-        "abort_on_import.X", "hang_on_import.X", "raise_on_import.X", "missing_dependency.X",
+        "abort_on_import.X", "raise_on_import.X", "missing_dependency.X",
     ],
     "RMSNorm": ["norms.GoodRMSNorm"],
     "Linear": ["norms.GoodLinear", "norms.WrongLinear"],
@@ -33,8 +33,12 @@ def results():
     candidates, problems = cands.registry(offered, entry_points=False)
     assert problems == []
     with Worker() as worker:
-        reports = check_all(list(ZOO), candidates, "cpu", PLAN, timeout=10, worker=worker)
+        # a generous timeout for everything that should answer (the machine may be busy) ...
+        reports = check_all(list(ZOO), candidates, "cpu", PLAN, timeout=120, worker=worker)
         started = worker.started
+        # ... and a short one for the candidate that never will
+        hang = [cands.from_command_line("LayerNorm=kp_zoo.hang_on_import.X")]
+        reports["LayerNorm"] += check_all(["LayerNorm"], hang, "cpu", PLAN, timeout=5, worker=worker)["LayerNorm"]
     by_id = {r.id: r for rs in reports.values() for r in rs}
     return by_id, started
 
@@ -125,7 +129,7 @@ def test_rmsnorm_offered_as_layernorm_names_the_semantics(results):
     [
         ("abort_on_import.X", "crashed", "SIGABRT"),
         ("norms.AbortInForwardLayerNorm", "crashed", "SIGABRT"),
-        ("hang_on_import.X", "timeout", "no answer within 10 s"),
+        ("hang_on_import.X", "timeout", "no answer within 5 s"),
         ("raise_on_import.X", "crashed", "RuntimeError: CUDA driver initialization failed"),
         ("missing_dependency.X", "unavailable", "No module named 'kp_this_dependency_does_not_exist'"),
     ],
@@ -138,8 +142,8 @@ def test_crashing_and_hanging_fakes(results, name, status, words):
 
 def test_one_worker_serves_many_candidates(results):
     _, started = results
-    # one start, plus one fresh worker after each of the 3 that died (2 aborts, 1 hang)
-    assert started == 4
+    # one start, plus one fresh worker after each of the 2 that died (abort on import, abort in forward)
+    assert started == 3
 
 
 def test_crash_reasons_do_not_carry_earlier_output(results):

@@ -85,7 +85,7 @@ def _tail(text: str, limit: int) -> str:
     return text if len(text) <= limit else "..." + text[-limit:]
 
 
-def _signal_name(number: int) -> str:
+def signal_name(number: int) -> str:
     try:
         return signal.Signals(number).name
     except ValueError:
@@ -126,7 +126,7 @@ def classify(returncode: int | None, stdout: str, stderr: str, *, timed_out: boo
         out["status"] = "crashed"
         when = "after importing, at interpreter exit" if result is not None else "during import"
         detail = _stderr_reason(stderr)
-        out["reason"] = f"killed by {_signal_name(-returncode)} {when}" + (f": {detail}" if detail else "")
+        out["reason"] = f"killed by {signal_name(-returncode)} {when}" + (f": {detail}" if detail else "")
     elif result is None:
         out["status"] = "crashed" if returncode else "error"
         detail = _stderr_reason(stderr)
