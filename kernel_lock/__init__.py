@@ -21,6 +21,7 @@ from .errors import (
     LockMismatch,
     LockVersionError,
     LockWarning,
+    RanksDisagree,
     TargetNotAllowed,
 )
 from .lock import LOCK_VERSION, SLOTS, KernelLock, load, loads
@@ -39,6 +40,7 @@ __all__ = [
     "LockMismatch",
     "LockVersionError",
     "LockWarning",
+    "RanksDisagree",
     "TargetNotAllowed",
     "factory",
     "load",

@@ -81,6 +81,22 @@ class KernelUnavailable(LockError):
     exit_code = 3
 
 
+class RanksDisagree(LockError):
+    """The ranks of a distributed job do not hold the same lock, or some rank's machine does not match it.
+
+    Raised on every rank by ``kernel_lock.distributed.check_ranks``; ``reports`` holds what each rank
+    said (rank, host, lock path, content digest, differences) and ``ranks`` the ranks at fault.
+    """
+
+    exit_code = 3
+
+    def __init__(self, message: str, *, reports: list[dict] | None = None, ranks: list[int] | None = None,
+                 fix: str | None = None):
+        self.reports = list(reports or [])
+        self.ranks = list(ranks or [])
+        super().__init__(message, fix=fix)
+
+
 class LockWarning(UserWarning):
     """Something worth knowing that does not stop resolution (hand-edited lock, newer minor version)."""
 

@@ -23,6 +23,21 @@ log = logging.getLogger("kernel_lock")
 # What a slot the lock does not mention resolves to: plain torch.nn, as before the lock existed.
 DEFAULT_TARGETS = {"LayerNorm": "torch.nn.LayerNorm", "RMSNorm": "torch.nn.RMSNorm", "Linear": "torch.nn.Linear"}
 
+# What the portable twins compute. A twin records no semantics of its own, so a twin target listed
+# here whose semantics differ from its slot's (an RMSNorm standing in for a LayerNorm) is refused;
+# a target not listed (a trusted module's class) cannot be judged and is taken at the lock's word.
+TWIN_SEMANTICS = {
+    "torch.nn.LayerNorm": "layer_norm",
+    "torch.nn.modules.normalization.LayerNorm": "layer_norm",
+    "torch.nn.RMSNorm": "rms_norm",
+    "torch.nn.modules.normalization.RMSNorm": "rms_norm",
+    "torch.nn.Linear": "linear",
+    "torch.nn.modules.linear.Linear": "linear",
+    "kernel_lock.adapters.CompiledLayerNorm": "layer_norm",
+    "kernel_lock.adapters.CompiledRMSNorm": "rms_norm",
+    "kernel_lock.adapters.CompiledLinear": "linear",
+}
+
 
 class KernelFactory(functools.partial):
     """``functools.partial`` of the real class, with the pinned kwargs (call-site kwargs win).
@@ -151,6 +166,8 @@ def verify(lock: KernelLock, mode: str = "training", *, current: Mapping[str, An
         diffs = fingerprint.compare(lock.environment.fields, current, lock.environment.libraries, libs)
         for slot in lock.slots.values():
             diffs.extend(_requirement_problems(slot))
+        if lock.mode == "inference":
+            diffs.append(Difference("mode", "training", "inference (a derived lock: training never substitutes)", "mode"))
         if diffs:
             raise LockMismatch(diffs, path=lock.path)
         return notes
@@ -159,11 +176,13 @@ def verify(lock: KernelLock, mode: str = "training", *, current: Mapping[str, An
         reason = _unusable_reason(slot, current)
         if reason is None:
             continue
-        if slot.twin is None or slot.twin.state_dict == "incompatible":
-            why = "no twin" if slot.twin is None else "its twin's state dict does not interchange"
-            problems.append(Difference(f"slots.{slot.name}", slot.implementation, f"{reason}; {why}", "inference"))
+        refusal = twin_refusal(slot)
+        if refusal is not None:
+            problems.append(Difference(f"slots.{slot.name}", slot.implementation, f"{reason}; {refusal}", "inference"))
         else:
-            notes.append(f"{slot.name}: {slot.implementation} cannot run here ({reason}); inference uses twin {slot.twin.target}")
+            assert slot.twin is not None
+            notes.append(f"{slot.name}: {slot.implementation} cannot run here ({reason}); inference uses twin "
+                         f"{slot.twin.target} (verified max error {_max_error_text(slot.twin.max_error)})")
     if problems:
         raise LockMismatch(
             problems,
@@ -174,7 +193,29 @@ def verify(lock: KernelLock, mode: str = "training", *, current: Mapping[str, An
     return notes
 
 
+def twin_refusal(slot: Slot) -> str | None:
+    """Why ``slot``'s twin may not stand in for it, or None when it may.
+
+    A twin may stand in only if it exists, its state dict interchanges with the pinned class's
+    (directly, or through a recorded migration), and it computes the same thing as the slot.
+    """
+    twin = slot.twin
+    if twin is None:
+        return "it has no verified portable twin"
+    if twin.state_dict == "incompatible":
+        return f"its twin's state dict does not interchange with it ({slot.target} and {twin.target} store different keys)"
+    semantics = TWIN_SEMANTICS.get(twin.target)
+    if semantics is not None and semantics != slot.semantics:
+        return f"its twin {twin.target} computes {semantics}, not {slot.semantics} (the maths would change)"
+    return None
+
+
+def _max_error_text(max_error: float | None) -> str:
+    return "not recorded" if max_error is None else f"{max_error:.3g}"
+
+
 def _unusable_reason(slot: Slot, current: Mapping[str, Any]) -> str | None:
+    """Why ``slot``'s pinned implementation cannot run on ``current`` (metadata only), or None."""
     problems = _requirement_problems(slot)
     if problems:
         return "; ".join(f"{p.field.rsplit('.', 1)[-1]} {p.found} (needs {p.expected})" for p in problems)
@@ -229,10 +270,20 @@ def factory(lock: KernelLock | None, slot: str, mode: str = "training", *, verif
         target = DEFAULT_TARGETS[slot]
         cls = _build(slot, target, {}, None, f"slots.{slot}")
         return _make(cls, {}, slot, "torch (default; slot not in lock)", target, mode, None, None)
-    if verify_environment and mode == "training":
-        _ensure_verified(lock, mode)  # inference checks each slot itself below
     key = f"slots.{slot}"
+    if mode == "training" and lock.mode == "inference":
+        raise KernelUnavailable(
+            f"slot {slot}: {lock.path or 'this lock'} is an inference lock (its substitutions are baked in); "
+            "training never runs on substituted kernels",
+            path=lock.path,
+            key="mode",
+            fix="train with the training lock it was derived from"
+            + (f" ({lock.provenance['source']})" if lock.provenance.get("source") else "")
+            + ", or resolve this one with mode='inference'",
+        )
     if mode == "training":
+        # this slot's own library first: "install it, or use inference mode" says more than the list
+        # of every differing environment field that verify() would give for the same cause
         problems = _requirement_problems(entry)
         if problems:
             raise KernelUnavailable(
@@ -243,6 +294,21 @@ def factory(lock: KernelLock | None, slot: str, mode: str = "training", *, verif
                 fix="install it (e.g. `pip install kernel-probe[liger]`), re-run `kernel-probe` on this machine, "
                 "or load in inference mode (mode='inference') to use the verified torch.nn twin",
             )
+        if entry.devices:
+            from . import fingerprint
+
+            here = fingerprint.current().get("device-type")
+            if here not in entry.devices:
+                raise KernelUnavailable(
+                    f"slot {slot}: {entry.implementation} ({entry.target}) runs on {', '.join(entry.devices)}; "
+                    f"this machine's device is {here}",
+                    path=lock.path,
+                    key=f"{key}.devices",
+                    fix="train on a machine with that device, re-run `kernel-probe` on this machine, or load in "
+                    "inference mode (mode='inference') to use the verified torch.nn twin",
+                )
+        if verify_environment:
+            _ensure_verified(lock, mode)  # the whole fingerprint, once per lock (inference checks per slot below)
         cls = _build(slot, entry.target, entry.kwargs, lock, key)
         return _make(cls, entry.kwargs, slot, entry.implementation, entry.target, mode, None, None)
     from . import fingerprint
@@ -254,20 +320,21 @@ def factory(lock: KernelLock | None, slot: str, mode: str = "training", *, verif
             return _make(cls, entry.kwargs, slot, entry.implementation, entry.target, mode, None, None)
         except KernelUnavailable as exc:
             reason = exc.problem
-    twin = entry.twin
-    if twin is None or twin.state_dict == "incompatible":
+    refusal = twin_refusal(entry)
+    if refusal is not None:
         raise KernelUnavailable(
-            f"slot {slot}: {entry.implementation} cannot run here ({reason}) and it has no verified portable "
-            + ("twin" if twin is None else f"twin (the state dicts of {entry.target} and {twin.target} do not interchange)"),
+            f"slot {slot}: {entry.implementation} ({entry.target}) cannot run here ({reason}), and {refusal}",
             path=lock.path,
             key=f"{key}.twin",
             fix="install the training library on this machine, or re-train / re-probe with an implementation "
-            "whose state dict interchanges with torch.nn",
+            "that has a verified torch.nn twin with the same semantics and an interchangeable state dict",
         )
+    twin = entry.twin
+    assert twin is not None
     cls = _build(slot, twin.target, twin.kwargs, lock, f"{key}.twin")
     log.warning(
-        "kernel_lock: inference substitutes %s for slot %s: %s cannot run here (%s); verified max error between them: %s",
-        twin.target, slot, entry.implementation, reason, "not recorded" if twin.max_error is None else f"{twin.max_error:.3g}",
+        "inference substitutes %s for slot %s: %s cannot run here (%s); verified max error between them: %s",
+        twin.target, slot, entry.implementation, reason, _max_error_text(twin.max_error),
     )  # fmt: skip
     return _make(cls, twin.kwargs, slot, f"twin:{entry.implementation}", twin.target, mode, entry.implementation, twin.max_error)
 

@@ -28,6 +28,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "profiles": ("profilecmds", "site profiles: list, show NAME, check PATH"),
     "explain": ("lockcmds", "why a lock chose what it chose for one slot: evidence, timings, rejections"),
     "diff": ("lockcmds", "what changed between two locks: environment fields and choices"),
+    "lock": ("derive", "derive a lock for inference on this machine: lock --for inference IN OUT"),
 }
 
 

@@ -192,7 +192,7 @@ def test_inference_mode_without_twin_raises():
         1,
     )
     lock = _lock(text)
-    with pytest.raises(KernelUnavailable, match="do not interchange"):
+    with pytest.raises(KernelUnavailable, match="does not interchange"):
         lock.factory("LayerNorm", mode="inference")
     with pytest.raises(LockMismatch, match="does not interchange"):
         lock.verify("inference")

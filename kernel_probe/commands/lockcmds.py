@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 import kernel_lock
-from kernel_lock.errors import LockMismatch
+from kernel_lock.errors import LockError, LockMismatch
 
 from .. import output
 
@@ -55,22 +55,35 @@ def run_verify(args: argparse.Namespace) -> int:
         output.print_json(result)
         return exc.exit_code
     for slot in kernel_lock.SLOTS:
-        f = factory(lock, slot, mode=args.mode, verify_environment=False)
+        try:
+            f = factory(lock, slot, mode=args.mode, verify_environment=False)
+        except LockError as exc:  # e.g. installed but broken on import, with no usable twin
+            if not args.json:
+                raise
+            result["ok"] = False
+            result["slots"][slot] = {"error": exc.problem, "exit_code": exc.exit_code}
+            continue
         result["slots"][slot] = {
             "implementation": f.implementation,
             "target": f.target,
             "kwargs": dict(f.keywords),
             "substituted_from": f.substituted_from,
+            "max_error": f.max_error,
         }
     if args.json:
         output.print_json(result)
-        return 0
+        failed = [r["exit_code"] for r in result["slots"].values() if "exit_code" in r]
+        return max(failed) if failed else 0
     con = output.console()
-    con.print(f"[green]ok[/]: {path} matches this machine ({args.mode} mode)")
+    verdict = "matches this machine" if args.mode == "training" else "can run on this machine"
+    con.print(f"[green]ok[/]: {path} {verdict} ({args.mode} mode)")
     for note in result["notes"]:
         con.print(f"  note: {note}")
     for slot, r in result["slots"].items():
-        extra = f" [yellow](substituted for {r['substituted_from']})[/]" if r["substituted_from"] else ""
+        extra = ""
+        if r["substituted_from"]:
+            error = "not recorded" if r["max_error"] is None else f"{r['max_error']:.3g}"
+            extra = f" [yellow](substituted for {r['substituted_from']}, verified max error {error})[/]"
         con.print(f"  {slot:<10} -> {r['target']} {r['kwargs']}{extra}")
     return 0
 

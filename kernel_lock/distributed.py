@@ -1,0 +1,139 @@
+"""Many ranks, one lock: every rank checks that all ranks hold the same lock and match it.
+
+    lock = kernel_lock.load("kernel-lock.toml")
+    kernel_lock.distributed.check_ranks(lock)     # after torch.distributed.init_process_group(...)
+
+Each rank reports its host, the content digest of the lock it loaded and the ways its machine differs
+from that lock; the reports are exchanged with ``torch.distributed.all_gather_object`` on whatever
+backend the job initialised, and every rank reaches the same verdict, so either all ranks go on or
+all raise :class:`RanksDisagree` with the same message. A rank whose own check fails in an unexpected
+way still takes part in the exchange (its failure is its report), so no rank is left waiting.
+
+Not imported by ``import kernel_lock``; torch is imported when :func:`check_ranks` is called.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .errors import LockError, LockMismatch, RanksDisagree
+from .lock import KernelLock
+
+
+def local_report(lock: KernelLock, *, rank: int = 0, mode: str = "training",
+                 current: Mapping[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """What this rank says: rank, host, lock path, content digest, and its differences (strings)."""
+    differences: list[str] = []
+    try:
+        lock.verify(mode, current=current)
+    except LockMismatch as exc:
+        differences = [str(d) for d in exc.differences]
+    except LockError as exc:
+        differences = [exc.problem]
+    except Exception as exc:  # never leave the other ranks waiting on a rank that crashed checking
+        differences = [f"checking failed: {type(exc).__name__}: {exc}"]
+    return {
+        "rank": rank,
+        "host": socket.gethostname(),
+        "lock": lock.path or "<lock>",
+        "digest": lock.compute_digest(),
+        "differences": differences,
+    }
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8' (64 ranks stay one line)."""
+    parts: list[str] = []
+    ordered = sorted(ranks)
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ", ".join(parts)
+
+
+def _grouped(reports: Sequence[Mapping[str, Any]], key: Any) -> list[tuple[Any, list[Mapping[str, Any]]]]:
+    """Reports with the same key together (64 ranks with one problem are one entry), in rank order."""
+    groups: dict[Any, list[Mapping[str, Any]]] = {}
+    for r in reports:
+        groups.setdefault(key(r), []).append(r)
+    return list(groups.items())
+
+
+def _who(group: Sequence[Mapping[str, Any]], most: int = 8) -> str:
+    """'rank 2 on nid003', or 'ranks 0-63 on nid001, nid002, ... (16 hosts)'."""
+    ranks = [r["rank"] for r in group]
+    hosts = list(dict.fromkeys(r["host"] for r in group))
+    shown = ", ".join(hosts[:most]) + (f", ... ({len(hosts)} hosts)" if len(hosts) > most else "")
+    return f"{'rank' if len(ranks) == 1 else 'ranks'} {_ranks_text(ranks)} on {shown}"
+
+
+def judge(reports: Sequence[Mapping[str, Any]]) -> RanksDisagree | None:
+    """The verdict on all ranks' reports: None if they agree and match, else the error to raise.
+
+    The reference digest is the one most ranks hold (the lowest rank's on a tie), so one stray rank
+    in a large job is named alone rather than every other rank being listed against it.
+    """
+    if not reports:
+        return None
+    counts = Counter(r["digest"] for r in reports)
+    by_rank = sorted(reports, key=lambda r: r["rank"])
+    reference = max(counts, key=lambda d: (counts[d], -min(r["rank"] for r in by_rank if r["digest"] == d)))
+    stray = [r for r in by_rank if r["digest"] != reference]
+    mismatched = [r for r in by_rank if r["differences"]]
+    if not stray and not mismatched:
+        return None
+    faulty = sorted({r["rank"] for r in stray} | {r["rank"] for r in mismatched})
+    lines = [f"the kernel lock check failed on {len(faulty)} of {len(reports)} rank(s) ({_ranks_text(faulty)}):"]
+    if stray:
+        holders = [r["rank"] for r in by_rank if r["digest"] == reference]
+        lines.append(f"  {len(holders)} rank(s) ({_ranks_text(holders)}) hold lock {reference[:19]}; "
+                     f"{len(stray)} rank(s) hold a different lock:")  # fmt: skip
+        for (digest, path), group in _grouped(stray, lambda r: (r["digest"], r["lock"])):
+            lines.append(f"    {_who(group)}: {digest[:19]} ({path})")
+    if mismatched:
+        lines.append(f"  {len(mismatched)} rank(s) run on a machine that does not match the lock they hold:")
+        for (differences, path), group in _grouped(mismatched, lambda r: (tuple(r["differences"]), r["lock"])):
+            lines.append(f"    {_who(group)} ({path}):")
+            lines.extend(f"      - {d}" for d in differences)
+    fix = []
+    if stray:
+        fix.append("give every rank the same lock file (write it once, e.g. `kernel-probe --out` on a shared path)")
+    if mismatched:
+        fix.append("run the job on nodes that match the lock, or re-probe on them")
+    return RanksDisagree(
+        "\n".join(lines),
+        reports=[dict(r) for r in by_rank],
+        ranks=faulty,
+        fix="; ".join(fix),
+    )
+
+
+def check_ranks(lock: KernelLock, *, group: Any = None, mode: str = "training") -> None:
+    """Check on every rank that all ranks hold the same lock and that each rank's machine matches it.
+
+    Call it on every rank of ``group`` (default: the whole job) after loading the lock; it is a
+    collective. Raises :class:`RanksDisagree` on every rank, naming the ranks and hosts at fault.
+    ``mode`` is what each rank's check applies (``lock.verify(mode)``): "inference" accepts machines
+    that need a verified twin. Without an initialised process group the process is a world of one.
+    With NCCL, set each rank's device (``torch.cuda.set_device``) first, as ``all_gather_object``
+    requires.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        reports = [local_report(lock, rank=0, mode=mode)]
+    else:
+        mine = local_report(lock, rank=dist.get_rank(), mode=mode)
+        gathered: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(gathered, mine, group=group)
+        reports = [r for r in gathered if r is not None]
+    error = judge(reports)
+    if error is not None:
+        raise error
