@@ -1,12 +1,15 @@
 """Thin module classes kernel_lock ships so a lock can name them as targets.
 
 Each keeps the parameters and state-dict keys of the class it adapts, so a checkpoint moves freely
-between the adapter and plain torch.nn. Importing this module imports torch; it is only imported
-when a lock resolves one of these targets.
+between the adapter and the class it adapts. Importing this module imports torch; it is only imported
+when a lock resolves one of these targets. The library an adapter wraps is imported only when that
+adapter is first looked up (module ``__getattr__``), so this module imports without liger-kernel.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 from typing import Any, Callable
 
 import torch
@@ -55,3 +58,75 @@ class CompiledLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _compiled_fn("linear", _linear)(x, self.weight, self.bias)
+
+
+# ---- anemoi's call convention -----------------------------------------------------------------
+# anemoi-models builds norms as ``LayerNorm(C)`` and ``LayerNorm(normalized_shape=C)``; these library
+# classes call the size ``hidden_size``, so anemoi cannot build them directly. Each entry is an
+# adapter: a subclass of the library class (same parameters, same state-dict keys) whose first
+# argument is ``normalized_shape``. Adding a library with that signature is adding a row here.
+# adapter name -> (the library class it subclasses, the name of that class's size parameter)
+SIZE_ADAPTERS: dict[str, tuple[str, str]] = {
+    "LigerLayerNormAnemoi": ("liger_kernel.transformers.LigerLayerNorm", "hidden_size"),
+    "LigerRMSNormAnemoi": ("liger_kernel.transformers.LigerRMSNorm", "hidden_size"),
+    "FlashAttnRMSNormAnemoi": ("flash_attn.ops.triton.layer_norm.RMSNorm", "hidden_size"),
+}
+
+
+def adapter_for(target: str) -> str | None:
+    """The ``kernel_lock.adapters`` path of the adapter for ``target``, or None if there is none."""
+    for name, (wrapped, _) in SIZE_ADAPTERS.items():
+        if wrapped == target:
+            return f"{__name__}.{name}"
+    return None
+
+
+def _last_dim(normalized_shape: Any, name: str) -> int:
+    if isinstance(normalized_shape, int):
+        return normalized_shape
+    shape = tuple(normalized_shape)
+    if len(shape) != 1:
+        raise ValueError(f"{name} normalizes over the last dimension only; got normalized_shape={shape!r}")
+    return int(shape[0])
+
+
+def normalized_shape_adapter(base: type, size_param: str, name: str) -> type:
+    """A subclass of ``base`` whose size argument is ``normalized_shape`` (int or 1-tuple, positional
+    or keyword), as torch.nn.LayerNorm's is. The library's own keyword (``size_param``) still works."""
+    missing = object()
+
+    def __init__(self, normalized_shape=missing, *args, **kwargs):
+        if size_param in kwargs:
+            if normalized_shape is not missing:
+                raise TypeError(f"{name}() got both normalized_shape and {size_param}")
+            normalized_shape = kwargs.pop(size_param)
+        if normalized_shape is missing:
+            raise TypeError(f"{name}() missing required argument: 'normalized_shape'")
+        base.__init__(self, _last_dim(normalized_shape, name), *args, **kwargs)
+
+    # what inspect.signature (and so the lock's kwargs check) sees: the base's, size renamed
+    params = list(inspect.signature(base.__init__).parameters.values())
+    params = [p.replace(name="normalized_shape", default=inspect.Parameter.empty) if p.name == size_param else p
+              for p in params]  # fmt: skip
+    __init__.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    __init__.__qualname__ = f"{name}.__init__"
+    doc = (f"``{base.__module__}.{base.__qualname__}`` built as ``{name}(normalized_shape, ...)``, the way "
+           f"anemoi-models calls its norms. Same parameters and state-dict keys as the class it adapts.")  # fmt: skip
+    # module and name make it picklable: pickle finds it again through this module's __getattr__
+    return type(base)(name, (base,), {"__init__": __init__, "__module__": __name__, "__qualname__": name, "__doc__": doc})
+
+
+def __getattr__(name: str) -> type:
+    spec = SIZE_ADAPTERS.get(name)
+    if spec is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    target, size_param = spec
+    module_name, _, attr = target.rpartition(".")
+    base = getattr(importlib.import_module(module_name), attr)  # ImportError if the library is missing
+    cls = normalized_shape_adapter(base, size_param, name)
+    globals()[name] = cls  # built once per process
+    return cls
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *SIZE_ADAPTERS})

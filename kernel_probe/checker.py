@@ -105,7 +105,7 @@ def _with_reasons(report: Report) -> Report:
 
 def check_candidate(cand: Candidate, slot: str, device: str, plan: list[tuple[str, str]], worker: Worker, *,
                     timeout: float = DEFAULT_TIMEOUT, with_compile: bool = False,
-                    canonical: Mapping[str, Any] | None = None) -> Report:  # fmt: skip
+                    canonical: Mapping[str, Any] | None = None, hidden: int | None = None) -> Report:  # fmt: skip
     base = dict(id=cand.id, target=cand.target, slot=slot, semantics=cand.semantics, device=device,
                 source=cand.source, candidate=cand)  # fmt: skip
     expected = SLOT_SEMANTICS[slot]
@@ -130,8 +130,11 @@ def check_candidate(cand: Candidate, slot: str, device: str, plan: list[tuple[st
             "torch.compile candidates are not probed on CPU by default (each shape and dtype costs seconds "
             "of C++ compilation); pass --with-compile to include them"], **base)  # fmt: skip
     try:
-        raw = worker.call({"op": "check", "candidate": cand.to_json(), "slot": slot, "device": device,
-                           "dtypes": plan, "canonical": dict(canonical or {})}, timeout)  # fmt: skip
+        request = {"op": "check", "candidate": cand.to_json(), "slot": slot, "device": device,
+                   "dtypes": plan, "canonical": dict(canonical or {})}  # fmt: skip
+        if hidden is not None:  # e.g. 64: anemoi's QueryNorm/KeyNorm normalise over head_dim
+            request["hidden"] = hidden
+        raw = worker.call(request, timeout)
     except WorkerDied as exc:
         return Report(status=exc.status, reasons=[exc.reason], **base)
     if raw.get("phase") == "import":
@@ -144,7 +147,7 @@ def check_candidate(cand: Candidate, slot: str, device: str, plan: list[tuple[st
 
 def check_all(slots: Iterable[str], candidates: list[Candidate], device: str, plan: list[tuple[str, str]], *,
               timeout: float = DEFAULT_TIMEOUT, with_compile: bool = False, worker: Worker | None = None,
-              canonical: Mapping[str, Mapping[str, Any]] | None = None,
+              canonical: Mapping[str, Mapping[str, Any]] | None = None, hidden: int | None = None,
               progress: Callable[[str, str], None] | None = None) -> dict[str, list[Report]]:  # fmt: skip
     """Verdicts for every candidate of every slot. One worker serves them all unless one dies."""
     own = worker is None
@@ -157,7 +160,8 @@ def check_all(slots: Iterable[str], candidates: list[Candidate], device: str, pl
                 if progress:
                     progress(slot, cand.id)
                 out[slot].append(check_candidate(cand, slot, device, plan, worker, timeout=timeout,
-                                                 with_compile=with_compile, canonical=(canonical or {}).get(slot)))  # fmt: skip
+                                                 with_compile=with_compile, canonical=(canonical or {}).get(slot),
+                                                 hidden=hidden))  # fmt: skip
         return out
     finally:
         if own:

@@ -28,6 +28,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "profiles": ("profilecmds", "site profiles: list, show NAME, check PATH"),
     "explain": ("lockcmds", "why a lock chose what it chose for one slot: evidence, timings, rejections"),
     "diff": ("lockcmds", "what changed between two locks: environment fields and choices"),
+    "export": ("anemoicmds", "print a lock as anemoi-models' layer_kernels YAML block (--format anemoi)"),
+    "check-config": ("anemoicmds", "check an anemoi config's layer_kernels blocks on this machine (and against a lock)"),
     "lock": ("derive", "derive a lock for inference on this machine: lock --for inference IN OUT"),
 }
 

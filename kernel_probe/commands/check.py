@@ -10,6 +10,8 @@ from kernel_lock.lock import SLOTS
 from .. import output
 from ..worker import DEFAULT_TIMEOUT
 
+CHECK_HIDDEN = 1000  # kernel_probe.measure.CHECK_HIDDEN (not imported here: measure imports torch)
+
 
 def add_candidate_arguments(p: argparse.ArgumentParser) -> None:
     """Options shared by `check` and the main probe."""
@@ -30,6 +32,9 @@ def add_check_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--regime", choices=("true", "mixed", "both"), default="both",
                    help="plain low precision, under torch.autocast, or both (default)")
     p.add_argument("--json", action="store_true", help="machine-readable verdicts on stdout")
+    p.add_argument("--hidden", type=int, default=None, metavar="N",
+                   help="normalised (input) size of the correctness inputs (default 1000, deliberately not a power of "
+                   "two); 64 checks norms at anemoi's QueryNorm/KeyNorm head_dim")
 
 
 def gather_candidates(args: argparse.Namespace, extra: list | None = None):
@@ -49,6 +54,10 @@ def detect_device() -> dict[str, Any]:
 
 def run_check(args: argparse.Namespace) -> int:
     from ..checker import ALL_DTYPES, check_all, dtype_plan, parse_dtype
+    from ..errors import UsageError
+
+    if args.hidden is not None and not 1 <= args.hidden <= 65536:
+        raise UsageError(f"--hidden must be between 1 and 65536, not {args.hidden}")
 
     dtypes = [parse_dtype(d) for d in args.dtype] or list(ALL_DTYPES)
     regimes = ("true", "mixed") if args.regime == "both" else (args.regime,)
@@ -60,16 +69,17 @@ def run_check(args: argparse.Namespace) -> int:
     slots = args.slot or list(SLOTS)
     progress = None if args.json else (lambda slot, cid: output.info(f"checking {slot}: {cid} ..."))
     reports = check_all(slots, candidates, device["type"], plan, timeout=args.timeout,
-                        with_compile=args.with_compile, progress=progress)  # fmt: skip
+                        with_compile=args.with_compile, hidden=args.hidden, progress=progress)  # fmt: skip
     if args.json:
         output.print_json({
             "device": device,
+            "hidden": args.hidden or CHECK_HIDDEN,
             "plan": [{"dtype": d, "regime": r} for d, r in plan],
             "problems": problems,
             "slots": {slot: [r.to_json() for r in rs] for slot, rs in reports.items()},
         })  # fmt: skip
         return 0
-    render_verdicts(reports, plan, device)
+    render_verdicts(reports, plan, device, hidden=args.hidden or CHECK_HIDDEN)
     return 0
 
 
@@ -78,12 +88,12 @@ STATUS_STYLE = {"accepted": "green", "rejected": "red", "crashed": "red", "timeo
                 "unavailable": "yellow", "skipped": "dim"}  # fmt: skip
 
 
-def render_verdicts(reports, plan, device) -> None:
+def render_verdicts(reports, plan, device, hidden: int = CHECK_HIDDEN) -> None:
     from rich.markup import escape
     from rich.table import Table
 
     con = output.console()
-    con.print(f"device: {device['type']} ({escape(str(device['name']))})")
+    con.print(f"device: {device['type']} ({escape(str(device['name']))}); inputs {hidden} wide")
     for slot, rs in reports.items():
         table = Table(title=f"{slot}", show_edge=False, title_justify="left")
         table.add_column("candidate", overflow="fold", min_width=20)

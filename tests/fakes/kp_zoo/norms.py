@@ -62,6 +62,31 @@ class GoodLinear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
+class HiddenSizeLayerNorm(nn.Module):
+    """Correct, with liger's constructor: the size is `hidden_size` (anemoi's `normalized_shape=` fails)."""
+
+    def __init__(self, hidden_size, eps=1e-6, bias=True):
+        super().__init__()
+        self.hidden_size, self.eps = hidden_size, eps
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.bias = nn.Parameter(torch.zeros(hidden_size)) if bias else None
+
+    def forward(self, x):
+        return _ln32(x, self.weight, self.bias, self.eps)
+
+
+class HiddenSizeRMSNorm(nn.Module):
+    """Correct RMSNorm with LigerRMSNorm's constructor (`hidden_size`, eps=1e-6)."""
+
+    def __init__(self, hidden_size, eps=1e-6):
+        super().__init__()
+        self.hidden_size, self.eps = hidden_size, eps
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+
+    def forward(self, x):
+        return _rms32(x, self.weight, self.eps)
+
+
 class ExtraStateLayerNorm(GoodLayerNorm):
     """Correct, but like transformer-engine it adds `_extra_state` to its state dict."""
 
@@ -231,6 +256,14 @@ class UpcastingLayerNorm(_Norm):
 class AbortInForwardLayerNorm(_Norm):
     def forward(self, x):
         os.abort()
+
+
+class NarrowRowsLayerNorm(_Norm):
+    """Right at model widths; its narrow-row path (hidden <= 128, e.g. q/k norms over head_dim 64)
+    ignores eps, like a kernel that dispatches a second, less tested variant on the row width."""
+
+    def forward(self, x):
+        return _ln32(x, self.weight, self.bias, 0.0 if self.hidden <= 128 else self.eps)
 
 
 class WrongLinear(GoodLinear):

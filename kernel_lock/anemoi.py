@@ -1,0 +1,342 @@
+"""anemoi-models' ``layer_kernels``: the lock as a config block, and checks of a block against anemoi.
+
+anemoi-models builds its layers from a ``layer_kernels`` mapping of five keys to Hydra entries
+(``{_target_: dotted.path, **kwargs}``), each instantiated as a partial and then called by anemoi
+with the dimensions. Its call sites fix a convention the target must accept:
+
+    LayerNorm(C)  and  LayerNorm(normalized_shape=C)      Transformer / GraphTransformer / MLP blocks
+    Linear(in, out)  and  Linear(in, out, bias=...)
+    QueryNorm(head_dim), KeyNorm(head_dim)                 only with qk_norm: True
+    Activation()
+
+:func:`layer_kernels` turns a lock into that block (pinned kwargs, never dimensions; an adapter from
+``kernel_lock.adapters`` where a library's constructor does not fit). :func:`check_entry` judges one
+entry of a block: the key, the import, the signature, the semantics. Both import the targets, so
+torch; importing this module imports neither torch nor yaml (``import kernel_lock`` never imports it).
+
+The lock's ``RMSNorm`` slot has no anemoi key and is never exported: anemoi has no RMSNorm call site,
+and an RMSNorm under ``LayerNorm``/``QueryNorm``/``KeyNorm`` changes the model's maths and its state
+dict (no bias, no mean), which is a modelling decision, not a kernel choice.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .errors import LockFormatError
+from .lock import KernelLock
+
+KEYS = ("Linear", "LayerNorm", "Activation", "QueryNorm", "KeyNorm")
+NORM_KEYS = ("LayerNorm", "QueryNorm", "KeyNorm")
+
+# What anemoi-models 0.19's load_layer_kernels uses for a key the block does not set. A key the
+# block sets replaces the default entry whole (its kwargs included).
+AUTOCAST_LAYER_NORM = "anemoi.models.layers.normalization.AutocastLayerNorm"
+ANEMOI_DEFAULTS: dict[str, dict[str, Any]] = {
+    "Linear": {"_target_": "torch.nn.Linear"},
+    "LayerNorm": {"_target_": "torch.nn.LayerNorm"},
+    "Activation": {"_target_": "torch.nn.GELU"},
+    "QueryNorm": {"_target_": AUTOCAST_LAYER_NORM, "bias": False},
+    "KeyNorm": {"_target_": AUTOCAST_LAYER_NORM, "bias": False},
+}
+
+# lock slot -> anemoi key (the RMSNorm slot has none; see the module docstring)
+SLOT_KEYS = {"LayerNorm": "LayerNorm", "Linear": "Linear"}
+
+# the sizes anemoi passes at the call site; pinned here they clash with a positional call
+DIMENSIONS = {
+    "LayerNorm": ("normalized_shape", "hidden_size", "dim"),
+    "QueryNorm": ("normalized_shape", "hidden_size", "dim"),
+    "KeyNorm": ("normalized_shape", "hidden_size", "dim"),
+    "Linear": ("in_features", "out_features"),
+    "Activation": (),
+}
+
+# anemoi's call sites, as (how anemoi writes it, positional args, keyword args); sizes are examples
+CALLS: dict[str, tuple[tuple[str, tuple[Any, ...], dict[str, Any]], ...]] = {
+    "LayerNorm": (("LayerNorm(C)", (64,), {}), ("LayerNorm(normalized_shape=C)", (), {"normalized_shape": 64})),
+    "QueryNorm": (("QueryNorm(head_dim)", (64,), {}),),
+    "KeyNorm": (("KeyNorm(head_dim)", (64,), {}),),
+    "Linear": (("Linear(in, out)", (64, 128), {}), ("Linear(in, out, bias=...)", (64, 128), {"bias": True})),
+    "Activation": (("Activation()", (), {}),),
+}
+
+SEVERITIES = ("error", "warning", "note")
+
+
+class ConventionError(LockFormatError):
+    """A lock's target cannot be built the way anemoi calls it, and kernel_lock has no adapter for it."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One verdict about a ``layer_kernels`` block: where, what, why, and the fix."""
+
+    severity: str  # error | warning | note
+    kind: str  # key | entry | import | signature | semantics | lock | interpolation | dimension
+    where: str  # dotted path in the config, e.g. "model.processor.layer_kernels.LayerNorm"
+    problem: str
+    fix: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        return asdict(self)
+
+
+# ---- the convention ------------------------------------------------------------------------------
+def convention_problems(cls: Any, key: str, kwargs: Mapping[str, Any]) -> list[str]:
+    """The anemoi call sites for ``key`` that a partial of ``cls`` with ``kwargs`` would fail.
+
+    Call-site kwargs win over the partial's, as in functools.partial and Hydra. A constructor without
+    a readable signature cannot be checked and passes.
+    """
+    try:
+        sig = inspect.signature(cls)
+    except (TypeError, ValueError):
+        return []
+    problems = []
+    for text, args, call_kwargs in CALLS[key]:
+        try:
+            sig.bind(*args, **{**kwargs, **call_kwargs})
+        except TypeError as exc:
+            problems.append(f"{text} fails: {exc}")
+    return problems
+
+
+def norm_family(cls: Any) -> str | None:
+    """``rms_norm``, ``layer_norm``, ``conditional`` or None, from the class and its bases.
+
+    RMSNorm is looked for first, over the whole MRO: an adapter subclassing LigerRMSNorm is one.
+    """
+    if not isinstance(cls, type):
+        return None
+    names = [c.__name__.lower() for c in cls.__mro__]
+    try:
+        import torch
+
+        if issubclass(cls, torch.nn.RMSNorm):
+            return "rms_norm"
+    except (ImportError, AttributeError):
+        pass
+    if any("rmsnorm" in n for n in names):
+        return "rms_norm"
+    if any("conditional" in n and "norm" in n for n in names):
+        return "conditional"
+    if any("layernorm" in n for n in names):
+        return "layer_norm"
+    return None
+
+
+def locate(path: str) -> Any:
+    """Import ``path`` the way Hydra's ``_target_`` does: a module, then attributes (or submodules)."""
+    parts = path.split(".")
+    if not path or any(not p.isidentifier() for p in parts):
+        raise ImportError(f"{path!r} is not a dotted import path")
+    obj = importlib.import_module(parts[0])
+    for i, part in enumerate(parts[1:], start=1):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            module = ".".join(parts[: i + 1])
+            try:
+                obj = importlib.import_module(module)
+            except ModuleNotFoundError as exc:
+                if exc.name != module:
+                    raise  # the module exists but one of its own imports is missing
+                raise ImportError(f"{'.'.join(parts[:i])!r} has no attribute {part!r}") from None
+    return obj
+
+
+# ---- export: the lock as a layer_kernels block ---------------------------------------------------
+@dataclass(frozen=True)
+class Exported:
+    key: str
+    entry: dict[str, Any]
+    note: str = ""
+
+
+def _entry(target: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    return {"_target_": target, **kwargs}
+
+
+def _fitting_target(cls: type, target: str, key: str, kwargs: Mapping[str, Any], slot: str,
+                    where: str | None) -> tuple[str, str]:  # fmt: skip
+    """(the target anemoi can build, a note): the real class if it fits, else its adapter."""
+    problems = convention_problems(cls, key, kwargs)
+    if not problems:
+        return target, ""
+    from . import adapters
+
+    adapter = adapters.adapter_for(target)
+    if adapter is not None:
+        adapted = getattr(adapters, adapter.rpartition(".")[2])
+        if not convention_problems(adapted, key, kwargs):
+            return adapter, f"{target} takes its size as hidden_size; {adapter} subclasses it (same state dict)"
+    raise ConventionError(
+        f"{target} (slot {slot}) cannot be built the way anemoi calls {key}: " + "; ".join(problems),
+        path=where,
+        key=f"slots.{slot}.target",
+        fix="pin an implementation whose constructor takes anemoi's arguments (`kernel-probe --pin`), or add an "
+        "adapter for this class to kernel_lock.adapters.SIZE_ADAPTERS",
+    )
+
+
+def export(lock: KernelLock, mode: str = "training", *, qk_norm: bool = False,
+           verify_environment: bool = True) -> list[Exported]:  # fmt: skip
+    """The entries of :func:`layer_kernels`, each with a note on how it was reached."""
+    from .resolve import DEFAULT_TARGETS, factory
+
+    out: list[Exported] = []
+    for slot, key in SLOT_KEYS.items():
+        if slot not in lock.slots:
+            continue  # not pinned: anemoi's own default (torch.nn) stays
+        f = factory(lock, slot, mode=mode, verify_environment=verify_environment)
+        kwargs = {k: v for k, v in f.keywords.items() if k not in DIMENSIONS[key]}
+        target, note = _fitting_target(f.func, f.target, key, kwargs, slot, lock.path)
+        if f.substituted_from:
+            note = f"inference substitute for {f.substituted_from} (verified max error {f.max_error})" + (f"; {note}" if note else "")
+        out.append(Exported(key, _entry(target, kwargs), note))
+    if qk_norm:
+        ln = next((e for e in out if e.key == "LayerNorm"), None)
+        target = ln.entry["_target_"] if ln else DEFAULT_TARGETS["LayerNorm"]
+        kwargs = {k: v for k, v in (ln.entry if ln else {}).items() if k != "_target_"}
+        if target == DEFAULT_TARGETS["LayerNorm"]:
+            # anemoi's own q/k norm is torch.nn.LayerNorm with the output cast back to the input dtype
+            # (flash attention needs q and k in the input dtype); keep that, with the lock's kwargs
+            target, note = AUTOCAST_LAYER_NORM, "torch.nn.LayerNorm, as anemoi's AutocastLayerNorm (output in the input dtype)"
+        elif "bias" in kwargs:
+            note = f"the lock's LayerNorm ({target}) at head_dim; check it there with `kernel-probe check --hidden 64`"
+        else:
+            raise ConventionError(
+                f"the lock's LayerNorm ({target}) pins no `bias` switch, so it cannot build anemoi's bias-free "
+                "QueryNorm/KeyNorm (the state dict would gain a bias)",
+                path=lock.path,
+                key="slots.LayerNorm.kwargs",
+                fix="export without qk_norm (anemoi's default AutocastLayerNorm stays for QueryNorm/KeyNorm)",
+            )
+        kwargs["bias"] = False  # anemoi's q/k norms have a weight and no bias
+        for key in ("QueryNorm", "KeyNorm"):
+            out.append(Exported(key, _entry(target, kwargs), note))
+    return out
+
+
+def layer_kernels(lock: KernelLock, mode: str = "training", *, qk_norm: bool = False,
+                  verify_environment: bool = True) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """The ``layer_kernels`` block for the slots ``lock`` pins, as anemoi-models reads it.
+
+    ``{"LayerNorm": {"_target_": "torch.nn.LayerNorm", "eps": 1e-05, ...}, "Linear": {...}}``: the
+    class each slot resolves to in ``mode`` (in inference mode, the verified twin where the pinned
+    library cannot run here), with the pinned kwargs and never a dimension. A class whose constructor
+    does not take anemoi's arguments is replaced by its adapter in ``kernel_lock.adapters``; without
+    one, :class:`ConventionError`. ``qk_norm=True`` also fills ``QueryNorm``/``KeyNorm`` from the
+    LayerNorm slot, bias-free as anemoi's own. Raises what ``lock.factory`` raises (e.g.
+    ``LockMismatch`` in training mode on another machine). Pass the result to a processor or mapper
+    as its raw ``layer_kernels`` config (anemoi instantiates it itself).
+    """
+    return {e.key: e.entry for e in export(lock, mode, qk_norm=qk_norm, verify_environment=verify_environment)}
+
+
+# ---- checks of one entry of a block --------------------------------------------------------------
+def key_suggestion(key: str) -> str:
+    close = [k for k in KEYS if k.lower() == str(key).lower()] or difflib.get_close_matches(str(key), KEYS, n=1)
+    hint = f"did you mean {close[0]!r}? keys are case-sensitive; " if close else ""
+    return f"{hint}anemoi knows {', '.join(KEYS)}"
+
+
+def check_entry(key: str, entry: Any, where: str, *, allow_semantics_change: bool = False) -> tuple[list[Finding], dict[str, Any]]:
+    """Findings about one ``layer_kernels`` entry on this machine, and facts for later comparisons
+    (``target``, ``imported``, ``family``, ``defaults``: the constructor's keyword defaults).
+
+    Imports the target (and so torch): run it where a crashing import cannot hurt (kernel-probe
+    check-config runs it in a child process).
+    """
+    findings: list[Finding] = []
+    facts: dict[str, Any] = {"target": None, "imported": False, "family": None, "defaults": {}}
+
+    def add(severity: str, kind: str, problem: str, fix: str = "") -> None:
+        findings.append(Finding(severity, kind, where, problem, fix))
+
+    if key not in KEYS:
+        add("error", "key", f"unknown key {key!r}: anemoi silently ignores it, so this entry has no effect",
+            key_suggestion(key))  # fmt: skip
+        return findings, facts
+    if not isinstance(entry, Mapping):
+        add("error", "entry", f"expected a mapping like {{_target_: torch.nn.{key if key != 'Activation' else 'GELU'}}}, "
+            f"got {type(entry).__name__} {entry!r:.60}")  # fmt: skip
+        return findings, facts
+    target = entry.get("_target_")
+    if not isinstance(target, str) or not target:
+        add("error", "entry", "no _target_: anemoi fails with KeyError: '_target_'", "add `_target_: dotted.path.Class`")
+        return findings, facts
+    facts["target"] = target
+    for option in entry:
+        if isinstance(option, str) and option.startswith("_") and option not in ("_target_", "_partial_"):
+            add("warning", "entry", f"Hydra option {option!r}: anemoi instantiates entries as partials; "
+                "positional `_args_` collide with the sizes anemoi passes", "remove it")  # fmt: skip
+    kwargs = {k: v for k, v in entry.items() if not (isinstance(k, str) and k.startswith("_"))}
+    dims = [k for k in kwargs if k in DIMENSIONS[key]]
+    for d in dims:
+        add("warning", "dimension", f"{d!r} is pinned here, but anemoi passes the size at the call site: a keyword "
+            f"call overrides it and a positional call {CALLS[key][0][0]} fails with 'multiple values'",
+            f"remove {d!r}")  # fmt: skip
+    try:
+        cls = locate(target)
+    except Exception as exc:  # ImportError, or whatever a broken library raises while importing
+        add("error", "import", f"{target!r} does not import here: {type(exc).__name__}: {exc}",
+            "install the library that provides it, or fix the dotted path (anemoi would raise an empty "
+            "InstantiationException and log the reason at INFO level)")  # fmt: skip
+        return findings, facts
+    facts["imported"] = True
+    import torch
+
+    if not callable(cls):
+        add("error", "entry", f"{target!r} is a {type(cls).__name__}, not a class anemoi can call")
+        return findings, facts
+    if isinstance(cls, type) and not issubclass(cls, torch.nn.Module):
+        add("error", "entry", f"{target!r} is not a torch.nn.Module subclass")
+    facts["family"] = norm_family(cls)
+    try:
+        facts["defaults"] = {n: p.default for n, p in inspect.signature(cls).parameters.items()
+                             if p.default is not inspect.Parameter.empty and _plain(p.default)}  # fmt: skip
+    except (TypeError, ValueError):
+        pass
+    for problem in convention_problems(cls, key, {k: v for k, v in kwargs.items() if k not in dims}):
+        from .adapters import adapter_for
+
+        adapter = adapter_for(target)
+        add("error", "signature", f"{target} does not fit anemoi's call convention: {problem}",
+            f"use `_target_: {adapter}` (same class and state dict, anemoi's signature)" if adapter
+            else "use a class whose constructor takes anemoi's arguments, or a thin subclass adapting it")  # fmt: skip
+    family = facts["family"]
+    if key in NORM_KEYS and family == "rms_norm":
+        add("warning" if allow_semantics_change else "error", "semantics",
+            f"semantics change: {target} is an RMSNorm under the {key} key: it does not subtract the mean and "
+            "has no bias, so the model computes something else and its state dict changes",
+            "use a LayerNorm implementation; if the change is deliberate, pass --allow-semantics-change")  # fmt: skip
+    if key == "Linear" and family is not None:
+        add("error", "semantics", f"semantics change: {target} is a norm ({family}) under the Linear key")
+    if key == "Activation" and "GLU" in getattr(cls, "__name__", "").upper():
+        add("error", "semantics", f"{target} is a GLU-family activation: anemoi-models rejects it in "
+            "layer_kernels.Activation (ValueError)", "select GLU through the processor's mlp_implementation")  # fmt: skip
+    return findings, facts
+
+
+def _plain(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def check_entries(requests: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """JSON in, JSON out: :func:`check_entry` for each ``{key, entry, where, allow_semantics_change}``.
+
+    The child-process entry point of ``kernel-probe check-config``.
+    """
+    out = []
+    for r in requests:
+        findings, facts = check_entry(r["key"], r["entry"], r["where"],
+                                      allow_semantics_change=bool(r.get("allow_semantics_change")))  # fmt: skip
+        out.append({"findings": [f.to_json() for f in findings], "facts": facts})
+    return out
