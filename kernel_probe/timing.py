@@ -106,67 +106,75 @@ def copy_bandwidth(device: str, nbytes: int, opts: Mapping[str, Any]) -> float:
     return 2 * n * 4 / statistics.median(samples) / 1e9
 
 
+def _time_shape(cand: Candidate, slot: str, device: str, shape: str, dtype, mixed: bool,
+                canonical_overrides: Mapping[str, Any] | None, opts: Mapping[str, Any], clock: _Clock,
+                copy_cache: dict[int, float]) -> dict[str, Any]:  # fmt: skip
+    """Forward+backward timing of one candidate at one shape; its buffers are freed on return."""
+    torch_device = "cuda" if device == "rocm" else device
+    param_dtype = torch.float32 if mixed else dtype
+    rows, hidden, out = parse_shape(shape)
+    out = out or hidden
+    canonical = canonical_for(slot, hidden=hidden, out_features=out, device=torch_device,
+                              param_dtype=str(param_dtype).replace("torch.", ""), overrides=canonical_overrides)  # fmt: skip
+    module = build(cand, canonical, torch_device, param_dtype)
+    width_out = out if cand.semantics == "linear" else hidden
+    per_input = rows * hidden * dtype.itemsize
+    n_buf = 1
+    l2 = _l2_bytes(device)
+    if l2 and per_input < 2 * l2:  # rotate inputs so that together they exceed twice the L2 cache
+        n_buf = min(8, 2 * l2 // max(per_input, 1) + 1)
+    xs = _buffers(n_buf, lambda: torch.randn(rows, hidden, device=torch_device, dtype=dtype).requires_grad_(True))
+    gy = torch.randn(rows, width_out, device=torch_device, dtype=dtype)
+    state = {"i": 0}
+
+    def step():
+        x = xs[state["i"] % n_buf]
+        state["i"] += 1
+        x.grad = None
+        if mixed:
+            with torch.autocast(device_type=torch_device, dtype=dtype):
+                y = module(x)
+        else:
+            y = module(x)
+        y.backward(gy)
+
+    row: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    step()
+    clock.sync()
+    row["compile_s"] = round(time.perf_counter() - t0, 4)
+    samples = _repeat(clock, step, opts)
+    median = statistics.median(samples)
+    nbytes = bytes_moved(cand.semantics, rows, hidden, out, dtype.itemsize)
+    row.update(median_ms=median * 1000, spread=_spread(samples), reps=len(samples), gbps=nbytes / median / 1e9)
+    fl = flops(cand.semantics, rows, hidden, out)
+    if fl:
+        row["tflops"] = fl / median / 1e12
+    key = nbytes // 5
+    if key not in copy_cache:
+        copy_cache[key] = copy_bandwidth(device, key * 2, opts)
+    row["copy_gbps"] = copy_cache[key]
+    row["copy_percent"] = 100.0 * row["gbps"] / copy_cache[key]
+    return row
+
+
 def time_candidate(cand: Candidate, slot: str, device: str, shapes: list[str], dtype_name: str, regime: str,
                    canonical_overrides: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     opts = {**DEFAULT_OPTIONS, **(options or {})}
     torch_device = "cuda" if device == "rocm" else device
     dtype = DTYPES[dtype_name]
     mixed = regime == "mixed"
-    param_dtype = torch.float32 if mixed else dtype
     clock = _Clock(device)
     out_rows: list[dict[str, Any]] = []
     copy_cache: dict[int, float] = {}
     for shape in shapes:
-        rows, hidden, out = parse_shape(shape)
-        out = out or hidden
-        canonical = canonical_for(slot, hidden=hidden, out_features=out, device=torch_device,
-                                  param_dtype=str(param_dtype).replace("torch.", ""), overrides=canonical_overrides)  # fmt: skip
         row: dict[str, Any] = {"implementation": cand.id, "shape": shape, "dtype": dtype_name, "regime": regime}
         try:
-            module = build(cand, canonical, torch_device, param_dtype)
-            width_out = out if cand.semantics == "linear" else hidden
-            per_input = rows * hidden * dtype.itemsize
-            n_buf = 1
-            l2 = _l2_bytes(device)
-            if l2 and per_input < 2 * l2:
-                n_buf = min(8, 2 * l2 // max(per_input, 1) + 1)
-            xs = _buffers(n_buf, lambda: torch.randn(rows, hidden, device=torch_device, dtype=dtype).requires_grad_(True))
-            gy = torch.randn(rows, width_out, device=torch_device, dtype=dtype)
-            state = {"i": 0}
-            ctx = (lambda: torch.autocast(device_type=torch_device, dtype=dtype)) if mixed else None
-
-            def step():
-                x = xs[state["i"] % n_buf]
-                state["i"] += 1
-                x.grad = None
-                if ctx is not None:
-                    with ctx():
-                        y = module(x)
-                else:
-                    y = module(x)
-                y.backward(gy)
-
-            t0 = time.perf_counter()
-            step()
-            clock.sync()
-            row["compile_s"] = round(time.perf_counter() - t0, 4)
-            samples = _repeat(clock, step, opts)
-            median = statistics.median(samples)
-            nbytes = bytes_moved(cand.semantics, rows, hidden, out, dtype.itemsize)
-            row.update(median_ms=median * 1000, spread=_spread(samples), reps=len(samples), gbps=nbytes / median / 1e9)
-            fl = flops(cand.semantics, rows, hidden, out)
-            if fl:
-                row["tflops"] = fl / median / 1e12
-            key = nbytes // 5
-            if key not in copy_cache:
-                copy_cache[key] = copy_bandwidth(device, key * 2, opts)
-            row["copy_gbps"] = copy_cache[key]
-            row["copy_percent"] = 100.0 * row["gbps"] / copy_cache[key]
-            del module, xs, gy
+            row.update(_time_shape(cand, slot, device, shape, dtype, mixed, canonical_overrides, opts, clock, copy_cache))
         except Exception as exc:  # OOM at the model's shape, a kernel that refuses the size, ...
             row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:400]
         finally:
             if torch_device == "cuda":
-                torch.cuda.empty_cache()
+                torch.cuda.empty_cache()  # the shape's buffers died with _time_shape's frame
         out_rows.append(row)
     return {"candidate": cand.id, "device": device, "rows": out_rows}

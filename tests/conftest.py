@@ -55,3 +55,15 @@ def lock_file(tmp_path: Path) -> Path:
     p = tmp_path / "kernel-lock.toml"
     p.write_text(MINIMAL_LOCK)
     return p
+
+
+def run_cli(argv, capsys):
+    """Run the CLI in-process: (exit code, stdout, stderr). argparse's usage exits become codes."""
+    from kernel_probe.cli import main
+
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err

@@ -20,9 +20,8 @@ import kernel_lock
 import kernel_lock.adapters as adapters
 from kernel_lock import KernelUnavailable, LockMismatch, LockWarning
 from kernel_lock.anemoi import AUTOCAST_LAYER_NORM, ConventionError, convention_problems, export, layer_kernels
-from kernel_probe.cli import main
 
-from .conftest import MINIMAL_LOCK, ROOT
+from .conftest import MINIMAL_LOCK, ROOT, run_cli as run
 from .test_import_light import _imported_modules
 
 HAS_LIGER = importlib.util.find_spec("liger_kernel") is not None
@@ -57,14 +56,6 @@ semantics = "linear"
 kwargs = {{ bias = true }}
 {extra}'''
 
-
-def run(argv, capsys):
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture

@@ -12,9 +12,8 @@ import kernel_lock
 from kernel_lock import LockWarning
 from kernel_lock.anemoi import check_entry, layer_kernels
 from kernel_probe.anemoi_config import find_blocks, load_config
-from kernel_probe.cli import main
 
-from .conftest import MINIMAL_LOCK
+from .conftest import MINIMAL_LOCK, run_cli as run
 
 # the training layout: defined once, inherited by every component
 TRAINING = """\
@@ -33,14 +32,6 @@ model:
     "0": {mapper: {layer_kernels: "${model.layer_kernels}"}}
 """
 
-
-def run(argv, capsys):
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def write(tmp_path, text: str, name: str = "config.yaml"):

@@ -10,13 +10,8 @@ import pytest
 
 from kernel_probe.cli import main
 
-from .conftest import MINIMAL_LOCK, ROOT
+from .conftest import MINIMAL_LOCK, ROOT, run_cli as run
 
-
-def run(argv, capsys):
-    code = main(argv)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_verify_ok(lock_file, capsys):

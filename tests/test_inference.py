@@ -17,7 +17,8 @@ import kernel_lock
 from kernel_lock import KernelUnavailable, LockMismatch, LockWarning
 from kernel_lock.resolve import TWIN_SEMANTICS, import_target
 from kernel_probe.candidates import BUILTIN, SLOT_SEMANTICS
-from kernel_probe.cli import main
+
+from .conftest import run_cli as run
 
 NOT_INSTALLED = '[{ name = "kp-not-installed", specifier = ">=1.0", module = "kp_not_installed" }]'
 TWIN = '{ target = "torch.nn.LayerNorm", kwargs = { eps = 1e-6 }, state-dict = "interchangeable", max-error = 0.002 }'
@@ -60,14 +61,6 @@ def write(tmp_path: Path, text: str, name: str = "train.toml") -> Path:
     load(text).sealed().dump(p)
     return p
 
-
-def run(argv, capsys):
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exc:  # argparse's usage errors
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 # ---- the resolver --------------------------------------------------------------------------
