@@ -17,8 +17,6 @@ def add_candidate_arguments(p: argparse.ArgumentParser) -> None:
     """Options shared by `check` and the main probe."""
     p.add_argument("--candidate", action="append", default=[], metavar="SLOT=dotted.path.Class",
                    help="offer a third-party class for a slot (repeatable); it is judged like the built-ins")
-    p.add_argument("--dtype", action="append", default=[], metavar="DTYPE",
-                   help="fp32, bf16 or fp16 (repeatable; default: all the device supports)")
     p.add_argument("--slot", action="append", default=[], choices=SLOTS, help="only these slots (repeatable)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                    help=f"seconds one candidate may take before it is marked timeout (default {DEFAULT_TIMEOUT:.0f})")
@@ -29,6 +27,8 @@ def add_candidate_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_check_arguments(p: argparse.ArgumentParser) -> None:
     add_candidate_arguments(p)
+    p.add_argument("--dtype", action="append", default=[], metavar="DTYPE",
+                   help="fp32, bf16 or fp16 (repeatable; default: all the device supports)")
     p.add_argument("--regime", choices=("true", "mixed", "both"), default="both",
                    help="plain low precision, under torch.autocast, or both (default)")
     p.add_argument("--json", action="store_true", help="machine-readable verdicts on stdout")

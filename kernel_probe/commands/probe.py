@@ -53,6 +53,8 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lock-timeout", type=float, default=1800.0,
                    help="seconds to wait for another kernel-probe writing the same lock (default 1800)")
     add_candidate_arguments(p)
+    # not an option of the probe (it takes --precision); kept hidden to answer with a helpful message
+    p.add_argument("--dtype", action="append", default=[], help=argparse.SUPPRESS)
 
 
 def _pairs(values: list[str], flag: str) -> dict[str, str]:
