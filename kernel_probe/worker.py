@@ -70,6 +70,12 @@ class Worker:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+            for pipe in (proc.stdin, proc.stdout):
+                try:
+                    if pipe is not None:
+                        pipe.close()
+                except OSError:  # a pipe to a dead process may refuse a final flush
+                    pass
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None
