@@ -45,6 +45,7 @@ __all__ = [
     "factory",
     "load",
     "loads",
+    "portable",
 ]
 
 
@@ -53,3 +54,11 @@ def factory(lock: KernelLock | None, slot: str, mode: str = "training", **option
     from .resolve import factory as _factory
 
     return _factory(lock, slot, mode=mode, **options)
+
+
+def portable(module, lock: KernelLock, **options):
+    """A copy of ``module`` whose pickle needs neither the lock's training libraries nor kernel_lock:
+    every lock class replaced by its verified torch.nn twin (see ``kernel_lock.portability``)."""
+    from .portability import portable as _portable
+
+    return _portable(module, lock, **options)

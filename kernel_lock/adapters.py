@@ -60,25 +60,10 @@ class CompiledLinear(nn.Linear):
         return _compiled_fn("linear", _linear)(x, self.weight, self.bias)
 
 
-# ---- anemoi's call convention -----------------------------------------------------------------
-# anemoi-models builds norms as ``LayerNorm(C)`` and ``LayerNorm(normalized_shape=C)``; these library
-# classes call the size ``hidden_size``, so anemoi cannot build them directly. Each entry is an
-# adapter: a subclass of the library class (same parameters, same state-dict keys) whose first
-# argument is ``normalized_shape``. Adding a library with that signature is adding a row here.
-# adapter name -> (the library class it subclasses, the name of that class's size parameter)
-SIZE_ADAPTERS: dict[str, tuple[str, str]] = {
-    "LigerLayerNormAnemoi": ("liger_kernel.transformers.LigerLayerNorm", "hidden_size"),
-    "LigerRMSNormAnemoi": ("liger_kernel.transformers.LigerRMSNorm", "hidden_size"),
-    "FlashAttnRMSNormAnemoi": ("flash_attn.ops.triton.layer_norm.RMSNorm", "hidden_size"),
-}
-
-
-def adapter_for(target: str) -> str | None:
-    """The ``kernel_lock.adapters`` path of the adapter for ``target``, or None if there is none."""
-    for name, (wrapped, _) in SIZE_ADAPTERS.items():
-        if wrapped == target:
-            return f"{__name__}.{name}"
-    return None
+# ---- anemoi's call convention and wrappers --------------------------------------------------------
+# The tables of adapters live in kernel_lock.anemoi (import-light, beside the conventions they serve);
+# the classes are built here on first lookup (module ``__getattr__``) and pickle by name.
+from .anemoi import AUTOCAST_ADAPTERS, SIZE_ADAPTERS, WRAPPING_ADAPTERS, adapter_for, wrapping_adapter_for  # noqa: E402,F401
 
 
 def _last_dim(normalized_shape: Any, name: str) -> int:
@@ -116,17 +101,36 @@ def normalized_shape_adapter(base: type, size_param: str, name: str) -> type:
     return type(base)(name, (base,), {"__init__": __init__, "__module__": __name__, "__qualname__": name, "__doc__": doc})
 
 
-def __getattr__(name: str) -> type:
-    spec = SIZE_ADAPTERS.get(name)
-    if spec is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    target, size_param = spec
+def autocast_adapter(base: type, name: str) -> type:
+    """A subclass of ``base`` whose forward casts the output back to the input's dtype."""
+
+    def forward(self, x, *args, **kwargs):
+        return base.forward(self, x, *args, **kwargs).type_as(x)
+
+    forward.__qualname__ = f"{name}.forward"
+    doc = (f"``{base.__module__}.{base.__qualname__}`` with its output cast back to the input dtype, as anemoi's "
+           "AutocastLayerNorm does for torch.nn.LayerNorm. Same parameters and state-dict keys.")  # fmt: skip
+    return type(base)(name, (base,), {"forward": forward, "__module__": __name__, "__qualname__": name, "__doc__": doc})
+
+
+def _class(target: str) -> type:
     module_name, _, attr = target.rpartition(".")
-    base = getattr(importlib.import_module(module_name), attr)  # ImportError if the library is missing
-    cls = normalized_shape_adapter(base, size_param, name)
+    if module_name == __name__:
+        return globals()[attr] if attr in globals() else __getattr__(attr)
+    return getattr(importlib.import_module(module_name), attr)  # ImportError if the library is missing
+
+
+def __getattr__(name: str) -> type:
+    if name in SIZE_ADAPTERS:
+        target, size_param = SIZE_ADAPTERS[name]
+        cls = normalized_shape_adapter(_class(target), size_param, name)
+    elif name in AUTOCAST_ADAPTERS:
+        cls = autocast_adapter(_class(AUTOCAST_ADAPTERS[name]), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = cls  # built once per process
     return cls
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *SIZE_ADAPTERS})
+    return sorted({*globals(), *SIZE_ADAPTERS, *AUTOCAST_ADAPTERS})

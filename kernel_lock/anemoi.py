@@ -37,6 +37,7 @@ NORM_KEYS = ("LayerNorm", "QueryNorm", "KeyNorm")
 # What anemoi-models 0.19's load_layer_kernels uses for a key the block does not set. A key the
 # block sets replaces the default entry whole (its kwargs included).
 AUTOCAST_LAYER_NORM = "anemoi.models.layers.normalization.AutocastLayerNorm"
+CONDITIONAL_LAYER_NORM = "anemoi.models.layers.normalization.ConditionalLayerNorm"
 ANEMOI_DEFAULTS: dict[str, dict[str, Any]] = {
     "Linear": {"_target_": "torch.nn.Linear"},
     "LayerNorm": {"_target_": "torch.nn.LayerNorm"},
@@ -66,7 +67,92 @@ CALLS: dict[str, tuple[tuple[str, tuple[Any, ...], dict[str, Any]], ...]] = {
     "Activation": (("Activation()", (), {}),),
 }
 
-SEVERITIES = ("error", "warning", "note")
+
+
+@dataclass(frozen=True)
+class Wrapper:
+    """One of anemoi's own norm classes, and how it relates to a kernel a lock may pin.
+
+    ``runs`` names the kernel class a *same-kernel* wrapper runs (it subclasses it and adds
+    ``behaviour``); None marks a *different layer*, which a lock never replaces. ``adapter_prefix``
+    names the ``kernel_lock.adapters`` classes that keep the wrapper's behaviour around another
+    kernel (``Autocast`` + the kernel's anemoi-ready class name, see ``AUTOCAST_ADAPTERS``).
+    """
+
+    target: str
+    runs: str | None
+    behaviour: str
+    adapter_prefix: str = ""
+
+
+# anemoi-models 0.19, anemoi/models/layers/normalization.py. Adding a wrapper is adding a row.
+WRAPPERS: dict[str, Wrapper] = {w.target: w for w in (
+    Wrapper(AUTOCAST_LAYER_NORM, "torch.nn.LayerNorm",
+            "casts its output back to the input dtype (bf16/fp16 under autocast, not fp32: gnn.yaml relies on it "
+            "for memory, QueryNorm/KeyNorm for flash attention)",
+            adapter_prefix="Autocast"),
+    Wrapper(CONDITIONAL_LAYER_NORM, None,
+            "scale and shift computed from a condition (forward(x, cond)): a different layer, not a kernel choice"),
+)}  # fmt: skip
+
+
+# ---- adapters: anemoi-ready classes kernel_lock.adapters builds (tables here, classes there) --------
+ADAPTERS = "kernel_lock.adapters"
+
+# anemoi builds norms as ``LayerNorm(C)`` and ``LayerNorm(normalized_shape=C)``; these library classes
+# call the size ``hidden_size``, so anemoi cannot build them directly. Each entry is an adapter: a
+# subclass of the library class (same parameters, same state-dict keys) whose first argument is
+# ``normalized_shape``. Adding a library with that signature is adding a row here.
+# adapter name -> (the library class it subclasses, the name of that class's size parameter)
+SIZE_ADAPTERS: dict[str, tuple[str, str]] = {
+    "LigerLayerNormAnemoi": ("liger_kernel.transformers.LigerLayerNorm", "hidden_size"),
+    "LigerRMSNormAnemoi": ("liger_kernel.transformers.LigerRMSNorm", "hidden_size"),
+    "FlashAttnRMSNormAnemoi": ("flash_attn.ops.triton.layer_norm.RMSNorm", "hidden_size"),
+}
+
+# anemoi's AutocastLayerNorm is torch.nn.LayerNorm with its output cast back to the input dtype, and
+# anemoi's gnn preset (and every QueryNorm/KeyNorm default) relies on that cast. Where a lock pins
+# another LayerNorm kernel, these keep the cast around it: a subclass of the kernel's anemoi-ready
+# class whose forward returns ``super().forward(x).type_as(x)`` (same parameters and state dict).
+# adapter name -> the class it subclasses (a library class, or another adapter)
+AUTOCAST_ADAPTERS: dict[str, str] = {
+    "AutocastCompiledLayerNorm": f"{ADAPTERS}.CompiledLayerNorm",
+    "AutocastLigerLayerNormAnemoi": f"{ADAPTERS}.LigerLayerNormAnemoi",
+    "AutocastTELayerNorm": "transformer_engine.pytorch.LayerNorm",
+    "AutocastFusedLayerNorm": "apex.normalization.FusedLayerNorm",
+}
+
+# the adapters that keep an anemoi wrapper's behaviour, by the wrapper's adapter prefix
+WRAPPING_ADAPTERS: dict[str, dict[str, str]] = {"Autocast": AUTOCAST_ADAPTERS}
+
+
+def adapter_for(target: str) -> str | None:
+    """The ``kernel_lock.adapters`` path of the size adapter for ``target``, or None if there is none."""
+    for name, (wrapped, _) in SIZE_ADAPTERS.items():
+        if wrapped == target:
+            return f"{ADAPTERS}.{name}"
+    return None
+
+
+def wrapping_adapter_for(prefix: str, target: str) -> str | None:
+    """The ``kernel_lock.adapters`` path of the class that runs ``target`` inside the behaviour of
+    the anemoi wrapper ``prefix`` names (e.g. Autocast: the output cast back to the input dtype)."""
+    for name, base in WRAPPING_ADAPTERS.get(prefix, {}).items():
+        if base == target:
+            return f"{ADAPTERS}.{name}"
+    return None
+
+
+def wrapper_of(target: str) -> Wrapper | None:
+    """The anemoi wrapper ``target`` is, or whose behaviour it keeps (a wrapping adapter), or None."""
+    if target in WRAPPERS:
+        return WRAPPERS[target]
+    module, _, name = target.rpartition(".")
+    if module == ADAPTERS:
+        for prefix, table in WRAPPING_ADAPTERS.items():
+            if name in table:
+                return next((w for w in WRAPPERS.values() if w.adapter_prefix == prefix), None)
+    return None
 
 
 class ConventionError(LockFormatError):
@@ -171,7 +257,7 @@ def _fitting_target(cls: type, target: str, key: str, kwargs: Mapping[str, Any],
         return target, ""
     from . import adapters
 
-    adapter = adapters.adapter_for(target)
+    adapter = adapter_for(target)
     if adapter is not None:
         adapted = getattr(adapters, adapter.rpartition(".")[2])
         if not convention_problems(adapted, key, kwargs):
@@ -181,8 +267,44 @@ def _fitting_target(cls: type, target: str, key: str, kwargs: Mapping[str, Any],
         path=where,
         key=f"slots.{slot}.target",
         fix="pin an implementation whose constructor takes anemoi's arguments (`kernel-probe --pin`), or add an "
-        "adapter for this class to kernel_lock.adapters.SIZE_ADAPTERS",
+        "adapter for this class to kernel_lock.anemoi.SIZE_ADAPTERS",
     )
+
+
+def entry_for(key: str, want: Exported, current: Any, *, where: str = "") -> Exported | None:
+    """What a block should hold for ``key`` given the lock's entry ``want`` and the block's
+    ``current`` entry (anemoi's default for a key the block does not set); None: leave it as it is.
+
+    The rule (``WRAPPERS``): a different layer (ConditionalLayerNorm) is never replaced; a
+    same-kernel wrapper (AutocastLayerNorm) stays where the lock pins the kernel it runs, with the
+    lock's kwargs, and becomes the adapter that keeps its behaviour around any other kernel
+    (``AUTOCAST_ADAPTERS``); without such an adapter, :class:`ConventionError`. A wrapping adapter
+    in the block counts as its wrapper, so applying the rule twice changes nothing.
+    Anything else takes the lock's entry.
+    """
+    target = current.get("_target_") if isinstance(current, Mapping) else None
+    wrapper = wrapper_of(target) if isinstance(target, str) else None
+    if wrapper is None:
+        return want
+    if wrapper.runs is None:
+        return None
+    kernel = want.entry["_target_"]
+    kwargs = {k: v for k, v in want.entry.items() if k != "_target_"}
+    name = wrapper.target.rpartition(".")[2]
+    if kernel == wrapper.runs:
+        return Exported(key, _entry(wrapper.target, kwargs), f"keeps anemoi's {name}: it runs the lock's {kernel} kernel "
+                        f"and {wrapper.behaviour}")  # fmt: skip
+    adapter = wrapping_adapter_for(wrapper.adapter_prefix, kernel)
+    if adapter is None:
+        raise ConventionError(
+            f"uses anemoi's {name}, which {wrapper.behaviour}; the lock pins {kernel}, and "
+            "kernel_lock has no adapter that keeps that behaviour around it, so replacing it would silently undo it",
+            key=where or key,
+            fix=f"keep {name} here (it runs the torch.nn.LayerNorm kernel), or add an adapter for {kernel} to "
+            "kernel_lock.anemoi.AUTOCAST_ADAPTERS",
+        )
+    return Exported(key, _entry(adapter, kwargs), f"anemoi's {name} {wrapper.behaviour}; {adapter.rpartition('.')[2]} "
+                    f"keeps that around the lock's {kernel} (same state dict)")  # fmt: skip
 
 
 def export(lock: KernelLock, mode: str = "training", *, qk_norm: bool = False,
@@ -204,13 +326,7 @@ def export(lock: KernelLock, mode: str = "training", *, qk_norm: bool = False,
         ln = next((e for e in out if e.key == "LayerNorm"), None)
         target = ln.entry["_target_"] if ln else DEFAULT_TARGETS["LayerNorm"]
         kwargs = {k: v for k, v in (ln.entry if ln else {}).items() if k != "_target_"}
-        if target == DEFAULT_TARGETS["LayerNorm"]:
-            # anemoi's own q/k norm is torch.nn.LayerNorm with the output cast back to the input dtype
-            # (flash attention needs q and k in the input dtype); keep that, with the lock's kwargs
-            target, note = AUTOCAST_LAYER_NORM, "torch.nn.LayerNorm, as anemoi's AutocastLayerNorm (output in the input dtype)"
-        elif "bias" in kwargs:
-            note = f"the lock's LayerNorm ({target}) at head_dim; check it there with `kernel-probe check --hidden 64`"
-        else:
+        if target != DEFAULT_TARGETS["LayerNorm"] and "bias" not in kwargs:
             raise ConventionError(
                 f"the lock's LayerNorm ({target}) pins no `bias` switch, so it cannot build anemoi's bias-free "
                 "QueryNorm/KeyNorm (the state dict would gain a bias)",
@@ -220,7 +336,12 @@ def export(lock: KernelLock, mode: str = "training", *, qk_norm: bool = False,
             )
         kwargs["bias"] = False  # anemoi's q/k norms have a weight and no bias
         for key in ("QueryNorm", "KeyNorm"):
-            out.append(Exported(key, _entry(target, kwargs), note))
+            # anemoi's default q/k norm is AutocastLayerNorm: the same rule as for any block using it
+            entry = entry_for(key, Exported(key, _entry(target, kwargs)), ANEMOI_DEFAULTS[key], where=f"layer_kernels.{key}")
+            assert entry is not None
+            note = entry.note + ("" if target == DEFAULT_TARGETS["LayerNorm"] else
+                                 f"; check the kernel at head_dim with `kernel-probe check --hidden 64`")  # fmt: skip
+            out.append(Exported(key, entry.entry, note))
     return out
 
 
@@ -299,14 +420,8 @@ def check_entry(key: str, entry: Any, where: str, *, allow_semantics_change: boo
     if isinstance(cls, type) and not issubclass(cls, torch.nn.Module):
         add("error", "entry", f"{target!r} is not a torch.nn.Module subclass")
     facts["family"] = norm_family(cls)
-    try:
-        facts["defaults"] = {n: p.default for n, p in inspect.signature(cls).parameters.items()
-                             if p.default is not inspect.Parameter.empty and _plain(p.default)}  # fmt: skip
-    except (TypeError, ValueError):
-        pass
+    facts["defaults"] = constructor_defaults(cls)
     for problem in convention_problems(cls, key, {k: v for k, v in kwargs.items() if k not in dims}):
-        from .adapters import adapter_for
-
         adapter = adapter_for(target)
         add("error", "signature", f"{target} does not fit anemoi's call convention: {problem}",
             f"use `_target_: {adapter}` (same class and state dict, anemoi's signature)" if adapter
@@ -323,6 +438,19 @@ def check_entry(key: str, entry: Any, where: str, *, allow_semantics_change: boo
         add("error", "semantics", f"{target} is a GLU-family activation: anemoi-models rejects it in "
             "layer_kernels.Activation (ValueError)", "select GLU through the processor's mlp_implementation")  # fmt: skip
     return findings, facts
+
+
+def constructor_defaults(cls: Any) -> dict[str, Any]:
+    """The keyword defaults a class is built with. A constructor that only passes ``*args, **kwargs``
+    on (anemoi's AutocastLayerNorm) has the defaults of the first base that names its parameters."""
+    for klass in getattr(cls, "__mro__", (cls,)):
+        try:
+            params = inspect.signature(klass).parameters
+        except (TypeError, ValueError):
+            continue
+        if any(p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params.values()):
+            return {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty and _plain(p.default)}
+    return {}
 
 
 def _plain(value: Any) -> bool:

@@ -67,23 +67,35 @@ def lock_from_checkpoint(checkpoint: Mapping[str, Any], *, where: str = "<checkp
     return lock
 
 
+MIGRATIONS = ("drop",)  # the state-dict migration rules this kernel_lock applies: 'drop:<key name>'
+
+
+def migration_rules(slot: Any, *, path: str | None = None) -> list[tuple[str, str]]:
+    """A twin's migration as (kind, argument) pairs; an unknown rule is a LockFormatError."""
+    twin = slot.twin
+    if twin is None or twin.state_dict != "migrate":
+        return []
+    rules = []
+    for i, rule in enumerate(twin.migration):
+        kind, _, arg = rule.partition(":")
+        if kind not in MIGRATIONS or not arg or "." in arg:
+            raise LockFormatError(
+                f"unknown state-dict migration {rule!r}",
+                path=path,
+                key=f"slots.{slot.name}.twin.migration[{i}]",
+                fix="the rules this kernel_lock applies are 'drop:<key name>', e.g. 'drop:_extra_state'",
+            )
+        rules.append((kind, arg))
+    return rules
+
+
 def _drop_suffixes(lock: KernelLock) -> dict[str, str]:
     """Key suffix -> the slot whose twin migration drops it (``drop:<suffix>`` rules)."""
     out: dict[str, str] = {}
     for name, slot in lock.slots.items():
-        twin = slot.twin
-        if twin is None or twin.state_dict != "migrate":
-            continue
-        for i, rule in enumerate(twin.migration):
-            kind, _, arg = rule.partition(":")
-            if kind != "drop" or not arg or "." in arg:
-                raise LockFormatError(
-                    f"unknown state-dict migration {rule!r}",
-                    path=lock.path,
-                    key=f"slots.{name}.twin.migration[{i}]",
-                    fix="the rules this kernel_lock applies are 'drop:<key name>', e.g. 'drop:_extra_state'",
-                )
-            out[arg] = name
+        for kind, arg in migration_rules(slot, path=lock.path):
+            if kind == "drop":
+                out[arg] = name
     return out
 
 

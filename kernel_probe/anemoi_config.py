@@ -1,43 +1,53 @@
-"""Reading an anemoi model config: where its ``layer_kernels`` blocks are, and what each one is.
+"""Reading an anemoi config the way anemoi-training does: which file it is, what Hydra composes from
+it, where every ``layer_kernels`` block is, and what each block holds.
 
-anemoi-training defines the block once, at ``model.layer_kernels``, and each component refers to it
-with ``${model.layer_kernels}``; a component may instead carry its own block (the ensemble processor
-does). This module finds every block, follows simple ``${a.b.c}`` interpolations, and has each entry
-judged by :func:`kernel_lock.anemoi.check_entry` in a child process (importing a target may crash or
-hang; that must not take the checker with it). The lock comparison happens here, in the parent.
+Three shapes of file (``SHAPES``), told apart by their content:
+
+- a **model file** (``config/model/<name>.yaml``): the file *is* the model node (anemoi-training puts
+  it at ``model``); its own ``model:`` key is the model class. ``${model.x}`` means the file's ``x``;
+  a reference outside the file (``${system...}``) cannot be judged here and is left unjudged;
+- a **full config**: everything under ``model:``, no ``defaults:`` list; complete, so a reference
+  that points at nothing is an error;
+- an **overlay**: a ``defaults:`` list (``- model: gnn``) plus a few overrides. On its own it says
+  almost nothing about the model: it is composed with Hydra exactly as ``anemoi-training train``
+  composes it (``kernel_probe.anemoi_compose``, in a child process), overrides given after ``--``
+  included, and the composed model is what is checked. Where Hydra or anemoi-training's presets are
+  not installed, the file is judged alone and a finding says the defaults were not followed.
+
+Every ``layer_kernels`` key under the model node is a block, wherever it sits (processor, encoders,
+decoders, hierarchical up/down-scale mappers, the noise injector, components yet to come), reported
+by its full path. A block that is ``${...}`` of another block *inherits* it and is judged once.
 Parsing lives here; verdicts are kernel_lock.anemoi's; presentation is commands/anemoicmds.py's.
 """
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from kernel_lock.anemoi import ANEMOI_DEFAULTS, KEYS, Finding
 
-from .errors import InputFileError
+from .anemoi_compose import layer_kernels_paths
+from .child import run_function
+from .errors import InputFileError, UsageError
 
-# where anemoi components read a layer_kernels block, relative to the model node ("*": any key)
-LOCATIONS: tuple[tuple[str, ...], ...] = (
-    ("layer_kernels",),
-    ("processor", "layer_kernels"),
-    ("encoders", "*", "mapper", "layer_kernels"),
-    ("decoders", "*", "mapper", "layer_kernels"),
-    ("encoder", "layer_kernels"),  # layouts before multi-dataset encoders/decoders
-    ("decoder", "layer_kernels"),
-    ("noise_injector", "layer_kernels"),
-)
-COMPONENT_ROOTS = {loc[0] for loc in LOCATIONS}
+SHAPES = {
+    "model-file": "a model config file (the file is the model node, as config/model/<name>.yaml)",
+    "full": "a complete config (the model under `model:`, no defaults list)",
+    "overlay": "a Hydra overlay (a `defaults:` list over anemoi-training's presets)",
+}
+# keys that only a model node has (a model file's own `model:` key is the model *class*)
+MODEL_NODE_KEYS = ("layer_kernels", "processor", "encoders", "decoders", "encoder", "decoder", "num_channels",
+                   "noise_injector", "upscale_mapper", "downscale_mapper")  # fmt: skip
 
 _INTERPOLATION = re.compile(r"^\$\{\s*([A-Za-z_][\w-]*(?:\.[\w-]+)*)\s*\}$")
-MARK = "@@kernel-probe-anemoi-check@@"
 DEFAULT_TIMEOUT = 120.0
+COMPOSE_TIMEOUT = 60.0
+COMPOSE_MEMORY = 4 << 30  # a YAML alias bomb ends as a MemoryError in the child, not an exhausted node
 
 
 def _loader():
@@ -80,6 +90,30 @@ def load_config(path: str | Path) -> Any:
     return data
 
 
+def group_member(root: Mapping[str, Any], path: Path | None) -> bool:
+    """Is this file an option of anemoi's ``model`` config group (``config/model/<name>.yaml``)?
+
+    Such a file may extend another preset of its group (``defaults: [transformer_transport]``):
+    it lives in a ``model/`` directory, or its defaults name a sibling file.
+    """
+    if path is None:
+        return False
+    if path.resolve().parent.name == "model":
+        return True
+    siblings = [d for d in root.get("defaults") or [] if isinstance(d, str) and d != "_self_"]
+    return bool(siblings) and all((path.parent / f"{d}.yaml").is_file() for d in siblings)
+
+
+def detect_shape(root: Mapping[str, Any], path: Path | None = None) -> str:
+    """``overlay``, ``full`` or ``model-file`` (see ``SHAPES``)."""
+    if isinstance(root.get("defaults"), list):
+        return "model-file" if group_member(root, path) else "overlay"
+    model = root.get("model")
+    if isinstance(model, Mapping) and ("_target_" not in model or any(k in model for k in MODEL_NODE_KEYS)):
+        return "full"
+    return "model-file"
+
+
 @dataclass
 class Block:
     """One ``layer_kernels`` block as a component sees it."""
@@ -88,30 +122,43 @@ class Block:
     content: Mapping[str, Any] | None = None  # interpolations resolved; None when it only inherits
     inherits: str | None = None  # e.g. "model.layer_kernels" for `${model.layer_kernels}`
     source: str = ""  # the interpolation it came through, if any
+    written: Mapping[str, Any] | None = None  # what the user's own overlay writes here (composed overlays)
 
 
 @dataclass
 class Config:
-    """The blocks of one config, and what was found while locating them."""
+    """The blocks of one config, and what was found while reading it."""
 
+    path: str = ""
+    shape: str = "full"
+    composed: bool = False
+    choices: dict[str, str] = field(default_factory=dict)  # Hydra's group choices, e.g. {"model": "gnn"}
+    sources: list[str] = field(default_factory=list)  # Hydra's search path
+    overrides: list[str] = field(default_factory=list)
     blocks: list[Block] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
-    model_path: str = "model"
 
 
 class _Resolver:
-    def __init__(self, root: Mapping[str, Any]):
+    """Whole-value ``${a.b.c}`` references, followed within one file.
+
+    ``model_is_root``: a model file, whose ``${model.x}`` means its own ``x``. ``complete``: the file
+    is the whole config, so a reference that points at nothing is an error; otherwise it is outside
+    this file and left unjudged (a note), never a false error.
+    """
+
+    def __init__(self, root: Mapping[str, Any], *, model_is_root: bool, complete: bool):
         self.root = root
-        model = root.get("model")
-        # a training config has `model:`; a model config file (config/model/x.yaml) *is* the model node
-        self.model = model if isinstance(model, Mapping) else root
-        self.model_is_root = self.model is root
+        self.model_is_root = model_is_root
+        self.complete = complete
 
     def lookup(self, dotted: str) -> Any:
         parts = dotted.split(".")
         node: Any = self.root
-        if self.model_is_root and parts[0] == "model":
-            node, parts = self.model, parts[1:]
+        if self.model_is_root:
+            if parts[0] != "model":
+                raise LookupError(dotted)  # another config group: not in this file
+            parts = parts[1:]
         for part in parts:
             if isinstance(node, Mapping) and part in node:
                 node = node[part]
@@ -128,7 +175,8 @@ class _Resolver:
             if m is None:
                 if "${" in value:
                     problems.append(Finding("warning", "interpolation", where,
-                                            f"cannot follow {value!r} (only whole-value ${{a.b.c}} references are followed)"))  # fmt: skip
+                                            f"cannot follow {value!r} (only whole-value ${{a.b.c}} references are "
+                                            "followed here; compose the config to have Hydra resolve it)"))  # fmt: skip
                 return value
             if depth > 20:
                 problems.append(Finding("error", "interpolation", where, f"{value!r}: interpolation loop"))
@@ -136,7 +184,14 @@ class _Resolver:
             try:
                 target = self.lookup(m.group(1))
             except KeyError:
-                problems.append(Finding("error", "interpolation", where, f"{value!r} points at nothing in this config"))
+                if self.complete:
+                    problems.append(Finding("error", "interpolation", where, f"{value!r} points at nothing in this config"))
+                else:
+                    problems.append(Finding("note", "interpolation", where,
+                                            f"{value!r} points outside this file: left unjudged"))  # fmt: skip
+                return value
+            except LookupError:
+                problems.append(Finding("note", "interpolation", where, f"{value!r} points outside this file: left unjudged"))
                 return value
             return self.resolve(target, where, problems, depth + 1)
         if isinstance(value, Mapping):
@@ -146,94 +201,238 @@ class _Resolver:
         return value
 
 
-def _expand(node: Any, location: tuple[str, ...], prefix: str) -> list[tuple[str, Any]]:
-    """Every (dotted path, value) that ``location`` names under ``node``."""
-    if not location:
-        return [(prefix, node)]
-    if not isinstance(node, Mapping):
-        return []
-    head, rest = location[0], location[1:]
-    keys = [k for k in node if head == "*" or k == head]
-    return [hit for k in keys for hit in _expand(node[k], rest, f"{prefix}.{k}")]
+def _at(node: Any, path: Sequence[str]) -> Any:
+    for part in path:
+        if isinstance(node, Mapping) and part in node:
+            node = node[part]
+        elif isinstance(node, Mapping) and part.isdigit() and int(part) in node:
+            node = node[int(part)]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
 
 
-def find_blocks(root: Mapping[str, Any]) -> Config:
-    """Every layer_kernels block of the config, inherited ones marked as such."""
-    r = _Resolver(root)
-    config = Config()
-    raw: list[tuple[str, Any]] = []
-    if not r.model_is_root and "layer_kernels" in root:
-        raw.append(("layer_kernels", root["layer_kernels"]))
-    for location in LOCATIONS:
-        raw.extend(_expand(r.model, location, "model"))
-    seen = {where for where, _ in raw}
+def _inherits(value: Any, paths: set[str], where: str) -> str | None:
+    m = _INTERPOLATION.match(value) if isinstance(value, str) else None
+    if m and m.group(1) in paths and m.group(1) != where:
+        return m.group(1)
+    return None
+
+
+def _walk(model: Any) -> list[tuple[str, Any]]:
+    """(full path, raw value) of every layer_kernels block under the model node."""
+    return [("model." + ".".join(path), _at(model, path)) for path in layer_kernels_paths(model)]
+
+
+def _add_block(config: Config, where: str, content: Any, *, source: str = "", written: Any = None) -> None:
+    if content is None:
+        config.findings.append(Finding("note", "entry", where, "empty: anemoi uses its defaults for every key"))
+        content = {}
+    if not isinstance(content, Mapping):
+        config.findings.append(Finding("error", "entry", where, f"expected a mapping of {', '.join(KEYS)}, "
+                                       f"got {type(content).__name__} {content!r:.60}"))  # fmt: skip
+        return
+    config.blocks.append(Block(where, content=content, source=source,
+                               written=written if isinstance(written, Mapping) else None))  # fmt: skip
+
+
+def find_blocks(root: Mapping[str, Any], shape: str | None = None) -> Config:
+    """Every layer_kernels block of a config read as one file (no composition)."""
+    shape = shape or detect_shape(root)
+    config = Config(shape=shape)
+    model_is_root = shape == "model-file"
+    model = root if model_is_root else root.get("model")
+    if model is None:
+        model = {}
+    r = _Resolver(root, model_is_root=model_is_root, complete=shape == "full")
+    raw = _walk(model) if isinstance(model, Mapping) else []
+    paths = {where for where, _ in raw}
     for where, value in raw:
-        m = _INTERPOLATION.match(value) if isinstance(value, str) else None
-        if m and m.group(1) in seen and m.group(1) != where:
-            config.blocks.append(Block(where, inherits=m.group(1), source=value))
+        parent = _inherits(value, paths, where)
+        if parent is not None:
+            config.blocks.append(Block(where, inherits=parent, source=value))
             continue
-        content = r.resolve(value, where, config.findings)
-        if content is None:
-            config.findings.append(Finding("note", "entry", where, "empty: anemoi uses its defaults for every key"))
-            content = {}
-        if not isinstance(content, Mapping):
-            config.findings.append(Finding("error", "entry", where, f"expected a mapping of {', '.join(KEYS)}, "
-                                           f"got {type(content).__name__} {content!r:.60}"))  # fmt: skip
-            continue
-        config.blocks.append(Block(where, content=content, source=value if m else ""))
+        _add_block(config, where, r.resolve(value, where, config.findings), source=value if isinstance(value, str) else "")
     if not raw:
         config.findings.append(Finding(
-            "warning", "entry", "model", "no layer_kernels block found (looked at model.layer_kernels, "
-            "model.processor, model.encoders.<k>.mapper, model.decoders.<k>.mapper, model.encoder, "
-            "model.decoder, model.noise_injector): anemoi uses its defaults"))  # fmt: skip
+            "warning", "entry", "model", "no layer_kernels block found anywhere under the model node: anemoi uses "
+            "its defaults"))  # fmt: skip
         config.blocks.append(Block("(anemoi defaults)", content={}))
     return config
 
 
-# ---- judging the entries, in a child process -------------------------------------------------------
-CHILD_SOURCE = f"""
-import json, sys
-from kernel_lock.anemoi import check_entries
-requests = json.load(sys.stdin)
-result = check_entries(requests)
-sys.stdout.flush()
-sys.stdout.write("\\n{MARK}" + json.dumps(result, default=repr) + "\\n")
-sys.stdout.flush()
-"""
-
-
-def _child(requests: list[dict[str, Any]], timeout: float) -> tuple[list[dict[str, Any]] | None, str]:
-    from .detect.importcheck import child_environment
-
+# ---- composition -----------------------------------------------------------------------------------
+def _installed(distribution: str) -> str | None:
     try:
-        proc = subprocess.run([sys.executable, "-c", CHILD_SOURCE], input=json.dumps(requests, default=str),
-                              capture_output=True, text=True, timeout=timeout, env=child_environment())  # fmt: skip
-    except subprocess.TimeoutExpired:
-        return None, f"no answer within {timeout:g} s (an import hangs?)"
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith(MARK):
-            return json.loads(line[len(MARK):]), ""
-    tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
-    how = f"was killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exited with status {proc.returncode}"
-    return None, f"the checking process {how}" + (f": {tail[-500:]}" if tail else "")
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
 
 
+def _defaults_text(root: Mapping[str, Any]) -> str:
+    items = []
+    for d in root.get("defaults") or []:
+        if isinstance(d, Mapping):
+            items.extend(f"{k}: {v}" for k, v in d.items())
+        elif d != "_self_":
+            items.append(str(d))
+    return ", ".join(items) or "none"
+
+
+def _not_composed(config: Config, root: Mapping[str, Any], why: str, fix: str) -> None:
+    config.findings.append(Finding(
+        "warning", "defaults", "defaults",
+        f"the defaults list ({_defaults_text(root)}) was not followed: {why}. Only what this file itself sets is "
+        "checked; the presets' layer_kernels (anemoi's model for this run) are not seen here", fix))  # fmt: skip
+
+
+def _composed(config: Config, root: Mapping[str, Any], answer: Mapping[str, Any]) -> None:
+    """Fill ``config`` from the child's composition (blocks resolved by OmegaConf itself)."""
+    tree = answer["tree"]
+    model = tree.get("model") if isinstance(tree, Mapping) else None
+    config.composed = True
+    config.choices = dict(answer.get("choices", {}))
+    config.sources = list(answer.get("sources", []))
+    resolved = answer.get("blocks", {})
+    raw = _walk(model) if isinstance(model, Mapping) else []
+    paths = {where for where, _ in raw}
+    written_model = root.get("model") if isinstance(root.get("model"), Mapping) else {}
+    for where, value in raw:
+        parent = _inherits(value, paths, where)
+        if parent is not None:
+            config.blocks.append(Block(where, inherits=parent, source=value))
+            continue
+        block = resolved.get(where, {})
+        if "error" in block:
+            config.findings.append(Finding("error", "interpolation", where, f"Hydra cannot resolve this block: {block['error']}"))
+            continue
+        if "value" in block:
+            _add_block(config, where, block["value"])
+            continue
+        content: dict[str, Any] = {}
+        for key, entry in block.get("entries", {}).items():
+            if isinstance(entry, Mapping) and "__error__" in entry:
+                config.findings.append(Finding("error", "interpolation", f"{where}.{key}",
+                                               f"Hydra cannot resolve this entry: {entry['__error__']}"))  # fmt: skip
+                continue
+            content[key] = entry
+        written = _at(written_model, where.split(".")[1:])
+        _add_block(config, where, content, source=value if isinstance(value, str) else "", written=written)
+    if not raw:
+        config.findings.append(Finding("warning", "entry", "model", "the composed config has no layer_kernels block: "
+                                       "anemoi uses its defaults"))  # fmt: skip
+        config.blocks.append(Block("(anemoi defaults)", content={}))
+
+
+def compose(config_dir: Path, config_name: str, overrides: Sequence[str],
+            timeout: float = COMPOSE_TIMEOUT) -> tuple[dict[str, Any] | None, str, str]:  # fmt: skip
+    """Hydra's composition of ``config_name`` from ``config_dir`` (then the working directory and
+    anemoi-training's packaged presets, as its search-path plugin adds them), in a child:
+    (answer, why not, exception type)."""
+    if _installed("hydra-core") is None:
+        return None, "hydra-core is not installed here", "missing"
+    payload = {"config_dir": str(config_dir.resolve()), "config_name": config_name, "overrides": list(overrides)}
+    result = run_function("kernel_probe.anemoi_compose", "compose", payload, timeout=timeout, memory_limit=COMPOSE_MEMORY)
+    if result.ok:
+        return result.value, "", ""
+    kind = result.raised.get("raised", result.status) if result.raised else result.status
+    return None, result.reason, kind
+
+
+def read_config(path: str | Path, overrides: Sequence[str] = (), *, compose_overlays: bool = True,
+                timeout: float = COMPOSE_TIMEOUT) -> Config:  # fmt: skip
+    """The blocks of the config at ``path``, composed as anemoi-training would where that is what
+    decides the model (an overlay, a model preset extending another, or ``overrides``) and Hydra can
+    run here.
+
+    An overlay is the primary config: composed from its own directory under its own name. A model
+    file is an option of the ``model`` group: composed as ``config`` with ``model=<its name>`` from
+    the directory above its ``model/`` directory, as ``anemoi-training train --config-path DIR
+    model=NAME`` would.
+    """
+    p = Path(path)
+    root = load_config(p)
+    shape = detect_shape(root, p)
+    member = shape == "model-file" and group_member(root, p)
+    if overrides and shape == "model-file" and not member:
+        raise UsageError(f"{p}: overrides ({' '.join(overrides)}) apply to a primary config or to a preset in a "
+                         "config/model/ directory, not to a model file elsewhere",
+                         fix="pass the training config that selects this model (`- model: NAME`), or drop the overrides")  # fmt: skip
+    wants_composition = shape == "overlay" or bool(overrides) or (member and isinstance(root.get("defaults"), list))
+    if not (wants_composition and compose_overlays):
+        config = find_blocks(root, shape)
+        if wants_composition:
+            _not_composed(config, root, "composition was switched off (--no-compose)",
+                          "drop --no-compose to check the model anemoi-training will build")  # fmt: skip
+    else:
+        if member:
+            answer, why, kind = compose(p.resolve().parent.parent, "config", [f"model={p.stem}", *overrides], timeout)
+        else:
+            answer, why, kind = compose(p.parent, p.stem, overrides, timeout)
+        if answer is not None:
+            config = Config(shape=shape)
+            _composed(config, {"model": root} if shape == "model-file" else root, answer)
+        else:
+            training = _installed("anemoi-training")
+            config = find_blocks(root, shape)
+            if kind == "missing":
+                _not_composed(config, root, why, "install hydra-core and anemoi-training (`pip install --no-deps "
+                              "anemoi-training`, as .ci/anemoi-install does) to compose it as training does")  # fmt: skip
+            elif kind == "MissingConfigException" and training is None:
+                _not_composed(config, root, f"anemoi-training is not installed here, so its presets cannot be found ({why})",
+                              "install anemoi-training (`pip install --no-deps anemoi-training`) to compose it as training does")  # fmt: skip
+            else:
+                config.findings.insert(0, Finding("error", "compose", str(p),
+                                                  f"Hydra cannot compose this config as anemoi-training would: {why}",
+                                                  "fix the defaults list or the overrides; `anemoi-training train` "
+                                                  "would fail the same way"))  # fmt: skip
+    config.path = str(p)
+    config.overrides = list(overrides)
+    return config
+
+
+# ---- judging the entries, in a child process -------------------------------------------------------
 def judge_entries(requests: list[dict[str, Any]], timeout: float = DEFAULT_TIMEOUT) -> list[dict[str, Any]]:
     """kernel_lock.anemoi.check_entries in a child; if that child dies, one child per entry says which."""
     if not requests:
         return []
-    results, _ = _child(requests, timeout)
-    if results is not None:
-        return results
+    result = run_function("kernel_lock.anemoi", "check_entries", requests, timeout=timeout)
+    if result.ok:
+        return result.value
     out = []
     for r in requests:
-        one, why_one = _child([r], timeout)
-        if one is None:
-            target = r["entry"].get("_target_") if isinstance(r["entry"], Mapping) else None
-            one = [{"findings": [Finding("error", "import", r["where"], f"importing {target!r} failed: {why_one}",
+        one = run_function("kernel_lock.anemoi", "check_entries", [r], timeout=timeout)
+        if one.ok:
+            out.extend(one.value)
+            continue
+        target = r["entry"].get("_target_") if isinstance(r["entry"], Mapping) else None
+        out.append({"findings": [Finding("error", "import", r["where"], f"importing {target!r} failed: {one.reason}",
                                          "run `kernel-probe env` to see which library is broken here").to_json()],
-                    "facts": {"target": target, "imported": False, "family": None, "defaults": {}}}]  # fmt: skip
-        out.extend(one)
+                    "facts": {"target": target, "imported": False, "family": None, "defaults": {}}})  # fmt: skip
+    return out
+
+
+# ---- what Hydra's merge left behind -----------------------------------------------------------------
+def merge_leftovers(block: Block) -> list[Finding]:
+    """Entries the user's overlay replaces (it sets ``_target_``) where Hydra kept the preset's other
+    keys: Hydra merges mappings key by key, so the old class's kwargs land on the new class."""
+    out = []
+    for key, mine in (block.written or {}).items():
+        if not isinstance(mine, Mapping) or "_target_" not in mine:
+            continue  # an interpolation replaces the entry whole; a partial entry merges on purpose
+        composed = (block.content or {}).get(key)
+        if not isinstance(composed, Mapping):
+            continue
+        left = [k for k in composed if k not in mine]
+        if left:
+            out.append(Finding(
+                "error", "merge", f"{block.where}.{key}",
+                f"Hydra merged this entry into the preset's: {', '.join(map(str, left))} come from the preset, "
+                f"not from this file, and are passed to {mine['_target_']}",
+                "set the entry through an interpolation so that Hydra replaces it whole (what `kernel-probe export "
+                "--config` prints), or delete the keys with `~` overrides"))  # fmt: skip
     return out
 
 
@@ -241,30 +440,42 @@ def judge_entries(requests: list[dict[str, Any]], timeout: float = DEFAULT_TIMEO
 _MISSING = object()
 
 
-def compare_with_lock(where: str, content: Mapping[str, Any], expected: Mapping[str, Mapping[str, Any]],
-                      facts: Mapping[str, Mapping[str, Any]]) -> list[Finding]:  # fmt: skip
-    """Where the block builds something other than what the lock pins (the keys the lock exports).
+def compare_with_lock(block: Block, expected: Mapping[str, Any], facts: Mapping[str, Mapping[str, Any]]) -> list[Finding]:
+    """Where ``block`` builds something other than what the lock pins, for each key the lock exports.
 
-    ``facts[key]`` are the child's facts about the entry the block uses for that key (its own, or
-    anemoi's default when the block does not set it).
+    ``expected[key]`` is the lock's ``Exported`` entry; what the block should hold follows anemoi's
+    wrapper rule (``kernel_lock.anemoi.entry_for``): AutocastLayerNorm agrees with a torch.nn lock,
+    ConditionalLayerNorm is a different layer. ``facts[key]`` are the child's facts about the entry
+    the block uses for that key (its own, or anemoi's default).
     """
+    from kernel_lock.anemoi import ConventionError, entry_for
+
+    content = block.content or {}
     out = []
     for key, want in expected.items():
         have = content.get(key, ANEMOI_DEFAULTS[key])
         if not isinstance(have, Mapping) or not isinstance(have.get("_target_"), str):
             continue  # already an error of the entry itself
-        label = f"{where}.{key}" + ("" if key in content else " (not set: anemoi's default)")
-        fact = facts.get(key, {})
-        if have["_target_"] != want["_target_"]:
-            if fact.get("family") == "conditional":
-                out.append(Finding("note", "lock", label, f"{have['_target_']} is a conditional layer norm, a different "
-                                   "layer rather than a kernel choice; the lock does not cover it"))  # fmt: skip
-                continue
-            out.append(Finding("error", "lock", label, f"builds {have['_target_']}, the lock pins {want['_target_']}",
-                               "use the lock's entry (`kernel-probe export LOCK --format anemoi`), or re-probe"))  # fmt: skip
+        label = f"{block.where}.{key}" + ("" if key in content else " (not set: anemoi's default)")
+        try:
+            should = entry_for(key, want, have, where=label)
+        except ConventionError as exc:
+            out.append(Finding("error", "lock", label, exc.problem, exc.fix or ""))
             continue
-        defaults = fact.get("defaults", {})
-        for name, value in want.items():
+        if should is None:
+            out.append(Finding("note", "lock", label, f"{have['_target_']} is a different layer (not a kernel choice); "
+                               "the lock does not cover it, so it stays"))  # fmt: skip
+            continue
+        if have["_target_"] != should.entry["_target_"]:
+            out.append(Finding("error", "lock", label, f"builds {have['_target_']}, the lock pins {should.entry['_target_']}"
+                               + (f" ({should.note})" if should.note else ""),
+                               "use the lock's entries (`kernel-probe export LOCK --config THIS_CONFIG` prints them for this "
+                               "config), or re-probe"))  # fmt: skip
+            continue
+        if should.entry["_target_"] != want.entry["_target_"]:
+            out.append(Finding("note", "lock", label, should.note))
+        defaults = facts.get(key, {}).get("defaults", {})
+        for name, value in should.entry.items():
             if name == "_target_":
                 continue
             got = have.get(name, defaults.get(name, _MISSING))
@@ -272,8 +483,14 @@ def compare_with_lock(where: str, content: Mapping[str, Any], expected: Mapping[
                 shown = "not set" if name not in have else repr(got)
                 out.append(Finding("error", "lock", f"{label}.{name}",
                                    f"{name} is {shown}" + (f" (default {got!r})" if name not in have and got is not _MISSING else "")
-                                   + f", the lock pins {value!r}", f"set `{name}: {json.dumps(value)}`"))  # fmt: skip
+                                   + f", the lock pins {value!r}", f"set `{name}: {_yaml_scalar(value)}`"))  # fmt: skip
     return out
+
+
+def _yaml_scalar(value: Any) -> str:
+    import json
+
+    return json.dumps(value)
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -33,6 +33,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "lock": ("derive", "derive a lock for inference on this machine: lock --for inference IN OUT"),
 }
 
+# subcommands that pass what follows `--` on to Hydra (anemoi configs)
+TAKES_OVERRIDES = ("check-config", "export")
+
 
 def _epilog() -> str:
     codes = "\n".join(f"  {code}  {text}" for code, text in EXIT_CODES.items())
@@ -66,9 +69,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] in ("-V", "--version"):
         print(f"kernel-probe {__version__}")
         return 0
+    overrides: list[str] = []
     if argv and argv[0] in SUBCOMMANDS:
         parser, run = build_subparser(argv[0])
         rest = argv[1:]
+        if argv[0] in TAKES_OVERRIDES and "--" in rest:  # Hydra overrides: everything after `--`, as written
+            cut = rest.index("--")
+            rest, overrides = rest[:cut], rest[cut + 1:]
     else:
         from .commands import probe
 
@@ -78,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.epilog = f"subcommands (kernel-probe SUBCOMMAND --help):\n{sub}\n\n{_epilog()}"
         run, rest = probe.run_probe, argv
     args = parser.parse_args(rest)  # exits 2 on usage errors
+    args.overrides = overrides
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     output.reset()
     with warnings.catch_warnings():

@@ -167,7 +167,7 @@ def test_processor_builds_the_locks_classes(locks, which, name):
 
 
 @pytest.mark.parametrize("name", ["TransformerProcessor", "GraphTransformerProcessor"])
-def test_qk_norm_export_reaches_query_and_key_norms(locks, name, tmp_path):
+def test_qk_norm_export_reaches_query_and_key_norms(locks, name, tmp_path, monkeypatch):
     from dataclasses import replace
 
     from kp_zoo.norms import GoodLayerNorm
@@ -177,10 +177,14 @@ def test_qk_norm_export_reaches_query_and_key_norms(locks, name, tmp_path):
         layer_kernels(pinned, qk_norm=True)  # a --candidate pins eps only: it cannot be made bias-free
     slot = replace(pinned.slots["LayerNorm"], kwargs={**pinned.slots["LayerNorm"].kwargs, "bias": True})
     replace(pinned, slots={**pinned.slots, "LayerNorm": slot}).sealed().dump(tmp_path / "qk.toml")
+    # anemoi's q/k norms cast their output back to the input dtype: the lock's kernel goes in the
+    # adapter that keeps that cast (one row of data per kernel)
+    monkeypatch.setitem(adapters.AUTOCAST_ADAPTERS, "AutocastGoodLayerNorm", "kp_zoo.norms.GoodLayerNorm")
     proc = build(name, exported_yaml(tmp_path / "qk.toml", "--qk-norm"))
     forward_backward(name, proc)
     _, _, qk = kernel_layers(proc, (), ())
-    assert len(qk) == 4 and all(type(m) is GoodLayerNorm and m.bias is None and m.hidden == C // HEADS for _, m in qk)
+    assert len(qk) == 4 and all(type(m) is adapters.AutocastGoodLayerNorm and isinstance(m, GoodLayerNorm)
+                                and m.bias is None and m.hidden == C // HEADS for _, m in qk)  # fmt: skip
     proc = build(name, exported_yaml(locks["chosen"].path, "--qk-norm"))  # torch.nn: anemoi's AutocastLayerNorm
     _, _, qk = kernel_layers(proc, (), ())
     assert all(type(m) is AutocastLayerNorm and m.bias is None and m.eps == 1e-5 for _, m in qk)
@@ -250,7 +254,7 @@ def test_check_config_knows_anemois_own_classes(locks, tmp_path, capsys):
     code = main(["check-config", str(config), "--lock", str(lock.path)])
     out = capsys.readouterr().out
     assert code == 0, out  # the processor's Linear is anemoi's default, which agrees with the lock
-    assert "ConditionalLayerNorm is a conditional layer norm" in out and "0 error(s)" in out
+    assert "ConditionalLayerNorm is a different layer" in out and "0 error(s)" in out
     assert "model.encoders.0.mapper.layer_kernels: inherits model.layer_kernels" in out
     # anemoi's AutocastLayerNorm takes *args/**kwargs and passes them on: it fits every call site
     config.write_text(yaml.safe_dump({"model": {"layer_kernels": {"LayerNorm": {"_target_": "anemoi.models.layers.normalization.AutocastLayerNorm"},
@@ -264,8 +268,14 @@ def test_readme_section_runs_as_written(locks, tmp_path):
     """README "Using with anemoi": its kernel-probe commands and its Python snippet, as written."""
     import shutil
 
+    pytest.importorskip("anemoi.training", reason="anemoi-training (its presets) is not installed: `bash .ci/anemoi-install`")
+
+    import yaml
+
     # the fixture ran `kernel-probe --out kernel-lock.toml` already: the README's probe reuses that lock
     shutil.copy(locks["chosen"].path, tmp_path / "kernel-lock.toml")
+    # the user's training.yaml: anemoi-training's defaults list, the gnn preset
+    (tmp_path / "training.yaml").write_text(yaml.safe_dump({"defaults": [{"model": "gnn"}, "_self_"]}))
     root = Path(__file__).resolve().parent.parent
     section = (root / "README.md").read_text().split("## Using with anemoi", 1)[1].split("\n## ", 1)[0]
     blocks: dict[str, list[str]] = {"bash": [], "python": []}
@@ -277,15 +287,18 @@ def test_readme_section_runs_as_written(locks, tmp_path):
     commands = [line.split("  #")[0].strip() for line in bash.splitlines() if line.startswith("kernel-probe")]
     assert [c.split()[1] for c in commands] == ["--out", "export", "export", "check-config"]
     for command in commands:
-        if "check-config" in command:  # the exported block under `model:`, as the comment says
-            block = (tmp_path / "layer_kernels.yaml").read_text()
-            (tmp_path / "training.yaml").write_text("model:\n" + "".join(f"  {l}\n" for l in block.splitlines()))
+        if "check-config" in command:  # the printed overlay merged into training.yaml's model node, as step 3 says
+            user = yaml.safe_load((tmp_path / "training.yaml").read_text())
+            user["model"] = yaml.safe_load((tmp_path / "kernel-lock.overlay.yaml").read_text())["model"]
+            (tmp_path / "training.yaml").write_text(yaml.safe_dump(user))
         proc = subprocess.run(["bash", "-c", command.replace("kernel-probe", probe, 1)], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=120)  # fmt: skip
         assert proc.returncode == 0, (command, proc.stdout, proc.stderr)
         if command.startswith("kernel-probe --out"):
             assert "reused without probing" in proc.stderr
-    assert "_target_: torch.nn.LayerNorm" in (tmp_path / "layer_kernels.yaml").read_text()
+        if "check-config" in command:
+            assert "keeps anemoi's AutocastLayerNorm" in proc.stdout and "0 error(s)" in proc.stdout
+    assert "${model.kernel_lock.Linear}" in (tmp_path / "kernel-lock.overlay.yaml").read_text()
     (tmp_path / "snippet.py").write_text(snippet)
     proc = subprocess.run([sys.executable, "snippet.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -14,6 +14,7 @@ import sys
 import warnings
 
 import pytest
+import torch
 import yaml
 
 import kernel_lock
@@ -154,13 +155,24 @@ def test_liger_lock_exports_the_liger_adapter_in_training_mode():
         "_target_": "kernel_lock.adapters.LigerLayerNormAnemoi", "eps": 1e-5}
 
 
-def test_qk_norm():
+def test_qk_norm(monkeypatch):
     # torch.nn.LayerNorm: anemoi's own AutocastLayerNorm (same kernel, output cast back), bias-free
     qk = layer_kernels(load(lock_text()), qk_norm=True)
     assert qk["QueryNorm"] == qk["KeyNorm"] == {"_target_": AUTOCAST_LAYER_NORM, "eps": 1e-5, "elementwise_affine": True, "bias": False}
-    # another library with a bias switch: the lock's class, bias-free
+    # another library: anemoi's q/k norm casts its output back (flash attention needs it), so the lock's
+    # kernel goes in the adapter that keeps that cast, bias-free; without such an adapter, a refusal
+    with pytest.raises(ConventionError, match="no adapter that keeps that behaviour"):
+        layer_kernels(load(lock_text("kp_zoo.norms.GoodLayerNorm")), qk_norm=True)
+    monkeypatch.setitem(adapters.AUTOCAST_ADAPTERS, "AutocastGoodLayerNorm", "kp_zoo.norms.GoodLayerNorm")
     qk = layer_kernels(load(lock_text("kp_zoo.norms.GoodLayerNorm")), qk_norm=True)
-    assert qk["QueryNorm"] == {"_target_": "kp_zoo.norms.GoodLayerNorm", "eps": 1e-5, "elementwise_affine": True, "bias": False}
+    assert qk["QueryNorm"] == {"_target_": "kernel_lock.adapters.AutocastGoodLayerNorm", "eps": 1e-5,
+                               "elementwise_affine": True, "bias": False}
+    from kp_zoo.norms import GoodLayerNorm
+
+    norm = adapters.AutocastGoodLayerNorm(16, bias=False)
+    assert isinstance(norm, GoodLayerNorm) and list(norm.state_dict()) == ["weight"]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert norm(torch.randn(2, 16, dtype=torch.bfloat16)).dtype == torch.bfloat16
     assert "QueryNorm" not in layer_kernels(load(lock_text("kp_zoo.norms.GoodLayerNorm")))
     # no bias switch pinned: it cannot be bias-free like anemoi's q/k norms
     with pytest.raises(ConventionError, match="bias-free"):

@@ -1,0 +1,139 @@
+"""The two anemoi pipelines, as library functions (no printing): check a config, and export a lock for one.
+
+``check_config``: every ``layer_kernels`` block of a config (composed as anemoi-training composes it),
+judged on this machine (keys, imports, signatures, semantics) and, given a lock, against it.
+``export_for_config``: the overlay that puts a lock's entries into a config so that, after Hydra's
+merge, each block holds exactly what the lock says — anemoi's wrappers kept (``entry_for``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernel_lock.anemoi import ANEMOI_DEFAULTS, Exported, Finding, entry_for, export
+from kernel_lock.errors import LockError
+from kernel_lock.lock import KernelLock
+
+from .anemoi_config import (
+    DEFAULT_TIMEOUT,
+    Config,
+    compare_with_lock,
+    judge_entries,
+    merge_leftovers,
+    read_config,
+)
+
+# check-config's exit codes (the global table's meanings, narrowed to this command)
+CHECK_CONFIG_EXIT = {
+    0: "no errors (warnings and notes may be printed)",
+    3: "the config is valid here but disagrees with the lock (or the lock cannot be resolved here)",
+    5: "the config has errors: unreadable or malformed, cannot be composed, unknown keys, targets that do not "
+    "import, signatures that do not fit anemoi's calls, semantics changes, keys left over from a Hydra merge",
+}
+
+# where the overlay keeps the lock's entries; components point at them (an interpolation replaces a
+# preset's entry whole, where a mapping would be merged into it key by key)
+ENTRIES_NODE = "kernel_lock"
+
+
+@dataclass
+class CheckResult:
+    config: Config
+    findings: list[Finding]
+    expected: dict[str, Exported] = field(default_factory=dict)  # what the lock exports, by key
+
+    @property
+    def exit_code(self) -> int:
+        errors = [f for f in self.findings if f.severity == "error"]
+        if any(f.kind != "lock" for f in errors):
+            return 5
+        return 3 if errors else 0
+
+
+def check_config(path: str | Path, overrides: Sequence[str] = (), *, lock: KernelLock | None = None,
+                 mode: str = "training", qk_norm: bool = False, allow_semantics_change: bool = False,
+                 compose: bool = True, timeout: float = DEFAULT_TIMEOUT) -> CheckResult:  # fmt: skip
+    """Judge the config at ``path`` on this machine, and against ``lock`` if given."""
+    config = read_config(path, overrides, compose_overlays=compose)
+    findings: list[Finding] = list(config.findings)
+    expected: dict[str, Exported] = {}
+    if lock is not None:
+        try:
+            expected = {e.key: e for e in export(lock, mode, qk_norm=qk_norm, verify_environment=False)}
+        except LockError as exc:
+            findings.append(Finding("error", "lock", lock.path or "<lock>", f"the lock cannot be resolved here: {exc.problem}",
+                                    exc.fix or ""))  # fmt: skip
+    own = [b for b in config.blocks if b.content is not None]
+    requests: list[dict[str, Any]] = []
+    for b in own:
+        for key, entry in b.content.items():
+            requests.append({"key": key, "entry": entry, "where": f"{b.where}.{key}", "block": b.where, "report": True,
+                             "allow_semantics_change": allow_semantics_change})  # fmt: skip
+        for key in expected:  # anemoi's default stands in for a key the block leaves out
+            if key not in b.content:
+                requests.append({"key": key, "entry": ANEMOI_DEFAULTS[key], "where": f"{b.where}.{key}",
+                                 "block": b.where, "report": False})  # fmt: skip
+    results = judge_entries(requests, timeout=timeout)
+    facts: dict[str, dict[str, Any]] = {b.where: {} for b in own}
+    for req, res in zip(requests, results):
+        facts[req["block"]][req["key"]] = res["facts"]
+        if req["report"]:
+            findings.extend(Finding(**f) for f in res["findings"])
+    for b in own:
+        findings.extend(merge_leftovers(b))
+        if expected:
+            findings.extend(compare_with_lock(b, expected, facts[b.where]))
+    return CheckResult(config, findings, expected)
+
+
+# ---- export for one config ------------------------------------------------------------------------
+@dataclass
+class ConfigExport:
+    """The overlay for one config: ``entries`` (name -> lock entry) and, per block path, the keys set."""
+
+    config: Config
+    entries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    blocks: dict[str, dict[str, str]] = field(default_factory=dict)  # block path -> key -> entry name
+    notes: list[tuple[str, str]] = field(default_factory=list)  # (where, note)
+
+    def overlay(self) -> dict[str, Any]:
+        """The YAML-ready mapping to merge into the config (under ``model:`` unless it is a model file)."""
+        model: dict[str, Any] = {ENTRIES_NODE: dict(self.entries)}
+        for where, keys in self.blocks.items():
+            node = model
+            for part in where.split(".")[1:-1]:  # "model.processor.layer_kernels" -> processor
+                node = node.setdefault(part, {})
+            node["layer_kernels"] = {key: f"${{model.{ENTRIES_NODE}.{name}}}" for key, name in keys.items()}
+        return model if self.config.shape == "model-file" else {"model": model}
+
+
+def export_for_config(lock: KernelLock, path: str | Path, overrides: Sequence[str] = (), *, mode: str = "training",
+                      qk_norm: bool = False, compose: bool = True) -> ConfigExport:  # fmt: skip
+    """The lock's entries for every block of the config at ``path`` (composed as training composes it).
+
+    Raises what :func:`kernel_lock.anemoi.export` raises, and ``ConventionError`` where a block uses
+    an anemoi wrapper the lock's kernel has no adapter for.
+    """
+    config = read_config(path, overrides, compose_overlays=compose)
+    wanted = {e.key: e for e in export(lock, mode, qk_norm=qk_norm)}
+    out = ConfigExport(config)
+    for block in config.blocks:
+        if block.content is None or block.where.startswith("("):
+            continue  # inherits another block, which is handled there
+        for key, want in wanted.items():
+            where = f"{block.where}.{key}"
+            current = block.content.get(key, ANEMOI_DEFAULTS[key])
+            should = entry_for(key, want, current, where=where)
+            if should is None:
+                out.notes.append((where, f"{current['_target_']} is a different layer, not a kernel choice: left as it is"))
+                continue
+            name = key if should.entry == want.entry else f"{key}_{should.entry['_target_'].rpartition('.')[2]}"
+            out.entries.setdefault(name, should.entry)
+            out.blocks.setdefault(block.where, {})[key] = name
+            note = should.note if should.entry != want.entry else want.note
+            if note:
+                out.notes.append((where, note))
+    return out

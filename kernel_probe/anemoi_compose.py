@@ -1,0 +1,81 @@
+"""The child side of reading an anemoi config: Hydra composition, exactly as anemoi-training does it.
+
+Runs in a child process (``kernel_probe.child.run_function``): Hydra and OmegaConf read files and
+expand interpolations, and a hostile or broken config must not take the caller with it. anemoi-training
+composes with ``@hydra.main(config_path=None, config_name="config")`` and its search-path plugin
+(``hydra_plugins.anemoi_searchpath``, installed with it), which appends the working directory and the
+packaged presets (``pkg://anemoi.training/config``) behind the primary ``--config-path``. Here the
+primary config directory is the one holding the user's file and the config name is the file's stem,
+so ``defaults: [model: gnn]`` finds the same preset training would.
+
+Nothing is imported from the model code: composition only reads YAML. The answer is JSON: the
+composed tree with interpolations left as written (so inheritance stays visible), and every
+``layer_kernels`` entry resolved by OmegaConf itself, or the error OmegaConf raised for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+
+def layer_kernels_paths(node: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """Every path to a ``layer_kernels`` key under ``node`` (a plain container), depth first."""
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            here = (*path, str(key))
+            if key == "layer_kernels":
+                yield here
+            else:
+                yield from layer_kernels_paths(value, here)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from layer_kernels_paths(value, (*path, str(i)))
+
+
+def _get(cfg: Any, path: tuple[str, ...]) -> Any:
+    node = cfg
+    for part in path:
+        node = node[int(part)] if isinstance(node, list) or type(node).__name__ == "ListConfig" else node[part]
+    return node
+
+
+def compose(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """``{config_dir, config_name, overrides}`` -> the composed config (see the module docstring)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+
+    with initialize_config_dir(version_base=None, config_dir=payload["config_dir"]):
+        cfg = hydra_compose(config_name=payload["config_name"], overrides=list(payload.get("overrides", [])),
+                            return_hydra_config=True)  # fmt: skip
+    runtime = cfg.hydra.runtime
+    choices = {str(k): str(v) for k, v in OmegaConf.to_container(runtime.choices).items()
+               if not str(k).startswith("hydra/") and v is not None}  # fmt: skip
+    sources = [f"{s.provider}: {s.path}" for s in runtime.config_sources if s.provider not in ("hydra", "schema")]
+    with open_dict(cfg):
+        del cfg["hydra"]
+    tree = OmegaConf.to_container(cfg, resolve=False)
+    blocks: dict[str, Any] = {}
+    for path in layer_kernels_paths(tree):
+        dotted = ".".join(path)
+        entries: dict[str, Any] = {}
+        try:
+            block = _get(cfg, path)
+        except Exception as exc:  # the block itself is an interpolation that does not resolve
+            blocks[dotted] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        if block is None:
+            blocks[dotted] = {"entries": {}}
+            continue
+        if not isinstance(block, DictConfig):
+            blocks[dotted] = {"value": OmegaConf.to_container(block, resolve=False) if isinstance(block, ListConfig) else block}
+            continue
+        for key in block.keys():
+            try:
+                value = block[key]
+                entries[str(key)] = OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
+            except Exception as exc:  # anemoi would fail on exactly this entry
+                entries[str(key)] = {"__error__": f"{type(exc).__name__}: {exc}"}
+        blocks[dotted] = {"entries": entries}
+    return {"tree": tree, "blocks": blocks, "choices": choices, "sources": sources}
