@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 from typing import Any, Callable
 
 import torch
@@ -113,6 +114,50 @@ def autocast_adapter(base: type, name: str) -> type:
     return type(base)(name, (base,), {"forward": forward, "__module__": __name__, "__qualname__": name, "__doc__": doc})
 
 
+# ---- torch.nn's initialisation ----------------------------------------------------------------------
+# A library class that computes the right thing but starts its parameters elsewhere (transformer-
+# engine's Linear draws its weight from N(0, 0.023) and zeroes its bias, where torch.nn.Linear draws
+# both from U(-1/sqrt(in), 1/sqrt(in))) changes every model trained from scratch. These adapters are
+# the library class re-initialised the torch.nn way after its own constructor: same parameters, same
+# state dict, same forward. adapter name -> (the library class, the semantics whose init it restores)
+TORCH_INIT_ADAPTERS: dict[str, tuple[str, str]] = {
+    "TELinear": ("transformer_engine.pytorch.Linear", "linear"),
+}
+
+
+def torch_init(module: nn.Module, semantics: str) -> None:
+    """Set ``module``'s ``weight``/``bias`` as torch.nn's module of that semantics initialises them."""
+    weight = getattr(module, "weight", None)
+    bias = getattr(module, "bias", None)
+    with torch.no_grad():
+        if semantics == "linear":
+            if weight is not None:
+                nn.init.kaiming_uniform_(weight, a=math.sqrt(5))  # torch.nn.Linear.reset_parameters
+                if bias is not None:
+                    fan_in = weight.shape[1]
+                    bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+                    nn.init.uniform_(bias, -bound, bound)
+        else:
+            if weight is not None:
+                nn.init.ones_(weight)
+            if bias is not None:
+                nn.init.zeros_(bias)
+
+
+def torch_init_adapter(base: type, semantics: str, name: str, module: str = __name__) -> type:
+    """A subclass of ``base`` whose fresh parameters start where torch.nn's do (see ``torch_init``)."""
+
+    def __init__(self, *args, **kwargs):
+        base.__init__(self, *args, **kwargs)
+        torch_init(self, semantics)
+
+    __init__.__signature__ = inspect.signature(base.__init__)  # type: ignore[attr-defined]
+    __init__.__qualname__ = f"{name}.__init__"
+    doc = (f"``{base.__module__}.{base.__qualname__}``, its parameters initialised as torch.nn's {semantics} "
+           "initialises them. Same parameters, state dict and forward.")  # fmt: skip
+    return type(base)(name, (base,), {"__init__": __init__, "__module__": module, "__qualname__": name, "__doc__": doc})
+
+
 def _class(target: str) -> type:
     module_name, _, attr = target.rpartition(".")
     if module_name == __name__:
@@ -126,6 +171,9 @@ def __getattr__(name: str) -> type:
         cls = normalized_shape_adapter(_class(target), size_param, name)
     elif name in AUTOCAST_ADAPTERS:
         cls = autocast_adapter(_class(AUTOCAST_ADAPTERS[name]), name)
+    elif name in TORCH_INIT_ADAPTERS:
+        target, semantics = TORCH_INIT_ADAPTERS[name]
+        cls = torch_init_adapter(_class(target), semantics, name)
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = cls  # built once per process
@@ -133,4 +181,4 @@ def __getattr__(name: str) -> type:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *SIZE_ADAPTERS, *AUTOCAST_ADAPTERS})
+    return sorted({*globals(), *SIZE_ADAPTERS, *AUTOCAST_ADAPTERS, *TORCH_INIT_ADAPTERS})

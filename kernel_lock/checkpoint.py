@@ -12,8 +12,10 @@ Not imported by ``import kernel_lock``; torch is never imported here.
 from __future__ import annotations
 
 import logging
+import re
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import LockFormatError
@@ -67,66 +69,151 @@ def lock_from_checkpoint(checkpoint: Mapping[str, Any], *, where: str = "<checkp
     return lock
 
 
-MIGRATIONS = ("drop",)  # the state-dict migration rules this kernel_lock applies: 'drop:<key name>'
+# The state-dict migration rules this kernel_lock applies, written from the training implementation's
+# keys to its twin's (the probe finds them by matching keys and shapes; docs/lock-format.md):
+#   drop:<key>         the key has no counterpart in the twin (transformer-engine's _extra_state)
+#   rename:<a>-><b>    the parameter is stored as <a>, the twin calls it <b> (gamma -> weight)
+#   transpose:<b>      the twin's <b> is the transpose of what is stored (a weight kept as (in, out))
+# Keys are local to the module (they may contain dots: norm.weight); applied in that order.
+MIGRATIONS = ("drop", "rename", "transpose")
+_KEY = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_0-9][\w]*)*$")
 
 
-def migration_rules(slot: Any, *, path: str | None = None) -> list[tuple[str, str]]:
-    """A twin's migration as (kind, argument) pairs; an unknown rule is a LockFormatError."""
+@dataclass(frozen=True)
+class Rule:
+    kind: str  # drop | rename | transpose
+    key: str  # the stored key (drop, rename) or the twin's key (transpose)
+    new: str = ""  # rename: the twin's key
+
+    def __str__(self) -> str:
+        return f"rename:{self.key}->{self.new}" if self.kind == "rename" else f"{self.kind}:{self.key}"
+
+
+def parse_rule(text: str) -> Rule | None:
+    """A migration rule from its text, or None when it is not one this kernel_lock applies."""
+    kind, _, arg = text.partition(":")
+    if kind == "rename":
+        old, sep, new = arg.partition("->")
+        if sep and _KEY.match(old) and _KEY.match(new) and old != new:
+            return Rule(kind, old, new)
+        return None
+    if kind in ("drop", "transpose") and _KEY.match(arg):
+        return Rule(kind, arg)
+    return None
+
+
+def migration_rules(slot: Any, *, path: str | None = None) -> list[Rule]:
+    """A twin's migration as rules; an unknown rule is a LockFormatError."""
     twin = slot.twin
     if twin is None or twin.state_dict != "migrate":
         return []
     rules = []
-    for i, rule in enumerate(twin.migration):
-        kind, _, arg = rule.partition(":")
-        if kind not in MIGRATIONS or not arg or "." in arg:
+    for i, text in enumerate(twin.migration):
+        rule = parse_rule(text)
+        if rule is None:
             raise LockFormatError(
-                f"unknown state-dict migration {rule!r}",
+                f"unknown state-dict migration {text!r}",
                 path=path,
                 key=f"slots.{slot.name}.twin.migration[{i}]",
-                fix="the rules this kernel_lock applies are 'drop:<key name>', e.g. 'drop:_extra_state'",
+                fix="the rules this kernel_lock applies are 'drop:<key>', 'rename:<old>-><new>' and 'transpose:<key>' "
+                "(docs/lock-format.md); a newer kernel-probe may write others: upgrade kernel_lock",
             )
-        rules.append((kind, arg))
+        rules.append(rule)
     return rules
 
 
-def _drop_suffixes(lock: KernelLock) -> dict[str, str]:
-    """Key suffix -> the slot whose twin migration drops it (``drop:<suffix>`` rules)."""
-    out: dict[str, str] = {}
-    for name, slot in lock.slots.items():
-        for kind, arg in migration_rules(slot, path=lock.path):
-            if kind == "drop":
-                out[arg] = name
+def migrate_module_state(state: Mapping[str, Any], rules: Iterable[Rule]) -> dict[str, Any]:
+    """One module's state dict (local keys), stored by the training implementation, in its twin's layout."""
+    out = dict(state)
+    rules = list(rules)
+    for rule in rules:
+        if rule.kind == "drop":
+            out.pop(rule.key, None)
+    for rule in rules:
+        if rule.kind == "rename" and rule.key in out:
+            out[rule.new] = out.pop(rule.key)
+    for rule in rules:
+        if rule.kind == "transpose" and rule.key in out and getattr(out[rule.key], "dim", lambda: 0)() == 2:
+            out[rule.key] = out[rule.key].t().contiguous()
     return out
+
+
+def _suffix(key: str, local: str) -> str | None:
+    """The module prefix of ``key`` if it ends with the local key ``local`` ('' or 'a.b.'), else None."""
+    if key == local:
+        return ""
+    if key.endswith("." + local):
+        return key[: -len(local)]
+    return None
+
+
+def _shape(value: Any) -> tuple[int, ...] | None:
+    shape = getattr(value, "shape", None)
+    return tuple(shape) if shape is not None else None
 
 
 def migrate_state_dict(state_dict: Mapping[str, Any], lock: KernelLock, model: Any) -> OrderedDict[str, Any]:
     """``state_dict`` (saved under ``lock``) made loadable into ``model`` (rebuilt in inference mode).
 
-    The rule is deliberately narrow: a key is dropped when ``model`` does not expect it *and* its last
-    component is named by a ``drop:<name>`` migration of a slot whose twin has ``state-dict =
-    "migrate"`` (transformer-engine's ``_extra_state``). Every other key is kept, so anything else
-    that does not fit still fails ``load_state_dict(strict=True)`` loudly. ``model`` is an
-    ``nn.Module`` or the collection of its state-dict keys; where a slot was not substituted (the
-    library is installed here), its module still has the key and the key is kept. ``state_dict`` is
-    not modified; the dropped keys are logged (INFO, logger ``kernel_lock``).
+    The rules are the lock's twin migrations (slots whose twin has ``state-dict = "migrate"``), and
+    they apply only where ``model`` says they must: a key is dropped when ``model`` does not expect it
+    and a ``drop:`` rule names it; renamed when ``model`` expects the new name and not the old;
+    transposed when ``model`` expects the transposed shape. Every other key is kept as it is, so
+    anything else that does not fit still fails ``load_state_dict(strict=True)`` loudly. ``model`` is
+    an ``nn.Module``, a mapping of its state-dict keys to tensors (or shapes), or the collection of its
+    keys (then shapes are unknown and no transpose applies). Where a slot was not substituted (the
+    library is installed here), its module still has the stored keys and they are kept.
+    ``state_dict`` is not modified; what was migrated is logged (INFO, logger ``kernel_lock``).
 
     ``lock`` is the lock the state dict was saved under (what :func:`lock_from_checkpoint` returns),
     or an inference lock derived from it: a derived lock keeps each substituted slot's twin record.
     """
-    expected: Iterable[str] = model.state_dict().keys() if hasattr(model, "state_dict") else model
-    wanted = set(expected)
-    suffixes = _drop_suffixes(lock)
+    if hasattr(model, "state_dict"):
+        expected: dict[str, Any] = {k: _shape(v) for k, v in model.state_dict().items()}
+    elif isinstance(model, Mapping):
+        expected = {k: (tuple(v) if isinstance(v, (tuple, list)) else _shape(v)) for k, v in model.items()}
+    else:
+        expected = {k: None for k in model}
+    rules = [(name, rule) for name, slot in lock.slots.items() for rule in migration_rules(slot, path=lock.path)]
     out: OrderedDict[str, Any] = OrderedDict()
-    dropped = []
+    done = []
     for key, value in state_dict.items():
-        last = key.rpartition(".")[2]
-        if key not in wanted and last in suffixes:
-            dropped.append(f"{key} ({suffixes[last]} twin: drop:{last})")
-            continue
-        out[key] = value
-    if dropped:
-        log.info("kernel_lock: state-dict migration dropped %d key(s): %s", len(dropped), ", ".join(dropped))
+        new_key, new_value, how = _migrate_one(key, value, rules, expected)
+        if how:
+            done.append(f"{key}: {how}")
+        if new_key is not None:
+            out[new_key] = new_value
+    if done:
+        log.info("kernel_lock: state-dict migration: %s", "; ".join(done))
     metadata = getattr(state_dict, "_metadata", None)  # module versions torch keeps beside the tensors
     if metadata is not None:
         out._metadata = metadata  # type: ignore[attr-defined]
     return out
+
+
+def _fits(value: Any, shape: tuple[int, ...] | None) -> bool:
+    return shape is None or _shape(value) is None or _shape(value) == shape
+
+
+def _migrate_one(key: str, value: Any, rules: list[tuple[str, Rule]], expected: Mapping[str, Any]) -> tuple[str | None, Any, str]:
+    if key in expected and _fits(value, expected[key]):
+        return key, value, ""
+    for slot, rule in rules:
+        prefix = _suffix(key, rule.key)
+        if prefix is None:
+            continue
+        if rule.kind == "drop" and key not in expected:
+            return None, value, f"dropped ({slot} twin: {rule})"
+        if rule.kind == "rename" and key not in expected and prefix + rule.new in expected:
+            new_key = prefix + rule.new
+            how = f"-> {new_key} ({slot} twin: {rule})"
+            turned = [r for s, r in rules if s == slot and r.kind == "transpose" and r.key == rule.new]
+            shape = expected[new_key]
+            if turned and shape is not None and _shape(value) is not None and tuple(reversed(_shape(value))) == shape:
+                return new_key, value.t().contiguous(), how + f", {turned[0]}"
+            return new_key, value, how
+        if rule.kind == "transpose" and key in expected:
+            shape = expected[key]
+            if shape is not None and _shape(value) is not None and tuple(reversed(_shape(value))) == shape:
+                return key, value.t().contiguous(), f"transposed ({slot} twin: {rule})"
+    return key, value, ""

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from . import _toml
 from .errors import LockFormatError, LockVersionError, LockWarning, TargetNotAllowed
 
-LOCK_VERSION = "1.0"
+LOCK_VERSION = "1.1"  # 1.1: slots may record accepted-changes; migrations rename/transpose
 SLOTS = ("LayerNorm", "RMSNorm", "Linear")
 SEMANTICS = ("layer_norm", "rms_norm", "linear")
 MATCH_RULES = ("exact", "compatible", "ignore")
@@ -334,10 +334,11 @@ class Slot:
     evidence: tuple[Mapping[str, Any], ...] = ()
     timing: tuple[Mapping[str, Any], ...] = ()
     rejected: tuple[Candidate, ...] = ()
+    changes: tuple[str, ...] = ()  # what the implementation changes besides numbers, accepted explicitly
 
     _KEYS = (
-        "implementation", "target", "semantics", "kwargs", "requires", "devices", "reason", "twin", "evidence", "timing",
-        "rejected",
+        "implementation", "target", "semantics", "kwargs", "requires", "devices", "reason", "accepted-changes", "twin",
+        "evidence", "timing", "rejected",
     )  # fmt: skip
 
     @classmethod
@@ -359,6 +360,7 @@ class Slot:
             devices=_strings(ctx, d, "devices", path),
             twin=Twin._from_dict(ctx, twin_d, f"{path}twin.", trusted) if twin_d is not None else None,
             reason=_get(ctx, d, "reason", str, path, default=""),
+            changes=_strings(ctx, d, "accepted-changes", path),
             evidence=tuple(_record(ctx, r, p) for p, r in _tables(ctx, d, "evidence", path)),
             timing=tuple(_record(ctx, r, p) for p, r in _tables(ctx, d, "timing", path)),
             rejected=tuple(Candidate._from_dict(ctx, r, p) for p, r in _tables(ctx, d, "rejected", path)),
@@ -383,6 +385,8 @@ class Slot:
             "devices": list(self.devices),
             "reason": self.reason,
         }
+        if self.changes:
+            out["accepted-changes"] = list(self.changes)
         if self.twin is not None:
             out["twin"] = self.twin.to_dict()
         if self.evidence:

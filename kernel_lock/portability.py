@@ -127,13 +127,9 @@ def _wrapper_for(cls: type, twin_target: str) -> str | None:
 
 
 def _migrated(state: Mapping[str, Any], slot: Slot) -> dict[str, Any]:
-    from .checkpoint import migration_rules
+    from .checkpoint import migrate_module_state, migration_rules
 
-    out = dict(state)
-    for kind, arg in migration_rules(slot):
-        if kind == "drop":
-            out.pop(arg, None)
-    return out
+    return migrate_module_state(state, migration_rules(slot))
 
 
 def _module_eps(module: Any) -> float | None:

@@ -117,7 +117,9 @@ BUILTIN: tuple[Candidate, ...] = (
               twin_kwargs={"eps": "$eps", "elementwise_affine": True, "bias": True}, **_TE),
     Candidate("te.rms_norm", ("RMSNorm",), "rms_norm", "transformer_engine.pytorch.RMSNorm",
               kwargs={"eps": "$eps"}, twin_target="torch.nn.RMSNorm", twin_kwargs=_TORCH_RMS, **_TE),
-    Candidate("te.linear", ("Linear",), "linear", "transformer_engine.pytorch.Linear", args=_LINEAR_ARGS,
+    # TE's Linear draws its weight from N(0, 0.023) and zeroes its bias: kernel_lock.adapters.TELinear
+    # is that class initialised as torch.nn.Linear is (same state dict), so a model starts the same
+    Candidate("te.linear", ("Linear",), "linear", "kernel_lock.adapters.TELinear", args=_LINEAR_ARGS,
               kwargs={"bias": "$bias"}, twin_target="torch.nn.Linear", twin_kwargs={"bias": "$bias"}, **_TE),
     # NVIDIA apex (recognised by its module, not the distribution name: PyPI's `apex` is unrelated)
     Candidate("apex.layer_norm", ("LayerNorm",), "layer_norm", "apex.normalization.FusedLayerNorm",

@@ -1,16 +1,28 @@
-"""Run the correctness kernels for every candidate of every slot, isolated, and collect verdicts."""
+"""Run the correctness kernels for every candidate of every slot, isolated, and collect verdicts.
+
+Per candidate: the import (its own time budget: a library that hangs on import costs
+``IMPORT_TIMEOUT``), then the checks (``CHECK_TIMEOUT``, more for torch.compile candidates, whose
+first calls compile), then the verdict: the rows judged by ``judge``, and the candidate-level facts
+decided here — a state dict with no mapping onto torch.nn's, an initialisation that differs.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
 from .candidates import SLOT_SEMANTICS, Candidate, for_slot
-from .judge import Verdict, judge_row, worst_status
-from .worker import DEFAULT_TIMEOUT, Worker, WorkerDied
+from .judge import Policy, Verdict, judge_row, worst_status
+from .layout import Layout
+from .worker import Worker, WorkerDied
+
+IMPORT_TIMEOUT = 20.0  # seconds an import may take: a library that hangs costs this much of job start
+CHECK_TIMEOUT = 30.0  # seconds the checks of one candidate may take once imported
+COMPILED_FACTOR = 4  # torch.compile candidates compile on their first calls: their checks get 4x the budget
 
 DTYPE_NAMES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
                "fp16": "float16", "float16": "float16"}  # fmt: skip
@@ -51,6 +63,15 @@ class Report:
     verdicts: list[Verdict] = field(default_factory=list)
     source: str = "builtin"
     candidate: Candidate | None = None
+    seconds: float | None = None  # wall time of this candidate's import and checks
+    migration: tuple[str, ...] = ()  # its state dict onto torch.nn's (the layout's rules)
+    changes: list[str] = field(default_factory=list)  # accepted changes besides numbers, recorded in the lock
+
+    @property
+    def deterministic(self) -> bool | None:
+        """True when every measured row was bitwise repeatable; None when nothing was measured."""
+        measured = [v.deterministic for v in self.verdicts if v.deterministic is not None]
+        return all(measured) if measured else None
 
     @property
     def twin(self) -> dict[str, Any]:
@@ -73,6 +94,10 @@ class Report:
             "reasons": self.reasons,
             "source": self.source,
             "worst_error_ratio": self.worst_ratio(),
+            "deterministic": self.deterministic,
+            "seconds": None if self.seconds is None else round(self.seconds, 3),
+            "migration": list(self.migration),
+            "changes": list(self.changes),
             "twin": self.twin,
             "evidence": [v.to_json() for v in self.verdicts],
         }
@@ -104,8 +129,21 @@ def _with_reasons(report: Report) -> Report:
 
 
 def check_candidate(cand: Candidate, slot: str, device: str, plan: list[tuple[str, str]], worker: Worker, *,
-                    timeout: float = DEFAULT_TIMEOUT, with_compile: bool = False,
-                    canonical: Mapping[str, Any] | None = None, hidden: int | None = None) -> Report:  # fmt: skip
+                    timeout: float = CHECK_TIMEOUT, import_timeout: float = IMPORT_TIMEOUT, with_compile: bool = False,
+                    canonical: Mapping[str, Any] | None = None, hidden: int | None = None,
+                    policy: Policy = Policy(), baseline: Candidate | None = None) -> Report:  # fmt: skip
+    """The verdict on one candidate for one slot; ``seconds`` says how long it took."""
+    start = time.perf_counter()
+    report = _check_candidate(cand, slot, device, plan, worker, timeout=timeout, import_timeout=import_timeout,
+                              with_compile=with_compile, canonical=canonical, hidden=hidden, policy=policy,
+                              baseline=baseline)  # fmt: skip
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _check_candidate(cand: Candidate, slot: str, device: str, plan: list[tuple[str, str]], worker: Worker, *,
+                     timeout: float, import_timeout: float, with_compile: bool, canonical: Mapping[str, Any] | None,
+                     hidden: int | None, policy: Policy, baseline: Candidate | None) -> Report:  # fmt: skip
     base = dict(id=cand.id, target=cand.target, slot=slot, semantics=cand.semantics, device=device,
                 source=cand.source, candidate=cand)  # fmt: skip
     expected = SLOT_SEMANTICS[slot]
@@ -117,7 +155,8 @@ def check_candidate(cand: Candidate, slot: str, device: str, plan: list[tuple[st
     if cand.devices and device not in cand.devices:
         why = f"runs on {', '.join(cand.devices)}; this device is {device}"
         try:
-            tried = worker.call({"op": "try", "candidate": cand.to_json(), "slot": slot, "device": device}, timeout)
+            tried = worker.call({"op": "try", "candidate": cand.to_json(), "slot": slot, "device": device},
+                                import_timeout + timeout)  # fmt: skip
             if tried.get("ran"):
                 why += "; it ran here, but " + (cand.note or "not as the kernel it is declared to be") + ", so it is not offered"
             else:
@@ -130,29 +169,72 @@ def check_candidate(cand: Candidate, slot: str, device: str, plan: list[tuple[st
             "torch.compile candidates are not probed on CPU by default (each shape and dtype costs seconds "
             "of C++ compilation); pass --with-compile to include them"], **base)  # fmt: skip
     try:
+        imported = worker.call({"op": "import", "target": cand.target}, import_timeout)
+    except WorkerDied as exc:
+        return Report(status=exc.status, reasons=[f"importing {cand.target}: {exc.reason} (import budget "
+                                                  f"{import_timeout:g} s)" if exc.status == "timeout" else exc.reason], **base)  # fmt: skip
+    if not imported.get("ok"):
+        status = "unavailable" if imported.get("kind") == "import" else "crashed"
+        return Report(status=status, reasons=[f"import of {cand.target} failed: {imported['error']}"], **base)
+    budget = timeout * (COMPILED_FACTOR if cand.compiled else 1)
+    try:
         request = {"op": "check", "candidate": cand.to_json(), "slot": slot, "device": device,
                    "dtypes": plan, "canonical": dict(canonical or {})}  # fmt: skip
         if hidden is not None:  # e.g. 64: anemoi's QueryNorm/KeyNorm normalise over head_dim
             request["hidden"] = hidden
-        raw = worker.call(request, timeout)
+        if baseline is not None:  # the reference torch.nn class (tests: a reference with CUDA's autocast policy)
+            request["baseline"] = baseline.to_json()
+        raw = worker.call(request, budget)
     except WorkerDied as exc:
-        return Report(status=exc.status, reasons=[exc.reason], **base)
-    if raw.get("phase") == "import":
+        reason = f"checks: {exc.reason} (check budget {budget:g} s)" if exc.status == "timeout" else exc.reason
+        return Report(status=exc.status, reasons=[reason], **base)
+    return judge_candidate(raw, cand, slot, device, policy, base)
+
+
+def judge_candidate(raw: Mapping[str, Any], cand: Candidate, slot: str, device: str, policy: Policy,
+                    base: Mapping[str, Any]) -> Report:  # fmt: skip
+    """The verdict from the worker's measurements: candidate-level facts first, then the rows."""
+    phase = raw.get("phase")
+    if phase == "import":
         status = "unavailable" if raw["kind"] == "import" else "crashed"
         return Report(status=status, reasons=[f"import of {cand.target} failed: {raw['error']}"], **base)
-    verdicts = [judge_row(cand.id, device, cand.semantics, row) for row in raw["rows"]]
-    report = Report(status=worst_status([v.status for v in verdicts]), verdicts=verdicts, **base)
-    return _with_reasons(report)
+    if phase == "baseline":
+        return Report(status="skipped", reasons=[raw["error"]], **base)
+    if phase == "build":
+        return Report(status="crashed", reasons=[f"building {cand.target} raised {raw['error']}"], **base)
+    layout = Layout.from_json(raw["layout"])
+    if not layout.ok:
+        return Report(status="rejected", reasons=[f"layout: {layout.problem()}"], **base)
+    verdicts = [judge_row(cand.id, device, cand.semantics, row, policy) for row in raw["rows"]]
+    report = Report(status=worst_status([v.status for v in verdicts]), verdicts=verdicts, migration=layout.rules, **base)
+    report = _with_reasons(report)
+    init = list(raw.get("init") or [])
+    if init:
+        if policy.allow_init_change:
+            report.changes.extend(f"initialisation: {d} (accepted with --allow-init-change)" for d in init)
+        else:
+            report.reasons.insert(0, "initialisation differs from torch.nn's, so every model trained from scratch "
+                                  f"changes: {'; '.join(init)} (pass --allow-init-change to accept and record it)")  # fmt: skip
+            if report.status == "accepted":
+                report.status = "rejected"
+    for v in verdicts:
+        for change in v.changes:
+            line = f"{v.dtype}/{v.regime}: {change}"
+            if line not in report.changes:
+                report.changes.append(line)
+    return report
 
 
 def check_all(slots: Iterable[str], candidates: list[Candidate], device: str, plan: list[tuple[str, str]], *,
-              timeout: float = DEFAULT_TIMEOUT, with_compile: bool = False, worker: Worker | None = None,
-              canonical: Mapping[str, Mapping[str, Any]] | None = None, hidden: int | None = None,
+              timeout: float = CHECK_TIMEOUT, import_timeout: float = IMPORT_TIMEOUT, with_compile: bool = False,
+              worker: Worker | None = None, canonical: Mapping[str, Mapping[str, Any]] | None = None,
+              hidden: int | None = None, policy: Policy = Policy(), baselines: Mapping[str, Candidate] | None = None,
               progress: Callable[[str, str], None] | None = None) -> dict[str, list[Report]]:  # fmt: skip
     """Verdicts for every candidate of every slot. One worker serves them all unless one dies."""
     own = worker is None
     worker = worker or Worker()
     try:
+        worker.call({"op": "ping"})  # start it now: its start-up (importing torch) is no candidate's time
         out: dict[str, list[Report]] = {}
         for slot in slots:
             out[slot] = []
@@ -160,8 +242,9 @@ def check_all(slots: Iterable[str], candidates: list[Candidate], device: str, pl
                 if progress:
                     progress(slot, cand.id)
                 out[slot].append(check_candidate(cand, slot, device, plan, worker, timeout=timeout,
-                                                 with_compile=with_compile, canonical=(canonical or {}).get(slot),
-                                                 hidden=hidden))  # fmt: skip
+                                                 import_timeout=import_timeout, with_compile=with_compile,
+                                                 canonical=(canonical or {}).get(slot), hidden=hidden, policy=policy,
+                                                 baseline=(baselines or {}).get(slot)))  # fmt: skip
         return out
     finally:
         if own:

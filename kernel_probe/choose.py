@@ -13,6 +13,8 @@ choose the same. Among candidates that clear the margin the lowest score wins; e
 candidate declared first. ``--pin SLOT=ID`` forces an accepted candidate whatever its speed;
 ``--prefer SLOT=ID`` takes it when it is accepted and not slower than the default by more than the
 margin. A pinned or preferred candidate that is not accepted is an error, never silently dropped.
+``--deterministic`` keeps only candidates whose forward and backward were bitwise repeatable in every
+checked dtype; a pinned or preferred one that is not is an error.
 """
 
 from __future__ import annotations
@@ -65,10 +67,11 @@ def _worst_shape(rows, base_rows, shapes) -> tuple[str, float]:
 
 def choose(slot: str, reports: list[Report], timings: Mapping[str, list[Mapping[str, Any]]], shapes: list[str],
            dtype: str, default_id: str, *, pin: str | None = None, prefer: str | Sequence[str] | None = None,
-           origin: str = "--pin", strict_prefer: bool = True) -> Choice:  # fmt: skip
+           origin: str = "--pin", strict_prefer: bool = True, deterministic: bool = False) -> Choice:  # fmt: skip
     """``prefer`` may be an ordered list (a profile's preferences): the first preferred candidate
     that is eligible and within the margin wins. With ``strict_prefer`` (the command line), a
-    preferred candidate that is not accepted is an error; a profile's list just moves on."""
+    preferred candidate that is not accepted is an error; a profile's list just moves on.
+    ``deterministic`` restricts the choice to bitwise repeatable candidates."""
     by_id = {r.id: r for r in reports}
     prefers = [prefer] if isinstance(prefer, str) else list(prefer or ())
     checks = [(pin, "pinned")] + ([(p, "preferred") for p in prefers] if strict_prefer else [])
@@ -85,17 +88,27 @@ def choose(slot: str, reports: list[Report], timings: Mapping[str, list[Mapping[
                 f"{origin} {slot}={forced}: the candidate is {r.status} on this machine: {'; '.join(r.reasons[:3]) or 'no reason recorded'}",
                 fix=f"remove the {kind[:-2]} or fix the candidate; a {kind} kernel is never silently replaced",
             )
-    eligible = [r for r in reports if r.status == "accepted" and _ok_timings(timings.get(r.id), shapes)]
+        if deterministic and r.deterministic is not True:
+            why = "; ".join(n for v in r.verdicts for n in v.notes if n.startswith("not deterministic")) or "not measured"
+            raise ProbeError(
+                f"{origin} {slot}={forced}: --deterministic, but the candidate is not bitwise repeatable here ({why})",
+                fix=f"remove the {kind[:-2]}, or drop --deterministic (and the profile's `deterministic = true`)",
+            )
+    eligible = [r for r in reports if r.status == "accepted" and _ok_timings(timings.get(r.id), shapes)
+                and (r.deterministic is True or not deterministic)]  # fmt: skip
     if pin is not None:
         return Choice(slot, by_id[pin], "pinned", f"{pin} pinned by {origin}")
     if not eligible:
-        raise ProbeError(f"no candidate for {slot} was both accepted and timed on this machine",
+        what = "accepted, deterministic and timed" if deterministic else "both accepted and timed"
+        raise ProbeError(f"no candidate for {slot} was {what} on this machine",
                          fix="run `kernel-probe check --slot " + slot + "` to see every verdict and its reasons")  # fmt: skip
     default = next((r for r in eligible if r.id == default_id), None)
-    if default is None:  # torch.nn itself failed here: take the fastest eligible, say so
+    if default is None:  # torch.nn itself failed here (or is not deterministic): take the fastest eligible, say so
         base = eligible[0]
         best = min(eligible, key=lambda r: (_score(timings[r.id], timings[base.id], shapes)[0], eligible.index(r)))
-        return Choice(slot, best, "fastest", f"{best.id} fastest accepted candidate; the default {default_id} was not accepted here")
+        why = "not deterministic here (--deterministic)" if deterministic and any(
+            r.id == default_id and r.status == "accepted" for r in reports) else "not accepted here"  # fmt: skip
+        return Choice(slot, best, "fastest", f"{best.id} fastest accepted candidate; the default {default_id} was {why}")
     scores: dict[str, float] = {}
     margins: dict[str, float] = {}
     clear: list[tuple[float, int, Report]] = []

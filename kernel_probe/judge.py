@@ -11,9 +11,18 @@ relative to the largest reference value) keeps exact-ish cases from demanding bi
 atol per dtype cannot do this: torch.nn's own bf16 dweight error on rows of tiny variance is ~0.25
 while its fp32 output error is ~1e-7. Errors are normwise relative: max|got - ref| / max|ref|.
 
-Besides errors, these flags fail a candidate outright: it modified its input, its backward modified
-grad_output (a residual's gradient would be corrupted), or its output dtype differs from torch.nn's
-in the same regime (under autocast too: a silent change of precision downstream).
+Besides errors, these flags fail a candidate outright: it modified its input, or its backward modified
+grad_output (a residual's gradient would be corrupted).
+
+An output dtype different from torch.nn's in the same regime is judged by its consequence (norms):
+the errors of the two small blocks a norm sits in — pre-norm ``x + Linear(Norm(x))`` and post-norm
+``Norm(x + Linear(x))`` — against float64, under the same tolerance model. Within it, the candidate is
+accepted with a note naming the dtype difference and the block error ratios; beyond it, rejected with
+the block's figures. ``Policy.strict_dtype`` (``--strict-dtype``) rejects any dtype difference, as does
+a slot without blocks (Linear).
+
+Also recorded, not judged here: whether two runs are bitwise equal (``deterministic``). Decided per
+candidate in ``checker``: the parameter layout and the initialisation.
 """
 
 from __future__ import annotations
@@ -43,6 +52,20 @@ def floor(dtype: str) -> float:
     return 2.0 * EPS.get(dtype, EPS["float32"])
 
 
+@dataclass(frozen=True)
+class Policy:
+    """What the user accepts besides numbers: a changed initialisation, an output dtype judged by consequence."""
+
+    allow_init_change: bool = False  # --allow-init-change: accept (and record) a different initialisation
+    strict_dtype: bool = False  # --strict-dtype: any output dtype difference rejects
+
+
+def ratio(got: float, base: float, dtype: str) -> tuple[float, float]:
+    """(got / tolerance, tolerance) under the tolerance model."""
+    tol = FACTOR * base + floor(dtype)
+    return (got / tol if tol > 0 else float("inf")), tol
+
+
 @dataclass
 class Verdict:
     """One (candidate, device, dtype, regime): status, reasons, and the numbers behind them."""
@@ -59,12 +82,14 @@ class Verdict:
     twin: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     errors: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    deterministic: bool | None = None  # two runs bitwise equal (None: not measured)
+    changes: list[str] = field(default_factory=list)  # accepted, but the model changes besides numbers (recorded)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def judge_row(candidate: str, device: str, semantics: str, row: Mapping[str, Any]) -> Verdict:
+def judge_row(candidate: str, device: str, semantics: str, row: Mapping[str, Any], policy: Policy = Policy()) -> Verdict:
     v = Verdict(candidate, device, row["dtype"], row["regime"], "accepted", out_dtype=row.get("out_dtype", ""))
     if "skipped" in row:
         v.status, v.reasons = "skipped", [row["skipped"]]
@@ -74,24 +99,26 @@ def judge_row(candidate: str, device: str, semantics: str, row: Mapping[str, Any
         v.status = "unavailable" if _DTYPE_PROBLEM.search(message) else "crashed"
         v.reasons = [f"raised {message}"]
         return v
-    tol_floor = floor(row["dtype"])
     worst = 0.0
     alt_ok = None
     for case, tensors in row.get("cases", {}).items():
         bad = []
         for tensor, (got, base) in tensors.items():
-            tol = FACTOR * base + tol_floor
-            ratio = got / tol if tol > 0 else float("inf")
+            r, tol = ratio(got, base, row["dtype"])
             if tensor.startswith("y-as-"):
-                alt_ok = (alt_ok is not False) and ratio <= 1.0
+                alt_ok = (alt_ok is not False) and r <= 1.0
                 continue
-            worst = max(worst, ratio)
-            if ratio > 1.0:
+            worst = max(worst, r)
+            if r > 1.0:
                 v.failed.append(f"{case}:{tensor}")
                 bad.append(f"{tensor} error {got:.3g} > tolerance {tol:.3g}")
         if bad:  # one line per failing case, naming what that case is about
             v.reasons.append(f"{case} ({HINTS.get(case, case)}): {', '.join(bad)}")
     v.worst_ratio = worst
+    if "nondeterministic" in row:
+        v.deterministic = row["nondeterministic"] is None
+        if not v.deterministic:
+            v.notes.append(f"not deterministic: {row['nondeterministic']}")
     flags = row.get("flags", {})
     if "grad-output-modified" in flags:
         v.failed.append("grad-output-modified")
@@ -101,12 +128,7 @@ def judge_row(candidate: str, device: str, semantics: str, row: Mapping[str, Any
         v.failed.append("input-modified")
         v.reasons.insert(0, f"modifies its input (seen on {flags['input-modified']})")
     if "output-dtype" in flags:
-        v.failed.append("output-dtype")
-        regime = "under autocast" if row["regime"] == "mixed" else "in plain " + row["dtype"]
-        v.reasons.insert(0, f"output dtype {flags['output-dtype']} {regime}")
-    missing = row.get("missing_parameters") or []
-    if missing:
-        v.notes.append(f"has no parameter(s) {', '.join(missing)} that torch.nn has")
+        _judge_dtype(v, row, flags["output-dtype"], policy)
     if v.failed:
         v.status = "rejected"
         y_failed = any(f.endswith(":y") for f in v.failed)
@@ -116,6 +138,36 @@ def judge_row(candidate: str, device: str, semantics: str, row: Mapping[str, Any
     v.twin = dict(row.get("twin") or {})
     v.errors = {case: dict(t) for case, t in row.get("cases", {}).items()}
     return v
+
+
+def _judge_dtype(v: Verdict, row: Mapping[str, Any], what: str, policy: Policy) -> None:
+    """An output dtype different from torch.nn's: judged by its consequence in the blocks, or strictly."""
+    regime = "under autocast" if row["regime"] == "mixed" else "in plain " + row["dtype"]
+    blocks = row.get("blocks")
+    if policy.strict_dtype or not blocks:
+        why = "--strict-dtype" if policy.strict_dtype else "no block check for this slot"
+        v.failed.append("output-dtype")
+        v.reasons.insert(0, f"output dtype {what} {regime} ({why})")
+        return
+    figures, bad = [], []
+    for kind, tensors in blocks.items():
+        if "error" in tensors:
+            bad.append(f"the {kind} block raised {tensors['error']}")
+            continue
+        worst = 0.0
+        for tensor, (got, base) in tensors.items():
+            r, tol = ratio(got, base, row["dtype"])
+            worst = max(worst, r)
+            if r > 1.0:
+                bad.append(f"{kind} block {tensor} error {got:.3g} > tolerance {tol:.3g} (torch.nn's {base:.3g})")
+        figures.append(f"{kind} block error ratio {worst:.2f}")
+    if bad:
+        v.failed.append("output-dtype")
+        v.reasons.insert(0, f"output dtype {what} {regime} changes the blocks a norm sits in: {'; '.join(bad)}")
+        return
+    change = f"output dtype {what} {regime}: accepted by consequence ({', '.join(figures)}; <= 1 passes)"
+    v.notes.append(change)
+    v.changes.append(change)
 
 
 def worst_status(statuses: list[str]) -> str:

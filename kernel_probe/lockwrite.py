@@ -48,6 +48,8 @@ def _evidence(report: Report) -> list[dict[str, Any]]:
         row["failed"] = list(v.failed)
         if v.out_dtype:
             row["out-dtype"] = v.out_dtype
+        if v.deterministic is not None:
+            row["deterministic"] = v.deterministic
         rows.append(row)
     return rows
 
@@ -110,6 +112,7 @@ def build_lock(choices: Mapping[str, Choice], reports: Mapping[str, list[Report]
             devices=cand.devices,
             twin=twin,
             reason=choice.reason,
+            changes=tuple(choice.report.changes),
             evidence=tuple(_evidence(choice.report)),
             timing=tuple(_timing([row for rid in sorted(timings.get(slot, {})) for row in timings[slot][rid]])),
             rejected=rejected,

@@ -1,27 +1,34 @@
 """What the worker process measures: raw numbers, no verdicts (those are judge.py's).
 
-Correctness: for one candidate on one device, for each (dtype, regime), build the candidate and the
-torch.nn baseline with the same non-trivial parameters, feed both the hard inputs of ``cases()``,
-run forward and backward, and record each one's max relative error against a float64 reference,
-plus flags (mutated input or grad_output, non-finite output, output dtype). Timing lives here too.
+For one candidate on one device: first, once, what a freshly built candidate is — its parameter
+layout against torch.nn's (``layout``: keys and shapes, the mapping between them) and where its
+parameters start (``initstats``). Then, for each (dtype, regime), build the candidate and the torch.nn
+baseline with the same non-trivial parameters (through the layout's mapping), feed both the hard
+inputs of ``cases()``, run forward and backward, and record each one's max relative error against a
+float64 reference, plus flags (mutated input or grad_output, output dtype), whether two runs are
+bitwise equal, and — where the output dtype differs from torch.nn's — the errors of the small blocks
+a norm sits in. The twin check loads the candidate's state into its torch.nn twin.
 
 Everything that touches foreign code runs here, inside the isolated worker.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib
 import math
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from . import initstats
 from .candidates import Candidate, canonical_for, default_for, fill
+from .layout import Layout, discover, shapes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CHECK_ROWS = 37  # odd on purpose
@@ -64,14 +71,18 @@ class Case:
     residual: bool = False
 
 
-def cases(semantics: str, hidden: int, dtype, device, gen: torch.Generator) -> list[Case]:
+def cases(semantics: str, hidden: int, dtype, device, gen: torch.Generator, *, mixed: bool = False) -> list[Case]:
     """The inputs real kernels get wrong. Values are generated in float32, then cast."""
 
-    def randn(*shape, scale=1.0, shift=0.0):
-        return (torch.randn(*shape, generator=gen) * scale + shift).to(device=device, dtype=dtype)
+    def randn(*shape, scale=1.0, shift=0.0, as_dtype=dtype):
+        return (torch.randn(*shape, generator=gen) * scale + shift).to(device=device, dtype=as_dtype)
 
     rows = CHECK_ROWS
     out = [Case("random", [randn(rows, hidden, shift=0.3)])]
+    if mixed:
+        # under autocast a pre-norm residual stream reaches the norm in float32 (parameters and the
+        # stream are float32; only matmul outputs are low precision): the input real models feed it
+        out.append(Case("float32-input", [randn(rows, hidden, shift=0.3, as_dtype=torch.float32)]))
     if semantics != "linear":
         # variance far below eps: the result depends on eps itself (catches a wrong default eps)
         shift = 0.5 if semantics == "layer_norm" else 0.0
@@ -106,7 +117,7 @@ def build(cand: Candidate, canonical: Mapping[str, Any], device: str, param_dtyp
 
 
 def parameters_for(semantics: str, hidden: int, out_features: int, bias: bool, gen: torch.Generator) -> dict[str, Any]:
-    """Weights that are neither ones nor zeros (a kernel ignoring them must fail)."""
+    """Weights that are neither ones nor zeros (a kernel ignoring them must fail), under torch.nn's names."""
     if semantics == "linear":
         w = torch.randn(out_features, hidden, generator=gen) / math.sqrt(hidden)
         b = torch.randn(out_features, generator=gen) * 0.5 if bias else None
@@ -116,37 +127,35 @@ def parameters_for(semantics: str, hidden: int, out_features: int, bias: bool, g
     return {"weight": w, "bias": b}
 
 
-def canonical_parameters(module) -> dict[str, Any]:
-    """The module's parameters under the canonical names (weight, bias). A wrapper holding the
-    norm as a submodule (`norm.weight`) is matched by a unique suffix."""
-    own = dict(module.named_parameters())
-    for name in ("weight", "bias"):
-        if name not in own:
-            hits = [k for k in own if k.endswith("." + name)]
-            if len(hits) == 1:
-                own[name] = own[hits[0]]
-    return own
+def _state(module) -> dict[str, Any]:
+    return dict(module.state_dict(keep_vars=True))
 
 
-def load_parameters(module, params: Mapping[str, Any]) -> list[str]:
-    """Copy our parameters into the module by name; return the names it lacks."""
-    own = canonical_parameters(module)
-    missing = []
+def load_parameters(module, params: Mapping[str, Any], layout: Layout) -> None:
+    """Copy torch.nn-named parameters into the module through the layout's mapping."""
+    own = _state(module)
     with torch.no_grad():
         for name, value in params.items():
-            if name in own:
-                if value is None:
-                    own[name].zero_()  # e.g. liger's always-present bias, when the slot has none
-                else:
-                    own[name].copy_(value.to(own[name].dtype))
-            elif value is not None:
-                missing.append(name)
-    return missing
+            if value is None or name not in layout.pairs:
+                continue
+            key, turned = layout.pairs[name]
+            target = own[key]
+            target.copy_((value.t() if turned else value).to(device=target.device, dtype=target.dtype))
+
+
+def gradients(module, layout: Layout) -> dict[str, Any]:
+    """The module's parameter gradients under torch.nn's names and layout."""
+    own = _state(module)
+    out = {}
+    for name, (key, turned) in layout.pairs.items():
+        grad = getattr(own[key], "grad", None)
+        out[name] = None if grad is None else (grad.t() if turned else grad).detach()
+    return out
 
 
 # ---- one forward/backward pass -----------------------------------------------------------------
-def _run(module, x, gy, skip, autocast: tuple[str, Any] | None):
-    """Forward + backward; returns (y, dx, dparams, grad_output_intact, x_intact, skip_grad)."""
+def _run(module, x, gy, skip, autocast: tuple[str, Any] | None, layout: Layout):
+    """Forward + backward: output, input gradient, parameter gradients, and whether inputs survived."""
     x = _fresh_like(x)
     x_before = x.clone()
     x.requires_grad_(True)
@@ -154,8 +163,7 @@ def _run(module, x, gy, skip, autocast: tuple[str, Any] | None):
         p.grad = None
     skip_t = skip.detach().clone().requires_grad_(True) if skip is not None else None
     gy_given = gy.clone()
-    ctx = torch.autocast(device_type=autocast[0], dtype=autocast[1]) if autocast else _null()
-    with ctx:
+    with _autocast(autocast):
         # the skip branch is recorded *before* the module, so autograd runs the module's backward
         # first and then hands the same gradient buffer to the skip branch: an in-place backward
         # that overwrote grad_output shows up as a wrong skip gradient
@@ -163,11 +171,10 @@ def _run(module, x, gy, skip, autocast: tuple[str, Any] | None):
         y = module(x)
         out = y + s if s is not None else y
     out.backward(gy_given)
-    grads = {n: (p.grad.detach() if p.grad is not None else None) for n, p in canonical_parameters(module).items()}
     return {
         "y": y.detach(),
         "dx": x.grad.detach() if x.grad is not None else None,
-        "grads": grads,
+        "grads": gradients(module, layout),
         "grad_output_intact": bool(torch.equal(gy_given, gy)),
         "input_intact": bool(torch.equal(x.detach(), x_before)),
         "skip_grad": skip_t.grad.detach() if skip_t is not None and skip_t.grad is not None else None,
@@ -193,6 +200,10 @@ class _null:
         return False
 
 
+def _autocast(autocast: tuple[str, Any] | None):
+    return torch.autocast(device_type=autocast[0], dtype=autocast[1]) if autocast else _null()
+
+
 def _reference_pass(semantics, x, gy, params64, eps, skip):
     x64 = x.detach().to(torch.float64).requires_grad_(True)
     w = params64["weight"].clone().requires_grad_(True)
@@ -203,9 +214,115 @@ def _reference_pass(semantics, x, gy, params64, eps, skip):
             "skip": gy.to(torch.float64) if skip is not None else None}  # fmt: skip
 
 
+def _dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _bits_equal(a, b) -> bool:
+    if a is None or b is None:
+        return a is b
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return bool(torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)))
+
+
+# ---- once per candidate: layout and initialisation -------------------------------------------------
+def fresh_differences(cand_module, base_module, layout: Layout) -> list[str]:
+    """Where a freshly built candidate starts differently from a freshly built torch.nn module."""
+    cand_state, base_state = cand_module.state_dict(), base_module.state_dict()
+    out = []
+    for name, (key, turned) in layout.pairs.items():
+        value = cand_state[key]
+        why = initstats.compare(value.t() if turned else value, base_state[name])
+        if why is not None:
+            out.append(f"{name} {why}")
+    return out
+
+
+# ---- per row: determinism and the blocks a norm sits in -------------------------------------------
+DETERMINISM_ROWS = 512
+
+
+def repeatability(module, hidden: int, width: int, dtype, device, autocast, layout: Layout,
+                  gen: torch.Generator) -> str | None:  # fmt: skip
+    """None when two forward+backward runs on the same input give bitwise equal results; else what differed."""
+    x = (torch.randn(DETERMINISM_ROWS, hidden, generator=gen) + 0.3).to(device, dtype)
+    gy = (torch.randn(DETERMINISM_ROWS, width, generator=gen) * 0.7).to(device, dtype)
+    runs = []
+    for _ in range(2):
+        try:
+            m = copy.deepcopy(module)  # a fresh copy, the same parameters
+        except Exception:  # some foreign modules do not deepcopy: run the same module twice
+            m = module
+        runs.append(_run(m, x, gy, None, autocast, layout))
+    a, b = runs
+    differ = [name for name in ("y", "dx") if not _bits_equal(a[name], b[name])]
+    differ += [f"d{name}" for name in a["grads"] if not _bits_equal(a["grads"][name], b["grads"][name])]
+    return f"{', '.join(differ)} differ between two runs on the same input" if differ else None
+
+
+BLOCKS = ("pre-norm", "post-norm")
+
+
+def _block(kind: str, norm, linear, x):
+    return x + linear(norm(x)) if kind == "pre-norm" else norm(x + linear(x))
+
+
+def blocks(mod, base_mod, semantics: str, hidden: int, dtype, param_dtype, device, autocast, params64, eps: float,
+           layout: Layout, base_layout: Layout, gen: torch.Generator) -> dict[str, Any]:  # fmt: skip
+    """Errors of the two blocks a norm sits in — pre-norm ``x + Linear(Norm(x))`` and post-norm
+    ``Norm(x + Linear(x))`` — with the candidate and with torch.nn, in the row's regime, forward and
+    backward, against float64: what a different output dtype changes downstream."""
+    w = torch.randn(hidden, hidden, generator=gen) / math.sqrt(hidden)
+    bias = torch.randn(hidden, generator=gen) * 0.1
+    x = (torch.randn(CHECK_ROWS, hidden, generator=gen) + 0.2).to(device, dtype)
+    gy = (torch.randn(CHECK_ROWS, hidden, generator=gen) * 0.7).to(device, dtype)
+    out: dict[str, Any] = {}
+    for kind in BLOCKS:
+        try:
+            out[kind] = _block_errors(kind, mod, base_mod, semantics, hidden, param_dtype, device, autocast, params64,
+                                      eps, layout, base_layout, w, bias, x, gy)  # fmt: skip
+        except Exception as exc:  # e.g. the next layer refuses the dtype the candidate returns
+            out[kind] = {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]}
+    return out
+
+
+def _block_errors(kind, mod, base_mod, semantics, hidden, param_dtype, device, autocast, params64, eps, layout,
+                  base_layout, w, bias, x, gy) -> dict[str, list[float]]:  # fmt: skip
+    """One block's errors, with the candidate (index 0) and torch.nn (index 1), against float64."""
+    # float64 reference
+    x64 = x.detach().double().requires_grad_(True)
+    nw = params64["weight"].clone().requires_grad_(True)
+    nb = params64["bias"].clone().requires_grad_(True) if params64["bias"] is not None else None
+    lw, lb = w.double().to(device), bias.double().to(device)
+    y64 = _block(kind, lambda t: reference(semantics, t, nw, nb, eps), lambda t: F.linear(t, lw, lb), x64)
+    y64.backward(gy.double())
+    ref = {"y": y64.detach(), "dx": x64.grad, "dweight": nw.grad, "dbias": nb.grad if nb is not None else None}
+    errs: dict[str, list[float]] = {}
+    for i, (module, lay) in enumerate(((mod, layout), (base_mod, base_layout))):
+        linear = torch.nn.Linear(hidden, hidden).to(device=device, dtype=param_dtype)
+        with torch.no_grad():
+            linear.weight.copy_(w)
+            linear.bias.copy_(bias)
+        for p in module.parameters():
+            p.grad = None
+        xi = x.detach().clone().requires_grad_(True)
+        with _autocast(autocast):
+            y = _block(kind, module, linear, xi)
+        y.backward(gy)
+        got = {"y": y.detach(), "dx": xi.grad, **{f"d{n}": g for n, g in gradients(module, lay).items()}}
+        for name, r in ref.items():
+            if r is None:
+                continue
+            errs.setdefault(name, [0.0, 0.0])[i] = rel_err(got.get(name), r)
+    return errs
+
+
 def check(cand: Candidate, slot: str, device: str, dtypes: list[tuple[str, str]], *, hidden: int = CHECK_HIDDEN,
-          canonical_overrides: Mapping[str, Any] | None = None, seed: int = 0) -> dict[str, Any]:
-    """Raw correctness measurements of one candidate on one device, for each (dtype, regime)."""
+          canonical_overrides: Mapping[str, Any] | None = None, seed: int = 0,
+          baseline: Candidate | None = None) -> dict[str, Any]:  # fmt: skip
+    """Raw measurements of one candidate on one device: layout, initialisation, and per (dtype, regime)
+    the errors, flags, determinism and (where the output dtype differs) the blocks."""
     result: dict[str, Any] = {"candidate": cand.id, "device": device, "rows": []}
     t0 = time.perf_counter()
     try:
@@ -218,15 +335,35 @@ def check(cand: Candidate, slot: str, device: str, dtypes: list[tuple[str, str]]
         return result
     result["import_s"] = time.perf_counter() - t0
     semantics = cand.semantics
-    baseline = default_for(slot)
+    baseline = baseline or default_for(slot)
     torch_device = "cuda" if device == "rocm" else device
+    out_features = 384 if semantics == "linear" else None
+    # once, in float32: what a freshly built candidate is, against a freshly built torch.nn module
+    canonical32 = canonical_for(slot, hidden=hidden, out_features=out_features, device=torch_device,
+                                param_dtype="float32", overrides=canonical_overrides)  # fmt: skip
+    try:
+        fresh_base = build(baseline, canonical32, torch_device, torch.float32)
+    except Exception as exc:
+        result.update(phase="baseline", error=f"torch.nn itself cannot be built on {device}: {type(exc).__name__}: {exc}")
+        return result
+    try:
+        fresh = build(cand, canonical32, torch_device, torch.float32)
+    except Exception as exc:
+        result.update(phase="build", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=6)[-2000:])
+        return result
+    base_shapes = shapes(fresh_base.state_dict())
+    layout = discover(shapes(fresh.state_dict()), base_shapes)
+    base_layout = discover(base_shapes, base_shapes)
+    result["layout"] = layout.to_json()
+    if not layout.ok:
+        return result  # no numerics without a mapping: the verdict says what is missing and unexpected
+    result["init"] = fresh_differences(fresh, fresh_base, layout)
     for dtype_name, regime in dtypes:
         dtype = DTYPES[dtype_name]
         mixed = regime == "mixed"
         param_dtype = torch.float32 if mixed else dtype
-        canonical = canonical_for(slot, hidden=hidden, out_features=384 if semantics == "linear" else None,
-                                  device=torch_device, param_dtype=str(param_dtype).replace("torch.", ""),
-                                  overrides=canonical_overrides)  # fmt: skip
+        canonical = canonical_for(slot, hidden=hidden, out_features=out_features, device=torch_device,
+                                  param_dtype=_dtype_name(param_dtype), overrides=canonical_overrides)  # fmt: skip
         row: dict[str, Any] = {"dtype": dtype_name, "regime": regime, "cases": {}, "flags": {}}
         result["rows"].append(row)
         gen = torch.Generator().manual_seed(seed)
@@ -234,30 +371,29 @@ def check(cand: Candidate, slot: str, device: str, dtypes: list[tuple[str, str]]
         params = parameters_for(semantics, hidden, canonical["out_features"], bias, gen)
         params64 = {k: (v.to(torch.float64).to(torch_device) if v is not None else None) for k, v in params.items()}
         autocast = (torch_device, dtype) if mixed else None
+        width = canonical["out_features"] if semantics == "linear" else hidden
+        eps = canonical.get("eps", 0.0)
         try:
             base_mod = build(baseline, canonical, torch_device, param_dtype)
-            load_parameters(base_mod, params)
+            load_parameters(base_mod, params, base_layout)
             x_probe = torch.randn(2, hidden, generator=gen).to(torch_device, dtype)
-            _run(base_mod, x_probe, torch.ones(2, canonical["out_features"] if semantics == "linear" else hidden,
-                                               device=torch_device, dtype=dtype), None, autocast)  # fmt: skip
+            _run(base_mod, x_probe, torch.ones(2, width, device=torch_device, dtype=dtype), None, autocast, base_layout)
         except Exception as exc:
             row["skipped"] = f"torch.nn itself fails for {dtype_name} {regime} on {device}: {type(exc).__name__}: {exc}"
             continue
         try:
             t_build = time.perf_counter()
             mod = build(cand, canonical, torch_device, param_dtype)
-            row["missing_parameters"] = load_parameters(mod, params)
-            row["parameters"] = sorted(n for n, _ in mod.named_parameters())
-            row["state_dict_keys"] = sorted(mod.state_dict().keys())
-            for case in cases(semantics, hidden, dtype, torch_device, gen):
+            load_parameters(mod, params, layout)
+            for case in cases(semantics, hidden, dtype, torch_device, gen, mixed=mixed):
                 errs: dict[str, list[float]] = {}
                 for x in case.inputs:
-                    out_shape = (*x.shape[:-1], canonical["out_features"] if semantics == "linear" else hidden)
-                    gy = (torch.randn(*out_shape, generator=gen) * 0.7 + 0.1).to(torch_device, dtype)
-                    skip = (torch.randn(*out_shape, generator=gen)).to(torch_device, dtype) if case.residual else None
-                    ref = _reference_pass(semantics, x, gy, params64, canonical.get("eps", 0.0), skip)
-                    got = _run(mod, x, gy, skip, autocast)
-                    base = _run(base_mod, x, gy, skip, autocast)
+                    out_shape = (*x.shape[:-1], width)
+                    gy = (torch.randn(*out_shape, generator=gen) * 0.7 + 0.1).to(torch_device, x.dtype)
+                    skip = (torch.randn(*out_shape, generator=gen)).to(torch_device, x.dtype) if case.residual else None
+                    ref = _reference_pass(semantics, x, gy, params64, eps, skip)
+                    got = _run(mod, x, gy, skip, autocast, layout)
+                    base = _run(base_mod, x, gy, skip, autocast, base_layout)
                     pairs = {
                         "y": (got["y"], base["y"], ref["y"]),
                         "dx": (got["dx"], base["dx"], ref["dx"]),
@@ -275,7 +411,7 @@ def check(cand: Candidate, slot: str, device: str, dtypes: list[tuple[str, str]]
                         # an RMSNorm offered as a LayerNorm usually has no bias either: take the closer
                         alt_err = min(
                             rel_err(got["y"], reference(ALT_SEMANTICS[semantics], x.detach().to(torch.float64),
-                                                        params64["weight"], b, canonical.get("eps", 0.0)))
+                                                        params64["weight"], b, eps))
                             for b in (params64["bias"], None)
                         )  # fmt: skip
                         e = errs.setdefault("y-as-" + ALT_SEMANTICS[semantics], [0.0, 0.0])
@@ -287,38 +423,44 @@ def check(cand: Candidate, slot: str, device: str, dtypes: list[tuple[str, str]]
                     if not got["input_intact"]:
                         flags.setdefault("input-modified", case.name)
                     if got["y"].dtype != base["y"].dtype:
-                        flags["output-dtype"] = f"{str(got['y'].dtype).replace('torch.', '')} (torch.nn: {str(base['y'].dtype).replace('torch.', '')})"
+                        flags.setdefault("output-dtype", f"{_dtype_name(got['y'].dtype)} (torch.nn: {_dtype_name(base['y'].dtype)}) "
+                                                         f"for {_dtype_name(x.dtype)} input")  # fmt: skip
                 row["cases"][case.name] = errs
-            row["out_dtype"] = str(got["y"].dtype).replace("torch.", "")
+            row["out_dtype"] = _dtype_name(got["y"].dtype)
+            row["nondeterministic"] = repeatability(mod, hidden, width, dtype, torch_device, autocast, layout, gen)
+            if "output-dtype" in row["flags"] and semantics in ALT_SEMANTICS:
+                row["blocks"] = blocks(mod, base_mod, semantics, hidden, dtype, param_dtype, torch_device, autocast,
+                                       params64, eps, layout, base_layout, gen)  # fmt: skip
             row["seconds"] = time.perf_counter() - t_build
-            row["twin"] = _twin_check(cand, slot, mod, canonical, torch_device, param_dtype, dtype, autocast, gen)
+            row["twin"] = _twin_check(cand, slot, mod, canonical, torch_device, param_dtype, dtype, autocast, gen, layout)
         except Exception as exc:
             row["exception"] = f"{type(exc).__name__}: {exc}"
             row["traceback"] = traceback.format_exc(limit=6)[-2000:]
     return result
 
 
-def _twin_check(cand, slot, mod, canonical, device, param_dtype, dtype, autocast, gen) -> dict[str, Any]:
-    """Does the candidate's state dict load into its torch.nn twin, and do they then agree?"""
+def _twin_check(cand, slot, mod, canonical, device, param_dtype, dtype, autocast, gen, layout: Layout) -> dict[str, Any]:
+    """Does the candidate's state dict load into its torch.nn twin through the layout's migration,
+    and do they then agree?"""
+    from kernel_lock.checkpoint import migrate_module_state, parse_rule
+
     if not cand.twin_target:
         return {"state_dict": "incompatible", "reason": "no twin declared"}
     twin_cand = Candidate("twin", (slot,), cand.semantics, cand.twin_target, args=cand.args if cand.args != ("$hidden",)
                           else ("$normalized_shape",), kwargs=cand.twin_kwargs)  # fmt: skip
     twin = build(twin_cand, canonical, device, param_dtype)
-    state = mod.state_dict()
-    dropped = sorted(k for k in state if k.endswith("_extra_state"))
-    migrated = {k: v for k, v in state.items() if k not in dropped}
+    rules = [parse_rule(r) for r in layout.rules]
+    migrated = migrate_module_state(mod.state_dict(), [r for r in rules if r is not None])
     try:
         twin.load_state_dict(migrated, strict=True)
     except Exception as exc:
         return {"state_dict": "incompatible", "reason": f"{type(exc).__name__}: {str(exc)[:300]}"}
     x = (torch.randn(CHECK_ROWS, canonical["normalized_shape"], generator=gen) + 0.3).to(device, dtype)
-    ctx = torch.autocast(device_type=autocast[0], dtype=autocast[1]) if autocast else _null()
-    with torch.no_grad(), ctx:
+    with torch.no_grad(), _autocast(autocast):
         a, b = mod(x), twin(x)
     return {
-        "state_dict": "migrate" if dropped else "interchangeable",
-        "migration": [f"drop:{k}" for k in dropped],
+        "state_dict": "migrate" if layout.rules else "interchangeable",
+        "migration": list(layout.rules),
         "max_error": rel_err(a, b.to(torch.float64)),
     }
 
@@ -335,6 +477,3 @@ def try_once(cand: Candidate, slot: str, device: str) -> dict[str, Any]:
     except Exception as exc:
         return {"ran": False, "error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:500]}
     return {"ran": True}
-
-
-Runner = Callable[..., dict[str, Any]]

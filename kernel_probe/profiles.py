@@ -53,6 +53,7 @@ class Profile:
     requires: Mapping[str, Any] = field(default_factory=dict)
     precision: str | None = None
     shapes: tuple[str, ...] = ()
+    deterministic: bool = False  # [policy] deterministic: only bitwise repeatable candidates are chosen
     slots: Mapping[str, SlotPolicy] = field(default_factory=dict)
     candidates: tuple[Candidate, ...] = ()
     default_strictness: str = "error"
@@ -135,7 +136,7 @@ _TOP = ("profile-version", "name", "description", "sources", "unknown", "detect"
 _DETECT = ("env", "files", "hostname", "slurm-cluster", "device")
 _REQUIRES = ("device-type", "device-vendor", "device-arch", "min-device-count", "arch", "torch", "torch-cuda",
              "torch-hip", "driver", "libraries", "forbidden")  # fmt: skip
-_POLICY = ("precision", "shapes", *SLOTS)
+_POLICY = ("precision", "shapes", "deterministic", *SLOTS)
 _SLOT_POLICY = ("allowed", "preferred", "pin")
 _CANDIDATE = ("id", "slots", "semantics", "target", "args", "kwargs", "distribution", "specifier", "module", "devices",
               "twin-target", "twin-kwargs", "note")  # fmt: skip
@@ -185,6 +186,9 @@ def parse(text: str, path: str) -> Profile:
     if precision is not None and precision not in PRECISIONS:
         raise p.err("policy.precision", f"{precision!r} is not one of {', '.join(PRECISIONS)}")
     shapes = p.strings(policy, "shapes", "policy.")
+    deterministic = policy.get("deterministic", False)
+    if not isinstance(deterministic, bool):
+        raise p.err("policy.deterministic", f"expected true or false, got {type(deterministic).__name__}")
     from .timing import parse_shape
 
     for i, s in enumerate(shapes):
@@ -233,6 +237,7 @@ def parse(text: str, path: str) -> Profile:
         requires=requires,
         precision=precision,
         shapes=shapes,
+        deterministic=deterministic,
         slots=slots,
         candidates=declared,
         default_strictness=default,

@@ -17,12 +17,13 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from .detect.importcheck import signal_name
 
-DEFAULT_TIMEOUT = 300.0
+DEFAULT_TIMEOUT = 300.0  # a timing call's budget (the checks have their own: checker.CHECK_TIMEOUT)
 START_TIMEOUT = 120.0
 
 
@@ -175,12 +176,23 @@ def _dispatch(request: Mapping[str, Any]) -> dict[str, Any]:
     from . import measure
     from .candidates import Candidate
 
+    if op == "import":  # under its own time budget: a library that hangs here costs only that
+        start = time.perf_counter()
+        try:
+            measure.import_class(request["target"])
+        except ImportError as exc:
+            return {"ok": False, "kind": "import", "error": f"{type(exc).__name__}: {exc}"}
+        except Exception as exc:
+            return {"ok": False, "kind": "exception", "error": f"{type(exc).__name__}: {exc}"}
+        return {"ok": True, "seconds": time.perf_counter() - start}
     cand = Candidate.from_json(request["candidate"])
     if op == "check":
+        baseline = request.get("baseline")
         return measure.check(
             cand, request["slot"], request["device"], [tuple(d) for d in request["dtypes"]],
             canonical_overrides=request.get("canonical"), seed=request.get("seed", 0),
             hidden=request.get("hidden", measure.CHECK_HIDDEN),
+            baseline=Candidate.from_json(baseline) if baseline else None,
         )  # fmt: skip
     if op == "try":
         return measure.try_once(cand, request["slot"], request["device"])

@@ -200,7 +200,7 @@ def test_migration_accepts_the_expected_keys_and_leaves_the_input_alone(caplog):
     with caplog.at_level(logging.INFO, logger="kernel_lock"):
         migrated = migrate_state_dict(sd, sealed(), {"0.weight", "1.weight", "1.bias", "2.weight"})
     assert list(migrated) == ["0.weight", "1.weight", "1.bias", "2.weight"] and "1._extra_state" in sd
-    assert "1._extra_state (LayerNorm twin: drop:_extra_state)" in caplog.text
+    assert "1._extra_state: dropped (LayerNorm twin: drop:_extra_state)" in caplog.text
 
 
 def test_only_recorded_migrations_are_applied():
@@ -212,12 +212,13 @@ def test_only_recorded_migrations_are_applied():
     assert set(migrate_state_dict(sd, sealed(), wanted)) == wanted | {"1.running_mean"}
 
 
-@pytest.mark.parametrize("rule", ["rename:_extra_state", "drop:", "drop:a.b", "_extra_state"])
+@pytest.mark.parametrize("rule", ["rename:_extra_state", "rename:a->a", "drop:", "drop:a..b", "transpose:", "_extra_state",
+                                  "reshape:weight"])
 def test_unknown_migration_rule_is_an_error(rule):
     lock = sealed(TRAINING_LOCK.replace('migration = ["drop:_extra_state"]', f'migration = ["{rule}"]'))
     with pytest.raises(LockFormatError, match="unknown state-dict migration") as exc:
         migrate_state_dict(_state(), lock, set())
-    assert exc.value.key == "slots.LayerNorm.twin.migration[0]" and "drop:<key name>" in str(exc.value)
+    assert exc.value.key == "slots.LayerNorm.twin.migration[0]" and "'rename:<old>-><new>'" in str(exc.value)
 
 
 def test_modules_are_not_imported_by_kernel_lock():

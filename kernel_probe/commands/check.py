@@ -8,9 +8,20 @@ from typing import Any
 from kernel_lock.lock import SLOTS
 
 from .. import output
-from ..worker import DEFAULT_TIMEOUT
+from ..checker import CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT
 
 CHECK_HIDDEN = 1000  # kernel_probe.measure.CHECK_HIDDEN (not imported here: measure imports torch)
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"{text!r}: a time budget must be a positive, finite number of seconds")
+    return value
 
 
 def add_candidate_arguments(p: argparse.ArgumentParser) -> None:
@@ -18,11 +29,25 @@ def add_candidate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--candidate", action="append", default=[], metavar="SLOT=dotted.path.Class",
                    help="offer a third-party class for a slot (repeatable); it is judged like the built-ins")
     p.add_argument("--slot", action="append", default=[], choices=SLOTS, help="only these slots (repeatable)")
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
-                   help=f"seconds one candidate may take before it is marked timeout (default {DEFAULT_TIMEOUT:.0f})")
+    p.add_argument("--import-timeout", type=seconds, default=IMPORT_TIMEOUT, metavar="SECONDS",
+                   help=f"seconds importing one candidate's library may take (default {IMPORT_TIMEOUT:g}): a library "
+                   "that hangs on import costs this much")
+    p.add_argument("--timeout", type=seconds, default=CHECK_TIMEOUT, metavar="SECONDS",
+                   help=f"seconds the checks of one candidate may take once imported (default {CHECK_TIMEOUT:g}; "
+                   f"{COMPILED_FACTOR}x for torch.compile candidates, which compile on their first calls)")
     p.add_argument("--with-compile", action="store_true",
                    help="also probe the torch.compile candidates on CPU (slow: C++ compilation per shape)")
     p.add_argument("--no-plugins", action="store_true", help="ignore kernel_probe.candidates entry points")
+    p.add_argument("--allow-init-change", action="store_true",
+                   help="accept a candidate whose fresh parameters start differently from torch.nn's (the lock records it)")
+    p.add_argument("--strict-dtype", action="store_true",
+                   help="reject any output dtype different from torch.nn's, instead of judging it by its consequence")
+
+
+def policy_from(args: argparse.Namespace):
+    from ..judge import Policy
+
+    return Policy(allow_init_change=args.allow_init_change, strict_dtype=args.strict_dtype)
 
 
 def add_check_arguments(p: argparse.ArgumentParser) -> None:
@@ -68,8 +93,9 @@ def run_check(args: argparse.Namespace) -> int:
     device = detect_device()
     slots = args.slot or list(SLOTS)
     progress = None if args.json else (lambda slot, cid: output.info(f"checking {slot}: {cid} ..."))
-    reports = check_all(slots, candidates, device["type"], plan, timeout=args.timeout,
-                        with_compile=args.with_compile, hidden=args.hidden, progress=progress)  # fmt: skip
+    reports = check_all(slots, candidates, device["type"], plan, timeout=args.timeout, import_timeout=args.import_timeout,
+                        with_compile=args.with_compile, hidden=args.hidden, policy=policy_from(args),
+                        progress=progress)  # fmt: skip
     if args.json:
         output.print_json({
             "device": device,
@@ -100,6 +126,8 @@ def render_verdicts(reports, plan, device, hidden: int = CHECK_HIDDEN) -> None:
         table.add_column("status", no_wrap=True, min_width=11)
         for d, r in plan:
             table.add_column(SHORT[d] + ("+amp" if r == "mixed" else ""), justify="right", no_wrap=True, min_width=7)
+        table.add_column("det", no_wrap=True)
+        table.add_column("s", justify="right", no_wrap=True)
         for rep in rs:
             cells = []
             by = {(v.dtype, v.regime): v for v in rep.verdicts}
@@ -114,12 +142,19 @@ def render_verdicts(reports, plan, device, hidden: int = CHECK_HIDDEN) -> None:
                 else:
                     cells.append(f"[{STATUS_STYLE.get(v.status, '')}]{v.status[:7]}[/]")
             style = STATUS_STYLE.get(rep.status, "")
-            table.add_row(escape(rep.id), f"[{style}]{rep.status}[/]", *cells)
+            det = {True: "yes", False: "[yellow]no[/]", None: "-"}[rep.deterministic]
+            took = "-" if rep.seconds is None else f"{rep.seconds:.1f}"
+            table.add_row(escape(rep.id), f"[{style}]{rep.status}[/]", *cells, det, took)
         con.print(table)
         for rep in rs:
             if rep.status != "accepted" and rep.reasons:
                 con.print(f"  [bold]{escape(rep.id)}[/] {rep.status}: {escape(rep.reasons[0])}")
                 for reason in rep.reasons[1:3]:
                     con.print(f"      {escape(reason)}")
+            for change in rep.changes if rep.status == "accepted" else ():
+                con.print(f"  [bold]{escape(rep.id)}[/] accepted with a change: {escape(change)}")
+            if rep.migration and rep.status == "accepted":
+                con.print(f"  [bold]{escape(rep.id)}[/] state dict onto torch.nn's: {escape(', '.join(rep.migration))}")
+    con.print("det: forward and backward bitwise repeatable; s: seconds this candidate took (import and checks)")
     con.print("cells: worst error / tolerance (< 1 passes; tolerance = 4 x torch.nn's own error + 2 eps); "
               "+amp: under torch.autocast with fp32 parameters")

@@ -15,7 +15,7 @@ from kernel_lock.lock import SLOTS
 
 from .. import output
 from ..errors import InputFileError, StaleLock, UsageError
-from .check import add_candidate_arguments, detect_device, gather_candidates
+from .check import add_candidate_arguments, detect_device, gather_candidates, policy_from
 from .lockcmds import DEFAULT_LOCK
 
 PRECISIONS = {  # Lightning / anemoi names -> (dtype, regime)
@@ -26,7 +26,8 @@ PRECISIONS = {  # Lightning / anemoi names -> (dtype, regime)
     "16-mixed": ("float16", "mixed"),
 }
 DEFAULT_SHAPES = {"gpu": ["40320x1024", "542080x1024"], "cpu": ["2048x1024"]}
-DEFAULT_REPS = {"gpu": 20, "cpu": 5}  # CPU timings of bf16 under autocast are slow; 5 keep a cold probe short
+DEFAULT_REPS = {"gpu": 20, "cpu": 5}
+TIMING_TIMEOUT = 600.0  # seconds one candidate's timing at every shape may take (it passed its checks already)  # CPU timings of bf16 under autocast are slow; 5 keep a cold probe short
 
 
 def add_probe_arguments(p: argparse.ArgumentParser) -> None:
@@ -52,6 +53,9 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reps", type=int, default=None, help="timed repetitions per shape (at least; default 20 on GPU, 5 on CPU)")
     p.add_argument("--lock-timeout", type=float, default=1800.0,
                    help="seconds to wait for another kernel-probe writing the same lock (default 1800)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="choose only candidates whose forward and backward are bitwise repeatable (for training in a "
+                   "deterministic mode); a pin that is not is an error")
     add_candidate_arguments(p)
     # not an option of the probe (it takes --precision); kept hidden to answer with a helpful message
     p.add_argument("--dtype", action="append", default=[], help=argparse.SUPPRESS)
@@ -124,10 +128,12 @@ def run_probe(args: argparse.Namespace) -> int:
     if profile is not None:
         for slot, sp in profile.slots.items():
             policy[slot] = {"allowed": list(sp.allowed), "preferred": list(sp.preferred), "pin": sp.pin}
+    args.deterministic = args.deterministic or bool(profile and profile.deterministic)
     inputs = {
         "precision": args.precision, "shapes": shapes, "slots": slots, "pins": pins, "prefers": prefers,
         "candidates": sorted(f"{c.id}={c.target}" for c in candidates), "with_compile": args.with_compile,
-        "profile": profile.digest if profile else None,
+        "profile": profile.digest if profile else None, "deterministic": args.deterministic,
+        "allow_init_change": args.allow_init_change, "strict_dtype": args.strict_dtype,
     }  # fmt: skip
     from ..lockwrite import inputs_digest
 
@@ -232,7 +238,8 @@ def _probe(args, out, slots, candidates, device, shapes, dtype, regime, pins, pr
                                                 candidate=cand))  # fmt: skip
                 else:
                     reports[slot].append(check_candidate(cand, slot, device["type"], plan, worker, timeout=args.timeout,
-                                                         with_compile=args.with_compile))  # fmt: skip
+                                                         import_timeout=args.import_timeout, with_compile=args.with_compile,
+                                                         policy=policy_from(args)))  # fmt: skip
                 progress.advance(task)
         check_s = time.perf_counter() - t_check
         accepted = [(s, r) for s, rs in reports.items() for r in rs if r.status == "accepted"]
@@ -244,7 +251,7 @@ def _probe(args, out, slots, candidates, device, shapes, dtype, regime, pins, pr
                        "shapes": shapes, "dtype": dtype, "regime": regime, "options": {"reps": args.reps, "warmup": min(3, args.reps),
                                                         "min_seconds": 0.2 if device["type"] != "cpu" else 0.0}}  # fmt: skip
             try:
-                timings[slot][r.id] = worker.call(request, args.timeout)["rows"]
+                timings[slot][r.id] = worker.call(request, TIMING_TIMEOUT)["rows"]
             except WorkerDied as exc:
                 r.status, r.reasons = exc.status, [f"while timing: {exc.reason}"] + r.reasons
             progress.advance(task2)
@@ -254,14 +261,17 @@ def _probe(args, out, slots, candidates, device, shapes, dtype, regime, pins, pr
         sp = profile.slots.get(slot) if profile else None
         if slot in pins or slot in prefers or sp is None:
             choices[slot] = choose(slot, reports[slot], timings[slot], shapes, dtype, default_for(slot).id,
-                                   pin=pins.get(slot), prefer=prefers.get(slot))  # fmt: skip
+                                   pin=pins.get(slot), prefer=prefers.get(slot), deterministic=args.deterministic)  # fmt: skip
         else:
             origin = f"profile {profile.name}"
             choices[slot] = choose(slot, reports[slot], timings[slot], shapes, dtype, default_for(slot).id, pin=sp.pin,
-                                   prefer=list(sp.preferred), origin=origin, strict_prefer=False)  # fmt: skip
+                                   prefer=list(sp.preferred), origin=origin, strict_prefer=False,
+                                   deterministic=args.deterministic)  # fmt: skip
     current = fingerprint.current()
     provenance = {"inputs": digest, "command": ("kernel-probe " + shlex.join(sys.argv[1:])).strip(), "shapes": list(shapes),
                   "check-seconds": round(check_s, 2), "time-seconds": round(time_s, 2)}  # fmt: skip
+    if args.deterministic:
+        provenance["deterministic"] = True
     lock = build_lock(choices, reports, timings, current, precision=args.precision, provenance=provenance,
                       profile=profile.lock_record(matched) if profile else None)  # fmt: skip
     lock.dump(out)

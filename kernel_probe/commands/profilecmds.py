@@ -23,7 +23,7 @@ def add_profiles_arguments(p: argparse.ArgumentParser) -> None:
 def _summary(prof) -> dict:
     return {
         "name": prof.name, "description": prof.description, "path": prof.path, "digest": prof.digest,
-        "detect": prof.detect, "requires": prof.requires, "precision": prof.precision, "shapes": list(prof.shapes),
+        "detect": prof.detect, "requires": prof.requires, "precision": prof.precision, "shapes": list(prof.shapes), "deterministic": prof.deterministic,
         "policy": {s: {"allowed": list(p.allowed), "preferred": list(p.preferred), "pin": p.pin} for s, p in prof.slots.items()},
         "candidates": [c.id for c in prof.candidates], "sources": list(prof.sources), "unknown": list(prof.unknown),
         "strictness": {"default": prof.default_strictness, "warn": list(prof.warn_groups)},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -54,8 +55,11 @@ class GoodLinear(nn.Module):
     def __init__(self, in_features, out_features, bias=True, device=None, dtype=None):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
-        self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype)) if bias else None
-        nn.init.normal_(self.weight, std=0.02)
+        self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) if bias else None
+        bound = 1 / math.sqrt(in_features)  # where torch.nn.Linear starts: U(-1/sqrt(in), 1/sqrt(in))
+        nn.init.uniform_(self.weight, -bound, bound)
+        if self.bias is not None:
+            nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x):
         # F.linear, not `x @ w.t() + b`: under autocast the latter promotes to float32
@@ -271,3 +275,103 @@ class WrongLinear(GoodLinear):
 
     def forward(self, x):
         return F.linear(x, self.weight)
+
+
+# ---- right to rounding, yet they change the model -----------------------------------------------
+class RandnBiasLayerNorm(_Norm):
+    """Correct maths; its fresh bias is drawn from randn (as LigerLayerNorm(bias=True) does)."""
+
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, device=None, dtype=None):
+        super().__init__(normalized_shape, eps, elementwise_affine, bias, device, dtype)
+        if self.bias is not None:
+            with torch.no_grad():
+                self.bias.normal_()
+
+    def forward(self, x):
+        return _ln32(x, self.weight, self.bias, self.eps)
+
+
+class NormalInitLinear(GoodLinear):
+    """Correct maths; its weight starts from N(0, 0.023) and its bias at zero (transformer-engine's init)."""
+
+    def __init__(self, in_features, out_features, bias=True, device=None, dtype=None):
+        super().__init__(in_features, out_features, bias, device, dtype)
+        with torch.no_grad():
+            self.weight.normal_(0.0, 0.023)
+            if self.bias is not None:
+                self.bias.zero_()
+
+
+class GammaBetaLayerNorm(nn.Module):
+    """Correct maths; its parameters are called gamma and beta (declared in that order)."""
+
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, device=None, dtype=None):
+        super().__init__()
+        n = normalized_shape if isinstance(normalized_shape, int) else normalized_shape[-1]
+        self.eps = eps
+        self.gamma = nn.Parameter(torch.ones(n, device=device, dtype=dtype))
+        self.beta = nn.Parameter(torch.zeros(n, device=device, dtype=dtype)) if bias else None
+
+    def forward(self, x):
+        return _ln32(x, self.gamma, self.beta, self.eps)
+
+
+class TransposedLinear(nn.Module):
+    """Correct maths; its weight is stored as (in, out) and applied as x @ W + b."""
+
+    def __init__(self, in_features, out_features, bias=True, device=None, dtype=None):
+        super().__init__()
+        bound = 1 / math.sqrt(in_features)
+        self.weight = nn.Parameter(torch.empty(in_features, out_features, device=device, dtype=dtype).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype).uniform_(-bound, bound)) if bias else None
+
+    def forward(self, x):
+        return F.linear(x, self.weight.t(), self.bias)
+
+
+class UnorderedSumLayerNorm(_Norm):
+    """Correct to rounding, but its reductions add in a different order on every call (like atomics)."""
+
+    def forward(self, x):
+        xf = x.float()
+        order = torch.randperm(xf.shape[-1], device=xf.device)
+        mean = xf[..., order].sum(-1, keepdim=True) / xf.shape[-1]
+        var = (xf - mean).pow(2)[..., torch.randperm(xf.shape[-1], device=xf.device)].sum(-1, keepdim=True) / xf.shape[-1]
+        y = (xf - mean) * torch.rsqrt(var + self.eps) * self.weight.float()
+        if self.bias is not None:
+            y = y + self.bias.float()
+        return y.to(x.dtype)
+
+
+class CudaPolicyLayerNorm(nn.LayerNorm):
+    """torch.nn.LayerNorm as CUDA's autocast runs it: layer_norm is on the float32 list, so under
+    autocast the output is float32 whatever the input dtype (on CPU, torch keeps bf16). The reference
+    for testing the output-dtype rule on a CPU."""
+
+    def forward(self, x):
+        if torch.is_autocast_enabled(x.device.type):
+            with torch.autocast(x.device.type, enabled=False):
+                return F.layer_norm(x.float(), self.normalized_shape, self.weight.float(),
+                                    None if self.bias is None else self.bias.float(), self.eps)  # fmt: skip
+        return super().forward(x)
+
+
+class CoarseOutputLayerNorm(_Norm):
+    """Returns the input dtype with its output rounded to float8 precision: a dtype change that hurts."""
+
+    def forward(self, x):
+        y = _ln32(x, self.weight, self.bias, self.eps).float()
+        return y.to(torch.float8_e4m3fn).to(x.dtype)
+
+
+class OddLayoutLayerNorm(nn.Module):
+    """Its one parameter has no counterpart in torch.nn.LayerNorm's state dict (a weight one too long, no bias)."""
+
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, device=None, dtype=None):
+        super().__init__()
+        n = normalized_shape if isinstance(normalized_shape, int) else normalized_shape[-1]
+        self.eps = eps
+        self.scale = nn.Parameter(torch.ones(n + 1, device=device, dtype=dtype))
+
+    def forward(self, x):
+        return F.layer_norm(x, x.shape[-1:], self.scale[:-1], None, self.eps)

@@ -1,0 +1,109 @@
+"""Parameter layout: does a candidate's state dict take torch.nn's keys, and through which mapping?
+
+Decided before any numerics, from keys and shapes only (no import, no torch): a correct kernel whose
+parameters are called ``gamma``/``beta``, or whose Linear weight is stored as ``(in, out)``, computes
+the right thing, and the probe must say how its state maps onto torch.nn's rather than report a
+numeric error or a crash. The mapping found is the twin's state-dict migration
+(``kernel_lock.checkpoint`` applies it): ``drop:<key>``, ``rename:<old>-><new>``, ``transpose:<key>``.
+
+The rules, in order: ``_extra_state`` entries are dropped (transformer-engine's); a key torch.nn has
+with the same shape maps to itself, with the transposed shape (2-D) to itself transposed; the keys left
+on both sides pair up in declaration order when every pair has equal (or transposed) shapes. Anything
+else has no mapping, and the verdict lists what is missing and what is unexpected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the candidate's state maps onto torch.nn's. ``pairs``: torch.nn key -> (candidate key, transposed)."""
+
+    ok: bool
+    pairs: Mapping[str, tuple[str, bool]] = field(default_factory=dict)
+    rules: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()  # torch.nn's keys (with shapes) nothing maps to
+    unexpected: tuple[str, ...] = ()  # the candidate's keys (with shapes) that map to nothing
+
+    @property
+    def identity(self) -> bool:
+        return self.ok and not self.rules
+
+    def problem(self) -> str:
+        parts = []
+        if self.missing:
+            parts.append(f"missing {', '.join(self.missing)}")
+        if self.unexpected:
+            parts.append(f"unexpected {', '.join(self.unexpected)}")
+        return ("its state dict does not take torch.nn's keys, and no mapping was found (renamed keys of equal "
+                f"shapes in declaration order, a transposed weight, a dropped _extra_state): {'; '.join(parts)}")  # fmt: skip
+
+    def to_json(self) -> dict[str, object]:
+        return {"ok": self.ok, "rules": list(self.rules), "missing": list(self.missing), "unexpected": list(self.unexpected),
+                "pairs": {k: [c, t] for k, (c, t) in self.pairs.items()}}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> Layout:
+        pairs = {str(k): (str(v[0]), bool(v[1])) for k, v in dict(d.get("pairs") or {}).items()}  # type: ignore[index]
+        return cls(bool(d["ok"]), pairs, tuple(d.get("rules") or ()), tuple(d.get("missing") or ()),  # type: ignore[arg-type]
+                   tuple(d.get("unexpected") or ()))  # type: ignore[arg-type]
+
+
+def _shaped(key: str, shape: Shape) -> str:
+    return f"{key} {tuple(shape)}"
+
+
+def _fits(candidate: Shape, reference: Shape) -> tuple[bool, bool]:
+    """(fits, transposed)."""
+    if tuple(candidate) == tuple(reference):
+        return True, False
+    if len(reference) == 2 and tuple(reversed(candidate)) == tuple(reference):
+        return True, True
+    return False, False
+
+
+def discover(candidate: Mapping[str, Shape], reference: Mapping[str, Shape]) -> Layout:
+    """The mapping from the candidate's state-dict keys and shapes onto torch.nn's (``reference``)."""
+    rules: list[str] = []
+    cand = dict(candidate)
+    for key in list(cand):
+        if key == "_extra_state" or key.endswith("._extra_state"):
+            rules.append(f"drop:{key}")
+            del cand[key]
+    pairs: dict[str, tuple[str, bool]] = {}
+    for key, shape in reference.items():
+        if key in cand:
+            fits, turned = _fits(cand[key], shape)
+            if fits:
+                pairs[key] = (key, turned)
+    used = {c for c, _ in pairs.values()}
+    rest_c = [k for k in cand if k not in used]
+    rest_r = [k for k in reference if k not in pairs]
+    if rest_c or rest_r:
+        matched = len(rest_c) == len(rest_r) and all(_fits(cand[c], reference[r])[0] for c, r in zip(rest_c, rest_r))
+        if not matched:
+            return Layout(False, missing=tuple(_shaped(k, reference[k]) for k in rest_r),
+                          unexpected=tuple(_shaped(k, cand[k]) for k in rest_c))  # fmt: skip
+        for c, r in zip(rest_c, rest_r):
+            pairs[r] = (c, _fits(cand[c], reference[r])[1])
+    for key in reference:  # rules in torch.nn's declaration order
+        c, turned = pairs[key]
+        if c != key:
+            rules.append(f"rename:{c}->{key}")
+        if turned:
+            rules.append(f"transpose:{key}")
+    return Layout(True, {k: pairs[k] for k in reference}, tuple(rules))
+
+
+def shapes(state: Mapping[str, object]) -> dict[str, Shape]:
+    """Key -> shape of a state dict's tensors (anything without a shape counts as a scalar)."""
+    return {k: tuple(getattr(v, "shape", ())) for k, v in state.items()}
+
+
+def describe(rules: Sequence[str]) -> str:
+    return ", ".join(rules) if rules else "identity"
