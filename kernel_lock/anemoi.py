@@ -340,7 +340,7 @@ def export(lock: KernelLock, mode: str = "training", *, qk_norm: bool = False,
             entry = entry_for(key, Exported(key, _entry(target, kwargs)), ANEMOI_DEFAULTS[key], where=f"layer_kernels.{key}")
             assert entry is not None
             note = entry.note + ("" if target == DEFAULT_TARGETS["LayerNorm"] else
-                                 f"; check the kernel at head_dim with `kernel-probe check --hidden 64`")  # fmt: skip
+                                 "; check the kernel at head_dim with `kernel-probe check --hidden 64`")  # fmt: skip
             out.append(Exported(key, entry.entry, note))
     return out
 

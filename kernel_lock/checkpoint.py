@@ -38,11 +38,12 @@ def attach(checkpoint: MutableMapping[str, Any], lock: KernelLock) -> MutableMap
 
 
 def lock_from_checkpoint(checkpoint: Mapping[str, Any], *, where: str = "<checkpoint>", strict: bool = False,
-                         emit_warnings: bool = True) -> KernelLock:  # fmt: skip
+                         emit_warnings: bool = True, trust: Iterable[str] = ()) -> KernelLock:  # fmt: skip
     """The lock a checkpoint carries, validated like a lock file and checked against its stored digest.
 
     Raises :class:`LockFormatError` when the checkpoint carries no lock, the entry is malformed, the
-    text is not a valid lock, or its content does not match the digest stored beside it.
+    text is not a valid lock, or its content does not match the digest stored beside it. A lock inside
+    a checkpoint is no more trusted than a file: ``trust`` grants what its ``trusted-modules`` ask.
     """
     key = CHECKPOINT_KEY
     entry = checkpoint.get(key) if isinstance(checkpoint, Mapping) else None
@@ -57,7 +58,7 @@ def lock_from_checkpoint(checkpoint: Mapping[str, Any], *, where: str = "<checkp
         raise LockFormatError(f"expected the lock's TOML text, got {type(text).__name__}", path=where, key=f"{key}.text")
     if not isinstance(digest, str):
         raise LockFormatError(f"expected 'sha256:<hex>', got {type(digest).__name__}", path=where, key=f"{key}.digest")
-    lock = loads(text, path=f"{where}[{key!r}]", strict=strict, emit_warnings=emit_warnings)
+    lock = loads(text, path=f"{where}[{key!r}]", strict=strict, emit_warnings=emit_warnings, trust=tuple(trust))
     found = lock.compute_digest()
     if found != digest:
         raise LockFormatError(

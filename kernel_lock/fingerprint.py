@@ -94,7 +94,9 @@ def compare(expected: Mapping[str, Any], found: Mapping[str, Any], libraries_exp
     """Every field where ``found`` does not satisfy the lock's ``expected`` (EnvField objects)."""
     diffs = []
     for name, spec in expected.items():
-        kind = FIELDS[name].kind if name in FIELDS else "text"
+        if name not in FIELDS:
+            continue  # written by a newer kernel-probe: reported by the loader, not checked (see unchecked_fields)
+        kind = FIELDS[name].kind
         value = found.get(name)
         if not field_matches(kind, spec.match, spec.value, value):
             diffs.append(Difference(name, spec.value, value, spec.match))
@@ -106,6 +108,11 @@ def compare(expected: Mapping[str, Any], found: Mapping[str, Any], libraries_exp
         elif not field_matches("version", spec.match, spec.value, value):
             diffs.append(Difference(f"libraries.{name}", spec.value, value, spec.match))
     return diffs
+
+
+def unchecked_fields(expected: Mapping[str, Any]) -> list[str]:
+    """The lock's environment fields this kernel_lock does not know, and so does not check."""
+    return [name for name in expected if name not in FIELDS]
 
 
 def library_versions(names: Iterable[str]) -> dict[str, str | None]:

@@ -13,7 +13,7 @@ import math
 import os
 import re
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -33,26 +33,49 @@ PRECISIONS = ("32-true", "bf16-true", "16-true", "bf16-mixed", "16-mixed")
 # Modules a lock may name without declaring them trusted. Anything else is refused before import.
 ALLOWED_ROOTS = ("torch", "liger_kernel", "transformer_engine", "apex", "flash_attn", "quack", "kernel_lock.adapters")
 
-_DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+", re.ASCII)
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", re.ASCII)
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}", re.ASCII)
+_VERSION = re.compile(r"([0-9]{1,6})\.([0-9]{1,6})", re.ASCII)
+MAX_BYTES = 8 << 20  # a lock is a few kB; anything this large is not one
+MAX_WARNINGS = 20  # per lock: 300k unknown keys are one summary, not 300k lines
+INT64 = 1 << 63
+TRUST_ENV = "KERNEL_LOCK_TRUST"  # modules the caller trusts beyond the built-in allow-list
 
 _T = TypeVar("_T")
 Scalar = (str, int, float, bool)
 
 
 class _Ctx:
-    """Where we are while parsing: the file, and warnings to report once parsing succeeds."""
+    """Where we are while parsing: the file, the trust granted, and warnings to report once parsing succeeds."""
 
-    def __init__(self, path: str | None):
+    def __init__(self, path: str | None, granted: Sequence[str] = (), check_targets: bool = True):
         self.path = path
         self.warnings: list[str] = []
+        self.granted = tuple(granted)
+        self.requested: tuple[str, ...] = ()
+        self.check_targets = check_targets
 
     def error(self, key: str, problem: str, fix: str | None = None) -> LockFormatError:
         return LockFormatError(problem, path=self.path, key=key, fix=fix)
 
     def warn(self, key: str, problem: str) -> None:
+        self.dropped = getattr(self, "dropped", 0)
+        if len(self.warnings) >= MAX_WARNINGS:
+            self.dropped += 1
+            return
         self.warnings.append(f"{self.path or '<lock>'}: '{key}': {problem}")
+
+    def check(self, target: str, key: str, what: str = "target") -> None:
+        if self.check_targets:
+            check_target(target, self.granted, path=self.path, key=key, requested=self.requested, what=what)
+        elif not _DOTTED.fullmatch(target):
+            raise self.error(key, f"{target!r} is not a dotted import path like 'torch.nn.LayerNorm'")
+
+    def finished_warnings(self) -> list[str]:
+        dropped = getattr(self, "dropped", 0)
+        more = [f"{self.path or '<lock>'}: ... and {dropped} more warning(s) like these"] if dropped else []
+        return self.warnings + more
 
 
 def _type_name(t: Any) -> str:
@@ -117,10 +140,19 @@ def _unknown_keys(ctx: _Ctx, d: Mapping[str, Any], known: Sequence[str], path: s
             ctx.warn(f"{path}{key}", "unknown key, ignored (written by a newer kernel-probe?)")
 
 
+def _value_problem(value: Any, *, finite: bool) -> str | None:
+    """Why a scalar from the file cannot be used: integers beyond 64 bits, non-finite numbers."""
+    if isinstance(value, int) and not isinstance(value, bool) and not -INT64 <= value < INT64:
+        return f"integer {str(value)[:20]}... is beyond 64 bits" if len(str(value)) > 20 else f"integer {value} is beyond 64 bits"
+    if finite and isinstance(value, float) and not math.isfinite(value):
+        return f"{value} is not a finite number"
+    return None
+
+
 def _kwargs(ctx: _Ctx, d: Mapping[str, Any], key: str, path: str) -> dict[str, Any]:
     values = _get(ctx, d, key, dict, path, default={})
     for name, value in values.items():
-        if not name.isidentifier():
+        if not name.isidentifier() or not name.isascii():
             raise ctx.error(f"{path}{key}.{name}", "a keyword argument name must be a Python identifier")
         ok = isinstance(value, Scalar) or (
             isinstance(value, list) and all(isinstance(v, Scalar) and not isinstance(v, list) for v in value)
@@ -130,23 +162,67 @@ def _kwargs(ctx: _Ctx, d: Mapping[str, Any], key: str, path: str) -> dict[str, A
                 f"{path}{key}.{name}",
                 f"constructor kwargs must be strings, numbers, booleans or lists of them, got {type(value).__name__}",
             )
+        for v in value if isinstance(value, list) else [value]:
+            problem = _value_problem(v, finite=True)
+            if problem:
+                raise ctx.error(f"{path}{key}.{name}", problem, fix="pin a finite value (e.g. eps = 1e-5)")
     return dict(values)
 
 
-def check_target(target: str, trusted: Sequence[str] = (), *, path: str | None = None, key: str | None = None) -> None:
-    """Refuse a target outside the allow-list. Runs before anything is imported."""
-    if not isinstance(target, str) or not _DOTTED.match(target):
-        raise LockFormatError(
-            f"{target!r} is not a dotted import path like 'torch.nn.LayerNorm'", path=path, key=key
+def granted_trust(trust: Iterable[str] = ()) -> tuple[str, ...]:
+    """The modules the caller trusts: ``trust`` and ``$KERNEL_LOCK_TRUST`` (comma- or colon-separated)."""
+    names = [str(t) for t in trust]
+    env = os.environ.get(TRUST_ENV, "")
+    names += [n for n in re.split(r"[,:\s]+", env) if n]
+    for name in names:
+        if not _MODULE.fullmatch(name) or any(part.startswith("_") for part in name.split(".")):
+            source = f"${TRUST_ENV}" if name not in trust else "trust"
+            raise LockFormatError(f"{source}: {name!r} is not a public module name", key=TRUST_ENV if source != "trust" else None,
+                                  fix="list top-level packages, e.g. KERNEL_LOCK_TRUST=site_kernels")  # fmt: skip
+    return tuple(dict.fromkeys(names))
+
+
+def _private(dotted: str) -> bool:
+    return any(part.startswith("_") for part in dotted.split("."))
+
+
+def _under(name: str, root: str) -> bool:
+    return name == root or name.startswith(root + ".")
+
+
+def check_target(target: str, trusted: Sequence[str] = (), *, path: str | None = None, key: str | None = None,
+                 requested: Sequence[str] = (), what: str = "target") -> None:  # fmt: skip
+    """Refuse a target outside the allow-list. Runs before anything is imported.
+
+    The allow-list is ``ALLOWED_ROOTS`` plus the modules the *caller* trusts (``trusted``: the API's
+    ``trust=``, ``$KERNEL_LOCK_TRUST``, ``--trust``); the lock's own ``trusted-modules``
+    (``requested``) are only a request, named in the error with how to grant it. A path with a
+    private or ``__main__`` component is never imported (importing a ``__main__`` runs it).
+    """
+    if not isinstance(target, str) or not _DOTTED.fullmatch(target):
+        raise LockFormatError(f"{target!r} is not a dotted import path like 'torch.nn.LayerNorm'", path=path, key=key)
+    if _private(target):
+        raise TargetNotAllowed(
+            f"{what} {target!r} has a private or __main__ component: it is never imported (importing a module's "
+            "__main__ runs it)", path=path, key=key, fix="name a public class, e.g. torch.nn.LayerNorm")  # fmt: skip
+    if any(_under(target, root) for root in (*ALLOWED_ROOTS, *trusted)):
+        return
+    asked = next((m for m in requested if _under(target, m)), None)
+    if asked is not None:
+        raise TargetNotAllowed(
+            f"{what} {target!r} is in {asked!r}, which the lock asks to trust (trusted-modules) but which was not "
+            "granted; nothing was imported",
+            path=path,
+            key=key,
+            fix=f"if you trust {asked!r}, grant it: `--trust {asked}` on kernel-probe's command line, "
+            f"{TRUST_ENV}={asked} in the environment, or kernel_lock.load(path, trust=[{asked!r}])",
         )
-    for root in (*ALLOWED_ROOTS, *trusted):
-        if target == root or target.startswith(root + "."):
-            return
     raise TargetNotAllowed(
-        f"target {target!r} is not in the import allow-list ({', '.join(ALLOWED_ROOTS)}); nothing was imported",
+        f"{what} {target!r} is not in the import allow-list ({', '.join(ALLOWED_ROOTS)}); nothing was imported",
         path=path,
         key=key,
-        fix="if you trust that module, list its top-level package in the lock's `trusted-modules` array",
+        fix=f"if you trust that module, grant it: `--trust MODULE`, {TRUST_ENV}=MODULE, or kernel_lock.load(path, "
+        "trust=[...]) (a lock's own trusted-modules only asks)",
     )
 
 
@@ -230,8 +306,12 @@ class Requirement:
         except InvalidSpecifier:
             raise ctx.error(f"{path}specifier", f"{spec!r} is not a PEP 440 version specifier like '>=0.8,<0.9'")
         module = _get(ctx, d, "module", str, path, default="")
-        if module and not _MODULE.match(module):
+        if module and not _MODULE.fullmatch(module):
             raise ctx.error(f"{path}module", f"{module!r} is not a module name")
+        if module and ctx.check_targets:
+            # looked up by its top-level name on the file system only, never imported; still, a lock
+            # names only modules the allow-list covers
+            ctx.check(module if "." in module else module + ".x", f"{path}module", what="requirement module")
         _unknown_keys(ctx, d, ("name", "specifier", "module"), path)
         return cls(name=name, specifier=spec, module=module)
 
@@ -253,12 +333,12 @@ class Twin:
     max_error: float | None = None
 
     @classmethod
-    def _from_dict(cls, ctx: _Ctx, d: Mapping[str, Any], path: str, trusted: Sequence[str]) -> Twin:
+    def _from_dict(cls, ctx: _Ctx, d: Mapping[str, Any], path: str) -> Twin:
         target = _required(ctx, d, "target", str, path)
-        check_target(target, trusted, path=ctx.path, key=f"{path}target")
+        ctx.check(target, f"{path}target")
         max_error = _get(ctx, d, "max-error", float, path)
-        if max_error is not None and (math.isnan(max_error) or max_error < 0):
-            raise ctx.error(f"{path}max-error", "must be a non-negative number")
+        if max_error is not None and (not math.isfinite(max_error) or max_error < 0):
+            raise ctx.error(f"{path}max-error", "must be a non-negative finite number")
         _unknown_keys(ctx, d, ("target", "kwargs", "state-dict", "migration", "max-error"), path)
         return cls(
             target=target,
@@ -291,6 +371,10 @@ def _record(ctx: _Ctx, d: Mapping[str, Any], path: str) -> dict[str, Any]:
                     raise ctx.error(f"{path}{key}[{i}]", "evidence values must be strings, numbers or booleans")
         elif not isinstance(value, Scalar):
             raise ctx.error(f"{path}{key}", f"unsupported value of type {type(value).__name__}")
+        for v in (value.values() if isinstance(value, dict) else value if isinstance(value, list) else [value]):
+            problem = _value_problem(v, finite=False)
+            if problem:
+                raise ctx.error(f"{path}{key}", problem)
         out[key] = value
     return out
 
@@ -342,12 +426,12 @@ class Slot:
     )  # fmt: skip
 
     @classmethod
-    def _from_dict(cls, ctx: _Ctx, name: str, d: Any, trusted: Sequence[str]) -> Slot:
+    def _from_dict(cls, ctx: _Ctx, name: str, d: Any) -> Slot:
         path = f"slots.{name}."
         if not isinstance(d, dict):
             raise ctx.error(f"slots.{name}", "expected a table")
         target = _required(ctx, d, "target", str, path)
-        check_target(target, trusted, path=ctx.path, key=f"{path}target")
+        ctx.check(target, f"{path}target")
         twin_d = _get(ctx, d, "twin", dict, path)
         _unknown_keys(ctx, d, cls._KEYS, path)
         slot = cls(
@@ -358,7 +442,7 @@ class Slot:
             kwargs=_kwargs(ctx, d, "kwargs", path),
             requires=tuple(Requirement._from_dict(ctx, r, p) for p, r in _tables(ctx, d, "requires", path)),
             devices=_strings(ctx, d, "devices", path),
-            twin=Twin._from_dict(ctx, twin_d, f"{path}twin.", trusted) if twin_d is not None else None,
+            twin=Twin._from_dict(ctx, twin_d, f"{path}twin.") if twin_d is not None else None,
             reason=_get(ctx, d, "reason", str, path, default=""),
             changes=_strings(ctx, d, "accepted-changes", path),
             evidence=tuple(_record(ctx, r, p) for p, r in _tables(ctx, d, "evidence", path)),
@@ -416,6 +500,7 @@ class KernelLock:
     path: str | None = field(default=None, compare=False)
     warnings: tuple[str, ...] = field(default=(), compare=False)
     intact: bool = field(default=True, compare=False)
+    granted: tuple[str, ...] = field(default=(), compare=False)  # modules the caller trusted when loading it
 
     _KEYS = (
         "lock-version", "created-by", "created-at", "mode", "precision", "trusted-modules", "digest",
@@ -424,10 +509,11 @@ class KernelLock:
 
     # ---- construction ---------------------------------------------------------------------
     @classmethod
-    def _from_dict(cls, d: Mapping[str, Any], path: str | None = None, *, strict: bool = False) -> KernelLock:
-        ctx = _Ctx(path)
+    def _from_dict(cls, d: Mapping[str, Any], path: str | None = None, *, strict: bool = False,
+                   trust: Sequence[str] = (), check_targets: bool = True) -> KernelLock:  # fmt: skip
+        ctx = _Ctx(path, granted_trust(trust), check_targets)
         version = _required(ctx, d, "lock-version", str, "")
-        m = re.match(r"^(\d+)\.(\d+)$", version)
+        m = _VERSION.fullmatch(version)
         if not m:
             raise ctx.error("lock-version", f"{version!r} is not a MAJOR.MINOR version like {LOCK_VERSION!r}")
         major, minor = int(m.group(1)), int(m.group(2))
@@ -445,8 +531,9 @@ class KernelLock:
         _unknown_keys(ctx, d, cls._KEYS, "")
         trusted = _strings(ctx, d, "trusted-modules", "")
         for i, module in enumerate(trusted):
-            if not _MODULE.match(module):
+            if not _MODULE.fullmatch(module) or _private(module):
                 raise ctx.error(f"trusted-modules[{i}]", f"{module!r} is not a module name")
+        ctx.requested = trusted  # a request only: the caller grants trust
         slots_d = _get(ctx, d, "slots", dict, "", default={})
         slots = {}
         for name, value in slots_d.items():
@@ -454,9 +541,9 @@ class KernelLock:
                 close = [s for s in SLOTS if s.lower() == name.lower()]
                 hint = f"did you mean {close[0]!r}? slot names are case-sensitive" if close else f"known slots: {', '.join(SLOTS)}"
                 raise ctx.error(f"slots.{name}", f"unknown slot {name!r}", fix=hint)
-            slots[name] = Slot._from_dict(ctx, name, value, trusted)
+            slots[name] = Slot._from_dict(ctx, name, value)
         digest = _get(ctx, d, "digest", str, "", default="")
-        if digest and not _DIGEST.match(digest):
+        if digest and not _DIGEST.fullmatch(digest):
             raise ctx.error("digest", f"{digest!r} is not 'sha256:<64 hex digits>'")
         lock = cls(
             lock_version=version,
@@ -471,7 +558,11 @@ class KernelLock:
             provenance=_record(ctx, _get(ctx, d, "provenance", dict, "", default={}), "provenance."),
             digest=digest,
             path=path,
+            granted=ctx.granted,
         )
+        if strict and not lock.environment.fields:
+            raise ctx.error("environment", "the lock has no [environment]: it would match any machine",
+                            fix="re-run `kernel-probe --force` on the machine it is for (it writes the fingerprint)")  # fmt: skip
         intact = True
         if not digest:
             ctx.warn("digest", "the lock has no digest, so hand edits cannot be detected (run `kernel-probe rehash`)")
@@ -482,7 +573,7 @@ class KernelLock:
             if strict:
                 raise ctx.error("digest", problem, fix="re-run `kernel-probe --force`, or accept the edit with `kernel-probe rehash LOCK`")
             ctx.warn("digest", problem + " (accept the edit with `kernel-probe rehash LOCK`)")
-        return replace(lock, warnings=tuple(ctx.warnings), intact=intact)
+        return replace(lock, warnings=tuple(ctx.finished_warnings()), intact=intact)
 
     # ---- serialisation --------------------------------------------------------------------
     def to_dict(self, *, with_digest: bool = True) -> dict[str, Any]:
@@ -537,9 +628,25 @@ class KernelLock:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically: a temp file in the same directory, fsync, rename.
+
+    A symbolic link at ``path`` is written *through* (its target is replaced, the link stays, so a
+    shared lock others link to stays shared). Anything there that is not a regular file (a directory,
+    a FIFO, a device) is refused, never replaced.
+    """
+    import stat
     import tempfile
 
-    path = Path(path)
+    path = Path(os.path.realpath(path))
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        from ._files import kind
+
+        raise LockFormatError(f"is {kind(mode)}, not a regular file: not replaced", path=str(path),
+                              fix="write the lock to a regular file path")  # fmt: skip
     directory = path.parent if str(path.parent) else Path(".")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     try:
@@ -557,8 +664,15 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
-def loads(text: str | bytes, *, path: str | None = None, strict: bool = False, emit_warnings: bool = True) -> KernelLock:
-    """Parse and validate lock text. Any problem raises a :class:`LockError` subclass."""
+def loads(text: str | bytes, *, path: str | None = None, strict: bool = False, emit_warnings: bool = True,
+          trust: Sequence[str] = (), check_targets: bool = True) -> KernelLock:  # fmt: skip
+    """Parse and validate lock text. Any problem raises a :class:`LockError` subclass.
+
+    ``trust``: modules you trust beyond the built-in allow-list (also ``$KERNEL_LOCK_TRUST``); the
+    lock's own ``trusted-modules`` only ask for it. ``strict``: a hand-edited lock, or one without
+    an environment, is an error. ``check_targets=False`` parses without the allow-list (for printing
+    a lock; nothing resolves without the allow-list anyway).
+    """
     where = path or "<lock>"
     if isinstance(text, bytes):
         try:
@@ -574,7 +688,7 @@ def loads(text: str | bytes, *, path: str | None = None, strict: bool = False, e
     except (ValueError, RecursionError) as exc:  # e.g. a NUL byte, absurd nesting
         raise LockFormatError(f"not valid TOML: {exc}", path=where) from None
     try:
-        lock = KernelLock._from_dict(data, path=where, strict=strict)
+        lock = KernelLock._from_dict(data, path=where, strict=strict, trust=trust, check_targets=check_targets)
     except RecursionError:
         raise LockFormatError("nesting too deep", path=where) from None
     if emit_warnings:
@@ -583,18 +697,21 @@ def loads(text: str | bytes, *, path: str | None = None, strict: bool = False, e
     return lock
 
 
-def load(path: str | os.PathLike[str], *, strict: bool = False, emit_warnings: bool = True) -> KernelLock:
-    """Read and validate the lock at ``path``."""
+def load(path: str | os.PathLike[str], *, strict: bool = False, emit_warnings: bool = True, trust: Sequence[str] = (),
+         check_targets: bool = True) -> KernelLock:  # fmt: skip
+    """Read and validate the lock at ``path`` (a regular file of at most 8 MiB). See :func:`loads`."""
+    from ._files import UnsafeFile, read_regular
+
     p = Path(path)
     where = str(p)
-    if p.is_dir():
-        raise LockFormatError("is a directory, not a lock file", path=where,
-                              fix=f"pass the lock file itself, e.g. {p / 'kernel-lock.toml'}")
     try:
-        raw = p.read_bytes()
+        raw = read_regular(p, MAX_BYTES)
     except FileNotFoundError:
         raise LockFormatError("no such file", path=where,
                               fix="run `kernel-probe --out PATH` on this machine to write one, or check the path") from None
+    except UnsafeFile as exc:
+        fix = f"pass the lock file itself, e.g. {p / 'kernel-lock.toml'}" if "directory" in exc.problem else exc.fix
+        raise LockFormatError(exc.problem, path=where, fix=fix or None) from None
     except OSError as exc:
         raise LockFormatError(f"cannot read: {exc.strerror}", path=where, fix="check the path and its permissions") from None
-    return loads(raw, path=where, strict=strict, emit_warnings=emit_warnings)
+    return loads(raw, path=where, strict=strict, emit_warnings=emit_warnings, trust=trust, check_targets=check_targets)

@@ -75,7 +75,7 @@ class _Plan:
         self.slots: list[tuple[Slot, type]] = []
         for slot in lock.slots.values():
             try:
-                cls = import_target(slot.target, lock.trusted_modules, where=lock.path, key=f"slots.{slot.name}.target")
+                cls = import_target(slot.target, lock.granted, where=lock.path, key=f"slots.{slot.name}.target")
             except ImportError:
                 continue  # not importable here: no module of the model can be an instance of it
             self.slots.append((slot, cls))
@@ -100,7 +100,7 @@ class _Plan:
                 "implementation that has a verified torch.nn twin",
             )
         assert slot.twin is not None
-        twin = self._import(slot.twin.target, self.lock.trusted_modules, where=self.lock.path,
+        twin = self._import(slot.twin.target, self.lock.granted, where=self.lock.path,
                             key=f"slots.{slot.name}.twin.target")  # fmt: skip
         wrapper = _wrapper_for(cls, slot.twin.target)
         if wrapper is not None:

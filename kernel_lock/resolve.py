@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import importlib.util
 import inspect
 import logging
 from collections.abc import Mapping
@@ -17,6 +16,7 @@ from typing import Any
 
 from .errors import Difference, KernelUnavailable, LockFormatError, LockMismatch, TargetNotAllowed
 from .lock import MODES, SLOTS, KernelLock, Slot, check_target
+from .slots import SLOT_SEMANTICS, class_semantics
 
 log = logging.getLogger("kernel_lock")
 
@@ -75,8 +75,11 @@ def _check_mode(mode: str) -> None:
         raise LockFormatError(f"unknown mode {mode!r}", fix=f"use one of {', '.join(MODES)}")
 
 
-def import_target(target: str, trusted: tuple[str, ...] = (), *, where: str | None = None, key: str | None = None) -> type:
-    """Import an allow-listed ``torch.nn.Module`` subclass. The allow-list is checked first."""
+def import_target(target: str, trusted: tuple[str, ...] = (), *, where: str | None = None, key: str | None = None,
+                  semantics: str | None = None) -> type:  # fmt: skip
+    """Import an allow-listed ``torch.nn.Module`` subclass. The allow-list is checked first; with
+    ``semantics``, a class that computes something else (an RMSNorm for a LayerNorm slot, an
+    Identity for a Linear) is refused."""
     check_target(target, trusted, path=where, key=key)
     module_name, _, attr = target.rpartition(".")
     # a nested class ("pkg.mod.Outer.Inner") is not supported on purpose: one module, one class
@@ -93,6 +96,14 @@ def import_target(target: str, trusted: tuple[str, ...] = (), *, where: str | No
             path=where,
             key=key,
             fix="a slot must name a module class, such as torch.nn.LayerNorm",
+        )
+    found = class_semantics(obj) if semantics is not None else None
+    if found is not None and found != semantics:
+        raise TargetNotAllowed(
+            f"target {target!r} computes {found}, not {semantics}: the slot would change the model's maths",
+            path=where,
+            key=key,
+            fix="pin a class of the slot's semantics (an RMSNorm is not a LayerNorm), or move the entry to its slot",
         )
     return obj
 
@@ -131,7 +142,7 @@ def _requirement_problems(slot: Slot) -> list[Difference]:
             version = metadata.version(req.name)
         except metadata.PackageNotFoundError:
             version = None
-        if version is None and req.module and importlib.util.find_spec(req.module) is not None:
+        if version is None and req.module and _locatable(req.module):
             version = "unknown"  # importable but not installed as a distribution (e.g. a source tree)
         if version is None:
             problems.append(Difference(f"slots.{slot.name}.requires.{req.name}", req.specifier or "any", "not installed", "specifier"))
@@ -144,6 +155,18 @@ def _requirement_problems(slot: Slot) -> list[Difference]:
             if not ok:
                 problems.append(Difference(f"slots.{slot.name}.requires.{req.name}", req.specifier, version, "specifier"))
     return problems
+
+
+def _locatable(module: str) -> bool:
+    """Is the top-level package of ``module`` on the search path? A file-system lookup only: no
+    package's code runs (``find_spec`` of a dotted name would import its parents)."""
+    import importlib.machinery
+
+    top = module.split(".", 1)[0]
+    try:
+        return importlib.machinery.PathFinder.find_spec(top) is not None
+    except (ImportError, ValueError, OSError):
+        return False
 
 
 def verify(lock: KernelLock, mode: str = "training", *, current: Mapping[str, Any] | None = None) -> list[str]:
@@ -164,6 +187,8 @@ def verify(lock: KernelLock, mode: str = "training", *, current: Mapping[str, An
 
         libs = fingerprint.library_versions(lock.environment.libraries)
         diffs = fingerprint.compare(lock.environment.fields, current, lock.environment.libraries, libs)
+        notes.extend(f"environment field {name!r} is unknown to this kernel_lock (a newer writer?): not checked"
+                     for name in fingerprint.unchecked_fields(lock.environment.fields))  # fmt: skip
         for slot in lock.slots.values():
             diffs.extend(_requirement_problems(slot))
         if lock.mode == "inference":
@@ -232,12 +257,19 @@ def _ensure_verified(lock: KernelLock, mode: str) -> None:
 
 
 def _build(slot_name: str, target: str, kwargs: Mapping[str, Any], lock: KernelLock | None, key: str) -> type:
-    trusted = lock.trusted_modules if lock else ()
+    trusted = lock.granted if lock else ()
     where = lock.path if lock else None
     try:
-        cls = import_target(target, trusted, where=where, key=f"{key}.target")
+        cls = import_target(target, trusted, where=where, key=f"{key}.target", semantics=SLOT_SEMANTICS[slot_name])
     except (LockFormatError, TargetNotAllowed):
         raise
+    except SystemExit as exc:  # a module that runs its command line on import must not end the caller
+        raise KernelUnavailable(
+            f"slot {slot_name}: importing {target!r} called sys.exit({exc.code!r})",
+            path=where,
+            key=key,
+            fix="that module is a program, not a library of layers: pin a class from a library",
+        ) from None
     except ImportError as exc:
         missing = getattr(exc, "name", None) or target.split(".")[0]
         raise KernelUnavailable(

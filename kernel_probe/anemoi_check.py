@@ -8,7 +8,7 @@ merge, each block holds exactly what the lock says — anemoi's wrappers kept (`
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any

@@ -65,15 +65,47 @@ def _loader():
     return Loader
 
 
+MAX_BYTES = 8 << 20  # anemoi's configs are a few kB
+MAX_NODES = 1_000_000  # values once YAML aliases are expanded: beyond this, a bomb, not a config
+
+
+def expanded_size(data: Any, limit: int = MAX_NODES) -> int:
+    """How many values ``data`` has once its shared (aliased) parts are counted every time they are
+    used, stopping past ``limit``: YAML aliases share one object, a billion-laughs document shares
+    it exponentially often, and anything that walks the tree (Hydra, OmegaConf, this checker) pays."""
+    memo: dict[int, int] = {}
+
+    def size(node: Any, depth: int) -> int:
+        if depth > 200:
+            raise RecursionError
+        key = id(node)
+        if key in memo:
+            return memo[key]
+        if isinstance(node, Mapping):
+            n = 1 + sum(size(v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            n = 1 + sum(size(v, depth + 1) for v in node)
+        else:
+            return 1
+        memo[key] = n = min(n, limit + 1)
+        return n
+
+    return size(data, 0)
+
+
 def load_config(path: str | Path) -> Any:
-    """The YAML document at ``path``; an unreadable or malformed file is an InputFileError (exit 5)."""
+    """The YAML document at ``path``; an unreadable, malformed or hostile file is an InputFileError (exit 5)."""
     import yaml
+
+    from kernel_lock._files import UnsafeFile, read_regular
 
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except IsADirectoryError:
-        raise InputFileError("is a directory, not a config file", path=str(p)) from None
+        text = read_regular(p, MAX_BYTES).decode("utf-8")
+    except FileNotFoundError:
+        raise InputFileError("cannot read the config: no such file", path=str(p), fix="check the path") from None
+    except UnsafeFile as exc:
+        raise InputFileError(exc.problem, path=str(p), fix=exc.fix or None) from None
     except OSError as exc:
         raise InputFileError(f"cannot read the config: {exc.strerror or exc}", path=str(p)) from None
     except UnicodeDecodeError as exc:
@@ -84,6 +116,16 @@ def load_config(path: str | Path) -> Any:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise InputFileError(f"not valid YAML{where}: {getattr(exc, 'problem', None) or exc}", path=str(p)) from None
+    except RecursionError:
+        raise InputFileError("nested too deeply to be a config", path=str(p)) from None
+    try:
+        too_big = expanded_size(data) > MAX_NODES
+    except RecursionError:
+        raise InputFileError("nested too deeply to be a config", path=str(p)) from None
+    if too_big:
+        raise InputFileError(f"expands to more than {MAX_NODES:,} values once its YAML aliases are followed (an alias "
+                             "bomb?); nothing was composed", path=str(p),
+                             fix="anemoi configs are small: check where this file came from")  # fmt: skip
     if not isinstance(data, Mapping):
         raise InputFileError(f"expected a YAML mapping (an anemoi config), got {type(data).__name__}", path=str(p),
                              fix="pass the training config, or the model config (config/model/<name>.yaml)")  # fmt: skip
@@ -147,10 +189,13 @@ class _Resolver:
     this file and left unjudged (a note), never a false error.
     """
 
+    BUDGET = 100_000  # values produced while following references: a ${...} fan-out stops here
+
     def __init__(self, root: Mapping[str, Any], *, model_is_root: bool, complete: bool):
         self.root = root
         self.model_is_root = model_is_root
         self.complete = complete
+        self.produced = 0
 
     def lookup(self, dotted: str) -> Any:
         parts = dotted.split(".")
@@ -170,6 +215,10 @@ class _Resolver:
 
     def resolve(self, value: Any, where: str, problems: list[Finding], depth: int = 0) -> Any:
         """``value`` with every whole-string ``${a.b.c}`` replaced by what it points at."""
+        self.produced += 1
+        if self.produced > self.BUDGET:
+            raise InputFileError(f"{where}: following its ${{...}} references produces more than {self.BUDGET:,} values "
+                                 "(a reference fan-out?); stopped", fix="anemoi's blocks are a few entries each")  # fmt: skip
         if isinstance(value, str):
             m = _INTERPOLATION.match(value)
             if m is None:
@@ -234,6 +283,12 @@ def _add_block(config: Config, where: str, content: Any, *, source: str = "", wr
         config.findings.append(Finding("error", "entry", where, f"expected a mapping of {', '.join(KEYS)}, "
                                        f"got {type(content).__name__} {content!r:.60}"))  # fmt: skip
         return
+    odd = [k for k in content if not isinstance(k, str)]
+    for k in odd:
+        config.findings.append(Finding("error", "key", f"{where}.{k!r}", f"key {k!r} is a {type(k).__name__}, not a name: "
+                                       "anemoi silently ignores it", f"use one of {', '.join(KEYS)}"))  # fmt: skip
+    if odd:
+        content = {k: v for k, v in content.items() if isinstance(k, str)}
     config.blocks.append(Block(where, content=content, source=source,
                                written=written if isinstance(written, Mapping) else None))  # fmt: skip
 

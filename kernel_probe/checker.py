@@ -18,7 +18,7 @@ from typing import Any
 from .candidates import SLOT_SEMANTICS, Candidate, for_slot
 from .judge import Policy, Verdict, judge_row, worst_status
 from .layout import Layout
-from .worker import Worker, WorkerDied
+from .worker import Worker, WorkerDied, WorkerPool
 
 IMPORT_TIMEOUT = 20.0  # seconds an import may take: a library that hangs costs this much of job start
 CHECK_TIMEOUT = 30.0  # seconds the checks of one candidate may take once imported
@@ -173,6 +173,8 @@ def _check_candidate(cand: Candidate, slot: str, device: str, plan: list[tuple[s
     except WorkerDied as exc:
         return Report(status=exc.status, reasons=[f"importing {cand.target}: {exc.reason} (import budget "
                                                   f"{import_timeout:g} s)" if exc.status == "timeout" else exc.reason], **base)  # fmt: skip
+    if imported.get("tampered"):
+        return Report(status="rejected", reasons=[_tampered(f"importing {cand.target}", imported["tampered"])], **base)
     if not imported.get("ok"):
         status = "unavailable" if imported.get("kind") == "import" else "crashed"
         return Report(status=status, reasons=[f"import of {cand.target} failed: {imported['error']}"], **base)
@@ -188,7 +190,14 @@ def _check_candidate(cand: Candidate, slot: str, device: str, plan: list[tuple[s
     except WorkerDied as exc:
         reason = f"checks: {exc.reason} (check budget {budget:g} s)" if exc.status == "timeout" else exc.reason
         return Report(status=exc.status, reasons=[reason], **base)
+    if raw.get("tampered"):
+        return Report(status="rejected", reasons=[_tampered(f"running {cand.target}", raw["tampered"])], **base)
     return judge_candidate(raw, cand, slot, device, policy, base)
+
+
+def _tampered(what: str, names: list[str]) -> str:
+    return (f"{what} replaced torch's own {', '.join(names)}: a library that patches torch changes the maths of "
+            "every other layer (and of the reference it is judged against), so it is refused")  # fmt: skip
 
 
 def judge_candidate(raw: Mapping[str, Any], cand: Candidate, slot: str, device: str, policy: Policy,
@@ -227,25 +236,27 @@ def judge_candidate(raw: Mapping[str, Any], cand: Candidate, slot: str, device: 
 
 def check_all(slots: Iterable[str], candidates: list[Candidate], device: str, plan: list[tuple[str, str]], *,
               timeout: float = CHECK_TIMEOUT, import_timeout: float = IMPORT_TIMEOUT, with_compile: bool = False,
-              worker: Worker | None = None, canonical: Mapping[str, Mapping[str, Any]] | None = None,
+              workers: WorkerPool | None = None, canonical: Mapping[str, Mapping[str, Any]] | None = None,
               hidden: int | None = None, policy: Policy = Policy(), baselines: Mapping[str, Candidate] | None = None,
               progress: Callable[[str, str], None] | None = None) -> dict[str, list[Report]]:  # fmt: skip
-    """Verdicts for every candidate of every slot. One worker serves them all unless one dies."""
-    own = worker is None
-    worker = worker or Worker()
+    """Verdicts for every candidate of every slot: torch's own share one worker, every other
+    candidate gets a fresh one (``WorkerPool``)."""
+    own = workers is None
+    pool = workers or WorkerPool()
     try:
-        worker.call({"op": "ping"})  # start it now: its start-up (importing torch) is no candidate's time
+        pool.prepare()  # start it now: its start-up (importing torch) is no candidate's time
         out: dict[str, list[Report]] = {}
         for slot in slots:
             out[slot] = []
             for cand in for_slot(candidates, slot):
                 if progress:
                     progress(slot, cand.id)
-                out[slot].append(check_candidate(cand, slot, device, plan, worker, timeout=timeout,
-                                                 import_timeout=import_timeout, with_compile=with_compile,
-                                                 canonical=(canonical or {}).get(slot), hidden=hidden, policy=policy,
-                                                 baseline=(baselines or {}).get(slot)))  # fmt: skip
+                with pool.worker_for(cand) as worker:
+                    out[slot].append(check_candidate(cand, slot, device, plan, worker, timeout=timeout,
+                                                     import_timeout=import_timeout, with_compile=with_compile,
+                                                     canonical=(canonical or {}).get(slot), hidden=hidden,
+                                                     policy=policy, baseline=(baselines or {}).get(slot)))  # fmt: skip
         return out
     finally:
         if own:
-            worker.close()
+            pool.close()

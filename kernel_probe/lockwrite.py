@@ -6,7 +6,7 @@ import datetime as dt
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from . import __version__
 from .candidates import SLOT_SEMANTICS, CANONICAL
 from .checker import Report
 from .choose import Choice
-from .errors import ProbeError
+from .errors import ProbeError, UsageError
 
 
 def environment(current: Mapping[str, Any], libraries: Mapping[str, str]) -> Environment:
@@ -85,8 +85,7 @@ def build_lock(choices: Mapping[str, Choice], reports: Mapping[str, list[Report]
         if cand.distribution:
             requires = (Requirement(cand.distribution, cand.specifier, cand.module.split(".")[0]),)
             distributions.add(cand.distribution)
-        if cand.source != "builtin":
-            trusted.add(cand.target.split(".")[0])
+        trusted.update(trusted_roots([cand]))
         twin = None
         tw = choice.report.twin
         if cand.twin_target:
@@ -132,6 +131,12 @@ def build_lock(choices: Mapping[str, Choice], reports: Mapping[str, list[Report]
     return lock.sealed()
 
 
+def trusted_roots(candidates: Iterable[Any]) -> tuple[str, ...]:
+    """The top-level packages of candidates that are not built in: what a lock written for them asks
+    to trust, and what the run that offered them grants."""
+    return tuple(sorted({c.target.split(".")[0] for c in candidates if c.source != "builtin"}))
+
+
 def _rejection_reasons(report: Report, choice: Choice) -> list[str]:
     if report.status == "accepted":
         score = choice.scores.get(report.id)
@@ -148,33 +153,82 @@ def inputs_digest(inputs: Mapping[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
 
 
-def check_writable(path: Path) -> None:
-    directory = path.parent if str(path.parent) else Path(".")
+def check_writable(path: Path) -> Path:
+    """The real path a lock at ``path`` is written to (a symbolic link is written through); a
+    UsageError (exit 2) naming the problem and the fix when ``path`` cannot take a lock."""
+    import stat
+
+    text = str(path)
+    if not text.strip():
+        raise UsageError("--out is empty", fix="name the lock file, e.g. --out kernel-lock.toml")
+    real = Path(os.path.realpath(path))
+    directory = real.parent
+    try:
+        name_max = os.pathconf(directory if directory.is_dir() else "/", "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    if len(os.fsencode(f".{real.name}.lock")) > name_max:
+        raise UsageError(f"--out {text}: the file name is too long for this file system ({len(real.name)} characters)",
+                         fix="choose a shorter name")  # fmt: skip
     if not directory.exists():
-        raise ProbeError(f"{path}: the directory {directory} does not exist",
+        raise UsageError(f"--out {text}: the directory {directory} does not exist",
                          fix=f"create it (mkdir -p {directory}) or choose another --out")  # fmt: skip
     if not directory.is_dir():
-        raise ProbeError(f"{path}: {directory} is not a directory", fix="choose another --out")
-    if path.is_dir():
-        raise ProbeError(f"{path} is a directory", fix=f"use --out {path / 'kernel-lock.toml'}")
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise ProbeError(f"{path}: cannot write in {directory} (permission denied)",
-                         fix="choose a writable --out, or fix the directory's permissions")  # fmt: skip
+        raise UsageError(f"--out {text}: {directory} is not a directory", fix="choose another --out")
+    try:
+        mode = os.stat(real).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise UsageError(f"--out {text}: cannot look at it: {exc.strerror}", fix="choose another --out") from None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise UsageError(f"--out {text} is a directory", fix=f"use --out {path / 'kernel-lock.toml'}")
+    if mode is not None and not stat.S_ISREG(mode):
+        from kernel_lock._files import kind
+
+        raise UsageError(f"--out {text} is {kind(mode)}, not a regular file: it is never replaced (not even with --force)",
+                         fix="choose a regular file path for the lock")  # fmt: skip
+    if not os.access(directory, os.W_OK | os.X_OK) or (mode is not None and not os.access(real, os.W_OK)):
+        raise UsageError(f"--out {text}: cannot write in {directory} (permission denied)",
+                         fix="choose a writable --out, or fix the permissions")  # fmt: skip
+    return real
+
+
+# errnos meaning "this file system does not do file locks" (some parallel file systems), not "denied"
+_NO_LOCKING = {"ENOLCK", "EOPNOTSUPP", "ENOTSUP", "ENOSYS", "EINVAL"}
 
 
 @contextmanager
 def exclusive(path: Path, timeout: float) -> Iterator[bool]:
     """Hold a cross-process lock for ``path`` (file ``.<name>.lock`` beside it). Yields False when
-    the file system refuses file locks (some parallel file systems), so the caller can say so."""
+    the file system does not do file locks (some parallel file systems), so the caller can say so;
+    a lock file this user may not open (left by another user in a shared directory) is an error."""
+    import errno
+
     from filelock import FileLock, Timeout
 
-    lock = FileLock(str(path.parent / f".{path.name}.lock"), timeout=timeout)
+    lock_path = path.parent / f".{path.name}.lock"
+    lock = FileLock(str(lock_path), timeout=timeout)
     try:
         lock.acquire()
     except Timeout:
         raise ProbeError(f"{path}: another kernel-probe held the lock for more than {timeout:.0f} s",
                          fix="wait for it, or raise --lock-timeout") from None  # fmt: skip
-    except OSError:
+    except PermissionError:
+        owner = ""
+        try:
+            owner = f" (owned by uid {os.stat(lock_path).st_uid}; you are uid {os.getuid()})"
+        except OSError:
+            pass
+        raise UsageError(
+            f"--out {path}: cannot open its lock file {lock_path}{owner}: permission denied, so concurrent probes "
+            "of this lock could not be kept apart",
+            fix=f"remove the stale {lock_path} (or ask its owner to), or choose another --out",
+        ) from None
+    except OSError as exc:
+        if errno.errorcode.get(exc.errno or 0, "") not in _NO_LOCKING:
+            raise ProbeError(f"{path}: cannot take its file lock {lock_path}: {exc.strerror or exc}",
+                             fix="check the directory, or choose another --out") from None  # fmt: skip
         yield False
         return
     try:

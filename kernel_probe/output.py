@@ -7,6 +7,7 @@ mode and that errors go to stderr.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from typing import Any
 
@@ -27,24 +28,36 @@ def reset() -> None:
     _consoles.clear()
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def safe(value: Any) -> str:
+    """``value`` as text for a rich console: control characters shown as escapes (no terminal
+    sequence from a file ever reaches the terminal) and rich markup escaped (``[/bold]`` in a lock
+    is printed, not interpreted). Every string that comes from a file or a library goes through this."""
+    text = _CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), str(value))
+    from rich.markup import escape
+
+    return escape(text)
+
+
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
     sys.stdout.flush()
 
 
-def error(message: str) -> None:
-    from rich.markup import escape
+def _lines(message: str) -> str:
+    """A multi-line message (an error with its fix) keeps its lines; each is made safe."""
+    return "\n".join(safe(line) for line in str(message).split("\n"))
 
-    console(stderr=True).print(f"[bold red]error:[/] {escape(message)}")
+
+def error(message: str) -> None:
+    console(stderr=True).print(f"[bold red]error:[/] {_lines(message)}")
 
 
 def warn(message: str) -> None:
-    from rich.markup import escape
-
-    console(stderr=True).print(f"[yellow]warning:[/] {escape(message)}")
+    console(stderr=True).print(f"[yellow]warning:[/] {_lines(message)}")
 
 
 def info(message: str) -> None:
-    from rich.markup import escape
-
-    console(stderr=True).print(escape(message))
+    console(stderr=True).print(_lines(message))

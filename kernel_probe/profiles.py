@@ -146,7 +146,7 @@ def parse(text: str, path: str) -> Profile:
     p = _P(path)
     try:
         d = _toml.loads(text)
-    except _toml.TOMLDecodeError as exc:
+    except (_toml.TOMLDecodeError, ValueError, RecursionError) as exc:  # ValueError: e.g. a 5,000-digit integer
         raise p.err("", f"not valid TOML: {exc}") from None
     p.no_unknown(d, _TOP, "")
     version = p.string(d, "profile-version", "", required=True)
@@ -252,10 +252,33 @@ def _list_of_tables(p: _P, d: Mapping[str, Any], key: str) -> list[dict[str, Any
     return v
 
 
+def _scalars(p: _P, value: Any, key: str, *, table: bool) -> Any:
+    """A [[candidate]]'s args (a list) or kwargs (a table): strings, finite numbers, booleans."""
+    import math
+
+    if not isinstance(value, dict if table else list):
+        raise p.err(key, f"expected {'a table' if table else 'a list'}, got {type(value).__name__}")
+    items = value.items() if table else enumerate(value)
+    for k, v in items:
+        if table and not (isinstance(k, str) and k.isidentifier()):
+            raise p.err(f"{key}.{k}", "a keyword argument name must be a Python identifier")
+        ok = isinstance(v, (str, bool)) or (isinstance(v, int) and -(1 << 63) <= v < (1 << 63)) or (
+            isinstance(v, float) and math.isfinite(v))  # fmt: skip
+        if not ok:
+            raise p.err(f"{key}.{k}" if table else f"{key}[{k}]",
+                        f"expected a string, a finite number or a boolean, got {type(v).__name__} {v!r:.40}")  # fmt: skip
+    return value
+
+
 def _candidate(p: _P, c: Mapping[str, Any], i: int, profile: str) -> Candidate:
     where = f"candidate[{i}]."
     p.no_unknown(c, _CANDIDATE, where)
     cid = p.string(c, "id", where, required=True)
+    if cid in {b.id for b in BUILTIN}:
+        raise p.err(f"{where}id", f"{cid!r} is a built-in candidate's id: a profile may not redefine it",
+                    fix="give the site's implementation its own id, e.g. 'site.fast_layer_norm'")  # fmt: skip
+    if not re.fullmatch(r"[A-Za-z0-9][\w.:-]*", cid, re.ASCII):
+        raise p.err(f"{where}id", f"{cid!r}: use letters, digits, '.', ':', '_' and '-'")
     slots = p.strings(c, "slots", where)
     if not slots or any(s not in SLOTS for s in slots):
         raise p.err(f"{where}slots", f"expected a list of slots from {', '.join(SLOTS)}")
@@ -267,25 +290,37 @@ def _candidate(p: _P, c: Mapping[str, Any], i: int, profile: str) -> Candidate:
     if spec:
         p.specifier(spec, f"{where}specifier")
     default_args = ("$in_features", "$out_features") if slots[0] == "Linear" else ("$normalized_shape",)
+    args = _scalars(p, c.get("args", list(default_args)), f"{where}args", table=False)
+    kwargs = _scalars(p, c.get("kwargs", {"eps": "$eps"} if slots[0] != "Linear" else {"bias": "$bias"}), f"{where}kwargs",
+                      table=True)  # fmt: skip
+    twin_kwargs = _scalars(p, c.get("twin-kwargs", {}), f"{where}twin-kwargs", table=True)
+    if semantics not in SLOT_SEMANTICS.values():
+        raise p.err(f"{where}semantics", f"{semantics!r} is not one of {', '.join(SLOT_SEMANTICS.values())}")
     return Candidate(
         id=cid, slots=slots, semantics=semantics, target=target,
-        args=tuple(c.get("args", default_args)), kwargs=dict(c.get("kwargs", {"eps": "$eps"} if slots[0] != "Linear" else {"bias": "$bias"})),
+        args=tuple(args), kwargs=dict(kwargs),
         distribution=p.string(c, "distribution", where, default="") or "", specifier=spec,
         module=p.string(c, "module", where, default=target.split(".")[0]) or "",
         devices=p.strings(c, "devices", where), twin_target=p.string(c, "twin-target", where, default="") or "",
-        twin_kwargs=dict(c.get("twin-kwargs", {})), note=p.string(c, "note", where, default="") or "",
+        twin_kwargs=dict(twin_kwargs), note=p.string(c, "note", where, default="") or "",
         source=f"profile:{profile}",
     )  # fmt: skip
 
 
+MAX_BYTES = 1 << 20  # a profile is a few kB
+
+
 def load_file(path: str | os.PathLike[str]) -> Profile:
+    from kernel_lock._files import UnsafeFile, read_regular
+
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = read_regular(p, MAX_BYTES).decode("utf-8")
     except FileNotFoundError:
         raise ProfileError("no such file", path=str(p), fix="check the path, or use `kernel-probe profiles list`") from None
-    except IsADirectoryError:
-        raise ProfileError("is a directory, not a profile", path=str(p), fix="pass a .toml file, or use --profiles-dir") from None
+    except UnsafeFile as exc:
+        fix = "pass a .toml file, or use --profiles-dir" if "directory" in exc.problem else exc.fix
+        raise ProfileError(exc.problem, path=str(p), fix=fix or None) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ProfileError(f"cannot read: {exc}", path=str(p)) from None
     return parse(text, str(p))
@@ -303,26 +338,41 @@ def search_dirs(extra: Iterable[str] = ()) -> list[Path]:
     return [Path(x) for x in (*extra, *env)] + builtin_dirs()
 
 
-def available(extra: Iterable[str] = ()) -> dict[str, Profile]:
-    """Every profile by name; user directories shadow the built-ins (first found wins)."""
+def scan(extra: Iterable[str] = ()) -> tuple[dict[str, Profile], list[ProfileError]]:
+    """Every valid profile by name (user directories shadow the built-ins: first found wins), and the
+    profile files that are broken: one broken file must not hide every other profile."""
     out: dict[str, Profile] = {}
+    broken: list[ProfileError] = []
     for d in search_dirs(extra):
         if not d.is_dir():
             raise UsageError(f"profiles directory {d} does not exist (from --profiles-dir or ${ENV_VAR})")
         for f in sorted(d.glob("*.toml")):
-            prof = load_file(f)
+            try:
+                prof = load_file(f)
+            except ProfileError as exc:
+                broken.append(exc)
+                continue
             out.setdefault(prof.name, prof)
-    return out
+    return out, broken
+
+
+def available(extra: Iterable[str] = ()) -> dict[str, Profile]:
+    """Every valid profile by name (see :func:`scan`)."""
+    return scan(extra)[0]
 
 
 def resolve(spec: str, extra: Iterable[str] = ()) -> Profile:
     """A profile by name, or by path (anything with a '/' or ending in .toml)."""
     if "/" in spec or spec.endswith(".toml"):
         return load_file(spec)
-    profiles = available(extra)
+    profiles, broken = scan(extra)
     if spec not in profiles:
+        named = [e for e in broken if Path(e.path or "").stem == spec]
+        if named:
+            raise named[0]  # the profile asked for is the broken one: say why
         raise UsageError(f"unknown profile {spec!r}; available: {', '.join(sorted(profiles)) or 'none'}"
-                         " (or pass a path to a .toml file)")  # fmt: skip
+                         " (or pass a path to a .toml file)"
+                         + (f"; {len(broken)} profile file(s) are broken: `kernel-probe profiles list` names them" if broken else ""))  # fmt: skip
     return profiles[spec]
 
 

@@ -1,30 +1,54 @@
 """Process isolation for foreign code.
 
-Candidates are imported and run in a child process that speaks JSON lines. One worker serves many
-candidates (torch is imported once); a candidate that segfaults, aborts, hangs, raises a CUDA error
-or runs out of memory costs only that worker: the parent records ``crashed`` / ``timeout`` with the
-captured reason and starts a fresh worker for the next one.
+Candidates are imported and run in a child process (the worker) that speaks JSON lines. A candidate
+that segfaults, aborts, hangs, forks, raises a CUDA error or runs out of memory costs only its worker:
+the parent records ``crashed`` / ``timeout`` with the captured reason and starts a fresh one.
 
-The worker's protocol channel is a duplicate of its original stdout; fd 1 itself is pointed at
-stderr, so a library that prints on import cannot corrupt the protocol.
+Which worker serves which candidate (``WorkerPool``): torch's own candidates share one worker, started
+before any library is imported, so the torch.nn baseline and the float64 reference it computes cannot
+have been patched by a library; every other library gets a fresh worker of its own, so nothing one
+library does on import (patching ``torch.nn.functional.layer_norm``, say) can reach another's verdict. Each worker also snapshots the torch functions the reference and the
+baseline use (``TORCH_SURFACE``) and reports any a candidate replaced: that candidate is refused.
+
+Robustness: the worker leads its own process group and the parent kills the group when it closes
+the worker, so nothing a candidate spawned outlives it; replies are read with ``select`` against a
+deadline, never by a thread blocked on a pipe that a forked grandchild may hold open for ever. The
+worker dies with its parent (``PR_SET_PDEATHSIG``, Linux), and a small reaper in its group kills the
+group when the worker dies, so a killed probe leaves no worker and no grandchild behind. The worker's
+protocol channel is a duplicate of its original stdout; fd 1 itself is pointed at stderr, so a
+library that prints cannot corrupt the protocol.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from .detect.importcheck import signal_name
+from .child import kill_group, signal_name
 
-DEFAULT_TIMEOUT = 300.0  # a timing call's budget (the checks have their own: checker.CHECK_TIMEOUT)
+DEFAULT_TIMEOUT = 300.0  # a call's budget unless the caller says otherwise (checks and imports have their own)
 START_TIMEOUT = 120.0
+CLOSE_GRACE = 5.0  # seconds a worker has to exit after its input closes
+
+# torch functions the float64 reference and the torch.nn baseline go through: a candidate that
+# replaces one of them (on import or while it runs) would change every other verdict in its process
+TORCH_SURFACE = (
+    "torch.nn.functional.layer_norm", "torch.nn.functional.rms_norm", "torch.nn.functional.linear",
+    "torch.layer_norm", "torch.rms_norm", "torch.rsqrt", "torch.matmul",
+    "torch.nn.LayerNorm.forward", "torch.nn.RMSNorm.forward", "torch.nn.Linear.forward",
+    "torch.nn.LayerNorm.__init__", "torch.nn.RMSNorm.__init__", "torch.nn.Linear.__init__",
+    "torch.Tensor.backward", "torch.autograd.backward", "torch.Tensor.__add__", "torch.Tensor.__mul__",
+    "torch.Tensor.__sub__", "torch.Tensor.pow", "torch.Tensor.mean", "torch.Tensor.to",
+)  # fmt: skip
 
 
 class WorkerDied(Exception):
@@ -34,49 +58,75 @@ class WorkerDied(Exception):
         self.reason = reason
 
 
-class Worker:
-    """A child Python process running :func:`serve`."""
+PING = (json.dumps({"op": "ping"}) + "\n").encode()
 
-    def __init__(self, env: Mapping[str, str] | None = None):
+
+def _spawn(env: Mapping[str, str]) -> tuple[subprocess.Popen[bytes], Any]:
+    """A worker process, in its own process group, already asked to start up (its ping not yet read)."""
+    stderr = tempfile.TemporaryFile(mode="w+b")
+    proc = subprocess.Popen(
+        [sys.executable, "-X", "faulthandler", "-m", "kernel_probe.worker", str(os.getpid())],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        env=dict(env),
+        bufsize=0,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(PING)
+        proc.stdin.flush()
+    except (BrokenPipeError, OSError):
+        pass  # reading the reply reports the crash
+    return proc, stderr
+
+
+class Worker:
+    """A child Python process running :func:`serve`, in its own process group.
+
+    ``spare`` (a pool's) hands over a process spawned ahead of time, so its start-up (importing torch)
+    overlapped with other work.
+    """
+
+    def __init__(self, env: Mapping[str, str] | None = None,
+                 spare: Callable[[], tuple[subprocess.Popen[bytes], Any] | None] | None = None):  # fmt: skip
         self._env = dict(os.environ if env is None else env)
-        self._proc: subprocess.Popen[str] | None = None
-        self._stderr = None
+        self._spare = spare
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._stderr: Any = None
+        self._buffer = b""
         self._mark = 0
         self.started = 0
 
     # -- lifecycle ----------------------------------------------------------------------------
     def _start(self) -> None:
-        self._stderr = tempfile.TemporaryFile(mode="w+b")
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "kernel_probe.worker"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            env=self._env,
-            text=True,
-            bufsize=1,
-        )
+        spawned = self._spare() if self._spare is not None else None
+        self._proc, self._stderr = spawned or _spawn(self._env)
+        self._buffer = b""
+        self._mark = 0
         self.started += 1
-        self._call({"op": "ping"}, START_TIMEOUT)
+        self._reply(START_TIMEOUT)  # the ping sent at spawn time
 
     def close(self) -> None:
+        """End the worker and everything it spawned; never blocks on a pipe a grandchild holds."""
         proc, self._proc = self._proc, None
         if proc is not None:
             try:
-                if proc.poll() is None and proc.stdin:
-                    proc.stdin.close()
-                    proc.wait(timeout=5)
-            except Exception:
+                if proc.stdin is not None:
+                    proc.stdin.close()  # EOF: the worker leaves its loop
+            except OSError:
                 pass
+            try:
+                proc.wait(timeout=CLOSE_GRACE)
+            except subprocess.TimeoutExpired:
+                pass
+            kill_group(proc.pid)  # the worker, if still there, and whatever a candidate spawned
             if proc.poll() is None:
                 proc.kill()
-                proc.wait()
-            for pipe in (proc.stdin, proc.stdout):
-                try:
-                    if pipe is not None:
-                        pipe.close()
-                except OSError:  # a pipe to a dead process may refuse a final flush
-                    pass
+            proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()  # nobody is reading it: closing cannot deadlock
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None
@@ -106,41 +156,66 @@ class Worker:
         lines = [l for l in data.strip().splitlines() if l.strip()]
         return "\n".join(lines)[-limit:]
 
+    def _readline(self, deadline: float) -> bytes | None:
+        """The next reply line; b"" when the worker died without one; None when the deadline passed."""
+        proc = self._proc
+        assert proc is not None and proc.stdout is not None
+        fd = proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            ready, _, _ = select.select([fd], [], [], min(remaining, 0.25))
+            if ready:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    return b""  # EOF: the worker (and whatever inherited the pipe) is gone
+                self._buffer += chunk
+            elif proc.poll() is not None:
+                # the worker died; a process it forked may still hold the pipe open, so EOF may never
+                # come: take what has arrived and stop waiting
+                ready, _, _ = select.select([fd], [], [], 0)
+                if ready:
+                    chunk = os.read(fd, 1 << 16)
+                    self._buffer += chunk
+                    if chunk:
+                        continue
+                return b"" if b"\n" not in self._buffer else self._buffer.split(b"\n", 1)[0]
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line
+
     def _call(self, request: Mapping[str, Any], timeout: float) -> dict[str, Any]:
         proc = self._proc
-        assert proc is not None and proc.stdin is not None and proc.stdout is not None
-        box: list[str] = []
+        assert proc is not None and proc.stdin is not None
         if self._stderr is not None:
             self._stderr.seek(0, 2)
             self._mark = self._stderr.tell()
-
-        def read() -> None:
-            box.append(proc.stdout.readline())
-
         try:
-            proc.stdin.write(json.dumps(request) + "\n")
+            proc.stdin.write((json.dumps(request) + "\n").encode())
             proc.stdin.flush()
         except (BrokenPipeError, OSError):
-            pass  # the read below sees EOF and reports the crash
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        reader.join(timeout)
-        if reader.is_alive():
-            proc.kill()
+            pass  # the read below sees the worker gone and reports the crash
+        return self._reply(timeout)
+
+    def _reply(self, timeout: float) -> dict[str, Any]:
+        proc = self._proc
+        assert proc is not None
+        line = self._readline(time.monotonic() + timeout)
+        if line is None:
+            kill_group(proc.pid)
             proc.wait()
             tail = self._stderr_tail()
             self.close()
-            raise WorkerDied("timeout", f"no answer within {timeout:.0f} s (killed)" + (f"; last output: {tail[-300:]}" if tail else ""))
-        line = box[0] if box else ""
+            raise WorkerDied("timeout", f"no answer within {timeout:g} s (killed)" + (f"; last output: {tail[-300:]}" if tail else ""))
         if not line:
             try:
                 code = proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                kill_group(proc.pid)
                 code = proc.wait()
             tail = self._stderr_tail()
-            how = f"killed by {signal_name(-code)}" if code < 0 else f"exited with status {code}"
             self.close()
+            how = f"killed by {signal_name(-code)}" if code < 0 else f"exited with status {code}"
             raise WorkerDied("crashed", f"the worker process {how}" + (f"; stderr: {tail[-600:]}" if tail else ""))
         reply = json.loads(line)
         if "fatal" in reply:
@@ -148,8 +223,127 @@ class Worker:
         return reply
 
 
+def torch_own(cand: Any) -> bool:
+    """A candidate that ships with torch (no library of its own): it may share the clean worker."""
+    return cand.source == "builtin" and not cand.distribution and not cand.module
+
+
+def library_of(cand: Any) -> str:
+    """The library a candidate comes from (its distribution, else its top-level module)."""
+    return cand.distribution or (cand.module or cand.target).split(".")[0]
+
+
+class WorkerPool:
+    """Which worker serves which candidate: torch's own candidates share one (started before any
+    library is imported, so the torch.nn baseline and the reference cannot have been patched); each
+    other library gets a fresh one of its own, which serves that library's candidates (liger's
+    LayerNorm and RMSNorm) and nothing else.
+
+    A fresh worker costs one interpreter start and ``import torch``; the pool keeps one spare process
+    starting in the background, so that cost overlaps with the checks that run meanwhile.
+    """
+
+    def __init__(self, env: Mapping[str, str] | None = None):
+        self._env = dict(os.environ if env is None else env)
+        self.shared = Worker(self._env)
+        self._libraries: dict[str, Worker] = {}
+        self._next: tuple[subprocess.Popen[bytes], Any] | None = None
+
+    @property
+    def fresh(self) -> int:
+        """Fresh workers started so far (a library whose candidates need no process starts none)."""
+        return sum(w.started for w in self._libraries.values())
+
+    def _take(self) -> tuple[subprocess.Popen[bytes], Any]:
+        taken = self._next or _spawn(self._env)
+        self._next = _spawn(self._env)  # the next library's, starting while this one runs
+        return taken
+
+    def prepare(self) -> None:
+        """Start the shared worker now, and a spare for the first library while it imports torch."""
+        if self._next is None:
+            self._next = _spawn(self._env)
+        self.shared.call({"op": "ping"})
+
+    @contextlib.contextmanager
+    def worker_for(self, cand: Any) -> Iterator[Worker]:
+        if torch_own(cand):
+            yield self.shared
+            return
+        key = library_of(cand)
+        if key not in self._libraries:
+            self._libraries[key] = Worker(self._env, spare=self._take)
+        yield self._libraries[key]
+
+    def close(self) -> None:
+        self.shared.close()
+        for worker in self._libraries.values():
+            worker.close()
+        spare, self._next = self._next, None
+        if spare is not None:
+            proc, stderr = spare
+            kill_group(proc.pid)
+            proc.wait()
+            for f in (proc.stdin, proc.stdout, stderr):
+                with contextlib.suppress(OSError, AttributeError):
+                    f.close()
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 # ---- the child side -----------------------------------------------------------------------------
+def _guard(parent: int) -> None:
+    """Die with the parent, and have the whole process group die with this worker (Linux)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG: the probe died -> this worker dies
+    except Exception:  # not Linux: the parent still kills the group when it closes the worker
+        return
+    if os.getppid() != parent:
+        os._exit(137)
+    me = os.getpid()
+    if os.fork() == 0:  # the reaper: kills the group (grandchildren included) when the worker dies
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)  # hold none of the worker's pipes
+        signal.signal(signal.SIGTERM, lambda *_: os.killpg(0, signal.SIGKILL))
+        libc.prctl(1, int(signal.SIGTERM))
+        if os.getppid() != me:
+            os.killpg(0, signal.SIGKILL)
+        while True:
+            signal.pause()
+
+
+def _snapshot() -> dict[str, int]:
+    out = {}
+    for path in TORCH_SURFACE:
+        obj: Any = sys.modules.get("torch")
+        for part in path.split(".")[1:]:
+            obj = getattr(obj, part, None)
+        out[path] = id(obj)
+    return out
+
+
+_BASELINE_SURFACE: dict[str, int] = {}
+
+
+def tampered() -> list[str]:
+    """The torch functions replaced since the worker started (empty: none)."""
+    if not _BASELINE_SURFACE:
+        return []
+    now = _snapshot()
+    return [path for path, ident in _BASELINE_SURFACE.items() if now.get(path) != ident]
+
+
 def serve() -> None:
+    if len(sys.argv) > 1 and sys.argv[1].isdigit():
+        _guard(int(sys.argv[1]))
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything printed by foreign code goes to stderr, not the protocol
     sys.stdout = sys.stderr
@@ -159,6 +353,9 @@ def serve() -> None:
         request = json.loads(line)
         try:
             reply = _dispatch(request)
+            changed = tampered()
+            if changed:
+                reply = {**reply, "tampered": changed}
         except Exception as exc:  # a bug in the probe itself, reported to the parent
             import traceback
 
@@ -172,6 +369,10 @@ def _dispatch(request: Mapping[str, Any]) -> dict[str, Any]:
     if op == "ping":
         import torch  # noqa: F401  (import once, up front, under the start timeout)
 
+        from . import measure  # noqa: F401  (the probe's own torch code, before any library)
+
+        if not _BASELINE_SURFACE:
+            _BASELINE_SURFACE.update(_snapshot())
         return {"ok": True, "pid": os.getpid()}
     from . import measure
     from .candidates import Candidate
@@ -182,7 +383,7 @@ def _dispatch(request: Mapping[str, Any]) -> dict[str, Any]:
             measure.import_class(request["target"])
         except ImportError as exc:
             return {"ok": False, "kind": "import", "error": f"{type(exc).__name__}: {exc}"}
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a library calling sys.exit() on import is broken, not absent
             return {"ok": False, "kind": "exception", "error": f"{type(exc).__name__}: {exc}"}
         return {"ok": True, "seconds": time.perf_counter() - start}
     cand = Candidate.from_json(request["candidate"])

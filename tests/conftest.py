@@ -17,6 +17,9 @@ _need = [str(ROOT), str(FAKES)]
 os.environ["PYTHONPATH"] = os.pathsep.join(_need + ([_pp] if _pp else []))
 if str(FAKES) not in sys.path:
     sys.path.insert(0, str(FAKES))
+# the fake libraries are trusted by the caller (the tests), as a user grants their own site library;
+# tests of the refusal remove this
+os.environ["KERNEL_LOCK_TRUST"] = "kp_zoo,kp_fastlib,kp_fastnorm,kp_models,kp_notmodule,kp_not_installed,mylib"
 
 MINIMAL_LOCK = '''\
 lock-version = "1.0"

@@ -8,7 +8,7 @@ import pytest
 
 from kernel_probe import candidates as cands
 from kernel_probe.checker import check_all, dtype_plan
-from kernel_probe.worker import Worker
+from kernel_probe.worker import WorkerPool
 
 PLAN = dtype_plan(["float32", "bfloat16", "float16"])
 ZOO = {
@@ -32,13 +32,13 @@ def results():
     offered.append(cands.Candidate("zoo.rms_for_ln", ("LayerNorm",), "rms_norm", "kp_zoo.norms.GoodRMSNorm"))
     candidates, problems = cands.registry(offered, entry_points=False)
     assert problems == []
-    with Worker() as worker:
+    with WorkerPool() as pool:
         # a generous timeout for everything that should answer (the machine may be busy) ...
-        reports = check_all(list(ZOO), candidates, "cpu", PLAN, timeout=120, worker=worker)
-        started = worker.started
+        reports = check_all(list(ZOO), candidates, "cpu", PLAN, timeout=120, workers=pool)
+        started = (pool.shared.started, pool.fresh)
         # ... and a short one for the candidate that never will
         hang = [cands.from_command_line("LayerNorm=kp_zoo.hang_on_import.X")]
-        reports["LayerNorm"] += check_all(["LayerNorm"], hang, "cpu", PLAN, import_timeout=5, worker=worker)["LayerNorm"]
+        reports["LayerNorm"] += check_all(["LayerNorm"], hang, "cpu", PLAN, import_timeout=5, workers=pool)["LayerNorm"]
     by_id = {r.id: r for rs in reports.values() for r in rs}
     return by_id, started
 
@@ -150,10 +150,12 @@ def test_crashing_and_hanging_fakes(results, name, status, words):
     assert any(words in reason for reason in r.reasons), r.reasons
 
 
-def test_one_worker_serves_many_candidates(results):
-    _, started = results
-    # one start, plus one fresh worker after each of the 2 that died (abort on import, abort in forward)
-    assert started == 3
+def test_torch_shares_one_worker_and_every_library_gets_its_own(results):
+    shared, fresh = results[1]
+    assert shared == 1  # started before any library was imported, never restarted
+    # kp_zoo's worker (started again after each of the 2 candidates that killed it: abort on import,
+    # abort in forward) and liger's (tried on this CPU): nothing of either ran in torch's worker
+    assert fresh >= 3, fresh
 
 
 def test_crash_reasons_do_not_carry_earlier_output(results):

@@ -103,14 +103,15 @@ def test_unknown_precision_is_usage_error(tmp_path):
 
 
 def test_unwritable_output(tmp_path, capsys):
-    assert main(["--out", str(tmp_path / "no" / "such" / "dir" / "k.toml")]) == 1
+    # every --out that cannot take a lock is a usage error (exit 2) naming the path and the fix
+    assert main(["--out", str(tmp_path / "no" / "such" / "dir" / "k.toml")]) == 2
     err = capsys.readouterr().err
     assert "does not exist" in err and "mkdir -p" in err
     f = tmp_path / "file"
     f.write_text("x")
-    assert main(["--out", str(f / "k.toml")]) == 1
+    assert main(["--out", str(f / "k.toml")]) == 2
     assert "is not a directory" in capsys.readouterr().err
-    assert main(["--out", str(tmp_path)]) == 1
+    assert main(["--out", str(tmp_path)]) == 2
     assert "is a directory" in capsys.readouterr().err
 
 

@@ -118,6 +118,7 @@ def test_broken_import_is_kernel_unavailable_not_a_traceback(tmp_path, monkeypat
     pkg.mkdir()
     (pkg / "__init__.py").write_text("raise RuntimeError('0 active drivers')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("KERNEL_LOCK_TRUST", "kp_broken")
     text = MINIMAL_LOCK.replace('created-by = "hand"', 'created-by = "hand"\ntrusted-modules = ["kp_broken"]')
     text = text.replace('target = "torch.nn.LayerNorm"', 'target = "kp_broken.Norm"', 1)
     with pytest.raises(KernelUnavailable, match="RuntimeError: 0 active drivers"):

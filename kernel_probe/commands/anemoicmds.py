@@ -7,8 +7,9 @@ import argparse
 import sys
 
 from .. import __version__, output
+from ..output import safe
 from ..errors import UsageError
-from .lockcmds import DEFAULT_LOCK, _load, default_lock_path
+from .lockcmds import DEFAULT_LOCK, _load, add_trust_argument, default_lock_path
 
 MODES = ("training", "inference")
 
@@ -28,6 +29,7 @@ def add_export_arguments(p: argparse.ArgumentParser) -> None:
                    "overrides after `--`): every block gets the lock's entries, anemoi's wrappers kept")
     p.add_argument("--no-compose", action="store_true", help="with --config: read the file alone, without Hydra")
     p.add_argument("--json", action="store_true", help="the mapping as JSON instead of YAML")
+    add_trust_argument(p)
     p.epilog = ("Hydra overrides for --config go after `--`, e.g.\n"
                 "  kernel-probe export kernel-lock.toml --config my.yaml -- model=transformer_ens\n\n" + (p.epilog or ""))
 
@@ -36,7 +38,7 @@ def run_export(args: argparse.Namespace) -> int:
     from kernel_lock.anemoi import export
 
     path = args.lock or default_lock_path()
-    lock = _load(path)
+    lock = _load(path, trust=args.trust)
     if args.config is None:
         if args.overrides:
             raise UsageError(f"Hydra overrides ({' '.join(args.overrides)}) need --config CONFIG.yaml")
@@ -131,6 +133,7 @@ def add_check_config_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                    help=f"how long importing the targets may take (default {DEFAULT_TIMEOUT:g})")
     p.add_argument("--json", action="store_true", help="findings as JSON")
+    add_trust_argument(p)
     codes = "\n".join(f"  {c}  {t}" for c, t in CHECK_CONFIG_EXIT.items())
     p.epilog = ("Hydra overrides go after `--`, e.g.\n  kernel-probe check-config my.yaml -- model=transformer_ens\n\n"
                 f"check-config exit codes:\n{codes}\n\n{p.epilog}")
@@ -141,7 +144,7 @@ def run_check_config(args: argparse.Namespace) -> int:
 
     if not args.timeout > 0:
         raise UsageError(f"--timeout must be a positive number of seconds, not {args.timeout:g}")
-    lock = _load(args.lock) if args.lock else None
+    lock = _load(args.lock, trust=args.trust) if args.lock else None
     result = check_config(args.config, args.overrides, lock=lock, mode=args.mode, qk_norm=args.qk_norm,
                           allow_semantics_change=args.allow_semantics_change, compose=not args.no_compose,
                           timeout=args.timeout)  # fmt: skip
@@ -166,31 +169,29 @@ STYLE = {"error": "bold red", "warning": "yellow", "note": "dim"}
 
 
 def _render(args, result, code: int) -> None:
-    from rich.markup import escape
-
     from ..anemoi_config import SHAPES
 
     con = output.console()
     config = result.config
-    con.print(f"[bold]{escape(args.config)}[/]" + (f" against {escape(args.lock)} ({args.mode} mode)" if args.lock else ""))
+    con.print(f"[bold]{safe(args.config)}[/]" + (f" against {safe(args.lock)} ({args.mode} mode)" if args.lock else ""))
     read = SHAPES[config.shape]
     if config.composed:
         read += f"; composed by Hydra as anemoi-training would ({_model_choice(config)})"
-    con.print(f"  read as {escape(read)}")
+    con.print(f"  read as {safe(read)}")
     for b in config.blocks:
         if b.inherits:
-            con.print(f"  {escape(b.where)}: inherits {escape(b.inherits)}")
+            con.print(f"  {safe(b.where)}: inherits {safe(b.inherits)}")
         else:
             keys = ", ".join(b.content) or "no keys: anemoi's defaults"
-            via = f" (through {escape(b.source)})" if b.source else ""
-            con.print(f"  {escape(b.where)}{via}: {escape(keys)}")
+            via = f" (through {safe(b.source)})" if b.source else ""
+            con.print(f"  {safe(b.where)}{via}: {safe(keys)}")
     if result.expected:
-        con.print("  the lock exports: " + escape(", ".join(f"{k} -> {e.entry['_target_']}" for k, e in result.expected.items())))
+        con.print("  the lock exports: " + safe(", ".join(f"{k} -> {e.entry['_target_']}" for k, e in result.expected.items())))
     order = {"error": 0, "warning": 1, "note": 2}
     for f in sorted(result.findings, key=lambda f: order[f.severity]):
-        con.print(f"[{STYLE[f.severity]}]{f.severity}[/] {escape(f'[{f.kind}]')} {escape(f.where)}: {escape(f.problem)}")
+        con.print(f"[{STYLE[f.severity]}]{f.severity}[/] {safe(f'[{f.kind}]')} {safe(f.where)}: {safe(f.problem)}")
         if f.fix:
-            con.print(f"    fix: {escape(f.fix)}")
+            con.print(f"    fix: {safe(f.fix)}")
     counts = {s: sum(f.severity == s for f in result.findings) for s in ("error", "warning", "note")}
     verdict = {0: "[green]ok[/]", 3: "[red]disagrees with the lock[/]", 5: "[red]errors[/]"}[code]
     con.print(f"{verdict}: {counts['error']} error(s), {counts['warning']} warning(s), {counts['note']} note(s)")

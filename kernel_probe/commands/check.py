@@ -8,6 +8,7 @@ from typing import Any
 from kernel_lock.lock import SLOTS
 
 from .. import output
+from ..output import safe
 from ..checker import CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT
 
 CHECK_HIDDEN = 1000  # kernel_probe.measure.CHECK_HIDDEN (not imported here: measure imports torch)
@@ -115,11 +116,10 @@ STATUS_STYLE = {"accepted": "green", "rejected": "red", "crashed": "red", "timeo
 
 
 def render_verdicts(reports, plan, device, hidden: int = CHECK_HIDDEN) -> None:
-    from rich.markup import escape
     from rich.table import Table
 
     con = output.console()
-    con.print(f"device: {device['type']} ({escape(str(device['name']))}); inputs {hidden} wide")
+    con.print(f"device: {device['type']} ({safe(str(device['name']))}); inputs {hidden} wide")
     for slot, rs in reports.items():
         table = Table(title=f"{slot}", show_edge=False, title_justify="left")
         table.add_column("candidate", overflow="fold", min_width=20)
@@ -144,17 +144,17 @@ def render_verdicts(reports, plan, device, hidden: int = CHECK_HIDDEN) -> None:
             style = STATUS_STYLE.get(rep.status, "")
             det = {True: "yes", False: "[yellow]no[/]", None: "-"}[rep.deterministic]
             took = "-" if rep.seconds is None else f"{rep.seconds:.1f}"
-            table.add_row(escape(rep.id), f"[{style}]{rep.status}[/]", *cells, det, took)
+            table.add_row(safe(rep.id), f"[{style}]{rep.status}[/]", *cells, det, took)
         con.print(table)
         for rep in rs:
             if rep.status != "accepted" and rep.reasons:
-                con.print(f"  [bold]{escape(rep.id)}[/] {rep.status}: {escape(rep.reasons[0])}")
+                con.print(f"  [bold]{safe(rep.id)}[/] {rep.status}: {safe(rep.reasons[0])}")
                 for reason in rep.reasons[1:3]:
-                    con.print(f"      {escape(reason)}")
+                    con.print(f"      {safe(reason)}")
             for change in rep.changes if rep.status == "accepted" else ():
-                con.print(f"  [bold]{escape(rep.id)}[/] accepted with a change: {escape(change)}")
+                con.print(f"  [bold]{safe(rep.id)}[/] accepted with a change: {safe(change)}")
             if rep.migration and rep.status == "accepted":
-                con.print(f"  [bold]{escape(rep.id)}[/] state dict onto torch.nn's: {escape(', '.join(rep.migration))}")
+                con.print(f"  [bold]{safe(rep.id)}[/] state dict onto torch.nn's: {safe(', '.join(rep.migration))}")
     con.print("det: forward and backward bitwise repeatable; s: seconds this candidate took (import and checks)")
     con.print("cells: worst error / tolerance (< 1 passes; tolerance = 4 x torch.nn's own error + 2 eps); "
               "+amp: under torch.autocast with fp32 parameters")

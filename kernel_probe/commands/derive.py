@@ -21,7 +21,9 @@ from kernel_lock.errors import KernelUnavailable
 from kernel_lock.lock import KernelLock, Slot
 
 from .. import __version__, output
+from ..output import safe
 from ..errors import ProbeError, UsageError
+from .lockcmds import add_trust_argument
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,7 @@ def add_lock_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", metavar="OUT", help="where to write the inference lock (atomically)")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
     p.add_argument("--json", action="store_true", help="machine-readable summary on stdout")
+    add_trust_argument(p)
 
 
 def run_lock(args: argparse.Namespace) -> int:
@@ -143,7 +146,7 @@ def run_lock(args: argparse.Namespace) -> int:
         raise UsageError(f"{out} is a directory", fix=f"name the lock file, e.g. {out / 'kernel-lock.inference.toml'}")
     if out.exists() and not args.force:
         raise ProbeError(f"{out} exists; not replacing it", fix="pass --force to replace it, or choose another OUT")
-    lock = _load(args.source)
+    lock = _load(args.source, trust=args.trust)
     if lock.mode != "training":
         source_of = lock.provenance.get("source", "an unrecorded lock")
         raise UsageError(f"{args.source} is already an inference lock (derived from {source_of})",
@@ -173,12 +176,10 @@ def run_lock(args: argparse.Namespace) -> int:
         })
         return 0
     con = output.console()
-    from rich.markup import escape
-
-    con.print(f"[green]wrote[/] {escape(str(out))}: inference lock derived from {escape(str(args.source))}")
+    con.print(f"[green]wrote[/] {safe(str(out))}: inference lock derived from {safe(str(args.source))}")
     for s in substitutions:
-        con.print(f"  [yellow]{escape(str(s))}[/]: {escape(s.reason)}")
+        con.print(f"  [yellow]{safe(str(s))}[/]: {safe(s.reason)}")
     for name in kernel_lock.SLOTS:
         if name in derived.slots and name not in {s.slot for s in substitutions}:
-            con.print(f"  {name}: {escape(derived.slots[name].implementation)} (runs here, kept)")
+            con.print(f"  {name}: {safe(derived.slots[name].implementation)} (runs here, kept)")
     return 0

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from .. import output
+from ..output import safe
 from ..errors import UsageError
 
 STATUS_STYLE = {
@@ -65,18 +66,14 @@ def _section(console: Any, title: str, rows: list[tuple[str, str]]) -> None:
 
 
 def _status(entry: dict[str, Any]) -> str:
-    from rich.markup import escape
-
     status = entry.get("status", "")
-    text = f"[{STATUS_STYLE.get(status, '')}]{escape(status)}[/]" if STATUS_STYLE.get(status) else escape(status)
+    text = f"[{STATUS_STYLE.get(status, '')}]{safe(status)}[/]" if STATUS_STYLE.get(status) else safe(status)
     if entry.get("seconds") is not None:
         text += f" in {entry['seconds']:.2f} s"
     return text
 
 
 def _host_rows(h: dict[str, Any]) -> list[tuple[str, str]]:
-    from rich.markup import escape
-
     cpu, mem, os_, py = h["cpu"], h["memory"], h["os"], h["python"]
     model = cpu["microarch"]
     if cpu["model_known"]:
@@ -90,31 +87,29 @@ def _host_rows(h: dict[str, Any]) -> list[tuple[str, str]]:
     if cpu.get("usable_cores") not in (None, cpu["cores"]):
         cores += f" ({cpu['usable_cores']} usable)"
     return [
-        ("os", escape(f"{os_.get('distribution') or os_['system']} ({os_['system']} {os_['release']})")),
-        ("python", escape(f"{py['version']} {py['implementation']}, {py['executable']}"
+        ("os", safe(f"{os_.get('distribution') or os_['system']} ({os_['system']} {os_['release']})")),
+        ("python", safe(f"{py['version']} {py['implementation']}, {py['executable']}"
                           + (" (virtualenv)" if py["virtualenv"] else ""))),
-        ("cpu", escape(f"{cpu['arch']}, {model}" + (f", {cpu['brand']}" if cpu.get("brand") else ""))),
+        ("cpu", safe(f"{cpu['arch']}, {model}" + (f", {cpu['brand']}" if cpu.get("brand") else ""))),
         ("cores", cores),
         ("memory", memory),
     ]
 
 
 def _torch_rows(t: dict[str, Any] | None) -> list[tuple[str, str]]:
-    from rich.markup import escape
-
     if t is None:
         return [("torch", "[red]not importable[/] (see errors)")]
     builds = {"cuda": f"CUDA {t['cuda']}", "rocm": f"ROCm/HIP {t['hip']}", "xpu": f"XPU {t['xpu']}"}
     build = builds.get(t["build"], "CPU only")
     dnn, coll, m = t["dnn"], t["collectives"], t["math"]
     rows = [
-        ("version", escape(f"{t['version']} ({t['location']})")),
-        ("built for", escape(build)),
-        ("device code", escape(" ".join(t["arch_list"]) or "none")),
-        (dnn["library"], escape(f"{dnn['version']} (compiled {dnn['compiled']})" if dnn["version"] else
+        ("version", safe(f"{t['version']} ({t['location']})")),
+        ("built for", safe(build)),
+        ("device code", safe(" ".join(t["arch_list"]) or "none")),
+        (dnn["library"], safe(f"{dnn['version']} (compiled {dnn['compiled']})" if dnn["version"] else
                                 (dnn["error"] or "not loaded"))),
-        (coll["library"], escape(coll["version"] or coll["error"] or "not in this build")),
-        ("cpu kernels", escape(str(t["cpu_capability"]))),
+        (coll["library"], safe(coll["version"] or coll["error"] or "not in this build")),
+        ("cpu kernels", safe(str(t["cpu_capability"]))),
         ("tf32", f"matmul {_onoff(m['matmul_allow_tf32'])}, cudnn {_onoff(m['cudnn_allow_tf32'])}, "
                  f"fp32 matmul precision {m['float32_matmul_precision']}"),
         ("reductions", f"fp16 reduced {_onoff(m['matmul_allow_fp16_reduced_precision_reduction'])}, "
@@ -125,18 +120,16 @@ def _torch_rows(t: dict[str, Any] | None) -> list[tuple[str, str]]:
                           f"benchmark {_onoff(m['cudnn_benchmark'])}"),
     ]
     for name, value in t["environment"].items():
-        rows.append((escape(name), escape(value)))
+        rows.append((safe(name), safe(value)))
     return rows
 
 
 def _device_rows(devices: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    from rich.markup import escape
-
     rows = []
     for d in devices:
         label = f"{d['type']}:{d['index']}"
         if d["type"] == "cpu":
-            rows.append((label, escape(f"{d['name']} (no accelerator torch can use)")))
+            rows.append((label, safe(f"{d['name']} (no accelerator torch can use)")))
             continue
         parts = [f"{d['vendor']} {d['arch'] or '(arch n/a)'}"]
         if d.get("gcn_arch_name") and d["gcn_arch_name"] != d["arch"]:
@@ -145,40 +138,38 @@ def _device_rows(devices: list[dict[str, Any]]) -> list[tuple[str, str]]:
             parts.append(_gib(d["memory_bytes"]))
         if d.get("driver"):
             parts.append(f"driver {d['driver']}")
-        text = escape(f"{d['name']}\n" + ", ".join(parts))
+        text = safe(f"{d['name']}\n" + ", ".join(parts))
         cover = d.get("torch_build_covers") or {}
         if cover.get("covered") is True:
-            text += f"\n[green]torch build covers it[/] ({escape(cover['how'])})"
+            text += f"\n[green]torch build covers it[/] ({safe(cover['how'])})"
         elif cover.get("covered") is False:
-            text += f"\n[red]torch build does not cover it[/]: {escape(cover['detail'])}"
+            text += f"\n[red]torch build does not cover it[/]: {safe(cover['detail'])}"
         elif cover.get("how") == "unknown":
-            text += f"\ntorch build coverage unknown: {escape(cover['detail'])}"
+            text += f"\ntorch build coverage unknown: {safe(cover['detail'])}"
         for note in d.get("notes") or ():
-            text += f"\n[yellow]note[/]: {escape(note)}"
+            text += f"\n[yellow]note[/]: {safe(note)}"
         rows.append((label, text))
     return rows
 
 
 def _triton_rows(t: dict[str, Any]) -> list[tuple[str, str]]:
-    from rich.markup import escape
-
     if not t["installed"]:
         return [("triton", "[dim]not installed[/]")]
     dists = ", ".join(f"{n} {v['version']} ({v['built_for']})" for n, v in t["distributions"].items()) or "none found"
     rows = [
-        ("provider", escape(f"{t['provider']} {t['version']}" if t["provider"] else
+        ("provider", safe(f"{t['provider']} {t['version']}" if t["provider"] else
                             f"unknown: {t['provider_evidence'] or 'no distribution metadata'}")),
-        ("installed", escape(dists)),
-        ("location", escape(t["location"] or "?")),
+        ("installed", safe(dists)),
+        ("location", safe(t["location"] or "?")),
     ]
     if t["backend"]:
-        rows.append(("target", escape(f"{t['backend']} {t['arch'] or '(arch n/a)'}"
+        rows.append(("target", safe(f"{t['backend']} {t['arch'] or '(arch n/a)'}"
                                       + (f", warp size {t['warp_size']}" if t.get("warp_size") else "")
                                       + f" (from {t['target_source']})")))
     elif t.get("target_error"):
-        rows.append(("target", escape(f"none: {t['target_error']}")))
+        rows.append(("target", safe(f"none: {t['target_error']}")))
     if t["conflict"]:
-        rows.append(("conflict", f"[yellow]{escape(t['conflict'])}[/]"))
+        rows.append(("conflict", f"[yellow]{safe(t['conflict'])}[/]"))
     if t["matches_torch_build"] is False:
         rows.append(("mismatch", "[red]the importable triton is not built for this torch's GPU runtime[/]"))
     rows.append(("import", _status(t["import"])))
@@ -186,38 +177,34 @@ def _triton_rows(t: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _library_rows(libs: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
-    from rich.markup import escape
-
     rows = []
     for name, lib in libs.items():
         imp = lib["import"]
         if not lib["installed"]:
             text = "[dim]not installed[/]"
             if lib["distributions"]:
-                text += f": {escape(imp['reason'])}"
-            rows.append((escape(name), text))
+                text += f": {safe(imp['reason'])}"
+            rows.append((safe(name), text))
             continue
-        head = escape(f"{lib['version'] or '(no distribution metadata)'}")
+        head = safe(f"{lib['version'] or '(no distribution metadata)'}")
         if lib.get("identified_as"):
-            head += f", {escape(lib['identified_as'])}"
-        text = f"{head}\nimport {escape(lib['check_module'])}: {_status(imp)}"
+            head += f", {safe(lib['identified_as'])}"
+        text = f"{head}\nimport {safe(lib['check_module'])}: {_status(imp)}"
         if imp["status"] != "ok" and imp.get("reason"):
-            text += f"\n{escape(imp['reason'])}"
+            text += f"\n{safe(imp['reason'])}"
         if imp.get("stdout"):
-            text += f"\n[yellow]printed to stdout on import[/]: {escape(imp['stdout'][:200])}"
-        text += f"\n[dim]{escape(lib['location'] or '')}[/]"
-        rows.append((escape(name), text))
+            text += f"\n[yellow]printed to stdout on import[/]: {safe(imp['stdout'][:200])}"
+        text += f"\n[dim]{safe(lib['location'] or '')}[/]"
+        rows.append((safe(name), text))
     return rows
 
 
 def _site_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
-    from rich.markup import escape
-
-    rows = [("hostname", escape(s["hostname"]))]
+    rows = [("hostname", safe(s["hostname"]))]
     for name, value in s["slurm"].items():
-        rows.append((escape(name), escape(value)))
+        rows.append((safe(name), safe(value)))
     for marker in s["markers"]:
-        rows.append((escape(marker["signal"]), escape(f"{marker['value']} (hint: {marker['hint']})")))
+        rows.append((safe(marker["signal"]), safe(f"{marker['value']} (hint: {marker['hint']})")))
     if not s["slurm"] and not s["markers"]:
         rows.append(("markers", "[dim]no Slurm job, no known site marker[/]"))
     return rows
@@ -225,8 +212,6 @@ def _site_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
 
 def render(report: dict[str, Any], console: Any) -> None:
     """The readable report: one small section per part (narrow terminals fold the values)."""
-    from rich.markup import escape
-
     _section(console, "host", _host_rows(report["host"]))
     _section(console, "torch", _torch_rows(report["torch"]))
     _section(console, "accelerators", _device_rows(report["accelerators"]))
@@ -235,9 +220,9 @@ def render(report: dict[str, Any], console: Any) -> None:
     _section(console, "site", _site_rows(report["site"]))
     if report["fingerprint"] is not None:
         _section(console, "lock fingerprint",
-                 [(escape(k), escape(str(v)) if v != "" else "[dim]''[/]") for k, v in report["fingerprint"].items()])
+                 [(safe(k), safe(str(v)) if v != "" else "[dim]''[/]") for k, v in report["fingerprint"].items()])
     if report["errors"]:
-        _section(console, "errors", [(escape(e["where"]), f"[red]{escape(e['error'])}[/]") for e in report["errors"]])
+        _section(console, "errors", [(safe(e["where"]), f"[red]{safe(e['error'])}[/]") for e in report["errors"]])
     checks = report["import_checks"]
     how = f"import checks in child processes, {checks['timeout']:g} s timeout" if checks["run"] else "no import checks"
     console.print()

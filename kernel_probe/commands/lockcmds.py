@@ -10,6 +10,7 @@ import kernel_lock
 from kernel_lock.errors import LockError, LockMismatch
 
 from .. import output
+from ..output import safe
 
 DEFAULT_LOCK = "kernel-lock.toml"
 
@@ -18,8 +19,17 @@ def default_lock_path() -> str:
     return os.environ.get("KERNEL_LOCK", DEFAULT_LOCK)
 
 
-def _load(path: str, strict: bool = False) -> kernel_lock.KernelLock:
-    lock = kernel_lock.load(path, strict=strict, emit_warnings=False)
+def add_trust_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trust", action="append", default=[], metavar="MODULE",
+                   help="trust this top-level package beyond the built-in allow-list (repeatable; also "
+                   "$KERNEL_LOCK_TRUST). A lock's own trusted-modules only ask for it")
+
+
+def _load(path: str, strict: bool = False, *, trust: list[str] | tuple[str, ...] = (),
+          check_targets: bool = True) -> kernel_lock.KernelLock:  # fmt: skip
+    """Load a lock for a command; its warnings go to stderr. ``check_targets=False`` for commands that
+    only print a lock (nothing is imported)."""
+    lock = kernel_lock.load(path, strict=strict, emit_warnings=False, trust=trust, check_targets=check_targets)
     for message in lock.warnings:
         output.warn(message)
     return lock
@@ -30,8 +40,10 @@ def add_verify_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("lock", nargs="?", default=None, help=f"lock file (default: $KERNEL_LOCK or ./{DEFAULT_LOCK})")
     p.add_argument("--mode", choices=("training", "inference"), default="training",
                    help="training: this machine must match the lock; inference: substitute verified twins where needed")
-    p.add_argument("--strict", action="store_true", help="a hand-edited lock (digest mismatch) is an error")
+    p.add_argument("--strict", action="store_true",
+                   help="a hand-edited lock (digest mismatch), or one without an environment, is an error")
     p.add_argument("--json", action="store_true", help="machine-readable result on stdout")
+    add_trust_argument(p)
 
 
 def run_verify(args: argparse.Namespace) -> int:
@@ -39,7 +51,7 @@ def run_verify(args: argparse.Namespace) -> int:
     from kernel_lock.resolve import factory
 
     path = args.lock or default_lock_path()
-    lock = _load(path, strict=args.strict)
+    lock = _load(path, strict=args.strict, trust=args.trust)
     current = fingerprint.current()
     result: dict[str, Any] = {"lock": path, "mode": args.mode, "ok": True, "differences": [], "notes": [],
                               "warnings": list(lock.warnings), "slots": {}}
@@ -76,15 +88,15 @@ def run_verify(args: argparse.Namespace) -> int:
         return max(failed) if failed else 0
     con = output.console()
     verdict = "matches this machine" if args.mode == "training" else "can run on this machine"
-    con.print(f"[green]ok[/]: {path} {verdict} ({args.mode} mode)")
+    con.print(f"[green]ok[/]: {safe(path)} {verdict} ({args.mode} mode)")
     for note in result["notes"]:
-        con.print(f"  note: {note}")
+        con.print(f"  note: {safe(note)}")
     for slot, r in result["slots"].items():
         extra = ""
         if r["substituted_from"]:
             error = "not recorded" if r["max_error"] is None else f"{r['max_error']:.3g}"
-            extra = f" [yellow](substituted for {r['substituted_from']}, verified max error {error})[/]"
-        con.print(f"  {slot:<10} -> {r['target']} {r['kwargs']}{extra}")
+            extra = f" [yellow](substituted for {safe(r['substituted_from'])}, verified max error {error})[/]"
+        con.print(f"  {slot:<10} -> {safe(r['target'])} {safe(r['kwargs'])}{extra}")
     return 0
 
 
@@ -95,46 +107,48 @@ def add_show_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    lock = _load(args.lock)
+    lock = _load(args.lock, check_targets=False)
     if args.json:
         output.print_json(lock.to_dict())
         return 0
     from rich.table import Table
 
     con = output.console()
-    con.print(f"[bold]{args.lock}[/]  lock-version {lock.lock_version}, {lock.created_by}, {lock.created_at or 'no date'}")
+    con.print(f"[bold]{safe(args.lock)}[/]  lock-version {safe(lock.lock_version)}, {safe(lock.created_by)}, "
+              f"{safe(lock.created_at or 'no date')}")
     con.print(f"mode {lock.mode}; precision {lock.precision or 'not recorded'}; "
               f"digest {'intact' if lock.intact else '[yellow]NOT intact[/]'}")
     if lock.profile:
-        con.print(f"profile: {lock.profile.get('name', '?')}")
+        con.print(f"profile: {safe(lock.profile.get('name', '?'))}")
     env = Table(title="environment", show_edge=False)
     for col in ("field", "value", "match"):
         env.add_column(col)
     for name, f in lock.environment.fields.items():
-        env.add_row(name, str(f.value), f.match)
+        env.add_row(safe(name), safe(f.value), f.match)
     for name, f in lock.environment.libraries.items():
-        env.add_row(f"library {name}", str(f.value), f.match)
+        env.add_row(f"library {safe(name)}", safe(f.value), f.match)
     con.print(env)
     slots = Table(title="slots", show_edge=False)
     for col in ("slot", "implementation", "target", "kwargs", "twin"):
         slots.add_column(col, overflow="fold")
     for name, s in lock.slots.items():
-        twin = "-" if s.twin is None else f"{s.twin.target} ({s.twin.state_dict})"
-        slots.add_row(name, s.implementation, s.target, str(dict(s.kwargs)), twin)
+        twin = "-" if s.twin is None else f"{safe(s.twin.target)} ({s.twin.state_dict})"
+        slots.add_row(name, safe(s.implementation), safe(s.target), safe(dict(s.kwargs)), twin)
     con.print(slots)
     for name, s in lock.slots.items():
         if s.reason:
-            con.print(f"{name}: {s.reason}")
+            con.print(f"{name}: {safe(s.reason)}")
     return 0
 
 
 # ---- rehash ---------------------------------------------------------------------------------
 def add_rehash_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("lock", help="lock file to re-seal after a deliberate hand edit")
+    add_trust_argument(p)
 
 
 def run_rehash(args: argparse.Namespace) -> int:
-    lock = kernel_lock.load(args.lock, emit_warnings=False)  # still fully validated
+    lock = kernel_lock.load(args.lock, emit_warnings=False, trust=args.trust)  # still fully validated
     sealed = lock.sealed()
     sealed.dump(args.lock)
     output.info(f"{args.lock}: digest {'unchanged' if sealed.digest == lock.digest else 'updated'} ({sealed.digest})")
@@ -149,12 +163,11 @@ def add_explain_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_explain(args: argparse.Namespace) -> int:
-    from rich.markup import escape
     from rich.table import Table
 
     from kernel_lock.resolve import _check_slot_name
 
-    lock = _load(args.lock)
+    lock = _load(args.lock, check_targets=False)
     _check_slot_name(args.slot)
     slot = lock.slots.get(args.slot)
     if args.json:
@@ -162,15 +175,16 @@ def run_explain(args: argparse.Namespace) -> int:
         return 0
     con = output.console()
     if slot is None:
-        con.print(f"{args.slot} is not pinned in {args.lock}: it resolves to torch.nn (the default)")
+        con.print(f"{safe(args.slot)} is not pinned in {safe(args.lock)}: it resolves to torch.nn (the default)")
         return 0
-    con.print(f"[bold]{args.slot}[/] -> {escape(slot.implementation)} ({escape(slot.target)})")
-    con.print(f"  why: {escape(slot.reason or 'no reason recorded')}")
-    con.print(f"  kwargs: {dict(slot.kwargs)}; requires: {', '.join(f'{r.name}{r.specifier}' for r in slot.requires) or 'torch only'}")
+    con.print(f"[bold]{args.slot}[/] -> {safe(slot.implementation)} ({safe(slot.target)})")
+    con.print(f"  why: {safe(slot.reason or 'no reason recorded')}")
+    con.print(f"  kwargs: {safe(dict(slot.kwargs))}; requires: "
+              f"{safe(', '.join(f'{r.name}{r.specifier}' for r in slot.requires) or 'torch only')}")
     if slot.twin:
         t = slot.twin
-        con.print(f"  twin for inference: {t.target} {dict(t.kwargs)}, state dict {t.state_dict}"
-                  + (f" ({', '.join(t.migration)})" if t.migration else "")
+        con.print(f"  twin for inference: {safe(t.target)} {safe(dict(t.kwargs))}, state dict {t.state_dict}"
+                  + (f" ({safe(', '.join(t.migration))})" if t.migration else "")
                   + (f", verified max error {t.max_error}" if t.max_error is not None else ""))
     else:
         con.print("  no portable twin: inference needs the same library")
@@ -179,20 +193,20 @@ def run_explain(args: argparse.Namespace) -> int:
         for col in ("device", "dtype", "regime", "status", "worst error / tolerance", "failed"):
             ev.add_column(col)
         for e in slot.evidence:
-            ev.add_row(*(str(e.get(k, "")) for k in ("device", "dtype", "regime", "status", "worst-error-ratio")),
-                       ", ".join(e.get("failed", [])))  # fmt: skip
+            ev.add_row(*(safe(e.get(k, "")) for k in ("device", "dtype", "regime", "status", "worst-error-ratio")),
+                       safe(", ".join(map(str, e.get("failed", [])))))  # fmt: skip
         con.print(ev)
     if slot.timing:
         tt = Table(title="timings (forward + backward)", title_justify="left", show_edge=False)
         for col in ("implementation", "shape", "dtype", "ms", "GB/s", "% copy", "first call s"):
             tt.add_column(col)
         for t in slot.timing:
-            tt.add_row(t.get("implementation", ""), t.get("shape", ""), f"{t.get('dtype', '')} {t.get('regime', '')}",
-                       str(t.get("median-ms", t.get("error", ""))), str(t.get("gbps", "")),
-                       str(t.get("copy-percent", "")), str(t.get("compile-s", "")))  # fmt: skip
+            tt.add_row(safe(t.get("implementation", "")), safe(t.get("shape", "")),
+                       safe(f"{t.get('dtype', '')} {t.get('regime', '')}"), safe(t.get("median-ms", t.get("error", ""))),
+                       safe(t.get("gbps", "")), safe(t.get("copy-percent", "")), safe(t.get("compile-s", "")))  # fmt: skip
         con.print(tt)
     for r in slot.rejected:
-        con.print(f"  not chosen: {escape(r.implementation)} {escape(f'[{r.status}]')} {escape('; '.join(r.reasons))}")
+        con.print(f"  not chosen: {safe(r.implementation)} {safe(f'[{r.status}]')} {safe('; '.join(r.reasons))}")
     return 0
 
 
@@ -233,9 +247,7 @@ def lock_differences(a: kernel_lock.KernelLock, b: kernel_lock.KernelLock) -> di
 
 
 def run_diff(args: argparse.Namespace) -> int:
-    from rich.markup import escape
-
-    a, b = _load(args.a), _load(args.b)
+    a, b = _load(args.a, check_targets=False), _load(args.b, check_targets=False)
     diffs = lock_differences(a, b)
     differ = any(diffs.values())
     if args.json:
@@ -245,11 +257,11 @@ def run_diff(args: argparse.Namespace) -> int:
         if not differ:
             con.print("no differences in environment or choices")
         for d in diffs["lock"]:
-            con.print(f"{d['key']}: {d['a']!r} -> {d['b']!r}")
+            con.print(f"{d['key']}: {safe(repr(d['a']))} -> {safe(repr(d['b']))}")
         for d in diffs["environment"]:
             fa = d["a"]["value"] if d["a"] else "absent"
             fb = d["b"]["value"] if d["b"] else "absent"
-            con.print(f"environment {d['field']}: {escape(repr(fa))} -> {escape(repr(fb))}")
+            con.print(f"environment {safe(d['field'])}: {safe(repr(fa))} -> {safe(repr(fb))}")
         for d in diffs["slots"]:
-            con.print(f"slot {d['slot']} {d['key']}: {escape(repr(d['a']))} -> {escape(repr(d['b']))}")
+            con.print(f"slot {d['slot']} {d['key']}: {safe(repr(d['a']))} -> {safe(repr(d['b']))}")
     return 1 if (differ and args.exit_code) else 0

@@ -14,6 +14,7 @@ from kernel_lock.errors import LockError, LockMismatch
 from kernel_lock.lock import SLOTS
 
 from .. import output
+from ..output import safe
 from ..errors import InputFileError, StaleLock, UsageError
 from .check import add_candidate_arguments, detect_device, gather_candidates, policy_from
 from .lockcmds import DEFAULT_LOCK
@@ -73,12 +74,15 @@ def _pairs(values: list[str], flag: str) -> dict[str, str]:
     return out
 
 
-def _reusable(path: Path, digest: str) -> tuple[kernel_lock.KernelLock | None, str]:
-    """(the lock, "") if it can be reused; (None, why not) otherwise. Raises for a corrupt lock."""
+def _reusable(path: Path, digest: str, trust: tuple[str, ...] = ()) -> tuple[kernel_lock.KernelLock | None, str]:
+    """(the lock, "") if it can be reused; (None, why not) otherwise. Raises for a corrupt lock.
+
+    ``trust``: the libraries of this run's own candidates (the command line, the profile, plug-ins):
+    offering them is the grant a lock written for them needs."""
     if not path.exists():
         return None, f"{path} does not exist"
     try:
-        lock = kernel_lock.load(path, emit_warnings=False)
+        lock = kernel_lock.load(path, emit_warnings=False, trust=trust)
     except LockError as exc:
         raise InputFileError(f"the existing lock is not valid: {exc.problem}", path=str(path), key=exc.key,
                              fix="re-run with --force to replace it (nothing was overwritten)") from None  # fmt: skip
@@ -135,15 +139,16 @@ def run_probe(args: argparse.Namespace) -> int:
         "profile": profile.digest if profile else None, "deterministic": args.deterministic,
         "allow_init_change": args.allow_init_change, "strict_dtype": args.strict_dtype,
     }  # fmt: skip
-    from ..lockwrite import inputs_digest
+    from ..lockwrite import inputs_digest, trusted_roots
 
     digest = inputs_digest(inputs)
+    trust = trusted_roots(candidates)
     from ..lockwrite import check_writable, exclusive
 
     if not args.check:
-        check_writable(out)
+        out = check_writable(out)  # the real path: a symbolic link is written through
     if not args.force:
-        lock, why = _reusable(out, digest)
+        lock, why = _reusable(out, digest, trust)
         if lock is not None:
             return _reused(args, out, lock, t_start)
         if args.check:
@@ -152,9 +157,10 @@ def run_probe(args: argparse.Namespace) -> int:
         raise UsageError("--check and --force contradict each other")
     with exclusive(out, args.lock_timeout) as locked:
         if not locked:
-            output.warn(f"{out.parent}: file locking is not supported here; concurrent probes may race (each write stays atomic)")
+            output.warn(f"{out.parent}: this file system does not do file locks, so concurrent probes of {out.name} are "
+                        "not kept apart (each write stays atomic: a reader sees one whole lock)")  # fmt: skip
         if not args.force:  # another rank may have written it while we waited
-            lock, _ = _reusable(out, digest)
+            lock, _ = _reusable(out, digest, trust)
             if lock is not None:
                 return _reused(args, out, lock, t_start)
         for problem in problems:
@@ -188,7 +194,10 @@ def _apply_profile(args, device):
     if args.profile == "auto":
         from ..detect.site import detect_site
 
-        profile, matched, notes = profiles.auto_detect(profiles.available(args.profiles_dir).values(), detect_site(), device)
+        found, broken = profiles.scan(args.profiles_dir)
+        for exc in broken:
+            output.warn(f"broken profile, not considered by --profile auto: {exc}")
+        profile, matched, notes = profiles.auto_detect(found.values(), detect_site(), device)
         for note in notes:
             output.info(f"profile auto: {note}")
         if profile is None:
@@ -214,7 +223,7 @@ def _probe(args, out, slots, candidates, device, shapes, dtype, regime, pins, pr
     from ..checker import Report, check_candidate
     from ..choose import choose
     from ..lockwrite import build_lock
-    from ..worker import Worker, WorkerDied
+    from ..worker import WorkerDied, WorkerPool
 
     # fp32 as a sanity baseline, plus the regime the model trains in
     plan = [("float32", "true")] + ([(dtype, regime)] if dtype != "float32" else [])
@@ -225,9 +234,10 @@ def _probe(args, out, slots, candidates, device, shapes, dtype, regime, pins, pr
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                         TimeElapsedColumn(), console=output.console(stderr=True), transient=True,
                         disable=args.json or not output.console(stderr=True).is_terminal)  # fmt: skip
-    t_check = time.perf_counter()
-    with Worker() as worker, progress:
+    check_s = time_s = 0.0
+    with WorkerPool() as pool, progress:
         task = progress.add_task("checking", total=total)
+        pool.prepare()  # torch's own worker, started before any library is imported
         for slot, cands in per_slot.items():
             allowed = profile.slots[slot].allowed if profile and slot in profile.slots else ()
             for cand in cands:
@@ -236,26 +246,34 @@ def _probe(args, out, slots, candidates, device, shapes, dtype, regime, pins, pr
                     reports[slot].append(Report(cand.id, cand.target, slot, cand.semantics, device["type"], "skipped",
                                                 [f"not allowed by profile {profile.name}"], source=cand.source,
                                                 candidate=cand))  # fmt: skip
-                else:
-                    reports[slot].append(check_candidate(cand, slot, device["type"], plan, worker, timeout=args.timeout,
-                                                         import_timeout=args.import_timeout, with_compile=args.with_compile,
-                                                         policy=policy_from(args)))  # fmt: skip
+                    progress.advance(task)
+                    continue
+                # checked, then (if accepted) timed, in the same worker: torch's, or the library's own
+                with pool.worker_for(cand) as worker:
+                    t0 = time.perf_counter()
+                    r = check_candidate(cand, slot, device["type"], plan, worker, timeout=args.timeout,
+                                        import_timeout=args.import_timeout, with_compile=args.with_compile,
+                                        policy=policy_from(args))  # fmt: skip
+                    reports[slot].append(r)
+                    t1 = time.perf_counter()
+                    check_s += t1 - t0
+                    if r.status == "accepted":
+                        progress.update(task, description=f"timing {slot}: {cand.id}")
+                        request = {"op": "time", "candidate": cand.to_json(), "slot": slot, "device": device["type"],
+                                   "shapes": shapes, "dtype": dtype, "regime": regime,
+                                   "options": {"reps": args.reps, "warmup": min(3, args.reps),
+                                               "min_seconds": 0.2 if device["type"] != "cpu" else 0.0}}  # fmt: skip
+                        try:
+                            reply = worker.call(request, TIMING_TIMEOUT)
+                            if reply.get("tampered"):
+                                r.status = "rejected"
+                                r.reasons = [f"while timing it replaced torch's own {', '.join(reply['tampered'])}"] + r.reasons
+                            else:
+                                timings[slot][r.id] = reply["rows"]
+                        except WorkerDied as exc:
+                            r.status, r.reasons = exc.status, [f"while timing: {exc.reason}"] + r.reasons
+                        time_s += time.perf_counter() - t1
                 progress.advance(task)
-        check_s = time.perf_counter() - t_check
-        accepted = [(s, r) for s, rs in reports.items() for r in rs if r.status == "accepted"]
-        task2 = progress.add_task("timing", total=len(accepted))
-        t_time = time.perf_counter()
-        for slot, r in accepted:
-            progress.update(task2, description=f"timing {slot}: {r.id}")
-            request = {"op": "time", "candidate": r.candidate.to_json(), "slot": slot, "device": device["type"],
-                       "shapes": shapes, "dtype": dtype, "regime": regime, "options": {"reps": args.reps, "warmup": min(3, args.reps),
-                                                        "min_seconds": 0.2 if device["type"] != "cpu" else 0.0}}  # fmt: skip
-            try:
-                timings[slot][r.id] = worker.call(request, TIMING_TIMEOUT)["rows"]
-            except WorkerDied as exc:
-                r.status, r.reasons = exc.status, [f"while timing: {exc.reason}"] + r.reasons
-            progress.advance(task2)
-        time_s = time.perf_counter() - t_time
     choices = {}
     for slot in slots:
         sp = profile.slots.get(slot) if profile else None
@@ -295,14 +313,13 @@ def _report(args, result: dict[str, Any]) -> None:
             },
         })  # fmt: skip
         return
-    from rich.markup import escape
     from rich.table import Table
 
     from .check import STATUS_STYLE
 
     con = output.console()
     dev = result["device"]
-    con.print(f"device {dev['type']} ({escape(str(dev['name']))}), precision {result['precision']}, "
+    con.print(f"device {dev['type']} ({safe(str(dev['name']))}), precision {result['precision']}, "
               f"shapes {', '.join(result['shapes'])}{args.shapes_from}")  # fmt: skip
     for slot, c in choices.items():
         table = Table(title=slot, title_justify="left", show_edge=False)
@@ -319,11 +336,11 @@ def _report(args, result: dict[str, Any]) -> None:
                 if t is not None:
                     cells = [t["shape"], "error", "", ""] if "error" in t else [
                         t["shape"], f"{t['median_ms']:.3f}", f"{t['gbps']:.0f}", f"{t['copy_percent']:.0f}"]
-                table.add_row(escape(r.id) if i == 0 else "", f"[{style}]{r.status}[/]" if i == 0 else "", *cells, chosen)
+                table.add_row(safe(r.id) if i == 0 else "", f"[{style}]{r.status}[/]" if i == 0 else "", *cells, chosen)
         con.print(table)
         for r in reports[slot]:
             if r.status not in ("accepted", "skipped") and r.reasons:
-                con.print(f"  [dim]{escape(r.id)} {r.status}: {escape(r.reasons[0])}[/]")
+                con.print(f"  [dim]{safe(r.id)} {r.status}: {safe(r.reasons[0])}[/]")
     for slot, c in choices.items():
-        con.print(f"[bold]{slot}[/] -> {escape(c.report.id)} ({escape(c.reason)})")
-    con.print(f"wrote {result['lock']} in {result['seconds']:.1f} s (check {result['check_s']:.1f} s, timing {result['time_s']:.1f} s)")
+        con.print(f"[bold]{slot}[/] -> {safe(c.report.id)} ({safe(c.reason)})")
+    con.print(f"wrote {safe(result['lock'])} in {result['seconds']:.1f} s (check {result['check_s']:.1f} s, timing {result['time_s']:.1f} s)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from .. import output
+from ..output import safe
 
 
 def add_profiles_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,21 +36,23 @@ def run_profiles(args: argparse.Namespace) -> int:
 
     if args.action == "check":
         prof = profiles.load_file(args.path)
-        output.console().print(f"ok: {args.path} is a valid profile ({prof.name})")
+        output.console().print(f"ok: {safe(args.path)} is a valid profile ({safe(prof.name)})")
         return 0
     if args.action == "list":
-        found = profiles.available(args.profiles_dir)
+        found, broken = profiles.scan(args.profiles_dir)
+        for exc in broken:
+            output.warn(f"broken profile, skipped: {exc}")
         if args.json:
-            output.print_json([_summary(p) for p in found.values()])
+            output.print_json([_summary(p) for p in found.values()] + [
+                {"path": exc.path, "broken": True, "error": exc.problem, "key": exc.key, "fix": exc.fix} for exc in broken])
             return 0
-        from rich.markup import escape
         from rich.table import Table
 
         table = Table(show_edge=False)
         for col in ("name", "description", "file"):
             table.add_column(col, overflow="fold")
         for prof in found.values():
-            table.add_row(prof.name, escape(prof.description), escape(prof.path))
+            table.add_row(safe(prof.name), safe(prof.description), safe(prof.path))
         output.console().print(table)
         return 0
     prof = profiles.resolve(args.name, args.profiles_dir)
@@ -57,16 +60,14 @@ def run_profiles(args: argparse.Namespace) -> int:
     if args.json:
         output.print_json(data)
         return 0
-    from rich.markup import escape
-
     con = output.console()
-    con.print(f"[bold]{prof.name}[/]: {escape(prof.description)}")
-    con.print(f"file: {escape(prof.path)} ({prof.digest[:19]}...)")
+    con.print(f"[bold]{safe(prof.name)}[/]: {safe(prof.description)}")
+    con.print(f"file: {safe(prof.path)} ({prof.digest[:19]}...)")
     for key in ("detect", "requires", "policy"):
-        con.print(f"{key}: {escape(str(data[key]))}")
-    con.print(f"precision: {prof.precision or 'not set'}; shapes: {', '.join(prof.shapes) or 'not set'}")
+        con.print(f"{key}: {safe(str(data[key]))}")
+    con.print(f"precision: {safe(prof.precision or 'not set')}; shapes: {safe(', '.join(prof.shapes) or 'not set')}")
     for s in prof.sources:
-        con.print(f"source: {escape(s)}")
+        con.print(f"source: {safe(s)}")
     for u in prof.unknown:
-        con.print(f"[yellow]not documented:[/] {escape(u)}")
+        con.print(f"[yellow]not documented:[/] {safe(u)}")
     return 0
