@@ -97,6 +97,12 @@ class RanksDisagree(LockError):
         super().__init__(message, fix=fix)
 
 
+class DeviceVisibilityError(LockError):
+    """The device-visibility variables contradict each other, so which GPUs this process uses is undefined."""
+
+    exit_code = 2
+
+
 class LockWarning(UserWarning):
     """Something worth knowing that does not stop resolution (hand-edited lock, newer minor version)."""
 
@@ -104,7 +110,8 @@ class LockWarning(UserWarning):
 EXIT_CODES = {
     0: "ok",
     1: "other failure (a bug, an interrupted run, a library that crashed the probe itself)",
-    2: "usage error (bad command-line arguments)",
+    2: "usage error (bad command-line arguments, or environment variables that contradict each other, "
+    "such as HIP_VISIBLE_DEVICES naming more devices than ROCR_VISIBLE_DEVICES allows)",
     3: "the environment does not match the lock, the lock is stale or missing (--check), "
     "or a pinned kernel is unavailable here",
     4: "the machine does not meet the site profile",

@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import Difference
+from .errors import DeviceVisibilityError, Difference
+from .versions import release
 
 
 @dataclass(frozen=True)
@@ -35,13 +36,50 @@ FIELDS: dict[str, FieldSpec] = {
     "torch": FieldSpec(str, "compatible", "version", "torch version (compatible: same major.minor)"),
     "torch-cuda": FieldSpec(str, "compatible", "version", "CUDA version torch was built with, '' if none"),
     "torch-hip": FieldSpec(str, "compatible", "version", "HIP (ROCm) version torch was built with, '' if none"),
+    "torch-rocm": FieldSpec(str, "compatible", "version", "ROCm version torch was built with (torch.version.rocm, "
+                            "torch >= 2.10), '' if none"),
     "device-type": FieldSpec(str, "exact", "text", "cpu, cuda, rocm, mps or xpu"),
     "device-vendor": FieldSpec(str, "exact", "text", "nvidia, amd, apple, intel, or the CPU vendor"),
     "device-name": FieldSpec(str, "exact", "text", "device name as the driver reports it"),
     "device-arch": FieldSpec(str, "exact", "text", "sm_90, gfx90a, ...; '' on CPU"),
+    "device-features": FieldSpec(str, "exact", "text", "ROCm target features from gcnArchName (sramecc+:xnack-); "
+                                 "'' elsewhere: an xnack+ run is not an xnack- one"),
     "device-count": FieldSpec(int, "ignore", "count", "number of devices of that type"),
     "driver": FieldSpec(str, "compatible", "version", "GPU driver version, '' when it cannot be read cheaply"),
+    "numerics-env": FieldSpec(str, "exact", "text", "environment variables that change what kernels compute, as "
+                              "VAR=value;... ('' when none is set; see NUMERICS_ENV)"),
 }
+
+# Environment variables that change the numbers kernels produce or which kernels run (recorded in
+# the fingerprint as numerics-env, exact): on ROCm, rocBLAS's and MIOpen's alternate fp16 paths
+# (PyTorch's numerical-accuracy notes: reduced-precision fp16 on MI200), XNACK (unified-memory
+# retries; another code object), TunableOp's GEMM selection and the hipBLASLt preference.
+NUMERICS_ENV = (
+    "ROCBLAS_INTERNAL_FP16_ALT_IMPL",
+    "MIOPEN_DEBUG_CONVOLUTION_ATTRIB_FP16_ALT_IMPL",
+    "HSA_XNACK",
+    "PYTORCH_TUNABLEOP_ENABLED",
+    "TORCH_BLAS_PREFER_HIPBLASLT",
+)
+
+# device names that say nothing about the device (libdrm's amdgpu.ids missing or old)
+GENERIC_DEVICE_NAMES = ("AMD Radeon Graphics",)
+
+
+def numerics_env(env: Mapping[str, str] | None = None) -> str:
+    env = os.environ if env is None else env
+    return ";".join(f"{name}={env[name]}" for name in NUMERICS_ENV if name in env)
+
+
+def device_name_note(current: Mapping[str, Any]) -> str | None:
+    """A note when the device name identifies nothing (empty or generic): the arch does."""
+    name = str(current.get("device-name", ""))
+    if current.get("device-type") not in ("cuda", "rocm"):
+        return None
+    if not name or name in GENERIC_DEVICE_NAMES:
+        return (f"the device name is {name!r}, which does not identify the device (libdrm's amdgpu.ids is missing "
+                f"or old in this environment); it is identified by its arch {current.get('device-arch')!r}")  # fmt: skip
+    return None
 
 # distribution name -> top-level module, for the libraries a lock may pin
 LIBRARY_MODULES = {
@@ -57,20 +95,6 @@ LIBRARY_MODULES = {
 }
 
 
-def _release(version: str) -> tuple[int, ...]:
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        return Version(version).release
-    except InvalidVersion:
-        parts = []
-        for piece in version.split("+")[0].split("."):
-            if not piece.isdigit():
-                break
-            parts.append(int(piece))
-        return tuple(parts)
-
-
 def field_matches(kind: str, rule: str, expected: Any, found: Any) -> bool:
     """Does ``found`` satisfy ``expected`` under ``rule``?
 
@@ -83,7 +107,7 @@ def field_matches(kind: str, rule: str, expected: Any, found: Any) -> bool:
         return expected == found
     if expected == "" or found == "":
         return expected == found
-    e, f = _release(str(expected)), _release(str(found))
+    e, f = release(str(expected)), release(str(found))
     if not e or not f:
         return expected == found
     return e[:2] == f[:2]
@@ -152,6 +176,52 @@ def cpu_microarch() -> str:
 def normalize_gcn_arch(name: str) -> str:
     """'gfx90a:sramecc+:xnack-' -> 'gfx90a' (ROCm appends target features after colons)."""
     return name.split(":", 1)[0].strip()
+
+
+def gcn_features(name: str) -> str:
+    """'gfx90a:sramecc+:xnack-' -> 'sramecc+:xnack-' (the target features, which change code objects)."""
+    return name.partition(":")[2].strip()
+
+
+def _entries(value: str) -> list[str]:
+    return [entry.strip() for entry in value.split(",")]
+
+
+def physical_devices(device_type: str, env: Mapping[str, str] | None = None) -> list[str] | None:
+    """The node-level id of each device this process sees, in torch's order; None when nothing restricts it.
+
+    ROCm applies ``ROCR_VISIBLE_DEVICES`` first (node ids or UUIDs), then ``HIP_VISIBLE_DEVICES``
+    (or ``CUDA_VISIBLE_DEVICES``), whose indices count within what ROCR left; CUDA applies
+    ``CUDA_VISIBLE_DEVICES``. With LUMI's per-rank ``ROCR_VISIBLE_DEVICES=$SLURM_LOCALID`` every
+    rank sees one device 0, and only this tells them apart. An entry that cannot be mapped is
+    ``'?'``. On ROCm, a HIP list longer than the ROCR list is the contradiction torch refuses
+    (``device_count()`` raises "HIP_VISIBLE_DEVICES contains more devices than
+    ROCR_VISIBLE_DEVICES"): raised here as ``DeviceVisibilityError`` naming both values.
+    """
+    env = os.environ if env is None else env
+    if device_type == "rocm":
+        rocr = env.get("ROCR_VISIBLE_DEVICES")
+        hip_name = "HIP_VISIBLE_DEVICES" if "HIP_VISIBLE_DEVICES" in env else "CUDA_VISIBLE_DEVICES"
+        hip = env.get(hip_name)
+        if rocr is None:
+            return None if hip is None else _entries(hip)
+        base = _entries(rocr)
+        if hip is None:
+            return base
+        chosen = _entries(hip)
+        if len(chosen) > len(base) and hip_name == "HIP_VISIBLE_DEVICES":
+            raise DeviceVisibilityError(
+                f"{hip_name}={hip!r} names {len(chosen)} device(s) but ROCR_VISIBLE_DEVICES={rocr!r} leaves "
+                f"only {len(base)}: the HIP list indexes into the ROCR list, so which GPU this process uses is "
+                "undefined (torch refuses to count devices)",
+                key=hip_name,
+                fix=f"set one of them: unset {hip_name} (ROCR_VISIBLE_DEVICES alone selects node devices), or "
+                f"give {hip_name} indices 0..{len(base) - 1} into ROCR_VISIBLE_DEVICES's list")
+        return [base[int(e)] if e.isdigit() and int(e) < len(base) else "?" for e in chosen]
+    if device_type == "cuda":
+        visible = env.get("CUDA_VISIBLE_DEVICES")
+        return None if visible is None else _entries(visible)
+    return None
 
 
 def _text(value: Any) -> str:
@@ -279,18 +349,22 @@ def device_facts(torch: Any) -> dict[str, Any]:
     """Type, vendor, name, arch, count and driver of the primary accelerator (or the CPU).
 
     ROCm is told apart by ``torch.version.hip``, never by compute capability: an MI250X reports
-    (9, 0), like a Hopper GPU. Its arch comes from ``gcnArchName``.
+    (9, 0), like a Hopper GPU. Its arch comes from ``gcnArchName``. Raises ``DeviceVisibilityError``
+    when the ROCm visibility variables contradict each other (see ``physical_devices``).
     """
     hip = getattr(torch.version, "hip", None)
     cuda_mod = getattr(torch, "cuda", None)
     if hip:
+        physical_devices("rocm")  # contradictory visibility variables are an error, not "no GPU"
         if cuda_mod is not None and cuda_mod.is_available() and cuda_mod.device_count() > 0:
             props = cuda_mod.get_device_properties(0)
+            gcn = str(getattr(props, "gcnArchName", ""))
             return {
                 "type": "rocm",
                 "vendor": "amd",
                 "name": str(props.name),
-                "arch": normalize_gcn_arch(str(getattr(props, "gcnArchName", ""))),
+                "arch": normalize_gcn_arch(gcn),
+                "features": gcn_features(gcn),
                 "count": int(cuda_mod.device_count()),
                 "driver": driver_version("rocm"),
             }
@@ -372,10 +446,13 @@ def current(torch: Any | None = None, *, device: Callable[[Any], dict[str, Any]]
         "torch": str(torch.__version__).split("+")[0],
         "torch-cuda": str(getattr(torch.version, "cuda", None) or ""),
         "torch-hip": str(getattr(torch.version, "hip", None) or ""),
+        "torch-rocm": str(getattr(torch.version, "rocm", None) or ""),
         "device-type": dev["type"],
         "device-vendor": dev["vendor"],
         "device-name": dev["name"],
         "device-arch": dev["arch"],
+        "device-features": dev.get("features", ""),
         "device-count": int(dev["count"]),
         "driver": dev.get("driver", ""),
+        "numerics-env": numerics_env(),
     }

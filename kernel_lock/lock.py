@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from . import _toml
 from .errors import LockFormatError, LockVersionError, LockWarning, TargetNotAllowed
 
-LOCK_VERSION = "1.1"  # 1.1: slots may record accepted-changes; migrations rename/transpose
+LOCK_VERSION = "1.2"  # 1.1: accepted-changes, rename/transpose migrations; 1.2: environment torch-rocm, device-features, numerics-env
 SLOTS = ("LayerNorm", "RMSNorm", "Linear")
 SEMANTICS = ("layer_norm", "rms_norm", "linear")
 MATCH_RULES = ("exact", "compatible", "ignore")

@@ -133,8 +133,7 @@ def _requirement_problems(slot: Slot) -> list[Difference]:
     """Requirements of a slot that this machine does not satisfy (no import; metadata only)."""
     from importlib import metadata
 
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import InvalidVersion, Version
+    from .versions import in_spec
 
     problems = []
     for req in slot.requires:
@@ -148,11 +147,7 @@ def _requirement_problems(slot: Slot) -> list[Difference]:
             problems.append(Difference(f"slots.{slot.name}.requires.{req.name}", req.specifier or "any", "not installed", "specifier"))
             continue
         if req.specifier and version != "unknown":
-            try:
-                ok = SpecifierSet(req.specifier).contains(Version(version), prereleases=True)
-            except InvalidVersion:
-                ok = False
-            if not ok:
+            if not in_spec(req.specifier, version):
                 problems.append(Difference(f"slots.{slot.name}.requires.{req.name}", req.specifier, version, "specifier"))
     return problems
 
@@ -189,6 +184,12 @@ def verify(lock: KernelLock, mode: str = "training", *, current: Mapping[str, An
         diffs = fingerprint.compare(lock.environment.fields, current, lock.environment.libraries, libs)
         notes.extend(f"environment field {name!r} is unknown to this kernel_lock (a newer writer?): not checked"
                      for name in fingerprint.unchecked_fields(lock.environment.fields))  # fmt: skip
+        notes.extend(f"{name} differs (lock {spec.value!r}, here {current.get(name)!r}): not checked (match = ignore)"
+                     for name, spec in lock.environment.fields.items()
+                     if spec.match == "ignore" and name in fingerprint.FIELDS and str(current.get(name)) != str(spec.value))  # fmt: skip
+        name_note = fingerprint.device_name_note(current)
+        if name_note:
+            notes.append(name_note)
         for slot in lock.slots.values():
             diffs.extend(_requirement_problems(slot))
         if lock.mode == "inference":

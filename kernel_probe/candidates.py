@@ -48,6 +48,11 @@ class Candidate:
     specifier: str = ""
     module: str = ""
     devices: tuple[str, ...] = ()  # () = any device torch runs on
+    # device type -> the GPU archs it runs on there ("gfx90a"; "sm_80+" = sm_80 or newer); a device
+    # type not named here has no arch requirement
+    archs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # device type -> how to install it there ("" = no build for that platform); default: pip install <distribution>
+    install: Mapping[str, str] = field(default_factory=dict)
     compiled: bool = False  # torch.compile inside: expensive on CPU, JIT time reported apart
     twin_target: str = ""
     twin_kwargs: Mapping[str, Any] = field(default_factory=dict)
@@ -68,7 +73,34 @@ class Candidate:
         d = dict(d)
         for key in ("slots", "args", "devices"):
             d[key] = tuple(d.get(key, ()))
+        d["archs"] = {k: tuple(v) for k, v in dict(d.get("archs") or {}).items()}
         return cls(**d)
+
+    def arch_problem(self, device: str, arch: str) -> str | None:
+        """Why this candidate cannot run on a ``device`` GPU of ``arch``; None when it can (or arch is unknown)."""
+        wanted = tuple(self.archs.get(device, ()))
+        if not wanted or not arch or any(arch_satisfies(arch, w) for w in wanted):
+            return None
+        return f"needs a GPU arch {' or '.join(wanted)} on {device}; this one is {arch}"
+
+    def install_hint(self, device: str) -> str:
+        """How to install the candidate's library for ``device``; '' when there is no build for it."""
+        if device in self.install:
+            return self.install[device]
+        if self.distribution:
+            return f"pip install {self.distribution}"
+        return ""
+
+
+def arch_satisfies(arch: str, wanted: str) -> bool:
+    """``'sm_90'`` satisfies ``'sm_80+'`` and ``'sm_90'``; gfx archs match exactly (features stripped)."""
+    arch = arch.split(":", 1)[0]
+    if wanted.endswith("+"):
+        base = wanted[:-1]
+        prefix = base.rstrip("0123456789")
+        tail = arch[len(prefix):].rstrip("af")  # sm_90a: arch-specific build of sm_90
+        return arch.startswith(prefix) and tail.isdigit() and int(tail) >= int(base[len(prefix):])
+    return arch == wanted
 
 
 def fill(value: Any, canonical: Mapping[str, Any]) -> Any:
@@ -83,10 +115,21 @@ _TORCH_LN = {"eps": "$eps", "elementwise_affine": True, "bias": "$bias"}
 _TORCH_RMS = {"eps": "$eps", "elementwise_affine": True}
 _LINEAR_ARGS = ("$in_features", "$out_features")
 _LIGER = dict(distribution="liger-kernel", specifier=">=0.5", module="liger_kernel", devices=("cuda", "rocm", "xpu"))
+# Transformer Engine: NVIDIA's README lists Ampere, Ada, Hopper and Blackwell (sm_80 and newer);
+# the ROCm fork (github.com/ROCm/TransformerEngine, same import name) documents LayerNorm/RMSNorm on
+# gfx942 and gfx950 (its README) and gfx90a (MI200, supported since its 2024 releases).
 _TE = dict(distribution="transformer-engine", specifier=">=1.13", module="transformer_engine", devices=GPU,
-           build_kwargs={"device": "$device"})  # fmt: skip
+           build_kwargs={"device": "$device"},
+           archs={"cuda": ("sm_80+",), "rocm": ("gfx90a", "gfx942", "gfx950")},
+           install={"cuda": "pip install --no-build-isolation transformer_engine[pytorch]",
+                    "rocm": "install AMD's ROCm fork (github.com/ROCm/TransformerEngine; wheels on repo.radeon.com, "
+                            "or build it): PyPI's transformer-engine is NVIDIA's, CUDA only"})  # fmt: skip
+# apex is not on PyPI (PyPI's `apex` is an unrelated 2013 Pyramid toolkit): built from source
 _APEX = dict(distribution="", module="apex.normalization", devices=GPU,
-             note="on CPU (or while tracing) apex silently falls back to torch's layer_norm")  # fmt: skip
+             note="on CPU (or while tracing) apex silently falls back to torch's layer_norm",
+             install={"cuda": "build NVIDIA apex from github.com/NVIDIA/apex with its CUDA extensions "
+                              "(PyPI's `apex` is an unrelated package)",
+                      "rocm": "build AMD's fork from github.com/ROCm/apex (PyPI's `apex` is an unrelated package)"})  # fmt: skip
 
 BUILTIN: tuple[Candidate, ...] = (
     # torch.nn, the defaults every other candidate must beat
@@ -132,11 +175,16 @@ BUILTIN: tuple[Candidate, ...] = (
     Candidate("flash_attn.rms_norm", ("RMSNorm",), "rms_norm", "flash_attn.ops.triton.layer_norm.RMSNorm",
               args=("$hidden",), kwargs={"eps": "$eps"}, build_kwargs={"device": "$device"},
               distribution="flash-attn", specifier=">=2.5", module="flash_attn", devices=GPU,
+              install={"cuda": "pip install flash-attn --no-build-isolation",
+                       "rocm": "build AMD's fork from github.com/ROCm/flash-attention (PyPI's flash-attn builds "
+                               "for CUDA)"},
               twin_target="torch.nn.RMSNorm", twin_kwargs=_TORCH_RMS),
-    # QuACK (CuTe DSL): QuackRMSNorm subclasses torch.nn.RMSNorm; Hopper and newer
+    # QuACK (CuTe DSL): QuackRMSNorm subclasses torch.nn.RMSNorm; Hopper and newer (its README:
+    # H100, B200/B300), NVIDIA only
     Candidate("quack.rms_norm", ("RMSNorm",), "rms_norm", "quack.rmsnorm.QuackRMSNorm",
               args=("$hidden",), kwargs={"eps": "$eps"}, build_kwargs={"device": "$device"},
               distribution="quack-kernels", specifier=">=0.1", module="quack", devices=("cuda",),
+              archs={"cuda": ("sm_90+",)},
               twin_target="torch.nn.RMSNorm", twin_kwargs=_TORCH_RMS),
 )  # fmt: skip
 

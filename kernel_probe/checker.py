@@ -103,17 +103,27 @@ class Report:
         }
 
 
-def installed(cand: Candidate) -> str | None:
-    """None if the candidate's library is present (by metadata / find_spec, no import); else why not."""
+def installed(cand: Candidate, device: str = "") -> str | None:
+    """None if the candidate's library is present (by metadata / find_spec, no import); else why not,
+    with the way to install it for ``device`` (or that there is none)."""
     if cand.distribution:
         try:
             metadata.version(cand.distribution)
+            return None
         except metadata.PackageNotFoundError:
-            if not (cand.module and importlib.util.find_spec(cand.module.split(".")[0]) is not None):
-                return f"not installed: {cand.distribution} (pip install {cand.distribution})"
+            if cand.module and importlib.util.find_spec(cand.module.split(".")[0]) is not None:
+                return None
+        what = cand.distribution
     elif cand.module and importlib.util.find_spec(cand.module.split(".")[0]) is None:
-        return f"not installed: no module {cand.module.split('.')[0]!r}"
-    return None
+        what = f"no module {cand.module.split('.')[0]!r}"
+    else:
+        return None
+    hint = cand.install_hint(device)
+    return f"not installed: {what}" + (f" ({hint})" if hint else f" (no build for {device})" if device else "")
+
+
+def _is_installed(cand: Candidate) -> bool:
+    return installed(cand) is None
 
 
 def _with_reasons(report: Report) -> Report:
@@ -129,12 +139,13 @@ def _with_reasons(report: Report) -> Report:
 
 
 def check_candidate(cand: Candidate, slot: str, device: str, plan: list[tuple[str, str]], worker: Worker, *,
-                    timeout: float = CHECK_TIMEOUT, import_timeout: float = IMPORT_TIMEOUT, with_compile: bool = False,
+                    arch: str = "", timeout: float = CHECK_TIMEOUT, import_timeout: float = IMPORT_TIMEOUT, with_compile: bool = False,
                     canonical: Mapping[str, Any] | None = None, hidden: int | None = None,
                     policy: Policy = Policy(), baseline: Candidate | None = None) -> Report:  # fmt: skip
-    """The verdict on one candidate for one slot; ``seconds`` says how long it took."""
+    """The verdict on one candidate for one slot; ``seconds`` says how long it took. ``arch`` is the
+    GPU's (``sm_90``, ``gfx90a``), checked against the candidate's ``archs``."""
     start = time.perf_counter()
-    report = _check_candidate(cand, slot, device, plan, worker, timeout=timeout, import_timeout=import_timeout,
+    report = _check_candidate(cand, slot, device, plan, worker, arch=arch, timeout=timeout, import_timeout=import_timeout,
                               with_compile=with_compile, canonical=canonical, hidden=hidden, policy=policy,
                               baseline=baseline)  # fmt: skip
     report.seconds = time.perf_counter() - start
@@ -142,18 +153,18 @@ def check_candidate(cand: Candidate, slot: str, device: str, plan: list[tuple[st
 
 
 def _check_candidate(cand: Candidate, slot: str, device: str, plan: list[tuple[str, str]], worker: Worker, *,
-                     timeout: float, import_timeout: float, with_compile: bool, canonical: Mapping[str, Any] | None,
+                     arch: str, timeout: float, import_timeout: float, with_compile: bool, canonical: Mapping[str, Any] | None,
                      hidden: int | None, policy: Policy, baseline: Candidate | None) -> Report:  # fmt: skip
     base = dict(id=cand.id, target=cand.target, slot=slot, semantics=cand.semantics, device=device,
                 source=cand.source, candidate=cand)  # fmt: skip
     expected = SLOT_SEMANTICS[slot]
     if cand.semantics != expected:
         return Report(status="rejected", reasons=[f"semantics: {cand.semantics} != {expected}"], **base)
-    missing = installed(cand)
-    if missing:
-        return Report(status="unavailable", reasons=[missing], **base)
+    # what the hardware rules out comes before "not installed": no advice to install what cannot run here
     if cand.devices and device not in cand.devices:
         why = f"runs on {', '.join(cand.devices)}; this device is {device}"
+        if not _is_installed(cand):
+            return Report(status="unavailable", reasons=[why + " (and it is not installed)"], **base)
         try:
             tried = worker.call({"op": "try", "candidate": cand.to_json(), "slot": slot, "device": device},
                                 import_timeout + timeout)  # fmt: skip
@@ -164,6 +175,13 @@ def _check_candidate(cand: Candidate, slot: str, device: str, plan: list[tuple[s
         except WorkerDied as exc:
             why += f"; trying it {exc.status}: {exc.reason}"
         return Report(status="unavailable", reasons=[why], **base)
+    wrong_arch = cand.arch_problem(device, arch)
+    if wrong_arch:
+        installed_note = "" if _is_installed(cand) else " (and it is not installed)"
+        return Report(status="unavailable", reasons=[wrong_arch + installed_note], **base)
+    missing = installed(cand, device)
+    if missing:
+        return Report(status="unavailable", reasons=[missing], **base)
     if cand.compiled and device == "cpu" and not with_compile:
         return Report(status="skipped", reasons=[
             "torch.compile candidates are not probed on CPU by default (each shape and dtype costs seconds "
@@ -235,7 +253,7 @@ def judge_candidate(raw: Mapping[str, Any], cand: Candidate, slot: str, device: 
 
 
 def check_all(slots: Iterable[str], candidates: list[Candidate], device: str, plan: list[tuple[str, str]], *,
-              timeout: float = CHECK_TIMEOUT, import_timeout: float = IMPORT_TIMEOUT, with_compile: bool = False,
+              arch: str = "", timeout: float = CHECK_TIMEOUT, import_timeout: float = IMPORT_TIMEOUT, with_compile: bool = False,
               workers: WorkerPool | None = None, canonical: Mapping[str, Mapping[str, Any]] | None = None,
               hidden: int | None = None, policy: Policy = Policy(), baselines: Mapping[str, Candidate] | None = None,
               progress: Callable[[str, str], None] | None = None) -> dict[str, list[Report]]:  # fmt: skip
@@ -252,7 +270,7 @@ def check_all(slots: Iterable[str], candidates: list[Candidate], device: str, pl
                 if progress:
                     progress(slot, cand.id)
                 with pool.worker_for(cand) as worker:
-                    out[slot].append(check_candidate(cand, slot, device, plan, worker, timeout=timeout,
+                    out[slot].append(check_candidate(cand, slot, device, plan, worker, arch=arch, timeout=timeout,
                                                      import_timeout=import_timeout, with_compile=with_compile,
                                                      canonical=(canonical or {}).get(slot), hidden=hidden,
                                                      policy=policy, baseline=(baselines or {}).get(slot)))  # fmt: skip

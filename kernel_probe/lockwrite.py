@@ -28,6 +28,12 @@ def environment(current: Mapping[str, Any], libraries: Mapping[str, str]) -> Env
         match = spec.default_match
         if name == "cpu-microarch" and current.get("device-type") == "cpu":
             match = "exact"  # on a CPU lock, the CPU *is* the device the timings were made on
+        if name == "device-name" and current.get("device-type") == "rocm":
+            # the same MI250X GCD reads "AMD Instinct MI250X", "... / MI250" or "AMD Radeon Graphics"
+            # depending on libdrm's amdgpu.ids (pytorch PR #147791): arch and features identify it
+            match = "ignore"
+        if name == "numerics-env" and current.get("device-type") == "cpu":
+            match = "ignore"  # GPU math libraries' settings: recorded, but they change nothing on a CPU
         fields[name] = EnvField(value=current[name], match=match)
     libs = {name: EnvField(value=version, match="compatible") for name, version in sorted(libraries.items())}
     return Environment(fields=fields, libraries=libs)

@@ -18,6 +18,7 @@ from typing import Any
 
 from kernel_lock import _toml
 from kernel_lock.lock import SLOTS
+from kernel_lock.versions import in_spec
 
 from .candidates import BUILTIN, SLOT_SEMANTICS, Candidate
 from .detect.site import first_line
@@ -27,7 +28,7 @@ PROFILE_VERSION = "1"
 ENV_VAR = "KERNEL_PROBE_PROFILES"
 PRECISIONS = ("32-true", "bf16-true", "16-true", "bf16-mixed", "16-mixed")
 GROUPS = ("device", "count", "versions", "libraries", "forbidden")  # strictness groups
-STRENGTH = {"env": 3, "file": 3, "slurm-cluster": 2, "hostname": 1, "device": 0}
+STRENGTH = {"env": 3, "file": 3, "slurm-cluster": 2, "slurm-partition": 2, "hostname": 1, "device": 0}
 
 
 class ProfileError(InputFileError):
@@ -133,13 +134,14 @@ class _P:
 
 _TOP = ("profile-version", "name", "description", "sources", "unknown", "detect", "requires", "policy", "candidate",
         "strictness")  # fmt: skip
-_DETECT = ("env", "files", "hostname", "slurm-cluster", "device")
+_DETECT = ("env", "files", "hostname", "slurm-cluster", "slurm-partition", "device")
 _REQUIRES = ("device-type", "device-vendor", "device-arch", "min-device-count", "arch", "torch", "torch-cuda",
              "torch-hip", "driver", "libraries", "forbidden")  # fmt: skip
 _POLICY = ("precision", "shapes", "deterministic", *SLOTS)
 _SLOT_POLICY = ("allowed", "preferred", "pin")
 _CANDIDATE = ("id", "slots", "semantics", "target", "args", "kwargs", "distribution", "specifier", "module", "devices",
-              "twin-target", "twin-kwargs", "note")  # fmt: skip
+              "archs", "install", "twin-target", "twin-kwargs", "note")  # fmt: skip
+_DEVICE_TYPES = ("cuda", "rocm", "xpu", "mps", "cpu")
 
 
 def parse(text: str, path: str) -> Profile:
@@ -162,7 +164,7 @@ def parse(text: str, path: str) -> Profile:
             if not isinstance(v, str):
                 raise p.err(f"detect.{key}.{k}", "expected a regular expression string ('' = present)")
             p.regex(v, f"detect.{key}.{k}")
-    for key in ("hostname", "slurm-cluster"):
+    for key in ("hostname", "slurm-cluster", "slurm-partition"):
         for i, pattern in enumerate(p.strings(detect, key, "detect.")):
             p.regex(pattern, f"detect.{key}[{i}]")
     p.table(detect, "device", ("type", "vendor", "arch"), "detect.")
@@ -179,6 +181,12 @@ def parse(text: str, path: str) -> Profile:
         table = p.free_table(requires, key, "requires.")
         for lib, spec in table.items():
             p.specifier(spec, f"requires.{key}.{lib}")
+            base, at, variant = lib.partition("@")
+            if at:
+                known = variants_of(base)
+                if variant not in known:
+                    raise p.err(f"requires.{key}.{lib}", f"{variant!r} is not a known variant of {base}",
+                                fix=f"known variants: {', '.join(known) or 'none'} (kernel_probe/detect/libraries.py)")  # fmt: skip
     declared = tuple(_candidate(p, c, i, name) for i, c in enumerate(_list_of_tables(p, d, "candidate")))
     known_ids = {c.id: c for c in (*BUILTIN, *declared)}
     policy = p.table(d, "policy", _POLICY, "")
@@ -296,12 +304,21 @@ def _candidate(p: _P, c: Mapping[str, Any], i: int, profile: str) -> Candidate:
     twin_kwargs = _scalars(p, c.get("twin-kwargs", {}), f"{where}twin-kwargs", table=True)
     if semantics not in SLOT_SEMANTICS.values():
         raise p.err(f"{where}semantics", f"{semantics!r} is not one of {', '.join(SLOT_SEMANTICS.values())}")
+    archs = {kind: p.strings(p.table(c, "archs", _DEVICE_TYPES, where), kind, f"{where}archs.")
+             for kind in p.table(c, "archs", _DEVICE_TYPES, where)}  # fmt: skip
+    for kind, names in archs.items():
+        for name in names:
+            if not re.fullmatch(r"(sm_[0-9]{2,3}[af]?|gfx[0-9a-f]{3,4})\+?", name, re.ASCII):
+                raise p.err(f"{where}archs.{kind}", f"{name!r} is not a GPU arch like 'sm_90', 'sm_80+' (that or "
+                            "newer) or 'gfx90a'")  # fmt: skip
+    install_table = p.table(c, "install", _DEVICE_TYPES, where)
+    install = {kind: p.string(install_table, kind, f"{where}install.") or "" for kind in install_table}
     return Candidate(
         id=cid, slots=slots, semantics=semantics, target=target,
         args=tuple(args), kwargs=dict(kwargs),
         distribution=p.string(c, "distribution", where, default="") or "", specifier=spec,
         module=p.string(c, "module", where, default=target.split(".")[0]) or "",
-        devices=p.strings(c, "devices", where), twin_target=p.string(c, "twin-target", where, default="") or "",
+        devices=p.strings(c, "devices", where), archs=archs, install=install, twin_target=p.string(c, "twin-target", where, default="") or "",
         twin_kwargs=dict(twin_kwargs), note=p.string(c, "note", where, default="") or "",
         source=f"profile:{profile}",
     )  # fmt: skip
@@ -395,6 +412,10 @@ def signals_matched(profile: Profile, site: Mapping[str, Any], device: Mapping[s
     for pattern in det.get("slurm-cluster", []):
         if cluster and re.search(pattern, cluster):
             hits.append((STRENGTH["slurm-cluster"], f"slurm-cluster:{cluster}"))
+    partition = env.get("SLURM_JOB_PARTITION") or (site.get("slurm") or {}).get("SLURM_JOB_PARTITION")
+    for pattern in det.get("slurm-partition", []):
+        if partition and re.search(pattern, partition):
+            hits.append((STRENGTH["slurm-partition"], f"slurm-partition:{partition}"))
     host = site.get("hostname") or ""
     for pattern in det.get("hostname", []):
         if host and re.search(pattern, host):
@@ -438,18 +459,6 @@ class Unmet:
         return f"{self.field}: expected {self.expected}, found {self.found}"
 
 
-def _in_spec(spec: str, version: str) -> bool:
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import InvalidVersion, Version
-
-    if not version:
-        return False
-    try:
-        return SpecifierSet(spec).contains(Version(version.split("+")[0]), prereleases=True)
-    except InvalidVersion:
-        return False
-
-
 def unmet(profile: Profile, fingerprint: Mapping[str, Any], libraries: Mapping[str, str | None]) -> list[Unmet]:
     """Every requirement of ``profile`` this machine does not meet (expected vs found)."""
     req = profile.requires
@@ -471,17 +480,17 @@ def unmet(profile: Profile, fingerprint: Mapping[str, Any], libraries: Mapping[s
         spec = req.get(key)
         if spec is not None:
             found = str(fingerprint.get(key, ""))
-            if not _in_spec(spec, found):
+            if not in_spec(spec, found):
                 out.append(Unmet("versions", key, spec, found or "none"))
     for lib, spec in req.get("libraries", {}).items():
         version = libraries.get(lib)
         if version is None:
             out.append(Unmet("libraries", f"library {lib}", spec or "installed", "not installed"))
-        elif spec and not _in_spec(spec, version):
+        elif spec and not in_spec(spec, version):
             out.append(Unmet("libraries", f"library {lib}", spec, version))
     for lib, spec in req.get("forbidden", {}).items():
         version = libraries.get(lib)
-        if version is not None and (not spec or _in_spec(spec, version)):
+        if version is not None and (not spec or in_spec(spec, version)):
             out.append(Unmet("forbidden", f"library {lib}", f"not installed{' in ' + spec if spec else ''}", version))
     return out
 
@@ -502,4 +511,58 @@ def enforce(profile: Profile, fingerprint: Mapping[str, Any], libraries: Mapping
 
 
 def required_libraries(profile: Profile) -> list[str]:
+    """The library keys a profile's requirements name: a distribution, or ``distribution@variant``."""
     return sorted({*profile.requires.get("libraries", {}), *profile.requires.get("forbidden", {})})
+
+
+def variants_of(base: str) -> list[str]:
+    """The variant keys ``kernel_probe.detect.libraries`` can tell apart for a library (by its report name)."""
+    from .detect.libraries import KNOWN_LIBRARIES
+
+    lib = next((lib for lib in KNOWN_LIBRARIES if lib.name == base), None)
+    return [v.key for v in lib.variants if v.usable] if lib is not None else []
+
+
+def library_facts(keys: Iterable[str]) -> dict[str, str | None]:
+    """Installed versions by profile key, from metadata and files only (nothing is imported).
+
+    A library ``kernel_probe.detect.libraries`` knows (``transformer-engine``, ``apex``, ...) is
+    found under any of its distribution names; ``NAME@VARIANT`` (``transformer-engine@nvidia``)
+    has a version only when what is installed is that variant: the ROCm fork of transformer-engine
+    installs under the same names as NVIDIA's. Any other key is one distribution's version.
+    """
+    from kernel_lock.fingerprint import library_versions
+
+    from .detect.libraries import KNOWN_LIBRARIES, locate
+
+    known = {lib.name: lib for lib in KNOWN_LIBRARIES}
+    out: dict[str, str | None] = {}
+    for key in keys:
+        base, at, variant = key.partition("@")
+        lib = known.get(base)
+        if lib is None:
+            out[key] = library_versions([base])[base] if not at else None
+            continue
+        located = locate(lib)
+        version = next(iter(located.distributions.values()), None) if located.installed else None
+        if located.installed and version is None:
+            version = "unknown (no distribution metadata)"  # importable, e.g. a source build on the path
+        if located.variant is not None and (not located.variant.usable or (at and located.variant.key != variant)):
+            version = None
+        elif at and located.variant is None:
+            version = None
+        out[key] = version
+    return out
+
+
+def choose(spec: str, extra: Iterable[str], device: Mapping[str, Any], site: Mapping[str, Any] | None = None,
+           env: Mapping[str, str] | None = None) -> tuple[Profile | None, str, list[str]]:  # fmt: skip
+    """The profile ``--profile NAME|PATH|auto`` names, how it was chosen, and notes to show."""
+    if spec != "auto":
+        return resolve(spec, extra), "explicit (--profile)", []
+    from .detect.site import detect_site
+
+    found, broken = scan(extra)
+    notes = [f"broken profile, not considered: {exc}" for exc in broken]
+    profile, matched, more = auto_detect(found.values(), site or detect_site(env), device, env)
+    return profile, matched, notes + more

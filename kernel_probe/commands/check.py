@@ -94,7 +94,7 @@ def run_check(args: argparse.Namespace) -> int:
     device = detect_device()
     slots = args.slot or list(SLOTS)
     progress = None if args.json else (lambda slot, cid: output.info(f"checking {slot}: {cid} ..."))
-    reports = check_all(slots, candidates, device["type"], plan, timeout=args.timeout, import_timeout=args.import_timeout,
+    reports = check_all(slots, candidates, device["type"], plan, arch=device["arch"], timeout=args.timeout, import_timeout=args.import_timeout,
                         with_compile=args.with_compile, hidden=args.hidden, policy=policy_from(args),
                         progress=progress)  # fmt: skip
     if args.json:

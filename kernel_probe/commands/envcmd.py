@@ -99,7 +99,7 @@ def _host_rows(h: dict[str, Any]) -> list[tuple[str, str]]:
 def _torch_rows(t: dict[str, Any] | None) -> list[tuple[str, str]]:
     if t is None:
         return [("torch", "[red]not importable[/] (see errors)")]
-    builds = {"cuda": f"CUDA {t['cuda']}", "rocm": f"ROCm/HIP {t['hip']}", "xpu": f"XPU {t['xpu']}"}
+    builds = {"cuda": f"CUDA {t['cuda']}", "rocm": f"HIP {t['hip']}" + (f", ROCm {t['rocm']}" if t.get("rocm") else ""), "xpu": f"XPU {t['xpu']}"}
     build = builds.get(t["build"], "CPU only")
     dnn, coll, m = t["dnn"], t["collectives"], t["math"]
     rows = [
@@ -128,6 +128,8 @@ def _device_rows(devices: list[dict[str, Any]]) -> list[tuple[str, str]]:
     rows = []
     for d in devices:
         label = f"{d['type']}:{d['index']}"
+        if d.get("physical") is not None:
+            label += safe(f" (node {d['physical']})")
         if d["type"] == "cpu":
             rows.append((label, safe(f"{d['name']} (no accelerator torch can use)")))
             continue
@@ -155,7 +157,8 @@ def _device_rows(devices: list[dict[str, Any]]) -> list[tuple[str, str]]:
 def _triton_rows(t: dict[str, Any]) -> list[tuple[str, str]]:
     if not t["installed"]:
         return [("triton", "[dim]not installed[/]")]
-    dists = ", ".join(f"{n} {v['version']} ({v['built_for']})" for n, v in t["distributions"].items()) or "none found"
+    dists = ", ".join(f"{n} {v['version']} (backends: {', '.join(v['built_for'])})"
+                      for n, v in t["distributions"].items()) or "none found"  # fmt: skip
     rows = [
         ("provider", safe(f"{t['provider']} {t['version']}" if t["provider"] else
                             f"unknown: {t['provider_evidence'] or 'no distribution metadata'}")),
@@ -171,7 +174,11 @@ def _triton_rows(t: dict[str, Any]) -> list[tuple[str, str]]:
     if t["conflict"]:
         rows.append(("conflict", f"[yellow]{safe(t['conflict'])}[/]"))
     if t["matches_torch_build"] is False:
-        rows.append(("mismatch", "[red]the importable triton is not built for this torch's GPU runtime[/]"))
+        rows.append(("mismatch", "[red]the importable triton carries no backend for this torch's GPU runtime[/]"))
+    if t.get("torch_requires"):
+        rows.append(("torch pins", safe(t["torch_requires"])))
+    if t.get("torch_pin_problem"):
+        rows.append(("risk", f"[yellow]{safe(t['torch_pin_problem'])}[/]"))
     rows.append(("import", _status(t["import"])))
     return rows
 

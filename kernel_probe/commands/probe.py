@@ -191,24 +191,16 @@ def _apply_profile(args, device):
 
     from .. import profiles
 
+    profile, matched, notes = profiles.choose(args.profile, args.profiles_dir, device)
+    for note in notes:
+        output.info(f"profile {args.profile}: {note}")
+    if profile is None:
+        output.info("profile auto: no profile's site signals matched this machine; none applied")
+        return None, ""
     if args.profile == "auto":
-        from ..detect.site import detect_site
-
-        found, broken = profiles.scan(args.profiles_dir)
-        for exc in broken:
-            output.warn(f"broken profile, not considered by --profile auto: {exc}")
-        profile, matched, notes = profiles.auto_detect(found.values(), detect_site(), device)
-        for note in notes:
-            output.info(f"profile auto: {note}")
-        if profile is None:
-            output.info("profile auto: no profile's site signals matched this machine; none applied")
-            return None, ""
         output.info(f"profile auto: {profile.name} (matched {matched})")
-    else:
-        profile, matched = profiles.resolve(args.profile, args.profiles_dir), "explicit (--profile)"
-    current = fingerprint.current()
-    libs = fingerprint.library_versions(profiles.required_libraries(profile))
-    for warning in profiles.enforce(profile, current, libs):
+    libs = profiles.library_facts(profiles.required_libraries(profile))
+    for warning in profiles.enforce(profile, fingerprint.current(), libs):
         output.warn(warning)
     return profile, matched
 
@@ -251,7 +243,8 @@ def _probe(args, out, slots, candidates, device, shapes, dtype, regime, pins, pr
                 # checked, then (if accepted) timed, in the same worker: torch's, or the library's own
                 with pool.worker_for(cand) as worker:
                     t0 = time.perf_counter()
-                    r = check_candidate(cand, slot, device["type"], plan, worker, timeout=args.timeout,
+                    r = check_candidate(cand, slot, device["type"], plan, worker, arch=device["arch"],
+                                        timeout=args.timeout,
                                         import_timeout=args.import_timeout, with_compile=args.with_compile,
                                         policy=policy_from(args))  # fmt: skip
                     reports[slot].append(r)

@@ -19,6 +19,9 @@ def add_profiles_arguments(p: argparse.ArgumentParser) -> None:
     show.add_argument("--json", action="store_true")
     check = sub.add_parser("check", help="validate a profile file (exit 5 on errors)")
     check.add_argument("path")
+    match = sub.add_parser("match", help="does this machine meet a profile? (exit 0 yes, 4 no): what --profile enforces")
+    match.add_argument("name", nargs="?", default="auto", help="profile name or path, or auto (default)")
+    match.add_argument("--json", action="store_true")
 
 
 def _summary(prof) -> dict:
@@ -34,6 +37,8 @@ def _summary(prof) -> dict:
 def run_profiles(args: argparse.Namespace) -> int:
     from .. import profiles
 
+    if args.action == "match":
+        return _match(args)
     if args.action == "check":
         prof = profiles.load_file(args.path)
         output.console().print(f"ok: {safe(args.path)} is a valid profile ({safe(prof.name)})")
@@ -71,3 +76,45 @@ def run_profiles(args: argparse.Namespace) -> int:
     for u in prof.unknown:
         con.print(f"[yellow]not documented:[/] {safe(u)}")
     return 0
+
+
+def _match(args: argparse.Namespace) -> int:
+    """What ``--profile NAME`` would decide on this machine, without probing anything."""
+    from kernel_lock import fingerprint
+
+    from .. import profiles
+    from ..errors import ProfileUnmet
+    from .check import detect_device
+
+    device = detect_device()
+    profile, matched, notes = profiles.choose(args.name, args.profiles_dir, device)
+    current = fingerprint.current()
+    result = {"profile": profile.name if profile else None, "matched": matched, "notes": notes, "unmet": [],
+              "warnings": [], "device-name-note": fingerprint.device_name_note(current)}  # fmt: skip
+    code = 0
+    if profile is not None:
+        libs = profiles.library_facts(profiles.required_libraries(profile))
+        problems = profiles.unmet(profile, current, libs)
+        try:
+            result["warnings"] = profiles.enforce(profile, current, libs)
+        except ProfileUnmet:
+            code = 4
+        result["unmet"] = [{"group": u.group, "field": u.field, "expected": u.expected, "found": u.found} for u in problems]
+    if args.json:
+        output.print_json({**result, "exit_code": code})
+        return code
+    con = output.console()
+    for note in notes:
+        con.print(f"note: {safe(note)}")
+    if profile is None:
+        con.print("no profile's site signals matched this machine")
+        return 0
+    verdict = "[green]meets[/]" if code == 0 else "[red]does not meet[/]"
+    con.print(f"this machine {verdict} profile {safe(profile.name)} ({safe(matched)})")
+    for u in result["unmet"]:
+        con.print(f"  - {safe(u['field'])}: expected {safe(u['expected'])}, found {safe(u['found'])} ({u['group']})")
+    for w in result["warnings"]:
+        con.print(f"  warning: {safe(w)}")
+    if result["device-name-note"]:
+        con.print(f"  note: {safe(result['device-name-note'])}")
+    return code

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from kernel_lock import fingerprint
+from kernel_lock.errors import DeviceVisibilityError
 
 from . import accelerators, host, importcheck, libraries, site, torchbuild
 from . import triton as triton_info
@@ -60,6 +61,8 @@ def _torch_and_devices(torch: Any | None, nvml: NvmlList, errors: list[dict[str,
             errors.append(_error("torch build", exc))
     try:
         primary = fingerprint.device_facts(torch_like)
+    except DeviceVisibilityError:  # the user's variables contradict each other: not "a CPU node"
+        raise
     except Exception as exc:  # the driver or torch failed while asking for the device
         errors.append(_error("device", exc))
         primary = fingerprint.device_facts(_NO_TORCH)

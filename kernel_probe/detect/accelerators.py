@@ -18,10 +18,6 @@ from typing import Any
 
 from kernel_lock import fingerprint
 
-# Some ROCm environments (venvs, containers, TheRock wheels) lack libdrm's amdgpu.ids, and then
-# every AMD GPU is called this. The arch (gcnArchName) is still right.
-GENERIC_AMD_NAMES = ("AMD Radeon Graphics",)
-
 _SM = re.compile(r"^(sm|compute)_(\d+)([a-z]?)$")
 
 # kernel_lock.fingerprint.nvml_devices, or a stand-in: the NVIDIA devices NVML sees, or None
@@ -103,7 +99,7 @@ def _device(kind: str, vendor: str, index: int, name: str, arch: str, **extra: A
     entry = {
         "type": kind, "vendor": vendor, "index": index, "name": name, "arch": arch,
         "capability": None, "gcn_arch_name": None, "memory_bytes": None, "multiprocessors": None,
-        "uuid": None, "driver": "", "cuda_driver": "", "source": "torch", "notes": [],
+        "uuid": None, "driver": "", "cuda_driver": "", "source": "torch", "physical": None, "notes": [],
     }
     entry.update(extra)
     return entry
@@ -146,7 +142,7 @@ def _rocm_devices(torch: Any, primary: dict[str, Any]) -> list[dict[str, Any]]:
         raw = str(getattr(props, "gcnArchName", "") or "")
         name = str(props.name)
         notes = []
-        if name in GENERIC_AMD_NAMES:
+        if name in fingerprint.GENERIC_DEVICE_NAMES or not name:
             notes.append(f"generic device name {name!r} (libdrm amdgpu.ids missing or old): identify it by arch")
         out.append(_device("rocm", "amd", i, name, fingerprint.normalize_gcn_arch(raw), gcn_arch_name=raw or None,
                            memory_bytes=_int(getattr(props, "total_memory", None)),
@@ -189,7 +185,8 @@ def detect_accelerators(torch: Any, primary: dict[str, Any], *,
     """Every device of the primary device's kind, each with ``torch_build_covers``.
 
     ``primary`` is ``kernel_lock.fingerprint.device_facts(torch)``. On a CPU-only machine the
-    list holds one ``cpu`` entry.
+    list holds one ``cpu`` entry. ``physical`` is the device's node-level id when a visibility
+    variable renumbers devices (``fingerprint.physical_devices``), None otherwise.
     """
     kind = primary["type"]
     if kind == "cuda":
@@ -205,6 +202,9 @@ def detect_accelerators(torch: Any, primary: dict[str, Any], *,
     if not devices:  # CPU, or a GPU kind whose enumeration came back empty
         devices = [_device(kind, primary["vendor"], 0, primary["name"], primary["arch"], source="host")]
     arch_list = torch_arch_list(torch) if kind in ("cuda", "rocm") else []
+    physical = fingerprint.physical_devices(kind)
     for device in devices:
+        if physical is not None and device["type"] == kind and device["index"] < len(physical):
+            device["physical"] = physical[device["index"]]
         device["torch_build_covers"] = torch_build_covers(device["arch"], arch_list)
     return devices

@@ -60,16 +60,18 @@ KNOWN_LIBRARIES: tuple[KnownLibrary, ...] = (
     ),
     KnownLibrary(
         "transformer-engine",
-        ("transformer-engine", "transformer-engine-torch", "transformer-engine-cu12", "transformer-engine-cu13"),
+        # tealite: the ROCm fork's "lite" wheels (its transformer_engine/__init__.py reads that name)
+        ("transformer-engine", "transformer-engine-torch", "transformer-engine-cu12", "transformer-engine-cu13",
+         "tealite"),
         "transformer_engine", "transformer_engine.pytorch",
         variants=(
             # ROCm/TransformerEngine marks its files "modified for portability to AMDGPU"; newer
             # releases also ship _rocm_init.py. Both are read from disk, nothing is imported.
             Variant("rocm-fork", "ROCm fork (ROCm/TransformerEngine)", has_any=("_rocm_init.py",),
                     text_in=(("__init__.py", "portability to AMDGPU"),)),
-            Variant("nvidia", "NVIDIA TransformerEngine"),
+            Variant("nvidia", "NVIDIA TransformerEngine (CUDA)"),
         ),
-        about="fused LayerNorm/RMSNorm/Linear (NVIDIA, or the ROCm fork)",
+        about="fused LayerNorm/RMSNorm/Linear (NVIDIA's, or AMD's ROCm fork under the same names)",
     ),
     KnownLibrary(
         "apex", ("apex",), "apex", "apex.normalization",
@@ -77,11 +79,15 @@ KNOWN_LIBRARIES: tuple[KnownLibrary, ...] = (
             # NVIDIA apex is not on PyPI; it is built from source and still calls itself "apex".
             # The PyPI distribution "apex" is an unrelated Pyramid web toolkit: only the module
             # tells them apart.
-            Variant("nvidia", "NVIDIA apex", has_any=("normalization", "normalization.py")),
-            Variant("unrelated", "not NVIDIA apex (an unrelated package named apex, e.g. the PyPI "
+            # AMD's fork (github.com/ROCm/apex) builds its extensions with a DeepSpeed-style op_builder
+            # and says so in apex/git_version_info.py ("Modified for ROCm Apex").
+            Variant("rocm-fork", "ROCm fork (ROCm/apex)", has_any=("op_builder", "git_version_info_installed.py"),
+                    text_in=(("git_version_info.py", "ROCm Apex"),)),
+            Variant("nvidia", "NVIDIA apex (CUDA)", has_any=("normalization", "normalization.py")),
+            Variant("unrelated", "not apex (an unrelated package named apex, e.g. the PyPI "
                     "Pyramid toolkit)", usable=False),
         ),
-        about="NVIDIA apex: FusedLayerNorm, FusedRMSNorm",
+        about="apex (NVIDIA's, or AMD's ROCm fork): FusedLayerNorm, FusedRMSNorm",
     ),
     KnownLibrary("flash-attn", ("flash-attn",), "flash_attn", "flash_attn",
                  about="FlashAttention (Dao-AILab, or the ROCm fork); also ships Triton layer norms"),

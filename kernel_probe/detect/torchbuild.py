@@ -142,6 +142,7 @@ def detect_torch_build(torch: Any) -> dict[str, Any]:
         "build": build_kind(torch),
         "cuda": getattr(version, "cuda", None),
         "hip": getattr(version, "hip", None),
+        "rocm": getattr(version, "rocm", None),
         "xpu": getattr(version, "xpu", None),
         "git": getattr(version, "git_version", None),
         "debug": getattr(version, "debug", None),

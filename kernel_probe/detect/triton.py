@@ -1,11 +1,15 @@
-"""Triton: which distribution provides the ``triton`` package, and for which backend.
+"""Triton: which distribution provides the ``triton`` package, which backends it carries, and
+whether it is the one torch was built with.
 
-Several distributions install the same ``triton`` package: ``triton`` from PyPI (built for CUDA),
-``pytorch-triton-rocm`` / ``triton-rocm`` from the PyTorch ROCm index, ``pytorch-triton`` (CUDA
-nightlies), ``pytorch-triton-xpu``. Installing a library that depends on plain ``triton`` into a
-ROCm environment puts the CUDA build beside the ROCm one; their files overwrite each other and
-whichever was installed last wins. Which one that is can be read cheaply from the wheel RECORDs:
-the owner's recorded hash of ``triton/__init__.py`` and sizes of ``triton/_C/*`` match the disk.
+Several distributions install the same ``triton`` package: ``triton`` from PyPI, ``pytorch-triton-rocm``
+/ ``triton-rocm`` from the PyTorch ROCm index, ``pytorch-triton`` (CUDA nightlies), ``pytorch-triton-xpu``.
+Which backends a distribution carries is read from its own RECORD (``triton/backends/nvidia``,
+``triton/backends/amd``): PyPI's ``triton`` 3.x ships both, so it *does* target a ROCm GPU. The real
+risk is another one: installing a library that depends on plain ``triton`` puts a second Triton beside
+the one torch was built with (its wheel pins it: ``pytorch-triton-rocm==3.1.0+...``); their files
+overwrite each other, whichever was installed last wins, and its version may not be the one torch's
+compiler expects. Which distribution owns the files is read from the wheel RECORDs: the owner's
+recorded hash of ``triton/__init__.py`` and sizes of ``triton/_C/*`` match the disk.
 
 The active backend and target arch need Triton's runtime driver: that runs in the import-check
 child (``triton.runtime.driver.active.get_current_target()``). Without import checks the backend
@@ -29,7 +33,7 @@ from .libraries import find_distribution, module_location, search_path
 
 MODULE = "triton"
 
-# distribution -> the backend that build targets
+# distribution -> the backend its builds target when its RECORD lists no triton/backends/ (Triton 2.x)
 TRITON_DISTRIBUTIONS: dict[str, str] = {
     "triton": "cuda",
     "pytorch-triton": "cuda",
@@ -42,6 +46,36 @@ TRITON_DISTRIBUTIONS: dict[str, str] = {
 # torch's build -> the Triton backend that build needs
 BACKEND_FOR_TORCH_BUILD = {"cuda": "cuda", "rocm": "hip", "xpu": "xpu"}
 
+# triton/backends/<directory> -> the backend name Triton's runtime reports
+BACKEND_DIRECTORIES = {"nvidia": "cuda", "amd": "hip", "intel": "xpu"}
+
+
+def backends_of(dist: metadata.Distribution, name: str) -> list[str]:
+    """The backends a Triton distribution carries, from its RECORD (``triton/backends/<dir>/...``)."""
+    found = set()
+    for entry in dist.files or ():
+        parts = str(entry).replace("\\", "/").split("/")
+        if len(parts) > 3 and parts[0] == MODULE and parts[1] == "backends" and parts[2] in BACKEND_DIRECTORIES:
+            found.add(BACKEND_DIRECTORIES[parts[2]])
+    return sorted(found) or [TRITON_DISTRIBUTIONS[name]]
+
+
+def torch_pin(path: Sequence[str] = ()) -> tuple[str, str] | None:
+    """(distribution, version) of the Triton torch's wheel pins (``Requires-Dist: pytorch-triton-rocm==3.1.0+...``)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    dist = find_distribution("torch", search_path(path))
+    for text in (dist.requires or []) if dist is not None else []:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if req.name.lower() in TRITON_DISTRIBUTIONS:
+            pinned = [s.version for s in req.specifier if s.operator in ("==", "===")]
+            if pinned:
+                return req.name.lower(), pinned[0]
+    return None
+
 
 @dataclass(frozen=True)
 class LocatedTriton:
@@ -49,6 +83,8 @@ class LocatedTriton:
     distributions: dict[str, str] = field(default_factory=dict)  # installed: name -> version
     owners: tuple[str, ...] = ()  # distributions whose RECORD matches the files on disk
     owner_evidence: str = ""
+    backends: dict[str, list[str]] = field(default_factory=dict)  # installed: name -> backends it carries
+    torch_pin: tuple[str, str] | None = None  # what torch's wheel requires: (distribution, version)
 
     @property
     def installed(self) -> bool:
@@ -94,8 +130,10 @@ def locate(extra_paths: Sequence[str] = ()) -> LocatedTriton:
         if dist is not None:
             found[name] = dist
     versions = {name: str(dist.version) for name, dist in found.items()}
+    backends = {name: backends_of(dist, name) for name, dist in found.items()}
+    pin = torch_pin(extra_paths)
     if location is None or not os.path.isdir(location) or not found:
-        return LocatedTriton(location, versions)
+        return LocatedTriton(location, versions, backends=backends, torch_pin=pin)
     verdicts = {name: _matches_disk(dist, location) for name, dist in found.items()}
     owners = tuple(name for name, ok in verdicts.items() if ok)
     if owners:
@@ -104,7 +142,7 @@ def locate(extra_paths: Sequence[str] = ()) -> LocatedTriton:
         owners, evidence = tuple(found), "the only triton distribution installed (its RECORD could not confirm it)"
     else:
         evidence = "no installed distribution's RECORD matches the files on disk"
-    return LocatedTriton(location, versions, owners, evidence)
+    return LocatedTriton(location, versions, owners, evidence, backends, pin)
 
 
 def import_request(located: LocatedTriton) -> ImportRequest | None:
@@ -123,16 +161,26 @@ def report(located: LocatedTriton, imported: Mapping[str, Any] | None, *, torch_
            device_arch: str) -> dict[str, Any]:
     """The JSON-ready triton section (keys documented in docs/env.md)."""
     provider = located.owners[0] if len(located.owners) == 1 else None
-    built_for = {name: TRITON_DISTRIBUTIONS[name] for name in located.distributions}
-    backends = sorted(set(built_for.values()))
+    built_for = {name: located.backends.get(name) or [TRITON_DISTRIBUTIONS[name]] for name in located.distributions}
     conflict = None
-    if len(backends) > 1:
-        listed = ", ".join(f"{n} (built for {b})" for n, b in built_for.items())
-        conflict = (f"several Triton builds install the same 'triton' package: {listed}; the one installed last "
+    if len(located.distributions) > 1:
+        listed = ", ".join(f"{n} {located.distributions[n]} (backends: {', '.join(b)})" for n, b in built_for.items())
+        conflict = (f"several distributions install the same 'triton' package: {listed}; the one installed last "
                     f"owns the files (now: {provider or 'unknown'})")
     wanted = BACKEND_FOR_TORCH_BUILD.get(torch_build)
-    provider_backend = TRITON_DISTRIBUTIONS.get(provider) if provider else None
-    matches_torch = None if (wanted is None or provider_backend is None) else provider_backend == wanted
+    provider_backends = built_for.get(provider) if provider else None
+    matches_torch = None if (wanted is None or provider_backends is None) else wanted in provider_backends
+    pin = located.torch_pin
+    version_matches = None
+    pin_problem = None
+    if pin is not None and provider is not None:
+        pinned_dist, pinned_version = pin
+        have = located.distributions.get(provider, "")
+        version_matches = provider == pinned_dist and have == pinned_version
+        if not version_matches:
+            pin_problem = (f"torch was built with {pinned_dist}=={pinned_version}, but the 'triton' package in use "
+                           f"comes from {provider} {have}: Triton kernels (liger, torch.compile) may fail to compile "
+                           f"or behave differently; reinstall {pinned_dist}=={pinned_version} last")  # fmt: skip
 
     backend = arch = warp_size = None
     source = None
@@ -165,6 +213,9 @@ def report(located: LocatedTriton, imported: Mapping[str, Any] | None, *, torch_
         "distributions": {n: {"version": v, "built_for": built_for[n]} for n, v in located.distributions.items()},
         "conflict": conflict,
         "matches_torch_build": matches_torch,
+        "torch_requires": f"{pin[0]}=={pin[1]}" if pin else None,
+        "matches_torch_pin": version_matches,
+        "torch_pin_problem": pin_problem,
         "backend": backend,
         "arch": arch,
         "warp_size": warp_size,
