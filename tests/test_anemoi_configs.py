@@ -181,15 +181,6 @@ def test_naive_paste_leaves_preset_keys_and_is_caught(tmp_path, capsys):
 
 
 # ---- the export, merged into a user's overlay, composes to exactly the lock's entries ----------------
-def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            deep_merge(base[key], value)
-        else:
-            base[key] = value
-    return base
-
-
 def composed_blocks(path: Path) -> dict[str, dict[str, Any]]:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
@@ -213,6 +204,8 @@ def test_export_merged_into_an_overlay_composes_to_exactly_the_locks_entries(tmp
     want = layer_kernels(lock)
     p = overlay(tmp_path, model, "model:\n  num_channels: 256\n")  # the user's own settings stay
     result = export_for_config(lock, p)
+    from .anemoi_build import deep_merge
+
     merged = deep_merge(yaml.safe_load(p.read_text()), yaml.safe_load(yaml.safe_dump(result.overlay())))
     p.write_text(yaml.safe_dump(merged, sort_keys=False))
     blocks = composed_blocks(p)
