@@ -49,8 +49,9 @@ __all__ = [
 ]
 
 
-def factory(lock: KernelLock | None, slot: str, mode: str = "training", **options):
-    """``lock.factory(slot)``, also for ``lock=None`` (every slot resolves to torch.nn)."""
+def factory(lock: KernelLock | None, slot: str, mode: str | None = None, **options):
+    """``lock.factory(slot)``, also for ``lock=None`` (every slot resolves to torch.nn); ``mode``
+    defaults to the lock's own."""
     from .resolve import factory as _factory
 
     return _factory(lock, slot, mode=mode, **options)

@@ -307,7 +307,7 @@ def entry_for(key: str, want: Exported, current: Any, *, where: str = "") -> Exp
                     f"keeps that around the lock's {kernel} (same state dict)")  # fmt: skip
 
 
-def export(lock: KernelLock, mode: str = "training", *, qk_norm: bool = False,
+def export(lock: KernelLock, mode: str | None = None, *, qk_norm: bool = False,
            verify_environment: bool = True) -> list[Exported]:  # fmt: skip
     """The entries of :func:`layer_kernels`, each with a note on how it was reached."""
     from .resolve import DEFAULT_TARGETS, factory
@@ -345,7 +345,7 @@ def export(lock: KernelLock, mode: str = "training", *, qk_norm: bool = False,
     return out
 
 
-def layer_kernels(lock: KernelLock, mode: str = "training", *, qk_norm: bool = False,
+def layer_kernels(lock: KernelLock, mode: str | None = None, *, qk_norm: bool = False,
                   verify_environment: bool = True) -> dict[str, dict[str, Any]]:  # fmt: skip
     """The ``layer_kernels`` block for the slots ``lock`` pins, as anemoi-models reads it.
 

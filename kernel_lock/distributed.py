@@ -4,16 +4,21 @@
     kernel_lock.distributed.check_ranks(lock)     # after torch.distributed.init_process_group(...)
 
 Each rank reports its host, the content digest of the lock it loaded and the ways its machine differs
-from that lock; the reports are exchanged with ``torch.distributed.all_gather_object`` on whatever
-backend the job initialised, and every rank reaches the same verdict, so either all ranks go on or
-all raise :class:`RanksDisagree` with the same message. A rank whose own check fails in an unexpected
-way still takes part in the exchange (its failure is its report), so no rank is left waiting.
+from that lock; the reports are exchanged as UTF-8 JSON in uint8 tensors (``all_gather`` of the
+lengths, then of the padded bytes) on whatever backend the job initialised, and every rank reaches
+the same verdict, so either all ranks go on or all raise :class:`RanksDisagree` with the same message.
+A rank whose own check fails in an unexpected way still takes part in the exchange (its failure is its
+report), so no rank is left waiting; an exchange that fails is a :class:`RanksDisagree` too.
+
+Not ``all_gather_object``: it pickles (a rank would unpickle whatever another sends) and needs numpy
+(``RuntimeError: Numpy is not available`` in an environment without it).
 
 Not imported by ``import kernel_lock``; torch is imported when :func:`check_ranks` is called.
 """
 
 from __future__ import annotations
 
+import json
 import socket
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -23,7 +28,7 @@ from .errors import LockError, LockMismatch, RanksDisagree
 from .lock import KernelLock
 
 
-def local_report(lock: KernelLock, *, rank: int = 0, mode: str = "training",
+def local_report(lock: KernelLock, *, rank: int = 0, mode: str | None = None,
                  current: Mapping[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """What this rank says: rank, host, lock path, content digest, and its differences (strings)."""
     differences: list[str] = []
@@ -115,25 +120,103 @@ def judge(reports: Sequence[Mapping[str, Any]]) -> RanksDisagree | None:
     )
 
 
-def check_ranks(lock: KernelLock, *, group: Any = None, mode: str = "training") -> None:
+def check_ranks(lock: KernelLock, *, group: Any = None, mode: str | None = None) -> None:
     """Check on every rank that all ranks hold the same lock and that each rank's machine matches it.
 
     Call it on every rank of ``group`` (default: the whole job) after loading the lock; it is a
-    collective. Raises :class:`RanksDisagree` on every rank, naming the ranks and hosts at fault.
-    ``mode`` is what each rank's check applies (``lock.verify(mode)``): "inference" accepts machines
-    that need a verified twin. Without an initialised process group the process is a world of one.
-    With NCCL, set each rank's device (``torch.cuda.set_device``) first, as ``all_gather_object``
-    requires.
+    collective. Raises :class:`RanksDisagree` on every rank, naming the ranks and hosts at fault, or
+    saying why the reports could not be exchanged. ``mode`` is what each rank's check applies
+    (``lock.verify(mode)``): "inference" accepts machines that need a verified twin. Without an
+    initialised process group the process is a world of one. With NCCL, set each rank's device
+    (``torch.cuda.set_device``) first: the reports travel in tensors on the current CUDA device.
     """
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         reports = [local_report(lock, rank=0, mode=mode)]
     else:
-        mine = local_report(lock, rank=dist.get_rank(), mode=mode)
-        gathered: list[Any] = [None] * dist.get_world_size(group)
-        dist.all_gather_object(gathered, mine, group=group)
-        reports = [r for r in gathered if r is not None]
+        reports = _exchange(local_report(lock, rank=dist.get_rank(), mode=mode), group)
     error = judge(reports)
     if error is not None:
         raise error
+
+
+# backends whose collectives take tensors on an accelerator, not in host memory (gloo and mpi take CPU
+# tensors)
+_ACCELERATOR_OF_BACKEND = {"nccl": "cuda"}
+
+
+def _exchange_device_type(backend: str) -> str:
+    """Where the exchanged tensors live: "cpu" for gloo and mpi, "cuda" for nccl.
+
+    A group created with several backends (``"cpu:gloo,cuda:nccl"``, the default in recent torch) takes
+    CPU tensors through its CPU half; one with only a device backend (``"cuda:nccl"``) takes that device's.
+    """
+    pairs = [part.split(":", 1) if ":" in part else ["", part] for part in backend.lower().split(",")]
+    devices = [device for device, _ in pairs if device]
+    if devices:
+        return "cpu" if "cpu" in devices else devices[0]
+    return _ACCELERATOR_OF_BACKEND.get(pairs[0][1], "cpu")
+
+
+_EXCHANGE_FIX = (
+    "call check_ranks on every rank of the group, after init_process_group and (with NCCL) "
+    "torch.cuda.set_device(local_rank); if the process group itself is broken (a rank that died or "
+    "timed out), fix that first: with NCCL, NCCL_DEBUG=INFO names the failing link"
+)
+
+
+def _exchange(mine: Mapping[str, Any], group: Any) -> list[dict[str, Any]]:
+    """Every rank's report, in group-rank order, gathered as UTF-8 JSON bytes (no pickle, no numpy)."""
+    import torch
+    import torch.distributed as dist
+
+    backend = "unknown"
+    try:
+        backend = str(dist.get_backend(group))
+        kind = _exchange_device_type(backend)
+        device = torch.device("cpu") if kind == "cpu" else torch.device(kind, getattr(torch, kind).current_device())
+        world = dist.get_world_size(group)
+        data = json.dumps(dict(mine), sort_keys=True).encode("utf-8")
+        length = torch.tensor([len(data)], dtype=torch.int64, device=device)
+        lengths = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
+        dist.all_gather(lengths, length, group=group)
+        sizes = [int(n.item()) for n in lengths]
+        padded = torch.zeros(max(sizes), dtype=torch.uint8, device=device)
+        padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        gathered = [torch.empty(max(sizes), dtype=torch.uint8, device=device) for _ in range(world)]
+        dist.all_gather(gathered, padded, group=group)
+        raw = [bytes(t[:size].cpu().tolist()) for t, size in zip(gathered, sizes)]
+    except Exception as exc:  # every rank that gets here raises; none goes on with a partial picture
+        raise RanksDisagree(
+            f"rank {mine['rank']} on {mine['host']} could not exchange its kernel lock report with the "
+            f"other ranks (backend {backend}): {type(exc).__name__}: {exc}",
+            reports=[dict(mine)],
+            fix=_EXCHANGE_FIX,
+        ) from exc
+    return [_decoded(blob, index, backend) for index, blob in enumerate(raw)]
+
+
+_REPORT_FIELDS = {"rank": int, "host": str, "lock": str, "digest": str, "differences": list}
+
+
+def _decoded(blob: bytes, index: int, backend: str) -> dict[str, Any]:
+    """One gathered report back from its bytes, refused unless it has the fields :func:`local_report` writes."""
+    try:
+        report = json.loads(blob.decode("utf-8"))
+        if not isinstance(report, dict):
+            raise TypeError(f"a JSON {type(report).__name__}, not an object")
+        for field, kind in _REPORT_FIELDS.items():
+            if not isinstance(report.get(field), kind) or isinstance(report.get(field), bool):
+                raise TypeError(f"field {field!r} is {report.get(field)!r}, not a {kind.__name__}")
+        if not all(isinstance(d, str) for d in report["differences"]):
+            raise TypeError("field 'differences' is not a list of strings")
+    except (ValueError, TypeError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise RanksDisagree(
+            f"the kernel lock report of group rank {index} did not decode (backend {backend}): {exc}; "
+            f"received {blob[:80]!r}{'...' if len(blob) > 80 else ''}",
+            ranks=[index],
+            fix="run the same kernel_lock version on every rank (one environment for the whole job), "
+            "and do not run other collectives on the group concurrently with check_ranks",
+        ) from exc
+    return report

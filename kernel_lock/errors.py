@@ -107,14 +107,18 @@ class LockWarning(UserWarning):
     """Something worth knowing that does not stop resolution (hand-edited lock, newer minor version)."""
 
 
+LOCKS_DIFFER = 6  # `kernel-probe diff --exit-code`: not a failure, so not 1 as in `git diff --exit-code`
+
 EXIT_CODES = {
     0: "ok",
-    1: "other failure (a bug, an interrupted run, a library that crashed the probe itself)",
+    1: "other failure (a bug, an interrupted run, a library that crashed the probe itself, "
+    "no candidate of a slot accepted)",
     2: "usage error (bad command-line arguments, or environment variables that contradict each other, "
     "such as HIP_VISIBLE_DEVICES naming more devices than ROCR_VISIBLE_DEVICES allows)",
-    3: "the environment does not match the lock, the lock is stale or missing (--check), "
-    "or a pinned kernel is unavailable here",
+    3: "the environment does not match the lock, the lock is stale or missing (`--check`), "
+    "or a pinned or preferred kernel cannot be used here",
     4: "the machine does not meet the site profile",
     5: "malformed input file (lock, profile, config): not TOML, wrong types, unknown keys, "
     "disallowed targets, missing or unreadable path",
+    LOCKS_DIFFER: "the compared locks differ (`kernel-probe diff --exit-code` only)",
 }

@@ -611,17 +611,17 @@ class KernelLock:
         atomic_write_text(Path(path), self.dumps())
 
     # ---- resolution (kept in resolve.py; thin methods here so the lock is the entry point) --
-    def verify(self, mode: str = "training", *, current: Mapping[str, Any] | None = None) -> list[str]:
+    def verify(self, mode: str | None = None, *, current: Mapping[str, Any] | None = None) -> list[str]:
         from .resolve import verify
 
         return verify(self, mode=mode, current=current)
 
-    def factory(self, slot: str, mode: str = "training", **options: Any):
+    def factory(self, slot: str, mode: str | None = None, **options: Any):
         from .resolve import factory
 
         return factory(self, slot, mode=mode, **options)
 
-    def resolve_all(self, mode: str = "training") -> dict[str, Any]:
+    def resolve_all(self, mode: str | None = None) -> dict[str, Any]:
         from .resolve import factory
 
         return {name: factory(self, name, mode=mode) for name in self.slots}

@@ -70,9 +70,24 @@ def _check_slot_name(slot: str) -> None:
         )
 
 
-def _check_mode(mode: str) -> None:
-    if mode not in MODES:
-        raise LockFormatError(f"unknown mode {mode!r}", fix=f"use one of {', '.join(MODES)}")
+# how to ask for inference mode, said once for both audiences of these messages
+IN_INFERENCE_MODE = 'in inference mode (Python: mode="inference"; command line: --mode inference)'
+
+
+def mode_for(lock: KernelLock | None, mode: str | None) -> str:
+    """The mode to resolve in: the one asked for, else the lock's own (``mode = "inference"`` in a
+    derived lock), else training. Raises for an unknown mode."""
+    chosen = mode if mode is not None else (lock.mode if lock is not None else "training")
+    if chosen not in MODES:
+        raise LockFormatError(f"unknown mode {chosen!r}", fix=f"use one of {', '.join(MODES)}")
+    return chosen
+
+
+def install_hint(slot: Slot) -> str:
+    """``pip install 'liger-kernel>=0.5'``: what installs the libraries ``slot`` requires, by name."""
+    wanted = " ".join(f"'{r.name}{r.specifier}'" if str(r.specifier) else r.name for r in slot.requires
+                      if r.name != "torch")  # fmt: skip
+    return f"`pip install {wanted}`" if wanted else "the library it needs"
 
 
 def import_target(target: str, trusted: tuple[str, ...] = (), *, where: str | None = None, key: str | None = None,
@@ -164,14 +179,15 @@ def _locatable(module: str) -> bool:
         return False
 
 
-def verify(lock: KernelLock, mode: str = "training", *, current: Mapping[str, Any] | None = None) -> list[str]:
+def verify(lock: KernelLock, mode: str | None = None, *, current: Mapping[str, Any] | None = None) -> list[str]:
     """Check this machine against the lock. Raises :class:`LockMismatch` listing every difference.
 
     Training: every fingerprint field (under its match rule), every pinned library version and every
     slot requirement. Inference: the machine may differ (that is the point), but every slot must be
-    buildable, either as pinned or through a verified twin. Returns notes (substitutions).
+    buildable, either as pinned or through a verified twin. Returns notes (substitutions). ``mode``
+    defaults to the lock's own.
     """
-    _check_mode(mode)
+    mode = mode_for(lock, mode)
     if current is None:
         from . import fingerprint
 
@@ -193,9 +209,12 @@ def verify(lock: KernelLock, mode: str = "training", *, current: Mapping[str, An
         for slot in lock.slots.values():
             diffs.extend(_requirement_problems(slot))
         if lock.mode == "inference":
-            diffs.append(Difference("mode", "training", "inference (a derived lock: training never substitutes)", "mode"))
+            diffs.append(Difference("mode", "inference", "training asked for (training never runs on the "
+                                    "substitutions of a derived lock)", "mode"))  # fmt: skip
         if diffs:
-            raise LockMismatch(diffs, path=lock.path)
+            fix = (f"verify it {IN_INFERENCE_MODE}, or train with the training lock it was derived from"
+                   if lock.mode == "inference" else None)  # fmt: skip
+            raise LockMismatch(diffs, path=lock.path, fix=fix)
         return notes
     problems = []
     for slot in lock.slots.values():
@@ -278,26 +297,28 @@ def _build(slot_name: str, target: str, kwargs: Mapping[str, Any], lock: KernelL
             path=where,
             key=key,
             fix=f"install the library that provides module {missing!r}, re-run `kernel-probe` to choose "
-            "what this machine can run, or resolve in inference mode to use the verified torch.nn twin",
+            f"what this machine can run, or resolve it {IN_INFERENCE_MODE} to use the verified torch.nn twin",
         ) from None
     except Exception as exc:  # a library that raises something else while importing is broken, not absent
         raise KernelUnavailable(
             f"slot {slot_name}: importing {target!r} failed with {type(exc).__name__}: {exc}",
             path=where,
             key=key,
-            fix="repair or reinstall that library, re-run `kernel-probe`, or use inference mode",
+            fix=f"repair or reinstall that library, re-run `kernel-probe`, or resolve it {IN_INFERENCE_MODE}",
         ) from None
     check_kwargs(cls, kwargs, where=where, key=f"{key}.kwargs")
     return cls
 
 
-def factory(lock: KernelLock | None, slot: str, mode: str = "training", *, verify_environment: bool = True) -> KernelFactory:
+def factory(lock: KernelLock | None, slot: str, mode: str | None = None, *,
+            verify_environment: bool = True) -> KernelFactory:  # fmt: skip
     """The callable that builds ``slot``'s pinned class with the pinned kwargs.
 
-    A slot the lock does not mention resolves to torch.nn (locks may pin only some slots).
+    A slot the lock does not mention resolves to torch.nn (locks may pin only some slots). ``mode``
+    defaults to the lock's own (training for a probe lock, inference for a derived one).
     """
     _check_slot_name(slot)
-    _check_mode(mode)
+    mode = mode_for(lock, mode)
     entry = lock.slots.get(slot) if lock is not None else None
     if entry is None:
         target = DEFAULT_TARGETS[slot]
@@ -312,7 +333,7 @@ def factory(lock: KernelLock | None, slot: str, mode: str = "training", *, verif
             key="mode",
             fix="train with the training lock it was derived from"
             + (f" ({lock.provenance['source']})" if lock.provenance.get("source") else "")
-            + ", or resolve this one with mode='inference'",
+            + f", or resolve this one {IN_INFERENCE_MODE}",
         )
     if mode == "training":
         # this slot's own library first: "install it, or use inference mode" says more than the list
@@ -324,8 +345,8 @@ def factory(lock: KernelLock | None, slot: str, mode: str = "training", *, verif
                 + "; ".join(f"{p.field.rsplit('.', 1)[-1]} {p.expected} (found: {p.found})" for p in problems),
                 path=lock.path,
                 key=f"{key}.requires",
-                fix="install it (e.g. `pip install kernel-probe[liger]`), re-run `kernel-probe` on this machine, "
-                "or load in inference mode (mode='inference') to use the verified torch.nn twin",
+                fix=f"install it ({install_hint(entry)}), re-run `kernel-probe` on this machine, "
+                f"or load it {IN_INFERENCE_MODE} to use the verified torch.nn twin",
             )
         if entry.devices:
             from . import fingerprint
@@ -337,8 +358,8 @@ def factory(lock: KernelLock | None, slot: str, mode: str = "training", *, verif
                     f"this machine's device is {here}",
                     path=lock.path,
                     key=f"{key}.devices",
-                    fix="train on a machine with that device, re-run `kernel-probe` on this machine, or load in "
-                    "inference mode (mode='inference') to use the verified torch.nn twin",
+                    fix="train on a machine with that device, re-run `kernel-probe` on this machine, or load it "
+                    f"{IN_INFERENCE_MODE} to use the verified torch.nn twin",
                 )
         if verify_environment:
             _ensure_verified(lock, mode)  # the whole fingerprint, once per lock (inference checks per slot below)

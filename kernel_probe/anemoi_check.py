@@ -54,7 +54,7 @@ class CheckResult:
 
 
 def check_config(path: str | Path, overrides: Sequence[str] = (), *, lock: KernelLock | None = None,
-                 mode: str = "training", qk_norm: bool = False, allow_semantics_change: bool = False,
+                 mode: str | None = None, qk_norm: bool = False, allow_semantics_change: bool = False,
                  compose: bool = True, timeout: float = DEFAULT_TIMEOUT) -> CheckResult:  # fmt: skip
     """Judge the config at ``path`` on this machine, and against ``lock`` if given."""
     config = read_config(path, overrides, compose_overlays=compose)
@@ -110,7 +110,7 @@ class ConfigExport:
         return model if self.config.shape == "model-file" else {"model": model}
 
 
-def export_for_config(lock: KernelLock, path: str | Path, overrides: Sequence[str] = (), *, mode: str = "training",
+def export_for_config(lock: KernelLock, path: str | Path, overrides: Sequence[str] = (), *, mode: str | None = None,
                       qk_norm: bool = False, compose: bool = True) -> ConfigExport:  # fmt: skip
     """The lock's entries for every block of the config at ``path`` (composed as training composes it).
 

@@ -122,6 +122,27 @@ def installed(cand: Candidate, device: str = "") -> str | None:
     return f"not installed: {what}" + (f" ({hint})" if hint else f" (no build for {device})" if device else "")
 
 
+def static_problem(cand: Candidate, slot: str, device: str, arch: str = "", *, with_compile: bool = False) -> tuple[str, str] | None:
+    """(status, reason) when ``cand`` certainly cannot be checked for ``slot`` here, from what is known
+    without importing anything (semantics, device type, GPU arch, installed, torch.compile on CPU);
+    None when it is worth checking. The command line uses it to refuse a --pin before any work."""
+    expected = SLOT_SEMANTICS[slot]
+    if cand.semantics != expected:
+        return "rejected", f"semantics: {cand.semantics} != {expected}"
+    if cand.devices and device not in cand.devices:
+        return "unavailable", f"runs on {', '.join(cand.devices)}; this device is {device}"
+    wrong_arch = cand.arch_problem(device, arch)
+    if wrong_arch:
+        return "unavailable", wrong_arch
+    missing = installed(cand, device)
+    if missing:
+        return "unavailable", missing
+    if cand.compiled and device == "cpu" and not with_compile:
+        return "skipped", ("torch.compile candidates are not probed on CPU by default (each shape and dtype costs "
+                           "seconds of C++ compilation); pass --with-compile to include them")  # fmt: skip
+    return None
+
+
 def _is_installed(cand: Candidate) -> bool:
     return installed(cand) is None
 
@@ -183,9 +204,8 @@ def _check_candidate(cand: Candidate, slot: str, device: str, plan: list[tuple[s
     if missing:
         return Report(status="unavailable", reasons=[missing], **base)
     if cand.compiled and device == "cpu" and not with_compile:
-        return Report(status="skipped", reasons=[
-            "torch.compile candidates are not probed on CPU by default (each shape and dtype costs seconds "
-            "of C++ compilation); pass --with-compile to include them"], **base)  # fmt: skip
+        status, reason = static_problem(cand, slot, device, arch, with_compile=with_compile) or ("skipped", "")
+        return Report(status=status, reasons=[reason], **base)
     try:
         imported = worker.call({"op": "import", "target": cand.target}, import_timeout)
     except WorkerDied as exc:

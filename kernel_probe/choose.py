@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .checker import Report
-from .errors import ProbeError
+from .errors import ForcedUnusable, ProbeError, UsageError
 
 MIN_MARGIN = 0.05
+FORCED = {"pin": "pinned", "prefer": "preferred"}  # the flag (--pin) -> what it makes a candidate
 
 
 @dataclass
@@ -67,37 +68,40 @@ def _worst_shape(rows, base_rows, shapes) -> tuple[str, float]:
 
 def choose(slot: str, reports: list[Report], timings: Mapping[str, list[Mapping[str, Any]]], shapes: list[str],
            dtype: str, default_id: str, *, pin: str | None = None, prefer: str | Sequence[str] | None = None,
-           origin: str = "--pin", strict_prefer: bool = True, deterministic: bool = False) -> Choice:  # fmt: skip
+           origin: str = "", strict_prefer: bool = True, deterministic: bool = False) -> Choice:  # fmt: skip
     """``prefer`` may be an ordered list (a profile's preferences): the first preferred candidate
     that is eligible and within the margin wins. With ``strict_prefer`` (the command line), a
     preferred candidate that is not accepted is an error; a profile's list just moves on.
-    ``deterministic`` restricts the choice to bitwise repeatable candidates."""
+    ``deterministic`` restricts the choice to bitwise repeatable candidates. ``origin`` names where
+    a pin or preference came from ("profile lumi-g"); empty means the command line (``--pin``/``--prefer``)."""
     by_id = {r.id: r for r in reports}
     prefers = [prefer] if isinstance(prefer, str) else list(prefer or ())
-    checks = [(pin, "pinned")] + ([(p, "preferred") for p in prefers] if strict_prefer else [])
+    checks = [(pin, "pin")] + ([(p, "prefer") for p in prefers] if strict_prefer else [])
     for forced, kind in checks:
         if forced is None:
             continue
+        said = f"{origin} {kind} {slot}={forced}" if origin else f"--{kind} {slot}={forced}"
+        way_out = f"remove the {kind} from {origin}" if origin else f"drop --{kind} {slot}={forced}"
         r = by_id.get(forced)
         if r is None:
             known = ", ".join(sorted(by_id))
-            raise ProbeError(f"{origin} {slot}={forced}: no such candidate for {slot} (known: {known})",
-                             fix="use one of the ids kernel-probe check lists")  # fmt: skip
+            raise UsageError(f"{said}: no such candidate for {slot} (known: {known})",
+                             fix="use one of the ids `kernel-probe check` lists")  # fmt: skip
         if r.status != "accepted":
-            raise ProbeError(
-                f"{origin} {slot}={forced}: the candidate is {r.status} on this machine: {'; '.join(r.reasons[:3]) or 'no reason recorded'}",
-                fix=f"remove the {kind[:-2]} or fix the candidate; a {kind} kernel is never silently replaced",
+            raise ForcedUnusable(
+                f"{said}: the candidate is {r.status} on this machine: {'; '.join(r.reasons[:3]) or 'no reason recorded'}",
+                fix=f"{way_out}, or fix the candidate; a {FORCED[kind]} kernel is never silently replaced",
             )
         if deterministic and r.deterministic is not True:
             why = "; ".join(n for v in r.verdicts for n in v.notes if n.startswith("not deterministic")) or "not measured"
-            raise ProbeError(
-                f"{origin} {slot}={forced}: --deterministic, but the candidate is not bitwise repeatable here ({why})",
-                fix=f"remove the {kind[:-2]}, or drop --deterministic (and the profile's `deterministic = true`)",
+            raise ForcedUnusable(
+                f"{said}: --deterministic, but the candidate is not bitwise repeatable here ({why})",
+                fix=f"{way_out}, or drop --deterministic (and the profile's `deterministic = true`)",
             )
     eligible = [r for r in reports if r.status == "accepted" and _ok_timings(timings.get(r.id), shapes)
                 and (r.deterministic is True or not deterministic)]  # fmt: skip
     if pin is not None:
-        return Choice(slot, by_id[pin], "pinned", f"{pin} pinned by {origin}")
+        return Choice(slot, by_id[pin], "pinned", f"{pin} pinned by {origin or '--pin'}")
     if not eligible:
         what = "accepted, deterministic and timed" if deterministic else "both accepted and timed"
         raise ProbeError(f"no candidate for {slot} was {what} on this machine",
@@ -123,10 +127,10 @@ def choose(slot: str, reports: list[Report], timings: Mapping[str, list[Mapping[
             clear.append((score, i, r))
     for cid in prefers:
         if cid == default.id:
-            return Choice(slot, default, "preferred", f"{cid} preferred by {origin}", scores)
+            return Choice(slot, default, "preferred", f"{cid} preferred by {origin or '--prefer'}", scores)
         r = next((e for e in eligible if e.id == cid), None)
         if r is not None and scores[r.id] <= 1 + margins[r.id]:
-            return Choice(slot, r, "preferred", f"{r.id} preferred by {origin} ({1 / scores[r.id]:.2f}x the default's speed)", scores)
+            return Choice(slot, r, "preferred", f"{r.id} preferred by {origin or '--prefer'} ({1 / scores[r.id]:.2f}x the default's speed)", scores)
     others = [r for r in eligible if r is not default]
     if clear:
         score, _, best = min(clear, key=lambda t: (t[0], t[1]))

@@ -42,8 +42,26 @@ def _epilog() -> str:
     return f"exit codes:\n{codes}"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, except that with --json a usage error is also a JSON object on stdout (exit 2)."""
+
+    json_wanted = False
+
+    def error(self, message: str):  # type: ignore[override]
+        if self.json_wanted:
+            output.print_json(error_json(message, 2, kind="UsageError"))
+        super().error(message)
+
+
+def error_json(problem: str, exit_code: int, *, kind: str, path: str | None = None, key: str | None = None,
+               fix: str | None = None) -> dict:  # fmt: skip
+    """What a failed command prints on stdout under --json: one object, the same shape for every error."""
+    return {"ok": False, "error": {"type": kind, "exit_code": exit_code, "problem": problem, "path": path,
+                                   "key": key, "fix": fix}}  # fmt: skip
+
+
 def _base_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog=prog, description=description, epilog=_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
@@ -84,6 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sub = "\n".join(f"  {n:<14} {h}" for n, (_, h) in SUBCOMMANDS.items())
         parser.epilog = f"subcommands (kernel-probe SUBCOMMAND --help):\n{sub}\n\n{_epilog()}"
         run, rest = probe.run_probe, argv
+    parser.json_wanted = "--json" in rest
     args = parser.parse_args(rest)  # exits 2 on usage errors
     args.overrides = overrides
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -96,6 +115,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.debug:
                 raise
             output.error(str(exc))
+            if getattr(args, "json", False):
+                output.print_json(error_json(exc.problem, exc.exit_code, kind=type(exc).__name__, path=exc.path,
+                                             key=exc.key, fix=exc.fix))  # fmt: skip
             return exc.exit_code
         except KeyboardInterrupt:
             output.error("interrupted")
@@ -104,6 +126,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.debug or os.environ.get("KERNEL_PROBE_DEBUG"):
                 raise
             output.error(f"unexpected {type(exc).__name__}: {exc} (re-run with --debug for the traceback)")
+            if getattr(args, "json", False):
+                output.print_json(error_json(f"unexpected {type(exc).__name__}: {exc}", 1, kind="bug",
+                                             fix="re-run with --debug for the traceback"))  # fmt: skip
             return 1
 
 

@@ -21,6 +21,12 @@ class StaleLock(ProbeError):
     exit_code = 3
 
 
+class ForcedUnusable(ProbeError):
+    """A ``--pin``/``--prefer`` (or a profile's pin) names a candidate that cannot be used on this machine."""
+
+    exit_code = 3
+
+
 class ProfileUnmet(ProbeError):
     exit_code = 4
 

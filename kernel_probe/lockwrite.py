@@ -69,7 +69,9 @@ def _timing(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
             row["error"] = r["error"]
         else:
             row.update({"median-ms": _round(r["median_ms"]), "spread": _round(r["spread"], 2), "gbps": _round(r["gbps"]),
-                        "copy-percent": _round(r["copy_percent"], 3), "compile-s": _round(r["compile_s"], 3)})  # fmt: skip
+                        "compile-s": _round(r["compile_s"], 3)})  # fmt: skip
+            if "copy_percent" in r:  # GPUs only
+                row["copy-percent"] = _round(r["copy_percent"], 3)
             if "tflops" in r:
                 row["tflops"] = _round(r["tflops"])
         out.append(row)
@@ -173,7 +175,7 @@ def check_writable(path: Path) -> Path:
         name_max = os.pathconf(directory if directory.is_dir() else "/", "PC_NAME_MAX")
     except (OSError, ValueError):
         name_max = 255
-    if len(os.fsencode(f".{real.name}.lock")) > name_max:
+    if len(os.fsencode(file_lock_path(real).name)) > name_max:
         raise UsageError(f"--out {text}: the file name is too long for this file system ({len(real.name)} characters)",
                          fix="choose a shorter name")  # fmt: skip
     if not directory.exists():
@@ -204,6 +206,11 @@ def check_writable(path: Path) -> Path:
 _NO_LOCKING = {"ENOLCK", "EOPNOTSUPP", "ENOTSUP", "ENOSYS", "EINVAL"}
 
 
+def file_lock_path(path: Path) -> Path:
+    """The file lock concurrent probes of ``path`` share: ``.<name>.lock`` beside it (.gitignore'd)."""
+    return path.parent / f".{path.name}.lock"
+
+
 @contextmanager
 def exclusive(path: Path, timeout: float) -> Iterator[bool]:
     """Hold a cross-process lock for ``path`` (file ``.<name>.lock`` beside it). Yields False when
@@ -213,7 +220,7 @@ def exclusive(path: Path, timeout: float) -> Iterator[bool]:
 
     from filelock import FileLock, Timeout
 
-    lock_path = path.parent / f".{path.name}.lock"
+    lock_path = file_lock_path(path)
     lock = FileLock(str(lock_path), timeout=timeout)
     try:
         lock.acquire()

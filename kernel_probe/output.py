@@ -41,6 +41,37 @@ def safe(value: Any) -> str:
     return escape(text)
 
 
+def table(title: str | None = None, **options: Any):
+    """A compact rich table (one header rule, no outer frame): the probe's tables fit 80 columns."""
+    from rich import box
+    from rich.table import Table
+
+    options = {"box": box.SIMPLE_HEAD, "show_edge": False, "pad_edge": False, "title_justify": "left", **options}
+    return Table(title=title, **options)
+
+
+def print_table(tbl: Any, *, stderr: bool = False) -> None:
+    """Print ``tbl`` no narrower than it needs: columns marked ``no_wrap`` (ids, shapes, numbers) are
+    never cut or wrapped mid-word, even at 80 columns or in a log without a terminal; other columns
+    wrap at spaces. A table that cannot fit is printed wider than the console instead of truncated."""
+    from rich.measure import Measurement
+    from rich.text import Text
+
+    con = console(stderr)
+    for column in tbl.columns:  # a wrapping column is at least as wide as its longest word
+        if not column.no_wrap:
+            words = [w for cell in column.cells for w in (Text.from_markup(cell).plain if isinstance(cell, str)
+                                                           else str(cell)).split()]  # fmt: skip
+            column.min_width = max([column.min_width or 0, *(len(w) for w in words)])
+    need = Measurement.get(con, con.options.update(width=100_000), tbl).minimum
+    width = con.width
+    try:
+        con.width = max(width, need)
+        con.print(tbl)
+    finally:
+        con.width = width
+
+
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
     sys.stdout.flush()

@@ -1,8 +1,9 @@
 """Site profiles: what a site's nodes are expected to be, how to recognise the site, and its policy.
 
-A profile is data (``profiles/*.toml``, documented in ``docs/profiles.md``); this module parses and
-validates it strictly (unknown keys are errors: a typo in a policy must not silently widen it),
-matches profiles against the site signals, and lists every requirement a machine does not meet.
+A profile is data (the built-ins are package data, ``kernel_probe/site_profiles/*.toml``; the format
+is documented in ``docs/profiles.md``); this module parses and validates it strictly (unknown keys
+are errors: a typo in a policy must not silently widen it), matches profiles against the site
+signals, and lists every requirement a machine does not meet.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +26,7 @@ from .errors import InputFileError, ProfileUnmet, UsageError
 
 PROFILE_VERSION = "1"
 ENV_VAR = "KERNEL_PROBE_PROFILES"
+BUILTIN_PACKAGE_DIR = "site_profiles"  # package data of kernel_probe; pyproject.toml's package-data names it too
 PRECISIONS = ("32-true", "bf16-true", "16-true", "bf16-mixed", "16-mixed")
 GROUPS = ("device", "count", "versions", "libraries", "forbidden")  # strictness groups
 STRENGTH = {"env": 3, "file": 3, "slurm-cluster": 2, "slurm-partition": 2, "hostname": 1, "device": 0}
@@ -344,23 +345,38 @@ def load_file(path: str | os.PathLike[str]) -> Profile:
 
 
 # ---- finding profiles ---------------------------------------------------------------------------
-def builtin_dirs() -> list[Path]:
-    here = Path(__file__).resolve().parent
-    candidates = [here.parent / "profiles", Path(sys.prefix) / "share" / "kernel-probe" / "profiles"]
-    return [d for d in candidates if d.is_dir()]
+class BuiltinProfilesMissing(InputFileError):
+    """No built-in profile where the package ships them (exit 5): a broken installation, said loudly
+    rather than listed as an empty table."""
 
 
-def search_dirs(extra: Iterable[str] = ()) -> list[Path]:
+def builtin_dir() -> Path:
+    """The built-in profiles: package data of kernel_probe, found through importlib.resources, so a
+    checkout, a venv, ``pip install --target``, ``--prefix`` and ``--user`` all find them the same way."""
+    from importlib.resources import files
+
+    return Path(str(files(__package__).joinpath(BUILTIN_PACKAGE_DIR)))
+
+
+def user_dirs(extra: Iterable[str] = ()) -> list[Path]:
+    """The user's profile directories: ``--profiles-dir`` first, then ``$KERNEL_PROBE_PROFILES``."""
     env = [x for x in os.environ.get(ENV_VAR, "").split(os.pathsep) if x]
-    return [Path(x) for x in (*extra, *env)] + builtin_dirs()
+    return [Path(x) for x in (*extra, *env)]
 
 
 def scan(extra: Iterable[str] = ()) -> tuple[dict[str, Profile], list[ProfileError]]:
-    """Every valid profile by name (user directories shadow the built-ins: first found wins), and the
-    profile files that are broken: one broken file must not hide every other profile."""
+    """Every valid profile by name (user directories, then the built-ins: the first of a name wins), and
+    the profile files that are broken: one broken file must not hide every other profile."""
+    builtin = builtin_dir()
+    if not (builtin.is_dir() and any(builtin.glob("*.toml"))):
+        raise BuiltinProfilesMissing(
+            "no built-in site profiles here: this kernel-probe installation is incomplete",
+            path=str(builtin),
+            fix=f"reinstall kernel-probe; the built-ins ship inside the package as kernel_probe/{BUILTIN_PACKAGE_DIR}/*.toml",
+        )
     out: dict[str, Profile] = {}
     broken: list[ProfileError] = []
-    for d in search_dirs(extra):
+    for d in [*user_dirs(extra), builtin]:
         if not d.is_dir():
             raise UsageError(f"profiles directory {d} does not exist (from --profiles-dir or ${ENV_VAR})")
         for f in sorted(d.glob("*.toml")):

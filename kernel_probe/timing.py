@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -64,14 +64,20 @@ class _Clock:
             torch.cuda.synchronize()
 
 
-def _repeat(clock: _Clock, fn, opts: Mapping[str, Any]) -> list[float]:
-    for _ in range(int(opts["warmup"])):
+def _repeat(clock: _Clock, fn, opts: Mapping[str, Any], tick: Callable[[str, int, int], None] | None = None) -> list[float]:
+    """Warm-up calls, then timed repetitions; ``tick(phase, done, total)`` after each call."""
+    warmup, reps = int(opts["warmup"]), int(opts["reps"])
+    for i in range(warmup):
         fn()
+        if tick:
+            tick("warm-up", i + 1, warmup)
     clock.sync()
     samples: list[float] = []
     t_end = time.perf_counter() + float(opts["min_seconds"])
-    while len(samples) < int(opts["reps"]) or (time.perf_counter() < t_end and len(samples) < int(opts["max_reps"])):
+    while len(samples) < reps or (time.perf_counter() < t_end and len(samples) < int(opts["max_reps"])):
         samples.append(clock.time(fn))
+        if tick:
+            tick("rep", len(samples), max(reps, len(samples)))
     return samples
 
 
@@ -108,7 +114,7 @@ def copy_bandwidth(device: str, nbytes: int, opts: Mapping[str, Any]) -> float:
 
 def _time_shape(cand: Candidate, slot: str, device: str, shape: str, dtype, mixed: bool,
                 canonical_overrides: Mapping[str, Any] | None, opts: Mapping[str, Any], clock: _Clock,
-                copy_cache: dict[int, float]) -> dict[str, Any]:  # fmt: skip
+                copy_cache: dict[int, float], tick: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:  # fmt: skip
     """Forward+backward timing of one candidate at one shape; its buffers are freed on return."""
     torch_device = "cuda" if device == "rocm" else device
     param_dtype = torch.float32 if mixed else dtype
@@ -143,13 +149,17 @@ def _time_shape(cand: Candidate, slot: str, device: str, shape: str, dtype, mixe
     step()
     clock.sync()
     row["compile_s"] = round(time.perf_counter() - t0, 4)
-    samples = _repeat(clock, step, opts)
+    if tick:
+        tick("first call", 1, 1)
+    samples = _repeat(clock, step, opts, tick)
     median = statistics.median(samples)
     nbytes = bytes_moved(cand.semantics, rows, hidden, out, dtype.itemsize)
     row.update(median_ms=median * 1000, spread=_spread(samples), reps=len(samples), gbps=nbytes / median / 1e9)
     fl = flops(cand.semantics, rows, hidden, out)
     if fl:
         row["tflops"] = fl / median / 1e12
+    if device == "cpu":
+        return row  # a CPU copy of a cache-sized buffer is no bandwidth ceiling: no "% of copy" on CPU
     key = nbytes // 5
     if key not in copy_cache:
         copy_cache[key] = copy_bandwidth(device, key * 2, opts)
@@ -158,8 +168,17 @@ def _time_shape(cand: Candidate, slot: str, device: str, shape: str, dtype, mixe
     return row
 
 
+def progress_message(shape: str, index: int, of: int, phase: str, done: int, total: int, seconds: float) -> dict[str, Any]:
+    """The typed progress message a timing worker sends before its reply: shape ``index`` of ``of``,
+    ``phase`` (first call, warm-up, rep) ``done`` of ``total``, ``seconds`` spent on this shape."""
+    return {"shape": shape, "index": index, "of": of, "phase": phase, "done": done, "total": total,
+            "seconds": round(seconds, 3)}  # fmt: skip
+
+
 def time_candidate(cand: Candidate, slot: str, device: str, shapes: list[str], dtype_name: str, regime: str,
-                   canonical_overrides: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+                   canonical_overrides: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None,
+                   progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Rows per shape; ``progress`` receives a message after each call (see ``progress_message``)."""
     opts = {**DEFAULT_OPTIONS, **(options or {})}
     torch_device = "cuda" if device == "rocm" else device
     dtype = DTYPES[dtype_name]
@@ -167,10 +186,17 @@ def time_candidate(cand: Candidate, slot: str, device: str, shapes: list[str], d
     clock = _Clock(device)
     out_rows: list[dict[str, Any]] = []
     copy_cache: dict[int, float] = {}
-    for shape in shapes:
+    for index, shape in enumerate(shapes):
         row: dict[str, Any] = {"implementation": cand.id, "shape": shape, "dtype": dtype_name, "regime": regime}
+        tick = None
+        if progress is not None:
+            started = time.perf_counter()
+
+            def tick(phase: str, done: int, total: int, shape: str = shape, index: int = index, started: float = started) -> None:
+                progress(progress_message(shape, index, len(shapes), phase, done, total, time.perf_counter() - started))
         try:
-            row.update(_time_shape(cand, slot, device, shape, dtype, mixed, canonical_overrides, opts, clock, copy_cache))
+            row.update(_time_shape(cand, slot, device, shape, dtype, mixed, canonical_overrides, opts, clock, copy_cache,
+                                   tick))  # fmt: skip
         except Exception as exc:  # OOM at the model's shape, a kernel that refuses the size, ...
             row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:400]
         finally:

@@ -106,7 +106,7 @@ class Worker:
         self._buffer = b""
         self._mark = 0
         self.started += 1
-        self._reply(START_TIMEOUT)  # the ping sent at spawn time
+        self._reply(START_TIMEOUT, time.monotonic() + START_TIMEOUT)  # the ping sent at spawn time
 
     def close(self) -> None:
         """End the worker and everything it spawned; never blocks on a pipe a grandchild holds."""
@@ -138,12 +138,15 @@ class Worker:
         self.close()
 
     # -- calls --------------------------------------------------------------------------------
-    def call(self, request: Mapping[str, Any], timeout: float = DEFAULT_TIMEOUT) -> dict[str, Any]:
-        """Send one request; on crash or timeout raise WorkerDied (the next call gets a fresh worker)."""
+    def call(self, request: Mapping[str, Any], timeout: float = DEFAULT_TIMEOUT,
+             on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:  # fmt: skip
+        """Send one request; on crash or timeout raise WorkerDied (the next call gets a fresh worker).
+        ``on_progress`` receives the worker's progress messages that come before the reply (a
+        request asks for them with ``"progress": True``); ``timeout`` covers the whole call."""
         if self._proc is None or self._proc.poll() is not None:
             self.close()
             self._start()
-        return self._call(request, timeout)
+        return self._call(request, timeout, on_progress)
 
     def _stderr_tail(self, limit: int = 1500) -> str:
         """What the worker wrote to stderr since the current request began."""
@@ -184,7 +187,8 @@ class Worker:
         line, _, self._buffer = self._buffer.partition(b"\n")
         return line
 
-    def _call(self, request: Mapping[str, Any], timeout: float) -> dict[str, Any]:
+    def _call(self, request: Mapping[str, Any], timeout: float,
+              on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:  # fmt: skip
         proc = self._proc
         assert proc is not None and proc.stdin is not None
         if self._stderr is not None:
@@ -195,12 +199,18 @@ class Worker:
             proc.stdin.flush()
         except (BrokenPipeError, OSError):
             pass  # the read below sees the worker gone and reports the crash
-        return self._reply(timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = self._reply(timeout, deadline)
+            if "progress" not in reply:
+                return reply
+            if on_progress is not None:
+                on_progress(reply["progress"])
 
-    def _reply(self, timeout: float) -> dict[str, Any]:
+    def _reply(self, timeout: float, deadline: float) -> dict[str, Any]:
         proc = self._proc
         assert proc is not None
-        line = self._readline(time.monotonic() + timeout)
+        line = self._readline(deadline)
         if line is None:
             kill_group(proc.pid)
             proc.wait()
@@ -351,8 +361,12 @@ def serve() -> None:
         if not line.strip():
             continue
         request = json.loads(line)
+        def emit(message: Mapping[str, Any]) -> None:  # progress, before the reply (Worker.call reads on)
+            proto.write(json.dumps({"progress": message}) + "\n")
+            proto.flush()
+
         try:
-            reply = _dispatch(request)
+            reply = _dispatch(request, emit)
             changed = tampered()
             if changed:
                 reply = {**reply, "tampered": changed}
@@ -364,7 +378,7 @@ def serve() -> None:
         proto.flush()
 
 
-def _dispatch(request: Mapping[str, Any]) -> dict[str, Any]:
+def _dispatch(request: Mapping[str, Any], emit: Callable[[Mapping[str, Any]], None] | None = None) -> dict[str, Any]:
     op = request["op"]
     if op == "ping":
         import torch  # noqa: F401  (import once, up front, under the start timeout)
@@ -401,7 +415,8 @@ def _dispatch(request: Mapping[str, Any]) -> dict[str, Any]:
         from . import timing
 
         return timing.time_candidate(cand, request["slot"], request["device"], request["shapes"], request["dtype"],
-                                     request["regime"], request.get("canonical"), request.get("options", {}))  # fmt: skip
+                                     request["regime"], request.get("canonical"), request.get("options", {}),
+                                     progress=emit if request.get("progress") else None)  # fmt: skip
     raise ValueError(f"unknown op {op!r}")
 
 

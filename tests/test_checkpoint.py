@@ -103,7 +103,7 @@ def test_train_save_remove_library_infer(tmp_path, fast_library, caplog):
     with pytest.raises(KernelUnavailable) as exc:
         build(restored, "training")
     msg = str(exc.value)
-    assert "slot LayerNorm" in msg and "kp-fastnorm" in msg and "not installed" in msg and "mode='inference'" in msg
+    assert "slot LayerNorm" in msg and "kp-fastnorm" in msg and "not installed" in msg and 'mode="inference"' in msg
     with caplog.at_level(logging.WARNING, logger="kernel_lock"):
         model = build(restored, "inference")
     assert type(model[1]) is torch.nn.LayerNorm and model[1].eps == 1e-05

@@ -105,3 +105,23 @@ def test_no_traceback_from_real_process(tmp_path):
     assert "Traceback" not in proc.stderr and "not valid TOML" in proc.stderr
     proc = subprocess.run([sys.executable, "-m", "kernel_probe", "verify", str(p), "--debug"], capture_output=True, text=True, cwd=ROOT)
     assert "Traceback" in proc.stderr  # --debug shows it
+
+
+def test_diff_exit_code_is_6_when_the_locks_differ(tmp_path, capsys):
+    import kernel_lock
+    from kernel_lock.errors import EXIT_CODES
+
+    a, same, b = tmp_path / "a.toml", tmp_path / "same.toml", tmp_path / "b.toml"
+    for path, text in ((a, MINIMAL_LOCK), (same, MINIMAL_LOCK), (b, MINIMAL_LOCK.replace("bias = false", "bias = true"))):
+        kernel_lock.loads(text, emit_warnings=False).sealed().dump(path)
+    code, out, _ = run(["diff", a, b, "--exit-code"], capsys)
+    assert code == 6 and "diff --exit-code" in EXIT_CODES[6]
+    assert "slot Linear kwargs: {'bias': False} -> {'bias': True}" in out
+    assert run(["diff", a, b], capsys)[0] == 0  # without --exit-code a difference is not a status
+    assert run(["diff", a, same, "--exit-code"], capsys)[0] == 0
+    assert run(["diff", a, a, "--exit-code"], capsys)[0] == 0
+    proc = subprocess.run([sys.executable, "-m", "kernel_probe", "diff", str(a), str(b), "--exit-code"],
+                          capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert proc.returncode == 6, proc.stderr
+    code, out, _ = run(["diff", "--help"], capsys)
+    assert code == 0 and "exit 6 when the locks differ" in " ".join(out.split())

@@ -300,7 +300,7 @@ def test_lock_for_inference_derives_a_lock_that_runs_here(tmp_path, capsys, capl
     # its environment is this machine's, and nothing is substituted any more when it is used
     assert derived.environment.fields["device-type"].value == "cpu" and not derived.environment.libraries
     assert derived.verify("inference") == []
-    with pytest.raises(LockMismatch, match="training never substitutes"):
+    with pytest.raises(LockMismatch, match="training never runs on the substitutions"):
         derived.verify("training")  # an inference lock is never a training lock
     with caplog.at_level(logging.WARNING, logger="kernel_lock"):
         factories = derived.resolve_all(mode="inference")
@@ -367,8 +367,11 @@ def test_training_refuses_an_inference_lock():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LockWarning)
         lock = kernel_lock.loads(MINIMAL_LOCK.replace('created-by = "hand"', 'created-by = "hand"\nmode = "inference"'))
-    with pytest.raises(KernelUnavailable, match="inference lock"):
-        lock.factory("LayerNorm")
-    with pytest.raises(LockMismatch, match="training never substitutes"):
+    with pytest.raises(KernelUnavailable, match="inference lock") as exc:
+        lock.factory("LayerNorm", mode="training")
+    assert "--mode inference" in exc.value.fix and 'mode="inference"' in exc.value.fix  # both audiences
+    with pytest.raises(LockMismatch, match="training never runs on the substitutions"):
         lock.verify("training")
     assert type(lock.factory("LayerNorm", mode="inference")(4)).__name__ == "LayerNorm"
+    # without a mode, the lock's own (inference) applies: no error, and it says so
+    assert lock.factory("LayerNorm").mode == "inference" and lock.verify() == []

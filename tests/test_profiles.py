@@ -12,9 +12,8 @@ import kernel_lock
 from kernel_probe import profiles
 from kernel_probe.cli import main
 
-from .conftest import ROOT
-
-BUILTIN = sorted(p.stem for p in (ROOT / "profiles").glob("*.toml"))
+BUILTIN_DIR = profiles.builtin_dir()
+BUILTIN = sorted(p.stem for p in BUILTIN_DIR.glob("*.toml"))
 GPU_PROFILES = [n for n in BUILTIN if n != "cpu"]
 
 
@@ -25,10 +24,10 @@ def test_the_required_sites_are_shipped():
 
 @pytest.mark.parametrize("name", BUILTIN)
 def test_builtin_profile_validates(name, capsys):
-    prof = profiles.load_file(ROOT / "profiles" / f"{name}.toml")
+    prof = profiles.load_file(BUILTIN_DIR / f"{name}.toml")
     assert prof.name == name and prof.description and prof.sources
     assert prof.requires.get("device-type")
-    assert main(["profiles", "check", str(ROOT / "profiles" / f"{name}.toml")]) == 0
+    assert main(["profiles", "check", str(BUILTIN_DIR / f"{name}.toml")]) == 0
     assert f"valid profile ({name})" in capsys.readouterr().out
 
 
@@ -88,7 +87,7 @@ def test_auto_on_this_machine_picks_cpu_and_records_it(tmp_path, capsys):
     assert "profile auto: cpu (matched device:type=cpu)" in capsys.readouterr().err
     lock = kernel_lock.load(out)
     assert lock.profile["name"] == "cpu" and lock.profile["matched"] == "device:type=cpu"
-    assert lock.profile["digest"] == profiles.load_file(ROOT / "profiles" / "cpu.toml").digest
+    assert lock.profile["digest"] == profiles.load_file(BUILTIN_DIR / "cpu.toml").digest
     skipped = {r.implementation: r for r in lock.slots["Linear"].rejected}
     assert skipped["te.linear"].status == "skipped" and skipped["te.linear"].reasons == ("not allowed by profile cpu",)
 

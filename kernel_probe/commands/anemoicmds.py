@@ -19,9 +19,9 @@ def add_export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("lock", nargs="?", default=None, help=f"lock file (default: $KERNEL_LOCK or ./{DEFAULT_LOCK})")
     p.add_argument("--format", choices=("anemoi",), default="anemoi",
                    help="anemoi: the `layer_kernels:` YAML block anemoi-models reads (the only format so far)")
-    p.add_argument("--mode", choices=MODES, default="training",
+    p.add_argument("--mode", choices=MODES, default=None,
                    help="training: the pinned classes (this machine must match the lock); inference: the verified "
-                   "torch.nn twin where a pinned library cannot run here")
+                   "torch.nn twin where a pinned library cannot run here (default: the lock's own mode)")
     p.add_argument("--qk-norm", action="store_true",
                    help="also emit QueryNorm/KeyNorm (bias-free, over head_dim) from the LayerNorm slot")
     p.add_argument("--config", default=None, metavar="CONFIG.yaml",
@@ -39,6 +39,7 @@ def run_export(args: argparse.Namespace) -> int:
 
     path = args.lock or default_lock_path()
     lock = _load(path, trust=args.trust)
+    args.mode = args.mode or lock.mode
     if args.config is None:
         if args.overrides:
             raise UsageError(f"Hydra overrides ({' '.join(args.overrides)}) need --config CONFIG.yaml")
@@ -125,7 +126,8 @@ def add_check_config_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="anemoi config (YAML): a training config, an overlay with a `defaults:` list "
                    "(composed as anemoi-training does), or a model config file (config/model/<name>.yaml)")
     p.add_argument("--lock", default=None, help="also compare the LayerNorm/Linear entries with this lock")
-    p.add_argument("--mode", choices=MODES, default="training", help="the lock's resolution to compare with (default training)")
+    p.add_argument("--mode", choices=MODES, default=None,
+                   help="the lock's resolution to compare with (default: the lock's own mode)")
     p.add_argument("--qk-norm", action="store_true", help="compare QueryNorm/KeyNorm with the lock too (as `export --qk-norm`)")
     p.add_argument("--allow-semantics-change", action="store_true",
                    help="an RMSNorm under a LayerNorm/QueryNorm/KeyNorm key is deliberate: a warning, not an error")
@@ -145,6 +147,7 @@ def run_check_config(args: argparse.Namespace) -> int:
     if not args.timeout > 0:
         raise UsageError(f"--timeout must be a positive number of seconds, not {args.timeout:g}")
     lock = _load(args.lock, trust=args.trust) if args.lock else None
+    args.mode = args.mode or (lock.mode if lock else "training")
     result = check_config(args.config, args.overrides, lock=lock, mode=args.mode, qk_norm=args.qk_norm,
                           allow_semantics_change=args.allow_semantics_change, compose=not args.no_compose,
                           timeout=args.timeout)  # fmt: skip

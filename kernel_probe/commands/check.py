@@ -116,13 +116,11 @@ STATUS_STYLE = {"accepted": "green", "rejected": "red", "crashed": "red", "timeo
 
 
 def render_verdicts(reports, plan, device, hidden: int = CHECK_HIDDEN) -> None:
-    from rich.table import Table
-
     con = output.console()
     con.print(f"device: {device['type']} ({safe(str(device['name']))}); inputs {hidden} wide")
     for slot, rs in reports.items():
-        table = Table(title=f"{slot}", show_edge=False, title_justify="left")
-        table.add_column("candidate", overflow="fold", min_width=20)
+        table = output.table(slot)
+        table.add_column("candidate", no_wrap=True)
         table.add_column("status", no_wrap=True, min_width=11)
         for d, r in plan:
             table.add_column(SHORT[d] + ("+amp" if r == "mixed" else ""), justify="right", no_wrap=True, min_width=7)
@@ -145,7 +143,7 @@ def render_verdicts(reports, plan, device, hidden: int = CHECK_HIDDEN) -> None:
             det = {True: "yes", False: "[yellow]no[/]", None: "-"}[rep.deterministic]
             took = "-" if rep.seconds is None else f"{rep.seconds:.1f}"
             table.add_row(safe(rep.id), f"[{style}]{rep.status}[/]", *cells, det, took)
-        con.print(table)
+        output.print_table(table)
         for rep in rs:
             if rep.status != "accepted" and rep.reasons:
                 con.print(f"  [bold]{safe(rep.id)}[/] {rep.status}: {safe(rep.reasons[0])}")

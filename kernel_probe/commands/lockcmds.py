@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 import kernel_lock
-from kernel_lock.errors import LockError, LockMismatch
+from kernel_lock.errors import LOCKS_DIFFER, LockError, LockMismatch
 
 from .. import output
 from ..output import safe
@@ -38,8 +38,9 @@ def _load(path: str, strict: bool = False, *, trust: list[str] | tuple[str, ...]
 # ---- verify ---------------------------------------------------------------------------------
 def add_verify_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("lock", nargs="?", default=None, help=f"lock file (default: $KERNEL_LOCK or ./{DEFAULT_LOCK})")
-    p.add_argument("--mode", choices=("training", "inference"), default="training",
-                   help="training: this machine must match the lock; inference: substitute verified twins where needed")
+    p.add_argument("--mode", choices=("training", "inference"), default=None,
+                   help="training: this machine must match the lock; inference: substitute verified twins where "
+                   "needed (default: the lock's own mode, `mode` in the file)")
     p.add_argument("--strict", action="store_true",
                    help="a hand-edited lock (digest mismatch), or one without an environment, is an error")
     p.add_argument("--json", action="store_true", help="machine-readable result on stdout")
@@ -52,6 +53,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
     path = args.lock or default_lock_path()
     lock = _load(path, strict=args.strict, trust=args.trust)
+    args.mode = args.mode or lock.mode
     current = fingerprint.current()
     result: dict[str, Any] = {"lock": path, "mode": args.mode, "ok": True, "differences": [], "notes": [],
                               "warnings": list(lock.warnings), "slots": {}}
@@ -101,18 +103,20 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 # ---- show -----------------------------------------------------------------------------------
+LOCK_HELP = f"lock file (default: $KERNEL_LOCK or ./{DEFAULT_LOCK})"
+
+
 def add_show_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("lock", help="lock file")
+    p.add_argument("lock", nargs="?", default=None, help=LOCK_HELP)
     p.add_argument("--json", action="store_true", help="the lock's content as JSON")
 
 
 def run_show(args: argparse.Namespace) -> int:
+    args.lock = args.lock or default_lock_path()
     lock = _load(args.lock, check_targets=False)
     if args.json:
         output.print_json(lock.to_dict())
         return 0
-    from rich.table import Table
-
     con = output.console()
     con.print(f"[bold]{safe(args.lock)}[/]  lock-version {safe(lock.lock_version)}, {safe(lock.created_by)}, "
               f"{safe(lock.created_at or 'no date')}")
@@ -120,21 +124,24 @@ def run_show(args: argparse.Namespace) -> int:
               f"digest {'intact' if lock.intact else '[yellow]NOT intact[/]'}")
     if lock.profile:
         con.print(f"profile: {safe(lock.profile.get('name', '?'))}")
-    env = Table(title="environment", show_edge=False)
-    for col in ("field", "value", "match"):
-        env.add_column(col)
+    env = output.table("environment")
+    env.add_column("field", no_wrap=True)
+    env.add_column("value")
+    env.add_column("match", no_wrap=True)
     for name, f in lock.environment.fields.items():
         env.add_row(safe(name), safe(f.value), f.match)
     for name, f in lock.environment.libraries.items():
         env.add_row(f"library {safe(name)}", safe(f.value), f.match)
-    con.print(env)
-    slots = Table(title="slots", show_edge=False)
-    for col in ("slot", "implementation", "target", "kwargs", "twin"):
-        slots.add_column(col, overflow="fold")
+    output.print_table(env)
+    slots = output.table("slots")
+    for col in ("slot", "implementation", "target"):
+        slots.add_column(col, no_wrap=True)
+    slots.add_column("kwargs")
+    slots.add_column("twin")
     for name, s in lock.slots.items():
         twin = "-" if s.twin is None else f"{safe(s.twin.target)} ({s.twin.state_dict})"
         slots.add_row(name, safe(s.implementation), safe(s.target), safe(dict(s.kwargs)), twin)
-    con.print(slots)
+    output.print_table(slots)
     for name, s in lock.slots.items():
         if s.reason:
             con.print(f"{name}: {safe(s.reason)}")
@@ -143,11 +150,13 @@ def run_show(args: argparse.Namespace) -> int:
 
 # ---- rehash ---------------------------------------------------------------------------------
 def add_rehash_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("lock", help="lock file to re-seal after a deliberate hand edit")
+    p.add_argument("lock", nargs="?", default=None, help=f"lock file to re-seal after a deliberate hand edit "
+                   f"(default: $KERNEL_LOCK or ./{DEFAULT_LOCK})")
     add_trust_argument(p)
 
 
 def run_rehash(args: argparse.Namespace) -> int:
+    args.lock = args.lock or default_lock_path()
     lock = kernel_lock.load(args.lock, emit_warnings=False, trust=args.trust)  # still fully validated
     sealed = lock.sealed()
     sealed.dump(args.lock)
@@ -157,18 +166,32 @@ def run_rehash(args: argparse.Namespace) -> int:
 
 # ---- explain --------------------------------------------------------------------------------
 def add_explain_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("lock", help="lock file")
-    p.add_argument("slot", help="LayerNorm, RMSNorm or Linear")
+    p.add_argument("args", nargs="+", metavar="[LOCK] SLOT",
+                   help=f"the lock file (default: $KERNEL_LOCK or ./{DEFAULT_LOCK}) and the slot: "
+                   f"{', '.join(kernel_lock.SLOTS)}")
     p.add_argument("--json", action="store_true", help="the slot's entry as JSON")
 
 
+def slot_argument(text: str) -> str:
+    """A slot name from the command line; a wrong one is a usage error (exit 2) with the near miss."""
+    from ..errors import UsageError
+
+    if text in kernel_lock.SLOTS:
+        return text
+    close = [s for s in kernel_lock.SLOTS if s.lower() == text.lower()]
+    raise UsageError(f"unknown slot {text!r}",
+                     fix=f"did you mean {close[0]}? slot names are case-sensitive" if close else
+                     f"use one of {', '.join(kernel_lock.SLOTS)}")  # fmt: skip
+
+
 def run_explain(args: argparse.Namespace) -> int:
-    from rich.table import Table
+    from ..errors import UsageError
 
-    from kernel_lock.resolve import _check_slot_name
-
+    if len(args.args) > 2:
+        raise UsageError(f"explain takes [LOCK] SLOT, got {len(args.args)} arguments: {' '.join(args.args)}")
+    args.lock, args.slot = (args.args if len(args.args) == 2 else [default_lock_path(), args.args[0]])
+    slot_argument(args.slot)  # before reading the file: a typo is the argument's fault, not the lock's
     lock = _load(args.lock, check_targets=False)
-    _check_slot_name(args.slot)
     slot = lock.slots.get(args.slot)
     if args.json:
         output.print_json(slot.to_dict() if slot else {"implementation": None, "note": "not pinned: resolves to torch.nn"})
@@ -189,25 +212,43 @@ def run_explain(args: argparse.Namespace) -> int:
     else:
         con.print("  no portable twin: inference needs the same library")
     if slot.evidence:
-        ev = Table(title="correctness evidence", title_justify="left", show_edge=False)
-        for col in ("device", "dtype", "regime", "status", "worst error / tolerance", "failed"):
-            ev.add_column(col)
+        ev = output.table("correctness evidence")
+        for col in ("device", "dtype", "regime", "status", "error/tol"):
+            ev.add_column(col, no_wrap=True)
+        ev.add_column("failed")
         for e in slot.evidence:
             ev.add_row(*(safe(e.get(k, "")) for k in ("device", "dtype", "regime", "status", "worst-error-ratio")),
                        safe(", ".join(map(str, e.get("failed", [])))))  # fmt: skip
-        con.print(ev)
+        output.print_table(ev)
+        con.print("  error/tol: the worst error over the tolerance (< 1 passes)")
     if slot.timing:
-        tt = Table(title="timings (forward + backward)", title_justify="left", show_edge=False)
-        for col in ("implementation", "shape", "dtype", "ms", "GB/s", "% copy", "first call s"):
-            tt.add_column(col)
+        tt = output.table("timings (forward + backward)")
+        on_gpu = any("copy-percent" in t for t in slot.timing)  # measured on GPUs only
+        cols = ("implementation", "shape", "dtype", "ms", "first call s") + (("GB/s", "% copy") if on_gpu else ())
+        for col in cols:
+            tt.add_column(col, no_wrap=True, justify="left" if col in ("implementation", "shape", "dtype") else "right")
         for t in slot.timing:
-            tt.add_row(safe(t.get("implementation", "")), safe(t.get("shape", "")),
-                       safe(f"{t.get('dtype', '')} {t.get('regime', '')}"), safe(t.get("median-ms", t.get("error", ""))),
-                       safe(t.get("gbps", "")), safe(t.get("copy-percent", "")), safe(t.get("compile-s", "")))  # fmt: skip
-        con.print(tt)
+            dtype = f"{SHORT_DTYPES.get(t.get('dtype', ''), t.get('dtype', ''))} {t.get('regime', '')}"
+            ms = t.get("median-ms")
+            cells = [t.get("implementation", ""), t.get("shape", ""), dtype,
+                     f"{ms:.3f}" if isinstance(ms, (int, float)) else t.get("error", ""), _fmt(t.get("compile-s"))]
+            if on_gpu:
+                cells += [_fmt(t.get("gbps")), _fmt(t.get("copy-percent"), ".0f")]
+            tt.add_row(*(safe(c) for c in cells))  # fmt: skip
+        output.print_table(tt)
+        for t in slot.timing:
+            if "error" in t:
+                con.print(f"  {safe(t.get('implementation', ''))} at {safe(t.get('shape', ''))}: {safe(t['error'])}")
     for r in slot.rejected:
         con.print(f"  not chosen: {safe(r.implementation)} {safe(f'[{r.status}]')} {safe('; '.join(r.reasons))}")
     return 0
+
+
+SHORT_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def _fmt(value: Any, spec: str = ".3g") -> str:
+    return format(value, spec) if isinstance(value, (int, float)) else "-"
 
 
 # ---- diff -----------------------------------------------------------------------------------
@@ -215,7 +256,9 @@ def add_diff_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("a", help="old lock")
     p.add_argument("b", help="new lock")
     p.add_argument("--json", action="store_true", help="the differences as JSON")
-    p.add_argument("--exit-code", action="store_true", help="exit 1 when the locks differ (like git diff --exit-code)")
+    p.add_argument("--exit-code", action="store_true",
+                   help="exit 6 when the locks differ, 0 when they do not (git diff --exit-code uses 1, which "
+                   "kernel-probe keeps for failures)")
 
 
 def lock_differences(a: kernel_lock.KernelLock, b: kernel_lock.KernelLock) -> dict[str, list[dict[str, Any]]]:
@@ -264,4 +307,4 @@ def run_diff(args: argparse.Namespace) -> int:
             con.print(f"environment {safe(d['field'])}: {safe(repr(fa))} -> {safe(repr(fb))}")
         for d in diffs["slots"]:
             con.print(f"slot {d['slot']} {d['key']}: {safe(repr(d['a']))} -> {safe(repr(d['b']))}")
-    return 1 if (differ and args.exit_code) else 0
+    return LOCKS_DIFFER if (differ and args.exit_code) else 0

@@ -35,7 +35,7 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=DEFAULT_LOCK, help=f"where to write the lock (default ./{DEFAULT_LOCK})")
     p.add_argument("--shape", action="append", default=[], metavar="ROWSxHIDDEN",
                    help="model shape to time at, e.g. 40320x1024 (repeatable; Linear: ROWSxINxOUT). "
-                   "Default: 40320x1024 and 542080x1024 on GPU, 4096x1024 on CPU")
+                   f"Default: {' and '.join(DEFAULT_SHAPES['gpu'])} on GPU, {' and '.join(DEFAULT_SHAPES['cpu'])} on CPU")
     p.add_argument("--precision", choices=tuple(PRECISIONS), default=None,
                    help="the training precision regime to verify and time in (default: the profile's, else bf16-mixed)")
     p.add_argument("--profile", default=None, metavar="NAME|PATH|auto",
@@ -51,7 +51,8 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check", action="store_true",
                    help="write nothing; exit 0 if the lock is current for this machine, 3 if stale or missing")
     p.add_argument("--json", action="store_true", help="machine-readable summary on stdout")
-    p.add_argument("--reps", type=int, default=None, help="timed repetitions per shape (at least; default 20 on GPU, 5 on CPU)")
+    p.add_argument("--reps", type=int, default=None, help=f"timed repetitions per shape (at least; default "
+                   f"{DEFAULT_REPS['gpu']} on GPU, {DEFAULT_REPS['cpu']} on CPU)")
     p.add_argument("--lock-timeout", type=float, default=1800.0,
                    help="seconds to wait for another kernel-probe writing the same lock (default 1800)")
     p.add_argument("--deterministic", action="store_true",
@@ -72,6 +73,40 @@ def _pairs(values: list[str], flag: str) -> dict[str, str]:
             raise UsageError(f"{flag} {text!r}: unknown slot {slot!r} (known: {', '.join(SLOTS)})")
         out[slot] = cid
     return out
+
+
+def check_forced(pins: dict[str, str], prefers: dict[str, str], slots: list[str], candidates: list, device: dict[str, Any],
+                 *, profile=None, with_compile: bool = False) -> None:  # fmt: skip
+    """Every --pin/--prefer checked before any work: the slot is probed, the id is a candidate of it
+    (exit 2), the profile allows it (exit 2), and it can run here as far as is known without importing
+    it (exit 3, with the reason and how to install it)."""
+    from ..candidates import for_slot
+    from ..checker import static_problem
+    from ..errors import ForcedUnusable
+
+    for flag, forced in (("--pin", pins), ("--prefer", prefers)):
+        for slot, cid in forced.items():
+            said = f"{flag} {slot}={cid}"
+            if slot not in slots:
+                raise UsageError(f"{said}: but --slot limits this probe to {', '.join(slots)}",
+                                 fix=f"add --slot {slot}, or drop {said}")  # fmt: skip
+            ids = [c.id for c in for_slot(candidates, slot)]
+            if cid not in ids:
+                raise UsageError(f"{said}: {cid!r} is not a candidate for {slot} (known: {', '.join(ids)})",
+                                 fix=f"use one of those ids, or offer your own class with --candidate {slot}=module.Class")  # fmt: skip
+            sp = profile.slots.get(slot) if profile else None
+            if sp is not None and sp.allowed and cid not in sp.allowed:
+                raise UsageError(f"{said}: profile {profile.name} does not allow it for {slot} "
+                                 f"(allowed: {', '.join(sp.allowed)})",
+                                 fix=f"drop {said}, or use a profile that allows it")  # fmt: skip
+            cand = next(c for c in for_slot(candidates, slot) if c.id == cid)
+            problem = static_problem(cand, slot, device["type"], device.get("arch") or "", with_compile=with_compile)
+            if problem:
+                status, reason = problem
+                fix = ("add --with-compile" if status == "skipped" else
+                       f"drop {said}, or run on a machine where it can run")  # fmt: skip
+                raise ForcedUnusable(f"{said}: the candidate is {status} on this machine: {reason}",
+                                     fix=fix + "; a pinned or preferred kernel is never silently replaced")  # fmt: skip
 
 
 def _reusable(path: Path, digest: str, trust: tuple[str, ...] = ()) -> tuple[kernel_lock.KernelLock | None, str]:
@@ -117,6 +152,7 @@ def run_probe(args: argparse.Namespace) -> int:
     device = detect_device()
     profile, matched = _apply_profile(args, device)
     candidates, problems = gather_candidates(args, extra=list(profile.candidates) if profile else [])
+    check_forced(pins, prefers, slots, candidates, device, profile=profile, with_compile=args.with_compile)
     kind = "cpu" if device["type"] == "cpu" else "gpu"
     if args.shape:
         shapes, shapes_from = args.shape, ""
@@ -205,6 +241,62 @@ def _apply_profile(args, device):
     return profile, matched
 
 
+CPU_LARGE_ELEMENTS = 16 * 1024 * 1024  # 8x the CPU default shape: beyond it, timing on a CPU takes minutes
+
+
+def warn_large_shapes(device_type: str, shapes: list[str], reps: int) -> None:
+    """On a CPU, say up front that GPU-sized shapes take minutes to time, and what to do instead."""
+    from ..timing import parse_shape
+
+    if device_type != "cpu":
+        return
+    large = [s for s in shapes if parse_shape(s)[0] * parse_shape(s)[1] > CPU_LARGE_ELEMENTS]
+    if large:
+        output.warn(f"{', '.join(large)} {'is a GPU-sized shape' if len(large) == 1 else 'are GPU-sized shapes'}: on "
+                    f"a CPU, timing every accepted candidate ({reps} repetitions, plus warm-up) can take minutes; progress follows per shape and "
+                    f"repetition. For a CPU lock use the CPU default ({DEFAULT_SHAPES['cpu'][0]}: drop --shape), "
+                    "or lower --reps")  # fmt: skip
+
+
+class TimingProgress:
+    """Turns a timing worker's progress messages into one line: where it is, and how long is left.
+
+    In a terminal the line updates in place (``show`` updates the progress bar); in a log a line is
+    written when a shape starts and ends, and at most every ``every`` seconds in between."""
+
+    def __init__(self, what: str, shapes: list[str], show, every: float = 10.0):
+        self.what, self.shapes, self.show, self.every = what, shapes, show, every
+        self._last = -float("inf")
+        self._shape = None
+
+    def __call__(self, msg: dict[str, Any]) -> None:
+        now = time.monotonic()
+        new_shape = msg["shape"] != self._shape
+        last_call = msg["phase"] == "rep" and msg["done"] == msg["total"]
+        if not (new_shape or last_call or now - self._last >= self.every):
+            return
+        self._shape, self._last = msg["shape"], now
+        self.show(self.text(msg))
+
+    def text(self, msg: dict[str, Any]) -> str:
+        where = f"{self.what} at {msg['shape']} (shape {msg['index'] + 1}/{msg['of']})"
+        if msg["phase"] != "rep":
+            return f"{where}: {msg['phase']} {msg['done']}/{msg['total']}, {msg['seconds']:.1f} s so far"
+        calls = msg["done"] + 1  # the first call, then the repetitions (warm-up folded into the average)
+        per_call = msg["seconds"] / calls
+        left = per_call * (msg["total"] - msg["done"])
+        text = f"{where}: rep {msg['done']}/{msg['total']}, {per_call:.2g} s per call"
+        if msg["done"] < msg["total"]:
+            text += f", about {left:.0f} s left at this shape"
+        from ..timing import parse_shape
+
+        rows, hidden, _ = parse_shape(msg["shape"])
+        later = sum(parse_shape(s)[0] * parse_shape(s)[1] for s in self.shapes[msg["index"] + 1:])
+        if later:
+            text += f", about {per_call * (msg['total'] + 1) * later / (rows * hidden):.0f} s for the shapes after it"
+        return text
+
+
 def _probe(args, out, slots, candidates, device, shapes, dtype, regime, pins, prefers, digest, *, profile=None,
            matched="") -> dict[str, Any]:  # fmt: skip
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -223,17 +315,23 @@ def _probe(args, out, slots, candidates, device, shapes, dtype, regime, pins, pr
     total = sum(len(v) for v in per_slot.values())
     reports: dict[str, list] = {s: [] for s in slots}
     timings: dict[str, dict[str, list]] = {s: {} for s in slots}
+    terminal = output.console(stderr=True).is_terminal
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                         TimeElapsedColumn(), console=output.console(stderr=True), transient=True,
-                        disable=args.json or not output.console(stderr=True).is_terminal)  # fmt: skip
+                        disable=args.json or not terminal)  # fmt: skip
+    warn_large_shapes(device["type"], shapes, args.reps)
     check_s = time_s = 0.0
+    done = 0
     with WorkerPool() as pool, progress:
         task = progress.add_task("checking", total=total)
         pool.prepare()  # torch's own worker, started before any library is imported
         for slot, cands in per_slot.items():
             allowed = profile.slots[slot].allowed if profile and slot in profile.slots else ()
             for cand in cands:
+                done += 1
                 progress.update(task, description=f"checking {slot}: {cand.id}")
+                if not terminal:  # a batch log: one line per candidate, so a slow one is visible
+                    output.info(f"checking {slot}: {cand.id} ({done}/{total})")
                 if allowed and cand.id not in allowed:
                     reports[slot].append(Report(cand.id, cand.target, slot, cand.semantics, device["type"], "skipped",
                                                 [f"not allowed by profile {profile.name}"], source=cand.source,
@@ -252,12 +350,15 @@ def _probe(args, out, slots, candidates, device, shapes, dtype, regime, pins, pr
                     check_s += t1 - t0
                     if r.status == "accepted":
                         progress.update(task, description=f"timing {slot}: {cand.id}")
+                        report_progress = TimingProgress(f"timing {slot}: {cand.id}", shapes,
+                                                         (lambda text: progress.update(task, description=text))
+                                                         if terminal else output.info)  # fmt: skip
                         request = {"op": "time", "candidate": cand.to_json(), "slot": slot, "device": device["type"],
-                                   "shapes": shapes, "dtype": dtype, "regime": regime,
+                                   "shapes": shapes, "dtype": dtype, "regime": regime, "progress": True,
                                    "options": {"reps": args.reps, "warmup": min(3, args.reps),
                                                "min_seconds": 0.2 if device["type"] != "cpu" else 0.0}}  # fmt: skip
                         try:
-                            reply = worker.call(request, TIMING_TIMEOUT)
+                            reply = worker.call(request, TIMING_TIMEOUT, on_progress=report_progress)
                             if reply.get("tampered"):
                                 r.status = "rejected"
                                 r.reasons = [f"while timing it replaced torch's own {', '.join(reply['tampered'])}"] + r.reasons
@@ -306,34 +407,40 @@ def _report(args, result: dict[str, Any]) -> None:
             },
         })  # fmt: skip
         return
-    from rich.table import Table
-
     from .check import STATUS_STYLE
 
     con = output.console()
     dev = result["device"]
+    on_gpu = dev["type"] != "cpu"
     con.print(f"device {dev['type']} ({safe(str(dev['name']))}), precision {result['precision']}, "
               f"shapes {', '.join(result['shapes'])}{args.shapes_from}")  # fmt: skip
     for slot, c in choices.items():
-        table = Table(title=slot, title_justify="left", show_edge=False)
-        for col, kw in (("candidate", {"overflow": "fold", "min_width": 16}), ("verdict", {"no_wrap": True}),
-                        ("shape", {"no_wrap": True}), ("ms", {"justify": "right"}), ("GB/s", {"justify": "right"}),
-                        ("% copy", {"justify": "right"}), ("chosen", {"no_wrap": True})):  # fmt: skip
-            table.add_column(col, **kw)
+        table = output.table(slot)
+        for col, right in (("candidate", False), ("verdict", False), ("shape", False), ("ms", True)) + (
+                (("GB/s", True), ("% copy", True)) if on_gpu else ()):  # fmt: skip
+            table.add_column(col, no_wrap=True, justify="right" if right else "left")
         for r in reports[slot]:
-            style = STATUS_STYLE.get(r.status, "")
-            rows = timings[slot].get(r.id) or [None]
-            for i, t in enumerate(rows):
-                chosen = "[bold green]<-[/]" if r.id == c.report.id and i == 0 else ""
-                cells = ["", "", "", ""]
-                if t is not None:
-                    cells = [t["shape"], "error", "", ""] if "error" in t else [
-                        t["shape"], f"{t['median_ms']:.3f}", f"{t['gbps']:.0f}", f"{t['copy_percent']:.0f}"]
-                table.add_row(safe(r.id) if i == 0 else "", f"[{style}]{r.status}[/]" if i == 0 else "", *cells, chosen)
-        con.print(table)
+            chosen = r.id == c.report.id
+            status = "[bold green]chosen[/]" if chosen else f"[{STATUS_STYLE.get(r.status, '')}]{r.status}[/]"
+            for i, t in enumerate(timings[slot].get(r.id) or [None]):
+                cells = ["-", ""] + (["", ""] if on_gpu else [])
+                if t is not None and "error" in t:
+                    cells = [t["shape"], "error"] + (["", ""] if on_gpu else [])
+                elif t is not None:
+                    cells = [t["shape"], f"{t['median_ms']:.3f}"]
+                    if on_gpu:
+                        cells += [f"{t['gbps']:.3g}", f"{t['copy_percent']:.0f}" if "copy_percent" in t else "-"]
+                table.add_row(safe(r.id) if i == 0 else "", status if i == 0 else "", *cells)
+        output.print_table(table)
         for r in reports[slot]:
-            if r.status not in ("accepted", "skipped") and r.reasons:
+            if r.status != "accepted" and r.reasons:
                 con.print(f"  [dim]{safe(r.id)} {r.status}: {safe(r.reasons[0])}[/]")
+            for t in timings[slot].get(r.id) or ():
+                if "error" in t:
+                    con.print(f"  [dim]{safe(r.id)} at {safe(t['shape'])}: {safe(t['error'])}[/]")
+    if not on_gpu:
+        con.print("[dim]ms: median forward + backward; bandwidth figures (GB/s, % of a copy) are shown on GPUs "
+                  "only (on a CPU a copy of a cache-sized buffer is no ceiling)[/]")  # fmt: skip
     for slot, c in choices.items():
         con.print(f"[bold]{slot}[/] -> {safe(c.report.id)} ({safe(c.reason)})")
     con.print(f"wrote {safe(result['lock'])} in {result['seconds']:.1f} s (check {result['check_s']:.1f} s, timing {result['time_s']:.1f} s)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from .. import output
 from ..output import safe
@@ -51,14 +52,16 @@ def run_profiles(args: argparse.Namespace) -> int:
             output.print_json([_summary(p) for p in found.values()] + [
                 {"path": exc.path, "broken": True, "error": exc.problem, "key": exc.key, "fix": exc.fix} for exc in broken])
             return 0
-        from rich.table import Table
-
-        table = Table(show_edge=False)
-        for col in ("name", "description", "file"):
-            table.add_column(col, overflow="fold")
+        table = output.table()
+        table.add_column("name", no_wrap=True)
+        table.add_column("description")
+        table.add_column("file", no_wrap=True)
+        builtin = profiles.builtin_dir()
         for prof in found.values():
-            table.add_row(safe(prof.name), safe(prof.description), safe(prof.path))
-        output.console().print(table)
+            where = "built-in" if prof.path and Path(prof.path).parent == builtin else safe(prof.path)
+            table.add_row(safe(prof.name), safe(prof.description), where)
+        output.print_table(table)
+        output.console().print(f"[dim]built-in: {safe(builtin)}[/]")
         return 0
     prof = profiles.resolve(args.name, args.profiles_dir)
     data = _summary(prof)

@@ -1,0 +1,110 @@
+"""Tables in the documentation that are generated from the code, so they cannot drift from it.
+
+A document holds a generated block between two marker comments::
+
+    <!-- exit-codes:begin -->
+    ...generated, replaced on every run...
+    <!-- exit-codes:end -->
+
+``python -m kernel_probe.docgen`` rewrites every block in ``README.md`` and ``docs/*.md`` of the
+checkout; ``--check`` writes nothing and exits 1 if any of them is out of date (the test suite runs
+it). A block's name says which generator fills it (``BLOCKS``); an unknown name or an unterminated
+block is an error (exit 5), never silently left alone. A tool for the checkout, not for users: the
+installed package has no documents to rewrite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from kernel_lock.errors import EXIT_CODES
+
+ROOT = Path(__file__).resolve().parent.parent  # the checkout: README.md and docs/ live there
+
+_BEGIN = re.compile(r"<!-- ([a-z][a-z0-9-]*):begin -->\n")
+_END = "<!-- {name}:end -->"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def exit_code_table() -> str:
+    """The code -> meaning table of ``kernel_lock.errors.EXIT_CODES``, which every command follows."""
+    rows = "".join(f"| {code} | {_cell(meaning)} |\n" for code, meaning in sorted(EXIT_CODES.items()))
+    return (
+        "<!-- generated from kernel_lock.errors.EXIT_CODES by `python -m kernel_probe.docgen`: edit it there -->\n"
+        "| code | meaning |\n|---|---|\n" + rows
+    )
+
+
+BLOCKS: dict[str, Callable[[], str]] = {"exit-codes": exit_code_table}
+
+
+class DocgenError(Exception):
+    """A document's markers are malformed: unknown block name, or a begin without its end."""
+
+
+def render(text: str, where: str = "<text>") -> str:
+    """``text`` with every generated block filled in afresh."""
+    out, pos = [], 0
+    while (m := _BEGIN.search(text, pos)) is not None:
+        name = m.group(1)
+        if name not in BLOCKS:
+            line = text.count("\n", 0, m.start()) + 1
+            raise DocgenError(f"{where}:{line}: unknown generated block {name!r} (known: {', '.join(BLOCKS)})")
+        end = text.find(_END.format(name=name), m.end())
+        if end < 0:
+            line = text.count("\n", 0, m.start()) + 1
+            raise DocgenError(f"{where}:{line}: <!-- {name}:begin --> without its <!-- {name}:end -->")
+        out += [text[pos:m.end()], BLOCKS[name]()]
+        pos = end
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def documents(root: Path = ROOT) -> list[Path]:
+    """The documents that may hold generated blocks: README.md and docs/*.md."""
+    return [p for p in [root / "README.md", *sorted((root / "docs").glob("*.md"))] if p.is_file()]
+
+
+def update(root: Path = ROOT, *, write: bool = True) -> list[Path]:
+    """The documents whose generated blocks are out of date, rewritten unless ``write`` is false."""
+    changed = []
+    for p in documents(root):
+        text = p.read_text(encoding="utf-8")
+        new = render(text, str(p))
+        if new != text:
+            if write:
+                p.write_text(new, encoding="utf-8")
+            changed.append(p)
+    return changed
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kernel_probe.docgen", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a document is out of date")
+    parser.add_argument("--root", type=Path, default=ROOT, help="the checkout holding README.md and docs/")
+    args = parser.parse_args(argv)
+    if not documents(args.root):
+        print(f"error: no README.md or docs/*.md under {args.root}", file=sys.stderr)
+        return 5
+    try:
+        changed = update(args.root, write=not args.check)
+    except DocgenError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 5
+    for p in changed:
+        if args.check:
+            print(f"{p}: generated tables are out of date (run `python -m kernel_probe.docgen`)", file=sys.stderr)
+        else:
+            print(f"updated {p}")
+    return 1 if (changed and args.check) else 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
