@@ -1,0 +1,499 @@
+"""The fingerprint of this machine read without importing torch, or the fields it cannot read so.
+
+``fingerprint.current()`` imports torch to learn how torch was built and which accelerator it sees;
+at job start that import is the expensive part (thousands of files read by every rank). Every fact
+is also on disk: torch's build in its installed ``torch/version.py`` (parsed, never executed), the
+devices in the drivers' ``/proc`` and ``/sys`` files, NVML when it is installed. This module reads
+them and returns the same fields as ``fingerprint.current()``; a field it cannot read with certainty
+-- one torch might report differently -- is ``None`` and listed in ``Notes.fallbacks`` with the
+reason, so the caller takes the torch-based fingerprint instead. It never guesses.
+
+Only ``root`` moves: the driver files and torch's ``version.py`` stay where this process finds them,
+and the host fields (python, os, arch, cpu-microarch, the CPU's vendor and name) are always this
+host's, as ``fingerprint`` reads them.
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import os
+import platform
+import re
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import fingerprint as fp
+
+log = logging.getLogger(__name__)
+
+DEVICE_FIELDS = ("device-type", "device-vendor", "device-name", "device-arch", "device-features", "device-count",
+                 "driver")  # fmt: skip
+BUILD_FIELDS = ("torch", "torch-cuda", "torch-hip", "torch-rocm")
+
+# Compute capability by device name, for the names the driver's /proc file gives. Only entries with a
+# source: NVIDIA's CUDA GPUs page (developer.nvidia.com/cuda-gpus) lists A100 as 8.0 and H100, H200
+# and GH200 as 9.0 (also /work/shared/research/sites.md, "NVIDIA arch"). Older drivers drop the
+# "NVIDIA " prefix ("A100-SXM4-40GB"), hence the optional group. Adding a GPU is adding a line.
+NVIDIA_ARCH_BY_NAME: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"^(NVIDIA )?A100\b"), "sm_80"),
+    (re.compile(r"^(NVIDIA )?H100\b"), "sm_90"),
+    (re.compile(r"^(NVIDIA )?H200\b"), "sm_90"),
+    (re.compile(r"^(NVIDIA )?GH200\b"), "sm_90"),
+)
+
+# The oldest kernel driver each CUDA major runs on (minor-version compatibility), from NVIDIA's
+# "CUDA Compatibility" guide, table 1 (docs.nvidia.com/deploy/cuda-compatibility/
+# minor-version-compatibility.html) and the CUDA 11/12 release notes: 11.x >= 450.80.02,
+# 12.x >= 525.60.13, 13.x >= 580. Below it torch.cuda.is_available() is False; a CUDA major not
+# listed here is not guessed.
+MIN_DRIVER_FOR_CUDA: dict[int, tuple[int, ...]] = {11: (450, 80, 2), 12: (525, 60, 13), 13: (580,)}
+
+# version.py may import these and nothing else (torch's own file imports typing.Optional)
+_HARMLESS_IMPORTS = ("typing", "__future__")
+
+
+@dataclass(frozen=True)
+class Notes:
+    """What the torch-free read could not settle (``fallbacks``: field -> why) and where each group of
+    facts came from (``sources``), for ``--debug``."""
+
+    fallbacks: Mapping[str, str] = field(default_factory=dict)
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return not self.fallbacks
+
+    def blocking(self, checked: Iterable[str]) -> dict[str, str]:
+        """The fallbacks among ``checked`` (e.g. the lock's fields whose match rule is not ``ignore``)."""
+        wanted = set(checked)
+        return {name: why for name, why in self.fallbacks.items() if name in wanted}
+
+    def lines(self) -> list[str]:
+        out = [f"{name}: read from {where}" for name, where in self.sources.items()]
+        out += [f"{name}: needs torch ({why})" for name, why in self.fallbacks.items()]
+        return out
+
+
+@dataclass(frozen=True)
+class TorchBuild:
+    """What ``torch.version`` would say, read from the installed file."""
+
+    version: str  # torch.__version__ without the local part (+cu124)
+    cuda: str
+    hip: str
+    rocm: str
+    xpu: str
+    path: str
+
+
+class _Unsettled(Exception):
+    """A fact that cannot be read with certainty: the fields it decides, and why."""
+
+    def __init__(self, fields: Iterable[str], why: str):
+        super().__init__(why)
+        self.fields = tuple(fields)
+        self.why = why
+
+
+# ---------------------------------------------------------------------------------------------------
+# torch's build, from its installed version.py
+
+
+def parse_version_file(text: str) -> dict[str, Any]:
+    """The module-level constants of a ``torch/version.py``, read with ``ast`` (nothing is executed).
+
+    Accepted: a docstring, imports from ``typing`` / ``__future__``, and ``NAME = literal`` or
+    ``NAME: type = literal``. Anything else could change what the names hold when torch imports the
+    file, so it raises ``ValueError`` rather than answer.
+    """
+    tree = ast.parse(text)
+    values: dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module in _HARMLESS_IMPORTS and node.level == 0:
+            continue
+        if isinstance(node, ast.Import) and all(alias.name in _HARMLESS_IMPORTS for alias in node.names):
+            continue
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            target, value = node.targets[0].id, node.value
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            target, value = node.target.id, node.value
+        else:
+            raise ValueError(f"line {node.lineno}: {type(node).__name__} statement (only constant assignments are read)")
+        try:
+            values[target] = ast.literal_eval(value)
+        except ValueError:
+            raise ValueError(f"line {node.lineno}: {target} is not a constant") from None
+    return values
+
+
+def _version_file() -> Path:
+    """The version.py of the torch that ``import torch`` would load (find_spec runs none of its code)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError) as exc:
+        raise _Unsettled(BUILD_FIELDS + DEVICE_FIELDS, f"torch cannot be located: {exc}") from None
+    if spec is None or not spec.submodule_search_locations:
+        raise _Unsettled(BUILD_FIELDS + DEVICE_FIELDS, "torch is not importable here")
+    return Path(next(iter(spec.submodule_search_locations))) / "version.py"
+
+
+def torch_build(path: Path | None = None) -> TorchBuild:
+    """torch's version and CUDA / HIP / ROCm / XPU build from its installed ``version.py``."""
+    path = _version_file() if path is None else path
+    try:
+        values = parse_version_file(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as exc:
+        raise _Unsettled(BUILD_FIELDS + DEVICE_FIELDS, f"{path} cannot be read as plain data: {exc}") from None
+    texts: dict[str, str] = {}
+    for name in ("cuda", "hip", "rocm", "xpu"):
+        value = values.get(name)
+        if value is not None and not isinstance(value, str):
+            raise _Unsettled(BUILD_FIELDS + DEVICE_FIELDS, f"{path}: {name} = {value!r} is not a string")
+        texts[name] = value or ""
+    version = values.get("__version__")
+    version = version if isinstance(version, str) else ""  # the caller falls back for "torch"
+    return TorchBuild(version.split("+")[0], texts["cuda"], texts["hip"], texts["rocm"], texts["xpu"], str(path))
+
+
+def _metadata_agrees(build: TorchBuild) -> str | None:
+    """Why the installed distribution's version contradicts version.py (two torches on the path?)."""
+    from importlib import metadata
+
+    try:
+        installed = metadata.version("torch").split("+")[0]
+    except metadata.PackageNotFoundError:
+        return None  # a source checkout on PYTHONPATH: version.py is what torch reports
+    if build.version and installed != build.version:
+        return f"the torch distribution says {installed} but {build.path} says {build.version}"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------
+# small readers
+
+
+def _read(path: Path, limit: int = 65536) -> str:
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        return fh.read(limit)
+
+
+def _release(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text))
+
+
+def _driver(device_type: str, root: Path) -> str:
+    """``fingerprint.driver_version`` under ``root`` (same file, same pattern)."""
+    where, pattern = fp._DRIVER_FILES[device_type]
+    try:
+        match = pattern.search(_read(root / where.lstrip("/"), 4096))
+    except OSError:
+        return ""
+    return match.group(1) if match else ""
+
+
+def _cpu_device() -> dict[str, Any]:
+    """The CPU device facts exactly as ``fingerprint.device_facts`` gives them on a CPU-only torch."""
+    return {"type": "cpu", "vendor": fp._cpu_vendor(), "name": fp._cpu_name(), "arch": "",
+            "features": "", "count": 1, "driver": ""}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------
+# NVIDIA: NVML when it answers (what fingerprint.current() uses too), else the driver's /proc files
+
+
+def _nvidia_proc_gpus(root: Path) -> list[dict[str, str]]:
+    """One dict per ``/proc/driver/nvidia/gpus/<bus>/information`` (keys as the driver prints them),
+    in PCI bus order. Layout: nv_procfs_read_gpu_info in NVIDIA's open-gpu-kernel-modules,
+    kernel-open/nvidia/nv-procfs.c ("Model:", "GPU UUID:", "Bus Location:", "Device Minor:",
+    "GPU Excluded:")."""
+    base = root / "proc/driver/nvidia/gpus"
+    gpus = []
+    for entry in sorted(base.iterdir(), key=lambda p: p.name.lower()):
+        info = {"bus": entry.name}
+        for line in _read(entry / "information").splitlines():
+            key, sep, value = line.partition(":")
+            if sep:
+                info[key.strip()] = value.strip()
+        gpus.append(info)
+    return gpus
+
+
+def _mig_instances(root: Path) -> bool:
+    """Whether any GPU has MIG GPU instances (``capabilities/gpuN/mig/giM``, NVIDIA MIG user guide,
+    "Device Nodes and Capabilities"): CUDA then names and counts MIG devices, not GPUs."""
+    caps = root / "proc/driver/nvidia/capabilities"
+    try:
+        return any(gi.name.startswith("gi") for gpu in caps.glob("gpu*") for gi in (gpu / "mig").iterdir())
+    except OSError:
+        return False
+
+
+def _libcuda_findable(root: Path, env: Mapping[str, str]) -> bool:
+    """Whether the dynamic loader can find libcuda.so.1 (ld.so.cache or LD_LIBRARY_PATH): without it a
+    container sees the host's /proc/driver/nvidia yet torch finds no CUDA."""
+    for folder in filter(None, env.get("LD_LIBRARY_PATH", "").split(":")):
+        if (Path(folder) / "libcuda.so.1").exists():
+            return True
+    try:
+        with open(root / "etc/ld.so.cache", "rb") as fh:
+            return b"libcuda.so.1\x00" in fh.read()
+    except OSError:
+        return False
+
+
+def _nvidia_from_proc(build: TorchBuild, env: Mapping[str, str], root: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    unsure = ("device-type", "device-vendor", "device-name", "device-arch", "device-count", "driver")
+    if not (root / "proc/driver/nvidia/gpus").is_dir():
+        raise _Unsettled(unsure, f"torch is built for CUDA {build.cuda} but {root / 'proc/driver/nvidia'} lists no "
+                         "GPU (the driver may load on first use, or this is WSL): only torch can tell")  # fmt: skip
+    driver = _driver("cuda", root)
+    major = _release(build.cuda)[:1]
+    need = MIN_DRIVER_FOR_CUDA.get(major[0]) if major else None
+    if need is None or not driver or _release(driver) < need:
+        raise _Unsettled(unsure, f"driver {driver or '(unreadable)'} against torch's CUDA {build.cuda}: whether "
+                         "torch can use the GPU is not certain")  # fmt: skip
+    if not (root / "dev/nvidiactl").exists() or not _libcuda_findable(root, env):
+        raise _Unsettled(unsure, "the driver is loaded but /dev/nvidiactl or libcuda.so.1 is not reachable here "
+                         "(a container without the GPU?)")  # fmt: skip
+    if "CUDA_VISIBLE_DEVICES" not in env:
+        # /proc lists every GPU of the node; a device cgroup (Slurm's ConstrainDevices, a CPU job on a GPU
+        # node) can hide some or all of them from CUDA, and nothing readable without opening the device
+        # files says which. CUDA_VISIBLE_DEVICES (set by Slurm for a GPU allocation) says what was given.
+        raise _Unsettled(unsure, "CUDA_VISIBLE_DEVICES is unset and NVML is not available: a device cgroup may "
+                         "hide GPUs that /proc lists")  # fmt: skip
+    if _mig_instances(root):
+        raise _Unsettled(unsure, "MIG instances exist: CUDA names and counts MIG devices, not GPUs")
+    try:
+        gpus = [g for g in _nvidia_proc_gpus(root) if g.get("GPU Excluded", "No") != "Yes"]
+    except OSError as exc:
+        raise _Unsettled(unsure, f"the driver's GPU list cannot be read: {exc}") from None
+    order = fp.visible_nvml_indices(env.get("CUDA_VISIBLE_DEVICES"), [g.get("GPU UUID", "") for g in gpus])
+    if order is None:
+        raise _Unsettled(unsure, "CUDA_VISIBLE_DEVICES names MIG devices")
+    if not order:
+        return _cpu_device(), {}  # CUDA sees no device: torch reports the CPU
+    device: dict[str, Any] = {"type": "cuda", "vendor": "nvidia", "name": None, "arch": None, "features": "",
+                              "count": len(order), "driver": driver}  # fmt: skip
+    models = {g.get("Model", "") for g in gpus}
+    if len(models) != 1:
+        why = f"the GPUs differ ({sorted(models)}): which one CUDA calls device 0 depends on its device order"
+        return device, {"device-name": why, "device-arch": why}
+    name = models.pop()
+    arch = next((sm for pattern, sm in NVIDIA_ARCH_BY_NAME if pattern.search(name)), None)
+    if arch is None:
+        why = f"{name!r} is not in the table of sourced GPU names (NVIDIA_ARCH_BY_NAME): its arch, and whether CUDA " \
+              "names it the same, are not known"
+        return device, {"device-name": why, "device-arch": why}
+    return {**device, "name": name, "arch": arch}, {}
+
+
+def _nvidia(build: TorchBuild, env: Mapping[str, str], root: Path,
+            sources: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    same_env = env is os.environ or env.get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
+    if root == Path("/") and same_env:
+        first = fp._nvml_devices()  # exactly what fingerprint.current() takes on a CUDA build
+        if first is not None:
+            sources["device"] = "NVML"
+            return {"type": "cuda", "vendor": "nvidia", "features": "", **first}, {}
+    sources["device"] = str(root / "proc/driver/nvidia")
+    return _nvidia_from_proc(build, env, root)
+
+
+# ---------------------------------------------------------------------------------------------------
+# AMD: the KFD topology
+
+
+def gfx_name(target_version: int) -> str:
+    """KFD's ``gfx_target_version`` (major*10000 + minor*100 + stepping) as an LLVM target: the
+    stepping is one hex digit, so 90010 -> gfx90a, 90402 -> gfx942, 110000 -> gfx1100."""
+    major, minor, stepping = target_version // 10000, target_version // 100 % 100, target_version % 100
+    if major <= 0 or minor > 9 or stepping > 15:
+        raise ValueError(f"gfx_target_version {target_version} is not major*10000 + minor*100 + stepping")
+    return f"gfx{major}{minor}{stepping:x}"
+
+
+def _properties(path: Path) -> dict[str, int]:
+    out = {}
+    for line in _read(path).splitlines():
+        key, _, value = line.strip().partition(" ")
+        if value.strip().lstrip("-").isdigit():
+            out[key] = int(value.strip())
+    return out
+
+
+def _kfd_gpus(root: Path) -> list[dict[str, int]]:
+    """The GPU nodes of the KFD topology in node order (HIP's device order); CPU nodes have no SIMDs."""
+    base = root / "sys/class/kfd/kfd/topology/nodes"
+    gpus = []
+    for node in sorted((p for p in base.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)):
+        try:
+            props = _properties(node / "properties")
+        except PermissionError:
+            # the kernel refuses a node this process's device cgroup may not use; ROCr skips it, but we
+            # do not count on that
+            raise _Unsettled(DEVICE_FIELDS, f"{node / 'properties'} is not readable (device cgroup)") from None
+        except OSError as exc:
+            raise _Unsettled(DEVICE_FIELDS, f"the KFD topology cannot be read: {exc}") from None
+        if props.get("simd_count", 0) > 0:
+            gpus.append(props)
+    return gpus
+
+
+def _amd(build: TorchBuild, env: Mapping[str, str], root: Path, sources: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    sources["device"] = str(root / "sys/class/kfd/kfd/topology")
+    chosen = fp.physical_devices("rocm", env)  # raises on contradictory variables, as device_facts does
+    topology = root / "sys/class/kfd/kfd/topology/nodes"
+    if not topology.is_dir():
+        if (root / "dev/kfd").exists():
+            raise _Unsettled(DEVICE_FIELDS, "/dev/kfd exists but the KFD topology cannot be read")
+        return _cpu_device(), {}  # no amdgpu compute driver: HIP has no device, torch reports the CPU
+    gpus = _kfd_gpus(root)
+    if not gpus:
+        return _cpu_device(), {}
+    if not (root / "dev/kfd").exists():
+        raise _Unsettled(DEVICE_FIELDS, "the node has AMD GPUs but /dev/kfd is not here (a container without them?)")
+    if chosen is None:
+        visible = list(range(len(gpus)))
+    elif all(e.isdigit() and int(e) < len(gpus) for e in chosen) and len(set(chosen)) == len(chosen):
+        visible = [int(e) for e in chosen]
+    else:
+        raise _Unsettled(DEVICE_FIELDS, f"the visibility variables select {chosen}, which are not all indices of "
+                         f"the {len(gpus)} GPU nodes (UUIDs and invalid entries are left to HIP)")  # fmt: skip
+    device: dict[str, Any] = {"type": "rocm", "vendor": "amd", "name": None, "arch": None, "features": None,
+                              "count": len(visible), "driver": _driver("rocm", root)}  # fmt: skip
+    unsure = {
+        # hipDeviceProp.name comes from libdrm's amdgpu.ids, whichever copy the runtime loads (sites.md:
+        # "AMD Radeon Graphics" when it is missing or old); the KFD only has the PCI device id
+        "device-name": f"the marketing name comes from the amdgpu.ids table the runtime loads (PCI device id "
+                       f"0x{gpus[visible[0]].get('device_id', 0):04x}), not from the KFD",
+        # gcnArchName's sramecc/xnack suffix depends on the ECC setting and the per-process XNACK mode
+        "device-features": "sramecc/xnack come from the runtime (ECC mode, HSA_XNACK, amdgpu.noretry)",
+    }
+    targets = {gpus[i].get("gfx_target_version", 0) for i in visible}
+    if len(targets) != 1:
+        unsure["device-arch"] = f"the visible GPUs differ (gfx_target_version {sorted(targets)})"
+    elif "HSA_OVERRIDE_GFX_VERSION" in env:
+        unsure["device-arch"] = "HSA_OVERRIDE_GFX_VERSION is set: the runtime reports that target instead"
+    else:
+        try:
+            device["arch"] = gfx_name(targets.pop())
+        except ValueError as exc:
+            unsure["device-arch"] = str(exc)
+    return device, unsure
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+def fingerprint(env: Mapping[str, str] | None = None, root: str | os.PathLike[str] = "/",
+                *, version_file: Path | None = None) -> tuple[dict[str, Any], Notes]:
+    """Every field of ``fingerprint.FIELDS``, read without importing torch.
+
+    A field that cannot be read with certainty is ``None`` and named in ``Notes.fallbacks`` (field ->
+    why): the caller then takes ``fingerprint.current()`` for the whole fingerprint. ``env`` replaces
+    os.environ (visibility and numerics variables); ``root`` is where /proc, /sys and /dev are (tests
+    point it at a fixture tree); ``version_file`` replaces the installed torch/version.py. Raises
+    ``DeviceVisibilityError`` where ``fingerprint.current()`` would.
+    """
+    env = os.environ if env is None else env
+    base = Path(root)
+    fields: dict[str, Any] = {
+        "python": platform.python_version(),
+        "os": sys.platform if sys.platform != "linux" else "linux",
+        "arch": platform.machine().lower(),
+        "cpu-microarch": fp.cpu_microarch(),
+        "numerics-env": fp.numerics_env(env),
+    }
+    fallbacks: dict[str, str] = {}
+    sources: dict[str, str] = {"python, os, arch, cpu-microarch": "this interpreter and archspec",
+                               "numerics-env": "the environment"}  # fmt: skip
+
+    def unsettled(exc: _Unsettled) -> None:
+        for name in exc.fields:
+            fallbacks.setdefault(name, exc.why)
+
+    build: TorchBuild | None = None
+    try:
+        build = torch_build(version_file)
+        sources["torch, torch-cuda, torch-hip, torch-rocm"] = build.path
+        disagreement = None if version_file is not None else _metadata_agrees(build)
+        if disagreement:
+            fallbacks["torch"] = disagreement
+        if not build.version:
+            fallbacks["torch"] = f"{build.path} has no __version__ string"
+        fields.update({"torch": build.version, "torch-cuda": build.cuda, "torch-hip": build.hip,
+                       "torch-rocm": build.rocm})  # fmt: skip
+    except _Unsettled as exc:
+        unsettled(exc)
+
+    device: dict[str, Any] | None = None
+    if build is not None:
+        try:
+            device, unsure = _device(build, env, base, sources)
+            for name, why in unsure.items():
+                fallbacks.setdefault(name, why)
+        except _Unsettled as exc:
+            unsettled(exc)
+    if device is not None:
+        fields.update({"device-type": device["type"], "device-vendor": device["vendor"], "device-name": device["name"],
+                       "device-arch": device["arch"], "device-features": device["features"],
+                       "device-count": device["count"], "driver": device["driver"]})  # fmt: skip
+    for name in fp.FIELDS:
+        if name in fallbacks or name not in fields:
+            fields[name] = None
+            fallbacks.setdefault(name, "not read (see the other fallbacks)")
+    ordered = {name: fields[name] for name in fp.FIELDS}
+    return ordered, Notes(fallbacks, sources)
+
+
+def current(checked: Iterable[str] | None = None) -> dict[str, Any]:
+    """The fingerprint for a check: torch-free when every field in ``checked`` (default: all) was read
+    with certainty, else ``fingerprint.current()`` (which imports torch). Each fallback is logged at
+    DEBUG level (``--debug``): which field, and why. A field outside ``checked`` that could not be
+    read is None (e.g. device-count, which locks ignore by default)."""
+    fields, notes = fingerprint()
+    blocking = dict(notes.fallbacks) if checked is None else notes.blocking(checked)
+    for line in notes.lines():
+        log.debug("torch-free fingerprint: %s", line)
+    if not blocking:
+        return fields
+    log.debug("torch-free fingerprint incomplete (%s): reading it with torch", ", ".join(sorted(blocking)))
+    return fp.current()
+
+
+def device() -> dict[str, Any] | None:
+    """This machine's device facts shaped like ``fingerprint.device_facts(torch)`` (type, vendor, name,
+    arch, features, count, driver), or None when any of them needs torch (logged at DEBUG level)."""
+    fields, notes = fingerprint()
+    missing = notes.blocking(DEVICE_FIELDS)
+    if missing:
+        for name, why in missing.items():
+            log.debug("torch-free device facts: %s needs torch (%s)", name, why)
+        return None
+    return {key: fields[f"device-{key}"] for key in ("type", "vendor", "name", "arch", "features", "count")} | {
+        "driver": fields["driver"]}
+
+
+def _device(build: TorchBuild, env: Mapping[str, str], root: Path,
+            sources: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The device facts ``fingerprint.device_facts`` would give, asked in its order, and the ones
+    that only torch can settle (field -> why; their value is None)."""
+    if not sys.platform.startswith("linux"):
+        raise _Unsettled(DEVICE_FIELDS, f"{sys.platform}: MPS, CUDA or XPU availability is only known to torch here")
+    if build.hip:
+        return _amd(build, env, root, sources)
+    if build.cuda:
+        return _nvidia(build, env, root, sources)
+    if build.xpu:
+        raise _Unsettled(DEVICE_FIELDS, f"torch is built for XPU ({build.xpu}): whether it sees an Intel GPU is torch's to say")
+    sources["device"] = "a CPU-only torch on Linux: the CPU (/proc/cpuinfo and archspec)"
+    return _cpu_device(), {}
