@@ -97,10 +97,6 @@ def _is_leaf(value: Any) -> bool:
     return False
 
 
-def _is_table_array(value: Any) -> bool:
-    return isinstance(value, (list, tuple)) and not _is_leaf(value)
-
-
 def dumps(document: dict[str, Any]) -> str:
     lines: list[str] = []
     _write_table(document, [], lines, header=None)

@@ -310,7 +310,8 @@ def entry_for(key: str, want: Exported, current: Any, *, where: str = "") -> Exp
 def export(lock: KernelLock, mode: str | None = None, *, qk_norm: bool = False,
            verify_environment: bool = True) -> list[Exported]:  # fmt: skip
     """The entries of :func:`layer_kernels`, each with a note on how it was reached."""
-    from .resolve import DEFAULT_TARGETS, factory
+    from .resolve import factory
+    from .slots import DEFAULT_TARGETS
 
     out: list[Exported] = []
     for slot, key in SLOT_KEYS.items():

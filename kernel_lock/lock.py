@@ -21,16 +21,15 @@ from typing import Any, TypeVar
 from . import _toml
 from .errors import LockFormatError, LockVersionError, LockWarning, TargetNotAllowed
 
+# declared in kernel_lock.slots; still importable from here (kernel_lock.lock.MODES, kernel_lock.SLOTS)
+from .slots import MODES, PRECISIONS, SEMANTICS, SLOTS, STATUSES, slot_name_fix
+
 LOCK_VERSION = "1.2"  # 1.1: accepted-changes, rename/transpose migrations; 1.2: environment torch-rocm, device-features, numerics-env
-SLOTS = ("LayerNorm", "RMSNorm", "Linear")
-SEMANTICS = ("layer_norm", "rms_norm", "linear")
 MATCH_RULES = ("exact", "compatible", "ignore")
-STATUSES = ("accepted", "rejected", "unavailable", "crashed", "timeout", "skipped")
 STATE_DICT = ("interchangeable", "migrate", "incompatible")
-MODES = ("training", "inference")
-PRECISIONS = ("32-true", "bf16-true", "16-true", "bf16-mixed", "16-mixed")
 
 # Modules a lock may name without declaring them trusted. Anything else is refused before import.
+# Every built-in candidate's target must be under one of these (tests/test_candidate_data.py checks).
 ALLOWED_ROOTS = ("torch", "liger_kernel", "transformer_engine", "apex", "flash_attn", "quack", "kernel_lock.adapters")
 
 _DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+", re.ASCII)
@@ -538,9 +537,7 @@ class KernelLock:
         slots = {}
         for name, value in slots_d.items():
             if name not in SLOTS:
-                close = [s for s in SLOTS if s.lower() == name.lower()]
-                hint = f"did you mean {close[0]!r}? slot names are case-sensitive" if close else f"known slots: {', '.join(SLOTS)}"
-                raise ctx.error(f"slots.{name}", f"unknown slot {name!r}", fix=hint)
+                raise ctx.error(f"slots.{name}", f"unknown slot {name!r}", fix=slot_name_fix(name))
             slots[name] = Slot._from_dict(ctx, name, value)
         digest = _get(ctx, d, "digest", str, "", default="")
         if digest and not _DIGEST.fullmatch(digest):

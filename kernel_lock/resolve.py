@@ -12,31 +12,16 @@ import importlib
 import inspect
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import Difference, KernelUnavailable, LockFormatError, LockMismatch, TargetNotAllowed
-from .lock import MODES, SLOTS, KernelLock, Slot, check_target
-from .slots import SLOT_SEMANTICS, class_semantics
+from .lock import KernelLock, Slot, check_target
+
+# DEFAULT_TARGETS and TWIN_SEMANTICS are declared in kernel_lock.slots; still importable from here
+from .slots import DEFAULT_TARGETS, MODES, SLOT_SEMANTICS, SLOTS, TWIN_SEMANTICS, class_semantics, slot_name_fix
 
 log = logging.getLogger("kernel_lock")
-
-# What a slot the lock does not mention resolves to: plain torch.nn, as before the lock existed.
-DEFAULT_TARGETS = {"LayerNorm": "torch.nn.LayerNorm", "RMSNorm": "torch.nn.RMSNorm", "Linear": "torch.nn.Linear"}
-
-# What the portable twins compute. A twin records no semantics of its own, so a twin target listed
-# here whose semantics differ from its slot's (an RMSNorm standing in for a LayerNorm) is refused;
-# a target not listed (a trusted module's class) cannot be judged and is taken at the lock's word.
-TWIN_SEMANTICS = {
-    "torch.nn.LayerNorm": "layer_norm",
-    "torch.nn.modules.normalization.LayerNorm": "layer_norm",
-    "torch.nn.RMSNorm": "rms_norm",
-    "torch.nn.modules.normalization.RMSNorm": "rms_norm",
-    "torch.nn.Linear": "linear",
-    "torch.nn.modules.linear.Linear": "linear",
-    "kernel_lock.adapters.CompiledLayerNorm": "layer_norm",
-    "kernel_lock.adapters.CompiledRMSNorm": "rms_norm",
-    "kernel_lock.adapters.CompiledLinear": "linear",
-}
 
 
 class KernelFactory(functools.partial):
@@ -62,12 +47,7 @@ class KernelFactory(functools.partial):
 
 def _check_slot_name(slot: str) -> None:
     if slot not in SLOTS:
-        close = [s for s in SLOTS if s.lower() == slot.lower()]
-        raise LockFormatError(
-            f"unknown slot {slot!r}",
-            key=slot,
-            fix=f"did you mean {close[0]!r}? slot names are case-sensitive" if close else f"known slots: {', '.join(SLOTS)}",
-        )
+        raise LockFormatError(f"unknown slot {slot!r}", key=slot, fix=slot_name_fix(slot))
 
 
 # how to ask for inference mode, said once for both audiences of these messages
@@ -218,16 +198,15 @@ def verify(lock: KernelLock, mode: str | None = None, *, current: Mapping[str, A
         return notes
     problems = []
     for slot in lock.slots.values():
-        reason = _unusable_reason(slot, current)
-        if reason is None:
-            continue
-        refusal = twin_refusal(slot)
-        if refusal is not None:
+        try:
+            r = resolve_slot(lock, slot.name, mode, current=current, import_classes=False)
+        except KernelUnavailable:
+            reason, refusal = _unusable_reason(slot, current), twin_refusal(slot)
             problems.append(Difference(f"slots.{slot.name}", slot.implementation, f"{reason}; {refusal}", "inference"))
-        else:
-            assert slot.twin is not None
-            notes.append(f"{slot.name}: {slot.implementation} cannot run here ({reason}); inference uses twin "
-                         f"{slot.twin.target} (verified max error {_max_error_text(slot.twin.max_error)})")
+            continue
+        if r.substituted_from:
+            notes.append(f"{slot.name}: {slot.implementation} cannot run here ({r.reason}); inference uses twin "
+                         f"{r.target} (verified max error {_max_error_text(r.max_error)})")
     if problems:
         raise LockMismatch(
             problems,
@@ -310,68 +289,59 @@ def _build(slot_name: str, target: str, kwargs: Mapping[str, Any], lock: KernelL
     return cls
 
 
-def factory(lock: KernelLock | None, slot: str, mode: str | None = None, *,
-            verify_environment: bool = True) -> KernelFactory:  # fmt: skip
-    """The callable that builds ``slot``'s pinned class with the pinned kwargs.
+@dataclass(frozen=True)
+class Resolution:
+    """What one slot resolves to in one mode, and why: the one decision ``factory``, ``verify``,
+    ``kernel-probe lock --for inference`` and the anemoi export all take.
 
-    A slot the lock does not mention resolves to torch.nn (locks may pin only some slots). ``mode``
-    defaults to the lock's own (training for a probe lock, inference for a derived one).
+    ``cls`` is the imported class (None when resolved without importing); ``substituted_from`` the
+    training implementation a twin stands in for, with ``reason`` (why it cannot run here) and the
+    twin's verified ``max_error``."""
+
+    slot: str
+    mode: str
+    implementation: str
+    target: str
+    kwargs: Mapping[str, Any]
+    cls: type | None = None
+    substituted_from: str | None = None
+    reason: str | None = None
+    max_error: float | None = None
+
+
+def resolve_slot(lock: KernelLock | None, slot: str, mode: str | None = None, *, current: Mapping[str, Any] | None = None,
+                 import_classes: bool = True) -> Resolution:  # fmt: skip
+    """Decide what ``slot`` resolves to under ``lock`` in ``mode`` (default: the lock's own).
+
+    Training: the pinned implementation, or :class:`KernelUnavailable` (requirement missing, other
+    device type, an inference lock, an import that fails). Inference: the pinned implementation where
+    it can run here (with ``import_classes``, an import that fails counts as cannot), else the
+    verified twin, else :class:`KernelUnavailable` with both reasons. Never checks the fingerprint
+    (that is ``verify``'s); ``current`` defaults to this machine.
     """
     _check_slot_name(slot)
     mode = mode_for(lock, mode)
     entry = lock.slots.get(slot) if lock is not None else None
     if entry is None:
         target = DEFAULT_TARGETS[slot]
-        cls = _build(slot, target, {}, None, f"slots.{slot}")
-        return _make(cls, {}, slot, "torch (default; slot not in lock)", target, mode, None, None)
+        cls = _build(slot, target, {}, None, f"slots.{slot}") if import_classes else None
+        return Resolution(slot, mode, "torch (default; slot not in lock)", target, {}, cls)
+    assert lock is not None
     key = f"slots.{slot}"
-    if mode == "training" and lock.mode == "inference":
-        raise KernelUnavailable(
-            f"slot {slot}: {lock.path or 'this lock'} is an inference lock (its substitutions are baked in); "
-            "training never runs on substituted kernels",
-            path=lock.path,
-            key="mode",
-            fix="train with the training lock it was derived from"
-            + (f" ({lock.provenance['source']})" if lock.provenance.get("source") else "")
-            + f", or resolve this one {IN_INFERENCE_MODE}",
-        )
+    pinned = functools.partial(Resolution, slot, mode, entry.implementation, entry.target, entry.kwargs)
     if mode == "training":
-        # this slot's own library first: "install it, or use inference mode" says more than the list
-        # of every differing environment field that verify() would give for the same cause
-        problems = _requirement_problems(entry)
-        if problems:
-            raise KernelUnavailable(
-                f"slot {slot}: {entry.implementation} ({entry.target}) needs "
-                + "; ".join(f"{p.field.rsplit('.', 1)[-1]} {p.expected} (found: {p.found})" for p in problems),
-                path=lock.path,
-                key=f"{key}.requires",
-                fix=f"install it ({install_hint(entry)}), re-run `kernel-probe` on this machine, "
-                f"or load it {IN_INFERENCE_MODE} to use the verified torch.nn twin",
-            )
-        if entry.devices:
-            from . import fingerprint
+        _refuse_training(lock, entry)
+        return pinned(_build(slot, entry.target, entry.kwargs, lock, key) if import_classes else None)
+    if current is None:
+        from . import fingerprint
 
-            here = fingerprint.current().get("device-type")
-            if here not in entry.devices:
-                raise KernelUnavailable(
-                    f"slot {slot}: {entry.implementation} ({entry.target}) runs on {', '.join(entry.devices)}; "
-                    f"this machine's device is {here}",
-                    path=lock.path,
-                    key=f"{key}.devices",
-                    fix="train on a machine with that device, re-run `kernel-probe` on this machine, or load it "
-                    f"{IN_INFERENCE_MODE} to use the verified torch.nn twin",
-                )
-        if verify_environment:
-            _ensure_verified(lock, mode)  # the whole fingerprint, once per lock (inference checks per slot below)
-        cls = _build(slot, entry.target, entry.kwargs, lock, key)
-        return _make(cls, entry.kwargs, slot, entry.implementation, entry.target, mode, None, None)
-    from . import fingerprint
-
-    reason = _unusable_reason(entry, fingerprint.current())
+        current = fingerprint.current()
+    reason = _unusable_reason(entry, current)
     if reason is None:
+        if not import_classes:
+            return pinned()
         try:
-            cls = _build(slot, entry.target, entry.kwargs, lock, key)
-            return _make(cls, entry.kwargs, slot, entry.implementation, entry.target, mode, None, None)
+            return pinned(_build(slot, entry.target, entry.kwargs, lock, key))
         except KernelUnavailable as exc:
             reason = exc.problem
     refusal = twin_refusal(entry)
@@ -385,12 +355,74 @@ def factory(lock: KernelLock | None, slot: str, mode: str | None = None, *,
         )
     twin = entry.twin
     assert twin is not None
-    cls = _build(slot, twin.target, twin.kwargs, lock, f"{key}.twin")
-    log.warning(
-        "inference substitutes %s for slot %s: %s cannot run here (%s); verified max error between them: %s",
-        twin.target, slot, entry.implementation, reason, _max_error_text(twin.max_error),
-    )  # fmt: skip
-    return _make(cls, twin.kwargs, slot, f"twin:{entry.implementation}", twin.target, mode, entry.implementation, twin.max_error)
+    cls = _build(slot, twin.target, twin.kwargs, lock, f"{key}.twin") if import_classes else None
+    return Resolution(slot, mode, f"twin:{entry.implementation}", twin.target, twin.kwargs, cls,
+                      substituted_from=entry.implementation, reason=reason, max_error=twin.max_error)  # fmt: skip
+
+
+def _refuse_training(lock: KernelLock, entry: Slot) -> None:
+    """Raise :class:`KernelUnavailable` when ``entry`` cannot be trained with here (metadata only)."""
+    slot = entry.name
+    if lock.mode == "inference":
+        raise KernelUnavailable(
+            f"slot {slot}: {lock.path or 'this lock'} is an inference lock (its substitutions are baked in); "
+            "training never runs on substituted kernels",
+            path=lock.path,
+            key="mode",
+            fix="train with the training lock it was derived from"
+            + (f" ({lock.provenance['source']})" if lock.provenance.get("source") else "")
+            + f", or resolve this one {IN_INFERENCE_MODE}",
+        )
+    # this slot's own library first: "install it, or use inference mode" says more than the list
+    # of every differing environment field that verify() would give for the same cause
+    problems = _requirement_problems(entry)
+    if problems:
+        raise KernelUnavailable(
+            f"slot {slot}: {entry.implementation} ({entry.target}) needs "
+            + "; ".join(f"{p.field.rsplit('.', 1)[-1]} {p.expected} (found: {p.found})" for p in problems),
+            path=lock.path,
+            key=f"slots.{slot}.requires",
+            fix=f"install it ({install_hint(entry)}), re-run `kernel-probe` on this machine, "
+            f"or load it {IN_INFERENCE_MODE} to use the verified torch.nn twin",
+        )
+    if entry.devices:
+        from . import fingerprint
+
+        here = fingerprint.current().get("device-type")
+        if here not in entry.devices:
+            raise KernelUnavailable(
+                f"slot {slot}: {entry.implementation} ({entry.target}) runs on {', '.join(entry.devices)}; "
+                f"this machine's device is {here}",
+                path=lock.path,
+                key=f"slots.{slot}.devices",
+                fix="train on a machine with that device, re-run `kernel-probe` on this machine, or load it "
+                f"{IN_INFERENCE_MODE} to use the verified torch.nn twin",
+            )
+
+
+def factory(lock: KernelLock | None, slot: str, mode: str | None = None, *,
+            verify_environment: bool = True) -> KernelFactory:  # fmt: skip
+    """The callable that builds ``slot``'s pinned class with the pinned kwargs.
+
+    A slot the lock does not mention resolves to torch.nn (locks may pin only some slots). ``mode``
+    defaults to the lock's own (training for a probe lock, inference for a derived one). What it
+    resolves to is :func:`resolve_slot`'s decision; training mode also verifies the whole
+    fingerprint once per lock (``verify_environment``).
+    """
+    mode = mode_for(lock, mode)
+    if mode == "training" and lock is not None and slot in lock.slots:
+        _check_slot_name(slot)
+        _refuse_training(lock, lock.slots[slot])
+        if verify_environment:
+            _ensure_verified(lock, mode)  # the whole fingerprint, once per lock
+    r = resolve_slot(lock, slot, mode)
+    if r.substituted_from:
+        log.warning(
+            "inference substitutes %s for slot %s: %s cannot run here (%s); verified max error between them: %s",
+            r.target, slot, r.substituted_from, r.reason, _max_error_text(r.max_error),
+        )  # fmt: skip
+    assert r.cls is not None
+    return _make(r.cls, r.kwargs, slot, r.implementation, r.target, mode, r.substituted_from, r.max_error)
 
 
 def _make(cls: type, kwargs: Mapping[str, Any], slot: str, implementation: str, target: str, mode: str,

@@ -25,6 +25,7 @@ from .anemoi_config import (
     merge_leftovers,
     read_config,
 )
+from .protocol import EntryCheckRequest
 
 # check-config's exit codes (the global table's meanings, narrowed to this command)
 CHECK_CONFIG_EXIT = {
@@ -67,21 +68,23 @@ def check_config(path: str | Path, overrides: Sequence[str] = (), *, lock: Kerne
             findings.append(Finding("error", "lock", lock.path or "<lock>", f"the lock cannot be resolved here: {exc.problem}",
                                     exc.fix or ""))  # fmt: skip
     own = [b for b in config.blocks if b.content is not None]
-    requests: list[dict[str, Any]] = []
+    requests: list[EntryCheckRequest] = []
+    asked: list[tuple[str, bool]] = []  # per request: its block, and whether its findings are reported
     for b in own:
         for key, entry in b.content.items():
-            requests.append({"key": key, "entry": entry, "where": f"{b.where}.{key}", "block": b.where, "report": True,
-                             "allow_semantics_change": allow_semantics_change})  # fmt: skip
+            requests.append(EntryCheckRequest(key=key, entry=entry, where=f"{b.where}.{key}",
+                                              allow_semantics_change=allow_semantics_change))  # fmt: skip
+            asked.append((b.where, True))
         for key in expected:  # anemoi's default stands in for a key the block leaves out
             if key not in b.content:
-                requests.append({"key": key, "entry": ANEMOI_DEFAULTS[key], "where": f"{b.where}.{key}",
-                                 "block": b.where, "report": False})  # fmt: skip
+                requests.append(EntryCheckRequest(key=key, entry=ANEMOI_DEFAULTS[key], where=f"{b.where}.{key}"))
+                asked.append((b.where, False))
     results = judge_entries(requests, timeout=timeout)
     facts: dict[str, dict[str, Any]] = {b.where: {} for b in own}
-    for req, res in zip(requests, results):
-        facts[req["block"]][req["key"]] = res["facts"]
-        if req["report"]:
-            findings.extend(Finding(**f) for f in res["findings"])
+    for req, (block, report), res in zip(requests, asked, results):
+        facts[block][req.key] = res.facts
+        if report:
+            findings.extend(Finding(**f) for f in res.findings)
     for b in own:
         findings.extend(merge_leftovers(b))
         if expected:

@@ -41,14 +41,16 @@ def _get(cfg: Any, path: tuple[str, ...]) -> Any:
 
 
 def compose(payload: Mapping[str, Any]) -> dict[str, Any]:
-    """``{config_dir, config_name, overrides}`` -> the composed config (see the module docstring)."""
+    """A ``ComposeRequest`` -> its ``ComposeReply`` (as JSON): the composed config (see the module docstring)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
-    with initialize_config_dir(version_base=None, config_dir=payload["config_dir"]):
-        cfg = hydra_compose(config_name=payload["config_name"], overrides=list(payload.get("overrides", [])),
-                            return_hydra_config=True)  # fmt: skip
+    from .protocol import ComposeReply, ComposeRequest
+
+    request = ComposeRequest.from_json(payload)
+    with initialize_config_dir(version_base=None, config_dir=request.config_dir):
+        cfg = hydra_compose(config_name=request.config_name, overrides=list(request.overrides), return_hydra_config=True)
     runtime = cfg.hydra.runtime
     choices = {str(k): str(v) for k, v in OmegaConf.to_container(runtime.choices).items()
                if not str(k).startswith("hydra/") and v is not None}  # fmt: skip
@@ -78,4 +80,4 @@ def compose(payload: Mapping[str, Any]) -> dict[str, Any]:
             except Exception as exc:  # anemoi would fail on exactly this entry
                 entries[str(key)] = {"__error__": f"{type(exc).__name__}: {exc}"}
         blocks[dotted] = {"entries": entries}
-    return {"tree": tree, "blocks": blocks, "choices": choices, "sources": sources}
+    return ComposeReply(tree=tree, blocks=blocks, choices=choices, sources=sources).to_json()

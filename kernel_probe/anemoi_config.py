@@ -33,6 +33,7 @@ from kernel_lock.anemoi import ANEMOI_DEFAULTS, KEYS, Finding
 
 from .anemoi_compose import layer_kernels_paths
 from .child import run_function
+from .protocol import ComposeReply, ComposeRequest, EntryCheckReply, EntryCheckRequest, ProtocolError
 from .errors import InputFileError, UsageError
 
 SHAPES = {
@@ -343,14 +344,14 @@ def _not_composed(config: Config, root: Mapping[str, Any], why: str, fix: str) -
         "checked; the presets' layer_kernels (anemoi's model for this run) are not seen here", fix))  # fmt: skip
 
 
-def _composed(config: Config, root: Mapping[str, Any], answer: Mapping[str, Any]) -> None:
+def _composed(config: Config, root: Mapping[str, Any], answer: ComposeReply) -> None:
     """Fill ``config`` from the child's composition (blocks resolved by OmegaConf itself)."""
-    tree = answer["tree"]
+    tree = answer.tree
     model = tree.get("model") if isinstance(tree, Mapping) else None
     config.composed = True
-    config.choices = dict(answer.get("choices", {}))
-    config.sources = list(answer.get("sources", []))
-    resolved = answer.get("blocks", {})
+    config.choices = dict(answer.choices)
+    config.sources = list(answer.sources)
+    resolved = answer.blocks
     raw = _walk(model) if isinstance(model, Mapping) else []
     paths = {where for where, _ in raw}
     written_model = root.get("model") if isinstance(root.get("model"), Mapping) else {}
@@ -382,16 +383,19 @@ def _composed(config: Config, root: Mapping[str, Any], answer: Mapping[str, Any]
 
 
 def compose(config_dir: Path, config_name: str, overrides: Sequence[str],
-            timeout: float = COMPOSE_TIMEOUT) -> tuple[dict[str, Any] | None, str, str]:  # fmt: skip
+            timeout: float = COMPOSE_TIMEOUT) -> tuple[ComposeReply | None, str, str]:  # fmt: skip
     """Hydra's composition of ``config_name`` from ``config_dir`` (then the working directory and
     anemoi-training's packaged presets, as its search-path plugin adds them), in a child:
     (answer, why not, exception type)."""
     if _installed("hydra-core") is None:
         return None, "hydra-core is not installed here", "missing"
-    payload = {"config_dir": str(config_dir.resolve()), "config_name": config_name, "overrides": list(overrides)}
-    result = run_function("kernel_probe.anemoi_compose", "compose", payload, timeout=timeout, memory_limit=COMPOSE_MEMORY)
+    request = ComposeRequest(config_dir=str(config_dir.resolve()), config_name=config_name, overrides=tuple(overrides))
+    result = run_function("kernel_probe.anemoi_compose", "compose", request, timeout=timeout, memory_limit=COMPOSE_MEMORY)
     if result.ok:
-        return result.value, "", ""
+        try:
+            return ComposeReply.from_json(result.value), "", ""
+        except ProtocolError as exc:
+            return None, str(exc), "protocol"
     kind = result.raised.get("raised", result.status) if result.raised else result.status
     return None, result.reason, kind
 
@@ -449,23 +453,23 @@ def read_config(path: str | Path, overrides: Sequence[str] = (), *, compose_over
 
 
 # ---- judging the entries, in a child process -------------------------------------------------------
-def judge_entries(requests: list[dict[str, Any]], timeout: float = DEFAULT_TIMEOUT) -> list[dict[str, Any]]:
+def judge_entries(requests: Sequence[EntryCheckRequest], timeout: float = DEFAULT_TIMEOUT) -> list[EntryCheckReply]:
     """kernel_lock.anemoi.check_entries in a child; if that child dies, one child per entry says which."""
     if not requests:
         return []
-    result = run_function("kernel_lock.anemoi", "check_entries", requests, timeout=timeout)
+    result = run_function("kernel_lock.anemoi", "check_entries", [r.to_json() for r in requests], timeout=timeout)
     if result.ok:
-        return result.value
+        return [EntryCheckReply.from_json(v) for v in result.value]
     out = []
     for r in requests:
-        one = run_function("kernel_lock.anemoi", "check_entries", [r], timeout=timeout)
+        one = run_function("kernel_lock.anemoi", "check_entries", [r.to_json()], timeout=timeout)
         if one.ok:
-            out.extend(one.value)
+            out.extend(EntryCheckReply.from_json(v) for v in one.value)
             continue
-        target = r["entry"].get("_target_") if isinstance(r["entry"], Mapping) else None
-        out.append({"findings": [Finding("error", "import", r["where"], f"importing {target!r} failed: {one.reason}",
-                                         "run `kernel-probe env` to see which library is broken here").to_json()],
-                    "facts": {"target": target, "imported": False, "family": None, "defaults": {}}})  # fmt: skip
+        target = r.entry.get("_target_") if isinstance(r.entry, Mapping) else None
+        out.append(EntryCheckReply(findings=[Finding("error", "import", r.where, f"importing {target!r} failed: {one.reason}",
+                                                     "run `kernel-probe env` to see which library is broken here").to_json()],
+                                   facts={"target": target, "imported": False, "family": None, "defaults": {}}))  # fmt: skip
     return out
 
 

@@ -1,9 +1,14 @@
-"""Where a candidate is declared. The registry is data: adding a kernel library is adding entries.
+"""Where a candidate is declared, and the one parser of candidate declarations.
 
 A candidate says which slot(s) it can fill, what it computes (its semantics), what to import, which
 distribution it needs, which device types it supports, how the canonical constructor arguments map
 onto its own, and its portable torch.nn twin. Everything here is plain data that crosses the process
 boundary to the worker as JSON; nothing is imported until a worker builds the candidate.
+
+The built-ins are data too: ``builtin_candidates.toml`` (package data of kernel_probe), written in
+the form a site profile's ``[[candidate]]`` uses (docs/profiles.md) and read by the same parser
+(:func:`read_candidates`). Adding a kernel library is adding entries there. The slot facts the
+defaults come from (semantics, call convention, canonical values) live in ``kernel_lock.slots``.
 
 Constructor arguments are templates: a string ``"$name"`` is replaced by the canonical value
 ``name`` (``normalized_shape``, ``hidden``, ``eps``, ``bias``, ``in_features``, ``out_features``,
@@ -12,27 +17,31 @@ Constructor arguments are templates: a string ``"$name"`` is replaced by the can
 
 from __future__ import annotations
 
+import math
+import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
-from kernel_lock.lock import SEMANTICS, SLOTS
+from kernel_lock import _toml
 
-from .errors import UsageError
+# declared in kernel_lock.slots; still importable from here (kernel_probe.candidates.SLOT_SEMANTICS, CANONICAL)
+from kernel_lock.slots import (
+    CALL_ARGS,
+    CALL_KWARGS,
+    CANONICAL,
+    DEFAULT_TARGETS,
+    SEMANTICS,
+    SLOT_SEMANTICS,
+    SLOTS,
+    slot_name_fix,
+)
 
-SLOT_SEMANTICS = {"LayerNorm": "layer_norm", "RMSNorm": "rms_norm", "Linear": "linear"}
+from .errors import InputFileError, UsageError
 
-# Canonical configuration per slot: what the lock pins unless a profile or the user says otherwise.
-# RMSNorm's eps is pinned because torch.nn.RMSNorm's default (eps=None) means finfo(dtype).eps,
-# which differs between fp32 and bf16, and liger defaults to 1e-6.
-CANONICAL: dict[str, dict[str, Any]] = {
-    "LayerNorm": {"eps": 1e-5, "bias": True},
-    "RMSNorm": {"eps": 1e-6},
-    "Linear": {"bias": True},
-}
-
-GPU = ("cuda", "rocm")
+BUILTIN_DATA = "builtin_candidates.toml"  # package data of kernel_probe; pyproject.toml's package-data names it too
 
 
 @dataclass(frozen=True)
@@ -111,86 +120,200 @@ def fill(value: Any, canonical: Mapping[str, Any]) -> Any:
     return value
 
 
-_TORCH_LN = {"eps": "$eps", "elementwise_affine": True, "bias": "$bias"}
-_TORCH_RMS = {"eps": "$eps", "elementwise_affine": True}
-_LINEAR_ARGS = ("$in_features", "$out_features")
-_LIGER = dict(distribution="liger-kernel", specifier=">=0.5", module="liger_kernel", devices=("cuda", "rocm", "xpu"))
-# Transformer Engine: NVIDIA's README lists Ampere, Ada, Hopper and Blackwell (sm_80 and newer);
-# the ROCm fork (github.com/ROCm/TransformerEngine, same import name) documents LayerNorm/RMSNorm on
-# gfx942 and gfx950 (its README) and gfx90a (MI200, supported since its 2024 releases).
-_TE = dict(distribution="transformer-engine", specifier=">=1.13", module="transformer_engine", devices=GPU,
-           build_kwargs={"device": "$device"},
-           archs={"cuda": ("sm_80+",), "rocm": ("gfx90a", "gfx942", "gfx950")},
-           install={"cuda": "pip install --no-build-isolation transformer_engine[pytorch]",
-                    "rocm": "install AMD's ROCm fork (github.com/ROCm/TransformerEngine; wheels on repo.radeon.com, "
-                            "or build it): PyPI's transformer-engine is NVIDIA's, CUDA only"})  # fmt: skip
-# apex is not on PyPI (PyPI's `apex` is an unrelated 2013 Pyramid toolkit): built from source
-_APEX = dict(distribution="", module="apex.normalization", devices=GPU,
-             note="on CPU (or while tracing) apex silently falls back to torch's layer_norm",
-             install={"cuda": "build NVIDIA apex from github.com/NVIDIA/apex with its CUDA extensions "
-                              "(PyPI's `apex` is an unrelated package)",
-                      "rocm": "build AMD's fork from github.com/ROCm/apex (PyPI's `apex` is an unrelated package)"})  # fmt: skip
+# ---- reading declarations: the built-ins' data file and a profile's [[candidate]] tables -----------
+class CandidateDataError(InputFileError):
+    """A malformed candidate data file (exit 5); the message names the file and the dotted key."""
 
-BUILTIN: tuple[Candidate, ...] = (
-    # torch.nn, the defaults every other candidate must beat
-    Candidate("torch.layer_norm", ("LayerNorm",), "layer_norm", "torch.nn.LayerNorm", kwargs=_TORCH_LN,
-              twin_target="torch.nn.LayerNorm", twin_kwargs=_TORCH_LN),
-    Candidate("torch.rms_norm", ("RMSNorm",), "rms_norm", "torch.nn.RMSNorm", kwargs=_TORCH_RMS,
-              twin_target="torch.nn.RMSNorm", twin_kwargs=_TORCH_RMS),
-    Candidate("torch.linear", ("Linear",), "linear", "torch.nn.Linear", args=_LINEAR_ARGS, kwargs={"bias": "$bias"},
-              twin_target="torch.nn.Linear", twin_kwargs={"bias": "$bias"}),
-    # torch.compile of each: kernel_lock.adapters subclasses, same parameters and state dict
-    Candidate("torch.compile.layer_norm", ("LayerNorm",), "layer_norm", "kernel_lock.adapters.CompiledLayerNorm",
-              kwargs=_TORCH_LN, compiled=True, twin_target="torch.nn.LayerNorm", twin_kwargs=_TORCH_LN),
-    Candidate("torch.compile.rms_norm", ("RMSNorm",), "rms_norm", "kernel_lock.adapters.CompiledRMSNorm",
-              kwargs=_TORCH_RMS, compiled=True, twin_target="torch.nn.RMSNorm", twin_kwargs=_TORCH_RMS),
-    Candidate("torch.compile.linear", ("Linear",), "linear", "kernel_lock.adapters.CompiledLinear", args=_LINEAR_ARGS,
-              kwargs={"bias": "$bias"}, compiled=True, twin_target="torch.nn.Linear", twin_kwargs={"bias": "$bias"}),
-    # liger-kernel (Triton). LigerLayerNorm always has a trainable bias and defaults to eps=1e-6;
-    # LigerRMSNorm's default in_place=True backward overwrites grad_output, so we pin in_place=False.
-    Candidate("liger.layer_norm", ("LayerNorm",), "layer_norm", "liger_kernel.transformers.LigerLayerNorm",
-              args=("$hidden",), kwargs={"eps": "$eps"}, twin_target="torch.nn.LayerNorm",
-              twin_kwargs={"eps": "$eps", "elementwise_affine": True, "bias": True}, **_LIGER),
-    Candidate("liger.rms_norm", ("RMSNorm",), "rms_norm", "liger_kernel.transformers.LigerRMSNorm",
-              args=("$hidden",), kwargs={"eps": "$eps", "in_place": False}, twin_target="torch.nn.RMSNorm",
-              twin_kwargs=_TORCH_RMS, **_LIGER),
-    # NVIDIA transformer-engine: extra `_extra_state` in the state dict (dropped for the twin)
-    Candidate("te.layer_norm", ("LayerNorm",), "layer_norm", "transformer_engine.pytorch.LayerNorm",
-              kwargs={"eps": "$eps"}, twin_target="torch.nn.LayerNorm",
-              twin_kwargs={"eps": "$eps", "elementwise_affine": True, "bias": True}, **_TE),
-    Candidate("te.rms_norm", ("RMSNorm",), "rms_norm", "transformer_engine.pytorch.RMSNorm",
-              kwargs={"eps": "$eps"}, twin_target="torch.nn.RMSNorm", twin_kwargs=_TORCH_RMS, **_TE),
-    # TE's Linear draws its weight from N(0, 0.023) and zeroes its bias: kernel_lock.adapters.TELinear
-    # is that class initialised as torch.nn.Linear is (same state dict), so a model starts the same
-    Candidate("te.linear", ("Linear",), "linear", "kernel_lock.adapters.TELinear", args=_LINEAR_ARGS,
-              kwargs={"bias": "$bias"}, twin_target="torch.nn.Linear", twin_kwargs={"bias": "$bias"}, **_TE),
-    # NVIDIA apex (recognised by its module, not the distribution name: PyPI's `apex` is unrelated)
-    Candidate("apex.layer_norm", ("LayerNorm",), "layer_norm", "apex.normalization.FusedLayerNorm",
-              kwargs={"eps": "$eps", "elementwise_affine": True}, twin_target="torch.nn.LayerNorm",
-              twin_kwargs={"eps": "$eps", "elementwise_affine": True, "bias": True}, **_APEX),
-    Candidate("apex.rms_norm", ("RMSNorm",), "rms_norm", "apex.normalization.FusedRMSNorm",
-              kwargs={"eps": "$eps", "elementwise_affine": True}, twin_target="torch.nn.RMSNorm",
-              twin_kwargs=_TORCH_RMS, **_APEX),
-    # flash-attn's Triton RMSNorm module (there is no LayerNorm module, only functions)
-    Candidate("flash_attn.rms_norm", ("RMSNorm",), "rms_norm", "flash_attn.ops.triton.layer_norm.RMSNorm",
-              args=("$hidden",), kwargs={"eps": "$eps"}, build_kwargs={"device": "$device"},
-              distribution="flash-attn", specifier=">=2.5", module="flash_attn", devices=GPU,
-              install={"cuda": "pip install flash-attn --no-build-isolation",
-                       "rocm": "build AMD's fork from github.com/ROCm/flash-attention (PyPI's flash-attn builds "
-                               "for CUDA)"},
-              twin_target="torch.nn.RMSNorm", twin_kwargs=_TORCH_RMS),
-    # QuACK (CuTe DSL): QuackRMSNorm subclasses torch.nn.RMSNorm; Hopper and newer (its README:
-    # H100, B200/B300), NVIDIA only
-    Candidate("quack.rms_norm", ("RMSNorm",), "rms_norm", "quack.rmsnorm.QuackRMSNorm",
-              args=("$hidden",), kwargs={"eps": "$eps"}, build_kwargs={"device": "$device"},
-              distribution="quack-kernels", specifier=">=0.1", module="quack", devices=("cuda",),
-              archs={"cuda": ("sm_90+",)},
-              twin_target="torch.nn.RMSNorm", twin_kwargs=_TORCH_RMS),
-)  # fmt: skip
+
+class TableReader:
+    """Strict reading of parsed TOML: typed getters whose errors carry the file and the dotted key.
+
+    Unknown keys are errors (a typo must not silently widen a policy or drop a pinned argument).
+    ``error`` is the exception raised; a site profile's reader raises ``ProfileError``."""
+
+    error: type[InputFileError] = CandidateDataError
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def err(self, key: str, problem: str, fix: str | None = None) -> InputFileError:
+        return self.error(problem, path=self.path, key=key, fix=fix)
+
+    def table(self, d: Mapping[str, Any], key: str, known: Sequence[str], where: str) -> dict[str, Any]:
+        v = d.get(key, {})
+        if not isinstance(v, dict):
+            raise self.err(f"{where}{key}", f"expected a table, got {type(v).__name__}")
+        self.no_unknown(v, known, f"{where}{key}.")
+        return v
+
+    def free_table(self, d: Mapping[str, Any], key: str, where: str) -> dict[str, Any]:
+        """A table whose keys are the user's (variables, paths, library names)."""
+        v = d.get(key, {})
+        if not isinstance(v, dict):
+            raise self.err(f"{where}{key}", f"expected a table, got {type(v).__name__}")
+        return v
+
+    def no_unknown(self, d: Mapping[str, Any], known: Sequence[str], where: str) -> None:
+        for k in d:
+            if k not in known:
+                import difflib
+
+                close = difflib.get_close_matches(str(k), list(known), n=1, cutoff=0.75)
+                hint = f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(known)}"
+                raise self.err(f"{where}{k}", f"unknown key {k!r}", fix=hint)
+
+    def string(self, d, key, where, required=False, default=None) -> str | None:
+        v = d.get(key)
+        if v is None:
+            if required:
+                raise self.err(f"{where}{key}", "required key is missing")
+            return default
+        if not isinstance(v, str):
+            raise self.err(f"{where}{key}", f"expected a string, got {type(v).__name__}")
+        return v
+
+    def strings(self, d, key, where) -> tuple[str, ...]:
+        v = d.get(key, [])
+        if isinstance(v, str):
+            v = [v]
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise self.err(f"{where}{key}", "expected a list of strings")
+        return tuple(v)
+
+    def boolean(self, d, key, where, default: bool = False) -> bool:
+        v = d.get(key, default)
+        if not isinstance(v, bool):
+            raise self.err(f"{where}{key}", f"expected true or false, got {type(v).__name__}")
+        return v
+
+    def regex(self, pattern: str, key: str) -> str:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise self.err(key, f"{pattern!r} is not a valid regular expression: {exc}") from None
+        return pattern
+
+    def specifier(self, spec: Any, key: str) -> str:
+        from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+        if not isinstance(spec, str):
+            raise self.err(key, f"expected a PEP 440 specifier string, got {type(spec).__name__}")
+        try:
+            SpecifierSet(spec)
+        except InvalidSpecifier:
+            raise self.err(key, f"{spec!r} is not a PEP 440 version specifier like '>=2.4,<2.12'") from None
+        return spec
+
+
+CANDIDATE_KEYS = ("id", "slots", "semantics", "target", "args", "kwargs", "build-kwargs", "distribution", "specifier",
+                  "module", "devices", "archs", "install", "compiled", "twin-target", "twin-kwargs", "note")  # fmt: skip
+DEVICE_TYPES = ("cuda", "rocm", "xpu", "mps", "cpu")
+
+
+def read_candidates(r: TableReader, d: Mapping[str, Any], *, source: str, reserved: Collection[str] = ()) -> tuple[Candidate, ...]:
+    """Every ``[[candidate]]`` table of ``d``; ``reserved``: ids that may not be declared again."""
+    tables = d.get("candidate", [])
+    if not isinstance(tables, list) or not all(isinstance(x, dict) for x in tables):
+        raise r.err("candidate", "expected an array of tables ([[candidate]])")
+    out: list[Candidate] = []
+    for i, table in enumerate(tables):
+        cand = parse_candidate(r, table, f"candidate[{i}].", source=source, reserved=reserved)
+        if any(c.id == cand.id for c in out):
+            raise r.err(f"candidate[{i}].id", f"{cand.id!r} is declared twice")
+        out.append(cand)
+    return tuple(out)
+
+
+def _scalars(r: TableReader, value: Any, key: str, *, table: bool) -> Any:
+    """A [[candidate]]'s args (a list) or kwargs (a table): strings, finite numbers, booleans."""
+    if not isinstance(value, dict if table else list):
+        raise r.err(key, f"expected {'a table' if table else 'a list'}, got {type(value).__name__}")
+    items = value.items() if table else enumerate(value)
+    for k, v in items:
+        if table and not (isinstance(k, str) and k.isidentifier()):
+            raise r.err(f"{key}.{k}", "a keyword argument name must be a Python identifier")
+        ok = isinstance(v, (str, bool)) or (isinstance(v, int) and -(1 << 63) <= v < (1 << 63)) or (
+            isinstance(v, float) and math.isfinite(v))  # fmt: skip
+        if not ok:
+            raise r.err(f"{key}.{k}" if table else f"{key}[{k}]",
+                        f"expected a string, a finite number or a boolean, got {type(v).__name__} {v!r:.40}")  # fmt: skip
+    return value
+
+
+def parse_candidate(r: TableReader, c: Mapping[str, Any], where: str, *, source: str,
+                    reserved: Collection[str] = ()) -> Candidate:  # fmt: skip
+    """One ``[[candidate]]`` table. Omitted keys take the slot's defaults (``kernel_lock.slots``)."""
+    r.no_unknown(c, CANDIDATE_KEYS, where)
+    cid = r.string(c, "id", where, required=True)
+    if cid in reserved:
+        raise r.err(f"{where}id", f"{cid!r} is a built-in candidate's id: a profile may not redefine it",
+                    fix="give the site's implementation its own id, e.g. 'site.fast_layer_norm'")  # fmt: skip
+    if not re.fullmatch(r"[A-Za-z0-9][\w.:-]*", cid, re.ASCII):
+        raise r.err(f"{where}id", f"{cid!r}: use letters, digits, '.', ':', '_' and '-'")
+    slots = r.strings(c, "slots", where)
+    if not slots or any(s not in SLOTS for s in slots):
+        raise r.err(f"{where}slots", f"expected a list of slots from {', '.join(SLOTS)}")
+    semantics = r.string(c, "semantics", where, default=SLOT_SEMANTICS[slots[0]])
+    target = r.string(c, "target", where, required=True)
+    if not re.match(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$", target):
+        raise r.err(f"{where}target", f"{target!r} is not a dotted import path")
+    spec = r.string(c, "specifier", where, default="") or ""
+    if spec:
+        r.specifier(spec, f"{where}specifier")
+    args = _scalars(r, c.get("args", list(CALL_ARGS[slots[0]])), f"{where}args", table=False)
+    kwargs = _scalars(r, c.get("kwargs", CALL_KWARGS[slots[0]]), f"{where}kwargs", table=True)
+    build_kwargs = _scalars(r, c.get("build-kwargs", {}), f"{where}build-kwargs", table=True)
+    twin_kwargs = _scalars(r, c.get("twin-kwargs", {}), f"{where}twin-kwargs", table=True)
+    if semantics not in SEMANTICS:
+        raise r.err(f"{where}semantics", f"{semantics!r} is not one of {', '.join(SEMANTICS)}")
+    archs_table = r.table(c, "archs", DEVICE_TYPES, where)
+    archs = {kind: r.strings(archs_table, kind, f"{where}archs.") for kind in archs_table}
+    for kind, names in archs.items():
+        for name in names:
+            if not re.fullmatch(r"(sm_[0-9]{2,3}[af]?|gfx[0-9a-f]{3,4})\+?", name, re.ASCII):
+                raise r.err(f"{where}archs.{kind}", f"{name!r} is not a GPU arch like 'sm_90', 'sm_80+' (that or "
+                            "newer) or 'gfx90a'")  # fmt: skip
+    install_table = r.table(c, "install", DEVICE_TYPES, where)
+    install = {kind: r.string(install_table, kind, f"{where}install.") or "" for kind in install_table}
+    return Candidate(
+        id=cid, slots=slots, semantics=semantics, target=target,
+        args=tuple(args), kwargs=dict(kwargs), build_kwargs=dict(build_kwargs),
+        distribution=r.string(c, "distribution", where, default="") or "", specifier=spec,
+        module=r.string(c, "module", where, default=target.split(".")[0]) or "",
+        devices=r.strings(c, "devices", where), archs=archs, install=install,
+        compiled=r.boolean(c, "compiled", where),
+        twin_target=r.string(c, "twin-target", where, default="") or "",
+        twin_kwargs=dict(twin_kwargs), note=r.string(c, "note", where, default="") or "",
+        source=source,
+    )  # fmt: skip
+
+
+def load_candidates(path: str | os.PathLike[str], *, source: str = "builtin") -> tuple[Candidate, ...]:
+    """The ``[[candidate]]`` entries of a candidate data file (the form ``builtin_candidates.toml`` has)."""
+    r = TableReader(str(path))
+    try:
+        d = _toml.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise r.err("", f"cannot read: {exc}") from None
+    except (_toml.TOMLDecodeError, ValueError) as exc:
+        raise r.err("", f"not valid TOML: {exc}") from None
+    r.no_unknown(d, ("candidate",), "")
+    return read_candidates(r, d, source=source)
+
+
+def builtin_data_path() -> Path:
+    """The built-in candidates' data file, found through importlib.resources like the site profiles."""
+    from importlib.resources import files
+
+    return Path(str(files(__package__).joinpath(BUILTIN_DATA)))
+
+
+BUILTIN: tuple[Candidate, ...] = load_candidates(builtin_data_path())
 
 
 def default_for(slot: str) -> Candidate:
-    return next(c for c in BUILTIN if c.slots == (slot,) and c.target.startswith("torch.nn."))
+    """The built-in candidate for the class a slot resolves to when the lock does not pin it."""
+    return next(c for c in BUILTIN if c.slots == (slot,) and c.target == DEFAULT_TARGETS[slot])
 
 
 _SPEC = re.compile(r"^(?P<slot>[A-Za-z]+)=(?P<target>[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+)$")
@@ -207,21 +330,15 @@ def from_command_line(text: str) -> Candidate:
         raise UsageError(f"--candidate {text!r}: expected SLOT=dotted.path.Class, e.g. LayerNorm=mylib.FastLayerNorm")
     slot, target = m.group("slot"), m.group("target")
     if slot not in SLOTS:
-        close = [s for s in SLOTS if s.lower() == slot.lower()]
-        raise UsageError(f"--candidate {text!r}: unknown slot {slot!r}" + (f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(SLOTS)}"))
-    semantics = SLOT_SEMANTICS[slot]
+        raise UsageError(f"--candidate {text!r}: unknown slot {slot!r}; {slot_name_fix(slot)}")
     default = default_for(slot)
-    if slot == "Linear":
-        args, kwargs = _LINEAR_ARGS, {"bias": "$bias"}
-    else:
-        args, kwargs = ("$normalized_shape",), {"eps": "$eps"}
     return Candidate(
         id=f"custom:{target}",
         slots=(slot,),
-        semantics=semantics,
+        semantics=SLOT_SEMANTICS[slot],
         target=target,
-        args=args,
-        kwargs=kwargs,
+        args=CALL_ARGS[slot],
+        kwargs=dict(CALL_KWARGS[slot]),
         module=target.split(".")[0],
         twin_target=default.twin_target,
         twin_kwargs=default.twin_kwargs,

@@ -15,9 +15,12 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from .candidates import SLOT_SEMANTICS, Candidate, for_slot
+from kernel_lock.slots import SLOT_SEMANTICS
+
+from .candidates import Candidate, for_slot
 from .judge import Policy, Verdict, judge_row, worst_status
 from .layout import Layout
+from .protocol import CheckReply, CheckRequest, ImportRequest, TryRequest
 from .worker import Worker, WorkerDied, WorkerPool
 
 IMPORT_TIMEOUT = 20.0  # seconds an import may take: a library that hangs costs this much of job start
@@ -187,12 +190,11 @@ def _check_candidate(cand: Candidate, slot: str, device: str, plan: list[tuple[s
         if not _is_installed(cand):
             return Report(status="unavailable", reasons=[why + " (and it is not installed)"], **base)
         try:
-            tried = worker.call({"op": "try", "candidate": cand.to_json(), "slot": slot, "device": device},
-                                import_timeout + timeout)  # fmt: skip
-            if tried.get("ran"):
+            tried = worker.call(TryRequest(candidate=cand, slot=slot, device=device), import_timeout + timeout)
+            if tried.ran:
                 why += "; it ran here, but " + (cand.note or "not as the kernel it is declared to be") + ", so it is not offered"
             else:
-                why += f"; trying it raised {tried['error']}"
+                why += f"; trying it raised {tried.error}"
         except WorkerDied as exc:
             why += f"; trying it {exc.status}: {exc.reason}"
         return Report(status="unavailable", reasons=[why], **base)
@@ -207,55 +209,53 @@ def _check_candidate(cand: Candidate, slot: str, device: str, plan: list[tuple[s
         status, reason = static_problem(cand, slot, device, arch, with_compile=with_compile) or ("skipped", "")
         return Report(status=status, reasons=[reason], **base)
     try:
-        imported = worker.call({"op": "import", "target": cand.target}, import_timeout)
+        imported = worker.call(ImportRequest(target=cand.target), import_timeout)
     except WorkerDied as exc:
         return Report(status=exc.status, reasons=[f"importing {cand.target}: {exc.reason} (import budget "
                                                   f"{import_timeout:g} s)" if exc.status == "timeout" else exc.reason], **base)  # fmt: skip
-    if imported.get("tampered"):
-        return Report(status="rejected", reasons=[_tampered(f"importing {cand.target}", imported["tampered"])], **base)
-    if not imported.get("ok"):
-        status = "unavailable" if imported.get("kind") == "import" else "crashed"
-        return Report(status=status, reasons=[f"import of {cand.target} failed: {imported['error']}"], **base)
+    if imported.tampered:
+        return Report(status="rejected", reasons=[_tampered(f"importing {cand.target}", imported.tampered)], **base)
+    if not imported.ok:
+        status = "unavailable" if imported.kind == "import" else "crashed"
+        return Report(status=status, reasons=[f"import of {cand.target} failed: {imported.error}"], **base)
     budget = timeout * (COMPILED_FACTOR if cand.compiled else 1)
     try:
-        request = {"op": "check", "candidate": cand.to_json(), "slot": slot, "device": device,
-                   "dtypes": plan, "canonical": dict(canonical or {})}  # fmt: skip
-        if hidden is not None:  # e.g. 64: anemoi's QueryNorm/KeyNorm normalise over head_dim
-            request["hidden"] = hidden
-        if baseline is not None:  # the reference torch.nn class (tests: a reference with CUDA's autocast policy)
-            request["baseline"] = baseline.to_json()
+        # hidden: e.g. 64 (anemoi's QueryNorm/KeyNorm normalise over head_dim); baseline: the reference
+        # torch.nn class (tests: a reference with CUDA's autocast policy)
+        request = CheckRequest(candidate=cand, slot=slot, device=device, dtypes=tuple(plan), canonical=dict(canonical or {}),
+                               hidden=hidden, baseline=baseline)  # fmt: skip
         raw = worker.call(request, budget)
     except WorkerDied as exc:
         reason = f"checks: {exc.reason} (check budget {budget:g} s)" if exc.status == "timeout" else exc.reason
         return Report(status=exc.status, reasons=[reason], **base)
-    if raw.get("tampered"):
-        return Report(status="rejected", reasons=[_tampered(f"running {cand.target}", raw["tampered"])], **base)
+    if raw.tampered:
+        return Report(status="rejected", reasons=[_tampered(f"running {cand.target}", raw.tampered)], **base)
     return judge_candidate(raw, cand, slot, device, policy, base)
 
 
-def _tampered(what: str, names: list[str]) -> str:
+def _tampered(what: str, names: Iterable[str]) -> str:
     return (f"{what} replaced torch's own {', '.join(names)}: a library that patches torch changes the maths of "
             "every other layer (and of the reference it is judged against), so it is refused")  # fmt: skip
 
 
-def judge_candidate(raw: Mapping[str, Any], cand: Candidate, slot: str, device: str, policy: Policy,
+def judge_candidate(raw: CheckReply, cand: Candidate, slot: str, device: str, policy: Policy,
                     base: Mapping[str, Any]) -> Report:  # fmt: skip
     """The verdict from the worker's measurements: candidate-level facts first, then the rows."""
-    phase = raw.get("phase")
+    phase = raw.phase
     if phase == "import":
-        status = "unavailable" if raw["kind"] == "import" else "crashed"
-        return Report(status=status, reasons=[f"import of {cand.target} failed: {raw['error']}"], **base)
+        status = "unavailable" if raw.kind == "import" else "crashed"
+        return Report(status=status, reasons=[f"import of {cand.target} failed: {raw.error}"], **base)
     if phase == "baseline":
-        return Report(status="skipped", reasons=[raw["error"]], **base)
+        return Report(status="skipped", reasons=[raw.error], **base)
     if phase == "build":
-        return Report(status="crashed", reasons=[f"building {cand.target} raised {raw['error']}"], **base)
-    layout = Layout.from_json(raw["layout"])
+        return Report(status="crashed", reasons=[f"building {cand.target} raised {raw.error}"], **base)
+    layout = Layout.from_json(raw.layout or {})
     if not layout.ok:
         return Report(status="rejected", reasons=[f"layout: {layout.problem()}"], **base)
-    verdicts = [judge_row(cand.id, device, cand.semantics, row, policy) for row in raw["rows"]]
+    verdicts = [judge_row(cand.id, device, cand.semantics, row, policy) for row in raw.rows]
     report = Report(status=worst_status([v.status for v in verdicts]), verdicts=verdicts, migration=layout.rules, **base)
     report = _with_reasons(report)
-    init = list(raw.get("init") or [])
+    init = list(raw.init)
     if init:
         if policy.allow_init_change:
             report.changes.extend(f"initialisation: {d} (accepted with --allow-init-change)" for d in init)

@@ -1,4 +1,4 @@
-"""Run one function in a child Python process, where a crash, a hang or a fork cannot hurt the caller.
+"""The one way the probe starts a child process: a fresh interpreter that cannot hurt the caller.
 
     result = run_function("kernel_lock.anemoi", "check_entries", requests, timeout=120)
     if result.ok:
@@ -6,14 +6,21 @@
     else:
         report(result.status, result.reason)     # "crashed" / "timeout" / "error", with the evidence
 
-The child is a fresh interpreter (``python -X faulthandler``) that imports ``module``, calls
-``function(payload)`` and writes the JSON-ready return value to a result file. Nothing travels
-through pipes: the payload, the result and the child's stdout/stderr are files, so a library that
-forks a long-lived process holding the child's descriptors cannot block the caller, and whatever it
-prints cannot corrupt the answer. The child leads its own process group; when it ends (or its time
-is up) the whole group is killed, so nothing it spawned outlives the call. The child also dies with
-its parent (``PR_SET_PDEATHSIG`` on Linux, and a check of the parent's pid), so a killed probe
-leaves no orphans.
+Every child (the probe's worker, an import check of ``kernel-probe env``, Hydra composing an anemoi
+config, the import of a config's entries) runs ``BOOT`` (``python -X faulthandler -c BOOT OPTIONS``):
+it removes the working directory from sys.path (the question is what is installed, not what sits in
+the caller's folder; the worker keeps it, as ``--candidate mymod.X`` may name a local module), arranges
+to die with its parent (``PR_SET_PDEATHSIG`` on Linux, and a check of the parent's pid), optionally
+leaves a reaper in its process group that kills the group when the child dies, caps its address
+space if asked, and then either
+
+- calls ``function(payload)`` once (``run_function``): the payload, the result and the child's
+  stdout/stderr are files, so a library that forks a long-lived process holding the child's
+  descriptors cannot block the caller, and whatever it prints cannot corrupt the answer; or
+- serves (``spawn``, the worker): ``function()`` reads requests on stdin until it closes.
+
+The child leads its own process group; when it ends (or its time is up) the caller kills the whole
+group, so nothing it spawned outlives the call.
 """
 
 from __future__ import annotations
@@ -25,53 +32,75 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# The child program. It imports only the standard library before ``module``, removes the working
-# directory from sys.path (the question is what is installed, not what sits in the caller's folder)
-# and arranges to die with its parent.
+# The child program. It imports only the standard library before ``module`` (an import check must
+# not import kernel_probe: the child may have another sys.path, and the question is the library's
+# import alone). OPTIONS (JSON): mode (call | serve), module, function, source (instead of module:
+# code defining ``function``), parent, keep_cwd, reaper, memory, exit (hard | normal), payload, result.
 BOOT = r"""
-import sys
-if sys.path and sys.path[0] in ("", "."):
+import sys, json, os
+options = json.loads(sys.argv[1])
+if not options.get("keep_cwd") and sys.path and sys.path[0] in ("", "."):
     del sys.path[0]
-import json, os
-module, function, payload_path, result_path, parent = sys.argv[1:6]
-def _die_with_parent():
+def _die_with_parent(parent, reaper):
     try:
         import ctypes, signal
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-    if str(os.getppid()) != parent:  # the parent died before prctl took effect
+        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG: the caller died -> this child dies
+    except Exception:  # not Linux: the caller still kills the group when it is done with the child
+        libc = None
+    if os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(137)
-_die_with_parent()
-limit = os.environ.get("KERNEL_PROBE_CHILD_MEMORY")
-if limit:
+    if not (reaper and libc):
+        return
+    me = os.getpid()
+    if os.fork() == 0:  # the reaper: kills the group (grandchildren included) when this child dies
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)  # hold none of the child's pipes
+        signal.signal(signal.SIGTERM, lambda *_: os.killpg(0, signal.SIGKILL))
+        libc.prctl(1, int(signal.SIGTERM))
+        if os.getppid() != me:
+            os.killpg(0, signal.SIGKILL)
+        while True:
+            signal.pause()
+_die_with_parent(int(options["parent"]), options.get("reaper"))
+if options.get("memory"):
     import resource
-    resource.setrlimit(resource.RLIMIT_AS, (int(limit), int(limit)))
-with open(payload_path, encoding="utf-8") as fh:
-    payload = json.load(fh)
+    resource.setrlimit(resource.RLIMIT_AS, (int(options["memory"]), int(options["memory"])))
 import importlib
-try:
-    value = {"ok": getattr(importlib.import_module(module), function)(payload)}
-except MemoryError:
-    value = {"raised": "MemoryError", "message": "the child ran out of its memory limit"}
-except BaseException as exc:
-    import traceback
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = next((f"{f.filename}:{f.lineno}" for f in reversed(frames) if not f.filename.startswith("<")), "")
-    value = {"raised": type(exc).__name__, "message": str(exc)[:4000], "where": where}
-tmp = result_path + ".tmp"
-with open(tmp, "w", encoding="utf-8") as fh:
-    json.dump(value, fh, default=repr)
-os.replace(tmp, result_path)
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(0)  # skip interpreter teardown: a library's atexit hooks cannot change the answer
+if options["mode"] == "serve":
+    getattr(importlib.import_module(options["module"]), options["function"])()
+else:
+    with open(options["payload"], encoding="utf-8") as fh:
+        payload = json.load(fh)
+    try:
+        if options.get("source") is not None:
+            namespace = {"__name__": "__kernel_probe_child__"}
+            exec(compile(options["source"], "<kernel-probe-child>", "exec"), namespace)
+            function = namespace[options["function"]]
+        else:
+            function = getattr(importlib.import_module(options["module"]), options["function"])
+        value = {"ok": function(payload)}
+    except MemoryError:
+        value = {"raised": "MemoryError", "message": "the child ran out of its memory limit"}
+    except BaseException as exc:
+        import traceback
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = next((f"{f.filename}:{f.lineno}" for f in reversed(frames) if not f.filename.startswith("<")), "")
+        value = {"raised": type(exc).__name__, "message": str(exc)[:4000], "where": where}
+    tmp = options["result"] + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(value, fh, default=repr)
+    os.replace(tmp, options["result"])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if options.get("exit") != "normal":
+        os._exit(0)  # skip interpreter teardown: a library's atexit hooks cannot change the answer
 """
 
 TAIL = 4000  # characters of the child's stdout/stderr kept as evidence
@@ -79,7 +108,10 @@ TAIL = 4000  # characters of the child's stdout/stderr kept as evidence
 
 @dataclass(frozen=True)
 class ChildResult:
-    """What came back from a child: ``status`` is ok, error (the function raised), crashed or timeout."""
+    """What came back from a child: ``status`` is ok, error (the function raised), crashed or timeout.
+
+    ``timed_out`` is set even when an answer came before the kill; ``started`` is False when the
+    interpreter could not be started at all."""
 
     status: str
     value: Any = None
@@ -89,6 +121,8 @@ class ChildResult:
     stdout: str = ""
     stderr: str = ""
     raised: Mapping[str, str] = field(default_factory=dict)
+    timed_out: bool = False
+    started: bool = True
 
     @property
     def ok(self) -> bool:
@@ -110,16 +144,21 @@ def kill_group(pid: int) -> None:
         pass
 
 
+def clip(text: str, limit: int = TAIL) -> str:
+    """``text`` stripped, and cut to its last ``limit`` characters."""
+    text = text.strip()
+    return text if len(text) <= limit else "..." + text[-limit:]
+
+
 def _tail(path: Path) -> str:
     try:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
             size = fh.tell()
             fh.seek(max(0, size - 4 * TAIL))
-            text = fh.read().decode("utf-8", "replace").strip()
+            return clip(fh.read().decode("utf-8", "replace"))
     except OSError:
         return ""
-    return text if len(text) <= TAIL else "..." + text[-TAIL:]
 
 
 def fatal_line(stderr: str) -> str:
@@ -132,7 +171,7 @@ def fatal_line(stderr: str) -> str:
     return lines[-1] if lines else ""
 
 
-def child_environment(extra_paths: tuple[str, ...] | list[str] = (), env: Mapping[str, str] | None = None) -> dict[str, str]:
+def child_environment(extra_paths: Sequence[str] = (), env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The child's environment: ours (or ``env``), with ``extra_paths`` in front of PYTHONPATH."""
     base = dict(os.environ if env is None else env)
     if extra_paths:
@@ -144,43 +183,50 @@ def child_environment(extra_paths: tuple[str, ...] | list[str] = (), env: Mappin
     return base
 
 
+def spawn(module: str, function: str, *, env: Mapping[str, str] | None = None, python: str | None = None,
+          keep_cwd: bool = False, reaper: bool = False, memory_limit: int | None = None, stdin: Any = None,
+          stdout: Any = None, stderr: Any = None, bufsize: int = -1, **call: Any) -> subprocess.Popen[bytes]:  # fmt: skip
+    """Start ``BOOT`` in its own process group: it serves ``module.function()`` (``call`` empty) or
+    calls it once on a payload (``call``: mode, payload, result, source, exit; see ``run_function``).
+    Raises OSError when the interpreter cannot be started."""
+    options = {"mode": "serve", "module": module, "function": function, "parent": os.getpid(), "keep_cwd": keep_cwd,
+               "reaper": reaper, "memory": int(memory_limit) if memory_limit else None, **call}  # fmt: skip
+    argv = [python or sys.executable, "-X", "faulthandler", "-c", BOOT, json.dumps(options)]
+    return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, bufsize=bufsize,
+                            env=dict(env) if env is not None else child_environment(), start_new_session=True)  # fmt: skip
+
+
 def run_function(module: str, function: str, payload: Any, *, timeout: float, env: Mapping[str, str] | None = None,
-                 memory_limit: int | None = None, python: str | None = None) -> ChildResult:  # fmt: skip
+                 memory_limit: int | None = None, python: str | None = None, source: str | None = None,
+                 teardown: bool = False, started: Callable[[subprocess.Popen[bytes]], None] | None = None) -> ChildResult:  # fmt: skip
     """``module.function(payload)`` in a child process, with a wall-clock ``timeout`` (seconds).
 
-    ``payload`` and the return value are JSON. ``memory_limit`` (bytes) caps the child's address
-    space, so a runaway (a YAML alias bomb) ends as a MemoryError instead of exhausting the node.
-    Never raises for the child's sake.
+    ``payload`` (a protocol message, or JSON) and the return value are JSON. ``memory_limit`` (bytes)
+    caps the child's address space, so a runaway (a YAML alias bomb) ends as a MemoryError instead of
+    exhausting the node. ``source`` is Python code defining ``function``, run instead of importing
+    ``module`` (nothing of kernel_probe is imported in the child). ``teardown``: the child exits
+    normally after answering, so a crash at interpreter exit shows in ``returncode``. ``started``
+    receives the child's Popen as soon as it runs (so a caller can kill it). Never raises for the
+    child's sake.
     """
+    if hasattr(payload, "to_json"):
+        payload = payload.to_json()
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kernel-probe-child-") as tmp:
         d = Path(tmp)
         payload_path, result_path = d / "payload.json", d / "result.json"
         payload_path.write_text(json.dumps(payload, default=str), encoding="utf-8")
-        child_env = dict(env) if env is not None else child_environment()
-        if memory_limit:
-            child_env["KERNEL_PROBE_CHILD_MEMORY"] = str(int(memory_limit))
-        argv = [python or sys.executable, "-X", "faulthandler", "-c", BOOT, module, function, str(payload_path),
-                str(result_path), str(os.getpid())]  # fmt: skip
         with open(d / "stdout", "wb") as out, open(d / "stderr", "wb") as err:
             try:
-                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=child_env,
-                                        start_new_session=True)  # fmt: skip
+                proc = spawn(module, function, env=env, python=python, memory_limit=memory_limit,
+                             stdin=subprocess.DEVNULL, stdout=out, stderr=err, mode="call", source=source,
+                             payload=str(payload_path), result=str(result_path),
+                             exit="normal" if teardown else "hard")  # fmt: skip
             except OSError as exc:
-                return ChildResult("crashed", reason=f"could not start {argv[0]}: {exc}")
-            timed_out = False
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            except BaseException:  # interrupted: take the child (and its group) with us
-                kill_group(proc.pid)
-                proc.wait()
-                raise
-            finally:
-                kill_group(proc.pid)  # whatever it spawned ends with it
-            if timed_out:
-                proc.wait()
+                return ChildResult("crashed", reason=f"could not start {python or sys.executable}: {exc}", started=False)
+            if started is not None:
+                started(proc)
+            timed_out = _wait(proc, timeout)
         seconds = time.perf_counter() - start
         stdout, stderr = _tail(d / "stdout"), _tail(d / "stderr")
         value = None
@@ -189,7 +235,7 @@ def run_function(module: str, function: str, payload: Any, *, timeout: float, en
                 value = json.loads(result_path.read_text(encoding="utf-8"))
             except ValueError:
                 value = None
-    common = dict(returncode=proc.returncode, seconds=seconds, stdout=stdout, stderr=stderr)
+    common: dict[str, Any] = dict(returncode=proc.returncode, seconds=seconds, stdout=stdout, stderr=stderr, timed_out=timed_out)
     if timed_out and value is None:
         return ChildResult("timeout", reason=f"no answer within {timeout:g} s (killed)", **common)
     if value is None:
@@ -202,3 +248,22 @@ def run_function(module: str, function: str, payload: Any, *, timeout: float, en
         raised = {k: str(v) for k, v in value.items()}
         return ChildResult("error", reason=f"{value['raised']}: {value.get('message', '')}".strip(), raised=raised, **common)
     return ChildResult("ok", value=value["ok"], **common)
+
+
+def _wait(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    """Wait for the child (True: its time ran out); then kill its group, whatever it spawned included."""
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    except BaseException:  # interrupted: take the child (and its group) with us
+        kill_group(proc.pid)
+        proc.wait()
+        raise
+    finally:
+        kill_group(proc.pid)
+    if timed_out:
+        proc.wait()
+    return timed_out
+

@@ -13,25 +13,45 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from kernel_lock.errors import EXIT_CODES, LockError, LockWarning
 
 from . import __version__, output
 
-# name -> (module under kernel_probe.commands, one-line help). Each module has add_arguments(p) and run(args).
-SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "verify": ("lockcmds", "check this machine against a lock and resolve every slot"),
-    "show": ("lockcmds", "print a lock in readable form"),
-    "rehash": ("lockcmds", "accept hand edits: recompute a lock's digest (atomic rewrite)"),
-    "env": ("envcmd", "report this machine: host, torch build, accelerators, triton, kernel libraries, site"),
-    "check": ("check", "run the correctness kernels and print the verdict table"),
-    "profiles": ("profilecmds", "site profiles: list, show NAME, check PATH"),
-    "explain": ("lockcmds", "why a lock chose what it chose for one slot: evidence, timings, rejections"),
-    "diff": ("lockcmds", "what changed between two locks: environment fields and choices"),
-    "export": ("anemoicmds", "print a lock as anemoi-models' layer_kernels YAML block (--format anemoi)"),
-    "check-config": ("anemoicmds", "check an anemoi config's layer_kernels blocks on this machine (and against a lock)"),
-    "lock": ("derive", "derive a lock for inference on this machine: lock --for inference IN OUT"),
-}
+@dataclass(frozen=True)
+class Subcommand:
+    """One ``kernel-probe NAME``: its module under kernel_probe.commands (imported only when that
+    subcommand runs, so ``kernel-probe --version`` stays fast), the functions that add its arguments and
+    run it (spelled out, so grep finds every wiring), and its one-line help."""
+
+    module: str
+    add_arguments: str
+    run: str
+    help: str
+
+
+SUBCOMMANDS: dict[str, Subcommand] = {
+    "verify": Subcommand("lockcmds", "add_verify_arguments", "run_verify",
+                         "check this machine against a lock and resolve every slot"),
+    "show": Subcommand("lockcmds", "add_show_arguments", "run_show", "print a lock in readable form"),
+    "rehash": Subcommand("lockcmds", "add_rehash_arguments", "run_rehash",
+                         "accept hand edits: recompute a lock's digest (atomic rewrite)"),
+    "env": Subcommand("envcmd", "add_env_arguments", "run_env",
+                      "report this machine: host, torch build, accelerators, triton, kernel libraries, site"),
+    "check": Subcommand("check", "add_check_arguments", "run_check", "run the correctness kernels and print the verdict table"),
+    "profiles": Subcommand("profilecmds", "add_profiles_arguments", "run_profiles", "site profiles: list, show NAME, check PATH"),
+    "explain": Subcommand("lockcmds", "add_explain_arguments", "run_explain",
+                          "why a lock chose what it chose for one slot: evidence, timings, rejections"),
+    "diff": Subcommand("lockcmds", "add_diff_arguments", "run_diff",
+                       "what changed between two locks: environment fields and choices"),
+    "export": Subcommand("anemoicmds", "add_export_arguments", "run_export",
+                         "print a lock as anemoi-models' layer_kernels YAML block (--format anemoi)"),
+    "check-config": Subcommand("anemoicmds", "add_check_config_arguments", "run_check_config",
+                               "check an anemoi config's layer_kernels blocks on this machine (and against a lock)"),
+    "lock": Subcommand("derive", "add_lock_arguments", "run_lock",
+                       "derive a lock for inference on this machine: lock --for inference IN OUT"),
+}  # fmt: skip
 
 # subcommands that pass what follows `--` on to Hydra (anemoi configs)
 TAKES_OVERRIDES = ("check-config", "export")
@@ -68,18 +88,14 @@ def _base_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return p
 
 
-def _load(module: str):
+def build_subparser(name: str) -> tuple[argparse.ArgumentParser, Callable]:
     import importlib
 
-    return importlib.import_module(f"kernel_probe.commands.{module}")
-
-
-def build_subparser(name: str) -> tuple[argparse.ArgumentParser, Callable]:
-    module_name, help_text = SUBCOMMANDS[name]
-    module = _load(module_name)
-    p = _base_parser(f"kernel-probe {name}", help_text)
-    getattr(module, f"add_{name.replace('-', '_')}_arguments")(p)
-    return p, getattr(module, f"run_{name.replace('-', '_')}")
+    sub = SUBCOMMANDS[name]
+    module = importlib.import_module(f"kernel_probe.commands.{sub.module}")
+    p = _base_parser(f"kernel-probe {name}", sub.help)
+    getattr(module, sub.add_arguments)(p)
+    return p, getattr(module, sub.run)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -99,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         parser = _base_parser("kernel-probe", "Probe kernels on this machine and write a kernel lock.")
         probe.add_probe_arguments(parser)
-        sub = "\n".join(f"  {n:<14} {h}" for n, (_, h) in SUBCOMMANDS.items())
+        sub = "\n".join(f"  {n:<14} {s.help}" for n, s in SUBCOMMANDS.items())
         parser.epilog = f"subcommands (kernel-probe SUBCOMMAND --help):\n{sub}\n\n{_epilog()}"
         run, rest = probe.run_probe, argv
     parser.json_wanted = "--json" in rest

@@ -28,9 +28,12 @@ candidate in ``checker``: the parameter layout and the initialisation.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from kernel_lock.slots import CONFUSABLE
+
+from .protocol import ALT_PREFIX, FLAG_GRAD_OUTPUT_MODIFIED, FLAG_INPUT_MODIFIED, FLAG_OUTPUT_DTYPE, MeasurementRow
 
 FACTOR = 4.0
 EPS = {"float32": 2.0**-23, "bfloat16": 2.0**-7, "float16": 2.0**-10}
@@ -89,7 +92,7 @@ class Verdict:
         return asdict(self)
 
 
-def judge_row(candidate: str, device: str, semantics: str, row: Mapping[str, Any], policy: Policy = Policy()) -> Verdict:
+def judge_row(candidate: str, device: str, semantics: str, row: MeasurementRow, policy: Policy = Policy()) -> Verdict:
     v = Verdict(candidate, device, row["dtype"], row["regime"], "accepted", out_dtype=row.get("out_dtype", ""))
     if "skipped" in row:
         v.status, v.reasons = "skipped", [row["skipped"]]
@@ -105,7 +108,7 @@ def judge_row(candidate: str, device: str, semantics: str, row: Mapping[str, Any
         bad = []
         for tensor, (got, base) in tensors.items():
             r, tol = ratio(got, base, row["dtype"])
-            if tensor.startswith("y-as-"):
+            if tensor.startswith(ALT_PREFIX):
                 alt_ok = (alt_ok is not False) and r <= 1.0
                 continue
             worst = max(worst, r)
@@ -120,33 +123,33 @@ def judge_row(candidate: str, device: str, semantics: str, row: Mapping[str, Any
         if not v.deterministic:
             v.notes.append(f"not deterministic: {row['nondeterministic']}")
     flags = row.get("flags", {})
-    if "grad-output-modified" in flags:
-        v.failed.append("grad-output-modified")
-        v.reasons.insert(0, f"backward modifies grad_output in place (seen on {flags['grad-output-modified']}): "
+    if FLAG_GRAD_OUTPUT_MODIFIED in flags:
+        v.failed.append(FLAG_GRAD_OUTPUT_MODIFIED)
+        v.reasons.insert(0, f"backward modifies grad_output in place (seen on {flags[FLAG_GRAD_OUTPUT_MODIFIED]}): "
                             "gradients of other branches, e.g. a residual, are corrupted")  # fmt: skip
-    if "input-modified" in flags:
-        v.failed.append("input-modified")
-        v.reasons.insert(0, f"modifies its input (seen on {flags['input-modified']})")
-    if "output-dtype" in flags:
-        _judge_dtype(v, row, flags["output-dtype"], policy)
+    if FLAG_INPUT_MODIFIED in flags:
+        v.failed.append(FLAG_INPUT_MODIFIED)
+        v.reasons.insert(0, f"modifies its input (seen on {flags[FLAG_INPUT_MODIFIED]})")
+    if FLAG_OUTPUT_DTYPE in flags:
+        _judge_dtype(v, row, flags[FLAG_OUTPUT_DTYPE], policy)
     if v.failed:
         v.status = "rejected"
         y_failed = any(f.endswith(":y") for f in v.failed)
-        if semantics in ("layer_norm", "rms_norm") and y_failed and alt_ok:
-            alt = "rms_norm" if semantics == "layer_norm" else "layer_norm"
+        if semantics in CONFUSABLE and y_failed and alt_ok:
+            alt = CONFUSABLE[semantics]
             v.reasons.insert(0, f"semantics: {alt} != {semantics} (its output matches a {alt} reference)")
     v.twin = dict(row.get("twin") or {})
     v.errors = {case: dict(t) for case, t in row.get("cases", {}).items()}
     return v
 
 
-def _judge_dtype(v: Verdict, row: Mapping[str, Any], what: str, policy: Policy) -> None:
+def _judge_dtype(v: Verdict, row: MeasurementRow, what: str, policy: Policy) -> None:
     """An output dtype different from torch.nn's: judged by its consequence in the blocks, or strictly."""
     regime = "under autocast" if row["regime"] == "mixed" else "in plain " + row["dtype"]
     blocks = row.get("blocks")
     if policy.strict_dtype or not blocks:
         why = "--strict-dtype" if policy.strict_dtype else "no block check for this slot"
-        v.failed.append("output-dtype")
+        v.failed.append(FLAG_OUTPUT_DTYPE)
         v.reasons.insert(0, f"output dtype {what} {regime} ({why})")
         return
     figures, bad = [], []
@@ -162,7 +165,7 @@ def _judge_dtype(v: Verdict, row: Mapping[str, Any], what: str, policy: Policy) 
                 bad.append(f"{kind} block {tensor} error {got:.3g} > tolerance {tol:.3g} (torch.nn's {base:.3g})")
         figures.append(f"{kind} block error ratio {worst:.2f}")
     if bad:
-        v.failed.append("output-dtype")
+        v.failed.append(FLAG_OUTPUT_DTYPE)
         v.reasons.insert(0, f"output dtype {what} {regime} changes the blocks a norm sits in: {'; '.join(bad)}")
         return
     change = f"output dtype {what} {regime}: accepted by consequence ({', '.join(figures)}; <= 1 passes)"

@@ -14,9 +14,9 @@ from typing import Any
 from kernel_lock.fingerprint import FIELDS, library_versions
 from kernel_lock.lock import Candidate as RejectedCandidate
 from kernel_lock.lock import EnvField, Environment, KernelLock, Requirement, Slot, Twin
+from kernel_lock.slots import CANONICAL, SLOT_SEMANTICS
 
 from . import __version__
-from .candidates import SLOT_SEMANTICS, CANONICAL
 from .checker import Report
 from .choose import Choice
 from .errors import ProbeError, UsageError

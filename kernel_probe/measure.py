@@ -25,15 +25,17 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from kernel_lock.slots import CONFUSABLE
 
 from . import initstats
 from .candidates import Candidate, canonical_for, default_for, fill
 from .layout import Layout, discover, shapes
+from .protocol import FLAG_GRAD_OUTPUT_MODIFIED, FLAG_INPUT_MODIFIED, FLAG_OUTPUT_DTYPE, MeasurementRow, alt_key
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CHECK_ROWS = 37  # odd on purpose
 CHECK_HIDDEN = 1000  # not a power of two on purpose
-ALT_SEMANTICS = {"layer_norm": "rms_norm", "rms_norm": "layer_norm"}
+ALT_SEMANTICS = CONFUSABLE  # kernel_lock.slots declares which semantics a kernel may compute by mistake
 
 
 # ---- references --------------------------------------------------------------------------------
@@ -364,7 +366,7 @@ def check(cand: Candidate, slot: str, device: str, dtypes: list[tuple[str, str]]
         param_dtype = torch.float32 if mixed else dtype
         canonical = canonical_for(slot, hidden=hidden, out_features=out_features, device=torch_device,
                                   param_dtype=_dtype_name(param_dtype), overrides=canonical_overrides)  # fmt: skip
-        row: dict[str, Any] = {"dtype": dtype_name, "regime": regime, "cases": {}, "flags": {}}
+        row: MeasurementRow = {"dtype": dtype_name, "regime": regime, "cases": {}, "flags": {}}
         result["rows"].append(row)
         gen = torch.Generator().manual_seed(seed)
         bias = bool(canonical.get("bias", False)) if semantics != "rms_norm" else False
@@ -414,21 +416,21 @@ def check(cand: Candidate, slot: str, device: str, dtypes: list[tuple[str, str]]
                                                         params64["weight"], b, eps))
                             for b in (params64["bias"], None)
                         )  # fmt: skip
-                        e = errs.setdefault("y-as-" + ALT_SEMANTICS[semantics], [0.0, 0.0])
+                        e = errs.setdefault(alt_key(ALT_SEMANTICS[semantics]), [0.0, 0.0])
                         e[0] = max(e[0], alt_err)
                         e[1] = max(e[1], rel_err(base["y"], ref["y"]))  # tolerance basis: torch.nn on its own maths
                     flags = row["flags"]
                     if not got["grad_output_intact"]:
-                        flags.setdefault("grad-output-modified", case.name)
+                        flags.setdefault(FLAG_GRAD_OUTPUT_MODIFIED, case.name)
                     if not got["input_intact"]:
-                        flags.setdefault("input-modified", case.name)
+                        flags.setdefault(FLAG_INPUT_MODIFIED, case.name)
                     if got["y"].dtype != base["y"].dtype:
-                        flags.setdefault("output-dtype", f"{_dtype_name(got['y'].dtype)} (torch.nn: {_dtype_name(base['y'].dtype)}) "
+                        flags.setdefault(FLAG_OUTPUT_DTYPE, f"{_dtype_name(got['y'].dtype)} (torch.nn: {_dtype_name(base['y'].dtype)}) "
                                                          f"for {_dtype_name(x.dtype)} input")  # fmt: skip
                 row["cases"][case.name] = errs
             row["out_dtype"] = _dtype_name(got["y"].dtype)
             row["nondeterministic"] = repeatability(mod, hidden, width, dtype, torch_device, autocast, layout, gen)
-            if "output-dtype" in row["flags"] and semantics in ALT_SEMANTICS:
+            if FLAG_OUTPUT_DTYPE in row["flags"] and semantics in ALT_SEMANTICS:
                 row["blocks"] = blocks(mod, base_mod, semantics, hidden, dtype, param_dtype, torch_device, autocast,
                                        params64, eps, layout, base_layout, gen)  # fmt: skip
             row["seconds"] = time.perf_counter() - t_build

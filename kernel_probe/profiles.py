@@ -11,23 +11,22 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kernel_lock import _toml
-from kernel_lock.lock import SLOTS
+from kernel_lock.slots import PRECISIONS, SLOTS
 from kernel_lock.versions import in_spec
 
-from .candidates import BUILTIN, SLOT_SEMANTICS, Candidate
+from .candidates import BUILTIN, Candidate, TableReader, read_candidates
 from .detect.site import first_line
 from .errors import InputFileError, ProfileUnmet, UsageError
 
 PROFILE_VERSION = "1"
 ENV_VAR = "KERNEL_PROBE_PROFILES"
 BUILTIN_PACKAGE_DIR = "site_profiles"  # package data of kernel_probe; pyproject.toml's package-data names it too
-PRECISIONS = ("32-true", "bf16-true", "16-true", "bf16-mixed", "16-mixed")
 GROUPS = ("device", "count", "versions", "libraries", "forbidden")  # strictness groups
 STRENGTH = {"env": 3, "file": 3, "slurm-cluster": 2, "slurm-partition": 2, "hostname": 1, "device": 0}
 
@@ -66,71 +65,10 @@ class Profile:
 
 
 # ---- parsing ------------------------------------------------------------------------------------
-class _P:
-    def __init__(self, path: str):
-        self.path = path
+class _P(TableReader):
+    """The strict reader (kernel_probe.candidates.TableReader), raising ProfileError."""
 
-    def err(self, key: str, problem: str, fix: str | None = None) -> ProfileError:
-        return ProfileError(problem, path=self.path, key=key, fix=fix)
-
-    def table(self, d: Mapping[str, Any], key: str, known: Sequence[str], where: str) -> dict[str, Any]:
-        v = d.get(key, {})
-        if not isinstance(v, dict):
-            raise self.err(f"{where}{key}", f"expected a table, got {type(v).__name__}")
-        self.no_unknown(v, known, f"{where}{key}.")
-        return v
-
-    def free_table(self, d: Mapping[str, Any], key: str, where: str) -> dict[str, Any]:
-        """A table whose keys are the user's (variables, paths, library names)."""
-        v = d.get(key, {})
-        if not isinstance(v, dict):
-            raise self.err(f"{where}{key}", f"expected a table, got {type(v).__name__}")
-        return v
-
-    def no_unknown(self, d: Mapping[str, Any], known: Sequence[str], where: str) -> None:
-        for k in d:
-            if k not in known:
-                import difflib
-
-                close = difflib.get_close_matches(str(k), list(known), n=1, cutoff=0.75)
-                hint = f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(known)}"
-                raise self.err(f"{where}{k}", f"unknown key {k!r}", fix=hint)
-
-    def string(self, d, key, where, required=False, default=None) -> str | None:
-        v = d.get(key)
-        if v is None:
-            if required:
-                raise self.err(f"{where}{key}", "required key is missing")
-            return default
-        if not isinstance(v, str):
-            raise self.err(f"{where}{key}", f"expected a string, got {type(v).__name__}")
-        return v
-
-    def strings(self, d, key, where) -> tuple[str, ...]:
-        v = d.get(key, [])
-        if isinstance(v, str):
-            v = [v]
-        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-            raise self.err(f"{where}{key}", "expected a list of strings")
-        return tuple(v)
-
-    def regex(self, pattern: str, key: str) -> str:
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise self.err(key, f"{pattern!r} is not a valid regular expression: {exc}") from None
-        return pattern
-
-    def specifier(self, spec: Any, key: str) -> str:
-        from packaging.specifiers import InvalidSpecifier, SpecifierSet
-
-        if not isinstance(spec, str):
-            raise self.err(key, f"expected a PEP 440 specifier string, got {type(spec).__name__}")
-        try:
-            SpecifierSet(spec)
-        except InvalidSpecifier:
-            raise self.err(key, f"{spec!r} is not a PEP 440 version specifier like '>=2.4,<2.12'") from None
-        return spec
+    error = ProfileError
 
 
 _TOP = ("profile-version", "name", "description", "sources", "unknown", "detect", "requires", "policy", "candidate",
@@ -140,9 +78,6 @@ _REQUIRES = ("device-type", "device-vendor", "device-arch", "min-device-count", 
              "torch-hip", "driver", "libraries", "forbidden")  # fmt: skip
 _POLICY = ("precision", "shapes", "deterministic", *SLOTS)
 _SLOT_POLICY = ("allowed", "preferred", "pin")
-_CANDIDATE = ("id", "slots", "semantics", "target", "args", "kwargs", "distribution", "specifier", "module", "devices",
-              "archs", "install", "twin-target", "twin-kwargs", "note")  # fmt: skip
-_DEVICE_TYPES = ("cuda", "rocm", "xpu", "mps", "cpu")
 
 
 def parse(text: str, path: str) -> Profile:
@@ -188,7 +123,7 @@ def parse(text: str, path: str) -> Profile:
                 if variant not in known:
                     raise p.err(f"requires.{key}.{lib}", f"{variant!r} is not a known variant of {base}",
                                 fix=f"known variants: {', '.join(known) or 'none'} (kernel_probe/detect/libraries.py)")  # fmt: skip
-    declared = tuple(_candidate(p, c, i, name) for i, c in enumerate(_list_of_tables(p, d, "candidate")))
+    declared = read_candidates(p, d, source=f"profile:{name}", reserved={b.id for b in BUILTIN})
     known_ids = {c.id: c for c in (*BUILTIN, *declared)}
     policy = p.table(d, "policy", _POLICY, "")
     precision = p.string(policy, "precision", "policy.")
@@ -198,7 +133,7 @@ def parse(text: str, path: str) -> Profile:
     deterministic = policy.get("deterministic", False)
     if not isinstance(deterministic, bool):
         raise p.err("policy.deterministic", f"expected true or false, got {type(deterministic).__name__}")
-    from .timing import parse_shape
+    from .shapes import parse_shape
 
     for i, s in enumerate(shapes):
         try:
@@ -252,77 +187,6 @@ def parse(text: str, path: str) -> Profile:
         default_strictness=default,
         warn_groups=warn,
     )
-
-
-def _list_of_tables(p: _P, d: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
-    v = d.get(key, [])
-    if not isinstance(v, list) or not all(isinstance(x, dict) for x in v):
-        raise p.err(key, "expected an array of tables ([[candidate]])")
-    return v
-
-
-def _scalars(p: _P, value: Any, key: str, *, table: bool) -> Any:
-    """A [[candidate]]'s args (a list) or kwargs (a table): strings, finite numbers, booleans."""
-    import math
-
-    if not isinstance(value, dict if table else list):
-        raise p.err(key, f"expected {'a table' if table else 'a list'}, got {type(value).__name__}")
-    items = value.items() if table else enumerate(value)
-    for k, v in items:
-        if table and not (isinstance(k, str) and k.isidentifier()):
-            raise p.err(f"{key}.{k}", "a keyword argument name must be a Python identifier")
-        ok = isinstance(v, (str, bool)) or (isinstance(v, int) and -(1 << 63) <= v < (1 << 63)) or (
-            isinstance(v, float) and math.isfinite(v))  # fmt: skip
-        if not ok:
-            raise p.err(f"{key}.{k}" if table else f"{key}[{k}]",
-                        f"expected a string, a finite number or a boolean, got {type(v).__name__} {v!r:.40}")  # fmt: skip
-    return value
-
-
-def _candidate(p: _P, c: Mapping[str, Any], i: int, profile: str) -> Candidate:
-    where = f"candidate[{i}]."
-    p.no_unknown(c, _CANDIDATE, where)
-    cid = p.string(c, "id", where, required=True)
-    if cid in {b.id for b in BUILTIN}:
-        raise p.err(f"{where}id", f"{cid!r} is a built-in candidate's id: a profile may not redefine it",
-                    fix="give the site's implementation its own id, e.g. 'site.fast_layer_norm'")  # fmt: skip
-    if not re.fullmatch(r"[A-Za-z0-9][\w.:-]*", cid, re.ASCII):
-        raise p.err(f"{where}id", f"{cid!r}: use letters, digits, '.', ':', '_' and '-'")
-    slots = p.strings(c, "slots", where)
-    if not slots or any(s not in SLOTS for s in slots):
-        raise p.err(f"{where}slots", f"expected a list of slots from {', '.join(SLOTS)}")
-    semantics = p.string(c, "semantics", where, default=SLOT_SEMANTICS[slots[0]])
-    target = p.string(c, "target", where, required=True)
-    if not re.match(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$", target):
-        raise p.err(f"{where}target", f"{target!r} is not a dotted import path")
-    spec = p.string(c, "specifier", where, default="") or ""
-    if spec:
-        p.specifier(spec, f"{where}specifier")
-    default_args = ("$in_features", "$out_features") if slots[0] == "Linear" else ("$normalized_shape",)
-    args = _scalars(p, c.get("args", list(default_args)), f"{where}args", table=False)
-    kwargs = _scalars(p, c.get("kwargs", {"eps": "$eps"} if slots[0] != "Linear" else {"bias": "$bias"}), f"{where}kwargs",
-                      table=True)  # fmt: skip
-    twin_kwargs = _scalars(p, c.get("twin-kwargs", {}), f"{where}twin-kwargs", table=True)
-    if semantics not in SLOT_SEMANTICS.values():
-        raise p.err(f"{where}semantics", f"{semantics!r} is not one of {', '.join(SLOT_SEMANTICS.values())}")
-    archs = {kind: p.strings(p.table(c, "archs", _DEVICE_TYPES, where), kind, f"{where}archs.")
-             for kind in p.table(c, "archs", _DEVICE_TYPES, where)}  # fmt: skip
-    for kind, names in archs.items():
-        for name in names:
-            if not re.fullmatch(r"(sm_[0-9]{2,3}[af]?|gfx[0-9a-f]{3,4})\+?", name, re.ASCII):
-                raise p.err(f"{where}archs.{kind}", f"{name!r} is not a GPU arch like 'sm_90', 'sm_80+' (that or "
-                            "newer) or 'gfx90a'")  # fmt: skip
-    install_table = p.table(c, "install", _DEVICE_TYPES, where)
-    install = {kind: p.string(install_table, kind, f"{where}install.") or "" for kind in install_table}
-    return Candidate(
-        id=cid, slots=slots, semantics=semantics, target=target,
-        args=tuple(args), kwargs=dict(kwargs),
-        distribution=p.string(c, "distribution", where, default="") or "", specifier=spec,
-        module=p.string(c, "module", where, default=target.split(".")[0]) or "",
-        devices=p.strings(c, "devices", where), archs=archs, install=install, twin_target=p.string(c, "twin-target", where, default="") or "",
-        twin_kwargs=dict(twin_kwargs), note=p.string(c, "note", where, default="") or "",
-        source=f"profile:{profile}",
-    )  # fmt: skip
 
 
 MAX_BYTES = 1 << 20  # a profile is a few kB

@@ -18,18 +18,10 @@ import torch
 
 from .candidates import Candidate, canonical_for
 from .measure import DTYPES, build
+from .protocol import TimingProgressMessage
+from .shapes import parse_shape
 
 DEFAULT_OPTIONS = {"warmup": 3, "reps": 20, "min_seconds": 0.2, "max_reps": 200}
-
-
-def parse_shape(text: str) -> tuple[int, int, int | None]:
-    """'40320x1024' -> (40320, 1024, None); '8192x1024x4096' -> (8192, 1024, 4096) for Linear."""
-    parts = text.lower().replace("*", "x").split("x")
-    if len(parts) not in (2, 3) or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise ValueError(f"--shape {text!r}: expected ROWSxHIDDEN (e.g. 40320x1024) or ROWSxINxOUT for Linear, all positive integers")
-    rows, hidden = int(parts[0]), int(parts[1])
-    out = int(parts[2]) if len(parts) == 3 else None
-    return rows, hidden, out
 
 
 def bytes_moved(semantics: str, rows: int, hidden: int, out: int, dtype_bytes: int) -> int:
@@ -168,16 +160,16 @@ def _time_shape(cand: Candidate, slot: str, device: str, shape: str, dtype, mixe
     return row
 
 
-def progress_message(shape: str, index: int, of: int, phase: str, done: int, total: int, seconds: float) -> dict[str, Any]:
-    """The typed progress message a timing worker sends before its reply: shape ``index`` of ``of``,
+def progress_message(shape: str, index: int, of: int, phase: str, done: int, total: int, seconds: float) -> TimingProgressMessage:
+    """The progress message a timing worker sends before its reply: shape ``index`` of ``of``,
     ``phase`` (first call, warm-up, rep) ``done`` of ``total``, ``seconds`` spent on this shape."""
-    return {"shape": shape, "index": index, "of": of, "phase": phase, "done": done, "total": total,
-            "seconds": round(seconds, 3)}  # fmt: skip
+    return TimingProgressMessage(shape=shape, index=index, of=of, phase=phase, done=done, total=total,
+                                 seconds=round(seconds, 3))  # fmt: skip
 
 
 def time_candidate(cand: Candidate, slot: str, device: str, shapes: list[str], dtype_name: str, regime: str,
                    canonical_overrides: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None,
-                   progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:  # fmt: skip
+                   progress: Callable[[TimingProgressMessage], None] | None = None) -> dict[str, Any]:  # fmt: skip
     """Rows per shape; ``progress`` receives a message after each call (see ``progress_message``)."""
     opts = {**DEFAULT_OPTIONS, **(options or {})}
     torch_device = "cuda" if device == "rocm" else device

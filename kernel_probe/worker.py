@@ -13,8 +13,10 @@ baseline use (``TORCH_SURFACE``) and reports any a candidate replaced: that cand
 Robustness: the worker leads its own process group and the parent kills the group when it closes
 the worker, so nothing a candidate spawned outlives it; replies are read with ``select`` against a
 deadline, never by a thread blocked on a pipe that a forked grandchild may hold open for ever. The
-worker dies with its parent (``PR_SET_PDEATHSIG``, Linux), and a small reaper in its group kills the
-group when the worker dies, so a killed probe leaves no worker and no grandchild behind. The worker's
+worker is started by ``child.spawn``, like every child of the probe: it dies with its parent
+(``PR_SET_PDEATHSIG``, Linux), and a small reaper in its group kills the group when the worker dies,
+so a killed probe leaves no worker and no grandchild behind. Requests and replies are the typed
+messages of ``protocol``. The worker's
 protocol channel is a duplicate of its original stdout; fd 1 itself is pointed at stderr, so a
 library that prints cannot corrupt the protocol.
 """
@@ -22,18 +24,36 @@ library that prints cannot corrupt the protocol.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import select
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
-from .child import kill_group, signal_name
+from .child import kill_group, signal_name, spawn
+from .protocol import (
+    CheckReply,
+    CheckRequest,
+    ImportReply,
+    ImportRequest,
+    PingReply,
+    PingRequest,
+    ProtocolError,
+    R,
+    Reply,
+    Request,
+    TimeReply,
+    TimeRequest,
+    TimingProgressMessage,
+    TryReply,
+    TryRequest,
+    request_from_json,
+)
 
 DEFAULT_TIMEOUT = 300.0  # a call's budget unless the caller says otherwise (checks and imports have their own)
 START_TIMEOUT = 120.0
@@ -58,21 +78,14 @@ class WorkerDied(Exception):
         self.reason = reason
 
 
-PING = (json.dumps({"op": "ping"}) + "\n").encode()
-
-
+PING = (json.dumps(PingRequest().to_json()) + "\n").encode()
 def _spawn(env: Mapping[str, str]) -> tuple[subprocess.Popen[bytes], Any]:
-    """A worker process, in its own process group, already asked to start up (its ping not yet read)."""
+    """A worker process (``child.spawn``: its own process group, dies with us, a reaper kills its
+    group when it dies; the working directory stays on its path, for a local ``--candidate``),
+    already asked to start up (its ping not yet read)."""
     stderr = tempfile.TemporaryFile(mode="w+b")
-    proc = subprocess.Popen(
-        [sys.executable, "-X", "faulthandler", "-m", "kernel_probe.worker", str(os.getpid())],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=stderr,
-        env=dict(env),
-        bufsize=0,
-        start_new_session=True,
-    )
+    proc = spawn("kernel_probe.worker", "serve", env=env, keep_cwd=True, reaper=True, stdin=subprocess.PIPE,
+                 stdout=subprocess.PIPE, stderr=stderr, bufsize=0)  # fmt: skip
     try:
         assert proc.stdin is not None
         proc.stdin.write(PING)
@@ -106,7 +119,7 @@ class Worker:
         self._buffer = b""
         self._mark = 0
         self.started += 1
-        self._reply(START_TIMEOUT, time.monotonic() + START_TIMEOUT)  # the ping sent at spawn time
+        self._reply(PingReply, START_TIMEOUT, time.monotonic() + START_TIMEOUT)  # the ping sent at spawn time
 
     def close(self) -> None:
         """End the worker and everything it spawned; never blocks on a pipe a grandchild holds."""
@@ -138,11 +151,12 @@ class Worker:
         self.close()
 
     # -- calls --------------------------------------------------------------------------------
-    def call(self, request: Mapping[str, Any], timeout: float = DEFAULT_TIMEOUT,
-             on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:  # fmt: skip
-        """Send one request; on crash or timeout raise WorkerDied (the next call gets a fresh worker).
-        ``on_progress`` receives the worker's progress messages that come before the reply (a
-        request asks for them with ``"progress": True``); ``timeout`` covers the whole call."""
+    def call(self, request: Request[R], timeout: float = DEFAULT_TIMEOUT,
+             on_progress: Callable[[TimingProgressMessage], None] | None = None) -> R:  # fmt: skip
+        """Send one request; its reply (``request.REPLY``) comes back. On crash or timeout raise
+        WorkerDied (the next call gets a fresh worker). ``on_progress`` receives the worker's progress
+        messages that come before the reply (a ``TimeRequest`` asks for them with ``progress=True``);
+        ``timeout`` covers the whole call."""
         if self._proc is None or self._proc.poll() is not None:
             self.close()
             self._start()
@@ -187,27 +201,27 @@ class Worker:
         line, _, self._buffer = self._buffer.partition(b"\n")
         return line
 
-    def _call(self, request: Mapping[str, Any], timeout: float,
-              on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:  # fmt: skip
+    def _call(self, request: Request[R], timeout: float,
+              on_progress: Callable[[TimingProgressMessage], None] | None = None) -> R:  # fmt: skip
         proc = self._proc
         assert proc is not None and proc.stdin is not None
         if self._stderr is not None:
             self._stderr.seek(0, 2)
             self._mark = self._stderr.tell()
         try:
-            proc.stdin.write((json.dumps(request) + "\n").encode())
+            proc.stdin.write((json.dumps(request.to_json()) + "\n").encode())
             proc.stdin.flush()
         except (BrokenPipeError, OSError):
             pass  # the read below sees the worker gone and reports the crash
         deadline = time.monotonic() + timeout
         while True:
-            reply = self._reply(timeout, deadline)
-            if "progress" not in reply:
-                return reply
+            reply = self._reply(request.REPLY, timeout, deadline)
+            if isinstance(reply, Reply):
+                return cast(R, reply)
             if on_progress is not None:
-                on_progress(reply["progress"])
+                on_progress(reply)
 
-    def _reply(self, timeout: float, deadline: float) -> dict[str, Any]:
+    def _reply(self, kind: type[Reply], timeout: float, deadline: float) -> Reply | TimingProgressMessage:
         proc = self._proc
         assert proc is not None
         line = self._readline(deadline)
@@ -227,10 +241,12 @@ class Worker:
             self.close()
             how = f"killed by {signal_name(-code)}" if code < 0 else f"exited with status {code}"
             raise WorkerDied("crashed", f"the worker process {how}" + (f"; stderr: {tail[-600:]}" if tail else ""))
-        reply = json.loads(line)
-        if "fatal" in reply:
-            raise RuntimeError(f"worker error: {reply['fatal']}")
-        return reply
+        data = json.loads(line)
+        if "fatal" in data:
+            raise RuntimeError(f"worker error: {data['fatal']}")
+        if "progress" in data:
+            return TimingProgressMessage.from_json(data["progress"])
+        return kind.from_json(data)
 
 
 def torch_own(cand: Any) -> bool:
@@ -273,7 +289,7 @@ class WorkerPool:
         """Start the shared worker now, and a spare for the first library while it imports torch."""
         if self._next is None:
             self._next = _spawn(self._env)
-        self.shared.call({"op": "ping"})
+        self.shared.call(PingRequest())
 
     @contextlib.contextmanager
     def worker_for(self, cand: Any) -> Iterator[Worker]:
@@ -306,30 +322,6 @@ class WorkerPool:
 
 
 # ---- the child side -----------------------------------------------------------------------------
-def _guard(parent: int) -> None:
-    """Die with the parent, and have the whole process group die with this worker (Linux)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG: the probe died -> this worker dies
-    except Exception:  # not Linux: the parent still kills the group when it closes the worker
-        return
-    if os.getppid() != parent:
-        os._exit(137)
-    me = os.getpid()
-    if os.fork() == 0:  # the reaper: kills the group (grandchildren included) when the worker dies
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(devnull, fd)  # hold none of the worker's pipes
-        signal.signal(signal.SIGTERM, lambda *_: os.killpg(0, signal.SIGKILL))
-        libc.prctl(1, int(signal.SIGTERM))
-        if os.getppid() != me:
-            os.killpg(0, signal.SIGKILL)
-        while True:
-            signal.pause()
-
-
 def _snapshot() -> dict[str, int]:
     out = {}
     for path in TORCH_SURFACE:
@@ -352,73 +344,66 @@ def tampered() -> list[str]:
 
 
 def serve() -> None:
-    if len(sys.argv) > 1 and sys.argv[1].isdigit():
-        _guard(int(sys.argv[1]))
+    """The worker's loop (started by ``child.spawn``): one request a line on stdin, one reply a line
+    back, after any progress messages; a request that is not one is a fatal reply."""
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything printed by foreign code goes to stderr, not the protocol
     sys.stdout = sys.stderr
+
+    def emit(message: TimingProgressMessage) -> None:  # progress, before the reply (Worker.call reads on)
+        proto.write(json.dumps({"progress": message.to_json()}) + "\n")
+        proto.flush()
+
     for line in sys.stdin:
         if not line.strip():
             continue
-        request = json.loads(line)
-        def emit(message: Mapping[str, Any]) -> None:  # progress, before the reply (Worker.call reads on)
-            proto.write(json.dumps({"progress": message}) + "\n")
-            proto.flush()
-
+        out: dict[str, Any]
         try:
-            reply = _dispatch(request, emit)
+            reply = _dispatch(request_from_json(json.loads(line)), emit)
             changed = tampered()
             if changed:
-                reply = {**reply, "tampered": changed}
-        except Exception as exc:  # a bug in the probe itself, reported to the parent
+                reply = dataclasses.replace(reply, tampered=tuple(changed))
+            out = reply.to_json()
+        except Exception as exc:  # a bug in the probe itself (or a malformed request), reported to the parent
             import traceback
 
-            reply = {"fatal": f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"}
-        proto.write(json.dumps(reply, default=str) + "\n")
+            out = {"fatal": f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"}
+        proto.write(json.dumps(out, default=str) + "\n")
         proto.flush()
 
 
-def _dispatch(request: Mapping[str, Any], emit: Callable[[Mapping[str, Any]], None] | None = None) -> dict[str, Any]:
-    op = request["op"]
-    if op == "ping":
+def _dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], None] | None = None) -> Reply:
+    if isinstance(request, PingRequest):
         import torch  # noqa: F401  (import once, up front, under the start timeout)
 
         from . import measure  # noqa: F401  (the probe's own torch code, before any library)
 
         if not _BASELINE_SURFACE:
             _BASELINE_SURFACE.update(_snapshot())
-        return {"ok": True, "pid": os.getpid()}
+        return PingReply(pid=os.getpid())
     from . import measure
-    from .candidates import Candidate
 
-    if op == "import":  # under its own time budget: a library that hangs here costs only that
+    if isinstance(request, ImportRequest):  # under its own time budget: a library that hangs here costs only that
         start = time.perf_counter()
         try:
-            measure.import_class(request["target"])
+            measure.import_class(request.target)
         except ImportError as exc:
-            return {"ok": False, "kind": "import", "error": f"{type(exc).__name__}: {exc}"}
+            return ImportReply(ok=False, kind="import", error=f"{type(exc).__name__}: {exc}")
         except (Exception, SystemExit) as exc:  # a library calling sys.exit() on import is broken, not absent
-            return {"ok": False, "kind": "exception", "error": f"{type(exc).__name__}: {exc}"}
-        return {"ok": True, "seconds": time.perf_counter() - start}
-    cand = Candidate.from_json(request["candidate"])
-    if op == "check":
-        baseline = request.get("baseline")
-        return measure.check(
-            cand, request["slot"], request["device"], [tuple(d) for d in request["dtypes"]],
-            canonical_overrides=request.get("canonical"), seed=request.get("seed", 0),
-            hidden=request.get("hidden", measure.CHECK_HIDDEN),
-            baseline=Candidate.from_json(baseline) if baseline else None,
-        )  # fmt: skip
-    if op == "try":
-        return measure.try_once(cand, request["slot"], request["device"])
-    if op == "time":
+            return ImportReply(ok=False, kind="exception", error=f"{type(exc).__name__}: {exc}")
+        return ImportReply(ok=True, seconds=time.perf_counter() - start)
+    if isinstance(request, CheckRequest):
+        return CheckReply.from_json(measure.check(
+            request.candidate, request.slot, request.device, list(request.dtypes),
+            canonical_overrides=request.canonical, seed=request.seed,
+            hidden=measure.CHECK_HIDDEN if request.hidden is None else request.hidden, baseline=request.baseline,
+        ))  # fmt: skip
+    if isinstance(request, TryRequest):
+        return TryReply.from_json(measure.try_once(request.candidate, request.slot, request.device))
+    if isinstance(request, TimeRequest):
         from . import timing
 
-        return timing.time_candidate(cand, request["slot"], request["device"], request["shapes"], request["dtype"],
-                                     request["regime"], request.get("canonical"), request.get("options", {}),
-                                     progress=emit if request.get("progress") else None)  # fmt: skip
-    raise ValueError(f"unknown op {op!r}")
-
-
-if __name__ == "__main__":
-    serve()
+        return TimeReply.from_json(timing.time_candidate(
+            request.candidate, request.slot, request.device, list(request.shapes), request.dtype, request.regime,
+            request.canonical, request.options, progress=emit if request.progress else None))  # fmt: skip
+    raise ProtocolError(f"the worker has no handler for {type(request).__name__}")

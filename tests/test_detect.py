@@ -386,21 +386,25 @@ def test_check_import_ignores_the_working_directory(fakes, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "returncode, stdout, stderr, timed_out, status, reason_has",
+    "returncode, answer, stdout, stderr, timed_out, status, reason_has",
     [
-        (0, importcheck.MARK + '{"ok": true, "seconds": 0.1}\n', "", False, "ok", "imported"),
-        (0, "noise\n" + importcheck.MARK + '{"ok": true, "seconds": 0.1}\n', "", False, "ok", "imported"),
-        (1, "", "Traceback...\nSystemExit: 1\n", False, "crashed", "exited with code 1"),
-        (0, importcheck.MARK + '{"ok": false, "type": "OSError", "message": "bad .so"}\n', "", False, "error",
-         "OSError: bad .so"),
-        (-11, "", "Fatal Python error: Segmentation fault\n", False, "crashed", "SIGSEGV during import"),
-        (-6, importcheck.MARK + '{"ok": true}\n', "", False, "crashed", "at interpreter exit"),
-        (None, "", "", True, "timeout", "did not finish"),
-        (0, "", "", False, "error", "no result"),
+        (0, {"ok": True, "seconds": 0.1}, "", "", False, "ok", "imported"),
+        (0, {"ok": True, "seconds": 0.1}, "noise\n", "", False, "ok", "imported"),
+        (1, None, "", "Traceback...\nSystemExit: 1\n", False, "crashed", "exited with code 1"),
+        (0, {"ok": False, "type": "OSError", "message": "bad .so"}, "", "", False, "error", "OSError: bad .so"),
+        (-11, None, "", "Fatal Python error: Segmentation fault\n", False, "crashed", "SIGSEGV during import"),
+        (-6, {"ok": True}, "", "", False, "crashed", "at interpreter exit"),
+        (None, None, "", "", True, "timeout", "did not finish"),
+        (0, None, "", "", False, "error", "no result"),
+        (0, {"ok": True, "modul": "x"}, "", "", False, "error", "unknown key(s) 'modul'"),
     ],
 )
-def test_classify(returncode, stdout, stderr, timed_out, status, reason_has):
-    out = importcheck.classify(returncode, stdout, stderr, timed_out=timed_out, seconds=1.0, timeout=5)
+def test_classify(returncode, answer, stdout, stderr, timed_out, status, reason_has):
+    from kernel_probe.child import ChildResult
+
+    child = ChildResult("ok" if answer is not None else "crashed", value=answer, returncode=returncode, seconds=1.0,
+                        stdout=stdout, stderr=stderr, timed_out=timed_out)  # fmt: skip
+    out = importcheck.classify(child, timeout=5)
     assert out["status"] == status and reason_has in out["reason"]
     if "noise" in stdout:
         assert out["stdout"] == "noise"

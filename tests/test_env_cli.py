@@ -37,8 +37,16 @@ def fresh_consoles():
 
 
 def test_env_is_a_registered_subcommand():
-    assert cli.SUBCOMMANDS["env"] == (
-        "envcmd", "report this machine: host, torch build, accelerators, triton, kernel libraries, site")
+    sub = cli.SUBCOMMANDS["env"]
+    assert (sub.module, sub.add_arguments, sub.run) == ("envcmd", "add_env_arguments", "run_env")
+
+
+def test_every_subcommand_is_wired_to_functions_that_exist():
+    import importlib
+
+    for name, sub in cli.SUBCOMMANDS.items():
+        module = importlib.import_module(f"kernel_probe.commands.{sub.module}")
+        assert callable(getattr(module, sub.add_arguments)) and callable(getattr(module, sub.run)), name
 
 
 def test_env_json_without_import_checks_parses(capsys):

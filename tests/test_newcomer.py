@@ -210,17 +210,34 @@ def test_json_errors_are_json_on_stdout(argv, code, capsys, no_workers):
 
 
 # ---- 5. progress and a warning for GPU-sized shapes on a CPU --------------------------------------------------
-def test_gpu_sized_shapes_on_a_cpu_are_warned_about(capsys):
-    from kernel_probe import output
-    from kernel_probe.commands.probe import warn_large_shapes
+def test_gpu_sized_shapes_on_a_cpu_are_warned_about():
+    from kernel_probe.pipeline import large_shape_warning
 
-    output.reset()
-    warn_large_shapes("cpu", ["40320x1024", "542080x1024"], 5)
-    err = capsys.readouterr().err
-    assert "40320x1024, 542080x1024 are GPU-sized shapes" in err and "2048x1024" in err and "--reps" in err
-    warn_large_shapes("cpu", ["2048x1024"], 5)
-    warn_large_shapes("cuda", ["542080x1024"], 20)
-    assert capsys.readouterr().err == ""
+    text = large_shape_warning("cpu", ["40320x1024", "542080x1024"], 5)
+    assert "40320x1024, 542080x1024 are GPU-sized shapes" in text and "2048x1024" in text and "--reps" in text
+    assert large_shape_warning("cpu", ["2048x1024"], 5) is None
+    assert large_shape_warning("cuda", ["542080x1024"], 20) is None
+
+
+def test_the_probe_warns_about_gpu_sized_shapes_before_timing(monkeypatch):
+    from kernel_probe import pipeline
+
+    seen: list[str] = []
+
+    class Stop(Exception):
+        pass
+
+    class Recorder(pipeline.Events):
+        def warn(self, text):
+            seen.append(text)
+
+        def begin(self, total):
+            raise Stop  # the warning must come before any candidate runs
+
+    p = pipeline.plan(pipeline.ProbeRequest(shapes=("40320x1024",), slots=("LayerNorm",)))
+    with pytest.raises(Stop):
+        pipeline.probe(p, Recorder())
+    assert seen and "GPU-sized" in seen[0]
 
 
 def test_timing_progress_estimates_what_is_left():
@@ -242,22 +259,23 @@ def test_timing_progress_estimates_what_is_left():
 
 def test_worker_forwards_progress_before_the_reply():
     from kernel_probe.candidates import default_for
+    from kernel_probe.protocol import TimeRequest, TimingProgressMessage
     from kernel_probe.worker import Worker
 
-    seen: list[dict] = []
+    seen: list[TimingProgressMessage] = []
     with Worker() as w:
-        reply = w.call({"op": "time", "candidate": default_for("LayerNorm").to_json(), "slot": "LayerNorm",
-                        "device": "cpu", "shapes": ["32x16", "64x16"], "dtype": "float32", "regime": "true",
-                        "progress": True, "options": {"reps": 2, "warmup": 1, "min_seconds": 0.0}}, 120,
+        reply = w.call(TimeRequest(candidate=default_for("LayerNorm"), slot="LayerNorm", device="cpu",
+                                   shapes=("32x16", "64x16"), dtype="float32", regime="true", progress=True,
+                                   options={"reps": 2, "warmup": 1, "min_seconds": 0.0}), 120,
                        on_progress=seen.append)  # fmt: skip
-    assert [r["shape"] for r in reply["rows"]] == ["32x16", "64x16"]
-    assert {(m["shape"], m["phase"]) for m in seen} >= {("32x16", "first call"), ("32x16", "warm-up"), ("64x16", "rep")}
-    assert all("copy_percent" not in r for r in reply["rows"])  # no copy ceiling on a CPU
+    assert [r["shape"] for r in reply.rows] == ["32x16", "64x16"]
+    assert {(m.shape, m.phase) for m in seen} >= {("32x16", "first call"), ("32x16", "warm-up"), ("64x16", "rep")}
+    assert all("copy_percent" not in r for r in reply.rows)  # no copy ceiling on a CPU
 
 
 # ---- 7. the smaller frictions ---------------------------------------------------------------------------------------
 def test_help_states_the_real_defaults(capsys):
-    from kernel_probe.commands.probe import DEFAULT_REPS, DEFAULT_SHAPES
+    from kernel_probe.pipeline import DEFAULT_REPS, DEFAULT_SHAPES
 
     code, out, _ = run_cli(["--help"], capsys)
     flat = " ".join(out.split())
@@ -271,12 +289,14 @@ def test_lock_commands_default_to_KERNEL_LOCK(lock_file, capsys, monkeypatch):
     for argv in (["show"], ["explain", "LayerNorm"], ["rehash"], ["verify"]):
         code, out, err = run_cli(argv, capsys)
         assert code == 0, (argv, err)
-        assert str(lock_file) in out + err or "LayerNorm" in out
+        assert str(lock_file) in out + err or argv == ["explain", "LayerNorm"], argv
+    code, out, _ = run_cli(["explain", "LayerNorm"], capsys)
+    assert "LayerNorm -> torch.layer_norm (torch.nn.LayerNorm)" in out  # the $KERNEL_LOCK file's slot
 
 
 def test_explain_with_a_bad_slot_is_a_usage_error(lock_file, capsys):
     code, _, err = run_cli(["explain", lock_file, "Layernorm"], capsys)
-    assert code == 2 and "did you mean LayerNorm" in err
+    assert code == 2 and "did you mean 'LayerNorm'" in err
     code, _, err = run_cli(["explain", lock_file, "LayerNorm", "extra"], capsys)
     assert code == 2
 

@@ -40,7 +40,7 @@ from kernel_lock.versions import in_spec, release_text
 from kernel_probe import lockwrite, profiles
 from kernel_probe.candidates import BUILTIN
 from kernel_probe.checker import check_candidate
-from kernel_probe.commands import probe as probe_cmd
+from kernel_probe import pipeline
 from kernel_probe.detect import libraries
 from kernel_probe.detect import triton as triton_info
 
@@ -337,11 +337,11 @@ def test_probe_accepts_lumi_with_its_profile(profile, env, node, tmp_path, monke
     node(lumi(env=env))
     seen = {}
 
-    def stand_in(args, out, slots, candidates, device, *rest, profile=None, matched=""):
-        seen.update(profile=profile, matched=matched, device=device)
+    def stand_in(plan, events=None):
+        seen.update(profile=plan.profile, matched=plan.matched, device=plan.device)
         raise _Stop
 
-    monkeypatch.setattr(probe_cmd, "_probe", stand_in)
+    monkeypatch.setattr(pipeline, "probe", stand_in)
     with pytest.raises(_Stop):
         run_cli(["--profile", profile, "--out", tmp_path / "k.toml"], capsys)
     assert seen["profile"].name == "lumi-g" and seen["device"]["arch"] == "gfx90a"

@@ -19,6 +19,7 @@ from kernel_probe.choose import choose
 from kernel_probe.errors import ProbeError
 from kernel_probe.judge import Policy
 from kernel_probe.layout import discover
+from kernel_probe.protocol import PingRequest
 from kernel_probe.worker import Worker
 
 from .conftest import run_cli
@@ -29,7 +30,7 @@ PLAN = [("float32", "true"), ("bfloat16", "mixed")]
 @pytest.fixture(scope="module")
 def worker():
     with Worker() as w:
-        w.call({"op": "ping"})
+        w.call(PingRequest())
         yield w
 
 
@@ -233,7 +234,7 @@ def test_a_hanging_import_costs_the_import_budget_not_minutes():
     assert IMPORT_TIMEOUT <= 30
     start = time.perf_counter()
     with Worker() as w:
-        w.call({"op": "ping"})
+        w.call(PingRequest())
         r = check(w, "LayerNorm=kp_zoo.hang_on_import.X")
     elapsed = time.perf_counter() - start
     assert r.status == "timeout" and f"import budget {IMPORT_TIMEOUT:g} s" in r.reasons[0]

@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kernel_lock.slots import MODES
+
 from .. import __version__, output
 from ..output import safe
 from ..errors import UsageError
 from .lockcmds import DEFAULT_LOCK, _load, add_trust_argument, default_lock_path
-
-MODES = ("training", "inference")
 
 
 # ---- export ---------------------------------------------------------------------------------------

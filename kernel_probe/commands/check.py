@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from kernel_lock.lock import SLOTS
 
@@ -63,21 +62,6 @@ def add_check_arguments(p: argparse.ArgumentParser) -> None:
                    "two); 64 checks norms at anemoi's QueryNorm/KeyNorm head_dim")
 
 
-def gather_candidates(args: argparse.Namespace, extra: list | None = None):
-    from .. import candidates as cands
-
-    offered = [cands.from_command_line(text) for text in args.candidate]
-    return cands.registry([*(extra or []), *offered], entry_points=not args.no_plugins)
-
-
-def detect_device() -> dict[str, Any]:
-    import torch
-
-    from kernel_lock.fingerprint import device_facts
-
-    return device_facts(torch)
-
-
 def run_check(args: argparse.Namespace) -> int:
     from ..checker import ALL_DTYPES, check_all, dtype_plan, parse_dtype
     from ..errors import UsageError
@@ -88,7 +72,9 @@ def run_check(args: argparse.Namespace) -> int:
     dtypes = [parse_dtype(d) for d in args.dtype] or list(ALL_DTYPES)
     regimes = ("true", "mixed") if args.regime == "both" else (args.regime,)
     plan = dtype_plan(dtypes, regimes)
-    candidates, problems = gather_candidates(args)
+    from ..pipeline import detect_device, gather_candidates
+
+    candidates, problems = gather_candidates(args.candidate, plugins=not args.no_plugins)
     for problem in problems:
         output.warn(problem)
     device = detect_device()

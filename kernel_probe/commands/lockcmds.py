@@ -8,6 +8,7 @@ from typing import Any
 
 import kernel_lock
 from kernel_lock.errors import LOCKS_DIFFER, LockError, LockMismatch
+from kernel_lock.slots import MODES, slot_name_fix
 
 from .. import output
 from ..output import safe
@@ -38,7 +39,7 @@ def _load(path: str, strict: bool = False, *, trust: list[str] | tuple[str, ...]
 # ---- verify ---------------------------------------------------------------------------------
 def add_verify_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("lock", nargs="?", default=None, help=f"lock file (default: $KERNEL_LOCK or ./{DEFAULT_LOCK})")
-    p.add_argument("--mode", choices=("training", "inference"), default=None,
+    p.add_argument("--mode", choices=MODES, default=None,
                    help="training: this machine must match the lock; inference: substitute verified twins where "
                    "needed (default: the lock's own mode, `mode` in the file)")
     p.add_argument("--strict", action="store_true",
@@ -178,10 +179,7 @@ def slot_argument(text: str) -> str:
 
     if text in kernel_lock.SLOTS:
         return text
-    close = [s for s in kernel_lock.SLOTS if s.lower() == text.lower()]
-    raise UsageError(f"unknown slot {text!r}",
-                     fix=f"did you mean {close[0]}? slot names are case-sensitive" if close else
-                     f"use one of {', '.join(kernel_lock.SLOTS)}")  # fmt: skip
+    raise UsageError(f"unknown slot {text!r}", fix=slot_name_fix(text))
 
 
 def run_explain(args: argparse.Namespace) -> int:
@@ -261,36 +259,10 @@ def add_diff_arguments(p: argparse.ArgumentParser) -> None:
                    "kernel-probe keeps for failures)")
 
 
-def lock_differences(a: kernel_lock.KernelLock, b: kernel_lock.KernelLock) -> dict[str, list[dict[str, Any]]]:
-    env = []
-    for name in sorted(set(a.environment.fields) | set(b.environment.fields)):
-        x, y = a.environment.fields.get(name), b.environment.fields.get(name)
-        if (x and x.value) != (y and y.value) or (x and x.match) != (y and y.match):
-            env.append({"field": name, "a": x.to_dict() if x else None, "b": y.to_dict() if y else None})
-    for name in sorted(set(a.environment.libraries) | set(b.environment.libraries)):
-        x, y = a.environment.libraries.get(name), b.environment.libraries.get(name)
-        if (x and x.value) != (y and y.value):
-            env.append({"field": f"libraries.{name}", "a": x.to_dict() if x else None, "b": y.to_dict() if y else None})
-    slots = []
-    for name in kernel_lock.SLOTS:
-        x, y = a.slots.get(name), b.slots.get(name)
-        for key in ("implementation", "target", "kwargs"):
-            vx = getattr(x, key) if x else None
-            vy = getattr(y, key) if y else None
-            if vx != vy:
-                slots.append({"slot": name, "key": key, "a": dict(vx) if key == "kwargs" and vx is not None else vx,
-                              "b": dict(vy) if key == "kwargs" and vy is not None else vy})  # fmt: skip
-    top = []
-    for key in ("precision", "mode", "lock_version"):
-        if getattr(a, key) != getattr(b, key):
-            top.append({"key": key.replace("_", "-"), "a": getattr(a, key), "b": getattr(b, key)})
-    if dict(a.profile).get("name") != dict(b.profile).get("name"):
-        top.append({"key": "profile", "a": dict(a.profile).get("name"), "b": dict(b.profile).get("name")})
-    return {"lock": top, "environment": env, "slots": slots}
-
-
 def run_diff(args: argparse.Namespace) -> int:
     a, b = _load(args.a, check_targets=False), _load(args.b, check_targets=False)
+    from ..lockdiff import lock_differences
+
     diffs = lock_differences(a, b)
     differ = any(diffs.values())
     if args.json:

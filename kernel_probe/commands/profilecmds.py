@@ -87,7 +87,7 @@ def _match(args: argparse.Namespace) -> int:
 
     from .. import profiles
     from ..errors import ProfileUnmet
-    from .check import detect_device
+    from ..pipeline import detect_device
 
     device = detect_device()
     profile, matched, notes = profiles.choose(args.name, args.profiles_dir, device)

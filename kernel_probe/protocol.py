@@ -1,0 +1,398 @@
+"""Every message between the probe and its child processes, typed, in one place.
+
+    reply = worker.call(CheckRequest(candidate=cand, slot="LayerNorm", device="cpu", dtypes=plan))
+    reply.rows[0]["cases"]                     # a CheckReply, not a dict someone may have misspelt
+
+Three conversations cross a process boundary, all as JSON (one line, or one file):
+
+- the probe's worker (``worker.Worker``): a request (``PingRequest``, ``ImportRequest``,
+  ``CheckRequest``, ``TryRequest``, ``TimeRequest``; ``op`` on the wire names it), answered by its
+  reply class (``request.REPLY``), after any number of ``TimingProgressMessage``s;
+- the import checks of ``kernel-probe env`` (``detect.importcheck``): an ``ImportCheckRequest``,
+  answered by an ``ImportCheckReply``;
+- reading an anemoi config (``anemoi_config``): a ``ComposeRequest`` answered by a ``ComposeReply``
+  (Hydra's composition, ``anemoi_compose``), and ``EntryCheckRequest`` answered by ``EntryCheckReply``
+  (``kernel_lock.anemoi.check_entries``).
+
+``to_json()`` gives the JSON-ready dict; ``from_json()`` reads one back and raises ``ProtocolError``
+naming the message and the key when a key is missing or unknown, so a key renamed on one side fails
+on the first message, with its name, not as a ``KeyError`` three modules away. The measurement rows
+inside a ``CheckReply`` (written by ``measure``, judged by ``judge``) are a ``TypedDict`` with their
+flag names and the alternative-semantics key declared here once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypedDict, TypeVar
+
+if TYPE_CHECKING:
+    from .candidates import Candidate
+
+
+class ProtocolError(ValueError):
+    """A message that is not what its type declares (a missing or unknown key, not an object)."""
+
+
+M = TypeVar("M", bound="Message")
+
+
+def _candidate_field() -> Any:
+    """A ``Candidate`` field: its own JSON on the wire (``Candidate.to_json`` / ``from_json``)."""
+
+    def decode(value: Any) -> Candidate:
+        from .candidates import Candidate
+
+        return Candidate.from_json(value)
+
+    return field(metadata={"json": (lambda c: c.to_json(), decode)})
+
+
+def _optional_candidate_field() -> Any:
+    def decode(value: Any) -> Candidate | None:
+        from .candidates import Candidate
+
+        return None if value is None else Candidate.from_json(value)
+
+    return field(default=None, metadata={"json": (lambda c: None if c is None else c.to_json(), decode)})
+
+
+@dataclass(frozen=True)
+class Message:
+    """A message with a fixed set of keys; subclasses are frozen, keyword-only dataclasses."""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            encode: Callable[[Any], Any] | None = f.metadata.get("json", (None, None))[0]
+            out[f.name] = encode(value) if encode else _plain(value)
+        return out
+
+    @classmethod
+    def from_json(cls: type[M], data: Any) -> M:
+        name = cls.__name__
+        if not isinstance(data, Mapping):
+            raise ProtocolError(f"{name}: expected a JSON object, got {type(data).__name__}")
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(str(k) for k in data if k not in known and k not in cls._envelope())
+        if unknown:
+            raise ProtocolError(f"{name}: unknown key(s) {', '.join(map(repr, unknown))} "
+                                f"(known: {', '.join(known) or 'none'})")  # fmt: skip
+        missing = [k for k, f in known.items() if k not in data and f.default is MISSING and f.default_factory is MISSING]
+        if missing:
+            raise ProtocolError(f"{name}: missing key(s) {', '.join(map(repr, missing))}")
+        kwargs = {}
+        for key, value in data.items():
+            if key not in known:
+                continue
+            decode: Callable[[Any], Any] | None = known[key].metadata.get("json", (None, None))[1]
+            try:
+                kwargs[key] = decode(value) if decode else value
+            except ProtocolError as exc:
+                raise ProtocolError(f"{name}.{key}: {exc}") from None
+            except (TypeError, ValueError, KeyError) as exc:
+                raise ProtocolError(f"{name}.{key}: {type(exc).__name__}: {exc}") from None
+        return cls(**kwargs)
+
+    @classmethod
+    def _envelope(cls) -> tuple[str, ...]:
+        """Keys on the wire that are not fields (a request's ``op``)."""
+        return ()
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Message):
+        return value.to_json()
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+# ---- the worker: replies -----------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Reply(Message):
+    """What every worker reply may carry: the torch functions replaced while it ran (refused)."""
+
+    tampered: tuple[str, ...] = field(default=(), metadata={"json": (list, tuple)})
+
+
+@dataclass(frozen=True, kw_only=True)
+class PingReply(Reply):
+    pid: int
+    ok: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImportReply(Reply):
+    """``kind``: "import" (an ImportError: the library is absent) or "exception" (it is broken)."""
+
+    ok: bool
+    seconds: float = 0.0
+    kind: str = ""
+    error: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TryReply(Reply):
+    ran: bool
+    error: str = ""
+
+
+# The names of the flags a measurement row may raise, and the key under which a norm's output is
+# compared with the other norm's reference (an RMSNorm offered as a LayerNorm): measure writes them,
+# judge reads them.
+FLAG_INPUT_MODIFIED = "input-modified"
+FLAG_GRAD_OUTPUT_MODIFIED = "grad-output-modified"
+FLAG_OUTPUT_DTYPE = "output-dtype"
+ALT_PREFIX = "y-as-"
+
+
+def alt_key(semantics: str) -> str:
+    """The error key of the output judged against ``semantics``' reference (``y-as-rms_norm``)."""
+    return ALT_PREFIX + semantics
+
+
+class MeasurementRow(TypedDict, total=False):
+    """One (dtype, regime) of a check: ``measure.check`` writes it, ``judge.judge_row`` reads it."""
+
+    dtype: str
+    regime: str
+    cases: dict[str, dict[str, list[float]]]  # case -> tensor (y, dx, ..., alt_key(...)) -> [candidate, torch.nn]
+    flags: dict[str, str]  # FLAG_* -> the case (or the dtypes) it was seen on
+    skipped: str
+    exception: str
+    traceback: str
+    out_dtype: str
+    nondeterministic: str | None
+    blocks: dict[str, dict[str, Any]]
+    seconds: float
+    twin: dict[str, Any]
+
+
+MEASUREMENT_KEYS = frozenset(MeasurementRow.__annotations__)
+
+
+def _rows(value: Any) -> list[MeasurementRow]:
+    if not isinstance(value, list):
+        raise ProtocolError(f"expected a list of rows, got {type(value).__name__}")
+    for i, row in enumerate(value):
+        if not isinstance(row, Mapping):
+            raise ProtocolError(f"rows[{i}]: expected a JSON object")
+        unknown = sorted(set(row) - MEASUREMENT_KEYS)
+        if unknown:
+            raise ProtocolError(f"rows[{i}]: unknown key(s) {', '.join(map(repr, unknown))}")
+        if "dtype" not in row or "regime" not in row:
+            raise ProtocolError(f"rows[{i}]: missing 'dtype' or 'regime'")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckReply(Reply):
+    """``measure.check``'s raw measurements. ``phase`` names where it stopped early (import, baseline,
+    build), with ``error`` (and ``kind`` for an import); ``layout`` is ``Layout.to_json()``."""
+
+    candidate: str
+    device: str
+    rows: list[MeasurementRow] = field(default_factory=list, metadata={"json": (list, _rows)})
+    phase: str = ""
+    error: str = ""
+    kind: str = ""
+    traceback: str = ""
+    import_s: float | None = None
+    layout: dict[str, Any] | None = None
+    init: list[str] = field(default_factory=list)
+
+
+class TimingRow(TypedDict, total=False):
+    """One shape of a timing (``timing.time_candidate``); ``error`` instead of the figures when it failed."""
+
+    implementation: str
+    shape: str
+    dtype: str
+    regime: str
+    compile_s: float
+    median_ms: float
+    spread: float
+    reps: int
+    gbps: float
+    tflops: float
+    copy_gbps: float
+    copy_percent: float
+    error: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimeReply(Reply):
+    candidate: str
+    device: str
+    rows: list[TimingRow] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimingProgressMessage(Message):
+    """Sent by a timing worker before its reply: shape ``index`` of ``of``, ``phase`` (first call,
+    warm-up, rep) ``done`` of ``total``, ``seconds`` spent on this shape so far."""
+
+    shape: str
+    index: int
+    of: int
+    phase: str
+    done: int
+    total: int
+    seconds: float
+
+
+# ---- the worker: requests ----------------------------------------------------------------------------
+R = TypeVar("R", bound=Reply)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Request(Message, Generic[R]):
+    """A worker request; ``OP`` is its name on the wire, ``REPLY`` the class of its answer (``R``)."""
+
+    OP: ClassVar[str] = ""
+    REPLY: ClassVar[type[Reply]] = Reply
+
+    def __init_subclass__(cls, op: str = "", reply: type[Reply] | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if op:
+            cls.OP = op
+        if reply is not None:
+            cls.REPLY = reply
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.OP, **super().to_json()}
+
+    @classmethod
+    def _envelope(cls) -> tuple[str, ...]:
+        return ("op",)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PingRequest(Request[PingReply], op="ping", reply=PingReply):
+    """Start up: import torch and the probe's own measuring code, snapshot torch's functions."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImportRequest(Request[ImportReply], op="import", reply=ImportReply):
+    """Import the class ``target`` (under its own, short, time budget)."""
+
+    target: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class CandidateRequest(Request[R]):
+    """A request about one candidate, for one slot, on one device type."""
+
+    candidate: Candidate = _candidate_field()
+    slot: str
+    device: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckRequest(CandidateRequest[CheckReply], op="check", reply=CheckReply):
+    """The correctness checks (``measure.check``) of one candidate for ``slot`` at each (dtype, regime)."""
+
+    dtypes: tuple[tuple[str, str], ...] = field(metadata={"json": (lambda d: [list(p) for p in d],
+                                                                   lambda d: tuple(tuple(p) for p in d))})  # fmt: skip
+    canonical: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    hidden: int | None = None  # None: measure.CHECK_HIDDEN
+    baseline: Candidate | None = _optional_candidate_field()  # None: the slot's torch.nn default
+
+
+@dataclass(frozen=True, kw_only=True)
+class TryRequest(CandidateRequest[TryReply], op="try", reply=TryReply):
+    """Build the candidate on a device it does not declare and run it once: why it cannot run here."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimeRequest(CandidateRequest[TimeReply], op="time", reply=TimeReply):
+    """Time forward+backward at ``shapes``; with ``progress``, ``TimingProgressMessage``s come first."""
+
+    shapes: tuple[str, ...] = field(metadata={"json": (list, tuple)})
+    dtype: str
+    regime: str
+    canonical: dict[str, Any] | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    progress: bool = False
+
+
+REQUESTS: dict[str, type[Request[Any]]] = {
+    cls.OP: cls for cls in (PingRequest, ImportRequest, CheckRequest, TryRequest, TimeRequest)
+}
+
+
+def request_from_json(data: Any) -> Request[Any]:
+    """The worker's side: the request a JSON object is, by its ``op``."""
+    if not isinstance(data, Mapping):
+        raise ProtocolError(f"request: expected a JSON object, got {type(data).__name__}")
+    op = data.get("op")
+    if op not in REQUESTS:
+        raise ProtocolError(f"request: unknown op {op!r} (known: {', '.join(REQUESTS)})")
+    return REQUESTS[op].from_json(data)
+
+
+# ---- import checks (``kernel-probe env``) ------------------------------------------------------------
+@dataclass(frozen=True)
+class ImportCheckRequest(Message):
+    """One module to import in a child, and an optional probe to run after it (``importcheck.PROBES``)."""
+
+    module: str
+    probe: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImportCheckReply(Message):
+    """What the import-check child saw: imported (``ok``) or what it raised (``type``, ``message``, ``where``)."""
+
+    ok: bool
+    file: str | None = None  # the module's __file__ and __version__, when it imported
+    version: str | None = None
+    type: str = ""  # what the import raised, and where
+    message: str = ""
+    where: str = ""
+    seconds: float = 0.0
+    target: dict[str, Any] | None = None  # the "triton-target" probe: backend, arch, warp_size
+    target_error: str = ""
+
+
+# ---- reading an anemoi config ------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class ComposeRequest(Message):
+    """Compose ``config_name`` from ``config_dir`` with ``overrides``, as anemoi-training would."""
+
+    config_dir: str
+    config_name: str
+    overrides: tuple[str, ...] = field(default=(), metadata={"json": (list, tuple)})
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComposeReply(Message):
+    """The composed tree (interpolations as written); per ``layer_kernels`` path, its block resolved
+    by OmegaConf: ``{"entries": {...}}``, ``{"value": ...}`` (not a mapping) or ``{"error": ...}``."""
+
+    tree: Any
+    blocks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    choices: dict[str, str] = field(default_factory=dict)
+    sources: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EntryCheckRequest(Message):
+    """One ``layer_kernels`` entry to import and judge (``kernel_lock.anemoi.check_entry``)."""
+
+    key: str
+    entry: Any
+    where: str
+    allow_semantics_change: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class EntryCheckReply(Message):
+    """``findings``: ``Finding.to_json()`` each; ``facts``: what the entry builds (target, family, defaults)."""
+
+    findings: list[dict[str, Any]]
+    facts: dict[str, Any]

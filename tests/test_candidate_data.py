@@ -1,0 +1,220 @@
+"""The built-in candidates are data, read by the one candidate parser, and each slot fact has one home.
+
+``kernel_probe/builtin_candidates.toml`` is written in a site profile's ``[[candidate]]`` form; the
+import allow-list (``kernel_lock.lock.ALLOWED_ROOTS``) must accept every built-in's target, and
+``kernel_probe.detect.libraries`` must know every built-in's library; adding a kernel library's
+candidate is one data entry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import shutil
+from pathlib import Path
+
+import pytest
+
+import kernel_lock
+from kernel_lock import _toml, slots
+from kernel_lock.errors import TargetNotAllowed
+from kernel_lock.lock import ALLOWED_ROOTS, check_target
+from kernel_probe import candidates as cands
+from kernel_probe import lockwrite, profiles
+from kernel_probe.checker import Report, check_all, dtype_plan
+from kernel_probe.choose import Choice
+
+from .conftest import ROOT
+
+BUILTIN_IDS = [c.id for c in cands.BUILTIN]
+
+
+# ---- one home per slot fact --------------------------------------------------------------------------
+def test_every_slot_fact_is_imported_from_kernel_lock_slots():
+    from kernel_lock import lock, resolve
+    from kernel_probe import checker, judge
+    from kernel_probe.commands import anemoicmds, lockcmds
+
+    assert kernel_lock.SLOTS is lock.SLOTS is resolve.SLOTS is cands.SLOTS is slots.SLOTS
+    assert lock.SEMANTICS is cands.SEMANTICS is slots.SEMANTICS
+    assert cands.SLOT_SEMANTICS is checker.SLOT_SEMANTICS is lockwrite.SLOT_SEMANTICS is slots.SLOT_SEMANTICS
+    assert cands.CANONICAL is lockwrite.CANONICAL is slots.CANONICAL
+    assert resolve.DEFAULT_TARGETS is slots.DEFAULT_TARGETS and resolve.TWIN_SEMANTICS is slots.TWIN_SEMANTICS
+    assert lock.MODES is resolve.MODES is anemoicmds.MODES is lockcmds.MODES is slots.MODES
+    assert lock.PRECISIONS is profiles.PRECISIONS is slots.PRECISIONS
+    assert lock.STATUSES is slots.STATUSES and set(judge.STATUS_ORDER) == set(slots.STATUSES)
+    assert judge.CONFUSABLE is slots.CONFUSABLE
+
+
+def test_precisions_are_names_to_dtype_and_regime():
+    assert list(slots.PRECISIONS) == ["32-true", "bf16-true", "16-true", "bf16-mixed", "16-mixed"]
+    assert slots.PRECISIONS["bf16-mixed"] == ("bfloat16", "mixed") and slots.PRECISIONS["16-true"].dtype == "float16"
+    with pytest.raises(TypeError):
+        slots.PRECISIONS["fp8"] = ("float8", "true")  # type: ignore[index]
+
+
+def test_the_slot_facts_agree_with_each_other():
+    assert set(slots.SLOT_SEMANTICS) == set(slots.SLOTS) == set(slots.DEFAULT_TARGETS) == set(slots.CANONICAL)
+    assert set(slots.CALL_ARGS) == set(slots.CALL_KWARGS) == set(slots.SLOTS)
+    assert tuple(slots.SLOT_SEMANTICS.values()) == slots.SEMANTICS
+    for slot, target in slots.DEFAULT_TARGETS.items():
+        assert slots.TWIN_SEMANTICS[target] == slots.SLOT_SEMANTICS[slot]
+    assert all(a in slots.SEMANTICS and b in slots.SEMANTICS for a, b in slots.CONFUSABLE.items())
+
+
+@pytest.mark.parametrize(("name", "fix"), [
+    ("Layernorm", "did you mean 'LayerNorm'? slot names are case-sensitive"),
+    ("rmsnorm", "did you mean 'RMSNorm'? slot names are case-sensitive"),
+    ("Conv", "known slots: LayerNorm, RMSNorm, Linear"),
+])  # fmt: skip
+def test_one_hint_for_a_misspelt_slot(name, fix):
+    from kernel_lock.errors import LockFormatError
+    from kernel_lock.resolve import factory
+    from kernel_probe.commands.lockcmds import slot_argument
+    from kernel_probe.errors import UsageError
+
+    assert slots.slot_name_fix(name) == fix
+    with pytest.raises(LockFormatError) as exc:
+        factory(None, name)
+    assert exc.value.fix == fix
+    with pytest.raises(UsageError) as exc:
+        slot_argument(name)
+    assert exc.value.fix == fix
+    with pytest.raises(UsageError, match=fix.split("?")[0]):
+        cands.from_command_line(f"{name}=mylib.Fast")
+
+
+# ---- the built-ins are package data in the profile's [[candidate]] form ------------------------------
+def test_builtin_candidates_are_package_data():
+    path = cands.builtin_data_path()
+    assert path.parent == Path(cands.__file__).parent and path.name == cands.BUILTIN_DATA
+    package_data = _toml.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert cands.BUILTIN_DATA in package_data["kernel_probe"]
+    assert cands.load_candidates(path) == cands.BUILTIN and all(c.source == "builtin" for c in cands.BUILTIN)
+
+
+def test_a_builtin_entry_is_a_valid_profile_candidate(tmp_path):
+    """The same parser reads both: a built-in's table, renamed, is accepted in a site profile."""
+    data = (cands.builtin_data_path()).read_text()
+    te = data[data.index('id = "te.layer_norm"'):].split("\n\n")[0].replace('"te.layer_norm"', '"site.te_layer_norm"')
+    text = f'profile-version = "1"\nname = "site"\n\n[[candidate]]\n{te}\n'
+    prof = profiles.parse(text, "site.toml")
+    builtin = next(c for c in cands.BUILTIN if c.id == "te.layer_norm")
+    assert prof.candidates[0].to_json() == {**builtin.to_json(), "id": "site.te_layer_norm", "source": "profile:site"}
+
+
+@pytest.mark.parametrize(("entry", "key", "problem"), [
+    ('id = "x.ln"\nslots = ["LayerNorm"]\ntarget = "x.LN"\ncompiled = "yes"', "candidate[0].compiled", "true or false"),
+    ('id = "x.ln"\nslots = ["LayerNorm"]\ntarget = "x.LN"\nbuild-kwargs = { device = [1] }', "candidate[0].build-kwargs.device",
+     "expected a string"),
+    ('id = "x.ln"\nslots = ["LayerNorm"]\ntarget = "x.LN"\ntwin_target = "torch.nn.LayerNorm"', "candidate[0].twin_target",
+     "unknown key"),
+    (('id = "torch.layer_norm"\nslots = ["LayerNorm"]\ntarget = "x.LN"\n\n[[candidate]]\nid = "torch.layer_norm"\n'
+      'slots = ["LayerNorm"]\ntarget = "x.LN"'), "candidate[1].id", "declared twice"),
+])  # fmt: skip
+def test_a_broken_data_file_names_the_key(tmp_path, entry, key, problem):
+    path = tmp_path / "candidates.toml"
+    path.write_text(f"[[candidate]]\n{entry}\n")
+    with pytest.raises(cands.CandidateDataError) as exc:
+        cands.load_candidates(path)
+    assert exc.value.key == key and problem in str(exc.value)
+
+
+# ---- the allow-list and the library table follow the registry ----------------------------------------
+@pytest.mark.parametrize("cid", BUILTIN_IDS)
+def test_the_allow_list_accepts_every_builtin_target_and_twin(cid):
+    cand = next(c for c in cands.BUILTIN if c.id == cid)
+    check_target(cand.target)  # raises TargetNotAllowed when ALLOWED_ROOTS lacks the candidate's library
+    check_target(cand.twin_target)
+
+
+def test_the_allow_list_names_nothing_the_registry_does_not_use():
+    used = {c.target for c in cands.BUILTIN} | {c.twin_target for c in cands.BUILTIN}
+    for root in ALLOWED_ROOTS:
+        assert any(t == root or t.startswith(root + ".") for t in used), f"{root} in ALLOWED_ROOTS but no candidate uses it"
+
+
+def test_detect_knows_every_builtin_library():
+    from kernel_probe.detect.libraries import KNOWN_LIBRARIES
+
+    by_module = {lib.module: lib for lib in KNOWN_LIBRARIES}
+    for cand in cands.BUILTIN:
+        if not cand.module:
+            continue  # ships with torch
+        lib = by_module.get(cand.module.split(".")[0])
+        assert lib is not None, f"{cand.id}: no KNOWN_LIBRARIES row for module {cand.module}"
+        assert not cand.distribution or cand.distribution in lib.distributions, cand.id
+
+
+@functools.cache
+def _here() -> dict:
+    from kernel_lock import fingerprint
+
+    return dict(fingerprint.current())
+
+
+def _lock_pinning(cand: cands.Candidate) -> kernel_lock.KernelLock:
+    """The lock kernel_probe.lockwrite writes when ``cand`` is chosen for its slot (no measurements)."""
+    slot = cand.slots[0]
+    report = Report(cand.id, cand.target, slot, cand.semantics, "cpu", "accepted", candidate=cand, source=cand.source)
+    choice = Choice(slot, report, "pinned", "pinned for this test")
+    return lockwrite.build_lock({slot: choice}, {slot: [report]}, {}, _here(), precision="32-true")
+
+
+@pytest.mark.parametrize("cid", BUILTIN_IDS)
+def test_a_lock_pinning_each_builtin_loads(cid):
+    cand = next(c for c in cands.BUILTIN if c.id == cid)
+    lock = kernel_lock.loads(_lock_pinning(cand).dumps(), emit_warnings=False)
+    entry = lock.slots[cand.slots[0]]
+    assert (entry.implementation, entry.target, entry.devices) == (cand.id, cand.target, cand.devices)
+    assert lock.trusted_modules == ()  # a built-in needs no trust
+
+
+# ---- adding a kernel library is one data entry ------------------------------------------------------------
+FASTLIB_ENTRY = '''
+# a new kernel library: its LayerNorm takes the size as hidden_size
+[[candidate]]
+id = "fastlib.layer_norm"
+slots = ["LayerNorm"]
+target = "kp_fastlib.FastLayerNorm"
+args = ["$hidden"]
+kwargs = { eps = "$eps", bias = "$bias" }
+distribution = "kp-fastlib"
+twin-target = "torch.nn.LayerNorm"
+twin-kwargs = { eps = "$eps", elementwise_affine = true, bias = "$bias" }
+note = "a fake library from tests/fakes"
+'''
+
+
+@pytest.fixture
+def with_fastlib(tmp_path, monkeypatch) -> cands.Candidate:
+    data = tmp_path / cands.BUILTIN_DATA
+    shutil.copy(cands.builtin_data_path(), data)
+    with data.open("a") as f:
+        f.write(FASTLIB_ENTRY)
+    monkeypatch.setattr(cands, "BUILTIN", cands.load_candidates(data))  # what shipping that file does
+    return cands.BUILTIN[-1]
+
+
+def test_a_new_library_entry_is_registered(with_fastlib):
+    found, problems = cands.registry(entry_points=False)
+    assert not problems and [c.id for c in found] == [*BUILTIN_IDS, "fastlib.layer_norm"]
+    assert with_fastlib.semantics == "layer_norm" and with_fastlib.module == "kp_fastlib"  # the slot's, the target's
+    assert with_fastlib.install_hint("cuda") == "pip install kp-fastlib"
+
+
+def test_a_new_library_entry_is_checked_and_its_lock_loads(with_fastlib, monkeypatch):
+    cand = dataclasses.replace(with_fastlib, distribution="")  # kp_fastlib is on sys.path, not pip-installed
+    report = check_all(["LayerNorm"], [cand], "cpu", dtype_plan(["float32"]), timeout=60)["LayerNorm"][0]
+    assert report.status == "accepted", report.reasons
+    assert report.twin["state_dict"] == "migrate"  # its _extra_state is dropped for the torch.nn twin
+    text = _lock_pinning(cand).dumps()
+    # the one other line a new built-in library needs: its import root in kernel_lock's allow-list
+    # (test_the_allow_list_accepts_every_builtin_target_and_twin fails until it is there)
+    monkeypatch.delenv("KERNEL_LOCK_TRUST")  # conftest grants the fakes; a user's run would not
+    with pytest.raises(TargetNotAllowed, match="kp_fastlib"):
+        kernel_lock.loads(text, emit_warnings=False)
+    monkeypatch.setattr("kernel_lock.lock.ALLOWED_ROOTS", (*ALLOWED_ROOTS, "kp_fastlib"))
+    lock = kernel_lock.loads(text, emit_warnings=False)
+    assert lock.slots["LayerNorm"].target == "kp_fastlib.FastLayerNorm"
+    assert lock.factory("LayerNorm")(64).hidden_size == 64
