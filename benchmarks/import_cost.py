@@ -70,7 +70,7 @@ def main() -> None:
             ),
         }
         times: dict[str, list[float]] = {k: [] for k in cases}
-        for name, code in cases.items():
+        for code in cases.values():
             wall(code)  # warm the page cache once
         for _ in range(args.runs):
             for name, code in cases.items():
@@ -88,7 +88,9 @@ def main() -> None:
 
         splits = []
         for _ in range(args.runs):
-            out = subprocess.run([sys.executable, "-c", split_code], check=True, cwd=ROOT, capture_output=True, text=True)
+            out = subprocess.run(
+                [sys.executable, "-c", split_code], check=True, cwd=ROOT, capture_output=True, text=True
+            )
             splits.append(json.loads(out.stdout))
     med = {k: statistics.median(v) for k, v in times.items()}
     base = med["import torch"]
@@ -99,10 +101,12 @@ def main() -> None:
     print(f"extra over `import torch` (difference of medians, noisy): {extra:.1f} ms")
     names = ["import kernel_lock", "load", "verify (fingerprint)", "resolve + build 3 slots"]
     parts = [statistics.median(s[i] for s in splits) * 1000 for i in range(4)]
-    for n, v in zip(names, parts):
+    for n, v in zip(names, parts, strict=True):
         print(f"  in-process, torch already imported: {n:<26} {v:7.2f} ms")
-    print(f"in-process total extra: {sum(parts):.1f} ms (goal: under 50 ms); ratio to import torch: "
-          f"{1 + sum(parts) / 1000 / base:.3f}")
+    print(
+        f"in-process total extra: {sum(parts):.1f} ms (goal: under 50 ms); ratio to import torch: "
+        f"{1 + sum(parts) / 1000 / base:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """Job start at scale (issue 18): what every rank's warm check costs next to `import torch`.
 
 Measured in this one run, so machine noise hits every side alike:
-  - wall time of warm `kernel-probe --out L`, `kernel-probe --out L --check` and `kernel-probe verify L`
-    with a current lock, and of `python -c "import torch"`: medians of interleaved fresh starts, and
-    each as a ratio to `import torch` (goal: warm run and --check at most 0.35)
+  - wall time of warm `kernel-probe --out L`, `kernel-probe --out L --check`, `kernel-probe verify L
+    --no-import` (the job-start check) and `kernel-probe verify L` (which imports every class, so
+    torch) with a current lock, and of `python -c "import torch"`: medians of interleaved fresh
+    starts, and each as a ratio to `import torch` (goal: warm run and --check at most 0.35)
   - the files each one opens and the modules it imports, counted by an audit hook ("open" events)
     installed from a sitecustomize in a temporary folder put first on PYTHONPATH
   - for reference, the floors: `python -c "pass"` and the torch-free fingerprint alone
@@ -33,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Counts what a process opens and imports, written at exit as JSON to $JOBSTART_COUNTS/<pid>.json.
 # Installed as sitecustomize (imported by site at start-up, before the command's own code).
-SITECUSTOMIZE = '''\
+SITECUSTOMIZE = """\
 import atexit, json, os, sys
 
 _out = os.environ.get("JOBSTART_COUNTS")
@@ -55,7 +56,7 @@ def _write():
 if _out:
     sys.addaudithook(_hook)
     atexit.register(_write)
-'''
+"""
 
 
 def wall(argv: list[str], env: dict[str, str] | None = None) -> float:
@@ -67,8 +68,11 @@ def wall(argv: list[str], env: dict[str, str] | None = None) -> float:
 def counts(argv: list[str], site: Path) -> dict:
     """Files opened and modules imported by one run of ``argv`` (its own process only)."""
     with tempfile.TemporaryDirectory() as out:
-        env = dict(os.environ, JOBSTART_COUNTS=out,
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH", "")])))
+        env = dict(
+            os.environ,
+            JOBSTART_COUNTS=out,
+            PYTHONPATH=os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH", "")])),
+        )
         subprocess.run(argv, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         reports = [json.loads(p.read_text()) for p in Path(out).glob("*.json")]
     if not reports:
@@ -80,8 +84,13 @@ def counts(argv: list[str], site: Path) -> dict:
 def concurrent(argv: list[str], n: int) -> tuple[float, float, list[str]]:
     """Start ``n`` copies at once; (slowest single wall time, whole batch, failures)."""
     start = time.perf_counter()
-    procs = [(time.perf_counter(), subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                                    text=True)) for _ in range(n)]  # fmt: skip
+    procs = [
+        (
+            time.perf_counter(),
+            subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True),
+        )
+        for _ in range(n)
+    ]
     slowest, failures = 0.0, []
     for began, proc in procs:
         _, err = proc.communicate()
@@ -113,7 +122,8 @@ def main() -> None:
             'python -c "import torch"': [sys.executable, "-c", "import torch"],
             "kernel-probe --out L": [*probe, "--out", str(lock), *args.extra],
             "kernel-probe --out L --check": [*probe, "--out", str(lock), "--check", *args.extra],
-            "kernel-probe verify L": [*probe, "verify", str(lock)],
+            "kernel-probe verify L --no-import": [*probe, "verify", str(lock), "--no-import"],
+            "kernel-probe verify L": [*probe, "verify", str(lock)],  # imports every class: torch too
             # floors, for reference: the interpreter alone, and the torch-free fingerprint alone
             'python -c "pass"': [sys.executable, "-c", "pass"],
             "torchless.fingerprint()": [sys.executable, "-c", "import kernel_lock.torchless as t; t.fingerprint()"],
@@ -128,17 +138,23 @@ def main() -> None:
         slowest, batch, failures = concurrent(commands["kernel-probe --out L"], args.concurrent)
 
     base = statistics.median(times['python -c "import torch"'])
-    print(f"\nwall time, median of {args.runs} interleaved fresh starts (min-max), ratio to import torch; "
-          "files opened (distinct) and modules imported by the command's own process")
+    print(
+        f"\nwall time, median of {args.runs} interleaved fresh starts (min-max), ratio to import torch; "
+        "files opened (distinct) and modules imported by the command's own process"
+    )
     for name in commands:
         med = statistics.median(times[name])
         c = opened[name]
         goal = "  (goal <= 0.35)" if name in ("kernel-probe --out L", "kernel-probe --out L --check") else ""
-        print(f"  {name:<30} {med:6.3f} s ({min(times[name]):.3f}-{max(times[name]):.3f})  ratio {med / base:5.2f}"
-              f"{goal:<16}  opens {c['opened']:5d} ({c['distinct']:5d})  modules {c['modules']:5d}  "
-              f"torch imported: {c['torch']}")  # fmt: skip
-    print(f"\n{args.concurrent} concurrent warm `kernel-probe --out L` on one lock ({os.cpu_count()} CPUs): slowest "
-          f"{slowest:.2f} s, batch {batch:.2f} s, failures {len(failures)}")  # fmt: skip
+        print(
+            f"  {name:<30} {med:6.3f} s ({min(times[name]):.3f}-{max(times[name]):.3f})  ratio {med / base:5.2f}"
+            f"{goal:<16}  opens {c['opened']:5d} ({c['distinct']:5d})  modules {c['modules']:5d}  "
+            f"torch imported: {c['torch']}"
+        )
+    print(
+        f"\n{args.concurrent} concurrent warm `kernel-probe --out L` on one lock ({os.cpu_count()} CPUs): slowest "
+        f"{slowest:.2f} s, batch {batch:.2f} s, failures {len(failures)}"
+    )
     for failure in sorted(set(failures)):
         print(f"  {failures.count(failure)} x {failure}")
 

@@ -11,8 +11,14 @@ from __future__ import annotations
 import os
 import stat
 
-KINDS = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
-         stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symbolic link"}  # fmt: skip
+KINDS = {
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+    stat.S_IFLNK: "a symbolic link",
+}
 
 
 class UnsafeFile(Exception):
@@ -39,11 +45,15 @@ def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise UnsafeFile(f"is {kind(st.st_mode)}, not a regular file: it is never read (it could block or "
-                             "never end)", "pass a regular file")  # fmt: skip
+            raise UnsafeFile(
+                f"is {kind(st.st_mode)}, not a regular file: it is never read (it could block or never end)",
+                "pass a regular file",
+            )
         if st.st_size > limit:
-            raise UnsafeFile(f"is {st.st_size} bytes, more than the {limit} this input may have",
-                             "pass the right file; a real one is far smaller")  # fmt: skip
+            raise UnsafeFile(
+                f"is {st.st_size} bytes, more than the {limit} this input may have",
+                "pass the right file; a real one is far smaller",
+            )
         chunks, total = [], 0
         while True:
             chunk = os.read(fd, min(1 << 20, limit + 1 - total))

@@ -11,7 +11,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -76,6 +77,11 @@ def _last_dim(normalized_shape: Any, name: str) -> int:
     return int(shape[0])
 
 
+def _init_signature(cls: type[Any]) -> inspect.Signature:
+    """The signature of ``cls.__init__`` (``self`` first): what an adapter's own ``__init__`` advertises."""
+    return inspect.signature(cls.__init__)
+
+
 def normalized_shape_adapter(base: type, size_param: str, name: str) -> type:
     """A subclass of ``base`` whose size argument is ``normalized_shape`` (int or 1-tuple, positional
     or keyword), as torch.nn.LayerNorm's is. The library's own keyword (``size_param``) still works."""
@@ -91,15 +97,21 @@ def normalized_shape_adapter(base: type, size_param: str, name: str) -> type:
         base.__init__(self, _last_dim(normalized_shape, name), *args, **kwargs)
 
     # what inspect.signature (and so the lock's kwargs check) sees: the base's, size renamed
-    params = list(inspect.signature(base.__init__).parameters.values())
-    params = [p.replace(name="normalized_shape", default=inspect.Parameter.empty) if p.name == size_param else p
-              for p in params]  # fmt: skip
-    __init__.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    params = list(_init_signature(base).parameters.values())
+    params = [
+        p.replace(name="normalized_shape", default=inspect.Parameter.empty) if p.name == size_param else p
+        for p in params
+    ]
+    __init__.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]  # read by inspect.signature
     __init__.__qualname__ = f"{name}.__init__"
-    doc = (f"``{base.__module__}.{base.__qualname__}`` built as ``{name}(normalized_shape, ...)``, the way "
-           f"anemoi-models calls its norms. Same parameters and state-dict keys as the class it adapts.")  # fmt: skip
+    doc = (
+        f"``{base.__module__}.{base.__qualname__}`` built as ``{name}(normalized_shape, ...)``, the way "
+        f"anemoi-models calls its norms. Same parameters and state-dict keys as the class it adapts."
+    )
     # module and name make it picklable: pickle finds it again through this module's __getattr__
-    return type(base)(name, (base,), {"__init__": __init__, "__module__": __name__, "__qualname__": name, "__doc__": doc})
+    return type(base)(
+        name, (base,), {"__init__": __init__, "__module__": __name__, "__qualname__": name, "__doc__": doc}
+    )
 
 
 def autocast_adapter(base: type, name: str) -> type:
@@ -109,8 +121,10 @@ def autocast_adapter(base: type, name: str) -> type:
         return base.forward(self, x, *args, **kwargs).type_as(x)
 
     forward.__qualname__ = f"{name}.forward"
-    doc = (f"``{base.__module__}.{base.__qualname__}`` with its output cast back to the input dtype, as anemoi's "
-           "AutocastLayerNorm does for torch.nn.LayerNorm. Same parameters and state-dict keys.")  # fmt: skip
+    doc = (
+        f"``{base.__module__}.{base.__qualname__}`` with its output cast back to the input dtype, as anemoi's "
+        "AutocastLayerNorm does for torch.nn.LayerNorm. Same parameters and state-dict keys."
+    )
     return type(base)(name, (base,), {"forward": forward, "__module__": __name__, "__qualname__": name, "__doc__": doc})
 
 
@@ -120,9 +134,7 @@ def autocast_adapter(base: type, name: str) -> type:
 # both from U(-1/sqrt(in), 1/sqrt(in))) changes every model trained from scratch. These adapters are
 # the library class re-initialised the torch.nn way after its own constructor: same parameters, same
 # state dict, same forward. adapter name -> (the library class, the semantics whose init it restores)
-TORCH_INIT_ADAPTERS: dict[str, tuple[str, str]] = {
-    "TELinear": ("transformer_engine.pytorch.Linear", "linear"),
-}
+TORCH_INIT_ADAPTERS: dict[str, tuple[str, str]] = {"TELinear": ("transformer_engine.pytorch.Linear", "linear")}
 
 
 def torch_init(module: nn.Module, semantics: str) -> None:
@@ -151,10 +163,12 @@ def torch_init_adapter(base: type, semantics: str, name: str, module: str = __na
         base.__init__(self, *args, **kwargs)
         torch_init(self, semantics)
 
-    __init__.__signature__ = inspect.signature(base.__init__)  # type: ignore[attr-defined]
+    __init__.__signature__ = _init_signature(base)  # type: ignore[attr-defined]  # read by inspect.signature
     __init__.__qualname__ = f"{name}.__init__"
-    doc = (f"``{base.__module__}.{base.__qualname__}``, its parameters initialised as torch.nn's {semantics} "
-           "initialises them. Same parameters, state dict and forward.")  # fmt: skip
+    doc = (
+        f"``{base.__module__}.{base.__qualname__}``, its parameters initialised as torch.nn's {semantics} "
+        "initialises them. Same parameters, state dict and forward."
+    )
     return type(base)(name, (base,), {"__init__": __init__, "__module__": module, "__qualname__": name, "__doc__": doc})
 
 

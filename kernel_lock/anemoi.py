@@ -24,7 +24,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -68,7 +68,6 @@ CALLS: dict[str, tuple[tuple[str, tuple[Any, ...], dict[str, Any]], ...]] = {
 }
 
 
-
 @dataclass(frozen=True)
 class Wrapper:
     """One of anemoi's own norm classes, and how it relates to a kernel a lock may pin.
@@ -86,14 +85,23 @@ class Wrapper:
 
 
 # anemoi-models 0.19, anemoi/models/layers/normalization.py. Adding a wrapper is adding a row.
-WRAPPERS: dict[str, Wrapper] = {w.target: w for w in (
-    Wrapper(AUTOCAST_LAYER_NORM, "torch.nn.LayerNorm",
+WRAPPERS: dict[str, Wrapper] = {
+    w.target: w
+    for w in (
+        Wrapper(
+            AUTOCAST_LAYER_NORM,
+            "torch.nn.LayerNorm",
             "casts its output back to the input dtype (bf16/fp16 under autocast, not fp32: gnn.yaml relies on it "
             "for memory, QueryNorm/KeyNorm for flash attention)",
-            adapter_prefix="Autocast"),
-    Wrapper(CONDITIONAL_LAYER_NORM, None,
-            "scale and shift computed from a condition (forward(x, cond)): a different layer, not a kernel choice"),
-)}  # fmt: skip
+            adapter_prefix="Autocast",
+        ),
+        Wrapper(
+            CONDITIONAL_LAYER_NORM,
+            None,
+            "scale and shift computed from a condition (forward(x, cond)): a different layer, not a kernel choice",
+        ),
+    )
+}
 
 
 # ---- adapters: anemoi-ready classes kernel_lock.adapters builds (tables here, classes there) --------
@@ -249,8 +257,9 @@ def _entry(target: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return {"_target_": target, **kwargs}
 
 
-def _fitting_target(cls: type, target: str, key: str, kwargs: Mapping[str, Any], slot: str,
-                    where: str | None) -> tuple[str, str]:  # fmt: skip
+def _fitting_target(
+    cls: Callable[..., Any], target: str, key: str, kwargs: Mapping[str, Any], slot: str, where: str | None
+) -> tuple[str, str]:
     """(the target anemoi can build, a note): the real class if it fits, else its adapter."""
     problems = convention_problems(cls, key, kwargs)
     if not problems:
@@ -292,8 +301,11 @@ def entry_for(key: str, want: Exported, current: Any, *, where: str = "") -> Exp
     kwargs = {k: v for k, v in want.entry.items() if k != "_target_"}
     name = wrapper.target.rpartition(".")[2]
     if kernel == wrapper.runs:
-        return Exported(key, _entry(wrapper.target, kwargs), f"keeps anemoi's {name}: it runs the lock's {kernel} kernel "
-                        f"and {wrapper.behaviour}")  # fmt: skip
+        return Exported(
+            key,
+            _entry(wrapper.target, kwargs),
+            f"keeps anemoi's {name}: it runs the lock's {kernel} kernel and {wrapper.behaviour}",
+        )
     adapter = wrapping_adapter_for(wrapper.adapter_prefix, kernel)
     if adapter is None:
         raise ConventionError(
@@ -303,12 +315,17 @@ def entry_for(key: str, want: Exported, current: Any, *, where: str = "") -> Exp
             fix=f"keep {name} here (it runs the torch.nn.LayerNorm kernel), or add an adapter for {kernel} to "
             "kernel_lock.anemoi.AUTOCAST_ADAPTERS",
         )
-    return Exported(key, _entry(adapter, kwargs), f"anemoi's {name} {wrapper.behaviour}; {adapter.rpartition('.')[2]} "
-                    f"keeps that around the lock's {kernel} (same state dict)")  # fmt: skip
+    return Exported(
+        key,
+        _entry(adapter, kwargs),
+        f"anemoi's {name} {wrapper.behaviour}; {adapter.rpartition('.')[2]} "
+        f"keeps that around the lock's {kernel} (same state dict)",
+    )
 
 
-def export(lock: KernelLock, mode: str | None = None, *, qk_norm: bool = False,
-           verify_environment: bool = True) -> list[Exported]:  # fmt: skip
+def export(
+    lock: KernelLock, mode: str | None = None, *, qk_norm: bool = False, verify_environment: bool = True
+) -> list[Exported]:
     """The entries of :func:`layer_kernels`, each with a note on how it was reached."""
     from .resolve import factory
     from .slots import DEFAULT_TARGETS
@@ -321,7 +338,9 @@ def export(lock: KernelLock, mode: str | None = None, *, qk_norm: bool = False,
         kwargs = {k: v for k, v in f.keywords.items() if k not in DIMENSIONS[key]}
         target, note = _fitting_target(f.func, f.target, key, kwargs, slot, lock.path)
         if f.substituted_from:
-            note = f"inference substitute for {f.substituted_from} (verified max error {f.max_error})" + (f"; {note}" if note else "")
+            note = f"inference substitute for {f.substituted_from} (verified max error {f.max_error})" + (
+                f"; {note}" if note else ""
+            )
         out.append(Exported(key, _entry(target, kwargs), note))
     if qk_norm:
         ln = next((e for e in out if e.key == "LayerNorm"), None)
@@ -338,16 +357,22 @@ def export(lock: KernelLock, mode: str | None = None, *, qk_norm: bool = False,
         kwargs["bias"] = False  # anemoi's q/k norms have a weight and no bias
         for key in ("QueryNorm", "KeyNorm"):
             # anemoi's default q/k norm is AutocastLayerNorm: the same rule as for any block using it
-            entry = entry_for(key, Exported(key, _entry(target, kwargs)), ANEMOI_DEFAULTS[key], where=f"layer_kernels.{key}")
+            entry = entry_for(
+                key, Exported(key, _entry(target, kwargs)), ANEMOI_DEFAULTS[key], where=f"layer_kernels.{key}"
+            )
             assert entry is not None
-            note = entry.note + ("" if target == DEFAULT_TARGETS["LayerNorm"] else
-                                 "; check the kernel at head_dim with `kernel-probe check --hidden 64`")  # fmt: skip
+            note = entry.note + (
+                ""
+                if target == DEFAULT_TARGETS["LayerNorm"]
+                else "; check the kernel at head_dim with `kernel-probe check --hidden 64`"
+            )
             out.append(Exported(key, entry.entry, note))
     return out
 
 
-def layer_kernels(lock: KernelLock, mode: str | None = None, *, qk_norm: bool = False,
-                  verify_environment: bool = True) -> dict[str, dict[str, Any]]:  # fmt: skip
+def layer_kernels(
+    lock: KernelLock, mode: str | None = None, *, qk_norm: bool = False, verify_environment: bool = True
+) -> dict[str, dict[str, Any]]:
     """The ``layer_kernels`` block for the slots ``lock`` pins, as anemoi-models reads it.
 
     ``{"LayerNorm": {"_target_": "torch.nn.LayerNorm", "eps": 1e-05, ...}, "Linear": {...}}``: the
@@ -369,7 +394,9 @@ def key_suggestion(key: str) -> str:
     return f"{hint}anemoi knows {', '.join(KEYS)}"
 
 
-def check_entry(key: str, entry: Any, where: str, *, allow_semantics_change: bool = False) -> tuple[list[Finding], dict[str, Any]]:
+def check_entry(
+    key: str, entry: Any, where: str, *, allow_semantics_change: bool = False
+) -> tuple[list[Finding], dict[str, Any]]:
     """Findings about one ``layer_kernels`` entry on this machine, and facts for later comparisons
     (``target``, ``imported``, ``family``, ``defaults``: the constructor's keyword defaults).
 
@@ -383,34 +410,57 @@ def check_entry(key: str, entry: Any, where: str, *, allow_semantics_change: boo
         findings.append(Finding(severity, kind, where, problem, fix))
 
     if key not in KEYS:
-        add("error", "key", f"unknown key {key!r}: anemoi silently ignores it, so this entry has no effect",
-            key_suggestion(key))  # fmt: skip
+        add(
+            "error",
+            "key",
+            f"unknown key {key!r}: anemoi silently ignores it, so this entry has no effect",
+            key_suggestion(key),
+        )
         return findings, facts
     if not isinstance(entry, Mapping):
-        add("error", "entry", f"expected a mapping like {{_target_: torch.nn.{key if key != 'Activation' else 'GELU'}}}, "
-            f"got {type(entry).__name__} {entry!r:.60}")  # fmt: skip
+        add(
+            "error",
+            "entry",
+            f"expected a mapping like {{_target_: torch.nn.{key if key != 'Activation' else 'GELU'}}}, "
+            f"got {type(entry).__name__} {entry!r:.60}",
+        )
         return findings, facts
     target = entry.get("_target_")
     if not isinstance(target, str) or not target:
-        add("error", "entry", "no _target_: anemoi fails with KeyError: '_target_'", "add `_target_: dotted.path.Class`")
+        add(
+            "error", "entry", "no _target_: anemoi fails with KeyError: '_target_'", "add `_target_: dotted.path.Class`"
+        )
         return findings, facts
     facts["target"] = target
     for option in entry:
         if isinstance(option, str) and option.startswith("_") and option not in ("_target_", "_partial_"):
-            add("warning", "entry", f"Hydra option {option!r}: anemoi instantiates entries as partials; "
-                "positional `_args_` collide with the sizes anemoi passes", "remove it")  # fmt: skip
+            add(
+                "warning",
+                "entry",
+                f"Hydra option {option!r}: anemoi instantiates entries as partials; "
+                "positional `_args_` collide with the sizes anemoi passes",
+                "remove it",
+            )
     kwargs = {k: v for k, v in entry.items() if not (isinstance(k, str) and k.startswith("_"))}
     dims = [k for k in kwargs if k in DIMENSIONS[key]]
     for d in dims:
-        add("warning", "dimension", f"{d!r} is pinned here, but anemoi passes the size at the call site: a keyword "
+        add(
+            "warning",
+            "dimension",
+            f"{d!r} is pinned here, but anemoi passes the size at the call site: a keyword "
             f"call overrides it and a positional call {CALLS[key][0][0]} fails with 'multiple values'",
-            f"remove {d!r}")  # fmt: skip
+            f"remove {d!r}",
+        )
     try:
         cls = locate(target)
     except Exception as exc:  # ImportError, or whatever a broken library raises while importing
-        add("error", "import", f"{target!r} does not import here: {type(exc).__name__}: {exc}",
+        add(
+            "error",
+            "import",
+            f"{target!r} does not import here: {type(exc).__name__}: {exc}",
             "install the library that provides it, or fix the dotted path (anemoi would raise an empty "
-            "InstantiationException and log the reason at INFO level)")  # fmt: skip
+            "InstantiationException and log the reason at INFO level)",
+        )
         return findings, facts
     facts["imported"] = True
     import torch
@@ -424,20 +474,32 @@ def check_entry(key: str, entry: Any, where: str, *, allow_semantics_change: boo
     facts["defaults"] = constructor_defaults(cls)
     for problem in convention_problems(cls, key, {k: v for k, v in kwargs.items() if k not in dims}):
         adapter = adapter_for(target)
-        add("error", "signature", f"{target} does not fit anemoi's call convention: {problem}",
-            f"use `_target_: {adapter}` (same class and state dict, anemoi's signature)" if adapter
-            else "use a class whose constructor takes anemoi's arguments, or a thin subclass adapting it")  # fmt: skip
+        add(
+            "error",
+            "signature",
+            f"{target} does not fit anemoi's call convention: {problem}",
+            f"use `_target_: {adapter}` (same class and state dict, anemoi's signature)"
+            if adapter
+            else "use a class whose constructor takes anemoi's arguments, or a thin subclass adapting it",
+        )
     family = facts["family"]
     if key in NORM_KEYS and family == "rms_norm":
-        add("warning" if allow_semantics_change else "error", "semantics",
+        add(
+            "warning" if allow_semantics_change else "error",
+            "semantics",
             f"semantics change: {target} is an RMSNorm under the {key} key: it does not subtract the mean and "
             "has no bias, so the model computes something else and its state dict changes",
-            "use a LayerNorm implementation; if the change is deliberate, pass --allow-semantics-change")  # fmt: skip
+            "use a LayerNorm implementation; if the change is deliberate, pass --allow-semantics-change",
+        )
     if key == "Linear" and family is not None:
         add("error", "semantics", f"semantics change: {target} is a norm ({family}) under the Linear key")
     if key == "Activation" and "GLU" in getattr(cls, "__name__", "").upper():
-        add("error", "semantics", f"{target} is a GLU-family activation: anemoi-models rejects it in "
-            "layer_kernels.Activation (ValueError)", "select GLU through the processor's mlp_implementation")  # fmt: skip
+        add(
+            "error",
+            "semantics",
+            f"{target} is a GLU-family activation: anemoi-models rejects it in layer_kernels.Activation (ValueError)",
+            "select GLU through the processor's mlp_implementation",
+        )
     return findings, facts
 
 
@@ -450,7 +512,11 @@ def constructor_defaults(cls: Any) -> dict[str, Any]:
         except (TypeError, ValueError):
             continue
         if any(p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params.values()):
-            return {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty and _plain(p.default)}
+            return {
+                n: p.default
+                for n, p in params.items()
+                if p.default is not inspect.Parameter.empty and _plain(p.default)
+            }
     return {}
 
 
@@ -465,7 +531,8 @@ def check_entries(requests: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """
     out = []
     for r in requests:
-        findings, facts = check_entry(r["key"], r["entry"], r["where"],
-                                      allow_semantics_change=bool(r.get("allow_semantics_change")))  # fmt: skip
+        findings, facts = check_entry(
+            r["key"], r["entry"], r["where"], allow_semantics_change=bool(r.get("allow_semantics_change"))
+        )
         out.append({"findings": [f.to_json() for f in findings], "facts": facts})
     return out

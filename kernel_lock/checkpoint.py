@@ -37,8 +37,14 @@ def attach(checkpoint: MutableMapping[str, Any], lock: KernelLock) -> MutableMap
     return checkpoint
 
 
-def lock_from_checkpoint(checkpoint: Mapping[str, Any], *, where: str = "<checkpoint>", strict: bool = False,
-                         emit_warnings: bool = True, trust: Iterable[str] = ()) -> KernelLock:  # fmt: skip
+def lock_from_checkpoint(
+    checkpoint: Mapping[str, Any],
+    *,
+    where: str = "<checkpoint>",
+    strict: bool = False,
+    emit_warnings: bool = True,
+    trust: Iterable[str] = (),
+) -> KernelLock:
     """The lock a checkpoint carries, validated like a lock file and checked against its stored digest.
 
     Raises :class:`LockFormatError` when the checkpoint carries no lock, the entry is malformed, the
@@ -48,14 +54,22 @@ def lock_from_checkpoint(checkpoint: Mapping[str, Any], *, where: str = "<checkp
     key = CHECKPOINT_KEY
     entry = checkpoint.get(key) if isinstance(checkpoint, Mapping) else None
     if entry is None:
-        raise LockFormatError("the checkpoint carries no kernel lock", path=where, key=key,
-                              fix="save checkpoints with kernel_lock.checkpoint.attach(checkpoint, lock), or load "
-                              "the lock the model was trained with from its file")  # fmt: skip
+        raise LockFormatError(
+            "the checkpoint carries no kernel lock",
+            path=where,
+            key=key,
+            fix="save checkpoints with kernel_lock.checkpoint.attach(checkpoint, lock), or load "
+            "the lock the model was trained with from its file",
+        )
     if not isinstance(entry, Mapping):
-        raise LockFormatError(f"expected a dict with 'text' and 'digest', got {type(entry).__name__}", path=where, key=key)
+        raise LockFormatError(
+            f"expected a dict with 'text' and 'digest', got {type(entry).__name__}", path=where, key=key
+        )
     text, digest = entry.get("text"), entry.get("digest")
     if not isinstance(text, str):
-        raise LockFormatError(f"expected the lock's TOML text, got {type(text).__name__}", path=where, key=f"{key}.text")
+        raise LockFormatError(
+            f"expected the lock's TOML text, got {type(text).__name__}", path=where, key=f"{key}.text"
+        )
     if not isinstance(digest, str):
         raise LockFormatError(f"expected 'sha256:<hex>', got {type(digest).__name__}", path=where, key=f"{key}.digest")
     lock = loads(text, path=f"{where}[{key!r}]", strict=strict, emit_warnings=emit_warnings, trust=tuple(trust))
@@ -188,7 +202,7 @@ def migrate_state_dict(state_dict: Mapping[str, Any], lock: KernelLock, model: A
         log.info("kernel_lock: state-dict migration: %s", "; ".join(done))
     metadata = getattr(state_dict, "_metadata", None)  # module versions torch keeps beside the tensors
     if metadata is not None:
-        out._metadata = metadata  # type: ignore[attr-defined]
+        out._metadata = metadata  # type: ignore[attr-defined]  # torch's attribute, which OrderedDict does not declare
     return out
 
 
@@ -196,7 +210,9 @@ def _fits(value: Any, shape: tuple[int, ...] | None) -> bool:
     return shape is None or _shape(value) is None or _shape(value) == shape
 
 
-def _migrate_one(key: str, value: Any, rules: list[tuple[str, Rule]], expected: Mapping[str, Any]) -> tuple[str | None, Any, str]:
+def _migrate_one(
+    key: str, value: Any, rules: list[tuple[str, Rule]], expected: Mapping[str, Any]
+) -> tuple[str | None, Any, str]:
     if key in expected and _fits(value, expected[key]):
         return key, value, ""
     for slot, rule in rules:
@@ -210,11 +226,11 @@ def _migrate_one(key: str, value: Any, rules: list[tuple[str, Rule]], expected: 
             how = f"-> {new_key} ({slot} twin: {rule})"
             turned = [r for s, r in rules if s == slot and r.kind == "transpose" and r.key == rule.new]
             shape = expected[new_key]
-            if turned and shape is not None and _shape(value) is not None and tuple(reversed(_shape(value))) == shape:
+            if turned and shape is not None and (got := _shape(value)) is not None and tuple(reversed(got)) == shape:
                 return new_key, value.t().contiguous(), how + f", {turned[0]}"
             return new_key, value, how
         if rule.kind == "transpose" and key in expected:
             shape = expected[key]
-            if shape is not None and _shape(value) is not None and tuple(reversed(_shape(value))) == shape:
+            if shape is not None and (got := _shape(value)) is not None and tuple(reversed(got)) == shape:
                 return key, value.t().contiguous(), f"transposed ({slot} twin: {rule})"
     return key, value, ""

@@ -28,8 +28,9 @@ from .errors import LockError, LockMismatch, RanksDisagree
 from .lock import KernelLock
 
 
-def local_report(lock: KernelLock, *, rank: int = 0, mode: str | None = None,
-                 current: Mapping[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+def local_report(
+    lock: KernelLock, *, rank: int = 0, mode: str | None = None, current: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """What this rank says: rank, host, lock path, content digest, and its differences (strings)."""
     differences: list[str] = []
     try:
@@ -98,8 +99,10 @@ def judge(reports: Sequence[Mapping[str, Any]]) -> RanksDisagree | None:
     lines = [f"the kernel lock check failed on {len(faulty)} of {len(reports)} rank(s) ({_ranks_text(faulty)}):"]
     if stray:
         holders = [r["rank"] for r in by_rank if r["digest"] == reference]
-        lines.append(f"  {len(holders)} rank(s) ({_ranks_text(holders)}) hold lock {reference[:19]}; "
-                     f"{len(stray)} rank(s) hold a different lock:")  # fmt: skip
+        lines.append(
+            f"  {len(holders)} rank(s) ({_ranks_text(holders)}) hold lock {reference[:19]}; "
+            f"{len(stray)} rank(s) hold a different lock:"
+        )
         for (digest, path), group in _grouped(stray, lambda r: (r["digest"], r["lock"])):
             lines.append(f"    {_who(group)}: {digest[:19]} ({path})")
     if mismatched:
@@ -112,12 +115,7 @@ def judge(reports: Sequence[Mapping[str, Any]]) -> RanksDisagree | None:
         fix.append("give every rank the same lock file (write it once, e.g. `kernel-probe --out` on a shared path)")
     if mismatched:
         fix.append("run the job on nodes that match the lock, or re-probe on them")
-    return RanksDisagree(
-        "\n".join(lines),
-        reports=[dict(r) for r in by_rank],
-        ranks=faulty,
-        fix="; ".join(fix),
-    )
+    return RanksDisagree("\n".join(lines), reports=[dict(r) for r in by_rank], ranks=faulty, fix="; ".join(fix))
 
 
 def check_ranks(lock: KernelLock, *, group: Any = None, mode: str | None = None) -> None:
@@ -186,7 +184,7 @@ def _exchange(mine: Mapping[str, Any], group: Any) -> list[dict[str, Any]]:
         padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         gathered = [torch.empty(max(sizes), dtype=torch.uint8, device=device) for _ in range(world)]
         dist.all_gather(gathered, padded, group=group)
-        raw = [bytes(t[:size].cpu().tolist()) for t, size in zip(gathered, sizes)]
+        raw = [bytes(t[:size].cpu().tolist()) for t, size in zip(gathered, sizes, strict=True)]
     except Exception as exc:  # every rank that gets here raises; none goes on with a partial picture
         raise RanksDisagree(
             f"rank {mine['rank']} on {mine['host']} could not exchange its kernel lock report with the "

@@ -90,8 +90,9 @@ class RanksDisagree(LockError):
 
     exit_code = 3
 
-    def __init__(self, message: str, *, reports: list[dict] | None = None, ranks: list[int] | None = None,
-                 fix: str | None = None):
+    def __init__(
+        self, message: str, *, reports: list[dict] | None = None, ranks: list[int] | None = None, fix: str | None = None
+    ):
         self.reports = list(reports or [])
         self.ranks = list(ranks or [])
         super().__init__(message, fix=fix)

@@ -36,18 +36,31 @@ FIELDS: dict[str, FieldSpec] = {
     "torch": FieldSpec(str, "compatible", "version", "torch version (compatible: same major.minor)"),
     "torch-cuda": FieldSpec(str, "compatible", "version", "CUDA version torch was built with, '' if none"),
     "torch-hip": FieldSpec(str, "compatible", "version", "HIP (ROCm) version torch was built with, '' if none"),
-    "torch-rocm": FieldSpec(str, "compatible", "version", "ROCm version torch was built with (torch.version.rocm, "
-                            "torch >= 2.10), '' if none"),
+    "torch-rocm": FieldSpec(
+        str,
+        "compatible",
+        "version",
+        "ROCm version torch was built with (torch.version.rocm, torch >= 2.10), '' if none",
+    ),
     "device-type": FieldSpec(str, "exact", "text", "cpu, cuda, rocm, mps or xpu"),
     "device-vendor": FieldSpec(str, "exact", "text", "nvidia, amd, apple, intel, or the CPU vendor"),
     "device-name": FieldSpec(str, "exact", "text", "device name as the driver reports it"),
     "device-arch": FieldSpec(str, "exact", "text", "sm_90, gfx90a, ...; '' on CPU"),
-    "device-features": FieldSpec(str, "exact", "text", "ROCm target features from gcnArchName (sramecc+:xnack-); "
-                                 "'' elsewhere: an xnack+ run is not an xnack- one"),
+    "device-features": FieldSpec(
+        str,
+        "exact",
+        "text",
+        "ROCm target features from gcnArchName (sramecc+:xnack-); '' elsewhere: an xnack+ run is not an xnack- one",
+    ),
     "device-count": FieldSpec(int, "ignore", "count", "number of devices of that type"),
     "driver": FieldSpec(str, "compatible", "version", "GPU driver version, '' when it cannot be read cheaply"),
-    "numerics-env": FieldSpec(str, "exact", "text", "environment variables that change what kernels compute, as "
-                              "VAR=value;... ('' when none is set; see NUMERICS_ENV)"),
+    "numerics-env": FieldSpec(
+        str,
+        "exact",
+        "text",
+        "environment variables that change what kernels compute, as "
+        "VAR=value;... ('' when none is set; see NUMERICS_ENV)",
+    ),
 }
 
 # Environment variables that change the numbers kernels produce or which kernels run (recorded in
@@ -77,22 +90,11 @@ def device_name_note(current: Mapping[str, Any]) -> str | None:
     if current.get("device-type") not in ("cuda", "rocm"):
         return None
     if not name or name in GENERIC_DEVICE_NAMES:
-        return (f"the device name is {name!r}, which does not identify the device (libdrm's amdgpu.ids is missing "
-                f"or old in this environment); it is identified by its arch {current.get('device-arch')!r}")  # fmt: skip
+        return (
+            f"the device name is {name!r}, which does not identify the device (libdrm's amdgpu.ids is missing "
+            f"or old in this environment); it is identified by its arch {current.get('device-arch')!r}"
+        )
     return None
-
-# distribution name -> top-level module, for the libraries a lock may pin
-LIBRARY_MODULES = {
-    "torch": "torch",
-    "liger-kernel": "liger_kernel",
-    "transformer-engine": "transformer_engine",
-    "transformer-engine-torch": "transformer_engine",
-    "apex": "apex",
-    "flash-attn": "flash_attn",
-    "quack-kernels": "quack",
-    "triton": "triton",
-    "pytorch-triton-rocm": "triton",
-}
 
 
 def field_matches(kind: str, rule: str, expected: Any, found: Any) -> bool:
@@ -113,8 +115,12 @@ def field_matches(kind: str, rule: str, expected: Any, found: Any) -> bool:
     return e[:2] == f[:2]
 
 
-def compare(expected: Mapping[str, Any], found: Mapping[str, Any], libraries_expected: Mapping[str, Any],
-            libraries_found: Mapping[str, str | None]) -> list[Difference]:
+def compare(
+    expected: Mapping[str, Any],
+    found: Mapping[str, Any],
+    libraries_expected: Mapping[str, Any],
+    libraries_found: Mapping[str, str | None],
+) -> list[Difference]:
     """Every field where ``found`` does not satisfy the lock's ``expected`` (EnvField objects)."""
     diffs = []
     for name, spec in expected.items():
@@ -216,7 +222,8 @@ def physical_devices(device_type: str, env: Mapping[str, str] | None = None) -> 
                 "undefined (torch refuses to count devices)",
                 key=hip_name,
                 fix=f"set one of them: unset {hip_name} (ROCR_VISIBLE_DEVICES alone selects node devices), or "
-                f"give {hip_name} indices 0..{len(base) - 1} into ROCR_VISIBLE_DEVICES's list")
+                f"give {hip_name} indices 0..{len(base) - 1} into ROCR_VISIBLE_DEVICES's list",
+            )
         return [base[int(e)] if e.isdigit() and int(e) < len(base) else "?" for e in chosen]
     if device_type == "cuda":
         visible = env.get("CUDA_VISIBLE_DEVICES")
@@ -266,7 +273,7 @@ def nvml_devices() -> list[dict[str, Any]] | None:
     NVML is an optional shortcut, never a reason for the fingerprint to fail.
     """
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
     except Exception:  # not installed, or a broken/deprecated shim
         return None
     try:
@@ -294,17 +301,19 @@ def nvml_devices() -> list[dict[str, Any]] | None:
                 memory: int | None = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
             except Exception:
                 memory = None
-            devices.append({
-                "index": cuda_index,
-                "nvml_index": nvml_index,
-                "name": _text(pynvml.nvmlDeviceGetName(handle)),
-                "arch": f"sm_{major}{minor}",
-                "capability": [int(major), int(minor)],
-                "uuid": uuids[nvml_index],
-                "memory_bytes": memory,
-                "driver": driver,
-                "cuda_driver": cuda_driver,
-            })
+            devices.append(
+                {
+                    "index": cuda_index,
+                    "nvml_index": nvml_index,
+                    "name": _text(pynvml.nvmlDeviceGetName(handle)),
+                    "arch": f"sm_{major}{minor}",
+                    "capability": [int(major), int(minor)],
+                    "uuid": uuids[nvml_index],
+                    "memory_bytes": memory,
+                    "driver": driver,
+                    "cuda_driver": cuda_driver,
+                }
+            )
         return devices
     except Exception:
         return None

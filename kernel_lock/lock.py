@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from . import _toml
+from . import _toml, registry
 from .errors import LockFormatError, LockVersionError, LockWarning, TargetNotAllowed
 
 # declared in kernel_lock.slots; still importable from here (kernel_lock.lock.MODES, kernel_lock.SLOTS)
@@ -28,9 +28,9 @@ LOCK_VERSION = "1.2"  # 1.1: accepted-changes, rename/transpose migrations; 1.2:
 MATCH_RULES = ("exact", "compatible", "ignore")
 STATE_DICT = ("interchangeable", "migrate", "incompatible")
 
-# Modules a lock may name without declaring them trusted. Anything else is refused before import.
-# Every built-in candidate's target must be under one of these (tests/test_candidate_data.py checks).
-ALLOWED_ROOTS = ("torch", "liger_kernel", "transformer_engine", "apex", "flash_attn", "quack", "kernel_lock.adapters")
+# The modules a lock may name without declaring them trusted come from the registry
+# (kernel_lock/registry.toml: torch, kernel_lock.adapters and every built-in candidate's import root);
+# anything else is refused before import.
 
 _DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+", re.ASCII)
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", re.ASCII)
@@ -106,10 +106,13 @@ def _required(ctx: _Ctx, d: Mapping[str, Any], key: str, typ: Any, path: str) ->
     return value
 
 
-def _choice(ctx: _Ctx, d: Mapping[str, Any], key: str, choices: Sequence[str], path: str, default: str | None = None) -> str:
+def _choice(
+    ctx: _Ctx, d: Mapping[str, Any], key: str, choices: Sequence[str], path: str, default: str | None = None
+) -> str:
     value = _get(ctx, d, key, str, path) if default is not None else _required(ctx, d, key, str, path)
     if value is None:
-        return default  # type: ignore[return-value]
+        assert default is not None  # without a default, _required has raised on a missing key
+        return default
     if value not in choices:
         raise ctx.error(f"{path}{key}", f"{value!r} is not one of {', '.join(choices)}")
     return value
@@ -125,7 +128,7 @@ def _strings(ctx: _Ctx, d: Mapping[str, Any], key: str, path: str) -> tuple[str,
 
 def _tables(ctx: _Ctx, d: Mapping[str, Any], key: str, path: str) -> list[tuple[str, Mapping[str, Any]]]:
     values = _get(ctx, d, key, list, path, default=[])
-    out = []
+    out: list[tuple[str, Mapping[str, Any]]] = []
     for i, v in enumerate(values):
         if not isinstance(v, dict):
             raise ctx.error(f"{path}{key}[{i}]", f"expected table, got {type(v).__name__}")
@@ -142,7 +145,11 @@ def _unknown_keys(ctx: _Ctx, d: Mapping[str, Any], known: Sequence[str], path: s
 def _value_problem(value: Any, *, finite: bool) -> str | None:
     """Why a scalar from the file cannot be used: integers beyond 64 bits, non-finite numbers."""
     if isinstance(value, int) and not isinstance(value, bool) and not -INT64 <= value < INT64:
-        return f"integer {str(value)[:20]}... is beyond 64 bits" if len(str(value)) > 20 else f"integer {value} is beyond 64 bits"
+        return (
+            f"integer {str(value)[:20]}... is beyond 64 bits"
+            if len(str(value)) > 20
+            else f"integer {value} is beyond 64 bits"
+        )
     if finite and isinstance(value, float) and not math.isfinite(value):
         return f"{value} is not a finite number"
     return None
@@ -176,8 +183,11 @@ def granted_trust(trust: Iterable[str] = ()) -> tuple[str, ...]:
     for name in names:
         if not _MODULE.fullmatch(name) or any(part.startswith("_") for part in name.split(".")):
             source = f"${TRUST_ENV}" if name not in trust else "trust"
-            raise LockFormatError(f"{source}: {name!r} is not a public module name", key=TRUST_ENV if source != "trust" else None,
-                                  fix="list top-level packages, e.g. KERNEL_LOCK_TRUST=site_kernels")  # fmt: skip
+            raise LockFormatError(
+                f"{source}: {name!r} is not a public module name",
+                key=TRUST_ENV if source != "trust" else None,
+                fix="list top-level packages, e.g. KERNEL_LOCK_TRUST=site_kernels",
+            )
     return tuple(dict.fromkeys(names))
 
 
@@ -189,11 +199,18 @@ def _under(name: str, root: str) -> bool:
     return name == root or name.startswith(root + ".")
 
 
-def check_target(target: str, trusted: Sequence[str] = (), *, path: str | None = None, key: str | None = None,
-                 requested: Sequence[str] = (), what: str = "target") -> None:  # fmt: skip
+def check_target(
+    target: str,
+    trusted: Sequence[str] = (),
+    *,
+    path: str | None = None,
+    key: str | None = None,
+    requested: Sequence[str] = (),
+    what: str = "target",
+) -> None:
     """Refuse a target outside the allow-list. Runs before anything is imported.
 
-    The allow-list is ``ALLOWED_ROOTS`` plus the modules the *caller* trusts (``trusted``: the API's
+    The allow-list is ``registry.allowed_roots()`` plus the modules the *caller* trusts (``trusted``: the API's
     ``trust=``, ``$KERNEL_LOCK_TRUST``, ``--trust``); the lock's own ``trusted-modules``
     (``requested``) are only a request, named in the error with how to grant it. A path with a
     private or ``__main__`` component is never imported (importing a ``__main__`` runs it).
@@ -203,8 +220,13 @@ def check_target(target: str, trusted: Sequence[str] = (), *, path: str | None =
     if _private(target):
         raise TargetNotAllowed(
             f"{what} {target!r} has a private or __main__ component: it is never imported (importing a module's "
-            "__main__ runs it)", path=path, key=key, fix="name a public class, e.g. torch.nn.LayerNorm")  # fmt: skip
-    if any(_under(target, root) for root in (*ALLOWED_ROOTS, *trusted)):
+            "__main__ runs it)",
+            path=path,
+            key=key,
+            fix="name a public class, e.g. torch.nn.LayerNorm",
+        )
+    allowed = registry.allowed_roots()
+    if any(_under(target, root) for root in (*allowed, *trusted)):
         return
     asked = next((m for m in requested if _under(target, m)), None)
     if asked is not None:
@@ -217,7 +239,7 @@ def check_target(target: str, trusted: Sequence[str] = (), *, path: str | None =
             f"{TRUST_ENV}={asked} in the environment, or kernel_lock.load(path, trust=[{asked!r}])",
         )
     raise TargetNotAllowed(
-        f"{what} {target!r} is not in the import allow-list ({', '.join(ALLOWED_ROOTS)}); nothing was imported",
+        f"{what} {target!r} is not in the import allow-list ({', '.join(allowed)}); nothing was imported",
         path=path,
         key=key,
         fix=f"if you trust that module, grant it: `--trust MODULE`, {TRUST_ENV}=MODULE, or kernel_lock.load(path, "
@@ -235,7 +257,7 @@ class EnvField:
     @classmethod
     def _from_dict(cls, ctx: _Ctx, d: Any, path: str) -> EnvField:
         if not isinstance(d, dict):
-            raise ctx.error(path.rstrip("."), "expected a table like { value = \"...\", match = \"exact\" }")
+            raise ctx.error(path.rstrip("."), 'expected a table like { value = "...", match = "exact" }')
         value = _get(ctx, d, "value", (str, int), path)
         if value is None:
             raise ctx.error(f"{path}value", "required key is missing")
@@ -267,7 +289,8 @@ class Environment:
             expected = FIELDS.get(key)
             if expected is not None and not isinstance(fields[key].value, expected.type):
                 raise ctx.error(
-                    f"{path}{key}.value", f"expected {_type_name(expected.type)}, got {type(fields[key].value).__name__}"
+                    f"{path}{key}.value",
+                    f"expected {_type_name(expected.type)}, got {type(fields[key].value).__name__}",
                 )
         libs = _get(ctx, d, "libraries", dict, path, default={})
         libraries = {name: EnvField._from_dict(ctx, v, f"{path}libraries.{name}.") for name, v in libs.items()}
@@ -303,7 +326,9 @@ class Requirement:
         try:
             SpecifierSet(spec)
         except InvalidSpecifier:
-            raise ctx.error(f"{path}specifier", f"{spec!r} is not a PEP 440 version specifier like '>=0.8,<0.9'")
+            raise ctx.error(
+                f"{path}specifier", f"{spec!r} is not a PEP 440 version specifier like '>=0.8,<0.9'"
+            ) from None
         module = _get(ctx, d, "module", str, path, default="")
         if module and not _MODULE.fullmatch(module):
             raise ctx.error(f"{path}module", f"{module!r} is not a module name")
@@ -370,7 +395,7 @@ def _record(ctx: _Ctx, d: Mapping[str, Any], path: str) -> dict[str, Any]:
                     raise ctx.error(f"{path}{key}[{i}]", "evidence values must be strings, numbers or booleans")
         elif not isinstance(value, Scalar):
             raise ctx.error(f"{path}{key}", f"unsupported value of type {type(value).__name__}")
-        for v in (value.values() if isinstance(value, dict) else value if isinstance(value, list) else [value]):
+        for v in value.values() if isinstance(value, dict) else value if isinstance(value, list) else [value]:
             problem = _value_problem(v, finite=False)
             if problem:
                 raise ctx.error(f"{path}{key}", problem)
@@ -398,7 +423,12 @@ class Candidate:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"implementation": self.implementation, "target": self.target, "status": self.status, "reasons": list(self.reasons)}
+        return {
+            "implementation": self.implementation,
+            "target": self.target,
+            "status": self.status,
+            "reasons": list(self.reasons),
+        }
 
 
 @dataclass(frozen=True)
@@ -420,9 +450,19 @@ class Slot:
     changes: tuple[str, ...] = ()  # what the implementation changes besides numbers, accepted explicitly
 
     _KEYS = (
-        "implementation", "target", "semantics", "kwargs", "requires", "devices", "reason", "accepted-changes", "twin",
-        "evidence", "timing", "rejected",
-    )  # fmt: skip
+        "implementation",
+        "target",
+        "semantics",
+        "kwargs",
+        "requires",
+        "devices",
+        "reason",
+        "accepted-changes",
+        "twin",
+        "evidence",
+        "timing",
+        "rejected",
+    )
 
     @classmethod
     def _from_dict(cls, ctx: _Ctx, name: str, d: Any) -> Slot:
@@ -502,14 +542,30 @@ class KernelLock:
     granted: tuple[str, ...] = field(default=(), compare=False)  # modules the caller trusted when loading it
 
     _KEYS = (
-        "lock-version", "created-by", "created-at", "mode", "precision", "trusted-modules", "digest",
-        "profile", "environment", "slots", "provenance",
-    )  # fmt: skip
+        "lock-version",
+        "created-by",
+        "created-at",
+        "mode",
+        "precision",
+        "trusted-modules",
+        "digest",
+        "profile",
+        "environment",
+        "slots",
+        "provenance",
+    )
 
     # ---- construction ---------------------------------------------------------------------
     @classmethod
-    def _from_dict(cls, d: Mapping[str, Any], path: str | None = None, *, strict: bool = False,
-                   trust: Sequence[str] = (), check_targets: bool = True) -> KernelLock:  # fmt: skip
+    def _from_dict(
+        cls,
+        d: Mapping[str, Any],
+        path: str | None = None,
+        *,
+        strict: bool = False,
+        trust: Sequence[str] = (),
+        check_targets: bool = True,
+    ) -> KernelLock:
         ctx = _Ctx(path, granted_trust(trust), check_targets)
         version = _required(ctx, d, "lock-version", str, "")
         m = _VERSION.fullmatch(version)
@@ -523,7 +579,9 @@ class KernelLock:
                 path=path,
                 key="lock-version",
                 fix="upgrade kernel-probe to read newer locks, or re-run `kernel-probe --force` to write a "
-                f"{LOCK_VERSION} lock" if major > ours_major else "re-run `kernel-probe --force` to write a current lock",
+                f"{LOCK_VERSION} lock"
+                if major > ours_major
+                else "re-run `kernel-probe --force` to write a current lock",
             )
         if minor > ours_minor:
             ctx.warn("lock-version", f"minor version {version} is newer than {LOCK_VERSION}; unknown keys are ignored")
@@ -558,8 +616,11 @@ class KernelLock:
             granted=ctx.granted,
         )
         if strict and not lock.environment.fields:
-            raise ctx.error("environment", "the lock has no [environment]: it would match any machine",
-                            fix="re-run `kernel-probe --force` on the machine it is for (it writes the fingerprint)")  # fmt: skip
+            raise ctx.error(
+                "environment",
+                "the lock has no [environment]: it would match any machine",
+                fix="re-run `kernel-probe --force` on the machine it is for (it writes the fingerprint)",
+            )
         intact = True
         if not digest:
             ctx.warn("digest", "the lock has no digest, so hand edits cannot be detected (run `kernel-probe rehash`)")
@@ -568,7 +629,11 @@ class KernelLock:
             intact = False
             problem = "the content does not match the digest: the lock was edited by hand after kernel-probe wrote it"
             if strict:
-                raise ctx.error("digest", problem, fix="re-run `kernel-probe --force`, or accept the edit with `kernel-probe rehash LOCK`")
+                raise ctx.error(
+                    "digest",
+                    problem,
+                    fix="re-run `kernel-probe --force`, or accept the edit with `kernel-probe rehash LOCK`",
+                )
             ctx.warn("digest", problem + " (accept the edit with `kernel-probe rehash LOCK`)")
         return replace(lock, warnings=tuple(ctx.finished_warnings()), intact=intact)
 
@@ -642,8 +707,11 @@ def atomic_write_text(path: Path, text: str) -> None:
     if mode is not None and not stat.S_ISREG(mode):
         from ._files import kind
 
-        raise LockFormatError(f"is {kind(mode)}, not a regular file: not replaced", path=str(path),
-                              fix="write the lock to a regular file path")  # fmt: skip
+        raise LockFormatError(
+            f"is {kind(mode)}, not a regular file: not replaced",
+            path=str(path),
+            fix="write the lock to a regular file path",
+        )
     directory = path.parent if str(path.parent) else Path(".")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     try:
@@ -661,8 +729,15 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
-def loads(text: str | bytes, *, path: str | None = None, strict: bool = False, emit_warnings: bool = True,
-          trust: Sequence[str] = (), check_targets: bool = True) -> KernelLock:  # fmt: skip
+def loads(
+    text: str | bytes,
+    *,
+    path: str | None = None,
+    strict: bool = False,
+    emit_warnings: bool = True,
+    trust: Sequence[str] = (),
+    check_targets: bool = True,
+) -> KernelLock:
     """Parse and validate lock text. Any problem raises a :class:`LockError` subclass.
 
     ``trust``: modules you trust beyond the built-in allow-list (also ``$KERNEL_LOCK_TRUST``); the
@@ -675,13 +750,19 @@ def loads(text: str | bytes, *, path: str | None = None, strict: bool = False, e
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise LockFormatError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", path=where,
-                                  fix="a lock is a TOML text file written by kernel-probe") from None
+            raise LockFormatError(
+                f"not UTF-8 text ({exc.reason} at byte {exc.start})",
+                path=where,
+                fix="a lock is a TOML text file written by kernel-probe",
+            ) from None
     try:
         data = _toml.loads(text)
     except _toml.TOMLDecodeError as exc:
-        raise LockFormatError(f"not valid TOML: {exc}", path=where,
-                              fix="restore the file from version control or re-run `kernel-probe --force`") from None
+        raise LockFormatError(
+            f"not valid TOML: {exc}",
+            path=where,
+            fix="restore the file from version control or re-run `kernel-probe --force`",
+        ) from None
     except (ValueError, RecursionError) as exc:  # e.g. a NUL byte, absurd nesting
         raise LockFormatError(f"not valid TOML: {exc}", path=where) from None
     try:
@@ -694,8 +775,14 @@ def loads(text: str | bytes, *, path: str | None = None, strict: bool = False, e
     return lock
 
 
-def load(path: str | os.PathLike[str], *, strict: bool = False, emit_warnings: bool = True, trust: Sequence[str] = (),
-         check_targets: bool = True) -> KernelLock:  # fmt: skip
+def load(
+    path: str | os.PathLike[str],
+    *,
+    strict: bool = False,
+    emit_warnings: bool = True,
+    trust: Sequence[str] = (),
+    check_targets: bool = True,
+) -> KernelLock:
     """Read and validate the lock at ``path`` (a regular file of at most 8 MiB). See :func:`loads`."""
     from ._files import UnsafeFile, read_regular
 
@@ -704,11 +791,16 @@ def load(path: str | os.PathLike[str], *, strict: bool = False, emit_warnings: b
     try:
         raw = read_regular(p, MAX_BYTES)
     except FileNotFoundError:
-        raise LockFormatError("no such file", path=where,
-                              fix="run `kernel-probe --out PATH` on this machine to write one, or check the path") from None
+        raise LockFormatError(
+            "no such file",
+            path=where,
+            fix="run `kernel-probe --out PATH` on this machine to write one, or check the path",
+        ) from None
     except UnsafeFile as exc:
         fix = f"pass the lock file itself, e.g. {p / 'kernel-lock.toml'}" if "directory" in exc.problem else exc.fix
         raise LockFormatError(exc.problem, path=where, fix=fix or None) from None
     except OSError as exc:
-        raise LockFormatError(f"cannot read: {exc.strerror}", path=where, fix="check the path and its permissions") from None
+        raise LockFormatError(
+            f"cannot read: {exc.strerror}", path=where, fix="check the path and its permissions"
+        ) from None
     return loads(raw, path=where, strict=strict, emit_warnings=emit_warnings, trust=trust, check_targets=check_targets)

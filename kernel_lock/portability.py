@@ -100,8 +100,9 @@ class _Plan:
                 "implementation that has a verified torch.nn twin",
             )
         assert slot.twin is not None
-        twin = self._import(slot.twin.target, self.lock.granted, where=self.lock.path,
-                            key=f"slots.{slot.name}.twin.target")  # fmt: skip
+        twin = self._import(
+            slot.twin.target, self.lock.granted, where=self.lock.path, key=f"slots.{slot.name}.twin.target"
+        )
         wrapper = _wrapper_for(cls, slot.twin.target)
         if wrapper is not None:
             from .anemoi import locate
@@ -158,7 +159,7 @@ def _build_twin(module: Any, slot: Slot, twin_cls: type) -> Any:
     else:
         shape = getattr(module, "normalized_shape", None)
         if shape is None:
-            shape = tuple(state["weight"].shape) if "weight" in state else (int(getattr(module, "hidden_size")),)
+            shape = tuple(state["weight"].shape) if "weight" in state else (int(module.hidden_size),)
         args = (tuple(shape) if not isinstance(shape, int) else (shape,),)
         eps = _module_eps(module)
         if eps is not None and "eps" in accepted:
@@ -187,8 +188,11 @@ def _compare(original: Any, twin: Any, slot: Slot) -> float | None:
     params = list(twin.parameters())
     device = params[0].device if params else torch.device("cpu")
     dtype = params[0].dtype if params else torch.float32
-    width = params[0].shape[-1] if slot.semantics == "linear" and params else (
-        int(torch.tensor(getattr(twin, "normalized_shape", (params[0].shape[0],))).prod()) if params else 8)
+    width = (
+        params[0].shape[-1]
+        if slot.semantics == "linear" and params
+        else (int(torch.tensor(getattr(twin, "normalized_shape", (params[0].shape[0],))).prod()) if params else 8)
+    )
     gen = torch.Generator().manual_seed(0)
     x = (torch.randn(16, width, generator=gen) + 0.3).to(device=device, dtype=dtype)
     try:
@@ -251,12 +255,14 @@ class _Converter:
             raise NotPortable(
                 f"{where or 'the model'}: {_qualified(type(module))} and its twin {_qualified(twin_cls)} disagree here "
                 f"(error {error:.3g} > tolerance {_tolerance(slot):.3g}; the lock verified {slot.twin.max_error if slot.twin else None})",
-                path=self.plan.lock.path, key=f"slots.{slot.name}.twin",
+                path=self.plan.lock.path,
+                key=f"slots.{slot.name}.twin",
                 fix="re-probe on this machine (`kernel-probe --force`) and save with the new lock",
-            )  # fmt: skip
+            )
         note = "" if error is not None or not self.compare else "not compared: the original cannot run on this machine"
-        self.replacements.append(Replacement(where or "<root>", slot.name, _qualified(type(module)), _qualified(twin_cls),
-                                             error, note))  # fmt: skip
+        self.replacements.append(
+            Replacement(where or "<root>", slot.name, _qualified(type(module)), _qualified(twin_cls), error, note)
+        )
         self._seen[key] = twin
         return twin
 
@@ -264,7 +270,11 @@ class _Converter:
     def attributes(self, root: Any) -> None:
         for _, module in root.named_modules():
             for name, value in list(vars(module).items()):
-                if name in ("_modules", "_parameters", "_buffers") or name.startswith("_forward") or name.startswith("_backward"):
+                if (
+                    name in ("_modules", "_parameters", "_buffers")
+                    or name.startswith("_forward")
+                    or name.startswith("_backward")
+                ):
                     continue
                 new = self.value(value, 0)
                 if new is not value:
@@ -288,15 +298,14 @@ class _Converter:
                 return dict(items)
         if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
             items_l = [self.value(v, depth + 1) for v in value]
-            if all(a is b for a, b in zip(items_l, value)):
+            if all(a is b for a, b in zip(items_l, value, strict=True)):
                 return value
             return type(value)(items_l)
         return value
 
     def _partial(self, value: functools.partial) -> Any:
         func, args, keywords = value.func, value.args, dict(value.keywords or {})
-        found = self.plan.slot_of(func) if isinstance(func, type) else None
-        if found is not None:
+        if isinstance(func, type) and (found := self.plan.slot_of(func)) is not None:
             slot = found[0]
             twin_cls = self.plan.twin_class(slot, func)
             assert slot.twin is not None
@@ -310,8 +319,7 @@ class _Converter:
         return value
 
 
-def portable(module: Any, lock: KernelLock, *, compare: bool = True,
-             report: list[Replacement] | None = None) -> Any:  # fmt: skip
+def portable(module: Any, lock: KernelLock, *, compare: bool = True, report: list[Replacement] | None = None) -> Any:
     """A copy of ``module`` that unpickles where neither the training library nor kernel_lock is installed.
 
     Every module whose class came from ``lock`` (directly, through a ``kernel_lock.adapters`` class,
@@ -330,8 +338,13 @@ def portable(module: Any, lock: KernelLock, *, compare: bool = True,
     copied = converter.modules(copied)
     converter.attributes(copied)
     for r in converter.replacements:
-        log.info("kernel_lock.portable: %s %s -> %s (%s)", r.path, r.original, r.twin,
-                 "not compared" if r.error is None else f"error {r.error:.3g}")  # fmt: skip
+        log.info(
+            "kernel_lock.portable: %s %s -> %s (%s)",
+            r.path,
+            r.original,
+            r.twin,
+            "not compared" if r.error is None else f"error {r.error:.3g}",
+        )
     if report is not None:
         report.extend(converter.replacements)
     forbidden = forbidden_roots(lock)

@@ -52,6 +52,8 @@ def _check_slot_name(slot: str) -> None:
 
 # how to ask for inference mode, said once for both audiences of these messages
 IN_INFERENCE_MODE = 'in inference mode (Python: mode="inference"; command line: --mode inference)'
+# the facts an inference check reads: a slot runs as pinned only on its device types (Slot.devices)
+INFERENCE_FACTS = ("device-type",)
 
 
 def mode_for(lock: KernelLock | None, mode: str | None) -> str:
@@ -65,13 +67,20 @@ def mode_for(lock: KernelLock | None, mode: str | None) -> str:
 
 def install_hint(slot: Slot) -> str:
     """``pip install 'liger-kernel>=0.5'``: what installs the libraries ``slot`` requires, by name."""
-    wanted = " ".join(f"'{r.name}{r.specifier}'" if str(r.specifier) else r.name for r in slot.requires
-                      if r.name != "torch")  # fmt: skip
+    wanted = " ".join(
+        f"'{r.name}{r.specifier}'" if str(r.specifier) else r.name for r in slot.requires if r.name != "torch"
+    )
     return f"`pip install {wanted}`" if wanted else "the library it needs"
 
 
-def import_target(target: str, trusted: tuple[str, ...] = (), *, where: str | None = None, key: str | None = None,
-                  semantics: str | None = None) -> type:  # fmt: skip
+def import_target(
+    target: str,
+    trusted: tuple[str, ...] = (),
+    *,
+    where: str | None = None,
+    key: str | None = None,
+    semantics: str | None = None,
+) -> type:
     """Import an allow-listed ``torch.nn.Module`` subclass. The allow-list is checked first; with
     ``semantics``, a class that computes something else (an RMSNorm for a LayerNorm slot, an
     Identity for a Linear) is refused."""
@@ -139,11 +148,14 @@ def _requirement_problems(slot: Slot) -> list[Difference]:
         if version is None and req.module and _locatable(req.module):
             version = "unknown"  # importable but not installed as a distribution (e.g. a source tree)
         if version is None:
-            problems.append(Difference(f"slots.{slot.name}.requires.{req.name}", req.specifier or "any", "not installed", "specifier"))
+            problems.append(
+                Difference(
+                    f"slots.{slot.name}.requires.{req.name}", req.specifier or "any", "not installed", "specifier"
+                )
+            )
             continue
-        if req.specifier and version != "unknown":
-            if not in_spec(req.specifier, version):
-                problems.append(Difference(f"slots.{slot.name}.requires.{req.name}", req.specifier, version, "specifier"))
+        if req.specifier and version != "unknown" and not in_spec(req.specifier, version):
+            problems.append(Difference(f"slots.{slot.name}.requires.{req.name}", req.specifier, version, "specifier"))
     return problems
 
 
@@ -169,31 +181,53 @@ def verify(lock: KernelLock, mode: str | None = None, *, current: Mapping[str, A
     """
     mode = mode_for(lock, mode)
     if current is None:
-        from . import fingerprint
+        from . import torchless
 
-        current = fingerprint.current()
+        # read without torch; a fact this check needs that only torch can settle is read with it
+        checked = (
+            [name for name, spec in lock.environment.fields.items() if spec.match != "ignore"]
+            if mode == "training"
+            else INFERENCE_FACTS
+        )
+        current = torchless.current(checked)
     notes: list[str] = []
     if mode == "training":
         from . import fingerprint
 
         libs = fingerprint.library_versions(lock.environment.libraries)
         diffs = fingerprint.compare(lock.environment.fields, current, lock.environment.libraries, libs)
-        notes.extend(f"environment field {name!r} is unknown to this kernel_lock (a newer writer?): not checked"
-                     for name in fingerprint.unchecked_fields(lock.environment.fields))  # fmt: skip
-        notes.extend(f"{name} differs (lock {spec.value!r}, here {current.get(name)!r}): not checked (match = ignore)"
-                     for name, spec in lock.environment.fields.items()
-                     if spec.match == "ignore" and name in fingerprint.FIELDS and str(current.get(name)) != str(spec.value))  # fmt: skip
+        notes.extend(
+            f"environment field {name!r} is unknown to this kernel_lock (a newer writer?): not checked"
+            for name in fingerprint.unchecked_fields(lock.environment.fields)
+        )
+        notes.extend(
+            f"{name} differs (lock {spec.value!r}, here {current.get(name)!r}): not checked (match = ignore)"
+            for name, spec in lock.environment.fields.items()
+            if spec.match == "ignore"
+            and name in fingerprint.FIELDS
+            and current.get(name) is not None
+            and str(current.get(name)) != str(spec.value)
+        )
         name_note = fingerprint.device_name_note(current)
         if name_note:
             notes.append(name_note)
         for slot in lock.slots.values():
             diffs.extend(_requirement_problems(slot))
         if lock.mode == "inference":
-            diffs.append(Difference("mode", "inference", "training asked for (training never runs on the "
-                                    "substitutions of a derived lock)", "mode"))  # fmt: skip
+            diffs.append(
+                Difference(
+                    "mode",
+                    "inference",
+                    "training asked for (training never runs on the substitutions of a derived lock)",
+                    "mode",
+                )
+            )
         if diffs:
-            fix = (f"verify it {IN_INFERENCE_MODE}, or train with the training lock it was derived from"
-                   if lock.mode == "inference" else None)  # fmt: skip
+            fix = (
+                f"verify it {IN_INFERENCE_MODE}, or train with the training lock it was derived from"
+                if lock.mode == "inference"
+                else None
+            )
             raise LockMismatch(diffs, path=lock.path, fix=fix)
         return notes
     problems = []
@@ -205,8 +239,10 @@ def verify(lock: KernelLock, mode: str | None = None, *, current: Mapping[str, A
             problems.append(Difference(f"slots.{slot.name}", slot.implementation, f"{reason}; {refusal}", "inference"))
             continue
         if r.substituted_from:
-            notes.append(f"{slot.name}: {slot.implementation} cannot run here ({r.reason}); inference uses twin "
-                         f"{r.target} (verified max error {_max_error_text(r.max_error)})")
+            notes.append(
+                f"{slot.name}: {slot.implementation} cannot run here ({r.reason}); inference uses twin "
+                f"{r.target} (verified max error {_max_error_text(r.max_error)})"
+            )
     if problems:
         raise LockMismatch(
             problems,
@@ -227,7 +263,9 @@ def twin_refusal(slot: Slot) -> str | None:
     if twin is None:
         return "it has no verified portable twin"
     if twin.state_dict == "incompatible":
-        return f"its twin's state dict does not interchange with it ({slot.target} and {twin.target} store different keys)"
+        return (
+            f"its twin's state dict does not interchange with it ({slot.target} and {twin.target} store different keys)"
+        )
     semantics = TWIN_SEMANTICS.get(twin.target)
     if semantics is not None and semantics != slot.semantics:
         return f"its twin {twin.target} computes {semantics}, not {slot.semantics} (the maths would change)"
@@ -309,8 +347,14 @@ class Resolution:
     max_error: float | None = None
 
 
-def resolve_slot(lock: KernelLock | None, slot: str, mode: str | None = None, *, current: Mapping[str, Any] | None = None,
-                 import_classes: bool = True) -> Resolution:  # fmt: skip
+def resolve_slot(
+    lock: KernelLock | None,
+    slot: str,
+    mode: str | None = None,
+    *,
+    current: Mapping[str, Any] | None = None,
+    import_classes: bool = True,
+) -> Resolution:
     """Decide what ``slot`` resolves to under ``lock`` in ``mode`` (default: the lock's own).
 
     Training: the pinned implementation, or :class:`KernelUnavailable` (requirement missing, other
@@ -333,9 +377,9 @@ def resolve_slot(lock: KernelLock | None, slot: str, mode: str | None = None, *,
         _refuse_training(lock, entry)
         return pinned(_build(slot, entry.target, entry.kwargs, lock, key) if import_classes else None)
     if current is None:
-        from . import fingerprint
+        from . import torchless
 
-        current = fingerprint.current()
+        current = torchless.current(INFERENCE_FACTS)
     reason = _unusable_reason(entry, current)
     if reason is None:
         if not import_classes:
@@ -356,8 +400,17 @@ def resolve_slot(lock: KernelLock | None, slot: str, mode: str | None = None, *,
     twin = entry.twin
     assert twin is not None
     cls = _build(slot, twin.target, twin.kwargs, lock, f"{key}.twin") if import_classes else None
-    return Resolution(slot, mode, f"twin:{entry.implementation}", twin.target, twin.kwargs, cls,
-                      substituted_from=entry.implementation, reason=reason, max_error=twin.max_error)  # fmt: skip
+    return Resolution(
+        slot,
+        mode,
+        f"twin:{entry.implementation}",
+        twin.target,
+        twin.kwargs,
+        cls,
+        substituted_from=entry.implementation,
+        reason=reason,
+        max_error=twin.max_error,
+    )
 
 
 def _refuse_training(lock: KernelLock, entry: Slot) -> None:
@@ -386,9 +439,9 @@ def _refuse_training(lock: KernelLock, entry: Slot) -> None:
             f"or load it {IN_INFERENCE_MODE} to use the verified torch.nn twin",
         )
     if entry.devices:
-        from . import fingerprint
+        from . import torchless
 
-        here = fingerprint.current().get("device-type")
+        here = torchless.current(INFERENCE_FACTS).get("device-type")
         if here not in entry.devices:
             raise KernelUnavailable(
                 f"slot {slot}: {entry.implementation} ({entry.target}) runs on {', '.join(entry.devices)}; "
@@ -400,8 +453,9 @@ def _refuse_training(lock: KernelLock, entry: Slot) -> None:
             )
 
 
-def factory(lock: KernelLock | None, slot: str, mode: str | None = None, *,
-            verify_environment: bool = True) -> KernelFactory:  # fmt: skip
+def factory(
+    lock: KernelLock | None, slot: str, mode: str | None = None, *, verify_environment: bool = True
+) -> KernelFactory:
     """The callable that builds ``slot``'s pinned class with the pinned kwargs.
 
     A slot the lock does not mention resolves to torch.nn (locks may pin only some slots). ``mode``
@@ -419,14 +473,26 @@ def factory(lock: KernelLock | None, slot: str, mode: str | None = None, *,
     if r.substituted_from:
         log.warning(
             "inference substitutes %s for slot %s: %s cannot run here (%s); verified max error between them: %s",
-            r.target, slot, r.substituted_from, r.reason, _max_error_text(r.max_error),
-        )  # fmt: skip
+            r.target,
+            slot,
+            r.substituted_from,
+            r.reason,
+            _max_error_text(r.max_error),
+        )
     assert r.cls is not None
     return _make(r.cls, r.kwargs, slot, r.implementation, r.target, mode, r.substituted_from, r.max_error)
 
 
-def _make(cls: type, kwargs: Mapping[str, Any], slot: str, implementation: str, target: str, mode: str,
-          substituted_from: str | None, max_error: float | None) -> KernelFactory:
+def _make(
+    cls: type,
+    kwargs: Mapping[str, Any],
+    slot: str,
+    implementation: str,
+    target: str,
+    mode: str,
+    substituted_from: str | None,
+    max_error: float | None,
+) -> KernelFactory:
     f = KernelFactory(cls, **dict(kwargs))
     f.slot, f.implementation, f.target, f.mode = slot, implementation, target, mode
     f.substituted_from, f.max_error = substituted_from, max_error

@@ -37,7 +37,11 @@ CALL_ARGS: dict[str, tuple[str, ...]] = {
     "RMSNorm": ("$normalized_shape",),
     "Linear": ("$in_features", "$out_features"),
 }
-CALL_KWARGS: dict[str, dict[str, Any]] = {"LayerNorm": {"eps": "$eps"}, "RMSNorm": {"eps": "$eps"}, "Linear": {"bias": "$bias"}}
+CALL_KWARGS: dict[str, dict[str, Any]] = {
+    "LayerNorm": {"eps": "$eps"},
+    "RMSNorm": {"eps": "$eps"},
+    "Linear": {"bias": "$bias"},
+}
 
 # What the portable twins compute. A twin records no semantics of its own, so a twin target listed
 # here whose semantics differ from its slot's (an RMSNorm standing in for a LayerNorm) is refused;
@@ -67,16 +71,19 @@ class Precision(NamedTuple):
 
 
 # Lightning / anemoi precision names -> (dtype, regime); the names are the keys, in this order.
-PRECISIONS: Mapping[str, Precision] = MappingProxyType({
-    "32-true": Precision("float32", "true"),
-    "bf16-true": Precision("bfloat16", "true"),
-    "16-true": Precision("float16", "true"),
-    "bf16-mixed": Precision("bfloat16", "mixed"),
-    "16-mixed": Precision("float16", "mixed"),
-})  # fmt: skip
+PRECISIONS: Mapping[str, Precision] = MappingProxyType(
+    {
+        "32-true": Precision("float32", "true"),
+        "bf16-true": Precision("bfloat16", "true"),
+        "16-true": Precision("float16", "true"),
+        "bf16-mixed": Precision("bfloat16", "mixed"),
+        "16-mixed": Precision("float16", "mixed"),
+    }
+)
 
-# What a candidate's check came to, as the lock records it per candidate.
-STATUSES = ("accepted", "rejected", "unavailable", "crashed", "timeout", "skipped")
+# What a candidate's check came to, as the lock records it per candidate; worst first (a candidate
+# checked in several dtypes gets the worst of its results, kernel_probe.judge.worst_status).
+STATUSES = ("crashed", "timeout", "rejected", "unavailable", "accepted", "skipped")
 
 
 def slot_name_fix(name: str) -> str:
@@ -99,7 +106,11 @@ def class_semantics(cls: Any) -> str | None:
         return None
     import torch
 
-    for base, semantics in ((torch.nn.RMSNorm, "rms_norm"), (torch.nn.LayerNorm, "layer_norm"), (torch.nn.Linear, "linear")):
+    for base, semantics in (
+        (torch.nn.RMSNorm, "rms_norm"),
+        (torch.nn.LayerNorm, "layer_norm"),
+        (torch.nn.Linear, "linear"),
+    ):
         if issubclass(cls, base):
             return semantics
     names = [c.__name__.lower() for c in cls.__mro__]

@@ -30,8 +30,15 @@ from . import fingerprint as fp
 
 log = logging.getLogger(__name__)
 
-DEVICE_FIELDS = ("device-type", "device-vendor", "device-name", "device-arch", "device-features", "device-count",
-                 "driver")  # fmt: skip
+DEVICE_FIELDS = (
+    "device-type",
+    "device-vendor",
+    "device-name",
+    "device-arch",
+    "device-features",
+    "device-count",
+    "driver",
+)
 BUILD_FIELDS = ("torch", "torch-cuda", "torch-hip", "torch-rocm")
 
 # Compute capability by device name, for the names the driver's /proc file gives. Only entries with a
@@ -125,7 +132,9 @@ def parse_version_file(text: str) -> dict[str, Any]:
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
             target, value = node.target.id, node.value
         else:
-            raise ValueError(f"line {node.lineno}: {type(node).__name__} statement (only constant assignments are read)")
+            raise ValueError(
+                f"line {node.lineno}: {type(node).__name__} statement (only constant assignments are read)"
+            )
         try:
             values[target] = ast.literal_eval(value)
         except ValueError:
@@ -202,8 +211,15 @@ def _driver(device_type: str, root: Path) -> str:
 
 def _cpu_device() -> dict[str, Any]:
     """The CPU device facts exactly as ``fingerprint.device_facts`` gives them on a CPU-only torch."""
-    return {"type": "cpu", "vendor": fp._cpu_vendor(), "name": fp._cpu_name(), "arch": "",
-            "features": "", "count": 1, "driver": ""}  # fmt: skip
+    return {
+        "type": "cpu",
+        "vendor": fp._cpu_vendor(),
+        "name": fp._cpu_name(),
+        "arch": "",
+        "features": "",
+        "count": 1,
+        "driver": "",
+    }
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -253,23 +269,34 @@ def _libcuda_findable(root: Path, env: Mapping[str, str]) -> bool:
 def _nvidia_from_proc(build: TorchBuild, env: Mapping[str, str], root: Path) -> tuple[dict[str, Any], dict[str, str]]:
     unsure = ("device-type", "device-vendor", "device-name", "device-arch", "device-count", "driver")
     if not (root / "proc/driver/nvidia/gpus").is_dir():
-        raise _Unsettled(unsure, f"torch is built for CUDA {build.cuda} but {root / 'proc/driver/nvidia'} lists no "
-                         "GPU (the driver may load on first use, or this is WSL): only torch can tell")  # fmt: skip
+        raise _Unsettled(
+            unsure,
+            f"torch is built for CUDA {build.cuda} but {root / 'proc/driver/nvidia'} lists no "
+            "GPU (the driver may load on first use, or this is WSL): only torch can tell",
+        )
     driver = _driver("cuda", root)
     major = _release(build.cuda)[:1]
     need = MIN_DRIVER_FOR_CUDA.get(major[0]) if major else None
     if need is None or not driver or _release(driver) < need:
-        raise _Unsettled(unsure, f"driver {driver or '(unreadable)'} against torch's CUDA {build.cuda}: whether "
-                         "torch can use the GPU is not certain")  # fmt: skip
+        raise _Unsettled(
+            unsure,
+            f"driver {driver or '(unreadable)'} against torch's CUDA {build.cuda}: whether "
+            "torch can use the GPU is not certain",
+        )
     if not (root / "dev/nvidiactl").exists() or not _libcuda_findable(root, env):
-        raise _Unsettled(unsure, "the driver is loaded but /dev/nvidiactl or libcuda.so.1 is not reachable here "
-                         "(a container without the GPU?)")  # fmt: skip
+        raise _Unsettled(
+            unsure,
+            "the driver is loaded but /dev/nvidiactl or libcuda.so.1 is not reachable here "
+            "(a container without the GPU?)",
+        )
     if "CUDA_VISIBLE_DEVICES" not in env:
         # /proc lists every GPU of the node; a device cgroup (Slurm's ConstrainDevices, a CPU job on a GPU
         # node) can hide some or all of them from CUDA, and nothing readable without opening the device
         # files says which. CUDA_VISIBLE_DEVICES (set by Slurm for a GPU allocation) says what was given.
-        raise _Unsettled(unsure, "CUDA_VISIBLE_DEVICES is unset and NVML is not available: a device cgroup may "
-                         "hide GPUs that /proc lists")  # fmt: skip
+        raise _Unsettled(
+            unsure,
+            "CUDA_VISIBLE_DEVICES is unset and NVML is not available: a device cgroup may hide GPUs that /proc lists",
+        )
     if _mig_instances(root):
         raise _Unsettled(unsure, "MIG instances exist: CUDA names and counts MIG devices, not GPUs")
     try:
@@ -281,8 +308,15 @@ def _nvidia_from_proc(build: TorchBuild, env: Mapping[str, str], root: Path) -> 
         raise _Unsettled(unsure, "CUDA_VISIBLE_DEVICES names MIG devices")
     if not order:
         return _cpu_device(), {}  # CUDA sees no device: torch reports the CPU
-    device: dict[str, Any] = {"type": "cuda", "vendor": "nvidia", "name": None, "arch": None, "features": "",
-                              "count": len(order), "driver": driver}  # fmt: skip
+    device: dict[str, Any] = {
+        "type": "cuda",
+        "vendor": "nvidia",
+        "name": None,
+        "arch": None,
+        "features": "",
+        "count": len(order),
+        "driver": driver,
+    }
     models = {g.get("Model", "") for g in gpus}
     if len(models) != 1:
         why = f"the GPUs differ ({sorted(models)}): which one CUDA calls device 0 depends on its device order"
@@ -290,14 +324,17 @@ def _nvidia_from_proc(build: TorchBuild, env: Mapping[str, str], root: Path) -> 
     name = models.pop()
     arch = next((sm for pattern, sm in NVIDIA_ARCH_BY_NAME if pattern.search(name)), None)
     if arch is None:
-        why = f"{name!r} is not in the table of sourced GPU names (NVIDIA_ARCH_BY_NAME): its arch, and whether CUDA " \
-              "names it the same, are not known"
+        why = (
+            f"{name!r} is not in the table of sourced GPU names (NVIDIA_ARCH_BY_NAME): its arch, and whether CUDA "
+            "names it the same, are not known"
+        )
         return device, {"device-name": why, "device-arch": why}
     return {**device, "name": name, "arch": arch}, {}
 
 
-def _nvidia(build: TorchBuild, env: Mapping[str, str], root: Path,
-            sources: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+def _nvidia(
+    build: TorchBuild, env: Mapping[str, str], root: Path, sources: dict[str, str]
+) -> tuple[dict[str, Any], dict[str, str]]:
     same_env = env is os.environ or env.get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
     if root == Path("/") and same_env:
         first = fp._nvml_devices()  # exactly what fingerprint.current() takes on a CUDA build
@@ -348,7 +385,9 @@ def _kfd_gpus(root: Path) -> list[dict[str, int]]:
     return gpus
 
 
-def _amd(build: TorchBuild, env: Mapping[str, str], root: Path, sources: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+def _amd(
+    build: TorchBuild, env: Mapping[str, str], root: Path, sources: dict[str, str]
+) -> tuple[dict[str, Any], dict[str, str]]:
     sources["device"] = str(root / "sys/class/kfd/kfd/topology")
     chosen = fp.physical_devices("rocm", env)  # raises on contradictory variables, as device_facts does
     topology = root / "sys/class/kfd/kfd/topology/nodes"
@@ -366,15 +405,25 @@ def _amd(build: TorchBuild, env: Mapping[str, str], root: Path, sources: dict[st
     elif all(e.isdigit() and int(e) < len(gpus) for e in chosen) and len(set(chosen)) == len(chosen):
         visible = [int(e) for e in chosen]
     else:
-        raise _Unsettled(DEVICE_FIELDS, f"the visibility variables select {chosen}, which are not all indices of "
-                         f"the {len(gpus)} GPU nodes (UUIDs and invalid entries are left to HIP)")  # fmt: skip
-    device: dict[str, Any] = {"type": "rocm", "vendor": "amd", "name": None, "arch": None, "features": None,
-                              "count": len(visible), "driver": _driver("rocm", root)}  # fmt: skip
+        raise _Unsettled(
+            DEVICE_FIELDS,
+            f"the visibility variables select {chosen}, which are not all indices of "
+            f"the {len(gpus)} GPU nodes (UUIDs and invalid entries are left to HIP)",
+        )
+    device: dict[str, Any] = {
+        "type": "rocm",
+        "vendor": "amd",
+        "name": None,
+        "arch": None,
+        "features": None,
+        "count": len(visible),
+        "driver": _driver("rocm", root),
+    }
     unsure = {
         # hipDeviceProp.name comes from libdrm's amdgpu.ids, whichever copy the runtime loads (sites.md:
         # "AMD Radeon Graphics" when it is missing or old); the KFD only has the PCI device id
         "device-name": f"the marketing name comes from the amdgpu.ids table the runtime loads (PCI device id "
-                       f"0x{gpus[visible[0]].get('device_id', 0):04x}), not from the KFD",
+        f"0x{gpus[visible[0]].get('device_id', 0):04x}), not from the KFD",
         # gcnArchName's sramecc/xnack suffix depends on the ECC setting and the per-process XNACK mode
         "device-features": "sramecc/xnack come from the runtime (ECC mode, HSA_XNACK, amdgpu.noretry)",
     }
@@ -394,8 +443,9 @@ def _amd(build: TorchBuild, env: Mapping[str, str], root: Path, sources: dict[st
 # ---------------------------------------------------------------------------------------------------
 
 
-def fingerprint(env: Mapping[str, str] | None = None, root: str | os.PathLike[str] = "/",
-                *, version_file: Path | None = None) -> tuple[dict[str, Any], Notes]:
+def fingerprint(
+    env: Mapping[str, str] | None = None, root: str | os.PathLike[str] = "/", *, version_file: Path | None = None
+) -> tuple[dict[str, Any], Notes]:
     """Every field of ``fingerprint.FIELDS``, read without importing torch.
 
     A field that cannot be read with certainty is ``None`` and named in ``Notes.fallbacks`` (field ->
@@ -414,8 +464,10 @@ def fingerprint(env: Mapping[str, str] | None = None, root: str | os.PathLike[st
         "numerics-env": fp.numerics_env(env),
     }
     fallbacks: dict[str, str] = {}
-    sources: dict[str, str] = {"python, os, arch, cpu-microarch": "this interpreter and archspec",
-                               "numerics-env": "the environment"}  # fmt: skip
+    sources: dict[str, str] = {
+        "python, os, arch, cpu-microarch": "this interpreter and archspec",
+        "numerics-env": "the environment",
+    }
 
     def unsettled(exc: _Unsettled) -> None:
         for name in exc.fields:
@@ -430,8 +482,9 @@ def fingerprint(env: Mapping[str, str] | None = None, root: str | os.PathLike[st
             fallbacks["torch"] = disagreement
         if not build.version:
             fallbacks["torch"] = f"{build.path} has no __version__ string"
-        fields.update({"torch": build.version, "torch-cuda": build.cuda, "torch-hip": build.hip,
-                       "torch-rocm": build.rocm})  # fmt: skip
+        fields.update(
+            {"torch": build.version, "torch-cuda": build.cuda, "torch-hip": build.hip, "torch-rocm": build.rocm}
+        )
     except _Unsettled as exc:
         unsettled(exc)
 
@@ -444,9 +497,17 @@ def fingerprint(env: Mapping[str, str] | None = None, root: str | os.PathLike[st
         except _Unsettled as exc:
             unsettled(exc)
     if device is not None:
-        fields.update({"device-type": device["type"], "device-vendor": device["vendor"], "device-name": device["name"],
-                       "device-arch": device["arch"], "device-features": device["features"],
-                       "device-count": device["count"], "driver": device["driver"]})  # fmt: skip
+        fields.update(
+            {
+                "device-type": device["type"],
+                "device-vendor": device["vendor"],
+                "device-name": device["name"],
+                "device-arch": device["arch"],
+                "device-features": device["features"],
+                "device-count": device["count"],
+                "driver": device["driver"],
+            }
+        )
     for name in fp.FIELDS:
         if name in fallbacks or name not in fields:
             fields[name] = None
@@ -480,11 +541,13 @@ def device() -> dict[str, Any] | None:
             log.debug("torch-free device facts: %s needs torch (%s)", name, why)
         return None
     return {key: fields[f"device-{key}"] for key in ("type", "vendor", "name", "arch", "features", "count")} | {
-        "driver": fields["driver"]}
+        "driver": fields["driver"]
+    }
 
 
-def _device(build: TorchBuild, env: Mapping[str, str], root: Path,
-            sources: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+def _device(
+    build: TorchBuild, env: Mapping[str, str], root: Path, sources: dict[str, str]
+) -> tuple[dict[str, Any], dict[str, str]]:
     """The device facts ``fingerprint.device_facts`` would give, asked in its order, and the ones
     that only torch can settle (field -> why; their value is None)."""
     if not sys.platform.startswith("linux"):
@@ -494,6 +557,8 @@ def _device(build: TorchBuild, env: Mapping[str, str], root: Path,
     if build.cuda:
         return _nvidia(build, env, root, sources)
     if build.xpu:
-        raise _Unsettled(DEVICE_FIELDS, f"torch is built for XPU ({build.xpu}): whether it sees an Intel GPU is torch's to say")
+        raise _Unsettled(
+            DEVICE_FIELDS, f"torch is built for XPU ({build.xpu}): whether it sees an Intel GPU is torch's to say"
+        )
     sources["device"] = "a CPU-only torch on Linux: the CPU (/proc/cpuinfo and archspec)"
     return _cpu_device(), {}

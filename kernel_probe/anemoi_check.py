@@ -17,14 +17,7 @@ from kernel_lock.anemoi import ANEMOI_DEFAULTS, Exported, Finding, entry_for, ex
 from kernel_lock.errors import LockError
 from kernel_lock.lock import KernelLock
 
-from .anemoi_config import (
-    DEFAULT_TIMEOUT,
-    Config,
-    compare_with_lock,
-    judge_entries,
-    merge_leftovers,
-    read_config,
-)
+from .anemoi_config import DEFAULT_TIMEOUT, Config, compare_with_lock, judge_entries, merge_leftovers, read_config
 from .protocol import EntryCheckRequest
 
 # check-config's exit codes (the global table's meanings, narrowed to this command)
@@ -54,9 +47,17 @@ class CheckResult:
         return 3 if errors else 0
 
 
-def check_config(path: str | Path, overrides: Sequence[str] = (), *, lock: KernelLock | None = None,
-                 mode: str | None = None, qk_norm: bool = False, allow_semantics_change: bool = False,
-                 compose: bool = True, timeout: float = DEFAULT_TIMEOUT) -> CheckResult:  # fmt: skip
+def check_config(
+    path: str | Path,
+    overrides: Sequence[str] = (),
+    *,
+    lock: KernelLock | None = None,
+    mode: str | None = None,
+    qk_norm: bool = False,
+    allow_semantics_change: bool = False,
+    compose: bool = True,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> CheckResult:
     """Judge the config at ``path`` on this machine, and against ``lock`` if given."""
     config = read_config(path, overrides, compose_overlays=compose)
     findings: list[Finding] = list(config.findings)
@@ -65,23 +66,35 @@ def check_config(path: str | Path, overrides: Sequence[str] = (), *, lock: Kerne
         try:
             expected = {e.key: e for e in export(lock, mode, qk_norm=qk_norm, verify_environment=False)}
         except LockError as exc:
-            findings.append(Finding("error", "lock", lock.path or "<lock>", f"the lock cannot be resolved here: {exc.problem}",
-                                    exc.fix or ""))  # fmt: skip
+            findings.append(
+                Finding(
+                    "error",
+                    "lock",
+                    lock.path or "<lock>",
+                    f"the lock cannot be resolved here: {exc.problem}",
+                    exc.fix or "",
+                )
+            )
     own = [b for b in config.blocks if b.content is not None]
     requests: list[EntryCheckRequest] = []
     asked: list[tuple[str, bool]] = []  # per request: its block, and whether its findings are reported
     for b in own:
-        for key, entry in b.content.items():
-            requests.append(EntryCheckRequest(key=key, entry=entry, where=f"{b.where}.{key}",
-                                              allow_semantics_change=allow_semantics_change))  # fmt: skip
+        content = b.content
+        assert content is not None  # own holds the blocks with content
+        for key, entry in content.items():
+            requests.append(
+                EntryCheckRequest(
+                    key=key, entry=entry, where=f"{b.where}.{key}", allow_semantics_change=allow_semantics_change
+                )
+            )
             asked.append((b.where, True))
         for key in expected:  # anemoi's default stands in for a key the block leaves out
-            if key not in b.content:
+            if key not in content:
                 requests.append(EntryCheckRequest(key=key, entry=ANEMOI_DEFAULTS[key], where=f"{b.where}.{key}"))
                 asked.append((b.where, False))
     results = judge_entries(requests, timeout=timeout)
     facts: dict[str, dict[str, Any]] = {b.where: {} for b in own}
-    for req, (block, report), res in zip(requests, asked, results):
+    for req, (block, report), res in zip(requests, asked, results, strict=True):
         facts[block][req.key] = res.facts
         if report:
             findings.extend(Finding(**f) for f in res.findings)
@@ -113,8 +126,15 @@ class ConfigExport:
         return model if self.config.shape == "model-file" else {"model": model}
 
 
-def export_for_config(lock: KernelLock, path: str | Path, overrides: Sequence[str] = (), *, mode: str | None = None,
-                      qk_norm: bool = False, compose: bool = True) -> ConfigExport:  # fmt: skip
+def export_for_config(
+    lock: KernelLock,
+    path: str | Path,
+    overrides: Sequence[str] = (),
+    *,
+    mode: str | None = None,
+    qk_norm: bool = False,
+    compose: bool = True,
+) -> ConfigExport:
     """The lock's entries for every block of the config at ``path`` (composed as training composes it).
 
     Raises what :func:`kernel_lock.anemoi.export` raises, and ``ConventionError`` where a block uses
@@ -131,7 +151,9 @@ def export_for_config(lock: KernelLock, path: str | Path, overrides: Sequence[st
             current = block.content.get(key, ANEMOI_DEFAULTS[key])
             should = entry_for(key, want, current, where=where)
             if should is None:
-                out.notes.append((where, f"{current['_target_']} is a different layer, not a kernel choice: left as it is"))
+                out.notes.append(
+                    (where, f"{current['_target_']} is a different layer, not a kernel choice: left as it is")
+                )
                 continue
             name = key if should.entry == want.entry else f"{key}_{should.entry['_target_'].rpartition('.')[2]}"
             out.entries.setdefault(name, should.entry)

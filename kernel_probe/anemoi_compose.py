@@ -16,7 +16,7 @@ composed tree with interpolations left as written (so inheritance stays visible)
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 
 def layer_kernels_paths(node: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
@@ -50,10 +50,16 @@ def compose(payload: Mapping[str, Any]) -> dict[str, Any]:
 
     request = ComposeRequest.from_json(payload)
     with initialize_config_dir(version_base=None, config_dir=request.config_dir):
-        cfg = hydra_compose(config_name=request.config_name, overrides=list(request.overrides), return_hydra_config=True)
+        cfg = hydra_compose(
+            config_name=request.config_name, overrides=list(request.overrides), return_hydra_config=True
+        )
     runtime = cfg.hydra.runtime
-    choices = {str(k): str(v) for k, v in OmegaConf.to_container(runtime.choices).items()
-               if not str(k).startswith("hydra/") and v is not None}  # fmt: skip
+    # runtime.choices is a DictConfig, so its container is a dict
+    choices = {
+        str(k): str(v)
+        for k, v in cast("dict[Any, Any]", OmegaConf.to_container(runtime.choices)).items()
+        if not str(k).startswith("hydra/") and v is not None
+    }
     sources = [f"{s.provider}: {s.path}" for s in runtime.config_sources if s.provider not in ("hydra", "schema")]
     with open_dict(cfg):
         del cfg["hydra"]
@@ -71,12 +77,18 @@ def compose(payload: Mapping[str, Any]) -> dict[str, Any]:
             blocks[dotted] = {"entries": {}}
             continue
         if not isinstance(block, DictConfig):
-            blocks[dotted] = {"value": OmegaConf.to_container(block, resolve=False) if isinstance(block, ListConfig) else block}
+            blocks[dotted] = {
+                "value": OmegaConf.to_container(block, resolve=False) if isinstance(block, ListConfig) else block
+            }
             continue
-        for key in block.keys():
+        for key in block:
             try:
                 value = block[key]
-                entries[str(key)] = OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
+                entries[str(key)] = (
+                    OmegaConf.to_container(value, resolve=True)
+                    if isinstance(value, (DictConfig, ListConfig))
+                    else value
+                )
             except Exception as exc:  # anemoi would fail on exactly this entry
                 entries[str(key)] = {"__error__": f"{type(exc).__name__}: {exc}"}
         blocks[dotted] = {"entries": entries}

@@ -33,8 +33,8 @@ from kernel_lock.anemoi import ANEMOI_DEFAULTS, KEYS, Finding
 
 from .anemoi_compose import layer_kernels_paths
 from .child import run_function
-from .protocol import ComposeReply, ComposeRequest, EntryCheckReply, EntryCheckRequest, ProtocolError
 from .errors import InputFileError, UsageError
+from .protocol import ComposeReply, ComposeRequest, EntryCheckReply, EntryCheckRequest, ProtocolError
 
 SHAPES = {
     "model-file": "a model config file (the file is the model node, as config/model/<name>.yaml)",
@@ -42,8 +42,18 @@ SHAPES = {
     "overlay": "a Hydra overlay (a `defaults:` list over anemoi-training's presets)",
 }
 # keys that only a model node has (a model file's own `model:` key is the model *class*)
-MODEL_NODE_KEYS = ("layer_kernels", "processor", "encoders", "decoders", "encoder", "decoder", "num_channels",
-                   "noise_injector", "upscale_mapper", "downscale_mapper")  # fmt: skip
+MODEL_NODE_KEYS = (
+    "layer_kernels",
+    "processor",
+    "encoders",
+    "decoders",
+    "encoder",
+    "decoder",
+    "num_channels",
+    "noise_injector",
+    "upscale_mapper",
+    "downscale_mapper",
+)
 
 _INTERPOLATION = re.compile(r"^\$\{\s*([A-Za-z_][\w-]*(?:\.[\w-]+)*)\s*\}$")
 DEFAULT_TIMEOUT = 120.0
@@ -124,12 +134,18 @@ def load_config(path: str | Path) -> Any:
     except RecursionError:
         raise InputFileError("nested too deeply to be a config", path=str(p)) from None
     if too_big:
-        raise InputFileError(f"expands to more than {MAX_NODES:,} values once its YAML aliases are followed (an alias "
-                             "bomb?); nothing was composed", path=str(p),
-                             fix="anemoi configs are small: check where this file came from")  # fmt: skip
+        raise InputFileError(
+            f"expands to more than {MAX_NODES:,} values once its YAML aliases are followed (an alias "
+            "bomb?); nothing was composed",
+            path=str(p),
+            fix="anemoi configs are small: check where this file came from",
+        )
     if not isinstance(data, Mapping):
-        raise InputFileError(f"expected a YAML mapping (an anemoi config), got {type(data).__name__}", path=str(p),
-                             fix="pass the training config, or the model config (config/model/<name>.yaml)")  # fmt: skip
+        raise InputFileError(
+            f"expected a YAML mapping (an anemoi config), got {type(data).__name__}",
+            path=str(p),
+            fix="pass the training config, or the model config (config/model/<name>.yaml)",
+        )
     return data
 
 
@@ -218,15 +234,24 @@ class _Resolver:
         """``value`` with every whole-string ``${a.b.c}`` replaced by what it points at."""
         self.produced += 1
         if self.produced > self.BUDGET:
-            raise InputFileError(f"{where}: following its ${{...}} references produces more than {self.BUDGET:,} values "
-                                 "(a reference fan-out?); stopped", fix="anemoi's blocks are a few entries each")  # fmt: skip
+            raise InputFileError(
+                f"{where}: following its ${{...}} references produces more than {self.BUDGET:,} values "
+                "(a reference fan-out?); stopped",
+                fix="anemoi's blocks are a few entries each",
+            )
         if isinstance(value, str):
             m = _INTERPOLATION.match(value)
             if m is None:
                 if "${" in value:
-                    problems.append(Finding("warning", "interpolation", where,
-                                            f"cannot follow {value!r} (only whole-value ${{a.b.c}} references are "
-                                            "followed here; compose the config to have Hydra resolve it)"))  # fmt: skip
+                    problems.append(
+                        Finding(
+                            "warning",
+                            "interpolation",
+                            where,
+                            f"cannot follow {value!r} (only whole-value ${{a.b.c}} references are "
+                            "followed here; compose the config to have Hydra resolve it)",
+                        )
+                    )
                 return value
             if depth > 20:
                 problems.append(Finding("error", "interpolation", where, f"{value!r}: interpolation loop"))
@@ -235,13 +260,18 @@ class _Resolver:
                 target = self.lookup(m.group(1))
             except KeyError:
                 if self.complete:
-                    problems.append(Finding("error", "interpolation", where, f"{value!r} points at nothing in this config"))
+                    problems.append(
+                        Finding("error", "interpolation", where, f"{value!r} points at nothing in this config")
+                    )
                 else:
-                    problems.append(Finding("note", "interpolation", where,
-                                            f"{value!r} points outside this file: left unjudged"))  # fmt: skip
+                    problems.append(
+                        Finding("note", "interpolation", where, f"{value!r} points outside this file: left unjudged")
+                    )
                 return value
             except LookupError:
-                problems.append(Finding("note", "interpolation", where, f"{value!r} points outside this file: left unjudged"))
+                problems.append(
+                    Finding("note", "interpolation", where, f"{value!r} points outside this file: left unjudged")
+                )
                 return value
             return self.resolve(target, where, problems, depth + 1)
         if isinstance(value, Mapping):
@@ -255,9 +285,14 @@ def _at(node: Any, path: Sequence[str]) -> Any:
     for part in path:
         if isinstance(node, Mapping) and part in node:
             node = node[part]
-        elif isinstance(node, Mapping) and part.isdigit() and int(part) in node:
-            node = node[int(part)]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+        elif (
+            isinstance(node, Mapping)
+            and part.isdigit()
+            and int(part) in node
+            or isinstance(node, list)
+            and part.isdigit()
+            and int(part) < len(node)
+        ):
             node = node[int(part)]
         else:
             return None
@@ -281,17 +316,31 @@ def _add_block(config: Config, where: str, content: Any, *, source: str = "", wr
         config.findings.append(Finding("note", "entry", where, "empty: anemoi uses its defaults for every key"))
         content = {}
     if not isinstance(content, Mapping):
-        config.findings.append(Finding("error", "entry", where, f"expected a mapping of {', '.join(KEYS)}, "
-                                       f"got {type(content).__name__} {content!r:.60}"))  # fmt: skip
+        config.findings.append(
+            Finding(
+                "error",
+                "entry",
+                where,
+                f"expected a mapping of {', '.join(KEYS)}, got {type(content).__name__} {content!r:.60}",
+            )
+        )
         return
     odd = [k for k in content if not isinstance(k, str)]
     for k in odd:
-        config.findings.append(Finding("error", "key", f"{where}.{k!r}", f"key {k!r} is a {type(k).__name__}, not a name: "
-                                       "anemoi silently ignores it", f"use one of {', '.join(KEYS)}"))  # fmt: skip
+        config.findings.append(
+            Finding(
+                "error",
+                "key",
+                f"{where}.{k!r}",
+                f"key {k!r} is a {type(k).__name__}, not a name: anemoi silently ignores it",
+                f"use one of {', '.join(KEYS)}",
+            )
+        )
     if odd:
         content = {k: v for k, v in content.items() if isinstance(k, str)}
-    config.blocks.append(Block(where, content=content, source=source,
-                               written=written if isinstance(written, Mapping) else None))  # fmt: skip
+    config.blocks.append(
+        Block(where, content=content, source=source, written=written if isinstance(written, Mapping) else None)
+    )
 
 
 def find_blocks(root: Mapping[str, Any], shape: str | None = None) -> Config:
@@ -310,11 +359,18 @@ def find_blocks(root: Mapping[str, Any], shape: str | None = None) -> Config:
         if parent is not None:
             config.blocks.append(Block(where, inherits=parent, source=value))
             continue
-        _add_block(config, where, r.resolve(value, where, config.findings), source=value if isinstance(value, str) else "")
+        _add_block(
+            config, where, r.resolve(value, where, config.findings), source=value if isinstance(value, str) else ""
+        )
     if not raw:
-        config.findings.append(Finding(
-            "warning", "entry", "model", "no layer_kernels block found anywhere under the model node: anemoi uses "
-            "its defaults"))  # fmt: skip
+        config.findings.append(
+            Finding(
+                "warning",
+                "entry",
+                "model",
+                "no layer_kernels block found anywhere under the model node: anemoi uses its defaults",
+            )
+        )
         config.blocks.append(Block("(anemoi defaults)", content={}))
     return config
 
@@ -328,7 +384,7 @@ def _installed(distribution: str) -> str | None:
 
 
 def _defaults_text(root: Mapping[str, Any]) -> str:
-    items = []
+    items: list[str] = []
     for d in root.get("defaults") or []:
         if isinstance(d, Mapping):
             items.extend(f"{k}: {v}" for k, v in d.items())
@@ -338,10 +394,16 @@ def _defaults_text(root: Mapping[str, Any]) -> str:
 
 
 def _not_composed(config: Config, root: Mapping[str, Any], why: str, fix: str) -> None:
-    config.findings.append(Finding(
-        "warning", "defaults", "defaults",
-        f"the defaults list ({_defaults_text(root)}) was not followed: {why}. Only what this file itself sets is "
-        "checked; the presets' layer_kernels (anemoi's model for this run) are not seen here", fix))  # fmt: skip
+    config.findings.append(
+        Finding(
+            "warning",
+            "defaults",
+            "defaults",
+            f"the defaults list ({_defaults_text(root)}) was not followed: {why}. Only what this file itself sets is "
+            "checked; the presets' layer_kernels (anemoi's model for this run) are not seen here",
+            fix,
+        )
+    )
 
 
 def _composed(config: Config, root: Mapping[str, Any], answer: ComposeReply) -> None:
@@ -362,7 +424,9 @@ def _composed(config: Config, root: Mapping[str, Any], answer: ComposeReply) -> 
             continue
         block = resolved.get(where, {})
         if "error" in block:
-            config.findings.append(Finding("error", "interpolation", where, f"Hydra cannot resolve this block: {block['error']}"))
+            config.findings.append(
+                Finding("error", "interpolation", where, f"Hydra cannot resolve this block: {block['error']}")
+            )
             continue
         if "value" in block:
             _add_block(config, where, block["value"])
@@ -370,27 +434,39 @@ def _composed(config: Config, root: Mapping[str, Any], answer: ComposeReply) -> 
         content: dict[str, Any] = {}
         for key, entry in block.get("entries", {}).items():
             if isinstance(entry, Mapping) and "__error__" in entry:
-                config.findings.append(Finding("error", "interpolation", f"{where}.{key}",
-                                               f"Hydra cannot resolve this entry: {entry['__error__']}"))  # fmt: skip
+                config.findings.append(
+                    Finding(
+                        "error",
+                        "interpolation",
+                        f"{where}.{key}",
+                        f"Hydra cannot resolve this entry: {entry['__error__']}",
+                    )
+                )
                 continue
             content[key] = entry
         written = _at(written_model, where.split(".")[1:])
         _add_block(config, where, content, source=value if isinstance(value, str) else "", written=written)
     if not raw:
-        config.findings.append(Finding("warning", "entry", "model", "the composed config has no layer_kernels block: "
-                                       "anemoi uses its defaults"))  # fmt: skip
+        config.findings.append(
+            Finding(
+                "warning", "entry", "model", "the composed config has no layer_kernels block: anemoi uses its defaults"
+            )
+        )
         config.blocks.append(Block("(anemoi defaults)", content={}))
 
 
-def compose(config_dir: Path, config_name: str, overrides: Sequence[str],
-            timeout: float = COMPOSE_TIMEOUT) -> tuple[ComposeReply | None, str, str]:  # fmt: skip
+def compose(
+    config_dir: Path, config_name: str, overrides: Sequence[str], timeout: float = COMPOSE_TIMEOUT
+) -> tuple[ComposeReply | None, str, str]:
     """Hydra's composition of ``config_name`` from ``config_dir`` (then the working directory and
     anemoi-training's packaged presets, as its search-path plugin adds them), in a child:
     (answer, why not, exception type)."""
     if _installed("hydra-core") is None:
         return None, "hydra-core is not installed here", "missing"
     request = ComposeRequest(config_dir=str(config_dir.resolve()), config_name=config_name, overrides=tuple(overrides))
-    result = run_function("kernel_probe.anemoi_compose", "compose", request, timeout=timeout, memory_limit=COMPOSE_MEMORY)
+    result = run_function(
+        "kernel_probe.anemoi_compose", "compose", request, timeout=timeout, memory_limit=COMPOSE_MEMORY
+    )
     if result.ok:
         try:
             return ComposeReply.from_json(result.value), "", ""
@@ -400,8 +476,9 @@ def compose(config_dir: Path, config_name: str, overrides: Sequence[str],
     return None, result.reason, kind
 
 
-def read_config(path: str | Path, overrides: Sequence[str] = (), *, compose_overlays: bool = True,
-                timeout: float = COMPOSE_TIMEOUT) -> Config:  # fmt: skip
+def read_config(
+    path: str | Path, overrides: Sequence[str] = (), *, compose_overlays: bool = True, timeout: float = COMPOSE_TIMEOUT
+) -> Config:
     """The blocks of the config at ``path``, composed as anemoi-training would where that is what
     decides the model (an overlay, a model preset extending another, or ``overrides``) and Hydra can
     run here.
@@ -416,15 +493,21 @@ def read_config(path: str | Path, overrides: Sequence[str] = (), *, compose_over
     shape = detect_shape(root, p)
     member = shape == "model-file" and group_member(root, p)
     if overrides and shape == "model-file" and not member:
-        raise UsageError(f"{p}: overrides ({' '.join(overrides)}) apply to a primary config or to a preset in a "
-                         "config/model/ directory, not to a model file elsewhere",
-                         fix="pass the training config that selects this model (`- model: NAME`), or drop the overrides")  # fmt: skip
+        raise UsageError(
+            f"{p}: overrides ({' '.join(overrides)}) apply to a primary config or to a preset in a "
+            "config/model/ directory, not to a model file elsewhere",
+            fix="pass the training config that selects this model (`- model: NAME`), or drop the overrides",
+        )
     wants_composition = shape == "overlay" or bool(overrides) or (member and isinstance(root.get("defaults"), list))
     if not (wants_composition and compose_overlays):
         config = find_blocks(root, shape)
         if wants_composition:
-            _not_composed(config, root, "composition was switched off (--no-compose)",
-                          "drop --no-compose to check the model anemoi-training will build")  # fmt: skip
+            _not_composed(
+                config,
+                root,
+                "composition was switched off (--no-compose)",
+                "drop --no-compose to check the model anemoi-training will build",
+            )
     else:
         if member:
             answer, why, kind = compose(p.resolve().parent.parent, "config", [f"model={p.stem}", *overrides], timeout)
@@ -437,16 +520,31 @@ def read_config(path: str | Path, overrides: Sequence[str] = (), *, compose_over
             training = _installed("anemoi-training")
             config = find_blocks(root, shape)
             if kind == "missing":
-                _not_composed(config, root, why, "install hydra-core and anemoi-training (`pip install --no-deps "
-                              "anemoi-training`, as .ci/anemoi-install does) to compose it as training does")  # fmt: skip
+                _not_composed(
+                    config,
+                    root,
+                    why,
+                    "install hydra-core and anemoi-training (`pip install --no-deps "
+                    "anemoi-training`, as .ci/anemoi-install does) to compose it as training does",
+                )
             elif kind == "MissingConfigException" and training is None:
-                _not_composed(config, root, f"anemoi-training is not installed here, so its presets cannot be found ({why})",
-                              "install anemoi-training (`pip install --no-deps anemoi-training`) to compose it as training does")  # fmt: skip
+                _not_composed(
+                    config,
+                    root,
+                    f"anemoi-training is not installed here, so its presets cannot be found ({why})",
+                    "install anemoi-training (`pip install --no-deps anemoi-training`) to compose it as training does",
+                )
             else:
-                config.findings.insert(0, Finding("error", "compose", str(p),
-                                                  f"Hydra cannot compose this config as anemoi-training would: {why}",
-                                                  "fix the defaults list or the overrides; `anemoi-training train` "
-                                                  "would fail the same way"))  # fmt: skip
+                config.findings.insert(
+                    0,
+                    Finding(
+                        "error",
+                        "compose",
+                        str(p),
+                        f"Hydra cannot compose this config as anemoi-training would: {why}",
+                        "fix the defaults list or the overrides; `anemoi-training train` would fail the same way",
+                    ),
+                )
     config.path = str(p)
     config.overrides = list(overrides)
     return config
@@ -460,16 +558,27 @@ def judge_entries(requests: Sequence[EntryCheckRequest], timeout: float = DEFAUL
     result = run_function("kernel_lock.anemoi", "check_entries", [r.to_json() for r in requests], timeout=timeout)
     if result.ok:
         return [EntryCheckReply.from_json(v) for v in result.value]
-    out = []
+    out: list[EntryCheckReply] = []
     for r in requests:
         one = run_function("kernel_lock.anemoi", "check_entries", [r.to_json()], timeout=timeout)
         if one.ok:
             out.extend(EntryCheckReply.from_json(v) for v in one.value)
             continue
         target = r.entry.get("_target_") if isinstance(r.entry, Mapping) else None
-        out.append(EntryCheckReply(findings=[Finding("error", "import", r.where, f"importing {target!r} failed: {one.reason}",
-                                                     "run `kernel-probe env` to see which library is broken here").to_json()],
-                                   facts={"target": target, "imported": False, "family": None, "defaults": {}}))  # fmt: skip
+        out.append(
+            EntryCheckReply(
+                findings=[
+                    Finding(
+                        "error",
+                        "import",
+                        r.where,
+                        f"importing {target!r} failed: {one.reason}",
+                        "run `kernel-probe env` to see which library is broken here",
+                    ).to_json()
+                ],
+                facts={"target": target, "imported": False, "family": None, "defaults": {}},
+            )
+        )
     return out
 
 
@@ -486,12 +595,17 @@ def merge_leftovers(block: Block) -> list[Finding]:
             continue
         left = [k for k in composed if k not in mine]
         if left:
-            out.append(Finding(
-                "error", "merge", f"{block.where}.{key}",
-                f"Hydra merged this entry into the preset's: {', '.join(map(str, left))} come from the preset, "
-                f"not from this file, and are passed to {mine['_target_']}",
-                "set the entry through an interpolation so that Hydra replaces it whole (what `kernel-probe export "
-                "--config` prints), or delete the keys with `~` overrides"))  # fmt: skip
+            out.append(
+                Finding(
+                    "error",
+                    "merge",
+                    f"{block.where}.{key}",
+                    f"Hydra merged this entry into the preset's: {', '.join(map(str, left))} come from the preset, "
+                    f"not from this file, and are passed to {mine['_target_']}",
+                    "set the entry through an interpolation so that Hydra replaces it whole (what `kernel-probe export "
+                    "--config` prints), or delete the keys with `~` overrides",
+                )
+            )
     return out
 
 
@@ -499,7 +613,9 @@ def merge_leftovers(block: Block) -> list[Finding]:
 _MISSING = object()
 
 
-def compare_with_lock(block: Block, expected: Mapping[str, Any], facts: Mapping[str, Mapping[str, Any]]) -> list[Finding]:
+def compare_with_lock(
+    block: Block, expected: Mapping[str, Any], facts: Mapping[str, Mapping[str, Any]]
+) -> list[Finding]:
     """Where ``block`` builds something other than what the lock pins, for each key the lock exports.
 
     ``expected[key]`` is the lock's ``Exported`` entry; what the block should hold follows anemoi's
@@ -522,14 +638,28 @@ def compare_with_lock(block: Block, expected: Mapping[str, Any], facts: Mapping[
             out.append(Finding("error", "lock", label, exc.problem, exc.fix or ""))
             continue
         if should is None:
-            out.append(Finding("note", "lock", label, f"{have['_target_']} is a different layer (not a kernel choice); "
-                               "the lock does not cover it, so it stays"))  # fmt: skip
+            out.append(
+                Finding(
+                    "note",
+                    "lock",
+                    label,
+                    f"{have['_target_']} is a different layer (not a kernel choice); "
+                    "the lock does not cover it, so it stays",
+                )
+            )
             continue
         if have["_target_"] != should.entry["_target_"]:
-            out.append(Finding("error", "lock", label, f"builds {have['_target_']}, the lock pins {should.entry['_target_']}"
-                               + (f" ({should.note})" if should.note else ""),
-                               "use the lock's entries (`kernel-probe export LOCK --config THIS_CONFIG` prints them for this "
-                               "config), or re-probe"))  # fmt: skip
+            out.append(
+                Finding(
+                    "error",
+                    "lock",
+                    label,
+                    f"builds {have['_target_']}, the lock pins {should.entry['_target_']}"
+                    + (f" ({should.note})" if should.note else ""),
+                    "use the lock's entries (`kernel-probe export LOCK --config THIS_CONFIG` prints them for this "
+                    "config), or re-probe",
+                )
+            )
             continue
         if should.entry["_target_"] != want.entry["_target_"]:
             out.append(Finding("note", "lock", label, should.note))
@@ -540,9 +670,17 @@ def compare_with_lock(block: Block, expected: Mapping[str, Any], facts: Mapping[
             got = have.get(name, defaults.get(name, _MISSING))
             if got is _MISSING or not _same(got, value):
                 shown = "not set" if name not in have else repr(got)
-                out.append(Finding("error", "lock", f"{label}.{name}",
-                                   f"{name} is {shown}" + (f" (default {got!r})" if name not in have and got is not _MISSING else "")
-                                   + f", the lock pins {value!r}", f"set `{name}: {_yaml_scalar(value)}`"))  # fmt: skip
+                out.append(
+                    Finding(
+                        "error",
+                        "lock",
+                        f"{label}.{name}",
+                        f"{name} is {shown}"
+                        + (f" (default {got!r})" if name not in have and got is not _MISSING else "")
+                        + f", the lock pins {value!r}",
+                        f"set `{name}: {_yaml_scalar(value)}`",
+                    )
+                )
     return out
 
 

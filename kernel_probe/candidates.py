@@ -5,9 +5,10 @@ distribution it needs, which device types it supports, how the canonical constru
 onto its own, and its portable torch.nn twin. Everything here is plain data that crosses the process
 boundary to the worker as JSON; nothing is imported until a worker builds the candidate.
 
-The built-ins are data too: ``builtin_candidates.toml`` (package data of kernel_probe), written in
-the form a site profile's ``[[candidate]]`` uses (docs/profiles.md) and read by the same parser
-(:func:`read_candidates`). Adding a kernel library is adding entries there. The slot facts the
+The built-ins are data too: the ``[[candidate]]`` tables of kernel_lock's registry
+(``kernel_lock/registry.toml``), written in the form a site profile's ``[[candidate]]`` uses
+(docs/profiles.md) and read by the same parser (:func:`read_candidates`). Adding a kernel library is
+adding entries there; kernel_lock's import allow-list follows from them. The slot facts the
 defaults come from (semantics, call convention, canonical values) live in ``kernel_lock.slots``.
 
 Constructor arguments are templates: a string ``"$name"`` is replaced by the canonical value
@@ -23,9 +24,10 @@ import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from kernel_lock import _toml
+from kernel_lock import registry as lock_registry
 
 # declared in kernel_lock.slots; still importable from here (kernel_probe.candidates.SLOT_SEMANTICS, CANONICAL)
 from kernel_lock.slots import (
@@ -40,8 +42,6 @@ from kernel_lock.slots import (
 )
 
 from .errors import InputFileError, UsageError
-
-BUILTIN_DATA = "builtin_candidates.toml"  # package data of kernel_probe; pyproject.toml's package-data names it too
 
 
 @dataclass(frozen=True)
@@ -107,8 +107,8 @@ def arch_satisfies(arch: str, wanted: str) -> bool:
     if wanted.endswith("+"):
         base = wanted[:-1]
         prefix = base.rstrip("0123456789")
-        tail = arch[len(prefix):].rstrip("af")  # sm_90a: arch-specific build of sm_90
-        return arch.startswith(prefix) and tail.isdigit() and int(tail) >= int(base[len(prefix):])
+        tail = arch[len(prefix) :].rstrip("af")  # sm_90a: arch-specific build of sm_90
+        return arch.startswith(prefix) and tail.isdigit() and int(tail) >= int(base[len(prefix) :])
     return arch == wanted
 
 
@@ -162,7 +162,19 @@ class TableReader:
                 hint = f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(known)}"
                 raise self.err(f"{where}{k}", f"unknown key {k!r}", fix=hint)
 
-    def string(self, d, key, where, required=False, default=None) -> str | None:
+    # a required key, or one with a string default, is never None
+    @overload
+    def string(self, d: Mapping[str, Any], key: str, where: str, required: Literal[True]) -> str: ...
+    @overload
+    def string(self, d: Mapping[str, Any], key: str, where: str, required: bool = ..., *, default: str) -> str: ...
+    @overload
+    def string(
+        self, d: Mapping[str, Any], key: str, where: str, required: bool = ..., default: str | None = ...
+    ) -> str | None: ...
+
+    def string(
+        self, d: Mapping[str, Any], key: str, where: str, required: bool = False, default: str | None = None
+    ) -> str | None:
         v = d.get(key)
         if v is None:
             if required:
@@ -205,12 +217,31 @@ class TableReader:
         return spec
 
 
-CANDIDATE_KEYS = ("id", "slots", "semantics", "target", "args", "kwargs", "build-kwargs", "distribution", "specifier",
-                  "module", "devices", "archs", "install", "compiled", "twin-target", "twin-kwargs", "note")  # fmt: skip
+CANDIDATE_KEYS = (
+    "id",
+    "slots",
+    "semantics",
+    "target",
+    "args",
+    "kwargs",
+    "build-kwargs",
+    "distribution",
+    "specifier",
+    "module",
+    "devices",
+    "archs",
+    "install",
+    "compiled",
+    "twin-target",
+    "twin-kwargs",
+    "note",
+)
 DEVICE_TYPES = ("cuda", "rocm", "xpu", "mps", "cpu")
 
 
-def read_candidates(r: TableReader, d: Mapping[str, Any], *, source: str, reserved: Collection[str] = ()) -> tuple[Candidate, ...]:
+def read_candidates(
+    r: TableReader, d: Mapping[str, Any], *, source: str, reserved: Collection[str] = ()
+) -> tuple[Candidate, ...]:
     """Every ``[[candidate]]`` table of ``d``; ``reserved``: ids that may not be declared again."""
     tables = d.get("candidate", [])
     if not isinstance(tables, list) or not all(isinstance(x, dict) for x in tables):
@@ -228,26 +259,35 @@ def _scalars(r: TableReader, value: Any, key: str, *, table: bool) -> Any:
     """A [[candidate]]'s args (a list) or kwargs (a table): strings, finite numbers, booleans."""
     if not isinstance(value, dict if table else list):
         raise r.err(key, f"expected {'a table' if table else 'a list'}, got {type(value).__name__}")
-    items = value.items() if table else enumerate(value)
+    items: Iterable[tuple[Any, Any]] = value.items() if isinstance(value, dict) else enumerate(value)
     for k, v in items:
         if table and not (isinstance(k, str) and k.isidentifier()):
             raise r.err(f"{key}.{k}", "a keyword argument name must be a Python identifier")
-        ok = isinstance(v, (str, bool)) or (isinstance(v, int) and -(1 << 63) <= v < (1 << 63)) or (
-            isinstance(v, float) and math.isfinite(v))  # fmt: skip
+        ok = (
+            isinstance(v, (str, bool))
+            or (isinstance(v, int) and -(1 << 63) <= v < (1 << 63))
+            or (isinstance(v, float) and math.isfinite(v))
+        )
         if not ok:
-            raise r.err(f"{key}.{k}" if table else f"{key}[{k}]",
-                        f"expected a string, a finite number or a boolean, got {type(v).__name__} {v!r:.40}")  # fmt: skip
+            raise r.err(
+                f"{key}.{k}" if table else f"{key}[{k}]",
+                f"expected a string, a finite number or a boolean, got {type(v).__name__} {v!r:.40}",
+            )
     return value
 
 
-def parse_candidate(r: TableReader, c: Mapping[str, Any], where: str, *, source: str,
-                    reserved: Collection[str] = ()) -> Candidate:  # fmt: skip
+def parse_candidate(
+    r: TableReader, c: Mapping[str, Any], where: str, *, source: str, reserved: Collection[str] = ()
+) -> Candidate:
     """One ``[[candidate]]`` table. Omitted keys take the slot's defaults (``kernel_lock.slots``)."""
     r.no_unknown(c, CANDIDATE_KEYS, where)
     cid = r.string(c, "id", where, required=True)
     if cid in reserved:
-        raise r.err(f"{where}id", f"{cid!r} is a built-in candidate's id: a profile may not redefine it",
-                    fix="give the site's implementation its own id, e.g. 'site.fast_layer_norm'")  # fmt: skip
+        raise r.err(
+            f"{where}id",
+            f"{cid!r} is a built-in candidate's id: a profile may not redefine it",
+            fix="give the site's implementation its own id, e.g. 'site.fast_layer_norm'",
+        )
     if not re.fullmatch(r"[A-Za-z0-9][\w.:-]*", cid, re.ASCII):
         raise r.err(f"{where}id", f"{cid!r}: use letters, digits, '.', ':', '_' and '-'")
     slots = r.strings(c, "slots", where)
@@ -271,25 +311,37 @@ def parse_candidate(r: TableReader, c: Mapping[str, Any], where: str, *, source:
     for kind, names in archs.items():
         for name in names:
             if not re.fullmatch(r"(sm_[0-9]{2,3}[af]?|gfx[0-9a-f]{3,4})\+?", name, re.ASCII):
-                raise r.err(f"{where}archs.{kind}", f"{name!r} is not a GPU arch like 'sm_90', 'sm_80+' (that or "
-                            "newer) or 'gfx90a'")  # fmt: skip
+                raise r.err(
+                    f"{where}archs.{kind}",
+                    f"{name!r} is not a GPU arch like 'sm_90', 'sm_80+' (that or newer) or 'gfx90a'",
+                )
     install_table = r.table(c, "install", DEVICE_TYPES, where)
     install = {kind: r.string(install_table, kind, f"{where}install.") or "" for kind in install_table}
     return Candidate(
-        id=cid, slots=slots, semantics=semantics, target=target,
-        args=tuple(args), kwargs=dict(kwargs), build_kwargs=dict(build_kwargs),
-        distribution=r.string(c, "distribution", where, default="") or "", specifier=spec,
+        id=cid,
+        slots=slots,
+        semantics=semantics,
+        target=target,
+        args=tuple(args),
+        kwargs=dict(kwargs),
+        build_kwargs=dict(build_kwargs),
+        distribution=r.string(c, "distribution", where, default="") or "",
+        specifier=spec,
         module=r.string(c, "module", where, default=target.split(".")[0]) or "",
-        devices=r.strings(c, "devices", where), archs=archs, install=install,
+        devices=r.strings(c, "devices", where),
+        archs=archs,
+        install=install,
         compiled=r.boolean(c, "compiled", where),
         twin_target=r.string(c, "twin-target", where, default="") or "",
-        twin_kwargs=dict(twin_kwargs), note=r.string(c, "note", where, default="") or "",
+        twin_kwargs=dict(twin_kwargs),
+        note=r.string(c, "note", where, default="") or "",
         source=source,
-    )  # fmt: skip
+    )
 
 
 def load_candidates(path: str | os.PathLike[str], *, source: str = "builtin") -> tuple[Candidate, ...]:
-    """The ``[[candidate]]`` entries of a candidate data file (the form ``builtin_candidates.toml`` has)."""
+    """The ``[[candidate]]`` entries of a candidate data file (the form ``kernel_lock/registry.toml`` has;
+    its ``[[library]]`` tables are read by ``kernel_probe.detect.libraries``)."""
     r = TableReader(str(path))
     try:
         d = _toml.loads(Path(path).read_text(encoding="utf-8"))
@@ -297,18 +349,11 @@ def load_candidates(path: str | os.PathLike[str], *, source: str = "builtin") ->
         raise r.err("", f"cannot read: {exc}") from None
     except (_toml.TOMLDecodeError, ValueError) as exc:
         raise r.err("", f"not valid TOML: {exc}") from None
-    r.no_unknown(d, ("candidate",), "")
+    r.no_unknown(d, ("library", "candidate"), "")
     return read_candidates(r, d, source=source)
 
 
-def builtin_data_path() -> Path:
-    """The built-in candidates' data file, found through importlib.resources like the site profiles."""
-    from importlib.resources import files
-
-    return Path(str(files(__package__).joinpath(BUILTIN_DATA)))
-
-
-BUILTIN: tuple[Candidate, ...] = load_candidates(builtin_data_path())
+BUILTIN: tuple[Candidate, ...] = load_candidates(lock_registry.path())
 
 
 def default_for(slot: str) -> Candidate:
@@ -387,11 +432,25 @@ def for_slot(candidates: Iterable[Candidate], slot: str) -> list[Candidate]:
     return [c for c in candidates if slot in c.slots]
 
 
-def canonical_for(slot: str, *, hidden: int, rows: int | None = None, out_features: int | None = None,
-                  device: str = "cpu", param_dtype: str = "float32", overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def canonical_for(
+    slot: str,
+    *,
+    hidden: int,
+    rows: int | None = None,
+    out_features: int | None = None,
+    device: str = "cpu",
+    param_dtype: str = "float32",
+    overrides: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """Every value a template may name, for one slot at one size."""
     c = dict(CANONICAL[slot])
     c.update(overrides or {})
-    c.update(normalized_shape=hidden, hidden=hidden, in_features=hidden, out_features=out_features or hidden,
-             device=device, param_dtype=param_dtype)  # fmt: skip
+    c.update(
+        normalized_shape=hidden,
+        hidden=hidden,
+        in_features=hidden,
+        out_features=out_features or hidden,
+        device=device,
+        param_dtype=param_dtype,
+    )
     return c

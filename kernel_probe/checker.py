@@ -8,27 +8,33 @@ decided here — a state dict with no mapping onto torch.nn's, an initialisation
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any
+from typing import Any, ParamSpec, TypedDict
 
 from kernel_lock.slots import SLOT_SEMANTICS
 
 from .candidates import Candidate, for_slot
 from .judge import Policy, Verdict, judge_row, worst_status
 from .layout import Layout
+from .limits import CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT  # noqa: F401 (still importable from here)
 from .protocol import CheckReply, CheckRequest, ImportRequest, TryRequest
 from .worker import Worker, WorkerDied, WorkerPool
 
-IMPORT_TIMEOUT = 20.0  # seconds an import may take: a library that hangs costs this much of job start
-CHECK_TIMEOUT = 30.0  # seconds the checks of one candidate may take once imported
-COMPILED_FACTOR = 4  # torch.compile candidates compile on their first calls: their checks get 4x the budget
+P = ParamSpec("P")
 
-DTYPE_NAMES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
-               "fp16": "float16", "float16": "float16"}  # fmt: skip
+DTYPE_NAMES = {
+    "fp32": "float32",
+    "float32": "float32",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+}
 ALL_DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -50,6 +56,18 @@ def dtype_plan(dtypes: Iterable[str], regimes: Iterable[str] = ("true", "mixed")
                 continue
             plan.append((d, r))
     return plan
+
+
+class ReportBase(TypedDict):
+    """What every ``Report`` on one candidate for one slot shares, whatever the verdict."""
+
+    id: str
+    target: str
+    slot: str
+    semantics: str
+    device: str
+    source: str
+    candidate: Candidate
 
 
 @dataclass
@@ -125,7 +143,9 @@ def installed(cand: Candidate, device: str = "") -> str | None:
     return f"not installed: {what}" + (f" ({hint})" if hint else f" (no build for {device})" if device else "")
 
 
-def static_problem(cand: Candidate, slot: str, device: str, arch: str = "", *, with_compile: bool = False) -> tuple[str, str] | None:
+def static_problem(
+    cand: Candidate, slot: str, device: str, arch: str = "", *, with_compile: bool = False
+) -> tuple[str, str] | None:
     """(status, reason) when ``cand`` certainly cannot be checked for ``slot`` here, from what is known
     without importing anything (semantics, device type, GPU arch, installed, torch.compile on CPU);
     None when it is worth checking. The command line uses it to refuse a --pin before any work."""
@@ -141,8 +161,10 @@ def static_problem(cand: Candidate, slot: str, device: str, arch: str = "", *, w
     if missing:
         return "unavailable", missing
     if cand.compiled and device == "cpu" and not with_compile:
-        return "skipped", ("torch.compile candidates are not probed on CPU by default (each shape and dtype costs "
-                           "seconds of C++ compilation); pass --with-compile to include them")  # fmt: skip
+        return "skipped", (
+            "torch.compile candidates are not probed on CPU by default (each shape and dtype costs "
+            "seconds of C++ compilation); pass --with-compile to include them"
+        )
     return None
 
 
@@ -162,25 +184,47 @@ def _with_reasons(report: Report) -> Report:
     return report
 
 
-def check_candidate(cand: Candidate, slot: str, device: str, plan: list[tuple[str, str]], worker: Worker, *,
-                    arch: str = "", timeout: float = CHECK_TIMEOUT, import_timeout: float = IMPORT_TIMEOUT, with_compile: bool = False,
-                    canonical: Mapping[str, Any] | None = None, hidden: int | None = None,
-                    policy: Policy = Policy(), baseline: Candidate | None = None) -> Report:  # fmt: skip
+def _timed(check: Callable[P, Report]) -> Callable[P, Report]:
+    """``check`` with the wall time it took recorded in the report's ``seconds``."""
+
+    @functools.wraps(check)
+    def timed(*args: P.args, **kwargs: P.kwargs) -> Report:
+        start = time.perf_counter()
+        report = check(*args, **kwargs)
+        report.seconds = time.perf_counter() - start
+        return report
+
+    return timed
+
+
+@_timed
+def check_candidate(
+    cand: Candidate,
+    slot: str,
+    device: str,
+    plan: list[tuple[str, str]],
+    worker: Worker,
+    *,
+    arch: str = "",
+    timeout: float = CHECK_TIMEOUT,
+    import_timeout: float = IMPORT_TIMEOUT,
+    with_compile: bool = False,
+    canonical: Mapping[str, Any] | None = None,
+    hidden: int | None = None,
+    policy: Policy = Policy(),
+    baseline: Candidate | None = None,
+) -> Report:
     """The verdict on one candidate for one slot; ``seconds`` says how long it took. ``arch`` is the
     GPU's (``sm_90``, ``gfx90a``), checked against the candidate's ``archs``."""
-    start = time.perf_counter()
-    report = _check_candidate(cand, slot, device, plan, worker, arch=arch, timeout=timeout, import_timeout=import_timeout,
-                              with_compile=with_compile, canonical=canonical, hidden=hidden, policy=policy,
-                              baseline=baseline)  # fmt: skip
-    report.seconds = time.perf_counter() - start
-    return report
-
-
-def _check_candidate(cand: Candidate, slot: str, device: str, plan: list[tuple[str, str]], worker: Worker, *,
-                     arch: str, timeout: float, import_timeout: float, with_compile: bool, canonical: Mapping[str, Any] | None,
-                     hidden: int | None, policy: Policy, baseline: Candidate | None) -> Report:  # fmt: skip
-    base = dict(id=cand.id, target=cand.target, slot=slot, semantics=cand.semantics, device=device,
-                source=cand.source, candidate=cand)  # fmt: skip
+    base = ReportBase(
+        id=cand.id,
+        target=cand.target,
+        slot=slot,
+        semantics=cand.semantics,
+        device=device,
+        source=cand.source,
+        candidate=cand,
+    )
     expected = SLOT_SEMANTICS[slot]
     if cand.semantics != expected:
         return Report(status="rejected", reasons=[f"semantics: {cand.semantics} != {expected}"], **base)
@@ -192,7 +236,11 @@ def _check_candidate(cand: Candidate, slot: str, device: str, plan: list[tuple[s
         try:
             tried = worker.call(TryRequest(candidate=cand, slot=slot, device=device), import_timeout + timeout)
             if tried.ran:
-                why += "; it ran here, but " + (cand.note or "not as the kernel it is declared to be") + ", so it is not offered"
+                why += (
+                    "; it ran here, but "
+                    + (cand.note or "not as the kernel it is declared to be")
+                    + ", so it is not offered"
+                )
             else:
                 why += f"; trying it raised {tried.error}"
         except WorkerDied as exc:
@@ -211,8 +259,15 @@ def _check_candidate(cand: Candidate, slot: str, device: str, plan: list[tuple[s
     try:
         imported = worker.call(ImportRequest(target=cand.target), import_timeout)
     except WorkerDied as exc:
-        return Report(status=exc.status, reasons=[f"importing {cand.target}: {exc.reason} (import budget "
-                                                  f"{import_timeout:g} s)" if exc.status == "timeout" else exc.reason], **base)  # fmt: skip
+        return Report(
+            status=exc.status,
+            reasons=[
+                f"importing {cand.target}: {exc.reason} (import budget {import_timeout:g} s)"
+                if exc.status == "timeout"
+                else exc.reason
+            ],
+            **base,
+        )
     if imported.tampered:
         return Report(status="rejected", reasons=[_tampered(f"importing {cand.target}", imported.tampered)], **base)
     if not imported.ok:
@@ -222,8 +277,15 @@ def _check_candidate(cand: Candidate, slot: str, device: str, plan: list[tuple[s
     try:
         # hidden: e.g. 64 (anemoi's QueryNorm/KeyNorm normalise over head_dim); baseline: the reference
         # torch.nn class (tests: a reference with CUDA's autocast policy)
-        request = CheckRequest(candidate=cand, slot=slot, device=device, dtypes=tuple(plan), canonical=dict(canonical or {}),
-                               hidden=hidden, baseline=baseline)  # fmt: skip
+        request = CheckRequest(
+            candidate=cand,
+            slot=slot,
+            device=device,
+            dtypes=tuple(plan),
+            canonical=dict(canonical or {}),
+            hidden=hidden,
+            baseline=baseline,
+        )
         raw = worker.call(request, budget)
     except WorkerDied as exc:
         reason = f"checks: {exc.reason} (check budget {budget:g} s)" if exc.status == "timeout" else exc.reason
@@ -234,12 +296,15 @@ def _check_candidate(cand: Candidate, slot: str, device: str, plan: list[tuple[s
 
 
 def _tampered(what: str, names: Iterable[str]) -> str:
-    return (f"{what} replaced torch's own {', '.join(names)}: a library that patches torch changes the maths of "
-            "every other layer (and of the reference it is judged against), so it is refused")  # fmt: skip
+    return (
+        f"{what} replaced torch's own {', '.join(names)}: a library that patches torch changes the maths of "
+        "every other layer (and of the reference it is judged against), so it is refused"
+    )
 
 
-def judge_candidate(raw: CheckReply, cand: Candidate, slot: str, device: str, policy: Policy,
-                    base: Mapping[str, Any]) -> Report:  # fmt: skip
+def judge_candidate(
+    raw: CheckReply, cand: Candidate, slot: str, device: str, policy: Policy, base: ReportBase
+) -> Report:
     """The verdict from the worker's measurements: candidate-level facts first, then the rows."""
     phase = raw.phase
     if phase == "import":
@@ -253,15 +318,20 @@ def judge_candidate(raw: CheckReply, cand: Candidate, slot: str, device: str, po
     if not layout.ok:
         return Report(status="rejected", reasons=[f"layout: {layout.problem()}"], **base)
     verdicts = [judge_row(cand.id, device, cand.semantics, row, policy) for row in raw.rows]
-    report = Report(status=worst_status([v.status for v in verdicts]), verdicts=verdicts, migration=layout.rules, **base)
+    report = Report(
+        status=worst_status([v.status for v in verdicts]), verdicts=verdicts, migration=layout.rules, **base
+    )
     report = _with_reasons(report)
     init = list(raw.init)
     if init:
         if policy.allow_init_change:
             report.changes.extend(f"initialisation: {d} (accepted with --allow-init-change)" for d in init)
         else:
-            report.reasons.insert(0, "initialisation differs from torch.nn's, so every model trained from scratch "
-                                  f"changes: {'; '.join(init)} (pass --allow-init-change to accept and record it)")  # fmt: skip
+            report.reasons.insert(
+                0,
+                "initialisation differs from torch.nn's, so every model trained from scratch "
+                f"changes: {'; '.join(init)} (pass --allow-init-change to accept and record it)",
+            )
             if report.status == "accepted":
                 report.status = "rejected"
     for v in verdicts:
@@ -272,11 +342,23 @@ def judge_candidate(raw: CheckReply, cand: Candidate, slot: str, device: str, po
     return report
 
 
-def check_all(slots: Iterable[str], candidates: list[Candidate], device: str, plan: list[tuple[str, str]], *,
-              arch: str = "", timeout: float = CHECK_TIMEOUT, import_timeout: float = IMPORT_TIMEOUT, with_compile: bool = False,
-              workers: WorkerPool | None = None, canonical: Mapping[str, Mapping[str, Any]] | None = None,
-              hidden: int | None = None, policy: Policy = Policy(), baselines: Mapping[str, Candidate] | None = None,
-              progress: Callable[[str, str], None] | None = None) -> dict[str, list[Report]]:  # fmt: skip
+def check_all(
+    slots: Iterable[str],
+    candidates: list[Candidate],
+    device: str,
+    plan: list[tuple[str, str]],
+    *,
+    arch: str = "",
+    timeout: float = CHECK_TIMEOUT,
+    import_timeout: float = IMPORT_TIMEOUT,
+    with_compile: bool = False,
+    workers: WorkerPool | None = None,
+    canonical: Mapping[str, Mapping[str, Any]] | None = None,
+    hidden: int | None = None,
+    policy: Policy = Policy(),
+    baselines: Mapping[str, Candidate] | None = None,
+    progress: Callable[[str, str], None] | None = None,
+) -> dict[str, list[Report]]:
     """Verdicts for every candidate of every slot: torch's own share one worker, every other
     candidate gets a fresh one (``WorkerPool``)."""
     own = workers is None
@@ -290,10 +372,23 @@ def check_all(slots: Iterable[str], candidates: list[Candidate], device: str, pl
                 if progress:
                     progress(slot, cand.id)
                 with pool.worker_for(cand) as worker:
-                    out[slot].append(check_candidate(cand, slot, device, plan, worker, arch=arch, timeout=timeout,
-                                                     import_timeout=import_timeout, with_compile=with_compile,
-                                                     canonical=(canonical or {}).get(slot), hidden=hidden,
-                                                     policy=policy, baseline=(baselines or {}).get(slot)))  # fmt: skip
+                    out[slot].append(
+                        check_candidate(
+                            cand,
+                            slot,
+                            device,
+                            plan,
+                            worker,
+                            arch=arch,
+                            timeout=timeout,
+                            import_timeout=import_timeout,
+                            with_compile=with_compile,
+                            canonical=(canonical or {}).get(slot),
+                            hidden=hidden,
+                            policy=policy,
+                            baseline=(baselines or {}).get(slot),
+                        )
+                    )
         return out
     finally:
         if own:

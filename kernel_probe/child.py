@@ -166,7 +166,7 @@ def fatal_line(stderr: str) -> str:
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     for i, line in enumerate(lines):
         if line.startswith("Fatal Python error"):
-            frame = next((f for f in lines[i + 1:] if f.startswith("File ") and "<frozen" not in f), "")
+            frame = next((f for f in lines[i + 1 :] if f.startswith("File ") and "<frozen" not in f), "")
             return f"{line} ({frame})" if frame else line
     return lines[-1] if lines else ""
 
@@ -183,22 +183,59 @@ def child_environment(extra_paths: Sequence[str] = (), env: Mapping[str, str] | 
     return base
 
 
-def spawn(module: str, function: str, *, env: Mapping[str, str] | None = None, python: str | None = None,
-          keep_cwd: bool = False, reaper: bool = False, memory_limit: int | None = None, stdin: Any = None,
-          stdout: Any = None, stderr: Any = None, bufsize: int = -1, **call: Any) -> subprocess.Popen[bytes]:  # fmt: skip
+def spawn(
+    module: str,
+    function: str,
+    *,
+    env: Mapping[str, str] | None = None,
+    python: str | None = None,
+    keep_cwd: bool = False,
+    reaper: bool = False,
+    memory_limit: int | None = None,
+    stdin: Any = None,
+    stdout: Any = None,
+    stderr: Any = None,
+    bufsize: int = -1,
+    **call: Any,
+) -> subprocess.Popen[bytes]:
     """Start ``BOOT`` in its own process group: it serves ``module.function()`` (``call`` empty) or
     calls it once on a payload (``call``: mode, payload, result, source, exit; see ``run_function``).
     Raises OSError when the interpreter cannot be started."""
-    options = {"mode": "serve", "module": module, "function": function, "parent": os.getpid(), "keep_cwd": keep_cwd,
-               "reaper": reaper, "memory": int(memory_limit) if memory_limit else None, **call}  # fmt: skip
+    options = {
+        "mode": "serve",
+        "module": module,
+        "function": function,
+        "parent": os.getpid(),
+        "keep_cwd": keep_cwd,
+        "reaper": reaper,
+        "memory": int(memory_limit) if memory_limit else None,
+        **call,
+    }
     argv = [python or sys.executable, "-X", "faulthandler", "-c", BOOT, json.dumps(options)]
-    return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, bufsize=bufsize,
-                            env=dict(env) if env is not None else child_environment(), start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        argv,
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+        bufsize=bufsize,
+        env=dict(env) if env is not None else child_environment(),
+        start_new_session=True,
+    )
 
 
-def run_function(module: str, function: str, payload: Any, *, timeout: float, env: Mapping[str, str] | None = None,
-                 memory_limit: int | None = None, python: str | None = None, source: str | None = None,
-                 teardown: bool = False, started: Callable[[subprocess.Popen[bytes]], None] | None = None) -> ChildResult:  # fmt: skip
+def run_function(
+    module: str,
+    function: str,
+    payload: Any,
+    *,
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+    memory_limit: int | None = None,
+    python: str | None = None,
+    source: str | None = None,
+    teardown: bool = False,
+    started: Callable[[subprocess.Popen[bytes]], None] | None = None,
+) -> ChildResult:
     """``module.function(payload)`` in a child process, with a wall-clock ``timeout`` (seconds).
 
     ``payload`` (a protocol message, or JSON) and the return value are JSON. ``memory_limit`` (bytes)
@@ -218,12 +255,25 @@ def run_function(module: str, function: str, payload: Any, *, timeout: float, en
         payload_path.write_text(json.dumps(payload, default=str), encoding="utf-8")
         with open(d / "stdout", "wb") as out, open(d / "stderr", "wb") as err:
             try:
-                proc = spawn(module, function, env=env, python=python, memory_limit=memory_limit,
-                             stdin=subprocess.DEVNULL, stdout=out, stderr=err, mode="call", source=source,
-                             payload=str(payload_path), result=str(result_path),
-                             exit="normal" if teardown else "hard")  # fmt: skip
+                proc = spawn(
+                    module,
+                    function,
+                    env=env,
+                    python=python,
+                    memory_limit=memory_limit,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    mode="call",
+                    source=source,
+                    payload=str(payload_path),
+                    result=str(result_path),
+                    exit="normal" if teardown else "hard",
+                )
             except OSError as exc:
-                return ChildResult("crashed", reason=f"could not start {python or sys.executable}: {exc}", started=False)
+                return ChildResult(
+                    "crashed", reason=f"could not start {python or sys.executable}: {exc}", started=False
+                )
             if started is not None:
                 started(proc)
             timed_out = _wait(proc, timeout)
@@ -235,18 +285,23 @@ def run_function(module: str, function: str, payload: Any, *, timeout: float, en
                 value = json.loads(result_path.read_text(encoding="utf-8"))
             except ValueError:
                 value = None
-    common: dict[str, Any] = dict(returncode=proc.returncode, seconds=seconds, stdout=stdout, stderr=stderr, timed_out=timed_out)
+    common: dict[str, Any] = dict(
+        returncode=proc.returncode, seconds=seconds, stdout=stdout, stderr=stderr, timed_out=timed_out
+    )
     if timed_out and value is None:
         return ChildResult("timeout", reason=f"no answer within {timeout:g} s (killed)", **common)
     if value is None:
         code = proc.returncode
         how = f"was killed by {signal_name(-code)}" if code is not None and code < 0 else f"exited with status {code}"
         detail = fatal_line(stderr)
-        return ChildResult("crashed", reason=f"the child process {how} without an answer" + (f": {detail}" if detail else ""),
-                           **common)  # fmt: skip
+        return ChildResult(
+            "crashed", reason=f"the child process {how} without an answer" + (f": {detail}" if detail else ""), **common
+        )
     if "raised" in value:
         raised = {k: str(v) for k, v in value.items()}
-        return ChildResult("error", reason=f"{value['raised']}: {value.get('message', '')}".strip(), raised=raised, **common)
+        return ChildResult(
+            "error", reason=f"{value['raised']}: {value.get('message', '')}".strip(), raised=raised, **common
+        )
     return ChildResult("ok", value=value["ok"], **common)
 
 
@@ -266,4 +321,3 @@ def _wait(proc: subprocess.Popen[bytes], timeout: float) -> bool:
     if timed_out:
         proc.wait()
     return timed_out
-

@@ -66,9 +66,20 @@ def _worst_shape(rows, base_rows, shapes) -> tuple[str, float]:
     return s, ratios[s]
 
 
-def choose(slot: str, reports: list[Report], timings: Mapping[str, list[Mapping[str, Any]]], shapes: list[str],
-           dtype: str, default_id: str, *, pin: str | None = None, prefer: str | Sequence[str] | None = None,
-           origin: str = "", strict_prefer: bool = True, deterministic: bool = False) -> Choice:  # fmt: skip
+def choose(
+    slot: str,
+    reports: list[Report],
+    timings: Mapping[str, list[Mapping[str, Any]]],
+    shapes: list[str],
+    dtype: str,
+    default_id: str,
+    *,
+    pin: str | None = None,
+    prefer: str | Sequence[str] | None = None,
+    origin: str = "",
+    strict_prefer: bool = True,
+    deterministic: bool = False,
+) -> Choice:
     """``prefer`` may be an ordered list (a profile's preferences): the first preferred candidate
     that is eligible and within the margin wins. With ``strict_prefer`` (the command line), a
     preferred candidate that is not accepted is an error; a profile's list just moves on.
@@ -85,34 +96,50 @@ def choose(slot: str, reports: list[Report], timings: Mapping[str, list[Mapping[
         r = by_id.get(forced)
         if r is None:
             known = ", ".join(sorted(by_id))
-            raise UsageError(f"{said}: no such candidate for {slot} (known: {known})",
-                             fix="use one of the ids `kernel-probe check` lists")  # fmt: skip
+            raise UsageError(
+                f"{said}: no such candidate for {slot} (known: {known})",
+                fix="use one of the ids `kernel-probe check` lists",
+            )
         if r.status != "accepted":
             raise ForcedUnusable(
                 f"{said}: the candidate is {r.status} on this machine: {'; '.join(r.reasons[:3]) or 'no reason recorded'}",
                 fix=f"{way_out}, or fix the candidate; a {FORCED[kind]} kernel is never silently replaced",
             )
         if deterministic and r.deterministic is not True:
-            why = "; ".join(n for v in r.verdicts for n in v.notes if n.startswith("not deterministic")) or "not measured"
+            why = (
+                "; ".join(n for v in r.verdicts for n in v.notes if n.startswith("not deterministic")) or "not measured"
+            )
             raise ForcedUnusable(
                 f"{said}: --deterministic, but the candidate is not bitwise repeatable here ({why})",
                 fix=f"{way_out}, or drop --deterministic (and the profile's `deterministic = true`)",
             )
-    eligible = [r for r in reports if r.status == "accepted" and _ok_timings(timings.get(r.id), shapes)
-                and (r.deterministic is True or not deterministic)]  # fmt: skip
+    eligible = [
+        r
+        for r in reports
+        if r.status == "accepted"
+        and _ok_timings(timings.get(r.id), shapes)
+        and (r.deterministic is True or not deterministic)
+    ]
     if pin is not None:
         return Choice(slot, by_id[pin], "pinned", f"{pin} pinned by {origin or '--pin'}")
     if not eligible:
         what = "accepted, deterministic and timed" if deterministic else "both accepted and timed"
-        raise ProbeError(f"no candidate for {slot} was {what} on this machine",
-                         fix="run `kernel-probe check --slot " + slot + "` to see every verdict and its reasons")  # fmt: skip
+        raise ProbeError(
+            f"no candidate for {slot} was {what} on this machine",
+            fix="run `kernel-probe check --slot " + slot + "` to see every verdict and its reasons",
+        )
     default = next((r for r in eligible if r.id == default_id), None)
     if default is None:  # torch.nn itself failed here (or is not deterministic): take the fastest eligible, say so
         base = eligible[0]
         best = min(eligible, key=lambda r: (_score(timings[r.id], timings[base.id], shapes)[0], eligible.index(r)))
-        why = "not deterministic here (--deterministic)" if deterministic and any(
-            r.id == default_id and r.status == "accepted" for r in reports) else "not accepted here"  # fmt: skip
-        return Choice(slot, best, "fastest", f"{best.id} fastest accepted candidate; the default {default_id} was {why}")
+        why = (
+            "not deterministic here (--deterministic)"
+            if deterministic and any(r.id == default_id and r.status == "accepted" for r in reports)
+            else "not accepted here"
+        )
+        return Choice(
+            slot, best, "fastest", f"{best.id} fastest accepted candidate; the default {default_id} was {why}"
+        )
     scores: dict[str, float] = {}
     margins: dict[str, float] = {}
     clear: list[tuple[float, int, Report]] = []
@@ -130,7 +157,13 @@ def choose(slot: str, reports: list[Report], timings: Mapping[str, list[Mapping[
             return Choice(slot, default, "preferred", f"{cid} preferred by {origin or '--prefer'}", scores)
         r = next((e for e in eligible if e.id == cid), None)
         if r is not None and scores[r.id] <= 1 + margins[r.id]:
-            return Choice(slot, r, "preferred", f"{r.id} preferred by {origin or '--prefer'} ({1 / scores[r.id]:.2f}x the default's speed)", scores)
+            return Choice(
+                slot,
+                r,
+                "preferred",
+                f"{r.id} preferred by {origin or '--prefer'} ({1 / scores[r.id]:.2f}x the default's speed)",
+                scores,
+            )
     others = [r for r in eligible if r is not default]
     if clear:
         score, _, best = min(clear, key=lambda t: (t[0], t[1]))

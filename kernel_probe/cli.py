@@ -14,10 +14,12 @@ import sys
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 from kernel_lock.errors import EXIT_CODES, LockError, LockWarning
 
 from . import __version__, output
+
 
 @dataclass(frozen=True)
 class Subcommand:
@@ -32,26 +34,56 @@ class Subcommand:
 
 
 SUBCOMMANDS: dict[str, Subcommand] = {
-    "verify": Subcommand("lockcmds", "add_verify_arguments", "run_verify",
-                         "check this machine against a lock and resolve every slot"),
+    "verify": Subcommand(
+        "lockcmds", "add_verify_arguments", "run_verify", "check this machine against a lock and resolve every slot"
+    ),
     "show": Subcommand("lockcmds", "add_show_arguments", "run_show", "print a lock in readable form"),
-    "rehash": Subcommand("lockcmds", "add_rehash_arguments", "run_rehash",
-                         "accept hand edits: recompute a lock's digest (atomic rewrite)"),
-    "env": Subcommand("envcmd", "add_env_arguments", "run_env",
-                      "report this machine: host, torch build, accelerators, triton, kernel libraries, site"),
-    "check": Subcommand("check", "add_check_arguments", "run_check", "run the correctness kernels and print the verdict table"),
-    "profiles": Subcommand("profilecmds", "add_profiles_arguments", "run_profiles", "site profiles: list, show NAME, check PATH"),
-    "explain": Subcommand("lockcmds", "add_explain_arguments", "run_explain",
-                          "why a lock chose what it chose for one slot: evidence, timings, rejections"),
-    "diff": Subcommand("lockcmds", "add_diff_arguments", "run_diff",
-                       "what changed between two locks: environment fields and choices"),
-    "export": Subcommand("anemoicmds", "add_export_arguments", "run_export",
-                         "print a lock as anemoi-models' layer_kernels YAML block (--format anemoi)"),
-    "check-config": Subcommand("anemoicmds", "add_check_config_arguments", "run_check_config",
-                               "check an anemoi config's layer_kernels blocks on this machine (and against a lock)"),
-    "lock": Subcommand("derive", "add_lock_arguments", "run_lock",
-                       "derive a lock for inference on this machine: lock --for inference IN OUT"),
-}  # fmt: skip
+    "rehash": Subcommand(
+        "lockcmds",
+        "add_rehash_arguments",
+        "run_rehash",
+        "accept hand edits: recompute a lock's digest (atomic rewrite)",
+    ),
+    "env": Subcommand(
+        "envcmd",
+        "add_env_arguments",
+        "run_env",
+        "report this machine: host, torch build, accelerators, triton, kernel libraries, site",
+    ),
+    "check": Subcommand(
+        "check", "add_check_arguments", "run_check", "run the correctness kernels and print the verdict table"
+    ),
+    "profiles": Subcommand(
+        "profilecmds", "add_profiles_arguments", "run_profiles", "site profiles: list, show NAME, check PATH"
+    ),
+    "explain": Subcommand(
+        "lockcmds",
+        "add_explain_arguments",
+        "run_explain",
+        "why a lock chose what it chose for one slot: evidence, timings, rejections",
+    ),
+    "diff": Subcommand(
+        "lockcmds", "add_diff_arguments", "run_diff", "what changed between two locks: environment fields and choices"
+    ),
+    "export": Subcommand(
+        "anemoicmds",
+        "add_export_arguments",
+        "run_export",
+        "print a lock as anemoi-models' layer_kernels YAML block (--format anemoi)",
+    ),
+    "check-config": Subcommand(
+        "anemoicmds",
+        "add_check_config_arguments",
+        "run_check_config",
+        "check an anemoi config's layer_kernels blocks on this machine (and against a lock)",
+    ),
+    "lock": Subcommand(
+        "derive",
+        "add_lock_arguments",
+        "run_lock",
+        "derive a lock for inference on this machine: lock --for inference IN OUT",
+    ),
+}
 
 # subcommands that pass what follows `--` on to Hydra (anemoi configs)
 TAKES_OVERRIDES = ("check-config", "export")
@@ -67,20 +99,23 @@ class _Parser(argparse.ArgumentParser):
 
     json_wanted = False
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         if self.json_wanted:
             output.print_json(error_json(message, 2, kind="UsageError"))
         super().error(message)
 
 
-def error_json(problem: str, exit_code: int, *, kind: str, path: str | None = None, key: str | None = None,
-               fix: str | None = None) -> dict:  # fmt: skip
+def error_json(
+    problem: str, exit_code: int, *, kind: str, path: str | None = None, key: str | None = None, fix: str | None = None
+) -> dict:
     """What a failed command prints on stdout under --json: one object, the same shape for every error."""
-    return {"ok": False, "error": {"type": kind, "exit_code": exit_code, "problem": problem, "path": path,
-                                   "key": key, "fix": fix}}  # fmt: skip
+    return {
+        "ok": False,
+        "error": {"type": kind, "exit_code": exit_code, "problem": problem, "path": path, "key": key, "fix": fix},
+    }
 
 
-def _base_parser(prog: str, description: str) -> argparse.ArgumentParser:
+def _base_parser(prog: str, description: str) -> _Parser:
     p = _Parser(
         prog=prog, description=description, epilog=_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -88,7 +123,7 @@ def _base_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return p
 
 
-def build_subparser(name: str) -> tuple[argparse.ArgumentParser, Callable]:
+def build_subparser(name: str) -> tuple[_Parser, Callable]:
     import importlib
 
     sub = SUBCOMMANDS[name]
@@ -109,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rest = argv[1:]
         if argv[0] in TAKES_OVERRIDES and "--" in rest:  # Hydra overrides: everything after `--`, as written
             cut = rest.index("--")
-            rest, overrides = rest[:cut], rest[cut + 1:]
+            rest, overrides = rest[:cut], rest[cut + 1 :]
     else:
         from .commands import probe
 
@@ -121,7 +156,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.json_wanted = "--json" in rest
     args = parser.parse_args(rest)  # exits 2 on usage errors
     args.overrides = overrides
-    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
     output.reset()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LockWarning)  # commands report lock warnings themselves
@@ -132,8 +169,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise
             output.error(str(exc))
             if getattr(args, "json", False):
-                output.print_json(error_json(exc.problem, exc.exit_code, kind=type(exc).__name__, path=exc.path,
-                                             key=exc.key, fix=exc.fix))  # fmt: skip
+                output.print_json(
+                    error_json(
+                        exc.problem, exc.exit_code, kind=type(exc).__name__, path=exc.path, key=exc.key, fix=exc.fix
+                    )
+                )
             return exc.exit_code
         except KeyboardInterrupt:
             output.error("interrupted")
@@ -143,8 +183,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise
             output.error(f"unexpected {type(exc).__name__}: {exc} (re-run with --debug for the traceback)")
             if getattr(args, "json", False):
-                output.print_json(error_json(f"unexpected {type(exc).__name__}: {exc}", 1, kind="bug",
-                                             fix="re-run with --debug for the traceback"))  # fmt: skip
+                output.print_json(
+                    error_json(
+                        f"unexpected {type(exc).__name__}: {exc}",
+                        1,
+                        kind="bug",
+                        fix="re-run with --debug for the traceback",
+                    )
+                )
             return 1
 
 

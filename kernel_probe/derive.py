@@ -34,7 +34,9 @@ class Substitution:
         return f"{self.slot}: {self.training} -> {self.twin_target} (max error {error})"
 
 
-def derive_inference(lock: KernelLock, current: Mapping[str, Any], *, source: str) -> tuple[KernelLock, list[Substitution]]:
+def derive_inference(
+    lock: KernelLock, current: Mapping[str, Any], *, source: str
+) -> tuple[KernelLock, list[Substitution]]:
     """The sealed inference lock for the machine ``current`` describes, and the substitutions made.
 
     Raises :class:`KernelUnavailable` naming every slot that cannot run here and has no usable twin.

@@ -61,7 +61,7 @@ def render(text: str, where: str = "<text>") -> str:
         if end < 0:
             line = text.count("\n", 0, m.start()) + 1
             raise DocgenError(f"{where}:{line}: <!-- {name}:begin --> without its <!-- {name}:end -->")
-        out += [text[pos:m.end()], BLOCKS[name]()]
+        out += [text[pos : m.end()], BLOCKS[name]()]
         pos = end
     out.append(text[pos:])
     return "".join(out)

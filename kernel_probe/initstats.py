@@ -91,5 +91,7 @@ def compare(candidate: torch.Tensor, reference: torch.Tensor) -> str | None:
     failed = same_distribution(c, r)
     if not failed:
         return None
-    return (f"starts as {describe(c)}; torch.nn draws {describe(r)}: {'; '.join(failed)} "
-            f"(each test at a false-alarm rate of {ALPHA:g})")  # fmt: skip
+    return (
+        f"starts as {describe(c)}; torch.nn draws {describe(r)}: {'; '.join(failed)} "
+        f"(each test at a false-alarm rate of {ALPHA:g})"
+    )

@@ -31,13 +31,12 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kernel_lock.slots import CONFUSABLE
+from kernel_lock.slots import CONFUSABLE, STATUSES
 
 from .protocol import ALT_PREFIX, FLAG_GRAD_OUTPUT_MODIFIED, FLAG_INPUT_MODIFIED, FLAG_OUTPUT_DTYPE, MeasurementRow
 
 FACTOR = 4.0
 EPS = {"float32": 2.0**-23, "bfloat16": 2.0**-7, "float16": 2.0**-10}
-STATUS_ORDER = ("crashed", "timeout", "rejected", "unavailable", "accepted", "skipped")  # worst first
 
 HINTS = {
     "tiny-variance": "rows whose variance is below eps: is eps the one pinned, and added where torch adds it?",
@@ -48,7 +47,9 @@ HINTS = {
     "residual": "y = f(x) + skip",
     "random": "plain random input",
 }
-_DTYPE_PROBLEM = re.compile(r"not implemented for|unsupported (data)?type|unsupported dtype|dtype.*not supported|expected .*dtype", re.I)
+_DTYPE_PROBLEM = re.compile(
+    r"not implemented for|unsupported (data)?type|unsupported dtype|dtype.*not supported|expected .*dtype", re.I
+)
 
 
 def floor(dtype: str) -> float:
@@ -125,8 +126,11 @@ def judge_row(candidate: str, device: str, semantics: str, row: MeasurementRow, 
     flags = row.get("flags", {})
     if FLAG_GRAD_OUTPUT_MODIFIED in flags:
         v.failed.append(FLAG_GRAD_OUTPUT_MODIFIED)
-        v.reasons.insert(0, f"backward modifies grad_output in place (seen on {flags[FLAG_GRAD_OUTPUT_MODIFIED]}): "
-                            "gradients of other branches, e.g. a residual, are corrupted")  # fmt: skip
+        v.reasons.insert(
+            0,
+            f"backward modifies grad_output in place (seen on {flags[FLAG_GRAD_OUTPUT_MODIFIED]}): "
+            "gradients of other branches, e.g. a residual, are corrupted",
+        )
     if FLAG_INPUT_MODIFIED in flags:
         v.failed.append(FLAG_INPUT_MODIFIED)
         v.reasons.insert(0, f"modifies its input (seen on {flags[FLAG_INPUT_MODIFIED]})")
@@ -174,7 +178,7 @@ def _judge_dtype(v: Verdict, row: MeasurementRow, what: str, policy: Policy) -> 
 
 
 def worst_status(statuses: list[str]) -> str:
-    present = [s for s in STATUS_ORDER if s in statuses]
+    present = [s for s in STATUSES if s in statuses]  # worst first
     if not present:
         return "skipped"
     real = [s for s in present if s != "skipped"]

@@ -14,8 +14,9 @@ else has no mapping, and the verdict lists what is missing and what is unexpecte
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 Shape = tuple[int, ...]
 
@@ -40,18 +41,32 @@ class Layout:
             parts.append(f"missing {', '.join(self.missing)}")
         if self.unexpected:
             parts.append(f"unexpected {', '.join(self.unexpected)}")
-        return ("its state dict does not take torch.nn's keys, and no mapping was found (renamed keys of equal "
-                f"shapes in declaration order, a transposed weight, a dropped _extra_state): {'; '.join(parts)}")  # fmt: skip
+        return (
+            "its state dict does not take torch.nn's keys, and no mapping was found (renamed keys of equal "
+            f"shapes in declaration order, a transposed weight, a dropped _extra_state): {'; '.join(parts)}"
+        )
 
     def to_json(self) -> dict[str, object]:
-        return {"ok": self.ok, "rules": list(self.rules), "missing": list(self.missing), "unexpected": list(self.unexpected),
-                "pairs": {k: [c, t] for k, (c, t) in self.pairs.items()}}  # fmt: skip
+        return {
+            "ok": self.ok,
+            "rules": list(self.rules),
+            "missing": list(self.missing),
+            "unexpected": list(self.unexpected),
+            "pairs": {k: [c, t] for k, (c, t) in self.pairs.items()},
+        }
 
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> Layout:
-        pairs = {str(k): (str(v[0]), bool(v[1])) for k, v in dict(d.get("pairs") or {}).items()}  # type: ignore[index]
-        return cls(bool(d["ok"]), pairs, tuple(d.get("rules") or ()), tuple(d.get("missing") or ()),  # type: ignore[arg-type]
-                   tuple(d.get("unexpected") or ()))  # type: ignore[arg-type]
+        # d is what to_json wrote (the worker's reply): pairs {key: [candidate key, transposed]}, lists of strings
+        raw_pairs = cast("Mapping[object, Sequence[object]]", d.get("pairs") or {})
+        pairs = {str(k): (str(v[0]), bool(v[1])) for k, v in dict(raw_pairs).items()}
+        return cls(
+            bool(d["ok"]), pairs, _strings(d.get("rules")), _strings(d.get("missing")), _strings(d.get("unexpected"))
+        )
+
+
+def _strings(value: object) -> tuple[str, ...]:
+    return tuple(cast("Iterable[str]", value or ()))
 
 
 def _shaped(key: str, shape: Shape) -> str:
@@ -85,11 +100,16 @@ def discover(candidate: Mapping[str, Shape], reference: Mapping[str, Shape]) -> 
     rest_c = [k for k in cand if k not in used]
     rest_r = [k for k in reference if k not in pairs]
     if rest_c or rest_r:
-        matched = len(rest_c) == len(rest_r) and all(_fits(cand[c], reference[r])[0] for c, r in zip(rest_c, rest_r))
+        matched = len(rest_c) == len(rest_r) and all(
+            _fits(cand[c], reference[r])[0] for c, r in zip(rest_c, rest_r, strict=True)
+        )
         if not matched:
-            return Layout(False, missing=tuple(_shaped(k, reference[k]) for k in rest_r),
-                          unexpected=tuple(_shaped(k, cand[k]) for k in rest_c))  # fmt: skip
-        for c, r in zip(rest_c, rest_r):
+            return Layout(
+                False,
+                missing=tuple(_shaped(k, reference[k]) for k in rest_r),
+                unexpected=tuple(_shaped(k, cand[k]) for k in rest_c),
+            )
+        for c, r in zip(rest_c, rest_r, strict=True):
             pairs[r] = (c, _fits(cand[c], reference[r])[1])
     for key in reference:  # rules in torch.nn's declaration order
         c, turned = pairs[key]

@@ -19,13 +19,19 @@ def lock_differences(a: kernel_lock.KernelLock, b: kernel_lock.KernelLock) -> di
             env.append({"field": f"libraries.{name}", "a": x.to_dict() if x else None, "b": y.to_dict() if y else None})
     slots = []
     for name in kernel_lock.SLOTS:
-        x, y = a.slots.get(name), b.slots.get(name)
+        sx, sy = a.slots.get(name), b.slots.get(name)
         for key in ("implementation", "target", "kwargs"):
-            vx = getattr(x, key) if x else None
-            vy = getattr(y, key) if y else None
+            vx = getattr(sx, key) if sx else None
+            vy = getattr(sy, key) if sy else None
             if vx != vy:
-                slots.append({"slot": name, "key": key, "a": dict(vx) if key == "kwargs" and vx is not None else vx,
-                              "b": dict(vy) if key == "kwargs" and vy is not None else vy})  # fmt: skip
+                slots.append(
+                    {
+                        "slot": name,
+                        "key": key,
+                        "a": dict(vx) if key == "kwargs" and vx is not None else vx,
+                        "b": dict(vy) if key == "kwargs" and vy is not None else vy,
+                    }
+                )
     top = []
     for key in ("precision", "mode", "lock_version"):
         if getattr(a, key) != getattr(b, key):

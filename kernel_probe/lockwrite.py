@@ -6,10 +6,10 @@ import datetime as dt
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernel_lock.fingerprint import FIELDS, library_versions
 from kernel_lock.lock import Candidate as RejectedCandidate
@@ -17,9 +17,11 @@ from kernel_lock.lock import EnvField, Environment, KernelLock, Requirement, Slo
 from kernel_lock.slots import CANONICAL, SLOT_SEMANTICS
 
 from . import __version__
-from .checker import Report
-from .choose import Choice
 from .errors import ProbeError, UsageError
+
+if TYPE_CHECKING:  # annotations only: writing a lock, or reusing one, imports no checker
+    from .checker import Report
+    from .choose import Choice
 
 
 def environment(current: Mapping[str, Any], libraries: Mapping[str, str]) -> Environment:
@@ -63,13 +65,23 @@ def _evidence(report: Report) -> list[dict[str, Any]]:
 def _timing(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for r in rows:
-        row: dict[str, Any] = {"implementation": r["implementation"], "shape": r["shape"], "dtype": r["dtype"],
-                               "regime": r["regime"]}  # fmt: skip
+        row: dict[str, Any] = {
+            "implementation": r["implementation"],
+            "shape": r["shape"],
+            "dtype": r["dtype"],
+            "regime": r["regime"],
+        }
         if "error" in r:
             row["error"] = r["error"]
         else:
-            row.update({"median-ms": _round(r["median_ms"]), "spread": _round(r["spread"], 2), "gbps": _round(r["gbps"]),
-                        "compile-s": _round(r["compile_s"], 3)})  # fmt: skip
+            row.update(
+                {
+                    "median-ms": _round(r["median_ms"]),
+                    "spread": _round(r["spread"], 2),
+                    "gbps": _round(r["gbps"]),
+                    "compile-s": _round(r["compile_s"], 3),
+                }
+            )
             if "copy_percent" in r:  # GPUs only
                 row["copy-percent"] = _round(r["copy_percent"], 3)
             if "tflops" in r:
@@ -78,10 +90,17 @@ def _timing(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def build_lock(choices: Mapping[str, Choice], reports: Mapping[str, list[Report]],
-               timings: Mapping[str, Mapping[str, list[Mapping[str, Any]]]], current: Mapping[str, Any], *,
-               precision: str, canonical: Mapping[str, Mapping[str, Any]] | None = None,
-               profile: Mapping[str, Any] | None = None, provenance: Mapping[str, Any] | None = None) -> KernelLock:  # fmt: skip
+def build_lock(
+    choices: Mapping[str, Choice],
+    reports: Mapping[str, list[Report]],
+    timings: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]],
+    current: Mapping[str, Any],
+    *,
+    precision: str,
+    canonical: Mapping[str, Mapping[str, Any]] | None = None,
+    profile: Mapping[str, Any] | None = None,
+    provenance: Mapping[str, Any] | None = None,
+) -> KernelLock:
     slots: dict[str, Slot] = {}
     distributions: set[str] = set()
     trusted: set[str] = set()
@@ -89,7 +108,7 @@ def build_lock(choices: Mapping[str, Choice], reports: Mapping[str, list[Report]
         cand = choice.report.candidate
         assert cand is not None
         values = {**CANONICAL[slot], **((canonical or {}).get(slot) or {})}
-        requires = ()
+        requires: tuple[Requirement, ...] = ()
         if cand.distribution:
             requires = (Requirement(cand.distribution, cand.specifier, cand.module.split(".")[0]),)
             distributions.add(cand.distribution)
@@ -176,11 +195,15 @@ def check_writable(path: Path) -> Path:
     except (OSError, ValueError):
         name_max = 255
     if len(os.fsencode(file_lock_path(real).name)) > name_max:
-        raise UsageError(f"--out {text}: the file name is too long for this file system ({len(real.name)} characters)",
-                         fix="choose a shorter name")  # fmt: skip
+        raise UsageError(
+            f"--out {text}: the file name is too long for this file system ({len(real.name)} characters)",
+            fix="choose a shorter name",
+        )
     if not directory.exists():
-        raise UsageError(f"--out {text}: the directory {directory} does not exist",
-                         fix=f"create it (mkdir -p {directory}) or choose another --out")  # fmt: skip
+        raise UsageError(
+            f"--out {text}: the directory {directory} does not exist",
+            fix=f"create it (mkdir -p {directory}) or choose another --out",
+        )
     if not directory.is_dir():
         raise UsageError(f"--out {text}: {directory} is not a directory", fix="choose another --out")
     try:
@@ -194,11 +217,15 @@ def check_writable(path: Path) -> Path:
     if mode is not None and not stat.S_ISREG(mode):
         from kernel_lock._files import kind
 
-        raise UsageError(f"--out {text} is {kind(mode)}, not a regular file: it is never replaced (not even with --force)",
-                         fix="choose a regular file path for the lock")  # fmt: skip
+        raise UsageError(
+            f"--out {text} is {kind(mode)}, not a regular file: it is never replaced (not even with --force)",
+            fix="choose a regular file path for the lock",
+        )
     if not os.access(directory, os.W_OK | os.X_OK) or (mode is not None and not os.access(real, os.W_OK)):
-        raise UsageError(f"--out {text}: cannot write in {directory} (permission denied)",
-                         fix="choose a writable --out, or fix the permissions")  # fmt: skip
+        raise UsageError(
+            f"--out {text}: cannot write in {directory} (permission denied)",
+            fix="choose a writable --out, or fix the permissions",
+        )
     return real
 
 
@@ -225,8 +252,10 @@ def exclusive(path: Path, timeout: float) -> Iterator[bool]:
     try:
         lock.acquire()
     except Timeout:
-        raise ProbeError(f"{path}: another kernel-probe held the lock for more than {timeout:.0f} s",
-                         fix="wait for it, or raise --lock-timeout") from None  # fmt: skip
+        raise ProbeError(
+            f"{path}: another kernel-probe held the lock for more than {timeout:.0f} s",
+            fix="wait for it, or raise --lock-timeout",
+        ) from None
     except PermissionError:
         owner = ""
         try:
@@ -240,8 +269,10 @@ def exclusive(path: Path, timeout: float) -> Iterator[bool]:
         ) from None
     except OSError as exc:
         if errno.errorcode.get(exc.errno or 0, "") not in _NO_LOCKING:
-            raise ProbeError(f"{path}: cannot take its file lock {lock_path}: {exc.strerror or exc}",
-                             fix="check the directory, or choose another --out") from None  # fmt: skip
+            raise ProbeError(
+                f"{path}: cannot take its file lock {lock_path}: {exc.strerror or exc}",
+                fix="check the directory, or choose another --out",
+            ) from None
         yield False
         return
     try:

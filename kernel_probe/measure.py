@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
 from kernel_lock.slots import CONFUSABLE
 
 from . import initstats
@@ -97,7 +98,9 @@ def cases(semantics: str, hidden: int, dtype, device, gen: torch.Generator, *, m
     base = randn(3, 16, hidden + 8, shift=0.1)
     out.append(Case("non-contiguous-3d", [base[..., :hidden].transpose(0, 1)]))
     # several different inputs in a row: a kernel that caches state between calls fails
-    out.append(Case("sequence", [randn(rows, hidden, scale=s, shift=m) for s, m in ((1.0, 0.0), (3.0, -1.0), (0.2, 0.7))]))
+    out.append(
+        Case("sequence", [randn(rows, hidden, scale=s, shift=m) for s, m in ((1.0, 0.0), (3.0, -1.0), (0.2, 0.7))])
+    )
     # y = f(x) + skip: a backward that writes into grad_output corrupts skip's gradient
     out.append(Case("residual", [randn(rows, hidden, shift=0.2)], residual=True))
     return out
@@ -212,8 +215,13 @@ def _reference_pass(semantics, x, gy, params64, eps, skip):
     b = params64["bias"].clone().requires_grad_(True) if params64["bias"] is not None else None
     y = reference(semantics, x64, w, b, eps)
     y.backward(gy.to(torch.float64))
-    return {"y": y.detach(), "dx": x64.grad, "weight": w.grad, "bias": b.grad if b is not None else None,
-            "skip": gy.to(torch.float64) if skip is not None else None}  # fmt: skip
+    return {
+        "y": y.detach(),
+        "dx": x64.grad,
+        "weight": w.grad,
+        "bias": b.grad if b is not None else None,
+        "skip": gy.to(torch.float64) if skip is not None else None,
+    }
 
 
 def _dtype_name(dtype) -> str:
@@ -245,8 +253,9 @@ def fresh_differences(cand_module, base_module, layout: Layout) -> list[str]:
 DETERMINISM_ROWS = 512
 
 
-def repeatability(module, hidden: int, width: int, dtype, device, autocast, layout: Layout,
-                  gen: torch.Generator) -> str | None:  # fmt: skip
+def repeatability(
+    module, hidden: int, width: int, dtype, device, autocast, layout: Layout, gen: torch.Generator
+) -> str | None:
     """None when two forward+backward runs on the same input give bitwise equal results; else what differed."""
     x = (torch.randn(DETERMINISM_ROWS, hidden, generator=gen) + 0.3).to(device, dtype)
     gy = (torch.randn(DETERMINISM_ROWS, width, generator=gen) * 0.7).to(device, dtype)
@@ -270,8 +279,21 @@ def _block(kind: str, norm, linear, x):
     return x + linear(norm(x)) if kind == "pre-norm" else norm(x + linear(x))
 
 
-def blocks(mod, base_mod, semantics: str, hidden: int, dtype, param_dtype, device, autocast, params64, eps: float,
-           layout: Layout, base_layout: Layout, gen: torch.Generator) -> dict[str, Any]:  # fmt: skip
+def blocks(
+    mod,
+    base_mod,
+    semantics: str,
+    hidden: int,
+    dtype,
+    param_dtype,
+    device,
+    autocast,
+    params64,
+    eps: float,
+    layout: Layout,
+    base_layout: Layout,
+    gen: torch.Generator,
+) -> dict[str, Any]:
     """Errors of the two blocks a norm sits in — pre-norm ``x + Linear(Norm(x))`` and post-norm
     ``Norm(x + Linear(x))`` — with the candidate and with torch.nn, in the row's regime, forward and
     backward, against float64: what a different output dtype changes downstream."""
@@ -279,50 +301,58 @@ def blocks(mod, base_mod, semantics: str, hidden: int, dtype, param_dtype, devic
     bias = torch.randn(hidden, generator=gen) * 0.1
     x = (torch.randn(CHECK_ROWS, hidden, generator=gen) + 0.2).to(device, dtype)
     gy = (torch.randn(CHECK_ROWS, hidden, generator=gen) * 0.7).to(device, dtype)
+
+    def block_errors(kind: str) -> dict[str, list[float]]:
+        """One block's errors, with the candidate (index 0) and torch.nn (index 1), against float64."""
+        # float64 reference
+        x64 = x.detach().double().requires_grad_(True)
+        nw = params64["weight"].clone().requires_grad_(True)
+        nb = params64["bias"].clone().requires_grad_(True) if params64["bias"] is not None else None
+        lw, lb = w.double().to(device), bias.double().to(device)
+        y64 = _block(kind, lambda t: reference(semantics, t, nw, nb, eps), lambda t: F.linear(t, lw, lb), x64)
+        y64.backward(gy.double())
+        ref = {"y": y64.detach(), "dx": x64.grad, "dweight": nw.grad, "dbias": nb.grad if nb is not None else None}
+        errs: dict[str, list[float]] = {}
+        for i, (module, lay) in enumerate(((mod, layout), (base_mod, base_layout))):
+            linear = torch.nn.Linear(hidden, hidden).to(device=device, dtype=param_dtype)
+            with torch.no_grad():
+                linear.weight.copy_(w)
+                linear.bias.copy_(bias)
+            for p in module.parameters():
+                p.grad = None
+            xi = x.detach().clone().requires_grad_(True)
+            with _autocast(autocast):
+                y = _block(kind, module, linear, xi)
+            y.backward(gy)
+            got = {"y": y.detach(), "dx": xi.grad, **{f"d{n}": g for n, g in gradients(module, lay).items()}}
+            for name, r in ref.items():
+                if r is None:
+                    continue
+                errs.setdefault(name, [0.0, 0.0])[i] = rel_err(got.get(name), r)
+        return errs
+
     out: dict[str, Any] = {}
     for kind in BLOCKS:
         try:
-            out[kind] = _block_errors(kind, mod, base_mod, semantics, hidden, param_dtype, device, autocast, params64,
-                                      eps, layout, base_layout, w, bias, x, gy)  # fmt: skip
+            out[kind] = block_errors(kind)
         except Exception as exc:  # e.g. the next layer refuses the dtype the candidate returns
-            out[kind] = {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]}
+            out[kind] = {
+                "error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+            }
     return out
 
 
-def _block_errors(kind, mod, base_mod, semantics, hidden, param_dtype, device, autocast, params64, eps, layout,
-                  base_layout, w, bias, x, gy) -> dict[str, list[float]]:  # fmt: skip
-    """One block's errors, with the candidate (index 0) and torch.nn (index 1), against float64."""
-    # float64 reference
-    x64 = x.detach().double().requires_grad_(True)
-    nw = params64["weight"].clone().requires_grad_(True)
-    nb = params64["bias"].clone().requires_grad_(True) if params64["bias"] is not None else None
-    lw, lb = w.double().to(device), bias.double().to(device)
-    y64 = _block(kind, lambda t: reference(semantics, t, nw, nb, eps), lambda t: F.linear(t, lw, lb), x64)
-    y64.backward(gy.double())
-    ref = {"y": y64.detach(), "dx": x64.grad, "dweight": nw.grad, "dbias": nb.grad if nb is not None else None}
-    errs: dict[str, list[float]] = {}
-    for i, (module, lay) in enumerate(((mod, layout), (base_mod, base_layout))):
-        linear = torch.nn.Linear(hidden, hidden).to(device=device, dtype=param_dtype)
-        with torch.no_grad():
-            linear.weight.copy_(w)
-            linear.bias.copy_(bias)
-        for p in module.parameters():
-            p.grad = None
-        xi = x.detach().clone().requires_grad_(True)
-        with _autocast(autocast):
-            y = _block(kind, module, linear, xi)
-        y.backward(gy)
-        got = {"y": y.detach(), "dx": xi.grad, **{f"d{n}": g for n, g in gradients(module, lay).items()}}
-        for name, r in ref.items():
-            if r is None:
-                continue
-            errs.setdefault(name, [0.0, 0.0])[i] = rel_err(got.get(name), r)
-    return errs
-
-
-def check(cand: Candidate, slot: str, device: str, dtypes: list[tuple[str, str]], *, hidden: int = CHECK_HIDDEN,
-          canonical_overrides: Mapping[str, Any] | None = None, seed: int = 0,
-          baseline: Candidate | None = None) -> dict[str, Any]:  # fmt: skip
+def check(
+    cand: Candidate,
+    slot: str,
+    device: str,
+    dtypes: list[tuple[str, str]],
+    *,
+    hidden: int = CHECK_HIDDEN,
+    canonical_overrides: Mapping[str, Any] | None = None,
+    seed: int = 0,
+    baseline: Candidate | None = None,
+) -> dict[str, Any]:
     """Raw measurements of one candidate on one device: layout, initialisation, and per (dtype, regime)
     the errors, flags, determinism and (where the output dtype differs) the blocks."""
     result: dict[str, Any] = {"candidate": cand.id, "device": device, "rows": []}
@@ -341,17 +371,27 @@ def check(cand: Candidate, slot: str, device: str, dtypes: list[tuple[str, str]]
     torch_device = "cuda" if device == "rocm" else device
     out_features = 384 if semantics == "linear" else None
     # once, in float32: what a freshly built candidate is, against a freshly built torch.nn module
-    canonical32 = canonical_for(slot, hidden=hidden, out_features=out_features, device=torch_device,
-                                param_dtype="float32", overrides=canonical_overrides)  # fmt: skip
+    canonical32 = canonical_for(
+        slot,
+        hidden=hidden,
+        out_features=out_features,
+        device=torch_device,
+        param_dtype="float32",
+        overrides=canonical_overrides,
+    )
     try:
         fresh_base = build(baseline, canonical32, torch_device, torch.float32)
     except Exception as exc:
-        result.update(phase="baseline", error=f"torch.nn itself cannot be built on {device}: {type(exc).__name__}: {exc}")
+        result.update(
+            phase="baseline", error=f"torch.nn itself cannot be built on {device}: {type(exc).__name__}: {exc}"
+        )
         return result
     try:
         fresh = build(cand, canonical32, torch_device, torch.float32)
     except Exception as exc:
-        result.update(phase="build", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=6)[-2000:])
+        result.update(
+            phase="build", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=6)[-2000:]
+        )
         return result
     base_shapes = shapes(fresh_base.state_dict())
     layout = discover(shapes(fresh.state_dict()), base_shapes)
@@ -364,8 +404,14 @@ def check(cand: Candidate, slot: str, device: str, dtypes: list[tuple[str, str]]
         dtype = DTYPES[dtype_name]
         mixed = regime == "mixed"
         param_dtype = torch.float32 if mixed else dtype
-        canonical = canonical_for(slot, hidden=hidden, out_features=out_features, device=torch_device,
-                                  param_dtype=_dtype_name(param_dtype), overrides=canonical_overrides)  # fmt: skip
+        canonical = canonical_for(
+            slot,
+            hidden=hidden,
+            out_features=out_features,
+            device=torch_device,
+            param_dtype=_dtype_name(param_dtype),
+            overrides=canonical_overrides,
+        )
         row: MeasurementRow = {"dtype": dtype_name, "regime": regime, "cases": {}, "flags": {}}
         result["rows"].append(row)
         gen = torch.Generator().manual_seed(seed)
@@ -412,10 +458,14 @@ def check(cand: Candidate, slot: str, device: str, dtypes: list[tuple[str, str]]
                     if semantics in ALT_SEMANTICS and case.name in ("random", "tiny-variance"):
                         # an RMSNorm offered as a LayerNorm usually has no bias either: take the closer
                         alt_err = min(
-                            rel_err(got["y"], reference(ALT_SEMANTICS[semantics], x.detach().to(torch.float64),
-                                                        params64["weight"], b, eps))
+                            rel_err(
+                                got["y"],
+                                reference(
+                                    ALT_SEMANTICS[semantics], x.detach().to(torch.float64), params64["weight"], b, eps
+                                ),
+                            )
                             for b in (params64["bias"], None)
-                        )  # fmt: skip
+                        )
                         e = errs.setdefault(alt_key(ALT_SEMANTICS[semantics]), [0.0, 0.0])
                         e[0] = max(e[0], alt_err)
                         e[1] = max(e[1], rel_err(base["y"], ref["y"]))  # tolerance basis: torch.nn on its own maths
@@ -425,31 +475,57 @@ def check(cand: Candidate, slot: str, device: str, dtypes: list[tuple[str, str]]
                     if not got["input_intact"]:
                         flags.setdefault(FLAG_INPUT_MODIFIED, case.name)
                     if got["y"].dtype != base["y"].dtype:
-                        flags.setdefault(FLAG_OUTPUT_DTYPE, f"{_dtype_name(got['y'].dtype)} (torch.nn: {_dtype_name(base['y'].dtype)}) "
-                                                         f"for {_dtype_name(x.dtype)} input")  # fmt: skip
+                        flags.setdefault(
+                            FLAG_OUTPUT_DTYPE,
+                            f"{_dtype_name(got['y'].dtype)} (torch.nn: {_dtype_name(base['y'].dtype)}) "
+                            f"for {_dtype_name(x.dtype)} input",
+                        )
                 row["cases"][case.name] = errs
             row["out_dtype"] = _dtype_name(got["y"].dtype)
             row["nondeterministic"] = repeatability(mod, hidden, width, dtype, torch_device, autocast, layout, gen)
             if FLAG_OUTPUT_DTYPE in row["flags"] and semantics in ALT_SEMANTICS:
-                row["blocks"] = blocks(mod, base_mod, semantics, hidden, dtype, param_dtype, torch_device, autocast,
-                                       params64, eps, layout, base_layout, gen)  # fmt: skip
+                row["blocks"] = blocks(
+                    mod,
+                    base_mod,
+                    semantics,
+                    hidden,
+                    dtype,
+                    param_dtype,
+                    torch_device,
+                    autocast,
+                    params64,
+                    eps,
+                    layout,
+                    base_layout,
+                    gen,
+                )
             row["seconds"] = time.perf_counter() - t_build
-            row["twin"] = _twin_check(cand, slot, mod, canonical, torch_device, param_dtype, dtype, autocast, gen, layout)
+            row["twin"] = _twin_check(
+                cand, slot, mod, canonical, torch_device, param_dtype, dtype, autocast, gen, layout
+            )
         except Exception as exc:
             row["exception"] = f"{type(exc).__name__}: {exc}"
             row["traceback"] = traceback.format_exc(limit=6)[-2000:]
     return result
 
 
-def _twin_check(cand, slot, mod, canonical, device, param_dtype, dtype, autocast, gen, layout: Layout) -> dict[str, Any]:
+def _twin_check(
+    cand, slot, mod, canonical, device, param_dtype, dtype, autocast, gen, layout: Layout
+) -> dict[str, Any]:
     """Does the candidate's state dict load into its torch.nn twin through the layout's migration,
     and do they then agree?"""
     from kernel_lock.checkpoint import migrate_module_state, parse_rule
 
     if not cand.twin_target:
         return {"state_dict": "incompatible", "reason": "no twin declared"}
-    twin_cand = Candidate("twin", (slot,), cand.semantics, cand.twin_target, args=cand.args if cand.args != ("$hidden",)
-                          else ("$normalized_shape",), kwargs=cand.twin_kwargs)  # fmt: skip
+    twin_cand = Candidate(
+        "twin",
+        (slot,),
+        cand.semantics,
+        cand.twin_target,
+        args=cand.args if cand.args != ("$hidden",) else ("$normalized_shape",),
+        kwargs=cand.twin_kwargs,
+    )
     twin = build(twin_cand, canonical, device, param_dtype)
     rules = [parse_rule(r) for r in layout.rules]
     migrated = migrate_module_state(mod.state_dict(), [r for r in rules if r is not None])
@@ -477,5 +553,8 @@ def try_once(cand: Candidate, slot: str, device: str) -> dict[str, Any]:
         x = torch.randn(4, 64, device=torch_device)
         mod(x).sum().backward()
     except Exception as exc:
-        return {"ran": False, "error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:500]}
+        return {
+            "ran": False,
+            "error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:500],
+        }
     return {"ran": True}

@@ -35,10 +35,13 @@ def safe(value: Any) -> str:
     """``value`` as text for a rich console: control characters shown as escapes (no terminal
     sequence from a file ever reaches the terminal) and rich markup escaped (``[/bold]`` in a lock
     is printed, not interpreted). Every string that comes from a file or a library goes through this."""
-    text = _CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), str(value))
     from rich.markup import escape
 
-    return escape(text)
+    return escape(_controls_escaped(str(value)))
+
+
+def _controls_escaped(text: str) -> str:
+    return _CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), text)
 
 
 def table(title: str | None = None, **options: Any):
@@ -60,8 +63,11 @@ def print_table(tbl: Any, *, stderr: bool = False) -> None:
     con = console(stderr)
     for column in tbl.columns:  # a wrapping column is at least as wide as its longest word
         if not column.no_wrap:
-            words = [w for cell in column.cells for w in (Text.from_markup(cell).plain if isinstance(cell, str)
-                                                           else str(cell)).split()]  # fmt: skip
+            words = [
+                w
+                for cell in column.cells
+                for w in (Text.from_markup(cell).plain if isinstance(cell, str) else str(cell)).split()
+            ]
             column.min_width = max([column.min_width or 0, *(len(w) for w in words)])
     need = Measurement.get(con, con.options.update(width=100_000), tbl).minimum
     width = con.width
@@ -91,4 +97,12 @@ def warn(message: str) -> None:
 
 
 def info(message: str) -> None:
-    console(stderr=True).print(_lines(message))
+    """A plain line on stderr, written without rich (the warm path of a job start prints one line and
+    must not pay for importing rich); control characters are shown as escapes, as ``safe`` does."""
+    sys.stderr.write(plain(message) + "\n")
+    sys.stderr.flush()
+
+
+def plain(value: Any) -> str:
+    """``value`` as text for a plain stream: each line's control characters shown as escapes."""
+    return "\n".join(_controls_escaped(line) for line in str(value).split("\n"))

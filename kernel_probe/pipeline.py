@@ -17,23 +17,25 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import kernel_lock
 from kernel_lock.errors import LockError, LockMismatch
 from kernel_lock.slots import PRECISIONS, SLOTS
 
-from .candidates import Candidate
-from .checker import CHECK_TIMEOUT, IMPORT_TIMEOUT, Report
-from .choose import Choice
 from .errors import ForcedUnusable, InputFileError, StaleLock, UsageError
-from .protocol import TimeRequest, TimingProgressMessage
+from .limits import CHECK_TIMEOUT, IMPORT_TIMEOUT, TIMING_TIMEOUT
 from .shapes import parse_shape
+
+if TYPE_CHECKING:  # the warm path (a current lock) imports none of the probe's machinery
+    from .candidates import Candidate
+    from .checker import Report
+    from .choose import Choice
+    from .protocol import TimingProgressMessage
 
 DEFAULT_SHAPES = {"gpu": ("40320x1024", "542080x1024"), "cpu": ("2048x1024",)}
 DEFAULT_REPS = {"gpu": 20, "cpu": 5}
 DEFAULT_PRECISION = "bf16-mixed"
-TIMING_TIMEOUT = 600.0  # seconds one candidate's timing at every shape may take (it passed its checks already)
 CPU_LARGE_ELEMENTS = 16 * 1024 * 1024  # 8x the CPU default shape: beyond it, timing on a CPU takes minutes
 
 
@@ -137,13 +139,22 @@ def large_shape_warning(device_type: str, shapes: Sequence[str], reps: int) -> s
     large = [s for s in shapes if parse_shape(s)[0] * parse_shape(s)[1] > CPU_LARGE_ELEMENTS]
     if not large:
         return None
-    return (f"{', '.join(large)} {'is a GPU-sized shape' if len(large) == 1 else 'are GPU-sized shapes'}: on a CPU, "
-            f"timing every accepted candidate ({reps} repetitions, plus warm-up) can take minutes; progress follows "
-            f"per shape and repetition. For a CPU lock use the CPU default ({DEFAULT_SHAPES['cpu'][0]}: drop --shape), "
-            "or lower --reps")  # fmt: skip
+    return (
+        f"{', '.join(large)} {'is a GPU-sized shape' if len(large) == 1 else 'are GPU-sized shapes'}: on a CPU, "
+        f"timing every accepted candidate ({reps} repetitions, plus warm-up) can take minutes; progress follows "
+        f"per shape and repetition. For a CPU lock use the CPU default ({DEFAULT_SHAPES['cpu'][0]}: drop --shape), "
+        "or lower --reps"
+    )
 
 
 def detect_device() -> dict[str, Any]:
+    """This machine's device facts (``fingerprint.device_facts``): read without torch where every one
+    of them can be (``kernel_lock.torchless``), else from torch."""
+    from kernel_lock import torchless
+
+    facts = torchless.device()
+    if facts is not None:
+        return facts
     import torch
 
     from kernel_lock.fingerprint import device_facts
@@ -176,10 +187,12 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
     slots = tuple(request.slots) or SLOTS
     device = detect_device()
     profile, matched = _apply_profile(request, device, events)
-    candidates, problems = gather_candidates(request.candidates, list(profile.candidates) if profile else [],
-                                             plugins=request.plugins)  # fmt: skip
-    check_forced(request.pins, request.prefers, slots, candidates, device, profile=profile,
-                 with_compile=request.with_compile)  # fmt: skip
+    candidates, problems = gather_candidates(
+        request.candidates, list(profile.candidates) if profile else [], plugins=request.plugins
+    )
+    check_forced(
+        request.pins, request.prefers, slots, candidates, device, profile=profile, with_compile=request.with_compile
+    )
     kind = "cpu" if device["type"] == "cpu" else "gpu"
     if request.shapes:
         shapes, shapes_from = tuple(request.shapes), ""
@@ -190,24 +203,43 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
     precision = request.precision or (profile.precision if profile and profile.precision else DEFAULT_PRECISION)
     deterministic = request.deterministic or bool(profile and profile.deterministic)
     inputs = {
-        "precision": precision, "shapes": list(shapes), "slots": list(slots), "pins": dict(request.pins),
-        "prefers": dict(request.prefers), "candidates": sorted(f"{c.id}={c.target}" for c in candidates),
-        "with_compile": request.with_compile, "profile": profile.digest if profile else None,
-        "deterministic": deterministic, "allow_init_change": request.allow_init_change,
+        "precision": precision,
+        "shapes": list(shapes),
+        "slots": list(slots),
+        "pins": dict(request.pins),
+        "prefers": dict(request.prefers),
+        "candidates": sorted(f"{c.id}={c.target}" for c in candidates),
+        "with_compile": request.with_compile,
+        "profile": profile.digest if profile else None,
+        "deterministic": deterministic,
+        "allow_init_change": request.allow_init_change,
         "strict_dtype": request.strict_dtype,
-    }  # fmt: skip
+    }
     from .lockwrite import inputs_digest, trusted_roots
 
-    return Plan(request, device, profile, matched, tuple(candidates), tuple(problems), slots, shapes, shapes_from,
-                precision, request.reps or DEFAULT_REPS[kind], deterministic, inputs_digest(inputs),
-                trusted_roots(candidates))  # fmt: skip
+    return Plan(
+        request,
+        device,
+        profile,
+        matched,
+        tuple(candidates),
+        tuple(problems),
+        slots,
+        shapes,
+        shapes_from,
+        precision,
+        request.reps or DEFAULT_REPS[kind],
+        deterministic,
+        inputs_digest(inputs),
+        trusted_roots(candidates),
+    )
 
 
 def _apply_profile(request: ProbeRequest, device: Mapping[str, Any], events: Events):
     """Load the profile (or auto-detect it), enforce its requirements (exit 4 on unmet)."""
     if not request.profile:
         return None, ""
-    from kernel_lock import fingerprint
+    from kernel_lock import torchless
 
     from . import profiles
 
@@ -220,41 +252,61 @@ def _apply_profile(request: ProbeRequest, device: Mapping[str, Any], events: Eve
     if request.profile == "auto":
         events.note(f"profile auto: {profile.name} (matched {matched})")
     libs = profiles.library_facts(profiles.required_libraries(profile))
-    for warning in profiles.enforce(profile, fingerprint.current(), libs):
+    for warning in profiles.enforce(profile, torchless.current(), libs):
         events.warn(warning)
     return profile, matched
 
 
-def check_forced(pins: Mapping[str, str], prefers: Mapping[str, str], slots: Sequence[str], candidates: Sequence[Candidate],
-                 device: Mapping[str, Any], *, profile: Any = None, with_compile: bool = False) -> None:  # fmt: skip
+def check_forced(
+    pins: Mapping[str, str],
+    prefers: Mapping[str, str],
+    slots: Sequence[str],
+    candidates: Sequence[Candidate],
+    device: Mapping[str, Any],
+    *,
+    profile: Any = None,
+    with_compile: bool = False,
+) -> None:
     """Every --pin/--prefer checked before any work: the slot is probed, the id is a candidate of it
     (exit 2), the profile allows it (exit 2), and it can run here as far as is known without importing
     it (exit 3, with the reason and how to install it)."""
     from .candidates import for_slot
-    from .checker import static_problem
 
     for flag, forced in (("--pin", pins), ("--prefer", prefers)):
         for slot, cid in forced.items():
             said = f"{flag} {slot}={cid}"
             if slot not in slots:
-                raise UsageError(f"{said}: but --slot limits this probe to {', '.join(slots)}",
-                                 fix=f"add --slot {slot}, or drop {said}")  # fmt: skip
+                raise UsageError(
+                    f"{said}: but --slot limits this probe to {', '.join(slots)}",
+                    fix=f"add --slot {slot}, or drop {said}",
+                )
             ids = [c.id for c in for_slot(candidates, slot)]
             if cid not in ids:
-                raise UsageError(f"{said}: {cid!r} is not a candidate for {slot} (known: {', '.join(ids)})",
-                                 fix=f"use one of those ids, or offer your own class with --candidate {slot}=module.Class")  # fmt: skip
+                raise UsageError(
+                    f"{said}: {cid!r} is not a candidate for {slot} (known: {', '.join(ids)})",
+                    fix=f"use one of those ids, or offer your own class with --candidate {slot}=module.Class",
+                )
             sp = profile.slots.get(slot) if profile else None
             if sp is not None and sp.allowed and cid not in sp.allowed:
-                raise UsageError(f"{said}: profile {profile.name} does not allow it for {slot} "
-                                 f"(allowed: {', '.join(sp.allowed)})",
-                                 fix=f"drop {said}, or use a profile that allows it")  # fmt: skip
+                raise UsageError(
+                    f"{said}: profile {profile.name} does not allow it for {slot} (allowed: {', '.join(sp.allowed)})",
+                    fix=f"drop {said}, or use a profile that allows it",
+                )
+            from .checker import static_problem  # only when something is forced: the checker is not light
+
             cand = next(c for c in for_slot(candidates, slot) if c.id == cid)
             problem = static_problem(cand, slot, device["type"], device.get("arch") or "", with_compile=with_compile)
             if problem:
                 status, reason = problem
-                fix = "add --with-compile" if status == "skipped" else f"drop {said}, or run on a machine where it can run"
-                raise ForcedUnusable(f"{said}: the candidate is {status} on this machine: {reason}",
-                                     fix=fix + "; a pinned or preferred kernel is never silently replaced")  # fmt: skip
+                fix = (
+                    "add --with-compile"
+                    if status == "skipped"
+                    else f"drop {said}, or run on a machine where it can run"
+                )
+                raise ForcedUnusable(
+                    f"{said}: the candidate is {status} on this machine: {reason}",
+                    fix=fix + "; a pinned or preferred kernel is never silently replaced",
+                )
 
 
 def reusable(path: Path, digest: str, trust: Sequence[str] = ()) -> tuple[kernel_lock.KernelLock | None, str]:
@@ -267,11 +319,18 @@ def reusable(path: Path, digest: str, trust: Sequence[str] = ()) -> tuple[kernel
     try:
         lock = kernel_lock.load(path, emit_warnings=False, trust=tuple(trust))
     except LockError as exc:
-        raise InputFileError(f"the existing lock is not valid: {exc.problem}", path=str(path), key=exc.key,
-                             fix="re-run with --force to replace it (nothing was overwritten)") from None  # fmt: skip
+        raise InputFileError(
+            f"the existing lock is not valid: {exc.problem}",
+            path=str(path),
+            key=exc.key,
+            fix="re-run with --force to replace it (nothing was overwritten)",
+        ) from None
     if not lock.intact:
-        raise InputFileError("the existing lock was edited by hand (its digest does not match)", path=str(path),
-                             fix="re-run with --force to replace it, or accept the edit with `kernel-probe rehash`")  # fmt: skip
+        raise InputFileError(
+            "the existing lock was edited by hand (its digest does not match)",
+            path=str(path),
+            fix="re-run with --force to replace it, or accept the edit with `kernel-probe rehash`",
+        )
     if lock.provenance.get("inputs") != digest:
         return None, "it was probed with other options (shapes, precision, candidates, pins or profile)"
     try:
@@ -296,11 +355,15 @@ def run(request: ProbeRequest, events: Events | None = None) -> ProbeResult:
         if lock is not None:
             return ProbeResult(out, lock, True, p, seconds=time.perf_counter() - t_start)
         if request.check_only:
-            raise StaleLock(f"{out} is stale or missing: {why}", fix="run `kernel-probe` (without --check) to probe and write it")
+            raise StaleLock(
+                f"{out} is stale or missing: {why}", fix="run `kernel-probe` (without --check) to probe and write it"
+            )
     with exclusive(out, request.lock_timeout) as locked:
         if not locked:
-            events.warn(f"{out.parent}: this file system does not do file locks, so concurrent probes of {out.name} are "
-                        "not kept apart (each write stays atomic: a reader sees one whole lock)")  # fmt: skip
+            events.warn(
+                f"{out.parent}: this file system does not do file locks, so concurrent probes of {out.name} are "
+                "not kept apart (each write stays atomic: a reader sees one whole lock)"
+            )
         if not request.force:  # another rank may have written it while we waited
             lock, _ = reusable(out, p.digest, p.trust)
             if lock is not None:
@@ -331,8 +394,15 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     policy = Policy(allow_init_change=p.request.allow_init_change, strict_dtype=p.request.strict_dtype)
     per_slot = {s: for_slot(p.candidates, s) for s in p.slots}
     total = sum(len(v) for v in per_slot.values())
-    result = ProbeResult(p.request.out, None, False, p, reports={s: [] for s in p.slots},  # type: ignore[arg-type]
-                         timings={s: {} for s in p.slots})  # fmt: skip
+    # lock: None only while probing; build_lock sets it below, so a returned ProbeResult always has one
+    result = ProbeResult(
+        p.request.out,
+        None,  # type: ignore[arg-type]
+        False,
+        p,
+        reports={s: [] for s in p.slots},
+        timings={s: {} for s in p.slots},
+    )
     from .worker import WorkerPool
 
     events.begin(total)
@@ -348,41 +418,82 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     finally:
         events.done()
     result.choices = choose_all(p, result.reports, result.timings)
-    provenance: dict[str, Any] = {"inputs": p.digest, "command": p.request.command, "shapes": list(p.shapes),
-                                  "check-seconds": round(result.check_seconds, 2),
-                                  "time-seconds": round(result.time_seconds, 2)}  # fmt: skip
+    provenance: dict[str, Any] = {
+        "inputs": p.digest,
+        "command": p.request.command,
+        "shapes": list(p.shapes),
+        "check-seconds": round(result.check_seconds, 2),
+        "time-seconds": round(result.time_seconds, 2),
+    }
     if p.deterministic:
         provenance["deterministic"] = True
-    result.lock = build_lock(result.choices, result.reports, result.timings, fingerprint.current(), precision=p.precision,
-                             provenance=provenance, profile=p.profile.lock_record(p.matched) if p.profile else None)  # fmt: skip
+    result.lock = build_lock(
+        result.choices,
+        result.reports,
+        result.timings,
+        fingerprint.current(),
+        precision=p.precision,
+        provenance=provenance,
+        profile=p.profile.lock_record(p.matched) if p.profile else None,
+    )
     return result
 
 
-def _check_and_time(p: Plan, pool, cand: Candidate, slot: str, rows, policy, result: ProbeResult, events: Events) -> Report:
+def _check_and_time(
+    p: Plan, pool, cand: Candidate, slot: str, rows, policy, result: ProbeResult, events: Events
+) -> Report:
     """One candidate checked, then (if accepted) timed, in the same worker: torch's, or the library's own."""
-    from .checker import check_candidate
+    from .checker import Report, check_candidate
+    from .protocol import TimeRequest
     from .worker import WorkerDied
 
     device = p.device["type"]
     allowed = p.profile.slots[slot].allowed if p.profile and slot in p.profile.slots else ()
     if allowed and cand.id not in allowed:
-        return Report(cand.id, cand.target, slot, cand.semantics, device, "skipped",
-                      [f"not allowed by profile {p.profile.name}"], source=cand.source, candidate=cand)  # fmt: skip
+        return Report(
+            cand.id,
+            cand.target,
+            slot,
+            cand.semantics,
+            device,
+            "skipped",
+            [f"not allowed by profile {p.profile.name}"],
+            source=cand.source,
+            candidate=cand,
+        )
     with pool.worker_for(cand) as worker:
         t0 = time.perf_counter()
-        r = check_candidate(cand, slot, device, rows, worker, arch=p.device["arch"], timeout=p.request.timeout,
-                            import_timeout=p.request.import_timeout, with_compile=p.request.with_compile,
-                            policy=policy)  # fmt: skip
+        r = check_candidate(
+            cand,
+            slot,
+            device,
+            rows,
+            worker,
+            arch=p.device["arch"],
+            timeout=p.request.timeout,
+            import_timeout=p.request.import_timeout,
+            with_compile=p.request.with_compile,
+            policy=policy,
+        )
         t1 = time.perf_counter()
         result.check_seconds += t1 - t0
         if r.status != "accepted":
             return r
         events.timing(slot, cand.id, p.shapes, None)
-        request = TimeRequest(candidate=cand, slot=slot, device=device, shapes=tuple(p.shapes), dtype=p.dtype,
-                              regime=p.regime, progress=True,
-                              options={"reps": p.reps, "warmup": min(3, p.reps), "min_seconds": 0.2 if device != "cpu" else 0.0})  # fmt: skip
+        request = TimeRequest(
+            candidate=cand,
+            slot=slot,
+            device=device,
+            shapes=tuple(p.shapes),
+            dtype=p.dtype,
+            regime=p.regime,
+            progress=True,
+            options={"reps": p.reps, "warmup": min(3, p.reps), "min_seconds": 0.2 if device != "cpu" else 0.0},
+        )
         try:
-            reply = worker.call(request, TIMING_TIMEOUT, on_progress=lambda m: events.timing(slot, cand.id, p.shapes, m))
+            reply = worker.call(
+                request, TIMING_TIMEOUT, on_progress=lambda m: events.timing(slot, cand.id, p.shapes, m)
+            )
             if reply.tampered:
                 r.status = "rejected"
                 r.reasons = [f"while timing it replaced torch's own {', '.join(reply.tampered)}"] + r.reasons
@@ -394,7 +505,9 @@ def _check_and_time(p: Plan, pool, cand: Candidate, slot: str, rows, policy, res
     return r
 
 
-def choose_all(p: Plan, reports: Mapping[str, list[Report]], timings: Mapping[str, Mapping[str, list]]) -> dict[str, Choice]:
+def choose_all(
+    p: Plan, reports: Mapping[str, list[Report]], timings: Mapping[str, Mapping[str, list]]
+) -> dict[str, Choice]:
     """Per slot: the command line's pin/prefer, else the profile's policy, else the rule (choose.py)."""
     from .candidates import default_for
     from .choose import choose
@@ -402,11 +515,20 @@ def choose_all(p: Plan, reports: Mapping[str, list[Report]], timings: Mapping[st
     choices = {}
     for slot in p.slots:
         sp = p.profile.slots.get(slot) if p.profile else None
-        common = dict(deterministic=p.deterministic)
         if slot in p.request.pins or slot in p.request.prefers or sp is None:
             forced: dict[str, Any] = dict(pin=p.request.pins.get(slot), prefer=p.request.prefers.get(slot))
         else:
-            forced = dict(pin=sp.pin, prefer=list(sp.preferred), origin=f"profile {p.profile.name}", strict_prefer=False)
-        choices[slot] = choose(slot, reports[slot], dict(timings[slot]), list(p.shapes), p.dtype, default_for(slot).id,
-                               **forced, **common)  # fmt: skip
+            forced = dict(
+                pin=sp.pin, prefer=list(sp.preferred), origin=f"profile {p.profile.name}", strict_prefer=False
+            )
+        choices[slot] = choose(
+            slot,
+            reports[slot],
+            dict(timings[slot]),
+            list(p.shapes),
+            p.dtype,
+            default_for(slot).id,
+            deterministic=p.deterministic,
+            **forced,
+        )
     return choices

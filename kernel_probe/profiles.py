@@ -71,11 +71,32 @@ class _P(TableReader):
     error = ProfileError
 
 
-_TOP = ("profile-version", "name", "description", "sources", "unknown", "detect", "requires", "policy", "candidate",
-        "strictness")  # fmt: skip
+_TOP = (
+    "profile-version",
+    "name",
+    "description",
+    "sources",
+    "unknown",
+    "detect",
+    "requires",
+    "policy",
+    "candidate",
+    "strictness",
+)
 _DETECT = ("env", "files", "hostname", "slurm-cluster", "slurm-partition", "device")
-_REQUIRES = ("device-type", "device-vendor", "device-arch", "min-device-count", "arch", "torch", "torch-cuda",
-             "torch-hip", "driver", "libraries", "forbidden")  # fmt: skip
+_REQUIRES = (
+    "device-type",
+    "device-vendor",
+    "device-arch",
+    "min-device-count",
+    "arch",
+    "torch",
+    "torch-cuda",
+    "torch-hip",
+    "driver",
+    "libraries",
+    "forbidden",
+)
 _POLICY = ("precision", "shapes", "deterministic", *SLOTS)
 _SLOT_POLICY = ("allowed", "preferred", "pin")
 
@@ -89,7 +110,9 @@ def parse(text: str, path: str) -> Profile:
     p.no_unknown(d, _TOP, "")
     version = p.string(d, "profile-version", "", required=True)
     if version != PROFILE_VERSION:
-        raise p.err("profile-version", f"unsupported profile-version {version!r} (this kernel-probe reads {PROFILE_VERSION!r})")
+        raise p.err(
+            "profile-version", f"unsupported profile-version {version!r} (this kernel-probe reads {PROFILE_VERSION!r})"
+        )
     name = p.string(d, "name", "", required=True)
     if not re.match(r"^[a-z0-9][a-z0-9._-]*$", name):
         raise p.err("name", f"{name!r}: use lower-case letters, digits, '.', '_' and '-'")
@@ -121,8 +144,11 @@ def parse(text: str, path: str) -> Profile:
             if at:
                 known = variants_of(base)
                 if variant not in known:
-                    raise p.err(f"requires.{key}.{lib}", f"{variant!r} is not a known variant of {base}",
-                                fix=f"known variants: {', '.join(known) or 'none'} (kernel_probe/detect/libraries.py)")  # fmt: skip
+                    raise p.err(
+                        f"requires.{key}.{lib}",
+                        f"{variant!r} is not a known variant of {base}",
+                        fix=f"known variants: {', '.join(known) or 'none'} (kernel_probe/detect/libraries.py)",
+                    )
     declared = read_candidates(p, d, source=f"profile:{name}", reserved={b.id for b in BUILTIN})
     known_ids = {c.id: c for c in (*BUILTIN, *declared)}
     policy = p.table(d, "policy", _POLICY, "")
@@ -151,9 +177,12 @@ def parse(text: str, path: str) -> Profile:
             for cid in ids:
                 cand = known_ids.get(cid)
                 if cand is None:
-                    raise p.err(f"policy.{slot}.{key}", f"unknown candidate id {cid!r}",
-                                fix="use an id from `kernel-probe check` (e.g. torch.layer_norm, liger.rms_norm) "
-                                "or declare it in a [[candidate]] table")  # fmt: skip
+                    raise p.err(
+                        f"policy.{slot}.{key}",
+                        f"unknown candidate id {cid!r}",
+                        fix="use an id from `kernel-probe check` (e.g. torch.layer_norm, liger.rms_norm) "
+                        "or declare it in a [[candidate]] table",
+                    )
                 if slot not in cand.slots:
                     raise p.err(f"policy.{slot}.{key}", f"candidate {cid!r} is for {', '.join(cand.slots)}, not {slot}")
         if allowed:
@@ -199,7 +228,9 @@ def load_file(path: str | os.PathLike[str]) -> Profile:
     try:
         text = read_regular(p, MAX_BYTES).decode("utf-8")
     except FileNotFoundError:
-        raise ProfileError("no such file", path=str(p), fix="check the path, or use `kernel-probe profiles list`") from None
+        raise ProfileError(
+            "no such file", path=str(p), fix="check the path, or use `kernel-probe profiles list`"
+        ) from None
     except UnsafeFile as exc:
         fix = "pass a .toml file, or use --profiles-dir" if "directory" in exc.problem else exc.fix
         raise ProfileError(exc.problem, path=str(p), fix=fix or None) from None
@@ -267,15 +298,22 @@ def resolve(spec: str, extra: Iterable[str] = ()) -> Profile:
         named = [e for e in broken if Path(e.path or "").stem == spec]
         if named:
             raise named[0]  # the profile asked for is the broken one: say why
-        raise UsageError(f"unknown profile {spec!r}; available: {', '.join(sorted(profiles)) or 'none'}"
-                         " (or pass a path to a .toml file)"
-                         + (f"; {len(broken)} profile file(s) are broken: `kernel-probe profiles list` names them" if broken else ""))  # fmt: skip
+        raise UsageError(
+            f"unknown profile {spec!r}; available: {', '.join(sorted(profiles)) or 'none'}"
+            " (or pass a path to a .toml file)"
+            + (f"; {len(broken)} profile file(s) are broken: `kernel-probe profiles list` names them" if broken else "")
+        )
     return profiles[spec]
 
 
 # ---- detection ----------------------------------------------------------------------------------
-def signals_matched(profile: Profile, site: Mapping[str, Any], device: Mapping[str, Any],
-                    env: Mapping[str, str] | None = None, read_file=None) -> list[tuple[int, str]]:  # fmt: skip
+def signals_matched(
+    profile: Profile,
+    site: Mapping[str, Any],
+    device: Mapping[str, Any],
+    env: Mapping[str, str] | None = None,
+    read_file=None,
+) -> list[tuple[int, str]]:
     """Every detect signal of ``profile`` that matches, as (strength, description)."""
     env = os.environ if env is None else env
     det = profile.detect
@@ -306,8 +344,13 @@ def signals_matched(profile: Profile, site: Mapping[str, Any], device: Mapping[s
     return sorted(hits, reverse=True)
 
 
-def auto_detect(profiles: Iterable[Profile], site: Mapping[str, Any], device: Mapping[str, Any],
-                env: Mapping[str, str] | None = None, read_file=None) -> tuple[Profile | None, str, list[str]]:  # fmt: skip
+def auto_detect(
+    profiles: Iterable[Profile],
+    site: Mapping[str, Any],
+    device: Mapping[str, Any],
+    env: Mapping[str, str] | None = None,
+    read_file=None,
+) -> tuple[Profile | None, str, list[str]]:
     """(profile, the signal that matched, notes). None when nothing matched. Ambiguity is an error."""
     scored = []
     for prof in profiles:
@@ -321,8 +364,10 @@ def auto_detect(profiles: Iterable[Profile], site: Mapping[str, Any], device: Ma
     rivals = [s for s in scored[1:] if s[0] == best[0] and s[1] == best[1]]
     if rivals:
         names = ", ".join(p.name for _, _, p, _ in [best, *rivals])
-        raise ProfileUnmet(f"--profile auto is ambiguous: {names} match equally well ({best[3][0][1]})",
-                           fix="name the profile with --profile NAME")  # fmt: skip
+        raise ProfileUnmet(
+            f"--profile auto is ambiguous: {names} match equally well ({best[3][0][1]})",
+            fix="name the profile with --profile NAME",
+        )
     notes = [f"{p.name} also matched ({h[0][1]}), more weakly" for _, _, p, h in scored[1:]]
     return best[2], best[3][0][1], notes
 
@@ -427,16 +472,24 @@ def library_facts(keys: Iterable[str]) -> dict[str, str | None]:
         version = next(iter(located.distributions.values()), None) if located.installed else None
         if located.installed and version is None:
             version = "unknown (no distribution metadata)"  # importable, e.g. a source build on the path
-        if located.variant is not None and (not located.variant.usable or (at and located.variant.key != variant)):
-            version = None
-        elif at and located.variant is None:
+        if (
+            located.variant is not None
+            and (not located.variant.usable or (at and located.variant.key != variant))
+            or at
+            and located.variant is None
+        ):
             version = None
         out[key] = version
     return out
 
 
-def choose(spec: str, extra: Iterable[str], device: Mapping[str, Any], site: Mapping[str, Any] | None = None,
-           env: Mapping[str, str] | None = None) -> tuple[Profile | None, str, list[str]]:  # fmt: skip
+def choose(
+    spec: str,
+    extra: Iterable[str],
+    device: Mapping[str, Any],
+    site: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> tuple[Profile | None, str, list[str]]:
     """The profile ``--profile NAME|PATH|auto`` names, how it was chosen, and notes to show."""
     if spec != "auto":
         return resolve(spec, extra), "explicit (--profile)", []

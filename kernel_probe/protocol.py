@@ -78,9 +78,12 @@ class Message:
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(str(k) for k in data if k not in known and k not in cls._envelope())
         if unknown:
-            raise ProtocolError(f"{name}: unknown key(s) {', '.join(map(repr, unknown))} "
-                                f"(known: {', '.join(known) or 'none'})")  # fmt: skip
-        missing = [k for k, f in known.items() if k not in data and f.default is MISSING and f.default_factory is MISSING]
+            raise ProtocolError(
+                f"{name}: unknown key(s) {', '.join(map(repr, unknown))} (known: {', '.join(known) or 'none'})"
+            )
+        missing = [
+            k for k, f in known.items() if k not in data and f.default is MISSING and f.default_factory is MISSING
+        ]
         if missing:
             raise ProtocolError(f"{name}: missing key(s) {', '.join(map(repr, missing))}")
         kwargs = {}
@@ -295,8 +298,9 @@ class CandidateRequest(Request[R]):
 class CheckRequest(CandidateRequest[CheckReply], op="check", reply=CheckReply):
     """The correctness checks (``measure.check``) of one candidate for ``slot`` at each (dtype, regime)."""
 
-    dtypes: tuple[tuple[str, str], ...] = field(metadata={"json": (lambda d: [list(p) for p in d],
-                                                                   lambda d: tuple(tuple(p) for p in d))})  # fmt: skip
+    dtypes: tuple[tuple[str, str], ...] = field(
+        metadata={"json": (lambda d: [list(p) for p in d], lambda d: tuple(tuple(p) for p in d))}
+    )
     canonical: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     hidden: int | None = None  # None: measure.CHECK_HIDDEN
@@ -315,7 +319,6 @@ class TimeRequest(CandidateRequest[TimeReply], op="time", reply=TimeReply):
     shapes: tuple[str, ...] = field(metadata={"json": (list, tuple)})
     dtype: str
     regime: str
-    canonical: dict[str, Any] | None = None
     options: dict[str, Any] = field(default_factory=dict)
     progress: bool = False
 

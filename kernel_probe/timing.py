@@ -56,7 +56,9 @@ class _Clock:
             torch.cuda.synchronize()
 
 
-def _repeat(clock: _Clock, fn, opts: Mapping[str, Any], tick: Callable[[str, int, int], None] | None = None) -> list[float]:
+def _repeat(
+    clock: _Clock, fn, opts: Mapping[str, Any], tick: Callable[[str, int, int], None] | None = None
+) -> list[float]:
     """Warm-up calls, then timed repetitions; ``tick(phase, done, total)`` after each call."""
     warmup, reps = int(opts["warmup"]), int(opts["reps"])
     for i in range(warmup):
@@ -104,16 +106,26 @@ def copy_bandwidth(device: str, nbytes: int, opts: Mapping[str, Any]) -> float:
     return 2 * n * 4 / statistics.median(samples) / 1e9
 
 
-def _time_shape(cand: Candidate, slot: str, device: str, shape: str, dtype, mixed: bool,
-                canonical_overrides: Mapping[str, Any] | None, opts: Mapping[str, Any], clock: _Clock,
-                copy_cache: dict[int, float], tick: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:  # fmt: skip
+def _time_shape(
+    cand: Candidate,
+    slot: str,
+    device: str,
+    shape: str,
+    dtype,
+    mixed: bool,
+    opts: Mapping[str, Any],
+    clock: _Clock,
+    copy_cache: dict[int, float],
+    tick: Callable[[str, int, int], None] | None = None,
+) -> dict[str, Any]:
     """Forward+backward timing of one candidate at one shape; its buffers are freed on return."""
     torch_device = "cuda" if device == "rocm" else device
     param_dtype = torch.float32 if mixed else dtype
     rows, hidden, out = parse_shape(shape)
     out = out or hidden
-    canonical = canonical_for(slot, hidden=hidden, out_features=out, device=torch_device,
-                              param_dtype=str(param_dtype).replace("torch.", ""), overrides=canonical_overrides)  # fmt: skip
+    canonical = canonical_for(
+        slot, hidden=hidden, out_features=out, device=torch_device, param_dtype=str(param_dtype).replace("torch.", "")
+    )
     module = build(cand, canonical, torch_device, param_dtype)
     width_out = out if cand.semantics == "linear" else hidden
     per_input = rows * hidden * dtype.itemsize
@@ -160,16 +172,26 @@ def _time_shape(cand: Candidate, slot: str, device: str, shape: str, dtype, mixe
     return row
 
 
-def progress_message(shape: str, index: int, of: int, phase: str, done: int, total: int, seconds: float) -> TimingProgressMessage:
+def progress_message(
+    shape: str, index: int, of: int, phase: str, done: int, total: int, seconds: float
+) -> TimingProgressMessage:
     """The progress message a timing worker sends before its reply: shape ``index`` of ``of``,
     ``phase`` (first call, warm-up, rep) ``done`` of ``total``, ``seconds`` spent on this shape."""
-    return TimingProgressMessage(shape=shape, index=index, of=of, phase=phase, done=done, total=total,
-                                 seconds=round(seconds, 3))  # fmt: skip
+    return TimingProgressMessage(
+        shape=shape, index=index, of=of, phase=phase, done=done, total=total, seconds=round(seconds, 3)
+    )
 
 
-def time_candidate(cand: Candidate, slot: str, device: str, shapes: list[str], dtype_name: str, regime: str,
-                   canonical_overrides: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None,
-                   progress: Callable[[TimingProgressMessage], None] | None = None) -> dict[str, Any]:  # fmt: skip
+def time_candidate(
+    cand: Candidate,
+    slot: str,
+    device: str,
+    shapes: list[str],
+    dtype_name: str,
+    regime: str,
+    options: Mapping[str, Any] | None = None,
+    progress: Callable[[TimingProgressMessage], None] | None = None,
+) -> dict[str, Any]:
     """Rows per shape; ``progress`` receives a message after each call (see ``progress_message``)."""
     opts = {**DEFAULT_OPTIONS, **(options or {})}
     torch_device = "cuda" if device == "rocm" else device
@@ -184,11 +206,13 @@ def time_candidate(cand: Candidate, slot: str, device: str, shapes: list[str], d
         if progress is not None:
             started = time.perf_counter()
 
-            def tick(phase: str, done: int, total: int, shape: str = shape, index: int = index, started: float = started) -> None:
+            def tick(
+                phase: str, done: int, total: int, shape: str = shape, index: int = index, started: float = started
+            ) -> None:
                 progress(progress_message(shape, index, len(shapes), phase, done, total, time.perf_counter() - started))
+
         try:
-            row.update(_time_shape(cand, slot, device, shape, dtype, mixed, canonical_overrides, opts, clock, copy_cache,
-                                   tick))  # fmt: skip
+            row.update(_time_shape(cand, slot, device, shape, dtype, mixed, opts, clock, copy_cache, tick))
         except Exception as exc:  # OOM at the model's shape, a kernel that refuses the size, ...
             row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:400]
         finally:

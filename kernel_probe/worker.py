@@ -62,13 +62,28 @@ CLOSE_GRACE = 5.0  # seconds a worker has to exit after its input closes
 # torch functions the float64 reference and the torch.nn baseline go through: a candidate that
 # replaces one of them (on import or while it runs) would change every other verdict in its process
 TORCH_SURFACE = (
-    "torch.nn.functional.layer_norm", "torch.nn.functional.rms_norm", "torch.nn.functional.linear",
-    "torch.layer_norm", "torch.rms_norm", "torch.rsqrt", "torch.matmul",
-    "torch.nn.LayerNorm.forward", "torch.nn.RMSNorm.forward", "torch.nn.Linear.forward",
-    "torch.nn.LayerNorm.__init__", "torch.nn.RMSNorm.__init__", "torch.nn.Linear.__init__",
-    "torch.Tensor.backward", "torch.autograd.backward", "torch.Tensor.__add__", "torch.Tensor.__mul__",
-    "torch.Tensor.__sub__", "torch.Tensor.pow", "torch.Tensor.mean", "torch.Tensor.to",
-)  # fmt: skip
+    "torch.nn.functional.layer_norm",
+    "torch.nn.functional.rms_norm",
+    "torch.nn.functional.linear",
+    "torch.layer_norm",
+    "torch.rms_norm",
+    "torch.rsqrt",
+    "torch.matmul",
+    "torch.nn.LayerNorm.forward",
+    "torch.nn.RMSNorm.forward",
+    "torch.nn.Linear.forward",
+    "torch.nn.LayerNorm.__init__",
+    "torch.nn.RMSNorm.__init__",
+    "torch.nn.Linear.__init__",
+    "torch.Tensor.backward",
+    "torch.autograd.backward",
+    "torch.Tensor.__add__",
+    "torch.Tensor.__mul__",
+    "torch.Tensor.__sub__",
+    "torch.Tensor.pow",
+    "torch.Tensor.mean",
+    "torch.Tensor.to",
+)
 
 
 class WorkerDied(Exception):
@@ -79,13 +94,24 @@ class WorkerDied(Exception):
 
 
 PING = (json.dumps(PingRequest().to_json()) + "\n").encode()
+
+
 def _spawn(env: Mapping[str, str]) -> tuple[subprocess.Popen[bytes], Any]:
     """A worker process (``child.spawn``: its own process group, dies with us, a reaper kills its
     group when it dies; the working directory stays on its path, for a local ``--candidate``),
     already asked to start up (its ping not yet read)."""
-    stderr = tempfile.TemporaryFile(mode="w+b")
-    proc = spawn("kernel_probe.worker", "serve", env=env, keep_cwd=True, reaper=True, stdin=subprocess.PIPE,
-                 stdout=subprocess.PIPE, stderr=stderr, bufsize=0)  # fmt: skip
+    stderr = tempfile.TemporaryFile(mode="w+b")  # noqa: SIM115 (open for the worker's life; closed with it)
+    proc = spawn(
+        "kernel_probe.worker",
+        "serve",
+        env=env,
+        keep_cwd=True,
+        reaper=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        bufsize=0,
+    )
     try:
         assert proc.stdin is not None
         proc.stdin.write(PING)
@@ -102,8 +128,11 @@ class Worker:
     overlapped with other work.
     """
 
-    def __init__(self, env: Mapping[str, str] | None = None,
-                 spare: Callable[[], tuple[subprocess.Popen[bytes], Any] | None] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        env: Mapping[str, str] | None = None,
+        spare: Callable[[], tuple[subprocess.Popen[bytes], Any] | None] | None = None,
+    ):
         self._env = dict(os.environ if env is None else env)
         self._spare = spare
         self._proc: subprocess.Popen[bytes] | None = None
@@ -151,8 +180,12 @@ class Worker:
         self.close()
 
     # -- calls --------------------------------------------------------------------------------
-    def call(self, request: Request[R], timeout: float = DEFAULT_TIMEOUT,
-             on_progress: Callable[[TimingProgressMessage], None] | None = None) -> R:  # fmt: skip
+    def call(
+        self,
+        request: Request[R],
+        timeout: float = DEFAULT_TIMEOUT,
+        on_progress: Callable[[TimingProgressMessage], None] | None = None,
+    ) -> R:
         """Send one request; its reply (``request.REPLY``) comes back. On crash or timeout raise
         WorkerDied (the next call gets a fresh worker). ``on_progress`` receives the worker's progress
         messages that come before the reply (a ``TimeRequest`` asks for them with ``progress=True``);
@@ -170,7 +203,7 @@ class Worker:
         self._stderr.seek(self._mark)
         data = self._stderr.read().decode("utf-8", "replace")
         self._stderr.seek(0, 2)
-        lines = [l for l in data.strip().splitlines() if l.strip()]
+        lines = [line for line in data.strip().splitlines() if line.strip()]
         return "\n".join(lines)[-limit:]
 
     def _readline(self, deadline: float) -> bytes | None:
@@ -201,8 +234,9 @@ class Worker:
         line, _, self._buffer = self._buffer.partition(b"\n")
         return line
 
-    def _call(self, request: Request[R], timeout: float,
-              on_progress: Callable[[TimingProgressMessage], None] | None = None) -> R:  # fmt: skip
+    def _call(
+        self, request: Request[R], timeout: float, on_progress: Callable[[TimingProgressMessage], None] | None = None
+    ) -> R:
         proc = self._proc
         assert proc is not None and proc.stdin is not None
         if self._stderr is not None:
@@ -230,7 +264,10 @@ class Worker:
             proc.wait()
             tail = self._stderr_tail()
             self.close()
-            raise WorkerDied("timeout", f"no answer within {timeout:g} s (killed)" + (f"; last output: {tail[-300:]}" if tail else ""))
+            raise WorkerDied(
+                "timeout",
+                f"no answer within {timeout:g} s (killed)" + (f"; last output: {tail[-300:]}" if tail else ""),
+            )
         if not line:
             try:
                 code = proc.wait(timeout=10)
@@ -312,7 +349,8 @@ class WorkerPool:
             proc.wait()
             for f in (proc.stdin, proc.stdout, stderr):
                 with contextlib.suppress(OSError, AttributeError):
-                    f.close()
+                    if f is not None:
+                        f.close()
 
     def __enter__(self) -> WorkerPool:
         return self
@@ -393,17 +431,33 @@ def _dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], Non
             return ImportReply(ok=False, kind="exception", error=f"{type(exc).__name__}: {exc}")
         return ImportReply(ok=True, seconds=time.perf_counter() - start)
     if isinstance(request, CheckRequest):
-        return CheckReply.from_json(measure.check(
-            request.candidate, request.slot, request.device, list(request.dtypes),
-            canonical_overrides=request.canonical, seed=request.seed,
-            hidden=measure.CHECK_HIDDEN if request.hidden is None else request.hidden, baseline=request.baseline,
-        ))  # fmt: skip
+        return CheckReply.from_json(
+            measure.check(
+                request.candidate,
+                request.slot,
+                request.device,
+                list(request.dtypes),
+                canonical_overrides=request.canonical,
+                seed=request.seed,
+                hidden=measure.CHECK_HIDDEN if request.hidden is None else request.hidden,
+                baseline=request.baseline,
+            )
+        )
     if isinstance(request, TryRequest):
         return TryReply.from_json(measure.try_once(request.candidate, request.slot, request.device))
     if isinstance(request, TimeRequest):
         from . import timing
 
-        return TimeReply.from_json(timing.time_candidate(
-            request.candidate, request.slot, request.device, list(request.shapes), request.dtype, request.regime,
-            request.canonical, request.options, progress=emit if request.progress else None))  # fmt: skip
+        return TimeReply.from_json(
+            timing.time_candidate(
+                request.candidate,
+                request.slot,
+                request.device,
+                list(request.shapes),
+                request.dtype,
+                request.regime,
+                request.options,
+                progress=emit if request.progress else None,
+            )
+        )
     raise ProtocolError(f"the worker has no handler for {type(request).__name__}")

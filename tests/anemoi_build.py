@@ -22,26 +22,35 @@ PROGNOSTIC = ["10u", "10v", "2t", "msl", "t_850", "z_500"]
 
 # The user's overlay: a small model on this CPU. Each line says why it is needed.
 SMALL = {
-    "system": {"input": {"dataset": "/nonexistent/unused.zarr", "graph": "/nonexistent/graph.pt"},  # mandatory ???
-               "output": {"root": "/nonexistent/output"}},
+    "system": {
+        "input": {"dataset": "/nonexistent/unused.zarr", "graph": "/nonexistent/graph.pt"},  # mandatory ???
+        "output": {"root": "/nonexistent/output"},
+    },
     "diagnostics": {"log": {"mlflow": {"tracking_uri": None}}},  # mandatory ???
     "model": {"num_channels": 32, "processor": {"num_layers": 2, "num_chunks": 1}},  # small; chunks divide layers
 }
 PRESET_EXTRA: dict[str, dict[str, Any]] = {
     "gnn": {},
-    "graphtransformer": {"model": {"processor": {"graph_attention_backend": "pyg"},
-                                   "encoders": {"0": {"mapper": {"graph_attention_backend": "pyg"}}},
-                                   "decoders": {"0": {"mapper": {"graph_attention_backend": "pyg"}}}}},
+    "graphtransformer": {
+        "model": {
+            "processor": {"graph_attention_backend": "pyg"},
+            "encoders": {"0": {"mapper": {"graph_attention_backend": "pyg"}}},
+            "decoders": {"0": {"mapper": {"graph_attention_backend": "pyg"}}},
+        }
+    },
     # anemoi-training's own transformer pairing (ensemble_crps.yaml): no hidden->hidden edges; SDPA,
     # not flash attention, on a CPU. And two keys anemoi-training 0.17.1's transformer.yaml lacks for
     # anemoi-models 0.19.0 (version drift upstream): latent_aggregator, decoders.0.mapper.num_channels.
-    "transformer": {"graph": "encoder_decoder_only",
-                    "model": {"processor": {"attention_implementation": "scaled_dot_product_attention"},
-                              "latent_aggregator": {"_target_": "anemoi.models.layers.aggregator.SumAggregator"},
-                              "encoders": {"0": {"mapper": {"graph_attention_backend": "pyg"}}},
-                              "decoders": {"0": {"mapper": {"graph_attention_backend": "pyg",
-                                                            "num_channels": "${model.num_channels}"}}}}},
-}  # fmt: skip
+    "transformer": {
+        "graph": "encoder_decoder_only",
+        "model": {
+            "processor": {"attention_implementation": "scaled_dot_product_attention"},
+            "latent_aggregator": {"_target_": "anemoi.models.layers.aggregator.SumAggregator"},
+            "encoders": {"0": {"mapper": {"graph_attention_backend": "pyg"}}},
+            "decoders": {"0": {"mapper": {"graph_attention_backend": "pyg", "num_channels": "${model.num_channels}"}}},
+        },
+    },
+}
 
 
 def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -61,8 +70,17 @@ def write_overlay(path: Path, preset: str) -> Path:
 
     body = deep_merge(copy.deepcopy(SMALL), copy.deepcopy(PRESET_EXTRA[preset]))
     graph = body.pop("graph", "multi_scale")
-    defaults = [{"data": "zarr"}, {"dataloader": "native_grid"}, {"diagnostics": "evaluation"}, {"system": "example"},
-                {"graph": graph}, {"model": preset}, {"task": "forecaster"}, {"training": "single"}, "_self_"]  # fmt: skip
+    defaults = [
+        {"data": "zarr"},
+        {"dataloader": "native_grid"},
+        {"diagnostics": "evaluation"},
+        {"system": "example"},
+        {"graph": graph},
+        {"model": preset},
+        {"task": "forecaster"},
+        {"training": "single"},
+        "_self_",
+    ]
     path.write_text(yaml.safe_dump({"defaults": defaults, **body}, sort_keys=False))
     return path
 
@@ -98,7 +116,10 @@ def _nearest(src, dst, k):
 
 def _attributes(src, dst, edges):
     s, d = src[edges[0]], dst[edges[1]]
-    a = torch.sin((d[:, 0] - s[:, 0]) / 2) ** 2 + torch.cos(s[:, 0]) * torch.cos(d[:, 0]) * torch.sin((d[:, 1] - s[:, 1]) / 2) ** 2
+    a = (
+        torch.sin((d[:, 0] - s[:, 0]) / 2) ** 2
+        + torch.cos(s[:, 0]) * torch.cos(d[:, 0]) * torch.sin((d[:, 1] - s[:, 1]) / 2) ** 2
+    )
     length = (2 * torch.atan2(a.sqrt(), (1 - a).sqrt()))[:, None]
     lat, lon = d[:, 0], d[:, 1]
     east = torch.stack([-torch.sin(lon), torch.cos(lon), torch.zeros_like(lon)], -1)
@@ -116,8 +137,23 @@ def graph_for(config):
     i = torch.arange(N_DATA, dtype=torch.float64) + 0.5  # a Fibonacci sphere
     data = torch.stack([torch.asin(1 - 2 * i / N_DATA), (math.pi * (1 + 5**0.5) * i) % (2 * math.pi) - math.pi], -1)
     p = (1 + 5**0.5) / 2
-    ico = torch.tensor([[0, 1, p], [0, -1, p], [0, 1, -p], [0, -1, -p], [1, p, 0], [-1, p, 0], [1, -p, 0],
-                        [-1, -p, 0], [p, 0, 1], [-p, 0, 1], [p, 0, -1], [-p, 0, -1]], dtype=torch.float64)  # fmt: skip
+    ico = torch.tensor(
+        [
+            [0, 1, p],
+            [0, -1, p],
+            [0, 1, -p],
+            [0, -1, -p],
+            [1, p, 0],
+            [-1, p, 0],
+            [1, -p, 0],
+            [-1, -p, 0],
+            [p, 0, 1],
+            [-p, 0, 1],
+            [p, 0, -1],
+            [-p, 0, -1],
+        ],
+        dtype=torch.float64,
+    )
     ico = ico / ico.norm(dim=-1, keepdim=True)
     coords = {"data": data, hidden: torch.stack([torch.asin(ico[:, 2]), torch.atan2(ico[:, 1], ico[:, 0])], -1)}
     g = HeteroData()
@@ -128,7 +164,9 @@ def graph_for(config):
     for edge in config.graph.edges:
         s, t = edge.source_name, edge.target_name
         if (s, t) == ("data", hidden):  # every node on both sides connected
-            own = torch.stack([torch.arange(N_DATA), torch.arccos((_xyz(data) @ _xyz(coords[hidden]).T).clamp(-1, 1)).argmin(1)])
+            own = torch.stack(
+                [torch.arange(N_DATA), torch.arccos((_xyz(data) @ _xyz(coords[hidden]).T).clamp(-1, 1)).argmin(1)]
+            )
             edges = torch.unique(torch.cat([_nearest(coords[s], coords[t], 4), own], 1), dim=1)
         elif s == t:
             edges = _nearest(coords[s], coords[t], 6)
@@ -159,18 +197,29 @@ def build(config) -> tuple[Any, Any]:
         indices[name] = IndexCollection(dataset, {v: j for j, v in enumerate(variables)})
         rng = np.random.default_rng(0)
         n = len(variables)
-        statistics[name] = {"mean": rng.normal(size=n), "stdev": rng.uniform(0.5, 2.0, size=n),
-                            "minimum": -10.0 * np.ones(n), "maximum": 10.0 * np.ones(n)}  # fmt: skip
+        statistics[name] = {
+            "mean": rng.normal(size=n),
+            "stdev": rng.uniform(0.5, 2.0, size=n),
+            "minimum": -10.0 * np.ones(n),
+            "maximum": 10.0 * np.ones(n),
+        }
         lat, lon = graph[name].x.T.numpy()
         arrays[name] = {"latitudes": np.rad2deg(lat), "longitudes": np.rad2deg(lon)}
         metadata["metadata_inference"][name] = {}
     for name, mask in build_output_masks(get_multiple_datasets_config(config.model.output_mask), graph).items():
         arrays[name].update(mask.supporting_arrays)
     torch.manual_seed(0)
-    model = AnemoiModelInterface(config=config, n_step_input=int(config.task.multistep_input),
-                                 n_step_output=int(config.task.multistep_output), graph_data=graph,
-                                 statistics=statistics, data_indices=indices, metadata=metadata,
-                                 statistics_tendencies=None, supporting_arrays=arrays)  # fmt: skip
+    model = AnemoiModelInterface(
+        config=config,
+        n_step_input=int(config.task.multistep_input),
+        n_step_output=int(config.task.multistep_output),
+        graph_data=graph,
+        statistics=statistics,
+        data_indices=indices,
+        metadata=metadata,
+        statistics_tendencies=None,
+        supporting_arrays=arrays,
+    )
     return model, indices["data"]
 
 

@@ -21,7 +21,7 @@ if str(FAKES) not in sys.path:
 # tests of the refusal remove this
 os.environ["KERNEL_LOCK_TRUST"] = "kp_zoo,kp_fastlib,kp_fastnorm,kp_models,kp_notmodule,kp_not_installed,mylib"
 
-MINIMAL_LOCK = '''\
+MINIMAL_LOCK = """\
 lock-version = "1.0"
 created-by = "hand"
 
@@ -45,7 +45,7 @@ implementation = "torch.linear"
 target = "torch.nn.Linear"
 semantics = "linear"
 kwargs = { bias = false }
-'''
+"""
 
 
 @pytest.fixture
@@ -70,3 +70,24 @@ def run_cli(argv, capsys):
         code = exc.code
     out, err = capsys.readouterr()
     return code, out, err
+
+
+# Module-scoped fixtures that run a real probe, a worker pool over the fake zoo or many ranks (seconds
+# to minutes each, once per module). Every test using one is marked slow, so the everyday fast lane
+# (`pytest -m "not slow"`, README) never starts them; .ci/run still runs everything.
+SLOW_FIXTURES = {
+    "test_judge_zoo.py": "results",
+    "test_lock_docs.py": "real_locks",
+    "test_anemoi.py": "locks",
+    "test_newcomer.py": "logged_probe",
+    "test_probe.py": "probed",
+    "test_distributed.py": "ranks",
+    "test_jobstart.py": "warm",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        fixture = SLOW_FIXTURES.get(item.path.name)
+        if fixture and fixture in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)

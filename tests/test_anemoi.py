@@ -50,13 +50,20 @@ N, C, E, EDGE_DIM, HEADS = 24, 32, 96, 8, 4
 HARD_CODED_LINEARS = {"lin_q", "lin_k", "lin_v"}
 
 PROCESSORS = {
-    "TransformerProcessor": dict(num_heads=HEADS, mlp_hidden_ratio=2, qk_norm=True, window_size=None,
-                                 attention_implementation="scaled_dot_product_attention", dropout_p=0.0,
-                                 softcap=0.0, use_alibi_slopes=False),
+    "TransformerProcessor": dict(
+        num_heads=HEADS,
+        mlp_hidden_ratio=2,
+        qk_norm=True,
+        window_size=None,
+        attention_implementation="scaled_dot_product_attention",
+        dropout_p=0.0,
+        softcap=0.0,
+        use_alibi_slopes=False,
+    ),
     "GNNProcessor": dict(mlp_extra_layers=0, edge_dim=EDGE_DIM),
     "GraphTransformerProcessor": dict(num_heads=HEADS, mlp_hidden_ratio=2, qk_norm=True, edge_dim=EDGE_DIM),
     "PointWiseMLPProcessor": dict(mlp_hidden_ratio=2),  # the positional LayerNorm(C) call site
-}  # fmt: skip
+}
 
 
 def _probe(path, *extra) -> kernel_lock.KernelLock:
@@ -71,10 +78,27 @@ def locks(tmp_path_factory):
     d = tmp_path_factory.mktemp("anemoi-locks")
     chosen = _probe(d / "kernel-lock.toml")
     assert set(chosen.slots) == {"LayerNorm", "RMSNorm", "Linear"}  # RMSNorm: pinned, never exported
-    pinned = _probe(d / "pinned.toml", "--slot", "LayerNorm", "--slot", "Linear", "--precision", "32-true",
-                    "--shape", "256x64", "--reps", "2",
-                    "--candidate", "LayerNorm=kp_zoo.norms.GoodLayerNorm", "--pin", "LayerNorm=custom:kp_zoo.norms.GoodLayerNorm",
-                    "--candidate", "Linear=kp_zoo.norms.GoodLinear", "--pin", "Linear=custom:kp_zoo.norms.GoodLinear")  # fmt: skip
+    pinned = _probe(
+        d / "pinned.toml",
+        "--slot",
+        "LayerNorm",
+        "--slot",
+        "Linear",
+        "--precision",
+        "32-true",
+        "--shape",
+        "256x64",
+        "--reps",
+        "2",
+        "--candidate",
+        "LayerNorm=kp_zoo.norms.GoodLayerNorm",
+        "--pin",
+        "LayerNorm=custom:kp_zoo.norms.GoodLayerNorm",
+        "--candidate",
+        "Linear=kp_zoo.norms.GoodLinear",
+        "--pin",
+        "Linear=custom:kp_zoo.norms.GoodLinear",
+    )
     assert pinned.slots["LayerNorm"].target == "kp_zoo.norms.GoodLayerNorm"
     assert pinned.slots["Linear"].target == "kp_zoo.norms.GoodLinear"
     return {"chosen": chosen, "pinned": pinned}
@@ -95,8 +119,9 @@ def build(name: str, block_yaml: str) -> torch.nn.Module:
     `kernel-probe export` prints it) under ``model:``, an OmegaConf tree, Hydra, `_recursive_=False`."""
     options = dict(PROCESSORS[name], num_layers=2, num_channels=C, num_chunks=1, cpu_offload=False)
     cfg = OmegaConf.create({"model": OmegaConf.create(block_yaml)})
-    cfg.model.processor = OmegaConf.create({"_target_": f"anemoi.models.layers.processor.{name}", **options,
-                                            "layer_kernels": "${model.layer_kernels}"})  # fmt: skip
+    cfg.model.processor = OmegaConf.create(
+        {"_target_": f"anemoi.models.layers.processor.{name}", **options, "layer_kernels": "${model.layer_kernels}"}
+    )
     if name == "TransformerProcessor":  # anemoi's own schema accepts the block
         TransformerProcessorSchema(**OmegaConf.to_container(cfg.model.processor, resolve=True))
     with warnings.catch_warnings():
@@ -110,8 +135,14 @@ def forward_backward(name: str, proc: torch.nn.Module) -> torch.Tensor:
     if name in ("GNNProcessor", "GraphTransformerProcessor"):
         edge_index = torch.randint(0, N, (2, E), generator=g)
         edge_attr = torch.randn(E, EDGE_DIM, generator=g)
-        y = proc(x, 1, GraphShardInfo(nodes=[N], edges=[E]), edge_attr=edge_attr, edge_index=edge_index,
-                 edges_are_dst_sorted=False)  # fmt: skip
+        y = proc(
+            x,
+            1,
+            GraphShardInfo(nodes=[N], edges=[E]),
+            edge_attr=edge_attr,
+            edge_index=edge_index,
+            edges_are_dst_sorted=False,
+        )
     else:
         y = proc(x, 1, GraphShardInfo(nodes=[N]))
     assert y.shape == (N, C) and torch.isfinite(y).all()
@@ -145,6 +176,7 @@ def expected_classes(lock: kernel_lock.KernelLock) -> tuple[type, type]:
 
 @pytest.mark.parametrize("which", ["chosen", "pinned"])
 @pytest.mark.parametrize("name", list(PROCESSORS))
+@pytest.mark.slow
 def test_processor_builds_the_locks_classes(locks, which, name):
     from kp_zoo.norms import GoodLayerNorm, GoodLinear
 
@@ -163,7 +195,9 @@ def test_processor_builds_the_locks_classes(locks, which, name):
     if PROCESSORS[name].get("qk_norm"):  # QueryNorm/KeyNorm not exported: anemoi's default stays
         assert qk and {type(m) for _, m in qk} == {AutocastLayerNorm}
     if name == "TransformerProcessor":  # the hard-coded q/k/v projections stay torch.nn.Linear
-        assert {type(m) for n, m in proc.named_modules() if n.rsplit(".", 1)[-1] in HARD_CODED_LINEARS} == {torch.nn.Linear}
+        assert {type(m) for n, m in proc.named_modules() if n.rsplit(".", 1)[-1] in HARD_CODED_LINEARS} == {
+            torch.nn.Linear
+        }
 
 
 @pytest.mark.parametrize("name", ["TransformerProcessor", "GraphTransformerProcessor"])
@@ -183,14 +217,19 @@ def test_qk_norm_export_reaches_query_and_key_norms(locks, name, tmp_path, monke
     proc = build(name, exported_yaml(tmp_path / "qk.toml", "--qk-norm"))
     forward_backward(name, proc)
     _, _, qk = kernel_layers(proc, (), ())
-    assert len(qk) == 4 and all(type(m) is adapters.AutocastGoodLayerNorm and isinstance(m, GoodLayerNorm)
-                                and m.bias is None and m.hidden == C // HEADS for _, m in qk)  # fmt: skip
+    assert len(qk) == 4 and all(
+        type(m) is adapters.AutocastGoodLayerNorm
+        and isinstance(m, GoodLayerNorm)
+        and m.bias is None
+        and m.hidden == C // HEADS
+        for _, m in qk
+    )
     proc = build(name, exported_yaml(locks["chosen"].path, "--qk-norm"))  # torch.nn: anemoi's AutocastLayerNorm
     _, _, qk = kernel_layers(proc, (), ())
     assert all(type(m) is AutocastLayerNorm and m.bias is None and m.eps == 1e-5 for _, m in qk)
 
 
-HIDDEN_SIZE_LOCK = '''\
+HIDDEN_SIZE_LOCK = """\
 lock-version = "1.0"
 created-by = "hand"
 trusted-modules = ["kp_zoo"]
@@ -203,13 +242,15 @@ implementation = "fake.liger_layer_norm"
 target = "kp_zoo.norms.HiddenSizeLayerNorm"
 semantics = "layer_norm"
 kwargs = { eps = 1e-5 }
-'''
+"""
 
 
 def test_adapter_target_for_a_liger_signature_class(monkeypatch, tmp_path):
     from kp_zoo.norms import HiddenSizeLayerNorm
 
-    monkeypatch.setitem(adapters.SIZE_ADAPTERS, "HiddenSizeLayerNormAnemoi", ("kp_zoo.norms.HiddenSizeLayerNorm", "hidden_size"))
+    monkeypatch.setitem(
+        adapters.SIZE_ADAPTERS, "HiddenSizeLayerNormAnemoi", ("kp_zoo.norms.HiddenSizeLayerNorm", "hidden_size")
+    )
     lock_path = tmp_path / "lock.toml"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LockWarning)
@@ -237,17 +278,28 @@ def test_adapter_target_for_a_liger_signature_class(monkeypatch, tmp_path):
     assert type(again.proc[0].layer_norm_attention) is adapters.HiddenSizeLayerNormAnemoi
 
 
+@pytest.mark.slow
 def test_check_config_knows_anemois_own_classes(locks, tmp_path, capsys):
     import yaml
 
     lock = locks["chosen"]
     # the ensemble layout: the processor has its own block, with anemoi's ConditionalLayerNorm
-    model = {"num_channels": C, "layer_kernels": layer_kernels(lock),
-             "processor": {"layer_kernels": {
-                 "LayerNorm": {"_target_": "anemoi.models.layers.normalization.ConditionalLayerNorm",
-                               "condition_shape": 16, "zero_init": True, "autocast": False},
-                 "QueryNorm": {"_target_": "anemoi.models.layers.normalization.AutocastLayerNorm", "bias": False}}},
-             "encoders": {"0": {"mapper": {"layer_kernels": "${model.layer_kernels}"}}}}  # fmt: skip
+    model = {
+        "num_channels": C,
+        "layer_kernels": layer_kernels(lock),
+        "processor": {
+            "layer_kernels": {
+                "LayerNorm": {
+                    "_target_": "anemoi.models.layers.normalization.ConditionalLayerNorm",
+                    "condition_shape": 16,
+                    "zero_init": True,
+                    "autocast": False,
+                },
+                "QueryNorm": {"_target_": "anemoi.models.layers.normalization.AutocastLayerNorm", "bias": False},
+            }
+        },
+        "encoders": {"0": {"mapper": {"layer_kernels": "${model.layer_kernels}"}}},
+    }
     config = tmp_path / "ens.yaml"
     config.write_text(yaml.safe_dump({"model": model}, sort_keys=False))
     capsys.readouterr()
@@ -257,18 +309,31 @@ def test_check_config_knows_anemois_own_classes(locks, tmp_path, capsys):
     assert "ConditionalLayerNorm is a different layer" in out and "0 error(s)" in out
     assert "model.encoders.0.mapper.layer_kernels: inherits model.layer_kernels" in out
     # anemoi's AutocastLayerNorm takes *args/**kwargs and passes them on: it fits every call site
-    config.write_text(yaml.safe_dump({"model": {"layer_kernels": {"LayerNorm": {"_target_": "anemoi.models.layers.normalization.AutocastLayerNorm"},
-                                                                  "Linear": {"_target_": "anemoi.models.layers.NoSuchLinear"}}}}))  # fmt: skip
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "model": {
+                    "layer_kernels": {
+                        "LayerNorm": {"_target_": "anemoi.models.layers.normalization.AutocastLayerNorm"},
+                        "Linear": {"_target_": "anemoi.models.layers.NoSuchLinear"},
+                    }
+                }
+            }
+        )
+    )
     code = main(["check-config", str(config)])
     out = capsys.readouterr().out
     assert code == 5 and "NoSuchLinear" in out and "AutocastLayerNorm" not in out, out
 
 
+@pytest.mark.slow
 def test_readme_section_runs_as_written(locks, tmp_path):
     """README "Using with anemoi": its kernel-probe commands and its Python snippet, as written."""
     import shutil
 
-    pytest.importorskip("anemoi.training", reason="anemoi-training (its presets) is not installed: `bash .ci/anemoi-install`")
+    pytest.importorskip(
+        "anemoi.training", reason="anemoi-training (its presets) is not installed: `bash .ci/anemoi-install`"
+    )
 
     import yaml
 
@@ -291,8 +356,14 @@ def test_readme_section_runs_as_written(locks, tmp_path):
             user = yaml.safe_load((tmp_path / "training.yaml").read_text())
             user["model"] = yaml.safe_load((tmp_path / "kernel-lock.overlay.yaml").read_text())["model"]
             (tmp_path / "training.yaml").write_text(yaml.safe_dump(user))
-        proc = subprocess.run(["bash", "-c", command.replace("kernel-probe", probe, 1)], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        proc = subprocess.run(
+            ["bash", "-c", command.replace("kernel-probe", probe, 1)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 0, (command, proc.stdout, proc.stderr)
         if command.startswith("kernel-probe --out"):
             assert "reused without probing" in proc.stderr
@@ -300,12 +371,15 @@ def test_readme_section_runs_as_written(locks, tmp_path):
             assert "keeps anemoi's AutocastLayerNorm" in proc.stdout and "0 error(s)" in proc.stdout
     assert "${model.kernel_lock.Linear}" in (tmp_path / "kernel-lock.overlay.yaml").read_text()
     (tmp_path / "snippet.py").write_text(snippet)
-    proc = subprocess.run([sys.executable, "snippet.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "snippet.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     built, named = proc.stdout.split()
     assert named.rsplit(".", 1)[1] == built  # the class anemoi built is the one the lock named
 
 
+@pytest.mark.slow
 def test_real_liger_adapter_builds_inside_anemoi():
     """Construction only (liger's forward needs a GPU): anemoi cannot build LigerLayerNorm, it can build the adapter."""
     pytest.importorskip("liger_kernel.transformers", reason="liger-kernel is not installed")
@@ -315,7 +389,10 @@ def test_real_liger_adapter_builds_inside_anemoi():
     with pytest.raises(InstantiationException, match="unexpected keyword argument 'normalized_shape'"):
         build("TransformerProcessor", direct)
     for name in ("TransformerProcessor", "PointWiseMLPProcessor"):
-        proc = build(name, direct.replace("liger_kernel.transformers.LigerLayerNorm", "kernel_lock.adapters.LigerLayerNormAnemoi"))
+        proc = build(
+            name,
+            direct.replace("liger_kernel.transformers.LigerLayerNorm", "kernel_lock.adapters.LigerLayerNormAnemoi"),
+        )
         norms, _, _ = kernel_layers(proc, (torch.nn.LayerNorm, LigerLayerNorm), ())
         assert norms and {type(m) for _, m in norms} == {adapters.LigerLayerNormAnemoi}
         assert all(sorted(m.state_dict()) == ["bias", "weight"] and m.eps == 1e-5 for _, m in norms)

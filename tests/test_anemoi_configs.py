@@ -17,16 +17,19 @@ from typing import Any
 import pytest
 import yaml
 
-pytest.importorskip("hydra", reason="hydra-core is not installed; `bash .ci/anemoi-install` installs it")
-training = pytest.importorskip("anemoi.training", reason="anemoi-training is not installed; `bash .ci/anemoi-install` "
-                               "installs anemoi-training==0.17.1 with --no-deps")  # fmt: skip
-
 import kernel_lock
 from kernel_lock import LockWarning
 from kernel_lock.anemoi import AUTOCAST_LAYER_NORM, CONDITIONAL_LAYER_NORM, layer_kernels
 from kernel_probe.anemoi_check import check_config, export_for_config
 from kernel_probe.anemoi_compose import layer_kernels_paths
 from kernel_probe.cli import main
+
+pytest.importorskip("hydra", reason="hydra-core is not installed; `bash .ci/anemoi-install` installs it")
+training = pytest.importorskip(
+    "anemoi.training",
+    reason="anemoi-training is not installed; `bash .ci/anemoi-install` "
+    "installs anemoi-training==0.17.1 with --no-deps",
+)
 
 pytestmark = pytest.mark.anemoi
 
@@ -41,7 +44,7 @@ MISTAKES = [
     ("Activation", {"_target_": "kp_no_such_library.FastGELU"}, "import"),
 ]
 
-TORCH_LOCK = '''\
+TORCH_LOCK = """\
 lock-version = "1.0"
 created-by = "test"
 trusted-modules = ["kp_zoo"]
@@ -59,10 +62,12 @@ target = "torch.nn.Linear"
 semantics = "linear"
 kwargs = {{ bias = true }}
 twin = {{ target = "torch.nn.Linear", kwargs = {{ bias = true }}, state-dict = "interchangeable", max-error = 0.0 }}
-'''
+"""
 
 
-def make_lock(path: Path, ln_target: str = "torch.nn.LayerNorm", ln_id: str = "torch.layer_norm") -> kernel_lock.KernelLock:
+def make_lock(
+    path: Path, ln_target: str = "torch.nn.LayerNorm", ln_id: str = "torch.layer_norm"
+) -> kernel_lock.KernelLock:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LockWarning)  # no [environment]: it matches any machine
         lock = kernel_lock.loads(TORCH_LOCK.format(ln_target=ln_target, ln_id=ln_id), path=str(path)).sealed()
@@ -111,6 +116,7 @@ def test_shipped_model_config_has_no_false_error_and_mistakes_are_caught(path, t
         assert (kind, where) in found, (kind, where, sorted(found))
 
 
+@pytest.mark.slow
 def test_model_file_interpolations_resolve_against_the_file_itself():
     # transformer_transport.yaml pins ${model.num_channels}: the file's own num_channels, never a false alarm
     result = check_config(CONFIG_DIR / "model" / "transformer_transport.yaml")
@@ -119,6 +125,7 @@ def test_model_file_interpolations_resolve_against_the_file_itself():
     assert ln["_target_"] == CONDITIONAL_LAYER_NORM and ln["normalized_shape"] == 1024
 
 
+@pytest.mark.slow
 def test_a_preset_extending_another_is_composed_like_training():
     # transformer_transport_edm.yaml: `defaults: [transformer_transport]`, composed as model=<name>
     result = check_config(CONFIG_DIR / "model" / "transformer_transport_edm.yaml")
@@ -126,6 +133,7 @@ def test_a_preset_extending_another_is_composed_like_training():
     assert {b.where for b in result.config.blocks} >= {"model.layer_kernels", "model.processor.layer_kernels"}
 
 
+@pytest.mark.slow
 def test_every_block_is_found_including_hierarchical_mappers():
     result = check_config(CONFIG_DIR / "hierarchical.yaml")
     wheres = {b.where for b in result.config.blocks}
@@ -136,11 +144,14 @@ def test_every_block_is_found_including_hierarchical_mappers():
 # ---- overlays: composed as anemoi-training composes them -------------------------------------------
 def overlay(tmp_path: Path, model: str, body: str = "", name: str = "mine.yaml") -> Path:
     p = tmp_path / name
-    p.write_text(f"defaults:\n- data: zarr\n- dataloader: native_grid\n- diagnostics: evaluation\n- system: example\n"
-                 f"- graph: multi_scale\n- model: {model}\n- task: forecaster\n- training: single\n- _self_\n{body}")  # fmt: skip
+    p.write_text(
+        f"defaults:\n- data: zarr\n- dataloader: native_grid\n- diagnostics: evaluation\n- system: example\n"
+        f"- graph: multi_scale\n- model: {model}\n- task: forecaster\n- training: single\n- _self_\n{body}"
+    )
     return p
 
 
+@pytest.mark.slow
 def test_overlay_is_composed_and_overrides_after_dashdash(tmp_path, capsys):
     p = overlay(tmp_path, "gnn")
     result = check_config(p)
@@ -164,10 +175,15 @@ def test_overlay_without_hydra_says_the_defaults_were_not_followed(tmp_path, mon
     result = check_config(p)
     [note] = [f for f in result.findings if f.kind == "defaults"]
     assert not result.config.composed and note.severity == "warning"
-    assert "model: gnn" in note.problem and "not followed" in note.problem and "hydra-core is not installed" in note.problem
+    assert (
+        "model: gnn" in note.problem
+        and "not followed" in note.problem
+        and "hydra-core is not installed" in note.problem
+    )
     assert ("key", "model.layer_kernels.Layernorm") in errors(result)  # what the file itself sets is still judged
 
 
+@pytest.mark.slow
 def test_naive_paste_leaves_preset_keys_and_is_caught(tmp_path, capsys):
     lock = make_lock(tmp_path / "lock.toml")
     block = layer_kernels(lock)
@@ -199,6 +215,7 @@ def composed_blocks(path: Path) -> dict[str, dict[str, Any]]:
 
 @pytest.mark.parametrize("model", ["transformer_transport", "transformer_ens", "gnn"])
 @pytest.mark.parametrize("kernel", ["torch.nn.LayerNorm", "kernel_lock.adapters.CompiledLayerNorm"])
+@pytest.mark.slow
 def test_export_merged_into_an_overlay_composes_to_exactly_the_locks_entries(tmp_path, model, kernel):
     lock = make_lock(tmp_path / "lock.toml", ln_target=kernel, ln_id="x.layer_norm")
     want = layer_kernels(lock)
@@ -218,7 +235,11 @@ def test_export_merged_into_an_overlay_composes_to_exactly_the_locks_entries(tmp
         if ln["_target_"] == CONDITIONAL_LAYER_NORM:  # a different layer: left alone, whole
             assert set(ln) == {"_target_", "normalized_shape", "condition_shape", "zero_init", "autocast"}, where
         elif model == "gnn":  # every gnn block inherits the preset's AutocastLayerNorm: its cast kept
-            expected = AUTOCAST_LAYER_NORM if kernel == "torch.nn.LayerNorm" else "kernel_lock.adapters.AutocastCompiledLayerNorm"
+            expected = (
+                AUTOCAST_LAYER_NORM
+                if kernel == "torch.nn.LayerNorm"
+                else "kernel_lock.adapters.AutocastCompiledLayerNorm"
+            )
             assert ln == {**want["LayerNorm"], "_target_": expected}, where
         else:
             assert ln == want["LayerNorm"], where  # exactly the lock's entry: no key left from the preset
@@ -226,6 +247,7 @@ def test_export_merged_into_an_overlay_composes_to_exactly_the_locks_entries(tmp
     assert check.exit_code == 0, errors(check)
 
 
+@pytest.mark.slow
 def test_gnn_keeps_autocast_layer_norm_against_a_torch_lock(tmp_path, capsys):
     lock = make_lock(tmp_path / "lock.toml")
     code = main(["check-config", str(CONFIG_DIR / "model" / "gnn.yaml"), "--lock", str(lock.path)])
@@ -233,7 +255,9 @@ def test_gnn_keeps_autocast_layer_norm_against_a_torch_lock(tmp_path, capsys):
     assert code == 0, out
     assert "keeps anemoi's AutocastLayerNorm: it runs the lock's torch.nn.LayerNorm kernel" in out
     # against a lock pinning another kernel, AutocastLayerNorm disagrees and the fix keeps its cast
-    other = make_lock(tmp_path / "compiled.toml", ln_target="kernel_lock.adapters.CompiledLayerNorm", ln_id="x.layer_norm")
+    other = make_lock(
+        tmp_path / "compiled.toml", ln_target="kernel_lock.adapters.CompiledLayerNorm", ln_id="x.layer_norm"
+    )
     result = check_config(CONFIG_DIR / "model" / "gnn.yaml", lock=other)
     [f] = [f for f in result.findings if f.severity == "error"]
     assert result.exit_code == 3 and f.where == "model.layer_kernels.LayerNorm"

@@ -22,7 +22,8 @@ import kernel_lock.adapters as adapters
 from kernel_lock import KernelUnavailable, LockMismatch, LockWarning
 from kernel_lock.anemoi import AUTOCAST_LAYER_NORM, ConventionError, convention_problems, export, layer_kernels
 
-from .conftest import MINIMAL_LOCK, ROOT, run_cli as run
+from .conftest import MINIMAL_LOCK, ROOT
+from .conftest import run_cli as run
 from .test_import_light import _imported_modules
 
 HAS_LIGER = importlib.util.find_spec("liger_kernel") is not None
@@ -34,8 +35,12 @@ def load(text: str) -> kernel_lock.KernelLock:
         return kernel_lock.loads(text, path="test.toml")
 
 
-def lock_text(ln_target: str = "torch.nn.LayerNorm", ln_kwargs: str = "{ eps = 1e-5, elementwise_affine = true, bias = true }",
-              extra: str = "", device: str = "cpu") -> str:  # fmt: skip
+def lock_text(
+    ln_target: str = "torch.nn.LayerNorm",
+    ln_kwargs: str = "{ eps = 1e-5, elementwise_affine = true, bias = true }",
+    extra: str = "",
+    device: str = "cpu",
+) -> str:
     return f'''\
 lock-version = "1.0"
 created-by = "test"
@@ -58,11 +63,12 @@ kwargs = {{ bias = true }}
 {extra}'''
 
 
-
 @pytest.fixture
 def fake_adapter(monkeypatch):
     """Register the liger-signature fake the way liger's own classes are registered: one row of data."""
-    monkeypatch.setitem(adapters.SIZE_ADAPTERS, "HiddenSizeLayerNormAnemoi", ("kp_zoo.norms.HiddenSizeLayerNorm", "hidden_size"))
+    monkeypatch.setitem(
+        adapters.SIZE_ADAPTERS, "HiddenSizeLayerNormAnemoi", ("kp_zoo.norms.HiddenSizeLayerNorm", "hidden_size")
+    )
     yield "kernel_lock.adapters.HiddenSizeLayerNormAnemoi"
     adapters.__dict__.pop("HiddenSizeLayerNormAnemoi", None)
 
@@ -79,7 +85,11 @@ def test_pinned_kwargs_no_dimensions_no_rmsnorm():
 
 
 def test_only_pinned_slots_are_exported():
-    only_rms = MINIMAL_LOCK.split("[slots.LayerNorm]")[0] + "[slots.RMSNorm]" + MINIMAL_LOCK.split("[slots.RMSNorm]")[1].split("[slots.Linear]")[0]
+    only_rms = (
+        MINIMAL_LOCK.split("[slots.LayerNorm]")[0]
+        + "[slots.RMSNorm]"
+        + MINIMAL_LOCK.split("[slots.RMSNorm]")[1].split("[slots.Linear]")[0]
+    )
     assert "RMSNorm" in load(only_rms).slots
     assert layer_kernels(load(only_rms)) == {}
 
@@ -94,7 +104,8 @@ def test_hidden_size_signature_gets_the_adapter(fake_adapter):
 
     lock = load(lock_text("kp_zoo.norms.HiddenSizeLayerNorm", "{ eps = 1e-5 }"))
     assert convention_problems(HiddenSizeLayerNorm, "LayerNorm", {"eps": 1e-5}) == [
-        "LayerNorm(normalized_shape=C) fails: missing a required argument: 'hidden_size'"]
+        "LayerNorm(normalized_shape=C) fails: missing a required argument: 'hidden_size'"
+    ]
     [ln, _] = export(lock)
     assert ln.entry == {"_target_": fake_adapter, "eps": 1e-5}
     assert "hidden_size" in ln.note and "same state dict" in ln.note
@@ -125,7 +136,7 @@ def test_no_adapter_is_a_clear_error(capsys, tmp_path):
     assert code == 5 and out == "" and "cannot be built the way anemoi calls LayerNorm" in err
 
 
-LIGER_LN = '''
+LIGER_LN = """
 [slots.LayerNorm]
 implementation = "liger.layer_norm"
 target = "liger_kernel.transformers.LigerLayerNorm"
@@ -134,11 +145,13 @@ kwargs = { eps = 1e-5 }
 requires = [{ name = "liger-kernel", specifier = ">=0.5", module = "liger_kernel" }]
 devices = ["cuda", "rocm", "xpu"]
 twin = { target = "torch.nn.LayerNorm", kwargs = { eps = 1e-5, elementwise_affine = true, bias = true }, state-dict = "interchangeable", max-error = 0.004 }
-'''
+"""
 
 
 def test_inference_mode_exports_the_verified_twin():
-    lock = load(lock_text().split("[slots.LayerNorm]")[0] + LIGER_LN + "[slots.Linear]" + lock_text().split("[slots.Linear]")[1])
+    lock = load(
+        lock_text().split("[slots.LayerNorm]")[0] + LIGER_LN + "[slots.Linear]" + lock_text().split("[slots.Linear]")[1]
+    )
     [ln, lin] = export(lock, "inference")
     assert ln.entry == {"_target_": "torch.nn.LayerNorm", "eps": 1e-5, "elementwise_affine": True, "bias": True}
     assert "inference substitute for liger.layer_norm" in ln.note and "0.004" in ln.note
@@ -149,24 +162,38 @@ def test_inference_mode_exports_the_verified_twin():
 
 @pytest.mark.skipif(not HAS_LIGER, reason="liger-kernel is not installed")
 def test_liger_lock_exports_the_liger_adapter_in_training_mode():
-    lock = load(lock_text().split("[slots.LayerNorm]")[0] + LIGER_LN.replace('devices = ["cuda", "rocm", "xpu"]', "devices = []")
-                + "[slots.Linear]" + lock_text().split("[slots.Linear]")[1])  # fmt: skip
+    lock = load(
+        lock_text().split("[slots.LayerNorm]")[0]
+        + LIGER_LN.replace('devices = ["cuda", "rocm", "xpu"]', "devices = []")
+        + "[slots.Linear]"
+        + lock_text().split("[slots.Linear]")[1]
+    )
     assert layer_kernels(lock, verify_environment=False)["LayerNorm"] == {
-        "_target_": "kernel_lock.adapters.LigerLayerNormAnemoi", "eps": 1e-5}
+        "_target_": "kernel_lock.adapters.LigerLayerNormAnemoi",
+        "eps": 1e-5,
+    }
 
 
 def test_qk_norm(monkeypatch):
     # torch.nn.LayerNorm: anemoi's own AutocastLayerNorm (same kernel, output cast back), bias-free
     qk = layer_kernels(load(lock_text()), qk_norm=True)
-    assert qk["QueryNorm"] == qk["KeyNorm"] == {"_target_": AUTOCAST_LAYER_NORM, "eps": 1e-5, "elementwise_affine": True, "bias": False}
+    assert (
+        qk["QueryNorm"]
+        == qk["KeyNorm"]
+        == {"_target_": AUTOCAST_LAYER_NORM, "eps": 1e-5, "elementwise_affine": True, "bias": False}
+    )
     # another library: anemoi's q/k norm casts its output back (flash attention needs it), so the lock's
     # kernel goes in the adapter that keeps that cast, bias-free; without such an adapter, a refusal
     with pytest.raises(ConventionError, match="no adapter that keeps that behaviour"):
         layer_kernels(load(lock_text("kp_zoo.norms.GoodLayerNorm")), qk_norm=True)
     monkeypatch.setitem(adapters.AUTOCAST_ADAPTERS, "AutocastGoodLayerNorm", "kp_zoo.norms.GoodLayerNorm")
     qk = layer_kernels(load(lock_text("kp_zoo.norms.GoodLayerNorm")), qk_norm=True)
-    assert qk["QueryNorm"] == {"_target_": "kernel_lock.adapters.AutocastGoodLayerNorm", "eps": 1e-5,
-                               "elementwise_affine": True, "bias": False}
+    assert qk["QueryNorm"] == {
+        "_target_": "kernel_lock.adapters.AutocastGoodLayerNorm",
+        "eps": 1e-5,
+        "elementwise_affine": True,
+        "bias": False,
+    }
     from kp_zoo.norms import GoodLayerNorm
 
     norm = adapters.AutocastGoodLayerNorm(16, bias=False)
@@ -205,6 +232,7 @@ def test_export_usage_errors(lock_file, capsys):
 
 
 # ---- import cost and the lazy adapters ------------------------------------------------------------
+@pytest.mark.slow
 def test_anemoi_module_is_import_light():
     assert "kernel_lock.anemoi" not in _imported_modules("import kernel_lock")
     names = _imported_modules("import kernel_lock.anemoi")
@@ -212,6 +240,7 @@ def test_anemoi_module_is_import_light():
         assert not any(n == heavy or n.startswith(heavy + ".") for n in names), heavy
 
 
+@pytest.mark.slow
 def test_adapters_import_without_liger():
     code = (
         "import sys; sys.modules['liger_kernel'] = None\n"  # any `import liger_kernel` now raises ImportError
@@ -225,6 +254,7 @@ def test_adapters_import_without_liger():
 
 
 @pytest.mark.skipif(not HAS_LIGER, reason="liger-kernel is not installed")
+@pytest.mark.slow
 def test_real_liger_adapters_construct_with_anemois_calls():
     # construction only: liger's forward needs a GPU
     from liger_kernel.transformers import LigerLayerNorm, LigerRMSNorm
@@ -238,13 +268,18 @@ def test_real_liger_adapters_construct_with_anemois_calls():
             assert m.weight.shape == (64,)
     # a pickled model finds the adapter again in a fresh process (anemoi checkpoints are pickles)
     blob = pickle.dumps(adapters.LigerRMSNormAnemoi(normalized_shape=64, eps=1e-6, in_place=False))
-    code = ("import pickle, sys; m = pickle.loads(sys.stdin.buffer.read()); "
-            "print(type(m).__module__, type(m).__name__, type(m).__mro__[1].__name__, m.in_place)")  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, cwd=ROOT, check=True).stdout.decode()
+    code = (
+        "import pickle, sys; m = pickle.loads(sys.stdin.buffer.read()); "
+        "print(type(m).__module__, type(m).__name__, type(m).__mro__[1].__name__, m.in_place)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], input=blob, capture_output=True, cwd=ROOT, check=True
+    ).stdout.decode()
     assert out.split() == ["kernel_lock.adapters", "LigerRMSNormAnemoi", "LigerRMSNorm", "False"]
 
 
 # ---- QueryNorm / KeyNorm: checking at head_dim -----------------------------------------------------
+@pytest.mark.slow
 def test_check_hidden_64_catches_a_narrow_row_bug(capsys):
     from kernel_probe import candidates as cands
     from kernel_probe.checker import check_all
@@ -252,8 +287,21 @@ def test_check_hidden_64_catches_a_narrow_row_bug(capsys):
     narrow = cands.from_command_line("LayerNorm=kp_zoo.norms.NarrowRowsLayerNorm")
     default = check_all(["LayerNorm"], [narrow], "cpu", [("float32", "true")], timeout=60)["LayerNorm"][0]
     assert default.status == "accepted"  # at the default width (1000) the bug does not show
-    code, out, err = run(["check", "--slot", "LayerNorm", "--dtype", "fp32", "--hidden", "64", "--json",
-                          "--candidate", "LayerNorm=kp_zoo.norms.NarrowRowsLayerNorm"], capsys)  # fmt: skip
+    code, out, err = run(
+        [
+            "check",
+            "--slot",
+            "LayerNorm",
+            "--dtype",
+            "fp32",
+            "--hidden",
+            "64",
+            "--json",
+            "--candidate",
+            "LayerNorm=kp_zoo.norms.NarrowRowsLayerNorm",
+        ],
+        capsys,
+    )
     assert code == 0, err
     data = json.loads(out)
     reports = {r["id"]: r for r in data["slots"]["LayerNorm"]}

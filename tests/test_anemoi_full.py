@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytest.importorskip("anemoi.training.schemas.base_schema", reason="anemoi-training is not installed; "
-                    "`bash .ci/anemoi-install` installs it with --no-deps")  # fmt: skip
+pytest.importorskip(
+    "anemoi.training.schemas.base_schema",
+    reason="anemoi-training is not installed; `bash .ci/anemoi-install` installs it with --no-deps",
+)
 pytest.importorskip("anemoi.models.interface", reason="anemoi-models is not installed (`bash .ci/anemoi-install`)")
 pytest.importorskip("torch_geometric", reason="torch-geometric is not installed (`bash .ci/anemoi-install`)")
 
@@ -43,10 +45,33 @@ HARD_CODED = ("*.node_data_extractor.*", "*.attention.lin_q", "*.attention.lin_k
 @pytest.fixture(scope="module")
 def fast_lock(tmp_path_factory) -> kernel_lock.KernelLock:
     path = tmp_path_factory.mktemp("fast") / "kernel-lock.toml"
-    assert main(["--out", str(path), "--slot", "LayerNorm", "--slot", "Linear", "--precision", "32-true",
-                 "--shape", "256x64", "--reps", "2",
-                 "--candidate", "LayerNorm=kp_fastlib.FastLayerNorm", "--pin", "LayerNorm=custom:kp_fastlib.FastLayerNorm",
-                 "--candidate", "Linear=kp_fastlib.FastLinear", "--pin", "Linear=custom:kp_fastlib.FastLinear"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "--out",
+                str(path),
+                "--slot",
+                "LayerNorm",
+                "--slot",
+                "Linear",
+                "--precision",
+                "32-true",
+                "--shape",
+                "256x64",
+                "--reps",
+                "2",
+                "--candidate",
+                "LayerNorm=kp_fastlib.FastLayerNorm",
+                "--pin",
+                "LayerNorm=custom:kp_fastlib.FastLayerNorm",
+                "--candidate",
+                "Linear=kp_fastlib.FastLinear",
+                "--pin",
+                "Linear=custom:kp_fastlib.FastLinear",
+            ]
+        )
+        == 0
+    )
     lock = kernel_lock.load(path)
     assert lock.slots["LayerNorm"].twin.migration == ("drop:_extra_state",)  # measured by the probe
     return lock
@@ -56,7 +81,9 @@ def fast_lock(tmp_path_factory) -> kernel_lock.KernelLock:
 def fast_adapters(monkeypatch):
     """kp_fastlib registered the way liger is: a size adapter, and the adapter keeping AutocastLayerNorm's cast."""
     monkeypatch.setitem(adapters.SIZE_ADAPTERS, "FastLayerNormAnemoi", ("kp_fastlib.FastLayerNorm", "hidden_size"))
-    monkeypatch.setitem(adapters.AUTOCAST_ADAPTERS, "AutocastFastLayerNormAnemoi", "kernel_lock.adapters.FastLayerNormAnemoi")
+    monkeypatch.setitem(
+        adapters.AUTOCAST_ADAPTERS, "AutocastFastLayerNormAnemoi", "kernel_lock.adapters.FastLayerNormAnemoi"
+    )
     yield
     for name in ("FastLayerNormAnemoi", "AutocastFastLayerNormAnemoi"):
         adapters.__dict__.pop(name, None)
@@ -87,6 +114,7 @@ def kernels(model) -> tuple[dict[str, type], dict[str, type]]:
 
 
 @pytest.mark.parametrize("preset", ["gnn", "graphtransformer", "transformer"])
+@pytest.mark.slow
 def test_full_model_builds_with_the_exported_block(tmp_path, preset, fast_lock, fast_adapters):
     from kp_fastlib import FastLinear
 
@@ -128,7 +156,10 @@ torch.save(y, out)
 
 
 @pytest.mark.parametrize("preset", ["gnn", "graphtransformer"])
-def test_portable_checkpoint_loads_without_the_training_library_or_kernel_lock(tmp_path, preset, fast_lock, fast_adapters):
+@pytest.mark.slow
+def test_portable_checkpoint_loads_without_the_training_library_or_kernel_lock(
+    tmp_path, preset, fast_lock, fast_adapters
+):
     model, index = build_with_lock(tmp_path, preset, fast_lock)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     for step in range(3):  # trained a little with the fast library
@@ -153,7 +184,10 @@ def test_portable_checkpoint_loads_without_the_training_library_or_kernel_lock(t
     # every replaced module was compared with its original here, and agreed
     assert report and all(r.error is not None and r.error < 1e-5 for r in report), report
     assert {r.twin for r in report if r.slot == "LayerNorm"} == (
-        {"anemoi.models.layers.normalization.AutocastLayerNorm"} if preset == "gnn" else {"torch.nn.modules.normalization.LayerNorm"})
+        {"anemoi.models.layers.normalization.AutocastLayerNorm"}
+        if preset == "gnn"
+        else {"torch.nn.modules.normalization.LayerNorm"}
+    )
     factories = portable.model.processor.layer_factory  # anemoi's stored partials, now of the twins
     assert factories["Linear"].func is torch.nn.Linear
     assert factories["LayerNorm"].func in (torch.nn.LayerNorm, AutocastLayerNorm)
@@ -163,8 +197,13 @@ def test_portable_checkpoint_loads_without_the_training_library_or_kernel_lock(t
     def load(name: str) -> subprocess.CompletedProcess:
         env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
         env["PYTHONPATH"] = str(ROOT / "tests" / "fakes")  # reachable, yet blocked: the import is refused
-        return subprocess.run([sys.executable, "-c", BLOCKED_LOAD, str(tmp_path / name), str(tmp_path / "x.pt"),
-                               str(tmp_path / "y.pt")], capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-c", BLOCKED_LOAD, str(tmp_path / name), str(tmp_path / "x.pt"), str(tmp_path / "y.pt")],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
 
     plain = load("inference.ckpt")
     assert plain.returncode == 3 and re.search(r"kp_fastlib|kernel_lock", plain.stdout), plain.stdout + plain.stderr
@@ -176,6 +215,7 @@ def test_portable_checkpoint_loads_without_the_training_library_or_kernel_lock(t
     assert error <= max(10 * twin_error, 1e-5), (error, twin_error)
 
 
+@pytest.mark.slow
 def test_docs_recipe_converts_an_anemoi_inference_checkpoint(tmp_path, fast_lock, fast_adapters, monkeypatch):
     """docs/anemoi.md's conversion snippet, as written, on a checkpoint saved the way anemoi-training saves it."""
     import shutil
@@ -187,8 +227,11 @@ def test_docs_recipe_converts_an_anemoi_inference_checkpoint(tmp_path, fast_lock
     model, _ = build_with_lock(tmp_path, "graphtransformer", fast_lock)
     model.config = model.metadata = model.supporting_arrays = None  # as anemoi-training's callback does
     torch.save(model, tmp_path / "inference-last.ckpt")
-    save_metadata(str(tmp_path / "inference-last.ckpt"), {"dataset": {"variables": ["2t"]}},
-                  supporting_arrays={"data/latitudes": __import__("numpy").zeros(3)})  # fmt: skip
+    save_metadata(
+        str(tmp_path / "inference-last.ckpt"),
+        {"dataset": {"variables": ["2t"]}},
+        supporting_arrays={"data/latitudes": __import__("numpy").zeros(3)},
+    )
     shutil.copy(fast_lock.path, tmp_path / "kernel-lock.toml")
     monkeypatch.chdir(tmp_path)
     exec(compile(snippet, "docs/anemoi.md", "exec"), {})

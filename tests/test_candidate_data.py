@@ -1,9 +1,9 @@
 """The built-in candidates are data, read by the one candidate parser, and each slot fact has one home.
 
-``kernel_probe/builtin_candidates.toml`` is written in a site profile's ``[[candidate]]`` form; the
-import allow-list (``kernel_lock.lock.ALLOWED_ROOTS``) must accept every built-in's target, and
-``kernel_probe.detect.libraries`` must know every built-in's library; adding a kernel library's
-candidate is one data entry.
+``kernel_lock/registry.toml`` declares the built-ins in a site profile's ``[[candidate]]`` form and
+the libraries in ``[[library]]`` tables; the import allow-list (``kernel_lock.registry.allowed_roots``)
+is derived from the candidates, and ``kernel_probe.detect.libraries`` reads the libraries, so adding
+a kernel library's candidate is one data entry.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 import kernel_lock
-from kernel_lock import _toml, slots
+from kernel_lock import _toml, registry, slots
 from kernel_lock.errors import TargetNotAllowed
-from kernel_lock.lock import ALLOWED_ROOTS, check_target
+from kernel_lock.lock import check_target
 from kernel_probe import candidates as cands
 from kernel_probe import lockwrite, profiles
 from kernel_probe.checker import Report, check_all, dtype_plan
@@ -42,7 +42,7 @@ def test_every_slot_fact_is_imported_from_kernel_lock_slots():
     assert resolve.DEFAULT_TARGETS is slots.DEFAULT_TARGETS and resolve.TWIN_SEMANTICS is slots.TWIN_SEMANTICS
     assert lock.MODES is resolve.MODES is anemoicmds.MODES is lockcmds.MODES is slots.MODES
     assert lock.PRECISIONS is profiles.PRECISIONS is slots.PRECISIONS
-    assert lock.STATUSES is slots.STATUSES and set(judge.STATUS_ORDER) == set(slots.STATUSES)
+    assert lock.STATUSES is judge.STATUSES is slots.STATUSES
     assert judge.CONFUSABLE is slots.CONFUSABLE
 
 
@@ -62,11 +62,14 @@ def test_the_slot_facts_agree_with_each_other():
     assert all(a in slots.SEMANTICS and b in slots.SEMANTICS for a, b in slots.CONFUSABLE.items())
 
 
-@pytest.mark.parametrize(("name", "fix"), [
-    ("Layernorm", "did you mean 'LayerNorm'? slot names are case-sensitive"),
-    ("rmsnorm", "did you mean 'RMSNorm'? slot names are case-sensitive"),
-    ("Conv", "known slots: LayerNorm, RMSNorm, Linear"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "fix"),
+    [
+        ("Layernorm", "did you mean 'LayerNorm'? slot names are case-sensitive"),
+        ("rmsnorm", "did you mean 'RMSNorm'? slot names are case-sensitive"),
+        ("Conv", "known slots: LayerNorm, RMSNorm, Linear"),
+    ],
+)
 def test_one_hint_for_a_misspelt_slot(name, fix):
     from kernel_lock.errors import LockFormatError
     from kernel_lock.resolve import factory
@@ -85,33 +88,75 @@ def test_one_hint_for_a_misspelt_slot(name, fix):
 
 
 # ---- the built-ins are package data in the profile's [[candidate]] form ------------------------------
-def test_builtin_candidates_are_package_data():
-    path = cands.builtin_data_path()
-    assert path.parent == Path(cands.__file__).parent and path.name == cands.BUILTIN_DATA
+def test_the_registry_is_package_data_of_kernel_lock():
+    path = registry.path()
+    assert path.parent == Path(kernel_lock.__file__).parent and path.name == registry.DATA
     package_data = _toml.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    assert cands.BUILTIN_DATA in package_data["kernel_probe"]
+    assert registry.DATA in package_data["kernel_lock"]
     assert cands.load_candidates(path) == cands.BUILTIN and all(c.source == "builtin" for c in cands.BUILTIN)
+
+
+def test_the_library_table_is_read_from_the_registry():
+    from kernel_probe.detect.libraries import KNOWN_LIBRARIES
+
+    names = [lib.name for lib in KNOWN_LIBRARIES]
+    assert names == [lib["name"] for lib in registry.data()["library"]]
+    assert names == ["liger-kernel", "transformer-engine", "apex", "flash-attn", "quack-kernels", "kernels"]
+    apex = KNOWN_LIBRARIES[names.index("apex")]
+    assert [v.key for v in apex.variants] == ["rocm-fork", "nvidia", "unrelated"] and not apex.variants[-1].usable
+    assert apex.variants[0].text_in == (("git_version_info.py", "ROCm Apex"),)
+
+
+def test_a_broken_library_table_names_the_key(tmp_path):
+    from kernel_probe.detect.libraries import read_libraries
+
+    r = cands.TableReader("registry.toml")
+    with pytest.raises(cands.CandidateDataError) as exc:
+        read_libraries(r, {"library": [{"name": "x", "module": "x", "check": "x", "variant": [{"key": "k"}]}]})
+    assert exc.value.key == "library[0].variant[0].label" and "missing" in str(exc.value)
+    with pytest.raises(cands.CandidateDataError) as exc:
+        read_libraries(r, {"library": [{"name": "x", "modul": "x"}]})
+    assert exc.value.key == "library[0].modul" and exc.value.fix == "did you mean 'module'?"
 
 
 def test_a_builtin_entry_is_a_valid_profile_candidate(tmp_path):
     """The same parser reads both: a built-in's table, renamed, is accepted in a site profile."""
-    data = (cands.builtin_data_path()).read_text()
-    te = data[data.index('id = "te.layer_norm"'):].split("\n\n")[0].replace('"te.layer_norm"', '"site.te_layer_norm"')
+    data = registry.path().read_text()
+    te = data[data.index('id = "te.layer_norm"') :].split("\n\n")[0].replace('"te.layer_norm"', '"site.te_layer_norm"')
     text = f'profile-version = "1"\nname = "site"\n\n[[candidate]]\n{te}\n'
     prof = profiles.parse(text, "site.toml")
     builtin = next(c for c in cands.BUILTIN if c.id == "te.layer_norm")
     assert prof.candidates[0].to_json() == {**builtin.to_json(), "id": "site.te_layer_norm", "source": "profile:site"}
 
 
-@pytest.mark.parametrize(("entry", "key", "problem"), [
-    ('id = "x.ln"\nslots = ["LayerNorm"]\ntarget = "x.LN"\ncompiled = "yes"', "candidate[0].compiled", "true or false"),
-    ('id = "x.ln"\nslots = ["LayerNorm"]\ntarget = "x.LN"\nbuild-kwargs = { device = [1] }', "candidate[0].build-kwargs.device",
-     "expected a string"),
-    ('id = "x.ln"\nslots = ["LayerNorm"]\ntarget = "x.LN"\ntwin_target = "torch.nn.LayerNorm"', "candidate[0].twin_target",
-     "unknown key"),
-    (('id = "torch.layer_norm"\nslots = ["LayerNorm"]\ntarget = "x.LN"\n\n[[candidate]]\nid = "torch.layer_norm"\n'
-      'slots = ["LayerNorm"]\ntarget = "x.LN"'), "candidate[1].id", "declared twice"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("entry", "key", "problem"),
+    [
+        (
+            'id = "x.ln"\nslots = ["LayerNorm"]\ntarget = "x.LN"\ncompiled = "yes"',
+            "candidate[0].compiled",
+            "true or false",
+        ),
+        (
+            'id = "x.ln"\nslots = ["LayerNorm"]\ntarget = "x.LN"\nbuild-kwargs = { device = [1] }',
+            "candidate[0].build-kwargs.device",
+            "expected a string",
+        ),
+        (
+            'id = "x.ln"\nslots = ["LayerNorm"]\ntarget = "x.LN"\ntwin_target = "torch.nn.LayerNorm"',
+            "candidate[0].twin_target",
+            "unknown key",
+        ),
+        (
+            (
+                'id = "torch.layer_norm"\nslots = ["LayerNorm"]\ntarget = "x.LN"\n\n[[candidate]]\nid = "torch.layer_norm"\n'
+                'slots = ["LayerNorm"]\ntarget = "x.LN"'
+            ),
+            "candidate[1].id",
+            "declared twice",
+        ),
+    ],
+)
 def test_a_broken_data_file_names_the_key(tmp_path, entry, key, problem):
     path = tmp_path / "candidates.toml"
     path.write_text(f"[[candidate]]\n{entry}\n")
@@ -120,18 +165,32 @@ def test_a_broken_data_file_names_the_key(tmp_path, entry, key, problem):
     assert exc.value.key == key and problem in str(exc.value)
 
 
-# ---- the allow-list and the library table follow the registry ----------------------------------------
+# ---- the allow-list is derived from the registry; the library table is read from it -------------------
 @pytest.mark.parametrize("cid", BUILTIN_IDS)
 def test_the_allow_list_accepts_every_builtin_target_and_twin(cid):
     cand = next(c for c in cands.BUILTIN if c.id == cid)
-    check_target(cand.target)  # raises TargetNotAllowed when ALLOWED_ROOTS lacks the candidate's library
+    check_target(cand.target)  # raises TargetNotAllowed when the allow-list lacks the candidate's library
     check_target(cand.twin_target)
 
 
-def test_the_allow_list_names_nothing_the_registry_does_not_use():
+def test_the_allow_list_is_the_registrys_roots_and_nothing_else():
     used = {c.target for c in cands.BUILTIN} | {c.twin_target for c in cands.BUILTIN}
-    for root in ALLOWED_ROOTS:
-        assert any(t == root or t.startswith(root + ".") for t in used), f"{root} in ALLOWED_ROOTS but no candidate uses it"
+    assert registry.allowed_roots() == (
+        "torch",
+        "kernel_lock.adapters",
+        "liger_kernel",
+        "transformer_engine",
+        "apex",
+        "flash_attn",
+        "quack",
+    )
+    for root in registry.allowed_roots():
+        assert any(t == root or t.startswith(root + ".") for t in used), f"{root} allowed but no candidate uses it"
+    check_target("kernel_lock.adapters.CompiledLayerNorm")
+    with pytest.raises(TargetNotAllowed, match="kernel_lock.resolve"):
+        check_target("kernel_lock.resolve.factory")  # kernel_lock itself: only its adapters build classes
+    with pytest.raises(TargetNotAllowed, match="kernels.Fast"):
+        check_target("kernels.Fast")  # a known library without candidates: detected, never imported from a lock
 
 
 def test_detect_knows_every_builtin_library():
@@ -171,7 +230,7 @@ def test_a_lock_pinning_each_builtin_loads(cid):
 
 
 # ---- adding a kernel library is one data entry ------------------------------------------------------------
-FASTLIB_ENTRY = '''
+FASTLIB_ENTRY = """
 # a new kernel library: its LayerNorm takes the size as hidden_size
 [[candidate]]
 id = "fastlib.layer_norm"
@@ -183,17 +242,22 @@ distribution = "kp-fastlib"
 twin-target = "torch.nn.LayerNorm"
 twin-kwargs = { eps = "$eps", elementwise_affine = true, bias = "$bias" }
 note = "a fake library from tests/fakes"
-'''
+"""
 
 
 @pytest.fixture
 def with_fastlib(tmp_path, monkeypatch) -> cands.Candidate:
-    data = tmp_path / cands.BUILTIN_DATA
-    shutil.copy(cands.builtin_data_path(), data)
+    data = tmp_path / registry.DATA
+    shutil.copy(registry.path(), data)
     with data.open("a") as f:
         f.write(FASTLIB_ENTRY)
-    monkeypatch.setattr(cands, "BUILTIN", cands.load_candidates(data))  # what shipping that file does
-    return cands.BUILTIN[-1]
+    # what shipping that file does: the registry is read from it, and kernel-probe's built-ins with it
+    monkeypatch.setattr(registry, "PATH", data)
+    registry.reset()
+    monkeypatch.setattr(cands, "BUILTIN", cands.load_candidates(registry.path()))
+    yield cands.BUILTIN[-1]
+    monkeypatch.undo()
+    registry.reset()
 
 
 def test_a_new_library_entry_is_registered(with_fastlib):
@@ -203,18 +267,26 @@ def test_a_new_library_entry_is_registered(with_fastlib):
     assert with_fastlib.install_hint("cuda") == "pip install kp-fastlib"
 
 
+@pytest.mark.slow
 def test_a_new_library_entry_is_checked_and_its_lock_loads(with_fastlib, monkeypatch):
     cand = dataclasses.replace(with_fastlib, distribution="")  # kp_fastlib is on sys.path, not pip-installed
     report = check_all(["LayerNorm"], [cand], "cpu", dtype_plan(["float32"]), timeout=60)["LayerNorm"][0]
     assert report.status == "accepted", report.reasons
     assert report.twin["state_dict"] == "migrate"  # its _extra_state is dropped for the torch.nn twin
     text = _lock_pinning(cand).dumps()
-    # the one other line a new built-in library needs: its import root in kernel_lock's allow-list
-    # (test_the_allow_list_accepts_every_builtin_target_and_twin fails until it is there)
+    # nothing else to edit: the allow-list follows the registry, so the lock loads without any trust
     monkeypatch.delenv("KERNEL_LOCK_TRUST")  # conftest grants the fakes; a user's run would not
-    with pytest.raises(TargetNotAllowed, match="kp_fastlib"):
-        kernel_lock.loads(text, emit_warnings=False)
-    monkeypatch.setattr("kernel_lock.lock.ALLOWED_ROOTS", (*ALLOWED_ROOTS, "kp_fastlib"))
+    assert "kp_fastlib" in registry.allowed_roots()
     lock = kernel_lock.loads(text, emit_warnings=False)
+    assert lock.trusted_modules == ()
     assert lock.slots["LayerNorm"].target == "kp_fastlib.FastLayerNorm"
     assert lock.factory("LayerNorm")(64).hidden_size == 64
+
+
+def test_without_the_entry_the_same_lock_is_refused(with_fastlib, monkeypatch):
+    text = _lock_pinning(dataclasses.replace(with_fastlib, distribution="")).dumps()
+    monkeypatch.delenv("KERNEL_LOCK_TRUST")
+    monkeypatch.setattr(registry, "PATH", None)
+    registry.reset()  # the shipped registry: no fastlib entry
+    with pytest.raises(TargetNotAllowed, match="kp_fastlib"):
+        kernel_lock.loads(text, emit_warnings=False)

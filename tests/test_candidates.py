@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from kernel_probe import candidates as cands
@@ -16,9 +15,23 @@ def test_builtin_registry_is_consistent():
     for c in cands.BUILTIN:
         assert all(cands.SLOT_SEMANTICS[s] == c.semantics for s in c.slots), c.id
         assert c.twin_target.startswith("torch.nn."), c.id
-    expected = {"torch.layer_norm", "torch.rms_norm", "torch.linear", "torch.compile.layer_norm", "torch.compile.rms_norm",
-                "torch.compile.linear", "liger.layer_norm", "liger.rms_norm", "te.layer_norm", "te.rms_norm", "te.linear",
-                "apex.layer_norm", "apex.rms_norm", "flash_attn.rms_norm", "quack.rms_norm"}  # fmt: skip
+    expected = {
+        "torch.layer_norm",
+        "torch.rms_norm",
+        "torch.linear",
+        "torch.compile.layer_norm",
+        "torch.compile.rms_norm",
+        "torch.compile.linear",
+        "liger.layer_norm",
+        "liger.rms_norm",
+        "te.layer_norm",
+        "te.rms_norm",
+        "te.linear",
+        "apex.layer_norm",
+        "apex.rms_norm",
+        "flash_attn.rms_norm",
+        "quack.rms_norm",
+    }
     assert set(ids) == expected
 
 
@@ -35,6 +48,7 @@ def test_bad_command_line_candidates(text):
         cands.from_command_line(text)
 
 
+@pytest.mark.slow
 def test_entry_point_candidates_and_broken_plugins(tmp_path, monkeypatch):
     dist = tmp_path / "kp_plugin-1.0.dist-info"
     dist.mkdir()
@@ -57,6 +71,8 @@ def test_torch_compile_candidate_on_cpu():
     compiled = [c for c in cands.BUILTIN if c.id == "torch.compile.layer_norm"]
     skipped = check_all(["LayerNorm"], compiled, "cpu", dtype_plan(["float32"]), timeout=60)["LayerNorm"][0]
     assert skipped.status == "skipped" and "--with-compile" in skipped.reasons[0]
-    rep = check_all(["LayerNorm"], compiled, "cpu", dtype_plan(["float32"]), timeout=600, with_compile=True)["LayerNorm"][0]
+    rep = check_all(["LayerNorm"], compiled, "cpu", dtype_plan(["float32"]), timeout=600, with_compile=True)[
+        "LayerNorm"
+    ][0]
     assert rep.status == "accepted", rep.reasons
     assert rep.twin["state_dict"] == "interchangeable"

@@ -9,15 +9,31 @@ import pytest
 from kernel_probe.cli import main
 
 
+@pytest.mark.slow
 def test_check_json_keys(capsys):
-    code = main(["check", "--slot", "LayerNorm", "--dtype", "fp32", "--dtype", "bf16", "--json",
-                 "--candidate", "LayerNorm=kp_zoo.norms.WrongEpsLayerNorm"])  # fmt: skip
+    code = main(
+        [
+            "check",
+            "--slot",
+            "LayerNorm",
+            "--dtype",
+            "fp32",
+            "--dtype",
+            "bf16",
+            "--json",
+            "--candidate",
+            "LayerNorm=kp_zoo.norms.WrongEpsLayerNorm",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     data = json.loads(out)
     assert data["device"]["type"] == "cpu"
-    assert data["plan"] == [{"dtype": "float32", "regime": "true"}, {"dtype": "bfloat16", "regime": "true"},
-                            {"dtype": "bfloat16", "regime": "mixed"}]  # fmt: skip
+    assert data["plan"] == [
+        {"dtype": "float32", "regime": "true"},
+        {"dtype": "bfloat16", "regime": "true"},
+        {"dtype": "bfloat16", "regime": "mixed"},
+    ]
     reports = {r["id"]: r for r in data["slots"]["LayerNorm"]}
     for r in reports.values():
         assert set(r) >= {"id", "target", "status", "reasons", "evidence"}
@@ -29,6 +45,7 @@ def test_check_json_keys(capsys):
     assert ev["worst_ratio"] > 1
 
 
+@pytest.mark.slow
 def test_check_table(capsys):
     code = main(["check", "--slot", "RMSNorm", "--dtype", "fp32"])
     out = capsys.readouterr().out
@@ -36,11 +53,14 @@ def test_check_table(capsys):
     assert "torch.rms_norm" in out and "accepted" in out and "worst error / tolerance" in out
 
 
-@pytest.mark.parametrize("argv,words", [
-    (["check", "--candidate", "LayerNorm"], "expected SLOT=dotted.path.Class"),
-    (["check", "--candidate", "Layernorm=a.B"], "did you mean 'LayerNorm'"),
-    (["check", "--dtype", "fp8"], "unknown dtype 'fp8'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["check", "--candidate", "LayerNorm"], "expected SLOT=dotted.path.Class"),
+        (["check", "--candidate", "Layernorm=a.B"], "did you mean 'LayerNorm'"),
+        (["check", "--dtype", "fp8"], "unknown dtype 'fp8'"),
+    ],
+)
 def test_check_usage_errors(capsys, argv, words):
     assert main(argv) == 2
     assert words in capsys.readouterr().err

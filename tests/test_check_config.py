@@ -13,7 +13,8 @@ from kernel_lock import LockWarning
 from kernel_lock.anemoi import check_entry, layer_kernels
 from kernel_probe.anemoi_config import find_blocks, load_config
 
-from .conftest import MINIMAL_LOCK, run_cli as run
+from .conftest import MINIMAL_LOCK
+from .conftest import run_cli as run
 
 # the training layout: defined once, inherited by every component
 TRAINING = """\
@@ -31,7 +32,6 @@ model:
   decoders:
     "0": {mapper: {layer_kernels: "${model.layer_kernels}"}}
 """
-
 
 
 def write(tmp_path, text: str, name: str = "config.yaml"):
@@ -61,7 +61,9 @@ def test_blocks_of_a_training_config():
 
 def test_blocks_of_a_model_config_file_and_older_layouts(tmp_path):
     # config/model/<name>.yaml: the file *is* the model node, yet references say ${model....}
-    p = write(tmp_path, """\
+    p = write(
+        tmp_path,
+        """\
         num_channels: 64
         layer_kernels:
           LayerNorm: {_target_: torch.nn.LayerNorm, eps: 1e-5}
@@ -72,7 +74,8 @@ def test_blocks_of_a_model_config_file_and_older_layouts(tmp_path):
             LayerNorm: "${model.layer_kernels.LayerNorm}"
             Linear: {_target_: torch.nn.Linear, in_features: "${model.num_channels}"}
         noise_injector: {layer_kernels: {Activation: {_target_: torch.nn.SiLU}}}
-    """)
+    """,
+    )
     config = find_blocks(load_config(p))
     blocks = {b.where: b for b in config.blocks}
     assert blocks["model.encoder.layer_kernels"].inherits == "model.layer_kernels"
@@ -95,21 +98,58 @@ ENTRIES = [
     ("LayerNorm", {"_target_": "kp_zoo.missing_dependency.X"}, "error", "import", "does not import here"),
     ("LayerNorm", {"eps": 1e-5}, "error", "entry", "no _target_"),
     ("LayerNorm", "torch.nn.LayerNorm", "error", "entry", "expected a mapping"),
-    ("LayerNorm", {"_target_": "kp_zoo.norms.HiddenSizeLayerNorm"}, "error", "signature",
-     "LayerNorm(normalized_shape=C) fails: missing a required argument: 'hidden_size'"),
-    ("QueryNorm", {"_target_": "torch.nn.LayerNorm", "unknown_kw": 1}, "error", "signature", "QueryNorm(head_dim) fails"),
-    ("Linear", {"_target_": "kp_zoo.norms.GoodLinear", "init": "xavier"}, "error", "signature", "Linear(in, out) fails"),
-    ("Activation", {"_target_": "torch.nn.GELU", "approximate": "tanh", "dim": 3}, "error", "signature", "Activation() fails"),
-    ("LayerNorm", {"_target_": "torch.nn.RMSNorm", "eps": 1e-6}, "error", "semantics", "RMSNorm under the LayerNorm key"),
+    (
+        "LayerNorm",
+        {"_target_": "kp_zoo.norms.HiddenSizeLayerNorm"},
+        "error",
+        "signature",
+        "LayerNorm(normalized_shape=C) fails: missing a required argument: 'hidden_size'",
+    ),
+    (
+        "QueryNorm",
+        {"_target_": "torch.nn.LayerNorm", "unknown_kw": 1},
+        "error",
+        "signature",
+        "QueryNorm(head_dim) fails",
+    ),
+    (
+        "Linear",
+        {"_target_": "kp_zoo.norms.GoodLinear", "init": "xavier"},
+        "error",
+        "signature",
+        "Linear(in, out) fails",
+    ),
+    (
+        "Activation",
+        {"_target_": "torch.nn.GELU", "approximate": "tanh", "dim": 3},
+        "error",
+        "signature",
+        "Activation() fails",
+    ),
+    (
+        "LayerNorm",
+        {"_target_": "torch.nn.RMSNorm", "eps": 1e-6},
+        "error",
+        "semantics",
+        "RMSNorm under the LayerNorm key",
+    ),
     ("KeyNorm", {"_target_": "kp_zoo.norms.GoodRMSNorm"}, "error", "semantics", "RMSNorm under the KeyNorm key"),
     ("Linear", {"_target_": "torch.nn.LayerNorm"}, "error", "semantics", "a norm (layer_norm) under the Linear key"),
     ("Activation", {"_target_": "torch.nn.GLU"}, "error", "semantics", "GLU-family"),
-    ("LayerNorm", {"_target_": "torch.nn.LayerNorm", "normalized_shape": 64}, "warning", "dimension", "multiple values"),
+    (
+        "LayerNorm",
+        {"_target_": "torch.nn.LayerNorm", "normalized_shape": 64},
+        "warning",
+        "dimension",
+        "multiple values",
+    ),
     ("LayerNorm", {"_target_": "torch.nn.LayerNorm", "_args_": [64]}, "warning", "entry", "_args_"),
-]  # fmt: skip
+]
 
 
-@pytest.mark.parametrize("key,entry,severity,kind,words", ENTRIES, ids=[f"{e[0]}-{e[3]}-{i}" for i, e in enumerate(ENTRIES)])
+@pytest.mark.parametrize(
+    "key,entry,severity,kind,words", ENTRIES, ids=[f"{e[0]}-{e[3]}-{i}" for i, e in enumerate(ENTRIES)]
+)
 def test_entry_findings(key, entry, severity, kind, words):
     found, _ = check_entry(key, entry, f"model.layer_kernels.{key}")
     hits = [f for f in found if f.kind == kind]
@@ -118,15 +158,18 @@ def test_entry_findings(key, entry, severity, kind, words):
     assert words in f"{hits[0].problem} fix: {hits[0].fix}"
 
 
-@pytest.mark.parametrize("key,entry", [
-    ("LayerNorm", {"_target_": "torch.nn.LayerNorm", "eps": 1e-5, "bias": False}),
-    ("LayerNorm", {"_target_": "kp_zoo.norms.GoodLayerNorm", "_partial_": True}),
-    ("LayerNorm", {"_target_": "kernel_lock.adapters.CompiledLayerNorm"}),
-    ("QueryNorm", {"_target_": "torch.nn.LayerNorm", "bias": False}),
-    ("Linear", {"_target_": "torch.nn.Linear", "bias": False}),
-    ("Linear", {"_target_": "kp_zoo.norms.GoodLinear"}),
-    ("Activation", {"_target_": "torch.nn.SiLU"}),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "key,entry",
+    [
+        ("LayerNorm", {"_target_": "torch.nn.LayerNorm", "eps": 1e-5, "bias": False}),
+        ("LayerNorm", {"_target_": "kp_zoo.norms.GoodLayerNorm", "_partial_": True}),
+        ("LayerNorm", {"_target_": "kernel_lock.adapters.CompiledLayerNorm"}),
+        ("QueryNorm", {"_target_": "torch.nn.LayerNorm", "bias": False}),
+        ("Linear", {"_target_": "torch.nn.Linear", "bias": False}),
+        ("Linear", {"_target_": "kp_zoo.norms.GoodLinear"}),
+        ("Activation", {"_target_": "torch.nn.SiLU"}),
+    ],
+)
 def test_entries_that_fit(key, entry):
     found, facts = check_entry(key, entry, "x")
     assert found == [] and facts["imported"]
@@ -147,6 +190,7 @@ def minimal_lock_path(tmp_path):
     return p
 
 
+@pytest.mark.slow
 def test_exported_block_passes_against_its_lock(tmp_path, capsys, minimal_lock_path):
     code, out, err = run(["export", minimal_lock_path], capsys)
     assert code == 0, err
@@ -156,11 +200,17 @@ def test_exported_block_passes_against_its_lock(tmp_path, capsys, minimal_lock_p
     assert "model.processor.layer_kernels: inherits model.layer_kernels" in out and "0 error(s)" in out
     # the training layout, whose block agrees with the lock, passes too
     code, data = findings(tmp_path, capsys, TRAINING, "--lock", minimal_lock_path)
-    assert code == 0 and data["findings"] == [] and data["expected"] == layer_kernels(kernel_lock.load(minimal_lock_path))
+    assert (
+        code == 0 and data["findings"] == [] and data["expected"] == layer_kernels(kernel_lock.load(minimal_lock_path))
+    )
 
 
+@pytest.mark.slow
 def test_disagreements_with_the_lock_exit_3(tmp_path, capsys, minimal_lock_path):
-    code, data = findings(tmp_path, capsys, """\
+    code, data = findings(
+        tmp_path,
+        capsys,
+        """\
         model:
           layer_kernels:
             LayerNorm: {_target_: kp_zoo.norms.GoodLayerNorm, eps: 1e-6}
@@ -169,7 +219,10 @@ def test_disagreements_with_the_lock_exit_3(tmp_path, capsys, minimal_lock_path)
             layer_kernels:
               LayerNorm: {_target_: torch.nn.LayerNorm}
               Linear: {_target_: torch.nn.Linear, bias: false}
-    """, "--lock", minimal_lock_path)
+    """,
+        "--lock",
+        minimal_lock_path,
+    )
     problems = {(f["where"], f["problem"]) for f in data["findings"] if f["kind"] == "lock"}
     assert code == 3 and {f["severity"] for f in data["findings"]} == {"error"}
     assert problems == {
@@ -179,20 +232,39 @@ def test_disagreements_with_the_lock_exit_3(tmp_path, capsys, minimal_lock_path)
     }
 
 
+@pytest.mark.slow
 def test_config_errors_exit_5_and_win_over_lock_disagreements(tmp_path, capsys, minimal_lock_path):
-    code, out, err = run(["check-config", write(tmp_path, """\
+    code, out, err = run(
+        [
+            "check-config",
+            write(
+                tmp_path,
+                """\
         model:
           layer_kernels:
             Layernorm: {_target_: torch.nn.LayerNorm}
             LayerNorm: {_target_: torch.nn.RMSNorm, eps: 1e-6}
             Linear: {_target_: nolib.FastLinear}
-    """), "--lock", minimal_lock_path], capsys)
+    """,
+            ),
+            "--lock",
+            minimal_lock_path,
+        ],
+        capsys,
+    )
     assert code == 5, err
-    for words in ("unknown key 'Layernorm'", "did you mean 'LayerNorm'", "semantics change", "No module named 'nolib'",
-                  "builds nolib.FastLinear, the lock pins torch.nn.Linear", "fix:"):
+    for words in (
+        "unknown key 'Layernorm'",
+        "did you mean 'LayerNorm'",
+        "semantics change",
+        "No module named 'nolib'",
+        "builds nolib.FastLinear, the lock pins torch.nn.Linear",
+        "fix:",
+    ):
         assert words in out, words
 
 
+@pytest.mark.slow
 def test_no_block_means_anemoi_defaults(tmp_path, capsys, minimal_lock_path):
     code, data = findings(tmp_path, capsys, "model: {num_channels: 64}\n")
     assert code == 0 and data["findings"][0]["problem"].startswith("no layer_kernels block found")
@@ -201,34 +273,47 @@ def test_no_block_means_anemoi_defaults(tmp_path, capsys, minimal_lock_path):
     assert any(f["where"].startswith("(anemoi defaults).Linear") for f in data["findings"])
 
 
+@pytest.mark.slow
 def test_interpolation_problems(tmp_path, capsys):
-    code, data = findings(tmp_path, capsys, """\
+    code, data = findings(
+        tmp_path,
+        capsys,
+        """\
         model:
           layer_kernels: ${model.kernels}
           processor: {layer_kernels: {LayerNorm: {_target_: torch.nn.LayerNorm, eps: "${oc.env:EPS}x"}}}
-    """)
+    """,
+    )
     kinds = {(f["severity"], f["kind"], f["where"]) for f in data["findings"]}
     assert code == 5
     assert ("error", "interpolation", "model.layer_kernels") in kinds
     assert ("warning", "interpolation", "model.processor.layer_kernels.LayerNorm.eps") in kinds
 
 
+@pytest.mark.slow
 def test_a_crashing_import_is_a_finding_not_a_crash(tmp_path, capsys):
-    code, data = findings(tmp_path, capsys, """\
+    code, data = findings(
+        tmp_path,
+        capsys,
+        """\
         model:
           layer_kernels:
             LayerNorm: {_target_: kp_zoo.abort_on_import.X}
             Linear: {_target_: torch.nn.Linear}
-    """)
+    """,
+    )
     [f] = [f for f in data["findings"] if f["severity"] == "error"]
     assert code == 5 and f["kind"] == "import" and "SIGABRT" in f["problem"] and f["where"].endswith(".LayerNorm")
 
 
-@pytest.mark.parametrize("content,words", [
-    ("model: [1, 2\n", "not valid YAML at line"),
-    ("- just\n- a list\n", "expected a YAML mapping"),
-    (None, "cannot read the config"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "content,words",
+    [
+        ("model: [1, 2\n", "not valid YAML at line"),
+        ("- just\n- a list\n", "expected a YAML mapping"),
+        (None, "cannot read the config"),
+    ],
+)
 def test_unreadable_configs_exit_5(tmp_path, capsys, content, words):
     p = tmp_path / "c.yaml"
     if content is not None:

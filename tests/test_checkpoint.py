@@ -20,7 +20,7 @@ import kernel_lock
 from kernel_lock import KernelUnavailable, LockFormatError, LockWarning
 from kernel_lock.checkpoint import CHECKPOINT_KEY, attach, lock_from_checkpoint, migrate_state_dict
 
-TRAINING_LOCK = '''\
+TRAINING_LOCK = """\
 lock-version = "1.0"
 created-by = "test"
 mode = "training"
@@ -40,7 +40,7 @@ kwargs = { eps = 1e-05 }
 requires = [{ name = "kp-fastnorm", specifier = ">=1.0,<2", module = "kp_fastnorm" }]
 reason = "fastnorm.layer_norm 1.4x faster than torch.layer_norm"
 twin = { target = "torch.nn.LayerNorm", kwargs = { eps = 1e-05 }, state-dict = "migrate", migration = ["drop:_extra_state"], max-error = 1e-05 }
-'''
+"""
 
 
 def sealed(text: str = TRAINING_LOCK) -> kernel_lock.KernelLock:
@@ -57,7 +57,9 @@ def fast_library(tmp_path, monkeypatch):
     (site / "kp_fastnorm").mkdir(parents=True)
     (site / "kp_fastnorm" / "__init__.py").write_text("from kp_zoo.norms import ExtraStateLayerNorm as FastLayerNorm\n")
     (site / "kp_fastnorm-1.0.dist-info").mkdir()
-    (site / "kp_fastnorm-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: kp-fastnorm\nVersion: 1.0\n")
+    (site / "kp_fastnorm-1.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: kp-fastnorm\nVersion: 1.0\n"
+    )
     monkeypatch.syspath_prepend(str(site))
 
     def uninstall():
@@ -178,7 +180,12 @@ def test_hand_edited_lock_is_stored_faithfully_and_reported_as_such():
 
 # ---- migrate_state_dict ------------------------------------------------------------------------
 def _state(with_extra: bool = True) -> dict[str, torch.Tensor]:
-    sd = {"0.weight": torch.ones(4, 2), "1.weight": torch.ones(4), "1.bias": torch.zeros(4), "2.weight": torch.ones(1, 4)}
+    sd = {
+        "0.weight": torch.ones(4, 2),
+        "1.weight": torch.ones(4),
+        "1.bias": torch.zeros(4),
+        "2.weight": torch.ones(1, 4),
+    }
     if with_extra:
         sd["1._extra_state"] = torch.empty(0)
     return sd
@@ -188,7 +195,9 @@ def test_migration_keeps_keys_the_model_expects():
     # the library runs here, so the model rebuilt in inference mode still has `_extra_state`
     from kp_zoo.norms import ExtraStateLayerNorm
 
-    model = torch.nn.Sequential(torch.nn.Linear(2, 4, bias=False), ExtraStateLayerNorm(4), torch.nn.Linear(4, 1, bias=False))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(2, 4, bias=False), ExtraStateLayerNorm(4), torch.nn.Linear(4, 1, bias=False)
+    )
     sd = _state()
     migrated = migrate_state_dict(sd, sealed(), model)
     assert migrated == sd and migrated is not sd
@@ -205,15 +214,19 @@ def test_migration_accepts_the_expected_keys_and_leaves_the_input_alone(caplog):
 
 def test_only_recorded_migrations_are_applied():
     wanted = {"0.weight", "1.weight", "1.bias", "2.weight"}
-    interchangeable = sealed(TRAINING_LOCK.replace('state-dict = "migrate", migration = ["drop:_extra_state"]',
-                                                   'state-dict = "interchangeable"'))  # fmt: skip
+    interchangeable = sealed(
+        TRAINING_LOCK.replace(
+            'state-dict = "migrate", migration = ["drop:_extra_state"]', 'state-dict = "interchangeable"'
+        )
+    )
     assert "1._extra_state" in migrate_state_dict(_state(), interchangeable, wanted)  # strict load will say so
     sd = {**_state(), "1.running_mean": torch.zeros(4)}  # not named by any rule: kept, strict load fails
     assert set(migrate_state_dict(sd, sealed(), wanted)) == wanted | {"1.running_mean"}
 
 
-@pytest.mark.parametrize("rule", ["rename:_extra_state", "rename:a->a", "drop:", "drop:a..b", "transpose:", "_extra_state",
-                                  "reshape:weight"])
+@pytest.mark.parametrize(
+    "rule", ["rename:_extra_state", "rename:a->a", "drop:", "drop:a..b", "transpose:", "_extra_state", "reshape:weight"]
+)
 def test_unknown_migration_rule_is_an_error(rule):
     lock = sealed(TRAINING_LOCK.replace('migration = ["drop:_extra_state"]', f'migration = ["{rule}"]'))
     with pytest.raises(LockFormatError, match="unknown state-dict migration") as exc:
@@ -225,11 +238,17 @@ def test_modules_are_not_imported_by_kernel_lock():
     import subprocess
 
     code = "import sys, kernel_lock; print(sorted(m for m in sys.modules if m.startswith('kernel_lock')))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parent.parent).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    ).stdout
     assert "kernel_lock.checkpoint" not in out and "kernel_lock.distributed" not in out and "kernel_lock.lock" in out
 
 
+@pytest.mark.slow
 def test_readme_worked_example_runs(tmp_path):
     import os
     import re
@@ -241,8 +260,13 @@ def test_readme_worked_example_runs(tmp_path):
     code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
     (tmp_path / "example.py").write_text(code)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "example.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
     assert proc.returncode == 0, proc.stderr
-    assert "slot LayerNorm: fastnorm.layer_norm (fastnorm.FastLayerNorm) needs fastnorm >=1.0 (found: not installed)" in proc.stdout
+    assert (
+        "slot LayerNorm: fastnorm.layer_norm (fastnorm.FastLayerNorm) needs fastnorm >=1.0 (found: not installed)"
+        in proc.stdout
+    )
     assert "same outputs" in proc.stdout
     assert "inference substitutes torch.nn.LayerNorm for slot LayerNorm" in proc.stderr

@@ -12,12 +12,22 @@ SHAPES = ["40320x1024", "542080x1024"]
 
 
 def rep(cid, status="accepted"):
-    return Report(id=cid, target=f"x.{cid}", slot="RMSNorm", semantics="rms_norm", device="cuda", status=status,
-                  reasons=[] if status == "accepted" else ["because"])  # fmt: skip
+    return Report(
+        id=cid,
+        target=f"x.{cid}",
+        slot="RMSNorm",
+        semantics="rms_norm",
+        device="cuda",
+        status=status,
+        reasons=[] if status == "accepted" else ["because"],
+    )
 
 
 def t(ms_a, ms_b, spread=0.01):
-    return [{"shape": SHAPES[0], "median_ms": ms_a, "spread": spread}, {"shape": SHAPES[1], "median_ms": ms_b, "spread": spread}]
+    return [
+        {"shape": SHAPES[0], "median_ms": ms_a, "spread": spread},
+        {"shape": SHAPES[1], "median_ms": ms_b, "spread": spread},
+    ]
 
 
 def decide(timings, reports=None, **kw):
@@ -50,7 +60,14 @@ def test_noisy_timings_widen_the_margin():
 
 def test_rejected_and_untimed_are_never_chosen():
     reports = [rep("torch.rms_norm"), rep("liger.rms_norm", "rejected"), rep("quack.rms_norm")]
-    c = decide({"torch.rms_norm": t(1, 1), "liger.rms_norm": t(0.1, 0.1), "quack.rms_norm": [{"shape": SHAPES[0], "error": "OOM"}]}, reports)
+    c = decide(
+        {
+            "torch.rms_norm": t(1, 1),
+            "liger.rms_norm": t(0.1, 0.1),
+            "quack.rms_norm": [{"shape": SHAPES[0], "error": "OOM"}],
+        },
+        reports,
+    )
     assert c.report.id == "torch.rms_norm"
 
 
@@ -67,11 +84,14 @@ def test_pin_and_prefer():
     assert decide(close, prefer="liger.rms_norm").how == "preferred"
 
 
-@pytest.mark.parametrize("kw, said, code", [
-    ({"pin": "liger.rms_norm"}, "never silently", 3),
-    ({"prefer": "liger.rms_norm"}, "never silently", 3),
-    ({"pin": "nope"}, "no such candidate", 2),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kw, said, code",
+    [
+        ({"pin": "liger.rms_norm"}, "never silently", 3),
+        ({"prefer": "liger.rms_norm"}, "never silently", 3),
+        ({"pin": "nope"}, "no such candidate", 2),
+    ],
+)
 def test_pinning_what_cannot_be_used_is_an_error(kw, said, code):
     reports = [rep("torch.rms_norm"), rep("liger.rms_norm", "unavailable")]
     with pytest.raises(ProbeError) as exc:

@@ -10,8 +10,8 @@ import pytest
 
 from kernel_probe.cli import main
 
-from .conftest import MINIMAL_LOCK, ROOT, run_cli as run
-
+from .conftest import MINIMAL_LOCK, ROOT
+from .conftest import run_cli as run
 
 
 def test_verify_ok(lock_file, capsys):
@@ -97,13 +97,18 @@ def test_usage_error_is_exit_2(capsys):
     assert exc.value.code == 2
 
 
+@pytest.mark.slow
 def test_no_traceback_from_real_process(tmp_path):
     p = tmp_path / "k.toml"
     p.write_text("[[[")
-    proc = subprocess.run([sys.executable, "-m", "kernel_probe", "verify", str(p)], capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernel_probe", "verify", str(p)], capture_output=True, text=True, cwd=ROOT
+    )
     assert proc.returncode == 5
     assert "Traceback" not in proc.stderr and "not valid TOML" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "kernel_probe", "verify", str(p), "--debug"], capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernel_probe", "verify", str(p), "--debug"], capture_output=True, text=True, cwd=ROOT
+    )
     assert "Traceback" in proc.stderr  # --debug shows it
 
 
@@ -112,7 +117,11 @@ def test_diff_exit_code_is_6_when_the_locks_differ(tmp_path, capsys):
     from kernel_lock.errors import EXIT_CODES
 
     a, same, b = tmp_path / "a.toml", tmp_path / "same.toml", tmp_path / "b.toml"
-    for path, text in ((a, MINIMAL_LOCK), (same, MINIMAL_LOCK), (b, MINIMAL_LOCK.replace("bias = false", "bias = true"))):
+    for path, text in (
+        (a, MINIMAL_LOCK),
+        (same, MINIMAL_LOCK),
+        (b, MINIMAL_LOCK.replace("bias = false", "bias = true")),
+    ):
         kernel_lock.loads(text, emit_warnings=False).sealed().dump(path)
     code, out, _ = run(["diff", a, b, "--exit-code"], capsys)
     assert code == 6 and "diff --exit-code" in EXIT_CODES[6]
@@ -120,8 +129,12 @@ def test_diff_exit_code_is_6_when_the_locks_differ(tmp_path, capsys):
     assert run(["diff", a, b], capsys)[0] == 0  # without --exit-code a difference is not a status
     assert run(["diff", a, same, "--exit-code"], capsys)[0] == 0
     assert run(["diff", a, a, "--exit-code"], capsys)[0] == 0
-    proc = subprocess.run([sys.executable, "-m", "kernel_probe", "diff", str(a), str(b), "--exit-code"],
-                          capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernel_probe", "diff", str(a), str(b), "--exit-code"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert proc.returncode == 6, proc.stderr
     code, out, _ = run(["diff", "--help"], capsys)
     assert code == 0 and "exit 6 when the locks differ" in " ".join(out.split())

@@ -42,8 +42,9 @@ def fake_torch(*, cuda=None, hip=None, devices=(), arch_list=(), mps=False, xpu=
         get_device_name=(lambda i: devices[i].name) if devices else no_cuda_init,
         get_arch_list=lambda: list(arch_list),
     )
-    xpu_ns = SimpleNamespace(is_available=lambda: bool(xpu), device_count=lambda: len(xpu),
-                             get_device_properties=lambda i: xpu[i])
+    xpu_ns = SimpleNamespace(
+        is_available=lambda: bool(xpu), device_count=lambda: len(xpu), get_device_properties=lambda i: xpu[i]
+    )
     return SimpleNamespace(
         __version__="2.6.0+fake",
         version=SimpleNamespace(cuda=cuda, hip=hip, xpu=None, git_version="abc", debug=False),
@@ -53,11 +54,14 @@ def fake_torch(*, cuda=None, hip=None, devices=(), arch_list=(), mps=False, xpu=
     )
 
 
-H100 = dict(cuda="12.4", devices=[props("NVIDIA H100 80GB HBM3", 9, 0, sms=132)] * 4,
-            arch_list=["sm_80", "sm_86", "sm_90"])
-MI250X = dict(hip="6.2.41133-dd7f95766",
-              devices=[props("AMD Radeon Graphics", 9, 0, gcn="gfx90a:sramecc+:xnack-")] * 8,
-              arch_list=["gfx90a", "gfx942"])
+H100 = dict(
+    cuda="12.4", devices=[props("NVIDIA H100 80GB HBM3", 9, 0, sms=132)] * 4, arch_list=["sm_80", "sm_86", "sm_90"]
+)
+MI250X = dict(
+    hip="6.2.41133-dd7f95766",
+    devices=[props("AMD Radeon Graphics", 9, 0, gcn="gfx90a:sramecc+:xnack-")] * 8,
+    arch_list=["gfx90a", "gfx942"],
+)
 MPS = dict(mps=True)
 CPU: dict = {}
 
@@ -125,13 +129,30 @@ def test_h100_details_and_coverage():
 
 def test_nvml_answers_without_touching_torch_cuda(monkeypatch):
     """With NVML, neither device_facts nor the device list calls torch.cuda.get_device_properties."""
-    listed = [{"index": 0, "nvml_index": 2, "name": "NVIDIA GH200 120GB", "arch": "sm_90", "capability": [9, 0],
-               "uuid": "GPU-1234", "memory_bytes": 96 * 2**30, "driver": "565.57.01", "cuda_driver": "12.7"}]
+    listed = [
+        {
+            "index": 0,
+            "nvml_index": 2,
+            "name": "NVIDIA GH200 120GB",
+            "arch": "sm_90",
+            "capability": [9, 0],
+            "uuid": "GPU-1234",
+            "memory_bytes": 96 * 2**30,
+            "driver": "565.57.01",
+            "cuda_driver": "12.7",
+        }
+    ]
     monkeypatch.setattr(fingerprint, "nvml_devices", lambda: listed)
     torch = fake_torch(cuda="12.6")  # no devices: any torch.cuda device query raises AssertionError
     primary = fingerprint.device_facts(torch)
-    assert primary == {"type": "cuda", "vendor": "nvidia", "name": "NVIDIA GH200 120GB", "arch": "sm_90",
-                       "count": 1, "driver": "565.57.01"}
+    assert primary == {
+        "type": "cuda",
+        "vendor": "nvidia",
+        "name": "NVIDIA GH200 120GB",
+        "arch": "sm_90",
+        "count": 1,
+        "driver": "565.57.01",
+    }
     devices = accelerators.detect_accelerators(torch, primary, nvml=lambda: listed)
     assert devices[0]["source"] == "nvml" and devices[0]["cuda_driver"] == "12.7"
     assert devices[0]["torch_build_covers"]["how"] == "unknown"  # this fake torch lists no arch
@@ -160,8 +181,10 @@ def fake_pynvml(gpus, *, init_error=None):
     )
 
 
-GPUS = [("NVIDIA A100-SXM4-40GB", (8, 0), "GPU-aaaa", 40 * 2**30),
-        ("NVIDIA H100 80GB HBM3", (9, 0), "GPU-bbbb", 80 * 2**30)]
+GPUS = [
+    ("NVIDIA A100-SXM4-40GB", (8, 0), "GPU-aaaa", 40 * 2**30),
+    ("NVIDIA H100 80GB HBM3", (9, 0), "GPU-bbbb", 80 * 2**30),
+]
 
 
 def test_nvml_devices_follow_cuda_visible_devices(monkeypatch):
@@ -186,8 +209,9 @@ def test_nvml_failures_are_not_errors(monkeypatch):
 
 
 def test_xpu_machine():
-    torch = fake_torch(xpu=[SimpleNamespace(name="Intel(R) Data Center GPU Max 1550", driver_version="1.3",
-                                            total_memory=128 * 2**30)])
+    torch = fake_torch(
+        xpu=[SimpleNamespace(name="Intel(R) Data Center GPU Max 1550", driver_version="1.3", total_memory=128 * 2**30)]
+    )
     primary = fingerprint.device_facts(torch)
     devices = accelerators.detect_accelerators(torch, primary, nvml=lambda: None)
     assert primary["vendor"] == "intel" and devices[0]["type"] == "xpu" and devices[0]["driver"] == "1.3"
@@ -259,12 +283,18 @@ def _arch(name, vendor, generic):
 @pytest.mark.parametrize(
     "cpu, expected",
     [
-        (_arch("zen3", "AuthenticAMD", "x86_64_v3"),
-         {"microarch": "zen3", "generic": "x86_64_v3", "vendor": "AuthenticAMD", "model_known": True}),
-        (_arch("neoverse_v2", "ARM", "armv9.0a"),
-         {"microarch": "neoverse_v2", "generic": "armv9.0a", "vendor": "ARM", "model_known": True}),
-        (_arch("x86_64_v4", "generic", "x86_64_v4"),
-         {"microarch": "x86_64_v4", "generic": "x86_64_v4", "vendor": "generic", "model_known": False}),
+        (
+            _arch("zen3", "AuthenticAMD", "x86_64_v3"),
+            {"microarch": "zen3", "generic": "x86_64_v3", "vendor": "AuthenticAMD", "model_known": True},
+        ),
+        (
+            _arch("neoverse_v2", "ARM", "armv9.0a"),
+            {"microarch": "neoverse_v2", "generic": "armv9.0a", "vendor": "ARM", "model_known": True},
+        ),
+        (
+            _arch("x86_64_v4", "generic", "x86_64_v4"),
+            {"microarch": "x86_64_v4", "generic": "x86_64_v4", "vendor": "generic", "model_known": False},
+        ),
         (None, {"microarch": "unknown", "generic": None, "vendor": None, "model_known": False}),
     ],
 )
@@ -309,8 +339,9 @@ def test_torch_build_follows_math_flags():
 def test_rocm_build_names_miopen_and_rccl():
     torch = fake_torch(**MI250X)
     torch.cuda.nccl = SimpleNamespace(version=lambda: (2, 18, 3))
-    torch._C = SimpleNamespace(_cudnn=SimpleNamespace(getRuntimeVersion=lambda: (3, 2, 0),
-                                                      getCompileVersion=lambda: (3, 2, 0)))
+    torch._C = SimpleNamespace(
+        _cudnn=SimpleNamespace(getRuntimeVersion=lambda: (3, 2, 0), getCompileVersion=lambda: (3, 2, 0))
+    )
     torch.backends.cudnn = SimpleNamespace(is_available=lambda: True)
     t = torchbuild.detect_torch_build(torch)
     assert t["build"] == "rocm"
@@ -372,6 +403,7 @@ def test_check_import_keeps_library_stdout_apart(fakes):
     assert result["file"].endswith(os.path.join("fake_print", "__init__.py"))
 
 
+@pytest.mark.slow
 def test_check_import_times_out_and_kills(fakes):
     result = importcheck.check_import("fake_hang", timeout=2, extra_paths=[str(fakes)])
     assert result["status"] == "timeout"
@@ -402,14 +434,22 @@ def test_check_import_ignores_the_working_directory(fakes, monkeypatch):
 def test_classify(returncode, answer, stdout, stderr, timed_out, status, reason_has):
     from kernel_probe.child import ChildResult
 
-    child = ChildResult("ok" if answer is not None else "crashed", value=answer, returncode=returncode, seconds=1.0,
-                        stdout=stdout, stderr=stderr, timed_out=timed_out)  # fmt: skip
+    child = ChildResult(
+        "ok" if answer is not None else "crashed",
+        value=answer,
+        returncode=returncode,
+        seconds=1.0,
+        stdout=stdout,
+        stderr=stderr,
+        timed_out=timed_out,
+    )
     out = importcheck.classify(child, timeout=5)
     assert out["status"] == status and reason_has in out["reason"]
     if "noise" in stdout:
         assert out["stdout"] == "noise"
 
 
+@pytest.mark.slow
 def test_import_checks_run_concurrently(fakes):
     requests = {f"hang{i}": importcheck.ImportRequest("fake_hang") for i in range(3)}
     checks = importcheck.ImportChecks(requests, timeout=2, extra_paths=[str(fakes)])
@@ -445,8 +485,12 @@ TE = next(lib for lib in libraries.KNOWN_LIBRARIES if lib.name == "transformer-e
 
 def test_pypi_apex_is_not_nvidia_apex(tmp_path):
     write_pkg(tmp_path, "apex", {"__init__.py": "# Pyramid toolkit\n", "views.py": ""})
-    make_dist(tmp_path, "apex", "0.9.10", summary="Toolkit for Pyramid, a Pylons Project, to add "
-                                                  "Authentication and Authorization")
+    make_dist(
+        tmp_path,
+        "apex",
+        "0.9.10",
+        summary="Toolkit for Pyramid, a Pylons Project, to add Authentication and Authorization",
+    )
     located = libraries.locate(APEX, [str(tmp_path)])
     entry = libraries.report(located, None)
     assert entry["installed"] and entry["version"] == "0.9.10" and entry["distribution"] == "apex"
@@ -517,8 +561,12 @@ CUDA_INIT, CUDA_LIB = b"__version__ = '3.1.0'\n", b"\x7fELF cuda build" * 20
 def test_cuda_triton_beside_pytorch_triton_rocm(tmp_path, last_installed):
     init, lib = (ROCM_INIT, ROCM_LIB) if last_installed == "pytorch-triton-rocm" else (CUDA_INIT, CUDA_LIB)
     _triton_tree(tmp_path, init, lib)
-    make_dist(tmp_path, "pytorch-triton-rocm", "3.1.0",
-              [("triton/__init__.py", ROCM_INIT), ("triton/_C/libtriton.so", ROCM_LIB)])
+    make_dist(
+        tmp_path,
+        "pytorch-triton-rocm",
+        "3.1.0",
+        [("triton/__init__.py", ROCM_INIT), ("triton/_C/libtriton.so", ROCM_LIB)],
+    )
     make_dist(tmp_path, "triton", "3.1.0", [("triton/__init__.py", CUDA_INIT), ("triton/_C/libtriton.so", CUDA_LIB)])
     located = triton_info.locate([str(tmp_path)])
     facts = triton_info.report(located, None, torch_build="rocm", device_arch="gfx90a")
@@ -534,8 +582,12 @@ def test_cuda_triton_beside_pytorch_triton_rocm(tmp_path, last_installed):
 
 def test_triton_target_from_the_runtime_wins():
     located = triton_info.LocatedTriton("/x/triton", {"pytorch-triton-rocm": "3.1.0"}, ("pytorch-triton-rocm",), "")
-    imported = {"status": "ok", "reason": "imported", "seconds": 1.0,
-                "target": {"backend": "hip", "arch": "gfx90a:sramecc+:xnack-", "warp_size": 64}}
+    imported = {
+        "status": "ok",
+        "reason": "imported",
+        "seconds": 1.0,
+        "target": {"backend": "hip", "arch": "gfx90a:sramecc+:xnack-", "warp_size": 64},
+    }
     facts = triton_info.report(located, imported, torch_build="rocm", device_arch="gfx90a")
     assert (facts["backend"], facts["arch"], facts["warp_size"]) == ("hip", "gfx90a", 64)
     assert facts["target_source"] == "runtime" and facts["conflict"] is None and facts["matches_torch_build"]
@@ -556,10 +608,17 @@ def test_triton_on_this_machine_matches_metadata():
 def test_site_signals(tmp_path):
     systemname = tmp_path / "systemname"
     systemname.write_text("juwelsbooster\n")
-    markers = site.SITE_MARKERS + (site.SiteMarker("file", str(systemname), "JSC"),
-                                   site.SiteMarker("file", str(tmp_path / "absent"), "nowhere"))
-    env = {"LUMI_STACK_NAME": "LUMI", "SLURM_JOB_ID": "123", "SLURM_CLUSTER_NAME": "lumi", "HOME": "/users/x",
-           "SLURM_SECRET_UNLISTED": "x"}
+    markers = site.SITE_MARKERS + (
+        site.SiteMarker("file", str(systemname), "JSC"),
+        site.SiteMarker("file", str(tmp_path / "absent"), "nowhere"),
+    )
+    env = {
+        "LUMI_STACK_NAME": "LUMI",
+        "SLURM_JOB_ID": "123",
+        "SLURM_CLUSTER_NAME": "lumi",
+        "HOME": "/users/x",
+        "SLURM_SECRET_UNLISTED": "x",
+    }
     s = site.detect_site(env, hostname="nid005123", markers=markers)
     assert s["hostname"] == "nid005123"
     assert s["slurm"] == {"SLURM_CLUSTER_NAME": "lumi", "SLURM_JOB_ID": "123"}
@@ -599,11 +658,22 @@ def test_detect_survives_a_broken_torch(monkeypatch):
 @pytest.mark.slow
 def test_detect_reports_every_broken_library_and_goes_on(fakes):
     table = tuple(KnownLibrary(name, (name,), name, name) for name in FAKES)
-    report = detect_pkg.detect(import_checks=True, timeout=3, extra_paths=[str(fakes)], table=table,
-                               torch=fake_torch(**MI250X), nvml=lambda: None)
+    report = detect_pkg.detect(
+        import_checks=True,
+        timeout=3,
+        extra_paths=[str(fakes)],
+        table=table,
+        torch=fake_torch(**MI250X),
+        nvml=lambda: None,
+    )
     status = {name: lib["import"]["status"] for name, lib in report["libraries"].items()}
-    assert status == {"fake_abort": "crashed", "fake_hang": "timeout", "fake_raise": "error",
-                      "fake_print": "ok", "fake_exit": "crashed"}
+    assert status == {
+        "fake_abort": "crashed",
+        "fake_hang": "timeout",
+        "fake_raise": "error",
+        "fake_print": "ok",
+        "fake_exit": "crashed",
+    }
     assert all(report["libraries"][n]["import"]["reason"] for n in FAKES)
     assert report["device"]["vendor"] == "amd" and report["device"]["arch"] == "gfx90a"
     assert report["fingerprint"]["device-arch"] == "gfx90a"
@@ -625,8 +695,9 @@ def test_liger_kernel_installed_and_importable_here():
 
 
 def test_cancel_kills_running_checks_at_once(fakes):
-    checks = importcheck.ImportChecks({"hang": importcheck.ImportRequest("fake_hang")}, timeout=120,
-                                      extra_paths=[str(fakes)])
+    checks = importcheck.ImportChecks(
+        {"hang": importcheck.ImportRequest("fake_hang")}, timeout=120, extra_paths=[str(fakes)]
+    )
     checks.cancel()
     result = checks.results()["hang"]  # without cancel() this would wait 120 s
     assert result["status"] == "crashed" and "SIGKILL" in result["reason"]

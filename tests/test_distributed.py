@@ -19,20 +19,14 @@ import pytest
 
 import kernel_lock
 from kernel_lock import LockWarning, RanksDisagree
-from kernel_lock.distributed import (
-    _exchange_device_type,
-    _ranks_text,
-    check_ranks,
-    judge,
-    local_report,
-)
+from kernel_lock.distributed import _exchange_device_type, _ranks_text, check_ranks, judge, local_report
 
 from .conftest import MINIMAL_LOCK, ROOT
 
 WORLD = 4
 HOST = socket.gethostname()
 
-WORKER = r'''
+WORKER = r"""
 import os, sys
 if os.environ.get("KP_TEST_WITHOUT_NUMPY"):
     sys.modules["numpy"] = None  # as in a venv without numpy: every `import numpy` fails
@@ -40,7 +34,7 @@ import datetime, json
 import torch
 import torch.distributed as dist
 import kernel_lock
-from kernel_lock import fingerprint
+from kernel_lock import fingerprint, torchless
 from kernel_lock.distributed import check_ranks
 
 rank, world, init, plan_path, out_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
@@ -58,7 +52,7 @@ for scenario in json.load(open(plan_path)):
         facts = {**here, **mine.get("current", {})}
         def current(*a, facts=facts, **k):
             return dict(facts)
-    fingerprint.current = current  # what lock.verify() reads on this rank
+    torchless.current = current  # what lock.verify() reads on this rank (torch-free when it can be)
     try:
         check_ranks(lock)
         results[scenario["name"]] = {"ok": True}
@@ -73,7 +67,7 @@ try:
 except RuntimeError as exc:  # what torch itself says when numpy is missing
     numpy = str(exc)
 open(out_path, "w").write(json.dumps({"numpy": numpy, "scenarios": results}))
-'''
+"""
 
 
 def _sealed(text: str) -> kernel_lock.KernelLock:
@@ -92,10 +86,16 @@ def _run_ranks(tmp: Path, plan: list[dict], *, world: int, without_numpy: bool =
     if without_numpy:
         env["KP_TEST_WITHOUT_NUMPY"] = "1"
     procs = [
-        subprocess.Popen([sys.executable, str(script), str(r), str(world), init, str(tmp / "plan.json"), str(tmp / f"{r}.json")],
-                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(
+            [sys.executable, str(script), str(r), str(world), init, str(tmp / "plan.json"), str(tmp / f"{r}.json")],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for r in range(world)
-    ]  # fmt: skip
+    ]
     logs = []
     try:
         for p in procs:
@@ -105,7 +105,7 @@ def _run_ranks(tmp: Path, plan: list[dict], *, world: int, without_numpy: bool =
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    for r, (p, log) in enumerate(zip(procs, logs)):
+    for r, (p, log) in enumerate(zip(procs, logs, strict=True)):
         assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n{log}"
     results = {r: json.loads((tmp / f"{r}.json").read_text()) for r in range(world)}
     assert all(set(results[r]["scenarios"]) == {s["name"] for s in plan} for r in results)
@@ -129,9 +129,12 @@ def ranks(tmp_path_factory) -> dict[int, dict[str, dict]]:
         {"name": "rank 0 holds another lock", "lock": str(same), "ranks": {"0": {"lock": str(other)}}},
         {"name": "rank 3 is another machine", "lock": str(same), "ranks": {"3": {"current": {"device-type": "cuda"}}}},
         {"name": "rank 1 fails to check", "lock": str(same), "ranks": {"1": {"crash": True}}},
-        {"name": "both", "lock": str(same),
-         "ranks": {"1": {"lock": str(other)}, "2": {"current": {"device-type": "rocm"}}}},
-    ]  # fmt: skip
+        {
+            "name": "both",
+            "lock": str(same),
+            "ranks": {"1": {"lock": str(other)}, "2": {"current": {"device-type": "rocm"}}},
+        },
+    ]
     results = _run_ranks(tmp, plan, world=WORLD)
     return {r: results[r]["scenarios"] for r in results}
 
@@ -144,6 +147,7 @@ def _all_raise(ranks, scenario: str) -> str:
     return seen[0]["message"]
 
 
+@pytest.mark.slow
 def test_ranks_that_agree_go_on(ranks):
     assert [ranks[r]["agree"] for r in range(WORLD)] == [{"ok": True}] * WORLD
 
@@ -182,6 +186,7 @@ def test_every_fault_is_listed(ranks):
     assert "rank 1 on" in msg and "rank 2 on" in msg and "device-type: lock has 'cpu', this machine has 'rocm'" in msg
 
 
+@pytest.mark.slow
 def test_ranks_exchange_their_reports_without_numpy(tmp_path):
     # torch's all_gather_object needs numpy ("RuntimeError: Numpy is not available"); the JSON-bytes
     # exchange must not, so a job in a venv without numpy still gets its verdict
@@ -253,8 +258,10 @@ def test_local_report_names_rank_host_lock_and_content_digest(lock_file):
 
 
 def test_many_ranks_with_one_problem_are_one_entry():
-    reports = [_report(r, host=f"nid{r // 4:03d}", differences=["torch: lock has '2.11.0', this machine has '2.12.0'"])
-               for r in range(64)]  # fmt: skip
+    reports = [
+        _report(r, host=f"nid{r // 4:03d}", differences=["torch: lock has '2.11.0', this machine has '2.12.0'"])
+        for r in range(64)
+    ]
     msg = str(judge(reports))
     assert msg.count("torch: lock has") == 1 and "ranks 0-63 on nid000, nid001" in msg and "(16 hosts)" in msg
 
@@ -280,9 +287,14 @@ def fake_group(monkeypatch):
             outputs[1].zero_()
             outputs[1][: len(other)] = torch.tensor(list(other), dtype=torch.uint8)
 
-    for name, value in {"is_available": lambda: True, "is_initialized": lambda: True, "get_rank": lambda group=None: 0,
-                        "get_world_size": lambda group=None: 2, "get_backend": lambda group=None: state["backend"],
-                        "all_gather": all_gather}.items():  # fmt: skip
+    for name, value in {
+        "is_available": lambda: True,
+        "is_initialized": lambda: True,
+        "get_rank": lambda group=None: 0,
+        "get_world_size": lambda group=None: 2,
+        "get_backend": lambda group=None: state["backend"],
+        "all_gather": all_gather,
+    }.items():
         monkeypatch.setattr(dist, name, value)
     return state
 
@@ -304,8 +316,13 @@ def test_the_exchange_round_trips_reports(fake_group):
     check_ranks(lock)  # the same lock on a matching machine: no error
 
 
-@pytest.mark.parametrize("exc", [RuntimeError("Connection closed by peer [10.0.0.2]:29500"),
-                                 ValueError("Tensor list input to all_gather must be on the same device")])  # fmt: skip
+@pytest.mark.parametrize(
+    "exc",
+    [
+        RuntimeError("Connection closed by peer [10.0.0.2]:29500"),
+        ValueError("Tensor list input to all_gather must be on the same device"),
+    ],
+)
 def test_a_failed_exchange_is_ranks_disagree(fake_group, exc):
     fake_group["fail"] = exc
     with pytest.raises(RanksDisagree) as info:
@@ -318,12 +335,12 @@ def test_a_failed_exchange_is_ranks_disagree(fake_group, exc):
 
 
 def test_a_rank_whose_check_crashed_still_exchanges(fake_group, monkeypatch):
-    from kernel_lock import fingerprint
+    from kernel_lock import torchless
 
     def crash(*a, **k):
         raise RuntimeError("NVML exploded")
 
-    monkeypatch.setattr(fingerprint, "current", crash)
+    monkeypatch.setattr(torchless, "current", crash)
     lock = _sealed(MINIMAL_LOCK)
     fake_group["other"] = _sent(_report(1, digest=lock.compute_digest()))
     with pytest.raises(RanksDisagree, match="checking failed: RuntimeError: NVML exploded") as info:
@@ -366,9 +383,15 @@ def test_an_nccl_group_needs_a_current_cuda_device(fake_group, monkeypatch):
 
 @pytest.mark.parametrize(
     "backend,device",
-    [("gloo", "cpu"), ("mpi", "cpu"), ("nccl", "cuda"), ("cpu:gloo,cuda:nccl", "cpu"), ("cuda:nccl", "cuda"),
-     ("ucc", "cpu")],
-)  # fmt: skip
+    [
+        ("gloo", "cpu"),
+        ("mpi", "cpu"),
+        ("nccl", "cuda"),
+        ("cpu:gloo,cuda:nccl", "cpu"),
+        ("cuda:nccl", "cuda"),
+        ("ucc", "cpu"),
+    ],
+)
 def test_the_exchange_device_follows_the_backend(backend, device):
     assert _exchange_device_type(backend) == device
 
@@ -385,9 +408,16 @@ def test_numpy_is_declared():
     assert "numpy" in {Requirement(d).name for d in project["dependencies"]}
 
 
+@pytest.mark.slow
 def test_a_command_that_imports_torch_prints_no_numpy_warning():
     # `import torch` without numpy prints "UserWarning: Failed to initialize NumPy" on every command
-    proc = subprocess.run([sys.executable, "-m", "kernel_probe.cli", "env", "--no-import-checks", "--json"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernel_probe.cli", "env", "--no-import-checks", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "NumPy" not in proc.stderr and "UserWarning" not in proc.stderr, proc.stderr

@@ -20,7 +20,9 @@ def test_every_document_is_up_to_date():
 
 
 def test_check_mode_from_the_command_line():
-    proc = subprocess.run([sys.executable, "-m", "kernel_probe.docgen", "--check"], capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernel_probe.docgen", "--check"], capture_output=True, text=True, cwd=ROOT
+    )
     assert proc.returncode == 0, proc.stderr
 
 

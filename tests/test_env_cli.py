@@ -81,23 +81,40 @@ def test_env_unknown_option_exits_2():
     assert exc.value.code == 2
 
 
+@pytest.mark.slow
 def test_env_json_from_a_real_process_is_clean():
     """Whatever torch logs goes to stderr; stdout is exactly one JSON document."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
-    done = subprocess.run([sys.executable, "-m", "kernel_probe", "env", "--json", "--no-import-checks"],
-                          capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "kernel_probe", "env", "--json", "--no-import-checks"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["schema"] == SCHEMA
 
 
 def _rocm_torch():
-    dev = SimpleNamespace(name="AMD Radeon Graphics", major=9, minor=0, gcnArchName="gfx90a:sramecc+:xnack-",
-                          total_memory=64 * 2**30, multi_processor_count=110)
+    dev = SimpleNamespace(
+        name="AMD Radeon Graphics",
+        major=9,
+        minor=0,
+        gcnArchName="gfx90a:sramecc+:xnack-",
+        total_memory=64 * 2**30,
+        multi_processor_count=110,
+    )
     return SimpleNamespace(
         __version__="2.7.1+rocm6.2.4",
         version=SimpleNamespace(cuda=None, hip="6.2.41133-dd7f95766"),
-        cuda=SimpleNamespace(is_available=lambda: True, device_count=lambda: 8,
-                             get_device_properties=lambda i: dev, get_arch_list=lambda: ["gfx942"]),
+        cuda=SimpleNamespace(
+            is_available=lambda: True,
+            device_count=lambda: 8,
+            get_device_properties=lambda i: dev,
+            get_arch_list=lambda: ["gfx942"],
+        ),
         backends=SimpleNamespace(mps=SimpleNamespace(is_available=lambda: False)),
     )
 
@@ -191,11 +208,20 @@ def test_every_json_key_is_documented(monkeypatch):
         doc = fh.read()
     report = detect(import_checks=False)
     report["libraries"]["liger-kernel"]["import"] = {  # a child's optional keys too
-        "status": "error", "reason": "x", "seconds": 1.0, "import_seconds": 0.5, "file": "f", "module_version": "1",
-        "where": "w", "stdout": "s", "stderr": "e"}
+        "status": "error",
+        "reason": "x",
+        "seconds": 1.0,
+        "import_seconds": 0.5,
+        "file": "f",
+        "module_version": "1",
+        "where": "w",
+        "stdout": "s",
+        "stderr": "e",
+    }
     report["triton"]["import"] = dict(report["libraries"]["liger-kernel"]["import"])
     rocm = detect(import_checks=False, torch=_rocm_torch(), nvml=lambda: None)
-    missing = sorted({key for r in (report, rocm) for key in _keys(r)
-                      if not re.search(rf"(?<![\w-]){re.escape(key)}(?![\w-])", doc)})
+    missing = sorted(
+        {key for r in (report, rocm) for key in _keys(r) if not re.search(rf"(?<![\w-]){re.escape(key)}(?![\w-])", doc)}
+    )
     assert missing == []
     assert set(report["fingerprint"]) == set(fingerprint.FIELDS)  # documented by reference to FIELDS

@@ -7,7 +7,6 @@ field, nothing imported that the allow-list does not cover, and nothing half-wri
 from __future__ import annotations
 
 import json
-
 import os
 import signal
 import subprocess
@@ -161,24 +160,33 @@ def test_main_and_private_paths_are_refused_before_import(tmp_path, capsys, targ
     assert "torch.utils.model_dump.__main__" not in sys.modules
 
 
+@pytest.mark.slow
 def test_a_library_calling_sys_exit_on_import_does_not_end_the_caller(tmp_path, monkeypatch):
     (tmp_path / "kp_exits.py").write_text("import sys\nsys.exit(0)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    lock = kernel_lock.loads(lock_text(**{'target = "torch.nn.LayerNorm"': 'target = "kp_exits.Norm"'}), trust=["kp_exits"],
-                             emit_warnings=False)  # fmt: skip
+    lock = kernel_lock.loads(
+        lock_text(**{'target = "torch.nn.LayerNorm"': 'target = "kp_exits.Norm"'}),
+        trust=["kp_exits"],
+        emit_warnings=False,
+    )
     with pytest.raises(KernelUnavailable, match=r"called sys.exit\(0\)"):
         lock.factory("LayerNorm", verify_environment=False)
     # in the probe's worker: a verdict, not a dead worker
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ['PYTHONPATH']}")
-    reports = check_all(["LayerNorm"], [cands.from_command_line("LayerNorm=kp_exits.Norm")], "cpu", [("float32", "true")])
+    reports = check_all(
+        ["LayerNorm"], [cands.from_command_line("LayerNorm=kp_exits.Norm")], "cpu", [("float32", "true")]
+    )
     [r] = [r for r in reports["LayerNorm"] if r.id == "custom:kp_exits.Norm"]
     assert r.status == "crashed" and "SystemExit" in r.reasons[0]
 
 
 # ---- 4: one candidate poisoning the next one's verdict --------------------------------------------
+@pytest.mark.slow
 def test_a_library_patching_torch_is_refused_and_cannot_poison_another(tmp_path, capsys):
-    offered = [cands.from_command_line("LayerNorm=kp_poison.PoisonLayerNorm"),
-               cands.from_command_line("LayerNorm=kp_affine.AffineIdentity")]  # fmt: skip
+    offered = [
+        cands.from_command_line("LayerNorm=kp_poison.PoisonLayerNorm"),
+        cands.from_command_line("LayerNorm=kp_affine.AffineIdentity"),
+    ]
     candidates, _ = cands.registry(offered, entry_points=False)
     reports = {r.id: r for r in check_all(["LayerNorm"], candidates, "cpu", [("float32", "true")])["LayerNorm"]}
     poison = reports["custom:kp_poison.PoisonLayerNorm"]
@@ -187,21 +195,41 @@ def test_a_library_patching_torch_is_refused_and_cannot_poison_another(tmp_path,
     assert affine.status == "rejected" and "y error" in " ".join(affine.reasons)  # judged against the real reference
     assert reports["torch.layer_norm"].status == "accepted"
     # and --prefer cannot write it into a lock
-    code, _, err = run_cli(["--out", tmp_path / "k.toml", "--slot", "LayerNorm", "--precision", "32-true", "--shape", "64x32",
-                            "--reps", "2", "--candidate", "LayerNorm=kp_poison.PoisonLayerNorm",
-                            "--candidate", "LayerNorm=kp_affine.AffineIdentity",
-                            "--prefer", "LayerNorm=custom:kp_affine.AffineIdentity"], capsys)  # fmt: skip
+    code, _, err = run_cli(
+        [
+            "--out",
+            tmp_path / "k.toml",
+            "--slot",
+            "LayerNorm",
+            "--precision",
+            "32-true",
+            "--shape",
+            "64x32",
+            "--reps",
+            "2",
+            "--candidate",
+            "LayerNorm=kp_poison.PoisonLayerNorm",
+            "--candidate",
+            "LayerNorm=kp_affine.AffineIdentity",
+            "--prefer",
+            "LayerNorm=custom:kp_affine.AffineIdentity",
+        ],
+        capsys,
+    )
     assert code != 0 and "rejected" in err and not (tmp_path / "k.toml").exists()
 
 
 # ---- 5: the slot's semantics at verify, an empty environment, trust granted by the caller --------------
-@pytest.mark.parametrize("slot,target,words", [
-    ("LayerNorm", "torch.nn.RMSNorm", "computes rms_norm, not layer_norm"),
-    ("Linear", "torch.nn.Identity", "computes other: Identity, not linear"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "slot,target,words",
+    [
+        ("LayerNorm", "torch.nn.RMSNorm", "computes rms_norm, not layer_norm"),
+        ("Linear", "torch.nn.Identity", "computes other: Identity, not linear"),
+    ],
+)
 def test_verify_checks_the_class_against_the_slot(tmp_path, capsys, slot, target, words):
     default = {"LayerNorm": "torch.nn.LayerNorm", "Linear": "torch.nn.Linear"}[slot]
-    text = MINIMAL_LOCK.replace(f'[slots.{slot}]\nimplementation', f'[slots.{slot}]\nimplementation', 1)
+    text = MINIMAL_LOCK.replace(f"[slots.{slot}]\nimplementation", f"[slots.{slot}]\nimplementation", 1)
     head, _, tail = text.partition(f"[slots.{slot}]")
     tail = tail.replace(f'target = "{default}"', f'target = "{target}"', 1)
     path = write_lock(tmp_path, head + f"[slots.{slot}]" + tail)  # rehash-ed: the digest is intact
@@ -218,8 +246,12 @@ def test_strict_refuses_an_empty_environment(tmp_path, capsys):
 
 
 def test_a_locks_trusted_modules_only_ask(tmp_path, capsys, no_trust):
-    text = lock_text(**{'created-by = "hand"': 'created-by = "hand"\ntrusted-modules = ["kp_zoo"]',
-                        'target = "torch.nn.LayerNorm"': 'target = "kp_zoo.norms.GoodLayerNorm"'})
+    text = lock_text(
+        **{
+            'created-by = "hand"': 'created-by = "hand"\ntrusted-modules = ["kp_zoo"]',
+            'target = "torch.nn.LayerNorm"': 'target = "kp_zoo.norms.GoodLayerNorm"',
+        }
+    )
     path = write_lock(tmp_path, text)
     code, _, err = run_cli(["verify", path], capsys)
     assert code == 5 and "asks to trust (trusted-modules) but which was not granted" in err and "--trust kp_zoo" in err
@@ -243,11 +275,21 @@ def fifo(tmp_path):
     return p
 
 
-@pytest.mark.parametrize("argv", [
-    ["show", "{fifo}"], ["verify", "{fifo}"], ["export", "{fifo}"], ["explain", "{fifo}", "LayerNorm"],
-    ["profiles", "check", "{fifo}"], ["check-config", "{fifo}"], ["--profile", "{fifo}"],
-    ["show", "/dev/zero"], ["check-config", "/dev/zero"], ["profiles", "check", "/dev/zero"],
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["show", "{fifo}"],
+        ["verify", "{fifo}"],
+        ["export", "{fifo}"],
+        ["explain", "{fifo}", "LayerNorm"],
+        ["profiles", "check", "{fifo}"],
+        ["check-config", "{fifo}"],
+        ["--profile", "{fifo}"],
+        ["show", "/dev/zero"],
+        ["check-config", "/dev/zero"],
+        ["profiles", "check", "/dev/zero"],
+    ],
+)
 def test_special_files_are_refused_at_once(tmp_path, capsys, fifo, argv):
     argv = [a.replace("{fifo}", str(fifo)) for a in argv]
     if argv[0] == "--profile":
@@ -285,12 +327,15 @@ def test_an_interpolation_fan_out_is_bounded(tmp_path, capsys):
         levels.append(f"a{i}: [" + ", ".join([f"'${{model.a{i - 1}}}'"] * 10) + "]")
     model = "\n".join("  " + line for line in levels)
     p = tmp_path / "fan.yaml"
-    p.write_text(f"model:\n{model}\n  layer_kernels:\n    LayerNorm: {{_target_: torch.nn.LayerNorm, junk: '${{model.a6}}'}}\n")
+    p.write_text(
+        f"model:\n{model}\n  layer_kernels:\n    LayerNorm: {{_target_: torch.nn.LayerNorm, junk: '${{model.a6}}'}}\n"
+    )
     start = time.perf_counter()
     code, _, err = run_cli(["check-config", p], capsys)
     assert code == 5 and "references produces more than" in err and time.perf_counter() - start < 20
 
 
+@pytest.mark.slow
 def test_many_unknown_keys_give_one_capped_list_of_warnings(tmp_path):
     extra = "".join(f"unknown{i} = {i}\n" for i in range(300_000))
     p = tmp_path / "k.toml"
@@ -310,8 +355,11 @@ def test_an_oversized_lock_is_refused(tmp_path):
 
 # ---- 7: unknown environment fields ------------------------------------------------------------------
 def test_an_unknown_environment_field_is_reported_not_checked(tmp_path, capsys):
-    text = lock_text(**{'device-type = { value = "cpu", match = "exact" }':
-                        'device-type = { value = "cpu", match = "exact" }\nquantum-bits = { value = "42", match = "exact" }'})
+    text = lock_text(
+        **{
+            'device-type = { value = "cpu", match = "exact" }': 'device-type = { value = "cpu", match = "exact" }\nquantum-bits = { value = "42", match = "exact" }'
+        }
+    )
     path = write_lock(tmp_path, text)
     code, out, err = run_cli(["verify", path], capsys)
     assert code == 0, err
@@ -319,17 +367,30 @@ def test_an_unknown_environment_field_is_reported_not_checked(tmp_path, capsys):
 
 
 # ---- 8: markup and escape sequences in lock strings ---------------------------------------------------
-@pytest.mark.parametrize("value,shown", [
-    ("[/bold] x", "[/bold] x"), ("[black on black]hidden", "[black on black]hidden"), ("\x1b[2J\x1b[31mred", "\\x1b[2J"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "value,shown",
+    [
+        ("[/bold] x", "[/bold] x"),
+        ("[black on black]hidden", "[black on black]hidden"),
+        ("\x1b[2J\x1b[31mred", "\\x1b[2J"),
+    ],
+)
 @pytest.mark.parametrize("command", ["show", "explain", "diff", "verify"])
 def test_strings_from_a_lock_are_printed_as_text(tmp_path, capsys, value, shown, command):
     escaped = value.replace("\x1b", "\\u001b")
-    text = lock_text(**{'created-by = "hand"': f'created-by = "{escaped}"',
-                        'implementation = "torch.layer_norm"': f'implementation = "{escaped}"'})
+    text = lock_text(
+        **{
+            'created-by = "hand"': f'created-by = "{escaped}"',
+            'implementation = "torch.layer_norm"': f'implementation = "{escaped}"',
+        }
+    )
     path = write_lock(tmp_path, text)
-    argv = {"show": ["show", path], "explain": ["explain", path, "LayerNorm"], "diff": ["diff", path, tmp_path / "b.toml"],
-            "verify": ["verify", path]}[command]  # fmt: skip
+    argv = {
+        "show": ["show", path],
+        "explain": ["explain", path, "LayerNorm"],
+        "diff": ["diff", path, tmp_path / "b.toml"],
+        "verify": ["verify", path],
+    }[command]
     write_lock(tmp_path, MINIMAL_LOCK, "b.toml")
     code, out, err = run_cli(argv, capsys)
     assert code == 0, err
@@ -339,25 +400,43 @@ def test_strings_from_a_lock_are_printed_as_text(tmp_path, capsys, value, shown,
 
 
 # ---- 9: exit codes and unvalidated values -----------------------------------------------------------
-@pytest.mark.parametrize("name,old,new,words", [
-    ("5000-digit version", '"1.0"', '"' + "1" * 5000 + '.0"', "MAJOR.MINOR"),
-    ("full-width digits", '"1.0"', '"\uff11.\uff10"', "MAJOR.MINOR"),
-    ("trailing newline", '"1.0"', '"1.0\\n"', "MAJOR.MINOR"),
-    ("eps nan", "kwargs = { eps = 1e-6 }", "kwargs = { eps = nan }", "not a finite number"),
-    ("eps inf", "kwargs = { eps = 1e-6 }", "kwargs = { eps = inf }", "not a finite number"),
-    ("int beyond 64 bits", "kwargs = { eps = 1e-6 }", "kwargs = { eps = 1e-6, n = 99999999999999999999 }", "beyond 64 bits"),
-    ("huge int in evidence", "kwargs = { eps = 1e-6 }", "kwargs = { eps = 1e-6 }\nevidence = [{ n = -99999999999999999999 }]", "beyond 64 bits"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "name,old,new,words",
+    [
+        ("5000-digit version", '"1.0"', '"' + "1" * 5000 + '.0"', "MAJOR.MINOR"),
+        ("full-width digits", '"1.0"', '"\uff11.\uff10"', "MAJOR.MINOR"),
+        ("trailing newline", '"1.0"', '"1.0\\n"', "MAJOR.MINOR"),
+        ("eps nan", "kwargs = { eps = 1e-6 }", "kwargs = { eps = nan }", "not a finite number"),
+        ("eps inf", "kwargs = { eps = 1e-6 }", "kwargs = { eps = inf }", "not a finite number"),
+        (
+            "int beyond 64 bits",
+            "kwargs = { eps = 1e-6 }",
+            "kwargs = { eps = 1e-6, n = 99999999999999999999 }",
+            "beyond 64 bits",
+        ),
+        (
+            "huge int in evidence",
+            "kwargs = { eps = 1e-6 }",
+            "kwargs = { eps = 1e-6 }\nevidence = [{ n = -99999999999999999999 }]",
+            "beyond 64 bits",
+        ),
+    ],
+)
 def test_invalid_values_are_refused(name, old, new, words):
     assert old in MINIMAL_LOCK
     with pytest.raises(LockFormatError, match=words):
         kernel_lock.loads(MINIMAL_LOCK.replace(old, new, 1), emit_warnings=False)
 
 
-@pytest.mark.parametrize("argv,code", [
-    (["check", "--timeout", "nan"], 2), (["check", "--timeout", "-1"], 2), (["check", "--import-timeout", "inf"], 2),
-    (["--out", ""], 2),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv,code",
+    [
+        (["check", "--timeout", "nan"], 2),
+        (["check", "--timeout", "-1"], 2),
+        (["check", "--import-timeout", "inf"], 2),
+        (["--out", ""], 2),
+    ],
+)
 def test_bad_arguments_are_usage_errors(capsys, argv, code):
     assert run_cli(argv, capsys)[0] == code
 
@@ -371,12 +450,18 @@ def test_out_problems_are_usage_errors(tmp_path, capsys, monkeypatch):
     assert code == 2 and "permission denied" in err
 
 
-@pytest.mark.parametrize("candidate,words", [
-    ('id = "torch.layer_norm"\nslots = ["LayerNorm"]\ntarget = "site.Norm"', "built-in candidate's id"),
-    ('id = "site.x"\nslots = ["LayerNorm"]\ntarget = "site.Norm"\nargs = 3', "expected a list"),
-    ('id = "site.x"\nslots = ["LayerNorm"]\ntarget = "site.Norm"\nkwargs = { eps = [1] }', "expected a string, a finite number"),
-    ('id = "site.x"\nslots = ["LayerNorm"]\ntarget = "site.Norm"\ntwin-kwargs = 1', "expected a table"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "candidate,words",
+    [
+        ('id = "torch.layer_norm"\nslots = ["LayerNorm"]\ntarget = "site.Norm"', "built-in candidate's id"),
+        ('id = "site.x"\nslots = ["LayerNorm"]\ntarget = "site.Norm"\nargs = 3', "expected a list"),
+        (
+            'id = "site.x"\nslots = ["LayerNorm"]\ntarget = "site.Norm"\nkwargs = { eps = [1] }',
+            "expected a string, a finite number",
+        ),
+        ('id = "site.x"\nslots = ["LayerNorm"]\ntarget = "site.Norm"\ntwin-kwargs = 1', "expected a table"),
+    ],
+)
 def test_profile_candidate_fields_are_validated(tmp_path, capsys, candidate, words):
     p = tmp_path / "site.toml"
     p.write_text(f'profile-version = "1"\nname = "site"\n[[candidate]]\n{candidate}\n')
@@ -396,7 +481,9 @@ def test_one_broken_profile_does_not_hide_the_others(tmp_path, capsys, monkeypat
 
 def test_config_keys_that_are_not_names(tmp_path, capsys):
     p = tmp_path / "c.yaml"
-    p.write_text("model:\n  layer_kernels:\n    1: {_target_: torch.nn.LayerNorm}\n    null: {_target_: torch.nn.Linear}\n")
+    p.write_text(
+        "model:\n  layer_kernels:\n    1: {_target_: torch.nn.LayerNorm}\n    null: {_target_: torch.nn.Linear}\n"
+    )
     code, out, err = run_cli(["check-config", p], capsys)
     assert code == 5 and "is a int, not a name" in out and "Traceback" not in err
 
@@ -409,11 +496,14 @@ def test_a_lock_file_this_user_cannot_open_is_reported(tmp_path, capsys, monkeyp
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(filelock.FileLock, "acquire", denied)
-    code, _, err = run_cli(["--out", tmp_path / "k.toml", "--slot", "Linear", "--shape", "64x32", "--reps", "2"], capsys)
+    code, _, err = run_cli(
+        ["--out", tmp_path / "k.toml", "--slot", "Linear", "--shape", "64x32", "--reps", "2"], capsys
+    )
     assert code == 2 and "cannot open its lock file" in err and "remove the stale" in err
     assert not (tmp_path / "k.toml").exists()
 
 
+@pytest.mark.slow
 def test_a_file_system_without_locks_is_a_warning(tmp_path, capsys, monkeypatch):
     import errno
 
@@ -423,16 +513,30 @@ def test_a_file_system_without_locks_is_a_warning(tmp_path, capsys, monkeypatch)
         raise OSError(errno.ENOLCK, "No locks available")
 
     monkeypatch.setattr(filelock.FileLock, "acquire", unsupported)
-    code, _, err = run_cli(["--out", tmp_path / "k.toml", "--slot", "Linear", "--precision", "32-true", "--shape", "64x32",
-                            "--reps", "2"], capsys)  # fmt: skip
+    code, _, err = run_cli(
+        ["--out", tmp_path / "k.toml", "--slot", "Linear", "--precision", "32-true", "--shape", "64x32", "--reps", "2"],
+        capsys,
+    )
     assert code == 0 and "does not do file locks" in err
 
 
+@pytest.mark.slow
 def test_a_symlink_at_out_is_written_through(tmp_path, capsys):
     shared = tmp_path / "shared"
     shared.mkdir()
     (tmp_path / "link.toml").symlink_to(shared / "kernel-lock.toml")
-    argv = ["--out", tmp_path / "link.toml", "--slot", "Linear", "--precision", "32-true", "--shape", "64x32", "--reps", "2"]
+    argv = [
+        "--out",
+        tmp_path / "link.toml",
+        "--slot",
+        "Linear",
+        "--precision",
+        "32-true",
+        "--shape",
+        "64x32",
+        "--reps",
+        "2",
+    ]
     assert run_cli(argv, capsys)[0] == 0
     assert (tmp_path / "link.toml").is_symlink() and kernel_lock.load(shared / "kernel-lock.toml").slots
     assert run_cli([*argv, "--force"], capsys)[0] == 0

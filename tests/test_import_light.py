@@ -9,7 +9,9 @@ from .conftest import ROOT
 
 
 def _imported_modules(code: str) -> set[str]:
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
+    )
     names = set()
     for line in proc.stderr.splitlines():
         if line.startswith("import time:") and "|" in line:

@@ -5,10 +5,9 @@ Also ``kernel-probe verify --mode inference`` and ``kernel-probe lock --for infe
 
 from __future__ import annotations
 
-import re
-
 import json
 import logging
+import re
 import warnings
 from pathlib import Path
 
@@ -24,12 +23,22 @@ from .conftest import run_cli as run
 
 NOT_INSTALLED = '[{ name = "kp-not-installed", specifier = ">=1.0", module = "kp_not_installed" }]'
 TWIN = '{ target = "torch.nn.LayerNorm", kwargs = { eps = 1e-6 }, state-dict = "interchangeable", max-error = 0.002 }'
-MIGRATE = '{ target = "torch.nn.LayerNorm", state-dict = "migrate", migration = ["drop:_extra_state"], max-error = 1e-6 }'
+MIGRATE = (
+    '{ target = "torch.nn.LayerNorm", state-dict = "migrate", migration = ["drop:_extra_state"], max-error = 1e-6 }'
+)
 
 
-def lock_text(*, slot: str = "LayerNorm", semantics: str = "layer_norm", implementation: str = "fast.layer_norm",
-              target: str = "kp_not_installed.FastLayerNorm", requires: str = NOT_INSTALLED,
-              devices: str = "[]", twin: str | None = TWIN, device: str = "cpu") -> str:  # fmt: skip
+def lock_text(
+    *,
+    slot: str = "LayerNorm",
+    semantics: str = "layer_norm",
+    implementation: str = "fast.layer_norm",
+    target: str = "kp_not_installed.FastLayerNorm",
+    requires: str = NOT_INSTALLED,
+    devices: str = "[]",
+    twin: str | None = TWIN,
+    device: str = "cpu",
+) -> str:
     text = f'''\
 lock-version = "1.0"
 created-by = "test"
@@ -64,7 +73,6 @@ def write(tmp_path: Path, text: str, name: str = "train.toml") -> Path:
     return p
 
 
-
 # ---- the resolver --------------------------------------------------------------------------
 def test_training_implementation_is_kept_where_it_runs(caplog):
     lock = load(lock_text(target="kp_zoo.norms.ExtraStateLayerNorm", requires="[]", twin=MIGRATE))
@@ -81,8 +89,11 @@ def test_twin_with_state_dict_migration_is_substituted_and_logged(caplog):
         f = lock.factory("LayerNorm", mode="inference")
     assert f.func is torch.nn.LayerNorm and f.target == "torch.nn.LayerNorm"
     assert (f.substituted_from, f.implementation, f.max_error, f.mode) == (
-        "fast.layer_norm", "twin:fast.layer_norm", 1e-6, "inference",
-    )  # fmt: skip
+        "fast.layer_norm",
+        "twin:fast.layer_norm",
+        1e-6,
+        "inference",
+    )
     assert "substituted for fast.layer_norm (verified max error 1e-06)" in f.describe()
     [record] = caplog.records
     assert record.levelno == logging.WARNING and record.name == "kernel_lock"
@@ -120,17 +131,27 @@ def test_training_mode_never_substitutes(cause):
 
 REFUSED = {
     "no twin": (dict(twin=None), "no verified portable twin"),
-    "state dict incompatible": (dict(twin='{ target = "torch.nn.LayerNorm", state-dict = "incompatible" }'),
-                                "does not interchange"),
-    "RMSNorm twin for a LayerNorm": (dict(twin='{ target = "torch.nn.RMSNorm", max-error = 0.0 }'),
-                                     "computes rms_norm, not layer_norm"),
-    "compiled RMSNorm twin for a LayerNorm": (dict(twin='{ target = "kernel_lock.adapters.CompiledRMSNorm" }'),
-                                              "computes rms_norm, not layer_norm"),
-    "LayerNorm twin for an RMSNorm": (dict(slot="RMSNorm", semantics="rms_norm", twin='{ target = "torch.nn.LayerNorm" }'),
-                                      "computes layer_norm, not rms_norm"),
-    "LayerNorm twin for a Linear": (dict(slot="Linear", semantics="linear", twin='{ target = "torch.nn.LayerNorm" }'),
-                                    "computes layer_norm, not linear"),
-}  # fmt: skip
+    "state dict incompatible": (
+        dict(twin='{ target = "torch.nn.LayerNorm", state-dict = "incompatible" }'),
+        "does not interchange",
+    ),
+    "RMSNorm twin for a LayerNorm": (
+        dict(twin='{ target = "torch.nn.RMSNorm", max-error = 0.0 }'),
+        "computes rms_norm, not layer_norm",
+    ),
+    "compiled RMSNorm twin for a LayerNorm": (
+        dict(twin='{ target = "kernel_lock.adapters.CompiledRMSNorm" }'),
+        "computes rms_norm, not layer_norm",
+    ),
+    "LayerNorm twin for an RMSNorm": (
+        dict(slot="RMSNorm", semantics="rms_norm", twin='{ target = "torch.nn.LayerNorm" }'),
+        "computes layer_norm, not rms_norm",
+    ),
+    "LayerNorm twin for a Linear": (
+        dict(slot="Linear", semantics="linear", twin='{ target = "torch.nn.LayerNorm" }'),
+        "computes layer_norm, not linear",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", list(REFUSED))
@@ -170,8 +191,13 @@ def test_verify_inference_cli_shows_the_substitution(tmp_path, capsys):
     assert code == 0, err
     data = json.loads(out)
     assert data["ok"] is True and data["mode"] == "inference"
-    assert data["slots"]["LayerNorm"] == {"implementation": "twin:fast.layer_norm", "target": "torch.nn.LayerNorm",
-                                          "kwargs": {}, "substituted_from": "fast.layer_norm", "max_error": 1e-6}
+    assert data["slots"]["LayerNorm"] == {
+        "implementation": "twin:fast.layer_norm",
+        "target": "torch.nn.LayerNorm",
+        "kwargs": {},
+        "substituted_from": "fast.layer_norm",
+        "max_error": 1e-6,
+    }
     assert data["slots"]["RMSNorm"]["substituted_from"] is None  # not pinned: torch.nn, nothing substituted
     assert any("inference uses twin torch.nn.LayerNorm" in n for n in data["notes"])
     code, out, err = run(["verify", p, "--mode", "inference"], capsys)
@@ -204,7 +230,7 @@ def test_verify_inference_cli_reports_a_broken_import_without_twin(tmp_path, cap
 
 
 # ---- kernel-probe lock --for inference IN OUT ----------------------------------------------
-TRAINING_LOCK = '''\
+TRAINING_LOCK = """\
 lock-version = "1.0"
 created-by = "kernel-probe 0.1.0"
 created-at = "2026-11-30T03:12:45Z"
@@ -266,7 +292,7 @@ target = "torch.nn.Linear"
 semantics = "linear"
 kwargs = { bias = true }
 reason = "torch.linear is the default"
-'''
+"""
 
 
 def test_lock_for_inference_derives_a_lock_that_runs_here(tmp_path, capsys, caplog):
@@ -277,8 +303,9 @@ def test_lock_for_inference_derives_a_lock_that_runs_here(tmp_path, capsys, capl
     assert code == 0, err
     summary = json.loads(stdout)
     assert [(s["slot"], s["from"], s["to"]) for s in summary["substitutions"]] == [
-        ("LayerNorm", "fast.layer_norm", "torch.nn.LayerNorm"), ("RMSNorm", "liger.rms_norm", "torch.nn.RMSNorm"),
-    ]  # fmt: skip
+        ("LayerNorm", "fast.layer_norm", "torch.nn.LayerNorm"),
+        ("RMSNorm", "liger.rms_norm", "torch.nn.RMSNorm"),
+    ]
     assert summary["kept"] == ["Linear"]
 
     derived = kernel_lock.load(out, strict=True)  # sealed, canonical, valid
@@ -286,9 +313,17 @@ def test_lock_for_inference_derives_a_lock_that_runs_here(tmp_path, capsys, capl
     assert out.read_text() == derived.dumps()
     ln, rms, lin = derived.slots["LayerNorm"], derived.slots["RMSNorm"], derived.slots["Linear"]
     assert (ln.implementation, ln.target, dict(ln.kwargs), ln.requires, ln.devices) == (
-        "twin:fast.layer_norm", "torch.nn.LayerNorm", {"eps": 1e-05, "elementwise_affine": True, "bias": True}, (), (),
-    )  # fmt: skip
-    assert (rms.implementation, rms.target, dict(rms.kwargs)) == ("twin:liger.rms_norm", "torch.nn.RMSNorm", {"eps": 1e-06})
+        "twin:fast.layer_norm",
+        "torch.nn.LayerNorm",
+        {"eps": 1e-05, "elementwise_affine": True, "bias": True},
+        (),
+        (),
+    )
+    assert (rms.implementation, rms.target, dict(rms.kwargs)) == (
+        "twin:liger.rms_norm",
+        "torch.nn.RMSNorm",
+        {"eps": 1e-06},
+    )
     assert lin == source.slots["Linear"]
     assert ln.evidence == source.slots["LayerNorm"].evidence and ln.twin == source.slots["LayerNorm"].twin
     assert "cannot run here" in ln.reason and "1.3x faster" in ln.reason
@@ -330,7 +365,10 @@ def test_lock_for_inference_refuses_slots_without_usable_twin_and_writes_nothing
     assert "2 slot(s) have no usable twin" in err
     flat = " ".join(err.split())
     assert re.search(r"LayerNorm: fast\.layer_norm \([\w.]+\) cannot run here", flat) and "does not interchange" in flat
-    assert re.search(r"RMSNorm: liger\.rms_norm \([\w.]+\) cannot run here", flat) and "computes layer_norm, not rms_norm" in flat
+    assert (
+        re.search(r"RMSNorm: liger\.rms_norm \([\w.]+\) cannot run here", flat)
+        and "computes layer_norm, not rms_norm" in flat
+    )
     assert "nothing was written" in err
     assert [p.name for p in tmp_path.iterdir()] == ["train.toml"]  # no temp file left either
 

@@ -13,16 +13,31 @@ from kernel_probe.worker import WorkerPool
 PLAN = dtype_plan(["float32", "bfloat16", "float16"])
 ZOO = {
     "LayerNorm": [
-        "norms.GoodLayerNorm", "norms.ExtraStateLayerNorm", "norms.NestedLayerNorm", "prints_on_import.ChattyLayerNorm",
-        "norms.WrongEpsLayerNorm", "norms.NoBiasLayerNorm", "norms.IgnoresWeightLayerNorm", "norms.RMSNormAsLayerNorm",
-        "norms.OnePassLayerNorm", "norms.LowPrecisionLayerNorm", "norms.ContiguousOnlyLayerNorm", "norms.CachingLayerNorm",
-        "norms.InPlaceBackwardLayerNorm", "norms.MutatesInputLayerNorm", "norms.NaNLayerNorm",
-        "norms.WrongBackwardLayerNorm", "norms.UpcastingLayerNorm", "norms.AbortInForwardLayerNorm",
-        "abort_on_import.X", "raise_on_import.X", "missing_dependency.X",
+        "norms.GoodLayerNorm",
+        "norms.ExtraStateLayerNorm",
+        "norms.NestedLayerNorm",
+        "prints_on_import.ChattyLayerNorm",
+        "norms.WrongEpsLayerNorm",
+        "norms.NoBiasLayerNorm",
+        "norms.IgnoresWeightLayerNorm",
+        "norms.RMSNormAsLayerNorm",
+        "norms.OnePassLayerNorm",
+        "norms.LowPrecisionLayerNorm",
+        "norms.ContiguousOnlyLayerNorm",
+        "norms.CachingLayerNorm",
+        "norms.InPlaceBackwardLayerNorm",
+        "norms.MutatesInputLayerNorm",
+        "norms.NaNLayerNorm",
+        "norms.WrongBackwardLayerNorm",
+        "norms.UpcastingLayerNorm",
+        "norms.AbortInForwardLayerNorm",
+        "abort_on_import.X",
+        "raise_on_import.X",
+        "missing_dependency.X",
     ],
     "RMSNorm": ["norms.GoodRMSNorm"],
     "Linear": ["norms.GoodLinear", "norms.WrongLinear"],
-}  # fmt: skip
+}
 
 
 @pytest.fixture(scope="module")
@@ -53,15 +68,21 @@ def row(report, dtype, regime="true"):
 
 
 @pytest.mark.parametrize("name", ["torch.layer_norm", "torch.rms_norm", "torch.linear"])
+@pytest.mark.slow
 def test_torch_nn_accepted_everywhere_on_cpu(results, name):
     r = rep(results, name)
     assert r.status == "accepted", r.reasons
-    assert {(v.dtype, v.regime) for v in r.verdicts if v.status == "accepted"} >= {("float32", "true"), ("bfloat16", "true"), ("bfloat16", "mixed")}
+    assert {(v.dtype, v.regime) for v in r.verdicts if v.status == "accepted"} >= {
+        ("float32", "true"),
+        ("bfloat16", "true"),
+        ("bfloat16", "mixed"),
+    }
     assert r.twin["state_dict"] == "interchangeable" and r.twin["max_error"] == 0.0
 
 
-@pytest.mark.parametrize("name", ["norms.GoodLayerNorm", "norms.GoodRMSNorm", "norms.GoodLinear",
-                                  "prints_on_import.ChattyLayerNorm"])
+@pytest.mark.parametrize(
+    "name", ["norms.GoodLayerNorm", "norms.GoodRMSNorm", "norms.GoodLinear", "prints_on_import.ChattyLayerNorm"]
+)
 def test_correct_fakes_are_accepted(results, name):
     r = rep(results, name)
     assert r.status == "accepted", r.reasons
@@ -77,7 +98,10 @@ def test_extra_state_is_accepted_with_a_migration(results):
 def test_nested_parameters_map_by_renaming(results):
     r = rep(results, "norms.NestedLayerNorm")
     assert r.status == "accepted"
-    assert r.twin["state_dict"] == "migrate" and r.twin["migration"] == ["rename:norm.weight->weight", "rename:norm.bias->bias"]
+    assert r.twin["state_dict"] == "migrate" and r.twin["migration"] == [
+        "rename:norm.weight->weight",
+        "rename:norm.bias->bias",
+    ]
 
 
 # (fake, dtype, regime, a failed check that must be among the reasons, words in the reasons)
@@ -163,7 +187,10 @@ def test_crash_reasons_do_not_carry_earlier_output(results):
     assert "liger" not in " ".join(r.reasons)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("liger_kernel") is None, reason="liger-kernel is not installed here (pip install liger-kernel)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("liger_kernel") is None,
+    reason="liger-kernel is not installed here (pip install liger-kernel)",
+)
 @pytest.mark.parametrize("name", ["liger.layer_norm", "liger.rms_norm"])
 def test_real_liger_on_cpu_is_unavailable_with_its_reason(results, name):
     import torch

@@ -33,12 +33,15 @@ from .conftest import ROOT
 DOC = ROOT / "docs" / "lock-format.md"
 
 # parent table -> the placeholder its keys share (open sets: the key itself is the placeholder)
-OPEN = {("environment", "libraries"): "<distribution>", ("slots", "<Slot>", "kwargs"): "<kwarg>",
-        ("slots", "<Slot>", "twin", "kwargs"): "<kwarg>"}  # fmt: skip
+OPEN = {
+    ("environment", "libraries"): "<distribution>",
+    ("slots", "<Slot>", "kwargs"): "<kwarg>",
+    ("slots", "<Slot>", "twin", "kwargs"): "<kwarg>",
+}
 # parent table -> (placeholder for its children's tables, keys that are not of the set)
 LISTED = {("slots",): ("<Slot>", ()), ("environment",): ("<field>", ("libraries",))}
 
-SITE_PROFILE = '''\
+SITE_PROFILE = """\
 profile-version = "1"
 name = "docsite"
 description = "pins a candidate of each kind the optional lock keys come from"
@@ -77,7 +80,7 @@ id = "site.normal_init_linear"
 slots = ["Linear"]
 target = "kp_zoo.norms.NormalInitLinear"
 twin-target = "torch.nn.Linear"
-'''
+"""
 
 
 # ---- what the document says ---------------------------------------------------------------------
@@ -103,7 +106,9 @@ def documented(text: str) -> dict[tuple[str, ...], set[str]]:
             continue
         elif line.startswith("#"):
             title = line.lstrip("#").strip()
-            parents = [()] if title == "Top level" else [_parent(m.group(0).strip("`")) for m in _TABLE_NAME.finditer(title)]
+            parents = (
+                [()] if title == "Top level" else [_parent(m.group(0).strip("`")) for m in _TABLE_NAME.finditer(title)]
+            )
         elif parents and line.startswith("|"):
             cells = [c.strip() for c in _CELL_SPLIT.split(line.strip())[1:-1]]
             key = re.fullmatch(r"`([^`]+)`", cells[0]) if cells else None
@@ -141,13 +146,28 @@ def real_locks(tmp_path_factory) -> dict[str, dict]:
     (d / "docsite.toml").write_text(SITE_PROFILE)
     plain, site, inference = d / "plain.toml", d / "site.toml", d / "inference.toml"
     assert main(["--out", str(plain), "--shape", "64x64", "--reps", "1"]) == 0
-    assert main(["--out", str(site), "--shape", "64x64", "--reps", "1", "--profile", str(d / "docsite.toml"),
-                 "--allow-init-change"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "--out",
+                str(site),
+                "--shape",
+                "64x64",
+                "--reps",
+                "1",
+                "--profile",
+                str(d / "docsite.toml"),
+                "--allow-init-change",
+            ]
+        )
+        == 0
+    )
     assert main(["lock", "--for", "inference", str(site), str(inference)]) == 0
     return {p.stem: _toml.loads(p.read_text()) for p in (plain, site, inference)}
 
 
 @pytest.mark.parametrize("name", ["plain", "site", "inference"])
+@pytest.mark.slow
 def test_every_key_of_a_real_lock_is_documented(real_locks, name):
     assert undocumented(real_locks[name], DOC.read_text()) == []
 
@@ -155,18 +175,33 @@ def test_every_key_of_a_real_lock_is_documented(real_locks, name):
 def test_the_real_locks_carry_the_optional_keys(real_locks):
     """The walk above is only as good as the locks: they must hold the keys written only sometimes."""
     seen = {".".join((*parent, key)) for lock in real_locks.values() for parent, key in key_paths(lock)}
-    for path in ("profile.source", "provenance.inputs", "provenance.deterministic", "provenance.derived-for",
-                 "provenance.source-profile", "environment.libraries.<distribution>.value",
-                 "slots.<Slot>.requires[].module", "slots.<Slot>.accepted-changes", "slots.<Slot>.twin.migration",
-                 "slots.<Slot>.twin.kwargs.<kwarg>", "slots.<Slot>.evidence[].out-dtype",
-                 "slots.<Slot>.evidence[].deterministic", "slots.<Slot>.timing[].spread",
-                 "slots.<Slot>.timing[].tflops", "slots.<Slot>.rejected[].reasons"):  # fmt: skip
+    for path in (
+        "profile.source",
+        "provenance.inputs",
+        "provenance.deterministic",
+        "provenance.derived-for",
+        "provenance.source-profile",
+        "environment.libraries.<distribution>.value",
+        "slots.<Slot>.requires[].module",
+        "slots.<Slot>.accepted-changes",
+        "slots.<Slot>.twin.migration",
+        "slots.<Slot>.twin.kwargs.<kwarg>",
+        "slots.<Slot>.evidence[].out-dtype",
+        "slots.<Slot>.evidence[].deterministic",
+        "slots.<Slot>.timing[].spread",
+        "slots.<Slot>.timing[].tflops",
+        "slots.<Slot>.rejected[].reasons",
+    ):
         assert path in seen, path
 
 
 def test_regimes_are_what_the_docs_say(real_locks):
-    rows = [row for lock in real_locks.values() for slot in lock["slots"].values()
-            for row in (*slot.get("evidence", []), *slot.get("timing", []))]  # fmt: skip
+    rows = [
+        row
+        for lock in real_locks.values()
+        for slot in lock["slots"].values()
+        for row in (*slot.get("evidence", []), *slot.get("timing", []))
+    ]
     assert rows and {row["regime"] for row in rows} <= {"true", "mixed"}
     assert {lock["precision"] for lock in real_locks.values()} == {"bf16-mixed"}
 
@@ -177,9 +212,11 @@ def _without_row(doc: str, first_cell: str, section: str) -> str:
     heading = re.search(rf"^#+ .*{re.escape(section)}.*$", doc, re.M)
     assert heading is not None, section
     end = re.compile(r"^#", re.M).search(doc, heading.end())
-    row = re.compile(rf"^\| {re.escape(first_cell)} \|.*\n", re.M).search(doc, heading.end(), end.start() if end else len(doc))
+    row = re.compile(rf"^\| {re.escape(first_cell)} \|.*\n", re.M).search(
+        doc, heading.end(), end.start() if end else len(doc)
+    )
     assert row is not None, (first_cell, section)
-    return doc[:row.start()] + doc[row.end():]
+    return doc[: row.start()] + doc[row.end() :]
 
 
 @pytest.mark.parametrize(
@@ -190,7 +227,10 @@ def _without_row(doc: str, first_cell: str, section: str) -> str:
         (lambda d: _without_row(d, "`regime`", "`[[slots.<Slot>.evidence]]`"), "slots.<Slot>.evidence[].regime"),
         (lambda d: _without_row(d, "`device-count`", "`[environment]`"), "environment.device-count"),
         (lambda d: _without_row(d, "`RMSNorm`", "`[slots]`"), "slots.RMSNorm"),
-        (lambda d: _without_row(d, "`<distribution>`", "`[environment.libraries]`"), "environment.libraries.<distribution>"),
+        (
+            lambda d: _without_row(d, "`<distribution>`", "`[environment.libraries]`"),
+            "environment.libraries.<distribution>",
+        ),
         (lambda d: _without_row(d, "`<kwarg>`", "`[slots.<Slot>.kwargs]`"), "slots.<Slot>.kwargs.<kwarg>"),
         (lambda d: d.replace("### `[slots.<Slot>.twin]`", "### The twin"), "slots.<Slot>.twin.max-error"),
         # documented for another table only: the evidence's `deterministic` row does not cover provenance's
@@ -211,7 +251,11 @@ def test_a_new_key_in_a_lock_is_reported(real_locks):
     lock["environment"]["gpu-clock"] = {"value": "1980", "match": "ignore"}
     lock["provenance"]["host"] = "nid001234"
     assert undocumented(lock, DOC.read_text()) == [
-        "environment.gpu-clock", "provenance.host", "slots.<Slot>.timing[].p99-ms", "slots.<Slot>.twin.tolerance"]
+        "environment.gpu-clock",
+        "provenance.host",
+        "slots.<Slot>.timing[].p99-ms",
+        "slots.<Slot>.twin.tolerance",
+    ]
 
 
 # ---- keys the code declares, whether or not a CPU probe writes them -----------------------------
@@ -234,7 +278,7 @@ def test_the_complete_example_is_a_lock_with_documented_keys():
 
 def test_the_errors_table_gives_each_class_its_exit_code():
     text = DOC.read_text()
-    section = text[text.index("## Errors"):]
+    section = text[text.index("## Errors") :]
     rows = re.findall(r"^\| `(\w+)`[^|]* \| (\d) \|", section, re.M)
     assert len(rows) >= 6
     for name, code in rows:

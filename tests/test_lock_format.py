@@ -21,8 +21,10 @@ def _full_lock() -> KernelLock:
         'device-type = { value = "cpu", match = "exact" }\ndevice-count = { value = 1, match = "ignore" }\n'
         '[environment.libraries]\nliger-kernel = { value = "0.8.5", match = "compatible" }',
     )
-    text = text.replace('created-by = "hand"', 'created-by = "hand"\nprecision = "bf16-mixed"\ntrusted-modules = ["mylib"]')
-    text += '''
+    text = text.replace(
+        'created-by = "hand"', 'created-by = "hand"\nprecision = "bf16-mixed"\ntrusted-modules = ["mylib"]'
+    )
+    text += """
 [slots.LayerNorm.twin]
 target = "torch.nn.LayerNorm"
 kwargs = { eps = 1e-6 }
@@ -42,7 +44,7 @@ implementation = "liger.layer_norm"
 target = "liger_kernel.transformers.LigerLayerNorm"
 status = "unavailable"
 reasons = ["0 active drivers", "quote \\" and unicode \u00e9"]
-'''
+"""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LockWarning)
         return kernel_lock.loads(text).sealed()
@@ -61,8 +63,8 @@ def test_dump_is_canonical_regardless_of_input_key_order():
     lock = _full_lock()
     # reorder the top-level keys of the text: the canonical output must not change
     lines = lock.dumps().splitlines()
-    head = [l for l in lines[:8] if " = " in l]
-    shuffled = "\n".join(reversed(head) ) + "\n" + "\n".join(lines[len(head):]) + "\n"
+    head = [line for line in lines[:8] if " = " in line]
+    shuffled = "\n".join(reversed(head)) + "\n" + "\n".join(lines[len(head) :]) + "\n"
     assert kernel_lock.loads(shuffled).dumps() == lock.dumps()
 
 
@@ -91,7 +93,7 @@ def test_missing_digest_is_a_warning():
 
 
 def test_unknown_minor_version_and_unknown_keys_warn():
-    text = MINIMAL_LOCK.replace('"1.0"', '"1.7"') + '\n[future]\nx = 1\n'
+    text = MINIMAL_LOCK.replace('"1.0"', '"1.7"') + "\n[future]\nx = 1\n"
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         lock = kernel_lock.loads(text)
@@ -114,34 +116,204 @@ MALFORMED = [
     ("bad version string", _replace('"1.0"', '"one"'), LockFormatError, "lock-version", "MAJOR.MINOR"),
     ("version wrong type", _replace('"1.0"', "1.0"), LockFormatError, "lock-version", "expected string"),
     ("missing created-by", _replace('created-by = "hand"\n', ""), LockFormatError, "created-by", "required"),
-    ("unknown slot", _replace("[slots.Linear]", "[slots.Layernorm]"), LockFormatError, "slots.Layernorm", "unknown slot"),
-    ("slot not a table", 'lock-version = "1.0"\ncreated-by = "x"\nslots = { LayerNorm = 3 }\n', LockFormatError, "slots.LayerNorm", "expected a table"),
-    ("slots not a table", 'lock-version = "1.0"\ncreated-by = "x"\nslots = [1]\n', LockFormatError, "slots", "expected table"),
-    ("missing target", _replace('target = "torch.nn.LayerNorm"\n', ""), LockFormatError, "slots.LayerNorm.target", "required"),
-    ("target wrong type", _replace('target = "torch.nn.LayerNorm"', "target = 3"), LockFormatError, "slots.LayerNorm.target", "expected string"),
-    ("target not dotted", _replace('target = "torch.nn.LayerNorm"', 'target = "LayerNorm"'), LockFormatError, "slots.LayerNorm.target", "dotted import path"),
-    ("os.system target", _replace('target = "torch.nn.LayerNorm"', 'target = "os.system"'), TargetNotAllowed, "slots.LayerNorm.target", "allow-list"),
-    ("lookalike root", _replace('target = "torch.nn.LayerNorm"', 'target = "torchvision.ops.Foo"'), TargetNotAllowed, "slots.LayerNorm.target", "allow-list"),
-    ("kernel_lock internals", _replace('target = "torch.nn.LayerNorm"', 'target = "kernel_lock.resolve.KernelFactory"'), TargetNotAllowed, "slots.LayerNorm.target", "allow-list"),
-    ("bad semantics", _replace('semantics = "layer_norm"', 'semantics = "rms_norm"'), LockFormatError, "slots.LayerNorm.semantics", "RMSNorm is not a LayerNorm"),
-    ("unknown semantics", _replace('semantics = "layer_norm"', 'semantics = "group_norm"'), LockFormatError, "slots.LayerNorm.semantics", "not one of"),
-    ("kwargs not a table", _replace("kwargs = { eps = 1e-6 }", "kwargs = 1"), LockFormatError, "slots.LayerNorm.kwargs", "expected table"),
-    ("kwarg nested table", _replace("kwargs = { eps = 1e-6 }", "kwargs = { eps = { a = 1 } }"), LockFormatError, "slots.LayerNorm.kwargs.eps", "constructor kwargs"),
-    ("env field not a table", _replace('device-type = { value = "cpu", match = "exact" }', 'device-type = "cpu"'), LockFormatError, "environment.device-type", "expected a table"),
-    ("env bad match rule", _replace('match = "exact"', 'match = "fuzzy"'), LockFormatError, "environment.device-type.match", "not one of"),
-    ("env wrong value type", _replace('value = "cpu"', "value = 1"), LockFormatError, "environment.device-type.value", "expected string"),
-    ("env value missing", _replace('value = "cpu", ', ""), LockFormatError, "environment.device-type.value", "required"),
-    ("bad requirement spec", _replace('kwargs = { eps = 1e-6 }', 'kwargs = { eps = 1e-6 }\nrequires = [{ name = "liger-kernel", specifier = "~~1" }]'), LockFormatError, "slots.LayerNorm.requires[0].specifier", "PEP 440"),
-    ("requires not tables", _replace('kwargs = { eps = 1e-6 }', 'kwargs = { eps = 1e-6 }\nrequires = ["liger"]'), LockFormatError, "slots.LayerNorm.requires[0]", "expected table"),
-    ("bad digest", _replace('created-by = "hand"', 'created-by = "hand"\ndigest = "md5:abc"'), LockFormatError, "digest", "sha256"),
-    ("bad mode", _replace('created-by = "hand"', 'created-by = "hand"\nmode = "serving"'), LockFormatError, "mode", "not one of"),
-    ("bad precision", _replace('created-by = "hand"', 'created-by = "hand"\nprecision = "fp8"'), LockFormatError, "precision", "not one of"),
+    (
+        "unknown slot",
+        _replace("[slots.Linear]", "[slots.Layernorm]"),
+        LockFormatError,
+        "slots.Layernorm",
+        "unknown slot",
+    ),
+    (
+        "slot not a table",
+        'lock-version = "1.0"\ncreated-by = "x"\nslots = { LayerNorm = 3 }\n',
+        LockFormatError,
+        "slots.LayerNorm",
+        "expected a table",
+    ),
+    (
+        "slots not a table",
+        'lock-version = "1.0"\ncreated-by = "x"\nslots = [1]\n',
+        LockFormatError,
+        "slots",
+        "expected table",
+    ),
+    (
+        "missing target",
+        _replace('target = "torch.nn.LayerNorm"\n', ""),
+        LockFormatError,
+        "slots.LayerNorm.target",
+        "required",
+    ),
+    (
+        "target wrong type",
+        _replace('target = "torch.nn.LayerNorm"', "target = 3"),
+        LockFormatError,
+        "slots.LayerNorm.target",
+        "expected string",
+    ),
+    (
+        "target not dotted",
+        _replace('target = "torch.nn.LayerNorm"', 'target = "LayerNorm"'),
+        LockFormatError,
+        "slots.LayerNorm.target",
+        "dotted import path",
+    ),
+    (
+        "os.system target",
+        _replace('target = "torch.nn.LayerNorm"', 'target = "os.system"'),
+        TargetNotAllowed,
+        "slots.LayerNorm.target",
+        "allow-list",
+    ),
+    (
+        "lookalike root",
+        _replace('target = "torch.nn.LayerNorm"', 'target = "torchvision.ops.Foo"'),
+        TargetNotAllowed,
+        "slots.LayerNorm.target",
+        "allow-list",
+    ),
+    (
+        "kernel_lock internals",
+        _replace('target = "torch.nn.LayerNorm"', 'target = "kernel_lock.resolve.KernelFactory"'),
+        TargetNotAllowed,
+        "slots.LayerNorm.target",
+        "allow-list",
+    ),
+    (
+        "bad semantics",
+        _replace('semantics = "layer_norm"', 'semantics = "rms_norm"'),
+        LockFormatError,
+        "slots.LayerNorm.semantics",
+        "RMSNorm is not a LayerNorm",
+    ),
+    (
+        "unknown semantics",
+        _replace('semantics = "layer_norm"', 'semantics = "group_norm"'),
+        LockFormatError,
+        "slots.LayerNorm.semantics",
+        "not one of",
+    ),
+    (
+        "kwargs not a table",
+        _replace("kwargs = { eps = 1e-6 }", "kwargs = 1"),
+        LockFormatError,
+        "slots.LayerNorm.kwargs",
+        "expected table",
+    ),
+    (
+        "kwarg nested table",
+        _replace("kwargs = { eps = 1e-6 }", "kwargs = { eps = { a = 1 } }"),
+        LockFormatError,
+        "slots.LayerNorm.kwargs.eps",
+        "constructor kwargs",
+    ),
+    (
+        "env field not a table",
+        _replace('device-type = { value = "cpu", match = "exact" }', 'device-type = "cpu"'),
+        LockFormatError,
+        "environment.device-type",
+        "expected a table",
+    ),
+    (
+        "env bad match rule",
+        _replace('match = "exact"', 'match = "fuzzy"'),
+        LockFormatError,
+        "environment.device-type.match",
+        "not one of",
+    ),
+    (
+        "env wrong value type",
+        _replace('value = "cpu"', "value = 1"),
+        LockFormatError,
+        "environment.device-type.value",
+        "expected string",
+    ),
+    (
+        "env value missing",
+        _replace('value = "cpu", ', ""),
+        LockFormatError,
+        "environment.device-type.value",
+        "required",
+    ),
+    (
+        "bad requirement spec",
+        _replace(
+            "kwargs = { eps = 1e-6 }",
+            'kwargs = { eps = 1e-6 }\nrequires = [{ name = "liger-kernel", specifier = "~~1" }]',
+        ),
+        LockFormatError,
+        "slots.LayerNorm.requires[0].specifier",
+        "PEP 440",
+    ),
+    (
+        "requires not tables",
+        _replace("kwargs = { eps = 1e-6 }", 'kwargs = { eps = 1e-6 }\nrequires = ["liger"]'),
+        LockFormatError,
+        "slots.LayerNorm.requires[0]",
+        "expected table",
+    ),
+    (
+        "bad digest",
+        _replace('created-by = "hand"', 'created-by = "hand"\ndigest = "md5:abc"'),
+        LockFormatError,
+        "digest",
+        "sha256",
+    ),
+    (
+        "bad mode",
+        _replace('created-by = "hand"', 'created-by = "hand"\nmode = "serving"'),
+        LockFormatError,
+        "mode",
+        "not one of",
+    ),
+    (
+        "bad precision",
+        _replace('created-by = "hand"', 'created-by = "hand"\nprecision = "fp8"'),
+        LockFormatError,
+        "precision",
+        "not one of",
+    ),
     ("bool for string", _replace('created-by = "hand"', "created-by = true"), LockFormatError, "created-by", "boolean"),
-    ("datetime in evidence", _replace('kwargs = { eps = 1e-6 }', 'kwargs = { eps = 1e-6 }\nevidence = [{ when = 1979-05-27T07:32:00Z }]'), LockFormatError, "slots.LayerNorm.evidence[0].when", "unsupported"),
-    ("twin not allowed", _replace('kwargs = { eps = 1e-6 }', 'kwargs = { eps = 1e-6 }\ntwin = { target = "subprocess.Popen" }'), TargetNotAllowed, "slots.LayerNorm.twin.target", "allow-list"),
-    ("twin negative error", _replace('kwargs = { eps = 1e-6 }', 'kwargs = { eps = 1e-6 }\ntwin = { target = "torch.nn.LayerNorm", max-error = -1.0 }'), LockFormatError, "slots.LayerNorm.twin.max-error", "non-negative"),
-    ("rejected bad status", _replace('kwargs = { eps = 1e-6 }', 'kwargs = { eps = 1e-6 }\nrejected = [{ implementation = "x", status = "meh" }]'), LockFormatError, "slots.LayerNorm.rejected[0].status", "not one of"),
-    ("trusted module not a name", _replace('created-by = "hand"', 'created-by = "hand"\ntrusted-modules = ["a b"]'), LockFormatError, "trusted-modules[0]", "not a module name"),
+    (
+        "datetime in evidence",
+        _replace("kwargs = { eps = 1e-6 }", "kwargs = { eps = 1e-6 }\nevidence = [{ when = 1979-05-27T07:32:00Z }]"),
+        LockFormatError,
+        "slots.LayerNorm.evidence[0].when",
+        "unsupported",
+    ),
+    (
+        "twin not allowed",
+        _replace("kwargs = { eps = 1e-6 }", 'kwargs = { eps = 1e-6 }\ntwin = { target = "subprocess.Popen" }'),
+        TargetNotAllowed,
+        "slots.LayerNorm.twin.target",
+        "allow-list",
+    ),
+    (
+        "twin negative error",
+        _replace(
+            "kwargs = { eps = 1e-6 }",
+            'kwargs = { eps = 1e-6 }\ntwin = { target = "torch.nn.LayerNorm", max-error = -1.0 }',
+        ),
+        LockFormatError,
+        "slots.LayerNorm.twin.max-error",
+        "non-negative",
+    ),
+    (
+        "rejected bad status",
+        _replace(
+            "kwargs = { eps = 1e-6 }", 'kwargs = { eps = 1e-6 }\nrejected = [{ implementation = "x", status = "meh" }]'
+        ),
+        LockFormatError,
+        "slots.LayerNorm.rejected[0].status",
+        "not one of",
+    ),
+    (
+        "trusted module not a name",
+        _replace('created-by = "hand"', 'created-by = "hand"\ntrusted-modules = ["a b"]'),
+        LockFormatError,
+        "trusted-modules[0]",
+        "not a module name",
+    ),
 ]
 
 

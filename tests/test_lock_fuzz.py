@@ -5,25 +5,64 @@ from __future__ import annotations
 import datetime as dt
 import warnings
 
+import pytest
 import tomli_w
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kernel_lock
-from kernel_lock import KernelLock, LockError, LockWarning
+from kernel_lock import SLOTS, KernelLock, LockError, LockWarning
+from kernel_lock.lock import Slot
 
 from .conftest import MINIMAL_LOCK
 
-KEYS = [
-    "lock-version", "created-by", "created-at", "mode", "precision", "trusted-modules", "digest", "environment",
-    "slots", "LayerNorm", "RMSNorm", "Linear", "implementation", "target", "semantics", "kwargs", "requires",
-    "devices", "twin", "evidence", "timing", "rejected", "value", "match", "libraries", "name", "specifier",
-    "module", "state-dict", "max-error", "status", "reasons", "eps", "python", "device-type", "device-count",
-]  # fmt: skip
+# the keys a lock's tables have (top level, slots), then those of the tables inside them
+KEYS = list(
+    dict.fromkeys(
+        [
+            *KernelLock._KEYS,
+            *SLOTS,
+            *Slot._KEYS,
+            "rejected",
+            "value",
+            "match",
+            "libraries",
+            "name",
+            "specifier",
+            "module",
+            "state-dict",
+            "max-error",
+            "status",
+            "reasons",
+            "eps",
+            "python",
+            "device-type",
+            "device-count",
+        ]
+    )
+)
 STRINGS = st.sampled_from(
-    ["1.0", "2.0", "1.9", "torch.nn.LayerNorm", "os.system", "layer_norm", "rms_norm", "exact", "compatible",
-     "ignore", "accepted", ">=1", "~~", "sha256:" + "0" * 64, "", "cpu", "training", "bf16-mixed"]
-) | st.text(max_size=12)  # fmt: skip
+    [
+        "1.0",
+        "2.0",
+        "1.9",
+        "torch.nn.LayerNorm",
+        "os.system",
+        "layer_norm",
+        "rms_norm",
+        "exact",
+        "compatible",
+        "ignore",
+        "accepted",
+        ">=1",
+        "~~",
+        "sha256:" + "0" * 64,
+        "",
+        "cpu",
+        "training",
+        "bf16-mixed",
+    ]
+) | st.text(max_size=12)
 SCALARS = (
     STRINGS
     | st.integers(-(2**63), 2**63 - 1)
@@ -34,7 +73,10 @@ SCALARS = (
 )
 DOCS = st.recursive(
     SCALARS,
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=6), children, max_size=5),
+    lambda children: (
+        st.lists(children, max_size=3)
+        | st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=6), children, max_size=5)
+    ),
     max_leaves=25,
 )
 
@@ -52,12 +94,14 @@ def _check(text):
     assert again.dumps() == lock.dumps()
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.text(max_size=300) | st.binary(max_size=200))
 def test_random_text(text):
     _check(text)
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(st.sampled_from(KEYS), DOCS, max_size=8))
 def test_random_documents(doc):
@@ -68,6 +112,7 @@ def test_random_documents(doc):
     _check(text)
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_mutated_valid_lock(data):

@@ -53,7 +53,9 @@ def test_unavailable_pin_exits_3_before_any_work(tmp_path, capsys, no_workers, f
 
 
 def test_pin_of_a_slot_not_probed_is_a_usage_error(tmp_path, capsys, no_workers):
-    code, _, err = run_cli(["--out", tmp_path / "k.toml", "--slot", "LayerNorm", "--pin", "RMSNorm=torch.rms_norm"], capsys)
+    code, _, err = run_cli(
+        ["--out", tmp_path / "k.toml", "--slot", "LayerNorm", "--pin", "RMSNorm=torch.rms_norm"], capsys
+    )
     assert code == 2 and "--slot limits this probe to LayerNorm" in err
 
 
@@ -67,16 +69,23 @@ def test_choice_errors_name_the_flag_and_spell_it_right():
     from kernel_probe.choose import choose
     from kernel_probe.errors import ForcedUnusable
 
-    reports = [Report("torch.rms_norm", "torch.nn.RMSNorm", "RMSNorm", "rms_norm", "cpu", "accepted"),
-               Report("liger.rms_norm", "x.Y", "RMSNorm", "rms_norm", "cpu", "rejected", ["too wrong"])]  # fmt: skip
-    for kw, flag, word in (({"pin": "liger.rms_norm"}, "--pin", "pinned"), ({"prefer": "liger.rms_norm"}, "--prefer", "preferred")):
+    reports = [
+        Report("torch.rms_norm", "torch.nn.RMSNorm", "RMSNorm", "rms_norm", "cpu", "accepted"),
+        Report("liger.rms_norm", "x.Y", "RMSNorm", "rms_norm", "cpu", "rejected", ["too wrong"]),
+    ]
+    for kw, flag, word in (
+        ({"pin": "liger.rms_norm"}, "--pin", "pinned"),
+        ({"prefer": "liger.rms_norm"}, "--prefer", "preferred"),
+    ):
         with pytest.raises(ForcedUnusable) as exc:
             choose("RMSNorm", reports, {}, ["8x8"], "float32", "torch.rms_norm", **kw)
         text = str(exc.value)
         assert f"{flag} RMSNorm=liger.rms_norm" in text and f"a {word} kernel" in text and exc.value.exit_code == 3
         assert "pinn " not in text and "preferr " not in text
     with pytest.raises(ForcedUnusable, match="profile lumi-g pin RMSNorm=liger.rms_norm"):
-        choose("RMSNorm", reports, {}, ["8x8"], "float32", "torch.rms_norm", pin="liger.rms_norm", origin="profile lumi-g")
+        choose(
+            "RMSNorm", reports, {}, ["8x8"], "float32", "torch.rms_norm", pin="liger.rms_norm", origin="profile lumi-g"
+        )
 
 
 # ---- 3. a lock's own mode -----------------------------------------------------------------------------------
@@ -85,8 +94,9 @@ def inference_lock(tmp_path):
     import kernel_lock
 
     with contextlib.redirect_stderr(io.StringIO()):
-        lock = kernel_lock.loads(MINIMAL_LOCK.replace('created-by = "hand"', 'created-by = "hand"\nmode = "inference"'),
-                                 emit_warnings=False)  # fmt: skip
+        lock = kernel_lock.loads(
+            MINIMAL_LOCK.replace('created-by = "hand"', 'created-by = "hand"\nmode = "inference"'), emit_warnings=False
+        )
     path = tmp_path / "kernel-lock.inference.toml"
     lock.sealed().dump(path)
     return path
@@ -137,13 +147,27 @@ def logged_probe(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     try:
         path = tmp_path_factory.mktemp("probe") / "k.toml"
-        result = _run_logged(["--out", path, "--slot", "LayerNorm", "--shape", "96x64", "--reps", "3",
-                              "--candidate", f"LayerNorm={LONG_ID.split(':', 1)[1]}"], mp)  # fmt: skip
+        result = _run_logged(
+            [
+                "--out",
+                path,
+                "--slot",
+                "LayerNorm",
+                "--shape",
+                "96x64",
+                "--reps",
+                "3",
+                "--candidate",
+                f"LayerNorm={LONG_ID.split(':', 1)[1]}",
+            ],
+            mp,
+        )
         return path, result
     finally:
         mp.undo()
 
 
+@pytest.mark.slow
 def test_probe_table_keeps_ids_whole_and_says_why(logged_probe):
     _, (code, out, err) = logged_probe
     assert code == 0, err
@@ -157,7 +181,7 @@ def test_probe_table_keeps_ids_whole_and_says_why(logged_probe):
     # a CPU shows no bandwidth columns (a copy is no ceiling there) and says so
     header = next(line for line in lines if line.startswith("candidate"))
     assert "GB/s" not in header and "% copy" not in header and "shown on GPUs only" in out
-    table = lines[lines.index("LayerNorm") + 1: lines.index("LayerNorm") + 8]
+    table = lines[lines.index("LayerNorm") + 1 : lines.index("LayerNorm") + 8]
     assert max(len(line.rstrip()) for line in table) <= 80 or LONG_ID in "".join(table)
 
 
@@ -174,7 +198,7 @@ def test_explain_and_show_at_80_columns(logged_probe, monkeypatch):
         assert code == 0, err
         assert "…" not in out, out
     code, out, _ = _run_logged(["explain", path, "LayerNorm"], monkeypatch)
-    timing = out[out.index("timings"):]
+    timing = out[out.index("timings") :]
     assert any(line.startswith("torch.layer_norm ") and "96x64" in line for line in timing.splitlines())
     assert "GB/s" not in timing and "bf16 mixed" in timing
 
@@ -195,12 +219,15 @@ def test_wide_table_is_printed_wider_rather_than_cut(monkeypatch):
     assert "x" * 70 + ".end" in text and "'a_very_long_word_indeed'" in text and "…" not in text
 
 
-@pytest.mark.parametrize("argv, code", [
-    (["--json", "--pin", "RMSNorm=nope"], 2),
-    (["--json", "--precision", "fp8"], 2),
-    (["verify", "/no/such/lock.toml", "--json"], 5),
-    (["explain", "/no/such/lock.toml", "Layernorm", "--json"], 2),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, code",
+    [
+        (["--json", "--pin", "RMSNorm=nope"], 2),
+        (["--json", "--precision", "fp8"], 2),
+        (["verify", "/no/such/lock.toml", "--json"], 5),
+        (["explain", "/no/such/lock.toml", "Layernorm", "--json"], 2),
+    ],
+)
 def test_json_errors_are_json_on_stdout(argv, code, capsys, no_workers):
     got, out, err = run_cli(argv, capsys)
     assert got == code
@@ -257,6 +284,7 @@ def test_timing_progress_estimates_what_is_left():
     assert "rep 2/5, 2 s per call, about 6 s left at this shape" in mid
 
 
+@pytest.mark.slow
 def test_worker_forwards_progress_before_the_reply():
     from kernel_probe.candidates import default_for
     from kernel_probe.protocol import TimeRequest, TimingProgressMessage
@@ -264,10 +292,20 @@ def test_worker_forwards_progress_before_the_reply():
 
     seen: list[TimingProgressMessage] = []
     with Worker() as w:
-        reply = w.call(TimeRequest(candidate=default_for("LayerNorm"), slot="LayerNorm", device="cpu",
-                                   shapes=("32x16", "64x16"), dtype="float32", regime="true", progress=True,
-                                   options={"reps": 2, "warmup": 1, "min_seconds": 0.0}), 120,
-                       on_progress=seen.append)  # fmt: skip
+        reply = w.call(
+            TimeRequest(
+                candidate=default_for("LayerNorm"),
+                slot="LayerNorm",
+                device="cpu",
+                shapes=("32x16", "64x16"),
+                dtype="float32",
+                regime="true",
+                progress=True,
+                options={"reps": 2, "warmup": 1, "min_seconds": 0.0},
+            ),
+            120,
+            on_progress=seen.append,
+        )
     assert [r["shape"] for r in reply.rows] == ["32x16", "64x16"]
     assert {(m.shape, m.phase) for m in seen} >= {("32x16", "first call"), ("32x16", "warm-up"), ("64x16", "rep")}
     assert all("copy_percent" not in r for r in reply.rows)  # no copy ceiling on a CPU
@@ -304,10 +342,13 @@ def test_explain_with_a_bad_slot_is_a_usage_error(lock_file, capsys):
 def test_install_hint_names_the_library_the_slot_needs(tmp_path):
     import kernel_lock
 
-    text = MINIMAL_LOCK.replace('''implementation = "torch.rms_norm"
-target = "torch.nn.RMSNorm"''', '''implementation = "fast.rms_norm"
+    text = MINIMAL_LOCK.replace(
+        '''implementation = "torch.rms_norm"
+target = "torch.nn.RMSNorm"''',
+        """implementation = "fast.rms_norm"
 target = "kp_not_installed.norms.RMSNorm"
-requires = [{ name = "kp-not-installed", specifier = ">=1.2", module = "kp_not_installed" }]''')  # fmt: skip
+requires = [{ name = "kp-not-installed", specifier = ">=1.2", module = "kp_not_installed" }]""",
+    )
     with contextlib.redirect_stderr(io.StringIO()):
         lock = kernel_lock.loads(text, emit_warnings=False)
     with pytest.raises(kernel_lock.KernelUnavailable) as exc:

@@ -19,7 +19,7 @@ from kernel_lock.portability import NotPortable, Replacement, pickled_modules, s
 
 from .conftest import FAKES
 
-LOCK = '''\
+LOCK = """\
 lock-version = "1.0"
 created-by = "test"
 trusted-modules = ["kp_zoo", "kp_fastlib"]
@@ -37,7 +37,7 @@ target = "kp_fastlib.FastLinear"
 semantics = "linear"
 kwargs = { bias = true }
 twin = { target = "torch.nn.Linear", kwargs = { bias = true }, state-dict = "interchangeable", max-error = 0.0 }
-'''
+"""
 
 
 def load(text: str = LOCK) -> kernel_lock.KernelLock:
@@ -49,7 +49,9 @@ def load(text: str = LOCK) -> kernel_lock.KernelLock:
 def Model(lock):
     from kp_models import FactoryModel
 
-    return FactoryModel(lock.factory("LayerNorm", verify_environment=False), lock.factory("Linear", verify_environment=False))
+    return FactoryModel(
+        lock.factory("LayerNorm", verify_environment=False), lock.factory("Linear", verify_environment=False)
+    )
 
 
 def test_every_lock_class_becomes_its_twin():
@@ -64,7 +66,10 @@ def test_every_lock_class_becomes_its_twin():
     assert [type(m) for m in copy.body] == [torch.nn.Linear, torch.nn.LayerNorm, torch.nn.GELU, torch.nn.Linear]
     assert copy.body[1].eps == 1e-3  # the module's own eps (set at its call site), not the lock's default
     assert copy.body[3].bias is None and copy.shared is copy.body[1] and copy.norm_class is torch.nn.LayerNorm
-    assert copy.layer_factory["LayerNorm"].func is torch.nn.LayerNorm and type(copy.layer_factory["Linear"]) is functools.partial
+    assert (
+        copy.layer_factory["LayerNorm"].func is torch.nn.LayerNorm
+        and type(copy.layer_factory["Linear"]) is functools.partial
+    )
     assert copy.layer_factory["Activation"] is not None
     assert sorted(r.slot for r in report) == ["LayerNorm", "Linear", "Linear"]  # the shared norm is replaced once
     assert all(r.error is not None and r.error < 1e-6 for r in report)
@@ -74,15 +79,23 @@ def test_every_lock_class_becomes_its_twin():
 
 
 def test_a_slot_without_usable_twin_is_refused_naming_it():
-    lock = load(LOCK.replace(', state-dict = "migrate", migration = ["drop:_extra_state"], max-error = 1e-7',
-                             ', state-dict = "incompatible"'))  # fmt: skip
+    lock = load(
+        LOCK.replace(
+            ', state-dict = "migrate", migration = ["drop:_extra_state"], max-error = 1e-7',
+            ', state-dict = "incompatible"',
+        )
+    )
     with pytest.raises(KernelUnavailable, match="slot LayerNorm: the model holds kp_fastlib.FastLayerNorm"):
         kernel_lock.portable(Model(lock), lock)
 
 
 def test_a_twin_that_disagrees_is_refused():
-    lock = load(LOCK.replace('twin = { target = "torch.nn.LayerNorm", kwargs = { eps = 1e-5, elementwise_affine = true, bias = true }',
-                             'twin = { target = "torch.nn.RMSNorm", kwargs = { eps = 1e-5, elementwise_affine = true }'))  # fmt: skip
+    lock = load(
+        LOCK.replace(
+            'twin = { target = "torch.nn.LayerNorm", kwargs = { eps = 1e-5, elementwise_affine = true, bias = true }',
+            'twin = { target = "torch.nn.RMSNorm", kwargs = { eps = 1e-5, elementwise_affine = true }',
+        )
+    )
     # an RMSNorm twin for a LayerNorm slot is refused before anything runs (it computes something else)
     with pytest.raises(KernelUnavailable, match="computes rms_norm, not layer_norm"):
         kernel_lock.portable(Model(lock), lock)
@@ -96,6 +109,7 @@ def test_a_lock_class_hidden_outside_the_module_tree_is_refused():
         kernel_lock.portable(sneaky, lock)
 
 
+@pytest.mark.slow
 def test_saved_file_loads_where_the_library_and_kernel_lock_cannot_be_imported(tmp_path):
     lock = load()
     model = Model(lock)
@@ -115,10 +129,20 @@ def test_saved_file_loads_where_the_library_and_kernel_lock_cannot_be_imported(t
         "torch.save(m(torch.load(sys.argv[2])).detach(), sys.argv[3])\n"
     )
     env = {"PYTHONPATH": str(FAKES), "PATH": "/usr/bin:/bin"}
-    plain = subprocess.run([sys.executable, "-c", code, str(tmp_path / "plain.pt"), str(tmp_path / "x.pt"),
-                            str(tmp_path / "y.pt")], capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    plain = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "plain.pt"), str(tmp_path / "x.pt"), str(tmp_path / "y.pt")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert plain.returncode != 0 and "ModuleNotFoundError" in plain.stderr
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "portable.pt"), str(tmp_path / "x.pt"),
-                           str(tmp_path / "y.pt")], capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "portable.pt"), str(tmp_path / "x.pt"), str(tmp_path / "y.pt")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     torch.testing.assert_close(torch.load(tmp_path / "y.pt"), model(x).detach(), rtol=1e-5, atol=1e-6)

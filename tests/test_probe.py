@@ -23,12 +23,16 @@ def probed(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_probe_writes_a_valid_lock(probed):
     lock = kernel_lock.load(probed, strict=True)
     assert lock.intact and lock.precision == "bf16-mixed"
     assert lock.environment.fields["device-type"].value == "cpu"
     assert {s: lock.slots[s].implementation for s in lock.slots} == {
-        "LayerNorm": "torch.layer_norm", "RMSNorm": "torch.rms_norm", "Linear": "torch.linear"}
+        "LayerNorm": "torch.layer_norm",
+        "RMSNorm": "torch.rms_norm",
+        "Linear": "torch.linear",
+    }
     ln = lock.slots["LayerNorm"]
     assert ln.kwargs == {"eps": 1e-5, "elementwise_affine": True, "bias": True}
     assert {(e["dtype"], e["regime"]) for e in ln.evidence} == {("float32", "true"), ("bfloat16", "mixed")}
@@ -55,6 +59,7 @@ def test_check_mode(probed, tmp_path, capsys):
     assert not (tmp_path / "missing.toml").exists()
 
 
+@pytest.mark.slow
 def test_stale_environment_is_reprobed(probed, tmp_path, capsys):
     text = probed.read_text().replace('device-type = { value = "cpu"', 'device-type = { value = "cuda"')
     stale = tmp_path / "stale.toml"
@@ -65,6 +70,7 @@ def test_stale_environment_is_reprobed(probed, tmp_path, capsys):
     assert kernel_lock.load(stale).environment.fields["device-type"].value == "cpu"
 
 
+@pytest.mark.slow
 def test_corrupt_lock_is_reported_and_kept_unless_forced(tmp_path, capsys):
     p = tmp_path / "k.toml"
     p.write_text("[[[ not a lock")
@@ -81,15 +87,18 @@ def test_hand_edited_lock_needs_force(probed, tmp_path, capsys):
     assert "edited by hand" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv,code,words", [
-    (["--shape", "0x1024"], 2, "positive integers"),
-    (["--shape", "40320"], 2, "ROWSxHIDDEN"),
-    (["--shape", "axb"], 2, "ROWSxHIDDEN"),
-    (["--dtype", "bf16"], 2, "--precision"),
-    (["--pin", "RMSNorm"], 2, "expected SLOT=ID"),
-    (["--pin", "Rmsnorm=x"], 2, "unknown slot"),
-    (["--reps", "0"], 2, "at least 1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv,code,words",
+    [
+        (["--shape", "0x1024"], 2, "positive integers"),
+        (["--shape", "40320"], 2, "ROWSxHIDDEN"),
+        (["--shape", "axb"], 2, "ROWSxHIDDEN"),
+        (["--dtype", "bf16"], 2, "--precision"),
+        (["--pin", "RMSNorm"], 2, "expected SLOT=ID"),
+        (["--pin", "Rmsnorm=x"], 2, "unknown slot"),
+        (["--reps", "0"], 2, "at least 1"),
+    ],
+)
 def test_bad_arguments(tmp_path, capsys, argv, code, words):
     assert main(["--out", str(tmp_path / "k.toml"), *argv]) == code
     assert words in capsys.readouterr().err
@@ -123,10 +132,24 @@ def test_pin_of_unavailable_candidate_fails_loudly(tmp_path, capsys):
     assert not (tmp_path / "k.toml").exists()
 
 
+@pytest.mark.slow
 def test_pinned_custom_candidate_lands_in_the_lock(tmp_path):
     p = tmp_path / "k.toml"
-    assert main(["--out", str(p), "--slot", "LayerNorm", "--candidate", "LayerNorm=kp_zoo.norms.GoodLayerNorm",
-                 "--pin", "LayerNorm=custom:kp_zoo.norms.GoodLayerNorm"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "--out",
+                str(p),
+                "--slot",
+                "LayerNorm",
+                "--candidate",
+                "LayerNorm=kp_zoo.norms.GoodLayerNorm",
+                "--pin",
+                "LayerNorm=custom:kp_zoo.norms.GoodLayerNorm",
+            ]
+        )
+        == 0
+    )
     lock = kernel_lock.load(p)
     slot = lock.slots["LayerNorm"]
     assert slot.implementation == "custom:kp_zoo.norms.GoodLayerNorm" and "pinned" in slot.reason
@@ -135,6 +158,7 @@ def test_pinned_custom_candidate_lands_in_the_lock(tmp_path):
     assert type(m).__name__ == "GoodLayerNorm" and m.eps == 1e-5
 
 
+@pytest.mark.slow
 def test_json_summary(tmp_path, capsys):
     p = tmp_path / "k.toml"
     assert main(["--out", str(p), "--slot", "RMSNorm", "--json"]) == 0
@@ -164,8 +188,16 @@ def test_explain_and_diff(probed, tmp_path, capsys):
 def test_sixteen_ranks_one_lock(tmp_path):
     out = tmp_path / "same.toml"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    procs = [subprocess.Popen([sys.executable, "-m", "kernel_probe", "--out", str(out), "--slot", "LayerNorm"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(16)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "kernel_probe", "--out", str(out), "--slot", "LayerNorm"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(16)
+    ]
     results = [(p.wait(timeout=600), p.stderr.read()) for p in procs]
     assert [code for code, _ in results] == [0] * 16, [err for _, err in results if err]
     lock = kernel_lock.load(out, strict=True)

@@ -59,16 +59,34 @@ def source_copy(tmp_path_factory) -> Path:
 
 
 def _pip_install(source: Path, *where: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
-                           "--no-cache-dir", "--disable-pip-version-check", "-q", *where, str(source)],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--no-cache-dir",
+            "--disable-pip-version-check",
+            "-q",
+            *where,
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def _list_profiles(site: Path, cwd: Path) -> list[str]:
     """``profiles list --json`` through the CLI, in a fresh interpreter that imports kernel_probe from ``site`` only."""
-    code = ("import sys, kernel_probe; from kernel_probe.cli import main; "
-            "print('imported from', kernel_probe.__file__, file=sys.stderr); sys.exit(main(['profiles', 'list', '--json']))")  # fmt: skip
+    code = (
+        "import sys, kernel_probe; from kernel_probe.cli import main; "
+        "print('imported from', kernel_probe.__file__, file=sys.stderr); sys.exit(main(['profiles', 'list', '--json']))"
+    )
     env = {k: v for k, v in os.environ.items() if k != profiles.ENV_VAR}
     env["PYTHONPATH"] = str(site)  # not the checkout, which conftest puts on PYTHONPATH
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
@@ -110,14 +128,17 @@ def broken_install(request, tmp_path, monkeypatch) -> Path:
     return where
 
 
-@pytest.mark.parametrize("argv", [
-    ["profiles", "list"],
-    ["profiles", "list", "--json"],
-    ["profiles", "show", "lumi-g"],
-    ["profiles", "match", "lumi-g"],
-    ["--profile", "lumi-g", "--out", "{tmp}/k.toml"],
-    ["--profile", "auto", "--out", "{tmp}/k.toml"],
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["profiles", "list"],
+        ["profiles", "list", "--json"],
+        ["profiles", "show", "lumi-g"],
+        ["profiles", "match", "lumi-g"],
+        ["--profile", "lumi-g", "--out", "{tmp}/k.toml"],
+        ["--profile", "auto", "--out", "{tmp}/k.toml"],
+    ],
+)
 def test_missing_builtins_are_an_error_naming_where_it_looked(broken_install, argv, tmp_path, capsys):
     code, out, err = run_cli([a.replace("{tmp}", str(tmp_path)) for a in argv], capsys)
     assert code == 5, out + err

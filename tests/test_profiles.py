@@ -18,8 +18,16 @@ GPU_PROFILES = [n for n in BUILTIN if n != "cpu"]
 
 
 def test_the_required_sites_are_shipped():
-    assert {"lumi-g", "leonardo-booster", "juwels-booster", "marenostrum5-acc", "alps-gh200", "perlmutter",
-            "frontier", "cpu"} <= set(BUILTIN)  # fmt: skip
+    assert {
+        "lumi-g",
+        "leonardo-booster",
+        "juwels-booster",
+        "marenostrum5-acc",
+        "alps-gh200",
+        "perlmutter",
+        "frontier",
+        "cpu",
+    } <= set(BUILTIN)
 
 
 @pytest.mark.parametrize("name", BUILTIN)
@@ -36,7 +44,13 @@ SIGNALS = {
     "lumi-g": ({"LUMI_STACK_NAME": "LUMI"}, "nid005123", None, {"type": "rocm", "arch": "gfx90a"}, {}),
     "frontier": ({}, "frontier01234", "frontier", {"type": "rocm", "arch": "gfx90a"}, {}),
     "leonardo-booster": ({}, "lrdn1234.leonardo.local", None, {"type": "cuda", "arch": "sm_80"}, {}),
-    "juwels-booster": ({}, "jwb0042", None, {"type": "cuda", "arch": "sm_80"}, {"/etc/FZJ/systemname": "juwelsbooster"}),
+    "juwels-booster": (
+        {},
+        "jwb0042",
+        None,
+        {"type": "cuda", "arch": "sm_80"},
+        {"/etc/FZJ/systemname": "juwelsbooster"},
+    ),
     "marenostrum5-acc": ({"BSC_MACHINE": "mn5"}, "as01r1b01", None, {"type": "cuda", "arch": "sm_90"}, {}),
     "alps-gh200": ({"CLUSTER_NAME": "clariden"}, "nid001234", None, {"type": "cuda", "arch": "sm_90"}, {}),
     "perlmutter": ({"NERSC_HOST": "perlmutter"}, "nid001234", "perlmutter", {"type": "cuda", "arch": "sm_80"}, {}),
@@ -50,8 +64,9 @@ def test_auto_detection_picks_each_builtin(name):
     if cluster:
         env = {**env, "SLURM_CLUSTER_NAME": cluster}
     found = profiles.available().values()
-    prof, matched, _ = profiles.auto_detect(found, {"hostname": host, "slurm": {}}, device, env=env,
-                                            read_file=lambda path: files.get(path))  # fmt: skip
+    prof, matched, _ = profiles.auto_detect(
+        found, {"hostname": host, "slurm": {}}, device, env=env, read_file=lambda path: files.get(path)
+    )
     assert prof is not None and prof.name == name, matched
     assert matched  # which signal matched is reported
     if name != "cpu":
@@ -59,14 +74,20 @@ def test_auto_detection_picks_each_builtin(name):
 
 
 def test_nid_hostname_alone_is_not_lumi():
-    prof, matched, _ = profiles.auto_detect(profiles.available().values(), {"hostname": "nid001234"},
-                                            {"type": "cuda"}, env={}, read_file=lambda p: None)  # fmt: skip
+    prof, matched, _ = profiles.auto_detect(
+        profiles.available().values(), {"hostname": "nid001234"}, {"type": "cuda"}, env={}, read_file=lambda p: None
+    )
     assert prof is None  # a Cray nid outside LUMI-G's range says nothing
 
 
 def test_juwels_via_systemname_env():
-    prof, matched, _ = profiles.auto_detect(profiles.available().values(), {"hostname": "x"}, {"type": "cuda"},
-                                            env={"SYSTEMNAME": "juwelsbooster"}, read_file=lambda p: None)  # fmt: skip
+    prof, matched, _ = profiles.auto_detect(
+        profiles.available().values(),
+        {"hostname": "x"},
+        {"type": "cuda"},
+        env={"SYSTEMNAME": "juwelsbooster"},
+        read_file=lambda p: None,
+    )
     assert prof.name == "juwels-booster" and matched == "env:SYSTEMNAME=juwelsbooster"
 
 
@@ -81,6 +102,7 @@ def test_gpu_profiles_are_unmet_on_this_cpu_machine(name, tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_auto_on_this_machine_picks_cpu_and_records_it(tmp_path, capsys):
     out = tmp_path / "k.toml"
     assert main(["--profile", "auto", "--out", str(out), "--slot", "Linear"]) == 0
@@ -92,7 +114,7 @@ def test_auto_on_this_machine_picks_cpu_and_records_it(tmp_path, capsys):
     assert skipped["te.linear"].status == "skipped" and skipped["te.linear"].reasons == ("not allowed by profile cpu",)
 
 
-GOOD = '''profile-version = "1"
+GOOD = """profile-version = "1"
 name = "mysite"
 description = "test site"
 sources = ["tests"]
@@ -101,17 +123,37 @@ env = { MYSITE = "" }
 [requires]
 device-type = ["cpu"]
 torch = ">=2.4"
-'''
+"""
 
 MALFORMED = [
     ("not toml", "[[[", "", "not valid TOML"),
     ("unknown top key", GOOD + "colour = 1\n", "colour", "unknown key"),
     ("unknown nested key", GOOD.replace("torch =", "torchh ="), "requires.torchh", "did you mean"),
     ("bad specifier", GOOD.replace('">=2.4"', '"~~2"'), "requires.torch", "PEP 440"),
-    ("bad library specifier", GOOD + "[requires.libraries]\nliger-kernel = \"bogus\"\n", "requires.libraries.liger-kernel", "PEP 440"),
-    ("unknown candidate id", GOOD + "[policy.LayerNorm]\nallowed = [\"liger.layernorm\"]\n", "policy.LayerNorm.allowed", "unknown candidate id 'liger.layernorm'"),
-    ("candidate for another slot", GOOD + "[policy.LayerNorm]\npin = \"torch.rms_norm\"\n", "policy.LayerNorm.pin", "is for RMSNorm"),
-    ("pin not allowed", GOOD + "[policy.RMSNorm]\nallowed = [\"torch.rms_norm\"]\npin = \"liger.rms_norm\"\n", "policy.RMSNorm.pin", "not in policy.RMSNorm.allowed"),
+    (
+        "bad library specifier",
+        GOOD + '[requires.libraries]\nliger-kernel = "bogus"\n',
+        "requires.libraries.liger-kernel",
+        "PEP 440",
+    ),
+    (
+        "unknown candidate id",
+        GOOD + '[policy.LayerNorm]\nallowed = ["liger.layernorm"]\n',
+        "policy.LayerNorm.allowed",
+        "unknown candidate id 'liger.layernorm'",
+    ),
+    (
+        "candidate for another slot",
+        GOOD + '[policy.LayerNorm]\npin = "torch.rms_norm"\n',
+        "policy.LayerNorm.pin",
+        "is for RMSNorm",
+    ),
+    (
+        "pin not allowed",
+        GOOD + '[policy.RMSNorm]\nallowed = ["torch.rms_norm"]\npin = "liger.rms_norm"\n',
+        "policy.RMSNorm.pin",
+        "not in policy.RMSNorm.allowed",
+    ),
     ("unknown slot policy", GOOD + "[policy.Layernorm]\nallowed = []\n", "policy.Layernorm", "unknown key"),
     ("bad regex", GOOD.replace('MYSITE = ""', 'MYSITE = "(("'), "detect.env.MYSITE", "regular expression"),
     ("bad version", GOOD.replace('profile-version = "1"', 'profile-version = "9"'), "profile-version", "unsupported"),
@@ -119,11 +161,16 @@ MALFORMED = [
     ("bad name", GOOD.replace('"mysite"', '"My Site"'), "name", "lower-case"),
     ("wrong type", GOOD.replace('device-type = ["cpu"]', "device-type = 3"), "requires.device-type", "list of strings"),
     ("bad count", GOOD + "min-device-count = -1\n", "requires.min-device-count", "non-negative"),
-    ("bad precision", GOOD + "[policy]\nprecision = \"fp8\"\n", "policy.precision", "not one of"),
-    ("bad shape", GOOD + "[policy]\nshapes = [\"0x1\"]\n", "policy.shapes[0]", "positive integers"),
-    ("bad strictness group", GOOD + "[strictness]\nwarn = [\"everything\"]\n", "strictness.warn", "unknown group"),
-    ("candidate unknown key", GOOD + "[[candidate]]\nid = \"x\"\nslots = [\"LayerNorm\"]\ntarget = \"a.B\"\ncolour = 1\n", "candidate[0].colour", "unknown key"),
-]  # fmt: skip
+    ("bad precision", GOOD + '[policy]\nprecision = "fp8"\n', "policy.precision", "not one of"),
+    ("bad shape", GOOD + '[policy]\nshapes = ["0x1"]\n', "policy.shapes[0]", "positive integers"),
+    ("bad strictness group", GOOD + '[strictness]\nwarn = ["everything"]\n', "strictness.warn", "unknown group"),
+    (
+        "candidate unknown key",
+        GOOD + '[[candidate]]\nid = "x"\nslots = ["LayerNorm"]\ntarget = "a.B"\ncolour = 1\n',
+        "candidate[0].colour",
+        "unknown key",
+    ),
+]
 
 
 @pytest.mark.parametrize("name,text,key,words", MALFORMED, ids=[m[0] for m in MALFORMED])
@@ -150,7 +197,7 @@ def _write_profile(d: Path, extra: str) -> Path:
     return p
 
 
-PIN = '''
+PIN = """
 [policy]
 shapes = ["256x1000"]
 [policy.LayerNorm]
@@ -161,15 +208,30 @@ slots = ["LayerNorm"]
 target = "kp_zoo.norms.GoodLayerNorm"
 module = "kp_zoo"
 twin-target = "torch.nn.LayerNorm"
-'''
+"""
 
 
+@pytest.mark.slow
 def test_a_profile_pin_changes_the_lock(tmp_path, capsys):
     plain, pinned = tmp_path / "plain.toml", tmp_path / "pinned.toml"
     assert main(["--out", str(plain), "--slot", "LayerNorm", "--shape", "256x1000"]) == 0
     assert kernel_lock.load(plain).slots["LayerNorm"].implementation == "torch.layer_norm"
     _write_profile(tmp_path / "profiles", PIN)
-    assert main(["--profile", "mysite", "--profiles-dir", str(tmp_path / "profiles"), "--out", str(pinned), "--slot", "LayerNorm"]) == 0
+    assert (
+        main(
+            [
+                "--profile",
+                "mysite",
+                "--profiles-dir",
+                str(tmp_path / "profiles"),
+                "--out",
+                str(pinned),
+                "--slot",
+                "LayerNorm",
+            ]
+        )
+        == 0
+    )
     lock = kernel_lock.load(pinned)
     slot = lock.slots["LayerNorm"]
     assert slot.implementation == "site.good_layer_norm" and "pinned by profile mysite" in slot.reason
@@ -191,12 +253,13 @@ def test_profiles_env_var_and_shadowing(tmp_path, monkeypatch, capsys):
     assert names["cpu"]["description"] == "my own cpu profile" and "lumi-g" in names
 
 
+@pytest.mark.slow
 def test_forbidden_library_and_strictness(tmp_path, capsys):
-    forbid = "[requires.forbidden]\ntorch = \">=2.0\"\n"
+    forbid = '[requires.forbidden]\ntorch = ">=2.0"\n'
     p = _write_profile(tmp_path / "a", forbid)
     assert main(["--profile", str(p), "--out", str(tmp_path / "k.toml")]) == 4
     assert "library torch: expected not installed in >=2.0, found 2." in capsys.readouterr().err
-    p = _write_profile(tmp_path / "b", forbid + "[strictness]\nwarn = [\"forbidden\"]\n")
+    p = _write_profile(tmp_path / "b", forbid + '[strictness]\nwarn = ["forbidden"]\n')
     assert main(["--profile", str(p), "--out", str(tmp_path / "k.toml"), "--slot", "Linear"]) == 0
     assert "warning: profile mysite: library torch" in capsys.readouterr().err
 

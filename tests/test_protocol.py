@@ -13,33 +13,67 @@ from kernel_probe.candidates import default_for
 
 CAND = default_for("LayerNorm")
 
-ROW: p.MeasurementRow = {"dtype": "float32", "regime": "true", "cases": {"random": {"y": [1e-7, 2e-7], p.alt_key("rms_norm"): [0.1, 1e-7]}},
-                         "flags": {p.FLAG_OUTPUT_DTYPE: "float32 (torch.nn: bfloat16)"}, "nondeterministic": None}  # fmt: skip
+ROW: p.MeasurementRow = {
+    "dtype": "float32",
+    "regime": "true",
+    "cases": {"random": {"y": [1e-7, 2e-7], p.alt_key("rms_norm"): [0.1, 1e-7]}},
+    "flags": {p.FLAG_OUTPUT_DTYPE: "float32 (torch.nn: bfloat16)"},
+    "nondeterministic": None,
+}
 
 MESSAGES = [
     p.PingRequest(),
     p.ImportRequest(target="torch.nn.LayerNorm"),
     p.CheckRequest(candidate=CAND, slot="LayerNorm", device="cpu", dtypes=(("float32", "true"), ("bfloat16", "mixed"))),
-    p.CheckRequest(candidate=CAND, slot="LayerNorm", device="cpu", dtypes=(("float32", "true"),), canonical={"eps": 1e-6},
-                   seed=3, hidden=64, baseline=CAND),  # fmt: skip
+    p.CheckRequest(
+        candidate=CAND,
+        slot="LayerNorm",
+        device="cpu",
+        dtypes=(("float32", "true"),),
+        canonical={"eps": 1e-6},
+        seed=3,
+        hidden=64,
+        baseline=CAND,
+    ),
     p.TryRequest(candidate=CAND, slot="LayerNorm", device="cuda"),
-    p.TimeRequest(candidate=CAND, slot="LayerNorm", device="cpu", shapes=("32x16",), dtype="float32", regime="true",
-                  options={"reps": 2}, progress=True),  # fmt: skip
+    p.TimeRequest(
+        candidate=CAND,
+        slot="LayerNorm",
+        device="cpu",
+        shapes=("32x16",),
+        dtype="float32",
+        regime="true",
+        options={"reps": 2},
+        progress=True,
+    ),
     p.PingReply(pid=42),
     p.ImportReply(ok=False, kind="import", error="ImportError: no"),
     p.ImportReply(ok=True, seconds=0.5, tampered=("torch.matmul",)),
     p.TryReply(ran=False, error="RuntimeError: no CUDA"),
-    p.CheckReply(candidate=CAND.id, device="cpu", rows=[ROW], layout={"ok": True}, init=["weight starts at 0"], import_s=0.1),
+    p.CheckReply(
+        candidate=CAND.id, device="cpu", rows=[ROW], layout={"ok": True}, init=["weight starts at 0"], import_s=0.1
+    ),
     p.CheckReply(candidate=CAND.id, device="cpu", phase="import", kind="import", error="ImportError: x"),
-    p.TimeReply(candidate=CAND.id, device="cpu", rows=[{"implementation": CAND.id, "shape": "32x16", "median_ms": 0.1}]),
+    p.TimeReply(
+        candidate=CAND.id, device="cpu", rows=[{"implementation": CAND.id, "shape": "32x16", "median_ms": 0.1}]
+    ),
     p.TimingProgressMessage(shape="32x16", index=0, of=2, phase="rep", done=1, total=5, seconds=0.25),
     p.ImportCheckRequest("liger_kernel"),
     p.ImportCheckRequest("triton", probe="triton-target"),
-    p.ImportCheckReply(ok=True, seconds=0.2, file="/x/__init__.py", version="1.0", target={"backend": "cuda", "arch": 90}),
+    p.ImportCheckReply(
+        ok=True, seconds=0.2, file="/x/__init__.py", version="1.0", target={"backend": "cuda", "arch": 90}
+    ),
     p.ImportCheckReply(ok=False, type="OSError", message="bad .so", where="/x/__init__.py:2"),
     p.ComposeRequest(config_dir="/cfg", config_name="config", overrides=("model=gnn",)),
-    p.ComposeReply(tree={"model": {}}, blocks={"model.layer_kernels": {"entries": {}}}, choices={"model": "gnn"}, sources=["main: /cfg"]),
-    p.EntryCheckRequest(key="LayerNorm", entry={"_target_": "torch.nn.LayerNorm"}, where="model.layer_kernels.LayerNorm"),
+    p.ComposeReply(
+        tree={"model": {}},
+        blocks={"model.layer_kernels": {"entries": {}}},
+        choices={"model": "gnn"},
+        sources=["main: /cfg"],
+    ),
+    p.EntryCheckRequest(
+        key="LayerNorm", entry={"_target_": "torch.nn.LayerNorm"}, where="model.layer_kernels.LayerNorm"
+    ),
     p.EntryCheckReply(findings=[], facts={"target": "torch.nn.LayerNorm", "imported": True}),
 ]
 
@@ -60,7 +94,9 @@ def test_an_unknown_key_is_a_clear_error(message):
         type(message).from_json(wire)
 
 
-@pytest.mark.parametrize("message", [m for m in MESSAGES if type(m) is not p.PingRequest], ids=lambda m: type(m).__name__)
+@pytest.mark.parametrize(
+    "message", [m for m in MESSAGES if type(m) is not p.PingRequest], ids=lambda m: type(m).__name__
+)
 def test_a_missing_key_is_a_clear_error(message):
     required = [f for f in fields(message) if f.default is MISSING and f.default_factory is MISSING]
     if not required:
@@ -87,6 +123,7 @@ def test_measurement_keys_are_declared_once():
     assert {"dtype", "regime", "cases", "flags", "blocks", "twin"} <= p.MEASUREMENT_KEYS
 
 
+@pytest.mark.slow
 def test_the_worker_answers_a_typed_request():
     from kernel_probe.worker import Worker
 
@@ -101,6 +138,7 @@ def test_the_worker_answers_a_typed_request():
     assert isinstance(tried, p.TryReply) and tried.ran
 
 
+@pytest.mark.slow
 def test_the_worker_reports_a_malformed_request():
     from kernel_probe.worker import Worker
 

@@ -13,6 +13,8 @@ import sys
 import warnings
 from pathlib import Path
 
+import pytest
+
 import kernel_lock
 from kernel_lock import LockWarning
 
@@ -21,7 +23,7 @@ from .conftest import MINIMAL_LOCK, ROOT
 READERS = 4
 SECONDS = 2.0
 
-WRITER = r'''
+WRITER = r"""
 import sys, time
 import kernel_lock
 path, a, b, seconds, mode = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5]
@@ -40,9 +42,9 @@ while time.monotonic() < end:
             fh.write(texts[i][len(texts[i]) // 2 :])
     writes += 1
 open(path + ".done", "w").write(str(writes))
-'''
+"""
 
-READER = r'''
+READER = r"""
 import json, os, sys, time
 import kernel_lock
 path, out = sys.argv[1], sys.argv[2]
@@ -58,7 +60,7 @@ while not os.path.exists(path + ".done") and time.monotonic() < deadline:
             examples.append(str(exc).splitlines()[0][:200])
     reads += 1
 open(out, "w").write(json.dumps({"reads": reads, "failures": failures, "examples": examples, "digests": digests}))
-'''
+"""
 
 
 def _race(tmp_path: Path, mode: str) -> tuple[list[dict], set[str], int]:
@@ -66,7 +68,9 @@ def _race(tmp_path: Path, mode: str) -> tuple[list[dict], set[str], int]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LockWarning)
         lock_a = kernel_lock.loads(MINIMAL_LOCK).sealed()
-        lock_b = kernel_lock.loads(MINIMAL_LOCK.replace("kwargs = { bias = false }", "kwargs = { bias = true }")).sealed()
+        lock_b = kernel_lock.loads(
+            MINIMAL_LOCK.replace("kwargs = { bias = false }", "kwargs = { bias = true }")
+        ).sealed()
     lock_a.dump(a)
     lock_b.dump(b)
     assert lock_a.digest != lock_b.digest
@@ -74,10 +78,15 @@ def _race(tmp_path: Path, mode: str) -> tuple[list[dict], set[str], int]:
     lock_a.dump(path)
     (tmp_path / "writer.py").write_text(WRITER)
     (tmp_path / "reader.py").write_text(READER)
-    readers = [subprocess.Popen([sys.executable, str(tmp_path / "reader.py"), str(path), str(tmp_path / f"r{i}.json")], cwd=ROOT)
-               for i in range(READERS)]  # fmt: skip
-    writer = subprocess.Popen([sys.executable, str(tmp_path / "writer.py"), str(path), str(a), str(b), str(SECONDS), mode],
-                              cwd=ROOT)  # fmt: skip
+    readers = [
+        subprocess.Popen(
+            [sys.executable, str(tmp_path / "reader.py"), str(path), str(tmp_path / f"r{i}.json")], cwd=ROOT
+        )
+        for i in range(READERS)
+    ]
+    writer = subprocess.Popen(
+        [sys.executable, str(tmp_path / "writer.py"), str(path), str(a), str(b), str(SECONDS), mode], cwd=ROOT
+    )
     procs = [writer, *readers]
     try:
         for p in procs:
@@ -92,6 +101,7 @@ def _race(tmp_path: Path, mode: str) -> tuple[list[dict], set[str], int]:
     return results, {lock_a.digest, lock_b.digest}, writes
 
 
+@pytest.mark.slow
 def test_readers_never_see_a_partial_lock(tmp_path):
     results, digests, writes = _race(tmp_path, "atomic")
     assert writes > 20  # the writer really was rewriting the file all along
@@ -103,6 +113,7 @@ def test_readers_never_see_a_partial_lock(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temp file left
 
 
+@pytest.mark.slow
 def test_control_a_non_atomic_writer_is_caught(tmp_path):
     # proves the test above could fail: the same readers, against a writer that is not atomic
     results, _, writes = _race(tmp_path, "in-place")

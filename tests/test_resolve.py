@@ -11,8 +11,7 @@ import pytest
 import torch
 
 import kernel_lock
-from kernel_lock import KernelUnavailable, LockFormatError, LockMismatch, LockWarning, TargetNotAllowed
-from kernel_lock import fingerprint
+from kernel_lock import KernelUnavailable, LockFormatError, LockMismatch, LockWarning, TargetNotAllowed, fingerprint
 
 from .conftest import MINIMAL_LOCK
 
@@ -42,7 +41,11 @@ def test_call_site_kwargs_win_like_hydra_partials():
 def test_factory_records_how_it_resolved():
     f = _lock().factory("LayerNorm")
     assert (f.slot, f.implementation, f.target, f.mode, f.substituted_from) == (
-        "LayerNorm", "torch.layer_norm", "torch.nn.LayerNorm", "training", None,
+        "LayerNorm",
+        "torch.layer_norm",
+        "torch.nn.LayerNorm",
+        "training",
+        None,
     )
 
 

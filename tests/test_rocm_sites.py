@@ -27,20 +27,20 @@ import json
 import re
 import socket
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 import kernel_lock
-from kernel_lock import fingerprint
+from kernel_lock import fingerprint, torchless
 from kernel_lock.errors import DeviceVisibilityError, LockMismatch
 from kernel_lock.lock import KernelLock, Slot
 from kernel_lock.versions import in_spec, release_text
-from kernel_probe import lockwrite, profiles
+from kernel_probe import lockwrite, pipeline, profiles
 from kernel_probe.candidates import BUILTIN
 from kernel_probe.checker import check_candidate
-from kernel_probe import pipeline
 from kernel_probe.detect import libraries
 from kernel_probe.detect import triton as triton_info
 
@@ -64,13 +64,26 @@ class Node:
 
 
 def gcd(name: str = "AMD Instinct MI250X", features: str = "sramecc+:xnack-", index: int = 0) -> SimpleNamespace:
-    return SimpleNamespace(name=name, gcnArchName=f"gfx90a:{features}" if features else "gfx90a", major=9, minor=0,
-                           total_memory=64 * GIB, multi_processor_count=110, uuid=f"GPU-{index:016x}")  # fmt: skip
+    return SimpleNamespace(
+        name=name,
+        gcnArchName=f"gfx90a:{features}" if features else "gfx90a",
+        major=9,
+        minor=0,
+        total_memory=64 * GIB,
+        multi_processor_count=110,
+        uuid=f"GPU-{index:016x}",
+    )
 
 
 def nvidia(name: str, major: int, minor: int, memory: int, sms: int) -> SimpleNamespace:
-    return SimpleNamespace(name=name, major=major, minor=minor, total_memory=memory * GIB, multi_processor_count=sms,
-                           uuid="GPU-5e1f0000-0000-0000-0000-000000000000")  # fmt: skip
+    return SimpleNamespace(
+        name=name,
+        major=major,
+        minor=minor,
+        total_memory=memory * GIB,
+        multi_processor_count=sms,
+        uuid="GPU-5e1f0000-0000-0000-0000-000000000000",
+    )
 
 
 ROCM_ARCHS = ("gfx900", "gfx906", "gfx908", "gfx90a", "gfx942", "gfx1030", "gfx1100")
@@ -85,27 +98,83 @@ ROCM_BUILDS = {
     "torch 2.10 / ROCm 7.0": ("2.10.0+rocm7.0", "7.0.51831", "7.0.0"),
 }
 
-LUMI_STACK = {"LUMI_STACK_NAME": "LUMI", "LUMI_STACK_VERSION": "25.03", "LUMI_STACK_PARTITION": "G",
-              "SLURM_JOB_PARTITION": "standard-g", "SLURM_LOCALID": "0"}  # fmt: skip
+LUMI_STACK = {
+    "LUMI_STACK_NAME": "LUMI",
+    "LUMI_STACK_VERSION": "25.03",
+    "LUMI_STACK_PARTITION": "G",
+    "SLURM_JOB_PARTITION": "standard-g",
+    "SLURM_LOCALID": "0",
+}
 LUMI_AI_FACTORY = {"SLURM_JOB_PARTITION": "small-g", "SLURM_LOCALID": "0"}  # `module purge`: no LUMI_* at all
 
 
-def lumi(build: str = "torch 2.7 / ROCm 6.2.4 (LUMI container)", env: dict[str, str] | None = None,
-         name: str = "AMD Instinct MI250X", features: str = "sramecc+:xnack-", host: str = "nid005123") -> Node:
+def lumi(
+    build: str = "torch 2.7 / ROCm 6.2.4 (LUMI container)",
+    env: dict[str, str] | None = None,
+    name: str = "AMD Instinct MI250X",
+    features: str = "sramecc+:xnack-",
+    host: str = "nid005123",
+) -> Node:
     version, hip, rocm = ROCM_BUILDS[build]
-    return Node(version, hip, None, rocm, tuple(gcd(name, features, i) for i in range(8)), ROCM_ARCHS, "6.3.60300",
-                host, dict(LUMI_STACK if env is None else env))  # fmt: skip
+    return Node(
+        version,
+        hip,
+        None,
+        rocm,
+        tuple(gcd(name, features, i) for i in range(8)),
+        ROCM_ARCHS,
+        "6.3.60300",
+        host,
+        dict(LUMI_STACK if env is None else env),
+    )
 
 
-FRONTIER = Node("2.10.0+rocm7.1", "7.1.25421", None, "7.1.1", tuple(gcd(index=i) for i in range(8)), ROCM_ARCHS,
-                "6.14.14", "frontier01234", {"SLURM_CLUSTER_NAME": "frontier", "SLURM_JOB_PARTITION": "batch"})
-H100 = Node("2.9.1+cu128", None, "12.8", None, (nvidia("NVIDIA H100 80GB HBM3", 9, 0, 80, 132),) * 4, CUDA_ARCHS,
-            "570.133.20", "as01r1b01", {"BSC_MACHINE": "mn5"})
-A100 = Node("2.9.1+cu128", None, "12.8", None, (nvidia("NVIDIA A100-SXM4-40GB", 8, 0, 40, 108),) * 4, CUDA_ARCHS,
-            "550.54.15", "jwb0042", {"SYSTEMNAME": "juwelsbooster"})
+FRONTIER = Node(
+    "2.10.0+rocm7.1",
+    "7.1.25421",
+    None,
+    "7.1.1",
+    tuple(gcd(index=i) for i in range(8)),
+    ROCM_ARCHS,
+    "6.14.14",
+    "frontier01234",
+    {"SLURM_CLUSTER_NAME": "frontier", "SLURM_JOB_PARTITION": "batch"},
+)
+H100 = Node(
+    "2.9.1+cu128",
+    None,
+    "12.8",
+    None,
+    (nvidia("NVIDIA H100 80GB HBM3", 9, 0, 80, 132),) * 4,
+    CUDA_ARCHS,
+    "570.133.20",
+    "as01r1b01",
+    {"BSC_MACHINE": "mn5"},
+)
+A100 = Node(
+    "2.9.1+cu128",
+    None,
+    "12.8",
+    None,
+    (nvidia("NVIDIA A100-SXM4-40GB", 8, 0, 40, 108),) * 4,
+    CUDA_ARCHS,
+    "550.54.15",
+    "jwb0042",
+    {"SYSTEMNAME": "juwelsbooster"},
+)
 
-_CLEARED = ("LUMI_", "SLURM_", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "BSC_MACHINE",
-            "SYSTEMNAME", "CLUSTER_NAME", "NERSC_HOST", *fingerprint.NUMERICS_ENV)  # fmt: skip
+_CLEARED = (
+    "LUMI_",
+    "SLURM_",
+    "CUDA_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "BSC_MACHINE",
+    "SYSTEMNAME",
+    "CLUSTER_NAME",
+    "NERSC_HOST",
+    *fingerprint.NUMERICS_ENV,
+)
 
 
 @pytest.fixture
@@ -137,6 +206,10 @@ def node(monkeypatch, tmp_path):
         monkeypatch.setattr(fingerprint, "nvml_devices", lambda: None)  # the torch path, as without nvidia-ml-py
         monkeypatch.setattr(fingerprint, "driver_version", lambda kind: n.driver)
         monkeypatch.setattr(socket, "gethostname", lambda: n.hostname)
+        # this fakes what torch reports, so checks read the machine through torch here; the torch-free
+        # reading of the same nodes' /proc and /sys trees is tested in tests/test_torchless.py
+        monkeypatch.setattr(torchless, "current", lambda checked=None: fingerprint.current())
+        monkeypatch.setattr(torchless, "device", lambda: None)
         return n
 
     return apply
@@ -151,8 +224,13 @@ def lock_for_here(**match_rules: str) -> KernelLock:
     env = lockwrite.environment(fingerprint.current(), {})
     for name, rule in match_rules.items():
         env.fields[name] = replace(env.fields[name], match=rule)
-    slot = Slot(name="LayerNorm", implementation="torch.layer_norm", target="torch.nn.LayerNorm",
-                semantics="layer_norm", kwargs={"eps": 1e-5})  # fmt: skip
+    slot = Slot(
+        name="LayerNorm",
+        implementation="torch.layer_norm",
+        target="torch.nn.LayerNorm",
+        semantics="layer_norm",
+        kwargs={"eps": 1e-5},
+    )
     return KernelLock(created_by="test", environment=env, slots={"LayerNorm": slot}).sealed()
 
 
@@ -182,8 +260,9 @@ def test_lumi_bounds_the_rocm_user_space_by_its_driver(node, capsys):
     node(replace(lumi(), torch_version="2.11.0+rocm7.1", hip="7.1.25421", rocm="7.1.1"))
     code, result = match("lumi-g", capsys)
     assert code == 4
-    assert result["unmet"] == [{"group": "versions", "field": "torch-hip", "expected": ">=6.1,<7.1",
-                                "found": "7.1.25421"}]  # fmt: skip
+    assert result["unmet"] == [
+        {"group": "versions", "field": "torch-hip", "expected": ">=6.1,<7.1", "found": "7.1.25421"}
+    ]
 
 
 @pytest.mark.parametrize("build", ["torch 2.7 / ROCm 6.2.4 (LUMI container)", "torch 2.10 / ROCm 7.0"])
@@ -198,8 +277,10 @@ def test_frontier_accepts_hashed_and_plain_hip_versions(build, node, capsys):
 
 # ---- 2. the ROCm fork of transformer-engine is not NVIDIA's ---------------------------------------
 def _transformer_engine(root, *, fork: bool):
-    files = {"__init__.py": "# This file was modified for portability to AMDGPU\n" if fork else "# NVIDIA\n",
-             "pytorch/__init__.py": ""}
+    files = {
+        "__init__.py": "# This file was modified for portability to AMDGPU\n" if fork else "# NVIDIA\n",
+        "pytorch/__init__.py": "",
+    }
     if fork:
         files["_rocm_init.py"] = ""
     write_pkg(root, "transformer_engine", files)
@@ -210,9 +291,9 @@ def test_lumi_accepts_the_rocm_transformer_engine_fork(node, tmp_path, monkeypat
     _transformer_engine(tmp_path, fork=True)
     monkeypatch.syspath_prepend(str(tmp_path))
     node(lumi())
-    assert profiles.library_facts(["transformer-engine", "transformer-engine@nvidia",
-                                   "transformer-engine@rocm-fork"]) == {
-        "transformer-engine": "2.4.0", "transformer-engine@nvidia": None, "transformer-engine@rocm-fork": "2.4.0"}
+    assert profiles.library_facts(
+        ["transformer-engine", "transformer-engine@nvidia", "transformer-engine@rocm-fork"]
+    ) == {"transformer-engine": "2.4.0", "transformer-engine@nvidia": None, "transformer-engine@rocm-fork": "2.4.0"}
     code, result = match("lumi-g", capsys)
     assert code == 0, result
     code, result = match("auto", capsys)
@@ -228,14 +309,22 @@ def test_lumi_refuses_nvidia_transformer_engine(node, tmp_path, monkeypatch, cap
     node(lumi())
     code, result = match("lumi-g", capsys)
     assert code == 4
-    assert result["unmet"] == [{"group": "forbidden", "field": "library transformer-engine@nvidia",
-                                "expected": "not installed", "found": "2.4.0"}]  # fmt: skip
+    assert result["unmet"] == [
+        {
+            "group": "forbidden",
+            "field": "library transformer-engine@nvidia",
+            "expected": "not installed",
+            "found": "2.4.0",
+        }
+    ]
 
 
 def test_unknown_library_variant_in_a_profile_is_an_error(tmp_path, capsys):
     path = tmp_path / "p.toml"
-    path.write_text('profile-version = "1"\nname = "p"\nsources = ["x"]\n[requires]\ndevice-type = ["rocm"]\n'
-                    '[requires.forbidden]\n"transformer-engine@amd" = ""\n')  # fmt: skip
+    path.write_text(
+        'profile-version = "1"\nname = "p"\nsources = ["x"]\n[requires]\ndevice-type = ["rocm"]\n'
+        '[requires.forbidden]\n"transformer-engine@amd" = ""\n'
+    )
     code, _, err = run_cli(["profiles", "check", str(path)], capsys)
     assert code == 5 and "requires.forbidden.transformer-engine@amd" in err and "rocm-fork" in err
 
@@ -284,9 +373,17 @@ def test_pypi_triton_targets_hip_on_a_rocm_node(tmp_path):
     (tmp_path / "triton" / "_C").mkdir(parents=True)
     (tmp_path / "triton" / "__init__.py").write_bytes(init)
     (tmp_path / "triton" / "_C" / "libtriton.so").write_bytes(lib)
-    make_dist(tmp_path, "triton", "3.3.1", [("triton/__init__.py", init), ("triton/_C/libtriton.so", lib),
-                                            ("triton/backends/amd/driver.py", amd),
-                                            ("triton/backends/nvidia/driver.py", amd)])  # fmt: skip
+    make_dist(
+        tmp_path,
+        "triton",
+        "3.3.1",
+        [
+            ("triton/__init__.py", init),
+            ("triton/_C/libtriton.so", lib),
+            ("triton/backends/amd/driver.py", amd),
+            ("triton/backends/nvidia/driver.py", amd),
+        ],
+    )
     # torch's ROCm wheel pins its own Triton (torch 2.7.1+rocm6.2.4 requires pytorch-triton-rocm 3.3.1)
     torch_info = make_dist(tmp_path, "torch", "2.7.1+rocm6.2.4")
     with open(torch_info / "METADATA", "a") as fh:
@@ -316,9 +413,16 @@ def test_auto_recognises_lumi_with_and_without_the_stack(env, host, signal, node
     assert code == 0 and result["profile"] == "lumi-g" and result["matched"] == signal, result
 
 
-@pytest.mark.parametrize(("env", "host"), [({}, "nid007978"), ({}, "nid007999"), ({}, "nid004999"),
-                                           ({"LUMI_STACK_NAME": "LUMI", "LUMI_STACK_PARTITION": "C"}, "nid001234"),
-                                           ({"SLURM_JOB_PARTITION": "standard"}, "nid002000")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("env", "host"),
+    [
+        ({}, "nid007978"),
+        ({}, "nid007999"),
+        ({}, "nid004999"),
+        ({"LUMI_STACK_NAME": "LUMI", "LUMI_STACK_PARTITION": "C"}, "nid001234"),
+        ({"SLURM_JOB_PARTITION": "standard"}, "nid002000"),
+    ],
+)
 def test_auto_does_not_take_other_nodes_for_lumi_g(env, host, node, capsys):
     node(lumi(env=env, host=host))
     code, result = match("auto", capsys)
@@ -356,7 +460,7 @@ def test_every_site_fact_in_the_profile_names_its_source(name):
     cited = {int(s[1:].split("]", 1)[0]) for s in prof.sources}
     assert cited == set(range(1, len(prof.sources) + 1))
     section, previous = "", ""
-    for line in open(prof.path, encoding="utf-8").read().splitlines():
+    for line in Path(prof.path).read_text(encoding="utf-8").splitlines():
         if line.startswith("["):
             section, previous = line.strip("[]"), ""
             continue
@@ -449,8 +553,16 @@ def test_te_fork_runs_only_on_the_archs_it_documents():
 
 
 def test_rocm_forks_are_labelled_as_forks(tmp_path):
-    write_pkg(tmp_path, "apex", {"__init__.py": "", "normalization/__init__.py": "",
-                                 "git_version_info.py": "# Modified for ROCm Apex\n", "op_builder/__init__.py": ""})
+    write_pkg(
+        tmp_path,
+        "apex",
+        {
+            "__init__.py": "",
+            "normalization/__init__.py": "",
+            "git_version_info.py": "# Modified for ROCm Apex\n",
+            "op_builder/__init__.py": "",
+        },
+    )
     apex = next(lib for lib in libraries.KNOWN_LIBRARIES if lib.name == "apex")
     entry = libraries.report(libraries.locate(apex, [str(tmp_path)]), None)
     assert entry["variant"] == "rocm-fork" and "NVIDIA" not in entry["identified_as"]
@@ -464,9 +576,11 @@ def test_rocm_forks_are_labelled_as_forks(tmp_path):
 
 def test_a_profile_candidate_declares_archs_and_install(tmp_path):
     path = tmp_path / "site.toml"
-    path.write_text('profile-version = "1"\nname = "site"\nsources = ["x"]\n[requires]\ndevice-type = ["cuda"]\n'
-                    '[[candidate]]\nid = "site.norm"\nslots = ["LayerNorm"]\ntarget = "site_kernels.Norm"\n'
-                    'devices = ["cuda"]\narchs = { cuda = ["sm_90+"] }\ninstall = { cuda = "module load site" }\n')  # fmt: skip
+    path.write_text(
+        'profile-version = "1"\nname = "site"\nsources = ["x"]\n[requires]\ndevice-type = ["cuda"]\n'
+        '[[candidate]]\nid = "site.norm"\nslots = ["LayerNorm"]\ntarget = "site_kernels.Norm"\n'
+        'devices = ["cuda"]\narchs = { cuda = ["sm_90+"] }\ninstall = { cuda = "module load site" }\n'
+    )
     cand = profiles.load_file(path).candidates[0]
     assert cand.arch_problem("cuda", "sm_80") and cand.arch_problem("cuda", "sm_100") is None
     assert cand.install_hint("cuda") == "module load site"

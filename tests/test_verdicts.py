@@ -40,6 +40,7 @@ def check(worker, spec: str, policy: Policy = Policy(), baseline=None, plan=PLAN
 
 
 # ---- initialisation ---------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_random_init_bias_is_rejected_naming_the_parameter(worker):
     r = check(worker, "LayerNorm=kp_zoo.norms.RandnBiasLayerNorm")
     assert r.status == "rejected" and all(v.status == "accepted" for v in r.verdicts)  # right to rounding
@@ -60,6 +61,7 @@ def test_an_adapter_restoring_torch_init_passes(worker):
     assert r.status == "accepted" and r.changes == [] and r.migration == ()
 
 
+@pytest.mark.slow
 def test_random_init_compared_by_distribution(worker):
     # torch.nn.Linear draws U(-1/sqrt(in), 1/sqrt(in)); transformer-engine's N(0, 0.023) and a zero bias
     r = check(worker, "Linear=kp_zoo.norms.NormalInitLinear")
@@ -72,9 +74,9 @@ def test_random_init_compared_by_distribution(worker):
 
 
 def test_torch_init_adapter_restores_linear_and_norm_init():
-    import kernel_lock.adapters as adapters
     from kp_zoo.norms import NormalInitLinear, RandnBiasLayerNorm
 
+    import kernel_lock.adapters as adapters
     from kernel_probe.initstats import compare
 
     assert adapters.TORCH_INIT_ADAPTERS["TELinear"] == ("transformer_engine.pytorch.Linear", "linear")
@@ -90,18 +92,29 @@ def test_torch_init_adapter_restores_linear_and_norm_init():
 def test_layout_discovery_rules():
     w, b = (384, 1000), (384,)
     assert discover({"weight": w, "bias": b}, {"weight": w, "bias": b}).identity
-    assert discover({"gamma": (8,), "beta": (8,)}, {"weight": (8,), "bias": (8,)}).rules == ("rename:gamma->weight", "rename:beta->bias")
+    assert discover({"gamma": (8,), "beta": (8,)}, {"weight": (8,), "bias": (8,)}).rules == (
+        "rename:gamma->weight",
+        "rename:beta->bias",
+    )
     assert discover({"weight": (1000, 384), "bias": b}, {"weight": w, "bias": b}).rules == ("transpose:weight",)
-    assert discover({"w": (1000, 384), "b": b}, {"weight": w, "bias": b}).rules == ("rename:w->weight", "transpose:weight", "rename:b->bias")
+    assert discover({"w": (1000, 384), "b": b}, {"weight": w, "bias": b}).rules == (
+        "rename:w->weight",
+        "transpose:weight",
+        "rename:b->bias",
+    )
     assert discover({"weight": (8,), "_extra_state": ()}, {"weight": (8,)}).rules == ("drop:_extra_state",)
     bad = discover({"gamma": (7,), "scale": (8,)}, {"weight": (8,), "bias": (8,)})
     assert not bad.ok and bad.missing == ("weight (8,)", "bias (8,)") and bad.unexpected == ("gamma (7,)", "scale (8,)")
 
 
-@pytest.mark.parametrize("spec,rules", [
-    ("LayerNorm=kp_zoo.norms.GammaBetaLayerNorm", ["rename:gamma->weight", "rename:beta->bias"]),
-    ("Linear=kp_zoo.norms.TransposedLinear", ["transpose:weight"]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "spec,rules",
+    [
+        ("LayerNorm=kp_zoo.norms.GammaBetaLayerNorm", ["rename:gamma->weight", "rename:beta->bias"]),
+        ("Linear=kp_zoo.norms.TransposedLinear", ["transpose:weight"]),
+    ],
+)
+@pytest.mark.slow
 def test_renamed_and_transposed_parameters_are_accepted_with_a_migration(worker, spec, rules):
     r = check(worker, spec)
     assert r.status == "accepted", r.reasons
@@ -117,21 +130,43 @@ def test_no_mapping_is_said_as_such_not_as_a_numeric_error(worker):
     assert "error" not in r.reasons[0] and r.verdicts == []
 
 
+@pytest.mark.slow
 def test_the_inference_twin_loads_a_state_dict_through_the_migration(tmp_path, capsys):
     lock_path = tmp_path / "lock.toml"
-    code, _, err = run_cli(["--out", lock_path, "--slot", "LayerNorm", "--slot", "Linear", "--precision", "32-true",
-                            "--shape", "64x32", "--reps", "2",
-                            "--candidate", "LayerNorm=kp_zoo.norms.GammaBetaLayerNorm",
-                            "--pin", "LayerNorm=custom:kp_zoo.norms.GammaBetaLayerNorm",
-                            "--candidate", "Linear=kp_zoo.norms.TransposedLinear",
-                            "--pin", "Linear=custom:kp_zoo.norms.TransposedLinear"], capsys)  # fmt: skip
+    code, _, err = run_cli(
+        [
+            "--out",
+            lock_path,
+            "--slot",
+            "LayerNorm",
+            "--slot",
+            "Linear",
+            "--precision",
+            "32-true",
+            "--shape",
+            "64x32",
+            "--reps",
+            "2",
+            "--candidate",
+            "LayerNorm=kp_zoo.norms.GammaBetaLayerNorm",
+            "--pin",
+            "LayerNorm=custom:kp_zoo.norms.GammaBetaLayerNorm",
+            "--candidate",
+            "Linear=kp_zoo.norms.TransposedLinear",
+            "--pin",
+            "Linear=custom:kp_zoo.norms.TransposedLinear",
+        ],
+        capsys,
+    )
     assert code == 0, err
     lock = kernel_lock.load(lock_path)
     assert lock.slots["LayerNorm"].twin.migration == ("rename:gamma->weight", "rename:beta->bias")
     assert lock.slots["Linear"].twin.migration == ("transpose:weight",)
     # trained with the library...
     torch.manual_seed(0)
-    train = torch.nn.Sequential(lock.factory("Linear")(32, 16), lock.factory("LayerNorm")(16), lock.factory("Linear")(16, 4))
+    train = torch.nn.Sequential(
+        lock.factory("Linear")(32, 16), lock.factory("LayerNorm")(16), lock.factory("Linear")(16, 4)
+    )
     with torch.no_grad():
         for p in train.parameters():
             p.add_(torch.randn_like(p) * 0.1)
@@ -142,9 +177,11 @@ def test_the_inference_twin_loads_a_state_dict_through_the_migration(tmp_path, c
     absent = replace(lock, slots={name: replace(s, requires=gone) for name, s in lock.slots.items()}).sealed()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LockWarning)
-        infer = torch.nn.Sequential(absent.factory("Linear", mode="inference")(32, 16),
-                                    absent.factory("LayerNorm", mode="inference")(16),
-                                    absent.factory("Linear", mode="inference")(16, 4))  # fmt: skip
+        infer = torch.nn.Sequential(
+            absent.factory("Linear", mode="inference")(32, 16),
+            absent.factory("LayerNorm", mode="inference")(16),
+            absent.factory("Linear", mode="inference")(16, 4),
+        )
     assert [type(m) for m in infer] == [torch.nn.Linear, torch.nn.LayerNorm, torch.nn.Linear]
     state = migrate_state_dict(train.state_dict(), absent, infer)
     assert set(state) == {"0.weight", "0.bias", "1.weight", "1.bias", "2.weight", "2.bias"}
@@ -153,6 +190,7 @@ def test_the_inference_twin_loads_a_state_dict_through_the_migration(tmp_path, c
 
 
 # ---- determinism ------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_varying_reduction_order_is_recorded_as_not_deterministic(worker):
     r = check(worker, "LayerNorm=kp_zoo.norms.UnorderedSumLayerNorm")
     assert r.status == "accepted" and r.deterministic is False
@@ -161,14 +199,36 @@ def test_varying_reduction_order_is_recorded_as_not_deterministic(worker):
     assert check(worker, "LayerNorm=kp_zoo.norms.GoodLayerNorm").deterministic is True
 
 
+@pytest.mark.slow
 def test_deterministic_excludes_it_and_refuses_a_pin(tmp_path, capsys):
-    common = ["--slot", "LayerNorm", "--precision", "32-true", "--shape", "64x32", "--reps", "2",
-              "--candidate", "LayerNorm=kp_zoo.norms.UnorderedSumLayerNorm"]  # fmt: skip
-    code, _, err = run_cli(["--out", tmp_path / "a.toml", *common, "--deterministic",
-                            "--pin", "LayerNorm=custom:kp_zoo.norms.UnorderedSumLayerNorm"], capsys)  # fmt: skip
+    common = [
+        "--slot",
+        "LayerNorm",
+        "--precision",
+        "32-true",
+        "--shape",
+        "64x32",
+        "--reps",
+        "2",
+        "--candidate",
+        "LayerNorm=kp_zoo.norms.UnorderedSumLayerNorm",
+    ]
+    code, _, err = run_cli(
+        [
+            "--out",
+            tmp_path / "a.toml",
+            *common,
+            "--deterministic",
+            "--pin",
+            "LayerNorm=custom:kp_zoo.norms.UnorderedSumLayerNorm",
+        ],
+        capsys,
+    )
     assert code != 0 and "--deterministic, but the candidate is not bitwise repeatable" in err
     assert not (tmp_path / "a.toml").exists()
-    code, _, err = run_cli(["--out", tmp_path / "b.toml", *common, "--pin", "LayerNorm=custom:kp_zoo.norms.UnorderedSumLayerNorm"], capsys)
+    code, _, err = run_cli(
+        ["--out", tmp_path / "b.toml", *common, "--pin", "LayerNorm=custom:kp_zoo.norms.UnorderedSumLayerNorm"], capsys
+    )
     assert code == 0, err
     evidence = kernel_lock.load(tmp_path / "b.toml").slots["LayerNorm"].evidence
     assert evidence and all(e["deterministic"] is False for e in evidence)  # recorded in the lock
@@ -185,7 +245,10 @@ def test_choice_keeps_only_deterministic_candidates():
     reports = [report("torch.layer_norm", True), report("fast", False)]
     timings = {"torch.layer_norm": [{"shape": "8x8", "median_ms": 1.0}], "fast": [{"shape": "8x8", "median_ms": 0.2}]}
     assert choose("LayerNorm", reports, timings, ["8x8"], "float32", "torch.layer_norm").report.id == "fast"
-    assert choose("LayerNorm", reports, timings, ["8x8"], "float32", "torch.layer_norm", deterministic=True).report.id == "torch.layer_norm"
+    assert (
+        choose("LayerNorm", reports, timings, ["8x8"], "float32", "torch.layer_norm", deterministic=True).report.id
+        == "torch.layer_norm"
+    )
     with pytest.raises(ProbeError, match="no candidate for LayerNorm was accepted, deterministic and timed"):
         choose("LayerNorm", reports[1:], timings, ["8x8"], "float32", "torch.layer_norm", deterministic=True)
 
@@ -200,14 +263,18 @@ def test_bf16_output_under_cuda_autocast_policy_is_accepted_by_consequence(worke
     mixed = next(v for v in r.verdicts if v.regime == "mixed")
     assert r.status == "accepted" and mixed.status == "accepted"
     [change] = [c for c in r.changes if "output dtype" in c]
-    assert change.startswith("bfloat16/mixed: output dtype bfloat16 (torch.nn: float32) for bfloat16 input under autocast")
+    assert change.startswith(
+        "bfloat16/mixed: output dtype bfloat16 (torch.nn: float32) for bfloat16 input under autocast"
+    )
     assert "accepted by consequence (pre-norm block error ratio" in change and "post-norm block error ratio" in change
 
 
 def test_strict_dtype_keeps_the_old_rule(worker):
     r = check(worker, "LayerNorm=kp_zoo.norms.GoodLayerNorm", Policy(strict_dtype=True), baseline=CUDA_POLICY)
     assert r.status == "rejected"
-    assert "output dtype bfloat16 (torch.nn: float32) for bfloat16 input under autocast (--strict-dtype)" in r.reasons[0]
+    assert (
+        "output dtype bfloat16 (torch.nn: float32) for bfloat16 input under autocast (--strict-dtype)" in r.reasons[0]
+    )
 
 
 def test_a_dtype_change_that_hurts_is_rejected_with_the_block_figures(worker):
@@ -218,10 +285,28 @@ def test_a_dtype_change_that_hurts_is_rejected_with_the_block_figures(worker):
     assert "changes the blocks a norm sits in" in text and "post-norm block y error" in text and "tolerance" in text
 
 
+@pytest.mark.slow
 def test_the_accepted_change_reaches_the_lock(tmp_path, capsys):
-    code, _, err = run_cli(["--out", tmp_path / "l.toml", "--slot", "LayerNorm", "--precision", "32-true", "--shape", "64x32",
-                            "--reps", "2", "--allow-init-change", "--candidate", "LayerNorm=kp_zoo.norms.RandnBiasLayerNorm",
-                            "--pin", "LayerNorm=custom:kp_zoo.norms.RandnBiasLayerNorm"], capsys)  # fmt: skip
+    code, _, err = run_cli(
+        [
+            "--out",
+            tmp_path / "l.toml",
+            "--slot",
+            "LayerNorm",
+            "--precision",
+            "32-true",
+            "--shape",
+            "64x32",
+            "--reps",
+            "2",
+            "--allow-init-change",
+            "--candidate",
+            "LayerNorm=kp_zoo.norms.RandnBiasLayerNorm",
+            "--pin",
+            "LayerNorm=custom:kp_zoo.norms.RandnBiasLayerNorm",
+        ],
+        capsys,
+    )
     assert code == 0, err
     slot = kernel_lock.load(tmp_path / "l.toml").slots["LayerNorm"]
     assert len(slot.changes) == 1 and slot.changes[0].startswith("initialisation: bias starts as values")
@@ -242,6 +327,7 @@ def test_a_hanging_import_costs_the_import_budget_not_minutes():
     assert elapsed < 60  # well under a minute of job start, the worker's restart included
 
 
+@pytest.mark.slow
 def test_each_candidate_reports_its_time(worker):
     r = check(worker, "LayerNorm=kp_zoo.norms.GoodLayerNorm")
     assert r.seconds is not None and 0 < r.seconds < 30 and r.to_json()["seconds"] == round(r.seconds, 3)

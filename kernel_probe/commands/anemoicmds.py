@@ -9,29 +9,46 @@ import sys
 from kernel_lock.slots import MODES
 
 from .. import __version__, output
-from ..output import safe
 from ..errors import UsageError
+from ..output import safe
 from .lockcmds import DEFAULT_LOCK, _load, add_trust_argument, default_lock_path
 
 
 # ---- export ---------------------------------------------------------------------------------------
 def add_export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("lock", nargs="?", default=None, help=f"lock file (default: $KERNEL_LOCK or ./{DEFAULT_LOCK})")
-    p.add_argument("--format", choices=("anemoi",), default="anemoi",
-                   help="anemoi: the `layer_kernels:` YAML block anemoi-models reads (the only format so far)")
-    p.add_argument("--mode", choices=MODES, default=None,
-                   help="training: the pinned classes (this machine must match the lock); inference: the verified "
-                   "torch.nn twin where a pinned library cannot run here (default: the lock's own mode)")
-    p.add_argument("--qk-norm", action="store_true",
-                   help="also emit QueryNorm/KeyNorm (bias-free, over head_dim) from the LayerNorm slot")
-    p.add_argument("--config", default=None, metavar="CONFIG.yaml",
-                   help="emit the overlay for this anemoi config (composed as anemoi-training composes it; Hydra "
-                   "overrides after `--`): every block gets the lock's entries, anemoi's wrappers kept")
+    p.add_argument(
+        "--format",
+        choices=("anemoi",),
+        default="anemoi",
+        help="anemoi: the `layer_kernels:` YAML block anemoi-models reads (the only format so far)",
+    )
+    p.add_argument(
+        "--mode",
+        choices=MODES,
+        default=None,
+        help="training: the pinned classes (this machine must match the lock); inference: the verified "
+        "torch.nn twin where a pinned library cannot run here (default: the lock's own mode)",
+    )
+    p.add_argument(
+        "--qk-norm",
+        action="store_true",
+        help="also emit QueryNorm/KeyNorm (bias-free, over head_dim) from the LayerNorm slot",
+    )
+    p.add_argument(
+        "--config",
+        default=None,
+        metavar="CONFIG.yaml",
+        help="emit the overlay for this anemoi config (composed as anemoi-training composes it; Hydra "
+        "overrides after `--`): every block gets the lock's entries, anemoi's wrappers kept",
+    )
     p.add_argument("--no-compose", action="store_true", help="with --config: read the file alone, without Hydra")
     p.add_argument("--json", action="store_true", help="the mapping as JSON instead of YAML")
     add_trust_argument(p)
-    p.epilog = ("Hydra overrides for --config go after `--`, e.g.\n"
-                "  kernel-probe export kernel-lock.toml --config my.yaml -- model=transformer_ens\n\n" + (p.epilog or ""))
+    p.epilog = (
+        "Hydra overrides for --config go after `--`, e.g.\n"
+        "  kernel-probe export kernel-lock.toml --config my.yaml -- model=transformer_ens\n\n" + (p.epilog or "")
+    )
 
 
 def run_export(args: argparse.Namespace) -> int:
@@ -51,13 +68,21 @@ def run_export(args: argparse.Namespace) -> int:
         return 0
     from ..anemoi_check import export_for_config
 
-    result = export_for_config(lock, args.config, args.overrides, mode=args.mode, qk_norm=args.qk_norm,
-                               compose=not args.no_compose)  # fmt: skip
+    result = export_for_config(
+        lock, args.config, args.overrides, mode=args.mode, qk_norm=args.qk_norm, compose=not args.no_compose
+    )
     if args.json:
-        output.print_json({"config": args.config, "shape": result.config.shape, "composed": result.config.composed,
-                           "choices": result.config.choices, "overlay": result.overlay(),
-                           "notes": [{"where": w, "note": n} for w, n in result.notes],
-                           "findings": [f.to_json() for f in result.config.findings]})  # fmt: skip
+        output.print_json(
+            {
+                "config": args.config,
+                "shape": result.config.shape,
+                "composed": result.config.composed,
+                "choices": result.config.choices,
+                "overlay": result.overlay(),
+                "notes": [{"where": w, "note": n} for w, n in result.notes],
+                "findings": [f.to_json() for f in result.config.findings],
+            }
+        )
         return 0
     sys.stdout.write(render_overlay(result, path=path, mode=args.mode, digest=lock.digest))
     return 0
@@ -123,22 +148,41 @@ def add_check_config_arguments(p: argparse.ArgumentParser) -> None:
     from ..anemoi_check import CHECK_CONFIG_EXIT
     from ..anemoi_config import DEFAULT_TIMEOUT
 
-    p.add_argument("config", help="anemoi config (YAML): a training config, an overlay with a `defaults:` list "
-                   "(composed as anemoi-training does), or a model config file (config/model/<name>.yaml)")
+    p.add_argument(
+        "config",
+        help="anemoi config (YAML): a training config, an overlay with a `defaults:` list "
+        "(composed as anemoi-training does), or a model config file (config/model/<name>.yaml)",
+    )
     p.add_argument("--lock", default=None, help="also compare the LayerNorm/Linear entries with this lock")
-    p.add_argument("--mode", choices=MODES, default=None,
-                   help="the lock's resolution to compare with (default: the lock's own mode)")
-    p.add_argument("--qk-norm", action="store_true", help="compare QueryNorm/KeyNorm with the lock too (as `export --qk-norm`)")
-    p.add_argument("--allow-semantics-change", action="store_true",
-                   help="an RMSNorm under a LayerNorm/QueryNorm/KeyNorm key is deliberate: a warning, not an error")
-    p.add_argument("--no-compose", action="store_true", help="judge an overlay alone, without Hydra composition")
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
-                   help=f"how long importing the targets may take (default {DEFAULT_TIMEOUT:g})")
+    p.add_argument(
+        "--mode",
+        choices=MODES,
+        default=None,
+        help="the lock's resolution to compare with (default: the lock's own mode)",
+    )
+    for flag, what in (
+        ("--qk-norm", "compare QueryNorm/KeyNorm with the lock too (as `export --qk-norm`)"),
+        (
+            "--allow-semantics-change",
+            "an RMSNorm under a LayerNorm/QueryNorm/KeyNorm key is deliberate: a warning, not an error",
+        ),
+        ("--no-compose", "judge an overlay alone, without Hydra composition"),
+    ):
+        p.add_argument(flag, action="store_true", help=what)
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help=f"how long importing the targets may take (default {DEFAULT_TIMEOUT:g})",
+    )
     p.add_argument("--json", action="store_true", help="findings as JSON")
     add_trust_argument(p)
     codes = "\n".join(f"  {c}  {t}" for c, t in CHECK_CONFIG_EXIT.items())
-    p.epilog = ("Hydra overrides go after `--`, e.g.\n  kernel-probe check-config my.yaml -- model=transformer_ens\n\n"
-                f"check-config exit codes:\n{codes}\n\n{p.epilog}")
+    p.epilog = (
+        "Hydra overrides go after `--`, e.g.\n  kernel-probe check-config my.yaml -- model=transformer_ens\n\n"
+        f"check-config exit codes:\n{codes}\n\n{p.epilog}"
+    )
 
 
 def run_check_config(args: argparse.Namespace) -> int:
@@ -148,21 +192,43 @@ def run_check_config(args: argparse.Namespace) -> int:
         raise UsageError(f"--timeout must be a positive number of seconds, not {args.timeout:g}")
     lock = _load(args.lock, trust=args.trust) if args.lock else None
     args.mode = args.mode or (lock.mode if lock else "training")
-    result = check_config(args.config, args.overrides, lock=lock, mode=args.mode, qk_norm=args.qk_norm,
-                          allow_semantics_change=args.allow_semantics_change, compose=not args.no_compose,
-                          timeout=args.timeout)  # fmt: skip
+    result = check_config(
+        args.config,
+        args.overrides,
+        lock=lock,
+        mode=args.mode,
+        qk_norm=args.qk_norm,
+        allow_semantics_change=args.allow_semantics_change,
+        compose=not args.no_compose,
+        timeout=args.timeout,
+    )
     code = result.exit_code
     config = result.config
     if args.json:
-        output.print_json({
-            "config": args.config, "lock": args.lock, "mode": args.mode, "ok": code == 0, "exit_code": code,
-            "shape": config.shape, "composed": config.composed, "choices": config.choices,
-            "overrides": config.overrides, "search_path": config.sources,
-            "blocks": [{"where": b.where, "inherits": b.inherits, "keys": sorted(b.content) if b.content is not None else None}
-                       for b in config.blocks],
-            "expected": {k: e.entry for k, e in result.expected.items()},
-            "findings": [f.to_json() for f in result.findings],
-        })  # fmt: skip
+        output.print_json(
+            {
+                "config": args.config,
+                "lock": args.lock,
+                "mode": args.mode,
+                "ok": code == 0,
+                "exit_code": code,
+                "shape": config.shape,
+                "composed": config.composed,
+                "choices": config.choices,
+                "overrides": config.overrides,
+                "search_path": config.sources,
+                "blocks": [
+                    {
+                        "where": b.where,
+                        "inherits": b.inherits,
+                        "keys": sorted(b.content) if b.content is not None else None,
+                    }
+                    for b in config.blocks
+                ],
+                "expected": {k: e.entry for k, e in result.expected.items()},
+                "findings": [f.to_json() for f in result.findings],
+            }
+        )
         return code
     _render(args, result, code)
     return code
@@ -189,7 +255,10 @@ def _render(args, result, code: int) -> None:
             via = f" (through {safe(b.source)})" if b.source else ""
             con.print(f"  {safe(b.where)}{via}: {safe(keys)}")
     if result.expected:
-        con.print("  the lock exports: " + safe(", ".join(f"{k} -> {e.entry['_target_']}" for k, e in result.expected.items())))
+        con.print(
+            "  the lock exports: "
+            + safe(", ".join(f"{k} -> {e.entry['_target_']}" for k, e in result.expected.items()))
+        )
     order = {"error": 0, "warning": 1, "note": 2}
     for f in sorted(result.findings, key=lambda f: order[f.severity]):
         con.print(f"[{STYLE[f.severity]}]{f.severity}[/] {safe(f'[{f.kind}]')} {safe(f.where)}: {safe(f.problem)}")

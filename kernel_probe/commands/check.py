@@ -7,8 +7,8 @@ import argparse
 from kernel_lock.lock import SLOTS
 
 from .. import output
+from ..limits import CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT
 from ..output import safe
-from ..checker import CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT
 
 CHECK_HIDDEN = 1000  # kernel_probe.measure.CHECK_HIDDEN (not imported here: measure imports torch)
 
@@ -26,22 +26,46 @@ def seconds(text: str) -> float:
 
 def add_candidate_arguments(p: argparse.ArgumentParser) -> None:
     """Options shared by `check` and the main probe."""
-    p.add_argument("--candidate", action="append", default=[], metavar="SLOT=dotted.path.Class",
-                   help="offer a third-party class for a slot (repeatable); it is judged like the built-ins")
+    p.add_argument(
+        "--candidate",
+        action="append",
+        default=[],
+        metavar="SLOT=dotted.path.Class",
+        help="offer a third-party class for a slot (repeatable); it is judged like the built-ins",
+    )
     p.add_argument("--slot", action="append", default=[], choices=SLOTS, help="only these slots (repeatable)")
-    p.add_argument("--import-timeout", type=seconds, default=IMPORT_TIMEOUT, metavar="SECONDS",
-                   help=f"seconds importing one candidate's library may take (default {IMPORT_TIMEOUT:g}): a library "
-                   "that hangs on import costs this much")
-    p.add_argument("--timeout", type=seconds, default=CHECK_TIMEOUT, metavar="SECONDS",
-                   help=f"seconds the checks of one candidate may take once imported (default {CHECK_TIMEOUT:g}; "
-                   f"{COMPILED_FACTOR}x for torch.compile candidates, which compile on their first calls)")
-    p.add_argument("--with-compile", action="store_true",
-                   help="also probe the torch.compile candidates on CPU (slow: C++ compilation per shape)")
+    p.add_argument(
+        "--import-timeout",
+        type=seconds,
+        default=IMPORT_TIMEOUT,
+        metavar="SECONDS",
+        help=f"seconds importing one candidate's library may take (default {IMPORT_TIMEOUT:g}): a library "
+        "that hangs on import costs this much",
+    )
+    p.add_argument(
+        "--timeout",
+        type=seconds,
+        default=CHECK_TIMEOUT,
+        metavar="SECONDS",
+        help=f"seconds the checks of one candidate may take once imported (default {CHECK_TIMEOUT:g}; "
+        f"{COMPILED_FACTOR}x for torch.compile candidates, which compile on their first calls)",
+    )
+    p.add_argument(
+        "--with-compile",
+        action="store_true",
+        help="also probe the torch.compile candidates on CPU (slow: C++ compilation per shape)",
+    )
     p.add_argument("--no-plugins", action="store_true", help="ignore kernel_probe.candidates entry points")
-    p.add_argument("--allow-init-change", action="store_true",
-                   help="accept a candidate whose fresh parameters start differently from torch.nn's (the lock records it)")
-    p.add_argument("--strict-dtype", action="store_true",
-                   help="reject any output dtype different from torch.nn's, instead of judging it by its consequence")
+    p.add_argument(
+        "--allow-init-change",
+        action="store_true",
+        help="accept a candidate whose fresh parameters start differently from torch.nn's (the lock records it)",
+    )
+    p.add_argument(
+        "--strict-dtype",
+        action="store_true",
+        help="reject any output dtype different from torch.nn's, instead of judging it by its consequence",
+    )
 
 
 def policy_from(args: argparse.Namespace):
@@ -52,14 +76,28 @@ def policy_from(args: argparse.Namespace):
 
 def add_check_arguments(p: argparse.ArgumentParser) -> None:
     add_candidate_arguments(p)
-    p.add_argument("--dtype", action="append", default=[], metavar="DTYPE",
-                   help="fp32, bf16 or fp16 (repeatable; default: all the device supports)")
-    p.add_argument("--regime", choices=("true", "mixed", "both"), default="both",
-                   help="plain low precision, under torch.autocast, or both (default)")
+    p.add_argument(
+        "--dtype",
+        action="append",
+        default=[],
+        metavar="DTYPE",
+        help="fp32, bf16 or fp16 (repeatable; default: all the device supports)",
+    )
+    p.add_argument(
+        "--regime",
+        choices=("true", "mixed", "both"),
+        default="both",
+        help="plain low precision, under torch.autocast, or both (default)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable verdicts on stdout")
-    p.add_argument("--hidden", type=int, default=None, metavar="N",
-                   help="normalised (input) size of the correctness inputs (default 1000, deliberately not a power of "
-                   "two); 64 checks norms at anemoi's QueryNorm/KeyNorm head_dim")
+    p.add_argument(
+        "--hidden",
+        type=int,
+        default=None,
+        metavar="N",
+        help="normalised (input) size of the correctness inputs (default 1000, deliberately not a power of "
+        "two); 64 checks norms at anemoi's QueryNorm/KeyNorm head_dim",
+    )
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -80,25 +118,43 @@ def run_check(args: argparse.Namespace) -> int:
     device = detect_device()
     slots = args.slot or list(SLOTS)
     progress = None if args.json else (lambda slot, cid: output.info(f"checking {slot}: {cid} ..."))
-    reports = check_all(slots, candidates, device["type"], plan, arch=device["arch"], timeout=args.timeout, import_timeout=args.import_timeout,
-                        with_compile=args.with_compile, hidden=args.hidden, policy=policy_from(args),
-                        progress=progress)  # fmt: skip
+    reports = check_all(
+        slots,
+        candidates,
+        device["type"],
+        plan,
+        arch=device["arch"],
+        timeout=args.timeout,
+        import_timeout=args.import_timeout,
+        with_compile=args.with_compile,
+        hidden=args.hidden,
+        policy=policy_from(args),
+        progress=progress,
+    )
     if args.json:
-        output.print_json({
-            "device": device,
-            "hidden": args.hidden or CHECK_HIDDEN,
-            "plan": [{"dtype": d, "regime": r} for d, r in plan],
-            "problems": problems,
-            "slots": {slot: [r.to_json() for r in rs] for slot, rs in reports.items()},
-        })  # fmt: skip
+        output.print_json(
+            {
+                "device": device,
+                "hidden": args.hidden or CHECK_HIDDEN,
+                "plan": [{"dtype": d, "regime": r} for d, r in plan],
+                "problems": problems,
+                "slots": {slot: [r.to_json() for r in rs] for slot, rs in reports.items()},
+            }
+        )
         return 0
     render_verdicts(reports, plan, device, hidden=args.hidden or CHECK_HIDDEN)
     return 0
 
 
 SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-STATUS_STYLE = {"accepted": "green", "rejected": "red", "crashed": "red", "timeout": "red",
-                "unavailable": "yellow", "skipped": "dim"}  # fmt: skip
+STATUS_STYLE = {
+    "accepted": "green",
+    "rejected": "red",
+    "crashed": "red",
+    "timeout": "red",
+    "unavailable": "yellow",
+    "skipped": "dim",
+}
 
 
 def render_verdicts(reports, plan, device, hidden: int = CHECK_HIDDEN) -> None:
@@ -140,5 +196,7 @@ def render_verdicts(reports, plan, device, hidden: int = CHECK_HIDDEN) -> None:
             if rep.migration and rep.status == "accepted":
                 con.print(f"  [bold]{safe(rep.id)}[/] state dict onto torch.nn's: {safe(', '.join(rep.migration))}")
     con.print("det: forward and backward bitwise repeatable; s: seconds this candidate took (import and checks)")
-    con.print("cells: worst error / tolerance (< 1 passes; tolerance = 4 x torch.nn's own error + 2 eps); "
-              "+amp: under torch.autocast with fp32 parameters")
+    con.print(
+        "cells: worst error / tolerance (< 1 passes; tolerance = 4 x torch.nn's own error + 2 eps); "
+        "+amp: under torch.autocast with fp32 parameters"
+    )

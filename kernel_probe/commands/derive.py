@@ -22,9 +22,14 @@ from .lockcmds import add_trust_argument
 
 
 def add_lock_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--for", dest="purpose", required=True, choices=("inference",),
-                   help="what the new lock is for (inference: substitute verified torch.nn twins where the "
-                   "training libraries cannot run)")  # fmt: skip
+    p.add_argument(
+        "--for",
+        dest="purpose",
+        required=True,
+        choices=("inference",),
+        help="what the new lock is for (inference: substitute verified torch.nn twins where the "
+        "training libraries cannot run)",
+    )
     p.add_argument("source", metavar="IN", help="the training lock")
     p.add_argument("out", metavar="OUT", help="where to write the inference lock (atomically)")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
@@ -45,31 +50,35 @@ def run_lock(args: argparse.Namespace) -> int:
     lock = _load(args.source, trust=args.trust)
     if lock.mode != "training":
         source_of = lock.provenance.get("source", "an unrecorded lock")
-        raise UsageError(f"{args.source} is already an inference lock (derived from {source_of})",
-                         fix="derive from the training lock itself")  # fmt: skip
+        raise UsageError(
+            f"{args.source} is already an inference lock (derived from {source_of})",
+            fix="derive from the training lock itself",
+        )
     current = fingerprint.current()
     derived, substitutions = derive_inference(lock, current, source=str(args.source))
     derived.verify("inference", current=current)  # what it promises holds here (no substitution left)
     derived.dump(out)
     if args.json:
-        output.print_json({
-            "source": str(args.source),
-            "source-digest": derived.provenance["source-digest"],
-            "out": str(out),
-            "digest": derived.digest,
-            "substitutions": [
-                {
-                    "slot": s.slot,
-                    "from": s.training,
-                    "from-target": s.training_target,
-                    "to": s.twin_target,
-                    "reason": s.reason,
-                    "max-error": s.max_error,
-                }
-                for s in substitutions
-            ],
-            "kept": sorted(name for name in derived.slots if name not in {s.slot for s in substitutions}),
-        })
+        output.print_json(
+            {
+                "source": str(args.source),
+                "source-digest": derived.provenance["source-digest"],
+                "out": str(out),
+                "digest": derived.digest,
+                "substitutions": [
+                    {
+                        "slot": s.slot,
+                        "from": s.training,
+                        "from-target": s.training_target,
+                        "to": s.twin_target,
+                        "reason": s.reason,
+                        "max-error": s.max_error,
+                    }
+                    for s in substitutions
+                ],
+                "kept": sorted(name for name in derived.slots if name not in {s.slot for s in substitutions}),
+            }
+        )
         return 0
     con = output.console()
     con.print(f"[green]wrote[/] {safe(str(out))}: inference lock derived from {safe(str(args.source))}")

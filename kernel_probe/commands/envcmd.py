@@ -6,8 +6,8 @@ import argparse
 from typing import Any
 
 from .. import output
-from ..output import safe
 from ..errors import UsageError
+from ..output import safe
 
 STATUS_STYLE = {
     "ok": "green",
@@ -23,16 +23,25 @@ def add_env_arguments(p: argparse.ArgumentParser) -> None:
     from ..detect import DEFAULT_TIMEOUT
 
     p.add_argument("--json", action="store_true", help="the report as JSON (keys documented in docs/env.md)")
-    p.add_argument("--no-import-checks", action="store_true",
-                   help="do not import kernel libraries or Triton (no child processes): metadata and torch only")
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
-                   help=f"how long each library import check may take (default {DEFAULT_TIMEOUT:g})")
+    p.add_argument(
+        "--no-import-checks",
+        action="store_true",
+        help="do not import kernel libraries or Triton (no child processes): metadata and torch only",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help=f"how long each library import check may take (default {DEFAULT_TIMEOUT:g})",
+    )
 
 
 def run_env(args: argparse.Namespace) -> int:
     if not args.timeout > 0:
-        raise UsageError(f"--timeout must be a positive number of seconds, not {args.timeout:g}",
-                         fix="pass e.g. --timeout 20")
+        raise UsageError(
+            f"--timeout must be a positive number of seconds, not {args.timeout:g}", fix="pass e.g. --timeout 20"
+        )
     from ..detect import detect
 
     report = detect(import_checks=not args.no_import_checks, timeout=args.timeout)
@@ -88,8 +97,13 @@ def _host_rows(h: dict[str, Any]) -> list[tuple[str, str]]:
         cores += f" ({cpu['usable_cores']} usable)"
     return [
         ("os", safe(f"{os_.get('distribution') or os_['system']} ({os_['system']} {os_['release']})")),
-        ("python", safe(f"{py['version']} {py['implementation']}, {py['executable']}"
-                          + (" (virtualenv)" if py["virtualenv"] else ""))),
+        (
+            "python",
+            safe(
+                f"{py['version']} {py['implementation']}, {py['executable']}"
+                + (" (virtualenv)" if py["virtualenv"] else "")
+            ),
+        ),
         ("cpu", safe(f"{cpu['arch']}, {model}" + (f", {cpu['brand']}" if cpu.get("brand") else ""))),
         ("cores", cores),
         ("memory", memory),
@@ -99,25 +113,42 @@ def _host_rows(h: dict[str, Any]) -> list[tuple[str, str]]:
 def _torch_rows(t: dict[str, Any] | None) -> list[tuple[str, str]]:
     if t is None:
         return [("torch", "[red]not importable[/] (see errors)")]
-    builds = {"cuda": f"CUDA {t['cuda']}", "rocm": f"HIP {t['hip']}" + (f", ROCm {t['rocm']}" if t.get("rocm") else ""), "xpu": f"XPU {t['xpu']}"}
+    builds = {
+        "cuda": f"CUDA {t['cuda']}",
+        "rocm": f"HIP {t['hip']}" + (f", ROCm {t['rocm']}" if t.get("rocm") else ""),
+        "xpu": f"XPU {t['xpu']}",
+    }
     build = builds.get(t["build"], "CPU only")
     dnn, coll, m = t["dnn"], t["collectives"], t["math"]
     rows = [
         ("version", safe(f"{t['version']} ({t['location']})")),
         ("built for", safe(build)),
         ("device code", safe(" ".join(t["arch_list"]) or "none")),
-        (dnn["library"], safe(f"{dnn['version']} (compiled {dnn['compiled']})" if dnn["version"] else
-                                (dnn["error"] or "not loaded"))),
+        (
+            dnn["library"],
+            safe(
+                f"{dnn['version']} (compiled {dnn['compiled']})" if dnn["version"] else (dnn["error"] or "not loaded")
+            ),
+        ),
         (coll["library"], safe(coll["version"] or coll["error"] or "not in this build")),
         ("cpu kernels", safe(str(t["cpu_capability"]))),
-        ("tf32", f"matmul {_onoff(m['matmul_allow_tf32'])}, cudnn {_onoff(m['cudnn_allow_tf32'])}, "
-                 f"fp32 matmul precision {m['float32_matmul_precision']}"),
-        ("reductions", f"fp16 reduced {_onoff(m['matmul_allow_fp16_reduced_precision_reduction'])}, "
-                       f"bf16 reduced {_onoff(m['matmul_allow_bf16_reduced_precision_reduction'])}"),
-        ("determinism", f"algorithms {_onoff(m['deterministic_algorithms'])}"
-                        + (" (warn only)" if m["deterministic_warn_only"] else "")
-                        + f", cudnn deterministic {_onoff(m['cudnn_deterministic'])}, "
-                          f"benchmark {_onoff(m['cudnn_benchmark'])}"),
+        (
+            "tf32",
+            f"matmul {_onoff(m['matmul_allow_tf32'])}, cudnn {_onoff(m['cudnn_allow_tf32'])}, "
+            f"fp32 matmul precision {m['float32_matmul_precision']}",
+        ),
+        (
+            "reductions",
+            f"fp16 reduced {_onoff(m['matmul_allow_fp16_reduced_precision_reduction'])}, "
+            f"bf16 reduced {_onoff(m['matmul_allow_bf16_reduced_precision_reduction'])}",
+        ),
+        (
+            "determinism",
+            f"algorithms {_onoff(m['deterministic_algorithms'])}"
+            + (" (warn only)" if m["deterministic_warn_only"] else "")
+            + f", cudnn deterministic {_onoff(m['cudnn_deterministic'])}, "
+            f"benchmark {_onoff(m['cudnn_benchmark'])}",
+        ),
     ]
     for name, value in t["environment"].items():
         rows.append((safe(name), safe(value)))
@@ -157,18 +188,33 @@ def _device_rows(devices: list[dict[str, Any]]) -> list[tuple[str, str]]:
 def _triton_rows(t: dict[str, Any]) -> list[tuple[str, str]]:
     if not t["installed"]:
         return [("triton", "[dim]not installed[/]")]
-    dists = ", ".join(f"{n} {v['version']} (backends: {', '.join(v['built_for'])})"
-                      for n, v in t["distributions"].items()) or "none found"  # fmt: skip
+    dists = (
+        ", ".join(f"{n} {v['version']} (backends: {', '.join(v['built_for'])})" for n, v in t["distributions"].items())
+        or "none found"
+    )
     rows = [
-        ("provider", safe(f"{t['provider']} {t['version']}" if t["provider"] else
-                            f"unknown: {t['provider_evidence'] or 'no distribution metadata'}")),
+        (
+            "provider",
+            safe(
+                f"{t['provider']} {t['version']}"
+                if t["provider"]
+                else f"unknown: {t['provider_evidence'] or 'no distribution metadata'}"
+            ),
+        ),
         ("installed", safe(dists)),
         ("location", safe(t["location"] or "?")),
     ]
     if t["backend"]:
-        rows.append(("target", safe(f"{t['backend']} {t['arch'] or '(arch n/a)'}"
-                                      + (f", warp size {t['warp_size']}" if t.get("warp_size") else "")
-                                      + f" (from {t['target_source']})")))
+        rows.append(
+            (
+                "target",
+                safe(
+                    f"{t['backend']} {t['arch'] or '(arch n/a)'}"
+                    + (f", warp size {t['warp_size']}" if t.get("warp_size") else "")
+                    + f" (from {t['target_source']})"
+                ),
+            )
+        )
     elif t.get("target_error"):
         rows.append(("target", safe(f"none: {t['target_error']}")))
     if t["conflict"]:
@@ -226,8 +272,11 @@ def render(report: dict[str, Any], console: Any) -> None:
     _section(console, "kernel libraries", _library_rows(report["libraries"]))
     _section(console, "site", _site_rows(report["site"]))
     if report["fingerprint"] is not None:
-        _section(console, "lock fingerprint",
-                 [(safe(k), safe(str(v)) if v != "" else "[dim]''[/]") for k, v in report["fingerprint"].items()])
+        _section(
+            console,
+            "lock fingerprint",
+            [(safe(k), safe(str(v)) if v != "" else "[dim]''[/]") for k, v in report["fingerprint"].items()],
+        )
     if report["errors"]:
         _section(console, "errors", [(safe(e["where"]), f"[red]{safe(e['error'])}[/]") for e in report["errors"]])
     checks = report["import_checks"]

@@ -8,12 +8,13 @@ result, and leaves errors to the CLI's exit-code mapping.
 from __future__ import annotations
 
 import argparse
+import functools
 import shlex
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernel_lock.slots import PRECISIONS, SLOTS
 
@@ -21,39 +22,77 @@ from .. import output
 from ..errors import UsageError
 from ..output import safe
 from ..pipeline import DEFAULT_REPS, DEFAULT_SHAPES, Events, ProbeRequest, ProbeResult
-from ..protocol import TimingProgressMessage
 from ..shapes import parse_shape
+
+if TYPE_CHECKING:
+    from ..protocol import TimingProgressMessage
 from .check import add_candidate_arguments
 from .lockcmds import DEFAULT_LOCK
 
 
 def add_probe_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=DEFAULT_LOCK, help=f"where to write the lock (default ./{DEFAULT_LOCK})")
-    p.add_argument("--shape", action="append", default=[], metavar="ROWSxHIDDEN",
-                   help="model shape to time at, e.g. 40320x1024 (repeatable; Linear: ROWSxINxOUT). "
-                   f"Default: {' and '.join(DEFAULT_SHAPES['gpu'])} on GPU, {' and '.join(DEFAULT_SHAPES['cpu'])} on CPU")
-    p.add_argument("--precision", choices=tuple(PRECISIONS), default=None,
-                   help="the training precision regime to verify and time in (default: the profile's, else bf16-mixed)")
-    p.add_argument("--profile", default=None, metavar="NAME|PATH|auto",
-                   help="apply a site profile: its requirements are enforced (exit 4), its policy applied; "
-                   "auto picks one from the site signals")
-    p.add_argument("--profiles-dir", action="append", default=[], metavar="DIR",
-                   help="extra directory of profiles (repeatable; also $KERNEL_PROBE_PROFILES, os.pathsep-separated)")
-    p.add_argument("--prefer", action="append", default=[], metavar="SLOT=ID",
-                   help="take this candidate if accepted and not slower than the default beyond the noise margin")
-    p.add_argument("--pin", action="append", default=[], metavar="SLOT=ID",
-                   help="take this candidate if accepted, whatever its speed")
-    p.add_argument("--force", action="store_true", help="probe again even if the lock is current; replace a corrupt lock")
-    p.add_argument("--check", action="store_true",
-                   help="write nothing; exit 0 if the lock is current for this machine, 3 if stale or missing")
+    p.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="ROWSxHIDDEN",
+        help="model shape to time at, e.g. 40320x1024 (repeatable; Linear: ROWSxINxOUT). "
+        f"Default: {' and '.join(DEFAULT_SHAPES['gpu'])} on GPU, {' and '.join(DEFAULT_SHAPES['cpu'])} on CPU",
+    )
+    p.add_argument(
+        "--precision",
+        choices=tuple(PRECISIONS),
+        default=None,
+        help="the training precision regime to verify and time in (default: the profile's, else bf16-mixed)",
+    )
+    p.add_argument(
+        "--profile",
+        default=None,
+        metavar="NAME|PATH|auto",
+        help="apply a site profile: its requirements are enforced (exit 4), its policy applied; "
+        "auto picks one from the site signals",
+    )
+    p.add_argument(
+        "--profiles-dir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="extra directory of profiles (repeatable; also $KERNEL_PROBE_PROFILES, os.pathsep-separated)",
+    )
+    for flag, what in (
+        ("--prefer", "take this candidate if accepted and not slower than the default beyond the noise margin"),
+        ("--pin", "take this candidate if accepted, whatever its speed"),
+    ):
+        p.add_argument(flag, action="append", default=[], metavar="SLOT=ID", help=what)
+    p.add_argument(
+        "--force", action="store_true", help="probe again even if the lock is current; replace a corrupt lock"
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 0 if the lock is current for this machine, 3 if stale or missing",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable summary on stdout")
-    p.add_argument("--reps", type=int, default=None, help=f"timed repetitions per shape (at least; default "
-                   f"{DEFAULT_REPS['gpu']} on GPU, {DEFAULT_REPS['cpu']} on CPU)")
-    p.add_argument("--lock-timeout", type=float, default=1800.0,
-                   help="seconds to wait for another kernel-probe writing the same lock (default 1800)")
-    p.add_argument("--deterministic", action="store_true",
-                   help="choose only candidates whose forward and backward are bitwise repeatable (for training in a "
-                   "deterministic mode); a pin that is not is an error")
+    p.add_argument(
+        "--reps",
+        type=int,
+        default=None,
+        help=f"timed repetitions per shape (at least; default "
+        f"{DEFAULT_REPS['gpu']} on GPU, {DEFAULT_REPS['cpu']} on CPU)",
+    )
+    p.add_argument(
+        "--lock-timeout",
+        type=float,
+        default=1800.0,
+        help="seconds to wait for another kernel-probe writing the same lock (default 1800)",
+    )
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="choose only candidates whose forward and backward are bitwise repeatable (for training in a "
+        "deterministic mode); a pin that is not is an error",
+    )
     add_candidate_arguments(p)
     # not an option of the probe (it takes --precision); kept hidden to answer with a helpful message
     p.add_argument("--dtype", action="append", default=[], help=argparse.SUPPRESS)
@@ -74,30 +113,60 @@ def _pairs(values: list[str], flag: str) -> dict[str, str]:
 def request_from(args: argparse.Namespace) -> ProbeRequest:
     """The command line as a typed request (argument errors here are usage errors, exit 2)."""
     if args.dtype:
-        raise UsageError("the main probe takes --precision (e.g. bf16-mixed), not --dtype; --dtype is for `kernel-probe check`")
+        raise UsageError(
+            "the main probe takes --precision (e.g. bf16-mixed), not --dtype; --dtype is for `kernel-probe check`"
+        )
     return ProbeRequest(
-        out=Path(args.out), shapes=tuple(args.shape), precision=args.precision, slots=tuple(args.slot),
-        pins=_pairs(args.pin, "--pin"), prefers=_pairs(args.prefer, "--prefer"), candidates=tuple(args.candidate),
-        plugins=not args.no_plugins, profile=args.profile, profiles_dirs=tuple(args.profiles_dir), reps=args.reps,
-        deterministic=args.deterministic, with_compile=args.with_compile, allow_init_change=args.allow_init_change,
-        strict_dtype=args.strict_dtype, timeout=args.timeout, import_timeout=args.import_timeout, force=args.force,
-        check_only=args.check, lock_timeout=args.lock_timeout,
+        out=Path(args.out),
+        shapes=tuple(args.shape),
+        precision=args.precision,
+        slots=tuple(args.slot),
+        pins=_pairs(args.pin, "--pin"),
+        prefers=_pairs(args.prefer, "--prefer"),
+        candidates=tuple(args.candidate),
+        plugins=not args.no_plugins,
+        profile=args.profile,
+        profiles_dirs=tuple(args.profiles_dir),
+        reps=args.reps,
+        deterministic=args.deterministic,
+        with_compile=args.with_compile,
+        allow_init_change=args.allow_init_change,
+        strict_dtype=args.strict_dtype,
+        timeout=args.timeout,
+        import_timeout=args.import_timeout,
+        force=args.force,
+        check_only=args.check,
+        lock_timeout=args.lock_timeout,
         command=("kernel-probe " + shlex.join(sys.argv[1:])).strip(),
-    )  # fmt: skip
+    )
 
 
 class ConsoleEvents(Events):
     """The pipeline's events on stderr: a progress bar in a terminal, plain lines in a log."""
 
     def __init__(self, quiet: bool = False):
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.terminal = output.console(stderr=True).is_terminal
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                                 TimeElapsedColumn(), console=output.console(stderr=True), transient=True,
-                                 disable=quiet or not self.terminal)  # fmt: skip
+        self.quiet = quiet
         self.task: Any = None
         self.timers: dict[tuple[str, str], TimingProgress] = {}
+
+    @functools.cached_property
+    def terminal(self) -> bool:
+        return bool(output.console(stderr=True).is_terminal)
+
+    @functools.cached_property
+    def progress(self) -> Any:
+        """The progress bar, made on first use: a reused lock never shows one, so never imports rich."""
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        return Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            console=output.console(stderr=True),
+            transient=True,
+            disable=self.quiet or not self.terminal,
+        )
 
     def note(self, text: str) -> None:
         output.info(text)
@@ -144,8 +213,14 @@ def run_probe(args: argparse.Namespace) -> int:
 def _reused(args, result: ProbeResult) -> None:
     lock, out = result.lock, result.lock_path
     if args.json:
-        output.print_json({"lock": str(out), "reused": True, "seconds": round(result.seconds, 2),
-                           "slots": {n: {"chosen": s.implementation, "reason": s.reason} for n, s in lock.slots.items()}})  # fmt: skip
+        output.print_json(
+            {
+                "lock": str(out),
+                "reused": True,
+                "seconds": round(result.seconds, 2),
+                "slots": {n: {"chosen": s.implementation, "reason": s.reason} for n, s in lock.slots.items()},
+            }
+        )
     else:
         choices = ", ".join(f"{n} -> {s.implementation}" for n, s in lock.slots.items())
         output.info(f"{out}: current for this machine, reused without probing ({choices})")
@@ -160,7 +235,7 @@ class TimingProgress:
     def __init__(self, what: str, shapes: list[str], show, every: float = 10.0):
         self.what, self.shapes, self.show, self.every = what, shapes, show, every
         self._last = -float("inf")
-        self._shape = None
+        self._shape: str | None = None
 
     def __call__(self, msg: TimingProgressMessage) -> None:
         now = time.monotonic()
@@ -182,7 +257,7 @@ class TimingProgress:
         if msg.done < msg.total:
             text += f", about {left:.0f} s left at this shape"
         rows, hidden, _ = parse_shape(msg.shape)
-        later = sum(parse_shape(s)[0] * parse_shape(s)[1] for s in self.shapes[msg.index + 1:])
+        later = sum(parse_shape(s)[0] * parse_shape(s)[1] for s in self.shapes[msg.index + 1 :])
         if later:
             text += f", about {per_call * (msg.total + 1) * later / (rows * hidden):.0f} s for the shapes after it"
         return text
@@ -191,18 +266,27 @@ class TimingProgress:
 def _report(args, result: ProbeResult) -> None:
     choices, reports, timings, plan = result.choices, result.reports, result.timings, result.plan
     if args.json:
-        output.print_json({
-            "lock": str(result.lock_path), "reused": False, "seconds": round(result.seconds, 2), "device": plan.device,
-            "precision": plan.precision, "shapes": list(plan.shapes),
-            "check_seconds": round(result.check_seconds, 2), "time_seconds": round(result.time_seconds, 2),
-            "slots": {
-                slot: {
-                    "chosen": c.report.id, "how": c.how, "reason": c.reason,
-                    "candidates": [dict(r.to_json(), timings=timings[slot].get(r.id, [])) for r in reports[slot]],
-                }
-                for slot, c in choices.items()
-            },
-        })  # fmt: skip
+        output.print_json(
+            {
+                "lock": str(result.lock_path),
+                "reused": False,
+                "seconds": round(result.seconds, 2),
+                "device": plan.device,
+                "precision": plan.precision,
+                "shapes": list(plan.shapes),
+                "check_seconds": round(result.check_seconds, 2),
+                "time_seconds": round(result.time_seconds, 2),
+                "slots": {
+                    slot: {
+                        "chosen": c.report.id,
+                        "how": c.how,
+                        "reason": c.reason,
+                        "candidates": [dict(r.to_json(), timings=timings[slot].get(r.id, [])) for r in reports[slot]],
+                    }
+                    for slot, c in choices.items()
+                },
+            }
+        )
         return
     from .check import STATUS_STYLE
 
@@ -210,17 +294,22 @@ def _report(args, result: ProbeResult) -> None:
     dev = plan.device
     on_gpu = dev["type"] != "cpu"
     shapes_from = f" ({plan.shapes_from})" if plan.shapes_from else ""
-    con.print(f"device {dev['type']} ({safe(str(dev['name']))}), precision {plan.precision}, "
-              f"shapes {', '.join(plan.shapes)}{shapes_from}")  # fmt: skip
+    con.print(
+        f"device {dev['type']} ({safe(str(dev['name']))}), precision {plan.precision}, "
+        f"shapes {', '.join(plan.shapes)}{shapes_from}"
+    )
     for slot, c in choices.items():
         table = output.table(slot)
         for col, right in (("candidate", False), ("verdict", False), ("shape", False), ("ms", True)) + (
-                (("GB/s", True), ("% copy", True)) if on_gpu else ()):  # fmt: skip
+            (("GB/s", True), ("% copy", True)) if on_gpu else ()
+        ):
             table.add_column(col, no_wrap=True, justify="right" if right else "left")
         for r in reports[slot]:
             chosen = r.id == c.report.id
             status = "[bold green]chosen[/]" if chosen else f"[{STATUS_STYLE.get(r.status, '')}]{r.status}[/]"
-            for i, t in enumerate(timings[slot].get(r.id) or [None]):
+            timed = timings[slot].get(r.id)
+            rows: Sequence[dict[str, Any] | None] = timed if timed else [None]  # untimed: one row of dashes
+            for i, t in enumerate(rows):
                 cells = ["-", ""] + (["", ""] if on_gpu else [])
                 if t is not None and "error" in t:
                     cells = [t["shape"], "error"] + (["", ""] if on_gpu else [])
@@ -237,9 +326,13 @@ def _report(args, result: ProbeResult) -> None:
                 if "error" in t:
                     con.print(f"  [dim]{safe(r.id)} at {safe(t['shape'])}: {safe(t['error'])}[/]")
     if not on_gpu:
-        con.print("[dim]ms: median forward + backward; bandwidth figures (GB/s, % of a copy) are shown on GPUs "
-                  "only (on a CPU a copy of a cache-sized buffer is no ceiling)[/]")  # fmt: skip
+        con.print(
+            "[dim]ms: median forward + backward; bandwidth figures (GB/s, % of a copy) are shown on GPUs "
+            "only (on a CPU a copy of a cache-sized buffer is no ceiling)[/]"
+        )
     for slot, c in choices.items():
         con.print(f"[bold]{slot}[/] -> {safe(c.report.id)} ({safe(c.reason)})")
-    con.print(f"wrote {safe(str(result.lock_path))} in {result.seconds:.1f} s (check {result.check_seconds:.1f} s, "
-              f"timing {result.time_seconds:.1f} s)")
+    con.print(
+        f"wrote {safe(str(result.lock_path))} in {result.seconds:.1f} s (check {result.check_seconds:.1f} s, "
+        f"timing {result.time_seconds:.1f} s)"
+    )

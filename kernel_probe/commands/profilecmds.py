@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from .. import output
 from ..output import safe
 
 
 def add_profiles_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profiles-dir", action="append", default=[], metavar="DIR",
-                   help="extra directory of profiles (repeatable; also $KERNEL_PROBE_PROFILES)")
+    p.add_argument(
+        "--profiles-dir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="extra directory of profiles (repeatable; also $KERNEL_PROBE_PROFILES)",
+    )
     sub = p.add_subparsers(dest="action", required=True, metavar="{list,show,check}")
     ls = sub.add_parser("list", help="every profile found, built-in and yours")
     ls.add_argument("--json", action="store_true")
@@ -20,19 +26,32 @@ def add_profiles_arguments(p: argparse.ArgumentParser) -> None:
     show.add_argument("--json", action="store_true")
     check = sub.add_parser("check", help="validate a profile file (exit 5 on errors)")
     check.add_argument("path")
-    match = sub.add_parser("match", help="does this machine meet a profile? (exit 0 yes, 4 no): what --profile enforces")
+    match = sub.add_parser(
+        "match", help="does this machine meet a profile? (exit 0 yes, 4 no): what --profile enforces"
+    )
     match.add_argument("name", nargs="?", default="auto", help="profile name or path, or auto (default)")
     match.add_argument("--json", action="store_true")
 
 
 def _summary(prof) -> dict:
     return {
-        "name": prof.name, "description": prof.description, "path": prof.path, "digest": prof.digest,
-        "detect": prof.detect, "requires": prof.requires, "precision": prof.precision, "shapes": list(prof.shapes), "deterministic": prof.deterministic,
-        "policy": {s: {"allowed": list(p.allowed), "preferred": list(p.preferred), "pin": p.pin} for s, p in prof.slots.items()},
-        "candidates": [c.id for c in prof.candidates], "sources": list(prof.sources), "unknown": list(prof.unknown),
+        "name": prof.name,
+        "description": prof.description,
+        "path": prof.path,
+        "digest": prof.digest,
+        "detect": prof.detect,
+        "requires": prof.requires,
+        "precision": prof.precision,
+        "shapes": list(prof.shapes),
+        "deterministic": prof.deterministic,
+        "policy": {
+            s: {"allowed": list(p.allowed), "preferred": list(p.preferred), "pin": p.pin} for s, p in prof.slots.items()
+        },
+        "candidates": [c.id for c in prof.candidates],
+        "sources": list(prof.sources),
+        "unknown": list(prof.unknown),
         "strictness": {"default": prof.default_strictness, "warn": list(prof.warn_groups)},
-    }  # fmt: skip
+    }
 
 
 def run_profiles(args: argparse.Namespace) -> int:
@@ -49,8 +68,13 @@ def run_profiles(args: argparse.Namespace) -> int:
         for exc in broken:
             output.warn(f"broken profile, skipped: {exc}")
         if args.json:
-            output.print_json([_summary(p) for p in found.values()] + [
-                {"path": exc.path, "broken": True, "error": exc.problem, "key": exc.key, "fix": exc.fix} for exc in broken])
+            output.print_json(
+                [_summary(p) for p in found.values()]
+                + [
+                    {"path": exc.path, "broken": True, "error": exc.problem, "key": exc.key, "fix": exc.fix}
+                    for exc in broken
+                ]
+            )
             return 0
         table = output.table()
         table.add_column("name", no_wrap=True)
@@ -92,8 +116,14 @@ def _match(args: argparse.Namespace) -> int:
     device = detect_device()
     profile, matched, notes = profiles.choose(args.name, args.profiles_dir, device)
     current = fingerprint.current()
-    result = {"profile": profile.name if profile else None, "matched": matched, "notes": notes, "unmet": [],
-              "warnings": [], "device-name-note": fingerprint.device_name_note(current)}  # fmt: skip
+    result: dict[str, Any] = {
+        "profile": profile.name if profile else None,
+        "matched": matched,
+        "notes": notes,
+        "unmet": [],
+        "warnings": [],
+        "device-name-note": fingerprint.device_name_note(current),
+    }
     code = 0
     if profile is not None:
         libs = profiles.library_facts(profiles.required_libraries(profile))
@@ -102,7 +132,9 @@ def _match(args: argparse.Namespace) -> int:
             result["warnings"] = profiles.enforce(profile, current, libs)
         except ProfileUnmet:
             code = 4
-        result["unmet"] = [{"group": u.group, "field": u.field, "expected": u.expected, "found": u.found} for u in problems]
+        result["unmet"] = [
+            {"group": u.group, "field": u.field, "expected": u.expected, "found": u.found} for u in problems
+        ]
     if args.json:
         output.print_json({**result, "exit_code": code})
         return code

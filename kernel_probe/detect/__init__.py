@@ -29,8 +29,19 @@ from .libraries import KNOWN_LIBRARIES, KnownLibrary
 SCHEMA = "kernel-probe-env/1"
 
 TOP_LEVEL_KEYS = (
-    "schema", "kernel_probe", "seconds", "import_checks", "host", "torch", "device", "accelerators",
-    "triton", "libraries", "site", "fingerprint", "errors",
+    "schema",
+    "kernel_probe",
+    "seconds",
+    "import_checks",
+    "host",
+    "torch",
+    "device",
+    "accelerators",
+    "triton",
+    "libraries",
+    "site",
+    "fingerprint",
+    "errors",
 )
 
 # What device_facts sees when torch cannot be imported: no GPU runtime, so it answers for the CPU.
@@ -80,10 +91,16 @@ def _torch_and_devices(torch: Any | None, nvml: NvmlList, errors: list[dict[str,
     return {"torch": torch_facts, "device": dict(primary), "accelerators": devices, "fingerprint": fp}
 
 
-def detect(*, import_checks: bool = True, timeout: float = DEFAULT_TIMEOUT, extra_paths: Sequence[str] = (),
-           env: Mapping[str, str] | None = None, torch: Any | None = None,
-           table: Sequence[KnownLibrary] | None = None,
-           nvml: NvmlList | None = None) -> dict[str, Any]:
+def detect(
+    *,
+    import_checks: bool = True,
+    timeout: float = DEFAULT_TIMEOUT,
+    extra_paths: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    torch: Any | None = None,
+    table: Sequence[KnownLibrary] | None = None,
+    nvml: NvmlList | None = None,
+) -> dict[str, Any]:
     """Everything ``kernel-probe env`` reports, as JSON-ready data.
 
     ``import_checks`` imports each installed kernel library (and Triton, to read its target) in a
@@ -118,8 +135,11 @@ def detect(*, import_checks: bool = True, timeout: float = DEFAULT_TIMEOUT, extr
         raise
     libs = {name: libraries.report(loc, imported.get(name)) for name, loc in located_libs.items()}
     triton_facts = triton_info.report(
-        located_triton, imported.get("triton"),
-        torch_build=here["torch"]["build"] if here["torch"] else "cpu", device_arch=here["device"]["arch"])
+        located_triton,
+        imported.get("triton"),
+        torch_build=here["torch"]["build"] if here["torch"] else "cpu",
+        device_arch=here["device"]["arch"],
+    )
 
     return {
         "schema": SCHEMA,

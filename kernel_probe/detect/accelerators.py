@@ -29,6 +29,13 @@ def _sm_version(number: str) -> tuple[int, int]:
     return int(number[:-1]), int(number[-1])
 
 
+def _entry_version(entry: str) -> tuple[int, int]:
+    """'sm_90' / 'compute_90' -> (9, 0), for an arch-list entry already known to match ``_SM``."""
+    m = _SM.match(entry)
+    assert m is not None
+    return _sm_version(m.group(2))
+
+
 def torch_arch_list(torch: Any) -> list[str]:
     """The device code targets torch was compiled for (``sm_90``, ``compute_90``, ``gfx90a``, ...)."""
     cuda = getattr(torch, "cuda", None)
@@ -58,12 +65,16 @@ def torch_build_covers(device_arch: str, arch_list: Sequence[str]) -> dict[str, 
         if device_arch in targets:
             return {"covered": True, "how": "code-object", "detail": f"torch ships code objects for {device_arch}"}
         if any(t.endswith("-generic") for t in targets):
-            return {"covered": None, "how": "unknown",
-                    "detail": f"torch was built for {built}; whether a generic target covers "
-                              f"{device_arch} is not checked"}
-        return {"covered": False, "how": "none",
-                "detail": f"torch was built for {built}, not {device_arch}: "
-                          "expect 'HIP error: invalid device function'"}
+            return {
+                "covered": None,
+                "how": "unknown",
+                "detail": f"torch was built for {built}; whether a generic target covers {device_arch} is not checked",
+            }
+        return {
+            "covered": False,
+            "how": "none",
+            "detail": f"torch was built for {built}, not {device_arch}: expect 'HIP error: invalid device function'",
+        }
     device = _SM.match(device_arch)
     if device is None or device.group(1) != "sm":
         return {"covered": None, "how": "unknown", "detail": f"unrecognised device arch {device_arch!r}"}
@@ -82,24 +93,45 @@ def torch_build_covers(device_arch: str, arch_list: Sequence[str]) -> dict[str, 
                 sass.append(entry)
         elif suffix != "a" and have <= want:
             ptx.append(entry)
-    sass.sort(key=lambda e: _sm_version(_SM.match(e).group(2)))
-    ptx.sort(key=lambda e: _sm_version(_SM.match(e).group(2)))
+    sass.sort(key=_entry_version)
+    ptx.sort(key=_entry_version)
     if sass:
-        return {"covered": True, "how": "binary-compatible",
-                "detail": f"runs {sass[-1]} SASS (same major, older minor)"}
+        return {
+            "covered": True,
+            "how": "binary-compatible",
+            "detail": f"runs {sass[-1]} SASS (same major, older minor)",
+        }
     if ptx:
-        return {"covered": True, "how": "ptx-jit",
-                "detail": f"covered via PTX JIT from {ptx[-1]}: the driver compiles at first launch (slow start)"}
-    return {"covered": False, "how": "none",
-            "detail": f"torch was built for {built}, not {device_arch}: expect "
-                      "'no kernel image is available for execution on the device'"}
+        return {
+            "covered": True,
+            "how": "ptx-jit",
+            "detail": f"covered via PTX JIT from {ptx[-1]}: the driver compiles at first launch (slow start)",
+        }
+    return {
+        "covered": False,
+        "how": "none",
+        "detail": f"torch was built for {built}, not {device_arch}: expect "
+        "'no kernel image is available for execution on the device'",
+    }
 
 
 def _device(kind: str, vendor: str, index: int, name: str, arch: str, **extra: Any) -> dict[str, Any]:
     entry = {
-        "type": kind, "vendor": vendor, "index": index, "name": name, "arch": arch,
-        "capability": None, "gcn_arch_name": None, "memory_bytes": None, "multiprocessors": None,
-        "uuid": None, "driver": "", "cuda_driver": "", "source": "torch", "physical": None, "notes": [],
+        "type": kind,
+        "vendor": vendor,
+        "index": index,
+        "name": name,
+        "arch": arch,
+        "capability": None,
+        "gcn_arch_name": None,
+        "memory_bytes": None,
+        "multiprocessors": None,
+        "uuid": None,
+        "driver": "",
+        "cuda_driver": "",
+        "source": "torch",
+        "physical": None,
+        "notes": [],
     }
     entry.update(extra)
     return entry
@@ -110,14 +142,23 @@ def _uuid(props: Any) -> str | None:
     return None if value is None else str(value)
 
 
-def _cuda_devices(torch: Any, primary: dict[str, Any],
-                  nvml: NvmlList) -> list[dict[str, Any]]:
+def _cuda_devices(torch: Any, primary: dict[str, Any], nvml: NvmlList) -> list[dict[str, Any]]:
     listed = nvml()
     if listed:
         return [
-            _device("cuda", "nvidia", d["index"], d["name"], d["arch"], capability=list(d["capability"]),
-                    memory_bytes=d.get("memory_bytes"), uuid=d.get("uuid"), driver=d.get("driver", ""),
-                    cuda_driver=d.get("cuda_driver", ""), source="nvml")
+            _device(
+                "cuda",
+                "nvidia",
+                d["index"],
+                d["name"],
+                d["arch"],
+                capability=list(d["capability"]),
+                memory_bytes=d.get("memory_bytes"),
+                uuid=d.get("uuid"),
+                driver=d.get("driver", ""),
+                cuda_driver=d.get("cuda_driver", ""),
+                source="nvml",
+            )
             for d in listed
         ]
     cuda = torch.cuda
@@ -126,10 +167,20 @@ def _cuda_devices(torch: Any, primary: dict[str, Any],
     for i in range(int(cuda.device_count())):
         props = cuda.get_device_properties(i)
         major, minor = int(props.major), int(props.minor)
-        out.append(_device("cuda", "nvidia", i, str(props.name), f"sm_{major}{minor}", capability=[major, minor],
-                           memory_bytes=_int(getattr(props, "total_memory", None)),
-                           multiprocessors=_int(getattr(props, "multi_processor_count", None)),
-                           uuid=_uuid(props), driver=driver))
+        out.append(
+            _device(
+                "cuda",
+                "nvidia",
+                i,
+                str(props.name),
+                f"sm_{major}{minor}",
+                capability=[major, minor],
+                memory_bytes=_int(getattr(props, "total_memory", None)),
+                multiprocessors=_int(getattr(props, "multi_processor_count", None)),
+                uuid=_uuid(props),
+                driver=driver,
+            )
+        )
     return out
 
 
@@ -144,10 +195,21 @@ def _rocm_devices(torch: Any, primary: dict[str, Any]) -> list[dict[str, Any]]:
         notes = []
         if name in fingerprint.GENERIC_DEVICE_NAMES or not name:
             notes.append(f"generic device name {name!r} (libdrm amdgpu.ids missing or old): identify it by arch")
-        out.append(_device("rocm", "amd", i, name, fingerprint.normalize_gcn_arch(raw), gcn_arch_name=raw or None,
-                           memory_bytes=_int(getattr(props, "total_memory", None)),
-                           multiprocessors=_int(getattr(props, "multi_processor_count", None)),
-                           uuid=_uuid(props), driver=driver, notes=notes))
+        out.append(
+            _device(
+                "rocm",
+                "amd",
+                i,
+                name,
+                fingerprint.normalize_gcn_arch(raw),
+                gcn_arch_name=raw or None,
+                memory_bytes=_int(getattr(props, "total_memory", None)),
+                multiprocessors=_int(getattr(props, "multi_processor_count", None)),
+                uuid=_uuid(props),
+                driver=driver,
+                notes=notes,
+            )
+        )
     return out
 
 
@@ -167,9 +229,17 @@ def _xpu_devices(torch: Any) -> list[dict[str, Any]]:
     out = []
     for i in range(int(xpu.device_count())):
         props = xpu.get_device_properties(i)
-        out.append(_device("xpu", "intel", i, str(getattr(props, "name", "Intel XPU")), "",
-                           memory_bytes=_int(getattr(props, "total_memory", None)),
-                           driver=str(getattr(props, "driver_version", "") or "")))
+        out.append(
+            _device(
+                "xpu",
+                "intel",
+                i,
+                str(getattr(props, "name", "Intel XPU")),
+                "",
+                memory_bytes=_int(getattr(props, "total_memory", None)),
+                driver=str(getattr(props, "driver_version", "") or ""),
+            )
+        )
     return out
 
 
@@ -180,8 +250,9 @@ def _int(value: Any) -> int | None:
         return None
 
 
-def detect_accelerators(torch: Any, primary: dict[str, Any], *,
-                        nvml: NvmlList = fingerprint.nvml_devices) -> list[dict[str, Any]]:
+def detect_accelerators(
+    torch: Any, primary: dict[str, Any], *, nvml: NvmlList = fingerprint.nvml_devices
+) -> list[dict[str, Any]]:
     """Every device of the primary device's kind, each with ``torch_build_covers``.
 
     ``primary`` is ``kernel_lock.fingerprint.device_facts(torch)``. On a CPU-only machine the

@@ -94,8 +94,11 @@ def memory() -> dict[str, int | None]:
             total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         except (ValueError, OSError, AttributeError):
             total = None
-    return {"total_bytes": total, "available_bytes": info.get("MemAvailable"),
-            "cgroup_limit_bytes": _cgroup_memory_limit()}
+    return {
+        "total_bytes": total,
+        "available_bytes": info.get("MemAvailable"),
+        "cgroup_limit_bytes": _cgroup_memory_limit(),
+    }
 
 
 def detect_host() -> dict[str, Any]:

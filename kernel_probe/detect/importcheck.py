@@ -91,8 +91,9 @@ def classify(child: ChildResult, timeout: float) -> dict[str, Any]:
     elif reply is None:
         out["status"] = "crashed" if returncode else "error"
         detail = broken or _stderr_reason(child.stderr)
-        out["reason"] = (f"exited with code {returncode} without a result" if returncode
-                         else "the child wrote no result") + (f": {detail}" if detail else "")  # fmt: skip
+        out["reason"] = (
+            f"exited with code {returncode} without a result" if returncode else "the child wrote no result"
+        ) + (f": {detail}" if detail else "")
     elif reply.ok:
         out["status"] = "ok"
         out["reason"] = "imported"
@@ -125,9 +126,15 @@ def _stderr_reason(stderr: str) -> str:
     return fatal_line(stderr).replace(" in <module>)", ")")
 
 
-def check_import(request: ImportRequest | str, *, timeout: float = DEFAULT_TIMEOUT, extra_paths: Sequence[str] = (),
-                 env: Mapping[str, str] | None = None, python: str | None = None,
-                 started: Callable[[subprocess.Popen[bytes]], None] | None = None) -> dict[str, Any]:  # fmt: skip
+def check_import(
+    request: ImportRequest | str,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    extra_paths: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    python: str | None = None,
+    started: Callable[[subprocess.Popen[bytes]], None] | None = None,
+) -> dict[str, Any]:
     """Import one module in a fresh interpreter and report how it went (never raises for the module's sake).
 
     ``started`` is called with the child's Popen as soon as it runs (so a caller can cancel it).
@@ -136,8 +143,17 @@ def check_import(request: ImportRequest | str, *, timeout: float = DEFAULT_TIMEO
         request = ImportRequest(module=request)
     if request.probe not in PROBES:
         raise ValueError(f"unknown probe {request.probe!r}")
-    child = run_function("", "check", request, source=CHILD_SOURCE, teardown=True, timeout=timeout,
-                         env=child_environment(extra_paths, env), python=python, started=started)  # fmt: skip
+    child = run_function(
+        "",
+        "check",
+        request,
+        source=CHILD_SOURCE,
+        teardown=True,
+        timeout=timeout,
+        env=child_environment(extra_paths, env),
+        python=python,
+        started=started,
+    )
     return classify(child, timeout)
 
 
@@ -147,8 +163,14 @@ class ImportChecks:
     Starting early lets the children import their libraries while the parent imports torch.
     """
 
-    def __init__(self, requests: Mapping[str, ImportRequest], *, timeout: float = DEFAULT_TIMEOUT,
-                 extra_paths: Sequence[str] = (), env: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        requests: Mapping[str, ImportRequest],
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        extra_paths: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ):
         self._futures: dict[str, Future] = {}
         self._procs: list[subprocess.Popen[bytes]] = []
         self._cancelled = False
@@ -156,8 +178,9 @@ class ImportChecks:
         if requests:
             self._pool = ThreadPoolExecutor(max_workers=min(8, len(requests)), thread_name_prefix="import-check")
             for name, request in requests.items():
-                self._futures[name] = self._pool.submit(check_import, request, timeout=timeout,
-                                                        extra_paths=extra_paths, env=env, started=self._started)
+                self._futures[name] = self._pool.submit(
+                    check_import, request, timeout=timeout, extra_paths=extra_paths, env=env, started=self._started
+                )
 
     def names(self) -> Iterable[str]:
         return self._futures.keys()
@@ -183,8 +206,11 @@ class ImportChecks:
                 try:
                     out[name] = future.result()
                 except Exception as exc:  # a bug in the checker itself: report it on that library, go on
-                    out[name] = {"status": "error", "seconds": 0.0,
-                                 "reason": f"import check failed: {type(exc).__name__}: {exc}"}
+                    out[name] = {
+                        "status": "error",
+                        "seconds": 0.0,
+                        "reason": f"import check failed: {type(exc).__name__}: {exc}",
+                    }
         except BaseException:  # KeyboardInterrupt while waiting: the children are in their own sessions
             self.cancel()
             raise

@@ -2,8 +2,9 @@
 
 Knowledge is data: ``KNOWN_LIBRARIES`` says, for each library, the distribution names it ships
 under, its top-level module, the module whose import proves it usable, and how to recognise what
-the module really is (``variants``) from its files, without importing it. Adding a library is
-adding a row.
+the module really is (``variants``) from its files, without importing it. It is read from the
+``[[library]]`` tables of kernel_lock's registry (``kernel_lock/registry.toml``): adding a library is
+adding a table there.
 
 The metadata part (``locate``) reads package metadata and the file system only; the import part
 runs in child processes (``importcheck``), so nothing here imports a kernel library in-process.
@@ -20,6 +21,9 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
+from kernel_lock import registry
+
+from ..candidates import TableReader
 from .importcheck import ImportRequest
 
 
@@ -53,48 +57,47 @@ class KnownLibrary:
     about: str = ""
 
 
-KNOWN_LIBRARIES: tuple[KnownLibrary, ...] = (
-    KnownLibrary(
-        "liger-kernel", ("liger-kernel", "liger-kernel-nightly"), "liger_kernel", "liger_kernel.transformers",
-        about="Triton kernels (LigerLayerNorm, LigerRMSNorm); needs >= 0.4.0 on AMD",
-    ),
-    KnownLibrary(
-        "transformer-engine",
-        # tealite: the ROCm fork's "lite" wheels (its transformer_engine/__init__.py reads that name)
-        ("transformer-engine", "transformer-engine-torch", "transformer-engine-cu12", "transformer-engine-cu13",
-         "tealite"),
-        "transformer_engine", "transformer_engine.pytorch",
-        variants=(
-            # ROCm/TransformerEngine marks its files "modified for portability to AMDGPU"; newer
-            # releases also ship _rocm_init.py. Both are read from disk, nothing is imported.
-            Variant("rocm-fork", "ROCm fork (ROCm/TransformerEngine)", has_any=("_rocm_init.py",),
-                    text_in=(("__init__.py", "portability to AMDGPU"),)),
-            Variant("nvidia", "NVIDIA TransformerEngine (CUDA)"),
-        ),
-        about="fused LayerNorm/RMSNorm/Linear (NVIDIA's, or AMD's ROCm fork under the same names)",
-    ),
-    KnownLibrary(
-        "apex", ("apex",), "apex", "apex.normalization",
-        variants=(
-            # NVIDIA apex is not on PyPI; it is built from source and still calls itself "apex".
-            # The PyPI distribution "apex" is an unrelated Pyramid web toolkit: only the module
-            # tells them apart.
-            # AMD's fork (github.com/ROCm/apex) builds its extensions with a DeepSpeed-style op_builder
-            # and says so in apex/git_version_info.py ("Modified for ROCm Apex").
-            Variant("rocm-fork", "ROCm fork (ROCm/apex)", has_any=("op_builder", "git_version_info_installed.py"),
-                    text_in=(("git_version_info.py", "ROCm Apex"),)),
-            Variant("nvidia", "NVIDIA apex (CUDA)", has_any=("normalization", "normalization.py")),
-            Variant("unrelated", "not apex (an unrelated package named apex, e.g. the PyPI "
-                    "Pyramid toolkit)", usable=False),
-        ),
-        about="apex (NVIDIA's, or AMD's ROCm fork): FusedLayerNorm, FusedRMSNorm",
-    ),
-    KnownLibrary("flash-attn", ("flash-attn",), "flash_attn", "flash_attn",
-                 about="FlashAttention (Dao-AILab, or the ROCm fork); also ships Triton layer norms"),
-    KnownLibrary("quack-kernels", ("quack-kernels",), "quack", "quack",
-                 about="CuTe-DSL kernels; H100/B200 only, CUDA >= 12.9"),
-    KnownLibrary("kernels", ("kernels",), "kernels", "kernels", about="Hugging Face kernel hub loader"),
-)
+LIBRARY_KEYS = ("name", "distributions", "module", "check", "about", "variant")
+VARIANT_KEYS = ("key", "label", "has-any", "text-in", "usable")
+
+
+def read_libraries(r: TableReader, d: Mapping[str, Any]) -> tuple[KnownLibrary, ...]:
+    """The ``[[library]]`` tables of a registry file (``kernel_lock/registry.toml``)."""
+    libs = []
+    for i, lib in enumerate(d.get("library", [])):
+        where = f"library[{i}]."
+        r.no_unknown(lib, LIBRARY_KEYS, where)
+        variants = []
+        for j, v in enumerate(lib.get("variant", [])):
+            vwhere = f"{where}variant[{j}]."
+            r.no_unknown(v, VARIANT_KEYS, vwhere)
+            text_in = v.get("text-in", [])
+            if not all(isinstance(x, list) and len(x) == 2 and all(isinstance(s, str) for s in x) for x in text_in):
+                raise r.err(f"{vwhere}text-in", "expected a list of [file, text] pairs")
+            variants.append(
+                Variant(
+                    str(r.string(v, "key", vwhere, required=True)),
+                    str(r.string(v, "label", vwhere, required=True)),
+                    has_any=r.strings(v, "has-any", vwhere),
+                    text_in=tuple((f, s) for f, s in text_in),
+                    usable=r.boolean(v, "usable", vwhere, default=True),
+                )
+            )
+        libs.append(
+            KnownLibrary(
+                str(r.string(lib, "name", where, required=True)),
+                r.strings(lib, "distributions", where),
+                str(r.string(lib, "module", where, required=True)),
+                str(r.string(lib, "check", where, required=True)),
+                variants=tuple(variants),
+                about=r.string(lib, "about", where, default="") or "",
+            )
+        )
+    return tuple(libs)
+
+
+# every library kernel-probe reports on, from kernel_lock's registry (one [[library]] table each)
+KNOWN_LIBRARIES: tuple[KnownLibrary, ...] = read_libraries(TableReader(str(registry.path())), registry.data())
 
 
 @dataclass(frozen=True)

@@ -61,8 +61,9 @@ def first_line(path: str) -> str | None:
         return None
 
 
-def detect_site(env: Mapping[str, str] | None = None, *, hostname: str | None = None,
-                markers: tuple[SiteMarker, ...] = SITE_MARKERS) -> dict[str, Any]:
+def detect_site(
+    env: Mapping[str, str] | None = None, *, hostname: str | None = None, markers: tuple[SiteMarker, ...] = SITE_MARKERS
+) -> dict[str, Any]:
     env = os.environ if env is None else env
     found = []
     for marker in markers:

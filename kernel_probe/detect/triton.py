@@ -111,9 +111,9 @@ def _matches_disk(dist: metadata.Distribution, package_dir: str) -> bool | None:
             continue
         path = os.path.join(root, *rel.split("/"))
         try:
-            if probe_size and os.path.getsize(path) != int(entry.size):
+            if probe_size and entry.size is not None and os.path.getsize(path) != int(entry.size):
                 return False
-            if probe_hash and _record_hash(path) != entry.hash.value:
+            if probe_hash and entry.hash is not None and _record_hash(path) != entry.hash.value:
                 return False
         except OSError:
             return False
@@ -157,16 +157,19 @@ def _normalize_arch(backend: str, arch: str) -> str:
     return arch
 
 
-def report(located: LocatedTriton, imported: Mapping[str, Any] | None, *, torch_build: str,
-           device_arch: str) -> dict[str, Any]:
+def report(
+    located: LocatedTriton, imported: Mapping[str, Any] | None, *, torch_build: str, device_arch: str
+) -> dict[str, Any]:
     """The JSON-ready triton section (keys documented in docs/env.md)."""
     provider = located.owners[0] if len(located.owners) == 1 else None
     built_for = {name: located.backends.get(name) or [TRITON_DISTRIBUTIONS[name]] for name in located.distributions}
     conflict = None
     if len(located.distributions) > 1:
         listed = ", ".join(f"{n} {located.distributions[n]} (backends: {', '.join(b)})" for n, b in built_for.items())
-        conflict = (f"several distributions install the same 'triton' package: {listed}; the one installed last "
-                    f"owns the files (now: {provider or 'unknown'})")
+        conflict = (
+            f"several distributions install the same 'triton' package: {listed}; the one installed last "
+            f"owns the files (now: {provider or 'unknown'})"
+        )
     wanted = BACKEND_FOR_TORCH_BUILD.get(torch_build)
     provider_backends = built_for.get(provider) if provider else None
     matches_torch = None if (wanted is None or provider_backends is None) else wanted in provider_backends
@@ -178,9 +181,11 @@ def report(located: LocatedTriton, imported: Mapping[str, Any] | None, *, torch_
         have = located.distributions.get(provider, "")
         version_matches = provider == pinned_dist and have == pinned_version
         if not version_matches:
-            pin_problem = (f"torch was built with {pinned_dist}=={pinned_version}, but the 'triton' package in use "
-                           f"comes from {provider} {have}: Triton kernels (liger, torch.compile) may fail to compile "
-                           f"or behave differently; reinstall {pinned_dist}=={pinned_version} last")  # fmt: skip
+            pin_problem = (
+                f"torch was built with {pinned_dist}=={pinned_version}, but the 'triton' package in use "
+                f"comes from {provider} {have}: Triton kernels (liger, torch.compile) may fail to compile "
+                f"or behave differently; reinstall {pinned_dist}=={pinned_version} last"
+            )
 
     backend = arch = warp_size = None
     source = None

@@ -5,9 +5,16 @@ from kernel_probe.candidates import Candidate
 
 def candidates():
     return [
-        Candidate("plugin.layer_norm", ("LayerNorm",), "layer_norm", "kp_zoo.norms.GoodLayerNorm",
-                  kwargs={"eps": "$eps"}, module="kp_zoo", twin_target="torch.nn.LayerNorm",
-                  twin_kwargs={"eps": "$eps"}),  # fmt: skip
+        Candidate(
+            "plugin.layer_norm",
+            ("LayerNorm",),
+            "layer_norm",
+            "kp_zoo.norms.GoodLayerNorm",
+            kwargs={"eps": "$eps"},
+            module="kp_zoo",
+            twin_target="torch.nn.LayerNorm",
+            twin_kwargs={"eps": "$eps"},
+        )
     ]
 
 

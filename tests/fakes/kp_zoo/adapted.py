@@ -5,5 +5,6 @@ from kernel_lock.adapters import torch_init_adapter
 
 from .norms import RandnBiasLayerNorm
 
-RandnBiasLayerNormTorchInit = torch_init_adapter(RandnBiasLayerNorm, "layer_norm", "RandnBiasLayerNormTorchInit",
-                                                 module=__name__)
+RandnBiasLayerNormTorchInit = torch_init_adapter(
+    RandnBiasLayerNorm, "layer_norm", "RandnBiasLayerNormTorchInit", module=__name__
+)

@@ -1,4 +1,5 @@
 """Never finishes importing (like a library waiting on a lock or a driver)."""
+
 import time
 
 while True:

@@ -322,8 +322,14 @@ class TransposedLinear(nn.Module):
     def __init__(self, in_features, out_features, bias=True, device=None, dtype=None):
         super().__init__()
         bound = 1 / math.sqrt(in_features)
-        self.weight = nn.Parameter(torch.empty(in_features, out_features, device=device, dtype=dtype).uniform_(-bound, bound))
-        self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype).uniform_(-bound, bound)) if bias else None
+        self.weight = nn.Parameter(
+            torch.empty(in_features, out_features, device=device, dtype=dtype).uniform_(-bound, bound)
+        )
+        self.bias = (
+            nn.Parameter(torch.empty(out_features, device=device, dtype=dtype).uniform_(-bound, bound))
+            if bias
+            else None
+        )
 
     def forward(self, x):
         return F.linear(x, self.weight.t(), self.bias)
@@ -336,7 +342,9 @@ class UnorderedSumLayerNorm(_Norm):
         xf = x.float()
         order = torch.randperm(xf.shape[-1], device=xf.device)
         mean = xf[..., order].sum(-1, keepdim=True) / xf.shape[-1]
-        var = (xf - mean).pow(2)[..., torch.randperm(xf.shape[-1], device=xf.device)].sum(-1, keepdim=True) / xf.shape[-1]
+        var = (xf - mean).pow(2)[..., torch.randperm(xf.shape[-1], device=xf.device)].sum(-1, keepdim=True) / xf.shape[
+            -1
+        ]
         y = (xf - mean) * torch.rsqrt(var + self.eps) * self.weight.float()
         if self.bias is not None:
             y = y + self.bias.float()
@@ -351,8 +359,13 @@ class CudaPolicyLayerNorm(nn.LayerNorm):
     def forward(self, x):
         if torch.is_autocast_enabled(x.device.type):
             with torch.autocast(x.device.type, enabled=False):
-                return F.layer_norm(x.float(), self.normalized_shape, self.weight.float(),
-                                    None if self.bias is None else self.bias.float(), self.eps)  # fmt: skip
+                return F.layer_norm(
+                    x.float(),
+                    self.normalized_shape,
+                    self.weight.float(),
+                    None if self.bias is None else self.bias.float(),
+                    self.eps,
+                )
         return super().forward(x)
 
 

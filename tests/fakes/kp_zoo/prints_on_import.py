@@ -1,4 +1,5 @@
 """Prints to stdout on import (must not corrupt the worker protocol); otherwise correct."""
+
 print("hello from a chatty library")
 print('{"fake": "protocol line"}')
 

@@ -1,0 +1,35 @@
+"""The fast lane (`pytest -m "not slow"`) leaves out what conftest.SLOW_FIXTURES names: each name must
+still be a module-scoped fixture of its module, or a rename would quietly put minutes back in the lane."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from .conftest import ROOT, SLOW_FIXTURES
+
+
+@pytest.mark.parametrize(("module", "fixture"), sorted(SLOW_FIXTURES.items()))
+def test_each_slow_fixture_is_still_there(module, fixture):
+    text = (ROOT / "tests" / module).read_text()
+    assert re.search(rf'@pytest\.fixture\(scope="module"\)\ndef {fixture}\(', text), f"{module}: no fixture {fixture}"
+
+
+def test_the_lane_marks_a_test_using_one_and_only_that():
+    from .conftest import pytest_collection_modifyitems
+
+    class Item:
+        def __init__(self, module: str, fixturenames: tuple[str, ...]):
+            self.path, self.fixturenames, self.marks = ROOT / "tests" / module, fixturenames, []
+
+        def add_marker(self, mark):
+            self.marks.append(mark.name)
+
+    using, other_module, not_using = (
+        Item("test_probe.py", ("probed", "tmp_path")),
+        Item("test_resolve.py", ("probed",)),
+        Item("test_probe.py", ("tmp_path",)),
+    )
+    pytest_collection_modifyitems(None, [using, other_module, not_using])
+    assert (using.marks, other_module.marks, not_using.marks) == (["slow"], [], [])
