@@ -147,7 +147,7 @@ def main() -> None:
         c = opened[name]
         goal = "  (goal <= 0.35)" if name in ("kernel-probe --out L", "kernel-probe --out L --check") else ""
         print(
-            f"  {name:<30} {med:6.3f} s ({min(times[name]):.3f}-{max(times[name]):.3f})  ratio {med / base:5.2f}"
+            f"  {name:<34} {med:6.3f} s ({min(times[name]):.3f}-{max(times[name]):.3f})  ratio {med / base:5.2f}"
             f"{goal:<16}  opens {c['opened']:5d} ({c['distinct']:5d})  modules {c['modules']:5d}  "
             f"torch imported: {c['torch']}"
         )
