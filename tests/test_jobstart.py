@@ -8,6 +8,7 @@ fall back to the torch-based fingerprint and say which fact and why under ``--de
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -174,3 +175,25 @@ def test_check_in_process_reports_the_fallback_under_debug(warm, monkeypatch, ca
     assert code == 0, err
     assert "torch: needs torch (torch/version.py computes its values)" in caplog.text
     assert "torch-free fingerprint incomplete (torch): reading it with torch" in caplog.text
+
+
+def test_verify_no_import_decides_every_slot_without_importing_a_class(lock_file, capsys, monkeypatch):
+    from kernel_lock import resolve
+
+    built = []
+    real_build = resolve._build
+    monkeypatch.setattr(resolve, "_build", lambda *a, **k: built.append(a[1]) or real_build(*a, **k))
+    code, out, err = run_cli(["verify", lock_file, "--no-import", "--json"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["imported"] is False and built == []
+    assert {s: r["target"] for s, r in data["slots"].items()} == {
+        "LayerNorm": "torch.nn.LayerNorm",
+        "RMSNorm": "torch.nn.RMSNorm",
+        "Linear": "torch.nn.Linear",
+    }
+    code, out, err = run_cli(["verify", lock_file, "--no-import"], capsys)
+    assert code == 0 and "(training mode, classes not imported)" in out
+    code, out, err = run_cli(["verify", lock_file, "--json"], capsys)  # the default still imports each class
+    assert code == 0 and json.loads(out)["imported"] is True
+    assert built == ["torch.nn.LayerNorm", "torch.nn.RMSNorm", "torch.nn.Linear"]

@@ -71,14 +71,17 @@ SCALARS = (
     | st.datetimes(min_value=dt.datetime(1900, 1, 1), max_value=dt.datetime(2100, 1, 1))
     | st.dates()
 )
-DOCS = st.recursive(
-    SCALARS,
-    lambda children: (
-        st.lists(children, max_size=3)
-        | st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=6), children, max_size=5)
-    ),
-    max_leaves=25,
-)
+
+
+def _nested(children):
+    """Lists and tables of ``children``: the step st.recursive repeats (a named function, so hypothesis
+    can read that it uses its argument; it cannot in a lambda spread over several lines)."""
+    return st.lists(children, max_size=3) | st.dictionaries(
+        st.sampled_from(KEYS) | st.text(max_size=6), children, max_size=5
+    )
+
+
+DOCS = st.recursive(SCALARS, _nested, max_leaves=25)
 
 
 def _check(text):
