@@ -465,3 +465,33 @@ def current(torch: Any | None = None, *, device: Callable[[Any], dict[str, Any]]
         "driver": dev.get("driver", ""),
         "numerics-env": numerics_env(),
     }
+
+
+# Where torch is imported already (a training or inference process), asking it costs nothing and is
+# what a lock was written from; tests turn this off to read the files in a process that has torch.
+USE_IMPORTED_TORCH = True
+
+
+def for_check(checked: Iterable[str] | None = None) -> dict[str, Any]:
+    """The fingerprint a check compares with a lock: from torch where it is imported already, else
+    read without importing it (``kernel_lock.torchless``), which falls back to torch for a fact in
+    ``checked`` (default: all) that it cannot read with certainty, saying which and why at DEBUG."""
+    if USE_IMPORTED_TORCH and "torch" in sys.modules:
+        return current()
+    from . import torchless
+
+    return torchless.current(checked)
+
+
+def device_here() -> dict[str, Any]:
+    """``device_facts`` of this machine, by the same rule as :func:`for_check` (torch-free where torch
+    is not imported and every device fact can be read without it)."""
+    if not (USE_IMPORTED_TORCH and "torch" in sys.modules):
+        from . import torchless
+
+        facts = torchless.device()
+        if facts is not None:
+            return facts
+    import torch
+
+    return device_facts(torch)

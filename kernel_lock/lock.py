@@ -225,8 +225,10 @@ def check_target(
             key=key,
             fix="name a public class, e.g. torch.nn.LayerNorm",
         )
+    if any(_under(target, root) for root in (*registry.OWN_ROOTS, *trusted)):
+        return  # torch's own classes need no registry read (a few ms at every import of a lock)
     allowed = registry.allowed_roots()
-    if any(_under(target, root) for root in (*allowed, *trusted)):
+    if any(_under(target, root) for root in allowed):
         return
     asked = next((m for m in requested if _under(target, m)), None)
     if asked is not None:

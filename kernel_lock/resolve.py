@@ -181,15 +181,16 @@ def verify(lock: KernelLock, mode: str | None = None, *, current: Mapping[str, A
     """
     mode = mode_for(lock, mode)
     if current is None:
-        from . import torchless
+        from . import fingerprint
 
-        # read without torch; a fact this check needs that only torch can settle is read with it
+        # without importing torch where it is not; a fact this check needs that only torch can settle
+        # is read with it
         checked = (
             [name for name, spec in lock.environment.fields.items() if spec.match != "ignore"]
             if mode == "training"
             else INFERENCE_FACTS
         )
-        current = torchless.current(checked)
+        current = fingerprint.for_check(checked)
     notes: list[str] = []
     if mode == "training":
         from . import fingerprint
@@ -377,9 +378,9 @@ def resolve_slot(
         _refuse_training(lock, entry)
         return pinned(_build(slot, entry.target, entry.kwargs, lock, key) if import_classes else None)
     if current is None:
-        from . import torchless
+        from . import fingerprint
 
-        current = torchless.current(INFERENCE_FACTS)
+        current = fingerprint.for_check(INFERENCE_FACTS)
     reason = _unusable_reason(entry, current)
     if reason is None:
         if not import_classes:
@@ -439,9 +440,9 @@ def _refuse_training(lock: KernelLock, entry: Slot) -> None:
             f"or load it {IN_INFERENCE_MODE} to use the verified torch.nn twin",
         )
     if entry.devices:
-        from . import torchless
+        from . import fingerprint
 
-        here = torchless.current(INFERENCE_FACTS).get("device-type")
+        here = fingerprint.for_check(INFERENCE_FACTS).get("device-type")
         if here not in entry.devices:
             raise KernelUnavailable(
                 f"slot {slot}: {entry.implementation} ({entry.target}) runs on {', '.join(entry.devices)}; "

@@ -150,16 +150,9 @@ def large_shape_warning(device_type: str, shapes: Sequence[str], reps: int) -> s
 def detect_device() -> dict[str, Any]:
     """This machine's device facts (``fingerprint.device_facts``): read without torch where every one
     of them can be (``kernel_lock.torchless``), else from torch."""
-    from kernel_lock import torchless
+    from kernel_lock.fingerprint import device_here
 
-    facts = torchless.device()
-    if facts is not None:
-        return facts
-    import torch
-
-    from kernel_lock.fingerprint import device_facts
-
-    return device_facts(torch)
+    return device_here()
 
 
 def gather_candidates(offered: Sequence[str], extra: Sequence[Candidate] = (), *, plugins: bool = True):
@@ -239,7 +232,7 @@ def _apply_profile(request: ProbeRequest, device: Mapping[str, Any], events: Eve
     """Load the profile (or auto-detect it), enforce its requirements (exit 4 on unmet)."""
     if not request.profile:
         return None, ""
-    from kernel_lock import torchless
+    from kernel_lock import fingerprint
 
     from . import profiles
 
@@ -252,7 +245,7 @@ def _apply_profile(request: ProbeRequest, device: Mapping[str, Any], events: Eve
     if request.profile == "auto":
         events.note(f"profile auto: {profile.name} (matched {matched})")
     libs = profiles.library_facts(profiles.required_libraries(profile))
-    for warning in profiles.enforce(profile, torchless.current(), libs):
+    for warning in profiles.enforce(profile, fingerprint.for_check(), libs):
         events.warn(warning)
     return profile, matched
 

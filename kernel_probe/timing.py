@@ -18,7 +18,7 @@ import torch
 
 from .candidates import Candidate, canonical_for
 from .measure import DTYPES, build
-from .protocol import TimingProgressMessage
+from .protocol import TimeReply, TimingProgressMessage, TimingRow
 from .shapes import parse_shape
 
 DEFAULT_OPTIONS = {"warmup": 3, "reps": 20, "min_seconds": 0.2, "max_reps": 200}
@@ -117,7 +117,7 @@ def _time_shape(
     clock: _Clock,
     copy_cache: dict[int, float],
     tick: Callable[[str, int, int], None] | None = None,
-) -> dict[str, Any]:
+) -> TimingRow:
     """Forward+backward timing of one candidate at one shape; its buffers are freed on return."""
     torch_device = "cuda" if device == "rocm" else device
     param_dtype = torch.float32 if mixed else dtype
@@ -148,7 +148,7 @@ def _time_shape(
             y = module(x)
         y.backward(gy)
 
-    row: dict[str, Any] = {}
+    row: TimingRow = {}
     t0 = time.perf_counter()
     step()
     clock.sync()
@@ -158,7 +158,8 @@ def _time_shape(
     samples = _repeat(clock, step, opts, tick)
     median = statistics.median(samples)
     nbytes = bytes_moved(cand.semantics, rows, hidden, out, dtype.itemsize)
-    row.update(median_ms=median * 1000, spread=_spread(samples), reps=len(samples), gbps=nbytes / median / 1e9)
+    row["median_ms"], row["spread"] = median * 1000, _spread(samples)
+    row["reps"], row["gbps"] = len(samples), nbytes / median / 1e9
     fl = flops(cand.semantics, rows, hidden, out)
     if fl:
         row["tflops"] = fl / median / 1e12
@@ -191,17 +192,17 @@ def time_candidate(
     regime: str,
     options: Mapping[str, Any] | None = None,
     progress: Callable[[TimingProgressMessage], None] | None = None,
-) -> dict[str, Any]:
+) -> TimeReply:
     """Rows per shape; ``progress`` receives a message after each call (see ``progress_message``)."""
     opts = {**DEFAULT_OPTIONS, **(options or {})}
     torch_device = "cuda" if device == "rocm" else device
     dtype = DTYPES[dtype_name]
     mixed = regime == "mixed"
     clock = _Clock(device)
-    out_rows: list[dict[str, Any]] = []
+    out_rows: list[TimingRow] = []
     copy_cache: dict[int, float] = {}
     for index, shape in enumerate(shapes):
-        row: dict[str, Any] = {"implementation": cand.id, "shape": shape, "dtype": dtype_name, "regime": regime}
+        row: TimingRow = {"implementation": cand.id, "shape": shape, "dtype": dtype_name, "regime": regime}
         tick = None
         if progress is not None:
             started = time.perf_counter()
@@ -219,4 +220,4 @@ def time_candidate(
             if torch_device == "cuda":
                 torch.cuda.empty_cache()  # the shape's buffers died with _time_shape's frame
         out_rows.append(row)
-    return {"candidate": cand.id, "device": device, "rows": out_rows}
+    return TimeReply(candidate=cand.id, device=device, rows=out_rows)

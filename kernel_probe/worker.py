@@ -47,7 +47,6 @@ from .protocol import (
     R,
     Reply,
     Request,
-    TimeReply,
     TimeRequest,
     TimingProgressMessage,
     TryReply,
@@ -448,16 +447,14 @@ def _dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], Non
     if isinstance(request, TimeRequest):
         from . import timing
 
-        return TimeReply.from_json(
-            timing.time_candidate(
-                request.candidate,
-                request.slot,
-                request.device,
-                list(request.shapes),
-                request.dtype,
-                request.regime,
-                request.options,
-                progress=emit if request.progress else None,
-            )
+        return timing.time_candidate(
+            request.candidate,
+            request.slot,
+            request.device,
+            list(request.shapes),
+            request.dtype,
+            request.regime,
+            request.options,
+            progress=emit if request.progress else None,
         )
     raise ProtocolError(f"the worker has no handler for {type(request).__name__}")

@@ -34,7 +34,7 @@ import datetime, json
 import torch
 import torch.distributed as dist
 import kernel_lock
-from kernel_lock import fingerprint, torchless
+from kernel_lock import fingerprint
 from kernel_lock.distributed import check_ranks
 
 rank, world, init, plan_path, out_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
@@ -52,7 +52,7 @@ for scenario in json.load(open(plan_path)):
         facts = {**here, **mine.get("current", {})}
         def current(*a, facts=facts, **k):
             return dict(facts)
-    torchless.current = current  # what lock.verify() reads on this rank (torch-free when it can be)
+    fingerprint.current = current  # what lock.verify() reads on this rank (torch is imported here)
     try:
         check_ranks(lock)
         results[scenario["name"]] = {"ok": True}
@@ -335,12 +335,12 @@ def test_a_failed_exchange_is_ranks_disagree(fake_group, exc):
 
 
 def test_a_rank_whose_check_crashed_still_exchanges(fake_group, monkeypatch):
-    from kernel_lock import torchless
+    from kernel_lock import fingerprint
 
     def crash(*a, **k):
         raise RuntimeError("NVML exploded")
 
-    monkeypatch.setattr(torchless, "current", crash)
+    monkeypatch.setattr(fingerprint, "current", crash)
     lock = _sealed(MINIMAL_LOCK)
     fake_group["other"] = _sent(_report(1, digest=lock.compute_digest()))
     with pytest.raises(RanksDisagree, match="checking failed: RuntimeError: NVML exploded") as info:

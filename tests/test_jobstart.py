@@ -41,6 +41,12 @@ HEAVY = (
 )
 
 
+@pytest.fixture(autouse=True)
+def read_the_files(monkeypatch):
+    """pytest has torch imported, where a check would ask it: read the files, as a job start does."""
+    monkeypatch.setattr(fp, "USE_IMPORTED_TORCH", False)
+
+
 def _imports(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> tuple[int, set[str], str, str]:
     """Run kernel-probe in a fresh interpreter: (exit code, modules imported, stdout, stderr)."""
     code = (
@@ -197,3 +203,10 @@ def test_verify_no_import_decides_every_slot_without_importing_a_class(lock_file
     code, out, err = run_cli(["verify", lock_file, "--json"], capsys)  # the default still imports each class
     assert code == 0 and json.loads(out)["imported"] is True
     assert built == ["torch.nn.LayerNorm", "torch.nn.RMSNorm", "torch.nn.Linear"]
+
+
+def test_a_process_with_torch_imported_asks_torch(here_lock, monkeypatch):
+    """A training process has torch loaded: its answers are the cheaper and the lock's own source."""
+    monkeypatch.setattr(fp, "USE_IMPORTED_TORCH", True)
+    monkeypatch.setattr(torchless, "fingerprint", lambda *a, **k: pytest.fail("files were read though torch is loaded"))
+    here_lock.verify()  # no LockMismatch, and no file was read

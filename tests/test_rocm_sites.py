@@ -34,7 +34,7 @@ import pytest
 import torch
 
 import kernel_lock
-from kernel_lock import fingerprint, torchless
+from kernel_lock import fingerprint
 from kernel_lock.errors import DeviceVisibilityError, LockMismatch
 from kernel_lock.lock import KernelLock, Slot
 from kernel_lock.versions import in_spec, release_text
@@ -206,10 +206,6 @@ def node(monkeypatch, tmp_path):
         monkeypatch.setattr(fingerprint, "nvml_devices", lambda: None)  # the torch path, as without nvidia-ml-py
         monkeypatch.setattr(fingerprint, "driver_version", lambda kind: n.driver)
         monkeypatch.setattr(socket, "gethostname", lambda: n.hostname)
-        # this fakes what torch reports, so checks read the machine through torch here; the torch-free
-        # reading of the same nodes' /proc and /sys trees is tested in tests/test_torchless.py
-        monkeypatch.setattr(torchless, "current", lambda checked=None: fingerprint.current())
-        monkeypatch.setattr(torchless, "device", lambda: None)
         return n
 
     return apply
