@@ -15,6 +15,7 @@ Everything that touches foreign code runs here, inside the isolated worker.
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import math
 import time
@@ -31,7 +32,14 @@ from kernel_lock.slots import CONFUSABLE
 from . import initstats
 from .candidates import Candidate, canonical_for, default_for, fill
 from .layout import Layout, discover, shapes
-from .protocol import FLAG_GRAD_OUTPUT_MODIFIED, FLAG_INPUT_MODIFIED, FLAG_OUTPUT_DTYPE, MeasurementRow, alt_key
+from .protocol import (
+    FLAG_GRAD_OUTPUT_MODIFIED,
+    FLAG_INPUT_MODIFIED,
+    FLAG_OUTPUT_DTYPE,
+    CheckReply,
+    MeasurementRow,
+    alt_key,
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CHECK_ROWS = 37  # odd on purpose
@@ -352,20 +360,21 @@ def check(
     canonical_overrides: Mapping[str, Any] | None = None,
     seed: int = 0,
     baseline: Candidate | None = None,
-) -> dict[str, Any]:
+) -> CheckReply:
     """Raw measurements of one candidate on one device: layout, initialisation, and per (dtype, regime)
-    the errors, flags, determinism and (where the output dtype differs) the blocks."""
-    result: dict[str, Any] = {"candidate": cand.id, "device": device, "rows": []}
+    the errors, flags, determinism and (where the output dtype differs) the blocks. Where it stops
+    early, ``phase`` says where (import, baseline, build) and ``error`` why."""
+    rows: list[MeasurementRow] = []
+    # the reply so far: each step binds what it learnt, and an early stop returns it with the reason
+    reply = functools.partial(CheckReply, candidate=cand.id, device=device, rows=rows)
     t0 = time.perf_counter()
     try:
         import_class(cand.target)
     except ImportError as exc:
-        result.update(phase="import", error=f"{type(exc).__name__}: {exc}", kind="import")
-        return result
+        return reply(phase="import", error=f"{type(exc).__name__}: {exc}", kind="import")
     except Exception as exc:
-        result.update(phase="import", error=f"{type(exc).__name__}: {exc}", kind="exception")
-        return result
-    result["import_s"] = time.perf_counter() - t0
+        return reply(phase="import", error=f"{type(exc).__name__}: {exc}", kind="exception")
+    reply = functools.partial(reply, import_s=time.perf_counter() - t0)
     semantics = cand.semantics
     baseline = baseline or default_for(slot)
     torch_device = "cuda" if device == "rocm" else device
@@ -382,24 +391,22 @@ def check(
     try:
         fresh_base = build(baseline, canonical32, torch_device, torch.float32)
     except Exception as exc:
-        result.update(
+        return reply(
             phase="baseline", error=f"torch.nn itself cannot be built on {device}: {type(exc).__name__}: {exc}"
         )
-        return result
     try:
         fresh = build(cand, canonical32, torch_device, torch.float32)
     except Exception as exc:
-        result.update(
+        return reply(
             phase="build", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=6)[-2000:]
         )
-        return result
     base_shapes = shapes(fresh_base.state_dict())
     layout = discover(shapes(fresh.state_dict()), base_shapes)
     base_layout = discover(base_shapes, base_shapes)
-    result["layout"] = layout.to_json()
+    reply = functools.partial(reply, layout=layout.to_json())
     if not layout.ok:
-        return result  # no numerics without a mapping: the verdict says what is missing and unexpected
-    result["init"] = fresh_differences(fresh, fresh_base, layout)
+        return reply()  # no numerics without a mapping: the verdict says what is missing and unexpected
+    reply = functools.partial(reply, init=fresh_differences(fresh, fresh_base, layout))
     for dtype_name, regime in dtypes:
         dtype = DTYPES[dtype_name]
         mixed = regime == "mixed"
@@ -413,7 +420,7 @@ def check(
             overrides=canonical_overrides,
         )
         row: MeasurementRow = {"dtype": dtype_name, "regime": regime, "cases": {}, "flags": {}}
-        result["rows"].append(row)
+        rows.append(row)
         gen = torch.Generator().manual_seed(seed)
         bias = bool(canonical.get("bias", False)) if semantics != "rms_norm" else False
         params = parameters_for(semantics, hidden, canonical["out_features"], bias, gen)
@@ -506,7 +513,7 @@ def check(
         except Exception as exc:
             row["exception"] = f"{type(exc).__name__}: {exc}"
             row["traceback"] = traceback.format_exc(limit=6)[-2000:]
-    return result
+    return reply()
 
 
 def _twin_check(

@@ -37,7 +37,6 @@ from typing import Any, cast
 
 from .child import kill_group, signal_name, spawn
 from .protocol import (
-    CheckReply,
     CheckRequest,
     ImportReply,
     ImportRequest,
@@ -430,17 +429,15 @@ def _dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], Non
             return ImportReply(ok=False, kind="exception", error=f"{type(exc).__name__}: {exc}")
         return ImportReply(ok=True, seconds=time.perf_counter() - start)
     if isinstance(request, CheckRequest):
-        return CheckReply.from_json(
-            measure.check(
-                request.candidate,
-                request.slot,
-                request.device,
-                list(request.dtypes),
-                canonical_overrides=request.canonical,
-                seed=request.seed,
-                hidden=measure.CHECK_HIDDEN if request.hidden is None else request.hidden,
-                baseline=request.baseline,
-            )
+        return measure.check(
+            request.candidate,
+            request.slot,
+            request.device,
+            list(request.dtypes),
+            canonical_overrides=request.canonical,
+            seed=request.seed,
+            hidden=measure.CHECK_HIDDEN if request.hidden is None else request.hidden,
+            baseline=request.baseline,
         )
     if isinstance(request, TryRequest):
         return TryReply.from_json(measure.try_once(request.candidate, request.slot, request.device))
