@@ -108,7 +108,6 @@ def copy_gbps(timer: Timer, smoke: bool) -> float:
     a = torch.randn(n, dtype=torch.bfloat16, device=timer.device)
     b = torch.empty_like(a)
     ms = timer(lambda: b.copy_(a))
-    del a, b
     return 2 * n * 2 / (ms * 1e-3) / 1e9
 
 
