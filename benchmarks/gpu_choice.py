@@ -1,6 +1,6 @@
 """Is the probe's choice the fastest? An independent timer checks it, in the same run.
 
-For each precision (bf16 under autocast as anemoi trains, plain bf16 as the anchor measured, float32)
+For each precision (bf16 under autocast as anemoi trains, and float32; plain bf16 on request)
 this runs the probe as a library (``kernel_probe.pipeline.run``: checks, timing, choice, lock) at the
 three GPU shapes, then times every candidate the probe accepted with a harness written apart from
 ``kernel_probe/timing.py``: ``triton.testing.do_bench`` (median; it flushes the L2 cache before each
@@ -39,12 +39,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_facts import (  # noqa: E402
     GPU_SHAPES,
     PRECISIONS,
-    SMOKE_PRECISIONS,
     SMOKE_SHAPES,
     environment,
     smoke_threads,
     write_json,
-)  # noqa: E402
+)
+
+from kernel_lock.slots import PRECISIONS as ALL_PRECISIONS  # noqa: E402
 
 GOAL = 1.03  # the chosen candidate within 3 % of the fastest accepted one
 L2_FLUSH_BYTES = 256 * 2**20  # larger than any GPU's L2 (H200: 60 MB)
@@ -197,9 +198,7 @@ def probe_ms(result, slot: str, cid: str, shape: str) -> float | None:
 
 def compare(result, precision: str, timer: Timer, copy: float) -> list[dict[str, Any]]:
     """One row per (slot, shape): chosen vs fastest accepted, by the harness."""
-    from kernel_lock.slots import PRECISIONS as ALL
-
-    dtype, regime = ALL[precision]
+    dtype, regime = ALL_PRECISIONS[precision]
     rows = []
     per_shape = {shape: choices_at(result, shape) for shape in result.plan.shapes}
     for slot in result.plan.slots:
@@ -300,15 +299,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--precision",
         action="append",
-        choices=PRECISIONS,
-        help=f"default: {', '.join(PRECISIONS)} ({', '.join(SMOKE_PRECISIONS)} with --smoke)",
+        choices=list(ALL_PRECISIONS),
+        help=f"default: {', '.join(PRECISIONS)}",
     )
     ap.add_argument("--shape", action="append", help="default: the GPU shapes (or the smoke shapes)")
     ap.add_argument("--reps", type=int, help="the probe's timing repetitions (default: the probe's)")
     args = ap.parse_args(argv)
     smoke_threads(args.smoke)
     shapes = tuple(args.shape or (SMOKE_SHAPES if args.smoke else GPU_SHAPES))
-    precisions = tuple(args.precision or (SMOKE_PRECISIONS if args.smoke else PRECISIONS))
+    precisions = tuple(args.precision or PRECISIONS)
     args.out.mkdir(parents=True, exist_ok=True)
     run(args.out, smoke=args.smoke, precisions=precisions, shapes=shapes, reps=args.reps or (2 if args.smoke else None))
     return 0
