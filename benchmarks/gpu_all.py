@@ -14,9 +14,10 @@ probe workers included, is killed, the part is recorded as timed out, and the ne
   tests        pytest -m gpu tests/test_gpu.py: the verdicts users rely on, on the real device
 
 Everything lands in DIR: run.json (each part's status, seconds, limit and command), logs/PART.out
-(stdout) and logs/PART.log (stderr), probe/ (the lock, the cold and warm probes' JSON), choice/, anemoi/, tests/. The whole
-run is also held to ``--budget`` seconds: a part never gets more than what is left of it, so the run
-ends within the budget whatever a part does (docs/benchmarks.md shows how the limits were sized).
+(stdout: the probes' --json summaries) and logs/PART.log (stderr), probe/kernel-lock.toml (the cold
+probe's lock, used by the anemoi part), choice/, anemoi/, tests/. The whole run is also held to
+``--budget`` seconds: a part never gets more than what is left of it, so the run ends within the
+budget whatever a part does (docs/benchmarks.md, "Sizing", shows how the limits were sized).
 """
 
 from __future__ import annotations

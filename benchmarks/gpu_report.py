@@ -252,6 +252,7 @@ def plots(choice: Mapping[str, Any], where: Path, smoke: bool) -> tuple[list[str
             ax.set_title(precision)
             ax.set_xlabel("shape (rows x hidden)")
             ax.set_ylabel("% of copy bandwidth")
+            ax.set_ylim(bottom=0)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
         fig.suptitle(f"{slot}: forward + backward, % of copy bandwidth ({label})")
