@@ -250,3 +250,23 @@ def test_report_sections_from_a_gpu_shaped_record():
     assert "-10.0 ms (-1.0 %)" in meaning and "predicted -8.0 ms" in meaning
     chart = "\n".join(gpu_report.text_chart("LayerNorm", gpu_report.series(choice)["LayerNorm"], "GPU"))
     assert "liger.layer_norm" in chart and "44.0 %" in chart
+
+
+def test_a_rerun_of_one_part_keeps_the_others_records():
+    earlier = {
+        "smoke": False,
+        "budget_s": 480,
+        "parts": [{"name": "a", "seconds": 10.0}, {"name": "b", "seconds": 5.0}],
+    }
+    rerun = {"parts": [{"name": "b", "seconds": 7.0, "status": "ok"}]}
+    merged = gpu_all.merge_rerun(earlier, rerun)
+    assert [p["name"] for p in merged["parts"]] == ["a", "b"]
+    assert merged["parts"][1] == {"name": "b", "seconds": 7.0, "status": "ok", "rerun": True}
+    assert merged["seconds"] == 17.0 and merged["budget_s"] == 480
+
+
+def test_the_sizing_table_states_the_limits_gpu_all_uses(tmp_path):
+    text = (ROOT / "docs" / "benchmarks.md").read_text()
+    for part in gpu_all.parts(tmp_path, smoke=False):
+        row = next(line for line in text.splitlines() if line.startswith(f"| {part.name} |"))
+        assert row.rstrip(" |").endswith(f"{part.limit_s:g} s"), (part.name, row)
