@@ -5,6 +5,7 @@ labels its figures SMOKE (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -161,6 +162,7 @@ def test_committed_page_says_the_gpu_run_is_pending_or_shows_gpu_figures():
 @pytest.mark.slow
 def test_gpu_all_smoke_runs_every_part_and_reports_it_as_smoke(tmp_path):
     run_dir = tmp_path / "run"
+    anemoi_missing = importlib.util.find_spec("anemoi") is None or importlib.util.find_spec("anemoi.models") is None
     t0 = time.perf_counter()
     out = subprocess.run(
         [sys.executable, str(BENCH / "gpu_all.py"), "--out", str(run_dir), "--smoke"],
@@ -171,8 +173,13 @@ def test_gpu_all_smoke_runs_every_part_and_reports_it_as_smoke(tmp_path):
     )
     seconds = time.perf_counter() - t0
     run = json.loads((run_dir / "run.json").read_text())
-    assert out.returncode == 0, (out.stdout, {p["name"]: p["status"] for p in run["parts"]})
-    assert [p["status"] for p in run["parts"]] == ["ok"] * 5
+    status = {p["name"]: p["status"] for p in run["parts"]}
+    if anemoi_missing:  # CI tolerates a failed anemoi install (.ci/run): the part fails, saying why
+        assert status.pop("anemoi") == "failed" and out.returncode == 1, status
+        assert "anemoi-models is not importable" in (run_dir / "logs" / "anemoi.log").read_text()
+    else:
+        assert out.returncode == 0, (out.stdout, status)
+    assert set(status.values()) == {"ok"}, status
     print(f"gpu_all.py --smoke: {seconds:.0f} s")  # CI log: the < 3 minutes goal, on an unloaded 2-core machine
     cold = json.loads((run_dir / "logs" / "probe-cold.out").read_text())
     warm = json.loads((run_dir / "logs" / "probe-warm.out").read_text())
@@ -184,9 +191,10 @@ def test_gpu_all_smoke_runs_every_part_and_reports_it_as_smoke(tmp_path):
     for r in choice["rows"]:
         assert r["chosen"] == r["fastest"] == r["lock_choice"] and r["chosen_ratio"] == 1.0  # a CPU: torch.nn only
         assert r["candidates"][r["chosen"]]["probe_ms"] > 0
-    step = json.loads((run_dir / "anemoi" / "anemoi_step.json").read_text())
-    assert step["variants"]["torch.nn"]["step_ms"] > 0 and step["variants"]["lock"]["step_ms"] > 0
-    assert "error" in step["variants"]["liger"]  # liger cannot run on a CPU: recorded with the reason
+    if not anemoi_missing:
+        step = json.loads((run_dir / "anemoi" / "anemoi_step.json").read_text())
+        assert step["variants"]["torch.nn"]["step_ms"] > 0 and step["variants"]["lock"]["step_ms"] > 0
+        assert "error" in step["variants"]["liger"]  # liger cannot run on a CPU: recorded with the reason
     assert "skipped" in (run_dir / "logs" / "tests.out").read_text()
 
     doc = tmp_path / "benchmarks.md"
