@@ -45,6 +45,8 @@ def _ms(t: Mapping[str, Any] | None) -> str:
         return "-"
     if "ms" not in t:
         return f"error: {str(t.get('error', ''))[:60]}"
+    if "tflops" in t:  # Linear: compute-bound, its bytes say little
+        return f"{t['ms']:.3f} ms ({t['tflops']:.0f} TFLOP/s, {t['copy_percent']:.0f} %)"
     return f"{t['ms']:.3f} ms ({t['copy_percent']:.0f} %)"
 
 
