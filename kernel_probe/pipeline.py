@@ -66,8 +66,9 @@ class ProbeRequest:
     lock_timeout: float = 1800.0
     command: str = "kernel-probe"  # recorded in the lock's provenance
     # who probes where the launcher names this process's rank (kernel_probe.ranks): "job" (rank 0),
-    # "node-type" (one rank per kind of node; --out names {node-type}), "rank" (each rank under the file lock)
-    probe_per: str = "job"
+    # "node-type" (one rank per kind of node; --out names {node-type}), "rank" (each rank under the file lock);
+    # None: the profile's [policy] probe-per, else "job"
+    probe_per: str | None = None
 
 
 @dataclass(frozen=True)
@@ -350,18 +351,19 @@ def run(request: ProbeRequest, events: Events | None = None) -> ProbeResult:
     events = events or Events()
     t_start = time.perf_counter()
     p = plan(request, events)
-    given = _expand_out(request, p)
-    rank = None if request.check_only else _job_rank(request, events)
+    mode = request.probe_per or (p.profile.probe_per if p.profile else None) or "job"
+    given = _expand_out(request, p, mode)
+    rank = None if request.check_only else _job_rank(mode, events)
     if rank is not None:
-        return _run_ranked(request, p, given, rank, events, t_start)
+        return _run_ranked(request, p, given, rank, mode, events, t_start)
     return _probe_or_reuse(request, p, given, events, t_start)
 
 
-def _expand_out(request: ProbeRequest, p: Plan) -> Path:
+def _expand_out(request: ProbeRequest, p: Plan, mode: str) -> Path:
     """``--out`` with ``{node-type}`` replaced by this node's (``jobstart.node_type``)."""
     text = str(request.out)
     if "{node-type}" not in text:
-        if request.probe_per == "node-type":
+        if mode == "node-type":
             raise UsageError(
                 f"--probe-per node-type writes one lock per kind of node, but --out {text} names no {{node-type}}",
                 fix="use e.g. --out 'kernel-lock.{node-type}.toml' (the path is printed, and in --json as 'lock')",
@@ -372,15 +374,15 @@ def _expand_out(request: ProbeRequest, p: Plan) -> Path:
     return Path(text.replace("{node-type}", node_type(p.device)))
 
 
-def _job_rank(request: ProbeRequest, events: Events):
+def _job_rank(mode: str, events: Events):
     """This process's rank and job (``kernel_probe.ranks``), or None: no launcher variables, or
     ``--probe-per rank``."""
     from .jobstart import PROBE_PER
     from .ranks import RankVariableError, detect
 
-    if request.probe_per not in PROBE_PER:
-        raise UsageError(f"--probe-per {request.probe_per!r}: use one of {', '.join(PROBE_PER)}")
-    if request.probe_per == "rank":
+    if mode not in PROBE_PER:
+        raise UsageError(f"--probe-per {mode!r}: use one of {', '.join(PROBE_PER)}")
+    if mode == "rank":
         return None
     try:
         found = detect()
@@ -394,7 +396,9 @@ def _job_rank(request: ProbeRequest, events: Events):
     return found.rank
 
 
-def _run_ranked(request: ProbeRequest, p: Plan, given: Path, rank, events: Events, t_start: float) -> ProbeResult:
+def _run_ranked(
+    request: ProbeRequest, p: Plan, given: Path, rank, mode: str, events: Events, t_start: float
+) -> ProbeResult:
     """One rank probes (rank 0, or per node type the rank that claims it) and leaves a job marker;
     the others wait for the marker of this job and take its lock (``kernel_probe.jobstart``)."""
     import os
@@ -404,7 +408,7 @@ def _run_ranked(request: ProbeRequest, p: Plan, given: Path, rank, events: Event
 
     out = Path(os.path.abspath(given))  # the marker sits beside the path as given (a link is not followed)
     # job: rank 0; node-type: of each node's watching rank, the one whose exclusive create wins
-    prober = rank.rank == 0 if request.probe_per == "job" else rank.node_leader and jobstart.claim(out, rank)
+    prober = rank.rank == 0 if mode == "job" else rank.node_leader and jobstart.claim(out, rank)
     if prober:
         try:
             result = _probe_or_reuse(request, p, given, events, t_start, ranked=True)
@@ -421,7 +425,7 @@ def _run_ranked(request: ProbeRequest, p: Plan, given: Path, rank, events: Event
         )
         jobstart.publish(out, rank, marker, written.dumps())
         return result
-    marker, text = jobstart.wait(out, rank, mode=request.probe_per, timeout=request.lock_timeout)
+    marker, text = jobstart.wait(out, rank, mode=mode, timeout=request.lock_timeout)
     lock: kernel_lock.KernelLock | None = None
     try:
         lock = kernel_lock.loads(text, path=str(given), emit_warnings=False, trust=p.trust)

@@ -249,7 +249,7 @@ def test_bad_launcher_variables_are_a_usage_error_and_rank_ignores_them(tmp_path
     with pytest.raises(UsageError, match="SLURM_PROCID='one'") as exc:
         pipeline.run(request)
     assert exc.value.exit_code == 2 and "--probe-per rank" in str(exc.value)
-    assert pipeline._job_rank(dataclasses.replace(request, probe_per="rank"), pipeline.Events()) is None
+    assert pipeline._job_rank("rank", pipeline.Events()) is None
 
 
 # ---- the processes themselves: one probe, with and without file locks ------------------------------------
@@ -319,3 +319,15 @@ def test_without_rank_variables_a_file_system_without_locks_still_warns(tmp_path
         capsys,
     )
     assert code == 0 and "does not do file locks" in err and "one rank probes without them" in err
+
+
+def test_a_profile_can_choose_one_probe_per_node_type(tmp_path):
+    from kernel_lock.errors import LockError
+    from kernel_probe import profiles
+
+    head = 'profile-version = "1"\nname = "mixed"\n[detect]\nenv = { MIXED = "" }\n[policy]\n'
+    assert profiles.parse(head + 'probe-per = "node-type"\n', "mixed.toml").probe_per == "node-type"
+    assert profiles.parse(head, "mixed.toml").probe_per is None
+    with pytest.raises(LockError, match="policy.probe-per") as exc:
+        profiles.parse(head + 'probe-per = "node"\n', "mixed.toml")
+    assert exc.value.exit_code == 5

@@ -90,8 +90,9 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--probe-per",
         choices=("job", "node-type", "rank"),
-        default="job",
-        help="under a launcher that names each rank (Slurm, torchrun, Open MPI, PMI, PALS): job (default) = rank 0 "
+        default=None,
+        help="under a launcher that names each rank (Slurm, torchrun, Open MPI, PMI, PALS): job (default, or the "
+        "profile's [policy] probe-per) = rank 0 "
         "probes, the others wait for its lock; node-type = one rank per kind of node, --out must name {node-type}; "
         "rank = ignore the launcher, every rank takes the file lock as without one",
     )
