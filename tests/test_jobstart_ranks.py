@@ -196,14 +196,20 @@ def _count_reads(monkeypatch, shared: Path) -> list[Path]:
     return reads
 
 
-def test_the_watching_rank_backs_off_from_0_1_to_5_seconds(tmp_path, monkeypatch):
+def _wait_in_vain(tmp_path, monkeypatch, rank: JobRank, timeout: float) -> tuple[list[Path], FakeTime]:
+    """Wait, in simulated time, for a marker that never comes: (the shared-directory reads, the sleeps)."""
     shared = tmp_path / "shared"
     shared.mkdir()
     monkeypatch.setenv("TMPDIR", str(tmp_path / "node"))
     reads = _count_reads(monkeypatch, shared)
     t = FakeTime()
     with pytest.raises(WaitTimeout):
-        jobstart.wait(shared / "k.toml", job_rank(8, local=0), mode="job", timeout=60, clock=t.clock, sleep=t.sleep)
+        jobstart.wait(shared / "k.toml", rank, mode="job", timeout=timeout, clock=t.clock, sleep=t.sleep)
+    return reads, t
+
+
+def test_the_watching_rank_backs_off_from_0_1_to_5_seconds(tmp_path, monkeypatch):
+    reads, t = _wait_in_vain(tmp_path, monkeypatch, job_rank(8, local=0), 60)
     base = [min(0.1 * 2**i, 5.0) for i in range(len(t.sleeps))]
     assert all(0.8 * b <= s <= 1.2 * b + 1e-9 for s, b in zip(t.sleeps[:-1], base, strict=False))
     assert len(set(round(s, 6) for s in t.sleeps)) > 5  # jittered, not in step with the other nodes
@@ -212,13 +218,7 @@ def test_the_watching_rank_backs_off_from_0_1_to_5_seconds(tmp_path, monkeypatch
 
 
 def test_a_rank_that_does_not_watch_looks_at_the_shared_directory_rarely(tmp_path, monkeypatch):
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "node"))
-    reads = _count_reads(monkeypatch, shared)
-    t = FakeTime()
-    with pytest.raises(WaitTimeout):
-        jobstart.wait(shared / "k.toml", job_rank(3, local=3), mode="job", timeout=600, clock=t.clock, sleep=t.sleep)
+    reads, t = _wait_in_vain(tmp_path, monkeypatch, job_rank(3, local=3), 600)
     assert 1 <= len(reads) <= 5, len(reads)  # at ~30, 60, 120, 240 ... s: a fallback, not a poll
     assert max(t.sleeps) <= 1.2  # the node-local file is checked often: it costs nothing shared
 
