@@ -108,7 +108,8 @@ def node_dir(out: Path, rank: JobRank, env: Mapping[str, str] | None = None) -> 
 
 def node_type(device: Mapping[str, Any]) -> str:
     """A file-name-safe name for this node's kind of device: ``cuda-sm90-8-1a2b3c4d``."""
-    facts = {k: device.get(k) for k in ("type", "vendor", "name", "arch", "features", "count")}
+    # "" and absent alike: the torch-free reader says features = "" where torch's says nothing
+    facts = {k: device.get(k) or "" for k in ("type", "vendor", "name", "arch", "features", "count")}
     digest = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:8]
     what = f"{facts['type']}-{facts['arch'] or facts['name'] or ''}-{facts['count'] or 0}"
     return re.sub(r"[^A-Za-z0-9_.+-]+", "-", what).strip("-").lower() + "-" + digest

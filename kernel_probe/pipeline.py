@@ -415,7 +415,7 @@ def _run_ranked(
         except BaseException as exc:
             try:
                 jobstart.publish(out, rank, jobstart.failure_marker(rank, exc), None)
-            except OSError:
+            except (OSError, LockError):
                 pass  # the others time out naming this rank
             raise
         written = result.lock

@@ -331,3 +331,18 @@ def test_a_profile_can_choose_one_probe_per_node_type(tmp_path):
     with pytest.raises(LockError, match="policy.probe-per") as exc:
         profiles.parse(head + 'probe-per = "node"\n', "mixed.toml")
     assert exc.value.exit_code == 5
+
+
+def test_node_type_mode_waits_for_the_rank_that_claimed_its_kind_of_node(tmp_path, monkeypatch):
+    request = pipeline.ProbeRequest(
+        out=tmp_path / "shared" / "k.{node-type}.toml", probe_per="node-type", lock_timeout=5, **REQUEST
+    )
+    kind = jobstart.node_type(pipeline.plan(request).device)
+    out = tmp_path / "shared" / f"k.{kind}.toml"
+    lock = current_lock(out, request)
+    assert jobstart.claim(out, job_rank(0))  # a node of this kind claimed it first
+    marked(out, lock, job_rank(), request)
+    slurm(monkeypatch, tmp_path, 8, local=0, node=1)  # this node's watching rank: its claim loses, it waits
+    result = pipeline.run(request)
+    assert result.lock_path == out, (result.lock_path, out)
+    assert result.reused and result.source.startswith("rank 0 of 16")
