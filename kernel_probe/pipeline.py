@@ -13,6 +13,7 @@ command line renders it; the default ignores it), and every failure the user can
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -350,13 +351,30 @@ def run(request: ProbeRequest, events: Events | None = None) -> ProbeResult:
     raises :class:`StaleLock` (exit 3) when the lock is not current."""
     events = events or Events()
     t_start = time.perf_counter()
-    p = plan(request, events)
+    rank = None if request.check_only else _job_rank(request.probe_per or "job", events)
+    try:
+        p = plan(request, events)
+    except BaseException as exc:
+        if rank is not None and rank.rank == 0 and request.probe_per in (None, "job"):
+            _fail_for_all(Path(os.path.abspath(request.out)), rank, exc)  # no rank waits for a plan that failed
+        raise
     mode = request.probe_per or (p.profile.probe_per if p.profile else None) or "job"
     given = _expand_out(request, p, mode)
-    rank = None if request.check_only else _job_rank(mode, events)
-    if rank is not None:
+    if rank is not None and mode != "rank":
         return _run_ranked(request, p, given, rank, mode, events, t_start)
     return _probe_or_reuse(request, p, given, events, t_start)
+
+
+def _fail_for_all(out: Path, rank, exc: BaseException) -> None:
+    """The probing rank's failure, left as its job marker so that every waiting rank fails at once."""
+    from . import jobstart
+
+    if "{node-type}" in str(out):
+        return  # no rank has claimed a kind of node yet: none waits
+    try:
+        jobstart.publish(out, rank, jobstart.failure_marker(rank, exc), None)
+    except (OSError, LockError):
+        pass  # the others time out, naming this rank
 
 
 def _expand_out(request: ProbeRequest, p: Plan, mode: str) -> Path:
@@ -401,7 +419,6 @@ def _run_ranked(
 ) -> ProbeResult:
     """One rank probes (rank 0, or per node type the rank that claims it) and leaves a job marker;
     the others wait for the marker of this job and take its lock (``kernel_probe.jobstart``)."""
-    import os
     import socket
 
     from . import jobstart
@@ -413,10 +430,7 @@ def _run_ranked(
         try:
             result = _probe_or_reuse(request, p, given, events, t_start, ranked=True)
         except BaseException as exc:
-            try:
-                jobstart.publish(out, rank, jobstart.failure_marker(rank, exc), None)
-            except (OSError, LockError):
-                pass  # the others time out naming this rank
+            _fail_for_all(out, rank, exc)
             raise
         written = result.lock
         outcome = "reused" if result.reused else "written"

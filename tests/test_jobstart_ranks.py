@@ -346,3 +346,15 @@ def test_node_type_mode_waits_for_the_rank_that_claimed_its_kind_of_node(tmp_pat
     result = pipeline.run(request)
     assert result.lock_path == out, (result.lock_path, out)
     assert result.reused and result.source.startswith("rank 0 of 16")
+
+
+def test_rank_0_failing_before_any_work_still_releases_the_others(tmp_path, monkeypatch):
+    """E.g. rank 0's node fails the profile (exit 4) while the others' nodes pass: they fail with it."""
+    out = tmp_path / "shared" / "k.toml"
+    out.parent.mkdir()
+    slurm(monkeypatch, tmp_path, 0, local=0)
+    with pytest.raises(UsageError):
+        pipeline.run(pipeline.ProbeRequest(out=out, **{**REQUEST, "reps": 0}))
+    with pytest.raises(RankFailed) as err:
+        jobstart.wait(out, job_rank(1, local=1), mode="job", timeout=5)
+    assert err.value.exit_code == 2 and "--reps must be at least 1" in err.value.problem
