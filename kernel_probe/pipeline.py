@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # the warm path (a current lock) imports none of the probe's 
     from .checker import Report
     from .choose import Choice
     from .protocol import TimingProgressMessage
+    from .ranks import JobRank
 
 DEFAULT_SHAPES = {"gpu": ("40320x1024", "542080x1024"), "cpu": ("2048x1024",)}
 DEFAULT_REPS = {"gpu": 20, "cpu": 5}
@@ -330,19 +331,13 @@ def reusable(path: Path, digest: str, trust: Sequence[str] = ()) -> tuple[kernel
             path=str(path),
             fix="re-run with --force to replace it, or accept the edit with `kernel-probe rehash`",
         )
-    why = not_current(lock, digest)
-    return (None, why) if why else (lock, "")
-
-
-def not_current(lock: kernel_lock.KernelLock, digest: str) -> str:
-    """Why ``lock`` is not current for a probe with inputs ``digest`` on this machine ("" if it is)."""
     if lock.provenance.get("inputs") != digest:
-        return "it was probed with other options (shapes, precision, candidates, pins or profile)"
+        return None, "it was probed with other options (shapes, precision, candidates, pins or profile)"
     try:
         lock.verify()
     except LockMismatch as exc:
-        return "this machine differs: " + "; ".join(str(d) for d in exc.differences)
-    return ""
+        return None, "this machine differs: " + "; ".join(str(d) for d in exc.differences)
+    return lock, ""
 
 
 def run(request: ProbeRequest, events: Events | None = None) -> ProbeResult:
@@ -365,7 +360,7 @@ def run(request: ProbeRequest, events: Events | None = None) -> ProbeResult:
     return _probe_or_reuse(request, p, given, events, t_start)
 
 
-def _fail_for_all(out: Path, rank, exc: BaseException) -> None:
+def _fail_for_all(out: Path, rank: JobRank, exc: BaseException) -> None:
     """The probing rank's failure, left as its job marker so that every waiting rank fails at once."""
     from . import jobstart
 
@@ -392,7 +387,7 @@ def _expand_out(request: ProbeRequest, p: Plan, mode: str) -> Path:
     return Path(text.replace("{node-type}", node_type(p.device)))
 
 
-def _job_rank(mode: str, events: Events):
+def _job_rank(mode: str, events: Events) -> JobRank | None:
     """This process's rank and job (``kernel_probe.ranks``), or None: no launcher variables, or
     ``--probe-per rank``."""
     from .jobstart import PROBE_PER
@@ -415,7 +410,7 @@ def _job_rank(mode: str, events: Events):
 
 
 def _run_ranked(
-    request: ProbeRequest, p: Plan, given: Path, rank, mode: str, events: Events, t_start: float
+    request: ProbeRequest, p: Plan, given: Path, rank: JobRank, mode: str, events: Events, t_start: float
 ) -> ProbeResult:
     """One rank probes (rank 0, or per node type the rank that claims it) and leaves a job marker;
     the others wait for the marker of this job and take its lock (``kernel_probe.jobstart``)."""
