@@ -126,7 +126,7 @@ def backoff(first: float, cap: float, rng: random.Random) -> Iterator[float]:
 def _read(path: Path) -> str | None:
     """The text at ``path``; None if it is not there (one ``open`` when it is not)."""
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open(path, encoding="utf-8", errors="replace") as fh:  # not UTF-8: its digest tells
             return fh.read()
     except FileNotFoundError:
         return None
@@ -231,13 +231,17 @@ def wait(
 
 def _from_shared(out: Path, rank: JobRank) -> tuple[Marker, str] | None:
     marker_file = marker_path(out, rank)
-    text = _read(marker_file)
-    if text is None:
-        return None
-    marker = Marker.from_json(text, marker_file)
-    lock_text = ""
-    if marker.outcome != "failed":
-        lock_text = _read(out) or ""
+    try:
+        text = _read(marker_file)
+        if text is None:
+            return None
+        marker = Marker.from_json(text, marker_file)
+        lock_text = "" if marker.outcome == "failed" else _read(out) or ""
+    except OSError as exc:
+        raise ProbeError(
+            f"{marker_file}: cannot read this job's marker or its lock: {exc.strerror or exc}",
+            fix="check the permissions of the lock's directory (every rank must read it)",
+        ) from None
     if rank.node_leader:  # this node's other ranks take it from here
         _publish_local(out, rank, marker, lock_text)
     return marker, lock_text
