@@ -27,6 +27,12 @@ class ForcedUnusable(ProbeError):
     exit_code = 3
 
 
+class NodeDiffers(ProbeError):
+    """A waiting rank's node does not match the lock the probing rank wrote for the job."""
+
+    exit_code = 3
+
+
 class ProfileUnmet(ProbeError):
     exit_code = 4
 

@@ -13,6 +13,7 @@ command line renders it; the default ignores it), and every failure the user can
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ import kernel_lock
 from kernel_lock.errors import LockError, LockMismatch
 from kernel_lock.slots import PRECISIONS, SLOTS
 
-from .errors import ForcedUnusable, InputFileError, StaleLock, UsageError
+from .errors import ForcedUnusable, InputFileError, NodeDiffers, ProbeError, StaleLock, UsageError
 from .limits import CHECK_TIMEOUT, IMPORT_TIMEOUT, TIMING_TIMEOUT
 from .shapes import parse_shape
 
@@ -32,6 +33,7 @@ if TYPE_CHECKING:  # the warm path (a current lock) imports none of the probe's 
     from .checker import Report
     from .choose import Choice
     from .protocol import TimingProgressMessage
+    from .ranks import JobRank
 
 DEFAULT_SHAPES = {"gpu": ("40320x1024", "542080x1024"), "cpu": ("2048x1024",)}
 DEFAULT_REPS = {"gpu": 20, "cpu": 5}
@@ -65,6 +67,10 @@ class ProbeRequest:
     check_only: bool = False
     lock_timeout: float = 1800.0
     command: str = "kernel-probe"  # recorded in the lock's provenance
+    # who probes where the launcher names this process's rank (kernel_probe.ranks): "job" (rank 0),
+    # "node-type" (one rank per kind of node; --out names {node-type}), "rank" (each rank under the file lock);
+    # None: the profile's [policy] probe-per, else "job"
+    probe_per: str | None = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,7 @@ class ProbeResult:
     timings: dict[str, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)
     check_seconds: float = 0.0
     time_seconds: float = 0.0
+    source: str = ""  # reused: who wrote the lock for this job ("" when it was there already)
 
 
 class Events:
@@ -337,12 +344,132 @@ def run(request: ProbeRequest, events: Events | None = None) -> ProbeResult:
     """Reuse the lock at ``request.out`` if it is current, else probe and write it (atomically, under a
     file lock, so many ranks starting at once produce one lock). ``check_only`` writes nothing and
     raises :class:`StaleLock` (exit 3) when the lock is not current."""
-    from .lockwrite import check_writable, exclusive
-
     events = events or Events()
     t_start = time.perf_counter()
-    p = plan(request, events)
-    out = request.out if request.check_only else check_writable(request.out)  # a symbolic link is written through
+    rank = None if request.check_only else _job_rank(request.probe_per or "job", events)
+    try:
+        p = plan(request, events)
+    except BaseException as exc:
+        if rank is not None and rank.rank == 0 and request.probe_per in (None, "job"):
+            _fail_for_all(Path(os.path.abspath(request.out)), rank, exc)  # no rank waits for a plan that failed
+        raise
+    mode = request.probe_per or (p.profile.probe_per if p.profile else None) or "job"
+    given = _expand_out(request, p, mode)
+    if rank is not None and mode != "rank":
+        return _run_ranked(request, p, given, rank, mode, events, t_start)
+    return _probe_or_reuse(request, p, given, events, t_start)
+
+
+def _fail_for_all(out: Path, rank: JobRank, exc: BaseException) -> None:
+    """The probing rank's failure, left as its job marker so that every waiting rank fails at once."""
+    from . import jobstart
+
+    if "{node-type}" in str(out):
+        return  # no rank has claimed a kind of node yet: none waits
+    try:
+        jobstart.publish(out, rank, jobstart.failure_marker(rank, exc), None)
+    except (OSError, LockError):
+        pass  # the others time out, naming this rank
+
+
+def _expand_out(request: ProbeRequest, p: Plan, mode: str) -> Path:
+    """``--out`` with ``{node-type}`` replaced by this node's (``jobstart.node_type``)."""
+    text = str(request.out)
+    if "{node-type}" not in text:
+        if mode == "node-type":
+            raise UsageError(
+                f"--probe-per node-type writes one lock per kind of node, but --out {text} names no {{node-type}}",
+                fix="use e.g. --out 'kernel-lock.{node-type}.toml' (the path is printed, and in --json as 'lock')",
+            )
+        return request.out
+    from .jobstart import node_type
+
+    return Path(text.replace("{node-type}", node_type(p.device)))
+
+
+def _job_rank(mode: str, events: Events) -> JobRank | None:
+    """This process's rank and job (``kernel_probe.ranks``), or None: no launcher variables, or
+    ``--probe-per rank``."""
+    from .jobstart import PROBE_PER
+    from .ranks import RankVariableError, detect
+
+    if mode not in PROBE_PER:
+        raise UsageError(f"--probe-per {mode!r}: use one of {', '.join(PROBE_PER)}")
+    if mode == "rank":
+        return None
+    try:
+        found = detect()
+    except RankVariableError as exc:
+        raise UsageError(
+            f"launcher variables: {exc}",
+            fix="correct or unset the variable, or pass --probe-per rank to ignore the launcher's variables",
+        ) from None
+    for note in found.notes:
+        events.note(f"launcher variables: {note}")
+    return found.rank
+
+
+def _run_ranked(
+    request: ProbeRequest, p: Plan, given: Path, rank: JobRank, mode: str, events: Events, t_start: float
+) -> ProbeResult:
+    """One rank probes (rank 0, or per node type the rank that claims it) and leaves a job marker;
+    the others wait for the marker of this job and take its lock (``kernel_probe.jobstart``)."""
+    import socket
+
+    from . import jobstart
+
+    out = Path(os.path.abspath(given))  # the marker sits beside the path as given (a link is not followed)
+    # job: rank 0; node-type: of each node's watching rank, the one whose exclusive create wins
+    prober = rank.rank == 0 if mode == "job" else rank.node_leader and jobstart.claim(out, rank)
+    if prober:
+        try:
+            result = _probe_or_reuse(request, p, given, events, t_start, ranked=True)
+        except BaseException as exc:
+            _fail_for_all(out, rank, exc)
+            raise
+        written = result.lock
+        outcome = "reused" if result.reused else "written"
+        marker = jobstart.Marker(
+            outcome, rank.key, rank.describe(), socket.gethostname(), written.compute_digest(), p.digest
+        )
+        jobstart.publish(out, rank, marker, written.dumps())
+        return result
+    marker, text = jobstart.wait(out, rank, mode=mode, timeout=request.lock_timeout)
+    lock: kernel_lock.KernelLock | None = None
+    try:
+        lock = kernel_lock.loads(text, path=str(given), emit_warnings=False, trust=p.trust)
+    except LockError as exc:
+        problem = exc.problem
+    if lock is None or lock.compute_digest() != marker.digest:
+        raise ProbeError(
+            f"{given} is not the lock {marker.by} wrote for this job"
+            + (f" ({problem})" if lock is None else " (its digest differs): another job or process replaced it"),
+            fix="give each job its own --out, or start the job again",
+        )
+    if marker.inputs != p.digest:
+        raise UsageError(
+            f"{marker.by} probed {given} with other options than this rank (shapes, precision, slots, "
+            "candidates, pins or profile)",
+            fix="start every rank with the same kernel-probe arguments",
+        )
+    try:
+        lock.verify()
+    except LockMismatch as exc:
+        raise NodeDiffers(
+            f"{given} was probed by {marker.by} on {marker.host}, and this node differs from it: "
+            + "; ".join(str(d) for d in exc.differences),
+            fix="probe one lock per kind of node: --probe-per node-type --out 'kernel-lock.{node-type}.toml'",
+        ) from None
+    return ProbeResult(given, lock, True, p, seconds=time.perf_counter() - t_start, source=marker.by)
+
+
+def _probe_or_reuse(
+    request: ProbeRequest, p: Plan, given: Path, events: Events, t_start: float, *, ranked: bool = False
+) -> ProbeResult:
+    """Reuse the lock at ``given`` if current, else probe and write it under the file lock."""
+    from .lockwrite import check_writable, exclusive
+
+    out = given if request.check_only else check_writable(given)  # a symbolic link is written through
     if not request.force:
         lock, why = reusable(out, p.digest, p.trust)
         if lock is not None:
@@ -352,10 +479,17 @@ def run(request: ProbeRequest, events: Events | None = None) -> ProbeResult:
                 f"{out} is stale or missing: {why}", fix="run `kernel-probe` (without --check) to probe and write it"
             )
     with exclusive(out, request.lock_timeout) as locked:
-        if not locked:
+        if not locked and ranked:
+            events.warn(
+                f"{out.parent}: this file system does not do file locks: the ranks of this job still probe once "
+                f"(they wait for this rank's job marker), but another job probing {out.name} at the same time is "
+                "not kept apart (each write stays atomic: a reader sees one whole lock)"
+            )
+        elif not locked:
             events.warn(
                 f"{out.parent}: this file system does not do file locks, so concurrent probes of {out.name} are "
-                "not kept apart (each write stays atomic: a reader sees one whole lock)"
+                "not kept apart (each write stays atomic: a reader sees one whole lock); under a launcher that "
+                "sets rank variables (Slurm, torchrun, MPI) one rank probes without them"
             )
         if not request.force:  # another rank may have written it while we waited
             lock, _ = reusable(out, p.digest, p.trust)

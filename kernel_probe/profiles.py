@@ -55,6 +55,7 @@ class Profile:
     precision: str | None = None
     shapes: tuple[str, ...] = ()
     deterministic: bool = False  # [policy] deterministic: only bitwise repeatable candidates are chosen
+    probe_per: str | None = None  # [policy] probe-per: who probes at job start (kernel_probe.jobstart.PROBE_PER)
     slots: Mapping[str, SlotPolicy] = field(default_factory=dict)
     candidates: tuple[Candidate, ...] = ()
     default_strictness: str = "error"
@@ -97,7 +98,7 @@ _REQUIRES = (
     "libraries",
     "forbidden",
 )
-_POLICY = ("precision", "shapes", "deterministic", *SLOTS)
+_POLICY = ("precision", "shapes", "deterministic", "probe-per", *SLOTS)
 _SLOT_POLICY = ("allowed", "preferred", "pin")
 
 
@@ -159,6 +160,9 @@ def parse(text: str, path: str) -> Profile:
     deterministic = policy.get("deterministic", False)
     if not isinstance(deterministic, bool):
         raise p.err("policy.deterministic", f"expected true or false, got {type(deterministic).__name__}")
+    probe_per = p.string(policy, "probe-per", "policy.")
+    if probe_per is not None and probe_per not in ("job", "node-type", "rank"):
+        raise p.err("policy.probe-per", f"{probe_per!r} is not one of job, node-type, rank")
     from .shapes import parse_shape
 
     for i, s in enumerate(shapes):
@@ -211,6 +215,7 @@ def parse(text: str, path: str) -> Profile:
         precision=precision,
         shapes=shapes,
         deterministic=deterministic,
+        probe_per=probe_per,
         slots=slots,
         candidates=declared,
         default_strictness=default,

@@ -17,6 +17,12 @@ _need = [str(ROOT), str(FAKES)]
 os.environ["PYTHONPATH"] = os.pathsep.join(_need + ([_pp] if _pp else []))
 if str(FAKES) not in sys.path:
     sys.path.insert(0, str(FAKES))
+# a test run started by a launcher (`srun pytest`) must not make the kernel-probe runs it starts wait for
+# a rank 0 of that job: without their rank variable, no launcher is read (kernel_probe.ranks)
+from kernel_probe.ranks import LAUNCHERS  # noqa: E402 (after the path set-up above)
+
+for _launcher in LAUNCHERS:
+    os.environ.pop(_launcher.rank, None)
 # the fake libraries are trusted by the caller (the tests), as a user grants their own site library;
 # tests of the refusal remove this
 os.environ["KERNEL_LOCK_TRUST"] = "kp_zoo,kp_fastlib,kp_fastnorm,kp_models,kp_notmodule,kp_not_installed,mylib"

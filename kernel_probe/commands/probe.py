@@ -88,6 +88,15 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
         help="seconds to wait for another kernel-probe writing the same lock (default 1800)",
     )
     p.add_argument(
+        "--probe-per",
+        choices=("job", "node-type", "rank"),
+        default=None,
+        help="under a launcher that names each rank (Slurm, torchrun, Open MPI, PMI, PALS): job (default, or the "
+        "profile's [policy] probe-per) = rank 0 "
+        "probes, the others wait for its lock; node-type = one rank per kind of node, --out must name {node-type}; "
+        "rank = ignore the launcher, every rank takes the file lock as without one",
+    )
+    p.add_argument(
         "--deterministic",
         action="store_true",
         help="choose only candidates whose forward and backward are bitwise repeatable (for training in a "
@@ -137,6 +146,7 @@ def request_from(args: argparse.Namespace) -> ProbeRequest:
         force=args.force,
         check_only=args.check,
         lock_timeout=args.lock_timeout,
+        probe_per=args.probe_per,
         command=("kernel-probe " + shlex.join(sys.argv[1:])).strip(),
     )
 
@@ -218,12 +228,14 @@ def _reused(args, result: ProbeResult) -> None:
                 "lock": str(out),
                 "reused": True,
                 "seconds": round(result.seconds, 2),
+                **({"written-by": result.source} if result.source else {}),
                 "slots": {n: {"chosen": s.implementation, "reason": s.reason} for n, s in lock.slots.items()},
             }
         )
     else:
         choices = ", ".join(f"{n} -> {s.implementation}" for n, s in lock.slots.items())
-        output.info(f"{out}: current for this machine, reused without probing ({choices})")
+        by = f"written for this job by {result.source}, " if result.source else ""
+        output.info(f"{out}: {by}current for this machine, reused without probing ({choices})")
 
 
 class TimingProgress:

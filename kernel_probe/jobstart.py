@@ -1,0 +1,291 @@
+"""Many ranks, one probe, a quiet shared file system: how the ranks of one job share the probe.
+
+Where the launcher says which rank of which job a process is (``kernel_probe.ranks``), one rank probes
+(rank 0; or, with ``--probe-per node-type``, the first node of each node type to claim it) and the
+others wait for *its* answer, with no file lock and no polling storm:
+
+- The prober writes the lock atomically (as always), then a **job marker** beside it,
+  ``.<lock name>.job-<launcher>-<job>-a<attempt>``: JSON with the outcome (written, reused or
+  failed, with the error), the lock's content digest and the probe's inputs digest. The marker, not
+  the lock, is what the others wait for, so a lock left by an earlier job or attempt is never taken
+  for this one's, and the lock's own format and digest are untouched.
+- On each node one rank (local rank 0) watches the shared directory: one ``open`` of the marker per
+  check, with jittered backoff from 0.1 s doubling to 5 s. When the marker is there it reads the
+  lock once, checks its digest against the marker's and copies both to a node-local file (under
+  ``$KERNEL_PROBE_NODE_DIR``, else ``$TMPDIR``, else ``/dev/shm``, else ``/tmp``).
+- The node's other ranks wait on that node-local file (backoff 0.05 s to 1 s), touching the shared
+  directory only as a fallback (at 30 s, then doubling to 5 min), in case the node-local directory is
+  not shared by the ranks of a node after all or the watching rank died.
+
+Shared-directory operations during a cold start are then about nodes x (checks to reach the 5 s cap,
++ probe seconds / 5) instead of ranks x probe seconds x 20 (filelock's 0.05 s poll): see
+docs/probe.md for the measured figures and the formula.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import socket
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from kernel_lock.lock import atomic_write_text
+
+from .errors import ProbeError
+from .ranks import JobRank
+
+NODE_DIR_ENV = "KERNEL_PROBE_NODE_DIR"
+WATCH = (0.1, 5.0)  # the node's watcher on the shared directory: first delay, cap (s)
+LOCAL = (0.05, 1.0)  # the other ranks, on the node-local file
+FALLBACK = (30.0, 300.0)  # the other ranks' rare look at the shared directory
+STALE_MARKER_S = 7 * 24 * 3600  # markers of other jobs older than this are removed by the next prober
+PROBE_PER = ("job", "node-type", "rank")
+
+
+class RankFailed(ProbeError):
+    """The probing rank failed: every waiting rank fails with its message and exit code."""
+
+    def __init__(self, message: str, exit_code: int, *, fix: str | None = None):
+        super().__init__(message, fix=fix)
+        self.exit_code = exit_code
+
+
+class WaitTimeout(ProbeError):
+    """The probing rank wrote no marker in time (exit 1)."""
+
+
+@dataclass(frozen=True)
+class Marker:
+    """What the probing rank decided for this start of the job."""
+
+    outcome: str  # "written", "reused" or "failed"
+    job: str
+    by: str  # the probing rank, described
+    host: str
+    digest: str = ""  # the lock's content digest
+    inputs: str = ""  # the probe's inputs digest (provenance.inputs)
+    problem: str = ""  # outcome "failed": the error, its exit code and fix
+    exit_code: int = 0
+    fix: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str, where: Path) -> Marker:
+        try:
+            data = json.loads(text)
+            return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+        except (ValueError, TypeError) as exc:
+            raise ProbeError(
+                f"{where}: not a job marker kernel-probe wrote ({exc})",
+                fix=f"remove {where} and start the job again",
+            ) from None
+
+
+def marker_path(out: Path, rank: JobRank) -> Path:
+    return out.parent / f".{out.name}.job-{rank.key}"
+
+
+def claim_path(out: Path, rank: JobRank) -> Path:
+    return out.parent / f".{out.name}.job-{rank.key}.claim"
+
+
+def node_dir(out: Path, rank: JobRank, env: Mapping[str, str] | None = None) -> Path:
+    """The node-local directory this job's ranks on one node share for ``out``."""
+    env = os.environ if env is None else env
+    root = env.get(NODE_DIR_ENV) or env.get("TMPDIR") or ("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp")
+    tag = hashlib.sha256(f"{out}\0{rank.key}".encode()).hexdigest()[:16]
+    return Path(root) / f"kernel-probe-{os.getuid()}" / tag
+
+
+def node_type(device: Mapping[str, Any]) -> str:
+    """A file-name-safe name for this node's kind of device: ``cuda-sm90-8-1a2b3c4d``."""
+    # "" and absent alike: the torch-free reader says features = "" where torch's says nothing
+    facts = {k: device.get(k) or "" for k in ("type", "vendor", "name", "arch", "features", "count")}
+    digest = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    what = f"{facts['type']}-{facts['arch'] or facts['name'] or ''}-{facts['count'] or 0}"
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "-", what).strip("-").lower() + "-" + digest
+
+
+def backoff(first: float, cap: float, rng: random.Random) -> Iterator[float]:
+    """Sleeps doubling from ``first`` to ``cap``, each jittered by +-20 % so ranks do not move in step."""
+    delay = first
+    while True:
+        yield delay * rng.uniform(0.8, 1.2)
+        delay = min(delay * 2, cap)
+
+
+def _read(path: Path) -> str | None:
+    """The text at ``path``; None if it is not there (one ``open`` when it is not)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:  # not UTF-8: its digest tells
+            return fh.read()
+    except FileNotFoundError:
+        return None
+
+
+def claim(out: Path, rank: JobRank) -> bool:
+    """Claim the probe of ``out`` for this job (``--probe-per node-type``): True for the one rank whose
+    exclusive create succeeds (O_EXCL is atomic on NFS v3+, Lustre and GPFS; no file lock needed)."""
+    path = claim_path(out, rank)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as fh:
+        fh.write(f"{rank.describe()} on {socket.gethostname()}\n")
+    return True
+
+
+def publish(out: Path, rank: JobRank, marker: Marker, lock_text: str | None) -> None:
+    """The prober's last step: the job marker beside the lock, then its node's local copy."""
+    atomic_write_text(marker_path(out, rank), marker.to_json())
+    _publish_local(out, rank, marker, lock_text)
+    _remove_stale_markers(out, rank)
+
+
+def _publish_local(out: Path, rank: JobRank, marker: Marker, lock_text: str | None) -> None:
+    local = node_dir(out, rank)
+    try:
+        local.mkdir(parents=True, exist_ok=True, mode=0o700)
+        atomic_write_text(local / "ready", json.dumps({"marker": json.loads(marker.to_json()), "lock": lock_text}))
+    except OSError:
+        pass  # the node's other ranks then find the marker on the shared directory (their fallback)
+
+
+def _remove_stale_markers(out: Path, rank: JobRank) -> None:
+    prefix, mine = f".{out.name}.job-", marker_path(out, rank).name
+    now = time.time()
+    try:
+        entries = list(os.scandir(out.parent))
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.name.startswith(prefix) or entry.name.startswith(mine):
+            continue
+        try:
+            if now - entry.stat(follow_symlinks=False).st_mtime > STALE_MARKER_S:
+                os.unlink(entry.path)
+        except OSError:
+            pass
+
+
+def _who(out: Path, rank: JobRank, mode: str) -> str:
+    job = f"{rank.launcher} job {rank.job} (attempt {rank.attempt})"
+    if mode == "job":
+        return f"rank 0 of {job}"
+    claimed = _read(claim_path(out, rank))
+    return f"the rank that claimed {out.name} for this node type in {job}" + (
+        f" ({claimed.strip()})" if claimed else " (no rank claimed it)"
+    )
+
+
+def wait(
+    out: Path,
+    rank: JobRank,
+    *,
+    mode: str,
+    timeout: float,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[Marker, str]:
+    """Wait for the prober's marker for this job; (the marker, the lock's text). Raises
+    :class:`RankFailed` when the prober failed, :class:`WaitTimeout` (naming the rank that should have
+    written it and the job) when nothing came within ``timeout`` seconds."""
+    rng = random.Random(f"{rank.key}/{rank.rank}")
+    start = clock()
+    local_ready = node_dir(out, rank) / "ready"
+    if rank.node_leader:
+        watch, fallback = backoff(*WATCH, rng), None
+    else:
+        watch = backoff(*LOCAL, rng)
+        fallback, next_shared = backoff(*FALLBACK, rng), start
+        next_shared += next(fallback)
+    while True:
+        if rank.node_leader:
+            found = _from_shared(out, rank)
+        else:
+            found = _from_local(local_ready, rank)
+            if found is None and clock() >= next_shared:
+                found = _from_shared(out, rank)
+                next_shared = clock() + next(fallback)  # type: ignore[arg-type]
+        if found is not None:
+            return _outcome(out, *found)
+        waited = clock() - start
+        if waited >= timeout:
+            raise WaitTimeout(
+                f"{out}: {_who(out, rank, mode)} wrote no job marker ({marker_path(out, rank).name}) within "
+                f"{timeout:.0f} s; this is {rank.describe()}",
+                fix="look in that rank's output for why it stopped; start the job again, or raise --lock-timeout",
+            )
+        sleep(min(next(watch), max(0.0, timeout - waited)))
+
+
+def _from_shared(out: Path, rank: JobRank) -> tuple[Marker, str] | None:
+    marker_file = marker_path(out, rank)
+    try:
+        text = _read(marker_file)
+        if text is None:
+            return None
+        marker = Marker.from_json(text, marker_file)
+        lock_text = "" if marker.outcome == "failed" else _read(out) or ""
+    except OSError as exc:
+        raise ProbeError(
+            f"{marker_file}: cannot read this job's marker or its lock: {exc.strerror or exc}",
+            fix="check the permissions of the lock's directory (every rank must read it)",
+        ) from None
+    if rank.node_leader:  # this node's other ranks take it from here
+        _publish_local(out, rank, marker, lock_text)
+    return marker, lock_text
+
+
+def _from_local(ready: Path, rank: JobRank) -> tuple[Marker, str] | None:
+    try:
+        text = _read(ready)
+    except OSError:
+        return None
+    if text is None:
+        return None
+    try:
+        data = json.loads(text)
+        return Marker(**data["marker"]), data.get("lock") or ""
+    except (ValueError, TypeError, KeyError):
+        return None  # half a file cannot be seen (atomic rename); anything else: wait for the shared one
+
+
+def _outcome(out: Path, marker: Marker, lock_text: str) -> tuple[Marker, str]:
+    if marker.outcome == "failed":
+        raise RankFailed(
+            f"{out}: {marker.by} (on {marker.host}) failed, so this rank has no lock: {marker.problem}",
+            marker.exit_code or 1,
+            fix=marker.fix or None,
+        )
+    return marker, lock_text
+
+
+def failure_marker(rank: JobRank, exc: BaseException) -> Marker:
+    """The marker a prober leaves when it fails, so that no rank waits for it until the timeout."""
+    from kernel_lock.errors import LockError
+
+    if isinstance(exc, LockError):
+        return Marker(
+            "failed",
+            rank.key,
+            rank.describe(),
+            socket.gethostname(),
+            problem=exc.problem,
+            exit_code=exc.exit_code,
+            fix=exc.fix or "",
+        )
+    if isinstance(exc, KeyboardInterrupt):
+        return Marker("failed", rank.key, rank.describe(), socket.gethostname(), problem="interrupted", exit_code=1)
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return Marker("failed", rank.key, rank.describe(), socket.gethostname(), problem=text, exit_code=1)
