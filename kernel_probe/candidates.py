@@ -115,7 +115,10 @@ def arch_satisfies(arch: str, wanted: str) -> bool:
 # The one syntax of GPU archs, in a candidate's ``archs`` and a profile's ``requires.device-arch``:
 # NVIDIA ``sm_XY`` (``sm_90a``: the arch-specific build), ``sm_XY+`` = that or newer; AMD ``gfxNNN``
 # exactly (gfx targets are not ordered: gfx942 is not "newer" than gfx90a in any way a kernel can use).
-GPU_ARCH_SYNTAX = {"cuda": re.compile(r"sm_[0-9]{2,3}[af]?\+?", re.ASCII), "rocm": re.compile(r"gfx[0-9a-f]{3,4}", re.ASCII)}
+GPU_ARCH_SYNTAX = {
+    "cuda": re.compile(r"sm_[0-9]{2,3}[af]?\+?", re.ASCII),
+    "rocm": re.compile(r"gfx[0-9a-f]{3,4}", re.ASCII),
+}
 
 
 def gpu_arch_problem(name: str, device_types: Collection[str] = ("cuda", "rocm")) -> str | None:

@@ -79,7 +79,9 @@ def load(spec: str) -> Node:
     try:
         text = read_regular(spec, MAX_BYTES).decode("utf-8")
     except FileNotFoundError:
-        raise NodeError("no such file", path=spec, fix="write one with `kernel-probe env --json > node.json` on the node") from None
+        raise NodeError(
+            "no such file", path=spec, fix="write one with `kernel-probe env --json > node.json` on the node"
+        ) from None
     except UnsafeFile as exc:
         raise NodeError(exc.problem, path=spec, fix=exc.fix or None) from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -187,6 +189,9 @@ def site_facts(node: Node) -> Any:
         "arch": node.fingerprint["device-arch"],
     }
     return SiteFacts(
-        env={**node.slurm, **node.env}, hostname=node.hostname, slurm=node.slurm, device=device, read_file=node.files.get
+        env={**node.slurm, **node.env},
+        hostname=node.hostname,
+        slurm=node.slurm,
+        device=device,
+        read_file=node.files.get,
     )
-

@@ -111,8 +111,13 @@ def pattern_problem(pattern: str) -> str | None:
     Refused: a repeat inside a repeat, an alternation inside a repeat (``(a|aa)+``), a backreference,
     more than MAX_VARIABLE_REPEATS variable repeats. What remains, on a value of at most
     MAX_SIGNAL_CHARS, matches in a few milliseconds. The tree is the one ``re`` itself compiles."""
-    import re._constants as c
-    import re._parser as sre
+    import importlib
+
+    # the stdlib's own parser (re._parser since 3.11, sre_parse before): the tree re compiles
+    try:
+        sre, c = importlib.import_module("re._parser"), importlib.import_module("re._constants")
+    except ImportError:  # Python 3.10
+        sre, c = importlib.import_module("sre_parse"), importlib.import_module("sre_constants")
 
     repeats = tuple(getattr(c, n) for n in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT") if hasattr(c, n))
     counted = 0
@@ -544,21 +549,36 @@ def survey(extra: Iterable[str] = ()) -> Survey:
                 out.broken.append(exc)
                 continue
             if prof.name != f.stem:
-                out.notes.append((prof.name, f"{f} declares name {prof.name!r}: it is found as {prof.name!r} "
-                                  f"(name the file {prof.name}.toml to avoid surprises)"))
+                out.notes.append(
+                    (
+                        prof.name,
+                        f"{f} declares name {prof.name!r}: it is found as {prof.name!r} "
+                        f"(name the file {prof.name}.toml to avoid surprises)",
+                    )
+                )
             first = out.profiles.get(prof.name)
             if first is None:
                 out.profiles[prof.name] = prof
             elif d == builtin:
                 out.notes.append((prof.name, f"{first.path} shadows the built-in profile {prof.name!r}"))
             elif Path(first.path).parent == d:
-                out.notes.append((prof.name, f"two profiles named {prof.name!r} in {d}: {Path(first.path).name} "
-                                  f"is used, {f.name} is ignored (rename one)"))
+                out.notes.append(
+                    (
+                        prof.name,
+                        f"two profiles named {prof.name!r} in {d}: {Path(first.path).name} "
+                        f"is used, {f.name} is ignored (rename one)",
+                    )
+                )
             else:
                 out.notes.append((prof.name, f"{f} is shadowed by {first.path} (an earlier directory wins)"))
         if skipped:
-            out.notes.append(("", f"{d}: skipped {len(skipped)} file(s) that are not profiles "
-                              f"(no profile-version line): {', '.join(skipped)}"))
+            out.notes.append(
+                (
+                    "",
+                    f"{d}: skipped {len(skipped)} file(s) that are not profiles "
+                    f"(no profile-version line): {', '.join(skipped)}",
+                )
+            )
     return out
 
 
@@ -676,18 +696,31 @@ def detect(profile: Profile, facts: SiteFacts, notes: list[str] | None = None) -
         kinds = {h.kind for h in hits}
         if not missed:
             strength = max((STRONG[k] for k in kinds if k in STRONG), default=1)
-            found.append(Detection(profile, 2 if kinds & set(STRONG) else 1, strength, " + ".join(h.text for h in hits), len(hits)))
+            found.append(
+                Detection(
+                    profile, 2 if kinds & set(STRONG) else 1, strength, " + ".join(h.text for h in hits), len(hits)
+                )
+            )
         elif kinds & set(STRONG):
-            notes.append(f"{profile.name}: {', '.join(h.text for h in hits)} matched, but not {', '.join(missed)}: "
-                         "not one of its nodes")
+            notes.append(
+                f"{profile.name}: {', '.join(h.text for h in hits)} matched, but not {', '.join(missed)}: "
+                "not one of its nodes"
+            )
+        elif kinds & set(WEAK):
+            notes.append(
+                f"{profile.name}: {', '.join(h.text for h in hits)} matched, but not {', '.join(missed)}: "
+                "a weak signal never decides alone (other sites share such names)"
+            )
     site_signals = any(k != "device" for k in profile.detect) or bool(profile.detect_all)
     device_hits = [h for h in top if h.kind == "device"]
     if device_hits and not site_signals:
         found.append(Detection(profile, 0, 0, device_hits[0].text, 1))
     weak = [h for h in top if h.kind in WEAK]
     if not found and weak:
-        notes.append(f"{profile.name}: {', '.join(h.text for h in weak)} matched, but a weak signal never decides "
-                     "alone (other sites share such names): not picked")
+        notes.append(
+            f"{profile.name}: {', '.join(h.text for h in weak)} matched, but a weak signal never decides "
+            "alone (other sites share such names): not picked"
+        )
     notes.extend(f"{profile.name}: {n}" for n in dict.fromkeys(seen))
     return max(found, key=lambda x: (x.rank, x.strength, x.hits)) if found else None
 
@@ -758,6 +791,22 @@ def auto_detect(
         )
     notes += [f"{d.profile.name} also matched ({d.matched}), more weakly" for d in scored[1:]]
     return best.profile, best.matched, notes
+
+
+def profile_change(recorded: Mapping[str, Any], profile: Profile | None) -> str | None:
+    """Why a lock written under ``recorded`` (its [profile] table) is not this run's: the profile's
+    name or its digest changed (None when the profile is the same, or neither has one)."""
+    name, digest = recorded.get("name"), recorded.get("digest")
+    if profile is None:
+        return f"it was written under profile {name} and this run applies none" if name else None
+    if name != profile.name:
+        return f"it was written under profile {name or 'none'}, this run applies {profile.name}"
+    if digest != profile.digest:
+        return (
+            f"profile {profile.name} changed since the lock was written (digest {str(digest)[:19]}... -> "
+            f"{profile.digest[:19]}..., {profile.path})"
+        )
+    return None
 
 
 # ---- enforcement --------------------------------------------------------------------------------

@@ -41,9 +41,15 @@ def test_builtin_profile_validates(name, capsys):
 
 # name -> (env, hostname, slurm cluster, device, files) that should make auto-detection pick it
 SIGNALS = {
-    "lumi-g": ({"LUMI_STACK_NAME": "LUMI"}, "nid005123", None, {"type": "rocm", "arch": "gfx90a"}, {}),
+    "lumi-g": ({"LUMI_STACK_PARTITION": "G"}, "nid005123", None, {"type": "rocm", "arch": "gfx90a"}, {}),
     "frontier": ({}, "frontier01234", "frontier", {"type": "rocm", "arch": "gfx90a"}, {}),
-    "leonardo-booster": ({}, "lrdn1234.leonardo.local", None, {"type": "cuda", "arch": "sm_80"}, {}),
+    "leonardo-booster": (
+        {"SLURM_JOB_PARTITION": "boost_usr_prod"},
+        "lrdn1234.leonardo.local",
+        None,
+        {"type": "cuda", "arch": "sm_80"},
+        {},
+    ),
     "juwels-booster": (
         {},
         "jwb0042",

@@ -83,8 +83,13 @@ def _render_table(table: dict, path: list[str], lines: list[str]) -> None:
         return isinstance(v, list) and bool(v) and all(isinstance(i, dict) for i in v)
 
     def inline(v: Any) -> bool:  # below the top level, a table of plain values stays on its key's line
-        return not isinstance(v, dict) or (bool(path) and all(not isinstance(x, (dict, list)) or (
-            isinstance(x, list) and not is_array_of_tables(x)) for x in v.values()))
+        return not isinstance(v, dict) or (
+            bool(path)
+            and all(
+                not isinstance(x, (dict, list)) or (isinstance(x, list) and not is_array_of_tables(x))
+                for x in v.values()
+            )
+        )
 
     for k, v in table.items():
         if inline(v) and not is_array_of_tables(v):
@@ -138,9 +143,10 @@ def run_profiles(args: argparse.Namespace) -> int:
         output.print_table(table)
         output.console().print(f"[dim]built-in: {safe(builtin)}[/]")
         return 0
-    found = profiles.survey(args.profiles_dir) if "/" not in args.name and not args.name.endswith(".toml") else None
-    prof = profiles.resolve(args.name, args.profiles_dir, found)
-    for note in found.notes_for(prof.name) if found else ():
+    by_path = "/" in args.name or args.name.endswith(".toml")
+    shown = None if by_path else profiles.survey(args.profiles_dir)
+    prof = profiles.resolve(args.name, args.profiles_dir, shown)
+    for note in shown.notes_for(prof.name) if shown else ():
         output.warn(note)
     if args.json:
         output.print_json(_summary(prof))
@@ -153,16 +159,13 @@ def run_profiles(args: argparse.Namespace) -> int:
 
 def _match(args: argparse.Namespace) -> int:
     """What ``--profile NAME`` would decide on this machine or a described node, without probing."""
-    from .. import profiles
+    from .. import nodes, profiles
     from ..errors import ProfileUnmet
-
-    from .. import nodes
     from ..pipeline import detect_device
 
     named = "named (profiles match NAME)"
     device: dict[str, Any] = {}
     if args.node:
-
         node = nodes.load(args.node)
         device = {"type": node.fingerprint["device-type"], "arch": node.fingerprint["device-arch"]}
         profile, matched, notes = profiles.choose(
