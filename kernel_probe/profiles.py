@@ -901,63 +901,58 @@ def variants_of(base: str) -> list[str]:
     return [v.key for v in lib.variants if v.usable] if lib is not None else []
 
 
-def library_facts(keys: Iterable[str]) -> dict[str, str | None]:
-    """Installed versions by profile key, from metadata and files only (nothing is imported).
+def library_facts(
+    keys: Iterable[str], described: Mapping[str, Mapping[str, Any]] | None = None
+) -> dict[str, str | None]:
+    """Installed versions by profile key: on this machine from metadata and files only (nothing is
+    imported), or on a ``described`` node (kernel_probe.nodes: its libraries as ``kernel-probe env``
+    reports them).
 
     A library ``kernel_probe.detect.libraries`` knows (``transformer-engine``, ``apex``, ...) is
     found under any of its distribution names; ``NAME@VARIANT`` (``transformer-engine@nvidia``)
     has a version only when what is installed is that variant: the ROCm fork of transformer-engine
     installs under the same names as NVIDIA's. Any other key is one distribution's version.
     """
-    from kernel_lock.fingerprint import library_versions
-
-    from .detect.libraries import KNOWN_LIBRARIES, locate
-
-    known = {lib.name: lib for lib in KNOWN_LIBRARIES}
-    out: dict[str, str | None] = {}
-    for key in keys:
-        base, at, variant = key.partition("@")
-        lib = known.get(base)
-        if lib is None:
-            out[key] = library_versions([base])[base] if not at else None
-            continue
-        located = locate(lib)
-        version = next(iter(located.distributions.values()), None) if located.installed else None
-        if located.installed and version is None:
-            version = "unknown (no distribution metadata)"  # importable, e.g. a source build on the path
-        out[key] = _as_variant(version, variant if at else None, located.variant)
-    return out
-
-
-def _as_variant(version: str | None, wanted: str | None, found: Any) -> str | None:
-    """``version`` if what is installed counts for the key: a namesake (a variant that is not usable)
-    never does, and ``NAME@VARIANT`` only when that variant was recognised."""
-    if found is not None and (not found.usable or (wanted and found.key != wanted)) or wanted and found is None:
-        return None
-    return version
-
-
-def described_library_facts(keys: Iterable[str], described: Mapping[str, Mapping[str, Any]]) -> dict[str, str | None]:
-    """:func:`library_facts` for a described node (kernel_probe.nodes): a library by its report name
-    (with its ``variant`` as ``kernel-probe env`` names it), or a distribution listed directly or among
-    a library's ``distributions``."""
     from .detect.libraries import KNOWN_LIBRARIES
 
     known = {lib.name: lib for lib in KNOWN_LIBRARIES}
     out: dict[str, str | None] = {}
     for key in keys:
         base, at, variant = key.partition("@")
-        entry = described.get(base)
-        if entry is None:
-            dists = (e.get("distributions") or {} for e in described.values())
-            version = next((str(d[base]) for d in dists if isinstance(d, dict) and d.get(base)), None)
-            out[key] = None if at else version
-            continue
-        version = entry.get("version") or next(iter((entry.get("distributions") or {}).values()), None)
         lib = known.get(base)
-        found = next((v for v in lib.variants if v.key == entry.get("variant")), None) if lib else None
-        out[key] = _as_variant(None if version is None else str(version), variant if at else None, found)
+        version, found = _library_here(base, lib) if described is None else _library_described(base, lib, described)
+        # a namesake (a variant that is not usable) never counts; NAME@VARIANT only that variant
+        if found is not None and (not found.usable or (at and found.key != variant)) or at and found is None:
+            version = None
+        out[key] = version
     return out
+
+
+def _library_here(base: str, lib: Any) -> tuple[str | None, Any]:
+    """(version, recognised variant) of a library or distribution on this machine."""
+    from kernel_lock.fingerprint import library_versions
+
+    from .detect.libraries import locate
+
+    if lib is None:
+        return library_versions([base])[base], None
+    located = locate(lib)
+    version = next(iter(located.distributions.values()), None) if located.installed else None
+    if located.installed and version is None:
+        version = "unknown (no distribution metadata)"  # importable, e.g. a source build on the path
+    return version, located.variant
+
+
+def _library_described(base: str, lib: Any, described: Mapping[str, Mapping[str, Any]]) -> tuple[str | None, Any]:
+    """(version, variant) of a library on a described node: by its report name (its ``variant`` as
+    ``kernel-probe env`` names it), or a distribution listed directly or among a library's."""
+    entry = described.get(base)
+    if entry is None:
+        dists = (e.get("distributions") or {} for e in described.values())
+        return next((str(d[base]) for d in dists if isinstance(d, dict) and d.get(base)), None), None
+    version = entry.get("version") or next(iter((entry.get("distributions") or {}).values()), None)
+    found = next((v for v in lib.variants if v.key == entry.get("variant")), None) if lib else None
+    return None if version is None else str(version), found
 
 
 def choose(

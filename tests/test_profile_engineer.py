@@ -161,6 +161,11 @@ def test_duplicates_shadowing_and_non_profiles_are_said(tmp_path, capsys):
     assert any("shadows the built-in profile 'cpu'" in n for n in result["notes"])
 
 
+def test_check_says_when_a_file_is_named_unlike_its_profile(tmp_path, capsys):
+    code, said = check(tmp_path, GOOD, capsys, name="other")
+    assert code == 0 and "declares name 'mysite'" in said
+
+
 def test_a_broken_file_that_declares_a_profile_is_still_reported(tmp_path, capsys):
     d = tmp_path / "p"
     d.mkdir()

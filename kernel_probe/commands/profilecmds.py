@@ -113,6 +113,8 @@ def run_profiles(args: argparse.Namespace) -> int:
         return _match(args)
     if args.action == "check":
         prof = profiles.load_file(args.path)
+        if Path(args.path).stem != prof.name:
+            output.warn(f"{args.path}: declares name {prof.name!r}: in a profiles directory it is found as that name")
         for warning in profiles.detect_warnings(prof):
             output.warn(f"{args.path}: {warning}")
         output.console().print(f"ok: {safe(args.path)} is a valid profile ({safe(prof.name)})")
@@ -175,7 +177,7 @@ def _match(args: argparse.Namespace) -> int:
         where = f"the node described in {node.path}"
 
         def libraries(keys):
-            return profiles.described_library_facts(keys, node.libraries)
+            return profiles.library_facts(keys, node.libraries)
 
         name_note = None
     else:
