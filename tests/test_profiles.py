@@ -261,13 +261,18 @@ def test_profiles_env_var_and_shadowing(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.slow
 def test_forbidden_library_and_strictness(tmp_path, capsys):
-    forbid = '[requires.forbidden]\ntorch = ">=2.0"\n'
+    from importlib.metadata import version
+
+    installed = version("liger-kernel")  # installed here (pyproject's test dependencies)
+    forbid = '[requires.forbidden]\nliger-kernel = ">=0.1"\n'
     p = _write_profile(tmp_path / "a", forbid)
     assert main(["--profile", str(p), "--out", str(tmp_path / "k.toml")]) == 4
-    assert "library torch: expected not installed in >=2.0, found 2." in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"library liger-kernel: expected not installed in >=0.1, found {installed}" in err
+    assert "uninstall the forbidden library, or use another environment" in err
     p = _write_profile(tmp_path / "b", forbid + '[strictness]\nwarn = ["forbidden"]\n')
     assert main(["--profile", str(p), "--out", str(tmp_path / "k.toml"), "--slot", "Linear"]) == 0
-    assert "warning: profile mysite: library torch" in capsys.readouterr().err
+    assert "warning: profile mysite: library liger-kernel" in capsys.readouterr().err
 
 
 def test_unknown_profile_name(tmp_path, capsys):
