@@ -675,7 +675,10 @@ def _evaluate(signals: Mapping[str, Any], facts: SiteFacts, notes: list[str]) ->
     dev = signals.get("device", {})
     if dev:
         text = "device:" + ",".join(f"{k}={v}" for k, v in dev.items())
-        same = all(str(facts.device.get(k, "")) == str(v) for k, v in dev.items())
+        from .candidates import arch_satisfies
+
+        found = {k: str(facts.device.get(k, "")) for k in dev}
+        same = all(arch_satisfies(found[k], v) if k == "arch" else found[k] == v for k, v in dev.items())
         (hits.append(Hit("device", text)) if same else missed.append(text))
     return hits, missed
 

@@ -205,6 +205,20 @@ def test_weak_only_detection_is_warned_and_undecidable_groups_refused(tmp_path, 
     assert code == 5 and "'detect.device'" in said and "[[detect.all]]" in said
 
 
+def test_a_device_signal_takes_the_arch_syntax(tmp_path, capsys):
+    d = tmp_path / "p"
+    d.mkdir()
+    group = '[[detect.all]]\nenv = { KP_SITE = "^x$" }\ndevice = { type = "cuda", arch = "sm_90+" }\n'
+    (d / "hopper.toml").write_text(GOOD.replace('"mysite"', '"hopper"').replace('env = { MYSITE = "" }', group))
+    hopper = _described(tmp_path, "alps-gh200", env={"KP_SITE": "x"})  # sm_90, and no CLUSTER_NAME
+    code, result = match(["auto", "--profiles-dir", d, "--node", hopper], capsys)
+    assert result["profile"] == "hopper" and result["matched"] == "env:KP_SITE=x + device:type=cuda,arch=sm_90+"
+    ampere = _described(tmp_path, "juwels-booster", env={"KP_SITE": "x"})  # sm_80
+    code, result = match(["auto", "--profiles-dir", d, "--node", ampere], capsys)
+    assert result["profile"] == "juwels-booster"
+    assert any("hopper: env:KP_SITE=x matched, but not device:type=cuda,arch=sm_90+" in n for n in result["notes"])
+
+
 def test_a_group_of_both_weak_kinds_decides_below_a_strong_signal():
     def prof(name: str, detect: str) -> profiles.Profile:
         return profiles.parse(GOOD.replace('"mysite"', f'"{name}"').replace('env = { MYSITE = "" }', detect), name)

@@ -169,7 +169,7 @@ def _match(args: argparse.Namespace) -> int:
     device: dict[str, Any] = {}
     if args.node:
         node = nodes.load(args.node)
-        device = {"type": node.fingerprint["device-type"], "arch": node.fingerprint["device-arch"]}
+        device = {key: node.fingerprint[f"device-{key}"] for key in profiles.DETECT_DEVICE_KEYS}
         profile, matched, notes = profiles.choose(
             args.name, args.profiles_dir, device, facts=nodes.site_facts(node), named=named
         )
