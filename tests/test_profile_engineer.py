@@ -23,20 +23,12 @@ from kernel_lock.lock import KernelLock, Slot
 from kernel_probe import lockwrite, nodes, pipeline, profiles
 
 from .conftest import run_cli
+from .test_profiles import GOOD as CPU_PROFILE
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILTIN = sorted(p.stem for p in profiles.builtin_dir().glob("*.toml"))
 
-GOOD = """profile-version = "1"
-name = "mysite"
-description = "test site"
-sources = ["tests"]
-[detect]
-env = { MYSITE = "" }
-[requires]
-device-type = ["cuda"]
-torch = ">=2.4"
-"""
+GOOD = CPU_PROFILE.replace('device-type = ["cpu"]', 'device-type = ["cuda"]')  # a GPU site's profile
 
 
 def check(tmp_path: Path, text: str, capsys, name: str = "mysite") -> tuple[int, str]:
