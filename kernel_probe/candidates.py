@@ -112,6 +112,33 @@ def arch_satisfies(arch: str, wanted: str) -> bool:
     return arch == wanted
 
 
+# The one syntax of GPU archs, in a candidate's ``archs`` and a profile's ``requires.device-arch``:
+# NVIDIA ``sm_XY`` (``sm_90a``: the arch-specific build), ``sm_XY+`` = that or newer; AMD ``gfxNNN``
+# exactly (gfx targets are not ordered: gfx942 is not "newer" than gfx90a in any way a kernel can use).
+GPU_ARCH_SYNTAX = {
+    "cuda": re.compile(r"sm_[0-9]{2,3}[af]?\+?", re.ASCII),
+    "rocm": re.compile(r"gfx[0-9a-f]{3,4}", re.ASCII),
+}
+
+
+def gpu_arch_problem(name: str, device_types: Collection[str] = ("cuda", "rocm")) -> str | None:
+    """Why ``name`` is not a GPU arch of one of ``device_types`` (None when it is)."""
+    for kind in device_types:
+        if kind in GPU_ARCH_SYNTAX and GPU_ARCH_SYNTAX[kind].fullmatch(name):
+            return None
+    capability = re.fullmatch(r"([0-9]{1,2})\.([0-9])", name)
+    hint = f" (compute capability {name} is written 'sm_{capability[1]}{capability[2]}')" if capability else ""
+    if name.startswith("gfx") and name.endswith("+"):
+        hint = " (gfx archs match exactly: list each one)"
+    for kind in device_types:
+        if kind not in GPU_ARCH_SYNTAX:
+            return f"{name!r}: no GPU arch names are known for device type {kind!r}"
+        other = "rocm" if kind == "cuda" else "cuda"
+        if GPU_ARCH_SYNTAX[other].fullmatch(name):
+            return f"{name!r} is a {other} arch, not a {kind} one"
+    return f"{name!r} is not a GPU arch like 'sm_90', 'sm_80+' (that or newer) or 'gfx90a'{hint}"
+
+
 def fill(value: Any, canonical: Mapping[str, Any]) -> Any:
     if isinstance(value, str) and value.startswith("$"):
         return canonical[value[1:]]
@@ -310,11 +337,9 @@ def parse_candidate(
     archs = {kind: r.strings(archs_table, kind, f"{where}archs.") for kind in archs_table}
     for kind, names in archs.items():
         for name in names:
-            if not re.fullmatch(r"(sm_[0-9]{2,3}[af]?|gfx[0-9a-f]{3,4})\+?", name, re.ASCII):
-                raise r.err(
-                    f"{where}archs.{kind}",
-                    f"{name!r} is not a GPU arch like 'sm_90', 'sm_80+' (that or newer) or 'gfx90a'",
-                )
+            problem = gpu_arch_problem(name, (kind,))
+            if problem:
+                raise r.err(f"{where}archs.{kind}", problem)
     install_table = r.table(c, "install", DEVICE_TYPES, where)
     install = {kind: r.string(install_table, kind, f"{where}install.") or "" for kind in install_table}
     return Candidate(

@@ -54,7 +54,10 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "check", "add_check_arguments", "run_check", "run the correctness kernels and print the verdict table"
     ),
     "profiles": Subcommand(
-        "profilecmds", "add_profiles_arguments", "run_profiles", "site profiles: list, show NAME, check PATH"
+        "profilecmds",
+        "add_profiles_arguments",
+        "run_profiles",
+        "site profiles: list, show NAME, check PATH, match [NAME] [--node FILE]",
     ),
     "explain": Subcommand(
         "lockcmds",

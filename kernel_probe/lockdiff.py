@@ -36,6 +36,9 @@ def lock_differences(a: kernel_lock.KernelLock, b: kernel_lock.KernelLock) -> di
     for key in ("precision", "mode", "lock_version"):
         if getattr(a, key) != getattr(b, key):
             top.append({"key": key.replace("_", "-"), "a": getattr(a, key), "b": getattr(b, key)})
-    if dict(a.profile).get("name") != dict(b.profile).get("name"):
-        top.append({"key": "profile", "a": dict(a.profile).get("name"), "b": dict(b.profile).get("name")})
+    # the profile is part of a lock's identity: the same name with another digest is another policy
+    for key in ("name", "digest"):
+        x, y = dict(a.profile).get(key), dict(b.profile).get(key)
+        if x != y and not (key == "digest" and dict(a.profile).get("name") != dict(b.profile).get("name")):
+            top.append({"key": "profile" if key == "name" else "profile-digest", "a": x, "b": y})
     return {"lock": top, "environment": env, "slots": slots}

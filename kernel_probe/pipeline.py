@@ -309,7 +309,9 @@ def check_forced(
                 )
 
 
-def reusable(path: Path, digest: str, trust: Sequence[str] = ()) -> tuple[kernel_lock.KernelLock | None, str]:
+def reusable(
+    path: Path, digest: str, trust: Sequence[str] = (), profile: Any = None
+) -> tuple[kernel_lock.KernelLock | None, str]:
     """(the lock, "") if it can be reused; (None, why not) otherwise. Raises for a corrupt lock.
 
     ``trust``: the libraries of this run's own candidates (the command line, the profile, plug-ins):
@@ -332,7 +334,10 @@ def reusable(path: Path, digest: str, trust: Sequence[str] = ()) -> tuple[kernel
             fix="re-run with --force to replace it, or accept the edit with `kernel-probe rehash`",
         )
     if lock.provenance.get("inputs") != digest:
-        return None, "it was probed with other options (shapes, precision, candidates, pins or profile)"
+        from .profiles import profile_change
+
+        changed = profile_change(lock.profile, profile)
+        return None, changed or "it was probed with other options (shapes, precision, candidates, pins or profile)"
     try:
         lock.verify()
     except LockMismatch as exc:
@@ -471,7 +476,7 @@ def _probe_or_reuse(
 
     out = given if request.check_only else check_writable(given)  # a symbolic link is written through
     if not request.force:
-        lock, why = reusable(out, p.digest, p.trust)
+        lock, why = reusable(out, p.digest, p.trust, p.profile)
         if lock is not None:
             return ProbeResult(out, lock, True, p, seconds=time.perf_counter() - t_start)
         if request.check_only:
@@ -492,7 +497,7 @@ def _probe_or_reuse(
                 "sets rank variables (Slurm, torchrun, MPI) one rank probes without them"
             )
         if not request.force:  # another rank may have written it while we waited
-            lock, _ = reusable(out, p.digest, p.trust)
+            lock, _ = reusable(out, p.digest, p.trust, p.profile)
             if lock is not None:
                 return ProbeResult(out, lock, True, p, seconds=time.perf_counter() - t_start)
         for problem in p.problems:

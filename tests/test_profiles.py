@@ -41,9 +41,15 @@ def test_builtin_profile_validates(name, capsys):
 
 # name -> (env, hostname, slurm cluster, device, files) that should make auto-detection pick it
 SIGNALS = {
-    "lumi-g": ({"LUMI_STACK_NAME": "LUMI"}, "nid005123", None, {"type": "rocm", "arch": "gfx90a"}, {}),
+    "lumi-g": ({"LUMI_STACK_PARTITION": "G"}, "nid005123", None, {"type": "rocm", "arch": "gfx90a"}, {}),
     "frontier": ({}, "frontier01234", "frontier", {"type": "rocm", "arch": "gfx90a"}, {}),
-    "leonardo-booster": ({}, "lrdn1234.leonardo.local", None, {"type": "cuda", "arch": "sm_80"}, {}),
+    "leonardo-booster": (
+        {"SLURM_JOB_PARTITION": "boost_usr_prod"},
+        "lrdn1234.leonardo.local",
+        None,
+        {"type": "cuda", "arch": "sm_80"},
+        {},
+    ),
     "juwels-booster": (
         {},
         "jwb0042",
@@ -255,13 +261,18 @@ def test_profiles_env_var_and_shadowing(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.slow
 def test_forbidden_library_and_strictness(tmp_path, capsys):
-    forbid = '[requires.forbidden]\ntorch = ">=2.0"\n'
+    from importlib.metadata import version
+
+    installed = version("liger-kernel")  # installed here (pyproject's test dependencies)
+    forbid = '[requires.forbidden]\nliger-kernel = ">=0.1"\n'
     p = _write_profile(tmp_path / "a", forbid)
     assert main(["--profile", str(p), "--out", str(tmp_path / "k.toml")]) == 4
-    assert "library torch: expected not installed in >=2.0, found 2." in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"library liger-kernel: expected not installed in >=0.1, found {installed}" in err
+    assert "uninstall the forbidden library, or use another environment" in err
     p = _write_profile(tmp_path / "b", forbid + '[strictness]\nwarn = ["forbidden"]\n')
     assert main(["--profile", str(p), "--out", str(tmp_path / "k.toml"), "--slot", "Linear"]) == 0
-    assert "warning: profile mysite: library torch" in capsys.readouterr().err
+    assert "warning: profile mysite: library liger-kernel" in capsys.readouterr().err
 
 
 def test_unknown_profile_name(tmp_path, capsys):

@@ -397,10 +397,10 @@ def test_pypi_triton_targets_hip_on_a_rocm_node(tmp_path):
     ("env", "host", "signal"),
     [
         (LUMI_STACK, "nid005123", "env:LUMI_STACK_PARTITION=G"),
-        (LUMI_AI_FACTORY, "nid005123", "slurm-partition:small-g"),  # `module purge` first: no LUMI_* variables
-        ({"SLURM_JOB_PARTITION": "dev-g"}, "x1000c0s0b0n0", "slurm-partition:dev-g"),
-        ({}, "nid007977", "hostname:nid007977"),  # the last LUMI-G node
-        ({}, "nid005000", "hostname:nid005000"),
+        # `module purge` first: no LUMI_* variables; partition and host name together decide
+        (LUMI_AI_FACTORY, "nid005123", "slurm-partition:small-g + hostname:nid005123"),
+        ({"SLURM_JOB_PARTITION": "dev-g"}, "nid007977", "slurm-partition:dev-g + hostname:nid007977"),  # the last
+        ({"SLURM_JOB_PARTITION": "standard-g"}, "nid005000", "slurm-partition:standard-g + hostname:nid005000"),
     ],
 )
 def test_auto_recognises_lumi_with_and_without_the_stack(env, host, signal, node, capsys):
@@ -415,6 +415,10 @@ def test_auto_recognises_lumi_with_and_without_the_stack(env, host, signal, node
         ({}, "nid007978"),
         ({}, "nid007999"),
         ({}, "nid004999"),
+        ({}, "nid005123"),  # a LUMI-G host name alone: every HPE Cray EX system names nodes so
+        ({"SLURM_JOB_PARTITION": "dev-g"}, "x1000c0s0b0n0"),  # a LUMI-G partition name alone
+        ({"SLURM_JOB_PARTITION": "small-g"}, "nid004999"),
+        ({"SLURM_JOB_PARTITION": "gpu"}, "nid005123"),
         ({"LUMI_STACK_NAME": "LUMI", "LUMI_STACK_PARTITION": "C"}, "nid001234"),
         ({"SLURM_JOB_PARTITION": "standard"}, "nid002000"),
     ],
@@ -445,7 +449,11 @@ def test_probe_accepts_lumi_with_its_profile(profile, env, node, tmp_path, monke
     with pytest.raises(_Stop):
         run_cli(["--profile", profile, "--out", tmp_path / "k.toml"], capsys)
     assert seen["profile"].name == "lumi-g" and seen["device"]["arch"] == "gfx90a"
-    assert seen["matched"] in ("explicit (--profile)", "env:LUMI_STACK_PARTITION=G", "slurm-partition:small-g")
+    assert seen["matched"] in (
+        "explicit (--profile)",
+        "env:LUMI_STACK_PARTITION=G",
+        "slurm-partition:small-g + hostname:nid005123",
+    )
 
 
 @pytest.mark.parametrize("name", ["lumi-g", "frontier"])

@@ -53,12 +53,29 @@ SLURM_VARIABLES: tuple[str, ...] = (
 )
 
 
-def first_line(path: str) -> str | None:
+MARKER_BYTES = 64 << 10  # a marker file is one short line
+
+
+def read_marker(path: str, limit: int = MARKER_BYTES) -> tuple[str | None, str]:
+    """(the first line of the marker file at ``path`` or None, why it was not read: '' if absent or read).
+
+    Read like every input (``kernel_lock._files``): a regular file only, opened non-blocking (a FIFO
+    cannot hang the job start), at most ``limit`` bytes (``/dev/zero`` is never read)."""
+    from kernel_lock._files import UnsafeFile, read_regular
+
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.readline().strip() or None
-    except OSError:
-        return None
+        data = read_regular(path, limit)
+    except FileNotFoundError:
+        return None, ""
+    except UnsafeFile as exc:
+        return None, f"{exc.problem}: not read"
+    except OSError as exc:
+        return None, f"cannot read: {exc.strerror or exc}"
+    return data.decode("utf-8", errors="replace").partition("\n")[0].strip() or None, ""
+
+
+def first_line(path: str) -> str | None:
+    return read_marker(path)[0]
 
 
 def detect_site(
