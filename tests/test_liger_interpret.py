@@ -174,29 +174,30 @@ def run() -> Run:
 
 
 def errors_table(reports: Mapping[str, Report]) -> str:
-    """Per candidate and (dtype, regime): the verdict, its worst error / tolerance, and per tensor the
-    largest error over the cases, the candidate's next to torch.nn's (both against float64)."""
+    """Per candidate and (dtype, regime): the verdict, its worst error / tolerance, per tensor the
+    largest error over the cases, the candidate's next to torch.nn's (both against float64), and what
+    failed; under it, the candidate's status and first reason where it is not accepted."""
     tensors = ("y", "dx", "dweight", "dbias")
-    head = f"{'candidate':<38} {'row':<14} {'verdict':<9} {'ratio':>5}  " + "  ".join(
-        f"{t + ' (liger / torch.nn)':<25}" for t in tensors
+    head = f"{'candidate':<38} {'row':<14} {'verdict':<9} {'ratio':>7}  " + "".join(
+        f"{t + ' (liger / torch.nn)':<27}" for t in tensors
     )
-    lines = [head, "-" * len(head)]
+    lines = [head + "failed", "-" * (len(head) + 24)]
     for name, rep in reports.items():
         for v in rep.verdicts:
-            cells = []
+            cells = ""
             for t in tensors:
                 pairs = [errs[t] for errs in v.errors.values() if t in errs]
-                if pairs:
-                    cells.append(f"{max(p[0] for p in pairs):9.2e} / {max(p[1] for p in pairs):9.2e}      ")
-                else:
-                    cells.append(f"{'-':<25}")
-            ratio = "-" if v.worst_ratio is None else f"{v.worst_ratio:.2f}"
+                pair = f"{max(p[0] for p in pairs):.2e} / {max(p[1] for p in pairs):.2e}" if pairs else "-"
+                cells += f"{pair:<27}"
+            ratio = "-" if v.worst_ratio is None else f"{v.worst_ratio:.3g}"
             lines.append(
-                f"{name:<38} {v.dtype + '/' + v.regime:<14} {v.status:<9} {ratio:>5}  " + "  ".join(cells).rstrip()
+                f"{name:<38} {v.dtype + '/' + v.regime:<14} {v.status:<9} {ratio:>7}  {cells}" + ", ".join(v.failed)
             )
         if not rep.verdicts:
-            lines.append(f"{name:<38} {'-':<14} {rep.status:<9} {'-':>5}  {rep.reasons[0] if rep.reasons else ''}")
-    lines.append("all rows interpreted: TRITON_INTERPRET=1, on this CPU; never timed, never locked")
+            lines.append(f"{name:<38} {'-':<14} {'-':<9} {'-':>7}  (no rows run)")
+        if rep.status != "accepted":
+            lines.append(f"  -> {name} {rep.status}: {rep.reasons[0] if rep.reasons else ''}"[:220])
+    lines.append("every row interpreted: TRITON_INTERPRET=1 on this CPU; never timed, never locked")
     return "\n".join(lines)
 
 
@@ -218,7 +219,7 @@ def test_the_device_gate_holds_under_the_interpreter(run, cid):
 @needs_liger
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["liger.layer_norm", "liger.rms_norm"])
-def test_pinned_liger_is_accepted_in_every_row_and_labelled_interpreted(run, name, capsys):
+def test_pinned_liger_is_accepted_in_every_row_and_labelled_interpreted(run, name):
     r = run.reports[name]
     assert r.status == "accepted", r.reasons
     assert [(v.dtype, v.regime, v.status) for v in r.verdicts] == [(d, g, "accepted") for d, g in PLAN]
@@ -229,8 +230,6 @@ def test_pinned_liger_is_accepted_in_every_row_and_labelled_interpreted(run, nam
         # liger's own kernel ran, not torch: its errors are not torch.nn's, case for case
         assert any(got != base for errs in v.errors.values() for got, base in errs.values())
         assert v.deterministic is True and v.out_dtype == v.dtype
-    with capsys.disabled():
-        print(f"\n{errors_table({name: r})}")
 
 
 @needs_liger
@@ -326,6 +325,9 @@ def test_the_verdict_table(run, capsys):
     text = errors_table(run.reports)
     for case in CASES:
         assert case.name in text
+    assert "-> liger.rms_norm[in_place=True] rejected: backward modifies grad_output in place" in text
+    assert "-> liger.layer_norm[bias=True] rejected: initialisation differs" in text
+    assert text.count(" accepted ") == 11 and text.endswith("never timed, never locked")
     with capsys.disabled():
         print(f"\n{text}\ninterpreted run: {run.seconds:.0f} s wall")
 
@@ -364,6 +366,36 @@ def test_an_interpreted_report_is_never_chosen_nor_pinned():
         with pytest.raises(ForcedUnusable) as exc:
             choose("RMSNorm", reports, timings, ["64x1000"], "float32", "torch.rms_norm", **forced)
         assert INTERPRETED in str(exc.value) and "TRITON_INTERPRET" in exc.value.fix
+        assert exc.value.exit_code == 3
+
+
+def test_the_probe_does_not_ask_to_time_an_interpreted_candidate(monkeypatch):
+    import contextlib
+    import types
+
+    from kernel_probe import checker, pipeline
+
+    class NoCalls:
+        def call(self, *args, **kwargs):
+            raise AssertionError(f"the probe asked an interpreted candidate's worker for {args[0]!r}")
+
+    class Pool:
+        @contextlib.contextmanager
+        def worker_for(self, cand):
+            yield NoCalls()
+
+    monkeypatch.setattr(checker, "check_candidate", lambda *a, **k: _report("liger.rms_norm", interpreted=True))
+    p = types.SimpleNamespace(
+        device={"type": "cpu", "arch": ""},
+        profile=None,
+        shapes=("64x1000",),
+        request=types.SimpleNamespace(timeout=1.0, import_timeout=1.0, with_compile=False),
+    )
+    result = pipeline.ProbeResult(None, None, False, p, reports={"RMSNorm": []}, timings={"RMSNorm": {}})  # type: ignore[arg-type]
+    r = pipeline._check_and_time(
+        p, Pool(), BY_ID["liger.rms_norm"], "RMSNorm", [("float32", "true")], None, result, pipeline.Events()
+    )
+    assert r.interpreted and r.status == "accepted" and result.timings["RMSNorm"] == {}
 
 
 @pytest.mark.parametrize(
