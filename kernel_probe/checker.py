@@ -23,7 +23,7 @@ from .judge import Policy, Verdict, judge_row, worst_status
 from .layout import Layout
 from .limits import CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT  # noqa: F401 (still importable from here)
 from .protocol import CheckReply, CheckRequest, ImportRequest, TryRequest
-from .worker import Worker, WorkerDied, WorkerPool
+from .worker import INTERPRETED, Worker, WorkerDied, WorkerPool
 
 P = ParamSpec("P")
 
@@ -87,6 +87,7 @@ class Report:
     seconds: float | None = None  # wall time of this candidate's import and checks
     migration: tuple[str, ...] = ()  # its state dict onto torch.nn's (the layout's rules)
     changes: list[str] = field(default_factory=list)  # accepted changes besides numbers, recorded in the lock
+    interpreted: bool = False  # its Triton kernels ran in Triton's interpreter: never timed, never locked
 
     @property
     def deterministic(self) -> bool | None:
@@ -119,6 +120,7 @@ class Report:
             "seconds": None if self.seconds is None else round(self.seconds, 3),
             "migration": list(self.migration),
             "changes": list(self.changes),
+            "interpreted": self.interpreted,
             "twin": self.twin,
             "evidence": [v.to_json() for v in self.verdicts],
         }
@@ -233,8 +235,12 @@ def check_candidate(
         why = f"runs on {', '.join(cand.devices)}; this device is {device}"
         if not _is_installed(cand):
             return Report(status="unavailable", reasons=[why + " (and it is not installed)"], **base)
+        interpreted = False
         try:
             tried = worker.call(TryRequest(candidate=cand, slot=slot, device=device), import_timeout + timeout)
+            interpreted = tried.interpreted
+            if interpreted:
+                why += " (tried under Triton's interpreter, TRITON_INTERPRET=1)"
             if tried.ran:
                 why += (
                     "; it ran here, but "
@@ -245,7 +251,7 @@ def check_candidate(
                 why += f"; trying it raised {tried.error}"
         except WorkerDied as exc:
             why += f"; trying it {exc.status}: {exc.reason}"
-        return Report(status="unavailable", reasons=[why], **base)
+        return Report(status="unavailable", reasons=[why], interpreted=interpreted, **base)
     wrong_arch = cand.arch_problem(device, arch)
     if wrong_arch:
         installed_note = "" if _is_installed(cand) else " (and it is not installed)"
@@ -292,7 +298,12 @@ def check_candidate(
         return Report(status=exc.status, reasons=[reason], **base)
     if raw.tampered:
         return Report(status="rejected", reasons=[_tampered(f"running {cand.target}", raw.tampered)], **base)
-    return judge_candidate(raw, cand, slot, device, policy, base)
+    report = judge_candidate(raw, cand, slot, device, policy, base)
+    if raw.interpreted:  # said on the report and on every verdict it carries
+        report.interpreted = True
+        for v in report.verdicts:
+            v.notes.insert(0, INTERPRETED)
+    return report
 
 
 def _tampered(what: str, names: Iterable[str]) -> str:

@@ -14,7 +14,9 @@ candidate declared first. ``--pin SLOT=ID`` forces an accepted candidate whateve
 ``--prefer SLOT=ID`` takes it when it is accepted and not slower than the default by more than the
 margin. A pinned or preferred candidate that is not accepted is an error, never silently dropped.
 ``--deterministic`` keeps only candidates whose forward and backward were bitwise repeatable in every
-checked dtype; a pinned or preferred one that is not is an error.
+checked dtype; a pinned or preferred one that is not is an error. A candidate whose Triton kernels
+ran in Triton's interpreter (``TRITON_INTERPRET=1``) is never eligible, and pinning it is an error:
+its verdict says what the interpreter computes, not what the compiled kernel does or how fast.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 
 from .checker import Report
 from .errors import ForcedUnusable, ProbeError, UsageError
+from .worker import INTERPRETED
 
 MIN_MARGIN = 0.05
 FORCED = {"pin": "pinned", "prefer": "preferred"}  # the flag (--pin) -> what it makes a candidate
@@ -105,6 +108,11 @@ def choose(
                 f"{said}: the candidate is {r.status} on this machine: {'; '.join(r.reasons[:3]) or 'no reason recorded'}",
                 fix=f"{way_out}, or fix the candidate; a {FORCED[kind]} kernel is never silently replaced",
             )
+        if r.interpreted:
+            raise ForcedUnusable(
+                f"{said}: the candidate's verdict is {INTERPRETED}",
+                fix=f"{way_out}, or unset TRITON_INTERPRET and probe again where its kernels compile",
+            )
         if deterministic and r.deterministic is not True:
             why = (
                 "; ".join(n for v in r.verdicts for n in v.notes if n.startswith("not deterministic")) or "not measured"
@@ -117,6 +125,7 @@ def choose(
         r
         for r in reports
         if r.status == "accepted"
+        and not r.interpreted
         and _ok_timings(timings.get(r.id), shapes)
         and (r.deterministic is True or not deterministic)
     ]

@@ -190,6 +190,14 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
     candidates, problems = gather_candidates(
         request.candidates, list(profile.candidates) if profile else [], plugins=request.plugins
     )
+    from .worker import interpreter_requested
+
+    if interpreter_requested():
+        problems = [
+            *problems,
+            "TRITON_INTERPRET is set: Triton kernels run in Triton's interpreter, not compiled; a candidate whose "
+            "kernels ran interpreted is labelled so, never timed and never written to the lock",
+        ]
     check_forced(
         request.pins, request.prefers, slots, candidates, device, profile=profile, with_compile=request.with_compile
     )
@@ -609,7 +617,7 @@ def _check_and_time(
         )
         t1 = time.perf_counter()
         result.check_seconds += t1 - t0
-        if r.status != "accepted":
+        if r.status != "accepted" or r.interpreted:  # an interpreted run is never timed (nor chosen)
             return r
         events.timing(slot, cand.id, p.shapes, None)
         request = TimeRequest(

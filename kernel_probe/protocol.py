@@ -116,9 +116,12 @@ def _plain(value: Any) -> Any:
 # ---- the worker: replies -----------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class Reply(Message):
-    """What every worker reply may carry: the torch functions replaced while it ran (refused)."""
+    """What every worker reply may carry: the torch functions replaced while it ran (refused), and
+    whether Triton kernels in the worker run in Triton's interpreter (``TRITON_INTERPRET``): such a
+    run is labelled, never timed and never locked."""
 
     tampered: tuple[str, ...] = field(default=(), metadata={"json": (list, tuple)})
+    interpreted: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

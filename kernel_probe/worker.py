@@ -46,8 +46,10 @@ from .protocol import (
     R,
     Reply,
     Request,
+    TimeReply,
     TimeRequest,
     TimingProgressMessage,
+    TimingRow,
     TryReply,
     TryRequest,
     request_from_json,
@@ -370,6 +372,30 @@ def _snapshot() -> dict[str, int]:
 
 _BASELINE_SURFACE: dict[str, int] = {}
 
+# What an interpreted run is, said the same way wherever one appears (verdicts, reports, timing, choice)
+INTERPRETED = (
+    "interpreted: its Triton kernels ran in Triton's interpreter (TRITON_INTERPRET=1), not compiled for this "
+    "device; what it computes is checked, but an interpreted run is never timed and never written to a lock"
+)
+
+
+def interpreting() -> bool:
+    """Whether Triton kernels in this process run in Triton's interpreter (``TRITON_INTERPRET=1``),
+    not compiled. Asked of triton itself, and only once something imported it: a process that never
+    imported triton ran no Triton kernel, so torch.nn's worker stays uninterpreted."""
+    triton = sys.modules.get("triton")
+    if triton is None:
+        return False
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    return interpreter_requested()
+
+
+def interpreter_requested(env: Mapping[str, str] = os.environ) -> bool:
+    """Whether ``env`` switches Triton's interpreter on (triton reads 1, true, on, yes; any case)."""
+    return env.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
+
 
 def tampered() -> list[str]:
     """The torch functions replaced since the worker started (empty: none)."""
@@ -399,6 +425,8 @@ def serve() -> None:
             changed = tampered()
             if changed:
                 reply = dataclasses.replace(reply, tampered=tuple(changed))
+            if interpreting():
+                reply = dataclasses.replace(reply, interpreted=True)
             out = reply.to_json()
         except Exception as exc:  # a bug in the probe itself (or a malformed request), reported to the parent
             import traceback
@@ -444,6 +472,16 @@ def _dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], Non
     if isinstance(request, TimeRequest):
         from . import timing
 
+        try:
+            measure.import_class(request.candidate.target)  # does its library bring Triton in?
+        except Exception:
+            pass  # timing reports it
+        if interpreting():  # interpreter times say nothing about the compiled kernel: never timed
+            rows: list[TimingRow] = [
+                {"implementation": request.candidate.id, "shape": s, "error": f"not timed: {INTERPRETED}"}
+                for s in request.shapes
+            ]
+            return TimeReply(candidate=request.candidate.id, device=request.device, rows=rows)
         return timing.time_candidate(
             request.candidate,
             request.slot,

@@ -158,6 +158,8 @@ STATUS_STYLE = {
 
 
 def render_verdicts(reports, plan, device, hidden: int = CHECK_HIDDEN) -> None:
+    from ..worker import INTERPRETED
+
     con = output.console()
     con.print(f"device: {device['type']} ({safe(str(device['name']))}); inputs {hidden} wide")
     for slot, rs in reports.items():
@@ -184,9 +186,12 @@ def render_verdicts(reports, plan, device, hidden: int = CHECK_HIDDEN) -> None:
             style = STATUS_STYLE.get(rep.status, "")
             det = {True: "yes", False: "[yellow]no[/]", None: "-"}[rep.deterministic]
             took = "-" if rep.seconds is None else f"{rep.seconds:.1f}"
-            table.add_row(safe(rep.id), f"[{style}]{rep.status}[/]", *cells, det, took)
+            status = f"[{style}]{rep.status}[/]" + (" [yellow](interpreted)[/]" if rep.interpreted else "")
+            table.add_row(safe(rep.id), status, *cells, det, took)
         output.print_table(table)
         for rep in rs:
+            if rep.interpreted:
+                con.print(f"  [bold]{safe(rep.id)}[/] {safe(INTERPRETED)}")
             if rep.status != "accepted" and rep.reasons:
                 con.print(f"  [bold]{safe(rep.id)}[/] {rep.status}: {safe(rep.reasons[0])}")
                 for reason in rep.reasons[1:3]:

@@ -300,6 +300,7 @@ def _report(args, result: ProbeResult) -> None:
             }
         )
         return
+    from ..worker import INTERPRETED
     from .check import STATUS_STYLE
 
     con = output.console()
@@ -319,6 +320,7 @@ def _report(args, result: ProbeResult) -> None:
         for r in reports[slot]:
             chosen = r.id == c.report.id
             status = "[bold green]chosen[/]" if chosen else f"[{STATUS_STYLE.get(r.status, '')}]{r.status}[/]"
+            status += " [yellow](interpreted)[/]" if r.interpreted else ""
             timed = timings[slot].get(r.id)
             rows: Sequence[dict[str, Any] | None] = timed if timed else [None]  # untimed: one row of dashes
             for i, t in enumerate(rows):
@@ -332,6 +334,8 @@ def _report(args, result: ProbeResult) -> None:
                 table.add_row(safe(r.id) if i == 0 else "", status if i == 0 else "", *cells)
         output.print_table(table)
         for r in reports[slot]:
+            if r.interpreted:
+                con.print(f"  [dim]{safe(r.id)} {safe(INTERPRETED)}[/]")
             if r.status != "accepted" and r.reasons:
                 con.print(f"  [dim]{safe(r.id)} {r.status}: {safe(r.reasons[0])}[/]")
             for t in timings[slot].get(r.id) or ():
