@@ -675,10 +675,12 @@ class KernelLock:
         atomic_write_text(Path(path), self.dumps())
 
     # ---- resolution (kept in resolve.py; thin methods here so the lock is the entry point) --
-    def verify(self, mode: str | None = None, *, current: Mapping[str, Any] | None = None) -> list[str]:
+    def verify(
+        self, mode: str | None = None, *, current: Mapping[str, Any] | None = None, targets: str | None = None
+    ) -> list[str]:
         from .resolve import verify
 
-        return verify(self, mode=mode, current=current)
+        return verify(self, mode=mode, current=current, targets=targets)
 
     def factory(self, slot: str, mode: str | None = None, **options: Any):
         from .resolve import factory
