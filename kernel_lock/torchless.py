@@ -305,7 +305,11 @@ def _nvidia_from_proc(build: TorchBuild, env: Mapping[str, str], root: Path) -> 
         raise _Unsettled(unsure, f"the driver's GPU list cannot be read: {exc}") from None
     order = fp.visible_nvml_indices(env.get("CUDA_VISIBLE_DEVICES"), [g.get("GPU UUID", "") for g in gpus])
     if order is None:
-        raise _Unsettled(unsure, "CUDA_VISIBLE_DEVICES names MIG devices")
+        raise _Unsettled(
+            unsure,
+            "CUDA_VISIBLE_DEVICES names MIG devices, or is read differently by CUDA and torch's parser "
+            "(ordinals and UUIDs mixed, a lone sign, -0)",
+        )
     if not order:
         return _cpu_device(), {}  # CUDA sees no device: torch reports the CPU
     device: dict[str, Any] = {
@@ -389,7 +393,7 @@ def _amd(
     build: TorchBuild, env: Mapping[str, str], root: Path, sources: dict[str, str]
 ) -> tuple[dict[str, Any], dict[str, str]]:
     sources["device"] = str(root / "sys/class/kfd/kfd/topology")
-    chosen = fp.physical_devices("rocm", env)  # raises on contradictory variables, as device_facts does
+    fp.physical_devices("rocm", env)  # raises on contradictory variables, as device_facts does
     topology = root / "sys/class/kfd/kfd/topology/nodes"
     if not topology.is_dir():
         if (root / "dev/kfd").exists():
@@ -400,15 +404,12 @@ def _amd(
         return _cpu_device(), {}
     if not (root / "dev/kfd").exists():
         raise _Unsettled(DEVICE_FIELDS, "the node has AMD GPUs but /dev/kfd is not here (a container without them?)")
-    if chosen is None:
-        visible = list(range(len(gpus)))
-    elif all(e.isdigit() and int(e) < len(gpus) for e in chosen) and len(set(chosen)) == len(chosen):
-        visible = [int(e) for e in chosen]
-    else:
+    visible = fp.rocm_visible_indices(env, len(gpus))
+    if visible is None:
         raise _Unsettled(
             DEVICE_FIELDS,
-            f"the visibility variables select {chosen}, which are not all indices of "
-            f"the {len(gpus)} GPU nodes (UUIDs and invalid entries are left to HIP)",
+            "the visibility variables are not lists of distinct GPU node indices in range (UUIDs, repeats, "
+            "signs, spaces and invalid items are left to HIP): only torch can tell which GPUs it sees",
         )
     device: dict[str, Any] = {
         "type": "rocm",

@@ -217,8 +217,8 @@ def test_no_torch_module_is_imported():
         # a UUID prefix selects a GPU as an index does; the list stops at the first entry that selects none
         (
             h100_node,
-            {"CUDA_VISIBLE_DEVICES": "GPU-00000003,5"},
-            ("cuda", "nvidia", "NVIDIA H100 80GB HBM3", "sm_90", 2, "550.163.01"),
+            {"CUDA_VISIBLE_DEVICES": "GPU-00000003,GPU-zz,GPU-0"},
+            ("cuda", "nvidia", "NVIDIA H100 80GB HBM3", "sm_90", 1, "550.163.01"),
         ),
         (
             h100_node,
