@@ -531,12 +531,26 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+def import_torch() -> Any:
+    """``import torch``, or :class:`KernelUnavailable` saying why it failed (a torch whose compiled
+    libraries are missing or broken is no machine a lock is current on)."""
+    try:
+        import torch
+    except Exception as exc:  # ImportError, OSError from the dynamic loader, anything its __init__ raises
+        from .errors import KernelUnavailable
+
+        raise KernelUnavailable(
+            f"`import torch` fails here: {type(exc).__name__}: {exc}",
+            key="environment.torch",
+            fix="repair or reinstall torch in this environment (pip install --force-reinstall torch)",
+        ) from None
+    return torch
+
+
 def current(torch: Any | None = None, *, device: Callable[[Any], dict[str, Any]] | None = None) -> dict[str, Any]:
     """The fingerprint fields of this machine, as plain values keyed like ``FIELDS``."""
     if torch is None:
-        import torch as torch_module
-
-        torch = torch_module
+        torch = import_torch()
     dev = (device or device_facts)(torch)
     return {
         "python": platform.python_version(),
@@ -583,6 +597,4 @@ def device_here() -> dict[str, Any]:
         facts = torchless.device()
         if facts is not None:
             return facts
-    import torch
-
-    return device_facts(torch)
+    return device_facts(import_torch())
