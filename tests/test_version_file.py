@@ -130,7 +130,7 @@ HOSTILE = {
 
 
 @pytest.mark.parametrize("name", HOSTILE)
-def test_anything_else_makes_the_build_unsure_and_debug_says_why(tmp_path, caplog, name):
+def test_anything_else_makes_the_build_unsure_and_debug_says_why(tmp_path, caplog, monkeypatch, name):
     path = tmp_path / "version.py"
     path.write_text(HOSTILE[name])
     with pytest.raises(ValueError):
@@ -138,10 +138,14 @@ def test_anything_else_makes_the_build_unsure_and_debug_says_why(tmp_path, caplo
     fields, notes = torchless.fingerprint(env={}, root=tmp_path, version_file=path)
     assert fields["torch-cuda"] is None and fields["torch"] is None
     assert "cannot be read as plain data" in notes.fallbacks["torch-cuda"]
+    # the job-start check on such a file: torch answers, and --debug (DEBUG records) says which line and why
+    monkeypatch.setattr(torchless, "_version_file", lambda: path)
     with caplog.at_level(logging.DEBUG, logger="kernel_lock.torchless"):
-        for line in notes.lines():
-            logging.getLogger("kernel_lock.torchless").debug("torch-free fingerprint: %s", line)
-    assert "line " in caplog.text  # which line, and why
+        answer = torchless.current(["torch-cuda"])
+    import torch
+
+    assert answer["torch-cuda"] == (torch.version.cuda or "")
+    assert "torch-cuda: needs torch" in caplog.text and "line " in caplog.text
 
 
 def _fake_torch(root: Path, *, extension: bool, libs: tuple[str, ...]) -> Path:
