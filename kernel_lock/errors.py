@@ -104,6 +104,13 @@ class DeviceVisibilityError(LockError):
     exit_code = 2
 
 
+class BadEnvironmentVariable(LockError, ValueError):
+    """A variable kernel_lock reads ($KERNEL_LOCK_TRUST) or an argument standing for it is malformed: a
+    usage error (exit 2), not a broken file."""
+
+    exit_code = 2
+
+
 class LockWarning(UserWarning):
     """Something worth knowing that does not stop resolution (hand-edited lock, newer minor version)."""
 
@@ -114,8 +121,8 @@ EXIT_CODES = {
     0: "ok",
     1: "other failure (a bug, an interrupted run, a library that crashed the probe itself, "
     "no candidate of a slot accepted)",
-    2: "usage error (bad command-line arguments, or environment variables that contradict each other, "
-    "such as HIP_VISIBLE_DEVICES naming more devices than ROCR_VISIBLE_DEVICES allows)",
+    2: "usage error (bad command-line arguments, a malformed $KERNEL_LOCK_TRUST, or environment variables "
+    "that contradict each other, such as HIP_VISIBLE_DEVICES naming more devices than ROCR_VISIBLE_DEVICES allows)",
     3: "the environment does not match the lock, the lock is stale or missing (`--check`), "
     "or a pinned or preferred kernel cannot be used here",
     4: "the machine does not meet the site profile",

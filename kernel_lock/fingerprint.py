@@ -231,35 +231,126 @@ def physical_devices(device_type: str, env: Mapping[str, str] | None = None) -> 
     return None
 
 
+_PLAIN_INDEX = re.compile(r"[0-9]+", re.ASCII)
+
+
+def rocm_visible_indices(env: Mapping[str, str], count: int) -> list[int] | None:
+    """Node indices (KFD GPU order) of the GPUs HIP will see, in HIP's order, among ``count`` GPUs; None
+    where ROCm's reading is not certain, so the caller asks torch.
+
+    ROCR_VISIBLE_DEVICES selects node GPUs first; HIP_VISIBLE_DEVICES (else CUDA_VISIBLE_DEVICES) then
+    indexes into what ROCR left. Only lists of distinct plain indices within range are read here: UUIDs,
+    repeats, signs, spaces, out-of-range or empty items (whose handling differs between ROCr, HIP and
+    torch's parser) are left to torch, and so is CUDA_VISIBLE_DEVICES beside ROCR_VISIBLE_DEVICES (HIP
+    honours it, torch's parser does not). Contradictory variables raise as :func:`physical_devices` does.
+    """
+    physical_devices("rocm", env)  # raises DeviceVisibilityError on a HIP list longer than ROCR's
+    rocr = env.get("ROCR_VISIBLE_DEVICES")
+    hip = env.get("HIP_VISIBLE_DEVICES")
+    cuda = env.get("CUDA_VISIBLE_DEVICES")
+    if rocr is not None and hip is None and cuda is not None:
+        return None
+
+    def indices(value: str, limit: int) -> list[int] | None:
+        items = value.split(",")
+        if not all(_PLAIN_INDEX.fullmatch(i) for i in items):
+            return None
+        out = [int(i) for i in items]
+        return out if len(set(out)) == len(out) and all(i < limit for i in out) else None
+
+    base = list(range(count)) if rocr is None else indices(rocr, count)
+    if base is None:
+        return None
+    chosen = hip if hip is not None else cuda
+    if chosen is None:
+        return base
+    picked = indices(chosen, len(base))
+    return None if picked is None else [base[i] for i in picked]
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+_ORDINAL = re.compile(r"[+-]?[0-9]+", re.ASCII)
+
+
+def _ordinal(item: str) -> int | None:
+    """The leading integer of one CUDA_VISIBLE_DEVICES item as CUDA reads it (strtoul-like: ``0gpu`` is 0,
+    ``+1`` is 1, ``-1`` and a non-number are -1, which ends the list); None where that reading is not
+    certain (a lone sign, ``-0``), so the caller asks torch."""
+    m = _ORDINAL.match(item)
+    if m is None:
+        return None if item[:1] in ("+", "-") else -1
+    text = m.group(0)
+    if text.startswith("-"):
+        return -1 if text.strip("-0") else None
+    return int(text)
+
+
+def cuda_visible_entries(visible: str) -> list[int] | list[str] | None:
+    """CUDA_VISIBLE_DEVICES as CUDA parses it, before it is matched against the devices: ordinals, or
+    ``GPU-`` / ``MIG-`` UUIDs (full or a prefix). Items are read in order up to the first invalid one
+    (a negative or non-numeric item, or one without the list's UUID prefix); a repeated item means no
+    device at all (``0,0`` -> []). None where a rule is not certain: :func:`_ordinal`'s cases, and
+    ordinals and UUIDs mixed in one list (torch's parser stops at the first of the other kind; CUDA's
+    documentation does not say).
+    The reference for these rules is torch's own parser (``torch.cuda._parse_visible_devices``): the
+    tests compare the two over a corpus of values."""
+    for prefix in ("GPU-", "MIG-"):
+        if visible.startswith(prefix):
+            uuids: list[str] = []
+            for item in visible.split(","):
+                if item in uuids:
+                    return []
+                if not item.startswith(prefix):
+                    if item.strip()[:1].isdigit() or item.startswith(("GPU-", "MIG-")):
+                        return None  # ordinals or the other UUID kind after UUIDs: CUDA's reading is not certain
+                    break
+                uuids.append(item)
+            return uuids
+    ordinals: list[int] = []
+    for item in visible.split(","):
+        if item.strip().startswith(("GPU-", "MIG-")):
+            return None  # a UUID after ordinals: CUDA's reading is not certain
+        x = _ordinal(item.strip())
+        if x is None:
+            return None
+        if x in ordinals:
+            return []
+        if x < 0:
+            break
+        ordinals.append(x)
+    return ordinals
 
 
 def visible_nvml_indices(visible: str | None, uuids: list[str]) -> list[int] | None:
     """NVML indices of the devices CUDA will see, in CUDA's order (NVML ignores CUDA_VISIBLE_DEVICES).
 
     ``visible`` is the value of CUDA_VISIBLE_DEVICES (None when unset); ``uuids`` are NVML's device
-    UUIDs by NVML index. Like CUDA, an index or a unique ``GPU-`` UUID prefix selects a device and
-    the list stops at the first entry that does not ("-1", "" and out-of-range entries hide the
-    rest). MIG entries cannot be mapped from the parent GPU list: None means "ask torch instead".
+    UUIDs by NVML index. Parsed by :func:`cuda_visible_entries`; an ordinal at or beyond the device
+    count, or a UUID prefix that matches no device or several, ends the list; the same device twice
+    means none. MIG entries cannot be mapped from the parent GPU list, and an uncertain reading is
+    not guessed: None means "ask torch instead".
     """
     if visible is None:
         return list(range(len(uuids)))
+    entries = cuda_visible_entries(visible)
+    if entries is None or (entries and isinstance(entries[0], str) and entries[0].startswith("MIG-")):
+        return None
     out: list[int] = []
-    for entry in (e.strip() for e in visible.split(",")):
-        if entry.startswith("MIG-"):
-            return None
-        if entry.isdigit() and int(entry) < len(uuids):
-            index = int(entry)
-        elif entry.startswith("GPU-"):
+    for entry in entries:
+        if isinstance(entry, int):
+            if entry >= len(uuids):
+                break
+            index = entry
+        else:
             matches = [i for i, uuid in enumerate(uuids) if uuid.startswith(entry)]
             if len(matches) != 1:
                 break
             index = matches[0]
-        else:
-            break
-        if index in out:  # CUDA refuses duplicates; treat like an invalid entry
-            break
+            if index in out:
+                return []
         out.append(index)
     return out
 
@@ -440,12 +531,26 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+def import_torch() -> Any:
+    """``import torch``, or :class:`KernelUnavailable` saying why it failed (a torch whose compiled
+    libraries are missing or broken is no machine a lock is current on)."""
+    try:
+        import torch
+    except Exception as exc:  # ImportError, OSError from the dynamic loader, anything its __init__ raises
+        from .errors import KernelUnavailable
+
+        raise KernelUnavailable(
+            f"`import torch` fails here: {type(exc).__name__}: {exc}",
+            key="environment.torch",
+            fix="repair or reinstall torch in this environment (pip install --force-reinstall torch)",
+        ) from None
+    return torch
+
+
 def current(torch: Any | None = None, *, device: Callable[[Any], dict[str, Any]] | None = None) -> dict[str, Any]:
     """The fingerprint fields of this machine, as plain values keyed like ``FIELDS``."""
     if torch is None:
-        import torch as torch_module
-
-        torch = torch_module
+        torch = import_torch()
     dev = (device or device_facts)(torch)
     return {
         "python": platform.python_version(),
@@ -492,6 +597,4 @@ def device_here() -> dict[str, Any]:
         facts = torchless.device()
         if facts is not None:
             return facts
-    import torch
-
-    return device_facts(torch)
+    return device_facts(import_torch())

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from . import _toml, registry
-from .errors import LockFormatError, LockVersionError, LockWarning, TargetNotAllowed
+from .errors import BadEnvironmentVariable, LockFormatError, LockVersionError, LockWarning, TargetNotAllowed
 
 # declared in kernel_lock.slots; still importable from here (kernel_lock.lock.MODES, kernel_lock.SLOTS)
 from .slots import MODES, PRECISIONS, SEMANTICS, SLOTS, STATUSES, slot_name_fix
@@ -183,7 +183,7 @@ def granted_trust(trust: Iterable[str] = ()) -> tuple[str, ...]:
     for name in names:
         if not _MODULE.fullmatch(name) or any(part.startswith("_") for part in name.split(".")):
             source = f"${TRUST_ENV}" if name not in trust else "trust"
-            raise LockFormatError(
+            raise BadEnvironmentVariable(
                 f"{source}: {name!r} is not a public module name",
                 key=TRUST_ENV if source != "trust" else None,
                 fix="list top-level packages, e.g. KERNEL_LOCK_TRUST=site_kernels",
@@ -675,10 +675,12 @@ class KernelLock:
         atomic_write_text(Path(path), self.dumps())
 
     # ---- resolution (kept in resolve.py; thin methods here so the lock is the entry point) --
-    def verify(self, mode: str | None = None, *, current: Mapping[str, Any] | None = None) -> list[str]:
+    def verify(
+        self, mode: str | None = None, *, current: Mapping[str, Any] | None = None, targets: str | None = None
+    ) -> list[str]:
         from .resolve import verify
 
-        return verify(self, mode=mode, current=current)
+        return verify(self, mode=mode, current=current, targets=targets)
 
     def factory(self, slot: str, mode: str | None = None, **options: Any):
         from .resolve import factory
@@ -715,7 +717,15 @@ def atomic_write_text(path: Path, text: str) -> None:
             fix="write the lock to a regular file path",
         )
     directory = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    except OSError as exc:  # the folder is missing, read-only, or not a folder: nothing was written
+        why = "does not exist" if isinstance(exc, FileNotFoundError) else f"cannot be written to ({exc.strerror})"
+        raise LockFormatError(
+            f"cannot write the lock: the folder {directory} {why}; nothing was written",
+            path=str(path),
+            fix="create the folder first, or give a path in a folder you can write to",
+        ) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
             fh.write(text)

@@ -372,28 +372,92 @@ def forbidden_roots(lock: KernelLock) -> set[str]:
 
 # ---- what a pickle names -----------------------------------------------------------------------------
 _STRING_OPS = {"SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8", "SHORT_BINSTRING", "BINSTRING", "STRING"}
+_UNKNOWN = object()  # a stack value that is not a string the scan knows
+
+
+class UnreadablePickle(ValueError):
+    """A pickle whose globals cannot all be named without running it (a STACK_GLOBAL whose operands are
+    not plain strings, an extension-registry code, a malformed stream): nothing may be said about it."""
 
 
 def globals_in(data: bytes) -> set[str]:
-    """Every ``module.name`` a pickle stream imports (GLOBAL and STACK_GLOBAL opcodes)."""
+    """Every ``module.name`` the pickle stream ``data`` would import when loaded: GLOBAL and INST
+    arguments, and STACK_GLOBAL's two operands as they are on the stack when it runs.
+
+    The stack, the marks and the memo are modelled opcode by opcode (each opcode's declared stack effect,
+    from ``pickletools``), so strings pushed and popped as decoys, or fetched from the memo, are read as
+    ``pickle`` would read them. Where the scan cannot name a global with certainty it raises
+    :class:`UnreadablePickle` rather than under-report. Nothing is unpickled.
+    """
     found: set[str] = set()
-    recent: list[Any] = []
+    stack: list[Any] = []
+    marks: list[int] = []
     memo: dict[Any, Any] = {}
-    for op, arg, _ in pickletools.genops(data):
-        name = op.name
-        if name == "GLOBAL":
-            module, _, attr = str(arg).partition(" ")
-            found.add(f"{module}.{attr}")
-        elif name in _STRING_OPS:
-            recent.append(arg)
-        elif name == "MEMOIZE":
-            memo[len(memo)] = recent[-1] if recent else None
-        elif name in ("BINPUT", "LONG_BINPUT", "PUT"):
-            memo[arg] = recent[-1] if recent else None
-        elif name in ("BINGET", "LONG_BINGET", "GET"):
-            recent.append(memo.get(arg))
-        elif name == "STACK_GLOBAL" and len(recent) >= 2:
-            found.add(f"{recent[-2]}.{recent[-1]}")
+
+    def pop(n: int = 1) -> list[Any]:
+        if n > len(stack) - (marks[-1] if marks else 0):
+            raise UnreadablePickle(f"the stack underflows at opcode {name} (byte {pos})")
+        taken = stack[len(stack) - n :]
+        del stack[len(stack) - n :]
+        return taken
+
+    def pop_mark() -> None:
+        if not marks:
+            raise UnreadablePickle(f"opcode {name} at byte {pos} has no mark")
+        del stack[marks.pop() :]
+
+    try:
+        for op, arg, pos in pickletools.genops(data):
+            name = op.name
+            if name in _STRING_OPS:
+                stack.append(arg)
+            elif name in ("GLOBAL", "INST"):
+                module, _, attr = str(arg).partition(" ")
+                found.add(f"{module}.{attr}")
+                if name == "INST":
+                    pop_mark()
+                stack.append(_UNKNOWN)
+            elif name == "STACK_GLOBAL":
+                module, attr = pop(2)
+                if not (isinstance(module, str) and isinstance(attr, str)):
+                    raise UnreadablePickle(f"STACK_GLOBAL at byte {pos} takes operands that are not plain strings")
+                found.add(f"{module}.{attr}")
+                stack.append(_UNKNOWN)
+            elif name in ("EXT1", "EXT2", "EXT4"):
+                raise UnreadablePickle(f"{name} at byte {pos} names a global through copyreg's extension registry")
+            elif name == "MARK":
+                marks.append(len(stack))
+            elif name == "MEMOIZE":
+                memo[len(memo)] = stack[-1] if stack else _UNKNOWN
+            elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
+                memo[arg] = stack[-1] if stack else _UNKNOWN
+            elif name in ("GET", "BINGET", "LONG_BINGET"):
+                if arg not in memo:
+                    raise UnreadablePickle(f"{name} at byte {pos} reads memo entry {arg!r}, which was never stored")
+                stack.append(memo[arg])
+            elif name == "DUP":
+                stack.append(stack[-1] if stack else _UNKNOWN)
+            elif name == "POP":
+                if len(stack) > (marks[-1] if marks else 0):
+                    pop()
+                else:  # pickle's load_pop: with nothing above the mark, POP drops the mark
+                    pop_mark()
+            elif name == "POP_MARK":
+                pop_mark()
+            elif name == "STOP":
+                break
+            else:
+                before = op.stack_before
+                if pickletools.markobject in before:
+                    pop_mark()
+                    pop(before.index(pickletools.markobject))
+                else:
+                    pop(len(before))
+                stack.extend(_UNKNOWN for _ in op.stack_after)
+    except UnreadablePickle:
+        raise
+    except (ValueError, IndexError) as exc:  # pickletools on a truncated or malformed stream
+        raise UnreadablePickle(f"not a readable pickle: {exc}") from None
     return found
 
 
@@ -414,8 +478,13 @@ def pickled_modules(obj: Any) -> set[str]:
 
 
 def saved_modules(path: str | Path) -> set[str]:
-    """The modules a ``torch.save`` file's pickle names (read from its zip archive; nothing is unpickled)."""
+    """The modules a ``torch.save`` file's pickles would import when loaded (read from its zip archive;
+    nothing is unpickled). Every global is reported: each ``.pkl`` member's stack is modelled
+    (:func:`globals_in`), and a pickle whose globals cannot all be named raises :class:`UnreadablePickle`.
+    """
+    found: set[str] = set()
     with zipfile.ZipFile(path) as archive:
-        names = [n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
-        data = b"".join(archive.read(n) for n in names)
-    return {name.rpartition(".")[0] for name in globals_in(data)}
+        for member in archive.namelist():
+            if member.endswith(".pkl"):  # data.pkl, and any other pickle torch.load may read
+                found |= globals_in(archive.read(member))
+    return {name.rpartition(".")[0] for name in found}

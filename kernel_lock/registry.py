@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _toml
+from .slots import KNOWN_TARGETS, SLOT_SEMANTICS, TargetFacts, canonical_target
 
 DATA = "registry.toml"  # package data of kernel_lock; pyproject.toml's package-data names it too
 # modules every lock may name whatever the registry says: torch itself and kernel_lock's own adapters
@@ -50,6 +51,7 @@ def reset() -> None:
     """Forget what was read (after pointing ``PATH`` elsewhere)."""
     _data.cache_clear()
     _allowed_roots.cache_clear()
+    _declared.cache_clear()
 
 
 def import_root(target: str) -> str:
@@ -73,3 +75,36 @@ def allowed_roots() -> tuple[str, ...]:
     """The modules a lock may name without being granted trust: torch, kernel_lock.adapters and the
     import root of every registered candidate's target and twin."""
     return _allowed_roots(path())
+
+
+@functools.cache
+def _declared(where: Path) -> dict[str, TargetFacts]:
+    out: dict[str, TargetFacts] = {}
+    for cand in _data(where).get("candidate", []):
+        target, slots = cand.get("target"), cand.get("slots") or []
+        if not (isinstance(target, str) and slots and slots[0] in SLOT_SEMANTICS):
+            continue
+        semantics = cand.get("semantics") or SLOT_SEMANTICS[slots[0]]
+        known = set(cand.get("kwargs") or {}) | set(cand.get("build-kwargs") or {})
+        before = out.get(target)
+        if before is not None:
+            known |= before.params
+        out[target] = TargetFacts(semantics, frozenset(known), False)
+    return out
+
+
+def target_facts(target: str) -> TargetFacts | None:
+    """What ``target`` computes and the constructor keywords it is known to accept, without importing it:
+    torch.nn's and kernel_lock's classes from ``slots.KNOWN_TARGETS`` (through their aliases), a
+    registered candidate's from its declaration (its semantics, and the kwargs it is declared with: not
+    necessarily every one it accepts). None: only importing it can tell."""
+    name = canonical_target(target)
+    if name in KNOWN_TARGETS:
+        return KNOWN_TARGETS[name]
+    return _declared(path()).get(name)
+
+
+def declared_semantics(target: str) -> str | None:
+    """The semantics the registry declares for ``target`` (a registered candidate's class), or None."""
+    facts = target_facts(target)
+    return facts.semantics if facts is not None else None

@@ -11,6 +11,7 @@ import functools
 import importlib
 import inspect
 import logging
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -101,7 +102,11 @@ def import_target(
             key=key,
             fix="a slot must name a module class, such as torch.nn.LayerNorm",
         )
-    found = class_semantics(obj) if semantics is not None else None
+    found = None
+    if semantics is not None:
+        from .registry import declared_semantics
+
+        found = class_semantics(obj) or declared_semantics(target)
     if found is not None and found != semantics:
         raise TargetNotAllowed(
             f"target {target!r} computes {found}, not {semantics}: the slot would change the model's maths",
@@ -145,7 +150,8 @@ def _requirement_problems(slot: Slot) -> list[Difference]:
             version = metadata.version(req.name)
         except metadata.PackageNotFoundError:
             version = None
-        if version is None and req.module and _locatable(req.module):
+        where = locate(req.module) if req.module else None
+        if version is None and where:
             version = "unknown"  # importable but not installed as a distribution (e.g. a source tree)
         if version is None:
             problems.append(
@@ -154,25 +160,65 @@ def _requirement_problems(slot: Slot) -> list[Difference]:
                 )
             )
             continue
+        if where is False:  # the metadata is there, the module's files are not (a half-removed install)
+            problems.append(
+                Difference(
+                    f"slots.{slot.name}.requires.{req.name}",
+                    req.specifier or "any",
+                    f"{version} per its metadata, but module {req.module!r} is not on the search path",
+                    "specifier",
+                )
+            )
+            continue
         if req.specifier and version != "unknown" and not in_spec(req.specifier, version):
             problems.append(Difference(f"slots.{slot.name}.requires.{req.name}", req.specifier, version, "specifier"))
     return problems
 
 
-def _locatable(module: str) -> bool:
-    """Is the top-level package of ``module`` on the search path? A file-system lookup only: no
-    package's code runs (``find_spec`` of a dotted name would import its parents)."""
+def locate(module: str) -> bool | None:
+    """Is ``module`` on the search path? True / False where the file system says so, None where only
+    importing could tell. No package's code runs: the top-level package is looked up by
+    the import system's finders and each submodule by ``PathFinder`` within its parent's ``__path__`` as found on disk
+    (``importlib.util.find_spec("a.b")`` would import ``a``). A package that builds its ``__path__``
+    when imported (a legacy namespace package, a lazy loader) may hold a submodule this cannot see:
+    a submodule not found is None (unknown), never False; only a missing top-level package is False.
+    """
     import importlib.machinery
+    import importlib.util
 
-    top = module.split(".", 1)[0]
-    try:
-        return importlib.machinery.PathFinder.find_spec(top) is not None
+    parts = module.split(".")
+    try:  # a top-level name has no parent to import: only the finders run (editable installs' too)
+        spec = importlib.util.find_spec(parts[0])
     except (ImportError, ValueError, OSError):
+        return None
+    if spec is None:
         return False
+    for i in range(1, len(parts)):
+        locations = spec.submodule_search_locations
+        if not locations:
+            return None  # a module, not a package, or one whose path is built on import
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: i + 1]), list(locations))
+        except (ImportError, ValueError, OSError):
+            return None
+        if spec is None:
+            return None
+    return True
 
 
-def verify(lock: KernelLock, mode: str | None = None, *, current: Mapping[str, Any] | None = None) -> list[str]:
+def verify(
+    lock: KernelLock,
+    mode: str | None = None,
+    *,
+    current: Mapping[str, Any] | None = None,
+    targets: str | None = None,
+) -> list[str]:
     """Check this machine against the lock. Raises :class:`LockMismatch` listing every difference.
+
+    ``targets``: whether each slot's class and kwargs are checked too, as ``factory`` would refuse them
+    (:func:`confirm_targets`): None, not here (the caller imports them next); ``"static"``, without
+    importing anything, a target only an import can judge being an error (``verify --no-import``);
+    ``"child"``, such a target is imported in a child process (the job-start check of ``kernel-probe``).
 
     Training: every fingerprint field (under its match rule), every pinned library version and every
     slot requirement. Inference: the machine may differ (that is the point), but every slot must be
@@ -230,6 +276,8 @@ def verify(lock: KernelLock, mode: str | None = None, *, current: Mapping[str, A
                 else None
             )
             raise LockMismatch(diffs, path=lock.path, fix=fix)
+        if targets is not None:
+            confirm_targets(lock, mode, current, import_unknown=targets == "child")
         return notes
     problems = []
     for slot in lock.slots.values():
@@ -251,6 +299,8 @@ def verify(lock: KernelLock, mode: str | None = None, *, current: Mapping[str, A
             fix="install the library the slot needs, or re-probe on this machine; a slot without a verified "
             "twin cannot be substituted",
         )
+    if targets is not None:
+        confirm_targets(lock, mode, current, import_unknown=targets == "child")
     return notes
 
 
@@ -271,6 +321,208 @@ def twin_refusal(slot: Slot) -> str | None:
     if semantics is not None and semantics != slot.semantics:
         return f"its twin {twin.target} computes {semantics}, not {slot.semantics} (the maths would change)"
     return None
+
+
+# ---- the job-start check: what an import would refuse, decided without importing where it can be
+
+
+def _static_problem(
+    slot: str, target: str, kwargs: Mapping[str, Any], torch_version: str, where: str | None, key: str
+) -> str | None:
+    """Decide ``target`` for ``slot`` as :func:`_build` would, from ``registry.target_facts`` and the
+    file system: raises the error the import would raise; None when it would build; the reason when
+    only importing can tell (a target outside the tables, a kwarg the registry does not declare, an
+    unknown or too old torch, a module found only by importing its parent)."""
+    from . import registry
+    from .slots import TORCH_FACTS_SINCE, canonical_target
+    from .versions import release
+
+    facts = registry.target_facts(target)
+    if facts is None:
+        return f"{target!r} is not a class the registry or torch.nn's table declares"
+    name = canonical_target(target)
+    if name.split(".")[0] in ("torch", "kernel_lock") and release(torch_version)[:2] < TORCH_FACTS_SINCE:
+        return f"torch {torch_version or '(version unknown)'} is not one the table of torch.nn's classes holds for"
+    semantics = SLOT_SEMANTICS[slot]
+    if facts.semantics != semantics:
+        raise TargetNotAllowed(
+            f"target {target!r} computes {facts.semantics}, not {semantics}: the slot would change the model's maths",
+            path=where,
+            key=f"{key}.target",
+            fix="pin a class of the slot's semantics (an RMSNorm is not a LayerNorm), or move the entry to its slot",
+        )
+    for kw in kwargs:
+        if kw in facts.params:
+            continue
+        if not facts.complete:
+            return f"keyword argument {kw!r} is not one the registry declares for {target!r}"
+        raise LockFormatError(
+            f"{name} does not accept the keyword argument {kw!r}",
+            path=where,
+            key=f"{key}.kwargs.{kw}",
+            fix=f"remove it; accepted: {', '.join(sorted(facts.params))}",
+        )
+    module = target.rpartition(".")[0]
+    found = locate(module)
+    if found is False:
+        raise KernelUnavailable(
+            f"slot {slot}: cannot import {target!r}: module {module.split('.')[0]!r} is not on the search path",
+            path=where,
+            key=key,
+            fix=f"install the library that provides module {module.split('.')[0]!r}, re-run `kernel-probe` to "
+            f"choose what this machine can run, or resolve it {IN_INFERENCE_MODE} to use the verified torch.nn twin",
+        )
+    if found is None:
+        return f"module {module!r} can only be found by importing its parent package"
+    return None
+
+
+def confirm_targets(lock: KernelLock, mode: str, current: Mapping[str, Any], *, import_unknown: bool) -> None:
+    """Raise what :func:`factory` would raise for a slot of ``lock`` in ``mode``: a target of other
+    semantics or not a class, an unknown kwarg, a module that is not there.
+
+    Decided without importing wherever ``registry.target_facts`` and the file system know the facts.
+    A target they cannot judge is "not checked without import", never current: with
+    ``import_unknown``, those slots are resolved by ``factory`` in a child process (foreign code runs
+    there, not here) and its verdict is raised here; without, :class:`KernelUnavailable` says which
+    and why (exit 3: the lock could not be confirmed).
+    """
+    torch_version = str(current.get("torch") or "")
+    unknown: dict[str, str] = {}
+    for entry in lock.slots.values():
+        key = f"slots.{entry.name}"
+        if mode == "training":
+            target, kwargs, at = entry.target, entry.kwargs, key
+        else:
+            r = resolve_slot(lock, entry.name, mode, current=current, import_classes=False)
+            target, kwargs, at = r.target, r.kwargs, key if r.substituted_from is None else f"{key}.twin"
+        try:
+            why = _static_problem(entry.name, target, kwargs, torch_version, lock.path, at)
+        except KernelUnavailable as exc:
+            if mode == "training" or at != key:
+                raise
+            refusal = twin_refusal(entry)  # inference: the import path falls back to the twin
+            if refusal is not None:
+                raise KernelUnavailable(
+                    f"slot {entry.name}: {entry.implementation} ({entry.target}) cannot run here ({exc.problem}), "
+                    f"and {refusal}",
+                    path=lock.path,
+                    key=f"{key}.twin",
+                ) from None
+            assert entry.twin is not None
+            why = _static_problem(
+                entry.name, entry.twin.target, entry.twin.kwargs, torch_version, lock.path, f"{key}.twin"
+            )
+        if why is not None:
+            unknown[entry.name] = why
+    if not unknown:
+        return
+    if not import_unknown:
+        raise KernelUnavailable(
+            "not checked without import: "
+            + "; ".join(f"slot {name}: {why}" for name, why in unknown.items())
+            + " (so the lock is not confirmed current)",
+            path=lock.path,
+            key="slots." + next(iter(unknown)),
+            fix="run `kernel-probe verify` without --no-import (imports each class), or `kernel-probe --check` "
+            "(imports only these, in a child process)",
+        )
+    _confirm_in_child(lock, mode, unknown)
+
+
+CHILD_TIMEOUT = 300.0  # seconds for the child that imports what could not be judged without it
+_MARK = "KERNEL_LOCK_CONFIRM "
+
+
+def _confirm_in_child(lock: KernelLock, mode: str, unknown: Mapping[str, str]) -> None:
+    """Resolve the ``unknown`` slots with :func:`factory` in a fresh interpreter (same search path, same
+    trust) and raise its verdict here: the import path's own answer, without its code running here."""
+    import json
+    import subprocess
+
+    request = {
+        "sys_path": list(sys.path),
+        "text": lock.dumps(),
+        "path": lock.path,
+        "trust": list(lock.granted),
+        "mode": mode,
+        "slots": list(unknown),
+    }
+    code = (
+        "import json, sys; r = json.loads(sys.stdin.read()); sys.path[:] = r['sys_path']; "
+        "from kernel_lock.resolve import _confirm_child; _confirm_child(r)"
+    )
+    what = ", ".join(f"slot {name} ({why})" for name, why in unknown.items())
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            input=json.dumps(request),
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise KernelUnavailable(
+            f"{what}: importing it in a child process to confirm it failed: {exc}",
+            path=lock.path,
+            key="slots." + next(iter(unknown)),
+            fix="run `kernel-probe verify` to see the import's own error",
+        ) from None
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(_MARK)]
+    if not lines:
+        tail = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        raise KernelUnavailable(
+            f"{what}: the child process importing it to confirm it ended without a verdict ({tail[:300]})",
+            path=lock.path,
+            key="slots." + next(iter(unknown)),
+            fix="run `kernel-probe verify` to see the import's own error",
+        )
+    verdicts = json.loads(lines[-1][len(_MARK) :])
+    for slot in unknown:
+        verdict = verdicts.get(slot, {"exit_code": 3, "problem": f"slot {slot}: no verdict", "key": None, "fix": None})
+        if verdict is None:
+            continue
+        cls = LockFormatError if verdict["exit_code"] == LockFormatError.exit_code else KernelUnavailable
+        raise cls(
+            f"{verdict['problem']} (found by importing it in a child process: {unknown[slot]} without import)",
+            path=lock.path,
+            key=verdict["key"],
+            fix=verdict["fix"],
+        )
+
+
+def _child_verdict(request: Mapping[str, Any], slot: str) -> dict[str, Any] | None:
+    from .errors import LockError
+    from .lock import loads
+
+    try:
+        lock = loads(request["text"], path=request["path"], trust=request["trust"], emit_warnings=False)
+        factory(lock, slot, request["mode"], verify_environment=False)
+        return None
+    except LockError as exc:
+        return {"exit_code": exc.exit_code, "problem": exc.problem, "key": exc.key, "fix": exc.fix}
+    except BaseException as exc:  # the import path reports it as unavailable too
+        return {
+            "exit_code": KernelUnavailable.exit_code,
+            "problem": f"slot {slot}: resolving it raised {type(exc).__name__}: {exc}",
+            "key": f"slots.{slot}",
+            "fix": "repair or reinstall that library, or re-run `kernel-probe`",
+        }
+
+
+def _confirm_child(request: Mapping[str, Any]) -> None:
+    """The child of :func:`_confirm_in_child`: ``factory`` for each slot asked, one JSON line of verdicts."""
+    import json
+    import os
+
+    verdicts: dict[str, Any] = {}
+    try:
+        for slot in request["slots"]:
+            verdicts[slot] = _child_verdict(request, slot)
+    finally:
+        sys.stdout.write("\n" + _MARK + json.dumps(verdicts) + "\n")
+        sys.stdout.flush()
+        os._exit(0)  # no atexit hook or thread of an imported library decides the outcome
 
 
 def _max_error_text(max_error: float | None) -> str:

@@ -43,20 +43,53 @@ CALL_KWARGS: dict[str, dict[str, Any]] = {
     "Linear": {"bias": "$bias"},
 }
 
-# What the portable twins compute. A twin records no semantics of its own, so a twin target listed
-# here whose semantics differ from its slot's (an RMSNorm standing in for a LayerNorm) is refused;
-# a target not listed (a trusted module's class) cannot be judged and is taken at the lock's word.
-TWIN_SEMANTICS = {
-    "torch.nn.LayerNorm": "layer_norm",
-    "torch.nn.modules.normalization.LayerNorm": "layer_norm",
-    "torch.nn.RMSNorm": "rms_norm",
-    "torch.nn.modules.normalization.RMSNorm": "rms_norm",
-    "torch.nn.Linear": "linear",
-    "torch.nn.modules.linear.Linear": "linear",
-    "kernel_lock.adapters.CompiledLayerNorm": "layer_norm",
-    "kernel_lock.adapters.CompiledRMSNorm": "rms_norm",
-    "kernel_lock.adapters.CompiledLinear": "linear",
-}
+# What torch.nn's slot classes compute and every keyword their constructors accept, so a check that
+# imports nothing (the job-start check) can decide a lock's target and kwargs as ``import`` would.
+# They hold for every torch kernel-probe supports (pyproject: torch >= TORCH_FACTS_SINCE: RMSNorm came in
+# 2.4, LayerNorm's ``bias`` in 2.1); tests compare them with the installed torch's signatures. A target
+# not listed here (or in the registry's declarations) is decided only by importing it.
+TORCH_FACTS_SINCE = (2, 4)
+
+
+class TargetFacts(NamedTuple):
+    semantics: str
+    params: frozenset[str]  # keyword arguments the constructor accepts
+    complete: bool  # params lists every one (else: the ones known to be accepted, e.g. from the registry)
+
+
+_LAYER_NORM = frozenset(("normalized_shape", "eps", "elementwise_affine", "bias", "device", "dtype"))
+_RMS_NORM = frozenset(("normalized_shape", "eps", "elementwise_affine", "device", "dtype"))
+_LINEAR = frozenset(("in_features", "out_features", "bias", "device", "dtype"))
+KNOWN_TARGETS: Mapping[str, TargetFacts] = MappingProxyType(
+    {
+        "torch.nn.LayerNorm": TargetFacts("layer_norm", _LAYER_NORM, True),
+        "torch.nn.RMSNorm": TargetFacts("rms_norm", _RMS_NORM, True),
+        "torch.nn.Linear": TargetFacts("linear", _LINEAR, True),
+        # kernel_lock.adapters: subclasses of the above with the same constructor (torch.compile'd forward)
+        "kernel_lock.adapters.CompiledLayerNorm": TargetFacts("layer_norm", _LAYER_NORM, True),
+        "kernel_lock.adapters.CompiledRMSNorm": TargetFacts("rms_norm", _RMS_NORM, True),
+        "kernel_lock.adapters.CompiledLinear": TargetFacts("linear", _LINEAR, True),
+    }
+)
+# Other public names of the same classes (torch re-exports them from its submodules)
+TARGET_ALIASES: Mapping[str, str] = MappingProxyType(
+    {
+        f"torch.nn.{where}.{name}": f"torch.nn.{name}"
+        for name, module in (("LayerNorm", "normalization"), ("RMSNorm", "normalization"), ("Linear", "linear"))
+        for where in ("modules", f"modules.{module}")
+    }
+)
+
+
+def canonical_target(target: str) -> str:
+    """``torch.nn.modules.normalization.LayerNorm`` -> ``torch.nn.LayerNorm``; other names unchanged."""
+    return TARGET_ALIASES.get(target, target)
+
+
+# What the portable twins compute (derived from the tables above). A twin records no semantics of its
+# own, so a twin target listed here whose semantics differ from its slot's (an RMSNorm standing in for a
+# LayerNorm, also through an alias) is refused; a target not listed cannot be judged without importing.
+TWIN_SEMANTICS = {name: KNOWN_TARGETS[canonical_target(name)].semantics for name in (*KNOWN_TARGETS, *TARGET_ALIASES)}
 
 # The semantics a kernel may compute by mistake instead of its own (same shapes, same parameters):
 # a "LayerNorm" whose output matches an RMSNorm reference computes the other one.
@@ -94,18 +127,30 @@ def slot_name_fix(name: str) -> str:
     return f"known slots: {', '.join(SLOTS)}"
 
 
-def class_semantics(cls: Any) -> str | None:
-    """What a module class computes, where that can be told; None where it cannot.
+# torch's quantized, QAT and fused (module + activation) classes: some subclass nn.Linear, none computes
+# a plain float Linear or norm (torch.ao.nn.intrinsic.quantized.dynamic.LinearReLU is an int8 Linear and a
+# ReLU with no trainable parameters)
+NOT_PLAIN_TORCH = ("torch.ao", "torch.nn.quantized", "torch.nn.qat", "torch.nn.intrinsic", "torch.nn.quantizable")
 
-    torch's own classes are told exactly: a subclass of ``torch.nn.RMSNorm``, ``LayerNorm`` or
-    ``Linear`` computes that; any other torch module computes something else (``other: Identity``).
-    Another library's class is told by its name and its bases' (``LigerRMSNorm`` is an RMSNorm);
-    RMSNorm is looked for first, over the whole MRO, so an adapter subclassing LigerRMSNorm is one.
+
+def class_semantics(cls: Any) -> str | None:
+    """What a module class computes, told by its class hierarchy; None where the hierarchy cannot tell.
+
+    A subclass of ``torch.nn.RMSNorm``, ``LayerNorm`` or ``Linear`` computes that, unless it (or a class
+    it derives from) is one of torch's quantized, QAT or fused classes (``NOT_PLAIN_TORCH``): those, and
+    every other torch module, compute something else (``other: Identity``). Another library's class
+    that derives from none of them is not judged by its name: None, and the caller takes the registry's
+    declaration (``kernel_lock.registry.declared_semantics``) or the lock's word.
     """
     if not isinstance(cls, type):
         return None
     import torch
 
+    def _under(module: str, roots: tuple[str, ...]) -> bool:
+        return any(module == r or module.startswith(r + ".") for r in roots)
+
+    if any(_under(c.__module__, NOT_PLAIN_TORCH) for c in cls.__mro__):
+        return f"other: {cls.__name__} (quantized or fused)"
     for base, semantics in (
         (torch.nn.RMSNorm, "rms_norm"),
         (torch.nn.LayerNorm, "layer_norm"),
@@ -113,13 +158,6 @@ def class_semantics(cls: Any) -> str | None:
     ):
         if issubclass(cls, base):
             return semantics
-    names = [c.__name__.lower() for c in cls.__mro__]
-    if any("rmsnorm" in n for n in names):
-        return "rms_norm"
-    if any("layernorm" in n for n in names):
-        return "layer_norm"
-    if any(n.endswith("linear") for n in names[:-2]):  # the class and its bases, not nn.Module / object
-        return "linear"
-    if cls.__module__.split(".")[0] == "torch":
+    if _under(cls.__module__, ("torch",)):
         return f"other: {cls.__name__}"
     return None

@@ -59,9 +59,6 @@ NVIDIA_ARCH_BY_NAME: tuple[tuple[re.Pattern[str], str], ...] = (
 # listed here is not guessed.
 MIN_DRIVER_FOR_CUDA: dict[int, tuple[int, ...]] = {11: (450, 80, 2), 12: (525, 60, 13), 13: (580,)}
 
-# version.py may import these and nothing else (torch's own file imports typing.Optional)
-_HARMLESS_IMPORTS = ("typing", "__future__")
-
 
 @dataclass(frozen=True)
 class Notes:
@@ -111,35 +108,95 @@ class _Unsettled(Exception):
 # torch's build, from its installed version.py
 
 
-def parse_version_file(text: str) -> dict[str, Any]:
-    """The module-level constants of a ``torch/version.py``, read with ``ast`` (nothing is executed).
+# What a real torch/version.py holds: tools/generate_torch_version.py (and setup.py's older copy) writes
+# ``from typing import Optional``, ``__all__ = [...]``, ``__version__ = '...'``, ``debug = False``,
+# ``git_version = '...'`` and ``cuda`` / ``hip`` / ``rocm`` / ``xpu`` as ``NAME: Optional[str] = '...'``
+# (torch < 2.0: ``NAME = '...'``). Checked against the files of CPU, CUDA and ROCm wheels from 1.13 to
+# 2.13 (tests/test_version_file.py). Nothing else is read: anything else could change, when Python runs
+# the file, what the names hold.
+_VERSION_FILE_IMPORT = ("typing", ("Optional",))
+_ANNOTATION = "Optional[str]"
 
-    Accepted: a docstring, imports from ``typing`` / ``__future__``, and ``NAME = literal`` or
-    ``NAME: type = literal``. Anything else could change what the names hold when torch imports the
-    file, so it raises ``ValueError`` rather than answer.
+
+def _plain_value(node: ast.expr) -> bool:
+    """A literal as the generator writes one: a string, a bool, None, or a list of strings."""
+    if isinstance(node, ast.Constant):
+        return node.value is None or isinstance(node.value, (str, bool))
+    return isinstance(node, ast.List) and all(
+        isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts
+    )
+
+
+def parse_version_file(text: str) -> dict[str, Any]:
+    """The names a ``torch/version.py`` binds, read with ``ast`` (nothing is executed).
+
+    Accepted, and nothing else: ``from typing import Optional`` (no alias), ``NAME = literal`` and
+    ``NAME: Optional[str] = literal`` after that import (a literal: a string, a bool, None, a list of
+    strings), each name bound once, never ``Optional``, ``str`` or a dunder other than ``__all__`` and
+    ``__version__``. Anything else (another import, an alias, an annotation that is an expression with side
+    effects, a name bound twice, a call) raises ``ValueError`` saying which line, rather than answer.
     """
     tree = ast.parse(text)
     values: dict[str, Any] = {}
+    imported = False
     for node in tree.body:
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-            continue
-        if isinstance(node, ast.ImportFrom) and node.module in _HARMLESS_IMPORTS and node.level == 0:
-            continue
-        if isinstance(node, ast.Import) and all(alias.name in _HARMLESS_IMPORTS for alias in node.names):
-            continue
+        if isinstance(node, ast.ImportFrom):
+            names = tuple(alias.name for alias in node.names if alias.asname is None)
+            if (node.module, names) == _VERSION_FILE_IMPORT and node.level == 0 and len(node.names) == 1:
+                imported = True
+                continue
+            raise ValueError(f"line {node.lineno}: an import other than `from typing import Optional`")
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             target, value = node.targets[0].id, node.value
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+        elif (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and node.simple
+            and node.value is not None
+            and ast.unparse(node.annotation) == _ANNOTATION
+            and isinstance(node.annotation, ast.Subscript)
+            and isinstance(node.annotation.value, ast.Name)
+            and imported
+        ):
             target, value = node.target.id, node.value
         else:
             raise ValueError(
-                f"line {node.lineno}: {type(node).__name__} statement (only constant assignments are read)"
+                f"line {node.lineno}: {type(node).__name__} statement (only `NAME = literal` and "
+                f"`NAME: {_ANNOTATION} = literal` are read)"
             )
-        try:
-            values[target] = ast.literal_eval(value)
-        except ValueError:
-            raise ValueError(f"line {node.lineno}: {target} is not a constant") from None
+        if target in values:
+            raise ValueError(f"line {node.lineno}: {target} is bound twice")
+        if target in ("Optional", "str") or (target.startswith("__") and target not in ("__all__", "__version__")):
+            raise ValueError(f"line {node.lineno}: {target} is not a name torch's version.py binds")
+        if not _plain_value(value):
+            raise ValueError(f"line {node.lineno}: {target} is not a string, bool, None or list of strings")
+        values[target] = ast.literal_eval(value)
     return values
+
+
+# The compiled parts ``import torch`` loads first: its extension module and, in a wheel's torch/lib, the
+# libraries it links (Linux names; macOS .dylib, Windows .dll). A layout that keeps them elsewhere (a
+# conda environment's lib/) is not judged from here: the fingerprint then imports torch.
+_TORCH_LIBS = ("libc10", "libtorch_cpu", "libtorch_python")
+_LIB_SUFFIX = {"linux": ".so", "darwin": ".dylib", "win32": ".dll"}
+
+
+def _compiled_parts_missing(folder: Path, build: TorchBuild) -> str | None:
+    """Why ``import torch`` may fail for a missing compiled part of torch in ``folder``; None when all are there."""
+    import importlib.machinery
+
+    if not any((folder / f"_C{suffix}").is_file() for suffix in importlib.machinery.EXTENSION_SUFFIXES):
+        return f"torch's extension module {folder / '_C'}.* is missing: `import torch` would fail"
+    suffix = _LIB_SUFFIX.get(sys.platform)
+    if suffix is None:
+        return f"torch's compiled libraries are not looked for on {sys.platform}"
+    wanted = list(_TORCH_LIBS) + (["libtorch_cuda"] if build.cuda else []) + (["libtorch_hip"] if build.hip else [])
+    if sys.platform == "win32":
+        wanted = [name.removeprefix("lib") for name in wanted]
+    missing = [name + suffix for name in wanted if not (folder / "lib" / (name + suffix)).is_file()]
+    if missing:
+        return f"{folder / 'lib'} lacks {', '.join(missing)}: whether `import torch` succeeds is only known by importing it"
+    return None
 
 
 def _version_file() -> Path:
@@ -156,7 +213,9 @@ def _version_file() -> Path:
 
 
 def torch_build(path: Path | None = None) -> TorchBuild:
-    """torch's version and CUDA / HIP / ROCm / XPU build from its installed ``version.py``."""
+    """torch's version and CUDA / HIP / ROCm / XPU build from its installed ``version.py``; for the
+    installed torch, only when its compiled parts are there too (else ``import torch`` fails)."""
+    check_compiled = path is None
     path = _version_file() if path is None else path
     try:
         values = parse_version_file(path.read_text(encoding="utf-8"))
@@ -170,7 +229,12 @@ def torch_build(path: Path | None = None) -> TorchBuild:
         texts[name] = value or ""
     version = values.get("__version__")
     version = version if isinstance(version, str) else ""  # the caller falls back for "torch"
-    return TorchBuild(version.split("+")[0], texts["cuda"], texts["hip"], texts["rocm"], texts["xpu"], str(path))
+    build = TorchBuild(version.split("+")[0], texts["cuda"], texts["hip"], texts["rocm"], texts["xpu"], str(path))
+    if check_compiled:
+        missing = _compiled_parts_missing(path.parent, build)
+        if missing:
+            raise _Unsettled(BUILD_FIELDS + DEVICE_FIELDS, missing)
+    return build
 
 
 def _metadata_agrees(build: TorchBuild) -> str | None:
@@ -305,7 +369,11 @@ def _nvidia_from_proc(build: TorchBuild, env: Mapping[str, str], root: Path) -> 
         raise _Unsettled(unsure, f"the driver's GPU list cannot be read: {exc}") from None
     order = fp.visible_nvml_indices(env.get("CUDA_VISIBLE_DEVICES"), [g.get("GPU UUID", "") for g in gpus])
     if order is None:
-        raise _Unsettled(unsure, "CUDA_VISIBLE_DEVICES names MIG devices")
+        raise _Unsettled(
+            unsure,
+            "CUDA_VISIBLE_DEVICES names MIG devices, or is read differently by CUDA and torch's parser "
+            "(ordinals and UUIDs mixed, a lone sign, -0)",
+        )
     if not order:
         return _cpu_device(), {}  # CUDA sees no device: torch reports the CPU
     device: dict[str, Any] = {
@@ -389,7 +457,7 @@ def _amd(
     build: TorchBuild, env: Mapping[str, str], root: Path, sources: dict[str, str]
 ) -> tuple[dict[str, Any], dict[str, str]]:
     sources["device"] = str(root / "sys/class/kfd/kfd/topology")
-    chosen = fp.physical_devices("rocm", env)  # raises on contradictory variables, as device_facts does
+    fp.physical_devices("rocm", env)  # raises on contradictory variables, as device_facts does
     topology = root / "sys/class/kfd/kfd/topology/nodes"
     if not topology.is_dir():
         if (root / "dev/kfd").exists():
@@ -400,15 +468,12 @@ def _amd(
         return _cpu_device(), {}
     if not (root / "dev/kfd").exists():
         raise _Unsettled(DEVICE_FIELDS, "the node has AMD GPUs but /dev/kfd is not here (a container without them?)")
-    if chosen is None:
-        visible = list(range(len(gpus)))
-    elif all(e.isdigit() and int(e) < len(gpus) for e in chosen) and len(set(chosen)) == len(chosen):
-        visible = [int(e) for e in chosen]
-    else:
+    visible = fp.rocm_visible_indices(env, len(gpus))
+    if visible is None:
         raise _Unsettled(
             DEVICE_FIELDS,
-            f"the visibility variables select {chosen}, which are not all indices of "
-            f"the {len(gpus)} GPU nodes (UUIDs and invalid entries are left to HIP)",
+            "the visibility variables are not lists of distinct GPU node indices in range (UUIDs, repeats, "
+            "signs, spaces and invalid items are left to HIP): only torch can tell which GPUs it sees",
         )
     device: dict[str, Any] = {
         "type": "rocm",

@@ -401,6 +401,12 @@ def from_command_line(text: str) -> Candidate:
     slot, target = m.group("slot"), m.group("target")
     if slot not in SLOTS:
         raise UsageError(f"--candidate {text!r}: unknown slot {slot!r}; {slot_name_fix(slot)}")
+    if any(part.startswith("_") for part in target.split(".")):  # refused before any work, as in a lock
+        raise UsageError(
+            f"--candidate {text!r}: {target!r} has a private or __main__ component: it is never imported "
+            "(importing a module's __main__ runs it)",
+            fix="offer a public class of an importable library, e.g. LayerNorm=mylib.FastLayerNorm",
+        )
     default = default_for(slot)
     return Candidate(
         id=f"custom:{target}",

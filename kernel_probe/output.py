@@ -28,11 +28,20 @@ def reset() -> None:
     _consoles.clear()
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# What is never printed as itself: C0 and C1 controls, and Unicode's invisible format characters
+# (category Cf: bidi embeddings, overrides and isolates U+202A-U+202E and U+2066-U+2069, zero-width
+# U+200B-U+200F, U+2060-U+2064, U+FEFF, soft hyphen, tags ...) and the line and paragraph separators
+# U+2028 / U+2029, which can make a lock's text read as something else (tests compare this with
+# unicodedata's Cf, Zl and Zp sets).
+_CONTROL = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891\u08e2\u180e\u200b-\u200f"
+    "\u2028-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f"
+    "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f]"
+)
 
 
 def safe(value: Any) -> str:
-    """``value`` as text for a rich console: control characters shown as escapes (no terminal
+    """``value`` as text for a rich console: control and format characters shown as escapes (no terminal
     sequence from a file ever reaches the terminal) and rich markup escaped (``[/bold]`` in a lock
     is printed, not interpreted). Every string that comes from a file or a library goes through this."""
     from rich.markup import escape

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import kernel_lock
-from kernel_lock.errors import LockError, LockMismatch
+from kernel_lock.errors import KernelUnavailable, LockError, LockFormatError, LockMismatch
 from kernel_lock.slots import PRECISIONS, SLOTS
 
 from .errors import ForcedUnusable, InputFileError, NodeDiffers, ProbeError, StaleLock, UsageError
@@ -347,9 +347,20 @@ def reusable(
         changed = profile_change(lock.profile, profile)
         return None, changed or "it was probed with other options (shapes, precision, candidates, pins or profile)"
     try:
-        lock.verify()
+        # each slot's class and kwargs as `verify` and `factory` would judge them: from the tables where
+        # they know the class, else imported in a child process (kernel_lock.resolve.confirm_targets)
+        lock.verify(targets="child")
     except LockMismatch as exc:
         return None, "this machine differs: " + "; ".join(str(d) for d in exc.differences)
+    except LockFormatError as exc:
+        raise InputFileError(
+            f"the existing lock is not valid: {exc.problem}",
+            path=str(path),
+            key=exc.key,
+            fix=(exc.fix + "; or " if exc.fix else "") + "re-run with --force to replace it (nothing was overwritten)",
+        ) from None
+    except KernelUnavailable as exc:
+        return None, exc.problem
     return lock, ""
 
 

@@ -190,7 +190,7 @@ GPUS = [
 def test_nvml_devices_follow_cuda_visible_devices(monkeypatch):
     calls, module = fake_pynvml(GPUS)
     monkeypatch.setitem(sys.modules, "pynvml", module)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bb,0")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bb,GPU-a")
     devices = REAL_NVML_DEVICES()
     assert [(d["index"], d["nvml_index"], d["arch"]) for d in devices] == [(0, 1, "sm_90"), (1, 0, "sm_80")]
     assert devices[0]["name"] == "NVIDIA H100 80GB HBM3" and devices[0]["memory_bytes"] == 80 * 2**30
@@ -198,6 +198,8 @@ def test_nvml_devices_follow_cuda_visible_devices(monkeypatch):
     assert calls == ["init", "shutdown"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert REAL_NVML_DEVICES() is None  # nothing visible: let torch answer (it will say: no GPU)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bb,0")
+    assert REAL_NVML_DEVICES() is None  # UUIDs and ordinals mixed: not read with certainty, torch answers
 
 
 def test_nvml_failures_are_not_errors(monkeypatch):
@@ -256,7 +258,8 @@ def test_torch_build_covers(device, arch_list, covered, how):
         ("0,7,1", ["GPU-a", "GPU-b"], [0]),  # CUDA stops at the first invalid entry
         ("GPU-bb", ["GPU-aa11", "GPU-bb22"], [1]),
         ("GPU-", ["GPU-aa11", "GPU-bb22"], []),  # an ambiguous prefix is invalid
-        ("0,0", ["GPU-a"], [0]),
+        ("0,0", ["GPU-a"], []),  # a repeated ordinal means no device
+        ("0gpu", ["GPU-a"], [0]),  # CUDA reads the leading integer
         ("MIG-12345", ["GPU-a"], None),
     ],
 )

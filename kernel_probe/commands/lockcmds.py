@@ -87,14 +87,19 @@ def run_verify(args: argparse.Namespace) -> int:
     }
     try:
         # the machine is read without torch where every checked fact can be (kernel_lock.torchless)
-        result["notes"] = lock.verify(args.mode)
-    except LockMismatch as exc:
+        # with --no-import, each slot's class and kwargs are judged from the tables of known classes; one
+        # they cannot judge is an error (not confirmed), never current (kernel_lock.resolve.confirm_targets)
+        result["notes"] = lock.verify(args.mode, targets="static" if args.no_import else None)
+    except LockError as exc:
         if not args.json:
             raise
         result["ok"] = False
         result["differences"] = [
-            {"field": d.field, "expected": d.expected, "found": d.found, "rule": d.rule} for d in exc.differences
+            {"field": d.field, "expected": d.expected, "found": d.found, "rule": d.rule}
+            for d in getattr(exc, "differences", ())
         ]
+        if not isinstance(exc, LockMismatch):
+            result["error"] = {"problem": exc.problem, "key": exc.key, "fix": exc.fix, "exit_code": exc.exit_code}
         output.print_json(result)
         return exc.exit_code
     for slot in kernel_lock.SLOTS:

@@ -1,0 +1,105 @@
+"""Exit codes and output (issue 24, point 8): each case the issue lists, and Unicode format characters
+from a lock shown as escapes wherever C0/C1 controls are (show, explain, the job-start lines, errors)."""
+
+from __future__ import annotations
+
+import sys
+import unicodedata
+
+import pytest
+
+import kernel_lock
+from kernel_probe import output
+
+from .conftest import run_cli
+
+
+def test_lock_for_inference_into_a_missing_folder_names_the_path(tmp_path, lock_file, capsys):
+    out = tmp_path / "nonexistent-dir" / "x.toml"
+    code, _, err = run_cli(["lock", "--for", "inference", lock_file, out], capsys)
+    assert code == 5, err
+    assert str(out) in err and "does not exist" in err and "unexpected" not in err
+    assert not out.parent.exists()
+
+
+@pytest.mark.parametrize("target", ["__main__.X", "mylib.__main__.X", "mylib._private.X"])
+def test_a_main_or_private_candidate_is_a_usage_error_before_any_work(target, capsys, monkeypatch):
+    import kernel_probe.worker
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("a worker was started")
+
+    monkeypatch.setattr(kernel_probe.worker.WorkerPool, "__init__", no_work)
+    code, out, err = run_cli(["check", "--candidate", f"LayerNorm={target}"], capsys)
+    assert code == 2, err
+    assert "never imported" in err and "unexpected" not in err and "checking" not in out + err
+
+
+@pytest.mark.parametrize("value", ["bad name!", "_private", "a..b", "x-y"])
+def test_a_malformed_trust_variable_is_a_usage_error(value, lock_file, capsys, monkeypatch):
+    monkeypatch.setenv("KERNEL_LOCK_TRUST", value)
+    code, _, err = run_cli(["verify", lock_file], capsys)
+    assert code == 2, err
+    assert "KERNEL_LOCK_TRUST" in err
+
+
+@pytest.mark.parametrize("shape", ["2x²", "2x٣", "2x1²", "²x2"])
+def test_a_non_ascii_digit_in_a_shape_is_explained(shape, capsys):
+    code, _, err = run_cli(["--shape", shape, "--check", "--out", "nowhere.toml"], capsys)
+    assert code == 2, err
+    assert "ROWSxHIDDEN" in err and "invalid literal" not in err
+
+
+# ---- Unicode format characters -----------------------------------------------------------------------
+FORMAT = [chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) in ("Cf", "Zl", "Zp")]
+NAMED = ["\u202a", "\u202b", "\u202c", "\u202d", "\u202e", "\u2066", "\u2067", "\u2068", "\u2069"]
+NAMED += ["\u2028", "\u2029", "\u200b", "\u200c", "\u200d", "\u200e", "\u200f", "\ufeff", "\u2060"]
+
+
+def test_every_format_character_is_escaped():
+    assert set(NAMED) <= set(FORMAT)
+    for ch in FORMAT:
+        assert ch not in output.plain(f"a{ch}b"), hex(ord(ch))
+        assert ch not in output.safe(f"a{ch}b"), hex(ord(ch))
+    assert output.plain("a\u202eb") == "a\\u202eb"
+    assert output.plain("é ü 中") == "é ü 中"  # letters are not format characters
+
+
+def _hostile_lock(tmp_path, minimal_lock_text):
+    lock = kernel_lock.loads(minimal_lock_text, emit_warnings=False)
+    slot = lock.slots["LayerNorm"]
+    from dataclasses import replace
+
+    evil = "".join(NAMED)
+    slot = replace(slot, implementation=f"torch.layer_norm{evil}", reason=f"fast{evil}\u202eesrever")
+    lock = replace(lock, slots={**lock.slots, "LayerNorm": slot}, created_by=f"hand{evil}").sealed()
+    path = tmp_path / "evil.toml"
+    lock.dump(path)
+    return path
+
+
+@pytest.mark.parametrize("argv", [["show"], ["explain", "@", "LayerNorm"]])
+def test_show_and_explain_escape_them(tmp_path, minimal_lock_text, capsys, argv):
+    path = _hostile_lock(tmp_path, minimal_lock_text)
+    argv = [a if a != "@" else path for a in argv] + ([path] if argv == ["show"] else [])
+    code, out, err = run_cli(argv, capsys)
+    assert code == 0, err
+    assert not set(NAMED) & set(out + err), [hex(ord(c)) for c in set(NAMED) & set(out + err)]
+    assert "\\u202e" in out
+
+
+def test_errors_escape_them(tmp_path, minimal_lock_text, capsys):
+    path = tmp_path / "bad.toml"
+    path.write_text(
+        minimal_lock_text.replace('created-by = "hand"', 'created-by = "hand"\nmode = "train\u202eing\u2028x"')
+    )
+    code, out, err = run_cli(["verify", path], capsys)
+    assert code == 5
+    assert "\u202e" not in err and "\u2028" not in err and "\\u202e" in err
+
+
+def test_the_job_start_lines_escape_them(tmp_path, minimal_lock_text, capsys, monkeypatch):
+    """--check and reuse print the chosen implementations through output.info (plain lines)."""
+    output.info("LayerNorm -> torch.layer_norm\u202e\u2066x")
+    err = capsys.readouterr().err
+    assert "\u202e" not in err and "\u2066" not in err and "\\u202e" in err
