@@ -63,6 +63,8 @@ def _evidence(report: Report) -> list[dict[str, Any]]:
 
 
 def _timing(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    from .judge import judge_shape
+
     out = []
     for r in rows:
         row: dict[str, Any] = {
@@ -86,6 +88,11 @@ def _timing(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 row["copy-percent"] = _round(r["copy_percent"], 3)
             if "tflops" in r:
                 row["tflops"] = _round(r["tflops"])
+        if "check" in r:  # the check at this shape against float64 (kernel_probe.atshape)
+            verdict = judge_shape(r["shape"], r["dtype"], r["regime"], r["check"])
+            row["checked-rows"] = verdict.sampled
+            if verdict.worst_ratio is not None:
+                row["worst-error-ratio"] = _round(verdict.worst_ratio, 3)
         out.append(row)
     return out
 

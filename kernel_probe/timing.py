@@ -3,7 +3,9 @@
 GPU: CUDA events around each repetition, after warm-up; inputs rotate through enough buffers to
 exceed twice the L2 cache, so the figure is not an L2-resident fantasy. CPU: perf_counter. The first
 call (Triton JIT, torch.compile) is timed apart and reported as ``compile_s``, never mixed into the
-median. Bandwidth is the bytes the op must move divided by the time, and is reported against a
+median. The module is timed with the non-trivial parameters of the correctness checks, and after the
+repetitions it is checked at that very shape and regime against float64 (``atshape``, the row's
+``check``): a kernel right at 37 rows and wrong at the model's size is caught where it is timed. Bandwidth is the bytes the op must move divided by the time, and is reported against a
 device-to-device copy measured in the same process, so the ratio survives a noisy machine.
 """
 
@@ -16,12 +18,14 @@ from typing import Any
 
 import torch
 
-from .candidates import Candidate, canonical_for
-from .measure import DTYPES, build
-from .protocol import TimeReply, TimingProgressMessage, TimingRow
+from .candidates import Candidate, canonical_for, default_for
+from .layout import discover, shapes
+from .measure import DTYPES, build, load_parameters, parameters_for
+from .protocol import ShapeCheck, TimeReply, TimingProgressMessage, TimingRow
 from .shapes import parse_shape
 
-DEFAULT_OPTIONS = {"warmup": 3, "reps": 20, "min_seconds": 0.2, "max_reps": 200}
+# check: run the check at the model's shape after timing each shape (atshape); off only to measure its cost
+DEFAULT_OPTIONS = {"warmup": 3, "reps": 20, "min_seconds": 0.2, "max_reps": 200, "check": True}
 
 
 def bytes_moved(semantics: str, rows: int, hidden: int, out: int, dtype_bytes: int) -> int:
@@ -127,6 +131,7 @@ def _time_shape(
         slot, hidden=hidden, out_features=out, device=torch_device, param_dtype=str(param_dtype).replace("torch.", "")
     )
     module = build(cand, canonical, torch_device, param_dtype)
+    check = _CheckSetup(cand, slot, module, canonical, torch_device, param_dtype) if opts.get("check", True) else None
     width_out = out if cand.semantics == "linear" else hidden
     per_input = rows * hidden * dtype.itemsize
     n_buf = 1
@@ -163,6 +168,10 @@ def _time_shape(
     fl = flops(cand.semantics, rows, hidden, out)
     if fl:
         row["tflops"] = fl / median / 1e12
+    if check is not None:
+        del xs[1:]  # the rotation buffers: the check needs one input, and the memory
+        row["check"] = check.run(xs[0], width_out, str(dtype).replace("torch.", ""), mixed)
+        clock.sync()
     if device == "cpu":
         return row  # a CPU copy of a cache-sized buffer is no bandwidth ceiling: no "% of copy" on CPU
     key = nbytes // 5
@@ -171,6 +180,52 @@ def _time_shape(
     row["copy_gbps"] = copy_cache[key]
     row["copy_percent"] = 100.0 * row["gbps"] / copy_cache[key]
     return row
+
+
+class _CheckSetup:
+    """What the check at a timed shape needs, prepared before the timing: the candidate and torch.nn
+    loaded with the same non-trivial parameters (those of the correctness checks), through the
+    candidate's parameter layout."""
+
+    def __init__(self, cand: Candidate, slot: str, module, canonical, device: str, param_dtype) -> None:
+        self.semantics, self.device, self.module = cand.semantics, device, module
+        self.baseline = build(default_for(slot), canonical, device, param_dtype)
+        base_shapes = shapes(self.baseline.state_dict())
+        self.layout = discover(shapes(module.state_dict()), base_shapes)
+        self.base_layout = discover(base_shapes, base_shapes)
+        self.gen = torch.Generator().manual_seed(0)
+        bias = bool(canonical.get("bias", False)) if cand.semantics != "rms_norm" else False
+        params = parameters_for(cand.semantics, canonical["hidden"], canonical["out_features"], bias, self.gen)
+        self.params64 = {k: (v.to(torch.float64).to(device) if v is not None else None) for k, v in params.items()}
+        self.eps = float(canonical.get("eps", 0.0) or 0.0)
+        if self.layout.ok:
+            load_parameters(module, params, self.layout)
+            load_parameters(self.baseline, params, self.base_layout)
+
+    def run(self, x, width: int, dtype_name: str, mixed: bool) -> ShapeCheck:
+        from .atshape import check_at_shape
+
+        rows = int(x.shape[0])
+        if not self.layout.ok:  # only accepted candidates are timed, so this is a candidate offered directly
+            return ShapeCheck(rows=rows, error=f"its state dict does not map onto torch.nn's: {self.layout.problem()}")
+        try:
+            return check_at_shape(
+                module=self.module,
+                layout=self.layout,
+                baseline=self.baseline,
+                base_layout=self.base_layout,
+                semantics=self.semantics,
+                x=x,
+                width=width,
+                params64=self.params64,
+                eps=self.eps,
+                dtype_name=dtype_name,
+                autocast=(self.device, DTYPES[dtype_name]) if mixed else None,
+                gen=self.gen,
+            )
+        except Exception as exc:  # out of memory for the extra output and gradients, a kernel that raises
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            return ShapeCheck(rows=rows, error=f"{type(exc).__name__}: {first}"[:400])
 
 
 def progress_message(
