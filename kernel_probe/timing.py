@@ -3,9 +3,10 @@
 GPU: CUDA events around each repetition, after warm-up; inputs rotate through enough buffers to
 exceed twice the L2 cache, so the figure is not an L2-resident fantasy. CPU: perf_counter. The first
 call (Triton JIT, torch.compile) is timed apart and reported as ``compile_s``, never mixed into the
-median. The module is timed with the non-trivial parameters of the correctness checks, and after the
-repetitions it is checked at that very shape and regime against float64 (``atshape``, the row's
-``check``): a kernel right at 37 rows and wrong at the model's size is caught where it is timed. Bandwidth is the bytes the op must move divided by the time, and is reported against a
+median. The module is timed with the non-trivial parameters of the correctness checks, and its last
+warm-up call is checked at that very shape and regime against float64 (``atshape``, the row's
+``check``): a kernel right at 37 rows and wrong at the model's size is caught where it is timed, for
+no extra full-size pass. Bandwidth is the bytes the op must move divided by the time, and is reported against a
 device-to-device copy measured in the same process, so the ratio survives a noisy machine.
 """
 
@@ -61,12 +62,18 @@ class _Clock:
 
 
 def _repeat(
-    clock: _Clock, fn, opts: Mapping[str, Any], tick: Callable[[str, int, int], None] | None = None
+    clock: _Clock,
+    fn,
+    opts: Mapping[str, Any],
+    tick: Callable[[str, int, int], None] | None = None,
+    checked: Callable[[], None] | None = None,
 ) -> list[float]:
-    """Warm-up calls, then timed repetitions; ``tick(phase, done, total)`` after each call."""
+    """Warm-up calls, then timed repetitions; ``tick(phase, done, total)`` after each call. ``checked``,
+    when given, is the last warm-up call (a call checked against float64: the module is warm by then,
+    and the check costs no extra full-size pass); without warm-up calls it runs after the repetitions."""
     warmup, reps = int(opts["warmup"]), int(opts["reps"])
     for i in range(warmup):
-        fn()
+        (checked if checked is not None and i == warmup - 1 else fn)()
         if tick:
             tick("warm-up", i + 1, warmup)
     clock.sync()
@@ -76,6 +83,8 @@ def _repeat(
         samples.append(clock.time(fn))
         if tick:
             tick("rep", len(samples), max(reps, len(samples)))
+    if checked is not None and warmup == 0:
+        checked()
     return samples
 
 
@@ -160,7 +169,17 @@ def _time_shape(
     row["compile_s"] = round(time.perf_counter() - t0, 4)
     if tick:
         tick("first call", 1, 1)
-    samples = _repeat(clock, step, opts, tick)
+    checked: Callable[[], None] | None = None
+    if check is not None:
+        setup = check
+
+        def checked_call() -> None:
+            x = xs[state["i"] % n_buf]
+            state["i"] += 1
+            row["check"] = setup.run(x, width_out, str(dtype).replace("torch.", ""), mixed)
+
+        checked = checked_call
+    samples = _repeat(clock, step, opts, tick, checked)
     median = statistics.median(samples)
     nbytes = bytes_moved(cand.semantics, rows, hidden, out, dtype.itemsize)
     row["median_ms"], row["spread"] = median * 1000, _spread(samples)
@@ -168,10 +187,6 @@ def _time_shape(
     fl = flops(cand.semantics, rows, hidden, out)
     if fl:
         row["tflops"] = fl / median / 1e12
-    if check is not None:
-        del xs[1:]  # the rotation buffers: the check needs one input, and the memory
-        row["check"] = check.run(xs[0], width_out, str(dtype).replace("torch.", ""), mixed)
-        clock.sync()
     if device == "cpu":
         return row  # a CPU copy of a cache-sized buffer is no bandwidth ceiling: no "% of copy" on CPU
     key = nbytes // 5
