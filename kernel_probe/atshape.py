@@ -34,9 +34,10 @@ bisected on the output and the input gradient, so the report names the first wro
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -122,7 +123,60 @@ def check_at_shape(
         **{f"d{n}": g for n, g in gradients(module, layout).items()},
     }
     del gy
-    xs = x.detach()[idx].clone().requires_grad_(True)
+    with _few_threads(x.device.type):  # the rest is small tensors: thread hand-offs would cost more than the work
+        return _compare(
+            got,
+            sampled,
+            module,
+            baseline,
+            base_layout,
+            semantics,
+            x,
+            y,
+            gy_rows,
+            width,
+            params64,
+            eps,
+            dtype_name,
+            autocast,
+            started,
+        )
+
+
+@contextlib.contextmanager
+def _few_threads(device: str) -> Iterator[None]:
+    """One CPU thread for the work on the sampled rows (a CPU device only; a GPU's work is its own)."""
+    if device != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _compare(
+    got: Mapping[str, Any],
+    sampled: list[int],
+    module: torch.nn.Module,
+    baseline: torch.nn.Module,
+    base_layout: Layout,
+    semantics: str,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    gy_rows: torch.Tensor,
+    width: int,
+    params64: Mapping[str, Any],
+    eps: float,
+    dtype_name: str,
+    autocast: tuple[str, Any] | None,
+    started: float,
+) -> ShapeCheck:
+    """The sampled rows of the candidate's full-size pass against float64 and against torch.nn."""
+    rows, hidden = x.shape
+    xs = x.detach()[torch.tensor(sampled, device=x.device)].clone().requires_grad_(True)
     for p in baseline.parameters():
         p.grad = None
     with _autocast(autocast):

@@ -87,6 +87,8 @@ class Report:
     seconds: float | None = None  # wall time of this candidate's import and checks
     migration: tuple[str, ...] = ()  # its state dict onto torch.nn's (the layout's rules)
     changes: list[str] = field(default_factory=list)  # accepted changes besides numbers, recorded in the lock
+    blas: str = ""  # a Linear on a GPU: the BLAS library it was checked under (kernel_lock.blas)
+    blas_default: str = ""  # the library torch picked by itself in the probe's worker
 
     @property
     def deterministic(self) -> bool | None:
@@ -119,6 +121,7 @@ class Report:
             "seconds": None if self.seconds is None else round(self.seconds, 3),
             "migration": list(self.migration),
             "changes": list(self.changes),
+            "blas": self.blas,
             "twin": self.twin,
             "evidence": [v.to_json() for v in self.verdicts],
         }
@@ -314,12 +317,19 @@ def judge_candidate(
         return Report(status="skipped", reasons=[raw.error], **base)
     if phase == "build":
         return Report(status="crashed", reasons=[f"building {cand.target} raised {raw.error}"], **base)
+    if phase == "blas":
+        return Report(status="unavailable", reasons=[f"BLAS library: {raw.error}"], **base)
     layout = Layout.from_json(raw.layout or {})
     if not layout.ok:
         return Report(status="rejected", reasons=[f"layout: {layout.problem()}"], **base)
     verdicts = [judge_row(cand.id, device, cand.semantics, row, policy) for row in raw.rows]
     report = Report(
-        status=worst_status([v.status for v in verdicts]), verdicts=verdicts, migration=layout.rules, **base
+        status=worst_status([v.status for v in verdicts]),
+        verdicts=verdicts,
+        migration=layout.rules,
+        blas=raw.blas,
+        blas_default=raw.blas_default,
+        **base,
     )
     report = _with_reasons(report)
     init = list(raw.init)

@@ -206,6 +206,8 @@ class CheckReply(Reply):
     import_s: float | None = None
     layout: dict[str, Any] | None = None
     init: list[str] = field(default_factory=list)
+    blas: str = ""  # a Linear on a GPU: the BLAS library the rows were measured under (kernel_lock.blas names)
+    blas_default: str = ""  # the library torch picks by itself in this process (before any was set)
 
 
 class ShapeCheck(TypedDict, total=False):
@@ -229,7 +231,7 @@ class ShapeCheck(TypedDict, total=False):
 class TimingRow(TypedDict, total=False):
     """One shape of a timing (``timing.time_candidate``); ``error`` instead of the figures when it failed;
     ``check``: the candidate at that shape against float64 (``atshape``), unless the timing was asked
-    without it."""
+    without it; ``blas``: the BLAS library a Linear ran under on a GPU."""
 
     implementation: str
     shape: str
@@ -245,6 +247,7 @@ class TimingRow(TypedDict, total=False):
     copy_percent: float
     error: str
     check: ShapeCheck
+    blas: str
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,6 +12,7 @@ device-to-device copy measured in the same process, so the ratio survives a nois
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -21,7 +22,7 @@ import torch
 
 from .candidates import Candidate, canonical_for, default_for
 from .layout import discover, shapes
-from .measure import DTYPES, build, load_parameters, parameters_for
+from .measure import DTYPES, BlasNotOffered, blas_library, build, load_parameters, parameters_for
 from .protocol import ShapeCheck, TimeReply, TimingProgressMessage, TimingRow
 from .shapes import parse_shape
 
@@ -265,29 +266,63 @@ def time_candidate(
 ) -> TimeReply:
     """Rows per shape; ``progress`` receives a message after each call (see ``progress_message``)."""
     opts = {**DEFAULT_OPTIONS, **(options or {})}
-    torch_device = "cuda" if device == "rocm" else device
-    dtype = DTYPES[dtype_name]
-    mixed = regime == "mixed"
     clock = _Clock(device)
     out_rows: list[TimingRow] = []
     copy_cache: dict[int, float] = {}
-    for index, shape in enumerate(shapes):
-        row: TimingRow = {"implementation": cand.id, "shape": shape, "dtype": dtype_name, "regime": regime}
-        tick = None
-        if progress is not None:
-            started = time.perf_counter()
-
-            def tick(
-                phase: str, done: int, total: int, shape: str = shape, index: int = index, started: float = started
-            ) -> None:
-                progress(progress_message(shape, index, len(shapes), phase, done, total, time.perf_counter() - started))
-
+    with contextlib.ExitStack() as stack:
         try:
-            row.update(_time_shape(cand, slot, device, shape, dtype, mixed, opts, clock, copy_cache, tick))
-        except Exception as exc:  # OOM at the model's shape, a kernel that refuses the size, ...
-            row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:400]
-        finally:
-            if torch_device == "cuda":
-                torch.cuda.empty_cache()  # the shape's buffers died with _time_shape's frame
-        out_rows.append(row)
+            library = stack.enter_context(blas_library(cand, device))[0]
+        except BlasNotOffered as exc:
+            rows = [
+                TimingRow(implementation=cand.id, shape=s, dtype=dtype_name, regime=regime, error=str(exc))
+                for s in shapes
+            ]
+            return TimeReply(candidate=cand.id, device=device, rows=rows)
+        for index, shape in enumerate(shapes):
+            out_rows.append(
+                _timed_shape(
+                    cand, slot, device, shape, index, shapes, dtype_name, regime, opts, clock, copy_cache, progress
+                )
+            )
+            if library:
+                out_rows[-1]["blas"] = library
     return TimeReply(candidate=cand.id, device=device, rows=out_rows)
+
+
+def _timed_shape(
+    cand: Candidate,
+    slot: str,
+    device: str,
+    shape: str,
+    index: int,
+    shapes: list[str],
+    dtype_name: str,
+    regime: str,
+    opts: Mapping[str, Any],
+    clock: _Clock,
+    copy_cache: dict[int, float],
+    progress: Callable[[TimingProgressMessage], None] | None,
+) -> TimingRow:
+    """One shape's row: the figures, or the error that stopped it."""
+    torch_device = "cuda" if device == "rocm" else device
+    row: TimingRow = {"implementation": cand.id, "shape": shape, "dtype": dtype_name, "regime": regime}
+    tick = None
+    if progress is not None:
+        started = time.perf_counter()
+
+        def tick(
+            phase: str, done: int, total: int, shape: str = shape, index: int = index, started: float = started
+        ) -> None:
+            progress(progress_message(shape, index, len(shapes), phase, done, total, time.perf_counter() - started))
+
+    try:
+        row.update(
+            _time_shape(cand, slot, device, shape, DTYPES[dtype_name], regime == "mixed", opts, clock, copy_cache, tick)
+        )
+    except Exception as exc:  # OOM at the model's shape, a kernel that refuses the size, ...
+        row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:400]
+    finally:
+        if torch_device == "cuda":
+            torch.cuda.empty_cache()  # the shape's buffers died with _time_shape's frame
+
+    return row
