@@ -44,7 +44,7 @@ import torch
 
 from .judge import tolerance
 from .layout import Layout
-from .measure import _autocast, _reference_pass, gradients, reference, rel_err
+from .measure import _autocast, _reference_pass, blas_selected, gradients, reference, rel_err
 from .protocol import ShapeCheck
 
 WINDOW = 4  # rows either side of a boundary, and at each end of the tensor
@@ -100,6 +100,7 @@ def check_at_shape(
     dtype_name: str,
     autocast: tuple[str, Any] | None,
     gen: torch.Generator,
+    baseline_library: str = "",
 ) -> ShapeCheck:
     """Forward and backward of ``module`` on the whole of ``x`` (the model's shape), against float64 and
     against torch.nn (``baseline``, on the sampled rows only), with the same parameters in both."""
@@ -140,6 +141,7 @@ def check_at_shape(
             dtype_name,
             autocast,
             started,
+            baseline_library,
         )
 
 
@@ -173,15 +175,16 @@ def _compare(
     dtype_name: str,
     autocast: tuple[str, Any] | None,
     started: float,
+    baseline_library: str,
 ) -> ShapeCheck:
     """The sampled rows of the candidate's full-size pass against float64 and against torch.nn."""
     rows, hidden = x.shape
     xs = x.detach()[torch.tensor(sampled, device=x.device)].clone().requires_grad_(True)
     for p in baseline.parameters():
         p.grad = None
-    with _autocast(autocast):
+    with blas_selected(baseline_library), _autocast(autocast):  # a Linear's baseline: the classic BLAS library
         yb = baseline(xs)
-    yb.backward(gy_rows)
+        yb.backward(gy_rows)
     base = {"y": yb.detach(), "dx": xs.grad, **{f"d{n}": g for n, g in gradients(baseline, base_layout).items()}}
     ref = _reference_pass(semantics, xs.detach(), gy_rows, params64, eps, None)
     ref_by = {"y": ref["y"], "dx": ref["dx"], "dweight": ref["weight"], "dbias": ref["bias"]}

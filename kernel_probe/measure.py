@@ -110,6 +110,29 @@ def blas_library(cand: Candidate, device: str) -> Iterator[tuple[str, str]]:
         torch.backends.cuda.preferred_blas_library(before)
 
 
+def baseline_blas(cand: Candidate, device: str) -> str:
+    """The library torch.nn's baseline runs under when a Linear is checked on a GPU: the classic one
+    (cuBLAS, rocBLAS), which torch used for every Linear before the Lt libraries became preferences and
+    defaults (on LUMI the divergence came with hipBLASLt, anemoi-core #560). So a library that computes
+    worse is judged against the classic library's error, never against its own."""
+    kind = blas_device(cand, device) if cand.semantics == "linear" else ""
+    return blas_lib.LIBRARIES[kind][0] if kind else ""
+
+
+@contextlib.contextmanager
+def blas_selected(library: str) -> Iterator[None]:
+    """Run under ``library`` (''; as it is), then restore the process's choice."""
+    if not library:
+        yield
+        return
+    before = torch.backends.cuda.preferred_blas_library()
+    blas_lib.select(torch, library)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)
+
+
 # ---- inputs ------------------------------------------------------------------------------------
 @dataclass
 class Case:
@@ -523,7 +546,8 @@ def _measure_rows(
                     skip = (torch.randn(*out_shape, generator=gen)).to(torch_device, x.dtype) if case.residual else None
                     ref = _reference_pass(semantics, x, gy, params64, eps, skip)
                     got = _run(mod, x, gy, skip, autocast, layout)
-                    base = _run(base_mod, x, gy, skip, autocast, base_layout)
+                    with blas_selected(baseline_blas(cand, device)):
+                        base = _run(base_mod, x, gy, skip, autocast, base_layout)
                     pairs = {
                         "y": (got["y"], base["y"], ref["y"]),
                         "dx": (got["dx"], base["dx"], ref["dx"]),

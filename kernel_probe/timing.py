@@ -22,7 +22,7 @@ import torch
 
 from .candidates import Candidate, canonical_for, default_for
 from .layout import discover, shapes
-from .measure import DTYPES, BlasNotOffered, blas_library, build, load_parameters, parameters_for
+from .measure import DTYPES, BlasNotOffered, baseline_blas, blas_library, build, load_parameters, parameters_for
 from .protocol import ShapeCheck, TimeReply, TimingProgressMessage, TimingRow
 from .shapes import parse_shape
 
@@ -205,6 +205,7 @@ class _CheckSetup:
 
     def __init__(self, cand: Candidate, slot: str, module, canonical, device: str, param_dtype) -> None:
         self.semantics, self.device, self.module = cand.semantics, device, module
+        self.baseline_library = baseline_blas(cand, device)
         self.baseline = build(default_for(slot), canonical, device, param_dtype)
         base_shapes = shapes(self.baseline.state_dict())
         self.layout = discover(shapes(module.state_dict()), base_shapes)
@@ -238,6 +239,7 @@ class _CheckSetup:
                 dtype_name=dtype_name,
                 autocast=(self.device, DTYPES[dtype_name]) if mixed else None,
                 gen=self.gen,
+                baseline_library=self.baseline_library,
             )
         except Exception as exc:  # out of memory for the extra output and gradients, a kernel that raises
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
