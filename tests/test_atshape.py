@@ -78,7 +78,10 @@ def _verdicts(spec, dtype, regime, shapes):
     return out
 
 
-@pytest.mark.parametrize("spec, dtype, regime, bad, good, tensors, first_bad", CASES)
+@pytest.mark.parametrize(
+    "spec, dtype, regime, bad, good, tensors, first_bad",
+    [pytest.param(*case, marks=[] if i == 0 else [pytest.mark.slow]) for i, case in enumerate(CASES)],
+)
 def test_wrong_only_at_size_is_rejected_and_the_control_passes(spec, dtype, regime, bad, good, tensors, first_bad):
     verdicts = _verdicts(spec, dtype, regime, (good, bad))
     check, verdict = verdicts[good]
@@ -97,6 +100,7 @@ def test_wrong_only_at_size_is_rejected_and_the_control_passes(spec, dtype, regi
         assert "first_bad_row" not in check
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "cid, slot, shape",
     [
