@@ -125,24 +125,46 @@ def check_at_shape(
     }
     del gy
     with _few_threads(x.device.type):  # the rest is small tensors: thread hand-offs would cost more than the work
-        return _compare(
-            got,
-            sampled,
-            module,
-            baseline,
-            base_layout,
-            semantics,
-            x,
-            y,
-            gy_rows,
-            width,
-            params64,
-            eps,
-            dtype_name,
-            autocast,
-            started,
-            baseline_library,
+        xs = x.detach()[idx].clone().requires_grad_(True)
+        for p in baseline.parameters():
+            p.grad = None
+        with blas_selected(baseline_library), _autocast(autocast):  # a Linear's baseline: the classic BLAS library
+            yb = baseline(xs)
+            yb.backward(gy_rows)
+        base = {"y": yb.detach(), "dx": xs.grad, **{f"d{n}": g for n, g in gradients(baseline, base_layout).items()}}
+        ref = _reference_pass(semantics, xs.detach(), gy_rows, params64, eps, None)
+        ref_by = {"y": ref["y"], "dx": ref["dx"], "dweight": ref["weight"], "dbias": ref["bias"]}
+        errors: dict[str, list[float]] = {}
+        for name, r in ref_by.items():
+            if r is None:
+                continue
+            errors[name] = [rel_err(got.get(name), r), rel_err(base.get(name), r)]
+        out = ShapeCheck(
+            rows=rows, sampled=len(sampled), errors=errors, boundaries=[n for _, n in boundaries(rows, (hidden, width))]
         )
+        # the first wrong row: the first sampled row over the tolerance, then bisected down to the last right one
+        bad_at: int | None = None
+        for name in ROW_LOCAL:
+            g, r = got.get(name), ref_by[name]
+            if g is None or r is None:
+                continue
+            tol = tolerance(errors[name][1], dtype_name)
+            per_row = _row_errors(g, r, r.abs().max().item())
+            over = (per_row > tol).nonzero()
+            if len(over):
+                first = sampled[int(over[0])]
+                bad_at = first if bad_at is None else min(bad_at, first)
+        if bad_at is not None:
+            below = [r for r in sampled if r < bad_at]
+            out["last_good_row"] = below[-1] if below else -1
+            out["first_bad_row"] = _bisect(
+                out["last_good_row"],
+                bad_at,
+                lambda r: _row_wrong(r, semantics, x, y, params64, eps, errors, ref_by, dtype_name),
+            )
+            out["first_bad_sampled"] = bad_at
+        out["seconds"] = round(time.perf_counter() - started, 4)
+        return out
 
 
 @contextlib.contextmanager
@@ -159,71 +181,8 @@ def _few_threads(device: str) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _compare(
-    got: Mapping[str, Any],
-    sampled: list[int],
-    module: torch.nn.Module,
-    baseline: torch.nn.Module,
-    base_layout: Layout,
-    semantics: str,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    gy_rows: torch.Tensor,
-    width: int,
-    params64: Mapping[str, Any],
-    eps: float,
-    dtype_name: str,
-    autocast: tuple[str, Any] | None,
-    started: float,
-    baseline_library: str,
-) -> ShapeCheck:
-    """The sampled rows of the candidate's full-size pass against float64 and against torch.nn."""
-    rows, hidden = x.shape
-    xs = x.detach()[torch.tensor(sampled, device=x.device)].clone().requires_grad_(True)
-    for p in baseline.parameters():
-        p.grad = None
-    with blas_selected(baseline_library), _autocast(autocast):  # a Linear's baseline: the classic BLAS library
-        yb = baseline(xs)
-        yb.backward(gy_rows)
-    base = {"y": yb.detach(), "dx": xs.grad, **{f"d{n}": g for n, g in gradients(baseline, base_layout).items()}}
-    ref = _reference_pass(semantics, xs.detach(), gy_rows, params64, eps, None)
-    ref_by = {"y": ref["y"], "dx": ref["dx"], "dweight": ref["weight"], "dbias": ref["bias"]}
-    errors: dict[str, list[float]] = {}
-    for name, r in ref_by.items():
-        if r is None:
-            continue
-        errors[name] = [rel_err(got.get(name), r), rel_err(base.get(name), r)]
-    out = ShapeCheck(
-        rows=rows, sampled=len(sampled), errors=errors, boundaries=[n for _, n in boundaries(rows, (hidden, width))]
-    )
-    # the first wrong row: the first sampled row over the tolerance, then bisected down to the last right one
-    bad_at: int | None = None
-    for name in ROW_LOCAL:
-        g, r = got.get(name), ref_by[name]
-        if g is None or r is None:
-            continue
-        tol = tolerance(errors[name][1], dtype_name)
-        per_row = _row_errors(g, r, r.abs().max().item())
-        over = (per_row > tol).nonzero()
-        if len(over):
-            first = sampled[int(over[0])]
-            bad_at = first if bad_at is None else min(bad_at, first)
-    if bad_at is not None:
-        below = [r for r in sampled if r < bad_at]
-        out["last_good_row"] = below[-1] if below else -1
-        out["first_bad_row"] = _bisect(
-            out["last_good_row"],
-            bad_at,
-            lambda r: _row_wrong(r, module, semantics, x, y, params64, eps, errors, ref_by, dtype_name),
-        )
-        out["first_bad_sampled"] = bad_at
-    out["seconds"] = round(time.perf_counter() - started, 4)
-    return out
-
-
 def _row_wrong(
     row: int,
-    module: torch.nn.Module,
     semantics: str,
     x: torch.Tensor,
     y: torch.Tensor,
