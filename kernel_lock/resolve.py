@@ -476,7 +476,9 @@ def factory(
             _ensure_verified(lock, mode)  # the whole fingerprint, once per lock
     r = resolve_slot(lock, slot, mode)
     entry = lock.slots.get(slot) if lock is not None else None
-    if lock is not None and entry is not None and entry.blas is not None:  # process-wide, logged; another choice of the process: mismatch
+    if (
+        lock is not None and entry is not None and entry.blas is not None
+    ):  # process-wide, logged; another choice of the process: mismatch
         from . import blas, fingerprint
 
         blas.apply(entry.blas, str(fingerprint.for_check(INFERENCE_FACTS).get("device-type", "")), path=lock.path)
