@@ -208,8 +208,17 @@ class _CheckSetup:
         self.baseline_library = baseline_blas(cand, device)
         self.baseline = build(default_for(slot), canonical, device, param_dtype)
         base_shapes = shapes(self.baseline.state_dict())
-        self.layout = discover(shapes(module.state_dict()), base_shapes)
         self.base_layout = discover(base_shapes, base_shapes)
+        if cand.semantics == "linear" and canonical["out_features"] == canonical["in_features"]:
+            # a square weight cannot tell (out, in) from (in, out): the layout is read from a non-square
+            # build (the same parameter names and orientation), as the correctness checks read it
+            wide = {**canonical, "out_features": canonical["in_features"] + 3}
+            self.layout = discover(
+                shapes(build(cand, wide, device, param_dtype).state_dict()),
+                shapes(build(default_for(slot), wide, device, param_dtype).state_dict()),
+            )
+        else:
+            self.layout = discover(shapes(module.state_dict()), base_shapes)
         self.gen = torch.Generator().manual_seed(0)
         bias = bool(canonical.get("bias", False)) if cand.semantics != "rms_norm" else False
         params = parameters_for(cand.semantics, canonical["hidden"], canonical["out_features"], bias, self.gen)

@@ -159,3 +159,13 @@ def test_probe_rejects_a_kernel_wrong_at_the_models_size(tmp_path, capsys):
     # the control: the same code at a size where it is right is pinned
     assert main(["--out", str(pinned), *PROBE, "--shape", "4096x256", "--pin", f"LayerNorm=custom:{SHIFTED}"]) == 0
     assert kernel_lock.load(pinned).slots["LayerNorm"].implementation == f"custom:{SHIFTED}"
+
+
+@pytest.mark.parametrize("shape", ["64x32", "64x32x16"])
+def test_a_transposed_linear_is_checked_through_its_layout_even_at_a_square_shape(shape):
+    # a square weight cannot tell (out, in) from (in, out): the layout comes from a non-square build
+    reply = timing.time_candidate(
+        from_command_line("Linear=kp_zoo.norms.TransposedLinear"), "Linear", "cpu", [shape], "float32", "true", FAST
+    )
+    verdict = judge_shape(shape, "float32", "true", reply.rows[0]["check"])
+    assert verdict.ok, verdict.reason
