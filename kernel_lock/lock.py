@@ -19,12 +19,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from . import _toml, registry
+from .blas import ALL as BLAS_LIBRARIES
+from .blas import Blas, device_of
 from .errors import BadEnvironmentVariable, LockFormatError, LockVersionError, LockWarning, TargetNotAllowed
 
 # declared in kernel_lock.slots; still importable from here (kernel_lock.lock.MODES, kernel_lock.SLOTS)
 from .slots import MODES, PRECISIONS, SEMANTICS, SLOTS, STATUSES, slot_name_fix
 
-LOCK_VERSION = "1.2"  # 1.1: accepted-changes, rename/transpose migrations; 1.2: environment torch-rocm, device-features, numerics-env
+# 1.1: accepted-changes, rename/transpose migrations; 1.2: environment torch-rocm, device-features, numerics-env;
+# 1.3: slots.Linear.blas, and the timing rows' check at the model's shape (checked-rows, worst-error-ratio)
+LOCK_VERSION = "1.3"
 MATCH_RULES = ("exact", "compatible", "ignore")
 STATE_DICT = ("interchangeable", "migrate", "incompatible")
 
@@ -405,6 +409,24 @@ def _record(ctx: _Ctx, d: Mapping[str, Any], path: str) -> dict[str, Any]:
     return out
 
 
+def _blas(ctx: _Ctx, slot: str, d: Mapping[str, Any] | None, path: str) -> Blas | None:
+    """``slots.Linear.blas``: the library (and the build's default) of the same vendor, Linear only."""
+    if d is None:
+        return None
+    if slot != "Linear":
+        raise ctx.error(path.rstrip("."), f"only the Linear slot records a BLAS library, not {slot}", fix="remove it")
+    _unknown_keys(ctx, d, ("library", "build-default"), path)
+    library = _choice(ctx, d, "library", BLAS_LIBRARIES, path)
+    default = _choice(ctx, d, "build-default", ("", *BLAS_LIBRARIES), path, default="")
+    if default and device_of(default) != device_of(library):
+        raise ctx.error(
+            f"{path}build-default",
+            f"{default!r} is a {device_of(default)} library, {library!r} a {device_of(library)} one",
+            fix="both name libraries of the same GPU vendor (cublas/cublaslt, or rocblas/hipblaslt)",
+        )
+    return Blas(library, default)
+
+
 @dataclass(frozen=True)
 class Candidate:
     """A candidate that was considered for a slot and not chosen, with the verdict and its reasons."""
@@ -450,6 +472,7 @@ class Slot:
     timing: tuple[Mapping[str, Any], ...] = ()
     rejected: tuple[Candidate, ...] = ()
     changes: tuple[str, ...] = ()  # what the implementation changes besides numbers, accepted explicitly
+    blas: Blas | None = None  # Linear on a GPU: the BLAS library it was checked and timed under (kernel_lock.blas)
 
     _KEYS = (
         "implementation",
@@ -458,6 +481,7 @@ class Slot:
         "kwargs",
         "requires",
         "devices",
+        "blas",
         "reason",
         "accepted-changes",
         "twin",
@@ -489,6 +513,7 @@ class Slot:
             evidence=tuple(_record(ctx, r, p) for p, r in _tables(ctx, d, "evidence", path)),
             timing=tuple(_record(ctx, r, p) for p, r in _tables(ctx, d, "timing", path)),
             rejected=tuple(Candidate._from_dict(ctx, r, p) for p, r in _tables(ctx, d, "rejected", path)),
+            blas=_blas(ctx, name, _get(ctx, d, "blas", dict, path), f"{path}blas."),
         )
         expected = {"LayerNorm": "layer_norm", "RMSNorm": "rms_norm", "Linear": "linear"}[name]
         if slot.semantics != expected:
@@ -508,8 +533,10 @@ class Slot:
             "kwargs": dict(self.kwargs),
             "requires": [r.to_dict() for r in self.requires],
             "devices": list(self.devices),
-            "reason": self.reason,
         }
+        if self.blas is not None:
+            out["blas"] = self.blas.to_dict()
+        out["reason"] = self.reason
         if self.changes:
             out["accepted-changes"] = list(self.changes)
         if self.twin is not None:

@@ -260,6 +260,10 @@ def verify(
             notes.append(name_note)
         for slot in lock.slots.values():
             diffs.extend(_requirement_problems(slot))
+            if slot.blas is not None:  # the Linear's BLAS library: the process must not have chosen another
+                from . import blas
+
+                diffs.extend(blas.job_start_differences(slot.blas, str(current.get("device-type", ""))))
         if lock.mode == "inference":
             diffs.append(
                 Difference(
@@ -723,6 +727,13 @@ def factory(
         if verify_environment:
             _ensure_verified(lock, mode)  # the whole fingerprint, once per lock
     r = resolve_slot(lock, slot, mode)
+    entry = lock.slots.get(slot) if lock is not None else None
+    if (
+        lock is not None and entry is not None and entry.blas is not None
+    ):  # process-wide, logged; another choice of the process: mismatch
+        from . import blas, fingerprint
+
+        blas.apply(entry.blas, str(fingerprint.for_check(INFERENCE_FACTS).get("device-type", "")), path=lock.path)
     if r.substituted_from:
         log.warning(
             "inference substitutes %s for slot %s: %s cannot run here (%s); verified max error between them: %s",

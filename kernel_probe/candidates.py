@@ -67,6 +67,9 @@ class Candidate:
     twin_kwargs: Mapping[str, Any] = field(default_factory=dict)
     note: str = ""
     source: str = "builtin"  # builtin | entry-point:<name> | command-line | profile:<name>
+    # Linear on a GPU: the BLAS library it runs under (kernel_lock.blas names: cublas, cublaslt, rocblas,
+    # hipblaslt), set process-wide while it is checked and timed, and by kernel_lock when its slot resolves
+    blas: str = ""
 
     def pinned_kwargs(self, canonical: Mapping[str, Any]) -> dict[str, Any]:
         return {k: fill(v, canonical) for k, v in self.kwargs.items()}
@@ -262,6 +265,7 @@ CANDIDATE_KEYS = (
     "twin-target",
     "twin-kwargs",
     "note",
+    "blas",
 )
 DEVICE_TYPES = ("cuda", "rocm", "xpu", "mps", "cpu")
 
@@ -340,6 +344,15 @@ def parse_candidate(
             problem = gpu_arch_problem(name, (kind,))
             if problem:
                 raise r.err(f"{where}archs.{kind}", problem)
+    blas = r.string(c, "blas", where, default="") or ""
+    if blas:
+        from kernel_lock.blas import LIBRARIES, device_of
+
+        if not device_of(blas):
+            known = ", ".join(f"{'/'.join(pair)} ({kind})" for kind, pair in LIBRARIES.items())
+            raise r.err(f"{where}blas", f"{blas!r} is not a BLAS library kernel-lock knows: {known}")
+        if slots != ("Linear",) or semantics != "linear":
+            raise r.err(f"{where}blas", "only a Linear candidate runs under a BLAS library", fix="remove `blas`")
     install_table = r.table(c, "install", DEVICE_TYPES, where)
     install = {kind: r.string(install_table, kind, f"{where}install.") or "" for kind in install_table}
     return Candidate(
@@ -361,6 +374,7 @@ def parse_candidate(
         twin_kwargs=dict(twin_kwargs),
         note=r.string(c, "note", where, default="") or "",
         source=source,
+        blas=blas,
     )
 
 

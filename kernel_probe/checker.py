@@ -88,6 +88,8 @@ class Report:
     migration: tuple[str, ...] = ()  # its state dict onto torch.nn's (the layout's rules)
     changes: list[str] = field(default_factory=list)  # accepted changes besides numbers, recorded in the lock
     interpreted: bool = False  # its Triton kernels ran in Triton's interpreter: never timed, never locked
+    blas: str = ""  # a Linear on a GPU: the BLAS library it was checked under (kernel_lock.blas)
+    blas_default: str = ""  # the library torch picked by itself in the probe's worker
 
     @property
     def deterministic(self) -> bool | None:
@@ -121,6 +123,7 @@ class Report:
             "migration": list(self.migration),
             "changes": list(self.changes),
             "interpreted": self.interpreted,
+            "blas": self.blas,
             "twin": self.twin,
             "evidence": [v.to_json() for v in self.verdicts],
         }
@@ -325,12 +328,19 @@ def judge_candidate(
         return Report(status="skipped", reasons=[raw.error], **base)
     if phase == "build":
         return Report(status="crashed", reasons=[f"building {cand.target} raised {raw.error}"], **base)
+    if phase == "blas":
+        return Report(status="unavailable", reasons=[f"BLAS library: {raw.error}"], **base)
     layout = Layout.from_json(raw.layout or {})
     if not layout.ok:
         return Report(status="rejected", reasons=[f"layout: {layout.problem()}"], **base)
     verdicts = [judge_row(cand.id, device, cand.semantics, row, policy) for row in raw.rows]
     report = Report(
-        status=worst_status([v.status for v in verdicts]), verdicts=verdicts, migration=layout.rules, **base
+        status=worst_status([v.status for v in verdicts]),
+        verdicts=verdicts,
+        migration=layout.rules,
+        blas=raw.blas,
+        blas_default=raw.blas_default,
+        **base,
     )
     report = _with_reasons(report)
     init = list(raw.init)

@@ -33,7 +33,14 @@ from typing import Any
 
 from kernel_lock.slots import CONFUSABLE, STATUSES
 
-from .protocol import ALT_PREFIX, FLAG_GRAD_OUTPUT_MODIFIED, FLAG_INPUT_MODIFIED, FLAG_OUTPUT_DTYPE, MeasurementRow
+from .protocol import (
+    ALT_PREFIX,
+    FLAG_GRAD_OUTPUT_MODIFIED,
+    FLAG_INPUT_MODIFIED,
+    FLAG_OUTPUT_DTYPE,
+    MeasurementRow,
+    ShapeCheck,
+)
 
 FACTOR = 4.0
 EPS = {"float32": 2.0**-23, "bfloat16": 2.0**-7, "float16": 2.0**-10}
@@ -64,9 +71,14 @@ class Policy:
     strict_dtype: bool = False  # --strict-dtype: any output dtype difference rejects
 
 
+def tolerance(base: float, dtype: str) -> float:
+    """The tolerance model: FACTOR x torch.nn's error + FLOOR(dtype)."""
+    return FACTOR * base + floor(dtype)
+
+
 def ratio(got: float, base: float, dtype: str) -> tuple[float, float]:
     """(got / tolerance, tolerance) under the tolerance model."""
-    tol = FACTOR * base + floor(dtype)
+    tol = tolerance(base, dtype)
     return (got / tol if tol > 0 else float("inf")), tol
 
 
@@ -175,6 +187,53 @@ def _judge_dtype(v: Verdict, row: MeasurementRow, what: str, policy: Policy) -> 
     change = f"output dtype {what} {regime}: accepted by consequence ({', '.join(figures)}; <= 1 passes)"
     v.notes.append(change)
     v.changes.append(change)
+
+
+@dataclass(frozen=True)
+class ShapeVerdict:
+    """The check at one timed shape: ``reason`` is empty when it passed; ``worst_ratio`` is the
+    largest error / tolerance over y, dx, dweight and dbias (None when nothing was measured)."""
+
+    shape: str
+    reason: str
+    worst_ratio: float | None
+    sampled: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.reason
+
+
+def judge_shape(shape: str, dtype: str, regime: str, check: ShapeCheck) -> ShapeVerdict:
+    """The verdict of the check at a timed shape (``atshape``), under the same tolerance model as the
+    correctness kernels: a candidate wrong only at the model's size is rejected, naming the shape and
+    the first wrong row. A check that could not run rejects too: nothing vouches for that size."""
+    where = f"at the model's shape {shape} ({dtype}, regime {regime})"
+    if "error" in check:
+        return ShapeVerdict(shape, f"{where}: the check against float64 could not run: {check['error']}", None)
+    worst, bad = 0.0, []
+    for tensor, (got, base) in check.get("errors", {}).items():
+        r, tol = ratio(got, base, dtype)
+        worst = max(worst, r)
+        if r > 1.0:
+            bad.append(f"{tensor} error {got:.3g} > tolerance {tol:.3g} (torch.nn's {base:.3g})")
+    sampled = int(check.get("sampled", 0))
+    if not bad:
+        return ShapeVerdict(shape, "", worst, sampled)
+    if "first_bad_row" in check:
+        last_good = check.get("last_good_row", -1)
+        row = (
+            f"first bad row {check['first_bad_row']} of {check.get('rows', '?')} ("
+            + (f"the sampled rows up to {last_good} are right; " if last_good >= 0 else "")
+            + f"{sampled} rows sampled)"
+        )
+    else:  # only a parameter gradient, a sum over the sampled rows, is wrong
+        row = f"the sum over the {sampled} sampled rows is wrong, every sampled row's output and input gradient right"
+    reached = check.get("boundaries") or []
+    near = f"; boundaries reached: {', '.join(reached)}" if reached else ""
+    return ShapeVerdict(
+        shape, f"{where}: wrong at this size, right at the check shapes: {row}; {', '.join(bad)}{near}", worst, sampled
+    )
 
 
 def worst_status(statuses: list[str]) -> str:

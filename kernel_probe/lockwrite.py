@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kernel_lock.blas import Blas
 from kernel_lock.fingerprint import FIELDS, library_versions
 from kernel_lock.lock import Candidate as RejectedCandidate
 from kernel_lock.lock import EnvField, Environment, KernelLock, Requirement, Slot, Twin
@@ -63,6 +64,8 @@ def _evidence(report: Report) -> list[dict[str, Any]]:
 
 
 def _timing(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    from .judge import judge_shape
+
     out = []
     for r in rows:
         row: dict[str, Any] = {
@@ -71,6 +74,8 @@ def _timing(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
             "dtype": r["dtype"],
             "regime": r["regime"],
         }
+        if "blas" in r:  # a Linear on a GPU: the BLAS library it was timed under
+            row["blas"] = r["blas"]
         if "error" in r:
             row["error"] = r["error"]
         else:
@@ -86,6 +91,11 @@ def _timing(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 row["copy-percent"] = _round(r["copy_percent"], 3)
             if "tflops" in r:
                 row["tflops"] = _round(r["tflops"])
+        if "check" in r:  # the check at this shape against float64 (kernel_probe.atshape)
+            verdict = judge_shape(r["shape"], r["dtype"], r["regime"], r["check"])
+            row["checked-rows"] = verdict.sampled
+            if verdict.worst_ratio is not None:
+                row["worst-error-ratio"] = _round(verdict.worst_ratio, 3)
         out.append(row)
     return out
 
@@ -142,6 +152,7 @@ def build_lock(
             evidence=tuple(_evidence(choice.report)),
             timing=tuple(_timing([row for rid in sorted(timings.get(slot, {})) for row in timings[slot][rid]])),
             rejected=rejected,
+            blas=Blas(choice.report.blas, choice.report.blas_default) if choice.report.blas else None,
         )
     versions = library_versions(sorted(distributions))
     libraries = {name: v for name, v in versions.items() if v is not None}

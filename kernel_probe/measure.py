@@ -14,19 +14,21 @@ Everything that touches foreign code runs here, inside the isolated worker.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import importlib
 import math
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from kernel_lock import blas as blas_lib
 from kernel_lock.slots import CONFUSABLE
 
 from . import initstats
@@ -67,11 +69,68 @@ def rel_err(got, ref) -> float:
         return math.inf if (got is None) != (ref is None) else 0.0
     if got.shape != ref.shape:
         return math.inf
-    got = got.detach().to(torch.float64)
-    if not torch.isfinite(got).all():
+    worst = (got.detach().to(torch.float64) - ref).abs().max().item()  # NaN and inf propagate through max
+    if not math.isfinite(worst):
         return math.inf
     scale = ref.abs().max().item()
-    return (got - ref).abs().max().item() / max(scale, 1e-30)
+    return worst / max(scale, 1e-30)
+
+
+# ---- the BLAS library under a Linear ---------------------------------------------------------------
+class BlasNotOffered(Exception):
+    """The candidate's BLAS library is not one this torch build offers."""
+
+
+def blas_device(cand: Candidate, device: str) -> str:
+    """The device type whose BLAS libraries name the candidate's (``cuda``/``rocm``); '' where none applies."""
+    return blas_lib.device_of(cand.blas) if cand.blas else (device if device in blas_lib.LIBRARIES else "")
+
+
+@contextlib.contextmanager
+def blas_library(cand: Candidate, device: str) -> Iterator[tuple[str, str]]:
+    """Run a Linear under its candidate's BLAS library (``cand.blas``; none: the one torch picks by
+    itself), restoring the process's previous choice afterwards (the worker serves other candidates).
+    Yields (the library in effect, the build's default, i.e. torch's choice before any was set); ("", "")
+    where no GPU BLAS library applies. Raises :class:`BlasNotOffered` when the build keeps another."""
+    kind = blas_device(cand, device) if cand.semantics == "linear" else ""
+    if not kind:
+        yield "", ""
+        return
+    before = torch.backends.cuda.preferred_blas_library()
+    default = blas_lib.name_of(before, kind)
+    if not cand.blas:
+        yield default, default
+        return
+    now = blas_lib.select(torch, cand.blas)
+    try:
+        if now != cand.blas:
+            raise BlasNotOffered(f"this torch build does not offer {cand.blas}: torch kept {now}")
+        yield now, default
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)
+
+
+def baseline_blas(cand: Candidate, device: str) -> str:
+    """The library torch.nn's baseline runs under when a Linear is checked on a GPU: the classic one
+    (cuBLAS, rocBLAS), which torch used for every Linear before the Lt libraries became preferences and
+    defaults (on LUMI the divergence came with hipBLASLt, anemoi-core #560). So a library that computes
+    worse is judged against the classic library's error, never against its own."""
+    kind = blas_device(cand, device) if cand.semantics == "linear" else ""
+    return blas_lib.LIBRARIES[kind][0] if kind else ""
+
+
+@contextlib.contextmanager
+def blas_selected(library: str) -> Iterator[None]:
+    """Run under ``library`` (''; as it is), then restore the process's choice."""
+    if not library:
+        yield
+        return
+    before = torch.backends.cuda.preferred_blas_library()
+    blas_lib.select(torch, library)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)
 
 
 # ---- inputs ------------------------------------------------------------------------------------
@@ -407,6 +466,45 @@ def check(
     if not layout.ok:
         return reply()  # no numerics without a mapping: the verdict says what is missing and unexpected
     reply = functools.partial(reply, init=fresh_differences(fresh, fresh_base, layout))
+    with contextlib.ExitStack() as stack:
+        try:
+            library, default = stack.enter_context(blas_library(cand, device))
+        except BlasNotOffered as exc:
+            return reply(phase="blas", error=str(exc))
+        _measure_rows(
+            cand,
+            slot,
+            device,
+            dtypes,
+            hidden,
+            out_features,
+            canonical_overrides,
+            seed,
+            baseline,
+            layout,
+            base_layout,
+            rows,
+        )
+    return reply(blas=library, blas_default=default)
+
+
+def _measure_rows(
+    cand: Candidate,
+    slot: str,
+    device: str,
+    dtypes: list[tuple[str, str]],
+    hidden: int,
+    out_features: int | None,
+    canonical_overrides: Mapping[str, Any] | None,
+    seed: int,
+    baseline: Candidate,
+    layout: Layout,
+    base_layout: Layout,
+    rows: list[MeasurementRow],
+) -> None:
+    """Per (dtype, regime): the errors, flags, determinism and blocks, appended to ``rows``."""
+    semantics = cand.semantics
+    torch_device = "cuda" if device == "rocm" else device
     for dtype_name, regime in dtypes:
         dtype = DTYPES[dtype_name]
         mixed = regime == "mixed"
@@ -448,7 +546,8 @@ def check(
                     skip = (torch.randn(*out_shape, generator=gen)).to(torch_device, x.dtype) if case.residual else None
                     ref = _reference_pass(semantics, x, gy, params64, eps, skip)
                     got = _run(mod, x, gy, skip, autocast, layout)
-                    base = _run(base_mod, x, gy, skip, autocast, base_layout)
+                    with blas_selected(baseline_blas(cand, device)):
+                        base = _run(base_mod, x, gy, skip, autocast, base_layout)
                     pairs = {
                         "y": (got["y"], base["y"], ref["y"]),
                         "dx": (got["dx"], base["dx"], ref["dx"]),
@@ -513,7 +612,6 @@ def check(
         except Exception as exc:
             row["exception"] = f"{type(exc).__name__}: {exc}"
             row["traceback"] = traceback.format_exc(limit=6)[-2000:]
-    return reply()
 
 
 def _twin_check(

@@ -650,10 +650,25 @@ def _check_and_time(
                 r.reasons = [f"while timing it replaced torch's own {', '.join(reply.tampered)}"] + r.reasons
             else:
                 result.timings[slot][r.id] = list(reply.rows)
+                _judge_at_shapes(r, reply.rows)
         except WorkerDied as exc:
             r.status, r.reasons = exc.status, [f"while timing: {exc.reason}"] + r.reasons
         result.time_seconds += time.perf_counter() - t1
     return r
+
+
+def _judge_at_shapes(report: Report, rows: Sequence[Mapping[str, Any]]) -> None:
+    """A candidate wrong at a timed shape (the check after timing, ``atshape``) is rejected, the shape
+    and the first wrong row named first among its reasons; its timings stay in the lock's record."""
+    from .judge import judge_shape
+
+    for row in rows:
+        if "check" not in row:
+            continue
+        verdict = judge_shape(row["shape"], row["dtype"], row["regime"], row["check"])
+        if not verdict.ok:
+            report.status = "rejected"
+            report.reasons.insert(0, verdict.reason)
 
 
 def choose_all(

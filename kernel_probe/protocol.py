@@ -209,10 +209,32 @@ class CheckReply(Reply):
     import_s: float | None = None
     layout: dict[str, Any] | None = None
     init: list[str] = field(default_factory=list)
+    blas: str = ""  # a Linear on a GPU: the BLAS library the rows were measured under (kernel_lock.blas names)
+    blas_default: str = ""  # the library torch picks by itself in this process (before any was set)
+
+
+class ShapeCheck(TypedDict, total=False):
+    """The check at one timed shape (``atshape.check_at_shape``; judged by ``judge.judge_shape``).
+
+    ``errors``: tensor (y, dx, dweight, dbias) -> [candidate, torch.nn], each against float64 on the
+    ``sampled`` rows; ``first_bad_row``: the first wrong row (bisected down from ``first_bad_sampled``,
+    the first sampled row over the tolerance, to ``last_good_row``); ``error``: the check itself raised."""
+
+    rows: int
+    sampled: int
+    boundaries: list[str]
+    errors: dict[str, list[float]]
+    first_bad_row: int
+    first_bad_sampled: int
+    last_good_row: int
+    seconds: float
+    error: str
 
 
 class TimingRow(TypedDict, total=False):
-    """One shape of a timing (``timing.time_candidate``); ``error`` instead of the figures when it failed."""
+    """One shape of a timing (``timing.time_candidate``); ``error`` instead of the figures when it failed;
+    ``check``: the candidate at that shape against float64 (``atshape``), unless the timing was asked
+    without it; ``blas``: the BLAS library a Linear ran under on a GPU."""
 
     implementation: str
     shape: str
@@ -227,6 +249,8 @@ class TimingRow(TypedDict, total=False):
     copy_gbps: float
     copy_percent: float
     error: str
+    check: ShapeCheck
+    blas: str
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,12 +3,16 @@
 GPU: CUDA events around each repetition, after warm-up; inputs rotate through enough buffers to
 exceed twice the L2 cache, so the figure is not an L2-resident fantasy. CPU: perf_counter. The first
 call (Triton JIT, torch.compile) is timed apart and reported as ``compile_s``, never mixed into the
-median. Bandwidth is the bytes the op must move divided by the time, and is reported against a
+median. The module is timed with the non-trivial parameters of the correctness checks, and its last
+warm-up call is checked at that very shape and regime against float64 (``atshape``, the row's
+``check``): a kernel right at 37 rows and wrong at the model's size is caught where it is timed, for
+no extra full-size pass. Bandwidth is the bytes the op must move divided by the time, and is reported against a
 device-to-device copy measured in the same process, so the ratio survives a noisy machine.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -16,12 +20,14 @@ from typing import Any
 
 import torch
 
-from .candidates import Candidate, canonical_for
-from .measure import DTYPES, build
-from .protocol import TimeReply, TimingProgressMessage, TimingRow
+from .candidates import Candidate, canonical_for, default_for
+from .layout import discover, shapes
+from .measure import DTYPES, BlasNotOffered, baseline_blas, blas_library, build, load_parameters, parameters_for
+from .protocol import ShapeCheck, TimeReply, TimingProgressMessage, TimingRow
 from .shapes import parse_shape
 
-DEFAULT_OPTIONS = {"warmup": 3, "reps": 20, "min_seconds": 0.2, "max_reps": 200}
+# check: run the check at the model's shape after timing each shape (atshape); off only to measure its cost
+DEFAULT_OPTIONS = {"warmup": 3, "reps": 20, "min_seconds": 0.2, "max_reps": 200, "check": True}
 
 
 def bytes_moved(semantics: str, rows: int, hidden: int, out: int, dtype_bytes: int) -> int:
@@ -57,12 +63,18 @@ class _Clock:
 
 
 def _repeat(
-    clock: _Clock, fn, opts: Mapping[str, Any], tick: Callable[[str, int, int], None] | None = None
+    clock: _Clock,
+    fn,
+    opts: Mapping[str, Any],
+    tick: Callable[[str, int, int], None] | None = None,
+    checked: Callable[[], None] | None = None,
 ) -> list[float]:
-    """Warm-up calls, then timed repetitions; ``tick(phase, done, total)`` after each call."""
+    """Warm-up calls, then timed repetitions; ``tick(phase, done, total)`` after each call. ``checked``,
+    when given, is the last warm-up call (a call checked against float64: the module is warm by then,
+    and the check costs no extra full-size pass); without warm-up calls it runs after the repetitions."""
     warmup, reps = int(opts["warmup"]), int(opts["reps"])
     for i in range(warmup):
-        fn()
+        (checked if checked is not None and i == warmup - 1 else fn)()
         if tick:
             tick("warm-up", i + 1, warmup)
     clock.sync()
@@ -72,6 +84,8 @@ def _repeat(
         samples.append(clock.time(fn))
         if tick:
             tick("rep", len(samples), max(reps, len(samples)))
+    if checked is not None and warmup == 0:
+        checked()
     return samples
 
 
@@ -127,6 +141,7 @@ def _time_shape(
         slot, hidden=hidden, out_features=out, device=torch_device, param_dtype=str(param_dtype).replace("torch.", "")
     )
     module = build(cand, canonical, torch_device, param_dtype)
+    check = _CheckSetup(cand, slot, module, canonical, torch_device, param_dtype) if opts.get("check", True) else None
     width_out = out if cand.semantics == "linear" else hidden
     per_input = rows * hidden * dtype.itemsize
     n_buf = 1
@@ -155,7 +170,17 @@ def _time_shape(
     row["compile_s"] = round(time.perf_counter() - t0, 4)
     if tick:
         tick("first call", 1, 1)
-    samples = _repeat(clock, step, opts, tick)
+    checked: Callable[[], None] | None = None
+    if check is not None:
+        setup = check
+
+        def checked_call() -> None:
+            x = xs[state["i"] % n_buf]
+            state["i"] += 1
+            row["check"] = setup.run(x, width_out, str(dtype).replace("torch.", ""), mixed)
+
+        checked = checked_call
+    samples = _repeat(clock, step, opts, tick, checked)
     median = statistics.median(samples)
     nbytes = bytes_moved(cand.semantics, rows, hidden, out, dtype.itemsize)
     row["median_ms"], row["spread"] = median * 1000, _spread(samples)
@@ -171,6 +196,63 @@ def _time_shape(
     row["copy_gbps"] = copy_cache[key]
     row["copy_percent"] = 100.0 * row["gbps"] / copy_cache[key]
     return row
+
+
+class _CheckSetup:
+    """What the check at a timed shape needs, prepared before the timing: the candidate and torch.nn
+    loaded with the same non-trivial parameters (those of the correctness checks), through the
+    candidate's parameter layout."""
+
+    def __init__(self, cand: Candidate, slot: str, module, canonical, device: str, param_dtype) -> None:
+        self.semantics, self.device, self.module = cand.semantics, device, module
+        self.baseline_library = baseline_blas(cand, device)
+        self.baseline = build(default_for(slot), canonical, device, param_dtype)
+        base_shapes = shapes(self.baseline.state_dict())
+        self.base_layout = discover(base_shapes, base_shapes)
+        if cand.semantics == "linear" and canonical["out_features"] == canonical["in_features"]:
+            # a square weight cannot tell (out, in) from (in, out): the layout is read from a non-square
+            # build (the same parameter names and orientation), as the correctness checks read it
+            wide = {**canonical, "out_features": canonical["in_features"] + 3}
+            self.layout = discover(
+                shapes(build(cand, wide, device, param_dtype).state_dict()),
+                shapes(build(default_for(slot), wide, device, param_dtype).state_dict()),
+            )
+        else:
+            self.layout = discover(shapes(module.state_dict()), base_shapes)
+        self.gen = torch.Generator().manual_seed(0)
+        bias = bool(canonical.get("bias", False)) if cand.semantics != "rms_norm" else False
+        params = parameters_for(cand.semantics, canonical["hidden"], canonical["out_features"], bias, self.gen)
+        self.params64 = {k: (v.to(torch.float64).to(device) if v is not None else None) for k, v in params.items()}
+        self.eps = float(canonical.get("eps", 0.0) or 0.0)
+        if self.layout.ok:
+            load_parameters(module, params, self.layout)
+            load_parameters(self.baseline, params, self.base_layout)
+
+    def run(self, x, width: int, dtype_name: str, mixed: bool) -> ShapeCheck:
+        from .atshape import check_at_shape
+
+        rows = int(x.shape[0])
+        if not self.layout.ok:  # only accepted candidates are timed, so this is a candidate offered directly
+            return ShapeCheck(rows=rows, error=f"its state dict does not map onto torch.nn's: {self.layout.problem()}")
+        try:
+            return check_at_shape(
+                module=self.module,
+                layout=self.layout,
+                baseline=self.baseline,
+                base_layout=self.base_layout,
+                semantics=self.semantics,
+                x=x,
+                width=width,
+                params64=self.params64,
+                eps=self.eps,
+                dtype_name=dtype_name,
+                autocast=(self.device, DTYPES[dtype_name]) if mixed else None,
+                gen=self.gen,
+                baseline_library=self.baseline_library,
+            )
+        except Exception as exc:  # out of memory for the extra output and gradients, a kernel that raises
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            return ShapeCheck(rows=rows, error=f"{type(exc).__name__}: {first}"[:400])
 
 
 def progress_message(
@@ -195,29 +277,63 @@ def time_candidate(
 ) -> TimeReply:
     """Rows per shape; ``progress`` receives a message after each call (see ``progress_message``)."""
     opts = {**DEFAULT_OPTIONS, **(options or {})}
-    torch_device = "cuda" if device == "rocm" else device
-    dtype = DTYPES[dtype_name]
-    mixed = regime == "mixed"
     clock = _Clock(device)
     out_rows: list[TimingRow] = []
     copy_cache: dict[int, float] = {}
-    for index, shape in enumerate(shapes):
-        row: TimingRow = {"implementation": cand.id, "shape": shape, "dtype": dtype_name, "regime": regime}
-        tick = None
-        if progress is not None:
-            started = time.perf_counter()
-
-            def tick(
-                phase: str, done: int, total: int, shape: str = shape, index: int = index, started: float = started
-            ) -> None:
-                progress(progress_message(shape, index, len(shapes), phase, done, total, time.perf_counter() - started))
-
+    with contextlib.ExitStack() as stack:
         try:
-            row.update(_time_shape(cand, slot, device, shape, dtype, mixed, opts, clock, copy_cache, tick))
-        except Exception as exc:  # OOM at the model's shape, a kernel that refuses the size, ...
-            row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:400]
-        finally:
-            if torch_device == "cuda":
-                torch.cuda.empty_cache()  # the shape's buffers died with _time_shape's frame
-        out_rows.append(row)
+            library = stack.enter_context(blas_library(cand, device))[0]
+        except BlasNotOffered as exc:
+            rows = [
+                TimingRow(implementation=cand.id, shape=s, dtype=dtype_name, regime=regime, error=str(exc))
+                for s in shapes
+            ]
+            return TimeReply(candidate=cand.id, device=device, rows=rows)
+        for index, shape in enumerate(shapes):
+            out_rows.append(
+                _timed_shape(
+                    cand, slot, device, shape, index, shapes, dtype_name, regime, opts, clock, copy_cache, progress
+                )
+            )
+            if library:
+                out_rows[-1]["blas"] = library
     return TimeReply(candidate=cand.id, device=device, rows=out_rows)
+
+
+def _timed_shape(
+    cand: Candidate,
+    slot: str,
+    device: str,
+    shape: str,
+    index: int,
+    shapes: list[str],
+    dtype_name: str,
+    regime: str,
+    opts: Mapping[str, Any],
+    clock: _Clock,
+    copy_cache: dict[int, float],
+    progress: Callable[[TimingProgressMessage], None] | None,
+) -> TimingRow:
+    """One shape's row: the figures, or the error that stopped it."""
+    torch_device = "cuda" if device == "rocm" else device
+    row: TimingRow = {"implementation": cand.id, "shape": shape, "dtype": dtype_name, "regime": regime}
+    tick = None
+    if progress is not None:
+        started = time.perf_counter()
+
+        def tick(
+            phase: str, done: int, total: int, shape: str = shape, index: int = index, started: float = started
+        ) -> None:
+            progress(progress_message(shape, index, len(shapes), phase, done, total, time.perf_counter() - started))
+
+    try:
+        row.update(
+            _time_shape(cand, slot, device, shape, DTYPES[dtype_name], regime == "mixed", opts, clock, copy_cache, tick)
+        )
+    except Exception as exc:  # OOM at the model's shape, a kernel that refuses the size, ...
+        row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:400]
+    finally:
+        if torch_device == "cuda":
+            torch.cuda.empty_cache()  # the shape's buffers died with _time_shape's frame
+
+    return row

@@ -388,3 +388,102 @@ class OddLayoutLayerNorm(nn.Module):
 
     def forward(self, x):
         return F.layer_norm(x, x.shape[-1:], self.scale[:-1], None, self.eps)
+
+
+# ---- right at the check shapes, wrong only at the model's size (issue 26) ------------------------
+# Each has a limit (class attribute) below which it is exactly right; the same code with a limit the
+# tensor does not reach is the control. CPU-sized limits stand for the real ones (rows >= 2^23,
+# int32 element offsets past 2^31).
+def _rows_of(x):
+    return x.reshape(-1, x.shape[-1])
+
+
+class ShiftedBeyondRowsLayerNorm(_Norm):
+    """Right for the first ROWS rows; beyond them its output is shifted (a second code path for large
+    row counts, like a grid that splits rows over another launch dimension)."""
+
+    ROWS = 4096
+
+    def forward(self, x):
+        y = _ln32(x, self.weight, self.bias, self.eps)
+        flat = _rows_of(y)
+        row = torch.arange(flat.shape[0], device=y.device).unsqueeze(-1)
+        return torch.where(row >= self.ROWS, flat + 0.25, flat).reshape(y.shape)
+
+
+class OverflowLayerNorm(_Norm):
+    """Element offsets wrap at 2^BITS, like int32 offsets past 2^31: a row whose first element lies at or
+    beyond 2^BITS is computed from the row the wrapped offset points to (forward and backward)."""
+
+    BITS = 21
+
+    def forward(self, x):
+        flat = _rows_of(x)
+        rows, hidden = flat.shape
+        start = torch.arange(rows, device=x.device) * hidden
+        source = (start % (1 << self.BITS)) // hidden
+        return _ln32(flat[source], self.weight, self.bias, self.eps).reshape(x.shape)
+
+
+class _HalfGradBeyond(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, limit):
+        ctx.limit = limit
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        flat = _rows_of(g).clone()
+        flat[ctx.limit :] *= 0.5
+        return flat.reshape(g.shape), None
+
+
+class BackwardBeyondRowsLayerNorm(_Norm):
+    """Forward right everywhere; the input gradient of rows beyond ROWS is halved (a backward kernel
+    with its own, wrong, large-size path)."""
+
+    ROWS = 4096
+
+    def forward(self, x):
+        return _ln32(_HalfGradBeyond.apply(x, self.ROWS), self.weight, self.bias, self.eps)
+
+
+class PartialSumLayerNorm(_Norm):
+    """Output and input gradient right; the weight and bias gradients sum only the first ROWS rows
+    (a reduction whose partial-sum buffer is sized for fewer blocks than the tensor has)."""
+
+    ROWS = 4096
+
+    def forward(self, x):
+        flat = _rows_of(x)
+        head, tail = flat[: self.ROWS], flat[self.ROWS :]
+        y_head = _ln32(head, self.weight, self.bias, self.eps)
+        y_tail = _ln32(tail, self.weight.detach(), self.bias.detach(), self.eps)
+        return torch.cat([y_head, y_tail]).reshape(x.shape)
+
+
+class RowLimitRMSNorm(_Norm):
+    """RMSNorm right for the first ROWS rows, its output scaled by 1.1 beyond them."""
+
+    ROWS = 4096
+
+    def __init__(self, normalized_shape, eps=1e-6, elementwise_affine=True, device=None, dtype=None):
+        super().__init__(normalized_shape, eps, elementwise_affine, bias=False, device=device, dtype=dtype)
+
+    def forward(self, x):
+        y = _rms32(x, self.weight, self.eps)
+        flat = _rows_of(y)
+        row = torch.arange(flat.shape[0], device=y.device).unsqueeze(-1)
+        return torch.where(row >= self.ROWS, flat * 1.1, flat).reshape(y.shape)
+
+
+class RowLimitLinear(GoodLinear):
+    """A Linear whose rows beyond ROWS lose the bias."""
+
+    ROWS = 4096
+
+    def forward(self, x):
+        y = F.linear(x, self.weight, self.bias)
+        flat = _rows_of(y)
+        row = torch.arange(flat.shape[0], device=y.device).unsqueeze(-1)
+        return torch.where(row >= self.ROWS, flat - self.bias, flat).reshape(y.shape)

@@ -1,0 +1,214 @@
+"""The check at the model's shapes: run inside the worker, right after a candidate is timed at a shape.
+
+The correctness kernels (``measure``) run at 37 rows. A kernel can be right there and wrong at the
+model's size: PyTorch's ROCm ``F.layer_norm`` for rows >= 2^23 with hidden % 4 != 0 (pytorch #184826),
+Triton kernels whose int32 offsets overflow past 2^31 elements, a launch grid whose y dimension stops
+at 65535 rows. So after timing, the candidate runs forward and backward once more at that exact shape,
+in that regime (autocast or not), and a sample of its rows is compared with a float64 reference.
+
+The rows (:func:`sample_rows`), for a tensor of R rows whose rows are W wide:
+
+- the first and the last ``WINDOW`` rows;
+- ``WINDOW`` rows either side of each boundary the tensor reaches: rows 2^16 and 2^23, and the first
+  row whose elements start at or beyond 2^31 (``ceil(2^31 / W)``, for every width the slot's tensors
+  have: a Linear's input and output widths), i.e. rows ``b - WINDOW`` to ``b + WINDOW - 1``;
+- one row in each of ``SPREAD`` equal bands over the whole tensor, at a fixed offset inside its band
+  that depends only on R (so a rerun samples the same rows, and they are not all block-aligned).
+
+What is compared, and why it can be compared on a sample:
+
+- ``y`` and ``dx`` on every sampled row. Both are row-local for these slots (a norm's output row and
+  its input gradient depend on that row only; a Linear's on that input row and the weights), so the
+  float64 reference computed from the sampled rows alone is exact for them.
+- ``dweight`` and ``dbias``, which sum over every row. The checked backward is fed a grad_output that
+  is zero on every row but the sampled ones, so the full-size sum must equal the sum over the sampled
+  rows, which the reference computes. A kernel that drops, duplicates or misplaces the contributions
+  of rows beyond some size is caught as soon as a sampled row lies beyond it.
+- torch.nn's own error, the basis of the tolerance (``judge``), is measured by running torch.nn on the
+  sampled rows alone (a small tensor): so a torch.nn that is itself wrong at the model's size cannot
+  widen the tolerance. The torch.nn candidate gets this check like any other, and is rejected by it.
+
+When a sampled row is wrong, the rows between it and the last right sampled row below it are
+bisected on the output and the input gradient, so the report names the first wrong row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from .judge import tolerance
+from .layout import Layout
+from .measure import _autocast, _reference_pass, blas_selected, gradients, reference, rel_err
+from .protocol import ShapeCheck
+
+WINDOW = 4  # rows either side of a boundary, and at each end of the tensor
+SPREAD = 16  # bands over the whole tensor, one sampled row each
+ROW_BOUNDARIES = ((1 << 16, "row 2^16"), (1 << 23, "row 2^23"))  # grid limits; pytorch #184826
+ELEMENT_BOUNDARY = 1 << 31  # int32 element offsets overflow here
+ROW_LOCAL = ("y", "dx")
+
+
+def boundaries(rows: int, widths: Sequence[int]) -> list[tuple[int, str]]:
+    """The boundaries a ``rows`` x ``width`` tensor reaches: (first row at or beyond it, its name)."""
+    out = [(b, name) for b, name in ROW_BOUNDARIES if b < rows]
+    for w in sorted(set(widths)):
+        b = -(-ELEMENT_BOUNDARY // w)  # ceil: the first row whose first element is at or beyond 2^31
+        if b < rows:
+            out.append((b, f"2^31 elements at width {w} (row {b})"))
+    return out
+
+
+def sample_rows(rows: int, widths: Sequence[int]) -> list[int]:
+    """The rows the check compares (the rule is in the module docstring), ascending, without repeats."""
+    if rows <= 0:
+        return []
+    picked: set[int] = set(range(min(WINDOW, rows)))
+    picked.update(range(max(rows - WINDOW, 0), rows))
+    for b, _ in boundaries(rows, widths):
+        picked.update(r for r in range(b - WINDOW, b + WINDOW) if 0 <= r < rows)
+    for i in range(SPREAD):
+        lo, hi = i * rows // SPREAD, (i + 1) * rows // SPREAD
+        if hi > lo:
+            picked.add(lo + (i * 2654435761 + rows) % (hi - lo))  # Knuth's multiplicative hash
+    return sorted(picked)
+
+
+def _row_errors(got: torch.Tensor, ref: torch.Tensor, scale: float) -> torch.Tensor:
+    """Per row: max |got - ref| / scale, where scale is max |ref| over every sampled row (normwise)."""
+    got = got.detach().to(torch.float64)
+    err = (got - ref).abs().amax(-1) / max(scale, 1e-30)
+    return torch.where(torch.isfinite(got).all(-1), err, torch.full_like(err, math.inf))
+
+
+def check_at_shape(
+    *,
+    module: torch.nn.Module,
+    layout: Layout,
+    baseline: torch.nn.Module,
+    base_layout: Layout,
+    semantics: str,
+    x: torch.Tensor,
+    width: int,
+    params64: Mapping[str, Any],
+    eps: float,
+    dtype_name: str,
+    autocast: tuple[str, Any] | None,
+    gen: torch.Generator,
+    baseline_library: str = "",
+) -> ShapeCheck:
+    """Forward and backward of ``module`` on the whole of ``x`` (the model's shape), against float64 and
+    against torch.nn (``baseline``, on the sampled rows only), with the same parameters in both."""
+    started = time.perf_counter()
+    rows, hidden = x.shape
+    sampled = sample_rows(rows, (hidden, width))
+    idx = torch.tensor(sampled, device=x.device)
+    # grad_output: zero except on the sampled rows, so the parameter gradients are sums over them only
+    gy_rows = (torch.randn(len(sampled), width, generator=gen) * 0.7 + 0.1).to(x.device, x.dtype)
+    gy = torch.zeros(rows, width, device=x.device, dtype=x.dtype)
+    gy[idx] = gy_rows
+    x = x.detach().requires_grad_(True)
+    for p in module.parameters():
+        p.grad = None
+    with _autocast(autocast):
+        y = module(x)
+    y.backward(gy)
+    got = {
+        "y": y.detach()[idx],
+        "dx": x.grad[idx] if x.grad is not None else None,
+        **{f"d{n}": g for n, g in gradients(module, layout).items()},
+    }
+    del gy
+    with _few_threads(x.device.type):  # the rest is small tensors: thread hand-offs would cost more than the work
+        xs = x.detach()[idx].clone().requires_grad_(True)
+        for p in baseline.parameters():
+            p.grad = None
+        with blas_selected(baseline_library), _autocast(autocast):  # a Linear's baseline: the classic BLAS library
+            yb = baseline(xs)
+            yb.backward(gy_rows)
+        base = {"y": yb.detach(), "dx": xs.grad, **{f"d{n}": g for n, g in gradients(baseline, base_layout).items()}}
+        ref = _reference_pass(semantics, xs.detach(), gy_rows, params64, eps, None)
+        ref_by = {"y": ref["y"], "dx": ref["dx"], "dweight": ref["weight"], "dbias": ref["bias"]}
+        errors: dict[str, list[float]] = {}
+        for name, r in ref_by.items():
+            if r is None:
+                continue
+            errors[name] = [rel_err(got.get(name), r), rel_err(base.get(name), r)]
+        out = ShapeCheck(
+            rows=rows, sampled=len(sampled), errors=errors, boundaries=[n for _, n in boundaries(rows, (hidden, width))]
+        )
+        # the first wrong row: the first sampled row over the tolerance, then bisected down to the last right one
+        bad_at: int | None = None
+        for name in ROW_LOCAL:
+            g, r = got.get(name), ref_by[name]
+            if g is None or r is None:
+                continue
+            tol = tolerance(errors[name][1], dtype_name)
+            per_row = _row_errors(g, r, r.abs().max().item())
+            over = (per_row > tol).nonzero()
+            if len(over):
+                first = sampled[int(over[0])]
+                bad_at = first if bad_at is None else min(bad_at, first)
+        if bad_at is not None:
+            below = [r for r in sampled if r < bad_at]
+            out["last_good_row"] = below[-1] if below else -1
+            out["first_bad_row"] = _bisect(
+                out["last_good_row"],
+                bad_at,
+                lambda r: _row_wrong(r, semantics, x, y, params64, eps, errors, ref_by, dtype_name),
+            )
+            out["first_bad_sampled"] = bad_at
+        out["seconds"] = round(time.perf_counter() - started, 4)
+        return out
+
+
+@contextlib.contextmanager
+def _few_threads(device: str) -> Iterator[None]:
+    """One CPU thread for the work on the sampled rows (a CPU device only; a GPU's work is its own)."""
+    if device != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _row_wrong(
+    row: int,
+    semantics: str,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    params64: Mapping[str, Any],
+    eps: float,
+    errors: Mapping[str, list[float]],
+    ref_by: Mapping[str, Any],
+    dtype_name: str,
+) -> bool:
+    """Is the output of one (unsampled) row wrong? Judged on the same scale and tolerance as the sample;
+    its input gradient must be zero, as its grad_output was."""
+    x64 = x.detach()[row : row + 1].to(torch.float64)
+    r = reference(semantics, x64, params64["weight"], params64["bias"], eps)
+    err = _row_errors(y.detach()[row : row + 1], r, ref_by["y"].abs().max().item())
+    if bool(err[0] > tolerance(errors["y"][1], dtype_name)):
+        return True
+    dx = x.grad[row] if x.grad is not None else None
+    return dx is not None and bool((dx != 0).any())
+
+
+def _bisect(good: int, bad: int, wrong: Callable[[int], bool]) -> int:
+    """The lowest row in (good, bad] that is wrong, assuming the rows from it to ``bad`` are."""
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if wrong(mid):
+            bad = mid
+        else:
+            good = mid
+    return bad
