@@ -236,6 +236,10 @@ def check_candidate(
     # what the hardware rules out comes before "not installed": no advice to install what cannot run here
     if cand.devices and device not in cand.devices:
         why = f"runs on {', '.join(cand.devices)}; this device is {device}"
+        if cand.blas:  # a BLAS library belongs to its platform: nothing to learn from trying it here
+            return Report(
+                status="unavailable", reasons=[f"{why} ({cand.blas} is a {cand.devices[0]} BLAS library)"], **base
+            )
         if not _is_installed(cand):
             return Report(status="unavailable", reasons=[why + " (and it is not installed)"], **base)
         interpreted = False
