@@ -17,7 +17,15 @@ from kernel_lock.anemoi import ANEMOI_DEFAULTS, Exported, Finding, entry_for, ex
 from kernel_lock.errors import LockError
 from kernel_lock.lock import KernelLock
 
-from .anemoi_config import DEFAULT_TIMEOUT, Config, compare_with_lock, judge_entries, merge_leftovers, read_config
+from .anemoi_config import (
+    DEFAULT_TIMEOUT,
+    Config,
+    compare_with_lock,
+    judge_entries,
+    merge_leftovers,
+    read_config,
+    schema_findings,
+)
 from .protocol import EntryCheckRequest
 
 # check-config's exit codes (the global table's meanings, narrowed to this command)
@@ -57,10 +65,14 @@ def check_config(
     allow_semantics_change: bool = False,
     compose: bool = True,
     timeout: float = DEFAULT_TIMEOUT,
+    schema: bool = True,
 ) -> CheckResult:
-    """Judge the config at ``path`` on this machine, and against ``lock`` if given."""
+    """Judge the config at ``path`` on this machine, and against ``lock`` if given; ``schema``: also
+    with anemoi-training's own schema, where it is installed."""
     config = read_config(path, overrides, compose_overlays=compose)
     findings: list[Finding] = list(config.findings)
+    if schema:
+        findings.extend(schema_findings(config, timeout))
     expected: dict[str, Exported] = {}
     if lock is not None:
         try:

@@ -196,6 +196,7 @@ class Config:
     overrides: list[str] = field(default_factory=list)
     blocks: list[Block] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    tree: Any = None  # what anemoi-training's schema is run on: the composed config, or the file as read
 
 
 class _Resolver:
@@ -346,7 +347,7 @@ def _add_block(config: Config, where: str, content: Any, *, source: str = "", wr
 def find_blocks(root: Mapping[str, Any], shape: str | None = None) -> Config:
     """Every layer_kernels block of a config read as one file (no composition)."""
     shape = shape or detect_shape(root)
-    config = Config(shape=shape)
+    config = Config(shape=shape, tree=root)
     model_is_root = shape == "model-file"
     model = root if model_is_root else root.get("model")
     if model is None:
@@ -411,6 +412,7 @@ def _composed(config: Config, root: Mapping[str, Any], answer: ComposeReply) -> 
     tree = answer.tree
     model = tree.get("model") if isinstance(tree, Mapping) else None
     config.composed = True
+    config.tree = tree
     config.choices = dict(answer.choices)
     config.sources = list(answer.sources)
     resolved = answer.blocks
@@ -696,3 +698,152 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
         return float(a) == float(b)
     return a == b
+
+
+# ---- anemoi-training's own schema -------------------------------------------------------------------
+SCHEMA_TIMEOUT = 120.0
+SCHEMA_FIX = (
+    "install anemoi-training (`pip install --no-deps anemoi-training`, then its light dependencies as "
+    ".ci/anemoi-install does) to check what `anemoi-training train` will say"
+)
+
+
+def _packaged_dir() -> Path | None:
+    """anemoi-training's packaged config directory, found without importing it."""
+    from importlib.util import find_spec
+
+    try:
+        spec = find_spec("anemoi.training")
+    except (ImportError, ValueError):
+        return None
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(location) / "config" / "config.yaml").is_file():
+            return Path(location) / "config"
+    return None
+
+
+def schema_input(config: Config) -> tuple[Any, bool, str] | str:
+    """(tree, is a model node, how it is validated), or why the schema cannot judge this config."""
+    tree = config.tree
+    if not isinstance(tree, Mapping):
+        return "the config could not be read as a whole"
+    if config.shape == "overlay" and not config.composed:
+        return "the overlay was not composed, and alone it is not a training config"
+    if config.shape == "model-file" and not config.composed:
+        return tree, True, "this model node inside anemoi-training's packaged config"
+    if config.shape == "full" and set(tree) <= {"model", "defaults"}:
+        model = tree.get("model")
+        if not isinstance(model, Mapping):
+            return "the file has no model node"
+        return model, True, "this file's model node inside anemoi-training's packaged config"
+    return tree, False, "the composed config" if config.composed else "the file as a whole"
+
+
+def _preset_of(config: Config, packaged: Path) -> str:
+    """The packaged model preset the config builds on ('' if none): its errors are the preset's own."""
+    name = config.choices.get("model", "")
+    if name and (packaged / "model" / f"{name}.yaml").is_file():
+        return name
+    p = Path(config.path)
+    if config.shape == "model-file" and p.is_file() and p.resolve().parent == (packaged / "model").resolve():
+        return p.stem
+    return ""
+
+
+def schema_findings(config: Config, timeout: float = SCHEMA_TIMEOUT) -> list[Finding]:
+    """anemoi-training's ``BaseSchema`` on the config, as ``anemoi-training train`` runs it (in a child):
+    its errors at their config paths, an error the shipped preset has too marked as the preset's own;
+    or one note saying why the schema was not run."""
+    from .protocol import SchemaReply, SchemaRequest
+
+    packaged = _packaged_dir()
+    if packaged is None or _installed("anemoi-training") is None or _installed("hydra-core") is None:
+        return [
+            Finding(
+                "note",
+                "schema",
+                "(config)",
+                "anemoi-training's schema was not run: anemoi-training is not installed here",
+                SCHEMA_FIX,
+            )
+        ]
+    what = schema_input(config)
+    if isinstance(what, str):
+        return [Finding("note", "schema", "(config)", f"anemoi-training's schema was not run: {what}")]
+    tree, model_file, how = what
+    preset = _preset_of(config, packaged)
+    request = SchemaRequest(tree=tree, model_file=model_file, preset=preset)
+    result = run_function(
+        "kernel_probe.anemoi_schema", "validate", request, timeout=timeout, memory_limit=COMPOSE_MEMORY
+    )
+    if not result.ok:
+        return [
+            Finding(
+                "error",
+                "schema",
+                "(config)",
+                f"anemoi-training's schema could not validate this config: {result.reason}",
+                "`anemoi-training train` resolves the config first and would fail the same way",
+            )
+        ]
+    reply = SchemaReply.from_json(result.value)
+    training = f"anemoi-training {reply.version}"
+    off = isinstance(config.tree, Mapping) and config.tree.get("config_validation") is False
+    severity = "warning" if off else "error"
+    out = [
+        Finding(
+            "note",
+            "schema",
+            "(config)",
+            f"checked with {training}'s BaseSchema ({how})"
+            + (
+                f"; {len(reply.unset)} mandatory value(s) left for the command line: {', '.join(reply.unset)}"
+                if reply.unset
+                else ""
+            )
+            + ("; config_validation is False, so training itself would not run this check" if off else ""),
+        )
+    ]
+    own = {(e["where"], e["type"]) for e in reply.preset}
+    for e in reply.errors:
+        shown = e["where"]
+        where = shown
+        member = next((m for w, m in reply.members.items() if where.startswith(w)), "")
+        via = f" (as {member}, the closest of the schema's alternatives)" if member else ""
+        if (where, e["type"]) in own:
+            out.append(
+                Finding(
+                    severity,
+                    "preset",
+                    shown,
+                    f"{e['message']} ({e['type']}){via}: {training}'s own `{preset}` preset fails its schema here "
+                    "as shipped, whatever this config does; not a kernel-lock matter",
+                    f"set it in your config (anemoi-training train rejects the preset as it is), or pin the "
+                    f"anemoi-models version {training} was released with",
+                )
+            )
+            continue
+        out.append(
+            Finding(
+                severity,
+                "schema",
+                shown,
+                f"{training} rejects this: {e['message']} ({e['type']}){via}",
+                _schema_fix(shown, e["type"]),
+            )
+        )
+    return out
+
+
+def _schema_fix(where: str, kind: str) -> str:
+    if kind == "extra_forbidden" and where.endswith("layer_kernels"):
+        return (
+            "layer_kernels belongs in the model node: under `model:` of a training config or an overlay, at the "
+            "root of a model file (config/model/<name>.yaml); `kernel-probe export LOCK --config THIS_FILE` prints "
+            "it in the right place"
+        )
+    if kind == "extra_forbidden":
+        return "remove the key, or check its spelling against anemoi-training's schema"
+    if kind == "missing":
+        return "set it (anemoi-training's presets show the expected value)"
+    return "see anemoi-training's schema for this field"
