@@ -19,7 +19,9 @@ from kernel_lock.lock import KernelLock
 
 from .anemoi_config import (
     DEFAULT_TIMEOUT,
+    NO_TRUST,
     Config,
+    Trust,
     compare_with_lock,
     judge_entries,
     merge_leftovers,
@@ -66,10 +68,11 @@ def check_config(
     compose: bool = True,
     timeout: float = DEFAULT_TIMEOUT,
     schema: bool = True,
+    trust: Trust = NO_TRUST,
 ) -> CheckResult:
     """Judge the config at ``path`` on this machine, and against ``lock`` if given; ``schema``: also
-    with anemoi-training's own schema, where it is installed."""
-    config = read_config(path, overrides, compose_overlays=compose)
+    with anemoi-training's own schema, where it is installed. Only modules ``trust`` allows are imported."""
+    config = read_config(path, overrides, compose_overlays=compose, trust=trust)
     findings: list[Finding] = list(config.findings)
     if schema:
         findings.extend(schema_findings(config, timeout))
@@ -90,10 +93,17 @@ def check_config(
     own = [b for b in config.blocks if b.content is not None]
     requests: list[EntryCheckRequest] = []
     asked: list[tuple[str, bool]] = []  # per request: its block, and whether its findings are reported
+    facts: dict[str, dict[str, Any]] = {b.where: {} for b in own}
     for b in own:
         content = b.content
         assert content is not None  # own holds the blocks with content
         for key, entry in content.items():
+            target = entry.get("_target_") if isinstance(entry, dict) else None
+            refusal = trust.refusal(target) if isinstance(target, str) and target else None
+            if refusal is not None:  # not imported: reported, and compared with the lock by name only
+                findings.append(Finding(refusal[0], "trust", f"{b.where}.{key}", refusal[1], refusal[2]))
+                facts[b.where][key] = {"target": target, "imported": False, "family": None, "defaults": {}}
+                continue
             requests.append(
                 EntryCheckRequest(
                     key=key, entry=entry, where=f"{b.where}.{key}", allow_semantics_change=allow_semantics_change
@@ -105,7 +115,6 @@ def check_config(
                 requests.append(EntryCheckRequest(key=key, entry=ANEMOI_DEFAULTS[key], where=f"{b.where}.{key}"))
                 asked.append((b.where, False))
     results = judge_entries(requests, timeout=timeout)
-    facts: dict[str, dict[str, Any]] = {b.where: {} for b in own}
     for req, (block, report), res in zip(requests, asked, results, strict=True):
         facts[block][req.key] = res.facts
         if report:
@@ -146,13 +155,14 @@ def export_for_config(
     mode: str | None = None,
     qk_norm: bool = False,
     compose: bool = True,
+    trust: Trust = NO_TRUST,
 ) -> ConfigExport:
     """The lock's entries for every block of the config at ``path`` (composed as training composes it).
 
     Raises what :func:`kernel_lock.anemoi.export` raises, and ``ConventionError`` where a block uses
     an anemoi wrapper the lock's kernel has no adapter for.
     """
-    config = read_config(path, overrides, compose_overlays=compose)
+    config = read_config(path, overrides, compose_overlays=compose, trust=trust)
     wanted = {e.key: e for e in export(lock, mode, qk_norm=qk_norm)}
     out = ConfigExport(config)
     for block in config.blocks:

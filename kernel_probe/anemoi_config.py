@@ -31,7 +31,7 @@ from typing import Any
 
 from kernel_lock.anemoi import ANEMOI_DEFAULTS, KEYS, Finding
 
-from .anemoi_compose import layer_kernels_paths
+from .anemoi_compose import UNTRUSTED_SEARCH_PATH, layer_kernels_paths
 from .child import run_function
 from .errors import InputFileError, UsageError
 from .protocol import ComposeReply, ComposeRequest, EntryCheckReply, EntryCheckRequest, ProtocolError
@@ -376,6 +376,73 @@ def find_blocks(root: Mapping[str, Any], shape: str | None = None) -> Config:
     return config
 
 
+# ---- what a config may make this checker import ------------------------------------------------------
+# A config names modules: its entries' ``_target_`` (imported to check a signature) and ``pkg://`` search
+# paths (imported by Hydra while composing). The rules are the lock's (kernel_lock.lock.check_target): a
+# private or ``__main__`` module is never imported (importing a ``__main__`` runs it), and a module outside
+# the allow-list and the caller's trust is not imported. The allow-list for config entries adds
+# anemoi-models (the library the config is for: AutocastLayerNorm is anemoi's own default).
+CONFIG_ROOTS = ("anemoi.models",)
+# pkg:// search paths composition may import: Hydra's own, and anemoi-training's packaged presets
+SEARCH_ROOTS = ("hydra.conf", "anemoi.training")
+OWN_TARGETS_FLAG = "--import-config-targets"
+
+
+@dataclass(frozen=True)
+class Trust:
+    """What the caller trusts this checker to import for a config: ``modules`` (``--trust``,
+    ``$KERNEL_LOCK_TRUST``) and, with ``own_targets`` (``--import-config-targets``), every public
+    module the config's own entries name."""
+
+    modules: tuple[str, ...] = ()
+    own_targets: bool = False
+
+    @classmethod
+    def granted(cls, trust: Sequence[str] = (), *, own_targets: bool = False) -> Trust:
+        from kernel_lock.lock import granted_trust
+
+        return cls(granted_trust(trust), own_targets)
+
+    def refusal(self, target: str) -> tuple[str, str, str] | None:
+        """None if ``target`` (and any kernel a generic adapter wraps) may be imported, else
+        (severity, problem, fix): ``__main__`` and private modules never; others not without trust."""
+        from kernel_lock import registry
+        from kernel_lock.anemoi import generic_kernel
+
+        names = [target]
+        inner = generic_kernel(target)
+        if inner is not None:
+            names.append(inner)
+        for name in names:
+            if any(part.startswith("_") for part in name.split(".")):
+                return (
+                    "error",
+                    f"{name!r} has a private or __main__ component: it is never imported (importing a module's "
+                    "__main__ runs it), and anemoi would import it when it builds the model",
+                    "name a public class, e.g. torch.nn.LayerNorm",
+                )
+        if self.own_targets:
+            return None
+        roots = (*registry.allowed_roots(), *CONFIG_ROOTS, *self.modules)
+        for name in names:
+            if not any(name == r or name.startswith(r + ".") for r in roots):
+                top = name.split(".")[0]
+                return (
+                    "warning",
+                    f"not checked: module not trusted ({name!r} is outside the import allow-list and the modules "
+                    "you trust; nothing was imported, so its import, signature and semantics are unknown)",
+                    f"if you trust it, `--trust {top}` (or $KERNEL_LOCK_TRUST={top}), or {OWN_TARGETS_FLAG} to let "
+                    "check-config import every module this config's entries name",
+                )
+        return None
+
+    def search_roots(self) -> tuple[str, ...]:
+        return (*SEARCH_ROOTS, *self.modules)
+
+
+NO_TRUST = Trust()  # the allow-list alone
+
+
 # ---- composition -----------------------------------------------------------------------------------
 def _installed(distribution: str) -> str | None:
     try:
@@ -458,14 +525,23 @@ def _composed(config: Config, root: Mapping[str, Any], answer: ComposeReply) -> 
 
 
 def compose(
-    config_dir: Path, config_name: str, overrides: Sequence[str], timeout: float = COMPOSE_TIMEOUT
+    config_dir: Path,
+    config_name: str,
+    overrides: Sequence[str],
+    timeout: float = COMPOSE_TIMEOUT,
+    trust: Trust = NO_TRUST,
 ) -> tuple[ComposeReply | None, str, str]:
     """Hydra's composition of ``config_name`` from ``config_dir`` (then the working directory and
     anemoi-training's packaged presets, as its search-path plugin adds them), in a child:
     (answer, why not, exception type)."""
     if _installed("hydra-core") is None:
         return None, "hydra-core is not installed here", "missing"
-    request = ComposeRequest(config_dir=str(config_dir.resolve()), config_name=config_name, overrides=tuple(overrides))
+    request = ComposeRequest(
+        config_dir=str(config_dir.resolve()),
+        config_name=config_name,
+        overrides=tuple(overrides),
+        trusted=trust.search_roots(),
+    )
     result = run_function(
         "kernel_probe.anemoi_compose", "compose", request, timeout=timeout, memory_limit=COMPOSE_MEMORY
     )
@@ -479,7 +555,12 @@ def compose(
 
 
 def read_config(
-    path: str | Path, overrides: Sequence[str] = (), *, compose_overlays: bool = True, timeout: float = COMPOSE_TIMEOUT
+    path: str | Path,
+    overrides: Sequence[str] = (),
+    *,
+    compose_overlays: bool = True,
+    timeout: float = COMPOSE_TIMEOUT,
+    trust: Trust = NO_TRUST,
 ) -> Config:
     """The blocks of the config at ``path``, composed as anemoi-training would where that is what
     decides the model (an overlay, a model preset extending another, or ``overrides``) and Hydra can
@@ -512,9 +593,11 @@ def read_config(
             )
     else:
         if member:
-            answer, why, kind = compose(p.resolve().parent.parent, "config", [f"model={p.stem}", *overrides], timeout)
+            answer, why, kind = compose(
+                p.resolve().parent.parent, "config", [f"model={p.stem}", *overrides], timeout, trust
+            )
         else:
-            answer, why, kind = compose(p.parent, p.stem, overrides, timeout)
+            answer, why, kind = compose(p.parent, p.stem, overrides, timeout, trust)
         if answer is not None:
             config = Config(shape=shape)
             _composed(config, {"model": root} if shape == "model-file" else root, answer)
@@ -535,6 +618,18 @@ def read_config(
                     root,
                     f"anemoi-training is not installed here, so its presets cannot be found ({why})",
                     "install anemoi-training (`pip install --no-deps anemoi-training`) to compose it as training does",
+                )
+            elif kind == UNTRUSTED_SEARCH_PATH:
+                config.findings.insert(
+                    0,
+                    Finding(
+                        "error",
+                        "trust",
+                        str(p),
+                        f"refused to compose: {why.partition(': ')[2] or why}",
+                        "remove the search path; if it names a public package you trust, `--trust PACKAGE` (or "
+                        "$KERNEL_LOCK_TRUST); a __main__ or private module is never imported",
+                    ),
                 )
             else:
                 config.findings.insert(

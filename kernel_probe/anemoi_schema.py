@@ -122,10 +122,9 @@ def _packaged(overrides: list[str] | None = None) -> Any:
 
 
 def _errors(cfg: Any) -> tuple[list[dict[str, str]], list[str], dict[str, str]]:
+    from anemoi.training.schemas.base_schema import BaseSchema
     from omegaconf import OmegaConf
     from pydantic import ValidationError
-
-    from anemoi.training.schemas.base_schema import BaseSchema
 
     unset: list[str] = []
     _fill_missing(cfg, (), unset)
@@ -136,6 +135,6 @@ def _errors(cfg: Any) -> tuple[list[dict[str, str]], list[str], dict[str, str]]:
         errors: list[dict[str, str]] = []
         members: dict[str, str] = {}
     except ValidationError as exc:
-        errors, members = closest_members(list(exc.errors()), tree)
+        errors, members = closest_members([dict(e) for e in exc.errors()], tree)
     errors = [e for e in errors if not any(e["where"] == u or e["where"].startswith(u + ".") for u in unset)]
     return errors, unset, members

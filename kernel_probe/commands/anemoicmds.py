@@ -14,6 +14,24 @@ from ..output import safe
 from .lockcmds import DEFAULT_LOCK, _load, add_trust_argument, default_lock_path
 
 
+def add_config_trust_argument(p: argparse.ArgumentParser) -> None:
+    from ..anemoi_config import OWN_TARGETS_FLAG
+
+    p.add_argument(
+        OWN_TARGETS_FLAG,
+        action="store_true",
+        help="import every public module the config's own layer_kernels entries name (default: only the import "
+        "allow-list, anemoi-models and --trust; an entry outside them is reported as not checked). A `__main__` or "
+        "private module is never imported",
+    )
+
+
+def _trust(args: argparse.Namespace):
+    from ..anemoi_config import Trust
+
+    return Trust.granted(args.trust, own_targets=args.import_config_targets)
+
+
 # ---- export ---------------------------------------------------------------------------------------
 def add_export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("lock", nargs="?", default=None, help=f"lock file (default: $KERNEL_LOCK or ./{DEFAULT_LOCK})")
@@ -45,6 +63,7 @@ def add_export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-compose", action="store_true", help="with --config: read the file alone, without Hydra")
     p.add_argument("--json", action="store_true", help="the mapping as JSON instead of YAML")
     add_trust_argument(p)
+    add_config_trust_argument(p)
     p.epilog = (
         "Hydra overrides for --config go after `--`, e.g.\n"
         "  kernel-probe export kernel-lock.toml --config my.yaml -- model=transformer_ens\n\n" + (p.epilog or "")
@@ -69,7 +88,13 @@ def run_export(args: argparse.Namespace) -> int:
     from ..anemoi_check import export_for_config
 
     result = export_for_config(
-        lock, args.config, args.overrides, mode=args.mode, qk_norm=args.qk_norm, compose=not args.no_compose
+        lock,
+        args.config,
+        args.overrides,
+        mode=args.mode,
+        qk_norm=args.qk_norm,
+        compose=not args.no_compose,
+        trust=_trust(args),
     )
     if args.json:
         output.print_json(
@@ -177,7 +202,13 @@ def add_check_config_arguments(p: argparse.ArgumentParser) -> None:
         help=f"how long importing the targets may take (default {DEFAULT_TIMEOUT:g})",
     )
     p.add_argument("--json", action="store_true", help="findings as JSON")
+    p.add_argument(
+        "--no-schema",
+        action="store_true",
+        help="skip anemoi-training's own schema (BaseSchema), which check-config runs where it is installed",
+    )
     add_trust_argument(p)
+    add_config_trust_argument(p)
     codes = "\n".join(f"  {c}  {t}" for c, t in CHECK_CONFIG_EXIT.items())
     p.epilog = (
         "Hydra overrides go after `--`, e.g.\n  kernel-probe check-config my.yaml -- model=transformer_ens\n\n"
@@ -201,6 +232,8 @@ def run_check_config(args: argparse.Namespace) -> int:
         allow_semantics_change=args.allow_semantics_change,
         compose=not args.no_compose,
         timeout=args.timeout,
+        schema=not args.no_schema,
+        trust=_trust(args),
     )
     code = result.exit_code
     config = result.config
