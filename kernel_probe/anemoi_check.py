@@ -24,6 +24,7 @@ from .anemoi_config import (
     Trust,
     compare_with_lock,
     judge_entries,
+    lost_wrappers,
     merge_leftovers,
     read_config,
     schema_findings,
@@ -48,13 +49,20 @@ class CheckResult:
     config: Config
     findings: list[Finding]
     expected: dict[str, Exported] = field(default_factory=dict)  # what the lock exports, by key
+    alternative: CheckResult | None = None  # the same file read as its other possible shape
+    schema: str = "not run: --no-schema"  # how anemoi-training's schema was run, or why not
 
     @property
-    def exit_code(self) -> int:
+    def own_exit_code(self) -> int:
         errors = [f for f in self.findings if f.severity == "error"]
         if any(f.kind != "lock" for f in errors):
             return 5
         return 3 if errors else 0
+
+    @property
+    def exit_code(self) -> int:
+        """The worse of the two readings where the file's shape is ambiguous (5 > 3 > 0)."""
+        return max(self.own_exit_code, self.alternative.own_exit_code if self.alternative else 0)
 
 
 def check_config(
@@ -69,13 +77,17 @@ def check_config(
     timeout: float = DEFAULT_TIMEOUT,
     schema: bool = True,
     trust: Trust = NO_TRUST,
+    _shape: str | None = None,
 ) -> CheckResult:
     """Judge the config at ``path`` on this machine, and against ``lock`` if given; ``schema``: also
     with anemoi-training's own schema, where it is installed. Only modules ``trust`` allows are imported."""
-    config = read_config(path, overrides, compose_overlays=compose, trust=trust)
+    config = read_config(path, overrides, compose_overlays=compose, trust=trust, shape=_shape)
     findings: list[Finding] = list(config.findings)
+    schema_status = "not run: --no-schema"
     if schema:
-        findings.extend(schema_findings(config, timeout))
+        schema_status, schema_errors = schema_findings(config, timeout)
+        findings.extend(schema_errors)
+    findings.extend(lost_wrappers(config))
     expected: dict[str, Exported] = {}
     if lock is not None:
         try:
@@ -100,6 +112,13 @@ def check_config(
         for key, entry in content.items():
             target = entry.get("_target_") if isinstance(entry, dict) else None
             refusal = trust.refusal(target) if isinstance(target, str) and target else None
+            if refusal is not None and refusal[0] == "warning" and not _installed_module(str(target)):
+                refusal = (
+                    "error",
+                    f"{target!r} does not import here: No module named {str(target).split('.')[0]!r} "
+                    "(looked up without importing anything)",
+                    "install the library that provides it, or fix the dotted path",
+                )
             if refusal is not None:  # not imported: reported, and compared with the lock by name only
                 findings.append(Finding(refusal[0], "trust", f"{b.where}.{key}", refusal[1], refusal[2]))
                 facts[b.where][key] = {"target": target, "imported": False, "family": None, "defaults": {}}
@@ -123,7 +142,32 @@ def check_config(
         findings.extend(merge_leftovers(b))
         if expected:
             findings.extend(compare_with_lock(b, expected, facts[b.where]))
-    return CheckResult(config, findings, expected)
+    result = CheckResult(config, findings, expected, schema=schema_status)
+    if _shape is None and config.alternative:  # ambiguous: check it the other way too, and report both
+        result.alternative = check_config(
+            path,
+            overrides,
+            lock=lock,
+            mode=mode,
+            qk_norm=qk_norm,
+            allow_semantics_change=allow_semantics_change,
+            compose=compose,
+            timeout=timeout,
+            schema=schema,
+            trust=trust,
+            _shape=config.alternative,
+        )
+    return result
+
+
+def _installed_module(target: str) -> bool:
+    """Whether ``target``'s top-level package is installed, found without importing (or running) anything."""
+    from importlib.util import find_spec
+
+    try:
+        return find_spec(target.split(".")[0]) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 # ---- export for one config ------------------------------------------------------------------------

@@ -163,14 +163,67 @@ def group_member(root: Mapping[str, Any], path: Path | None) -> bool:
     return bool(siblings) and all((path.parent / f"{d}.yaml").is_file() for d in siblings)
 
 
-def detect_shape(root: Mapping[str, Any], path: Path | None = None) -> str:
-    """``overlay``, ``full`` or ``model-file`` (see ``SHAPES``)."""
+# top-level sections of a training config (anemoi-training's config groups); a model file has none
+TRAINING_SECTIONS = ("data", "dataloader", "training", "system", "diagnostics", "graph", "hardware", "task")
+
+
+@dataclass(frozen=True)
+class Kind:
+    """Which shape a file is, why (the signals that decided it), and the other shape it could be."""
+
+    shape: str
+    why: str
+    alternative: str | None = None  # set when the signals disagree: the file is checked both ways
+
+
+def classify(root: Mapping[str, Any], path: Path | None = None) -> Kind:
+    """The file's shape from its place (config/model/<name>.yaml) and content (a ``defaults:`` list,
+    the model class's ``_target_`` under its own ``model:`` key, model-node keys at its root,
+    training sections)."""
     if isinstance(root.get("defaults"), list):
-        return "model-file" if group_member(root, path) else "overlay"
+        if group_member(root, path):
+            return Kind("model-file", "a defaults list naming presets of its own model/ directory")
+        return Kind("overlay", "a defaults list")
+    in_model_dir = path is not None and path.resolve().parent.name == "model"
     model = root.get("model")
-    if isinstance(model, Mapping) and ("_target_" not in model or any(k in model for k in MODEL_NODE_KEYS)):
-        return "full"
-    return "model-file"
+    model_class = isinstance(model, Mapping) and isinstance(model.get("_target_"), str)
+    node_at_root = [k for k in MODEL_NODE_KEYS if k in root]
+    sections = [k for k in TRAINING_SECTIONS if k in root]
+    nested_class = isinstance(model, Mapping) and isinstance(model.get("model"), Mapping)
+    file_signals = []
+    if in_model_dir:
+        file_signals.append("it sits in a model/ directory")
+    if model_class:
+        file_signals.append(
+            f"its `model:` key is a class ({model.get('_target_') if isinstance(model, Mapping) else ''}), as a model file's is"
+        )
+    if node_at_root:
+        file_signals.append(f"model-node keys at its root ({', '.join(node_at_root)})")
+    full_signals = []
+    if sections:
+        full_signals.append(f"training sections ({', '.join(sections)})")
+    if nested_class:
+        full_signals.append("the model class at model.model._target_")
+    if isinstance(model, Mapping) and not model_class and not file_signals:
+        full_signals.append("a `model:` node")
+    if file_signals and full_signals:
+        return Kind(
+            "model-file",
+            "; ".join(file_signals) + ", but also " + "; ".join(full_signals),
+            alternative="full",
+        )
+    if file_signals:
+        if model_class and not node_at_root and not in_model_dir:
+            return Kind("model-file", "; ".join(file_signals), alternative="full")
+        return Kind("model-file", "; ".join(file_signals))
+    if full_signals:
+        return Kind("full", "; ".join(full_signals))
+    return Kind("model-file", "no `model:` node: the file is read as the model node itself")
+
+
+def detect_shape(root: Mapping[str, Any], path: Path | None = None) -> str:
+    """``overlay``, ``full`` or ``model-file`` (see ``SHAPES`` and :func:`classify`)."""
+    return classify(root, path).shape
 
 
 @dataclass
@@ -196,6 +249,8 @@ class Config:
     overrides: list[str] = field(default_factory=list)
     blocks: list[Block] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    why: str = ""  # what decided the shape
+    alternative: str | None = None  # the other shape the file could be (checked too, see check_config)
     tree: Any = None  # what anemoi-training's schema is run on: the composed config, or the file as read
 
 
@@ -561,6 +616,7 @@ def read_config(
     compose_overlays: bool = True,
     timeout: float = COMPOSE_TIMEOUT,
     trust: Trust = NO_TRUST,
+    shape: str | None = None,
 ) -> Config:
     """The blocks of the config at ``path``, composed as anemoi-training would where that is what
     decides the model (an overlay, a model preset extending another, or ``overrides``) and Hydra can
@@ -573,7 +629,8 @@ def read_config(
     """
     p = Path(path)
     root = load_config(p)
-    shape = detect_shape(root, p)
+    decided = classify(root, p)
+    shape = shape or decided.shape
     member = shape == "model-file" and group_member(root, p)
     if overrides and shape == "model-file" and not member:
         raise UsageError(
@@ -644,6 +701,10 @@ def read_config(
                 )
     config.path = str(p)
     config.overrides = list(overrides)
+    if shape == decided.shape:
+        config.why, config.alternative = decided.why, decided.alternative
+    else:
+        config.why = f"asked to read it as one (it looks like {SHAPES[decided.shape].split(' (')[0]}: {decided.why})"
     return config
 
 
@@ -828,8 +889,11 @@ def schema_input(config: Config) -> tuple[Any, bool, str] | str:
         return tree, True, "this model node inside anemoi-training's packaged config"
     if config.shape == "full" and set(tree) <= {"model", "defaults"}:
         model = tree.get("model")
-        if not isinstance(model, Mapping):
-            return "the file has no model node"
+        if not isinstance(model, Mapping) or not isinstance(model.get("model"), Mapping):
+            return (
+                "the file holds only part of a model node (no model class at model.model._target_); check the "
+                "training config or overlay that uses it"
+            )
         return model, True, "this file's model node inside anemoi-training's packaged config"
     return tree, False, "the composed config" if config.composed else "the file as a whole"
 
@@ -845,26 +909,18 @@ def _preset_of(config: Config, packaged: Path) -> str:
     return ""
 
 
-def schema_findings(config: Config, timeout: float = SCHEMA_TIMEOUT) -> list[Finding]:
+def schema_findings(config: Config, timeout: float = SCHEMA_TIMEOUT) -> tuple[str, list[Finding]]:
     """anemoi-training's ``BaseSchema`` on the config, as ``anemoi-training train`` runs it (in a child):
-    its errors at their config paths, an error the shipped preset has too marked as the preset's own;
-    or one note saying why the schema was not run."""
+    (one line saying how it was run, or why not and how to get it; its errors at their config paths, an
+    error the shipped preset has too marked as the preset's own)."""
     from .protocol import SchemaReply, SchemaRequest
 
     packaged = _packaged_dir()
     if packaged is None or _installed("anemoi-training") is None or _installed("hydra-core") is None:
-        return [
-            Finding(
-                "note",
-                "schema",
-                "(config)",
-                "anemoi-training's schema was not run: anemoi-training is not installed here",
-                SCHEMA_FIX,
-            )
-        ]
+        return f"not run: anemoi-training is not installed here; {SCHEMA_FIX}", []
     what = schema_input(config)
     if isinstance(what, str):
-        return [Finding("note", "schema", "(config)", f"anemoi-training's schema was not run: {what}")]
+        return f"not run: {what}", []
     tree, model_file, how = what
     preset = _preset_of(config, packaged)
     request = SchemaRequest(tree=tree, model_file=model_file, preset=preset)
@@ -872,7 +928,7 @@ def schema_findings(config: Config, timeout: float = SCHEMA_TIMEOUT) -> list[Fin
         "kernel_probe.anemoi_schema", "validate", request, timeout=timeout, memory_limit=COMPOSE_MEMORY
     )
     if not result.ok:
-        return [
+        return "run, and failed", [
             Finding(
                 "error",
                 "schema",
@@ -885,20 +941,16 @@ def schema_findings(config: Config, timeout: float = SCHEMA_TIMEOUT) -> list[Fin
     training = f"anemoi-training {reply.version}"
     off = isinstance(config.tree, Mapping) and config.tree.get("config_validation") is False
     severity = "warning" if off else "error"
-    out = [
-        Finding(
-            "note",
-            "schema",
-            "(config)",
-            f"checked with {training}'s BaseSchema ({how})"
-            + (
-                f"; {len(reply.unset)} mandatory value(s) left for the command line: {', '.join(reply.unset)}"
-                if reply.unset
-                else ""
-            )
-            + ("; config_validation is False, so training itself would not run this check" if off else ""),
+    status = (
+        f"checked with {training}'s BaseSchema ({how})"
+        + (
+            f"; {len(reply.unset)} mandatory value(s) left for the command line: {', '.join(reply.unset)}"
+            if reply.unset
+            else ""
         )
-    ]
+        + ("; config_validation is False, so training itself would not run this check" if off else "")
+    )
+    out: list[Finding] = []
     own = {(e["where"], e["type"]) for e in reply.preset}
     for e in reply.errors:
         shown = e["where"]
@@ -927,7 +979,7 @@ def schema_findings(config: Config, timeout: float = SCHEMA_TIMEOUT) -> list[Fin
                 _schema_fix(shown, e["type"]),
             )
         )
-    return out
+    return status, out
 
 
 def _schema_fix(where: str, kind: str) -> str:
@@ -942,3 +994,82 @@ def _schema_fix(where: str, kind: str) -> str:
     if kind == "missing":
         return "set it (anemoi-training's presets show the expected value)"
     return "see anemoi-training's schema for this field"
+
+
+# ---- anemoi wrappers a config drops ------------------------------------------------------------------
+def _effective(blocks: Sequence[Block]) -> dict[str, Mapping[str, Any]]:
+    """Block path -> the entries it uses (an inheriting block: its parent's)."""
+    own = {b.where: b.content for b in blocks if b.content is not None}
+    out: dict[str, Mapping[str, Any]] = {}
+    for b in blocks:
+        seen, node = {b.where}, b
+        while node.content is None and node.inherits and node.inherits not in seen:
+            seen.add(node.inherits)
+            node = next((x for x in blocks if x.where == node.inherits), Block(node.inherits, content={}))
+        out[b.where] = node.content if node.content is not None else own.get(b.where, {})
+    return out
+
+
+def preset_file(config: Config) -> tuple[str, Path] | None:
+    """(name, path) of the model preset the config replaces entries of: the ``model`` choice (found as
+    Hydra would, the config's own directory first, then anemoi-training's packaged presets), or for a
+    model file named like a packaged preset, that preset."""
+    packaged = _packaged_dir()
+    here = Path(config.path).resolve().parent
+    name = config.choices.get("model", "")
+    if name:
+        for d in (here / "model", packaged / "model" if packaged else None):
+            if d is not None and (d / f"{name}.yaml").is_file() and (d / f"{name}.yaml") != Path(config.path).resolve():
+                return name, d / f"{name}.yaml"
+        return None
+    if config.shape == "model-file" and packaged is not None:
+        p = packaged / "model" / f"{Path(config.path).stem}.yaml"
+        if p.is_file() and p.resolve() != Path(config.path).resolve():
+            return p.stem, p
+    return None
+
+
+def lost_wrappers(config: Config) -> list[Finding]:
+    """A warning where the preset runs a norm inside one of anemoi's same-kernel wrappers
+    (AutocastLayerNorm: the output cast back to the input dtype) and this config replaces it with a class
+    that does not keep that behaviour (a plain LayerNorm)."""
+    from kernel_lock.anemoi import NORM_KEYS, wrapper_of
+
+    found = preset_file(config)
+    if found is None:
+        return []
+    name, path = found
+    try:
+        preset = find_blocks(load_config(path), "model-file")
+    except InputFileError:
+        return []
+    theirs = _effective(preset.blocks)
+    mine = _effective(config.blocks)
+    out = []
+    for where, entries in mine.items():
+        if where not in theirs:
+            continue
+        for key in NORM_KEYS:
+            before = theirs[where].get(key, ANEMOI_DEFAULTS[key])
+            after = entries.get(key, ANEMOI_DEFAULTS[key])
+            old = before.get("_target_") if isinstance(before, Mapping) else None
+            new = after.get("_target_") if isinstance(after, Mapping) else None
+            if not isinstance(old, str) or not isinstance(new, str) or old == new:
+                continue
+            wrapper = wrapper_of(old)
+            if wrapper is None or wrapper.runs is None or wrapper_of(new) is not None:
+                continue
+            short = wrapper.target.rpartition(".")[2]
+            out.append(
+                Finding(
+                    "warning",
+                    "wrapper",
+                    f"{where}.{key}",
+                    f"the {name} preset uses anemoi's {short} here, which {wrapper.behaviour}; this config "
+                    f"replaces it with {new}, which does not: the cast-back is lost",
+                    f"keep the cast around your kernel: `kernel-probe export LOCK --config {Path(config.path).name}` "
+                    f"prints the adapter that does it (kernel_lock.adapters.{wrapper.adapter_prefix}__...), or "
+                    f"keep {short}",
+                )
+            )
+    return out
