@@ -609,6 +609,34 @@ def compose(
     return None, result.reason, kind
 
 
+_NOT_OVERRIDDEN = re.compile(r"Could not override '([^']+)'")
+
+
+def override_through_interpolation(why: str, root: Mapping[str, Any]) -> tuple[str, str] | None:
+    """Where Hydra refused an override because a key on its path is an interpolation (the overlay
+    ``kernel-probe export --config`` writes: ``LayerNorm: ${model.kernel_lock.LayerNorm}``), the override
+    that works (on the key the interpolation points at) and why; else None."""
+    m = _NOT_OVERRIDDEN.search(why)
+    if m is None:
+        return None
+    parts = m.group(1).split(".")
+    node: Any = root
+    for i, part in enumerate(parts):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+        ref = _INTERPOLATION.match(node) if isinstance(node, str) else None
+        if ref is not None and i + 1 < len(parts):
+            where = ".".join(parts[: i + 1])
+            value = why.split("=", 1)[1].strip() if "=" in why else "VALUE"
+            target = ".".join([ref.group(1), *parts[i + 1 :]])
+            return (
+                f"{target}={value}",
+                f"{where} is the interpolation {node}, and Hydra cannot override a key under an interpolation",
+            )
+    return None
+
+
 def read_config(
     path: str | Path,
     overrides: Sequence[str] = (),
@@ -689,14 +717,18 @@ def read_config(
                     ),
                 )
             else:
+                working = override_through_interpolation(why, {"model": root} if shape == "model-file" else root)
                 config.findings.insert(
                     0,
                     Finding(
                         "error",
                         "compose",
                         str(p),
-                        f"Hydra cannot compose this config as anemoi-training would: {why}",
-                        "fix the defaults list or the overrides; `anemoi-training train` would fail the same way",
+                        f"Hydra cannot compose this config as anemoi-training would: {why}"
+                        + (f" ({working[1]})" if working else ""),
+                        f"override `{working[0]}` instead" + " (it sets the entry every block pointing there uses)"
+                        if working
+                        else "fix the defaults list or the overrides; `anemoi-training train` would fail the same way",
                     ),
                 )
     config.path = str(p)
@@ -1045,10 +1077,11 @@ def lost_wrappers(config: Config) -> list[Finding]:
         return []
     theirs = _effective(preset.blocks)
     mine = _effective(config.blocks)
+    own = {b.where for b in config.blocks if b.content is not None}
     out = []
     for where, entries in mine.items():
-        if where not in theirs:
-            continue
+        if where not in theirs or where not in own:
+            continue  # an inheriting block is reported where its entries are set
         for key in NORM_KEYS:
             before = theirs[where].get(key, ANEMOI_DEFAULTS[key])
             after = entries.get(key, ANEMOI_DEFAULTS[key])
