@@ -112,7 +112,9 @@ def check_config(
         for key, entry in content.items():
             target = entry.get("_target_") if isinstance(entry, dict) else None
             refusal = trust.refusal(target) if isinstance(target, str) and target else None
+            kind = "trust"
             if refusal is not None and refusal[0] == "warning" and not _installed_module(str(target)):
+                kind = "import"  # not installed: said without importing (or running) anything
                 refusal = (
                     "error",
                     f"{target!r} does not import here: No module named {str(target).split('.')[0]!r} "
@@ -120,7 +122,7 @@ def check_config(
                     "install the library that provides it, or fix the dotted path",
                 )
             if refusal is not None:  # not imported: reported, and compared with the lock by name only
-                findings.append(Finding(refusal[0], "trust", f"{b.where}.{key}", refusal[1], refusal[2]))
+                findings.append(Finding(refusal[0], kind, f"{b.where}.{key}", refusal[1], refusal[2]))
                 facts[b.where][key] = {"target": target, "imported": False, "family": None, "defaults": {}}
                 continue
             requests.append(

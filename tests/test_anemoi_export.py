@@ -183,9 +183,10 @@ def test_qk_norm(monkeypatch):
         == {"_target_": AUTOCAST_LAYER_NORM, "eps": 1e-5, "elementwise_affine": True, "bias": False}
     )
     # another library: anemoi's q/k norm casts its output back (flash attention needs it), so the lock's
-    # kernel goes in the adapter that keeps that cast, bias-free; without such an adapter, a refusal
-    with pytest.raises(ConventionError, match="no adapter that keeps that behaviour"):
-        layer_kernels(load(lock_text("kp_zoo.norms.GoodLayerNorm")), qk_norm=True)
+    # kernel goes in the adapter that keeps that cast, bias-free: the generic one, named after the kernel,
+    # where no table row names one
+    generic = layer_kernels(load(lock_text("kp_zoo.norms.GoodLayerNorm")), qk_norm=True)
+    assert generic["QueryNorm"]["_target_"] == "kernel_lock.adapters.Autocast__kp_zoo__norms__GoodLayerNorm"
     monkeypatch.setitem(adapters.AUTOCAST_ADAPTERS, "AutocastGoodLayerNorm", "kp_zoo.norms.GoodLayerNorm")
     qk = layer_kernels(load(lock_text("kp_zoo.norms.GoodLayerNorm")), qk_norm=True)
     assert qk["QueryNorm"] == {
