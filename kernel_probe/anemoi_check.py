@@ -81,6 +81,7 @@ def check_config(
 ) -> CheckResult:
     """Judge the config at ``path`` on this machine, and against ``lock`` if given; ``schema``: also
     with anemoi-training's own schema, where it is installed. Only modules ``trust`` allows are imported."""
+    options = {k: v for k, v in locals().items() if k not in ("path", "overrides", "_shape")}
     config = read_config(path, overrides, compose_overlays=compose, trust=trust, shape=_shape)
     findings: list[Finding] = list(config.findings)
     schema_status = "not run: --no-schema"
@@ -146,19 +147,7 @@ def check_config(
             findings.extend(compare_with_lock(b, expected, facts[b.where]))
     result = CheckResult(config, findings, expected, schema=schema_status)
     if _shape is None and config.alternative:  # ambiguous: check it the other way too, and report both
-        result.alternative = check_config(
-            path,
-            overrides,
-            lock=lock,
-            mode=mode,
-            qk_norm=qk_norm,
-            allow_semantics_change=allow_semantics_change,
-            compose=compose,
-            timeout=timeout,
-            schema=schema,
-            trust=trust,
-            _shape=config.alternative,
-        )
+        result.alternative = check_config(path, overrides, **options, _shape=config.alternative)
     return result
 
 

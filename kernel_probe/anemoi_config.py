@@ -931,13 +931,14 @@ def schema_input(config: Config) -> tuple[Any, bool, str] | str:
 
 
 def _preset_of(config: Config, packaged: Path) -> str:
-    """The packaged model preset the config builds on ('' if none): its errors are the preset's own."""
+    """The packaged model preset the config builds on ('' if none): an error the preset has as shipped is
+    the preset's own."""
     name = config.choices.get("model", "")
     if name and (packaged / "model" / f"{name}.yaml").is_file():
         return name
     p = Path(config.path)
-    if config.shape == "model-file" and p.is_file() and p.resolve().parent == (packaged / "model").resolve():
-        return p.stem
+    if config.shape == "model-file" and (packaged / "model" / f"{p.stem}.yaml").is_file():
+        return p.stem  # the preset itself, or a copy of it (named the same) edited by the user
     return ""
 
 

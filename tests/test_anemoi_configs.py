@@ -88,7 +88,11 @@ def test_the_package_ships_the_model_presets():
 @pytest.mark.parametrize("path", MODEL_FILES, ids=[p.stem for p in MODEL_FILES])
 def test_shipped_model_config_has_no_false_error_and_mistakes_are_caught(path, tmp_path):
     untouched = check_config(path)
-    assert untouched.exit_code == 0 and errors(untouched) == [], errors(untouched)
+    # anemoi-training's schema: a preset that fails it as shipped (transformer, point_wise against
+    # anemoi-models 0.19.0) is reported as the preset's own problem, never as this file's
+    own = [e for e in errors(untouched) if e[0] != "preset"]
+    assert own == [] and untouched.exit_code == (5 if errors(untouched) else 0), errors(untouched)
+    assert untouched.schema.startswith("checked with anemoi-training"), untouched.schema
     blocks = [b.where for b in untouched.config.blocks if not b.where.startswith("(")]
     assert "model.processor.layer_kernels" in blocks, blocks
     components = [w for w in blocks if w != "model.layer_kernels"]  # processor, mappers, noise injector, ...

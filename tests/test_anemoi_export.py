@@ -125,7 +125,20 @@ def test_hidden_size_signature_gets_the_adapter(fake_adapter):
         cls(48, hidden_size=48)
 
 
-def test_no_adapter_is_a_clear_error(capsys, tmp_path):
+def test_a_size_named_hidden_size_gets_the_generic_size_adapter():
+    lock = load(lock_text("kp_zoo.norms.HiddenSizeLayerNorm", "{ eps = 1e-5 }"))
+    target = layer_kernels(lock)["LayerNorm"]["_target_"]
+    assert target == "kernel_lock.adapters.Sized__kp_zoo__norms__HiddenSizeLayerNorm"
+    from kp_zoo.norms import HiddenSizeLayerNorm
+
+    norm = getattr(adapters, target.rpartition(".")[2])(normalized_shape=48)
+    assert isinstance(norm, HiddenSizeLayerNorm) and list(norm.state_dict()) == ["weight", "bias"]
+
+
+def test_no_adapter_is_a_clear_error(capsys, tmp_path, monkeypatch):
+    import kernel_lock.anemoi
+
+    monkeypatch.setattr(kernel_lock.anemoi, "SIZE_NAMES", ())  # a size parameter no adapter knows
     lock = load(lock_text("kp_zoo.norms.HiddenSizeLayerNorm", "{ eps = 1e-5 }"))
     with pytest.raises(ConventionError) as exc:
         layer_kernels(lock)
