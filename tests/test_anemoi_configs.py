@@ -124,7 +124,8 @@ def test_shipped_model_config_has_no_false_error_and_mistakes_are_caught(path, t
 def test_model_file_interpolations_resolve_against_the_file_itself():
     # transformer_transport.yaml pins ${model.num_channels}: the file's own num_channels, never a false alarm
     result = check_config(CONFIG_DIR / "model" / "transformer_transport.yaml")
-    assert result.config.shape == "model-file" and result.exit_code == 0, errors(result)
+    assert result.config.shape == "model-file", result.config.why
+    assert [e for e in errors(result) if e[0] != "preset"] == [], errors(result)  # the schema's: the preset's own
     ln = next(b for b in result.config.blocks if b.where == "model.layer_kernels").content["LayerNorm"]
     assert ln["_target_"] == CONDITIONAL_LAYER_NORM and ln["normalized_shape"] == 1024
 
@@ -248,7 +249,9 @@ def test_export_merged_into_an_overlay_composes_to_exactly_the_locks_entries(tmp
         else:
             assert ln == want["LayerNorm"], where  # exactly the lock's entry: no key left from the preset
     check = check_config(p, lock=lock)
-    assert check.exit_code == 0, errors(check)
+    # transformer_transport fails anemoi-training's schema as shipped (decoders.0.mapper.num_channels):
+    # the preset's own problem, reported apart; nothing else
+    assert [e for e in errors(check) if e[0] != "preset"] == [], errors(check)
 
 
 @pytest.mark.slow
