@@ -930,6 +930,14 @@ def schema_input(config: Config) -> tuple[Any, bool, str] | str:
     return tree, False, "the composed config" if config.composed else "the file as a whole"
 
 
+def _inside(path: Path, directory: Path) -> bool:
+    try:
+        path.resolve().relative_to(directory.resolve())
+    except (ValueError, OSError):
+        return False
+    return True
+
+
 def _preset_of(config: Config, packaged: Path) -> str:
     """The packaged model preset the config builds on ('' if none): an error the preset has as shipped is
     the preset's own."""
@@ -956,6 +964,7 @@ def schema_findings(config: Config, timeout: float = SCHEMA_TIMEOUT) -> tuple[st
         return f"not run: {what}", []
     tree, model_file, how = what
     preset = _preset_of(config, packaged)
+    shipped = _inside(Path(config.path), packaged)  # one of anemoi-training's own configs, as shipped
     request = SchemaRequest(tree=tree, model_file=model_file, preset=preset)
     result = run_function(
         "kernel_probe.anemoi_schema", "validate", request, timeout=timeout, memory_limit=COMPOSE_MEMORY
@@ -964,7 +973,7 @@ def schema_findings(config: Config, timeout: float = SCHEMA_TIMEOUT) -> tuple[st
         return "run, and failed", [
             Finding(
                 "error",
-                "schema",
+                "preset" if shipped else "schema",
                 "(config)",
                 f"anemoi-training's schema could not validate this config: {result.reason}",
                 "`anemoi-training train` resolves the config first and would fail the same way",
@@ -990,13 +999,14 @@ def schema_findings(config: Config, timeout: float = SCHEMA_TIMEOUT) -> tuple[st
         where = shown
         member = next((m for w, m in reply.members.items() if where.startswith(w)), "")
         via = f" (as {member}, the closest of the schema's alternatives)" if member else ""
-        if (where, e["type"]) in own:
+        if shipped or (where, e["type"]) in own:
+            name = f"`{preset}` preset" if preset else f"`{Path(config.path).name}` config"
             out.append(
                 Finding(
                     severity,
                     "preset",
                     shown,
-                    f"{e['message']} ({e['type']}){via}: {training}'s own `{preset}` preset fails its schema here "
+                    f"{e['message']} ({e['type']}){via}: {training}'s own {name} fails its schema here "
                     "as shipped, whatever this config does; not a kernel-lock matter",
                     f"set it in your config (anemoi-training train rejects the preset as it is), or pin the "
                     f"anemoi-models version {training} was released with",

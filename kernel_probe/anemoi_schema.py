@@ -43,8 +43,9 @@ def _member_split(loc: tuple[Any, ...], tree: Any) -> tuple[list[str], list[tupl
 
 def _looks_like_member(part: str) -> bool:
     # pydantic names union members by their class (BaseModelSchema), a validator wrapper
-    # (function-after[...]) or, for a discriminated union, the discriminator's value (a dotted _target_)
-    return part[:1].isupper() or part.startswith("function-") or "." in part
+    # (function-after[...]), a generic container type (dict[str,union[...]]) or, for a discriminated union,
+    # the discriminator's value (a dotted _target_)
+    return part[:1].isupper() or part.startswith("function-") or "[" in part or "." in part
 
 
 def closest_members(errors: list[dict[str, Any]], tree: Any) -> tuple[list[dict[str, str]], dict[str, str]]:
