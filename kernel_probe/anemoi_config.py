@@ -1000,7 +1000,8 @@ def schema_findings(config: Config, timeout: float = SCHEMA_TIMEOUT) -> tuple[st
         member = next((m for w, m in reply.members.items() if where.startswith(w)), "")
         via = f" (as {member}, the closest of the schema's alternatives)" if member else ""
         if shipped or (where, e["type"]) in own:
-            name = f"`{preset}` preset" if preset else f"`{Path(config.path).name}` config"
+            mine = (where, e["type"]) not in own
+            name = f"`{Path(config.path).name}` config" if mine or not preset else f"`{preset}` preset"
             out.append(
                 Finding(
                     severity,

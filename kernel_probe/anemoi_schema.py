@@ -51,20 +51,27 @@ def _looks_like_member(part: str) -> bool:
 def closest_members(errors: list[dict[str, Any]], tree: Any) -> tuple[list[dict[str, str]], dict[str, str]]:
     """Each error at its config path, keeping only the best-fitting member of every union."""
     split = [(e, *_member_split(tuple(e.get("loc", ())), tree)) for e in errors]
-    count: dict[tuple[str, str], int] = {}
-    for _, _, tags in split:
-        if tags:
-            count[tags[0]] = count.get(tags[0], 0) + 1
     chosen: dict[str, str] = {}
-    for (where, tag), n in count.items():
-        best = chosen.get(where)
-        if best is None or n < count[(where, best)]:
-            chosen[where] = tag
-    out = []
-    for e, path, tags in split:
-        if tags and chosen.get(tags[0][0]) != tags[0][1]:
-            continue
-        out.append({"where": ".".join(path) or "(root)", "type": str(e.get("type", "")), "message": str(e.get("msg"))})
+    depth = 0
+    while any(len(tags) > depth for _, _, tags in split):  # nested unions: one level at a time
+        counts: dict[tuple[Any, ...], dict[str, int]] = {}
+        for _, _, tags in split:
+            if len(tags) > depth:
+                per = counts.setdefault((tuple(tags[:depth]), tags[depth][0]), {})
+                per[tags[depth][1]] = per.get(tags[depth][1], 0) + 1
+        best = {key: min(per, key=lambda tag: per[tag]) for key, per in counts.items()}  # ties: the first
+        if depth == 0:
+            chosen = {where: tag for (_, where), tag in best.items()}
+        split = [
+            (e, path, tags)
+            for e, path, tags in split
+            if len(tags) <= depth or best[(tuple(tags[:depth]), tags[depth][0])] == tags[depth][1]
+        ]
+        depth += 1
+    out = [
+        {"where": ".".join(path) or "(root)", "type": str(e.get("type", "")), "message": str(e.get("msg"))}
+        for e, path, _ in split
+    ]
     unique = list({(o["where"], o["type"], o["message"]): o for o in out}.values())
     return unique, {where or "(root)": tag for where, tag in chosen.items()}
 
