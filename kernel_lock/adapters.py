@@ -65,7 +65,16 @@ class CompiledLinear(nn.Linear):
 # ---- anemoi's call convention and wrappers --------------------------------------------------------
 # The tables of adapters live in kernel_lock.anemoi (import-light, beside the conventions they serve);
 # the classes are built here on first lookup (module ``__getattr__``) and pickle by name.
-from .anemoi import AUTOCAST_ADAPTERS, SIZE_ADAPTERS, WRAPPING_ADAPTERS, adapter_for, wrapping_adapter_for  # noqa: E402,F401
+from .anemoi import (  # noqa: E402,F401
+    AUTOCAST_ADAPTERS,
+    GENERIC_SEPARATOR,
+    SIZE_ADAPTERS,
+    WRAPPING_ADAPTERS,
+    adapter_for,
+    generic_parts,
+    size_parameter,
+    wrapping_adapter_for,
+)
 
 
 def _last_dim(normalized_shape: Any, name: str) -> int:
@@ -179,8 +188,28 @@ def _class(target: str) -> type:
     return getattr(importlib.import_module(module_name), attr)  # ImportError if the library is missing
 
 
+def _generic(prefix: str, kernel: str) -> type:
+    """The generic ``prefix`` adapter around the class at ``kernel`` (see kernel_lock.anemoi.generic_adapter)."""
+    base = _class(kernel)
+    if not isinstance(base, type) or not issubclass(base, nn.Module):
+        raise TypeError(f"{kernel} is not a torch.nn.Module class: no adapter is built around it")
+    size = size_parameter(base)
+    if size is not None:
+        sized = f"Sized{GENERIC_SEPARATOR}{kernel.replace('.', GENERIC_SEPARATOR)}"
+        base = globals().get(sized) or normalized_shape_adapter(base, size, sized)
+        globals()[sized] = base
+    if prefix == "Autocast":
+        return autocast_adapter(base, f"{prefix}{GENERIC_SEPARATOR}{kernel.replace('.', GENERIC_SEPARATOR)}")
+    if size is None:
+        raise TypeError(f"{kernel} already takes normalized_shape: it needs no size adapter")
+    return base
+
+
 def __getattr__(name: str) -> type:
-    if name in SIZE_ADAPTERS:
+    generic = generic_parts(name)
+    if generic is not None:
+        cls = _generic(*generic)
+    elif name in SIZE_ADAPTERS:
         target, size_param = SIZE_ADAPTERS[name]
         cls = normalized_shape_adapter(_class(target), size_param, name)
     elif name in AUTOCAST_ADAPTERS:

@@ -133,6 +133,50 @@ AUTOCAST_ADAPTERS: dict[str, str] = {
 # the adapters that keep an anemoi wrapper's behaviour, by the wrapper's adapter prefix
 WRAPPING_ADAPTERS: dict[str, dict[str, str]] = {"Autocast": AUTOCAST_ADAPTERS}
 
+# Generic adapters: for a kernel no table above names (a site's own class, a library not listed), the
+# adapter's *name* carries the kernel's dotted path, its dots written ``__``:
+#   kernel_lock.adapters.Autocast__site_kernels__norms__FastLayerNorm
+# is site_kernels.norms.FastLayerNorm (given anemoi's ``normalized_shape`` argument if it takes its size
+# as one of SIZE_NAMES) with its output cast back to the input dtype; ``Sized__...`` only renames the
+# size argument. Built on first lookup like every adapter, so it pickles by name, and it subclasses the
+# kernel (same parameters and state dict). Nothing in kernel_lock is edited to use a new kernel.
+GENERIC_SEPARATOR = "__"
+GENERIC_PREFIXES = ("Autocast", "Sized")
+SIZE_NAMES = ("hidden_size", "dim")
+
+
+def generic_adapter(prefix: str, kernel: str) -> str:
+    """The ``kernel_lock.adapters`` path of the generic ``prefix`` adapter around ``kernel``."""
+    parts = kernel.split(".")
+    if len(parts) < 2 or any(not p.isidentifier() or p.startswith("_") or GENERIC_SEPARATOR in p for p in parts):
+        raise ConventionError(
+            f"{kernel!r} cannot be named in a generic adapter: it needs a public dotted path whose parts contain no "
+            f"{GENERIC_SEPARATOR!r}",
+            key=kernel,
+            fix="rename the module or class, or add a row for it to kernel_lock.anemoi's adapter tables",
+        )
+    return f"{ADAPTERS}.{prefix}{GENERIC_SEPARATOR}{GENERIC_SEPARATOR.join(parts)}"
+
+
+def generic_parts(name: str) -> tuple[str, str] | None:
+    """(prefix, kernel path) of a generic adapter's class name, or None."""
+    prefix, sep, rest = name.partition(GENERIC_SEPARATOR)
+    if not sep or prefix not in GENERIC_PREFIXES:
+        return None
+    parts = rest.split(GENERIC_SEPARATOR)
+    if len(parts) < 2 or any(not p.isidentifier() or p.startswith("_") for p in parts):
+        return None
+    return prefix, ".".join(parts)
+
+
+def generic_kernel(target: str) -> str | None:
+    """The kernel a generic adapter target wraps (``kernel_lock.adapters.Autocast__a__B`` -> ``a.B``), or None."""
+    module, _, name = target.rpartition(".")
+    if module != ADAPTERS:
+        return None
+    parts = generic_parts(name)
+    return parts[1] if parts else None
+
 
 def adapter_for(target: str) -> str | None:
     """The ``kernel_lock.adapters`` path of the size adapter for ``target``, or None if there is none."""
@@ -157,14 +201,27 @@ def wrapper_of(target: str) -> Wrapper | None:
         return WRAPPERS[target]
     module, _, name = target.rpartition(".")
     if module == ADAPTERS:
+        generic = generic_parts(name)
         for prefix, table in WRAPPING_ADAPTERS.items():
-            if name in table:
+            if name in table or (generic is not None and generic[0] == prefix):
                 return next((w for w in WRAPPERS.values() if w.adapter_prefix == prefix), None)
     return None
 
 
 class ConventionError(LockFormatError):
     """A lock's target cannot be built the way anemoi calls it, and kernel_lock has no adapter for it."""
+
+
+def size_parameter(cls: Any) -> str | None:
+    """The name a norm class gives its size where it is not anemoi's ``normalized_shape`` (one of
+    ``SIZE_NAMES``, as its first parameter), else None."""
+    try:
+        params = [p for p in inspect.signature(cls).parameters.values() if p.name != "self"]
+    except (TypeError, ValueError):
+        return None
+    if not params or any(p.name == "normalized_shape" for p in params):
+        return None
+    return params[0].name if params[0].name in SIZE_NAMES else None
 
 
 @dataclass(frozen=True)
@@ -267,10 +324,15 @@ def _fitting_target(
     from . import adapters
 
     adapter = adapter_for(target)
+    if adapter is None and size_parameter(cls) is not None and "." in target:
+        adapter = generic_adapter("Sized", target)
     if adapter is not None:
         adapted = getattr(adapters, adapter.rpartition(".")[2])
         if not convention_problems(adapted, key, kwargs):
-            return adapter, f"{target} takes its size as hidden_size; {adapter} subclasses it (same state dict)"
+            return (
+                adapter,
+                f"{target} takes its size as {size_parameter(cls)}; {adapter} subclasses it (same state dict)",
+            )
     raise ConventionError(
         f"{target} (slot {slot}) cannot be built the way anemoi calls {key}: " + "; ".join(problems),
         path=where,
@@ -307,6 +369,11 @@ def entry_for(key: str, want: Exported, current: Any, *, where: str = "") -> Exp
             f"keeps anemoi's {name}: it runs the lock's {kernel} kernel and {wrapper.behaviour}",
         )
     adapter = wrapping_adapter_for(wrapper.adapter_prefix, kernel)
+    if adapter is None and kernel.startswith(f"{ADAPTERS}."):
+        inner = generic_kernel(kernel)  # a generic size adapter: wrap its kernel directly (it adapts the size too)
+        adapter = generic_adapter(wrapper.adapter_prefix, inner) if inner else None
+    elif adapter is None:
+        adapter = generic_adapter(wrapper.adapter_prefix, kernel)
     if adapter is None:
         raise ConventionError(
             f"uses anemoi's {name}, which {wrapper.behaviour}; the lock pins {kernel}, and "
@@ -453,11 +520,12 @@ def check_entry(
         )
     try:
         cls = locate(target)
-    except Exception as exc:  # ImportError, or whatever a broken library raises while importing
+    except (Exception, SystemExit) as exc:  # ImportError, or whatever a module raises (or exits with) on import
         add(
             "error",
             "import",
-            f"{target!r} does not import here: {type(exc).__name__}: {exc}",
+            f"{target!r} does not import here: importing {target.rpartition('.')[0]!r} raised "
+            f"{type(exc).__name__}: {exc}",
             "install the library that provides it, or fix the dotted path (anemoi would raise an empty "
             "InstantiationException and log the reason at INFO level)",
         )

@@ -17,7 +17,18 @@ from kernel_lock.anemoi import ANEMOI_DEFAULTS, Exported, Finding, entry_for, ex
 from kernel_lock.errors import LockError
 from kernel_lock.lock import KernelLock
 
-from .anemoi_config import DEFAULT_TIMEOUT, Config, compare_with_lock, judge_entries, merge_leftovers, read_config
+from .anemoi_config import (
+    DEFAULT_TIMEOUT,
+    NO_TRUST,
+    Config,
+    Trust,
+    compare_with_lock,
+    judge_entries,
+    lost_wrappers,
+    merge_leftovers,
+    read_config,
+    schema_findings,
+)
 from .protocol import EntryCheckRequest
 
 # check-config's exit codes (the global table's meanings, narrowed to this command)
@@ -38,13 +49,20 @@ class CheckResult:
     config: Config
     findings: list[Finding]
     expected: dict[str, Exported] = field(default_factory=dict)  # what the lock exports, by key
+    alternative: CheckResult | None = None  # the same file read as its other possible shape
+    schema: str = "not run: --no-schema"  # how anemoi-training's schema was run, or why not
 
     @property
-    def exit_code(self) -> int:
+    def own_exit_code(self) -> int:
         errors = [f for f in self.findings if f.severity == "error"]
         if any(f.kind != "lock" for f in errors):
             return 5
         return 3 if errors else 0
+
+    @property
+    def exit_code(self) -> int:
+        """The worse of the two readings where the file's shape is ambiguous (5 > 3 > 0)."""
+        return max(self.own_exit_code, self.alternative.own_exit_code if self.alternative else 0)
 
 
 def check_config(
@@ -57,10 +75,20 @@ def check_config(
     allow_semantics_change: bool = False,
     compose: bool = True,
     timeout: float = DEFAULT_TIMEOUT,
+    schema: bool = True,
+    trust: Trust = NO_TRUST,
+    _shape: str | None = None,
 ) -> CheckResult:
-    """Judge the config at ``path`` on this machine, and against ``lock`` if given."""
-    config = read_config(path, overrides, compose_overlays=compose)
+    """Judge the config at ``path`` on this machine, and against ``lock`` if given; ``schema``: also
+    with anemoi-training's own schema, where it is installed. Only modules ``trust`` allows are imported."""
+    options = {k: v for k, v in locals().items() if k not in ("path", "overrides", "_shape")}
+    config = read_config(path, overrides, compose_overlays=compose, trust=trust, shape=_shape)
     findings: list[Finding] = list(config.findings)
+    schema_status = "not run: --no-schema"
+    if schema:
+        schema_status, schema_errors = schema_findings(config, timeout)
+        findings.extend(schema_errors)
+    findings.extend(lost_wrappers(config))
     expected: dict[str, Exported] = {}
     if lock is not None:
         try:
@@ -78,10 +106,26 @@ def check_config(
     own = [b for b in config.blocks if b.content is not None]
     requests: list[EntryCheckRequest] = []
     asked: list[tuple[str, bool]] = []  # per request: its block, and whether its findings are reported
+    facts: dict[str, dict[str, Any]] = {b.where: {} for b in own}
     for b in own:
         content = b.content
         assert content is not None  # own holds the blocks with content
         for key, entry in content.items():
+            target = entry.get("_target_") if isinstance(entry, dict) else None
+            refusal = trust.refusal(target) if isinstance(target, str) and target else None
+            kind = "trust"
+            if refusal is not None and refusal[0] == "warning" and not _installed_module(str(target)):
+                kind = "import"  # not installed: said without importing (or running) anything
+                refusal = (
+                    "error",
+                    f"{target!r} does not import here: No module named {str(target).split('.')[0]!r} "
+                    "(looked up without importing anything)",
+                    "install the library that provides it, or fix the dotted path",
+                )
+            if refusal is not None:  # not imported: reported, and compared with the lock by name only
+                findings.append(Finding(refusal[0], kind, f"{b.where}.{key}", refusal[1], refusal[2]))
+                facts[b.where][key] = {"target": target, "imported": False, "family": None, "defaults": {}}
+                continue
             requests.append(
                 EntryCheckRequest(
                     key=key, entry=entry, where=f"{b.where}.{key}", allow_semantics_change=allow_semantics_change
@@ -93,7 +137,6 @@ def check_config(
                 requests.append(EntryCheckRequest(key=key, entry=ANEMOI_DEFAULTS[key], where=f"{b.where}.{key}"))
                 asked.append((b.where, False))
     results = judge_entries(requests, timeout=timeout)
-    facts: dict[str, dict[str, Any]] = {b.where: {} for b in own}
     for req, (block, report), res in zip(requests, asked, results, strict=True):
         facts[block][req.key] = res.facts
         if report:
@@ -102,7 +145,20 @@ def check_config(
         findings.extend(merge_leftovers(b))
         if expected:
             findings.extend(compare_with_lock(b, expected, facts[b.where]))
-    return CheckResult(config, findings, expected)
+    result = CheckResult(config, findings, expected, schema=schema_status)
+    if _shape is None and config.alternative:  # ambiguous: check it the other way too, and report both
+        result.alternative = check_config(path, overrides, **options, _shape=config.alternative)
+    return result
+
+
+def _installed_module(target: str) -> bool:
+    """Whether ``target``'s top-level package is installed, found without importing (or running) anything."""
+    from importlib.util import find_spec
+
+    try:
+        return find_spec(target.split(".")[0]) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 # ---- export for one config ------------------------------------------------------------------------
@@ -134,13 +190,14 @@ def export_for_config(
     mode: str | None = None,
     qk_norm: bool = False,
     compose: bool = True,
+    trust: Trust = NO_TRUST,
 ) -> ConfigExport:
     """The lock's entries for every block of the config at ``path`` (composed as training composes it).
 
     Raises what :func:`kernel_lock.anemoi.export` raises, and ``ConventionError`` where a block uses
     an anemoi wrapper the lock's kernel has no adapter for.
     """
-    config = read_config(path, overrides, compose_overlays=compose)
+    config = read_config(path, overrides, compose_overlays=compose, trust=trust)
     wanted = {e.key: e for e in export(lock, mode, qk_norm=qk_norm)}
     out = ConfigExport(config)
     for block in config.blocks:

@@ -33,6 +33,37 @@ def layer_kernels_paths(node: Any, path: tuple[str, ...] = ()) -> Iterator[tuple
             yield from layer_kernels_paths(value, (*path, str(i)))
 
 
+UNTRUSTED_SEARCH_PATH = "UntrustedSearchPath"
+
+
+class UntrustedSearchPath(Exception):
+    """A ``pkg://`` search path names a package outside the caller's trust: it is not imported."""
+
+
+def guard_search_paths(trusted: tuple[str, ...]) -> None:
+    """Make Hydra refuse, before importing it, a ``pkg://`` package outside ``trusted`` (a private or
+    ``__main__`` one always): Hydra imports the package to list its files, and importing a module runs it."""
+    from hydra._internal.config_repository import ConfigRepository
+
+    original = ConfigRepository.initialize_sources
+
+    def initialize_sources(self: Any, config_search_path: Any) -> None:
+        for element in config_search_path.get_path():
+            path = str(element.path or "")
+            if not path.startswith("pkg://"):
+                continue
+            module = path[len("pkg://") :].replace("/", ".").rstrip(".")
+            private = any(part.startswith("_") for part in module.split("."))
+            if private or not any(module == t or module.startswith(t + ".") for t in trusted):
+                why = "a private or __main__ module is never imported" if private else "it is not trusted"
+                raise UntrustedSearchPath(
+                    f"search path {path} (from {element.provider}) names {module!r}, and {why}; nothing was imported"
+                )
+        original(self, config_search_path)
+
+    ConfigRepository.initialize_sources = initialize_sources  # type: ignore[method-assign]  # this child only
+
+
 def _get(cfg: Any, path: tuple[str, ...]) -> Any:
     node = cfg
     for part in path:
@@ -49,6 +80,7 @@ def compose(payload: Mapping[str, Any]) -> dict[str, Any]:
     from .protocol import ComposeReply, ComposeRequest
 
     request = ComposeRequest.from_json(payload)
+    guard_search_paths(request.trusted)
     with initialize_config_dir(version_base=None, config_dir=request.config_dir):
         cfg = hydra_compose(
             config_name=request.config_name, overrides=list(request.overrides), return_hydra_config=True

@@ -31,7 +31,7 @@ from typing import Any
 
 from kernel_lock.anemoi import ANEMOI_DEFAULTS, KEYS, Finding
 
-from .anemoi_compose import layer_kernels_paths
+from .anemoi_compose import UNTRUSTED_SEARCH_PATH, layer_kernels_paths
 from .child import run_function
 from .errors import InputFileError, UsageError
 from .protocol import ComposeReply, ComposeRequest, EntryCheckReply, EntryCheckRequest, ProtocolError
@@ -163,14 +163,67 @@ def group_member(root: Mapping[str, Any], path: Path | None) -> bool:
     return bool(siblings) and all((path.parent / f"{d}.yaml").is_file() for d in siblings)
 
 
-def detect_shape(root: Mapping[str, Any], path: Path | None = None) -> str:
-    """``overlay``, ``full`` or ``model-file`` (see ``SHAPES``)."""
+# top-level sections of a training config (anemoi-training's config groups); a model file has none
+TRAINING_SECTIONS = ("data", "dataloader", "training", "system", "diagnostics", "graph", "hardware", "task")
+
+
+@dataclass(frozen=True)
+class Kind:
+    """Which shape a file is, why (the signals that decided it), and the other shape it could be."""
+
+    shape: str
+    why: str
+    alternative: str | None = None  # set when the signals disagree: the file is checked both ways
+
+
+def classify(root: Mapping[str, Any], path: Path | None = None) -> Kind:
+    """The file's shape from its place (config/model/<name>.yaml) and content (a ``defaults:`` list,
+    the model class's ``_target_`` under its own ``model:`` key, model-node keys at its root,
+    training sections)."""
     if isinstance(root.get("defaults"), list):
-        return "model-file" if group_member(root, path) else "overlay"
+        if group_member(root, path):
+            return Kind("model-file", "a defaults list naming presets of its own model/ directory")
+        return Kind("overlay", "a defaults list")
+    in_model_dir = path is not None and path.resolve().parent.name == "model"
     model = root.get("model")
-    if isinstance(model, Mapping) and ("_target_" not in model or any(k in model for k in MODEL_NODE_KEYS)):
-        return "full"
-    return "model-file"
+    model_class = isinstance(model, Mapping) and isinstance(model.get("_target_"), str)
+    node_at_root = [k for k in MODEL_NODE_KEYS if k in root]
+    sections = [k for k in TRAINING_SECTIONS if k in root]
+    nested_class = isinstance(model, Mapping) and isinstance(model.get("model"), Mapping)
+    file_signals = []
+    if in_model_dir:
+        file_signals.append("it sits in a model/ directory")
+    if model_class:
+        file_signals.append(
+            f"its `model:` key is a class ({model.get('_target_') if isinstance(model, Mapping) else ''}), as a model file's is"
+        )
+    if node_at_root:
+        file_signals.append(f"model-node keys at its root ({', '.join(node_at_root)})")
+    full_signals = []
+    if sections:
+        full_signals.append(f"training sections ({', '.join(sections)})")
+    if nested_class:
+        full_signals.append("the model class at model.model._target_")
+    if isinstance(model, Mapping) and not model_class and not file_signals:
+        full_signals.append("a `model:` node")
+    if file_signals and full_signals:
+        return Kind(
+            "model-file",
+            "; ".join(file_signals) + ", but also " + "; ".join(full_signals),
+            alternative="full",
+        )
+    if file_signals:
+        if model_class and not node_at_root and not in_model_dir:
+            return Kind("model-file", "; ".join(file_signals), alternative="full")
+        return Kind("model-file", "; ".join(file_signals))
+    if full_signals:
+        return Kind("full", "; ".join(full_signals))
+    return Kind("model-file", "no `model:` node: the file is read as the model node itself")
+
+
+def detect_shape(root: Mapping[str, Any], path: Path | None = None) -> str:
+    """``overlay``, ``full`` or ``model-file`` (see ``SHAPES`` and :func:`classify`)."""
+    return classify(root, path).shape
 
 
 @dataclass
@@ -196,6 +249,9 @@ class Config:
     overrides: list[str] = field(default_factory=list)
     blocks: list[Block] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    why: str = ""  # what decided the shape
+    alternative: str | None = None  # the other shape the file could be (checked too, see check_config)
+    tree: Any = None  # what anemoi-training's schema is run on: the composed config, or the file as read
 
 
 class _Resolver:
@@ -346,7 +402,7 @@ def _add_block(config: Config, where: str, content: Any, *, source: str = "", wr
 def find_blocks(root: Mapping[str, Any], shape: str | None = None) -> Config:
     """Every layer_kernels block of a config read as one file (no composition)."""
     shape = shape or detect_shape(root)
-    config = Config(shape=shape)
+    config = Config(shape=shape, tree=root)
     model_is_root = shape == "model-file"
     model = root if model_is_root else root.get("model")
     if model is None:
@@ -373,6 +429,73 @@ def find_blocks(root: Mapping[str, Any], shape: str | None = None) -> Config:
         )
         config.blocks.append(Block("(anemoi defaults)", content={}))
     return config
+
+
+# ---- what a config may make this checker import ------------------------------------------------------
+# A config names modules: its entries' ``_target_`` (imported to check a signature) and ``pkg://`` search
+# paths (imported by Hydra while composing). The rules are the lock's (kernel_lock.lock.check_target): a
+# private or ``__main__`` module is never imported (importing a ``__main__`` runs it), and a module outside
+# the allow-list and the caller's trust is not imported. The allow-list for config entries adds
+# anemoi-models (the library the config is for: AutocastLayerNorm is anemoi's own default).
+CONFIG_ROOTS = ("anemoi.models",)
+# pkg:// search paths composition may import: Hydra's own, and anemoi-training's packaged presets
+SEARCH_ROOTS = ("hydra.conf", "anemoi.training")
+OWN_TARGETS_FLAG = "--import-config-targets"
+
+
+@dataclass(frozen=True)
+class Trust:
+    """What the caller trusts this checker to import for a config: ``modules`` (``--trust``,
+    ``$KERNEL_LOCK_TRUST``) and, with ``own_targets`` (``--import-config-targets``), every public
+    module the config's own entries name."""
+
+    modules: tuple[str, ...] = ()
+    own_targets: bool = False
+
+    @classmethod
+    def granted(cls, trust: Sequence[str] = (), *, own_targets: bool = False) -> Trust:
+        from kernel_lock.lock import granted_trust
+
+        return cls(granted_trust(trust), own_targets)
+
+    def refusal(self, target: str) -> tuple[str, str, str] | None:
+        """None if ``target`` (and any kernel a generic adapter wraps) may be imported, else
+        (severity, problem, fix): ``__main__`` and private modules never; others not without trust."""
+        from kernel_lock import registry
+        from kernel_lock.anemoi import generic_kernel
+
+        names = [target]
+        inner = generic_kernel(target)
+        if inner is not None:
+            names.append(inner)
+        for name in names:
+            if any(part.startswith("_") for part in name.split(".")):
+                return (
+                    "error",
+                    f"{name!r} has a private or __main__ component: it is never imported (importing a module's "
+                    "__main__ runs it), and anemoi would import it when it builds the model",
+                    "name a public class, e.g. torch.nn.LayerNorm",
+                )
+        if self.own_targets:
+            return None
+        roots = (*registry.allowed_roots(), *CONFIG_ROOTS, *self.modules)
+        for name in names:
+            if not any(name == r or name.startswith(r + ".") for r in roots):
+                top = name.split(".")[0]
+                return (
+                    "warning",
+                    f"not checked: module not trusted ({name!r} is outside the import allow-list and the modules "
+                    "you trust; nothing was imported, so its import, signature and semantics are unknown)",
+                    f"if you trust it, `--trust {top}` (or $KERNEL_LOCK_TRUST={top}), or {OWN_TARGETS_FLAG} to let "
+                    "check-config import every module this config's entries name",
+                )
+        return None
+
+    def search_roots(self) -> tuple[str, ...]:
+        return (*SEARCH_ROOTS, *self.modules)
+
+
+NO_TRUST = Trust()  # the allow-list alone
 
 
 # ---- composition -----------------------------------------------------------------------------------
@@ -411,6 +534,7 @@ def _composed(config: Config, root: Mapping[str, Any], answer: ComposeReply) -> 
     tree = answer.tree
     model = tree.get("model") if isinstance(tree, Mapping) else None
     config.composed = True
+    config.tree = tree
     config.choices = dict(answer.choices)
     config.sources = list(answer.sources)
     resolved = answer.blocks
@@ -456,14 +580,23 @@ def _composed(config: Config, root: Mapping[str, Any], answer: ComposeReply) -> 
 
 
 def compose(
-    config_dir: Path, config_name: str, overrides: Sequence[str], timeout: float = COMPOSE_TIMEOUT
+    config_dir: Path,
+    config_name: str,
+    overrides: Sequence[str],
+    timeout: float = COMPOSE_TIMEOUT,
+    trust: Trust = NO_TRUST,
 ) -> tuple[ComposeReply | None, str, str]:
     """Hydra's composition of ``config_name`` from ``config_dir`` (then the working directory and
     anemoi-training's packaged presets, as its search-path plugin adds them), in a child:
     (answer, why not, exception type)."""
     if _installed("hydra-core") is None:
         return None, "hydra-core is not installed here", "missing"
-    request = ComposeRequest(config_dir=str(config_dir.resolve()), config_name=config_name, overrides=tuple(overrides))
+    request = ComposeRequest(
+        config_dir=str(config_dir.resolve()),
+        config_name=config_name,
+        overrides=tuple(overrides),
+        trusted=trust.search_roots(),
+    )
     result = run_function(
         "kernel_probe.anemoi_compose", "compose", request, timeout=timeout, memory_limit=COMPOSE_MEMORY
     )
@@ -476,8 +609,42 @@ def compose(
     return None, result.reason, kind
 
 
+_NOT_OVERRIDDEN = re.compile(r"Could not override '([^']+)'")
+
+
+def override_through_interpolation(why: str, root: Mapping[str, Any]) -> tuple[str, str] | None:
+    """Where Hydra refused an override because a key on its path is an interpolation (the overlay
+    ``kernel-probe export --config`` writes: ``LayerNorm: ${model.kernel_lock.LayerNorm}``), the override
+    that works (on the key the interpolation points at) and why; else None."""
+    m = _NOT_OVERRIDDEN.search(why)
+    if m is None:
+        return None
+    parts = m.group(1).split(".")
+    node: Any = root
+    for i, part in enumerate(parts):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+        ref = _INTERPOLATION.match(node) if isinstance(node, str) else None
+        if ref is not None and i + 1 < len(parts):
+            where = ".".join(parts[: i + 1])
+            value = why.split("=", 1)[1].strip() if "=" in why else "VALUE"
+            target = ".".join([ref.group(1), *parts[i + 1 :]])
+            return (
+                f"{target}={value}",
+                f"{where} is the interpolation {node}, and Hydra cannot override a key under an interpolation",
+            )
+    return None
+
+
 def read_config(
-    path: str | Path, overrides: Sequence[str] = (), *, compose_overlays: bool = True, timeout: float = COMPOSE_TIMEOUT
+    path: str | Path,
+    overrides: Sequence[str] = (),
+    *,
+    compose_overlays: bool = True,
+    timeout: float = COMPOSE_TIMEOUT,
+    trust: Trust = NO_TRUST,
+    shape: str | None = None,
 ) -> Config:
     """The blocks of the config at ``path``, composed as anemoi-training would where that is what
     decides the model (an overlay, a model preset extending another, or ``overrides``) and Hydra can
@@ -490,7 +657,8 @@ def read_config(
     """
     p = Path(path)
     root = load_config(p)
-    shape = detect_shape(root, p)
+    decided = classify(root, p)
+    shape = shape or decided.shape
     member = shape == "model-file" and group_member(root, p)
     if overrides and shape == "model-file" and not member:
         raise UsageError(
@@ -510,9 +678,11 @@ def read_config(
             )
     else:
         if member:
-            answer, why, kind = compose(p.resolve().parent.parent, "config", [f"model={p.stem}", *overrides], timeout)
+            answer, why, kind = compose(
+                p.resolve().parent.parent, "config", [f"model={p.stem}", *overrides], timeout, trust
+            )
         else:
-            answer, why, kind = compose(p.parent, p.stem, overrides, timeout)
+            answer, why, kind = compose(p.parent, p.stem, overrides, timeout, trust)
         if answer is not None:
             config = Config(shape=shape)
             _composed(config, {"model": root} if shape == "model-file" else root, answer)
@@ -534,19 +704,39 @@ def read_config(
                     f"anemoi-training is not installed here, so its presets cannot be found ({why})",
                     "install anemoi-training (`pip install --no-deps anemoi-training`) to compose it as training does",
                 )
+            elif kind == UNTRUSTED_SEARCH_PATH:
+                config.findings.insert(
+                    0,
+                    Finding(
+                        "error",
+                        "trust",
+                        str(p),
+                        f"refused to compose: {why.partition(': ')[2] or why}",
+                        "remove the search path; if it names a public package you trust, `--trust PACKAGE` (or "
+                        "$KERNEL_LOCK_TRUST); a __main__ or private module is never imported",
+                    ),
+                )
             else:
+                working = override_through_interpolation(why, {"model": root} if shape == "model-file" else root)
                 config.findings.insert(
                     0,
                     Finding(
                         "error",
                         "compose",
                         str(p),
-                        f"Hydra cannot compose this config as anemoi-training would: {why}",
-                        "fix the defaults list or the overrides; `anemoi-training train` would fail the same way",
+                        f"Hydra cannot compose this config as anemoi-training would: {why}"
+                        + (f" ({working[1]})" if working else ""),
+                        f"override `{working[0]}` instead" + " (it sets the entry every block pointing there uses)"
+                        if working
+                        else "fix the defaults list or the overrides; `anemoi-training train` would fail the same way",
                     ),
                 )
     config.path = str(p)
     config.overrides = list(overrides)
+    if shape == decided.shape:
+        config.why, config.alternative = decided.why, decided.alternative
+    else:
+        config.why = f"asked to read it as one (it looks like {SHAPES[decided.shape].split(' (')[0]}: {decided.why})"
     return config
 
 
@@ -696,3 +886,235 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
         return float(a) == float(b)
     return a == b
+
+
+# ---- anemoi-training's own schema -------------------------------------------------------------------
+SCHEMA_TIMEOUT = 120.0
+SCHEMA_FIX = (
+    "install anemoi-training (`pip install --no-deps anemoi-training`, then its light dependencies as "
+    ".ci/anemoi-install does) to check what `anemoi-training train` will say"
+)
+
+
+def _packaged_dir() -> Path | None:
+    """anemoi-training's packaged config directory, found without importing it."""
+    from importlib.util import find_spec
+
+    try:
+        spec = find_spec("anemoi.training")
+    except (ImportError, ValueError):
+        return None
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(location) / "config" / "config.yaml").is_file():
+            return Path(location) / "config"
+    return None
+
+
+def schema_input(config: Config) -> tuple[Any, bool, str] | str:
+    """(tree, is a model node, how it is validated), or why the schema cannot judge this config."""
+    tree = config.tree
+    if not isinstance(tree, Mapping):
+        return "the config could not be read as a whole"
+    if config.shape == "overlay" and not config.composed:
+        return "the overlay was not composed, and alone it is not a training config"
+    if config.shape == "model-file" and not config.composed:
+        return tree, True, "this model node inside anemoi-training's packaged config"
+    if config.shape == "full" and set(tree) <= {"model", "defaults"}:
+        model = tree.get("model")
+        if not isinstance(model, Mapping) or not isinstance(model.get("model"), Mapping):
+            return (
+                "the file holds only part of a model node (no model class at model.model._target_); check the "
+                "training config or overlay that uses it"
+            )
+        return model, True, "this file's model node inside anemoi-training's packaged config"
+    return tree, False, "the composed config" if config.composed else "the file as a whole"
+
+
+def _inside(path: Path, directory: Path) -> bool:
+    try:
+        path.resolve().relative_to(directory.resolve())
+    except (ValueError, OSError):
+        return False
+    return True
+
+
+def _preset_of(config: Config, packaged: Path) -> str:
+    """The packaged model preset the config builds on ('' if none): an error the preset has as shipped is
+    the preset's own."""
+    name = config.choices.get("model", "")
+    if name and (packaged / "model" / f"{name}.yaml").is_file():
+        return name
+    p = Path(config.path)
+    if config.shape == "model-file" and (packaged / "model" / f"{p.stem}.yaml").is_file():
+        return p.stem  # the preset itself, or a copy of it (named the same) edited by the user
+    return ""
+
+
+def schema_findings(config: Config, timeout: float = SCHEMA_TIMEOUT) -> tuple[str, list[Finding]]:
+    """anemoi-training's ``BaseSchema`` on the config, as ``anemoi-training train`` runs it (in a child):
+    (one line saying how it was run, or why not and how to get it; its errors at their config paths, an
+    error the shipped preset has too marked as the preset's own)."""
+    from .protocol import SchemaReply, SchemaRequest
+
+    packaged = _packaged_dir()
+    if packaged is None or _installed("anemoi-training") is None or _installed("hydra-core") is None:
+        return f"not run: anemoi-training is not installed here; {SCHEMA_FIX}", []
+    what = schema_input(config)
+    if isinstance(what, str):
+        return f"not run: {what}", []
+    tree, model_file, how = what
+    preset = _preset_of(config, packaged)
+    shipped = _inside(Path(config.path), packaged)  # one of anemoi-training's own configs, as shipped
+    request = SchemaRequest(tree=tree, model_file=model_file, preset=preset)
+    result = run_function(
+        "kernel_probe.anemoi_schema", "validate", request, timeout=timeout, memory_limit=COMPOSE_MEMORY
+    )
+    if not result.ok:
+        return "run, and failed", [
+            Finding(
+                "error",
+                "preset" if shipped else "schema",
+                "(config)",
+                f"anemoi-training's schema could not validate this config: {result.reason}",
+                "`anemoi-training train` resolves the config first and would fail the same way",
+            )
+        ]
+    reply = SchemaReply.from_json(result.value)
+    training = f"anemoi-training {reply.version}"
+    off = isinstance(config.tree, Mapping) and config.tree.get("config_validation") is False
+    severity = "warning" if off else "error"
+    status = (
+        f"checked with {training}'s BaseSchema ({how})"
+        + (
+            f"; {len(reply.unset)} mandatory value(s) left for the command line: {', '.join(reply.unset)}"
+            if reply.unset
+            else ""
+        )
+        + ("; config_validation is False, so training itself would not run this check" if off else "")
+    )
+    out: list[Finding] = []
+    own = {(e["where"], e["type"]) for e in reply.preset}
+    for e in reply.errors:
+        shown = e["where"]
+        where = shown
+        member = next((m for w, m in reply.members.items() if where.startswith(w)), "")
+        via = f" (as {member}, the closest of the schema's alternatives)" if member else ""
+        if shipped or (where, e["type"]) in own:
+            mine = (where, e["type"]) not in own
+            name = f"`{Path(config.path).name}` config" if mine or not preset else f"`{preset}` preset"
+            out.append(
+                Finding(
+                    severity,
+                    "preset",
+                    shown,
+                    f"{e['message']} ({e['type']}){via}: {training}'s own {name} fails its schema here "
+                    "as shipped, whatever this config does; not a kernel-lock matter",
+                    f"set it in your config (anemoi-training train rejects the preset as it is), or pin the "
+                    f"anemoi-models version {training} was released with",
+                )
+            )
+            continue
+        out.append(
+            Finding(
+                severity,
+                "schema",
+                shown,
+                f"{training} rejects this: {e['message']} ({e['type']}){via}",
+                _schema_fix(shown, e["type"]),
+            )
+        )
+    return status, out
+
+
+def _schema_fix(where: str, kind: str) -> str:
+    if kind == "extra_forbidden" and where.endswith("layer_kernels"):
+        return (
+            "layer_kernels belongs in the model node: under `model:` of a training config or an overlay, at the "
+            "root of a model file (config/model/<name>.yaml); `kernel-probe export LOCK --config THIS_FILE` prints "
+            "it in the right place"
+        )
+    if kind == "extra_forbidden":
+        return "remove the key, or check its spelling against anemoi-training's schema"
+    if kind == "missing":
+        return "set it (anemoi-training's presets show the expected value)"
+    return "see anemoi-training's schema for this field"
+
+
+# ---- anemoi wrappers a config drops ------------------------------------------------------------------
+def _effective(blocks: Sequence[Block]) -> dict[str, Mapping[str, Any]]:
+    """Block path -> the entries it uses (an inheriting block: its parent's)."""
+    own = {b.where: b.content for b in blocks if b.content is not None}
+    out: dict[str, Mapping[str, Any]] = {}
+    for b in blocks:
+        seen, node = {b.where}, b
+        while node.content is None and node.inherits and node.inherits not in seen:
+            seen.add(node.inherits)
+            node = next((x for x in blocks if x.where == node.inherits), Block(node.inherits, content={}))
+        out[b.where] = node.content if node.content is not None else own.get(b.where, {})
+    return out
+
+
+def preset_file(config: Config) -> tuple[str, Path] | None:
+    """(name, path) of the model preset the config replaces entries of: the ``model`` choice (found as
+    Hydra would, the config's own directory first, then anemoi-training's packaged presets), or for a
+    model file named like a packaged preset, that preset."""
+    packaged = _packaged_dir()
+    here = Path(config.path).resolve().parent
+    name = config.choices.get("model", "")
+    if name:
+        for d in (here / "model", packaged / "model" if packaged else None):
+            if d is not None and (d / f"{name}.yaml").is_file() and (d / f"{name}.yaml") != Path(config.path).resolve():
+                return name, d / f"{name}.yaml"
+        return None
+    if config.shape == "model-file" and packaged is not None:
+        p = packaged / "model" / f"{Path(config.path).stem}.yaml"
+        if p.is_file() and p.resolve() != Path(config.path).resolve():
+            return p.stem, p
+    return None
+
+
+def lost_wrappers(config: Config) -> list[Finding]:
+    """A warning where the preset runs a norm inside one of anemoi's same-kernel wrappers
+    (AutocastLayerNorm: the output cast back to the input dtype) and this config replaces it with a class
+    that does not keep that behaviour (a plain LayerNorm)."""
+    from kernel_lock.anemoi import NORM_KEYS, wrapper_of
+
+    found = preset_file(config)
+    if found is None:
+        return []
+    name, path = found
+    try:
+        preset = find_blocks(load_config(path), "model-file")
+    except InputFileError:
+        return []
+    theirs = _effective(preset.blocks)
+    mine = _effective(config.blocks)
+    own = {b.where for b in config.blocks if b.content is not None}
+    out = []
+    for where, entries in mine.items():
+        if where not in theirs or where not in own:
+            continue  # an inheriting block is reported where its entries are set
+        for key in NORM_KEYS:
+            before = theirs[where].get(key, ANEMOI_DEFAULTS[key])
+            after = entries.get(key, ANEMOI_DEFAULTS[key])
+            old = before.get("_target_") if isinstance(before, Mapping) else None
+            new = after.get("_target_") if isinstance(after, Mapping) else None
+            if not isinstance(old, str) or not isinstance(new, str) or old == new:
+                continue
+            wrapper = wrapper_of(old)
+            if wrapper is None or wrapper.runs is None or wrapper_of(new) is not None:
+                continue
+            short = wrapper.target.rpartition(".")[2]
+            out.append(
+                Finding(
+                    "warning",
+                    "wrapper",
+                    f"{where}.{key}",
+                    f"the {name} preset uses anemoi's {short} here, which {wrapper.behaviour}; this config "
+                    f"replaces it with {new}, which does not: the cast-back is lost",
+                    f"keep the cast around your kernel: `kernel-probe export LOCK --config {Path(config.path).name}` "
+                    f"prints the adapter that does it (kernel_lock.adapters.{wrapper.adapter_prefix}__...), or "
+                    f"keep {short}",
+                )
+            )
+    return out

@@ -397,6 +397,8 @@ class ComposeRequest(Message):
     config_dir: str
     config_name: str
     overrides: tuple[str, ...] = field(default=(), metadata={"json": (list, tuple)})
+    # packages a ``pkg://`` search path may name (anything else is refused before it is imported)
+    trusted: tuple[str, ...] = field(default=(), metadata={"json": (list, tuple)})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -408,6 +410,31 @@ class ComposeReply(Message):
     blocks: dict[str, dict[str, Any]] = field(default_factory=dict)
     choices: dict[str, str] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchemaRequest(Message):
+    """Validate a composed config (``tree``, interpolations as written) with anemoi-training's
+    ``BaseSchema``; ``model_file``: ``tree`` is a model node, validated inside anemoi-training's
+    packaged ``config``."""
+
+    tree: Any
+    model_file: bool = False
+    preset: str = ""  # also validate anemoi-training's packaged model preset of that name, as shipped
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchemaReply(Message):
+    """``errors``: ``{"where", "type", "message"}`` each, at config paths; ``unset``: mandatory values
+    (``???``) the config leaves for the command line; ``members``: per config path, the union member
+    the errors there are reported for (the closest of several, e.g. anemoi's model schemas);
+    ``version``: anemoi-training's."""
+
+    errors: list[dict[str, str]] = field(default_factory=list)
+    unset: list[str] = field(default_factory=list)
+    members: dict[str, str] = field(default_factory=dict)
+    preset: list[dict[str, str]] = field(default_factory=list)  # the shipped preset's own errors
+    version: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)

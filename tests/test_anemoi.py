@@ -339,8 +339,11 @@ def test_readme_section_runs_as_written(locks, tmp_path):
 
     # the fixture ran `kernel-probe --out kernel-lock.toml` already: the README's probe reuses that lock
     shutil.copy(locks["chosen"].path, tmp_path / "kernel-lock.toml")
-    # the user's training.yaml: anemoi-training's defaults list, the gnn preset
-    (tmp_path / "training.yaml").write_text(yaml.safe_dump({"defaults": [{"model": "gnn"}, "_self_"]}))
+    # the user's training.yaml: anemoi-training's defaults list with the gnn preset (README: `defaults: [...,
+    # model: gnn, ...]`), complete enough for anemoi-training's schema, which check-config runs
+    from .anemoi_build import write_overlay
+
+    write_overlay(tmp_path / "training.yaml", "gnn")
     root = Path(__file__).resolve().parent.parent
     section = (root / "README.md").read_text().split("## Using with anemoi", 1)[1].split("\n## ", 1)[0]
     blocks: dict[str, list[str]] = {"bash": [], "python": []}

@@ -88,7 +88,11 @@ def test_the_package_ships_the_model_presets():
 @pytest.mark.parametrize("path", MODEL_FILES, ids=[p.stem for p in MODEL_FILES])
 def test_shipped_model_config_has_no_false_error_and_mistakes_are_caught(path, tmp_path):
     untouched = check_config(path)
-    assert untouched.exit_code == 0 and errors(untouched) == [], errors(untouched)
+    # anemoi-training's schema: a preset that fails it as shipped (transformer, point_wise against
+    # anemoi-models 0.19.0) is reported as the preset's own problem, never as this file's
+    own = [e for e in errors(untouched) if e[0] != "preset"]
+    assert own == [] and untouched.exit_code == (5 if errors(untouched) else 0), errors(untouched)
+    assert untouched.schema.startswith("checked with anemoi-training"), untouched.schema
     blocks = [b.where for b in untouched.config.blocks if not b.where.startswith("(")]
     assert "model.processor.layer_kernels" in blocks, blocks
     components = [w for w in blocks if w != "model.layer_kernels"]  # processor, mappers, noise injector, ...
@@ -120,7 +124,8 @@ def test_shipped_model_config_has_no_false_error_and_mistakes_are_caught(path, t
 def test_model_file_interpolations_resolve_against_the_file_itself():
     # transformer_transport.yaml pins ${model.num_channels}: the file's own num_channels, never a false alarm
     result = check_config(CONFIG_DIR / "model" / "transformer_transport.yaml")
-    assert result.config.shape == "model-file" and result.exit_code == 0, errors(result)
+    assert result.config.shape == "model-file", result.config.why
+    assert [e for e in errors(result) if e[0] != "preset"] == [], errors(result)  # the schema's: the preset's own
     ln = next(b for b in result.config.blocks if b.where == "model.layer_kernels").content["LayerNorm"]
     assert ln["_target_"] == CONDITIONAL_LAYER_NORM and ln["normalized_shape"] == 1024
 
@@ -244,7 +249,9 @@ def test_export_merged_into_an_overlay_composes_to_exactly_the_locks_entries(tmp
         else:
             assert ln == want["LayerNorm"], where  # exactly the lock's entry: no key left from the preset
     check = check_config(p, lock=lock)
-    assert check.exit_code == 0, errors(check)
+    # transformer_transport fails anemoi-training's schema as shipped (decoders.0.mapper.num_channels):
+    # the preset's own problem, reported apart; nothing else
+    assert [e for e in errors(check) if e[0] != "preset"] == [], errors(check)
 
 
 @pytest.mark.slow
@@ -264,8 +271,9 @@ def test_gnn_keeps_autocast_layer_norm_against_a_torch_lock(tmp_path, capsys):
     assert "AutocastCompiledLayerNorm" in f.problem
 
 
-def test_export_refuses_to_drop_a_wrapper_it_cannot_keep(tmp_path, capsys):
+def test_export_keeps_the_wrapper_around_any_kernel(tmp_path, capsys):
+    # no adapter table names kp_zoo's class: the generic adapter keeps AutocastLayerNorm's cast around it
     lock = make_lock(tmp_path / "good.toml", ln_target="kp_zoo.norms.GoodLayerNorm", ln_id="x.layer_norm")
     code = main(["export", str(lock.path), "--config", str(CONFIG_DIR / "model" / "gnn.yaml")])
-    err = capsys.readouterr().err
-    assert code == 5 and "model.layer_kernels.LayerNorm" in err and "no adapter that keeps that behaviour" in err
+    out = capsys.readouterr().out
+    assert code == 0 and "kernel_lock.adapters.Autocast__kp_zoo__norms__GoodLayerNorm" in out, out

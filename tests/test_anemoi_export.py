@@ -125,7 +125,20 @@ def test_hidden_size_signature_gets_the_adapter(fake_adapter):
         cls(48, hidden_size=48)
 
 
-def test_no_adapter_is_a_clear_error(capsys, tmp_path):
+def test_a_size_named_hidden_size_gets_the_generic_size_adapter():
+    lock = load(lock_text("kp_zoo.norms.HiddenSizeLayerNorm", "{ eps = 1e-5 }"))
+    target = layer_kernels(lock)["LayerNorm"]["_target_"]
+    assert target == "kernel_lock.adapters.Sized__kp_zoo__norms__HiddenSizeLayerNorm"
+    from kp_zoo.norms import HiddenSizeLayerNorm
+
+    norm = getattr(adapters, target.rpartition(".")[2])(normalized_shape=48)
+    assert isinstance(norm, HiddenSizeLayerNorm) and list(norm.state_dict()) == ["weight", "bias"]
+
+
+def test_no_adapter_is_a_clear_error(capsys, tmp_path, monkeypatch):
+    import kernel_lock.anemoi
+
+    monkeypatch.setattr(kernel_lock.anemoi, "SIZE_NAMES", ())  # a size parameter no adapter knows
     lock = load(lock_text("kp_zoo.norms.HiddenSizeLayerNorm", "{ eps = 1e-5 }"))
     with pytest.raises(ConventionError) as exc:
         layer_kernels(lock)
@@ -183,9 +196,10 @@ def test_qk_norm(monkeypatch):
         == {"_target_": AUTOCAST_LAYER_NORM, "eps": 1e-5, "elementwise_affine": True, "bias": False}
     )
     # another library: anemoi's q/k norm casts its output back (flash attention needs it), so the lock's
-    # kernel goes in the adapter that keeps that cast, bias-free; without such an adapter, a refusal
-    with pytest.raises(ConventionError, match="no adapter that keeps that behaviour"):
-        layer_kernels(load(lock_text("kp_zoo.norms.GoodLayerNorm")), qk_norm=True)
+    # kernel goes in the adapter that keeps that cast, bias-free: the generic one, named after the kernel,
+    # where no table row names one
+    generic = layer_kernels(load(lock_text("kp_zoo.norms.GoodLayerNorm")), qk_norm=True)
+    assert generic["QueryNorm"]["_target_"] == "kernel_lock.adapters.Autocast__kp_zoo__norms__GoodLayerNorm"
     monkeypatch.setitem(adapters.AUTOCAST_ADAPTERS, "AutocastGoodLayerNorm", "kp_zoo.norms.GoodLayerNorm")
     qk = layer_kernels(load(lock_text("kp_zoo.norms.GoodLayerNorm")), qk_norm=True)
     assert qk["QueryNorm"] == {

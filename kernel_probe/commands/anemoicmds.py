@@ -14,6 +14,24 @@ from ..output import safe
 from .lockcmds import DEFAULT_LOCK, _load, add_trust_argument, default_lock_path
 
 
+def add_config_trust_argument(p: argparse.ArgumentParser) -> None:
+    from ..anemoi_config import OWN_TARGETS_FLAG
+
+    p.add_argument(
+        OWN_TARGETS_FLAG,
+        action="store_true",
+        help="import every public module the config's own layer_kernels entries name (default: only the import "
+        "allow-list, anemoi-models and --trust; an entry outside them is reported as not checked). A `__main__` or "
+        "private module is never imported",
+    )
+
+
+def _trust(args: argparse.Namespace):
+    from ..anemoi_config import Trust
+
+    return Trust.granted(args.trust, own_targets=args.import_config_targets)
+
+
 # ---- export ---------------------------------------------------------------------------------------
 def add_export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("lock", nargs="?", default=None, help=f"lock file (default: $KERNEL_LOCK or ./{DEFAULT_LOCK})")
@@ -45,6 +63,7 @@ def add_export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-compose", action="store_true", help="with --config: read the file alone, without Hydra")
     p.add_argument("--json", action="store_true", help="the mapping as JSON instead of YAML")
     add_trust_argument(p)
+    add_config_trust_argument(p)
     p.epilog = (
         "Hydra overrides for --config go after `--`, e.g.\n"
         "  kernel-probe export kernel-lock.toml --config my.yaml -- model=transformer_ens\n\n" + (p.epilog or "")
@@ -69,7 +88,13 @@ def run_export(args: argparse.Namespace) -> int:
     from ..anemoi_check import export_for_config
 
     result = export_for_config(
-        lock, args.config, args.overrides, mode=args.mode, qk_norm=args.qk_norm, compose=not args.no_compose
+        lock,
+        args.config,
+        args.overrides,
+        mode=args.mode,
+        qk_norm=args.qk_norm,
+        compose=not args.no_compose,
+        trust=_trust(args),
     )
     if args.json:
         output.print_json(
@@ -105,10 +130,14 @@ def render_yaml(entries, *, path: str, mode: str, digest: str) -> str:
 
     lines = [
         *_header(path, mode, digest),
-        "# Put it under `model:` of a model file or a complete config; the processor, encoders and decoders inherit it",
-        "# through ${model.layer_kernels}. Keys not listed keep anemoi's defaults. In a Hydra overlay (a config with",
-        "# a `defaults:` list) Hydra would merge it key by key into the preset's entries: use",
-        "# `kernel-probe export LOCK --config YOUR.yaml` instead. Check with `kernel-probe check-config CONFIG --lock LOCK`.",
+        "# Where it goes (the processor, encoders and decoders inherit it through ${model.layer_kernels}):",
+        "# - a training config (the whole tree, no defaults list): under its `model:` node -> model.layer_kernels;",
+        "# - a model file (config/model/<name>.yaml; the file IS the model node): at the file's ROOT, beside",
+        "#   `processor:`, NOT under its own `model:` key (that key is the model class: there it would be",
+        "#   model.model.layer_kernels, which anemoi-training's schema rejects);",
+        "# - an overlay (a config with a `defaults:` list): Hydra would merge it key by key into the preset's",
+        "#   entries; use `kernel-probe export LOCK --config YOUR.yaml` instead.",
+        "# Keys not listed keep anemoi's defaults. Check with `kernel-probe check-config CONFIG --lock LOCK`.",
     ]
     if not entries:
         return "\n".join([*lines, "layer_kernels: {}", ""])
@@ -177,7 +206,13 @@ def add_check_config_arguments(p: argparse.ArgumentParser) -> None:
         help=f"how long importing the targets may take (default {DEFAULT_TIMEOUT:g})",
     )
     p.add_argument("--json", action="store_true", help="findings as JSON")
+    p.add_argument(
+        "--no-schema",
+        action="store_true",
+        help="skip anemoi-training's own schema (BaseSchema), which check-config runs where it is installed",
+    )
     add_trust_argument(p)
+    add_config_trust_argument(p)
     codes = "\n".join(f"  {c}  {t}" for c, t in CHECK_CONFIG_EXIT.items())
     p.epilog = (
         "Hydra overrides go after `--`, e.g.\n  kernel-probe check-config my.yaml -- model=transformer_ens\n\n"
@@ -201,37 +236,57 @@ def run_check_config(args: argparse.Namespace) -> int:
         allow_semantics_change=args.allow_semantics_change,
         compose=not args.no_compose,
         timeout=args.timeout,
+        schema=not args.no_schema,
+        trust=_trust(args),
     )
     code = result.exit_code
-    config = result.config
     if args.json:
-        output.print_json(
-            {
-                "config": args.config,
-                "lock": args.lock,
-                "mode": args.mode,
-                "ok": code == 0,
-                "exit_code": code,
-                "shape": config.shape,
-                "composed": config.composed,
-                "choices": config.choices,
-                "overrides": config.overrides,
-                "search_path": config.sources,
-                "blocks": [
-                    {
-                        "where": b.where,
-                        "inherits": b.inherits,
-                        "keys": sorted(b.content) if b.content is not None else None,
-                    }
-                    for b in config.blocks
-                ],
-                "expected": {k: e.entry for k, e in result.expected.items()},
-                "findings": [f.to_json() for f in result.findings],
-            }
-        )
+        body = _json(args, result, code)
+        if result.alternative is not None:
+            body["alternative"] = _json(args, result.alternative, result.alternative.own_exit_code)
+        output.print_json(body)
         return code
-    _render(args, result, code)
+    _render(args, result, result.own_exit_code)
+    if result.alternative is not None:
+        alt = result.alternative
+        output.console().print(
+            f"[bold]the file's kind is ambiguous[/] ({safe(result.config.why)}): also read as "
+            f"{safe(SHAPES_SHORT[alt.config.shape])}"
+        )
+        _render(args, alt, alt.own_exit_code)
+        output.console().print(f"exit {code}: the worse of the two readings")
     return code
+
+
+SHAPES_SHORT = {"model-file": "a model file", "full": "a complete config", "overlay": "a Hydra overlay"}
+
+
+def _json(args: argparse.Namespace, result, code: int) -> dict:
+    config = result.config
+    return {
+        "config": args.config,
+        "lock": args.lock,
+        "mode": args.mode,
+        "ok": code == 0,
+        "exit_code": code,
+        "shape": config.shape,
+        "shape_why": config.why,
+        "composed": config.composed,
+        "choices": config.choices,
+        "overrides": config.overrides,
+        "search_path": config.sources,
+        "blocks": [
+            {
+                "where": b.where,
+                "inherits": b.inherits,
+                "keys": sorted(b.content) if b.content is not None else None,
+            }
+            for b in config.blocks
+        ],
+        "expected": {k: e.entry for k, e in result.expected.items()},
+        "schema": result.schema,
+        "findings": [f.to_json() for f in result.findings],
+    }
 
 
 STYLE = {"error": "bold red", "warning": "yellow", "note": "dim"}
@@ -246,7 +301,7 @@ def _render(args, result, code: int) -> None:
     read = SHAPES[config.shape]
     if config.composed:
         read += f"; composed by Hydra as anemoi-training would ({_model_choice(config)})"
-    con.print(f"  read as {safe(read)}")
+    con.print(f"  read as {safe(read)}" + (f", because of {safe(config.why)}" if config.why else ""))
     for b in config.blocks:
         if b.inherits:
             con.print(f"  {safe(b.where)}: inherits {safe(b.inherits)}")
@@ -254,6 +309,7 @@ def _render(args, result, code: int) -> None:
             keys = ", ".join(b.content) or "no keys: anemoi's defaults"
             via = f" (through {safe(b.source)})" if b.source else ""
             con.print(f"  {safe(b.where)}{via}: {safe(keys)}")
+    con.print(f"  anemoi-training's schema: {safe(result.schema)}")
     if result.expected:
         con.print(
             "  the lock exports: "
