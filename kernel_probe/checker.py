@@ -22,8 +22,8 @@ from .candidates import Candidate, for_slot
 from .judge import Policy, Verdict, judge_row, worst_status
 from .layout import Layout
 from .limits import CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT  # noqa: F401 (still importable from here)
-from .protocol import CheckReply, CheckRequest, ImportRequest, TryRequest
-from .worker import INTERPRETED, Worker, WorkerDied, WorkerPool
+from .protocol import INTERPRETED, CheckReply, CheckRequest, ImportRequest, TryRequest
+from .worker import Worker, WorkerDied, WorkerPool
 
 P = ParamSpec("P")
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from .checker import Report
 from .errors import ForcedUnusable, ProbeError, UsageError
-from .worker import INTERPRETED
+from .protocol import INTERPRETED
 
 MIN_MARGIN = 0.05
 FORCED = {"pin": "pinned", "prefer": "preferred"}  # the flag (--pin) -> what it makes a candidate

@@ -190,7 +190,7 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
     candidates, problems = gather_candidates(
         request.candidates, list(profile.candidates) if profile else [], plugins=request.plugins
     )
-    from .worker import interpreter_requested
+    from .protocol import interpreter_requested
 
     if interpreter_requested():
         problems = [

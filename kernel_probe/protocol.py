@@ -23,12 +23,29 @@ flag names and the alternative-semantics key declared here once.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypedDict, TypeVar
 
 if TYPE_CHECKING:
     from .candidates import Candidate
+
+
+# What an interpreted run is, said the same way wherever one appears (replies, verdicts, reports, timing,
+# choice); declared here, beside the reply that carries the flag, so the probe's plan can ask without
+# importing the worker
+INTERPRETED = (
+    "interpreted: its Triton kernels ran in Triton's interpreter (TRITON_INTERPRET=1), not compiled for this "
+    "device; what it computes is checked, but an interpreted run is never timed and never written to a lock"
+)
+
+
+def interpreter_requested(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``env`` (default: this process's environment) switches Triton's interpreter on (triton
+    reads 1, true, on, yes; any case)."""
+    value = (os.environ if env is None else env).get("TRITON_INTERPRET", "")
+    return value.strip().lower() in ("1", "true", "on", "yes")
 
 
 class ProtocolError(ValueError):

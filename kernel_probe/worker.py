@@ -37,6 +37,7 @@ from typing import Any, cast
 
 from .child import kill_group, signal_name, spawn
 from .protocol import (
+    INTERPRETED,
     CheckRequest,
     ImportReply,
     ImportRequest,
@@ -52,6 +53,7 @@ from .protocol import (
     TimingRow,
     TryReply,
     TryRequest,
+    interpreter_requested,
     request_from_json,
 )
 
@@ -372,12 +374,6 @@ def _snapshot() -> dict[str, int]:
 
 _BASELINE_SURFACE: dict[str, int] = {}
 
-# What an interpreted run is, said the same way wherever one appears (verdicts, reports, timing, choice)
-INTERPRETED = (
-    "interpreted: its Triton kernels ran in Triton's interpreter (TRITON_INTERPRET=1), not compiled for this "
-    "device; what it computes is checked, but an interpreted run is never timed and never written to a lock"
-)
-
 
 def interpreting() -> bool:
     """Whether Triton kernels in this process run in Triton's interpreter (``TRITON_INTERPRET=1``),
@@ -390,11 +386,6 @@ def interpreting() -> bool:
     if knobs is not None:
         return bool(knobs.runtime.interpret)
     return interpreter_requested()
-
-
-def interpreter_requested(env: Mapping[str, str] = os.environ) -> bool:
-    """Whether ``env`` switches Triton's interpreter on (triton reads 1, true, on, yes; any case)."""
-    return env.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
 
 
 def tampered() -> list[str]:

@@ -158,7 +158,7 @@ STATUS_STYLE = {
 
 
 def render_verdicts(reports, plan, device, hidden: int = CHECK_HIDDEN) -> None:
-    from ..worker import INTERPRETED
+    from ..protocol import INTERPRETED
 
     con = output.console()
     con.print(f"device: {device['type']} ({safe(str(device['name']))}); inputs {hidden} wide")

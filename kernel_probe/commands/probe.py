@@ -300,7 +300,7 @@ def _report(args, result: ProbeResult) -> None:
             }
         )
         return
-    from ..worker import INTERPRETED
+    from ..protocol import INTERPRETED
     from .check import STATUS_STYLE
 
     con = output.console()
