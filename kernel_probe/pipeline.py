@@ -259,6 +259,9 @@ def _apply_profile(request: ProbeRequest, device: Mapping[str, Any], events: Eve
         return None, ""
     if request.profile == "auto":
         events.note(f"profile auto: {profile.name} (matched {matched})")
+    else:  # named: a node that its site signals place at another site is not this profile's
+        seen, seen_by, _ = profiles.choose("auto", list(request.profiles_dirs), device)
+        profiles.other_site(profile, seen, seen_by)
     libs = profiles.library_facts(profiles.required_libraries(profile))
     for warning in profiles.enforce(profile, fingerprint.for_check(), libs):
         events.warn(warning)

@@ -896,6 +896,21 @@ def enforce(profile: Profile, fingerprint: Mapping[str, Any], libraries: Mapping
     return warnings
 
 
+def other_site(profile: Profile, seen: Profile | None, matched: str, where: str = "this machine") -> None:
+    """Raise ProfileUnmet (exit 4) when a named ``profile`` meets a node whose site signals identify another
+    profile's site (``seen``, by ``matched``). Hardware alone cannot tell apart sites with the same nodes
+    (the A100s of JUWELS Booster, Leonardo and Perlmutter; the MI250X of LUMI-G and Frontier): their strong
+    site signals can. A node whose signals match no profile, or only a device profile by its device facts
+    (``cpu`` on any CPU node), is not refused: naming a profile is how a site without signals is used."""
+    if seen is None or seen.name == profile.name or matched.startswith("device:"):
+        return
+    raise ProfileUnmet(
+        f"{where} is a node of profile {seen.name!r} by its site signals ({matched}), not of {profile.name!r}",
+        path=profile.path,
+        fix=f"use --profile {seen.name} (or --profile auto) here, or run on a node of {profile.name}",
+    )
+
+
 def required_libraries(profile: Profile) -> list[str]:
     """The library keys a profile's requirements name: a distribution, or ``distribution@variant``."""
     return sorted({*profile.requires.get("libraries", {}), *profile.requires.get("forbidden", {})})

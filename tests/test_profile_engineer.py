@@ -75,7 +75,8 @@ def test_candidate_archs_use_the_same_syntax(tmp_path, capsys):
 def test_sm_plus_in_requires_means_that_or_newer(tmp_path, capsys):
     p = tmp_path / "hopper.toml"
     p.write_text(GOOD.replace('"mysite"', '"hopper"') + 'device-arch = ["sm_80+"]\n')
-    assert match([p, "--node", "alps-gh200"], capsys)[0] == 0  # sm_90
+    code, result = match([p, "--node", "alps-gh200"], capsys)  # sm_90, at another site (alps-gh200)
+    assert code == 4 and [u["group"] for u in result["unmet"]] == ["site"], result["unmet"]
     p.write_text(GOOD.replace('"mysite"', '"hopper"') + 'device-arch = ["sm_100+"]\n')
     code, result = match([p, "--node", "alps-gh200"], capsys)
     assert (
@@ -239,7 +240,7 @@ def test_each_example_node_meets_its_own_profile_and_picks_only_it(name, capsys)
 PAIRS = [(p, n) for p in BUILTIN for n in BUILTIN if p != n]
 # Sites with the same hardware can have the same requirements: a JUWELS node does meet Perlmutter's
 # (A100, x86_64, CUDA), a LUMI-G node Frontier's (MI250X; Frontier's ROCm floor is lower). What tells
-# them apart is the site's signals, and match says where they point.
+# them apart is the site's signals: a node they place at another site is refused all the same.
 SAME_HARDWARE = {
     frozenset(pair)
     for pair in [
@@ -255,10 +256,48 @@ SAME_HARDWARE = {
 def test_no_builtin_is_taken_for_another_sites_node(profile, node, capsys):
     code, result = match([profile, "--node", node], capsys)
     assert any(f"point to profile {node}, not {profile}" in n for n in result["notes"]), result["notes"]
-    if frozenset((profile, node)) in SAME_HARDWARE:
-        assert code == 0 or result["unmet"]
+    assert code == 4, result
+    site = [u for u in result["unmet"] if u["group"] == "site"]
+    hardware = [u for u in result["unmet"] if u["group"] != "site"]
+    if node == "cpu":  # the cpu profile is picked by device facts, not site signals: its hardware refuses it
+        assert hardware and not site, result["unmet"]
     else:
-        assert code == 4 and result["unmet"], result
+        assert site and site[0]["found"].startswith(f"{node} ("), result["unmet"]
+    if frozenset((profile, node)) not in SAME_HARDWARE:
+        assert hardware, result["unmet"]
+
+
+@pytest.mark.parametrize(
+    "profile,node",
+    [("perlmutter", "juwels-booster"), ("leonardo-booster", "juwels-booster"), ("frontier", "lumi-g")],
+)
+def test_the_same_hardware_at_another_site_is_refused_by_the_site_signals_alone(profile, node, capsys):
+    code, result = match([profile, "--node", node], capsys)
+    assert code == 4 and [u["group"] for u in result["unmet"]] == ["site"], result["unmet"]
+    assert f"--profile {node}" in result["fix"]
+
+
+def test_job_start_refuses_a_named_profile_where_the_site_signals_place_the_node_elsewhere(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("LUMI_STACK_PARTITION", "G")  # LUMI's own stack variable: a strong signal
+    code, _, err = run_cli(["--check", "--profile", "frontier", "--out", tmp_path / "k.toml"], capsys)
+    assert code == 4 and "a node of profile 'lumi-g' by its site signals" in err and "--profile lumi-g" in err, err
+    assert not (tmp_path / "k.toml").exists()
+
+
+def test_a_named_profile_is_refused_at_job_start_on_another_sites_node(monkeypatch):
+    """What match says is what --profile NAME decides at job start: a LUMI-G node (its LUMI_STACK_PARTITION
+    signal) meets Frontier's requirements, and is refused for Frontier all the same; auto picks lumi-g."""
+    from kernel_probe.errors import ProfileUnmet
+
+    lumi = profiles.resolve("lumi-g", [])
+    frontier = profiles.resolve("frontier", [])
+    profiles.other_site(lumi, lumi, "env:LUMI_STACK_PARTITION=G")  # its own site: nothing raised
+    profiles.other_site(frontier, None, "")  # no site's signals: a named profile is how such a site is used
+    with pytest.raises(ProfileUnmet) as exc:
+        profiles.other_site(frontier, lumi, "env:LUMI_STACK_PARTITION=G")
+    assert exc.value.exit_code == 4 and "lumi-g" in str(exc.value) and "--profile lumi-g" in exc.value.fix
 
 
 def test_mn5_gpp_is_not_taken_for_acc(capsys):

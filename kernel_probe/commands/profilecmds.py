@@ -188,9 +188,17 @@ def _match(args: argparse.Namespace) -> int:
         where = "this machine"
         libraries = profiles.library_facts
         name_note = fingerprint.device_name_note(current)
+    site_refusal: ProfileUnmet | None = None
     if profile is not None and args.name != "auto":  # named: do the site's signals agree?
         facts = nodes.site_facts(node) if args.node else None
-        seen, _, _ = profiles.choose("auto", args.profiles_dir, device if args.node else detect_device(), facts=facts)
+        seen, seen_by, _ = profiles.choose(
+            "auto", args.profiles_dir, device if args.node else detect_device(), facts=facts
+        )
+        seen_by_text = f"{seen.name} ({seen_by})" if seen else ""
+        try:
+            profiles.other_site(profile, seen, seen_by, where)
+        except ProfileUnmet as exc:
+            site_refusal = exc
         if seen is None or seen.name != profile.name:
             notes.append(
                 f"the site signals {'of this node' if args.node else 'here'} "
@@ -219,6 +227,11 @@ def _match(args: argparse.Namespace) -> int:
         result["unmet"] = [
             {"group": u.group, "field": u.field, "expected": u.expected, "found": u.found} for u in problems
         ]
+        if site_refusal is not None:  # another site's node, whatever its hardware meets
+            code, refusal = 4, refusal or site_refusal
+            result["unmet"].insert(
+                0, {"group": "site", "field": "site signals", "expected": profile.name, "found": seen_by_text}
+            )
         result["fix"] = refusal.fix if refusal else None
     if args.json:
         output.print_json({**result, "exit_code": code})
