@@ -36,9 +36,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kernel_lock.lock import atomic_write_text
+from kernel_lock._files import UnsafeFile, read_regular
+from kernel_lock.lock import MAX_BYTES, atomic_write_text
 
-from .errors import ProbeError
+from .errors import InputFileError, ProbeError
 from .ranks import JobRank
 
 NODE_DIR_ENV = "KERNEL_PROBE_NODE_DIR"
@@ -124,12 +125,18 @@ def backoff(first: float, cap: float, rng: random.Random) -> Iterator[float]:
 
 
 def _read(path: Path) -> str | None:
-    """The text at ``path``; None if it is not there (one ``open`` when it is not)."""
+    """The text at ``path``; None if it is not there (one ``open`` when it is not). Read as every input
+    is (kernel_lock._files): a FIFO, a device or a huge file where a marker or lock should be is an
+    error naming it (exit 5), never a rank that hangs or fills its memory."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:  # not UTF-8: its digest tells
-            return fh.read()
+        raw = read_regular(path, MAX_BYTES)
     except FileNotFoundError:
         return None
+    except UnsafeFile as exc:
+        raise InputFileError(
+            exc.problem, path=str(path), fix=f"remove {path}: kernel-probe writes it as a regular file"
+        ) from None
+    return raw.decode("utf-8", errors="replace")  # not UTF-8: its digest tells
 
 
 def claim(out: Path, rank: JobRank) -> bool:

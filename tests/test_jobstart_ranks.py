@@ -358,3 +358,22 @@ def test_rank_0_failing_before_any_work_still_releases_the_others(tmp_path, monk
     with pytest.raises(RankFailed) as err:
         jobstart.wait(out, job_rank(1, local=1), mode="job", timeout=5)
     assert err.value.exit_code == 2 and "--reps must be at least 1" in err.value.problem
+
+
+@pytest.mark.parametrize("special", ["fifo", "huge"])
+def test_a_special_file_where_the_job_marker_should_be_fails_fast_naming_it(tmp_path, special):
+    """A FIFO (an open that would block for ever) or a huge file at the marker's path is an error naming
+    it, exit 5, for a watching rank: never a hang, never a read into memory."""
+    from kernel_probe.errors import InputFileError
+
+    out = tmp_path / "k.toml"
+    rank = job_rank(9, local=0)  # a node's watcher reads the shared marker
+    path = jobstart.marker_path(out, rank)
+    if special == "fifo":
+        os.mkfifo(path)
+    else:
+        with open(path, "wb") as fh:
+            fh.truncate(64 << 20)  # sparse: larger than any lock or marker may be
+    with pytest.raises(InputFileError) as err:
+        jobstart.wait(out, rank, mode="job", timeout=5)
+    assert err.value.exit_code == 5 and err.value.path == str(path) and f"remove {path}" in err.value.fix
