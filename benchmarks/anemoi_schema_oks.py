@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from kernel_probe.anemoi_check import check_config
+from kernel_probe.anemoi.pipelines import check_config
 
 SCHEMA_KINDS = ("schema", "preset")
 

@@ -1,4 +1,4 @@
-"""What the check at the model's shapes (kernel_probe.atshape) adds to timing, on this machine.
+"""What the check at the model's shapes (kernel_probe.probe.atshape) adds to timing, on this machine.
 
 For torch.nn's candidate of each slot, ``timing.time_candidate`` runs with the options the probe uses on
 this device type (CPU: 5 repetitions, 3 warm-up calls, no minimum time), once with the check after
@@ -34,9 +34,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--shape", default="2048x1024")
     args = ap.parse_args()
-    from kernel_probe import timing
-    from kernel_probe.candidates import BUILTIN
-    from kernel_probe.pipeline import DEFAULT_REPS
+    from kernel_probe.probe import timing
+    from kernel_probe.probe.candidates import BUILTIN
+    from kernel_probe.probe.pipeline import DEFAULT_REPS
 
     reps = DEFAULT_REPS["cpu"]
     opts = {"reps": reps, "warmup": min(3, reps), "min_seconds": 0.0}

@@ -1,9 +1,9 @@
 """Is the probe's choice the fastest? An independent timer checks it, in the same run.
 
 For each precision (bf16 under autocast as anemoi trains, and float32; plain bf16 on request)
-this runs the probe as a library (``kernel_probe.pipeline.run``: checks, timing, choice, lock) at the
+this runs the probe as a library (``kernel_probe.probe.pipeline.run``: checks, timing, choice, lock) at the
 three GPU shapes, then times every candidate the probe accepted with a harness written apart from
-``kernel_probe/timing.py``: ``triton.testing.do_bench`` (median; it flushes the L2 cache before each
+``kernel_probe/probe/timing.py``: ``triton.testing.do_bench`` (median; it flushes the L2 cache before each
 repetition) where CUDA and triton are there, CUDA events around each call with an L2 flush between
 calls where only CUDA is, and ``time.perf_counter`` on a CPU (smoke runs only). Its copy ceiling is
 its own too: a device-to-device copy of a buffer far larger than any cache, read + write counted.
@@ -124,9 +124,9 @@ def time_one(cand, slot: str, shape: str, dtype_name: str, regime: str, timer: T
     """Forward + backward of one accepted candidate, built as the probe builds it, timed by the harness."""
     import torch
 
-    from kernel_probe.candidates import canonical_for
-    from kernel_probe.measure import DTYPES, build
-    from kernel_probe.shapes import parse_shape
+    from kernel_probe.probe.candidates import canonical_for
+    from kernel_probe.probe.measure import DTYPES, build
+    from kernel_probe.probe.shapes import parse_shape
 
     rows, hidden, out = parse_shape(shape)
     out = out or hidden
@@ -167,7 +167,7 @@ def time_one(cand, slot: str, shape: str, dtype_name: str, regime: str, timer: T
 def probe_at(out: Path, precision: str, shapes: tuple[str, ...], reps: int | None, smoke: bool):
     """The probe as a library (checks, timing, choice, lock written), as `kernel-probe` runs it. A smoke
     run on a shared CPU gives each candidate's checks more time than a job start would."""
-    from kernel_probe import pipeline
+    from kernel_probe.probe import pipeline
 
     request = pipeline.ProbeRequest(
         out=out / f"lock-{precision}.toml",
@@ -183,7 +183,7 @@ def probe_at(out: Path, precision: str, shapes: tuple[str, ...], reps: int | Non
 
 def choices_at(result, shape: str) -> dict[str, str]:
     """What the probe chooses per slot from these measurements when asked for ``shape`` alone."""
-    from kernel_probe import pipeline
+    from kernel_probe.probe import pipeline
 
     alone = dataclasses.replace(result.plan, shapes=(shape,))
     return {slot: c.report.id for slot, c in pipeline.choose_all(alone, result.reports, result.timings).items()}

@@ -31,7 +31,7 @@ CANONICAL: dict[str, dict[str, Any]] = {
 
 # How a class offered for a slot is called when its declaration does not say: the positional
 # arguments (dimensions) and the pinned keyword arguments, as candidate templates ("$name" is filled
-# with the canonical value ``name``; see kernel_probe.candidates).
+# with the canonical value ``name``; see kernel_probe.probe.candidates).
 CALL_ARGS: dict[str, tuple[str, ...]] = {
     "LayerNorm": ("$normalized_shape",),
     "RMSNorm": ("$normalized_shape",),
@@ -115,7 +115,7 @@ PRECISIONS: Mapping[str, Precision] = MappingProxyType(
 )
 
 # What a candidate's check came to, as the lock records it per candidate; worst first (a candidate
-# checked in several dtypes gets the worst of its results, kernel_probe.judge.worst_status).
+# checked in several dtypes gets the worst of its results, kernel_probe.probe.judge.worst_status).
 STATUSES = ("crashed", "timeout", "rejected", "unavailable", "accepted", "skipped")
 
 

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from kernel_lock.errors import EXIT_CODES, LockError, LockWarning
-
-from . import __version__, output
+from kernel_probe import __version__, output
 
 
 @dataclass(frozen=True)
@@ -45,7 +44,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "accept hand edits: recompute a lock's digest (atomic rewrite)",
     ),
     "env": Subcommand(
-        "envcmd",
+        "env",
         "add_env_arguments",
         "run_env",
         "report this machine: host, torch build, accelerators, triton, kernel libraries, site",
@@ -54,7 +53,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "check", "add_check_arguments", "run_check", "run the correctness kernels and print the verdict table"
     ),
     "profiles": Subcommand(
-        "profilecmds",
+        "profiles",
         "add_profiles_arguments",
         "run_profiles",
         "site profiles: list, show NAME, check PATH, match [NAME] [--node FILE]",
@@ -81,7 +80,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "check an anemoi config's layer_kernels blocks on this machine (and against a lock)",
     ),
     "lock": Subcommand(
-        "derive",
+        "lock",
         "add_lock_arguments",
         "run_lock",
         "derive a lock for inference on this machine: lock --for inference IN OUT",
@@ -149,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cut = rest.index("--")
             rest, overrides = rest[:cut], rest[cut + 1 :]
     else:
-        from .commands import probe
+        from kernel_probe.commands import probe
 
         parser = _base_parser("kernel-probe", "Probe kernels on this machine and write a kernel lock.")
         probe.add_probe_arguments(parser)

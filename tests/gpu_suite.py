@@ -3,7 +3,7 @@ on torch.nn's candidates, on a CPU (tests/test_gpu_kit.py).
 
 Everything goes through the project's own machinery: the registry's candidates, ``check_all`` in the
 isolated workers (forward and backward against float64, every hard input, each row of ``ROWS``), and
-the timing workers (``TimeRequest``, ``kernel_probe/timing.py``). Added to the registry: liger's
+the timing workers (``TimeRequest``, ``kernel_probe/probe/timing.py``). Added to the registry: liger's
 RMSNorm with its *default* ``in_place=True``, which the registry pins off because its backward
 overwrites grad_output; the checks must reject it for exactly that.
 """
@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from kernel_lock.slots import PRECISIONS, SLOTS
-from kernel_probe.candidates import Candidate, registry
-from kernel_probe.checker import Report, check_all, dtype_plan
+from kernel_probe.probe.candidates import Candidate, registry
+from kernel_probe.probe.check import Report, check_all, dtype_plan
 
 # float32, bf16-true, bf16-mixed: the precision regimes a model trains in
 ROWS = dtype_plan(["float32", "bfloat16"])
@@ -39,7 +39,7 @@ def candidates(only: Iterable[str] | None = None) -> list[Candidate]:
 
 def verdicts(device: str, arch: str, cands: list[Candidate], *, timeout: float = 120.0) -> dict[str, Report]:
     """Every candidate checked in every row of ``ROWS`` (torch.compile included), by id."""
-    from kernel_probe.worker import WorkerPool
+    from kernel_probe.isolation.worker import WorkerPool
 
     with WorkerPool() as pool:
         reports = check_all(SLOTS, cands, device, ROWS, arch=arch, with_compile=True, timeout=timeout, workers=pool)
@@ -48,9 +48,9 @@ def verdicts(device: str, arch: str, cands: list[Candidate], *, timeout: float =
 
 def timings(device: str, reports: Mapping[str, Report], shape: str) -> dict[str, dict[str, dict[str, Any]]]:
     """Each accepted candidate timed at ``shape`` in every precision of ``TIMED``: id -> precision -> row."""
-    from kernel_probe.limits import TIMING_TIMEOUT
-    from kernel_probe.protocol import TimeRequest
-    from kernel_probe.worker import WorkerPool
+    from kernel_probe.isolation.protocol import TimeRequest
+    from kernel_probe.isolation.worker import WorkerPool
+    from kernel_probe.probe.limits import TIMING_TIMEOUT
 
     out: dict[str, dict[str, dict[str, Any]]] = {}
     with WorkerPool() as pool:

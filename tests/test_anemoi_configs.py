@@ -20,8 +20,8 @@ import yaml
 import kernel_lock
 from kernel_lock import LockWarning
 from kernel_lock.anemoi import AUTOCAST_LAYER_NORM, CONDITIONAL_LAYER_NORM, layer_kernels
-from kernel_probe.anemoi_check import check_config, export_for_config
-from kernel_probe.anemoi_compose import layer_kernels_paths
+from kernel_probe.anemoi.compose import layer_kernels_paths
+from kernel_probe.anemoi.pipelines import check_config, export_for_config
 from kernel_probe.cli import main
 
 pytest.importorskip("hydra", reason="hydra-core is not installed; `bash .ci/anemoi-install` installs it")
@@ -172,7 +172,7 @@ def test_overlay_is_composed_and_overrides_after_dashdash(tmp_path, capsys):
 
 
 def test_overlay_without_hydra_says_the_defaults_were_not_followed(tmp_path, monkeypatch):
-    import kernel_probe.anemoi_config as ac
+    import kernel_probe.anemoi.config as ac
 
     p = overlay(tmp_path, "gnn", "model:\n  layer_kernels:\n    Layernorm: {_target_: torch.nn.LayerNorm}\n")
     real = ac._installed

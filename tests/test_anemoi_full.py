@@ -30,7 +30,7 @@ from anemoi.models.layers.normalization import AutocastLayerNorm
 import kernel_lock
 import kernel_lock.adapters as adapters
 from kernel_lock.portability import Replacement, saved_modules
-from kernel_probe.anemoi_check import export_for_config
+from kernel_probe.anemoi.pipelines import export_for_config
 from kernel_probe.cli import main
 
 from .anemoi_build import batch, build, compose_file, deep_merge, validated, write_overlay

@@ -110,7 +110,7 @@ def fastlib_lock(tmp_path_factory) -> kernel_lock.KernelLock:
 def trained(tmp_path_factory, fastlib_lock):
     """The gnn preset exported with the fake library: composed, validated by the schema, built, trained 3 steps."""
     _needs_anemoi()
-    from kernel_probe.anemoi_check import check_config, export_for_config
+    from kernel_probe.anemoi.pipelines import check_config, export_for_config
 
     from .anemoi_build import batch, build, compose_file, deep_merge, validated, write_overlay
 

@@ -17,9 +17,9 @@ import yaml
 import kernel_lock
 from kernel_lock import LockWarning
 from kernel_lock.anemoi import AUTOCAST_LAYER_NORM, layer_kernels
-from kernel_probe import anemoi_config
-from kernel_probe.anemoi_check import check_config, export_for_config
-from kernel_probe.anemoi_config import Trust
+from kernel_probe.anemoi import config as anemoi_config
+from kernel_probe.anemoi.config import Trust
+from kernel_probe.anemoi.pipelines import check_config, export_for_config
 from kernel_probe.commands.anemoicmds import render_yaml
 
 from .anemoi_build import deep_merge, write_overlay

@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 
 import kernel_lock
-from kernel_probe import atshape, timing
-from kernel_probe.candidates import BUILTIN, from_command_line
 from kernel_probe.cli import main
-from kernel_probe.judge import judge_shape
+from kernel_probe.probe import atshape, timing
+from kernel_probe.probe.candidates import BUILTIN, from_command_line
+from kernel_probe.probe.judge import judge_shape
 
 FAST = {"reps": 1, "warmup": 1, "min_seconds": 0.0}
 

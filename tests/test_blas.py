@@ -26,10 +26,11 @@ import torch
 import kernel_lock
 from kernel_lock import blas, fingerprint, resolve
 from kernel_lock.errors import LockFormatError, LockMismatch
-from kernel_probe import measure, pipeline, timing, worker
-from kernel_probe.candidates import BUILTIN, CandidateDataError, TableReader, parse_candidate
-from kernel_probe.checker import ReportBase, judge_candidate, static_problem
-from kernel_probe.judge import Policy
+from kernel_probe.isolation import worker
+from kernel_probe.probe import measure, pipeline, timing
+from kernel_probe.probe.candidates import BUILTIN, CandidateDataError, TableReader, parse_candidate
+from kernel_probe.probe.check import ReportBase, judge_candidate, static_problem
+from kernel_probe.probe.judge import Policy
 
 CUDA_LIBS = ("torch.linear.cublas", "torch.linear.cublaslt")
 ROCM_LIBS = ("torch.linear.hipblaslt", "torch.linear.rocblas")

@@ -19,10 +19,11 @@ import kernel_lock
 from kernel_lock import _toml, registry, slots
 from kernel_lock.errors import TargetNotAllowed
 from kernel_lock.lock import check_target
-from kernel_probe import candidates as cands
-from kernel_probe import lockwrite, profiles
-from kernel_probe.checker import Report, check_all, dtype_plan
-from kernel_probe.choose import Choice
+from kernel_probe.probe import candidates as cands
+from kernel_probe.probe import write as lockwrite
+from kernel_probe.probe.check import Report, check_all, dtype_plan
+from kernel_probe.probe.choose import Choice
+from kernel_probe.profiles import profile as profiles
 
 from .conftest import ROOT
 
@@ -32,8 +33,9 @@ BUILTIN_IDS = [c.id for c in cands.BUILTIN]
 # ---- one home per slot fact --------------------------------------------------------------------------
 def test_every_slot_fact_is_imported_from_kernel_lock_slots():
     from kernel_lock import lock, resolve
-    from kernel_probe import checker, judge
     from kernel_probe.commands import anemoicmds, lockcmds
+    from kernel_probe.probe import check as checker
+    from kernel_probe.probe import judge
 
     assert kernel_lock.SLOTS is lock.SLOTS is resolve.SLOTS is cands.SLOTS is slots.SLOTS
     assert lock.SEMANTICS is cands.SEMANTICS is slots.SEMANTICS
@@ -213,7 +215,7 @@ def _here() -> dict:
 
 
 def _lock_pinning(cand: cands.Candidate) -> kernel_lock.KernelLock:
-    """The lock kernel_probe.lockwrite writes when ``cand`` is chosen for its slot (no measurements)."""
+    """The lock kernel_probe.probe.write writes when ``cand`` is chosen for its slot (no measurements)."""
     slot = cand.slots[0]
     report = Report(cand.id, cand.target, slot, cand.semantics, "cpu", "accepted", candidate=cand, source=cand.source)
     choice = Choice(slot, report, "pinned", "pinned for this test")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kernel_probe import candidates as cands
-from kernel_probe.checker import check_all, dtype_plan
 from kernel_probe.errors import UsageError
+from kernel_probe.probe import candidates as cands
+from kernel_probe.probe.check import check_all, dtype_plan
 
 
 def test_builtin_registry_is_consistent():
@@ -58,7 +58,7 @@ def test_entry_point_candidates_and_broken_plugins(tmp_path, monkeypatch):
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: kp-plugin\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text(
-        "[kernel_probe.candidates]\ngood = kp_plugin:candidates\nbroken = kp_plugin:broken\nmissing = kp_nope:x\n"
+        "[kernel_probe.probe.candidates]\ngood = kp_plugin:candidates\nbroken = kp_plugin:broken\nmissing = kp_nope:x\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     found, problems = cands.registry()

@@ -11,7 +11,7 @@ import pytest
 import kernel_lock
 from kernel_lock import LockWarning
 from kernel_lock.anemoi import check_entry, layer_kernels
-from kernel_probe.anemoi_config import find_blocks, load_config
+from kernel_probe.anemoi.config import find_blocks, load_config
 
 from .conftest import MINIMAL_LOCK
 from .conftest import run_cli as run

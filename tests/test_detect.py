@@ -435,7 +435,7 @@ def test_check_import_ignores_the_working_directory(fakes, monkeypatch):
     ],
 )
 def test_classify(returncode, answer, stdout, stderr, timed_out, status, reason_has):
-    from kernel_probe.child import ChildResult
+    from kernel_probe.isolation.child import ChildResult
 
     child = ChildResult(
         "ok" if answer is not None else "crashed",

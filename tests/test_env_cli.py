@@ -15,7 +15,7 @@ import pytest
 
 from kernel_lock import fingerprint
 from kernel_probe import cli, output
-from kernel_probe.commands import envcmd
+from kernel_probe.commands import env as envcmd
 from kernel_probe.detect import SCHEMA, TOP_LEVEL_KEYS, detect, libraries
 from kernel_probe.detect.libraries import KnownLibrary
 
@@ -38,7 +38,7 @@ def fresh_consoles():
 
 def test_env_is_a_registered_subcommand():
     sub = cli.SUBCOMMANDS["env"]
-    assert (sub.module, sub.add_arguments, sub.run) == ("envcmd", "add_env_arguments", "run_env")
+    assert (sub.module, sub.add_arguments, sub.run) == ("env", "add_env_arguments", "run_env")
 
 
 def test_every_subcommand_is_wired_to_functions_that_exist():

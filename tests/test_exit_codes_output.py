@@ -24,12 +24,12 @@ def test_lock_for_inference_into_a_missing_folder_names_the_path(tmp_path, lock_
 
 @pytest.mark.parametrize("target", ["__main__.X", "mylib.__main__.X", "mylib._private.X"])
 def test_a_main_or_private_candidate_is_a_usage_error_before_any_work(target, capsys, monkeypatch):
-    import kernel_probe.worker
+    import kernel_probe.isolation.worker
 
     def no_work(*args, **kwargs):
         raise AssertionError("a worker was started")
 
-    monkeypatch.setattr(kernel_probe.worker.WorkerPool, "__init__", no_work)
+    monkeypatch.setattr(kernel_probe.isolation.worker.WorkerPool, "__init__", no_work)
     code, out, err = run_cli(["check", "--candidate", f"LayerNorm={target}"], capsys)
     assert code == 2, err
     assert "never imported" in err and "unexpected" not in err and "checking" not in out + err

@@ -20,9 +20,9 @@ import pytest
 
 import kernel_lock
 from kernel_lock import KernelUnavailable, LockFormatError, LockWarning, TargetNotAllowed
-from kernel_probe import candidates as cands
-from kernel_probe.checker import check_all
-from kernel_probe.worker import WorkerPool
+from kernel_probe.isolation.worker import WorkerPool
+from kernel_probe.probe import candidates as cands
+from kernel_probe.probe.check import check_all
 
 from .conftest import FAKES, MINIMAL_LOCK, ROOT, run_cli
 
@@ -122,8 +122,8 @@ def _alive(pid: int) -> bool:
 KILLED_PROBE = r"""
 import os, sys, time
 from kernel_probe import candidates as cands
-from kernel_probe.checker import check_candidate
-from kernel_probe.worker import WorkerPool
+from kernel_probe.probe.check import check_candidate
+from kernel_probe.isolation.worker import WorkerPool
 pool = WorkerPool()
 cand = cands.from_command_line("LayerNorm=kp_forks.ForkingLayerNorm")
 with pool.worker_for(cand) as w:

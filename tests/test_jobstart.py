@@ -21,7 +21,7 @@ import kernel_lock
 from kernel_lock import fingerprint as fp
 from kernel_lock import torchless
 from kernel_lock.errors import LockMismatch
-from kernel_probe.candidates import default_for
+from kernel_probe.probe.candidates import default_for
 
 from .conftest import run_cli
 from .test_candidate_data import _lock_pinning
@@ -32,10 +32,10 @@ HEAVY = (
     "torch",
     "numpy",
     "rich",
-    "kernel_probe.checker",
-    "kernel_probe.worker",
-    "kernel_probe.measure",
-    "kernel_probe.timing",
+    "kernel_probe.probe.check",
+    "kernel_probe.isolation.worker",
+    "kernel_probe.probe.measure",
+    "kernel_probe.probe.timing",
     "kernel_probe.detect",
     "kernel_lock.adapters",
 )

@@ -1,4 +1,4 @@
-"""Many ranks, one probe (kernel_probe.jobstart): the job marker, the node-local wait, bounded backoff
+"""Many ranks, one probe (kernel_probe.jobstart.sharing): the job marker, the node-local wait, bounded backoff
 on the shared directory, the prober's failure reaching every rank, and the no-flock path."""
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 
 import kernel_lock
-from kernel_probe import jobstart, pipeline
-from kernel_probe.candidates import default_for
 from kernel_probe.errors import NodeDiffers, ProbeError, UsageError
-from kernel_probe.jobstart import Marker, RankFailed, WaitTimeout
-from kernel_probe.ranks import LAUNCHERS, JobRank
+from kernel_probe.jobstart import sharing as jobstart
+from kernel_probe.jobstart.ranks import LAUNCHERS, JobRank
+from kernel_probe.jobstart.sharing import Marker, RankFailed, WaitTimeout
+from kernel_probe.probe import pipeline
+from kernel_probe.probe.candidates import default_for
 
 from .test_candidate_data import _lock_pinning
 
@@ -323,7 +324,7 @@ def test_without_rank_variables_a_file_system_without_locks_still_warns(tmp_path
 
 def test_a_profile_can_choose_one_probe_per_node_type(tmp_path):
     from kernel_lock.errors import LockError
-    from kernel_probe import profiles
+    from kernel_probe.profiles import profile as profiles
 
     head = 'profile-version = "1"\nname = "mixed"\n[detect]\nenv = { MIXED = "" }\n[policy]\n'
     assert profiles.parse(head + 'probe-per = "node-type"\n', "mixed.toml").probe_per == "node-type"

@@ -29,10 +29,10 @@ from typing import Any
 
 import pytest
 
-from kernel_probe.candidates import BUILTIN, Candidate
-from kernel_probe.checker import Report, check_candidate
-from kernel_probe.protocol import FLAG_GRAD_OUTPUT_MODIFIED, TimeReply, TimeRequest
-from kernel_probe.worker import INTERPRETED, Worker, interpreter_requested, interpreting
+from kernel_probe.isolation.protocol import FLAG_GRAD_OUTPUT_MODIFIED, TimeReply, TimeRequest
+from kernel_probe.isolation.worker import INTERPRETED, Worker, interpreter_requested, interpreting
+from kernel_probe.probe.candidates import BUILTIN, Candidate
+from kernel_probe.probe.check import Report, check_candidate
 
 HAS_LIGER = importlib.util.find_spec("liger_kernel") is not None
 needs_liger = pytest.mark.skipif(
@@ -342,8 +342,8 @@ def _timings(ms: float) -> list[dict[str, Any]]:
 
 
 def test_an_interpreted_report_is_never_chosen_nor_pinned():
-    from kernel_probe.choose import choose
     from kernel_probe.errors import ForcedUnusable
+    from kernel_probe.probe.choose import choose
 
     reports = [_report("torch.rms_norm", interpreted=False), _report("liger.rms_norm", interpreted=True)]
     # even timed, and far faster, it is not eligible
@@ -373,7 +373,8 @@ def test_the_probe_does_not_ask_to_time_an_interpreted_candidate(monkeypatch):
     import contextlib
     import types
 
-    from kernel_probe import checker, pipeline
+    from kernel_probe.probe import check as checker
+    from kernel_probe.probe import pipeline
 
     class NoCalls:
         def call(self, *args, **kwargs):
@@ -422,7 +423,7 @@ def test_interpreting_asks_triton_and_only_once_it_is_imported(monkeypatch):
 def test_the_check_table_labels_an_interpreted_report(capsys):
     from kernel_probe import output
     from kernel_probe.commands.check import render_verdicts
-    from kernel_probe.judge import Verdict
+    from kernel_probe.probe.judge import Verdict
 
     rep = _report("liger.rms_norm", interpreted=True)
     rep.verdicts = [Verdict("liger.rms_norm", "cpu", "float32", "true", "accepted", worst_ratio=0.3)]
@@ -434,7 +435,7 @@ def test_the_check_table_labels_an_interpreted_report(capsys):
 
 
 def test_a_probe_under_the_interpreter_warns_before_any_work(monkeypatch):
-    from kernel_probe import pipeline
+    from kernel_probe.probe import pipeline
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     p = pipeline.plan(pipeline.ProbeRequest(slots=("RMSNorm",)))

@@ -24,7 +24,7 @@ LONG_ID = "custom:kp_zoo.norms.GoodLayerNorm"
 @pytest.fixture
 def no_workers(monkeypatch):
     """Fail the test if the probe starts any worker: the argument must be refused before any work."""
-    from kernel_probe import worker
+    from kernel_probe.isolation import worker
 
     def refuse(*_a, **_k):
         raise AssertionError("a worker was started: the argument should have been refused before any work")
@@ -65,9 +65,9 @@ def test_compiled_pin_on_cpu_says_how(tmp_path, capsys, no_workers):
 
 
 def test_choice_errors_name_the_flag_and_spell_it_right():
-    from kernel_probe.checker import Report
-    from kernel_probe.choose import choose
     from kernel_probe.errors import ForcedUnusable
+    from kernel_probe.probe.check import Report
+    from kernel_probe.probe.choose import choose
 
     reports = [
         Report("torch.rms_norm", "torch.nn.RMSNorm", "RMSNorm", "rms_norm", "cpu", "accepted"),
@@ -238,7 +238,7 @@ def test_json_errors_are_json_on_stdout(argv, code, capsys, no_workers):
 
 # ---- 5. progress and a warning for GPU-sized shapes on a CPU --------------------------------------------------
 def test_gpu_sized_shapes_on_a_cpu_are_warned_about():
-    from kernel_probe.pipeline import large_shape_warning
+    from kernel_probe.probe.pipeline import large_shape_warning
 
     text = large_shape_warning("cpu", ["40320x1024", "542080x1024"], 5)
     assert "40320x1024, 542080x1024 are GPU-sized shapes" in text and "2048x1024" in text and "--reps" in text
@@ -247,7 +247,7 @@ def test_gpu_sized_shapes_on_a_cpu_are_warned_about():
 
 
 def test_the_probe_warns_about_gpu_sized_shapes_before_timing(monkeypatch):
-    from kernel_probe import pipeline
+    from kernel_probe.probe import pipeline
 
     seen: list[str] = []
 
@@ -269,7 +269,7 @@ def test_the_probe_warns_about_gpu_sized_shapes_before_timing(monkeypatch):
 
 def test_timing_progress_estimates_what_is_left():
     from kernel_probe.commands.probe import TimingProgress
-    from kernel_probe.timing import progress_message
+    from kernel_probe.probe.timing import progress_message
 
     shown: list[str] = []
     p = TimingProgress("timing LayerNorm: torch.layer_norm", ["1000x100", "4000x100"], shown.append, every=3600)
@@ -286,9 +286,9 @@ def test_timing_progress_estimates_what_is_left():
 
 @pytest.mark.slow
 def test_worker_forwards_progress_before_the_reply():
-    from kernel_probe.candidates import default_for
-    from kernel_probe.protocol import TimeRequest, TimingProgressMessage
-    from kernel_probe.worker import Worker
+    from kernel_probe.isolation.protocol import TimeRequest, TimingProgressMessage
+    from kernel_probe.isolation.worker import Worker
+    from kernel_probe.probe.candidates import default_for
 
     seen: list[TimingProgressMessage] = []
     with Worker() as w:
@@ -313,7 +313,7 @@ def test_worker_forwards_progress_before_the_reply():
 
 # ---- 7. the smaller frictions ---------------------------------------------------------------------------------------
 def test_help_states_the_real_defaults(capsys):
-    from kernel_probe.pipeline import DEFAULT_REPS, DEFAULT_SHAPES
+    from kernel_probe.probe.pipeline import DEFAULT_REPS, DEFAULT_SHAPES
 
     code, out, _ = run_cli(["--help"], capsys)
     flat = " ".join(out.split())
@@ -358,7 +358,7 @@ requires = [{ name = "kp-not-installed", specifier = ">=1.2", module = "kp_not_i
 
 
 def test_the_file_lock_beside_a_lock_is_ignored_by_git(tmp_path):
-    from kernel_probe.lockwrite import file_lock_path
+    from kernel_probe.probe.write import file_lock_path
 
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("needs git and a git checkout of kernel-probe")

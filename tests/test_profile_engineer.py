@@ -2,7 +2,7 @@
 profile signals read safely (issue 24, point 6).
 
 Sections follow the issue's numbered points; node descriptions are the shipped examples
-(``kernel_probe/site_profiles/nodes/*.json``), so everything here runs without a GPU.
+(``kernel_probe/profiles/sites/nodes/*.json``), so everything here runs without a GPU.
 """
 
 from __future__ import annotations
@@ -20,7 +20,10 @@ import pytest
 
 from kernel_lock import _toml, fingerprint
 from kernel_lock.lock import KernelLock, Slot
-from kernel_probe import lockwrite, nodes, pipeline, profiles
+from kernel_probe.probe import pipeline
+from kernel_probe.probe import write as lockwrite
+from kernel_probe.profiles import nodes
+from kernel_probe.profiles import profile as profiles
 
 from .conftest import run_cli
 from .test_profiles import GOOD as CPU_PROFILE
@@ -603,4 +606,4 @@ def test_the_worked_example_in_the_docs_checks_and_matches(tmp_path, capsys):
 
 def test_the_example_nodes_are_package_data():
     text = (ROOT / "pyproject.toml").read_text()
-    assert '"site_profiles/nodes/*.json"' in text
+    assert '"profiles/sites/nodes/*.json"' in text

@@ -15,18 +15,18 @@ from pathlib import Path
 import pytest
 
 import kernel_probe
-from kernel_probe import profiles
+from kernel_probe.profiles import profile as profiles
 
 from .conftest import ROOT, run_cli
 
-SHIPPED = sorted(p.stem for p in (ROOT / "kernel_probe" / profiles.BUILTIN_PACKAGE_DIR).glob("*.toml"))
+SHIPPED = sorted(p.stem for p in (ROOT / "kernel_probe" / "profiles" / profiles.BUILTIN_PACKAGE_DIR).glob("*.toml"))
 
 
 # ---- (a) found through importlib.resources, every one parses --------------------------------------------------
 def test_builtin_dir_is_package_data_found_through_importlib_resources():
     found = profiles.builtin_dir()
-    assert found == Path(str(files("kernel_probe").joinpath(profiles.BUILTIN_PACKAGE_DIR)))
-    assert found.parent == Path(kernel_probe.__file__).parent and found.is_dir()
+    assert found == Path(str(files("kernel_probe.profiles").joinpath(profiles.BUILTIN_PACKAGE_DIR)))
+    assert found.parent == Path(kernel_probe.__file__).parent / "profiles" and found.is_dir()
     assert {"lumi-g", "frontier", "cpu"} <= set(SHIPPED)
 
 
@@ -102,7 +102,7 @@ def _list_profiles(site: Path, cwd: Path) -> list[str]:
 def test_pip_install_target_finds_the_builtin_profiles(source_copy, tmp_path):
     target = tmp_path / "target"
     _pip_install(source_copy, "--target", str(target))
-    assert (target / "kernel_probe" / profiles.BUILTIN_PACKAGE_DIR / "lumi-g.toml").is_file()
+    assert (target / "kernel_probe" / "profiles" / profiles.BUILTIN_PACKAGE_DIR / "lumi-g.toml").is_file()
     (tmp_path / "elsewhere").mkdir()
     assert _list_profiles(target, tmp_path / "elsewhere") == SHIPPED
 
@@ -153,7 +153,7 @@ def test_missing_builtins_are_an_error_naming_where_it_looked(broken_install, ar
 def test_missing_builtins_are_not_hidden_by_a_user_directory(broken_install, tmp_path, capsys):
     mine = tmp_path / "mine"
     mine.mkdir()
-    shutil.copy2(ROOT / "kernel_probe" / profiles.BUILTIN_PACKAGE_DIR / "cpu.toml", mine / "cpu.toml")
+    shutil.copy2(ROOT / "kernel_probe" / "profiles" / profiles.BUILTIN_PACKAGE_DIR / "cpu.toml", mine / "cpu.toml")
     code, _, err = run_cli(["profiles", "--profiles-dir", str(mine), "list"], capsys)
     assert code == 5 and str(broken_install) in err
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import kernel_lock
-from kernel_probe import profiles
 from kernel_probe.cli import main
+from kernel_probe.profiles import profile as profiles
 
 BUILTIN_DIR = profiles.builtin_dir()
 BUILTIN = sorted(p.stem for p in BUILTIN_DIR.glob("*.toml"))

@@ -8,8 +8,8 @@ from dataclasses import MISSING, fields
 
 import pytest
 
-from kernel_probe import protocol as p
-from kernel_probe.candidates import default_for
+from kernel_probe.isolation import protocol as p
+from kernel_probe.probe.candidates import default_for
 
 CAND = default_for("LayerNorm")
 
@@ -125,7 +125,7 @@ def test_measurement_keys_are_declared_once():
 
 @pytest.mark.slow
 def test_the_worker_answers_a_typed_request():
-    from kernel_probe.worker import Worker
+    from kernel_probe.isolation.worker import Worker
 
     with Worker() as w:
         ping = w.call(p.PingRequest(), 120)
@@ -140,7 +140,7 @@ def test_the_worker_answers_a_typed_request():
 
 @pytest.mark.slow
 def test_the_worker_reports_a_malformed_request():
-    from kernel_probe.worker import Worker
+    from kernel_probe.isolation.worker import Worker
 
     with Worker() as w:
         w.call(p.PingRequest(), 120)

@@ -38,11 +38,13 @@ from kernel_lock import fingerprint
 from kernel_lock.errors import DeviceVisibilityError, LockMismatch
 from kernel_lock.lock import KernelLock, Slot
 from kernel_lock.versions import in_spec, release_text
-from kernel_probe import lockwrite, pipeline, profiles
-from kernel_probe.candidates import BUILTIN
-from kernel_probe.checker import check_candidate
 from kernel_probe.detect import libraries
 from kernel_probe.detect import triton as triton_info
+from kernel_probe.probe import pipeline
+from kernel_probe.probe import write as lockwrite
+from kernel_probe.probe.candidates import BUILTIN
+from kernel_probe.probe.check import check_candidate
+from kernel_probe.profiles import profile as profiles
 
 from .conftest import run_cli
 from .test_detect import make_dist, write_pkg

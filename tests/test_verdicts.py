@@ -13,14 +13,14 @@ import torch
 import kernel_lock
 from kernel_lock import LockWarning
 from kernel_lock.checkpoint import migrate_state_dict
-from kernel_probe import candidates as cands
-from kernel_probe.checker import IMPORT_TIMEOUT, check_candidate
-from kernel_probe.choose import choose
 from kernel_probe.errors import ProbeError
-from kernel_probe.judge import Policy
-from kernel_probe.layout import discover
-from kernel_probe.protocol import PingRequest
-from kernel_probe.worker import Worker
+from kernel_probe.isolation.protocol import PingRequest
+from kernel_probe.isolation.worker import Worker
+from kernel_probe.probe import candidates as cands
+from kernel_probe.probe.check import IMPORT_TIMEOUT, check_candidate
+from kernel_probe.probe.choose import choose
+from kernel_probe.probe.judge import Policy
+from kernel_probe.probe.layout import discover
 
 from .conftest import run_cli
 
@@ -77,7 +77,7 @@ def test_torch_init_adapter_restores_linear_and_norm_init():
     from kp_zoo.norms import NormalInitLinear, RandnBiasLayerNorm
 
     import kernel_lock.adapters as adapters
-    from kernel_probe.initstats import compare
+    from kernel_probe.probe.initstats import compare
 
     assert adapters.TORCH_INIT_ADAPTERS["TELinear"] == ("transformer_engine.pytorch.Linear", "linear")
     Linear = adapters.torch_init_adapter(NormalInitLinear, "linear", "NormalInitLinearTorchInit")
@@ -235,8 +235,8 @@ def test_deterministic_excludes_it_and_refuses_a_pin(tmp_path, capsys):
 
 
 def test_choice_keeps_only_deterministic_candidates():
-    from kernel_probe.checker import Report
-    from kernel_probe.judge import Verdict
+    from kernel_probe.probe.check import Report
+    from kernel_probe.probe.judge import Verdict
 
     def report(cid, det):
         v = Verdict(cid, "cpu", "float32", "true", "accepted", deterministic=det)

@@ -7,15 +7,14 @@ import argparse
 import sys
 
 from kernel_lock.slots import MODES
-
-from .. import __version__, output
-from ..errors import UsageError
-from ..output import safe
-from .lockcmds import DEFAULT_LOCK, _load, add_trust_argument, default_lock_path
+from kernel_probe import __version__, output
+from kernel_probe.commands.lockcmds import DEFAULT_LOCK, _load, add_trust_argument, default_lock_path
+from kernel_probe.errors import UsageError
+from kernel_probe.output import safe
 
 
 def add_config_trust_argument(p: argparse.ArgumentParser) -> None:
-    from ..anemoi_config import OWN_TARGETS_FLAG
+    from kernel_probe.anemoi.config import OWN_TARGETS_FLAG
 
     p.add_argument(
         OWN_TARGETS_FLAG,
@@ -27,7 +26,7 @@ def add_config_trust_argument(p: argparse.ArgumentParser) -> None:
 
 
 def _trust(args: argparse.Namespace):
-    from ..anemoi_config import Trust
+    from kernel_probe.anemoi.config import Trust
 
     return Trust.granted(args.trust, own_targets=args.import_config_targets)
 
@@ -85,7 +84,7 @@ def run_export(args: argparse.Namespace) -> int:
             return 0
         sys.stdout.write(render_yaml(entries, path=path, mode=args.mode, digest=lock.digest))
         return 0
-    from ..anemoi_check import export_for_config
+    from kernel_probe.anemoi.pipelines import export_for_config
 
     result = export_for_config(
         lock,
@@ -174,8 +173,8 @@ def render_overlay(result, *, path: str, mode: str, digest: str) -> str:
 
 # ---- check-config ---------------------------------------------------------------------------------
 def add_check_config_arguments(p: argparse.ArgumentParser) -> None:
-    from ..anemoi_check import CHECK_CONFIG_EXIT
-    from ..anemoi_config import DEFAULT_TIMEOUT
+    from kernel_probe.anemoi.config import DEFAULT_TIMEOUT
+    from kernel_probe.anemoi.pipelines import CHECK_CONFIG_EXIT
 
     p.add_argument(
         "config",
@@ -221,7 +220,7 @@ def add_check_config_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_check_config(args: argparse.Namespace) -> int:
-    from ..anemoi_check import check_config
+    from kernel_probe.anemoi.pipelines import check_config
 
     if not args.timeout > 0:
         raise UsageError(f"--timeout must be a positive number of seconds, not {args.timeout:g}")
@@ -293,7 +292,7 @@ STYLE = {"error": "bold red", "warning": "yellow", "note": "dim"}
 
 
 def _render(args, result, code: int) -> None:
-    from ..anemoi_config import SHAPES
+    from kernel_probe.anemoi.config import SHAPES
 
     con = output.console()
     config = result.config

@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 
 from kernel_lock.lock import SLOTS
+from kernel_probe import output
+from kernel_probe.output import safe
+from kernel_probe.probe.limits import CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT
 
-from .. import output
-from ..limits import CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT
-from ..output import safe
-
-CHECK_HIDDEN = 1000  # kernel_probe.measure.CHECK_HIDDEN (not imported here: measure imports torch)
+CHECK_HIDDEN = 1000  # kernel_probe.probe.measure.CHECK_HIDDEN (not imported here: measure imports torch)
 
 
 def seconds(text: str) -> float:
@@ -55,7 +54,7 @@ def add_candidate_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also probe the torch.compile candidates on CPU (slow: C++ compilation per shape)",
     )
-    p.add_argument("--no-plugins", action="store_true", help="ignore kernel_probe.candidates entry points")
+    p.add_argument("--no-plugins", action="store_true", help="ignore kernel_probe.probe.candidates entry points")
     p.add_argument(
         "--allow-init-change",
         action="store_true",
@@ -69,7 +68,7 @@ def add_candidate_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def policy_from(args: argparse.Namespace):
-    from ..judge import Policy
+    from kernel_probe.probe.judge import Policy
 
     return Policy(allow_init_change=args.allow_init_change, strict_dtype=args.strict_dtype)
 
@@ -101,8 +100,8 @@ def add_check_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from ..checker import ALL_DTYPES, check_all, dtype_plan, parse_dtype
-    from ..errors import UsageError
+    from kernel_probe.errors import UsageError
+    from kernel_probe.probe.check import ALL_DTYPES, check_all, dtype_plan, parse_dtype
 
     if args.hidden is not None and not 1 <= args.hidden <= 65536:
         raise UsageError(f"--hidden must be between 1 and 65536, not {args.hidden}")
@@ -110,7 +109,7 @@ def run_check(args: argparse.Namespace) -> int:
     dtypes = [parse_dtype(d) for d in args.dtype] or list(ALL_DTYPES)
     regimes = ("true", "mixed") if args.regime == "both" else (args.regime,)
     plan = dtype_plan(dtypes, regimes)
-    from ..pipeline import detect_device, gather_candidates
+    from kernel_probe.probe.pipeline import detect_device, gather_candidates
 
     candidates, problems = gather_candidates(args.candidate, plugins=not args.no_plugins)
     for problem in problems:
@@ -158,7 +157,7 @@ STATUS_STYLE = {
 
 
 def render_verdicts(reports, plan, device, hidden: int = CHECK_HIDDEN) -> None:
-    from ..protocol import INTERPRETED
+    from kernel_probe.isolation.protocol import INTERPRETED
 
     con = output.console()
     con.print(f"device: {device['type']} ({safe(str(device['name']))}); inputs {hidden} wide")

@@ -10,9 +10,8 @@ from typing import Any
 import kernel_lock
 from kernel_lock.errors import LOCKS_DIFFER, LockError, LockMismatch
 from kernel_lock.slots import MODES, slot_name_fix
-
-from .. import output
-from ..output import safe
+from kernel_probe import output
+from kernel_probe.output import safe
 
 DEFAULT_LOCK = "kernel-lock.toml"
 
@@ -220,7 +219,7 @@ def add_explain_arguments(p: argparse.ArgumentParser) -> None:
 
 def slot_argument(text: str) -> str:
     """A slot name from the command line; a wrong one is a usage error (exit 2) with the near miss."""
-    from ..errors import UsageError
+    from kernel_probe.errors import UsageError
 
     if text in kernel_lock.SLOTS:
         return text
@@ -228,7 +227,7 @@ def slot_argument(text: str) -> str:
 
 
 def run_explain(args: argparse.Namespace) -> int:
-    from ..errors import UsageError
+    from kernel_probe.errors import UsageError
 
     if len(args.args) > 2:
         raise UsageError(f"explain takes [LOCK] SLOT, got {len(args.args)} arguments: {' '.join(args.args)}")
@@ -322,7 +321,7 @@ def add_diff_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_diff(args: argparse.Namespace) -> int:
     a, b = _load(args.a, check_targets=False), _load(args.b, check_targets=False)
-    from ..lockdiff import lock_differences
+    from kernel_probe.probe.lockdiff import lock_differences
 
     diffs = lock_differences(a, b)
     differ = any(diffs.values())

@@ -1,7 +1,7 @@
 """The main command: parse the arguments into a ProbeRequest, run the pipeline, render what it says.
 
 The work itself (detect, check, time, choose, write the lock, or reuse the one that is there) is
-``kernel_probe.pipeline``; this module only turns arguments into a request, shows progress and the
+``kernel_probe.probe.pipeline``; this module only turns arguments into a request, shows progress and the
 result, and leaves errors to the CLI's exit-code mapping.
 """
 
@@ -17,17 +17,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernel_lock.slots import PRECISIONS, SLOTS
-
-from .. import output
-from ..errors import UsageError
-from ..output import safe
-from ..pipeline import DEFAULT_REPS, DEFAULT_SHAPES, Events, ProbeRequest, ProbeResult
-from ..shapes import parse_shape
+from kernel_probe import output
+from kernel_probe.errors import UsageError
+from kernel_probe.output import safe
+from kernel_probe.probe.pipeline import DEFAULT_REPS, DEFAULT_SHAPES, Events, ProbeRequest, ProbeResult
+from kernel_probe.probe.shapes import parse_shape
 
 if TYPE_CHECKING:
-    from ..protocol import TimingProgressMessage
-from .check import add_candidate_arguments
-from .lockcmds import DEFAULT_LOCK
+    from kernel_probe.isolation.protocol import TimingProgressMessage
+from kernel_probe.commands.check import add_candidate_arguments
+from kernel_probe.commands.lockcmds import DEFAULT_LOCK
 
 
 def add_probe_arguments(p: argparse.ArgumentParser) -> None:
@@ -209,7 +208,7 @@ class ConsoleEvents(Events):
 
 
 def run_probe(args: argparse.Namespace) -> int:
-    from .. import pipeline
+    from kernel_probe.probe import pipeline
 
     request = request_from(args)
     result = pipeline.run(request, ConsoleEvents(quiet=args.json))
@@ -300,8 +299,8 @@ def _report(args, result: ProbeResult) -> None:
             }
         )
         return
-    from ..protocol import INTERPRETED
-    from .check import STATUS_STYLE
+    from kernel_probe.commands.check import STATUS_STYLE
+    from kernel_probe.isolation.protocol import INTERPRETED
 
     con = output.console()
     dev = plan.device

@@ -19,12 +19,11 @@ from typing import Any
 
 from kernel_lock import fingerprint
 from kernel_lock.errors import DeviceVisibilityError
-
-from . import accelerators, host, importcheck, libraries, site, torchbuild
-from . import triton as triton_info
-from .accelerators import NvmlList
-from .importcheck import DEFAULT_TIMEOUT, ImportChecks
-from .libraries import KNOWN_LIBRARIES, KnownLibrary
+from kernel_probe.detect import accelerators, host, importcheck, libraries, site, torchbuild
+from kernel_probe.detect import triton as triton_info
+from kernel_probe.detect.accelerators import NvmlList
+from kernel_probe.detect.importcheck import DEFAULT_TIMEOUT, ImportChecks
+from kernel_probe.detect.libraries import KNOWN_LIBRARIES, KnownLibrary
 
 SCHEMA = "kernel-probe-env/1"
 

@@ -21,9 +21,17 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from ..child import ChildResult, child_environment, clip, fatal_line, kill_group, run_function, signal_name
-from ..protocol import ImportCheckReply, ProtocolError
-from ..protocol import ImportCheckRequest as ImportRequest
+from kernel_probe.isolation.child import (
+    ChildResult,
+    child_environment,
+    clip,
+    fatal_line,
+    kill_group,
+    run_function,
+    signal_name,
+)
+from kernel_probe.isolation.protocol import ImportCheckReply, ProtocolError
+from kernel_probe.isolation.protocol import ImportCheckRequest as ImportRequest
 
 __all__ = ["DEFAULT_TIMEOUT", "PROBES", "STATUSES", "ImportChecks", "ImportRequest", "check_import", "classify"]
 

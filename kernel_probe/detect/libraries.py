@@ -22,9 +22,8 @@ from importlib import metadata
 from typing import Any
 
 from kernel_lock import registry
-
-from ..candidates import TableReader
-from .importcheck import ImportRequest
+from kernel_probe.detect.importcheck import ImportRequest
+from kernel_probe.probe.candidates import TableReader
 
 
 @dataclass(frozen=True)

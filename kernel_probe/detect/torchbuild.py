@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .accelerators import torch_arch_list
+from kernel_probe.detect.accelerators import torch_arch_list
 
 # (report key, path under the torch module; a trailing "()" calls it). Absent on a given torch
 # version -> None. Each of these changes results or their reproducibility.

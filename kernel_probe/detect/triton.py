@@ -27,9 +27,8 @@ from importlib import metadata
 from typing import Any
 
 from kernel_lock.fingerprint import normalize_gcn_arch
-
-from .importcheck import ImportRequest
-from .libraries import find_distribution, module_location, search_path
+from kernel_probe.detect.importcheck import ImportRequest
+from kernel_probe.detect.libraries import find_distribution, module_location, search_path
 
 MODULE = "triton"
 

@@ -16,8 +16,7 @@ from typing import Any
 
 from kernel_lock.errors import KernelUnavailable
 from kernel_lock.lock import KernelLock, Slot
-
-from . import __version__
+from kernel_probe import __version__
 
 
 @dataclass(frozen=True)
@@ -43,8 +42,7 @@ def derive_inference(
     """
     from kernel_lock.fingerprint import library_versions
     from kernel_lock.resolve import resolve_slot
-
-    from .lockwrite import environment
+    from kernel_probe.probe.write import environment
 
     slots: dict[str, Slot] = {}
     substitutions: list[Substitution] = []

@@ -1,6 +1,6 @@
 """Site profiles: what a site's nodes are expected to be, how to recognise the site, and its policy.
 
-A profile is data (the built-ins are package data, ``kernel_probe/site_profiles/*.toml``; the format
+A profile is data (the built-ins are package data, ``kernel_probe/profiles/sites/*.toml``; the format
 is documented in ``docs/profiles.md``); this module parses and validates it strictly (unknown keys
 are errors: a typo in a policy must not silently widen it), matches profiles against the site
 signals, and lists every requirement a machine does not meet.
@@ -19,14 +19,20 @@ from typing import Any
 from kernel_lock import _toml
 from kernel_lock.slots import PRECISIONS, SLOTS
 from kernel_lock.versions import in_spec
-
-from .candidates import BUILTIN, DEVICE_TYPES, Candidate, TableReader, gpu_arch_problem, read_candidates
-from .detect.site import read_marker
-from .errors import InputFileError, ProfileUnmet, UsageError
+from kernel_probe.detect.site import read_marker
+from kernel_probe.errors import InputFileError, ProfileUnmet, UsageError
+from kernel_probe.probe.candidates import (
+    BUILTIN,
+    DEVICE_TYPES,
+    Candidate,
+    TableReader,
+    gpu_arch_problem,
+    read_candidates,
+)
 
 PROFILE_VERSION = "1"
 ENV_VAR = "KERNEL_PROBE_PROFILES"
-BUILTIN_PACKAGE_DIR = "site_profiles"  # package data of kernel_probe; pyproject.toml's package-data names it too
+BUILTIN_PACKAGE_DIR = "sites"  # package data of kernel_probe.profiles; pyproject.toml's package-data names it too
 GROUPS = ("device", "count", "versions", "libraries", "forbidden")  # strictness groups
 
 # ---- site signals (docs/profiles.md "Auto-detection") -----------------------------------------------
@@ -73,7 +79,9 @@ class Profile:
     precision: str | None = None
     shapes: tuple[str, ...] = ()
     deterministic: bool = False  # [policy] deterministic: only bitwise repeatable candidates are chosen
-    probe_per: str | None = None  # [policy] probe-per: who probes at job start (kernel_probe.jobstart.PROBE_PER)
+    probe_per: str | None = (
+        None  # [policy] probe-per: who probes at job start (kernel_probe.jobstart.sharing.PROBE_PER)
+    )
     slots: Mapping[str, SlotPolicy] = field(default_factory=dict)
     candidates: tuple[Candidate, ...] = ()
     default_strictness: str = "error"
@@ -89,7 +97,7 @@ class Profile:
 
 # ---- parsing ------------------------------------------------------------------------------------
 class _P(TableReader):
-    """The strict reader (kernel_probe.candidates.TableReader), raising ProfileError."""
+    """The strict reader (kernel_probe.probe.candidates.TableReader), raising ProfileError."""
 
     error = ProfileError
 
@@ -244,8 +252,8 @@ def _closed(p: _P, values: Iterable[str], accepted: Sequence[str], key: str, wha
 def _known_libraries(declared: Iterable[Candidate]) -> dict[str, str]:
     """Library names a profile may require or forbid -> what they are: the registry's libraries (by name
     and by each distribution name), Triton's distributions, and the profile's own candidates'."""
-    from .detect.libraries import KNOWN_LIBRARIES
-    from .detect.triton import TRITON_DISTRIBUTIONS
+    from kernel_probe.detect.libraries import KNOWN_LIBRARIES
+    from kernel_probe.detect.triton import TRITON_DISTRIBUTIONS
 
     known = {lib.name: "registry" for lib in KNOWN_LIBRARIES}
     known.update({dist: f"registry ({lib.name})" for lib in KNOWN_LIBRARIES for dist in lib.distributions})
@@ -397,7 +405,7 @@ def parse(text: str, path: str) -> Profile:
     probe_per = p.string(policy, "probe-per", "policy.")
     if probe_per is not None and probe_per not in ("job", "node-type", "rank"):
         raise p.err("policy.probe-per", f"{probe_per!r} is not one of job, node-type, rank")
-    from .shapes import parse_shape
+    from kernel_probe.probe.shapes import parse_shape
 
     for i, s in enumerate(shapes):
         try:
@@ -680,7 +688,7 @@ def _evaluate(signals: Mapping[str, Any], facts: SiteFacts, notes: list[str]) ->
     dev = signals.get("device", {})
     if dev:
         text = "device:" + ",".join(f"{k}={v}" for k, v in dev.items())
-        from .candidates import arch_satisfies
+        from kernel_probe.probe.candidates import arch_satisfies
 
         found = {k: str(facts.device.get(k, "")) for k in dev}
         same = all(arch_satisfies(found[k], v) if k == "arch" else found[k] == v for k, v in dev.items())
@@ -833,7 +841,7 @@ def unmet(profile: Profile, fingerprint: Mapping[str, Any], libraries: Mapping[s
     """Every requirement of ``profile`` this machine does not meet (expected vs found)."""
     req = profile.requires
     out: list[Unmet] = []
-    from .candidates import arch_satisfies
+    from kernel_probe.probe.candidates import arch_satisfies
 
     for key in ("device-type", "device-vendor", "device-arch", "arch"):
         allowed = req.get(key)
@@ -918,7 +926,7 @@ def required_libraries(profile: Profile) -> list[str]:
 
 def variants_of(base: str) -> list[str]:
     """The variant keys ``kernel_probe.detect.libraries`` can tell apart for a library (by its report name)."""
-    from .detect.libraries import KNOWN_LIBRARIES
+    from kernel_probe.detect.libraries import KNOWN_LIBRARIES
 
     lib = next((lib for lib in KNOWN_LIBRARIES if lib.name == base), None)
     return [v.key for v in lib.variants if v.usable] if lib is not None else []
@@ -928,7 +936,7 @@ def library_facts(
     keys: Iterable[str], described: Mapping[str, Mapping[str, Any]] | None = None
 ) -> dict[str, str | None]:
     """Installed versions by profile key: on this machine from metadata and files only (nothing is
-    imported), or on a ``described`` node (kernel_probe.nodes: its libraries as ``kernel-probe env``
+    imported), or on a ``described`` node (kernel_probe.profiles.nodes: its libraries as ``kernel-probe env``
     reports them).
 
     A library ``kernel_probe.detect.libraries`` knows (``transformer-engine``, ``apex``, ...) is
@@ -936,7 +944,7 @@ def library_facts(
     has a version only when what is installed is that variant: the ROCm fork of transformer-engine
     installs under the same names as NVIDIA's. Any other key is one distribution's version.
     """
-    from .detect.libraries import KNOWN_LIBRARIES
+    from kernel_probe.detect.libraries import KNOWN_LIBRARIES
 
     known = {lib.name: lib for lib in KNOWN_LIBRARIES}
     out: dict[str, str | None] = {}
@@ -954,8 +962,7 @@ def library_facts(
 def _library_here(base: str, lib: Any) -> tuple[str | None, Any]:
     """(version, recognised variant) of a library or distribution on this machine."""
     from kernel_lock.fingerprint import library_versions
-
-    from .detect.libraries import locate
+    from kernel_probe.detect.libraries import locate
 
     if lib is None:
         return library_versions([base])[base], None
@@ -995,7 +1002,7 @@ def choose(
             return load_file(spec), named, []
         found = survey(extra)
         return resolve(spec, extra, found), named, found.notes_for(spec)
-    from .detect.site import detect_site
+    from kernel_probe.detect.site import detect_site
 
     found = survey(extra)
     notes = found.notes_for() + [f"broken profile, not considered: {exc}" for exc in found.broken]

@@ -29,7 +29,7 @@ from typing import Any, Literal, overload
 from kernel_lock import _toml
 from kernel_lock import registry as lock_registry
 
-# declared in kernel_lock.slots; still importable from here (kernel_probe.candidates.SLOT_SEMANTICS, CANONICAL)
+# declared in kernel_lock.slots; still importable from here (kernel_probe.probe.candidates.SLOT_SEMANTICS, CANONICAL)
 from kernel_lock.slots import (
     CALL_ARGS,
     CALL_KWARGS,
@@ -40,8 +40,7 @@ from kernel_lock.slots import (
     SLOTS,
     slot_name_fix,
 )
-
-from .errors import InputFileError, UsageError
+from kernel_probe.errors import InputFileError, UsageError
 
 
 @dataclass(frozen=True)
@@ -437,7 +436,7 @@ def from_command_line(text: str) -> Candidate:
 
 
 def from_entry_points() -> tuple[list[Candidate], list[str]]:
-    """Third-party candidates from the ``kernel_probe.candidates`` entry-point group.
+    """Third-party candidates from the ``kernel_probe.probe.candidates`` entry-point group.
 
     An entry point loads to a Candidate, a list of them, or a callable returning either. A broken
     plug-in is reported (second return value), never allowed to stop the probe.
@@ -446,7 +445,7 @@ def from_entry_points() -> tuple[list[Candidate], list[str]]:
 
     found: list[Candidate] = []
     problems: list[str] = []
-    for ep in entry_points(group="kernel_probe.candidates"):
+    for ep in entry_points(group="kernel_probe.probe.candidates"):
         try:
             obj = ep.load()
             if callable(obj) and not isinstance(obj, Candidate):
@@ -454,7 +453,7 @@ def from_entry_points() -> tuple[list[Candidate], list[str]]:
             items = [obj] if isinstance(obj, Candidate) else list(obj)
             for item in items:
                 if not isinstance(item, Candidate):
-                    raise TypeError(f"expected kernel_probe.candidates.Candidate, got {type(item).__name__}")
+                    raise TypeError(f"expected kernel_probe.probe.candidates.Candidate, got {type(item).__name__}")
                 found.append(replace(item, source=f"entry-point:{ep.name}"))
         except Exception as exc:  # a plug-in's bug must not stop the probe; it is reported
             problems.append(f"entry point {ep.name!r} ({ep.value}): {type(exc).__name__}: {exc}")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .. import output
-from ..errors import UsageError
-from ..output import safe
+from kernel_probe import output
+from kernel_probe.errors import UsageError
+from kernel_probe.output import safe
 
 STATUS_STYLE = {
     "ok": "green",
@@ -20,7 +20,7 @@ STATUS_STYLE = {
 
 
 def add_env_arguments(p: argparse.ArgumentParser) -> None:
-    from ..detect import DEFAULT_TIMEOUT
+    from kernel_probe.detect import DEFAULT_TIMEOUT
 
     p.add_argument("--json", action="store_true", help="the report as JSON (keys documented in docs/env.md)")
     p.add_argument(
@@ -42,7 +42,7 @@ def run_env(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--timeout must be a positive number of seconds, not {args.timeout:g}", fix="pass e.g. --timeout 20"
         )
-    from ..detect import detect
+    from kernel_probe.detect import detect
 
     report = detect(import_checks=not args.no_import_checks, timeout=args.timeout)
     if args.json:

@@ -10,7 +10,7 @@ them test it there. A description is JSON, in one of two forms:
   variables a profile's ``[detect] env`` reads) and ``files`` (first lines of marker files), and
   ``description`` / ``sources`` saying where the facts come from. Unknown keys are errors.
 
-Examples for the built-in sites ship as package data (``kernel_probe/site_profiles/nodes/*.json``);
+Examples for the built-in sites ship as package data (``kernel_probe/profiles/sites/nodes/*.json``);
 ``--node NAME`` names one of them. Nothing here reads this machine.
 """
 
@@ -23,13 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from kernel_lock.fingerprint import FIELDS
-
-from .candidates import DEVICE_TYPES
-from .errors import InputFileError, UsageError
+from kernel_probe.errors import InputFileError, UsageError
+from kernel_probe.probe.candidates import DEVICE_TYPES
 
 NODE_SCHEMA = "kernel-probe-node/1"
 ENV_SCHEMA = "kernel-probe-env/1"
-EXAMPLES_DIR = "nodes"  # under kernel_probe/site_profiles/
+EXAMPLES_DIR = "nodes"  # under kernel_probe/profiles/sites/
 MAX_BYTES = 4 << 20  # an env --json report is some tens of kB
 _NODE_KEYS = ("schema", "description", "sources", "fingerprint", "libraries", "site", "env", "files")
 _SITE_KEYS = ("hostname", "slurm", "markers")
@@ -54,7 +53,7 @@ class Node:
 
 
 def examples_dir() -> Path:
-    from .profiles import builtin_dir
+    from kernel_probe.profiles.profile import builtin_dir
 
     return builtin_dir() / EXAMPLES_DIR
 
@@ -180,8 +179,8 @@ def parse(data: Any, path: str) -> Node:
 
 
 def site_facts(node: Node) -> Any:
-    """The node's site facts, for auto-detection (kernel_probe.profiles.SiteFacts)."""
-    from .profiles import SiteFacts
+    """The node's site facts, for auto-detection (kernel_probe.profiles.profile.SiteFacts)."""
+    from kernel_probe.profiles.profile import SiteFacts
 
     device = {
         "type": node.fingerprint["device-type"],

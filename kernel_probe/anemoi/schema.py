@@ -2,7 +2,7 @@
 
 ``anemoi-training train`` (config validation on, its default) resolves the composed config and builds
 ``anemoi.training.schemas.base_schema.BaseSchema`` from it; a config the schema rejects never trains.
-This runs the same two steps in a child process (``kernel_probe.child.run_function``: the schema is
+This runs the same two steps in a child process (``kernel_probe.isolation.child.run_function``: the schema is
 anemoi-training's code) and answers with the errors at config paths.
 
 Mandatory values left as ``???`` (the dataset, the output root: usually given on the command line)
@@ -101,7 +101,7 @@ def validate(payload: Mapping[str, Any]) -> dict[str, Any]:
 
     from omegaconf import OmegaConf, open_dict
 
-    from .protocol import SchemaReply, SchemaRequest
+    from kernel_probe.isolation.protocol import SchemaReply, SchemaRequest
 
     request = SchemaRequest.from_json(payload)
     if request.model_file:

@@ -1,6 +1,6 @@
 """The child side of reading an anemoi config: Hydra composition, exactly as anemoi-training does it.
 
-Runs in a child process (``kernel_probe.child.run_function``): Hydra and OmegaConf read files and
+Runs in a child process (``kernel_probe.isolation.child.run_function``): Hydra and OmegaConf read files and
 expand interpolations, and a hostile or broken config must not take the caller with it. anemoi-training
 composes with ``@hydra.main(config_path=None, config_name="config")`` and its search-path plugin
 (``hydra_plugins.anemoi_searchpath``, installed with it), which appends the working directory and the
@@ -77,7 +77,7 @@ def compose(payload: Mapping[str, Any]) -> dict[str, Any]:
     from hydra import initialize_config_dir
     from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
-    from .protocol import ComposeReply, ComposeRequest
+    from kernel_probe.isolation.protocol import ComposeReply, ComposeRequest
 
     request = ComposeRequest.from_json(payload)
     guard_search_paths(request.trusted)

@@ -1,6 +1,6 @@
 """Many ranks, one probe, a quiet shared file system: how the ranks of one job share the probe.
 
-Where the launcher says which rank of which job a process is (``kernel_probe.ranks``), one rank probes
+Where the launcher says which rank of which job a process is (``kernel_probe.jobstart.ranks``), one rank probes
 (rank 0; or, with ``--probe-per node-type``, the first node of each node type to claim it) and the
 others wait for *its* answer, with no file lock and no polling storm:
 
@@ -38,9 +38,8 @@ from typing import Any
 
 from kernel_lock._files import UnsafeFile, read_regular
 from kernel_lock.lock import MAX_BYTES, atomic_write_text
-
-from .errors import InputFileError, ProbeError
-from .ranks import JobRank
+from kernel_probe.errors import InputFileError, ProbeError
+from kernel_probe.jobstart.ranks import JobRank
 
 NODE_DIR_ENV = "KERNEL_PROBE_NODE_DIR"
 WATCH = (0.1, 5.0)  # the node's watcher on the shared directory: first delay, cap (s)

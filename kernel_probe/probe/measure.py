@@ -30,11 +30,7 @@ import torch.nn.functional as F
 
 from kernel_lock import blas as blas_lib
 from kernel_lock.slots import CONFUSABLE
-
-from . import initstats
-from .candidates import Candidate, canonical_for, default_for, fill
-from .layout import Layout, discover, shapes
-from .protocol import (
+from kernel_probe.isolation.protocol import (
     FLAG_GRAD_OUTPUT_MODIFIED,
     FLAG_INPUT_MODIFIED,
     FLAG_OUTPUT_DTYPE,
@@ -42,6 +38,9 @@ from .protocol import (
     MeasurementRow,
     alt_key,
 )
+from kernel_probe.probe import initstats
+from kernel_probe.probe.candidates import Candidate, canonical_for, default_for, fill
+from kernel_probe.probe.layout import Layout, discover, shapes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CHECK_ROWS = 37  # odd on purpose

@@ -17,13 +17,12 @@ from importlib import metadata
 from typing import Any, ParamSpec, TypedDict
 
 from kernel_lock.slots import SLOT_SEMANTICS
-
-from .candidates import Candidate, for_slot
-from .judge import Policy, Verdict, judge_row, worst_status
-from .layout import Layout
-from .limits import CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT  # noqa: F401 (still importable from here)
-from .protocol import INTERPRETED, CheckReply, CheckRequest, ImportRequest, TryRequest
-from .worker import Worker, WorkerDied, WorkerPool
+from kernel_probe.isolation.protocol import INTERPRETED, CheckReply, CheckRequest, ImportRequest, TryRequest
+from kernel_probe.isolation.worker import Worker, WorkerDied, WorkerPool
+from kernel_probe.probe.candidates import Candidate, for_slot
+from kernel_probe.probe.judge import Policy, Verdict, judge_row, worst_status
+from kernel_probe.probe.layout import Layout
+from kernel_probe.probe.limits import CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT  # noqa: F401 (still importable from here)
 
 P = ParamSpec("P")
 
@@ -39,7 +38,7 @@ ALL_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def parse_dtype(text: str) -> str:
-    from .errors import UsageError
+    from kernel_probe.errors import UsageError
 
     key = text.strip().lower()
     if key not in DTYPE_NAMES:

@@ -26,9 +26,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .checker import Report
-from .errors import ForcedUnusable, ProbeError, UsageError
-from .protocol import INTERPRETED
+from kernel_probe.errors import ForcedUnusable, ProbeError, UsageError
+from kernel_probe.isolation.protocol import INTERPRETED
+from kernel_probe.probe.check import Report
 
 MIN_MARGIN = 0.05
 FORCED = {"pin": "pinned", "prefer": "preferred"}  # the flag (--pin) -> what it makes a candidate

@@ -16,13 +16,12 @@ from kernel_lock.fingerprint import FIELDS, library_versions
 from kernel_lock.lock import Candidate as RejectedCandidate
 from kernel_lock.lock import EnvField, Environment, KernelLock, Requirement, Slot, Twin
 from kernel_lock.slots import CANONICAL, SLOT_SEMANTICS
-
-from . import __version__
-from .errors import ProbeError, UsageError
+from kernel_probe import __version__
+from kernel_probe.errors import ProbeError, UsageError
 
 if TYPE_CHECKING:  # annotations only: writing a lock, or reusing one, imports no checker
-    from .checker import Report
-    from .choose import Choice
+    from kernel_probe.probe.check import Report
+    from kernel_probe.probe.choose import Choice
 
 
 def environment(current: Mapping[str, Any], libraries: Mapping[str, str]) -> Environment:
@@ -64,7 +63,7 @@ def _evidence(report: Report) -> list[dict[str, Any]]:
 
 
 def _timing(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    from .judge import judge_shape
+    from kernel_probe.probe.judge import judge_shape
 
     out = []
     for r in rows:
@@ -91,7 +90,7 @@ def _timing(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 row["copy-percent"] = _round(r["copy_percent"], 3)
             if "tflops" in r:
                 row["tflops"] = _round(r["tflops"])
-        if "check" in r:  # the check at this shape against float64 (kernel_probe.atshape)
+        if "check" in r:  # the check at this shape against float64 (kernel_probe.probe.atshape)
             verdict = judge_shape(r["shape"], r["dtype"], r["regime"], r["check"])
             row["checked-rows"] = verdict.sampled
             if verdict.worst_ratio is not None:

@@ -29,7 +29,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypedDict, TypeVar
 
 if TYPE_CHECKING:
-    from .candidates import Candidate
+    from kernel_probe.probe.candidates import Candidate
 
 
 # What an interpreted run is, said the same way wherever one appears (replies, verdicts, reports, timing,
@@ -59,7 +59,7 @@ def _candidate_field() -> Any:
     """A ``Candidate`` field: its own JSON on the wire (``Candidate.to_json`` / ``from_json``)."""
 
     def decode(value: Any) -> Candidate:
-        from .candidates import Candidate
+        from kernel_probe.probe.candidates import Candidate
 
         return Candidate.from_json(value)
 
@@ -68,7 +68,7 @@ def _candidate_field() -> Any:
 
 def _optional_candidate_field() -> Any:
     def decode(value: Any) -> Candidate | None:
-        from .candidates import Candidate
+        from kernel_probe.probe.candidates import Candidate
 
         return None if value is None else Candidate.from_json(value)
 

@@ -35,8 +35,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
-from .child import kill_group, signal_name, spawn
-from .protocol import (
+from kernel_probe.isolation.child import kill_group, signal_name, spawn
+from kernel_probe.isolation.protocol import (
     INTERPRETED,
     CheckRequest,
     ImportReply,
@@ -104,7 +104,7 @@ def _spawn(env: Mapping[str, str]) -> tuple[subprocess.Popen[bytes], Any]:
     already asked to start up (its ping not yet read)."""
     stderr = tempfile.TemporaryFile(mode="w+b")  # noqa: SIM115 (open for the worker's life; closed with it)
     proc = spawn(
-        "kernel_probe.worker",
+        "kernel_probe.isolation.worker",
         "serve",
         env=env,
         keep_cwd=True,
@@ -431,12 +431,12 @@ def _dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], Non
     if isinstance(request, PingRequest):
         import torch  # noqa: F401  (import once, up front, under the start timeout)
 
-        from . import measure  # noqa: F401  (the probe's own torch code, before any library)
+        from kernel_probe.probe import measure
 
         if not _BASELINE_SURFACE:
             _BASELINE_SURFACE.update(_snapshot())
         return PingReply(pid=os.getpid())
-    from . import measure
+    from kernel_probe.probe import measure
 
     if isinstance(request, ImportRequest):  # under its own time budget: a library that hangs here costs only that
         start = time.perf_counter()
@@ -461,7 +461,7 @@ def _dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], Non
     if isinstance(request, TryRequest):
         return TryReply.from_json(measure.try_once(request.candidate, request.slot, request.device))
     if isinstance(request, TimeRequest):
-        from . import timing
+        from kernel_probe.probe import timing
 
         try:
             measure.import_class(request.candidate.target)  # does its library bring Triton in?

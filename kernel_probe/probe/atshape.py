@@ -42,10 +42,10 @@ from typing import Any
 
 import torch
 
-from .judge import tolerance
-from .layout import Layout
-from .measure import _autocast, _reference_pass, blas_selected, gradients, reference, rel_err
-from .protocol import ShapeCheck
+from kernel_probe.isolation.protocol import ShapeCheck
+from kernel_probe.probe.judge import tolerance
+from kernel_probe.probe.layout import Layout
+from kernel_probe.probe.measure import _autocast, _reference_pass, blas_selected, gradients, reference, rel_err
 
 WINDOW = 4  # rows either side of a boundary, and at each end of the tensor
 SPREAD = 16  # bands over the whole tensor, one sampled row each

@@ -16,8 +16,7 @@ from typing import Any
 from kernel_lock.anemoi import ANEMOI_DEFAULTS, Exported, Finding, entry_for, export
 from kernel_lock.errors import LockError
 from kernel_lock.lock import KernelLock
-
-from .anemoi_config import (
+from kernel_probe.anemoi.config import (
     DEFAULT_TIMEOUT,
     NO_TRUST,
     Config,
@@ -29,7 +28,7 @@ from .anemoi_config import (
     read_config,
     schema_findings,
 )
-from .protocol import EntryCheckRequest
+from kernel_probe.isolation.protocol import EntryCheckRequest
 
 # check-config's exit codes (the global table's meanings, narrowed to this command)
 CHECK_CONFIG_EXIT = {

@@ -20,11 +20,19 @@ from typing import Any
 
 import torch
 
-from .candidates import Candidate, canonical_for, default_for
-from .layout import discover, shapes
-from .measure import DTYPES, BlasNotOffered, baseline_blas, blas_library, build, load_parameters, parameters_for
-from .protocol import ShapeCheck, TimeReply, TimingProgressMessage, TimingRow
-from .shapes import parse_shape
+from kernel_probe.isolation.protocol import ShapeCheck, TimeReply, TimingProgressMessage, TimingRow
+from kernel_probe.probe.candidates import Candidate, canonical_for, default_for
+from kernel_probe.probe.layout import discover, shapes
+from kernel_probe.probe.measure import (
+    DTYPES,
+    BlasNotOffered,
+    baseline_blas,
+    blas_library,
+    build,
+    load_parameters,
+    parameters_for,
+)
+from kernel_probe.probe.shapes import parse_shape
 
 # check: run the check at the model's shape after timing each shape (atshape); off only to measure its cost
 DEFAULT_OPTIONS = {"warmup": 3, "reps": 20, "min_seconds": 0.2, "max_reps": 200, "check": True}
@@ -229,7 +237,7 @@ class _CheckSetup:
             load_parameters(self.baseline, params, self.base_layout)
 
     def run(self, x, width: int, dtype_name: str, mixed: bool) -> ShapeCheck:
-        from .atshape import check_at_shape
+        from kernel_probe.probe.atshape import check_at_shape
 
         rows = int(x.shape[0])
         if not self.layout.ok:  # only accepted candidates are timed, so this is a candidate offered directly

@@ -23,17 +23,16 @@ from typing import TYPE_CHECKING, Any
 import kernel_lock
 from kernel_lock.errors import KernelUnavailable, LockError, LockFormatError, LockMismatch
 from kernel_lock.slots import PRECISIONS, SLOTS
-
-from .errors import ForcedUnusable, InputFileError, NodeDiffers, ProbeError, StaleLock, UsageError
-from .limits import CHECK_TIMEOUT, IMPORT_TIMEOUT, TIMING_TIMEOUT
-from .shapes import parse_shape
+from kernel_probe.errors import ForcedUnusable, InputFileError, NodeDiffers, ProbeError, StaleLock, UsageError
+from kernel_probe.probe.limits import CHECK_TIMEOUT, IMPORT_TIMEOUT, TIMING_TIMEOUT
+from kernel_probe.probe.shapes import parse_shape
 
 if TYPE_CHECKING:  # the warm path (a current lock) imports none of the probe's machinery
-    from .candidates import Candidate
-    from .checker import Report
-    from .choose import Choice
-    from .protocol import TimingProgressMessage
-    from .ranks import JobRank
+    from kernel_probe.isolation.protocol import TimingProgressMessage
+    from kernel_probe.jobstart.ranks import JobRank
+    from kernel_probe.probe.candidates import Candidate
+    from kernel_probe.probe.check import Report
+    from kernel_probe.probe.choose import Choice
 
 DEFAULT_SHAPES = {"gpu": ("40320x1024", "542080x1024"), "cpu": ("2048x1024",)}
 DEFAULT_REPS = {"gpu": 20, "cpu": 5}
@@ -67,7 +66,7 @@ class ProbeRequest:
     check_only: bool = False
     lock_timeout: float = 1800.0
     command: str = "kernel-probe"  # recorded in the lock's provenance
-    # who probes where the launcher names this process's rank (kernel_probe.ranks): "job" (rank 0),
+    # who probes where the launcher names this process's rank (kernel_probe.jobstart.ranks): "job" (rank 0),
     # "node-type" (one rank per kind of node; --out names {node-type}), "rank" (each rank under the file lock);
     # None: the profile's [policy] probe-per, else "job"
     probe_per: str | None = None
@@ -79,7 +78,7 @@ class Plan:
 
     request: ProbeRequest
     device: Mapping[str, Any]
-    profile: Any  # kernel_probe.profiles.Profile | None
+    profile: Any  # kernel_probe.profiles.profile.Profile | None
     matched: str
     candidates: tuple[Candidate, ...]
     problems: tuple[str, ...]  # candidates that could not be offered (broken plug-ins)
@@ -164,7 +163,7 @@ def detect_device() -> dict[str, Any]:
 
 def gather_candidates(offered: Sequence[str], extra: Sequence[Candidate] = (), *, plugins: bool = True):
     """(the registry with ``extra`` and the ``SLOT=dotted.path.Class`` offers, problems)."""
-    from . import candidates as cands
+    from kernel_probe.probe import candidates as cands
 
     return cands.registry([*extra, *(cands.from_command_line(text) for text in offered)], entry_points=plugins)
 
@@ -190,7 +189,7 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
     candidates, problems = gather_candidates(
         request.candidates, list(profile.candidates) if profile else [], plugins=request.plugins
     )
-    from .protocol import interpreter_requested
+    from kernel_probe.isolation.protocol import interpreter_requested
 
     if interpreter_requested():
         problems = [
@@ -223,7 +222,7 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
         "allow_init_change": request.allow_init_change,
         "strict_dtype": request.strict_dtype,
     }
-    from .lockwrite import inputs_digest, trusted_roots
+    from kernel_probe.probe.write import inputs_digest, trusted_roots
 
     return Plan(
         request,
@@ -248,8 +247,7 @@ def _apply_profile(request: ProbeRequest, device: Mapping[str, Any], events: Eve
     if not request.profile:
         return None, ""
     from kernel_lock import fingerprint
-
-    from . import profiles
+    from kernel_probe.profiles import profile as profiles
 
     profile, matched, notes = profiles.choose(request.profile, list(request.profiles_dirs), device)
     for note in notes:
@@ -281,7 +279,7 @@ def check_forced(
     """Every --pin/--prefer checked before any work: the slot is probed, the id is a candidate of it
     (exit 2), the profile allows it (exit 2), and it can run here as far as is known without importing
     it (exit 3, with the reason and how to install it)."""
-    from .candidates import for_slot
+    from kernel_probe.probe.candidates import for_slot
 
     for flag, forced in (("--pin", pins), ("--prefer", prefers)):
         for slot, cid in forced.items():
@@ -303,7 +301,9 @@ def check_forced(
                     f"{said}: profile {profile.name} does not allow it for {slot} (allowed: {', '.join(sp.allowed)})",
                     fix=f"drop {said}, or use a profile that allows it",
                 )
-            from .checker import static_problem  # only when something is forced: the checker is not light
+            from kernel_probe.probe.check import (
+                static_problem,
+            )  # only when something is forced: the checker is not light
 
             cand = next(c for c in for_slot(candidates, slot) if c.id == cid)
             problem = static_problem(cand, slot, device["type"], device.get("arch") or "", with_compile=with_compile)
@@ -345,7 +345,7 @@ def reusable(
             fix="re-run with --force to replace it, or accept the edit with `kernel-probe rehash`",
         )
     if lock.provenance.get("inputs") != digest:
-        from .profiles import profile_change
+        from kernel_probe.profiles.profile import profile_change
 
         changed = profile_change(lock.profile, profile)
         return None, changed or "it was probed with other options (shapes, precision, candidates, pins or profile)"
@@ -389,7 +389,7 @@ def run(request: ProbeRequest, events: Events | None = None) -> ProbeResult:
 
 def _fail_for_all(out: Path, rank: JobRank, exc: BaseException) -> None:
     """The probing rank's failure, left as its job marker so that every waiting rank fails at once."""
-    from . import jobstart
+    from kernel_probe.jobstart import sharing as jobstart
 
     if "{node-type}" in str(out):
         return  # no rank has claimed a kind of node yet: none waits
@@ -409,16 +409,16 @@ def _expand_out(request: ProbeRequest, p: Plan, mode: str) -> Path:
                 fix="use e.g. --out 'kernel-lock.{node-type}.toml' (the path is printed, and in --json as 'lock')",
             )
         return request.out
-    from .jobstart import node_type
+    from kernel_probe.jobstart.sharing import node_type
 
     return Path(text.replace("{node-type}", node_type(p.device)))
 
 
 def _job_rank(mode: str, events: Events) -> JobRank | None:
-    """This process's rank and job (``kernel_probe.ranks``), or None: no launcher variables, or
+    """This process's rank and job (``kernel_probe.jobstart.ranks``), or None: no launcher variables, or
     ``--probe-per rank``."""
-    from .jobstart import PROBE_PER
-    from .ranks import RankVariableError, detect
+    from kernel_probe.jobstart.ranks import RankVariableError, detect
+    from kernel_probe.jobstart.sharing import PROBE_PER
 
     if mode not in PROBE_PER:
         raise UsageError(f"--probe-per {mode!r}: use one of {', '.join(PROBE_PER)}")
@@ -440,10 +440,10 @@ def _run_ranked(
     request: ProbeRequest, p: Plan, given: Path, rank: JobRank, mode: str, events: Events, t_start: float
 ) -> ProbeResult:
     """One rank probes (rank 0, or per node type the rank that claims it) and leaves a job marker;
-    the others wait for the marker of this job and take its lock (``kernel_probe.jobstart``)."""
+    the others wait for the marker of this job and take its lock (``kernel_probe.jobstart.sharing``)."""
     import socket
 
-    from . import jobstart
+    from kernel_probe.jobstart import sharing as jobstart
 
     out = Path(os.path.abspath(given))  # the marker sits beside the path as given (a link is not followed)
     # job: rank 0; node-type: of each node's watching rank, the one whose exclusive create wins
@@ -494,7 +494,7 @@ def _probe_or_reuse(
     request: ProbeRequest, p: Plan, given: Path, events: Events, t_start: float, *, ranked: bool = False
 ) -> ProbeResult:
     """Reuse the lock at ``given`` if current, else probe and write it under the file lock."""
-    from .lockwrite import check_writable, exclusive
+    from kernel_probe.probe.write import check_writable, exclusive
 
     out = given if request.check_only else check_writable(given)  # a symbolic link is written through
     if not request.force:
@@ -534,10 +534,9 @@ def _probe_or_reuse(
 def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     """Check every candidate, time the accepted ones, choose per slot and build the lock (not written)."""
     from kernel_lock import fingerprint
-
-    from .candidates import for_slot
-    from .judge import Policy
-    from .lockwrite import build_lock
+    from kernel_probe.probe.candidates import for_slot
+    from kernel_probe.probe.judge import Policy
+    from kernel_probe.probe.write import build_lock
 
     events = events or Events()
     warning = large_shape_warning(p.device["type"], p.shapes, p.reps)
@@ -557,7 +556,7 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
         reports={s: [] for s in p.slots},
         timings={s: {} for s in p.slots},
     )
-    from .worker import WorkerPool
+    from kernel_probe.isolation.worker import WorkerPool
 
     events.begin(total)
     try:
@@ -597,9 +596,9 @@ def _check_and_time(
     p: Plan, pool, cand: Candidate, slot: str, rows, policy, result: ProbeResult, events: Events
 ) -> Report:
     """One candidate checked, then (if accepted) timed, in the same worker: torch's, or the library's own."""
-    from .checker import Report, check_candidate
-    from .protocol import TimeRequest
-    from .worker import WorkerDied
+    from kernel_probe.isolation.protocol import TimeRequest
+    from kernel_probe.isolation.worker import WorkerDied
+    from kernel_probe.probe.check import Report, check_candidate
 
     device = p.device["type"]
     allowed = p.profile.slots[slot].allowed if p.profile and slot in p.profile.slots else ()
@@ -663,7 +662,7 @@ def _check_and_time(
 def _judge_at_shapes(report: Report, rows: Sequence[Mapping[str, Any]]) -> None:
     """A candidate wrong at a timed shape (the check after timing, ``atshape``) is rejected, the shape
     and the first wrong row named first among its reasons; its timings stay in the lock's record."""
-    from .judge import judge_shape
+    from kernel_probe.probe.judge import judge_shape
 
     for row in rows:
         if "check" not in row:
@@ -678,8 +677,8 @@ def choose_all(
     p: Plan, reports: Mapping[str, list[Report]], timings: Mapping[str, Mapping[str, list]]
 ) -> dict[str, Choice]:
     """Per slot: the command line's pin/prefer, else the profile's policy, else the rule (choose.py)."""
-    from .candidates import default_for
-    from .choose import choose
+    from kernel_probe.probe.candidates import default_for
+    from kernel_probe.probe.choose import choose
 
     choices = {}
     for slot in p.slots:

@@ -13,12 +13,11 @@ import argparse
 from pathlib import Path
 
 import kernel_lock
-
-from .. import output
-from ..derive import derive_inference
-from ..errors import ProbeError, UsageError
-from ..output import safe
-from .lockcmds import add_trust_argument
+from kernel_probe import output
+from kernel_probe.commands.lockcmds import add_trust_argument
+from kernel_probe.errors import ProbeError, UsageError
+from kernel_probe.output import safe
+from kernel_probe.probe.derive import derive_inference
 
 
 def add_lock_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,8 +38,7 @@ def add_lock_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_lock(args: argparse.Namespace) -> int:
     from kernel_lock import fingerprint
-
-    from .lockcmds import _load
+    from kernel_probe.commands.lockcmds import _load
 
     out = Path(args.out)
     if out.is_dir():

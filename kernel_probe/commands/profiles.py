@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .. import output
-from ..output import safe
+from kernel_probe import output
+from kernel_probe.output import safe
 
 _PROFILES_DIR_HELP = "extra directory of profiles (repeatable; also $KERNEL_PROBE_PROFILES)"
 
@@ -106,7 +106,7 @@ def _render_table(table: dict, path: list[str], lines: list[str]) -> None:
 
 
 def run_profiles(args: argparse.Namespace) -> int:
-    from .. import profiles
+    from kernel_probe.profiles import profile as profiles
 
     args.profiles_dir = [*args.profiles_dir, *getattr(args, "profiles_dir_after", [])]
     if args.action == "match":
@@ -161,9 +161,10 @@ def run_profiles(args: argparse.Namespace) -> int:
 
 def _match(args: argparse.Namespace) -> int:
     """What ``--profile NAME`` would decide on this machine or a described node, without probing."""
-    from .. import nodes, profiles
-    from ..errors import ProfileUnmet
-    from ..pipeline import detect_device
+    from kernel_probe.errors import ProfileUnmet
+    from kernel_probe.probe.pipeline import detect_device
+    from kernel_probe.profiles import nodes
+    from kernel_probe.profiles import profile as profiles
 
     named = "named (profiles match NAME)"
     device: dict[str, Any] = {}

@@ -10,7 +10,7 @@ Three shapes of file (``SHAPES``), told apart by their content:
   that points at nothing is an error;
 - an **overlay**: a ``defaults:`` list (``- model: gnn``) plus a few overrides. On its own it says
   almost nothing about the model: it is composed with Hydra exactly as ``anemoi-training train``
-  composes it (``kernel_probe.anemoi_compose``, in a child process), overrides given after ``--``
+  composes it (``kernel_probe.anemoi.compose``, in a child process), overrides given after ``--``
   included, and the composed model is what is checked. Where Hydra or anemoi-training's presets are
   not installed, the file is judged alone and a finding says the defaults were not followed.
 
@@ -30,11 +30,16 @@ from pathlib import Path
 from typing import Any
 
 from kernel_lock.anemoi import ANEMOI_DEFAULTS, KEYS, Finding
-
-from .anemoi_compose import UNTRUSTED_SEARCH_PATH, layer_kernels_paths
-from .child import run_function
-from .errors import InputFileError, UsageError
-from .protocol import ComposeReply, ComposeRequest, EntryCheckReply, EntryCheckRequest, ProtocolError
+from kernel_probe.anemoi.compose import UNTRUSTED_SEARCH_PATH, layer_kernels_paths
+from kernel_probe.errors import InputFileError, UsageError
+from kernel_probe.isolation.child import run_function
+from kernel_probe.isolation.protocol import (
+    ComposeReply,
+    ComposeRequest,
+    EntryCheckReply,
+    EntryCheckRequest,
+    ProtocolError,
+)
 
 SHAPES = {
     "model-file": "a model config file (the file is the model node, as config/model/<name>.yaml)",
@@ -598,7 +603,7 @@ def compose(
         trusted=trust.search_roots(),
     )
     result = run_function(
-        "kernel_probe.anemoi_compose", "compose", request, timeout=timeout, memory_limit=COMPOSE_MEMORY
+        "kernel_probe.anemoi.compose", "compose", request, timeout=timeout, memory_limit=COMPOSE_MEMORY
     )
     if result.ok:
         try:
@@ -954,7 +959,7 @@ def schema_findings(config: Config, timeout: float = SCHEMA_TIMEOUT) -> tuple[st
     """anemoi-training's ``BaseSchema`` on the config, as ``anemoi-training train`` runs it (in a child):
     (one line saying how it was run, or why not and how to get it; its errors at their config paths, an
     error the shipped preset has too marked as the preset's own)."""
-    from .protocol import SchemaReply, SchemaRequest
+    from kernel_probe.isolation.protocol import SchemaReply, SchemaRequest
 
     packaged = _packaged_dir()
     if packaged is None or _installed("anemoi-training") is None or _installed("hydra-core") is None:
@@ -967,7 +972,7 @@ def schema_findings(config: Config, timeout: float = SCHEMA_TIMEOUT) -> tuple[st
     shipped = _inside(Path(config.path), packaged)  # one of anemoi-training's own configs, as shipped
     request = SchemaRequest(tree=tree, model_file=model_file, preset=preset)
     result = run_function(
-        "kernel_probe.anemoi_schema", "validate", request, timeout=timeout, memory_limit=COMPOSE_MEMORY
+        "kernel_probe.anemoi.schema", "validate", request, timeout=timeout, memory_limit=COMPOSE_MEMORY
     )
     if not result.ok:
         return "run, and failed", [

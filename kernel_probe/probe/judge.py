@@ -32,8 +32,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kernel_lock.slots import CONFUSABLE, STATUSES
-
-from .protocol import (
+from kernel_probe.isolation.protocol import (
     ALT_PREFIX,
     FLAG_GRAD_OUTPUT_MODIFIED,
     FLAG_INPUT_MODIFIED,

@@ -1,0 +1,1 @@
+"""Foreign code runs only here: child processes, the worker, and the typed messages between them."""

@@ -1,0 +1,1 @@
+"""The probe, stage by stage: plan -> check -> judge -> time -> choose -> write."""

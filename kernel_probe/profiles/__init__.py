@@ -1,0 +1,1 @@
+"""Site profiles: the format, finding them, recognising a site, and what a site requires."""
