@@ -23,7 +23,7 @@ from kernel_probe.probe import candidates as cands
 from kernel_probe.probe import write as lockwrite
 from kernel_probe.probe.check import Report, check_all, dtype_plan
 from kernel_probe.probe.choose import Choice
-from kernel_probe.profiles import profile as profiles
+from kernel_probe.profiles import format as profile_format
 
 from .conftest import ROOT
 
@@ -43,7 +43,7 @@ def test_every_slot_fact_is_imported_from_kernel_lock_slots():
     assert cands.CANONICAL is lockwrite.CANONICAL is slots.CANONICAL
     assert resolve.DEFAULT_TARGETS is slots.DEFAULT_TARGETS and resolve.TWIN_SEMANTICS is slots.TWIN_SEMANTICS
     assert lock.MODES is resolve.MODES is anemoicmds.MODES is lockcmds.MODES is slots.MODES
-    assert lock.PRECISIONS is profiles.PRECISIONS is slots.PRECISIONS
+    assert lock.PRECISIONS is profile_format.PRECISIONS is slots.PRECISIONS
     assert lock.STATUSES is judge.STATUSES is slots.STATUSES
     assert judge.CONFUSABLE is slots.CONFUSABLE
 
@@ -126,7 +126,7 @@ def test_a_builtin_entry_is_a_valid_profile_candidate(tmp_path):
     data = registry.path().read_text()
     te = data[data.index('id = "te.layer_norm"') :].split("\n\n")[0].replace('"te.layer_norm"', '"site.te_layer_norm"')
     text = f'profile-version = "1"\nname = "site"\n\n[[candidate]]\n{te}\n'
-    prof = profiles.parse(text, "site.toml")
+    prof = profile_format.parse(text, "site.toml")
     builtin = next(c for c in cands.BUILTIN if c.id == "te.layer_norm")
     assert prof.candidates[0].to_json() == {**builtin.to_json(), "id": "site.te_layer_norm", "source": "profile:site"}
 

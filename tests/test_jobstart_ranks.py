@@ -1,4 +1,4 @@
-"""Many ranks, one probe (kernel_probe.jobstart.sharing): the job marker, the node-local wait, bounded backoff
+"""Many ranks, one probe (kernel_probe.jobstart.handoff): the job marker, the node-local wait, bounded backoff
 on the shared directory, the prober's failure reaching every rank, and the no-flock path."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import pytest
 
 import kernel_lock
 from kernel_probe.errors import NodeDiffers, ProbeError, UsageError
-from kernel_probe.jobstart import sharing as jobstart
+from kernel_probe.jobstart import handoff
+from kernel_probe.jobstart.handoff import Marker, RankFailed, WaitTimeout
 from kernel_probe.jobstart.ranks import LAUNCHERS, JobRank
-from kernel_probe.jobstart.sharing import Marker, RankFailed, WaitTimeout
 from kernel_probe.probe import pipeline
 from kernel_probe.probe.candidates import default_for
 
@@ -39,7 +39,7 @@ def no_launcher(monkeypatch):
     """The tests set the launcher variables they mean; pytest may run under a real launcher."""
     for name in LAUNCHER_VARS:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv(jobstart.NODE_DIR_ENV, raising=False)
+    monkeypatch.delenv(handoff.NODE_DIR_ENV, raising=False)
 
 
 def slurm(monkeypatch, tmp_path: Path, rank: int, *, local: int, node: int = 0, job: str = "77", restart=None):
@@ -73,7 +73,7 @@ def current_lock(out: Path, request: pipeline.ProbeRequest) -> kernel_lock.Kerne
 
 def marked(out: Path, lock: kernel_lock.KernelLock, rank: JobRank, request: pipeline.ProbeRequest) -> Marker:
     marker = Marker("written", rank.key, rank.describe(), "node0", lock.compute_digest(), pipeline.plan(request).digest)
-    jobstart.publish(out, rank, marker, lock.dumps())
+    handoff.publish(out, rank, marker, lock.dumps())
     return marker
 
 
@@ -116,9 +116,9 @@ def test_a_rank_on_the_node_waits_on_the_node_local_copy_not_the_shared_director
     slurm(monkeypatch, tmp_path, 5, local=5)
     rank = job_rank()
     marked(out, lock, rank, request)
-    local = jobstart.node_dir(out, rank)
+    local = handoff.node_dir(out, rank)
     assert local.is_relative_to(tmp_path / "node0")  # $TMPDIR: this node's
-    jobstart.marker_path(out, rank).unlink()  # the shared marker gone: the node-local copy is enough
+    handoff.marker_path(out, rank).unlink()  # the shared marker gone: the node-local copy is enough
     assert pipeline.run(request).reused
     # on another node (its own $TMPDIR) nothing was copied yet: a non-watching rank there waits for its watcher
     slurm(monkeypatch, tmp_path, 13, local=5, node=1)
@@ -162,10 +162,10 @@ def test_a_failed_prober_fails_every_waiting_rank_at_once_with_its_exit_code(tmp
     out = tmp_path / "k.toml"
     prober = job_rank()
     exc = ProbeError("no candidate of LayerNorm was accepted", fix="run `kernel-probe check`")
-    jobstart.publish(out, prober, jobstart.failure_marker(prober, exc), None)
+    handoff.publish(out, prober, handoff.failure_marker(prober, exc), None)
     for rank in (job_rank(1, local=1), job_rank(9, local=0)):  # on its node (local copy), and a watcher
         with pytest.raises(RankFailed) as err:
-            jobstart.wait(out, rank, mode="job", timeout=5)
+            handoff.wait(out, rank, mode="job", timeout=5)
         assert err.value.exit_code == 1 and "rank 0 of 16" in err.value.problem
         assert "no candidate of LayerNorm" in err.value.problem and err.value.fix == "run `kernel-probe check`"
 
@@ -186,14 +186,14 @@ class FakeTime:
 
 def _count_reads(monkeypatch, shared: Path) -> list[Path]:
     reads: list[Path] = []
-    real = jobstart._read
+    real = handoff._read
 
     def counting(path):
         if Path(path).parent == shared:
             reads.append(Path(path))
         return real(path)
 
-    monkeypatch.setattr(jobstart, "_read", counting)
+    monkeypatch.setattr(handoff, "_read", counting)
     return reads
 
 
@@ -205,7 +205,7 @@ def _wait_in_vain(tmp_path, monkeypatch, rank: JobRank, timeout: float) -> tuple
     reads = _count_reads(monkeypatch, shared)
     t = FakeTime()
     with pytest.raises(WaitTimeout):
-        jobstart.wait(shared / "k.toml", rank, mode="job", timeout=timeout, clock=t.clock, sleep=t.sleep)
+        handoff.wait(shared / "k.toml", rank, mode="job", timeout=timeout, clock=t.clock, sleep=t.sleep)
     return reads, t
 
 
@@ -226,21 +226,21 @@ def test_a_rank_that_does_not_watch_looks_at_the_shared_directory_rarely(tmp_pat
 
 def test_node_type_claims_are_exclusive_and_need_no_file_lock(tmp_path, monkeypatch):
     out = tmp_path / "k.toml"
-    assert jobstart.claim(out, job_rank(0)) is True
-    assert jobstart.claim(out, job_rank(8)) is False
-    assert "rank 0 of 16" in jobstart.claim_path(out, job_rank()).read_text()
+    assert handoff.claim(out, job_rank(0)) is True
+    assert handoff.claim(out, job_rank(8)) is False
+    assert "rank 0 of 16" in handoff.claim_path(out, job_rank()).read_text()
     t = FakeTime()
     monkeypatch.setenv("TMPDIR", str(tmp_path / "node"))
     with pytest.raises(WaitTimeout, match=r"the rank that claimed k.toml for this node type .*\(rank 0 of 16"):
-        jobstart.wait(out, job_rank(8), mode="node-type", timeout=1, clock=t.clock, sleep=t.sleep)
+        handoff.wait(out, job_rank(8), mode="node-type", timeout=1, clock=t.clock, sleep=t.sleep)
 
 
 def test_node_type_needs_the_placeholder_and_names_the_device(tmp_path):
     with pytest.raises(UsageError, match=r"names no \{node-type\}"):
         pipeline.run(pipeline.ProbeRequest(out=tmp_path / "k.toml", probe_per="node-type", **REQUEST))
-    name = jobstart.node_type({"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "arch": "sm_90", "count": 4})
+    name = handoff.node_type({"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "arch": "sm_90", "count": 4})
     assert name.startswith("cuda-sm_90-4-") and "/" not in name
-    assert name != jobstart.node_type({"type": "cuda", "name": "NVIDIA A100", "arch": "sm_80", "count": 4})
+    assert name != handoff.node_type({"type": "cuda", "name": "NVIDIA A100", "arch": "sm_80", "count": 4})
 
 
 def test_bad_launcher_variables_are_a_usage_error_and_rank_ignores_them(tmp_path, monkeypatch):
@@ -324,13 +324,13 @@ def test_without_rank_variables_a_file_system_without_locks_still_warns(tmp_path
 
 def test_a_profile_can_choose_one_probe_per_node_type(tmp_path):
     from kernel_lock.errors import LockError
-    from kernel_probe.profiles import profile as profiles
+    from kernel_probe.profiles.format import parse
 
     head = 'profile-version = "1"\nname = "mixed"\n[detect]\nenv = { MIXED = "" }\n[policy]\n'
-    assert profiles.parse(head + 'probe-per = "node-type"\n', "mixed.toml").probe_per == "node-type"
-    assert profiles.parse(head, "mixed.toml").probe_per is None
+    assert parse(head + 'probe-per = "node-type"\n', "mixed.toml").probe_per == "node-type"
+    assert parse(head, "mixed.toml").probe_per is None
     with pytest.raises(LockError, match="policy.probe-per") as exc:
-        profiles.parse(head + 'probe-per = "node"\n', "mixed.toml")
+        parse(head + 'probe-per = "node"\n', "mixed.toml")
     assert exc.value.exit_code == 5
 
 
@@ -338,10 +338,10 @@ def test_node_type_mode_waits_for_the_rank_that_claimed_its_kind_of_node(tmp_pat
     request = pipeline.ProbeRequest(
         out=tmp_path / "shared" / "k.{node-type}.toml", probe_per="node-type", lock_timeout=5, **REQUEST
     )
-    kind = jobstart.node_type(pipeline.plan(request).device)
+    kind = handoff.node_type(pipeline.plan(request).device)
     out = tmp_path / "shared" / f"k.{kind}.toml"
     lock = current_lock(out, request)
-    assert jobstart.claim(out, job_rank(0))  # a node of this kind claimed it first
+    assert handoff.claim(out, job_rank(0))  # a node of this kind claimed it first
     marked(out, lock, job_rank(), request)
     slurm(monkeypatch, tmp_path, 8, local=0, node=1)  # this node's watching rank: its claim loses, it waits
     result = pipeline.run(request)
@@ -357,7 +357,7 @@ def test_rank_0_failing_before_any_work_still_releases_the_others(tmp_path, monk
     with pytest.raises(UsageError):
         pipeline.run(pipeline.ProbeRequest(out=out, **{**REQUEST, "reps": 0}))
     with pytest.raises(RankFailed) as err:
-        jobstart.wait(out, job_rank(1, local=1), mode="job", timeout=5)
+        handoff.wait(out, job_rank(1, local=1), mode="job", timeout=5)
     assert err.value.exit_code == 2 and "--reps must be at least 1" in err.value.problem
 
 
@@ -369,12 +369,12 @@ def test_a_special_file_where_the_job_marker_should_be_fails_fast_naming_it(tmp_
 
     out = tmp_path / "k.toml"
     rank = job_rank(9, local=0)  # a node's watcher reads the shared marker
-    path = jobstart.marker_path(out, rank)
+    path = handoff.marker_path(out, rank)
     if special == "fifo":
         os.mkfifo(path)
     else:
         with open(path, "wb") as fh:
             fh.truncate(64 << 20)  # sparse: larger than any lock or marker may be
     with pytest.raises(InputFileError) as err:
-        jobstart.wait(out, rank, mode="job", timeout=5)
+        handoff.wait(out, rank, mode="job", timeout=5)
     assert err.value.exit_code == 5 and err.value.path == str(path) and f"remove {path}" in err.value.fix

@@ -22,14 +22,14 @@ from kernel_lock import _toml, fingerprint
 from kernel_lock.lock import KernelLock, Slot
 from kernel_probe.probe import pipeline
 from kernel_probe.probe import write as lockwrite
-from kernel_probe.profiles import nodes
-from kernel_probe.profiles import profile as profiles
+from kernel_probe.profiles import autodetect, discovery, nodes, requirements, signals
+from kernel_probe.profiles.format import Profile, load_file, parse
 
 from .conftest import run_cli
 from .test_profiles import GOOD as CPU_PROFILE
 
 ROOT = Path(__file__).resolve().parent.parent
-BUILTIN = sorted(p.stem for p in profiles.builtin_dir().glob("*.toml"))
+BUILTIN = sorted(p.stem for p in discovery.builtin_dir().glob("*.toml"))
 
 GOOD = CPU_PROFILE.replace('device-type = ["cpu"]', 'device-type = ["cuda"]')  # a GPU site's profile
 
@@ -216,13 +216,13 @@ def test_a_device_signal_takes_the_arch_syntax(tmp_path, capsys):
 
 
 def test_a_group_of_both_weak_kinds_decides_below_a_strong_signal():
-    def prof(name: str, detect: str) -> profiles.Profile:
-        return profiles.parse(GOOD.replace('"mysite"', f'"{name}"').replace('env = { MYSITE = "" }', detect), name)
+    def prof(name: str, detect: str) -> Profile:
+        return parse(GOOD.replace('"mysite"', f'"{name}"').replace('env = { MYSITE = "" }', detect), name)
 
     group = prof("grouped", '[[detect.all]]\nhostname = ["^nid"]\nslurm-partition = ["^gpu$"]')
     strong = prof("strong", 'slurm-cluster = ["^c1$"]')
-    facts = profiles.SiteFacts({"SLURM_JOB_PARTITION": "gpu", "SLURM_CLUSTER_NAME": "c1"}, "nid1", {}, {}, dict().get)
-    chosen, matched, notes = profiles.auto_detect([group, strong], facts)
+    facts = autodetect.SiteFacts({"SLURM_JOB_PARTITION": "gpu", "SLURM_CLUSTER_NAME": "c1"}, "nid1", {}, {}, dict().get)
+    chosen, matched, notes = autodetect.auto_detect([group, strong], facts)
     assert chosen is strong and "grouped also matched (slurm-partition:gpu + hostname:nid1), more weakly" in notes
 
 
@@ -294,12 +294,12 @@ def test_a_named_profile_is_refused_at_job_start_on_another_sites_node(monkeypat
     signal) meets Frontier's requirements, and is refused for Frontier all the same; auto picks lumi-g."""
     from kernel_probe.errors import ProfileUnmet
 
-    lumi = profiles.resolve("lumi-g", [])
-    frontier = profiles.resolve("frontier", [])
-    profiles.other_site(lumi, lumi, "env:LUMI_STACK_PARTITION=G")  # its own site: nothing raised
-    profiles.other_site(frontier, None, "")  # no site's signals: a named profile is how such a site is used
+    lumi = discovery.resolve("lumi-g", [])
+    frontier = discovery.resolve("frontier", [])
+    requirements.other_site(lumi, lumi, "env:LUMI_STACK_PARTITION=G")  # its own site: nothing raised
+    requirements.other_site(frontier, None, "")  # no site's signals: a named profile is how such a site is used
     with pytest.raises(ProfileUnmet) as exc:
-        profiles.other_site(frontier, lumi, "env:LUMI_STACK_PARTITION=G")
+        requirements.other_site(frontier, lumi, "env:LUMI_STACK_PARTITION=G")
     assert exc.value.exit_code == 4 and "lumi-g" in str(exc.value) and "--profile lumi-g" in exc.value.fix
 
 
@@ -384,7 +384,7 @@ def test_diff_sees_a_changed_profile_digest(tmp_path, capsys):
 def test_the_stale_lock_message_names_a_changed_profile(tmp_path):
     p = tmp_path / "mysite.toml"
     p.write_text(GOOD)
-    prof = profiles.load_file(p)
+    prof = load_file(p)
     lock = _lock(tmp_path / "k.toml", {**prof.lock_record("explicit (--profile)"), "digest": "sha256:" + "0" * 64})
     found, why = pipeline.reusable(lock, "inputs-2", (), prof)
     assert found is None and "profile mysite changed since the lock was written" in why and str(p) in why
@@ -443,7 +443,7 @@ def test_show_renders_the_profile_as_toml_with_its_strictness(name, capsys):
     code, out, _ = run_cli(["profiles", "show", name], capsys)
     assert code == 0 and "{'" not in out  # no Python dicts
     shown = _toml.loads(out)
-    written = _toml.loads((profiles.builtin_dir() / f"{name}.toml").read_text())
+    written = _toml.loads((discovery.builtin_dir() / f"{name}.toml").read_text())
     assert shown["strictness"] == {"default": "error", "warn": []}
     written.setdefault("strictness", {}).setdefault("default", "error")
     written["strictness"].setdefault("warn", [])
@@ -473,7 +473,7 @@ def _files_profile(d: Path, path: str) -> Path:
 
 
 def _run(argv: list, env_dir: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {**os.environ, profiles.ENV_VAR: str(env_dir)}
+    env = {**os.environ, discovery.ENV_VAR: str(env_dir)}
     return subprocess.run(
         [sys.executable, "-m", "kernel_probe", *map(str, argv)],
         env=env,
@@ -559,32 +559,32 @@ def test_catastrophic_patterns_are_refused_at_check(pattern, tmp_path, capsys):
 
 @pytest.mark.parametrize("pattern", PLAIN)
 def test_plain_patterns_pass(pattern):
-    assert profiles.pattern_problem(pattern) is None
+    assert signals.pattern_problem(pattern) is None
 
 
 def test_every_builtin_pattern_is_plain():
     for name in BUILTIN:
-        prof = profiles.resolve(name, [])
-        for signals in (prof.detect, *prof.detect_all):
+        prof = discovery.resolve(name, [])
+        for table in (prof.detect, *prof.detect_all):
             for key in ("env", "files"):
-                for pattern in signals.get(key, {}).values():
-                    assert profiles.pattern_problem(pattern) is None, (name, pattern)
+                for pattern in table.get(key, {}).values():
+                    assert signals.pattern_problem(pattern) is None, (name, pattern)
             for key in ("hostname", "slurm-cluster", "slurm-partition"):
-                for pattern in signals.get(key, []):
-                    assert profiles.pattern_problem(pattern) is None, (name, pattern)
+                for pattern in table.get(key, []):
+                    assert signals.pattern_problem(pattern) is None, (name, pattern)
 
 
 def test_a_long_value_is_not_matched_and_the_match_is_bounded(tmp_path):
     # the worst pattern check lets through, on the longest value matched: milliseconds, not hours
-    prof = profiles.parse(GOOD.replace('MYSITE = ""', "KP_SITE = '^[a-z]*[a-z]*!$'"), "x.toml")
-    value = "a" * profiles.MAX_SIGNAL_CHARS
-    facts = profiles.SiteFacts({"KP_SITE": value}, "", {}, {}, dict().get)
+    prof = parse(GOOD.replace('MYSITE = ""', "KP_SITE = '^[a-z]*[a-z]*!$'"), "x.toml")
+    value = "a" * signals.MAX_SIGNAL_CHARS
+    facts = autodetect.SiteFacts({"KP_SITE": value}, "", {}, {}, dict().get)
     start = time.perf_counter()
-    assert profiles.detect(prof, facts) is None
+    assert autodetect.detect(prof, facts) is None
     assert time.perf_counter() - start < 2.0
     notes: list[str] = []
     long = replace(facts, env={"KP_SITE": "a" * 10_000 + "!"})
-    assert profiles.detect(prof, long, notes) is None
+    assert autodetect.detect(prof, long, notes) is None
     assert any("10001 characters long" in n and "not matched" in n for n in notes)
 
 

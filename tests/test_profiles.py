@@ -10,9 +10,10 @@ import pytest
 
 import kernel_lock
 from kernel_probe.cli import main
-from kernel_probe.profiles import profile as profiles
+from kernel_probe.profiles import autodetect, discovery
+from kernel_probe.profiles.format import load_file
 
-BUILTIN_DIR = profiles.builtin_dir()
+BUILTIN_DIR = discovery.builtin_dir()
 BUILTIN = sorted(p.stem for p in BUILTIN_DIR.glob("*.toml"))
 GPU_PROFILES = [n for n in BUILTIN if n != "cpu"]
 
@@ -32,7 +33,7 @@ def test_the_required_sites_are_shipped():
 
 @pytest.mark.parametrize("name", BUILTIN)
 def test_builtin_profile_validates(name, capsys):
-    prof = profiles.load_file(BUILTIN_DIR / f"{name}.toml")
+    prof = load_file(BUILTIN_DIR / f"{name}.toml")
     assert prof.name == name and prof.description and prof.sources
     assert prof.requires.get("device-type")
     assert main(["profiles", "check", str(BUILTIN_DIR / f"{name}.toml")]) == 0
@@ -69,8 +70,8 @@ def test_auto_detection_picks_each_builtin(name):
     env, host, cluster, device, files = SIGNALS[name]
     if cluster:
         env = {**env, "SLURM_CLUSTER_NAME": cluster}
-    found = profiles.available().values()
-    prof, matched, _ = profiles.auto_detect(
+    found = discovery.available().values()
+    prof, matched, _ = autodetect.auto_detect(
         found, {"hostname": host, "slurm": {}}, device, env=env, read_file=lambda path: files.get(path)
     )
     assert prof is not None and prof.name == name, matched
@@ -80,15 +81,15 @@ def test_auto_detection_picks_each_builtin(name):
 
 
 def test_nid_hostname_alone_is_not_lumi():
-    prof, matched, _ = profiles.auto_detect(
-        profiles.available().values(), {"hostname": "nid001234"}, {"type": "cuda"}, env={}, read_file=lambda p: None
+    prof, matched, _ = autodetect.auto_detect(
+        discovery.available().values(), {"hostname": "nid001234"}, {"type": "cuda"}, env={}, read_file=lambda p: None
     )
     assert prof is None  # a Cray nid outside LUMI-G's range says nothing
 
 
 def test_juwels_via_systemname_env():
-    prof, matched, _ = profiles.auto_detect(
-        profiles.available().values(),
+    prof, matched, _ = autodetect.auto_detect(
+        discovery.available().values(),
         {"hostname": "x"},
         {"type": "cuda"},
         env={"SYSTEMNAME": "juwelsbooster"},
@@ -115,7 +116,7 @@ def test_auto_on_this_machine_picks_cpu_and_records_it(tmp_path, capsys):
     assert "profile auto: cpu (matched device:type=cpu)" in capsys.readouterr().err
     lock = kernel_lock.load(out)
     assert lock.profile["name"] == "cpu" and lock.profile["matched"] == "device:type=cpu"
-    assert lock.profile["digest"] == profiles.load_file(BUILTIN_DIR / "cpu.toml").digest
+    assert lock.profile["digest"] == load_file(BUILTIN_DIR / "cpu.toml").digest
     skipped = {r.implementation: r for r in lock.slots["Linear"].rejected}
     assert skipped["te.linear"].status == "skipped" and skipped["te.linear"].reasons == ("not allowed by profile cpu",)
 
@@ -252,8 +253,8 @@ def test_profiles_env_var_and_shadowing(tmp_path, monkeypatch, capsys):
     d = tmp_path / "mine"
     d.mkdir()
     (d / "cpu.toml").write_text(GOOD.replace('"mysite"', '"cpu"').replace('"test site"', '"my own cpu profile"'))
-    monkeypatch.setenv(profiles.ENV_VAR, str(d))
-    assert profiles.resolve("cpu").description == "my own cpu profile"
+    monkeypatch.setenv(discovery.ENV_VAR, str(d))
+    assert discovery.resolve("cpu").description == "my own cpu profile"
     assert main(["profiles", "list", "--json"]) == 0
     names = {p["name"]: p for p in json.loads(capsys.readouterr().out)}
     assert names["cpu"]["description"] == "my own cpu profile" and "lumi-g" in names

@@ -44,7 +44,8 @@ from kernel_probe.probe import pipeline
 from kernel_probe.probe import write as lockwrite
 from kernel_probe.probe.candidates import BUILTIN
 from kernel_probe.probe.check import check_candidate
-from kernel_probe.profiles import profile as profiles
+from kernel_probe.profiles import discovery, requirements
+from kernel_probe.profiles.format import ProfileError, load_file
 
 from .conftest import run_cli
 from .test_detect import make_dist, write_pkg
@@ -289,7 +290,7 @@ def test_lumi_accepts_the_rocm_transformer_engine_fork(node, tmp_path, monkeypat
     _transformer_engine(tmp_path, fork=True)
     monkeypatch.syspath_prepend(str(tmp_path))
     node(lumi())
-    assert profiles.library_facts(
+    assert requirements.library_facts(
         ["transformer-engine", "transformer-engine@nvidia", "transformer-engine@rocm-fork"]
     ) == {"transformer-engine": "2.4.0", "transformer-engine@nvidia": None, "transformer-engine@rocm-fork": "2.4.0"}
     code, result = match("lumi-g", capsys)
@@ -297,7 +298,7 @@ def test_lumi_accepts_the_rocm_transformer_engine_fork(node, tmp_path, monkeypat
     code, result = match("auto", capsys)
     assert code == 0 and result["profile"] == "lumi-g"
     # and its candidates are allowed there, judged by the checks like any other
-    prof = profiles.resolve("lumi-g", [])
+    prof = discovery.resolve("lumi-g", [])
     assert "te.layer_norm" in prof.slots["LayerNorm"].allowed and "te.rms_norm" in prof.slots["RMSNorm"].allowed
 
 
@@ -462,7 +463,7 @@ def test_probe_accepts_lumi_with_its_profile(profile, env, node, tmp_path, monke
 def test_every_site_fact_in_the_profile_names_its_source(name):
     """Each [detect] and [requires] line cites a numbered source (on the line, or the comment above),
     or says it is kernel-probe's own choice; what is not known is listed in `unknown`."""
-    prof = profiles.resolve(name, [])
+    prof = discovery.resolve(name, [])
     cited = {int(s[1:].split("]", 1)[0]) for s in prof.sources}
     assert cited == set(range(1, len(prof.sources) + 1))
     section, previous = "", ""
@@ -587,12 +588,12 @@ def test_a_profile_candidate_declares_archs_and_install(tmp_path):
         '[[candidate]]\nid = "site.norm"\nslots = ["LayerNorm"]\ntarget = "site_kernels.Norm"\n'
         'devices = ["cuda"]\narchs = { cuda = ["sm_90+"] }\ninstall = { cuda = "module load site" }\n'
     )
-    cand = profiles.load_file(path).candidates[0]
+    cand = load_file(path).candidates[0]
     assert cand.arch_problem("cuda", "sm_80") and cand.arch_problem("cuda", "sm_100") is None
     assert cand.install_hint("cuda") == "module load site"
     path.write_text(path.read_text().replace('"sm_90+"', '"hopper"'))
-    with pytest.raises(profiles.ProfileError, match="candidate\\[0\\].archs.cuda"):
-        profiles.load_file(path)
+    with pytest.raises(ProfileError, match="candidate\\[0\\].archs.cuda"):
+        load_file(path)
 
 
 # ---- 8. device visibility: the contradiction is an error, and ranks are told apart --------------

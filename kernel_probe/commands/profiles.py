@@ -106,21 +106,23 @@ def _render_table(table: dict, path: list[str], lines: list[str]) -> None:
 
 
 def run_profiles(args: argparse.Namespace) -> int:
-    from kernel_probe.profiles import profile as profiles
+    from kernel_probe.profiles.autodetect import detect_warnings
+    from kernel_probe.profiles.discovery import builtin_dir, resolve, survey
+    from kernel_probe.profiles.format import load_file
 
     args.profiles_dir = [*args.profiles_dir, *getattr(args, "profiles_dir_after", [])]
     if args.action == "match":
         return _match(args)
     if args.action == "check":
-        prof = profiles.load_file(args.path)
+        prof = load_file(args.path)
         if Path(args.path).stem != prof.name:
             output.warn(f"{args.path}: declares name {prof.name!r}: in a profiles directory it is found as that name")
-        for warning in profiles.detect_warnings(prof):
+        for warning in detect_warnings(prof):
             output.warn(f"{args.path}: {warning}")
         output.console().print(f"ok: {safe(args.path)} is a valid profile ({safe(prof.name)})")
         return 0
     if args.action == "list":
-        found = profiles.survey(args.profiles_dir)
+        found = survey(args.profiles_dir)
         for exc in found.broken:
             output.warn(f"broken profile, skipped: {exc}")
         for note in found.notes_for():
@@ -138,7 +140,7 @@ def run_profiles(args: argparse.Namespace) -> int:
         table.add_column("name", no_wrap=True)
         table.add_column("description")
         table.add_column("file", no_wrap=True)
-        builtin = profiles.builtin_dir()
+        builtin = builtin_dir()
         for prof in found.profiles.values():
             where = "built-in" if prof.path and Path(prof.path).parent == builtin else safe(prof.path)
             table.add_row(safe(prof.name), safe(prof.description), where)
@@ -146,8 +148,8 @@ def run_profiles(args: argparse.Namespace) -> int:
         output.console().print(f"[dim]built-in: {safe(builtin)}[/]")
         return 0
     by_path = "/" in args.name or args.name.endswith(".toml")
-    shown = None if by_path else profiles.survey(args.profiles_dir)
-    prof = profiles.resolve(args.name, args.profiles_dir, shown)
+    shown = None if by_path else survey(args.profiles_dir)
+    prof = resolve(args.name, args.profiles_dir, shown)
     for note in shown.notes_for(prof.name) if shown else ():
         output.warn(note)
     if args.json:
@@ -163,41 +165,41 @@ def _match(args: argparse.Namespace) -> int:
     """What ``--profile NAME`` would decide on this machine or a described node, without probing."""
     from kernel_probe.errors import ProfileUnmet
     from kernel_probe.probe.pipeline import detect_device
-    from kernel_probe.profiles import nodes
-    from kernel_probe.profiles import profile as profiles
+    from kernel_probe.profiles import nodes, requirements
+    from kernel_probe.profiles.signals import DETECT_DEVICE_KEYS
 
     named = "named (profiles match NAME)"
     device: dict[str, Any] = {}
     if args.node:
         node = nodes.load(args.node)
-        device = {key: node.fingerprint[f"device-{key}"] for key in profiles.DETECT_DEVICE_KEYS}
-        profile, matched, notes = profiles.choose(
+        device = {key: node.fingerprint[f"device-{key}"] for key in DETECT_DEVICE_KEYS}
+        profile, matched, notes = requirements.choose(
             args.name, args.profiles_dir, device, facts=nodes.site_facts(node), named=named
         )
         current: dict[str, Any] = dict(node.fingerprint)
         where = f"the node described in {node.path}"
 
         def libraries(keys):
-            return profiles.library_facts(keys, node.libraries)
+            return requirements.library_facts(keys, node.libraries)
 
         name_note = None
     else:
         from kernel_lock import fingerprint
 
-        profile, matched, notes = profiles.choose(args.name, args.profiles_dir, detect_device(), named=named)
+        profile, matched, notes = requirements.choose(args.name, args.profiles_dir, detect_device(), named=named)
         current = fingerprint.current()
         where = "this machine"
-        libraries = profiles.library_facts
+        libraries = requirements.library_facts
         name_note = fingerprint.device_name_note(current)
     site_refusal: ProfileUnmet | None = None
     if profile is not None and args.name != "auto":  # named: do the site's signals agree?
         facts = nodes.site_facts(node) if args.node else None
-        seen, seen_by, _ = profiles.choose(
+        seen, seen_by, _ = requirements.choose(
             "auto", args.profiles_dir, device if args.node else detect_device(), facts=facts
         )
         seen_by_text = f"{seen.name} ({seen_by})" if seen else ""
         try:
-            profiles.other_site(profile, seen, seen_by, where)
+            requirements.other_site(profile, seen, seen_by, where)
         except ProfileUnmet as exc:
             site_refusal = exc
         if seen is None or seen.name != profile.name:
@@ -219,10 +221,10 @@ def _match(args: argparse.Namespace) -> int:
     code = 0
     refusal = None
     if profile is not None:
-        libs = libraries(profiles.required_libraries(profile))
-        problems = profiles.unmet(profile, current, libs)
+        libs = libraries(requirements.required_libraries(profile))
+        problems = requirements.unmet(profile, current, libs)
         try:
-            result["warnings"] = profiles.enforce(profile, current, libs)
+            result["warnings"] = requirements.enforce(profile, current, libs)
         except ProfileUnmet as exc:
             code, refusal = 4, exc
         result["unmet"] = [

@@ -1,7 +1,7 @@
 """Which rank of which job this process is, read from its launcher's environment variables.
 
 Pure and import-light (``os`` and dataclasses only): every rank reads it at job start. The probe uses
-it to let one rank probe while the others wait for its lock (``kernel_probe.jobstart.sharing``).
+it to let one rank probe while the others wait for its lock (``kernel_probe.jobstart.handoff``).
 
 Launchers, innermost first (the one that started *this* process wins: torchrun inside ``srun`` gives
 one Slurm task per node but one torchrun rank per GPU), with their documentation:

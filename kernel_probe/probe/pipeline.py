@@ -78,7 +78,7 @@ class Plan:
 
     request: ProbeRequest
     device: Mapping[str, Any]
-    profile: Any  # kernel_probe.profiles.profile.Profile | None
+    profile: Any  # kernel_probe.profiles.format.Profile | None
     matched: str
     candidates: tuple[Candidate, ...]
     problems: tuple[str, ...]  # candidates that could not be offered (broken plug-ins)
@@ -247,9 +247,9 @@ def _apply_profile(request: ProbeRequest, device: Mapping[str, Any], events: Eve
     if not request.profile:
         return None, ""
     from kernel_lock import fingerprint
-    from kernel_probe.profiles import profile as profiles
+    from kernel_probe.profiles import requirements
 
-    profile, matched, notes = profiles.choose(request.profile, list(request.profiles_dirs), device)
+    profile, matched, notes = requirements.choose(request.profile, list(request.profiles_dirs), device)
     for note in notes:
         events.note(f"profile {request.profile}: {note}")
     if profile is None:
@@ -258,10 +258,10 @@ def _apply_profile(request: ProbeRequest, device: Mapping[str, Any], events: Eve
     if request.profile == "auto":
         events.note(f"profile auto: {profile.name} (matched {matched})")
     else:  # named: a node that its site signals place at another site is not this profile's
-        seen, seen_by, _ = profiles.choose("auto", list(request.profiles_dirs), device)
-        profiles.other_site(profile, seen, seen_by)
-    libs = profiles.library_facts(profiles.required_libraries(profile))
-    for warning in profiles.enforce(profile, fingerprint.for_check(), libs):
+        seen, seen_by, _ = requirements.choose("auto", list(request.profiles_dirs), device)
+        requirements.other_site(profile, seen, seen_by)
+    libs = requirements.library_facts(requirements.required_libraries(profile))
+    for warning in requirements.enforce(profile, fingerprint.for_check(), libs):
         events.warn(warning)
     return profile, matched
 
@@ -345,7 +345,7 @@ def reusable(
             fix="re-run with --force to replace it, or accept the edit with `kernel-probe rehash`",
         )
     if lock.provenance.get("inputs") != digest:
-        from kernel_probe.profiles.profile import profile_change
+        from kernel_probe.profiles.requirements import profile_change
 
         changed = profile_change(lock.profile, profile)
         return None, changed or "it was probed with other options (shapes, precision, candidates, pins or profile)"
@@ -389,18 +389,18 @@ def run(request: ProbeRequest, events: Events | None = None) -> ProbeResult:
 
 def _fail_for_all(out: Path, rank: JobRank, exc: BaseException) -> None:
     """The probing rank's failure, left as its job marker so that every waiting rank fails at once."""
-    from kernel_probe.jobstart import sharing as jobstart
+    from kernel_probe.jobstart import handoff
 
     if "{node-type}" in str(out):
         return  # no rank has claimed a kind of node yet: none waits
     try:
-        jobstart.publish(out, rank, jobstart.failure_marker(rank, exc), None)
+        handoff.publish(out, rank, handoff.failure_marker(rank, exc), None)
     except (OSError, LockError):
         pass  # the others time out, naming this rank
 
 
 def _expand_out(request: ProbeRequest, p: Plan, mode: str) -> Path:
-    """``--out`` with ``{node-type}`` replaced by this node's (``jobstart.node_type``)."""
+    """``--out`` with ``{node-type}`` replaced by this node's (``handoff.node_type``)."""
     text = str(request.out)
     if "{node-type}" not in text:
         if mode == "node-type":
@@ -409,7 +409,7 @@ def _expand_out(request: ProbeRequest, p: Plan, mode: str) -> Path:
                 fix="use e.g. --out 'kernel-lock.{node-type}.toml' (the path is printed, and in --json as 'lock')",
             )
         return request.out
-    from kernel_probe.jobstart.sharing import node_type
+    from kernel_probe.jobstart.handoff import node_type
 
     return Path(text.replace("{node-type}", node_type(p.device)))
 
@@ -417,8 +417,8 @@ def _expand_out(request: ProbeRequest, p: Plan, mode: str) -> Path:
 def _job_rank(mode: str, events: Events) -> JobRank | None:
     """This process's rank and job (``kernel_probe.jobstart.ranks``), or None: no launcher variables, or
     ``--probe-per rank``."""
+    from kernel_probe.jobstart.handoff import PROBE_PER
     from kernel_probe.jobstart.ranks import RankVariableError, detect
-    from kernel_probe.jobstart.sharing import PROBE_PER
 
     if mode not in PROBE_PER:
         raise UsageError(f"--probe-per {mode!r}: use one of {', '.join(PROBE_PER)}")
@@ -440,14 +440,14 @@ def _run_ranked(
     request: ProbeRequest, p: Plan, given: Path, rank: JobRank, mode: str, events: Events, t_start: float
 ) -> ProbeResult:
     """One rank probes (rank 0, or per node type the rank that claims it) and leaves a job marker;
-    the others wait for the marker of this job and take its lock (``kernel_probe.jobstart.sharing``)."""
+    the others wait for the marker of this job and take its lock (``kernel_probe.jobstart.handoff``)."""
     import socket
 
-    from kernel_probe.jobstart import sharing as jobstart
+    from kernel_probe.jobstart import handoff
 
     out = Path(os.path.abspath(given))  # the marker sits beside the path as given (a link is not followed)
     # job: rank 0; node-type: of each node's watching rank, the one whose exclusive create wins
-    prober = rank.rank == 0 if mode == "job" else rank.node_leader and jobstart.claim(out, rank)
+    prober = rank.rank == 0 if mode == "job" else rank.node_leader and handoff.claim(out, rank)
     if prober:
         try:
             result = _probe_or_reuse(request, p, given, events, t_start, ranked=True)
@@ -456,12 +456,12 @@ def _run_ranked(
             raise
         written = result.lock
         outcome = "reused" if result.reused else "written"
-        marker = jobstart.Marker(
+        marker = handoff.Marker(
             outcome, rank.key, rank.describe(), socket.gethostname(), written.compute_digest(), p.digest
         )
-        jobstart.publish(out, rank, marker, written.dumps())
+        handoff.publish(out, rank, marker, written.dumps())
         return result
-    marker, text = jobstart.wait(out, rank, mode=mode, timeout=request.lock_timeout)
+    marker, text = handoff.wait(out, rank, mode=mode, timeout=request.lock_timeout)
     lock: kernel_lock.KernelLock | None = None
     try:
         lock = kernel_lock.loads(text, path=str(given), emit_warnings=False, trust=p.trust)

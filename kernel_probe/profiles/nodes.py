@@ -53,7 +53,7 @@ class Node:
 
 
 def examples_dir() -> Path:
-    from kernel_probe.profiles.profile import builtin_dir
+    from kernel_probe.profiles.discovery import builtin_dir
 
     return builtin_dir() / EXAMPLES_DIR
 
@@ -179,8 +179,8 @@ def parse(data: Any, path: str) -> Node:
 
 
 def site_facts(node: Node) -> Any:
-    """The node's site facts, for auto-detection (kernel_probe.profiles.profile.SiteFacts)."""
-    from kernel_probe.profiles.profile import SiteFacts
+    """The node's site facts, for auto-detection (kernel_probe.profiles.autodetect.SiteFacts)."""
+    from kernel_probe.profiles.autodetect import SiteFacts
 
     device = {
         "type": node.fingerprint["device-type"],
