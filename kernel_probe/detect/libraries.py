@@ -48,6 +48,8 @@ class Variant:
 
 @dataclass(frozen=True)
 class KnownLibrary:
+    """A kernel library the report looks for (a ``[[library]]`` of ``kernel_lock/registry.toml``)."""
+
     name: str  # the key in the report
     distributions: tuple[str, ...]  # distribution names it is installed under, preferred first
     module: str  # top-level import name

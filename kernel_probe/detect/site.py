@@ -16,6 +16,8 @@ from typing import Any
 
 @dataclass(frozen=True)
 class SiteMarker:
+    """An environment variable or file that some site sets, reported as a hint for its profile."""
+
     kind: str  # "env": an environment variable; "file": a file whose first line is the value
     name: str
     hint: str  # which site it usually means (a hint for the profiles, not a verdict)

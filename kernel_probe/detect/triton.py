@@ -78,6 +78,8 @@ def torch_pin(path: Sequence[str] = ()) -> tuple[str, str] | None:
 
 @dataclass(frozen=True)
 class LocatedTriton:
+    """Where Triton is installed, the distributions that own it and torch's pin, found without importing it."""
+
     location: str | None  # the triton package directory `import triton` would load
     distributions: dict[str, str] = field(default_factory=dict)  # installed: name -> version
     owners: tuple[str, ...] = ()  # distributions whose RECORD matches the files on disk

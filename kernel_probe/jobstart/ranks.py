@@ -133,6 +133,8 @@ class JobRank:
 
 @dataclass(frozen=True)
 class Detection:
+    """What the launcher variables say: this process's rank (None when none is known), with notes on them."""
+
     rank: JobRank | None
     notes: tuple[str, ...] = ()
 

@@ -37,6 +37,8 @@ class SiteFacts:
 
 @dataclass(frozen=True)
 class Hit:
+    """One site signal that matched on a node, as the notes and the lock's ``matched`` name it."""
+
     kind: str  # one of SIGNALS
     text: str  # "env:LUMI_STACK_PARTITION=G"
 

@@ -52,6 +52,8 @@ class ProfileError(InputFileError):
 
 @dataclass(frozen=True)
 class SlotPolicy:
+    """A profile's ``[policy.<slot>]``: the candidates allowed (empty: any), preferred, or pinned."""
+
     allowed: tuple[str, ...] = ()
     preferred: tuple[str, ...] = ()
     pin: str | None = None
@@ -59,6 +61,8 @@ class SlotPolicy:
 
 @dataclass(frozen=True)
 class Profile:
+    """One parsed, validated site profile: how to recognise the site, what it requires, its policy."""
+
     name: str
     description: str
     path: str

@@ -21,6 +21,8 @@ from kernel_probe.profiles.format import Profile, load_file
 
 @dataclass(frozen=True)
 class Unmet:
+    """One requirement of a profile a node does not meet: its strictness group, expected vs found."""
+
     group: str
     field: str
     expected: str
