@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 from kernel_lock import fingerprint
-from kernel_probe import detect as detect_pkg
 from kernel_probe.detect import accelerators, host, importcheck, libraries, site, torchbuild
+from kernel_probe.detect import report as env_report
 from kernel_probe.detect import triton as triton_info
 from kernel_probe.detect.libraries import KnownLibrary
 
@@ -639,9 +639,9 @@ def test_site_markers_cover_the_issue_list():
 
 # ---- the whole report -----------------------------------------------------------------------
 def test_detect_without_import_checks_is_plain_data():
-    report = detect_pkg.detect(import_checks=False)
-    assert tuple(report) == detect_pkg.TOP_LEVEL_KEYS
-    assert report["schema"] == detect_pkg.SCHEMA
+    report = env_report.detect(import_checks=False)
+    assert tuple(report) == env_report.TOP_LEVEL_KEYS
+    assert report["schema"] == env_report.SCHEMA
     assert json.loads(json.dumps(report)) == report
     assert report["fingerprint"] == fingerprint.current()  # the lock's own code, same answer
     assert report["device"]["type"] == report["fingerprint"]["device-type"]
@@ -652,7 +652,7 @@ def test_detect_without_import_checks_is_plain_data():
 def test_detect_survives_a_broken_torch(monkeypatch):
     broken = fake_torch(**H100)
     broken.cuda.device_count = lambda: (_ for _ in ()).throw(RuntimeError("CUDA driver initialization failed"))
-    report = detect_pkg.detect(import_checks=False, torch=broken, nvml=lambda: None)
+    report = env_report.detect(import_checks=False, torch=broken, nvml=lambda: None)
     assert report["device"]["type"] == "cpu"
     assert any("CUDA driver initialization failed" in e["error"] for e in report["errors"])
     json.dumps(report)
@@ -661,7 +661,7 @@ def test_detect_survives_a_broken_torch(monkeypatch):
 @pytest.mark.slow
 def test_detect_reports_every_broken_library_and_goes_on(fakes):
     table = tuple(KnownLibrary(name, (name,), name, name) for name in FAKES)
-    report = detect_pkg.detect(
+    report = env_report.detect(
         import_checks=True,
         timeout=3,
         extra_paths=[str(fakes)],
@@ -690,7 +690,7 @@ def test_liger_kernel_installed_and_importable_here():
     except metadata.PackageNotFoundError:
         pytest.skip("liger-kernel is not installed here")
     lib = next(lib for lib in libraries.KNOWN_LIBRARIES if lib.name == "liger-kernel")
-    report = detect_pkg.detect(import_checks=True, table=(lib,))
+    report = env_report.detect(import_checks=True, table=(lib,))
     entry = report["libraries"]["liger-kernel"]
     assert entry["installed"] and entry["version"] == version
     assert entry["import"]["status"] == "ok", entry["import"]

@@ -16,8 +16,9 @@ import pytest
 from kernel_lock import fingerprint
 from kernel_probe import cli, output
 from kernel_probe.commands import env as envcmd
-from kernel_probe.detect import SCHEMA, TOP_LEVEL_KEYS, detect, libraries
+from kernel_probe.detect import libraries
 from kernel_probe.detect.libraries import KnownLibrary
+from kernel_probe.detect.report import SCHEMA, TOP_LEVEL_KEYS, detect
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -20,7 +20,7 @@ STATUS_STYLE = {
 
 
 def add_env_arguments(p: argparse.ArgumentParser) -> None:
-    from kernel_probe.detect import DEFAULT_TIMEOUT
+    from kernel_probe.detect.importcheck import DEFAULT_TIMEOUT
 
     p.add_argument("--json", action="store_true", help="the report as JSON (keys documented in docs/env.md)")
     p.add_argument(
@@ -42,7 +42,7 @@ def run_env(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--timeout must be a positive number of seconds, not {args.timeout:g}", fix="pass e.g. --timeout 20"
         )
-    from kernel_probe.detect import detect
+    from kernel_probe.detect.report import detect
 
     report = detect(import_checks=not args.no_import_checks, timeout=args.timeout)
     if args.json:
