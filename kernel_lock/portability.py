@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import KernelUnavailable, LockError
-from .lock import KernelLock, Slot
+from .lock import KernelLock
+from .schema import Slot
 
 log = logging.getLogger("kernel_lock")
 

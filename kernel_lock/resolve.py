@@ -17,10 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import Difference, KernelUnavailable, LockFormatError, LockMismatch, TargetNotAllowed
-from .lock import KernelLock, Slot, check_target
+from .lock import KernelLock
+from .schema import Slot
 
 # DEFAULT_TARGETS and TWIN_SEMANTICS are declared in kernel_lock.slots; still importable from here
 from .slots import DEFAULT_TARGETS, MODES, SLOT_SEMANTICS, SLOTS, TWIN_SEMANTICS, class_semantics, slot_name_fix
+from .trust import check_target
 
 log = logging.getLogger("kernel_lock")
 
@@ -227,7 +229,7 @@ def verify(
     """
     mode = mode_for(lock, mode)
     if current is None:
-        from . import fingerprint
+        from .fingerprint import here
 
         # without importing torch where it is not; a fact this check needs that only torch can settle
         # is read with it
@@ -236,26 +238,26 @@ def verify(
             if mode == "training"
             else INFERENCE_FACTS
         )
-        current = fingerprint.for_check(checked)
+        current = here.for_check(checked)
     notes: list[str] = []
     if mode == "training":
-        from . import fingerprint
+        from .fingerprint import fields
 
-        libs = fingerprint.library_versions(lock.environment.libraries)
-        diffs = fingerprint.compare(lock.environment.fields, current, lock.environment.libraries, libs)
+        libs = fields.library_versions(lock.environment.libraries)
+        diffs = fields.compare(lock.environment.fields, current, lock.environment.libraries, libs)
         notes.extend(
             f"environment field {name!r} is unknown to this kernel_lock (a newer writer?): not checked"
-            for name in fingerprint.unchecked_fields(lock.environment.fields)
+            for name in fields.unchecked_fields(lock.environment.fields)
         )
         notes.extend(
             f"{name} differs (lock {spec.value!r}, here {current.get(name)!r}): not checked (match = ignore)"
             for name, spec in lock.environment.fields.items()
             if spec.match == "ignore"
-            and name in fingerprint.FIELDS
+            and name in fields.FIELDS
             and current.get(name) is not None
             and str(current.get(name)) != str(spec.value)
         )
-        name_note = fingerprint.device_name_note(current)
+        name_note = fields.device_name_note(current)
         if name_note:
             notes.append(name_note)
         for slot in lock.slots.values():
@@ -634,9 +636,9 @@ def resolve_slot(
         _refuse_training(lock, entry)
         return pinned(_build(slot, entry.target, entry.kwargs, lock, key) if import_classes else None)
     if current is None:
-        from . import fingerprint
+        from .fingerprint import here
 
-        current = fingerprint.for_check(INFERENCE_FACTS)
+        current = here.for_check(INFERENCE_FACTS)
     reason = _unusable_reason(entry, current)
     if reason is None:
         if not import_classes:
@@ -696,9 +698,9 @@ def _refuse_training(lock: KernelLock, entry: Slot) -> None:
             f"or load it {IN_INFERENCE_MODE} to use the verified torch.nn twin",
         )
     if entry.devices:
-        from . import fingerprint
+        from .fingerprint import here as fingerprint_here
 
-        here = fingerprint.for_check(INFERENCE_FACTS).get("device-type")
+        here = fingerprint_here.for_check(INFERENCE_FACTS).get("device-type")
         if here not in entry.devices:
             raise KernelUnavailable(
                 f"slot {slot}: {entry.implementation} ({entry.target}) runs on {', '.join(entry.devices)}; "
@@ -731,9 +733,10 @@ def factory(
     if (
         lock is not None and entry is not None and entry.blas is not None
     ):  # process-wide, logged; another choice of the process: mismatch
-        from . import blas, fingerprint
+        from . import blas
+        from .fingerprint import here
 
-        blas.apply(entry.blas, str(fingerprint.for_check(INFERENCE_FACTS).get("device-type", "")), path=lock.path)
+        blas.apply(entry.blas, str(here.for_check(INFERENCE_FACTS).get("device-type", "")), path=lock.path)
     if r.substituted_from:
         log.warning(
             "inference substitutes %s for slot %s: %s cannot run here (%s); verified max error between them: %s",

@@ -18,7 +18,7 @@ import pytest
 import kernel_lock
 from kernel_lock import _toml, registry, slots
 from kernel_lock.errors import TargetNotAllowed
-from kernel_lock.lock import check_target
+from kernel_lock.trust import check_target
 from kernel_probe.probe import candidates as cands
 from kernel_probe.probe import write as lockwrite
 from kernel_probe.probe.check import Report, check_all, dtype_plan
@@ -32,19 +32,19 @@ BUILTIN_IDS = [c.id for c in cands.BUILTIN]
 
 # ---- one home per slot fact --------------------------------------------------------------------------
 def test_every_slot_fact_is_imported_from_kernel_lock_slots():
-    from kernel_lock import lock, resolve
+    from kernel_lock import lock, resolve, schema
     from kernel_probe.commands import anemoicmds, lockcmds
     from kernel_probe.probe import check as checker
     from kernel_probe.probe import judge
 
     assert kernel_lock.SLOTS is lock.SLOTS is resolve.SLOTS is cands.SLOTS is slots.SLOTS
-    assert lock.SEMANTICS is cands.SEMANTICS is slots.SEMANTICS
+    assert schema.SEMANTICS is cands.SEMANTICS is slots.SEMANTICS
     assert cands.SLOT_SEMANTICS is checker.SLOT_SEMANTICS is lockwrite.SLOT_SEMANTICS is slots.SLOT_SEMANTICS
     assert cands.CANONICAL is lockwrite.CANONICAL is slots.CANONICAL
     assert resolve.DEFAULT_TARGETS is slots.DEFAULT_TARGETS and resolve.TWIN_SEMANTICS is slots.TWIN_SEMANTICS
     assert lock.MODES is resolve.MODES is anemoicmds.MODES is lockcmds.MODES is slots.MODES
     assert lock.PRECISIONS is profiles.PRECISIONS is slots.PRECISIONS
-    assert lock.STATUSES is judge.STATUSES is slots.STATUSES
+    assert schema.STATUSES is judge.STATUSES is slots.STATUSES
     assert judge.CONFUSABLE is slots.CONFUSABLE
 
 
@@ -209,9 +209,9 @@ def test_detect_knows_every_builtin_library():
 
 @functools.cache
 def _here() -> dict:
-    from kernel_lock import fingerprint
+    from kernel_lock.fingerprint import with_torch
 
-    return dict(fingerprint.current())
+    return dict(with_torch.current())
 
 
 def _lock_pinning(cand: cands.Candidate) -> kernel_lock.KernelLock:

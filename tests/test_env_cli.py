@@ -13,7 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from kernel_lock import fingerprint
+from kernel_lock.fingerprint import fields, with_torch
+from kernel_lock.fingerprint import nvml as fp_nvml
 from kernel_probe import cli, output
 from kernel_probe.commands import env as envcmd
 from kernel_probe.detect import SCHEMA, TOP_LEVEL_KEYS, detect, libraries
@@ -54,7 +55,7 @@ def test_env_json_without_import_checks_parses(capsys):
     report = json.loads(capsys.readouterr().out)
     assert tuple(report) == TOP_LEVEL_KEYS and report["schema"] == SCHEMA
     assert report["import_checks"] == {"run": False, "timeout": 20.0}
-    assert report["fingerprint"] == fingerprint.current()
+    assert report["fingerprint"] == with_torch.current()
     assert {lib["import"]["status"] for lib in report["libraries"].values()} <= {"skipped", "not-installed"}
 
 
@@ -120,7 +121,7 @@ def _rocm_torch():
 
 
 def test_rendering_a_simulated_rocm_node_on_a_narrow_colour_terminal(monkeypatch):
-    monkeypatch.setattr(fingerprint, "nvml_devices", lambda: None)
+    monkeypatch.setattr(fp_nvml, "nvml_devices", lambda: None)
     report = detect(import_checks=False, torch=_rocm_torch(), nvml=lambda: None)
     monkeypatch.setenv("NO_COLOR", "1")
     from rich.console import Console
@@ -203,7 +204,7 @@ def _keys(value, path=""):
 
 
 def test_every_json_key_is_documented(monkeypatch):
-    monkeypatch.setattr(fingerprint, "nvml_devices", lambda: None)
+    monkeypatch.setattr(fp_nvml, "nvml_devices", lambda: None)
     with open(os.path.join(ROOT, "docs", "env.md"), encoding="utf-8") as fh:
         doc = fh.read()
     report = detect(import_checks=False)
@@ -224,4 +225,4 @@ def test_every_json_key_is_documented(monkeypatch):
         {key for r in (report, rocm) for key in _keys(r) if not re.search(rf"(?<![\w-]){re.escape(key)}(?![\w-])", doc)}
     )
     assert missing == []
-    assert set(report["fingerprint"]) == set(fingerprint.FIELDS)  # documented by reference to FIELDS
+    assert set(report["fingerprint"]) == set(fields.FIELDS)  # documented by reference to FIELDS

@@ -178,7 +178,7 @@ def test_twin_of_unknown_semantics_is_taken_at_the_locks_word():
 def test_twin_semantics_table_names_real_classes_and_covers_every_builtin_twin():
     for target, semantics in TWIN_SEMANTICS.items():
         cls = import_target(target)
-        assert semantics in kernel_lock.lock.SEMANTICS and issubclass(cls, torch.nn.Module), target
+        assert semantics in kernel_lock.slots.SEMANTICS and issubclass(cls, torch.nn.Module), target
     for cand in BUILTIN:
         if cand.twin_target:
             assert TWIN_SEMANTICS[cand.twin_target] == SLOT_SEMANTICS[cand.slots[0]], cand.id
