@@ -16,7 +16,8 @@ import torch
 
 import kernel_lock
 from kernel_lock import KernelUnavailable, LockMismatch, LockWarning
-from kernel_lock.resolve import TWIN_SEMANTICS, import_target
+from kernel_lock.importing import import_target
+from kernel_lock.resolve import TWIN_SEMANTICS
 from kernel_probe.probe.candidates import BUILTIN, SLOT_SEMANTICS
 
 from .conftest import run_cli as run

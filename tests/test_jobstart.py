@@ -187,8 +187,8 @@ def test_verify_no_import_decides_every_slot_without_importing_a_class(lock_file
     from kernel_lock import resolve
 
     built = []
-    real_build = resolve._build
-    monkeypatch.setattr(resolve, "_build", lambda *a, **k: built.append(a[1]) or real_build(*a, **k))
+    real_build = resolve.build
+    monkeypatch.setattr(resolve, "build", lambda *a, **k: built.append(a[1]) or real_build(*a, **k))
     code, out, err = run_cli(["verify", lock_file, "--no-import", "--json"], capsys)
     assert code == 0, err
     data = json.loads(out)

@@ -22,7 +22,8 @@ import kernel_lock
 from kernel_lock import _toml, registry, slots
 from kernel_lock.errors import KernelUnavailable, LockError
 from kernel_lock.fingerprint import with_torch
-from kernel_lock.resolve import factory, locate
+from kernel_lock.locate import locate
+from kernel_lock.resolve import factory
 
 CHECKED = ("python", "os", "arch", "torch", "torch-cuda", "device-type")  # this machine's, match exact
 
