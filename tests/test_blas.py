@@ -30,7 +30,7 @@ from kernel_lock.fingerprint import here as fp_here
 from kernel_lock.fingerprint import with_torch
 from kernel_probe.isolation import worker
 from kernel_probe.probe import measure, pipeline, timing
-from kernel_probe.probe.candidates import BUILTIN, CandidateDataError, TableReader, parse_candidate
+from kernel_probe.probe.candidates import CandidateDataError, TableReader, builtin, parse_candidate
 from kernel_probe.probe.check import ReportBase, judge_candidate, static_problem
 from kernel_probe.probe.judge import Policy
 
@@ -39,7 +39,7 @@ ROCM_LIBS = ("torch.linear.hipblaslt", "torch.linear.rocblas")
 
 
 def cand(cid):
-    return next(c for c in BUILTIN if c.id == cid)
+    return next(c for c in builtin() if c.id == cid)
 
 
 class Switch:
@@ -91,7 +91,7 @@ def under(monkeypatch, switch):
 
 # ---- the candidates -----------------------------------------------------------------------------
 def test_each_library_is_a_linear_candidate():
-    by_id = {c.id: c for c in BUILTIN}
+    by_id = {c.id: c for c in builtin()}
     assert {by_id[c].blas for c in CUDA_LIBS} == {"cublas", "cublaslt"}
     assert {by_id[c].blas for c in ROCM_LIBS} == {"hipblaslt", "rocblas"}
     for cid in CUDA_LIBS + ROCM_LIBS:

@@ -485,8 +485,8 @@ def write_pkg(root, module, files):
         path.write_text(content)
 
 
-APEX = next(lib for lib in libraries.KNOWN_LIBRARIES if lib.name == "apex")
-TE = next(lib for lib in libraries.KNOWN_LIBRARIES if lib.name == "transformer-engine")
+APEX = next(lib for lib in libraries.known_libraries() if lib.name == "apex")
+TE = next(lib for lib in libraries.known_libraries() if lib.name == "transformer-engine")
 
 
 def test_pypi_apex_is_not_nvidia_apex(tmp_path):
@@ -542,10 +542,10 @@ def test_distribution_without_module_is_not_installed(tmp_path):
 
 
 def test_known_libraries_table_is_well_formed():
-    names = [lib.name for lib in libraries.KNOWN_LIBRARIES]
+    names = [lib.name for lib in libraries.known_libraries()]
     assert len(names) == len(set(names))
     assert {"liger-kernel", "transformer-engine", "apex", "flash-attn", "quack-kernels", "kernels"} <= set(names)
-    for lib in libraries.KNOWN_LIBRARIES:
+    for lib in libraries.known_libraries():
         assert lib.check == lib.module or lib.check.startswith(lib.module + ".")
         if lib.variants:  # the last variant is the default, every other one has a marker
             assert lib.variants[-1].is_default
@@ -692,7 +692,7 @@ def test_liger_kernel_installed_and_importable_here():
         version = metadata.version("liger-kernel")
     except metadata.PackageNotFoundError:
         pytest.skip("liger-kernel is not installed here")
-    lib = next(lib for lib in libraries.KNOWN_LIBRARIES if lib.name == "liger-kernel")
+    lib = next(lib for lib in libraries.known_libraries() if lib.name == "liger-kernel")
     report = detect_pkg.detect(import_checks=True, table=(lib,))
     entry = report["libraries"]["liger-kernel"]
     assert entry["installed"] and entry["version"] == version

@@ -152,8 +152,8 @@ def test_env_reports_broken_libraries_and_still_prints_json(tmp_path, monkeypatc
     for name, source in fakes.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "__init__.py").write_text(source)
-    table = libraries.KNOWN_LIBRARIES + tuple(KnownLibrary(n, (n,), n, n) for n in fakes)
-    monkeypatch.setattr(libraries, "KNOWN_LIBRARIES", table)
+    table = libraries.known_libraries() + tuple(KnownLibrary(n, (n,), n, n) for n in fakes)
+    monkeypatch.setattr(libraries, "known_libraries", lambda: table)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
 

@@ -18,7 +18,7 @@ import kernel_lock
 from kernel_lock import KernelUnavailable, LockMismatch, LockWarning
 from kernel_lock.importing import import_target
 from kernel_lock.resolve import TWIN_SEMANTICS
-from kernel_probe.probe.candidates import BUILTIN, SLOT_SEMANTICS
+from kernel_probe.probe.candidates import SLOT_SEMANTICS, builtin
 
 from .conftest import run_cli as run
 
@@ -180,7 +180,7 @@ def test_twin_semantics_table_names_real_classes_and_covers_every_builtin_twin()
     for target, semantics in TWIN_SEMANTICS.items():
         cls = import_target(target)
         assert semantics in kernel_lock.slots.SEMANTICS and issubclass(cls, torch.nn.Module), target
-    for cand in BUILTIN:
+    for cand in builtin():
         if cand.twin_target:
             assert TWIN_SEMANTICS[cand.twin_target] == SLOT_SEMANTICS[cand.slots[0]], cand.id
 

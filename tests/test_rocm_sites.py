@@ -44,7 +44,7 @@ from kernel_probe.detect import libraries
 from kernel_probe.detect import triton as triton_info
 from kernel_probe.probe import pipeline
 from kernel_probe.probe import write as lockwrite
-from kernel_probe.probe.candidates import BUILTIN
+from kernel_probe.probe.candidates import builtin
 from kernel_probe.probe.check import check_candidate
 from kernel_probe.profiles import profile as profiles
 
@@ -522,7 +522,7 @@ class _NoWorker:
 
 
 def _verdict(cid: str, device: dict) -> tuple[str, str]:
-    cand = next(c for c in BUILTIN if c.id == cid)
+    cand = next(c for c in builtin() if c.id == cid)
     r = check_candidate(cand, cand.slots[0], device["type"], [("float32", "true")], _NoWorker(), arch=device["arch"])
     return r.status, " ".join(r.reasons)
 
@@ -553,7 +553,7 @@ def test_quack_needs_hopper_or_newer(node):
 
 
 def test_te_fork_runs_only_on_the_archs_it_documents():
-    te = next(c for c in BUILTIN if c.id == "te.rms_norm")
+    te = next(c for c in builtin() if c.id == "te.rms_norm")
     assert te.arch_problem("rocm", "gfx90a") is None and te.arch_problem("rocm", "gfx942") is None
     assert "gfx90a or gfx942 or gfx950" in te.arch_problem("rocm", "gfx1100")
     assert te.arch_problem("cuda", "sm_80") is None and te.arch_problem("cuda", "sm_120") is None
@@ -571,13 +571,13 @@ def test_rocm_forks_are_labelled_as_forks(tmp_path):
             "op_builder/__init__.py": "",
         },
     )
-    apex = next(lib for lib in libraries.KNOWN_LIBRARIES if lib.name == "apex")
+    apex = next(lib for lib in libraries.known_libraries() if lib.name == "apex")
     entry = libraries.report(libraries.locate(apex, [str(tmp_path)]), None)
     assert entry["variant"] == "rocm-fork" and "NVIDIA" not in entry["identified_as"]
     te_root = tmp_path / "te"
     te_root.mkdir()
     _transformer_engine(te_root, fork=True)
-    te = next(lib for lib in libraries.KNOWN_LIBRARIES if lib.name == "transformer-engine")
+    te = next(lib for lib in libraries.known_libraries() if lib.name == "transformer-engine")
     entry = libraries.report(libraries.locate(te, [str(te_root)]), None)
     assert entry["variant"] == "rocm-fork" and "NVIDIA" not in entry["identified_as"]
 

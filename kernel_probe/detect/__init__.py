@@ -24,7 +24,7 @@ from kernel_probe.detect import accelerators, host, importcheck, libraries, site
 from kernel_probe.detect import triton as triton_info
 from kernel_probe.detect.accelerators import NvmlList
 from kernel_probe.detect.importcheck import DEFAULT_TIMEOUT, ImportChecks
-from kernel_probe.detect.libraries import KNOWN_LIBRARIES, KnownLibrary
+from kernel_probe.detect.libraries import KnownLibrary, known_libraries
 
 SCHEMA = "kernel-probe-env/1"
 
@@ -47,7 +47,7 @@ TOP_LEVEL_KEYS = (
 # What device_facts sees when torch cannot be imported: no GPU runtime, so it answers for the CPU.
 _NO_TORCH = SimpleNamespace(version=SimpleNamespace(cuda=None, hip=None))
 
-__all__ = ["DEFAULT_TIMEOUT", "KNOWN_LIBRARIES", "SCHEMA", "TOP_LEVEL_KEYS", "KnownLibrary", "detect", "importcheck"]
+__all__ = ["DEFAULT_TIMEOUT", "SCHEMA", "TOP_LEVEL_KEYS", "KnownLibrary", "detect", "importcheck", "known_libraries"]
 
 
 def _error(where: str, exc: BaseException) -> dict[str, str]:
@@ -106,7 +106,7 @@ def detect(
     ``import_checks`` imports each installed kernel library (and Triton, to read its target) in a
     child process with ``timeout`` seconds each, all at once; ``extra_paths`` go in front of the
     search path, in-process and on the children's PYTHONPATH; ``env`` replaces os.environ for the
-    children and the site signals. ``table`` replaces ``libraries.KNOWN_LIBRARIES``; ``torch`` and
+    children and the site signals. ``table`` replaces ``libraries.known_libraries()``; ``torch`` and
     ``nvml`` replace the real ones (tests).
     """
     from kernel_probe import __version__
@@ -115,7 +115,7 @@ def detect(
     errors: list[dict[str, str]] = []
 
     # Cheap, import-free facts first, so the children can start before torch is imported here.
-    located_libs = libraries.locate_all(libraries.KNOWN_LIBRARIES if table is None else table, extra_paths)
+    located_libs = libraries.locate_all(table, extra_paths)
     located_triton = triton_info.locate(extra_paths)
     checks = None
     if import_checks:

@@ -18,6 +18,7 @@ Constructor arguments are templates: a string ``"$name"`` is replaced by the can
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -391,12 +392,15 @@ def load_candidates(path: str | os.PathLike[str], *, source: str = "builtin") ->
     return read_candidates(r, d, source=source)
 
 
-BUILTIN: tuple[Candidate, ...] = load_candidates(lock_registry.path())
+@functools.cache
+def builtin() -> tuple[Candidate, ...]:
+    """The built-in candidates: the ``[[candidate]]`` tables of kernel_lock's registry, read on first use."""
+    return load_candidates(lock_registry.path())
 
 
 def default_for(slot: str) -> Candidate:
     """The built-in candidate for the class a slot resolves to when the lock does not pin it."""
-    return next(c for c in BUILTIN if c.slots == (slot,) and c.target == DEFAULT_TARGETS[slot])
+    return next(c for c in builtin() if c.slots == (slot,) and c.target == DEFAULT_TARGETS[slot])
 
 
 _SPEC = re.compile(r"^(?P<slot>[A-Za-z]+)=(?P<target>[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+)$")
@@ -464,7 +468,7 @@ def registry(extra: Iterable[Candidate] = (), *, entry_points: bool = True) -> t
     """All candidates: built-in, plug-ins, then extras (command line, profile). Ids are unique."""
     plugins, problems = from_entry_points() if entry_points else ([], [])
     out: dict[str, Candidate] = {}
-    for cand in (*BUILTIN, *plugins, *extra):
+    for cand in (*builtin(), *plugins, *extra):
         if cand.semantics not in SEMANTICS:
             problems.append(f"candidate {cand.id}: unknown semantics {cand.semantics!r}")
             continue

@@ -22,10 +22,10 @@ from kernel_lock.versions import in_spec
 from kernel_probe.detect.site import read_marker
 from kernel_probe.errors import InputFileError, ProfileUnmet, UsageError
 from kernel_probe.probe.candidates import (
-    BUILTIN,
     DEVICE_TYPES,
     Candidate,
     TableReader,
+    builtin,
     gpu_arch_problem,
     read_candidates,
 )
@@ -252,11 +252,11 @@ def _closed(p: _P, values: Iterable[str], accepted: Sequence[str], key: str, wha
 def _known_libraries(declared: Iterable[Candidate]) -> dict[str, str]:
     """Library names a profile may require or forbid -> what they are: the registry's libraries (by name
     and by each distribution name), Triton's distributions, and the profile's own candidates'."""
-    from kernel_probe.detect.libraries import KNOWN_LIBRARIES
+    from kernel_probe.detect.libraries import known_libraries
     from kernel_probe.detect.triton import TRITON_DISTRIBUTIONS
 
-    known = {lib.name: "registry" for lib in KNOWN_LIBRARIES}
-    known.update({dist: f"registry ({lib.name})" for lib in KNOWN_LIBRARIES for dist in lib.distributions})
+    known = {lib.name: "registry" for lib in known_libraries()}
+    known.update({dist: f"registry ({lib.name})" for lib in known_libraries() for dist in lib.distributions})
     known.update({dist: "triton" for dist in TRITON_DISTRIBUTIONS})
     known.update({c.distribution: f"candidate {c.id}" for c in declared if c.distribution})
     return known
@@ -392,8 +392,8 @@ def parse(text: str, path: str) -> Profile:
     for key in ("torch", "torch-cuda", "torch-hip", "driver"):
         if key in requires:
             p.specifier(requires[key], f"requires.{key}")
-    declared = read_candidates(p, d, source=f"profile:{name}", reserved={b.id for b in BUILTIN})
-    known_ids = {c.id: c for c in (*BUILTIN, *declared)}
+    declared = read_candidates(p, d, source=f"profile:{name}", reserved={b.id for b in builtin()})
+    known_ids = {c.id: c for c in (*builtin(), *declared)}
     policy = p.table(d, "policy", _POLICY, "")
     precision = p.string(policy, "precision", "policy.")
     if precision is not None and precision not in PRECISIONS:
@@ -926,9 +926,9 @@ def required_libraries(profile: Profile) -> list[str]:
 
 def variants_of(base: str) -> list[str]:
     """The variant keys ``kernel_probe.detect.libraries`` can tell apart for a library (by its report name)."""
-    from kernel_probe.detect.libraries import KNOWN_LIBRARIES
+    from kernel_probe.detect.libraries import known_libraries
 
-    lib = next((lib for lib in KNOWN_LIBRARIES if lib.name == base), None)
+    lib = next((lib for lib in known_libraries() if lib.name == base), None)
     return [v.key for v in lib.variants if v.usable] if lib is not None else []
 
 
@@ -944,9 +944,9 @@ def library_facts(
     has a version only when what is installed is that variant: the ROCm fork of transformer-engine
     installs under the same names as NVIDIA's. Any other key is one distribution's version.
     """
-    from kernel_probe.detect.libraries import KNOWN_LIBRARIES
+    from kernel_probe.detect.libraries import known_libraries
 
-    known = {lib.name: lib for lib in KNOWN_LIBRARIES}
+    known = {lib.name: lib for lib in known_libraries()}
     out: dict[str, str | None] = {}
     for key in keys:
         base, at, variant = key.partition("@")
