@@ -1,7 +1,7 @@
 """Typed getters over a parsed TOML or JSON mapping: the one family every reader of kernel-probe uses.
 
 Modelled on the pylock reader in pypa/packaging: small getters (:func:`get`, :func:`get_required`,
-:func:`get_choice`, :func:`get_strings`, :func:`get_tables`, :func:`get_objects`) raise one error type,
+:func:`get_choice`, :func:`get_strings`, :func:`get_tables`) raise one error type,
 :class:`ReadError`, naming only the key they were given. Where that key sits (``slots.Linear.blas``)
 is added as the error unwinds: a reader wraps each nested table in :func:`context`, which prefixes
 its own key, so no getter takes a path argument. The reader that started (the lock's, a candidate
@@ -11,11 +11,9 @@ with the file name, the dotted key and the fix.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, TypeVar
-
-_T = TypeVar("_T")
+from typing import Any
 
 
 class ReadError(ValueError):
@@ -98,7 +96,9 @@ def get_choice(
 
 def get_strings(d: Mapping[str, Any], key: str) -> tuple[str, ...]:
     """An array of strings (empty when absent)."""
-    values = get(d, key, list, default=[])
+    values = d.get(key, [])
+    if not isinstance(values, list):
+        raise ReadError(f"expected a list of strings, got {type(values).__name__} {values!r:.60}", key)
     for i, v in enumerate(values):
         if not isinstance(v, str):
             raise ReadError(f"expected string, got {type(v).__name__}", f"{key}[{i}]")
@@ -112,24 +112,6 @@ def get_tables(d: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
         if not isinstance(v, dict):
             raise ReadError(f"expected table, got {type(v).__name__}", f"{key}[{i}]")
     return values
-
-
-def get_objects(d: Mapping[str, Any], key: str, build: Callable[[Mapping[str, Any]], _T]) -> tuple[_T, ...]:
-    """An array of tables, each built by ``build``; an error inside one names ``key[i]``."""
-    out = []
-    for i, table in enumerate(get_tables(d, key)):
-        with context(f"{key}[{i}]"):
-            out.append(build(table))
-    return tuple(out)
-
-
-def get_object(d: Mapping[str, Any], key: str, build: Callable[[Mapping[str, Any]], _T]) -> _T | None:
-    """A table built by ``build`` (None when absent); an error inside it names ``key``."""
-    table = get(d, key, dict)
-    if table is None:
-        return None
-    with context(key):
-        return build(table)
 
 
 def unknown_keys(d: Mapping[str, Any], known: Sequence[str]) -> list[str]:
