@@ -41,6 +41,7 @@ class KernelFactory(functools.partial):
     max_error: float | None  # verified max error between the twin and the training implementation
 
     def describe(self) -> str:
+        """``LayerNorm -> liger.layer_norm (liger_kernel...)``, and what it substitutes for, if anything."""
         text = f"{self.slot} -> {self.implementation} ({self.target})"
         if self.substituted_from:
             text += f", substituted for {self.substituted_from} (verified max error {self.max_error})"

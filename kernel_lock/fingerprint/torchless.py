@@ -61,6 +61,7 @@ class Notes:
 
     @property
     def complete(self) -> bool:
+        """Whether every field was read without torch."""
         return not self.fallbacks
 
     def blocking(self, checked: Iterable[str]) -> dict[str, str]:
@@ -69,6 +70,7 @@ class Notes:
         return {name: why for name, why in self.fallbacks.items() if name in wanted}
 
     def lines(self) -> list[str]:
+        """One line per source and per fallback, for ``--debug``."""
         out = [f"{name}: read from {where}" for name, where in self.sources.items()]
         out += [f"{name}: needs torch ({why})" for name, why in self.fallbacks.items()]
         return out
