@@ -18,7 +18,7 @@ from .slots import SLOT_SEMANTICS, class_semantics
 from .trust import check_target
 
 if TYPE_CHECKING:
-    from .lock import KernelLock
+    from .document import LockDocument
     from .schema import Slot
 
 
@@ -98,7 +98,7 @@ def check_kwargs(cls: type, kwargs: Mapping[str, Any], *, where: str | None, key
             )
 
 
-def build(slot_name: str, target: str, kwargs: Mapping[str, Any], lock: KernelLock | None, key: str) -> type:
+def build(slot_name: str, target: str, kwargs: Mapping[str, Any], lock: LockDocument | None, key: str) -> type:
     """Import ``target`` for ``slot_name`` and check ``kwargs`` against it; every failure a :class:`LockError`
     naming the lock's file and ``key``."""
     trusted = lock.granted if lock else ()

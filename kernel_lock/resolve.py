@@ -20,7 +20,7 @@ from .locate import requirement_problems, static_problem, unusable_reason
 from .slots import DEFAULT_TARGETS, MODES, SLOTS, TWIN_SEMANTICS, slot_name_fix
 
 if TYPE_CHECKING:
-    from .lock import KernelLock
+    from .document import LockDocument
     from .schema import Slot
 
 log = logging.getLogger("kernel_lock")
@@ -57,7 +57,7 @@ def _check_slot_name(slot: str) -> None:
 INFERENCE_FACTS = ("device-type",)
 
 
-def mode_for(lock: KernelLock | None, mode: str | None) -> str:
+def mode_for(lock: LockDocument | None, mode: str | None) -> str:
     """The mode to resolve in: the one asked for, else the lock's own (``mode = "inference"`` in a
     derived lock), else training. Raises for an unknown mode."""
     chosen = mode if mode is not None else (lock.mode if lock is not None else "training")
@@ -67,7 +67,7 @@ def mode_for(lock: KernelLock | None, mode: str | None) -> str:
 
 
 def verify(
-    lock: KernelLock,
+    lock: LockDocument,
     mode: str | None = None,
     *,
     current: Mapping[str, Any] | None = None,
@@ -190,7 +190,7 @@ def twin_refusal(slot: Slot) -> str | None:
 # ---- the job-start check: what an import would refuse, decided without importing where it can be
 
 
-def confirm_targets(lock: KernelLock, mode: str, current: Mapping[str, Any], *, import_unknown: bool) -> None:
+def confirm_targets(lock: LockDocument, mode: str, current: Mapping[str, Any], *, import_unknown: bool) -> None:
     """Raise what :func:`factory` would raise for a slot of ``lock`` in ``mode``: a target of other
     semantics or not a class, an unknown kwarg, a module that is not there.
 
@@ -247,7 +247,7 @@ CHILD_TIMEOUT = 300.0  # seconds for the child that imports what could not be ju
 MARK = "KERNEL_LOCK_CONFIRM "
 
 
-def _confirm_in_child(lock: KernelLock, mode: str, unknown: Mapping[str, str]) -> None:
+def _confirm_in_child(lock: LockDocument, mode: str, unknown: Mapping[str, str]) -> None:
     """Resolve the ``unknown`` slots with :func:`factory` in a fresh interpreter (same search path, same
     trust) and raise its verdict here: the import path's own answer, without its code running here."""
     import json
@@ -308,7 +308,7 @@ def _max_error_text(max_error: float | None) -> str:
     return "not recorded" if max_error is None else f"{max_error:.3g}"
 
 
-def _ensure_verified(lock: KernelLock, mode: str) -> None:
+def _ensure_verified(lock: LockDocument, mode: str) -> None:
     done = lock.__dict__.setdefault("_verified_modes", set())
     if mode not in done:
         verify(lock, mode=mode)
@@ -336,7 +336,7 @@ class Resolution:
 
 
 def resolve_slot(
-    lock: KernelLock | None,
+    lock: LockDocument | None,
     slot: str,
     mode: str | None = None,
     *,
@@ -401,7 +401,7 @@ def resolve_slot(
     )
 
 
-def _refuse_training(lock: KernelLock, entry: Slot) -> None:
+def _refuse_training(lock: LockDocument, entry: Slot) -> None:
     """Raise :class:`KernelUnavailable` when ``entry`` cannot be trained with here (metadata only)."""
     slot = entry.name
     if lock.mode == "inference":
@@ -442,7 +442,7 @@ def _refuse_training(lock: KernelLock, entry: Slot) -> None:
 
 
 def factory(
-    lock: KernelLock | None, slot: str, mode: str | None = None, *, verify_environment: bool = True
+    lock: LockDocument | None, slot: str, mode: str | None = None, *, verify_environment: bool = True
 ) -> KernelFactory:
     """The callable that builds ``slot``'s pinned class with the pinned kwargs.
 
