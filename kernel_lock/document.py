@@ -20,15 +20,15 @@ from ._files import atomic_write_text
 from .errors import LockFormatError, LockVersionError
 from .reading import ReadError, get, get_strings
 from .schema import (
-    _DIGEST,
-    _VERSION,
+    DIGEST,
     LOCK_VERSION,
+    VERSION,
+    Context,
     Environment,
     Slot,
-    _choice,
-    _Ctx,
-    _record,
-    _required,
+    choice,
+    record,
+    required,
 )
 from .slots import MODES, PRECISIONS, SLOTS, slot_name_fix
 from .trust import granted_trust, module_name
@@ -82,7 +82,7 @@ class LockDocument:
         trust: Sequence[str] = (),
         check_targets: bool = True,
     ) -> _L:
-        ctx = _Ctx(path, granted_trust(trust), check_targets)
+        ctx = Context(path, granted_trust(trust), check_targets)
         try:
             return cls._read(ctx, d, strict)
         except ReadError as exc:  # the dotted key was completed as it unwound; now the file
@@ -90,9 +90,9 @@ class LockDocument:
             raise kind(exc.problem, path=path, key=exc.key or None, fix=exc.fix) from None
 
     @classmethod
-    def _read(cls: type[_L], ctx: _Ctx, d: Mapping[str, Any], strict: bool) -> _L:
-        version = _required(d, "lock-version")
-        m = _VERSION.fullmatch(version)
+    def _read(cls: type[_L], ctx: Context, d: Mapping[str, Any], strict: bool) -> _L:
+        version = required(d, "lock-version")
+        m = VERSION.fullmatch(version)
         if not m:
             raise ReadError(f"{version!r} is not a MAJOR.MINOR version like {LOCK_VERSION!r}", "lock-version")
         major, minor = int(m.group(1)), int(m.group(2))
@@ -124,19 +124,19 @@ class LockDocument:
                 with ctx.at(name):
                     slots[name] = Slot._from_dict(ctx, name, value)
         digest = get(d, "digest", str, default="")
-        if digest and not _DIGEST.fullmatch(digest):
+        if digest and not DIGEST.fullmatch(digest):
             raise ReadError(f"{digest!r} is not 'sha256:<64 hex digits>'", "digest")
         lock = cls(
             lock_version=version,
-            created_by=_required(d, "created-by"),
+            created_by=required(d, "created-by"),
             created_at=get(d, "created-at", str, default=""),
-            mode=_choice(d, "mode", MODES, default="training"),
-            precision=_choice(d, "precision", ("", *PRECISIONS), default=""),
+            mode=choice(d, "mode", MODES, default="training"),
+            precision=choice(d, "precision", ("", *PRECISIONS), default=""),
             trusted_modules=trusted,
-            profile=ctx.object(d, "profile", _record) or {},
+            profile=ctx.object(d, "profile", record) or {},
             environment=ctx.object(d, "environment", lambda e: Environment._from_dict(ctx, e)) or Environment(),
             slots=slots,
-            provenance=ctx.object(d, "provenance", _record) or {},
+            provenance=ctx.object(d, "provenance", record) or {},
             digest=digest,
             path=ctx.path,
             granted=ctx.granted,

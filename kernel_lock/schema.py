@@ -2,7 +2,7 @@
 
 The layout is documented in ``docs/lock-format.md``. Each object's TOML keys are written here only:
 its ``_KEYS`` (canonical order, and the keys a reader knows), its ``_from_dict`` (built with the typed
-getters of :mod:`kernel_lock.reading`, each nested table read inside :meth:`_Ctx.at`, so an error
+getters of :mod:`kernel_lock.reading`, each nested table read inside :meth:`Context.at`, so an error
 names its dotted key as it unwinds) and its ``to_dict`` (the TOML-ready mapping in canonical order).
 Whether a target may be imported is :mod:`kernel_lock.trust`'s to say; reading and writing files is
 :mod:`kernel_lock.lock`'s.
@@ -31,8 +31,8 @@ LOCK_VERSION = "1.3"
 MATCH_RULES = ("exact", "compatible", "ignore")
 STATE_DICT = ("interchangeable", "migrate", "incompatible")
 
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}", re.ASCII)
-_VERSION = re.compile(r"([0-9]{1,6})\.([0-9]{1,6})", re.ASCII)
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}", re.ASCII)
+VERSION = re.compile(r"([0-9]{1,6})\.([0-9]{1,6})", re.ASCII)
 MAX_WARNINGS = 20  # per lock: 300k unknown keys are one summary, not 300k lines
 INT64 = 1 << 63
 _FIX_MISSING = "add `{key} = ...` (see docs/lock-format.md)"
@@ -41,9 +41,9 @@ _T = TypeVar("_T")
 Scalar = (str, int, float, bool)
 
 
-class _Ctx:
-    """Where we are while parsing: the file, the table being read, the trust granted, and warnings to
-    report once parsing succeeds."""
+class Context:
+    """The state of reading one lock: the file, the table being read, the trust granted, and the warnings
+    to report once parsing succeeds."""
 
     def __init__(self, path: str | None, granted: Sequence[str] = (), check_targets: bool = True):
         self.path = path
@@ -81,12 +81,14 @@ class _Ctx:
             return build(table)
 
     def warn(self, key: str, problem: str) -> None:
+        """A warning about ``key`` (relative to the current table), kept until parsing succeeds."""
         if len(self.warnings) >= MAX_WARNINGS:
             self.dropped += 1
             return
         self.warnings.append(f"{self.path or '<lock>'}: '{reduce(join, [*self.where, key])}': {problem}")
 
     def unknown(self, d: Mapping[str, Any], known: Sequence[str], what: str = "key") -> None:
+        """Warn about each key of ``d`` not in ``known`` (a newer writer's, ignored)."""
         for key in d:
             if key not in known:
                 self.warn(key, f"unknown {what}, ignored (written by a newer kernel-probe?)")
@@ -102,15 +104,18 @@ class _Ctx:
             raise ReadError(exc.problem, key, exc.fix, kind=type(exc)) from None
 
     def finished_warnings(self) -> list[str]:
+        """The warnings, capped at ``MAX_WARNINGS`` plus a line counting the rest."""
         more = [f"{self.path or '<lock>'}: ... and {self.dropped} more warning(s) like these"] if self.dropped else []
         return self.warnings + more
 
 
-def _required(d: Mapping[str, Any], key: str, typ: Any = str) -> Any:
+def required(d: Mapping[str, Any], key: str, typ: Any = str) -> Any:
+    """A key the lock must have; missing, the fix points at docs/lock-format.md."""
     return get_required(d, key, typ, fix=_FIX_MISSING.format(key=key))
 
 
-def _choice(d: Mapping[str, Any], key: str, choices: Sequence[str], default: str | None = None) -> str:
+def choice(d: Mapping[str, Any], key: str, choices: Sequence[str], default: str | None = None) -> str:
+    """A string among ``choices`` (required unless there is a ``default``)."""
     return get_choice(d, key, choices, default, fix=_FIX_MISSING.format(key=key))
 
 
@@ -148,7 +153,7 @@ def _kwargs(d: Mapping[str, Any], key: str) -> dict[str, Any]:
     return dict(values)
 
 
-def _record(d: Mapping[str, Any]) -> dict[str, Any]:
+def record(d: Mapping[str, Any]) -> dict[str, Any]:
     """Evidence and timing rows: free-form flat records, but every value must be TOML-writable."""
     out: dict[str, Any] = {}
     for key, value in d.items():
@@ -180,14 +185,14 @@ class EnvField:
     _KEYS = ("value", "match")
 
     @classmethod
-    def _from_dict(cls, ctx: _Ctx, d: Any) -> EnvField:
+    def _from_dict(cls, ctx: Context, d: Any) -> EnvField:
         if not isinstance(d, dict):
             raise ReadError('expected a table like { value = "...", match = "exact" }')
         value = get(d, "value", (str, int))
         if value is None:
             raise ReadError("required key is missing", "value")
         ctx.unknown(d, cls._KEYS)
-        return cls(value=value, match=_choice(d, "match", MATCH_RULES, default="exact"))
+        return cls(value=value, match=choice(d, "match", MATCH_RULES, default="exact"))
 
     def to_dict(self) -> dict[str, Any]:
         """The TOML-ready table."""
@@ -202,7 +207,7 @@ class Environment:
     libraries: Mapping[str, EnvField] = field(default_factory=dict)
 
     @classmethod
-    def _from_dict(cls, ctx: _Ctx, d: Mapping[str, Any]) -> Environment:
+    def _from_dict(cls, ctx: Context, d: Mapping[str, Any]) -> Environment:
         from .fingerprint.fields import FIELDS  # the field catalogue lives beside the code that computes it
 
         fields = {}
@@ -248,10 +253,10 @@ class Requirement:
     _KEYS = ("name", "specifier", "module")
 
     @classmethod
-    def _from_dict(cls, ctx: _Ctx, d: Mapping[str, Any]) -> Requirement:
+    def _from_dict(cls, ctx: Context, d: Mapping[str, Any]) -> Requirement:
         from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
-        name = _required(d, "name")
+        name = required(d, "name")
         spec = get(d, "specifier", str, default="")
         try:
             SpecifierSet(spec)
@@ -288,8 +293,8 @@ class Twin:
     _KEYS = ("target", "kwargs", "state-dict", "migration", "max-error")
 
     @classmethod
-    def _from_dict(cls, ctx: _Ctx, d: Mapping[str, Any]) -> Twin:
-        target = _required(d, "target")
+    def _from_dict(cls, ctx: Context, d: Mapping[str, Any]) -> Twin:
+        target = required(d, "target")
         ctx.check(target, "target")
         max_error = get(d, "max-error", float)
         if max_error is not None and (not math.isfinite(max_error) or max_error < 0):
@@ -298,7 +303,7 @@ class Twin:
         return cls(
             target=target,
             kwargs=_kwargs(d, "kwargs"),
-            state_dict=_choice(d, "state-dict", STATE_DICT, default="interchangeable"),
+            state_dict=choice(d, "state-dict", STATE_DICT, default="interchangeable"),
             migration=get_strings(d, "migration"),
             max_error=max_error,
         )
@@ -313,13 +318,13 @@ class Twin:
         return out
 
 
-def _blas(ctx: _Ctx, slot: str, d: Mapping[str, Any]) -> Blas:
+def _blas(ctx: Context, slot: str, d: Mapping[str, Any]) -> Blas:
     """``slots.Linear.blas``: the library (and the build's default) of the same vendor, Linear only."""
     if slot != "Linear":
         raise ReadError(f"only the Linear slot records a BLAS library, not {slot}", fix="remove it")
     ctx.unknown(d, ("library", "build-default"))
-    library = _choice(d, "library", BLAS_LIBRARIES)
-    default = _choice(d, "build-default", ("", *BLAS_LIBRARIES), default="")
+    library = choice(d, "library", BLAS_LIBRARIES)
+    default = choice(d, "build-default", ("", *BLAS_LIBRARIES), default="")
     if default and device_of(default) != device_of(library):
         raise ReadError(
             f"{default!r} is a {device_of(default)} library, {library!r} a {device_of(library)} one",
@@ -341,12 +346,12 @@ class Candidate:
     _KEYS = ("implementation", "target", "status", "reasons")
 
     @classmethod
-    def _from_dict(cls, ctx: _Ctx, d: Mapping[str, Any]) -> Candidate:
+    def _from_dict(cls, ctx: Context, d: Mapping[str, Any]) -> Candidate:
         ctx.unknown(d, cls._KEYS)
         return cls(
-            implementation=_required(d, "implementation"),
+            implementation=required(d, "implementation"),
             target=get(d, "target", str, default=""),
-            status=_choice(d, "status", STATUSES),
+            status=choice(d, "status", STATUSES),
             reasons=get_strings(d, "reasons"),
         )
 
@@ -396,27 +401,27 @@ class Slot:
     )
 
     @classmethod
-    def _from_dict(cls, ctx: _Ctx, name: str, d: Any) -> Slot:
+    def _from_dict(cls, ctx: Context, name: str, d: Any) -> Slot:
         """The slot ``name``'s table, read at ``slots.<name>``."""
         if not isinstance(d, dict):
             raise ReadError("expected a table")
-        target = _required(d, "target")
+        target = required(d, "target")
         ctx.check(target, "target")
         get(d, "twin", dict)
         ctx.unknown(d, cls._KEYS)
         slot = cls(
             name=name,
-            implementation=_required(d, "implementation"),
+            implementation=required(d, "implementation"),
             target=target,
-            semantics=_choice(d, "semantics", SEMANTICS),
+            semantics=choice(d, "semantics", SEMANTICS),
             kwargs=_kwargs(d, "kwargs"),
             requires=ctx.objects(d, "requires", lambda r: Requirement._from_dict(ctx, r)),
             devices=get_strings(d, "devices"),
             twin=ctx.object(d, "twin", lambda t: Twin._from_dict(ctx, t)),
             reason=get(d, "reason", str, default=""),
             changes=get_strings(d, "accepted-changes"),
-            evidence=ctx.objects(d, "evidence", _record),
-            timing=ctx.objects(d, "timing", _record),
+            evidence=ctx.objects(d, "evidence", record),
+            timing=ctx.objects(d, "timing", record),
             rejected=ctx.objects(d, "rejected", lambda r: Candidate._from_dict(ctx, r)),
             blas=ctx.object(d, "blas", lambda b: _blas(ctx, name, b)),
         )
