@@ -32,18 +32,18 @@ BUILTIN_IDS = [c.id for c in cands.builtin()]
 
 # ---- one home per slot fact --------------------------------------------------------------------------
 def test_every_slot_fact_is_imported_from_kernel_lock_slots():
-    from kernel_lock import lock, resolve, schema
+    from kernel_lock import document, resolve, schema
     from kernel_probe.commands import anemoicmds, lockcmds
     from kernel_probe.probe import check as checker
     from kernel_probe.probe import judge
 
-    assert kernel_lock.SLOTS is lock.SLOTS is resolve.SLOTS is cands.SLOTS is slots.SLOTS
+    assert kernel_lock.SLOTS is document.SLOTS is resolve.SLOTS is cands.SLOTS is slots.SLOTS
     assert schema.SEMANTICS is cands.SEMANTICS is slots.SEMANTICS
     assert cands.SLOT_SEMANTICS is checker.SLOT_SEMANTICS is lockwrite.SLOT_SEMANTICS is slots.SLOT_SEMANTICS
     assert cands.CANONICAL is lockwrite.CANONICAL is slots.CANONICAL
     assert resolve.DEFAULT_TARGETS is slots.DEFAULT_TARGETS and resolve.TWIN_SEMANTICS is slots.TWIN_SEMANTICS
-    assert lock.MODES is resolve.MODES is anemoicmds.MODES is lockcmds.MODES is slots.MODES
-    assert lock.PRECISIONS is profiles.PRECISIONS is slots.PRECISIONS
+    assert document.MODES is resolve.MODES is anemoicmds.MODES is lockcmds.MODES is slots.MODES
+    assert document.PRECISIONS is profiles.PRECISIONS is slots.PRECISIONS
     assert schema.STATUSES is judge.STATUSES is slots.STATUSES
     assert judge.CONFUSABLE is slots.CONFUSABLE
 
