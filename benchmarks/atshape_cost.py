@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("--shape", default="2048x1024")
     args = ap.parse_args()
     from kernel_probe.probe import timing
-    from kernel_probe.probe.candidates import BUILTIN
+    from kernel_probe.probe.candidates import builtin
     from kernel_probe.probe.pipeline import DEFAULT_REPS
 
     reps = DEFAULT_REPS["cpu"]
@@ -55,7 +55,7 @@ def main() -> None:
     )
     sums = {"off": 0.0, "on": 0.0, "moff": 0.0, "mon": 0.0, "coff": 0.0, "con": 0.0}
     for cid, slot, shape, dtype, regime in configs:
-        cand = next(c for c in BUILTIN if c.id == cid)
+        cand = next(c for c in builtin() if c.id == cid)
         timing.time_candidate(cand, slot, "cpu", [shape], dtype, regime, opts)  # warm the allocator and kernels
         wall: dict[bool, list[float]] = {False: [], True: []}
         cpu: dict[bool, list[float]] = {False: [], True: []}

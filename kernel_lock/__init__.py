@@ -24,7 +24,9 @@ from .errors import (
     RanksDisagree,
     TargetNotAllowed,
 )
-from .lock import LOCK_VERSION, SLOTS, KernelLock, load, loads
+from .lock import KernelLock, load, loads
+from .schema import LOCK_VERSION
+from .slots import SLOTS
 
 __version__ = "0.1.0"
 

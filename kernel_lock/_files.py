@@ -1,4 +1,4 @@
-"""Reading an input file safely: a regular file only, never more than a cap.
+"""Reading an input file safely (a regular file only, never more than a cap), and writing one atomically.
 
 A FIFO, a character device (``/dev/zero``), a socket or a directory passed where a lock, a profile
 or a config is expected would hang the reader or exhaust its memory: they are refused before any
@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import os
 import stat
+from pathlib import Path
+
+from .errors import LockFormatError
 
 KINDS = {
     stat.S_IFIFO: "a FIFO (named pipe)",
@@ -31,6 +34,7 @@ class UnsafeFile(Exception):
 
 
 def kind(mode: int) -> str:
+    """How a message names a file type (``a FIFO (named pipe)``) from its ``st_mode``."""
     return KINDS.get(stat.S_IFMT(mode), "not a regular file")
 
 
@@ -66,3 +70,48 @@ def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically: a temp file in the same directory, fsync, rename.
+
+    A symbolic link at ``path`` is written *through* (its target is replaced, the link stays, so a
+    shared lock others link to stays shared). Anything there that is not a regular file (a directory,
+    a FIFO, a device) is refused, never replaced.
+    """
+    import tempfile
+
+    path = Path(os.path.realpath(path))
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        raise LockFormatError(
+            f"is {kind(mode)}, not a regular file: not replaced",
+            path=str(path),
+            fix="write the lock to a regular file path",
+        )
+    directory = path.parent if str(path.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    except OSError as exc:  # the folder is missing, read-only, or not a folder: nothing was written
+        why = "does not exist" if isinstance(exc, FileNotFoundError) else f"cannot be written to ({exc.strerror})"
+        raise LockFormatError(
+            f"cannot write the lock: the folder {directory} {why}; nothing was written",
+            path=str(path),
+            fix="create the folder first, or give a path in a folder you can write to",
+        ) from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise

@@ -24,6 +24,7 @@ _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
 def loads(text: str) -> dict[str, Any]:
+    """Parse TOML text (tomllib, or tomli before Python 3.11)."""
     return tomllib.loads(text)
 
 
@@ -98,6 +99,7 @@ def _is_leaf(value: Any) -> bool:
 
 
 def dumps(document: dict[str, Any]) -> str:
+    """TOML text for ``document``: scalars before tables, keys in the mapping's order."""
     lines: list[str] = []
     _write_table(document, [], lines, header=None)
     return "\n".join(lines).strip("\n") + "\n"

@@ -54,6 +54,7 @@ class Blas:
     build_default: str = ""
 
     def to_dict(self) -> dict[str, Any]:
+        """The TOML-ready ``[slots.Linear.blas]`` table."""
         out: dict[str, Any] = {"library": self.library}
         if self.build_default:
             out["build-default"] = self.build_default
@@ -177,6 +178,7 @@ def apply(record: Blas, device: str, *, path: str | None = None) -> str:
 
 
 def mismatch_fix(record: Blas) -> str:
+    """The fix for a process whose own BLAS choice differs from the one the lock records."""
     return (
         f"the lock's Linear was checked and timed under {record.library}: remove the process's own choice "
         f"(anemoi's training.preferred_blas_backend, a call to {CONTROL}, {' / '.join(ENV_VARS)}), or re-probe "

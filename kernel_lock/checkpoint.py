@@ -96,6 +96,8 @@ _KEY = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_0-9][\w]*)*$")
 
 @dataclass(frozen=True)
 class Rule:
+    """One state-dict migration step of a twin: ``drop:KEY``, ``rename:OLD->NEW`` or ``transpose:KEY``."""
+
     kind: str  # drop | rename | transpose
     key: str  # the stored key (drop, rename) or the twin's key (transpose)
     new: str = ""  # rename: the twin's key

@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import KernelUnavailable, LockError
-from .lock import KernelLock, Slot
+from .lock import KernelLock
+from .schema import Slot
 
 log = logging.getLogger("kernel_lock")
 
@@ -69,7 +70,8 @@ class _Plan:
     """Which classes came from the lock, and what each becomes."""
 
     def __init__(self, lock: KernelLock):
-        from .resolve import import_target, twin_refusal
+        from .importing import import_target
+        from .resolve import twin_refusal
 
         self.lock = lock
         self.slots: list[tuple[Slot, type]] = []

@@ -8,19 +8,20 @@ and the ``substituted_from`` attribute of what it returns), so a caller can asse
 from __future__ import annotations
 
 import functools
-import importlib
-import inspect
 import logging
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .errors import Difference, KernelUnavailable, LockFormatError, LockMismatch, TargetNotAllowed
-from .lock import KernelLock, Slot, check_target
+from .errors import Difference, KernelUnavailable, LockFormatError, LockMismatch
+from .importing import IN_INFERENCE_MODE, build, install_hint
+from .locate import requirement_problems, static_problem, unusable_reason
+from .slots import DEFAULT_TARGETS, MODES, SLOTS, TWIN_SEMANTICS, slot_name_fix
 
-# DEFAULT_TARGETS and TWIN_SEMANTICS are declared in kernel_lock.slots; still importable from here
-from .slots import DEFAULT_TARGETS, MODES, SLOT_SEMANTICS, SLOTS, TWIN_SEMANTICS, class_semantics, slot_name_fix
+if TYPE_CHECKING:
+    from .document import LockDocument
+    from .schema import Slot
 
 log = logging.getLogger("kernel_lock")
 
@@ -40,6 +41,7 @@ class KernelFactory(functools.partial):
     max_error: float | None  # verified max error between the twin and the training implementation
 
     def describe(self) -> str:
+        """``LayerNorm -> liger.layer_norm (liger_kernel...)``, and what it substitutes for, if anything."""
         text = f"{self.slot} -> {self.implementation} ({self.target})"
         if self.substituted_from:
             text += f", substituted for {self.substituted_from} (verified max error {self.max_error})"
@@ -51,13 +53,11 @@ def _check_slot_name(slot: str) -> None:
         raise LockFormatError(f"unknown slot {slot!r}", key=slot, fix=slot_name_fix(slot))
 
 
-# how to ask for inference mode, said once for both audiences of these messages
-IN_INFERENCE_MODE = 'in inference mode (Python: mode="inference"; command line: --mode inference)'
 # the facts an inference check reads: a slot runs as pinned only on its device types (Slot.devices)
 INFERENCE_FACTS = ("device-type",)
 
 
-def mode_for(lock: KernelLock | None, mode: str | None) -> str:
+def mode_for(lock: LockDocument | None, mode: str | None) -> str:
     """The mode to resolve in: the one asked for, else the lock's own (``mode = "inference"`` in a
     derived lock), else training. Raises for an unknown mode."""
     chosen = mode if mode is not None else (lock.mode if lock is not None else "training")
@@ -66,148 +66,8 @@ def mode_for(lock: KernelLock | None, mode: str | None) -> str:
     return chosen
 
 
-def install_hint(slot: Slot) -> str:
-    """``pip install 'liger-kernel>=0.5'``: what installs the libraries ``slot`` requires, by name."""
-    wanted = " ".join(
-        f"'{r.name}{r.specifier}'" if str(r.specifier) else r.name for r in slot.requires if r.name != "torch"
-    )
-    return f"`pip install {wanted}`" if wanted else "the library it needs"
-
-
-def import_target(
-    target: str,
-    trusted: tuple[str, ...] = (),
-    *,
-    where: str | None = None,
-    key: str | None = None,
-    semantics: str | None = None,
-) -> type:
-    """Import an allow-listed ``torch.nn.Module`` subclass. The allow-list is checked first; with
-    ``semantics``, a class that computes something else (an RMSNorm for a LayerNorm slot, an
-    Identity for a Linear) is refused."""
-    check_target(target, trusted, path=where, key=key)
-    module_name, _, attr = target.rpartition(".")
-    # a nested class ("pkg.mod.Outer.Inner") is not supported on purpose: one module, one class
-    module = importlib.import_module(module_name)
-    try:
-        obj = getattr(module, attr)
-    except AttributeError:
-        raise ImportError(f"module {module_name!r} has no attribute {attr!r}") from None
-    import torch
-
-    if not (isinstance(obj, type) and issubclass(obj, torch.nn.Module)):
-        raise TargetNotAllowed(
-            f"target {target!r} is a {type(obj).__name__}, not a torch.nn.Module subclass",
-            path=where,
-            key=key,
-            fix="a slot must name a module class, such as torch.nn.LayerNorm",
-        )
-    found = None
-    if semantics is not None:
-        from .registry import declared_semantics
-
-        found = class_semantics(obj) or declared_semantics(target)
-    if found is not None and found != semantics:
-        raise TargetNotAllowed(
-            f"target {target!r} computes {found}, not {semantics}: the slot would change the model's maths",
-            path=where,
-            key=key,
-            fix="pin a class of the slot's semantics (an RMSNorm is not a LayerNorm), or move the entry to its slot",
-        )
-    return obj
-
-
-def check_kwargs(cls: type, kwargs: Mapping[str, Any], *, where: str | None, key: str) -> None:
-    """Refuse pinned kwargs the class's constructor does not accept (before any call)."""
-    try:
-        sig = inspect.signature(cls)
-    except (TypeError, ValueError):  # builtins without a signature: nothing to check
-        return
-    params = sig.parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return
-    for name in kwargs:
-        p = params.get(name)
-        if p is None or p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.VAR_POSITIONAL):
-            accepted = [n for n, q in params.items() if q.kind in (q.POSITIONAL_OR_KEYWORD, q.KEYWORD_ONLY)]
-            raise LockFormatError(
-                f"{cls.__module__}.{cls.__qualname__} does not accept the keyword argument {name!r}",
-                path=where,
-                key=f"{key}.{name}",
-                fix=f"remove it; accepted: {', '.join(accepted)}",
-            )
-
-
-def _requirement_problems(slot: Slot) -> list[Difference]:
-    """Requirements of a slot that this machine does not satisfy (no import; metadata only)."""
-    from importlib import metadata
-
-    from .versions import in_spec
-
-    problems = []
-    for req in slot.requires:
-        try:
-            version = metadata.version(req.name)
-        except metadata.PackageNotFoundError:
-            version = None
-        where = locate(req.module) if req.module else None
-        if version is None and where:
-            version = "unknown"  # importable but not installed as a distribution (e.g. a source tree)
-        if version is None:
-            problems.append(
-                Difference(
-                    f"slots.{slot.name}.requires.{req.name}", req.specifier or "any", "not installed", "specifier"
-                )
-            )
-            continue
-        if where is False:  # the metadata is there, the module's files are not (a half-removed install)
-            problems.append(
-                Difference(
-                    f"slots.{slot.name}.requires.{req.name}",
-                    req.specifier or "any",
-                    f"{version} per its metadata, but module {req.module!r} is not on the search path",
-                    "specifier",
-                )
-            )
-            continue
-        if req.specifier and version != "unknown" and not in_spec(req.specifier, version):
-            problems.append(Difference(f"slots.{slot.name}.requires.{req.name}", req.specifier, version, "specifier"))
-    return problems
-
-
-def locate(module: str) -> bool | None:
-    """Is ``module`` on the search path? True / False where the file system says so, None where only
-    importing could tell. No package's code runs: the top-level package is looked up by
-    the import system's finders and each submodule by ``PathFinder`` within its parent's ``__path__`` as found on disk
-    (``importlib.util.find_spec("a.b")`` would import ``a``). A package that builds its ``__path__``
-    when imported (a legacy namespace package, a lazy loader) may hold a submodule this cannot see:
-    a submodule not found is None (unknown), never False; only a missing top-level package is False.
-    """
-    import importlib.machinery
-    import importlib.util
-
-    parts = module.split(".")
-    try:  # a top-level name has no parent to import: only the finders run (editable installs' too)
-        spec = importlib.util.find_spec(parts[0])
-    except (ImportError, ValueError, OSError):
-        return None
-    if spec is None:
-        return False
-    for i in range(1, len(parts)):
-        locations = spec.submodule_search_locations
-        if not locations:
-            return None  # a module, not a package, or one whose path is built on import
-        try:
-            spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: i + 1]), list(locations))
-        except (ImportError, ValueError, OSError):
-            return None
-        if spec is None:
-            return None
-    return True
-
-
 def verify(
-    lock: KernelLock,
+    lock: LockDocument,
     mode: str | None = None,
     *,
     current: Mapping[str, Any] | None = None,
@@ -227,7 +87,7 @@ def verify(
     """
     mode = mode_for(lock, mode)
     if current is None:
-        from . import fingerprint
+        from .fingerprint import here
 
         # without importing torch where it is not; a fact this check needs that only torch can settle
         # is read with it
@@ -236,30 +96,30 @@ def verify(
             if mode == "training"
             else INFERENCE_FACTS
         )
-        current = fingerprint.for_check(checked)
+        current = here.for_check(checked)
     notes: list[str] = []
     if mode == "training":
-        from . import fingerprint
+        from .fingerprint import fields
 
-        libs = fingerprint.library_versions(lock.environment.libraries)
-        diffs = fingerprint.compare(lock.environment.fields, current, lock.environment.libraries, libs)
+        libs = fields.library_versions(lock.environment.libraries)
+        diffs = fields.compare(lock.environment.fields, current, lock.environment.libraries, libs)
         notes.extend(
             f"environment field {name!r} is unknown to this kernel_lock (a newer writer?): not checked"
-            for name in fingerprint.unchecked_fields(lock.environment.fields)
+            for name in fields.unchecked_fields(lock.environment.fields)
         )
         notes.extend(
             f"{name} differs (lock {spec.value!r}, here {current.get(name)!r}): not checked (match = ignore)"
             for name, spec in lock.environment.fields.items()
             if spec.match == "ignore"
-            and name in fingerprint.FIELDS
+            and name in fields.FIELDS
             and current.get(name) is not None
             and str(current.get(name)) != str(spec.value)
         )
-        name_note = fingerprint.device_name_note(current)
+        name_note = fields.device_name_note(current)
         if name_note:
             notes.append(name_note)
         for slot in lock.slots.values():
-            diffs.extend(_requirement_problems(slot))
+            diffs.extend(requirement_problems(slot))
             if slot.blas is not None:  # the Linear's BLAS library: the process must not have chosen another
                 from . import blas
 
@@ -288,7 +148,7 @@ def verify(
         try:
             r = resolve_slot(lock, slot.name, mode, current=current, import_classes=False)
         except KernelUnavailable:
-            reason, refusal = _unusable_reason(slot, current), twin_refusal(slot)
+            reason, refusal = unusable_reason(slot, current), twin_refusal(slot)
             problems.append(Difference(f"slots.{slot.name}", slot.implementation, f"{reason}; {refusal}", "inference"))
             continue
         if r.substituted_from:
@@ -330,58 +190,7 @@ def twin_refusal(slot: Slot) -> str | None:
 # ---- the job-start check: what an import would refuse, decided without importing where it can be
 
 
-def _static_problem(
-    slot: str, target: str, kwargs: Mapping[str, Any], torch_version: str, where: str | None, key: str
-) -> str | None:
-    """Decide ``target`` for ``slot`` as :func:`_build` would, from ``registry.target_facts`` and the
-    file system: raises the error the import would raise; None when it would build; the reason when
-    only importing can tell (a target outside the tables, a kwarg the registry does not declare, an
-    unknown or too old torch, a module found only by importing its parent)."""
-    from . import registry
-    from .slots import TORCH_FACTS_SINCE, canonical_target
-    from .versions import release
-
-    facts = registry.target_facts(target)
-    if facts is None:
-        return f"{target!r} is not a class the registry or torch.nn's table declares"
-    name = canonical_target(target)
-    if name.split(".")[0] in ("torch", "kernel_lock") and release(torch_version)[:2] < TORCH_FACTS_SINCE:
-        return f"torch {torch_version or '(version unknown)'} is not one the table of torch.nn's classes holds for"
-    semantics = SLOT_SEMANTICS[slot]
-    if facts.semantics != semantics:
-        raise TargetNotAllowed(
-            f"target {target!r} computes {facts.semantics}, not {semantics}: the slot would change the model's maths",
-            path=where,
-            key=f"{key}.target",
-            fix="pin a class of the slot's semantics (an RMSNorm is not a LayerNorm), or move the entry to its slot",
-        )
-    for kw in kwargs:
-        if kw in facts.params:
-            continue
-        if not facts.complete:
-            return f"keyword argument {kw!r} is not one the registry declares for {target!r}"
-        raise LockFormatError(
-            f"{name} does not accept the keyword argument {kw!r}",
-            path=where,
-            key=f"{key}.kwargs.{kw}",
-            fix=f"remove it; accepted: {', '.join(sorted(facts.params))}",
-        )
-    module = target.rpartition(".")[0]
-    found = locate(module)
-    if found is False:
-        raise KernelUnavailable(
-            f"slot {slot}: cannot import {target!r}: module {module.split('.')[0]!r} is not on the search path",
-            path=where,
-            key=key,
-            fix=f"install the library that provides module {module.split('.')[0]!r}, re-run `kernel-probe` to "
-            f"choose what this machine can run, or resolve it {IN_INFERENCE_MODE} to use the verified torch.nn twin",
-        )
-    if found is None:
-        return f"module {module!r} can only be found by importing its parent package"
-    return None
-
-
-def confirm_targets(lock: KernelLock, mode: str, current: Mapping[str, Any], *, import_unknown: bool) -> None:
+def confirm_targets(lock: LockDocument, mode: str, current: Mapping[str, Any], *, import_unknown: bool) -> None:
     """Raise what :func:`factory` would raise for a slot of ``lock`` in ``mode``: a target of other
     semantics or not a class, an unknown kwarg, a module that is not there.
 
@@ -401,7 +210,7 @@ def confirm_targets(lock: KernelLock, mode: str, current: Mapping[str, Any], *, 
             r = resolve_slot(lock, entry.name, mode, current=current, import_classes=False)
             target, kwargs, at = r.target, r.kwargs, key if r.substituted_from is None else f"{key}.twin"
         try:
-            why = _static_problem(entry.name, target, kwargs, torch_version, lock.path, at)
+            why = static_problem(entry.name, target, kwargs, torch_version, lock.path, at)
         except KernelUnavailable as exc:
             if mode == "training" or at != key:
                 raise
@@ -414,7 +223,7 @@ def confirm_targets(lock: KernelLock, mode: str, current: Mapping[str, Any], *, 
                     key=f"{key}.twin",
                 ) from None
             assert entry.twin is not None
-            why = _static_problem(
+            why = static_problem(
                 entry.name, entry.twin.target, entry.twin.kwargs, torch_version, lock.path, f"{key}.twin"
             )
         if why is not None:
@@ -435,10 +244,10 @@ def confirm_targets(lock: KernelLock, mode: str, current: Mapping[str, Any], *, 
 
 
 CHILD_TIMEOUT = 300.0  # seconds for the child that imports what could not be judged without it
-_MARK = "KERNEL_LOCK_CONFIRM "
+MARK = "KERNEL_LOCK_CONFIRM "
 
 
-def _confirm_in_child(lock: KernelLock, mode: str, unknown: Mapping[str, str]) -> None:
+def _confirm_in_child(lock: LockDocument, mode: str, unknown: Mapping[str, str]) -> None:
     """Resolve the ``unknown`` slots with :func:`factory` in a fresh interpreter (same search path, same
     trust) and raise its verdict here: the import path's own answer, without its code running here."""
     import json
@@ -454,7 +263,7 @@ def _confirm_in_child(lock: KernelLock, mode: str, unknown: Mapping[str, str]) -
     }
     code = (
         "import json, sys; r = json.loads(sys.stdin.read()); sys.path[:] = r['sys_path']; "
-        "from kernel_lock.resolve import _confirm_child; _confirm_child(r)"
+        "from kernel_lock.confirm_child import main; main(r)"
     )
     what = ", ".join(f"slot {name} ({why})" for name, why in unknown.items())
     try:
@@ -472,7 +281,7 @@ def _confirm_in_child(lock: KernelLock, mode: str, unknown: Mapping[str, str]) -
             key="slots." + next(iter(unknown)),
             fix="run `kernel-probe verify` to see the import's own error",
         ) from None
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(_MARK)]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]
     if not lines:
         tail = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
         raise KernelUnavailable(
@@ -481,7 +290,7 @@ def _confirm_in_child(lock: KernelLock, mode: str, unknown: Mapping[str, str]) -
             key="slots." + next(iter(unknown)),
             fix="run `kernel-probe verify` to see the import's own error",
         )
-    verdicts = json.loads(lines[-1][len(_MARK) :])
+    verdicts = json.loads(lines[-1][len(MARK) :])
     for slot in unknown:
         verdict = verdicts.get(slot, {"exit_code": 3, "problem": f"slot {slot}: no verdict", "key": None, "fix": None})
         if verdict is None:
@@ -495,93 +304,15 @@ def _confirm_in_child(lock: KernelLock, mode: str, unknown: Mapping[str, str]) -
         )
 
 
-def _child_verdict(request: Mapping[str, Any], slot: str) -> dict[str, Any] | None:
-    from .errors import LockError
-    from .lock import loads
-
-    try:
-        lock = loads(request["text"], path=request["path"], trust=request["trust"], emit_warnings=False)
-        factory(lock, slot, request["mode"], verify_environment=False)
-        return None
-    except LockError as exc:
-        return {"exit_code": exc.exit_code, "problem": exc.problem, "key": exc.key, "fix": exc.fix}
-    except BaseException as exc:  # the import path reports it as unavailable too
-        return {
-            "exit_code": KernelUnavailable.exit_code,
-            "problem": f"slot {slot}: resolving it raised {type(exc).__name__}: {exc}",
-            "key": f"slots.{slot}",
-            "fix": "repair or reinstall that library, or re-run `kernel-probe`",
-        }
-
-
-def _confirm_child(request: Mapping[str, Any]) -> None:
-    """The child of :func:`_confirm_in_child`: ``factory`` for each slot asked, one JSON line of verdicts."""
-    import json
-    import os
-
-    verdicts: dict[str, Any] = {}
-    try:
-        for slot in request["slots"]:
-            verdicts[slot] = _child_verdict(request, slot)
-    finally:
-        sys.stdout.write("\n" + _MARK + json.dumps(verdicts) + "\n")
-        sys.stdout.flush()
-        os._exit(0)  # no atexit hook or thread of an imported library decides the outcome
-
-
 def _max_error_text(max_error: float | None) -> str:
     return "not recorded" if max_error is None else f"{max_error:.3g}"
 
 
-def _unusable_reason(slot: Slot, current: Mapping[str, Any]) -> str | None:
-    """Why ``slot``'s pinned implementation cannot run on ``current`` (metadata only), or None."""
-    problems = _requirement_problems(slot)
-    if problems:
-        return "; ".join(f"{p.field.rsplit('.', 1)[-1]} {p.found} (needs {p.expected})" for p in problems)
-    if slot.devices and current.get("device-type") not in slot.devices:
-        return f"it runs on {', '.join(slot.devices)}, this machine's device is {current.get('device-type')}"
-    return None
-
-
-def _ensure_verified(lock: KernelLock, mode: str) -> None:
+def _ensure_verified(lock: LockDocument, mode: str) -> None:
     done = lock.__dict__.setdefault("_verified_modes", set())
     if mode not in done:
         verify(lock, mode=mode)
         done.add(mode)
-
-
-def _build(slot_name: str, target: str, kwargs: Mapping[str, Any], lock: KernelLock | None, key: str) -> type:
-    trusted = lock.granted if lock else ()
-    where = lock.path if lock else None
-    try:
-        cls = import_target(target, trusted, where=where, key=f"{key}.target", semantics=SLOT_SEMANTICS[slot_name])
-    except (LockFormatError, TargetNotAllowed):
-        raise
-    except SystemExit as exc:  # a module that runs its command line on import must not end the caller
-        raise KernelUnavailable(
-            f"slot {slot_name}: importing {target!r} called sys.exit({exc.code!r})",
-            path=where,
-            key=key,
-            fix="that module is a program, not a library of layers: pin a class from a library",
-        ) from None
-    except ImportError as exc:
-        missing = getattr(exc, "name", None) or target.split(".")[0]
-        raise KernelUnavailable(
-            f"slot {slot_name}: cannot import {target!r}: {exc}",
-            path=where,
-            key=key,
-            fix=f"install the library that provides module {missing!r}, re-run `kernel-probe` to choose "
-            f"what this machine can run, or resolve it {IN_INFERENCE_MODE} to use the verified torch.nn twin",
-        ) from None
-    except Exception as exc:  # a library that raises something else while importing is broken, not absent
-        raise KernelUnavailable(
-            f"slot {slot_name}: importing {target!r} failed with {type(exc).__name__}: {exc}",
-            path=where,
-            key=key,
-            fix=f"repair or reinstall that library, re-run `kernel-probe`, or resolve it {IN_INFERENCE_MODE}",
-        ) from None
-    check_kwargs(cls, kwargs, where=where, key=f"{key}.kwargs")
-    return cls
 
 
 @dataclass(frozen=True)
@@ -605,7 +336,7 @@ class Resolution:
 
 
 def resolve_slot(
-    lock: KernelLock | None,
+    lock: LockDocument | None,
     slot: str,
     mode: str | None = None,
     *,
@@ -625,24 +356,24 @@ def resolve_slot(
     entry = lock.slots.get(slot) if lock is not None else None
     if entry is None:
         target = DEFAULT_TARGETS[slot]
-        cls = _build(slot, target, {}, None, f"slots.{slot}") if import_classes else None
+        cls = build(slot, target, {}, None, f"slots.{slot}") if import_classes else None
         return Resolution(slot, mode, "torch (default; slot not in lock)", target, {}, cls)
     assert lock is not None
     key = f"slots.{slot}"
     pinned = functools.partial(Resolution, slot, mode, entry.implementation, entry.target, entry.kwargs)
     if mode == "training":
         _refuse_training(lock, entry)
-        return pinned(_build(slot, entry.target, entry.kwargs, lock, key) if import_classes else None)
+        return pinned(build(slot, entry.target, entry.kwargs, lock, key) if import_classes else None)
     if current is None:
-        from . import fingerprint
+        from .fingerprint import here
 
-        current = fingerprint.for_check(INFERENCE_FACTS)
-    reason = _unusable_reason(entry, current)
+        current = here.for_check(INFERENCE_FACTS)
+    reason = unusable_reason(entry, current)
     if reason is None:
         if not import_classes:
             return pinned()
         try:
-            return pinned(_build(slot, entry.target, entry.kwargs, lock, key))
+            return pinned(build(slot, entry.target, entry.kwargs, lock, key))
         except KernelUnavailable as exc:
             reason = exc.problem
     refusal = twin_refusal(entry)
@@ -656,7 +387,7 @@ def resolve_slot(
         )
     twin = entry.twin
     assert twin is not None
-    cls = _build(slot, twin.target, twin.kwargs, lock, f"{key}.twin") if import_classes else None
+    cls = build(slot, twin.target, twin.kwargs, lock, f"{key}.twin") if import_classes else None
     return Resolution(
         slot,
         mode,
@@ -670,7 +401,7 @@ def resolve_slot(
     )
 
 
-def _refuse_training(lock: KernelLock, entry: Slot) -> None:
+def _refuse_training(lock: LockDocument, entry: Slot) -> None:
     """Raise :class:`KernelUnavailable` when ``entry`` cannot be trained with here (metadata only)."""
     slot = entry.name
     if lock.mode == "inference":
@@ -685,7 +416,7 @@ def _refuse_training(lock: KernelLock, entry: Slot) -> None:
         )
     # this slot's own library first: "install it, or use inference mode" says more than the list
     # of every differing environment field that verify() would give for the same cause
-    problems = _requirement_problems(entry)
+    problems = requirement_problems(entry)
     if problems:
         raise KernelUnavailable(
             f"slot {slot}: {entry.implementation} ({entry.target}) needs "
@@ -696,9 +427,9 @@ def _refuse_training(lock: KernelLock, entry: Slot) -> None:
             f"or load it {IN_INFERENCE_MODE} to use the verified torch.nn twin",
         )
     if entry.devices:
-        from . import fingerprint
+        from .fingerprint import here as fingerprint_here
 
-        here = fingerprint.for_check(INFERENCE_FACTS).get("device-type")
+        here = fingerprint_here.for_check(INFERENCE_FACTS).get("device-type")
         if here not in entry.devices:
             raise KernelUnavailable(
                 f"slot {slot}: {entry.implementation} ({entry.target}) runs on {', '.join(entry.devices)}; "
@@ -711,7 +442,7 @@ def _refuse_training(lock: KernelLock, entry: Slot) -> None:
 
 
 def factory(
-    lock: KernelLock | None, slot: str, mode: str | None = None, *, verify_environment: bool = True
+    lock: LockDocument | None, slot: str, mode: str | None = None, *, verify_environment: bool = True
 ) -> KernelFactory:
     """The callable that builds ``slot``'s pinned class with the pinned kwargs.
 
@@ -731,9 +462,10 @@ def factory(
     if (
         lock is not None and entry is not None and entry.blas is not None
     ):  # process-wide, logged; another choice of the process: mismatch
-        from . import blas, fingerprint
+        from . import blas
+        from .fingerprint import here
 
-        blas.apply(entry.blas, str(fingerprint.for_check(INFERENCE_FACTS).get("device-type", "")), path=lock.path)
+        blas.apply(entry.blas, str(here.for_check(INFERENCE_FACTS).get("device-type", "")), path=lock.path)
     if r.substituted_from:
         log.warning(
             "inference substitutes %s for slot %s: %s cannot run here (%s); verified max error between them: %s",

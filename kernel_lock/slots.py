@@ -52,6 +52,8 @@ TORCH_FACTS_SINCE = (2, 4)
 
 
 class TargetFacts(NamedTuple):
+    """What a class computes and which constructor keywords it accepts, known without importing it."""
+
     semantics: str
     params: frozenset[str]  # keyword arguments the constructor accepts
     complete: bool  # params lists every one (else: the ones known to be accepted, e.g. from the registry)

@@ -39,7 +39,7 @@ import kernel_lock
 import kernel_lock.adapters as adapters
 from kernel_lock import LockWarning
 from kernel_lock.anemoi import layer_kernels, locate
-from kernel_lock.resolve import import_target
+from kernel_lock.importing import import_target
 from kernel_probe.cli import main
 
 pytestmark = pytest.mark.anemoi

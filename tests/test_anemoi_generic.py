@@ -31,7 +31,7 @@ from kernel_lock.anemoi import (
     wrapper_of,
 )
 from kernel_lock.errors import TargetNotAllowed
-from kernel_lock.lock import check_target
+from kernel_lock.trust import check_target
 
 from .conftest import ROOT
 

@@ -14,7 +14,7 @@ import pytest
 import kernel_lock
 from kernel_probe.cli import main
 from kernel_probe.probe import atshape, timing
-from kernel_probe.probe.candidates import BUILTIN, from_command_line
+from kernel_probe.probe.candidates import builtin, from_command_line
 from kernel_probe.probe.judge import judge_shape
 
 FAST = {"reps": 1, "warmup": 1, "min_seconds": 0.0}
@@ -111,7 +111,7 @@ def test_wrong_only_at_size_is_rejected_and_the_control_passes(spec, dtype, regi
 )
 @pytest.mark.parametrize("dtype, regime", [("float32", "true"), ("bfloat16", "mixed"), ("float16", "true")])
 def test_torch_nn_passes_its_own_check(cid, slot, shape, dtype, regime):
-    cand = next(c for c in BUILTIN if c.id == cid)
+    cand = next(c for c in builtin() if c.id == cid)
     row = timing.time_candidate(cand, slot, "cpu", [shape], dtype, regime, FAST).rows[0]
     verdict = judge_shape(shape, dtype, regime, row["check"])
     assert verdict.ok, verdict.reason
@@ -120,7 +120,7 @@ def test_torch_nn_passes_its_own_check(cid, slot, shape, dtype, regime):
 
 
 def test_the_check_can_be_left_out_only_by_asking():
-    cand = next(c for c in BUILTIN if c.id == "torch.layer_norm")
+    cand = next(c for c in builtin() if c.id == "torch.layer_norm")
     assert "check" in timing.time_candidate(cand, "LayerNorm", "cpu", ["64x32"], "float32", "true", FAST).rows[0]
     off = timing.time_candidate(cand, "LayerNorm", "cpu", ["64x32"], "float32", "true", {**FAST, "check": False})
     assert "check" not in off.rows[0]

@@ -24,11 +24,13 @@ import pytest
 import torch
 
 import kernel_lock
-from kernel_lock import blas, fingerprint, resolve
+from kernel_lock import blas, resolve
 from kernel_lock.errors import LockFormatError, LockMismatch
+from kernel_lock.fingerprint import here as fp_here
+from kernel_lock.fingerprint import with_torch
 from kernel_probe.isolation import worker
 from kernel_probe.probe import measure, pipeline, timing
-from kernel_probe.probe.candidates import BUILTIN, CandidateDataError, TableReader, parse_candidate
+from kernel_probe.probe.candidates import CandidateDataError, TableReader, builtin, parse_candidate
 from kernel_probe.probe.check import ReportBase, judge_candidate, static_problem
 from kernel_probe.probe.judge import Policy
 
@@ -37,7 +39,7 @@ ROCM_LIBS = ("torch.linear.hipblaslt", "torch.linear.rocblas")
 
 
 def cand(cid):
-    return next(c for c in BUILTIN if c.id == cid)
+    return next(c for c in builtin() if c.id == cid)
 
 
 class Switch:
@@ -89,7 +91,7 @@ def under(monkeypatch, switch):
 
 # ---- the candidates -----------------------------------------------------------------------------
 def test_each_library_is_a_linear_candidate():
-    by_id = {c.id: c for c in BUILTIN}
+    by_id = {c.id: c for c in builtin()}
     assert {by_id[c].blas for c in CUDA_LIBS} == {"cublas", "cublaslt"}
     assert {by_id[c].blas for c in ROCM_LIBS} == {"hipblaslt", "rocblas"}
     for cid in CUDA_LIBS + ROCM_LIBS:
@@ -201,8 +203,8 @@ H100 = {
 
 
 def simulated_cuda_probe(monkeypatch, tmp_path: Path, **request):
-    real = fingerprint.current()
-    monkeypatch.setattr(fingerprint, "current", lambda *a, **k: {**real, **H100})
+    real = with_torch.current()
+    monkeypatch.setattr(with_torch, "current", lambda *a, **k: {**real, **H100})
     monkeypatch.setattr(
         pipeline, "detect_device", lambda: {"type": "cuda", "arch": "sm_90", "name": H100["device-name"], "count": 1}
     )
@@ -276,7 +278,7 @@ blas = {{ library = "{library}", build-default = "{default}" }}
 @pytest.fixture
 def on(monkeypatch):
     def device(kind):
-        monkeypatch.setattr(fingerprint, "for_check", lambda checked=None: {"device-type": kind})
+        monkeypatch.setattr(fp_here, "for_check", lambda checked=None: {"device-type": kind})
 
     return device
 

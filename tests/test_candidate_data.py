@@ -18,7 +18,7 @@ import pytest
 import kernel_lock
 from kernel_lock import _toml, registry, slots
 from kernel_lock.errors import TargetNotAllowed
-from kernel_lock.lock import check_target
+from kernel_lock.trust import check_target
 from kernel_probe.probe import candidates as cands
 from kernel_probe.probe import write as lockwrite
 from kernel_probe.probe.check import Report, check_all, dtype_plan
@@ -27,24 +27,24 @@ from kernel_probe.profiles import format as profile_format
 
 from .conftest import ROOT
 
-BUILTIN_IDS = [c.id for c in cands.BUILTIN]
+BUILTIN_IDS = [c.id for c in cands.builtin()]
 
 
 # ---- one home per slot fact --------------------------------------------------------------------------
 def test_every_slot_fact_is_imported_from_kernel_lock_slots():
-    from kernel_lock import lock, resolve
+    from kernel_lock import document, resolve, schema
     from kernel_probe.commands import anemoicmds, lockcmds
     from kernel_probe.probe import check as checker
     from kernel_probe.probe import judge
 
-    assert kernel_lock.SLOTS is lock.SLOTS is resolve.SLOTS is cands.SLOTS is slots.SLOTS
-    assert lock.SEMANTICS is cands.SEMANTICS is slots.SEMANTICS
+    assert kernel_lock.SLOTS is document.SLOTS is resolve.SLOTS is cands.SLOTS is slots.SLOTS
+    assert schema.SEMANTICS is cands.SEMANTICS is slots.SEMANTICS
     assert cands.SLOT_SEMANTICS is checker.SLOT_SEMANTICS is lockwrite.SLOT_SEMANTICS is slots.SLOT_SEMANTICS
     assert cands.CANONICAL is lockwrite.CANONICAL is slots.CANONICAL
     assert resolve.DEFAULT_TARGETS is slots.DEFAULT_TARGETS and resolve.TWIN_SEMANTICS is slots.TWIN_SEMANTICS
-    assert lock.MODES is resolve.MODES is anemoicmds.MODES is lockcmds.MODES is slots.MODES
-    assert lock.PRECISIONS is profile_format.PRECISIONS is slots.PRECISIONS
-    assert lock.STATUSES is judge.STATUSES is slots.STATUSES
+    assert document.MODES is resolve.MODES is anemoicmds.MODES is lockcmds.MODES is slots.MODES
+    assert document.PRECISIONS is profile_format.PRECISIONS is slots.PRECISIONS
+    assert schema.STATUSES is judge.STATUSES is slots.STATUSES
     assert judge.CONFUSABLE is slots.CONFUSABLE
 
 
@@ -95,16 +95,16 @@ def test_the_registry_is_package_data_of_kernel_lock():
     assert path.parent == Path(kernel_lock.__file__).parent and path.name == registry.DATA
     package_data = _toml.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     assert registry.DATA in package_data["kernel_lock"]
-    assert cands.load_candidates(path) == cands.BUILTIN and all(c.source == "builtin" for c in cands.BUILTIN)
+    assert cands.load_candidates(path) == cands.builtin() and all(c.source == "builtin" for c in cands.builtin())
 
 
 def test_the_library_table_is_read_from_the_registry():
-    from kernel_probe.detect.libraries import KNOWN_LIBRARIES
+    from kernel_probe.detect.libraries import known_libraries
 
-    names = [lib.name for lib in KNOWN_LIBRARIES]
+    names = [lib.name for lib in known_libraries()]
     assert names == [lib["name"] for lib in registry.data()["library"]]
     assert names == ["liger-kernel", "transformer-engine", "apex", "flash-attn", "quack-kernels", "kernels"]
-    apex = KNOWN_LIBRARIES[names.index("apex")]
+    apex = known_libraries()[names.index("apex")]
     assert [v.key for v in apex.variants] == ["rocm-fork", "nvidia", "unrelated"] and not apex.variants[-1].usable
     assert apex.variants[0].text_in == (("git_version_info.py", "ROCm Apex"),)
 
@@ -127,7 +127,7 @@ def test_a_builtin_entry_is_a_valid_profile_candidate(tmp_path):
     te = data[data.index('id = "te.layer_norm"') :].split("\n\n")[0].replace('"te.layer_norm"', '"site.te_layer_norm"')
     text = f'profile-version = "1"\nname = "site"\n\n[[candidate]]\n{te}\n'
     prof = profile_format.parse(text, "site.toml")
-    builtin = next(c for c in cands.BUILTIN if c.id == "te.layer_norm")
+    builtin = next(c for c in cands.builtin() if c.id == "te.layer_norm")
     assert prof.candidates[0].to_json() == {**builtin.to_json(), "id": "site.te_layer_norm", "source": "profile:site"}
 
 
@@ -170,13 +170,13 @@ def test_a_broken_data_file_names_the_key(tmp_path, entry, key, problem):
 # ---- the allow-list is derived from the registry; the library table is read from it -------------------
 @pytest.mark.parametrize("cid", BUILTIN_IDS)
 def test_the_allow_list_accepts_every_builtin_target_and_twin(cid):
-    cand = next(c for c in cands.BUILTIN if c.id == cid)
+    cand = next(c for c in cands.builtin() if c.id == cid)
     check_target(cand.target)  # raises TargetNotAllowed when the allow-list lacks the candidate's library
     check_target(cand.twin_target)
 
 
 def test_the_allow_list_is_the_registrys_roots_and_nothing_else():
-    used = {c.target for c in cands.BUILTIN} | {c.twin_target for c in cands.BUILTIN}
+    used = {c.target for c in cands.builtin()} | {c.twin_target for c in cands.builtin()}
     assert registry.allowed_roots() == (
         "torch",
         "kernel_lock.adapters",
@@ -196,22 +196,22 @@ def test_the_allow_list_is_the_registrys_roots_and_nothing_else():
 
 
 def test_detect_knows_every_builtin_library():
-    from kernel_probe.detect.libraries import KNOWN_LIBRARIES
+    from kernel_probe.detect.libraries import known_libraries
 
-    by_module = {lib.module: lib for lib in KNOWN_LIBRARIES}
-    for cand in cands.BUILTIN:
+    by_module = {lib.module: lib for lib in known_libraries()}
+    for cand in cands.builtin():
         if not cand.module:
             continue  # ships with torch
         lib = by_module.get(cand.module.split(".")[0])
-        assert lib is not None, f"{cand.id}: no KNOWN_LIBRARIES row for module {cand.module}"
+        assert lib is not None, f"{cand.id}: no known_libraries() row for module {cand.module}"
         assert not cand.distribution or cand.distribution in lib.distributions, cand.id
 
 
 @functools.cache
 def _here() -> dict:
-    from kernel_lock import fingerprint
+    from kernel_lock.fingerprint import with_torch
 
-    return dict(fingerprint.current())
+    return dict(with_torch.current())
 
 
 def _lock_pinning(cand: cands.Candidate) -> kernel_lock.KernelLock:
@@ -224,7 +224,7 @@ def _lock_pinning(cand: cands.Candidate) -> kernel_lock.KernelLock:
 
 @pytest.mark.parametrize("cid", BUILTIN_IDS)
 def test_a_lock_pinning_each_builtin_loads(cid):
-    cand = next(c for c in cands.BUILTIN if c.id == cid)
+    cand = next(c for c in cands.builtin() if c.id == cid)
     lock = kernel_lock.loads(_lock_pinning(cand).dumps(), emit_warnings=False)
     entry = lock.slots[cand.slots[0]]
     assert (entry.implementation, entry.target, entry.devices) == (cand.id, cand.target, cand.devices)
@@ -256,8 +256,9 @@ def with_fastlib(tmp_path, monkeypatch) -> cands.Candidate:
     # what shipping that file does: the registry is read from it, and kernel-probe's built-ins with it
     monkeypatch.setattr(registry, "PATH", data)
     registry.reset()
-    monkeypatch.setattr(cands, "BUILTIN", cands.load_candidates(registry.path()))
-    yield cands.BUILTIN[-1]
+    fastlib = cands.load_candidates(registry.path())
+    monkeypatch.setattr(cands, "builtin", lambda: fastlib)
+    yield fastlib[-1]
     monkeypatch.undo()
     registry.reset()
 

@@ -10,9 +10,9 @@ from kernel_probe.probe.check import check_all, dtype_plan
 
 
 def test_builtin_registry_is_consistent():
-    ids = [c.id for c in cands.BUILTIN]
+    ids = [c.id for c in cands.builtin()]
     assert len(ids) == len(set(ids))
-    for c in cands.BUILTIN:
+    for c in cands.builtin():
         assert all(cands.SLOT_SEMANTICS[s] == c.semantics for s in c.slots), c.id
         assert c.twin_target.startswith("torch.nn."), c.id
     expected = {
@@ -40,9 +40,9 @@ def test_builtin_registry_is_consistent():
 
 
 def test_liger_pins_the_traps():
-    liger_rms = next(c for c in cands.BUILTIN if c.id == "liger.rms_norm")
+    liger_rms = next(c for c in cands.builtin() if c.id == "liger.rms_norm")
     assert liger_rms.pinned_kwargs({"eps": 1e-6}) == {"eps": 1e-6, "in_place": False}
-    liger_ln = next(c for c in cands.BUILTIN if c.id == "liger.layer_norm")
+    liger_ln = next(c for c in cands.builtin() if c.id == "liger.layer_norm")
     assert liger_ln.pinned_kwargs({"eps": 1e-5}) == {"eps": 1e-5}  # not liger's 1e-6 default
 
 
@@ -72,7 +72,7 @@ def test_entry_point_candidates_and_broken_plugins(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_torch_compile_candidate_on_cpu():
-    compiled = [c for c in cands.BUILTIN if c.id == "torch.compile.layer_norm"]
+    compiled = [c for c in cands.builtin() if c.id == "torch.compile.layer_norm"]
     skipped = check_all(["LayerNorm"], compiled, "cpu", dtype_plan(["float32"]), timeout=60)["LayerNorm"][0]
     assert skipped.status == "skipped" and "--with-compile" in skipped.reasons[0]
     rep = check_all(["LayerNorm"], compiled, "cpu", dtype_plan(["float32"]), timeout=600, with_compile=True)[

@@ -12,7 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from kernel_lock import fingerprint
+from kernel_lock.fingerprint import host as fp_host
+from kernel_lock.fingerprint import nvml as fp_nvml
+from kernel_lock.fingerprint import visible as fp_visible
+from kernel_lock.fingerprint import with_torch
 from kernel_probe.detect import accelerators, host, importcheck, libraries, site, torchbuild
 from kernel_probe.detect import report as env_report
 from kernel_probe.detect import triton as triton_info
@@ -66,13 +69,13 @@ MPS = dict(mps=True)
 CPU: dict = {}
 
 
-REAL_NVML_DEVICES = fingerprint.nvml_devices
+REAL_NVML_DEVICES = fp_nvml.nvml_devices
 
 
 @pytest.fixture(autouse=True)
 def no_nvml(monkeypatch):
     """Simulations must not see a real NVML that a GPU machine may have."""
-    monkeypatch.setattr(fingerprint, "nvml_devices", lambda: None)
+    monkeypatch.setattr(fp_nvml, "nvml_devices", lambda: None)
 
 
 @pytest.mark.parametrize(
@@ -87,7 +90,7 @@ def no_nvml(monkeypatch):
 )
 def test_simulated_machines_vendor_and_arch(machine, kind, vendor, arch, count):
     torch = fake_torch(**machine)
-    primary = fingerprint.device_facts(torch)
+    primary = with_torch.device_facts(torch)
     devices = accelerators.detect_accelerators(torch, primary, nvml=lambda: None)
     assert primary["type"] == kind and primary["arch"] == arch and primary["count"] == count
     assert len(devices) == count
@@ -96,14 +99,14 @@ def test_simulated_machines_vendor_and_arch(machine, kind, vendor, arch, count):
     if vendor is not None:
         assert primary["vendor"] == vendor and {d["vendor"] for d in devices} == {vendor}
     else:  # the CPU vendor is this host's CPU vendor (archspec, else /proc/cpuinfo), never a GPU's
-        assert primary["vendor"] == fingerprint._cpu_vendor() and primary["vendor"] not in ("nvidia", "apple")
-    fp = fingerprint.current(torch, device=lambda _t: primary)
+        assert primary["vendor"] == fp_host.cpu_vendor() and primary["vendor"] not in ("nvidia", "apple")
+    fp = with_torch.current(torch, device=lambda _t: primary)
     assert fp["device-type"] == kind and fp["device-arch"] == arch
 
 
 def test_mi250x_is_not_taken_for_hopper():
     torch = fake_torch(**MI250X)
-    primary = fingerprint.device_facts(torch)
+    primary = with_torch.device_facts(torch)
     devices = accelerators.detect_accelerators(torch, primary, nvml=lambda: None)
     first = devices[0]
     # capability (9, 0) is Hopper's too: nothing about this device may say sm_90 or nvidia
@@ -114,13 +117,13 @@ def test_mi250x_is_not_taken_for_hopper():
     assert any("generic device name" in note for note in first["notes"])
     assert first["torch_build_covers"]["covered"] is True
     assert first["torch_build_covers"]["how"] == "code-object"
-    fp = fingerprint.current(torch, device=lambda _t: primary)
+    fp = with_torch.current(torch, device=lambda _t: primary)
     assert fp["torch-hip"] == MI250X["hip"] and fp["torch-cuda"] == ""
 
 
 def test_h100_details_and_coverage():
     torch = fake_torch(**H100)
-    devices = accelerators.detect_accelerators(torch, fingerprint.device_facts(torch), nvml=lambda: None)
+    devices = accelerators.detect_accelerators(torch, with_torch.device_facts(torch), nvml=lambda: None)
     assert devices[0]["capability"] == [9, 0]
     assert devices[0]["multiprocessors"] == 132
     assert devices[0]["memory_bytes"] == 64 * 2**30
@@ -142,9 +145,9 @@ def test_nvml_answers_without_touching_torch_cuda(monkeypatch):
             "cuda_driver": "12.7",
         }
     ]
-    monkeypatch.setattr(fingerprint, "nvml_devices", lambda: listed)
+    monkeypatch.setattr(fp_nvml, "nvml_devices", lambda: listed)
     torch = fake_torch(cuda="12.6")  # no devices: any torch.cuda device query raises AssertionError
-    primary = fingerprint.device_facts(torch)
+    primary = with_torch.device_facts(torch)
     assert primary == {
         "type": "cuda",
         "vendor": "nvidia",
@@ -214,7 +217,7 @@ def test_xpu_machine():
     torch = fake_torch(
         xpu=[SimpleNamespace(name="Intel(R) Data Center GPU Max 1550", driver_version="1.3", total_memory=128 * 2**30)]
     )
-    primary = fingerprint.device_facts(torch)
+    primary = with_torch.device_facts(torch)
     devices = accelerators.detect_accelerators(torch, primary, nvml=lambda: None)
     assert primary["vendor"] == "intel" and devices[0]["type"] == "xpu" and devices[0]["driver"] == "1.3"
 
@@ -264,18 +267,18 @@ def test_torch_build_covers(device, arch_list, covered, how):
     ],
 )
 def test_visible_nvml_indices(visible, uuids, expected):
-    assert fingerprint.visible_nvml_indices(visible, uuids) == expected
+    assert fp_visible.visible_nvml_indices(visible, uuids) == expected
 
 
 def test_driver_version_from_proc_file(tmp_path, monkeypatch):
     f = tmp_path / "version"
     f.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  Release Build\n")
-    monkeypatch.setitem(fingerprint._DRIVER_FILES, "cuda", (str(f), fingerprint._DRIVER_FILES["cuda"][1]))
-    assert fingerprint.driver_version("cuda") == "550.54.15"
-    rocm_pattern = fingerprint._DRIVER_FILES["rocm"][1]
-    monkeypatch.setitem(fingerprint._DRIVER_FILES, "rocm", (str(tmp_path / "missing"), rocm_pattern))
-    assert fingerprint.driver_version("rocm") == ""
-    assert fingerprint.driver_version("cpu") == ""
+    monkeypatch.setitem(fp_host.DRIVER_FILES, "cuda", (str(f), fp_host.DRIVER_FILES["cuda"][1]))
+    assert fp_host.driver_version("cuda") == "550.54.15"
+    rocm_pattern = fp_host.DRIVER_FILES["rocm"][1]
+    monkeypatch.setitem(fp_host.DRIVER_FILES, "rocm", (str(tmp_path / "missing"), rocm_pattern))
+    assert fp_host.driver_version("rocm") == ""
+    assert fp_host.driver_version("cpu") == ""
 
 
 # ---- host -----------------------------------------------------------------------------------
@@ -308,7 +311,7 @@ def test_cpu_model(cpu, expected):
 def test_host_on_this_machine():
     h = host.detect_host()
     assert h["cpu"]["arch"] and h["cpu"]["cores"] >= 1
-    assert h["cpu"]["microarch"] == fingerprint.cpu_microarch()
+    assert h["cpu"]["microarch"] == fp_host.cpu_microarch()
     assert h["python"]["version"].count(".") == 2
     if os.path.exists("/proc/meminfo"):
         assert h["memory"]["total_bytes"] > 2**20
@@ -482,8 +485,8 @@ def write_pkg(root, module, files):
         path.write_text(content)
 
 
-APEX = next(lib for lib in libraries.KNOWN_LIBRARIES if lib.name == "apex")
-TE = next(lib for lib in libraries.KNOWN_LIBRARIES if lib.name == "transformer-engine")
+APEX = next(lib for lib in libraries.known_libraries() if lib.name == "apex")
+TE = next(lib for lib in libraries.known_libraries() if lib.name == "transformer-engine")
 
 
 def test_pypi_apex_is_not_nvidia_apex(tmp_path):
@@ -539,10 +542,10 @@ def test_distribution_without_module_is_not_installed(tmp_path):
 
 
 def test_known_libraries_table_is_well_formed():
-    names = [lib.name for lib in libraries.KNOWN_LIBRARIES]
+    names = [lib.name for lib in libraries.known_libraries()]
     assert len(names) == len(set(names))
     assert {"liger-kernel", "transformer-engine", "apex", "flash-attn", "quack-kernels", "kernels"} <= set(names)
-    for lib in libraries.KNOWN_LIBRARIES:
+    for lib in libraries.known_libraries():
         assert lib.check == lib.module or lib.check.startswith(lib.module + ".")
         if lib.variants:  # the last variant is the default, every other one has a marker
             assert lib.variants[-1].is_default
@@ -643,7 +646,7 @@ def test_detect_without_import_checks_is_plain_data():
     assert tuple(report) == env_report.TOP_LEVEL_KEYS
     assert report["schema"] == env_report.SCHEMA
     assert json.loads(json.dumps(report)) == report
-    assert report["fingerprint"] == fingerprint.current()  # the lock's own code, same answer
+    assert report["fingerprint"] == with_torch.current()  # the lock's own code, same answer
     assert report["device"]["type"] == report["fingerprint"]["device-type"]
     assert all(lib["import"]["status"] in ("skipped", "not-installed") for lib in report["libraries"].values())
     assert report["errors"] == []
@@ -689,7 +692,7 @@ def test_liger_kernel_installed_and_importable_here():
         version = metadata.version("liger-kernel")
     except metadata.PackageNotFoundError:
         pytest.skip("liger-kernel is not installed here")
-    lib = next(lib for lib in libraries.KNOWN_LIBRARIES if lib.name == "liger-kernel")
+    lib = next(lib for lib in libraries.known_libraries() if lib.name == "liger-kernel")
     report = env_report.detect(import_checks=True, table=(lib,))
     entry = report["libraries"]["liger-kernel"]
     assert entry["installed"] and entry["version"] == version

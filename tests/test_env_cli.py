@@ -13,7 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from kernel_lock import fingerprint
+from kernel_lock.fingerprint import fields, with_torch
+from kernel_lock.fingerprint import nvml as fp_nvml
 from kernel_probe import cli, output
 from kernel_probe.commands import env as envcmd
 from kernel_probe.detect import libraries
@@ -55,7 +56,7 @@ def test_env_json_without_import_checks_parses(capsys):
     report = json.loads(capsys.readouterr().out)
     assert tuple(report) == TOP_LEVEL_KEYS and report["schema"] == SCHEMA
     assert report["import_checks"] == {"run": False, "timeout": 20.0}
-    assert report["fingerprint"] == fingerprint.current()
+    assert report["fingerprint"] == with_torch.current()
     assert {lib["import"]["status"] for lib in report["libraries"].values()} <= {"skipped", "not-installed"}
 
 
@@ -121,7 +122,7 @@ def _rocm_torch():
 
 
 def test_rendering_a_simulated_rocm_node_on_a_narrow_colour_terminal(monkeypatch):
-    monkeypatch.setattr(fingerprint, "nvml_devices", lambda: None)
+    monkeypatch.setattr(fp_nvml, "nvml_devices", lambda: None)
     report = detect(import_checks=False, torch=_rocm_torch(), nvml=lambda: None)
     monkeypatch.setenv("NO_COLOR", "1")
     from rich.console import Console
@@ -152,8 +153,8 @@ def test_env_reports_broken_libraries_and_still_prints_json(tmp_path, monkeypatc
     for name, source in fakes.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "__init__.py").write_text(source)
-    table = libraries.KNOWN_LIBRARIES + tuple(KnownLibrary(n, (n,), n, n) for n in fakes)
-    monkeypatch.setattr(libraries, "KNOWN_LIBRARIES", table)
+    table = libraries.known_libraries() + tuple(KnownLibrary(n, (n,), n, n) for n in fakes)
+    monkeypatch.setattr(libraries, "known_libraries", lambda: table)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
 
@@ -204,7 +205,7 @@ def _keys(value, path=""):
 
 
 def test_every_json_key_is_documented(monkeypatch):
-    monkeypatch.setattr(fingerprint, "nvml_devices", lambda: None)
+    monkeypatch.setattr(fp_nvml, "nvml_devices", lambda: None)
     with open(os.path.join(ROOT, "docs", "env.md"), encoding="utf-8") as fh:
         doc = fh.read()
     report = detect(import_checks=False)
@@ -225,4 +226,4 @@ def test_every_json_key_is_documented(monkeypatch):
         {key for r in (report, rocm) for key in _keys(r) if not re.search(rf"(?<![\w-]){re.escape(key)}(?![\w-])", doc)}
     )
     assert missing == []
-    assert set(report["fingerprint"]) == set(fingerprint.FIELDS)  # documented by reference to FIELDS
+    assert set(report["fingerprint"]) == set(fields.FIELDS)  # documented by reference to FIELDS

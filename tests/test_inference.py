@@ -16,8 +16,9 @@ import torch
 
 import kernel_lock
 from kernel_lock import KernelUnavailable, LockMismatch, LockWarning
-from kernel_lock.resolve import TWIN_SEMANTICS, import_target
-from kernel_probe.probe.candidates import BUILTIN, SLOT_SEMANTICS
+from kernel_lock.importing import import_target
+from kernel_lock.resolve import TWIN_SEMANTICS
+from kernel_probe.probe.candidates import SLOT_SEMANTICS, builtin
 
 from .conftest import run_cli as run
 
@@ -178,8 +179,8 @@ def test_twin_of_unknown_semantics_is_taken_at_the_locks_word():
 def test_twin_semantics_table_names_real_classes_and_covers_every_builtin_twin():
     for target, semantics in TWIN_SEMANTICS.items():
         cls = import_target(target)
-        assert semantics in kernel_lock.lock.SEMANTICS and issubclass(cls, torch.nn.Module), target
-    for cand in BUILTIN:
+        assert semantics in kernel_lock.slots.SEMANTICS and issubclass(cls, torch.nn.Module), target
+    for cand in builtin():
         if cand.twin_target:
             assert TWIN_SEMANTICS[cand.twin_target] == SLOT_SEMANTICS[cand.slots[0]], cand.id
 

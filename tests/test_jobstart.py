@@ -1,7 +1,7 @@
 """Job start at scale: a warm run with a current lock reads the machine without importing torch.
 
 Every rank runs ``kernel-probe --out L`` (or ``--check``, or ``verify``) at job start. When the lock
-is current, those commands read the fingerprint with ``kernel_lock.torchless`` and import neither
+is current, those commands read the fingerprint with ``kernel_lock.fingerprint.torchless`` and import neither
 torch, nor rich, nor the probe's heavy modules; where a checked fact cannot be read without torch, they
 fall back to the torch-based fingerprint and say which fact and why under ``--debug``.
 """
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 import kernel_lock
-from kernel_lock import fingerprint as fp
-from kernel_lock import torchless
 from kernel_lock.errors import LockMismatch
+from kernel_lock.fingerprint import here as fp_here
+from kernel_lock.fingerprint import torchless, with_torch
 from kernel_probe.probe.candidates import default_for
 
 from .conftest import run_cli
@@ -44,7 +44,7 @@ HEAVY = (
 @pytest.fixture(autouse=True)
 def read_the_files(monkeypatch):
     """pytest has torch imported, where a check would ask it: read the files, as a job start does."""
-    monkeypatch.setattr(fp, "USE_IMPORTED_TORCH", False)
+    monkeypatch.setattr(fp_here, "USE_IMPORTED_TORCH", False)
 
 
 def _imports(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> tuple[int, set[str], str, str]:
@@ -143,7 +143,7 @@ def test_verify_falls_back_to_torch_for_a_checked_fact_and_says_why(here_lock, m
     assert lock.environment.fields["device-name"].match == "exact"
     monkeypatch.setattr(torchless, "fingerprint", _unsettled("device-name", "amdgpu.ids is not installed here"))
     calls = []
-    monkeypatch.setattr(fp, "current", lambda real=fp.current: calls.append(1) or real())
+    monkeypatch.setattr(with_torch, "current", lambda real=with_torch.current: calls.append(1) or real())
     with caplog.at_level(logging.DEBUG, logger="kernel_lock"):
         lock.verify()
     assert calls == [1]  # device-name is checked by this lock: torch settled it
@@ -155,7 +155,7 @@ def test_an_ignored_fact_needs_no_torch(here_lock, monkeypatch):
     lock = here_lock
     assert lock.environment.fields["device-count"].match == "ignore"
     monkeypatch.setattr(torchless, "fingerprint", _unsettled("device-count", "CUDA_VISIBLE_DEVICES lists a UUID"))
-    monkeypatch.setattr(fp, "current", lambda: pytest.fail("torch was imported for a field the lock ignores"))
+    monkeypatch.setattr(with_torch, "current", lambda: pytest.fail("torch was imported for a field the lock ignores"))
     notes = lock.verify()
     assert not any("device-count" in n for n in notes)  # an unread count is not reported as a difference
 
@@ -167,7 +167,7 @@ def test_the_torch_free_reading_catches_what_the_torch_one_does(here_lock, monke
     monkeypatch.setattr(
         torchless, "fingerprint", lambda *a, **k: ({**real(*a, **k)[0], "torch": "2.4.1"}, real(*a, **k)[1])
     )
-    monkeypatch.setattr(fp, "current", lambda: pytest.fail("torch was imported though every fact was read"))
+    monkeypatch.setattr(with_torch, "current", lambda: pytest.fail("torch was imported though every fact was read"))
     with pytest.raises(LockMismatch) as exc:
         lock.verify()
     assert [d.field for d in exc.value.differences] == ["torch"]
@@ -189,8 +189,8 @@ def test_verify_no_import_decides_every_slot_without_importing_a_class(lock_file
     from kernel_lock import resolve
 
     built = []
-    real_build = resolve._build
-    monkeypatch.setattr(resolve, "_build", lambda *a, **k: built.append(a[1]) or real_build(*a, **k))
+    real_build = resolve.build
+    monkeypatch.setattr(resolve, "build", lambda *a, **k: built.append(a[1]) or real_build(*a, **k))
     code, out, err = run_cli(["verify", lock_file, "--no-import", "--json"], capsys)
     assert code == 0, err
     data = json.loads(out)
@@ -209,6 +209,6 @@ def test_verify_no_import_decides_every_slot_without_importing_a_class(lock_file
 
 def test_a_process_with_torch_imported_asks_torch(here_lock, monkeypatch):
     """A training process has torch loaded: its answers are the cheaper and the lock's own source."""
-    monkeypatch.setattr(fp, "USE_IMPORTED_TORCH", True)
+    monkeypatch.setattr(fp_here, "USE_IMPORTED_TORCH", True)
     monkeypatch.setattr(torchless, "fingerprint", lambda *a, **k: pytest.fail("files were read though torch is loaded"))
     here_lock.verify()  # no LockMismatch, and no file was read

@@ -31,7 +31,7 @@ import pytest
 
 from kernel_probe.isolation.protocol import FLAG_GRAD_OUTPUT_MODIFIED, TimeReply, TimeRequest
 from kernel_probe.isolation.worker import INTERPRETED, Worker, interpreter_requested, interpreting
-from kernel_probe.probe.candidates import BUILTIN, Candidate
+from kernel_probe.probe.candidates import Candidate, builtin
 from kernel_probe.probe.check import Report, check_candidate
 
 HAS_LIGER = importlib.util.find_spec("liger_kernel") is not None
@@ -44,7 +44,7 @@ SHIMS = "tests.liger_interpret_shims"
 PLAN = (("float32", "true"), ("float16", "true"), ("float16", "mixed"))
 FP32 = (("float32", "true"),)
 CHECK_BUDGET = 1200.0  # a safety net against a hang: a row takes ~10 s of CPU, minutes on a shared CPU
-BY_ID = {c.id: c for c in BUILTIN}
+BY_ID = {c.id: c for c in builtin()}
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,9 @@ import pytest
 
 import kernel_lock
 from kernel_lock import _toml, errors
-from kernel_lock.fingerprint import FIELDS
-from kernel_lock.lock import KernelLock, Slot
+from kernel_lock.fingerprint.fields import FIELDS
+from kernel_lock.lock import KernelLock
+from kernel_lock.schema import Slot
 from kernel_probe.cli import main
 
 from .conftest import ROOT

@@ -364,7 +364,7 @@ def test_failed_dump_keeps_old_file(tmp_path, monkeypatch):
     lock = _full_lock()
     target = tmp_path / "k.toml"
     target.write_text("old")
-    import kernel_lock.lock as lockmod
+    import kernel_lock._files as lockmod
 
     def boom(*a, **k):
         raise OSError("disk full")

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import kernel_lock
 from kernel_lock import SLOTS, KernelLock, LockError, LockWarning
-from kernel_lock.lock import Slot
+from kernel_lock.schema import Slot
 
 from .conftest import MINIMAL_LOCK
 

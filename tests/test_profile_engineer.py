@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from kernel_lock import _toml, fingerprint
-from kernel_lock.lock import KernelLock, Slot
+from kernel_lock import _toml
+from kernel_lock.fingerprint import with_torch
+from kernel_lock.lock import KernelLock
+from kernel_lock.schema import Slot
 from kernel_probe.probe import pipeline
 from kernel_probe.probe import write as lockwrite
 from kernel_probe.profiles import autodetect, discovery, nodes, requirements, signals
@@ -355,7 +357,7 @@ def test_a_described_nodes_libraries_count_as_installed(capsys):
 
 # ---- 6. the profile is part of the lock's identity ------------------------------------------------
 def _lock(path: Path, profile: dict, inputs: str = "inputs-1") -> Path:
-    env = lockwrite.environment(fingerprint.current(), {})
+    env = lockwrite.environment(with_torch.current(), {})
     slot = Slot(
         name="LayerNorm",
         implementation="torch.layer_norm",

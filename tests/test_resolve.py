@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import kernel_lock
-from kernel_lock import KernelUnavailable, LockFormatError, LockMismatch, LockWarning, TargetNotAllowed, fingerprint
+from kernel_lock import KernelUnavailable, LockFormatError, LockMismatch, LockWarning, TargetNotAllowed
+from kernel_lock.fingerprint import fields as fp_fields
 
 from .conftest import MINIMAL_LOCK
 
@@ -163,7 +164,7 @@ def test_environment_mismatch_lists_every_field():
     ],
 )
 def test_match_rules(kind, rule, expected, found, ok):
-    assert fingerprint.field_matches(kind, rule, expected, found) is ok
+    assert fp_fields.field_matches(kind, rule, expected, found) is ok
 
 
 def test_inference_mode_substitutes_twin_and_says_so(caplog):

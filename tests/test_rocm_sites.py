@@ -34,15 +34,17 @@ import pytest
 import torch
 
 import kernel_lock
-from kernel_lock import fingerprint
 from kernel_lock.errors import DeviceVisibilityError, LockMismatch
-from kernel_lock.lock import KernelLock, Slot
+from kernel_lock.fingerprint import fields, nvml, visible, with_torch
+from kernel_lock.fingerprint import host as fp_host
+from kernel_lock.lock import KernelLock
+from kernel_lock.schema import Slot
 from kernel_lock.versions import in_spec, release_text
 from kernel_probe.detect import libraries
 from kernel_probe.detect import triton as triton_info
 from kernel_probe.probe import pipeline
 from kernel_probe.probe import write as lockwrite
-from kernel_probe.probe.candidates import BUILTIN
+from kernel_probe.probe.candidates import builtin
 from kernel_probe.probe.check import check_candidate
 from kernel_probe.profiles import discovery, requirements
 from kernel_probe.profiles.format import ProfileError, load_file
@@ -176,7 +178,7 @@ _CLEARED = (
     "SYSTEMNAME",
     "CLUSTER_NAME",
     "NERSC_HOST",
-    *fingerprint.NUMERICS_ENV,
+    *fields.NUMERICS_ENV,
 )
 
 
@@ -206,8 +208,8 @@ def node(monkeypatch, tmp_path):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (n.devices[i].major, n.devices[i].minor))
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: n.devices[i].name)
         monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: list(n.arch_list))
-        monkeypatch.setattr(fingerprint, "nvml_devices", lambda: None)  # the torch path, as without nvidia-ml-py
-        monkeypatch.setattr(fingerprint, "driver_version", lambda kind: n.driver)
+        monkeypatch.setattr(nvml, "nvml_devices", lambda: None)  # the torch path, as without nvidia-ml-py
+        monkeypatch.setattr(fp_host, "driver_version", lambda kind: n.driver)
         monkeypatch.setattr(socket, "gethostname", lambda: n.hostname)
         return n
 
@@ -220,7 +222,7 @@ def match(name: str, capsys) -> tuple[int, dict]:
 
 
 def lock_for_here(**match_rules: str) -> KernelLock:
-    env = lockwrite.environment(fingerprint.current(), {})
+    env = lockwrite.environment(with_torch.current(), {})
     for name, rule in match_rules.items():
         env.fields[name] = replace(env.fields[name], match=rule)
     slot = Slot(
@@ -237,7 +239,7 @@ def lock_for_here(**match_rules: str) -> KernelLock:
 @pytest.mark.parametrize("build", list(ROCM_BUILDS))
 def test_lumi_profile_accepts_every_rocm_build_of_torch(build, node, capsys):
     n = node(lumi(build))
-    fp = fingerprint.current()
+    fp = with_torch.current()
     assert fp["torch-hip"] == n.hip and fp["torch-rocm"] == (n.rocm or "")  # recorded as reported
     assert fp["device-type"] == "rocm" and fp["device-arch"] == "gfx90a" and fp["device-count"] == 8
     code, result = match("lumi-g", capsys)
@@ -251,8 +253,8 @@ def test_hashed_versions_compare_by_release():
     assert not in_spec(">=6.1,<7.1", "7.1.25421") and not in_spec(">=6.1", "6.0.32830-d62f6a171")
     assert not in_spec(">=6.0", "") and not in_spec(">=6.0", "unknown")
     # the fingerprint uses the same rule: a hash never makes two HIP builds differ
-    assert fingerprint.field_matches("version", "compatible", "6.2.41134-65d174c3e", "6.2.41133-dd7f95766")
-    assert not fingerprint.field_matches("version", "compatible", "6.2.41134-65d174c3e", "6.3.42131-fa1d09cbd")
+    assert fields.field_matches("version", "compatible", "6.2.41134-65d174c3e", "6.2.41133-dd7f95766")
+    assert not fields.field_matches("version", "compatible", "6.2.41134-65d174c3e", "6.3.42131-fa1d09cbd")
 
 
 def test_lumi_bounds_the_rocm_user_space_by_its_driver(node, capsys):
@@ -482,7 +484,7 @@ def test_every_site_fact_in_the_profile_names_its_source(name):
 # ---- 6. numerics settings and the xnack mode are part of the fingerprint --------------------------
 def test_rocm_numerics_settings_are_recorded_and_checked(node):
     node(lumi(), ROCBLAS_INTERNAL_FP16_ALT_IMPL="1")
-    fp = fingerprint.current()
+    fp = with_torch.current()
     assert fp["numerics-env"] == "ROCBLAS_INTERNAL_FP16_ALT_IMPL=1"
     lock = lock_for_here()
     assert lock.environment.fields["numerics-env"].match == "exact"
@@ -497,7 +499,7 @@ def test_rocm_numerics_settings_are_recorded_and_checked(node):
 
 def test_xnack_mode_is_kept(node):
     node(lumi(features="sramecc+:xnack-"))
-    fp = fingerprint.current()
+    fp = with_torch.current()
     assert fp["device-arch"] == "gfx90a" and fp["device-features"] == "sramecc+:xnack-"
     lock = lock_for_here()
     node(lumi(features="sramecc+:xnack+"))
@@ -508,7 +510,7 @@ def test_xnack_mode_is_kept(node):
 
 def test_numerics_settings_do_not_bind_a_cpu_lock(monkeypatch):
     monkeypatch.delenv("HSA_XNACK", raising=False)
-    env = lockwrite.environment({**fingerprint.current(), "device-type": "cpu"}, {})
+    env = lockwrite.environment({**with_torch.current(), "device-type": "cpu"}, {})
     assert env.fields["numerics-env"].match == "ignore"
 
 
@@ -521,14 +523,14 @@ class _NoWorker:
 
 
 def _verdict(cid: str, device: dict) -> tuple[str, str]:
-    cand = next(c for c in BUILTIN if c.id == cid)
+    cand = next(c for c in builtin() if c.id == cid)
     r = check_candidate(cand, cand.slots[0], device["type"], [("float32", "true")], _NoWorker(), arch=device["arch"])
     return r.status, " ".join(r.reasons)
 
 
 def test_no_install_advice_for_what_cannot_run_on_amd(node):
     node(lumi())
-    device = fingerprint.device_facts(torch)
+    device = with_torch.device_facts(torch)
     status, why = _verdict("quack.rms_norm", device)
     assert status == "unavailable" and "runs on cuda; this device is rocm" in why and "pip install" not in why
     status, why = _verdict("te.layer_norm", device)  # not installed here: the ROCm fork is what to install
@@ -539,20 +541,20 @@ def test_no_install_advice_for_what_cannot_run_on_amd(node):
 
 def test_quack_needs_hopper_or_newer(node):
     node(A100)
-    device = fingerprint.device_facts(torch)
+    device = with_torch.device_facts(torch)
     assert device["arch"] == "sm_80"
     status, why = _verdict("quack.rms_norm", device)
     assert status == "unavailable" and "needs a GPU arch sm_90+ on cuda; this one is sm_80" in why
     assert "pip install" not in why
     node(H100)
-    status, why = _verdict("quack.rms_norm", fingerprint.device_facts(torch))
+    status, why = _verdict("quack.rms_norm", with_torch.device_facts(torch))
     assert status == "unavailable" and "not installed: quack-kernels (pip install quack-kernels)" in why
-    status, why = _verdict("te.layer_norm", fingerprint.device_facts(torch))
+    status, why = _verdict("te.layer_norm", with_torch.device_facts(torch))
     assert "pip install --no-build-isolation transformer_engine[pytorch]" in why
 
 
 def test_te_fork_runs_only_on_the_archs_it_documents():
-    te = next(c for c in BUILTIN if c.id == "te.rms_norm")
+    te = next(c for c in builtin() if c.id == "te.rms_norm")
     assert te.arch_problem("rocm", "gfx90a") is None and te.arch_problem("rocm", "gfx942") is None
     assert "gfx90a or gfx942 or gfx950" in te.arch_problem("rocm", "gfx1100")
     assert te.arch_problem("cuda", "sm_80") is None and te.arch_problem("cuda", "sm_120") is None
@@ -570,13 +572,13 @@ def test_rocm_forks_are_labelled_as_forks(tmp_path):
             "op_builder/__init__.py": "",
         },
     )
-    apex = next(lib for lib in libraries.KNOWN_LIBRARIES if lib.name == "apex")
+    apex = next(lib for lib in libraries.known_libraries() if lib.name == "apex")
     entry = libraries.report(libraries.locate(apex, [str(tmp_path)]), None)
     assert entry["variant"] == "rocm-fork" and "NVIDIA" not in entry["identified_as"]
     te_root = tmp_path / "te"
     te_root.mkdir()
     _transformer_engine(te_root, fork=True)
-    te = next(lib for lib in libraries.KNOWN_LIBRARIES if lib.name == "transformer-engine")
+    te = next(lib for lib in libraries.known_libraries() if lib.name == "transformer-engine")
     entry = libraries.report(libraries.locate(te, [str(te_root)]), None)
     assert entry["variant"] == "rocm-fork" and "NVIDIA" not in entry["identified_as"]
 
@@ -602,7 +604,7 @@ def test_more_hip_than_rocr_devices_is_an_error_not_a_cpu_node(node, capsys):
     with pytest.raises(RuntimeError, match="HIP_VISIBLE_DEVICES contains more devices"):  # what torch itself says
         torch.cuda.device_count()
     with pytest.raises(DeviceVisibilityError) as info:
-        fingerprint.current()
+        with_torch.current()
     assert info.value.exit_code == 2
     assert "HIP_VISIBLE_DEVICES='0,1'" in str(info.value) and "ROCR_VISIBLE_DEVICES='3'" in str(info.value)
     for argv in (["env", "--json", "--no-import-checks"], ["profiles", "match", "lumi-g"]):
@@ -619,6 +621,6 @@ def test_each_rank_records_its_node_device(node, capsys):
     assert code == 0 and len(report["accelerators"]) == 1
     assert report["accelerators"][0]["index"] == 0 and report["accelerators"][0]["physical"] == "5"
     node(lumi(), ROCR_VISIBLE_DEVICES="4,5,6,7", HIP_VISIBLE_DEVICES="2")
-    assert fingerprint.physical_devices("rocm") == ["6"]
+    assert visible.physical_devices("rocm") == ["6"]
     node(lumi())
-    assert fingerprint.physical_devices("rocm") is None
+    assert visible.physical_devices("rocm") is None

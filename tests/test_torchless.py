@@ -11,9 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from kernel_lock import fingerprint as fp
-from kernel_lock import torchless
 from kernel_lock.errors import DeviceVisibilityError
+from kernel_lock.fingerprint import fields as fp_fields
+from kernel_lock.fingerprint import here as fp_here
+from kernel_lock.fingerprint import nvml as fp_nvml
+from kernel_lock.fingerprint import torchless, with_torch
+from kernel_lock.fingerprint import version_file as fp_version_file
 
 from .conftest import ROOT
 
@@ -21,7 +24,7 @@ from .conftest import ROOT
 @pytest.fixture(autouse=True)
 def read_the_files(monkeypatch):
     """pytest has torch imported, where a check would ask it: read the files, as a job start does."""
-    monkeypatch.setattr(fp, "USE_IMPORTED_TORCH", False)
+    monkeypatch.setattr(fp_here, "USE_IMPORTED_TORCH", False)
 
 
 # --- torch builds (torch/version.py as torch's own build writes it: annotated assignments) ----------
@@ -179,15 +182,15 @@ def device(fields) -> tuple:
 def test_equals_the_torch_based_fingerprint_here():
     fields, notes = torchless.fingerprint()
     assert notes.complete, notes.fallbacks
-    assert list(fields) == list(fp.FIELDS)
-    current = fp.current()
-    for name in fp.FIELDS:
+    assert list(fields) == list(fp_fields.FIELDS)
+    current = with_torch.current()
+    for name in fp_fields.FIELDS:
         assert fields[name] == current[name], name
 
 
 def test_no_torch_module_is_imported():
     code = (
-        "import sys, json, kernel_lock.torchless as t; f, n = t.fingerprint(); "
+        "import sys, json, kernel_lock.fingerprint.torchless as t; f, n = t.fingerprint(); "
         "print(json.dumps({'torch': sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')), "
         "'complete': n.complete}))"
     )
@@ -299,8 +302,8 @@ def test_cuda_build_without_reachable_driver_falls_back(tmp_path, missing):
 
 def test_nvml_is_taken_when_it_answers(tmp_path, monkeypatch):
     monkeypatch.setattr(
-        fp,
-        "_nvml_devices",
+        fp_nvml,
+        "primary",
         lambda: {"name": "NVIDIA H100 80GB HBM3", "arch": "sm_90", "count": 8, "driver": "550.163.01"},
     )
     fields, notes = torchless.fingerprint(version_file=build_file(tmp_path, CUDA_BUILD))
@@ -402,7 +405,7 @@ def test_gfx_names(value, gfx):
     ],
 )
 def test_version_file_is_read_as_data(text, expected):
-    values = torchless.parse_version_file(text)
+    values = fp_version_file.parse_version_file(text)
     assert {k: values.get(k) for k in expected} == expected
 
 
@@ -419,7 +422,7 @@ HOSTILE = [
 def test_version_file_with_code_is_not_run(tmp_path, template):
     marker = tmp_path / "ran"
     with pytest.raises(ValueError):
-        torchless.parse_version_file(template.format(marker=marker))
+        fp_version_file.parse_version_file(template.format(marker=marker))
     fields, notes = torchless.fingerprint(
         env={}, root=tmp_path, version_file=build_file(tmp_path, template.format(marker=marker))
     )
@@ -431,7 +434,7 @@ def _fake_distribution(site: Path, version_py: str, marker: Path) -> None:
     """An installed torch whose __init__ leaves a mark if anything imports it."""
     _write(site, "torch/__init__.py", f"open({str(marker)!r}, 'w').write('imported')\n")
     _write(site, "torch/version.py", version_py)
-    # the compiled parts `import torch` needs (kernel_lock.torchless looks for them, empty files will do)
+    # the compiled parts `import torch` needs (kernel_lock.fingerprint.torchless looks for them, empty files will do)
     for part in (
         "_C.abi3.so",
         "lib/libc10.so",
@@ -446,7 +449,7 @@ def _fake_distribution(site: Path, version_py: str, marker: Path) -> None:
 
 def _in_subprocess(site: Path) -> dict:
     code = (
-        "import json, sys; sys.path.insert(0, sys.argv[1]); import kernel_lock.torchless as t; "
+        "import json, sys; sys.path.insert(0, sys.argv[1]); import kernel_lock.fingerprint.torchless as t; "
         "f, n = t.fingerprint(env={}, root=sys.argv[2]); "
         "print(json.dumps({'fields': f, 'fallbacks': dict(n.fallbacks), 'torch': 'torch' in sys.modules}))"
     )
@@ -500,8 +503,8 @@ def test_current_falls_back_to_torch_only_for_checked_fields(tmp_path, monkeypat
     partial = {**fields, "device-count": None}
     notes = torchless.Notes(fallbacks={"device-count": "a device cgroup may hide GPUs"})
     monkeypatch.setattr(torchless, "fingerprint", lambda: (partial, notes))
-    monkeypatch.setattr(fp, "current", lambda: {"from": "torch"})
-    with caplog.at_level(logging.DEBUG, logger="kernel_lock.torchless"):
+    monkeypatch.setattr(with_torch, "current", lambda: {"from": "torch"})
+    with caplog.at_level(logging.DEBUG, logger="kernel_lock.fingerprint.torchless"):
         assert torchless.current(checked=["torch", "device-type"]) is partial
         assert torchless.current() == {"from": "torch"}
     assert "device-count: needs torch (a device cgroup may hide GPUs)" in caplog.text
@@ -510,6 +513,6 @@ def test_current_falls_back_to_torch_only_for_checked_fields(tmp_path, monkeypat
 def test_device_is_shaped_like_device_facts():
     import torch
 
-    expected = fp.device_facts(torch)
+    expected = with_torch.device_facts(torch)
     got = torchless.device()
     assert got is not None and {k: got[k] for k in expected} == expected and got["features"] == ""

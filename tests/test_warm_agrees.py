@@ -19,15 +19,17 @@ import pytest
 import torch
 
 import kernel_lock
-from kernel_lock import _toml, fingerprint, registry, slots
+from kernel_lock import _toml, registry, slots
 from kernel_lock.errors import KernelUnavailable, LockError
-from kernel_lock.resolve import factory, locate
+from kernel_lock.fingerprint import with_torch
+from kernel_lock.locate import locate
+from kernel_lock.resolve import factory
 
 CHECKED = ("python", "os", "arch", "torch", "torch-cuda", "device-type")  # this machine's, match exact
 
 
 def _base() -> dict[str, Any]:
-    now = fingerprint.current()
+    now = with_torch.current()
     env = {name: {"value": now[name], "match": "exact"} for name in CHECKED}
     entry = lambda impl, target, sem, kwargs: {  # noqa: E731
         "implementation": impl,

@@ -438,7 +438,7 @@ def find_blocks(root: Mapping[str, Any], shape: str | None = None) -> Config:
 
 # ---- what a config may make this checker import ------------------------------------------------------
 # A config names modules: its entries' ``_target_`` (imported to check a signature) and ``pkg://`` search
-# paths (imported by Hydra while composing). The rules are the lock's (kernel_lock.lock.check_target): a
+# paths (imported by Hydra while composing). The rules are the lock's (kernel_lock.trust.check_target): a
 # private or ``__main__`` module is never imported (importing a ``__main__`` runs it), and a module outside
 # the allow-list and the caller's trust is not imported. The allow-list for config entries adds
 # anemoi-models (the library the config is for: AutocastLayerNorm is anemoi's own default).
@@ -459,7 +459,7 @@ class Trust:
 
     @classmethod
     def granted(cls, trust: Sequence[str] = (), *, own_targets: bool = False) -> Trust:
-        from kernel_lock.lock import granted_trust
+        from kernel_lock.trust import granted_trust
 
         return cls(granted_trust(trust), own_targets)
 

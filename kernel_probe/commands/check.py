@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kernel_lock.lock import SLOTS
+from kernel_lock.slots import SLOTS
 from kernel_probe import output
 from kernel_probe.output import safe
 from kernel_probe.probe.limits import CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT

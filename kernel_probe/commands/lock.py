@@ -37,7 +37,7 @@ def add_lock_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_lock(args: argparse.Namespace) -> int:
-    from kernel_lock import fingerprint
+    from kernel_lock.fingerprint import with_torch
     from kernel_probe.commands.lockcmds import _load
 
     out = Path(args.out)
@@ -52,7 +52,7 @@ def run_lock(args: argparse.Namespace) -> int:
             f"{args.source} is already an inference lock (derived from {source_of})",
             fix="derive from the training lock itself",
         )
-    current = fingerprint.current()
+    current = with_torch.current()
     derived, substitutions = derive_inference(lock, current, source=str(args.source))
     derived.verify("inference", current=current)  # what it promises holds here (no substitution left)
     derived.dump(out)

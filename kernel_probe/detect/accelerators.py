@@ -1,6 +1,6 @@
 """The accelerators torch can use here, one entry per device, and whether torch's build covers them.
 
-The vendor decision is made once, in ``kernel_lock.fingerprint.device_facts``: ROCm is told apart
+The vendor decision is made once, in ``kernel_lock.fingerprint.with_torch.device_facts``: ROCm is told apart
 by ``torch.version.hip``, never by compute capability (an MI250X reports (9, 0), like an H100).
 This module takes that primary-device answer and fills in the per-device details for the same
 kind. ``torch`` is any object shaped like the torch module, so tests pass ``SimpleNamespace``
@@ -16,11 +16,12 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kernel_lock import fingerprint
+from kernel_lock.fingerprint import fields, host, visible
+from kernel_lock.fingerprint import nvml as nvml_mod
 
 _SM = re.compile(r"^(sm|compute)_(\d+)([a-z]?)$")
 
-# kernel_lock.fingerprint.nvml_devices, or a stand-in: the NVIDIA devices NVML sees, or None
+# kernel_lock.fingerprint.nvml.nvml_devices, or a stand-in: the NVIDIA devices NVML sees, or None
 NvmlList = Callable[[], "list[dict[str, Any]] | None"]
 
 
@@ -61,7 +62,7 @@ def torch_build_covers(device_arch: str, arch_list: Sequence[str]) -> dict[str, 
         return {"covered": None, "how": "unknown", "detail": "torch reports no compiled device arch list"}
     built = ", ".join(arch_list)
     if device_arch.startswith("gfx"):
-        targets = {fingerprint.normalize_gcn_arch(a) for a in arch_list}
+        targets = {host.normalize_gcn_arch(a) for a in arch_list}
         if device_arch in targets:
             return {"covered": True, "how": "code-object", "detail": f"torch ships code objects for {device_arch}"}
         if any(t.endswith("-generic") for t in targets):
@@ -162,7 +163,7 @@ def _cuda_devices(torch: Any, primary: dict[str, Any], nvml: NvmlList) -> list[d
             for d in listed
         ]
     cuda = torch.cuda
-    driver = primary.get("driver") or fingerprint.driver_version("cuda")
+    driver = primary.get("driver") or host.driver_version("cuda")
     out = []
     for i in range(int(cuda.device_count())):
         props = cuda.get_device_properties(i)
@@ -186,14 +187,14 @@ def _cuda_devices(torch: Any, primary: dict[str, Any], nvml: NvmlList) -> list[d
 
 def _rocm_devices(torch: Any, primary: dict[str, Any]) -> list[dict[str, Any]]:
     cuda = torch.cuda
-    driver = primary.get("driver") or fingerprint.driver_version("rocm")
+    driver = primary.get("driver") or host.driver_version("rocm")
     out = []
     for i in range(int(cuda.device_count())):
         props = cuda.get_device_properties(i)
         raw = str(getattr(props, "gcnArchName", "") or "")
         name = str(props.name)
         notes = []
-        if name in fingerprint.GENERIC_DEVICE_NAMES or not name:
+        if name in fields.GENERIC_DEVICE_NAMES or not name:
             notes.append(f"generic device name {name!r} (libdrm amdgpu.ids missing or old): identify it by arch")
         out.append(
             _device(
@@ -201,7 +202,7 @@ def _rocm_devices(torch: Any, primary: dict[str, Any]) -> list[dict[str, Any]]:
                 "amd",
                 i,
                 name,
-                fingerprint.normalize_gcn_arch(raw),
+                host.normalize_gcn_arch(raw),
                 gcn_arch_name=raw or None,
                 memory_bytes=_int(getattr(props, "total_memory", None)),
                 multiprocessors=_int(getattr(props, "multi_processor_count", None)),
@@ -251,13 +252,13 @@ def _int(value: Any) -> int | None:
 
 
 def detect_accelerators(
-    torch: Any, primary: dict[str, Any], *, nvml: NvmlList = fingerprint.nvml_devices
+    torch: Any, primary: dict[str, Any], *, nvml: NvmlList = nvml_mod.nvml_devices
 ) -> list[dict[str, Any]]:
     """Every device of the primary device's kind, each with ``torch_build_covers``.
 
-    ``primary`` is ``kernel_lock.fingerprint.device_facts(torch)``. On a CPU-only machine the
+    ``primary`` is ``kernel_lock.fingerprint.with_torch.device_facts(torch)``. On a CPU-only machine the
     list holds one ``cpu`` entry. ``physical`` is the device's node-level id when a visibility
-    variable renumbers devices (``fingerprint.physical_devices``), None otherwise.
+    variable renumbers devices (``fingerprint.visible.physical_devices``), None otherwise.
     """
     kind = primary["type"]
     if kind == "cuda":
@@ -273,7 +274,7 @@ def detect_accelerators(
     if not devices:  # CPU, or a GPU kind whose enumeration came back empty
         devices = [_device(kind, primary["vendor"], 0, primary["name"], primary["arch"], source="host")]
     arch_list = torch_arch_list(torch) if kind in ("cuda", "rocm") else []
-    physical = fingerprint.physical_devices(kind)
+    physical = visible.physical_devices(kind)
     for device in devices:
         if physical is not None and device["type"] == kind and device["index"] < len(physical):
             device["physical"] = physical[device["index"]]

@@ -7,7 +7,7 @@ import platform
 import sys
 from typing import Any
 
-from kernel_lock import fingerprint
+from kernel_lock.fingerprint import host as fingerprint_host
 
 
 def _os_release() -> str | None:
@@ -118,7 +118,7 @@ def detect_host() -> dict[str, Any]:
         },
         "cpu": {
             "arch": platform.machine().lower(),
-            **cpu_model(fingerprint.archspec_host()),
+            **cpu_model(fingerprint_host.archspec_host()),
             "brand": _brand(),
             "cores": os.cpu_count(),
             "usable_cores": _usable_cores(),

@@ -1,6 +1,6 @@
 """Which kernel libraries are installed, what they really are, and whether they import.
 
-Knowledge is data: ``KNOWN_LIBRARIES`` says, for each library, the distribution names it ships
+Knowledge is data: ``known_libraries()`` says, for each library, the distribution names it ships
 under, its top-level module, the module whose import proves it usable, and how to recognise what
 the module really is (``variants``) from its files, without importing it. It is read from the
 ``[[library]]`` tables of kernel_lock's registry (``kernel_lock/registry.toml``): adding a library is
@@ -12,6 +12,7 @@ runs in child processes (``importcheck``), so nothing here imports a kernel libr
 
 from __future__ import annotations
 
+import functools
 import importlib.machinery
 import importlib.util
 import os
@@ -98,7 +99,10 @@ def read_libraries(r: TableReader, d: Mapping[str, Any]) -> tuple[KnownLibrary, 
 
 
 # every library kernel-probe reports on, from kernel_lock's registry (one [[library]] table each)
-KNOWN_LIBRARIES: tuple[KnownLibrary, ...] = read_libraries(TableReader(str(registry.path())), registry.data())
+@functools.cache
+def known_libraries() -> tuple[KnownLibrary, ...]:
+    """Every library kernel-probe reports on: the ``[[library]]`` tables of kernel_lock's registry, read on first use."""
+    return read_libraries(TableReader(str(registry.path())), registry.data())
 
 
 @dataclass(frozen=True)
@@ -187,8 +191,9 @@ def locate(library: KnownLibrary, extra_paths: Sequence[str] = ()) -> Located:
     return Located(library, versions, location, variant)
 
 
-def locate_all(table: Sequence[KnownLibrary] = KNOWN_LIBRARIES, extra_paths: Sequence[str] = ()) -> dict[str, Located]:
-    return {lib.name: locate(lib, extra_paths) for lib in table}
+def locate_all(table: Sequence[KnownLibrary] | None = None, extra_paths: Sequence[str] = ()) -> dict[str, Located]:
+    """Where each library of ``table`` (default: :func:`known_libraries`) is installed, by name."""
+    return {lib.name: locate(lib, extra_paths) for lib in (known_libraries() if table is None else table)}
 
 
 def import_requests(located: Mapping[str, Located]) -> dict[str, ImportRequest]:

@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
-from kernel_lock import fingerprint
+from kernel_lock.fingerprint import nvml as nvml_mod
+from kernel_lock.fingerprint import with_torch
 from kernel_lock.errors import DeviceVisibilityError
 from kernel_probe.detect import accelerators, host, libraries, site, torchbuild
 from kernel_probe.detect import triton as triton_info
@@ -66,12 +67,12 @@ def _torch_and_devices(torch: Any | None, nvml: NvmlList, errors: list[dict[str,
         except Exception as exc:
             errors.append(_error("torch build", exc))
     try:
-        primary = fingerprint.device_facts(torch_like)
+        primary = with_torch.device_facts(torch_like)
     except DeviceVisibilityError:  # the user's variables contradict each other: not "a CPU node"
         raise
     except Exception as exc:  # the driver or torch failed while asking for the device
         errors.append(_error("device", exc))
-        primary = fingerprint.device_facts(_NO_TORCH)
+        primary = with_torch.device_facts(_NO_TORCH)
     try:
         devices = accelerators.detect_accelerators(torch_like, primary, nvml=nvml)
     except Exception as exc:
@@ -80,7 +81,7 @@ def _torch_and_devices(torch: Any | None, nvml: NvmlList, errors: list[dict[str,
     fp: dict[str, Any] | None = None
     if torch is not None:
         try:
-            fp = fingerprint.current(torch, device=lambda _torch: primary)  # one device answer for both
+            fp = with_torch.current(torch, device=lambda _torch: primary)  # one device answer for both
         except Exception as exc:
             errors.append(_error("fingerprint", exc))
     return {"torch": torch_facts, "device": dict(primary), "accelerators": devices, "fingerprint": fp}
@@ -101,7 +102,7 @@ def detect(
     ``import_checks`` imports each installed kernel library (and Triton, to read its target) in a
     child process with ``timeout`` seconds each, all at once; ``extra_paths`` go in front of the
     search path, in-process and on the children's PYTHONPATH; ``env`` replaces os.environ for the
-    children and the site signals. ``table`` replaces ``libraries.KNOWN_LIBRARIES``; ``torch`` and
+    children and the site signals. ``table`` replaces ``libraries.known_libraries()``; ``torch`` and
     ``nvml`` replace the real ones (tests).
     """
     from kernel_probe import __version__
@@ -110,7 +111,7 @@ def detect(
     errors: list[dict[str, str]] = []
 
     # Cheap, import-free facts first, so the children can start before torch is imported here.
-    located_libs = libraries.locate_all(libraries.KNOWN_LIBRARIES if table is None else table, extra_paths)
+    located_libs = libraries.locate_all(table, extra_paths)
     located_triton = triton_info.locate(extra_paths)
     checks = None
     if import_checks:
@@ -122,7 +123,7 @@ def detect(
 
     try:
         host_facts = host.detect_host()
-        here = _torch_and_devices(torch, nvml or fingerprint.nvml_devices, errors)
+        here = _torch_and_devices(torch, nvml or nvml_mod.nvml_devices, errors)
         imported = checks.results() if checks is not None else {}
     except BaseException:  # interrupted, or a bug here: do not leave children running until their timeout
         if checks is not None:

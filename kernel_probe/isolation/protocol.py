@@ -28,6 +28,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypedDict, TypeVar
 
+from kernel_lock.reading import ReadError, context, unknown_keys
+
 if TYPE_CHECKING:
     from kernel_probe.probe.candidates import Candidate
 
@@ -89,31 +91,37 @@ class Message:
 
     @classmethod
     def from_json(cls: type[M], data: Any) -> M:
-        name = cls.__name__
+        """Read a message back; :class:`ProtocolError` names the message and the key when it is not one."""
+        try:
+            return cls._read(data)
+        except ReadError as exc:  # the key was added as the error left the field that raised it
+            raise ProtocolError(f"{cls.__name__}{'.' + exc.key if exc.key else ''}: {exc.problem}") from None
+
+    @classmethod
+    def _read(cls: type[M], data: Any) -> M:
         if not isinstance(data, Mapping):
-            raise ProtocolError(f"{name}: expected a JSON object, got {type(data).__name__}")
+            raise ReadError(f"expected a JSON object, got {type(data).__name__}")
         known = {f.name: f for f in fields(cls)}
-        unknown = sorted(str(k) for k in data if k not in known and k not in cls._envelope())
+        unknown = sorted(unknown_keys(data, (*known, *cls._envelope())))
         if unknown:
-            raise ProtocolError(
-                f"{name}: unknown key(s) {', '.join(map(repr, unknown))} (known: {', '.join(known) or 'none'})"
-            )
+            raise ReadError(f"unknown key(s) {', '.join(map(repr, unknown))} (known: {', '.join(known) or 'none'})")
         missing = [
             k for k, f in known.items() if k not in data and f.default is MISSING and f.default_factory is MISSING
         ]
         if missing:
-            raise ProtocolError(f"{name}: missing key(s) {', '.join(map(repr, missing))}")
+            raise ReadError(f"missing key(s) {', '.join(map(repr, missing))}")
         kwargs = {}
         for key, value in data.items():
             if key not in known:
                 continue
             decode: Callable[[Any], Any] | None = known[key].metadata.get("json", (None, None))[1]
-            try:
-                kwargs[key] = decode(value) if decode else value
-            except ProtocolError as exc:
-                raise ProtocolError(f"{name}.{key}: {exc}") from None
-            except (TypeError, ValueError, KeyError) as exc:
-                raise ProtocolError(f"{name}.{key}: {type(exc).__name__}: {exc}") from None
+            with context(key):
+                try:
+                    kwargs[key] = decode(value) if decode else value
+                except ProtocolError as exc:
+                    raise ReadError(str(exc)) from None
+                except (TypeError, ValueError, KeyError) as exc:
+                    raise ReadError(f"{type(exc).__name__}: {exc}") from None
         return cls(**kwargs)
 
     @classmethod

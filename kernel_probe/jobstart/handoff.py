@@ -36,8 +36,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kernel_lock._files import UnsafeFile, read_regular
-from kernel_lock.lock import MAX_BYTES, atomic_write_text
+from kernel_lock._files import UnsafeFile, atomic_write_text, read_regular
+from kernel_lock.lock import MAX_BYTES
 from kernel_probe.errors import InputFileError, ProbeError
 from kernel_probe.jobstart.ranks import JobRank
 

@@ -18,16 +18,18 @@ Constructor arguments are templates: a string ``"$name"`` is replaced by the can
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import Any, Literal, TypeVar, overload
 
 from kernel_lock import _toml
 from kernel_lock import registry as lock_registry
+from kernel_lock.reading import ReadError, get, get_required, get_strings, unknown_keys
 
 # declared in kernel_lock.slots; still importable from here (kernel_probe.probe.candidates.SLOT_SEMANTICS, CANONICAL)
 from kernel_lock.slots import (
@@ -41,6 +43,8 @@ from kernel_lock.slots import (
     slot_name_fix,
 )
 from kernel_probe.errors import InputFileError, UsageError
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -155,7 +159,8 @@ class CandidateDataError(InputFileError):
 
 
 class TableReader:
-    """Strict reading of parsed TOML: typed getters whose errors carry the file and the dotted key.
+    """Strict reading of parsed TOML: ``kernel_lock.reading``'s typed getters, whose errors this reader
+    raises with the file and the dotted key.
 
     Unknown keys are errors (a typo must not silently widen a policy or drop a pinned argument).
     ``error`` is the exception raised; a site profile's reader raises ``ProfileError``."""
@@ -168,28 +173,30 @@ class TableReader:
     def err(self, key: str, problem: str, fix: str | None = None) -> InputFileError:
         return self.error(problem, path=self.path, key=key, fix=fix)
 
+    def read(self, where: str, getter: Callable[[], _T]) -> _T:
+        """Run one of ``kernel_lock.reading``'s getters; its error, its key completed with ``where``, is this
+        reader's (the file named)."""
+        try:
+            return getter()
+        except ReadError as exc:
+            raise self.err(f"{where}{exc.key}", exc.problem, exc.fix) from None
+
     def table(self, d: Mapping[str, Any], key: str, known: Sequence[str], where: str) -> dict[str, Any]:
-        v = d.get(key, {})
-        if not isinstance(v, dict):
-            raise self.err(f"{where}{key}", f"expected a table, got {type(v).__name__}")
+        v = self.free_table(d, key, where)
         self.no_unknown(v, known, f"{where}{key}.")
         return v
 
     def free_table(self, d: Mapping[str, Any], key: str, where: str) -> dict[str, Any]:
         """A table whose keys are the user's (variables, paths, library names)."""
-        v = d.get(key, {})
-        if not isinstance(v, dict):
-            raise self.err(f"{where}{key}", f"expected a table, got {type(v).__name__}")
-        return v
+        return self.read(where, lambda: get(d, key, dict, default={}))
 
     def no_unknown(self, d: Mapping[str, Any], known: Sequence[str], where: str) -> None:
-        for k in d:
-            if k not in known:
-                import difflib
+        for k in unknown_keys(d, known):
+            import difflib
 
-                close = difflib.get_close_matches(str(k), list(known), n=1, cutoff=0.75)
-                hint = f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(known)}"
-                raise self.err(f"{where}{k}", f"unknown key {k!r}", fix=hint)
+            close = difflib.get_close_matches(k, list(known), n=1, cutoff=0.75)
+            hint = f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(known)}"
+            raise self.err(f"{where}{k}", f"unknown key {k!r}", fix=hint)
 
     # a required key, or one with a string default, is never None
     @overload
@@ -204,28 +211,17 @@ class TableReader:
     def string(
         self, d: Mapping[str, Any], key: str, where: str, required: bool = False, default: str | None = None
     ) -> str | None:
-        v = d.get(key)
-        if v is None:
-            if required:
-                raise self.err(f"{where}{key}", "required key is missing")
-            return default
-        if not isinstance(v, str):
-            raise self.err(f"{where}{key}", f"expected a string, got {type(v).__name__}")
-        return v
+        if required:
+            return self.read(where, lambda: get_required(d, key, str))
+        return self.read(where, lambda: get(d, key, str, default))
 
     def strings(self, d, key, where) -> tuple[str, ...]:
-        v = d.get(key, [])
-        if isinstance(v, str):
-            v = [v]
-        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-            raise self.err(f"{where}{key}", "expected a list of strings")
-        return tuple(v)
+        """A list of strings; a lone string is a list of one."""
+        v = d.get(key)
+        return (v,) if isinstance(v, str) else self.read(where, lambda: get_strings(d, key))
 
     def boolean(self, d, key, where, default: bool = False) -> bool:
-        v = d.get(key, default)
-        if not isinstance(v, bool):
-            raise self.err(f"{where}{key}", f"expected true or false, got {type(v).__name__}")
-        return v
+        return self.read(where, lambda: get(d, key, bool, default))
 
     def regex(self, pattern: str, key: str) -> str:
         try:
@@ -391,12 +387,15 @@ def load_candidates(path: str | os.PathLike[str], *, source: str = "builtin") ->
     return read_candidates(r, d, source=source)
 
 
-BUILTIN: tuple[Candidate, ...] = load_candidates(lock_registry.path())
+@functools.cache
+def builtin() -> tuple[Candidate, ...]:
+    """The built-in candidates: the ``[[candidate]]`` tables of kernel_lock's registry, read on first use."""
+    return load_candidates(lock_registry.path())
 
 
 def default_for(slot: str) -> Candidate:
     """The built-in candidate for the class a slot resolves to when the lock does not pin it."""
-    return next(c for c in BUILTIN if c.slots == (slot,) and c.target == DEFAULT_TARGETS[slot])
+    return next(c for c in builtin() if c.slots == (slot,) and c.target == DEFAULT_TARGETS[slot])
 
 
 _SPEC = re.compile(r"^(?P<slot>[A-Za-z]+)=(?P<target>[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+)$")
@@ -464,7 +463,7 @@ def registry(extra: Iterable[Candidate] = (), *, entry_points: bool = True) -> t
     """All candidates: built-in, plug-ins, then extras (command line, profile). Ids are unique."""
     plugins, problems = from_entry_points() if entry_points else ([], [])
     out: dict[str, Candidate] = {}
-    for cand in (*BUILTIN, *plugins, *extra):
+    for cand in (*builtin(), *plugins, *extra):
         if cand.semantics not in SEMANTICS:
             problems.append(f"candidate {cand.id}: unknown semantics {cand.semantics!r}")
             continue

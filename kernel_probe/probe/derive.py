@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kernel_lock.errors import KernelUnavailable
-from kernel_lock.lock import KernelLock, Slot
+from kernel_lock.lock import KernelLock
+from kernel_lock.schema import Slot
 from kernel_probe import __version__
 
 
@@ -40,7 +41,7 @@ def derive_inference(
 
     Raises :class:`KernelUnavailable` naming every slot that cannot run here and has no usable twin.
     """
-    from kernel_lock.fingerprint import library_versions
+    from kernel_lock.fingerprint.fields import library_versions
     from kernel_lock.resolve import resolve_slot
     from kernel_probe.probe.write import environment
 

@@ -154,9 +154,9 @@ def large_shape_warning(device_type: str, shapes: Sequence[str], reps: int) -> s
 
 
 def detect_device() -> dict[str, Any]:
-    """This machine's device facts (``fingerprint.device_facts``): read without torch where every one
-    of them can be (``kernel_lock.torchless``), else from torch."""
-    from kernel_lock.fingerprint import device_here
+    """This machine's device facts (``fingerprint.with_torch.device_facts``): read without torch where every one
+    of them can be (``kernel_lock.fingerprint.torchless``), else from torch."""
+    from kernel_lock.fingerprint.here import device_here
 
     return device_here()
 
@@ -246,7 +246,7 @@ def _apply_profile(request: ProbeRequest, device: Mapping[str, Any], events: Eve
     """Load the profile (or auto-detect it), enforce its requirements (exit 4 on unmet)."""
     if not request.profile:
         return None, ""
-    from kernel_lock import fingerprint
+    from kernel_lock.fingerprint import here
     from kernel_probe.profiles import requirements
 
     profile, matched, notes = requirements.choose(request.profile, list(request.profiles_dirs), device)
@@ -261,7 +261,7 @@ def _apply_profile(request: ProbeRequest, device: Mapping[str, Any], events: Eve
         seen, seen_by, _ = requirements.choose("auto", list(request.profiles_dirs), device)
         requirements.other_site(profile, seen, seen_by)
     libs = requirements.library_facts(requirements.required_libraries(profile))
-    for warning in requirements.enforce(profile, fingerprint.for_check(), libs):
+    for warning in requirements.enforce(profile, here.for_check(), libs):
         events.warn(warning)
     return profile, matched
 
@@ -533,7 +533,7 @@ def _probe_or_reuse(
 
 def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     """Check every candidate, time the accepted ones, choose per slot and build the lock (not written)."""
-    from kernel_lock import fingerprint
+    from kernel_lock.fingerprint import with_torch
     from kernel_probe.probe.candidates import for_slot
     from kernel_probe.probe.judge import Policy
     from kernel_probe.probe.write import build_lock
@@ -584,7 +584,7 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
         result.choices,
         result.reports,
         result.timings,
-        fingerprint.current(),
+        with_torch.current(),
         precision=p.precision,
         provenance=provenance,
         profile=p.profile.lock_record(p.matched) if p.profile else None,

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernel_lock.blas import Blas
-from kernel_lock.fingerprint import FIELDS, library_versions
-from kernel_lock.lock import Candidate as RejectedCandidate
-from kernel_lock.lock import EnvField, Environment, KernelLock, Requirement, Slot, Twin
+from kernel_lock.fingerprint.fields import FIELDS, library_versions
+from kernel_lock.lock import KernelLock
+from kernel_lock.schema import Candidate as RejectedCandidate
+from kernel_lock.schema import EnvField, Environment, Requirement, Slot, Twin
 from kernel_lock.slots import CANONICAL, SLOT_SEMANTICS
 from kernel_probe import __version__
 from kernel_probe.errors import ProbeError, UsageError

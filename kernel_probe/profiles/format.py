@@ -20,10 +20,10 @@ from kernel_lock.slots import PRECISIONS, SLOTS
 from kernel_probe.errors import InputFileError
 from kernel_probe.jobstart.handoff import PROBE_PER
 from kernel_probe.probe.candidates import (
-    BUILTIN,
     DEVICE_TYPES,
     Candidate,
     TableReader,
+    builtin,
     gpu_arch_problem,
     read_candidates,
 )
@@ -196,11 +196,11 @@ def _closed(p: _P, values: Iterable[str], accepted: Sequence[str], key: str, wha
 def _known_libraries(declared: Iterable[Candidate]) -> dict[str, str]:
     """Library names a profile may require or forbid -> what they are: the registry's libraries (by name
     and by each distribution name), Triton's distributions, and the profile's own candidates'."""
-    from kernel_probe.detect.libraries import KNOWN_LIBRARIES
+    from kernel_probe.detect.libraries import known_libraries
     from kernel_probe.detect.triton import TRITON_DISTRIBUTIONS
 
-    known = {lib.name: "registry" for lib in KNOWN_LIBRARIES}
-    known.update({dist: f"registry ({lib.name})" for lib in KNOWN_LIBRARIES for dist in lib.distributions})
+    known = {lib.name: "registry" for lib in known_libraries()}
+    known.update({dist: f"registry ({lib.name})" for lib in known_libraries() for dist in lib.distributions})
     known.update({dist: "triton" for dist in TRITON_DISTRIBUTIONS})
     known.update({c.distribution: f"candidate {c.id}" for c in declared if c.distribution})
     return known
@@ -336,8 +336,8 @@ def parse(text: str, path: str) -> Profile:
     for key in ("torch", "torch-cuda", "torch-hip", "driver"):
         if key in requires:
             p.specifier(requires[key], f"requires.{key}")
-    declared = read_candidates(p, d, source=f"profile:{name}", reserved={b.id for b in BUILTIN})
-    known_ids = {c.id: c for c in (*BUILTIN, *declared)}
+    declared = read_candidates(p, d, source=f"profile:{name}", reserved={b.id for b in builtin()})
+    known_ids = {c.id: c for c in (*builtin(), *declared)}
     policy = p.table(d, "policy", _POLICY, "")
     precision = p.string(policy, "precision", "policy.")
     if precision is not None and precision not in PRECISIONS:
@@ -434,7 +434,7 @@ def load_file(path: str | os.PathLike[str]) -> Profile:
 
 def variants_of(base: str) -> list[str]:
     """The variant keys ``kernel_probe.detect.libraries`` can tell apart for a library (by its report name)."""
-    from kernel_probe.detect.libraries import KNOWN_LIBRARIES
+    from kernel_probe.detect.libraries import known_libraries
 
-    lib = next((lib for lib in KNOWN_LIBRARIES if lib.name == base), None)
+    lib = next((lib for lib in known_libraries() if lib.name == base), None)
     return [v.key for v in lib.variants if v.usable] if lib is not None else []

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernel_lock.fingerprint import FIELDS
+from kernel_lock.fingerprint.fields import FIELDS
 from kernel_probe.errors import InputFileError, UsageError
 from kernel_probe.probe.candidates import DEVICE_TYPES
 

@@ -131,9 +131,9 @@ def library_facts(
     has a version only when what is installed is that variant: the ROCm fork of transformer-engine
     installs under the same names as NVIDIA's. Any other key is one distribution's version.
     """
-    from kernel_probe.detect.libraries import KNOWN_LIBRARIES
+    from kernel_probe.detect.libraries import known_libraries
 
-    known = {lib.name: lib for lib in KNOWN_LIBRARIES}
+    known = {lib.name: lib for lib in known_libraries()}
     out: dict[str, str | None] = {}
     for key in keys:
         base, at, variant = key.partition("@")
@@ -148,7 +148,7 @@ def library_facts(
 
 def _library_here(base: str, lib: Any) -> tuple[str | None, Any]:
     """(version, recognised variant) of a library or distribution on this machine."""
-    from kernel_lock.fingerprint import library_versions
+    from kernel_lock.fingerprint.fields import library_versions
     from kernel_probe.detect.libraries import locate
 
     if lib is None:

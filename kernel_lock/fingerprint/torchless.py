@@ -1,21 +1,20 @@
 """The fingerprint of this machine read without importing torch, or the fields it cannot read so.
 
-``fingerprint.current()`` imports torch to learn how torch was built and which accelerator it sees;
+``with_torch.current()`` imports torch to learn how torch was built and which accelerator it sees;
 at job start that import is the expensive part (thousands of files read by every rank). Every fact
 is also on disk: torch's build in its installed ``torch/version.py`` (parsed, never executed), the
 devices in the drivers' ``/proc`` and ``/sys`` files, NVML when it is installed. This module reads
-them and returns the same fields as ``fingerprint.current()``; a field it cannot read with certainty
+them and returns the same fields as ``with_torch.current()``; a field it cannot read with certainty
 -- one torch might report differently -- is ``None`` and listed in ``Notes.fallbacks`` with the
 reason, so the caller takes the torch-based fingerprint instead. It never guesses.
 
 Only ``root`` moves: the driver files and torch's ``version.py`` stay where this process finds them,
 and the host fields (python, os, arch, cpu-microarch, the CPU's vendor and name) are always this
-host's, as ``fingerprint`` reads them.
+host's, as ``host`` reads them. torch's ``version.py`` is read by ``version_file``.
 """
 
 from __future__ import annotations
 
-import ast
 import logging
 import os
 import platform
@@ -26,20 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import fingerprint as fp
+from . import host, nvml, with_torch
+from .fields import DEVICE_FIELDS, FIELDS, numerics_env
+from .version_file import TorchBuild, Unsettled, metadata_agrees, torch_build
+from .visible import physical_devices, rocm_visible_indices, visible_nvml_indices
 
 log = logging.getLogger(__name__)
-
-DEVICE_FIELDS = (
-    "device-type",
-    "device-vendor",
-    "device-name",
-    "device-arch",
-    "device-features",
-    "device-count",
-    "driver",
-)
-BUILD_FIELDS = ("torch", "torch-cuda", "torch-hip", "torch-rocm")
 
 # Compute capability by device name, for the names the driver's /proc file gives. Only entries with a
 # source: NVIDIA's CUDA GPUs page (developer.nvidia.com/cuda-gpus) lists A100 as 8.0 and H100, H200
@@ -70,6 +61,7 @@ class Notes:
 
     @property
     def complete(self) -> bool:
+        """Whether every field was read without torch."""
         return not self.fallbacks
 
     def blocking(self, checked: Iterable[str]) -> dict[str, str]:
@@ -78,180 +70,10 @@ class Notes:
         return {name: why for name, why in self.fallbacks.items() if name in wanted}
 
     def lines(self) -> list[str]:
+        """One line per source and per fallback, for ``--debug``."""
         out = [f"{name}: read from {where}" for name, where in self.sources.items()]
         out += [f"{name}: needs torch ({why})" for name, why in self.fallbacks.items()]
         return out
-
-
-@dataclass(frozen=True)
-class TorchBuild:
-    """What ``torch.version`` would say, read from the installed file."""
-
-    version: str  # torch.__version__ without the local part (+cu124)
-    cuda: str
-    hip: str
-    rocm: str
-    xpu: str
-    path: str
-
-
-class _Unsettled(Exception):
-    """A fact that cannot be read with certainty: the fields it decides, and why."""
-
-    def __init__(self, fields: Iterable[str], why: str):
-        super().__init__(why)
-        self.fields = tuple(fields)
-        self.why = why
-
-
-# ---------------------------------------------------------------------------------------------------
-# torch's build, from its installed version.py
-
-
-# What a real torch/version.py holds: tools/generate_torch_version.py (and setup.py's older copy) writes
-# ``from typing import Optional``, ``__all__ = [...]``, ``__version__ = '...'``, ``debug = False``,
-# ``git_version = '...'`` and ``cuda`` / ``hip`` / ``rocm`` / ``xpu`` as ``NAME: Optional[str] = '...'``
-# (torch < 2.0: ``NAME = '...'``). Checked against the files of CPU, CUDA and ROCm wheels from 1.13 to
-# 2.13 (tests/test_version_file.py). Nothing else is read: anything else could change, when Python runs
-# the file, what the names hold.
-_VERSION_FILE_IMPORT = ("typing", ("Optional",))
-_ANNOTATION = "Optional[str]"
-
-
-def _plain_value(node: ast.expr) -> bool:
-    """A literal as the generator writes one: a string, a bool, None, or a list of strings."""
-    if isinstance(node, ast.Constant):
-        return node.value is None or isinstance(node.value, (str, bool))
-    return isinstance(node, ast.List) and all(
-        isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts
-    )
-
-
-def parse_version_file(text: str) -> dict[str, Any]:
-    """The names a ``torch/version.py`` binds, read with ``ast`` (nothing is executed).
-
-    Accepted, and nothing else: ``from typing import Optional`` (no alias), ``NAME = literal`` and
-    ``NAME: Optional[str] = literal`` after that import (a literal: a string, a bool, None, a list of
-    strings), each name bound once, never ``Optional``, ``str`` or a dunder other than ``__all__`` and
-    ``__version__``. Anything else (another import, an alias, an annotation that is an expression with side
-    effects, a name bound twice, a call) raises ``ValueError`` saying which line, rather than answer.
-    """
-    tree = ast.parse(text)
-    values: dict[str, Any] = {}
-    imported = False
-    for node in tree.body:
-        if isinstance(node, ast.ImportFrom):
-            names = tuple(alias.name for alias in node.names if alias.asname is None)
-            if (node.module, names) == _VERSION_FILE_IMPORT and node.level == 0 and len(node.names) == 1:
-                imported = True
-                continue
-            raise ValueError(f"line {node.lineno}: an import other than `from typing import Optional`")
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            target, value = node.targets[0].id, node.value
-        elif (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and node.simple
-            and node.value is not None
-            and ast.unparse(node.annotation) == _ANNOTATION
-            and isinstance(node.annotation, ast.Subscript)
-            and isinstance(node.annotation.value, ast.Name)
-            and imported
-        ):
-            target, value = node.target.id, node.value
-        else:
-            raise ValueError(
-                f"line {node.lineno}: {type(node).__name__} statement (only `NAME = literal` and "
-                f"`NAME: {_ANNOTATION} = literal` are read)"
-            )
-        if target in values:
-            raise ValueError(f"line {node.lineno}: {target} is bound twice")
-        if target in ("Optional", "str") or (target.startswith("__") and target not in ("__all__", "__version__")):
-            raise ValueError(f"line {node.lineno}: {target} is not a name torch's version.py binds")
-        if not _plain_value(value):
-            raise ValueError(f"line {node.lineno}: {target} is not a string, bool, None or list of strings")
-        values[target] = ast.literal_eval(value)
-    return values
-
-
-# The compiled parts ``import torch`` loads first: its extension module and, in a wheel's torch/lib, the
-# libraries it links (Linux names; macOS .dylib, Windows .dll). A layout that keeps them elsewhere (a
-# conda environment's lib/) is not judged from here: the fingerprint then imports torch.
-_TORCH_LIBS = ("libc10", "libtorch_cpu", "libtorch_python")
-_LIB_SUFFIX = {"linux": ".so", "darwin": ".dylib", "win32": ".dll"}
-
-
-def _compiled_parts_missing(folder: Path, build: TorchBuild) -> str | None:
-    """Why ``import torch`` may fail for a missing compiled part of torch in ``folder``; None when all are there."""
-    import importlib.machinery
-
-    if not any((folder / f"_C{suffix}").is_file() for suffix in importlib.machinery.EXTENSION_SUFFIXES):
-        return f"torch's extension module {folder / '_C'}.* is missing: `import torch` would fail"
-    suffix = _LIB_SUFFIX.get(sys.platform)
-    if suffix is None:
-        return f"torch's compiled libraries are not looked for on {sys.platform}"
-    wanted = list(_TORCH_LIBS) + (["libtorch_cuda"] if build.cuda else []) + (["libtorch_hip"] if build.hip else [])
-    if sys.platform == "win32":
-        wanted = [name.removeprefix("lib") for name in wanted]
-    missing = [name + suffix for name in wanted if not (folder / "lib" / (name + suffix)).is_file()]
-    if missing:
-        return f"{folder / 'lib'} lacks {', '.join(missing)}: whether `import torch` succeeds is only known by importing it"
-    return None
-
-
-def _version_file() -> Path:
-    """The version.py of the torch that ``import torch`` would load (find_spec runs none of its code)."""
-    import importlib.util
-
-    try:
-        spec = importlib.util.find_spec("torch")
-    except (ImportError, ValueError) as exc:
-        raise _Unsettled(BUILD_FIELDS + DEVICE_FIELDS, f"torch cannot be located: {exc}") from None
-    if spec is None or not spec.submodule_search_locations:
-        raise _Unsettled(BUILD_FIELDS + DEVICE_FIELDS, "torch is not importable here")
-    return Path(next(iter(spec.submodule_search_locations))) / "version.py"
-
-
-def torch_build(path: Path | None = None) -> TorchBuild:
-    """torch's version and CUDA / HIP / ROCm / XPU build from its installed ``version.py``; for the
-    installed torch, only when its compiled parts are there too (else ``import torch`` fails)."""
-    check_compiled = path is None
-    path = _version_file() if path is None else path
-    try:
-        values = parse_version_file(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as exc:
-        raise _Unsettled(BUILD_FIELDS + DEVICE_FIELDS, f"{path} cannot be read as plain data: {exc}") from None
-    texts: dict[str, str] = {}
-    for name in ("cuda", "hip", "rocm", "xpu"):
-        value = values.get(name)
-        if value is not None and not isinstance(value, str):
-            raise _Unsettled(BUILD_FIELDS + DEVICE_FIELDS, f"{path}: {name} = {value!r} is not a string")
-        texts[name] = value or ""
-    version = values.get("__version__")
-    version = version if isinstance(version, str) else ""  # the caller falls back for "torch"
-    build = TorchBuild(version.split("+")[0], texts["cuda"], texts["hip"], texts["rocm"], texts["xpu"], str(path))
-    if check_compiled:
-        missing = _compiled_parts_missing(path.parent, build)
-        if missing:
-            raise _Unsettled(BUILD_FIELDS + DEVICE_FIELDS, missing)
-    return build
-
-
-def _metadata_agrees(build: TorchBuild) -> str | None:
-    """Why the installed distribution's version contradicts version.py (two torches on the path?)."""
-    from importlib import metadata
-
-    try:
-        installed = metadata.version("torch").split("+")[0]
-    except metadata.PackageNotFoundError:
-        return None  # a source checkout on PYTHONPATH: version.py is what torch reports
-    if build.version and installed != build.version:
-        return f"the torch distribution says {installed} but {build.path} says {build.version}"
-    return None
-
-
-# ---------------------------------------------------------------------------------------------------
-# small readers
 
 
 def _read(path: Path, limit: int = 65536) -> str:
@@ -264,8 +86,8 @@ def _release(text: str) -> tuple[int, ...]:
 
 
 def _driver(device_type: str, root: Path) -> str:
-    """``fingerprint.driver_version`` under ``root`` (same file, same pattern)."""
-    where, pattern = fp._DRIVER_FILES[device_type]
+    """``host.driver_version`` under ``root`` (same file, same pattern)."""
+    where, pattern = host.DRIVER_FILES[device_type]
     try:
         match = pattern.search(_read(root / where.lstrip("/"), 4096))
     except OSError:
@@ -274,20 +96,16 @@ def _driver(device_type: str, root: Path) -> str:
 
 
 def _cpu_device() -> dict[str, Any]:
-    """The CPU device facts exactly as ``fingerprint.device_facts`` gives them on a CPU-only torch."""
+    """The CPU device facts exactly as ``with_torch.device_facts`` gives them on a CPU-only torch."""
     return {
         "type": "cpu",
-        "vendor": fp._cpu_vendor(),
-        "name": fp._cpu_name(),
+        "vendor": host.cpu_vendor(),
+        "name": host.cpu_name(),
         "arch": "",
         "features": "",
         "count": 1,
         "driver": "",
     }
-
-
-# ---------------------------------------------------------------------------------------------------
-# NVIDIA: NVML when it answers (what fingerprint.current() uses too), else the driver's /proc files
 
 
 def _nvidia_proc_gpus(root: Path) -> list[dict[str, str]]:
@@ -333,7 +151,7 @@ def _libcuda_findable(root: Path, env: Mapping[str, str]) -> bool:
 def _nvidia_from_proc(build: TorchBuild, env: Mapping[str, str], root: Path) -> tuple[dict[str, Any], dict[str, str]]:
     unsure = ("device-type", "device-vendor", "device-name", "device-arch", "device-count", "driver")
     if not (root / "proc/driver/nvidia/gpus").is_dir():
-        raise _Unsettled(
+        raise Unsettled(
             unsure,
             f"torch is built for CUDA {build.cuda} but {root / 'proc/driver/nvidia'} lists no "
             "GPU (the driver may load on first use, or this is WSL): only torch can tell",
@@ -342,13 +160,13 @@ def _nvidia_from_proc(build: TorchBuild, env: Mapping[str, str], root: Path) -> 
     major = _release(build.cuda)[:1]
     need = MIN_DRIVER_FOR_CUDA.get(major[0]) if major else None
     if need is None or not driver or _release(driver) < need:
-        raise _Unsettled(
+        raise Unsettled(
             unsure,
             f"driver {driver or '(unreadable)'} against torch's CUDA {build.cuda}: whether "
             "torch can use the GPU is not certain",
         )
     if not (root / "dev/nvidiactl").exists() or not _libcuda_findable(root, env):
-        raise _Unsettled(
+        raise Unsettled(
             unsure,
             "the driver is loaded but /dev/nvidiactl or libcuda.so.1 is not reachable here "
             "(a container without the GPU?)",
@@ -357,19 +175,19 @@ def _nvidia_from_proc(build: TorchBuild, env: Mapping[str, str], root: Path) -> 
         # /proc lists every GPU of the node; a device cgroup (Slurm's ConstrainDevices, a CPU job on a GPU
         # node) can hide some or all of them from CUDA, and nothing readable without opening the device
         # files says which. CUDA_VISIBLE_DEVICES (set by Slurm for a GPU allocation) says what was given.
-        raise _Unsettled(
+        raise Unsettled(
             unsure,
             "CUDA_VISIBLE_DEVICES is unset and NVML is not available: a device cgroup may hide GPUs that /proc lists",
         )
     if _mig_instances(root):
-        raise _Unsettled(unsure, "MIG instances exist: CUDA names and counts MIG devices, not GPUs")
+        raise Unsettled(unsure, "MIG instances exist: CUDA names and counts MIG devices, not GPUs")
     try:
         gpus = [g for g in _nvidia_proc_gpus(root) if g.get("GPU Excluded", "No") != "Yes"]
     except OSError as exc:
-        raise _Unsettled(unsure, f"the driver's GPU list cannot be read: {exc}") from None
-    order = fp.visible_nvml_indices(env.get("CUDA_VISIBLE_DEVICES"), [g.get("GPU UUID", "") for g in gpus])
+        raise Unsettled(unsure, f"the driver's GPU list cannot be read: {exc}") from None
+    order = visible_nvml_indices(env.get("CUDA_VISIBLE_DEVICES"), [g.get("GPU UUID", "") for g in gpus])
     if order is None:
-        raise _Unsettled(
+        raise Unsettled(
             unsure,
             "CUDA_VISIBLE_DEVICES names MIG devices, or is read differently by CUDA and torch's parser "
             "(ordinals and UUIDs mixed, a lone sign, -0)",
@@ -405,16 +223,12 @@ def _nvidia(
 ) -> tuple[dict[str, Any], dict[str, str]]:
     same_env = env is os.environ or env.get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
     if root == Path("/") and same_env:
-        first = fp._nvml_devices()  # exactly what fingerprint.current() takes on a CUDA build
+        first = nvml.primary()  # exactly what with_torch.current() takes on a CUDA build
         if first is not None:
             sources["device"] = "NVML"
             return {"type": "cuda", "vendor": "nvidia", "features": "", **first}, {}
     sources["device"] = str(root / "proc/driver/nvidia")
     return _nvidia_from_proc(build, env, root)
-
-
-# ---------------------------------------------------------------------------------------------------
-# AMD: the KFD topology
 
 
 def gfx_name(target_version: int) -> str:
@@ -445,9 +259,9 @@ def _kfd_gpus(root: Path) -> list[dict[str, int]]:
         except PermissionError:
             # the kernel refuses a node this process's device cgroup may not use; ROCr skips it, but we
             # do not count on that
-            raise _Unsettled(DEVICE_FIELDS, f"{node / 'properties'} is not readable (device cgroup)") from None
+            raise Unsettled(DEVICE_FIELDS, f"{node / 'properties'} is not readable (device cgroup)") from None
         except OSError as exc:
-            raise _Unsettled(DEVICE_FIELDS, f"the KFD topology cannot be read: {exc}") from None
+            raise Unsettled(DEVICE_FIELDS, f"the KFD topology cannot be read: {exc}") from None
         if props.get("simd_count", 0) > 0:
             gpus.append(props)
     return gpus
@@ -457,20 +271,20 @@ def _amd(
     build: TorchBuild, env: Mapping[str, str], root: Path, sources: dict[str, str]
 ) -> tuple[dict[str, Any], dict[str, str]]:
     sources["device"] = str(root / "sys/class/kfd/kfd/topology")
-    fp.physical_devices("rocm", env)  # raises on contradictory variables, as device_facts does
+    physical_devices("rocm", env)  # raises on contradictory variables, as device_facts does
     topology = root / "sys/class/kfd/kfd/topology/nodes"
     if not topology.is_dir():
         if (root / "dev/kfd").exists():
-            raise _Unsettled(DEVICE_FIELDS, "/dev/kfd exists but the KFD topology cannot be read")
+            raise Unsettled(DEVICE_FIELDS, "/dev/kfd exists but the KFD topology cannot be read")
         return _cpu_device(), {}  # no amdgpu compute driver: HIP has no device, torch reports the CPU
     gpus = _kfd_gpus(root)
     if not gpus:
         return _cpu_device(), {}
     if not (root / "dev/kfd").exists():
-        raise _Unsettled(DEVICE_FIELDS, "the node has AMD GPUs but /dev/kfd is not here (a container without them?)")
-    visible = fp.rocm_visible_indices(env, len(gpus))
+        raise Unsettled(DEVICE_FIELDS, "the node has AMD GPUs but /dev/kfd is not here (a container without them?)")
+    visible = rocm_visible_indices(env, len(gpus))
     if visible is None:
-        raise _Unsettled(
+        raise Unsettled(
             DEVICE_FIELDS,
             "the visibility variables are not lists of distinct GPU node indices in range (UUIDs, repeats, "
             "signs, spaces and invalid items are left to HIP): only torch can tell which GPUs it sees",
@@ -505,19 +319,16 @@ def _amd(
     return device, unsure
 
 
-# ---------------------------------------------------------------------------------------------------
-
-
 def fingerprint(
     env: Mapping[str, str] | None = None, root: str | os.PathLike[str] = "/", *, version_file: Path | None = None
 ) -> tuple[dict[str, Any], Notes]:
-    """Every field of ``fingerprint.FIELDS``, read without importing torch.
+    """Every field of ``fields.FIELDS``, read without importing torch.
 
     A field that cannot be read with certainty is ``None`` and named in ``Notes.fallbacks`` (field ->
-    why): the caller then takes ``fingerprint.current()`` for the whole fingerprint. ``env`` replaces
+    why): the caller then takes ``with_torch.current()`` for the whole fingerprint. ``env`` replaces
     os.environ (visibility and numerics variables); ``root`` is where /proc, /sys and /dev are (tests
     point it at a fixture tree); ``version_file`` replaces the installed torch/version.py. Raises
-    ``DeviceVisibilityError`` where ``fingerprint.current()`` would.
+    ``DeviceVisibilityError`` where ``with_torch.current()`` would.
     """
     env = os.environ if env is None else env
     base = Path(root)
@@ -525,8 +336,8 @@ def fingerprint(
         "python": platform.python_version(),
         "os": sys.platform if sys.platform != "linux" else "linux",
         "arch": platform.machine().lower(),
-        "cpu-microarch": fp.cpu_microarch(),
-        "numerics-env": fp.numerics_env(env),
+        "cpu-microarch": host.cpu_microarch(),
+        "numerics-env": numerics_env(env),
     }
     fallbacks: dict[str, str] = {}
     sources: dict[str, str] = {
@@ -534,7 +345,7 @@ def fingerprint(
         "numerics-env": "the environment",
     }
 
-    def unsettled(exc: _Unsettled) -> None:
+    def unsettled(exc: Unsettled) -> None:
         for name in exc.fields:
             fallbacks.setdefault(name, exc.why)
 
@@ -542,7 +353,7 @@ def fingerprint(
     try:
         build = torch_build(version_file)
         sources["torch, torch-cuda, torch-hip, torch-rocm"] = build.path
-        disagreement = None if version_file is not None else _metadata_agrees(build)
+        disagreement = None if version_file is not None else metadata_agrees(build)
         if disagreement:
             fallbacks["torch"] = disagreement
         if not build.version:
@@ -550,7 +361,7 @@ def fingerprint(
         fields.update(
             {"torch": build.version, "torch-cuda": build.cuda, "torch-hip": build.hip, "torch-rocm": build.rocm}
         )
-    except _Unsettled as exc:
+    except Unsettled as exc:
         unsettled(exc)
 
     device: dict[str, Any] | None = None
@@ -559,7 +370,7 @@ def fingerprint(
             device, unsure = _device(build, env, base, sources)
             for name, why in unsure.items():
                 fallbacks.setdefault(name, why)
-        except _Unsettled as exc:
+        except Unsettled as exc:
             unsettled(exc)
     if device is not None:
         fields.update(
@@ -573,17 +384,17 @@ def fingerprint(
                 "driver": device["driver"],
             }
         )
-    for name in fp.FIELDS:
+    for name in FIELDS:
         if name in fallbacks or name not in fields:
             fields[name] = None
             fallbacks.setdefault(name, "not read (see the other fallbacks)")
-    ordered = {name: fields[name] for name in fp.FIELDS}
+    ordered = {name: fields[name] for name in FIELDS}
     return ordered, Notes(fallbacks, sources)
 
 
 def current(checked: Iterable[str] | None = None) -> dict[str, Any]:
     """The fingerprint for a check: torch-free when every field in ``checked`` (default: all) was read
-    with certainty, else ``fingerprint.current()`` (which imports torch). Each fallback is logged at
+    with certainty, else ``with_torch.current()`` (which imports torch). Each fallback is logged at
     DEBUG level (``--debug``): which field, and why. A field outside ``checked`` that could not be
     read is None (e.g. device-count, which locks ignore by default)."""
     fields, notes = fingerprint()
@@ -593,11 +404,11 @@ def current(checked: Iterable[str] | None = None) -> dict[str, Any]:
     if not blocking:
         return fields
     log.debug("torch-free fingerprint incomplete (%s): reading it with torch", ", ".join(sorted(blocking)))
-    return fp.current()
+    return with_torch.current()
 
 
 def device() -> dict[str, Any] | None:
-    """This machine's device facts shaped like ``fingerprint.device_facts(torch)`` (type, vendor, name,
+    """This machine's device facts shaped like ``with_torch.device_facts(torch)`` (type, vendor, name,
     arch, features, count, driver), or None when any of them needs torch (logged at DEBUG level)."""
     fields, notes = fingerprint()
     missing = notes.blocking(DEVICE_FIELDS)
@@ -613,16 +424,16 @@ def device() -> dict[str, Any] | None:
 def _device(
     build: TorchBuild, env: Mapping[str, str], root: Path, sources: dict[str, str]
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """The device facts ``fingerprint.device_facts`` would give, asked in its order, and the ones
+    """The device facts ``with_torch.device_facts`` would give, asked in its order, and the ones
     that only torch can settle (field -> why; their value is None)."""
     if not sys.platform.startswith("linux"):
-        raise _Unsettled(DEVICE_FIELDS, f"{sys.platform}: MPS, CUDA or XPU availability is only known to torch here")
+        raise Unsettled(DEVICE_FIELDS, f"{sys.platform}: MPS, CUDA or XPU availability is only known to torch here")
     if build.hip:
         return _amd(build, env, root, sources)
     if build.cuda:
         return _nvidia(build, env, root, sources)
     if build.xpu:
-        raise _Unsettled(
+        raise Unsettled(
             DEVICE_FIELDS, f"torch is built for XPU ({build.xpu}): whether it sees an Intel GPU is torch's to say"
         )
     sources["device"] = "a CPU-only torch on Linux: the CPU (/proc/cpuinfo and archspec)"

@@ -1,0 +1,201 @@
+"""The lock document: its top-level keys, the version and digest rules, and the TOML-ready mapping back.
+
+:class:`LockDocument` is everything a kernel lock *is* (the data); :class:`kernel_lock.lock.KernelLock`
+adds what it *does* (verify, resolve), so the resolver can take a document without importing the
+module that imports it. The tables inside (slots, environment) are :mod:`kernel_lock.schema`'s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+from . import _toml
+from ._files import atomic_write_text
+from .errors import LockFormatError, LockVersionError
+from .reading import ReadError, get, get_strings
+from .schema import (
+    DIGEST,
+    LOCK_VERSION,
+    VERSION,
+    Context,
+    Environment,
+    Slot,
+    choice,
+    record,
+    required,
+)
+from .slots import MODES, PRECISIONS, SLOTS, slot_name_fix
+from .trust import granted_trust, module_name
+
+_L = TypeVar("_L", bound="LockDocument")
+
+
+@dataclass(frozen=True)
+class LockDocument:
+    """A parsed, validated kernel lock's content. Build with ``kernel_lock.load`` / ``loads``; write with
+    :meth:`dumps` / :meth:`dump`."""
+
+    created_by: str
+    environment: Environment
+    slots: Mapping[str, Slot]
+    lock_version: str = LOCK_VERSION
+    created_at: str = ""
+    mode: str = "training"
+    precision: str = ""
+    trusted_modules: tuple[str, ...] = ()
+    profile: Mapping[str, Any] = field(default_factory=dict)
+    provenance: Mapping[str, Any] = field(default_factory=dict)
+    digest: str = ""
+    path: str | None = field(default=None, compare=False)
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+    intact: bool = field(default=True, compare=False)
+    granted: tuple[str, ...] = field(default=(), compare=False)  # modules the caller trusted when loading it
+
+    _KEYS = (
+        "lock-version",
+        "created-by",
+        "created-at",
+        "mode",
+        "precision",
+        "trusted-modules",
+        "digest",
+        "profile",
+        "environment",
+        "slots",
+        "provenance",
+    )
+
+    # ---- construction ---------------------------------------------------------------------
+    @classmethod
+    def _from_dict(
+        cls: type[_L],
+        d: Mapping[str, Any],
+        path: str | None = None,
+        *,
+        strict: bool = False,
+        trust: Sequence[str] = (),
+        check_targets: bool = True,
+    ) -> _L:
+        ctx = Context(path, granted_trust(trust), check_targets)
+        try:
+            return cls._read(ctx, d, strict)
+        except ReadError as exc:  # the dotted key was completed as it unwound; now the file
+            kind = exc.kind if exc.kind is not None and issubclass(exc.kind, LockFormatError) else LockFormatError
+            raise kind(exc.problem, path=path, key=exc.key or None, fix=exc.fix) from None
+
+    @classmethod
+    def _read(cls: type[_L], ctx: Context, d: Mapping[str, Any], strict: bool) -> _L:
+        version = required(d, "lock-version")
+        m = VERSION.fullmatch(version)
+        if not m:
+            raise ReadError(f"{version!r} is not a MAJOR.MINOR version like {LOCK_VERSION!r}", "lock-version")
+        major, minor = int(m.group(1)), int(m.group(2))
+        ours_major, ours_minor = (int(x) for x in LOCK_VERSION.split("."))
+        if major != ours_major:
+            raise LockVersionError(
+                f"lock-version {version} is not supported (this kernel_lock reads {ours_major}.x)",
+                path=ctx.path,
+                key="lock-version",
+                fix="upgrade kernel-probe to read newer locks, or re-run `kernel-probe --force` to write a "
+                f"{LOCK_VERSION} lock"
+                if major > ours_major
+                else "re-run `kernel-probe --force` to write a current lock",
+            )
+        if minor > ours_minor:
+            ctx.warn("lock-version", f"minor version {version} is newer than {LOCK_VERSION}; unknown keys are ignored")
+        ctx.unknown(d, cls._KEYS)
+        trusted = get_strings(d, "trusted-modules")
+        for i, module in enumerate(trusted):
+            if not module_name(module):
+                raise ReadError(f"{module!r} is not a module name", f"trusted-modules[{i}]")
+        ctx.requested = trusted  # a request only: the caller grants trust
+        slots = {}
+        slots_d = get(d, "slots", dict, default={})
+        with ctx.at("slots"):
+            for name, value in slots_d.items():
+                if name not in SLOTS:
+                    raise ReadError(f"unknown slot {name!r}", name, fix=slot_name_fix(name))
+                with ctx.at(name):
+                    slots[name] = Slot._from_dict(ctx, name, value)
+        digest = get(d, "digest", str, default="")
+        if digest and not DIGEST.fullmatch(digest):
+            raise ReadError(f"{digest!r} is not 'sha256:<64 hex digits>'", "digest")
+        lock = cls(
+            lock_version=version,
+            created_by=required(d, "created-by"),
+            created_at=get(d, "created-at", str, default=""),
+            mode=choice(d, "mode", MODES, default="training"),
+            precision=choice(d, "precision", ("", *PRECISIONS), default=""),
+            trusted_modules=trusted,
+            profile=ctx.object(d, "profile", record) or {},
+            environment=ctx.object(d, "environment", lambda e: Environment._from_dict(ctx, e)) or Environment(),
+            slots=slots,
+            provenance=ctx.object(d, "provenance", record) or {},
+            digest=digest,
+            path=ctx.path,
+            granted=ctx.granted,
+        )
+        if strict and not lock.environment.fields:
+            raise ReadError(
+                "the lock has no [environment]: it would match any machine",
+                "environment",
+                fix="re-run `kernel-probe --force` on the machine it is for (it writes the fingerprint)",
+            )
+        intact = True
+        if not digest:
+            ctx.warn("digest", "the lock has no digest, so hand edits cannot be detected (run `kernel-probe rehash`)")
+            intact = False
+        elif digest != lock.compute_digest():
+            intact = False
+            problem = "the content does not match the digest: the lock was edited by hand after kernel-probe wrote it"
+            if strict:
+                raise ReadError(
+                    problem,
+                    "digest",
+                    fix="re-run `kernel-probe --force`, or accept the edit with `kernel-probe rehash LOCK`",
+                )
+            ctx.warn("digest", problem + " (accept the edit with `kernel-probe rehash LOCK`)")
+        return replace(lock, warnings=tuple(ctx.finished_warnings()), intact=intact)
+
+    # ---- serialisation --------------------------------------------------------------------
+    def to_dict(self, *, with_digest: bool = True) -> dict[str, Any]:
+        """The TOML-ready mapping in canonical key order (``with_digest=False``: what the digest covers)."""
+        out: dict[str, Any] = {"lock-version": self.lock_version, "created-by": self.created_by}
+        if self.created_at:
+            out["created-at"] = self.created_at
+        out["mode"] = self.mode
+        if self.precision:
+            out["precision"] = self.precision
+        out["trusted-modules"] = list(self.trusted_modules)
+        if with_digest:
+            out["digest"] = self.digest
+        if self.profile:
+            out["profile"] = dict(self.profile)
+        out["environment"] = self.environment.to_dict()
+        out["slots"] = {name: self.slots[name].to_dict() for name in SLOTS if name in self.slots}
+        if self.provenance:
+            out["provenance"] = dict(self.provenance)
+        return out
+
+    def compute_digest(self) -> str:
+        """sha256 of the canonical JSON of the content (the digest itself excluded)."""
+        blob = json.dumps(self.to_dict(with_digest=False), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+        return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
+
+    def sealed(self: _L) -> _L:
+        """A copy whose digest matches its content (what kernel-probe writes)."""
+        return replace(self, digest=self.compute_digest(), intact=True)
+
+    def dumps(self) -> str:
+        """The lock as TOML text, keys in canonical order."""
+        return _toml.dumps(self.to_dict())
+
+    def dump(self, path: str | os.PathLike[str]) -> None:
+        """Write atomically: a temp file in the same directory, fsync, then rename over the target."""
+        atomic_write_text(Path(path), self.dumps())
