@@ -2,7 +2,7 @@
 
 ``kernel-probe [options]`` runs the probe (detect, check, time, choose, write the lock);
 ``kernel-probe SUBCOMMAND ...`` runs one of the tools below. Every user error becomes one message on
-stderr and a documented exit code (kernel_lock.EXIT_CODES); ``--debug`` shows the traceback.
+stderr and a documented exit code (kernel_lock.errors.ExitCode); ``--debug`` shows the traceback.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
-from kernel_lock.errors import EXIT_CODES, LockError, LockWarning
+from kernel_lock.errors import ExitCode, LockError, LockWarning
 from kernel_probe import __version__, output
 
 
@@ -92,7 +92,7 @@ TAKES_OVERRIDES = ("check-config", "export")
 
 
 def _epilog() -> str:
-    codes = "\n".join(f"  {code}  {text}" for code, text in EXIT_CODES.items())
+    codes = "\n".join(f"  {code.value}  {code.meaning}" for code in ExitCode)
     return f"exit codes:\n{codes}"
 
 
@@ -103,7 +103,7 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         if self.json_wanted:
-            output.print_json(error_json(message, 2, kind="UsageError"))
+            output.print_json(error_json(message, ExitCode.USAGE, kind="UsageError"))
         super().error(message)
 
 
@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("-V", "--version"):
         print(f"kernel-probe {__version__}")
-        return 0
+        return ExitCode.OK
     overrides: list[str] = []
     if argv and argv[0] in SUBCOMMANDS:
         parser, run = build_subparser(argv[0])
@@ -179,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return exc.exit_code
         except KeyboardInterrupt:
             output.error("interrupted")
-            return 1
+            return ExitCode.FAILURE
         except Exception as exc:  # a bug: say so plainly, keep the traceback for --debug
             if args.debug or os.environ.get("KERNEL_PROBE_DEBUG"):
                 raise
@@ -188,12 +188,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 output.print_json(
                     error_json(
                         f"unexpected {type(exc).__name__}: {exc}",
-                        1,
+                        ExitCode.FAILURE,
                         kind="bug",
                         fix="re-run with --debug for the traceback",
                     )
                 )
-            return 1
+            return ExitCode.FAILURE
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 import kernel_lock
-from kernel_lock.errors import LOCKS_DIFFER, LockError, LockMismatch
+from kernel_lock.errors import ExitCode, LockError, LockMismatch
 from kernel_lock.slots import MODES, slot_name_fix
 from kernel_probe import output
 from kernel_probe.output import safe
@@ -339,4 +339,4 @@ def run_diff(args: argparse.Namespace) -> int:
             con.print(f"environment {safe(d['field'])}: {safe(repr(fa))} -> {safe(repr(fb))}")
         for d in diffs["slots"]:
             con.print(f"slot {d['slot']} {d['key']}: {safe(repr(d['a']))} -> {safe(repr(d['b']))}")
-    return LOCKS_DIFFER if (differ and args.exit_code) else 0
+    return ExitCode.LOCKS_DIFFER if (differ and args.exit_code) else 0
