@@ -73,7 +73,7 @@ class Marker:
     digest: str = ""  # the lock's content digest
     inputs: str = ""  # the probe's inputs digest (provenance.inputs)
     problem: str = ""  # outcome "failed": the error, its exit code and fix
-    exit_code: int = 0
+    exit_code: int = ExitCode.OK
     fix: str = ""
 
     def to_json(self) -> str:
