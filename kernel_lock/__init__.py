@@ -15,6 +15,7 @@ from __future__ import annotations
 from .errors import (
     EXIT_CODES,
     Difference,
+    ExitCode,
     KernelUnavailable,
     LockError,
     LockFormatError,
@@ -35,6 +36,7 @@ __all__ = [
     "LOCK_VERSION",
     "SLOTS",
     "Difference",
+    "ExitCode",
     "KernelLock",
     "KernelUnavailable",
     "LockError",

@@ -1,19 +1,62 @@
 """The one error family of kernel_lock.
 
-Every error names *where* (file and dotted key path), *what* went wrong, and the *fix*. The CLI maps
-each class to a documented exit code (see ``EXIT_CODES``), so scripts can tell a stale lock (3) from
-a broken file (5) without parsing messages.
+Every error names *where* (file and dotted key path), *what* went wrong, and the *fix*. Each class
+carries its documented exit code (an ``ExitCode``), so scripts can tell a stale lock (3) from a
+broken file (5) without parsing messages.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """The exit codes of every kernel-probe command, each with its meaning (``.meaning``): the CLI's
+    help and the documentation's tables are generated from these."""
+
+    meaning: str
+
+    def __new__(cls, code: int, meaning: str) -> ExitCode:
+        member = int.__new__(cls, code)
+        member._value_ = code
+        member.meaning = meaning
+        return member
+
+    def __str__(self) -> str:  # the number, as format() gives it (Python 3.10 would say ExitCode.OK)
+        return str(self.value)
+
+    OK = 0, "ok"
+    FAILURE = (
+        1,
+        "other failure (a bug, an interrupted run, a library that crashed the probe itself, "
+        "no candidate of a slot accepted)",
+    )
+    USAGE = (
+        2,
+        "usage error (bad command-line arguments, a malformed $KERNEL_LOCK_TRUST, or environment variables "
+        "that contradict each other, such as HIP_VISIBLE_DEVICES naming more devices than ROCR_VISIBLE_DEVICES "
+        "allows)",
+    )
+    MISMATCH = (
+        3,
+        "the environment does not match the lock, the lock is stale or missing (`--check`), "
+        "or a pinned or preferred kernel cannot be used here",
+    )
+    PROFILE_UNMET = 4, "the machine does not meet the site profile"
+    BAD_INPUT = (
+        5,
+        "malformed input file (lock, profile, config): not TOML, wrong types, unknown keys, "
+        "disallowed targets, missing or unreadable path",
+    )
+    # `kernel-probe diff --exit-code`: not a failure, so not 1 as in `git diff --exit-code`
+    LOCKS_DIFFER = 6, "the compared locks differ (`kernel-probe diff --exit-code` only)"
 
 
 class LockError(Exception):
     """Base of every error kernel_lock raises on purpose."""
 
-    exit_code = 1
+    exit_code: int = ExitCode.FAILURE  # an int: a code read back from another rank's report fits too
 
     def __init__(self, message: str, *, path: str | None = None, key: str | None = None, fix: str | None = None):
         self.path = path
@@ -33,7 +76,7 @@ class LockError(Exception):
 class LockFormatError(LockError, ValueError):
     """The lock (or another input file) is not valid: not TOML, wrong types, missing keys, ..."""
 
-    exit_code = 5
+    exit_code = ExitCode.BAD_INPUT
 
 
 class LockVersionError(LockFormatError):
@@ -60,7 +103,7 @@ class Difference:
 class LockMismatch(LockError):
     """This machine is not the one the lock was probed on (or lacks what it pins)."""
 
-    exit_code = 3
+    exit_code = ExitCode.MISMATCH
 
     def __init__(self, differences: list[Difference], *, path: str | None = None, fix: str | None = None):
         self.differences = list(differences)
@@ -78,7 +121,7 @@ class LockMismatch(LockError):
 class KernelUnavailable(LockError):
     """A slot's implementation cannot be built here (library missing or broken), and no allowed way out."""
 
-    exit_code = 3
+    exit_code = ExitCode.MISMATCH
 
 
 class RanksDisagree(LockError):
@@ -88,7 +131,7 @@ class RanksDisagree(LockError):
     said (rank, host, lock path, content digest, differences) and ``ranks`` the ranks at fault.
     """
 
-    exit_code = 3
+    exit_code = ExitCode.MISMATCH
 
     def __init__(
         self, message: str, *, reports: list[dict] | None = None, ranks: list[int] | None = None, fix: str | None = None
@@ -101,32 +144,19 @@ class RanksDisagree(LockError):
 class DeviceVisibilityError(LockError):
     """The device-visibility variables contradict each other, so which GPUs this process uses is undefined."""
 
-    exit_code = 2
+    exit_code = ExitCode.USAGE
 
 
 class BadEnvironmentVariable(LockError, ValueError):
     """A variable kernel_lock reads ($KERNEL_LOCK_TRUST) or an argument standing for it is malformed: a
     usage error (exit 2), not a broken file."""
 
-    exit_code = 2
+    exit_code = ExitCode.USAGE
 
 
 class LockWarning(UserWarning):
     """Something worth knowing that does not stop resolution (hand-edited lock, newer minor version)."""
 
 
-LOCKS_DIFFER = 6  # `kernel-probe diff --exit-code`: not a failure, so not 1 as in `git diff --exit-code`
-
-EXIT_CODES = {
-    0: "ok",
-    1: "other failure (a bug, an interrupted run, a library that crashed the probe itself, "
-    "no candidate of a slot accepted)",
-    2: "usage error (bad command-line arguments, a malformed $KERNEL_LOCK_TRUST, or environment variables "
-    "that contradict each other, such as HIP_VISIBLE_DEVICES naming more devices than ROCR_VISIBLE_DEVICES allows)",
-    3: "the environment does not match the lock, the lock is stale or missing (`--check`), "
-    "or a pinned or preferred kernel cannot be used here",
-    4: "the machine does not meet the site profile",
-    5: "malformed input file (lock, profile, config): not TOML, wrong types, unknown keys, "
-    "disallowed targets, missing or unreadable path",
-    LOCKS_DIFFER: "the compared locks differ (`kernel-probe diff --exit-code` only)",
-}
+EXIT_CODES = {int(code): code.meaning for code in ExitCode}
+"""Code -> meaning, as a plain dict (kernel_lock's public API; ``ExitCode`` is the source)."""

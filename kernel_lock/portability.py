@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import KernelUnavailable, LockError
+from .errors import ExitCode, KernelUnavailable, LockError
 from .lock import KernelLock
 from .schema import Slot
 
@@ -47,7 +47,7 @@ EPS_ATTRIBUTES = ("eps", "variance_epsilon")  # where norm classes keep their ep
 class NotPortable(LockError):
     """The copy would still need a training library or kernel_lock to unpickle."""
 
-    exit_code = 3
+    exit_code = ExitCode.MISMATCH
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 ``kernel-probe [options]`` runs the probe (detect, check, time, choose, write the lock);
 ``kernel-probe SUBCOMMAND ...`` runs one of the tools below. Every user error becomes one message on
-stderr and a documented exit code (kernel_lock.EXIT_CODES); ``--debug`` shows the traceback.
+stderr and a documented exit code (kernel_lock.errors.ExitCode); ``--debug`` shows the traceback.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
-from kernel_lock.errors import EXIT_CODES, LockError, LockWarning
+from kernel_lock.errors import ExitCode, LockError, LockWarning
 from kernel_probe import __version__, output
 
 
@@ -24,21 +24,29 @@ from kernel_probe import __version__, output
 class Subcommand:
     """One ``kernel-probe NAME``: its module under kernel_probe.commands (imported only when that
     subcommand runs, so ``kernel-probe --version`` stays fast), the functions that add its arguments and
-    run it (spelled out, so grep finds every wiring), and its one-line help."""
+    run it (spelled out, so grep finds every wiring), its one-line help, and what its ``--json`` prints (None:
+    it has no --json). ``--debug`` and ``--json`` come from kernel_probe.output's parent parsers."""
 
     module: str
     add_arguments: str
     run: str
     help: str
+    json: str | None = None
 
 
 SUBCOMMANDS: dict[str, Subcommand] = {
     "verify": Subcommand(
-        "lockcmds", "add_verify_arguments", "run_verify", "check this machine against a lock and resolve every slot"
+        "verify",
+        "add_verify_arguments",
+        "run_verify",
+        "check this machine against a lock and resolve every slot",
+        json="machine-readable result on stdout",
     ),
-    "show": Subcommand("lockcmds", "add_show_arguments", "run_show", "print a lock in readable form"),
+    "show": Subcommand(
+        "show", "add_show_arguments", "run_show", "print a lock in readable form", json="the lock's content as JSON"
+    ),
     "rehash": Subcommand(
-        "lockcmds",
+        "rehash",
         "add_rehash_arguments",
         "run_rehash",
         "accept hand edits: recompute a lock's digest (atomic rewrite)",
@@ -48,9 +56,14 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "add_env_arguments",
         "run_env",
         "report this machine: host, torch build, accelerators, triton, kernel libraries, site",
+        json="the report as JSON (keys documented in docs/env.md)",
     ),
     "check": Subcommand(
-        "check", "add_check_arguments", "run_check", "run the correctness kernels and print the verdict table"
+        "check",
+        "add_check_arguments",
+        "run_check",
+        "run the correctness kernels and print the verdict table",
+        json="machine-readable verdicts on stdout",
     ),
     "profiles": Subcommand(
         "profiles",
@@ -59,31 +72,39 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "site profiles: list, show NAME, check PATH, match [NAME] [--node FILE]",
     ),
     "explain": Subcommand(
-        "lockcmds",
+        "explain",
         "add_explain_arguments",
         "run_explain",
         "why a lock chose what it chose for one slot: evidence, timings, rejections",
+        json="the slot's entry as JSON",
     ),
     "diff": Subcommand(
-        "lockcmds", "add_diff_arguments", "run_diff", "what changed between two locks: environment fields and choices"
+        "diff",
+        "add_diff_arguments",
+        "run_diff",
+        "what changed between two locks: environment fields and choices",
+        json="the differences as JSON",
     ),
     "export": Subcommand(
         "anemoicmds",
         "add_export_arguments",
         "run_export",
         "print a lock as anemoi-models' layer_kernels YAML block (--format anemoi)",
+        json="the mapping as JSON instead of YAML",
     ),
     "check-config": Subcommand(
         "anemoicmds",
         "add_check_config_arguments",
         "run_check_config",
         "check an anemoi config's layer_kernels blocks on this machine (and against a lock)",
+        json="findings as JSON",
     ),
     "lock": Subcommand(
         "lock",
         "add_lock_arguments",
         "run_lock",
         "derive a lock for inference on this machine: lock --for inference IN OUT",
+        json="machine-readable summary on stdout",
     ),
 }
 
@@ -92,7 +113,7 @@ TAKES_OVERRIDES = ("check-config", "export")
 
 
 def _epilog() -> str:
-    codes = "\n".join(f"  {code}  {text}" for code, text in EXIT_CODES.items())
+    codes = "\n".join(f"  {code.value}  {code.meaning}" for code in ExitCode)
     return f"exit codes:\n{codes}"
 
 
@@ -103,7 +124,7 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         if self.json_wanted:
-            output.print_json(error_json(message, 2, kind="UsageError"))
+            output.print_json(error_json(message, ExitCode.USAGE, kind="UsageError"))
         super().error(message)
 
 
@@ -117,12 +138,16 @@ def error_json(
     }
 
 
-def _base_parser(prog: str, description: str) -> _Parser:
-    p = _Parser(
-        prog=prog, description=description, epilog=_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter
+def _base_parser(prog: str, description: str, json: str | None) -> _Parser:
+    """A command's parser with the common flags: --debug, and --json (its help ``json``) unless ``json`` is None."""
+    common = [output.debug_flag(), *([] if json is None else [output.json_flag(json)])]
+    return _Parser(
+        prog=prog,
+        description=description,
+        epilog=_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=common,
     )
-    p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
-    return p
 
 
 def build_subparser(name: str) -> tuple[_Parser, Callable]:
@@ -130,7 +155,7 @@ def build_subparser(name: str) -> tuple[_Parser, Callable]:
 
     sub = SUBCOMMANDS[name]
     module = importlib.import_module(f"kernel_probe.commands.{sub.module}")
-    p = _base_parser(f"kernel-probe {name}", sub.help)
+    p = _base_parser(f"kernel-probe {name}", sub.help, sub.json)
     getattr(module, sub.add_arguments)(p)
     return p, getattr(module, sub.run)
 
@@ -139,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("-V", "--version"):
         print(f"kernel-probe {__version__}")
-        return 0
+        return ExitCode.OK
     overrides: list[str] = []
     if argv and argv[0] in SUBCOMMANDS:
         parser, run = build_subparser(argv[0])
@@ -150,7 +175,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         from kernel_probe.commands import probe
 
-        parser = _base_parser("kernel-probe", "Probe kernels on this machine and write a kernel lock.")
+        parser = _base_parser(
+            "kernel-probe",
+            "Probe kernels on this machine and write a kernel lock.",
+            "machine-readable summary on stdout",
+        )
         probe.add_probe_arguments(parser)
         sub = "\n".join(f"  {n:<14} {s.help}" for n, s in SUBCOMMANDS.items())
         parser.epilog = f"subcommands (kernel-probe SUBCOMMAND --help):\n{sub}\n\n{_epilog()}"
@@ -179,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return exc.exit_code
         except KeyboardInterrupt:
             output.error("interrupted")
-            return 1
+            return ExitCode.FAILURE
         except Exception as exc:  # a bug: say so plainly, keep the traceback for --debug
             if args.debug or os.environ.get("KERNEL_PROBE_DEBUG"):
                 raise
@@ -188,12 +217,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 output.print_json(
                     error_json(
                         f"unexpected {type(exc).__name__}: {exc}",
-                        1,
+                        ExitCode.FAILURE,
                         kind="bug",
                         fix="re-run with --debug for the traceback",
                     )
                 )
-            return 1
+            return ExitCode.FAILURE
 
 
 if __name__ == "__main__":  # pragma: no cover

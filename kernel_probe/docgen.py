@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from kernel_lock.errors import EXIT_CODES
+from kernel_lock.errors import ExitCode
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout: README.md and docs/ live there
 
@@ -34,10 +34,10 @@ def _cell(text: str) -> str:
 
 
 def exit_code_table() -> str:
-    """The code -> meaning table of ``kernel_lock.errors.EXIT_CODES``, which every command follows."""
-    rows = "".join(f"| {code} | {_cell(meaning)} |\n" for code, meaning in sorted(EXIT_CODES.items()))
+    """The code -> meaning table of ``kernel_lock.errors.ExitCode``, which every command follows."""
+    rows = "".join(f"| {code.value} | {_cell(code.meaning)} |\n" for code in sorted(ExitCode))
     return (
-        "<!-- generated from kernel_lock.errors.EXIT_CODES by `python -m kernel_probe.docgen`: edit it there -->\n"
+        "<!-- generated from kernel_lock.errors.ExitCode by `python -m kernel_probe.docgen`: edit it there -->\n"
         "| code | meaning |\n|---|---|\n" + rows
     )
 
@@ -92,18 +92,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not documents(args.root):
         print(f"error: no README.md or docs/*.md under {args.root}", file=sys.stderr)
-        return 5
+        return ExitCode.BAD_INPUT
     try:
         changed = update(args.root, write=not args.check)
     except DocgenError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 5
+        return ExitCode.BAD_INPUT
     for p in changed:
         if args.check:
             print(f"{p}: generated tables are out of date (run `python -m kernel_probe.docgen`)", file=sys.stderr)
         else:
             print(f"updated {p}")
-    return 1 if (changed and args.check) else 0
+    return ExitCode.FAILURE if (changed and args.check) else ExitCode.OK
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,41 +1,49 @@
-"""Errors of the probe itself, each with the exit code the CLI returns for it."""
+"""Errors of the probe itself, each with the exit code the CLI returns for it (kernel_lock's ExitCode)."""
 
 from __future__ import annotations
 
-from kernel_lock.errors import LockError
+from kernel_lock.errors import ExitCode, LockError
 
 
 class ProbeError(LockError):
-    """A failure the user can act on; ``exit_code`` follows kernel_lock.EXIT_CODES."""
+    """A failure the user can act on; ``exit_code`` is one of kernel_lock's ExitCode."""
 
-    exit_code = 1
+    exit_code: int = ExitCode.FAILURE  # as LockError's: RankFailed carries the code another rank reported
 
 
 class UsageError(ProbeError):
-    exit_code = 2
+    """A command line that cannot mean anything: a bad value, a flag without the one it needs, a misspelt slot."""
+
+    exit_code = ExitCode.USAGE
 
 
 class StaleLock(ProbeError):
     """``--check``: the lock is missing, broken or does not match this machine."""
 
-    exit_code = 3
+    exit_code = ExitCode.MISMATCH
 
 
 class ForcedUnusable(ProbeError):
     """A ``--pin``/``--prefer`` (or a profile's pin) names a candidate that cannot be used on this machine."""
 
-    exit_code = 3
+    exit_code = ExitCode.MISMATCH
 
 
 class NodeDiffers(ProbeError):
     """A waiting rank's node does not match the lock the probing rank wrote for the job."""
 
-    exit_code = 3
+    exit_code = ExitCode.MISMATCH
 
 
 class ProfileUnmet(ProbeError):
-    exit_code = 4
+    """The machine (or a described node) does not meet the site profile that ``--profile`` or ``profiles match``
+    names, or no one profile matches it (``auto``)."""
+
+    exit_code = ExitCode.PROFILE_UNMET
 
 
 class InputFileError(ProbeError):
-    exit_code = 5
+    """A file the probe reads is missing, unreadable or malformed: an anemoi config, or the existing lock it
+    would reuse."""
+
+    exit_code = ExitCode.BAD_INPUT

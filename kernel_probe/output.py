@@ -1,4 +1,5 @@
-"""Presentation helpers: one rich console on stdout, one on stderr, JSON printing.
+"""Presentation helpers: one rich console on stdout, one on stderr, JSON printing, and the two flags every
+command shares to choose its presentation (``--json``, ``--debug``), declared once as argparse parents.
 
 rich honours NO_COLOR and narrow terminals by itself; we only make sure nothing is wrapped in JSON
 mode and that errors go to stderr.
@@ -6,12 +7,28 @@ mode and that errors go to stderr.
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
 from typing import Any
 
 _consoles: dict[str, Any] = {}
+
+
+def debug_flag() -> argparse.ArgumentParser:
+    """``--debug`` as an argparse parent (``parents=[debug_flag()]``): every command takes it."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    return p
+
+
+def json_flag(help: str | None = None) -> argparse.ArgumentParser:
+    """``--json`` as an argparse parent: every command that can print JSON takes it, ``help`` saying what it
+    prints; its usage errors and failures are then JSON objects on stdout too (kernel_probe.cli)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--json", action="store_true", help=help)
+    return p
 
 
 def console(stderr: bool = False):

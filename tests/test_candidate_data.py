@@ -33,7 +33,7 @@ BUILTIN_IDS = [c.id for c in cands.builtin()]
 # ---- one home per slot fact --------------------------------------------------------------------------
 def test_every_slot_fact_is_imported_from_kernel_lock_slots():
     from kernel_lock import document, resolve, schema
-    from kernel_probe.commands import anemoicmds, lockcmds
+    from kernel_probe.commands import anemoicmds, verify
     from kernel_probe.probe import check as checker
     from kernel_probe.probe import judge
 
@@ -42,7 +42,7 @@ def test_every_slot_fact_is_imported_from_kernel_lock_slots():
     assert cands.SLOT_SEMANTICS is checker.SLOT_SEMANTICS is lockwrite.SLOT_SEMANTICS is slots.SLOT_SEMANTICS
     assert cands.CANONICAL is lockwrite.CANONICAL is slots.CANONICAL
     assert resolve.DEFAULT_TARGETS is slots.DEFAULT_TARGETS and resolve.TWIN_SEMANTICS is slots.TWIN_SEMANTICS
-    assert document.MODES is resolve.MODES is anemoicmds.MODES is lockcmds.MODES is slots.MODES
+    assert document.MODES is resolve.MODES is anemoicmds.MODES is verify.MODES is slots.MODES
     assert document.PRECISIONS is profile_format.PRECISIONS is slots.PRECISIONS
     assert schema.STATUSES is judge.STATUSES is slots.STATUSES
     assert judge.CONFUSABLE is slots.CONFUSABLE
@@ -75,7 +75,7 @@ def test_the_slot_facts_agree_with_each_other():
 def test_one_hint_for_a_misspelt_slot(name, fix):
     from kernel_lock.errors import LockFormatError
     from kernel_lock.resolve import factory
-    from kernel_probe.commands.lockcmds import slot_argument
+    from kernel_probe.commands.explain import slot_argument
     from kernel_probe.errors import UsageError
 
     assert slots.slot_name_fix(name) == fix

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from kernel_lock.errors import EXIT_CODES
+from kernel_lock.errors import EXIT_CODES, ExitCode
 from kernel_probe import docgen
 
 from .conftest import ROOT
@@ -35,10 +35,11 @@ def test_the_exit_code_table_is_generated_where_exit_codes_are_documented(docume
 
 def test_the_table_has_every_code_and_escapes_pipes(monkeypatch):
     table = docgen.exit_code_table()
-    for code, meaning in EXIT_CODES.items():
-        assert f"| {code} | {meaning} |" in table
-    monkeypatch.setitem(EXIT_CODES, 7, "a | b")
-    assert "| 7 | a \\| b |" in docgen.exit_code_table()
+    for code in ExitCode:
+        assert f"| {code.value} | {code.meaning} |" in table
+    assert {code.value: code.meaning for code in ExitCode} == EXIT_CODES  # the public dict, derived
+    monkeypatch.setattr(ExitCode.LOCKS_DIFFER, "meaning", "a | b")
+    assert "| 6 | a \\| b |" in docgen.exit_code_table()
 
 
 def _root(tmp_path, text):

@@ -103,3 +103,70 @@ def test_the_job_start_lines_escape_them(tmp_path, minimal_lock_text, capsys, mo
     output.info("LayerNorm -> torch.layer_norm\u202e\u2066x")
     err = capsys.readouterr().err
     assert "\u202e" not in err and "\u2066" not in err and "\\u202e" in err
+
+
+# ---- one vocabulary: exit codes and the common flags -------------------------------------------------------------
+def test_every_error_class_names_its_exit_code_from_ExitCode():
+    import re
+
+    from kernel_lock.errors import ExitCode
+
+    from .conftest import ROOT
+
+    assignments = [
+        (path.relative_to(ROOT), m.group(1))
+        for package in ("kernel_lock", "kernel_probe")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for m in re.finditer(r"^\s+exit_code(?:: int)? = (.+)$", path.read_text(), re.M)
+    ]
+    assert len(assignments) >= 15  # the error classes of both packages
+    assert [a for a in assignments if not re.fullmatch(r"ExitCode\.[A-Z_]+(  #.*)?", a[1])] == []
+    from kernel_lock.portability import NotPortable
+    from kernel_probe import errors
+
+    classes = [NotPortable, *kernel_lock.LockError.__subclasses__(), *errors.ProbeError.__subclasses__()]
+    assert all(isinstance(cls.exit_code, ExitCode) for cls in classes)
+
+
+def test_exit_codes_keep_their_numbers_and_read_as_numbers():
+    import json
+
+    from kernel_lock.errors import EXIT_CODES, ExitCode
+
+    assert [(c.name, c.value) for c in ExitCode] == [
+        ("OK", 0),
+        ("FAILURE", 1),
+        ("USAGE", 2),
+        ("MISMATCH", 3),
+        ("PROFILE_UNMET", 4),
+        ("BAD_INPUT", 5),
+        ("LOCKS_DIFFER", 6),
+    ]
+    assert kernel_lock.ExitCode is ExitCode and kernel_lock.EXIT_CODES is EXIT_CODES
+    assert str(ExitCode.MISMATCH) == f"{ExitCode.MISMATCH}" == "3" and json.dumps(ExitCode.USAGE) == "2"
+
+
+def test_every_command_takes_debug_and_json_where_it_prints_json(capsys):
+    from kernel_probe.cli import SUBCOMMANDS, build_subparser
+
+    for name, sub in SUBCOMMANDS.items():
+        parser, _ = build_subparser(name)
+        flags = {o: a for a in parser._actions for o in a.option_strings}
+        assert flags["--debug"].help == "show tracebacks and debug logs", name
+        assert (flags["--json"].help if "--json" in flags else None) == sub.json, name
+    assert SUBCOMMANDS["rehash"].json is None  # it prints one line on stderr
+    for action in ("list", "show", "match"):  # profiles' own actions print JSON too
+        code, out, err = run_cli(["profiles", action, "--help"], capsys)
+        assert code == 0 and "--json" in out, action
+
+
+def test_the_flags_are_declared_in_one_place():
+    from .conftest import ROOT
+
+    declared = [
+        (path.relative_to(ROOT).as_posix(), flag)
+        for path in sorted((ROOT / "kernel_probe").rglob("*.py"))
+        for flag in ("--json", "--debug")
+        if f'add_argument("{flag}"' in path.read_text()
+    ]
+    assert declared == [("kernel_probe/output.py", "--json"), ("kernel_probe/output.py", "--debug")]

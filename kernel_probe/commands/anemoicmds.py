@@ -8,7 +8,7 @@ import sys
 
 from kernel_lock.slots import MODES
 from kernel_probe import __version__, output
-from kernel_probe.commands.lockcmds import DEFAULT_LOCK, _load, add_trust_argument, default_lock_path
+from kernel_probe.commands.lockfile import DEFAULT_LOCK, add_trust_argument, default_lock_path, load_lock
 from kernel_probe.errors import UsageError
 from kernel_probe.output import safe
 
@@ -60,7 +60,6 @@ def add_export_arguments(p: argparse.ArgumentParser) -> None:
         "overrides after `--`): every block gets the lock's entries, anemoi's wrappers kept",
     )
     p.add_argument("--no-compose", action="store_true", help="with --config: read the file alone, without Hydra")
-    p.add_argument("--json", action="store_true", help="the mapping as JSON instead of YAML")
     add_trust_argument(p)
     add_config_trust_argument(p)
     p.epilog = (
@@ -73,7 +72,7 @@ def run_export(args: argparse.Namespace) -> int:
     from kernel_lock.anemoi import export
 
     path = args.lock or default_lock_path()
-    lock = _load(path, trust=args.trust)
+    lock = load_lock(path, trust=args.trust)
     args.mode = args.mode or lock.mode
     if args.config is None:
         if args.overrides:
@@ -204,7 +203,6 @@ def add_check_config_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help=f"how long importing the targets may take (default {DEFAULT_TIMEOUT:g})",
     )
-    p.add_argument("--json", action="store_true", help="findings as JSON")
     p.add_argument(
         "--no-schema",
         action="store_true",
@@ -224,7 +222,7 @@ def run_check_config(args: argparse.Namespace) -> int:
 
     if not args.timeout > 0:
         raise UsageError(f"--timeout must be a positive number of seconds, not {args.timeout:g}")
-    lock = _load(args.lock, trust=args.trust) if args.lock else None
+    lock = load_lock(args.lock, trust=args.trust) if args.lock else None
     args.mode = args.mode or (lock.mode if lock else "training")
     result = check_config(
         args.config,

@@ -88,7 +88,6 @@ def add_check_arguments(p: argparse.ArgumentParser) -> None:
         default="both",
         help="plain low precision, under torch.autocast, or both (default)",
     )
-    p.add_argument("--json", action="store_true", help="machine-readable verdicts on stdout")
     p.add_argument(
         "--hidden",
         type=int,

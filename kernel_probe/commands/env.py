@@ -22,7 +22,6 @@ STATUS_STYLE = {
 def add_env_arguments(p: argparse.ArgumentParser) -> None:
     from kernel_probe.detect.importcheck import DEFAULT_TIMEOUT
 
-    p.add_argument("--json", action="store_true", help="the report as JSON (keys documented in docs/env.md)")
     p.add_argument(
         "--no-import-checks",
         action="store_true",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import kernel_lock
 from kernel_probe import output
-from kernel_probe.commands.lockcmds import add_trust_argument
+from kernel_probe.commands.lockfile import add_trust_argument, load_lock
 from kernel_probe.errors import ProbeError, UsageError
 from kernel_probe.output import safe
 from kernel_probe.probe.derive import derive_inference
@@ -32,20 +32,18 @@ def add_lock_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", metavar="IN", help="the training lock")
     p.add_argument("out", metavar="OUT", help="where to write the inference lock (atomically)")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
-    p.add_argument("--json", action="store_true", help="machine-readable summary on stdout")
     add_trust_argument(p)
 
 
 def run_lock(args: argparse.Namespace) -> int:
     from kernel_lock.fingerprint import with_torch
-    from kernel_probe.commands.lockcmds import _load
 
     out = Path(args.out)
     if out.is_dir():
         raise UsageError(f"{out} is a directory", fix=f"name the lock file, e.g. {out / 'kernel-lock.inference.toml'}")
     if out.exists() and not args.force:
         raise ProbeError(f"{out} exists; not replacing it", fix="pass --force to replace it, or choose another OUT")
-    lock = _load(args.source, trust=args.trust)
+    lock = load_lock(args.source, trust=args.trust)
     if lock.mode != "training":
         source_of = lock.provenance.get("source", "an unrecorded lock")
         raise UsageError(

@@ -26,7 +26,7 @@ from kernel_probe.probe.shapes import parse_shape
 if TYPE_CHECKING:
     from kernel_probe.isolation.protocol import TimingProgressMessage
 from kernel_probe.commands.check import add_candidate_arguments
-from kernel_probe.commands.lockcmds import DEFAULT_LOCK
+from kernel_probe.commands.lockfile import DEFAULT_LOCK
 
 
 def add_probe_arguments(p: argparse.ArgumentParser) -> None:
@@ -72,7 +72,6 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="write nothing; exit 0 if the lock is current for this machine, 3 if stale or missing",
     )
-    p.add_argument("--json", action="store_true", help="machine-readable summary on stdout")
     p.add_argument(
         "--reps",
         type=int,

@@ -20,17 +20,18 @@ def add_profiles_arguments(p: argparse.ArgumentParser) -> None:
     # accepted before the action (`profiles --profiles-dir D list`) and after it (`profiles list --profiles-dir D`)
     _profiles_dir(p, "profiles_dir")
     sub = p.add_subparsers(dest="action", required=True, metavar="{list,show,check,match}")
-    ls = sub.add_parser("list", help="every profile found, built-in and yours")
-    ls.add_argument("--json", action="store_true")
-    show = sub.add_parser("show", help="one profile as TOML: detection, requirements, policy, strictness")
+    ls = sub.add_parser("list", help="every profile found, built-in and yours", parents=[output.json_flag()])
+    show = sub.add_parser(
+        "show", help="one profile as TOML: detection, requirements, policy, strictness", parents=[output.json_flag()]
+    )
     show.add_argument("name", help="profile name or path")
-    show.add_argument("--json", action="store_true")
     check = sub.add_parser("check", help="validate a profile file (exit 5 on errors)")
     check.add_argument("path")
     match = sub.add_parser(
         "match",
         help="does this machine (or a described node, --node) meet a profile? exit 0 yes, 4 no: "
         "what --profile enforces",
+        parents=[output.json_flag()],
     )
     match.add_argument("name", nargs="?", default="auto", help="profile name or path, or auto (default)")
     match.add_argument(
@@ -39,7 +40,6 @@ def add_profiles_arguments(p: argparse.ArgumentParser) -> None:
         help="judge a described node instead of this machine: a JSON file (`kernel-probe env --json` "
         "from the node, or the short form of docs/profiles.md), or the name of a shipped example",
     )
-    match.add_argument("--json", action="store_true")
     for action in (ls, show, check, match):
         _profiles_dir(action, "profiles_dir_after")
 

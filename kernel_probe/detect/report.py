@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
+from kernel_lock.errors import DeviceVisibilityError
 from kernel_lock.fingerprint import nvml as nvml_mod
 from kernel_lock.fingerprint import with_torch
-from kernel_lock.errors import DeviceVisibilityError
 from kernel_probe.detect import accelerators, host, libraries, site, torchbuild
 from kernel_probe.detect import triton as triton_info
 from kernel_probe.detect.accelerators import NvmlList

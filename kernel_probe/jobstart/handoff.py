@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from kernel_lock._files import UnsafeFile, atomic_write_text, read_regular
+from kernel_lock.errors import ExitCode
 from kernel_lock.lock import MAX_BYTES
 from kernel_probe.errors import InputFileError, ProbeError
 from kernel_probe.jobstart.ranks import JobRank
@@ -72,7 +73,7 @@ class Marker:
     digest: str = ""  # the lock's content digest
     inputs: str = ""  # the probe's inputs digest (provenance.inputs)
     problem: str = ""  # outcome "failed": the error, its exit code and fix
-    exit_code: int = 0
+    exit_code: int = ExitCode.OK
     fix: str = ""
 
     def to_json(self) -> str:
@@ -271,7 +272,7 @@ def _outcome(out: Path, marker: Marker, lock_text: str) -> tuple[Marker, str]:
     if marker.outcome == "failed":
         raise RankFailed(
             f"{out}: {marker.by} (on {marker.host}) failed, so this rank has no lock: {marker.problem}",
-            marker.exit_code or 1,
+            marker.exit_code or ExitCode.FAILURE,
             fix=marker.fix or None,
         )
     return marker, lock_text
@@ -292,6 +293,8 @@ def failure_marker(rank: JobRank, exc: BaseException) -> Marker:
             fix=exc.fix or "",
         )
     if isinstance(exc, KeyboardInterrupt):
-        return Marker("failed", rank.key, rank.describe(), socket.gethostname(), problem="interrupted", exit_code=1)
+        return Marker(
+            "failed", rank.key, rank.describe(), socket.gethostname(), problem="interrupted", exit_code=ExitCode.FAILURE
+        )
     text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    return Marker("failed", rank.key, rank.describe(), socket.gethostname(), problem=text, exit_code=1)
+    return Marker("failed", rank.key, rank.describe(), socket.gethostname(), problem=text, exit_code=ExitCode.FAILURE)
