@@ -27,10 +27,10 @@ import kernel_lock
 from kernel_lock import blas, fingerprint, resolve
 from kernel_lock.errors import LockFormatError, LockMismatch
 from kernel_probe.isolation import worker
-from kernel_probe.probe import measure, pipeline, timing
+from kernel_probe.probe import measure, pipeline, planning, timing
 from kernel_probe.probe.candidates import BUILTIN, CandidateDataError, TableReader, parse_candidate
-from kernel_probe.probe.check import ReportBase, judge_candidate, static_problem
-from kernel_probe.probe.judge import Policy
+from kernel_probe.probe.judge import Policy, Problem, judge_candidate, static_problem
+from kernel_probe.probe.report import ReportBase
 
 CUDA_LIBS = ("torch.linear.cublas", "torch.linear.cublaslt")
 ROCM_LIBS = ("torch.linear.hipblaslt", "torch.linear.rocblas")
@@ -95,7 +95,9 @@ def test_each_library_is_a_linear_candidate():
     for cid in CUDA_LIBS + ROCM_LIBS:
         c = by_id[cid]
         assert c.slots == ("Linear",) and c.target == "torch.nn.Linear" and c.devices == (blas.device_of(c.blas),)
-        assert static_problem(c, "Linear", "cpu") == ("unavailable", f"runs on {c.devices[0]}; this device is cpu")
+        assert static_problem(c, "Linear", "cpu") == Problem(
+            "unavailable", f"runs on {c.devices[0]}; this device is cpu"
+        )
 
 
 @pytest.mark.parametrize(
@@ -204,12 +206,12 @@ def simulated_cuda_probe(monkeypatch, tmp_path: Path, **request):
     real = fingerprint.current()
     monkeypatch.setattr(fingerprint, "current", lambda *a, **k: {**real, **H100})
     monkeypatch.setattr(
-        pipeline, "detect_device", lambda: {"type": "cuda", "arch": "sm_90", "name": H100["device-name"], "count": 1}
+        planning, "detect_device", lambda: {"type": "cuda", "arch": "sm_90", "name": H100["device-name"], "count": 1}
     )
     monkeypatch.setattr(worker, "WorkerPool", InProcessPool)
     # the tensors are on the CPU; the BLAS libraries are the simulated CUDA device's
     monkeypatch.setattr(measure, "blas_device", lambda c, device: blas.device_of(c.blas) if c.blas else "cuda")
-    req = pipeline.ProbeRequest(
+    req = planning.ProbeRequest(
         out=tmp_path / "k.toml",
         slots=("Linear",),
         shapes=("2048x128x128",),
@@ -218,7 +220,7 @@ def simulated_cuda_probe(monkeypatch, tmp_path: Path, **request):
         plugins=False,
         **request,
     )
-    p = pipeline.plan(req)
+    p = planning.plan(req)
     offered = [c for c in p.candidates if c.id in ("torch.linear", *CUDA_LIBS, *ROCM_LIBS)]
     return pipeline.probe(dataclasses.replace(p, candidates=tuple(offered)))
 

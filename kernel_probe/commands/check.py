@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kernel_lock.lock import SLOTS
+from kernel_lock.slots import DTYPES, SLOTS, short_dtype
 from kernel_probe import output
 from kernel_probe.output import safe
 from kernel_probe.probe.limits import CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT
@@ -101,15 +101,15 @@ def add_check_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_check(args: argparse.Namespace) -> int:
     from kernel_probe.errors import UsageError
-    from kernel_probe.probe.check import ALL_DTYPES, check_all, dtype_plan, parse_dtype
+    from kernel_probe.probe.check import check_all, dtype_plan, parse_dtype
 
     if args.hidden is not None and not 1 <= args.hidden <= 65536:
         raise UsageError(f"--hidden must be between 1 and 65536, not {args.hidden}")
 
-    dtypes = [parse_dtype(d) for d in args.dtype] or list(ALL_DTYPES)
+    dtypes = [parse_dtype(d) for d in args.dtype] or list(DTYPES)
     regimes = ("true", "mixed") if args.regime == "both" else (args.regime,)
     plan = dtype_plan(dtypes, regimes)
-    from kernel_probe.probe.pipeline import detect_device, gather_candidates
+    from kernel_probe.probe.planning import detect_device, gather_candidates
 
     candidates, problems = gather_candidates(args.candidate, plugins=not args.no_plugins)
     for problem in problems:
@@ -145,7 +145,6 @@ def run_check(args: argparse.Namespace) -> int:
     return 0
 
 
-SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 STATUS_STYLE = {
     "accepted": "green",
     "rejected": "red",
@@ -166,7 +165,9 @@ def render_verdicts(reports, plan, device, hidden: int = CHECK_HIDDEN) -> None:
         table.add_column("candidate", no_wrap=True)
         table.add_column("status", no_wrap=True, min_width=11)
         for d, r in plan:
-            table.add_column(SHORT[d] + ("+amp" if r == "mixed" else ""), justify="right", no_wrap=True, min_width=7)
+            table.add_column(
+                short_dtype(d) + ("+amp" if r == "mixed" else ""), justify="right", no_wrap=True, min_width=7
+            )
         table.add_column("det", no_wrap=True)
         table.add_column("s", justify="right", no_wrap=True)
         for rep in rs:

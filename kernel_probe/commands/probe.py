@@ -20,7 +20,8 @@ from kernel_lock.slots import PRECISIONS, SLOTS
 from kernel_probe import output
 from kernel_probe.errors import UsageError
 from kernel_probe.output import safe
-from kernel_probe.probe.pipeline import DEFAULT_REPS, DEFAULT_SHAPES, Events, ProbeRequest, ProbeResult
+from kernel_probe.probe.pipeline import ProbeResult
+from kernel_probe.probe.planning import DEFAULT_REPS, DEFAULT_SHAPES, Events, ProbeRequest
 from kernel_probe.probe.shapes import parse_shape
 
 if TYPE_CHECKING:

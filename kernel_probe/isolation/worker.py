@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from kernel_probe.isolation.child import kill_group, signal_name, spawn
 from kernel_probe.isolation.protocol import (
@@ -89,9 +89,11 @@ TORCH_SURFACE = (
 
 
 class WorkerDied(Exception):
-    def __init__(self, status: str, reason: str):
+    """The worker crashed or gave no answer in time (and was killed): ``status`` says which."""
+
+    def __init__(self, status: Literal["crashed", "timeout"], reason: str):
         super().__init__(reason)
-        self.status = status  # "crashed" | "timeout"
+        self.status: Literal["crashed", "timeout"] = status
         self.reason = reason
 
 
