@@ -125,12 +125,12 @@ def time_one(cand, slot: str, shape: str, dtype_name: str, regime: str, timer: T
     import torch
 
     from kernel_probe.probe.candidates import canonical_for
-    from kernel_probe.probe.measure import DTYPES, build
+    from kernel_probe.probe.measure import build, torch_dtype
     from kernel_probe.probe.shapes import parse_shape
 
     rows, hidden, out = parse_shape(shape)
     out = out or hidden
-    dtype = DTYPES[dtype_name]
+    dtype = torch_dtype(dtype_name)
     mixed = regime == "mixed"
     param_dtype = torch.float32 if mixed else dtype
     device = timer.device

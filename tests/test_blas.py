@@ -5,7 +5,7 @@ simulated in-process, the way tests/test_rocm_sites.py simulates ROCm and CUDA n
 ``torch.backends.cuda.preferred_blas_library`` is replaced by a stateful stand-in that takes torch's
 names and returns torch's ``_BlasBackend`` members, and offers only the libraries a build offers
 (hipBLASLt is not offered on an arch torch does not support: the choice is kept, as torch does). The
-probe's own code runs unchanged: the candidates from the registry, ``measure.check`` and
+probe's own code runs unchanged: the candidates from the registry, ``correctness.check`` and
 ``timing.time_candidate`` (the worker's handlers), the checker's verdicts, the choice, the lock, and
 kernel_lock's resolver applying it. A library that computes the Linear worse (the LUMI case:
 anemoi-core #560, #1041, #1042) is simulated by a ``torch.nn.Linear.forward`` that rounds its inputs
@@ -27,7 +27,7 @@ import kernel_lock
 from kernel_lock import blas, fingerprint, resolve
 from kernel_lock.errors import LockFormatError, LockMismatch
 from kernel_probe.isolation import worker
-from kernel_probe.probe import measure, pipeline, planning, timing
+from kernel_probe.probe import blasrun, correctness, pipeline, planning, timing
 from kernel_probe.probe.candidates import BUILTIN, CandidateDataError, TableReader, parse_candidate
 from kernel_probe.probe.judge import Policy, Problem, judge_candidate, static_problem
 from kernel_probe.probe.report import ReportBase
@@ -115,7 +115,7 @@ def test_a_blas_key_is_checked(table, problem):
 # ---- measured under the library, the process's choice restored ------------------------------------
 def test_checked_and_timed_under_its_library(switch, under):
     seen, _ = under
-    reply = measure.check(cand("torch.linear.cublaslt"), "Linear", "cpu", [("float32", "true")], hidden=64)
+    reply = correctness.check(cand("torch.linear.cublaslt"), "Linear", "cpu", [("float32", "true")], hidden=64)
     assert (reply.blas, reply.blas_default) == ("cublaslt", "cublas")
     # the candidate's calls ran under cuBLASLt, torch.nn's baseline under the classic cuBLAS (its tolerance basis)
     assert set(seen) == {"Cublaslt", "Cublas"} and seen.count("Cublaslt") > seen.count("Cublas")
@@ -126,7 +126,7 @@ def test_checked_and_timed_under_its_library(switch, under):
     ).rows
     assert rows[0]["blas"] == "cublaslt" and switch.state.name == "Cublas"
     assert seen.count("Cublaslt") >= 3 and seen.count("Cublas") == 1  # timed under it; the sampled rows' baseline
-    with measure.blas_library(cand("torch.linear"), "cuda") as (library, default):
+    with blasrun.blas_library(cand("torch.linear"), "cuda") as (library, default):
         assert (library, default) == ("cublas", "cublas")  # torch.linear: the library torch picks by itself
 
 
@@ -134,7 +134,7 @@ def test_a_library_the_build_does_not_offer_is_unavailable(monkeypatch):
     # hipBLASLt on an arch torch does not support: torch keeps rocBLAS
     monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", Switch(offered=("Cublas",)))
     c = cand("torch.linear.hipblaslt")
-    raw = measure.check(c, "Linear", "cpu", [("float32", "true")], hidden=64)  # tensors on the CPU
+    raw = correctness.check(c, "Linear", "cpu", [("float32", "true")], hidden=64)  # tensors on the CPU
     base = ReportBase(
         id=c.id, target=c.target, slot="Linear", semantics="linear", device="rocm", source="builtin", candidate=c
     )
@@ -151,7 +151,7 @@ def test_a_library_that_computes_worse_is_rejected(switch, under):
     verdicts = {}
     for cid in CUDA_LIBS:
         c = cand(cid)
-        raw = measure.check(c, "Linear", "cpu", [("float32", "true")], hidden=256)
+        raw = correctness.check(c, "Linear", "cpu", [("float32", "true")], hidden=256)
         base = ReportBase(
             id=c.id, target=c.target, slot="Linear", semantics="linear", device="cuda", source="builtin", candidate=c
         )
@@ -210,7 +210,7 @@ def simulated_cuda_probe(monkeypatch, tmp_path: Path, **request):
     )
     monkeypatch.setattr(worker, "WorkerPool", InProcessPool)
     # the tensors are on the CPU; the BLAS libraries are the simulated CUDA device's
-    monkeypatch.setattr(measure, "blas_device", lambda c, device: blas.device_of(c.blas) if c.blas else "cuda")
+    monkeypatch.setattr(blasrun, "blas_device", lambda c, device: blas.device_of(c.blas) if c.blas else "cuda")
     req = planning.ProbeRequest(
         out=tmp_path / "k.toml",
         slots=("Linear",),

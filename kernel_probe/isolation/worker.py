@@ -433,12 +433,12 @@ def _dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], Non
     if isinstance(request, PingRequest):
         import torch  # noqa: F401  (import once, up front, under the start timeout)
 
-        from kernel_probe.probe import measure
+        from kernel_probe.probe import correctness  # noqa: F401  (and measure: loaded before any candidate)
 
         if not _BASELINE_SURFACE:
             _BASELINE_SURFACE.update(_snapshot())
         return PingReply(pid=os.getpid())
-    from kernel_probe.probe import measure
+    from kernel_probe.probe import correctness, measure
 
     if isinstance(request, ImportRequest):  # under its own time budget: a library that hangs here costs only that
         start = time.perf_counter()
@@ -450,7 +450,7 @@ def _dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], Non
             return ImportReply(ok=False, kind="exception", error=f"{type(exc).__name__}: {exc}")
         return ImportReply(ok=True, seconds=time.perf_counter() - start)
     if isinstance(request, CheckRequest):
-        return measure.check(
+        return correctness.check(
             request.candidate,
             request.slot,
             request.device,
@@ -461,7 +461,7 @@ def _dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], Non
             baseline=request.baseline,
         )
     if isinstance(request, TryRequest):
-        return TryReply.from_json(measure.try_once(request.candidate, request.slot, request.device))
+        return TryReply.from_json(correctness.try_once(request.candidate, request.slot, request.device))
     if isinstance(request, TimeRequest):
         from kernel_probe.probe import timing
 
