@@ -143,6 +143,8 @@ class Reply(Message):
 
 @dataclass(frozen=True, kw_only=True)
 class PingReply(Reply):
+    """The worker is up (torch imported): its process id."""
+
     pid: int
     ok: bool = True
 
@@ -159,6 +161,8 @@ class ImportReply(Reply):
 
 @dataclass(frozen=True, kw_only=True)
 class TryReply(Reply):
+    """One tiny forward on a device the candidate does not declare: whether it ran, else what it raised."""
+
     ran: bool
     error: str = ""
 
@@ -272,6 +276,8 @@ class TimingRow(TypedDict, total=False):
 
 @dataclass(frozen=True, kw_only=True)
 class TimeReply(Reply):
+    """A candidate's timing: one row per shape (``TimingRow``)."""
+
     candidate: str
     device: str
     rows: list[TimingRow] = field(default_factory=list)

@@ -45,6 +45,9 @@ from kernel_probe.errors import InputFileError, UsageError
 
 @dataclass(frozen=True)
 class Candidate:
+    """One implementation offered for one or more slots: the class and how to build it, where it comes
+    from and runs (distribution, devices, GPU archs), its torch.nn twin, and where it was offered."""
+
     id: str
     slots: tuple[str, ...]
     semantics: str
@@ -71,9 +74,11 @@ class Candidate:
     blas: str = ""
 
     def pinned_kwargs(self, canonical: Mapping[str, Any]) -> dict[str, Any]:
+        """The keyword arguments the lock pins, with the canonical values filled in."""
         return {k: fill(v, canonical) for k, v in self.kwargs.items()}
 
     def pinned_twin_kwargs(self, canonical: Mapping[str, Any]) -> dict[str, Any]:
+        """The twin's keyword arguments, with the canonical values filled in."""
         return {k: fill(v, canonical) for k, v in self.twin_kwargs.items()}
 
     def to_json(self) -> dict[str, Any]:

@@ -36,6 +36,9 @@ FORCED = {"pin": "pinned", "prefer": "preferred"}  # the flag (--pin) -> what it
 
 @dataclass
 class Choice:
+    """The implementation chosen for one slot: its report, how it was chosen (fastest, default, pinned,
+    preferred), why, and the time ratios to the default it was chosen by."""
+
     slot: str
     report: Report
     how: str  # fastest | default | pinned | preferred

@@ -97,7 +97,7 @@ def ratio(got: float, base: float, dtype: str) -> tuple[float, float]:
 
 def judge_row(candidate: str, device: str, semantics: str, row: MeasurementRow, policy: Policy = Policy()) -> Verdict:
     """The verdict on one measured (dtype, regime): errors against the tolerance model, then the flags."""
-    v = Verdict(candidate, device, row["dtype"], row["regime"], "accepted", out_dtype=row.get("out_dtype", ""))
+    v = Verdict(candidate, device, row["dtype"], row["regime"], out_dtype=row.get("out_dtype", ""))
     if "skipped" in row:
         v.status, v.reasons = "skipped", [row["skipped"]]
         return v
