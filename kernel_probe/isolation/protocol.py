@@ -353,7 +353,7 @@ class CheckRequest(CandidateRequest[CheckReply], op="check", reply=CheckReply):
     )
     canonical: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
-    hidden: int | None = None  # None: measure.CHECK_HIDDEN
+    hidden: int | None = None  # None: limits.CHECK_HIDDEN
     baseline: Candidate | None = _optional_candidate_field()  # None: the slot's torch.nn default
 
 

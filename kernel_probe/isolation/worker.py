@@ -439,6 +439,7 @@ def _dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], Non
             _BASELINE_SURFACE.update(_snapshot())
         return PingReply(pid=os.getpid())
     from kernel_probe.probe import correctness, measure
+    from kernel_probe.probe.limits import CHECK_HIDDEN
 
     if isinstance(request, ImportRequest):  # under its own time budget: a library that hangs here costs only that
         start = time.perf_counter()
@@ -457,7 +458,7 @@ def _dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], Non
             list(request.dtypes),
             canonical_overrides=request.canonical,
             seed=request.seed,
-            hidden=measure.CHECK_HIDDEN if request.hidden is None else request.hidden,
+            hidden=CHECK_HIDDEN if request.hidden is None else request.hidden,
             baseline=request.baseline,
         )
     if isinstance(request, TryRequest):

@@ -22,7 +22,7 @@ import math
 import os
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -45,8 +45,7 @@ from kernel_probe.errors import InputFileError, UsageError
 
 @dataclass(frozen=True)
 class Candidate:
-    """One implementation offered for one or more slots: the class and how to build it, where it comes
-    from and runs (distribution, devices, GPU archs), its torch.nn twin, and where it was offered."""
+    """One implementation offered for slots: its class and how to build it, where it runs, its torch.nn twin."""
 
     id: str
     slots: tuple[str, ...]
@@ -251,26 +250,8 @@ class TableReader:
         return spec
 
 
-CANDIDATE_KEYS = (
-    "id",
-    "slots",
-    "semantics",
-    "target",
-    "args",
-    "kwargs",
-    "build-kwargs",
-    "distribution",
-    "specifier",
-    "module",
-    "devices",
-    "archs",
-    "install",
-    "compiled",
-    "twin-target",
-    "twin-kwargs",
-    "note",
-    "blas",
-)
+# the keys of a [[candidate]] table: Candidate's fields, dashed, but where it was offered (``source``)
+CANDIDATE_KEYS = tuple(f.name.replace("_", "-") for f in fields(Candidate) if f.name != "source")
 DEVICE_TYPES = ("cuda", "rocm", "xpu", "mps", "cpu")
 
 

@@ -85,8 +85,8 @@ def check_candidate(
     GPU's (``sm_90``, ``gfx90a``), checked against the candidate's ``archs``."""
     base = report_base(cand, slot, device)
 
-    def stopped(problem: Problem, **extra: Any) -> Report:
-        return Report(status=problem.status, reasons=[problem.reason], **extra, **base)
+    def stopped(problem: Problem) -> Report:
+        return Report(status=problem.status, reasons=[problem.reason], **base)
 
     problem = judge.static_problem(cand, slot, device, arch, with_compile=with_compile, detail=True)
     if problem is not None and problem.try_it:

@@ -34,8 +34,8 @@ from kernel_probe.isolation.protocol import (
 from kernel_probe.probe.blasrun import BlasNotOffered, baseline_blas, blas_library, blas_selected
 from kernel_probe.probe.candidates import Candidate, canonical_for, default_for
 from kernel_probe.probe.layout import Layout, discover, shapes
+from kernel_probe.probe.limits import CHECK_HIDDEN
 from kernel_probe.probe.measure import (
-    CHECK_HIDDEN,
     Case,
     blocks,
     build,

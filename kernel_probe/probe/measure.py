@@ -27,7 +27,6 @@ from kernel_probe.probe.candidates import Candidate, fill
 from kernel_probe.probe.layout import Layout
 
 CHECK_ROWS = 37  # odd on purpose
-CHECK_HIDDEN = 1000  # not a power of two on purpose
 
 
 # ---- references --------------------------------------------------------------------------------
