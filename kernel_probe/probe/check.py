@@ -96,7 +96,7 @@ def check_candidate(
     try:
         imported = worker.call(ImportRequest(target=cand.target), import_timeout)
     except WorkerDied as exc:
-        return stopped(judge.died(exc.status, exc.reason, f"importing {cand.target}", import_timeout))
+        return stopped(judge.died(exc.status, exc.reason, f"importing {cand.target}", ("import", import_timeout)))
     if imported.tampered:
         return stopped(judge.tampered(f"importing {cand.target}", imported.tampered))
     if not imported.ok:
@@ -116,7 +116,7 @@ def check_candidate(
         )
         raw = worker.call(request, budget)
     except WorkerDied as exc:
-        return stopped(judge.died(exc.status, exc.reason, "checks", budget))
+        return stopped(judge.died(exc.status, exc.reason, "checks", ("check", budget)))
     if raw.tampered:
         return stopped(judge.tampered(f"running {cand.target}", raw.tampered))
     report = judge.judge_candidate(raw, cand, slot, device, policy, base)

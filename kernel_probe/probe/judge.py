@@ -318,11 +318,10 @@ def judge_tried(problem: Problem, cand: Candidate, tried: TryReply) -> str:
 
 
 # ---- in the worker: dying, tampering, importing ----------------------------------------------------
-def died(status: Literal["crashed", "timeout"], reason: str, what: str, budget: float) -> Problem:
-    """A worker that crashed or ran out of its ``budget`` (seconds) while ``what`` ran ("importing X",
-    "checks"): its status, and for a timeout the budget it ran out of."""
-    kind = "import" if what.startswith("importing") else "check"
-    return Problem(status, f"{what}: {reason} ({kind} budget {budget:g} s)" if status == "timeout" else reason)
+def died(status: Literal["crashed", "timeout"], reason: str, what: str, budget: tuple[str, float]) -> Problem:
+    """A worker that crashed or ran out of time while ``what`` ran ("importing X", "checks"): its
+    status, and for a timeout the budget it ran out of, (its name, seconds)."""
+    return Problem(status, f"{what}: {reason} ({budget[0]} budget {budget[1]:g} s)" if status == "timeout" else reason)
 
 
 def tampered(what: str, names: Iterable[str]) -> Problem:
