@@ -121,7 +121,7 @@ def _alive(pid: int) -> bool:
 
 KILLED_PROBE = r"""
 import os, sys, time
-from kernel_probe import candidates as cands
+from kernel_probe.probe import candidates as cands
 from kernel_probe.probe.check import check_candidate
 from kernel_probe.isolation.worker import WorkerPool
 pool = WorkerPool()
