@@ -36,7 +36,7 @@ def main() -> None:
     args = ap.parse_args()
     from kernel_probe.probe import timing
     from kernel_probe.probe.candidates import builtin
-    from kernel_probe.probe.pipeline import DEFAULT_REPS
+    from kernel_probe.probe.planning import DEFAULT_REPS
 
     reps = DEFAULT_REPS["cpu"]
     opts = {"reps": reps, "warmup": min(3, reps), "min_seconds": 0.0}

@@ -125,12 +125,12 @@ def time_one(cand, slot: str, shape: str, dtype_name: str, regime: str, timer: T
     import torch
 
     from kernel_probe.probe.candidates import canonical_for
-    from kernel_probe.probe.measure import DTYPES, build
+    from kernel_probe.probe.measure import build, torch_dtype
     from kernel_probe.probe.shapes import parse_shape
 
     rows, hidden, out = parse_shape(shape)
     out = out or hidden
-    dtype = DTYPES[dtype_name]
+    dtype = torch_dtype(dtype_name)
     mixed = regime == "mixed"
     param_dtype = torch.float32 if mixed else dtype
     device = timer.device
@@ -167,9 +167,9 @@ def time_one(cand, slot: str, shape: str, dtype_name: str, regime: str, timer: T
 def probe_at(out: Path, precision: str, shapes: tuple[str, ...], reps: int | None, smoke: bool):
     """The probe as a library (checks, timing, choice, lock written), as `kernel-probe` runs it. A smoke
     run on a shared CPU gives each candidate's checks more time than a job start would."""
-    from kernel_probe.probe import pipeline
+    from kernel_probe.probe import pipeline, planning
 
-    request = pipeline.ProbeRequest(
+    request = planning.ProbeRequest(
         out=out / f"lock-{precision}.toml",
         shapes=shapes,
         precision=precision,

@@ -3,15 +3,16 @@
 One home for the facts about slots: their names, the semantics each must compute, the torch.nn class
 a slot the lock does not pin resolves to, its canonical configuration and call convention, what the
 portable twins compute, and how to tell what a module class computes. Also the enums the lock, the
-resolver, the profiles and the command line share (``MODES``, ``PRECISIONS``, ``STATUSES``) and the
-one "did you mean" hint for a misspelt slot. Plain data: importing this costs nothing (no torch).
+resolver, the profiles and the command line share (``MODES``, ``PRECISIONS``, ``Status``, ``DTYPES``,
+``torch_device``) and the one "did you mean" hint for a misspelt slot. Plain data: importing this costs
+nothing (no torch).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple, get_args
 
 SLOTS = ("LayerNorm", "RMSNorm", "Linear")
 SEMANTICS = ("layer_norm", "rms_norm", "linear")
@@ -101,6 +102,8 @@ MODES = ("training", "inference")
 
 
 class Precision(NamedTuple):
+    """A training precision: the dtype and the regime the probe checks and times in."""
+
     dtype: str  # torch dtype name, without "torch."
     regime: str  # "true": parameters and compute in dtype; "mixed": float32 parameters under autocast
 
@@ -116,9 +119,50 @@ PRECISIONS: Mapping[str, Precision] = MappingProxyType(
     }
 )
 
+
+class DType(NamedTuple):
+    """A floating-point dtype the probe checks: torch's name (without "torch."), the short name the
+    command line and the tables use, and its machine epsilon (the tolerance model's floor)."""
+
+    name: str
+    short: str
+    eps: float
+
+
+# The dtypes a candidate is checked in, by torch name, in this order (float32 first: the baseline).
+DTYPES: Mapping[str, DType] = MappingProxyType(
+    {
+        d.name: d
+        for d in (
+            DType("float32", "fp32", 2.0**-23),
+            DType("bfloat16", "bf16", 2.0**-7),
+            DType("float16", "fp16", 2.0**-10),
+        )
+    }
+)
+
+
+def short_dtype(name: str) -> str:
+    """``bfloat16`` -> ``bf16``; a name that is no probed dtype unchanged."""
+    return DTYPES[name].short if name in DTYPES else name
+
+
+def dtype_named(text: str) -> str | None:
+    """The torch name of a dtype given by its torch or short name, any case (``BF16`` -> ``bfloat16``);
+    None when it is neither."""
+    key = text.strip().lower()
+    return next((d.name for d in DTYPES.values() if key in (d.name, d.short)), None)
+
+
+def torch_device(device: str) -> str:
+    """The torch device type of a device type: ROCm GPUs are ``cuda`` to torch (HIP behind its CUDA API)."""
+    return "cuda" if device == "rocm" else device
+
+
 # What a candidate's check came to, as the lock records it per candidate; worst first (a candidate
 # checked in several dtypes gets the worst of its results, kernel_probe.probe.judge.worst_status).
-STATUSES = ("crashed", "timeout", "rejected", "unavailable", "accepted", "skipped")
+Status = Literal["crashed", "timeout", "rejected", "unavailable", "accepted", "skipped"]
+STATUSES: tuple[Status, ...] = get_args(Status)
 
 
 def slot_name_fix(name: str) -> str:

@@ -19,7 +19,8 @@ from typing import Any
 
 from kernel_lock.slots import PRECISIONS, SLOTS
 from kernel_probe.probe.candidates import Candidate, registry
-from kernel_probe.probe.check import Report, check_all, dtype_plan
+from kernel_probe.probe.check import check_all, dtype_plan
+from kernel_probe.probe.report import Report
 
 # float32, bf16-true, bf16-mixed: the precision regimes a model trains in
 ROWS = dtype_plan(["float32", "bfloat16"])

@@ -5,7 +5,7 @@ simulated in-process, the way tests/test_rocm_sites.py simulates ROCm and CUDA n
 ``torch.backends.cuda.preferred_blas_library`` is replaced by a stateful stand-in that takes torch's
 names and returns torch's ``_BlasBackend`` members, and offers only the libraries a build offers
 (hipBLASLt is not offered on an arch torch does not support: the choice is kept, as torch does). The
-probe's own code runs unchanged: the candidates from the registry, ``measure.check`` and
+probe's own code runs unchanged: the candidates from the registry, ``correctness.check`` and
 ``timing.time_candidate`` (the worker's handlers), the checker's verdicts, the choice, the lock, and
 kernel_lock's resolver applying it. A library that computes the Linear worse (the LUMI case:
 anemoi-core #560, #1041, #1042) is simulated by a ``torch.nn.Linear.forward`` that rounds its inputs
@@ -29,10 +29,10 @@ from kernel_lock.errors import LockFormatError, LockMismatch
 from kernel_lock.fingerprint import here as fp_here
 from kernel_lock.fingerprint import with_torch
 from kernel_probe.isolation import worker
-from kernel_probe.probe import measure, pipeline, timing
+from kernel_probe.probe import blasrun, correctness, pipeline, planning, timing
 from kernel_probe.probe.candidates import CandidateDataError, TableReader, builtin, parse_candidate
-from kernel_probe.probe.check import ReportBase, judge_candidate, static_problem
-from kernel_probe.probe.judge import Policy
+from kernel_probe.probe.judge import Policy, Problem, judge_candidate, static_problem
+from kernel_probe.probe.report import ReportBase
 
 CUDA_LIBS = ("torch.linear.cublas", "torch.linear.cublaslt")
 ROCM_LIBS = ("torch.linear.hipblaslt", "torch.linear.rocblas")
@@ -97,7 +97,9 @@ def test_each_library_is_a_linear_candidate():
     for cid in CUDA_LIBS + ROCM_LIBS:
         c = by_id[cid]
         assert c.slots == ("Linear",) and c.target == "torch.nn.Linear" and c.devices == (blas.device_of(c.blas),)
-        assert static_problem(c, "Linear", "cpu") == ("unavailable", f"runs on {c.devices[0]}; this device is cpu")
+        assert static_problem(c, "Linear", "cpu") == Problem(
+            "unavailable", f"runs on {c.devices[0]}; this device is cpu"
+        )
 
 
 @pytest.mark.parametrize(
@@ -115,7 +117,7 @@ def test_a_blas_key_is_checked(table, problem):
 # ---- measured under the library, the process's choice restored ------------------------------------
 def test_checked_and_timed_under_its_library(switch, under):
     seen, _ = under
-    reply = measure.check(cand("torch.linear.cublaslt"), "Linear", "cpu", [("float32", "true")], hidden=64)
+    reply = correctness.check(cand("torch.linear.cublaslt"), "Linear", "cpu", [("float32", "true")], hidden=64)
     assert (reply.blas, reply.blas_default) == ("cublaslt", "cublas")
     # the candidate's calls ran under cuBLASLt, torch.nn's baseline under the classic cuBLAS (its tolerance basis)
     assert set(seen) == {"Cublaslt", "Cublas"} and seen.count("Cublaslt") > seen.count("Cublas")
@@ -126,7 +128,7 @@ def test_checked_and_timed_under_its_library(switch, under):
     ).rows
     assert rows[0]["blas"] == "cublaslt" and switch.state.name == "Cublas"
     assert seen.count("Cublaslt") >= 3 and seen.count("Cublas") == 1  # timed under it; the sampled rows' baseline
-    with measure.blas_library(cand("torch.linear"), "cuda") as (library, default):
+    with blasrun.blas_library(cand("torch.linear"), "cuda") as (library, default):
         assert (library, default) == ("cublas", "cublas")  # torch.linear: the library torch picks by itself
 
 
@@ -134,7 +136,7 @@ def test_a_library_the_build_does_not_offer_is_unavailable(monkeypatch):
     # hipBLASLt on an arch torch does not support: torch keeps rocBLAS
     monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", Switch(offered=("Cublas",)))
     c = cand("torch.linear.hipblaslt")
-    raw = measure.check(c, "Linear", "cpu", [("float32", "true")], hidden=64)  # tensors on the CPU
+    raw = correctness.check(c, "Linear", "cpu", [("float32", "true")], hidden=64)  # tensors on the CPU
     base = ReportBase(
         id=c.id, target=c.target, slot="Linear", semantics="linear", device="rocm", source="builtin", candidate=c
     )
@@ -151,7 +153,7 @@ def test_a_library_that_computes_worse_is_rejected(switch, under):
     verdicts = {}
     for cid in CUDA_LIBS:
         c = cand(cid)
-        raw = measure.check(c, "Linear", "cpu", [("float32", "true")], hidden=256)
+        raw = correctness.check(c, "Linear", "cpu", [("float32", "true")], hidden=256)
         base = ReportBase(
             id=c.id, target=c.target, slot="Linear", semantics="linear", device="cuda", source="builtin", candidate=c
         )
@@ -206,12 +208,12 @@ def simulated_cuda_probe(monkeypatch, tmp_path: Path, **request):
     real = with_torch.current()
     monkeypatch.setattr(with_torch, "current", lambda *a, **k: {**real, **H100})
     monkeypatch.setattr(
-        pipeline, "detect_device", lambda: {"type": "cuda", "arch": "sm_90", "name": H100["device-name"], "count": 1}
+        planning, "detect_device", lambda: {"type": "cuda", "arch": "sm_90", "name": H100["device-name"], "count": 1}
     )
     monkeypatch.setattr(worker, "WorkerPool", InProcessPool)
     # the tensors are on the CPU; the BLAS libraries are the simulated CUDA device's
-    monkeypatch.setattr(measure, "blas_device", lambda c, device: blas.device_of(c.blas) if c.blas else "cuda")
-    req = pipeline.ProbeRequest(
+    monkeypatch.setattr(blasrun, "blas_device", lambda c, device: blas.device_of(c.blas) if c.blas else "cuda")
+    req = planning.ProbeRequest(
         out=tmp_path / "k.toml",
         slots=("Linear",),
         shapes=("2048x128x128",),
@@ -220,7 +222,7 @@ def simulated_cuda_probe(monkeypatch, tmp_path: Path, **request):
         plugins=False,
         **request,
     )
-    p = pipeline.plan(req)
+    p = planning.plan(req)
     offered = [c for c in p.candidates if c.id in ("torch.linear", *CUDA_LIBS, *ROCM_LIBS)]
     return pipeline.probe(dataclasses.replace(p, candidates=tuple(offered)))
 

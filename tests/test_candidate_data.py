@@ -21,8 +21,9 @@ from kernel_lock.errors import TargetNotAllowed
 from kernel_lock.trust import check_target
 from kernel_probe.probe import candidates as cands
 from kernel_probe.probe import write as lockwrite
-from kernel_probe.probe.check import Report, check_all, dtype_plan
+from kernel_probe.probe.check import check_all, dtype_plan
 from kernel_probe.probe.choose import Choice
+from kernel_probe.probe.report import Report
 from kernel_probe.profiles import format as profile_format
 
 from .conftest import ROOT
@@ -34,18 +35,17 @@ BUILTIN_IDS = [c.id for c in cands.builtin()]
 def test_every_slot_fact_is_imported_from_kernel_lock_slots():
     from kernel_lock import document, resolve, schema
     from kernel_probe.commands import anemoicmds, verify
-    from kernel_probe.probe import check as checker
     from kernel_probe.probe import judge
 
     assert kernel_lock.SLOTS is document.SLOTS is resolve.SLOTS is cands.SLOTS is slots.SLOTS
     assert schema.SEMANTICS is cands.SEMANTICS is slots.SEMANTICS
-    assert cands.SLOT_SEMANTICS is checker.SLOT_SEMANTICS is lockwrite.SLOT_SEMANTICS is slots.SLOT_SEMANTICS
+    assert cands.SLOT_SEMANTICS is judge.SLOT_SEMANTICS is lockwrite.SLOT_SEMANTICS is slots.SLOT_SEMANTICS
     assert cands.CANONICAL is lockwrite.CANONICAL is slots.CANONICAL
     assert resolve.DEFAULT_TARGETS is slots.DEFAULT_TARGETS and resolve.TWIN_SEMANTICS is slots.TWIN_SEMANTICS
     assert document.MODES is resolve.MODES is anemoicmds.MODES is verify.MODES is slots.MODES
     assert document.PRECISIONS is profile_format.PRECISIONS is slots.PRECISIONS
     assert schema.STATUSES is judge.STATUSES is slots.STATUSES
-    assert judge.CONFUSABLE is slots.CONFUSABLE
+    assert judge.CONFUSABLE is slots.CONFUSABLE and judge.DTYPES is slots.DTYPES
 
 
 def test_precisions_are_names_to_dtype_and_regime():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kernel_probe.errors import ProbeError
-from kernel_probe.probe.check import Report
 from kernel_probe.probe.choose import choose
+from kernel_probe.probe.report import Report
 
 SHAPES = ["40320x1024", "542080x1024"]
 

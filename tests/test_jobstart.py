@@ -35,6 +35,7 @@ HEAVY = (
     "kernel_probe.probe.check",
     "kernel_probe.isolation.worker",
     "kernel_probe.probe.measure",
+    "kernel_probe.probe.correctness",
     "kernel_probe.probe.timing",
     "kernel_probe.detect",
     "kernel_lock.adapters",

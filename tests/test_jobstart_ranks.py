@@ -18,7 +18,7 @@ from kernel_probe.errors import NodeDiffers, ProbeError, UsageError
 from kernel_probe.jobstart import handoff
 from kernel_probe.jobstart.handoff import Marker, RankFailed, WaitTimeout
 from kernel_probe.jobstart.ranks import LAUNCHERS, JobRank
-from kernel_probe.probe import pipeline
+from kernel_probe.probe import pipeline, planning
 from kernel_probe.probe.candidates import default_for
 
 from .test_candidate_data import _lock_pinning
@@ -62,17 +62,17 @@ def job_rank(rank: int = 0, local: int | None = 0, job: str = "77", attempt: str
     return JobRank("slurm", rank, job, attempt, 16, local, 0)
 
 
-def current_lock(out: Path, request: pipeline.ProbeRequest) -> kernel_lock.KernelLock:
+def current_lock(out: Path, request: planning.ProbeRequest) -> kernel_lock.KernelLock:
     """A lock current for ``request`` on this machine, as an earlier job's rank 0 would have left it."""
-    digest = pipeline.plan(request).digest
+    digest = planning.plan(request).digest
     lock = dataclasses.replace(_lock_pinning(default_for("LayerNorm")), provenance={"inputs": digest}).sealed()
     out.parent.mkdir(parents=True, exist_ok=True)
     lock.dump(out)
     return lock
 
 
-def marked(out: Path, lock: kernel_lock.KernelLock, rank: JobRank, request: pipeline.ProbeRequest) -> Marker:
-    marker = Marker("written", rank.key, rank.describe(), "node0", lock.compute_digest(), pipeline.plan(request).digest)
+def marked(out: Path, lock: kernel_lock.KernelLock, rank: JobRank, request: planning.ProbeRequest) -> Marker:
+    marker = Marker("written", rank.key, rank.describe(), "node0", lock.compute_digest(), planning.plan(request).digest)
     handoff.publish(out, rank, marker, lock.dumps())
     return marker
 
@@ -85,7 +85,7 @@ def marked(out: Path, lock: kernel_lock.KernelLock, rank: JobRank, request: pipe
 )
 def test_a_current_lock_without_this_jobs_marker_is_never_reused(tmp_path, monkeypatch, earlier):
     out = tmp_path / "shared" / "k.toml"
-    request = pipeline.ProbeRequest(out=out, lock_timeout=0.5, **REQUEST)
+    request = planning.ProbeRequest(out=out, lock_timeout=0.5, **REQUEST)
     lock = current_lock(out, request)
     if earlier is not None:
         marked(out, lock, earlier, request)
@@ -100,7 +100,7 @@ def test_a_current_lock_without_this_jobs_marker_is_never_reused(tmp_path, monke
 
 def test_a_waiting_rank_takes_the_lock_rank_0_marked_for_this_job(tmp_path, monkeypatch, capsys):
     out = tmp_path / "shared" / "k.toml"
-    request = pipeline.ProbeRequest(out=out, lock_timeout=5, **REQUEST)
+    request = planning.ProbeRequest(out=out, lock_timeout=5, **REQUEST)
     lock = current_lock(out, request)
     slurm(monkeypatch, tmp_path, 3, local=3)
     marked(out, lock, job_rank(), request)
@@ -111,7 +111,7 @@ def test_a_waiting_rank_takes_the_lock_rank_0_marked_for_this_job(tmp_path, monk
 
 def test_a_rank_on_the_node_waits_on_the_node_local_copy_not_the_shared_directory(tmp_path, monkeypatch):
     out = tmp_path / "shared" / "k.toml"
-    request = pipeline.ProbeRequest(out=out, lock_timeout=5, **REQUEST)
+    request = planning.ProbeRequest(out=out, lock_timeout=5, **REQUEST)
     lock = current_lock(out, request)
     slurm(monkeypatch, tmp_path, 5, local=5)
     rank = job_rank()
@@ -128,7 +128,7 @@ def test_a_rank_on_the_node_waits_on_the_node_local_copy_not_the_shared_director
 
 def test_a_node_differing_from_rank_0s_lock_is_told_to_probe_per_node_type(tmp_path, monkeypatch):
     out = tmp_path / "shared" / "k.toml"
-    request = pipeline.ProbeRequest(out=out, lock_timeout=5, **REQUEST)
+    request = planning.ProbeRequest(out=out, lock_timeout=5, **REQUEST)
     here = current_lock(out, request)
     text = here.dumps().replace('device-type = { value = "cpu"', 'device-type = { value = "cuda"')
     other = kernel_lock.loads(text, emit_warnings=False).sealed()
@@ -142,7 +142,7 @@ def test_a_node_differing_from_rank_0s_lock_is_told_to_probe_per_node_type(tmp_p
 
 def test_other_options_or_a_replaced_lock_are_errors_not_a_silent_reuse(tmp_path, monkeypatch):
     out = tmp_path / "shared" / "k.toml"
-    request = pipeline.ProbeRequest(out=out, lock_timeout=5, **REQUEST)
+    request = planning.ProbeRequest(out=out, lock_timeout=5, **REQUEST)
     lock = current_lock(out, request)
     slurm(monkeypatch, tmp_path, 1, local=0, node=1)  # a watching rank: it reads the shared lock itself
     other_options = dataclasses.replace(request, shapes=("128x32",))
@@ -237,7 +237,7 @@ def test_node_type_claims_are_exclusive_and_need_no_file_lock(tmp_path, monkeypa
 
 def test_node_type_needs_the_placeholder_and_names_the_device(tmp_path):
     with pytest.raises(UsageError, match=r"names no \{node-type\}"):
-        pipeline.run(pipeline.ProbeRequest(out=tmp_path / "k.toml", probe_per="node-type", **REQUEST))
+        pipeline.run(planning.ProbeRequest(out=tmp_path / "k.toml", probe_per="node-type", **REQUEST))
     name = handoff.node_type({"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "arch": "sm_90", "count": 4})
     assert name.startswith("cuda-sm_90-4-") and "/" not in name
     assert name != handoff.node_type({"type": "cuda", "name": "NVIDIA A100", "arch": "sm_80", "count": 4})
@@ -246,11 +246,11 @@ def test_node_type_needs_the_placeholder_and_names_the_device(tmp_path):
 def test_bad_launcher_variables_are_a_usage_error_and_rank_ignores_them(tmp_path, monkeypatch):
     slurm(monkeypatch, tmp_path, 1, local=1)
     monkeypatch.setenv("SLURM_PROCID", "one")
-    request = pipeline.ProbeRequest(out=tmp_path / "k.toml", **REQUEST)
+    request = planning.ProbeRequest(out=tmp_path / "k.toml", **REQUEST)
     with pytest.raises(UsageError, match="SLURM_PROCID='one'") as exc:
         pipeline.run(request)
     assert exc.value.exit_code == 2 and "--probe-per rank" in str(exc.value)
-    assert pipeline._job_rank("rank", pipeline.Events()) is None
+    assert pipeline._job_rank("rank", planning.Events()) is None
 
 
 # ---- the processes themselves: one probe, with and without file locks ------------------------------------
@@ -335,10 +335,10 @@ def test_a_profile_can_choose_one_probe_per_node_type(tmp_path):
 
 
 def test_node_type_mode_waits_for_the_rank_that_claimed_its_kind_of_node(tmp_path, monkeypatch):
-    request = pipeline.ProbeRequest(
+    request = planning.ProbeRequest(
         out=tmp_path / "shared" / "k.{node-type}.toml", probe_per="node-type", lock_timeout=5, **REQUEST
     )
-    kind = handoff.node_type(pipeline.plan(request).device)
+    kind = handoff.node_type(planning.plan(request).device)
     out = tmp_path / "shared" / f"k.{kind}.toml"
     lock = current_lock(out, request)
     assert handoff.claim(out, job_rank(0))  # a node of this kind claimed it first
@@ -355,7 +355,7 @@ def test_rank_0_failing_before_any_work_still_releases_the_others(tmp_path, monk
     out.parent.mkdir()
     slurm(monkeypatch, tmp_path, 0, local=0)
     with pytest.raises(UsageError):
-        pipeline.run(pipeline.ProbeRequest(out=out, **{**REQUEST, "reps": 0}))
+        pipeline.run(planning.ProbeRequest(out=out, **{**REQUEST, "reps": 0}))
     with pytest.raises(RankFailed) as err:
         handoff.wait(out, job_rank(1, local=1), mode="job", timeout=5)
     assert err.value.exit_code == 2 and "--reps must be at least 1" in err.value.problem

@@ -32,7 +32,8 @@ import pytest
 from kernel_probe.isolation.protocol import FLAG_GRAD_OUTPUT_MODIFIED, TimeReply, TimeRequest
 from kernel_probe.isolation.worker import INTERPRETED, Worker, interpreter_requested, interpreting
 from kernel_probe.probe.candidates import Candidate, builtin
-from kernel_probe.probe.check import Report, check_candidate
+from kernel_probe.probe.check import check_candidate
+from kernel_probe.probe.report import Report
 
 HAS_LIGER = importlib.util.find_spec("liger_kernel") is not None
 needs_liger = pytest.mark.skipif(
@@ -371,10 +372,8 @@ def test_an_interpreted_report_is_never_chosen_nor_pinned():
 
 def test_the_probe_does_not_ask_to_time_an_interpreted_candidate(monkeypatch):
     import contextlib
-    import types
 
     from kernel_probe.probe import check as checker
-    from kernel_probe.probe import pipeline
 
     class NoCalls:
         def call(self, *args, **kwargs):
@@ -386,17 +385,14 @@ def test_the_probe_does_not_ask_to_time_an_interpreted_candidate(monkeypatch):
             yield NoCalls()
 
     monkeypatch.setattr(checker, "check_candidate", lambda *a, **k: _report("liger.rms_norm", interpreted=True))
-    p = types.SimpleNamespace(
-        device={"type": "cpu", "arch": ""},
-        profile=None,
-        shapes=("64x1000",),
-        request=types.SimpleNamespace(timeout=1.0, import_timeout=1.0, with_compile=False),
+    timing = checker.Timing(("64x1000",), "float32", "true", 1)
+    (done,) = checker.check_and_time(
+        {"RMSNorm": [BY_ID["liger.rms_norm"]]},
+        checker.Checks("cpu", [("float32", "true")], timeout=1.0, import_timeout=1.0),
+        Pool(),  # type: ignore[arg-type]
+        timing=timing,
     )
-    result = pipeline.ProbeResult(None, None, False, p, reports={"RMSNorm": []}, timings={"RMSNorm": {}})  # type: ignore[arg-type]
-    r = pipeline._check_and_time(
-        p, Pool(), BY_ID["liger.rms_norm"], "RMSNorm", [("float32", "true")], None, result, pipeline.Events()
-    )
-    assert r.interpreted and r.status == "accepted" and result.timings["RMSNorm"] == {}
+    assert done.report.interpreted and done.report.status == "accepted" and done.timings is None
 
 
 @pytest.mark.parametrize(
@@ -423,7 +419,7 @@ def test_interpreting_asks_triton_and_only_once_it_is_imported(monkeypatch):
 def test_the_check_table_labels_an_interpreted_report(capsys):
     from kernel_probe import output
     from kernel_probe.commands.check import render_verdicts
-    from kernel_probe.probe.judge import Verdict
+    from kernel_probe.probe.report import Verdict
 
     rep = _report("liger.rms_norm", interpreted=True)
     rep.verdicts = [Verdict("liger.rms_norm", "cpu", "float32", "true", "accepted", worst_ratio=0.3)]
@@ -435,12 +431,12 @@ def test_the_check_table_labels_an_interpreted_report(capsys):
 
 
 def test_a_probe_under_the_interpreter_warns_before_any_work(monkeypatch):
-    from kernel_probe.probe import pipeline
+    from kernel_probe.probe import planning
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    p = pipeline.plan(pipeline.ProbeRequest(slots=("RMSNorm",)))
+    p = planning.plan(planning.ProbeRequest(slots=("RMSNorm",)))
     assert any(
         "TRITON_INTERPRET is set" in problem and "never written to the lock" in problem for problem in p.problems
     )
     monkeypatch.delenv("TRITON_INTERPRET")
-    assert not any("TRITON_INTERPRET" in problem for problem in pipeline.plan(pipeline.ProbeRequest()).problems)
+    assert not any("TRITON_INTERPRET" in problem for problem in planning.plan(planning.ProbeRequest()).problems)

@@ -66,8 +66,8 @@ def test_compiled_pin_on_cpu_says_how(tmp_path, capsys, no_workers):
 
 def test_choice_errors_name_the_flag_and_spell_it_right():
     from kernel_probe.errors import ForcedUnusable
-    from kernel_probe.probe.check import Report
     from kernel_probe.probe.choose import choose
+    from kernel_probe.probe.report import Report
 
     reports = [
         Report("torch.rms_norm", "torch.nn.RMSNorm", "RMSNorm", "rms_norm", "cpu", "accepted"),
@@ -238,7 +238,7 @@ def test_json_errors_are_json_on_stdout(argv, code, capsys, no_workers):
 
 # ---- 5. progress and a warning for GPU-sized shapes on a CPU --------------------------------------------------
 def test_gpu_sized_shapes_on_a_cpu_are_warned_about():
-    from kernel_probe.probe.pipeline import large_shape_warning
+    from kernel_probe.probe.planning import large_shape_warning
 
     text = large_shape_warning("cpu", ["40320x1024", "542080x1024"], 5)
     assert "40320x1024, 542080x1024 are GPU-sized shapes" in text and "2048x1024" in text and "--reps" in text
@@ -247,21 +247,21 @@ def test_gpu_sized_shapes_on_a_cpu_are_warned_about():
 
 
 def test_the_probe_warns_about_gpu_sized_shapes_before_timing(monkeypatch):
-    from kernel_probe.probe import pipeline
+    from kernel_probe.probe import pipeline, planning
 
     seen: list[str] = []
 
     class Stop(Exception):
         pass
 
-    class Recorder(pipeline.Events):
+    class Recorder(planning.Events):
         def warn(self, text):
             seen.append(text)
 
         def begin(self, total):
             raise Stop  # the warning must come before any candidate runs
 
-    p = pipeline.plan(pipeline.ProbeRequest(shapes=("40320x1024",), slots=("LayerNorm",)))
+    p = planning.plan(planning.ProbeRequest(shapes=("40320x1024",), slots=("LayerNorm",)))
     with pytest.raises(Stop):
         pipeline.probe(p, Recorder())
     assert seen and "GPU-sized" in seen[0]
@@ -313,7 +313,7 @@ def test_worker_forwards_progress_before_the_reply():
 
 # ---- 7. the smaller frictions ---------------------------------------------------------------------------------------
 def test_help_states_the_real_defaults(capsys):
-    from kernel_probe.probe.pipeline import DEFAULT_REPS, DEFAULT_SHAPES
+    from kernel_probe.probe.planning import DEFAULT_REPS, DEFAULT_SHAPES
 
     code, out, _ = run_cli(["--help"], capsys)
     flat = " ".join(out.split())

@@ -17,10 +17,11 @@ from kernel_probe.errors import ProbeError
 from kernel_probe.isolation.protocol import PingRequest
 from kernel_probe.isolation.worker import Worker
 from kernel_probe.probe import candidates as cands
-from kernel_probe.probe.check import IMPORT_TIMEOUT, check_candidate
+from kernel_probe.probe.check import check_candidate
 from kernel_probe.probe.choose import choose
 from kernel_probe.probe.judge import Policy
 from kernel_probe.probe.layout import discover
+from kernel_probe.probe.limits import IMPORT_TIMEOUT
 
 from .conftest import run_cli
 
@@ -235,8 +236,7 @@ def test_deterministic_excludes_it_and_refuses_a_pin(tmp_path, capsys):
 
 
 def test_choice_keeps_only_deterministic_candidates():
-    from kernel_probe.probe.check import Report
-    from kernel_probe.probe.judge import Verdict
+    from kernel_probe.probe.report import Report, Verdict
 
     def report(cid, det):
         v = Verdict(cid, "cpu", "float32", "true", "accepted", deterministic=det)

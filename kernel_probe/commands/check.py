@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 
-from kernel_lock.slots import SLOTS
+from kernel_lock.slots import DTYPES, SLOTS, short_dtype
 from kernel_probe import output
 from kernel_probe.output import safe
-from kernel_probe.probe.limits import CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT
-
-CHECK_HIDDEN = 1000  # kernel_probe.probe.measure.CHECK_HIDDEN (not imported here: measure imports torch)
+from kernel_probe.probe.limits import CHECK_HIDDEN, CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT
 
 
 def seconds(text: str) -> float:
@@ -49,31 +48,36 @@ def add_candidate_arguments(p: argparse.ArgumentParser) -> None:
         help=f"seconds the checks of one candidate may take once imported (default {CHECK_TIMEOUT:g}; "
         f"{COMPILED_FACTOR}x for torch.compile candidates, which compile on their first calls)",
     )
-    p.add_argument(
-        "--with-compile",
-        action="store_true",
-        help="also probe the torch.compile candidates on CPU (slow: C++ compilation per shape)",
-    )
-    p.add_argument("--no-plugins", action="store_true", help="ignore kernel_probe.probe.candidates entry points")
-    p.add_argument(
+    add_switches(p, CANDIDATE_SWITCHES)
+
+
+# what the candidates are and how they are judged: on/off flags of `check` and the main probe
+CANDIDATE_SWITCHES = (
+    ("--with-compile", "also probe the torch.compile candidates on CPU (slow: C++ compilation per shape)"),
+    ("--no-plugins", "ignore kernel_probe.probe.candidates entry points"),
+    (
         "--allow-init-change",
-        action="store_true",
-        help="accept a candidate whose fresh parameters start differently from torch.nn's (the lock records it)",
-    )
-    p.add_argument(
-        "--strict-dtype",
-        action="store_true",
-        help="reject any output dtype different from torch.nn's, instead of judging it by its consequence",
-    )
+        "accept a candidate whose fresh parameters start differently from torch.nn's (the lock records it)",
+    ),
+    ("--strict-dtype", "reject any output dtype different from torch.nn's, instead of judging it by its consequence"),
+)
+
+
+def add_switches(p: argparse.ArgumentParser, switches: Sequence[tuple[str, str]]) -> None:
+    """On/off flags (``store_true``), each (flag, help), in this order."""
+    for flag, what in switches:
+        p.add_argument(flag, action="store_true", help=what)
 
 
 def policy_from(args: argparse.Namespace):
+    """The judging policy the command line asks for (--allow-init-change, --strict-dtype)."""
     from kernel_probe.probe.judge import Policy
 
     return Policy(allow_init_change=args.allow_init_change, strict_dtype=args.strict_dtype)
 
 
 def add_check_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of `kernel-probe check`."""
     add_candidate_arguments(p)
     p.add_argument(
         "--dtype",
@@ -99,16 +103,17 @@ def add_check_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_check(args: argparse.Namespace) -> int:
+    """`kernel-probe check`: every candidate checked here (none timed), the verdicts as a table or JSON."""
     from kernel_probe.errors import UsageError
-    from kernel_probe.probe.check import ALL_DTYPES, check_all, dtype_plan, parse_dtype
+    from kernel_probe.probe.check import check_all, dtype_plan, parse_dtype
 
     if args.hidden is not None and not 1 <= args.hidden <= 65536:
         raise UsageError(f"--hidden must be between 1 and 65536, not {args.hidden}")
 
-    dtypes = [parse_dtype(d) for d in args.dtype] or list(ALL_DTYPES)
+    dtypes = [parse_dtype(d) for d in args.dtype] or list(DTYPES)
     regimes = ("true", "mixed") if args.regime == "both" else (args.regime,)
     plan = dtype_plan(dtypes, regimes)
-    from kernel_probe.probe.pipeline import detect_device, gather_candidates
+    from kernel_probe.probe.planning import detect_device, gather_candidates
 
     candidates, problems = gather_candidates(args.candidate, plugins=not args.no_plugins)
     for problem in problems:
@@ -144,7 +149,6 @@ def run_check(args: argparse.Namespace) -> int:
     return 0
 
 
-SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 STATUS_STYLE = {
     "accepted": "green",
     "rejected": "red",
@@ -156,6 +160,7 @@ STATUS_STYLE = {
 
 
 def render_verdicts(reports, plan, device, hidden: int = CHECK_HIDDEN) -> None:
+    """Per slot, a table of candidates x (dtype, regime) cells, then why each was not accepted."""
     from kernel_probe.isolation.protocol import INTERPRETED
 
     con = output.console()
@@ -165,7 +170,9 @@ def render_verdicts(reports, plan, device, hidden: int = CHECK_HIDDEN) -> None:
         table.add_column("candidate", no_wrap=True)
         table.add_column("status", no_wrap=True, min_width=11)
         for d, r in plan:
-            table.add_column(SHORT[d] + ("+amp" if r == "mixed" else ""), justify="right", no_wrap=True, min_width=7)
+            table.add_column(
+                short_dtype(d) + ("+amp" if r == "mixed" else ""), justify="right", no_wrap=True, min_width=7
+            )
         table.add_column("det", no_wrap=True)
         table.add_column("s", justify="right", no_wrap=True)
         for rep in rs:

@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 import kernel_lock
-from kernel_lock.slots import slot_name_fix
+from kernel_lock.slots import short_dtype, slot_name_fix
 from kernel_probe import output
 from kernel_probe.commands.lockfile import DEFAULT_LOCK, default_lock_path, load_lock
 from kernel_probe.errors import UsageError
@@ -80,7 +80,7 @@ def run_explain(args: argparse.Namespace) -> int:
         for col in cols:
             tt.add_column(col, no_wrap=True, justify="left" if col in ("implementation", "shape", "dtype") else "right")
         for t in slot.timing:
-            dtype = f"{SHORT_DTYPES.get(t.get('dtype', ''), t.get('dtype', ''))} {t.get('regime', '')}"
+            dtype = f"{short_dtype(t.get('dtype', ''))} {t.get('regime', '')}"
             ms = t.get("median-ms")
             cells = [
                 t.get("implementation", ""),
@@ -99,9 +99,6 @@ def run_explain(args: argparse.Namespace) -> int:
     for r in slot.rejected:
         con.print(f"  not chosen: {safe(r.implementation)} {safe(f'[{r.status}]')} {safe('; '.join(r.reasons))}")
     return 0
-
-
-SHORT_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 def _fmt(value: Any, spec: str = ".3g") -> str:

@@ -20,12 +20,13 @@ from kernel_lock.slots import PRECISIONS, SLOTS
 from kernel_probe import output
 from kernel_probe.errors import UsageError
 from kernel_probe.output import safe
-from kernel_probe.probe.pipeline import DEFAULT_REPS, DEFAULT_SHAPES, Events, ProbeRequest, ProbeResult
+from kernel_probe.probe.pipeline import ProbeResult
+from kernel_probe.probe.planning import DEFAULT_REPS, DEFAULT_SHAPES, Events, ProbeRequest
 from kernel_probe.probe.shapes import parse_shape
 
 if TYPE_CHECKING:
     from kernel_probe.isolation.protocol import TimingProgressMessage
-from kernel_probe.commands.check import add_candidate_arguments
+from kernel_probe.commands.check import add_candidate_arguments, add_switches
 from kernel_probe.commands.lockfile import DEFAULT_LOCK
 
 
@@ -64,13 +65,12 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
         ("--pin", "take this candidate if accepted, whatever its speed"),
     ):
         p.add_argument(flag, action="append", default=[], metavar="SLOT=ID", help=what)
-    p.add_argument(
-        "--force", action="store_true", help="probe again even if the lock is current; replace a corrupt lock"
-    )
-    p.add_argument(
-        "--check",
-        action="store_true",
-        help="write nothing; exit 0 if the lock is current for this machine, 3 if stale or missing",
+    add_switches(
+        p,
+        (
+            ("--force", "probe again even if the lock is current; replace a corrupt lock"),
+            ("--check", "write nothing; exit 0 if the lock is current for this machine, 3 if stale or missing"),
+        ),
     )
     p.add_argument(
         "--reps",

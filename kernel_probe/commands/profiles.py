@@ -164,7 +164,7 @@ def run_profiles(args: argparse.Namespace) -> int:
 def _match(args: argparse.Namespace) -> int:
     """What ``--profile NAME`` would decide on this machine or a described node, without probing."""
     from kernel_probe.errors import ProfileUnmet
-    from kernel_probe.probe.pipeline import detect_device
+    from kernel_probe.probe.planning import detect_device
     from kernel_probe.profiles import nodes, requirements
     from kernel_probe.profiles.signals import DETECT_DEVICE_KEYS
 

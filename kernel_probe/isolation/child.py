@@ -126,10 +126,12 @@ class ChildResult:
 
     @property
     def ok(self) -> bool:
+        """The function ran in the child and returned (status ok)."""
         return self.status == "ok"
 
 
 def signal_name(number: int) -> str:
+    """``SIGKILL`` for 9; ``signal N`` for a number this platform does not name."""
     try:
         return signal.Signals(number).name
     except ValueError:

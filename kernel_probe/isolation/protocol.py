@@ -151,6 +151,8 @@ class Reply(Message):
 
 @dataclass(frozen=True, kw_only=True)
 class PingReply(Reply):
+    """The worker is up (torch imported): its process id."""
+
     pid: int
     ok: bool = True
 
@@ -167,6 +169,8 @@ class ImportReply(Reply):
 
 @dataclass(frozen=True, kw_only=True)
 class TryReply(Reply):
+    """One tiny forward on a device the candidate does not declare: whether it ran, else what it raised."""
+
     ran: bool
     error: str = ""
 
@@ -280,6 +284,8 @@ class TimingRow(TypedDict, total=False):
 
 @dataclass(frozen=True, kw_only=True)
 class TimeReply(Reply):
+    """A candidate's timing: one row per shape (``TimingRow``)."""
+
     candidate: str
     device: str
     rows: list[TimingRow] = field(default_factory=list)
@@ -355,7 +361,7 @@ class CheckRequest(CandidateRequest[CheckReply], op="check", reply=CheckReply):
     )
     canonical: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
-    hidden: int | None = None  # None: measure.CHECK_HIDDEN
+    hidden: int | None = None  # None: limits.CHECK_HIDDEN
     baseline: Candidate | None = _optional_candidate_field()  # None: the slot's torch.nn default
 
 

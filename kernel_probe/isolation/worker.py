@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from kernel_probe.isolation.child import kill_group, signal_name, spawn
 from kernel_probe.isolation.protocol import (
@@ -89,9 +89,11 @@ TORCH_SURFACE = (
 
 
 class WorkerDied(Exception):
-    def __init__(self, status: str, reason: str):
+    """The worker crashed or gave no answer in time (and was killed): ``status`` says which."""
+
+    def __init__(self, status: Literal["crashed", "timeout"], reason: str):
         super().__init__(reason)
-        self.status = status  # "crashed" | "timeout"
+        self.status: Literal["crashed", "timeout"] = status
         self.reason = reason
 
 
@@ -431,12 +433,13 @@ def _dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], Non
     if isinstance(request, PingRequest):
         import torch  # noqa: F401  (import once, up front, under the start timeout)
 
-        from kernel_probe.probe import measure
+        from kernel_probe.probe import correctness  # noqa: F401  (and measure: loaded before any candidate)
 
         if not _BASELINE_SURFACE:
             _BASELINE_SURFACE.update(_snapshot())
         return PingReply(pid=os.getpid())
-    from kernel_probe.probe import measure
+    from kernel_probe.probe import correctness, measure
+    from kernel_probe.probe.limits import CHECK_HIDDEN
 
     if isinstance(request, ImportRequest):  # under its own time budget: a library that hangs here costs only that
         start = time.perf_counter()
@@ -448,18 +451,18 @@ def _dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], Non
             return ImportReply(ok=False, kind="exception", error=f"{type(exc).__name__}: {exc}")
         return ImportReply(ok=True, seconds=time.perf_counter() - start)
     if isinstance(request, CheckRequest):
-        return measure.check(
+        return correctness.check(
             request.candidate,
             request.slot,
             request.device,
             list(request.dtypes),
             canonical_overrides=request.canonical,
             seed=request.seed,
-            hidden=measure.CHECK_HIDDEN if request.hidden is None else request.hidden,
+            hidden=CHECK_HIDDEN if request.hidden is None else request.hidden,
             baseline=request.baseline,
         )
     if isinstance(request, TryRequest):
-        return TryReply.from_json(measure.try_once(request.candidate, request.slot, request.device))
+        return TryReply.from_json(correctness.try_once(request.candidate, request.slot, request.device))
     if isinstance(request, TimeRequest):
         from kernel_probe.probe import timing
 

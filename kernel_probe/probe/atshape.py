@@ -43,9 +43,10 @@ from typing import Any
 import torch
 
 from kernel_probe.isolation.protocol import ShapeCheck
+from kernel_probe.probe.blasrun import blas_selected
 from kernel_probe.probe.judge import tolerance
 from kernel_probe.probe.layout import Layout
-from kernel_probe.probe.measure import _autocast, _reference_pass, blas_selected, gradients, reference, rel_err
+from kernel_probe.probe.measure import autocasting, gradients, reference, reference_pass, rel_err
 
 WINDOW = 4  # rows either side of a boundary, and at each end of the tensor
 SPREAD = 16  # bands over the whole tensor, one sampled row each
@@ -115,7 +116,7 @@ def check_at_shape(
     x = x.detach().requires_grad_(True)
     for p in module.parameters():
         p.grad = None
-    with _autocast(autocast):
+    with autocasting(autocast):
         y = module(x)
     y.backward(gy)
     got = {
@@ -128,11 +129,11 @@ def check_at_shape(
         xs = x.detach()[idx].clone().requires_grad_(True)
         for p in baseline.parameters():
             p.grad = None
-        with blas_selected(baseline_library), _autocast(autocast):  # a Linear's baseline: the classic BLAS library
+        with blas_selected(baseline_library), autocasting(autocast):  # a Linear's baseline: the classic BLAS library
             yb = baseline(xs)
             yb.backward(gy_rows)
         base = {"y": yb.detach(), "dx": xs.grad, **{f"d{n}": g for n, g in gradients(baseline, base_layout).items()}}
-        ref = _reference_pass(semantics, xs.detach(), gy_rows, params64, eps, None)
+        ref = reference_pass(semantics, xs.detach(), gy_rows, params64, eps, None)
         ref_by = {"y": ref["y"], "dx": ref["dx"], "dweight": ref["weight"], "dbias": ref["bias"]}
         errors: dict[str, list[float]] = {}
         for name, r in ref_by.items():

@@ -23,7 +23,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
@@ -49,6 +49,8 @@ _T = TypeVar("_T")
 
 @dataclass(frozen=True)
 class Candidate:
+    """One implementation offered for slots: its class and how to build it, where it runs, its torch.nn twin."""
+
     id: str
     slots: tuple[str, ...]
     semantics: str
@@ -75,9 +77,11 @@ class Candidate:
     blas: str = ""
 
     def pinned_kwargs(self, canonical: Mapping[str, Any]) -> dict[str, Any]:
+        """The keyword arguments the lock pins, with the canonical values filled in."""
         return {k: fill(v, canonical) for k, v in self.kwargs.items()}
 
     def pinned_twin_kwargs(self, canonical: Mapping[str, Any]) -> dict[str, Any]:
+        """The twin's keyword arguments, with the canonical values filled in."""
         return {k: fill(v, canonical) for k, v in self.twin_kwargs.items()}
 
     def to_json(self) -> dict[str, Any]:
@@ -242,26 +246,8 @@ class TableReader:
         return spec
 
 
-CANDIDATE_KEYS = (
-    "id",
-    "slots",
-    "semantics",
-    "target",
-    "args",
-    "kwargs",
-    "build-kwargs",
-    "distribution",
-    "specifier",
-    "module",
-    "devices",
-    "archs",
-    "install",
-    "compiled",
-    "twin-target",
-    "twin-kwargs",
-    "note",
-    "blas",
-)
+# the keys of a [[candidate]] table: Candidate's fields, dashed, but where it was offered (``source``)
+CANDIDATE_KEYS = tuple(f.name.replace("_", "-") for f in fields(Candidate) if f.name != "source")
 DEVICE_TYPES = ("cuda", "rocm", "xpu", "mps", "cpu")
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from kernel_probe.errors import ForcedUnusable, ProbeError, UsageError
 from kernel_probe.isolation.protocol import INTERPRETED
-from kernel_probe.probe.check import Report
+from kernel_probe.probe.report import Report
 
 MIN_MARGIN = 0.05
 FORCED = {"pin": "pinned", "prefer": "preferred"}  # the flag (--pin) -> what it makes a candidate
@@ -36,6 +36,9 @@ FORCED = {"pin": "pinned", "prefer": "preferred"}  # the flag (--pin) -> what it
 
 @dataclass
 class Choice:
+    """The implementation chosen for one slot: its report, how it was chosen (fastest, default, pinned,
+    preferred), why, and the time ratios to the default it was chosen by."""
+
     slot: str
     report: Report
     how: str  # fastest | default | pinned | preferred

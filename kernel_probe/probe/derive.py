@@ -22,6 +22,8 @@ from kernel_probe import __version__
 
 @dataclass(frozen=True)
 class Substitution:
+    """A slot whose training implementation cannot run here, replaced by its portable twin, and why."""
+
     slot: str
     training: str  # the training implementation id
     training_target: str

@@ -21,28 +21,41 @@ accepted with a note naming the dtype difference and the block error ratios; bey
 the block's figures. ``Policy.strict_dtype`` (``--strict-dtype``) rejects any dtype difference, as does
 a slot without blocks (Linear).
 
-Also recorded, not judged here: whether two runs are bitwise equal (``deterministic``). Decided per
-candidate in ``checker``: the parameter layout and the initialisation.
+Also recorded, not failed on: whether two runs are bitwise equal (``deterministic``).
+
+The candidate-level rules live here too, so that every rule that turns measurements into a verdict
+has one home: what rules a candidate out before anything is imported (``static_problem``), an import
+or a run that replaced torch's own functions (tampering), a worker that died or ran out of time, a
+state dict with no mapping onto torch.nn's (layout), an initialisation that differs, and the check
+at the timed shapes (``judge_timing``). The checker (``check``) only orchestrates.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Literal
 
-from kernel_lock.slots import CONFUSABLE, STATUSES
+from kernel_lock.slots import CONFUSABLE, DTYPES, SLOT_SEMANTICS, STATUSES, Status
 from kernel_probe.isolation.protocol import (
     ALT_PREFIX,
     FLAG_GRAD_OUTPUT_MODIFIED,
     FLAG_INPUT_MODIFIED,
     FLAG_OUTPUT_DTYPE,
+    CheckReply,
     MeasurementRow,
     ShapeCheck,
+    TimeReply,
+    TryReply,
 )
+from kernel_probe.probe.candidates import Candidate
+from kernel_probe.probe.layout import Layout
+from kernel_probe.probe.report import Report, ReportBase, Verdict
 
 FACTOR = 4.0
-EPS = {"float32": 2.0**-23, "bfloat16": 2.0**-7, "float16": 2.0**-10}
 
 HINTS = {
     "tiny-variance": "rows whose variance is below eps: is eps the one pinned, and added where torch adds it?",
@@ -59,7 +72,8 @@ _DTYPE_PROBLEM = re.compile(
 
 
 def floor(dtype: str) -> float:
-    return 2.0 * EPS.get(dtype, EPS["float32"])
+    """FLOOR(dtype): two units of the dtype's machine epsilon (float32's for a dtype not probed)."""
+    return 2.0 * DTYPES.get(dtype, DTYPES["float32"]).eps
 
 
 @dataclass(frozen=True)
@@ -81,31 +95,9 @@ def ratio(got: float, base: float, dtype: str) -> tuple[float, float]:
     return (got / tol if tol > 0 else float("inf")), tol
 
 
-@dataclass
-class Verdict:
-    """One (candidate, device, dtype, regime): status, reasons, and the numbers behind them."""
-
-    candidate: str
-    device: str
-    dtype: str
-    regime: str
-    status: str
-    reasons: list[str] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
-    worst_ratio: float | None = None
-    out_dtype: str = ""
-    twin: dict[str, Any] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    errors: dict[str, dict[str, list[float]]] = field(default_factory=dict)
-    deterministic: bool | None = None  # two runs bitwise equal (None: not measured)
-    changes: list[str] = field(default_factory=list)  # accepted, but the model changes besides numbers (recorded)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 def judge_row(candidate: str, device: str, semantics: str, row: MeasurementRow, policy: Policy = Policy()) -> Verdict:
-    v = Verdict(candidate, device, row["dtype"], row["regime"], "accepted", out_dtype=row.get("out_dtype", ""))
+    """The verdict on one measured (dtype, regime): errors against the tolerance model, then the flags."""
+    v = Verdict(candidate, device, row["dtype"], row["regime"], out_dtype=row.get("out_dtype", ""))
     if "skipped" in row:
         v.status, v.reasons = "skipped", [row["skipped"]]
         return v
@@ -235,9 +227,209 @@ def judge_shape(shape: str, dtype: str, regime: str, check: ShapeCheck) -> Shape
     )
 
 
-def worst_status(statuses: list[str]) -> str:
+def worst_status(statuses: Sequence[Status]) -> Status:
+    """The worst of the statuses of a candidate's rows (``STATUSES`` is worst first); skipped when none."""
     present = [s for s in STATUSES if s in statuses]  # worst first
     if not present:
         return "skipped"
     real = [s for s in present if s != "skipped"]
     return real[0] if real else "skipped"
+
+
+# ---- before anything is imported -------------------------------------------------------------------
+def installed(cand: Candidate, device: str = "") -> str | None:
+    """None if the candidate's library is present (by metadata / find_spec, no import); else why not,
+    with the way to install it for ``device`` (or that there is none)."""
+    if cand.distribution:
+        try:
+            metadata.version(cand.distribution)
+            return None
+        except metadata.PackageNotFoundError:
+            if cand.module and importlib.util.find_spec(cand.module.split(".")[0]) is not None:
+                return None
+        what = cand.distribution
+    elif cand.module and importlib.util.find_spec(cand.module.split(".")[0]) is None:
+        what = f"no module {cand.module.split('.')[0]!r}"
+    else:
+        return None
+    hint = cand.install_hint(device)
+    return f"not installed: {what}" + (f" ({hint})" if hint else f" (no build for {device})" if device else "")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why a candidate gets ``status`` without being checked; ``try_it``: it is installed but declares
+    other devices, and trying it in a worker says how it fails here (or that it runs something else)."""
+
+    status: Status
+    reason: str
+    try_it: bool = False
+
+
+def static_problem(
+    cand: Candidate, slot: str, device: str, arch: str = "", *, with_compile: bool = False, detail: bool = False
+) -> Problem | None:
+    """Why ``cand`` certainly cannot be checked for ``slot`` here, from what is known without importing
+    anything (semantics, device type, GPU arch, installed, torch.compile on CPU); None when it is worth
+    checking. The command line uses it to refuse a --pin before any work; the checker with ``detail``,
+    which also says where a candidate ruled out by the hardware is not installed either."""
+    expected = SLOT_SEMANTICS[slot]
+    if cand.semantics != expected:
+        return Problem("rejected", f"semantics: {cand.semantics} != {expected}")
+
+    def absent() -> str:
+        return " (and it is not installed)" if detail and installed(cand) is not None else ""
+
+    # what the hardware rules out comes before "not installed": no advice to install what cannot run here
+    if cand.devices and device not in cand.devices:
+        why = f"runs on {', '.join(cand.devices)}; this device is {device}"
+        if detail and cand.blas:  # a BLAS library belongs to its platform: nothing to learn from trying it here
+            return Problem("unavailable", f"{why} ({cand.blas} is a {cand.devices[0]} BLAS library)")
+        note = absent()
+        return Problem("unavailable", why + note, try_it=detail and not note)
+    wrong_arch = cand.arch_problem(device, arch)
+    if wrong_arch:
+        return Problem("unavailable", wrong_arch + absent())
+    missing = installed(cand, device)
+    if missing:
+        return Problem("unavailable", missing)
+    if cand.compiled and device == "cpu" and not with_compile:
+        return Problem(
+            "skipped",
+            "torch.compile candidates are not probed on CPU by default (each shape and dtype costs "
+            "seconds of C++ compilation); pass --with-compile to include them",
+        )
+    return None
+
+
+def judge_tried(problem: Problem, cand: Candidate, tried: TryReply) -> str:
+    """The reason of a candidate on a device it does not declare, with what trying it here showed."""
+    why = problem.reason
+    if tried.interpreted:
+        why += " (tried under Triton's interpreter, TRITON_INTERPRET=1)"
+    if tried.ran:
+        return (
+            why
+            + "; it ran here, but "
+            + (cand.note or "not as the kernel it is declared to be")
+            + ", so it is not offered"
+        )
+    return why + f"; trying it raised {tried.error}"
+
+
+# ---- in the worker: dying, tampering, importing ----------------------------------------------------
+def died(status: Literal["crashed", "timeout"], reason: str, what: str, budget: tuple[str, float]) -> Problem:
+    """A worker that crashed or ran out of time while ``what`` ran ("importing X", "checks"): its
+    status, and for a timeout the budget it ran out of, (its name, seconds)."""
+    return Problem(status, f"{what}: {reason} ({budget[0]} budget {budget[1]:g} s)" if status == "timeout" else reason)
+
+
+def tampered(what: str, names: Iterable[str]) -> Problem:
+    """A library that replaced torch's own functions while ``what`` ran: refused."""
+    return Problem(
+        "rejected",
+        f"{what} replaced torch's own {', '.join(names)}: a library that patches torch changes the maths of "
+        "every other layer (and of the reference it is judged against), so it is refused",
+    )
+
+
+def failed_import(target: str, kind: str, error: str) -> Problem:
+    """An import of ``target`` that raised: an ImportError (``kind`` "import") means the library is
+    absent, anything else that it is broken."""
+    return Problem("unavailable" if kind == "import" else "crashed", f"import of {target} failed: {error}")
+
+
+# ---- the candidate: its layout, its initialisation, its rows ----------------------------------------
+def judge_candidate(
+    raw: CheckReply, cand: Candidate, slot: str, device: str, policy: Policy, base: ReportBase
+) -> Report:
+    """The verdict from the worker's measurements: candidate-level facts first, then the rows."""
+    early = _early_stop(raw, cand)
+    if early is not None:
+        return Report(status=early.status, reasons=[early.reason], **base)
+    layout = Layout.from_json(raw.layout or {})
+    if not layout.ok:
+        return Report(status="rejected", reasons=[f"layout: {layout.problem()}"], **base)
+    verdicts = [judge_row(cand.id, device, cand.semantics, row, policy) for row in raw.rows]
+    report = Report(
+        status=worst_status([v.status for v in verdicts]),
+        verdicts=verdicts,
+        migration=layout.rules,
+        blas=raw.blas,
+        blas_default=raw.blas_default,
+        **base,
+    )
+    report.reasons = _row_reasons(verdicts) + report.reasons
+    _judge_init(report, list(raw.init), policy)
+    for v in verdicts:
+        for change in v.changes:
+            line = f"{v.dtype}/{v.regime}: {change}"
+            if line not in report.changes:
+                report.changes.append(line)
+    return report
+
+
+def _early_stop(raw: CheckReply, cand: Candidate) -> Problem | None:
+    """The verdict of a check that stopped before any row (``raw.phase``); None when it did not."""
+    if raw.phase == "import":
+        return failed_import(cand.target, raw.kind, raw.error)
+    if raw.phase == "baseline":
+        return Problem("skipped", raw.error)
+    if raw.phase == "build":
+        return Problem("crashed", f"building {cand.target} raised {raw.error}")
+    if raw.phase == "blas":
+        return Problem("unavailable", f"BLAS library: {raw.error}")
+    return None
+
+
+def _row_reasons(verdicts: Sequence[Verdict]) -> list[str]:
+    """The reasons of the rows that failed, each once, prefixed by its dtype and regime."""
+    reasons: list[str] = []
+    for v in verdicts:
+        if v.status != "accepted":
+            for r in v.reasons:
+                line = f"{v.dtype}/{v.regime}: {r}"
+                if line not in reasons:
+                    reasons.append(line)
+    return reasons
+
+
+def _judge_init(report: Report, init: list[str], policy: Policy) -> None:
+    """An initialisation that differs from torch.nn's changes every model trained from scratch:
+    rejected, unless the policy accepts (and records) it."""
+    if not init:
+        return
+    if policy.allow_init_change:
+        report.changes.extend(f"initialisation: {d} (accepted with --allow-init-change)" for d in init)
+        return
+    report.reasons.insert(
+        0,
+        "initialisation differs from torch.nn's, so every model trained from scratch "
+        f"changes: {'; '.join(init)} (pass --allow-init-change to accept and record it)",
+    )
+    if report.status == "accepted":
+        report.status = "rejected"
+
+
+# ---- after timing ---------------------------------------------------------------------------------
+def judge_timing(report: Report, reply: TimeReply) -> None:
+    """A candidate that replaced torch's own functions while timed is rejected; one wrong at a timed
+    shape (the check after timing, ``atshape``) too, the shape and the first wrong row named first
+    among its reasons (its timings stay in the lock's record)."""
+    if reply.tampered:
+        report.status = "rejected"
+        report.reasons.insert(0, f"while timing it replaced torch's own {', '.join(reply.tampered)}")
+        return
+    for row in reply.rows:
+        if "check" not in row:
+            continue
+        verdict = judge_shape(row["shape"], row["dtype"], row["regime"], row["check"])
+        if not verdict.ok:
+            report.status = "rejected"
+            report.reasons.insert(0, verdict.reason)
+
+
+def judge_timing_died(report: Report, status: Literal["crashed", "timeout"], reason: str) -> None:
+    """A worker that crashed or ran out of time while timing: its status, the reason first."""
+    report.status = status
+    report.reasons.insert(0, f"while timing: {reason}")

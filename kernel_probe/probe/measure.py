@@ -1,51 +1,32 @@
-"""What the worker process measures: raw numbers, no verdicts (those are judge.py's).
+"""What the worker process measures with: raw numbers, no verdicts (those are judge.py's).
 
-For one candidate on one device: first, once, what a freshly built candidate is — its parameter
-layout against torch.nn's (``layout``: keys and shapes, the mapping between them) and where its
-parameters start (``initstats``). Then, for each (dtype, regime), build the candidate and the torch.nn
-baseline with the same non-trivial parameters (through the layout's mapping), feed both the hard
-inputs of ``cases()``, run forward and backward, and record each one's max relative error against a
-float64 reference, plus flags (mutated input or grad_output, output dtype), whether two runs are
-bitwise equal, and — where the output dtype differs from torch.nn's — the errors of the small blocks
-a norm sits in. The twin check loads the candidate's state into its torch.nn twin.
+The float64 references and the normwise error (``reference``, ``rel_err``), the hard inputs real
+kernels get wrong (``cases``), building a candidate with non-trivial parameters under torch.nn's names
+(through its ``layout``), one forward+backward pass, and the measurements besides the errors: where a
+fresh candidate's parameters start (``initstats``), whether two runs are bitwise equal, the errors of
+the small blocks a norm sits in, and the twin check (the candidate's state loaded into its torch.nn
+twin). ``correctness`` runs them per (dtype, regime); ``timing`` and ``atshape`` build on them too.
 
-Everything that touches foreign code runs here, inside the isolated worker.
+Everything that touches foreign code runs inside the isolated worker.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import functools
 import importlib
 import math
-import time
-import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from kernel_lock import blas as blas_lib
-from kernel_lock.slots import CONFUSABLE
-from kernel_probe.isolation.protocol import (
-    FLAG_GRAD_OUTPUT_MODIFIED,
-    FLAG_INPUT_MODIFIED,
-    FLAG_OUTPUT_DTYPE,
-    CheckReply,
-    MeasurementRow,
-    alt_key,
-)
 from kernel_probe.probe import initstats
-from kernel_probe.probe.candidates import Candidate, canonical_for, default_for, fill
-from kernel_probe.probe.layout import Layout, discover, shapes
+from kernel_probe.probe.candidates import Candidate, fill
+from kernel_probe.probe.layout import Layout
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CHECK_ROWS = 37  # odd on purpose
-CHECK_HIDDEN = 1000  # not a power of two on purpose
-ALT_SEMANTICS = CONFUSABLE  # kernel_lock.slots declares which semantics a kernel may compute by mistake
 
 
 # ---- references --------------------------------------------------------------------------------
@@ -75,66 +56,11 @@ def rel_err(got, ref) -> float:
     return worst / max(scale, 1e-30)
 
 
-# ---- the BLAS library under a Linear ---------------------------------------------------------------
-class BlasNotOffered(Exception):
-    """The candidate's BLAS library is not one this torch build offers."""
-
-
-def blas_device(cand: Candidate, device: str) -> str:
-    """The device type whose BLAS libraries name the candidate's (``cuda``/``rocm``); '' where none applies."""
-    return blas_lib.device_of(cand.blas) if cand.blas else (device if device in blas_lib.LIBRARIES else "")
-
-
-@contextlib.contextmanager
-def blas_library(cand: Candidate, device: str) -> Iterator[tuple[str, str]]:
-    """Run a Linear under its candidate's BLAS library (``cand.blas``; none: the one torch picks by
-    itself), restoring the process's previous choice afterwards (the worker serves other candidates).
-    Yields (the library in effect, the build's default, i.e. torch's choice before any was set); ("", "")
-    where no GPU BLAS library applies. Raises :class:`BlasNotOffered` when the build keeps another."""
-    kind = blas_device(cand, device) if cand.semantics == "linear" else ""
-    if not kind:
-        yield "", ""
-        return
-    before = torch.backends.cuda.preferred_blas_library()
-    default = blas_lib.name_of(before, kind)
-    if not cand.blas:
-        yield default, default
-        return
-    now = blas_lib.select(torch, cand.blas)
-    try:
-        if now != cand.blas:
-            raise BlasNotOffered(f"this torch build does not offer {cand.blas}: torch kept {now}")
-        yield now, default
-    finally:
-        torch.backends.cuda.preferred_blas_library(before)
-
-
-def baseline_blas(cand: Candidate, device: str) -> str:
-    """The library torch.nn's baseline runs under when a Linear is checked on a GPU: the classic one
-    (cuBLAS, rocBLAS), which torch used for every Linear before the Lt libraries became preferences and
-    defaults (on LUMI the divergence came with hipBLASLt, anemoi-core #560). So a library that computes
-    worse is judged against the classic library's error, never against its own."""
-    kind = blas_device(cand, device) if cand.semantics == "linear" else ""
-    return blas_lib.LIBRARIES[kind][0] if kind else ""
-
-
-@contextlib.contextmanager
-def blas_selected(library: str) -> Iterator[None]:
-    """Run under ``library`` (''; as it is), then restore the process's choice."""
-    if not library:
-        yield
-        return
-    before = torch.backends.cuda.preferred_blas_library()
-    blas_lib.select(torch, library)
-    try:
-        yield
-    finally:
-        torch.backends.cuda.preferred_blas_library(before)
-
-
 # ---- inputs ------------------------------------------------------------------------------------
 @dataclass
 class Case:
+    """One hard input of the checks: its name (a ``judge.HINTS`` key) and the tensors run in a row."""
+
     name: str
     inputs: list  # several inputs run in a row (stateful-cache check)
     residual: bool = False
@@ -173,12 +99,27 @@ def cases(semantics: str, hidden: int, dtype, device, gen: torch.Generator, *, m
 
 
 # ---- building ----------------------------------------------------------------------------------
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a name of ``kernel_lock.slots.DTYPES`` (``bfloat16`` -> ``torch.bfloat16``)."""
+    dtype = getattr(torch, name)
+    assert isinstance(dtype, torch.dtype), name
+    return dtype
+
+
+def first_line(exc: BaseException, limit: int) -> str:
+    """``Type: the first line of its message``, cut at ``limit`` characters."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:limit]
+
+
 def import_class(target: str):
+    """The class a dotted path names (importing its module)."""
     module_name, _, attr = target.rpartition(".")
     return getattr(importlib.import_module(module_name), attr)
 
 
 def build(cand: Candidate, canonical: Mapping[str, Any], device: str, param_dtype):
+    """The candidate built as its declaration says, with ``canonical``'s values, on the torch ``device``."""
     cls = import_class(cand.target)
     args = [fill(a, canonical) for a in cand.args]
     kwargs = cand.pinned_kwargs(canonical)
@@ -225,7 +166,7 @@ def gradients(module, layout: Layout) -> dict[str, Any]:
 
 
 # ---- one forward/backward pass -----------------------------------------------------------------
-def _run(module, x, gy, skip, autocast: tuple[str, Any] | None, layout: Layout):
+def run_pass(module, x, gy, skip, autocast: tuple[str, Any] | None, layout: Layout):
     """Forward + backward: output, input gradient, parameter gradients, and whether inputs survived."""
     x = _fresh_like(x)
     x_before = x.clone()
@@ -234,7 +175,7 @@ def _run(module, x, gy, skip, autocast: tuple[str, Any] | None, layout: Layout):
         p.grad = None
     skip_t = skip.detach().clone().requires_grad_(True) if skip is not None else None
     gy_given = gy.clone()
-    with _autocast(autocast):
+    with autocasting(autocast):
         # the skip branch is recorded *before* the module, so autograd runs the module's backward
         # first and then hands the same gradient buffer to the skip branch: an in-place backward
         # that overwrote grad_output shows up as a wrong skip gradient
@@ -271,11 +212,13 @@ class _null:
         return False
 
 
-def _autocast(autocast: tuple[str, Any] | None):
+def autocasting(autocast: tuple[str, Any] | None):
+    """torch.autocast for (device type, dtype); a context that does nothing for None."""
     return torch.autocast(device_type=autocast[0], dtype=autocast[1]) if autocast else _null()
 
 
-def _reference_pass(semantics, x, gy, params64, eps, skip):
+def reference_pass(semantics, x, gy, params64, eps, skip):
+    """The float64 reference's forward and backward: output, input and parameter gradients, skip's."""
     x64 = x.detach().to(torch.float64).requires_grad_(True)
     w = params64["weight"].clone().requires_grad_(True)
     b = params64["bias"].clone().requires_grad_(True) if params64["bias"] is not None else None
@@ -290,11 +233,13 @@ def _reference_pass(semantics, x, gy, params64, eps, skip):
     }
 
 
-def _dtype_name(dtype) -> str:
+def dtype_name(dtype) -> str:
+    """``torch.bfloat16`` -> ``bfloat16``."""
     return str(dtype).replace("torch.", "")
 
 
-def _bits_equal(a, b) -> bool:
+def bits_equal(a, b) -> bool:
+    """Bitwise equality (NaNs included), same shape and dtype; two Nones are equal."""
     if a is None or b is None:
         return a is b
     if a.shape != b.shape or a.dtype != b.dtype:
@@ -331,10 +276,10 @@ def repeatability(
             m = copy.deepcopy(module)  # a fresh copy, the same parameters
         except Exception:  # some foreign modules do not deepcopy: run the same module twice
             m = module
-        runs.append(_run(m, x, gy, None, autocast, layout))
+        runs.append(run_pass(m, x, gy, None, autocast, layout))
     a, b = runs
-    differ = [name for name in ("y", "dx") if not _bits_equal(a[name], b[name])]
-    differ += [f"d{name}" for name in a["grads"] if not _bits_equal(a["grads"][name], b["grads"][name])]
+    differ = [name for name in ("y", "dx") if not bits_equal(a[name], b[name])]
+    differ += [f"d{name}" for name in a["grads"] if not bits_equal(a["grads"][name], b["grads"][name])]
     return f"{', '.join(differ)} differ between two runs on the same input" if differ else None
 
 
@@ -387,7 +332,7 @@ def blocks(
             for p in module.parameters():
                 p.grad = None
             xi = x.detach().clone().requires_grad_(True)
-            with _autocast(autocast):
+            with autocasting(autocast):
                 y = _block(kind, module, linear, xi)
             y.backward(gy)
             got = {"y": y.detach(), "dx": xi.grad, **{f"d{n}": g for n, g in gradients(module, lay).items()}}
@@ -402,220 +347,11 @@ def blocks(
         try:
             out[kind] = block_errors(kind)
         except Exception as exc:  # e.g. the next layer refuses the dtype the candidate returns
-            out[kind] = {
-                "error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
-            }
+            out[kind] = {"error": first_line(exc, 300)}
     return out
 
 
-def check(
-    cand: Candidate,
-    slot: str,
-    device: str,
-    dtypes: list[tuple[str, str]],
-    *,
-    hidden: int = CHECK_HIDDEN,
-    canonical_overrides: Mapping[str, Any] | None = None,
-    seed: int = 0,
-    baseline: Candidate | None = None,
-) -> CheckReply:
-    """Raw measurements of one candidate on one device: layout, initialisation, and per (dtype, regime)
-    the errors, flags, determinism and (where the output dtype differs) the blocks. Where it stops
-    early, ``phase`` says where (import, baseline, build) and ``error`` why."""
-    rows: list[MeasurementRow] = []
-    # the reply so far: each step binds what it learnt, and an early stop returns it with the reason
-    reply = functools.partial(CheckReply, candidate=cand.id, device=device, rows=rows)
-    t0 = time.perf_counter()
-    try:
-        import_class(cand.target)
-    except ImportError as exc:
-        return reply(phase="import", error=f"{type(exc).__name__}: {exc}", kind="import")
-    except Exception as exc:
-        return reply(phase="import", error=f"{type(exc).__name__}: {exc}", kind="exception")
-    reply = functools.partial(reply, import_s=time.perf_counter() - t0)
-    semantics = cand.semantics
-    baseline = baseline or default_for(slot)
-    torch_device = "cuda" if device == "rocm" else device
-    out_features = 384 if semantics == "linear" else None
-    # once, in float32: what a freshly built candidate is, against a freshly built torch.nn module
-    canonical32 = canonical_for(
-        slot,
-        hidden=hidden,
-        out_features=out_features,
-        device=torch_device,
-        param_dtype="float32",
-        overrides=canonical_overrides,
-    )
-    try:
-        fresh_base = build(baseline, canonical32, torch_device, torch.float32)
-    except Exception as exc:
-        return reply(
-            phase="baseline", error=f"torch.nn itself cannot be built on {device}: {type(exc).__name__}: {exc}"
-        )
-    try:
-        fresh = build(cand, canonical32, torch_device, torch.float32)
-    except Exception as exc:
-        return reply(
-            phase="build", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=6)[-2000:]
-        )
-    base_shapes = shapes(fresh_base.state_dict())
-    layout = discover(shapes(fresh.state_dict()), base_shapes)
-    base_layout = discover(base_shapes, base_shapes)
-    reply = functools.partial(reply, layout=layout.to_json())
-    if not layout.ok:
-        return reply()  # no numerics without a mapping: the verdict says what is missing and unexpected
-    reply = functools.partial(reply, init=fresh_differences(fresh, fresh_base, layout))
-    with contextlib.ExitStack() as stack:
-        try:
-            library, default = stack.enter_context(blas_library(cand, device))
-        except BlasNotOffered as exc:
-            return reply(phase="blas", error=str(exc))
-        _measure_rows(
-            cand,
-            slot,
-            device,
-            dtypes,
-            hidden,
-            out_features,
-            canonical_overrides,
-            seed,
-            baseline,
-            layout,
-            base_layout,
-            rows,
-        )
-    return reply(blas=library, blas_default=default)
-
-
-def _measure_rows(
-    cand: Candidate,
-    slot: str,
-    device: str,
-    dtypes: list[tuple[str, str]],
-    hidden: int,
-    out_features: int | None,
-    canonical_overrides: Mapping[str, Any] | None,
-    seed: int,
-    baseline: Candidate,
-    layout: Layout,
-    base_layout: Layout,
-    rows: list[MeasurementRow],
-) -> None:
-    """Per (dtype, regime): the errors, flags, determinism and blocks, appended to ``rows``."""
-    semantics = cand.semantics
-    torch_device = "cuda" if device == "rocm" else device
-    for dtype_name, regime in dtypes:
-        dtype = DTYPES[dtype_name]
-        mixed = regime == "mixed"
-        param_dtype = torch.float32 if mixed else dtype
-        canonical = canonical_for(
-            slot,
-            hidden=hidden,
-            out_features=out_features,
-            device=torch_device,
-            param_dtype=_dtype_name(param_dtype),
-            overrides=canonical_overrides,
-        )
-        row: MeasurementRow = {"dtype": dtype_name, "regime": regime, "cases": {}, "flags": {}}
-        rows.append(row)
-        gen = torch.Generator().manual_seed(seed)
-        bias = bool(canonical.get("bias", False)) if semantics != "rms_norm" else False
-        params = parameters_for(semantics, hidden, canonical["out_features"], bias, gen)
-        params64 = {k: (v.to(torch.float64).to(torch_device) if v is not None else None) for k, v in params.items()}
-        autocast = (torch_device, dtype) if mixed else None
-        width = canonical["out_features"] if semantics == "linear" else hidden
-        eps = canonical.get("eps", 0.0)
-        try:
-            base_mod = build(baseline, canonical, torch_device, param_dtype)
-            load_parameters(base_mod, params, base_layout)
-            x_probe = torch.randn(2, hidden, generator=gen).to(torch_device, dtype)
-            _run(base_mod, x_probe, torch.ones(2, width, device=torch_device, dtype=dtype), None, autocast, base_layout)
-        except Exception as exc:
-            row["skipped"] = f"torch.nn itself fails for {dtype_name} {regime} on {device}: {type(exc).__name__}: {exc}"
-            continue
-        try:
-            t_build = time.perf_counter()
-            mod = build(cand, canonical, torch_device, param_dtype)
-            load_parameters(mod, params, layout)
-            for case in cases(semantics, hidden, dtype, torch_device, gen, mixed=mixed):
-                errs: dict[str, list[float]] = {}
-                for x in case.inputs:
-                    out_shape = (*x.shape[:-1], width)
-                    gy = (torch.randn(*out_shape, generator=gen) * 0.7 + 0.1).to(torch_device, x.dtype)
-                    skip = (torch.randn(*out_shape, generator=gen)).to(torch_device, x.dtype) if case.residual else None
-                    ref = _reference_pass(semantics, x, gy, params64, eps, skip)
-                    got = _run(mod, x, gy, skip, autocast, layout)
-                    with blas_selected(baseline_blas(cand, device)):
-                        base = _run(base_mod, x, gy, skip, autocast, base_layout)
-                    pairs = {
-                        "y": (got["y"], base["y"], ref["y"]),
-                        "dx": (got["dx"], base["dx"], ref["dx"]),
-                        "dweight": (got["grads"].get("weight"), base["grads"].get("weight"), ref["weight"]),
-                    }
-                    if ref["bias"] is not None:
-                        pairs["dbias"] = (got["grads"].get("bias"), base["grads"].get("bias"), ref["bias"])
-                    if case.residual:
-                        pairs["dskip"] = (got["skip_grad"], base["skip_grad"], ref["skip"])
-                    for name, (g, b, r) in pairs.items():
-                        e = errs.setdefault(name, [0.0, 0.0])
-                        e[0] = max(e[0], rel_err(g, r))
-                        e[1] = max(e[1], rel_err(b, r))
-                    if semantics in ALT_SEMANTICS and case.name in ("random", "tiny-variance"):
-                        # an RMSNorm offered as a LayerNorm usually has no bias either: take the closer
-                        alt_err = min(
-                            rel_err(
-                                got["y"],
-                                reference(
-                                    ALT_SEMANTICS[semantics], x.detach().to(torch.float64), params64["weight"], b, eps
-                                ),
-                            )
-                            for b in (params64["bias"], None)
-                        )
-                        e = errs.setdefault(alt_key(ALT_SEMANTICS[semantics]), [0.0, 0.0])
-                        e[0] = max(e[0], alt_err)
-                        e[1] = max(e[1], rel_err(base["y"], ref["y"]))  # tolerance basis: torch.nn on its own maths
-                    flags = row["flags"]
-                    if not got["grad_output_intact"]:
-                        flags.setdefault(FLAG_GRAD_OUTPUT_MODIFIED, case.name)
-                    if not got["input_intact"]:
-                        flags.setdefault(FLAG_INPUT_MODIFIED, case.name)
-                    if got["y"].dtype != base["y"].dtype:
-                        flags.setdefault(
-                            FLAG_OUTPUT_DTYPE,
-                            f"{_dtype_name(got['y'].dtype)} (torch.nn: {_dtype_name(base['y'].dtype)}) "
-                            f"for {_dtype_name(x.dtype)} input",
-                        )
-                row["cases"][case.name] = errs
-            row["out_dtype"] = _dtype_name(got["y"].dtype)
-            row["nondeterministic"] = repeatability(mod, hidden, width, dtype, torch_device, autocast, layout, gen)
-            if FLAG_OUTPUT_DTYPE in row["flags"] and semantics in ALT_SEMANTICS:
-                row["blocks"] = blocks(
-                    mod,
-                    base_mod,
-                    semantics,
-                    hidden,
-                    dtype,
-                    param_dtype,
-                    torch_device,
-                    autocast,
-                    params64,
-                    eps,
-                    layout,
-                    base_layout,
-                    gen,
-                )
-            row["seconds"] = time.perf_counter() - t_build
-            row["twin"] = _twin_check(
-                cand, slot, mod, canonical, torch_device, param_dtype, dtype, autocast, gen, layout
-            )
-        except Exception as exc:
-            row["exception"] = f"{type(exc).__name__}: {exc}"
-            row["traceback"] = traceback.format_exc(limit=6)[-2000:]
-
-
-def _twin_check(
-    cand, slot, mod, canonical, device, param_dtype, dtype, autocast, gen, layout: Layout
-) -> dict[str, Any]:
+def twin_check(cand, slot, mod, canonical, device, param_dtype, dtype, autocast, gen, layout: Layout) -> dict[str, Any]:
     """Does the candidate's state dict load into its torch.nn twin through the layout's migration,
     and do they then agree?"""
     from kernel_lock.checkpoint import migrate_module_state, parse_rule
@@ -638,27 +374,10 @@ def _twin_check(
     except Exception as exc:
         return {"state_dict": "incompatible", "reason": f"{type(exc).__name__}: {str(exc)[:300]}"}
     x = (torch.randn(CHECK_ROWS, canonical["normalized_shape"], generator=gen) + 0.3).to(device, dtype)
-    with torch.no_grad(), _autocast(autocast):
+    with torch.no_grad(), autocasting(autocast):
         a, b = mod(x), twin(x)
     return {
         "state_dict": "migrate" if layout.rules else "interchangeable",
         "migration": list(layout.rules),
         "max_error": rel_err(a, b.to(torch.float64)),
     }
-
-
-def try_once(cand: Candidate, slot: str, device: str) -> dict[str, Any]:
-    """On a device the candidate does not declare: build it and run one tiny forward, to capture
-    the concrete reason it cannot run (or the fact that it silently runs something else)."""
-    torch_device = "cuda" if device == "rocm" else device
-    canonical = canonical_for(slot, hidden=64, out_features=64, device=torch_device)
-    try:
-        mod = build(cand, canonical, torch_device, torch.float32)
-        x = torch.randn(4, 64, device=torch_device)
-        mod(x).sum().backward()
-    except Exception as exc:
-        return {
-            "ran": False,
-            "error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:500],
-        }
-    return {"ran": True}

@@ -3,9 +3,9 @@
     result = pipeline.run(ProbeRequest(out=Path("kernel-lock.toml"), shapes=("40320x1024",)))
     result.lock.slots["LayerNorm"].implementation
 
-``run`` detects the machine, applies the site profile, checks every candidate in an isolated worker,
-times the accepted ones, chooses per slot and writes the lock (or reuses the current one) under a
-file lock. Nothing here prints: what a person should see is sent to an :class:`Events` object (the
+``run`` plans the request on this machine (``kernel_probe.probe.planning``: the device, the site profile,
+the candidates), checks every candidate in an isolated worker, times the accepted ones, chooses per
+slot and writes the lock (or reuses the current one) under a file lock. Nothing here prints: what a person should see is sent to an :class:`Events` object (the
 command line renders it; the default ignores it), and every failure the user can act on is a
 ``LockError`` with its exit code. ``kernel_probe.commands.probe`` only parses arguments into a
 :class:`ProbeRequest` and renders the :class:`ProbeResult`.
@@ -13,6 +13,7 @@ command line renders it; the default ignores it), and every failure the user can
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -22,86 +23,20 @@ from typing import TYPE_CHECKING, Any
 
 import kernel_lock
 from kernel_lock.errors import KernelUnavailable, LockError, LockFormatError, LockMismatch
-from kernel_lock.slots import PRECISIONS, SLOTS
-from kernel_probe.errors import ForcedUnusable, InputFileError, NodeDiffers, ProbeError, StaleLock, UsageError
-from kernel_probe.probe.limits import CHECK_TIMEOUT, IMPORT_TIMEOUT, TIMING_TIMEOUT
-from kernel_probe.probe.shapes import parse_shape
+from kernel_probe.errors import InputFileError, NodeDiffers, ProbeError, StaleLock, UsageError
+from kernel_probe.probe.planning import Events, Plan, ProbeRequest, large_shape_warning, plan
 
 if TYPE_CHECKING:  # the warm path (a current lock) imports none of the probe's machinery
-    from kernel_probe.isolation.protocol import TimingProgressMessage
     from kernel_probe.jobstart.ranks import JobRank
     from kernel_probe.probe.candidates import Candidate
-    from kernel_probe.probe.check import Report
     from kernel_probe.probe.choose import Choice
-
-DEFAULT_SHAPES = {"gpu": ("40320x1024", "542080x1024"), "cpu": ("2048x1024",)}
-DEFAULT_REPS = {"gpu": 20, "cpu": 5}
-DEFAULT_PRECISION = "bf16-mixed"
-CPU_LARGE_ELEMENTS = 16 * 1024 * 1024  # 8x the CPU default shape: beyond it, timing on a CPU takes minutes
-
-
-@dataclass(frozen=True)
-class ProbeRequest:
-    """What to probe; every field has the command line's default. Empty ``shapes``/``slots`` mean the
-    profile's or the defaults; ``candidates`` are extra ``SLOT=dotted.path.Class`` offers."""
-
-    out: Path = Path("kernel-lock.toml")
-    shapes: tuple[str, ...] = ()
-    precision: str | None = None
-    slots: tuple[str, ...] = ()
-    pins: Mapping[str, str] = field(default_factory=dict)
-    prefers: Mapping[str, str] = field(default_factory=dict)
-    candidates: tuple[str, ...] = ()
-    plugins: bool = True
-    profile: str | None = None
-    profiles_dirs: tuple[str, ...] = ()
-    reps: int | None = None
-    deterministic: bool = False
-    with_compile: bool = False
-    allow_init_change: bool = False
-    strict_dtype: bool = False
-    timeout: float = CHECK_TIMEOUT
-    import_timeout: float = IMPORT_TIMEOUT
-    force: bool = False
-    check_only: bool = False
-    lock_timeout: float = 1800.0
-    command: str = "kernel-probe"  # recorded in the lock's provenance
-    # who probes where the launcher names this process's rank (kernel_probe.jobstart.ranks): "job" (rank 0),
-    # "node-type" (one rank per kind of node; --out names {node-type}), "rank" (each rank under the file lock);
-    # None: the profile's [policy] probe-per, else "job"
-    probe_per: str | None = None
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What a request means on this machine, decided before any candidate runs."""
-
-    request: ProbeRequest
-    device: Mapping[str, Any]
-    profile: Any  # kernel_probe.profiles.format.Profile | None
-    matched: str
-    candidates: tuple[Candidate, ...]
-    problems: tuple[str, ...]  # candidates that could not be offered (broken plug-ins)
-    slots: tuple[str, ...]
-    shapes: tuple[str, ...]
-    shapes_from: str  # "" (asked for), "profile NAME" or "defaults"
-    precision: str
-    reps: int
-    deterministic: bool
-    digest: str  # of the inputs: a lock probed with other inputs is not reused
-    trust: tuple[str, ...]
-
-    @property
-    def dtype(self) -> str:
-        return PRECISIONS[self.precision].dtype
-
-    @property
-    def regime(self) -> str:
-        return PRECISIONS[self.precision].regime
+    from kernel_probe.probe.report import Report
 
 
 @dataclass
 class ProbeResult:
+    """What a probe did: the lock (written or reused) and, when it probed, every report, timing and choice."""
+
     lock_path: Path
     lock: kernel_lock.KernelLock
     reused: bool
@@ -113,211 +48,6 @@ class ProbeResult:
     check_seconds: float = 0.0
     time_seconds: float = 0.0
     source: str = ""  # reused: who wrote the lock for this job ("" when it was there already)
-
-
-class Events:
-    """What a probe tells a person while it runs. The defaults ignore everything; the command line
-    subclasses it to print."""
-
-    def note(self, text: str) -> None:
-        """Something worth a line (the profile auto-detected, ...)."""
-
-    def warn(self, text: str) -> None:
-        """Something the user should act on that does not stop the probe."""
-
-    def begin(self, total: int) -> None:
-        """Checking starts: ``total`` candidates."""
-
-    def checking(self, slot: str, cand_id: str, index: int, total: int) -> None:
-        """Candidate ``index`` (1-based) of ``total`` is being checked."""
-
-    def timing(self, slot: str, cand_id: str, shapes: Sequence[str], message: TimingProgressMessage | None) -> None:
-        """A candidate's timing started (``message`` None) or progressed (a worker progress message)."""
-
-    def done(self) -> None:
-        """Checking and timing are over (also after an error)."""
-
-
-def large_shape_warning(device_type: str, shapes: Sequence[str], reps: int) -> str | None:
-    """On a CPU, the warning that GPU-sized shapes take minutes to time, and what to do instead."""
-    if device_type != "cpu":
-        return None
-    large = [s for s in shapes if parse_shape(s)[0] * parse_shape(s)[1] > CPU_LARGE_ELEMENTS]
-    if not large:
-        return None
-    return (
-        f"{', '.join(large)} {'is a GPU-sized shape' if len(large) == 1 else 'are GPU-sized shapes'}: on a CPU, "
-        f"timing every accepted candidate ({reps} repetitions, plus warm-up) can take minutes; progress follows "
-        f"per shape and repetition. For a CPU lock use the CPU default ({DEFAULT_SHAPES['cpu'][0]}: drop --shape), "
-        "or lower --reps"
-    )
-
-
-def detect_device() -> dict[str, Any]:
-    """This machine's device facts (``fingerprint.with_torch.device_facts``): read without torch where every one
-    of them can be (``kernel_lock.fingerprint.torchless``), else from torch."""
-    from kernel_lock.fingerprint.here import device_here
-
-    return device_here()
-
-
-def gather_candidates(offered: Sequence[str], extra: Sequence[Candidate] = (), *, plugins: bool = True):
-    """(the registry with ``extra`` and the ``SLOT=dotted.path.Class`` offers, problems)."""
-    from kernel_probe.probe import candidates as cands
-
-    return cands.registry([*extra, *(cands.from_command_line(text) for text in offered)], entry_points=plugins)
-
-
-def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
-    """Decide what ``request`` means here, refusing every bad argument before any work (exit 2), a
-    node the profile rules out (exit 4) and a pin that cannot run here (exit 3)."""
-    events = events or Events()
-    try:
-        for s in request.shapes:
-            parse_shape(s)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    if request.reps is not None and request.reps < 1:
-        raise UsageError("--reps must be at least 1")
-    if request.precision is not None and request.precision not in PRECISIONS:
-        raise UsageError(f"unknown precision {request.precision!r}", fix=f"use one of {', '.join(PRECISIONS)}")
-    if request.check_only and request.force:
-        raise UsageError("--check and --force contradict each other")
-    slots = tuple(request.slots) or SLOTS
-    device = detect_device()
-    profile, matched = _apply_profile(request, device, events)
-    candidates, problems = gather_candidates(
-        request.candidates, list(profile.candidates) if profile else [], plugins=request.plugins
-    )
-    from kernel_probe.isolation.protocol import interpreter_requested
-
-    if interpreter_requested():
-        problems = [
-            *problems,
-            "TRITON_INTERPRET is set: Triton kernels run in Triton's interpreter, not compiled; a candidate whose "
-            "kernels ran interpreted is labelled so, never timed and never written to the lock",
-        ]
-    check_forced(
-        request.pins, request.prefers, slots, candidates, device, profile=profile, with_compile=request.with_compile
-    )
-    kind = "cpu" if device["type"] == "cpu" else "gpu"
-    if request.shapes:
-        shapes, shapes_from = tuple(request.shapes), ""
-    elif profile and profile.shapes:
-        shapes, shapes_from = tuple(profile.shapes), f"profile {profile.name}"
-    else:
-        shapes, shapes_from = DEFAULT_SHAPES[kind], "defaults"
-    precision = request.precision or (profile.precision if profile and profile.precision else DEFAULT_PRECISION)
-    deterministic = request.deterministic or bool(profile and profile.deterministic)
-    inputs = {
-        "precision": precision,
-        "shapes": list(shapes),
-        "slots": list(slots),
-        "pins": dict(request.pins),
-        "prefers": dict(request.prefers),
-        "candidates": sorted(f"{c.id}={c.target}" for c in candidates),
-        "with_compile": request.with_compile,
-        "profile": profile.digest if profile else None,
-        "deterministic": deterministic,
-        "allow_init_change": request.allow_init_change,
-        "strict_dtype": request.strict_dtype,
-    }
-    from kernel_probe.probe.write import inputs_digest, trusted_roots
-
-    return Plan(
-        request,
-        device,
-        profile,
-        matched,
-        tuple(candidates),
-        tuple(problems),
-        slots,
-        shapes,
-        shapes_from,
-        precision,
-        request.reps or DEFAULT_REPS[kind],
-        deterministic,
-        inputs_digest(inputs),
-        trusted_roots(candidates),
-    )
-
-
-def _apply_profile(request: ProbeRequest, device: Mapping[str, Any], events: Events):
-    """Load the profile (or auto-detect it), enforce its requirements (exit 4 on unmet)."""
-    if not request.profile:
-        return None, ""
-    from kernel_lock.fingerprint import here
-    from kernel_probe.profiles import requirements
-
-    profile, matched, notes = requirements.choose(request.profile, list(request.profiles_dirs), device)
-    for note in notes:
-        events.note(f"profile {request.profile}: {note}")
-    if profile is None:
-        events.note("profile auto: no profile's site signals matched this machine; none applied")
-        return None, ""
-    if request.profile == "auto":
-        events.note(f"profile auto: {profile.name} (matched {matched})")
-    else:  # named: a node that its site signals place at another site is not this profile's
-        seen, seen_by, _ = requirements.choose("auto", list(request.profiles_dirs), device)
-        requirements.other_site(profile, seen, seen_by)
-    libs = requirements.library_facts(requirements.required_libraries(profile))
-    for warning in requirements.enforce(profile, here.for_check(), libs):
-        events.warn(warning)
-    return profile, matched
-
-
-def check_forced(
-    pins: Mapping[str, str],
-    prefers: Mapping[str, str],
-    slots: Sequence[str],
-    candidates: Sequence[Candidate],
-    device: Mapping[str, Any],
-    *,
-    profile: Any = None,
-    with_compile: bool = False,
-) -> None:
-    """Every --pin/--prefer checked before any work: the slot is probed, the id is a candidate of it
-    (exit 2), the profile allows it (exit 2), and it can run here as far as is known without importing
-    it (exit 3, with the reason and how to install it)."""
-    from kernel_probe.probe.candidates import for_slot
-
-    for flag, forced in (("--pin", pins), ("--prefer", prefers)):
-        for slot, cid in forced.items():
-            said = f"{flag} {slot}={cid}"
-            if slot not in slots:
-                raise UsageError(
-                    f"{said}: but --slot limits this probe to {', '.join(slots)}",
-                    fix=f"add --slot {slot}, or drop {said}",
-                )
-            ids = [c.id for c in for_slot(candidates, slot)]
-            if cid not in ids:
-                raise UsageError(
-                    f"{said}: {cid!r} is not a candidate for {slot} (known: {', '.join(ids)})",
-                    fix=f"use one of those ids, or offer your own class with --candidate {slot}=module.Class",
-                )
-            sp = profile.slots.get(slot) if profile else None
-            if sp is not None and sp.allowed and cid not in sp.allowed:
-                raise UsageError(
-                    f"{said}: profile {profile.name} does not allow it for {slot} (allowed: {', '.join(sp.allowed)})",
-                    fix=f"drop {said}, or use a profile that allows it",
-                )
-            from kernel_probe.probe.check import (
-                static_problem,
-            )  # only when something is forced: the checker is not light
-
-            cand = next(c for c in for_slot(candidates, slot) if c.id == cid)
-            problem = static_problem(cand, slot, device["type"], device.get("arch") or "", with_compile=with_compile)
-            if problem:
-                status, reason = problem
-                fix = (
-                    "add --with-compile"
-                    if status == "skipped"
-                    else f"drop {said}, or run on a machine where it can run"
-                )
-                raise ForcedUnusable(
-                    f"{said}: the candidate is {status} on this machine: {reason}",
-                    fix=fix + "; a pinned or preferred kernel is never silently replaced",
-                )
 
 
 def reusable(
@@ -417,8 +147,8 @@ def _expand_out(request: ProbeRequest, p: Plan, mode: str) -> Path:
 def _job_rank(mode: str, events: Events) -> JobRank | None:
     """This process's rank and job (``kernel_probe.jobstart.ranks``), or None: no launcher variables, or
     ``--probe-per rank``."""
-    from kernel_probe.jobstart.handoff import PROBE_PER
     from kernel_probe.jobstart.ranks import RankVariableError, detect
+    from kernel_probe.jobstart.handoff import PROBE_PER
 
     if mode not in PROBE_PER:
         raise UsageError(f"--probe-per {mode!r}: use one of {', '.join(PROBE_PER)}")
@@ -534,7 +264,9 @@ def _probe_or_reuse(
 def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     """Check every candidate, time the accepted ones, choose per slot and build the lock (not written)."""
     from kernel_lock.fingerprint import with_torch
+    from kernel_probe.isolation.worker import WorkerPool
     from kernel_probe.probe.candidates import for_slot
+    from kernel_probe.probe.check import Checks, Timing, check_and_time
     from kernel_probe.probe.judge import Policy
     from kernel_probe.probe.write import build_lock
 
@@ -544,9 +276,18 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
         events.warn(warning)
     # fp32 as a sanity baseline, plus the regime the model trains in
     rows = [("float32", "true")] + ([(p.dtype, p.regime)] if p.dtype != "float32" else [])
-    policy = Policy(allow_init_change=p.request.allow_init_change, strict_dtype=p.request.strict_dtype)
-    per_slot = {s: for_slot(p.candidates, s) for s in p.slots}
-    total = sum(len(v) for v in per_slot.values())
+    checks = Checks(
+        p.device["type"],
+        rows,
+        arch=p.device["arch"],
+        timeout=p.request.timeout,
+        import_timeout=p.request.import_timeout,
+        with_compile=p.request.with_compile,
+        policy=Policy(allow_init_change=p.request.allow_init_change, strict_dtype=p.request.strict_dtype),
+    )
+    timing = Timing(
+        tuple(p.shapes), p.dtype, p.regime, p.reps, lambda slot, cid, m: events.timing(slot, cid, p.shapes, m)
+    )
     # lock: None only while probing; build_lock sets it below, so a returned ProbeResult always has one
     result = ProbeResult(
         p.request.out,
@@ -556,18 +297,19 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
         reports={s: [] for s in p.slots},
         timings={s: {} for s in p.slots},
     )
-    from kernel_probe.isolation.worker import WorkerPool
-
-    events.begin(total)
+    per_slot = {s: for_slot(p.candidates, s) for s in p.slots}
+    events.begin(sum(len(v) for v in per_slot.values()))
     try:
         with WorkerPool() as pool:
             pool.prepare()  # torch's own worker, started before any library is imported
-            index = 0
-            for slot, cands in per_slot.items():
-                for cand in cands:
-                    index += 1
-                    events.checking(slot, cand.id, index, total)
-                    result.reports[slot].append(_check_and_time(p, pool, cand, slot, rows, policy, result, events))
+            for done in check_and_time(
+                per_slot, checks, pool, timing=timing, refuse=functools.partial(_refused, p), checking=events.checking
+            ):
+                result.reports[done.slot].append(done.report)
+                if done.timings is not None:
+                    result.timings[done.slot][done.report.id] = done.timings
+                result.check_seconds += done.check_seconds
+                result.time_seconds += done.time_seconds
     finally:
         events.done()
     result.choices = choose_all(p, result.reports, result.timings)
@@ -592,85 +334,10 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     return result
 
 
-def _check_and_time(
-    p: Plan, pool, cand: Candidate, slot: str, rows, policy, result: ProbeResult, events: Events
-) -> Report:
-    """One candidate checked, then (if accepted) timed, in the same worker: torch's, or the library's own."""
-    from kernel_probe.isolation.protocol import TimeRequest
-    from kernel_probe.isolation.worker import WorkerDied
-    from kernel_probe.probe.check import Report, check_candidate
-
-    device = p.device["type"]
+def _refused(p: Plan, slot: str, cand: Candidate) -> str | None:
+    """Why the profile skips ``cand`` for ``slot`` (its allow-list names others); None if it does not."""
     allowed = p.profile.slots[slot].allowed if p.profile and slot in p.profile.slots else ()
-    if allowed and cand.id not in allowed:
-        return Report(
-            cand.id,
-            cand.target,
-            slot,
-            cand.semantics,
-            device,
-            "skipped",
-            [f"not allowed by profile {p.profile.name}"],
-            source=cand.source,
-            candidate=cand,
-        )
-    with pool.worker_for(cand) as worker:
-        t0 = time.perf_counter()
-        r = check_candidate(
-            cand,
-            slot,
-            device,
-            rows,
-            worker,
-            arch=p.device["arch"],
-            timeout=p.request.timeout,
-            import_timeout=p.request.import_timeout,
-            with_compile=p.request.with_compile,
-            policy=policy,
-        )
-        t1 = time.perf_counter()
-        result.check_seconds += t1 - t0
-        if r.status != "accepted" or r.interpreted:  # an interpreted run is never timed (nor chosen)
-            return r
-        events.timing(slot, cand.id, p.shapes, None)
-        request = TimeRequest(
-            candidate=cand,
-            slot=slot,
-            device=device,
-            shapes=tuple(p.shapes),
-            dtype=p.dtype,
-            regime=p.regime,
-            progress=True,
-            options={"reps": p.reps, "warmup": min(3, p.reps), "min_seconds": 0.2 if device != "cpu" else 0.0},
-        )
-        try:
-            reply = worker.call(
-                request, TIMING_TIMEOUT, on_progress=lambda m: events.timing(slot, cand.id, p.shapes, m)
-            )
-            if reply.tampered:
-                r.status = "rejected"
-                r.reasons = [f"while timing it replaced torch's own {', '.join(reply.tampered)}"] + r.reasons
-            else:
-                result.timings[slot][r.id] = list(reply.rows)
-                _judge_at_shapes(r, reply.rows)
-        except WorkerDied as exc:
-            r.status, r.reasons = exc.status, [f"while timing: {exc.reason}"] + r.reasons
-        result.time_seconds += time.perf_counter() - t1
-    return r
-
-
-def _judge_at_shapes(report: Report, rows: Sequence[Mapping[str, Any]]) -> None:
-    """A candidate wrong at a timed shape (the check after timing, ``atshape``) is rejected, the shape
-    and the first wrong row named first among its reasons; its timings stay in the lock's record."""
-    from kernel_probe.probe.judge import judge_shape
-
-    for row in rows:
-        if "check" not in row:
-            continue
-        verdict = judge_shape(row["shape"], row["dtype"], row["regime"], row["check"])
-        if not verdict.ok:
-            report.status = "rejected"
-            report.reasons.insert(0, verdict.reason)
+    return f"not allowed by profile {p.profile.name}" if allowed and cand.id not in allowed else None
 
 
 def choose_all(

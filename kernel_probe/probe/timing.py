@@ -20,18 +20,12 @@ from typing import Any
 
 import torch
 
+from kernel_lock.slots import torch_device
 from kernel_probe.isolation.protocol import ShapeCheck, TimeReply, TimingProgressMessage, TimingRow
+from kernel_probe.probe.blasrun import BlasNotOffered, baseline_blas, blas_library
 from kernel_probe.probe.candidates import Candidate, canonical_for, default_for
 from kernel_probe.probe.layout import discover, shapes
-from kernel_probe.probe.measure import (
-    DTYPES,
-    BlasNotOffered,
-    baseline_blas,
-    blas_library,
-    build,
-    load_parameters,
-    parameters_for,
-)
+from kernel_probe.probe.measure import build, dtype_name, first_line, load_parameters, parameters_for, torch_dtype
 from kernel_probe.probe.shapes import parse_shape
 
 # check: run the check at the model's shape after timing each shape (atshape); off only to measure its cost
@@ -120,9 +114,9 @@ def _l2_bytes(device: str) -> int:
 
 def copy_bandwidth(device: str, nbytes: int, opts: Mapping[str, Any]) -> float:
     """GB/s of a device-to-device copy of ``nbytes`` (read + write counted)."""
-    torch_device = "cuda" if device == "rocm" else device
+    tdev = torch_device(device)
     n = max(nbytes // 4, 1 << 20)
-    src = torch.empty(n, dtype=torch.float32, device=torch_device).uniform_()
+    src = torch.empty(n, dtype=torch.float32, device=tdev).uniform_()
     dst = torch.empty_like(src)
     samples = _repeat(_Clock(device), lambda: dst.copy_(src), opts)
     return 2 * n * 4 / statistics.median(samples) / 1e9
@@ -141,23 +135,21 @@ def _time_shape(
     tick: Callable[[str, int, int], None] | None = None,
 ) -> TimingRow:
     """Forward+backward timing of one candidate at one shape; its buffers are freed on return."""
-    torch_device = "cuda" if device == "rocm" else device
+    tdev = torch_device(device)
     param_dtype = torch.float32 if mixed else dtype
     rows, hidden, out = parse_shape(shape)
     out = out or hidden
-    canonical = canonical_for(
-        slot, hidden=hidden, out_features=out, device=torch_device, param_dtype=str(param_dtype).replace("torch.", "")
-    )
-    module = build(cand, canonical, torch_device, param_dtype)
-    check = _CheckSetup(cand, slot, module, canonical, torch_device, param_dtype) if opts.get("check", True) else None
+    canonical = canonical_for(slot, hidden=hidden, out_features=out, device=tdev, param_dtype=dtype_name(param_dtype))
+    module = build(cand, canonical, tdev, param_dtype)
+    check = _CheckSetup(cand, slot, module, canonical, tdev, param_dtype) if opts.get("check", True) else None
     width_out = out if cand.semantics == "linear" else hidden
     per_input = rows * hidden * dtype.itemsize
     n_buf = 1
     l2 = _l2_bytes(device)
     if l2 and per_input < 2 * l2:  # rotate inputs so that together they exceed twice the L2 cache
         n_buf = min(8, 2 * l2 // max(per_input, 1) + 1)
-    xs = _buffers(n_buf, lambda: torch.randn(rows, hidden, device=torch_device, dtype=dtype).requires_grad_(True))
-    gy = torch.randn(rows, width_out, device=torch_device, dtype=dtype)
+    xs = _buffers(n_buf, lambda: torch.randn(rows, hidden, device=tdev, dtype=dtype).requires_grad_(True))
+    gy = torch.randn(rows, width_out, device=tdev, dtype=dtype)
     state = {"i": 0}
 
     def step():
@@ -165,7 +157,7 @@ def _time_shape(
         state["i"] += 1
         x.grad = None
         if mixed:
-            with torch.autocast(device_type=torch_device, dtype=dtype):
+            with torch.autocast(device_type=tdev, dtype=dtype):
                 y = module(x)
         else:
             y = module(x)
@@ -254,7 +246,7 @@ class _CheckSetup:
                 params64=self.params64,
                 eps=self.eps,
                 dtype_name=dtype_name,
-                autocast=(self.device, DTYPES[dtype_name]) if mixed else None,
+                autocast=(self.device, torch_dtype(dtype_name)) if mixed else None,
                 gen=self.gen,
                 baseline_library=self.baseline_library,
             )
@@ -323,7 +315,7 @@ def _timed_shape(
     progress: Callable[[TimingProgressMessage], None] | None,
 ) -> TimingRow:
     """One shape's row: the figures, or the error that stopped it."""
-    torch_device = "cuda" if device == "rocm" else device
+    tdev = torch_device(device)
     row: TimingRow = {"implementation": cand.id, "shape": shape, "dtype": dtype_name, "regime": regime}
     tick = None
     if progress is not None:
@@ -336,12 +328,14 @@ def _timed_shape(
 
     try:
         row.update(
-            _time_shape(cand, slot, device, shape, DTYPES[dtype_name], regime == "mixed", opts, clock, copy_cache, tick)
+            _time_shape(
+                cand, slot, device, shape, torch_dtype(dtype_name), regime == "mixed", opts, clock, copy_cache, tick
+            )
         )
     except Exception as exc:  # OOM at the model's shape, a kernel that refuses the size, ...
-        row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:400]
+        row["error"] = first_line(exc, 400)
     finally:
-        if torch_device == "cuda":
+        if tdev == "cuda":
             torch.cuda.empty_cache()  # the shape's buffers died with _time_shape's frame
 
     return row

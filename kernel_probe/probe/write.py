@@ -21,8 +21,8 @@ from kernel_probe import __version__
 from kernel_probe.errors import ProbeError, UsageError
 
 if TYPE_CHECKING:  # annotations only: writing a lock, or reusing one, imports no checker
-    from kernel_probe.probe.check import Report
     from kernel_probe.probe.choose import Choice
+    from kernel_probe.probe.report import Report
 
 
 def environment(current: Mapping[str, Any], libraries: Mapping[str, str]) -> Environment:

@@ -1,0 +1,360 @@
+"""The correctness kernels, run inside the worker: raw measurements of one candidate on one device.
+
+First, once, what a freshly built candidate is: its parameter layout against torch.nn's (``layout``:
+keys and shapes, the mapping between them) and where its parameters start (``initstats``). Then, for
+each (dtype, regime), build the candidate and the torch.nn baseline with the same non-trivial
+parameters (through the layout's mapping), feed both the hard inputs of ``measure.cases``, run forward
+and backward, and record each one's max relative error against a float64 reference, plus flags
+(mutated input or grad_output, output dtype), whether two runs are bitwise equal, and (where the output
+dtype differs from torch.nn's) the errors of the small blocks a norm sits in. The twin check loads the
+candidate's state into its torch.nn twin. No verdicts here: those are ``judge``'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kernel_lock.slots import CONFUSABLE, torch_device
+from kernel_probe.isolation.protocol import (
+    FLAG_GRAD_OUTPUT_MODIFIED,
+    FLAG_INPUT_MODIFIED,
+    FLAG_OUTPUT_DTYPE,
+    CheckReply,
+    MeasurementRow,
+    alt_key,
+)
+from kernel_probe.probe.blasrun import BlasNotOffered, baseline_blas, blas_library, blas_selected
+from kernel_probe.probe.candidates import Candidate, canonical_for, default_for
+from kernel_probe.probe.layout import Layout, discover, shapes
+from kernel_probe.probe.limits import CHECK_HIDDEN
+from kernel_probe.probe.measure import (
+    Case,
+    blocks,
+    build,
+    cases,
+    dtype_name,
+    first_line,
+    fresh_differences,
+    import_class,
+    load_parameters,
+    parameters_for,
+    reference,
+    reference_pass,
+    rel_err,
+    repeatability,
+    run_pass,
+    torch_dtype,
+    twin_check,
+)
+
+
+class _Stopped(Exception):
+    """A step that ends the check early: the reply's fields that say where and why."""
+
+    def __init__(self, **fields: Any):
+        super().__init__(fields.get("error", ""))
+        self.fields = fields
+
+
+@dataclass(frozen=True)
+class Bench:
+    """One candidate's check on one device: what every step builds with."""
+
+    cand: Candidate
+    slot: str
+    device: str  # the device type (cpu, cuda, rocm)
+    hidden: int
+    overrides: Mapping[str, Any] | None
+    seed: int
+    baseline: Candidate  # the torch.nn class it is judged against
+
+    @property
+    def torch_device(self) -> str:
+        """The torch device type the tensors live on."""
+        return torch_device(self.device)
+
+    @property
+    def out_features(self) -> int | None:
+        """A Linear's output width in the checks (None for a norm)."""
+        return 384 if self.cand.semantics == "linear" else None
+
+    def canonical(self, param_dtype: str) -> dict[str, Any]:
+        """The slot's canonical configuration at the checks' size, parameters in ``param_dtype``."""
+        return canonical_for(
+            self.slot,
+            hidden=self.hidden,
+            out_features=self.out_features,
+            device=self.torch_device,
+            param_dtype=param_dtype,
+            overrides=self.overrides,
+        )
+
+
+def check(
+    cand: Candidate,
+    slot: str,
+    device: str,
+    dtypes: list[tuple[str, str]],
+    *,
+    hidden: int = CHECK_HIDDEN,
+    canonical_overrides: Mapping[str, Any] | None = None,
+    seed: int = 0,
+    baseline: Candidate | None = None,
+) -> CheckReply:
+    """Raw measurements of one candidate on one device: layout, initialisation, and per (dtype, regime)
+    the errors, flags, determinism and (where the output dtype differs) the blocks. Where it stops
+    early, ``phase`` says where (import, baseline, build, blas) and ``error`` why."""
+    rows: list[MeasurementRow] = []
+    # the reply so far: each step binds what it learnt, and an early stop returns it with the reason
+    reply = functools.partial(CheckReply, candidate=cand.id, device=device, rows=rows)
+    bench = Bench(cand, slot, device, hidden, canonical_overrides, seed, baseline or default_for(slot))
+    try:
+        reply = functools.partial(reply, import_s=_imported(cand))
+        fresh, fresh_base = _fresh(bench)
+    except _Stopped as stop:
+        return reply(**stop.fields)
+    base_shapes = shapes(fresh_base.state_dict())
+    layout = discover(shapes(fresh.state_dict()), base_shapes)
+    base_layout = discover(base_shapes, base_shapes)
+    reply = functools.partial(reply, layout=layout.to_json())
+    if not layout.ok:
+        return reply()  # no numerics without a mapping: the verdict says what is missing and unexpected
+    reply = functools.partial(reply, init=fresh_differences(fresh, fresh_base, layout))
+    with contextlib.ExitStack() as stack:
+        try:
+            library, default = stack.enter_context(blas_library(cand, device))
+        except BlasNotOffered as exc:
+            return reply(phase="blas", error=str(exc))
+        rows.extend(_measure_row(bench, d, regime, layout, base_layout) for d, regime in dtypes)
+    return reply(blas=library, blas_default=default)
+
+
+def _imported(cand: Candidate) -> float:
+    """Import the candidate's class; the seconds it took (an ImportError: absent; else: broken)."""
+    t0 = time.perf_counter()
+    try:
+        import_class(cand.target)
+    except ImportError as exc:
+        raise _Stopped(phase="import", error=f"{type(exc).__name__}: {exc}", kind="import") from None
+    except Exception as exc:
+        raise _Stopped(phase="import", error=f"{type(exc).__name__}: {exc}", kind="exception") from None
+    return time.perf_counter() - t0
+
+
+def _fresh(bench: Bench) -> tuple[Any, Any]:
+    """The candidate and torch.nn's module freshly built in float32 (their layouts, their initialisation)."""
+    canonical32 = bench.canonical("float32")
+    try:
+        fresh_base = build(bench.baseline, canonical32, bench.torch_device, torch.float32)
+    except Exception as exc:
+        raise _Stopped(
+            phase="baseline",
+            error=f"torch.nn itself cannot be built on {bench.device}: {type(exc).__name__}: {exc}",
+        ) from None
+    try:
+        fresh = build(bench.cand, canonical32, bench.torch_device, torch.float32)
+    except Exception as exc:
+        raise _Stopped(
+            phase="build", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=6)[-2000:]
+        ) from None
+    return fresh, fresh_base
+
+
+@dataclass(frozen=True)
+class Row:
+    """What one (dtype, regime) is measured with: dtypes, configuration, the non-trivial parameters
+    (also in float64, for the reference), autocast, output width, eps and the seeded generator."""
+
+    dtype: torch.dtype
+    mixed: bool
+    param_dtype: torch.dtype
+    canonical: dict[str, Any]
+    params: dict[str, Any]
+    params64: dict[str, Any]
+    autocast: tuple[str, torch.dtype] | None
+    width: int
+    eps: float
+    gen: torch.Generator
+
+    @classmethod
+    def of(cls, bench: Bench, name: str, regime: str) -> Row:
+        """The row's set-up; its generator has drawn the parameters."""
+        dtype = torch_dtype(name)
+        mixed = regime == "mixed"
+        param_dtype = torch.float32 if mixed else dtype
+        canonical = bench.canonical(dtype_name(param_dtype))
+        gen = torch.Generator().manual_seed(bench.seed)
+        semantics = bench.cand.semantics
+        bias = bool(canonical.get("bias", False)) if semantics != "rms_norm" else False
+        params = parameters_for(semantics, bench.hidden, canonical["out_features"], bias, gen)
+        device = bench.torch_device
+        params64 = {k: (v.to(torch.float64).to(device) if v is not None else None) for k, v in params.items()}
+        width = canonical["out_features"] if semantics == "linear" else bench.hidden
+        autocast = (device, dtype) if mixed else None
+        return cls(
+            dtype, mixed, param_dtype, canonical, params, params64, autocast, width, canonical.get("eps", 0.0), gen
+        )
+
+
+def _measure_row(bench: Bench, name: str, regime: str, layout: Layout, base_layout: Layout) -> MeasurementRow:
+    """One (dtype, regime): the errors, flags, determinism, blocks and twin check (or why not)."""
+    setup = Row.of(bench, name, regime)
+    row: MeasurementRow = {"dtype": name, "regime": regime, "cases": {}, "flags": {}}
+    try:
+        base_mod = _baseline(bench, setup, base_layout)
+    except Exception as exc:
+        row["skipped"] = f"torch.nn itself fails for {name} {regime} on {bench.device}: {type(exc).__name__}: {exc}"
+        return row
+    try:
+        _measure(bench, setup, row, base_mod, layout, base_layout)
+    except Exception as exc:
+        row["exception"] = f"{type(exc).__name__}: {exc}"
+        row["traceback"] = traceback.format_exc(limit=6)[-2000:]
+    return row
+
+
+def _baseline(bench: Bench, setup: Row, base_layout: Layout) -> Any:
+    """torch.nn's module in the row's dtype, with the row's parameters, after one small pass (a
+    dtype or regime torch.nn itself cannot run is skipped, not held against the candidate)."""
+    device = bench.torch_device
+    base_mod = build(bench.baseline, setup.canonical, device, setup.param_dtype)
+    load_parameters(base_mod, setup.params, base_layout)
+    x_probe = torch.randn(2, bench.hidden, generator=setup.gen).to(device, setup.dtype)
+    gy = torch.ones(2, setup.width, device=device, dtype=setup.dtype)
+    run_pass(base_mod, x_probe, gy, None, setup.autocast, base_layout)
+    return base_mod
+
+
+def _measure(bench: Bench, setup: Row, row: MeasurementRow, base_mod: Any, layout: Layout, base_layout: Layout) -> None:
+    """The candidate built with the row's parameters, run on every case next to torch.nn, then its
+    repeatability, the blocks (where its output dtype differs) and the twin check, into ``row``."""
+    cand, device, gen = bench.cand, bench.torch_device, setup.gen
+    t_build = time.perf_counter()
+    mod = build(cand, setup.canonical, device, setup.param_dtype)
+    load_parameters(mod, setup.params, layout)
+    out_dtype = ""
+    for case in cases(cand.semantics, bench.hidden, setup.dtype, device, gen, mixed=setup.mixed):
+        row["cases"][case.name], out_dtype = _measure_case(
+            bench, setup, case, (mod, layout), (base_mod, base_layout), row["flags"]
+        )
+    row["out_dtype"] = out_dtype
+    row["nondeterministic"] = repeatability(
+        mod, bench.hidden, setup.width, setup.dtype, device, setup.autocast, layout, gen
+    )
+    if FLAG_OUTPUT_DTYPE in row["flags"] and cand.semantics in CONFUSABLE:  # a norm
+        row["blocks"] = blocks(
+            mod,
+            base_mod,
+            cand.semantics,
+            bench.hidden,
+            setup.dtype,
+            setup.param_dtype,
+            device,
+            setup.autocast,
+            setup.params64,
+            setup.eps,
+            layout,
+            base_layout,
+            gen,
+        )
+    row["seconds"] = time.perf_counter() - t_build
+    row["twin"] = twin_check(
+        cand, bench.slot, mod, setup.canonical, device, setup.param_dtype, setup.dtype, setup.autocast, gen, layout
+    )
+
+
+def _measure_case(
+    bench: Bench,
+    setup: Row,
+    case: Case,
+    candidate: tuple[Any, Layout],
+    baseline: tuple[Any, Layout],
+    flags: dict[str, str],
+) -> tuple[dict[str, list[float]], str]:
+    """One case: per tensor [the candidate's error, torch.nn's error] against float64 (the worst over
+    its inputs), the flags it raised, and the candidate's output dtype."""
+    semantics, device = bench.cand.semantics, bench.torch_device
+    errs: dict[str, list[float]] = {}
+    out_dtype = ""
+    for x in case.inputs:
+        out_shape = (*x.shape[:-1], setup.width)
+        gy = (torch.randn(*out_shape, generator=setup.gen) * 0.7 + 0.1).to(device, x.dtype)
+        skip = (torch.randn(*out_shape, generator=setup.gen)).to(device, x.dtype) if case.residual else None
+        ref = reference_pass(semantics, x, gy, setup.params64, setup.eps, skip)
+        got = run_pass(candidate[0], x, gy, skip, setup.autocast, candidate[1])
+        with blas_selected(baseline_blas(bench.cand, bench.device)):
+            base = run_pass(baseline[0], x, gy, skip, setup.autocast, baseline[1])
+        for name, (g, b, r) in _compared(got, base, ref, case.residual).items():
+            _worst(errs, name, rel_err(g, r), rel_err(b, r))
+        if semantics in CONFUSABLE and case.name in ("random", "tiny-variance"):
+            alt = CONFUSABLE[semantics]
+            # the tolerance basis: torch.nn on its own maths
+            _worst(errs, alt_key(alt), _alt_error(alt, x, got["y"], setup), rel_err(base["y"], ref["y"]))
+        _flag(flags, case.name, got, base, x)
+        out_dtype = dtype_name(got["y"].dtype)
+    return errs, out_dtype
+
+
+def _compared(got: dict[str, Any], base: dict[str, Any], ref: dict[str, Any], residual: bool) -> dict[str, tuple]:
+    """Per tensor: (the candidate's, torch.nn's, the float64 reference's)."""
+    pairs = {
+        "y": (got["y"], base["y"], ref["y"]),
+        "dx": (got["dx"], base["dx"], ref["dx"]),
+        "dweight": (got["grads"].get("weight"), base["grads"].get("weight"), ref["weight"]),
+    }
+    if ref["bias"] is not None:
+        pairs["dbias"] = (got["grads"].get("bias"), base["grads"].get("bias"), ref["bias"])
+    if residual:
+        pairs["dskip"] = (got["skip_grad"], base["skip_grad"], ref["skip"])
+    return pairs
+
+
+def _worst(errs: dict[str, list[float]], name: str, got: float, base: float) -> None:
+    """Keep the worst [candidate, torch.nn] error of ``name`` over a case's inputs."""
+    e = errs.setdefault(name, [0.0, 0.0])
+    e[0] = max(e[0], got)
+    e[1] = max(e[1], base)
+
+
+def _alt_error(alt: str, x: Any, y: Any, setup: Row) -> float:
+    """The output's error against the other norm's reference (an RMSNorm offered as a LayerNorm usually
+    has no bias either: the closer of with and without)."""
+    x64 = x.detach().to(torch.float64)
+    return min(
+        rel_err(y, reference(alt, x64, setup.params64["weight"], b, setup.eps)) for b in (setup.params64["bias"], None)
+    )
+
+
+def _flag(flags: dict[str, str], case: str, got: dict[str, Any], base: dict[str, Any], x: Any) -> None:
+    """The first case that showed each flag: a modified grad_output or input, an output dtype not torch.nn's."""
+    if not got["grad_output_intact"]:
+        flags.setdefault(FLAG_GRAD_OUTPUT_MODIFIED, case)
+    if not got["input_intact"]:
+        flags.setdefault(FLAG_INPUT_MODIFIED, case)
+    if got["y"].dtype != base["y"].dtype:
+        flags.setdefault(
+            FLAG_OUTPUT_DTYPE,
+            f"{dtype_name(got['y'].dtype)} (torch.nn: {dtype_name(base['y'].dtype)}) for {dtype_name(x.dtype)} input",
+        )
+
+
+def try_once(cand: Candidate, slot: str, device: str) -> dict[str, Any]:
+    """On a device the candidate does not declare: build it and run one tiny forward, to capture
+    the concrete reason it cannot run (or the fact that it silently runs something else)."""
+    tdev = torch_device(device)
+    canonical = canonical_for(slot, hidden=64, out_features=64, device=tdev)
+    try:
+        mod = build(cand, canonical, tdev, torch.float32)
+        x = torch.randn(4, 64, device=tdev)
+        mod(x).sum().backward()
+    except Exception as exc:
+        return {"ran": False, "error": first_line(exc, 500)}
+    return {"ran": True}

@@ -1,0 +1,120 @@
+"""The records of a verdict: per (dtype, regime) a ``Verdict``, per candidate a ``Report``. The verdict
+module (``judge``) writes them; the checker, the chooser, the lock writer and the command line read them."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, TypedDict
+
+from kernel_lock.slots import Status
+from kernel_probe.probe.candidates import Candidate
+
+
+@dataclass
+class Verdict:
+    """One (candidate, device, dtype, regime): status, reasons, and the numbers behind them."""
+
+    candidate: str
+    device: str
+    dtype: str
+    regime: str
+    status: Status = "accepted"  # until a rule of ``judge`` says otherwise
+    reasons: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    worst_ratio: float | None = None
+    out_dtype: str = ""
+    twin: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    errors: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    deterministic: bool | None = None  # two runs bitwise equal (None: not measured)
+    changes: list[str] = field(default_factory=list)  # accepted, but the model changes besides numbers (recorded)
+
+    def to_json(self) -> dict[str, Any]:
+        """The verdict as the lock's evidence and ``--json`` show it."""
+        return asdict(self)
+
+
+class ReportBase(TypedDict):
+    """What every ``Report`` on one candidate for one slot shares, whatever the verdict."""
+
+    id: str
+    target: str
+    slot: str
+    semantics: str
+    device: str
+    source: str
+    candidate: Candidate
+
+
+def report_base(cand: Candidate, slot: str, device: str) -> ReportBase:
+    """The facts every report on ``cand`` for ``slot`` on ``device`` starts from."""
+    return ReportBase(
+        id=cand.id,
+        target=cand.target,
+        slot=slot,
+        semantics=cand.semantics,
+        device=device,
+        source=cand.source,
+        candidate=cand,
+    )
+
+
+@dataclass
+class Report:
+    """Everything the probe knows about one candidate for one slot on one device."""
+
+    id: str
+    target: str
+    slot: str
+    semantics: str
+    device: str
+    status: Status
+    reasons: list[str] = field(default_factory=list)
+    verdicts: list[Verdict] = field(default_factory=list)
+    source: str = "builtin"
+    candidate: Candidate | None = None
+    seconds: float | None = None  # wall time of this candidate's import and checks
+    migration: tuple[str, ...] = ()  # its state dict onto torch.nn's (the layout's rules)
+    changes: list[str] = field(default_factory=list)  # accepted changes besides numbers, recorded in the lock
+    interpreted: bool = False  # its Triton kernels ran in Triton's interpreter: never timed, never locked
+    blas: str = ""  # a Linear on a GPU: the BLAS library it was checked under (kernel_lock.blas)
+    blas_default: str = ""  # the library torch picked by itself in the probe's worker
+
+    @property
+    def deterministic(self) -> bool | None:
+        """True when every measured row was bitwise repeatable; None when nothing was measured."""
+        measured = [v.deterministic for v in self.verdicts if v.deterministic is not None]
+        return all(measured) if measured else None
+
+    @property
+    def twin(self) -> dict[str, Any]:
+        """The twin check of the first accepted row (they agree across rows in practice)."""
+        for v in self.verdicts:
+            if v.status == "accepted" and v.twin:
+                return v.twin
+        return {}
+
+    def worst_ratio(self) -> float | None:
+        """The largest error / tolerance over every measured row (None when nothing was measured)."""
+        ratios = [v.worst_ratio for v in self.verdicts if v.worst_ratio is not None]
+        return max(ratios) if ratios else None
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as ``--json`` and the lock's evidence show it."""
+        return {
+            "id": self.id,
+            "target": self.target,
+            "device": self.device,
+            "status": self.status,
+            "reasons": self.reasons,
+            "source": self.source,
+            "worst_error_ratio": self.worst_ratio(),
+            "deterministic": self.deterministic,
+            "seconds": None if self.seconds is None else round(self.seconds, 3),
+            "migration": list(self.migration),
+            "changes": list(self.changes),
+            "interpreted": self.interpreted,
+            "blas": self.blas,
+            "twin": self.twin,
+            "evidence": [v.to_json() for v in self.verdicts],
+        }
