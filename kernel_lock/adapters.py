@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .adapter_names import AUTOCAST_ADAPTERS, GENERIC_SEPARATOR, SIZE_ADAPTERS, generic_parts, size_parameter
+
 _compiled: dict[str, Callable[..., Any]] = {}
 
 
@@ -63,18 +65,9 @@ class CompiledLinear(nn.Linear):
 
 
 # ---- anemoi's call convention and wrappers --------------------------------------------------------
-# The tables of adapters live in kernel_lock.anemoi (import-light, beside the conventions they serve);
-# the classes are built here on first lookup (module ``__getattr__``) and pickle by name.
-from .anemoi import (  # noqa: E402,F401
-    AUTOCAST_ADAPTERS,
-    GENERIC_SEPARATOR,
-    SIZE_ADAPTERS,
-    WRAPPING_ADAPTERS,
-    adapter_for,
-    generic_parts,
-    size_parameter,
-    wrapping_adapter_for,
-)
+# The names of the adapters and what each wraps live in kernel_lock.adapter_names (import-light: the
+# export and a lock's trust check read them without torch); the classes are built here on first
+# lookup (module ``__getattr__``) and pickle by name.
 
 
 def _last_dim(normalized_shape: Any, name: str) -> int:

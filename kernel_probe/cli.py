@@ -68,13 +68,13 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "lockcmds", "add_diff_arguments", "run_diff", "what changed between two locks: environment fields and choices"
     ),
     "export": Subcommand(
-        "anemoicmds",
+        "export",
         "add_export_arguments",
         "run_export",
         "print a lock as anemoi-models' layer_kernels YAML block (--format anemoi)",
     ),
     "check-config": Subcommand(
-        "anemoicmds",
+        "check_config",
         "add_check_config_arguments",
         "run_check_config",
         "check an anemoi config's layer_kernels blocks on this machine (and against a lock)",

@@ -33,7 +33,7 @@ BUILTIN_IDS = [c.id for c in cands.BUILTIN]
 # ---- one home per slot fact --------------------------------------------------------------------------
 def test_every_slot_fact_is_imported_from_kernel_lock_slots():
     from kernel_lock import lock, resolve
-    from kernel_probe.commands import anemoicmds, lockcmds
+    from kernel_probe.commands import check_config, export, lockcmds
     from kernel_probe.probe import check as checker
     from kernel_probe.probe import judge
 
@@ -42,7 +42,7 @@ def test_every_slot_fact_is_imported_from_kernel_lock_slots():
     assert cands.SLOT_SEMANTICS is checker.SLOT_SEMANTICS is lockwrite.SLOT_SEMANTICS is slots.SLOT_SEMANTICS
     assert cands.CANONICAL is lockwrite.CANONICAL is slots.CANONICAL
     assert resolve.DEFAULT_TARGETS is slots.DEFAULT_TARGETS and resolve.TWIN_SEMANTICS is slots.TWIN_SEMANTICS
-    assert lock.MODES is resolve.MODES is anemoicmds.MODES is lockcmds.MODES is slots.MODES
+    assert lock.MODES is resolve.MODES is export.MODES is check_config.MODES is lockcmds.MODES is slots.MODES
     assert lock.PRECISIONS is profiles.PRECISIONS is slots.PRECISIONS
     assert lock.STATUSES is judge.STATUSES is slots.STATUSES
     assert judge.CONFUSABLE is slots.CONFUSABLE
