@@ -28,6 +28,7 @@ class Trust:
 
     @classmethod
     def granted(cls, trust: Sequence[str] = (), *, own_targets: bool = False) -> Trust:
+        """The caller's trust: ``trust`` (``--trust``) plus ``$KERNEL_LOCK_TRUST``, and ``own_targets``."""
         from kernel_lock.lock import granted_trust
 
         return cls(granted_trust(trust), own_targets)
@@ -66,6 +67,7 @@ class Trust:
         return None
 
     def search_roots(self) -> tuple[str, ...]:
+        """The packages Hydra may import for a ``pkg://`` search path while composing."""
         return (*SEARCH_ROOTS, *self.modules)
 
 

@@ -14,6 +14,7 @@ from kernel_probe.output import safe
 
 
 def add_check_config_arguments(p: argparse.ArgumentParser) -> None:
+    """``kernel-probe check-config``'s arguments, and its exit codes in the epilog."""
     from kernel_probe.anemoi.entry_checks import DEFAULT_TIMEOUT
     from kernel_probe.anemoi.pipelines import CHECK_CONFIG_EXIT
 
@@ -61,6 +62,7 @@ def add_check_config_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_check_config(args: argparse.Namespace) -> int:
+    """Check the config, print the findings (both readings of an ambiguous file), exit 0, 3 or 5."""
     from kernel_probe.anemoi.pipelines import check_config
 
     if not args.timeout > 0:

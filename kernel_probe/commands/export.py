@@ -14,6 +14,7 @@ from kernel_probe.errors import UsageError
 
 
 def add_export_arguments(p: argparse.ArgumentParser) -> None:
+    """``kernel-probe export``'s arguments."""
     p.add_argument("lock", nargs="?", default=None, help=f"lock file (default: $KERNEL_LOCK or ./{DEFAULT_LOCK})")
     p.add_argument(
         "--format",
@@ -51,6 +52,7 @@ def add_export_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
+    """Print the lock's ``layer_kernels`` block (or the overlay for ``--config``) as YAML or JSON."""
     from kernel_lock.anemoi import export
 
     path = args.lock or default_lock_path()
@@ -101,6 +103,7 @@ def _header(path: str, mode: str, digest: str) -> list[str]:
 
 
 def render_yaml(entries, *, path: str, mode: str, digest: str) -> str:
+    """The exported entries as a commented ``layer_kernels:`` YAML block, saying where it goes."""
     import yaml
 
     lines = [
@@ -126,6 +129,7 @@ def render_yaml(entries, *, path: str, mode: str, digest: str) -> str:
 
 
 def render_overlay(result, *, path: str, mode: str, digest: str) -> str:
+    """The overlay for one config as commented YAML: how the config was read, its findings and notes."""
     import yaml
 
     config = result.config
