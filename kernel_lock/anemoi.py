@@ -42,11 +42,8 @@ from .adapter_names import (
 from .errors import LockFormatError
 from .lock import KernelLock
 
-KEYS = ("Linear", "LayerNorm", "Activation", "QueryNorm", "KeyNorm")
-NORM_KEYS = ("LayerNorm", "QueryNorm", "KeyNorm")
-
-# What anemoi-models 0.19's load_layer_kernels uses for a key the block does not set. A key the
-# block sets replaces the default entry whole (its kwargs included).
+# The keys anemoi reads from a block, and what anemoi-models 0.19's load_layer_kernels uses for a key
+# the block does not set. A key the block sets replaces the default entry whole (its kwargs included).
 AUTOCAST_LAYER_NORM = "anemoi.models.layers.normalization.AutocastLayerNorm"
 CONDITIONAL_LAYER_NORM = "anemoi.models.layers.normalization.ConditionalLayerNorm"
 ANEMOI_DEFAULTS: dict[str, dict[str, Any]] = {
