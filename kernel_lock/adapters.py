@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .adapter_names import AUTOCAST_ADAPTERS, GENERIC_SEPARATOR, SIZE_ADAPTERS, generic_parts, size_parameter
+
 _compiled: dict[str, Callable[..., Any]] = {}
 
 
@@ -45,6 +47,7 @@ class CompiledLayerNorm(nn.LayerNorm):
     """``torch.nn.LayerNorm`` whose forward runs through ``torch.compile`` (same parameters)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``F.layer_norm`` over the last dimensions, compiled."""
         return _compiled_fn("layer_norm", _layer_norm)(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
@@ -52,6 +55,7 @@ class CompiledRMSNorm(nn.RMSNorm):
     """``torch.nn.RMSNorm`` whose forward runs through ``torch.compile`` (same parameters)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``F.rms_norm`` over the last dimensions, compiled."""
         return _compiled_fn("rms_norm", _rms_norm)(x, self.normalized_shape, self.weight, self.eps)
 
 
@@ -59,22 +63,14 @@ class CompiledLinear(nn.Linear):
     """``torch.nn.Linear`` whose forward runs through ``torch.compile`` (same parameters)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``F.linear``, compiled."""
         return _compiled_fn("linear", _linear)(x, self.weight, self.bias)
 
 
 # ---- anemoi's call convention and wrappers --------------------------------------------------------
-# The tables of adapters live in kernel_lock.anemoi (import-light, beside the conventions they serve);
-# the classes are built here on first lookup (module ``__getattr__``) and pickle by name.
-from .anemoi import (  # noqa: E402,F401
-    AUTOCAST_ADAPTERS,
-    GENERIC_SEPARATOR,
-    SIZE_ADAPTERS,
-    WRAPPING_ADAPTERS,
-    adapter_for,
-    generic_parts,
-    size_parameter,
-    wrapping_adapter_for,
-)
+# The names of the adapters and what each wraps live in kernel_lock.adapter_names (import-light: the
+# export and a lock's trust check read them without torch); the classes are built here on first
+# lookup (module ``__getattr__``) and pickle by name.
 
 
 def _last_dim(normalized_shape: Any, name: str) -> int:
@@ -127,6 +123,7 @@ def autocast_adapter(base: type, name: str) -> type:
     """A subclass of ``base`` whose forward casts the output back to the input's dtype."""
 
     def forward(self, x, *args, **kwargs):
+        """The base class's forward, its output cast to ``x``'s dtype."""
         return base.forward(self, x, *args, **kwargs).type_as(x)
 
     forward.__qualname__ = f"{name}.forward"
@@ -206,6 +203,8 @@ def _generic(prefix: str, kernel: str) -> type:
 
 
 def __getattr__(name: str) -> type:
+    """Build the adapter ``name`` on first lookup (a table row of ``kernel_lock.adapter_names``, or a
+    generic ``Autocast__``/``Sized__`` name); AttributeError for any other name."""
     generic = generic_parts(name)
     if generic is not None:
         cls = _generic(*generic)
@@ -224,4 +223,5 @@ def __getattr__(name: str) -> type:
 
 
 def __dir__() -> list[str]:
+    """The classes defined here and every adapter a table names (generic ones are not listed)."""
     return sorted({*globals(), *SIZE_ADAPTERS, *AUTOCAST_ADAPTERS, *TORCH_INIT_ADAPTERS})

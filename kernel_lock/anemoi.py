@@ -1,4 +1,4 @@
-"""anemoi-models' ``layer_kernels``: the lock as a config block, and checks of a block against anemoi.
+"""anemoi-models' ``layer_kernels``: the lock as a config block, and anemoi's conventions it follows.
 
 anemoi-models builds its layers from a ``layer_kernels`` mapping of five keys to Hydra entries
 (``{_target_: dotted.path, **kwargs}``), each instantiated as a partial and then called by anemoi
@@ -10,9 +10,11 @@ with the dimensions. Its call sites fix a convention the target must accept:
     Activation()
 
 :func:`layer_kernels` turns a lock into that block (pinned kwargs, never dimensions; an adapter from
-``kernel_lock.adapters`` where a library's constructor does not fit). :func:`check_entry` judges one
-entry of a block: the key, the import, the signature, the semantics. Both import the targets, so
-torch; importing this module imports neither torch nor yaml (``import kernel_lock`` never imports it).
+``kernel_lock.adapters`` where a library's constructor does not fit; their names are in
+``kernel_lock.adapter_names``). It imports the targets, so torch; importing this module imports
+neither torch nor yaml (``import kernel_lock`` never imports it). What a training or inference
+process needs lives here; the checks of a config's blocks are kernel-probe's
+(``kernel_probe.anemoi.entry_checks``).
 
 The lock's ``RMSNorm`` slot has no anemoi key and is never exported: anemoi has no RMSNorm call site,
 and an RMSNorm under ``LayerNorm``/``QueryNorm``/``KeyNorm`` changes the model's maths and its state
@@ -21,21 +23,27 @@ dict (no bias, no mean), which is a modelling decision, not a kernel choice.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import inspect
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
+from .adapter_names import (
+    ADAPTERS,
+    GENERIC_SEPARATOR,
+    WRAPPING_ADAPTERS,
+    adapter_for,
+    generic_kernel,
+    generic_parts,
+    size_parameter,
+    wrapping_adapter_for,
+)
 from .errors import LockFormatError
 from .lock import KernelLock
 
-KEYS = ("Linear", "LayerNorm", "Activation", "QueryNorm", "KeyNorm")
-NORM_KEYS = ("LayerNorm", "QueryNorm", "KeyNorm")
-
-# What anemoi-models 0.19's load_layer_kernels uses for a key the block does not set. A key the
-# block sets replaces the default entry whole (its kwargs included).
+# The keys anemoi reads from a block, and what anemoi-models 0.19's load_layer_kernels uses for a key
+# the block does not set. A key the block sets replaces the default entry whole (its kwargs included).
 AUTOCAST_LAYER_NORM = "anemoi.models.layers.normalization.AutocastLayerNorm"
 CONDITIONAL_LAYER_NORM = "anemoi.models.layers.normalization.ConditionalLayerNorm"
 ANEMOI_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -104,47 +112,6 @@ WRAPPERS: dict[str, Wrapper] = {
 }
 
 
-# ---- adapters: anemoi-ready classes kernel_lock.adapters builds (tables here, classes there) --------
-ADAPTERS = "kernel_lock.adapters"
-
-# anemoi builds norms as ``LayerNorm(C)`` and ``LayerNorm(normalized_shape=C)``; these library classes
-# call the size ``hidden_size``, so anemoi cannot build them directly. Each entry is an adapter: a
-# subclass of the library class (same parameters, same state-dict keys) whose first argument is
-# ``normalized_shape``. Adding a library with that signature is adding a row here.
-# adapter name -> (the library class it subclasses, the name of that class's size parameter)
-SIZE_ADAPTERS: dict[str, tuple[str, str]] = {
-    "LigerLayerNormAnemoi": ("liger_kernel.transformers.LigerLayerNorm", "hidden_size"),
-    "LigerRMSNormAnemoi": ("liger_kernel.transformers.LigerRMSNorm", "hidden_size"),
-    "FlashAttnRMSNormAnemoi": ("flash_attn.ops.triton.layer_norm.RMSNorm", "hidden_size"),
-}
-
-# anemoi's AutocastLayerNorm is torch.nn.LayerNorm with its output cast back to the input dtype, and
-# anemoi's gnn preset (and every QueryNorm/KeyNorm default) relies on that cast. Where a lock pins
-# another LayerNorm kernel, these keep the cast around it: a subclass of the kernel's anemoi-ready
-# class whose forward returns ``super().forward(x).type_as(x)`` (same parameters and state dict).
-# adapter name -> the class it subclasses (a library class, or another adapter)
-AUTOCAST_ADAPTERS: dict[str, str] = {
-    "AutocastCompiledLayerNorm": f"{ADAPTERS}.CompiledLayerNorm",
-    "AutocastLigerLayerNormAnemoi": f"{ADAPTERS}.LigerLayerNormAnemoi",
-    "AutocastTELayerNorm": "transformer_engine.pytorch.LayerNorm",
-    "AutocastFusedLayerNorm": "apex.normalization.FusedLayerNorm",
-}
-
-# the adapters that keep an anemoi wrapper's behaviour, by the wrapper's adapter prefix
-WRAPPING_ADAPTERS: dict[str, dict[str, str]] = {"Autocast": AUTOCAST_ADAPTERS}
-
-# Generic adapters: for a kernel no table above names (a site's own class, a library not listed), the
-# adapter's *name* carries the kernel's dotted path, its dots written ``__``:
-#   kernel_lock.adapters.Autocast__site_kernels__norms__FastLayerNorm
-# is site_kernels.norms.FastLayerNorm (given anemoi's ``normalized_shape`` argument if it takes its size
-# as one of SIZE_NAMES) with its output cast back to the input dtype; ``Sized__...`` only renames the
-# size argument. Built on first lookup like every adapter, so it pickles by name, and it subclasses the
-# kernel (same parameters and state dict). Nothing in kernel_lock is edited to use a new kernel.
-GENERIC_SEPARATOR = "__"
-GENERIC_PREFIXES = ("Autocast", "Sized")
-SIZE_NAMES = ("hidden_size", "dim")
-
-
 def generic_adapter(prefix: str, kernel: str) -> str:
     """The ``kernel_lock.adapters`` path of the generic ``prefix`` adapter around ``kernel``."""
     parts = kernel.split(".")
@@ -153,46 +120,9 @@ def generic_adapter(prefix: str, kernel: str) -> str:
             f"{kernel!r} cannot be named in a generic adapter: it needs a public dotted path whose parts contain no "
             f"{GENERIC_SEPARATOR!r}",
             key=kernel,
-            fix="rename the module or class, or add a row for it to kernel_lock.anemoi's adapter tables",
+            fix="rename the module or class, or add a row for it to kernel_lock.adapter_names' adapter tables",
         )
     return f"{ADAPTERS}.{prefix}{GENERIC_SEPARATOR}{GENERIC_SEPARATOR.join(parts)}"
-
-
-def generic_parts(name: str) -> tuple[str, str] | None:
-    """(prefix, kernel path) of a generic adapter's class name, or None."""
-    prefix, sep, rest = name.partition(GENERIC_SEPARATOR)
-    if not sep or prefix not in GENERIC_PREFIXES:
-        return None
-    parts = rest.split(GENERIC_SEPARATOR)
-    if len(parts) < 2 or any(not p.isidentifier() or p.startswith("_") for p in parts):
-        return None
-    return prefix, ".".join(parts)
-
-
-def generic_kernel(target: str) -> str | None:
-    """The kernel a generic adapter target wraps (``kernel_lock.adapters.Autocast__a__B`` -> ``a.B``), or None."""
-    module, _, name = target.rpartition(".")
-    if module != ADAPTERS:
-        return None
-    parts = generic_parts(name)
-    return parts[1] if parts else None
-
-
-def adapter_for(target: str) -> str | None:
-    """The ``kernel_lock.adapters`` path of the size adapter for ``target``, or None if there is none."""
-    for name, (wrapped, _) in SIZE_ADAPTERS.items():
-        if wrapped == target:
-            return f"{ADAPTERS}.{name}"
-    return None
-
-
-def wrapping_adapter_for(prefix: str, target: str) -> str | None:
-    """The ``kernel_lock.adapters`` path of the class that runs ``target`` inside the behaviour of
-    the anemoi wrapper ``prefix`` names (e.g. Autocast: the output cast back to the input dtype)."""
-    for name, base in WRAPPING_ADAPTERS.get(prefix, {}).items():
-        if base == target:
-            return f"{ADAPTERS}.{name}"
-    return None
 
 
 def wrapper_of(target: str) -> Wrapper | None:
@@ -210,32 +140,6 @@ def wrapper_of(target: str) -> Wrapper | None:
 
 class ConventionError(LockFormatError):
     """A lock's target cannot be built the way anemoi calls it, and kernel_lock has no adapter for it."""
-
-
-def size_parameter(cls: Any) -> str | None:
-    """The name a norm class gives its size where it is not anemoi's ``normalized_shape`` (one of
-    ``SIZE_NAMES``, as its first parameter), else None."""
-    try:
-        params = [p for p in inspect.signature(cls).parameters.values() if p.name != "self"]
-    except (TypeError, ValueError):
-        return None
-    if not params or any(p.name == "normalized_shape" for p in params):
-        return None
-    return params[0].name if params[0].name in SIZE_NAMES else None
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One verdict about a ``layer_kernels`` block: where, what, why, and the fix."""
-
-    severity: str  # error | warning | note
-    kind: str  # key | entry | import | signature | semantics | lock | interpolation | dimension
-    where: str  # dotted path in the config, e.g. "model.processor.layer_kernels.LayerNorm"
-    problem: str
-    fix: str = ""
-
-    def to_json(self) -> dict[str, str]:
-        return asdict(self)
 
 
 # ---- the convention ------------------------------------------------------------------------------
@@ -256,30 +160,6 @@ def convention_problems(cls: Any, key: str, kwargs: Mapping[str, Any]) -> list[s
         except TypeError as exc:
             problems.append(f"{text} fails: {exc}")
     return problems
-
-
-def norm_family(cls: Any) -> str | None:
-    """``rms_norm``, ``layer_norm``, ``conditional`` or None, from the class and its bases.
-
-    RMSNorm is looked for first, over the whole MRO: an adapter subclassing LigerRMSNorm is one.
-    """
-    if not isinstance(cls, type):
-        return None
-    names = [c.__name__.lower() for c in cls.__mro__]
-    try:
-        import torch
-
-        if issubclass(cls, torch.nn.RMSNorm):
-            return "rms_norm"
-    except (ImportError, AttributeError):
-        pass
-    if any("rmsnorm" in n for n in names):
-        return "rms_norm"
-    if any("conditional" in n and "norm" in n for n in names):
-        return "conditional"
-    if any("layernorm" in n for n in names):
-        return "layer_norm"
-    return None
 
 
 def locate(path: str) -> Any:
@@ -305,6 +185,8 @@ def locate(path: str) -> Any:
 # ---- export: the lock as a layer_kernels block ---------------------------------------------------
 @dataclass(frozen=True)
 class Exported:
+    """One entry of an exported ``layer_kernels`` block: its ``key``, the Hydra ``entry``, and how it was reached."""
+
     key: str
     entry: dict[str, Any]
     note: str = ""
@@ -338,7 +220,7 @@ def _fitting_target(
         path=where,
         key=f"slots.{slot}.target",
         fix="pin an implementation whose constructor takes anemoi's arguments (`kernel-probe --pin`), or add an "
-        "adapter for this class to kernel_lock.anemoi.SIZE_ADAPTERS",
+        "adapter for this class to kernel_lock.adapter_names.SIZE_ADAPTERS",
     )
 
 
@@ -380,7 +262,7 @@ def entry_for(key: str, want: Exported, current: Any, *, where: str = "") -> Exp
             "kernel_lock has no adapter that keeps that behaviour around it, so replacing it would silently undo it",
             key=where or key,
             fix=f"keep {name} here (it runs the torch.nn.LayerNorm kernel), or add an adapter for {kernel} to "
-            "kernel_lock.anemoi.AUTOCAST_ADAPTERS",
+            "kernel_lock.adapter_names.AUTOCAST_ADAPTERS",
         )
     return Exported(
         key,
@@ -452,155 +334,3 @@ def layer_kernels(
     as its raw ``layer_kernels`` config (anemoi instantiates it itself).
     """
     return {e.key: e.entry for e in export(lock, mode, qk_norm=qk_norm, verify_environment=verify_environment)}
-
-
-# ---- checks of one entry of a block --------------------------------------------------------------
-def key_suggestion(key: str) -> str:
-    close = [k for k in KEYS if k.lower() == str(key).lower()] or difflib.get_close_matches(str(key), KEYS, n=1)
-    hint = f"did you mean {close[0]!r}? keys are case-sensitive; " if close else ""
-    return f"{hint}anemoi knows {', '.join(KEYS)}"
-
-
-def check_entry(
-    key: str, entry: Any, where: str, *, allow_semantics_change: bool = False
-) -> tuple[list[Finding], dict[str, Any]]:
-    """Findings about one ``layer_kernels`` entry on this machine, and facts for later comparisons
-    (``target``, ``imported``, ``family``, ``defaults``: the constructor's keyword defaults).
-
-    Imports the target (and so torch): run it where a crashing import cannot hurt (kernel-probe
-    check-config runs it in a child process).
-    """
-    findings: list[Finding] = []
-    facts: dict[str, Any] = {"target": None, "imported": False, "family": None, "defaults": {}}
-
-    def add(severity: str, kind: str, problem: str, fix: str = "") -> None:
-        findings.append(Finding(severity, kind, where, problem, fix))
-
-    if key not in KEYS:
-        add(
-            "error",
-            "key",
-            f"unknown key {key!r}: anemoi silently ignores it, so this entry has no effect",
-            key_suggestion(key),
-        )
-        return findings, facts
-    if not isinstance(entry, Mapping):
-        add(
-            "error",
-            "entry",
-            f"expected a mapping like {{_target_: torch.nn.{key if key != 'Activation' else 'GELU'}}}, "
-            f"got {type(entry).__name__} {entry!r:.60}",
-        )
-        return findings, facts
-    target = entry.get("_target_")
-    if not isinstance(target, str) or not target:
-        add(
-            "error", "entry", "no _target_: anemoi fails with KeyError: '_target_'", "add `_target_: dotted.path.Class`"
-        )
-        return findings, facts
-    facts["target"] = target
-    for option in entry:
-        if isinstance(option, str) and option.startswith("_") and option not in ("_target_", "_partial_"):
-            add(
-                "warning",
-                "entry",
-                f"Hydra option {option!r}: anemoi instantiates entries as partials; "
-                "positional `_args_` collide with the sizes anemoi passes",
-                "remove it",
-            )
-    kwargs = {k: v for k, v in entry.items() if not (isinstance(k, str) and k.startswith("_"))}
-    dims = [k for k in kwargs if k in DIMENSIONS[key]]
-    for d in dims:
-        add(
-            "warning",
-            "dimension",
-            f"{d!r} is pinned here, but anemoi passes the size at the call site: a keyword "
-            f"call overrides it and a positional call {CALLS[key][0][0]} fails with 'multiple values'",
-            f"remove {d!r}",
-        )
-    try:
-        cls = locate(target)
-    except (Exception, SystemExit) as exc:  # ImportError, or whatever a module raises (or exits with) on import
-        add(
-            "error",
-            "import",
-            f"{target!r} does not import here: importing {target.rpartition('.')[0]!r} raised "
-            f"{type(exc).__name__}: {exc}",
-            "install the library that provides it, or fix the dotted path (anemoi would raise an empty "
-            "InstantiationException and log the reason at INFO level)",
-        )
-        return findings, facts
-    facts["imported"] = True
-    import torch
-
-    if not callable(cls):
-        add("error", "entry", f"{target!r} is a {type(cls).__name__}, not a class anemoi can call")
-        return findings, facts
-    if isinstance(cls, type) and not issubclass(cls, torch.nn.Module):
-        add("error", "entry", f"{target!r} is not a torch.nn.Module subclass")
-    facts["family"] = norm_family(cls)
-    facts["defaults"] = constructor_defaults(cls)
-    for problem in convention_problems(cls, key, {k: v for k, v in kwargs.items() if k not in dims}):
-        adapter = adapter_for(target)
-        add(
-            "error",
-            "signature",
-            f"{target} does not fit anemoi's call convention: {problem}",
-            f"use `_target_: {adapter}` (same class and state dict, anemoi's signature)"
-            if adapter
-            else "use a class whose constructor takes anemoi's arguments, or a thin subclass adapting it",
-        )
-    family = facts["family"]
-    if key in NORM_KEYS and family == "rms_norm":
-        add(
-            "warning" if allow_semantics_change else "error",
-            "semantics",
-            f"semantics change: {target} is an RMSNorm under the {key} key: it does not subtract the mean and "
-            "has no bias, so the model computes something else and its state dict changes",
-            "use a LayerNorm implementation; if the change is deliberate, pass --allow-semantics-change",
-        )
-    if key == "Linear" and family is not None:
-        add("error", "semantics", f"semantics change: {target} is a norm ({family}) under the Linear key")
-    if key == "Activation" and "GLU" in getattr(cls, "__name__", "").upper():
-        add(
-            "error",
-            "semantics",
-            f"{target} is a GLU-family activation: anemoi-models rejects it in layer_kernels.Activation (ValueError)",
-            "select GLU through the processor's mlp_implementation",
-        )
-    return findings, facts
-
-
-def constructor_defaults(cls: Any) -> dict[str, Any]:
-    """The keyword defaults a class is built with. A constructor that only passes ``*args, **kwargs``
-    on (anemoi's AutocastLayerNorm) has the defaults of the first base that names its parameters."""
-    for klass in getattr(cls, "__mro__", (cls,)):
-        try:
-            params = inspect.signature(klass).parameters
-        except (TypeError, ValueError):
-            continue
-        if any(p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params.values()):
-            return {
-                n: p.default
-                for n, p in params.items()
-                if p.default is not inspect.Parameter.empty and _plain(p.default)
-            }
-    return {}
-
-
-def _plain(value: Any) -> bool:
-    return value is None or isinstance(value, (bool, int, float, str))
-
-
-def check_entries(requests: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """JSON in, JSON out: :func:`check_entry` for each ``{key, entry, where, allow_semantics_change}``.
-
-    The child-process entry point of ``kernel-probe check-config``.
-    """
-    out = []
-    for r in requests:
-        findings, facts = check_entry(
-            r["key"], r["entry"], r["where"], allow_semantics_change=bool(r.get("allow_semantics_change"))
-        )
-        out.append({"findings": [f.to_json() for f in findings], "facts": facts})
-    return out

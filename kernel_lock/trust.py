@@ -79,7 +79,7 @@ def check_target(
             fix="name a public class, e.g. torch.nn.LayerNorm",
         )
     if target.startswith("kernel_lock.adapters.") and "__" in target:
-        from .anemoi import generic_kernel  # a generic adapter imports the kernel its name carries
+        from .adapter_names import generic_kernel  # a generic adapter imports the kernel its name carries
 
         inner = generic_kernel(target)
         if inner is not None:

@@ -86,14 +86,14 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         json="the differences as JSON",
     ),
     "export": Subcommand(
-        "anemoicmds",
+        "export",
         "add_export_arguments",
         "run_export",
         "print a lock as anemoi-models' layer_kernels YAML block (--format anemoi)",
         json="the mapping as JSON instead of YAML",
     ),
     "check-config": Subcommand(
-        "anemoicmds",
+        "check_config",
         "add_check_config_arguments",
         "run_check_config",
         "check an anemoi config's layer_kernels blocks on this machine (and against a lock)",

@@ -36,6 +36,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 import kernel_lock
+import kernel_lock.adapter_names as adapter_names
 import kernel_lock.adapters as adapters
 from kernel_lock import LockWarning
 from kernel_lock.anemoi import layer_kernels, locate
@@ -213,7 +214,7 @@ def test_qk_norm_export_reaches_query_and_key_norms(locks, name, tmp_path, monke
     replace(pinned, slots={**pinned.slots, "LayerNorm": slot}).sealed().dump(tmp_path / "qk.toml")
     # anemoi's q/k norms cast their output back to the input dtype: the lock's kernel goes in the
     # adapter that keeps that cast (one row of data per kernel)
-    monkeypatch.setitem(adapters.AUTOCAST_ADAPTERS, "AutocastGoodLayerNorm", "kp_zoo.norms.GoodLayerNorm")
+    monkeypatch.setitem(adapter_names.AUTOCAST_ADAPTERS, "AutocastGoodLayerNorm", "kp_zoo.norms.GoodLayerNorm")
     proc = build(name, exported_yaml(tmp_path / "qk.toml", "--qk-norm"))
     forward_backward(name, proc)
     _, _, qk = kernel_layers(proc, (), ())
@@ -249,7 +250,7 @@ def test_adapter_target_for_a_liger_signature_class(monkeypatch, tmp_path):
     from kp_zoo.norms import HiddenSizeLayerNorm
 
     monkeypatch.setitem(
-        adapters.SIZE_ADAPTERS, "HiddenSizeLayerNormAnemoi", ("kp_zoo.norms.HiddenSizeLayerNorm", "hidden_size")
+        adapter_names.SIZE_ADAPTERS, "HiddenSizeLayerNormAnemoi", ("kp_zoo.norms.HiddenSizeLayerNorm", "hidden_size")
     )
     lock_path = tmp_path / "lock.toml"
     with warnings.catch_warnings():

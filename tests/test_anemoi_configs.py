@@ -172,11 +172,11 @@ def test_overlay_is_composed_and_overrides_after_dashdash(tmp_path, capsys):
 
 
 def test_overlay_without_hydra_says_the_defaults_were_not_followed(tmp_path, monkeypatch):
-    import kernel_probe.anemoi.config as ac
+    import kernel_probe.anemoi.reading as reading
 
     p = overlay(tmp_path, "gnn", "model:\n  layer_kernels:\n    Layernorm: {_target_: torch.nn.LayerNorm}\n")
-    real = ac._installed
-    monkeypatch.setattr(ac, "_installed", lambda name: None if name == "hydra-core" else real(name))
+    real = reading.installed
+    monkeypatch.setattr(reading, "installed", lambda name: None if name == "hydra-core" else real(name))
     result = check_config(p)
     [note] = [f for f in result.findings if f.kind == "defaults"]
     assert not result.config.composed and note.severity == "warning"

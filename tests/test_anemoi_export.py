@@ -18,6 +18,7 @@ import torch
 import yaml
 
 import kernel_lock
+import kernel_lock.adapter_names as adapter_names
 import kernel_lock.adapters as adapters
 from kernel_lock import KernelUnavailable, LockMismatch, LockWarning
 from kernel_lock.anemoi import AUTOCAST_LAYER_NORM, ConventionError, convention_problems, export, layer_kernels
@@ -67,7 +68,7 @@ kwargs = {{ bias = true }}
 def fake_adapter(monkeypatch):
     """Register the liger-signature fake the way liger's own classes are registered: one row of data."""
     monkeypatch.setitem(
-        adapters.SIZE_ADAPTERS, "HiddenSizeLayerNormAnemoi", ("kp_zoo.norms.HiddenSizeLayerNorm", "hidden_size")
+        adapter_names.SIZE_ADAPTERS, "HiddenSizeLayerNormAnemoi", ("kp_zoo.norms.HiddenSizeLayerNorm", "hidden_size")
     )
     yield "kernel_lock.adapters.HiddenSizeLayerNormAnemoi"
     adapters.__dict__.pop("HiddenSizeLayerNormAnemoi", None)
@@ -136,9 +137,9 @@ def test_a_size_named_hidden_size_gets_the_generic_size_adapter():
 
 
 def test_no_adapter_is_a_clear_error(capsys, tmp_path, monkeypatch):
-    import kernel_lock.anemoi
+    import kernel_lock.adapter_names
 
-    monkeypatch.setattr(kernel_lock.anemoi, "SIZE_NAMES", ())  # a size parameter no adapter knows
+    monkeypatch.setattr(kernel_lock.adapter_names, "SIZE_NAMES", ())  # a size parameter no adapter knows
     lock = load(lock_text("kp_zoo.norms.HiddenSizeLayerNorm", "{ eps = 1e-5 }"))
     with pytest.raises(ConventionError) as exc:
         layer_kernels(lock)
@@ -200,7 +201,7 @@ def test_qk_norm(monkeypatch):
     # where no table row names one
     generic = layer_kernels(load(lock_text("kp_zoo.norms.GoodLayerNorm")), qk_norm=True)
     assert generic["QueryNorm"]["_target_"] == "kernel_lock.adapters.Autocast__kp_zoo__norms__GoodLayerNorm"
-    monkeypatch.setitem(adapters.AUTOCAST_ADAPTERS, "AutocastGoodLayerNorm", "kp_zoo.norms.GoodLayerNorm")
+    monkeypatch.setitem(adapter_names.AUTOCAST_ADAPTERS, "AutocastGoodLayerNorm", "kp_zoo.norms.GoodLayerNorm")
     qk = layer_kernels(load(lock_text("kp_zoo.norms.GoodLayerNorm")), qk_norm=True)
     assert qk["QueryNorm"] == {
         "_target_": "kernel_lock.adapters.AutocastGoodLayerNorm",

@@ -28,6 +28,7 @@ import torch
 from anemoi.models.layers.normalization import AutocastLayerNorm
 
 import kernel_lock
+import kernel_lock.adapter_names as adapter_names
 import kernel_lock.adapters as adapters
 from kernel_lock.portability import Replacement, saved_modules
 from kernel_probe.anemoi.pipelines import export_for_config
@@ -80,9 +81,9 @@ def fast_lock(tmp_path_factory) -> kernel_lock.KernelLock:
 @pytest.fixture
 def fast_adapters(monkeypatch):
     """kp_fastlib registered the way liger is: a size adapter, and the adapter keeping AutocastLayerNorm's cast."""
-    monkeypatch.setitem(adapters.SIZE_ADAPTERS, "FastLayerNormAnemoi", ("kp_fastlib.FastLayerNorm", "hidden_size"))
+    monkeypatch.setitem(adapter_names.SIZE_ADAPTERS, "FastLayerNormAnemoi", ("kp_fastlib.FastLayerNorm", "hidden_size"))
     monkeypatch.setitem(
-        adapters.AUTOCAST_ADAPTERS, "AutocastFastLayerNormAnemoi", "kernel_lock.adapters.FastLayerNormAnemoi"
+        adapter_names.AUTOCAST_ADAPTERS, "AutocastFastLayerNormAnemoi", "kernel_lock.adapters.FastLayerNormAnemoi"
     )
     yield
     for name in ("FastLayerNormAnemoi", "AutocastFastLayerNormAnemoi"):

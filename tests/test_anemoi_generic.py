@@ -22,14 +22,8 @@ import yaml
 
 import kernel_lock
 import kernel_lock.adapters as adapters
-from kernel_lock.anemoi import (
-    AUTOCAST_ADAPTERS,
-    SIZE_ADAPTERS,
-    ConventionError,
-    generic_adapter,
-    generic_kernel,
-    wrapper_of,
-)
+from kernel_lock.adapter_names import AUTOCAST_ADAPTERS, SIZE_ADAPTERS, generic_kernel
+from kernel_lock.anemoi import ConventionError, generic_adapter, wrapper_of
 from kernel_lock.errors import TargetNotAllowed
 from kernel_lock.trust import check_target
 

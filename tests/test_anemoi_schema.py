@@ -17,10 +17,10 @@ import yaml
 import kernel_lock
 from kernel_lock import LockWarning
 from kernel_lock.anemoi import AUTOCAST_LAYER_NORM, layer_kernels
-from kernel_probe.anemoi import config as anemoi_config
-from kernel_probe.anemoi.config import Trust
+from kernel_probe.anemoi import schema_check
 from kernel_probe.anemoi.pipelines import check_config, export_for_config
-from kernel_probe.commands.anemoicmds import render_yaml
+from kernel_probe.anemoi.trust import Trust
+from kernel_probe.commands.export import render_yaml
 
 from .anemoi_build import deep_merge, write_overlay
 from .conftest import run_cli
@@ -141,8 +141,8 @@ def test_the_stock_transformer_preset_fails_its_own_schema_apart_from_the_lock(t
 
 def test_without_anemoi_training_the_schema_is_not_run_and_says_how_to_get_it(tmp_path, monkeypatch, capsys):
     path = overlay(tmp_path, "gnn")
-    real = anemoi_config._installed
-    monkeypatch.setattr(anemoi_config, "_installed", lambda d: None if d == "anemoi-training" else real(d))
+    real = schema_check.installed
+    monkeypatch.setattr(schema_check, "installed", lambda d: None if d == "anemoi-training" else real(d))
     result = check_config(path)
     assert result.schema.startswith("not run: anemoi-training is not installed here; install anemoi-training")
     assert "\n" not in result.schema and "pip install --no-deps anemoi-training" in result.schema

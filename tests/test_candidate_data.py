@@ -34,7 +34,7 @@ BUILTIN_IDS = [c.id for c in cands.builtin()]
 # ---- one home per slot fact --------------------------------------------------------------------------
 def test_every_slot_fact_is_imported_from_kernel_lock_slots():
     from kernel_lock import document, resolve, schema
-    from kernel_probe.commands import anemoicmds, verify
+    from kernel_probe.commands import check_config, export, verify
     from kernel_probe.probe import judge
 
     assert kernel_lock.SLOTS is document.SLOTS is resolve.SLOTS is cands.SLOTS is slots.SLOTS
@@ -42,7 +42,7 @@ def test_every_slot_fact_is_imported_from_kernel_lock_slots():
     assert cands.SLOT_SEMANTICS is judge.SLOT_SEMANTICS is lockwrite.SLOT_SEMANTICS is slots.SLOT_SEMANTICS
     assert cands.CANONICAL is lockwrite.CANONICAL is slots.CANONICAL
     assert resolve.DEFAULT_TARGETS is slots.DEFAULT_TARGETS and resolve.TWIN_SEMANTICS is slots.TWIN_SEMANTICS
-    assert document.MODES is resolve.MODES is anemoicmds.MODES is verify.MODES is slots.MODES
+    assert document.MODES is resolve.MODES is export.MODES is check_config.MODES is verify.MODES is slots.MODES
     assert document.PRECISIONS is profile_format.PRECISIONS is slots.PRECISIONS
     assert schema.STATUSES is judge.STATUSES is slots.STATUSES
     assert judge.CONFUSABLE is slots.CONFUSABLE and judge.DTYPES is slots.DTYPES

@@ -10,8 +10,10 @@ import pytest
 
 import kernel_lock
 from kernel_lock import LockWarning
-from kernel_lock.anemoi import check_entry, layer_kernels
-from kernel_probe.anemoi.config import find_blocks, load_config
+from kernel_lock.anemoi import layer_kernels
+from kernel_probe.anemoi.blocks import find_blocks
+from kernel_probe.anemoi.config_file import load_config
+from kernel_probe.anemoi.entry_checks import check_entry
 
 from .conftest import MINIMAL_LOCK
 from .conftest import run_cli as run

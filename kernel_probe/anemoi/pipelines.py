@@ -13,21 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernel_lock.anemoi import ANEMOI_DEFAULTS, Exported, Finding, entry_for, export
+from kernel_lock.anemoi import ANEMOI_DEFAULTS, Exported, entry_for, export
 from kernel_lock.errors import LockError
 from kernel_lock.lock import KernelLock
-from kernel_probe.anemoi.config import (
-    DEFAULT_TIMEOUT,
-    NO_TRUST,
-    Config,
-    Trust,
-    compare_with_lock,
-    judge_entries,
-    lost_wrappers,
-    merge_leftovers,
-    read_config,
-    schema_findings,
-)
+from kernel_probe.anemoi.block_checks import compare_with_lock, lost_wrappers, merge_leftovers
+from kernel_probe.anemoi.blocks import Config, Finding
+from kernel_probe.anemoi.entry_checks import DEFAULT_TIMEOUT, judge_entries
+from kernel_probe.anemoi.reading import read_config
+from kernel_probe.anemoi.schema_check import schema_findings
+from kernel_probe.anemoi.trust import NO_TRUST, Trust
 from kernel_probe.isolation.protocol import EntryCheckRequest
 
 # check-config's exit codes (the global table's meanings, narrowed to this command)
@@ -45,6 +39,8 @@ ENTRIES_NODE = "kernel_lock"
 
 @dataclass
 class CheckResult:
+    """check-config's answer for one reading of a config: its blocks, the findings, what the lock exports."""
+
     config: Config
     findings: list[Finding]
     expected: dict[str, Exported] = field(default_factory=dict)  # what the lock exports, by key
@@ -53,6 +49,7 @@ class CheckResult:
 
     @property
     def own_exit_code(self) -> int:
+        """5 for any error but a lock disagreement, 3 for lock disagreements only, else 0 (this reading alone)."""
         errors = [f for f in self.findings if f.severity == "error"]
         if any(f.kind != "lock" for f in errors):
             return 5

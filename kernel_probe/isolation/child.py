@@ -1,6 +1,6 @@
 """The one way the probe starts a child process: a fresh interpreter that cannot hurt the caller.
 
-    result = run_function("kernel_lock.anemoi", "check_entries", requests, timeout=120)
+    result = run_function("kernel_probe.anemoi.entry_checks", "check_entries", requests, timeout=120)
     if result.ok:
         use(result.value)
     else:

@@ -12,7 +12,7 @@ Three conversations cross a process boundary, all as JSON (one line, or one file
   answered by an ``ImportCheckReply``;
 - reading an anemoi config (``anemoi_config``): a ``ComposeRequest`` answered by a ``ComposeReply``
   (Hydra's composition, ``anemoi_compose``), and ``EntryCheckRequest`` answered by ``EntryCheckReply``
-  (``kernel_lock.anemoi.check_entries``).
+  (``kernel_probe.anemoi.entry_checks.check_entries``).
 
 ``to_json()`` gives the JSON-ready dict; ``from_json()`` reads one back and raises ``ProtocolError``
 naming the message and the key when a key is missing or unknown, so a key renamed on one side fails
@@ -470,7 +470,7 @@ class SchemaReply(Message):
 
 @dataclass(frozen=True, kw_only=True)
 class EntryCheckRequest(Message):
-    """One ``layer_kernels`` entry to import and judge (``kernel_lock.anemoi.check_entry``)."""
+    """One ``layer_kernels`` entry to import and judge (``kernel_probe.anemoi.entry_checks.check_entry``)."""
 
     key: str
     entry: Any

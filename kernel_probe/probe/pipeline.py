@@ -147,8 +147,8 @@ def _expand_out(request: ProbeRequest, p: Plan, mode: str) -> Path:
 def _job_rank(mode: str, events: Events) -> JobRank | None:
     """This process's rank and job (``kernel_probe.jobstart.ranks``), or None: no launcher variables, or
     ``--probe-per rank``."""
-    from kernel_probe.jobstart.ranks import RankVariableError, detect
     from kernel_probe.jobstart.handoff import PROBE_PER
+    from kernel_probe.jobstart.ranks import RankVariableError, detect
 
     if mode not in PROBE_PER:
         raise UsageError(f"--probe-per {mode!r}: use one of {', '.join(PROBE_PER)}")

@@ -1,0 +1,150 @@
+"""``kernel-probe export --format anemoi``: a lock as anemoi-models' ``layer_kernels`` block, or with
+``--config`` the overlay that puts the lock's entries into every block of one anemoi config."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kernel_lock.slots import MODES
+from kernel_probe import __version__, output
+from kernel_probe.anemoi.trust import add_config_trust_argument, config_trust
+from kernel_probe.commands.lockfile import DEFAULT_LOCK, add_trust_argument, default_lock_path, load_lock
+from kernel_probe.errors import UsageError
+
+
+def add_export_arguments(p: argparse.ArgumentParser) -> None:
+    """``kernel-probe export``'s arguments."""
+    p.add_argument("lock", nargs="?", default=None, help=f"lock file (default: $KERNEL_LOCK or ./{DEFAULT_LOCK})")
+    p.add_argument(
+        "--format",
+        choices=("anemoi",),
+        default="anemoi",
+        help="anemoi: the `layer_kernels:` YAML block anemoi-models reads (the only format so far)",
+    )
+    p.add_argument(
+        "--mode",
+        choices=MODES,
+        default=None,
+        help="training: the pinned classes (this machine must match the lock); inference: the verified "
+        "torch.nn twin where a pinned library cannot run here (default: the lock's own mode)",
+    )
+    p.add_argument(
+        "--qk-norm",
+        action="store_true",
+        help="also emit QueryNorm/KeyNorm (bias-free, over head_dim) from the LayerNorm slot",
+    )
+    p.add_argument(
+        "--config",
+        default=None,
+        metavar="CONFIG.yaml",
+        help="emit the overlay for this anemoi config (composed as anemoi-training composes it; Hydra "
+        "overrides after `--`): every block gets the lock's entries, anemoi's wrappers kept",
+    )
+    p.add_argument("--no-compose", action="store_true", help="with --config: read the file alone, without Hydra")
+    add_trust_argument(p)
+    add_config_trust_argument(p)
+    p.epilog = (
+        "Hydra overrides for --config go after `--`, e.g.\n"
+        "  kernel-probe export kernel-lock.toml --config my.yaml -- model=transformer_ens\n\n" + (p.epilog or "")
+    )
+
+
+def run_export(args: argparse.Namespace) -> int:
+    """Print the lock's ``layer_kernels`` block (or the overlay for ``--config``) as YAML or JSON."""
+    from kernel_lock.anemoi import export
+
+    path = args.lock or default_lock_path()
+    lock = load_lock(path, trust=args.trust)
+    args.mode = args.mode or lock.mode
+    if args.config is None:
+        if args.overrides:
+            raise UsageError(f"Hydra overrides ({' '.join(args.overrides)}) need --config CONFIG.yaml")
+        entries = export(lock, args.mode, qk_norm=args.qk_norm)
+        if args.json:
+            output.print_json({"layer_kernels": {e.key: e.entry for e in entries}})
+            return 0
+        sys.stdout.write(render_yaml(entries, path=path, mode=args.mode, digest=lock.digest))
+        return 0
+    from kernel_probe.anemoi.pipelines import export_for_config
+
+    result = export_for_config(
+        lock,
+        args.config,
+        args.overrides,
+        mode=args.mode,
+        qk_norm=args.qk_norm,
+        compose=not args.no_compose,
+        trust=config_trust(args),
+    )
+    if args.json:
+        output.print_json(
+            {
+                "config": args.config,
+                "shape": result.config.shape,
+                "composed": result.config.composed,
+                "choices": result.config.choices,
+                "overlay": result.overlay(),
+                "notes": [{"where": w, "note": n} for w, n in result.notes],
+                "findings": [f.to_json() for f in result.config.findings],
+            }
+        )
+        return 0
+    sys.stdout.write(render_overlay(result, path=path, mode=args.mode, digest=lock.digest))
+    return 0
+
+
+def _header(path: str, mode: str, digest: str) -> list[str]:
+    return [
+        f"# anemoi-models layer_kernels, exported by kernel-probe {__version__} from {path} ({mode} mode)",
+        f"# lock digest {digest or '(none)'}",
+    ]
+
+
+def render_yaml(entries, *, path: str, mode: str, digest: str) -> str:
+    """The exported entries as a commented ``layer_kernels:`` YAML block, saying where it goes."""
+    import yaml
+
+    lines = [
+        *_header(path, mode, digest),
+        "# Where it goes (the processor, encoders and decoders inherit it through ${model.layer_kernels}):",
+        "# - a training config (the whole tree, no defaults list): under its `model:` node -> model.layer_kernels;",
+        "# - a model file (config/model/<name>.yaml; the file IS the model node): at the file's ROOT, beside",
+        "#   `processor:`, NOT under its own `model:` key (that key is the model class: there it would be",
+        "#   model.model.layer_kernels, which anemoi-training's schema rejects);",
+        "# - an overlay (a config with a `defaults:` list): Hydra would merge it key by key into the preset's",
+        "#   entries; use `kernel-probe export LOCK --config YOUR.yaml` instead.",
+        "# Keys not listed keep anemoi's defaults. Check with `kernel-probe check-config CONFIG --lock LOCK`.",
+    ]
+    if not entries:
+        return "\n".join([*lines, "layer_kernels: {}", ""])
+    lines.append("layer_kernels:")
+    for e in entries:
+        if e.note:
+            lines.append(f"  # {e.key}: {e.note}")
+        body = yaml.safe_dump({e.key: e.entry}, sort_keys=False, default_flow_style=False)
+        lines.extend("  " + line for line in body.splitlines())
+    return "\n".join(lines) + "\n"
+
+
+def render_overlay(result, *, path: str, mode: str, digest: str) -> str:
+    """The overlay for one config as commented YAML: how the config was read, its findings and notes."""
+    import yaml
+
+    config = result.config
+    how = f"composed by Hydra ({config.model_choice()})" if config.composed else "read alone, not composed"
+    target = "its root (a model file is the model node)" if config.shape == "model-file" else "its `model:` node"
+    lines = [
+        *_header(path, mode, digest),
+        f"# for {config.path}{' -- ' + ' '.join(config.overrides) if config.overrides else ''}: {config.shape}, {how}",
+        f"# Merge this into {target}. Each block points at the lock's entries through an interpolation, so Hydra",
+        "# replaces the preset's entry whole instead of merging its keys; after composition every block holds exactly",
+        "# these entries. Check with `kernel-probe check-config CONFIG --lock LOCK`.",
+    ]
+    for f in config.findings:
+        if f.severity in ("error", "warning"):
+            lines.append(f"# {f.severity}: {f.where}: {f.problem}")
+    for where, note in result.notes:
+        lines.append(f"# {where}: {note}")
+    lines.append(yaml.safe_dump(result.overlay(), sort_keys=False, default_flow_style=False).rstrip())
+    return "\n".join(lines) + "\n"
