@@ -66,6 +66,29 @@ def lock_file(tmp_path: Path) -> Path:
     return p
 
 
+def sealed_lock(text: str = MINIMAL_LOCK, *, path: str | None = None, check_targets: bool = True):
+    """The lock ``text`` describes, sealed: its digest matches its content, as kernel-probe and
+    `kernel-probe rehash` leave it. Loading's warnings (no digest yet, no [environment]) are not shown."""
+    import kernel_lock
+
+    return kernel_lock.loads(text, path=path, emit_warnings=False, check_targets=check_targets).sealed()
+
+
+def write_sealed(dest: Path, text: str = MINIMAL_LOCK, **load) -> Path:
+    """``text`` sealed (:func:`sealed_lock`, ``load`` its options) and written at ``dest``; returns ``dest``."""
+    sealed_lock(text, **load).dump(dest)
+    return dest
+
+
+def small_probe(*slots: str, shape: str = "64x32", reps: int = 2, precision: str | None = "32-true") -> list[str]:
+    """The arguments of a small CPU probe: the given slots (all three when none), one precision (None:
+    the default ones), one small shape, few repetitions. Add --out, candidates, pins and flags around it."""
+    argv = [arg for slot in slots for arg in ("--slot", slot)]
+    if precision is not None:
+        argv += ["--precision", precision]
+    return [*argv, "--shape", shape, "--reps", str(reps)]
+
+
 def run_cli(argv, capsys):
     """Run the CLI in-process: (exit code, stdout, stderr). argparse's usage exits become codes."""
     from kernel_probe.cli import main

@@ -37,10 +37,11 @@ from omegaconf import OmegaConf
 
 import kernel_lock
 import kernel_lock.adapters as adapters
-from kernel_lock import LockWarning
 from kernel_lock.anemoi import layer_kernels, locate
 from kernel_lock.resolve import import_target
 from kernel_probe.cli import main
+
+from .conftest import small_probe, write_sealed
 
 pytestmark = pytest.mark.anemoi
 
@@ -80,16 +81,7 @@ def locks(tmp_path_factory):
     assert set(chosen.slots) == {"LayerNorm", "RMSNorm", "Linear"}  # RMSNorm: pinned, never exported
     pinned = _probe(
         d / "pinned.toml",
-        "--slot",
-        "LayerNorm",
-        "--slot",
-        "Linear",
-        "--precision",
-        "32-true",
-        "--shape",
-        "256x64",
-        "--reps",
-        "2",
+        *small_probe("LayerNorm", "Linear", shape="256x64"),
         "--candidate",
         "LayerNorm=kp_zoo.norms.GoodLayerNorm",
         "--pin",
@@ -252,9 +244,7 @@ def test_adapter_target_for_a_liger_signature_class(monkeypatch, tmp_path):
         adapters.SIZE_ADAPTERS, "HiddenSizeLayerNormAnemoi", ("kp_zoo.norms.HiddenSizeLayerNorm", "hidden_size")
     )
     lock_path = tmp_path / "lock.toml"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", LockWarning)
-        kernel_lock.loads(HIDDEN_SIZE_LOCK).sealed().dump(lock_path)
+    write_sealed(lock_path, HIDDEN_SIZE_LOCK)
     # anemoi cannot use the class directly: its Transformer blocks call LayerNorm(normalized_shape=C)
     direct = "layer_kernels:\n  LayerNorm: {_target_: kp_zoo.norms.HiddenSizeLayerNorm, eps: 1.0e-05}\n"
     with pytest.raises(InstantiationException, match="unexpected keyword argument 'normalized_shape'"):

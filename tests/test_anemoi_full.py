@@ -34,7 +34,7 @@ from kernel_probe.anemoi.pipelines import export_for_config
 from kernel_probe.cli import main
 
 from .anemoi_build import batch, build, compose_file, deep_merge, validated, write_overlay
-from .conftest import ROOT
+from .conftest import ROOT, small_probe
 
 pytestmark = pytest.mark.anemoi
 
@@ -50,16 +50,7 @@ def fast_lock(tmp_path_factory) -> kernel_lock.KernelLock:
             [
                 "--out",
                 str(path),
-                "--slot",
-                "LayerNorm",
-                "--slot",
-                "Linear",
-                "--precision",
-                "32-true",
-                "--shape",
-                "256x64",
-                "--reps",
-                "2",
+                *small_probe("LayerNorm", "Linear", shape="256x64"),
                 "--candidate",
                 "LayerNorm=kp_fastlib.FastLayerNorm",
                 "--pin",

@@ -33,7 +33,7 @@ from kernel_lock.anemoi import (
 from kernel_lock.errors import TargetNotAllowed
 from kernel_lock.lock import check_target
 
-from .conftest import ROOT
+from .conftest import ROOT, small_probe
 
 GENERIC = "kernel_lock.adapters.Autocast__kp_fastlib__FastLayerNorm"
 
@@ -100,7 +100,7 @@ def fastlib_lock(tmp_path_factory) -> kernel_lock.KernelLock:
     from kernel_probe.cli import main
 
     path = tmp_path_factory.mktemp("fastlib") / "kernel-lock.toml"
-    argv = ["--out", str(path), "--slot", "LayerNorm", "--precision", "32-true", "--shape", "256x64", "--reps", "2"]
+    argv = ["--out", str(path), *small_probe("LayerNorm", shape="256x64")]
     argv += ["--candidate", "LayerNorm=kp_fastlib.FastLayerNorm", "--pin", "LayerNorm=custom:kp_fastlib.FastLayerNorm"]
     assert main(argv) == 0
     return kernel_lock.load(path)

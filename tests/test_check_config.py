@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import json
 import textwrap
-import warnings
 
 import pytest
 
 import kernel_lock
-from kernel_lock import LockWarning
 from kernel_lock.anemoi import check_entry, layer_kernels
 from kernel_probe.anemoi.config import find_blocks, load_config
 
-from .conftest import MINIMAL_LOCK
 from .conftest import run_cli as run
+from .conftest import write_sealed
 
 # the training layout: defined once, inherited by every component
 TRAINING = """\
@@ -183,11 +181,7 @@ def test_semantics_change_can_be_declared_deliberate():
 # ---- the command ------------------------------------------------------------------------------------
 @pytest.fixture
 def minimal_lock_path(tmp_path):
-    p = tmp_path / "kernel-lock.toml"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", LockWarning)
-        kernel_lock.loads(MINIMAL_LOCK).sealed().dump(p)
-    return p
+    return write_sealed(tmp_path / "kernel-lock.toml")
 
 
 @pytest.mark.slow

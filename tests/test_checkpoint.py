@@ -20,6 +20,8 @@ import kernel_lock
 from kernel_lock import KernelUnavailable, LockFormatError, LockWarning
 from kernel_lock.checkpoint import CHECKPOINT_KEY, attach, lock_from_checkpoint, migrate_state_dict
 
+from .conftest import sealed_lock
+
 TRAINING_LOCK = """\
 lock-version = "1.0"
 created-by = "test"
@@ -44,9 +46,7 @@ twin = { target = "torch.nn.LayerNorm", kwargs = { eps = 1e-05 }, state-dict = "
 
 
 def sealed(text: str = TRAINING_LOCK) -> kernel_lock.KernelLock:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", LockWarning)
-        return kernel_lock.loads(text, path="train.toml").sealed()
+    return sealed_lock(text, path="train.toml")
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 
 from kernel_probe.cli import main
 
-from .conftest import MINIMAL_LOCK, ROOT
+from .conftest import MINIMAL_LOCK, ROOT, write_sealed
 from .conftest import run_cli as run
 
 
@@ -71,10 +71,8 @@ def test_missing_and_directory(tmp_path, capsys):
 
 
 def test_strict_refuses_hand_edit(tmp_path, capsys):
-    import kernel_lock
 
-    p = tmp_path / "k.toml"
-    kernel_lock.loads(MINIMAL_LOCK, emit_warnings=False).sealed().dump(p)
+    p = write_sealed(tmp_path / "k.toml")
     assert run(["verify", str(p), "--strict"], capsys)[0] == 0
     p.write_text(p.read_text().replace("1e-06", "1e-07", 1))
     code, _, err = run(["verify", str(p), "--strict"], capsys)
@@ -113,7 +111,6 @@ def test_no_traceback_from_real_process(tmp_path):
 
 
 def test_diff_exit_code_is_6_when_the_locks_differ(tmp_path, capsys):
-    import kernel_lock
     from kernel_lock.errors import EXIT_CODES
 
     a, same, b = tmp_path / "a.toml", tmp_path / "same.toml", tmp_path / "b.toml"
@@ -122,7 +119,7 @@ def test_diff_exit_code_is_6_when_the_locks_differ(tmp_path, capsys):
         (same, MINIMAL_LOCK),
         (b, MINIMAL_LOCK.replace("bias = false", "bias = true")),
     ):
-        kernel_lock.loads(text, emit_warnings=False).sealed().dump(path)
+        write_sealed(path, text)
     code, out, _ = run(["diff", a, b, "--exit-code"], capsys)
     assert code == 6 and "diff --exit-code" in EXIT_CODES[6]
     assert "slot Linear kwargs: {'bias': False} -> {'bias': True}" in out

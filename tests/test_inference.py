@@ -20,6 +20,7 @@ from kernel_lock.resolve import TWIN_SEMANTICS, import_target
 from kernel_probe.probe.candidates import BUILTIN, SLOT_SEMANTICS
 
 from .conftest import run_cli as run
+from .conftest import write_sealed
 
 NOT_INSTALLED = '[{ name = "kp-not-installed", specifier = ">=1.0", module = "kp_not_installed" }]'
 TWIN = '{ target = "torch.nn.LayerNorm", kwargs = { eps = 1e-6 }, state-dict = "interchangeable", max-error = 0.002 }'
@@ -68,9 +69,7 @@ def load(text: str, path: str = "test.toml") -> kernel_lock.KernelLock:
 
 
 def write(tmp_path: Path, text: str, name: str = "train.toml") -> Path:
-    p = tmp_path / name
-    load(text).sealed().dump(p)
-    return p
+    return write_sealed(tmp_path / name, text, path="test.toml")
 
 
 # ---- the resolver --------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import kernel_lock
 from kernel_lock import LockFormatError, LockVersionError, LockWarning, TargetNotAllowed
 from kernel_lock.lock import KernelLock
 
-from .conftest import MINIMAL_LOCK
+from .conftest import MINIMAL_LOCK, sealed_lock
 
 
 def _full_lock() -> KernelLock:
@@ -45,9 +45,7 @@ target = "liger_kernel.transformers.LigerLayerNorm"
 status = "unavailable"
 reasons = ["0 active drivers", "quote \\" and unicode \u00e9"]
 """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", LockWarning)
-        return kernel_lock.loads(text).sealed()
+    return sealed_lock(text)
 
 
 def test_round_trip_is_byte_identical():

@@ -12,7 +12,7 @@ import pytest
 import kernel_lock
 from kernel_probe.cli import main
 
-from .conftest import ROOT
+from .conftest import ROOT, write_sealed
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def test_check_mode(probed, tmp_path, capsys):
 def test_stale_environment_is_reprobed(probed, tmp_path, capsys):
     text = probed.read_text().replace('device-type = { value = "cpu"', 'device-type = { value = "cuda"')
     stale = tmp_path / "stale.toml"
-    kernel_lock.loads(text, emit_warnings=False).sealed().dump(stale)
+    write_sealed(stale, text)
     assert main(["--out", str(stale), "--check"]) == 3
     assert "device-type" in capsys.readouterr().err
     assert main(["--out", str(stale)]) == 0
@@ -177,7 +177,7 @@ def test_explain_and_diff(probed, tmp_path, capsys):
     assert "not chosen: liger.layer_norm [unavailable]" in out
     other = tmp_path / "o.toml"
     text = probed.read_text().replace('implementation = "torch.rms_norm"', 'implementation = "liger.rms_norm"')
-    kernel_lock.loads(text, emit_warnings=False).sealed().dump(other)
+    write_sealed(other, text)
     assert main(["diff", str(probed), str(other), "--exit-code"]) == 6  # EXIT_CODES[6]: the locks differ
     assert "slot RMSNorm implementation: 'torch.rms_norm' -> 'liger.rms_norm'" in capsys.readouterr().out
     assert main(["diff", str(probed), str(probed), "--exit-code"]) == 0

@@ -10,15 +10,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 
-import kernel_lock
-from kernel_lock import LockWarning
-
-from .conftest import MINIMAL_LOCK, ROOT
+from .conftest import MINIMAL_LOCK, ROOT, sealed_lock
 
 READERS = 4
 SECONDS = 2.0
@@ -65,12 +61,8 @@ open(out, "w").write(json.dumps({"reads": reads, "failures": failures, "examples
 
 def _race(tmp_path: Path, mode: str) -> tuple[list[dict], set[str], int]:
     a, b = tmp_path / "a.toml", tmp_path / "b.toml"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", LockWarning)
-        lock_a = kernel_lock.loads(MINIMAL_LOCK).sealed()
-        lock_b = kernel_lock.loads(
-            MINIMAL_LOCK.replace("kwargs = { bias = false }", "kwargs = { bias = true }")
-        ).sealed()
+    lock_a = sealed_lock(MINIMAL_LOCK)
+    lock_b = sealed_lock(MINIMAL_LOCK.replace("kwargs = { bias = false }", "kwargs = { bias = true }"))
     lock_a.dump(a)
     lock_b.dump(b)
     assert lock_a.digest != lock_b.digest

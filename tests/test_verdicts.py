@@ -22,7 +22,7 @@ from kernel_probe.probe.choose import choose
 from kernel_probe.probe.judge import Policy
 from kernel_probe.probe.layout import discover
 
-from .conftest import run_cli
+from .conftest import run_cli, small_probe
 
 PLAN = [("float32", "true"), ("bfloat16", "mixed")]
 
@@ -137,16 +137,7 @@ def test_the_inference_twin_loads_a_state_dict_through_the_migration(tmp_path, c
         [
             "--out",
             lock_path,
-            "--slot",
-            "LayerNorm",
-            "--slot",
-            "Linear",
-            "--precision",
-            "32-true",
-            "--shape",
-            "64x32",
-            "--reps",
-            "2",
+            *small_probe("LayerNorm", "Linear"),
             "--candidate",
             "LayerNorm=kp_zoo.norms.GammaBetaLayerNorm",
             "--pin",
@@ -202,14 +193,7 @@ def test_varying_reduction_order_is_recorded_as_not_deterministic(worker):
 @pytest.mark.slow
 def test_deterministic_excludes_it_and_refuses_a_pin(tmp_path, capsys):
     common = [
-        "--slot",
-        "LayerNorm",
-        "--precision",
-        "32-true",
-        "--shape",
-        "64x32",
-        "--reps",
-        "2",
+        *small_probe("LayerNorm"),
         "--candidate",
         "LayerNorm=kp_zoo.norms.UnorderedSumLayerNorm",
     ]
@@ -291,14 +275,7 @@ def test_the_accepted_change_reaches_the_lock(tmp_path, capsys):
         [
             "--out",
             tmp_path / "l.toml",
-            "--slot",
-            "LayerNorm",
-            "--precision",
-            "32-true",
-            "--shape",
-            "64x32",
-            "--reps",
-            "2",
+            *small_probe("LayerNorm"),
             "--allow-init-change",
             "--candidate",
             "LayerNorm=kp_zoo.norms.RandnBiasLayerNorm",

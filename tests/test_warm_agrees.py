@@ -23,6 +23,8 @@ from kernel_lock import _toml, fingerprint, registry, slots
 from kernel_lock.errors import KernelUnavailable, LockError
 from kernel_lock.resolve import factory, locate
 
+from .conftest import small_probe, write_sealed
+
 CHECKED = ("python", "os", "arch", "torch", "torch-cuda", "device-type")  # this machine's, match exact
 
 
@@ -110,9 +112,7 @@ def _lock(tmp_path: Path, edit) -> Path:
     d = copy.deepcopy(_base())
     edit(d)
     path = tmp_path / "lock.toml"
-    path.write_text(_toml.dumps(d))
-    kernel_lock.load(path, emit_warnings=False).sealed().dump(path)  # sealed, as `kernel-probe rehash` does
-    return path
+    return write_sealed(path, _toml.dumps(d))  # sealed, as `kernel-probe rehash` does
 
 
 def _import_verdict(path: Path) -> int:
@@ -253,7 +253,7 @@ def test_locate_runs_no_package_code(tmp_path, monkeypatch):
 def test_check_and_no_import_on_the_command_line(tmp_path, ghost_site):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ghost_site), os.environ.get("PYTHONPATH", "")]))
     env["KERNEL_LOCK_TRUST"] += ",kp_ghost"
-    shapes = ["--shape", "64x32", "--reps", "1"]
+    shapes = small_probe(reps=1, precision=None)
 
     def kp(*argv):
         proc = subprocess.run(
