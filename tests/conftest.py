@@ -60,10 +60,37 @@ def minimal_lock_text() -> str:
 
 
 @pytest.fixture
+def no_trust(monkeypatch):
+    """The caller grants nothing (no $KERNEL_LOCK_TRUST): only the built-in allow-list."""
+    monkeypatch.delenv("KERNEL_LOCK_TRUST", raising=False)
+
+
+@pytest.fixture
+def no_workers(monkeypatch):
+    """Fail the test if the probe starts any worker: the argument must be refused before any work."""
+    from kernel_probe.isolation import worker
+
+    def refuse(*_a, **_k):
+        raise AssertionError("a worker was started: the argument should have been refused before any work")
+
+    monkeypatch.setattr(worker.WorkerPool, "__init__", refuse)
+    monkeypatch.setattr(worker.Worker, "__init__", refuse)
+
+
+@pytest.fixture
 def lock_file(tmp_path: Path) -> Path:
     p = tmp_path / "kernel-lock.toml"
     p.write_text(MINIMAL_LOCK)
     return p
+
+
+def edited_lock(**replace: str) -> str:
+    """MINIMAL_LOCK with each old text (a key) replaced once by its new one; a missing one fails the test."""
+    text = MINIMAL_LOCK
+    for old, new in replace.items():
+        assert old in text, old
+        text = text.replace(old, new, 1)
+    return text
 
 
 def sealed_lock(text: str = MINIMAL_LOCK, *, path: str | None = None, check_targets: bool = True):
@@ -105,18 +132,16 @@ def run_cli(argv, capsys):
 # to minutes each, once per module). Every test using one is marked slow, so the everyday fast lane
 # (`pytest -m "not slow"`, README) never starts them; .ci/run still runs everything.
 SLOW_FIXTURES = {
-    "test_judge_zoo.py": "results",
-    "test_lock_docs.py": "real_locks",
-    "test_anemoi.py": "locks",
-    "test_newcomer.py": "logged_probe",
-    "test_probe.py": "probed",
-    "test_distributed.py": "ranks",
-    "test_jobstart.py": "warm",
+    "test_judge_zoo.py": ("results",),
+    "test_lock_docs.py": ("real_locks",),
+    "test_anemoi.py": ("locks",),
+    "test_probe.py": ("probed", "logged_probe"),
+    "test_distributed.py": ("ranks",),
+    "test_jobstart.py": ("warm",),
 }
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        fixture = SLOW_FIXTURES.get(item.path.name)
-        if fixture and fixture in getattr(item, "fixturenames", ()):
+        if set(SLOW_FIXTURES.get(item.path.name, ())) & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)

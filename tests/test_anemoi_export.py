@@ -323,3 +323,9 @@ def test_check_hidden_64_catches_a_narrow_row_bug(capsys):
     narrow64 = reports["custom:kp_zoo.norms.NarrowRowsLayerNorm"]
     assert narrow64["status"] == "rejected" and "y error" in narrow64["reasons"][0]
     assert run(["check", "--hidden", "0"], capsys)[0] == 2
+
+
+# ---- the README's anemoi install (issue 16, point 7) -------------------------------------------------------
+def test_readme_says_what_the_anemoi_install_prints():
+    readme = (ROOT / "README.md").read_text()
+    assert "`pip check` will complain" not in readme and "resolver" in readme

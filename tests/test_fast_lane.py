@@ -10,7 +10,7 @@ import pytest
 from .conftest import ROOT, SLOW_FIXTURES
 
 
-@pytest.mark.parametrize(("module", "fixture"), sorted(SLOW_FIXTURES.items()))
+@pytest.mark.parametrize(("module", "fixture"), sorted((m, f) for m, names in SLOW_FIXTURES.items() for f in names))
 def test_each_slow_fixture_is_still_there(module, fixture):
     text = (ROOT / "tests" / module).read_text()
     assert re.search(rf'@pytest\.fixture\(scope="module"\)\ndef {fixture}\(', text), f"{module}: no fixture {fixture}"
@@ -26,10 +26,11 @@ def test_the_lane_marks_a_test_using_one_and_only_that():
         def add_marker(self, mark):
             self.marks.append(mark.name)
 
-    using, other_module, not_using = (
+    using, using_the_other, other_module, not_using = (
         Item("test_probe.py", ("probed", "tmp_path")),
+        Item("test_probe.py", ("logged_probe",)),
         Item("test_resolve.py", ("probed",)),
         Item("test_probe.py", ("tmp_path",)),
     )
-    pytest_collection_modifyitems(None, [using, other_module, not_using])
-    assert (using.marks, other_module.marks, not_using.marks) == (["slow"], [], [])
+    pytest_collection_modifyitems(None, [using, using_the_other, other_module, not_using])
+    assert (using.marks, using_the_other.marks, other_module.marks, not_using.marks) == (["slow"], ["slow"], [], [])

@@ -8,13 +8,15 @@ that writes in place in two halves, shows that the readers would notice a partia
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from .conftest import MINIMAL_LOCK, ROOT, sealed_lock
+from .conftest import MINIMAL_LOCK, ROOT, run_cli, sealed_lock
 
 READERS = 4
 SECONDS = 2.0
@@ -111,3 +113,36 @@ def test_control_a_non_atomic_writer_is_caught(tmp_path):
     results, _, writes = _race(tmp_path, "in-place")
     assert writes > 50
     assert sum(r["failures"] for r in results) > 0
+
+
+# ---- inputs that would hang or exhaust memory (a FIFO, /dev/zero): hostile input (issue 14): it fails fast, with a documented exit code, naming the file and field ----
+@pytest.fixture
+def fifo(tmp_path):
+    p = tmp_path / "pipe.toml"
+    os.mkfifo(p)
+    return p
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["show", "{fifo}"],
+        ["verify", "{fifo}"],
+        ["export", "{fifo}"],
+        ["explain", "{fifo}", "LayerNorm"],
+        ["profiles", "check", "{fifo}"],
+        ["check-config", "{fifo}"],
+        ["--profile", "{fifo}"],
+        ["show", "/dev/zero"],
+        ["check-config", "/dev/zero"],
+        ["profiles", "check", "/dev/zero"],
+    ],
+)
+def test_special_files_are_refused_at_once(tmp_path, capsys, fifo, argv):
+    argv = [a.replace("{fifo}", str(fifo)) for a in argv]
+    if argv[0] == "--profile":
+        argv += ["--out", str(tmp_path / "k.toml")]
+    start = time.perf_counter()
+    code, _, err = run_cli(argv, capsys)
+    assert time.perf_counter() - start < 20
+    assert code == 5 and ("FIFO" in err or "character device" in err) and "not a regular file" in err, err
