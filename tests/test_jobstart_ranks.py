@@ -86,7 +86,7 @@ def marked(out: Path, lock: kernel_lock.KernelLock, rank: JobRank, request: pipe
 )
 def test_a_current_lock_without_this_jobs_marker_is_never_reused(tmp_path, monkeypatch, earlier):
     out = tmp_path / "shared" / "k.toml"
-    request = pipeline.ProbeRequest(out=out, lock_timeout=0.5, **REQUEST)
+    request = pipeline.ProbeRequest(out=out, lock_timeout=0.2, **REQUEST)
     lock = current_lock(out, request)
     if earlier is not None:
         marked(out, lock, earlier, request)
@@ -124,7 +124,7 @@ def test_a_rank_on_the_node_waits_on_the_node_local_copy_not_the_shared_director
     # on another node (its own $TMPDIR) nothing was copied yet: a non-watching rank there waits for its watcher
     slurm(monkeypatch, tmp_path, 13, local=5, node=1)
     with pytest.raises(WaitTimeout):
-        pipeline.run(dataclasses.replace(request, lock_timeout=0.3))
+        pipeline.run(dataclasses.replace(request, lock_timeout=0.15))
 
 
 def test_a_node_differing_from_rank_0s_lock_is_told_to_probe_per_node_type(tmp_path, monkeypatch):
