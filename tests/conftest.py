@@ -141,6 +141,17 @@ SLOW_FIXTURES = {
 }
 
 
+# Modules whose every test is slow (their `pytestmark` says so): the fast lane does not even import them,
+# since importing anemoi-models and Hydra, or hypothesis (whose modules pytest rewrites), costs seconds.
+SLOW_MODULES = ("test_anemoi.py", "test_anemoi_full.py", "test_lock_fuzz.py")
+
+
+def pytest_ignore_collect(collection_path, config):
+    if collection_path.name in SLOW_MODULES and " ".join(config.getoption("markexpr", "").split()) == "not slow":
+        return True
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if set(SLOW_FIXTURES.get(item.path.name, ())) & set(getattr(item, "fixturenames", ())):

@@ -43,7 +43,8 @@ from kernel_probe.cli import main
 
 from .conftest import small_probe, write_sealed
 
-pytestmark = pytest.mark.anemoi
+# the real consumer end to end (anemoi-models, Hydra): slow, and the fast lane does not import it (conftest.SLOW_MODULES)
+pytestmark = [pytest.mark.anemoi, pytest.mark.slow]
 
 N, C, E, EDGE_DIM, HEADS = 24, 32, 96, 8, 4
 # built with a hard-coded torch.nn.Linear inside anemoi 0.19 (MultiHeadSelfAttention's q/k/v): no

@@ -16,6 +16,9 @@ from kernel_lock.lock import Slot
 
 from .conftest import MINIMAL_LOCK
 
+# thousands of examples: slow, and the fast lane does not import it or hypothesis (conftest.SLOW_MODULES)
+pytestmark = pytest.mark.slow
+
 # the keys a lock's tables have (top level, slots), then those of the tables inside them
 KEYS = list(
     dict.fromkeys(

@@ -70,7 +70,7 @@ def test_progress_message_carries_its_fields_and_rounds_the_seconds():
     "slot, shape, rows, hidden, out",
     [
         ("LayerNorm", "64x32", 64, 32, 0),
-        ("RMSNorm", "37x1000", 37, 1000, 0),
+        ("RMSNorm", "37x100", 37, 100, 0),
         ("Linear", "64x32", 64, 32, 32),  # 2-D: as many outputs as inputs
         ("Linear", "64x32x16", 64, 32, 16),  # 3-D: ROWSxHIDDENxOUT
     ],
