@@ -68,7 +68,7 @@ def test_check_usage_errors(capsys, argv, words):
     assert words in capsys.readouterr().err
 
 
-# ---- timeouts that are not numbers: hostile input (issue 14): it fails fast, with a documented exit code, naming the file and field ----
+# ---- timeouts that are not numbers (hostile input, issue 14) -----------------------------------------------
 @pytest.mark.parametrize(
     "argv,code",
     [

@@ -156,7 +156,7 @@ def test_explain_with_a_bad_slot_is_a_usage_error(lock_file, capsys):
     assert code == 2
 
 
-# ---- verify: the slot's semantics, an empty or unknown environment: hostile input (issue 14): it fails fast, with a documented exit code, naming the file and field ----
+# ---- verify: the slot's semantics, an empty or unknown environment (hostile input, issue 14) ---------------
 @pytest.mark.parametrize(
     "slot,target,words",
     [

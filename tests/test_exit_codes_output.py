@@ -142,7 +142,7 @@ def test_json_errors_are_json_on_stdout(argv, code, capsys, no_workers):
     assert err.strip()  # and the message for a person on stderr
 
 
-# ---- markup and escape sequences in lock strings: hostile input (issue 14): it fails fast, with a documented exit code, naming the file and field ----
+# ---- markup and escape sequences in lock strings (hostile input, issue 14) ---------------------------------
 @pytest.mark.parametrize(
     "value,shown",
     [

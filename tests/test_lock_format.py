@@ -391,7 +391,7 @@ def test_documented_example_is_a_valid_lock():
     assert kernel_lock.loads(lock.sealed().dumps()).intact
 
 
-# ---- requires[].module, private and __main__ targets, trust: hostile input (issue 14): it fails fast, with a documented exit code, naming the file and field ----
+# ---- requires[].module, private and __main__ targets, trust (hostile input, issue 14) ----------------------
 @pytest.fixture
 def canary(tmp_path, monkeypatch):
     pkg = tmp_path / "site" / "canarypkg"
@@ -467,7 +467,7 @@ def test_a_locks_trusted_modules_only_ask(tmp_path, capsys, no_trust):
     assert run_cli(["show", path], capsys)[0] == 0  # printing a lock imports nothing: no trust needed
 
 
-# ---- unvalidated values, huge and oversized locks: hostile input (issue 14): it fails fast, with a documented exit code, naming the file and field ----
+# ---- unvalidated values, huge and oversized locks (hostile input, issue 14) --------------------------------
 @pytest.mark.parametrize(
     "name,old,new,words",
     [

@@ -362,7 +362,7 @@ def test_the_probe_warns_about_gpu_sized_shapes_before_timing(monkeypatch):
     assert seen and "GPU-sized" in seen[0]
 
 
-# ---- --out: hostile input (issue 14): it fails fast, with a documented exit code, naming the file and field; the file lock beside it ----
+# ---- --out and the file lock beside it (hostile input, issue 14) -------------------------------------------
 def test_out_problems_are_usage_errors(tmp_path, capsys, monkeypatch):
     assert run_cli(["--out", ""], capsys)[0] == 2
     long_name = "x" * 300 + ".toml"

@@ -297,7 +297,7 @@ def test_ambiguous_auto_is_an_error(tmp_path, capsys):
     assert "ambiguous" in capsys.readouterr().err
 
 
-# ---- profile candidates validated, a broken profile hides no other: hostile input (issue 14): it fails fast, with a documented exit code, naming the file and field ----
+# ---- profile candidates validated, a broken profile hides no other (hostile input, issue 14) ---------------
 @pytest.mark.parametrize(
     "candidate,words",
     [

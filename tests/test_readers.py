@@ -115,7 +115,7 @@ def test_control_a_non_atomic_writer_is_caught(tmp_path):
     assert sum(r["failures"] for r in results) > 0
 
 
-# ---- inputs that would hang or exhaust memory (a FIFO, /dev/zero): hostile input (issue 14): it fails fast, with a documented exit code, naming the file and field ----
+# ---- inputs that would hang or exhaust memory (a FIFO, /dev/zero) (hostile input, issue 14) ----------------
 @pytest.fixture
 def fifo(tmp_path):
     p = tmp_path / "pipe.toml"

@@ -232,7 +232,7 @@ requires = [{ name = "kp-not-installed", specifier = ">=1.2", module = "kp_not_i
     assert "--mode inference" in exc.value.fix
 
 
-# ---- a library calling sys.exit on import: hostile input (issue 14): it fails fast, with a documented exit code, naming the file and field ----
+# ---- a library calling sys.exit on import (hostile input, issue 14) ----------------------------------------
 @pytest.mark.slow
 def test_a_library_calling_sys_exit_on_import_does_not_end_the_caller(tmp_path, monkeypatch):
     (tmp_path / "kp_exits.py").write_text("import sys\nsys.exit(0)\n")

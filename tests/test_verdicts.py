@@ -310,7 +310,7 @@ def test_each_candidate_reports_its_time(worker):
     assert r.seconds is not None and 0 < r.seconds < 30 and r.to_json()["seconds"] == round(r.seconds, 3)
 
 
-# ---- one candidate poisoning the next one's verdict: hostile input (issue 14): it fails fast, with a documented exit code, naming the file and field ----
+# ---- one candidate poisoning the next one's verdict (hostile input, issue 14) ------------------------------
 @pytest.mark.slow
 def test_a_library_patching_torch_is_refused_and_cannot_poison_another(tmp_path, capsys):
     offered = [

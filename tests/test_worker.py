@@ -16,7 +16,7 @@ from kernel_probe.probe import candidates as cands
 from kernel_probe.probe.check import check_all
 
 
-# ---- a library that forks, a probe that is killed: hostile input (issue 14): it fails fast, with a documented exit code, naming the file and field ----
+# ---- a library that forks, a probe that is killed (hostile input, issue 14) --------------------------------
 @pytest.mark.slow
 def test_a_forking_library_does_not_hang_the_probe_and_its_children_die(tmp_path, monkeypatch):
     pidfile = tmp_path / "pids"
