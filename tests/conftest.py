@@ -60,10 +60,60 @@ def minimal_lock_text() -> str:
 
 
 @pytest.fixture
+def no_trust(monkeypatch):
+    """The caller grants nothing (no $KERNEL_LOCK_TRUST): only the built-in allow-list."""
+    monkeypatch.delenv("KERNEL_LOCK_TRUST", raising=False)
+
+
+@pytest.fixture
+def no_workers(monkeypatch):
+    """Fail the test if the probe starts any worker: the argument must be refused before any work."""
+    from kernel_probe.isolation import worker
+
+    def refuse(*_a, **_k):
+        raise AssertionError("a worker was started: the argument should have been refused before any work")
+
+    monkeypatch.setattr(worker.WorkerPool, "__init__", refuse)
+    monkeypatch.setattr(worker.Worker, "__init__", refuse)
+
+
+@pytest.fixture
 def lock_file(tmp_path: Path) -> Path:
     p = tmp_path / "kernel-lock.toml"
     p.write_text(MINIMAL_LOCK)
     return p
+
+
+def edited_lock(**replace: str) -> str:
+    """MINIMAL_LOCK with each old text (a key) replaced once by its new one; a missing one fails the test."""
+    text = MINIMAL_LOCK
+    for old, new in replace.items():
+        assert old in text, old
+        text = text.replace(old, new, 1)
+    return text
+
+
+def sealed_lock(text: str = MINIMAL_LOCK, *, path: str | None = None, check_targets: bool = True):
+    """The lock ``text`` describes, sealed: its digest matches its content, as kernel-probe and
+    `kernel-probe rehash` leave it. Loading's warnings (no digest yet, no [environment]) are not shown."""
+    import kernel_lock
+
+    return kernel_lock.loads(text, path=path, emit_warnings=False, check_targets=check_targets).sealed()
+
+
+def write_sealed(dest: Path, text: str = MINIMAL_LOCK, **load) -> Path:
+    """``text`` sealed (:func:`sealed_lock`, ``load`` its options) and written at ``dest``; returns ``dest``."""
+    sealed_lock(text, **load).dump(dest)
+    return dest
+
+
+def small_probe(*slots: str, shape: str = "64x32", reps: int = 2, precision: str | None = "32-true") -> list[str]:
+    """The arguments of a small CPU probe: the given slots (all three when none), one precision (None:
+    the default ones), one small shape, few repetitions. Add --out, candidates, pins and flags around it."""
+    argv = [arg for slot in slots for arg in ("--slot", slot)]
+    if precision is not None:
+        argv += ["--precision", precision]
+    return [*argv, "--shape", shape, "--reps", str(reps)]
 
 
 def run_cli(argv, capsys):
@@ -82,18 +132,27 @@ def run_cli(argv, capsys):
 # to minutes each, once per module). Every test using one is marked slow, so the everyday fast lane
 # (`pytest -m "not slow"`, README) never starts them; .ci/run still runs everything.
 SLOW_FIXTURES = {
-    "test_judge_zoo.py": "results",
-    "test_lock_docs.py": "real_locks",
-    "test_anemoi.py": "locks",
-    "test_newcomer.py": "logged_probe",
-    "test_probe.py": "probed",
-    "test_distributed.py": "ranks",
-    "test_jobstart.py": "warm",
+    "test_judge_zoo.py": ("results",),
+    "test_lock_docs.py": ("real_locks",),
+    "test_anemoi.py": ("locks",),
+    "test_probe.py": ("probed", "logged_probe"),
+    "test_distributed.py": ("ranks",),
+    "test_jobstart.py": ("warm",),
 }
+
+
+# Modules whose every test is slow (their `pytestmark` says so): the fast lane does not even import them,
+# since importing anemoi-models and Hydra, or hypothesis (whose modules pytest rewrites), costs seconds.
+SLOW_MODULES = ("test_anemoi.py", "test_anemoi_full.py", "test_lock_fuzz.py")
+
+
+def pytest_ignore_collect(collection_path, config):
+    if collection_path.name in SLOW_MODULES and " ".join(config.getoption("markexpr", "").split()) == "not slow":
+        return True
+    return None
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        fixture = SLOW_FIXTURES.get(item.path.name)
-        if fixture and fixture in getattr(item, "fixturenames", ()):
+        if set(SLOW_FIXTURES.get(item.path.name, ())) & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)

@@ -38,12 +38,14 @@ from omegaconf import OmegaConf
 import kernel_lock
 import kernel_lock.adapter_names as adapter_names
 import kernel_lock.adapters as adapters
-from kernel_lock import LockWarning
 from kernel_lock.anemoi import layer_kernels, locate
 from kernel_lock.importing import import_target
 from kernel_probe.cli import main
 
-pytestmark = pytest.mark.anemoi
+from .conftest import small_probe, write_sealed
+
+# the real consumer end to end (anemoi-models, Hydra): slow, and the fast lane does not import it (conftest.SLOW_MODULES)
+pytestmark = [pytest.mark.anemoi, pytest.mark.slow]
 
 N, C, E, EDGE_DIM, HEADS = 24, 32, 96, 8, 4
 # built with a hard-coded torch.nn.Linear inside anemoi 0.19 (MultiHeadSelfAttention's q/k/v): no
@@ -81,16 +83,7 @@ def locks(tmp_path_factory):
     assert set(chosen.slots) == {"LayerNorm", "RMSNorm", "Linear"}  # RMSNorm: pinned, never exported
     pinned = _probe(
         d / "pinned.toml",
-        "--slot",
-        "LayerNorm",
-        "--slot",
-        "Linear",
-        "--precision",
-        "32-true",
-        "--shape",
-        "256x64",
-        "--reps",
-        "2",
+        *small_probe("LayerNorm", "Linear", shape="256x64"),
         "--candidate",
         "LayerNorm=kp_zoo.norms.GoodLayerNorm",
         "--pin",
@@ -253,9 +246,7 @@ def test_adapter_target_for_a_liger_signature_class(monkeypatch, tmp_path):
         adapter_names.SIZE_ADAPTERS, "HiddenSizeLayerNormAnemoi", ("kp_zoo.norms.HiddenSizeLayerNorm", "hidden_size")
     )
     lock_path = tmp_path / "lock.toml"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", LockWarning)
-        kernel_lock.loads(HIDDEN_SIZE_LOCK).sealed().dump(lock_path)
+    write_sealed(lock_path, HIDDEN_SIZE_LOCK)
     # anemoi cannot use the class directly: its Transformer blocks call LayerNorm(normalized_shape=C)
     direct = "layer_kernels:\n  LayerNorm: {_target_: kp_zoo.norms.HiddenSizeLayerNorm, eps: 1.0e-05}\n"
     with pytest.raises(InstantiationException, match="unexpected keyword argument 'normalized_shape'"):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import importlib.resources
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +17,12 @@ import pytest
 import yaml
 
 import kernel_lock
-from kernel_lock import LockWarning
 from kernel_lock.anemoi import AUTOCAST_LAYER_NORM, CONDITIONAL_LAYER_NORM, layer_kernels
 from kernel_probe.anemoi.compose import layer_kernels_paths
 from kernel_probe.anemoi.pipelines import check_config, export_for_config
 from kernel_probe.cli import main
+
+from .conftest import write_sealed
 
 pytest.importorskip("hydra", reason="hydra-core is not installed; `bash .ci/anemoi-install` installs it")
 training = pytest.importorskip(
@@ -68,10 +68,7 @@ twin = {{ target = "torch.nn.Linear", kwargs = {{ bias = true }}, state-dict = "
 def make_lock(
     path: Path, ln_target: str = "torch.nn.LayerNorm", ln_id: str = "torch.layer_norm"
 ) -> kernel_lock.KernelLock:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", LockWarning)  # no [environment]: it matches any machine
-        lock = kernel_lock.loads(TORCH_LOCK.format(ln_target=ln_target, ln_id=ln_id), path=str(path)).sealed()
-    lock.dump(path)
+    write_sealed(path, TORCH_LOCK.format(ln_target=ln_target, ln_id=ln_id))  # no [environment]: any machine
     return kernel_lock.load(path)
 
 

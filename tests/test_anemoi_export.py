@@ -23,7 +23,7 @@ import kernel_lock.adapters as adapters
 from kernel_lock import KernelUnavailable, LockMismatch, LockWarning
 from kernel_lock.anemoi import AUTOCAST_LAYER_NORM, ConventionError, convention_problems, export, layer_kernels
 
-from .conftest import MINIMAL_LOCK, ROOT
+from .conftest import MINIMAL_LOCK, ROOT, write_sealed
 from .conftest import run_cli as run
 from .test_import_light import _imported_modules
 
@@ -233,8 +233,7 @@ def test_export_yaml_is_the_mapping(lock_file, capsys):
 
 
 def test_export_on_another_machine(tmp_path, capsys):
-    p = tmp_path / "gpu.toml"
-    load(lock_text(device="cuda")).sealed().dump(p)
+    p = write_sealed(tmp_path / "gpu.toml", lock_text(device="cuda"))
     code, out, err = run(["export", p], capsys)
     assert code == 3 and "device-type" in err  # training mode: this is not the machine of the lock
     code, out, err = run(["export", p, "--mode", "inference"], capsys)
@@ -324,3 +323,9 @@ def test_check_hidden_64_catches_a_narrow_row_bug(capsys):
     narrow64 = reports["custom:kp_zoo.norms.NarrowRowsLayerNorm"]
     assert narrow64["status"] == "rejected" and "y error" in narrow64["reasons"][0]
     assert run(["check", "--hidden", "0"], capsys)[0] == 2
+
+
+# ---- the README's anemoi install (issue 16, point 7) -------------------------------------------------------
+def test_readme_says_what_the_anemoi_install_prints():
+    readme = (ROOT / "README.md").read_text()
+    assert "`pip check` will complain" not in readme and "resolver" in readme

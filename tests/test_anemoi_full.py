@@ -35,9 +35,10 @@ from kernel_probe.anemoi.pipelines import export_for_config
 from kernel_probe.cli import main
 
 from .anemoi_build import batch, build, compose_file, deep_merge, validated, write_overlay
-from .conftest import ROOT
+from .conftest import ROOT, small_probe
 
-pytestmark = pytest.mark.anemoi
+# whole anemoi models: slow, and the fast lane does not import it (conftest.SLOW_MODULES)
+pytestmark = [pytest.mark.anemoi, pytest.mark.slow]
 
 # anemoi-models 0.19 builds these with torch.nn directly: no layer_kernels entry reaches them
 HARD_CODED = ("*.node_data_extractor.*", "*.attention.lin_q", "*.attention.lin_k", "*.attention.lin_v")
@@ -51,16 +52,7 @@ def fast_lock(tmp_path_factory) -> kernel_lock.KernelLock:
             [
                 "--out",
                 str(path),
-                "--slot",
-                "LayerNorm",
-                "--slot",
-                "Linear",
-                "--precision",
-                "32-true",
-                "--shape",
-                "256x64",
-                "--reps",
-                "2",
+                *small_probe("LayerNorm", "Linear", shape="256x64"),
                 "--candidate",
                 "LayerNorm=kp_fastlib.FastLayerNorm",
                 "--pin",

@@ -8,14 +8,12 @@ overlays over its presets (``tests/anemoi_build.write_overlay``) or edited copie
 from __future__ import annotations
 
 import importlib.resources
-import warnings
 from pathlib import Path
 
 import pytest
 import yaml
 
 import kernel_lock
-from kernel_lock import LockWarning
 from kernel_lock.anemoi import AUTOCAST_LAYER_NORM, layer_kernels
 from kernel_probe.anemoi import schema_check
 from kernel_probe.anemoi.pipelines import check_config, export_for_config
@@ -23,7 +21,7 @@ from kernel_probe.anemoi.trust import Trust
 from kernel_probe.commands.export import render_yaml
 
 from .anemoi_build import deep_merge, write_overlay
-from .conftest import run_cli
+from .conftest import run_cli, write_sealed
 
 pytest.importorskip("hydra", reason="hydra-core is not installed; `bash .ci/anemoi-install` installs it")
 pytest.importorskip(
@@ -58,9 +56,7 @@ twin = { target = "torch.nn.Linear", kwargs = { bias = true }, state-dict = "int
 @pytest.fixture
 def torch_lock(tmp_path) -> kernel_lock.KernelLock:
     path = tmp_path / "kernel-lock.toml"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", LockWarning)  # no [environment]: it matches any machine
-        kernel_lock.loads(TORCH_LOCK, path=str(path)).sealed().dump(path)
+    write_sealed(path, TORCH_LOCK)  # no [environment]: it matches any machine
     return kernel_lock.load(path)
 
 

@@ -17,6 +17,8 @@ from kernel_probe.probe import atshape, timing
 from kernel_probe.probe.candidates import builtin, from_command_line
 from kernel_probe.probe.judge import judge_shape
 
+from .conftest import small_probe
+
 FAST = {"reps": 1, "warmup": 1, "min_seconds": 0.0}
 
 
@@ -135,13 +137,27 @@ def test_a_check_that_cannot_run_rejects():
 
 # ---- through the probe: rejected naming the shape and the row; pinned, exit 3 ---------------------
 SHIFTED = "kp_zoo.norms.ShiftedBeyondRowsLayerNorm"
-PROBE = ["--slot", "LayerNorm", "--candidate", f"LayerNorm={SHIFTED}", "--precision", "32-true", "--reps", "1"]
+PIN = ["--pin", f"LayerNorm=custom:{SHIFTED}"]
+
+
+def probe(out, shape: str, *extra: str) -> int:
+    """A small probe of LayerNorm at ``shape``, with the shifted candidate among the built-in ones."""
+    return main(
+        [
+            "--out",
+            str(out),
+            "--candidate",
+            f"LayerNorm={SHIFTED}",
+            *small_probe("LayerNorm", shape=shape, reps=1),
+            *extra,
+        ]
+    )
 
 
 @pytest.mark.slow
 def test_probe_rejects_a_kernel_wrong_at_the_models_size(tmp_path, capsys):
     out = tmp_path / "k.toml"
-    assert main(["--out", str(out), *PROBE, "--shape", "8192x256"]) == 0
+    assert probe(out, "8192x256") == 0
     slot = kernel_lock.load(out).slots["LayerNorm"]
     assert slot.implementation == "torch.layer_norm"
     shifted = next(c for c in slot.rejected if c.implementation == f"custom:{SHIFTED}")
@@ -153,11 +169,11 @@ def test_probe_rejects_a_kernel_wrong_at_the_models_size(tmp_path, capsys):
     capsys.readouterr()
     # pinned: an error, exit 3, naming the shape and the first bad row; nothing written
     pinned = tmp_path / "pinned.toml"
-    code = main(["--out", str(pinned), *PROBE, "--shape", "8192x256", "--pin", f"LayerNorm=custom:{SHIFTED}"])
+    code = probe(pinned, "8192x256", *PIN)
     err = capsys.readouterr().err
     assert code == 3 and "8192x256" in err and "first bad row 4096" in err and not pinned.exists()
     # the control: the same code at a size where it is right is pinned
-    assert main(["--out", str(pinned), *PROBE, "--shape", "4096x256", "--pin", f"LayerNorm=custom:{SHIFTED}"]) == 0
+    assert probe(pinned, "4096x256", *PIN) == 0
     assert kernel_lock.load(pinned).slots["LayerNorm"].implementation == f"custom:{SHIFTED}"
 
 

@@ -8,6 +8,8 @@ import pytest
 
 from kernel_probe.cli import main
 
+from .conftest import run_cli
+
 
 @pytest.mark.slow
 def test_check_json_keys(capsys):
@@ -64,3 +66,16 @@ def test_check_table(capsys):
 def test_check_usage_errors(capsys, argv, words):
     assert main(argv) == 2
     assert words in capsys.readouterr().err
+
+
+# ---- timeouts that are not numbers (hostile input, issue 14) -----------------------------------------------
+@pytest.mark.parametrize(
+    "argv,code",
+    [
+        (["check", "--timeout", "nan"], 2),
+        (["check", "--timeout", "-1"], 2),
+        (["check", "--import-timeout", "inf"], 2),
+    ],
+)
+def test_bad_timeouts_are_usage_errors(capsys, argv, code):
+    assert run_cli(argv, capsys)[0] == code

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import json
 import textwrap
-import warnings
+import time
 
 import pytest
 
 import kernel_lock
-from kernel_lock import LockWarning
 from kernel_lock.anemoi import layer_kernels
 from kernel_probe.anemoi.blocks import find_blocks
 from kernel_probe.anemoi.config_file import load_config
 from kernel_probe.anemoi.entry_checks import check_entry
 
-from .conftest import MINIMAL_LOCK
 from .conftest import run_cli as run
+from .conftest import write_sealed
 
 # the training layout: defined once, inherited by every component
 TRAINING = """\
@@ -185,11 +184,7 @@ def test_semantics_change_can_be_declared_deliberate():
 # ---- the command ------------------------------------------------------------------------------------
 @pytest.fixture
 def minimal_lock_path(tmp_path):
-    p = tmp_path / "kernel-lock.toml"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", LockWarning)
-        kernel_lock.loads(MINIMAL_LOCK).sealed().dump(p)
-    return p
+    return write_sealed(tmp_path / "kernel-lock.toml")
 
 
 @pytest.mark.slow
@@ -322,3 +317,48 @@ def test_unreadable_configs_exit_5(tmp_path, capsys, content, words):
         p.write_text(content)
     code, _, err = run(["check-config", p], capsys)
     assert code == 5 and words in err and "Traceback" not in err
+
+
+# ---- YAML bombs, interpolation fan-out, keys that are not names (hostile input, issue 14) ------------------
+BOMB = textwrap.dedent("""\
+    a: &a ["x", "x", "x", "x", "x", "x", "x", "x", "x", "x"]
+    b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]
+    c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]
+    d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]
+    e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]
+    f: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]
+    g: &g [*f, *f, *f, *f, *f, *f, *f, *f, *f, *f]
+    model: {layer_kernels: {LayerNorm: {_target_: torch.nn.LayerNorm, junk: *g}}}
+""")
+
+
+def test_a_yaml_alias_bomb_is_refused_fast(tmp_path, capsys):
+    p = tmp_path / "bomb.yaml"
+    p.write_text(BOMB)
+    assert len(BOMB) < 700
+    start = time.perf_counter()
+    code, _, err = run(["check-config", p], capsys)
+    assert code == 5 and "alias bomb" in err and time.perf_counter() - start < 20
+
+
+def test_an_interpolation_fan_out_is_bounded(tmp_path, capsys):
+    levels = ["a0: [x, x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, 7):
+        levels.append(f"a{i}: [" + ", ".join([f"'${{model.a{i - 1}}}'"] * 10) + "]")
+    model = "\n".join("  " + line for line in levels)
+    p = tmp_path / "fan.yaml"
+    p.write_text(
+        f"model:\n{model}\n  layer_kernels:\n    LayerNorm: {{_target_: torch.nn.LayerNorm, junk: '${{model.a6}}'}}\n"
+    )
+    start = time.perf_counter()
+    code, _, err = run(["check-config", p], capsys)
+    assert code == 5 and "references produces more than" in err and time.perf_counter() - start < 20
+
+
+def test_config_keys_that_are_not_names(tmp_path, capsys):
+    p = tmp_path / "c.yaml"
+    p.write_text(
+        "model:\n  layer_kernels:\n    1: {_target_: torch.nn.LayerNorm}\n    null: {_target_: torch.nn.Linear}\n"
+    )
+    code, out, err = run(["check-config", p], capsys)
+    assert code == 5 and "is a int, not a name" in out and "Traceback" not in err

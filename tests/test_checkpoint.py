@@ -20,6 +20,8 @@ import kernel_lock
 from kernel_lock import KernelUnavailable, LockFormatError, LockWarning
 from kernel_lock.checkpoint import CHECKPOINT_KEY, attach, lock_from_checkpoint, migrate_state_dict
 
+from .conftest import FAKES, ROOT, sealed_lock
+
 TRAINING_LOCK = """\
 lock-version = "1.0"
 created-by = "test"
@@ -44,9 +46,7 @@ twin = { target = "torch.nn.LayerNorm", kwargs = { eps = 1e-05 }, state-dict = "
 
 
 def sealed(text: str = TRAINING_LOCK) -> kernel_lock.KernelLock:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", LockWarning)
-        return kernel_lock.loads(text, path="train.toml").sealed()
+    return sealed_lock(text, path="train.toml")
 
 
 @pytest.fixture
@@ -270,3 +270,13 @@ def test_readme_worked_example_runs(tmp_path):
     )
     assert "same outputs" in proc.stdout
     assert "inference substitutes torch.nn.LayerNorm for slot LayerNorm" in proc.stderr
+
+
+# ---- documented torch.load calls pass weights_only (issue 14) ----------------------------------------------
+def test_documented_torch_load_calls_pass_weights_only():
+    import re
+
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for call in re.findall(r"torch\.load\([^)]*\)", doc.read_text()):
+            assert "weights_only=" in call, (doc.name, call)
+    assert FAKES.is_dir()

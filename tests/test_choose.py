@@ -102,3 +102,28 @@ def test_pinning_what_cannot_be_used_is_an_error(kw, said, code):
 def test_nothing_accepted_is_an_error():
     with pytest.raises(ProbeError, match="kernel-probe check --slot RMSNorm"):
         decide({}, [rep("torch.rms_norm", "crashed")])
+
+
+# ---- errors name the flag (issue 16, point 2) --------------------------------------------------------------
+def test_choice_errors_name_the_flag_and_spell_it_right():
+    from kernel_probe.errors import ForcedUnusable
+    from kernel_probe.probe.check import Report
+    from kernel_probe.probe.choose import choose
+
+    reports = [
+        Report("torch.rms_norm", "torch.nn.RMSNorm", "RMSNorm", "rms_norm", "cpu", "accepted"),
+        Report("liger.rms_norm", "x.Y", "RMSNorm", "rms_norm", "cpu", "rejected", ["too wrong"]),
+    ]
+    for kw, flag, word in (
+        ({"pin": "liger.rms_norm"}, "--pin", "pinned"),
+        ({"prefer": "liger.rms_norm"}, "--prefer", "preferred"),
+    ):
+        with pytest.raises(ForcedUnusable) as exc:
+            choose("RMSNorm", reports, {}, ["8x8"], "float32", "torch.rms_norm", **kw)
+        text = str(exc.value)
+        assert f"{flag} RMSNorm=liger.rms_norm" in text and f"a {word} kernel" in text and exc.value.exit_code == 3
+        assert "pinn " not in text and "preferr " not in text
+    with pytest.raises(ForcedUnusable, match="profile lumi-g pin RMSNorm=liger.rms_norm"):
+        choose(
+            "RMSNorm", reports, {}, ["8x8"], "float32", "torch.rms_norm", pin="liger.rms_norm", origin="profile lumi-g"
+        )

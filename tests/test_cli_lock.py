@@ -10,7 +10,7 @@ import pytest
 
 from kernel_probe.cli import main
 
-from .conftest import MINIMAL_LOCK, ROOT
+from .conftest import MINIMAL_LOCK, ROOT, edited_lock, write_sealed
 from .conftest import run_cli as run
 
 
@@ -71,10 +71,8 @@ def test_missing_and_directory(tmp_path, capsys):
 
 
 def test_strict_refuses_hand_edit(tmp_path, capsys):
-    import kernel_lock
 
-    p = tmp_path / "k.toml"
-    kernel_lock.loads(MINIMAL_LOCK, emit_warnings=False).sealed().dump(p)
+    p = write_sealed(tmp_path / "k.toml")
     assert run(["verify", str(p), "--strict"], capsys)[0] == 0
     p.write_text(p.read_text().replace("1e-06", "1e-07", 1))
     code, _, err = run(["verify", str(p), "--strict"], capsys)
@@ -113,7 +111,6 @@ def test_no_traceback_from_real_process(tmp_path):
 
 
 def test_diff_exit_code_is_6_when_the_locks_differ(tmp_path, capsys):
-    import kernel_lock
     from kernel_lock.errors import EXIT_CODES
 
     a, same, b = tmp_path / "a.toml", tmp_path / "same.toml", tmp_path / "b.toml"
@@ -122,7 +119,7 @@ def test_diff_exit_code_is_6_when_the_locks_differ(tmp_path, capsys):
         (same, MINIMAL_LOCK),
         (b, MINIMAL_LOCK.replace("bias = false", "bias = true")),
     ):
-        kernel_lock.loads(text, emit_warnings=False).sealed().dump(path)
+        write_sealed(path, text)
     code, out, _ = run(["diff", a, b, "--exit-code"], capsys)
     assert code == 6 and "diff --exit-code" in EXIT_CODES[6]
     assert "slot Linear kwargs: {'bias': False} -> {'bias': True}" in out
@@ -138,3 +135,62 @@ def test_diff_exit_code_is_6_when_the_locks_differ(tmp_path, capsys):
     assert proc.returncode == 6, proc.stderr
     code, out, _ = run(["diff", "--help"], capsys)
     assert code == 0 and "exit 6 when the locks differ" in " ".join(out.split())
+
+
+# ---- the lock commands default to $KERNEL_LOCK; a bad slot is a usage error (issue 16, point 7) ------------
+def test_lock_commands_default_to_KERNEL_LOCK(lock_file, capsys, monkeypatch):
+    monkeypatch.setenv("KERNEL_LOCK", str(lock_file))
+    monkeypatch.chdir(lock_file.parent.parent)  # no ./kernel-lock.toml here
+    for argv in (["show"], ["explain", "LayerNorm"], ["rehash"], ["verify"]):
+        code, out, err = run(argv, capsys)
+        assert code == 0, (argv, err)
+        assert str(lock_file) in out + err or argv == ["explain", "LayerNorm"], argv
+    code, out, _ = run(["explain", "LayerNorm"], capsys)
+    assert "LayerNorm -> torch.layer_norm (torch.nn.LayerNorm)" in out  # the $KERNEL_LOCK file's slot
+
+
+def test_explain_with_a_bad_slot_is_a_usage_error(lock_file, capsys):
+    code, _, err = run(["explain", lock_file, "Layernorm"], capsys)
+    assert code == 2 and "did you mean 'LayerNorm'" in err
+    code, _, err = run(["explain", lock_file, "LayerNorm", "extra"], capsys)
+    assert code == 2
+
+
+# ---- verify: the slot's semantics, an empty or unknown environment (hostile input, issue 14) ---------------
+@pytest.mark.parametrize(
+    "slot,target,words",
+    [
+        ("LayerNorm", "torch.nn.RMSNorm", "computes rms_norm, not layer_norm"),
+        ("Linear", "torch.nn.Identity", "computes other: Identity, not linear"),
+    ],
+)
+def test_verify_checks_the_class_against_the_slot(tmp_path, capsys, slot, target, words):
+    default = {"LayerNorm": "torch.nn.LayerNorm", "Linear": "torch.nn.Linear"}[slot]
+    text = MINIMAL_LOCK.replace(f"[slots.{slot}]\nimplementation", f"[slots.{slot}]\nimplementation", 1)
+    head, _, tail = text.partition(f"[slots.{slot}]")
+    tail = tail.replace(f'target = "{default}"', f'target = "{target}"', 1)
+    path = write_sealed(
+        tmp_path / "k.toml", head + f"[slots.{slot}]" + tail, check_targets=False
+    )  # rehash-ed: the digest is intact
+    code, _, err = run(["verify", path, "--strict"], capsys)
+    assert code == 5 and words in err, err
+
+
+def test_strict_refuses_an_empty_environment(tmp_path, capsys):
+    text = edited_lock(**{'[environment]\ndevice-type = { value = "cpu", match = "exact" }\n': ""})
+    path = write_sealed(tmp_path / "k.toml", text, check_targets=False)
+    assert run(["verify", path], capsys)[0] == 0  # matches any machine: allowed, but ...
+    code, _, err = run(["verify", path, "--strict"], capsys)
+    assert code == 5 and "no [environment]: it would match any machine" in err
+
+
+def test_an_unknown_environment_field_is_reported_not_checked(tmp_path, capsys):
+    text = edited_lock(
+        **{
+            'device-type = { value = "cpu", match = "exact" }': 'device-type = { value = "cpu", match = "exact" }\nquantum-bits = { value = "42", match = "exact" }'
+        }
+    )
+    path = write_sealed(tmp_path / "k.toml", text, check_targets=False)
+    code, out, err = run(["verify", path], capsys)
+    assert code == 0, err
+    assert "'quantum-bits' is unknown to this kernel_lock" in out and "not checked" in out

@@ -12,16 +12,15 @@ import os
 import socket
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 
 import kernel_lock
-from kernel_lock import LockWarning, RanksDisagree
+from kernel_lock import RanksDisagree
 from kernel_lock.distributed import _exchange_device_type, _ranks_text, check_ranks, judge, local_report
 
-from .conftest import MINIMAL_LOCK, ROOT
+from .conftest import MINIMAL_LOCK, ROOT, sealed_lock
 
 WORLD = 4
 HOST = socket.gethostname()
@@ -70,12 +69,6 @@ open(out_path, "w").write(json.dumps({"numpy": numpy, "scenarios": results}))
 """
 
 
-def _sealed(text: str) -> kernel_lock.KernelLock:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", LockWarning)
-        return kernel_lock.loads(text).sealed()
-
-
 def _run_ranks(tmp: Path, plan: list[dict], *, world: int, without_numpy: bool = False) -> dict[int, dict]:
     """Run ``plan`` on ``world`` real gloo ranks; per rank, {"numpy": ..., "scenarios": {name: outcome}}."""
     (tmp / "plan.json").write_text(json.dumps(plan))
@@ -114,8 +107,8 @@ def _run_ranks(tmp: Path, plan: list[dict], *, world: int, without_numpy: bool =
 
 def _locks(tmp: Path) -> tuple[Path, Path]:
     same, other = tmp / "kernel-lock.toml", tmp / "other-lock.toml"
-    _sealed(MINIMAL_LOCK).dump(same)
-    _sealed(MINIMAL_LOCK.replace("kwargs = { bias = false }", "kwargs = { bias = true }")).dump(other)
+    sealed_lock(MINIMAL_LOCK).dump(same)
+    sealed_lock(MINIMAL_LOCK.replace("kwargs = { bias = false }", "kwargs = { bias = true }")).dump(other)
     return same, other
 
 
@@ -245,9 +238,9 @@ def test_without_a_process_group_the_process_is_a_world_of_one(tmp_path):
     import torch.distributed as dist
 
     assert not dist.is_initialized()
-    check_ranks(_sealed(MINIMAL_LOCK))
+    check_ranks(sealed_lock(MINIMAL_LOCK))
     with pytest.raises(RanksDisagree, match="(?s)failed on 1 of 1 rank.*rank 0 on .*device-type: lock has 'rocm'"):
-        check_ranks(_sealed(MINIMAL_LOCK.replace('value = "cpu"', 'value = "rocm"')))
+        check_ranks(sealed_lock(MINIMAL_LOCK.replace('value = "cpu"', 'value = "rocm"')))
 
 
 def test_local_report_names_rank_host_lock_and_content_digest(lock_file):
@@ -304,7 +297,7 @@ def _sent(report: dict) -> bytes:
 
 
 def test_the_exchange_round_trips_reports(fake_group):
-    lock = _sealed(MINIMAL_LOCK)
+    lock = sealed_lock(MINIMAL_LOCK)
     fake_group["other"] = _sent(_report(1, digest=B, host="nid001"))
     with pytest.raises(RanksDisagree) as info:
         check_ranks(lock)
@@ -326,7 +319,7 @@ def test_the_exchange_round_trips_reports(fake_group):
 def test_a_failed_exchange_is_ranks_disagree(fake_group, exc):
     fake_group["fail"] = exc
     with pytest.raises(RanksDisagree) as info:
-        check_ranks(_sealed(MINIMAL_LOCK))
+        check_ranks(sealed_lock(MINIMAL_LOCK))
     error = info.value
     assert error.exit_code == 3 and error.__cause__ is exc
     assert f"rank 0 on {HOST} could not exchange its kernel lock report" in error.problem
@@ -341,7 +334,7 @@ def test_a_rank_whose_check_crashed_still_exchanges(fake_group, monkeypatch):
         raise RuntimeError("NVML exploded")
 
     monkeypatch.setattr(with_torch, "current", crash)
-    lock = _sealed(MINIMAL_LOCK)
+    lock = sealed_lock(MINIMAL_LOCK)
     fake_group["other"] = _sent(_report(1, digest=lock.compute_digest()))
     with pytest.raises(RanksDisagree, match="checking failed: RuntimeError: NVML exploded") as info:
         check_ranks(lock)
@@ -362,7 +355,7 @@ def test_a_rank_whose_check_crashed_still_exchanges(fake_group, monkeypatch):
 def test_a_report_that_does_not_decode_is_ranks_disagree(fake_group, blob, why):
     fake_group["other"] = blob
     with pytest.raises(RanksDisagree) as info:
-        check_ranks(_sealed(MINIMAL_LOCK))
+        check_ranks(sealed_lock(MINIMAL_LOCK))
     assert info.value.exit_code == 3 and info.value.ranks == [1]
     assert "the kernel lock report of group rank 1 did not decode (backend gloo)" in info.value.problem
     assert why in info.value.problem and "same kernel_lock version on every rank" in info.value.fix
@@ -377,7 +370,7 @@ def test_an_nccl_group_needs_a_current_cuda_device(fake_group, monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", no_device)
     fake_group["backend"] = "nccl"
     with pytest.raises(RanksDisagree, match=r"\(backend nccl\): RuntimeError: No CUDA GPUs are available"):
-        check_ranks(_sealed(MINIMAL_LOCK))
+        check_ranks(sealed_lock(MINIMAL_LOCK))
     assert fake_group["calls"] == 0
 
 

@@ -3,6 +3,9 @@ from a lock shown as escapes wherever C0/C1 controls are (show, explain, the job
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import sys
 import unicodedata
 
@@ -11,7 +14,7 @@ import pytest
 import kernel_lock
 from kernel_probe import output
 
-from .conftest import run_cli
+from .conftest import edited_lock, run_cli, write_sealed
 
 
 def test_lock_for_inference_into_a_missing_folder_names_the_path(tmp_path, lock_file, capsys):
@@ -170,3 +173,70 @@ def test_the_flags_are_declared_in_one_place():
         if f'add_argument("{flag}"' in path.read_text()
     ]
     assert declared == [("kernel_probe/output.py", "--json"), ("kernel_probe/output.py", "--debug")]
+
+
+# ---- errors as JSON, tables wider rather than cut (issue 16, point 4) --------------------------------------
+def test_wide_table_is_printed_wider_rather_than_cut(monkeypatch):
+    from kernel_probe import output
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        output.reset()
+        t = output.table("T")
+        t.add_column("id", no_wrap=True)
+        t.add_column("note")
+        t.add_row("x" * 70 + ".end", "words that may wrap at spaces but never inside 'a_very_long_word_indeed'")
+        output.print_table(t)
+    text = buf.getvalue()
+    assert "x" * 70 + ".end" in text and "'a_very_long_word_indeed'" in text and "…" not in text
+
+
+@pytest.mark.parametrize(
+    "argv, code",
+    [
+        (["--json", "--pin", "RMSNorm=nope"], 2),
+        (["--json", "--precision", "fp8"], 2),
+        (["verify", "/no/such/lock.toml", "--json"], 5),
+        (["explain", "/no/such/lock.toml", "Layernorm", "--json"], 2),
+    ],
+)
+def test_json_errors_are_json_on_stdout(argv, code, capsys, no_workers):
+    got, out, err = run_cli(argv, capsys)
+    assert got == code
+    data = json.loads(out)
+    assert data["ok"] is False and data["error"]["exit_code"] == code and data["error"]["problem"]
+    assert err.strip()  # and the message for a person on stderr
+
+
+# ---- markup and escape sequences in lock strings (hostile input, issue 14) ---------------------------------
+@pytest.mark.parametrize(
+    "value,shown",
+    [
+        ("[/bold] x", "[/bold] x"),
+        ("[black on black]hidden", "[black on black]hidden"),
+        ("\x1b[2J\x1b[31mred", "\\x1b[2J"),
+    ],
+)
+@pytest.mark.parametrize("command", ["show", "explain", "diff", "verify"])
+def test_strings_from_a_lock_are_printed_as_text(tmp_path, capsys, value, shown, command):
+    escaped = value.replace("\x1b", "\\u001b")
+    text = edited_lock(
+        **{
+            'created-by = "hand"': f'created-by = "{escaped}"',
+            'implementation = "torch.layer_norm"': f'implementation = "{escaped}"',
+        }
+    )
+    path = write_sealed(tmp_path / "k.toml", text, check_targets=False)
+    argv = {
+        "show": ["show", path],
+        "explain": ["explain", path, "LayerNorm"],
+        "diff": ["diff", path, tmp_path / "b.toml"],
+        "verify": ["verify", path],
+    }[command]
+    write_sealed(tmp_path / "b.toml")
+    code, out, err = run_cli(argv, capsys)
+    assert code == 0, err
+    assert "\x1b" not in out + err
+    if command in ("show", "explain"):
+        assert shown in out, out

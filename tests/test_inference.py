@@ -20,6 +20,7 @@ from kernel_lock.importing import import_target
 from kernel_lock.resolve import TWIN_SEMANTICS
 from kernel_probe.probe.candidates import SLOT_SEMANTICS, builtin
 
+from .conftest import MINIMAL_LOCK, write_sealed
 from .conftest import run_cli as run
 
 NOT_INSTALLED = '[{ name = "kp-not-installed", specifier = ">=1.0", module = "kp_not_installed" }]'
@@ -69,9 +70,7 @@ def load(text: str, path: str = "test.toml") -> kernel_lock.KernelLock:
 
 
 def write(tmp_path: Path, text: str, name: str = "train.toml") -> Path:
-    p = tmp_path / name
-    load(text).sealed().dump(p)
-    return p
+    return write_sealed(tmp_path / name, text, path="test.toml")
 
 
 # ---- the resolver --------------------------------------------------------------------------
@@ -417,3 +416,38 @@ def test_training_refuses_an_inference_lock():
     assert type(lock.factory("LayerNorm", mode="inference")(4)).__name__ == "LayerNorm"
     # without a mode, the lock's own (inference) applies: no error, and it says so
     assert lock.factory("LayerNorm").mode == "inference" and lock.verify() == []
+
+
+# ---- a lock's own mode (issue 16, point 3) -----------------------------------------------------------------
+@pytest.fixture
+def inference_lock(tmp_path):
+    text = MINIMAL_LOCK.replace('created-by = "hand"', 'created-by = "hand"\nmode = "inference"')
+    return write_sealed(tmp_path / "kernel-lock.inference.toml", text)
+
+
+def test_verify_and_export_follow_the_locks_mode(inference_lock, capsys):
+    code, out, err = run(["verify", inference_lock], capsys)
+    assert code == 0, err
+    assert "(inference mode)" in out
+    code, out, err = run(["verify", inference_lock, "--json"], capsys)
+    assert code == 0 and json.loads(out)["mode"] == "inference"
+    code, out, err = run(["export", inference_lock], capsys)
+    assert code == 0 and "(inference mode)" in out and "torch.nn.LayerNorm" in out
+
+
+def test_training_asked_of_an_inference_lock_says_so_the_right_way_round(inference_lock, capsys):
+    code, out, err = run(["verify", inference_lock, "--mode", "training"], capsys)
+    assert code == 3
+    assert "lock has 'inference'" in err and "'training asked for" in err
+    assert "--mode inference" in err  # the command-line way, not only Python's
+
+
+def test_factory_follows_the_locks_mode(inference_lock):
+    import kernel_lock
+
+    lock = kernel_lock.load(inference_lock)
+    assert lock.factory("LayerNorm").mode == "inference"
+    assert kernel_lock.factory(lock, "Linear").mode == "inference"
+    assert lock.resolve_all()["RMSNorm"].mode == "inference"
+    with pytest.raises(kernel_lock.KernelUnavailable):
+        lock.factory("LayerNorm", mode="training")

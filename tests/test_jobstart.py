@@ -23,10 +23,10 @@ from kernel_lock.fingerprint import here as fp_here
 from kernel_lock.fingerprint import torchless, with_torch
 from kernel_probe.probe.candidates import default_for
 
-from .conftest import run_cli
+from .conftest import run_cli, small_probe
 from .test_candidate_data import _lock_pinning
 
-SHAPES = ["--shape", "64x32", "--reps", "1", "--slot", "LayerNorm"]
+SHAPES = small_probe("LayerNorm", reps=1, precision=None)
 # what the warm path must not import: torch and what imports it, the progress bars, the probe's machinery
 HEAVY = (
     "torch",

@@ -21,6 +21,7 @@ from kernel_probe.jobstart.ranks import LAUNCHERS, JobRank
 from kernel_probe.probe import pipeline, planning
 from kernel_probe.probe.candidates import default_for
 
+from .conftest import sealed_lock, small_probe
 from .test_candidate_data import _lock_pinning
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,7 +86,7 @@ def marked(out: Path, lock: kernel_lock.KernelLock, rank: JobRank, request: plan
 )
 def test_a_current_lock_without_this_jobs_marker_is_never_reused(tmp_path, monkeypatch, earlier):
     out = tmp_path / "shared" / "k.toml"
-    request = planning.ProbeRequest(out=out, lock_timeout=0.5, **REQUEST)
+    request = planning.ProbeRequest(out=out, lock_timeout=0.2, **REQUEST)
     lock = current_lock(out, request)
     if earlier is not None:
         marked(out, lock, earlier, request)
@@ -123,7 +124,7 @@ def test_a_rank_on_the_node_waits_on_the_node_local_copy_not_the_shared_director
     # on another node (its own $TMPDIR) nothing was copied yet: a non-watching rank there waits for its watcher
     slurm(monkeypatch, tmp_path, 13, local=5, node=1)
     with pytest.raises(WaitTimeout):
-        pipeline.run(dataclasses.replace(request, lock_timeout=0.3))
+        pipeline.run(dataclasses.replace(request, lock_timeout=0.15))
 
 
 def test_a_node_differing_from_rank_0s_lock_is_told_to_probe_per_node_type(tmp_path, monkeypatch):
@@ -131,7 +132,7 @@ def test_a_node_differing_from_rank_0s_lock_is_told_to_probe_per_node_type(tmp_p
     request = planning.ProbeRequest(out=out, lock_timeout=5, **REQUEST)
     here = current_lock(out, request)
     text = here.dumps().replace('device-type = { value = "cpu"', 'device-type = { value = "cuda"')
-    other = kernel_lock.loads(text, emit_warnings=False).sealed()
+    other = sealed_lock(text)
     other.dump(out)
     slurm(monkeypatch, tmp_path, 1, local=1)
     marked(out, other, job_rank(), request)
@@ -287,8 +288,15 @@ def test_six_ranks_on_two_nodes_without_file_locks_probe_once(tmp_path):
                 SLURM_NTASKS="6",
                 TMPDIR=str(tmp_path / f"node{node}"),
             )
-            argv = [sys.executable, "-m", "kernel_probe", "--out", str(out), "--json", "--slot", "LayerNorm"]
-            argv += ["--shape", "64x32", "--reps", "1", "--precision", "32-true"]
+            argv = [
+                sys.executable,
+                "-m",
+                "kernel_probe",
+                "--out",
+                str(out),
+                "--json",
+                *small_probe("LayerNorm", reps=1),
+            ]
             procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         return [(p.wait(timeout=600), p.stdout.read(), p.stderr.read()) for p in procs]  # type: ignore[union-attr]
 
@@ -315,10 +323,7 @@ def test_without_rank_variables_a_file_system_without_locks_still_warns(tmp_path
         raise OSError(errno.ENOLCK, "No locks available")
 
     monkeypatch.setattr(filelock.FileLock, "acquire", unsupported)
-    code, _, err = run_cli(
-        ["--out", tmp_path / "k.toml", "--slot", "LayerNorm", "--precision", "32-true", "--shape", "64x32"],
-        capsys,
-    )
+    code, _, err = run_cli(["--out", tmp_path / "k.toml", *small_probe("LayerNorm")], capsys)
     assert code == 0 and "does not do file locks" in err and "one rank probes without them" in err
 
 

@@ -29,7 +29,7 @@ from kernel_lock.lock import KernelLock
 from kernel_lock.schema import Slot
 from kernel_probe.cli import main
 
-from .conftest import ROOT
+from .conftest import ROOT, small_probe
 
 DOC = ROOT / "docs" / "lock-format.md"
 
@@ -146,16 +146,13 @@ def real_locks(tmp_path_factory) -> dict[str, dict]:
     d = tmp_path_factory.mktemp("locks")
     (d / "docsite.toml").write_text(SITE_PROFILE)
     plain, site, inference = d / "plain.toml", d / "site.toml", d / "inference.toml"
-    assert main(["--out", str(plain), "--shape", "64x64", "--reps", "1"]) == 0
+    assert main(["--out", str(plain), *small_probe(shape="64x64", reps=1, precision=None)]) == 0
     assert (
         main(
             [
                 "--out",
                 str(site),
-                "--shape",
-                "64x64",
-                "--reps",
-                "1",
+                *small_probe(shape="64x64", reps=1, precision=None),
                 "--profile",
                 str(d / "docsite.toml"),
                 "--allow-init-change",

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import sys
+import time
 import warnings
 
 import pytest
@@ -11,7 +15,7 @@ import kernel_lock
 from kernel_lock import LockFormatError, LockVersionError, LockWarning, TargetNotAllowed
 from kernel_lock.lock import KernelLock
 
-from .conftest import MINIMAL_LOCK
+from .conftest import MINIMAL_LOCK, edited_lock, run_cli, sealed_lock, write_sealed
 
 
 def _full_lock() -> KernelLock:
@@ -45,9 +49,7 @@ target = "liger_kernel.transformers.LigerLayerNorm"
 status = "unavailable"
 reasons = ["0 active drivers", "quote \\" and unicode \u00e9"]
 """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", LockWarning)
-        return kernel_lock.loads(text).sealed()
+    return sealed_lock(text)
 
 
 def test_round_trip_is_byte_identical():
@@ -323,7 +325,7 @@ def test_malformed_locks(name, text, error, key, words):
         warnings.simplefilter("ignore", LockWarning)
         with pytest.raises(error) as exc:
             kernel_lock.loads(text, path="bad.toml")
-    assert type(exc.value) is error or issubclass(type(exc.value), error)
+    assert type(exc.value) is error, type(exc.value)  # the exact class, not only a subclass of it
     message = str(exc.value)
     assert message.startswith("bad.toml"), message  # the file is always named
     if key is not None:
@@ -387,3 +389,126 @@ def test_documented_example_is_a_valid_lock():
     assert set(lock.slots) == {"LayerNorm", "RMSNorm", "Linear"}
     assert lock.slots["RMSNorm"].requires[0].name == "liger-kernel"
     assert kernel_lock.loads(lock.sealed().dumps()).intact
+
+
+# ---- requires[].module, private and __main__ targets, trust (hostile input, issue 14) ----------------------
+@pytest.fixture
+def canary(tmp_path, monkeypatch):
+    pkg = tmp_path / "site" / "canarypkg"
+    (pkg / "sub").mkdir(parents=True)
+    flag = tmp_path / "canary-ran"
+    (pkg / "__init__.py").write_text(f"open({str(flag)!r}, 'w').write('imported')\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path / 'site'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    return flag
+
+
+REQUIRES = 'kwargs = {{ eps = 1e-6 }}\nrequires = [{{ name = "no-such-dist", module = "{module}" }}]'
+
+
+@pytest.mark.parametrize("module", ["canarypkg.sub", "this.x", "nosuchpkg.sub"])
+def test_requirement_modules_are_allow_listed_and_never_imported(tmp_path, capsys, canary, no_trust, module):
+    text = edited_lock(**{"kwargs = { eps = 1e-6 }": REQUIRES.format(module=module)})
+    path = write_sealed(tmp_path / "k.toml", text, check_targets=False)
+    code, out, err = run_cli(["verify", path, "--json"], capsys)
+    assert code == 5 and "requirement module" in err and "allow-list" in err, err
+    assert json.loads(out)["error"]["exit_code"] == 5  # --json: the error as JSON on stdout, nothing else
+    assert "Zen of Python" not in out + err and "Traceback" not in err
+    assert not canary.exists()
+
+
+def test_a_granted_requirement_module_is_looked_up_without_running_it(tmp_path, capsys, canary, no_trust):
+    path = write_sealed(
+        tmp_path / "k.toml",
+        edited_lock(**{"kwargs = { eps = 1e-6 }": REQUIRES.format(module="canarypkg.sub")}),
+        check_targets=False,
+    )
+    code, out, err = run_cli(["verify", path, "--trust", "canarypkg"], capsys)
+    assert code == 0, err  # found on the search path (a source tree), its package code never ran
+    assert not canary.exists()
+    path = write_sealed(
+        tmp_path / "k.toml",
+        edited_lock(**{"kwargs = { eps = 1e-6 }": REQUIRES.format(module="nosuchpkg.sub")}),
+        check_targets=False,
+    )
+    code, out, err = run_cli(["verify", path, "--trust", "nosuchpkg"], capsys)
+    assert code == 3 and "no-such-dist" in err and "not installed" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("target", ["torch.utils.model_dump.__main__.X", "torch._C._nn.Thing", "torch.nn._reduction.X"])
+def test_main_and_private_paths_are_refused_before_import(tmp_path, capsys, target):
+    path = tmp_path / "k.toml"
+    path.write_text(edited_lock(**{'target = "torch.nn.LayerNorm"': f'target = "{target}"'}))  # not sealed
+    code, out, err = run_cli(["verify", path], capsys)
+    assert code == 5 and "private or __main__ component" in err and "usage" not in (out + err).lower()
+    assert "torch.utils.model_dump.__main__" not in sys.modules
+
+
+def test_a_locks_trusted_modules_only_ask(tmp_path, capsys, no_trust):
+    text = edited_lock(
+        **{
+            'created-by = "hand"': 'created-by = "hand"\ntrusted-modules = ["kp_zoo"]',
+            'target = "torch.nn.LayerNorm"': 'target = "kp_zoo.norms.GoodLayerNorm"',
+        }
+    )
+    path = write_sealed(tmp_path / "k.toml", text, check_targets=False)
+    code, _, err = run_cli(["verify", path], capsys)
+    assert code == 5 and "asks to trust (trusted-modules) but which was not granted" in err and "--trust kp_zoo" in err
+    assert run_cli(["verify", path, "--trust", "kp_zoo"], capsys)[0] == 0
+    os.environ["KERNEL_LOCK_TRUST"] = "kp_zoo"
+    try:
+        assert run_cli(["verify", path], capsys)[0] == 0
+        assert kernel_lock.load(path).granted == ("kp_zoo",)
+    finally:
+        del os.environ["KERNEL_LOCK_TRUST"]
+    with pytest.raises(TargetNotAllowed, match="not granted"):
+        kernel_lock.load(path)
+    assert run_cli(["show", path], capsys)[0] == 0  # printing a lock imports nothing: no trust needed
+
+
+# ---- unvalidated values, huge and oversized locks (hostile input, issue 14) --------------------------------
+@pytest.mark.parametrize(
+    "name,old,new,words",
+    [
+        ("5000-digit version", '"1.0"', '"' + "1" * 5000 + '.0"', "MAJOR.MINOR"),
+        ("full-width digits", '"1.0"', '"\uff11.\uff10"', "MAJOR.MINOR"),
+        ("trailing newline", '"1.0"', '"1.0\\n"', "MAJOR.MINOR"),
+        ("eps nan", "kwargs = { eps = 1e-6 }", "kwargs = { eps = nan }", "not a finite number"),
+        ("eps inf", "kwargs = { eps = 1e-6 }", "kwargs = { eps = inf }", "not a finite number"),
+        (
+            "int beyond 64 bits",
+            "kwargs = { eps = 1e-6 }",
+            "kwargs = { eps = 1e-6, n = 99999999999999999999 }",
+            "beyond 64 bits",
+        ),
+        (
+            "huge int in evidence",
+            "kwargs = { eps = 1e-6 }",
+            "kwargs = { eps = 1e-6 }\nevidence = [{ n = -99999999999999999999 }]",
+            "beyond 64 bits",
+        ),
+    ],
+)
+def test_invalid_values_are_refused(name, old, new, words):
+    assert old in MINIMAL_LOCK
+    with pytest.raises(LockFormatError, match=words):
+        kernel_lock.loads(MINIMAL_LOCK.replace(old, new, 1), emit_warnings=False)
+
+
+@pytest.mark.slow
+def test_many_unknown_keys_give_one_capped_list_of_warnings(tmp_path):
+    extra = "".join(f"unknown{i} = {i}\n" for i in range(300_000))
+    p = tmp_path / "k.toml"
+    p.write_text(MINIMAL_LOCK.replace('created-by = "hand"\n', 'created-by = "hand"\n' + extra))
+    start = time.perf_counter()
+    lock = kernel_lock.load(p, emit_warnings=False)
+    assert time.perf_counter() - start < 30
+    assert len(lock.warnings) <= 22 and "and 299981 more warning(s)" in lock.warnings[-1]
+
+
+def test_an_oversized_lock_is_refused(tmp_path):
+    p = tmp_path / "k.toml"
+    p.write_bytes(b"#" * (9 << 20))
+    with pytest.raises(LockFormatError, match="more than the 8388608 this input may have"):
+        kernel_lock.load(p)

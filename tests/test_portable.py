@@ -8,16 +8,15 @@ from __future__ import annotations
 import functools
 import subprocess
 import sys
-import warnings
 
 import pytest
 import torch
 
 import kernel_lock
-from kernel_lock import KernelUnavailable, LockWarning
+from kernel_lock import KernelUnavailable
 from kernel_lock.portability import NotPortable, Replacement, pickled_modules, saved_modules
 
-from .conftest import FAKES
+from .conftest import FAKES, sealed_lock
 
 LOCK = """\
 lock-version = "1.0"
@@ -41,9 +40,7 @@ twin = { target = "torch.nn.Linear", kwargs = { bias = true }, state-dict = "int
 
 
 def load(text: str = LOCK) -> kernel_lock.KernelLock:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", LockWarning)
-        return kernel_lock.loads(text, path="test.toml").sealed()
+    return sealed_lock(text, path="test.toml")
 
 
 def Model(lock):

@@ -13,6 +13,8 @@ from kernel_probe.cli import main
 from kernel_probe.profiles import autodetect, discovery
 from kernel_probe.profiles.format import load_file
 
+from .conftest import run_cli
+
 BUILTIN_DIR = discovery.builtin_dir()
 BUILTIN = sorted(p.stem for p in BUILTIN_DIR.glob("*.toml"))
 GPU_PROFILES = [n for n in BUILTIN if n != "cpu"]
@@ -294,3 +296,33 @@ def test_ambiguous_auto_is_an_error(tmp_path, capsys):
     finally:
         del os.environ["KP_TEST_SITE"]
     assert "ambiguous" in capsys.readouterr().err
+
+
+# ---- profile candidates validated, a broken profile hides no other (hostile input, issue 14) ---------------
+@pytest.mark.parametrize(
+    "candidate,words",
+    [
+        ('id = "torch.layer_norm"\nslots = ["LayerNorm"]\ntarget = "site.Norm"', "built-in candidate's id"),
+        ('id = "site.x"\nslots = ["LayerNorm"]\ntarget = "site.Norm"\nargs = 3', "expected a list"),
+        (
+            'id = "site.x"\nslots = ["LayerNorm"]\ntarget = "site.Norm"\nkwargs = { eps = [1] }',
+            "expected a string, a finite number",
+        ),
+        ('id = "site.x"\nslots = ["LayerNorm"]\ntarget = "site.Norm"\ntwin-kwargs = 1', "expected a table"),
+    ],
+)
+def test_profile_candidate_fields_are_validated(tmp_path, capsys, candidate, words):
+    p = tmp_path / "site.toml"
+    p.write_text(f'profile-version = "1"\nname = "site"\n[[candidate]]\n{candidate}\n')
+    code, _, err = run_cli(["profiles", "check", p], capsys)
+    assert code == 5 and words in err and "candidate[0]" in err, err
+
+
+def test_one_broken_profile_does_not_hide_the_others(tmp_path, capsys, monkeypatch):
+    (tmp_path / "broken.toml").write_text("profile-version = = 1\n")
+    monkeypatch.setenv("KERNEL_PROBE_PROFILES", str(tmp_path))
+    code, out, err = run_cli(["profiles", "show", "cpu"], capsys)
+    assert code == 0 and "cpu" in out
+    code, out, err = run_cli(["profiles", "list"], capsys)
+    assert code == 0 and "broken profile" in err and "broken.toml" in err
+    assert run_cli(["--profile", "broken", "--out", tmp_path / "k.toml"], capsys)[0] == 5

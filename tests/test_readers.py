@@ -8,17 +8,15 @@ that writes in place in two halves, shows that the readers would notice a partia
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
-import warnings
+import time
 from pathlib import Path
 
 import pytest
 
-import kernel_lock
-from kernel_lock import LockWarning
-
-from .conftest import MINIMAL_LOCK, ROOT
+from .conftest import MINIMAL_LOCK, ROOT, run_cli, sealed_lock
 
 READERS = 4
 SECONDS = 2.0
@@ -65,12 +63,8 @@ open(out, "w").write(json.dumps({"reads": reads, "failures": failures, "examples
 
 def _race(tmp_path: Path, mode: str) -> tuple[list[dict], set[str], int]:
     a, b = tmp_path / "a.toml", tmp_path / "b.toml"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", LockWarning)
-        lock_a = kernel_lock.loads(MINIMAL_LOCK).sealed()
-        lock_b = kernel_lock.loads(
-            MINIMAL_LOCK.replace("kwargs = { bias = false }", "kwargs = { bias = true }")
-        ).sealed()
+    lock_a = sealed_lock(MINIMAL_LOCK)
+    lock_b = sealed_lock(MINIMAL_LOCK.replace("kwargs = { bias = false }", "kwargs = { bias = true }"))
     lock_a.dump(a)
     lock_b.dump(b)
     assert lock_a.digest != lock_b.digest
@@ -119,3 +113,36 @@ def test_control_a_non_atomic_writer_is_caught(tmp_path):
     results, _, writes = _race(tmp_path, "in-place")
     assert writes > 50
     assert sum(r["failures"] for r in results) > 0
+
+
+# ---- inputs that would hang or exhaust memory (a FIFO, /dev/zero) (hostile input, issue 14) ----------------
+@pytest.fixture
+def fifo(tmp_path):
+    p = tmp_path / "pipe.toml"
+    os.mkfifo(p)
+    return p
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["show", "{fifo}"],
+        ["verify", "{fifo}"],
+        ["export", "{fifo}"],
+        ["explain", "{fifo}", "LayerNorm"],
+        ["profiles", "check", "{fifo}"],
+        ["check-config", "{fifo}"],
+        ["--profile", "{fifo}"],
+        ["show", "/dev/zero"],
+        ["check-config", "/dev/zero"],
+        ["profiles", "check", "/dev/zero"],
+    ],
+)
+def test_special_files_are_refused_at_once(tmp_path, capsys, fifo, argv):
+    argv = [a.replace("{fifo}", str(fifo)) for a in argv]
+    if argv[0] == "--profile":
+        argv += ["--out", str(tmp_path / "k.toml")]
+    start = time.perf_counter()
+    code, _, err = run_cli(argv, capsys)
+    assert time.perf_counter() - start < 20
+    assert code == 5 and ("FIFO" in err or "character device" in err) and "not a regular file" in err, err

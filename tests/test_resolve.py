@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 import sys
@@ -13,8 +15,10 @@ import torch
 import kernel_lock
 from kernel_lock import KernelUnavailable, LockFormatError, LockMismatch, LockWarning, TargetNotAllowed
 from kernel_lock.fingerprint import fields as fp_fields
+from kernel_probe.probe import candidates as cands
+from kernel_probe.probe.check import check_all
 
-from .conftest import MINIMAL_LOCK
+from .conftest import MINIMAL_LOCK, edited_lock
 
 
 def _lock(text: str = MINIMAL_LOCK):
@@ -208,3 +212,43 @@ def test_resolution_is_deterministic():
     a = [(f.func, f.keywords) for f in (lock.factory(s) for s in kernel_lock.SLOTS)]
     b = [(f.func, f.keywords) for f in (lock.factory(s) for s in kernel_lock.SLOTS)]
     assert a == b
+
+
+# ---- the install hint names the library the slot needs (issue 16, point 7) ---------------------------------
+def test_install_hint_names_the_library_the_slot_needs(tmp_path):
+    import kernel_lock
+
+    text = MINIMAL_LOCK.replace(
+        '''implementation = "torch.rms_norm"
+target = "torch.nn.RMSNorm"''',
+        """implementation = "fast.rms_norm"
+target = "kp_not_installed.norms.RMSNorm"
+requires = [{ name = "kp-not-installed", specifier = ">=1.2", module = "kp_not_installed" }]""",
+    )
+    with contextlib.redirect_stderr(io.StringIO()):
+        lock = kernel_lock.loads(text, emit_warnings=False)
+    with pytest.raises(kernel_lock.KernelUnavailable) as exc:
+        lock.factory("RMSNorm", verify_environment=False)
+    assert "pip install 'kp-not-installed>=1.2'" in exc.value.fix and "kernel-probe[liger]" not in exc.value.fix
+    assert "--mode inference" in exc.value.fix
+
+
+# ---- a library calling sys.exit on import (hostile input, issue 14) ----------------------------------------
+@pytest.mark.slow
+def test_a_library_calling_sys_exit_on_import_does_not_end_the_caller(tmp_path, monkeypatch):
+    (tmp_path / "kp_exits.py").write_text("import sys\nsys.exit(0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    lock = kernel_lock.loads(
+        edited_lock(**{'target = "torch.nn.LayerNorm"': 'target = "kp_exits.Norm"'}),
+        trust=["kp_exits"],
+        emit_warnings=False,
+    )
+    with pytest.raises(KernelUnavailable, match=r"called sys.exit\(0\)"):
+        lock.factory("LayerNorm", verify_environment=False)
+    # in the probe's worker: a verdict, not a dead worker
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ['PYTHONPATH']}")
+    reports = check_all(
+        ["LayerNorm"], [cands.from_command_line("LayerNorm=kp_exits.Norm")], "cpu", [("float32", "true")]
+    )
+    [r] = [r for r in reports["LayerNorm"] if r.id == "custom:kp_exits.Norm"]
+    assert r.status == "crashed" and "SystemExit" in r.reasons[0]

@@ -17,13 +17,13 @@ from kernel_probe.errors import ProbeError
 from kernel_probe.isolation.protocol import PingRequest
 from kernel_probe.isolation.worker import Worker
 from kernel_probe.probe import candidates as cands
-from kernel_probe.probe.check import check_candidate
+from kernel_probe.probe.check import check_all, check_candidate
 from kernel_probe.probe.choose import choose
 from kernel_probe.probe.judge import Policy
 from kernel_probe.probe.layout import discover
 from kernel_probe.probe.limits import IMPORT_TIMEOUT
 
-from .conftest import run_cli
+from .conftest import run_cli, small_probe
 
 PLAN = [("float32", "true"), ("bfloat16", "mixed")]
 
@@ -138,16 +138,7 @@ def test_the_inference_twin_loads_a_state_dict_through_the_migration(tmp_path, c
         [
             "--out",
             lock_path,
-            "--slot",
-            "LayerNorm",
-            "--slot",
-            "Linear",
-            "--precision",
-            "32-true",
-            "--shape",
-            "64x32",
-            "--reps",
-            "2",
+            *small_probe("LayerNorm", "Linear"),
             "--candidate",
             "LayerNorm=kp_zoo.norms.GammaBetaLayerNorm",
             "--pin",
@@ -203,14 +194,7 @@ def test_varying_reduction_order_is_recorded_as_not_deterministic(worker):
 @pytest.mark.slow
 def test_deterministic_excludes_it_and_refuses_a_pin(tmp_path, capsys):
     common = [
-        "--slot",
-        "LayerNorm",
-        "--precision",
-        "32-true",
-        "--shape",
-        "64x32",
-        "--reps",
-        "2",
+        *small_probe("LayerNorm"),
         "--candidate",
         "LayerNorm=kp_zoo.norms.UnorderedSumLayerNorm",
     ]
@@ -291,14 +275,7 @@ def test_the_accepted_change_reaches_the_lock(tmp_path, capsys):
         [
             "--out",
             tmp_path / "l.toml",
-            "--slot",
-            "LayerNorm",
-            "--precision",
-            "32-true",
-            "--shape",
-            "64x32",
-            "--reps",
-            "2",
+            *small_probe("LayerNorm"),
             "--allow-init-change",
             "--candidate",
             "LayerNorm=kp_zoo.norms.RandnBiasLayerNorm",
@@ -331,3 +308,35 @@ def test_a_hanging_import_costs_the_import_budget_not_minutes():
 def test_each_candidate_reports_its_time(worker):
     r = check(worker, "LayerNorm=kp_zoo.norms.GoodLayerNorm")
     assert r.seconds is not None and 0 < r.seconds < 30 and r.to_json()["seconds"] == round(r.seconds, 3)
+
+
+# ---- one candidate poisoning the next one's verdict (hostile input, issue 14) ------------------------------
+@pytest.mark.slow
+def test_a_library_patching_torch_is_refused_and_cannot_poison_another(tmp_path, capsys):
+    offered = [
+        cands.from_command_line("LayerNorm=kp_poison.PoisonLayerNorm"),
+        cands.from_command_line("LayerNorm=kp_affine.AffineIdentity"),
+    ]
+    candidates, _ = cands.registry(offered, entry_points=False)
+    reports = {r.id: r for r in check_all(["LayerNorm"], candidates, "cpu", [("float32", "true")])["LayerNorm"]}
+    poison = reports["custom:kp_poison.PoisonLayerNorm"]
+    assert poison.status == "rejected" and "replaced torch's own torch.nn.functional.layer_norm" in poison.reasons[0]
+    affine = reports["custom:kp_affine.AffineIdentity"]
+    assert affine.status == "rejected" and "y error" in " ".join(affine.reasons)  # judged against the real reference
+    assert reports["torch.layer_norm"].status == "accepted"
+    # and --prefer cannot write it into a lock
+    code, _, err = run_cli(
+        [
+            "--out",
+            tmp_path / "k.toml",
+            *small_probe("LayerNorm"),
+            "--candidate",
+            "LayerNorm=kp_poison.PoisonLayerNorm",
+            "--candidate",
+            "LayerNorm=kp_affine.AffineIdentity",
+            "--prefer",
+            "LayerNorm=custom:kp_affine.AffineIdentity",
+        ],
+        capsys,
+    )
+    assert code != 0 and "rejected" in err and not (tmp_path / "k.toml").exists()

@@ -1,0 +1,145 @@
+"""kernel_probe.probe.timing's parts that CPU tests can pin without trusting a clock: the bytes and flops a
+row is divided by, the statistics a row reports and how they relate, shapes (2-D, 3-D, bad), progress messages.
+
+The public names used: ``bytes_moved``, ``flops``, ``progress_message``, ``time_candidate``, ``DEFAULT_OPTIONS``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kernel_probe.probe.candidates import default_for
+from kernel_probe.probe.timing import DEFAULT_OPTIONS, bytes_moved, flops, progress_message, time_candidate
+
+# tiny and exact: two repetitions, one warm-up call, no minimum time, no float64 check
+FAST = {"reps": 2, "warmup": 1, "min_seconds": 0.0, "check": False}
+
+
+# ---- what a row is divided by -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "semantics, rows, hidden, out, dtype_bytes, expected",
+    [
+        # a norm reads x and writes y forward, reads x and dy and writes dx backward: 5 N D elements
+        ("layer_norm", 2048, 1024, 1024, 2, 5 * 2048 * 1024 * 2),
+        ("rms_norm", 2048, 1024, 1024, 2, 5 * 2048 * 1024 * 2),
+        ("layer_norm", 37, 1000, 0, 4, 5 * 37 * 1000 * 4),  # out is ignored for a norm
+        # a Linear: x and dx (2 N H), y and dy (2 N O), W read twice and dW written (3 H O)
+        ("linear", 8, 4, 2, 4, 4 * (2 * 8 * 4 + 2 * 8 * 2 + 3 * 4 * 2)),
+        ("linear", 1, 1, 1, 1, 7),
+    ],
+)
+def test_bytes_moved(semantics, rows, hidden, out, dtype_bytes, expected):
+    assert bytes_moved(semantics, rows, hidden, out, dtype_bytes) == expected
+
+
+def test_bytes_moved_scales_with_each_dimension():
+    base = bytes_moved("linear", 64, 32, 16, 2)
+    assert bytes_moved("linear", 64, 32, 16, 4) == 2 * base  # the dtype's bytes
+    assert bytes_moved("linear", 64, 32, 32, 2) > base  # more output features, more bytes
+    assert bytes_moved("layer_norm", 128, 32, 0, 2) == 2 * bytes_moved("layer_norm", 64, 32, 0, 2)
+
+
+@pytest.mark.parametrize(
+    "semantics, rows, hidden, out, expected",
+    [
+        ("linear", 2048, 1024, 4096, 6 * 2048 * 1024 * 4096),  # forward 2 N H O, backward 4 N H O
+        ("linear", 1, 1, 1, 6),
+        ("layer_norm", 2048, 1024, 1024, 0),  # a norm is bandwidth, not flops
+        ("rms_norm", 2048, 1024, 1024, 0),
+    ],
+)
+def test_flops(semantics, rows, hidden, out, expected):
+    assert flops(semantics, rows, hidden, out) == expected
+
+
+def test_default_options_time_enough_and_check_at_the_shape():
+    assert set(DEFAULT_OPTIONS) == {"warmup", "reps", "min_seconds", "max_reps", "check"}
+    assert 1 <= DEFAULT_OPTIONS["reps"] <= DEFAULT_OPTIONS["max_reps"] and DEFAULT_OPTIONS["warmup"] >= 1
+    assert DEFAULT_OPTIONS["check"] is True
+
+
+# ---- progress messages ----------------------------------------------------------------------------------------
+def test_progress_message_carries_its_fields_and_rounds_the_seconds():
+    m = progress_message("64x32", 1, 3, "rep", 4, 20, 1.23456789)
+    assert (m.shape, m.index, m.of, m.phase, m.done, m.total) == ("64x32", 1, 3, "rep", 4, 20)
+    assert m.seconds == 1.235
+
+
+# ---- a row's statistics, on CPU (the figures' values are the clock's; their relations are not) --------------
+@pytest.mark.parametrize(
+    "slot, shape, rows, hidden, out",
+    [
+        ("LayerNorm", "64x32", 64, 32, 0),
+        ("RMSNorm", "37x100", 37, 100, 0),
+        ("Linear", "64x32", 64, 32, 32),  # 2-D: as many outputs as inputs
+        ("Linear", "64x32x16", 64, 32, 16),  # 3-D: ROWSxHIDDENxOUT
+    ],
+)
+def test_a_row_reports_consistent_statistics(slot, shape, rows, hidden, out):
+    cand = default_for(slot)
+    [row] = time_candidate(cand, slot, "cpu", [shape], "float32", "true", FAST).rows
+    assert "error" not in row, row
+    assert (row["implementation"], row["shape"], row["dtype"], row["regime"]) == (cand.id, shape, "float32", "true")
+    assert row["reps"] == FAST["reps"]  # no minimum time: exactly the repetitions asked
+    assert row["median_ms"] > 0 and row["compile_s"] >= 0
+    assert row["spread"] == 0.0  # under four samples there is no interquartile range
+    seconds = row["median_ms"] / 1000
+    assert row["gbps"] == pytest.approx(bytes_moved(cand.semantics, rows, hidden, out, 4) / seconds / 1e9)
+    if cand.semantics == "linear":
+        assert row["tflops"] == pytest.approx(flops("linear", rows, hidden, out) / seconds / 1e12)
+    else:
+        assert "tflops" not in row
+    assert "copy_gbps" not in row and "copy_percent" not in row  # no copy ceiling on a CPU
+    assert "check" not in row  # asked without the float64 check
+
+
+def test_more_repetitions_give_a_spread_and_a_minimum_time_adds_repetitions():
+    cand = default_for("LayerNorm")
+    [row] = time_candidate(cand, "LayerNorm", "cpu", ["16x8"], "float32", "true", {**FAST, "reps": 8}).rows
+    assert row["reps"] == 8 and row["spread"] >= 0.0
+    opts = {**FAST, "reps": 1, "min_seconds": 0.05, "max_reps": 5}
+    [row] = time_candidate(cand, "LayerNorm", "cpu", ["16x8"], "float32", "true", opts).rows
+    assert 1 <= row["reps"] <= 5  # the minimum time adds repetitions, never beyond max_reps
+
+
+@pytest.mark.parametrize("shape, words", [("axb", "ROWSxHIDDEN"), ("0x32", "positive")])
+def test_a_bad_shape_is_an_error_row_and_the_next_shape_is_still_timed(shape, words):
+    rows = time_candidate(default_for("LayerNorm"), "LayerNorm", "cpu", [shape, "16x8"], "float32", "true", FAST).rows
+    assert [r["shape"] for r in rows] == [shape, "16x8"]
+    assert words in rows[0]["error"] and "median_ms" not in rows[0]
+    assert "error" not in rows[1] and rows[1]["median_ms"] > 0
+
+
+def test_progress_follows_every_call_of_every_shape():
+    seen = []
+    opts = {**FAST, "warmup": 2, "reps": 3}
+    time_candidate(default_for("RMSNorm"), "RMSNorm", "cpu", ["16x8", "8x8"], "float32", "true", opts, seen.append)
+    steps = [(m.shape, m.index, m.of, m.phase, m.done, m.total) for m in seen]
+    per_shape = [
+        ("first call", 1, 1),
+        ("warm-up", 1, 2),
+        ("warm-up", 2, 2),
+        ("rep", 1, 3),
+        ("rep", 2, 3),
+        ("rep", 3, 3),
+    ]
+    assert steps == [("16x8", 0, 2, *s) for s in per_shape] + [("8x8", 1, 2, *s) for s in per_shape]
+    assert all(m.seconds >= 0 for m in seen)
+
+
+# ---- progress while timing (issue 16, point 5) -------------------------------------------------------------
+def test_timing_progress_estimates_what_is_left():
+    from kernel_probe.commands.probe import TimingProgress
+    from kernel_probe.probe.timing import progress_message
+
+    shown: list[str] = []
+    p = TimingProgress("timing LayerNorm: torch.layer_norm", ["1000x100", "4000x100"], shown.append, every=3600)
+    p(progress_message("1000x100", 0, 2, "first call", 1, 1, 0.5))
+    p(progress_message("1000x100", 0, 2, "rep", 1, 5, 1.0))  # rate-limited: same shape, not the last
+    p(progress_message("1000x100", 0, 2, "rep", 5, 5, 3.0))
+    assert len(shown) == 2
+    assert "first call 1/1" in shown[0]
+    # 3 s over 6 calls: 0.5 s per call; the next shape is 4x the elements: 4 x 6 calls x 0.5 s = 12 s
+    assert "rep 5/5, 0.5 s per call, about 12 s for the shapes after it" in shown[1]
+    mid = p.text(progress_message("4000x100", 1, 2, "rep", 2, 5, 6.0))
+    assert "rep 2/5, 2 s per call, about 6 s left at this shape" in mid
