@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-FAKES = Path(__file__).resolve().parent / "fakes"
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+FAKES = TESTS / "fakes"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -131,28 +132,34 @@ def run_cli(argv, capsys):
 # Module-scoped fixtures that run a real probe, a worker pool over the fake zoo or many ranks (seconds
 # to minutes each, once per module). Every test using one is marked slow, so the everyday fast lane
 # (`pytest -m "not slow"`, README) never starts them; .ci/run still runs everything.
-SLOW_FIXTURES = {
-    "test_judge_zoo.py": ("results",),
-    "test_lock_docs.py": ("real_locks",),
-    "test_anemoi.py": ("locks",),
-    "test_probe.py": ("probed", "logged_probe"),
-    "test_distributed.py": ("ranks",),
-    "test_jobstart.py": ("warm",),
+SLOW_FIXTURES = {  # test module (path under tests/) -> its slow module-scoped fixtures
+    "kernel_probe/probe/test_judge_zoo.py": ("results",),
+    "kernel_lock/test_schema_docs.py": ("real_locks",),
+    "kernel_lock/test_anemoi.py": ("locks",),
+    "kernel_probe/commands/test_probe.py": ("probed", "logged_probe"),
+    "kernel_lock/test_distributed.py": ("ranks",),
+    "kernel_probe/jobstart/test_warm.py": ("warm",),
 }
 
 
 # Modules whose every test is slow (their `pytestmark` says so): the fast lane does not even import them,
 # since importing anemoi-models and Hydra, or hypothesis (whose modules pytest rewrites), costs seconds.
-SLOW_MODULES = ("test_anemoi.py", "test_anemoi_full.py", "test_lock_fuzz.py")
+SLOW_MODULES = ("kernel_lock/test_anemoi.py", "kernel_lock/test_anemoi_model.py", "kernel_lock/test_lock_fuzz.py")
+
+
+def module_key(path) -> str:
+    """A test module's name in SLOW_FIXTURES and SLOW_MODULES: its path under tests/."""
+    path = Path(path)
+    return path.relative_to(TESTS).as_posix() if path.is_relative_to(TESTS) else path.name
 
 
 def pytest_ignore_collect(collection_path, config):
-    if collection_path.name in SLOW_MODULES and " ".join(config.getoption("markexpr", "").split()) == "not slow":
+    if module_key(collection_path) in SLOW_MODULES and " ".join(config.getoption("markexpr", "").split()) == "not slow":
         return True
     return None
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if set(SLOW_FIXTURES.get(item.path.name, ())) & set(getattr(item, "fixturenames", ())):
+        if set(SLOW_FIXTURES.get(module_key(item.path), ())) & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from .conftest import ROOT, SLOW_FIXTURES, SLOW_MODULES
+from tests.conftest import ROOT, SLOW_FIXTURES, SLOW_MODULES
 
 
 @pytest.mark.parametrize(("module", "fixture"), sorted((m, f) for m, names in SLOW_FIXTURES.items() for f in names))
@@ -17,7 +17,7 @@ def test_each_slow_fixture_is_still_there(module, fixture):
 
 
 def test_the_lane_marks_a_test_using_one_and_only_that():
-    from .conftest import pytest_collection_modifyitems
+    from tests.conftest import pytest_collection_modifyitems
 
     class Item:
         def __init__(self, module: str, fixturenames: tuple[str, ...]):
@@ -27,10 +27,10 @@ def test_the_lane_marks_a_test_using_one_and_only_that():
             self.marks.append(mark.name)
 
     using, using_the_other, other_module, not_using = (
-        Item("test_probe.py", ("probed", "tmp_path")),
-        Item("test_probe.py", ("logged_probe",)),
-        Item("test_resolve.py", ("probed",)),
-        Item("test_probe.py", ("tmp_path",)),
+        Item("kernel_probe/commands/test_probe.py", ("probed", "tmp_path")),
+        Item("kernel_probe/commands/test_probe.py", ("logged_probe",)),
+        Item("kernel_lock/test_resolve.py", ("probed",)),
+        Item("kernel_probe/commands/test_probe.py", ("tmp_path",)),
     )
     pytest_collection_modifyitems(None, [using, using_the_other, other_module, not_using])
     assert (using.marks, using_the_other.marks, other_module.marks, not_using.marks) == (["slow"], ["slow"], [], [])
@@ -47,7 +47,7 @@ def test_a_module_the_lane_does_not_import_is_slow_throughout(module):
 def test_the_lane_leaves_those_modules_out_and_only_in_the_lane():
     from types import SimpleNamespace
 
-    from .conftest import pytest_ignore_collect
+    from tests.conftest import pytest_ignore_collect
 
     def config(markexpr):
         return SimpleNamespace(getoption=lambda name, default=None: markexpr)
@@ -57,4 +57,7 @@ def test_the_lane_leaves_those_modules_out_and_only_in_the_lane():
     assert pytest_ignore_collect(path, config("not  slow ")) is True
     assert pytest_ignore_collect(path, config("")) is None  # the whole suite, CI
     assert pytest_ignore_collect(path, config("slow")) is None
-    assert pytest_ignore_collect(ROOT / "tests" / "test_probe.py", config("not slow")) is None
+    assert (
+        pytest_ignore_collect(ROOT / "tests" / "kernel_probe" / "commands" / "test_probe.py", config("not slow"))
+        is None
+    )

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT
+from tests.conftest import ROOT
 
 BENCH = ROOT / "benchmarks"
 sys.path.insert(0, str(BENCH))

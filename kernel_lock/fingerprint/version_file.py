@@ -38,7 +38,7 @@ class Unsettled(Exception):
 # ``from typing import Optional``, ``__all__ = [...]``, ``__version__ = '...'``, ``debug = False``,
 # ``git_version = '...'`` and ``cuda`` / ``hip`` / ``rocm`` / ``xpu`` as ``NAME: Optional[str] = '...'``
 # (torch < 2.0: ``NAME = '...'``). Checked against the files of CPU, CUDA and ROCm wheels from 1.13 to
-# 2.13 (tests/test_version_file.py). Nothing else is read: anything else could change, when Python runs
+# 2.13 (tests/kernel_lock/fingerprint/test_version_file.py). Nothing else is read: anything else could change, when Python runs
 # the file, what the names hold.
 _VERSION_FILE_IMPORT = ("typing", ("Optional",))
 

@@ -1,0 +1,513 @@
+"""The lock format: canonical round trips and every malformed case we could think of."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+import warnings
+
+import pytest
+
+import kernel_lock
+from kernel_lock import LockFormatError, LockVersionError, LockWarning, TargetNotAllowed
+from kernel_lock.lock import KernelLock
+from tests.conftest import MINIMAL_LOCK, edited_lock, run_cli, sealed_lock, write_sealed
+
+
+def _full_lock() -> KernelLock:
+    text = MINIMAL_LOCK.replace(
+        '[environment]\ndevice-type = { value = "cpu", match = "exact" }',
+        '[environment]\npython = { value = "3.11.7", match = "compatible" }\n'
+        'device-type = { value = "cpu", match = "exact" }\ndevice-count = { value = 1, match = "ignore" }\n'
+        '[environment.libraries]\nliger-kernel = { value = "0.8.5", match = "compatible" }',
+    )
+    text = text.replace(
+        'created-by = "hand"', 'created-by = "hand"\nprecision = "bf16-mixed"\ntrusted-modules = ["mylib"]'
+    )
+    text += """
+[slots.LayerNorm.twin]
+target = "torch.nn.LayerNorm"
+kwargs = { eps = 1e-6 }
+state-dict = "interchangeable"
+max-error = 0.0
+
+[[slots.LayerNorm.evidence]]
+device = "cpu"
+dtype = "bfloat16"
+status = "accepted"
+worst-error-ratio = 0.25
+errors = { y = 0.001, dx = 0.002 }
+failed = []
+
+[[slots.LayerNorm.rejected]]
+implementation = "liger.layer_norm"
+target = "liger_kernel.transformers.LigerLayerNorm"
+status = "unavailable"
+reasons = ["0 active drivers", "quote \\" and unicode \u00e9"]
+"""
+    return sealed_lock(text)
+
+
+def test_round_trip_is_byte_identical():
+    lock = _full_lock()
+    text = lock.dumps()
+    again = kernel_lock.loads(text)
+    assert again.dumps() == text
+    assert again.intact and again.warnings == ()
+    assert again == lock
+
+
+def test_dump_is_canonical_regardless_of_input_key_order():
+    lock = _full_lock()
+    # reorder the top-level keys of the text: the canonical output must not change
+    lines = lock.dumps().splitlines()
+    head = [line for line in lines[:8] if " = " in line]
+    shuffled = "\n".join(reversed(head)) + "\n" + "\n".join(lines[len(head) :]) + "\n"
+    assert kernel_lock.loads(shuffled).dumps() == lock.dumps()
+
+
+def test_floats_are_written_reproducibly():
+    lock = _full_lock()
+    text = lock.dumps()
+    assert "eps = 1e-06" in text
+    assert "worst-error-ratio = 0.25" in text
+
+
+def test_digest_detects_hand_edit_and_strict_refuses(tmp_path):
+    text = _full_lock().dumps()
+    edited = text.replace("eps = 1e-06", "eps = 1e-05", 1)
+    with pytest.warns(LockWarning, match="edited by hand"):
+        lock = kernel_lock.loads(edited)
+    assert not lock.intact
+    with pytest.raises(LockFormatError, match="edited by hand") as exc:
+        kernel_lock.loads(edited, strict=True)
+    assert exc.value.key == "digest"
+
+
+def test_missing_digest_is_a_warning():
+    with pytest.warns(LockWarning, match="no digest"):
+        lock = kernel_lock.loads(MINIMAL_LOCK)
+    assert not lock.intact
+
+
+def test_unknown_minor_version_and_unknown_keys_warn():
+    text = MINIMAL_LOCK.replace('"1.0"', '"1.7"') + "\n[future]\nx = 1\n"
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        lock = kernel_lock.loads(text)
+    messages = " ".join(str(x.message) for x in w)
+    assert "1.7" in messages and "'future'" in messages
+    assert lock.slots["LayerNorm"].target == "torch.nn.LayerNorm"
+
+
+def _replace(old: str, new: str) -> str:
+    assert old in MINIMAL_LOCK, old
+    return MINIMAL_LOCK.replace(old, new, 1)
+
+
+# (name, text, error type, key path named in the error, words in the message)
+MALFORMED = [
+    ("not toml", "this is = = not toml", LockFormatError, None, "not valid TOML"),
+    ("empty", "", LockFormatError, "lock-version", "required key is missing"),
+    ("binary", b"\xff\xfe\x00garbage", LockFormatError, None, "not UTF-8"),
+    ("future major", _replace('"1.0"', '"2.0"'), LockVersionError, "lock-version", "not supported"),
+    ("bad version string", _replace('"1.0"', '"one"'), LockFormatError, "lock-version", "MAJOR.MINOR"),
+    ("version wrong type", _replace('"1.0"', "1.0"), LockFormatError, "lock-version", "expected string"),
+    ("missing created-by", _replace('created-by = "hand"\n', ""), LockFormatError, "created-by", "required"),
+    (
+        "unknown slot",
+        _replace("[slots.Linear]", "[slots.Layernorm]"),
+        LockFormatError,
+        "slots.Layernorm",
+        "unknown slot",
+    ),
+    (
+        "slot not a table",
+        'lock-version = "1.0"\ncreated-by = "x"\nslots = { LayerNorm = 3 }\n',
+        LockFormatError,
+        "slots.LayerNorm",
+        "expected a table",
+    ),
+    (
+        "slots not a table",
+        'lock-version = "1.0"\ncreated-by = "x"\nslots = [1]\n',
+        LockFormatError,
+        "slots",
+        "expected table",
+    ),
+    (
+        "missing target",
+        _replace('target = "torch.nn.LayerNorm"\n', ""),
+        LockFormatError,
+        "slots.LayerNorm.target",
+        "required",
+    ),
+    (
+        "target wrong type",
+        _replace('target = "torch.nn.LayerNorm"', "target = 3"),
+        LockFormatError,
+        "slots.LayerNorm.target",
+        "expected string",
+    ),
+    (
+        "target not dotted",
+        _replace('target = "torch.nn.LayerNorm"', 'target = "LayerNorm"'),
+        LockFormatError,
+        "slots.LayerNorm.target",
+        "dotted import path",
+    ),
+    (
+        "os.system target",
+        _replace('target = "torch.nn.LayerNorm"', 'target = "os.system"'),
+        TargetNotAllowed,
+        "slots.LayerNorm.target",
+        "allow-list",
+    ),
+    (
+        "lookalike root",
+        _replace('target = "torch.nn.LayerNorm"', 'target = "torchvision.ops.Foo"'),
+        TargetNotAllowed,
+        "slots.LayerNorm.target",
+        "allow-list",
+    ),
+    (
+        "kernel_lock internals",
+        _replace('target = "torch.nn.LayerNorm"', 'target = "kernel_lock.resolve.KernelFactory"'),
+        TargetNotAllowed,
+        "slots.LayerNorm.target",
+        "allow-list",
+    ),
+    (
+        "bad semantics",
+        _replace('semantics = "layer_norm"', 'semantics = "rms_norm"'),
+        LockFormatError,
+        "slots.LayerNorm.semantics",
+        "RMSNorm is not a LayerNorm",
+    ),
+    (
+        "unknown semantics",
+        _replace('semantics = "layer_norm"', 'semantics = "group_norm"'),
+        LockFormatError,
+        "slots.LayerNorm.semantics",
+        "not one of",
+    ),
+    (
+        "kwargs not a table",
+        _replace("kwargs = { eps = 1e-6 }", "kwargs = 1"),
+        LockFormatError,
+        "slots.LayerNorm.kwargs",
+        "expected table",
+    ),
+    (
+        "kwarg nested table",
+        _replace("kwargs = { eps = 1e-6 }", "kwargs = { eps = { a = 1 } }"),
+        LockFormatError,
+        "slots.LayerNorm.kwargs.eps",
+        "constructor kwargs",
+    ),
+    (
+        "env field not a table",
+        _replace('device-type = { value = "cpu", match = "exact" }', 'device-type = "cpu"'),
+        LockFormatError,
+        "environment.device-type",
+        "expected a table",
+    ),
+    (
+        "env bad match rule",
+        _replace('match = "exact"', 'match = "fuzzy"'),
+        LockFormatError,
+        "environment.device-type.match",
+        "not one of",
+    ),
+    (
+        "env wrong value type",
+        _replace('value = "cpu"', "value = 1"),
+        LockFormatError,
+        "environment.device-type.value",
+        "expected string",
+    ),
+    (
+        "env value missing",
+        _replace('value = "cpu", ', ""),
+        LockFormatError,
+        "environment.device-type.value",
+        "required",
+    ),
+    (
+        "bad requirement spec",
+        _replace(
+            "kwargs = { eps = 1e-6 }",
+            'kwargs = { eps = 1e-6 }\nrequires = [{ name = "liger-kernel", specifier = "~~1" }]',
+        ),
+        LockFormatError,
+        "slots.LayerNorm.requires[0].specifier",
+        "PEP 440",
+    ),
+    (
+        "requires not tables",
+        _replace("kwargs = { eps = 1e-6 }", 'kwargs = { eps = 1e-6 }\nrequires = ["liger"]'),
+        LockFormatError,
+        "slots.LayerNorm.requires[0]",
+        "expected table",
+    ),
+    (
+        "bad digest",
+        _replace('created-by = "hand"', 'created-by = "hand"\ndigest = "md5:abc"'),
+        LockFormatError,
+        "digest",
+        "sha256",
+    ),
+    (
+        "bad mode",
+        _replace('created-by = "hand"', 'created-by = "hand"\nmode = "serving"'),
+        LockFormatError,
+        "mode",
+        "not one of",
+    ),
+    (
+        "bad precision",
+        _replace('created-by = "hand"', 'created-by = "hand"\nprecision = "fp8"'),
+        LockFormatError,
+        "precision",
+        "not one of",
+    ),
+    ("bool for string", _replace('created-by = "hand"', "created-by = true"), LockFormatError, "created-by", "boolean"),
+    (
+        "datetime in evidence",
+        _replace("kwargs = { eps = 1e-6 }", "kwargs = { eps = 1e-6 }\nevidence = [{ when = 1979-05-27T07:32:00Z }]"),
+        LockFormatError,
+        "slots.LayerNorm.evidence[0].when",
+        "unsupported",
+    ),
+    (
+        "twin not allowed",
+        _replace("kwargs = { eps = 1e-6 }", 'kwargs = { eps = 1e-6 }\ntwin = { target = "subprocess.Popen" }'),
+        TargetNotAllowed,
+        "slots.LayerNorm.twin.target",
+        "allow-list",
+    ),
+    (
+        "twin negative error",
+        _replace(
+            "kwargs = { eps = 1e-6 }",
+            'kwargs = { eps = 1e-6 }\ntwin = { target = "torch.nn.LayerNorm", max-error = -1.0 }',
+        ),
+        LockFormatError,
+        "slots.LayerNorm.twin.max-error",
+        "non-negative",
+    ),
+    (
+        "rejected bad status",
+        _replace(
+            "kwargs = { eps = 1e-6 }", 'kwargs = { eps = 1e-6 }\nrejected = [{ implementation = "x", status = "meh" }]'
+        ),
+        LockFormatError,
+        "slots.LayerNorm.rejected[0].status",
+        "not one of",
+    ),
+    (
+        "trusted module not a name",
+        _replace('created-by = "hand"', 'created-by = "hand"\ntrusted-modules = ["a b"]'),
+        LockFormatError,
+        "trusted-modules[0]",
+        "not a module name",
+    ),
+]
+
+
+@pytest.mark.parametrize("name,text,error,key,words", MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_malformed_locks(name, text, error, key, words):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LockWarning)
+        with pytest.raises(error) as exc:
+            kernel_lock.loads(text, path="bad.toml")
+    assert type(exc.value) is error, type(exc.value)  # the exact class, not only a subclass of it
+    message = str(exc.value)
+    assert message.startswith("bad.toml"), message  # the file is always named
+    if key is not None:
+        assert exc.value.key == key, message
+        assert f"'{key}'" in message
+    assert re.search(re.escape(words), message, re.I), message
+    assert exc.value.exit_code == 5
+
+
+def test_trusted_modules_extend_the_allow_list():
+    text = _replace('created-by = "hand"', 'created-by = "hand"\ntrusted-modules = ["mylib"]').replace(
+        'target = "torch.nn.LayerNorm"', 'target = "mylib.norms.FastLayerNorm"'
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LockWarning)
+        lock = kernel_lock.loads(text)
+    assert lock.slots["LayerNorm"].target == "mylib.norms.FastLayerNorm"
+
+
+def test_missing_path_and_directory(tmp_path):
+    with pytest.raises(LockFormatError, match="no such file") as exc:
+        kernel_lock.load(tmp_path / "absent.toml")
+    assert "kernel-probe --out" in str(exc.value)
+    with pytest.raises(LockFormatError, match="is a directory"):
+        kernel_lock.load(tmp_path)
+
+
+def test_atomic_dump_leaves_no_temp_files(tmp_path):
+    lock = _full_lock()
+    target = tmp_path / "k.toml"
+    lock.dump(target)
+    lock.dump(target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k.toml"]
+    assert kernel_lock.load(target).dumps() == lock.dumps()
+
+
+def test_failed_dump_keeps_old_file(tmp_path, monkeypatch):
+    lock = _full_lock()
+    target = tmp_path / "k.toml"
+    target.write_text("old")
+    import kernel_lock._files as lockmod
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(lockmod.os, "fsync", boom)
+    with pytest.raises(OSError):
+        lock.dump(target)
+    assert target.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k.toml"]
+
+
+def test_documented_example_is_a_valid_lock():
+    from tests.conftest import ROOT
+
+    doc = (ROOT / "docs" / "lock-format.md").read_text()
+    block = doc.split("## Complete example", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LockWarning)
+        lock = kernel_lock.loads(block)
+    assert set(lock.slots) == {"LayerNorm", "RMSNorm", "Linear"}
+    assert lock.slots["RMSNorm"].requires[0].name == "liger-kernel"
+    assert kernel_lock.loads(lock.sealed().dumps()).intact
+
+
+# ---- requires[].module, private and __main__ targets, trust (hostile input, issue 14) ----------------------
+@pytest.fixture
+def canary(tmp_path, monkeypatch):
+    pkg = tmp_path / "site" / "canarypkg"
+    (pkg / "sub").mkdir(parents=True)
+    flag = tmp_path / "canary-ran"
+    (pkg / "__init__.py").write_text(f"open({str(flag)!r}, 'w').write('imported')\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path / 'site'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    return flag
+
+
+REQUIRES = 'kwargs = {{ eps = 1e-6 }}\nrequires = [{{ name = "no-such-dist", module = "{module}" }}]'
+
+
+@pytest.mark.parametrize("module", ["canarypkg.sub", "this.x", "nosuchpkg.sub"])
+def test_requirement_modules_are_allow_listed_and_never_imported(tmp_path, capsys, canary, no_trust, module):
+    text = edited_lock(**{"kwargs = { eps = 1e-6 }": REQUIRES.format(module=module)})
+    path = write_sealed(tmp_path / "k.toml", text, check_targets=False)
+    code, out, err = run_cli(["verify", path, "--json"], capsys)
+    assert code == 5 and "requirement module" in err and "allow-list" in err, err
+    assert json.loads(out)["error"]["exit_code"] == 5  # --json: the error as JSON on stdout, nothing else
+    assert "Zen of Python" not in out + err and "Traceback" not in err
+    assert not canary.exists()
+
+
+def test_a_granted_requirement_module_is_looked_up_without_running_it(tmp_path, capsys, canary, no_trust):
+    path = write_sealed(
+        tmp_path / "k.toml",
+        edited_lock(**{"kwargs = { eps = 1e-6 }": REQUIRES.format(module="canarypkg.sub")}),
+        check_targets=False,
+    )
+    code, out, err = run_cli(["verify", path, "--trust", "canarypkg"], capsys)
+    assert code == 0, err  # found on the search path (a source tree), its package code never ran
+    assert not canary.exists()
+    path = write_sealed(
+        tmp_path / "k.toml",
+        edited_lock(**{"kwargs = { eps = 1e-6 }": REQUIRES.format(module="nosuchpkg.sub")}),
+        check_targets=False,
+    )
+    code, out, err = run_cli(["verify", path, "--trust", "nosuchpkg"], capsys)
+    assert code == 3 and "no-such-dist" in err and "not installed" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("target", ["torch.utils.model_dump.__main__.X", "torch._C._nn.Thing", "torch.nn._reduction.X"])
+def test_main_and_private_paths_are_refused_before_import(tmp_path, capsys, target):
+    path = tmp_path / "k.toml"
+    path.write_text(edited_lock(**{'target = "torch.nn.LayerNorm"': f'target = "{target}"'}))  # not sealed
+    code, out, err = run_cli(["verify", path], capsys)
+    assert code == 5 and "private or __main__ component" in err and "usage" not in (out + err).lower()
+    assert "torch.utils.model_dump.__main__" not in sys.modules
+
+
+def test_a_locks_trusted_modules_only_ask(tmp_path, capsys, no_trust):
+    text = edited_lock(
+        **{
+            'created-by = "hand"': 'created-by = "hand"\ntrusted-modules = ["kp_zoo"]',
+            'target = "torch.nn.LayerNorm"': 'target = "kp_zoo.norms.GoodLayerNorm"',
+        }
+    )
+    path = write_sealed(tmp_path / "k.toml", text, check_targets=False)
+    code, _, err = run_cli(["verify", path], capsys)
+    assert code == 5 and "asks to trust (trusted-modules) but which was not granted" in err and "--trust kp_zoo" in err
+    assert run_cli(["verify", path, "--trust", "kp_zoo"], capsys)[0] == 0
+    os.environ["KERNEL_LOCK_TRUST"] = "kp_zoo"
+    try:
+        assert run_cli(["verify", path], capsys)[0] == 0
+        assert kernel_lock.load(path).granted == ("kp_zoo",)
+    finally:
+        del os.environ["KERNEL_LOCK_TRUST"]
+    with pytest.raises(TargetNotAllowed, match="not granted"):
+        kernel_lock.load(path)
+    assert run_cli(["show", path], capsys)[0] == 0  # printing a lock imports nothing: no trust needed
+
+
+# ---- unvalidated values, huge and oversized locks (hostile input, issue 14) --------------------------------
+@pytest.mark.parametrize(
+    "name,old,new,words",
+    [
+        ("5000-digit version", '"1.0"', '"' + "1" * 5000 + '.0"', "MAJOR.MINOR"),
+        ("full-width digits", '"1.0"', '"\uff11.\uff10"', "MAJOR.MINOR"),
+        ("trailing newline", '"1.0"', '"1.0\\n"', "MAJOR.MINOR"),
+        ("eps nan", "kwargs = { eps = 1e-6 }", "kwargs = { eps = nan }", "not a finite number"),
+        ("eps inf", "kwargs = { eps = 1e-6 }", "kwargs = { eps = inf }", "not a finite number"),
+        (
+            "int beyond 64 bits",
+            "kwargs = { eps = 1e-6 }",
+            "kwargs = { eps = 1e-6, n = 99999999999999999999 }",
+            "beyond 64 bits",
+        ),
+        (
+            "huge int in evidence",
+            "kwargs = { eps = 1e-6 }",
+            "kwargs = { eps = 1e-6 }\nevidence = [{ n = -99999999999999999999 }]",
+            "beyond 64 bits",
+        ),
+    ],
+)
+def test_invalid_values_are_refused(name, old, new, words):
+    assert old in MINIMAL_LOCK
+    with pytest.raises(LockFormatError, match=words):
+        kernel_lock.loads(MINIMAL_LOCK.replace(old, new, 1), emit_warnings=False)
+
+
+@pytest.mark.slow
+def test_many_unknown_keys_give_one_capped_list_of_warnings(tmp_path):
+    extra = "".join(f"unknown{i} = {i}\n" for i in range(300_000))
+    p = tmp_path / "k.toml"
+    p.write_text(MINIMAL_LOCK.replace('created-by = "hand"\n', 'created-by = "hand"\n' + extra))
+    start = time.perf_counter()
+    lock = kernel_lock.load(p, emit_warnings=False)
+    assert time.perf_counter() - start < 30
+    assert len(lock.warnings) <= 22 and "and 299981 more warning(s)" in lock.warnings[-1]
+
+
+def test_an_oversized_lock_is_refused(tmp_path):
+    p = tmp_path / "k.toml"
+    p.write_bytes(b"#" * (9 << 20))
+    with pytest.raises(LockFormatError, match="more than the 8388608 this input may have"):
+        kernel_lock.load(p)

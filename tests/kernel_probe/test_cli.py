@@ -1,0 +1,240 @@
+"""Exit codes and output (issue 24, point 8): each case the issue lists, and Unicode format characters
+from a lock shown as escapes wherever C0/C1 controls are (show, explain, the job-start lines, errors)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+import unicodedata
+
+import pytest
+
+import kernel_lock
+from kernel_probe import output
+from tests.conftest import edited_lock, run_cli, write_sealed
+
+
+def test_lock_for_inference_into_a_missing_folder_names_the_path(tmp_path, lock_file, capsys):
+    out = tmp_path / "nonexistent-dir" / "x.toml"
+    code, _, err = run_cli(["lock", "--for", "inference", lock_file, out], capsys)
+    assert code == 5, err
+    assert str(out) in err and "does not exist" in err and "unexpected" not in err
+    assert not out.parent.exists()
+
+
+@pytest.mark.parametrize("target", ["__main__.X", "mylib.__main__.X", "mylib._private.X"])
+def test_a_main_or_private_candidate_is_a_usage_error_before_any_work(target, capsys, monkeypatch):
+    import kernel_probe.isolation.worker
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("a worker was started")
+
+    monkeypatch.setattr(kernel_probe.isolation.worker.WorkerPool, "__init__", no_work)
+    code, out, err = run_cli(["check", "--candidate", f"LayerNorm={target}"], capsys)
+    assert code == 2, err
+    assert "never imported" in err and "unexpected" not in err and "checking" not in out + err
+
+
+@pytest.mark.parametrize("value", ["bad name!", "_private", "a..b", "x-y"])
+def test_a_malformed_trust_variable_is_a_usage_error(value, lock_file, capsys, monkeypatch):
+    monkeypatch.setenv("KERNEL_LOCK_TRUST", value)
+    code, _, err = run_cli(["verify", lock_file], capsys)
+    assert code == 2, err
+    assert "KERNEL_LOCK_TRUST" in err
+
+
+@pytest.mark.parametrize("shape", ["2x²", "2x٣", "2x1²", "²x2"])
+def test_a_non_ascii_digit_in_a_shape_is_explained(shape, capsys):
+    code, _, err = run_cli(["--shape", shape, "--check", "--out", "nowhere.toml"], capsys)
+    assert code == 2, err
+    assert "ROWSxHIDDEN" in err and "invalid literal" not in err
+
+
+# ---- Unicode format characters -----------------------------------------------------------------------
+FORMAT = [chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) in ("Cf", "Zl", "Zp")]
+NAMED = ["\u202a", "\u202b", "\u202c", "\u202d", "\u202e", "\u2066", "\u2067", "\u2068", "\u2069"]
+NAMED += ["\u2028", "\u2029", "\u200b", "\u200c", "\u200d", "\u200e", "\u200f", "\ufeff", "\u2060"]
+
+
+def test_every_format_character_is_escaped():
+    assert set(NAMED) <= set(FORMAT)
+    for ch in FORMAT:
+        assert ch not in output.plain(f"a{ch}b"), hex(ord(ch))
+        assert ch not in output.safe(f"a{ch}b"), hex(ord(ch))
+    assert output.plain("a\u202eb") == "a\\u202eb"
+    assert output.plain("é ü 中") == "é ü 中"  # letters are not format characters
+
+
+def _hostile_lock(tmp_path, minimal_lock_text):
+    lock = kernel_lock.loads(minimal_lock_text, emit_warnings=False)
+    slot = lock.slots["LayerNorm"]
+    from dataclasses import replace
+
+    evil = "".join(NAMED)
+    slot = replace(slot, implementation=f"torch.layer_norm{evil}", reason=f"fast{evil}\u202eesrever")
+    lock = replace(lock, slots={**lock.slots, "LayerNorm": slot}, created_by=f"hand{evil}").sealed()
+    path = tmp_path / "evil.toml"
+    lock.dump(path)
+    return path
+
+
+@pytest.mark.parametrize("argv", [["show"], ["explain", "@", "LayerNorm"]])
+def test_show_and_explain_escape_them(tmp_path, minimal_lock_text, capsys, argv):
+    path = _hostile_lock(tmp_path, minimal_lock_text)
+    argv = [a if a != "@" else path for a in argv] + ([path] if argv == ["show"] else [])
+    code, out, err = run_cli(argv, capsys)
+    assert code == 0, err
+    assert not set(NAMED) & set(out + err), [hex(ord(c)) for c in set(NAMED) & set(out + err)]
+    assert "\\u202e" in out
+
+
+def test_errors_escape_them(tmp_path, minimal_lock_text, capsys):
+    path = tmp_path / "bad.toml"
+    path.write_text(
+        minimal_lock_text.replace('created-by = "hand"', 'created-by = "hand"\nmode = "train\u202eing\u2028x"')
+    )
+    code, out, err = run_cli(["verify", path], capsys)
+    assert code == 5
+    assert "\u202e" not in err and "\u2028" not in err and "\\u202e" in err
+
+
+def test_the_job_start_lines_escape_them(tmp_path, minimal_lock_text, capsys, monkeypatch):
+    """--check and reuse print the chosen implementations through output.info (plain lines)."""
+    output.info("LayerNorm -> torch.layer_norm\u202e\u2066x")
+    err = capsys.readouterr().err
+    assert "\u202e" not in err and "\u2066" not in err and "\\u202e" in err
+
+
+# ---- one vocabulary: exit codes and the common flags -------------------------------------------------------------
+def test_every_error_class_names_its_exit_code_from_ExitCode():
+    import re
+
+    from kernel_lock.errors import ExitCode
+    from tests.conftest import ROOT
+
+    assignments = [
+        (path.relative_to(ROOT), m.group(1))
+        for package in ("kernel_lock", "kernel_probe")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for m in re.finditer(r"^\s+exit_code(?:: int)? = (.+)$", path.read_text(), re.M)
+    ]
+    assert len(assignments) >= 15  # the error classes of both packages
+    assert [a for a in assignments if not re.fullmatch(r"ExitCode\.[A-Z_]+(  #.*)?", a[1])] == []
+    from kernel_lock.portability import NotPortable
+    from kernel_probe import errors
+
+    classes = [NotPortable, *kernel_lock.LockError.__subclasses__(), *errors.ProbeError.__subclasses__()]
+    assert all(isinstance(cls.exit_code, ExitCode) for cls in classes)
+
+
+def test_exit_codes_keep_their_numbers_and_read_as_numbers():
+    import json
+
+    from kernel_lock.errors import EXIT_CODES, ExitCode
+
+    assert [(c.name, c.value) for c in ExitCode] == [
+        ("OK", 0),
+        ("FAILURE", 1),
+        ("USAGE", 2),
+        ("MISMATCH", 3),
+        ("PROFILE_UNMET", 4),
+        ("BAD_INPUT", 5),
+        ("LOCKS_DIFFER", 6),
+    ]
+    assert kernel_lock.ExitCode is ExitCode and kernel_lock.EXIT_CODES is EXIT_CODES
+    assert str(ExitCode.MISMATCH) == f"{ExitCode.MISMATCH}" == "3" and json.dumps(ExitCode.USAGE) == "2"
+
+
+def test_every_command_takes_debug_and_json_where_it_prints_json(capsys):
+    from kernel_probe.cli import SUBCOMMANDS, build_subparser
+
+    for name, sub in SUBCOMMANDS.items():
+        parser, _ = build_subparser(name)
+        flags = {o: a for a in parser._actions for o in a.option_strings}
+        assert flags["--debug"].help == "show tracebacks and debug logs", name
+        assert (flags["--json"].help if "--json" in flags else None) == sub.json, name
+    assert SUBCOMMANDS["rehash"].json is None  # it prints one line on stderr
+    for action in ("list", "show", "match"):  # profiles' own actions print JSON too
+        code, out, err = run_cli(["profiles", action, "--help"], capsys)
+        assert code == 0 and "--json" in out, action
+
+
+def test_the_flags_are_declared_in_one_place():
+    from tests.conftest import ROOT
+
+    declared = [
+        (path.relative_to(ROOT).as_posix(), flag)
+        for path in sorted((ROOT / "kernel_probe").rglob("*.py"))
+        for flag in ("--json", "--debug")
+        if f'add_argument("{flag}"' in path.read_text()
+    ]
+    assert declared == [("kernel_probe/output.py", "--json"), ("kernel_probe/output.py", "--debug")]
+
+
+# ---- errors as JSON, tables wider rather than cut (issue 16, point 4) --------------------------------------
+def test_wide_table_is_printed_wider_rather_than_cut(monkeypatch):
+    from kernel_probe import output
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        output.reset()
+        t = output.table("T")
+        t.add_column("id", no_wrap=True)
+        t.add_column("note")
+        t.add_row("x" * 70 + ".end", "words that may wrap at spaces but never inside 'a_very_long_word_indeed'")
+        output.print_table(t)
+    text = buf.getvalue()
+    assert "x" * 70 + ".end" in text and "'a_very_long_word_indeed'" in text and "…" not in text
+
+
+@pytest.mark.parametrize(
+    "argv, code",
+    [
+        (["--json", "--pin", "RMSNorm=nope"], 2),
+        (["--json", "--precision", "fp8"], 2),
+        (["verify", "/no/such/lock.toml", "--json"], 5),
+        (["explain", "/no/such/lock.toml", "Layernorm", "--json"], 2),
+    ],
+)
+def test_json_errors_are_json_on_stdout(argv, code, capsys, no_workers):
+    got, out, err = run_cli(argv, capsys)
+    assert got == code
+    data = json.loads(out)
+    assert data["ok"] is False and data["error"]["exit_code"] == code and data["error"]["problem"]
+    assert err.strip()  # and the message for a person on stderr
+
+
+# ---- markup and escape sequences in lock strings (hostile input, issue 14) ---------------------------------
+@pytest.mark.parametrize(
+    "value,shown",
+    [
+        ("[/bold] x", "[/bold] x"),
+        ("[black on black]hidden", "[black on black]hidden"),
+        ("\x1b[2J\x1b[31mred", "\\x1b[2J"),
+    ],
+)
+@pytest.mark.parametrize("command", ["show", "explain", "diff", "verify"])
+def test_strings_from_a_lock_are_printed_as_text(tmp_path, capsys, value, shown, command):
+    escaped = value.replace("\x1b", "\\u001b")
+    text = edited_lock(
+        **{
+            'created-by = "hand"': f'created-by = "{escaped}"',
+            'implementation = "torch.layer_norm"': f'implementation = "{escaped}"',
+        }
+    )
+    path = write_sealed(tmp_path / "k.toml", text, check_targets=False)
+    argv = {
+        "show": ["show", path],
+        "explain": ["explain", path, "LayerNorm"],
+        "diff": ["diff", path, tmp_path / "b.toml"],
+        "verify": ["verify", path],
+    }[command]
+    write_sealed(tmp_path / "b.toml")
+    code, out, err = run_cli(argv, capsys)
+    assert code == 0, err
+    assert "\x1b" not in out + err
+    if command in ("show", "explain"):
+        assert shown in out, out
