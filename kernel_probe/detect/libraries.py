@@ -24,7 +24,7 @@ from typing import Any
 
 from kernel_lock import registry
 from kernel_probe.detect.importcheck import ImportRequest
-from kernel_probe.probe.candidates import TableReader
+from kernel_probe.tables import TableReader
 
 
 @dataclass(frozen=True)

@@ -22,14 +22,13 @@ import functools
 import math
 import os
 import re
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, TypeVar
 
 from kernel_lock import _toml
 from kernel_lock import registry as lock_registry
-from kernel_lock.reading import ReadError, get, get_required, get_strings, unknown_keys
 
 # declared in kernel_lock.slots; still importable from here (kernel_probe.probe.candidates.SLOT_SEMANTICS, CANONICAL)
 from kernel_lock.slots import (
@@ -42,7 +41,8 @@ from kernel_lock.slots import (
     SLOTS,
     slot_name_fix,
 )
-from kernel_probe.errors import InputFileError, UsageError
+from kernel_probe.errors import UsageError
+from kernel_probe.tables import TableReader
 
 _T = TypeVar("_T")
 
@@ -158,94 +158,6 @@ def fill(value: Any, canonical: Mapping[str, Any]) -> Any:
 
 
 # ---- reading declarations: the built-ins' data file and a profile's [[candidate]] tables -----------
-class CandidateDataError(InputFileError):
-    """A malformed candidate data file (exit 5); the message names the file and the dotted key."""
-
-
-class TableReader:
-    """Strict reading of parsed TOML: ``kernel_lock.reading``'s typed getters, whose errors this reader
-    raises with the file and the dotted key.
-
-    Unknown keys are errors (a typo must not silently widen a policy or drop a pinned argument).
-    ``error`` is the exception raised; a site profile's reader raises ``ProfileError``."""
-
-    error: type[InputFileError] = CandidateDataError
-
-    def __init__(self, path: str):
-        self.path = path
-
-    def err(self, key: str, problem: str, fix: str | None = None) -> InputFileError:
-        return self.error(problem, path=self.path, key=key, fix=fix)
-
-    def read(self, where: str, getter: Callable[[], _T]) -> _T:
-        """Run one of ``kernel_lock.reading``'s getters; its error, its key completed with ``where``, is this
-        reader's (the file named)."""
-        try:
-            return getter()
-        except ReadError as exc:
-            raise self.err(f"{where}{exc.key}", exc.problem, exc.fix) from None
-
-    def table(self, d: Mapping[str, Any], key: str, known: Sequence[str], where: str) -> dict[str, Any]:
-        v = self.free_table(d, key, where)
-        self.no_unknown(v, known, f"{where}{key}.")
-        return v
-
-    def free_table(self, d: Mapping[str, Any], key: str, where: str) -> dict[str, Any]:
-        """A table whose keys are the user's (variables, paths, library names)."""
-        return self.read(where, lambda: get(d, key, dict, default={}))
-
-    def no_unknown(self, d: Mapping[str, Any], known: Sequence[str], where: str) -> None:
-        for k in unknown_keys(d, known):
-            import difflib
-
-            close = difflib.get_close_matches(k, list(known), n=1, cutoff=0.75)
-            hint = f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(known)}"
-            raise self.err(f"{where}{k}", f"unknown key {k!r}", fix=hint)
-
-    # a required key, or one with a string default, is never None
-    @overload
-    def string(self, d: Mapping[str, Any], key: str, where: str, required: Literal[True]) -> str: ...
-    @overload
-    def string(self, d: Mapping[str, Any], key: str, where: str, required: bool = ..., *, default: str) -> str: ...
-    @overload
-    def string(
-        self, d: Mapping[str, Any], key: str, where: str, required: bool = ..., default: str | None = ...
-    ) -> str | None: ...
-
-    def string(
-        self, d: Mapping[str, Any], key: str, where: str, required: bool = False, default: str | None = None
-    ) -> str | None:
-        if required:
-            return self.read(where, lambda: get_required(d, key, str))
-        return self.read(where, lambda: get(d, key, str, default))
-
-    def strings(self, d, key, where) -> tuple[str, ...]:
-        """A list of strings; a lone string is a list of one."""
-        v = d.get(key)
-        return (v,) if isinstance(v, str) else self.read(where, lambda: get_strings(d, key))
-
-    def boolean(self, d, key, where, default: bool = False) -> bool:
-        return self.read(where, lambda: get(d, key, bool, default))
-
-    def regex(self, pattern: str, key: str) -> str:
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise self.err(key, f"{pattern!r} is not a valid regular expression: {exc}") from None
-        return pattern
-
-    def specifier(self, spec: Any, key: str) -> str:
-        from packaging.specifiers import InvalidSpecifier, SpecifierSet
-
-        if not isinstance(spec, str):
-            raise self.err(key, f"expected a PEP 440 specifier string, got {type(spec).__name__}")
-        try:
-            SpecifierSet(spec)
-        except InvalidSpecifier:
-            raise self.err(key, f"{spec!r} is not a PEP 440 version specifier like '>=2.4,<2.12'") from None
-        return spec
-
-
 # the keys of a [[candidate]] table: Candidate's fields, dashed, but where it was offered (``source``)
 CANDIDATE_KEYS = tuple(f.name.replace("_", "-") for f in fields(Candidate) if f.name != "source")
 DEVICE_TYPES = ("cuda", "rocm", "xpu", "mps", "cpu")

@@ -22,7 +22,6 @@ from kernel_probe.jobstart.handoff import PROBE_PER
 from kernel_probe.probe.candidates import (
     DEVICE_TYPES,
     Candidate,
-    TableReader,
     builtin,
     gpu_arch_problem,
     read_candidates,
@@ -35,6 +34,7 @@ from kernel_probe.profiles.signals import (
     WEAK,
     pattern_problem,
 )
+from kernel_probe.tables import TableReader
 
 PROFILE_VERSION = "1"
 GROUPS = ("device", "count", "versions", "libraries", "forbidden")  # strictness groups
@@ -92,7 +92,7 @@ class Profile:
 
 # ---- parsing ------------------------------------------------------------------------------------
 class _P(TableReader):
-    """The strict reader (kernel_probe.probe.candidates.TableReader), raising ProfileError."""
+    """The strict reader (kernel_probe.tables.TableReader), raising ProfileError."""
 
     error = ProfileError
 

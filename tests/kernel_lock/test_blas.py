@@ -30,9 +30,10 @@ from kernel_lock.fingerprint import here as fp_here
 from kernel_lock.fingerprint import with_torch
 from kernel_probe.isolation import worker
 from kernel_probe.probe import blasrun, correctness, pipeline, planning, timing
-from kernel_probe.probe.candidates import CandidateDataError, TableReader, builtin, parse_candidate
+from kernel_probe.probe.candidates import builtin, parse_candidate
 from kernel_probe.probe.judge import Policy, Problem, judge_candidate, static_problem
 from kernel_probe.probe.report import ReportBase
+from kernel_probe.tables import CandidateDataError, TableReader
 
 CUDA_LIBS = ("torch.linear.cublas", "torch.linear.cublaslt")
 ROCM_LIBS = ("torch.linear.hipblaslt", "torch.linear.rocblas")

@@ -25,6 +25,7 @@ from kernel_probe.probe.check import check_all, dtype_plan
 from kernel_probe.probe.choose import Choice
 from kernel_probe.probe.report import Report
 from kernel_probe.profiles import format as profile_format
+from kernel_probe.tables import CandidateDataError, TableReader
 from tests.conftest import ROOT
 
 BUILTIN_IDS = [c.id for c in cands.builtin()]
@@ -111,11 +112,11 @@ def test_the_library_table_is_read_from_the_registry():
 def test_a_broken_library_table_names_the_key(tmp_path):
     from kernel_probe.detect.libraries import read_libraries
 
-    r = cands.TableReader("registry.toml")
-    with pytest.raises(cands.CandidateDataError) as exc:
+    r = TableReader("registry.toml")
+    with pytest.raises(CandidateDataError) as exc:
         read_libraries(r, {"library": [{"name": "x", "module": "x", "check": "x", "variant": [{"key": "k"}]}]})
     assert exc.value.key == "library[0].variant[0].label" and "missing" in str(exc.value)
-    with pytest.raises(cands.CandidateDataError) as exc:
+    with pytest.raises(CandidateDataError) as exc:
         read_libraries(r, {"library": [{"name": "x", "modul": "x"}]})
     assert exc.value.key == "library[0].modul" and exc.value.fix == "did you mean 'module'?"
 
@@ -161,7 +162,7 @@ def test_a_builtin_entry_is_a_valid_profile_candidate(tmp_path):
 def test_a_broken_data_file_names_the_key(tmp_path, entry, key, problem):
     path = tmp_path / "candidates.toml"
     path.write_text(f"[[candidate]]\n{entry}\n")
-    with pytest.raises(cands.CandidateDataError) as exc:
+    with pytest.raises(CandidateDataError) as exc:
         cands.load_candidates(path)
     assert exc.value.key == key and problem in str(exc.value)
 
