@@ -16,13 +16,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import reduce
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from .blas import ALL as BLAS_LIBRARIES
 from .blas import Blas, device_of
 from .errors import LockFormatError
 from .reading import ReadError, context, get, get_choice, get_required, get_strings, get_tables, join, type_name
-from .slots import SEMANTICS, SLOT_SEMANTICS, STATUSES
+from .slots import SEMANTICS, SLOT_SEMANTICS, STATUSES, Status
 from .trust import DOTTED, MODULE, check_target
 
 # 1.1: accepted-changes, rename/transpose migrations; 1.2: environment torch-rocm, device-features, numerics-env;
@@ -340,7 +340,7 @@ class Candidate:
 
     implementation: str
     target: str
-    status: str
+    status: Status
     reasons: tuple[str, ...] = ()
 
     _KEYS = ("implementation", "target", "status", "reasons")
@@ -351,7 +351,7 @@ class Candidate:
         return cls(
             implementation=required(d, "implementation"),
             target=get(d, "target", str, default=""),
-            status=choice(d, "status", STATUSES),
+            status=cast(Status, choice(d, "status", STATUSES)),
             reasons=get_strings(d, "reasons"),
         )
 
