@@ -11,6 +11,7 @@ from kernel_lock.errors import LockFormatError
 from kernel_probe import output
 from kernel_probe.commands import lockfile
 from tests.conftest import MINIMAL_LOCK
+from tests.conftest import run_cli as run
 
 
 def test_the_default_lock_is_KERNEL_LOCK_else_the_file_here(monkeypatch):
@@ -50,3 +51,15 @@ def test_loading_strict_refuses_what_it_would_only_warn_about(tmp_path, capsys):
     assert not lockfile.load_lock(str(p)).intact
     with pytest.raises(LockFormatError, match="edited by hand"):
         lockfile.load_lock(str(p), strict=True)
+
+
+# ---- the lock commands default to $KERNEL_LOCK; a bad slot is a usage error (issue 16, point 7) ------------
+def test_lock_commands_default_to_KERNEL_LOCK(lock_file, capsys, monkeypatch):
+    monkeypatch.setenv("KERNEL_LOCK", str(lock_file))
+    monkeypatch.chdir(lock_file.parent.parent)  # no ./kernel-lock.toml here
+    for argv in (["show"], ["explain", "LayerNorm"], ["rehash"], ["verify"]):
+        code, out, err = run(argv, capsys)
+        assert code == 0, (argv, err)
+        assert str(lock_file) in out + err or argv == ["explain", "LayerNorm"], argv
+    code, out, _ = run(["explain", "LayerNorm"], capsys)
+    assert "LayerNorm -> torch.layer_norm (torch.nn.LayerNorm)" in out  # the $KERNEL_LOCK file's slot

@@ -1,4 +1,4 @@
-"""The lock subcommands: exit codes, one clear message, never a traceback."""
+"""kernel-probe verify: the machine against a lock, every slot resolved; exit codes, one clear message, never a traceback."""
 
 from __future__ import annotations
 
@@ -81,13 +81,6 @@ def test_strict_refuses_hand_edit(tmp_path, capsys):
     assert run(["verify", str(p), "--strict"], capsys)[0] == 0
 
 
-def test_show_text_and_json(lock_file, capsys):
-    code, out, _ = run(["show", str(lock_file)], capsys)
-    assert code == 0 and "LayerNorm" in out and "torch.layer_norm" in out
-    code, out, _ = run(["show", str(lock_file), "--json"], capsys)
-    assert json.loads(out)["slots"]["LayerNorm"]["kwargs"] == {"eps": 1e-6}
-
-
 def test_usage_error_is_exit_2(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["verify", "--mode", "serving"])
@@ -107,52 +100,6 @@ def test_no_traceback_from_real_process(tmp_path):
         [sys.executable, "-m", "kernel_probe", "verify", str(p), "--debug"], capture_output=True, text=True, cwd=ROOT
     )
     assert "Traceback" in proc.stderr  # --debug shows it
-
-
-def test_diff_exit_code_is_6_when_the_locks_differ(tmp_path, capsys):
-    from kernel_lock.errors import EXIT_CODES
-
-    a, same, b = tmp_path / "a.toml", tmp_path / "same.toml", tmp_path / "b.toml"
-    for path, text in (
-        (a, MINIMAL_LOCK),
-        (same, MINIMAL_LOCK),
-        (b, MINIMAL_LOCK.replace("bias = false", "bias = true")),
-    ):
-        write_sealed(path, text)
-    code, out, _ = run(["diff", a, b, "--exit-code"], capsys)
-    assert code == 6 and "diff --exit-code" in EXIT_CODES[6]
-    assert "slot Linear kwargs: {'bias': False} -> {'bias': True}" in out
-    assert run(["diff", a, b], capsys)[0] == 0  # without --exit-code a difference is not a status
-    assert run(["diff", a, same, "--exit-code"], capsys)[0] == 0
-    assert run(["diff", a, a, "--exit-code"], capsys)[0] == 0
-    proc = subprocess.run(
-        [sys.executable, "-m", "kernel_probe", "diff", str(a), str(b), "--exit-code"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 6, proc.stderr
-    code, out, _ = run(["diff", "--help"], capsys)
-    assert code == 0 and "exit 6 when the locks differ" in " ".join(out.split())
-
-
-# ---- the lock commands default to $KERNEL_LOCK; a bad slot is a usage error (issue 16, point 7) ------------
-def test_lock_commands_default_to_KERNEL_LOCK(lock_file, capsys, monkeypatch):
-    monkeypatch.setenv("KERNEL_LOCK", str(lock_file))
-    monkeypatch.chdir(lock_file.parent.parent)  # no ./kernel-lock.toml here
-    for argv in (["show"], ["explain", "LayerNorm"], ["rehash"], ["verify"]):
-        code, out, err = run(argv, capsys)
-        assert code == 0, (argv, err)
-        assert str(lock_file) in out + err or argv == ["explain", "LayerNorm"], argv
-    code, out, _ = run(["explain", "LayerNorm"], capsys)
-    assert "LayerNorm -> torch.layer_norm (torch.nn.LayerNorm)" in out  # the $KERNEL_LOCK file's slot
-
-
-def test_explain_with_a_bad_slot_is_a_usage_error(lock_file, capsys):
-    code, _, err = run(["explain", lock_file, "Layernorm"], capsys)
-    assert code == 2 and "did you mean 'LayerNorm'" in err
-    code, _, err = run(["explain", lock_file, "LayerNorm", "extra"], capsys)
-    assert code == 2
 
 
 # ---- verify: the slot's semantics, an empty or unknown environment (hostile input, issue 14) ---------------
