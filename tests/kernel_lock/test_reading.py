@@ -59,17 +59,15 @@ def test_read_error_text_names_its_key():
 
 
 def test_context_prefixes_keys_as_the_error_unwinds():
-    with pytest.raises(ReadError) as exc:
-        with context("slots"), context("LayerNorm"), context("requires"), context("[0]"):
-            raise ReadError("expected string", "name")
+    with pytest.raises(ReadError) as exc, context("slots"), context("LayerNorm"), context("requires"), context("[0]"):
+        raise ReadError("expected string", "name")
     assert exc.value.key == "slots.LayerNorm.requires[0].name"
     assert str(exc.value) == "'slots.LayerNorm.requires[0].name': expected string"
 
 
 def test_context_leaves_other_errors_alone():
-    with pytest.raises(KeyError):
-        with context("slots"):
-            raise KeyError("x")
+    with pytest.raises(KeyError), context("slots"):
+        raise KeyError("x")
     with context("slots"):  # no error: nothing happens
         pass
 
