@@ -49,7 +49,7 @@ from kernel_probe.probe.check import check_candidate
 from kernel_probe.profiles import discovery, requirements
 from kernel_probe.profiles.format import ProfileError, load_file
 from tests.conftest import run_cli
-from tests.kernel_probe.detect.test_detect import make_dist, write_pkg
+from tests.kernel_probe.detect.cases import make_dist, write_pkg
 
 GIB = 1 << 30
 
