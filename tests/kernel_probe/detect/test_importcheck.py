@@ -88,6 +88,118 @@ def test_classify(returncode, answer, stdout, stderr, timed_out, status, reason_
         assert out["stdout"] == "noise"
 
 
+def _child(status="ok", value=None, **kw):
+    from kernel_probe.isolation.child import ChildResult
+
+    return ChildResult(status, value=value, **{"returncode": 0, "seconds": 0.25, **kw})
+
+
+@pytest.mark.parametrize(
+    "child, expected",
+    [
+        (  # what the module is, kept with the verdict
+            _child(value={"ok": True, "seconds": 0.1234, "file": "/x/lib/__init__.py", "version": "1.2"}),
+            {
+                "status": "ok",
+                "reason": "imported",
+                "seconds": 0.25,
+                "import_seconds": 0.123,
+                "file": "/x/lib/__init__.py",
+                "module_version": "1.2",
+            },
+        ),
+        (  # Triton's target, or why it could not be read
+            _child(value={"ok": True, "target": {"backend": "hip", "arch": "gfx90a", "warp_size": 64}}),
+            {
+                "status": "ok",
+                "reason": "imported",
+                "seconds": 0.25,
+                "import_seconds": 0.0,
+                "target": {"backend": "hip", "arch": "gfx90a", "warp_size": 64},
+            },
+        ),
+        (
+            _child(value={"ok": True, "target_error": "RuntimeError: 0 active drivers"}),
+            {
+                "status": "ok",
+                "reason": "imported",
+                "seconds": 0.25,
+                "import_seconds": 0.0,
+                "target_error": "RuntimeError: 0 active drivers",
+            },
+        ),
+        (  # imported, then the interpreter exited badly: still ok, and said
+            _child(value={"ok": True}, returncode=3, stderr="warning at exit\n"),
+            {"status": "ok", "reason": "imported, then exited with code 3", "seconds": 0.25, "import_seconds": 0.0},
+        ),
+        (  # the import raised: where, and the child's stderr kept
+            _child(
+                value={"ok": False, "type": "ImportError", "message": "no .so", "where": "/x/a.py:3"},
+                stderr="log line\n",
+            ),
+            {
+                "status": "error",
+                "reason": "ImportError: no .so",
+                "seconds": 0.25,
+                "where": "/x/a.py:3",
+                "import_seconds": 0.0,
+                "stderr": "log line",  # clipped: stripped
+            },
+        ),
+        (  # an exception without a type still reads as one
+            _child(value={"ok": False, "message": "odd"}),
+            {"status": "error", "reason": "Exception: odd", "seconds": 0.25, "import_seconds": 0.0},
+        ),
+        (  # the interpreter could not be started at all
+            _child("crashed", reason="cannot run /no/python: ENOENT", returncode=None, started=False),
+            {"status": "error", "reason": "cannot run /no/python: ENOENT", "seconds": 0.25},
+        ),
+        (  # the child's own function raised: the checker's bug, reported as such
+            _child("error", reason="KeyError: 'module'"),
+            {"status": "error", "reason": "the child wrote no result: KeyError: 'module'", "seconds": 0.25},
+        ),
+        (  # a signal this platform does not name
+            _child("crashed", returncode=-200),
+            {"status": "crashed", "reason": "killed by signal 200 during import", "seconds": 0.25},
+        ),
+        (  # a timeout wins over the answer that came before the kill
+            _child(value={"ok": True}, timed_out=True, returncode=-9),
+            {
+                "status": "timeout",
+                "reason": "import did not finish within 2.5 s (child killed)",
+                "seconds": 0.25,
+                "import_seconds": 0.0,
+            },
+        ),
+    ],
+    ids=[
+        "module-facts",
+        "target",
+        "target-error",
+        "exit-code-after",
+        "raised",
+        "untyped",
+        "not-started",
+        "checker-bug",
+        "unnamed-signal",
+        "timeout-wins",
+    ],
+)
+def test_classify_keeps_what_the_child_said(child, expected):
+    assert importcheck.classify(child, timeout=2.5) == expected
+
+
+def test_classify_clips_what_a_library_prints():
+    out = importcheck.classify(_child(value={"ok": False}, stdout="x" * 10_000, stderr="y" * 10_000), timeout=5)
+    assert 0 < len(out["stdout"]) < 2100 and 0 < len(out["stderr"]) < 4100
+
+
+def test_statuses_are_the_documented_ones():
+    assert importcheck.STATUSES == ("ok", "error", "crashed", "timeout", "not-installed", "skipped")
+    for status in importcheck.STATUSES:
+        assert f"    {status} " in importcheck.__doc__
+
+
 @pytest.mark.slow
 def test_import_checks_run_concurrently(fakes):
     requests = {f"hang{i}": importcheck.ImportRequest("fake_hang") for i in range(3)}
