@@ -211,3 +211,41 @@ def test_torch_build_covers(device, arch_list, covered, how):
 )
 def test_visible_nvml_indices(visible, uuids, expected):
     assert fp_visible.visible_nvml_indices(visible, uuids) == expected
+
+
+# ---- torch's arch list -------------------------------------------------------------------------
+def _raises():
+    raise RuntimeError("CUDA driver version is insufficient")
+
+
+@pytest.mark.parametrize(
+    "torch, expected",
+    [
+        (SimpleNamespace(cuda=SimpleNamespace(get_arch_list=lambda: ["sm_80", "sm_90"])), ["sm_80", "sm_90"]),
+        (SimpleNamespace(cuda=SimpleNamespace(get_arch_list=lambda: ("gfx90a",))), ["gfx90a"]),
+        (SimpleNamespace(cuda=SimpleNamespace(get_arch_list=lambda: [])), []),
+        (SimpleNamespace(cuda=SimpleNamespace(get_arch_list=_raises)), []),  # a broken build: unknown
+        (SimpleNamespace(cuda=SimpleNamespace()), []),  # an old torch without the call
+        (SimpleNamespace(), []),
+    ],
+)
+def test_torch_arch_list(torch, expected):
+    assert accelerators.torch_arch_list(torch) == expected
+
+
+@pytest.mark.parametrize(
+    "device, arch_list, how, detail",
+    [
+        ("sm_86", ["sm_80", "sm_86"], "sass", "torch ships SASS for sm_86"),
+        ("sm_89", ["sm_80", "sm_86", "sm_90"], "binary-compatible", "runs sm_86 SASS (same major, older minor)"),
+        ("sm_90", ["compute_70", "compute_80", "sm_75"], "ptx-jit", "covered via PTX JIT from compute_80"),
+        ("sm_90", ["sm_90-future", "sm_80"], "none", "torch was built for sm_90-future, sm_80, not sm_90"),
+        ("sm_90", ["sm_80"], "none", "no kernel image is available"),
+        ("gfx942", ["gfx90a"], "none", "'HIP error: invalid device function'"),
+        ("compute_90", ["sm_90"], "unknown", "unrecognised device arch 'compute_90'"),
+        ("ampere", ["sm_80"], "unknown", "unrecognised device arch 'ampere'"),
+    ],
+)
+def test_torch_build_covers_says_why(device, arch_list, how, detail):
+    verdict = accelerators.torch_build_covers(device, arch_list)
+    assert verdict["how"] == how and detail in verdict["detail"]

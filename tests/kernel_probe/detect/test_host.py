@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -55,3 +56,56 @@ def test_host_on_this_machine():
     assert h["python"]["version"].count(".") == 2
     if os.path.exists("/proc/meminfo"):
         assert h["memory"]["total_bytes"] > 2**20
+
+
+def test_cpu_model_takes_a_generic_level_given_as_a_name():
+    cpu = SimpleNamespace(name="power9le", vendor="IBM", generic="ppc64le")
+    assert host.cpu_model(cpu) == {"microarch": "power9le", "generic": "ppc64le", "vendor": "IBM", "model_known": True}
+    no_generic = SimpleNamespace(name="a64fx", vendor="Fujitsu", generic=None)
+    assert host.cpu_model(no_generic)["generic"] is None
+
+
+# ---- memory ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "meminfo, cgroup, expected",
+    [
+        (
+            {"MemTotal": 512 * 2**30, "MemAvailable": 400 * 2**30},
+            None,
+            {"total_bytes": 512 * 2**30, "available_bytes": 400 * 2**30, "cgroup_limit_bytes": None},
+        ),
+        (
+            {"MemTotal": 512 * 2**30},
+            64 * 2**30,  # a Slurm job's allocation
+            {"total_bytes": 512 * 2**30, "available_bytes": None, "cgroup_limit_bytes": 64 * 2**30},
+        ),
+    ],
+)
+def test_memory_from_meminfo_and_cgroup(monkeypatch, meminfo, cgroup, expected):
+    monkeypatch.setattr(host, "_meminfo", lambda: meminfo)
+    monkeypatch.setattr(host, "_cgroup_memory_limit", lambda: cgroup)
+    assert host.memory() == expected
+
+
+def test_memory_without_proc_meminfo_asks_sysconf(monkeypatch):
+    monkeypatch.setattr(host, "_meminfo", dict)
+    monkeypatch.setattr(host, "_cgroup_memory_limit", lambda: None)
+    sizes = {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 1000}
+    monkeypatch.setattr(host.os, "sysconf", sizes.__getitem__)
+    assert host.memory()["total_bytes"] == 4096 * 1000
+
+    def unsupported(_name):
+        raise ValueError("unrecognized configuration name")
+
+    monkeypatch.setattr(host.os, "sysconf", unsupported)
+    assert host.memory() == {"total_bytes": None, "available_bytes": None, "cgroup_limit_bytes": None}
+
+
+def test_detect_host_shape(monkeypatch):
+    monkeypatch.setattr(host.fingerprint_host, "archspec_host", lambda: None)
+    h = host.detect_host()
+    assert list(h) == ["os", "python", "cpu", "memory"]
+    assert h["python"]["virtualenv"] is (sys.prefix != sys.base_prefix)
+    assert h["python"]["executable"] == sys.executable
+    assert h["cpu"]["microarch"] == "unknown" and h["cpu"]["model_known"] is False  # no archspec answer
+    assert h["os"]["platform"] == sys.platform
