@@ -79,7 +79,7 @@ def make_dist(root, name, version, files=(), summary=""):
     for rel, content in files:
         digest = base64.urlsafe_b64encode(hashlib.sha256(content).digest()).rstrip(b"=").decode()
         lines.append(f"{rel},sha256={digest},{len(content)}")
-    (info / "RECORD").write_text("\n".join(lines) + "\n")
+    (info / "RECORD").write_text("".join(line + "\n" for line in lines))  # no files: an empty RECORD
     return info
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import sys
 from importlib import metadata
 
 import pytest
 
+from kernel_lock.errors import DeviceVisibilityError
 from kernel_lock.fingerprint import with_torch
 from kernel_probe.detect import libraries
 from kernel_probe.detect import report as env_report
@@ -73,3 +75,52 @@ def test_liger_kernel_installed_and_importable_here():
     assert entry["installed"] and entry["version"] == version
     assert entry["import"]["status"] == "ok", entry["import"]
     assert entry["location"].endswith("liger_kernel")
+
+
+# ---- what detect() is given, and what it does when a part fails -------------------------------
+def test_detect_uses_the_table_env_and_torch_it_is_given():
+    env = {"SLURM_JOB_ID": "77", "NERSC_HOST": "perlmutter"}
+    report = env_report.detect(import_checks=False, timeout=7, env=env, table=(), torch=fake_torch(**H100))
+    assert report["import_checks"] == {"run": False, "timeout": 7.0}
+    assert report["libraries"] == {}
+    assert report["site"]["slurm"] == {"SLURM_JOB_ID": "77"}
+    assert [m["signal"] for m in report["site"]["markers"]] == ["env:NERSC_HOST"]
+    assert report["torch"]["version"] == "2.6.0+fake" and report["torch"]["build"] == "cuda"
+    assert report["device"]["arch"] == "sm_90" and len(report["accelerators"]) == 4
+    assert report["triton"]["backend"] in ("cuda", None)  # inferred from this torch's build when installed
+    assert report["errors"] == []
+
+
+def test_detect_without_an_importable_torch(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises
+    report = env_report.detect(import_checks=False, table=())
+    assert report["torch"] is None and report["fingerprint"] is None
+    assert report["device"]["type"] == "cpu"
+    assert [e["where"] for e in report["errors"]] == ["import torch"]
+    assert report["triton"]["matches_torch_build"] is None  # no torch build to compare with
+
+
+def test_detect_reports_each_failing_part_and_goes_on(monkeypatch):
+    def broken(*_a, **_k):
+        raise RuntimeError("part failed")
+
+    monkeypatch.setattr(env_report.torchbuild, "detect_torch_build", broken)
+    monkeypatch.setattr(env_report.accelerators, "detect_accelerators", broken)
+    monkeypatch.setattr(env_report.with_torch, "current", broken)
+    report = env_report.detect(import_checks=False, table=(), torch=fake_torch(**MI250X))
+    assert [(e["where"], e["error"]) for e in report["errors"]] == [
+        ("torch build", "RuntimeError: part failed"),
+        ("accelerators", "RuntimeError: part failed"),
+        ("fingerprint", "RuntimeError: part failed"),
+    ]
+    assert report["torch"] is None and report["accelerators"] == [] and report["fingerprint"] is None
+    assert report["device"]["arch"] == "gfx90a"  # what did not fail is still there
+
+
+def test_contradicting_visibility_variables_are_not_taken_for_a_cpu_node(monkeypatch):
+    def contradiction(_torch):
+        raise DeviceVisibilityError("HIP_VISIBLE_DEVICES names more devices than ROCR_VISIBLE_DEVICES allows")
+
+    monkeypatch.setattr(env_report.with_torch, "device_facts", contradiction)
+    with pytest.raises(DeviceVisibilityError):
+        env_report.detect(import_checks=False, table=(), torch=fake_torch(**MI250X))
