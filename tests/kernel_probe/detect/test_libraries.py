@@ -244,3 +244,34 @@ def test_locate_all_uses_the_table_given(tmp_path):
     assert list(located) == ["probe-pkg"]
     assert located["probe-pkg"].installed and located["probe-pkg"].distributions == {"kp-detect-probe-pkg": "0.3"}
     assert libraries.locate_all((), [str(tmp_path)]) == {}
+
+
+# ---- ROCm forks (moved from test_sites.py) ----------------------------------------------------
+def test_rocm_forks_are_labelled_as_forks(tmp_path):
+    write_pkg(
+        tmp_path,
+        "apex",
+        {
+            "__init__.py": "",
+            "normalization/__init__.py": "",
+            "git_version_info.py": "# Modified for ROCm Apex\n",
+            "op_builder/__init__.py": "",
+        },
+    )
+    apex = next(lib for lib in libraries.known_libraries() if lib.name == "apex")
+    entry = libraries.report(libraries.locate(apex, [str(tmp_path)]), None)
+    assert entry["variant"] == "rocm-fork" and "NVIDIA" not in entry["identified_as"]
+    te_root = tmp_path / "te"
+    write_pkg(
+        te_root,
+        "transformer_engine",
+        {
+            "__init__.py": "# This file was modified for portability to AMDGPU\n",
+            "pytorch/__init__.py": "",
+            "_rocm_init.py": "",
+        },
+    )
+    make_dist(te_root, "transformer-engine", "2.4.0")
+    te = next(lib for lib in libraries.known_libraries() if lib.name == "transformer-engine")
+    entry = libraries.report(libraries.locate(te, [str(te_root)]), None)
+    assert entry["variant"] == "rocm-fork" and "NVIDIA" not in entry["identified_as"]

@@ -191,3 +191,33 @@ def test_report_when_triton_is_absent():
 def test_import_request_reads_the_target_only_when_installed():
     assert triton_info.import_request(_here()) == triton_info.ImportRequest("triton", probe="triton-target")
     assert triton_info.import_request(triton_info.LocatedTriton(None)) is None
+
+
+# ---- a ROCm node with PyPI's triton (moved from test_sites.py) --------------------------------
+def test_pypi_triton_targets_hip_on_a_rocm_node(tmp_path):
+    init, lib = b"__version__ = '3.3.1'\n", b"\x7fELF triton" * 8
+    amd = b"# amd backend\n"
+    (tmp_path / "triton" / "_C").mkdir(parents=True)
+    (tmp_path / "triton" / "__init__.py").write_bytes(init)
+    (tmp_path / "triton" / "_C" / "libtriton.so").write_bytes(lib)
+    make_dist(
+        tmp_path,
+        "triton",
+        "3.3.1",
+        [
+            ("triton/__init__.py", init),
+            ("triton/_C/libtriton.so", lib),
+            ("triton/backends/amd/driver.py", amd),
+            ("triton/backends/nvidia/driver.py", amd),
+        ],
+    )
+    # torch's ROCm wheel pins its own Triton (torch 2.7.1+rocm6.2.4 requires pytorch-triton-rocm 3.3.1)
+    torch_info = make_dist(tmp_path, "torch", "2.7.1+rocm6.2.4")
+    with open(torch_info / "METADATA", "a") as fh:
+        fh.write('Requires-Dist: pytorch-triton-rocm==3.3.1; platform_system == "Linux"\n')
+    facts = triton_info.report(triton_info.locate([str(tmp_path)]), None, torch_build="rocm", device_arch="gfx90a")
+    assert facts["distributions"]["triton"]["built_for"] == ["cuda", "hip"]
+    assert facts["matches_torch_build"] is True  # it does target this GPU ...
+    assert facts["torch_requires"] == "pytorch-triton-rocm==3.3.1"
+    assert facts["matches_torch_pin"] is False  # ... but it is not the Triton torch was built with
+    assert "pytorch-triton-rocm==3.3.1" in facts["torch_pin_problem"] and "triton 3.3.1" in facts["torch_pin_problem"]
