@@ -40,8 +40,6 @@ from kernel_lock.fingerprint import host as fp_host
 from kernel_lock.lock import KernelLock
 from kernel_lock.schema import Slot
 from kernel_lock.versions import in_spec, release_text
-from kernel_probe.detect import libraries
-from kernel_probe.detect import triton as triton_info
 from kernel_probe.probe import pipeline
 from kernel_probe.probe import write as lockwrite
 from kernel_probe.probe.candidates import builtin
@@ -49,7 +47,7 @@ from kernel_probe.probe.check import check_candidate
 from kernel_probe.profiles import discovery, requirements
 from kernel_probe.profiles.format import ProfileError, load_file
 from tests.conftest import run_cli
-from tests.kernel_probe.detect.test_detect import make_dist, write_pkg
+from tests.kernel_probe.detect.cases import make_dist, write_pkg
 
 GIB = 1 << 30
 
@@ -366,34 +364,7 @@ def test_env_notes_a_generic_device_name(node, capsys):
     assert all("generic device name" in " ".join(d["notes"]) for d in report["accelerators"])
 
 
-# ---- 4. PyPI triton carries the AMD backend too -------------------------------------------------
-def test_pypi_triton_targets_hip_on_a_rocm_node(tmp_path):
-    init, lib = b"__version__ = '3.3.1'\n", b"\x7fELF triton" * 8
-    amd = b"# amd backend\n"
-    (tmp_path / "triton" / "_C").mkdir(parents=True)
-    (tmp_path / "triton" / "__init__.py").write_bytes(init)
-    (tmp_path / "triton" / "_C" / "libtriton.so").write_bytes(lib)
-    make_dist(
-        tmp_path,
-        "triton",
-        "3.3.1",
-        [
-            ("triton/__init__.py", init),
-            ("triton/_C/libtriton.so", lib),
-            ("triton/backends/amd/driver.py", amd),
-            ("triton/backends/nvidia/driver.py", amd),
-        ],
-    )
-    # torch's ROCm wheel pins its own Triton (torch 2.7.1+rocm6.2.4 requires pytorch-triton-rocm 3.3.1)
-    torch_info = make_dist(tmp_path, "torch", "2.7.1+rocm6.2.4")
-    with open(torch_info / "METADATA", "a") as fh:
-        fh.write('Requires-Dist: pytorch-triton-rocm==3.3.1; platform_system == "Linux"\n')
-    facts = triton_info.report(triton_info.locate([str(tmp_path)]), None, torch_build="rocm", device_arch="gfx90a")
-    assert facts["distributions"]["triton"]["built_for"] == ["cuda", "hip"]
-    assert facts["matches_torch_build"] is True  # it does target this GPU ...
-    assert facts["torch_requires"] == "pytorch-triton-rocm==3.3.1"
-    assert facts["matches_torch_pin"] is False  # ... but it is not the Triton torch was built with
-    assert "pytorch-triton-rocm==3.3.1" in facts["torch_pin_problem"] and "triton 3.3.1" in facts["torch_pin_problem"]
+# (4. PyPI triton carries the AMD backend too: test_triton.py; ROCm forks labelled as forks: test_libraries.py)
 
 
 # ---- 5. LUMI recognised in its container workflow -----------------------------------------------
@@ -558,28 +529,6 @@ def test_te_fork_runs_only_on_the_archs_it_documents():
     assert "gfx90a or gfx942 or gfx950" in te.arch_problem("rocm", "gfx1100")
     assert te.arch_problem("cuda", "sm_80") is None and te.arch_problem("cuda", "sm_120") is None
     assert "sm_80+" in te.arch_problem("cuda", "sm_75")
-
-
-def test_rocm_forks_are_labelled_as_forks(tmp_path):
-    write_pkg(
-        tmp_path,
-        "apex",
-        {
-            "__init__.py": "",
-            "normalization/__init__.py": "",
-            "git_version_info.py": "# Modified for ROCm Apex\n",
-            "op_builder/__init__.py": "",
-        },
-    )
-    apex = next(lib for lib in libraries.known_libraries() if lib.name == "apex")
-    entry = libraries.report(libraries.locate(apex, [str(tmp_path)]), None)
-    assert entry["variant"] == "rocm-fork" and "NVIDIA" not in entry["identified_as"]
-    te_root = tmp_path / "te"
-    te_root.mkdir()
-    _transformer_engine(te_root, fork=True)
-    te = next(lib for lib in libraries.known_libraries() if lib.name == "transformer-engine")
-    entry = libraries.report(libraries.locate(te, [str(te_root)]), None)
-    assert entry["variant"] == "rocm-fork" and "NVIDIA" not in entry["identified_as"]
 
 
 def test_a_profile_candidate_declares_archs_and_install(tmp_path):
