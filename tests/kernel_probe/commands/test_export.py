@@ -174,6 +174,7 @@ def test_inference_mode_exports_the_verified_twin():
 
 
 @pytest.mark.skipif(not HAS_LIGER, reason="liger-kernel is not installed")
+@pytest.mark.slow  # importing liger-kernel (and triton) takes seconds
 def test_liger_lock_exports_the_liger_adapter_in_training_mode():
     lock = load(
         lock_text().split("[slots.LayerNorm]")[0]
