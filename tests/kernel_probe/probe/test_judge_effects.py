@@ -20,7 +20,6 @@ from kernel_probe.probe import candidates as cands
 from kernel_probe.probe.check import check_all, check_candidate
 from kernel_probe.probe.choose import choose
 from kernel_probe.probe.judge import Policy
-from kernel_probe.probe.layout import discover
 from kernel_probe.probe.limits import IMPORT_TIMEOUT
 from tests.conftest import run_cli, small_probe
 
@@ -73,40 +72,7 @@ def test_random_init_compared_by_distribution(worker):
     assert check(worker, "Linear=kp_zoo.norms.GoodLinear").status == "accepted"
 
 
-def test_torch_init_adapter_restores_linear_and_norm_init():
-    from kp_zoo.norms import NormalInitLinear, RandnBiasLayerNorm
-
-    import kernel_lock.adapters as adapters
-    from kernel_probe.probe.initstats import compare
-
-    assert adapters.TORCH_INIT_ADAPTERS["TELinear"] == ("transformer_engine.pytorch.Linear", "linear")
-    Linear = adapters.torch_init_adapter(NormalInitLinear, "linear", "NormalInitLinearTorchInit")
-    fresh, reference = Linear(1000, 384), torch.nn.Linear(1000, 384)
-    assert isinstance(fresh, NormalInitLinear) and list(fresh.state_dict()) == ["weight", "bias"]
-    assert compare(fresh.weight, reference.weight) is None and compare(fresh.bias, reference.bias) is None
-    Norm = adapters.torch_init_adapter(RandnBiasLayerNorm, "layer_norm", "X")
-    assert torch.equal(Norm(64).bias, torch.zeros(64)) and torch.equal(Norm(64).weight, torch.ones(64))
-
-
 # ---- parameter layout -------------------------------------------------------------------------------
-def test_layout_discovery_rules():
-    w, b = (384, 1000), (384,)
-    assert discover({"weight": w, "bias": b}, {"weight": w, "bias": b}).identity
-    assert discover({"gamma": (8,), "beta": (8,)}, {"weight": (8,), "bias": (8,)}).rules == (
-        "rename:gamma->weight",
-        "rename:beta->bias",
-    )
-    assert discover({"weight": (1000, 384), "bias": b}, {"weight": w, "bias": b}).rules == ("transpose:weight",)
-    assert discover({"w": (1000, 384), "b": b}, {"weight": w, "bias": b}).rules == (
-        "rename:w->weight",
-        "transpose:weight",
-        "rename:b->bias",
-    )
-    assert discover({"weight": (8,), "_extra_state": ()}, {"weight": (8,)}).rules == ("drop:_extra_state",)
-    bad = discover({"gamma": (7,), "scale": (8,)}, {"weight": (8,), "bias": (8,)})
-    assert not bad.ok and bad.missing == ("weight (8,)", "bias (8,)") and bad.unexpected == ("gamma (7,)", "scale (8,)")
-
-
 @pytest.mark.parametrize(
     "spec,rules",
     [

@@ -1,0 +1,199 @@
+"""kernel_probe.probe.pipeline: reusing a current lock, refusing a stale one, and the steps around a probe.
+
+A real probe (workers, checks, timings) is exercised by the slow tests of the probe command; here nothing
+starts a worker (the ``no_workers`` fixture fails the test if anything does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from kernel_probe.errors import InputFileError, StaleLock, UsageError
+from kernel_probe.probe import pipeline, planning
+from kernel_probe.probe.pipeline import choose_all, reusable, run
+from kernel_probe.probe.planning import ProbeRequest, plan
+from kernel_probe.probe.report import Report
+from tests.conftest import MINIMAL_LOCK, edited_lock, write_sealed
+
+HEAD = 'created-by = "hand"\n'
+SHAPE = ("64x32",)
+
+
+@pytest.fixture
+def cpu(monkeypatch, no_workers):
+    monkeypatch.setattr(planning, "detect_device", lambda: {"type": "cpu", "arch": ""})
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+
+def probed_with(digest: str, text: str = MINIMAL_LOCK) -> str:
+    """``text`` as a lock probed with the inputs whose digest is ``digest``."""
+    return text.replace(HEAD, f'{HEAD}provenance = {{ inputs = "{digest}" }}\n', 1)
+
+
+@pytest.fixture
+def current(tmp_path, cpu):
+    """(a request, the path of a lock that is current for it)."""
+    request = ProbeRequest(out=tmp_path / "kernel-lock.toml", shapes=SHAPE)
+    return request, write_sealed(request.out, probed_with(plan(request).digest))
+
+
+# ---- reusable ------------------------------------------------------------------------------------------
+def test_a_current_lock_is_reusable(current):
+    request, path = current
+    lock, why = reusable(path, plan(request).digest)
+    assert why == "" and lock.intact and lock.slots["LayerNorm"].implementation == "torch.layer_norm"
+
+
+@pytest.mark.parametrize(
+    "make,why",
+    [
+        (lambda d, digest: d / "absent.toml", "absent.toml does not exist"),
+        (
+            lambda d, digest: write_sealed(d / "l.toml", probed_with("sha256:" + "0" * 64)),
+            "it was probed with other options (shapes, precision, candidates, pins or profile)",
+        ),
+        (lambda d, digest: write_sealed(d / "l.toml"), "it was probed with other options"),  # no inputs recorded
+        (
+            lambda d, digest: write_sealed(d / "l.toml", probed_with(digest, edited_lock(**{'"cpu"': '"cuda"'}))),
+            "this machine differs: ",
+        ),
+    ],
+    ids=["absent", "other-inputs", "no-inputs", "other-machine"],
+)
+def test_a_lock_that_is_not_current_says_why(tmp_path, cpu, make, why):
+    digest = plan(ProbeRequest(shapes=SHAPE)).digest
+    lock, reason = reusable(make(tmp_path, digest), digest)
+    assert lock is None and why in reason
+
+
+@pytest.mark.parametrize(
+    "content,problem",
+    [
+        ("not = [toml", "the existing lock is not valid: "),
+        (MINIMAL_LOCK.replace(HEAD, HEAD + f'digest = "sha256:{"0" * 64}"\n'), "was edited by hand"),
+    ],
+    ids=["corrupt", "hand-edited"],
+)
+def test_a_lock_that_cannot_be_trusted_is_an_error_not_a_reprobe(tmp_path, content, problem):
+    path = tmp_path / "kernel-lock.toml"
+    path.write_text(content)
+    with pytest.raises(InputFileError) as info:
+        reusable(path, "sha256:x")
+    assert problem in info.value.problem and "--force" in info.value.fix
+    assert info.value.path == str(path) and info.value.exit_code == InputFileError.exit_code
+    assert path.read_text() == content  # nothing was overwritten
+
+
+# ---- run, on a lock that is current or stale: no probe ---------------------------------------------------
+def test_run_reuses_a_current_lock(current):
+    request, path = current
+    for asked in (request, replace(request, check_only=True)):
+        result = run(asked)
+        assert result.reused and result.lock_path == path and result.choices == {} and result.reports == {}
+        assert result.lock.provenance["inputs"] == result.plan.digest
+
+
+@pytest.mark.parametrize(
+    "request_change,why",
+    [
+        ({}, "does not exist"),
+        ({"precision": "32-true"}, "it was probed with other options"),
+    ],
+)
+def test_check_only_refuses_a_stale_lock(current, tmp_path, request_change, why):
+    request, path = current
+    if not request_change:
+        path.unlink()
+    with pytest.raises(StaleLock) as info:
+        run(replace(request, check_only=True, **request_change))
+    assert info.value.problem.startswith(f"{path} is stale or missing: ") and why in info.value.problem
+    assert info.value.exit_code == 3 and "without --check" in info.value.fix
+
+
+def test_run_refuses_a_bad_request_before_any_work(tmp_path, cpu):
+    with pytest.raises(UsageError, match="--check and --force contradict each other"):
+        run(ProbeRequest(out=tmp_path / "l.toml", check_only=True, force=True))
+    assert not (tmp_path / "l.toml").exists()
+
+
+@pytest.mark.parametrize("mode", ["node", "everyone"])
+def test_run_refuses_an_unknown_probe_per(tmp_path, cpu, mode):
+    with pytest.raises(UsageError, match=f"--probe-per '{mode}': use one of "):
+        run(ProbeRequest(out=tmp_path / "l.toml", probe_per=mode))
+
+
+# ---- the steps ----------------------------------------------------------------------------------------
+def test_expand_out(cpu, monkeypatch):
+    from kernel_probe.jobstart import handoff
+
+    monkeypatch.setattr(handoff, "node_type", lambda device: f"{device['type']}-kind")
+    p = plan(ProbeRequest())
+    assert pipeline._expand_out(ProbeRequest(out=Path("a/lock.toml")), p, "job") == Path("a/lock.toml")
+    assert pipeline._expand_out(ProbeRequest(out=Path("a/{node-type}.toml")), p, "job") == Path("a/cpu-kind.toml")
+    assert pipeline._expand_out(ProbeRequest(out=Path("{node-type}.toml")), p, "node-type") == Path("cpu-kind.toml")
+    with pytest.raises(UsageError, match=r"--out a/lock.toml names no \{node-type\}") as info:
+        pipeline._expand_out(ProbeRequest(out=Path("a/lock.toml")), p, "node-type")
+    assert "kernel-lock.{node-type}.toml" in info.value.fix
+
+
+def test_job_rank_without_a_launcher(cpu):
+    assert pipeline._job_rank("rank", planning.Events()) is None
+    assert pipeline._job_rank("job", planning.Events()) is None  # conftest clears the launchers' rank variables
+
+
+def site(**slots) -> SimpleNamespace:
+    """A stand-in for a profile: its name and per-slot policy."""
+    policy = {
+        slot: SimpleNamespace(
+            allowed=tuple(p.get("allowed", ())), pin=p.get("pin"), preferred=tuple(p.get("prefer", ()))
+        )
+        for slot, p in slots.items()
+    }
+    return SimpleNamespace(name="site", slots=policy)
+
+
+@pytest.mark.parametrize(
+    "profile,cid,refused",
+    [
+        (None, "liger.rms_norm", None),
+        (site(), "liger.rms_norm", None),
+        (site(RMSNorm={}), "liger.rms_norm", None),  # no allow-list: everything allowed
+        (site(RMSNorm={"allowed": ["torch.rms_norm"]}), "torch.rms_norm", None),
+        (site(RMSNorm={"allowed": ["torch.rms_norm"]}), "liger.rms_norm", "not allowed by profile site"),
+        (site(LayerNorm={"allowed": ["torch.layer_norm"]}), "liger.rms_norm", None),  # another slot's list
+    ],
+)
+def test_refused_by_the_profiles_allow_list(cpu, profile, cid, refused):
+    p = replace(plan(ProbeRequest()), profile=profile)
+    assert pipeline._refused(p, "RMSNorm", SimpleNamespace(id=cid)) == refused
+
+
+def reports_and_timings(slot: str, semantics: str, ms: dict[str, float]):
+    reports = [Report(cid, f"x.{cid}", slot, semantics, "cpu", "accepted") for cid in ms]
+    timings = {cid: [{"shape": SHAPE[0], "median_ms": t, "spread": 0.01}] for cid, t in ms.items()}
+    return reports, timings
+
+
+@pytest.mark.parametrize(
+    "request_change,profile,chosen,how",
+    [
+        ({}, None, "liger.rms_norm", "fastest"),
+        ({"pins": {"RMSNorm": "torch.rms_norm"}}, None, "torch.rms_norm", "pinned"),
+        ({}, site(RMSNorm={"pin": "torch.rms_norm"}), "torch.rms_norm", "pinned"),  # the profile's policy
+        ({}, site(RMSNorm={"prefer": ["torch.rms_norm"]}), "torch.rms_norm", "preferred"),
+        # the command line's pin wins over the profile's
+        ({"pins": {"RMSNorm": "liger.rms_norm"}}, site(RMSNorm={"pin": "torch.rms_norm"}), "liger.rms_norm", "pinned"),
+    ],
+)
+def test_choose_all(cpu, request_change, profile, chosen, how):
+    p = plan(ProbeRequest(slots=("RMSNorm",), shapes=SHAPE, precision="32-true"))
+    p = replace(p, request=replace(p.request, **request_change), profile=profile)
+    reports, timings = reports_and_timings("RMSNorm", "rms_norm", {"torch.rms_norm": 1.0, "liger.rms_norm": 0.5})
+    (choice,) = choose_all(p, {"RMSNorm": reports}, {"RMSNorm": timings}).values()
+    assert (choice.slot, choice.report.id, choice.how) == ("RMSNorm", chosen, how)
+    if profile is not None and "pins" not in request_change:
+        assert "profile site" in choice.reason
