@@ -18,23 +18,7 @@ from kernel_probe.anemoi.blocks import (
 )
 from kernel_probe.anemoi.config_file import load_config
 from kernel_probe.errors import InputFileError
-
-# the training layout: defined once, inherited by every component
-TRAINING = """\
-model:
-  num_channels: 64
-  layer_kernels:
-    LayerNorm: {_target_: torch.nn.LayerNorm, eps: 1e-6}
-    Linear: {_target_: torch.nn.Linear, bias: false}
-    Activation: {_target_: torch.nn.GELU}
-  processor:
-    _target_: anemoi.models.layers.processor.TransformerProcessor
-    layer_kernels: ${model.layer_kernels}
-  encoders:
-    "0": {mapper: {layer_kernels: "${model.layer_kernels}"}}
-  decoders:
-    "0": {mapper: {layer_kernels: "${model.layer_kernels}"}}
-"""
+from tests.kernel_probe.commands.test_check_config import TRAINING  # the training layout
 
 
 def test_blocks_of_a_training_config():
