@@ -22,7 +22,10 @@ from kernel_probe.anemoi.schema_check import packaged_dir
 
 LN = {"_target_": "torch.nn.LayerNorm"}
 PACKAGED = packaged_dir()
-needs_presets = pytest.mark.skipif(PACKAGED is None, reason="anemoi-training (its packaged presets) is not installed")
+needs_presets = pytest.mark.skipif(
+    PACKAGED is None,
+    reason="anemoi-training (its packaged presets) is not installed; `bash .ci/anemoi-install` installs it",
+)
 
 
 # ---- merge_leftovers -------------------------------------------------------------------------------

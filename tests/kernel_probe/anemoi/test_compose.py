@@ -47,7 +47,7 @@ def test_the_exception_name_is_what_the_parent_matches():
 @pytest.fixture
 def guarded(monkeypatch):
     """guard_search_paths on a stand-in for Hydra's ConfigRepository (the real one is restored after)."""
-    pytest.importorskip("hydra", reason="hydra-core is not installed")
+    pytest.importorskip("hydra", reason="hydra-core is not installed; `bash .ci/anemoi-install` installs it")
     from hydra._internal.config_repository import ConfigRepository
 
     from kernel_probe.anemoi.compose import guard_search_paths
