@@ -150,9 +150,14 @@ def _imported(cand: Candidate) -> float:
 
 
 def _fresh(bench: Bench) -> tuple[Any, Any]:
-    """The candidate and torch.nn's module freshly built in float32 (their layouts, their initialisation)."""
+    """The candidate and torch.nn's module freshly built in float32 (their layouts, their initialisation).
+
+    Each is built right after seeding torch's global generators (``seed`` for torch.nn, ``seed + 1`` for
+    the candidate: two independent draws), so that the initialisation verdict is the same on every
+    rank and in every run, whatever the worker computed before."""
     canonical32 = bench.canonical("float32")
     try:
+        torch.manual_seed(bench.seed)
         fresh_base = build(bench.baseline, canonical32, bench.torch_device, torch.float32)
     except Exception as exc:
         raise _Stopped(
@@ -160,6 +165,7 @@ def _fresh(bench: Bench) -> tuple[Any, Any]:
             error=f"torch.nn itself cannot be built on {bench.device}: {type(exc).__name__}: {exc}",
         ) from None
     try:
+        torch.manual_seed(bench.seed + 1)
         fresh = build(bench.cand, canonical32, bench.torch_device, torch.float32)
     except Exception as exc:
         raise _Stopped(

@@ -30,6 +30,7 @@ from kernel_probe.probe.shapes import parse_shape
 
 # check: run the check at the model's shape after timing each shape (atshape); off only to measure its cost
 DEFAULT_OPTIONS = {"warmup": 3, "reps": 20, "min_seconds": 0.2, "max_reps": 200, "check": True}
+TIMED_INPUT_SEED = 0  # the seed of the timed inputs (and so of the data the check at the shape sees)
 
 
 def bytes_moved(semantics: str, rows: int, hidden: int, out: int, dtype_bytes: int) -> int:
@@ -148,8 +149,13 @@ def _time_shape(
     l2 = _l2_bytes(device)
     if l2 and per_input < 2 * l2:  # rotate inputs so that together they exceed twice the L2 cache
         n_buf = min(8, 2 * l2 // max(per_input, 1) + 1)
-    xs = _buffers(n_buf, lambda: torch.randn(rows, hidden, device=tdev, dtype=dtype).requires_grad_(True))
-    gy = torch.randn(rows, width_out, device=tdev, dtype=dtype)
+    # the timed inputs, which the check at the shape also reads, come from their own seeded generator:
+    # the same data on every rank and in every run, whatever the worker computed before
+    gen = torch.Generator(device=tdev).manual_seed(TIMED_INPUT_SEED)
+    xs = _buffers(
+        n_buf, lambda: torch.randn(rows, hidden, device=tdev, dtype=dtype, generator=gen).requires_grad_(True)
+    )
+    gy = torch.randn(rows, width_out, device=tdev, dtype=dtype, generator=gen)
     state = {"i": 0}
 
     def step():

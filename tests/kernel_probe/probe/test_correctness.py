@@ -170,6 +170,19 @@ def test_a_row_is_seeded():
     assert not torch.equal(a.params["weight"], Row.of(bench(seed=4), "float32", "true").params["weight"])
 
 
+def test_the_fresh_builds_are_seeded_whatever_ran_before():
+    """The initialisation verdict must be the same on every rank and in every run: both fresh modules
+    are drawn from seeded generators, independently of each other."""
+    torch.manual_seed(123)
+    cand, base = correctness._fresh(bench("torch.linear", seed=5))
+    torch.randn(1000)  # the worker computed something else in between
+    again, again_base = correctness._fresh(bench("torch.linear", seed=5))
+    assert torch.equal(cand.weight, again.weight) and torch.equal(base.weight, again_base.weight)
+    assert not torch.equal(cand.weight, base.weight)  # two draws, not one compared with itself
+    other, _ = correctness._fresh(bench("torch.linear", seed=6))
+    assert not torch.equal(other.weight, cand.weight)
+
+
 # ---- the bookkeeping ------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "pairs,worst",

@@ -38,21 +38,36 @@ def test_alpha_and_its_normal_quantile_agree():
 
 
 @pytest.mark.parametrize(
-    "lam,alpha,k",
+    "n,m,alpha,k",
     [
-        (0.0, 1e-6, 0),  # nothing expected beyond the bound: none allowed
-        (1.0, 0.5, 1),  # P(X > 0) = 0.632, P(X > 1) = 0.264
-        (1.0, 0.1, 2),  # P(X > 2) = 0.080
-        (2.0, 1e-6, 12),
+        (10, 10, 0.6, 0),  # P(count >= 1) = 1/2 < 0.6: none allowed
+        (10, 10, 0.4, 1),  # P(count >= 2) = 10/20 * 9/19 = 0.237
+        (1, 3, 0.3, 0),  # P(count >= 1) = 1/4
+        (100, 100, 0.01, 6),  # about 2^-k: 2^-7 < 0.01 <= 2^-6
+        (384_000, 384_000, 1e-6, 19),  # a Linear's weight in the checks: 2^-20 < 1e-6 <= 2^-19
+        (5, 5, 1e-9, 5),  # all of the candidate's beyond has probability 5!5!/10! = 0.004: never refused
     ],
 )
-def test_poisson_quantile(lam, alpha, k):
-    assert initstats._poisson_quantile(lam, alpha) == k
+def test_exceedance_quantile(n, m, alpha, k):
+    assert initstats._exceedance_quantile(n, m, alpha) == k
 
-    def beyond(j):  # P(X > j)
-        return 1 - sum(math.exp(-lam) * lam**i / math.factorial(i) for i in range(j + 1))
+    def tail(j):  # P(count >= j): the j largest of the pool are all the candidate's
+        return math.prod((n - i) / (n + m - i) for i in range(j))
 
-    assert beyond(k) < alpha and (k == 0 or beyond(k - 1) >= alpha)  # the smallest such k
+    assert (k == n or tail(k + 1) < alpha) and (k == 0 or tail(k) >= alpha)  # the smallest such k
+
+
+def test_the_bounds_test_keeps_its_false_alarm_rate():
+    """Simulated: how often a candidate drawn exactly as torch.nn draws has more values beyond torch.nn's
+    largest than allowed. The count's tail is geometric (torch.nn's own maximum varies), so a Poisson
+    quantile would allow too few: at n = m it refuses about 3% of correct draws where 1% was meant."""
+    g, n, alpha, trials = torch.Generator().manual_seed(7), 100, 0.01, 20_000
+    c, r = torch.rand(trials, n, generator=g), torch.rand(trials, n, generator=g)
+    beyond = (c > r.max(dim=1, keepdim=True).values).sum(dim=1)
+    rate = float((beyond > initstats._exceedance_quantile(n, n, alpha)).double().mean())
+    assert 0.005 < rate <= alpha  # exact law: 2^-7 = 0.0078 (sd of the estimate 0.0006)
+    poisson_allowed = 4  # the 1 - 0.01 quantile of Poisson(n / (n + 1)): P(X > 4) = 0.0037
+    assert float((beyond > poisson_allowed).double().mean()) > 2.5 * alpha  # 2^-5 = 0.031
 
 
 @pytest.mark.parametrize(

@@ -93,6 +93,20 @@ def test_a_row_reports_consistent_statistics(slot, shape, rows, hidden, out):
     assert "check" not in row  # asked without the float64 check
 
 
+def test_the_timed_inputs_do_not_depend_on_the_global_generator():
+    """The check at the shape reads the timed inputs: they come from their own seeded generator, so
+    the same candidate is judged on the same data on every rank, whatever ran before in the worker."""
+    import torch
+
+    cand, opts = default_for("LayerNorm"), {**FAST, "check": True}
+    checks = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        [row] = time_candidate(cand, "LayerNorm", "cpu", ["64x48"], "float32", "true", opts).rows
+        checks.append(row["check"]["errors"])
+    assert checks[0] == checks[1] and checks[0]["y"][0] > 0  # errors of real data, bit for bit the same
+
+
 def test_more_repetitions_give_a_spread_and_a_minimum_time_adds_repetitions():
     cand = default_for("LayerNorm")
     [row] = time_candidate(cand, "LayerNorm", "cpu", ["16x8"], "float32", "true", {**FAST, "reps": 8}).rows
