@@ -1,5 +1,5 @@
 """The child process of the job-start check: resolves the slots it is given with ``factory`` and prints
-one line of verdicts. Started by ``kernel_lock.resolve.confirm_targets`` (``python -c``), so the
+one line of verdicts. Started by ``kernel_lock.confirming.child_verdicts`` (``python -c``), so the
 foreign code an import runs never runs in the checking process; nothing imports this module.
 """
 
@@ -9,9 +9,10 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from .confirming import MARK
 from .errors import KernelUnavailable, LockError
 from .lock import loads
-from .resolve import MARK, factory
+from .resolve import factory
 
 
 def _child_verdict(request: Mapping[str, Any], slot: str) -> dict[str, Any] | None:
@@ -32,7 +33,7 @@ def _child_verdict(request: Mapping[str, Any], slot: str) -> dict[str, Any] | No
 
 
 def main(request: Mapping[str, Any]) -> None:
-    """The child of ``resolve._confirm_in_child``: ``factory`` for each slot asked, one JSON line of verdicts."""
+    """The child of ``confirming.child_verdicts``: ``factory`` for each slot asked, one JSON line of verdicts."""
     import json
     import os
 

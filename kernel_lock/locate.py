@@ -4,7 +4,7 @@
 ``requirement_problems`` compares a slot's requirements with the installed distributions;
 ``static_problem`` decides a target as an import would, from ``registry.target_facts``, or says why
 only an import can tell. The job-start check (``kernel_lock.resolve.confirm_targets``) and the
-inference resolver use them.
+inference resolver use them, and so does ``kernel_lock.confirming.before_sealing``.
 """
 
 from __future__ import annotations

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import functools
 import logging
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .confirming import confirm_in_child
 from .errors import Difference, KernelUnavailable, LockFormatError, LockMismatch
 from .importing import IN_INFERENCE_MODE, build, install_hint
 from .locate import requirement_problems, static_problem, unusable_reason
@@ -240,68 +240,7 @@ def confirm_targets(lock: LockDocument, mode: str, current: Mapping[str, Any], *
             fix="run `kernel-probe verify` without --no-import (imports each class), or `kernel-probe --check` "
             "(imports only these, in a child process)",
         )
-    _confirm_in_child(lock, mode, unknown)
-
-
-CHILD_TIMEOUT = 300.0  # seconds for the child that imports what could not be judged without it
-MARK = "KERNEL_LOCK_CONFIRM "
-
-
-def _confirm_in_child(lock: LockDocument, mode: str, unknown: Mapping[str, str]) -> None:
-    """Resolve the ``unknown`` slots with :func:`factory` in a fresh interpreter (same search path, same
-    trust) and raise its verdict here: the import path's own answer, without its code running here."""
-    import json
-    import subprocess
-
-    request = {
-        "sys_path": list(sys.path),
-        "text": lock.dumps(),
-        "path": lock.path,
-        "trust": list(lock.granted),
-        "mode": mode,
-        "slots": list(unknown),
-    }
-    code = (
-        "import json, sys; r = json.loads(sys.stdin.read()); sys.path[:] = r['sys_path']; "
-        "from kernel_lock.confirm_child import main; main(r)"
-    )
-    what = ", ".join(f"slot {name} ({why})" for name, why in unknown.items())
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", code],
-            input=json.dumps(request),
-            capture_output=True,
-            text=True,
-            timeout=CHILD_TIMEOUT,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise KernelUnavailable(
-            f"{what}: importing it in a child process to confirm it failed: {exc}",
-            path=lock.path,
-            key="slots." + next(iter(unknown)),
-            fix="run `kernel-probe verify` to see the import's own error",
-        ) from None
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]
-    if not lines:
-        tail = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-        raise KernelUnavailable(
-            f"{what}: the child process importing it to confirm it ended without a verdict ({tail[:300]})",
-            path=lock.path,
-            key="slots." + next(iter(unknown)),
-            fix="run `kernel-probe verify` to see the import's own error",
-        )
-    verdicts = json.loads(lines[-1][len(MARK) :])
-    for slot in unknown:
-        verdict = verdicts.get(slot, {"exit_code": 3, "problem": f"slot {slot}: no verdict", "key": None, "fix": None})
-        if verdict is None:
-            continue
-        cls = LockFormatError if verdict["exit_code"] == LockFormatError.exit_code else KernelUnavailable
-        raise cls(
-            f"{verdict['problem']} (found by importing it in a child process: {unknown[slot]} without import)",
-            path=lock.path,
-            key=verdict["key"],
-            fix=verdict["fix"],
-        )
+    confirm_in_child(lock, mode, unknown)
 
 
 def _max_error_text(max_error: float | None) -> str:

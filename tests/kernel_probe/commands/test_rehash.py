@@ -69,8 +69,11 @@ def test_the_default_lock_is_kernel_lock_or_the_working_directorys(tmp_path, mon
         ({"[slots.Linear]": "[slots.Linaer]"}, "unknown slot 'Linaer'"),
         ({'lock-version = "1.0"': 'lock-version = "9.0"'}, "9.0"),
         ({'target = "torch.nn.LayerNorm"': 'target = "kp_evil.Evil"'}, "not in the import allow-list"),
+        # what verify and the runtime refuse is not sealed either (kernel_lock.confirming.before_sealing)
+        ({'target = "torch.nn.LayerNorm"': 'target = "torch.nn.RMSNorm"'}, "computes rms_norm, not layer_norm"),
+        ({"kwargs = { bias = false }": "kwargs = { bias = false, fancy = 1 }"}, "keyword argument 'fancy'"),
     ],
-    ids=["semantics", "unknown-slot", "version", "untrusted"],
+    ids=["semantics", "unknown-slot", "version", "untrusted", "target-of-other-semantics", "unknown-kwarg"],
 )
 def test_an_invalid_lock_is_not_sealed(tmp_path, edit, words):
     p = tmp_path / "k.toml"
@@ -81,12 +84,18 @@ def test_an_invalid_lock_is_not_sealed(tmp_path, edit, words):
     assert words in str(exc.value) and p.read_text() == text  # nothing rewritten
 
 
-def test_trust_reaches_the_validation(tmp_path, monkeypatch):
+def test_trust_reaches_the_validation(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("KERNEL_LOCK_TRUST", raising=False)
     p = tmp_path / "k.toml"
+    p.write_text(edited_lock(**{'target = "torch.nn.LayerNorm"': 'target = "kp_zoo.norms.GoodLayerNorm"'}))
+    with pytest.raises(LockError, match="not in the import allow-list"):
+        run_rehash(rehash_args(str(p)))
+    assert run_rehash(rehash_args(str(p), "--trust", "kp_zoo")) == 0  # imported in a child, then sealed
+    assert kernel_lock.load(p, strict=True, trust=["kp_zoo"]).slots["LayerNorm"].target == "kp_zoo.norms.GoodLayerNorm"
+    assert "note" not in capsys.readouterr().err  # judged: nothing left unsaid
     p.write_text(edited_lock(**{'target = "torch.nn.LayerNorm"': 'target = "kp_evil.Evil"'}))
-    assert run_rehash(rehash_args(str(p), "--trust", "kp_evil")) == 0
-    assert kernel_lock.load(p, strict=True, trust=["kp_evil"]).slots["LayerNorm"].target == "kp_evil.Evil"
+    with pytest.raises(LockError, match="is a type, not a torch.nn.Module subclass"):  # trusted, and still wrong
+        run_rehash(rehash_args(str(p), "--trust", "kp_evil"))
 
 
 def test_through_the_cli_a_refusal_is_an_exit_code(tmp_path, capsys):

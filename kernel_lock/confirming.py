@@ -1,0 +1,129 @@
+"""Confirming what only an import can judge, in a child process, and deciding a lock before it is sealed.
+
+``child_verdicts`` resolves slots with ``factory`` in a fresh interpreter (``kernel_lock.confirm_child``)
+and returns what it said of each: the import path's own answer, without its code running here.
+``confirm_in_child`` raises the first refusal (the job-start check, ``resolve.confirm_targets``).
+``before_sealing`` decides every target of a hand-edited lock before ``kernel-probe rehash`` seals it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from .errors import KernelUnavailable, LockFormatError
+
+if TYPE_CHECKING:
+    from .document import LockDocument
+
+CHILD_TIMEOUT = 300.0  # seconds for the child that imports what could not be judged without it
+MARK = "KERNEL_LOCK_CONFIRM "
+
+
+def child_verdicts(lock: LockDocument, mode: str, unknown: Mapping[str, str]) -> dict[str, dict[str, Any] | None]:
+    """Resolve the ``unknown`` slots (name -> why they could not be judged without importing) with
+    ``factory`` in a fresh interpreter (same search path, same trust): per slot, None where it built,
+    else the error as a dict (exit_code, problem, key, fix). A child that cannot run, or ends without a
+    verdict, is :class:`KernelUnavailable`."""
+    import json
+    import subprocess
+
+    request = {
+        "sys_path": list(sys.path),
+        "text": lock.dumps(),
+        "path": lock.path,
+        "trust": list(lock.granted),
+        "mode": mode,
+        "slots": list(unknown),
+    }
+    code = (
+        "import json, sys; r = json.loads(sys.stdin.read()); sys.path[:] = r['sys_path']; "
+        "from kernel_lock.confirm_child import main; main(r)"
+    )
+    what = ", ".join(f"slot {name} ({why})" for name, why in unknown.items())
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            input=json.dumps(request),
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise KernelUnavailable(
+            f"{what}: importing it in a child process to confirm it failed: {exc}",
+            path=lock.path,
+            key="slots." + next(iter(unknown)),
+            fix="run `kernel-probe verify` to see the import's own error",
+        ) from None
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]
+    if not lines:
+        tail = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        raise KernelUnavailable(
+            f"{what}: the child process importing it to confirm it ended without a verdict ({tail[:300]})",
+            path=lock.path,
+            key="slots." + next(iter(unknown)),
+            fix="run `kernel-probe verify` to see the import's own error",
+        )
+    verdicts = json.loads(lines[-1][len(MARK) :])
+    missing = {"exit_code": KernelUnavailable.exit_code, "key": None, "fix": None}
+    return {slot: verdicts.get(slot, {**missing, "problem": f"slot {slot}: no verdict"}) for slot in unknown}
+
+
+def _refusal(lock: LockDocument, verdict: Mapping[str, Any], why: str) -> KernelUnavailable | LockFormatError:
+    cls = LockFormatError if verdict["exit_code"] == LockFormatError.exit_code else KernelUnavailable
+    return cls(
+        f"{verdict['problem']} (found by importing it in a child process: {why} without import)",
+        path=lock.path,
+        key=verdict["key"],
+        fix=verdict["fix"],
+    )
+
+
+def confirm_in_child(lock: LockDocument, mode: str, unknown: Mapping[str, str]) -> None:
+    """Resolve the ``unknown`` slots in a child process and raise the first refusal here."""
+    for slot, verdict in child_verdicts(lock, mode, unknown).items():
+        if verdict is not None:
+            raise _refusal(lock, verdict, unknown[slot])
+
+
+def before_sealing(lock: LockDocument, torch_version: str) -> list[str]:
+    """Every target of ``lock`` (each slot's, and its twin's) decided before a hand-edited lock is
+    sealed, so that no lock is sealed that ``verify`` and the runtime refuse.
+
+    Each is decided as the job-start check decides it: from the tables and the file system
+    (``locate.static_problem``), and a slot's target the tables cannot judge by importing it in a
+    child process (foreign code never runs here). What an import refuses (a class of other semantics,
+    a keyword argument it does not take) is raised. A library absent or broken on this machine is no
+    refusal (a lock may be sealed where its library is not installed): returned, one line per target
+    not judged here and why, as is a twin the tables cannot judge.
+    """
+    from .locate import static_problem
+
+    notes: list[str] = []
+    unknown: dict[str, str] = {}
+    for entry in lock.slots.values():
+        key = f"slots.{entry.name}"
+        pairs = [(entry.target, entry.kwargs, key)]
+        if entry.twin is not None:
+            pairs.append((entry.twin.target, entry.twin.kwargs, f"{key}.twin"))
+        for target, kwargs, at in pairs:
+            try:
+                why = static_problem(entry.name, target, kwargs, torch_version, lock.path, at)
+            except KernelUnavailable as exc:
+                notes.append(f"{at}: {target} not judged: {exc.problem}")
+                continue
+            if why is not None and at == key:
+                unknown[entry.name] = why
+            elif why is not None:
+                notes.append(f"{at}: {target} not judged without importing it: {why}")
+    if unknown:
+        for slot, verdict in child_verdicts(lock, "training", unknown).items():
+            if verdict is None:
+                continue
+            refusal = _refusal(lock, verdict, unknown[slot])
+            if isinstance(refusal, LockFormatError):
+                raise refusal
+            notes.append(f"slots.{slot}: {lock.slots[slot].target} not judged: {verdict['problem']}")
+    return notes

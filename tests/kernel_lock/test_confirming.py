@@ -1,0 +1,127 @@
+"""kernel_lock.confirming: what only an import can tell, asked of a child process (its verdicts, and a
+child that cannot give one), and every target of a lock decided before ``kernel-probe rehash`` seals it.
+
+The lock cases are test_locate's: the ones the import path refuses, and good ones.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+import kernel_lock
+from kernel_lock import confirming
+from kernel_lock.confirming import before_sealing, child_verdicts, confirm_in_child
+from kernel_lock.errors import ExitCode, KernelUnavailable, LockError, LockFormatError, TargetNotAllowed
+from kernel_lock.fingerprint import with_torch
+from tests.kernel_lock.test_locate import (  # noqa: F401  (ghost_site: a fixture these tests use)
+    CASES,
+    GOOD,
+    _base,
+    _child_in_this_process,
+    _import_verdict,
+    _ln,
+    _lock,
+    _set,
+    ghost_site,
+)
+
+
+# ---- the child's verdicts -----------------------------------------------------------------------------
+def test_child_verdicts_are_per_slot(tmp_path, monkeypatch):
+    started = _child_in_this_process(monkeypatch)
+    path = _lock(tmp_path, _set("Linear", target="torch.ao.nn.qat.Linear", kwargs={}))
+    lock = kernel_lock.load(path, emit_warnings=False)
+    verdicts = child_verdicts(lock, "training", {"LayerNorm": "asked", "Linear": "asked"})
+    assert len(started) == 1 and verdicts["LayerNorm"] is None
+    bad = verdicts["Linear"]
+    assert bad is not None and bad["exit_code"] == ExitCode.BAD_INPUT and bad["key"] == "slots.Linear.target"
+    with pytest.raises(LockFormatError, match="found by importing it in a child process: asked without import"):
+        confirm_in_child(lock, "training", {"LayerNorm": "asked", "Linear": "asked"})
+    confirm_in_child(lock, "training", {"LayerNorm": "asked"})  # a slot that builds: nothing raised
+
+
+@pytest.mark.parametrize(
+    "outcome, words",
+    [
+        (OSError("no interpreter"), "importing it in a child process to confirm it failed: no interpreter"),
+        (subprocess.TimeoutExpired("python", 300), "timed out after 300 seconds"),
+        (subprocess.CompletedProcess([], -9, "", "Killed\n"), "ended without a verdict (Killed)"),
+        (subprocess.CompletedProcess([], 0, "noise only\n", ""), "ended without a verdict (exit status 0)"),
+    ],
+    ids=["cannot-start", "hangs", "killed", "no-verdict"],
+)
+def test_a_child_without_a_verdict_is_unavailable_never_current(tmp_path, monkeypatch, outcome, words):
+    def run(*_a, **_kw):
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(subprocess, "run", run)
+    lock = kernel_lock.load(_lock(tmp_path, lambda d: None), emit_warnings=False)
+    with pytest.raises(KernelUnavailable) as exc:
+        child_verdicts(lock, "training", {"Linear": "asked"})
+    assert words in str(exc.value) and exc.value.key == "slots.Linear"
+    assert exc.value.exit_code == ExitCode.MISMATCH
+
+
+def test_a_slot_the_child_did_not_answer_is_unavailable(tmp_path, monkeypatch):
+    reply = subprocess.CompletedProcess([], 0, confirming.MARK + "{}\n", "")
+    monkeypatch.setattr(subprocess, "run", lambda *_a, **_kw: reply)
+    lock = kernel_lock.load(_lock(tmp_path, lambda d: None), emit_warnings=False)
+    with pytest.raises(KernelUnavailable, match="slot Linear: no verdict"):
+        confirm_in_child(lock, "training", {"Linear": "asked"})
+
+
+# ---- before sealing -----------------------------------------------------------------------------------
+@pytest.mark.usefixtures("ghost_site")
+@pytest.mark.parametrize("case", CASES)
+def test_sealing_refuses_what_the_import_refuses_or_says_it_could_not_judge(tmp_path, monkeypatch, case):
+    """`kernel-probe rehash` decides every target before sealing: never a silent seal of a lock that
+    verify and the runtime refuse. Each case is refused as the import refuses it, or sealed with a line
+    naming each edited target that cannot be imported here."""
+    _child_in_this_process(monkeypatch)
+    path = _lock(tmp_path, CASES[case])
+    refused = _import_verdict(path)
+    lock = kernel_lock.load(path, emit_warnings=False)
+    try:
+        unjudged = before_sealing(lock, with_torch.current()["torch"])
+    except LockError as exc:
+        # what the import refuses too (it may stop first at the machine, exit 3, before reaching a twin)
+        assert refused != 0 and isinstance(exc, (TargetNotAllowed, LockFormatError)), (refused, exc)
+        assert exc.key.startswith("slots.") and exc.exit_code in (refused, ExitCode.BAD_INPUT)
+        return
+    base = _base()["slots"]
+    edited = [
+        f"{at}: {target}"
+        for name, e in lock.slots.items()
+        for at, target, before in (
+            (f"slots.{name}", e.target, base[name]["target"]),
+            (f"slots.{name}.twin", e.twin.target if e.twin else "", base[name]["twin"]["target"]),
+        )
+        if target != before
+    ]
+    assert edited and all(any(line.startswith(t) for line in unjudged) for t in edited), (edited, unjudged)
+
+
+@pytest.mark.parametrize("case", GOOD)
+def test_sealing_a_good_lock_judges_every_target(tmp_path, case):
+    path = _lock(tmp_path, GOOD[case])
+    assert before_sealing(kernel_lock.load(path, emit_warnings=False), with_torch.current()["torch"]) == []
+
+
+def test_sealing_judges_the_twin_and_imports_what_the_tables_cannot_judge(tmp_path, monkeypatch):
+    def twin_of_other_semantics(d):
+        _ln(d)["twin"].update(target="torch.nn.RMSNorm", kwargs={"eps": 1e-5})
+
+    lock = kernel_lock.load(_lock(tmp_path, twin_of_other_semantics), emit_warnings=False)
+    with pytest.raises(TargetNotAllowed) as exc:
+        before_sealing(lock, with_torch.current()["torch"])
+    assert exc.value.key == "slots.LayerNorm.twin.target" and "computes rms_norm" in str(exc.value)
+    started = _child_in_this_process(monkeypatch)
+    good = kernel_lock.load(_lock(tmp_path, lambda d: None), emit_warnings=False)
+    unjudged = before_sealing(good, "")  # no torch known: torch.nn's table cannot say, so a child imports
+    assert len(started) == 1  # one child for the three slots; their twins are only noted
+    assert [line.split(":")[0] for line in unjudged] == [f"slots.{s}.twin" for s in ("LayerNorm", "RMSNorm", "Linear")]
+    assert all("not judged without importing it" in line for line in unjudged)
