@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 from .errors import KernelUnavailable, LockFormatError
 
 if TYPE_CHECKING:
+    import subprocess
+
     from .document import LockDocument
 
 CHILD_TIMEOUT = 300.0  # seconds for the child that imports what could not be judged without it
@@ -43,13 +45,7 @@ def child_verdicts(lock: LockDocument, mode: str, unknown: Mapping[str, str]) ->
     )
     what = ", ".join(f"slot {name} ({why})" for name, why in unknown.items())
     try:
-        proc = subprocess.run(
-            [sys.executable, "-c", code],
-            input=json.dumps(request),
-            capture_output=True,
-            text=True,
-            timeout=CHILD_TIMEOUT,
-        )
+        proc = _run_child([sys.executable, "-c", code], json.dumps(request), CHILD_TIMEOUT)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise KernelUnavailable(
             f"{what}: importing it in a child process to confirm it failed: {exc}",
@@ -69,6 +65,38 @@ def child_verdicts(lock: LockDocument, mode: str, unknown: Mapping[str, str]) ->
     verdicts = json.loads(lines[-1][len(MARK) :])
     missing = {"exit_code": KernelUnavailable.exit_code, "key": None, "fix": None}
     return {slot: verdicts.get(slot, {**missing, "problem": f"slot {slot}: no verdict"}) for slot in unknown}
+
+
+def _run_child(argv: list[str], request: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run the child with ``request`` on its stdin; its output comes back through files, not pipes, so a
+    process a library forks (and that inherits them) cannot keep this waiting after the child has
+    ended. The child runs in a session of its own, and whatever is left of it (such a process) is
+    killed once it ends or runs out of time; on time out, ``subprocess.TimeoutExpired`` is raised."""
+    import os
+    import signal
+    import subprocess
+    import tempfile
+
+    with (
+        tempfile.TemporaryFile("w+b") as stdin,
+        tempfile.TemporaryFile("w+b") as out,
+        tempfile.TemporaryFile("w+b") as err,
+    ):
+        stdin.write(request.encode("utf-8"))
+        stdin.seek(0)
+        proc = subprocess.Popen(argv, stdin=stdin, stdout=out, stderr=err, start_new_session=True)
+        try:
+            proc.wait(timeout)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the session's leftovers, or the child itself on time out
+            except (ProcessLookupError, PermissionError):
+                pass  # nothing left of it
+            proc.wait()
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = (f.read().decode("utf-8", "replace") for f in (out, err))
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
 
 
 def _refusal(lock: LockDocument, verdict: Mapping[str, Any], why: str) -> KernelUnavailable | LockFormatError:

@@ -7,6 +7,8 @@ The lock cases are test_locate's: the ones the import path refuses, and good one
 from __future__ import annotations
 
 import subprocess
+import sys
+import time
 
 import pytest
 
@@ -58,7 +60,7 @@ def test_a_child_without_a_verdict_is_unavailable_never_current(tmp_path, monkey
             raise outcome
         return outcome
 
-    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setattr(confirming, "_run_child", run)
     lock = kernel_lock.load(_lock(tmp_path, lambda d: None), emit_warnings=False)
     with pytest.raises(KernelUnavailable) as exc:
         child_verdicts(lock, "training", {"Linear": "asked"})
@@ -68,10 +70,68 @@ def test_a_child_without_a_verdict_is_unavailable_never_current(tmp_path, monkey
 
 def test_a_slot_the_child_did_not_answer_is_unavailable(tmp_path, monkeypatch):
     reply = subprocess.CompletedProcess([], 0, confirming.MARK + "{}\n", "")
-    monkeypatch.setattr(subprocess, "run", lambda *_a, **_kw: reply)
+    monkeypatch.setattr(confirming, "_run_child", lambda *_a, **_kw: reply)
     lock = kernel_lock.load(_lock(tmp_path, lambda d: None), emit_warnings=False)
     with pytest.raises(KernelUnavailable, match="slot Linear: no verdict"):
         confirm_in_child(lock, "training", {"Linear": "asked"})
+
+
+# ---- the child's process: no pipe a forked process can hold, nothing left running ----------------------
+def _gone(pid: int, wait: float = 5.0) -> bool:
+    """The process has ended within ``wait`` seconds (a kill is delivered asynchronously); a zombie
+    waiting for a reaper that is not ours counts as ended."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+FORKS_AND_EXITS = """
+import os, sys, time
+request = sys.stdin.read()
+pid = os.fork()
+if pid == 0:
+    time.sleep(600)
+    os._exit(0)
+print(request, pid)
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def test_a_process_the_child_forks_neither_keeps_the_caller_waiting_nor_outlives_it():
+    t0 = time.monotonic()
+    done = confirming._run_child([sys.executable, "-c", FORKS_AND_EXITS], "the request", 60.0)
+    assert time.monotonic() - t0 < 30  # the forked process would hold a pipe for 600 s
+    echoed, pid = done.stdout.split()[-2:]
+    assert done.returncode == 0 and done.stdout.startswith("the request") and _gone(int(pid))
+
+
+def test_a_child_that_hangs_is_killed_at_its_time_limit():
+    t0 = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        confirming._run_child([sys.executable, "-c", "import time; time.sleep(600)"], "", 1.0)
+    assert time.monotonic() - t0 < 30
+
+
+@pytest.mark.slow  # a real child that imports torch
+def test_a_library_that_forks_on_import_is_judged_and_its_process_ends(tmp_path, monkeypatch):
+    pidfile = tmp_path / "pids"
+    monkeypatch.setenv("KP_FORKS_PIDFILE", str(pidfile))
+    monkeypatch.setenv("KERNEL_LOCK_TRUST", "kp_forks")
+    lock = kernel_lock.load(_lock(tmp_path, _set("LayerNorm", target="kp_forks.on_import.Norm")), emit_warnings=False)
+    t0 = time.monotonic()
+    assert child_verdicts(lock, "training", {"LayerNorm": "asked"}) == {"LayerNorm": None}  # a real child
+    assert time.monotonic() - t0 < 120
+    [pid] = pidfile.read_text().split()
+    assert _gone(int(pid))
 
 
 # ---- before sealing -----------------------------------------------------------------------------------

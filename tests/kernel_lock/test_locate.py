@@ -148,22 +148,22 @@ def _child_in_this_process(monkeypatch) -> list[list[str]]:
     import io
     import json
 
-    from kernel_lock import confirm_child
+    from kernel_lock import confirm_child, confirming
 
     started: list[list[str]] = []
 
-    def run(argv, *, input, **_kw):
+    def run(argv, request, timeout):
         assert argv[:2] == [sys.executable, "-c"] and "kernel_lock.confirm_child import main" in argv[2], argv
         started.append(argv)
         out = io.StringIO()
         with contextlib.redirect_stdout(out), pytest.raises(_ChildExited):
-            confirm_child.main(json.loads(input))  # ends with os._exit(0), as a child does
+            confirm_child.main(json.loads(request))  # ends with os._exit(0), as a child does
         return subprocess.CompletedProcess(argv, 0, out.getvalue(), "")
 
     def exit_(code):
         raise _ChildExited(code)
 
-    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setattr(confirming, "_run_child", run)
     monkeypatch.setattr(os, "_exit", exit_)
     return started
 
