@@ -83,6 +83,9 @@ def _verdicts(spec, dtype, regime, shapes):
     "spec, dtype, regime, bad, good, tensors, first_bad",
     [pytest.param(*case, marks=[] if i == 0 else [pytest.mark.slow]) for i, case in enumerate(CASES)],
 )
+# torch.nn.RMSNorm, the baseline, in bf16-mixed: bf16 input, float32 weight, so torch says it takes its
+# unfused path (the worker keeps such output in the product; here the timing runs in the test's process)
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight:UserWarning")
 def test_wrong_only_at_size_is_rejected_and_the_control_passes(spec, dtype, regime, bad, good, tensors, first_bad):
     verdicts = _verdicts(spec, dtype, regime, (good, bad))
     check, verdict = verdicts[good]
