@@ -150,8 +150,7 @@ def before_sealing(lock: LockDocument, torch_version: str) -> list[str]:
         for slot, verdict in child_verdicts(lock, "training", unknown).items():
             if verdict is None:
                 continue
-            refusal = _refusal(lock, verdict, unknown[slot])
-            if isinstance(refusal, LockFormatError):
-                raise refusal
+            if verdict["exit_code"] == LockFormatError.exit_code:  # what the import refuses
+                raise _refusal(lock, verdict, unknown[slot])
             notes.append(f"slots.{slot}: {lock.slots[slot].target} not judged: {verdict['problem']}")
     return notes
