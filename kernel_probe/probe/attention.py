@@ -14,13 +14,12 @@ is set on a fresh instance and the result compared with the reference with and w
 ``honoured``, ``ignored`` (equal to the result without it: silently dropped), ``raises: <why>`` or
 ``wrong`` (neither). The model's own options must be honoured (the verdict names the one that is not).
 
-Geometries are written ``HEADSxHEAD_DIMxSEQ[:window=W]`` (``parse_geometry``), batch 1.
+Timing geometries are written ``HEADSxHEAD_DIMxSEQ[:window=W]`` (``attention_geometry``), batch 1.
 """
 
 from __future__ import annotations
 
 import math
-import re
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -32,6 +31,7 @@ import torch
 from kernel_lock.attention import alibi_bias, band_mask
 from kernel_lock.slots import CANONICAL
 from kernel_probe.isolation.protocol import CheckReply, MeasurementRow, TimeReply, TimingRow
+from kernel_probe.probe.attention_geometry import parse_geometry
 from kernel_probe.probe.candidates import Candidate, fill
 from kernel_probe.probe.measure import first_line, import_class, torch_dtype
 
@@ -40,37 +40,6 @@ OUTPUTS = ("out", "dq", "dk", "dv")
 CHECK_HEADS, CHECK_DIM, CHECK_SEQ = 2, 32, 48
 SMALL_WINDOW = 1  # the band's edge: three keys per query
 OPTIONS = ("window", "softcap", "dropout", "alibi", "scale")
-DEFAULT_GEOMETRY = "4x32x256"  # timing on a CPU: cheap; O96 on a GPU: 16x128x40320:window=512
-O96_GEOMETRY = "16x128x40320:window=512"
-
-_GEOMETRY = re.compile(r"^(\d+)x(\d+)x(\d+)(?::window=(-?\d+))?$")
-
-
-@dataclass(frozen=True)
-class Geometry:
-    heads: int
-    head_dim: int
-    seq: int
-    window: int | None = None  # None: the lock's (the canonical) window
-
-    def __str__(self) -> str:
-        return f"{self.heads}x{self.head_dim}x{self.seq}" + ("" if self.window is None else f":window={self.window}")
-
-
-def parse_geometry(text: str) -> Geometry:
-    """``16x128x40320:window=512`` -> Geometry; ValueError naming the form otherwise."""
-    m = _GEOMETRY.match(text.strip())
-    if not m:
-        raise ValueError(f"{text!r} is not HEADSxHEAD_DIMxSEQ[:window=W], e.g. {DEFAULT_GEOMETRY} or {O96_GEOMETRY}")
-    heads, dim, seq = (int(m.group(i)) for i in (1, 2, 3))
-    window = None if m.group(4) is None else int(m.group(4))
-    if min(heads, dim, seq) < 1 or heads > 1024 or dim > 512 or seq > 10_000_000:
-        raise ValueError(f"{text!r}: heads 1..1024, head_dim 1..512, seq 1..10^7")
-    if window is not None and window < -1:
-        raise ValueError(f"{text!r}: window is -1 (global) or a half-width >= 0")
-    return Geometry(heads, dim, seq, window)
-
-
 # ---- the reference and torch's own math path ---------------------------------------------------------
 @dataclass(frozen=True)
 class Options:
@@ -335,13 +304,9 @@ def _bitwise(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[bool, float]:
 
 # ---- one row: a dtype ----------------------------------------------------------------------------------
 def _row(cand: Candidate, values: Mapping[str, Any], dtype_name: str, regime: str, seed: int) -> MeasurementRow:
+    # "mixed": under autocast the Linear layers before attention hand it q, k, v in the low dtype, so
+    # it is checked on inputs in that dtype, as in "true"
     row: MeasurementRow = {"dtype": dtype_name, "regime": regime}
-    if regime == "mixed":
-        row["skipped"] = (
-            "attention is checked in the dtype its inputs arrive in (under autocast, the Linear layers "
-            "before it hand it low-precision q, k, v): see the plain rows"
-        )
-        return row
     start = time.perf_counter()
     dtype = torch_dtype(dtype_name)
     gen = torch.Generator().manual_seed(seed)
@@ -375,8 +340,10 @@ def _row(cand: Candidate, values: Mapping[str, Any], dtype_name: str, regime: st
         errors["second-length"] = _measure(inst, short, Options(window, opts.softcap, opts.alibi))
         # determinism: the same fwd+bwd twice, bitwise
         random = random_case(dtype, torch.Generator().manual_seed(seed))
-        same, spread = _bitwise(_run(mod, random), _run(mod, random))
+        got = _run(mod, random)
+        same, spread = _bitwise(got, _run(mod, random))
         row["nondeterministic"] = None if same else f"two identical fwd+bwd differ by up to {spread:.3g}"
+        row["twin"] = _twin(cand, values, random, got)
     except _Refused as exc:
         row["exception"] = str(exc)
         return row
@@ -387,6 +354,21 @@ def _row(cand: Candidate, values: Mapping[str, Any], dtype_name: str, regime: st
     row["flags"] = flags
     row["seconds"] = time.perf_counter() - start
     return row
+
+
+def _twin(cand: Candidate, values: Mapping[str, Any], case: Case, got: Mapping[str, Any]) -> dict[str, Any]:
+    """The portable twin (torch's SDPA with the same options) on the same input: the largest relative
+    difference of any output. Attention holds no parameters, so the state dicts interchange (both empty)."""
+    if not cand.twin_target:
+        return {"state_dict": "incompatible", "reason": "no twin declared"}
+    twin_cand = Candidate(
+        id="twin", slots=("Attention",), semantics="attention", target=cand.twin_target, args=(), kwargs=cand.twin_kwargs
+    )
+    try:
+        twin = _run(build(twin_cand, values).eval(), case)
+    except Exception as exc:
+        return {"state_dict": "incompatible", "reason": f"the twin raised {first_line(exc, 300)}"}
+    return {"state_dict": "interchangeable", "max_error": max(rel(got[n], twin[n]) for n in OUTPUTS)}
 
 
 # ---- the capability matrix -----------------------------------------------------------------------------
@@ -494,9 +476,14 @@ class _on:
     def __enter__(self) -> None:
         self.before = torch.get_default_device()
         torch.set_default_device(self.device)
+        # the check's tensors are tiny: one thread. Several threads cost 100x here on a loaded CPU
+        # (measured: 120 ms instead of 0.4 ms per fwd+bwd, OpenMP threads waiting on each other)
+        self.threads = torch.get_num_threads()
+        torch.set_num_threads(1)
 
     def __exit__(self, *exc: object) -> None:
         torch.set_default_device(self.before)
+        torch.set_num_threads(self.threads)
 
 
 def try_once(cand: Candidate, device: str) -> dict[str, Any]:
@@ -556,7 +543,11 @@ def time_candidate(
             row["spread"] = timing._spread(samples)
             row["reps"] = len(samples)
             keys = g.seq if values["window"] < 0 else min(g.seq, 2 * values["window"] + 1)
-            row["tflops"] = 4.0 * g.heads * g.seq * keys * g.head_dim * 3.5 / (row["median_ms"] / 1e3) / 1e12
+            seconds = row["median_ms"] / 1e3
+            # fwd 2 matmuls, bwd 5 (one recomputing the scores), 2 flops per multiply-add, band keys only
+            row["tflops"] = 7 * 2.0 * g.heads * g.seq * keys * g.head_dim / seconds / 1e12
+            # q, k, v, out read or written forward; q, k, v, out, grad_out read and dq, dk, dv written backward
+            row["gbps"] = 12 * g.heads * g.seq * g.head_dim * dtype.itemsize / seconds / 1e9
             if tdev == "cuda":
                 row["peak_bytes"] = int(torch.cuda.max_memory_allocated())
         except Exception as exc:

@@ -87,6 +87,7 @@ def judge_row(cand: Candidate, device: str, row: MeasurementRow) -> Verdict:
     if v.failed:
         v.status = "rejected"
     v.errors = {case: dict(t) for case, t in row.get("cases", {}).items()}
+    v.twin = dict(row.get("twin") or {})
     return v
 
 

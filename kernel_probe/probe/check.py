@@ -172,6 +172,7 @@ class Timing:
     reps: int
     # (slot, candidate id, None when its timing starts, else the worker's progress message)
     progress: Callable[[str, str, TimingProgressMessage | None], None] = lambda slot, cid, message: None
+    attention: tuple[str, ...] = ()  # the Attention slot's geometries (attention_geometry), instead of shapes
 
 
 @dataclass
@@ -241,10 +242,11 @@ def _check_and_time(cand: Candidate, slot: str, checks: Checks, worker: Worker, 
         candidate=cand,
         slot=slot,
         device=checks.device,
-        shapes=timing.shapes,
+        shapes=timing.attention if slot == ATTENTION else timing.shapes,
         dtype=timing.dtype,
         regime=timing.regime,
         progress=True,
+        canonical=dict(checks.canonical.get(slot) or {}),
         options={
             "reps": timing.reps,
             "warmup": min(3, timing.reps),

@@ -91,6 +91,8 @@ def _timing(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 row["copy-percent"] = _round(r["copy_percent"], 3)
             if "tflops" in r:
                 row["tflops"] = _round(r["tflops"])
+            if "peak_bytes" in r:  # Attention on a GPU: peak memory of one fwd+bwd
+                row["peak-bytes"] = int(r["peak_bytes"])
         if "check" in r:  # the check at this shape against float64 (kernel_probe.probe.atshape)
             verdict = judge_shape(r["shape"], r["dtype"], r["regime"], r["check"])
             row["checked-rows"] = verdict.sampled
