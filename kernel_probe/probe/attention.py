@@ -123,9 +123,12 @@ def fused_path(q: Any, k: Any, v: Any, go: Any, opts: Options) -> dict[str, Any]
 def _grads(fn: Callable[[Any, Any, Any], Any], q: Any, k: Any, v: Any, go: Any) -> dict[str, Any]:
     """out, dq, dk, dv of ``fn`` at (q, k, v) with grad_output ``go`` (leaves detached from the inputs)."""
     q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    kept = [t.detach().clone() for t in (q, k, v)]
+    gout = go.detach().clone()
     out = fn(q, k, v)
-    dq, dk, dv = torch.autograd.grad(out, (q, k, v), go.to(out.dtype))
-    return {"out": out.detach(), "dq": dq, "dk": dk, "dv": dv}
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), gout.to(out.dtype))
+    mutated = not all(torch.equal(a, b) for a, b in zip(kept, (q, k, v), strict=True)) or not torch.equal(gout, go)
+    return {"out": out.detach(), "dq": dq, "dk": dk, "dv": dv, "mutated": mutated}
 
 
 def rel(got: Any, ref: Any, denom: float | None = None) -> float:
@@ -263,8 +266,10 @@ def _cast(case: Case, dtype: Any) -> Case:
     return Case(case.name, *(t.to(dtype) for t in (case.q, case.k, case.v, case.go)), vanishing=case.vanishing)
 
 
-def _measure(mod: Any, case: Case, opts: Options) -> dict[str, list[float]]:
+def _measure(mod: Any, case: Case, opts: Options, flags: dict[str, str] | None = None) -> dict[str, list[float]]:
     got = _run(mod, case, scale=opts.scale)
+    if got["mutated"] and flags is not None:
+        flags.setdefault("input-modified", case.name)
     base = _grads(lambda q, k, v: math_path(q, k, v, opts), case.q, case.k, case.v, case.go)
     fused = fused_path(case.q, case.k, case.v, case.go, opts)
     c64 = _cast(case, torch.float64)
@@ -318,10 +323,7 @@ def _row(cand: Candidate, values: Mapping[str, Any], dtype_name: str, regime: st
         mod = build(cand, values)
         mod.eval()  # dropout off: the numbers are judged without it (dropout is in the capability matrix)
         for case in cases(dtype, gen):
-            kept = [t.clone() for t in (case.q, case.k, case.v, case.go)]
-            errors[case.name] = _measure(mod, case, opts)
-            if not all(torch.equal(a, b) for a, b in zip(kept, (case.q, case.k, case.v, case.go), strict=True)):
-                flags.setdefault("input-modified", case.name)
+            errors[case.name] = _measure(mod, case, opts, flags)
         # the windows: the model's (or a quarter of the sequence) and the band's edge, on fresh instances
         for name, w in (("window", window), ("small-window", SMALL_WINDOW)):
             if opts.window >= 0 and name == "window":
@@ -520,9 +522,7 @@ def time_candidate(
         row: TimingRow = {"implementation": cand.id, "shape": text, "dtype": dtype_name, "regime": "true"}
         try:
             g = parse_geometry(text)
-            values = canonical(canonical_overrides)
-            if g.window is not None:
-                values["window"] = g.window
+            values = canonical({**dict(canonical_overrides or {}), **dict(g.options)})
             mod = build(cand, values).train()
             dtype = torch_dtype(dtype_name)
             q, k, v = (torch.randn(1, g.heads, g.seq, g.head_dim, device=tdev, dtype=dtype, requires_grad=True) for _ in range(3))

@@ -15,22 +15,52 @@ from dataclasses import dataclass
 # window 512 (anemoi-core PR #959: FA2 142 ms, FA3/FA4 74 ms per fwd+bwd iteration in fp16)
 DEFAULT_GEOMETRY = {"cpu": "4x32x256", "gpu": "16x128x8192:window=512"}
 O96_GEOMETRY = "16x128x40320:window=512"
-FORM = "HEADSxHEAD_DIMxSEQ[:window=W]"
+FORM = "HEADSxHEAD_DIMxSEQ[:window=W][,softcap=C][,dropout=P][,alibi=true]"
 
-_GEOMETRY = re.compile(r"^(\d+)x(\d+)x(\d+)(?::window=(-?\d+))?$")
+_GEOMETRY = re.compile(r"^(\d+)x(\d+)x(\d+)(?::(.+))?$")
+# the options a model fixes, as they are written after the colon, and how each is read
+OPTIONS = ("window", "softcap", "dropout", "alibi")
 
 
 @dataclass(frozen=True)
 class Geometry:
-    """One attention geometry: heads, head_dim, sequence length, and the window (None: not given)."""
+    """One attention geometry: heads, head_dim, sequence length, and the model's options it names
+    (``window``, ``softcap``, ``dropout``, ``alibi``; absent: the lock's canonical value)."""
 
     heads: int
     head_dim: int
     seq: int
-    window: int | None = None
+    options: tuple[tuple[str, object], ...] = ()
+
+    @property
+    def window(self) -> int | None:
+        return dict(self.options).get("window")  # type: ignore[return-value]
 
     def __str__(self) -> str:
-        return f"{self.heads}x{self.head_dim}x{self.seq}" + ("" if self.window is None else f":window={self.window}")
+        text = f"{self.heads}x{self.head_dim}x{self.seq}"
+        if self.options:
+            text += ":" + ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in self.options)
+        return text
+
+
+def _option(text: str, name: str, value: str) -> tuple[str, object]:
+    try:
+        if name == "window":
+            w = int(value)
+            if w < -1:
+                raise ValueError
+            return name, w
+        if name == "alibi":
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ValueError
+            return name, value.lower() in ("true", "1")
+        x = float(value)
+        if not (x >= 0 and x == x and x != float("inf")) or (name == "dropout" and x >= 1):
+            raise ValueError
+        return name, x
+    except ValueError:
+        what = {"window": "-1 (global) or a half-width >= 0", "alibi": "true or false", "softcap": "a number >= 0"}
+        raise ValueError(f"{text!r}: {name} must be {what.get(name, 'in [0, 1)')}, got {value!r}") from None
 
 
 def parse_geometry(text: str) -> Geometry:
@@ -39,9 +69,15 @@ def parse_geometry(text: str) -> Geometry:
     if not m:
         raise ValueError(f"{text!r} is not {FORM}, e.g. {DEFAULT_GEOMETRY['cpu']} or {O96_GEOMETRY}")
     heads, dim, seq = (int(m.group(i)) for i in (1, 2, 3))
-    window = None if m.group(4) is None else int(m.group(4))
     if not (1 <= heads <= 1024 and 1 <= dim <= 512 and 1 <= seq <= 10_000_000):
         raise ValueError(f"{text!r}: heads 1..1024, head_dim 1..512, seq 1..10,000,000")
-    if window is not None and window < -1:
-        raise ValueError(f"{text!r}: window is -1 (global) or a half-width >= 0")
-    return Geometry(heads, dim, seq, window)
+    options: dict[str, object] = {}
+    for part in (m.group(4) or "").split(",") if m.group(4) else []:
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if name not in OPTIONS or not sep:
+            raise ValueError(f"{text!r}: {part!r} is not one of {', '.join(o + '=...' for o in OPTIONS)}")
+        if name in options:
+            raise ValueError(f"{text!r}: {name} is given twice")
+        options.update([_option(text, name, value.strip())])
+    return Geometry(heads, dim, seq, tuple(options.items()))

@@ -126,7 +126,9 @@ def judge(raw: CheckReply, cand: Candidate, device: str, base: ReportBase, canon
                 if line not in report.reasons:
                     report.reasons.append(line)
     rejected, refused = option_problems(report.capabilities, canonical)
-    if refused and report.status == "accepted":
+    if report.status != "accepted":
+        refused = []  # its rows say why already
+    if refused:
         report.status = "unavailable"
     if rejected and report.status in ("accepted", "unavailable"):
         report.status = "rejected"

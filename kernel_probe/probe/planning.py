@@ -90,8 +90,8 @@ class Plan:
         """Per slot, the canonical values the request sets: the model's attention window."""
         from kernel_probe.probe.attention_geometry import parse_geometry
 
-        window = parse_geometry(self.attention).window if self.attention else None
-        return {"Attention": {"window": window}} if window is not None else {}
+        options = dict(parse_geometry(self.attention).options) if self.attention else {}
+        return {"Attention": options} if options else {}
 
     @property
     def dtype(self) -> str:
