@@ -102,6 +102,7 @@ def attention_options(target: str, kwargs: Mapping[str, Any]) -> tuple[dict[str,
         note = f"anemoi imports flash-attn v4, then v3, then v2: the job-start check refuses a machine where it would not pick the lock's v{target[-1]}"
     return out, note
 
+
 # the sizes anemoi passes at the call site; pinned here they clash with a positional call
 DIMENSIONS = {
     "LayerNorm": ("normalized_shape", "hidden_size", "dim"),

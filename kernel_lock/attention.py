@@ -145,7 +145,12 @@ class SDPAttention(Attention):
     refuses the inputs raises torch's error, never runs another. softcap and alibi raise, as anemoi's."""
 
     def __init__(
-        self, window: int = -1, softcap: float = 0.0, dropout: float = 0.0, alibi: bool = False, backend: str = "default"
+        self,
+        window: int = -1,
+        softcap: float = 0.0,
+        dropout: float = 0.0,
+        alibi: bool = False,
+        backend: str = "default",
     ):
         super().__init__(window, softcap, dropout, alibi)
         if backend != "default" and backend not in SDPA_BACKENDS:
@@ -155,7 +160,7 @@ class SDPAttention(Attention):
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, backend={self.backend!r}"
 
-    def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):  # type: ignore[no-untyped-def]
+    def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
         if self.softcap > 0:
             raise NotImplementedError("softcap is not supported by torch's scaled_dot_product_attention")
         if self.alibi:
@@ -187,7 +192,7 @@ class FlexAttention(Attention):
         self.compiled = compiled
         self._blocks: dict[tuple[int, int, str], Any] = {}
 
-    def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):  # type: ignore[no-untyped-def]
+    def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
         if dropout_p > 0:
@@ -204,7 +209,7 @@ class FlexAttention(Attention):
             if block is None:
                 w = self.window
 
-                def band(b, h, qi, kj):  # type: ignore[no-untyped-def]
+                def band(b, h, qi, kj):
                     return (qi - kj).abs() <= w
 
                 block = self._blocks[key] = create_block_mask(
@@ -214,7 +219,7 @@ class FlexAttention(Attention):
         cap, slopes = self.softcap, alibi_slopes(q.shape[1]).to(q.device) if self.alibi else None
         if cap > 0 or slopes is not None:
 
-            def score_mod(score, b, h, qi, kj):  # type: ignore[no-untyped-def]
+            def score_mod(score, b, h, qi, kj):
                 if cap > 0:
                     score = cap * torch.tanh(score / cap)
                 if slopes is not None:
@@ -250,7 +255,7 @@ class _FlashAttention(Attention):
     def _window(self) -> tuple[int, int]:
         return (self.window, self.window) if self.window >= 0 else (-1, -1)
 
-    def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):  # type: ignore[no-untyped-def]
+    def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
         if attn_mask is not None:
             raise NotImplementedError(f"flash-attn {self.GENERATION} takes no attn_mask (only the window)")
         q, k, v = _bshd(q, k, v)
@@ -259,7 +264,7 @@ class _FlashAttention(Attention):
             out = out[0]
         return out.transpose(1, 2)
 
-    def call(self, q, k, v, dropout_p, is_causal, scale):  # type: ignore[no-untyped-def]
+    def call(self, q, k, v, dropout_p, is_causal, scale):
         raise NotImplementedError
 
 
@@ -268,7 +273,7 @@ class FlashAttention2(_FlashAttention):
 
     MODULE, GENERATION = "flash_attn", 2
 
-    def call(self, q, k, v, dropout_p, is_causal, scale):  # type: ignore[no-untyped-def]
+    def call(self, q, k, v, dropout_p, is_causal, scale):
         slopes = None
         if self.alibi:  # anemoi: alibi_slopes.repeat(batch_size, 1)
             slopes = alibi_slopes(q.shape[2]).repeat(q.shape[0], 1).to(q.device)
@@ -292,7 +297,7 @@ class FlashAttention3(_FlashAttention):
 
     MODULE, GENERATION = "flash_attn_interface", 3
 
-    def call(self, q, k, v, dropout_p, is_causal, scale):  # type: ignore[no-untyped-def]
+    def call(self, q, k, v, dropout_p, is_causal, scale):
         if self.alibi:
             raise NotImplementedError("alibi slopes are not supported by flash attention v3 (anemoi raises)")
         extra = {} if scale is None else {"softmax_scale": scale}
@@ -305,7 +310,7 @@ class FlashAttention4(_FlashAttention):
 
     MODULE, GENERATION = "flash_attn.cute", 4
 
-    def call(self, q, k, v, dropout_p, is_causal, scale):  # type: ignore[no-untyped-def]
+    def call(self, q, k, v, dropout_p, is_causal, scale):
         softmax_scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
         return self.func()(q, k, v, softmax_scale=softmax_scale, causal=is_causal, window_size=self._window())
 
@@ -319,7 +324,7 @@ class TEDotProductAttention(Attention):
         super().__init__(window, softcap, dropout, alibi)
         self._te: dict[tuple[int, int, float | None, float], Any] = {}
 
-    def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):  # type: ignore[no-untyped-def]
+    def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
         if self.softcap > 0:
             raise NotImplementedError("softcap is not supported by transformer-engine's DotProductAttention")
         if self.alibi:
@@ -329,7 +334,7 @@ class TEDotProductAttention(Attention):
         key = (q.shape[1], q.shape[-1], scale, dropout_p)
         module = self._te.get(key)
         if module is None:
-            from transformer_engine.pytorch import DotProductAttention
+            DotProductAttention = importlib.import_module("transformer_engine.pytorch").DotProductAttention
 
             window = (self.window, self.window) if self.window >= 0 else (-1, -1)
             module = self._te[key] = DotProductAttention(
@@ -354,7 +359,7 @@ class FunctionAttention(Attention):
 
     FUNCTION: Callable[..., Any] | None = None
 
-    def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):  # type: ignore[no-untyped-def]
+    def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
         if self.softcap > 0 or self.alibi:
             raise NotImplementedError("a function with SDPA's signature takes no softcap and no alibi slopes")
         fn = type(self).FUNCTION

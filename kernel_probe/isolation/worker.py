@@ -437,7 +437,11 @@ def _attention(request: CandidateRequest[Any]) -> Reply:
 
     if isinstance(request, CheckRequest):
         return attention.check(
-            request.candidate, request.device, list(request.dtypes), canonical_overrides=request.canonical, seed=request.seed
+            request.candidate,
+            request.device,
+            list(request.dtypes),
+            canonical_overrides=request.canonical,
+            seed=request.seed,
         )
     if isinstance(request, TryRequest):
         return TryReply.from_json(attention.try_once(request.candidate, request.device))

@@ -40,6 +40,8 @@ OUTPUTS = ("out", "dq", "dk", "dv")
 CHECK_HEADS, CHECK_DIM, CHECK_SEQ = 2, 32, 48
 SMALL_WINDOW = 1  # the band's edge: three keys per query
 OPTIONS = ("window", "softcap", "dropout", "alibi", "scale")
+
+
 # ---- the reference and torch's own math path ---------------------------------------------------------
 @dataclass(frozen=True)
 class Options:
@@ -102,7 +104,9 @@ def fused_path(q: Any, k: Any, v: Any, go: Any, opts: Options) -> dict[str, Any]
     # the forward's scores, and the backward's recomputed in another summation order (as a kernel's
     # other tiling does): their difference, ~eps * |s|, is what a recomputing backward cannot avoid
     raw = (q32 @ k32.transpose(-1, -2)) * scale
-    raw_b = (q32[..., :half] @ k32[..., :half].transpose(-1, -2) + q32[..., half:] @ k32[..., half:].transpose(-1, -2)) * scale
+    raw_b = (
+        q32[..., :half] @ k32[..., :half].transpose(-1, -2) + q32[..., half:] @ k32[..., half:].transpose(-1, -2)
+    ) * scale
     s = scores(raw)
     lse = torch.logsumexp(s, dim=-1, keepdim=True)
     out = (torch.exp(s - lse).to(dtype).float() @ v32).to(dtype)  # P rounded to the dtype for P @ V
@@ -191,11 +195,19 @@ def cases(dtype: Any, gen: torch.Generator) -> list[Case]:
     # a non-contiguous view: what anemoi's rearrange of a (batch, grid, heads, vars) tensor gives
     bshd = randn(1, s, h, d)
     out.append(
-        Case("non-contiguous", bshd.transpose(1, 2), randn(1, s, h, d).transpose(1, 2), randn(1, h, s, d), randn(1, h, s, d))
+        Case(
+            "non-contiguous",
+            bshd.transpose(1, 2),
+            randn(1, s, h, d).transpose(1, 2),
+            randn(1, h, s, d),
+            randn(1, h, s, d),
+        )
     )
     for dim in (64, 128):
         n = 16
-        out.append(Case(f"head-dim-{dim}", randn(1, h, n, dim), randn(1, h, n, dim), randn(1, h, n, dim), randn(1, h, n, dim)))
+        out.append(
+            Case(f"head-dim-{dim}", randn(1, h, n, dim), randn(1, h, n, dim), randn(1, h, n, dim), randn(1, h, n, dim))
+        )
     return out
 
 
@@ -263,7 +275,8 @@ def _errors(
 
 def _cast(case: Case, dtype: Any) -> Case:
     # the same values in float64 (q, k, v may be views: kept as they are)
-    return Case(case.name, *(t.to(dtype) for t in (case.q, case.k, case.v, case.go)), vanishing=case.vanishing)
+    q, k, v, go = (t.to(dtype) for t in (case.q, case.k, case.v, case.go))
+    return Case(case.name, q, k, v, go, vanishing=case.vanishing)
 
 
 def _measure(mod: Any, case: Case, opts: Options, flags: dict[str, str] | None = None) -> dict[str, list[float]]:
@@ -364,7 +377,12 @@ def _twin(cand: Candidate, values: Mapping[str, Any], case: Case, got: Mapping[s
     if not cand.twin_target:
         return {"state_dict": "incompatible", "reason": "no twin declared"}
     twin_cand = Candidate(
-        id="twin", slots=("Attention",), semantics="attention", target=cand.twin_target, args=(), kwargs=cand.twin_kwargs
+        id="twin",
+        slots=("Attention",),
+        semantics="attention",
+        target=cand.twin_target,
+        args=(),
+        kwargs=cand.twin_kwargs,
     )
     try:
         twin = _run(build(twin_cand, values).eval(), case)
@@ -434,7 +452,7 @@ def _dropout(cand: Candidate, values: Mapping[str, Any], case: Case) -> str:
                 return f"raises: {_forced_reason(caught, exc)}"
     except Exception as exc:
         return f"raises: {first_line(exc, 300)}"
-    ref = explicit(*(t.double() for t in (case.q, case.k, case.v)), Options())
+    ref = explicit(case.q.double(), case.k.double(), case.v.double(), Options())
     if rel(plain, ref) > 1e-4:
         return f"wrong (eval mode with dropout set is off by {rel(plain, ref):.3g})"
     if rel(dropped, plain) <= 1e-6:
@@ -459,7 +477,9 @@ def check(
     except ImportError as exc:
         return CheckReply(candidate=cand.id, device=device, phase="import", kind="import", error=first_line(exc, 400))
     except Exception as exc:
-        return CheckReply(candidate=cand.id, device=device, phase="import", kind="exception", error=first_line(exc, 400))
+        return CheckReply(
+            candidate=cand.id, device=device, phase="import", kind="exception", error=first_line(exc, 400)
+        )
     import_s = time.perf_counter() - start
     with _on(device):
         rows = [_row(cand, values, d, regime, seed) for d, regime in dtypes]
@@ -525,10 +545,13 @@ def time_candidate(
             values = canonical({**dict(canonical_overrides or {}), **dict(g.options)})
             mod = build(cand, values).train()
             dtype = torch_dtype(dtype_name)
-            q, k, v = (torch.randn(1, g.heads, g.seq, g.head_dim, device=tdev, dtype=dtype, requires_grad=True) for _ in range(3))
+            q, k, v = (
+                torch.randn(1, g.heads, g.seq, g.head_dim, device=tdev, dtype=dtype, requires_grad=True)
+                for _ in range(3)
+            )
             go = torch.randn(1, g.heads, g.seq, g.head_dim, device=tdev, dtype=dtype)
 
-            def step() -> None:
+            def step(mod: Any = mod, q: Any = q, k: Any = k, v: Any = v, go: Any = go) -> None:
                 out = mod(q, k, v)
                 torch.autograd.grad(out, (q, k, v), go)
 

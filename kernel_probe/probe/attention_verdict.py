@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import re
 
-from kernel_lock.slots import DTYPES
+from kernel_lock.slots import DTYPES, Status
 from kernel_probe.isolation.protocol import CheckReply, MeasurementRow
 from kernel_probe.probe.candidates import Candidate
 from kernel_probe.probe.report import Report, ReportBase, Verdict
@@ -105,14 +105,19 @@ def option_problems(capabilities: dict[str, str], canonical: dict[str, object]) 
         if got.startswith("raises"):
             refused.append(line.replace(f"candidate {got}", f"candidate refuses it ({got[len('raises: ') :]})"))
         else:
-            rejected.append(line.replace(f"candidate {got}", f"candidate silently {got} it" if got == "ignored" else f"candidate computes it {got}"))
+            rejected.append(
+                line.replace(
+                    f"candidate {got}",
+                    f"candidate silently {got} it" if got == "ignored" else f"candidate computes it {got}",
+                )
+            )
     return rejected, refused
 
 
 def judge(raw: CheckReply, cand: Candidate, device: str, base: ReportBase, canonical: dict[str, object]) -> Report:
     """The Attention verdict from the worker's measurements."""
     if raw.phase == "import":
-        status = "unavailable" if raw.kind == "import" else "crashed"
+        status: Status = "unavailable" if raw.kind == "import" else "crashed"
         return Report(status=status, reasons=[f"import of {cand.target} failed: {raw.error}"], **base)
     from kernel_probe.probe.judge import worst_status
 

@@ -61,9 +61,7 @@ def _evidence(report: Report) -> list[dict[str, Any]]:
             row["deterministic"] = v.deterministic
         if v.ratios:  # Attention: per output, the largest error / tolerance over the cases
             outputs = dict.fromkeys(o for case in v.ratios.values() for o in case)
-            row["error-ratios"] = {
-                o: _round(max(case.get(o, 0.0) for case in v.ratios.values()), 3) for o in outputs
-            }
+            row["error-ratios"] = {o: _round(max(case.get(o, 0.0) for case in v.ratios.values()), 3) for o in outputs}
         if report.capabilities:  # Attention: what each option really does (measured once, in float32)
             row["capabilities"] = dict(report.capabilities)
         rows.append(row)

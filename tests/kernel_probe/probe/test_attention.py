@@ -38,7 +38,9 @@ def verdict(target_or_id: str, options=None, dtypes=FP32):
     else:
         cand = next(c for c in cands.builtin() if c.id == target_or_id)
     raw = attention.check(cand, "cpu", dtypes, canonical_overrides=options)
-    return raw, attention_verdict.judge(raw, cand, "cpu", report_base(cand, "Attention", "cpu"), attention.canonical(options))
+    return raw, attention_verdict.judge(
+        raw, cand, "cpu", report_base(cand, "Attention", "cpu"), attention.canonical(options)
+    )
 
 
 # ---- torch's own backends ----------------------------------------------------------------------------
@@ -122,7 +124,9 @@ def test_flash_attn_3_drops_dropout_and_refuses_alibi(libraries):
         "the model sets dropout=0.1, and this candidate silently ignored it"
     )
     _, report = verdict("kernel_lock.attention.FlashAttention3", {"alibi": True})
-    assert report.status == "unavailable" and "alibi slopes are not supported by flash attention v3" in report.reasons[0]
+    assert (
+        report.status == "unavailable" and "alibi slopes are not supported by flash attention v3" in report.reasons[0]
+    )
 
 
 def test_flash_attn_4_drops_dropout_and_softcap(libraries, monkeypatch):

@@ -103,7 +103,15 @@ def test_the_library_table_is_read_from_the_registry():
 
     names = [lib.name for lib in known_libraries()]
     assert names == [lib["name"] for lib in registry.data()["library"]]
-    assert names == ["liger-kernel", "transformer-engine", "apex", "flash-attn", "flash-attn-3", "quack-kernels", "kernels"]
+    assert names == [
+        "liger-kernel",
+        "transformer-engine",
+        "apex",
+        "flash-attn",
+        "flash-attn-3",
+        "quack-kernels",
+        "kernels",
+    ]
     apex = known_libraries()[names.index("apex")]
     assert [v.key for v in apex.variants] == ["rocm-fork", "nvidia", "unrelated"] and not apex.variants[-1].usable
     assert apex.variants[0].text_in == (("git_version_info.py", "ROCm Apex"),)

@@ -47,6 +47,13 @@ def flash_attn_func(
     if not deterministic:
         q = _AtomicOrder.apply(q)
     return attention(
-        q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
-        dropout_p=dropout_p, alibi_slopes=alibi_slopes,
+        q,
+        k,
+        v,
+        softmax_scale=softmax_scale,
+        causal=causal,
+        window_size=window_size,
+        softcap=softcap,
+        dropout_p=dropout_p,
+        alibi_slopes=alibi_slopes,
     )

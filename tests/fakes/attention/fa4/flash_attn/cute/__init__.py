@@ -11,8 +11,18 @@ from kp_attention_common import attention  # noqa: E402
 
 
 def flash_attn_func(
-    q, k, v, softmax_scale=None, causal=False, window_size=(None, None), learnable_sink=None, softcap=0.0,
-    num_splits=1, pack_gqa=None, deterministic=False, return_lse=True,
+    q,
+    k,
+    v,
+    softmax_scale=None,
+    causal=False,
+    window_size=(None, None),
+    learnable_sink=None,
+    softcap=0.0,
+    num_splits=1,
+    pack_gqa=None,
+    deterministic=False,
+    return_lse=True,
 ):
     out = attention(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap)
     return out, None

@@ -15,10 +15,25 @@ from kp_attention_common import attention  # noqa: E402
 
 class DotProductAttention(torch.nn.Module):
     def __init__(
-        self, num_attention_heads, kv_channels, num_gqa_groups=None, attention_dropout=0.0, qkv_format="sbhd",
-        attn_mask_type="causal", window_size=None, sequence_parallel=False, tp_size=1, get_rng_state_tracker=None,
-        tp_group=None, layer_number=None, attention_type="self", cp_group=None, cp_global_ranks=None,
-        cp_stream=None, cp_comm_type="p2p", softmax_scale=None,
+        self,
+        num_attention_heads,
+        kv_channels,
+        num_gqa_groups=None,
+        attention_dropout=0.0,
+        qkv_format="sbhd",
+        attn_mask_type="causal",
+        window_size=None,
+        sequence_parallel=False,
+        tp_size=1,
+        get_rng_state_tracker=None,
+        tp_group=None,
+        layer_number=None,
+        attention_type="self",
+        cp_group=None,
+        cp_global_ranks=None,
+        cp_stream=None,
+        cp_comm_type="p2p",
+        softmax_scale=None,
     ):
         super().__init__()
         self.heads, self.dim, self.dropout = num_attention_heads, kv_channels, attention_dropout
@@ -31,7 +46,12 @@ class DotProductAttention(torch.nn.Module):
         if fmt == "sbhd":
             q, k, v = (t.transpose(0, 1) for t in (q, k, v))
         out = attention(
-            q, k, v, softmax_scale=self.scale, causal=self.mask_type == "causal", window_size=self.window,
+            q,
+            k,
+            v,
+            softmax_scale=self.scale,
+            causal=self.mask_type == "causal",
+            window_size=self.window,
             dropout_p=self.dropout if self.training else 0.0,
         )
         if fmt == "sbhd":
