@@ -243,8 +243,10 @@ def build(cand: Candidate, values: Mapping[str, Any], **override: Any) -> Any:
 
 def _forced_reason(caught: list[Any], exc: BaseException) -> str:
     """torch's reason a forced SDPA backend refused: its warnings ("... not used because ...") and error."""
+    # torch's SDPA says why it refused a backend in warnings ("Flash attention kernel not used because:",
+    # "Both fused kernels do not support non-zero dropout."); other warnings are not the reason
     notes = [str(w.message).split(" (Triggered internally")[0] for w in caught]
-    notes = [n for n in dict.fromkeys(notes) if n]
+    notes = [n for n in dict.fromkeys(notes) if n and "kernel" in n]
     return "; ".join([*notes, first_line(exc, 300)])
 
 
