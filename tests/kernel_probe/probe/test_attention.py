@@ -190,3 +190,42 @@ def test_o96_geometry_parses():
     assert (g.heads, g.head_dim, g.seq, g.window) == (16, 128, 40320, 512)
     assert dict(g.options) == {"window": 512, "dropout": 0.1, "alibi": True}
     assert str(g) == "16x128x40320:window=512,dropout=0.1,alibi=true"
+
+
+# ---- through the command line and the worker ---------------------------------------------------------
+@pytest.mark.slow
+def test_check_json_reports_a_users_function_like_any_candidate(capsys):
+    from tests.conftest import run_cli
+
+    argv = ["check", "--candidate", "Attention=kp_attention.ignores_mask", "--slot", "Attention"]
+    code, out, err = run_cli([*argv, "--attention", "2x32x64:window=4", "--dtype", "fp32", "--json"], capsys)
+    assert code == 0, err
+    import json
+
+    reports = {r["id"]: r for r in json.loads(out)["slots"]["Attention"]}
+    mine = reports["custom:kp_attention.ignores_mask"]
+    assert mine["status"] == "rejected" and mine["reasons"][0].startswith("the model sets window=4")
+    assert mine["capabilities"]["window"] == "ignored" and mine["evidence"][0]["ratios"]["random"]["out"] > 1
+    assert set(mine) == set(reports["torch.sdpa"]) and reports["torch.sdpa"]["status"] == "accepted"
+    assert reports["torch.sdpa.efficient"]["status"] == "unavailable"
+
+
+@pytest.mark.slow
+def test_a_cpu_probe_pins_the_attention_slot(tmp_path, capsys):
+    import kernel_lock
+    from tests.conftest import run_cli, small_probe
+
+    out = tmp_path / "l.toml"
+    code, _, err = run_cli([*small_probe("Attention"), "--attention", "2x16x64:window=3", "--out", out], capsys)
+    assert code == 0, err
+    lock = kernel_lock.load(out, strict=True)
+    slot = lock.slots["Attention"]
+    assert slot.kwargs["window"] == 3 and slot.twin is not None and slot.twin.target.endswith("SDPAttention")
+    evidence = slot.evidence[0]
+    assert set(evidence["error-ratios"]) == set(attention.OUTPUTS) and evidence["capabilities"]["window"] == "honoured"
+    mod = lock.factory("Attention")()
+    q = torch.randn(1, 2, 9, 16)
+    assert mod(q, q, q).shape == q.shape
+    for cmd in (["verify", out], ["explain", out, "Attention"], ["verify", out, "--no-import"]):
+        code, text, err = run_cli(cmd, capsys)
+        assert code == 0 and "Attention" in text, (cmd, err)
