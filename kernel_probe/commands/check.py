@@ -229,3 +229,8 @@ def render_verdicts(reports, plan, device, hidden: int = CHECK_HIDDEN) -> None:
         "cells: worst error / tolerance (< 1 passes; tolerance = 4 x torch.nn's own error + 2 eps); "
         "+amp: under torch.autocast with fp32 parameters"
     )
+    if "Attention" in reports:
+        con.print(
+            "Attention: tolerance = 4 x torch's own error (math path or fused ordering, the larger) + 8 eps, "
+            "per output (out, dq, dk, dv); `--json` has every ratio and the measured capabilities"
+        )
