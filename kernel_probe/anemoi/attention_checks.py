@@ -74,7 +74,8 @@ def findings(tree: Any, lock: KernelLock | None, mode: str | None = None) -> lis
             locked = None
     out: list[Finding] = []
     for where, comp in components(tree):
-        out.extend(_component(where, comp, locked, lock is not None))
+        # an error against a lock that pins attention (the job would not start as locked), else a warning
+        out.extend(_component(where, comp, locked, lock is not None and "Attention" in lock.slots))
     return out
 
 
