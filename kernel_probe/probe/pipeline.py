@@ -117,6 +117,21 @@ def run(request: ProbeRequest, events: Events | None = None) -> ProbeResult:
     return _probe_or_reuse(request, p, given, events, t_start)
 
 
+def fail_before_plan(out: str | Path, probe_per: str | None, check_only: bool, exc: BaseException) -> None:
+    """A request refused before it is planned (a bad argument): where this is rank 0 of a job whose
+    rank 0 probes, its failed marker is published, so the waiting ranks fail at once with its exit code."""
+    from kernel_probe.jobstart.ranks import detect
+
+    if check_only or probe_per not in (None, "job"):
+        return
+    try:
+        rank = detect().rank
+    except ValueError:
+        return  # the launcher's variables are unreadable: no job to tell
+    if rank is not None and rank.rank == 0:
+        _fail_for_all(Path(os.path.abspath(out)), rank, exc)
+
+
 def _fail_for_all(out: Path, rank: JobRank, exc: BaseException) -> None:
     """The probing rank's failure, left as its job marker so that every waiting rank fails at once."""
     from kernel_probe.jobstart import handoff

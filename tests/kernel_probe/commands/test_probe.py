@@ -99,7 +99,6 @@ def test_hand_edited_lock_needs_force(probed, tmp_path, capsys):
         (["--dtype", "bf16"], 2, "--precision"),
         (["--pin", "RMSNorm"], 2, "expected SLOT=ID"),
         (["--pin", "Rmsnorm=x"], 2, "unknown slot"),
-        (["--reps", "0"], 2, "at least 1"),
     ],
 )
 def test_bad_arguments(tmp_path, capsys, argv, code, words):

@@ -362,7 +362,7 @@ def test_rank_0_failing_before_any_work_still_releases_the_others(tmp_path, monk
         pipeline.run(planning.ProbeRequest(out=out, **{**REQUEST, "reps": 0}))
     with pytest.raises(RankFailed) as err:
         handoff.wait(out, job_rank(1, local=1), mode="job", timeout=5)
-    assert err.value.exit_code == 2 and "--reps must be at least 1" in err.value.problem
+    assert err.value.exit_code == 2 and "--reps must be a whole number from 1" in err.value.problem
 
 
 @pytest.mark.parametrize("special", ["fifo", "huge"])
