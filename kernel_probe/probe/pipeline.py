@@ -351,8 +351,8 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
 
 def _refused(p: Plan, slot: str, cand: Candidate) -> str | None:
     """Why the profile skips ``cand`` for ``slot`` (its allow-list names others); None if it does not."""
-    allowed = p.profile.slots[slot].allowed if p.profile and slot in p.profile.slots else ()
-    return f"not allowed by profile {p.profile.name}" if allowed and cand.id not in allowed else None
+    allowed = p.profile.slots[slot].allowed if p.profile and slot in p.profile.slots else None
+    return f"not allowed by profile {p.profile.name}" if allowed is not None and cand.id not in allowed else None
 
 
 def choose_all(

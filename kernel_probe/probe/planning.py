@@ -282,9 +282,10 @@ def check_forced(
                     fix=f"use one of those ids, or offer your own class with --candidate {slot}=module.Class",
                 )
             sp = profile.slots.get(slot) if profile else None
-            if sp is not None and sp.allowed and cid not in sp.allowed:
+            if sp is not None and sp.allowed is not None and cid not in sp.allowed:
                 raise UsageError(
-                    f"{said}: profile {profile.name} does not allow it for {slot} (allowed: {', '.join(sp.allowed)})",
+                    f"{said}: profile {profile.name} does not allow it for {slot} "
+                    f"(allowed: {', '.join(sp.allowed) or 'none: allowed = []'})",
                     fix=f"drop {said}, or use a profile that allows it",
                 )
             from kernel_probe.probe.judge import static_problem  # only when something is forced
