@@ -64,9 +64,11 @@ def import_target(
         )
     found = None
     if semantics is not None:
+        from .adapter_names import generic_kernel
         from .registry import declared_semantics
 
-        found = class_semantics(obj) or declared_semantics(target)
+        # a generic adapter's semantics are its kernel's: the registry's word on the class its name carries
+        found = class_semantics(obj) or declared_semantics(generic_kernel(target) or target)
     if found is not None and found != semantics:
         raise TargetNotAllowed(
             f"target {target!r} computes {found}, not {semantics}: the slot would change the model's maths",
