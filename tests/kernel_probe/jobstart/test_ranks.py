@@ -164,3 +164,10 @@ def test_the_job_key_tells_jobs_steps_and_attempts_apart_and_is_a_file_name():
     assert len(steps) == 3
     hostile = key({**PALS, "PALS_APID": "../../etc/passwd x"})
     assert "/" not in hostile and " " not in hostile
+
+
+@pytest.mark.parametrize("value", ["²", "٣", "1e3", "0x1", "-1", "1" * 12])
+def test_a_rank_in_other_digits_is_a_usage_error_not_a_crash(value):
+    """``str.isdigit`` takes '²', which int() refuses: once an unexpected ValueError (exit 1) (issue 34)."""
+    with pytest.raises(RankVariableError, match="not a whole number"):
+        detect({"RANK": value, "WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "x"})
