@@ -10,8 +10,8 @@ table's caption and every plot's file name and title, and are never called GPU r
 from __future__ import annotations
 
 import json
-import sys
 import math
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any

@@ -100,7 +100,7 @@ def _world_writable_problem(st: os.stat_result) -> str | None:
         return None
     if st.st_mode & stat.S_ISVTX and st.st_uid == 0:
         return None  # /tmp, /dev/shm: nobody else can rename or remove what this user writes there
-    return f"is writable by every user (mode {stat.S_IMODE(st.st_mode):o}"+ (
+    return f"is writable by every user (mode {stat.S_IMODE(st.st_mode):o}" + (
         ", sticky but not owned by root)" if st.st_mode & stat.S_ISVTX else ", not sticky)"
     )
 
@@ -118,7 +118,9 @@ def check_directory(directory: Path | str) -> Path:
             "create the folder first, or give a path in a folder you can write to",
         ) from None
     except OSError as exc:
-        raise _refuse(real, f"the folder cannot be read ({exc.strerror}); nothing was written", "check its permissions") from None
+        raise _refuse(
+            real, f"the folder cannot be read ({exc.strerror}); nothing was written", "check its permissions"
+        ) from None
     if not stat.S_ISDIR(st.st_mode):
         raise _refuse(real, f"is {kind(st.st_mode)}, not a folder; nothing was written", "give a path in a folder")
     if st.st_uid not in (os.getuid(), 0):
@@ -164,7 +166,9 @@ def private_dir(path: Path | str, *, create: bool = True) -> Path:
         except FileExistsError:
             pass
         except OSError as exc:
-            raise _refuse(path, f"cannot create the folder ({exc.strerror})", "check the parent's permissions") from None
+            raise _refuse(
+                path, f"cannot create the folder ({exc.strerror})", "check the parent's permissions"
+            ) from None
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError:
@@ -213,7 +217,9 @@ def write_file(
             f"remove {target} (a link planted there could make the write land anywhere)",
         )
     if st is not None and not stat.S_ISREG(st.st_mode):
-        raise _refuse(target, f"is {kind(st.st_mode)}, not a regular file: not replaced", "write to a regular file path")
+        raise _refuse(
+            target, f"is {kind(st.st_mode)}, not a regular file: not replaced", "write to a regular file path"
+        )
     raw = data.encode("utf-8") if isinstance(data, str) else data
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     if exclusive:

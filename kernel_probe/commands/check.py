@@ -12,8 +12,6 @@ from kernel_probe.output import safe
 from kernel_probe.probe.limits import CHECK_HIDDEN, CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT
 
 
-
-
 def add_candidate_arguments(p: argparse.ArgumentParser) -> None:
     """Options shared by `check` and the main probe."""
     p.add_argument(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kernel_probe.commands.numbers import seconds
 from kernel_probe import output
+from kernel_probe.commands.numbers import seconds
 from kernel_probe.errors import UsageError
 from kernel_probe.output import safe
 

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernel_lock.slots import PRECISIONS, SLOTS
-from kernel_probe.commands.numbers import count, seconds
-from kernel_probe.probe.limits import MAX_REPS
 from kernel_probe import output
+from kernel_probe.commands.numbers import count, seconds
 from kernel_probe.errors import UsageError
 from kernel_probe.output import safe
+from kernel_probe.probe.limits import MAX_REPS
 from kernel_probe.probe.pipeline import ProbeResult
 from kernel_probe.probe.planning import DEFAULT_REPS, DEFAULT_SHAPES, Events, ProbeRequest
 from kernel_probe.probe.shapes import parse_shape

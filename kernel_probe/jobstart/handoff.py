@@ -95,13 +95,13 @@ class Marker:
         code = get_int(data, "exit_code", 0, 255, default=0)
         assert code is not None
         if code not in EXIT_CODES:
-            raise ReadError(
-                f"{code} is not a documented exit code ({', '.join(map(str, EXIT_CODES))})", "exit_code"
-            )
+            raise ReadError(f"{code} is not a documented exit code ({', '.join(map(str, EXIT_CODES))})", "exit_code")
         if (outcome == "failed") != (code != 0):
             raise ReadError(f"outcome {outcome!r} with exit code {code}: a failure has a non-zero code", "exit_code")
-        text = {k: get_text(data, k, "", limit=200 if k in ("job", "digest", "inputs") else 4096) or "" for k in (
-            "job", "by", "host", "digest", "inputs", "problem", "fix")}
+        text = {
+            k: get_text(data, k, "", limit=200 if k in ("job", "digest", "inputs") else 4096) or ""
+            for k in ("job", "by", "host", "digest", "inputs", "problem", "fix")
+        }
         if not text["job"]:
             raise ReadError("required key is missing", "job")
         return cls(outcome=outcome, exit_code=code, **text)  # type: ignore[arg-type]

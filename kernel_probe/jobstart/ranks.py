@@ -178,13 +178,15 @@ def _job(env: Mapping[str, str], spec: Launcher) -> tuple[str, str, list[str]] |
     # the launch step, the launcher's or else the batch system's: torchrun's --rdzv-id=$SLURM_JOB_ID is the
     # same in every `srun` step of the job, and two steps are two launches
     step_found = _first(env, step_names)
-    batch_attempt: tuple[str, ...] = ()
+    requeues: tuple[str, ...] = ()
     if step_found is None and _first(env, BATCH_STEP):  # under Slurm: its step, and its requeues too
-        step_found, batch_attempt = _first(env, BATCH_STEP), BATCH_ATTEMPT
+        step_found, requeues = _first(env, BATCH_STEP), BATCH_ATTEMPT
     if step_found:
         job, used = f"{job}.{step_found[1]}", used + [step_found[0]]
     counts = []
-    for names in dict.fromkeys(n for n in (batch_attempt, attempt_names, spec.attempt) if n):  # Slurm's requeues, torchrun's restarts
+    for names in dict.fromkeys(
+        n for n in (requeues, attempt_names, spec.attempt) if n
+    ):  # Slurm's requeues, torchrun's restarts
         found = _first(env, names)  # not set: the first attempt (Slurm sets it only on a requeue)
         counts.append(str(_whole(*found)) if found else "0")
         used += [found[0]] if found else []

@@ -200,7 +200,7 @@ def _run_ranked(
             _fail_for_all(out, rank, exc)
             raise
         written = result.lock
-        outcome = "reused" if result.reused else "written"
+        outcome: handoff.Outcome = "reused" if result.reused else "written"
         marker = handoff.Marker(
             outcome, rank.key, rank.describe(), socket.gethostname(), written.compute_digest(), p.digest
         )

@@ -164,7 +164,9 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
         ("--lock-timeout", request.lock_timeout),
     ):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and 0 < value <= MAX_SECONDS):
-            raise UsageError(f"{flag} must be a positive, finite number of seconds, at most {MAX_SECONDS:g}, not {value}")
+            raise UsageError(
+                f"{flag} must be a positive, finite number of seconds, at most {MAX_SECONDS:g}, not {value}"
+            )
     if request.precision is not None and request.precision not in PRECISIONS:
         raise UsageError(f"unknown precision {request.precision!r}", fix=f"use one of {', '.join(PRECISIONS)}")
     if request.check_only and request.force:

@@ -3,12 +3,12 @@ covering [provenance], which decides whether a lock is reused, and no test notic
 
 from __future__ import annotations
 
-import tomllib
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import tomllib
 
 import kernel_lock
 from kernel_lock import LockError, _toml

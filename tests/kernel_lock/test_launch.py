@@ -101,7 +101,9 @@ def test_the_confirming_child_runs_none_of_them_and_its_verdict_stands(planted, 
     from kernel_lock import loads
     from kernel_lock.confirming import child_verdicts
 
-    lock = loads(minimal_lock_text.replace("torch.nn.LayerNorm", "torch.nn.Identity"), path="L.toml", emit_warnings=False)
+    lock = loads(
+        minimal_lock_text.replace("torch.nn.LayerNorm", "torch.nn.Identity"), path="L.toml", emit_warnings=False
+    )
     verdicts = child_verdicts(lock, "training", {"LayerNorm": "its class is judged by importing it"})
     assert ran(planted) == [] and verdicts["LayerNorm"] is not None
     assert sys.modules.get("kp_local_only") is None

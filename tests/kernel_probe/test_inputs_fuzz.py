@@ -31,7 +31,9 @@ scalars = (
     | st.sampled_from(["nvidia", "NVIDIA", "cuda", "failed", "written", "env:X", "file:/x", "kernel-probe-node/1"])
 )
 json_values = st.recursive(
-    scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12
+    scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
 )
 
 
@@ -84,7 +86,9 @@ def test_the_marker_reader(data):
 
 
 # ---- a node description, through the command that reads it ------------------------------------------------
-NODE = json.loads((Path(__file__).resolve().parents[2] / "kernel_probe/profiles/sites/nodes/alps-gh200.json").read_text())
+NODE = json.loads(
+    (Path(__file__).resolve().parents[2] / "kernel_probe/profiles/sites/nodes/alps-gh200.json").read_text()
+)
 
 
 @SETTINGS
@@ -100,9 +104,7 @@ def test_the_node_reader_and_what_matches_it(data, tmp_path_factory, capsys):
 
 
 # ---- a site profile's parser ------------------------------------------------------------------------------
-PROFILE = _toml.loads(
-    (Path(__file__).resolve().parents[2] / "kernel_probe/profiles/sites/alps-gh200.toml").read_text()
-)
+PROFILE = _toml.loads((Path(__file__).resolve().parents[2] / "kernel_probe/profiles/sites/alps-gh200.toml").read_text())
 
 
 def tomlable(value: Any) -> Any:

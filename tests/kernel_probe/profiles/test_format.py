@@ -134,7 +134,7 @@ def test_site_libraries_and_candidate_distributions_are_known(tmp_path, capsys):
 def test_allowed_empty_allows_nothing_and_a_pin_or_preference_then_contradicts_it(tmp_path, capsys):
     from kernel_probe.profiles.format import parse
 
-    text = GPU_PROFILE + '\n[policy.LayerNorm]\nallowed = []\n'
+    text = GPU_PROFILE + "\n[policy.LayerNorm]\nallowed = []\n"
     prof = parse(text, "p.toml")
     assert prof.slots["LayerNorm"].allowed == ()
     code, out = check(tmp_path, text + 'pin = "torch.layer_norm"\n', capsys)
@@ -145,7 +145,7 @@ def test_allowed_empty_refuses_every_pin_on_the_command_line(tmp_path, capsys):
     from tests.kernel_probe.profiles.cases import CPU_PROFILE
 
     p = tmp_path / "mysite.toml"
-    p.write_text(CPU_PROFILE + '\n[policy.LayerNorm]\nallowed = []\n')
+    p.write_text(CPU_PROFILE + "\n[policy.LayerNorm]\nallowed = []\n")
     argv = ["--profile", str(p), "--out", str(tmp_path / "k.toml"), "--pin", "LayerNorm=torch.layer_norm"]
     assert main([*argv, "--slot", "LayerNorm"]) == 2
     assert "does not allow it" in capsys.readouterr().err
