@@ -105,36 +105,37 @@ def _world_writable_problem(st: os.stat_result) -> str | None:
     )
 
 
-def check_directory(directory: Path | str) -> Path:
+def check_directory(directory: Path | str, named: Path | str | None = None) -> Path:
     """The real path of ``directory`` if files may be written there (see the module's rule);
-    :class:`UnsafeWrite` otherwise."""
+    :class:`UnsafeWrite` otherwise, naming ``named`` (the file to be written) where given."""
     real = Path(os.path.realpath(directory or "."))
+    where = named if named is not None else real
     try:
         st = os.stat(real)
     except FileNotFoundError:
         raise _refuse(
-            real,
-            "the folder does not exist; nothing was written",
+            where,
+            f"the folder {real} does not exist; nothing was written",
             "create the folder first, or give a path in a folder you can write to",
         ) from None
     except OSError as exc:
         raise _refuse(
-            real, f"the folder cannot be read ({exc.strerror}); nothing was written", "check its permissions"
+            where, f"the folder {real} cannot be read ({exc.strerror}); nothing was written", "check its permissions"
         ) from None
     if not stat.S_ISDIR(st.st_mode):
-        raise _refuse(real, f"is {kind(st.st_mode)}, not a folder; nothing was written", "give a path in a folder")
+        raise _refuse(where, f"{real} is {kind(st.st_mode)}, not a folder; nothing was written", "give a path in a folder")
     if st.st_uid not in (os.getuid(), 0):
         raise _refuse(
-            real,
-            f"the folder is owned by another user (uid {st.st_uid}), who could replace what is written there; "
+            where,
+            f"the folder {real} is owned by another user (uid {st.st_uid}), who could replace what is written there; "
             "nothing was written",
             "write into a folder you own (or root owns); share it with your group by its group permissions",
         )
     problem = _world_writable_problem(st)
     if problem:
         raise _refuse(
-            real,
-            f"the folder {problem}: anyone could replace what is written there; nothing was written",
+            where,
+            f"the folder {real} {problem}: anyone could replace what is written there; nothing was written",
             f"chmod o-w {real} (or chmod +t, as /tmp is), or write elsewhere",
         )
     for parent in real.parents:
@@ -145,8 +146,8 @@ def check_directory(directory: Path | str) -> Path:
         problem = _world_writable_problem(pst)
         if problem:
             raise _refuse(
-                real,
-                f"the folder above it, {parent}, {problem}: anyone could move this folder away and put another "
+                where,
+                f"the folder above {real}, {parent}, {problem}: anyone could move this folder away and put another "
                 "in its place; nothing was written",
                 f"chmod o-w {parent} (or chmod +t), or write elsewhere",
             )
@@ -204,7 +205,7 @@ def write_file(
     path = Path(path)
     if through_link:
         path = Path(os.path.realpath(path))
-    directory = check_directory(path.parent if str(path.parent) else Path("."))
+    directory = check_directory(path.parent if str(path.parent) else Path("."), named=path)
     target = directory / path.name
     try:
         st = os.lstat(target)

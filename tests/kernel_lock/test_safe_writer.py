@@ -106,7 +106,7 @@ def test_a_world_writable_folder_above_is_refused_unless_sticky(tmp_path):
     above = tmp_path / "above"
     (above / "inner").mkdir(parents=True)
     os.chmod(above, 0o777)
-    with pytest.raises(UnsafeWrite, match="folder above it"):
+    with pytest.raises(UnsafeWrite, match="the folder above"):
         check_directory(above / "inner")
     os.chmod(above, 0o1777)
     if os.getuid() == 0:
