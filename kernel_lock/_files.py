@@ -123,7 +123,9 @@ def check_directory(directory: Path | str, named: Path | str | None = None) -> P
             where, f"the folder {real} cannot be read ({exc.strerror}); nothing was written", "check its permissions"
         ) from None
     if not stat.S_ISDIR(st.st_mode):
-        raise _refuse(where, f"{real} is {kind(st.st_mode)}, not a folder; nothing was written", "give a path in a folder")
+        raise _refuse(
+            where, f"{real} is {kind(st.st_mode)}, not a folder; nothing was written", "give a path in a folder"
+        )
     if st.st_uid not in (os.getuid(), 0):
         raise _refuse(
             where,
