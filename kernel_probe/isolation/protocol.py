@@ -263,7 +263,9 @@ class ShapeCheck(TypedDict, total=False):
 class TimingRow(TypedDict, total=False):
     """One shape of a timing (``timing.time_candidate``); ``error`` instead of the figures when it failed;
     ``check``: the candidate at that shape against float64 (``atshape``), unless the timing was asked
-    without it; ``blas``: the BLAS library a Linear ran under on a GPU."""
+    without it; ``blas``: the BLAS library a Linear ran under on a GPU; ``timed``: how the number of
+    repetitions was decided (``kernel_probe.probe.repetitions``), ``samples`` the timed calls (seconds),
+    which the slot's other candidates are decided against (not recorded in the lock)."""
 
     implementation: str
     shape: str
@@ -280,6 +282,8 @@ class TimingRow(TypedDict, total=False):
     error: str
     check: ShapeCheck
     blas: str
+    timed: str
+    samples: list[float]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -286,7 +286,12 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
         policy=Policy(allow_init_change=p.request.allow_init_change, strict_dtype=p.request.strict_dtype),
     )
     timing = Timing(
-        tuple(p.shapes), p.dtype, p.regime, p.reps, lambda slot, cid, m: events.timing(slot, cid, p.shapes, m)
+        tuple(p.shapes),
+        p.dtype,
+        p.regime,
+        p.reps,
+        lambda slot, cid, m: events.timing(slot, cid, p.shapes, m),
+        fixed=p.request.reps is not None,  # --reps N: N calls for every accepted candidate
     )
     # lock: None only while probing; build_lock sets it below, so a returned ProbeResult always has one
     result = ProbeResult(

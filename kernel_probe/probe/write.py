@@ -85,8 +85,11 @@ def _timing(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
                     "spread": _round(r["spread"], 2),
                     "gbps": _round(r["gbps"]),
                     "compile-s": _round(r["compile_s"], 3),
+                    "reps": r["reps"],
                 }
             )
+            if "timed" in r:  # how the repetitions were decided (kernel_probe.probe.repetitions)
+                row["timed"] = r["timed"]
             if "copy_percent" in r:  # GPUs only
                 row["copy-percent"] = _round(r["copy_percent"], 3)
             if "tflops" in r:
