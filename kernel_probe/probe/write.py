@@ -50,6 +50,11 @@ def _round(x: float | None, digits: int = 4) -> float | None:
 
 def _evidence(report: Report) -> list[dict[str, Any]]:
     rows = []
+    matmul = None
+    if report.semantics == "linear" and report.device == "cpu":  # native or emulated bf16 / fp16 (issue 38)
+        from kernel_probe.detect import cpumath
+
+        matmul = cpumath.matmul()
     for v in report.verdicts:
         row: dict[str, Any] = {"device": v.device, "dtype": v.dtype, "regime": v.regime, "status": v.status}
         if v.worst_ratio is not None:
@@ -59,6 +64,8 @@ def _evidence(report: Report) -> list[dict[str, Any]]:
             row["out-dtype"] = v.out_dtype
         if v.deterministic is not None:
             row["deterministic"] = v.deterministic
+        if matmul is not None and v.dtype in matmul:
+            row["matmul"] = cpumath.describe(matmul[v.dtype])
         rows.append(row)
     return rows
 
@@ -85,10 +92,11 @@ def _timing(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
                     "spread": _round(r["spread"], 2),
                     "gbps": _round(r["gbps"]),
                     "compile-s": _round(r["compile_s"], 3),
-                    "reps": r["reps"],
                 }
             )
-            if "timed" in r:  # how the repetitions were decided (kernel_probe.probe.repetitions)
+            if "reps" in r:  # the timed calls, and how their number was decided (kernel_probe.probe.repetitions)
+                row["reps"] = r["reps"]
+            if "timed" in r:
                 row["timed"] = r["timed"]
             if "copy_percent" in r:  # GPUs only
                 row["copy-percent"] = _round(r["copy_percent"], 3)
