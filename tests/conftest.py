@@ -144,7 +144,14 @@ SLOW_FIXTURES = {  # test module (path under tests/) -> its slow module-scoped f
 
 # Modules whose every test is slow (their `pytestmark` says so): the fast lane does not even import them,
 # since importing anemoi-models and Hydra, or hypothesis (whose modules pytest rewrites), costs seconds.
-SLOW_MODULES = ("kernel_lock/test_anemoi.py", "kernel_lock/test_anemoi_model.py", "kernel_lock/test_lock_fuzz.py")
+SLOW_MODULES = (
+    "kernel_lock/test_anemoi.py",
+    "kernel_lock/test_anemoi_model.py",
+    "kernel_lock/test_lock_fuzz.py",
+    # validates against anemoi-training's own schemas: with anemoi installed, importing it composes Hydra
+    # and builds ~200 pydantic models, seconds of the lane for tests that are all slow (issue 38)
+    "kernel_probe/anemoi/test_schema_check.py",
+)
 
 
 def module_key(path) -> str:

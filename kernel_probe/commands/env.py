@@ -106,10 +106,7 @@ def _host_rows(h: dict[str, Any]) -> list[tuple[str, str]]:
         ),
         ("cpu", safe(f"{cpu['arch']}, {model}" + (f", {cpu['brand']}" if cpu.get("brand") else ""))),
         ("cores", cores),
-        *[
-            (f"{dtype} matmul", safe(cpumath.describe(fact)))
-            for dtype, fact in (cpu.get("matmul") or {}).items()
-        ],
+        *[(f"{dtype} matmul", safe(cpumath.describe(fact))) for dtype, fact in (cpu.get("matmul") or {}).items()],
         ("memory", memory),
     ]
 

@@ -22,8 +22,8 @@ import torch
 
 from kernel_lock.slots import torch_device
 from kernel_probe.isolation.protocol import ShapeCheck, TimeReply, TimingProgressMessage, TimingRow
-from kernel_probe.probe.blasrun import BlasNotOffered, baseline_blas, blas_library
 from kernel_probe.probe import repetitions
+from kernel_probe.probe.blasrun import BlasNotOffered, baseline_blas, blas_library
 from kernel_probe.probe.candidates import Candidate, canonical_for, default_for
 from kernel_probe.probe.layout import discover, shapes
 from kernel_probe.probe.measure import build, dtype_name, first_line, load_parameters, parameters_for, torch_dtype

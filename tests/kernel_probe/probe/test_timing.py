@@ -77,7 +77,9 @@ def test_a_sole_candidate_gets_one_measured_call_after_its_check_at_the_shape(mo
     monkeypatch.setattr(repetitions, "SOLE_SECOND_CALL_BELOW_S", math.inf)  # a first call is never long enough
     seen = []
     opts = {**FAST, "check": True, "mode": "sole", "reps": 5}
-    reply = time_candidate(default_for("LayerNorm"), "LayerNorm", "cpu", ["64x32"], "float32", "true", opts, seen.append)
+    reply = time_candidate(
+        default_for("LayerNorm"), "LayerNorm", "cpu", ["64x32"], "float32", "true", opts, seen.append
+    )
     [row] = reply.rows
     assert row["reps"] == 1 and row["timed"] == "sole candidate" and len(row["samples"]) == 1
     assert row["median_ms"] == pytest.approx(row["samples"][0] * 1000)
