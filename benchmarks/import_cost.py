@@ -47,7 +47,7 @@ def main() -> None:
         path = Path(d) / "kernel-lock.toml"
         # a real lock for this machine (one cold probe, not timed): verify checks its whole fingerprint
         subprocess.run(
-            [sys.executable, "-m", "kernel_probe", "--out", str(path)],
+            [sys.executable, "-m", "kernel_probe", "--out", str(path), "--timeout", "300", "--import-timeout", "300"],
             check=True,
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
