@@ -563,10 +563,15 @@ def time_candidate(
             step()
             clock.sync()
             row["compile_s"] = time.perf_counter() - t0
-            samples = timing._repeat(clock, step, opts)
+            if opts.get("mode") == "sole":  # the slot's one accepted candidate: one measured call
+                samples, how = [clock.time(step)], "sole candidate"
+            else:
+                against = (opts.get("against") or {}).get(text) if opts.get("mode") == "adaptive" else None
+                samples, how = timing.repeat(clock, step, opts, against=against)
             row["median_ms"] = 1e3 * sorted(samples)[len(samples) // 2]
             row["spread"] = timing._spread(samples)
             row["reps"] = len(samples)
+            row["timed"], row["samples"] = how, samples
             keys = g.seq if values["window"] < 0 else min(g.seq, 2 * values["window"] + 1)
             seconds = row["median_ms"] / 1e3
             # fwd 2 matmuls, bwd 5 (one recomputing the scores), 2 flops per multiply-add, band keys only
