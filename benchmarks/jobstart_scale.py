@@ -27,13 +27,13 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from kernel_lock._files import write_file
+from kernel_lock.launch import python_argv, start
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PROBE = ["--slot", "LayerNorm", "--shape", "64x32", "--reps", "1"]
@@ -104,7 +104,10 @@ def run_job(args, shared: Path, nodes_dir: Path, job: str, site: Path | None, tr
     if args.seccomp:
         strace.insert(1, "--seccomp-bpf")
     began = time.perf_counter()
-    subprocess.run([*strace, sys.executable, "-c", LAUNCHER, str(spec), str(results)], check=True)
+    # the launcher of the ranks is a Python child: started by the one launcher (kernel_lock.launch), under strace
+    launcher = start([*strace, *python_argv(LAUNCHER, [str(spec), str(results)], roots=[str(ROOT)])])
+    if launcher.wait():
+        raise SystemExit(f"strace or the launcher of the ranks exited {launcher.returncode}")
     wall = time.perf_counter() - began
     replies = json.loads(results.read_text())
     return {"wall": wall, "replies": replies, **count(trace, str(shared))}

@@ -53,8 +53,47 @@ def test_every_file_is_written_by_the_one_safe_writer():
 
 @pytest.mark.parametrize(
     "line",
-    ['p.write_text("x")', 'json.dump(v, fh)', 'open(path, "w")', "open(p, 'ab')", "os.replace(a, b)", "shutil.copy2(a, b)"],
+    [
+        'p.write_text("x")',
+        "json.dump(v, fh)",
+        'open(path, "w")',
+        "open(p, 'ab')",
+        "os.replace(a, b)",
+        "shutil.copy2(a, b)",
+    ],
 )
 def test_the_scan_sees_each_kind_of_raw_write(line):
     assert RAW_WRITE.search(line)
     assert not RAW_WRITE.search('open(path, "rb")') and not RAW_WRITE.search("write_file(path, text)")
+
+
+RAW_START = re.compile(
+    r"\bsubprocess\.(run|Popen|call|check_call|check_output)\(|\bos\.(system|exec\w*|spawn\w*|posix_spawn\w*|popen)\(|\bmultiprocessing\b"
+)
+# file -> why its own starts are not Python children of kernel-probe (they go through kernel_lock.launch otherwise)
+STARTS_ALLOWED = {
+    "kernel_lock/launch.py": "the one launcher itself",
+    "benchmarks/gpu_facts.py": "nvidia-smi, not a Python child",
+    # the benchmarks below time or trace the command a user types (`python -m kernel_probe ...`,
+    # `python -c "import torch"` as the baseline), with the PYTHONPATH a sitecustomize needs: the subject
+    # measured, not a child of kernel-probe (-I would drop that PYTHONPATH and change what is measured)
+    "benchmarks/env_time.py": "times the CLI as a user runs it",
+    "benchmarks/probe_time.py": "times the CLI as a user runs it",
+    "benchmarks/jobstart.py": "times and counts the CLI as a user runs it (PYTHONPATH carries the counter)",
+    "benchmarks/jobstart_scale.py": "the ranks, inside the launcher's program, as srun would start them",
+    "benchmarks/import_cost.py": "the one cold probe that writes the lock, as a user runs it",
+    "benchmarks/gpu_all.py": "the GPU kit's parts as a user runs them (PYTHONPATH: the checkout), TERM then KILL",
+}
+
+
+def test_every_python_child_is_started_by_the_one_launcher():
+    files = {rel for rel, _ in _found(RAW_START)}
+    assert files - set(STARTS_ALLOWED) == set(), "start these through kernel_lock.launch (python_argv + start)"
+    assert set(STARTS_ALLOWED) <= files, "an allowed exception that is gone: remove it from the list"
+    assert not {f for f in files if f.startswith(("kernel_lock/", "kernel_probe/"))} - {"kernel_lock/launch.py"}
+
+
+def test_the_benchmarks_own_helper_children_use_the_launcher():
+    for rel in ("benchmarks/import_cost.py", "benchmarks/jobstart_scale.py"):
+        text = (ROOT / rel).read_text()
+        assert "python_argv(" in text and 'sys.executable, "-c"' not in text, rel
