@@ -40,6 +40,9 @@ sys.path.insert(0, str(BENCH))
 
 from gpu_facts import GPU_SHAPES, SMOKE_SHAPES, write_json  # noqa: E402
 
+O96_ATTENTION = "16x128x40320:window=512"  # anemoi's O96 processor: 16 heads of 128 over 40,320 nodes
+SMOKE_ATTENTION = "2x32x128:window=8"
+
 GPU_BUDGET = 480.0  # the goal: the whole run within 8 minutes on an H200
 SMOKE_BUDGET = 900.0  # a 2-core CPU shared with other jobs; alone the smoke takes well under 3 minutes
 
@@ -59,6 +62,9 @@ def parts(out: Path, smoke: bool) -> list[Part]:
     lock = out / "probe" / "kernel-lock.toml"
     probe = [py, "-m", "kernel_probe", "--out", str(lock), "--precision", "bf16-mixed", "--json"]
     probe += [arg for s in shapes for arg in ("--shape", s)]
+    # the Attention slot at anemoi's O96 processor geometry (SDPA's backends, flash-attn where its wheel is
+    # carried); the smoke at a CPU-sized one with a window, so the band is checked and timed there too
+    probe += ["--attention", SMOKE_ATTENTION if smoke else O96_ATTENTION]
     smoke_flag = ["--smoke"] if smoke else []
     # GPU: limits sum to 475 s, under the 480 s budget (docs/benchmarks.md, "Sizing"); smoke: generous,
     # for a 2-core CPU shared with other jobs

@@ -54,8 +54,54 @@ ANEMOI_DEFAULTS: dict[str, dict[str, Any]] = {
     "KeyNorm": {"_target_": AUTOCAST_LAYER_NORM, "bias": False},
 }
 
-# lock slot -> anemoi key (the RMSNorm slot has none; see the module docstring)
+# lock slot -> anemoi key (the RMSNorm slot has none; see the module docstring; Attention is no
+# layer_kernels entry: it is set per component with attention, ``attention_options``)
 SLOT_KEYS = {"LayerNorm": "LayerNorm", "Linear": "Linear"}
+
+# ---- attention: anemoi's MultiHeadSelfAttention options, per component with attention --------------
+# (the processor of a transformer model; a TransformerMapper's encoder and decoder). anemoi-models 0.19
+# has two backends: its SDPA path (torch chooses the SDPA backend) and its flash wrapper (flash-attn
+# v4, then v3, then v2, whichever imports first: kernel_lock.locate.anemoi_flash_generation)
+ANEMOI_ATTENTION = {
+    "kernel_lock.attention.SDPAttention": "scaled_dot_product_attention",
+    "kernel_lock.attention.FlashAttention2": "flash_attention",
+    "kernel_lock.attention.FlashAttention3": "flash_attention",
+    "kernel_lock.attention.FlashAttention4": "flash_attention",
+}
+# anemoi's environment variable, read when anemoi.models.layers.attention is imported: it overrides
+# every component's attention_implementation (how a flash-trained model runs inference with SDPA)
+ATTENTION_BACKEND_ENV = "ANEMOI_INFERENCE_TRANSFORMER_ATTENTION_BACKEND"
+
+
+def attention_options(target: str, kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    """The anemoi keys a component with attention sets for the lock's Attention slot, and a note:
+    ``attention_implementation``, plus ``window_size``, ``softcap``, ``use_alibi_slopes`` and
+    ``dropout_p`` where the lock fixes them. ``({}, why)`` for an implementation anemoi cannot run."""
+    implementation = ANEMOI_ATTENTION.get(target)
+    if implementation is None:
+        return {}, (
+            f"anemoi-models runs only flash_attention or scaled_dot_product_attention; the lock's {target} "
+            "has no anemoi setting (anemoi keeps its own attention_implementation)"
+        )
+    out: dict[str, Any] = {"attention_implementation": implementation}
+    if int(kwargs.get("window", -1)) >= 0:
+        out["window_size"] = int(kwargs["window"])
+    if float(kwargs.get("softcap", 0.0)) > 0:
+        out["softcap"] = float(kwargs["softcap"])
+    if kwargs.get("alibi"):
+        out["use_alibi_slopes"] = True
+    if float(kwargs.get("dropout", 0.0)) > 0:
+        out["dropout_p"] = float(kwargs["dropout"])
+    note = ""
+    if target == "kernel_lock.attention.SDPAttention" and kwargs.get("backend", "default") != "default":
+        note = (
+            f"the lock checked SDPA's {kwargs['backend']} backend; anemoi's SDPA path lets torch choose, so run "
+            f"under torch.nn.attention.sdpa_kernel to hold it there"
+        )
+    elif implementation == "flash_attention":
+        note = f"anemoi imports flash-attn v4, then v3, then v2: the job-start check refuses a machine where it would not pick the lock's v{target[-1]}"
+    return out, note
+
 
 # the sizes anemoi passes at the call site; pinned here they clash with a positional call
 DIMENSIONS = {
@@ -317,6 +363,26 @@ def export(
             )
             out.append(Exported(key, entry.entry, note))
     return out
+
+
+def attention_export(
+    lock: KernelLock, mode: str | None = None, *, verify_environment: bool = True
+) -> tuple[dict[str, Any], str] | None:
+    """The keys every component with attention sets (``attention_options``) for the Attention slot as
+    it resolves in ``mode`` (inference: the twin where the pinned library cannot run), and a note; None
+    when the lock does not pin the slot (anemoi's own setting stays)."""
+    if "Attention" not in lock.slots:
+        return None
+    from .resolve import factory
+
+    f = factory(lock, "Attention", mode=mode, verify_environment=verify_environment)
+    options, note = attention_options(f.target, f.keywords)
+    if f.substituted_from and options:
+        note = (
+            f"inference substitute for {f.substituted_from} (verified max error {f.max_error}); set "
+            f"{ATTENTION_BACKEND_ENV}={options['attention_implementation']} in the inference job's environment"
+        )
+    return options, note
 
 
 def layer_kernels(

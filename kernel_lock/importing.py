@@ -55,6 +55,12 @@ def import_target(
         raise ImportError(f"module {module_name!r} has no attribute {attr!r}") from None
     import torch
 
+    if semantics == "attention" and callable(obj) and not isinstance(obj, type):
+        # a function with SDPA's signature (``--candidate Attention=module.function``): called through
+        # the slot's options by a class of kernel_lock.attention, which receives the window as its mask
+        from .attention import for_function
+
+        obj = for_function(obj, target)
     if not (isinstance(obj, type) and issubclass(obj, torch.nn.Module)):
         raise TargetNotAllowed(
             f"target {target!r} is a {type(obj).__name__}, not a torch.nn.Module subclass",

@@ -85,7 +85,47 @@ def requirement_problems(slot: Slot) -> list[Difference]:
             continue
         if req.specifier and version != "unknown" and not in_spec(req.specifier, version):
             problems.append(Difference(f"slots.{slot.name}.requires.{req.name}", req.specifier, version, "specifier"))
+    problems.extend(flash_generation_problems(slot))
     return problems
+
+
+# anemoi-models' FlashAttentionWrapper imports the first of these that imports, whatever the lock chose:
+# (generation, module, the kernel_lock.attention class that calls it as anemoi does)
+FLASH_GENERATIONS = (
+    (4, "flash_attn.cute", "kernel_lock.attention.FlashAttention4"),
+    (3, "flash_attn_interface", "kernel_lock.attention.FlashAttention3"),
+    (2, "flash_attn", "kernel_lock.attention.FlashAttention2"),
+)
+
+
+def anemoi_flash_generation() -> int | None:
+    """The flash-attn generation anemoi's import order (v4, v3, v2) picks here, from the file system
+    (None: none is installed)."""
+    for generation, module, _ in FLASH_GENERATIONS:
+        if locate(module):
+            return generation
+    return None
+
+
+def flash_generation_problems(slot: Slot) -> list[Difference]:
+    """A lock that chose flash-attn generation N, on a machine where anemoi would import another first
+    (v4 installed beside the locked v2): anemoi would run kernels the lock never checked."""
+    locked = next((g for g, _, target in FLASH_GENERATIONS if target == slot.target), None)
+    if locked is None:
+        return []
+    here = anemoi_flash_generation()
+    if here is None or here == locked:
+        return []  # not installed: the requirement says so
+    module = next(m for g, m, _ in FLASH_GENERATIONS if g == here)
+    return [
+        Difference(
+            f"slots.{slot.name}.target",
+            f"flash-attn {locked} ({slot.target})",
+            f"flash-attn {here}: {module} is installed here, and anemoi-models imports v4, then v3, then v2, "
+            f"so its flash_attention would run v{here}",
+            "exact",
+        )
+    ]
 
 
 def unusable_reason(slot: Slot, current: Mapping[str, Any]) -> str | None:

@@ -14,12 +14,22 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple, get_args
 
-SLOTS = ("LayerNorm", "RMSNorm", "Linear")
-SEMANTICS = ("layer_norm", "rms_norm", "linear")
-SLOT_SEMANTICS = {"LayerNorm": "layer_norm", "RMSNorm": "rms_norm", "Linear": "linear"}
+SLOTS = ("LayerNorm", "RMSNorm", "Linear", "Attention")
+SEMANTICS = ("layer_norm", "rms_norm", "linear", "attention")
+SLOT_SEMANTICS = {"LayerNorm": "layer_norm", "RMSNorm": "rms_norm", "Linear": "linear", "Attention": "attention"}
+# Slots whose module has parameters and takes one tensor (the norms and Linear); Attention's modules
+# have no parameters and take (q, k, v) with SDPA's contract (kernel_lock.attention): its checks,
+# timing and export have their own homes
+ATTENTION = "Attention"
 
 # What a slot the lock does not mention resolves to: plain torch.nn, as before the lock existed.
-DEFAULT_TARGETS = {"LayerNorm": "torch.nn.LayerNorm", "RMSNorm": "torch.nn.RMSNorm", "Linear": "torch.nn.Linear"}
+DEFAULT_TARGETS = {
+    "LayerNorm": "torch.nn.LayerNorm",
+    "RMSNorm": "torch.nn.RMSNorm",
+    "Linear": "torch.nn.Linear",
+    # torch's scaled_dot_product_attention, torch choosing its backend (what anemoi's SDPA path runs)
+    "Attention": "kernel_lock.attention.SDPAttention",
+}
 
 # Canonical configuration per slot: what the lock pins unless a profile or the user says otherwise.
 # RMSNorm's eps is pinned because torch.nn.RMSNorm's default (eps=None) means finfo(dtype).eps,
@@ -28,6 +38,8 @@ CANONICAL: dict[str, dict[str, Any]] = {
     "LayerNorm": {"eps": 1e-5, "bias": True},
     "RMSNorm": {"eps": 1e-6},
     "Linear": {"bias": True},
+    # the options a model fixes (kernel_lock.attention): window -1 = global, softcap 0 = none
+    "Attention": {"window": -1, "softcap": 0.0, "dropout": 0.0, "alibi": False},
 }
 
 # How a class offered for a slot is called when its declaration does not say: the positional
@@ -37,11 +49,13 @@ CALL_ARGS: dict[str, tuple[str, ...]] = {
     "LayerNorm": ("$normalized_shape",),
     "RMSNorm": ("$normalized_shape",),
     "Linear": ("$in_features", "$out_features"),
+    "Attention": (),
 }
 CALL_KWARGS: dict[str, dict[str, Any]] = {
     "LayerNorm": {"eps": "$eps"},
     "RMSNorm": {"eps": "$eps"},
     "Linear": {"bias": "$bias"},
+    "Attention": {"window": "$window", "softcap": "$softcap", "dropout": "$dropout", "alibi": "$alibi"},
 }
 
 # What torch.nn's slot classes compute and every keyword their constructors accept, so a check that
@@ -63,6 +77,7 @@ class TargetFacts(NamedTuple):
 _LAYER_NORM = frozenset(("normalized_shape", "eps", "elementwise_affine", "bias", "device", "dtype"))
 _RMS_NORM = frozenset(("normalized_shape", "eps", "elementwise_affine", "device", "dtype"))
 _LINEAR = frozenset(("in_features", "out_features", "bias", "device", "dtype"))
+_ATTENTION = frozenset(("window", "softcap", "dropout", "alibi"))
 KNOWN_TARGETS: Mapping[str, TargetFacts] = MappingProxyType(
     {
         "torch.nn.LayerNorm": TargetFacts("layer_norm", _LAYER_NORM, True),
@@ -72,6 +87,13 @@ KNOWN_TARGETS: Mapping[str, TargetFacts] = MappingProxyType(
         "kernel_lock.adapters.CompiledLayerNorm": TargetFacts("layer_norm", _LAYER_NORM, True),
         "kernel_lock.adapters.CompiledRMSNorm": TargetFacts("rms_norm", _RMS_NORM, True),
         "kernel_lock.adapters.CompiledLinear": TargetFacts("linear", _LINEAR, True),
+        # kernel_lock.attention: the Attention slot's classes (SDPA's contract plus the model's options)
+        "kernel_lock.attention.SDPAttention": TargetFacts("attention", _ATTENTION | {"backend"}, True),
+        "kernel_lock.attention.FlexAttention": TargetFacts("attention", _ATTENTION | {"compiled"}, True),
+        "kernel_lock.attention.FlashAttention2": TargetFacts("attention", _ATTENTION, True),
+        "kernel_lock.attention.FlashAttention3": TargetFacts("attention", _ATTENTION, True),
+        "kernel_lock.attention.FlashAttention4": TargetFacts("attention", _ATTENTION, True),
+        "kernel_lock.attention.TEDotProductAttention": TargetFacts("attention", _ATTENTION, True),
     }
 )
 # Other public names of the same classes (torch re-exports them from its submodules)
@@ -195,6 +217,8 @@ def class_semantics(cls: Any) -> str | None:
     def _under(module: str, roots: tuple[str, ...]) -> bool:
         return any(module == r or module.startswith(r + ".") for r in roots)
 
+    if any(c.__module__ == "kernel_lock.attention" and c.__name__ == "Attention" for c in cls.__mro__):
+        return "attention"
     if _under(cls.__module__, ("kernel_lock.adapters",)):
         # an adapter computes what the class it wraps (and derives from) computes: an Autocast adapter
         # around torch.nn.Identity is an Identity, whatever slot names it

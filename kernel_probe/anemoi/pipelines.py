@@ -85,6 +85,9 @@ def check_config(
         schema_status, schema_errors = schema_findings(config, timeout)
         findings.extend(schema_errors)
     findings.extend(lost_wrappers(config))
+    from kernel_probe.anemoi.attention_checks import findings as attention_findings
+
+    findings.extend(attention_findings(config.tree, lock, mode))
     expected: dict[str, Exported] = {}
     if lock is not None:
         try:

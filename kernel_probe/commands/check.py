@@ -9,6 +9,7 @@ from kernel_lock.slots import DTYPES, SLOTS, short_dtype
 from kernel_probe import output
 from kernel_probe.commands.numbers import count, seconds
 from kernel_probe.output import safe
+from kernel_probe.probe.attention_geometry import DEFAULT_GEOMETRY, O96_GEOMETRY
 from kernel_probe.probe.limits import CHECK_HIDDEN, CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT
 
 
@@ -22,6 +23,15 @@ def add_candidate_arguments(p: argparse.ArgumentParser) -> None:
         help="offer a third-party class for a slot (repeatable); it is judged like the built-ins",
     )
     p.add_argument("--slot", action="append", default=[], choices=SLOTS, help="only these slots (repeatable)")
+    p.add_argument(
+        "--attention",
+        default="",
+        metavar="HEADSxHEAD_DIMxSEQ[:OPTIONS]",
+        help="the model's attention: the geometry the Attention slot is timed at, and after the colon the "
+        "options the model fixes (window=W band half-width, softcap=C, dropout=P, alibi=true), pinned in the "
+        "lock and checked: a candidate that ignores one is rejected (default "
+        f"{DEFAULT_GEOMETRY['gpu']} on GPU, {DEFAULT_GEOMETRY['cpu']} on CPU, global; anemoi's O96: {O96_GEOMETRY})",
+    )
     p.add_argument(
         "--import-timeout",
         type=seconds,
@@ -110,6 +120,14 @@ def run_check(args: argparse.Namespace) -> int:
         output.warn(problem)
     device = detect_device()
     slots = args.slot or list(SLOTS)
+    canonical = {}
+    if args.attention:
+        from kernel_probe.probe.attention_geometry import FORM, parse_geometry
+
+        try:
+            canonical["Attention"] = dict(parse_geometry(args.attention).options)
+        except ValueError as exc:
+            raise UsageError(f"--attention {exc}", fix=f"write it {FORM}") from None
     progress = None if args.json else (lambda slot, cid: output.info(f"checking {slot}: {cid} ..."))
     reports = check_all(
         slots,
@@ -123,6 +141,7 @@ def run_check(args: argparse.Namespace) -> int:
         hidden=args.hidden,
         policy=policy_from(args),
         progress=progress,
+        canonical=canonical,
     )
     if args.json:
         output.print_json(
@@ -200,3 +219,8 @@ def render_verdicts(reports, plan, device, hidden: int = CHECK_HIDDEN) -> None:
         "cells: worst error / tolerance (< 1 passes; tolerance = 4 x torch.nn's own error + 2 eps); "
         "+amp: under torch.autocast with fp32 parameters"
     )
+    if "Attention" in reports:
+        con.print(
+            "Attention: tolerance = 4 x torch's own error (math path or fused ordering, the larger) + 8 eps, "
+            "per output (out, dq, dk, dv); `--json` has every ratio and the measured capabilities"
+        )

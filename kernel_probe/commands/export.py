@@ -52,7 +52,7 @@ def add_export_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_export(args: argparse.Namespace) -> int:
     """Print the lock's ``layer_kernels`` block (or the overlay for ``--config``) as YAML or JSON."""
-    from kernel_lock.anemoi import export
+    from kernel_lock.anemoi import attention_export, export
 
     path = args.lock or default_lock_path()
     lock = load_lock(path, trust=args.trust)
@@ -61,10 +61,16 @@ def run_export(args: argparse.Namespace) -> int:
         if args.overrides:
             raise UsageError(f"Hydra overrides ({' '.join(args.overrides)}) need --config CONFIG.yaml")
         entries = export(lock, args.mode, qk_norm=args.qk_norm)
+        attention = attention_export(lock, args.mode)
         if args.json:
-            output.print_json({"layer_kernels": {e.key: e.entry for e in entries}})
+            data: dict[str, object] = {"layer_kernels": {e.key: e.entry for e in entries}}
+            if attention is not None:
+                data["attention"] = {"options": attention[0], "note": attention[1]}
+            output.print_json(data)
             return 0
         sys.stdout.write(render_yaml(entries, path=path, mode=args.mode, digest=lock.digest))
+        if attention is not None:
+            sys.stdout.write(render_attention(*attention))
         return 0
     from kernel_probe.anemoi.pipelines import export_for_config
 
@@ -124,6 +130,26 @@ def render_yaml(entries, *, path: str, mode: str, digest: str) -> str:
             lines.append(f"  # {e.key}: {e.note}")
         body = yaml.safe_dump({e.key: e.entry}, sort_keys=False, default_flow_style=False)
         lines.extend("  " + line for line in body.splitlines())
+    return "\n".join(lines) + "\n"
+
+
+def render_attention(options: dict, note: str) -> str:
+    """The Attention slot's keys as a commented YAML block: they go on each component with attention."""
+    import yaml
+
+    lines = [
+        "",
+        "# Attention (slots.Attention): set these on every component with attention, beside its other keys:",
+        "# the processor of a transformer model (model.processor), and a TransformerMapper's encoder and",
+        "# decoder (model.encoder, model.decoder). They are no layer_kernels entry.",
+    ]
+    if note:
+        lines.append(f"# {note}")
+    if not options:
+        return "\n".join(lines) + "\n"
+    lines.append("processor:")
+    body = yaml.safe_dump(options, sort_keys=False, default_flow_style=False)
+    lines.extend("  " + line for line in body.splitlines())
     return "\n".join(lines) + "\n"
 
 

@@ -144,6 +144,7 @@ def request_from(args: argparse.Namespace) -> ProbeRequest:
     return ProbeRequest(
         out=Path(args.out),
         shapes=tuple(args.shape),
+        attention=args.attention,
         precision=args.precision,
         slots=tuple(args.slot),
         pins=_pairs(args.pin, "--pin"),
@@ -306,6 +307,7 @@ def _report(args, result: ProbeResult) -> None:
                 "device": plan.device,
                 "precision": plan.precision,
                 "shapes": list(plan.shapes),
+                "attention": plan.attention,
                 "check_seconds": round(result.check_seconds, 2),
                 "time_seconds": round(result.time_seconds, 2),
                 "slots": {
@@ -330,6 +332,7 @@ def _report(args, result: ProbeResult) -> None:
     con.print(
         f"device {dev['type']} ({safe(str(dev['name']))}), precision {plan.precision}, "
         f"shapes {', '.join(plan.shapes)}{shapes_from}"
+        + (f", attention {plan.attention}" if "Attention" in plan.slots else "")
     )
     for slot, c in choices.items():
         table = output.table(slot)

@@ -240,6 +240,8 @@ class CheckReply(Reply):
     init: list[str] = field(default_factory=list)
     blas: str = ""  # a Linear on a GPU: the BLAS library the rows were measured under (kernel_lock.blas names)
     blas_default: str = ""  # the library torch picks by itself in this process (before any was set)
+    # Attention: what each option really does, measured (kernel_probe.probe.attention.capabilities)
+    capabilities: dict[str, str] = field(default_factory=dict)
 
 
 class ShapeCheck(TypedDict, total=False):
@@ -280,6 +282,7 @@ class TimingRow(TypedDict, total=False):
     error: str
     check: ShapeCheck
     blas: str
+    peak_bytes: int  # Attention on a GPU: peak memory allocated by one fwd+bwd
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -379,6 +382,7 @@ class TimeRequest(CandidateRequest[TimeReply], op="time", reply=TimeReply):
     regime: str
     options: dict[str, Any] = field(default_factory=dict)
     progress: bool = False
+    canonical: dict[str, Any] = field(default_factory=dict)  # Attention: the model's options (window, ...)
 
 
 REQUESTS: dict[str, type[Request[Any]]] = {

@@ -35,9 +35,11 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal, cast
 
+from kernel_lock.slots import ATTENTION
 from kernel_probe.isolation.child import kill_group, signal_name, spawn
 from kernel_probe.isolation.protocol import (
     INTERPRETED,
+    CandidateRequest,
     CheckRequest,
     ImportReply,
     ImportRequest,
@@ -429,6 +431,27 @@ def serve() -> None:
         proto.flush()
 
 
+def _attention(request: CandidateRequest[Any]) -> Reply:
+    """The Attention slot's requests: its own checks and timing (kernel_probe.probe.attention)."""
+    from kernel_probe.probe import attention
+
+    if isinstance(request, CheckRequest):
+        return attention.check(
+            request.candidate,
+            request.device,
+            list(request.dtypes),
+            canonical_overrides=request.canonical,
+            seed=request.seed,
+        )
+    if isinstance(request, TryRequest):
+        return TryReply.from_json(attention.try_once(request.candidate, request.device))
+    if isinstance(request, TimeRequest):
+        return attention.time_candidate(
+            request.candidate, request.device, list(request.shapes), request.dtype, request.options, request.canonical
+        )
+    raise ProtocolError(f"the worker has no Attention handler for {type(request).__name__}")
+
+
 def _dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], None] | None = None) -> Reply:
     if isinstance(request, PingRequest):
         import torch  # noqa: F401  (import once, up front, under the start timeout)
@@ -450,6 +473,8 @@ def _dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], Non
         except (Exception, SystemExit) as exc:  # a library calling sys.exit() on import is broken, not absent
             return ImportReply(ok=False, kind="exception", error=f"{type(exc).__name__}: {exc}")
         return ImportReply(ok=True, seconds=time.perf_counter() - start)
+    if isinstance(request, CandidateRequest) and request.slot == ATTENTION:
+        return _attention(request)
     if isinstance(request, CheckRequest):
         return correctness.check(
             request.candidate,

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, cast
 
-from kernel_lock.slots import DTYPES, dtype_named
+from kernel_lock.slots import ATTENTION, DTYPES, dtype_named
 from kernel_probe.isolation.protocol import (
     INTERPRETED,
     CheckRequest,
@@ -119,7 +119,13 @@ def check_candidate(
         return stopped(judge.died(exc.status, exc.reason, "checks", ("check", budget)))
     if raw.tampered:
         return stopped(judge.tampered(f"running {cand.target}", raw.tampered))
-    report = judge.judge_candidate(raw, cand, slot, device, policy, base)
+    if slot == ATTENTION:
+        from kernel_probe.probe import attention_verdict
+        from kernel_probe.probe.attention import canonical as attention_canonical
+
+        report = attention_verdict.judge(raw, cand, device, base, attention_canonical(canonical))
+    else:
+        report = judge.judge_candidate(raw, cand, slot, device, policy, base)
     if raw.interpreted:  # said on the report and on every verdict it carries
         report.interpreted = True
         for v in report.verdicts:
@@ -166,6 +172,7 @@ class Timing:
     reps: int
     # (slot, candidate id, None when its timing starts, else the worker's progress message)
     progress: Callable[[str, str, TimingProgressMessage | None], None] = lambda slot, cid, message: None
+    attention: tuple[str, ...] = ()  # the Attention slot's geometries (attention_geometry), instead of shapes
 
 
 @dataclass
@@ -235,10 +242,11 @@ def _check_and_time(cand: Candidate, slot: str, checks: Checks, worker: Worker, 
         candidate=cand,
         slot=slot,
         device=checks.device,
-        shapes=timing.shapes,
+        shapes=timing.attention if slot == ATTENTION else timing.shapes,
         dtype=timing.dtype,
         regime=timing.regime,
         progress=True,
+        canonical=dict(checks.canonical.get(slot) or {}),
         options={
             "reps": timing.reps,
             "warmup": min(3, timing.reps),

@@ -94,6 +94,13 @@ def derive_inference(
     if lock.profile.get("name"):
         provenance["source-profile"] = str(lock.profile["name"])
     provenance["substitutions"] = [str(s) for s in substitutions]
+    attention = slots.get("Attention")
+    if attention is not None:
+        from kernel_lock.anemoi import ANEMOI_ATTENTION, ATTENTION_BACKEND_ENV
+
+        backend = ANEMOI_ATTENTION.get(attention.target)
+        if backend is not None:  # anemoi reads it at import: set it in the inference job's environment
+            provenance["anemoi-environment"] = {ATTENTION_BACKEND_ENV: backend}
     derived = KernelLock(
         created_by=f"kernel-probe {__version__}",
         created_at=dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),

@@ -299,9 +299,15 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
         import_timeout=p.request.import_timeout,
         with_compile=p.request.with_compile,
         policy=Policy(allow_init_change=p.request.allow_init_change, strict_dtype=p.request.strict_dtype),
+        canonical=p.canonical,
     )
     timing = Timing(
-        tuple(p.shapes), p.dtype, p.regime, p.reps, lambda slot, cid, m: events.timing(slot, cid, p.shapes, m)
+        tuple(p.shapes),
+        p.dtype,
+        p.regime,
+        p.reps,
+        lambda slot, cid, m: events.timing(slot, cid, p.shapes, m),
+        attention=(p.attention,),
     )
     # lock: None only while probing; build_lock sets it below, so a returned ProbeResult always has one
     result = ProbeResult(
@@ -332,6 +338,7 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
         "inputs": p.digest,
         "command": p.request.command,
         "shapes": list(p.shapes),
+        **({"attention": p.attention} if "Attention" in p.slots else {}),
         "check-seconds": round(result.check_seconds, 2),
         "time-seconds": round(result.time_seconds, 2),
     }
@@ -345,6 +352,7 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
         precision=p.precision,
         provenance=provenance,
         profile=p.profile.lock_record(p.matched) if p.profile else None,
+        canonical=p.canonical,
     )
     return result
 
@@ -375,7 +383,7 @@ def choose_all(
             slot,
             reports[slot],
             dict(timings[slot]),
-            list(p.shapes),
+            [p.attention] if slot == "Attention" else list(p.shapes),
             p.dtype,
             default_for(slot).id,
             deterministic=p.deterministic,

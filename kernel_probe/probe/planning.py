@@ -62,6 +62,8 @@ class ProbeRequest:
     # "node-type" (one rank per kind of node; --out names {node-type}), "rank" (each rank under the file lock);
     # None: the profile's [policy] probe-per, else "job"
     probe_per: str | None = None
+    # the Attention slot's timing geometry (HEADSxHEAD_DIMxSEQ[:window=W]); "": the default for the device
+    attention: str = ""
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,15 @@ class Plan:
     deterministic: bool
     digest: str  # of the inputs: a lock probed with other inputs is not reused
     trust: tuple[str, ...]
+    attention: str = ""  # the Attention slot's timing geometry (attention_geometry)
+
+    @property
+    def canonical(self) -> dict[str, dict[str, Any]]:
+        """Per slot, the canonical values the request sets: the model's attention window."""
+        from kernel_probe.probe.attention_geometry import parse_geometry
+
+        options = dict(parse_geometry(self.attention).options) if self.attention else {}
+        return {"Attention": options} if options else {}
 
     @property
     def dtype(self) -> str:
@@ -169,6 +180,13 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
             )
     if request.precision is not None and request.precision not in PRECISIONS:
         raise UsageError(f"unknown precision {request.precision!r}", fix=f"use one of {', '.join(PRECISIONS)}")
+    if request.attention:
+        from kernel_probe.probe.attention_geometry import FORM, parse_geometry
+
+        try:
+            parse_geometry(request.attention)
+        except ValueError as exc:
+            raise UsageError(f"--attention {exc}", fix=f"write it {FORM}, e.g. 16x128x40320:window=512") from None
     if request.check_only and request.force:
         raise UsageError("--check and --force contradict each other")
     slots = tuple(request.slots) or SLOTS
@@ -210,6 +228,11 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
         "allow_init_change": request.allow_init_change,
         "strict_dtype": request.strict_dtype,
     }
+    from kernel_probe.probe.attention_geometry import DEFAULT_GEOMETRY
+
+    attention = request.attention or DEFAULT_GEOMETRY[kind]
+    if "Attention" in slots:
+        inputs["attention"] = attention
     from kernel_probe.probe.write import inputs_digest, trusted_roots
 
     return Plan(
@@ -227,6 +250,7 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
         deterministic,
         inputs_digest(inputs),
         trusted_roots(candidates),
+        attention,
     )
 
 

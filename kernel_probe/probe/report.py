@@ -28,6 +28,7 @@ class Verdict:
     errors: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     deterministic: bool | None = None  # two runs bitwise equal (None: not measured)
     changes: list[str] = field(default_factory=list)  # accepted, but the model changes besides numbers (recorded)
+    ratios: dict[str, dict[str, float]] = field(default_factory=dict)  # Attention: case -> output -> err / tolerance
 
     def to_json(self) -> dict[str, Any]:
         """The verdict as the lock's evidence and ``--json`` show it."""
@@ -79,6 +80,8 @@ class Report:
     interpreted: bool = False  # its Triton kernels ran in Triton's interpreter: never timed, never locked
     blas: str = ""  # a Linear on a GPU: the BLAS library it was checked under (kernel_lock.blas)
     blas_default: str = ""  # the library torch picked by itself in the probe's worker
+    # Attention: what each option (window, softcap, dropout, alibi, scale) really does, measured
+    capabilities: dict[str, str] = field(default_factory=dict)
 
     @property
     def deterministic(self) -> bool | None:
@@ -116,5 +119,6 @@ class Report:
             "interpreted": self.interpreted,
             "blas": self.blas,
             "twin": self.twin,
+            **({"capabilities": dict(self.capabilities)} if self.capabilities else {}),
             "evidence": [v.to_json() for v in self.verdicts],
         }

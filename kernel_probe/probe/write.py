@@ -59,6 +59,11 @@ def _evidence(report: Report) -> list[dict[str, Any]]:
             row["out-dtype"] = v.out_dtype
         if v.deterministic is not None:
             row["deterministic"] = v.deterministic
+        if v.ratios:  # Attention: per output, the largest error / tolerance over the cases
+            outputs = dict.fromkeys(o for case in v.ratios.values() for o in case)
+            row["error-ratios"] = {o: _round(max(case.get(o, 0.0) for case in v.ratios.values()), 3) for o in outputs}
+        if report.capabilities:  # Attention: what each option really does (measured once, in float32)
+            row["capabilities"] = dict(report.capabilities)
         rows.append(row)
     return rows
 
@@ -91,6 +96,8 @@ def _timing(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 row["copy-percent"] = _round(r["copy_percent"], 3)
             if "tflops" in r:
                 row["tflops"] = _round(r["tflops"])
+            if "peak_bytes" in r:  # Attention on a GPU: peak memory of one fwd+bwd
+                row["peak-bytes"] = int(r["peak_bytes"])
         if "check" in r:  # the check at this shape against float64 (kernel_probe.probe.atshape)
             verdict = judge_shape(r["shape"], r["dtype"], r["regime"], r["check"])
             row["checked-rows"] = verdict.sampled

@@ -79,7 +79,7 @@ def locks(tmp_path_factory):
     kernel-lock.toml`, as the README says), and a choice it was told to pin."""
     d = tmp_path_factory.mktemp("anemoi-locks")
     chosen = _probe(d / "kernel-lock.toml")
-    assert set(chosen.slots) == {"LayerNorm", "RMSNorm", "Linear"}  # RMSNorm: pinned, never exported
+    assert set(chosen.slots) == {"LayerNorm", "RMSNorm", "Linear", "Attention"}  # RMSNorm: pinned, never exported
     pinned = _probe(
         d / "pinned.toml",
         *small_probe("LayerNorm", "Linear", shape="256x64"),

@@ -14,7 +14,7 @@ def test_builtin_registry_is_consistent():
     assert len(ids) == len(set(ids))
     for c in cands.builtin():
         assert all(cands.SLOT_SEMANTICS[s] == c.semantics for s in c.slots), c.id
-        assert c.twin_target.startswith("torch.nn."), c.id
+        assert c.twin_target.startswith(("torch.nn.", "kernel_lock.attention.")), c.id
     expected = {
         "torch.layer_norm",
         "torch.rms_norm",
@@ -35,6 +35,16 @@ def test_builtin_registry_is_consistent():
         "apex.rms_norm",
         "flash_attn.rms_norm",
         "quack.rms_norm",
+        "torch.sdpa",
+        "torch.sdpa.math",
+        "torch.sdpa.flash",
+        "torch.sdpa.efficient",
+        "torch.sdpa.cudnn",
+        "torch.flex",
+        "flash_attn.v2",
+        "flash_attn.v3",
+        "flash_attn.v4",
+        "te.dot_product_attention",
     }
     assert set(ids) == expected
 

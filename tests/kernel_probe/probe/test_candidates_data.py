@@ -69,7 +69,7 @@ def test_the_slot_facts_agree_with_each_other():
     [
         ("Layernorm", "did you mean 'LayerNorm'? slot names are case-sensitive"),
         ("rmsnorm", "did you mean 'RMSNorm'? slot names are case-sensitive"),
-        ("Conv", "known slots: LayerNorm, RMSNorm, Linear"),
+        ("Conv", "known slots: LayerNorm, RMSNorm, Linear, Attention"),
     ],
 )
 def test_one_hint_for_a_misspelt_slot(name, fix):
@@ -103,7 +103,15 @@ def test_the_library_table_is_read_from_the_registry():
 
     names = [lib.name for lib in known_libraries()]
     assert names == [lib["name"] for lib in registry.data()["library"]]
-    assert names == ["liger-kernel", "transformer-engine", "apex", "flash-attn", "quack-kernels", "kernels"]
+    assert names == [
+        "liger-kernel",
+        "transformer-engine",
+        "apex",
+        "flash-attn",
+        "flash-attn-3",
+        "quack-kernels",
+        "kernels",
+    ]
     apex = known_libraries()[names.index("apex")]
     assert [v.key for v in apex.variants] == ["rocm-fork", "nvidia", "unrelated"] and not apex.variants[-1].usable
     assert apex.variants[0].text_in == (("git_version_info.py", "ROCm Apex"),)
@@ -180,6 +188,7 @@ def test_the_allow_list_is_the_registrys_roots_and_nothing_else():
     assert registry.allowed_roots() == (
         "torch",
         "kernel_lock.adapters",
+        "kernel_lock.attention",
         "liger_kernel",
         "transformer_engine",
         "apex",

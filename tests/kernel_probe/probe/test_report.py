@@ -41,7 +41,7 @@ def test_a_verdict_starts_accepted_and_empty():
     assert d["candidate"] == "c" and d["status"] == "accepted" and d["errors"] == {} and d["changes"] == []
     assert set(d) == {
         "candidate", "device", "dtype", "regime", "status", "reasons", "failed", "worst_ratio", "out_dtype",
-        "twin", "notes", "errors", "deterministic", "changes",
+        "twin", "notes", "errors", "deterministic", "changes", "ratios",
     }  # fmt: skip
 
 

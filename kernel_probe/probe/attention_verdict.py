@@ -1,0 +1,141 @@
+"""Where an Attention verdict is decided: the attention tolerance rule, the capability rule, the flags.
+
+The tolerance rule (derivation in docs/checks.md, "Attention"). Per output t in (out, dq, dk, dv), per
+input case, against the float64 reference of the same masked attention:
+
+    err(candidate, t) <= FACTOR * err(math, t) + FLOOR(dtype)        FACTOR = 4, FLOOR = 8 * eps(dtype)
+
+where ``math`` is torch's own math path in the same dtype (SDPA's MATH backend; the explicit formula
+for softcap and alibi). This is the form PyTorch's and flash-attn's own attention tests use (a fused
+kernel may be a small multiple of the unfused path's error, never qualitatively worse). The floor is
+four times the norms' (2 eps): attention's outputs are softmax-weighted sums whose reference is itself
+rounded once per matmul, and a fused kernel that keeps its accumulator in float32 can be *more*
+accurate than the math path in low precision, so the math path's error is not a lower bound on a
+correct kernel's. The measured ratio (err / tolerance) of every output is recorded in the evidence.
+
+It is self-contained on purpose: a later generic statistic of the judge (RMS and bias beside the max)
+can be called from ``tolerance`` without touching the rest.
+
+Besides errors: an input modified, a key outside the band that reaches the output or a gradient, and
+an option the model sets that the candidate ignores (rejected, naming the option) or refuses
+(unavailable, with its reason). Determinism is recorded; ``--deterministic`` rejects at choice time.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from kernel_lock.slots import DTYPES, Status
+from kernel_probe.isolation.protocol import CheckReply, MeasurementRow
+from kernel_probe.probe.candidates import Candidate
+from kernel_probe.probe.report import Report, ReportBase, Verdict
+
+FACTOR = 4.0
+FLOOR_EPS = 8.0
+# the options a model sets, and the canonical value that means "not set"
+UNSET = {"window": -1, "softcap": 0.0, "dropout": 0.0, "alibi": False}
+_REFUSED = re.compile(r"No available kernel|No viable backend|not supported|not implemented|NotImplemented", re.I)
+
+
+def tolerance(output: str, base: float, dtype: str) -> float:
+    """The attention tolerance for ``output`` given torch's math path's error ``base`` in ``dtype``."""
+    del output  # one rule for out, dq, dk and dv (the vanishing gradients are scaled in the measurement)
+    return FACTOR * base + FLOOR_EPS * DTYPES.get(dtype, DTYPES["float32"]).eps
+
+
+def judge_row(cand: Candidate, device: str, row: MeasurementRow) -> Verdict:
+    """One dtype's verdict: every case's outputs under the tolerance rule, then the flags."""
+    v = Verdict(cand.id, device, row["dtype"], row["regime"])
+    if "skipped" in row:
+        v.status, v.reasons = "skipped", [row["skipped"]]
+        return v
+    if "exception" in row:
+        message = row["exception"]
+        v.status = "unavailable" if _REFUSED.search(message) else "crashed"
+        v.reasons = [f"unavailable: {message}" if v.status == "unavailable" else f"raised {message}"]
+        return v
+    from kernel_probe.probe.attention import HINTS
+
+    worst = 0.0
+    for case, tensors in row.get("cases", {}).items():
+        bad = []
+        ratios = {}
+        for output, (got, base) in tensors.items():
+            tol = tolerance(output, base, row["dtype"])
+            r = got / tol if tol > 0 and math.isfinite(got) else math.inf
+            ratios[output] = r
+            worst = max(worst, r)
+            if r > 1.0:
+                v.failed.append(f"{case}:{output}")
+                bad.append(f"{output} error {got:.3g} > tolerance {tol:.3g} (math path's {base:.3g})")
+        v.ratios[case] = ratios
+        if bad:
+            v.reasons.append(f"{case} ({HINTS.get(case, case)}): {', '.join(bad)}")
+    v.worst_ratio = worst
+    if "nondeterministic" in row:
+        v.deterministic = row["nondeterministic"] is None
+        if not v.deterministic:
+            v.notes.append(f"not deterministic: {row['nondeterministic']}")
+    flags = row.get("flags", {})
+    if "band-leak" in flags:
+        v.failed.append("band-leak")
+        v.reasons.insert(0, flags["band-leak"])
+    if "input-modified" in flags:
+        v.failed.append("input-modified")
+        v.reasons.insert(0, f"modifies its input (seen on {flags['input-modified']})")
+    if v.failed:
+        v.status = "rejected"
+    v.errors = {case: dict(t) for case, t in row.get("cases", {}).items()}
+    v.twin = dict(row.get("twin") or {})
+    return v
+
+
+def option_problems(capabilities: dict[str, str], canonical: dict[str, object]) -> tuple[list[str], list[str]]:
+    """(rejections, refusals): options the model sets that the candidate ignores or gets wrong, and
+    those it refuses (raises on)."""
+    rejected, refused = [], []
+    for option, unset in UNSET.items():
+        if canonical.get(option, unset) == unset:
+            continue
+        got = capabilities.get(option, "not measured")
+        if got == "honoured":
+            continue
+        line = f"the model sets {option}={canonical[option]!r}, and this candidate {got}"
+        if got.startswith("raises"):
+            refused.append(line.replace(f"candidate {got}", f"candidate refuses it ({got[len('raises: ') :]})"))
+        else:
+            rejected.append(
+                line.replace(
+                    f"candidate {got}",
+                    f"candidate silently {got} it" if got == "ignored" else f"candidate computes it {got}",
+                )
+            )
+    return rejected, refused
+
+
+def judge(raw: CheckReply, cand: Candidate, device: str, base: ReportBase, canonical: dict[str, object]) -> Report:
+    """The Attention verdict from the worker's measurements."""
+    if raw.phase == "import":
+        status: Status = "unavailable" if raw.kind == "import" else "crashed"
+        return Report(status=status, reasons=[f"import of {cand.target} failed: {raw.error}"], **base)
+    from kernel_probe.probe.judge import worst_status
+
+    verdicts = [judge_row(cand, device, row) for row in raw.rows]
+    report = Report(status=worst_status([v.status for v in verdicts]), verdicts=verdicts, **base)
+    report.capabilities = dict(raw.capabilities)
+    for v in verdicts:
+        if v.status != "accepted":
+            for r in v.reasons:
+                line = f"{v.dtype}/{v.regime}: {r}"
+                if line not in report.reasons:
+                    report.reasons.append(line)
+    rejected, refused = option_problems(report.capabilities, canonical)
+    if report.status != "accepted":
+        refused = []  # its rows say why already
+    if refused:
+        report.status = "unavailable"
+    if rejected and report.status in ("accepted", "unavailable"):
+        report.status = "rejected"
+    report.reasons = rejected + refused + report.reasons
+    return report
