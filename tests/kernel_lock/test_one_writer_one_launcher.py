@@ -79,6 +79,7 @@ STARTS_ALLOWED = {
     # measured, not a child of kernel-probe (-I would drop that PYTHONPATH and change what is measured)
     "benchmarks/env_time.py": "times the CLI as a user runs it",
     "benchmarks/probe_time.py": "times the CLI as a user runs it",
+    "benchmarks/attention_cost.py": "times the CLI as a user runs it (from main: the Attention slot's cost)",
     "benchmarks/jobstart.py": "times and counts the CLI as a user runs it (PYTHONPATH carries the counter)",
     "benchmarks/jobstart_scale.py": "the ranks, inside the launcher's program, as srun would start them",
     "benchmarks/import_cost.py": "the one cold probe that writes the lock, as a user runs it",
