@@ -31,9 +31,21 @@ sys.path.insert(0, str(ROOT))
 ENV = dict(os.environ)
 
 
+def child(code: str, *, capture: bool = False) -> str:
+    """Run ``code`` in a fresh interpreter started by the one launcher (``kernel_lock.launch``: ``-I``,
+    this checkout first on its path, its own session); its stdout when ``capture``."""
+    from kernel_lock.launch import python_argv, start
+
+    proc = start(python_argv(code, roots=[str(ROOT)]), env=ENV, stdout=subprocess.PIPE if capture else None)
+    out, _ = proc.communicate()
+    if proc.returncode:
+        raise SystemExit(f"the child running {code.splitlines()[0]!r} exited {proc.returncode}")
+    return (out or b"").decode()
+
+
 def wall(code: str) -> float:
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env=ENV)
+    child(code)
     return time.perf_counter() - t
 
 
@@ -86,10 +98,7 @@ def main() -> None:
 
         splits = []
         for _ in range(args.runs):
-            out = subprocess.run(
-                [sys.executable, "-c", split_code], check=True, cwd=ROOT, capture_output=True, text=True, env=ENV
-            )
-            splits.append(json.loads(out.stdout))
+            splits.append(json.loads(child(split_code, capture=True)))
     med = {k: statistics.median(v) for k, v in times.items()}
     base = med["import torch"]
     print(f"runs per case: {args.runs} (median wall time of a fresh interpreter)")
