@@ -224,9 +224,10 @@ def _probe_or_reuse(
     request: ProbeRequest, p: Plan, given: Path, events: Events, t_start: float, *, ranked: bool = False
 ) -> ProbeResult:
     """Reuse the lock at ``given`` if current, else probe and write it under the file lock."""
-    from kernel_probe.probe.write import check_writable, exclusive
+    from kernel_probe.probe.write import check_writable, exclusive, resolve_out
 
-    out = given if request.check_only else check_writable(given)  # a symbolic link is written through
+    # a symbolic link is written through; write access is needed only once a probe will run
+    out = given if request.check_only else resolve_out(given)
     if not request.force:
         lock, why = reusable(out, p.digest, p.trust, p.profile)
         if lock is not None:
@@ -235,6 +236,7 @@ def _probe_or_reuse(
             raise StaleLock(
                 f"{out} is stale or missing: {why}", fix="run `kernel-probe` (without --check) to probe and write it"
             )
+    check_writable(out)
     with exclusive(out, request.lock_timeout) as locked:
         if not locked and ranked:
             events.warn(

@@ -193,7 +193,39 @@ def inputs_digest(inputs: Mapping[str, Any]) -> str:
 
 def check_writable(path: Path) -> Path:
     """The real path a lock at ``path`` is written to (a symbolic link is written through); a
-    UsageError (exit 2) naming the problem and the fix when ``path`` cannot take a lock."""
+    UsageError (exit 2) naming the problem and the fix when ``path`` cannot take a lock, or cannot be
+    written: called only when a probe will write (reusing a current lock needs no write access)."""
+    real = resolve_out(path)
+    directory = real.parent
+    exists = real.exists()
+    if os.access(directory, os.W_OK | os.X_OK) and (not exists or os.access(real, os.W_OK)):
+        return real
+    try:
+        read_only = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    if read_only:  # EROFS: no permission would help
+        raise UsageError(
+            f"--out {path}: {directory} is on a read-only file system, and the lock "
+            + ("is not current, so it must be probed again and written" if exists else "does not exist yet"),
+            fix="choose an --out on a writable file system (e.g. --out $TMPDIR/kernel-lock.toml), "
+            "or probe where the lock is built and ship the current lock",
+        )
+    what = (
+        f"{real} (permission denied)"
+        if exists and os.access(directory, os.W_OK)
+        else f"in {directory} (permission denied)"
+    )
+    raise UsageError(
+        f"--out {path}: cannot write {what}",
+        fix="choose a writable --out, or fix the permissions",
+    )
+
+
+def resolve_out(path: Path) -> Path:
+    """The real path of the lock at ``path`` (a symbolic link is followed), once it is known to be a place
+    a lock can be: a UsageError (exit 2) for an empty name, a missing directory, a directory or a
+    special file. Needs no write access: a current lock in a read-only directory is reused."""
     import stat
 
     text = str(path)
@@ -231,11 +263,6 @@ def check_writable(path: Path) -> Path:
         raise UsageError(
             f"--out {text} is {kind(mode)}, not a regular file: it is never replaced (not even with --force)",
             fix="choose a regular file path for the lock",
-        )
-    if not os.access(directory, os.W_OK | os.X_OK) or (mode is not None and not os.access(real, os.W_OK)):
-        raise UsageError(
-            f"--out {text}: cannot write in {directory} (permission denied)",
-            fix="choose a writable --out, or fix the permissions",
         )
     return real
 
