@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from kernel_lock.slots import PRECISIONS, SLOTS
 from kernel_probe.errors import ForcedUnusable, UsageError
 from kernel_probe.probe.limits import CHECK_TIMEOUT, IMPORT_TIMEOUT
-from kernel_probe.probe.shapes import parse_shape
+from kernel_probe.probe.shapes import normal_shapes, parse_shape
 
 if TYPE_CHECKING:  # the warm path (a current lock) imports none of the probe's machinery
     from kernel_probe.isolation.protocol import TimingProgressMessage
@@ -149,8 +149,7 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
     node the profile rules out (exit 4) and a pin that cannot run here (exit 3)."""
     events = events or Events()
     try:
-        for s in request.shapes:
-            parse_shape(s)
+        asked = normal_shapes(request.shapes)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if request.reps is not None and request.reps < 1:
@@ -177,10 +176,10 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
         request.pins, request.prefers, slots, candidates, device, profile=profile, with_compile=request.with_compile
     )
     kind = "cpu" if device["type"] == "cpu" else "gpu"
-    if request.shapes:
-        shapes, shapes_from = tuple(request.shapes), ""
+    if asked:
+        shapes, shapes_from = asked, ""
     elif profile and profile.shapes:
-        shapes, shapes_from = tuple(profile.shapes), f"profile {profile.name}"
+        shapes, shapes_from = normal_shapes(profile.shapes), f"profile {profile.name}"
     else:
         shapes, shapes_from = DEFAULT_SHAPES[kind], "defaults"
     precision = request.precision or (profile.precision if profile and profile.precision else DEFAULT_PRECISION)
