@@ -81,6 +81,11 @@ class Plan:
     deterministic: bool
     digest: str  # of the inputs: a lock probed with other inputs is not reused
     trust: tuple[str, ...]
+    # the options the digest is of (recorded in the lock, so a lock probed with others can say which differ)
+    inputs: Mapping[str, Any] = field(default_factory=dict)
+    # the registry libraries this plan's candidates come from: version, "installed" or "" (not installed)
+    libraries: Mapping[str, str] = field(default_factory=dict)
+    library_candidates: Mapping[str, Sequence[str]] = field(default_factory=dict)  # library -> its candidates' ids
 
     @property
     def dtype(self) -> str:
@@ -197,6 +202,9 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
         "allow_init_change": request.allow_init_change,
         "strict_dtype": request.strict_dtype,
     }
+    from kernel_probe.detect.libraries import by_library, installed_for
+
+    probed = [c for c in candidates if set(c.slots) & set(slots)]
     from kernel_probe.probe.write import inputs_digest, trusted_roots
 
     return Plan(
@@ -214,6 +222,9 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
         deterministic,
         inputs_digest(inputs),
         trusted_roots(candidates),
+        inputs,
+        installed_for(probed),
+        by_library(probed),
     )
 
 
