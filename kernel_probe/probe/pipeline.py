@@ -331,7 +331,7 @@ def _probe_or_reuse(
                 f"{out} is stale or missing: {why}", fix="run `kernel-probe` (without --check) to probe and write it"
             )
     check_writable(out)
-    with exclusive(out, request.lock_timeout) as locked:
+    with exclusive(out, request.lock_timeout, events.note) as locked:
         if not locked and ranked:
             events.warn(
                 f"{out.parent}: this file system does not do file locks: the ranks of this job still probe once "

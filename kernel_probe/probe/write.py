@@ -6,7 +6,7 @@ import datetime as dt
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -276,19 +276,64 @@ def file_lock_path(path: Path) -> Path:
     return path.parent / f".{path.name}.lock"
 
 
+def _wait_reports(first: float = 10.0, every: float = 60.0) -> Iterator[float]:
+    """When a waiting probe says how long it has waited: after 10 s, 30 s, 60 s, then every minute."""
+    yield first
+    yield 30.0
+    at = 60.0
+    while True:
+        yield at
+        at += every
+
+
 @contextmanager
-def exclusive(path: Path, timeout: float) -> Iterator[bool]:
+def exclusive(
+    path: Path,
+    timeout: float,
+    waiting: Callable[[str], None] | None = None,
+    *,
+    reports: Iterable[float] | None = None,
+) -> Iterator[bool]:
     """Hold a cross-process lock for ``path`` (file ``.<name>.lock`` beside it). Yields False when
     the file system does not do file locks (some parallel file systems), so the caller can say so;
-    a lock file this user may not open (left by another user in a shared directory) is an error."""
+    a lock file this user may not open (left by another user in a shared directory) is an error.
+
+    When another process holds it, ``waiting`` is told once what is waited for, on which file and for
+    how long at most, then how long it has waited at each of ``reports`` (seconds; default 10, 30, 60,
+    then every minute)."""
     import errno
+    import time
 
     from filelock import FileLock, Timeout
 
     lock_path = file_lock_path(path)
     lock = FileLock(str(lock_path), timeout=timeout)
     try:
-        lock.acquire()
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            if waiting is None:
+                lock.acquire()
+            else:
+                waiting(
+                    f"waiting for another kernel-probe writing {path}: its file lock {lock_path} is held; "
+                    f"waiting up to {timeout:.0f} s (--lock-timeout), then this probe reuses its lock if current"
+                )
+                start = time.monotonic()
+                for at in reports if reports is not None else _wait_reports():
+                    left = timeout - (time.monotonic() - start)
+                    if left <= 0:
+                        raise
+                    try:
+                        lock.acquire(timeout=max(0.0, min(left, at - (time.monotonic() - start))))
+                        break
+                    except Timeout:
+                        waited = time.monotonic() - start
+                        if waited >= timeout:
+                            raise
+                        waiting(f"still waiting for the file lock of {path}: {waited:.0f} s of at most {timeout:.0f} s")
+                else:
+                    lock.acquire(timeout=max(0.0, timeout - (time.monotonic() - start)))
     except Timeout:
         raise ProbeError(
             f"{path}: another kernel-probe held the lock for more than {timeout:.0f} s",
