@@ -355,7 +355,9 @@ def test_a_waiting_probe_says_what_it_waits_for_then_how_long(tmp_path):
     first, *progress = said
     assert "waiting for another kernel-probe writing" in first and str(file_lock_path(out)) in first
     assert "up to 30 s (--lock-timeout)" in first
-    assert progress and all(p.startswith("still waiting for the file lock") and "of at most 30 s" in p for p in progress)
+    assert progress and all(
+        p.startswith("still waiting for the file lock") and "of at most 30 s" in p for p in progress
+    )
     # and gives up after its timeout, with the same error as before
     with exclusive(out, timeout=1):
         said.clear()
