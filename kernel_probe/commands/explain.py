@@ -30,9 +30,22 @@ def slot_argument(text: str) -> str:
     raise UsageError(f"unknown slot {text!r}", fix=slot_name_fix(text))
 
 
+def _looks_like_a_file(text: str) -> bool:
+    """A lock's path rather than a mistyped slot: it exists, or is named like a TOML file or a path."""
+    import os
+
+    return os.path.exists(text) or text.endswith(".toml") or os.sep in text
+
+
 def run_explain(args: argparse.Namespace) -> int:
     if len(args.args) > 2:
         raise UsageError(f"explain takes [LOCK] SLOT, got {len(args.args)} arguments: {' '.join(args.args)}")
+    if len(args.args) == 1 and args.args[0] not in kernel_lock.SLOTS and _looks_like_a_file(args.args[0]):
+        raise UsageError(
+            f"explain {args.args[0]}: which slot? explain takes [LOCK] SLOT",
+            fix=f"name the slot after the lock: kernel-probe explain {args.args[0]} SLOT "
+            f"({', '.join(kernel_lock.SLOTS)})",
+        )
     args.lock, args.slot = args.args if len(args.args) == 2 else [default_lock_path(), args.args[0]]
     slot_argument(args.slot)  # before reading the file: a typo is the argument's fault, not the lock's
     lock = load_lock(args.lock, check_targets=False)
