@@ -109,9 +109,36 @@ def run_explain(args: argparse.Namespace) -> int:
         for t in slot.timing:
             if "error" in t:
                 con.print(f"  {safe(t.get('implementation', ''))} at {safe(t.get('shape', ''))}: {safe(t['error'])}")
+        for line in bar_chart(slot.timing, chosen=slot.implementation):
+            con.print(safe(line), soft_wrap=False)
     for r in slot.rejected:
         con.print(f"  not chosen: {safe(r.implementation)} {safe(f'[{r.status}]')} {safe('; '.join(r.reasons))}")
     return 0
+
+
+def bar_chart(rows: Any, *, chosen: str = "", width: int = 80) -> list[str]:
+    """The candidates' median times as text bars, one group per shape and precision, each bar scaled to the
+    slowest there; the chosen one is marked ``*``. Fits ``width`` columns (plain text: logs keep it)."""
+    groups: dict[tuple[str, str], list[tuple[str, float]]] = {}
+    for t in rows:
+        ms = t.get("median-ms")
+        if isinstance(ms, (int, float)) and not isinstance(ms, bool) and ms > 0:
+            key = (str(t.get("shape", "")), f"{short_dtype(t.get('dtype', ''))} {t.get('regime', '')}".strip())
+            groups.setdefault(key, []).append((str(t.get("implementation", "")), float(ms)))
+    if not groups:
+        return []
+    name_w = min(32, max(len(name) for rs in groups.values() for name, _ in rs) + 2)
+    lines = ["  median ms, forward + backward (* chosen; bars scaled to the slowest per shape)"]
+    for (shape, precision), rs in groups.items():
+        lines.append(f"  {shape} {precision}")
+        slowest = max(ms for _, ms in rs)
+        for name, ms in sorted(rs, key=lambda r: r[1]):
+            label = (("* " if name == chosen else "  ") + name)[:name_w].ljust(name_w)
+            figure = f" {ms:.3g}"
+            room = max(1, width - 4 - name_w - 10)
+            bar = "#" * max(1, round(room * ms / slowest))
+            lines.append(f"    {label}{bar}{figure}")
+    return lines
 
 
 def _fmt(value: Any, spec: str = ".3g") -> str:
