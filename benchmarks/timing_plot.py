@@ -40,7 +40,7 @@ def run_probe(shapes: list[str], precision: str) -> dict[str, Any]:
         "cores": len(os.sched_getaffinity(0)),
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "command": " ".join(["kernel-probe", *argv[3:]]),
+        "command": " ".join(["kernel-probe", *argv[5:]]),  # without the temporary --out
     }
     return result
 
@@ -73,7 +73,7 @@ def plot(result: dict[str, Any], out: Path) -> None:
             chosen = result["slots"][slot]["chosen"] == cid
             ax.bar(xs, ys, width, label=cid + (" (chosen)" if chosen else ""))
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(shapes))], shapes, rotation=20, fontsize=8)
-        ax.set_yscale("log")
+        ax.set_ylim(bottom=0)  # bars from zero: their heights compare
         ax.set_title(slot)
         ax.set_ylabel("median ms, forward + backward")
         ax.legend(fontsize=7)
