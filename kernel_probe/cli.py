@@ -14,7 +14,7 @@ import sys
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from kernel_lock.errors import ExitCode, LockError, LockWarning
 from kernel_probe import __version__, output
@@ -157,7 +157,7 @@ def error_json(
 def _base_parser(prog: str, description: str, json: str | None) -> _Parser:
     """A command's parser with the common flags: --debug, and --json (its help ``json``) unless ``json`` is None."""
     common = [output.debug_flag(), *([] if json is None else [output.json_flag(json)])]
-    extra = {"suggest_on_error": True} if sys.version_info >= (3, 14) else {}  # "did you mean" for choices
+    extra: dict[str, Any] = {"suggest_on_error": True} if sys.version_info >= (3, 14) else {}  # did you mean
     return _Parser(
         prog=prog,
         description=description,

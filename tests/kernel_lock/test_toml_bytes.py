@@ -40,7 +40,7 @@ def test_every_scalar_is_formatted_by_tomli_w(monkeypatch):
     real = tomli_w.dumps
     monkeypatch.setattr(tomli_w, "dumps", lambda obj, **kw: seen.append(obj) or real(obj, **kw))
     _toml.dumps({"a": 1.5, "b": ["x", True], "c": {"d": "e"}})
-    assert [1.5, "x", True, "e"] == [v for obj in seen for v in obj.values() if v != 0]
+    assert [v for obj in seen for v in obj.values() if v != 0] == [1.5, "x", True, "e"]
 
 
 @pytest.mark.parametrize("text", ["tab\there", "bell\bform\ffeed", "del\x7f", "esc\x1b[31m"])
