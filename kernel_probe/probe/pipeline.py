@@ -204,9 +204,19 @@ def run(request: ProbeRequest, events: Events | None = None) -> ProbeResult:
         raise
     mode = request.probe_per or (p.profile.probe_per if p.profile else None) or "job"
     given = _expand_out(request, p, mode)
-    if rank is not None and mode != "rank":
+    if rank is not None and mode != "rank" and not _read_only(given):
         return _run_ranked(request, p, given, rank, mode, events, t_start)
     return _probe_or_reuse(request, p, given, events, t_start)
+
+
+def _read_only(out: Path) -> bool:
+    """Whether ``out``'s directory is on a read-only file system: there no rank can write a lock or a job
+    marker, so each rank reuses the lock itself when it is current (and fails naming the file system when it
+    is not), without waiting for a marker nobody can write."""
+    try:
+        return bool(os.statvfs(os.path.dirname(os.path.realpath(out)) or ".").f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def _fail_for_all(out: Path, rank: JobRank, exc: BaseException) -> None:

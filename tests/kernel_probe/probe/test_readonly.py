@@ -63,3 +63,18 @@ def test_a_current_lock_on_a_read_only_file_system_is_reused(read_only, capsys):
     assert code == 2 and "read-only file system" in err and "permission denied" not in err
     assert (src / "kernel-lock.toml").read_bytes() == before
     assert sorted(src.iterdir()) == files  # nothing half-written
+
+
+@pytest.mark.slow
+def test_under_a_launcher_every_rank_reuses_a_current_lock_on_a_read_only_file_system(read_only, capsys, monkeypatch):
+    # the job-start recipe (srun kernel-probe --out LOCK) with a lock shipped read-only: no rank can write a
+    # job marker, so none waits for one; each reuses the current lock itself
+    src, ro = read_only
+    argv = small_probe("Linear")
+    assert run_cli(["--out", src / "kernel-lock.toml", "--probe-per", "rank", *argv], capsys)[0] == 0
+    for rank in (1, 0):  # a waiting rank first: it would wait --lock-timeout for rank 0's marker
+        env = {"SLURM_JOB_ID": "77", "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_NODEID": "0"}
+        for k, v in (env | {"SLURM_NTASKS": "2"}).items():
+            monkeypatch.setenv(k, v)
+        code, _, err = run_cli(["--out", ro / "kernel-lock.toml", "--lock-timeout", "5", *argv], capsys)
+        assert code == 0 and "reused without probing" in err, err
