@@ -134,8 +134,8 @@ def run_check(args: argparse.Namespace) -> int:
         policy=policy_from(args),
         progress=progress,
     )
-    # a class the user offered that could not be judged at all (not importable, crashed, timed out) is a
-    # failure of this command (exit 3), not one more row: nothing was checked of what was asked for
+    # a class the user offered that cannot even be imported here is a failure of this command (exit 3), not
+    # one more row: nothing was checked of what was asked for (a crash or a timeout is a verdict on the class)
     offered = [r for rs in reports.values() for r in rs if r.id.startswith("custom:") and r.status in UNJUDGED]
     failure = None
     if offered:
@@ -165,8 +165,8 @@ def run_check(args: argparse.Namespace) -> int:
     return 0
 
 
-# a candidate's statuses that say nothing of its numerics: it never ran to a verdict
-UNJUDGED = ("unavailable", "crashed", "timeout")
+# the status of a candidate that never ran: its class could not be imported (or cannot run on this device)
+UNJUDGED = ("unavailable",)
 
 
 STATUS_STYLE = {
