@@ -287,5 +287,5 @@ def render(report: dict[str, Any], console: Any) -> None:
         how += f" (scaled to load {checks['load_per_core']:.1f} per core)"
     console.print()
     for note in checks.get("notes", ()):
-        console.print(f"[yellow]note:[/] {safe(note)}")
+        console.print(f"[yellow]note:[/] {safe(note)}", soft_wrap=False)  # wrapped at the width
     console.print(f"[dim]detected in {report['seconds']:.2f} s ({how})[/]", soft_wrap=False)
