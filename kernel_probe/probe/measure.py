@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from kernel_probe.isolation.protocol import ErrorStats
 from kernel_probe.probe import initstats
 from kernel_probe.probe.candidates import Candidate, fill
 from kernel_probe.probe.layout import Layout
@@ -54,6 +55,60 @@ def rel_err(got, ref) -> float:
         return math.inf
     scale = ref.abs().max().item()
     return worst / max(scale, 1e-30)
+
+
+def group_errors(got, ref, scale: float, *, rows: bool):
+    """Per group of ``got - ref``: (max |error|, RMS error, |mean signed error|, the standard deviation
+    of the errors about their mean), each divided by
+    ``scale`` (max |ref| over the whole tensor: normwise, as ``rel_err``). A group is a row (the last
+    dimension, leading ones flattened) when ``rows``, else the whole tensor; a group with a non-finite
+    value scores inf in all three."""
+    e = got.detach().to(torch.float64) - ref
+    e = e.reshape(-1, e.shape[-1]) if rows and e.dim() > 0 else e.reshape(1, -1)
+    s = max(scale, 1e-30)
+    finite = torch.isfinite(e).all(-1)
+    inf = torch.full((e.shape[0],), math.inf, dtype=torch.float64, device=e.device)
+    e = torch.where(torch.isfinite(e), e, torch.zeros_like(e))
+    mean = e.mean(-1, keepdim=True)
+    per = (
+        e.abs().amax(-1) / s,
+        e.pow(2).mean(-1).sqrt() / s,
+        mean.squeeze(-1).abs() / s,
+        (e - mean).pow(2).mean(-1).sqrt() / s,
+    )
+    return tuple(torch.where(finite, v, inf) for v in per)
+
+
+def error_stats(got, base, ref, *, rows: bool) -> ErrorStats:
+    """The candidate's (``got``) and torch.nn's (``base``) RMS error, mean signed error (bias) and the
+    errors' spread about it against the float64 ``ref``, per group (``group_errors``), the worst
+    group's of each, the
+    group size ``n`` and the reference's own RMS (normwise): what ``judge`` weighs besides the max error. Every slot's compared outputs go
+    through it (the rule is ``judge.limits``)."""
+    n = int(ref.shape[-1]) if rows and ref.dim() > 0 else int(ref.numel())
+    scale = ref.abs().max().item() if ref.numel() else 0.0
+    spread = ref.pow(2).mean().sqrt().item() / scale if scale > 0 else 1.0
+    stats: ErrorStats = {"rms": [0.0, 0.0], "bias": [0.0, 0.0], "sd": [0.0, 0.0], "n": max(n, 1), "ref_rms": spread}
+    for i, t in enumerate((got, base)):
+        if t is None or t.shape != ref.shape:
+            stats["rms"][i] = stats["bias"][i] = stats["sd"][i] = math.inf
+            continue
+        _, rms, bias, sd = group_errors(t, ref, scale, rows=rows)
+        for key, v in (("rms", rms), ("bias", bias), ("sd", sd)):
+            stats[key][i] = float(v.max().item())
+    return stats
+
+
+def worst_stats(into: dict[str, ErrorStats], name: str, stats: ErrorStats) -> None:
+    """Keep, per statistic and implementation, the worst over several inputs of one case."""
+    have = into.get(name)
+    if have is None:
+        into[name] = stats
+        return
+    for key in ("rms", "bias", "sd"):
+        have[key] = [max(a, b) for a, b in zip(have[key], stats[key], strict=True)]
+    have["n"] = min(have["n"], stats["n"])
+    have["ref_rms"] = min(have["ref_rms"], stats["ref_rms"])
 
 
 # ---- inputs ------------------------------------------------------------------------------------
