@@ -47,12 +47,11 @@ from kernel_probe.probe.judge import STATISTICS, Limits, limits
 from kernel_probe.probe.layout import Layout
 from kernel_probe.probe.measure import (
     autocasting,
-    error_stats,
+    compare,
     gradients,
     group_errors,
     reference,
     reference_pass,
-    rel_err,
 )
 
 WINDOW = 4  # rows either side of a boundary, and at each end of the tensor
@@ -178,8 +177,7 @@ def check_at_shape(
         for name, r in ref_by.items():
             if r is None:
                 continue
-            errors[name] = [rel_err(got.get(name), r), rel_err(base.get(name), r)]
-            stats[name] = error_stats(got.get(name), base.get(name), r, rows=name in ROW_LOCAL)
+            errors[name], stats[name] = compare(got.get(name), base.get(name), r, rows=name in ROW_LOCAL)
         out = ShapeCheck(
             rows=rows,
             sampled=len(sampled),

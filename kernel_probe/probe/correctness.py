@@ -41,8 +41,8 @@ from kernel_probe.probe.measure import (
     blocks,
     build,
     cases,
+    compare,
     dtype_name,
-    error_stats,
     first_line,
     fresh_differences,
     import_class,
@@ -305,9 +305,13 @@ def _measure_case(
         with blas_selected(baseline_blas(bench.cand, bench.device)):
             base = run_pass(baseline[0], x, gy, skip, setup.autocast, baseline[1])
         for name, (g, b, r) in _compared(got, base, ref, case.residual).items():
-            _worst(errs, name, rel_err(g, r), rel_err(b, r))
-            if r is not None:  # rows for an output and its input gradients, the tensor for a parameter's
-                worst_stats(stats, name, error_stats(g, b, r, rows=name not in PARAMETER_GRADIENTS))
+            if r is None:
+                _worst(errs, name, rel_err(g, r), rel_err(b, r))
+                continue
+            # per row for an output and its input gradients, per tensor for a parameter's
+            maxima, row_stats = compare(g, b, r, rows=name not in PARAMETER_GRADIENTS)
+            _worst(errs, name, *maxima)
+            worst_stats(stats, name, row_stats)
         if semantics in CONFUSABLE and case.name in ("random", "tiny-variance"):
             alt = CONFUSABLE[semantics]
             # the tolerance basis: torch.nn on its own maths

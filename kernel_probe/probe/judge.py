@@ -294,7 +294,7 @@ def judge_shape(shape: str, dtype: str, regime: str, check: ShapeCheck) -> Shape
     where = f"at the model's shape {shape} ({dtype}, regime {regime})"
     if "error" in check:
         return ShapeVerdict(shape, f"{where}: the check against float64 could not run: {check['error']}", None)
-    worst, bad = 0.0, []
+    worst, bad = 0.0, []  # type: tuple[float, list[str]]
     stats = check.get("stats", {})
     for tensor, errors in check.get("errors", {}).items():
         r, over = judge_output(tensor, errors, stats.get(tensor), dtype)
