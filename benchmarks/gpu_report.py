@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -341,14 +342,27 @@ def figures(run_dir: Path, doc: Path, anchor: Mapping[str, Any] | None = None) -
 
 
 def write_report(run_dir: Path, doc: Path, anchor: Path | None = None) -> Path:
-    """Replace the figures section of ``doc`` (between the markers) with this run's."""
+    """Replace the figures section of ``doc`` (between the markers) with this run's. A ``run_dir`` that is not
+    a run's directory (missing, or with none of run.json, choice/choice.json, anemoi/anemoi_step.json) is a
+    usage error (exit 2) and the page is not touched: a report of nothing would read "GPU run on None"."""
+    if not run_dir.is_dir():
+        print(f"error: --report {run_dir}: no such directory; the page was not changed", file=sys.stderr)
+        raise SystemExit(2)
+    records = ("run.json", "choice/choice.json", "anemoi/anemoi_step.json")
+    if not any(isinstance(_load(run_dir / r), dict) for r in records):
+        print(
+            f"error: --report {run_dir}: not a run's directory (none of {', '.join(records)} readable); "
+            "the page was not changed (fix: pass the --out directory of `gpu_all.py`)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
     text = doc.read_text()
     if BEGIN not in text or END not in text:
         raise SystemExit(f"{doc}: the marker lines are missing ({BEGIN!r} ... {END!r}); restore them from git")
     section, _ = figures(run_dir, doc, _load(anchor) if anchor else None)
     head, _, rest = text.partition(BEGIN)
     _, _, tail = rest.partition(END)
-    tmp = doc.with_name(doc.name + ".tmp")
-    tmp.write_text(head + section + tail)
-    tmp.replace(doc)
+    from kernel_lock._files import write_file
+
+    write_file(doc, head + section + tail, through_link=True)  # the one safe writer
     return doc

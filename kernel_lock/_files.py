@@ -1,9 +1,23 @@
-"""Reading an input file safely (a regular file only, never more than a cap), and writing one atomically.
+"""Reading an input file safely (a regular file only, never more than a cap), and the one safe writer.
 
 A FIFO, a character device (``/dev/zero``), a socket or a directory passed where a lock, a profile
 or a config is expected would hang the reader or exhaust its memory: they are refused before any
 byte is read. The file is opened non-blocking (a FIFO's open cannot wait for a writer), checked with
 ``fstat`` on the open descriptor (no race with a rename), and read up to ``limit`` bytes.
+
+Every file kernel-probe creates or replaces (a lock, a job marker, a node-local copy, a report, a
+generated docs section) is written by :func:`write_file`: a temporary file created with
+``O_CREAT | O_EXCL | O_NOFOLLOW`` in the target's own directory (a name planted there beforehand,
+link or not, is never opened), written, fsynced and renamed into place. A symbolic link at the final
+component is refused (:class:`UnsafeWrite`), unless the caller passes ``through_link`` for a path the
+user named on the command line (``--out``: a lock shared by links stays shared); the link is then
+resolved once, before any check. The directory is checked as OpenSSH's ``StrictModes`` checks
+``~/.ssh``: it must be owned by the user or by root, and not writable by every user unless it is
+sticky and root-owned (``/tmp``); no directory above it may be writable by every user without the
+sticky bit (anyone could rename it away). Group-writable directories are accepted: the group is
+trusted (a project's shared lock directory). :func:`private_dir` makes node-local directories (mode
+0700, and checked after creation: one made beforehand by someone else, or opened to others, is
+refused).
 """
 
 from __future__ import annotations
@@ -72,46 +86,192 @@ def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
         os.close(fd)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically: a temp file in the same directory, fsync, rename.
+class UnsafeWrite(LockFormatError):
+    """A file is not written: its directory is not safe to write in, or its path is a link or not a
+    regular file (exit 5). Nothing is half-written."""
 
-    A symbolic link at ``path`` is written *through* (its target is replaced, the link stays, so a
-    shared lock others link to stays shared). Anything there that is not a regular file (a directory,
-    a FIFO, a device) is refused, never replaced.
-    """
-    import tempfile
 
-    path = Path(os.path.realpath(path))
+def _refuse(path: Path | str, problem: str, fix: str) -> UnsafeWrite:
+    return UnsafeWrite(problem, path=str(path), fix=fix)
+
+
+def _world_writable_problem(st: os.stat_result) -> str | None:
+    if not st.st_mode & stat.S_IWOTH:
+        return None
+    if st.st_mode & stat.S_ISVTX and st.st_uid == 0:
+        return None  # /tmp, /dev/shm: nobody else can rename or remove what this user writes there
+    return f"is writable by every user (mode {stat.S_IMODE(st.st_mode):o}" + (
+        ", sticky but not owned by root)" if st.st_mode & stat.S_ISVTX else ", not sticky)"
+    )
+
+
+def check_directory(directory: Path | str, named: Path | str | None = None) -> Path:
+    """The real path of ``directory`` if files may be written there (see the module's rule);
+    :class:`UnsafeWrite` otherwise, naming ``named`` (the file to be written) where given."""
+    real = Path(os.path.realpath(directory or "."))
+    where = named if named is not None else real
     try:
-        mode = os.stat(path).st_mode
+        st = os.stat(real)
     except FileNotFoundError:
-        mode = None
-    if mode is not None and not stat.S_ISREG(mode):
-        raise LockFormatError(
-            f"is {kind(mode)}, not a regular file: not replaced",
-            path=str(path),
-            fix="write the lock to a regular file path",
-        )
-    directory = path.parent if str(path.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    except OSError as exc:  # the folder is missing, read-only, or not a folder: nothing was written
-        why = "does not exist" if isinstance(exc, FileNotFoundError) else f"cannot be written to ({exc.strerror})"
-        raise LockFormatError(
-            f"cannot write the lock: the folder {directory} {why}; nothing was written",
-            path=str(path),
-            fix="create the folder first, or give a path in a folder you can write to",
+        raise _refuse(
+            where,
+            f"the folder {real} does not exist; nothing was written",
+            "create the folder first, or give a path in a folder you can write to",
         ) from None
+    except OSError as exc:
+        raise _refuse(
+            where, f"the folder {real} cannot be read ({exc.strerror}); nothing was written", "check its permissions"
+        ) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise _refuse(
+            where, f"{real} is {kind(st.st_mode)}, not a folder; nothing was written", "give a path in a folder"
+        )
+    if st.st_uid not in (os.getuid(), 0):
+        raise _refuse(
+            where,
+            f"the folder {real} is owned by another user (uid {st.st_uid}), who could replace what is written there; "
+            "nothing was written",
+            "write into a folder you own (or root owns); share it with your group by its group permissions",
+        )
+    problem = _world_writable_problem(st)
+    if problem:
+        raise _refuse(
+            where,
+            f"the folder {real} {problem}: anyone could replace what is written there; nothing was written",
+            f"chmod o-w {real} (or chmod +t, as /tmp is), or write elsewhere",
+        )
+    for parent in real.parents:
+        try:
+            pst = os.stat(parent)
+        except OSError:
+            continue
+        problem = _world_writable_problem(pst)
+        if problem:
+            raise _refuse(
+                where,
+                f"the folder above {real}, {parent}, {problem}: anyone could move this folder away and put another "
+                "in its place; nothing was written",
+                f"chmod o-w {parent} (or chmod +t), or write elsewhere",
+            )
+    return real
+
+
+def private_dir(path: Path | str, *, create: bool = True) -> Path:
+    """The node-local directory ``path``, made with mode 0700 where missing (its parent must exist and
+    pass :func:`check_directory`), and checked after creation: a real directory (not a link), owned by
+    this user, open to nobody else. :class:`UnsafeWrite` otherwise (``create=False``: also when it is
+    missing, as FileNotFoundError)."""
+    path = Path(path)
+    check_directory(path.parent)
+    if create:
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise _refuse(
+                path, f"cannot create the folder ({exc.strerror})", "check the parent's permissions"
+            ) from None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        raise
+    except OSError:  # a link (ELOOP), not a directory (ENOTDIR), no permission
+        st = os.lstat(path)
+        raise _refuse(path, f"is {kind(st.st_mode)}, not a folder kernel-probe made", f"remove {path}") from None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid == os.getuid() and not stat.S_IMODE(st.st_mode) & 0o022 and stat.S_IMODE(st.st_mode) & 0o077:
+            os.fchmod(fd, 0o700)  # ours, and nobody else could write in it (an older kernel-probe's 755)
+            st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        raise _refuse(
+            path,
+            f"this node-local folder was not made by kernel-probe for you (owner uid {st.st_uid}, mode "
+            f"{stat.S_IMODE(st.st_mode):o}; expected uid {os.getuid()}, mode 700): it is never used",
+            f"remove {path} (or ask its owner to), or set $KERNEL_PROBE_NODE_DIR to a folder of your own",
+        )
+    return path
+
+
+def write_file(
+    path: Path | str, data: str | bytes, *, mode: int = 0o644, through_link: bool = False, exclusive: bool = False
+) -> Path:
+    """Write ``data`` to ``path`` atomically (the one writer: see the module's docstring); the path written.
+
+    ``exclusive``: create ``path`` itself with ``O_EXCL`` (a claim: FileExistsError when it is there)
+    instead of renaming a temporary file over it. ``through_link``: a link at ``path`` (one the user
+    named) is resolved and its target replaced; otherwise a link there is refused."""
+    path = Path(path)
+    if through_link:
+        path = Path(os.path.realpath(path))
+    directory = check_directory(path.parent if str(path.parent) else Path("."), named=path)
+    target = directory / path.name
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        st = None
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        raise _refuse(
+            target,
+            "is a symbolic link: kernel-probe never writes through a link it did not create; not replaced",
+            f"remove {target} (a link planted there could make the write land anywhere)",
+        )
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise _refuse(
+            target, f"is {kind(st.st_mode)}, not a regular file: not replaced", "write to a regular file path"
+        )
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    if exclusive:
+        fd = os.open(target, flags, mode)  # FileExistsError: claimed by another
+        try:
+            _write_all(fd, raw)
+        finally:
+            os.close(fd)
+        return target
+    import secrets
+
+    for _ in range(100):
+        tmp = directory / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            fd = os.open(tmp, flags, 0o600)
+            break
+        except FileExistsError:
+            continue
+        except OSError as exc:  # read-only, no permission: nothing was written
+            raise _refuse(
+                target,
+                f"cannot write in the folder {directory} ({exc.strerror}); nothing was written",
+                "give a path in a folder you can write to",
+            ) from None
+    else:  # pragma: no cover - 100 random names all taken
+        raise _refuse(target, "no temporary name was free", "remove the .tmp files there")
+    try:
+        try:
+            _write_all(fd, raw)
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
     except BaseException:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
         raise
+    return target
+
+
+def _write_all(fd: int, raw: bytes) -> None:
+    view = memoryview(raw)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.fsync(fd)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """The lock's write (a path the user named): :func:`write_file` through a link at ``path``."""
+    write_file(path, text, through_link=True)

@@ -31,21 +31,23 @@ def child_verdicts(lock: LockDocument, mode: str, unknown: Mapping[str, str]) ->
     import json
     import subprocess
 
+    from .launch import cwd_like, python_argv
+
     request = {
-        "sys_path": list(sys.path),
         "text": lock.dumps(),
         "path": lock.path,
         "trust": list(lock.granted),
         "mode": mode,
         "slots": list(unknown),
     }
-    code = (
-        "import json, sys; r = json.loads(sys.stdin.read()); sys.path[:] = r['sys_path']; "
-        "from kernel_lock.confirm_child import main; main(r)"
-    )
+    # the caller's search path (same trust, same libraries), but never its working directory first: a module
+    # the caller could import from there is still found, after everything installed (kernel_lock.launch)
+    keep_cwd = any(cwd_like(entry) for entry in sys.path)
+    code = "import json, sys; from kernel_lock.confirm_child import main; main(json.loads(sys.stdin.read()))"
+    argv = python_argv(code, roots=sys.path, keep_cwd=keep_cwd)
     what = ", ".join(f"slot {name} ({why})" for name, why in unknown.items())
     try:
-        proc = _run_child([sys.executable, "-c", code], json.dumps(request), CHILD_TIMEOUT)
+        proc = _run_child(argv, json.dumps(request), CHILD_TIMEOUT)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise KernelUnavailable(
             f"{what}: importing it in a child process to confirm it failed: {exc}",
@@ -62,9 +64,47 @@ def child_verdicts(lock: LockDocument, mode: str, unknown: Mapping[str, str]) ->
             key="slots." + next(iter(unknown)),
             fix="run `kernel-probe verify` to see the import's own error",
         )
-    verdicts = json.loads(lines[-1][len(MARK) :])
+    try:
+        verdicts = read_verdicts(json.loads(lines[-1][len(MARK) :]), unknown)
+    except (ValueError, RecursionError) as exc:
+        raise KernelUnavailable(
+            f"{what}: the child process importing it to confirm it gave no verdict kernel-probe reads ({exc})",
+            path=lock.path,
+            key="slots." + next(iter(unknown)),
+            fix="run `kernel-probe verify` to see the import's own error",
+        ) from None
     missing = {"exit_code": KernelUnavailable.exit_code, "key": None, "fix": None}
     return {slot: verdicts.get(slot, {**missing, "problem": f"slot {slot}: no verdict"}) for slot in unknown}
+
+
+def read_verdicts(data: Any, slots: Mapping[str, str]) -> dict[str, dict[str, Any] | None]:
+    """The child's answer, read by the typed reader (``kernel_lock.reading``): per slot asked, None or
+    {exit_code (a documented one), problem, key, fix}; anything else is a ReadError."""
+    from .errors import ExitCode
+    from .reading import ReadError, context, get_text, refuse_unknown
+
+    if not isinstance(data, dict):
+        raise ReadError(f"expected a JSON object, got {type(data).__name__}")
+    refuse_unknown(data, list(slots))
+    out: dict[str, dict[str, Any] | None] = {}
+    for slot, verdict in data.items():
+        if verdict is None:
+            out[slot] = None
+            continue
+        with context(slot):
+            if not isinstance(verdict, dict):
+                raise ReadError(f"expected an object or null, got {type(verdict).__name__}")
+            refuse_unknown(verdict, ("exit_code", "problem", "key", "fix"))
+            code = verdict.get("exit_code")
+            if isinstance(code, bool) or code not in {int(c) for c in ExitCode if c}:
+                raise ReadError(f"{code!r:.40} is not a documented failing exit code", "exit_code")
+            out[slot] = {
+                "exit_code": code,
+                "problem": get_text(verdict, "problem", "") or "",
+                "key": get_text(verdict, "key", None, limit=300),
+                "fix": get_text(verdict, "fix", None),
+            }
+    return out
 
 
 def _run_child(argv: list[str], request: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -72,10 +112,10 @@ def _run_child(argv: list[str], request: str, timeout: float) -> subprocess.Comp
     process a library forks (and that inherits them) cannot keep this waiting after the child has
     ended. The child runs in a session of its own, and whatever is left of it (such a process) is
     killed once it ends or runs out of time; on time out, ``subprocess.TimeoutExpired`` is raised."""
-    import os
-    import signal
     import subprocess
     import tempfile
+
+    from .launch import kill_group, start
 
     with (
         tempfile.TemporaryFile("w+b") as stdin,
@@ -84,14 +124,11 @@ def _run_child(argv: list[str], request: str, timeout: float) -> subprocess.Comp
     ):
         stdin.write(request.encode("utf-8"))
         stdin.seek(0)
-        proc = subprocess.Popen(argv, stdin=stdin, stdout=out, stderr=err, start_new_session=True)
+        proc = start(argv, stdin=stdin, stdout=out, stderr=err)
         try:
             proc.wait(timeout)
         finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # the session's leftovers, or the child itself on time out
-            except (ProcessLookupError, PermissionError):
-                pass  # nothing left of it
+            kill_group(proc.pid)  # the session's leftovers, or the child itself on time out
             proc.wait()
         out.seek(0)
         err.seek(0)

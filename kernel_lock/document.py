@@ -34,6 +34,7 @@ from .slots import MODES, PRECISIONS, SLOTS, slot_name_fix
 from .trust import granted_trust, module_name
 
 _L = TypeVar("_L", bound="LockDocument")
+SEAL = "digest"  # the one top-level key the digest does not cover: itself
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,7 @@ class LockDocument:
             out["precision"] = self.precision
         out["trusted-modules"] = list(self.trusted_modules)
         if with_digest:
-            out["digest"] = self.digest
+            out[SEAL] = self.digest
         if self.profile:
             out["profile"] = dict(self.profile)
         out["environment"] = self.environment.to_dict()
@@ -183,9 +184,14 @@ class LockDocument:
             out["provenance"] = dict(self.provenance)
         return out
 
+    def covered(self) -> dict[str, Any]:
+        """What the digest covers, by construction: everything :meth:`dumps` writes but the seal itself
+        (``SEAL``). A table added to the schema and written is covered without anyone remembering to."""
+        return {key: value for key, value in self.to_dict().items() if key != SEAL}
+
     def compute_digest(self) -> str:
-        """sha256 of the canonical JSON of the content (the digest itself excluded)."""
-        blob = json.dumps(self.to_dict(with_digest=False), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+        """sha256 of the canonical JSON of :meth:`covered` (every table the lock writes but the digest)."""
+        blob = json.dumps(self.covered(), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
         return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
 
     def sealed(self: _L) -> _L:

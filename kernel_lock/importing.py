@@ -64,9 +64,11 @@ def import_target(
         )
     found = None
     if semantics is not None:
+        from .adapter_names import generic_kernel
         from .registry import declared_semantics
 
-        found = class_semantics(obj) or declared_semantics(target)
+        # a generic adapter's semantics are its kernel's: the registry's word on the class its name carries
+        found = class_semantics(obj) or declared_semantics(generic_kernel(target) or target)
     if found is not None and found != semantics:
         raise TargetNotAllowed(
             f"target {target!r} computes {found}, not {semantics}: the slot would change the model's maths",
@@ -108,12 +110,7 @@ def build(slot_name: str, target: str, kwargs: Mapping[str, Any], lock: LockDocu
     except (LockFormatError, TargetNotAllowed):
         raise
     except SystemExit as exc:  # a module that runs its command line on import must not end the caller
-        raise KernelUnavailable(
-            f"slot {slot_name}: importing {target!r} called sys.exit({exc.code!r})",
-            path=where,
-            key=key,
-            fix="that module is a program, not a library of layers: pin a class from a library",
-        ) from None
+        raise import_failure(slot_name, target, exc, where, key) from None
     except ImportError as exc:
         missing = getattr(exc, "name", None) or target.split(".")[0]
         raise KernelUnavailable(
@@ -124,11 +121,25 @@ def build(slot_name: str, target: str, kwargs: Mapping[str, Any], lock: LockDocu
             f"what this machine can run, or resolve it {IN_INFERENCE_MODE} to use the verified torch.nn twin",
         ) from None
     except Exception as exc:  # a library that raises something else while importing is broken, not absent
-        raise KernelUnavailable(
-            f"slot {slot_name}: importing {target!r} failed with {type(exc).__name__}: {exc}",
-            path=where,
-            key=key,
-            fix=f"repair or reinstall that library, re-run `kernel-probe`, or resolve it {IN_INFERENCE_MODE}",
-        ) from None
+        raise import_failure(slot_name, target, exc, where, key) from None
     check_kwargs(cls, kwargs, where=where, key=f"{key}.kwargs")
     return cls
+
+
+def import_failure(slot_name: str, target: str, exc: BaseException, where: str | None, key: str) -> KernelUnavailable:
+    """What an import that did not end in a class or an ImportError means, for every importer of a lock's
+    classes (``build``, ``portable``): a library that calls ``sys.exit`` or raises while importing is
+    unavailable here (exit 3); it never ends the caller."""
+    if isinstance(exc, SystemExit):
+        return KernelUnavailable(
+            f"slot {slot_name}: importing {target!r} called sys.exit({exc.code!r})",
+            path=where,
+            key=key,
+            fix="that module is a program, not a library of layers: pin a class from a library",
+        )
+    return KernelUnavailable(
+        f"slot {slot_name}: importing {target!r} failed with {type(exc).__name__}: {exc}",
+        path=where,
+        key=key,
+        fix=f"repair or reinstall that library, re-run `kernel-probe`, or resolve it {IN_INFERENCE_MODE}",
+    )

@@ -64,6 +64,14 @@ def loads(
     a lock; nothing resolves without the allow-list anyway).
     """
     where = path or "<lock>"
+    # the file reader's limit, for every source of lock text (a file, a checkpoint, another rank's report)
+    size = len(text) if isinstance(text, bytes) or len(text) > MAX_BYTES else len(text.encode("utf-8", "replace"))
+    if size > MAX_BYTES:
+        raise LockFormatError(
+            f"is {size} bytes, more than the {MAX_BYTES} this input may have",
+            path=where,
+            fix="pass the right lock; a real one is a few kB",
+        )
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")

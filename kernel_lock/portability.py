@@ -70,16 +70,22 @@ class _Plan:
     """Which classes came from the lock, and what each becomes."""
 
     def __init__(self, lock: KernelLock):
-        from .importing import import_target
+        from .errors import LockError
+        from .importing import import_failure, import_target
         from .resolve import twin_refusal
 
         self.lock = lock
         self.slots: list[tuple[Slot, type]] = []
         for slot in lock.slots.values():
+            key = f"slots.{slot.name}.target"
             try:
-                cls = import_target(slot.target, lock.granted, where=lock.path, key=f"slots.{slot.name}.target")
+                cls = import_target(slot.target, lock.granted, where=lock.path, key=key)
             except ImportError:
                 continue  # not importable here: no module of the model can be an instance of it
+            except LockError:
+                raise
+            except (Exception, SystemExit) as exc:  # sys.exit on import: unavailable, as factory says; never the end
+                raise import_failure(slot.name, slot.target, exc, lock.path, key) from None
             self.slots.append((slot, cls))
         self._twin_refusal = twin_refusal
         self._import = import_target

@@ -117,3 +117,75 @@ def get_tables(d: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
 def unknown_keys(d: Mapping[str, Any], known: Sequence[str]) -> list[str]:
     """The keys of ``d`` not in ``known``, in file order (the reader warns or refuses)."""
     return [str(k) for k in d if k not in known]
+
+
+# ---- bounded values: what every reader of a JSON or TOML input that is not the lock uses -----------
+MAX_TEXT = 4096  # characters of a free-text value (a problem, a fix, a description) unless told
+
+
+def get_int(d: Mapping[str, Any], key: str, lo: int, hi: int, default: int | None = None) -> int | None:
+    """An integer in ``[lo, hi]`` (never a boolean, never a float); ``default`` when absent."""
+    value = get(d, key, int, default)
+    if value is not None and not lo <= value <= hi:
+        raise ReadError(f"{value} is out of range: expected {lo} to {hi}", key)
+    return value
+
+
+def get_text(d: Mapping[str, Any], key: str, default: str | None = None, limit: int = MAX_TEXT) -> str | None:
+    """A string of at most ``limit`` characters; ``default`` when absent."""
+    value = get(d, key, str, default)
+    if value is not None and len(value) > limit:
+        raise ReadError(f"a string of {len(value)} characters, more than the {limit} this key may have", key)
+    return value
+
+
+def get_literal(
+    d: Mapping[str, Any], key: str, choices: Sequence[str], default: str | None = None, *, fold: bool = False
+) -> str:
+    """One of a closed set (``choices``; a ``Literal``'s values). ``fold``: the vocabulary is
+    case-insensitive, and the value is returned as ``choices`` spell it. A near miss is named."""
+    value = get_text(d, key, default, limit=200) if default is not None else get_required(d, key, str)
+    assert value is not None
+    if value in choices:
+        return value
+    if fold:
+        folded = {c.lower(): c for c in choices}
+        if value.lower() in folded:
+            return folded[value.lower()]
+    raise ReadError(f"{value!r:.80} is not one of {', '.join(choices)}", key, did_you_mean(value, choices))
+
+
+def did_you_mean(word: str, known: Sequence[str]) -> str:
+    """``did you mean 'x'?`` for the closest of ``known``, else the list of them."""
+    import difflib
+
+    close = difflib.get_close_matches(str(word).lower(), [str(k).lower() for k in known], n=1, cutoff=0.6)
+    if close:
+        return f"did you mean {next(k for k in known if str(k).lower() == close[0])!r}?"
+    return f"known: {', '.join(map(str, known))}"
+
+
+def refuse_unknown(d: Mapping[str, Any], known: Sequence[str]) -> None:
+    """A key of ``d`` not in ``known`` is a :class:`ReadError` (with "did you mean")."""
+    for k in unknown_keys(d, known):
+        raise ReadError(f"unknown key {k!r:.80}", k, did_you_mean(k, known))
+
+
+def get_table(d: Mapping[str, Any], key: str, known: Sequence[str] | None = None) -> Mapping[str, Any]:
+    """A table (empty when absent); with ``known``, its unknown keys refused (the key added as it unwinds)."""
+    value = get(d, key, dict, default={})
+    if known is not None:
+        with context(key):
+            refuse_unknown(value, known)
+    return value
+
+
+def get_string_map(d: Mapping[str, Any], key: str, limit: int = MAX_TEXT) -> dict[str, str]:
+    """A table of strings to strings (empty when absent)."""
+    value = get(d, key, dict, default={})
+    for k, v in value.items():
+        if not isinstance(v, str):
+            raise ReadError(f"expected string, got {type(v).__name__}", join(key, str(k)))
+        if len(v) > limit:
+            raise ReadError(f"a string of {len(v)} characters, more than the {limit} this key may have", join(key, k))
+    return dict(value)

@@ -163,9 +163,26 @@ def verify(
             fix="install the library the slot needs, or re-probe on this machine; a slot without a verified "
             "twin cannot be substituted",
         )
+    check_twins(lock, str(current.get("torch") or ""))
     if targets is not None:
         confirm_targets(lock, mode, current, import_unknown=targets == "child")
     return notes
+
+
+def check_twins(lock: LockDocument, torch_version: str) -> None:
+    """Every twin of ``lock`` judged as ``rehash`` judges it (``locate.static_problem``, the one function):
+    a twin may stand in for its slot in inference, so one of other semantics (an RMSNorm, through an
+    alias, as LayerNorm's twin) or with a keyword argument it does not take is refused, whether or not
+    it is used on this machine. A twin only an import can judge is judged where it is built."""
+    for entry in lock.slots.values():
+        if entry.twin is None:
+            continue
+        try:
+            static_problem(
+                entry.name, entry.twin.target, entry.twin.kwargs, torch_version, lock.path, f"slots.{entry.name}.twin"
+            )
+        except KernelUnavailable:
+            pass  # the twin's library is not on this machine: the slot's own target runs, or the slot fails
 
 
 def twin_refusal(slot: Slot) -> str | None:

@@ -195,6 +195,12 @@ def class_semantics(cls: Any) -> str | None:
     def _under(module: str, roots: tuple[str, ...]) -> bool:
         return any(module == r or module.startswith(r + ".") for r in roots)
 
+    if _under(cls.__module__, ("kernel_lock.adapters",)):
+        # an adapter computes what the class it wraps (and derives from) computes: an Autocast adapter
+        # around torch.nn.Identity is an Identity, whatever slot names it
+        wrapped = next((c for c in cls.__mro__[1:] if not _under(c.__module__, ("kernel_lock.adapters",))), None)
+        return None if wrapped is None or wrapped is torch.nn.Module else class_semantics(wrapped)
+
     if any(_under(c.__module__, NOT_PLAIN_TORCH) for c in cls.__mro__):
         return f"other: {cls.__name__} (quantized or fused)"
     for base, semantics in (

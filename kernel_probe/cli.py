@@ -8,6 +8,7 @@ stderr and a documented exit code (kernel_lock.errors.ExitCode); ``--debug`` sho
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
@@ -121,8 +122,11 @@ class _Parser(argparse.ArgumentParser):
     """argparse, except that with --json a usage error is also a JSON object on stdout (exit 2)."""
 
     json_wanted = False
+    on_error: Callable[[str], None] | None = None  # the main probe: rank 0's bad argument fails the whole job
 
     def error(self, message: str) -> NoReturn:
+        if self.on_error is not None:
+            self.on_error(message)
         if self.json_wanted:
             output.print_json(error_json(message, ExitCode.USAGE, kind="UsageError"))
         super().error(message)
@@ -184,6 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sub = "\n".join(f"  {n:<14} {s.help}" for n, s in SUBCOMMANDS.items())
         parser.epilog = f"subcommands (kernel-probe SUBCOMMAND --help):\n{sub}\n\n{_epilog()}"
         run, rest = probe.run_probe, argv
+        parser.on_error = functools.partial(probe.publish_usage_failure, list(rest))
     parser.json_wanted = "--json" in rest
     args = parser.parse_args(rest)  # exits 2 on usage errors
     args.overrides = overrides

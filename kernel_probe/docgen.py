@@ -80,7 +80,9 @@ def update(root: Path = ROOT, *, write: bool = True) -> list[Path]:
         new = render(text, str(p))
         if new != text:
             if write:
-                p.write_text(new, encoding="utf-8")
+                from kernel_lock._files import write_file
+
+                write_file(p, new, through_link=True)
             changed.append(p)
     return changed
 

@@ -144,7 +144,12 @@ SLOW_FIXTURES = {  # test module (path under tests/) -> its slow module-scoped f
 
 # Modules whose every test is slow (their `pytestmark` says so): the fast lane does not even import them,
 # since importing anemoi-models and Hydra, or hypothesis (whose modules pytest rewrites), costs seconds.
-SLOW_MODULES = ("kernel_lock/test_anemoi.py", "kernel_lock/test_anemoi_model.py", "kernel_lock/test_lock_fuzz.py")
+SLOW_MODULES = (
+    "kernel_lock/test_anemoi.py",
+    "kernel_lock/test_anemoi_model.py",
+    "kernel_lock/test_lock_fuzz.py",
+    "kernel_probe/test_inputs_fuzz.py",
+)
 
 
 def module_key(path) -> str:

@@ -144,10 +144,25 @@ def test_bad_limit_and_only_are_refused(tmp_path):
 def test_report_refuses_a_page_without_its_markers(tmp_path):
     doc = tmp_path / "page.md"
     doc.write_text("# no markers\n")
+    (tmp_path / "run.json").write_text("{}")
     with pytest.raises(SystemExit) as exc:
         gpu_report.write_report(tmp_path, doc)
     assert "marker lines are missing" in str(exc.value)
     assert doc.read_text() == "# no markers\n"
+
+
+@pytest.mark.parametrize("run_dir", ["missing", "empty"])
+def test_report_from_no_run_is_a_usage_error_and_leaves_the_page(tmp_path, capsys, run_dir):
+    """A missing directory once exited 0 and rewrote the figures to "GPU run on None, None" (issue 34)."""
+    doc = tmp_path / "page.md"
+    doc.write_text(f"{gpu_report.BEGIN}\nold\n{gpu_report.END}\n")
+    where = tmp_path / run_dir
+    if run_dir == "empty":
+        where.mkdir()
+    with pytest.raises(SystemExit) as exc:
+        gpu_report.write_report(where, doc)
+    assert exc.value.code == 2 and "the page was not changed" in capsys.readouterr().err
+    assert "old" in doc.read_text()
 
 
 def test_committed_page_says_the_gpu_run_is_pending_or_shows_gpu_figures():

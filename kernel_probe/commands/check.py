@@ -7,19 +7,9 @@ from collections.abc import Sequence
 
 from kernel_lock.slots import DTYPES, SLOTS, short_dtype
 from kernel_probe import output
+from kernel_probe.commands.numbers import count, seconds
 from kernel_probe.output import safe
 from kernel_probe.probe.limits import CHECK_HIDDEN, CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT
-
-
-def seconds(text: str) -> float:
-    """An argparse type: a positive, finite number of seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not (value > 0 and value != float("inf")):
-        raise argparse.ArgumentTypeError(f"{text!r}: a time budget must be a positive, finite number of seconds")
-    return value
 
 
 def add_candidate_arguments(p: argparse.ArgumentParser) -> None:
@@ -94,7 +84,7 @@ def add_check_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--hidden",
-        type=int,
+        type=count(1, 65536),
         default=None,
         metavar="N",
         help="normalised (input) size of the correctness inputs (default 1000, deliberately not a power of "

@@ -9,6 +9,7 @@ from kernel_lock.slots import MODES
 from kernel_probe import output
 from kernel_probe.anemoi.trust import add_config_trust_argument, config_trust
 from kernel_probe.commands.lockfile import add_trust_argument, load_lock
+from kernel_probe.commands.numbers import seconds
 from kernel_probe.errors import UsageError
 from kernel_probe.output import safe
 
@@ -41,7 +42,7 @@ def add_check_config_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument(flag, action="store_true", help=what)
     p.add_argument(
         "--timeout",
-        type=float,
+        type=seconds,
         default=DEFAULT_TIMEOUT,
         metavar="SECONDS",
         help=f"how long importing the targets may take (default {DEFAULT_TIMEOUT:g})",

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from kernel_probe import output
+from kernel_probe.commands.numbers import seconds
 from kernel_probe.errors import UsageError
 from kernel_probe.output import safe
 
@@ -29,7 +30,7 @@ def add_env_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--timeout",
-        type=float,
+        type=seconds,
         default=DEFAULT_TIMEOUT,
         metavar="SECONDS",
         help=f"how long each library import check may take (default {DEFAULT_TIMEOUT:g})",

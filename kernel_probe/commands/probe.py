@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from kernel_lock.slots import PRECISIONS, SLOTS
 from kernel_probe import output
+from kernel_probe.commands.numbers import count, seconds
 from kernel_probe.errors import UsageError
 from kernel_probe.output import safe
+from kernel_probe.probe.limits import MAX_REPS
 from kernel_probe.probe.pipeline import ProbeResult
 from kernel_probe.probe.planning import DEFAULT_REPS, DEFAULT_SHAPES, Events, ProbeRequest
 from kernel_probe.probe.shapes import parse_shape
@@ -74,14 +76,14 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--reps",
-        type=int,
+        type=count(1, MAX_REPS),
         default=None,
         help=f"timed repetitions per shape (at least; default "
         f"{DEFAULT_REPS['gpu']} on GPU, {DEFAULT_REPS['cpu']} on CPU)",
     )
     p.add_argument(
         "--lock-timeout",
-        type=float,
+        type=seconds,
         default=1800.0,
         help="seconds to wait for another kernel-probe writing the same lock (default 1800)",
     )
@@ -115,6 +117,22 @@ def _pairs(values: list[str], flag: str) -> dict[str, str]:
             raise UsageError(f"{flag} {text!r}: unknown slot {slot!r} (known: {', '.join(SLOTS)})")
         out[slot] = cid
     return out
+
+
+def publish_usage_failure(argv: Sequence[str], message: str) -> None:
+    """A bad argument argparse refused: where this is rank 0 of a job, its failed marker (exit 2) is left
+    beside ``--out`` so that the other ranks fail at once instead of waiting out --lock-timeout."""
+    from kernel_probe.probe.pipeline import fail_before_plan
+
+    pre = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    pre.add_argument("--out", default=DEFAULT_LOCK)
+    pre.add_argument("--probe-per", default=None)
+    pre.add_argument("--check", action="store_true")
+    try:
+        known, _ = pre.parse_known_args(list(argv))
+    except (argparse.ArgumentError, SystemExit):
+        return
+    fail_before_plan(known.out, known.probe_per, known.check, UsageError(message))
 
 
 def request_from(args: argparse.Namespace) -> ProbeRequest:
@@ -209,7 +227,11 @@ class ConsoleEvents(Events):
 def run_probe(args: argparse.Namespace) -> int:
     from kernel_probe.probe import pipeline
 
-    request = request_from(args)
+    try:
+        request = request_from(args)
+    except UsageError as exc:
+        pipeline.fail_before_plan(args.out, args.probe_per, args.check, exc)
+        raise
     result = pipeline.run(request, ConsoleEvents(quiet=args.json))
     if result.reused:
         _reused(args, result)

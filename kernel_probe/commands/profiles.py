@@ -57,7 +57,8 @@ def _summary(prof) -> dict:
         "shapes": list(prof.shapes),
         "deterministic": prof.deterministic,
         "policy": {
-            s: {"allowed": list(p.allowed), "preferred": list(p.preferred), "pin": p.pin} for s, p in prof.slots.items()
+            s: {"allowed": None if p.allowed is None else list(p.allowed), "preferred": list(p.preferred), "pin": p.pin}
+            for s, p in prof.slots.items()
         },
         "candidates": [c.id for c in prof.candidates],
         "sources": list(prof.sources),

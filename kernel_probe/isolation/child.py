@@ -7,9 +7,10 @@
         report(result.status, result.reason)     # "crashed" / "timeout" / "error", with the evidence
 
 Every child (the probe's worker, an import check of ``kernel-probe env``, Hydra composing an anemoi
-config, the import of a config's entries) runs ``BOOT`` (``python -X faulthandler -c BOOT OPTIONS``):
-it removes the working directory from sys.path (the question is what is installed, not what sits in
-the caller's folder; the worker keeps it, as ``--candidate mymod.X`` may name a local module), arranges
+config, the import of a config's entries) runs ``BOOT``, started by the one launcher,
+``kernel_lock.launch`` (``python -I``, ``sys.path`` set before any import: the roots of the
+``PYTHONPATH`` it is given, never the working directory; the worker has it *last*, as ``--candidate
+mymod.X`` may name a local module, so nothing installed can be shadowed from it). ``BOOT`` arranges
 to die with its parent (``PR_SET_PDEATHSIG`` on Linux, and a check of the parent's pid), optionally
 leaves a reaper in its process group that kills the group when the child dies, caps its address
 space if asked, and then either
@@ -37,6 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernel_lock._files import write_file
+from kernel_lock.launch import kill_group, python_argv, pythonpath_roots, start
+
 # The child program. It imports only the standard library before ``module`` (an import check must
 # not import kernel_probe: the child may have another sys.path, and the question is the library's
 # import alone). OPTIONS (JSON): mode (call | serve), module, function, source (instead of module:
@@ -44,8 +48,6 @@ from typing import Any
 BOOT = r"""
 import sys, json, os
 options = json.loads(sys.argv[1])
-if not options.get("keep_cwd") and sys.path and sys.path[0] in ("", "."):
-    del sys.path[0]
 def _die_with_parent(parent, reaper):
     try:
         import ctypes, signal
@@ -138,14 +140,6 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def kill_group(pid: int) -> None:
-    """Kill the process group ``pid`` leads (the child and everything it spawned)."""
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError, OSError):
-        pass
-
-
 def clip(text: str, limit: int = TAIL) -> str:
     """``text`` stripped, and cut to its last ``limit`` characters."""
     text = text.strip()
@@ -213,16 +207,9 @@ def spawn(
         "memory": int(memory_limit) if memory_limit else None,
         **call,
     }
-    argv = [python or sys.executable, "-X", "faulthandler", "-c", BOOT, json.dumps(options)]
-    return subprocess.Popen(
-        argv,
-        stdin=stdin,
-        stdout=stdout,
-        stderr=stderr,
-        bufsize=bufsize,
-        env=dict(env) if env is not None else child_environment(),
-        start_new_session=True,
-    )
+    env = dict(env) if env is not None else child_environment()
+    argv = python_argv(BOOT, [json.dumps(options)], roots=pythonpath_roots(env), keep_cwd=keep_cwd, python=python)
+    return start(argv, stdin=stdin, stdout=stdout, stderr=stderr, bufsize=bufsize, env=env)
 
 
 def run_function(
@@ -254,7 +241,7 @@ def run_function(
     with tempfile.TemporaryDirectory(prefix="kernel-probe-child-") as tmp:
         d = Path(tmp)
         payload_path, result_path = d / "payload.json", d / "result.json"
-        payload_path.write_text(json.dumps(payload, default=str), encoding="utf-8")
+        write_file(payload_path, json.dumps(payload, default=str), mode=0o600)
         with open(d / "stdout", "wb") as out, open(d / "stderr", "wb") as err:
             try:
                 proc = spawn(
@@ -285,8 +272,10 @@ def run_function(
         if result_path.exists():
             try:
                 value = json.loads(result_path.read_text(encoding="utf-8"))
-            except ValueError:
+            except (ValueError, RecursionError):
                 value = None
+            if not (isinstance(value, dict) and (set(value) == {"ok"} or isinstance(value.get("raised"), str))):
+                value = None  # not an answer BOOT writes: the child is reported as crashed, with its output
     common: dict[str, Any] = dict(
         returncode=proc.returncode, seconds=seconds, stdout=stdout, stderr=stderr, timed_out=timed_out
     )

@@ -34,11 +34,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from kernel_lock._files import UnsafeFile, atomic_write_text, read_regular
+from kernel_lock._files import UnsafeFile, UnsafeWrite, private_dir, read_regular, write_file
 from kernel_lock.errors import ExitCode
 from kernel_lock.lock import MAX_BYTES
+from kernel_lock.reading import ReadError, get_int, get_literal, get_text, refuse_unknown
 from kernel_probe.errors import InputFileError, ProbeError
 from kernel_probe.jobstart.ranks import JobRank
 
@@ -62,11 +63,16 @@ class WaitTimeout(ProbeError):
     """The probing rank wrote no marker in time (exit 1)."""
 
 
+OUTCOMES = ("written", "reused", "failed")
+Outcome = Literal["written", "reused", "failed"]
+EXIT_CODES = tuple(int(c) for c in ExitCode)  # the documented table: a marker's code is one of them
+
+
 @dataclass(frozen=True)
 class Marker:
     """What the probing rank decided for this start of the job."""
 
-    outcome: str  # "written", "reused" or "failed"
+    outcome: Outcome
     job: str
     by: str  # the probing rank, described
     host: str
@@ -80,15 +86,43 @@ class Marker:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
+    def from_dict(cls, data: Any) -> Marker:
+        """The typed reader (``kernel_lock.reading``): every key checked, unknown keys refused; ReadError."""
+        if not isinstance(data, dict):
+            raise ReadError(f"expected a JSON object, got {type(data).__name__}")
+        refuse_unknown(data, tuple(cls.__dataclass_fields__))
+        outcome = get_literal(data, "outcome", OUTCOMES)
+        code = get_int(data, "exit_code", 0, 255, default=0)
+        assert code is not None
+        if code not in EXIT_CODES:
+            raise ReadError(f"{code} is not a documented exit code ({', '.join(map(str, EXIT_CODES))})", "exit_code")
+        if (outcome == "failed") != (code != 0):
+            raise ReadError(f"outcome {outcome!r} with exit code {code}: a failure has a non-zero code", "exit_code")
+        text = {
+            k: get_text(data, k, "", limit=200 if k in ("job", "digest", "inputs") else 4096) or ""
+            for k in ("job", "by", "host", "digest", "inputs", "problem", "fix")
+        }
+        if not text["job"]:
+            raise ReadError("required key is missing", "job")
+        return cls(outcome=outcome, exit_code=code, **text)  # type: ignore[arg-type]
+
+    @classmethod
     def from_json(cls, text: str, where: Path) -> Marker:
         try:
-            data = json.loads(text)
-            return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
-        except (ValueError, TypeError) as exc:
-            raise ProbeError(
-                f"{where}: not a job marker kernel-probe wrote ({exc})",
+            return cls.from_dict(json.loads(text))
+        except (ValueError, RecursionError) as exc:
+            key = exc.key if isinstance(exc, ReadError) else ""
+            problem = exc.problem if isinstance(exc, ReadError) else f"not valid JSON ({exc})"
+            raise MarkerError(
+                f"not a job marker kernel-probe wrote: {problem}",
+                path=str(where),
+                key=key or None,
                 fix=f"remove {where} and start the job again",
             ) from None
+
+
+class MarkerError(InputFileError):
+    """A job marker that is not what kernel-probe writes (exit 5), naming the file and the key."""
 
 
 def marker_path(out: Path, rank: JobRank) -> Path:
@@ -142,19 +176,16 @@ def _read(path: Path) -> str | None:
 def claim(out: Path, rank: JobRank) -> bool:
     """Claim the probe of ``out`` for this job (``--probe-per node-type``): True for the one rank whose
     exclusive create succeeds (O_EXCL is atomic on NFS v3+, Lustre and GPFS; no file lock needed)."""
-    path = claim_path(out, rank)
     try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        write_file(claim_path(out, rank), f"{rank.describe()} on {socket.gethostname()}\n", exclusive=True)
     except FileExistsError:
         return False
-    with os.fdopen(fd, "w") as fh:
-        fh.write(f"{rank.describe()} on {socket.gethostname()}\n")
     return True
 
 
 def publish(out: Path, rank: JobRank, marker: Marker, lock_text: str | None) -> None:
     """The prober's last step: the job marker beside the lock, then its node's local copy."""
-    atomic_write_text(marker_path(out, rank), marker.to_json())
+    write_file(marker_path(out, rank), marker.to_json())
     _publish_local(out, rank, marker, lock_text)
     _remove_stale_markers(out, rank)
 
@@ -162,9 +193,10 @@ def publish(out: Path, rank: JobRank, marker: Marker, lock_text: str | None) -> 
 def _publish_local(out: Path, rank: JobRank, marker: Marker, lock_text: str | None) -> None:
     local = node_dir(out, rank)
     try:
-        local.mkdir(parents=True, exist_ok=True, mode=0o700)
-        atomic_write_text(local / "ready", json.dumps({"marker": json.loads(marker.to_json()), "lock": lock_text}))
-    except OSError:
+        private_dir(private_dir(local.parent) / local.name)
+        payload = json.dumps({"marker": json.loads(marker.to_json()), "lock": lock_text})
+        write_file(local / "ready", payload, mode=0o600)
+    except (OSError, UnsafeWrite):
         pass  # the node's other ranks then find the marker on the shared directory (their fallback)
 
 
@@ -243,6 +275,13 @@ def _from_shared(out: Path, rank: JobRank) -> tuple[Marker, str] | None:
         if text is None:
             return None
         marker = Marker.from_json(text, marker_file)
+        if marker.job != rank.key:
+            raise MarkerError(
+                f"this marker is for job {marker.job!r:.140}, not this one ({rank.key}): never taken for it",
+                path=str(marker_file),
+                key="job",
+                fix=f"remove {marker_file} and start the job again",
+            )
         lock_text = "" if marker.outcome == "failed" else _read(out) or ""
     except OSError as exc:
         raise ProbeError(
@@ -256,15 +295,21 @@ def _from_shared(out: Path, rank: JobRank) -> tuple[Marker, str] | None:
 
 def _from_local(ready: Path, rank: JobRank) -> tuple[Marker, str] | None:
     try:
+        private_dir(ready.parent.parent, create=False)  # made by someone else, or opened to others: never read
+        private_dir(ready.parent, create=False)
         text = _read(ready)
-    except OSError:
+    except (OSError, UnsafeWrite, InputFileError):
         return None
     if text is None:
         return None
     try:
         data = json.loads(text)
-        return Marker(**data["marker"]), data.get("lock") or ""
-    except (ValueError, TypeError, KeyError):
+        lock = data.get("lock") or ""
+        if not isinstance(lock, str) or set(data) - {"marker", "lock"}:
+            return None
+        marker = Marker.from_dict(data.get("marker"))
+        return (marker, lock) if marker.job == rank.key else None
+    except (ValueError, RecursionError, AttributeError):
         return None  # half a file cannot be seen (atomic rename); anything else: wait for the shared one
 
 

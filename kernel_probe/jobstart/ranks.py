@@ -93,6 +93,8 @@ BATCH_JOB = (
     ("PBS_JOBID", (), ()),
     ("FLUX_JOB_ID", (), ()),
 )
+BATCH_STEP = ("SLURM_STEP_ID", "SLURM_STEPID")
+BATCH_ATTEMPT = ("SLURM_RESTART_COUNT",)
 NO_JOB = {"", "none"}  # torchrun's default --rdzv-id
 
 
@@ -148,7 +150,8 @@ def _first(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str] | 
 
 
 def _whole(name: str, value: str) -> int:
-    if not value.isdigit():
+    # ASCII digits only: str.isdigit takes '²' and '٣', which int() then refuses or reads otherwise
+    if not re.fullmatch(r"[0-9]{1,9}", value):
         raise RankVariableError(f"{name}={value!r} is not a whole number >= 0, so this process's rank is unknown")
     return int(value)
 
@@ -172,11 +175,18 @@ def _job(env: Mapping[str, str], spec: Launcher) -> tuple[str, str, list[str]] |
         return None
     (name, job), step_names, attempt_names = candidates[0]
     used = [name]
+    # the launch step, the launcher's or else the batch system's: torchrun's --rdzv-id=$SLURM_JOB_ID is the
+    # same in every `srun` step of the job, and two steps are two launches
     step_found = _first(env, step_names)
+    requeues: tuple[str, ...] = ()
+    if step_found is None and _first(env, BATCH_STEP):  # under Slurm: its step, and its requeues too
+        step_found, requeues = _first(env, BATCH_STEP), BATCH_ATTEMPT
     if step_found:
         job, used = f"{job}.{step_found[1]}", used + [step_found[0]]
     counts = []
-    for names in dict.fromkeys(n for n in (attempt_names, spec.attempt) if n):  # Slurm's requeues, torchrun's restarts
+    for names in dict.fromkeys(
+        n for n in (requeues, attempt_names, spec.attempt) if n
+    ):  # Slurm's requeues, torchrun's restarts
         found = _first(env, names)  # not set: the first attempt (Slurm sets it only on a requeue)
         counts.append(str(_whole(*found)) if found else "0")
         used += [found[0]] if found else []

@@ -221,6 +221,15 @@ def parse_candidate(
     target = r.string(c, "target", where, required=True)
     if not re.match(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$", target):
         raise r.err(f"{where}target", f"{target!r} is not a dotted import path")
+    from kernel_lock.trust import private
+
+    if private(target):  # the rule --candidate and a lock's reader apply: refused before any work
+        raise r.err(
+            f"{where}target",
+            f"{target!r} has a private or __main__ component: it is never imported (importing a module's __main__ "
+            "runs it)",
+            fix="name a public class of an importable library, e.g. mylib.FastLayerNorm",
+        )
     spec = r.string(c, "specifier", where, default="") or ""
     if spec:
         r.specifier(spec, f"{where}specifier")

@@ -9,3 +9,7 @@ CHECK_TIMEOUT = 30.0  # seconds the checks of one candidate may take once import
 COMPILED_FACTOR = 4  # torch.compile candidates compile on their first calls: their checks get 4x the budget
 TIMING_TIMEOUT = 600.0  # seconds one candidate's timing at every shape may take (it passed its checks already)
 CHECK_HIDDEN = 1000  # the correctness inputs' normalised (input) size: not a power of two on purpose
+
+# every numeric option is finite, positive and at most this (kernel_probe.commands.numbers)
+MAX_SECONDS = 7 * 24 * 3600.0  # a week: longer than any job's start; beyond it a typo, not a budget
+MAX_REPS = 100_000

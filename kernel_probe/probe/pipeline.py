@@ -117,6 +117,21 @@ def run(request: ProbeRequest, events: Events | None = None) -> ProbeResult:
     return _probe_or_reuse(request, p, given, events, t_start)
 
 
+def fail_before_plan(out: str | Path, probe_per: str | None, check_only: bool, exc: BaseException) -> None:
+    """A request refused before it is planned (a bad argument): where this is rank 0 of a job whose
+    rank 0 probes, its failed marker is published, so the waiting ranks fail at once with its exit code."""
+    from kernel_probe.jobstart.ranks import detect
+
+    if check_only or probe_per not in (None, "job"):
+        return
+    try:
+        rank = detect().rank
+    except ValueError:
+        return  # the launcher's variables are unreadable: no job to tell
+    if rank is not None and rank.rank == 0:
+        _fail_for_all(Path(os.path.abspath(out)), rank, exc)
+
+
 def _fail_for_all(out: Path, rank: JobRank, exc: BaseException) -> None:
     """The probing rank's failure, left as its job marker so that every waiting rank fails at once."""
     from kernel_probe.jobstart import handoff
@@ -185,7 +200,7 @@ def _run_ranked(
             _fail_for_all(out, rank, exc)
             raise
         written = result.lock
-        outcome = "reused" if result.reused else "written"
+        outcome: handoff.Outcome = "reused" if result.reused else "written"
         marker = handoff.Marker(
             outcome, rank.key, rank.describe(), socket.gethostname(), written.compute_digest(), p.digest
         )
@@ -336,8 +351,8 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
 
 def _refused(p: Plan, slot: str, cand: Candidate) -> str | None:
     """Why the profile skips ``cand`` for ``slot`` (its allow-list names others); None if it does not."""
-    allowed = p.profile.slots[slot].allowed if p.profile and slot in p.profile.slots else ()
-    return f"not allowed by profile {p.profile.name}" if allowed and cand.id not in allowed else None
+    allowed = p.profile.slots[slot].allowed if p.profile and slot in p.profile.slots else None
+    return f"not allowed by profile {p.profile.name}" if allowed is not None and cand.id not in allowed else None
 
 
 def choose_all(

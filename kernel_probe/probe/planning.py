@@ -11,6 +11,7 @@ prints: what a person should see goes to an :class:`Events` object.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -153,8 +154,19 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
             parse_shape(s)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if request.reps is not None and request.reps < 1:
-        raise UsageError("--reps must be at least 1")
+    from kernel_probe.probe.limits import MAX_REPS, MAX_SECONDS
+
+    if request.reps is not None and not 1 <= request.reps <= MAX_REPS:
+        raise UsageError(f"--reps must be a whole number from 1 to {MAX_REPS}, not {request.reps}")
+    for flag, value in (
+        ("--timeout", request.timeout),
+        ("--import-timeout", request.import_timeout),
+        ("--lock-timeout", request.lock_timeout),
+    ):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and 0 < value <= MAX_SECONDS):
+            raise UsageError(
+                f"{flag} must be a positive, finite number of seconds, at most {MAX_SECONDS:g}, not {value}"
+            )
     if request.precision is not None and request.precision not in PRECISIONS:
         raise UsageError(f"unknown precision {request.precision!r}", fix=f"use one of {', '.join(PRECISIONS)}")
     if request.check_only and request.force:
@@ -272,9 +284,10 @@ def check_forced(
                     fix=f"use one of those ids, or offer your own class with --candidate {slot}=module.Class",
                 )
             sp = profile.slots.get(slot) if profile else None
-            if sp is not None and sp.allowed and cid not in sp.allowed:
+            if sp is not None and sp.allowed is not None and cid not in sp.allowed:
                 raise UsageError(
-                    f"{said}: profile {profile.name} does not allow it for {slot} (allowed: {', '.join(sp.allowed)})",
+                    f"{said}: profile {profile.name} does not allow it for {slot} "
+                    f"(allowed: {', '.join(sp.allowed) or 'none: allowed = []'})",
                     fix=f"drop {said}, or use a profile that allows it",
                 )
             from kernel_probe.probe.judge import static_problem  # only when something is forced

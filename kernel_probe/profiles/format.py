@@ -52,9 +52,10 @@ class ProfileError(InputFileError):
 
 @dataclass(frozen=True)
 class SlotPolicy:
-    """A profile's ``[policy.<slot>]``: the candidates allowed (empty: any), preferred, or pinned."""
+    """A profile's ``[policy.<slot>]``: the candidates allowed (None: the key is absent, any; ``()``:
+    ``allowed = []``, none), preferred, or pinned."""
 
-    allowed: tuple[str, ...] = ()
+    allowed: tuple[str, ...] | None = None
     preferred: tuple[str, ...] = ()
     pin: str | None = None
 
@@ -246,11 +247,15 @@ def _check_requires(p: _P, requires: Mapping[str, Any], declared: Iterable[Candi
     known = _known_libraries(declared)
     tables = {key: p.free_table(requires, key, "requires.") for key in ("libraries", "forbidden")}
     for key, table in tables.items():
-        for lib, spec in table.items():
+        for lib, spec in list(table.items()):
             p.specifier(spec, f"requires.{key}.{lib}")
             base, at, variant = lib.partition("@")
             if at:
                 known_variants = variants_of(base)
+                spelt = {v.lower(): v for v in known_variants}.get(variant.lower())
+                if spelt is not None and spelt != variant:  # variants are case-insensitive: NVIDIA is nvidia
+                    table[f"{base}@{spelt}"] = table.pop(lib)
+                    variant = spelt
                 if variant not in known_variants:
                     raise p.err(
                         f"requires.{key}.{lib}",
@@ -361,9 +366,16 @@ def parse(text: str, path: str) -> Profile:
         if slot not in policy:
             continue
         sp = p.table(policy, slot, _SLOT_POLICY, "policy.")
-        allowed, preferred = p.strings(sp, "allowed", f"policy.{slot}."), p.strings(sp, "preferred", f"policy.{slot}.")
+        allowed = p.strings(sp, "allowed", f"policy.{slot}.") if "allowed" in sp else None
+        preferred = p.strings(sp, "preferred", f"policy.{slot}.")
         pin = p.string(sp, "pin", f"policy.{slot}.")
-        for key, ids in (("allowed", allowed), ("preferred", preferred), ("pin", (pin,) if pin else ())):
+        if pin is not None and not pin.strip():
+            raise p.err(
+                f"policy.{slot}.pin",
+                "an empty pin pins nothing",
+                fix="name a candidate id (e.g. torch.layer_norm), or remove the key",
+            )
+        for key, ids in (("allowed", allowed or ()), ("preferred", preferred), ("pin", (pin,) if pin else ())):
             for cid in ids:
                 cand = known_ids.get(cid)
                 if cand is None:
@@ -375,7 +387,7 @@ def parse(text: str, path: str) -> Profile:
                     )
                 if slot not in cand.slots:
                     raise p.err(f"policy.{slot}.{key}", f"candidate {cid!r} is for {', '.join(cand.slots)}, not {slot}")
-        if allowed:
+        if allowed is not None:  # `allowed = []` allows nothing: a preference or a pin is then a contradiction
             for key, ids in (("preferred", preferred), ("pin", (pin,) if pin else ())):
                 for cid in ids:
                     if cid not in allowed:

@@ -23,6 +23,17 @@ from pathlib import Path
 from typing import Any
 
 from kernel_lock.fingerprint.fields import FIELDS
+from kernel_lock.reading import (
+    ReadError,
+    context,
+    get,
+    get_int,
+    get_literal,
+    get_string_map,
+    get_table,
+    get_text,
+    refuse_unknown,
+)
 from kernel_probe.errors import InputFileError, UsageError
 from kernel_probe.probe.candidates import DEVICE_TYPES
 
@@ -92,90 +103,107 @@ def load(spec: str) -> Node:
     return parse(data, spec)
 
 
-def _err(path: str, key: str, problem: str, fix: str | None = None) -> NodeError:
-    return NodeError(problem, path=path, key=key, fix=fix)
-
-
-def _strings(d: Any, key: str, path: str) -> dict[str, str]:
-    if d is None:
-        return {}
-    if not isinstance(d, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in d.items()):
-        raise _err(path, key, "expected an object of strings")
-    return dict(d)
+_LIBRARY_KEYS = ("version", "variant", "distributions")
+_ENV_LIBRARY_KEYS = (*_LIBRARY_KEYS, "installed")  # env --json: its other keys are not read
 
 
 def parse(data: Any, path: str) -> Node:
+    """The typed reader of a node description (``kernel_lock.reading``): a value of the wrong type, an
+    unknown key of the short form, a variant no library has, is a :class:`NodeError` naming the key."""
+    try:
+        return _parse(data, path)
+    except ReadError as exc:
+        raise NodeError(exc.problem, path=path, key=exc.key or None, fix=exc.fix) from None
+
+
+def _parse(data: Any, path: str) -> Node:
     if not isinstance(data, dict):
-        raise _err(path, "", "expected a JSON object (a node description or `kernel-probe env --json`)")
+        raise ReadError(
+            f"expected a JSON object (a node description or `kernel-probe env --json`), got {type(data).__name__}"
+        )
     schema = data.get("schema")
     if schema not in (NODE_SCHEMA, ENV_SCHEMA):
-        raise _err(
-            path,
+        raise ReadError(
+            f"unknown schema {schema!r:.80}",
             "schema",
-            f"unknown schema {schema!r}",
             fix=f"use {NODE_SCHEMA!r} (docs/profiles.md), or the output of `kernel-probe env --json`",
         )
     strict = schema == NODE_SCHEMA
     if strict:
-        for k in data:
-            if k not in _NODE_KEYS:
-                raise _err(path, k, f"unknown key {k!r}", fix=f"known keys: {', '.join(_NODE_KEYS)}")
-    fp = data.get("fingerprint")
-    if not isinstance(fp, dict):
-        raise _err(path, "fingerprint", "required: an object of the node's facts (as `kernel-probe env --json` has)")
+        refuse_unknown(data, _NODE_KEYS)
+    fp = get(data, "fingerprint", dict)
+    if fp is None:
+        raise ReadError("required: an object of the node's facts (as `kernel-probe env --json` has)", "fingerprint")
     fingerprint: dict[str, Any] = {}
-    for name, spec in FIELDS.items():
-        value = fp.get(name, 0 if spec.type is int else "")
-        if isinstance(value, bool) or not isinstance(value, spec.type):
-            raise _err(path, f"fingerprint.{name}", f"expected {'an integer' if spec.type is int else 'a string'}")
-        fingerprint[name] = value
-    if strict:
-        for k in fp:
-            if k not in FIELDS:
-                raise _err(path, f"fingerprint.{k}", f"unknown fact {k!r}", fix=f"known: {', '.join(FIELDS)}")
-    if fingerprint["device-type"] not in DEVICE_TYPES:
-        raise _err(path, "fingerprint.device-type", f"expected one of {', '.join(DEVICE_TYPES)}")
+    with context("fingerprint"):
+        if strict:
+            refuse_unknown(fp, tuple(FIELDS))
+        for name, spec in FIELDS.items():
+            if spec.type is int:
+                fingerprint[name] = get_int(fp, name, 0, 1 << 20, default=0)
+            else:
+                fingerprint[name] = get_text(fp, name, "", limit=400)
+        fingerprint["device-type"] = get_literal(fp, "device-type", DEVICE_TYPES, default="", fold=True)
     libraries: dict[str, Mapping[str, Any]] = {}
-    libs = data.get("libraries") or {}
-    if not isinstance(libs, dict):
-        raise _err(path, "libraries", "expected an object: library -> version, or -> {version, variant}")
-    for name, value in libs.items():
-        if isinstance(value, str):
-            value = {"version": value}
-        if not isinstance(value, dict):
-            raise _err(path, f"libraries.{name}", "expected a version string or {version, variant}")
-        if strict and any(k not in ("version", "variant", "distributions") for k in value):
-            raise _err(path, f"libraries.{name}", "known keys: version, variant, distributions")
-        if value.get("installed") is False or value.get("version") is None and not value.get("distributions"):
-            continue  # env --json lists every known library, installed or not
-        libraries[name] = value
-    site = data.get("site") or {}
-    if not isinstance(site, dict):
-        raise _err(path, "site", "expected an object: hostname, slurm")
-    if strict:
-        for k in site:
-            if k not in _SITE_KEYS:
-                raise _err(path, f"site.{k}", f"unknown key {k!r}", fix=f"known keys: {', '.join(_SITE_KEYS)}")
-    hostname = site.get("hostname", "")
-    if not isinstance(hostname, str):
-        raise _err(path, "site.hostname", "expected a string")
-    env = _strings(data.get("env"), "env", path)
-    files = _strings(data.get("files"), "files", path)
-    for marker in site.get("markers") or []:  # env --json: the site markers it found
-        kind, _, name = str(marker.get("signal", "")).partition(":") if isinstance(marker, dict) else ("", "", "")
-        if kind in ("env", "file") and isinstance(marker.get("value"), str):
-            (env if kind == "env" else files).setdefault(name, marker["value"])
-    description = data.get("description", "")
+    libs = get(data, "libraries", dict, default={})
+    with context("libraries"):
+        for name, value in libs.items():
+            with context(str(name)):
+                entry = _library(str(name), value, strict)
+            if entry is not None:
+                libraries[str(name)] = entry
+    site = get_table(data, "site", _SITE_KEYS if strict else None)
+    with context("site"):
+        hostname = get_text(site, "hostname", "", limit=255) or ""
+        slurm = get_string_map(site, "slurm")
+        markers = get(site, "markers", list, default=[])
+    env = get_string_map(data, "env")
+    files = get_string_map(data, "files")
+    for i, marker in enumerate(markers):  # env --json: the site markers it found
+        with context(f"site.markers[{i}]"):
+            if not isinstance(marker, dict):
+                raise ReadError(f"expected an object (signal, value), got {type(marker).__name__}")
+            kind, _, name = (get_text(marker, "signal", "", limit=400) or "").partition(":")
+            value = marker.get("value")
+        if kind in ("env", "file") and isinstance(value, str):
+            (env if kind == "env" else files).setdefault(name, value)
+    get(data, "sources", list, default=[])
     return Node(
         path=path,
-        description=description if isinstance(description, str) else "",
+        description=get_text(data, "description", "") or "",
         fingerprint=fingerprint,
         libraries=libraries,
         hostname=hostname,
-        slurm=_strings(site.get("slurm"), "site.slurm", path),
+        slurm=slurm,
         env=env,
         files=files,
     )
+
+
+def _library(name: str, value: Any, strict: bool) -> Mapping[str, Any] | None:
+    """One library of a node: {version, variant (as the registry spells it), distributions}; None when
+    ``env --json`` lists it as not installed."""
+    from kernel_probe.detect.libraries import known_libraries
+
+    if isinstance(value, str):
+        value = {"version": value}
+    if not isinstance(value, dict):
+        raise ReadError(f"expected a version string or {{version, variant}}, got {type(value).__name__}")
+    if strict:
+        refuse_unknown(value, _LIBRARY_KEYS)
+    version = get_text(value, "version", None, limit=200)
+    distributions = get_string_map(value, "distributions", limit=200) if value.get("distributions") else {}
+    installed = get(value, "installed", bool, default=True)
+    variant = None
+    if value.get("variant") is not None:
+        lib = next((lib for lib in known_libraries() if lib.name == name), None)
+        keys = [v.key for v in lib.variants] if lib is not None else []
+        if not keys:
+            raise ReadError(f"{name} has no variants kernel-probe tells apart", "variant", "remove the variant")
+        variant = get_literal(value, "variant", keys, fold=True)  # NVIDIA -> nvidia
+    if installed is False or version is None and not distributions:
+        return None  # env --json lists every known library, installed or not
+    return {"version": version, "variant": variant, "distributions": distributions}
 
 
 def site_facts(node: Node) -> Any:

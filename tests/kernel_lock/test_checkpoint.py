@@ -279,3 +279,17 @@ def test_documented_torch_load_calls_pass_weights_only():
         for call in re.findall(r"torch\.load\([^)]*\)", doc.read_text()):
             assert "weights_only=" in call, (doc.name, call)
     assert FAKES.is_dir()
+
+
+def test_a_checkpoint_lock_goes_through_the_file_readers_limit():
+    """A text over the 8 MiB cap was refused as a file and accepted inside a checkpoint (an 18 MB text took
+    31 s to reject) (issue 34)."""
+    import time
+
+    from kernel_lock.lock import MAX_BYTES
+
+    text = sealed().dumps() + "# " + "x" * MAX_BYTES + "\n"
+    start = time.perf_counter()
+    with pytest.raises(LockFormatError, match="more than the") as err:
+        lock_from_checkpoint({CHECKPOINT_KEY: {"text": text, "digest": "sha256:" + "0" * 64}})
+    assert time.perf_counter() - start < 1.0 and err.value.exit_code == 5

@@ -153,7 +153,7 @@ def _child_in_this_process(monkeypatch) -> list[list[str]]:
     started: list[list[str]] = []
 
     def run(argv, request, timeout):
-        assert argv[:2] == [sys.executable, "-c"] and "kernel_lock.confirm_child import main" in argv[2], argv
+        assert argv[:2] == [sys.executable, "-I"] and "kernel_lock.confirm_child import main" in argv[-1], argv
         started.append(argv)
         out = io.StringIO()
         with contextlib.redirect_stdout(out), pytest.raises(_ChildExited):

@@ -142,3 +142,15 @@ def test_saved_file_loads_where_the_library_and_kernel_lock_cannot_be_imported(t
     )
     assert done.returncode == 0, done.stderr
     torch.testing.assert_close(torch.load(tmp_path / "y.pt"), model(x).detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_library_that_calls_sys_exit_on_import_does_not_end_the_caller(monkeypatch):
+    """``portable(model, lock)`` once ended the script with the library's sys.exit(3); factory raises
+    KernelUnavailable for the same library, and so does portable now (issue 34)."""
+    sys.modules.pop("kp_exits", None)
+    monkeypatch.setenv("KERNEL_LOCK_TRUST", "kp_zoo,kp_fastlib,kp_exits")
+    lock = sealed_lock(LOCK.replace('target = "kp_fastlib.FastLayerNorm"', 'target = "kp_exits.Norm"'), path="t.toml")
+    with pytest.raises(KernelUnavailable, match=r"sys.exit\(3\)"):
+        kernel_lock.portable(torch.nn.Sequential(torch.nn.Linear(2, 2)), lock)
+    with pytest.raises(KernelUnavailable, match=r"sys.exit\(3\)"):
+        lock.factory("LayerNorm", verify_environment=False)

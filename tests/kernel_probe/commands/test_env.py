@@ -72,10 +72,11 @@ def test_env_text_report_fits_60_columns_without_colour(capsys, monkeypatch):
     assert "\x1b[" not in out
 
 
-@pytest.mark.parametrize("argv", [["env", "--timeout", "0"], ["env", "--timeout", "-3"]])
-def test_env_bad_timeout_is_a_usage_error(argv, capsys):
-    assert cli.main(argv) == 2
-    assert "--timeout" in capsys.readouterr().err
+@pytest.mark.parametrize("value", ["0", "-3", "nan", "inf", "1e9"])
+def test_env_bad_timeout_is_a_usage_error(value, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["env", "--timeout", value])
+    assert exc.value.code == 2 and "--timeout" in capsys.readouterr().err
 
 
 def test_env_unknown_option_exits_2():

@@ -99,7 +99,6 @@ def test_hand_edited_lock_needs_force(probed, tmp_path, capsys):
         (["--dtype", "bf16"], 2, "--precision"),
         (["--pin", "RMSNorm"], 2, "expected SLOT=ID"),
         (["--pin", "Rmsnorm=x"], 2, "unknown slot"),
-        (["--reps", "0"], 2, "at least 1"),
     ],
 )
 def test_bad_arguments(tmp_path, capsys, argv, code, words):
@@ -430,3 +429,23 @@ def test_the_file_lock_beside_a_lock_is_ignored_by_git(tmp_path):
     for candidate in (name, file_lock_path(ROOT / "site.toml").name):
         done = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", "-q", candidate])
         assert done.returncode == 0, f"{candidate} is not ignored by .gitignore"
+
+
+@pytest.mark.parametrize("flag", ["--lock-timeout", "--timeout", "--import-timeout", "--reps"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0", "1e12", "abc"])
+def test_numeric_options_are_finite_positive_and_bounded(tmp_path, capsys, flag, value):
+    """--lock-timeout nan once never timed out (busy-polling), inf waited forever, -1 gave up at once (issue 34)."""
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(tmp_path / "k.toml"), flag, value])
+    assert exc.value.code == 2 and flag in capsys.readouterr().err
+    assert not (tmp_path / "k.toml").exists()
+
+
+@pytest.mark.parametrize("field", ["timeout", "import_timeout", "lock_timeout"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0, 0.0])
+def test_the_library_request_is_held_to_the_same_bounds(field, value):
+    from kernel_probe.errors import UsageError
+    from kernel_probe.probe.planning import ProbeRequest, plan
+
+    with pytest.raises(UsageError, match="positive, finite"):
+        plan(ProbeRequest(**{field: value}))

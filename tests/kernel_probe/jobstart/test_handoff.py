@@ -362,7 +362,7 @@ def test_rank_0_failing_before_any_work_still_releases_the_others(tmp_path, monk
         pipeline.run(planning.ProbeRequest(out=out, **{**REQUEST, "reps": 0}))
     with pytest.raises(RankFailed) as err:
         handoff.wait(out, job_rank(1, local=1), mode="job", timeout=5)
-    assert err.value.exit_code == 2 and "--reps must be at least 1" in err.value.problem
+    assert err.value.exit_code == 2 and "--reps must be a whole number from 1" in err.value.problem
 
 
 @pytest.mark.parametrize("special", ["fifo", "huge"])
@@ -382,3 +382,89 @@ def test_a_special_file_where_the_job_marker_should_be_fails_fast_naming_it(tmp_
     with pytest.raises(InputFileError) as err:
         handoff.wait(out, rank, mode="job", timeout=5)
     assert err.value.exit_code == 5 and err.value.path == str(path) and f"remove {path}" in err.value.fix
+
+
+# ---- issue 34: the marker through the one writer and the one typed reader; identity; rank 0's bad argument
+def test_a_link_planted_at_the_marker_path_is_never_written_through(tmp_path):
+    out, victim = tmp_path / "L.toml", tmp_path / "victim.txt"
+    victim.write_text("precious")
+    rank = job_rank()
+    handoff.marker_path(out, rank).symlink_to(victim)
+    with pytest.raises(kernel_lock.LockFormatError, match="symbolic link"):
+        handoff.publish(out, rank, Marker("reused", rank.key, "r0", "h"), "")
+    assert victim.read_text() == "precious"
+
+
+def test_a_node_local_folder_made_beforehand_by_someone_else_is_neither_used_nor_read(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    out, rank, victim = tmp_path / "k.toml", job_rank(1, local=1), tmp_path / "victim.txt"
+    victim.write_text("precious")
+    local = handoff.node_dir(out, rank)
+    local.mkdir(parents=True)
+    os.chmod(local.parent, 0o777)  # what another user on the node would have left, open to all
+    forged = Marker("written", rank.key, "an attacker", "h", digest="sha256:" + "0" * 64)
+    (local / "ready").write_text(json.dumps({"marker": dataclasses.asdict(forged), "lock": "forged"}))
+    assert handoff._from_local(local / "ready", rank) is None  # never read from there
+    (local / "ready").unlink()
+    (local / "ready").symlink_to(victim)
+    handoff._publish_local(out, rank, Marker("reused", rank.key, "r0", "h"), "lock text")
+    assert victim.read_text() == "precious"
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"exit_code": 256}, "exit_code"),  # 256 & 0xFF once made a failure exit 0
+        ({"exit_code": "abc"}, "exit_code"),
+        ({"exit_code": 7}, "exit_code"),  # not in the documented table
+        ({"exit_code": True}, "exit_code"),
+        ({"exit_code": 0}, "exit_code"),  # a failure with code 0
+        ({"outcome": "won"}, "outcome"),
+        ({"problem": ["x"]}, "problem"),
+        ({"job": "x" * 500}, "job"),
+        ({"extra": 1}, "extra"),
+    ],
+)
+def test_a_marker_is_read_by_the_typed_reader(tmp_path, change, key):
+    rank = job_rank(1, local=0)
+    good = dataclasses.asdict(Marker("failed", rank.key, "r0", "h", problem="boom", exit_code=5))
+    handoff.marker_path(tmp_path / "k.toml", rank).write_text(json.dumps({**good, **change}))
+    with pytest.raises(handoff.MarkerError) as err:
+        handoff.wait(tmp_path / "k.toml", rank, mode="job", timeout=5)
+    assert err.value.exit_code == 5 and err.value.key == key and str(err.value.path).endswith(rank.key)
+
+
+def test_a_marker_of_another_identity_is_never_taken(tmp_path):
+    rank = job_rank(1, local=0)
+    other = dataclasses.asdict(Marker("reused", "slurm-77.0-a0", "r0", "h"))
+    handoff.marker_path(tmp_path / "k.toml", rank).write_text(json.dumps(other))
+    with pytest.raises(handoff.MarkerError, match="not this one"):
+        handoff.wait(tmp_path / "k.toml", rank, mode="job", timeout=5)
+
+
+def test_torchrun_steps_of_one_slurm_job_have_their_own_markers(tmp_path):
+    from kernel_probe.jobstart.ranks import detect
+
+    base = {"RANK": "1", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "77", "SLURM_JOB_ID": "77"}
+    step0, step1 = (detect({**base, "SLURM_STEP_ID": s}).rank for s in ("0", "1"))
+    assert step0 is not None and step1 is not None
+    out = tmp_path / "k.toml"
+    handoff.publish(out, dataclasses.replace(step0, rank=0), Marker("reused", step0.key, "r0", "h"), "")
+    with pytest.raises(WaitTimeout):  # step 1's rank 1 waits for its own rank 0, not step 0's marker
+        handoff.wait(out, step1, mode="job", timeout=0.3)
+
+
+@pytest.mark.parametrize("argv", [["--timeout", "-1"], ["--lock-timeout", "nan"], ["--reps", "0"]])
+def test_rank_0_given_a_bad_argument_fails_every_rank_with_its_exit_code(tmp_path, monkeypatch, argv):
+    from kernel_probe.cli import main
+
+    out = tmp_path / "shared" / "k.toml"
+    out.parent.mkdir()
+    slurm(monkeypatch, tmp_path, 0, local=0)
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(out), *argv])
+    assert exc.value.code == 2
+    with pytest.raises(RankFailed) as err:
+        handoff.wait(out, job_rank(1, local=1), mode="job", timeout=5)
+    assert err.value.exit_code == 2 and argv[0] in err.value.problem

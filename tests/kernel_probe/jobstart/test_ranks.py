@@ -51,7 +51,7 @@ CRAY_PMI = {"PMI_RANK": "5", "PMI_SIZE": "8", "PMI_LOCAL_RANK": "0", "SLURM_JOB_
         # torchrun inside srun: the process is torchrun's rank (Slurm's is the node's one task)
         (
             {**SLURM, "SLURM_PROCID": "1", "SLURM_NTASKS": "4", **TORCHRUN},
-            JobRank("torchrun", 9, "exp7", "2", 16, 1, 2),
+            JobRank("torchrun", 9, "exp7.0", "0.2", 16, 1, 2),
         ),
         # torchrun without --rdzv-id ("none"): the batch system's job; its requeues and torchrun's restarts
         (
@@ -158,5 +158,16 @@ def test_the_job_key_tells_jobs_steps_and_attempts_apart_and_is_a_file_name():
         ),
     }
     assert len(keys) == 7
+    # torchrun's own --rdzv-id=$SLURM_JOB_ID is the same in every srun step and after a requeue (issue 34)
+    rdzv = {**TORCHRUN, **SLURM, "TORCHELASTIC_RUN_ID": "4242"}
+    steps = {key(rdzv), key({**rdzv, "SLURM_STEP_ID": "1"}), key({**rdzv, "SLURM_RESTART_COUNT": "1"})}
+    assert len(steps) == 3
     hostile = key({**PALS, "PALS_APID": "../../etc/passwd x"})
     assert "/" not in hostile and " " not in hostile
+
+
+@pytest.mark.parametrize("value", ["²", "٣", "1e3", "0x1", "-1", "1" * 12])
+def test_a_rank_in_other_digits_is_a_usage_error_not_a_crash(value):
+    """``str.isdigit`` takes '²', which int() refuses: once an unexpected ValueError (exit 1) (issue 34)."""
+    with pytest.raises(RankVariableError, match="not a whole number"):
+        detect({"RANK": value, "WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "x"})

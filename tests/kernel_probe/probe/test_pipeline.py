@@ -149,7 +149,9 @@ def site(**slots) -> SimpleNamespace:
     """A stand-in for a profile: its name and per-slot policy."""
     policy = {
         slot: SimpleNamespace(
-            allowed=tuple(p.get("allowed", ())), pin=p.get("pin"), preferred=tuple(p.get("prefer", ()))
+            allowed=tuple(p["allowed"]) if "allowed" in p else None,
+            pin=p.get("pin"),
+            preferred=tuple(p.get("prefer", ())),
         )
         for slot, p in slots.items()
     }
@@ -165,6 +167,7 @@ def site(**slots) -> SimpleNamespace:
         (site(RMSNorm={"allowed": ["torch.rms_norm"]}), "torch.rms_norm", None),
         (site(RMSNorm={"allowed": ["torch.rms_norm"]}), "liger.rms_norm", "not allowed by profile site"),
         (site(LayerNorm={"allowed": ["torch.layer_norm"]}), "liger.rms_norm", None),  # another slot's list
+        (site(RMSNorm={"allowed": []}), "torch.rms_norm", "not allowed by profile site"),  # [] allows nothing
     ],
 )
 def test_refused_by_the_profiles_allow_list(cpu, profile, cid, refused):

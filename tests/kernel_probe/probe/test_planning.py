@@ -40,8 +40,8 @@ def on(monkeypatch):
     [
         (ProbeRequest(shapes=("64x",)), UsageError, "--shape '64x': expected ROWSxHIDDEN"),
         (ProbeRequest(shapes=("2048x1024", "0x8")), UsageError, "--shape '0x8'"),
-        (ProbeRequest(reps=0), UsageError, "--reps must be at least 1"),
-        (ProbeRequest(reps=-3), UsageError, "--reps must be at least 1"),
+        (ProbeRequest(reps=0), UsageError, "--reps must be a whole number from 1"),
+        (ProbeRequest(reps=-3), UsageError, "--reps must be a whole number from 1"),
         (ProbeRequest(precision="fp8"), UsageError, "unknown precision 'fp8'"),
         (ProbeRequest(check_only=True, force=True), UsageError, "--check and --force contradict each other"),
         (ProbeRequest(candidates=("Norm=mylib.X",)), UsageError, "unknown slot 'Norm'"),

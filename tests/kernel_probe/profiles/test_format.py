@@ -128,3 +128,44 @@ def test_site_libraries_and_candidate_distributions_are_known(tmp_path, capsys):
     assert check(tmp_path, cand, capsys)[0] == 0
     for dist in ("transformer-engine-cu12", "liger-kernel-nightly", "pytorch-triton-rocm"):  # distribution names
         assert check(tmp_path, GPU_PROFILE + f'[requires.forbidden]\n"{dist}" = ""\n', capsys)[0] == 0
+
+
+# ---- issue 34: policy rules ----------------------------------------------------------------------------
+def test_allowed_empty_allows_nothing_and_a_pin_or_preference_then_contradicts_it(tmp_path, capsys):
+    from kernel_probe.profiles.format import parse
+
+    text = GPU_PROFILE + "\n[policy.LayerNorm]\nallowed = []\n"
+    prof = parse(text, "p.toml")
+    assert prof.slots["LayerNorm"].allowed == ()
+    code, out = check(tmp_path, text + 'pin = "torch.layer_norm"\n', capsys)
+    assert code == 5 and "is not in policy.LayerNorm.allowed" in out
+
+
+def test_allowed_empty_refuses_every_pin_on_the_command_line(tmp_path, capsys):
+    from tests.kernel_probe.profiles.cases import CPU_PROFILE
+
+    p = tmp_path / "mysite.toml"
+    p.write_text(CPU_PROFILE + "\n[policy.LayerNorm]\nallowed = []\n")
+    argv = ["--profile", str(p), "--out", str(tmp_path / "k.toml"), "--pin", "LayerNorm=torch.layer_norm"]
+    assert main([*argv, "--slot", "LayerNorm"]) == 2
+    assert "does not allow it" in capsys.readouterr().err
+
+
+def test_an_empty_pin_is_an_error(tmp_path, capsys):
+    code, out = check(tmp_path, GPU_PROFILE + '\n[policy.LayerNorm]\npin = ""\n', capsys)
+    assert code == 5 and "'policy.LayerNorm.pin'" in out and "pins nothing" in out
+
+
+@pytest.mark.parametrize("target", ["pkg.__main__.Norm", "pkg._private.Norm"])
+def test_a_candidate_target_goes_through_the_refusal_rules_of_candidate(tmp_path, capsys, target):
+    extra = f'\n[[candidate]]\nid = "site.norm"\nslots = ["LayerNorm"]\ntarget = "{target}"\n'
+    code, out = check(tmp_path, GPU_PROFILE + extra, capsys)
+    assert code == 5 and "'candidate[0].target'" in out and "never imported" in out
+
+
+@pytest.mark.parametrize("spelling", ["NVIDIA", "Nvidia"])
+def test_a_variant_in_a_profile_is_case_insensitive(tmp_path, capsys, spelling):
+    from kernel_probe.profiles.format import parse
+
+    text = GPU_PROFILE.replace("[requires]", f'[requires]\nforbidden = {{ "transformer-engine@{spelling}" = "" }}', 1)
+    assert "transformer-engine@nvidia" in parse(text, "p.toml").requires["forbidden"]

@@ -126,3 +126,44 @@ def test_a_described_nodes_libraries_count_as_installed(capsys):
 def test_the_example_nodes_are_package_data():
     text = (ROOT / "pyproject.toml").read_text()
     assert '"profiles/sites/nodes/*.json"' in text
+
+
+# ---- issue 34: every value through the typed reader; variants case-insensitive --------------------------
+def _alps(**change) -> dict:
+    doc = json.loads((nodes.examples()["alps-gh200"]).read_text())
+    for dotted, value in change.items():
+        *path, last = dotted.split("__")
+        node = doc
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return doc
+
+
+@pytest.mark.parametrize(
+    "change,key",
+    [
+        ({"site__markers": 5}, "site.markers"),  # once an unexpected TypeError (exit 1)
+        ({"site__markers": [5]}, "site.markers[0]"),
+        ({"libraries__transformer-engine__distributions": "abc"}, "libraries.transformer-engine.distributions"),
+        ({"libraries__transformer-engine__variant": ["nvidia"]}, "libraries.transformer-engine.variant"),
+        ({"libraries__transformer-engine__variant": "nvidai"}, "libraries.transformer-engine.variant"),
+        ({"libraries__transformer-engine__version": 2}, "libraries.transformer-engine.version"),
+        ({"fingerprint__device-count": 10**12}, "fingerprint.device-count"),
+        ({"site__hostname": "h" * 1000}, "site.hostname"),
+        ({"env": {"A": 1}}, "env.A"),
+    ],
+)
+def test_a_wrong_type_anywhere_in_a_node_is_exit_5_naming_the_key(change, key, tmp_path, capsys):
+    p = tmp_path / "n.json"
+    p.write_text(json.dumps(_alps(**change)))
+    code, out, err = run_cli(["profiles", "match", "frontier", "--node", p], capsys)
+    assert code == 5 and f"'{key}'" in err and str(p) in err and "unexpected" not in err, err
+
+
+def test_a_variant_is_case_insensitive_on_the_node(tmp_path, capsys):
+    """A node whose TE variant read "NVIDIA" once met a profile forbidding transformer-engine@nvidia."""
+    p = tmp_path / "n.json"
+    p.write_text(json.dumps(_alps(**{"libraries__transformer-engine__variant": "NVIDIA"})))
+    code, result = match(["frontier", "--node", str(p)], capsys)
+    assert code == 4 and any(u["field"] == "library transformer-engine@nvidia" for u in result["unmet"])

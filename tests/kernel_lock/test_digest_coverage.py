@@ -1,0 +1,81 @@
+"""The digest covers every table of the lock but the seal, by construction (issue 34: the digest could stop
+covering [provenance], which decides whether a lock is reused, and no test noticed)."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import tomllib
+
+import kernel_lock
+from kernel_lock import LockError, _toml
+from kernel_lock.document import SEAL, LockDocument
+from tests.kernel_lock.test_document import _full_lock
+
+
+def full_text() -> str:
+    """A lock with every top-level key of the schema, sealed."""
+    lock = _full_lock()
+    text = lock.dumps().replace(f'{SEAL} = "{lock.digest}"\n', "")
+    text += (
+        '\n[profile]\nname = "site"\ndigest = "sha256:' + "0" * 64 + '"\nmatched = "explicit"\nsource = "p.toml"\n'
+        '\n[provenance]\ninputs = "sha256:' + "1" * 64 + '"\ncommand = "kernel-probe --out k.toml"\n'
+    )
+    text = text.replace('created-by = "hand"', 'created-by = "hand"\ncreated-at = "2026-12-01T00:00:00Z"')
+    sealed = kernel_lock.loads(text, emit_warnings=False).sealed()
+    return sealed.dumps()
+
+
+def leaves(d: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    if isinstance(d, dict):
+        for k, v in d.items():
+            yield from leaves(v, (*path, k))
+    elif isinstance(d, list) and d:
+        for i, v in enumerate(d):
+            yield from leaves(v, (*path, i))
+    else:
+        yield path
+
+
+def edited(value: Any) -> Any:
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 1
+    if isinstance(value, str):
+        return value + "x"
+    return ["x"]  # an empty list
+
+
+def test_the_full_lock_has_every_top_level_key_of_the_schema():
+    data = tomllib.loads(full_text())
+    assert set(LockDocument._KEYS) <= set(data), set(LockDocument._KEYS) - set(data)
+    assert set(data) - {SEAL} == set(kernel_lock.loads(full_text()).covered())
+
+
+def test_editing_any_value_of_any_table_is_seen_by_the_digest():
+    text = full_text()
+    assert kernel_lock.loads(text).intact
+    data = tomllib.loads(text)
+    paths = [p for p in leaves(data) if p[0] != SEAL]
+    assert {p[0] for p in paths} == set(LockDocument._KEYS) - {SEAL}  # every table, [provenance] included
+    for path in paths:
+        changed = tomllib.loads(text)
+        node = changed
+        for part in path[:-1]:
+            node = node[part]
+        node[path[-1]] = edited(node[path[-1]])
+        new_text = _toml.dumps(changed)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                lock = kernel_lock.loads(new_text, check_targets=False)
+            except LockError:
+                continue  # refused outright: no less safe
+        assert not lock.intact, path
+        assert any("digest" in str(w.message) for w in caught), path
+        with pytest.raises(LockError):
+            kernel_lock.loads(new_text, strict=True, check_targets=False)

@@ -1,0 +1,109 @@
+"""kernel_lock.launch: the one child launcher. A ``json.py``, ``tempfile.py`` and ``sitecustomize.py``
+planted in the working directory run in no child (issue 34, point 2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernel_lock.launch import cwd_like, python_argv, pythonpath_roots, start, trusted_roots
+
+PLANTED = ("json", "tempfile", "sitecustomize", "kp_local_only")
+
+
+@pytest.fixture
+def planted(tmp_path, monkeypatch) -> Path:
+    """A working directory with modules that, if imported, leave a file saying so."""
+    work = tmp_path / "work"
+    work.mkdir()
+    for name in PLANTED:
+        (work / f"{name}.py").write_text(
+            f"open({str(tmp_path / ('RAN-' + name))!r}, 'w').close()\n"
+            + ('VERDICT = "forged"\n' if name == "kp_local_only" else "raise SystemExit(0)\n")
+        )
+    monkeypatch.chdir(work)
+    return tmp_path
+
+
+def ran(root: Path) -> list[str]:
+    return sorted(p.name[4:] for p in root.glob("RAN-*"))
+
+
+def run_code(code: str, **kw) -> subprocess.CompletedProcess[str]:
+    proc = start(python_argv(code, **kw), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out.decode(), err.decode())
+
+
+def test_the_working_directory_is_never_on_the_childs_path_nor_runs_in_it(planted):
+    code = "import json, tempfile, sys, os; print(json.dumps([sys.path, json.__file__, sys.flags.isolated]))"
+    done = run_code(code, roots=["", ".", os.getcwd(), str(planted / "root")])
+    assert done.returncode == 0, done.stderr
+    path, json_file, isolated = json.loads(done.stdout)
+    assert isolated == 1 and ran(planted) == []
+    assert "" not in path and os.getcwd() not in path and path[0] == str(planted / "root")
+    assert not json_file.startswith(os.getcwd())
+
+
+def test_keep_cwd_puts_it_last_a_local_module_is_found_nothing_installed_is_shadowed(planted):
+    done = run_code("import json, tempfile, kp_local_only; print(kp_local_only.VERDICT)", keep_cwd=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "forged" and ran(planted) == ["kp_local_only"]
+
+
+def test_pythonpath_is_read_by_the_launcher_not_by_the_interpreter(planted, monkeypatch):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(["", ".", str(planted / "lib"), os.getcwd()])}
+    assert pythonpath_roots(env) == [str(planted / "lib")]
+    monkeypatch.setenv("PYTHONSTARTUP", str(Path.cwd() / "json.py"))  # -I: no PYTHON* variable is read
+    done = run_code("import json", roots=pythonpath_roots(env))
+    assert done.returncode == 0 and ran(planted) == []
+
+
+def test_trusted_roots_spellings(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cwd_like("") and cwd_like(".") and cwd_like(str(tmp_path)) and not cwd_like("/usr")
+    assert trusted_roots(["", "rel", "/a", "/a"]) == [str(tmp_path / "rel"), "/a"]
+
+
+def test_the_child_leads_its_own_session(planted):
+    done = run_code("import os; print(os.getsid(0) == os.getpid())")
+    assert done.stdout.strip() == "True"
+
+
+# ---- every real child: the isolation BOOT (worker, env's import checks, check-config's children) and the
+# confirming child of the job-start check and rehash
+def test_a_boot_child_runs_none_of_them(planted):
+    from kernel_probe.isolation.child import run_function
+
+    result = run_function("os.path", "basename", "/a/b", timeout=60)
+    assert result.ok and result.value == "b", result
+    assert ran(planted) == []
+
+
+@pytest.mark.slow
+def test_the_worker_runs_none_of_them(planted):
+    from kernel_probe.isolation.worker import Worker
+
+    with Worker() as worker:
+        worker._start()  # a real worker, up and answering its ping
+        assert worker.started == 1
+    assert ran(planted) == []
+
+
+@pytest.mark.slow
+def test_the_confirming_child_runs_none_of_them_and_its_verdict_stands(planted, minimal_lock_text):
+    """A json.py printing a forged verdict once made `--check` exit 0 while `verify` exited 3."""
+    from kernel_lock import loads
+    from kernel_lock.confirming import child_verdicts
+
+    lock = loads(
+        minimal_lock_text.replace("torch.nn.LayerNorm", "torch.nn.Identity"), path="L.toml", emit_warnings=False
+    )
+    verdicts = child_verdicts(lock, "training", {"LayerNorm": "its class is judged by importing it"})
+    assert ran(planted) == [] and verdicts["LayerNorm"] is not None
+    assert sys.modules.get("kp_local_only") is None
