@@ -30,7 +30,7 @@ import torch
 
 from kernel_lock.attention import alibi_bias, band_mask
 from kernel_lock.slots import CANONICAL
-from kernel_probe.isolation.protocol import CheckReply, MeasurementRow, TimeReply, TimingRow
+from kernel_probe.isolation.protocol import CheckReply, ErrorStats, MeasurementRow, TimeReply, TimingRow
 from kernel_probe.probe.attention_geometry import parse_geometry
 from kernel_probe.probe.candidates import Candidate, fill
 from kernel_probe.probe.measure import first_line, import_class, torch_dtype
@@ -265,14 +265,29 @@ class _Refused(Exception):
 
 def _errors(
     got: Mapping[str, Any], bases: list[Mapping[str, Any]], ref: Mapping[str, Any], vanishing: tuple[str, ...]
-) -> dict[str, list[float]]:
-    """output -> [candidate's error, torch's paths' (the larger of the math and the fused ordering)]."""
+) -> tuple[dict[str, list[float]], dict[str, ErrorStats]]:
+    """output -> [candidate's error, torch's paths' (the larger of the math and the fused ordering)],
+    and output -> the RMS and bias statistics besides the max (``measure.compare``, per row of the last
+    dimension; torch's the larger of its two paths'), the norms' rule applied to attention (issue 35).
+    A vanishing output (its reference ~0: the sharp case's dq and dk) has no statistics: its error is
+    measured against max|dv| by the max alone."""
+    from kernel_probe.probe.measure import compare
+
     dv_scale = float(ref["dv"].abs().max())
-    out = {}
+    out, stats = {}, {}
     for name in OUTPUTS:
         denom = dv_scale if name in vanishing else None
         out[name] = [rel(got[name], ref[name], denom), max(rel(b[name], ref[name], denom) for b in bases)]
-    return out
+        if name in vanishing:
+            continue
+        ref64 = ref[name].detach().double()
+        per_base = [compare(got[name].detach().double(), b[name].detach().double(), ref64, rows=True)[1] for b in bases]
+        merged = per_base[0]
+        for other in per_base[1:]:
+            for key in ("rms", "bias", "sd"):
+                merged[key] = [merged[key][0], max(merged[key][1], other[key][1])]
+        stats[name] = merged
+    return out, stats
 
 
 def _cast(case: Case, dtype: Any) -> Case:
@@ -281,7 +296,9 @@ def _cast(case: Case, dtype: Any) -> Case:
     return Case(case.name, q, k, v, go, vanishing=case.vanishing)
 
 
-def _measure(mod: Any, case: Case, opts: Options, flags: dict[str, str] | None = None) -> dict[str, list[float]]:
+def _measure(
+    mod: Any, case: Case, opts: Options, flags: dict[str, str] | None = None
+) -> tuple[dict[str, list[float]], dict[str, ErrorStats]]:
     got = _run(mod, case, scale=opts.scale)
     if got["mutated"] and flags is not None:
         flags.setdefault("input-modified", case.name)
@@ -333,19 +350,20 @@ def _row(cand: Candidate, values: Mapping[str, Any], dtype_name: str, regime: st
     opts = Options.of(values)
     window = opts.window if opts.window >= 0 else CHECK_SEQ // 4
     errors: dict[str, dict[str, list[float]]] = {}
+    stats: dict[str, dict[str, ErrorStats]] = {}
     flags: dict[str, str] = {}
     try:
         mod = build(cand, values)
         mod.eval()  # dropout off: the numbers are judged without it (dropout is in the capability matrix)
         for case in cases(dtype, gen):
-            errors[case.name] = _measure(mod, case, opts, flags)
+            errors[case.name], stats[case.name] = _measure(mod, case, opts, flags)
         # the windows: the model's (or a quarter of the sequence) and the band's edge, on fresh instances
         for name, w in (("window", window), ("small-window", SMALL_WINDOW)):
             if opts.window >= 0 and name == "window":
                 inst, o = mod, opts
             else:
                 inst, o = build(cand, values, window=w).eval(), Options(w, opts.softcap, opts.alibi)
-            errors[name] = _measure(inst, random_case(dtype, gen), o)
+            errors[name], stats[name] = _measure(inst, random_case(dtype, gen), o)
             leak = _band_edge(inst, dtype, gen, w)
             if leak:
                 flags.setdefault("band-leak", leak)
@@ -354,7 +372,9 @@ def _row(cand: Candidate, values: Mapping[str, Any], dtype_name: str, regime: st
         first = random_case(dtype, gen)
         _run(inst, first)
         short = Case("second-length", *(t[:, :, : CHECK_SEQ // 2 + 5] for t in (first.q, first.k, first.v, first.go)))
-        errors["second-length"] = _measure(inst, short, Options(window, opts.softcap, opts.alibi))
+        errors["second-length"], stats["second-length"] = _measure(
+            inst, short, Options(window, opts.softcap, opts.alibi)
+        )
         # determinism: the same fwd+bwd twice, bitwise
         random = random_case(dtype, torch.Generator().manual_seed(seed))
         got = _run(mod, random)
@@ -368,6 +388,7 @@ def _row(cand: Candidate, values: Mapping[str, Any], dtype_name: str, regime: st
         row["exception"] = first_line(exc, 400)
         return row
     row["cases"] = errors
+    row["stats"] = stats
     row["flags"] = flags
     row["seconds"] = time.perf_counter() - start
     return row

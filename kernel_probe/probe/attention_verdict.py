@@ -57,18 +57,35 @@ def judge_row(cand: Candidate, device: str, row: MeasurementRow) -> Verdict:
         return v
     from kernel_probe.probe.attention import HINTS
 
+    from kernel_probe.probe.judge import STATISTICS, limits
+
     worst = 0.0
     for case, tensors in row.get("cases", {}).items():
         bad = []
         ratios = {}
+        case_stats = row.get("stats", {}).get(case, {})
         for output, (got, base) in tensors.items():
             tol = tolerance(output, base, row["dtype"])
             r = got / tol if tol > 0 and math.isfinite(got) else math.inf
+            over = [f"{output} error {got:.3g} > tolerance {tol:.3g} (math path's {base:.3g})"] if r > 1.0 else []
+            stats = case_stats.get(output)
+            if stats is not None:  # the RMS error and the bias, by the norms' rule (judge.limits)
+                lim = limits(row["dtype"], base, stats)
+                for statistic, tol_s in (("rms", lim.rms), ("bias", lim.bias)):
+                    got_s, base_s = stats[statistic][0], stats[statistic][1]  # type: ignore[literal-required]
+                    r_s = got_s / tol_s if tol_s and tol_s > 0 and math.isfinite(got_s) else math.inf
+                    v.statistics[statistic] = max(v.statistics.get(statistic, 0.0), r_s)
+                    r = max(r, r_s)
+                    if r_s > 1.0:
+                        over.append(
+                            f"{output} {STATISTICS[statistic]} {got_s:.3g} > tolerance {tol_s:.3g}"
+                            f" (torch's {base_s:.3g})"
+                        )
             ratios[output] = r
             worst = max(worst, r)
-            if r > 1.0:
+            if over:
                 v.failed.append(f"{case}:{output}")
-                bad.append(f"{output} error {got:.3g} > tolerance {tol:.3g} (math path's {base:.3g})")
+                bad.extend(over)
         v.ratios[case] = ratios
         if bad:
             v.reasons.append(f"{case} ({HINTS.get(case, case)}): {', '.join(bad)}")

@@ -16,6 +16,16 @@ def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, en
     )
 
 
+def biased_output(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """An offset bug: every output row shifted by 2.4 eps(dtype) x that row's max|out| (row-local, so no
+    key outside the band reaches it), under a third of the max-error tolerance's floor (8 eps): the max
+    error alone passes it; the bias statistic sees it."""
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+    )
+    return out + 2.4 * torch.finfo(out.dtype).eps * out.detach().abs().amax(dim=-1, keepdim=True)
+
+
 def ignores_mask(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     """Drops attn_mask: global attention whatever the model's window (keys outside the band leak in)."""
     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)

@@ -99,6 +99,22 @@ def test_the_low_precision_backward_bug_is_caught_on_the_sharp_softmax():
     assert bf16.ratios["sharp-equal-values"]["dq"] > 5
 
 
+@pytest.mark.parametrize("options", [None, {"window": 6}])
+def test_a_bias_within_the_max_error_tolerance_is_rejected_by_the_bias_statistic(options):
+    """The norms' RMS and bias rule (issue 35) on attention's outputs: an offset the max error passes."""
+    raw, report = verdict("kp_attention.biased_output", options, BOTH)
+    assert report.status == "rejected"
+    for v in report.verdicts:
+        for case, outputs in v.errors.items():  # the max error alone passes every case
+            got, base = outputs["out"]
+            assert got <= attention_verdict.tolerance("out", base, v.dtype), (v.dtype, case)
+        assert v.failed and all(f.endswith(":out") for f in v.failed)  # the gradients are torch's own
+        assert v.statistics["bias"] > 1 and any("out bias (mean signed error)" in r for r in v.reasons)
+    _, control = verdict("kp_attention.sdpa", options, BOTH)  # the same function without the offset
+    assert control.status == "accepted"
+    assert all(v.statistics["bias"] < 0.5 and v.statistics["rms"] < 1 for v in control.verdicts)
+
+
 # ---- the fake kernel libraries, called as anemoi calls them ------------------------------------------
 def test_flash_attn_2_is_accepted_but_not_deterministic(libraries):
     raw, report = verdict("kernel_lock.attention.FlashAttention2", {"window": 4, "dropout": 0.1})
