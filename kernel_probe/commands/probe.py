@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernel_lock.slots import PRECISIONS, SLOTS
+from kernel_lock.slots import ATTENTION, PRECISIONS, SLOTS
 from kernel_probe import output
 from kernel_probe.commands.numbers import count, seconds
 from kernel_probe.errors import UsageError
@@ -216,7 +216,8 @@ class ConsoleEvents(Events):
         what = f"timing {slot}: {cand_id}"
         if message is None:
             show = (lambda text: self.progress.update(self.task, description=text)) if self.terminal else output.info
-            self.timers[(slot, cand_id)] = TimingProgress(what, list(shapes), show)
+            work = attention_work if slot == ATTENTION else shape_work
+            self.timers[(slot, cand_id)] = TimingProgress(what, list(shapes), show, work=work)
             self.progress.update(self.task, description=what)
         else:
             self.timers[(slot, cand_id)](message)
@@ -265,8 +266,9 @@ class TimingProgress:
     In a terminal the line updates in place (``show`` updates the progress bar); in a log a line is
     written when a shape starts and ends, and at most every ``every`` seconds in between."""
 
-    def __init__(self, what: str, shapes: list[str], show, every: float = 10.0):
+    def __init__(self, what: str, shapes: list[str], show, every: float = 10.0, work=None):
         self.what, self.shapes, self.show, self.every = what, shapes, show, every
+        self.work = work or shape_work  # a shape's cost relative to another's (Attention: attention_work)
         self._last = -float("inf")
         self._shape: str | None = None
 
@@ -289,11 +291,25 @@ class TimingProgress:
         text = f"{where}: rep {msg.done}/{msg.total}, {per_call:.2g} s per call"
         if msg.done < msg.total:
             text += f", about {left:.0f} s left at this shape"
-        rows, hidden, _ = parse_shape(msg.shape)
-        later = sum(parse_shape(s)[0] * parse_shape(s)[1] for s in self.shapes[msg.index + 1 :])
+        later = sum(self.work(s) for s in self.shapes[msg.index + 1 :])
         if later:
-            text += f", about {per_call * (msg.total + 1) * later / (rows * hidden):.0f} s for the shapes after it"
+            text += f", about {per_call * (msg.total + 1) * later / self.work(msg.shape):.0f} s for the shapes after it"
         return text
+
+
+def shape_work(shape: str) -> float:
+    """A norm's or Linear's shape: its rows x hidden elements (what a call's time grows with)."""
+    rows, hidden, _ = parse_shape(shape)
+    return float(rows * hidden)
+
+
+def attention_work(geometry: str) -> float:
+    """An Attention geometry: heads x queries x keys seen (the band's, with a window) x head_dim."""
+    from kernel_probe.probe.attention_geometry import parse_geometry
+
+    g = parse_geometry(geometry)
+    keys = g.seq if g.window is None or g.window < 0 else min(g.seq, 2 * g.window + 1)
+    return float(g.heads * g.seq * keys * g.head_dim)
 
 
 def _report(args, result: ProbeResult) -> None:
