@@ -20,6 +20,7 @@ from pathlib import Path
 
 import yaml
 
+from kernel_lock._files import write_file
 from kernel_probe.anemoi.pipelines import check_config
 
 SCHEMA_KINDS = ("schema", "preset")
@@ -44,7 +45,7 @@ def user_mistakes(tmp: Path) -> list[Path]:
                 body[key].update(value)
             else:
                 body[key] = value
-        path.write_text(yaml.safe_dump(body, sort_keys=False))
+        write_file(path, yaml.safe_dump(body, sort_keys=False))
         out.append(path)
     return out
 

@@ -3,12 +3,20 @@
 Goal (issue 2): under 50 ms extra. Both are measured in this one run, interleaved, as the median of
 fresh interpreter starts, so machine noise hits both alike. Prints figures; asserts nothing.
 
+Bytecode (issue 38): an installed wheel carries its ``.pyc`` files; an editable install in an
+environment with ``PYTHONDONTWRITEBYTECODE=1`` (these machines set it) has none, so every start
+compiles every kernel_lock module it imports from source. The children here may write their
+bytecode (``__pycache__``, ignored by git), as an install has it, and the figure without bytecode is
+printed beside: the compile time of the kernel_lock modules the path imports, measured in the same
+process.
+
     python benchmarks/import_cost.py [--runs 9]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -20,9 +28,24 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+ENV = dict(os.environ)
+
+
+def child(code: str, *, capture: bool = False) -> str:
+    """Run ``code`` in a fresh interpreter started by the one launcher (``kernel_lock.launch``: ``-I``,
+    this checkout first on its path, its own session); its stdout when ``capture``."""
+    from kernel_lock.launch import python_argv, start
+
+    proc = start(python_argv(code, roots=[str(ROOT)]), env=ENV, stdout=subprocess.PIPE if capture else None)
+    out, _ = proc.communicate()
+    if proc.returncode:
+        raise SystemExit(f"the child running {code.splitlines()[0]!r} exited {proc.returncode}")
+    return (out or b"").decode()
+
+
 def wall(code: str) -> float:
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+    child(code)
     return time.perf_counter() - t
 
 
@@ -32,10 +55,11 @@ def main() -> None:
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as d:
+        ENV.pop("PYTHONDONTWRITEBYTECODE", None)
         path = Path(d) / "kernel-lock.toml"
         # a real lock for this machine (one cold probe, not timed): verify checks its whole fingerprint
         subprocess.run(
-            [sys.executable, "-m", "kernel_probe", "--out", str(path)],
+            [sys.executable, "-m", "kernel_probe", "--out", str(path), "--timeout", "300", "--import-timeout", "300"],
             check=True,
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
@@ -64,16 +88,17 @@ def main() -> None:
             f"lock = kernel_lock.load({str(path)!r}); t2 = time.perf_counter()\n"
             "lock.verify(); t3 = time.perf_counter()\n"
             "[lock.factory(s)(8, 8) if s == 'Linear' else lock.factory(s)(8) for s in kernel_lock.SLOTS]; t4 = time.perf_counter()\n"
-            "print(json.dumps([t1 - t0, t2 - t1, t3 - t2, t4 - t3]))"
+            "import sys\n"
+            "files = [m.__file__ for n, m in list(sys.modules.items()) if n.split('.')[0] == 'kernel_lock' and getattr(m, '__file__', None)]\n"
+            "t5 = time.perf_counter()\n"
+            "[compile(open(f, encoding='utf-8').read(), f, 'exec') for f in files]\n"
+            "print(json.dumps([t1 - t0, t2 - t1, t3 - t2, t4 - t3, time.perf_counter() - t5, len(files)]))"
         )
         import json
 
         splits = []
         for _ in range(args.runs):
-            out = subprocess.run(
-                [sys.executable, "-c", split_code], check=True, cwd=ROOT, capture_output=True, text=True
-            )
-            splits.append(json.loads(out.stdout))
+            splits.append(json.loads(child(split_code, capture=True)))
     med = {k: statistics.median(v) for k, v in times.items()}
     base = med["import torch"]
     print(f"runs per case: {args.runs} (median wall time of a fresh interpreter)")
@@ -88,6 +113,12 @@ def main() -> None:
     print(
         f"in-process total extra: {sum(parts):.1f} ms (goal: under 50 ms); ratio to import torch: "
         f"{1 + sum(parts) / 1000 / base:.3f}"
+    )
+    compiling = statistics.median(s[4] for s in splits) * 1000
+    print(
+        f"without bytecode (PYTHONDONTWRITEBYTECODE=1, no __pycache__: an editable install on these machines) "
+        f"add compiling the {int(splits[0][5])} kernel_lock modules this path imports: {compiling:.1f} ms "
+        f"(total {sum(parts) + compiling:.1f} ms)"
     )
 
 

@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from kernel_lock._files import write_file
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # Counts what a process opens and imports, written at exit as JSON to $JOBSTART_COUNTS/<pid>.json.
@@ -47,10 +49,11 @@ def _hook(event, args):
 
 
 def _write():
-    path = os.path.join(_out, f"{os.getpid()}.json")
-    with open(path, "w") as fh:
-        json.dump({"argv": sys.argv, "opened": len(_opened), "distinct": len(set(_opened)),
-                   "modules": len(sys.modules), "torch": "torch" in sys.modules}, fh)
+    record = {"argv": sys.argv, "opened": len(_opened), "distinct": len(set(_opened)),
+              "modules": len(sys.modules), "torch": "torch" in sys.modules}  # counted before the write's import
+    from kernel_lock._files import write_file  # the one safe writer
+
+    write_file(os.path.join(_out, f"{os.getpid()}.json"), json.dumps(record))
 
 
 if _out:
@@ -116,7 +119,7 @@ def main() -> None:
             wall([*probe, "--out", str(lock), *args.extra])
         site = Path(d) / "site"
         site.mkdir()
-        (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+        write_file(site / "sitecustomize.py", SITECUSTOMIZE)
 
         commands = {
             'python -c "import torch"': [sys.executable, "-c", "import torch"],

@@ -27,11 +27,13 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from kernel_lock._files import write_file
+from kernel_lock.launch import python_argv, start
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PROBE = ["--slot", "LayerNorm", "--shape", "64x32", "--reps", "1"]
@@ -58,8 +60,8 @@ out = []
 for p in procs:
     o, e = p.communicate()
     out.append({"code": p.returncode, "stdout": o, "stderr": e})
-with open(sys.argv[2], "w") as fh:
-    json.dump(out, fh)
+from kernel_lock._files import write_file  # the one safe writer
+write_file(sys.argv[2], json.dumps(out))
 """
 
 LINE = re.compile(r"^(\d+)\s+(\d\d):(\d\d):(\d\d\.\d+)\s+(\w+)\(")
@@ -97,12 +99,15 @@ def run_job(args, shared: Path, nodes_dir: Path, job: str, site: Path | None, tr
             argv = [sys.executable, "-m", "kernel_probe", "--out", str(lock), "--json", *args.extra]
             jobs.append({"argv": argv, "env": env, "cwd": str(nodes_dir)})  # not a checkout: --tree decides
     results, spec = trace.with_suffix(".json"), trace.with_suffix(".jobs")
-    spec.write_text(json.dumps(jobs))
+    write_file(spec, json.dumps(jobs))
     strace = ["strace", "-f", "-y", "-qq", "-tt", "-o", str(trace), "-e", "trace=%file,flock,fcntl"]
     if args.seccomp:
         strace.insert(1, "--seccomp-bpf")
     began = time.perf_counter()
-    subprocess.run([*strace, sys.executable, "-c", LAUNCHER, str(spec), str(results)], check=True)
+    # the launcher of the ranks is a Python child: started by the one launcher (kernel_lock.launch), under strace
+    launcher = start([*strace, *python_argv(LAUNCHER, [str(spec), str(results)], roots=[str(ROOT)])])
+    if launcher.wait():
+        raise SystemExit(f"strace or the launcher of the ranks exited {launcher.returncode}")
     wall = time.perf_counter() - began
     replies = json.loads(results.read_text())
     return {"wall": wall, "replies": replies, **count(trace, str(shared))}
@@ -178,7 +183,7 @@ def main() -> None:
         if args.no_flock:
             site = work / "site"
             site.mkdir()
-            (site / "sitecustomize.py").write_text(NO_FLOCK)
+            write_file(site / "sitecustomize.py", NO_FLOCK)
         keep = args.keep or work
         keep.mkdir(parents=True, exist_ok=True)
         print(

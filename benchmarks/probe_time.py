@@ -1,66 +1,130 @@
-"""kernel-probe at job start: cold probe time, warm reuse cost, and decision stability.
+"""kernel-probe at job start: cold probe time before and after issue 38, warm reuse cost, decision stability.
 
-Prints, measured in this one run (ratios, so machine noise hits both sides alike):
-  - warm reuse wall time / `python -c "import torch"`   (goal: at most 1.3)
-  - cold probe wall time on this machine                   (goal on 2 CPU cores: at most 15 s; GPU: 45 s)
-  - the choices of 5 cold probes                           (goal: the same 5 of 5)
+Prints, measured in this one run, before and after interleaved (so machine noise hits both alike):
+  - cold probe wall time with the default options, and with --precision 32-true: before, after, ratio
+    (goals on this 2-core CPU: at most 15 s with the defaults, 10 s with 32-true)
+  - whether before and after chose the same implementation in every slot, with the same verdicts
+  - warm reuse wall time / `python -c "import torch"`      (goal: at most 1.3)
+  - the choices of the cold probes                          (goal: all the same)
 
-    python benchmarks/probe_time.py [--cold 5] [--warm 7] [-- extra kernel-probe args]
+"Before" is today's behaviour before issue 38 (every accepted candidate timed with the device's
+default repetitions: ``--reps 5`` on a CPU, which keeps the fixed count), or, with ``--before-tree
+DIR``, the code of another checkout (a worktree of the previous commit) run with ``PYTHONPATH=DIR``.
+``--emulate-avx2`` runs both with ``ONEDNN_MAX_CPU_ISA=AVX2``: oneDNN then has no bf16 path, as on
+an AVX2-only CPU (the one issue 38 was measured on), and bf16 matmul is emulated.
+
+    python benchmarks/probe_time.py [--cold 3] [--warm 5] [--before-tree DIR] [--emulate-avx2]
+                                    [--precisions default,32-true] [-- extra kernel-probe args]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def wall(argv: list[str]) -> float:
+def wall(argv: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> float:
+    """Seconds the command took; a failure is printed with the end of its output and raises."""
     t = time.perf_counter()
-    subprocess.run(argv, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done = subprocess.run(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        tail = [line for line in done.stderr.splitlines() if not line.startswith(("checking ", "timing "))][-6:]
+        print(f"FAILED (exit {done.returncode}): {' '.join(argv)}", *tail, sep="\n  ", file=sys.stderr)
+        raise SystemExit(1)
     return time.perf_counter() - t
+
+
+def outcome(path: Path) -> tuple[dict[str, str], dict[str, dict[str, str]], int]:
+    """(per slot the implementation chosen, per slot every candidate's status, the timed calls in all)."""
+    import kernel_lock
+
+    lock = kernel_lock.load(path)
+    chosen = {name: slot.implementation for name, slot in lock.slots.items()}
+    statuses = {
+        name: {slot.implementation: "chosen", **{r.implementation: r.status for r in slot.rejected}}
+        for name, slot in lock.slots.items()
+    }
+    calls = sum(int(t.get("reps", 0)) for slot in lock.slots.values() for t in slot.timing)
+    return chosen, statuses, calls
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--cold", type=int, default=5)
-    ap.add_argument("--warm", type=int, default=7)
+    ap.add_argument("--cold", type=int, default=3, help="cold probes per side and precision")
+    ap.add_argument("--warm", type=int, default=5, help="warm reuses (0: skip)")
+    ap.add_argument("--before-tree", type=Path, help="a checkout of the code before (PYTHONPATH=DIR)")
+    ap.add_argument("--before-reps", type=int, default=5, help="without --before-tree: today's fixed count")
+    ap.add_argument("--emulate-avx2", action="store_true", help="ONEDNN_MAX_CPU_ISA=AVX2 for both sides")
+    ap.add_argument("--precisions", default="default,32-true")
     ap.add_argument("extra", nargs="*", help="extra kernel-probe arguments (after --)")
     args = ap.parse_args()
-    import kernel_lock
 
+    env = dict(os.environ)
+    if args.emulate_avx2:
+        env["ONEDNN_MAX_CPU_ISA"] = "AVX2"
     probe = [sys.executable, "-m", "kernel_probe"]
+    sides: dict[str, tuple[list[str], dict[str, str], Path]] = {"after": ([], env, ROOT)}
+    if args.before_tree is not None:
+        tree = args.before_tree.resolve()
+        sides["before"] = ([], {**env, "PYTHONPATH": str(tree)}, tree)
+        said = f"the code in {tree}"
+    else:
+        sides["before"] = (["--reps", str(args.before_reps)], env, ROOT)
+        said = f"--reps {args.before_reps} (every accepted candidate timed {args.before_reps} times, as before)"
+    from kernel_probe.detect import cpumath
+
+    bf16 = cpumath.matmul(env=env)["bfloat16"]
+    print(f"before: {said}; after: this tree's defaults")
+    print(
+        f"bf16 matmul here: {cpumath.describe(bf16)}; load at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    )
     with tempfile.TemporaryDirectory() as d:
-        cold_times, choices = [], []
-        for i in range(args.cold):
-            out = Path(d) / f"cold{i}.toml"
-            cold_times.append(wall([*probe, "--out", str(out), *args.extra]))
-            lock = kernel_lock.load(out)
-            choices.append(tuple(sorted((s, e.implementation) for s, e in lock.slots.items())))
-        warm_out = Path(d) / "cold0.toml"
-        torch_times, warm_times = [], []
-        wall([sys.executable, "-c", "import torch"])
-        for _ in range(args.warm):  # interleaved, so drift hits both
-            torch_times.append(wall([sys.executable, "-c", "import torch"]))
-            warm_times.append(wall([*probe, "--out", str(warm_out), *args.extra]))
-    t_torch, t_warm = statistics.median(torch_times), statistics.median(warm_times)
-    print(f"import torch (median of {args.warm}):          {t_torch:6.2f} s")
-    print(
-        f"warm reuse   (median of {args.warm}):          {t_warm:6.2f} s   ratio {t_warm / t_torch:.2f} (goal <= 1.3)"
-    )
-    print(
-        f"cold probe   (median of {args.cold}, min {min(cold_times):.2f}, max {max(cold_times):.2f}): "
-        f"{statistics.median(cold_times):6.2f} s   (goal <= 15 s on 2 CPU cores, <= 45 s on a GPU node)"
-    )
-    same = sum(c == choices[0] for c in choices)
-    print(f"decision stability: {same} of {len(choices)} cold probes chose {dict(choices[0])}")
+        for precision in args.precisions.split(","):
+            flags = [] if precision == "default" else ["--precision", precision]
+            times: dict[str, list[float]] = {"before": [], "after": []}
+            seen: dict[str, list[Any]] = {"before": [], "after": []}
+            for i in range(args.cold):
+                for side in ("before", "after") if i % 2 == 0 else ("after", "before"):  # interleaved, alternating
+                    extra, side_env, cwd = sides[side]
+                    out = Path(d) / f"{side}-{precision}-{i}.toml"
+                    times[side].append(wall([*probe, "--out", str(out), *flags, *extra, *args.extra], side_env, cwd))
+                    seen[side].append(outcome(out))
+            b, a = statistics.median(times["before"]), statistics.median(times["after"])
+            print(f"cold probe, {precision} precision (median of {args.cold} each, load now {os.getloadavg()[0]:.1f}):")
+            print(f"  before {b:6.2f} s (min {min(times['before']):.2f}, max {max(times['before']):.2f})")
+            print(f"  after  {a:6.2f} s (min {min(times['after']):.2f}, max {max(times['after']):.2f})")
+            goal = 15 if precision == "default" else 10
+            print(f"  ratio after / before {a / b:.3f}   (goal on 2 CPU cores: after <= {goal} s)")
+            calls = {side: statistics.median(o[2] for o in seen[side]) for side in seen}
+            print(f"  timed calls recorded in the lock: before {calls['before']:.0f}, after {calls['after']:.0f}")
+            same_choice = all(o[0] == seen["before"][0][0] for side in seen for o in seen[side])
+            same_verdicts = all(o[1] == seen["before"][0][1] for side in seen for o in seen[side])
+            print(f"  same implementation in every slot, before and after: {same_choice} {seen['after'][0][0]}")
+            print(f"  same verdict for every candidate, before and after: {same_verdicts}")
+        if args.warm:
+            warm_out = next(Path(d).glob("after-default-0.toml"), None) or next(Path(d).glob("after-*.toml"))
+            flags = [] if "default-0" in warm_out.name else ["--precision", warm_out.name.split("-")[1]]
+            torch_times, warm_times = [], []
+            wall([sys.executable, "-c", "import torch"], env)
+            for _ in range(args.warm):  # interleaved, so drift hits both
+                torch_times.append(wall([sys.executable, "-c", "import torch"], env))
+                warm_times.append(wall([*probe, "--out", str(warm_out), *flags, *args.extra], env))
+            t_torch, t_warm = statistics.median(torch_times), statistics.median(warm_times)
+            print(f"import torch (median of {args.warm}):          {t_torch:6.2f} s")
+            print(
+                f"warm reuse   (median of {args.warm}):          {t_warm:6.2f} s   ratio {t_warm / t_torch:.2f} (goal <= 1.3)"
+            )
+    print(f"load at the end: {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ from typing import Any
 
 from .errors import LockError, LockMismatch, RanksDisagree
 from .lock import KernelLock
+from .reading import MAX_TEXT, ReadError, get_int, get_required, get_strings, get_text, refuse_unknown
+from .schema import DIGEST
 
 
 def local_report(
@@ -195,26 +197,52 @@ def _exchange(mine: Mapping[str, Any], group: Any) -> list[dict[str, Any]]:
     return [_decoded(blob, index, backend) for index, blob in enumerate(raw)]
 
 
-_REPORT_FIELDS = {"rank": int, "host": str, "lock": str, "digest": str, "differences": list}
+# What a report may hold (kernel_lock.reading's bounds): a rank beyond any job, a host name beyond DNS's
+# 253 characters, thousands of differences or a megabyte of text are a report this module never wrote.
+REPORT_KEYS = ("rank", "host", "lock", "digest", "differences")
+MAX_RANK = 1 << 24
+MAX_HOST = 255
+MAX_DIFFERENCES = 256
+
+
+def report_from_dict(data: Any) -> dict[str, Any]:
+    """One rank's report, read by the typed reader (``kernel_lock.reading``): every key required and
+    bounded, unknown keys refused with "did you mean"; :class:`~kernel_lock.reading.ReadError` naming the key."""
+    if not isinstance(data, dict):
+        raise ReadError(f"expected a JSON object, got a JSON {type(data).__name__}")
+    refuse_unknown(data, REPORT_KEYS)
+    for key in REPORT_KEYS:
+        get_required(data, key, list if key == "differences" else (int if key == "rank" else str))
+    rank = get_int(data, "rank", 0, MAX_RANK)
+    host = get_text(data, "host", limit=MAX_HOST)
+    lock = get_text(data, "lock")
+    digest = get_text(data, "digest", limit=80)
+    if not DIGEST.fullmatch(digest or ""):
+        raise ReadError(f"{digest!r:.80} is not 'sha256:<64 hex digits>'", "digest")
+    differences = get_strings(data, "differences")
+    if len(differences) > MAX_DIFFERENCES:
+        raise ReadError(f"{len(differences)} entries, more than the {MAX_DIFFERENCES} a report may have", "differences")
+    for i, text in enumerate(differences):
+        if len(text) > MAX_TEXT:
+            raise ReadError(
+                f"a string of {len(text)} characters, more than the {MAX_TEXT} it may have", f"differences[{i}]"
+            )
+    return {"rank": rank, "host": host, "lock": lock, "digest": digest, "differences": list(differences)}
 
 
 def _decoded(blob: bytes, index: int, backend: str) -> dict[str, Any]:
-    """One gathered report back from its bytes, refused unless it has the fields :func:`local_report` writes."""
+    """One gathered report back from its bytes, refused unless :func:`report_from_dict` reads it."""
     try:
-        report = json.loads(blob.decode("utf-8"))
-        if not isinstance(report, dict):
-            raise TypeError(f"a JSON {type(report).__name__}, not an object")
-        for field, kind in _REPORT_FIELDS.items():
-            if not isinstance(report.get(field), kind) or isinstance(report.get(field), bool):
-                raise TypeError(f"field {field!r} is {report.get(field)!r}, not a {kind.__name__}")
-        if not all(isinstance(d, str) for d in report["differences"]):
-            raise TypeError("field 'differences' is not a list of strings")
-    except (ValueError, TypeError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return report_from_dict(json.loads(blob.decode("utf-8")))
+    except (ValueError, RecursionError) as exc:  # ReadError, UnicodeDecodeError and JSONDecodeError are ValueErrors
+        key = exc.key if isinstance(exc, ReadError) else ""
+        problem = exc.problem if isinstance(exc, ReadError) else str(exc)
+        fix = (exc.fix + "; ") if isinstance(exc, ReadError) and exc.fix else ""
         raise RanksDisagree(
-            f"the kernel lock report of group rank {index} did not decode (backend {backend}): {exc}; "
-            f"received {blob[:80]!r}{'...' if len(blob) > 80 else ''}",
+            f"the kernel lock report of group rank {index} did not decode (backend {backend})"
+            + (f", key {key!r}" if key else "")
+            + f": {problem}; received {blob[:80]!r}{'...' if len(blob) > 80 else ''}",
             ranks=[index],
-            fix="run the same kernel_lock version on every rank (one environment for the whole job), "
+            fix=f"{fix}run the same kernel_lock version on every rank (one environment for the whole job), "
             "and do not run other collectives on the group concurrently with check_ranks",
         ) from exc
-    return report

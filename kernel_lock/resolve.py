@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .confirming import confirm_in_child
 from .errors import Difference, KernelUnavailable, LockFormatError, LockMismatch
 from .importing import IN_INFERENCE_MODE, build, install_hint
 from .locate import requirement_problems, static_problem, unusable_reason
@@ -257,6 +256,8 @@ def confirm_targets(lock: LockDocument, mode: str, current: Mapping[str, Any], *
             fix="run `kernel-probe verify` without --no-import (imports each class), or `kernel-probe --check` "
             "(imports only these, in a child process)",
         )
+    from .confirming import confirm_in_child  # a child process: only for targets no table can judge
+
     confirm_in_child(lock, mode, unknown)
 
 

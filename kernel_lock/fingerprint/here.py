@@ -10,7 +10,10 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from . import torchless, with_torch
+from . import with_torch
+
+# ``torchless`` (the file readers: torch's version file, NVML, KFD, visibility) is imported only where
+# torch is not: a process that has torch asks it, and pays nothing for the readers it does not use
 
 # Where torch is imported already (a training or inference process), asking it costs nothing and is
 # what a lock was written from; tests turn this off to read the files in a process that has torch.
@@ -23,6 +26,8 @@ def for_check(checked: Iterable[str] | None = None) -> dict[str, Any]:
     ``checked`` (default: all) that it cannot read with certainty, saying which and why at DEBUG."""
     if USE_IMPORTED_TORCH and "torch" in sys.modules:
         return with_torch.current()
+    from . import torchless
+
     return torchless.current(checked)
 
 
@@ -30,6 +35,8 @@ def device_here() -> dict[str, Any]:
     """``device_facts`` of this machine, by the same rule as :func:`for_check` (torch-free where torch
     is not imported and every device fact can be read without it)."""
     if not (USE_IMPORTED_TORCH and "torch" in sys.modules):
+        from . import torchless
+
         facts = torchless.device()
         if facts is not None:
             return facts

@@ -7,6 +7,7 @@ from typing import Any
 
 from kernel_probe import output
 from kernel_probe.commands.numbers import seconds
+from kernel_probe.detect import cpumath
 from kernel_probe.errors import UsageError
 from kernel_probe.output import safe
 
@@ -106,6 +107,7 @@ def _host_rows(h: dict[str, Any]) -> list[tuple[str, str]]:
         ),
         ("cpu", safe(f"{cpu['arch']}, {model}" + (f", {cpu['brand']}" if cpu.get("brand") else ""))),
         ("cores", cores),
+        *[(f"{dtype} matmul", safe(cpumath.describe(fact))) for dtype, fact in (cpu.get("matmul") or {}).items()],
         ("memory", memory),
     ]
 

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from kernel_lock.fingerprint import host as fingerprint_host
+from kernel_probe.detect import cpumath
 
 
 def _os_release() -> str | None:
@@ -122,6 +123,7 @@ def detect_host() -> dict[str, Any]:
             "brand": _brand(),
             "cores": os.cpu_count(),
             "usable_cores": _usable_cores(),
+            "matmul": cpumath.matmul(),  # bf16 / fp16 matmul native or emulated (issue 38)
         },
         "memory": memory(),
     }

@@ -265,7 +265,9 @@ class ShapeCheck(TypedDict, total=False):
 class TimingRow(TypedDict, total=False):
     """One shape of a timing (``timing.time_candidate``); ``error`` instead of the figures when it failed;
     ``check``: the candidate at that shape against float64 (``atshape``), unless the timing was asked
-    without it; ``blas``: the BLAS library a Linear ran under on a GPU."""
+    without it; ``blas``: the BLAS library a Linear ran under on a GPU; ``timed``: how the number of
+    repetitions was decided (``kernel_probe.probe.repetitions``), ``samples`` the timed calls (seconds),
+    which the slot's other candidates are decided against (not recorded in the lock)."""
 
     implementation: str
     shape: str
@@ -283,6 +285,8 @@ class TimingRow(TypedDict, total=False):
     check: ShapeCheck
     blas: str
     peak_bytes: int  # Attention on a GPU: peak memory allocated by one fwd+bwd
+    timed: str
+    samples: list[float]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -102,9 +102,12 @@ def check_at_shape(
     autocast: tuple[str, Any] | None,
     gen: torch.Generator,
     baseline_library: str = "",
+    timer: Callable[[Callable[[], None]], object] | None = None,
 ) -> ShapeCheck:
     """Forward and backward of ``module`` on the whole of ``x`` (the model's shape), against float64 and
-    against torch.nn (``baseline``, on the sampled rows only), with the same parameters in both."""
+    against torch.nn (``baseline``, on the sampled rows only), with the same parameters in both.
+    ``timer``, when given, runs the full-size forward and backward (and so can time that call alone:
+    a sole candidate's one measured call is this one)."""
     started = time.perf_counter()
     rows, hidden = x.shape
     sampled = sample_rows(rows, (hidden, width))
@@ -116,9 +119,19 @@ def check_at_shape(
     x = x.detach().requires_grad_(True)
     for p in module.parameters():
         p.grad = None
-    with autocasting(autocast):
-        y = module(x)
-    y.backward(gy)
+    output: list[torch.Tensor] = []
+
+    def forward_backward(grad: torch.Tensor = gy) -> None:
+        with autocasting(autocast):
+            output.append(module(x))
+        output[0].backward(grad)
+
+    if timer is None:
+        forward_backward()
+    else:
+        timer(forward_backward)
+    del forward_backward  # its default holds the full-size grad_output, freed below
+    y = output[0]
     got = {
         "y": y.detach()[idx],
         "dx": x.grad[idx] if x.grad is not None else None,

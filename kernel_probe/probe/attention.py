@@ -582,10 +582,17 @@ def time_candidate(
             row["compile_s"] = time.perf_counter() - t0
             if tick is not None:
                 tick("first call", 1, 1)
-            samples = timing._repeat(clock, step, opts, tick)
+            if opts.get("mode") == "sole":  # the slot's one accepted candidate: one measured call
+                samples, how = [clock.time(step)], "sole candidate"
+                if tick is not None:
+                    tick("rep", 1, 1)
+            else:
+                against = (opts.get("against") or {}).get(text) if opts.get("mode") == "adaptive" else None
+                samples, how = timing.repeat(clock, step, opts, tick, against=against)
             row["median_ms"] = 1e3 * sorted(samples)[len(samples) // 2]
             row["spread"] = timing._spread(samples)
             row["reps"] = len(samples)
+            row["timed"], row["samples"] = how, samples
             keys = g.seq if values["window"] < 0 else min(g.seq, 2 * values["window"] + 1)
             seconds = row["median_ms"] / 1e3
             # fwd 2 matmuls, bwd 5 (one recomputing the scores), 2 flops per multiply-add, band keys only

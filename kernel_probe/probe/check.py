@@ -26,8 +26,8 @@ from kernel_probe.isolation.protocol import (
     TryRequest,
 )
 from kernel_probe.isolation.worker import Worker, WorkerDied, WorkerPool
-from kernel_probe.probe import judge
-from kernel_probe.probe.candidates import Candidate, for_slot
+from kernel_probe.probe import judge, repetitions
+from kernel_probe.probe.candidates import Candidate, default_for, for_slot
 from kernel_probe.probe.judge import Policy, Problem
 from kernel_probe.probe.limits import CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT, TIMING_TIMEOUT
 from kernel_probe.probe.report import Report, ReportBase, report_base
@@ -173,6 +173,10 @@ class Timing:
     # (slot, candidate id, None when its timing starts, else the worker's progress message)
     progress: Callable[[str, str, TimingProgressMessage | None], None] = lambda slot, cid, message: None
     attention: tuple[str, ...] = ()  # the Attention slot's geometries (attention_geometry), instead of shapes
+    # fixed: ``reps`` calls for every accepted candidate (``--reps`` given); else only what can change
+    # the choice (kernel_probe.probe.repetitions), within ``budget_s`` per slot (None: the device's)
+    fixed: bool = False
+    budget_s: float | None = None
 
 
 @dataclass
@@ -203,20 +207,66 @@ def check_and_time(
     total = sum(len(cands) for cands in per_slot.values())
     index = 0
     for slot, cands in per_slot.items():
+        done: list[tuple[Candidate, Checked]] = []
         for cand in cands:
             index += 1
             checking(slot, cand.id, index, total)
             why = refuse(slot, cand)
             if why:
                 base = report_base(cand, slot, checks.device)
-                yield Checked(slot, Report(status="skipped", reasons=[why], **base))
-                continue
-            with pool.worker_for(cand) as worker:
-                yield _check_and_time(cand, slot, checks, worker, timing)
+                checked = Checked(slot, Report(status="skipped", reasons=[why], **base))
+            else:
+                with pool.worker_for(cand) as worker:
+                    checked = _check(cand, slot, checks, worker)
+            if timing is None:
+                yield checked
+            else:
+                done.append((cand, checked))
+        if timing is not None:
+            # every candidate of the slot is checked first: how many are accepted decides how much
+            # timing can change the choice (kernel_probe.probe.repetitions)
+            _time_slot(slot, done, checks, pool, timing)
+            yield from (checked for _, checked in done)
 
 
-def _check_and_time(cand: Candidate, slot: str, checks: Checks, worker: Worker, timing: Timing | None) -> Checked:
-    """One candidate checked, then (if accepted and asked) timed, in the same worker."""
+def _time_slot(
+    slot: str, done: Sequence[tuple[Candidate, Checked]], checks: Checks, pool: WorkerPool, timing: Timing
+) -> None:
+    """The slot's accepted candidates timed in their workers: the default first, then the others
+    decided against its samples; one sole accepted candidate gets one measured call."""
+    timeable = [(c, d) for c, d in done if d.report.status == "accepted" and not d.report.interpreted]
+    default_id = default_for(slot).id
+    timeable.sort(key=lambda pair: pair[0].id != default_id)  # stable: the declared order after the default
+    budget = timing.budget_s if timing.budget_s is not None else repetitions.SLOT_BUDGET_S[_kind(checks.device)]
+    spent = 0.0
+    against: dict[str, list[float]] | None = None
+    for i, (cand, checked) in enumerate(timeable):
+        warmup = min(3, timing.reps) if checks.device != "cpu" or timing.fixed else 1
+        options: dict[str, Any] = {
+            "reps": timing.reps,
+            "warmup": warmup,
+            "min_seconds": 0.2 if checks.device != "cpu" else 0.0,
+        }
+        if timing.fixed:
+            options["mode"] = "fixed"
+        elif len(timeable) == 1:
+            options["mode"] = "sole"
+        else:
+            share = max(budget - spent, 0.0) / (len(timeable) - i)
+            options.update(mode="adaptive", budget_s=share, against=against if cand.id != default_id else None)
+        with pool.worker_for(cand) as worker:
+            _time(cand, slot, checks, worker, timing, checked, options)
+        spent += checked.time_seconds
+        if cand.id == default_id and checked.timings:
+            against = {r["shape"]: list(r["samples"]) for r in checked.timings if r.get("samples")}
+
+
+def _kind(device: str) -> str:
+    return "cpu" if device == "cpu" else "gpu"
+
+
+def _check(cand: Candidate, slot: str, checks: Checks, worker: Worker) -> Checked:
+    """One candidate checked in its worker."""
     t0 = time.perf_counter()
     report = check_candidate(
         cand,
@@ -233,10 +283,21 @@ def _check_and_time(cand: Candidate, slot: str, checks: Checks, worker: Worker, 
         policy=checks.policy,
         baseline=checks.baselines.get(slot),
     )
+    return Checked(slot, report, check_seconds=time.perf_counter() - t0)
+
+
+def _time(
+    cand: Candidate,
+    slot: str,
+    checks: Checks,
+    worker: Worker,
+    timing: Timing,
+    done: Checked,
+    options: Mapping[str, Any],
+) -> None:
+    """One accepted candidate timed in its worker (``options``: ``timing.time_candidate``'s)."""
+    report = done.report
     t1 = time.perf_counter()
-    done = Checked(slot, report, check_seconds=t1 - t0)
-    if timing is None or report.status != "accepted" or report.interpreted:  # interpreted: never timed
-        return done
     timing.progress(slot, cand.id, None)
     request = TimeRequest(
         candidate=cand,
@@ -247,11 +308,7 @@ def _check_and_time(cand: Candidate, slot: str, checks: Checks, worker: Worker, 
         regime=timing.regime,
         progress=True,
         canonical=dict(checks.canonical.get(slot) or {}),
-        options={
-            "reps": timing.reps,
-            "warmup": min(3, timing.reps),
-            "min_seconds": 0.2 if checks.device != "cpu" else 0.0,
-        },
+        options=dict(options),
     )
     try:
         reply = worker.call(request, TIMING_TIMEOUT, on_progress=lambda m: timing.progress(slot, cand.id, m))
@@ -261,7 +318,6 @@ def _check_and_time(cand: Candidate, slot: str, checks: Checks, worker: Worker, 
     except WorkerDied as exc:
         judge.judge_timing_died(report, exc.status, exc.reason)
     done.time_seconds = time.perf_counter() - t1
-    return done
 
 
 def check_all(

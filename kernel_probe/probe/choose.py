@@ -28,9 +28,10 @@ from typing import Any
 
 from kernel_probe.errors import ForcedUnusable, ProbeError, UsageError
 from kernel_probe.isolation.protocol import INTERPRETED
+from kernel_probe.probe import repetitions
 from kernel_probe.probe.report import Report
 
-MIN_MARGIN = 0.05
+MIN_MARGIN = repetitions.MIN_MARGIN
 FORCED = {"pin": "pinned", "prefer": "preferred"}  # the flag (--pin) -> what it makes a candidate
 
 
@@ -161,7 +162,7 @@ def choose(
             continue
         score, spread = _score(timings[r.id], timings[default.id], shapes)
         scores[r.id] = score
-        margins[r.id] = max(MIN_MARGIN, 2 * spread)
+        margins[r.id] = repetitions.margin(spread)
         if score <= 1 / (1 + margins[r.id]):
             clear.append((score, i, r))
     for cid in prefers:

@@ -290,6 +290,9 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     warning = large_shape_warning(p.device["type"], p.shapes, p.reps)
     if warning:
         events.warn(warning)
+    emulated = _emulated_matmul(p)
+    if emulated:
+        events.warn(emulated)
     # fp32 as a sanity baseline, plus the regime the model trains in
     rows = [("float32", "true")] + ([(p.dtype, p.regime)] if p.dtype != "float32" else [])
     checks = Checks(
@@ -309,6 +312,7 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
         p.reps,
         lambda slot, cid, m: events.timing(slot, cid, [p.attention] if slot == ATTENTION else p.shapes, m),
         attention=(p.attention,),
+        fixed=p.request.reps is not None,  # --reps N: N calls for every accepted candidate
     )
     # lock: None only while probing; build_lock sets it below, so a returned ProbeResult always has one
     result = ProbeResult(
@@ -334,6 +338,9 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
                 result.time_seconds += done.time_seconds
     finally:
         events.done()
+    if emulated:
+        for line in _emulated_call_times(result.timings, p.dtype):
+            events.note(line)
     result.choices = choose_all(p, result.reports, result.timings)
     provenance: dict[str, Any] = {
         "inputs": p.digest,
@@ -362,6 +369,25 @@ def _refused(p: Plan, slot: str, cand: Candidate) -> str | None:
     """Why the profile skips ``cand`` for ``slot`` (its allow-list names others); None if it does not."""
     allowed = p.profile.slots[slot].allowed if p.profile and slot in p.profile.slots else None
     return f"not allowed by profile {p.profile.name}" if allowed is not None and cand.id not in allowed else None
+
+
+def _emulated_matmul(p: Plan) -> str | None:
+    """The up-front warning of a CPU probe whose regime's matmuls are emulated here (a Linear slot)."""
+    if p.device["type"] != "cpu" or "Linear" not in p.slots or p.dtype == "float32":
+        return None
+    from kernel_probe.detect import cpumath
+
+    return cpumath.emulated_warning(p.dtype)
+
+
+def _emulated_call_times(timings: Mapping[str, Mapping[str, list]], dtype: str) -> list[str]:
+    """How long one emulated call took, per timed Linear candidate and shape."""
+    return [
+        f"{dtype} matmul emulated: one forward+backward of {cid} at {row['shape']} took {row['median_ms'] / 1000:.2f} s"
+        for cid, rows in timings.get("Linear", {}).items()
+        for row in rows
+        if "median_ms" in row
+    ]
 
 
 def choose_all(

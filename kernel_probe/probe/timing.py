@@ -22,14 +22,29 @@ import torch
 
 from kernel_lock.slots import torch_device
 from kernel_probe.isolation.protocol import ShapeCheck, TimeReply, TimingProgressMessage, TimingRow
+from kernel_probe.probe import repetitions
 from kernel_probe.probe.blasrun import BlasNotOffered, baseline_blas, blas_library
 from kernel_probe.probe.candidates import Candidate, canonical_for, default_for
 from kernel_probe.probe.layout import discover, shapes
 from kernel_probe.probe.measure import build, dtype_name, first_line, load_parameters, parameters_for, torch_dtype
 from kernel_probe.probe.shapes import parse_shape
 
-# check: run the check at the model's shape after timing each shape (atshape); off only to measure its cost
-DEFAULT_OPTIONS = {"warmup": 3, "reps": 20, "min_seconds": 0.2, "max_reps": 200, "check": True}
+# check: run the check at the model's shape after timing each shape (atshape); off only to measure its cost.
+# mode (kernel_probe.probe.repetitions): "fixed" (``reps`` calls, more until ``min_seconds``, at most
+# ``max_reps``), "sole" (one measured call, the check at the shape), "adaptive" (the default of the slot
+# without ``against``: ``reps`` calls; a candidate with ``against``, the default's samples per shape:
+# until the sequential test decides it); adaptive stops at ``budget_s`` (seconds, all shapes together)
+DEFAULT_OPTIONS: dict[str, Any] = {
+    "warmup": 3,
+    "reps": 20,
+    "min_seconds": 0.2,
+    "max_reps": 200,
+    "check": True,
+    "mode": "fixed",
+    "against": None,
+    "budget_s": None,
+}
+MODES = ("fixed", "sole", "adaptive")
 TIMED_INPUT_SEED = 0  # the seed of the timed inputs (and so of the data the check at the shape sees)
 
 
@@ -65,17 +80,23 @@ class _Clock:
             torch.cuda.synchronize()
 
 
-def _repeat(
+def repeat(
     clock: _Clock,
     fn,
     opts: Mapping[str, Any],
     tick: Callable[[str, int, int], None] | None = None,
     checked: Callable[[], None] | None = None,
-) -> list[float]:
+    against: list[float] | None = None,
+    deadline: float | None = None,
+) -> tuple[list[float], str]:
     """Warm-up calls, then timed repetitions; ``tick(phase, done, total)`` after each call. ``checked``,
     when given, is the last warm-up call (a call checked against float64: the module is warm by then,
-    and the check costs no extra full-size pass); without warm-up calls it runs after the repetitions."""
-    warmup, reps = int(opts["warmup"]), int(opts["reps"])
+    and the check costs no extra full-size pass); without warm-up calls it runs after the repetitions.
+    Returns the samples and how their number was decided (the lock's ``timed``): in the adaptive mode
+    ``against`` (the default's samples at this shape) makes the repetitions sequential, and
+    ``deadline`` (a ``perf_counter`` time) ends them once at least one call was timed."""
+    warmup, reps, max_reps = int(opts["warmup"]), int(opts["reps"]), int(opts["max_reps"])
+    adaptive = opts.get("mode") == "adaptive"
     for i in range(warmup):
         (checked if checked is not None and i == warmup - 1 else fn)()
         if tick:
@@ -83,21 +104,40 @@ def _repeat(
     clock.sync()
     samples: list[float] = []
     t_end = time.perf_counter() + float(opts["min_seconds"])
-    while len(samples) < reps or (time.perf_counter() < t_end and len(samples) < int(opts["max_reps"])):
+    how = "fixed"
+    if adaptive:
+        how = "baseline" if against is None else "max-reps"
+        max_reps = max_reps if against is None else min(max_reps, repetitions.MAX_FACTOR * reps)
+    while True:
         samples.append(clock.time(fn))
         if tick:
-            tick("rep", len(samples), max(reps, len(samples)))
+            tick("rep", len(samples), max(reps, len(samples)) if not adaptive or against is None else max_reps)
+        n = len(samples)
+        if not adaptive:
+            if n >= reps and (time.perf_counter() >= t_end or n >= max_reps):
+                break
+            continue
+        if against is not None and n == 1 and repetitions.far_slower(samples[0], against):
+            how = "far slower"
+            break
+        if against is not None and repetitions.decided(samples, against):
+            how = "decided"
+            break
+        if against is None and n >= reps and (time.perf_counter() >= t_end or n >= max_reps):
+            break
+        if n >= max_reps:
+            break
+        if deadline is not None and time.perf_counter() >= deadline:
+            how = "budget"
+            break
     if checked is not None and warmup == 0:
         checked()
-    return samples
+    return samples, how
 
 
 def _spread(samples: list[float]) -> float:
     """Relative noise: interquartile range / median."""
-    if len(samples) < 4:
-        return 0.0
-    q = statistics.quantiles(samples, n=4)
-    return (q[2] - q[0]) / max(statistics.median(samples), 1e-12)
+    return repetitions.spread(samples)
 
 
 def _buffers(n: int, make) -> list:
@@ -119,7 +159,7 @@ def copy_bandwidth(device: str, nbytes: int, opts: Mapping[str, Any]) -> float:
     n = max(nbytes // 4, 1 << 20)
     src = torch.empty(n, dtype=torch.float32, device=tdev).uniform_()
     dst = torch.empty_like(src)
-    samples = _repeat(_Clock(device), lambda: dst.copy_(src), opts)
+    samples, _ = repeat(_Clock(device), lambda: dst.copy_(src), {**opts, "mode": "fixed"})
     return 2 * n * 4 / statistics.median(samples) / 1e9
 
 
@@ -134,6 +174,7 @@ def _time_shape(
     clock: _Clock,
     copy_cache: dict[int, float],
     tick: Callable[[str, int, int], None] | None = None,
+    deadline: float | None = None,
 ) -> TimingRow:
     """Forward+backward timing of one candidate at one shape; its buffers are freed on return."""
     tdev = torch_device(device)
@@ -170,27 +211,46 @@ def _time_shape(
         y.backward(gy)
 
     row: TimingRow = {}
-    t0 = time.perf_counter()
-    step()
-    clock.sync()
-    row["compile_s"] = round(time.perf_counter() - t0, 4)
-    if tick:
-        tick("first call", 1, 1)
     checked: Callable[[], None] | None = None
+    timed: list[float] = []  # the sole candidate's one call, timed inside its check
     if check is not None:
         setup = check
 
-        def checked_call() -> None:
+        def checked_call(timer: Callable[[Callable[[], None]], object] | None = None) -> None:
             x = xs[state["i"] % n_buf]
             state["i"] += 1
-            row["check"] = setup.run(x, width_out, str(dtype).replace("torch.", ""), mixed)
+            row["check"] = setup.run(x, width_out, str(dtype).replace("torch.", ""), mixed, timer)
 
         checked = checked_call
-    samples = _repeat(clock, step, opts, tick, checked)
+    if opts.get("mode") == "sole":
+        # the first call is the check at this shape (compile_s); the one measured call is a second one,
+        # unless the first took so long that its one-time costs cannot matter (bf16 emulated on a CPU)
+        if checked is not None:
+            checked_call(lambda fn: timed.append(clock.time(fn)))
+        else:
+            timed.append(clock.time(step))
+        row["compile_s"] = round(timed[0], 4)
+        if tick:
+            tick("first call", 1, 1)
+        if timed[0] < repetitions.SOLE_SECOND_CALL_BELOW_S:
+            timed[0] = clock.time(step)
+            if tick:
+                tick("rep", 1, 1)
+        samples, how = timed, "sole candidate"
+    else:
+        t0 = time.perf_counter()
+        step()
+        clock.sync()
+        row["compile_s"] = round(time.perf_counter() - t0, 4)
+        if tick:
+            tick("first call", 1, 1)
+        against = (opts.get("against") or {}).get(shape) if opts.get("mode") == "adaptive" else None
+        samples, how = repeat(clock, step, opts, tick, checked, against, deadline)
     median = statistics.median(samples)
     nbytes = bytes_moved(cand.semantics, rows, hidden, out, dtype.itemsize)
     row["median_ms"], row["spread"] = median * 1000, _spread(samples)
     row["reps"], row["gbps"] = len(samples), nbytes / median / 1e9
+    row["timed"], row["samples"] = how, samples
     fl = flops(cand.semantics, rows, hidden, out)
     if fl:
         row["tflops"] = fl / median / 1e12
@@ -234,7 +294,9 @@ class _CheckSetup:
             load_parameters(module, params, self.layout)
             load_parameters(self.baseline, params, self.base_layout)
 
-    def run(self, x, width: int, dtype_name: str, mixed: bool) -> ShapeCheck:
+    def run(
+        self, x, width: int, dtype_name: str, mixed: bool, timer: Callable[[Callable[[], None]], object] | None = None
+    ) -> ShapeCheck:
         from kernel_probe.probe.atshape import check_at_shape
 
         rows = int(x.shape[0])
@@ -255,6 +317,7 @@ class _CheckSetup:
                 autocast=(self.device, torch_dtype(dtype_name)) if mixed else None,
                 gen=self.gen,
                 baseline_library=self.baseline_library,
+                timer=timer,
             )
         except Exception as exc:  # out of memory for the extra output and gradients, a kernel that raises
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -283,7 +346,11 @@ def time_candidate(
 ) -> TimeReply:
     """Rows per shape; ``progress`` receives a message after each call (see ``progress_message``)."""
     opts = {**DEFAULT_OPTIONS, **(options or {})}
+    if opts["mode"] not in MODES:
+        raise ValueError(f"timing mode {opts['mode']!r}: expected one of {', '.join(MODES)}")
     clock = _Clock(device)
+    budget = opts.get("budget_s")
+    started = time.perf_counter()
     out_rows: list[TimingRow] = []
     copy_cache: dict[int, float] = {}
     with contextlib.ExitStack() as stack:
@@ -296,9 +363,26 @@ def time_candidate(
             ]
             return TimeReply(candidate=cand.id, device=device, rows=rows)
         for index, shape in enumerate(shapes):
+            # the budget's share of this shape: what is left, split over the shapes still to time
+            deadline = None
+            if budget is not None:
+                left = started + float(budget) - time.perf_counter()
+                deadline = time.perf_counter() + left / (len(shapes) - index)
             out_rows.append(
                 _timed_shape(
-                    cand, slot, device, shape, index, shapes, dtype_name, regime, opts, clock, copy_cache, progress
+                    cand,
+                    slot,
+                    device,
+                    shape,
+                    index,
+                    shapes,
+                    dtype_name,
+                    regime,
+                    opts,
+                    clock,
+                    copy_cache,
+                    progress,
+                    deadline,
                 )
             )
             if library:
@@ -319,6 +403,7 @@ def _timed_shape(
     clock: _Clock,
     copy_cache: dict[int, float],
     progress: Callable[[TimingProgressMessage], None] | None,
+    deadline: float | None = None,
 ) -> TimingRow:
     """One shape's row: the figures, or the error that stopped it."""
     tdev = torch_device(device)
@@ -335,7 +420,17 @@ def _timed_shape(
     try:
         row.update(
             _time_shape(
-                cand, slot, device, shape, torch_dtype(dtype_name), regime == "mixed", opts, clock, copy_cache, tick
+                cand,
+                slot,
+                device,
+                shape,
+                torch_dtype(dtype_name),
+                regime == "mixed",
+                opts,
+                clock,
+                copy_cache,
+                tick,
+                deadline,
             )
         )
     except Exception as exc:  # OOM at the model's shape, a kernel that refuses the size, ...

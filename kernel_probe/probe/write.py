@@ -50,6 +50,11 @@ def _round(x: float | None, digits: int = 4) -> float | None:
 
 def _evidence(report: Report) -> list[dict[str, Any]]:
     rows = []
+    matmul = None
+    if report.semantics == "linear" and report.device == "cpu":  # native or emulated bf16 / fp16 (issue 38)
+        from kernel_probe.detect import cpumath
+
+        matmul = cpumath.matmul()
     for v in report.verdicts:
         row: dict[str, Any] = {"device": v.device, "dtype": v.dtype, "regime": v.regime, "status": v.status}
         if v.worst_ratio is not None:
@@ -64,6 +69,8 @@ def _evidence(report: Report) -> list[dict[str, Any]]:
             row["error-ratios"] = {o: _round(max(case.get(o, 0.0) for case in v.ratios.values()), 3) for o in outputs}
         if report.capabilities:  # Attention: what each option really does (measured once, in float32)
             row["capabilities"] = dict(report.capabilities)
+        if matmul is not None and v.dtype in matmul:
+            row["matmul"] = cpumath.describe(matmul[v.dtype])
         rows.append(row)
     return rows
 
@@ -92,6 +99,10 @@ def _timing(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
                     "compile-s": _round(r["compile_s"], 3),
                 }
             )
+            if "reps" in r:  # the timed calls, and how their number was decided (kernel_probe.probe.repetitions)
+                row["reps"] = r["reps"]
+            if "timed" in r:
+                row["timed"] = r["timed"]
             if "copy_percent" in r:  # GPUs only
                 row["copy-percent"] = _round(r["copy_percent"], 3)
             if "tflops" in r:

@@ -341,23 +341,52 @@ def test_a_rank_whose_check_crashed_still_exchanges(fake_group, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "blob,why",
+    "blob,key,why",
     [
-        (b"\xff\xfe\x00garbage", "codec can't decode"),
-        (b"{not json", "Expecting property name"),
-        (b"[1, 2]", "a JSON list, not an object"),
-        (_sent({"rank": 1, "host": "n", "lock": "k.toml", "digest": B}), "field 'differences' is None, not a list"),
-        (_sent(_report(1, differences=[3])), "'differences' is not a list of strings"),
-        (_sent({**_report(1), "rank": True}), "field 'rank' is True, not a int"),
+        (b"\xff\xfe\x00garbage", "", "codec can't decode"),
+        (b"{not json", "", "Expecting property name"),
+        (b"[1, 2]", "", "expected a JSON object, got a JSON list"),
+        (b"[" * 100_000 + b"]" * 100_000, "", "recursion"),
+        (_sent({"rank": 1, "host": "n", "lock": "k.toml", "digest": B}), "differences", "required key is missing"),
+        (_sent({**_report(1), "differences": None}), "differences", "required key is missing"),
+        (_sent(_report(1, differences=[3])), "differences[0]", "expected string, got int"),
+        (_sent(_report(1, differences=[None])), "differences[0]", "expected string, got NoneType"),
+        (_sent(_report(1, differences=["x"] * 257)), "differences", "257 entries, more than the 256"),
+        (_sent(_report(1, differences=["x" * 5000])), "differences[0]", "more than the 4096"),
+        (_sent({**_report(1), "rank": True}), "rank", "expected integer, got boolean True"),
+        (_sent({**_report(1), "rank": -1}), "rank", "out of range"),
+        (_sent({**_report(1), "rank": 1.0}), "rank", "expected integer, got float"),
+        (_sent({**_report(1), "host": "h" * 300}), "host", "more than the 255"),
+        (_sent({**_report(1), "digest": "sha256:abc"}), "digest", "is not 'sha256:<64 hex digits>'"),
+        (_sent({**_report(1), "digets": B}), "digets", "unknown key 'digets'"),
     ],
+    ids=lambda v: v if isinstance(v, str) else None,
 )
-def test_a_report_that_does_not_decode_is_ranks_disagree(fake_group, blob, why):
+def test_a_report_that_does_not_decode_is_ranks_disagree(fake_group, blob, key, why):
+    """Issue 34: another rank's report goes through the typed reader (kernel_lock.reading): bounded,
+    unknown keys refused, an error naming the rank it came from and the key."""
     fake_group["other"] = blob
     with pytest.raises(RanksDisagree) as info:
         check_ranks(sealed_lock(MINIMAL_LOCK))
     assert info.value.exit_code == 3 and info.value.ranks == [1]
     assert "the kernel lock report of group rank 1 did not decode (backend gloo)" in info.value.problem
+    assert (f", key {key!r}:" in info.value.problem) == bool(key)
     assert why in info.value.problem and "same kernel_lock version on every rank" in info.value.fix
+    assert len(info.value.problem) < 800  # the received bytes are shown cut short
+
+
+def test_the_report_reader_round_trips_what_local_report_writes():
+    from kernel_lock.distributed import report_from_dict
+
+    report = local_report(sealed_lock(MINIMAL_LOCK), rank=3)
+    assert report_from_dict(json.loads(json.dumps(report))) == report
+
+
+def test_an_unknown_key_in_a_report_names_the_closest(fake_group):
+    fake_group["other"] = _sent({**_report(1), "digets": B})
+    with pytest.raises(RanksDisagree) as info:
+        check_ranks(sealed_lock(MINIMAL_LOCK))
+    assert "did you mean 'digest'?" in info.value.fix
 
 
 def test_an_nccl_group_needs_a_current_cuda_device(fake_group, monkeypatch):

@@ -468,3 +468,49 @@ def test_rank_0_given_a_bad_argument_fails_every_rank_with_its_exit_code(tmp_pat
     with pytest.raises(RankFailed) as err:
         handoff.wait(out, job_rank(1, local=1), mode="job", timeout=5)
     assert err.value.exit_code == 2 and argv[0] in err.value.problem
+
+
+@pytest.mark.parametrize("foreign", ["user-folder", "job-folder"])
+def test_a_node_local_folder_of_another_user_open_to_all_is_neither_used_nor_read_end_to_end(
+    tmp_path, monkeypatch, foreign
+):
+    """Issue 34, through ``pipeline.run``: on a node, another user (uid 12345) made
+    ``$TMPDIR/kernel-probe-<uid>`` (or this job's folder in it) beforehand, mode 777, with a ``ready``
+    link in the job's folder. Rank 0 publishes and a waiting rank of the node takes the lock: neither
+    writes through the link nor reads anything under that folder; the victim is intact."""
+    out = tmp_path / "shared" / "k.toml"
+    request = planning.ProbeRequest(out=out, lock_timeout=20, **REQUEST)
+    lock = current_lock(out, request)
+    slurm(monkeypatch, tmp_path, 0, local=0)
+    rank = job_rank()
+    local = handoff.node_dir(out, rank)
+    local.mkdir(parents=True)
+    for folder in (local.parent, local) if foreign == "user-folder" else (local,):
+        os.chown(folder, 12345, 12345)
+        os.chmod(folder, 0o777)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (local / "ready").symlink_to(victim)
+
+    read: list[Path] = []
+    real_read = handoff._read
+    monkeypatch.setattr(handoff, "_read", lambda path: read.append(Path(path)) or real_read(path))
+    assert pipeline.run(request).reused  # rank 0: reuses the lock, publishes the marker
+    assert victim.read_text() == "precious" and (local / "ready").is_symlink()
+
+    # the link now points at a forged answer, as the attacker would want it read by the node's ranks
+    forged = Marker("written", rank.key, "an attacker", "h", digest="sha256:" + "0" * 64, inputs="x")
+    payload = json.dumps({"marker": dataclasses.asdict(forged), "lock": "forged"})
+    victim.write_text(payload)
+    monkeypatch.setattr(handoff, "FALLBACK", (0.05, 0.1))  # the rare look at the shared marker, made quick
+    slurm(monkeypatch, tmp_path, 5, local=5)
+    result = pipeline.run(request)
+    assert result.reused and result.lock.compute_digest() == lock.compute_digest()  # rank 0's, from the shared marker
+    assert victim.read_text() == payload  # not replaced by the node leader's copy either
+    assert not [p for p in read if p.is_relative_to(local.parent)], read  # nothing under that folder read
+    assert os.stat(local).st_uid == 12345 and stat_mode(local) == 0o777  # left as it was: never used
+    assert sorted(p.name for p in local.iterdir()) == ["ready"]
+
+
+def stat_mode(path: Path) -> int:
+    return os.stat(path).st_mode & 0o777

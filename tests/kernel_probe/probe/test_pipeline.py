@@ -200,3 +200,32 @@ def test_choose_all(cpu, request_change, profile, chosen, how):
     assert (choice.slot, choice.report.id, choice.how) == ("RMSNorm", chosen, how)
     if profile is not None and "pins" not in request_change:
         assert "profile site" in choice.reason
+
+
+# ---- a CPU whose bf16 matmul is emulated (issue 38) -------------------------------------------------------
+def _cpu_plan(precision: str, slots: tuple[str, ...] = ("LayerNorm", "RMSNorm", "Linear")):
+    return SimpleNamespace(device={"type": "cpu", "arch": ""}, slots=slots, dtype=precision)
+
+
+def test_an_emulated_regime_is_said_up_front_and_one_calls_time_after(monkeypatch):
+    from kernel_probe.detect import cpumath
+
+    monkeypatch.setattr(cpumath, "cpu_flags", lambda cpuinfo=None: {"avx2"})
+    warning = pipeline._emulated_matmul(_cpu_plan("bfloat16"))
+    assert warning is not None and warning.startswith("bfloat16 matmul is emulated on this CPU")
+    assert pipeline._emulated_matmul(_cpu_plan("float32")) is None  # fp32 is never emulated
+    assert pipeline._emulated_matmul(_cpu_plan("bfloat16", ("LayerNorm",))) is None  # no Linear: no matmul timed
+    gpu = SimpleNamespace(device={"type": "cuda", "arch": "sm_90"}, slots=("Linear",), dtype="bfloat16")
+    assert pipeline._emulated_matmul(gpu) is None
+    rows = {"Linear": {"torch.linear": [{"shape": "2048x1024", "median_ms": 7512.0}, {"shape": "8x8", "error": "x"}]}}
+    assert pipeline._emulated_call_times(rows, "bfloat16") == [
+        "bfloat16 matmul emulated: one forward+backward of torch.linear at 2048x1024 took 7.51 s"
+    ]
+
+
+def test_a_native_regime_is_not_warned_about(monkeypatch):
+    from kernel_probe.detect import cpumath
+
+    monkeypatch.setattr(cpumath, "cpu_flags", lambda cpuinfo=None: {"avx2", "avx512_bf16", "amx_bf16"})
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    assert pipeline._emulated_matmul(_cpu_plan("bfloat16")) is None

@@ -6,10 +6,12 @@ The public names used: ``bytes_moved``, ``flops``, ``progress_message``, ``time_
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from kernel_probe.probe.candidates import default_for
-from kernel_probe.probe.timing import DEFAULT_OPTIONS, bytes_moved, flops, progress_message, time_candidate
+from kernel_probe.probe.timing import DEFAULT_OPTIONS, MODES, bytes_moved, flops, progress_message, time_candidate
 
 # tiny and exact: two repetitions, one warm-up call, no minimum time, no float64 check
 FAST = {"reps": 2, "warmup": 1, "min_seconds": 0.0, "check": False}
@@ -53,9 +55,68 @@ def test_flops(semantics, rows, hidden, out, expected):
 
 
 def test_default_options_time_enough_and_check_at_the_shape():
-    assert set(DEFAULT_OPTIONS) == {"warmup", "reps", "min_seconds", "max_reps", "check"}
+    assert set(DEFAULT_OPTIONS) == {
+        "warmup",
+        "reps",
+        "min_seconds",
+        "max_reps",
+        "check",
+        "mode",
+        "against",
+        "budget_s",
+    }
     assert 1 <= DEFAULT_OPTIONS["reps"] <= DEFAULT_OPTIONS["max_reps"] and DEFAULT_OPTIONS["warmup"] >= 1
     assert DEFAULT_OPTIONS["check"] is True
+    assert DEFAULT_OPTIONS["mode"] == "fixed" and DEFAULT_OPTIONS["mode"] in MODES  # what a caller asks is done
+
+
+# ---- how many calls: fixed, sole, adaptive (kernel_probe.probe.repetitions) ---------------------------------
+def test_a_sole_candidate_gets_one_measured_call_after_its_check_at_the_shape(monkeypatch):
+    from kernel_probe.probe import repetitions
+
+    monkeypatch.setattr(repetitions, "SOLE_SECOND_CALL_BELOW_S", math.inf)  # a first call is never long enough
+    seen = []
+    opts = {**FAST, "check": True, "mode": "sole", "reps": 5}
+    reply = time_candidate(
+        default_for("LayerNorm"), "LayerNorm", "cpu", ["64x32"], "float32", "true", opts, seen.append
+    )
+    [row] = reply.rows
+    assert row["reps"] == 1 and row["timed"] == "sole candidate" and len(row["samples"]) == 1
+    assert row["median_ms"] == pytest.approx(row["samples"][0] * 1000)
+    assert row["check"]["sampled"] > 0 and "error" not in row["check"]  # the first call is the check
+    # a short first call: one more, measured, call (the first call's one-time costs are not the evidence)
+    assert [(m.phase, m.done, m.total) for m in seen] == [("first call", 1, 1), ("rep", 1, 1)]
+    unchecked = {**opts, "check": False}
+    [row] = time_candidate(default_for("LayerNorm"), "LayerNorm", "cpu", ["64x32"], "float32", "true", unchecked).rows
+    assert row["reps"] == 1 and "check" not in row
+
+
+def test_an_unknown_mode_is_refused():
+    with pytest.raises(ValueError, match="timing mode 'guess'"):
+        time_candidate(default_for("LayerNorm"), "LayerNorm", "cpu", ["8x8"], "float32", "true", {"mode": "guess"})
+
+
+def test_the_adaptive_default_takes_its_count_and_a_far_slower_candidate_one_call():
+    cand = default_for("LayerNorm")
+    opts = {**FAST, "mode": "adaptive", "reps": 6}
+    [base] = time_candidate(cand, "LayerNorm", "cpu", ["64x32"], "float32", "true", opts).rows
+    assert base["reps"] == 6 and base["timed"] == "baseline"
+    # against a default a thousand times faster than anything real, the first call decides
+    tiny = {"64x32": [1e-9] * 6}
+    [row] = time_candidate(cand, "LayerNorm", "cpu", ["64x32"], "float32", "true", {**opts, "against": tiny}).rows
+    assert row["reps"] == 1 and row["timed"] == "far slower"
+
+
+def test_the_adaptive_budget_ends_the_repetitions():
+    cand = default_for("LayerNorm")
+    # a default whose samples straddle every boundary never decides; the budget (0: one call) ends it
+    wide = {"64x32": [1e-6, 1.0, 1e-6, 1.0]}
+    opts = {**FAST, "mode": "adaptive", "reps": 4, "max_reps": 200, "budget_s": 0.0, "against": wide}
+    [row] = time_candidate(cand, "LayerNorm", "cpu", ["64x32"], "float32", "true", opts).rows
+    assert row["reps"] == 1 and row["timed"] == "budget"
+    opts = {**opts, "budget_s": None}
+    [row] = time_candidate(cand, "LayerNorm", "cpu", ["64x32"], "float32", "true", opts).rows
+    assert row["reps"] == 4 * 4 and row["timed"] == "max-reps"  # MAX_FACTOR x the default's count
 
 
 # ---- progress messages ----------------------------------------------------------------------------------------
@@ -175,3 +236,13 @@ def test_attention_timing_progress_reads_its_geometries_not_shapes():
     # 0.4 s over 4 calls: 0.1 s a call; 4 calls at 128/17 the work: 4 x 0.1 x 128 / 17 = 3 s
     assert "at 2x32x128:window=8 (shape 1/2)" in shown[0] and "first call 1/1" in shown[0]
     assert "rep 3/3, 0.1 s per call, about 3 s for the shapes after it" in shown[1]
+
+
+def test_a_sole_candidate_whose_first_call_is_long_is_measured_by_it(monkeypatch):
+    from kernel_probe.probe import repetitions
+
+    monkeypatch.setattr(repetitions, "SOLE_SECOND_CALL_BELOW_S", 0.0)  # every first call counts as long
+    opts = {**FAST, "check": True, "mode": "sole"}
+    [row] = time_candidate(default_for("LayerNorm"), "LayerNorm", "cpu", ["64x32"], "float32", "true", opts).rows
+    assert row["reps"] == 1 and row["compile_s"] == pytest.approx(row["median_ms"] / 1000, abs=1e-4)
+    assert row["check"]["sampled"] > 0

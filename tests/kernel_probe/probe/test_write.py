@@ -92,6 +92,9 @@ TIMED = {
     "spread": 0.0123,
     "gbps": 12.3456,
     "compile_s": 0.00123456,
+    "reps": 1,
+    "timed": "sole candidate",
+    "samples": [0.000123456],  # what other candidates were decided against: not in the lock
 }
 
 
@@ -155,7 +158,27 @@ def test_build_lock_rounds_the_evidence_and_timings():
         "spread": 0.012,
         "gbps": 12.35,
         "compile-s": 0.00123,
+        "reps": 1,
+        "timed": "sole candidate",
     }
+
+
+def test_a_cpu_linear_records_whether_its_regimes_matmul_is_native(monkeypatch):
+    from kernel_probe.detect import cpumath
+
+    monkeypatch.setattr(cpumath, "cpu_flags", lambda cpuinfo=None: {"avx2"})
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    linear = builtin("torch.linear")
+    verdicts = [
+        Verdict("torch.linear", "cpu", "float32", "true"),
+        Verdict("torch.linear", "cpu", "bfloat16", "mixed"),
+    ]
+    chosen = report(linear, verdicts=verdicts)
+    choice = Choice("Linear", chosen, "default", "kept the default", {})
+    lock = build_lock({"Linear": choice}, {"Linear": [chosen]}, {"Linear": {}}, facts(), precision="bf16-mixed")
+    fp32, bf16 = lock.slots["Linear"].evidence
+    assert "matmul" not in fp32
+    assert bf16["matmul"] == "emulated: the CPU has none of AMX BF16, AVX-512 BF16, ARM BF16"
 
 
 def test_build_lock_lists_every_other_candidate_as_rejected_with_its_reasons():

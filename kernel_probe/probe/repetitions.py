@@ -1,0 +1,110 @@
+"""How many timed calls a candidate gets: only as many as can change the slot's choice.
+
+The choice (``choose``) keeps the torch.nn default unless a candidate's median time is lower by more
+than the margin, ``max(5 %, 2 x the larger relative spread)``; ``--prefer`` takes a candidate unless
+it is slower by more than the margin. So a candidate's repetitions can stop as soon as it is known on
+which side of those two boundaries its time lies:
+
+- a slot with **one** accepted candidate decides nothing: its first call is its check at the model's
+  shape, then one measured call, recorded as ``timed = "sole candidate"`` (when the first call took
+  ``SOLE_SECOND_CALL_BELOW_S`` or more, as bf16 emulated on a CPU does, it is the measured call: its
+  one-time costs are nothing beside it);
+- the **default** is timed first, with the usual count (``--reps``'s default) inside the slot's budget;
+- every **other** candidate is repeated until the *sequential test* below decides it, its share of
+  the slot's budget is spent, or it reached ``max_reps``;
+- a candidate whose first timed call is slower than the default by more than ``FAR_SLOWER`` times
+  ``(1 + margin)`` is not repeated: no later call can bring it back under the margin.
+
+**The sequential test.** After each call (from ``MIN_REPS`` calls on), the distribution-free
+confidence interval of the candidate's median (order statistics, ``LEVEL``) is divided by the one
+of the default's median, giving an interval for the time ratio; with the margin ``m`` of the samples
+so far, the candidate is decided once that interval lies wholly below ``1 / (1 + m)`` (it will be
+chosen), wholly between ``1 / (1 + m)`` and ``1 + m`` (the default stays, a preference would hold),
+or wholly above ``1 + m``, and the same holds at the smallest margin (5 %): a spread read from four
+calls is noisy itself, and one slow call could otherwise widen the margin enough to "decide" a
+clearly faster candidate as inside the noise. Both medians' uncertainty is in the interval and the
+margin's noise term in ``m``, so a ranking is only called once the samples so far cannot reverse it.
+Pure functions of the samples (seconds or milliseconds, as long as both sides use the same unit).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+
+MIN_MARGIN = 0.05  # the smallest margin a choice is made by (choose.py's rule)
+MIN_REPS = 4  # calls before the test may decide (and the fewest that give a spread)
+LEVEL = 0.8  # of each median's confidence interval
+FAR_SLOWER = 2.0  # a first call slower than FAR_SLOWER x (1 + margin) x the default's median: not repeated
+SOLE_SECOND_CALL_BELOW_S = 1.0  # a sole candidate's first call under this: one more call is measured
+MAX_FACTOR = 4  # a candidate's repetitions stop at MAX_FACTOR x the default's count at the latest
+
+# the per-slot budget of timed calls (seconds; first calls and warm-ups count), by device kind
+SLOT_BUDGET_S = {"cpu": 20.0, "gpu": 20.0}
+
+
+def spread(samples: Sequence[float]) -> float:
+    """Relative noise: interquartile range / median (0 under 4 samples)."""
+    if len(samples) < 4:
+        return 0.0
+    q = statistics.quantiles(samples, n=4)
+    return (q[2] - q[0]) / max(statistics.median(samples), 1e-12)
+
+
+def margin(*spreads: float) -> float:
+    """The choice's margin for two candidates whose timings have these relative spreads."""
+    return max(MIN_MARGIN, 2 * max(spreads, default=0.0))
+
+
+def median_interval(samples: Sequence[float], level: float = LEVEL) -> tuple[float, float] | None:
+    """The distribution-free confidence interval of the median: ``(x_(k), x_(n+1-k))`` of the sorted
+    samples for the largest ``k`` with ``P(Binomial(n, 1/2) < k) <= (1 - level) / 2``; None when no
+    such interval exists at ``n`` samples."""
+    n = len(samples)
+    tail = (1 - level) / 2
+    k, below = 0, 0.0  # below: P(B < k + 1) as k grows
+    while k < n // 2:
+        below += math.comb(n, k) / 2**n
+        if below > tail:
+            break
+        k += 1
+    if k == 0:
+        return None
+    ordered = sorted(samples)
+    return ordered[k - 1], ordered[n - k]
+
+
+def ratio_interval(samples: Sequence[float], baseline: Sequence[float]) -> tuple[float, float] | None:
+    """An interval for median(samples) / median(baseline): both medians' intervals combined."""
+    own, base = median_interval(samples), median_interval(baseline)
+    if own is None or base is None or base[0] <= 0:
+        return None
+    return own[0] / base[1], own[1] / base[0]
+
+
+def decided(samples: Sequence[float], baseline: Sequence[float]) -> bool:
+    """Whether the samples so far decide the candidate against the default (module docstring)."""
+    if len(samples) < MIN_REPS:
+        return False
+    interval = ratio_interval(samples, baseline)
+    if interval is None:
+        return False
+    lo, hi = interval
+    return not any(lo <= boundary <= hi for boundary in boundaries(samples, baseline))
+
+
+def boundaries(samples: Sequence[float], baseline: Sequence[float]) -> tuple[float, ...]:
+    """The time ratios where the choice changes: ``1 / (1 + m)`` and ``1 + m`` at the margin of the
+    samples so far, and at the smallest margin (a spread read from a few calls is itself noisy: one
+    slow call among four can make the margin, so nothing is decided that the spread alone decides)."""
+    m = margin(spread(samples), spread(baseline))
+    return tuple(sorted({1 / (1 + m), 1 + m, 1 / (1 + MIN_MARGIN), 1 + MIN_MARGIN}))
+
+
+def far_slower(first: float, baseline: Sequence[float]) -> bool:
+    """Whether one timed call is so much slower than the default that no repetition can matter."""
+    if not baseline:
+        return False
+    m = margin(spread(baseline))
+    return first > FAR_SLOWER * (1 + m) * statistics.median(baseline)
