@@ -1,16 +1,19 @@
 """Reading TOML, and writing it canonically.
 
-The writer is ours (not tomli-w) because the lock's bytes are part of its contract: the same
-content must always give the same text, so ``load`` then ``dump`` is the identity and diffs between
-two locks show only what changed. Rules: keys keep the order the schema gives them; a table whose
-values are all scalars (or lists of scalars) is written inline; other tables become ``[sections]``;
-lists of tables become ``[[arrays]]``; floats use Python's shortest round-trip ``repr``.
+Reading is tomllib's (tomli before Python 3.11). Writing is tomli-w's, the project's one TOML writer: every
+key, string, number and boolean is formatted by ``tomli_w`` (its escapes, its float forms). What tomli-w
+cannot be told is the lock's canonical *layout*, so that part is kept here, because the lock's bytes are
+part of its contract: the same content always gives the same text, ``load`` then ``dump`` is the
+identity, and diffs between two locks show only what changed. Layout rules: keys keep the order the
+schema gives them; a table whose values are all scalars (or lists of scalars) is written inline; other
+tables become ``[sections]``; lists of tables become ``[[arrays]]``; an array is written on one line
+(tomli-w would break one longer than 100 columns); a tab in a string is escaped (tomli-w leaves it raw). ``tomli_w`` is imported only when something is
+written, so reading a lock stays light. Test: tests/kernel_lock/test_toml_bytes.py (the bytes the
+earlier hand-written formatter produced, kept as golden files).
 """
 
 from __future__ import annotations
 
-import math
-import re
 import sys
 from typing import Any
 
@@ -20,7 +23,6 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 TOMLDecodeError = tomllib.TOMLDecodeError
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
 def loads(text: str) -> dict[str, Any]:
@@ -28,47 +30,29 @@ def loads(text: str) -> dict[str, Any]:
     return tomllib.loads(text)
 
 
+def _tomli_w_line(key: str, value: Any) -> str:
+    """``key = value`` as tomli-w writes it, for a key and a scalar value (no newline)."""
+    import tomli_w  # only where writing happens: kernel_lock stays import-light for readers
+
+    return tomli_w.dumps({key: value})[:-1]
+
+
 def _key(key: str) -> str:
-    return key if _BARE_KEY.match(key) else _string(key)
+    """A key as TOML writes it: bare when it can be, else a quoted string (tomli-w's rule)."""
+    return _tomli_w_line(key, 0)[: -len(" = 0")].replace("\t", "\\t")  # a tab only inside a quoted key
 
 
 def _string(value: str) -> str:
-    out = ['"']
-    for ch in value:
-        code = ord(ch)
-        if ch == '"':
-            out.append('\\"')
-        elif ch == "\\":
-            out.append("\\\\")
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\t":
-            out.append("\\t")
-        elif ch == "\r":
-            out.append("\\r")
-        elif code < 0x20 or code == 0x7F:
-            out.append(f"\\u{code:04x}")
-        else:
-            out.append(ch)
-    out.append('"')
-    return "".join(out)
+    return _scalar(value)
 
 
 def _scalar(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        text = repr(value)
-        return text if any(c in text for c in ".en") else text + ".0"
     if isinstance(value, str):
-        return _string(value)
-    if isinstance(value, (list, tuple)):
+        # tomli-w leaves a tab raw; escaped, it stays visible in a diff (and the bytes stay what they were)
+        return _tomli_w_line("k", value)[len("k = ") :].replace("\t", "\\t")
+    if isinstance(value, (bool, int, float)):
+        return _tomli_w_line("k", value)[len("k = ") :]
+    if isinstance(value, (list, tuple)):  # one line, whatever its length (the layout rule above)
         return "[" + ", ".join(_scalar(v) for v in value) + "]"
     if isinstance(value, dict):
         if not value:

@@ -117,8 +117,12 @@ def verify(
         name_note = fields.device_name_note(current)
         if name_note:
             notes.append(name_note)
+        missing = []  # slots whose own library is missing or too old: installing it is the fix
         for slot in lock.slots.values():
-            diffs.extend(requirement_problems(slot))
+            found = requirement_problems(slot)
+            diffs.extend(found)
+            if found:
+                missing.append(slot)
             if slot.blas is not None:  # the Linear's BLAS library: the process must not have chosen another
                 from . import blas
 
@@ -133,11 +137,17 @@ def verify(
                 )
             )
         if diffs:
-            fix = (
-                f"verify it {IN_INFERENCE_MODE}, or train with the training lock it was derived from"
-                if lock.mode == "inference"
-                else None
-            )
+            fix = None
+            if lock.mode == "inference":
+                fix = f"verify it {IN_INFERENCE_MODE}, or train with the training lock it was derived from"
+            elif missing:  # as factory() says it: install the library, or use the verified twin
+                hints = ", ".join(dict.fromkeys(install_hint(slot) for slot in missing))
+                others = len(diffs) > sum(len(requirement_problems(slot)) for slot in missing)
+                fix = (
+                    f"install what the lock's slots need ({hints}), or load it {IN_INFERENCE_MODE} to use the "
+                    "verified torch.nn twins"
+                    + ("; for the other fields, re-run `kernel-probe --force` on this machine" if others else "")
+                )
             raise LockMismatch(diffs, path=lock.path, fix=fix)
         if targets is not None:
             confirm_targets(lock, mode, current, import_unknown=targets == "child")

@@ -15,7 +15,7 @@ import sys
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from kernel_lock.errors import ExitCode, LockError, LockWarning
 from kernel_probe import __version__, output
@@ -118,6 +118,24 @@ def _epilog() -> str:
     return f"exit codes:\n{codes}"
 
 
+# a subcommand's help names the exit codes once, briefly; the table is in `kernel-probe --help` and docs/
+SUB_EPILOG = "exit codes: 0 ok, 2 usage, 3 mismatch or stale, 5 bad input file; all of them: kernel-probe --help"
+
+
+def unknown_subcommand(word: str) -> str | None:
+    """The message for ``kernel-probe WORD`` where WORD is no subcommand (None: WORD is an option), with the
+    nearest subcommand when there is one (difflib: argparse's own suggest_on_error, Python 3.14, does not
+    see subcommands dispatched here)."""
+    import difflib
+
+    if not word or word.startswith("-"):
+        return None
+    near = difflib.get_close_matches(word, list(SUBCOMMANDS), n=1, cutoff=0.6)
+    if near:
+        return f"unknown subcommand {word!r}; did you mean {near[0]!r}?"
+    return f"{word!r} is not a subcommand (subcommands: {', '.join(SUBCOMMANDS)}); the probe itself takes only options"
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, except that with --json a usage error is also a JSON object on stdout (exit 2)."""
 
@@ -135,22 +153,22 @@ class _Parser(argparse.ArgumentParser):
 def error_json(
     problem: str, exit_code: int, *, kind: str, path: str | None = None, key: str | None = None, fix: str | None = None
 ) -> dict:
-    """What a failed command prints on stdout under --json: one object, the same shape for every error."""
-    return {
-        "ok": False,
-        "error": {"type": kind, "exit_code": exit_code, "problem": problem, "path": path, "key": key, "fix": fix},
-    }
+    """What a failed command prints on stdout under --json: one object, the same shape for every error
+    (kernel_probe.output.failure)."""
+    return output.failure(problem, exit_code, kind=kind, file=path, key=key, fix=fix)
 
 
 def _base_parser(prog: str, description: str, json: str | None) -> _Parser:
     """A command's parser with the common flags: --debug, and --json (its help ``json``) unless ``json`` is None."""
     common = [output.debug_flag(), *([] if json is None else [output.json_flag(json)])]
+    extra: dict[str, Any] = {"suggest_on_error": True} if sys.version_info >= (3, 14) else {}  # did you mean
     return _Parser(
         prog=prog,
         description=description,
-        epilog=_epilog(),
+        epilog=SUB_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=common,
+        **extra,
     )
 
 
@@ -179,11 +197,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         from kernel_probe.commands import probe
 
+        wrong = unknown_subcommand(argv[0]) if argv else None
+        if wrong is not None:
+            if "--json" in argv:
+                output.print_json(error_json(wrong, ExitCode.USAGE, kind="UsageError", fix="kernel-probe --help"))
+            output.error(f"{wrong}\n  fix: see kernel-probe --help")
+            return ExitCode.USAGE
         parser = _base_parser(
             "kernel-probe",
             "Probe kernels on this machine and write a kernel lock.",
             "machine-readable summary on stdout",
         )
+        parser.add_argument("-V", "--version", action="version", version=f"kernel-probe {__version__}")
         probe.add_probe_arguments(parser)
         sub = "\n".join(f"  {n:<14} {s.help}" for n, s in SUBCOMMANDS.items())
         parser.epilog = f"subcommands (kernel-probe SUBCOMMAND --help):\n{sub}\n\n{_epilog()}"

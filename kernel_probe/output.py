@@ -104,6 +104,33 @@ def print_table(tbl: Any, *, stderr: bool = False) -> None:
         con.width = width
 
 
+def failure(
+    problem: str,
+    exit_code: int,
+    *,
+    kind: str,
+    file: str | None = None,
+    key: str | None = None,
+    fix: str | None = None,
+) -> dict[str, Any]:
+    """The one shape of a failure under ``--json``, for every command: ``{"ok": false, "error": {...}}``
+    (a command adds its own fields beside ``ok`` and ``error``; docs/cli.md)."""
+    return {
+        "ok": False,
+        "error": {"type": kind, "exit_code": int(exit_code), "problem": problem, "file": file, "key": key, "fix": fix},
+    }
+
+
+def with_failure(body: dict[str, Any], exc: Any, exit_code: int | None = None) -> dict[str, Any]:
+    """``body`` (a command's own JSON fields) with ``ok`` and, when ``exc`` (a LockError) is given, its
+    ``error`` in the shape of :func:`failure`."""
+    if exc is None:
+        return {"ok": True, **{k: v for k, v in body.items() if k != "ok"}}
+    code = exc.exit_code if exit_code is None else exit_code
+    fail = failure(exc.problem, code, kind=type(exc).__name__, file=exc.path, key=exc.key, fix=exc.fix)
+    return {**fail, **{k: v for k, v in body.items() if k not in fail}}
+
+
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
     sys.stdout.flush()

@@ -143,19 +143,39 @@ def run_check(args: argparse.Namespace) -> int:
         progress=progress,
         canonical=canonical,
     )
-    if args.json:
-        output.print_json(
-            {
-                "device": device,
-                "hidden": args.hidden or CHECK_HIDDEN,
-                "plan": [{"dtype": d, "regime": r} for d, r in plan],
-                "problems": problems,
-                "slots": {slot: [r.to_json() for r in rs] for slot, rs in reports.items()},
-            }
+    # a class the user offered that cannot even be imported here is a failure of this command (exit 3), not
+    # one more row: nothing was checked of what was asked for (a crash or a timeout is a verdict on the class)
+    offered = [r for rs in reports.values() for r in rs if r.id.startswith("custom:") and r.status in UNJUDGED]
+    failure = None
+    if offered:
+        from kernel_probe.errors import ForcedUnusable
+
+        failure = ForcedUnusable(
+            "; ".join(
+                f"--candidate {r.id.removeprefix('custom:')} is {r.status}: {r.reasons[0] if r.reasons else ''}"
+                for r in offered
+            ),
+            fix="install its package or put its directory on PYTHONPATH, and check the dotted path",
         )
-        return 0
+    if args.json:
+        body = {
+            "device": device,
+            "hidden": args.hidden or CHECK_HIDDEN,
+            "plan": [{"dtype": d, "regime": r} for d, r in plan],
+            "problems": problems,
+            "slots": {slot: [r.to_json() for r in rs] for slot, rs in reports.items()},
+        }
+        output.print_json(output.with_failure(body, failure))
+        return failure.exit_code if failure else 0
     render_verdicts(reports, plan, device, hidden=args.hidden or CHECK_HIDDEN)
+    if failure is not None:
+        output.error(str(failure))
+        return failure.exit_code
     return 0
+
+
+# the status of a candidate that never ran: its class could not be imported (or cannot run on this device)
+UNJUDGED = ("unavailable",)
 
 
 STATUS_STYLE = {

@@ -103,13 +103,36 @@ def run_check_config(args: argparse.Namespace) -> int:
 SHAPES_SHORT = {"model-file": "a model file", "full": "a complete config", "overlay": "a Hydra overlay"}
 
 
+def _failure(args: argparse.Namespace, result, code: int) -> dict:
+    """``ok``, and with a failing exit code the one failure shape (kernel_probe.output.failure): its first
+    error finding (the others are under ``findings``)."""
+    if code == 0:
+        return {"ok": True}
+    errors = [f for f in result.findings if f.severity == "error"] or list(result.findings)
+    first = errors[0] if errors else None
+    problem = (
+        f"{first.where}: {first.problem}"
+        + (f" (and {len(errors) - 1} more, under findings)" if len(errors) > 1 else "")
+        if first
+        else "the config's layer_kernels blocks do not pass on this machine"
+    )
+    return output.failure(
+        problem,
+        code,
+        kind="ConfigFindings",
+        file=args.config,
+        key=first.where if first else None,
+        fix=first.fix if first else None,
+    )
+
+
 def _json(args: argparse.Namespace, result, code: int) -> dict:
     config = result.config
     return {
+        **_failure(args, result, code),
         "config": args.config,
         "lock": args.lock,
         "mode": args.mode,
-        "ok": code == 0,
         "exit_code": code,
         "shape": config.shape,
         "shape_why": config.why,

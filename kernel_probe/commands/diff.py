@@ -28,8 +28,14 @@ def run_diff(args: argparse.Namespace) -> int:
 
     diffs = lock_differences(a, b)
     differ = any(diffs.values())
+    code = ExitCode.LOCKS_DIFFER if (differ and args.exit_code) else 0
     if args.json:
-        output.print_json(diffs)
+        from kernel_probe.errors import ProbeError
+
+        failed = ProbeError(f"{args.a} and {args.b} differ (see the differences)") if code else None
+        output.print_json(output.with_failure(dict(diffs), failed, code))
+        if failed is not None:
+            output.error(f"{failed.problem} (exit {code}, --exit-code)")
     else:
         con = output.console()
         if not differ:
@@ -42,4 +48,4 @@ def run_diff(args: argparse.Namespace) -> int:
             con.print(f"environment {safe(d['field'])}: {safe(repr(fa))} -> {safe(repr(fb))}")
         for d in diffs["slots"]:
             con.print(f"slot {d['slot']} {d['key']}: {safe(repr(d['a']))} -> {safe(repr(d['b']))}")
-    return ExitCode.LOCKS_DIFFER if (differ and args.exit_code) else 0
+    return code

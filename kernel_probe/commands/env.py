@@ -32,14 +32,15 @@ def add_env_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--timeout",
         type=seconds,
-        default=DEFAULT_TIMEOUT,
+        default=None,
         metavar="SECONDS",
-        help=f"how long each library import check may take (default {DEFAULT_TIMEOUT:g})",
+        help=f"how long each library import check may take (default {DEFAULT_TIMEOUT:g} s, scaled up by the "
+        "machine's load per core, at most 6x)",
     )
 
 
 def run_env(args: argparse.Namespace) -> int:
-    if not args.timeout > 0:
+    if args.timeout is not None and not args.timeout > 0:
         raise UsageError(
             f"--timeout must be a positive number of seconds, not {args.timeout:g}", fix="pass e.g. --timeout 20"
         )
@@ -282,6 +283,12 @@ def render(report: dict[str, Any], console: Any) -> None:
     if report["errors"]:
         _section(console, "errors", [(safe(e["where"]), f"[red]{safe(e['error'])}[/]") for e in report["errors"]])
     checks = report["import_checks"]
-    how = f"import checks in child processes, {checks['timeout']:g} s timeout" if checks["run"] else "no import checks"
+    how = (
+        f"import checks in child processes, {checks['timeout']:.0f} s timeout" if checks["run"] else "no import checks"
+    )
+    if checks.get("load_per_core") is not None and checks["run"]:
+        how += f" (scaled to load {checks['load_per_core']:.1f} per core)"
     console.print()
+    for note in checks.get("notes", ()):
+        console.print(f"[yellow]note:[/] {safe(note)}", soft_wrap=False)  # wrapped at the width
     console.print(f"[dim]detected in {report['seconds']:.2f} s ({how})[/]", soft_wrap=False)

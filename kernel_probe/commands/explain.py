@@ -30,9 +30,22 @@ def slot_argument(text: str) -> str:
     raise UsageError(f"unknown slot {text!r}", fix=slot_name_fix(text))
 
 
+def _looks_like_a_file(text: str) -> bool:
+    """A lock's path rather than a mistyped slot: it exists, or is named like a TOML file or a path."""
+    import os
+
+    return os.path.exists(text) or text.endswith(".toml") or os.sep in text
+
+
 def run_explain(args: argparse.Namespace) -> int:
     if len(args.args) > 2:
         raise UsageError(f"explain takes [LOCK] SLOT, got {len(args.args)} arguments: {' '.join(args.args)}")
+    if len(args.args) == 1 and args.args[0] not in kernel_lock.SLOTS and _looks_like_a_file(args.args[0]):
+        raise UsageError(
+            f"explain {args.args[0]}: which slot? explain takes [LOCK] SLOT",
+            fix=f"name the slot after the lock: kernel-probe explain {args.args[0]} SLOT "
+            f"({', '.join(kernel_lock.SLOTS)})",
+        )
     args.lock, args.slot = args.args if len(args.args) == 2 else [default_lock_path(), args.args[0]]
     slot_argument(args.slot)  # before reading the file: a typo is the argument's fault, not the lock's
     lock = load_lock(args.lock, check_targets=False)
@@ -96,9 +109,36 @@ def run_explain(args: argparse.Namespace) -> int:
         for t in slot.timing:
             if "error" in t:
                 con.print(f"  {safe(t.get('implementation', ''))} at {safe(t.get('shape', ''))}: {safe(t['error'])}")
+        for line in bar_chart(slot.timing, chosen=slot.implementation):
+            con.print(safe(line), soft_wrap=False)
     for r in slot.rejected:
         con.print(f"  not chosen: {safe(r.implementation)} {safe(f'[{r.status}]')} {safe('; '.join(r.reasons))}")
     return 0
+
+
+def bar_chart(rows: Any, *, chosen: str = "", width: int = 80) -> list[str]:
+    """The candidates' median times as text bars, one group per shape and precision, each bar scaled to the
+    slowest there; the chosen one is marked ``*``. Fits ``width`` columns (plain text: logs keep it)."""
+    groups: dict[tuple[str, str], list[tuple[str, float]]] = {}
+    for t in rows:
+        ms = t.get("median-ms")
+        if isinstance(ms, (int, float)) and not isinstance(ms, bool) and ms > 0:
+            key = (str(t.get("shape", "")), f"{short_dtype(t.get('dtype', ''))} {t.get('regime', '')}".strip())
+            groups.setdefault(key, []).append((str(t.get("implementation", "")), float(ms)))
+    if not groups:
+        return []
+    name_w = min(32, max(len(name) for rs in groups.values() for name, _ in rs) + 2)
+    lines = ["  median ms, forward + backward (* chosen; bars scaled to the slowest per shape)"]
+    for (shape, precision), rs in groups.items():
+        lines.append(f"  {shape} {precision}")
+        slowest = max(ms for _, ms in rs)
+        for name, ms in sorted(rs, key=lambda r: r[1]):
+            label = (("* " if name == chosen else "  ") + name)[:name_w].ljust(name_w)
+            figure = f" {ms:.3g}"
+            room = max(1, width - 4 - name_w - 10)
+            bar = "#" * max(1, round(room * ms / slowest))
+            lines.append(f"    {label}{bar}{figure}")
+    return lines
 
 
 def _fmt(value: Any, spec: str = ".3g") -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 import kernel_lock
 from kernel_probe import output
 from kernel_probe.commands.lockfile import add_trust_argument, load_lock
-from kernel_probe.errors import ProbeError, UsageError
+from kernel_probe.errors import UsageError
 from kernel_probe.output import safe
 from kernel_probe.probe.derive import derive_inference
 
@@ -42,7 +42,7 @@ def run_lock(args: argparse.Namespace) -> int:
     if out.is_dir():
         raise UsageError(f"{out} is a directory", fix=f"name the lock file, e.g. {out / 'kernel-lock.inference.toml'}")
     if out.exists() and not args.force:
-        raise ProbeError(f"{out} exists; not replacing it", fix="pass --force to replace it, or choose another OUT")
+        raise UsageError(f"{out} exists; not replacing it", fix="pass --force to replace it, or choose another OUT")
     lock = load_lock(args.source, trust=args.trust)
     if lock.mode != "training":
         source_of = lock.provenance.get("source", "an unrecorded lock")

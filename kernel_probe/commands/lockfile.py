@@ -7,6 +7,7 @@ import argparse
 import os
 
 import kernel_lock
+from kernel_lock.errors import LockError
 from kernel_probe import output
 
 DEFAULT_LOCK = "kernel-lock.toml"
@@ -38,7 +39,21 @@ def load_lock(
 ) -> kernel_lock.KernelLock:
     """Load a lock for a command; its warnings go to stderr. ``check_targets=False`` for commands that
     only print a lock (nothing is imported)."""
-    lock = kernel_lock.load(path, strict=strict, emit_warnings=False, trust=trust, check_targets=check_targets)
+    try:
+        lock = kernel_lock.load(path, strict=strict, emit_warnings=False, trust=trust, check_targets=check_targets)
+    except LockError as exc:
+        env = os.environ.get("KERNEL_LOCK")
+        if env is None or env != path or os.path.isfile(path):
+            raise
+        # a lock that is not there, named by the environment rather than by the user: say where it came from
+        exc.problem += " ($KERNEL_LOCK names this path)"
+        exc.fix = (
+            f"unset KERNEL_LOCK or point it at the lock, or name the lock on the command line; {exc.fix or ''}".rstrip(
+                "; "
+            )
+        )
+        exc.args = (exc._render(),)
+        raise
     for message in lock.warnings:
         output.warn(message)
     return lock

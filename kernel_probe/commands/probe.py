@@ -183,16 +183,26 @@ class ConsoleEvents(Events):
     @functools.cached_property
     def progress(self) -> Any:
         """The progress bar, made on first use: a reused lock never shows one, so never imports rich."""
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress
 
         return Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TimeElapsedColumn(),
+            *self.progress_columns(),
             console=output.console(stderr=True),
             transient=True,
             disable=self.quiet or not self.terminal,
+        )
+
+    @staticmethod
+    def progress_columns() -> tuple[Any, ...]:
+        """The bar's columns: the description (at most TimingProgress.WIDTH), a short bar, done/total, the
+        clock: 80 columns in all."""
+        from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+
+        return (
+            TextColumn("{task.description}"),
+            BarColumn(bar_width=10),
+            TextColumn("{task.completed:.0f}/{task.total:.0f}"),
+            TimeElapsedColumn(),
         )
 
     def note(self, text: str) -> None:
@@ -206,9 +216,10 @@ class ConsoleEvents(Events):
         self.task = self.progress.add_task("checking", total=total)
 
     def checking(self, slot: str, cand_id: str, index: int, total: int) -> None:
-        if index > 1:
-            self.progress.advance(self.task)
-        self.progress.update(self.task, description=f"checking {slot}: {cand_id}")
+        # the bar counts candidates while checking (timing shows its own calls in it)
+        self.progress.update(
+            self.task, completed=index - 1, total=total, description=f"checking {slot}: {cand_id}"[:52]
+        )
         if not self.terminal:  # a batch log: one line per candidate, so a slow one is visible
             output.info(f"checking {slot}: {cand_id} ({index}/{total})")
 
@@ -217,10 +228,12 @@ class ConsoleEvents(Events):
         if message is None:
             show = (lambda text: self.progress.update(self.task, description=text)) if self.terminal else output.info
             work = attention_work if slot == ATTENTION else shape_work
-            self.timers[(slot, cand_id)] = TimingProgress(what, list(shapes), show, work=work)
-            self.progress.update(self.task, description=what)
+            self.timers[(slot, cand_id)] = TimingProgress(what, list(shapes), show, compact=self.terminal, work=work)
+            self.progress.update(self.task, description=what[: TimingProgress.WIDTH])
         else:
             self.timers[(slot, cand_id)](message)
+            if self.terminal:  # while timing, the bar counts this shape's calls, not the candidates
+                self.progress.update(self.task, completed=message.done, total=message.total)
 
     def done(self) -> None:
         self.progress.stop()
@@ -263,38 +276,70 @@ def _reused(args, result: ProbeResult) -> None:
 class TimingProgress:
     """Turns a timing worker's progress messages into one line: where it is, and how long is left.
 
-    In a terminal the line updates in place (``show`` updates the progress bar); in a log a line is
-    written when a shape starts and ends, and at most every ``every`` seconds in between."""
+    The time per call counts the timed repetitions only (the first call and the warm-up, which compile
+    and fill caches, are not spread over them), so "left" is what the remaining repetitions take. In a
+    terminal the line updates in place and fits 80 columns (``compact``); in a log a line is written when
+    a shape starts and ends, and at most every ``every`` seconds in between."""
 
-    def __init__(self, what: str, shapes: list[str], show, every: float = 10.0, work=None):
-        self.what, self.shapes, self.show, self.every = what, shapes, show, every
+    WIDTH = 52  # of the description in a terminal: with the bar, the count and the clock, 80 columns
+
+    def __init__(self, what: str, shapes: list[str], show, every: float = 10.0, *, compact: bool = False, work=None):
+        self.what, self.shapes, self.show, self.every, self.compact = what, shapes, show, every, compact
         self.work = work or shape_work  # a shape's cost relative to another's (Attention: attention_work)
         self._last = -float("inf")
         self._shape: str | None = None
+        self._reps_from = 0.0  # seconds into the shape when the timed repetitions began
 
     def __call__(self, msg: TimingProgressMessage) -> None:
-        now = time.monotonic()
         new_shape = msg.shape != self._shape
+        if msg.phase != "rep":  # the repetitions begin where the last warm-up call ended
+            self._reps_from = msg.seconds
+        elif new_shape:
+            self._reps_from = 0.0
+        now = time.monotonic()
         last_call = msg.phase == "rep" and msg.done == msg.total
-        if not (new_shape or last_call or now - self._last >= self.every):
+        if not (self.compact or new_shape or last_call or now - self._last >= self.every):
             return
         self._shape, self._last = msg.shape, now
         self.show(self.text(msg))
 
+    def per_call(self, msg: TimingProgressMessage) -> float:
+        """Seconds per timed repetition so far at this shape (``msg.phase == "rep"``)."""
+        return max(0.0, msg.seconds - self._reps_from) / max(1, msg.done)
+
     def text(self, msg: TimingProgressMessage) -> str:
+        if self.compact:
+            return self.short(msg)
         where = f"{self.what} at {msg.shape} (shape {msg.index + 1}/{msg.of})"
         if msg.phase != "rep":
             return f"{where}: {msg.phase} {msg.done}/{msg.total}, {msg.seconds:.1f} s so far"
-        calls = msg.done + 1  # the first call, then the repetitions (warm-up folded into the average)
-        per_call = msg.seconds / calls
-        left = per_call * (msg.total - msg.done)
+        per_call = self.per_call(msg)
         text = f"{where}: rep {msg.done}/{msg.total}, {per_call:.2g} s per call"
         if msg.done < msg.total:
-            text += f", about {left:.0f} s left at this shape"
-        later = sum(self.work(s) for s in self.shapes[msg.index + 1 :])
+            text += f", about {per_call * (msg.total - msg.done):.0f} s left at this shape"
+        later = self.later(msg, per_call)
         if later:
-            text += f", about {per_call * (msg.total + 1) * later / self.work(msg.shape):.0f} s for the shapes after it"
+            text += f", about {later:.0f} s for the shapes after it"
         return text
+
+    def later(self, msg: TimingProgressMessage, per_call: float) -> float:
+        """The repetitions of the shapes after this one, by their size (their warm-up not counted)."""
+        after = sum(self.work(s) for s in self.shapes[msg.index + 1 :])
+        return per_call * msg.total * after / self.work(msg.shape)
+
+    def short(self, msg: TimingProgressMessage) -> str:
+        """The terminal's line: slot and candidate, shape i/n, repetition and time left, at most WIDTH."""
+        if msg.phase != "rep":
+            tail = f" {msg.shape} {msg.index + 1}/{msg.of} {msg.phase}"
+        else:
+            per_call = self.per_call(msg)
+            left = per_call * (msg.total - msg.done) + self.later(msg, per_call)
+            tail = f" {msg.shape} {msg.index + 1}/{msg.of} rep {msg.done}/{msg.total} ~{left:.0f}s left"
+        head = self.what.removeprefix("timing ")
+        room = self.WIDTH - len(tail)
+        if len(head) > room:
+            head = head[: max(1, room - 1)] + "…"
+        return (head + tail)[: self.WIDTH]
 
 
 def shape_work(shape: str) -> float:

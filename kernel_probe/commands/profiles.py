@@ -238,7 +238,7 @@ def _match(args: argparse.Namespace) -> int:
             )
         result["fix"] = refusal.fix if refusal else None
     if args.json:
-        output.print_json({**result, "exit_code": code})
+        output.print_json(output.with_failure({**result, "exit_code": code}, refusal))
         return code
     con = output.console()
     for note in notes:

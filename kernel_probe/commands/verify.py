@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 import kernel_lock
-from kernel_lock.errors import LockError, LockMismatch
+from kernel_lock.errors import LockError
 from kernel_lock.slots import MODES
 from kernel_probe import output
 from kernel_probe.commands.lockfile import add_lock_argument, add_trust_argument, default_lock_path, load_lock
@@ -67,10 +67,10 @@ def run_verify(args: argparse.Namespace) -> int:
             {"field": d.field, "expected": d.expected, "found": d.found, "rule": d.rule}
             for d in getattr(exc, "differences", ())
         ]
-        if not isinstance(exc, LockMismatch):
-            result["error"] = {"problem": exc.problem, "key": exc.key, "fix": exc.fix, "exit_code": exc.exit_code}
-        output.print_json(result)
+        output.print_json(output.with_failure(result, exc))
+        output.error(str(exc))
         return exc.exit_code
+    failures: list[LockError] = []
     for slot in kernel_lock.SLOTS:
         try:
             if args.no_import:  # the decision only: requirements from metadata, nothing imported
@@ -83,15 +83,18 @@ def run_verify(args: argparse.Namespace) -> int:
             if not args.json:
                 raise
             result["ok"] = False
-            result["slots"][slot] = {"error": exc.problem, "exit_code": exc.exit_code}
+            result["slots"][slot] = {"error": exc.problem, "fix": exc.fix, "exit_code": exc.exit_code}
+            failures.append(exc)
             continue
         result["slots"][slot] = dict(
             zip(("implementation", "target", "kwargs", "substituted_from", "max_error"), found, strict=True)
         )
     if args.json:
-        output.print_json(result)
-        failed = [r["exit_code"] for r in result["slots"].values() if "exit_code" in r]
-        return max(failed) if failed else 0
+        worst = max(failures, key=lambda e: e.exit_code, default=None)
+        output.print_json(output.with_failure(result, worst))
+        if worst is not None:
+            output.error(str(worst))
+        return worst.exit_code if worst else 0
     # plain lines (no rich): this is every rank's job-start output, and its cost is counted
     verdict = "matches this machine" if args.mode == "training" else "can run on this machine"
     imported = "" if not args.no_import else ", classes not imported"

@@ -33,9 +33,60 @@ from kernel_probe.isolation.child import (
 from kernel_probe.isolation.protocol import ImportCheckReply, ProtocolError
 from kernel_probe.isolation.protocol import ImportCheckRequest as ImportRequest
 
-__all__ = ["DEFAULT_TIMEOUT", "PROBES", "STATUSES", "ImportChecks", "ImportRequest", "check_import", "classify"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "PROBES",
+    "STATUSES",
+    "ImportChecks",
+    "ImportRequest",
+    "check_import",
+    "classify",
+    "close_calls",
+    "scaled_timeout",
+]
 
 DEFAULT_TIMEOUT = 20.0
+# a machine loaded beyond one runnable process per core makes every import slower by about that factor:
+# the default timeout is scaled by it (never below 1x, at most MAX_SCALE x), and a check that took more
+# than CLOSE of its timeout is named, so the next run under more load is not a surprise
+MAX_SCALE = 6.0
+CLOSE = 0.5
+
+
+def load_per_core() -> float:
+    """Runnable processes per usable core over the last minute (0.0 where the OS does not say)."""
+    import os
+
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return 0.0
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return load / max(1, cores)
+
+
+def scaled_timeout(base: float = DEFAULT_TIMEOUT, load: float | None = None) -> float:
+    """``base`` seconds scaled to the machine's measured load (``load_per_core`` when ``load`` is None)."""
+    per_core = load_per_core() if load is None else load
+    return base * min(MAX_SCALE, max(1.0, per_core))
+
+
+def close_calls(results: Mapping[str, Mapping[str, Any]], timeout: float) -> list[str]:
+    """A note for each import that took more than CLOSE of its timeout (or ran out of it)."""
+    notes = []
+    for name, r in results.items():
+        seconds = r.get("seconds")
+        if isinstance(seconds, (int, float)) and seconds >= CLOSE * timeout:
+            what = "timed out after" if r.get("status") == "timeout" else "took"
+            notes.append(
+                f"{name}: the import check {what} {seconds:.1f} s of its {timeout:.0f} s timeout "
+                f"(load {load_per_core():.1f} per core); pass a larger --timeout if it fails under more load"
+            )
+    return notes
+
 
 STATUSES = ("ok", "error", "crashed", "timeout", "not-installed", "skipped")
 

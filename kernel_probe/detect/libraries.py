@@ -20,11 +20,13 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernel_lock import registry
-from kernel_probe.detect.importcheck import ImportRequest
 from kernel_probe.tables import TableReader
+
+if TYPE_CHECKING:  # the import checks' machinery is not loaded by a staleness check (the warm path)
+    from kernel_probe.detect.importcheck import ImportRequest
 
 
 @dataclass(frozen=True)
@@ -198,6 +200,8 @@ def locate_all(table: Sequence[KnownLibrary] | None = None, extra_paths: Sequenc
 
 def import_requests(located: Mapping[str, Located]) -> dict[str, ImportRequest]:
     """The child imports worth running: installed libraries that are what they claim to be."""
+    from kernel_probe.detect.importcheck import ImportRequest
+
     return {
         name: ImportRequest(loc.library.check)
         for name, loc in located.items()
@@ -231,3 +235,51 @@ def report(located: Located, imported: Mapping[str, Any] | None) -> dict[str, An
         "check_module": lib.check,
         "import": status,
     }
+
+
+def by_library(candidates: Sequence[Any]) -> dict[str, list[str]]:
+    """Registry library name -> the ids of the candidates of ``candidates`` that come from it."""
+    modules = {lib.module: lib.name for lib in known_libraries()}
+    out: dict[str, list[str]] = {}
+    for c in candidates:
+        name = modules.get(c.module or registry.import_root(c.target))
+        if name:
+            out.setdefault(name, []).append(c.id)
+    return out
+
+
+def installed_for(candidates: Sequence[Any]) -> dict[str, str]:
+    """Of the registry's libraries, those a candidate of ``candidates`` comes from, each with what is installed
+    now: its version ("installed" when no distribution metadata names it), or "" when it is not installed.
+
+    Read from metadata and the file system only (no import, no torch): the probe records it in the lock
+    (``provenance.libraries``), and a lock probed before a library was installed or removed is stale."""
+    out = {}
+    for name in by_library(candidates):
+        found = locate(next(lib for lib in known_libraries() if lib.name == name))
+        out[name] = (
+            (found.distributions[found.distribution] if found.distribution else "installed") if found.installed else ""
+        )
+    return dict(sorted(out.items()))
+
+
+def library_change(
+    recorded: Mapping[str, Any], now: Mapping[str, str], judged: Mapping[str, Sequence[str]]
+) -> str | None:
+    """Why a lock whose probe saw the libraries ``recorded`` is stale now (``now``: :func:`installed_for`):
+    a library installed since, or removed since; ``judged``: library -> its candidates' ids, to name them."""
+    changes = []
+    for name, version in now.items():
+        before = recorded.get(name)
+        if not isinstance(before, str) or bool(before) == bool(version):
+            continue
+        ids = ", ".join(judged.get(name, ())) or "its candidates"
+        if version:
+            changes.append(
+                f"{name} is installed now ({version}) but was not when the lock was probed: {ids} never judged"
+            )
+        else:
+            changes.append(
+                f"{name} ({before}) was installed when the lock was probed and is not now: {ids} judged on it"
+            )
+    return "; ".join(changes) or None

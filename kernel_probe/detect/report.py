@@ -21,7 +21,7 @@ from kernel_lock.fingerprint import with_torch
 from kernel_probe.detect import accelerators, host, libraries, site, torchbuild
 from kernel_probe.detect import triton as triton_info
 from kernel_probe.detect.accelerators import NvmlList
-from kernel_probe.detect.importcheck import DEFAULT_TIMEOUT, ImportChecks
+from kernel_probe.detect.importcheck import DEFAULT_TIMEOUT, ImportChecks, close_calls, load_per_core, scaled_timeout
 from kernel_probe.detect.libraries import KnownLibrary
 
 SCHEMA = "kernel-probe-env/1"
@@ -90,7 +90,7 @@ def _torch_and_devices(torch: Any | None, nvml: NvmlList, errors: list[dict[str,
 def detect(
     *,
     import_checks: bool = True,
-    timeout: float = DEFAULT_TIMEOUT,
+    timeout: float | None = None,
     extra_paths: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     torch: Any | None = None,
@@ -100,7 +100,8 @@ def detect(
     """Everything ``kernel-probe env`` reports, as JSON-ready data.
 
     ``import_checks`` imports each installed kernel library (and Triton, to read its target) in a
-    child process with ``timeout`` seconds each, all at once; ``extra_paths`` go in front of the
+    child process with ``timeout`` seconds each (None: the default scaled to the machine's measured load,
+    ``importcheck.scaled_timeout``), all at once; ``extra_paths`` go in front of the
     search path, in-process and on the children's PYTHONPATH; ``env`` replaces os.environ for the
     children and the site signals. ``table`` replaces ``libraries.known_libraries()``; ``torch`` and
     ``nvml`` replace the real ones (tests).
@@ -109,6 +110,8 @@ def detect(
 
     start = time.perf_counter()
     errors: list[dict[str, str]] = []
+    scaled = timeout is None and import_checks  # no child, no timeout to scale
+    timeout = scaled_timeout() if scaled else float(DEFAULT_TIMEOUT if timeout is None else timeout)
 
     # Cheap, import-free facts first, so the children can start before torch is imported here.
     located_libs = libraries.locate_all(table, extra_paths)
@@ -141,7 +144,12 @@ def detect(
         "schema": SCHEMA,
         "kernel_probe": __version__,
         "seconds": round(time.perf_counter() - start, 3),
-        "import_checks": {"run": bool(import_checks), "timeout": float(timeout)},
+        "import_checks": {
+            "run": bool(import_checks),
+            "timeout": float(timeout),
+            **({"load_per_core": round(load_per_core(), 2)} if scaled else {}),
+            **({"notes": close_calls(imported, timeout)} if import_checks else {}),
+        },
         "host": host_facts,
         "torch": here["torch"],
         "device": here["device"],

@@ -252,6 +252,11 @@ def installed(cand: Candidate, device: str = "") -> str | None:
         what = f"no module {cand.module.split('.')[0]!r}"
     else:
         return None
+    if cand.source == "command-line":  # the user's own class: no registry entry says how to install it
+        return (
+            f"not importable: {what} on this Python's path (offered as {cand.slots[0]}={cand.target}; "
+            "install its package or put its directory on PYTHONPATH, and check the dotted path)"
+        )
     hint = cand.install_hint(device)
     return f"not installed: {what}" + (f" ({hint})" if hint else f" (no build for {device})" if device else "")
 

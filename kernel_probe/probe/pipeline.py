@@ -51,13 +51,85 @@ class ProbeResult:
     source: str = ""  # reused: who wrote the lock for this job ("" when it was there already)
 
 
+# the options of the inputs digest as a person names them
+OPTION_NAMES = {
+    "precision": "--precision",
+    "shapes": "--shape",
+    "slots": "--slot",
+    "pins": "--pin",
+    "prefers": "--prefer",
+    "candidates": "candidates",
+    "with_compile": "--with-compile",
+    "profile": "the profile's digest",
+    "deterministic": "--deterministic",
+    "allow_init_change": "--allow-init-change",
+    "strict_dtype": "--strict-dtype",
+}
+
+
+def _flat(value: Any) -> Any:
+    """An option as the lock records it: a scalar (a list or table joined with ", "; absent: "")."""
+    if value is None:
+        return ""
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k}={v}" for k, v in sorted(value.items()))
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value)
+    return value
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value) if value != "" else "none"
+
+
+def options_change(recorded: Mapping[str, Any] | None, now: Mapping[str, Any]) -> str:
+    """Which options differ between a lock's recorded ones (``provenance.options``) and this run's, each
+    with the old and the new value; the general reason when the lock records no options (an older lock)."""
+    if not isinstance(recorded, Mapping) or not recorded:
+        return "it was probed with other options (shapes, precision, candidates, pins or profile)"
+    changes = []
+    for key, value in recorded_options(now).items():
+        old = recorded.get(key, "")
+        if old == value:
+            continue
+        if key == "candidates" and isinstance(old, str):
+            was, new = set(filter(None, old.split(", "))), set(filter(None, value.split(", ")))
+            parts = [f"new {', '.join(sorted(new - was))}"] if new - was else []
+            parts += [f"no longer {', '.join(sorted(was - new))}"] if was - new else []
+            changes.append(f"candidates: {'; '.join(parts)}")
+        else:
+            changes.append(f"{OPTION_NAMES.get(key, key)}: {_shown(old)} -> {_shown(value)}")
+    unknown = sorted(set(recorded) - set(now))
+    if unknown:  # a newer kernel-probe's option
+        changes.append(f"options this kernel-probe does not know: {', '.join(unknown)}")
+    return "it was probed with other options: " + ("; ".join(changes) or "(the same values, another encoding)")
+
+
+def recorded_options(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """The inputs as the lock records them (``provenance.options``): one scalar each (:func:`_flat`)."""
+    return {k: _flat(v) for k, v in inputs.items()}
+
+
 def reusable(
-    path: Path, digest: str, trust: Sequence[str] = (), profile: Any = None
+    path: Path,
+    digest: str,
+    trust: Sequence[str] = (),
+    profile: Any = None,
+    *,
+    inputs: Mapping[str, Any] | None = None,
+    libraries: Mapping[str, str] | None = None,
+    judged: Mapping[str, Sequence[str]] = {},
 ) -> tuple[kernel_lock.KernelLock | None, str]:
     """(the lock, "") if it can be reused; (None, why not) otherwise. Raises for a corrupt lock.
 
     ``trust``: the libraries of this run's own candidates (the command line, the profile, plug-ins):
-    offering them is the grant a lock written for them needs."""
+    offering them is the grant a lock written for them needs. ``inputs``: this run's options, to name the
+    ones that differ; ``libraries``: what is installed now of the registry libraries the candidates come
+    from (``detect.libraries.installed_for``): a library installed or removed since the probe makes the
+    lock stale, since its candidates were never judged (or were judged on it); ``judged``: library -> its
+    candidates' ids, to name them."""
     if not path.exists():
         return None, f"{path} does not exist"
     try:
@@ -79,7 +151,13 @@ def reusable(
         from kernel_probe.profiles.requirements import profile_change
 
         changed = profile_change(lock.profile, profile)
-        return None, changed or "it was probed with other options (shapes, precision, candidates, pins or profile)"
+        return None, changed or options_change(lock.provenance.get("options"), inputs or {})
+    if libraries is not None:
+        from kernel_probe.detect.libraries import library_change
+
+        changed = library_change(_recorded_libraries(lock, judged), libraries, judged)
+        if changed:
+            return None, changed + " (re-probe to judge them: kernel-probe --out ... without --check)"
     try:
         # each slot's class and kwargs as `verify` and `factory` would judge them: from the tables where
         # they know the class, else imported in a child process (kernel_lock.resolve.confirm_targets)
@@ -98,6 +176,20 @@ def reusable(
     return lock, ""
 
 
+def _recorded_libraries(lock: kernel_lock.KernelLock, judged: Mapping[str, Sequence[str]]) -> dict[str, str]:
+    """What the lock's probe saw installed (``provenance.libraries``); for an older lock without it, the
+    libraries whose candidates it records all rejected as "not installed"."""
+    recorded = lock.provenance.get("libraries")
+    if isinstance(recorded, Mapping):
+        return {str(k): str(v) for k, v in recorded.items()}
+    out: dict[str, str] = {}
+    for name, ids in judged.items():
+        rows = [r for s in lock.slots for r in lock.slots[s].rejected if r.implementation in ids]
+        if rows and all(any("not installed" in reason for reason in r.reasons) for r in rows):
+            out[name] = ""
+    return out
+
+
 def run(request: ProbeRequest, events: Events | None = None) -> ProbeResult:
     """Reuse the lock at ``request.out`` if it is current, else probe and write it (atomically, under a
     file lock, so many ranks starting at once produce one lock). ``check_only`` writes nothing and
@@ -113,9 +205,19 @@ def run(request: ProbeRequest, events: Events | None = None) -> ProbeResult:
         raise
     mode = request.probe_per or (p.profile.probe_per if p.profile else None) or "job"
     given = _expand_out(request, p, mode)
-    if rank is not None and mode != "rank":
+    if rank is not None and mode != "rank" and not _read_only(given):
         return _run_ranked(request, p, given, rank, mode, events, t_start)
     return _probe_or_reuse(request, p, given, events, t_start)
+
+
+def _read_only(out: Path) -> bool:
+    """Whether ``out``'s directory is on a read-only file system: there no rank can write a lock or a job
+    marker, so each rank reuses the lock itself when it is current (and fails naming the file system when it
+    is not), without waiting for a marker nobody can write."""
+    try:
+        return bool(os.statvfs(os.path.dirname(os.path.realpath(out)) or ".").f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def fail_before_plan(out: str | Path, probe_per: str | None, check_only: bool, exc: BaseException) -> None:
@@ -240,18 +342,22 @@ def _probe_or_reuse(
     request: ProbeRequest, p: Plan, given: Path, events: Events, t_start: float, *, ranked: bool = False
 ) -> ProbeResult:
     """Reuse the lock at ``given`` if current, else probe and write it under the file lock."""
-    from kernel_probe.probe.write import check_writable, exclusive
+    from kernel_probe.probe.write import check_writable, exclusive, resolve_out
 
-    out = given if request.check_only else check_writable(given)  # a symbolic link is written through
+    # a symbolic link is written through; write access is needed only once a probe will run
+    out = given if request.check_only else resolve_out(given)
     if not request.force:
-        lock, why = reusable(out, p.digest, p.trust, p.profile)
+        lock, why = reusable(
+            out, p.digest, p.trust, p.profile, inputs=p.inputs, libraries=p.libraries, judged=p.library_candidates
+        )
         if lock is not None:
             return ProbeResult(out, lock, True, p, seconds=time.perf_counter() - t_start)
         if request.check_only:
             raise StaleLock(
                 f"{out} is stale or missing: {why}", fix="run `kernel-probe` (without --check) to probe and write it"
             )
-    with exclusive(out, request.lock_timeout) as locked:
+    check_writable(out)
+    with exclusive(out, request.lock_timeout, events.note) as locked:
         if not locked and ranked:
             events.warn(
                 f"{out.parent}: this file system does not do file locks: the ranks of this job still probe once "
@@ -265,7 +371,9 @@ def _probe_or_reuse(
                 "sets rank variables (Slurm, torchrun, MPI) one rank probes without them"
             )
         if not request.force:  # another rank may have written it while we waited
-            lock, _ = reusable(out, p.digest, p.trust, p.profile)
+            lock, _ = reusable(
+                out, p.digest, p.trust, p.profile, inputs=p.inputs, libraries=p.libraries, judged=p.library_candidates
+            )
             if lock is not None:
                 return ProbeResult(out, lock, True, p, seconds=time.perf_counter() - t_start)
         for problem in p.problems:
@@ -347,6 +455,8 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
         "command": p.request.command,
         "shapes": list(p.shapes),
         **({"attention": p.attention} if "Attention" in p.slots else {}),
+        "options": recorded_options(p.inputs),
+        "libraries": dict(p.libraries),
         "check-seconds": round(result.check_seconds, 2),
         "time-seconds": round(result.time_seconds, 2),
     }

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from kernel_lock.slots import PRECISIONS, SLOTS
 from kernel_probe.errors import ForcedUnusable, UsageError
 from kernel_probe.probe.limits import CHECK_TIMEOUT, IMPORT_TIMEOUT
-from kernel_probe.probe.shapes import parse_shape
+from kernel_probe.probe.shapes import normal_shapes, parse_shape
 
 if TYPE_CHECKING:  # the warm path (a current lock) imports none of the probe's machinery
     from kernel_probe.isolation.protocol import TimingProgressMessage
@@ -94,6 +94,12 @@ class Plan:
         options = dict(parse_geometry(self.attention).options) if self.attention else {}
         return {"Attention": options} if options else {}
 
+    # the options the digest is of (recorded in the lock, so a lock probed with others can say which differ)
+    inputs: Mapping[str, Any] = field(default_factory=dict)
+    # the registry libraries this plan's candidates come from: version, "installed" or "" (not installed)
+    libraries: Mapping[str, str] = field(default_factory=dict)
+    library_candidates: Mapping[str, Sequence[str]] = field(default_factory=dict)  # library -> its candidates' ids
+
     @property
     def dtype(self) -> str:
         return PRECISIONS[self.precision].dtype
@@ -161,8 +167,7 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
     node the profile rules out (exit 4) and a pin that cannot run here (exit 3)."""
     events = events or Events()
     try:
-        for s in request.shapes:
-            parse_shape(s)
+        asked = normal_shapes(request.shapes)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     from kernel_probe.probe.limits import MAX_REPS, MAX_SECONDS
@@ -207,10 +212,10 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
         request.pins, request.prefers, slots, candidates, device, profile=profile, with_compile=request.with_compile
     )
     kind = "cpu" if device["type"] == "cpu" else "gpu"
-    if request.shapes:
-        shapes, shapes_from = tuple(request.shapes), ""
+    if asked:
+        shapes, shapes_from = asked, ""
     elif profile and profile.shapes:
-        shapes, shapes_from = tuple(profile.shapes), f"profile {profile.name}"
+        shapes, shapes_from = normal_shapes(profile.shapes), f"profile {profile.name}"
     else:
         shapes, shapes_from = DEFAULT_SHAPES[kind], "defaults"
     precision = request.precision or (profile.precision if profile and profile.precision else DEFAULT_PRECISION)
@@ -233,6 +238,9 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
     attention = request.attention or DEFAULT_GEOMETRY[kind]
     if "Attention" in slots:
         inputs["attention"] = attention
+    from kernel_probe.detect.libraries import by_library, installed_for
+
+    probed = [c for c in candidates if set(c.slots) & set(slots)]
     from kernel_probe.probe.write import inputs_digest, trusted_roots
 
     return Plan(
@@ -251,6 +259,9 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
         inputs_digest(inputs),
         trusted_roots(candidates),
         attention,
+        inputs,
+        installed_for(probed),
+        by_library(probed),
     )
 
 

@@ -6,7 +6,7 @@ import datetime as dt
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -211,7 +211,39 @@ def inputs_digest(inputs: Mapping[str, Any]) -> str:
 
 def check_writable(path: Path) -> Path:
     """The real path a lock at ``path`` is written to (a symbolic link is written through); a
-    UsageError (exit 2) naming the problem and the fix when ``path`` cannot take a lock."""
+    UsageError (exit 2) naming the problem and the fix when ``path`` cannot take a lock, or cannot be
+    written: called only when a probe will write (reusing a current lock needs no write access)."""
+    real = resolve_out(path)
+    directory = real.parent
+    exists = real.exists()
+    if os.access(directory, os.W_OK | os.X_OK) and (not exists or os.access(real, os.W_OK)):
+        return real
+    try:
+        read_only = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    if read_only:  # EROFS: no permission would help
+        raise UsageError(
+            f"--out {path}: {directory} is on a read-only file system, and the lock "
+            + ("is not current, so it must be probed again and written" if exists else "does not exist yet"),
+            fix="choose an --out on a writable file system (e.g. --out $TMPDIR/kernel-lock.toml), "
+            "or probe where the lock is built and ship the current lock",
+        )
+    what = (
+        f"{real} (permission denied)"
+        if exists and os.access(directory, os.W_OK)
+        else f"in {directory} (permission denied)"
+    )
+    raise UsageError(
+        f"--out {path}: cannot write {what}",
+        fix="choose a writable --out, or fix the permissions",
+    )
+
+
+def resolve_out(path: Path) -> Path:
+    """The real path of the lock at ``path`` (a symbolic link is followed), once it is known to be a place
+    a lock can be: a UsageError (exit 2) for an empty name, a missing directory, a directory or a
+    special file. Needs no write access: a current lock in a read-only directory is reused."""
     import stat
 
     text = str(path)
@@ -250,11 +282,6 @@ def check_writable(path: Path) -> Path:
             f"--out {text} is {kind(mode)}, not a regular file: it is never replaced (not even with --force)",
             fix="choose a regular file path for the lock",
         )
-    if not os.access(directory, os.W_OK | os.X_OK) or (mode is not None and not os.access(real, os.W_OK)):
-        raise UsageError(
-            f"--out {text}: cannot write in {directory} (permission denied)",
-            fix="choose a writable --out, or fix the permissions",
-        )
     return real
 
 
@@ -267,19 +294,64 @@ def file_lock_path(path: Path) -> Path:
     return path.parent / f".{path.name}.lock"
 
 
+def _wait_reports(first: float = 10.0, every: float = 60.0) -> Iterator[float]:
+    """When a waiting probe says how long it has waited: after 10 s, 30 s, 60 s, then every minute."""
+    yield first
+    yield 30.0
+    at = 60.0
+    while True:
+        yield at
+        at += every
+
+
 @contextmanager
-def exclusive(path: Path, timeout: float) -> Iterator[bool]:
+def exclusive(
+    path: Path,
+    timeout: float,
+    waiting: Callable[[str], None] | None = None,
+    *,
+    reports: Iterable[float] | None = None,
+) -> Iterator[bool]:
     """Hold a cross-process lock for ``path`` (file ``.<name>.lock`` beside it). Yields False when
     the file system does not do file locks (some parallel file systems), so the caller can say so;
-    a lock file this user may not open (left by another user in a shared directory) is an error."""
+    a lock file this user may not open (left by another user in a shared directory) is an error.
+
+    When another process holds it, ``waiting`` is told once what is waited for, on which file and for
+    how long at most, then how long it has waited at each of ``reports`` (seconds; default 10, 30, 60,
+    then every minute)."""
     import errno
+    import time
 
     from filelock import FileLock, Timeout
 
     lock_path = file_lock_path(path)
     lock = FileLock(str(lock_path), timeout=timeout)
     try:
-        lock.acquire()
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            if waiting is None:
+                lock.acquire()
+            else:
+                waiting(
+                    f"waiting for another kernel-probe writing {path}: its file lock {lock_path} is held; "
+                    f"waiting up to {timeout:.0f} s (--lock-timeout), then this probe reuses its lock if current"
+                )
+                start = time.monotonic()
+                for at in reports if reports is not None else _wait_reports():
+                    left = timeout - (time.monotonic() - start)
+                    if left <= 0:
+                        raise
+                    try:
+                        lock.acquire(timeout=max(0.0, min(left, at - (time.monotonic() - start))))
+                        break
+                    except Timeout:
+                        waited = time.monotonic() - start
+                        if waited >= timeout:
+                            raise
+                        waiting(f"still waiting for the file lock of {path}: {waited:.0f} s of at most {timeout:.0f} s")
+                else:
+                    lock.acquire(timeout=max(0.0, timeout - (time.monotonic() - start)))
     except Timeout:
         raise ProbeError(
             f"{path}: another kernel-probe held the lock for more than {timeout:.0f} s",

@@ -82,6 +82,7 @@ STARTS_ALLOWED = {
     "benchmarks/attention_cost.py": "times the CLI as a user runs it (from main: the Attention slot's cost)",
     "benchmarks/jobstart.py": "times and counts the CLI as a user runs it (PYTHONPATH carries the counter)",
     "benchmarks/jobstart_scale.py": "the ranks, inside the launcher's program, as srun would start them",
+    "benchmarks/timing_plot.py": "the probe whose timings it plots, run as a user runs it",
     "benchmarks/import_cost.py": "the one cold probe that writes the lock, as a user runs it",
     "benchmarks/gpu_all.py": "the GPU kit's parts as a user runs them (PYTHONPATH: the checkout), TERM then KILL",
 }

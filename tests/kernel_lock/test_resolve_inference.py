@@ -377,7 +377,7 @@ def test_lock_for_inference_does_not_overwrite_without_force(tmp_path, capsys):
     out = tmp_path / "inference.toml"
     out.write_text("precious")
     code, _, err = run(["lock", "--for", "inference", src, out], capsys)
-    assert code == 1 and "--force" in err and out.read_text() == "precious"
+    assert code == 2 and "--force" in err and out.read_text() == "precious"
     code, _, err = run(["lock", "--for", "inference", src, out, "--force"], capsys)
     assert code == 0, err
     assert kernel_lock.load(out).mode == "inference"

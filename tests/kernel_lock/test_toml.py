@@ -27,6 +27,8 @@ SCALARS = [
     ("back\\slash", '"back\\\\slash"'),
     ("tab\tnew\nline\rret", '"tab\\tnew\\nline\\rret"'),
     ("bell\x07del\x7f", '"bell\\u0007del\\u007f"'),
+    # tomli-w's compact escapes for backspace and form feed (the hand-written writer wrote \u0008, \u000c)
+    ("bs\bff\f", '"bs\\bff\\f"'),
     ("unicode é", '"unicode é"'),
     ([], "[]"),
     ([1, "a", 2.5], '[1, "a", 2.5]'),

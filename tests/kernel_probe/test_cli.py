@@ -238,3 +238,52 @@ def test_strings_from_a_lock_are_printed_as_text(tmp_path, capsys, value, shown,
     assert "\x1b" not in out + err
     if command in ("show", "explain"):
         assert shown in out, out
+
+
+# ---- messages and exit codes a new user meets (issue 37, point 8) ------------------------------------------
+@pytest.mark.parametrize("typo,near", [("verfiy", "verify"), ("expalin", "explain"), ("chek", "check")])
+def test_a_mistyped_subcommand_says_did_you_mean(typo, near, capsys):
+    code, out, err = run_cli([typo], capsys)
+    assert code == 2 and f"did you mean {near!r}" in err
+    assert "usage:" not in err and not out  # one line and the fix, not the whole usage
+
+
+def test_a_word_that_is_no_subcommand_lists_them(capsys):
+    code, _, err = run_cli(["frobnicate"], capsys)
+    assert code == 2 and "is not a subcommand" in err and "verify" in err
+
+
+def test_version_is_in_the_help_and_subcommand_help_names_the_codes_once(capsys):
+    code, out, _ = run_cli(["--help"], capsys)
+    assert code == 0 and "--version" in out
+    assert run_cli(["--version"], capsys)[1].startswith("kernel-probe ")
+    code, out, _ = run_cli(["show", "--help"], capsys)
+    from kernel_lock.errors import ExitCode
+
+    assert code == 0 and "kernel-probe --help" in out
+    assert not any(f"  {c.value}  {c.meaning}" in out for c in ExitCode)  # not the whole table again
+
+
+def test_a_missing_lock_named_by_kernel_lock_says_so(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("KERNEL_LOCK", str(tmp_path / "absent.toml"))
+    code, _, err = run_cli(["show"], capsys)
+    assert code == 5 and "$KERNEL_LOCK names this path" in err and "unset KERNEL_LOCK" in err
+
+
+def test_explain_with_a_lock_and_no_slot_asks_for_the_slot(tmp_path, capsys, minimal_lock_text):
+    path = write_sealed(tmp_path / "k.toml", minimal_lock_text)
+    code, _, err = run_cli(["explain", path], capsys)
+    assert code == 2 and "which slot?" in err and "unknown slot" not in err
+    assert f"kernel-probe explain {path} SLOT" in err
+
+
+def test_verify_on_a_missing_library_says_install_it_or_inference_mode(tmp_path, capsys, minimal_lock_text):
+    text = minimal_lock_text.replace(
+        "kwargs = { eps = 1e-6 }\n",
+        'kwargs = { eps = 1e-6 }\nrequires = [{ name = "transformer-engine", specifier = ">=1.13" }]\n',
+        1,
+    )
+    path = write_sealed(tmp_path / "k.toml", text, check_targets=False)
+    code, _, err = run_cli(["verify", path, "--no-import"], capsys)
+    assert code == 3 and "pip install 'transformer-engine>=1.13'" in err and "inference" in err
+    assert "relax the field" not in err  # the match rule is not the cause of a missing library

@@ -75,7 +75,8 @@ def test_an_existing_out_is_kept_without_force(tmp_path, lock_file):
     out.write_text("precious")
     with pytest.raises(ProbeError) as exc:
         run_lock(lock_args(lock_file, out))
-    assert exc.value.exit_code == ExitCode.FAILURE and "not replacing it" in exc.value.problem
+    # issue 37: a usage error (exit 2), not the "bug" code 1
+    assert exc.value.exit_code == ExitCode.USAGE and "not replacing it" in exc.value.problem
     assert "--force" in exc.value.fix and out.read_text() == "precious"
 
 

@@ -218,3 +218,35 @@ def test_cancel_kills_running_checks_at_once(fakes):
     result = checks.results()["hang"]  # without cancel() this would wait 120 s
     assert result["status"] == "crashed" and "SIGKILL" in result["reason"]
     assert result["seconds"] < 30
+
+
+# ---- timeouts scaled to the machine's load, and a note when one comes close (issue 37) -------------------
+@pytest.mark.parametrize("load,expected", [(0.0, 20.0), (0.5, 20.0), (1.0, 20.0), (3.0, 60.0), (100.0, 120.0)])
+def test_the_default_timeout_is_scaled_by_the_load_per_core(load, expected):
+    from kernel_probe.detect.importcheck import scaled_timeout
+
+    assert scaled_timeout(20.0, load=load) == expected
+
+
+def test_an_import_that_came_close_to_its_timeout_is_named():
+    from kernel_probe.detect.importcheck import close_calls
+
+    results = {
+        "liger-kernel": {"status": "ok", "seconds": 18.98},
+        "triton": {"status": "ok", "seconds": 1.2},
+        "apex": {"status": "timeout", "seconds": 20.0},
+    }
+    notes = close_calls(results, 20.0)
+    assert len(notes) == 2 and notes[0].startswith("liger-kernel: the import check took 19.0 s of its 20 s timeout")
+    assert "timed out after 20.0 s" in notes[1] and "--timeout" in notes[1]
+
+
+def test_env_reports_the_scaled_timeout_and_the_load(monkeypatch):
+    from kernel_probe.detect import importcheck
+    from kernel_probe.detect import report as env_report
+
+    monkeypatch.setattr(importcheck, "load_per_core", lambda: 2.5)
+    monkeypatch.setattr(env_report, "load_per_core", lambda: 2.5)
+    monkeypatch.setattr(env_report, "scaled_timeout", lambda: importcheck.scaled_timeout(load=2.5))
+    checks = env_report.detect(import_checks=True, table=())["import_checks"]
+    assert checks["timeout"] == 50.0 and checks["load_per_core"] == 2.5 and isinstance(checks["notes"], list)

@@ -229,3 +229,80 @@ def test_a_native_regime_is_not_warned_about(monkeypatch):
     monkeypatch.setattr(cpumath, "cpu_flags", lambda cpuinfo=None: {"avx2", "avx512_bf16", "amx_bf16"})
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     assert pipeline._emulated_matmul(_cpu_plan("bfloat16")) is None
+
+
+# ---- which options differ (issue 37: "probed with other options" did not say which) --------------------
+def test_other_options_are_named_with_their_old_and_new_values():
+    before = {"precision": "bf16-mixed", "shapes": ["2048x1024"], "pins": {}, "candidates": ["a=x.A"]}
+    recorded = pipeline.recorded_options(before)
+    now = {"precision": "32-true", "shapes": ["64x32"], "pins": {"Linear": "torch.linear"}, "candidates": ["b=y.B"]}
+    why = pipeline.options_change(recorded, now)
+    assert "--precision: bf16-mixed -> 32-true" in why and "--shape: 2048x1024 -> 64x32" in why
+    assert "--pin: none -> Linear=torch.linear" in why and "candidates: new b=y.B; no longer a=x.A" in why
+    assert pipeline.options_change(recorded, before).endswith("(the same values, another encoding)")
+
+
+def test_a_lock_probed_with_other_options_names_them(tmp_path, cpu):
+    p = plan(ProbeRequest(shapes=("2048x1024",)))
+    text = MINIMAL_LOCK.replace(
+        HEAD, f'{HEAD}provenance = {{ inputs = "sha256:{"0" * 64}", options = {{ shapes = "4096x512" }} }}\n', 1
+    )
+    lock, why = reusable(write_sealed(tmp_path / "l.toml", text), p.digest, inputs=p.inputs)
+    assert lock is None and "--shape: 4096x512 -> 2048x1024" in why
+
+
+# ---- the candidate set (issue 37: a library installed after the probe was never tried) ------------------
+def probed_seeing(digest: str, libraries: str) -> str:
+    return MINIMAL_LOCK.replace(
+        HEAD, f'{HEAD}provenance = {{ inputs = "{digest}", libraries = {{ {libraries} }} }}\n', 1
+    )
+
+
+def test_a_library_installed_since_the_probe_makes_the_lock_stale(tmp_path, cpu):
+    p = plan(ProbeRequest(shapes=SHAPE, slots=("LayerNorm",)))
+    now = dict(p.libraries) | {"liger-kernel": "0.8.5"}
+    seen = ", ".join(f'{k} = "{"" if k == "liger-kernel" else v}"' for k, v in now.items())
+    path = write_sealed(tmp_path / "l.toml", probed_seeing(p.digest, seen))
+    lock, why = reusable(path, p.digest, libraries=now, judged={"liger-kernel": ["liger.layer_norm"]})
+    assert lock is None and "liger-kernel is installed now (0.8.5)" in why and "liger.layer_norm never judged" in why
+    # and removed since: judged on a library that is gone
+    path = write_sealed(
+        tmp_path / "l.toml", probed_seeing(p.digest, seen.replace('liger-kernel = ""', 'liger-kernel = "0.8.5"'))
+    )
+    lock, why = reusable(
+        path, p.digest, libraries=now | {"liger-kernel": ""}, judged={"liger-kernel": ["liger.layer_norm"]}
+    )
+    assert lock is None and "liger-kernel (0.8.5) was installed when the lock was probed and is not now" in why
+    # the same libraries: current
+    path = write_sealed(
+        tmp_path / "l.toml", probed_seeing(p.digest, seen.replace('liger-kernel = ""', 'liger-kernel = "0.8.5"'))
+    )
+    assert reusable(path, p.digest, libraries=now)[1] == ""
+
+
+def test_an_older_lock_without_the_record_is_judged_by_its_rejected_candidates(tmp_path, cpu):
+    p = plan(ProbeRequest(shapes=SHAPE, slots=("LayerNorm",)))
+    rejected = (
+        '\n[[slots.LayerNorm.rejected]]\nimplementation = "liger.layer_norm"\ntarget = "liger_kernel.transformers.LigerLayerNorm"\n'
+        'status = "unavailable"\nreasons = ["liger-kernel is not installed"]\n'
+    )
+    path = write_sealed(tmp_path / "l.toml", probed_with(p.digest, MINIMAL_LOCK + rejected))
+    lock, why = reusable(
+        path, p.digest, libraries={"liger-kernel": "0.8.5"}, judged={"liger-kernel": ["liger.layer_norm"]}
+    )
+    assert lock is None and "liger-kernel is installed now" in why
+
+
+def test_check_exits_3_naming_the_new_library(tmp_path, cpu, monkeypatch):
+    request = ProbeRequest(out=tmp_path / "kernel-lock.toml", shapes=SHAPE, check_only=True)
+    p = plan(request)
+    assert p.library_candidates.get("liger-kernel")  # the registry's liger candidates are planned
+    seen = ", ".join(f'{k} = ""' for k in p.libraries)
+    write_sealed(request.out, probed_seeing(p.digest, seen))
+    monkeypatch.setattr(
+        planning, "plan", lambda *_a, **_k: replace(p, libraries=dict(p.libraries) | {"liger-kernel": "0.8.5"})
+    )
+    monkeypatch.setattr(pipeline, "plan", planning.plan)
+    with pytest.raises(StaleLock) as info:
+        run(request)
+    assert "liger-kernel is installed now (0.8.5)" in info.value.problem and info.value.exit_code == 3

@@ -213,3 +213,10 @@ def test_large_shape_warning(device, shapes, expected):
 def test_the_large_threshold_is_eight_cpu_default_shapes():
     rows, hidden = (int(n) for n in DEFAULT_SHAPES["cpu"][0].split("x"))
     assert 8 * rows * hidden == CPU_LARGE_ELEMENTS
+
+
+def test_a_shape_is_one_input_however_it_is_spelled(on):
+    # issue 37: `--shape 2048*1024` counted as other options than 2048x1024, and re-probed a current lock
+    spelled = plan(ProbeRequest(shapes=("2048*1024", "64X32")))
+    assert spelled.shapes == ("2048x1024", "64x32")
+    assert spelled.digest == plan(ProbeRequest(shapes=("2048x1024", "64x32"))).digest

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernel_probe.probe.shapes import parse_shape
+from kernel_probe.probe.shapes import normal_shape, normal_shapes, parse_shape
 
 
 @pytest.mark.parametrize(
@@ -33,3 +33,17 @@ def test_parse_shape_refuses(text):
     assert str(info.value) == (
         f"--shape {text!r}: expected ROWSxHIDDEN (e.g. 40320x1024) or ROWSxINxOUT for Linear, all positive integers"
     )
+
+
+# ---- one spelling per shape (issue 37: `--shape 2048*1024` re-probed a current 2048x1024 lock) ----------
+@pytest.mark.parametrize(
+    "text,normal",
+    [("2048*1024", "2048x1024"), ("2048X1024", "2048x1024"), ("007x8", "7x8"), (" 64*32x16 ", "64x32x16")],
+)
+def test_normal_shape(text, normal):
+    assert normal_shape(text) == normal
+    assert normal_shape(normal) == normal
+
+
+def test_normal_shapes_keep_the_order_and_drop_repeats():
+    assert normal_shapes(["8x8", "4*4", "8X8"]) == ("8x8", "4x4")

@@ -214,8 +214,10 @@ def test_timing_progress_estimates_what_is_left():
     p(progress_message("1000x100", 0, 2, "rep", 5, 5, 3.0))
     assert len(shown) == 2
     assert "first call 1/1" in shown[0]
-    # 3 s over 6 calls: 0.5 s per call; the next shape is 4x the elements: 4 x 6 calls x 0.5 s = 12 s
-    assert "rep 5/5, 0.5 s per call, about 12 s for the shapes after it" in shown[1]
+    # issue 37: the time per call counts the repetitions only: 2.5 s over 5 reps after a 0.5 s first call is
+    # 0.5 s per call (not 3 s / 6); the next shape is 4x the elements: 4 x 5 reps x 0.5 s = 10 s
+    assert "rep 5/5, 0.5 s per call, about 10 s for the shapes after it" in shown[1]
+    p(progress_message("4000x100", 1, 2, "warm-up", 1, 1, 2.0))
     mid = p.text(progress_message("4000x100", 1, 2, "rep", 2, 5, 6.0))
     assert "rep 2/5, 2 s per call, about 6 s left at this shape" in mid
 
@@ -232,10 +234,10 @@ def test_attention_timing_progress_reads_its_geometries_not_shapes():
     geometries = ["2x32x128:window=8", "2x32x128"]  # the second sees 128 keys a query, the first 17
     p = TimingProgress("timing Attention: torch.sdpa", geometries, shown.append, every=3600, work=attention_work)
     p(progress_message(geometries[0], 0, 2, "first call", 1, 1, 0.1))
-    p(progress_message(geometries[0], 0, 2, "rep", 3, 3, 0.4))
-    # 0.4 s over 4 calls: 0.1 s a call; 4 calls at 128/17 the work: 4 x 0.1 x 128 / 17 = 3 s
+    p(progress_message(geometries[0], 0, 2, "rep", 4, 4, 0.5))
+    # 0.4 s over the 4 reps after the first call: 0.1 s a call; 4 reps at 128/17 the work: 4 x 0.1 x 128 / 17 = 3 s
     assert "at 2x32x128:window=8 (shape 1/2)" in shown[0] and "first call 1/1" in shown[0]
-    assert "rep 3/3, 0.1 s per call, about 3 s for the shapes after it" in shown[1]
+    assert "rep 4/4, 0.1 s per call, about 3 s for the shapes after it" in shown[1]
 
 
 def test_a_sole_candidate_whose_first_call_is_long_is_measured_by_it(monkeypatch):
@@ -246,3 +248,46 @@ def test_a_sole_candidate_whose_first_call_is_long_is_measured_by_it(monkeypatch
     [row] = time_candidate(default_for("LayerNorm"), "LayerNorm", "cpu", ["64x32"], "float32", "true", opts).rows
     assert row["reps"] == 1 and row["compile_s"] == pytest.approx(row["median_ms"] / 1000, abs=1e-4)
     assert row["check"]["sampled"] > 0
+
+
+def test_timing_progress_in_a_terminal_fits_80_columns_and_counts_calls():
+    import io
+
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.text import Text
+
+    from kernel_probe.commands.probe import ConsoleEvents, TimingProgress
+    from kernel_probe.probe.timing import progress_message
+
+    shown: list[str] = []
+    what = "timing Linear: some.very.long.candidate.identifier.from.a.plugin"
+    p = TimingProgress(what, ["40320x1024", "542080x1024"], shown.append, compact=True)
+    p(progress_message("40320x1024", 0, 2, "first call", 1, 1, 4.0))
+    for done in range(1, 4):
+        p(progress_message("40320x1024", 0, 2, "rep", done, 20, 4.0 + done))  # 1 s per rep after the first call
+    assert len(shown) == 4 and all(len(line) <= TimingProgress.WIDTH for line in shown)
+    assert shown[-1].startswith("Linear: some.") and "40320x1024 1/2 rep 3/20" in shown[-1]
+    # 17 reps left here at 1 s, then 20 reps at 542080/40320 = 13.4x the elements: 17 + 269 s
+    assert shown[-1].endswith("~286s left")
+    # the whole progress row (description, bar, calls done/total, clock) fits 80 columns
+    events = ConsoleEvents()
+    events.__dict__["terminal"] = True
+    buf = io.StringIO()
+    events.__dict__["progress"] = Progress(
+        *events.progress_columns(), console=Console(file=buf, width=80, force_terminal=True), auto_refresh=False
+    )
+    events.begin(12)
+    events.timing("Linear", "some.very.long.candidate.identifier.from.a.plugin", ["40320x1024"], None)
+    events.timing(
+        "Linear",
+        "some.very.long.candidate.identifier.from.a.plugin",
+        ["40320x1024"],
+        progress_message("40320x1024", 0, 1, "rep", 7, 20, 9.0),
+    )
+    task = events.progress.tasks[0]
+    assert (task.completed, task.total) == (7, 20)  # the calls of this shape, not the candidates (5/12)
+    events.progress.refresh()
+    events.done()
+    lines = [line for line in buf.getvalue().replace("\r", "\n").split("\n") if "rep 7/20" in line]
+    assert lines and all(len(Text.from_ansi(line).plain) <= 80 for line in lines)

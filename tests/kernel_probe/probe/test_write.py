@@ -355,6 +355,40 @@ def test_exclusive_holds_the_file_lock(tmp_path):
         assert again is True
 
 
+def test_a_waiting_probe_says_what_it_waits_for_then_how_long(tmp_path):
+    # issue 37: a second probe on the same lock waited silently, up to --lock-timeout (1800 s)
+    import threading
+
+    out, said = tmp_path / "kernel-lock.toml", []
+    with exclusive(out, timeout=1):
+        release = threading.Event()
+
+        def second():
+            with exclusive(out, 30, said.append, reports=[0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 10]) as locked:
+                assert locked is True
+            release.set()
+
+        t = threading.Thread(target=second)
+        t.start()
+        import time
+
+        time.sleep(0.5)
+    t.join(5)
+    assert release.is_set()
+    first, *progress = said
+    assert "waiting for another kernel-probe writing" in first and str(file_lock_path(out)) in first
+    assert "up to 30 s (--lock-timeout)" in first
+    assert progress and all(
+        p.startswith("still waiting for the file lock") and "of at most 30 s" in p for p in progress
+    )
+    # and gives up after its timeout, with the same error as before
+    with exclusive(out, timeout=1):
+        said.clear()
+        with pytest.raises(ProbeError, match="more than 0 s"), exclusive(out, 0.2, said.append, reports=[0.05, 0.1]):
+            pass
+    assert said and "up to 0 s" in said[0]
+
+
 def raising(exc):
     def acquire(*_a, **_k):
         raise exc
