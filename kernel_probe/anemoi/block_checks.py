@@ -17,6 +17,56 @@ from kernel_probe.anemoi.entry_checks import NORM_KEYS
 from kernel_probe.anemoi.schema_check import packaged_dir
 from kernel_probe.errors import InputFileError
 
+# ---- components that no block reaches -----------------------------------------------------------------
+# the anemoi-models modules whose classes call load_layer_kernels(layer_kernels) in their constructor
+# (anemoi-models 0.19.0: the processors, the mappers, the ensemble's noise injector): a node of one of
+# them without a layer_kernels key is built with torch.nn's defaults
+COMPONENT_MODULES = ("anemoi.models.layers.processor", "anemoi.models.layers.mapper", "anemoi.models.layers.ensemble")
+
+
+def components_without_blocks(config: Config, *, lock_given: bool) -> list[Finding]:
+    """Every component anemoi instantiates with a ``layer_kernels`` argument (a processor, each encoder
+    and decoder mapper, the other mappers and the noise injector) whose node has no block: anemoi
+    builds it with its defaults (torch.nn's Linear, LayerNorm, GELU), which a lock's kernels never
+    reach (an error then, exit 3; a warning without a lock)."""
+    tree = config.tree
+    if not isinstance(tree, Mapping):
+        return []
+    model = tree if config.shape == "model-file" and not config.composed else tree.get("model")
+    out: list[Finding] = []
+    for where, node in _components(model, "model"):
+        if "layer_kernels" in node:
+            continue
+        target = str(node["_target_"])
+        defaults = ", ".join(f"{k}: {v['_target_']}" for k, v in ANEMOI_DEFAULTS.items())
+        out.append(
+            Finding(
+                "error" if lock_given else "warning",
+                "lock" if lock_given else "entry",
+                f"{where}.layer_kernels",
+                f"{target.rpartition('.')[2]} at {where} has no layer_kernels block: anemoi builds it with its "
+                f"defaults ({defaults})" + (", not the lock's kernels" if lock_given else ""),
+                f"add `layer_kernels: ${{model.layer_kernels}}` to {where}, as the other components have",
+            )
+        )
+    return out
+
+
+def _components(node: Any, where: str) -> list[tuple[str, Mapping[str, Any]]]:
+    """(path, node) of every node under ``node`` whose ``_target_`` is a class of ``COMPONENT_MODULES``."""
+    found: list[tuple[str, Mapping[str, Any]]] = []
+    if isinstance(node, Mapping):
+        target = node.get("_target_")
+        if isinstance(target, str) and target.rpartition(".")[0] in COMPONENT_MODULES:
+            found.append((where, node))
+        for key, value in node.items():
+            if key != "layer_kernels":
+                found.extend(_components(value, f"{where}.{key}"))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            found.extend(_components(value, f"{where}.{i}"))
+    return found
+
 
 # ---- what Hydra's merge left behind -----------------------------------------------------------------
 def merge_leftovers(block: Block) -> list[Finding]:

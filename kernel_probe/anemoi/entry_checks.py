@@ -9,8 +9,11 @@ runtime's, which the export follows too.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import inspect
+import json
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -162,7 +165,201 @@ def check_entry(
             f"{target} is a GLU-family activation: anemoi-models rejects it in layer_kernels.Activation (ValueError)",
             "select GLU through the processor's mlp_implementation",
         )
+    if not any(f.severity == "error" and f.kind in ("signature", "semantics", "entry") for f in findings):
+        # a pinned size is the dimension warning's: anemoi passes the size at the call site
+        built = {k: v for k, v in kwargs.items() if k not in dims}
+        for severity, kind, problem, fix in built_problems(key, cls, built, family):
+            add(severity, kind, problem, fix)
     return findings, facts
+
+
+# ---- built as anemoi builds it ------------------------------------------------------------------------
+ROWS = 3  # the rows of the small input each built entry is run on
+
+
+def built_problems(
+    key: str, cls: Any, kwargs: Mapping[str, Any], family: str | None = None
+) -> list[tuple[str, str, str, str]]:
+    """(kind, problem, fix) for the entry built as anemoi builds it, at each of anemoi's call sites
+    (``CALLS``: ``Linear(in, out, bias=...)``, ``LayerNorm(C)``, ``QueryNorm(head_dim)``), the
+    entry's keyword arguments under the call site's, as Hydra's partial passes them, then run forward
+    and backward on a small input: a value of the wrong type (a dtype or a string eps), a device this
+    machine has not, a keyword a ``*args, **kwargs`` wrapper passes on to a base that refuses it, and
+    a class that builds but computes something else (``Identity`` or ``LazyLinear`` under Linear).
+    (severity, kind, problem, fix) each; an RMSNorm (``family``) is left to the semantics check."""
+    import torch
+
+    problems = [("error", *p) for p in _value_problems(kwargs)]
+    if problems:
+        return problems
+    for text, args, call_kwargs in CALLS[key]:
+        call = f"{text} with {', '.join(f'{k}={v!r}' for k, v in kwargs.items())}" if kwargs else text
+        try:
+            module = cls(*args, **{**kwargs, **call_kwargs})
+        except Exception as exc:
+            return [("error", "build", f"anemoi's {call} fails here: {type(exc).__name__}: {_first(exc)}", _fix(exc))]
+        if not isinstance(module, torch.nn.Module):
+            return [("error", "build", f"anemoi's {call} returns a {type(module).__name__}, not a torch.nn.Module", "")]
+        if family == "conditional":
+            continue  # its forward takes a condition too: built, not run
+        what = _computes(key, module, args, call, family)
+        if what:
+            return [what]
+    return []
+
+
+def _value_problems(kwargs: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """Values anemoi passes on as they are, and torch refuses: a dtype written as a string, a device
+    this machine does not have, a string where a number is expected (eps from ``${oc.env:...}``)."""
+    import torch
+
+    out: list[tuple[str, str, str]] = []
+    dtype = kwargs.get("dtype")
+    if isinstance(dtype, str):
+        out.append(
+            (
+                "value",
+                f"dtype is the string {dtype!r}: Hydra passes it on as a string and anemoi fails with "
+                "\"argument 'dtype' must be torch.dtype, not str\"",
+                "remove `dtype` (anemoi casts the model as the precision says), or build it from code",
+            )
+        )
+    device = kwargs.get("device")
+    if device is not None:
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            out.append(("value", f"device {device!r} is not a torch device: {_first(exc)}", "remove `device`"))
+        else:
+            if dev.type != "cpu" and not _device_present(dev):
+                out.append(
+                    (
+                        "value",
+                        f"device {device!r}: this machine has no {dev.type} device, so anemoi fails building it "
+                        + (
+                            '("Torch not compiled with CUDA enabled")'
+                            if dev.type == "cuda" and not torch.cuda.is_available()
+                            else ""
+                        ),
+                        "remove `device` (anemoi moves the model to its device itself)",
+                    )
+                )
+    for name in ("eps", "momentum"):
+        value = kwargs.get(name)
+        if isinstance(value, str):
+            out.append(
+                (
+                    "value",
+                    f"{name} is the string {value!r} (an interpolation such as ${{oc.env:...}} resolves to a "
+                    f'string): anemoi\'s forward fails with "{name} must be float, not str"',
+                    f"write {name} as a number, or cast it: ${{oc.decode:...}}",
+                )
+            )
+    return out
+
+
+def _device_present(dev: Any) -> bool:
+    """Whether this machine has the device (its type, and its index where one is given)."""
+    import torch
+
+    module = getattr(torch, dev.type, None)
+    try:
+        count = int(module.device_count()) if module is not None and module.is_available() else 0
+    except Exception:
+        return False
+    return count > (dev.index or 0)
+
+
+def _computes(
+    key: str, module: Any, args: Sequence[Any], call: str, family: str | None
+) -> tuple[str, str, str, str] | None:
+    """The built module run forward and backward on a small input: what it computes against what the
+    key means (a Linear maps ``in`` to ``out`` features; a norm keeps the shape and is invariant to
+    the input's scale, a LayerNorm also to its shift). None when it fits."""
+    import torch
+
+    if key == "Activation":
+        width, out = 16, 16
+    else:
+        width = int(args[0]) if args else 64
+        out = int(args[1]) if key == "Linear" and len(args) > 1 else width
+    device = next((p.device for p in module.parameters()), torch.device("cpu"))
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(ROWS, width, generator=gen) * 2.0 + 3.0).to(device)
+    try:
+        # torch's own deprecation notices from what a first call compiles or imports (torch.compile's
+        # adapters: "torch.jit.script_method is deprecated") say nothing of the entry
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            xs = x.clone().requires_grad_(True)
+            y = module(xs)
+            y.float().sum().backward()
+            with torch.no_grad():
+                scaled, shifted = module(x * 4.0), module(x + 5.0)
+    except Exception as exc:
+        # a value of the wrong type is the config's; anything else (no GPU driver for a GPU kernel) is
+        # this machine's, and says nothing of what the entry computes where it runs
+        config = isinstance(exc, (TypeError, ValueError))
+        return (
+            "error" if config else "warning",
+            "build",
+            f"anemoi's {call} builds, but its forward and backward on a {ROWS}x{width} float32 input fail"
+            + ("" if config else " on this machine")
+            + f": {type(exc).__name__}: {_first(exc)}",
+            _fix(exc) if config else "check it on the machine it will run on",
+        )
+    if not isinstance(y, torch.Tensor) or tuple(y.shape) != (ROWS, out):
+        shape = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+        return (
+            "error",
+            "semantics",
+            f"anemoi's {call} returns {shape} for a ({ROWS}, {width}) input, where {key} returns ({ROWS}, {out}): "
+            f"{type(module).__name__} computes something else, and anemoi fails at the first layer after it",
+            f"use a {key} implementation",
+        )
+    if key == "Linear":
+        with torch.no_grad():
+            a, b, zero = module(x), module(x * -0.5 + 1.0), module(torch.zeros_like(x))
+            mixed = module(x * 0.5 + (x * -0.5 + 1.0) * 0.5)
+        if not torch.allclose(mixed - zero, ((a - zero) * 0.5 + (b - zero) * 0.5), rtol=1e-3, atol=1e-4):
+            return (
+                "error",
+                "semantics",
+                f"anemoi's {call} is not affine in its input: {type(module).__name__} is not a Linear",
+                "use a Linear implementation",
+            )
+    elif key in NORM_KEYS:
+        with torch.no_grad():
+            base = module(x)
+        if not torch.allclose(scaled, base, rtol=1e-3, atol=1e-3):
+            return (
+                "error",
+                "semantics",
+                f"anemoi's {call} does not normalise (its output changes with the input's scale): "
+                f"{type(module).__name__} is not a norm",
+                "use a LayerNorm implementation",
+            )
+        if family != "rms_norm" and not torch.allclose(shifted, base, rtol=1e-3, atol=1e-3):
+            return (
+                "error",
+                "semantics",
+                f"anemoi's {call} does not subtract the mean (its output changes with a shift of the input): "
+                f"{type(module).__name__} computes an RMSNorm or another norm, not a LayerNorm",
+                "use a LayerNorm implementation; if the change is deliberate, pass --allow-semantics-change",
+            )
+    return None
+
+
+def _first(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else ""
+
+
+def _fix(exc: BaseException) -> str:
+    text = str(exc)
+    if "unexpected keyword argument" in text:
+        return "remove the keyword (or fix its spelling): the class, or a base it passes its arguments to, does not take it"
+    return ""
 
 
 def constructor_defaults(cls: Any) -> dict[str, Any]:
@@ -192,10 +389,17 @@ def check_entries(requests: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
     The child-process entry point of ``kernel-probe check-config``.
     """
     out = []
+    seen: dict[str, tuple[str, list[Finding], dict[str, Any]]] = {}  # each distinct entry is built once
     for r in requests:
-        findings, facts = check_entry(
-            r["key"], r["entry"], r["where"], allow_semantics_change=bool(r.get("allow_semantics_change"))
-        )
+        same = json.dumps([r["key"], r["entry"], bool(r.get("allow_semantics_change"))], sort_keys=True, default=repr)
+        if same in seen:
+            where, findings, facts = seen[same]
+            findings = [dataclasses.replace(f, where=r["where"] + f.where[len(where) :]) for f in findings]
+        else:
+            findings, facts = check_entry(
+                r["key"], r["entry"], r["where"], allow_semantics_change=bool(r.get("allow_semantics_change"))
+            )
+            seen[same] = (r["where"], findings, facts)
         out.append({"findings": [f.to_json() for f in findings], "facts": facts})
     return out
 

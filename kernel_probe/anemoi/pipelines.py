@@ -16,7 +16,12 @@ from typing import Any
 from kernel_lock.anemoi import ANEMOI_DEFAULTS, Exported, entry_for, export
 from kernel_lock.errors import LockError
 from kernel_lock.lock import KernelLock
-from kernel_probe.anemoi.block_checks import compare_with_lock, lost_wrappers, merge_leftovers
+from kernel_probe.anemoi.block_checks import (
+    compare_with_lock,
+    components_without_blocks,
+    lost_wrappers,
+    merge_leftovers,
+)
 from kernel_probe.anemoi.blocks import Config, Finding
 from kernel_probe.anemoi.entry_checks import DEFAULT_TIMEOUT, judge_entries
 from kernel_probe.anemoi.reading import read_config
@@ -88,6 +93,7 @@ def check_config(
     from kernel_probe.anemoi.attention_checks import findings as attention_findings
 
     findings.extend(attention_findings(config.tree, lock, mode))
+    findings.extend(components_without_blocks(config, lock_given=lock is not None))
     expected: dict[str, Exported] = {}
     if lock is not None:
         try:

@@ -189,12 +189,26 @@ def alt_key(semantics: str) -> str:
     return ALT_PREFIX + semantics
 
 
+class ErrorStats(TypedDict):
+    """One compared output's statistics besides the max error (``measure.error_stats``; judged by
+    ``judge.limits``): ``rms``, ``bias`` (the mean signed error) and ``sd`` (the errors' standard
+    deviation about their mean) as [candidate, torch.nn], each the worst group's, normwise; ``n``: the elements per group (a row, or the whole tensor);
+    ``ref_rms``: the reference's RMS over the tensor, normwise (its typical magnitude, in (0, 1])."""
+
+    rms: list[float]
+    bias: list[float]
+    sd: list[float]
+    n: int
+    ref_rms: float
+
+
 class MeasurementRow(TypedDict, total=False):
     """One (dtype, regime) of a check: ``measure.check`` writes it, ``judge.judge_row`` reads it."""
 
     dtype: str
     regime: str
     cases: dict[str, dict[str, list[float]]]  # case -> tensor (y, dx, ..., alt_key(...)) -> [candidate, torch.nn]
+    stats: dict[str, dict[str, ErrorStats]]  # case -> tensor -> RMS and bias (not for alt_key(...))
     flags: dict[str, str]  # FLAG_* -> the case (or the dtypes) it was seen on
     skipped: str
     exception: str
@@ -248,14 +262,18 @@ class ShapeCheck(TypedDict, total=False):
     """The check at one timed shape (``atshape.check_at_shape``; judged by ``judge.judge_shape``).
 
     ``errors``: tensor (y, dx, dweight, dbias) -> [candidate, torch.nn], each against float64 on the
-    ``sampled`` rows; ``first_bad_row``: the first wrong row (bisected down from ``first_bad_sampled``,
-    the first sampled row over the tolerance, to ``last_good_row``); ``error``: the check itself raised."""
+    ``sampled`` rows, the max error; ``stats``: the same tensors' RMS and bias; ``first_bad_row``: the
+    first wrong row (bisected down from ``first_bad_sampled``, the first sampled row over a tolerance,
+    to ``last_good_row``), ``first_bad_statistic`` what was over there (``y bias``); ``error``: the
+    check itself raised."""
 
     rows: int
     sampled: int
     boundaries: list[str]
     errors: dict[str, list[float]]
+    stats: dict[str, ErrorStats]
     first_bad_row: int
+    first_bad_statistic: str
     first_bad_sampled: int
     last_good_row: int
     seconds: float

@@ -35,18 +35,24 @@ bisected on the output and the input gradient, so the report names the first wro
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from kernel_probe.isolation.protocol import ShapeCheck
+from kernel_probe.isolation.protocol import ErrorStats, ShapeCheck
 from kernel_probe.probe.blasrun import blas_selected
-from kernel_probe.probe.judge import tolerance
+from kernel_probe.probe.judge import STATISTICS, Limits, limits
 from kernel_probe.probe.layout import Layout
-from kernel_probe.probe.measure import autocasting, gradients, reference, reference_pass, rel_err
+from kernel_probe.probe.measure import (
+    autocasting,
+    compare,
+    gradients,
+    group_errors,
+    reference,
+    reference_pass,
+)
 
 WINDOW = 4  # rows either side of a boundary, and at each end of the tensor
 SPREAD = 16  # bands over the whole tensor, one sampled row each
@@ -80,11 +86,42 @@ def sample_rows(rows: int, widths: Sequence[int]) -> list[int]:
     return sorted(picked)
 
 
-def _row_errors(got: torch.Tensor, ref: torch.Tensor, scale: float) -> torch.Tensor:
-    """Per row: max |got - ref| / scale, where scale is max |ref| over every sampled row (normwise)."""
-    got = got.detach().to(torch.float64)
-    err = (got - ref).abs().amax(-1) / max(scale, 1e-30)
-    return torch.where(torch.isfinite(got).all(-1), err, torch.full_like(err, math.inf))
+def _row_statistics(got: torch.Tensor, ref: torch.Tensor, scale: float, lim: Limits) -> list[torch.Tensor]:
+    """Per row, per statistic (max, RMS, bias): is it over its tolerance? ``scale`` is max |ref| over
+    every sampled row (normwise, as the tensor's statistics)."""
+    per = group_errors(got, ref, scale, rows=True)[:3]
+    return [v > tol for v, tol in zip(per, (lim.max, lim.rms, lim.bias), strict=True)]
+
+
+def _rows_over(got: torch.Tensor, ref: torch.Tensor, scale: float, lim: Limits) -> torch.Tensor:
+    """Per row: is any of its statistics over its tolerance?"""
+    over = _row_statistics(got, ref, scale, lim)
+    return over[0] | over[1] | over[2]
+
+
+def _row_statistic(got: torch.Tensor, ref: torch.Tensor, scale: float, lim: Limits, tensor: str) -> str:
+    """What is over in a one-row ``got`` (``y bias``, ``y RMS error``), the max first; "" when none."""
+    for name, over in zip(("max", "rms", "bias"), _row_statistics(got, ref, scale, lim), strict=True):
+        if bool(over[0]):
+            return f"{tensor} {STATISTICS[name]}"
+    return ""
+
+
+def _sampled_statistic(
+    row: int, sampled: Sequence[int], got: Mapping[str, Any], ref_by: Mapping[str, Any], lims: Mapping[str, Limits]
+) -> str:
+    """What is over in a sampled row (the first bad row when the bisection did not have to look at it)."""
+    if row not in sampled:
+        return ""
+    i = sampled.index(row)
+    for name in ROW_LOCAL:
+        g, r = got.get(name), ref_by.get(name)
+        if g is None or r is None:
+            continue
+        what = _row_statistic(g[i : i + 1], r[i : i + 1], r.abs().max().item(), lims[name], name)
+        if what:
+            return what
+    return ""
 
 
 def check_at_shape(
@@ -149,34 +186,45 @@ def check_at_shape(
         ref = reference_pass(semantics, xs.detach(), gy_rows, params64, eps, None)
         ref_by = {"y": ref["y"], "dx": ref["dx"], "dweight": ref["weight"], "dbias": ref["bias"]}
         errors: dict[str, list[float]] = {}
+        stats: dict[str, ErrorStats] = {}
         for name, r in ref_by.items():
             if r is None:
                 continue
-            errors[name] = [rel_err(got.get(name), r), rel_err(base.get(name), r)]
+            errors[name], stats[name] = compare(got.get(name), base.get(name), r, rows=name in ROW_LOCAL)
         out = ShapeCheck(
-            rows=rows, sampled=len(sampled), errors=errors, boundaries=[n for _, n in boundaries(rows, (hidden, width))]
+            rows=rows,
+            sampled=len(sampled),
+            errors=errors,
+            stats=stats,
+            boundaries=[n for _, n in boundaries(rows, (hidden, width))],
         )
-        # the first wrong row: the first sampled row over the tolerance, then bisected down to the last right one
+        # the first wrong row: the first sampled row over a tolerance, then bisected down to the last right one
+        lims = {name: limits(dtype_name, errors[name][1], stats[name]) for name in errors}
         bad_at: int | None = None
         for name in ROW_LOCAL:
             g, r = got.get(name), ref_by[name]
             if g is None or r is None:
                 continue
-            tol = tolerance(errors[name][1], dtype_name)
-            per_row = _row_errors(g, r, r.abs().max().item())
-            over = (per_row > tol).nonzero()
+            over = _rows_over(g, r, r.abs().max().item(), lims[name]).nonzero()
             if len(over):
                 first = sampled[int(over[0])]
                 bad_at = first if bad_at is None else min(bad_at, first)
         if bad_at is not None:
             below = [r for r in sampled if r < bad_at]
             out["last_good_row"] = below[-1] if below else -1
-            out["first_bad_row"] = _bisect(
-                out["last_good_row"],
-                bad_at,
-                lambda r: _row_wrong(r, semantics, x, y, params64, eps, errors, ref_by, dtype_name),
-            )
+            scale_y = ref_by["y"].abs().max().item()
+            found: dict[int, str] = {}
+
+            def wrong(r: int) -> bool:
+                found[r] = _row_wrong(r, semantics, x, y, params64, eps, scale_y, lims["y"])
+                return bool(found[r])
+
+            first_bad = _bisect(out["last_good_row"], bad_at, wrong)
+            out["first_bad_row"] = first_bad
             out["first_bad_sampled"] = bad_at
+            what = found.get(first_bad) or _sampled_statistic(first_bad, sampled, got, ref_by, lims)
+            if what:
+                out["first_bad_statistic"] = what
         out["seconds"] = round(time.perf_counter() - started, 4)
         return out
 
@@ -202,19 +250,18 @@ def _row_wrong(
     y: torch.Tensor,
     params64: Mapping[str, Any],
     eps: float,
-    errors: Mapping[str, list[float]],
-    ref_by: Mapping[str, Any],
-    dtype_name: str,
-) -> bool:
-    """Is the output of one (unsampled) row wrong? Judged on the same scale and tolerance as the sample;
-    its input gradient must be zero, as its grad_output was."""
+    scale: float,
+    lim: Limits,
+) -> str:
+    """What is wrong in one (unsampled) row ("" when nothing): its output judged on the same scale and
+    tolerances as the sample; its input gradient must be zero, as its grad_output was."""
     x64 = x.detach()[row : row + 1].to(torch.float64)
     r = reference(semantics, x64, params64["weight"], params64["bias"], eps)
-    err = _row_errors(y.detach()[row : row + 1], r, ref_by["y"].abs().max().item())
-    if bool(err[0] > tolerance(errors["y"][1], dtype_name)):
-        return True
+    what = _row_statistic(y.detach()[row : row + 1], r, scale, lim, "y")
+    if what:
+        return what
     dx = x.grad[row] if x.grad is not None else None
-    return dx is not None and bool((dx != 0).any())
+    return "dx not zero where grad_output is" if dx is not None and bool((dx != 0).any()) else ""
 
 
 def _bisect(good: int, bad: int, wrong: Callable[[int], bool]) -> int:

@@ -28,6 +28,7 @@ from kernel_probe.isolation.protocol import (
     FLAG_INPUT_MODIFIED,
     FLAG_OUTPUT_DTYPE,
     CheckReply,
+    ErrorStats,
     MeasurementRow,
     alt_key,
 )
@@ -40,6 +41,7 @@ from kernel_probe.probe.measure import (
     blocks,
     build,
     cases,
+    compare,
     dtype_name,
     first_line,
     fresh_differences,
@@ -53,6 +55,7 @@ from kernel_probe.probe.measure import (
     run_pass,
     torch_dtype,
     twin_check,
+    worst_stats,
 )
 
 
@@ -247,8 +250,9 @@ def _measure(bench: Bench, setup: Row, row: MeasurementRow, base_mod: Any, layou
     mod = build(cand, setup.canonical, device, setup.param_dtype)
     load_parameters(mod, setup.params, layout)
     out_dtype = ""
+    row["stats"] = {}
     for case in cases(cand.semantics, bench.hidden, setup.dtype, device, gen, mixed=setup.mixed):
-        row["cases"][case.name], out_dtype = _measure_case(
+        row["cases"][case.name], row["stats"][case.name], out_dtype = _measure_case(
             bench, setup, case, (mod, layout), (base_mod, base_layout), row["flags"]
         )
     row["out_dtype"] = out_dtype
@@ -284,11 +288,13 @@ def _measure_case(
     candidate: tuple[Any, Layout],
     baseline: tuple[Any, Layout],
     flags: dict[str, str],
-) -> tuple[dict[str, list[float]], str]:
-    """One case: per tensor [the candidate's error, torch.nn's error] against float64 (the worst over
-    its inputs), the flags it raised, and the candidate's output dtype."""
+) -> tuple[dict[str, list[float]], dict[str, ErrorStats], str]:
+    """One case: per tensor [the candidate's error, torch.nn's error] against float64 and their RMS
+    and bias statistics (each the worst over its inputs), the flags it raised, and the candidate's
+    output dtype."""
     semantics, device = bench.cand.semantics, bench.torch_device
     errs: dict[str, list[float]] = {}
+    stats: dict[str, ErrorStats] = {}
     out_dtype = ""
     for x in case.inputs:
         out_shape = (*x.shape[:-1], setup.width)
@@ -299,14 +305,23 @@ def _measure_case(
         with blas_selected(baseline_blas(bench.cand, bench.device)):
             base = run_pass(baseline[0], x, gy, skip, setup.autocast, baseline[1])
         for name, (g, b, r) in _compared(got, base, ref, case.residual).items():
-            _worst(errs, name, rel_err(g, r), rel_err(b, r))
+            if r is None:
+                _worst(errs, name, rel_err(g, r), rel_err(b, r))
+                continue
+            # per row for an output and its input gradients, per tensor for a parameter's
+            maxima, row_stats = compare(g, b, r, rows=name not in PARAMETER_GRADIENTS)
+            _worst(errs, name, *maxima)
+            worst_stats(stats, name, row_stats)
         if semantics in CONFUSABLE and case.name in ("random", "tiny-variance"):
             alt = CONFUSABLE[semantics]
             # the tolerance basis: torch.nn on its own maths
             _worst(errs, alt_key(alt), _alt_error(alt, x, got["y"], setup), rel_err(base["y"], ref["y"]))
         _flag(flags, case.name, got, base, x)
         out_dtype = dtype_name(got["y"].dtype)
-    return errs, out_dtype
+    return errs, stats, out_dtype
+
+
+PARAMETER_GRADIENTS = frozenset(("dweight", "dbias"))  # sums over every row: judged per tensor
 
 
 def _compared(got: dict[str, Any], base: dict[str, Any], ref: dict[str, Any], residual: bool) -> dict[str, tuple]:

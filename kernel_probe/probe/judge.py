@@ -11,6 +11,21 @@ relative to the largest reference value) keeps exact-ish cases from demanding bi
 atol per dtype cannot do this: torch.nn's own bf16 dweight error on rows of tiny variance is ~0.25
 while its fp32 output error is ~1e-7. Errors are normwise relative: max|got - ref| / max|ref|.
 
+Besides the max error, two more statistics of every compared output (y, dx, dweight, dbias, dskip),
+per row for what is row-local (an output row, its input gradient) and per tensor for parameter
+gradients, each against torch.nn's same statistic (``limits``; derived in docs/checks.md):
+
+    RMS error      <= FACTOR * RMS(torch.nn) + FLOOR(dtype) * RMS(reference) / sqrt(3)
+    |mean error|   <= FACTOR * |mean error|(torch.nn) + K_SIGMA * (the RMS tolerance) / sqrt(n)
+
+Rounding error is unbiased and a bug's is often not: a row shifted by 0.05 in bf16 is within 4x
+torch.nn's max error (half an ulp at the largest outputs), but its mean over 256 elements is ~100
+standard errors of rounding. The RMS rule bounds the candidate's noise at FACTOR x torch.nn's, so a
+group mean beyond K_SIGMA of that noise's standard errors (plus FACTOR x torch.nn's own worst bias,
+for the errors shared along a row, e.g. a rounded mean or weight) is a bias, not rounding: with
+K_SIGMA = 6 a correct kernel is flagged with probability below 2e-9 per group (~1e-5 per candidate
+over every group of every row checked).
+
 Besides errors, these flags fail a candidate outright: it modified its input, or its backward modified
 grad_output (a residual's gradient would be corrupted).
 
@@ -33,6 +48,7 @@ at the timed shapes (``judge_timing``). The checker (``check``) only orchestrate
 from __future__ import annotations
 
 import importlib.util
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -46,6 +62,7 @@ from kernel_probe.isolation.protocol import (
     FLAG_INPUT_MODIFIED,
     FLAG_OUTPUT_DTYPE,
     CheckReply,
+    ErrorStats,
     MeasurementRow,
     ShapeCheck,
     TimeReply,
@@ -69,6 +86,10 @@ HINTS = {
 _DTYPE_PROBLEM = re.compile(
     r"not implemented for|unsupported (data)?type|unsupported dtype|dtype.*not supported|expected .*dtype", re.I
 )
+
+
+K_SIGMA = 6.0  # standard errors: P(|Z| > 6) = 2.0e-9 per group (docs/checks.md)
+STATISTICS = {"max": "error", "rms": "RMS error", "bias": "bias (mean signed error)"}
 
 
 def floor(dtype: str) -> float:
@@ -95,6 +116,74 @@ def ratio(got: float, base: float, dtype: str) -> tuple[float, float]:
     return (got / tol if tol > 0 else float("inf")), tol
 
 
+@dataclass(frozen=True)
+class Limits:
+    """The tolerances of one compared output, per statistic (normwise, like the errors)."""
+
+    max: float
+    rms: float = math.inf
+    bias: float = math.inf
+
+
+def limits(dtype: str, base_max: float, stats: ErrorStats | None = None) -> Limits:
+    """The tolerances of one compared output from torch.nn's statistics (``stats[...][1]``) in the same
+    dtype, regime and input: the tolerance model for the max error; FACTOR x torch.nn's RMS plus the
+    RMS of a uniform error of two eps relative to each element (the floor, at the reference's RMS
+    rather than its max: rounding is relative to each value) for the RMS; for the bias FACTOR x torch.nn's
+    bias plus K_SIGMA standard errors of a mean over ``n`` elements whose RMS is the RMS tolerance.
+    Without ``stats`` only the max is judged. One rule for every slot's outputs."""
+    tol_max = tolerance(base_max, dtype)
+    if stats is None:
+        return Limits(tol_max)
+    eps = floor(dtype) / 2.0
+    rms = FACTOR * stats["rms"][1] + 2.0 * eps * stats["ref_rms"] / math.sqrt(3.0)
+    # the standard error of a group's mean: the larger noise of the two, and at least one rounding's
+    noise = math.sqrt(stats["sd"][0] ** 2 + stats["sd"][1] ** 2 + (eps * stats["ref_rms"]) ** 2 / 12.0)
+    bias = FACTOR * stats["bias"][1] + K_SIGMA * noise / math.sqrt(max(int(stats["n"]), 1))
+    return Limits(tol_max, rms, bias)
+
+
+@dataclass(frozen=True)
+class Excess:
+    """One statistic of one output over its tolerance."""
+
+    tensor: str
+    statistic: str  # a STATISTICS key
+    got: float
+    tol: float
+    base: float  # torch.nn's same statistic
+
+    def __str__(self) -> str:
+        return f"{self.tensor} {STATISTICS[self.statistic]} {self.got:.3g} > tolerance {self.tol:.3g} (torch.nn's {self.base:.3g})"
+
+
+def judge_output(
+    tensor: str,
+    errors: Sequence[float],
+    stats: ErrorStats | None,
+    dtype: str,
+    ratios: dict[str, float] | None = None,
+) -> tuple[float, list[Excess]]:
+    """One compared output: the worst statistic / tolerance ratio (<= 1 passes) and the statistics
+    over; ``ratios``, when given, keeps the worst ratio per statistic."""
+    lim = limits(dtype, errors[1], stats)
+    judged = [("max", errors[0], errors[1], lim.max)]
+    if stats is not None:
+        judged += [
+            ("rms", stats["rms"][0], stats["rms"][1], lim.rms),
+            ("bias", stats["bias"][0], stats["bias"][1], lim.bias),
+        ]
+    worst, over = 0.0, []
+    for statistic, got, base, tol in judged:
+        r = got / tol if tol > 0 else math.inf
+        worst = max(worst, r)
+        if ratios is not None:
+            ratios[statistic] = max(ratios.get(statistic, 0.0), r)
+        if r > 1.0:
+            over.append(Excess(tensor, statistic, got, tol, base))
+    return worst, over
+
+
 def judge_row(candidate: str, device: str, semantics: str, row: MeasurementRow, policy: Policy = Policy()) -> Verdict:
     """The verdict on one measured (dtype, regime): errors against the tolerance model, then the flags."""
     v = Verdict(candidate, device, row["dtype"], row["regime"], out_dtype=row.get("out_dtype", ""))
@@ -109,16 +198,18 @@ def judge_row(candidate: str, device: str, semantics: str, row: MeasurementRow, 
     worst = 0.0
     alt_ok = None
     for case, tensors in row.get("cases", {}).items():
-        bad = []
-        for tensor, (got, base) in tensors.items():
-            r, tol = ratio(got, base, row["dtype"])
+        bad: list[str] = []
+        case_stats = row.get("stats", {}).get(case, {})
+        for tensor, errors in tensors.items():
             if tensor.startswith(ALT_PREFIX):
+                r, _ = ratio(errors[0], errors[1], row["dtype"])
                 alt_ok = (alt_ok is not False) and r <= 1.0
                 continue
+            r, over = judge_output(tensor, errors, case_stats.get(tensor), row["dtype"], v.statistics)
             worst = max(worst, r)
-            if r > 1.0:
+            if over:
                 v.failed.append(f"{case}:{tensor}")
-                bad.append(f"{tensor} error {got:.3g} > tolerance {tol:.3g}")
+                bad.extend(map(str, over))
         if bad:  # one line per failing case, naming what that case is about
             v.reasons.append(f"{case} ({HINTS.get(case, case)}): {', '.join(bad)}")
     v.worst_ratio = worst
@@ -183,7 +274,8 @@ def _judge_dtype(v: Verdict, row: MeasurementRow, what: str, policy: Policy) -> 
 @dataclass(frozen=True)
 class ShapeVerdict:
     """The check at one timed shape: ``reason`` is empty when it passed; ``worst_ratio`` is the
-    largest error / tolerance over y, dx, dweight and dbias (None when nothing was measured)."""
+    largest statistic / tolerance (max, RMS, bias) over y, dx, dweight and dbias (None when nothing
+    was measured)."""
 
     shape: str
     reason: str
@@ -202,19 +294,20 @@ def judge_shape(shape: str, dtype: str, regime: str, check: ShapeCheck) -> Shape
     where = f"at the model's shape {shape} ({dtype}, regime {regime})"
     if "error" in check:
         return ShapeVerdict(shape, f"{where}: the check against float64 could not run: {check['error']}", None)
-    worst, bad = 0.0, []
-    for tensor, (got, base) in check.get("errors", {}).items():
-        r, tol = ratio(got, base, dtype)
+    worst, bad = 0.0, []  # type: tuple[float, list[str]]
+    stats = check.get("stats", {})
+    for tensor, errors in check.get("errors", {}).items():
+        r, over = judge_output(tensor, errors, stats.get(tensor), dtype)
         worst = max(worst, r)
-        if r > 1.0:
-            bad.append(f"{tensor} error {got:.3g} > tolerance {tol:.3g} (torch.nn's {base:.3g})")
+        bad.extend(map(str, over))
     sampled = int(check.get("sampled", 0))
     if not bad:
         return ShapeVerdict(shape, "", worst, sampled)
     if "first_bad_row" in check:
         last_good = check.get("last_good_row", -1)
+        what = f", its {check['first_bad_statistic']}" if check.get("first_bad_statistic") else ""
         row = (
-            f"first bad row {check['first_bad_row']} of {check.get('rows', '?')} ("
+            f"first bad row {check['first_bad_row']} of {check.get('rows', '?')}{what} ("
             + (f"the sampled rows up to {last_good} are right; " if last_good >= 0 else "")
             + f"{sampled} rows sampled)"
         )

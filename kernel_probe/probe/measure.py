@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from kernel_probe.isolation.protocol import ErrorStats
 from kernel_probe.probe import initstats
 from kernel_probe.probe.candidates import Candidate, fill
 from kernel_probe.probe.layout import Layout
@@ -54,6 +55,62 @@ def rel_err(got, ref) -> float:
         return math.inf
     scale = ref.abs().max().item()
     return worst / max(scale, 1e-30)
+
+
+def group_errors(got, ref, scale: float, *, rows: bool):
+    """Per group of ``got - ref``: (max |error|, RMS error, |mean signed error|, the standard deviation
+    of the errors about their mean), each divided by ``scale`` (max |ref| over the whole tensor:
+    normwise, as ``rel_err``). A group is a row (the last dimension, leading ones flattened) when
+    ``rows``, else the whole tensor; a group with a non-finite value scores inf in all four."""
+    e = got.detach().to(torch.float64) - ref
+    e = e.reshape(-1, e.shape[-1]) if rows and e.dim() > 0 else e.reshape(1, -1)
+    s = max(scale, 1e-30)
+    mean = e.mean(-1)
+    rms = torch.linalg.vector_norm(e, 2, dim=-1) / math.sqrt(max(e.shape[-1], 1))  # fused: fewer passes
+    worst = torch.linalg.vector_norm(e, math.inf, dim=-1)
+    sd = (rms * rms - mean * mean).clamp_min(0.0).sqrt()
+    per = (worst / s, rms / s, mean.abs() / s, sd / s)  # per group: small vectors
+    return tuple(torch.nan_to_num(v, nan=math.inf, posinf=math.inf) for v in per)
+
+
+def error_stats(got, base, ref, *, rows: bool) -> ErrorStats:
+    """The candidate's (``got``) and torch.nn's (``base``) RMS error, mean signed error (bias) and the
+    errors' spread about it against the float64 ``ref``, per group (``group_errors``), the worst
+    group's of each, the group size ``n`` and the reference's own RMS (normwise): what ``judge``
+    weighs besides the max error. Every slot's compared outputs go through it (the rule is
+    ``judge.limits``); ``compare`` gives the max errors with them, from the same differences."""
+    return compare(got, base, ref, rows=rows)[1]
+
+
+def compare(got, base, ref, *, rows: bool) -> tuple[list[float], ErrorStats]:
+    """([the candidate's max error, torch.nn's], their ``error_stats``): ``rel_err`` of each, and the
+    statistics besides the max, from one difference per implementation."""
+    n = int(ref.shape[-1]) if rows and ref.dim() > 0 else int(ref.numel())
+    scale = torch.linalg.vector_norm(ref, math.inf).item() if ref.numel() else 0.0
+    spread = torch.linalg.vector_norm(ref).item() / math.sqrt(ref.numel()) / scale if scale > 0 else 1.0
+    maxima = [0.0, 0.0]
+    stats: ErrorStats = {"rms": [0.0, 0.0], "bias": [0.0, 0.0], "sd": [0.0, 0.0], "n": max(n, 1), "ref_rms": spread}
+    for i, t in enumerate((got, base)):
+        if t is None or t.shape != ref.shape:
+            maxima[i] = stats["rms"][i] = stats["bias"][i] = stats["sd"][i] = math.inf
+            continue
+        worst, rms, bias, sd = group_errors(t, ref, scale, rows=rows)
+        stats["rms"][i], stats["bias"][i], stats["sd"][i] = (float(v.max().item()) for v in (rms, bias, sd))
+        maxima[i] = float(worst.max().item())
+    return maxima, stats
+
+
+def worst_stats(into: dict[str, ErrorStats], name: str, stats: ErrorStats) -> None:
+    """Keep, per statistic and implementation, the worst over several inputs of one case."""
+    have = into.get(name)
+    if have is None:
+        into[name] = stats
+        return
+    have["rms"] = [max(a, b) for a, b in zip(have["rms"], stats["rms"], strict=True)]
+    have["bias"] = [max(a, b) for a, b in zip(have["bias"], stats["bias"], strict=True)]
+    have["sd"] = [max(a, b) for a, b in zip(have["sd"], stats["sd"], strict=True)]
+    have["n"] = min(have["n"], stats["n"])
+    have["ref_rms"] = min(have["ref_rms"], stats["ref_rms"])
 
 
 # ---- inputs ------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ class Verdict:
     reasons: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     worst_ratio: float | None = None
+    statistics: dict[str, float] = field(default_factory=dict)  # per statistic (max, rms, bias): the worst ratio
     out_dtype: str = ""
     twin: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)

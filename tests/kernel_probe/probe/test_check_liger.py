@@ -191,6 +191,7 @@ def errors_table(reports: Mapping[str, Report]) -> str:
                 pair = f"{max(p[0] for p in pairs):.2e} / {max(p[1] for p in pairs):.2e}" if pairs else "-"
                 cells += f"{pair:<27}"
             ratio = "-" if v.worst_ratio is None else f"{v.worst_ratio:.3g}"
+            ratio += " (" + ", ".join(f"{k} {r:.2f}" for k, r in v.statistics.items()) + ")" if v.statistics else ""
             lines.append(
                 f"{name:<38} {v.dtype + '/' + v.regime:<14} {v.status:<9} {ratio:>7}  {cells}" + ", ".join(v.failed)
             )

@@ -116,3 +116,58 @@ def test_a_wrong_timed_shape_rejects_naming_it_first():
     assert report.status == "rejected" and report.reasons[0].startswith("at the model's shape 128x32")
     judge.judge_timing_died(report, "timeout", "no answer")
     assert report.status == "timeout" and report.reasons[0] == "while timing: no answer"
+
+
+# ---- the statistics besides the max (issue 35) ------------------------------------------------------
+def _stats(got, base, ref, rows=True):
+    from kernel_probe.probe.measure import compare
+
+    return compare(got, base, ref, rows=rows)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_rounding_noise_is_no_bias_and_a_shift_of_half_an_ulp_is(dtype):
+    import torch
+
+    from kernel_probe.probe.judge import judge_output
+
+    gen = torch.Generator().manual_seed(0)
+    ref = torch.randn(37, 1000, generator=gen, dtype=torch.float64)
+    low = getattr(torch, dtype)
+    torch_nn = ref.to(low)  # one rounding to nearest: what torch.nn's output carries
+    other = (ref + torch.randn(37, 1000, generator=gen, dtype=torch.float64) * 1e-3).to(low)  # noisier, unbiased
+    errors, stats = _stats(other, torch_nn, ref)
+    assert judge_output("y", errors, stats, dtype)[1] == []
+    eps = {"bfloat16": 2**-7, "float16": 2**-10}[dtype]
+    shifted = (ref + 0.5 * eps * ref.abs().mean()).to(low)  # within the max and RMS tolerances
+    errors, stats = _stats(shifted, torch_nn, ref)
+    ratio, over = judge_output("y", errors, stats, dtype)
+    assert [e.statistic for e in over] == ["bias"] and ratio > 1, (errors, stats)
+    assert "y bias (mean signed error)" in str(over[0]) and "torch.nn's" in str(over[0])
+
+
+def test_the_bias_rule_false_alarm_rate_on_pure_rounding_noise():
+    """K_SIGMA = 6: 2e-9 per group under the normal approximation; 200 tensors of 37 rows of unbiased
+    uniform noise (7,400 groups) raise none, where 3 standard errors would have raised ~20."""
+    import torch
+
+    from kernel_probe.probe.judge import K_SIGMA, judge_output, limits
+
+    gen = torch.Generator().manual_seed(1)
+    flagged, at_three = 0, 0
+    for _ in range(200):
+        ref = torch.randn(37, 256, generator=gen, dtype=torch.float64) + 3.0
+        noise = lambda: (torch.rand(37, 256, generator=gen, dtype=torch.float64) - 0.5) * 1e-3  # noqa: E731
+        errors, stats = _stats(ref + noise(), ref + noise(), ref)
+        flagged += bool(judge_output("y", errors, stats, "float32")[1])
+        lim = limits("float32", errors[1], stats)
+        at_three += stats["bias"][0] > 4 * stats["bias"][1] + (lim.bias - 4 * stats["bias"][1]) * 3 / K_SIGMA
+    assert flagged == 0 and K_SIGMA == 6.0
+    assert at_three < 200  # the rule's K matters: fewer standard errors would flag correct kernels
+
+
+def test_without_stats_only_the_max_is_judged():
+    from kernel_probe.probe.judge import judge_output, limits
+
+    assert limits("float32", 1e-7).rms == float("inf")
+    assert judge_output("y", [1e-7, 1e-7], None, "float32") == (pytest.approx(1e-7 / (4e-7 + 2 * 2**-23)), [])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 
 import pytest
 
@@ -30,6 +31,7 @@ ZOO = {
         "norms.NaNLayerNorm",
         "norms.WrongBackwardLayerNorm",
         "norms.UpcastingLayerNorm",
+        "norms.RoundUpLayerNorm",
         "norms.AbortInForwardLayerNorm",
         "abort_on_import.X",
         "raise_on_import.X",
@@ -87,6 +89,24 @@ def test_correct_fakes_are_accepted(results, name):
     r = rep(results, name)
     assert r.status == "accepted", r.reasons
     assert all(v.worst_ratio < 1 for v in r.verdicts)
+
+
+EXCESS = re.compile(r"\b(?:y|dx|dweight|dbias|dskip) (error|RMS error|bias \(mean signed error\)) \S+ > tolerance")
+
+
+def test_a_bias_alone_is_rejected_by_the_bias_statistic(results):
+    """Issue 35: rounding up instead of to nearest keeps every element within one ulp (max and RMS
+    error about twice torch.nn's: within the tolerance), but its mean error is half an ulp on every
+    element, many standard errors of rounding: rejected in every low-precision row, by the bias alone."""
+    r = rep(results, "norms.RoundUpLayerNorm")
+    assert r.status == "rejected"
+    for dtype, regime in (("bfloat16", "true"), ("bfloat16", "mixed"), ("float16", "true"), ("float16", "mixed")):
+        v = row(r, dtype, regime)
+        assert v.status == "rejected" and v.failed, (dtype, regime, v.reasons)
+        over = [m.group(1) for reason in v.reasons for m in EXCESS.finditer(reason)]
+        assert over and set(over) == {"bias (mean signed error)"}, v.reasons
+        assert 1 < v.worst_ratio < 10
+    assert row(r, "float32").status == "accepted"  # one rounding's bias is below torch.nn's own float32 noise
 
 
 def test_extra_state_is_accepted_with_a_migration(results):

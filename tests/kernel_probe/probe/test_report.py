@@ -40,8 +40,8 @@ def test_a_verdict_starts_accepted_and_empty():
     d = v.to_json()
     assert d["candidate"] == "c" and d["status"] == "accepted" and d["errors"] == {} and d["changes"] == []
     assert set(d) == {
-        "candidate", "device", "dtype", "regime", "status", "reasons", "failed", "worst_ratio", "out_dtype",
-        "twin", "notes", "errors", "deterministic", "changes", "ratios",
+        "candidate", "device", "dtype", "regime", "status", "reasons", "failed", "worst_ratio", "statistics",
+        "out_dtype", "twin", "notes", "errors", "deterministic", "changes", "ratios",
     }  # fmt: skip
 
 
