@@ -12,10 +12,12 @@ probe workers included, is killed, the part is recorded as timed out, and the ne
   choice       benchmarks/gpu_choice.py: the probe's choice against an independent timer
   anemoi       benchmarks/anemoi_step.py: one anemoi training step, torch.nn / the lock / liger
   tests        pytest -m gpu tests/test_gpu.py: the verdicts users rely on, on the real device
+  attention    tests/gpu_suite.py's attention part: SDPA's backends forced one by one and flash-attn,
+               checked and timed fwd+bwd in fp16/bf16 at anemoi's O96 geometry, peak memory each
 
 Everything lands in DIR: run.json (each part's status, seconds, limit and command), logs/PART.out
 (stdout: the probes' --json summaries) and logs/PART.log (stderr), probe/kernel-lock.toml (the cold
-probe's lock, used by the anemoi part), choice/, anemoi/, tests/. The whole run is also held to
+probe's lock, used by the anemoi part), choice/, anemoi/, tests/, attention/. The whole run is also held to
 ``--budget`` seconds: a part never gets more than what is left of it, so the run ends within the
 budget whatever a part does (docs/benchmarks.md, "Sizing", shows how the limits were sized).
 """
@@ -69,9 +71,9 @@ def parts(out: Path, smoke: bool) -> list[Part]:
     # GPU: limits sum to 475 s, under the 480 s budget (docs/benchmarks.md, "Sizing"); smoke: generous,
     # for a 2-core CPU shared with other jobs
     limits = (
-        {"probe-cold": 90, "probe-warm": 10, "choice": 215, "anemoi": 50, "tests": 110}
+        {"probe-cold": 100, "probe-warm": 10, "choice": 180, "anemoi": 40, "tests": 90, "attention": 55}
         if not smoke
-        else {"probe-cold": 240, "probe-warm": 60, "choice": 300, "anemoi": 180, "tests": 120}
+        else {"probe-cold": 240, "probe-warm": 60, "choice": 300, "anemoi": 180, "tests": 120, "attention": 120}
     )
     return [
         Part("probe-cold", (*probe, "--force"), limits["probe-cold"]),
@@ -98,6 +100,11 @@ def parts(out: Path, smoke: bool) -> list[Part]:
             ),
             limits["tests"],
             env={"KP_GPU_OUT": str(out / "tests")},
+        ),
+        Part(
+            "attention",
+            (py, "-m", "tests.gpu_suite", "--out", str(out / "attention"), *smoke_flag),
+            limits["attention"],
         ),
     ]
 

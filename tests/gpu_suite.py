@@ -6,6 +6,13 @@ isolated workers (forward and backward against float64, every hard input, each r
 the timing workers (``TimeRequest``, ``kernel_probe/probe/timing.py``). Added to the registry: liger's
 RMSNorm with its *default* ``in_place=True``, which the registry pins off because its backward
 overwrites grad_output; the checks must reject it for exactly that.
+
+The attention part (``attention``; ``python -m tests.gpu_suite --out DIR [--smoke]``, a part of
+``benchmarks/gpu_all.py``): torch's SDPA and each of its backends forced one by one, and flash-attn 2/3/4
+(each reported unavailable with its reason where it does not import), checked forward and backward in
+float16 and bfloat16, then timed forward + backward at anemoi's O96 processor geometry
+(``ATTENTION_GPU``) with the peak memory of each candidate (``torch.cuda.max_memory_allocated``, the
+timing rows' ``peak_bytes``); ``--smoke`` at ``ATTENTION_SMOKE`` on any device (no peak memory off CUDA).
 """
 
 from __future__ import annotations
@@ -26,6 +33,22 @@ from kernel_probe.probe.report import Report
 ROWS = dtype_plan(["float32", "bfloat16"])
 TIMED = ("32-true", "bf16-true", "bf16-mixed")
 IN_PLACE_ID = "liger.rms_norm.in_place"
+
+# the attention part: anemoi's O96 processor (16 heads of 128 over 40,320 nodes, its presets' 512 window)
+ATTENTION_GPU = "16x128x40320:window=512"
+ATTENTION_SMOKE = "2x32x128:window=8"
+ATTENTION_IDS = (
+    "torch.sdpa",
+    "torch.sdpa.math",
+    "torch.sdpa.flash",
+    "torch.sdpa.efficient",
+    "torch.sdpa.cudnn",
+    "flash_attn.v2",
+    "flash_attn.v3",
+    "flash_attn.v4",
+)
+ATTENTION_ROWS = [("float16", "true"), ("bfloat16", "true")]
+ATTENTION_TIMING = {"reps": 5, "warmup": 1, "min_seconds": 0.0}  # at O96 one fwd+bwd is 0.05-1 s
 
 
 def candidates(only: Iterable[str] | None = None) -> list[Candidate]:
@@ -105,8 +128,86 @@ def record(path: Path, device: str, reports: Mapping[str, Report], times: Mappin
         "autocast_out_dtype": autocast_dtypes(reports),
         "timings": times,
     }
+    return write(path, data)
+
+
+def attention(device: str, geometry: str, *, timeout: float = 120.0) -> dict[str, Any]:
+    """The attention part: every candidate of ``ATTENTION_IDS`` checked in ``ATTENTION_ROWS`` with the
+    geometry's window, the accepted ones timed forward + backward at ``geometry`` in each dtype; per
+    candidate its status, reasons and rows by dtype (``median_ms``, ``tflops``, ``peak_bytes`` on CUDA,
+    or the error that stopped it: out of memory is a row's error, recorded, not fatal)."""
+    from kernel_lock.slots import ATTENTION
+    from kernel_probe.isolation.protocol import TimeRequest
+    from kernel_probe.isolation.worker import WorkerPool
+    from kernel_probe.probe.attention_geometry import parse_geometry
+    from kernel_probe.probe.limits import TIMING_TIMEOUT
+
+    window = parse_geometry(geometry).window
+    canon = {ATTENTION: {"window": window}} if window is not None else None
+    cands = candidates(ATTENTION_IDS)
+    out: dict[str, Any] = {"device": device, "geometry": geometry, "candidates": {}}
+    with WorkerPool() as pool:
+        reports = check_all([ATTENTION], cands, device, ATTENTION_ROWS, timeout=timeout, workers=pool, canonical=canon)
+        for r in reports[ATTENTION]:
+            entry: dict[str, Any] = {"status": r.status, "reasons": r.reasons[:3], "timings": {}}
+            out["candidates"][r.id] = entry
+            if r.status != "accepted" or r.candidate is None:
+                continue
+            with pool.worker_for(r.candidate) as worker:
+                for dtype, regime in ATTENTION_ROWS:
+                    request = TimeRequest(
+                        candidate=r.candidate,
+                        slot=ATTENTION,
+                        device=device,
+                        shapes=(geometry,),
+                        dtype=dtype,
+                        regime=regime,
+                        canonical=dict(canon[ATTENTION]) if canon else {},
+                        options=ATTENTION_TIMING,
+                    )
+                    reply = worker.call(request, TIMING_TIMEOUT)
+                    assert not reply.tampered, (r.id, reply.tampered)
+                    row = dict(reply.rows[0])
+                    if device != "cuda" and "error" not in row:
+                        row["peak_bytes"] = None  # torch.cuda.max_memory_allocated: CUDA only
+                    entry["timings"][dtype] = row
+    return out
+
+
+def write(path: Path, data: Mapping[str, Any]) -> Path:
+    """``data`` as JSON at ``path``, whole or not at all."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The attention part as gpu_all.py runs it: ``DIR/attention.json``, one line per candidate."""
+    import argparse
+
+    import torch
+
+    ap = argparse.ArgumentParser(description="the GPU kit's attention part (tests/gpu_suite.py)")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--smoke", action="store_true", help=f"{ATTENTION_SMOKE} on this machine's device")
+    args = ap.parse_args(argv)
+    cuda = torch.cuda.is_available()
+    if not cuda and not args.smoke:
+        raise SystemExit("the attention part needs a CUDA device (or --smoke, at a CPU-sized geometry)")
+    data = attention("cuda" if cuda else "cpu", ATTENTION_SMOKE if args.smoke else ATTENTION_GPU)
+    data["smoke"] = args.smoke
+    write(args.out / "attention.json", data)
+    for cid, entry in data["candidates"].items():
+        rows = entry["timings"]
+        figures = ", ".join(
+            f"{d} {r['median_ms']:.3g} ms peak {r['peak_bytes']}" if "error" not in r else f"{d} {r['error']}"
+            for d, r in rows.items()
+        )
+        print(f"{cid:22s} {entry['status']:11s} {figures or (entry['reasons'] or [''])[0]}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

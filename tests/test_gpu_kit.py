@@ -75,6 +75,45 @@ def test_gpu_suite_code_paths_run_on_cpu(tmp_path):
     assert json.loads(path.read_text())["autocast_out_dtype"] == dtypes
 
 
+@pytest.mark.slow
+@needs_cpu
+def test_the_attention_part_runs_in_smoke_mode_on_cpu_and_writes_its_figures(tmp_path):
+    """gpu_all.py's attention part as it runs it (issue 36): checks, then fwd+bwd figures per dtype."""
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.gpu_suite", "--out", str(tmp_path), "--smoke"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    data = json.loads((tmp_path / "attention.json").read_text())
+    assert (data["device"], data["geometry"], data["smoke"]) == ("cpu", gpu_suite.ATTENTION_SMOKE, True)
+    found = data["candidates"]
+    assert set(found) == set(gpu_suite.ATTENTION_IDS)
+    for cid in ("torch.sdpa", "torch.sdpa.math", "torch.sdpa.flash"):  # CPU: math and CPU flash run
+        assert found[cid]["status"] == "accepted", found[cid]
+        assert set(found[cid]["timings"]) == {d for d, _ in gpu_suite.ATTENTION_ROWS}
+        for row in found[cid]["timings"].values():
+            assert "error" not in row and row["median_ms"] > 0 and row["tflops"] > 0, row
+            assert row["reps"] == gpu_suite.ATTENTION_TIMING["reps"] and row["peak_bytes"] is None  # no CUDA
+    for cid in ("torch.sdpa.efficient", "torch.sdpa.cudnn"):  # they refuse CPU tensors: torch's reason
+        assert found[cid]["status"] == "unavailable" and "No viable backend" in found[cid]["reasons"][0]
+        assert found[cid]["timings"] == {}
+    for cid in ("flash_attn.v2", "flash_attn.v3", "flash_attn.v4"):
+        assert found[cid]["status"] == "unavailable" and "this device is cpu" in found[cid]["reasons"][0]
+    assert "torch.sdpa.math" in out.stdout and "ms" in out.stdout
+
+
+def test_the_attention_part_refuses_a_full_run_without_cuda(tmp_path):
+    if __import__("torch").cuda.is_available():
+        pytest.skip("this machine has CUDA: the full attention part would run")
+    with pytest.raises(SystemExit) as exc:
+        gpu_suite.main(["--out", str(tmp_path)])
+    assert "needs a CUDA device" in str(exc.value) and not (tmp_path / "attention.json").exists()
+
+
 # ---- gpu_all.py's limits ---------------------------------------------------------------------------
 SLEEPER = (
     "import subprocess, sys, time; "
@@ -130,7 +169,7 @@ def test_the_run_budget_caps_every_part(tmp_path):
 
 def test_gpu_limits_fit_the_eight_minute_budget(tmp_path):
     parts = gpu_all.parts(tmp_path, smoke=False)
-    assert [p.name for p in parts] == ["probe-cold", "probe-warm", "choice", "anemoi", "tests"]
+    assert [p.name for p in parts] == ["probe-cold", "probe-warm", "choice", "anemoi", "tests", "attention"]
     assert sum(p.limit_s for p in parts) <= gpu_all.GPU_BUDGET == 480
 
 
@@ -215,6 +254,9 @@ def test_gpu_all_smoke_runs_every_part_and_reports_it_as_smoke(tmp_path):
         assert step["variants"]["torch.nn"]["step_ms"] > 0 and step["variants"]["lock"]["step_ms"] > 0
         assert "error" in step["variants"]["liger"]  # liger cannot run on a CPU: recorded with the reason
     assert "skipped" in (run_dir / "logs" / "tests.out").read_text()
+    attention = json.loads((run_dir / "attention" / "attention.json").read_text())
+    assert attention["smoke"] is True and attention["geometry"] == gpu_suite.ATTENTION_SMOKE
+    assert attention["candidates"]["torch.sdpa.math"]["timings"]["float16"]["median_ms"] > 0
 
     doc = tmp_path / "benchmarks.md"
     doc.write_text((ROOT / "docs" / "benchmarks.md").read_text())

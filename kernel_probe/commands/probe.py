@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernel_lock.slots import PRECISIONS, SLOTS
+from kernel_lock.slots import ATTENTION, PRECISIONS, SLOTS
 from kernel_probe import output
 from kernel_probe.commands.numbers import count, seconds
 from kernel_probe.errors import UsageError
@@ -227,7 +227,8 @@ class ConsoleEvents(Events):
         what = f"timing {slot}: {cand_id}"
         if message is None:
             show = (lambda text: self.progress.update(self.task, description=text)) if self.terminal else output.info
-            self.timers[(slot, cand_id)] = TimingProgress(what, list(shapes), show, compact=self.terminal)
+            work = attention_work if slot == ATTENTION else shape_work
+            self.timers[(slot, cand_id)] = TimingProgress(what, list(shapes), show, compact=self.terminal, work=work)
             self.progress.update(self.task, description=what[: TimingProgress.WIDTH])
         else:
             self.timers[(slot, cand_id)](message)
@@ -282,8 +283,9 @@ class TimingProgress:
 
     WIDTH = 52  # of the description in a terminal: with the bar, the count and the clock, 80 columns
 
-    def __init__(self, what: str, shapes: list[str], show, every: float = 10.0, *, compact: bool = False):
+    def __init__(self, what: str, shapes: list[str], show, every: float = 10.0, *, compact: bool = False, work=None):
         self.what, self.shapes, self.show, self.every, self.compact = what, shapes, show, every, compact
+        self.work = work or shape_work  # a shape's cost relative to another's (Attention: attention_work)
         self._last = -float("inf")
         self._shape: str | None = None
         self._reps_from = 0.0  # seconds into the shape when the timed repetitions began
@@ -322,9 +324,8 @@ class TimingProgress:
 
     def later(self, msg: TimingProgressMessage, per_call: float) -> float:
         """The repetitions of the shapes after this one, by their size (their warm-up not counted)."""
-        rows, hidden, _ = parse_shape(msg.shape)
-        after = sum(parse_shape(s)[0] * parse_shape(s)[1] for s in self.shapes[msg.index + 1 :])
-        return per_call * msg.total * after / (rows * hidden)
+        after = sum(self.work(s) for s in self.shapes[msg.index + 1 :])
+        return per_call * msg.total * after / self.work(msg.shape)
 
     def short(self, msg: TimingProgressMessage) -> str:
         """The terminal's line: slot and candidate, shape i/n, repetition and time left, at most WIDTH."""
@@ -339,6 +340,21 @@ class TimingProgress:
         if len(head) > room:
             head = head[: max(1, room - 1)] + "…"
         return (head + tail)[: self.WIDTH]
+
+
+def shape_work(shape: str) -> float:
+    """A norm's or Linear's shape: its rows x hidden elements (what a call's time grows with)."""
+    rows, hidden, _ = parse_shape(shape)
+    return float(rows * hidden)
+
+
+def attention_work(geometry: str) -> float:
+    """An Attention geometry: heads x queries x keys seen (the band's, with a window) x head_dim."""
+    from kernel_probe.probe.attention_geometry import parse_geometry
+
+    g = parse_geometry(geometry)
+    keys = g.seq if g.window is None or g.window < 0 else min(g.seq, 2 * g.window + 1)
+    return float(g.heads * g.seq * keys * g.head_dim)
 
 
 def _report(args, result: ProbeResult) -> None:

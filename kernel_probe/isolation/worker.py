@@ -431,7 +431,7 @@ def serve() -> None:
         proto.flush()
 
 
-def _attention(request: CandidateRequest[Any]) -> Reply:
+def _attention(request: CandidateRequest[Any], emit: Callable[[TimingProgressMessage], None] | None = None) -> Reply:
     """The Attention slot's requests: its own checks and timing (kernel_probe.probe.attention)."""
     from kernel_probe.probe import attention
 
@@ -447,7 +447,13 @@ def _attention(request: CandidateRequest[Any]) -> Reply:
         return TryReply.from_json(attention.try_once(request.candidate, request.device))
     if isinstance(request, TimeRequest):
         return attention.time_candidate(
-            request.candidate, request.device, list(request.shapes), request.dtype, request.options, request.canonical
+            request.candidate,
+            request.device,
+            list(request.shapes),
+            request.dtype,
+            request.options,
+            request.canonical,
+            progress=emit if request.progress else None,
         )
     raise ProtocolError(f"the worker has no Attention handler for {type(request).__name__}")
 
@@ -474,7 +480,7 @@ def _dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], Non
             return ImportReply(ok=False, kind="exception", error=f"{type(exc).__name__}: {exc}")
         return ImportReply(ok=True, seconds=time.perf_counter() - start)
     if isinstance(request, CandidateRequest) and request.slot == ATTENTION:
-        return _attention(request)
+        return _attention(request, emit)
     if isinstance(request, CheckRequest):
         return correctness.check(
             request.candidate,

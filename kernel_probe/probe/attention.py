@@ -30,7 +30,14 @@ import torch
 
 from kernel_lock.attention import alibi_bias, band_mask
 from kernel_lock.slots import CANONICAL
-from kernel_probe.isolation.protocol import CheckReply, ErrorStats, MeasurementRow, TimeReply, TimingRow
+from kernel_probe.isolation.protocol import (
+    CheckReply,
+    ErrorStats,
+    MeasurementRow,
+    TimeReply,
+    TimingProgressMessage,
+    TimingRow,
+)
 from kernel_probe.probe.attention_geometry import parse_geometry
 from kernel_probe.probe.candidates import Candidate, fill
 from kernel_probe.probe.measure import first_line, import_class, torch_dtype
@@ -545,6 +552,20 @@ def try_once(cand: Candidate, device: str) -> dict[str, Any]:
     return {"ran": True}
 
 
+def _ticker(
+    progress: Callable[[TimingProgressMessage], None], text: str, index: int, of: int
+) -> Callable[[str, int, int], None]:
+    """``tick(phase, done, total)`` for one geometry: the other slots' progress message (``timing``)."""
+    from kernel_probe.probe import timing
+
+    started = time.perf_counter()
+
+    def tick(phase: str, done: int, total: int) -> None:
+        progress(timing.progress_message(text, index, of, phase, done, total, time.perf_counter() - started))
+
+    return tick
+
+
 def time_candidate(
     cand: Candidate,
     device: str,
@@ -552,8 +573,10 @@ def time_candidate(
     dtype_name: str,
     options: Mapping[str, Any],
     canonical_overrides: Mapping[str, Any] | None = None,
+    progress: Callable[[TimingProgressMessage], None] | None = None,
 ) -> TimeReply:
-    """fwd+bwd per geometry with the timing module's clock and repetition rule; on a GPU, peak memory."""
+    """fwd+bwd per geometry with the timing module's clock and repetition rule; on a GPU, peak memory.
+    ``progress`` receives the other slots' messages (``timing.progress_message``) after each call."""
     from kernel_lock.slots import torch_device
     from kernel_probe.probe import timing
 
@@ -561,8 +584,9 @@ def time_candidate(
     clock = timing._Clock(device)
     tdev = torch_device(device)
     rows: list[TimingRow] = []
-    for text in geometries:
+    for index, text in enumerate(geometries):
         row: TimingRow = {"implementation": cand.id, "shape": text, "dtype": dtype_name, "regime": "true"}
+        tick = None if progress is None else _ticker(progress, text, index, len(geometries))
         try:
             g = parse_geometry(text)
             values = canonical({**dict(canonical_overrides or {}), **dict(g.options)})
@@ -584,11 +608,15 @@ def time_candidate(
             step()
             clock.sync()
             row["compile_s"] = time.perf_counter() - t0
+            if tick is not None:
+                tick("first call", 1, 1)
             if opts.get("mode") == "sole":  # the slot's one accepted candidate: one measured call
                 samples, how = [clock.time(step)], "sole candidate"
+                if tick is not None:
+                    tick("rep", 1, 1)
             else:
                 against = (opts.get("against") or {}).get(text) if opts.get("mode") == "adaptive" else None
-                samples, how = timing.repeat(clock, step, opts, against=against)
+                samples, how = timing.repeat(clock, step, opts, tick, against=against)
             row["median_ms"] = 1e3 * sorted(samples)[len(samples) // 2]
             row["spread"] = timing._spread(samples)
             row["reps"] = len(samples)

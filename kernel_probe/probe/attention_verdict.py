@@ -56,7 +56,6 @@ def judge_row(cand: Candidate, device: str, row: MeasurementRow) -> Verdict:
         v.reasons = [f"unavailable: {message}" if v.status == "unavailable" else f"raised {message}"]
         return v
     from kernel_probe.probe.attention import HINTS
-
     from kernel_probe.probe.judge import STATISTICS, limits
 
     worst = 0.0

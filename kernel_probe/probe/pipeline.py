@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import kernel_lock
 from kernel_lock.errors import KernelUnavailable, LockError, LockFormatError, LockMismatch
+from kernel_lock.slots import ATTENTION
 from kernel_probe.errors import InputFileError, NodeDiffers, ProbeError, StaleLock, UsageError
 from kernel_probe.probe.planning import Events, Plan, ProbeRequest, large_shape_warning, plan
 
@@ -417,7 +418,7 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
         p.dtype,
         p.regime,
         p.reps,
-        lambda slot, cid, m: events.timing(slot, cid, p.shapes, m),
+        lambda slot, cid, m: events.timing(slot, cid, [p.attention] if slot == ATTENTION else p.shapes, m),
         attention=(p.attention,),
         fixed=p.request.reps is not None,  # --reps N: N calls for every accepted candidate
     )

@@ -208,6 +208,52 @@ def test_o96_geometry_parses():
     assert str(g) == "16x128x40320:window=512,dropout=0.1,alibi=true"
 
 
+# ---- timing reports progress like the other slots' timing (issue 36) -------------------------------------
+def test_attention_timing_reports_progress_after_every_call_of_every_geometry():
+    seen = []
+    cand = next(c for c in cands.builtin() if c.id == "torch.sdpa")
+    opts = {"reps": 3, "warmup": 2, "min_seconds": 0.0}
+    geometries = ["2x16x32:window=4", "1x16x24"]
+    reply = attention.time_candidate(cand, "cpu", geometries, "float32", opts, progress=seen.append)
+    assert all("error" not in r and r["reps"] == 3 for r in reply.rows), reply.rows
+    per_geometry = [
+        ("first call", 1, 1),
+        ("warm-up", 1, 2),
+        ("warm-up", 2, 2),
+        ("rep", 1, 3),
+        ("rep", 2, 3),
+        ("rep", 3, 3),
+    ]
+    steps = [(m.shape, m.index, m.of, m.phase, m.done, m.total) for m in seen]
+    assert steps == [(g, i, 2, *s) for i, g in enumerate(geometries) for s in per_geometry]
+    assert all(m.seconds >= 0 for m in seen)
+    quiet = attention.time_candidate(cand, "cpu", geometries[:1], "float32", opts)  # no callback: no messages
+    assert "error" not in quiet.rows[0]
+
+
+@pytest.mark.slow
+def test_the_worker_forwards_attention_timing_progress_before_the_reply():
+    from kernel_probe.isolation.protocol import TimeRequest, TimingProgressMessage
+    from kernel_probe.isolation.worker import Worker
+
+    cand = next(c for c in cands.builtin() if c.id == "torch.sdpa")
+    seen: list[TimingProgressMessage] = []
+    request = TimeRequest(
+        candidate=cand,
+        slot="Attention",
+        device="cpu",
+        shapes=("2x16x32:window=4",),
+        dtype="float32",
+        regime="true",
+        progress=True,
+        options={"reps": 2, "warmup": 1, "min_seconds": 0.0},
+    )
+    with Worker() as w:
+        reply = w.call(request, 120, on_progress=seen.append)
+    assert "error" not in reply.rows[0], reply.rows
+    assert [(m.phase, m.done) for m in seen] == [("first call", 1), ("warm-up", 1), ("rep", 1), ("rep", 2)]
+
+
 # ---- through the command line and the worker ---------------------------------------------------------
 @pytest.mark.slow
 def test_check_json_reports_a_users_function_like_any_candidate(capsys):

@@ -222,6 +222,24 @@ def test_timing_progress_estimates_what_is_left():
     assert "rep 2/5, 2 s per call, about 6 s left at this shape" in mid
 
 
+def test_attention_timing_progress_reads_its_geometries_not_shapes():
+    """An Attention geometry (HEADSxHEAD_DIMxSEQ[:window=W]) is no norm shape: its cost is heads x queries x
+    keys in the band x head_dim (issue 36)."""
+    from kernel_probe.commands.probe import TimingProgress, attention_work
+    from kernel_probe.probe.timing import progress_message
+
+    assert attention_work("2x32x128:window=8") == 2 * 128 * 17 * 32
+    assert attention_work("2x32x128") == 2 * 128 * 128 * 32
+    shown: list[str] = []
+    geometries = ["2x32x128:window=8", "2x32x128"]  # the second sees 128 keys a query, the first 17
+    p = TimingProgress("timing Attention: torch.sdpa", geometries, shown.append, every=3600, work=attention_work)
+    p(progress_message(geometries[0], 0, 2, "first call", 1, 1, 0.1))
+    p(progress_message(geometries[0], 0, 2, "rep", 4, 4, 0.5))
+    # 0.4 s over the 4 reps after the first call: 0.1 s a call; 4 reps at 128/17 the work: 4 x 0.1 x 128 / 17 = 3 s
+    assert "at 2x32x128:window=8 (shape 1/2)" in shown[0] and "first call 1/1" in shown[0]
+    assert "rep 4/4, 0.1 s per call, about 3 s for the shapes after it" in shown[1]
+
+
 def test_a_sole_candidate_whose_first_call_is_long_is_measured_by_it(monkeypatch):
     from kernel_probe.probe import repetitions
 
