@@ -13,8 +13,9 @@ rounded once per matmul, and a fused kernel that keeps its accumulator in float3
 accurate than the math path in low precision, so the math path's error is not a lower bound on a
 correct kernel's. The measured ratio (err / tolerance) of every output is recorded in the evidence.
 
-It is self-contained on purpose: a later generic statistic of the judge (RMS and bias beside the max)
-can be called from ``tolerance`` without touching the rest.
+Besides the max error, every output that does not vanish is judged on its RMS error and its bias (mean
+signed error) per row of its last dimension by the norms' rule (``judge.judge_output`` with this max
+tolerance: one rule for every slot's outputs, docs/checks.md).
 
 Besides errors: an input modified, a key outside the band that reaches the output or a gradient, and
 an option the model sets that the candidate ignores (rejected, naming the option) or refuses
@@ -23,7 +24,6 @@ an option the model sets that the candidate ignores (rejected, naming the option
 
 from __future__ import annotations
 
-import math
 import re
 
 from kernel_lock.slots import DTYPES, Status
@@ -56,35 +56,29 @@ def judge_row(cand: Candidate, device: str, row: MeasurementRow) -> Verdict:
         v.reasons = [f"unavailable: {message}" if v.status == "unavailable" else f"raised {message}"]
         return v
     from kernel_probe.probe.attention import HINTS
-    from kernel_probe.probe.judge import STATISTICS, limits
+    from kernel_probe.probe.judge import judge_output
 
     worst = 0.0
     for case, tensors in row.get("cases", {}).items():
-        bad = []
+        bad: list[str] = []
         ratios = {}
         case_stats = row.get("stats", {}).get(case, {})
         for output, (got, base) in tensors.items():
-            tol = tolerance(output, base, row["dtype"])
-            r = got / tol if tol > 0 and math.isfinite(got) else math.inf
-            over = [f"{output} error {got:.3g} > tolerance {tol:.3g} (math path's {base:.3g})"] if r > 1.0 else []
-            stats = case_stats.get(output)
-            if stats is not None:  # the RMS error and the bias, by the norms' rule (judge.limits)
-                lim = limits(row["dtype"], base, stats)
-                for statistic, tol_s in (("rms", lim.rms), ("bias", lim.bias)):
-                    got_s, base_s = stats[statistic][0], stats[statistic][1]  # type: ignore[literal-required]
-                    r_s = got_s / tol_s if tol_s and tol_s > 0 and math.isfinite(got_s) else math.inf
-                    v.statistics[statistic] = max(v.statistics.get(statistic, 0.0), r_s)
-                    r = max(r, r_s)
-                    if r_s > 1.0:
-                        over.append(
-                            f"{output} {STATISTICS[statistic]} {got_s:.3g} > tolerance {tol_s:.3g}"
-                            f" (torch's {base_s:.3g})"
-                        )
+            # the max error by the attention tolerance; the RMS error and the bias by the norms' rule
+            r, over = judge_output(
+                output,
+                [got, base],
+                case_stats.get(output),
+                row["dtype"],
+                v.statistics,
+                max_tolerance=tolerance(output, base, row["dtype"]),
+                baseline="torch's",
+            )
             ratios[output] = r
             worst = max(worst, r)
             if over:
                 v.failed.append(f"{case}:{output}")
-                bad.extend(over)
+                bad.extend(map(str, over))
         v.ratios[case] = ratios
         if bad:
             v.reasons.append(f"{case} ({HINTS.get(case, case)}): {', '.join(bad)}")

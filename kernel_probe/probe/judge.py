@@ -47,6 +47,7 @@ at the timed shapes (``judge_timing``). The checker (``check``) only orchestrate
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import re
@@ -152,9 +153,10 @@ class Excess:
     got: float
     tol: float
     base: float  # torch.nn's same statistic
+    baseline: str = "torch.nn's"  # whose statistic ``base`` is (Attention: torch's math path's and fused ordering's)
 
     def __str__(self) -> str:
-        return f"{self.tensor} {STATISTICS[self.statistic]} {self.got:.3g} > tolerance {self.tol:.3g} (torch.nn's {self.base:.3g})"
+        return f"{self.tensor} {STATISTICS[self.statistic]} {self.got:.3g} > tolerance {self.tol:.3g} ({self.baseline} {self.base:.3g})"
 
 
 def judge_output(
@@ -163,10 +165,15 @@ def judge_output(
     stats: ErrorStats | None,
     dtype: str,
     ratios: dict[str, float] | None = None,
+    max_tolerance: float | None = None,
+    baseline: str = "torch.nn's",
 ) -> tuple[float, list[Excess]]:
     """One compared output: the worst statistic / tolerance ratio (<= 1 passes) and the statistics
-    over; ``ratios``, when given, keeps the worst ratio per statistic."""
+    over; ``ratios``, when given, keeps the worst ratio per statistic. ``max_tolerance``: a slot's own
+    tolerance of the max error (Attention's, attention_verdict.tolerance) instead of the norms'."""
     lim = limits(dtype, errors[1], stats)
+    if max_tolerance is not None:
+        lim = dataclasses.replace(lim, max=max_tolerance)
     judged = [("max", errors[0], errors[1], lim.max)]
     if stats is not None:
         judged += [
@@ -175,12 +182,12 @@ def judge_output(
         ]
     worst, over = 0.0, []
     for statistic, got, base, tol in judged:
-        r = got / tol if tol > 0 else math.inf
+        r = got / tol if tol > 0 and math.isfinite(got) else math.inf
         worst = max(worst, r)
         if ratios is not None:
             ratios[statistic] = max(ratios.get(statistic, 0.0), r)
         if r > 1.0:
-            over.append(Excess(tensor, statistic, got, tol, base))
+            over.append(Excess(tensor, statistic, got, tol, base, baseline))
     return worst, over
 
 
