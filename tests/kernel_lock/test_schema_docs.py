@@ -38,6 +38,15 @@ OPEN = {
     ("slots", "<Slot>", "kwargs"): "<kwarg>",
     ("slots", "<Slot>", "twin", "kwargs"): "<kwarg>",
 }
+# tables whose keys are an open set (option names, library names, measured options, outputs) that the
+# parent's row documents in prose: the table's own key is checked, its keys are not walked
+VALUE_TABLES = {
+    ("provenance", "options"),
+    ("provenance", "libraries"),
+    ("provenance", "anemoi-environment"),
+    ("slots", "<Slot>", "evidence[]", "capabilities"),
+    ("slots", "<Slot>", "evidence[]", "error-ratios"),
+}
 # parent table -> (placeholder for its children's tables, keys that are not of the set)
 LISTED = {("slots",): ("<Slot>", ()), ("environment",): ("<field>", ("libraries",))}
 
@@ -127,7 +136,8 @@ def key_paths(table: Mapping, parent: tuple[str, ...] = ()) -> Iterator[tuple[tu
         placeholder, exceptions = LISTED.get(parent, (None, ()))
         child = parent + ((placeholder if placeholder and key not in exceptions else name),)
         if isinstance(value, dict):
-            yield from key_paths(value, child)
+            if child not in VALUE_TABLES:
+                yield from key_paths(value, child)
         elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
             for item in value:
                 yield from key_paths(item, child[:-1] + (child[-1] + "[]",))

@@ -35,6 +35,7 @@ def test_probe_writes_a_valid_lock(probed):
         "LayerNorm": "torch.layer_norm",
         "RMSNorm": "torch.rms_norm",
         "Linear": "torch.linear",
+        "Attention": "torch.sdpa",
     }
     ln = lock.slots["LayerNorm"]
     assert ln.kwargs == {"eps": 1e-5, "elementwise_affine": True, "bias": True}
