@@ -56,7 +56,7 @@ def judge_row(cand: Candidate, device: str, row: MeasurementRow) -> Verdict:
         v.reasons = [f"unavailable: {message}" if v.status == "unavailable" else f"raised {message}"]
         return v
     from kernel_probe.probe.attention import HINTS
-    from kernel_probe.probe.judge import judge_output
+    from kernel_probe.probe.judge import judge_output, record_determinism
 
     worst = 0.0
     for case, tensors in row.get("cases", {}).items():
@@ -83,10 +83,7 @@ def judge_row(cand: Candidate, device: str, row: MeasurementRow) -> Verdict:
         if bad:
             v.reasons.append(f"{case} ({HINTS.get(case, case)}): {', '.join(bad)}")
     v.worst_ratio = worst
-    if "nondeterministic" in row:
-        v.deterministic = row["nondeterministic"] is None
-        if not v.deterministic:
-            v.notes.append(f"not deterministic: {row['nondeterministic']}")
+    record_determinism(v, row)
     flags = row.get("flags", {})
     if "band-leak" in flags:
         v.failed.append("band-leak")

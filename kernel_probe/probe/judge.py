@@ -191,6 +191,15 @@ def judge_output(
     return worst, over
 
 
+def record_determinism(v: Verdict, row: MeasurementRow) -> None:
+    """The row's bitwise-repeat measurement on the verdict: ``deterministic``, and a note with the spread
+    when two identical runs differed (every slot's verdict records it the same way)."""
+    if "nondeterministic" in row:
+        v.deterministic = row["nondeterministic"] is None
+        if not v.deterministic:
+            v.notes.append(f"not deterministic: {row['nondeterministic']}")
+
+
 def judge_row(candidate: str, device: str, semantics: str, row: MeasurementRow, policy: Policy = Policy()) -> Verdict:
     """The verdict on one measured (dtype, regime): errors against the tolerance model, then the flags."""
     v = Verdict(candidate, device, row["dtype"], row["regime"], out_dtype=row.get("out_dtype", ""))
@@ -220,10 +229,7 @@ def judge_row(candidate: str, device: str, semantics: str, row: MeasurementRow, 
         if bad:  # one line per failing case, naming what that case is about
             v.reasons.append(f"{case} ({HINTS.get(case, case)}): {', '.join(bad)}")
     v.worst_ratio = worst
-    if "nondeterministic" in row:
-        v.deterministic = row["nondeterministic"] is None
-        if not v.deterministic:
-            v.notes.append(f"not deterministic: {row['nondeterministic']}")
+    record_determinism(v, row)
     flags = row.get("flags", {})
     if FLAG_GRAD_OUTPUT_MODIFIED in flags:
         v.failed.append(FLAG_GRAD_OUTPUT_MODIFIED)
