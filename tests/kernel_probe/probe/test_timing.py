@@ -7,6 +7,7 @@ The public names used: ``bytes_moved``, ``flops``, ``progress_message``, ``time_
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 
@@ -188,7 +189,9 @@ def test_a_bad_shape_is_an_error_row_and_the_next_shape_is_still_timed(shape, wo
 def test_progress_follows_every_call_of_every_shape():
     seen = []
     opts = {**FAST, "warmup": 2, "reps": 3}
+    started = time.perf_counter()
     time_candidate(default_for("RMSNorm"), "RMSNorm", "cpu", ["16x8", "8x8"], "float32", "true", opts, seen.append)
+    wall = time.perf_counter() - started
     steps = [(m.shape, m.index, m.of, m.phase, m.done, m.total) for m in seen]
     per_shape = [
         ("first call", 1, 1),
@@ -199,7 +202,13 @@ def test_progress_follows_every_call_of_every_shape():
         ("rep", 3, 3),
     ]
     assert steps == [("16x8", 0, 2, *s) for s in per_shape] + [("8x8", 1, 2, *s) for s in per_shape]
-    assert all(m.seconds >= 0 for m in seen)
+    # ``seconds``: the time spent on this shape so far, to the millisecond: it starts again at each shape,
+    # never goes back within one, and the shapes' totals fit in the call's own time
+    per_shape = {shape: [m.seconds for m in seen if m.shape == shape] for shape in ("16x8", "8x8")}
+    for seconds in per_shape.values():
+        assert seconds == sorted(seconds) and seconds[0] >= 0, seconds
+        assert all(s == round(s, 3) for s in seconds), seconds
+    assert sum(seconds[-1] for seconds in per_shape.values()) <= wall + 0.002, (per_shape, wall)
 
 
 # ---- progress while timing (issue 16, point 5) -------------------------------------------------------------
