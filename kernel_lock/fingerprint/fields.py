@@ -113,6 +113,19 @@ def field_matches(kind: str, rule: str, expected: Any, found: Any) -> bool:
 
     ``compatible`` on a version means the same major.minor (a patch or driver bump keeps the lock
     valid; a torch minor or CUDA minor does not). On text and counts it means equal.
+
+    >>> field_matches("version", "compatible", "2.5.1", "2.5.3")  # a patch bump keeps the lock
+    True
+    >>> field_matches("version", "compatible", "12.4", "12.6")  # a minor does not
+    False
+    >>> field_matches("version", "compatible", "2.5.1+cu124", "2.5.0")  # local labels are not releases
+    True
+    >>> field_matches("version", "exact", "2.5.1", "2.5.3")
+    False
+    >>> field_matches("version", "compatible", "2.5.1", "")  # not found: no match
+    False
+    >>> field_matches("count", "compatible", 8, 4), field_matches("count", "ignore", 8, 4)
+    (False, True)
     """
     if rule == "ignore":
         return True

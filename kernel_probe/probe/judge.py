@@ -94,7 +94,13 @@ STATISTICS = {"max": "error", "rms": "RMS error", "bias": "bias (mean signed err
 
 
 def floor(dtype: str) -> float:
-    """FLOOR(dtype): two units of the dtype's machine epsilon (float32's for a dtype not probed)."""
+    """FLOOR(dtype): two units of the dtype's machine epsilon (float32's for a dtype not probed).
+
+    >>> floor("bfloat16"), floor("float16")  # 2 x 2**-7, 2 x 2**-10
+    (0.015625, 0.001953125)
+    >>> floor("int8") == floor("float32") == 2 * 2**-23
+    True
+    """
     return 2.0 * DTYPES.get(dtype, DTYPES["float32"]).eps
 
 
@@ -107,12 +113,24 @@ class Policy:
 
 
 def tolerance(base: float, dtype: str) -> float:
-    """The tolerance model: FACTOR x torch.nn's error + FLOOR(dtype)."""
+    """The tolerance model: FACTOR x torch.nn's error + FLOOR(dtype).
+
+    >>> tolerance(0.25, "bfloat16")  # torch.nn's bf16 error 0.25: up to 4 x that, plus two eps
+    1.015625
+    >>> tolerance(0.0, "float32") == floor("float32")  # torch.nn exact: the floor alone, never 0
+    True
+    """
     return FACTOR * base + floor(dtype)
 
 
 def ratio(got: float, base: float, dtype: str) -> tuple[float, float]:
-    """(got / tolerance, tolerance) under the tolerance model."""
+    """(got / tolerance, tolerance) under the tolerance model; <= 1 passes.
+
+    >>> ratio(1.015625, 0.25, "bfloat16")  # exactly at the tolerance: passes
+    (1.0, 1.015625)
+    >>> ratio(2.03125, 0.25, "bfloat16")[0]  # twice the tolerance: fails
+    2.0
+    """
     tol = tolerance(base, dtype)
     return (got / tol if tol > 0 else float("inf")), tol
 
@@ -132,7 +150,11 @@ def limits(dtype: str, base_max: float, stats: ErrorStats | None = None) -> Limi
     RMS of a uniform error of two eps relative to each element (the floor, at the reference's RMS
     rather than its max: rounding is relative to each value) for the RMS; for the bias FACTOR x torch.nn's
     bias plus K_SIGMA standard errors of a mean over ``n`` elements whose RMS is the RMS tolerance.
-    Without ``stats`` only the max is judged. One rule for every slot's outputs."""
+    Without ``stats`` only the max is judged. One rule for every slot's outputs.
+
+    >>> limits("bfloat16", 0.25)
+    Limits(max=1.015625, rms=inf, bias=inf)
+    """
     tol_max = tolerance(base_max, dtype)
     if stats is None:
         return Limits(tol_max)
