@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from kernel_probe.errors import ForcedUnusable, ProbeError, UsageError
 from kernel_probe.isolation.protocol import INTERPRETED
@@ -32,6 +32,7 @@ from kernel_probe.probe import repetitions
 from kernel_probe.probe.report import Report
 
 MIN_MARGIN = repetitions.MIN_MARGIN
+How = Literal["fastest", "default", "pinned", "preferred"]  # how a slot's implementation was chosen
 FORCED = {"pin": "pinned", "prefer": "preferred"}  # the flag (--pin) -> what it makes a candidate
 
 
@@ -42,7 +43,7 @@ class Choice:
 
     slot: str
     report: Report
-    how: str  # fastest | default | pinned | preferred
+    how: How
     reason: str
     scores: dict[str, float] = field(default_factory=dict)
 

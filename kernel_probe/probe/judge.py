@@ -64,6 +64,7 @@ from kernel_probe.isolation.protocol import (
     FLAG_OUTPUT_DTYPE,
     CheckReply,
     ErrorStats,
+    ImportKind,
     MeasurementRow,
     ShapeCheck,
     TimeReply,
@@ -466,7 +467,7 @@ def tampered(what: str, names: Iterable[str]) -> Problem:
     )
 
 
-def failed_import(target: str, kind: str, error: str) -> Problem:
+def failed_import(target: str, kind: ImportKind, error: str) -> Problem:
     """An import of ``target`` that raised: an ImportError (``kind`` "import") means the library is
     absent, anything else that it is broken."""
     return Problem("unavailable" if kind == "import" else "crashed", f"import of {target} failed: {error}")
