@@ -82,6 +82,7 @@ class Message:
     """A message with a fixed set of keys; subclasses are frozen, keyword-only dataclasses."""
 
     def to_json(self) -> dict[str, Any]:
+        """The message as a JSON object, each field through its encoder."""
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -351,6 +352,7 @@ class Request(Message, Generic[R]):
             cls.REPLY = reply
 
     def to_json(self) -> dict[str, Any]:
+        """The request as a JSON object, its ``op`` included."""
         return {"op": self.OP, **super().to_json()}
 
     @classmethod

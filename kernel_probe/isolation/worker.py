@@ -336,6 +336,7 @@ class WorkerPool:
 
     @contextlib.contextmanager
     def worker_for(self, cand: Any) -> Iterator[Worker]:
+        """The worker ``cand`` runs in: torch's own candidates share one, every library gets its own."""
         if torch_own(cand):
             yield self.shared
             return
@@ -345,6 +346,7 @@ class WorkerPool:
         yield self._libraries[key]
 
     def close(self) -> None:
+        """Stop every worker of the pool and its spare process."""
         self.shared.close()
         for worker in self._libraries.values():
             worker.close()

@@ -320,6 +320,7 @@ class ShapeVerdict:
 
     @property
     def ok(self) -> bool:
+        """Whether the check at this shape passed."""
         return not self.reason
 
 
