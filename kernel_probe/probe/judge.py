@@ -223,16 +223,28 @@ def record_determinism(v: Verdict, row: MeasurementRow) -> None:
             v.notes.append(f"not deterministic: {row['nondeterministic']}")
 
 
+def judge_unmeasured(
+    v: Verdict, row: MeasurementRow, refused: re.Pattern[str], *, say_unavailable: bool = False
+) -> bool:
+    """A row with no measurements decides ``v`` (True): skipped where torch itself cannot run it; where the
+    candidate raised, unavailable when the message is a refusal (``refused``: this dtype or configuration
+    is not supported) and crashed otherwise. Every slot's rows are judged so; False: the row was measured."""
+    if "skipped" in row:
+        v.status, v.reasons = "skipped", [row["skipped"]]
+        return True
+    if "exception" in row:
+        message = row["exception"]
+        v.status = "unavailable" if refused.search(message) else "crashed"
+        unavailable = say_unavailable and v.status == "unavailable"
+        v.reasons = [f"unavailable: {message}" if unavailable else f"raised {message}"]
+        return True
+    return False
+
+
 def judge_row(candidate: str, device: str, semantics: str, row: MeasurementRow, policy: Policy = Policy()) -> Verdict:
     """The verdict on one measured (dtype, regime): errors against the tolerance model, then the flags."""
     v = Verdict(candidate, device, row["dtype"], row["regime"], out_dtype=row.get("out_dtype", ""))
-    if "skipped" in row:
-        v.status, v.reasons = "skipped", [row["skipped"]]
-        return v
-    if "exception" in row:
-        message = row["exception"]
-        v.status = "unavailable" if _DTYPE_PROBLEM.search(message) else "crashed"
-        v.reasons = [f"raised {message}"]
+    if judge_unmeasured(v, row, _DTYPE_PROBLEM):
         return v
     worst = 0.0
     alt_ok = None

@@ -16,6 +16,7 @@ from kernel_probe.probe import attention, attention_verdict
 from kernel_probe.probe import candidates as cands
 from kernel_probe.probe.attention_geometry import parse_geometry
 from kernel_probe.probe.report import report_base
+from tests.kernel_probe.probe.test_timing import PROGRESS_2_3, assert_seconds_per_shape
 
 FAKES = Path(__file__).resolve().parents[2] / "fakes" / "attention"
 FP32 = [("float32", "true")]
@@ -219,21 +220,9 @@ def test_attention_timing_reports_progress_after_every_call_of_every_geometry():
     reply = attention.time_candidate(cand, "cpu", geometries, "float32", opts, progress=seen.append)
     wall = time.perf_counter() - started
     assert all("error" not in r and r["reps"] == 3 for r in reply.rows), reply.rows
-    per_geometry = [
-        ("first call", 1, 1),
-        ("warm-up", 1, 2),
-        ("warm-up", 2, 2),
-        ("rep", 1, 3),
-        ("rep", 2, 3),
-        ("rep", 3, 3),
-    ]
     steps = [(m.shape, m.index, m.of, m.phase, m.done, m.total) for m in seen]
-    assert steps == [(g, i, 2, *s) for i, g in enumerate(geometries) for s in per_geometry]
-    # ``seconds``: the time spent on this geometry so far: never back within one, totals within the call's time
-    per_geometry_seconds = {g: [m.seconds for m in seen if m.shape == g] for g in geometries}
-    for seconds in per_geometry_seconds.values():
-        assert seconds == sorted(seconds) and seconds[0] >= 0, seconds
-    assert sum(seconds[-1] for seconds in per_geometry_seconds.values()) <= wall + 0.002, per_geometry_seconds
+    assert steps == [(g, i, 2, *s) for i, g in enumerate(geometries) for s in PROGRESS_2_3]
+    assert_seconds_per_shape(seen, geometries, wall)
     quiet = attention.time_candidate(cand, "cpu", geometries[:1], "float32", opts)  # no callback: no messages
     assert "error" not in quiet.rows[0]
 
