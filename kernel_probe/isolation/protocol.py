@@ -446,6 +446,18 @@ class ImportCheckReply(Message):
     target_error: str = ""
 
 
+@dataclass(frozen=True, kw_only=True)
+class ImportCheckCached(Message):
+    """An import check's answer kept on disk (``detect.importcache``): the reply, the child's seconds,
+    when it was asked (``asked``, seconds since the epoch) and under which key."""
+
+    format: str
+    key: str
+    asked: float
+    seconds: float
+    reply: dict[str, Any]
+
+
 # ---- reading an anemoi config ------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class ComposeRequest(Message):
