@@ -41,6 +41,8 @@ from kernel_probe.isolation.protocol import (
     INTERPRETED,
     CandidateRequest,
     CheckRequest,
+    FingerprintReply,
+    FingerprintRequest,
     ImportReply,
     ImportRequest,
     PingReply,
@@ -156,15 +158,21 @@ class Worker:
         self.started += 1
         self._reply(PingReply, START_TIMEOUT, time.monotonic() + START_TIMEOUT)  # the ping sent at spawn time
 
-    def close(self) -> None:
-        """End the worker and everything it spawned; never blocks on a pipe a grandchild holds."""
-        proc, self._proc = self._proc, None
-        if proc is not None:
+    def hang_up(self) -> None:
+        """Tell the worker to leave its loop (EOF on its stdin) without waiting: a pool hangs up on all
+        of its workers first, so their interpreters exit side by side (``close`` then waits)."""
+        proc = self._proc
+        if proc is not None and proc.stdin is not None:
             try:
-                if proc.stdin is not None:
-                    proc.stdin.close()  # EOF: the worker leaves its loop
+                proc.stdin.close()  # EOF: the worker leaves its loop
             except OSError:
                 pass
+
+    def close(self) -> None:
+        """End the worker and everything it spawned; never blocks on a pipe a grandchild holds."""
+        self.hang_up()
+        proc, self._proc = self._proc, None
+        if proc is not None:
             try:
                 proc.wait(timeout=CLOSE_GRACE)
             except subprocess.TimeoutExpired:
@@ -345,8 +353,11 @@ class WorkerPool:
         yield self._libraries[key]
 
     def close(self) -> None:
-        self.shared.close()
-        for worker in self._libraries.values():
+        """End every worker: all are told at once, then each is waited for (its grace, then killed)."""
+        workers = [self.shared, *self._libraries.values()]
+        for worker in workers:
+            worker.hang_up()
+        for worker in workers:
             worker.close()
         spare, self._next = self._next, None
         if spare is not None:
@@ -467,6 +478,10 @@ def _dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], Non
         if not _BASELINE_SURFACE:
             _BASELINE_SURFACE.update(_snapshot())
         return PingReply(pid=os.getpid())
+    if isinstance(request, FingerprintRequest):
+        from kernel_lock.fingerprint import with_torch
+
+        return FingerprintReply(fields=with_torch.current())
     from kernel_probe.probe import correctness, measure
     from kernel_probe.probe.limits import CHECK_HIDDEN
 

@@ -121,7 +121,7 @@ def check_candidate(
         return stopped(judge.tampered(f"running {cand.target}", raw.tampered))
     if slot == ATTENTION:
         from kernel_probe.probe import attention_verdict
-        from kernel_probe.probe.attention import canonical as attention_canonical
+        from kernel_probe.probe.attention_geometry import canonical as attention_canonical
 
         report = attention_verdict.judge(raw, cand, device, base, attention_canonical(canonical))
     else:
