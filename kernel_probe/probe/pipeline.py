@@ -436,7 +436,6 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     events.begin(sum(len(v) for v in per_slot.values()))
     try:
         with WorkerPool() as pool:
-            pool.prepare()  # torch's own worker, started before any library is imported
             for done in check_and_time(
                 per_slot, checks, pool, timing=timing, refuse=functools.partial(_refused, p), checking=events.checking
             ):
