@@ -51,7 +51,7 @@ def judge_row(cand: Candidate, device: str, row: MeasurementRow) -> Verdict:
     v = Verdict(cand.id, device, row["dtype"], row["regime"])
     if judge_unmeasured(v, row, _REFUSED, say_unavailable=True):
         return v
-    from kernel_probe.probe.attention import HINTS
+    from kernel_probe.probe.attention_geometry import HINTS
     from kernel_probe.probe.judge import judge_output, record_determinism
 
     worst = 0.0
