@@ -155,3 +155,59 @@ def test_an_output_dtype_is_rejected_strictly_without_blocks_or_by_its_consequen
 )
 def test_a_candidate_is_as_bad_as_its_worst_row(statuses, worst):
     assert worst_status(statuses) == worst
+
+
+# ---- the candidate: what stops a check early, its layout, its initialisation, its rows ---------------------
+def _candidate_report(**reply):
+    from kernel_probe.isolation.protocol import CheckReply
+    from kernel_probe.probe import candidates as cands
+    from kernel_probe.probe.judge import judge_candidate
+    from kernel_probe.probe.report import report_base
+
+    cand = cands.default_for("LayerNorm")
+    policy = reply.pop("policy", None) or Policy()
+    reply.setdefault("layout", {"ok": True, "rules": [], "missing": [], "unexpected": [], "pairs": {}})
+    raw = CheckReply(candidate=cand.id, device="cpu", **reply)
+    return judge_candidate(raw, cand, "LayerNorm", "cpu", policy, report_base(cand, "LayerNorm", "cpu"))
+
+
+@pytest.mark.parametrize(
+    "reply,status,reason",
+    [
+        ({"phase": "import", "kind": "import", "error": "No module 'x'"}, "unavailable", "import of "),
+        ({"phase": "import", "kind": "exception", "error": "boom"}, "crashed", "import of "),
+        ({"phase": "baseline", "error": "torch.nn itself cannot be built"}, "skipped", "torch.nn itself"),
+        ({"phase": "build", "error": "TypeError: x"}, "crashed", "building torch.nn.LayerNorm raised TypeError: x"),
+        ({"phase": "blas", "error": "no cublaslt"}, "unavailable", "BLAS library: no cublaslt"),
+    ],
+    ids=["absent", "broken", "baseline", "build", "blas"],
+)
+def test_a_check_that_stopped_early_has_the_status_of_where_it_stopped(reply, status, reason):
+    report = _candidate_report(**reply)
+    assert report.status == status and report.reasons[0].startswith(reason) and report.verdicts == []
+
+
+def test_no_layout_mapping_rejects_naming_the_keys():
+    layout = {"ok": False, "rules": [], "missing": ["weight (8,)"], "unexpected": ["scale (9,)"], "pairs": {}}
+    report = _candidate_report(layout=layout, rows=[row()])
+    assert report.status == "rejected" and report.verdicts == []
+    assert (
+        report.reasons[0].startswith("layout: ") and "missing weight (8,); unexpected scale (9,)" in report.reasons[0]
+    )
+
+
+def test_the_candidate_is_its_worst_row_and_says_why_per_row():
+    wrong = row({"random": {**RIGHT, "dx": [1.0, 1e-7]}})
+    report = _candidate_report(rows=[row(), {**wrong, "dtype": "bfloat16", "regime": "mixed"}])
+    assert report.status == "rejected" and [v.status for v in report.verdicts] == ["accepted", "rejected"]
+    assert report.reasons[0].startswith("bfloat16/mixed: random (plain random input): dx error 1 > tolerance")
+
+
+def test_a_different_initialisation_rejects_unless_accepted_and_recorded():
+    init = ["bias starts as values with mean 0.1; torch.nn starts as zeros"]
+    report = _candidate_report(rows=[row()], init=init)
+    assert report.status == "rejected" and report.reasons[0].startswith("initialisation differs from torch.nn's")
+    allowed = _candidate_report(rows=[row()], init=init, policy=Policy(allow_init_change=True))
+    assert allowed.status == "accepted" and allowed.changes == [
+        f"initialisation: {init[0]} (accepted with --allow-init-change)"
+    ]
