@@ -335,9 +335,9 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
 
 
 def _refused(p: Plan, slot: str, cand: Candidate) -> str | None:
-    """Why the profile skips ``cand`` for ``slot`` (its allow-list names others); None if it does not."""
-    allowed = p.profile.slots[slot].allowed if p.profile and slot in p.profile.slots else None
-    return f"not allowed by profile {p.profile.name}" if allowed is not None and cand.id not in allowed else None
+    """Why ``cand`` is skipped for ``slot`` without being checked (the slot's rule), or None."""
+    rule = p.rules.get(slot)
+    return rule.refuses(cand.id) if rule is not None else None
 
 
 def _emulated_matmul(p: Plan) -> str | None:
@@ -362,19 +362,15 @@ def _emulated_call_times(timings: Mapping[str, Mapping[str, list]], dtype: str) 
 def choose_all(
     p: Plan, reports: Mapping[str, list[Report]], timings: Mapping[str, Mapping[str, list]]
 ) -> dict[str, Choice]:
-    """Per slot: the command line's pin/prefer, else the profile's policy, else the rule (choose.py)."""
+    """Per slot: the slot's rule (``rules.SlotRule``: the command line's pin/prefer, else the profile's
+    policy), else the choice's own rule (choose.py)."""
     from kernel_probe.probe.candidates import default_for
     from kernel_probe.probe.choose import choose
+    from kernel_probe.probe.rules import SlotRule
 
     choices = {}
     for slot in p.slots:
-        sp = p.profile.slots.get(slot) if p.profile else None
-        if slot in p.request.pins or slot in p.request.prefers or sp is None:
-            forced: dict[str, Any] = dict(pin=p.request.pins.get(slot), prefer=p.request.prefers.get(slot))
-        else:
-            forced = dict(
-                pin=sp.pin, prefer=list(sp.preferred), origin=f"profile {p.profile.name}", strict_prefer=False
-            )
+        rule = p.rules.get(slot) or SlotRule()
         choices[slot] = choose(
             slot,
             reports[slot],
@@ -383,6 +379,6 @@ def choose_all(
             p.dtype,
             default_for(slot).id,
             deterministic=p.deterministic,
-            **forced,
+            **rule.choice_options(),
         )
     return choices

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from kernel_lock.slots import PRECISIONS, SLOTS
 from kernel_probe.errors import ForcedUnusable, UsageError
 from kernel_probe.probe.limits import CHECK_TIMEOUT, IMPORT_TIMEOUT
+from kernel_probe.probe.rules import SlotRule, slot_rules
 from kernel_probe.probe.shapes import normal_shapes, parse_shape
 
 if TYPE_CHECKING:  # the warm path (a current lock) imports none of the probe's machinery
@@ -99,6 +100,8 @@ class Plan:
     # the registry libraries this plan's candidates come from: version, "installed" or "" (not installed)
     libraries: Mapping[str, str] = field(default_factory=dict)
     library_candidates: Mapping[str, Sequence[str]] = field(default_factory=dict)  # library -> its candidates' ids
+    # per slot, what the command line and the profile say of it (rules.SlotRule): the one answer the probe reads
+    rules: Mapping[str, SlotRule] = field(default_factory=dict)
 
     @property
     def dtype(self) -> str:
@@ -208,8 +211,9 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
             "TRITON_INTERPRET is set: Triton kernels run in Triton's interpreter, not compiled; a candidate whose "
             "kernels ran interpreted is labelled so, never timed and never written to the lock",
         ]
+    rules = slot_rules(slots, request.pins, request.prefers, profile)
     check_forced(
-        request.pins, request.prefers, slots, candidates, device, profile=profile, with_compile=request.with_compile
+        request.pins, request.prefers, slots, candidates, device, rules=rules, with_compile=request.with_compile
     )
     kind = "cpu" if device["type"] == "cpu" else "gpu"
     if asked:
@@ -262,6 +266,7 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
         inputs,
         installed_for(probed),
         by_library(probed),
+        rules,
     )
 
 
@@ -296,7 +301,7 @@ def check_forced(
     candidates: Sequence[Candidate],
     device: Mapping[str, Any],
     *,
-    profile: Any = None,
+    rules: Mapping[str, SlotRule] | None = None,
     with_compile: bool = False,
 ) -> None:
     """Every --pin/--prefer checked before any work: the slot is probed, the id is a candidate of it
@@ -318,11 +323,11 @@ def check_forced(
                     f"{said}: {cid!r} is not a candidate for {slot} (known: {', '.join(ids)})",
                     fix=f"use one of those ids, or offer your own class with --candidate {slot}=module.Class",
                 )
-            sp = profile.slots.get(slot) if profile else None
-            if sp is not None and sp.allowed is not None and cid not in sp.allowed:
+            rule = (rules or {}).get(slot)
+            if rule is not None and rule.allowed is not None and rule.refuses(cid):
                 raise UsageError(
-                    f"{said}: profile {profile.name} does not allow it for {slot} "
-                    f"(allowed: {', '.join(sp.allowed) or 'none: allowed = []'})",
+                    f"{said}: {rule.allowed_by} does not allow it for {slot} "
+                    f"(allowed: {', '.join(rule.allowed) or 'none: allowed = []'})",
                     fix=f"drop {said}, or use a profile that allows it",
                 )
             from kernel_probe.probe.judge import static_problem  # only when something is forced

@@ -19,6 +19,7 @@ from kernel_probe.probe import pipeline, planning
 from kernel_probe.probe.pipeline import choose_all, reusable
 from kernel_probe.probe.planning import ProbeRequest, plan
 from kernel_probe.probe.report import Report
+from kernel_probe.probe.rules import slot_rules
 from tests.conftest import MINIMAL_LOCK, edited_lock, write_sealed
 
 HEAD = 'created-by = "hand"\n'
@@ -173,7 +174,8 @@ def site(**slots) -> SimpleNamespace:
     ],
 )
 def test_refused_by_the_profiles_allow_list(cpu, profile, cid, refused):
-    p = replace(plan(ProbeRequest()), profile=profile)
+    p = plan(ProbeRequest())
+    p = replace(p, profile=profile, rules=slot_rules(p.slots, {}, {}, profile))  # as plan() derives them
     assert pipeline._refused(p, "RMSNorm", SimpleNamespace(id=cid)) == refused
 
 
@@ -196,7 +198,8 @@ def reports_and_timings(slot: str, semantics: str, ms: dict[str, float]):
 )
 def test_choose_all(cpu, request_change, profile, chosen, how):
     p = plan(ProbeRequest(slots=("RMSNorm",), shapes=SHAPE, precision="32-true"))
-    p = replace(p, request=replace(p.request, **request_change), profile=profile)
+    request = replace(p.request, **request_change)
+    p = replace(p, request=request, profile=profile, rules=slot_rules(p.slots, request.pins, request.prefers, profile))
     reports, timings = reports_and_timings("RMSNorm", "rms_norm", {"torch.rms_norm": 1.0, "liger.rms_norm": 0.5})
     (choice,) = choose_all(p, {"RMSNorm": reports}, {"RMSNorm": timings}).values()
     assert (choice.slot, choice.report.id, choice.how) == ("RMSNorm", chosen, how)
