@@ -110,7 +110,7 @@ def main() -> None:
             # compared on the slots both sides pin (a slot added since "before" has no before)
             common = set(seen["before"][0][0]) & set(seen["after"][0][0])
 
-            def on(d: dict[str, Any]) -> dict[str, Any]:
+            def on(d: dict[str, Any], common: set[str] = common) -> dict[str, Any]:
                 return {k: v for k, v in d.items() if k in common}
 
             ref = seen["before"][0]
