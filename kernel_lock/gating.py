@@ -53,7 +53,11 @@ def gate_for(mlp_implementation: str) -> Gate:
     if mlp_implementation not in GATES:
         raise ValueError(
             f"mlp_implementation {mlp_implementation!r} is not a gated MLP: use one of {', '.join(GATED)}"
-            + (" ('mlp' has no gate: its Linear and Activation are their own slots)" if mlp_implementation == "mlp" else "")
+            + (
+                " ('mlp' has no gate: its Linear and Activation are their own slots)"
+                if mlp_implementation == "mlp"
+                else ""
+            )
         )
     return GATES[mlp_implementation]
 

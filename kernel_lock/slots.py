@@ -31,6 +31,9 @@ ATTENTION = "Attention"
 # kernel_lock.gated_mlp's, its checks and timing have their own home (kernel_probe.probe.gated_mlp).
 # A probe checks it only when asked (the model's mlp_implementation is gated): anemoi's default is "mlp"
 GATED_MLP = "GatedMLP"
+# the slots a probe or a check covers when none is named: every slot but GatedMLP, which a model has
+# only with a gated mlp_implementation (``--slot GatedMLP --mlp-implementation geglu``)
+PROBED_BY_DEFAULT = tuple(s for s in SLOTS if s != GATED_MLP)
 
 # What a slot the lock does not mention resolves to: plain torch.nn, as before the lock existed.
 DEFAULT_TARGETS = {

@@ -464,7 +464,11 @@ def _gated_mlp(request: CandidateRequest[Any]) -> Reply:
 
     if isinstance(request, CheckRequest):
         return gated_mlp.check(
-            request.candidate, request.device, list(request.dtypes), canonical_overrides=request.canonical, hidden=request.hidden
+            request.candidate,
+            request.device,
+            list(request.dtypes),
+            canonical_overrides=request.canonical,
+            hidden=request.hidden,
         )
     if isinstance(request, TryRequest):
         return TryReply.from_json(gated_mlp.try_once(request.candidate, request.device))

@@ -21,6 +21,7 @@ against anemoi's layer both ways: anemoi layer -> candidate -> anemoi layer, str
 from __future__ import annotations
 
 import math
+import statistics
 import time
 import types
 from collections.abc import Callable, Mapping
@@ -33,7 +34,7 @@ from kernel_lock.gating import gate_for
 from kernel_lock.slots import CANONICAL, GATED_MLP, torch_device
 from kernel_probe.isolation.protocol import CheckReply, ErrorStats, MeasurementRow, TimeReply, TimingRow
 from kernel_probe.probe.candidates import Candidate
-from kernel_probe.probe.measure import autocasting, build, compare, first_line, import_class, torch_dtype
+from kernel_probe.probe.measure import autocasting, build, compare, first_line, import_class, rel_err, torch_dtype
 
 ANEMOI_IN = 1024  # anemoi's num_channels in every preset: ``check --hidden 1024``, the tests, the GPU kit
 CHECK_IN = 96  # the default check: 96 in, 256 out, cheap in every dtype (bf16 matmuls are emulated on AVX2)
@@ -126,9 +127,8 @@ def state_dict_problem(mod: Any, values: Mapping[str, Any], gen: torch.Generator
     have = set(mod.state_dict())
     if have != set(want):
         missing, extra = sorted(set(want) - have), sorted(have - set(want))
-        return (
-            f"its state dict is not {source}'s: "
-            + "; ".join(s for s in (f"missing {missing}" if missing else "", f"unexpected {extra}" if extra else "") if s)
+        return f"its state dict is not {source}'s: " + "; ".join(
+            s for s in (f"missing {missing}" if missing else "", f"unexpected {extra}" if extra else "") if s
         )
     mod_f32 = mod.float()
     try:
@@ -225,9 +225,27 @@ def _row(cand: Candidate, values: Mapping[str, Any], dtype_name: str, regime: st
         row["stats"][case] = stats
         if case == "random":
             _mistake(row, got["y"].cpu(), ours["y"].cpu(), x.double().cpu(), held, function)
+    row["twin"] = _twin(cand, values, mod, x, autocast)
     row["seconds"] = time.perf_counter() - start
-    row["twin"] = {"target": cand.twin_target, "state-dict": "interchangeable"}
     return row
+
+
+def _twin(
+    cand: Candidate, values: Mapping[str, Any], mod: Any, x: Any, autocast: tuple[str, Any] | None
+) -> dict[str, Any]:
+    """The portable twin given the candidate's state dict (strict): interchangeable, and how far apart."""
+    if not cand.twin_target:
+        return {"state_dict": "incompatible", "reason": "no twin declared"}
+    try:
+        cls = import_class(cand.twin_target)
+        twin = cls(values["in_features"], values["out_features"], **cand.pinned_twin_kwargs(values))
+        twin = twin.to(device=x.device, dtype=next(mod.parameters()).dtype)
+        twin.load_state_dict(mod.state_dict(), strict=True)
+        with torch.no_grad(), autocasting(autocast):
+            a, b = mod(x), twin(x)
+    except Exception as exc:
+        return {"state_dict": "incompatible", "reason": first_line(exc, 300)}
+    return {"state_dict": "interchangeable", "max_error": rel_err(a, b.to(torch.float64))}
 
 
 def _mistake(row: MeasurementRow, y: Any, y_base: Any, x: Any, held: Mapping[str, Any], function: str) -> None:
@@ -261,7 +279,9 @@ def check(
     except ImportError as exc:
         return CheckReply(candidate=cand.id, device=device, phase="import", kind="import", error=first_line(exc, 400))
     except Exception as exc:
-        return CheckReply(candidate=cand.id, device=device, phase="import", kind="exception", error=first_line(exc, 400))
+        return CheckReply(
+            candidate=cand.id, device=device, phase="import", kind="exception", error=first_line(exc, 400)
+        )
     import_s = time.perf_counter() - start
     threads = torch.get_num_threads()
     try:
@@ -294,7 +314,7 @@ def time_candidate(
     tick: Callable[[str, int, int], None] | None = None,
 ) -> TimeReply:
     """Forward+backward of the candidate at each ``ROWSxIN`` shape (out: anemoi's gated hidden width)."""
-    from kernel_probe.probe import timing
+    from kernel_probe.probe import repetitions, timing
     from kernel_probe.probe.shapes import parse_shape
 
     opts = {**timing.DEFAULT_OPTIONS, **options}
@@ -305,6 +325,7 @@ def time_candidate(
     rows_out: list[TimingRow] = []
     for shape in shapes:
         rows, width, _ = parse_shape(shape)
+        head: TimingRow = {"implementation": cand.id, "shape": shape, "dtype": dtype_name, "regime": regime}
         try:
             values = canonical(overrides, width)
             mod = build(cand, values, tdev, param_dtype)
@@ -322,16 +343,18 @@ def time_candidate(
             compile_s = time.perf_counter() - t0
             samples, how = timing.repeat(clock, step, {**opts, "mode": "fixed"}, tick)
         except Exception as exc:
-            rows_out.append({"shape": shape, "error": first_line(exc, 400)})
+            rows_out.append({**head, "error": first_line(exc, 400)})
             continue
-        median = sorted(samples)[len(samples) // 2]
+        median = statistics.median(samples)
         out = values["out_features"]
+        # the least a fwd+bwd moves: x and dy in, y and dx out, both weights read twice and their grads written
+        moved = dtype.itemsize * (2 * rows * width + 2 * rows * out + 6 * width * out)
         rows_out.append(
             {
-                "shape": shape,
-                "dtype": dtype_name,
-                "regime": regime,
+                **head,
                 "median_ms": median * 1e3,
+                "spread": repetitions.spread(samples),
+                "gbps": moved / median / 1e9,
                 "reps": len(samples),
                 "compile_s": compile_s,
                 "tflops": 12 * rows * width * out / median / 1e12,
@@ -339,4 +362,3 @@ def time_candidate(
             }
         )
     return TimeReply(candidate=cand.id, device=device, rows=rows_out)
-

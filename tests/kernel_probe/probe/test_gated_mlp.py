@@ -31,7 +31,9 @@ def verdict(target_or_id: str, implementation: str = "swiglu", dtypes=FP32, hidd
         cand = cands.from_command_line(f"GatedMLP={target_or_id}")
     else:
         cand = next(c for c in cands.builtin() if c.id == target_or_id)
-    raw = gated_mlp.check(cand, "cpu", dtypes, canonical_overrides={"mlp_implementation": implementation}, hidden=hidden)
+    raw = gated_mlp.check(
+        cand, "cpu", dtypes, canonical_overrides={"mlp_implementation": implementation}, hidden=hidden
+    )
     return raw, gated_mlp_verdict.judge(raw, cand, "cpu", report_base(cand, "GatedMLP", "cpu"))
 
 

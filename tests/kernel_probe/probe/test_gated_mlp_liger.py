@@ -32,9 +32,7 @@ def reports():
     if problem:
         pytest.fail(problem)
     cand = next(c for c in builtin() if c.id == "liger.gated_mlp")
-    cand = dataclasses.replace(
-        cand, devices=(*cand.devices, "cpu"), target="tests.liger_interpret_shims.LigerGatedMLP"
-    )
+    cand = dataclasses.replace(cand, devices=(*cand.devices, "cpu"), target="tests.liger_interpret_shims.LigerGatedMLP")
     with Worker({**os.environ, "TRITON_INTERPRET": "1"}) as worker:
         return {
             impl: check_candidate(
