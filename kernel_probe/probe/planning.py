@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernel_lock.slots import PRECISIONS, PROBED_BY_DEFAULT, SLOTS
+from kernel_lock.slots import PRECISIONS, PROBED_BY_DEFAULT
 from kernel_probe.errors import ForcedUnusable, UsageError
 from kernel_probe.probe.limits import CHECK_TIMEOUT, IMPORT_TIMEOUT
 from kernel_probe.probe.shapes import normal_shapes, parse_shape
