@@ -205,7 +205,12 @@ def gated_mlp(device: str, *, smoke: bool, timeout: float = 120.0) -> dict[str, 
     rows = GATED_SMOKE_ROWS if smoke else GATED_ROWS
     shape = GATED_SMOKE if smoke else GATED_GPU
     timed_dtype, timed_regime = rows[-1]
-    out: dict[str, Any] = {"device": device, "shape": shape, "hidden": None if smoke else ANEMOI_IN, "implementations": {}}
+    out: dict[str, Any] = {
+        "device": device,
+        "shape": shape,
+        "hidden": None if smoke else ANEMOI_IN,
+        "implementations": {},
+    }
     with WorkerPool() as pool:
         for impl in GATED_IMPLEMENTATIONS:
             canon = {GATED_MLP: {"mlp_implementation": impl}}
