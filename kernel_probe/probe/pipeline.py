@@ -388,7 +388,8 @@ def _probe_or_reuse(
 
 def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     """Check every candidate, time the accepted ones, choose per slot and build the lock (not written)."""
-    from kernel_lock.fingerprint import with_torch
+    from kernel_probe.isolation.protocol import FingerprintRequest
+    from kernel_probe.isolation.worker import START_TIMEOUT as FINGERPRINT_TIMEOUT
     from kernel_probe.isolation.worker import WorkerPool
     from kernel_probe.probe.candidates import for_slot
     from kernel_probe.probe.check import Checks, Timing, check_and_time
@@ -436,7 +437,6 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     events.begin(sum(len(v) for v in per_slot.values()))
     try:
         with WorkerPool() as pool:
-            pool.prepare()  # torch's own worker, started before any library is imported
             for done in check_and_time(
                 per_slot, checks, pool, timing=timing, refuse=functools.partial(_refused, p), checking=events.checking
             ):
@@ -445,6 +445,8 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
                     result.timings[done.slot][done.report.id] = done.timings
                 result.check_seconds += done.check_seconds
                 result.time_seconds += done.time_seconds
+            # from the worker whose torch ran the checks: this process never imports torch
+            fingerprint = pool.shared.call(FingerprintRequest(), FINGERPRINT_TIMEOUT).fields
     finally:
         events.done()
     if emulated:
@@ -467,7 +469,7 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
         result.choices,
         result.reports,
         result.timings,
-        with_torch.current(),
+        fingerprint,
         precision=p.precision,
         provenance=provenance,
         profile=p.profile.lock_record(p.matched) if p.profile else None,
