@@ -83,7 +83,11 @@ def _gated_product(function: str) -> Callable[..., Any]:
     f = _compiled.get(function)
     if f is None:
         gate = TORCH_GATES[function]
-        f = _compiled[function] = torch.compile(lambda g, v: gate(g) * v)
+
+        def gated_product(g: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return gate(g) * v
+
+        f = _compiled[function] = torch.compile(gated_product)
     return f
 
 
@@ -146,6 +150,8 @@ def anemoi_implementation(layer: nn.Module) -> str:
 def from_anemoi(layer: nn.Module, cls: type[GatedMLP] = GatedMLP) -> GatedMLP:
     """A ``cls`` computing what the anemoi ``GatedMLPLayer`` ``layer`` does, its parameters loaded strictly."""
     gate_proj = layer.gate_proj
+    if not isinstance(gate_proj, nn.Linear):
+        raise TypeError(f"{type(layer).__name__}.gate_proj is a {type(gate_proj).__name__}, not a torch.nn.Linear")
     new = cls(
         gate_proj.in_features,
         gate_proj.out_features,

@@ -344,8 +344,8 @@ def _gate(slot: str, d: Mapping[str, Any]) -> str:
         if gate:
             raise ReadError(f"only the GatedMLP slot records a gate formula, not {slot}", "gate", fix="remove it")
         return ""
-    kwargs = d.get("kwargs") if isinstance(d.get("kwargs"), Mapping) else {}
-    implementation = kwargs.get("mlp_implementation")
+    kwargs = d.get("kwargs")
+    implementation = kwargs.get("mlp_implementation") if isinstance(kwargs, Mapping) else None
     if implementation not in GATED:
         raise ReadError(
             f"mlp_implementation {implementation!r} is not a gated MLP",

@@ -18,7 +18,7 @@ The gated-MLP part (``gated_mlp``; run by the same command after the attention p
 so it costs no second start): anemoi's GatedMLPLayer against ``GATED_IDS`` (torch's gate and liger's
 fused one) for swiglu and geglu, checked forward and backward (every parameter gradient, the state-dict
 round trip through anemoi's own layer) at anemoi's shape (1024 in, ``compute_mlp_hidden_dim(1024, 2.67)``
-out) in bf16 (plain and under autocast), then the accepted ones timed forward + backward at
+out) in float32 and bf16 (plain and under autocast), then the accepted ones timed forward + backward at
 ``GATED_GPU`` (O96's 40,320 nodes x 1024 channels) in bf16-mixed. liger's geglu is rejected for its tanh
 GELU; ``--smoke``: the same at 96 in and ``GATED_SMOKE`` in float32 on any device.
 """
@@ -187,7 +187,7 @@ GATED_IDS = ("torch.gated_mlp", "liger.gated_mlp")
 GATED_IMPLEMENTATIONS = ("swiglu", "geglu")
 GATED_GPU = "40320x1024"
 GATED_SMOKE = "64x96"
-GATED_ROWS = [("bfloat16", "true"), ("bfloat16", "mixed")]
+GATED_ROWS = [("float32", "true"), ("bfloat16", "true"), ("bfloat16", "mixed")]  # fp32: what it computes
 GATED_SMOKE_ROWS = [("float32", "true")]
 GATED_TIMING = {"reps": 5, "warmup": 1, "min_seconds": 0.0}  # one fwd+bwd at O96 is a few ms
 

@@ -34,7 +34,17 @@ from kernel_lock.gating import gate_for
 from kernel_lock.slots import CANONICAL, GATED_MLP, torch_device
 from kernel_probe.isolation.protocol import CheckReply, ErrorStats, MeasurementRow, TimeReply, TimingRow
 from kernel_probe.probe.candidates import Candidate
-from kernel_probe.probe.measure import autocasting, build, compare, first_line, import_class, rel_err, torch_dtype
+from kernel_probe.probe.gated_mlp_verdict import FLAG_INPUT_MODIFIED, FLAG_MISTAKE, FLAG_STATE_DICT, HINTS, MISTAKES
+from kernel_probe.probe.measure import (
+    autocasting,
+    build,
+    compare,
+    first_line,
+    import_class,
+    one_cpu_thread,
+    rel_err,
+    torch_dtype,
+)
 
 ANEMOI_IN = 1024  # anemoi's num_channels in every preset: ``check --hidden 1024``, the tests, the GPU kit
 CHECK_IN = 96  # the default check: 96 in, 256 out, cheap in every dtype (bf16 matmuls are emulated on AVX2)
@@ -42,19 +52,6 @@ CHECK_RATIO = 2.67  # anemoi's configs: "use 4 (mlp) or ~2.67 (glu/swiglu/geglu/
 CHECK_ROWS = 8  # a few rows: at anemoi's shape each is 1024 in, 2734 out (the cost is the matmuls)
 PARAMS = ("gate_proj.weight", "gate_proj.bias", "value_proj.weight", "value_proj.bias")
 OUTPUTS = ("y", "dx", *PARAMS)
-HINTS = {
-    "random": "plain random input: gate pre-activations of unit spread",
-    "wide-gate": "gate pre-activations spread to +-9: saturation, and where tanh's GELU leaves erf's",
-}
-# what a kernel computes instead of the formula, and how the verdict names it
-MISTAKES = {
-    "gelu_tanh": "computes GELU's tanh approximation where anemoi's geglu gate is exact erf (torch.nn.GELU())",
-    "swapped": "applies the gate to value_proj(x) instead of gate_proj(x) (gate and value swapped)",
-    "no-bias": "drops the projections' biases (gate_proj.bias, value_proj.bias)",
-}
-FLAG_STATE_DICT = "state-dict"
-FLAG_INPUT_MODIFIED = "input-modified"
-FLAG_MISTAKE = "mistake"
 
 
 def hidden_dim(num_channels: int, ratio: float) -> int:
@@ -78,9 +75,9 @@ def reference(x: Any, params: Mapping[str, Any], function: str, mistake: str = "
     ``mistake`` computes one of ``MISTAKES`` instead."""
     from kernel_lock.gated_mlp import TORCH_GATES
 
-    wb = {k: (None if mistake == "no-bias" and k.endswith("bias") else v) for k, v in params.items()}
-    g = F.linear(x, wb["gate_proj.weight"], wb["gate_proj.bias"])
-    v = F.linear(x, wb["value_proj.weight"], wb["value_proj.bias"])
+    wb: dict[str, Any] = {k: (None if mistake == "no-bias" and k.endswith("bias") else v) for k, v in params.items()}
+    g = F.linear(x, wb["gate_proj.weight"], wb.get("gate_proj.bias"))
+    v = F.linear(x, wb["value_proj.weight"], wb.get("value_proj.bias"))
     if mistake == "swapped":
         g, v = v, g
     return TORCH_GATES["gelu_tanh" if mistake == "gelu_tanh" else function](g) * v
@@ -104,7 +101,8 @@ def anemoi_layer(values: Mapping[str, Any]) -> Any | None:
     except ImportError:
         return None
     kernels = types.SimpleNamespace(Linear=torch.nn.Linear)
-    return GatedMLPLayer(values["in_features"], values["out_features"], kernels, values["mlp_implementation"])
+    # anemoi reads layer_kernels.Linear only (a DotDict in anemoi's own call sites)
+    return GatedMLPLayer(values["in_features"], values["out_features"], kernels, values["mlp_implementation"])  # type: ignore[arg-type]
 
 
 def _torch_layer(values: Mapping[str, Any]) -> Any:
@@ -283,11 +281,17 @@ def check(
             candidate=cand.id, device=device, phase="import", kind="exception", error=first_line(exc, 400)
         )
     import_s = time.perf_counter() - start
-    threads = torch.get_num_threads()
-    try:
+    with one_cpu_thread(device):  # the default check's tensors are small (measure.one_cpu_thread)
         rows = [_row(cand, values, d, regime, device) for d, regime in dtypes]
-    finally:
-        torch.set_num_threads(threads)
+        # what the kernel computes is told in float32, where a formula's mistake (tanh's GELU for erf's)
+        # is far above rounding; in bf16 or fp16 it can hide under it. Measured once, said on every row
+        fp32 = next((r for r in rows if r["dtype"] == "float32"), None)
+        if fp32 is None:
+            fp32 = _row(cand, values, "float32", "true", device)
+        mistake = fp32.get("flags", {}).get(FLAG_MISTAKE)
+        if mistake:
+            for r in rows:
+                r.setdefault("flags", {})[FLAG_MISTAKE] = mistake
     return CheckReply(candidate=cand.id, device=device, rows=rows, import_s=import_s)
 
 

@@ -152,6 +152,15 @@ def test_a_fused_kernel_with_a_real_flaw_is_rejected_naming_it(fakes, fake, impl
     assert any("error" in r for r in report.reasons[1:])  # and the figures behind it
 
 
+def test_a_tanh_gelu_is_rejected_in_fp16_too_where_it_is_within_rounding(fakes):
+    # fp16's rounding hides the tanh-erf difference (measured: liger's geglu 0.31 of the tolerance in fp16);
+    # told in float32, the mistake fails every row
+    raw, report = verdict("kp_gated.TanhGatedMLP", "geglu", [("float16", "true")])
+    [v] = report.verdicts
+    assert report.status == "rejected" and v.failed == ["gelu_tanh"]
+    assert v.reasons == [gated_mlp.MISTAKES["gelu_tanh"] + " (measured in float32; in float16 it is within rounding)"]
+
+
 def test_a_tanh_gate_offered_for_swiglu_is_not_blamed_on_gelu(fakes):
     # TanhGatedMLP ignores the implementation: for swiglu it computes a GELU, which is simply wrong
     raw, report = verdict("kp_gated.TanhGatedMLP", "swiglu")
@@ -175,3 +184,12 @@ def test_a_model_that_is_not_gated_is_refused_before_anything_runs():
 def test_a_missing_library_is_unavailable(fakes):
     raw, report = verdict("kp_gated_absent.Nothing")
     assert report.status == "unavailable" and "import of kp_gated_absent.Nothing failed" in report.reasons[0]
+
+
+def test_a_layer_without_biases_is_not_anemois():
+    # anemoi's GatedMLPLayer always builds Linear(in, out): biases included
+    cand = next(c for c in cands.builtin() if c.id == "torch.gated_mlp")
+    raw = gated_mlp.check(cand, "cpu", FP32, canonical_overrides={"mlp_implementation": "reglu", "bias": False})
+    report = gated_mlp_verdict.judge(raw, cand, "cpu", report_base(cand, "GatedMLP", "cpu"))
+    assert report.status == "rejected"
+    assert "missing ['gate_proj.bias', 'value_proj.bias']" in report.reasons[0]
