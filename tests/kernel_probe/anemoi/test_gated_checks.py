@@ -140,3 +140,24 @@ def test_a_lock_pins_the_class_and_its_gate():
     layer = f(16, 24)
     assert layer.mlp_implementation == "geglu"
     assert list(layer.state_dict()) == ["gate_proj.weight", "gate_proj.bias", "value_proj.weight", "value_proj.bias"]
+
+
+def test_the_export_command_prints_it_for_the_components(tmp_path, capsys):
+    import json
+
+    from tests.conftest import run_cli
+
+    path = tmp_path / "kernel-lock.toml"
+    path.write_text(MINIMAL_LOCK + gated())
+    code, out, err = run_cli(["export", path, "--format", "anemoi", "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["gated_mlp"]["options"] == {"mlp_implementation": "geglu"}
+    code, out, err = run_cli(["export", path, "--format", "anemoi"], capsys)
+    assert code == 0, err
+    block = yaml.safe_load(out.split("# GatedMLP (slots.GatedMLP)", 1)[1].split("\n", 1)[1])
+    assert block == {"processor": {"mlp_implementation": "geglu"}}
+    code, out, err = run_cli(["export", path, "--config", CONFIG_DIR / "model" / "gnn.yaml", "--json"], capsys)
+    assert code == 0, err
+    overlay = json.loads(out)["overlay"]
+    assert overlay["processor"]["mlp_implementation"] == "geglu"
+    assert overlay["encoders"]["0"]["mapper"]["mlp_implementation"] == "geglu"
