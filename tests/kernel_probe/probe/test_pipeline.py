@@ -13,8 +13,10 @@ from types import SimpleNamespace
 import pytest
 
 from kernel_probe.errors import InputFileError, StaleLock, UsageError
+from kernel_probe.jobstart import start
+from kernel_probe.jobstart.start import run
 from kernel_probe.probe import pipeline, planning
-from kernel_probe.probe.pipeline import choose_all, reusable, run
+from kernel_probe.probe.pipeline import choose_all, reusable
 from kernel_probe.probe.planning import ProbeRequest, plan
 from kernel_probe.probe.report import Report
 from tests.conftest import MINIMAL_LOCK, edited_lock, write_sealed
@@ -132,17 +134,17 @@ def test_expand_out(cpu, monkeypatch):
 
     monkeypatch.setattr(handoff, "node_type", lambda device: f"{device['type']}-kind")
     p = plan(ProbeRequest())
-    assert pipeline._expand_out(ProbeRequest(out=Path("a/lock.toml")), p, "job") == Path("a/lock.toml")
-    assert pipeline._expand_out(ProbeRequest(out=Path("a/{node-type}.toml")), p, "job") == Path("a/cpu-kind.toml")
-    assert pipeline._expand_out(ProbeRequest(out=Path("{node-type}.toml")), p, "node-type") == Path("cpu-kind.toml")
+    assert start._expand_out(ProbeRequest(out=Path("a/lock.toml")), p, "job") == Path("a/lock.toml")
+    assert start._expand_out(ProbeRequest(out=Path("a/{node-type}.toml")), p, "job") == Path("a/cpu-kind.toml")
+    assert start._expand_out(ProbeRequest(out=Path("{node-type}.toml")), p, "node-type") == Path("cpu-kind.toml")
     with pytest.raises(UsageError, match=r"--out a/lock.toml names no \{node-type\}") as info:
-        pipeline._expand_out(ProbeRequest(out=Path("a/lock.toml")), p, "node-type")
+        start._expand_out(ProbeRequest(out=Path("a/lock.toml")), p, "node-type")
     assert "kernel-lock.{node-type}.toml" in info.value.fix
 
 
 def test_job_rank_without_a_launcher(cpu):
-    assert pipeline._job_rank("rank", planning.Events()) is None
-    assert pipeline._job_rank("job", planning.Events()) is None  # conftest clears the launchers' rank variables
+    assert start._job_rank("rank", planning.Events()) is None
+    assert start._job_rank("job", planning.Events()) is None  # conftest clears the launchers' rank variables
 
 
 def site(**slots) -> SimpleNamespace:
@@ -302,7 +304,7 @@ def test_check_exits_3_naming_the_new_library(tmp_path, cpu, monkeypatch):
     monkeypatch.setattr(
         planning, "plan", lambda *_a, **_k: replace(p, libraries=dict(p.libraries) | {"liger-kernel": "0.8.5"})
     )
-    monkeypatch.setattr(pipeline, "plan", planning.plan)
+    monkeypatch.setattr(start, "plan", planning.plan)
     with pytest.raises(StaleLock) as info:
         run(request)
     assert "liger-kernel is installed now (0.8.5)" in info.value.problem and info.value.exit_code == 3
