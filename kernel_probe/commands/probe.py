@@ -146,6 +146,7 @@ def request_from(args: argparse.Namespace) -> ProbeRequest:
         out=Path(args.out),
         shapes=tuple(args.shape),
         attention=args.attention,
+        mlp_implementation=args.mlp_implementation,
         precision=args.precision,
         slots=tuple(args.slot),
         pins=_pairs(args.pin, "--pin"),

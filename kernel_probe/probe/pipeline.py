@@ -65,6 +65,7 @@ OPTION_NAMES = {
     "deterministic": "--deterministic",
     "allow_init_change": "--allow-init-change",
     "strict_dtype": "--strict-dtype",
+    "mlp_implementation": "--mlp-implementation",
 }
 
 

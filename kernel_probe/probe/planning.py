@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernel_lock.slots import PRECISIONS, SLOTS
+from kernel_lock.slots import PRECISIONS, PROBED_BY_DEFAULT
 from kernel_probe.errors import ForcedUnusable, UsageError
 from kernel_probe.probe.limits import CHECK_TIMEOUT, IMPORT_TIMEOUT
 from kernel_probe.probe.rules import SlotRule, slot_rules
@@ -65,6 +65,8 @@ class ProbeRequest:
     probe_per: str | None = None
     # the Attention slot's timing geometry (HEADSxHEAD_DIMxSEQ[:window=W]); "": the default for the device
     attention: str = ""
+    # the model's gated mlp_implementation (kernel_lock.gating): "" leaves GatedMLP out unless it is named
+    mlp_implementation: str = ""
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,10 @@ class Plan:
         from kernel_probe.probe.attention_geometry import parse_geometry
 
         options = dict(parse_geometry(self.attention).options) if self.attention else {}
-        return {"Attention": options} if options else {}
+        out = {"Attention": options} if options else {}
+        if self.request.mlp_implementation:  # the model's gate, pinned in slots.GatedMLP's kwargs
+            out["GatedMLP"] = {"mlp_implementation": self.request.mlp_implementation}
+        return out
 
     # the options the digest is of (recorded in the lock, so a lock probed with others can say which differ)
     inputs: Mapping[str, Any] = field(default_factory=dict)
@@ -197,7 +202,15 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
             raise UsageError(f"--attention {exc}", fix=f"write it {FORM}, e.g. 16x128x40320:window=512") from None
     if request.check_only and request.force:
         raise UsageError("--check and --force contradict each other")
-    slots = tuple(request.slots) or SLOTS
+    if request.mlp_implementation:
+        from kernel_lock.gating import gate_for
+
+        try:
+            gate_for(request.mlp_implementation)
+        except ValueError as exc:
+            raise UsageError(f"--mlp-implementation: {exc}") from None
+    # a model with a gated mlp_implementation has the GatedMLP slot too
+    slots = tuple(request.slots) or PROBED_BY_DEFAULT + (("GatedMLP",) if request.mlp_implementation else ())
     device = detect_device()
     profile, matched = _apply_profile(request, device, events)
     candidates, problems = gather_candidates(
@@ -242,6 +255,8 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
     attention = request.attention or DEFAULT_GEOMETRY[kind]
     if "Attention" in slots:
         inputs["attention"] = attention
+    if "GatedMLP" in slots:
+        inputs["mlp_implementation"] = request.mlp_implementation or "swiglu"
     from kernel_probe.detect.libraries import by_library, installed_for
 
     probed = [c for c in candidates if set(c.slots) & set(slots)]
