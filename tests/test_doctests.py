@@ -14,6 +14,7 @@ MODULES = {  # module -> the functions whose examples it must keep (a deleted ex
     "kernel_lock.fingerprint.fields": ("field_matches",),
     "kernel_probe.probe.repetitions": ("margin",),
     "kernel_probe.probe.choose": ("clears_margin", "within_margin"),
+    "kernel_probe.probe.rules": ("rules", "slot_rules"),  # the module's own examples, and the merge
 }
 
 
