@@ -40,7 +40,9 @@ from kernel_probe.isolation.child import kill_group, signal_name, spawn
 from kernel_probe.isolation.protocol import (
     INTERPRETED,
     CandidateRequest,
+    CheckReply,
     CheckRequest,
+    GraphAttentionRequest,
     ImportReply,
     ImportRequest,
     PingReply,
@@ -469,6 +471,12 @@ def _dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], Non
         return PingReply(pid=os.getpid())
     from kernel_probe.probe import correctness, measure
     from kernel_probe.probe.limits import CHECK_HIDDEN
+
+    if isinstance(request, GraphAttentionRequest):
+        from kernel_probe.probe import graph_attention
+
+        measured = graph_attention.check(request.backend, request.device, list(request.dtypes), request.seed)
+        return CheckReply(candidate=request.backend, device=request.device, rows=measured)
 
     if isinstance(request, ImportRequest):  # under its own time budget: a library that hangs here costs only that
         start = time.perf_counter()

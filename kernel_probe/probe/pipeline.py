@@ -64,6 +64,8 @@ OPTION_NAMES = {
     "deterministic": "--deterministic",
     "allow_init_change": "--allow-init-change",
     "strict_dtype": "--strict-dtype",
+    "graph_attention": "--graph-attention",
+    "allow_graph_attention_fallback": "--allow-graph-attention-fallback",
 }
 
 
@@ -462,6 +464,7 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     }
     if p.deterministic:
         provenance["deterministic"] = True
+    graph = _graph_attention(p, [d for d, _ in rows], events)
     result.lock = build_lock(
         result.choices,
         result.reports,
@@ -471,8 +474,28 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
         provenance=provenance,
         profile=p.profile.lock_record(p.matched) if p.profile else None,
         canonical=p.canonical,
+        graph_attention=graph,
     )
     return result
+
+
+def _graph_attention(p: Plan, dtypes: list[str], events: Events) -> Any:
+    """The lock's [graph-attention] where the probe was asked for it (``--graph-attention``), else None."""
+    if not p.request.graph_attention:
+        return None
+    from kernel_lock.fingerprint import with_torch
+    from kernel_probe.probe import graph_attention_check
+
+    reports = graph_attention_check.check_all(p.device["type"], dtypes)
+    for rep in reports:
+        events.note(f"graph attention {rep.backend}: {rep.status}" + (f" ({rep.reasons[0]})" if rep.reasons else ""))
+    return graph_attention_check.choose(
+        p.request.graph_attention,
+        reports,
+        with_torch.current(),
+        allow_fallback=p.request.allow_graph_attention_fallback,
+        deterministic=p.deterministic,
+    )
 
 
 def _refused(p: Plan, slot: str, cand: Candidate) -> str | None:

@@ -1,0 +1,149 @@
+"""The GraphAttention check (issue 39): anemoi's GraphTransformer attention backends against float64 on a
+graph of O96-era processor degrees, the #1027 sharp softmax, determinism, and the lock's choice."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernel_lock.graph_attention import GraphAttention
+from kernel_probe.errors import ForcedUnusable, UsageError
+from kernel_probe.probe import graph_attention as ga
+from kernel_probe.probe import graph_attention_check as gac
+from kernel_probe.probe.graph_attention_verdict import GraphAttentionReport, judge
+
+FAKES = Path(__file__).resolve().parents[2] / "fakes"
+GPU = {"device-type": "cuda"}
+CPU = {"device-type": "cpu"}
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    monkeypatch.syspath_prepend(str(FAKES))
+
+
+def report(backend: str, dtypes=("float32",)) -> GraphAttentionReport:
+    return judge(backend, "cpu", ga.check(backend, "cpu", list(dtypes)))
+
+
+def test_the_check_graph_has_every_o96_processor_degree_in_proportion():
+    degrees = ga.check_degrees()
+    assert len(degrees) == ga.NODES and set(degrees) == {d for d, _ in ga.O96_DEGREES}
+    assert degrees.count(6) / len(degrees) > 0.65  # 7680 of 10,242 nodes (75 %) have 6 neighbours
+    assert sum(n for _, n in ga.O96_DEGREES) == 10242 and sum(d * n for d, n in ga.O96_DEGREES) == 81900
+    edge_index = ga.check_graph(torch.Generator().manual_seed(0))
+    src, dst = edge_index
+    assert torch.equal(torch.bincount(dst), torch.tensor(degrees))
+    assert bool((dst[1:] >= dst[:-1]).all())  # sorted by destination, as anemoi sorts it
+    pairs = {(int(s), int(d)) for s, d in zip(src, dst, strict=True)}
+    assert len(pairs) == edge_index.shape[1]  # no duplicate edge
+
+
+def test_the_float64_formula_is_anemois_pyg_conv():
+    gen = torch.Generator().manual_seed(1)
+    edge_index = ga.check_graph(gen)
+    case = ga.cases(gen, ga.NODES, edge_index.shape[1])[0]
+    size = (ga.NODES, ga.NODES)
+    ours = ga.reference(case.q, case.k, case.v, case.e, edge_index, size)
+    theirs = ga.backend("pyg", "cpu")(case.q, case.k, case.v, case.e, edge_index, size)
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+
+
+def test_the_pyg_path_is_accepted_in_fp32_and_bf16_with_its_ratios_and_determinism():
+    rep = report("pyg", ("float32", "bfloat16"))
+    assert rep.status == "accepted", rep.reasons
+    for v in rep.verdicts:
+        assert set(v.ratios) == set(ga.HINTS) and set(v.ratios["random"]) == set(ga.OUTPUTS)
+        assert v.worst_ratio is not None and v.worst_ratio <= 1.0
+        assert set(v.statistics) == {"max", "rms", "bias"}
+        assert v.deterministic is True  # on a CPU the scatter adds in order
+    sharp = rep.verdicts[0].errors["sharp-equal-messages"]["dq"]
+    assert sharp[0] < 1e-5  # |dq| / max|dv| where dq must vanish
+
+
+def test_a_low_precision_backward_is_rejected_on_the_sharp_softmax(fakes):
+    rep = report("kp_graph_attention.low_precision_backward", ("float32", "bfloat16"))
+    fp32, bf16 = rep.verdicts
+    assert fp32.status == "accepted"  # right in float32: only the low-precision backward is wrong
+    assert bf16.status == "rejected" and rep.status == "rejected"
+    assert "sharp-equal-messages:dq" in bf16.failed and "sharp-equal-messages:dk" in bf16.failed
+    assert bf16.ratios["sharp-equal-messages"]["dq"] > 2
+    assert any("sharp softmax over equal messages" in r and "dq error" in r for r in rep.reasons)
+
+
+def test_a_correct_user_kernel_is_accepted_and_may_beat_the_baseline(fakes):
+    rep = report("kp_graph_attention.float32_formula", ("bfloat16",))
+    assert rep.status == "accepted" and rep.verdicts[0].worst_ratio < 0.25
+
+
+def test_triton_on_a_cpu_without_the_interpreter_is_skipped_with_the_reason(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    rep = report("triton")
+    assert rep.status == "skipped" and "TRITON_INTERPRET=1" in rep.reasons[0] and "GPU" in rep.reasons[0]
+    assert gac.backends_to_check("cpu", interpreted=False) == ["pyg"]
+    assert gac.backends_to_check("cuda", interpreted=False) == ["pyg", "triton"]
+
+
+def test_an_unknown_backend_is_skipped_naming_the_choices():
+    rep = report("tritonn")
+    assert rep.status == "skipped" and "triton, pyg or module.function" in rep.reasons[0]
+
+
+def test_a_backend_that_is_not_repeatable_is_recorded_and_refused_under_deterministic():
+    row = ga.check("pyg", "cpu", ["float32"])[0]
+    row["nondeterministic"] = "two identical fwd+bwd differ by up to 1e-07"  # PyG's atomics on a GPU
+    rep = judge("pyg", "cuda", [row])
+    assert rep.status == "accepted" and rep.deterministic is False
+    assert any("not deterministic" in n for n in rep.verdicts[0].notes)
+    with pytest.raises(ForcedUnusable, match="determinism"):
+        gac.choose("pyg", [rep], GPU, deterministic=True)
+
+
+# ---- the choice -----------------------------------------------------------------------------------------
+def _accepted(backend: str) -> GraphAttentionReport:
+    return GraphAttentionReport(backend, "cuda", "accepted")
+
+
+def _rejected(backend: str) -> GraphAttentionReport:
+    return GraphAttentionReport(backend, "cuda", "rejected", ["bfloat16: sharp-equal-messages: dq error 1.47"])
+
+
+@pytest.mark.parametrize(
+    ("wanted", "reports", "current", "triton", "backend", "allow"),
+    [
+        ("auto", [_accepted("pyg"), _accepted("triton")], GPU, True, "triton", False),
+        ("auto", [_accepted("pyg")], CPU, True, "pyg", False),
+        ("auto", [_accepted("pyg"), _accepted("triton")], GPU, False, "pyg", False),  # no triton: anemoi runs pyg
+        ("auto", [_accepted("pyg"), _rejected("triton")], GPU, True, "pyg", False),
+        ("triton", [_accepted("pyg")], CPU, True, "triton", True),
+        ("pyg", [_accepted("pyg"), _accepted("triton")], GPU, True, "pyg", False),
+    ],
+)
+def test_the_choice(wanted, reports, current, triton, backend, allow):
+    chosen = gac.choose(wanted, reports, current, allow_fallback=allow, triton=triton)
+    assert isinstance(chosen, GraphAttention) and chosen.backend == backend and chosen.allow_fallback == allow
+    assert chosen.reason
+
+
+@pytest.mark.parametrize(
+    ("wanted", "reports", "current", "triton", "allow", "match"),
+    [
+        ("triton", [_accepted("pyg")], CPU, True, False, "there is no GPU"),
+        ("triton", [_accepted("pyg")], GPU, False, False, "triton is not installed"),
+        ("triton", [_accepted("pyg"), _rejected("triton")], GPU, True, False, "dq error 1.47"),
+        ("triton", [_rejected("pyg")], CPU, True, True, "falls back to cannot be used"),
+        ("auto", [_rejected("pyg")], CPU, True, False, "pyg graph attention backend cannot be locked"),
+    ],
+)
+def test_a_choice_that_cannot_be_locked_says_why(wanted, reports, current, triton, allow, match):
+    with pytest.raises(ForcedUnusable, match=match):
+        gac.choose(wanted, reports, current, allow_fallback=allow, triton=triton)
+
+
+def test_bad_choices_are_usage_errors():
+    with pytest.raises(UsageError, match="goes with a triton backend"):
+        gac.choose("pyg", [], CPU, allow_fallback=True)
+    with pytest.raises(UsageError, match="not one of"):
+        gac.choose("flash", [], CPU)
