@@ -93,6 +93,9 @@ def check_config(
     from kernel_probe.anemoi.attention_checks import findings as attention_findings
 
     findings.extend(attention_findings(config.tree, lock, mode))
+    from kernel_probe.anemoi.graph_attention_checks import findings as graph_attention_findings
+
+    findings.extend(graph_attention_findings(config.tree, lock))
     findings.extend(components_without_blocks(config, lock_given=lock is not None))
     expected: dict[str, Exported] = {}
     if lock is not None:
@@ -175,6 +178,8 @@ class ConfigExport:
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)
     blocks: dict[str, dict[str, str]] = field(default_factory=dict)  # block path -> key -> entry name
     notes: list[tuple[str, str]] = field(default_factory=list)  # (where, note)
+    # GraphTransformer component path -> graph_attention_backend (the lock's [graph-attention])
+    graph_attention: dict[str, str] = field(default_factory=dict)
 
     def overlay(self) -> dict[str, Any]:
         """The YAML-ready mapping to merge into the config (under ``model:`` unless it is a model file)."""
@@ -184,6 +189,11 @@ class ConfigExport:
             for part in where.split(".")[1:-1]:  # "model.processor.layer_kernels" -> processor
                 node = node.setdefault(part, {})
             node["layer_kernels"] = {key: f"${{model.{ENTRIES_NODE}.{name}}}" for key, name in keys.items()}
+        for where, backend in self.graph_attention.items():
+            node = model
+            for part in where.split("."):  # "encoders.0.mapper", relative to the model node
+                node = node.setdefault(part, {})
+            node["graph_attention_backend"] = backend
         return model if self.config.shape == "model-file" else {"model": model}
 
 
@@ -223,4 +233,12 @@ def export_for_config(
             note = should.note if should.entry != want.entry else want.note
             if note:
                 out.notes.append((where, note))
+    from kernel_probe.anemoi.graph_attention_checks import export_setting, overlay_settings
+
+    model_file = config.shape == "model-file"
+    out.graph_attention = overlay_settings(config.tree, lock, model_file=model_file)
+    setting = export_setting(lock)
+    if setting is not None:
+        prefix = "" if model_file else "model."
+        out.notes.extend((f"{prefix}{w}.graph_attention_backend", setting[1]) for w in out.graph_attention)
     return out
