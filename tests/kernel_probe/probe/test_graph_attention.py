@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import kernel_lock
 from kernel_lock.graph_attention import GraphAttention
 from kernel_probe.errors import ForcedUnusable, UsageError
 from kernel_probe.probe import graph_attention as ga
@@ -159,3 +160,47 @@ def test_bad_choices_are_usage_errors():
         gac.choose("pyg", [], CPU, allow_fallback=True)
     with pytest.raises(UsageError, match="not one of"):
         gac.choose("flash", [], CPU)
+
+
+# ---- the probe and the lock ------------------------------------------------------------------------------
+@pytest.mark.slow  # a probe, and anemoi's PyG path in the worker
+def test_a_cpu_probe_with_graph_attention_locks_pyg_and_export_writes_it(tmp_path, capsys):
+    import json
+
+    from tests.conftest import run_cli, small_probe
+
+    out = tmp_path / "l.toml"
+    code, _, err = run_cli([*small_probe("LayerNorm"), "--graph-attention", "auto", "--out", out], capsys)
+    assert code == 0, err
+    lock = kernel_lock.load(out, strict=True)
+    graph = lock.graph_attention
+    assert graph is not None and graph.backend == "pyg" and not graph.allow_fallback
+    assert "there is no GPU" in graph.reason
+    rows = {(e["backend"], e["dtype"]): e for e in graph.evidence}
+    assert rows[("pyg", "float32")]["status"] == "accepted" and rows[("pyg", "float32")]["sharp-dq"] < 1e-5
+    assert lock.provenance["options"]["graph_attention"] == "auto"
+    code, text, err = run_cli(["export", out, "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(text)["graph_attention"]["graph_attention_backend"] == "pyg"
+    code, text, err = run_cli(["export", out], capsys)
+    assert code == 0 and "graph_attention_backend: pyg" in text, err
+    assert run_cli(["verify", out, "--no-import"], capsys)[0] == 0
+
+
+@pytest.mark.slow  # two probes
+def test_a_cpu_probe_refuses_to_lock_triton_unless_the_fallback_is_allowed(tmp_path, capsys):
+    from tests.conftest import run_cli, small_probe
+
+    out = tmp_path / "l.toml"
+    code, _, err = run_cli([*small_probe("LayerNorm"), "--graph-attention", "triton", "--out", out], capsys)
+    assert (
+        code == kernel_lock.ExitCode.MISMATCH and "there is no GPU" in err and "--allow-graph-attention-fallback" in err
+    )
+    assert not out.exists()  # nothing half-written
+    argv = [*small_probe("LayerNorm"), "--graph-attention", "triton", "--allow-graph-attention-fallback"]
+    code, _, err = run_cli([*argv, "--out", out], capsys)
+    assert code == 0, err
+    lock = kernel_lock.load(out, strict=True)
+    assert lock.graph_attention is not None and lock.graph_attention.allow_fallback
+    code, text, err = run_cli(["verify", out], capsys)
+    assert code == 0 and "anemoi runs pyg here" in text + err, (text, err)
