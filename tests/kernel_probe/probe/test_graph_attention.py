@@ -204,3 +204,16 @@ def test_a_cpu_probe_refuses_to_lock_triton_unless_the_fallback_is_allowed(tmp_p
     assert lock.graph_attention is not None and lock.graph_attention.allow_fallback
     code, text, err = run_cli(["verify", out], capsys)
     assert code == 0 and "anemoi runs pyg here" in text + err, (text, err)
+
+
+@pytest.mark.slow  # Triton's interpreter: tens of seconds on this CPU
+def test_anemois_triton_kernel_in_the_interpreter_is_accepted_and_its_sharp_dq_vanishes(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    rep = gac.check_backend("triton", "cpu", ["float32", "bfloat16"])  # in the worker, as the probe runs it
+    assert rep.status == "accepted" and rep.interpreted, rep.reasons
+    bf16 = rep.verdicts[1]
+    got, base = bf16.errors["sharp-equal-messages"]["dq"]
+    assert got < 1e-4 < base  # the fixed (#1172) kernel keeps float32 statistics: far below torch's bf16 formula
+    assert rep.deterministic is True  # gather-style, no atomics
+    with pytest.raises(ForcedUnusable, match="interpreter"):  # never locked on an interpreted verdict
+        gac.choose("triton", [_accepted("pyg"), rep], GPU, triton=True)
