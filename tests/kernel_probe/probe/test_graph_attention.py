@@ -217,3 +217,18 @@ def test_anemois_triton_kernel_in_the_interpreter_is_accepted_and_its_sharp_dq_v
     assert rep.deterministic is True  # gather-style, no atomics
     with pytest.raises(ForcedUnusable, match="interpreter"):  # never locked on an interpreted verdict
         gac.choose("triton", [_accepted("pyg"), rep], GPU, triton=True)
+
+
+def test_check_json_reports_a_users_graph_attention_function(capsys, monkeypatch):
+    import json
+
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("PYTHONPATH", str(FAKES))  # the worker's path, as a user's
+    code, text, err = run_cli(
+        ["check", "--graph-attention", "kp_graph_attention.low_precision_backward", "--dtype", "bf16", "--json"], capsys
+    )
+    assert code == 0, err
+    (report,) = json.loads(text)["graph_attention"]
+    assert report["status"] == "rejected" and report["backend"] == "kp_graph_attention.low_precision_backward"
+    assert "sharp-equal-messages:dq" in report["evidence"][0]["failed"]
