@@ -46,11 +46,6 @@ O96_DEGREES = ((6, 7680), (12, 1920), (18, 480), (24, 120), (30, 42))
 OUTPUTS = ("out", "dq", "dk", "dv", "de")
 HEADS, CHANNELS = 4, 32  # anemoi's GT processor: 16 heads x 64 at 1024 channels; the maths is per head
 NODES = 36  # the check graph: every degree of O96_DEGREES, in proportion, at least one node each
-HINTS = {
-    "random": "plain random input",
-    "large-logits": "large logits: overflow of unscaled scores in low precision",
-    "sharp-equal-messages": "sharp softmax over equal messages: dq and dk must vanish (anemoi-core #1027)",
-}
 
 
 def check_degrees(nodes: int = NODES) -> list[int]:

@@ -20,6 +20,12 @@ from kernel_probe.isolation.protocol import MeasurementRow
 from kernel_probe.probe.report import Verdict
 
 BASELINE = "torch's formula's"
+# the check's cases (kernel_probe.probe.graph_attention), named in the reasons
+HINTS = {
+    "random": "plain random input",
+    "large-logits": "large logits: overflow of unscaled scores in low precision",
+    "sharp-equal-messages": "sharp softmax over equal messages: dq and dk must vanish (anemoi-core #1027)",
+}
 
 
 @dataclass
@@ -55,7 +61,6 @@ class GraphAttentionReport:
 def judge_row(backend: str, device: str, row: MeasurementRow) -> Verdict:
     """One dtype's verdict: every case's outputs under the rule of the module docstring."""
     from kernel_probe.probe.attention_verdict import tolerance
-    from kernel_probe.probe.graph_attention import HINTS
     from kernel_probe.probe.judge import judge_output, record_determinism
 
     v = Verdict(backend, device, row["dtype"], row["regime"])

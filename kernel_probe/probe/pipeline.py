@@ -389,7 +389,8 @@ def _probe_or_reuse(
 
 def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     """Check every candidate, time the accepted ones, choose per slot and build the lock (not written)."""
-    from kernel_lock.fingerprint import with_torch
+    from kernel_probe.isolation.protocol import FingerprintRequest
+    from kernel_probe.isolation.worker import START_TIMEOUT as FINGERPRINT_TIMEOUT
     from kernel_probe.isolation.worker import WorkerPool
     from kernel_probe.probe.candidates import for_slot
     from kernel_probe.probe.check import Checks, Timing, check_and_time
@@ -437,7 +438,6 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     events.begin(sum(len(v) for v in per_slot.values()))
     try:
         with WorkerPool() as pool:
-            pool.prepare()  # torch's own worker, started before any library is imported
             for done in check_and_time(
                 per_slot, checks, pool, timing=timing, refuse=functools.partial(_refused, p), checking=events.checking
             ):
@@ -446,6 +446,8 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
                     result.timings[done.slot][done.report.id] = done.timings
                 result.check_seconds += done.check_seconds
                 result.time_seconds += done.time_seconds
+            # from the worker whose torch ran the checks: this process never imports torch
+            fingerprint = pool.shared.call(FingerprintRequest(), FINGERPRINT_TIMEOUT).fields
     finally:
         events.done()
     if emulated:
@@ -464,12 +466,12 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     }
     if p.deterministic:
         provenance["deterministic"] = True
-    graph = _graph_attention(p, [d for d, _ in rows], events)
+    graph = _graph_attention(p, [d for d, _ in rows], events, fingerprint)
     result.lock = build_lock(
         result.choices,
         result.reports,
         result.timings,
-        with_torch.current(),
+        fingerprint,
         precision=p.precision,
         provenance=provenance,
         profile=p.profile.lock_record(p.matched) if p.profile else None,
@@ -479,11 +481,11 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     return result
 
 
-def _graph_attention(p: Plan, dtypes: list[str], events: Events) -> Any:
-    """The lock's [graph-attention] where the probe was asked for it (``--graph-attention``), else None."""
+def _graph_attention(p: Plan, dtypes: list[str], events: Events, fingerprint: Mapping[str, Any]) -> Any:
+    """The lock's [graph-attention] where the probe was asked for it (``--graph-attention``), else None;
+    ``fingerprint``: this machine's, from the worker (its device type decides where anemoi falls back)."""
     if not p.request.graph_attention:
         return None
-    from kernel_lock.fingerprint import with_torch
     from kernel_probe.probe import graph_attention_check
 
     reports = graph_attention_check.check_all(p.device["type"], dtypes)
@@ -492,7 +494,7 @@ def _graph_attention(p: Plan, dtypes: list[str], events: Events) -> Any:
     return graph_attention_check.choose(
         p.request.graph_attention,
         reports,
-        with_torch.current(),
+        fingerprint,
         allow_fallback=p.request.allow_graph_attention_fallback,
         deterministic=p.deterministic,
     )

@@ -13,7 +13,7 @@ from kernel_lock.graph_attention import GraphAttention
 from kernel_probe.errors import ForcedUnusable, UsageError
 from kernel_probe.probe import graph_attention as ga
 from kernel_probe.probe import graph_attention_check as gac
-from kernel_probe.probe.graph_attention_verdict import GraphAttentionReport, judge
+from kernel_probe.probe.graph_attention_verdict import HINTS, GraphAttentionReport, judge
 
 FAKES = Path(__file__).resolve().parents[2] / "fakes"
 GPU = {"device-type": "cuda"}
@@ -66,7 +66,7 @@ def test_the_pyg_path_is_accepted_in_fp32_and_bf16_with_its_ratios_and_determini
     rep = report("pyg", ("float32", "bfloat16"))
     assert rep.status == "accepted", rep.reasons
     for v in rep.verdicts:
-        assert set(v.ratios) == set(ga.HINTS) and set(v.ratios["random"]) == set(ga.OUTPUTS)
+        assert set(v.ratios) == set(HINTS) and set(v.ratios["random"]) == set(ga.OUTPUTS)
         assert v.worst_ratio is not None and v.worst_ratio <= 1.0
         assert set(v.statistics) == {"max", "rms", "bias"}
         assert v.deterministic is True  # on a CPU the scatter adds in order
