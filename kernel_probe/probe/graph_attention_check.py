@@ -19,7 +19,7 @@ A backend that is not bitwise repeatable is refused when the probe asks for dete
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kernel_lock.graph_attention import ALLOW_FLAG, BACKENDS, GraphAttention, fallback_cause, triton_installed
@@ -141,4 +141,29 @@ def choose(
     raise ForcedUnusable(
         f"the triton graph attention backend cannot be locked: {problem}",
         fix=f"probe on a GPU node with triton installed, lock pyg (--graph-attention pyg), or pass {ALLOW_FLAG}",
+    )
+
+
+def for_probe(
+    request: Any,
+    device: str,
+    dtypes: Sequence[str],
+    fingerprint: Mapping[str, Any],
+    deterministic: bool,
+    note: Callable[[str], None],
+) -> GraphAttention | None:
+    """The probe's ``[graph-attention]`` where its request asks for it (``--graph-attention``), else None:
+    every backend checkable here checked, each verdict sent to ``note``, then ``choose``. ``fingerprint``
+    is this machine's, from the worker (its device type decides where anemoi falls back)."""
+    if not request.graph_attention:
+        return None
+    reports = check_all(device, dtypes)
+    for rep in reports:
+        note(f"graph attention {rep.backend}: {rep.status}" + (f" ({rep.reasons[0]})" if rep.reasons else ""))
+    return choose(
+        request.graph_attention,
+        reports,
+        fingerprint,
+        allow_fallback=request.allow_graph_attention_fallback,
+        deterministic=deterministic,
     )

@@ -466,7 +466,9 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     }
     if p.deterministic:
         provenance["deterministic"] = True
-    graph = _graph_attention(p, [d for d, _ in rows], events, fingerprint)
+    from kernel_probe.probe.graph_attention_check import for_probe
+
+    graph = for_probe(p.request, p.device["type"], [d for d, _ in rows], fingerprint, p.deterministic, events.note)
     result.lock = build_lock(
         result.choices,
         result.reports,
@@ -479,25 +481,6 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
         graph_attention=graph,
     )
     return result
-
-
-def _graph_attention(p: Plan, dtypes: list[str], events: Events, fingerprint: Mapping[str, Any]) -> Any:
-    """The lock's [graph-attention] where the probe was asked for it (``--graph-attention``), else None;
-    ``fingerprint``: this machine's, from the worker (its device type decides where anemoi falls back)."""
-    if not p.request.graph_attention:
-        return None
-    from kernel_probe.probe import graph_attention_check
-
-    reports = graph_attention_check.check_all(p.device["type"], dtypes)
-    for rep in reports:
-        events.note(f"graph attention {rep.backend}: {rep.status}" + (f" ({rep.reasons[0]})" if rep.reasons else ""))
-    return graph_attention_check.choose(
-        p.request.graph_attention,
-        reports,
-        fingerprint,
-        allow_fallback=p.request.allow_graph_attention_fallback,
-        deterministic=p.deterministic,
-    )
 
 
 def _refused(p: Plan, slot: str, cand: Candidate) -> str | None:
