@@ -14,13 +14,26 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple, get_args
 
-SLOTS = ("LayerNorm", "RMSNorm", "Linear", "Attention")
-SEMANTICS = ("layer_norm", "rms_norm", "linear", "attention")
-SLOT_SEMANTICS = {"LayerNorm": "layer_norm", "RMSNorm": "rms_norm", "Linear": "linear", "Attention": "attention"}
+SLOTS = ("LayerNorm", "RMSNorm", "Linear", "Attention", "GatedMLP")
+SEMANTICS = ("layer_norm", "rms_norm", "linear", "attention", "gated_mlp")
+SLOT_SEMANTICS = {
+    "LayerNorm": "layer_norm",
+    "RMSNorm": "rms_norm",
+    "Linear": "linear",
+    "Attention": "attention",
+    "GatedMLP": "gated_mlp",
+}
 # Slots whose module has parameters and takes one tensor (the norms and Linear); Attention's modules
 # have no parameters and take (q, k, v) with SDPA's contract (kernel_lock.attention): its checks,
 # timing and export have their own homes
 ATTENTION = "Attention"
+# anemoi's GatedMLPLayer (two Linears and a hard-coded gate, kernel_lock.gating): its classes are
+# kernel_lock.gated_mlp's, its checks and timing have their own home (kernel_probe.probe.gated_mlp).
+# A probe checks it only when asked (the model's mlp_implementation is gated): anemoi's default is "mlp"
+GATED_MLP = "GatedMLP"
+# the slots a probe or a check covers when none is named: every slot but GatedMLP, which a model has
+# only with a gated mlp_implementation (``--slot GatedMLP --mlp-implementation geglu``)
+PROBED_BY_DEFAULT = tuple(s for s in SLOTS if s != GATED_MLP)
 
 # What a slot the lock does not mention resolves to: plain torch.nn, as before the lock existed.
 DEFAULT_TARGETS = {
@@ -29,6 +42,8 @@ DEFAULT_TARGETS = {
     "Linear": "torch.nn.Linear",
     # torch's scaled_dot_product_attention, torch choosing its backend (what anemoi's SDPA path runs)
     "Attention": "kernel_lock.attention.SDPAttention",
+    # anemoi's GatedMLPLayer with torch.nn.Linear: torch's gate functions
+    "GatedMLP": "kernel_lock.gated_mlp.GatedMLP",
 }
 
 # Canonical configuration per slot: what the lock pins unless a profile or the user says otherwise.
@@ -40,6 +55,8 @@ CANONICAL: dict[str, dict[str, Any]] = {
     "Linear": {"bias": True},
     # the options a model fixes (kernel_lock.attention): window -1 = global, softcap 0 = none
     "Attention": {"window": -1, "softcap": 0.0, "dropout": 0.0, "alibi": False},
+    # the model's gated variant (kernel_lock.gating.GATES): swiglu unless the model says otherwise
+    "GatedMLP": {"mlp_implementation": "swiglu", "bias": True},
 }
 
 # How a class offered for a slot is called when its declaration does not say: the positional
@@ -50,12 +67,14 @@ CALL_ARGS: dict[str, tuple[str, ...]] = {
     "RMSNorm": ("$normalized_shape",),
     "Linear": ("$in_features", "$out_features"),
     "Attention": (),
+    "GatedMLP": ("$in_features", "$out_features"),
 }
 CALL_KWARGS: dict[str, dict[str, Any]] = {
     "LayerNorm": {"eps": "$eps"},
     "RMSNorm": {"eps": "$eps"},
     "Linear": {"bias": "$bias"},
     "Attention": {"window": "$window", "softcap": "$softcap", "dropout": "$dropout", "alibi": "$alibi"},
+    "GatedMLP": {"mlp_implementation": "$mlp_implementation", "bias": "$bias"},
 }
 
 # What torch.nn's slot classes compute and every keyword their constructors accept, so a check that
@@ -78,6 +97,7 @@ _LAYER_NORM = frozenset(("normalized_shape", "eps", "elementwise_affine", "bias"
 _RMS_NORM = frozenset(("normalized_shape", "eps", "elementwise_affine", "device", "dtype"))
 _LINEAR = frozenset(("in_features", "out_features", "bias", "device", "dtype"))
 _ATTENTION = frozenset(("window", "softcap", "dropout", "alibi"))
+_GATED_MLP = frozenset(("in_features", "out_features", "mlp_implementation", "bias", "device", "dtype"))
 KNOWN_TARGETS: Mapping[str, TargetFacts] = MappingProxyType(
     {
         "torch.nn.LayerNorm": TargetFacts("layer_norm", _LAYER_NORM, True),
@@ -94,6 +114,10 @@ KNOWN_TARGETS: Mapping[str, TargetFacts] = MappingProxyType(
         "kernel_lock.attention.FlashAttention3": TargetFacts("attention", _ATTENTION, True),
         "kernel_lock.attention.FlashAttention4": TargetFacts("attention", _ATTENTION, True),
         "kernel_lock.attention.TEDotProductAttention": TargetFacts("attention", _ATTENTION, True),
+        # kernel_lock.gated_mlp: anemoi's GatedMLPLayer interface over torch's, a compiled or liger's gate
+        "kernel_lock.gated_mlp.GatedMLP": TargetFacts("gated_mlp", _GATED_MLP, True),
+        "kernel_lock.gated_mlp.CompiledGatedMLP": TargetFacts("gated_mlp", _GATED_MLP, True),
+        "kernel_lock.gated_mlp.LigerGatedMLP": TargetFacts("gated_mlp", _GATED_MLP, True),
     }
 )
 # Other public names of the same classes (torch re-exports them from its submodules)
@@ -219,6 +243,8 @@ def class_semantics(cls: Any) -> str | None:
 
     if any(c.__module__ == "kernel_lock.attention" and c.__name__ == "Attention" for c in cls.__mro__):
         return "attention"
+    if any(c.__module__ == "kernel_lock.gated_mlp" and c.__name__ == "GatedMLP" for c in cls.__mro__):
+        return "gated_mlp"
     if _under(cls.__module__, ("kernel_lock.adapters",)):
         # an adapter computes what the class it wraps (and derives from) computes: an Autocast adapter
         # around torch.nn.Identity is an Identity, whatever slot names it

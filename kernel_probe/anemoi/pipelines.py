@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernel_lock.anemoi import ANEMOI_DEFAULTS, Exported, entry_for, export
+from kernel_lock.anemoi import ANEMOI_DEFAULTS, Exported, entry_for, export, gated_mlp_export
 from kernel_lock.errors import LockError
 from kernel_lock.lock import KernelLock
 from kernel_probe.anemoi.block_checks import (
@@ -96,6 +96,9 @@ def check_config(
     from kernel_probe.anemoi.graph_attention_checks import findings as graph_attention_findings
 
     findings.extend(graph_attention_findings(config.tree, lock))
+    from kernel_probe.anemoi.gated_checks import findings as gated_findings
+
+    findings.extend(gated_findings(config.tree, lock))
     findings.extend(components_without_blocks(config, lock_given=lock is not None))
     expected: dict[str, Exported] = {}
     if lock is not None:
@@ -180,6 +183,8 @@ class ConfigExport:
     notes: list[tuple[str, str]] = field(default_factory=list)  # (where, note)
     # GraphTransformer component path -> graph_attention_backend (the lock's [graph-attention])
     graph_attention: dict[str, str] = field(default_factory=dict)
+    # component path (as in the config's tree) -> the keys the lock sets there (GatedMLP's mlp_implementation)
+    components: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def overlay(self) -> dict[str, Any]:
         """The YAML-ready mapping to merge into the config (under ``model:`` unless it is a model file)."""
@@ -194,6 +199,12 @@ class ConfigExport:
             for part in where.split("."):  # "encoders.0.mapper", relative to the model node
                 node = node.setdefault(part, {})
             node["graph_attention_backend"] = backend
+        for where, keys in self.components.items():
+            node = model
+            parts = where.split(".")
+            for part in parts[1:] if self.config.shape != "model-file" else parts:  # "model.processor" -> processor
+                node = node.setdefault(part, {})
+            node.update(keys)
         return model if self.config.shape == "model-file" else {"model": model}
 
 
@@ -241,4 +252,11 @@ def export_for_config(
     if setting is not None:
         prefix = "" if model_file else "model."
         out.notes.extend((f"{prefix}{w}.graph_attention_backend", setting[1]) for w in out.graph_attention)
+    gated = gated_mlp_export(lock)
+    if gated is not None:
+        from kernel_probe.anemoi.gated_checks import components
+
+        for where, _ in components(config.tree):
+            out.components[where] = dict(gated[0])
+            out.notes.append((f"{where}.mlp_implementation", gated[1]))
     return out

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, cast
 
-from kernel_lock.slots import ATTENTION
+from kernel_lock.slots import ATTENTION, GATED_MLP
 from kernel_probe.isolation.child import kill_group, signal_name, spawn
 from kernel_probe.isolation.protocol import (
     INTERPRETED,
@@ -541,6 +541,33 @@ def _attention(request: CandidateRequest[Any], emit: Callable[[TimingProgressMes
     raise ProtocolError(f"the worker has no Attention handler for {type(request).__name__}")
 
 
+def _gated_mlp(request: CandidateRequest[Any]) -> Reply:
+    """The GatedMLP slot's requests: its own checks and timing (kernel_probe.probe.gated_mlp)."""
+    from kernel_probe.probe import gated_mlp
+
+    if isinstance(request, CheckRequest):
+        return gated_mlp.check(
+            request.candidate,
+            request.device,
+            list(request.dtypes),
+            canonical_overrides=request.canonical,
+            hidden=request.hidden,
+        )
+    if isinstance(request, TryRequest):
+        return TryReply.from_json(gated_mlp.try_once(request.candidate, request.device))
+    if isinstance(request, TimeRequest):
+        return gated_mlp.time_candidate(
+            request.candidate,
+            request.device,
+            list(request.shapes),
+            request.dtype,
+            request.regime,
+            request.options,
+            request.canonical,
+        )
+    raise ProtocolError(f"the worker has no GatedMLP handler for {type(request).__name__}")
+
+
 def _dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], None] | None = None) -> Reply:
     if isinstance(request, PingRequest):
         import torch  # noqa: F401  (import once, up front, under the start timeout)
@@ -574,6 +601,8 @@ def _dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], Non
         return ImportReply(ok=True, seconds=time.perf_counter() - start)
     if isinstance(request, CandidateRequest) and request.slot == ATTENTION:
         return _attention(request, emit)
+    if isinstance(request, CandidateRequest) and request.slot == GATED_MLP:
+        return _gated_mlp(request)
     if isinstance(request, CheckRequest):
         return correctness.check(
             request.candidate,

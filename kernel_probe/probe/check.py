@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, cast
 
-from kernel_lock.slots import ATTENTION, DTYPES, dtype_named
+from kernel_lock.slots import ATTENTION, DTYPES, GATED_MLP, dtype_named
 from kernel_probe.isolation.protocol import (
     INTERPRETED,
     CheckRequest,
@@ -124,6 +124,10 @@ def check_candidate(
         from kernel_probe.probe.attention_geometry import canonical as attention_canonical
 
         report = attention_verdict.judge(raw, cand, device, base, attention_canonical(canonical))
+    elif slot == GATED_MLP:
+        from kernel_probe.probe import gated_mlp_verdict
+
+        report = gated_mlp_verdict.judge(raw, cand, device, base)
     else:
         report = judge.judge_candidate(raw, cand, slot, device, policy, base)
     if raw.interpreted:  # said on the report and on every verdict it carries

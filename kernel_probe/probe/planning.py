@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernel_lock.slots import PRECISIONS, SLOTS
+from kernel_lock.slots import PRECISIONS, PROBED_BY_DEFAULT
 from kernel_probe.errors import ForcedUnusable, UsageError
 from kernel_probe.probe.limits import CHECK_TIMEOUT, IMPORT_TIMEOUT
+from kernel_probe.probe.rules import SlotRule, slot_rules
 from kernel_probe.probe.shapes import normal_shapes, parse_shape
 
 if TYPE_CHECKING:  # the warm path (a current lock) imports none of the probe's machinery
@@ -68,6 +69,8 @@ class ProbeRequest:
     # checked, "auto", "triton" or "pyg"; and whether a locked triton may fall back to pyg at job start
     graph_attention: str = ""
     allow_graph_attention_fallback: bool = False
+    # the model's gated mlp_implementation (kernel_lock.gating): "" leaves GatedMLP out unless it is named
+    mlp_implementation: str = ""
 
 
 @dataclass(frozen=True)
@@ -96,13 +99,18 @@ class Plan:
         from kernel_probe.probe.attention_geometry import parse_geometry
 
         options = dict(parse_geometry(self.attention).options) if self.attention else {}
-        return {"Attention": options} if options else {}
+        out = {"Attention": options} if options else {}
+        if self.request.mlp_implementation:  # the model's gate, pinned in slots.GatedMLP's kwargs
+            out["GatedMLP"] = {"mlp_implementation": self.request.mlp_implementation}
+        return out
 
     # the options the digest is of (recorded in the lock, so a lock probed with others can say which differ)
     inputs: Mapping[str, Any] = field(default_factory=dict)
     # the registry libraries this plan's candidates come from: version, "installed" or "" (not installed)
     libraries: Mapping[str, str] = field(default_factory=dict)
     library_candidates: Mapping[str, Sequence[str]] = field(default_factory=dict)  # library -> its candidates' ids
+    # per slot, what the command line and the profile say of it (rules.SlotRule): the one answer the probe reads
+    rules: Mapping[str, SlotRule] = field(default_factory=dict)
 
     @property
     def dtype(self) -> str:
@@ -198,7 +206,15 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
             raise UsageError(f"--attention {exc}", fix=f"write it {FORM}, e.g. 16x128x40320:window=512") from None
     if request.check_only and request.force:
         raise UsageError("--check and --force contradict each other")
-    slots = tuple(request.slots) or SLOTS
+    if request.mlp_implementation:
+        from kernel_lock.gating import gate_for
+
+        try:
+            gate_for(request.mlp_implementation)
+        except ValueError as exc:
+            raise UsageError(f"--mlp-implementation: {exc}") from None
+    # a model with a gated mlp_implementation has the GatedMLP slot too
+    slots = tuple(request.slots) or PROBED_BY_DEFAULT + (("GatedMLP",) if request.mlp_implementation else ())
     device = detect_device()
     profile, matched = _apply_profile(request, device, events)
     candidates, problems = gather_candidates(
@@ -212,8 +228,9 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
             "TRITON_INTERPRET is set: Triton kernels run in Triton's interpreter, not compiled; a candidate whose "
             "kernels ran interpreted is labelled so, never timed and never written to the lock",
         ]
+    rules = slot_rules(slots, request.pins, request.prefers, profile)
     check_forced(
-        request.pins, request.prefers, slots, candidates, device, profile=profile, with_compile=request.with_compile
+        request.pins, request.prefers, slots, candidates, device, rules=rules, with_compile=request.with_compile
     )
     kind = "cpu" if device["type"] == "cpu" else "gpu"
     if asked:
@@ -245,6 +262,8 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
     if request.graph_attention:  # only when asked: a lock probed without it stays reusable as before
         inputs["graph_attention"] = request.graph_attention
         inputs["allow_graph_attention_fallback"] = request.allow_graph_attention_fallback
+    if "GatedMLP" in slots:
+        inputs["mlp_implementation"] = request.mlp_implementation or "swiglu"
     from kernel_probe.detect.libraries import by_library, installed_for
 
     probed = [c for c in candidates if set(c.slots) & set(slots)]
@@ -269,6 +288,7 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
         inputs,
         installed_for(probed),
         by_library(probed),
+        rules,
     )
 
 
@@ -303,7 +323,7 @@ def check_forced(
     candidates: Sequence[Candidate],
     device: Mapping[str, Any],
     *,
-    profile: Any = None,
+    rules: Mapping[str, SlotRule] | None = None,
     with_compile: bool = False,
 ) -> None:
     """Every --pin/--prefer checked before any work: the slot is probed, the id is a candidate of it
@@ -325,11 +345,11 @@ def check_forced(
                     f"{said}: {cid!r} is not a candidate for {slot} (known: {', '.join(ids)})",
                     fix=f"use one of those ids, or offer your own class with --candidate {slot}=module.Class",
                 )
-            sp = profile.slots.get(slot) if profile else None
-            if sp is not None and sp.allowed is not None and cid not in sp.allowed:
+            rule = (rules or {}).get(slot)
+            if rule is not None and rule.allowed is not None and rule.refuses(cid):
                 raise UsageError(
-                    f"{said}: profile {profile.name} does not allow it for {slot} "
-                    f"(allowed: {', '.join(sp.allowed) or 'none: allowed = []'})",
+                    f"{said}: {rule.allowed_by} does not allow it for {slot} "
+                    f"(allowed: {', '.join(rule.allowed) or 'none: allowed = []'})",
                     fix=f"drop {said}, or use a profile that allows it",
                 )
             from kernel_probe.probe.judge import static_problem  # only when something is forced

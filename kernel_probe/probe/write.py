@@ -17,7 +17,7 @@ from kernel_lock.graph_attention import GraphAttention
 from kernel_lock.lock import KernelLock
 from kernel_lock.schema import Candidate as RejectedCandidate
 from kernel_lock.schema import EnvField, Environment, Requirement, Slot, Twin
-from kernel_lock.slots import CANONICAL, SLOT_SEMANTICS
+from kernel_lock.slots import CANONICAL, GATED_MLP, SLOT_SEMANTICS
 from kernel_probe import __version__
 from kernel_probe.errors import ProbeError, UsageError
 
@@ -74,6 +74,15 @@ def _evidence(report: Report) -> list[dict[str, Any]]:
             row["matmul"] = cpumath.describe(matmul[v.dtype])
         rows.append(row)
     return rows
+
+
+def _gate_formula(slot: str, kwargs: Mapping[str, Any]) -> str:
+    """GatedMLP: the formula of the mlp_implementation it pins (``slots.GatedMLP.gate``); else ""."""
+    if slot != GATED_MLP:
+        return ""
+    from kernel_lock.gating import formula
+
+    return formula(str(kwargs.get("mlp_implementation", "")))
 
 
 def _timing(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -173,6 +182,7 @@ def build_lock(
             timing=tuple(_timing([row for rid in sorted(timings.get(slot, {})) for row in timings[slot][rid]])),
             rejected=rejected,
             blas=Blas(choice.report.blas, choice.report.blas_default) if choice.report.blas else None,
+            gate=_gate_formula(slot, cand.pinned_kwargs(values)),
         )
     versions = library_versions(sorted(distributions))
     libraries = {name: v for name, v in versions.items() if v is not None}
