@@ -151,6 +151,7 @@ class Case:
     vanishing: tuple[str, ...] = ()
 
     def to(self, dtype: Any, device: str) -> Case:
+        """The same values in ``dtype`` on ``device`` (rounded once)."""
         q, k, v, e, go = (t.to(device=device, dtype=dtype) for t in (self.q, self.k, self.v, self.e, self.go))
         return Case(self.name, q, k, v, e, go, self.vanishing)
 
