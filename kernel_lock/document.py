@@ -18,6 +18,8 @@ from typing import Any, TypeVar, cast
 from . import _toml
 from ._files import atomic_write_text
 from .errors import LockFormatError, LockVersionError
+from .graph_attention import TABLE as GRAPH_ATTENTION
+from .graph_attention import GraphAttention
 from .reading import ReadError, get, get_strings
 from .schema import (
     DIGEST,
@@ -52,6 +54,7 @@ class LockDocument:
     trusted_modules: tuple[str, ...] = ()
     profile: Mapping[str, Any] = field(default_factory=dict)
     provenance: Mapping[str, Any] = field(default_factory=dict)
+    graph_attention: GraphAttention | None = None  # [graph-attention]: anemoi's GraphTransformer backend
     digest: str = ""
     path: str | None = field(default=None, compare=False)
     warnings: tuple[str, ...] = field(default=(), compare=False)
@@ -69,6 +72,7 @@ class LockDocument:
         "profile",
         "environment",
         "slots",
+        GRAPH_ATTENTION,
         "provenance",
     )
 
@@ -137,6 +141,7 @@ class LockDocument:
             profile=ctx.object(d, "profile", record) or {},
             environment=ctx.object(d, "environment", lambda e: Environment._from_dict(ctx, e)) or Environment(),
             slots=slots,
+            graph_attention=ctx.object(d, GRAPH_ATTENTION, lambda g: GraphAttention._from_dict(ctx, g)),
             provenance=ctx.object(d, "provenance", record) or {},
             digest=digest,
             path=ctx.path,
@@ -180,6 +185,8 @@ class LockDocument:
             out["profile"] = dict(self.profile)
         out["environment"] = self.environment.to_dict()
         out["slots"] = {name: self.slots[name].to_dict() for name in SLOTS if name in self.slots}
+        if self.graph_attention is not None:
+            out[GRAPH_ATTENTION] = self.graph_attention.to_dict()
         if self.provenance:
             out["provenance"] = dict(self.provenance)
         return out

@@ -95,8 +95,13 @@ def verify(
             if mode == "training"
             else INFERENCE_FACTS
         )
+        if lock.graph_attention is not None and "device-type" not in checked:
+            checked = [*checked, "device-type"]  # where anemoi's GraphTransformer would run its kernel
         current = here.for_check(checked)
     notes: list[str] = []
+    from . import graph_attention
+
+    fallback = graph_attention.fallback_note(lock.graph_attention, current)
     if mode == "training":
         from .fingerprint import fields
 
@@ -127,6 +132,10 @@ def verify(
                 from . import blas
 
                 diffs.extend(blas.job_start_differences(slot.blas, str(current.get("device-type", ""))))
+        graph_diffs = graph_attention.job_start_differences(lock.graph_attention, current)
+        diffs.extend(graph_diffs)
+        if fallback and not graph_diffs:
+            notes.append(fallback)
         if lock.mode == "inference":
             diffs.append(
                 Difference(
@@ -147,6 +156,14 @@ def verify(
                     f"install what the lock's slots need ({hints}), or load it {IN_INFERENCE_MODE} to use the "
                     "verified torch.nn twins"
                     + ("; for the other fields, re-run `kernel-probe --force` on this machine" if others else "")
+                )
+            if graph_diffs:  # the graph-attention backend's own fix, beside the others'
+                others_fix = fix or "re-run `kernel-probe --force` on this machine to write a lock for it"
+                only = len(graph_diffs) == len(diffs)
+                fix = (
+                    graph_attention.FIX
+                    if only
+                    else f"{others_fix}; for [{graph_attention.TABLE}]: {graph_attention.FIX}"
                 )
             raise LockMismatch(diffs, path=lock.path, fix=fix)
         if targets is not None:
@@ -172,6 +189,8 @@ def verify(
             fix="install the library the slot needs, or re-probe on this machine; a slot without a verified "
             "twin cannot be substituted",
         )
+    if fallback:
+        notes.append(fallback)
     check_twins(lock, str(current.get("torch") or ""))
     if targets is not None:
         confirm_targets(lock, mode, current, import_unknown=targets == "child")

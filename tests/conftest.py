@@ -158,6 +158,8 @@ SLOW_MODULES = (
     # validates against anemoi-training's own schemas: with anemoi installed, importing it composes Hydra
     # and builds ~200 pydantic models, seconds of the lane for tests that are all slow (issue 38)
     "kernel_probe/anemoi/test_schema_check.py",
+    # builds anemoi-models' GraphTransformer and Transformer processors (imports anemoi and PyG: seconds)
+    "kernel_probe/anemoi/test_processor_builds.py",
 )
 
 

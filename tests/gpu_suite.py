@@ -13,6 +13,9 @@ The attention part (``attention``; ``python -m tests.gpu_suite --out DIR [--smok
 float16 and bfloat16, then timed forward + backward at anemoi's O96 processor geometry
 (``ATTENTION_GPU``) with the peak memory of each candidate (``torch.cuda.max_memory_allocated``, the
 timing rows' ``peak_bytes``); ``--smoke`` at ``ATTENTION_SMOKE`` on any device (no peak memory off CUDA).
+Before it, the graph-attention work (``tests/gpu_graph_attention.py``, issue 39): anemoi's Triton
+GraphTransformer kernel and the PyG path checked against float64 (#1027's sharp softmax) and timed at
+the O96-era processor graph, written to ``DIR/graph-attention.json``.
 
 The gated-MLP part (``gated_mlp``; run by the same command after the attention part, in the same process,
 so it costs no second start): anemoi's GatedMLPLayer against ``GATED_IDS`` (torch's gate and liger's
@@ -275,6 +278,19 @@ def main(argv: list[str] | None = None) -> int:
     cuda = torch.cuda.is_available()
     if not cuda and not args.smoke:
         raise SystemExit("the attention part needs a CUDA device (or --smoke, at a CPU-sized geometry)")
+    from tests import gpu_graph_attention
+
+    graph = gpu_graph_attention.run("cuda" if cuda else "cpu", args.smoke)
+    write(args.out / "graph-attention.json", graph)  # first: its figures stand if the SDPA work times out
+    for backend, entry in graph["backends"].items():
+        t = entry.get("timing", {})
+        figure = (
+            f"{t['median_ms']:.3g} ms deterministic={t['deterministic']}" if "median_ms" in t else t.get("error", "")
+        )
+        reasons = entry["check"]["reasons"][:1]
+        print(
+            f"graph attention {backend:7s} {entry['check']['status']:9s} {figure or (reasons or [''])[0]}", flush=True
+        )
     data = attention("cuda" if cuda else "cpu", ATTENTION_SMOKE if args.smoke else ATTENTION_GPU)
     data["smoke"] = args.smoke
     write(args.out / "attention.json", data)

@@ -119,6 +119,36 @@ def test_the_attention_part_runs_in_smoke_mode_on_cpu_and_writes_its_figures(tmp
     assert "swiglu  torch.gated_mlp" in out.stdout
 
 
+@pytest.mark.slow  # two check workers with anemoi and PyG, and the timing
+@needs_cpu
+def test_the_graph_attention_work_runs_in_smoke_mode_on_cpu(monkeypatch):
+    """The attention part's graph-attention work (issue 39): PyG checked and timed, the Triton kernel
+    skipped on a CPU with its reason (no TRITON_INTERPRET)."""
+    from tests import gpu_graph_attention
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    data = gpu_graph_attention.run("cpu", smoke=True)
+    pyg, triton = data["backends"]["pyg"], data["backends"]["triton"]
+    assert pyg["check"]["status"] == "accepted", pyg["check"]["reasons"]
+    assert {v["dtype"] for v in pyg["check"]["evidence"]} == set(gpu_graph_attention.DTYPES)
+    t = pyg["timing"]
+    assert t["median_ms"] > 0 and t["reps"] == gpu_graph_attention.REPS and t["deterministic"] is True
+    assert t["nodes"] == gpu_graph_attention.ga.NODES and "error" not in t
+    assert triton["check"]["status"] == "skipped" and "GPU" in triton["check"]["reasons"][0]
+    assert "timing" not in triton
+
+
+def test_the_o96_graph_has_the_processor_degrees():
+    from tests import gpu_graph_attention
+
+    edge_index, nodes = gpu_graph_attention.o96_graph(
+        gpu_graph_attention.O96["degrees"], __import__("torch").Generator()
+    )
+    assert (nodes, edge_index.shape[1]) == (10242, 81900)
+    degrees = __import__("torch").bincount(edge_index[1])
+    assert int(degrees.min()) == 6 and int(degrees.max()) == 30
+
+
 def test_the_attention_part_refuses_a_full_run_without_cuda(tmp_path):
     if __import__("torch").cuda.is_available():
         pytest.skip("this machine has CUDA: the full attention part would run")

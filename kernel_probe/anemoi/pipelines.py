@@ -93,6 +93,9 @@ def check_config(
     from kernel_probe.anemoi.attention_checks import findings as attention_findings
 
     findings.extend(attention_findings(config.tree, lock, mode))
+    from kernel_probe.anemoi.graph_attention_checks import findings as graph_attention_findings
+
+    findings.extend(graph_attention_findings(config.tree, lock))
     from kernel_probe.anemoi.gated_checks import findings as gated_findings
 
     findings.extend(gated_findings(config.tree, lock))
@@ -178,6 +181,8 @@ class ConfigExport:
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)
     blocks: dict[str, dict[str, str]] = field(default_factory=dict)  # block path -> key -> entry name
     notes: list[tuple[str, str]] = field(default_factory=list)  # (where, note)
+    # GraphTransformer component path -> graph_attention_backend (the lock's [graph-attention])
+    graph_attention: dict[str, str] = field(default_factory=dict)
     # component path (as in the config's tree) -> the keys the lock sets there (GatedMLP's mlp_implementation)
     components: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -189,6 +194,11 @@ class ConfigExport:
             for part in where.split(".")[1:-1]:  # "model.processor.layer_kernels" -> processor
                 node = node.setdefault(part, {})
             node["layer_kernels"] = {key: f"${{model.{ENTRIES_NODE}.{name}}}" for key, name in keys.items()}
+        for where, backend in self.graph_attention.items():
+            node = model
+            for part in where.split("."):  # "encoders.0.mapper", relative to the model node
+                node = node.setdefault(part, {})
+            node["graph_attention_backend"] = backend
         for where, keys in self.components.items():
             node = model
             parts = where.split(".")
@@ -234,6 +244,14 @@ def export_for_config(
             note = should.note if should.entry != want.entry else want.note
             if note:
                 out.notes.append((where, note))
+    from kernel_probe.anemoi.graph_attention_checks import export_setting, overlay_settings
+
+    model_file = config.shape == "model-file"
+    out.graph_attention = overlay_settings(config.tree, lock, model_file=model_file)
+    setting = export_setting(lock)
+    if setting is not None:
+        prefix = "" if model_file else "model."
+        out.notes.extend((f"{prefix}{w}.graph_attention_backend", setting[1]) for w in out.graph_attention)
     gated = gated_mlp_export(lock)
     if gated is not None:
         from kernel_probe.anemoi.gated_checks import components

@@ -113,6 +113,15 @@ def add_check_arguments(p: argparse.ArgumentParser) -> None:
         help="normalised (input) size of the correctness inputs (default 1000, deliberately not a power of "
         "two); 64 checks norms at anemoi's QueryNorm/KeyNorm head_dim",
     )
+    p.add_argument(
+        "--graph-attention",
+        action="append",
+        default=[],
+        metavar="BACKEND",
+        help="check anemoi's GraphTransformer attention instead of the slots: triton, pyg or module.function "
+        "(f(q, k, v, e, edge_index, size)), repeatable; fwd+bwd vs float64 on an O96-degree graph "
+        "(docs/checks.md, GraphAttention)",
+    )
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -124,6 +133,8 @@ def run_check(args: argparse.Namespace) -> int:
         raise UsageError(f"--hidden must be between 1 and 65536, not {args.hidden}")
 
     dtypes = [parse_dtype(d) for d in args.dtype] or list(DTYPES)
+    if args.graph_attention:
+        return _graph_attention(args.graph_attention, dtypes, args.json)
     regimes = ("true", "mixed") if args.regime == "both" else (args.regime,)
     plan = dtype_plan(dtypes, regimes)
     from kernel_probe.probe.planning import detect_device, gather_candidates
@@ -192,6 +203,26 @@ def run_check(args: argparse.Namespace) -> int:
     if failure is not None:
         output.error(str(failure))
         return failure.exit_code
+    return 0
+
+
+def _graph_attention(backends: Sequence[str], dtypes: Sequence[str], as_json: bool) -> int:
+    """`check --graph-attention`: each backend's verdict (kernel_probe.probe.graph_attention_check)."""
+    from kernel_probe.probe.graph_attention_check import check_backend
+    from kernel_probe.probe.planning import detect_device
+
+    device = detect_device()["type"]
+    reports = [check_backend(b, device, dtypes) for b in backends]
+    if as_json:
+        output.print_json({"device": device, "graph_attention": [r.to_json() for r in reports]})
+        return 0
+    con = output.console()
+    for r in reports:
+        ratios = ", ".join(f"{v.dtype} {v.worst_ratio:.3g}" for v in r.verdicts if v.worst_ratio is not None)
+        line = f"graph attention {r.backend} on {device}: {r.status}" + (f" (worst ratio {ratios})" if ratios else "")
+        con.print(safe(line + (" [interpreted]" if r.interpreted else "")))
+        for reason in r.reasons[:4]:
+            con.print(f"  {safe(reason)}")
     return 0
 
 

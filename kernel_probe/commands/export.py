@@ -60,13 +60,18 @@ def run_export(args: argparse.Namespace) -> int:
     if args.config is None:
         if args.overrides:
             raise UsageError(f"Hydra overrides ({' '.join(args.overrides)}) need --config CONFIG.yaml")
+        from kernel_probe.anemoi.graph_attention_checks import export_setting
+
         entries = export(lock, args.mode, qk_norm=args.qk_norm)
         attention = attention_export(lock, args.mode)
+        graph = export_setting(lock)
         gated = gated_mlp_export(lock)
         if args.json:
             data: dict[str, object] = {"layer_kernels": {e.key: e.entry for e in entries}}
             if attention is not None:
                 data["attention"] = {"options": attention[0], "note": attention[1]}
+            if graph is not None:
+                data["graph_attention"] = {"graph_attention_backend": graph[0], "note": graph[1]}
             if gated is not None:
                 data["gated_mlp"] = {"options": gated[0], "note": gated[1]}
             output.print_json(data)
@@ -74,6 +79,8 @@ def run_export(args: argparse.Namespace) -> int:
         sys.stdout.write(render_yaml(entries, path=path, mode=args.mode, digest=lock.digest))
         if attention is not None:
             sys.stdout.write(render_attention(*attention))
+        if graph is not None:
+            sys.stdout.write(render_graph_attention(*graph))
         if gated is not None:
             sys.stdout.write(render_gated_mlp(*gated))
         return 0
@@ -156,6 +163,21 @@ def render_attention(options: dict, note: str) -> str:
     body = yaml.safe_dump(options, sort_keys=False, default_flow_style=False)
     lines.extend("  " + line for line in body.splitlines())
     return "\n".join(lines) + "\n"
+
+
+def render_graph_attention(backend: str, note: str) -> str:
+    """The lock's [graph-attention] as a commented YAML key: it goes on each GraphTransformer component."""
+    return "\n".join(
+        [
+            "",
+            "# GraphTransformer attention ([graph-attention]): set this on every GraphTransformer component: the",
+            "# processor of a GraphTransformer model (model.processor) and every GraphTransformer mapper",
+            "# (model.encoders.<name>.mapper, model.decoders.<name>.mapper); `--config` writes it for you.",
+            f"# {note}",
+            f"graph_attention_backend: {backend}",
+            "",
+        ]
+    )
 
 
 def render_gated_mlp(options: dict, note: str) -> str:

@@ -104,6 +104,20 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
         help="choose only candidates whose forward and backward are bitwise repeatable (for training in a "
         "deterministic mode); a pin that is not is an error",
     )
+    p.add_argument(
+        "--graph-attention",
+        choices=("auto", "triton", "pyg"),
+        default="",
+        help="check anemoi's GraphTransformer attention backends (its Triton kernel, PyG) against float64 and "
+        "record graph_attention_backend in the lock: auto = what anemoi would run here; triton on a machine "
+        "where anemoi would fall back to pyg is an error unless --allow-graph-attention-fallback",
+    )
+    p.add_argument(
+        "--allow-graph-attention-fallback",
+        action="store_true",
+        help="with --graph-attention triton: record that a job may run where anemoi falls back to pyg (no GPU "
+        "or no triton); the job-start check refuses such a machine otherwise",
+    )
     add_candidate_arguments(p)
     # not an option of the probe (it takes --precision); kept hidden to answer with a helpful message
     p.add_argument("--dtype", action="append", default=[], help=argparse.SUPPRESS)
@@ -147,6 +161,8 @@ def request_from(args: argparse.Namespace) -> ProbeRequest:
         out=Path(args.out),
         shapes=tuple(args.shape),
         attention=args.attention,
+        graph_attention=args.graph_attention,
+        allow_graph_attention_fallback=args.allow_graph_attention_fallback,
         mlp_implementation=args.mlp_implementation,
         precision=args.precision,
         slots=tuple(args.slot),

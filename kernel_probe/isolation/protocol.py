@@ -424,8 +424,28 @@ class TimeRequest(CandidateRequest[TimeReply], op="time", reply=TimeReply):
     canonical: dict[str, Any] = field(default_factory=dict)  # Attention: the model's options (window, ...)
 
 
+@dataclass(frozen=True, kw_only=True)
+class GraphAttentionRequest(Request[CheckReply], op="graph-attention", reply=CheckReply):
+    """The GraphTransformer attention check (``graph_attention.check``) of one ``backend`` (``triton``,
+    ``pyg`` or ``module.function``) on ``device``, one row per dtype."""
+
+    backend: str
+    device: str
+    dtypes: tuple[str, ...] = field(metadata={"json": (list, tuple)})
+    seed: int = 0
+
+
 REQUESTS: dict[str, type[Request[Any]]] = {
-    cls.OP: cls for cls in (PingRequest, FingerprintRequest, ImportRequest, CheckRequest, TryRequest, TimeRequest)
+    cls.OP: cls
+    for cls in (
+        PingRequest,
+        FingerprintRequest,
+        ImportRequest,
+        CheckRequest,
+        TryRequest,
+        TimeRequest,
+        GraphAttentionRequest,
+    )
 }
 
 

@@ -41,9 +41,11 @@ from kernel_probe.isolation.protocol import (
     INTERPRETED,
     REQUESTS,
     CandidateRequest,
+    CheckReply,
     CheckRequest,
     FingerprintReply,
     FingerprintRequest,
+    GraphAttentionRequest,
     ImportReply,
     ImportRequest,
     PingReply,
@@ -582,6 +584,12 @@ def _dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], Non
         return FingerprintReply(fields=with_torch.current())
     from kernel_probe.probe import correctness, measure
     from kernel_probe.probe.limits import CHECK_HIDDEN
+
+    if isinstance(request, GraphAttentionRequest):
+        from kernel_probe.probe import graph_attention
+
+        measured = graph_attention.check(request.backend, request.device, list(request.dtypes), request.seed)
+        return CheckReply(candidate=request.backend, device=request.device, rows=measured)
 
     if isinstance(request, ImportRequest):  # under its own time budget: a library that hangs here costs only that
         start = time.perf_counter()

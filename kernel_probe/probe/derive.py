@@ -110,5 +110,6 @@ def derive_inference(
         precision=lock.precision,
         trusted_modules=lock.trusted_modules,
         provenance=provenance,
+        graph_attention=lock.graph_attention,  # anemoi's GraphTransformer backend: a note where it falls back
     )
     return derived.sealed(), substitutions

@@ -65,6 +65,8 @@ OPTION_NAMES = {
     "deterministic": "--deterministic",
     "allow_init_change": "--allow-init-change",
     "strict_dtype": "--strict-dtype",
+    "graph_attention": "--graph-attention",
+    "allow_graph_attention_fallback": "--allow-graph-attention-fallback",
     "mlp_implementation": "--mlp-implementation",
 }
 
@@ -322,6 +324,9 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     }
     if p.deterministic:
         provenance["deterministic"] = True
+    from kernel_probe.probe.graph_attention_check import for_probe
+
+    graph = for_probe(p.request, p.device["type"], [d for d, _ in rows], fingerprint, p.deterministic, events.note)
     result.lock = build_lock(
         result.choices,
         result.reports,
@@ -331,6 +336,7 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
         provenance=provenance,
         profile=p.profile.lock_record(p.matched) if p.profile else None,
         canonical=p.canonical,
+        graph_attention=graph,
     )
     return result
 

@@ -65,6 +65,10 @@ class ProbeRequest:
     probe_per: str | None = None
     # the Attention slot's timing geometry (HEADSxHEAD_DIMxSEQ[:window=W]); "": the default for the device
     attention: str = ""
+    # anemoi's GraphTransformer attention backend (kernel_probe.probe.graph_attention_check): "" = not
+    # checked, "auto", "triton" or "pyg"; and whether a locked triton may fall back to pyg at job start
+    graph_attention: str = ""
+    allow_graph_attention_fallback: bool = False
     # the model's gated mlp_implementation (kernel_lock.gating): "" leaves GatedMLP out unless it is named
     mlp_implementation: str = ""
 
@@ -257,6 +261,9 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
     attention = request.attention or DEFAULT_GEOMETRY[kind]
     if "Attention" in slots:
         inputs["attention"] = attention
+    if request.graph_attention:  # only when asked: a lock probed without it stays reusable as before
+        inputs["graph_attention"] = request.graph_attention
+        inputs["allow_graph_attention_fallback"] = request.allow_graph_attention_fallback
     if "GatedMLP" in slots:
         inputs["mlp_implementation"] = request.mlp_implementation or "swiglu"
     from kernel_probe.detect.libraries import by_library, installed_for

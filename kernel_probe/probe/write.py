@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernel_lock.blas import Blas
 from kernel_lock.fingerprint.fields import FIELDS, library_versions
+from kernel_lock.graph_attention import GraphAttention
 from kernel_lock.lock import KernelLock
 from kernel_lock.schema import Candidate as RejectedCandidate
 from kernel_lock.schema import EnvField, Environment, Requirement, Slot, Twin
@@ -138,6 +139,7 @@ def build_lock(
     canonical: Mapping[str, Mapping[str, Any]] | None = None,
     profile: Mapping[str, Any] | None = None,
     provenance: Mapping[str, Any] | None = None,
+    graph_attention: GraphAttention | None = None,
 ) -> KernelLock:
     """The lock from the choices, verdicts and timings: slots, evidence, rejected candidates and fingerprint."""
     slots: dict[str, Slot] = {}
@@ -195,6 +197,7 @@ def build_lock(
         trusted_modules=tuple(sorted(trusted)),
         profile=dict(profile or {}),
         provenance=dict(provenance or {}),
+        graph_attention=graph_attention,
     )
     return lock.sealed()
 

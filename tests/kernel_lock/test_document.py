@@ -46,6 +46,17 @@ implementation = "liger.layer_norm"
 target = "liger_kernel.transformers.LigerLayerNorm"
 status = "unavailable"
 reasons = ["0 active drivers", "quote \\" and unicode \u00e9"]
+
+[graph-attention]
+backend = "pyg"
+reason = "pyg: what anemoi runs here (there is no GPU)"
+
+[[graph-attention.evidence]]
+backend = "pyg"
+dtype = "float32"
+status = "accepted"
+worst-ratio = 0.25
+deterministic = true
 """
     return sealed_lock(text)
 
