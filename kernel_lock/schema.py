@@ -365,6 +365,22 @@ class Candidate:
         }
 
 
+def _function(slot: str, d: Mapping[str, Any]) -> str:
+    """``slots.Activation.function``: required there (which function the model computes is the slot's
+    meaning), refused on every other slot."""
+    from .slots import ACTIVATION, function_problem
+
+    if slot != ACTIVATION:
+        if "function" in d:
+            raise ReadError(f"only the {ACTIVATION} slot records a function", "function", fix="remove `function`")
+        return ""
+    value = required(d, "function")
+    problem = function_problem(value)
+    if problem:
+        raise ReadError(problem, "function", fix='write the model\'s function, e.g. function = "gelu-erf"')
+    return value
+
+
 @dataclass(frozen=True)
 class Slot:
     """What the lock pins for one slot (LayerNorm, RMSNorm or Linear)."""
@@ -383,11 +399,15 @@ class Slot:
     rejected: tuple[Candidate, ...] = ()
     changes: tuple[str, ...] = ()  # what the implementation changes besides numbers, accepted explicitly
     blas: Blas | None = None  # Linear on a GPU: the BLAS library it was checked and timed under (kernel_lock.blas)
+    # Activation: the model's function every candidate was checked against (slots.ACTIVATION_FUNCTIONS,
+    # or other:module.Class); "" for the other slots
+    function: str = ""
 
     _KEYS = (
         "implementation",
         "target",
         "semantics",
+        "function",
         "kwargs",
         "requires",
         "devices",
@@ -424,6 +444,7 @@ class Slot:
             timing=ctx.objects(d, "timing", record),
             rejected=ctx.objects(d, "rejected", lambda r: Candidate._from_dict(ctx, r)),
             blas=ctx.object(d, "blas", lambda b: _blas(ctx, name, b)),
+            function=_function(name, d),
         )
         expected = SLOT_SEMANTICS[name]
         if slot.semantics != expected:
@@ -441,6 +462,7 @@ class Slot:
             "implementation": self.implementation,
             "target": self.target,
             "semantics": self.semantics,
+            **({"function": self.function} if self.function else {}),
             "kwargs": dict(self.kwargs),
             "requires": [r.to_dict() for r in self.requires],
             "devices": list(self.devices),

@@ -14,13 +14,22 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple, get_args
 
-SLOTS = ("LayerNorm", "RMSNorm", "Linear", "Attention")
-SEMANTICS = ("layer_norm", "rms_norm", "linear", "attention")
-SLOT_SEMANTICS = {"LayerNorm": "layer_norm", "RMSNorm": "rms_norm", "Linear": "linear", "Attention": "attention"}
+SLOTS = ("LayerNorm", "RMSNorm", "Linear", "Attention", "Activation")
+SEMANTICS = ("layer_norm", "rms_norm", "linear", "attention", "activation")
+SLOT_SEMANTICS = {
+    "LayerNorm": "layer_norm",
+    "RMSNorm": "rms_norm",
+    "Linear": "linear",
+    "Attention": "attention",
+    "Activation": "activation",
+}
 # Slots whose module has parameters and takes one tensor (the norms and Linear); Attention's modules
 # have no parameters and take (q, k, v) with SDPA's contract (kernel_lock.attention): its checks,
 # timing and export have their own homes
 ATTENTION = "Attention"
+# Activation's modules have no parameters and map one tensor elementwise; which function they compute
+# (``ACTIVATION_FUNCTIONS``) is the model's declared choice, a canonical value of the slot (``function``)
+ACTIVATION = "Activation"
 
 # What a slot the lock does not mention resolves to: plain torch.nn, as before the lock existed.
 DEFAULT_TARGETS = {
@@ -29,6 +38,7 @@ DEFAULT_TARGETS = {
     "Linear": "torch.nn.Linear",
     # torch's scaled_dot_product_attention, torch choosing its backend (what anemoi's SDPA path runs)
     "Attention": "kernel_lock.attention.SDPAttention",
+    "Activation": "torch.nn.GELU",  # anemoi's default layer_kernels.Activation (exact erf)
 }
 
 # Canonical configuration per slot: what the lock pins unless a profile or the user says otherwise.
@@ -40,6 +50,9 @@ CANONICAL: dict[str, dict[str, Any]] = {
     "Linear": {"bias": True},
     # the options a model fixes (kernel_lock.attention): window -1 = global, softcap 0 = none
     "Attention": {"window": -1, "softcap": 0.0, "dropout": 0.0, "alibi": False},
+    # the function the model declares (ACTIVATION_FUNCTIONS): the reference every candidate is checked
+    # against; no constructor takes it (CALL_KWARGS), the lock records it (slots.Activation.function)
+    "Activation": {"function": "gelu-erf"},
 }
 
 # How a class offered for a slot is called when its declaration does not say: the positional
@@ -50,12 +63,14 @@ CALL_ARGS: dict[str, tuple[str, ...]] = {
     "RMSNorm": ("$normalized_shape",),
     "Linear": ("$in_features", "$out_features"),
     "Attention": (),
+    "Activation": (),
 }
 CALL_KWARGS: dict[str, dict[str, Any]] = {
     "LayerNorm": {"eps": "$eps"},
     "RMSNorm": {"eps": "$eps"},
     "Linear": {"bias": "$bias"},
     "Attention": {"window": "$window", "softcap": "$softcap", "dropout": "$dropout", "alibi": "$alibi"},
+    "Activation": {},
 }
 
 # What torch.nn's slot classes compute and every keyword their constructors accept, so a check that
@@ -78,6 +93,8 @@ _LAYER_NORM = frozenset(("normalized_shape", "eps", "elementwise_affine", "bias"
 _RMS_NORM = frozenset(("normalized_shape", "eps", "elementwise_affine", "device", "dtype"))
 _LINEAR = frozenset(("in_features", "out_features", "bias", "device", "dtype"))
 _ATTENTION = frozenset(("window", "softcap", "dropout", "alibi"))
+_GELU = frozenset(("approximate",))
+_INPLACE = frozenset(("inplace",))
 KNOWN_TARGETS: Mapping[str, TargetFacts] = MappingProxyType(
     {
         "torch.nn.LayerNorm": TargetFacts("layer_norm", _LAYER_NORM, True),
@@ -94,13 +111,24 @@ KNOWN_TARGETS: Mapping[str, TargetFacts] = MappingProxyType(
         "kernel_lock.attention.FlashAttention3": TargetFacts("attention", _ATTENTION, True),
         "kernel_lock.attention.FlashAttention4": TargetFacts("attention", _ATTENTION, True),
         "kernel_lock.attention.TEDotProductAttention": TargetFacts("attention", _ATTENTION, True),
+        # the Activation slot's torch.nn classes (ACTIVATION_CLASSES says which function each computes)
+        "torch.nn.GELU": TargetFacts("activation", _GELU, True),
+        "torch.nn.SiLU": TargetFacts("activation", _INPLACE, True),
+        "torch.nn.ReLU": TargetFacts("activation", _INPLACE, True),
+        "torch.nn.Sigmoid": TargetFacts("activation", frozenset(), True),
+        "kernel_lock.adapters.CompiledGELU": TargetFacts("activation", _GELU, True),
     }
 )
 # Other public names of the same classes (torch re-exports them from its submodules)
 TARGET_ALIASES: Mapping[str, str] = MappingProxyType(
     {
         f"torch.nn.{where}.{name}": f"torch.nn.{name}"
-        for name, module in (("LayerNorm", "normalization"), ("RMSNorm", "normalization"), ("Linear", "linear"))
+        for name, module in (
+            ("LayerNorm", "normalization"),
+            ("RMSNorm", "normalization"),
+            ("Linear", "linear"),
+            *((name, "activation") for name in ("GELU", "SiLU", "ReLU", "Sigmoid")),
+        )
         for where in ("modules", f"modules.{module}")
     }
 )
@@ -119,6 +147,68 @@ TWIN_SEMANTICS = {name: KNOWN_TARGETS[canonical_target(name)].semantics for name
 # The semantics a kernel may compute by mistake instead of its own (same shapes, same parameters):
 # a "LayerNorm" whose output matches an RMSNorm reference computes the other one.
 CONFUSABLE = {"layer_norm": "rms_norm", "rms_norm": "layer_norm"}
+
+# ---- the Activation slot's functions ------------------------------------------------------------------
+# What an activation computes, as the model declares it (``--activation``; anemoi: the class its config
+# names). GELU's exact-erf and tanh forms are different functions (up to 4.7e-4 apart, near |x| = 2.7):
+# liger's GEGLU and TE's gelu use tanh, anemoi's default and its geglu gate use erf. A function outside
+# these is declared by the class that computes it, ``other:dotted.path.Class`` (anemoi's Sine, CustomRelu):
+# its reference is that class itself, run in float64.
+ACTIVATION_FUNCTIONS = ("gelu-erf", "gelu-tanh", "silu", "relu", "sigmoid")
+OTHER_FUNCTION = "other:"
+# pairs where one is an approximation of the other: accepted for each other only with
+# ``--allow-approximation``, and recorded in the lock's accepted-changes
+APPROXIMATIONS = frozenset({frozenset({"gelu-erf", "gelu-tanh"})})
+# torch.nn's activation classes -> the function each computes with its default arguments; GELU's
+# ``approximate="tanh"`` makes it gelu-tanh (``function_of``)
+ACTIVATION_CLASSES: Mapping[str, str] = MappingProxyType(
+    {
+        "torch.nn.GELU": "gelu-erf",
+        "torch.nn.SiLU": "silu",
+        "torch.nn.ReLU": "relu",
+        "torch.nn.Sigmoid": "sigmoid",
+        "kernel_lock.adapters.CompiledGELU": "gelu-erf",
+        # transformer-engine's fusible ops: its GELU is the tanh form (TE's docstring and math.h)
+        "transformer_engine.pytorch.ops.GELU": "gelu-tanh",
+        "transformer_engine.pytorch.ops.ReLU": "relu",
+    }
+)
+
+
+def function_of(target: str, kwargs: Mapping[str, Any] | None = None) -> str | None:
+    """The function a class computes with ``kwargs``, told without importing it: torch.nn's
+    activations and kernel_lock's adapters (``torch.nn.GELU`` with ``approximate="tanh"`` is
+    gelu-tanh); None for any other class (the check measures what it computes)."""
+    name = canonical_target(target)
+    function = ACTIVATION_CLASSES.get(name)
+    if function is None:
+        return None
+    if function == "gelu-erf" and (kwargs or {}).get("approximate", "none") == "tanh":
+        return "gelu-tanh"
+    return function
+
+
+def function_problem(text: str) -> str | None:
+    """Why ``text`` is no activation function the slot knows (None when it is one): one of
+    ``ACTIVATION_FUNCTIONS`` or ``other:dotted.path.Class``."""
+    if text in ACTIVATION_FUNCTIONS:
+        return None
+    if text.startswith(OTHER_FUNCTION):
+        path = text[len(OTHER_FUNCTION) :]
+        parts = path.split(".")
+        if len(parts) >= 2 and all(p.isidentifier() and not p.startswith("_") for p in parts):
+            return None
+        return f"{text!r}: after {OTHER_FUNCTION!r} comes the public dotted path of the class that computes it"
+    return (
+        f"{text!r} is not an activation function kernel-probe knows: use one of {', '.join(ACTIVATION_FUNCTIONS)}, "
+        f"or {OTHER_FUNCTION}module.Class for another (e.g. {OTHER_FUNCTION}anemoi.models.layers.activations.Sine)"
+    )
+
+
+def is_approximation(a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` are an approximation pair (gelu-erf and gelu-tanh)."""
+    return frozenset({a, b}) in APPROXIMATIONS
+
 
 MODES = ("training", "inference")
 
@@ -201,6 +291,11 @@ def slot_name_fix(name: str) -> str:
 NOT_PLAIN_TORCH = ("torch.ao", "torch.nn.quantized", "torch.nn.qat", "torch.nn.intrinsic", "torch.nn.quantizable")
 
 
+# torch.nn.modules.activation's classes that are no elementwise activation: attention, the gated GLU
+# (it halves the last dimension: anemoi refuses it under Activation) and the normalising softmaxes
+NOT_ELEMENTWISE = ("MultiheadAttention", "GLU", "Softmax", "Softmin", "LogSoftmax", "Softmax2d")
+
+
 def class_semantics(cls: Any) -> str | None:
     """What a module class computes, told by its class hierarchy; None where the hierarchy cannot tell.
 
@@ -235,5 +330,7 @@ def class_semantics(cls: Any) -> str | None:
         if issubclass(cls, base):
             return semantics
     if _under(cls.__module__, ("torch",)):
+        if cls.__module__ == "torch.nn.modules.activation" and cls.__name__ not in NOT_ELEMENTWISE:
+            return "activation"
         return f"other: {cls.__name__}"
     return None

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal, cast
 
-from kernel_lock.slots import ATTENTION
+from kernel_lock.slots import ACTIVATION, ATTENTION
 from kernel_probe.isolation.child import kill_group, signal_name, spawn
 from kernel_probe.isolation.protocol import (
     INTERPRETED,
@@ -481,6 +481,10 @@ def _dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], Non
         return ImportReply(ok=True, seconds=time.perf_counter() - start)
     if isinstance(request, CandidateRequest) and request.slot == ATTENTION:
         return _attention(request, emit)
+    if isinstance(request, CandidateRequest) and request.slot == ACTIVATION:
+        from kernel_probe.probe import activation  # its checks and timing (no parameters, one function)
+
+        return activation.handle(request, emit)
     if isinstance(request, CheckRequest):
         return correctness.check(
             request.candidate,

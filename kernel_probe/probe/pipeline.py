@@ -64,6 +64,8 @@ OPTION_NAMES = {
     "deterministic": "--deterministic",
     "allow_init_change": "--allow-init-change",
     "strict_dtype": "--strict-dtype",
+    "activation": "--activation",
+    "allow_approximation": "--allow-approximation",
 }
 
 
@@ -410,7 +412,11 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
         timeout=p.request.timeout,
         import_timeout=p.request.import_timeout,
         with_compile=p.request.with_compile,
-        policy=Policy(allow_init_change=p.request.allow_init_change, strict_dtype=p.request.strict_dtype),
+        policy=Policy(
+            allow_init_change=p.request.allow_init_change,
+            strict_dtype=p.request.strict_dtype,
+            allow_approximation=p.request.allow_approximation,
+        ),
         canonical=p.canonical,
     )
     timing = Timing(

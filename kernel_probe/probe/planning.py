@@ -64,6 +64,10 @@ class ProbeRequest:
     probe_per: str | None = None
     # the Attention slot's timing geometry (HEADSxHEAD_DIMxSEQ[:window=W]); "": the default for the device
     attention: str = ""
+    # the Activation slot: the model's function (kernel_lock.slots.ACTIVATION_FUNCTIONS, or other:module.Class;
+    # "": torch.nn.GELU's gelu-erf), and whether an approximation of it may be accepted (recorded)
+    activation: str = ""
+    allow_approximation: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,10 @@ class Plan:
         from kernel_probe.probe.attention_geometry import parse_geometry
 
         options = dict(parse_geometry(self.attention).options) if self.attention else {}
-        return {"Attention": options} if options else {}
+        out: dict[str, dict[str, Any]] = {"Attention": options} if options else {}
+        if self.request.activation:  # the model's activation function (the Activation slot's reference)
+            out["Activation"] = {"function": self.request.activation}
+        return out
 
     # the options the digest is of (recorded in the lock, so a lock probed with others can say which differ)
     inputs: Mapping[str, Any] = field(default_factory=dict)
@@ -192,6 +199,14 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
             parse_geometry(request.attention)
         except ValueError as exc:
             raise UsageError(f"--attention {exc}", fix=f"write it {FORM}, e.g. 16x128x40320:window=512") from None
+    if request.activation:
+        from kernel_lock.slots import function_problem
+
+        problem = function_problem(request.activation)
+        if problem:
+            raise UsageError(
+                f"--activation {problem}", fix="name the model's activation function, e.g. --activation gelu-erf"
+            )
     if request.check_only and request.force:
         raise UsageError("--check and --force contradict each other")
     slots = tuple(request.slots) or SLOTS
@@ -238,6 +253,12 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
     attention = request.attention or DEFAULT_GEOMETRY[kind]
     if "Attention" in slots:
         inputs["attention"] = attention
+    if "Activation" in slots:
+        from kernel_lock.slots import CANONICAL
+
+        inputs["activation"] = request.activation or CANONICAL["Activation"]["function"]
+    if request.allow_approximation:
+        inputs["allow_approximation"] = True
     from kernel_probe.detect.libraries import by_library, installed_for
 
     probed = [c for c in candidates if set(c.slots) & set(slots)]

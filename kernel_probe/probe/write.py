@@ -171,6 +171,8 @@ def build_lock(
             timing=tuple(_timing([row for rid in sorted(timings.get(slot, {})) for row in timings[slot][rid]])),
             rejected=rejected,
             blas=Blas(choice.report.blas, choice.report.blas_default) if choice.report.blas else None,
+            # Activation: the model's function the candidates were checked against (kernel_lock.slots)
+            function=str(values["function"]) if slot == "Activation" else "",
         )
     versions = library_versions(sorted(distributions))
     libraries = {name: v for name, v in versions.items() if v is not None}
