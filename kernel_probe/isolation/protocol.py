@@ -181,6 +181,7 @@ class TryReply(Reply):
 FLAG_INPUT_MODIFIED = "input-modified"
 FLAG_GRAD_OUTPUT_MODIFIED = "grad-output-modified"
 FLAG_OUTPUT_DTYPE = "output-dtype"
+FLAG_NOT_ELEMENTWISE = "not-elementwise"  # Activation: the output's shape is not the input's (a GLU halves it)
 ALT_PREFIX = "y-as-"
 
 

@@ -27,6 +27,7 @@ from kernel_lock.slots import ACTIVATION_FUNCTIONS, CANONICAL, OTHER_FUNCTION, t
 from kernel_probe.isolation.protocol import (
     FLAG_GRAD_OUTPUT_MODIFIED,
     FLAG_INPUT_MODIFIED,
+    FLAG_NOT_ELEMENTWISE,
     CheckReply,
     ErrorStats,
     MeasurementRow,
@@ -114,16 +115,28 @@ def cases(dtype: Any, gen: torch.Generator) -> dict[str, Any]:
     return {name: x.to(device=device, dtype=dtype) for name, x in raw.items()}
 
 
+class NotElementwise(ValueError):
+    """The candidate's output does not have its input's shape: no elementwise activation."""
+
+
 def _run(fn: Callable[[Any], Any], x: Any, go: Any) -> dict[str, Any]:
-    """y and dx of ``fn`` at ``x`` with grad_output ``go``, and whether it modified either."""
+    """y and dx of ``fn`` at ``x`` with grad_output ``go``, and whether it modified either. The input is
+    no leaf (as inside a model, where it is a Linear's output), so an activation that writes into it
+    runs as it would there, and the write is seen."""
     leaf = x.detach().clone().requires_grad_(True)
-    kept, gout = leaf.detach().clone(), go.detach().clone()
-    y = fn(leaf)
+    inp = leaf.clone()
+    kept, gout = inp.detach().clone(), go.detach().clone()
+    y = fn(inp)
+    if tuple(y.shape) != tuple(x.shape):
+        raise NotElementwise(
+            f"returns shape {tuple(y.shape)} for an input of shape {tuple(x.shape)}: not elementwise "
+            "(a GLU-family class halves the last dimension; anemoi refuses it under layer_kernels.Activation)"
+        )
     (dx,) = torch.autograd.grad(y, leaf, gout.to(y.dtype))
     return {
         "y": y.detach(),
         "dx": dx,
-        "input": not torch.equal(kept, leaf.detach()),
+        "input": not torch.equal(kept, inp.detach()),
         "grad_output": not torch.equal(gout, go),
     }
 
@@ -205,6 +218,11 @@ def _row(mod: Any, function: str, computes: str, dtype_name: str, regime: str, s
         spread = max(float((a[n].double() - b[n].double()).abs().max()) for n in OUTPUTS)
         row["nondeterministic"] = None if same else f"two identical fwd+bwd differ by up to {spread:.3g}"
         row["flags"] = flags
+    except NotElementwise as exc:
+        row.pop("cases", None)
+        row.pop("stats", None)
+        row["flags"] = {FLAG_NOT_ELEMENTWISE: str(exc)}
+        return row
     except Exception as exc:
         row.pop("cases", None)
         row.pop("stats", None)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 
 from kernel_lock.slots import ACTIVATION_FUNCTIONS, OTHER_FUNCTION, function_of, is_approximation
-from kernel_probe.isolation.protocol import CheckReply, MeasurementRow
+from kernel_probe.isolation.protocol import FLAG_NOT_ELEMENTWISE, CheckReply, MeasurementRow
 from kernel_probe.probe.candidates import Candidate
 from kernel_probe.probe.judge import Policy, Problem
 from kernel_probe.probe.report import Report, ReportBase
@@ -93,6 +93,11 @@ def judge(raw: CheckReply, cand: Candidate, device: str, base: ReportBase, decla
     allowed = approximation and policy.allow_approximation
     rows = [_as_computed(r) for r in raw.rows] if allowed else list(raw.rows)
     verdicts = [rules.judge_row(cand.id, device, "activation", r, policy) for r in rows]
+    for v, r in zip(verdicts, rows, strict=True):
+        shape = r.get("flags", {}).get(FLAG_NOT_ELEMENTWISE)
+        if shape:  # the slot's own flag: an output of another shape is no activation
+            v.status, v.failed = "rejected", [*v.failed, FLAG_NOT_ELEMENTWISE]
+            v.reasons.insert(0, shape)
     report = Report(status=rules.worst_status([v.status for v in verdicts]), verdicts=verdicts, **base)
     for v in verdicts:
         if v.status != "accepted":

@@ -203,12 +203,19 @@ def test_verify_no_import_decides_every_slot_without_importing_a_class(lock_file
         "RMSNorm": "torch.nn.RMSNorm",
         "Linear": "torch.nn.Linear",
         "Attention": "kernel_lock.attention.SDPAttention",
+        "Activation": "torch.nn.GELU",
     }
     code, out, err = run_cli(["verify", lock_file, "--no-import"], capsys)
     assert code == 0 and "(training mode, classes not imported)" in out
     code, out, err = run_cli(["verify", lock_file, "--json"], capsys)  # the default still imports each class
     assert code == 0 and json.loads(out)["imported"] is True
-    assert built == ["torch.nn.LayerNorm", "torch.nn.RMSNorm", "torch.nn.Linear", "kernel_lock.attention.SDPAttention"]
+    assert built == [
+        "torch.nn.LayerNorm",
+        "torch.nn.RMSNorm",
+        "torch.nn.Linear",
+        "kernel_lock.attention.SDPAttention",
+        "torch.nn.GELU",
+    ]
 
 
 def test_a_process_with_torch_imported_asks_torch(here_lock, monkeypatch):

@@ -45,6 +45,15 @@ def test_builtin_registry_is_consistent():
         "flash_attn.v3",
         "flash_attn.v4",
         "te.dot_product_attention",
+        "torch.gelu",
+        "torch.gelu_tanh",
+        "torch.silu",
+        "torch.relu",
+        "torch.sigmoid",
+        "torch.compile.gelu",
+        "torch.compile.gelu_tanh",
+        "te.gelu",
+        "te.relu",
     }
     assert set(ids) == expected
 
