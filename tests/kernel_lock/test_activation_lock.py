@@ -174,3 +174,22 @@ def test_anemois_glu_refusal_is_quoted_from_the_installed_anemoi_models():
     with pytest.raises(ValueError) as info:
         mlp.build_feedforward_modules(8, 8, kernels)
     assert str(info.value) == GLU_REFUSAL
+
+
+def test_a_portable_model_gets_the_activation_twin_in_place_of_the_pinned_class():
+    from kernel_lock.portability import portable
+
+    header = MINIMAL_LOCK[: MINIMAL_LOCK.index("[slots.LayerNorm]")]  # only the Activation slot
+    text = header.replace('created-by = "hand"', 'created-by = "hand"\ntrusted-modules = ["kp_activation"]') + (
+        GELU_SLOT.replace('"torch.gelu_tanh"', '"custom:kp_activation.FastGELU"').replace(
+            'target = "torch.nn.GELU"\nsemantics', 'target = "kp_activation.FastGELU"\nsemantics'
+        )
+    ).replace('kwargs = { approximate = "tanh" }\ntwin', "kwargs = {}\ntwin")
+    lock = kernel_lock.loads(text, emit_warnings=False, trust=["kp_activation"])
+    from kp_activation import FastGELU
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), FastGELU(), torch.nn.Linear(4, 2))
+    out = portable(model, lock)
+    assert isinstance(out[1], torch.nn.GELU) and out[1].approximate == "tanh"
+    x = torch.randn(3, 4)
+    assert torch.allclose(out(x), model(x), atol=1e-6)
