@@ -93,8 +93,8 @@ def judge(raw: CheckReply, cand: Candidate, device: str, base: ReportBase, decla
     allowed = approximation and policy.allow_approximation
     rows = [_as_computed(r) for r in raw.rows] if allowed else list(raw.rows)
     verdicts = [rules.judge_row(cand.id, device, "activation", r, policy) for r in rows]
-    for v, r in zip(verdicts, rows, strict=True):
-        shape = r.get("flags", {}).get(FLAG_NOT_ELEMENTWISE)
+    for v, row in zip(verdicts, rows, strict=True):
+        shape = row.get("flags", {}).get(FLAG_NOT_ELEMENTWISE)
         if shape:  # the slot's own flag: an output of another shape is no activation
             v.status, v.failed = "rejected", [*v.failed, FLAG_NOT_ELEMENTWISE]
             v.reasons.insert(0, shape)
