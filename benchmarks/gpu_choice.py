@@ -1,7 +1,7 @@
 """Is the probe's choice the fastest? An independent timer checks it, in the same run.
 
 For each precision (bf16 under autocast as anemoi trains, and float32; plain bf16 on request)
-this runs the probe as a library (``kernel_probe.probe.pipeline.run``: checks, timing, choice, lock) at the
+this runs the probe as a library (``kernel_probe.jobstart.start.run``: checks, timing, choice, lock) at the
 three GPU shapes, then times every candidate the probe accepted with a harness written apart from
 ``kernel_probe/probe/timing.py``: ``triton.testing.do_bench`` (median; it flushes the L2 cache before each
 repetition) where CUDA and triton are there, CUDA events around each call with an L2 flush between
@@ -168,7 +168,8 @@ def time_one(cand, slot: str, shape: str, dtype_name: str, regime: str, timer: T
 def probe_at(out: Path, precision: str, shapes: tuple[str, ...], reps: int | None, smoke: bool):
     """The probe as a library (checks, timing, choice, lock written), as `kernel-probe` runs it. A smoke
     run on a shared CPU gives each candidate's checks more time than a job start would."""
-    from kernel_probe.probe import pipeline, planning
+    from kernel_probe.jobstart import start
+    from kernel_probe.probe import planning
 
     request = planning.ProbeRequest(
         out=out / f"lock-{precision}.toml",
@@ -179,7 +180,7 @@ def probe_at(out: Path, precision: str, shapes: tuple[str, ...], reps: int | Non
         command=f"benchmarks/gpu_choice.py ({precision})",
         **({"timeout": 120.0} if smoke else {}),
     )
-    return pipeline.run(request)
+    return start.run(request)
 
 
 def choices_at(result, shape: str) -> dict[str, str]:

@@ -107,10 +107,20 @@ def main() -> None:
             print(f"  ratio after / before {a / b:.3f}   (goal on 2 CPU cores: after <= {goal} s)")
             calls = {side: statistics.median(o[2] for o in seen[side]) for side in seen}
             print(f"  timed calls recorded in the lock: before {calls['before']:.0f}, after {calls['after']:.0f}")
-            same_choice = all(o[0] == seen["before"][0][0] for side in seen for o in seen[side])
-            same_verdicts = all(o[1] == seen["before"][0][1] for side in seen for o in seen[side])
-            print(f"  same implementation in every slot, before and after: {same_choice} {seen['after'][0][0]}")
+            # compared on the slots both sides pin (a slot added since "before" has no before)
+            common = set(seen["before"][0][0]) & set(seen["after"][0][0])
+
+            def on(d: dict[str, Any], common: set[str] = common) -> dict[str, Any]:
+                return {k: v for k, v in d.items() if k in common}
+
+            ref = seen["before"][0]
+            same_choice = all(on(o[0]) == on(ref[0]) for side in seen for o in seen[side])
+            same_verdicts = all(on(o[1]) == on(ref[1]) for side in seen for o in seen[side])
+            print(f"  same implementation in every slot, before and after: {same_choice} {on(seen['after'][0][0])}")
             print(f"  same verdict for every candidate, before and after: {same_verdicts}")
+            added = {k: v for k, v in seen["after"][0][0].items() if k not in common}
+            if added:
+                print(f"  slots the after side pins that the before side does not have: {added}")
         if args.warm:
             warm_out = next(Path(d).glob("after-default-0.toml"), None) or next(Path(d).glob("after-*.toml"))
             flags = [] if "default-0" in warm_out.name else ["--precision", warm_out.name.split("-")[1]]

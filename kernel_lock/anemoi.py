@@ -401,6 +401,27 @@ def attention_export(
     return options, note
 
 
+def gated_mlp_export(lock: KernelLock) -> tuple[dict[str, Any], str] | None:
+    """The key every component with an MLP sets for the lock's GatedMLP slot (``mlp_implementation``,
+    anemoi's processor, encoder and decoder configs) and a note; None when the lock does not pin the slot
+    (anemoi's own setting stays). anemoi hard-codes the gate, so a kernel other than torch's runs only
+    where the model's layers are swapped for it (``kernel_lock.gated_mlp.swap_gated_layers``)."""
+    if "GatedMLP" not in lock.slots:
+        return None
+    from .gating import CONFIG_KEY
+
+    slot = lock.slots["GatedMLP"]
+    options = {CONFIG_KEY: slot.kwargs.get(CONFIG_KEY)}
+    note = f"the lock checked {slot.gate}"
+    if slot.target != "kernel_lock.gated_mlp.GatedMLP":
+        note += (
+            f" with {slot.target}; anemoi builds its own GatedMLPLayer (torch's gate): after building the model, "
+            f"kernel_lock.gated_mlp.swap_gated_layers(model, lock.factory('GatedMLP').func) puts the lock's kernel in "
+            "its place (same state dict)"
+        )
+    return options, note
+
+
 def layer_kernels(
     lock: KernelLock, mode: str | None = None, *, qk_norm: bool = False, verify_environment: bool = True
 ) -> dict[str, dict[str, Any]]:

@@ -22,7 +22,7 @@ from .slots import KNOWN_TARGETS, SLOT_SEMANTICS, TargetFacts, canonical_target
 
 DATA = "registry.toml"  # package data of kernel_lock; pyproject.toml's package-data names it too
 # modules every lock may name whatever the registry says: torch itself and kernel_lock's own adapters
-OWN_ROOTS = ("torch", "kernel_lock.adapters", "kernel_lock.attention")
+OWN_ROOTS = ("torch", "kernel_lock.adapters", "kernel_lock.attention", "kernel_lock.gated_mlp")
 # None: the registry.toml shipped in this package. Tests point it at a copy with an entry added
 # (what shipping that file does) and call reset().
 PATH: Path | None = None

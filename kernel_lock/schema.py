@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any, TypeVar, cast
 
+from .activations import read_function
 from .blas import ALL as BLAS_LIBRARIES
 from .blas import Blas, device_of
 from .errors import LockFormatError
@@ -334,6 +335,34 @@ def _blas(ctx: Context, slot: str, d: Mapping[str, Any]) -> Blas:
     return Blas(library, default)
 
 
+def _gate(slot: str, d: Mapping[str, Any]) -> str:
+    """``slots.GatedMLP.gate``: the formula of the ``mlp_implementation`` its kwargs pin, both required
+    and agreeing (an edited implementation with the old formula is a lock that contradicts itself)."""
+    from .gating import GATED, formula
+
+    gate = get(d, "gate", str, default="")
+    if slot != "GatedMLP":
+        if gate:
+            raise ReadError(f"only the GatedMLP slot records a gate formula, not {slot}", "gate", fix="remove it")
+        return ""
+    kwargs = d.get("kwargs")
+    implementation = kwargs.get("mlp_implementation") if isinstance(kwargs, Mapping) else None
+    if implementation not in GATED:
+        raise ReadError(
+            f"mlp_implementation {implementation!r} is not a gated MLP",
+            "kwargs.mlp_implementation",
+            fix=f"pin one of {', '.join(GATED)} (anemoi's 'mlp' has no GatedMLP layer)",
+        )
+    want = formula(implementation)
+    if gate != want:
+        raise ReadError(
+            f"{gate!r} is not what mlp_implementation {implementation!r} computes ({want!r})" if gate else "missing",
+            "gate",
+            fix=f'write gate = "{want}", or pin the mlp_implementation whose formula this is',
+        )
+    return gate
+
+
 @dataclass(frozen=True)
 class Candidate:
     """A candidate that was considered for a slot and not chosen, with the verdict and its reasons."""
@@ -365,22 +394,6 @@ class Candidate:
         }
 
 
-def _function(slot: str, d: Mapping[str, Any]) -> str:
-    """``slots.Activation.function``: required there (which function the model computes is the slot's
-    meaning), refused on every other slot."""
-    from .slots import ACTIVATION, function_problem
-
-    if slot != ACTIVATION:
-        if "function" in d:
-            raise ReadError(f"only the {ACTIVATION} slot records a function", "function", fix="remove `function`")
-        return ""
-    value = required(d, "function")
-    problem = function_problem(value)
-    if problem:
-        raise ReadError(problem, "function", fix='write the model\'s function, e.g. function = "gelu-erf"')
-    return value
-
-
 @dataclass(frozen=True)
 class Slot:
     """What the lock pins for one slot (LayerNorm, RMSNorm or Linear)."""
@@ -399,9 +412,8 @@ class Slot:
     rejected: tuple[Candidate, ...] = ()
     changes: tuple[str, ...] = ()  # what the implementation changes besides numbers, accepted explicitly
     blas: Blas | None = None  # Linear on a GPU: the BLAS library it was checked and timed under (kernel_lock.blas)
-    # Activation: the model's function every candidate was checked against (slots.ACTIVATION_FUNCTIONS,
-    # or other:module.Class); "" for the other slots
-    function: str = ""
+    gate: str = ""  # GatedMLP: the formula its mlp_implementation computes (kernel_lock.gating)
+    function: str = ""  # Activation: the model's function the candidates were checked against (activations)
 
     _KEYS = (
         "implementation",
@@ -412,6 +424,7 @@ class Slot:
         "requires",
         "devices",
         "blas",
+        "gate",
         "reason",
         "accepted-changes",
         "twin",
@@ -444,7 +457,8 @@ class Slot:
             timing=ctx.objects(d, "timing", record),
             rejected=ctx.objects(d, "rejected", lambda r: Candidate._from_dict(ctx, r)),
             blas=ctx.object(d, "blas", lambda b: _blas(ctx, name, b)),
-            function=_function(name, d),
+            gate=_gate(name, d),
+            function=read_function(name, d),
         )
         expected = SLOT_SEMANTICS[name]
         if slot.semantics != expected:
@@ -469,6 +483,8 @@ class Slot:
         }
         if self.blas is not None:
             out["blas"] = self.blas.to_dict()
+        if self.gate:
+            out["gate"] = self.gate
         out["reason"] = self.reason
         if self.changes:
             out["accepted-changes"] = list(self.changes)

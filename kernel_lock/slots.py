@@ -14,19 +14,27 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple, get_args
 
-SLOTS = ("LayerNorm", "RMSNorm", "Linear", "Attention", "Activation")
-SEMANTICS = ("layer_norm", "rms_norm", "linear", "attention", "activation")
+SLOTS = ("LayerNorm", "RMSNorm", "Linear", "Attention", "GatedMLP", "Activation")
+SEMANTICS = ("layer_norm", "rms_norm", "linear", "attention", "gated_mlp", "activation")
 SLOT_SEMANTICS = {
     "LayerNorm": "layer_norm",
     "RMSNorm": "rms_norm",
     "Linear": "linear",
     "Attention": "attention",
+    "GatedMLP": "gated_mlp",
     "Activation": "activation",
 }
 # Slots whose module has parameters and takes one tensor (the norms and Linear); Attention's modules
 # have no parameters and take (q, k, v) with SDPA's contract (kernel_lock.attention): its checks,
 # timing and export have their own homes
 ATTENTION = "Attention"
+# anemoi's GatedMLPLayer (two Linears and a hard-coded gate, kernel_lock.gating): its classes are
+# kernel_lock.gated_mlp's, its checks and timing have their own home (kernel_probe.probe.gated_mlp).
+# A probe checks it only when asked (the model's mlp_implementation is gated): anemoi's default is "mlp"
+GATED_MLP = "GatedMLP"
+# the slots a probe or a check covers when none is named: every slot but GatedMLP, which a model has
+# only with a gated mlp_implementation (``--slot GatedMLP --mlp-implementation geglu``)
+PROBED_BY_DEFAULT = tuple(s for s in SLOTS if s != GATED_MLP)
 # Activation's modules have no parameters and map one tensor elementwise; which function they compute
 # (``ACTIVATION_FUNCTIONS``) is the model's declared choice, a canonical value of the slot (``function``)
 ACTIVATION = "Activation"
@@ -38,6 +46,8 @@ DEFAULT_TARGETS = {
     "Linear": "torch.nn.Linear",
     # torch's scaled_dot_product_attention, torch choosing its backend (what anemoi's SDPA path runs)
     "Attention": "kernel_lock.attention.SDPAttention",
+    # anemoi's GatedMLPLayer with torch.nn.Linear: torch's gate functions
+    "GatedMLP": "kernel_lock.gated_mlp.GatedMLP",
     "Activation": "torch.nn.GELU",  # anemoi's default layer_kernels.Activation (exact erf)
 }
 
@@ -50,6 +60,8 @@ CANONICAL: dict[str, dict[str, Any]] = {
     "Linear": {"bias": True},
     # the options a model fixes (kernel_lock.attention): window -1 = global, softcap 0 = none
     "Attention": {"window": -1, "softcap": 0.0, "dropout": 0.0, "alibi": False},
+    # the model's gated variant (kernel_lock.gating.GATES): swiglu unless the model says otherwise
+    "GatedMLP": {"mlp_implementation": "swiglu", "bias": True},
     # the function the model declares (ACTIVATION_FUNCTIONS): the reference every candidate is checked
     # against; no constructor takes it (CALL_KWARGS), the lock records it (slots.Activation.function)
     "Activation": {"function": "gelu-erf"},
@@ -63,6 +75,7 @@ CALL_ARGS: dict[str, tuple[str, ...]] = {
     "RMSNorm": ("$normalized_shape",),
     "Linear": ("$in_features", "$out_features"),
     "Attention": (),
+    "GatedMLP": ("$in_features", "$out_features"),
     "Activation": (),
 }
 CALL_KWARGS: dict[str, dict[str, Any]] = {
@@ -70,6 +83,7 @@ CALL_KWARGS: dict[str, dict[str, Any]] = {
     "RMSNorm": {"eps": "$eps"},
     "Linear": {"bias": "$bias"},
     "Attention": {"window": "$window", "softcap": "$softcap", "dropout": "$dropout", "alibi": "$alibi"},
+    "GatedMLP": {"mlp_implementation": "$mlp_implementation", "bias": "$bias"},
     "Activation": {},
 }
 
@@ -93,6 +107,7 @@ _LAYER_NORM = frozenset(("normalized_shape", "eps", "elementwise_affine", "bias"
 _RMS_NORM = frozenset(("normalized_shape", "eps", "elementwise_affine", "device", "dtype"))
 _LINEAR = frozenset(("in_features", "out_features", "bias", "device", "dtype"))
 _ATTENTION = frozenset(("window", "softcap", "dropout", "alibi"))
+_GATED_MLP = frozenset(("in_features", "out_features", "mlp_implementation", "bias", "device", "dtype"))
 _GELU = frozenset(("approximate",))
 _INPLACE = frozenset(("inplace",))
 KNOWN_TARGETS: Mapping[str, TargetFacts] = MappingProxyType(
@@ -111,6 +126,10 @@ KNOWN_TARGETS: Mapping[str, TargetFacts] = MappingProxyType(
         "kernel_lock.attention.FlashAttention3": TargetFacts("attention", _ATTENTION, True),
         "kernel_lock.attention.FlashAttention4": TargetFacts("attention", _ATTENTION, True),
         "kernel_lock.attention.TEDotProductAttention": TargetFacts("attention", _ATTENTION, True),
+        # kernel_lock.gated_mlp: anemoi's GatedMLPLayer interface over torch's, a compiled or liger's gate
+        "kernel_lock.gated_mlp.GatedMLP": TargetFacts("gated_mlp", _GATED_MLP, True),
+        "kernel_lock.gated_mlp.CompiledGatedMLP": TargetFacts("gated_mlp", _GATED_MLP, True),
+        "kernel_lock.gated_mlp.LigerGatedMLP": TargetFacts("gated_mlp", _GATED_MLP, True),
         # the Activation slot's torch.nn classes (ACTIVATION_CLASSES says which function each computes)
         "torch.nn.GELU": TargetFacts("activation", _GELU, True),
         "torch.nn.SiLU": TargetFacts("activation", _INPLACE, True),
@@ -147,68 +166,6 @@ TWIN_SEMANTICS = {name: KNOWN_TARGETS[canonical_target(name)].semantics for name
 # The semantics a kernel may compute by mistake instead of its own (same shapes, same parameters):
 # a "LayerNorm" whose output matches an RMSNorm reference computes the other one.
 CONFUSABLE = {"layer_norm": "rms_norm", "rms_norm": "layer_norm"}
-
-# ---- the Activation slot's functions ------------------------------------------------------------------
-# What an activation computes, as the model declares it (``--activation``; anemoi: the class its config
-# names). GELU's exact-erf and tanh forms are different functions (up to 4.7e-4 apart, near |x| = 2.7):
-# liger's GEGLU and TE's gelu use tanh, anemoi's default and its geglu gate use erf. A function outside
-# these is declared by the class that computes it, ``other:dotted.path.Class`` (anemoi's Sine, CustomRelu):
-# its reference is that class itself, run in float64.
-ACTIVATION_FUNCTIONS = ("gelu-erf", "gelu-tanh", "silu", "relu", "sigmoid")
-OTHER_FUNCTION = "other:"
-# pairs where one is an approximation of the other: accepted for each other only with
-# ``--allow-approximation``, and recorded in the lock's accepted-changes
-APPROXIMATIONS = frozenset({frozenset({"gelu-erf", "gelu-tanh"})})
-# torch.nn's activation classes -> the function each computes with its default arguments; GELU's
-# ``approximate="tanh"`` makes it gelu-tanh (``function_of``)
-ACTIVATION_CLASSES: Mapping[str, str] = MappingProxyType(
-    {
-        "torch.nn.GELU": "gelu-erf",
-        "torch.nn.SiLU": "silu",
-        "torch.nn.ReLU": "relu",
-        "torch.nn.Sigmoid": "sigmoid",
-        "kernel_lock.adapters.CompiledGELU": "gelu-erf",
-        # transformer-engine's fusible ops: its GELU is the tanh form (TE's docstring and math.h)
-        "transformer_engine.pytorch.ops.GELU": "gelu-tanh",
-        "transformer_engine.pytorch.ops.ReLU": "relu",
-    }
-)
-
-
-def function_of(target: str, kwargs: Mapping[str, Any] | None = None) -> str | None:
-    """The function a class computes with ``kwargs``, told without importing it: torch.nn's
-    activations and kernel_lock's adapters (``torch.nn.GELU`` with ``approximate="tanh"`` is
-    gelu-tanh); None for any other class (the check measures what it computes)."""
-    name = canonical_target(target)
-    function = ACTIVATION_CLASSES.get(name)
-    if function is None:
-        return None
-    if function == "gelu-erf" and (kwargs or {}).get("approximate", "none") == "tanh":
-        return "gelu-tanh"
-    return function
-
-
-def function_problem(text: str) -> str | None:
-    """Why ``text`` is no activation function the slot knows (None when it is one): one of
-    ``ACTIVATION_FUNCTIONS`` or ``other:dotted.path.Class``."""
-    if text in ACTIVATION_FUNCTIONS:
-        return None
-    if text.startswith(OTHER_FUNCTION):
-        path = text[len(OTHER_FUNCTION) :]
-        parts = path.split(".")
-        if len(parts) >= 2 and all(p.isidentifier() and not p.startswith("_") for p in parts):
-            return None
-        return f"{text!r}: after {OTHER_FUNCTION!r} comes the public dotted path of the class that computes it"
-    return (
-        f"{text!r} is not an activation function kernel-probe knows: use one of {', '.join(ACTIVATION_FUNCTIONS)}, "
-        f"or {OTHER_FUNCTION}module.Class for another (e.g. {OTHER_FUNCTION}anemoi.models.layers.activations.Sine)"
-    )
-
-
-def is_approximation(a: str, b: str) -> bool:
-    """Whether ``a`` and ``b`` are an approximation pair (gelu-erf and gelu-tanh)."""
-    return frozenset({a, b}) in APPROXIMATIONS
-
 
 MODES = ("training", "inference")
 
@@ -314,6 +271,8 @@ def class_semantics(cls: Any) -> str | None:
 
     if any(c.__module__ == "kernel_lock.attention" and c.__name__ == "Attention" for c in cls.__mro__):
         return "attention"
+    if any(c.__module__ == "kernel_lock.gated_mlp" and c.__name__ == "GatedMLP" for c in cls.__mro__):
+        return "gated_mlp"
     if _under(cls.__module__, ("kernel_lock.adapters",)):
         # an adapter computes what the class it wraps (and derives from) computes: an Autocast adapter
         # around torch.nn.Identity is an Identity, whatever slot names it

@@ -27,6 +27,12 @@ for _launcher in LAUNCHERS:
 # the fake libraries are trusted by the caller (the tests), as a user grants their own site library;
 # tests of the refusal remove this
 os.environ["KERNEL_LOCK_TRUST"] = "kp_zoo,kp_fastlib,kp_fastnorm,kp_models,kp_notmodule,kp_not_installed,mylib"
+# `kernel-probe env` keeps import-check answers (kernel_probe.detect.importcache): the suite keeps its own,
+# in a folder of this run, never in the user's ~/.cache
+if "KERNEL_PROBE_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["KERNEL_PROBE_CACHE_DIR"] = tempfile.mkdtemp(prefix="kernel-probe-tests-cache-")
 
 MINIMAL_LOCK = """\
 lock-version = "1.0"

@@ -13,6 +13,14 @@ The attention part (``attention``; ``python -m tests.gpu_suite --out DIR [--smok
 float16 and bfloat16, then timed forward + backward at anemoi's O96 processor geometry
 (``ATTENTION_GPU``) with the peak memory of each candidate (``torch.cuda.max_memory_allocated``, the
 timing rows' ``peak_bytes``); ``--smoke`` at ``ATTENTION_SMOKE`` on any device (no peak memory off CUDA).
+
+The gated-MLP part (``gated_mlp``; run by the same command after the attention part, in the same process,
+so it costs no second start): anemoi's GatedMLPLayer against ``GATED_IDS`` (torch's gate and liger's
+fused one) for swiglu and geglu, checked forward and backward (every parameter gradient, the state-dict
+round trip through anemoi's own layer) at anemoi's shape (1024 in, ``compute_mlp_hidden_dim(1024, 2.67)``
+out) in float32 and bf16 (plain and under autocast), then the accepted ones timed forward + backward at
+``GATED_GPU`` (O96's 40,320 nodes x 1024 channels) in bf16-mixed. liger's geglu is rejected for its tanh
+GELU; ``--smoke``: the same at 96 in and ``GATED_SMOKE`` in float32 on any device.
 """
 
 from __future__ import annotations
@@ -174,6 +182,77 @@ def attention(device: str, geometry: str, *, timeout: float = 120.0) -> dict[str
     return out
 
 
+# the gated-MLP part: anemoi's processor MLP at O96 (40,320 nodes, 1024 channels), bf16 on a GPU
+GATED_IDS = ("torch.gated_mlp", "liger.gated_mlp")
+GATED_IMPLEMENTATIONS = ("swiglu", "geglu")
+GATED_GPU = "40320x1024"
+GATED_SMOKE = "64x96"
+GATED_ROWS = [("float32", "true"), ("bfloat16", "true"), ("bfloat16", "mixed")]  # fp32: what it computes
+GATED_SMOKE_ROWS = [("float32", "true")]
+GATED_TIMING = {"reps": 5, "warmup": 1, "min_seconds": 0.0}  # one fwd+bwd at O96 is a few ms
+
+
+def gated_mlp(device: str, *, smoke: bool, timeout: float = 120.0) -> dict[str, Any]:
+    """The gated-MLP part: each candidate of ``GATED_IDS`` checked for each implementation at anemoi's
+    shape (smoke: the default 96 in), the accepted ones timed fwd+bwd at ``GATED_GPU`` (smoke:
+    ``GATED_SMOKE``); per implementation and candidate its status, reasons and timing row."""
+    from kernel_lock.slots import GATED_MLP
+    from kernel_probe.isolation.protocol import TimeRequest
+    from kernel_probe.isolation.worker import WorkerPool
+    from kernel_probe.probe.gated_mlp import ANEMOI_IN
+    from kernel_probe.probe.limits import TIMING_TIMEOUT
+
+    rows = GATED_SMOKE_ROWS if smoke else GATED_ROWS
+    shape = GATED_SMOKE if smoke else GATED_GPU
+    timed_dtype, timed_regime = rows[-1]
+    out: dict[str, Any] = {
+        "device": device,
+        "shape": shape,
+        "hidden": None if smoke else ANEMOI_IN,
+        "implementations": {},
+    }
+    with WorkerPool() as pool:
+        for impl in GATED_IMPLEMENTATIONS:
+            canon = {GATED_MLP: {"mlp_implementation": impl}}
+            reports = check_all(
+                [GATED_MLP],
+                candidates(GATED_IDS),
+                device,
+                rows,
+                timeout=timeout,
+                workers=pool,
+                canonical=canon,
+                hidden=None if smoke else ANEMOI_IN,
+            )
+            found: dict[str, Any] = {}
+            out["implementations"][impl] = found
+            for r in reports[GATED_MLP]:
+                entry: dict[str, Any] = {
+                    "status": r.status,
+                    "reasons": r.reasons[:3],
+                    "worst_ratio": r.worst_ratio(),
+                    "timing": None,
+                }
+                found[r.id] = entry
+                if r.status != "accepted" or r.candidate is None:
+                    continue
+                with pool.worker_for(r.candidate) as worker:
+                    request = TimeRequest(
+                        candidate=r.candidate,
+                        slot=GATED_MLP,
+                        device=device,
+                        shapes=(shape,),
+                        dtype=timed_dtype,
+                        regime=timed_regime,
+                        canonical=dict(canon[GATED_MLP]),
+                        options=GATED_TIMING,
+                    )
+                    reply = worker.call(request, TIMING_TIMEOUT)
+                    assert not reply.tampered, (r.id, reply.tampered)
+                    entry["timing"] = dict(reply.rows[0])
+    return out
+
+
 def write(path: Path, data: Mapping[str, Any]) -> Path:
     """``data`` as JSON at ``path``, whole or not at all."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -206,6 +285,15 @@ def main(argv: list[str] | None = None) -> int:
             for d, r in rows.items()
         )
         print(f"{cid:22s} {entry['status']:11s} {figures or (entry['reasons'] or [''])[0]}", flush=True)
+    # the gated-MLP part, after the attention figures are written (a part killed at its limit keeps them)
+    gated = gated_mlp("cuda" if cuda else "cpu", smoke=args.smoke)
+    gated["smoke"] = args.smoke
+    write(args.out / "gated_mlp.json", gated)
+    for impl, found in gated["implementations"].items():
+        for cid, entry in found.items():
+            row = entry["timing"] or {}
+            figure = f"{row['median_ms']:.3g} ms" if "median_ms" in row else row.get("error", "")
+            print(f"{impl:7s} {cid:16s} {entry['status']:11s} {figure or (entry['reasons'] or [''])[0]}", flush=True)
     return 0
 
 

@@ -1,7 +1,7 @@
 """liger-kernel's real classes, made runnable by Triton's interpreter (``TRITON_INTERPRET=1``) on a CPU.
 
 Test-only: a probe worker started with ``TRITON_INTERPRET=1`` imports a candidate whose target is
-``tests.liger_interpret_shims.<Name>``; the first lookup applies two shims and returns the real class
+``tests.liger_interpret_shims.<Name>``; the first lookup applies the shims and returns the real class
 object (``LigerLayerNorm`` *is* ``liger_kernel.transformers.LigerLayerNorm``; ``LigerLayerNormAnemoi``
 *is* ``kernel_lock.adapters.LigerLayerNormAnemoi``). Nothing of this is in the product.
 
@@ -15,6 +15,8 @@ other version fails loudly, since the interpreter bugs may be fixed, or others a
    interpreter calls the stub, which returns None (triton-lang/triton#8825). liger binds it at import as
    ``rsqrt`` in its LayerNorm and RMSNorm modules. Shim: those two names call ``tl.math.rsqrt``, which the
    interpreter implements.
+3. The same holds for libdevice's ``tanh``, which liger's GEGLU binds at import (the interpreter's stub
+   returns None: ``1 + None`` raises). Shim: ``2 * sigmoid(2x) - 1``, in float32 as liger computes it.
 
 Also measured, and not shimmed: the interpreter computes bf16 wrongly (it multiplies the bit patterns
 as integers, and its casts truncate instead of rounding; triton PRs #10945 and #11585 were closed
@@ -36,8 +38,10 @@ CLASSES = {
     "LigerLayerNormAnemoi": "kernel_lock.adapters.LigerLayerNormAnemoi",
     "LigerRMSNormAnemoi": "kernel_lock.adapters.LigerRMSNormAnemoi",
     "AutocastLigerLayerNormAnemoi": "kernel_lock.adapters.AutocastLigerLayerNormAnemoi",
+    "LigerGatedMLP": "kernel_lock.gated_mlp.LigerGatedMLP",
 }
 LIGER_RSQRT_MODULES = ("liger_kernel.ops.layer_norm", "liger_kernel.ops.rms_norm")
+LIGER_TANH_MODULES = ("liger_kernel.ops.geglu",)
 
 _applied = False
 
@@ -102,6 +106,17 @@ def apply() -> None:
         if getattr(stub, "__module__", "") != "triton.language.extra.libdevice":
             raise ShimMismatch(f"{name}.rsqrt is {stub!r}, not the libdevice stub shim 2 replaces: re-measure")
         module.rsqrt = rsqrt
+
+    # 3. liger's libdevice tanh (the same kind of stub) -> tanh from the interpreter's sigmoid
+    def tanh(x: Any) -> Any:
+        return 2.0 * tl.sigmoid(2.0 * x) - 1.0
+
+    for name in LIGER_TANH_MODULES:
+        module = import_module(name)
+        stub = module.tanh
+        if getattr(stub, "__module__", "") != "triton.language.extra.libdevice":
+            raise ShimMismatch(f"{name}.tanh is {stub!r}, not the libdevice stub shim 3 replaces: re-measure")
+        module.tanh = tanh
     _applied = True
 
 

@@ -104,6 +104,19 @@ def test_the_attention_part_runs_in_smoke_mode_on_cpu_and_writes_its_figures(tmp
     for cid in ("flash_attn.v2", "flash_attn.v3", "flash_attn.v4"):
         assert found[cid]["status"] == "unavailable" and "this device is cpu" in found[cid]["reasons"][0]
     assert "torch.sdpa.math" in out.stdout and "ms" in out.stdout
+    # the gated-MLP part (issue 39), run by the same command after the attention part
+    gated = json.loads((tmp_path / "gated_mlp.json").read_text())
+    assert (gated["device"], gated["shape"], gated["smoke"]) == ("cpu", gpu_suite.GATED_SMOKE, True)
+    assert set(gated["implementations"]) == set(gpu_suite.GATED_IMPLEMENTATIONS)
+    for impl, found in gated["implementations"].items():
+        assert set(found) == set(gpu_suite.GATED_IDS)
+        torch_gate = found["torch.gated_mlp"]
+        assert torch_gate["status"] == "accepted" and 0 < torch_gate["worst_ratio"] < 1, (impl, torch_gate)
+        assert torch_gate["timing"]["median_ms"] > 0 and torch_gate["timing"]["reps"] == gpu_suite.GATED_TIMING["reps"]
+        liger = found["liger.gated_mlp"]  # CPU: liger's kernels need a GPU, said with the reason
+        assert liger["status"] == "unavailable" and "this device is cpu" in liger["reasons"][0]
+        assert liger["timing"] is None
+    assert "swiglu  torch.gated_mlp" in out.stdout
 
 
 def test_the_attention_part_refuses_a_full_run_without_cuda(tmp_path):
@@ -171,6 +184,7 @@ def test_gpu_limits_fit_the_eight_minute_budget(tmp_path):
     parts = gpu_all.parts(tmp_path, smoke=False)
     assert [p.name for p in parts] == ["probe-cold", "probe-warm", "choice", "anemoi", "tests", "attention"]
     assert sum(p.limit_s for p in parts) <= gpu_all.GPU_BUDGET == 480
+    assert gpu_suite.GATED_GPU == "40320x1024" and ("bfloat16", "mixed") in gpu_suite.GATED_ROWS
 
 
 def test_bad_limit_and_only_are_refused(tmp_path):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernel_lock.anemoi import ANEMOI_DEFAULTS, Exported, entry_for, export
+from kernel_lock.anemoi import ANEMOI_DEFAULTS, Exported, entry_for, export, gated_mlp_export
 from kernel_lock.errors import LockError
 from kernel_lock.lock import KernelLock
 from kernel_probe.anemoi.block_checks import (
@@ -93,6 +93,9 @@ def check_config(
     from kernel_probe.anemoi.attention_checks import findings as attention_findings
 
     findings.extend(attention_findings(config.tree, lock, mode))
+    from kernel_probe.anemoi.gated_checks import findings as gated_findings
+
+    findings.extend(gated_findings(config.tree, lock))
     findings.extend(components_without_blocks(config, lock_given=lock is not None))
     expected: dict[str, Exported] = {}
     if lock is not None:
@@ -175,6 +178,8 @@ class ConfigExport:
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)
     blocks: dict[str, dict[str, str]] = field(default_factory=dict)  # block path -> key -> entry name
     notes: list[tuple[str, str]] = field(default_factory=list)  # (where, note)
+    # component path (as in the config's tree) -> the keys the lock sets there (GatedMLP's mlp_implementation)
+    components: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def overlay(self) -> dict[str, Any]:
         """The YAML-ready mapping to merge into the config (under ``model:`` unless it is a model file)."""
@@ -184,6 +189,12 @@ class ConfigExport:
             for part in where.split(".")[1:-1]:  # "model.processor.layer_kernels" -> processor
                 node = node.setdefault(part, {})
             node["layer_kernels"] = {key: f"${{model.{ENTRIES_NODE}.{name}}}" for key, name in keys.items()}
+        for where, keys in self.components.items():
+            node = model
+            parts = where.split(".")
+            for part in parts[1:] if self.config.shape != "model-file" else parts:  # "model.processor" -> processor
+                node = node.setdefault(part, {})
+            node.update(keys)
         return model if self.config.shape == "model-file" else {"model": model}
 
 
@@ -223,4 +234,11 @@ def export_for_config(
             note = should.note if should.entry != want.entry else want.note
             if note:
                 out.notes.append((where, note))
+    gated = gated_mlp_export(lock)
+    if gated is not None:
+        from kernel_probe.anemoi.gated_checks import components
+
+        for where, _ in components(config.tree):
+            out.components[where] = dict(gated[0])
+            out.notes.append((f"{where}.mlp_implementation", gated[1]))
     return out

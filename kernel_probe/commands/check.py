@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from kernel_lock.slots import DTYPES, SLOTS, short_dtype
+from kernel_lock.slots import DTYPES, PROBED_BY_DEFAULT, SLOTS, short_dtype
 from kernel_probe import output
 from kernel_probe.commands.numbers import count, seconds
 from kernel_probe.output import safe
@@ -22,7 +22,20 @@ def add_candidate_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SLOT=dotted.path.Class",
         help="offer a third-party class for a slot (repeatable); it is judged like the built-ins",
     )
-    p.add_argument("--slot", action="append", default=[], choices=SLOTS, help="only these slots (repeatable)")
+    p.add_argument(
+        "--slot",
+        action="append",
+        default=[],
+        choices=SLOTS,
+        help="only these slots (repeatable; default: every slot but GatedMLP, which is checked when named)",
+    )
+    p.add_argument(
+        "--mlp-implementation",
+        default="",
+        choices=("glu", "swiglu", "geglu", "reglu"),
+        help="the model's gated mlp_implementation, whose gate the GatedMLP slot is checked against "
+        "(default swiglu; anemoi's geglu is exact-erf GELU)",
+    )
     p.add_argument(
         "--attention",
         default="",
@@ -136,7 +149,7 @@ def run_check(args: argparse.Namespace) -> int:
     for problem in problems:
         output.warn(problem)
     device = detect_device()
-    slots = args.slot or list(SLOTS)
+    slots = args.slot or list(PROBED_BY_DEFAULT)
     canonical = {}
     if args.attention:
         from kernel_probe.probe.attention_geometry import FORM, parse_geometry
@@ -145,8 +158,16 @@ def run_check(args: argparse.Namespace) -> int:
             canonical["Attention"] = dict(parse_geometry(args.attention).options)
         except ValueError as exc:
             raise UsageError(f"--attention {exc}", fix=f"write it {FORM}") from None
+    if args.mlp_implementation:
+        from kernel_lock.gating import gate_for
+
+        try:
+            gate_for(args.mlp_implementation)
+        except ValueError as exc:
+            raise UsageError(f"--mlp-implementation: {exc}") from None
+        canonical["GatedMLP"] = {"mlp_implementation": args.mlp_implementation}
     if args.activation:
-        from kernel_lock.slots import function_problem
+        from kernel_lock.activations import function_problem
 
         problem = function_problem(args.activation)
         if problem:

@@ -30,6 +30,12 @@ def add_env_arguments(p: argparse.ArgumentParser) -> None:
         help="do not import kernel libraries or Triton (no child processes): metadata and torch only",
     )
     p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="import every library again: do not reuse the answers kept from earlier checks of the same "
+        "installation on this node (they are kept in $KERNEL_PROBE_CACHE_DIR, else ~/.cache/kernel-probe)",
+    )
+    p.add_argument(
         "--timeout",
         type=seconds,
         default=None,
@@ -44,9 +50,11 @@ def run_env(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--timeout must be a positive number of seconds, not {args.timeout:g}", fix="pass e.g. --timeout 20"
         )
+    from kernel_probe.detect.importcache import ImportCache
     from kernel_probe.detect.report import detect
 
-    report = detect(import_checks=not args.no_import_checks, timeout=args.timeout)
+    cache = ImportCache.default(read=not args.fresh)
+    report = detect(import_checks=not args.no_import_checks, timeout=args.timeout, cache=cache)
     if args.json:
         output.print_json(report)
     else:
@@ -81,6 +89,8 @@ def _status(entry: dict[str, Any]) -> str:
     text = f"[{STATUS_STYLE.get(status, '')}]{safe(status)}[/]" if STATUS_STYLE.get(status) else safe(status)
     if entry.get("seconds") is not None:
         text += f" in {entry['seconds']:.2f} s"
+    if entry.get("cached"):
+        text += f" [dim](cached answer of {safe(entry['cached'])})[/]"
     return text
 
 

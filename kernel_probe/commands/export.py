@@ -52,7 +52,7 @@ def add_export_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_export(args: argparse.Namespace) -> int:
     """Print the lock's ``layer_kernels`` block (or the overlay for ``--config``) as YAML or JSON."""
-    from kernel_lock.anemoi import attention_export, export
+    from kernel_lock.anemoi import attention_export, export, gated_mlp_export
 
     path = args.lock or default_lock_path()
     lock = load_lock(path, trust=args.trust)
@@ -62,15 +62,20 @@ def run_export(args: argparse.Namespace) -> int:
             raise UsageError(f"Hydra overrides ({' '.join(args.overrides)}) need --config CONFIG.yaml")
         entries = export(lock, args.mode, qk_norm=args.qk_norm)
         attention = attention_export(lock, args.mode)
+        gated = gated_mlp_export(lock)
         if args.json:
             data: dict[str, object] = {"layer_kernels": {e.key: e.entry for e in entries}}
             if attention is not None:
                 data["attention"] = {"options": attention[0], "note": attention[1]}
+            if gated is not None:
+                data["gated_mlp"] = {"options": gated[0], "note": gated[1]}
             output.print_json(data)
             return 0
         sys.stdout.write(render_yaml(entries, path=path, mode=args.mode, digest=lock.digest))
         if attention is not None:
             sys.stdout.write(render_attention(*attention))
+        if gated is not None:
+            sys.stdout.write(render_gated_mlp(*gated))
         return 0
     from kernel_probe.anemoi.pipelines import export_for_config
 
@@ -148,6 +153,23 @@ def render_attention(options: dict, note: str) -> str:
     if not options:
         return "\n".join(lines) + "\n"
     lines.append("processor:")
+    body = yaml.safe_dump(options, sort_keys=False, default_flow_style=False)
+    lines.extend("  " + line for line in body.splitlines())
+    return "\n".join(lines) + "\n"
+
+
+def render_gated_mlp(options: dict, note: str) -> str:
+    """The GatedMLP slot's key as a commented YAML block: it goes on each component with an MLP."""
+    import yaml
+
+    lines = [
+        "",
+        "# GatedMLP (slots.GatedMLP): set this on every component with an MLP, beside its other keys: the",
+        "# processor (model.processor) and each encoder's and decoder's mapper (model.encoders.<id>.mapper,",
+        "# model.decoders.<id>.mapper). It is no layer_kernels entry; `export --config` writes it in place.",
+        f"# {note}",
+        "processor:",
+    ]
     body = yaml.safe_dump(options, sort_keys=False, default_flow_style=False)
     lines.extend("  " + line for line in body.splitlines())
     return "\n".join(lines) + "\n"

@@ -1,7 +1,8 @@
 """The main command: parse the arguments into a ProbeRequest, run the pipeline, render what it says.
 
-The work itself (detect, check, time, choose, write the lock, or reuse the one that is there) is
-``kernel_probe.probe.pipeline``; this module only turns arguments into a request, shows progress and the
+The work itself is ``kernel_probe.jobstart.start.run`` (which rank of a job probes) over
+``kernel_probe.probe.pipeline`` (detect, check, time, choose, write the lock, or reuse the one that
+is there); this module only turns arguments into a request, shows progress and the
 result, and leaves errors to the CLI's exit-code mapping.
 """
 
@@ -122,7 +123,7 @@ def _pairs(values: list[str], flag: str) -> dict[str, str]:
 def publish_usage_failure(argv: Sequence[str], message: str) -> None:
     """A bad argument argparse refused: where this is rank 0 of a job, its failed marker (exit 2) is left
     beside ``--out`` so that the other ranks fail at once instead of waiting out --lock-timeout."""
-    from kernel_probe.probe.pipeline import fail_before_plan
+    from kernel_probe.jobstart.start import fail_before_plan
 
     pre = argparse.ArgumentParser(add_help=False, exit_on_error=False)
     pre.add_argument("--out", default=DEFAULT_LOCK)
@@ -145,6 +146,7 @@ def request_from(args: argparse.Namespace) -> ProbeRequest:
         out=Path(args.out),
         shapes=tuple(args.shape),
         attention=args.attention,
+        mlp_implementation=args.mlp_implementation,
         precision=args.precision,
         slots=tuple(args.slot),
         pins=_pairs(args.pin, "--pin"),
@@ -242,14 +244,14 @@ class ConsoleEvents(Events):
 
 
 def run_probe(args: argparse.Namespace) -> int:
-    from kernel_probe.probe import pipeline
+    from kernel_probe.jobstart import start
 
     try:
         request = request_from(args)
     except UsageError as exc:
-        pipeline.fail_before_plan(args.out, args.probe_per, args.check, exc)
+        start.fail_before_plan(args.out, args.probe_per, args.check, exc)
         raise
-    result = pipeline.run(request, ConsoleEvents(quiet=args.json))
+    result = start.run(request, ConsoleEvents(quiet=args.json))
     if result.reused:
         _reused(args, result)
     else:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernel_probe.isolation.child import (
     ChildResult,
@@ -32,6 +32,9 @@ from kernel_probe.isolation.child import (
 )
 from kernel_probe.isolation.protocol import ImportCheckReply, ProtocolError
 from kernel_probe.isolation.protocol import ImportCheckRequest as ImportRequest
+
+if TYPE_CHECKING:
+    from kernel_probe.detect.importcache import ImportCache
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -193,15 +196,27 @@ def check_import(
     env: Mapping[str, str] | None = None,
     python: str | None = None,
     started: Callable[[subprocess.Popen[bytes]], None] | None = None,
+    cache: ImportCache | None = None,
 ) -> dict[str, Any]:
     """Import one module in a fresh interpreter and report how it went (never raises for the module's sake).
 
     ``started`` is called with the child's Popen as soon as it runs (so a caller can cancel it).
+    ``cache``: an earlier clean answer for the same installation is reused (``cached`` in the result
+    says when it was asked), and a new clean answer is kept (``detect.importcache``).
     """
     if isinstance(request, str):
         request = ImportRequest(module=request)
     if request.probe not in PROBES:
         raise ValueError(f"unknown probe {request.probe!r}")
+    key = ""
+    if cache is not None and python is None:
+        from kernel_probe.detect.importcache import cache_key
+
+        key = cache_key(request, child_source=CHILD_SOURCE, extra_paths=extra_paths, env=env)
+        found = cache.load(key)
+        if found is not None:
+            kept, asked = found
+            return {**classify(kept, timeout), "cached": asked}
     child = run_function(
         "",
         "check",
@@ -213,6 +228,8 @@ def check_import(
         python=python,
         started=started,
     )
+    if key and cache is not None:
+        cache.store(key, child)
     return classify(child, timeout)
 
 
@@ -229,6 +246,7 @@ class ImportChecks:
         timeout: float = DEFAULT_TIMEOUT,
         extra_paths: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
+        cache: ImportCache | None = None,
     ):
         self._futures: dict[str, Future] = {}
         self._procs: list[subprocess.Popen[bytes]] = []
@@ -238,7 +256,13 @@ class ImportChecks:
             self._pool = ThreadPoolExecutor(max_workers=min(8, len(requests)), thread_name_prefix="import-check")
             for name, request in requests.items():
                 self._futures[name] = self._pool.submit(
-                    check_import, request, timeout=timeout, extra_paths=extra_paths, env=env, started=self._started
+                    check_import,
+                    request,
+                    timeout=timeout,
+                    extra_paths=extra_paths,
+                    env=env,
+                    started=self._started,
+                    cache=cache,
                 )
 
     def names(self) -> Iterable[str]:

@@ -21,6 +21,7 @@ from kernel_lock.fingerprint import with_torch
 from kernel_probe.detect import accelerators, host, libraries, site, torchbuild
 from kernel_probe.detect import triton as triton_info
 from kernel_probe.detect.accelerators import NvmlList
+from kernel_probe.detect.importcache import ImportCache
 from kernel_probe.detect.importcheck import DEFAULT_TIMEOUT, ImportChecks, close_calls, load_per_core, scaled_timeout
 from kernel_probe.detect.libraries import KnownLibrary
 
@@ -87,6 +88,14 @@ def _torch_and_devices(torch: Any | None, nvml: NvmlList, errors: list[dict[str,
     return {"torch": torch_facts, "device": dict(primary), "accelerators": devices, "fingerprint": fp}
 
 
+def _cache_notes(cache: ImportCache | None) -> list[str]:
+    return [cache.problem] if cache is not None and cache.problem else []
+
+
+def _cache_facts(cache: ImportCache) -> dict[str, Any]:
+    return {"folder": str(cache.folder), "read": cache.read, "reused": cache.used, "on": not cache.problem}
+
+
 def detect(
     *,
     import_checks: bool = True,
@@ -96,6 +105,7 @@ def detect(
     torch: Any | None = None,
     table: Sequence[KnownLibrary] | None = None,
     nvml: NvmlList | None = None,
+    cache: ImportCache | None = None,
 ) -> dict[str, Any]:
     """Everything ``kernel-probe env`` reports, as JSON-ready data.
 
@@ -104,7 +114,8 @@ def detect(
     ``importcheck.scaled_timeout``), all at once; ``extra_paths`` go in front of the
     search path, in-process and on the children's PYTHONPATH; ``env`` replaces os.environ for the
     children and the site signals. ``table`` replaces ``libraries.known_libraries()``; ``torch`` and
-    ``nvml`` replace the real ones (tests).
+    ``nvml`` replace the real ones (tests). ``cache`` keeps and reuses the import checks' clean answers
+    (``detect.importcache``; None: every library is asked).
     """
     from kernel_probe import __version__
 
@@ -122,7 +133,7 @@ def detect(
         triton_request = triton_info.import_request(located_triton)
         if triton_request is not None:
             requests["triton"] = triton_request
-        checks = ImportChecks(requests, timeout=timeout, extra_paths=extra_paths, env=env)
+        checks = ImportChecks(requests, timeout=timeout, extra_paths=extra_paths, env=env, cache=cache)
 
     try:
         host_facts = host.detect_host()
@@ -148,7 +159,8 @@ def detect(
             "run": bool(import_checks),
             "timeout": float(timeout),
             **({"load_per_core": round(load_per_core(), 2)} if scaled else {}),
-            **({"notes": close_calls(imported, timeout)} if import_checks else {}),
+            **({"notes": close_calls(imported, timeout) + _cache_notes(cache)} if import_checks else {}),
+            **({"cache": _cache_facts(cache)} if import_checks and cache is not None else {}),
         },
         "host": host_facts,
         "torch": here["torch"],

@@ -5,7 +5,7 @@
 
 Three conversations cross a process boundary, all as JSON (one line, or one file):
 
-- the probe's worker (``worker.Worker``): a request (``PingRequest``, ``ImportRequest``,
+- the probe's worker (``worker.Worker``): a request (``PingRequest``, ``FingerprintRequest``, ``ImportRequest``,
   ``CheckRequest``, ``TryRequest``, ``TimeRequest``; ``op`` on the wire names it), answered by its
   reply class (``request.REPLY``), after any number of ``TimingProgressMessage``s;
 - the import checks of ``kernel-probe env`` (``detect.importcheck``): an ``ImportCheckRequest``,
@@ -155,6 +155,13 @@ class PingReply(Reply):
 
     pid: int
     ok: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class FingerprintReply(Reply):
+    """This machine's lock fingerprint as the worker's torch sees it (``with_torch.current``)."""
+
+    fields: dict[str, Any]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -369,6 +376,12 @@ class PingRequest(Request[PingReply], op="ping", reply=PingReply):
 
 
 @dataclass(frozen=True, kw_only=True)
+class FingerprintRequest(Request[FingerprintReply], op="fingerprint", reply=FingerprintReply):
+    """The lock fingerprint, read where torch is imported already (the probe's own process never
+    imports torch: the shared worker answers, from the torch that ran the checks)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class ImportRequest(Request[ImportReply], op="import", reply=ImportReply):
     """Import the class ``target`` (under its own, short, time budget)."""
 
@@ -415,7 +428,7 @@ class TimeRequest(CandidateRequest[TimeReply], op="time", reply=TimeReply):
 
 
 REQUESTS: dict[str, type[Request[Any]]] = {
-    cls.OP: cls for cls in (PingRequest, ImportRequest, CheckRequest, TryRequest, TimeRequest)
+    cls.OP: cls for cls in (PingRequest, FingerprintRequest, ImportRequest, CheckRequest, TryRequest, TimeRequest)
 }
 
 
@@ -451,6 +464,18 @@ class ImportCheckReply(Message):
     seconds: float = 0.0
     target: dict[str, Any] | None = None  # the "triton-target" probe: backend, arch, warp_size
     target_error: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImportCheckCached(Message):
+    """An import check's answer kept on disk (``detect.importcache``): the reply, the child's seconds,
+    when it was asked (``asked``, seconds since the epoch) and under which key."""
+
+    format: str
+    key: str
+    asked: float
+    seconds: float
+    reply: dict[str, Any]
 
 
 # ---- reading an anemoi config ------------------------------------------------------------------------

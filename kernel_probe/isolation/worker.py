@@ -32,15 +32,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, cast
 
-from kernel_lock.slots import ACTIVATION, ATTENTION
+from kernel_lock.slots import ACTIVATION, ATTENTION, GATED_MLP
 from kernel_probe.isolation.child import kill_group, signal_name, spawn
 from kernel_probe.isolation.protocol import (
     INTERPRETED,
+    REQUESTS,
     CandidateRequest,
     CheckRequest,
+    FingerprintReply,
+    FingerprintRequest,
     ImportReply,
     ImportRequest,
     PingReply,
@@ -62,6 +65,7 @@ from kernel_probe.isolation.protocol import (
 DEFAULT_TIMEOUT = 300.0  # a call's budget unless the caller says otherwise (checks and imports have their own)
 START_TIMEOUT = 120.0
 CLOSE_GRACE = 5.0  # seconds a worker has to exit after its input closes
+POOL_GRACE = 0.5  # seconds a pool's workers have together, once every reply is in
 
 # torch functions the float64 reference and the torch.nn baseline go through: a candidate that
 # replaces one of them (on import or while it runs) would change every other verdict in its process
@@ -146,27 +150,64 @@ class Worker:
         self._buffer = b""
         self._mark = 0
         self.started = 0
+        self._ping_unread = False  # started by send_ahead: its start-up ping is still to be read
+        self._ahead: str | None = None  # the request send_ahead wrote, whose reply is still to be read
 
     # -- lifecycle ----------------------------------------------------------------------------
-    def _start(self) -> None:
+    def _launch(self) -> None:
         spawned = self._spare() if self._spare is not None else None
         self._proc, self._stderr = spawned or _spawn(self._env)
         self._buffer = b""
         self._mark = 0
         self.started += 1
+        self._ping_unread = True
+
+    def _start(self) -> None:
+        self._launch()
+        self._read_ping()
+
+    def _read_ping(self) -> None:
+        self._ping_unread = False
         self._reply(PingReply, START_TIMEOUT, time.monotonic() + START_TIMEOUT)  # the ping sent at spawn time
 
-    def close(self) -> None:
-        """End the worker and everything it spawned; never blocks on a pipe a grandchild holds."""
-        proc, self._proc = self._proc, None
-        if proc is not None:
+    def send_ahead(self, request: Request[Any]) -> None:
+        """Start the worker if needed and write ``request`` now, without waiting: its reply is read by
+        the ``call`` of the same request, so a library's import runs while other workers check. (A
+        different call first reads and drops it: replies come in order.)"""
+        if self._ahead is not None:
+            return
+        if self._proc is None or self._proc.poll() is not None:
+            self.close()
+            self._launch()
+        proc = self._proc
+        assert proc is not None and proc.stdin is not None
+        line = json.dumps(request.to_json())
+        try:
+            proc.stdin.write((line + "\n").encode())
+            proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass  # the call that reads it reports the crash
+        self._ahead = line
+
+    def hang_up(self) -> None:
+        """Tell the worker to leave its loop (EOF on its stdin) without waiting: a pool hangs up on all
+        of its workers first, so their interpreters exit side by side (``close`` then waits)."""
+        proc = self._proc
+        if proc is not None and proc.stdin is not None:
             try:
-                if proc.stdin is not None:
-                    proc.stdin.close()  # EOF: the worker leaves its loop
+                proc.stdin.close()  # EOF: the worker leaves its loop
             except OSError:
                 pass
+
+    def close(self, grace: float = CLOSE_GRACE) -> None:
+        """End the worker and everything it spawned: ``grace`` seconds to exit on its own, then its
+        process group is killed; never blocks on a pipe a grandchild holds."""
+        self.hang_up()
+        proc, self._proc = self._proc, None
+        self._ping_unread, self._ahead = False, None  # a new process owes no earlier reply
+        if proc is not None:
             try:
-                proc.wait(timeout=CLOSE_GRACE)
+                proc.wait(timeout=max(grace, 0.0))
             except subprocess.TimeoutExpired:
                 pass
             kill_group(proc.pid)  # the worker, if still there, and whatever a candidate spawned
@@ -196,9 +237,17 @@ class Worker:
         WorkerDied (the next call gets a fresh worker). ``on_progress`` receives the worker's progress
         messages that come before the reply (a ``TimeRequest`` asks for them with ``progress=True``);
         ``timeout`` covers the whole call."""
-        if self._proc is None or self._proc.poll() is not None:
+        if self._proc is None or (self._proc.poll() is not None and not self._ping_unread and self._ahead is None):
             self.close()
             self._start()
+        elif self._ping_unread:
+            self._read_ping()
+        if self._ahead is not None:
+            ahead, self._ahead = self._ahead, None
+            if ahead == json.dumps(request.to_json()):  # written already: read its reply
+                return self._call(request, timeout, on_progress, written=True)
+            kind = REQUESTS[json.loads(ahead)["op"]].REPLY
+            self._call_reply(kind, timeout, None)  # not this call's: read and drop it
         return self._call(request, timeout, on_progress)
 
     def _stderr_tail(self, limit: int = 1500) -> str:
@@ -241,23 +290,34 @@ class Worker:
         return line
 
     def _call(
-        self, request: Request[R], timeout: float, on_progress: Callable[[TimingProgressMessage], None] | None = None
+        self,
+        request: Request[R],
+        timeout: float,
+        on_progress: Callable[[TimingProgressMessage], None] | None = None,
+        *,
+        written: bool = False,
     ) -> R:
         proc = self._proc
         assert proc is not None and proc.stdin is not None
-        if self._stderr is not None:
+        if self._stderr is not None and not written:
             self._stderr.seek(0, 2)
             self._mark = self._stderr.tell()
-        try:
-            proc.stdin.write((json.dumps(request.to_json()) + "\n").encode())
-            proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            pass  # the read below sees the worker gone and reports the crash
+        if not written:
+            try:
+                proc.stdin.write((json.dumps(request.to_json()) + "\n").encode())
+                proc.stdin.flush()
+            except (BrokenPipeError, OSError):
+                pass  # the read below sees the worker gone and reports the crash
+        return cast(R, self._call_reply(request.REPLY, timeout, on_progress))
+
+    def _call_reply(
+        self, kind: type[Reply], timeout: float, on_progress: Callable[[TimingProgressMessage], None] | None
+    ) -> Reply:
         deadline = time.monotonic() + timeout
         while True:
-            reply = self._reply(request.REPLY, timeout, deadline)
+            reply = self._reply(kind, timeout, deadline)
             if isinstance(reply, Reply):
-                return cast(R, reply)
+                return reply
             if on_progress is not None:
                 on_progress(reply)
 
@@ -317,6 +377,7 @@ class WorkerPool:
         self.shared = Worker(self._env)
         self._libraries: dict[str, Worker] = {}
         self._next: tuple[subprocess.Popen[bytes], Any] | None = None
+        self._spares = True  # keep one spare process starting (off once every library is known)
 
     @property
     def fresh(self) -> int:
@@ -325,13 +386,27 @@ class WorkerPool:
 
     def _take(self) -> tuple[subprocess.Popen[bytes], Any]:
         taken = self._next or _spawn(self._env)
-        self._next = _spawn(self._env)  # the next library's, starting while this one runs
+        self._next = _spawn(self._env) if self._spares else None  # the next library's, starting meanwhile
         return taken
 
-    def prepare(self) -> None:
-        """Start the shared worker now, and a spare for the first library while it imports torch."""
-        if self._next is None:
-            self._next = _spawn(self._env)
+    def prepare(self, ahead: Sequence[Any] | None = None) -> None:
+        """Start the shared worker now. ``ahead``: the candidates whose libraries will need a worker
+        (the first of each library is enough): each library's worker starts now and imports that
+        candidate's class while torch's own are checked; no spare is kept then (every library is
+        known). ``None``: a spare starts for the first library while it imports torch."""
+        self.shared.send_ahead(PingRequest())  # torch's own worker first: it starts importing torch now
+        if ahead is None:
+            if self._next is None:
+                self._next = _spawn(self._env)
+        else:
+            self._spares = False
+            for cand in ahead:
+                if torch_own(cand):
+                    continue
+                key = library_of(cand)
+                if key not in self._libraries:
+                    self._libraries[key] = Worker(self._env, spare=self._take)
+                    self._libraries[key].send_ahead(ImportRequest(target=cand.target))
         self.shared.call(PingRequest())
 
     @contextlib.contextmanager
@@ -345,9 +420,15 @@ class WorkerPool:
         yield self._libraries[key]
 
     def close(self) -> None:
-        self.shared.close()
-        for worker in self._libraries.values():
-            worker.close()
+        """End every worker: all are told at once, then given POOL_GRACE seconds together before their
+        process groups are killed. Every reply has been read by then, so nothing is lost: what is cut
+        short is only the interpreters' own teardown (a second or more each with torch loaded)."""
+        workers = [self.shared, *self._libraries.values()]
+        for worker in workers:
+            worker.hang_up()
+        deadline = time.monotonic() + POOL_GRACE
+        for worker in workers:
+            worker.close(grace=deadline - time.monotonic())
         spare, self._next = self._next, None
         if spare is not None:
             proc, stderr = spare
@@ -458,6 +539,33 @@ def _attention(request: CandidateRequest[Any], emit: Callable[[TimingProgressMes
     raise ProtocolError(f"the worker has no Attention handler for {type(request).__name__}")
 
 
+def _gated_mlp(request: CandidateRequest[Any]) -> Reply:
+    """The GatedMLP slot's requests: its own checks and timing (kernel_probe.probe.gated_mlp)."""
+    from kernel_probe.probe import gated_mlp
+
+    if isinstance(request, CheckRequest):
+        return gated_mlp.check(
+            request.candidate,
+            request.device,
+            list(request.dtypes),
+            canonical_overrides=request.canonical,
+            hidden=request.hidden,
+        )
+    if isinstance(request, TryRequest):
+        return TryReply.from_json(gated_mlp.try_once(request.candidate, request.device))
+    if isinstance(request, TimeRequest):
+        return gated_mlp.time_candidate(
+            request.candidate,
+            request.device,
+            list(request.shapes),
+            request.dtype,
+            request.regime,
+            request.options,
+            request.canonical,
+        )
+    raise ProtocolError(f"the worker has no GatedMLP handler for {type(request).__name__}")
+
+
 def _dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], None] | None = None) -> Reply:
     if isinstance(request, PingRequest):
         import torch  # noqa: F401  (import once, up front, under the start timeout)
@@ -467,6 +575,10 @@ def _dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], Non
         if not _BASELINE_SURFACE:
             _BASELINE_SURFACE.update(_snapshot())
         return PingReply(pid=os.getpid())
+    if isinstance(request, FingerprintRequest):
+        from kernel_lock.fingerprint import with_torch
+
+        return FingerprintReply(fields=with_torch.current())
     from kernel_probe.probe import correctness, measure
     from kernel_probe.probe.limits import CHECK_HIDDEN
 
@@ -481,6 +593,8 @@ def _dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], Non
         return ImportReply(ok=True, seconds=time.perf_counter() - start)
     if isinstance(request, CandidateRequest) and request.slot == ATTENTION:
         return _attention(request, emit)
+    if isinstance(request, CandidateRequest) and request.slot == GATED_MLP:
+        return _gated_mlp(request)
     if isinstance(request, CandidateRequest) and request.slot == ACTIVATION:
         from kernel_probe.probe import activation  # its checks and timing (no parameters, one function)
 

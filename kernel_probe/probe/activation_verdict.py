@@ -8,13 +8,13 @@ grad_output modified in place rejects).
 Then the function. The worker measures which function the candidate's float32 output matches
 (``CheckReply.computes``). One that computes another function than the model declares is rejected
 with a reason naming both and their largest difference, measured in float64 (for GELU's erf and tanh
-forms 4.7e-4, near |x| = 2.7). An approximation of the declared function (``slots.APPROXIMATIONS``:
+forms 4.7e-4, near |x| = 2.7). An approximation of the declared function (``activations.APPROXIMATIONS``:
 gelu-tanh for gelu-erf, or the reverse) is accepted only under ``Policy.allow_approximation``
 (``--allow-approximation``): its rows are then judged against the function it computes, and the
 change is recorded (the lock's ``accepted-changes``).
 
 Before anything is imported, a registered candidate whose class is known to compute another function
-(``slots.function_of``: torch.nn.SiLU for a gelu-erf model) is skipped with that reason
+(``activations.function_of``: torch.nn.SiLU for a gelu-erf model) is skipped with that reason
 (``static_problem``): it cannot be the model's activation, and checking it costs time.
 """
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 
-from kernel_lock.slots import ACTIVATION_FUNCTIONS, OTHER_FUNCTION, function_of, is_approximation
+from kernel_lock.activations import ACTIVATION_FUNCTIONS, OTHER_FUNCTION, function_of, is_approximation
 from kernel_probe.isolation.protocol import FLAG_NOT_ELEMENTWISE, CheckReply, MeasurementRow
 from kernel_probe.probe.candidates import Candidate
 from kernel_probe.probe.judge import Policy, Problem

@@ -34,9 +34,8 @@ bisected on the output and the input gradient, so the report names the first wro
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -50,6 +49,7 @@ from kernel_probe.probe.measure import (
     compare,
     gradients,
     group_errors,
+    one_cpu_thread,
     reference,
     reference_pass,
 )
@@ -175,7 +175,7 @@ def check_at_shape(
         **{f"d{n}": g for n, g in gradients(module, layout).items()},
     }
     del gy
-    with _few_threads(x.device.type):  # the rest is small tensors: thread hand-offs would cost more than the work
+    with one_cpu_thread(x.device.type):  # the rest is small tensors: thread hand-offs would cost more than the work
         xs = x.detach()[idx].clone().requires_grad_(True)
         for p in baseline.parameters():
             p.grad = None
@@ -227,20 +227,6 @@ def check_at_shape(
                 out["first_bad_statistic"] = what
         out["seconds"] = round(time.perf_counter() - started, 4)
         return out
-
-
-@contextlib.contextmanager
-def _few_threads(device: str) -> Iterator[None]:
-    """One CPU thread for the work on the sampled rows (a CPU device only; a GPU's work is its own)."""
-    if device != "cpu":
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _row_wrong(

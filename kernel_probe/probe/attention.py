@@ -29,7 +29,6 @@ from typing import Any
 import torch
 
 from kernel_lock.attention import alibi_bias, band_mask
-from kernel_lock.slots import CANONICAL
 from kernel_probe.isolation.protocol import (
     CheckReply,
     ErrorStats,
@@ -38,14 +37,13 @@ from kernel_probe.isolation.protocol import (
     TimingProgressMessage,
     TimingRow,
 )
-from kernel_probe.probe.attention_geometry import parse_geometry
+from kernel_probe.probe.attention_geometry import HINTS, SMALL_WINDOW, canonical, parse_geometry  # noqa: F401 (re-exported)
 from kernel_probe.probe.candidates import Candidate, fill
 from kernel_probe.probe.measure import first_line, import_class, torch_dtype
 
 OUTPUTS = ("out", "dq", "dk", "dv")
 # the check's own geometry: cheap on a CPU (every case is a few (S x S) matmuls of head_dim 32)
 CHECK_HEADS, CHECK_DIM, CHECK_SEQ = 2, 32, 48
-SMALL_WINDOW = 1  # the band's edge: three keys per query
 OPTIONS = ("window", "softcap", "dropout", "alibi", "scale")
 
 
@@ -216,26 +214,6 @@ def cases(dtype: Any, gen: torch.Generator) -> list[Case]:
             Case(f"head-dim-{dim}", randn(1, h, n, dim), randn(1, h, n, dim), randn(1, h, n, dim), randn(1, h, n, dim))
         )
     return out
-
-
-HINTS = {
-    "random": "plain random input",
-    "large-logits": "large logits: overflow of unscaled scores in low precision",
-    "sharp-equal-values": "sharp softmax over equal values: dq and dk must vanish (anemoi-core #1027)",
-    "non-contiguous": "non-contiguous (transposed) views",
-    "head-dim-64": "head_dim 64",
-    "head-dim-128": "head_dim 128",
-    "window": "the model's window",
-    "small-window": f"the band's edge (window {SMALL_WINDOW})",
-    "second-length": "a second sequence length through the same instance (a cached mask)",
-}
-
-
-# ---- building and calling a candidate -----------------------------------------------------------------
-def canonical(overrides: Mapping[str, Any] | None) -> dict[str, Any]:
-    c = dict(CANONICAL["Attention"])
-    c.update({k: v for k, v in (overrides or {}).items() if k in c})
-    return c
 
 
 def build(cand: Candidate, values: Mapping[str, Any], **override: Any) -> Any:

@@ -8,7 +8,9 @@ the model's window: the lock pins it (``slots.Attention.kwargs.window``) and the
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 # timing on a CPU: cheap (a fraction of a second per candidate); on a GPU: a sequence long enough to
 # rank the backends without O96's cost. anemoi's O96 processor: 16 heads of 128 over 40,320 nodes,
@@ -81,3 +83,28 @@ def parse_geometry(text: str) -> Geometry:
             raise ValueError(f"{text!r}: {name} is given twice")
         options.update([_option(text, name, value.strip())])
     return Geometry(heads, dim, seq, tuple(options.items()))
+
+
+# ---- facts the parent reads too (torch-free: the probe's own process never imports torch for them)
+SMALL_WINDOW = 1  # the band's edge: three keys per query
+
+HINTS = {
+    "random": "plain random input",
+    "large-logits": "large logits: overflow of unscaled scores in low precision",
+    "sharp-equal-values": "sharp softmax over equal values: dq and dk must vanish (anemoi-core #1027)",
+    "non-contiguous": "non-contiguous (transposed) views",
+    "head-dim-64": "head_dim 64",
+    "head-dim-128": "head_dim 128",
+    "window": "the model's window",
+    "small-window": f"the band's edge (window {SMALL_WINDOW})",
+    "second-length": "a second sequence length through the same instance (a cached mask)",
+}
+
+
+def canonical(overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The Attention slot's canonical options (``kernel_lock.slots.CANONICAL``) with the model's ``overrides``."""
+    from kernel_lock.slots import CANONICAL
+
+    c = dict(CANONICAL["Attention"])
+    c.update({k: v for k, v in (overrides or {}).items() if k in c})
+    return c

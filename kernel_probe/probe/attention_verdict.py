@@ -55,7 +55,7 @@ def judge_row(cand: Candidate, device: str, row: MeasurementRow) -> Verdict:
         v.status = "unavailable" if _REFUSED.search(message) else "crashed"
         v.reasons = [f"unavailable: {message}" if v.status == "unavailable" else f"raised {message}"]
         return v
-    from kernel_probe.probe.attention import HINTS
+    from kernel_probe.probe.attention_geometry import HINTS
     from kernel_probe.probe.judge import judge_output, record_determinism
 
     worst = 0.0

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, cast
 
-from kernel_lock.slots import ACTIVATION, ATTENTION, DTYPES, dtype_named
+from kernel_lock.slots import ACTIVATION, ATTENTION, DTYPES, GATED_MLP, dtype_named
 from kernel_probe.isolation.protocol import (
     INTERPRETED,
     CheckRequest,
@@ -126,9 +126,13 @@ def check_candidate(
         return stopped(judge.tampered(f"running {cand.target}", raw.tampered))
     if slot == ATTENTION:
         from kernel_probe.probe import attention_verdict
-        from kernel_probe.probe.attention import canonical as attention_canonical
+        from kernel_probe.probe.attention_geometry import canonical as attention_canonical
 
         report = attention_verdict.judge(raw, cand, device, base, attention_canonical(canonical))
+    elif slot == GATED_MLP:
+        from kernel_probe.probe import gated_mlp_verdict
+
+        report = gated_mlp_verdict.judge(raw, cand, device, base)
     elif slot == ACTIVATION:
         from kernel_probe.probe import activation_verdict
         from kernel_probe.probe.activation import declared_function
@@ -216,6 +220,9 @@ def check_and_time(
     total)`` before each candidate (1-based)."""
     total = sum(len(cands) for cands in per_slot.values())
     index = 0
+    # every library whose candidates will run starts its worker now and imports the first of them
+    # while torch's own are checked (a library's import is seconds: liger-kernel's 4 s on 2 cores)
+    pool.prepare(ahead=[c for slot, cands in per_slot.items() for c in cands if _runs(c, slot, checks, refuse)])
     for slot, cands in per_slot.items():
         done: list[tuple[Candidate, Checked]] = []
         for cand in cands:
@@ -237,6 +244,16 @@ def check_and_time(
             # timing can change the choice (kernel_probe.probe.repetitions)
             _time_slot(slot, done, checks, pool, timing)
             yield from (checked for _, checked in done)
+
+
+def _runs(cand: Candidate, slot: str, checks: Checks, refuse: Callable[[str, Candidate], str | None]) -> bool:
+    """Whether checking ``cand`` will start its worker (not refused, not stopped before it)."""
+    if refuse(slot, cand):
+        return False
+    problem = judge.static_problem(
+        cand, slot, checks.device, checks.arch, with_compile=checks.with_compile, detail=True
+    )
+    return problem is None or problem.try_it
 
 
 def _time_slot(
@@ -365,7 +382,6 @@ def check_all(
     own = workers is None
     pool = workers or WorkerPool()
     try:
-        pool.prepare()  # start it now: its start-up (importing torch) is no candidate's time
         checking = (lambda slot, cid, index, total: progress(slot, cid)) if progress else (lambda *_: None)
         for done in check_and_time(per_slot, checks, pool, checking=checking):
             out[done.slot].append(done.report)

@@ -47,6 +47,7 @@ from kernel_probe.probe.measure import (
     fresh_differences,
     import_class,
     load_parameters,
+    one_cpu_thread,
     parameters_for,
     reference,
     reference_pass,
@@ -132,6 +133,7 @@ def check(
         return reply()  # no numerics without a mapping: the verdict says what is missing and unexpected
     reply = functools.partial(reply, init=fresh_differences(fresh, fresh_base, layout))
     with contextlib.ExitStack() as stack:
+        stack.enter_context(one_cpu_thread(device))  # the check's tensors are small (measure.one_cpu_thread)
         try:
             library, default = stack.enter_context(blas_library(cand, device))
         except BlasNotOffered as exc:

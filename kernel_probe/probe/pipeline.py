@@ -1,11 +1,14 @@
 """The probe as a library: a typed request in, a typed result out.
 
-    result = pipeline.run(ProbeRequest(out=Path("kernel-lock.toml"), shapes=("40320x1024",)))
+    from kernel_probe.jobstart.start import run
+    result = run(ProbeRequest(out=Path("kernel-lock.toml"), shapes=("40320x1024",)))
     result.lock.slots["LayerNorm"].implementation
 
-``run`` plans the request on this machine (``kernel_probe.probe.planning``: the device, the site profile,
-the candidates), checks every candidate in an isolated worker, times the accepted ones, chooses per
-slot and writes the lock (or reuses the current one) under a file lock. Nothing here prints: what a person should see is sent to an :class:`Events` object (the
+``probe_or_reuse`` takes a planned request (``kernel_probe.probe.planning``: the device, the site
+profile, the candidates), checks every candidate in an isolated worker, times the accepted ones,
+chooses per slot and writes the lock (or reuses the current one) under a file lock. It knows nothing
+of ranks: ``kernel_probe.jobstart.start.run`` (the command's entry point) plans the request, decides
+which rank of a job probes and hands the others its lock. Nothing here prints: what a person should see is sent to an :class:`Events` object (the
 command line renders it; the default ignores it), and every failure the user can act on is a
 ``LockError`` with its exit code. ``kernel_probe.commands.probe`` only parses arguments into a
 :class:`ProbeRequest` and renders the :class:`ProbeResult`.
@@ -14,7 +17,6 @@ command line renders it; the default ignores it), and every failure the user can
 from __future__ import annotations
 
 import functools
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,11 +26,10 @@ from typing import TYPE_CHECKING, Any
 import kernel_lock
 from kernel_lock.errors import KernelUnavailable, LockError, LockFormatError, LockMismatch
 from kernel_lock.slots import ATTENTION
-from kernel_probe.errors import InputFileError, NodeDiffers, ProbeError, StaleLock, UsageError
-from kernel_probe.probe.planning import Events, Plan, ProbeRequest, large_shape_warning, plan
+from kernel_probe.errors import InputFileError, StaleLock
+from kernel_probe.probe.planning import Events, Plan, ProbeRequest, large_shape_warning
 
 if TYPE_CHECKING:  # the warm path (a current lock) imports none of the probe's machinery
-    from kernel_probe.jobstart.ranks import JobRank
     from kernel_probe.probe.candidates import Candidate
     from kernel_probe.probe.choose import Choice
     from kernel_probe.probe.report import Report
@@ -64,6 +65,7 @@ OPTION_NAMES = {
     "deterministic": "--deterministic",
     "allow_init_change": "--allow-init-change",
     "strict_dtype": "--strict-dtype",
+    "mlp_implementation": "--mlp-implementation",
     "activation": "--activation",
     "allow_approximation": "--allow-approximation",
 }
@@ -192,158 +194,19 @@ def _recorded_libraries(lock: kernel_lock.KernelLock, judged: Mapping[str, Seque
     return out
 
 
-def run(request: ProbeRequest, events: Events | None = None) -> ProbeResult:
-    """Reuse the lock at ``request.out`` if it is current, else probe and write it (atomically, under a
-    file lock, so many ranks starting at once produce one lock). ``check_only`` writes nothing and
-    raises :class:`StaleLock` (exit 3) when the lock is not current."""
-    events = events or Events()
-    t_start = time.perf_counter()
-    rank = None if request.check_only else _job_rank(request.probe_per or "job", events)
-    try:
-        p = plan(request, events)
-    except BaseException as exc:
-        if rank is not None and rank.rank == 0 and request.probe_per in (None, "job"):
-            _fail_for_all(Path(os.path.abspath(request.out)), rank, exc)  # no rank waits for a plan that failed
-        raise
-    mode = request.probe_per or (p.profile.probe_per if p.profile else None) or "job"
-    given = _expand_out(request, p, mode)
-    if rank is not None and mode != "rank" and not _read_only(given):
-        return _run_ranked(request, p, given, rank, mode, events, t_start)
-    return _probe_or_reuse(request, p, given, events, t_start)
-
-
-def _read_only(out: Path) -> bool:
-    """Whether ``out``'s directory is on a read-only file system: there no rank can write a lock or a job
-    marker, so each rank reuses the lock itself when it is current (and fails naming the file system when it
-    is not), without waiting for a marker nobody can write."""
-    try:
-        return bool(os.statvfs(os.path.dirname(os.path.realpath(out)) or ".").f_flag & os.ST_RDONLY)
-    except OSError:
-        return False
-
-
-def fail_before_plan(out: str | Path, probe_per: str | None, check_only: bool, exc: BaseException) -> None:
-    """A request refused before it is planned (a bad argument): where this is rank 0 of a job whose
-    rank 0 probes, its failed marker is published, so the waiting ranks fail at once with its exit code."""
-    from kernel_probe.jobstart.ranks import detect
-
-    if check_only or probe_per not in (None, "job"):
-        return
-    try:
-        rank = detect().rank
-    except ValueError:
-        return  # the launcher's variables are unreadable: no job to tell
-    if rank is not None and rank.rank == 0:
-        _fail_for_all(Path(os.path.abspath(out)), rank, exc)
-
-
-def _fail_for_all(out: Path, rank: JobRank, exc: BaseException) -> None:
-    """The probing rank's failure, left as its job marker so that every waiting rank fails at once."""
-    from kernel_probe.jobstart import handoff
-
-    if "{node-type}" in str(out):
-        return  # no rank has claimed a kind of node yet: none waits
-    try:
-        handoff.publish(out, rank, handoff.failure_marker(rank, exc), None)
-    except (OSError, LockError):
-        pass  # the others time out, naming this rank
-
-
-def _expand_out(request: ProbeRequest, p: Plan, mode: str) -> Path:
-    """``--out`` with ``{node-type}`` replaced by this node's (``handoff.node_type``)."""
-    text = str(request.out)
-    if "{node-type}" not in text:
-        if mode == "node-type":
-            raise UsageError(
-                f"--probe-per node-type writes one lock per kind of node, but --out {text} names no {{node-type}}",
-                fix="use e.g. --out 'kernel-lock.{node-type}.toml' (the path is printed, and in --json as 'lock')",
-            )
-        return request.out
-    from kernel_probe.jobstart.handoff import node_type
-
-    return Path(text.replace("{node-type}", node_type(p.device)))
-
-
-def _job_rank(mode: str, events: Events) -> JobRank | None:
-    """This process's rank and job (``kernel_probe.jobstart.ranks``), or None: no launcher variables, or
-    ``--probe-per rank``."""
-    from kernel_probe.jobstart.handoff import PROBE_PER
-    from kernel_probe.jobstart.ranks import RankVariableError, detect
-
-    if mode not in PROBE_PER:
-        raise UsageError(f"--probe-per {mode!r}: use one of {', '.join(PROBE_PER)}")
-    if mode == "rank":
-        return None
-    try:
-        found = detect()
-    except RankVariableError as exc:
-        raise UsageError(
-            f"launcher variables: {exc}",
-            fix="correct or unset the variable, or pass --probe-per rank to ignore the launcher's variables",
-        ) from None
-    for note in found.notes:
-        events.note(f"launcher variables: {note}")
-    return found.rank
-
-
-def _run_ranked(
-    request: ProbeRequest, p: Plan, given: Path, rank: JobRank, mode: str, events: Events, t_start: float
+def probe_or_reuse(
+    request: ProbeRequest,
+    p: Plan,
+    given: Path,
+    events: Events,
+    t_start: float,
+    *,
+    unlocked: str | None = None,
 ) -> ProbeResult:
-    """One rank probes (rank 0, or per node type the rank that claims it) and leaves a job marker;
-    the others wait for the marker of this job and take its lock (``kernel_probe.jobstart.handoff``)."""
-    import socket
-
-    from kernel_probe.jobstart import handoff
-
-    out = Path(os.path.abspath(given))  # the marker sits beside the path as given (a link is not followed)
-    # job: rank 0; node-type: of each node's watching rank, the one whose exclusive create wins
-    prober = rank.rank == 0 if mode == "job" else rank.node_leader and handoff.claim(out, rank)
-    if prober:
-        try:
-            result = _probe_or_reuse(request, p, given, events, t_start, ranked=True)
-        except BaseException as exc:
-            _fail_for_all(out, rank, exc)
-            raise
-        written = result.lock
-        outcome: handoff.Outcome = "reused" if result.reused else "written"
-        marker = handoff.Marker(
-            outcome, rank.key, rank.describe(), socket.gethostname(), written.compute_digest(), p.digest
-        )
-        handoff.publish(out, rank, marker, written.dumps())
-        return result
-    marker, text = handoff.wait(out, rank, mode=mode, timeout=request.lock_timeout)
-    lock: kernel_lock.KernelLock | None = None
-    try:
-        lock = kernel_lock.loads(text, path=str(given), emit_warnings=False, trust=p.trust)
-    except LockError as exc:
-        problem = exc.problem
-    if lock is None or lock.compute_digest() != marker.digest:
-        raise ProbeError(
-            f"{given} is not the lock {marker.by} wrote for this job"
-            + (f" ({problem})" if lock is None else " (its digest differs): another job or process replaced it"),
-            fix="give each job its own --out, or start the job again",
-        )
-    if marker.inputs != p.digest:
-        raise UsageError(
-            f"{marker.by} probed {given} with other options than this rank (shapes, precision, slots, "
-            "candidates, pins or profile)",
-            fix="start every rank with the same kernel-probe arguments",
-        )
-    try:
-        lock.verify()
-    except LockMismatch as exc:
-        raise NodeDiffers(
-            f"{given} was probed by {marker.by} on {marker.host}, and this node differs from it: "
-            + "; ".join(str(d) for d in exc.differences),
-            fix="probe one lock per kind of node: --probe-per node-type --out 'kernel-lock.{node-type}.toml'",
-        ) from None
-    return ProbeResult(given, lock, True, p, seconds=time.perf_counter() - t_start, source=marker.by)
-
-
-def _probe_or_reuse(
-    request: ProbeRequest, p: Plan, given: Path, events: Events, t_start: float, *, ranked: bool = False
-) -> ProbeResult:
-    """Reuse the lock at ``given`` if current, else probe and write it under the file lock."""
+    """Reuse the lock at ``given`` if current, else probe and write it under a file lock, so that
+    concurrent probes of one path write one lock. ``unlocked``: what to warn where the file system does
+    not do file locks (None: that concurrent probes are not kept apart). How the ranks of a job share one
+    probe is decided above this, in ``kernel_probe.jobstart.start``."""
     from kernel_probe.probe.write import check_writable, exclusive, resolve_out
 
     # a symbolic link is written through; write access is needed only once a probe will run
@@ -360,17 +223,12 @@ def _probe_or_reuse(
             )
     check_writable(out)
     with exclusive(out, request.lock_timeout, events.note) as locked:
-        if not locked and ranked:
+        if not locked:
             events.warn(
-                f"{out.parent}: this file system does not do file locks: the ranks of this job still probe once "
-                f"(they wait for this rank's job marker), but another job probing {out.name} at the same time is "
-                "not kept apart (each write stays atomic: a reader sees one whole lock)"
-            )
-        elif not locked:
-            events.warn(
-                f"{out.parent}: this file system does not do file locks, so concurrent probes of {out.name} are "
-                "not kept apart (each write stays atomic: a reader sees one whole lock); under a launcher that "
-                "sets rank variables (Slurm, torchrun, MPI) one rank probes without them"
+                unlocked
+                or f"{out.parent}: this file system does not do file locks, so concurrent probes of {out.name} "
+                "are not kept apart (each write stays atomic: a reader sees one whole lock); under a launcher "
+                "that sets rank variables (Slurm, torchrun, MPI) one rank probes without them"
             )
         if not request.force:  # another rank may have written it while we waited
             lock, _ = reusable(
@@ -389,7 +247,8 @@ def _probe_or_reuse(
 
 def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     """Check every candidate, time the accepted ones, choose per slot and build the lock (not written)."""
-    from kernel_lock.fingerprint import with_torch
+    from kernel_probe.isolation.protocol import FingerprintRequest
+    from kernel_probe.isolation.worker import START_TIMEOUT as FINGERPRINT_TIMEOUT
     from kernel_probe.isolation.worker import WorkerPool
     from kernel_probe.probe.candidates import for_slot
     from kernel_probe.probe.check import Checks, Timing, check_and_time
@@ -441,7 +300,6 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     events.begin(sum(len(v) for v in per_slot.values()))
     try:
         with WorkerPool() as pool:
-            pool.prepare()  # torch's own worker, started before any library is imported
             for done in check_and_time(
                 per_slot, checks, pool, timing=timing, refuse=functools.partial(_refused, p), checking=events.checking
             ):
@@ -450,6 +308,8 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
                     result.timings[done.slot][done.report.id] = done.timings
                 result.check_seconds += done.check_seconds
                 result.time_seconds += done.time_seconds
+            # from the worker whose torch ran the checks: this process never imports torch
+            fingerprint = pool.shared.call(FingerprintRequest(), FINGERPRINT_TIMEOUT).fields
     finally:
         events.done()
     if emulated:
@@ -472,7 +332,7 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
         result.choices,
         result.reports,
         result.timings,
-        with_torch.current(),
+        fingerprint,
         precision=p.precision,
         provenance=provenance,
         profile=p.profile.lock_record(p.matched) if p.profile else None,
@@ -482,9 +342,9 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
 
 
 def _refused(p: Plan, slot: str, cand: Candidate) -> str | None:
-    """Why the profile skips ``cand`` for ``slot`` (its allow-list names others); None if it does not."""
-    allowed = p.profile.slots[slot].allowed if p.profile and slot in p.profile.slots else None
-    return f"not allowed by profile {p.profile.name}" if allowed is not None and cand.id not in allowed else None
+    """Why ``cand`` is skipped for ``slot`` without being checked (the slot's rule), or None."""
+    rule = p.rules.get(slot)
+    return rule.refuses(cand.id) if rule is not None else None
 
 
 def _emulated_matmul(p: Plan) -> str | None:
@@ -509,19 +369,15 @@ def _emulated_call_times(timings: Mapping[str, Mapping[str, list]], dtype: str) 
 def choose_all(
     p: Plan, reports: Mapping[str, list[Report]], timings: Mapping[str, Mapping[str, list]]
 ) -> dict[str, Choice]:
-    """Per slot: the command line's pin/prefer, else the profile's policy, else the rule (choose.py)."""
+    """Per slot: the slot's rule (``rules.SlotRule``: the command line's pin/prefer, else the profile's
+    policy), else the choice's own rule (choose.py)."""
     from kernel_probe.probe.candidates import default_for
     from kernel_probe.probe.choose import choose
+    from kernel_probe.probe.rules import SlotRule
 
     choices = {}
     for slot in p.slots:
-        sp = p.profile.slots.get(slot) if p.profile else None
-        if slot in p.request.pins or slot in p.request.prefers or sp is None:
-            forced: dict[str, Any] = dict(pin=p.request.pins.get(slot), prefer=p.request.prefers.get(slot))
-        else:
-            forced = dict(
-                pin=sp.pin, prefer=list(sp.preferred), origin=f"profile {p.profile.name}", strict_prefer=False
-            )
+        rule = p.rules.get(slot) or SlotRule()
         choices[slot] = choose(
             slot,
             reports[slot],
@@ -530,6 +386,6 @@ def choose_all(
             p.dtype,
             default_for(slot).id,
             deterministic=p.deterministic,
-            **forced,
+            **rule.choice_options(),
         )
     return choices

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernel_lock.slots import PRECISIONS, SLOTS
+from kernel_lock.slots import PRECISIONS, PROBED_BY_DEFAULT
 from kernel_probe.errors import ForcedUnusable, UsageError
 from kernel_probe.probe.limits import CHECK_TIMEOUT, IMPORT_TIMEOUT
+from kernel_probe.probe.rules import SlotRule, slot_rules
 from kernel_probe.probe.shapes import normal_shapes, parse_shape
 
 if TYPE_CHECKING:  # the warm path (a current lock) imports none of the probe's machinery
@@ -64,7 +65,9 @@ class ProbeRequest:
     probe_per: str | None = None
     # the Attention slot's timing geometry (HEADSxHEAD_DIMxSEQ[:window=W]); "": the default for the device
     attention: str = ""
-    # the Activation slot: the model's function (kernel_lock.slots.ACTIVATION_FUNCTIONS, or other:module.Class;
+    # the model's gated mlp_implementation (kernel_lock.gating): "" leaves GatedMLP out unless it is named
+    mlp_implementation: str = ""
+    # the Activation slot: the model's function (kernel_lock.activations.ACTIVATION_FUNCTIONS, or other:module.Class;
     # "": torch.nn.GELU's gelu-erf), and whether an approximation of it may be accepted (recorded)
     activation: str = ""
     allow_approximation: bool = False
@@ -97,6 +100,8 @@ class Plan:
 
         options = dict(parse_geometry(self.attention).options) if self.attention else {}
         out: dict[str, dict[str, Any]] = {"Attention": options} if options else {}
+        if self.request.mlp_implementation:  # the model's gate, pinned in slots.GatedMLP's kwargs
+            out["GatedMLP"] = {"mlp_implementation": self.request.mlp_implementation}
         if self.request.activation:  # the model's activation function (the Activation slot's reference)
             out["Activation"] = {"function": self.request.activation}
         return out
@@ -106,6 +111,8 @@ class Plan:
     # the registry libraries this plan's candidates come from: version, "installed" or "" (not installed)
     libraries: Mapping[str, str] = field(default_factory=dict)
     library_candidates: Mapping[str, Sequence[str]] = field(default_factory=dict)  # library -> its candidates' ids
+    # per slot, what the command line and the profile say of it (rules.SlotRule): the one answer the probe reads
+    rules: Mapping[str, SlotRule] = field(default_factory=dict)
 
     @property
     def dtype(self) -> str:
@@ -200,7 +207,7 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
         except ValueError as exc:
             raise UsageError(f"--attention {exc}", fix=f"write it {FORM}, e.g. 16x128x40320:window=512") from None
     if request.activation:
-        from kernel_lock.slots import function_problem
+        from kernel_lock.activations import function_problem
 
         problem = function_problem(request.activation)
         if problem:
@@ -209,7 +216,15 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
             )
     if request.check_only and request.force:
         raise UsageError("--check and --force contradict each other")
-    slots = tuple(request.slots) or SLOTS
+    if request.mlp_implementation:
+        from kernel_lock.gating import gate_for
+
+        try:
+            gate_for(request.mlp_implementation)
+        except ValueError as exc:
+            raise UsageError(f"--mlp-implementation: {exc}") from None
+    # a model with a gated mlp_implementation has the GatedMLP slot too
+    slots = tuple(request.slots) or PROBED_BY_DEFAULT + (("GatedMLP",) if request.mlp_implementation else ())
     device = detect_device()
     profile, matched = _apply_profile(request, device, events)
     candidates, problems = gather_candidates(
@@ -223,8 +238,9 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
             "TRITON_INTERPRET is set: Triton kernels run in Triton's interpreter, not compiled; a candidate whose "
             "kernels ran interpreted is labelled so, never timed and never written to the lock",
         ]
+    rules = slot_rules(slots, request.pins, request.prefers, profile)
     check_forced(
-        request.pins, request.prefers, slots, candidates, device, profile=profile, with_compile=request.with_compile
+        request.pins, request.prefers, slots, candidates, device, rules=rules, with_compile=request.with_compile
     )
     kind = "cpu" if device["type"] == "cpu" else "gpu"
     if asked:
@@ -253,6 +269,8 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
     attention = request.attention or DEFAULT_GEOMETRY[kind]
     if "Attention" in slots:
         inputs["attention"] = attention
+    if "GatedMLP" in slots:
+        inputs["mlp_implementation"] = request.mlp_implementation or "swiglu"
     if "Activation" in slots:
         from kernel_lock.slots import CANONICAL
 
@@ -283,6 +301,7 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
         inputs,
         installed_for(probed),
         by_library(probed),
+        rules,
     )
 
 
@@ -317,7 +336,7 @@ def check_forced(
     candidates: Sequence[Candidate],
     device: Mapping[str, Any],
     *,
-    profile: Any = None,
+    rules: Mapping[str, SlotRule] | None = None,
     with_compile: bool = False,
 ) -> None:
     """Every --pin/--prefer checked before any work: the slot is probed, the id is a candidate of it
@@ -339,11 +358,11 @@ def check_forced(
                     f"{said}: {cid!r} is not a candidate for {slot} (known: {', '.join(ids)})",
                     fix=f"use one of those ids, or offer your own class with --candidate {slot}=module.Class",
                 )
-            sp = profile.slots.get(slot) if profile else None
-            if sp is not None and sp.allowed is not None and cid not in sp.allowed:
+            rule = (rules or {}).get(slot)
+            if rule is not None and rule.allowed is not None and rule.refuses(cid):
                 raise UsageError(
-                    f"{said}: profile {profile.name} does not allow it for {slot} "
-                    f"(allowed: {', '.join(sp.allowed) or 'none: allowed = []'})",
+                    f"{said}: {rule.allowed_by} does not allow it for {slot} "
+                    f"(allowed: {', '.join(rule.allowed) or 'none: allowed = []'})",
                     fix=f"drop {said}, or use a profile that allows it",
                 )
             from kernel_probe.probe.judge import static_problem  # only when something is forced

@@ -16,7 +16,7 @@ from kernel_lock.fingerprint.fields import FIELDS, library_versions
 from kernel_lock.lock import KernelLock
 from kernel_lock.schema import Candidate as RejectedCandidate
 from kernel_lock.schema import EnvField, Environment, Requirement, Slot, Twin
-from kernel_lock.slots import CANONICAL, SLOT_SEMANTICS
+from kernel_lock.slots import CANONICAL, GATED_MLP, SLOT_SEMANTICS
 from kernel_probe import __version__
 from kernel_probe.errors import ProbeError, UsageError
 
@@ -73,6 +73,15 @@ def _evidence(report: Report) -> list[dict[str, Any]]:
             row["matmul"] = cpumath.describe(matmul[v.dtype])
         rows.append(row)
     return rows
+
+
+def _gate_formula(slot: str, kwargs: Mapping[str, Any]) -> str:
+    """GatedMLP: the formula of the mlp_implementation it pins (``slots.GatedMLP.gate``); else ""."""
+    if slot != GATED_MLP:
+        return ""
+    from kernel_lock.gating import formula
+
+    return formula(str(kwargs.get("mlp_implementation", "")))
 
 
 def _timing(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -171,6 +180,7 @@ def build_lock(
             timing=tuple(_timing([row for rid in sorted(timings.get(slot, {})) for row in timings[slot][rid]])),
             rejected=rejected,
             blas=Blas(choice.report.blas, choice.report.blas_default) if choice.report.blas else None,
+            gate=_gate_formula(slot, cand.pinned_kwargs(values)),
             # Activation: the model's function the candidates were checked against (kernel_lock.slots)
             function=str(values["function"]) if slot == "Activation" else "",
         )

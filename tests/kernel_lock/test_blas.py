@@ -174,9 +174,9 @@ class InProcessWorker:
 
 class InProcessPool:
     def __init__(self, *a, **k):
-        self.w = InProcessWorker()
+        self.w = self.shared = InProcessWorker()
 
-    def prepare(self):
+    def prepare(self, ahead=None):
         pass
 
     @contextmanager

@@ -78,6 +78,7 @@ def build(lock: kernel_lock.KernelLock, mode: str) -> torch.nn.Sequential:
     return torch.nn.Sequential(Linear(8, 32), LayerNorm(32), torch.nn.GELU(), Linear(32, 4))
 
 
+@pytest.mark.slow  # trains, saves and infers in fresh interpreters
 def test_train_save_remove_library_infer(tmp_path, fast_library, caplog):
     lock = sealed()
     torch.manual_seed(0)

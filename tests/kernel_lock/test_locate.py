@@ -181,6 +181,7 @@ def test_the_warm_path_refuses_what_the_import_refuses(tmp_path, ghost_site, mon
     assert static in (refused, KernelUnavailable.exit_code)  # known: the same; unknown: "not confirmed" (3)
 
 
+@pytest.mark.slow  # a confirming child imports torch
 def test_a_real_child_reaches_the_same_verdict(tmp_path, monkeypatch, case="Linear slot -> QAT Linear"):
     """On a case only an import can judge, a real interpreter and the in-process child above say the
     same thing, word for word: the cases above lose nothing by not starting one each."""

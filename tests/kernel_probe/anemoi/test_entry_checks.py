@@ -88,7 +88,9 @@ def test_entry_findings(key, entry, severity, kind, words):
     [
         ("LayerNorm", {"_target_": "torch.nn.LayerNorm", "eps": 1e-5, "bias": False}),
         ("LayerNorm", {"_target_": "kp_zoo.norms.GoodLayerNorm", "_partial_": True}),
-        ("LayerNorm", {"_target_": "kernel_lock.adapters.CompiledLayerNorm"}),
+        pytest.param(  # compiles C++ with torch.compile on a CPU: seconds
+            "LayerNorm", {"_target_": "kernel_lock.adapters.CompiledLayerNorm"}, marks=pytest.mark.slow
+        ),
         ("QueryNorm", {"_target_": "torch.nn.LayerNorm", "bias": False}),
         ("Linear", {"_target_": "torch.nn.Linear", "bias": False}),
         ("Linear", {"_target_": "kp_zoo.norms.GoodLinear"}),

@@ -84,6 +84,7 @@ def test_an_invalid_lock_is_not_sealed(tmp_path, edit, words):
     assert words in str(exc.value) and p.read_text() == text  # nothing rewritten
 
 
+@pytest.mark.slow  # imports the candidates in two children
 def test_trust_reaches_the_validation(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("KERNEL_LOCK_TRUST", raising=False)
     p = tmp_path / "k.toml"

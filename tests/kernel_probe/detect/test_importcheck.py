@@ -248,5 +248,6 @@ def test_env_reports_the_scaled_timeout_and_the_load(monkeypatch):
     monkeypatch.setattr(importcheck, "load_per_core", lambda: 2.5)
     monkeypatch.setattr(env_report, "load_per_core", lambda: 2.5)
     monkeypatch.setattr(env_report, "scaled_timeout", lambda: importcheck.scaled_timeout(load=2.5))
+    monkeypatch.setattr(env_report.triton_info, "import_request", lambda located: None)  # no child: the timeout only
     checks = env_report.detect(import_checks=True, table=())["import_checks"]
     assert checks["timeout"] == 50.0 and checks["load_per_core"] == 2.5 and isinstance(checks["notes"], list)

@@ -106,3 +106,85 @@ def test_worker_forwards_progress_before_the_reply():
     assert [r["shape"] for r in reply.rows] == ["32x16", "64x16"]
     assert {(m.shape, m.phase) for m in seen} >= {("32x16", "first call"), ("32x16", "warm-up"), ("64x16", "rep")}
     assert all("copy_percent" not in r for r in reply.rows)  # no copy ceiling on a CPU
+
+
+def _spy_writes(worker):
+    """The request lines ``worker`` writes to its process from now on (its stdin wrapped)."""
+    written: list[str] = []
+    proc = worker._proc
+    real = proc.stdin
+
+    class Spy:
+        def write(self, data):
+            written.append(data.decode())
+            return real.write(data)
+
+        def flush(self):
+            return real.flush()
+
+        def close(self):
+            return real.close()
+
+    proc.stdin = Spy()
+    return written
+
+
+@pytest.mark.slow  # starts a worker (import torch)
+def test_a_request_sent_ahead_is_answered_to_its_own_call_without_being_sent_again():
+    from kernel_probe.isolation.protocol import ImportReply, ImportRequest
+    from kernel_probe.isolation.worker import Worker
+
+    with Worker() as w:
+        w.send_ahead(ImportRequest(target="torch.nn.LayerNorm"))
+        assert w.started == 1  # started at once, its ping not yet read
+        written = _spy_writes(w)
+        reply = w.call(ImportRequest(target="torch.nn.LayerNorm"), 120)
+        assert isinstance(reply, ImportReply) and reply.ok
+        assert written == []  # the reply of the request written ahead
+        again = w.call(ImportRequest(target="torch.nn.LayerNorm"), 120)
+        assert again.ok and len(written) == 1 and w.started == 1
+
+
+@pytest.mark.slow  # starts a worker (import torch)
+def test_another_call_after_a_request_sent_ahead_gets_its_own_reply():
+    from kernel_probe.isolation.protocol import ImportRequest, PingReply, PingRequest
+    from kernel_probe.isolation.worker import Worker
+
+    with Worker() as w:
+        w.send_ahead(ImportRequest(target="kp_no_such_module.Nope"))
+        reply = w.call(PingRequest(), 120)  # the import's reply is read and dropped first: replies come in order
+        assert isinstance(reply, PingReply) and reply.pid == w._proc.pid
+        imported = w.call(ImportRequest(target="torch.nn.LayerNorm"), 120)
+        assert imported.ok
+
+
+@pytest.mark.slow  # starts a worker (import torch)
+def test_a_worker_that_dies_while_a_request_is_ahead_is_reported_and_replaced():
+    from kernel_probe.isolation.protocol import ImportRequest
+    from kernel_probe.isolation.worker import Worker, WorkerDied, kill_group
+
+    with Worker() as w:
+        w.send_ahead(ImportRequest(target="torch.nn.LayerNorm"))
+        kill_group(w._proc.pid)
+        w._proc.wait()
+        with pytest.raises(WorkerDied) as died:
+            w.call(ImportRequest(target="torch.nn.LayerNorm"), 120)
+        assert died.value.status == "crashed"
+        assert w.call(ImportRequest(target="torch.nn.LayerNorm"), 120).ok  # a fresh worker owes nothing
+        assert w.started == 2
+
+
+@pytest.mark.slow  # starts a worker (import torch)
+def test_prepare_starts_each_named_library_worker_at_once_and_keeps_no_spare():
+    from kernel_probe.probe.candidates import default_for
+
+    liger = [c for c in cands.registry([], entry_points=False)[0] if c.id == "liger.layer_norm"][0]
+    pool = WorkerPool()
+    try:
+        pool.prepare(ahead=[default_for("LayerNorm"), liger])
+        assert pool.fresh == 1 and pool._next is None  # liger's worker started; torch's own share one
+        with pool.worker_for(liger) as worker:
+            assert worker._ahead is not None  # its first import is on its way
+    finally:
+        pool.close()
+    assert pool.shared._proc is None

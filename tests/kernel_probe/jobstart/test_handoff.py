@@ -15,10 +15,10 @@ import pytest
 
 import kernel_lock
 from kernel_probe.errors import NodeDiffers, ProbeError, UsageError
-from kernel_probe.jobstart import handoff
+from kernel_probe.jobstart import handoff, start
 from kernel_probe.jobstart.handoff import Marker, RankFailed, WaitTimeout
 from kernel_probe.jobstart.ranks import LAUNCHERS, JobRank
-from kernel_probe.probe import pipeline, planning
+from kernel_probe.probe import planning
 from kernel_probe.probe.candidates import default_for
 from tests.conftest import sealed_lock, small_probe
 from tests.kernel_probe.probe.test_candidates_data import _lock_pinning
@@ -91,7 +91,7 @@ def test_a_current_lock_without_this_jobs_marker_is_never_reused(tmp_path, monke
         marked(out, lock, earlier, request)
     slurm(monkeypatch, tmp_path, 1, local=1, restart=2 if earlier and earlier.attempt == "1" else None)
     with pytest.raises(WaitTimeout) as exc:
-        pipeline.run(request)
+        start.run(request)
     text = str(exc.value)
     attempt = "2" if earlier and earlier.attempt == "1" else "0"
     assert f"rank 0 of slurm job 77 (attempt {attempt}) wrote no job marker" in text
@@ -104,7 +104,7 @@ def test_a_waiting_rank_takes_the_lock_rank_0_marked_for_this_job(tmp_path, monk
     lock = current_lock(out, request)
     slurm(monkeypatch, tmp_path, 3, local=3)
     marked(out, lock, job_rank(), request)
-    result = pipeline.run(request)
+    result = start.run(request)
     assert result.reused and result.lock.compute_digest() == lock.compute_digest()
     assert result.source.startswith("rank 0 of 16") and "slurm job 77" in result.source
 
@@ -119,11 +119,11 @@ def test_a_rank_on_the_node_waits_on_the_node_local_copy_not_the_shared_director
     local = handoff.node_dir(out, rank)
     assert local.is_relative_to(tmp_path / "node0")  # $TMPDIR: this node's
     handoff.marker_path(out, rank).unlink()  # the shared marker gone: the node-local copy is enough
-    assert pipeline.run(request).reused
+    assert start.run(request).reused
     # on another node (its own $TMPDIR) nothing was copied yet: a non-watching rank there waits for its watcher
     slurm(monkeypatch, tmp_path, 13, local=5, node=1)
     with pytest.raises(WaitTimeout):
-        pipeline.run(dataclasses.replace(request, lock_timeout=0.15))
+        start.run(dataclasses.replace(request, lock_timeout=0.15))
 
 
 def test_a_node_differing_from_rank_0s_lock_is_told_to_probe_per_node_type(tmp_path, monkeypatch):
@@ -136,7 +136,7 @@ def test_a_node_differing_from_rank_0s_lock_is_told_to_probe_per_node_type(tmp_p
     slurm(monkeypatch, tmp_path, 1, local=1)
     marked(out, other, job_rank(), request)
     with pytest.raises(NodeDiffers) as exc:
-        pipeline.run(request)
+        start.run(request)
     assert exc.value.exit_code == 3 and "device-type" in str(exc.value) and "--probe-per node-type" in str(exc.value)
 
 
@@ -148,14 +148,14 @@ def test_other_options_or_a_replaced_lock_are_errors_not_a_silent_reuse(tmp_path
     other_options = dataclasses.replace(request, shapes=("128x32",))
     marked(out, lock, job_rank(), other_options)
     with pytest.raises(UsageError, match="with other options than this rank"):
-        pipeline.run(request)
+        start.run(request)
     marked(out, lock, job_rank(), request)
     replaced = dataclasses.replace(lock, created_by="someone else").sealed()
     replaced.dump(out)  # after the marker: another job wrote the same --out
     for f in (tmp_path / "node1").rglob("ready"):
         f.unlink()
     with pytest.raises(ProbeError, match=r"is not the lock rank 0 of 16.* wrote for this job \(its digest differs\)"):
-        pipeline.run(request)
+        start.run(request)
 
 
 def test_a_failed_prober_fails_every_waiting_rank_at_once_with_its_exit_code(tmp_path):
@@ -237,7 +237,7 @@ def test_node_type_claims_are_exclusive_and_need_no_file_lock(tmp_path, monkeypa
 
 def test_node_type_needs_the_placeholder_and_names_the_device(tmp_path):
     with pytest.raises(UsageError, match=r"names no \{node-type\}"):
-        pipeline.run(planning.ProbeRequest(out=tmp_path / "k.toml", probe_per="node-type", **REQUEST))
+        start.run(planning.ProbeRequest(out=tmp_path / "k.toml", probe_per="node-type", **REQUEST))
     name = handoff.node_type({"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "arch": "sm_90", "count": 4})
     assert name.startswith("cuda-sm_90-4-") and "/" not in name
     assert name != handoff.node_type({"type": "cuda", "name": "NVIDIA A100", "arch": "sm_80", "count": 4})
@@ -248,9 +248,9 @@ def test_bad_launcher_variables_are_a_usage_error_and_rank_ignores_them(tmp_path
     monkeypatch.setenv("SLURM_PROCID", "one")
     request = planning.ProbeRequest(out=tmp_path / "k.toml", **REQUEST)
     with pytest.raises(UsageError, match="SLURM_PROCID='one'") as exc:
-        pipeline.run(request)
+        start.run(request)
     assert exc.value.exit_code == 2 and "--probe-per rank" in str(exc.value)
-    assert pipeline._job_rank("rank", planning.Events()) is None
+    assert start._job_rank("rank", planning.Events()) is None
 
 
 # ---- the processes themselves: one probe, with and without file locks ------------------------------------
@@ -348,7 +348,7 @@ def test_node_type_mode_waits_for_the_rank_that_claimed_its_kind_of_node(tmp_pat
     assert handoff.claim(out, job_rank(0))  # a node of this kind claimed it first
     marked(out, lock, job_rank(), request)
     slurm(monkeypatch, tmp_path, 8, local=0, node=1)  # this node's watching rank: its claim loses, it waits
-    result = pipeline.run(request)
+    result = start.run(request)
     assert result.lock_path == out, (result.lock_path, out)
     assert result.reused and result.source.startswith("rank 0 of 16")
 
@@ -359,7 +359,7 @@ def test_rank_0_failing_before_any_work_still_releases_the_others(tmp_path, monk
     out.parent.mkdir()
     slurm(monkeypatch, tmp_path, 0, local=0)
     with pytest.raises(UsageError):
-        pipeline.run(planning.ProbeRequest(out=out, **{**REQUEST, "reps": 0}))
+        start.run(planning.ProbeRequest(out=out, **{**REQUEST, "reps": 0}))
     with pytest.raises(RankFailed) as err:
         handoff.wait(out, job_rank(1, local=1), mode="job", timeout=5)
     assert err.value.exit_code == 2 and "--reps must be a whole number from 1" in err.value.problem
@@ -474,7 +474,7 @@ def test_rank_0_given_a_bad_argument_fails_every_rank_with_its_exit_code(tmp_pat
 def test_a_node_local_folder_of_another_user_open_to_all_is_neither_used_nor_read_end_to_end(
     tmp_path, monkeypatch, foreign
 ):
-    """Issue 34, through ``pipeline.run``: on a node, another user (uid 12345) made
+    """Issue 34, through ``start.run``: on a node, another user (uid 12345) made
     ``$TMPDIR/kernel-probe-<uid>`` (or this job's folder in it) beforehand, mode 777, with a ``ready``
     link in the job's folder. Rank 0 publishes and a waiting rank of the node takes the lock: neither
     writes through the link nor reads anything under that folder; the victim is intact."""
@@ -495,7 +495,7 @@ def test_a_node_local_folder_of_another_user_open_to_all_is_neither_used_nor_rea
     read: list[Path] = []
     real_read = handoff._read
     monkeypatch.setattr(handoff, "_read", lambda path: read.append(Path(path)) or real_read(path))
-    assert pipeline.run(request).reused  # rank 0: reuses the lock, publishes the marker
+    assert start.run(request).reused  # rank 0: reuses the lock, publishes the marker
     assert victim.read_text() == "precious" and (local / "ready").is_symlink()
 
     # the link now points at a forged answer, as the attacker would want it read by the node's ranks
@@ -504,7 +504,7 @@ def test_a_node_local_folder_of_another_user_open_to_all_is_neither_used_nor_rea
     victim.write_text(payload)
     monkeypatch.setattr(handoff, "FALLBACK", (0.05, 0.1))  # the rare look at the shared marker, made quick
     slurm(monkeypatch, tmp_path, 5, local=5)
-    result = pipeline.run(request)
+    result = start.run(request)
     assert result.reused and result.lock.compute_digest() == lock.compute_digest()  # rank 0's, from the shared marker
     assert victim.read_text() == payload  # not replaced by the node leader's copy either
     assert not [p for p in read if p.is_relative_to(local.parent)], read  # nothing under that folder read

@@ -14,7 +14,7 @@ def test_builtin_registry_is_consistent():
     assert len(ids) == len(set(ids))
     for c in cands.builtin():
         assert all(cands.SLOT_SEMANTICS[s] == c.semantics for s in c.slots), c.id
-        assert c.twin_target.startswith(("torch.nn.", "kernel_lock.attention.")), c.id
+        assert c.twin_target.startswith(("torch.nn.", "kernel_lock.attention.", "kernel_lock.gated_mlp.")), c.id
     expected = {
         "torch.layer_norm",
         "torch.rms_norm",
@@ -45,6 +45,9 @@ def test_builtin_registry_is_consistent():
         "flash_attn.v3",
         "flash_attn.v4",
         "te.dot_product_attention",
+        "torch.gated_mlp",
+        "torch.compile.gated_mlp",
+        "liger.gated_mlp",
         "torch.gelu",
         "torch.gelu_tanh",
         "torch.silu",

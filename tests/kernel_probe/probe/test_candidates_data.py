@@ -69,7 +69,7 @@ def test_the_slot_facts_agree_with_each_other():
     [
         ("Layernorm", "did you mean 'LayerNorm'? slot names are case-sensitive"),
         ("rmsnorm", "did you mean 'RMSNorm'? slot names are case-sensitive"),
-        ("Conv", "known slots: LayerNorm, RMSNorm, Linear, Attention, Activation"),
+        ("Conv", "known slots: LayerNorm, RMSNorm, Linear, Attention, GatedMLP, Activation"),
     ],
 )
 def test_one_hint_for_a_misspelt_slot(name, fix):
@@ -189,6 +189,7 @@ def test_the_allow_list_is_the_registrys_roots_and_nothing_else():
         "torch",
         "kernel_lock.adapters",
         "kernel_lock.attention",
+        "kernel_lock.gated_mlp",
         "liger_kernel",
         "transformer_engine",
         "apex",

@@ -381,6 +381,9 @@ def test_the_probe_does_not_ask_to_time_an_interpreted_candidate(monkeypatch):
             raise AssertionError(f"the probe asked an interpreted candidate's worker for {args[0]!r}")
 
     class Pool:
+        def prepare(self, ahead=None):
+            pass  # nothing starts: the candidate's check is replaced above
+
         @contextlib.contextmanager
         def worker_for(self, cand):
             yield NoCalls()

@@ -13,10 +13,13 @@ from types import SimpleNamespace
 import pytest
 
 from kernel_probe.errors import InputFileError, StaleLock, UsageError
+from kernel_probe.jobstart import start
+from kernel_probe.jobstart.start import run
 from kernel_probe.probe import pipeline, planning
-from kernel_probe.probe.pipeline import choose_all, reusable, run
+from kernel_probe.probe.pipeline import choose_all, reusable
 from kernel_probe.probe.planning import ProbeRequest, plan
 from kernel_probe.probe.report import Report
+from kernel_probe.probe.rules import slot_rules
 from tests.conftest import MINIMAL_LOCK, edited_lock, write_sealed
 
 HEAD = 'created-by = "hand"\n'
@@ -132,17 +135,17 @@ def test_expand_out(cpu, monkeypatch):
 
     monkeypatch.setattr(handoff, "node_type", lambda device: f"{device['type']}-kind")
     p = plan(ProbeRequest())
-    assert pipeline._expand_out(ProbeRequest(out=Path("a/lock.toml")), p, "job") == Path("a/lock.toml")
-    assert pipeline._expand_out(ProbeRequest(out=Path("a/{node-type}.toml")), p, "job") == Path("a/cpu-kind.toml")
-    assert pipeline._expand_out(ProbeRequest(out=Path("{node-type}.toml")), p, "node-type") == Path("cpu-kind.toml")
+    assert start._expand_out(ProbeRequest(out=Path("a/lock.toml")), p, "job") == Path("a/lock.toml")
+    assert start._expand_out(ProbeRequest(out=Path("a/{node-type}.toml")), p, "job") == Path("a/cpu-kind.toml")
+    assert start._expand_out(ProbeRequest(out=Path("{node-type}.toml")), p, "node-type") == Path("cpu-kind.toml")
     with pytest.raises(UsageError, match=r"--out a/lock.toml names no \{node-type\}") as info:
-        pipeline._expand_out(ProbeRequest(out=Path("a/lock.toml")), p, "node-type")
+        start._expand_out(ProbeRequest(out=Path("a/lock.toml")), p, "node-type")
     assert "kernel-lock.{node-type}.toml" in info.value.fix
 
 
 def test_job_rank_without_a_launcher(cpu):
-    assert pipeline._job_rank("rank", planning.Events()) is None
-    assert pipeline._job_rank("job", planning.Events()) is None  # conftest clears the launchers' rank variables
+    assert start._job_rank("rank", planning.Events()) is None
+    assert start._job_rank("job", planning.Events()) is None  # conftest clears the launchers' rank variables
 
 
 def site(**slots) -> SimpleNamespace:
@@ -171,7 +174,8 @@ def site(**slots) -> SimpleNamespace:
     ],
 )
 def test_refused_by_the_profiles_allow_list(cpu, profile, cid, refused):
-    p = replace(plan(ProbeRequest()), profile=profile)
+    p = plan(ProbeRequest())
+    p = replace(p, profile=profile, rules=slot_rules(p.slots, {}, {}, profile))  # as plan() derives them
     assert pipeline._refused(p, "RMSNorm", SimpleNamespace(id=cid)) == refused
 
 
@@ -194,7 +198,8 @@ def reports_and_timings(slot: str, semantics: str, ms: dict[str, float]):
 )
 def test_choose_all(cpu, request_change, profile, chosen, how):
     p = plan(ProbeRequest(slots=("RMSNorm",), shapes=SHAPE, precision="32-true"))
-    p = replace(p, request=replace(p.request, **request_change), profile=profile)
+    request = replace(p.request, **request_change)
+    p = replace(p, request=request, profile=profile, rules=slot_rules(p.slots, request.pins, request.prefers, profile))
     reports, timings = reports_and_timings("RMSNorm", "rms_norm", {"torch.rms_norm": 1.0, "liger.rms_norm": 0.5})
     (choice,) = choose_all(p, {"RMSNorm": reports}, {"RMSNorm": timings}).values()
     assert (choice.slot, choice.report.id, choice.how) == ("RMSNorm", chosen, how)
@@ -302,7 +307,7 @@ def test_check_exits_3_naming_the_new_library(tmp_path, cpu, monkeypatch):
     monkeypatch.setattr(
         planning, "plan", lambda *_a, **_k: replace(p, libraries=dict(p.libraries) | {"liger-kernel": "0.8.5"})
     )
-    monkeypatch.setattr(pipeline, "plan", planning.plan)
+    monkeypatch.setattr(start, "plan", planning.plan)
     with pytest.raises(StaleLock) as info:
         run(request)
     assert "liger-kernel is installed now (0.8.5)" in info.value.problem and info.value.exit_code == 3

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernel_lock.slots import SLOTS
+from kernel_lock.slots import PROBED_BY_DEFAULT
 from kernel_probe.errors import ForcedUnusable, UsageError
 from kernel_probe.probe import planning
 from kernel_probe.probe.planning import (
@@ -120,7 +120,7 @@ def test_defaults_follow_the_device_kind(on, device, kind):
     assert p.shapes == DEFAULT_SHAPES[kind] and p.shapes_from == "defaults"
     assert p.reps == DEFAULT_REPS[kind]
     assert p.precision == DEFAULT_PRECISION and (p.dtype, p.regime) == ("bfloat16", "mixed")
-    assert p.slots == SLOTS and p.deterministic is False
+    assert p.slots == PROBED_BY_DEFAULT and p.deterministic is False
     assert p.profile is None and p.matched == "" and p.problems == () and p.trust == ()
     assert p.device == device
 

@@ -1,0 +1,186 @@
+"""The GatedMLP slot's classes: anemoi's ``GatedMLPLayer`` interface over a torch or a fused gate.
+
+Every class here has anemoi's parameters and state-dict keys exactly (``gate_proj.weight``,
+``gate_proj.bias``, ``value_proj.weight``, ``value_proj.bias``: two ``torch.nn.Linear`` and a gate
+without parameters), is built as ``Class(in_features, out_features, mlp_implementation=..., bias=True)``
+and computes ``gate(gate_proj(x)) * value_proj(x)`` (``kernel_lock.gating``). They differ in how the
+gate and the product run:
+
+- ``GatedMLP``: torch's functions, as anemoi's layer (the slot's default and every candidate's twin);
+- ``CompiledGatedMLP``: the gate and the product through one ``torch.compile``'d function;
+- ``LigerGatedMLP``: liger-kernel's fused Triton kernels, ``LigerSiLUMulFunction`` for swiglu and
+  ``LigerGELUMulFunction`` for geglu. liger's GELU is the tanh approximation, so the check rejects it
+  for anemoi's geglu (exact erf) by name; liger has no fused sigmoid or relu gate (glu, reglu).
+
+``swap_gated_layers`` puts one of these in place of each ``GatedMLPLayer`` of a built anemoi model, its
+parameters moved over by a strict state-dict load (anemoi hard-codes its gate: there is no config key
+for the class). Importing this module imports torch; liger-kernel is imported only when
+``LigerGatedMLP`` is first looked up (module ``__getattr__``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .gating import GATES, gate_for
+
+# gate function name (kernel_lock.gating) -> torch's function
+TORCH_GATES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "sigmoid": torch.sigmoid,
+    "silu": F.silu,
+    "gelu_erf": F.gelu,  # approximate="none": erf, as torch.nn.GELU() in anemoi's geglu
+    "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+    "relu": F.relu,
+}
+
+
+class GatedMLP(nn.Module):
+    """``gate(gate_proj(x)) * value_proj(x)`` with torch's functions: anemoi's ``GatedMLPLayer`` with
+    torch.nn.Linear for its Linear slot. Same parameters and state-dict keys as anemoi's layer."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        mlp_implementation: str = "swiglu",
+        bias: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        self.mlp_implementation = mlp_implementation
+        self.gate_function = gate_for(mlp_implementation).function
+        self._check_gate()
+        self.gate_proj = nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.value_proj = nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype)
+
+    def _check_gate(self) -> None:
+        """A subclass refuses, at construction, a gate its kernel does not compute."""
+
+    def gate_and_multiply(self, gate: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """The gate applied to ``gate``, times ``value``."""
+        return TORCH_GATES[self.gate_function](gate) * value
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``gate(gate_proj(x)) * value_proj(x)``."""
+        return self.gate_and_multiply(self.gate_proj(x), self.value_proj(x))
+
+    def extra_repr(self) -> str:
+        return f"mlp_implementation={self.mlp_implementation!r}"
+
+
+_compiled: dict[str, Callable[..., Any]] = {}
+
+
+def _gated_product(function: str) -> Callable[..., Any]:
+    # one compiled function per gate, shared by every instance (compilation is per process and shape)
+    f = _compiled.get(function)
+    if f is None:
+        gate = TORCH_GATES[function]
+
+        def gated_product(g: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return gate(g) * v
+
+        f = _compiled[function] = torch.compile(gated_product)
+    return f
+
+
+class CompiledGatedMLP(GatedMLP):
+    """``GatedMLP`` whose gate and product run as one ``torch.compile``'d function (same parameters)."""
+
+    def gate_and_multiply(self, gate: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """The gate and the product, compiled."""
+        return _gated_product(self.gate_function)(gate, value)
+
+
+# liger-kernel's fused gate-and-multiply functions, by the gate they compute (its GELU is tanh's)
+LIGER_GATES = {
+    "silu": ("liger_kernel.ops.swiglu", "LigerSiLUMulFunction", "silu"),
+    "gelu_erf": ("liger_kernel.ops.geglu", "LigerGELUMulFunction", "gelu_tanh"),
+}
+
+
+def _liger_class() -> type:
+    functions = {gate: getattr(importlib.import_module(m), name) for gate, (m, name, _) in LIGER_GATES.items()}
+
+    class LigerGatedMLP(GatedMLP):
+        """``GatedMLP`` whose gate and product are liger-kernel's fused Triton kernel: swiglu through
+        ``LigerSiLUMulFunction``, geglu through ``LigerGELUMulFunction`` (tanh-approximated GELU, not
+        anemoi's erf: the check says so). Same parameters and state-dict keys as anemoi's layer."""
+
+        # what the fused kernel computes for each gate it is offered for (the check compares against it)
+        computes = {gate: computed for gate, (_, _, computed) in LIGER_GATES.items()}
+
+        def _check_gate(self) -> None:
+            if self.gate_function not in functions:
+                raise ValueError(
+                    f"liger-kernel has no fused {self.gate_function} gate (mlp_implementation="
+                    f"{self.mlp_implementation!r}); its fused gates are swiglu's silu and geglu's (tanh) GELU"
+                )
+
+        def gate_and_multiply(self, gate: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+            """liger's fused gate-and-multiply (its backward overwrites its saved inputs: both are
+            this layer's own intermediate projections)."""
+            return functions[self.gate_function].apply(gate, value)
+
+    LigerGatedMLP.__module__ = __name__
+    LigerGatedMLP.__qualname__ = "LigerGatedMLP"  # picklable by name, found again through __getattr__
+    return LigerGatedMLP
+
+
+ANEMOI_LAYER = "GatedMLPLayer"
+
+
+def anemoi_implementation(layer: nn.Module) -> str:
+    """The ``mlp_implementation`` an anemoi ``GatedMLPLayer`` was built with, told by its gate module."""
+    gating = getattr(layer, "gating", None)
+    for name, gate in GATES.items():
+        cls = gate.anemoi_module.rpartition(".")[2]
+        if type(gating).__name__ == cls and getattr(gating, "approximate", "none") == "none":
+            return name
+    raise ValueError(f"{type(layer).__name__} has the gate {gating!r}, which no mlp_implementation builds")
+
+
+def from_anemoi(layer: nn.Module, cls: type[GatedMLP] = GatedMLP) -> GatedMLP:
+    """A ``cls`` computing what the anemoi ``GatedMLPLayer`` ``layer`` does, its parameters loaded strictly."""
+    gate_proj = layer.gate_proj
+    if not isinstance(gate_proj, nn.Linear):
+        raise TypeError(f"{type(layer).__name__}.gate_proj is a {type(gate_proj).__name__}, not a torch.nn.Linear")
+    new = cls(
+        gate_proj.in_features,
+        gate_proj.out_features,
+        mlp_implementation=anemoi_implementation(layer),
+        bias=gate_proj.bias is not None,
+        device=gate_proj.weight.device,
+        dtype=gate_proj.weight.dtype,
+    )
+    new.load_state_dict(layer.state_dict(), strict=True)
+    return new
+
+
+def swap_gated_layers(model: nn.Module, cls: type[GatedMLP]) -> int:
+    """Replace every anemoi ``GatedMLPLayer`` in ``model`` by ``cls`` (its parameters moved over by a
+    strict state-dict load, so the model's state dict keeps its keys). Returns how many were replaced."""
+    found = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if type(child).__name__ == ANEMOI_LAYER
+    ]
+    for parent, name, child in found:
+        setattr(parent, name, from_anemoi(child, cls))
+    return len(found)
+
+
+def __getattr__(name: str) -> type:
+    """Build ``LigerGatedMLP`` on first lookup (ImportError without liger-kernel)."""
+    if name != "LigerGatedMLP":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    cls = globals()[name] = _liger_class()
+    return cls

@@ -1,0 +1,96 @@
+"""Where a GatedMLP verdict is decided: every output by the one rule, then what the formula names.
+
+Per (dtype, regime) and input case, every compared output (``y``, ``dx``, and the gradient of
+``gate_proj.weight``, ``gate_proj.bias``, ``value_proj.weight``, ``value_proj.bias``) goes through
+``judge.judge_output``: its max error, RMS error and bias against float64, each within FACTOR x
+torch's own gated layer's (anemoi's ``GatedMLPLayer`` with torch.nn.Linear) plus the dtype's floor.
+Then the flags of ``gated_mlp`` fail the candidate outright, each for its reason: a state dict that is
+not anemoi's (keys, strict load, round trip), an input modified, and an output that matches one of the
+formula's known mistakes (tanh GELU for anemoi's erf geglu, gate and value swapped, biases dropped).
+"""
+
+from __future__ import annotations
+
+from kernel_lock.slots import Status
+from kernel_probe.isolation.protocol import CheckReply, MeasurementRow
+from kernel_probe.probe.candidates import Candidate
+from kernel_probe.probe.report import Report, ReportBase, Verdict
+
+# the check's input cases (kernel_probe.probe.gated_mlp), and what each probes
+HINTS = {
+    "random": "plain random input: gate pre-activations of unit spread",
+    "wide-gate": "gate pre-activations spread to +-9: saturation, and where tanh's GELU leaves erf's",
+}
+# what a kernel computes instead of the formula, and how the verdict names it
+MISTAKES = {
+    "gelu_tanh": "computes GELU's tanh approximation where anemoi's geglu gate is exact erf (torch.nn.GELU())",
+    "swapped": "applies the gate to value_proj(x) instead of gate_proj(x) (gate and value swapped)",
+    "no-bias": "drops the projections' biases (gate_proj.bias, value_proj.bias)",
+}
+FLAG_STATE_DICT = "state-dict"
+FLAG_INPUT_MODIFIED = "input-modified"
+FLAG_MISTAKE = "mistake"
+
+
+def judge_row(cand: Candidate, device: str, row: MeasurementRow) -> Verdict:
+    """One (dtype, regime)'s verdict: the outputs under the one rule, then the flags."""
+    from kernel_probe.probe.judge import _DTYPE_PROBLEM, judge_output
+
+    v = Verdict(cand.id, device, row["dtype"], row["regime"])
+    if "skipped" in row:
+        v.status, v.reasons = "skipped", [row["skipped"]]
+        return v
+    if "exception" in row:
+        message = row["exception"]
+        v.status = "unavailable" if _DTYPE_PROBLEM.search(message) else "crashed"
+        v.reasons = [f"raised {message}"]
+        return v
+    flags = row.get("flags", {})
+    worst = 0.0
+    for case, tensors in row.get("cases", {}).items():
+        bad: list[str] = []
+        case_stats = row.get("stats", {}).get(case, {})
+        for output, errors in tensors.items():
+            r, over = judge_output(output, errors, case_stats.get(output), row["dtype"], v.statistics)
+            worst = max(worst, r)
+            if over:
+                v.failed.append(f"{case}:{output}")
+                bad.extend(map(str, over))
+        if bad:
+            v.reasons.append(f"{case} ({HINTS.get(case, case)}): {', '.join(bad)}")
+    v.worst_ratio = worst if row.get("cases") else None
+    if FLAG_MISTAKE in flags:  # told in float32 (gated_mlp.check): it fails every row, however small here
+        hidden = "" if v.failed else f" (measured in float32; in {row['dtype']} it is within rounding)"
+        v.failed.insert(0, flags[FLAG_MISTAKE])
+        v.reasons.insert(0, MISTAKES[flags[FLAG_MISTAKE]] + hidden)
+    if FLAG_INPUT_MODIFIED in flags:
+        v.failed.append(FLAG_INPUT_MODIFIED)
+        v.reasons.insert(0, f"modifies its input (seen on {flags[FLAG_INPUT_MODIFIED]})")
+    if FLAG_STATE_DICT in flags:
+        v.failed.append(FLAG_STATE_DICT)
+        v.reasons.insert(0, flags[FLAG_STATE_DICT])
+    if v.failed:
+        v.status = "rejected"
+    v.errors = {case: dict(t) for case, t in row.get("cases", {}).items()}
+    v.twin = dict(row.get("twin") or {})
+    return v
+
+
+def judge(raw: CheckReply, cand: Candidate, device: str, base: ReportBase) -> Report:
+    """The GatedMLP verdict from the worker's measurements."""
+    from kernel_probe.probe.judge import worst_status
+
+    if raw.phase == "import":
+        status: Status = "unavailable" if raw.kind == "import" else "crashed"
+        return Report(status=status, reasons=[f"import of {cand.target} failed: {raw.error}"], **base)
+    if raw.phase:
+        return Report(status="unavailable", reasons=[raw.error], **base)
+    verdicts = [judge_row(cand, device, row) for row in raw.rows]
+    report = Report(status=worst_status([v.status for v in verdicts]), verdicts=verdicts, **base)
+    for v in verdicts:
+        if v.status != "accepted":
+            for r in v.reasons:
+                line = f"{v.dtype}/{v.regime}: {r}"
+                if line not in report.reasons:
+                    report.reasons.append(line)
+    return report
