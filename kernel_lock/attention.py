@@ -87,6 +87,7 @@ class Attention(nn.Module):
         self._masks: dict[tuple[int, int, str], torch.Tensor] = {}
 
     def extra_repr(self) -> str:
+        """The options in the module's repr: window, softcap, dropout, alibi."""
         return f"window={self.window}, softcap={self.softcap}, dropout={self.dropout}, alibi={self.alibi}"
 
     def window_mask(self, q_len: int, k_len: int, device: Any) -> torch.Tensor | None:
@@ -126,6 +127,8 @@ class Attention(nn.Module):
         scale: float | None,
         enable_gqa: bool,
     ) -> torch.Tensor:
+        """The attention of ``q`` over ``k``/``v`` in (batch, heads, seq, dim) layout, SDPA's arguments normalised;
+        each backend implements it."""
         raise NotImplementedError
 
     def _combined_mask(self, q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | None) -> Any:
@@ -158,9 +161,11 @@ class SDPAttention(Attention):
         self.backend = backend
 
     def extra_repr(self) -> str:
+        """The options and the SDPA backend asked for."""
         return f"{super().extra_repr()}, backend={self.backend!r}"
 
     def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+        """torch's scaled_dot_product_attention, the window folded into the mask, under the backend asked for."""
         if self.softcap > 0:
             raise NotImplementedError("softcap is not supported by torch's scaled_dot_product_attention")
         if self.alibi:
@@ -193,6 +198,8 @@ class FlexAttention(Attention):
         self._blocks: dict[tuple[int, int, str], Any] = {}
 
     def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+        """torch's flex_attention: the window as a block mask, softcap and alibi as a score modification (no mask, no
+        dropout)."""
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
         if dropout_p > 0:
@@ -274,6 +281,8 @@ class FlashAttention2(_FlashAttention):
     MODULE, GENERATION = "flash_attn", 2
 
     def call(self, q, k, v, dropout_p, is_causal, scale):
+        """flash-attn 2's ``flash_attn_func`` on (batch, seq, heads, dim) tensors: window, dropout, softcap and alibi
+        passed."""
         slopes = None
         if self.alibi:  # anemoi: alibi_slopes.repeat(batch_size, 1)
             slopes = alibi_slopes(q.shape[2]).repeat(q.shape[0], 1).to(q.device)
@@ -298,6 +307,7 @@ class FlashAttention3(_FlashAttention):
     MODULE, GENERATION = "flash_attn_interface", 3
 
     def call(self, q, k, v, dropout_p, is_causal, scale):
+        """flash-attn 3's ``flash_attn_func``: window and softcap (no alibi; its dropout is not passed)."""
         if self.alibi:
             raise NotImplementedError("alibi slopes are not supported by flash attention v3 (anemoi raises)")
         extra = {} if scale is None else {"softmax_scale": scale}
@@ -311,6 +321,7 @@ class FlashAttention4(_FlashAttention):
     MODULE, GENERATION = "flash_attn.cute", 4
 
     def call(self, q, k, v, dropout_p, is_causal, scale):
+        """flash-attn 4's ``flash_attn_func``: window and scale (its default scale made explicit)."""
         softmax_scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
         return self.func()(q, k, v, softmax_scale=softmax_scale, causal=is_causal, window_size=self._window())
 
@@ -325,6 +336,7 @@ class TEDotProductAttention(Attention):
         self._te: dict[tuple[int, int, float | None, float], Any] = {}
 
     def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+        """transformer-engine's DotProductAttention, one module per (heads, dim, scale, dropout), window only."""
         if self.softcap > 0:
             raise NotImplementedError("softcap is not supported by transformer-engine's DotProductAttention")
         if self.alibi:
@@ -360,6 +372,7 @@ class FunctionAttention(Attention):
     FUNCTION: Callable[..., Any] | None = None
 
     def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+        """The library function with SDPA's signature (``FUNCTION``), the window folded into the mask."""
         if self.softcap > 0 or self.alibi:
             raise NotImplementedError("a function with SDPA's signature takes no softcap and no alibi slopes")
         fn = type(self).FUNCTION

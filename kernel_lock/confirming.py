@@ -46,32 +46,28 @@ def child_verdicts(lock: LockDocument, mode: str, unknown: Mapping[str, str]) ->
     code = "import json, sys; from kernel_lock.confirm_child import main; main(json.loads(sys.stdin.read()))"
     argv = python_argv(code, roots=sys.path, keep_cwd=keep_cwd)
     what = ", ".join(f"slot {name} ({why})" for name, why in unknown.items())
-    try:
-        proc = _run_child(argv, json.dumps(request), CHILD_TIMEOUT)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise KernelUnavailable(
-            f"{what}: importing it in a child process to confirm it failed: {exc}",
-            path=lock.path,
-            key="slots." + next(iter(unknown)),
-            fix="run `kernel-probe verify` to see the import's own error",
-        ) from None
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]
-    if not lines:
-        tail = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-        raise KernelUnavailable(
-            f"{what}: the child process importing it to confirm it ended without a verdict ({tail[:300]})",
+
+    def unconfirmed(problem: str) -> KernelUnavailable:
+        return KernelUnavailable(
+            f"{what}: {problem}",
             path=lock.path,
             key="slots." + next(iter(unknown)),
             fix="run `kernel-probe verify` to see the import's own error",
         )
+
+    try:
+        proc = _run_child(argv, json.dumps(request), CHILD_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise unconfirmed(f"importing it in a child process to confirm it failed: {exc}") from None
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]
+    if not lines:
+        tail = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        raise unconfirmed(f"the child process importing it to confirm it ended without a verdict ({tail[:300]})")
     try:
         verdicts = read_verdicts(json.loads(lines[-1][len(MARK) :]), unknown)
     except (ValueError, RecursionError) as exc:
-        raise KernelUnavailable(
-            f"{what}: the child process importing it to confirm it gave no verdict kernel-probe reads ({exc})",
-            path=lock.path,
-            key="slots." + next(iter(unknown)),
-            fix="run `kernel-probe verify` to see the import's own error",
+        raise unconfirmed(
+            f"the child process importing it to confirm it gave no verdict kernel-probe reads ({exc})"
         ) from None
     missing = {"exit_code": KernelUnavailable.exit_code, "key": None, "fix": None}
     return {slot: verdicts.get(slot, {**missing, "problem": f"slot {slot}: no verdict"}) for slot in unknown}

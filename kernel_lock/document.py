@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from . import _toml
 from ._files import atomic_write_text
@@ -30,7 +30,7 @@ from .schema import (
     record,
     required,
 )
-from .slots import MODES, PRECISIONS, SLOTS, slot_name_fix
+from .slots import MODES, PRECISIONS, SLOTS, Mode, slot_name_fix
 from .trust import granted_trust, module_name
 
 _L = TypeVar("_L", bound="LockDocument")
@@ -47,7 +47,7 @@ class LockDocument:
     slots: Mapping[str, Slot]
     lock_version: str = LOCK_VERSION
     created_at: str = ""
-    mode: str = "training"
+    mode: Mode = "training"
     precision: str = ""
     trusted_modules: tuple[str, ...] = ()
     profile: Mapping[str, Any] = field(default_factory=dict)
@@ -131,7 +131,7 @@ class LockDocument:
             lock_version=version,
             created_by=required(d, "created-by"),
             created_at=get(d, "created-at", str, default=""),
-            mode=choice(d, "mode", MODES, default="training"),
+            mode=cast(Mode, choice(d, "mode", MODES, default="training")),
             precision=choice(d, "precision", ("", *PRECISIONS), default=""),
             trusted_modules=trusted,
             profile=ctx.object(d, "profile", record) or {},

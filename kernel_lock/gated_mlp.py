@@ -72,6 +72,7 @@ class GatedMLP(nn.Module):
         return self.gate_and_multiply(self.gate_proj(x), self.value_proj(x))
 
     def extra_repr(self) -> str:
+        """The gated MLP's kind (``mlp_implementation``) in the module's repr."""
         return f"mlp_implementation={self.mlp_implementation!r}"
 
 

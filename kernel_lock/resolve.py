@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import Difference, KernelUnavailable, LockFormatError, LockMismatch
 from .importing import IN_INFERENCE_MODE, build, install_hint
 from .locate import requirement_problems, static_problem, unusable_reason
-from .slots import DEFAULT_TARGETS, MODES, SLOTS, TWIN_SEMANTICS, slot_name_fix
+from .slots import DEFAULT_TARGETS, MODES, SLOTS, TWIN_SEMANTICS, Mode, slot_name_fix
 
 if TYPE_CHECKING:
     from .document import LockDocument
@@ -35,7 +35,7 @@ class KernelFactory(functools.partial):
     slot: str
     implementation: str
     target: str
-    mode: str
+    mode: Mode
     substituted_from: str | None  # the training implementation this twin stands in for
     max_error: float | None  # verified max error between the twin and the training implementation
 
@@ -56,7 +56,7 @@ def _check_slot_name(slot: str) -> None:
 INFERENCE_FACTS = ("device-type",)
 
 
-def mode_for(lock: LockDocument | None, mode: str | None) -> str:
+def mode_for(lock: LockDocument | None, mode: str | None) -> Mode:
     """The mode to resolve in: the one asked for, else the lock's own (``mode = "inference"`` in a
     derived lock), else training. Raises for an unknown mode."""
     chosen = mode if mode is not None else (lock.mode if lock is not None else "training")
@@ -292,7 +292,7 @@ class Resolution:
     twin's verified ``max_error``."""
 
     slot: str
-    mode: str
+    mode: Mode
     implementation: str
     target: str
     kwargs: Mapping[str, Any]
@@ -452,7 +452,7 @@ def _make(
     slot: str,
     implementation: str,
     target: str,
-    mode: str,
+    mode: Mode,
     substituted_from: str | None,
     max_error: float | None,
 ) -> KernelFactory:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import reduce
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast, get_args
 
 from .activations import read_function
 from .blas import ALL as BLAS_LIBRARIES
@@ -29,8 +29,10 @@ from .trust import DOTTED, MODULE, check_target
 # 1.1: accepted-changes, rename/transpose migrations; 1.2: environment torch-rocm, device-features, numerics-env;
 # 1.3: slots.Linear.blas, and the timing rows' check at the model's shape (checked-rows, worst-error-ratio)
 LOCK_VERSION = "1.3"
-MATCH_RULES = ("exact", "compatible", "ignore")
-STATE_DICT = ("interchangeable", "migrate", "incompatible")
+Match = Literal["exact", "compatible", "ignore"]  # how strictly a fingerprint field must match
+MATCH_RULES: tuple[Match, ...] = get_args(Match)
+StateDict = Literal["interchangeable", "migrate", "incompatible"]  # a twin's state dict against the pinned class's
+STATE_DICT: tuple[StateDict, ...] = get_args(StateDict)
 
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}", re.ASCII)
 VERSION = re.compile(r"([0-9]{1,6})\.([0-9]{1,6})", re.ASCII)
@@ -181,7 +183,7 @@ class EnvField:
     """One fingerprint field: the value seen when the lock was written, and how strictly it must match."""
 
     value: str | int
-    match: str = "exact"
+    match: Match = "exact"
 
     _KEYS = ("value", "match")
 
@@ -193,7 +195,7 @@ class EnvField:
         if value is None:
             raise ReadError("required key is missing", "value")
         ctx.unknown(d, cls._KEYS)
-        return cls(value=value, match=choice(d, "match", MATCH_RULES, default="exact"))
+        return cls(value=value, match=cast(Match, choice(d, "match", MATCH_RULES, default="exact")))
 
     def to_dict(self) -> dict[str, Any]:
         """The TOML-ready table."""
@@ -287,7 +289,7 @@ class Twin:
 
     target: str
     kwargs: Mapping[str, Any] = field(default_factory=dict)
-    state_dict: str = "interchangeable"
+    state_dict: StateDict = "interchangeable"
     migration: tuple[str, ...] = ()
     max_error: float | None = None
 
@@ -304,7 +306,7 @@ class Twin:
         return cls(
             target=target,
             kwargs=_kwargs(d, "kwargs"),
-            state_dict=choice(d, "state-dict", STATE_DICT, default="interchangeable"),
+            state_dict=cast(StateDict, choice(d, "state-dict", STATE_DICT, default="interchangeable")),
             migration=get_strings(d, "migration"),
             max_error=max_error,
         )

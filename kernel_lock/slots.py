@@ -167,14 +167,17 @@ TWIN_SEMANTICS = {name: KNOWN_TARGETS[canonical_target(name)].semantics for name
 # a "LayerNorm" whose output matches an RMSNorm reference computes the other one.
 CONFUSABLE = {"layer_norm": "rms_norm", "rms_norm": "layer_norm"}
 
-MODES = ("training", "inference")
+Mode = Literal["training", "inference"]  # what a lock is resolved for
+MODES: tuple[Mode, ...] = get_args(Mode)
+Regime = Literal["true", "mixed"]  # parameters and compute in the dtype, or float32 parameters under autocast
+REGIMES: tuple[Regime, ...] = get_args(Regime)
 
 
 class Precision(NamedTuple):
     """A training precision: the dtype and the regime the probe checks and times in."""
 
     dtype: str  # torch dtype name, without "torch."
-    regime: str  # "true": parameters and compute in dtype; "mixed": float32 parameters under autocast
+    regime: Regime  # "true": parameters and compute in dtype; "mixed": float32 parameters under autocast
 
 
 # Lightning / anemoi precision names -> (dtype, regime); the names are the keys, in this order.

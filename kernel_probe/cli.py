@@ -173,6 +173,7 @@ def _base_parser(prog: str, description: str, json: str | None) -> _Parser:
 
 
 def build_subparser(name: str) -> tuple[_Parser, Callable]:
+    """The parser of subcommand ``name`` and its run function, its module imported only now."""
     import importlib
 
     sub = SUBCOMMANDS[name]
@@ -183,6 +184,7 @@ def build_subparser(name: str) -> tuple[_Parser, Callable]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: parse, run the subcommand, render its errors; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("-V", "--version"):
         print(f"kernel-probe {__version__}")

@@ -88,6 +88,7 @@ def update(root: Path = ROOT, *, write: bool = True) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Regenerate the generated parts of README.md and docs/*.md (``--check``: only say whether they are current)."""
     parser = argparse.ArgumentParser(prog="python -m kernel_probe.docgen", description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a document is out of date")
     parser.add_argument("--root", type=Path, default=ROOT, help="the checkout holding README.md and docs/")

@@ -32,6 +32,7 @@ def json_flag(help: str | None = None) -> argparse.ArgumentParser:
 
 
 def console(stderr: bool = False):
+    """The shared rich console on stdout (or stderr), created on first use."""
     key = "err" if stderr else "out"
     if key not in _consoles:
         from rich.console import Console
@@ -132,6 +133,7 @@ def with_failure(body: dict[str, Any], exc: Any, exit_code: int | None = None) -
 
 
 def print_json(data: Any) -> None:
+    """Write ``data`` to stdout as indented JSON."""
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
     sys.stdout.flush()
 
@@ -142,10 +144,12 @@ def _lines(message: str) -> str:
 
 
 def error(message: str) -> None:
+    """An error line on stderr."""
     console(stderr=True).print(f"[bold red]error:[/] {_lines(message)}")
 
 
 def warn(message: str) -> None:
+    """A warning line on stderr."""
     console(stderr=True).print(f"[yellow]warning:[/] {_lines(message)}")
 
 

@@ -33,6 +33,7 @@ class TableReader:
         self.path = path
 
     def err(self, key: str, problem: str, fix: str | None = None) -> InputFileError:
+        """The reader's error for ``key``, naming the file and the fix."""
         return self.error(problem, path=self.path, key=key, fix=fix)
 
     def read(self, where: str, getter: Callable[[], _T]) -> _T:
@@ -44,6 +45,7 @@ class TableReader:
             raise self.err(f"{where}{exc.key}", exc.problem, exc.fix) from None
 
     def table(self, d: Mapping[str, Any], key: str, known: Sequence[str], where: str) -> dict[str, Any]:
+        """The sub-table ``key`` of ``d``, its unknown keys refused."""
         v = self.free_table(d, key, where)
         self.no_unknown(v, known, f"{where}{key}.")
         return v
@@ -53,6 +55,7 @@ class TableReader:
         return self.read(where, lambda: get(d, key, dict, default={}))
 
     def no_unknown(self, d: Mapping[str, Any], known: Sequence[str], where: str) -> None:
+        """Refuse the first key of ``d`` not in ``known``, with a did-you-mean."""
         for k in unknown_keys(d, known):
             import difflib
 
@@ -73,6 +76,7 @@ class TableReader:
     def string(
         self, d: Mapping[str, Any], key: str, where: str, required: bool = False, default: str | None = None
     ) -> str | None:
+        """The string at ``key`` (or ``default``; ``required``: an error when absent)."""
         if required:
             return self.read(where, lambda: get_required(d, key, str))
         return self.read(where, lambda: get(d, key, str, default))
@@ -83,9 +87,11 @@ class TableReader:
         return (v,) if isinstance(v, str) else self.read(where, lambda: get_strings(d, key))
 
     def boolean(self, d, key, where, default: bool = False) -> bool:
+        """The boolean at ``key``, or ``default``."""
         return self.read(where, lambda: get(d, key, bool, default))
 
     def regex(self, pattern: str, key: str) -> str:
+        """``pattern`` when it compiles as a regular expression, else an error naming ``key``."""
         try:
             re.compile(pattern)
         except re.error as exc:
@@ -93,6 +99,7 @@ class TableReader:
         return pattern
 
     def specifier(self, spec: Any, key: str) -> str:
+        """``spec`` when it is a PEP 440 version specifier string, else an error naming ``key``."""
         from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
         if not isinstance(spec, str):

@@ -31,13 +31,13 @@ from typing import Any
 
 SHIMMED_FOR = {"triton": "3.9.0", "liger-kernel": "0.8.5"}
 
-# name -> "module.attribute" of the real class
+# name -> "module.attribute" of the real class: liger's own, and kernel_lock's adapters over them
 CLASSES = {
-    "LigerLayerNorm": "liger_kernel.transformers.LigerLayerNorm",
-    "LigerRMSNorm": "liger_kernel.transformers.LigerRMSNorm",
-    "LigerLayerNormAnemoi": "kernel_lock.adapters.LigerLayerNormAnemoi",
-    "LigerRMSNormAnemoi": "kernel_lock.adapters.LigerRMSNormAnemoi",
-    "AutocastLigerLayerNormAnemoi": "kernel_lock.adapters.AutocastLigerLayerNormAnemoi",
+    **{name: f"liger_kernel.transformers.{name}" for name in ("LigerLayerNorm", "LigerRMSNorm")},
+    **{
+        name: f"kernel_lock.adapters.{name}"
+        for name in ("LigerLayerNormAnemoi", "LigerRMSNormAnemoi", "AutocastLigerLayerNormAnemoi")
+    },
     "LigerGatedMLP": "kernel_lock.gated_mlp.LigerGatedMLP",
 }
 LIGER_RSQRT_MODULES = ("liger_kernel.ops.layer_norm", "liger_kernel.ops.rms_norm")

@@ -9,10 +9,15 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import Difference
 from ..versions import release
+
+if TYPE_CHECKING:
+    from ..schema import Match
+
+FieldKind = Literal["version", "text", "count"]  # how a field's values compare
 
 
 @dataclass(frozen=True)
@@ -20,8 +25,8 @@ class FieldSpec:
     """One fact of the fingerprint: its TOML type, default match rule, how it compares, and its doc line."""
 
     type: type | tuple[type, ...]
-    default_match: str
-    kind: str  # "version" compares release numbers; "text" compares strings; "count" integers
+    default_match: Match
+    kind: FieldKind  # "version" compares release numbers; "text" compares strings; "count" integers
     doc: str
 
 
@@ -108,11 +113,24 @@ def device_name_note(current: Mapping[str, Any]) -> str | None:
     return None
 
 
-def field_matches(kind: str, rule: str, expected: Any, found: Any) -> bool:
+def field_matches(kind: FieldKind, rule: Match, expected: Any, found: Any) -> bool:
     """Does ``found`` satisfy ``expected`` under ``rule``?
 
     ``compatible`` on a version means the same major.minor (a patch or driver bump keeps the lock
     valid; a torch minor or CUDA minor does not). On text and counts it means equal.
+
+    >>> field_matches("version", "compatible", "2.5.1", "2.5.3")  # a patch bump keeps the lock
+    True
+    >>> field_matches("version", "compatible", "12.4", "12.6")  # a minor does not
+    False
+    >>> field_matches("version", "compatible", "2.5.1+cu124", "2.5.0")  # local labels are not releases
+    True
+    >>> field_matches("version", "exact", "2.5.1", "2.5.3")
+    False
+    >>> field_matches("version", "compatible", "2.5.1", "")  # not found: no match
+    False
+    >>> field_matches("count", "compatible", 8, 4), field_matches("count", "ignore", 8, 4)
+    (False, True)
     """
     if rule == "ignore":
         return True

@@ -12,6 +12,7 @@ from kernel_probe.output import safe
 
 
 def add_diff_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``kernel-probe diff``."""
     p.add_argument("a", help="old lock")
     p.add_argument("b", help="new lock")
     p.add_argument(
@@ -23,6 +24,7 @@ def add_diff_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_diff(args: argparse.Namespace) -> int:
+    """``kernel-probe diff A B``: what differs between two locks (environment, slots), as text or JSON."""
     a, b = load_lock(args.a, check_targets=False), load_lock(args.b, check_targets=False)
     from kernel_probe.probe.lockdiff import lock_differences
 

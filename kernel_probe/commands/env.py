@@ -22,6 +22,7 @@ STATUS_STYLE = {
 
 
 def add_env_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``kernel-probe env``."""
     from kernel_probe.detect.importcheck import DEFAULT_TIMEOUT
 
     p.add_argument(
@@ -46,6 +47,7 @@ def add_env_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_env(args: argparse.Namespace) -> int:
+    """``kernel-probe env``: this machine and its kernel libraries, as a table or JSON."""
     if args.timeout is not None and not args.timeout > 0:
         raise UsageError(
             f"--timeout must be a positive number of seconds, not {args.timeout:g}", fix="pass e.g. --timeout 20"

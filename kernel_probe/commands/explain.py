@@ -15,6 +15,7 @@ from kernel_probe.output import safe
 
 
 def add_explain_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``kernel-probe explain``."""
     p.add_argument(
         "args",
         nargs="+",
@@ -38,6 +39,7 @@ def _looks_like_a_file(text: str) -> bool:
 
 
 def run_explain(args: argparse.Namespace) -> int:
+    """``kernel-probe explain [LOCK] SLOT``: why the lock pins what it pins for one slot."""
     if len(args.args) > 2:
         raise UsageError(f"explain takes [LOCK] SLOT, got {len(args.args)} arguments: {' '.join(args.args)}")
     if len(args.args) == 1 and args.args[0] not in kernel_lock.SLOTS and _looks_like_a_file(args.args[0]):

@@ -21,6 +21,7 @@ from kernel_probe.probe.derive import derive_inference
 
 
 def add_lock_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``kernel-probe lock``."""
     p.add_argument(
         "--for",
         dest="purpose",
@@ -36,6 +37,7 @@ def add_lock_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_lock(args: argparse.Namespace) -> int:
+    """``kernel-probe lock --for inference IN OUT``: derive an inference lock from a training one."""
     from kernel_lock.fingerprint import with_torch
 
     out = Path(args.out)

@@ -34,6 +34,7 @@ from kernel_probe.commands.lockfile import DEFAULT_LOCK
 
 
 def add_probe_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of a probe (``kernel-probe`` with no subcommand)."""
     p.add_argument("--out", default=DEFAULT_LOCK, help=f"where to write the lock (default ./{DEFAULT_LOCK})")
     p.add_argument(
         "--shape",
@@ -182,6 +183,7 @@ class ConsoleEvents(Events):
 
     @functools.cached_property
     def terminal(self) -> bool:
+        """Whether stderr is a terminal (a live bar) or a log (one line per step)."""
         return bool(output.console(stderr=True).is_terminal)
 
     @functools.cached_property
@@ -210,16 +212,20 @@ class ConsoleEvents(Events):
         )
 
     def note(self, text: str) -> None:
+        """An informational line on stderr."""
         output.info(text)
 
     def warn(self, text: str) -> None:
+        """A warning on stderr."""
         output.warn(text)
 
     def begin(self, total: int) -> None:
+        """Start the progress bar over ``total`` candidate checks."""
         self.progress.start()
         self.task = self.progress.add_task("checking", total=total)
 
     def checking(self, slot: str, cand_id: str, index: int, total: int) -> None:
+        """Candidate ``index`` of ``total`` is being checked: the bar's position, or a log line."""
         # the bar counts candidates while checking (timing shows its own calls in it)
         self.progress.update(
             self.task, completed=index - 1, total=total, description=f"checking {slot}: {cand_id}"[:52]
@@ -228,6 +234,7 @@ class ConsoleEvents(Events):
             output.info(f"checking {slot}: {cand_id} ({index}/{total})")
 
     def timing(self, slot: str, cand_id: str, shapes: Sequence[str], message: TimingProgressMessage | None) -> None:
+        """A candidate's timing starts (``message`` None) or reports progress at one shape."""
         what = f"timing {slot}: {cand_id}"
         if message is None:
             show = (lambda text: self.progress.update(self.task, description=text)) if self.terminal else output.info
@@ -240,10 +247,12 @@ class ConsoleEvents(Events):
                 self.progress.update(self.task, completed=message.done, total=message.total)
 
     def done(self) -> None:
+        """Stop the progress bar."""
         self.progress.stop()
 
 
 def run_probe(args: argparse.Namespace) -> int:
+    """A probe: the request from the arguments, the job start and the probe, then the summary or the JSON."""
     from kernel_probe.jobstart import start
 
     try:
@@ -312,6 +321,7 @@ class TimingProgress:
         return max(0.0, msg.seconds - self._reps_from) / max(1, msg.done)
 
     def text(self, msg: TimingProgressMessage) -> str:
+        """The progress line of one timing message: the shape, the phase, and the time left at this shape."""
         if self.compact:
             return self.short(msg)
         where = f"{self.what} at {msg.shape} (shape {msg.index + 1}/{msg.of})"

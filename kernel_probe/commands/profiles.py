@@ -17,6 +17,7 @@ def _profiles_dir(p: argparse.ArgumentParser, dest: str) -> None:
 
 
 def add_profiles_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``kernel-probe profiles`` and its actions (list, show, check, match)."""
     # accepted before the action (`profiles --profiles-dir D list`) and after it (`profiles list --profiles-dir D`)
     _profiles_dir(p, "profiles_dir")
     sub = p.add_subparsers(dest="action", required=True, metavar="{list,show,check,match}")
@@ -107,6 +108,7 @@ def _render_table(table: dict, path: list[str], lines: list[str]) -> None:
 
 
 def run_profiles(args: argparse.Namespace) -> int:
+    """``kernel-probe profiles ACTION``: list, show, check or match site profiles."""
     from kernel_probe.profiles.autodetect import detect_warnings
     from kernel_probe.profiles.discovery import builtin_dir, resolve, survey
     from kernel_probe.profiles.format import load_file

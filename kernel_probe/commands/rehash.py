@@ -15,11 +15,13 @@ from kernel_probe.commands.lockfile import add_lock_argument, add_trust_argument
 
 
 def add_rehash_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``kernel-probe rehash``."""
     add_lock_argument(p, "lock file to re-seal after a deliberate hand edit")
     add_trust_argument(p)
 
 
 def run_rehash(args: argparse.Namespace) -> int:
+    """``kernel-probe rehash LOCK``: re-seal a validated lock after a deliberate hand edit."""
     args.lock = args.lock or default_lock_path()
     lock = kernel_lock.load(args.lock, emit_warnings=False, trust=args.trust)  # still fully validated
     unjudged = before_sealing(lock, _torch_version(lock))  # raises what verify would certainly refuse

@@ -10,10 +10,12 @@ from kernel_probe.output import safe
 
 
 def add_show_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``kernel-probe show``."""
     add_lock_argument(p)
 
 
 def run_show(args: argparse.Namespace) -> int:
+    """``kernel-probe show [LOCK]``: the lock's pins, fingerprint and evidence, as text or JSON."""
     args.lock = args.lock or default_lock_path()
     lock = load_lock(args.lock, check_targets=False)
     if args.json:

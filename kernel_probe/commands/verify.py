@@ -15,6 +15,7 @@ from kernel_probe.commands.lockfile import add_lock_argument, add_trust_argument
 
 
 def add_verify_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``kernel-probe verify``."""
     add_lock_argument(p)
     p.add_argument(
         "--mode",
@@ -39,6 +40,7 @@ def add_verify_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    """``kernel-probe verify [LOCK]``: does this machine match the lock, and does each slot resolve here."""
     from kernel_lock.resolve import factory, resolve_slot
 
     path = args.lock or default_lock_path()

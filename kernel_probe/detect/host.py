@@ -88,6 +88,7 @@ def _cgroup_memory_limit() -> int | None:
 
 
 def memory() -> dict[str, int | None]:
+    """Total and available memory and the cgroup limit, in bytes (None where the system does not say)."""
     info = _meminfo()
     total = info.get("MemTotal")
     if total is None:
@@ -103,6 +104,7 @@ def memory() -> dict[str, int | None]:
 
 
 def detect_host() -> dict[str, Any]:
+    """The host's facts: operating system, Python, CPU, memory."""
     return {
         "os": {
             "platform": sys.platform,

@@ -266,6 +266,7 @@ class ImportChecks:
                 )
 
     def names(self) -> Iterable[str]:
+        """The libraries whose import checks were started."""
         return self._futures.keys()
 
     def _started(self, proc: subprocess.Popen[bytes]) -> None:
@@ -283,6 +284,7 @@ class ImportChecks:
                 kill_group(proc.pid)
 
     def results(self) -> dict[str, dict[str, Any]]:
+        """Each library's import check result, waiting for the ones still running."""
         out = {}
         try:
             for name, future in self._futures.items():

@@ -46,6 +46,7 @@ class Variant:
 
     @property
     def is_default(self) -> bool:
+        """Whether this variant is the fallback (it has no recognising condition)."""
         return not self.has_any and not self.text_in
 
 
@@ -118,18 +119,22 @@ class Located:
 
     @property
     def installed(self) -> bool:
+        """Whether the library's module was found on the path."""
         return self.location is not None
 
     @property
     def distribution(self) -> str | None:
+        """The first of the library's distributions installed, if any."""
         return next(iter(self.distributions), None)
 
 
 def search_path(extra_paths: Sequence[str] = ()) -> list[str]:
+    """Where to look for distributions and modules: ``extra_paths`` first, then ``sys.path``."""
     return [str(p) for p in extra_paths] + list(sys.path)
 
 
 def find_distribution(name: str, path: Sequence[str]) -> metadata.Distribution | None:
+    """The installed distribution ``name`` on ``path``, or None (nothing imported)."""
     for dist in metadata.distributions(name=name, path=list(path)):
         return dist
     return None
@@ -182,6 +187,7 @@ def recognise(variants: Sequence[Variant], location: str) -> Variant | None:
 
 
 def locate(library: KnownLibrary, extra_paths: Sequence[str] = ()) -> Located:
+    """Where ``library`` is installed, its distributions' versions and its variant, without importing it."""
     path = search_path(extra_paths)
     versions: dict[str, str] = {}
     for name in library.distributions:

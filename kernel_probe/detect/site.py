@@ -77,12 +77,14 @@ def read_marker(path: str, limit: int = MARKER_BYTES) -> tuple[str | None, str]:
 
 
 def first_line(path: str) -> str | None:
+    """The first line of the marker file at ``path`` (None when it cannot be read)."""
     return read_marker(path)[0]
 
 
 def detect_site(
     env: Mapping[str, str] | None = None, *, hostname: str | None = None, markers: tuple[SiteMarker, ...] = SITE_MARKERS
 ) -> dict[str, Any]:
+    """The hostname, the Slurm variables set and the site markers found (environment variables, files)."""
     env = os.environ if env is None else env
     found = []
     for marker in markers:

@@ -135,6 +135,7 @@ def collectives_library(torch: Any) -> dict[str, Any]:
 
 
 def detect_torch_build(torch: Any) -> dict[str, Any]:
+    """The torch build's facts: version, location, build kind, CUDA/HIP/ROCm/XPU versions."""
     version = getattr(torch, "version", None)
     return {
         "version": str(getattr(torch, "__version__", "")),

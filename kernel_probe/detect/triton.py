@@ -89,6 +89,7 @@ class LocatedTriton:
 
     @property
     def installed(self) -> bool:
+        """Whether Triton's module was found on the path."""
         return self.location is not None
 
 
@@ -123,6 +124,7 @@ def _matches_disk(dist: metadata.Distribution, package_dir: str) -> bool | None:
 
 
 def locate(extra_paths: Sequence[str] = ()) -> LocatedTriton:
+    """Where Triton is installed, its distributions' versions and backends, without importing it."""
     path = search_path(extra_paths)
     location = module_location(MODULE, extra_paths)
     found: dict[str, metadata.Distribution] = {}
@@ -147,6 +149,7 @@ def locate(extra_paths: Sequence[str] = ()) -> LocatedTriton:
 
 
 def import_request(located: LocatedTriton) -> ImportRequest | None:
+    """The import check that asks Triton for its target (None when it is not installed)."""
     return ImportRequest(MODULE, probe="triton-target") if located.installed else None
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypedDict, TypeVar
 
 from kernel_lock.reading import ReadError, context, unknown_keys
 
@@ -82,6 +82,7 @@ class Message:
     """A message with a fixed set of keys; subclasses are frozen, keyword-only dataclasses."""
 
     def to_json(self) -> dict[str, Any]:
+        """The message as a JSON object, each field through its encoder."""
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -170,7 +171,7 @@ class ImportReply(Reply):
 
     ok: bool
     seconds: float = 0.0
-    kind: str = ""
+    kind: ImportKind = ""
     error: str = ""
 
 
@@ -185,6 +186,8 @@ class TryReply(Reply):
 # The names of the flags a measurement row may raise, and the key under which a norm's output is
 # compared with the other norm's reference (an RMSNorm offered as a LayerNorm): measure writes them,
 # judge reads them.
+ImportKind = Literal["", "import", "exception"]  # an import that raised: an ImportError (absent) or anything else
+Phase = Literal["", "import", "baseline", "build", "blas"]  # where a check stopped before any row ("": it did not)
 FLAG_INPUT_MODIFIED = "input-modified"
 FLAG_GRAD_OUTPUT_MODIFIED = "grad-output-modified"
 FLAG_OUTPUT_DTYPE = "output-dtype"
@@ -257,9 +260,9 @@ class CheckReply(Reply):
     candidate: str
     device: str
     rows: list[MeasurementRow] = field(default_factory=list, metadata={"json": (list, _rows)})
-    phase: str = ""
+    phase: Phase = ""
     error: str = ""
-    kind: str = ""
+    kind: ImportKind = ""
     traceback: str = ""
     import_s: float | None = None
     layout: dict[str, Any] | None = None
@@ -363,6 +366,7 @@ class Request(Message, Generic[R]):
             cls.REPLY = reply
 
     def to_json(self) -> dict[str, Any]:
+        """The request as a JSON object, its ``op`` included."""
         return {"op": self.OP, **super().to_json()}
 
     @classmethod

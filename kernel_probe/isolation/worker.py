@@ -411,6 +411,7 @@ class WorkerPool:
 
     @contextlib.contextmanager
     def worker_for(self, cand: Any) -> Iterator[Worker]:
+        """The worker ``cand`` runs in: torch's own candidates share one, every library gets its own."""
         if torch_own(cand):
             yield self.shared
             return

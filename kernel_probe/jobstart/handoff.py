@@ -83,6 +83,7 @@ class Marker:
     fix: str = ""
 
     def to_json(self) -> str:
+        """The marker as the JSON text written next to the lock."""
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
@@ -108,6 +109,7 @@ class Marker:
 
     @classmethod
     def from_json(cls, text: str, where: Path) -> Marker:
+        """The marker in ``text`` (the file ``where``); MarkerError names the file and key when it is not one."""
         try:
             return cls.from_dict(json.loads(text))
         except (ValueError, RecursionError) as exc:
@@ -126,10 +128,12 @@ class MarkerError(InputFileError):
 
 
 def marker_path(out: Path, rank: JobRank) -> Path:
+    """The job marker of ``rank``'s job next to the lock ``out``."""
     return out.parent / f".{out.name}.job-{rank.key}"
 
 
 def claim_path(out: Path, rank: JobRank) -> Path:
+    """The file whose exclusive creation elects the rank that probes (``--probe-per node-type``)."""
     return out.parent / f".{out.name}.job-{rank.key}.claim"
 
 

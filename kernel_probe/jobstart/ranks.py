@@ -127,6 +127,7 @@ class JobRank:
         return self.local_rank in (None, 0)
 
     def describe(self) -> str:
+        """This rank in words: rank, world size, node, local rank, launcher, job and attempt."""
         size = f" of {self.world_size}" if self.world_size is not None else ""
         where = f", node {self.node}" if self.node is not None else ""
         local = f", local rank {self.local_rank}" if self.local_rank is not None else ""

@@ -59,6 +59,7 @@ class Options:
 
     @classmethod
     def of(cls, kwargs: Mapping[str, Any], scale: float | None = None) -> Options:
+        """The options from a candidate's keyword arguments (window, softcap, alibi) and a scale."""
         return cls(int(kwargs.get("window", -1)), float(kwargs.get("softcap", 0.0)), bool(kwargs.get("alibi")), scale)
 
 
@@ -175,6 +176,7 @@ def _randn(dtype: Any, gen: torch.Generator) -> Callable[..., Any]:
 
 
 def random_case(dtype: Any, gen: torch.Generator, heads: int = CHECK_HEADS, seq: int = CHECK_SEQ) -> Case:
+    """The plain random case: query, key, value and the output gradient, seeded by ``gen``."""
     randn = _randn(dtype, gen)
     shape = (1, heads, seq, CHECK_DIM)
     return Case("random", randn(*shape), randn(*shape), randn(*shape), randn(*shape))

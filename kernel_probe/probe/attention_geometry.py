@@ -36,6 +36,7 @@ class Geometry:
 
     @property
     def window(self) -> int | None:
+        """The sliding window of this geometry (None: full attention)."""
         return dict(self.options).get("window")  # type: ignore[return-value]
 
     def __str__(self) -> str:

@@ -46,14 +46,10 @@ def tolerance(output: str, base: float, dtype: str) -> float:
 
 def judge_row(cand: Candidate, device: str, row: MeasurementRow) -> Verdict:
     """One dtype's verdict: every case's outputs under the tolerance rule, then the flags."""
+    from kernel_probe.probe.judge import judge_unmeasured
+
     v = Verdict(cand.id, device, row["dtype"], row["regime"])
-    if "skipped" in row:
-        v.status, v.reasons = "skipped", [row["skipped"]]
-        return v
-    if "exception" in row:
-        message = row["exception"]
-        v.status = "unavailable" if _REFUSED.search(message) else "crashed"
-        v.reasons = [f"unavailable: {message}" if v.status == "unavailable" else f"raised {message}"]
+    if judge_unmeasured(v, row, _REFUSED, say_unavailable=True):
         return v
     from kernel_probe.probe.attention_geometry import HINTS
     from kernel_probe.probe.judge import judge_output, record_determinism

@@ -85,10 +85,12 @@ class Candidate:
         return {k: fill(v, canonical) for k, v in self.twin_kwargs.items()}
 
     def to_json(self) -> dict[str, Any]:
+        """The candidate as a JSON object (the worker's requests carry it)."""
         return asdict(self)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Candidate:
+        """The candidate from :meth:`to_json`'s object, lists back to tuples."""
         d = dict(d)
         for key in ("slots", "args", "devices"):
             d[key] = tuple(d.get(key, ()))
@@ -150,6 +152,7 @@ def gpu_arch_problem(name: str, device_types: Collection[str] = ("cuda", "rocm")
 
 
 def fill(value: Any, canonical: Mapping[str, Any]) -> Any:
+    """``value`` with each ``$name`` replaced by the canonical configuration's ``name``."""
     if isinstance(value, str) and value.startswith("$"):
         return canonical[value[1:]]
     if isinstance(value, (list, tuple)):
@@ -379,6 +382,7 @@ def registry(extra: Iterable[Candidate] = (), *, entry_points: bool = True) -> t
 
 
 def for_slot(candidates: Iterable[Candidate], slot: str) -> list[Candidate]:
+    """The candidates offered for ``slot``, in declaration order."""
     return [c for c in candidates if slot in c.slots]
 
 

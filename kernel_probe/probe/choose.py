@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from kernel_probe.errors import ForcedUnusable, ProbeError, UsageError
 from kernel_probe.isolation.protocol import INTERPRETED
@@ -32,6 +32,7 @@ from kernel_probe.probe import repetitions
 from kernel_probe.probe.report import Report
 
 MIN_MARGIN = repetitions.MIN_MARGIN
+How = Literal["fastest", "default", "pinned", "preferred"]  # how a slot's implementation was chosen
 FORCED = {"pin": "pinned", "prefer": "preferred"}  # the flag (--pin) -> what it makes a candidate
 
 
@@ -42,9 +43,35 @@ class Choice:
 
     slot: str
     report: Report
-    how: str  # fastest | default | pinned | preferred
+    how: How
     reason: str
     scores: dict[str, float] = field(default_factory=dict)
+
+
+def clears_margin(score: float, spread: float) -> bool:
+    """Does a candidate whose time ratio to the default is ``score`` replace the default? Only when it
+    is faster by more than the margin (``spread``: the larger relative spread of the two's timings).
+
+    >>> clears_margin(0.9, 0.0)  # 1.11x faster: beyond the 5 % margin
+    True
+    >>> clears_margin(0.96, 0.0)  # 1.04x faster: timing noise could do that
+    False
+    >>> clears_margin(0.9, 0.08)  # a spread of 8 % makes the margin 16 %: 1.11x is not enough
+    False
+    """
+    return score <= 1 / (1 + repetitions.margin(spread))
+
+
+def within_margin(score: float, spread: float) -> bool:
+    """Is a preferred candidate (``--prefer``, a profile's preference) taken over the default? When it is
+    not slower than the default by more than the margin.
+
+    >>> within_margin(1.04, 0.0), within_margin(1.06, 0.0)  # 4 % slower: taken; 6 %: not
+    (True, False)
+    >>> within_margin(1.06, 0.05)  # noisier timings: a margin of 10 %
+    True
+    """
+    return score <= 1 + repetitions.margin(spread)
 
 
 def _ok_timings(rows: list[Mapping[str, Any]] | None, shapes: list[str]) -> bool:
@@ -154,7 +181,7 @@ def choose(
             slot, best, "fastest", f"{best.id} fastest accepted candidate; the default {default_id} was {why}"
         )
     scores: dict[str, float] = {}
-    margins: dict[str, float] = {}
+    spreads: dict[str, float] = {}
     clear: list[tuple[float, int, Report]] = []
     for i, r in enumerate(eligible):
         if r is default:
@@ -162,14 +189,14 @@ def choose(
             continue
         score, spread = _score(timings[r.id], timings[default.id], shapes)
         scores[r.id] = score
-        margins[r.id] = repetitions.margin(spread)
-        if score <= 1 / (1 + margins[r.id]):
+        spreads[r.id] = spread
+        if clears_margin(score, spread):
             clear.append((score, i, r))
     for cid in prefers:
         if cid == default.id:
             return Choice(slot, default, "preferred", f"{cid} preferred by {origin or '--prefer'}", scores)
         r = next((e for e in eligible if e.id == cid), None)
-        if r is not None and scores[r.id] <= 1 + margins[r.id]:
+        if r is not None and within_margin(scores[r.id], spreads[r.id]):
             return Choice(
                 slot,
                 r,

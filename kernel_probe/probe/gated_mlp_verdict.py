@@ -34,16 +34,10 @@ FLAG_MISTAKE = "mistake"
 
 def judge_row(cand: Candidate, device: str, row: MeasurementRow) -> Verdict:
     """One (dtype, regime)'s verdict: the outputs under the one rule, then the flags."""
-    from kernel_probe.probe.judge import _DTYPE_PROBLEM, judge_output
+    from kernel_probe.probe.judge import _DTYPE_PROBLEM, judge_output, judge_unmeasured
 
     v = Verdict(cand.id, device, row["dtype"], row["regime"])
-    if "skipped" in row:
-        v.status, v.reasons = "skipped", [row["skipped"]]
-        return v
-    if "exception" in row:
-        message = row["exception"]
-        v.status = "unavailable" if _DTYPE_PROBLEM.search(message) else "crashed"
-        v.reasons = [f"raised {message}"]
+    if judge_unmeasured(v, row, _DTYPE_PROBLEM):
         return v
     flags = row.get("flags", {})
     worst = 0.0

@@ -28,6 +28,7 @@ Z = 4.8916  # two-sided normal quantile at ALPHA
 
 
 def describe(t: torch.Tensor) -> str:
+    """A tensor's values in words: zeros, ones, a constant, or mean, std and range."""
     t = t.detach().double().flatten()
     if t.numel() == 0:
         return "empty"

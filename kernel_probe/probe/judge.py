@@ -64,6 +64,7 @@ from kernel_probe.isolation.protocol import (
     FLAG_OUTPUT_DTYPE,
     CheckReply,
     ErrorStats,
+    ImportKind,
     MeasurementRow,
     ShapeCheck,
     TimeReply,
@@ -98,7 +99,13 @@ STATISTICS = {"max": "error", "rms": "RMS error", "bias": "bias (mean signed err
 
 
 def floor(dtype: str) -> float:
-    """FLOOR(dtype): two units of the dtype's machine epsilon (float32's for a dtype not probed)."""
+    """FLOOR(dtype): two units of the dtype's machine epsilon (float32's for a dtype not probed).
+
+    >>> floor("bfloat16"), floor("float16")  # 2 x 2**-7, 2 x 2**-10
+    (0.015625, 0.001953125)
+    >>> floor("int8") == floor("float32") == 2 * 2**-23
+    True
+    """
     return 2.0 * DTYPES.get(dtype, DTYPES["float32"]).eps
 
 
@@ -114,12 +121,24 @@ class Policy:
 
 
 def tolerance(base: float, dtype: str) -> float:
-    """The tolerance model: FACTOR x torch.nn's error + FLOOR(dtype)."""
+    """The tolerance model: FACTOR x torch.nn's error + FLOOR(dtype).
+
+    >>> tolerance(0.25, "bfloat16")  # torch.nn's bf16 error 0.25: up to 4 x that, plus two eps
+    1.015625
+    >>> tolerance(0.0, "float32") == floor("float32")  # torch.nn exact: the floor alone, never 0
+    True
+    """
     return FACTOR * base + floor(dtype)
 
 
 def ratio(got: float, base: float, dtype: str) -> tuple[float, float]:
-    """(got / tolerance, tolerance) under the tolerance model."""
+    """(got / tolerance, tolerance) under the tolerance model; <= 1 passes.
+
+    >>> ratio(1.015625, 0.25, "bfloat16")  # exactly at the tolerance: passes
+    (1.0, 1.015625)
+    >>> ratio(2.03125, 0.25, "bfloat16")[0]  # twice the tolerance: fails
+    2.0
+    """
     tol = tolerance(base, dtype)
     return (got / tol if tol > 0 else float("inf")), tol
 
@@ -139,7 +158,11 @@ def limits(dtype: str, base_max: float, stats: ErrorStats | None = None) -> Limi
     RMS of a uniform error of two eps relative to each element (the floor, at the reference's RMS
     rather than its max: rounding is relative to each value) for the RMS; for the bias FACTOR x torch.nn's
     bias plus K_SIGMA standard errors of a mean over ``n`` elements whose RMS is the RMS tolerance.
-    Without ``stats`` only the max is judged. One rule for every slot's outputs."""
+    Without ``stats`` only the max is judged. One rule for every slot's outputs.
+
+    >>> limits("bfloat16", 0.25)
+    Limits(max=1.015625, rms=inf, bias=inf)
+    """
     tol_max = tolerance(base_max, dtype)
     if stats is None:
         return Limits(tol_max)
@@ -207,16 +230,28 @@ def record_determinism(v: Verdict, row: MeasurementRow) -> None:
             v.notes.append(f"not deterministic: {row['nondeterministic']}")
 
 
+def judge_unmeasured(
+    v: Verdict, row: MeasurementRow, refused: re.Pattern[str], *, say_unavailable: bool = False
+) -> bool:
+    """A row with no measurements decides ``v`` (True): skipped where torch itself cannot run it; where the
+    candidate raised, unavailable when the message is a refusal (``refused``: this dtype or configuration
+    is not supported) and crashed otherwise. Every slot's rows are judged so; False: the row was measured."""
+    if "skipped" in row:
+        v.status, v.reasons = "skipped", [row["skipped"]]
+        return True
+    if "exception" in row:
+        message = row["exception"]
+        v.status = "unavailable" if refused.search(message) else "crashed"
+        unavailable = say_unavailable and v.status == "unavailable"
+        v.reasons = [f"unavailable: {message}" if unavailable else f"raised {message}"]
+        return True
+    return False
+
+
 def judge_row(candidate: str, device: str, semantics: str, row: MeasurementRow, policy: Policy = Policy()) -> Verdict:
     """The verdict on one measured (dtype, regime): errors against the tolerance model, then the flags."""
     v = Verdict(candidate, device, row["dtype"], row["regime"], out_dtype=row.get("out_dtype", ""))
-    if "skipped" in row:
-        v.status, v.reasons = "skipped", [row["skipped"]]
-        return v
-    if "exception" in row:
-        message = row["exception"]
-        v.status = "unavailable" if _DTYPE_PROBLEM.search(message) else "crashed"
-        v.reasons = [f"raised {message}"]
+    if judge_unmeasured(v, row, _DTYPE_PROBLEM):
         return v
     worst = 0.0
     alt_ok = None
@@ -304,6 +339,7 @@ class ShapeVerdict:
 
     @property
     def ok(self) -> bool:
+        """Whether the check at this shape passed."""
         return not self.reason
 
 
@@ -451,7 +487,7 @@ def tampered(what: str, names: Iterable[str]) -> Problem:
     )
 
 
-def failed_import(target: str, kind: str, error: str) -> Problem:
+def failed_import(target: str, kind: ImportKind, error: str) -> Problem:
     """An import of ``target`` that raised: an ImportError (``kind`` "import") means the library is
     absent, anything else that it is broken."""
     return Problem("unavailable" if kind == "import" else "crashed", f"import of {target} failed: {error}")

@@ -33,9 +33,11 @@ class Layout:
 
     @property
     def identity(self) -> bool:
+        """Whether the state dict is torch.nn's as it is (no rule needed)."""
         return self.ok and not self.rules
 
     def problem(self) -> str:
+        """Why no mapping onto torch.nn's state dict exists: the missing and unexpected keys."""
         parts = []
         if self.missing:
             parts.append(f"missing {', '.join(self.missing)}")
@@ -47,6 +49,7 @@ class Layout:
         )
 
     def to_json(self) -> dict[str, object]:
+        """The layout as the worker's reply carries it."""
         return {
             "ok": self.ok,
             "rules": list(self.rules),
@@ -57,6 +60,7 @@ class Layout:
 
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> Layout:
+        """The layout from :meth:`to_json`'s object."""
         # d is what to_json wrote (the worker's reply): pairs {key: [candidate key, transposed]}, lists of strings
         raw_pairs = cast("Mapping[object, Sequence[object]]", d.get("pairs") or {})
         pairs = {str(k): (str(v[0]), bool(v[1])) for k, v in dict(raw_pairs).items()}
@@ -126,4 +130,5 @@ def shapes(state: Mapping[str, object]) -> dict[str, Shape]:
 
 
 def describe(rules: Sequence[str]) -> str:
+    """The migration rules in words (``identity`` when there are none)."""
     return ", ".join(rules) if rules else "identity"

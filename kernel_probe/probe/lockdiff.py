@@ -8,6 +8,8 @@ import kernel_lock
 
 
 def lock_differences(a: kernel_lock.KernelLock, b: kernel_lock.KernelLock) -> dict[str, list[dict[str, Any]]]:
+    """What differs between locks ``a`` and ``b``: fingerprint fields and libraries, and each slot's implementation,
+    target and kwargs."""
     env = []
     for name in sorted(set(a.environment.fields) | set(b.environment.fields)):
         x, y = a.environment.fields.get(name), b.environment.fields.get(name)

@@ -116,10 +116,12 @@ class Plan:
 
     @property
     def dtype(self) -> str:
+        """The dtype the plan's precision checks and times in."""
         return PRECISIONS[self.precision].dtype
 
     @property
     def regime(self) -> str:
+        """The regime of the plan's precision (true or mixed)."""
         return PRECISIONS[self.precision].regime
 
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # annotations only: writing a lock, or reusing one, imports n
 
 
 def environment(current: Mapping[str, Any], libraries: Mapping[str, str]) -> Environment:
+    """The lock's fingerprint from this machine's facts, each with its match rule."""
     fields = {}
     for name, spec in FIELDS.items():
         match = spec.default_match
@@ -138,6 +139,7 @@ def build_lock(
     profile: Mapping[str, Any] | None = None,
     provenance: Mapping[str, Any] | None = None,
 ) -> KernelLock:
+    """The lock from the choices, verdicts and timings: slots, evidence, rejected candidates and fingerprint."""
     slots: dict[str, Slot] = {}
     distributions: set[str] = set()
     trusted: set[str] = set()
@@ -217,6 +219,7 @@ def _rejection_reasons(report: Report, choice: Choice) -> list[str]:
 
 
 def inputs_digest(inputs: Mapping[str, Any]) -> str:
+    """sha256 of the probe's inputs as canonical JSON (``provenance.inputs``: reuse when unchanged)."""
     blob = json.dumps(inputs, sort_keys=True, separators=(",", ":"), default=str)
     return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
 

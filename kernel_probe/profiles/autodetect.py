@@ -32,6 +32,7 @@ class SiteFacts:
     read_file: Callable[[str], str | None]
 
     def slurm_value(self, name: str) -> str | None:
+        """A Slurm setting from the environment, else from the Slurm configuration."""
         return self.env.get(name) or self.slurm.get(name)
 
 

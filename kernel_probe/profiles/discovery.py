@@ -54,6 +54,7 @@ class Survey:
     notes: list[tuple[str, str]] = field(default_factory=list)  # (profile name or "", text)
 
     def notes_for(self, name: str | None = None) -> list[str]:
+        """The survey's notes about profile ``name`` and the general ones (all notes when None)."""
         return [text for n, text in self.notes if name is None or n in (name, "")]
 
 

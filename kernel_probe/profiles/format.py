@@ -88,6 +88,7 @@ class Profile:
     document: Mapping[str, Any] = field(default_factory=dict)  # the parsed TOML, for `profiles show`
 
     def lock_record(self, matched: str) -> dict[str, Any]:
+        """The lock's ``[profile]`` table for this profile, matched as ``matched``."""
         return {"name": self.name, "digest": self.digest, "matched": matched, "source": self.path}
 
 
@@ -310,6 +311,7 @@ def _check_detect(p: _P, detect: Mapping[str, Any], groups: Sequence[Mapping[str
 
 
 def parse(text: str, path: str) -> Profile:
+    """The profile in TOML ``text`` (from ``path``); ProfileError names the file, key and fix."""
     p = _P(path)
     try:
         d = _toml.loads(text)
@@ -427,6 +429,7 @@ def parse(text: str, path: str) -> Profile:
 
 
 def load_file(path: str | os.PathLike[str]) -> Profile:
+    """The profile file at ``path``, read through the safe reader and parsed."""
     from kernel_lock._files import UnsafeFile, read_regular
 
     p = Path(path)

@@ -64,6 +64,7 @@ class Node:
 
 
 def examples_dir() -> Path:
+    """The directory of the built-in node description examples."""
     from kernel_probe.profiles.discovery import builtin_dir
 
     return builtin_dir() / EXAMPLES_DIR

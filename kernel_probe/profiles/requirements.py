@@ -9,9 +9,9 @@ reads the library versions a profile's requirements name without importing them.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from kernel_lock import Difference
 from kernel_lock.versions import in_spec
 from kernel_probe.errors import ProfileUnmet
 from kernel_probe.profiles.autodetect import SiteFacts, auto_detect, site_facts
@@ -19,14 +19,14 @@ from kernel_probe.profiles.discovery import resolve, survey
 from kernel_probe.profiles.format import Profile, load_file
 
 
-@dataclass(frozen=True)
-class Unmet:
-    """One requirement of a profile a node does not meet: its strictness group, expected vs found."""
+class Unmet(Difference):
+    """One requirement of a profile a node does not meet, expected vs found: a fingerprint difference
+    (kernel_lock's, one home) whose ``rule`` is the requirement's strictness group."""
 
-    group: str
-    field: str
-    expected: str
-    found: str
+    @property
+    def group(self) -> str:
+        """The strictness group (device, count, versions, libraries, forbidden) a profile may make warn only."""
+        return self.rule
 
     def __str__(self) -> str:
         return f"{self.field}: expected {self.expected}, found {self.found}"
@@ -47,27 +47,27 @@ def unmet(profile: Profile, fingerprint: Mapping[str, Any], libraries: Mapping[s
                 found = f"none (no accelerator; CPU vendor {found})"  # a CPU's vendor is not a GPU's
             ok = any(arch_satisfies(found, a) for a in allowed) if key == "device-arch" and found else found in allowed
             if not ok:
-                out.append(Unmet("device", key, " or ".join(allowed), found or "none"))
+                out.append(Unmet(key, " or ".join(allowed), found or "none", "device"))
     need = req.get("min-device-count", 0)
     if need and (fingerprint.get("device-type") == "cpu" or int(fingerprint.get("device-count", 0)) < need):
         have = 0 if fingerprint.get("device-type") == "cpu" else fingerprint.get("device-count", 0)
-        out.append(Unmet("count", "device-count", f">= {need} accelerator(s)", str(have)))
+        out.append(Unmet("device-count", f">= {need} accelerator(s)", str(have), "count"))
     for key in ("torch", "torch-cuda", "torch-hip", "driver"):
         spec = req.get(key)
         if spec is not None:
             found = str(fingerprint.get(key, ""))
             if not in_spec(spec, found):
-                out.append(Unmet("versions", key, spec, found or "none"))
+                out.append(Unmet(key, spec, found or "none", "versions"))
     for lib, spec in req.get("libraries", {}).items():
         version = libraries.get(lib)
         if version is None:
-            out.append(Unmet("libraries", f"library {lib}", spec or "installed", "not installed"))
+            out.append(Unmet(f"library {lib}", spec or "installed", "not installed", "libraries"))
         elif spec and not in_spec(spec, version):
-            out.append(Unmet("libraries", f"library {lib}", spec, version))
+            out.append(Unmet(f"library {lib}", spec, version, "libraries"))
     for lib, spec in req.get("forbidden", {}).items():
         version = libraries.get(lib)
         if version is not None and (not spec or in_spec(spec, version)):
-            out.append(Unmet("forbidden", f"library {lib}", f"not installed{' in ' + spec if spec else ''}", version))
+            out.append(Unmet(f"library {lib}", f"not installed{' in ' + spec if spec else ''}", version, "forbidden"))
     return out
 
 

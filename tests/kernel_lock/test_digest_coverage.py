@@ -23,6 +23,11 @@ def full_text() -> str:
     text += (
         '\n[profile]\nname = "site"\ndigest = "sha256:' + "0" * 64 + '"\nmatched = "explicit"\nsource = "p.toml"\n'
         '\n[provenance]\ninputs = "sha256:' + "1" * 64 + '"\ncommand = "kernel-probe --out k.toml"\n'
+        'shapes = ["4096x1024"]\nattention = "16x64x4096"\ncheck-seconds = 4.5\ntime-seconds = 2.25\n'
+        "deterministic = true\n"
+        '[provenance.options]\nprecision = "bf16-mixed"\nslots = "LayerNorm, Linear"\n'
+        '[provenance.libraries]\nliger-kernel = "0.8.5"\n'
+        '[provenance.anemoi-environment]\nANEMOI_INFERENCE_TRANSFORMER_ATTENTION_BACKEND = "scaled_dot_product_attention"\n'
     )
     text = text.replace('created-by = "hand"', 'created-by = "hand"\ncreated-at = "2026-12-01T00:00:00Z"')
     sealed = kernel_lock.loads(text, emit_warnings=False).sealed()
@@ -40,7 +45,13 @@ def leaves(d: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
         yield path
 
 
-def edited(value: Any) -> Any:
+# closed sets: another member (a value outside the set is refused before the digest is looked at)
+OTHER = {("mode",): "inference", ("precision",): "32-true", ("lock-version",): "1.2"}
+
+
+def edited(value: Any, path: tuple[Any, ...] = ()) -> Any:
+    if path in OTHER:
+        return OTHER[path]
     if isinstance(value, bool):
         return not value
     if isinstance(value, (int, float)):
@@ -62,12 +73,13 @@ def test_editing_any_value_of_any_table_is_seen_by_the_digest():
     data = tomllib.loads(text)
     paths = [p for p in leaves(data) if p[0] != SEAL]
     assert {p[0] for p in paths} == set(LockDocument._KEYS) - {SEAL}  # every table, [provenance] included
+    seen: set[tuple[Any, ...]] = set()  # the paths whose edit was read and judged, not refused outright
     for path in paths:
         changed = tomllib.loads(text)
         node = changed
         for part in path[:-1]:
             node = node[part]
-        node[path[-1]] = edited(node[path[-1]])
+        node[path[-1]] = edited(node[path[-1]], path)
         new_text = _toml.dumps(changed)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -77,5 +89,10 @@ def test_editing_any_value_of_any_table_is_seen_by_the_digest():
                 continue  # refused outright: no less safe
         assert not lock.intact, path
         assert any("digest" in str(w.message) for w in caught), path
+        seen.add(path)
         with pytest.raises(LockError):
             kernel_lock.loads(new_text, strict=True, check_targets=False)
+    # a table all of whose edits were refused would prove nothing about the digest: each had one read
+    assert {p[0] for p in seen} == {p[0] for p in paths}, {p[0] for p in paths} - {p[0] for p in seen}
+    provenance = {p[1] for p in seen if p[0] == "provenance"}
+    assert {"inputs", "command", "shapes", "options", "libraries", "anemoi-environment"} <= provenance, provenance

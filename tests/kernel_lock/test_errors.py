@@ -5,43 +5,28 @@ from __future__ import annotations
 import pytest
 
 from kernel_lock import errors
-from kernel_lock.errors import (
-    EXIT_CODES,
-    BadEnvironmentVariable,
-    DeviceVisibilityError,
-    Difference,
-    ExitCode,
-    KernelUnavailable,
-    LockError,
-    LockFormatError,
-    LockMismatch,
-    LockVersionError,
-    LockWarning,
-    RanksDisagree,
-    TargetNotAllowed,
-)
 
 
 def test_exit_codes():
-    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 4, 5, 6]
-    assert EXIT_CODES[0] == "ok" and EXIT_CODES[4] == "the machine does not meet the site profile"
-    assert {int(c): c.meaning for c in ExitCode} == EXIT_CODES
-    assert str(ExitCode.BAD_INPUT) == "5" and f"{ExitCode.MISMATCH}" == "3" and ExitCode.USAGE == 2
-    assert ExitCode(6) is ExitCode.LOCKS_DIFFER and "--exit-code" in ExitCode.LOCKS_DIFFER.meaning
+    assert [int(c) for c in errors.ExitCode] == [0, 1, 2, 3, 4, 5, 6]
+    assert errors.EXIT_CODES[0] == "ok" and errors.EXIT_CODES[4] == "the machine does not meet the site profile"
+    assert {int(c): c.meaning for c in errors.ExitCode} == errors.EXIT_CODES
+    assert str(errors.ExitCode.BAD_INPUT) == "5" and f"{errors.ExitCode.MISMATCH}" == "3" and errors.ExitCode.USAGE == 2
+    assert errors.ExitCode(6) is errors.ExitCode.LOCKS_DIFFER and "--exit-code" in errors.ExitCode.LOCKS_DIFFER.meaning
 
 
 @pytest.mark.parametrize(
     "cls,code,bases",
     [
-        (LockError, 1, (Exception,)),
-        (LockFormatError, 5, (LockError, ValueError)),
-        (LockVersionError, 5, (LockFormatError,)),
-        (TargetNotAllowed, 5, (LockFormatError,)),
-        (LockMismatch, 3, (LockError,)),
-        (KernelUnavailable, 3, (LockError,)),
-        (RanksDisagree, 3, (LockError,)),
-        (DeviceVisibilityError, 2, (LockError,)),
-        (BadEnvironmentVariable, 2, (LockError, ValueError)),
+        (errors.LockError, 1, (Exception,)),
+        (errors.LockFormatError, 5, (errors.LockError, ValueError)),
+        (errors.LockVersionError, 5, (errors.LockFormatError,)),
+        (errors.TargetNotAllowed, 5, (errors.LockFormatError,)),
+        (errors.LockMismatch, 3, (errors.LockError,)),
+        (errors.KernelUnavailable, 3, (errors.LockError,)),
+        (errors.RanksDisagree, 3, (errors.LockError,)),
+        (errors.DeviceVisibilityError, 2, (errors.LockError,)),
+        (errors.BadEnvironmentVariable, 2, (errors.LockError, ValueError)),
     ],
 )
 def test_each_error_has_its_exit_code(cls, code, bases):
@@ -60,7 +45,7 @@ def test_each_error_has_its_exit_code(cls, code, bases):
     ],
 )
 def test_an_error_names_where_what_and_the_fix(path, key, fix, text):
-    exc = LockFormatError("broken", path=path, key=key, fix=fix)
+    exc = errors.LockFormatError("broken", path=path, key=key, fix=fix)
     assert str(exc) == text
     assert (exc.path, exc.key, exc.problem, exc.fix) == (path, key, "broken", fix)
 
@@ -69,10 +54,13 @@ def test_an_error_names_where_what_and_the_fix(path, key, fix, text):
     "diff,text",
     [
         (
-            Difference("torch", "2.6.0", "2.7.1", "compatible"),
+            errors.Difference("torch", "2.6.0", "2.7.1", "compatible"),
             "torch: lock has '2.6.0', this machine has '2.7.1' (match = compatible)",
         ),
-        (Difference("device-count", 8, 4, "exact"), "device-count: lock has 8, this machine has 4 (match = exact)"),
+        (
+            errors.Difference("device-count", 8, 4, "exact"),
+            "device-count: lock has 8, this machine has 4 (match = exact)",
+        ),
     ],
 )
 def test_difference_text(diff, text):
@@ -80,25 +68,28 @@ def test_difference_text(diff, text):
 
 
 def test_lock_mismatch_lists_every_difference():
-    diffs = [Difference("torch", "2.6", "2.7", "compatible"), Difference("arch", "x86_64", "aarch64", "exact")]
-    exc = LockMismatch(diffs, path="k.toml")
+    diffs = [
+        errors.Difference("torch", "2.6", "2.7", "compatible"),
+        errors.Difference("arch", "x86_64", "aarch64", "exact"),
+    ]
+    exc = errors.LockMismatch(diffs, path="k.toml")
     assert exc.differences == diffs and exc.key == "environment" and exc.exit_code == 3
     text = str(exc)
     assert text.startswith("k.toml: 'environment': the environment does not match the lock (2 field(s)):")
     assert "\n  - torch: lock has '2.6'" in text and "\n  - arch: lock has 'x86_64'" in text
     assert "kernel-probe --force" in exc.fix
-    assert LockMismatch([], fix="do this").fix == "do this"
+    assert errors.LockMismatch([], fix="do this").fix == "do this"
 
 
 def test_ranks_disagree_keeps_the_reports():
-    exc = RanksDisagree("ranks 1, 3 differ", reports=[{"rank": 1}], ranks=[1, 3], fix="same lock everywhere")
+    exc = errors.RanksDisagree("ranks 1, 3 differ", reports=[{"rank": 1}], ranks=[1, 3], fix="same lock everywhere")
     assert exc.reports == [{"rank": 1}] and exc.ranks == [1, 3]
     assert str(exc) == "ranks 1, 3 differ\n  fix: same lock everywhere" and exc.path is None and exc.key is None
-    assert RanksDisagree("x").reports == [] and RanksDisagree("x").ranks == []
+    assert errors.RanksDisagree("x").reports == [] and errors.RanksDisagree("x").ranks == []
 
 
 def test_lock_warning_is_a_user_warning():
-    assert issubclass(LockWarning, UserWarning) and not issubclass(LockWarning, LockError)
+    assert issubclass(errors.LockWarning, UserWarning) and not issubclass(errors.LockWarning, errors.LockError)
 
 
 def test_the_package_exports_the_family():

@@ -105,5 +105,8 @@ def test_the_confirming_child_runs_none_of_them_and_its_verdict_stands(planted, 
         minimal_lock_text.replace("torch.nn.LayerNorm", "torch.nn.Identity"), path="L.toml", emit_warnings=False
     )
     verdicts = child_verdicts(lock, "training", {"LayerNorm": "its class is judged by importing it"})
-    assert ran(planted) == [] and verdicts["LayerNorm"] is not None
+    assert ran(planted) == []
+    verdict = verdicts["LayerNorm"]  # the child's own refusal of the lock, not the forged "fine"
+    assert verdict is not None and (verdict["exit_code"], verdict["key"]) == (5, "slots.LayerNorm.target")
+    assert "'torch.nn.Identity' computes other: Identity, not layer_norm" in verdict["problem"]
     assert sys.modules.get("kp_local_only") is None

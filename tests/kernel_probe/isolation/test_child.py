@@ -15,23 +15,13 @@ from pathlib import Path
 import pytest
 
 from kernel_probe.isolation import child
-from kernel_probe.isolation.child import (
-    TAIL,
-    ChildResult,
-    child_environment,
-    clip,
-    fatal_line,
-    kill_group,
-    run_function,
-    signal_name,
-)
 
 
 @pytest.mark.parametrize(
     "number,name", [(9, "SIGKILL"), (int(signal.SIGSEGV), "SIGSEGV"), (6, "SIGABRT"), (1000, "signal 1000")]
 )
 def test_signal_name(number, name):
-    assert signal_name(number) == name
+    assert child.signal_name(number) == name
 
 
 @pytest.mark.parametrize(
@@ -44,11 +34,11 @@ def test_signal_name(number, name):
     ],
 )
 def test_clip(text, limit, expected):
-    assert clip(text, limit) == expected
+    assert child.clip(text, limit) == expected
 
 
 def test_clip_defaults_to_the_tail_kept():
-    assert clip("x" * (TAIL + 5)) == "..." + "x" * TAIL
+    assert child.clip("x" * (child.TAIL + 5)) == "..." + "x" * child.TAIL
 
 
 @pytest.mark.parametrize(
@@ -66,7 +56,7 @@ def test_clip_defaults_to_the_tail_kept():
     ],
 )
 def test_fatal_line(stderr, line):
-    assert fatal_line(stderr) == line
+    assert child.fatal_line(stderr) == line
 
 
 @pytest.mark.parametrize(
@@ -79,7 +69,7 @@ def test_fatal_line(stderr, line):
     ],
 )
 def test_child_environment(extra, env, pythonpath):
-    got = child_environment(extra, env)
+    got = child.child_environment(extra, env)
     assert got["PYTHONPATH"] == pythonpath and got["PYTHONIOENCODING"] == "utf-8"
     assert env.get("PYTHONPATH", "") in ("", "/old")  # the given mapping is not changed
 
@@ -87,16 +77,16 @@ def test_child_environment(extra, env, pythonpath):
 def test_child_environment_defaults_to_ours_and_keeps_an_encoding_set(monkeypatch):
     monkeypatch.setenv("PYTHONIOENCODING", "latin-1")
     monkeypatch.setenv("KP_T3_MARK", "1")
-    got = child_environment()
+    got = child.child_environment()
     assert got["KP_T3_MARK"] == "1" and got["PYTHONIOENCODING"] == "latin-1"
-    assert child_environment(env={})["PYTHONIOENCODING"] == "utf-8"
+    assert child.child_environment(env={})["PYTHONIOENCODING"] == "utf-8"
 
 
 def test_tail_keeps_the_end_of_a_long_file(tmp_path):
     path = tmp_path / "stderr"
-    path.write_bytes(b"head\n" + b"x" * (5 * TAIL) + b"\nlast line\n")
+    path.write_bytes(b"head\n" + b"x" * (5 * child.TAIL) + b"\nlast line\n")
     tail = child._tail(path)
-    assert tail.startswith("...") and tail.endswith("last line") and len(tail) == TAIL + 3
+    assert tail.startswith("...") and tail.endswith("last line") and len(tail) == child.TAIL + 3
     assert child._tail(tmp_path / "absent") == ""
     (tmp_path / "bad").write_bytes(b"\xff\xfe ok")
     assert child._tail(tmp_path / "bad") == "\ufffd\ufffd ok"
@@ -107,12 +97,12 @@ def test_kill_group_of_a_process_that_is_gone_is_quiet(monkeypatch):
         raise ProcessLookupError(pid)
 
     monkeypatch.setattr(os, "killpg", gone)
-    assert kill_group(999_999) is None
+    assert child.kill_group(999_999) is None
 
 
 @pytest.mark.parametrize("status,ok", [("ok", True), ("error", False), ("crashed", False), ("timeout", False)])
 def test_child_result_ok(status, ok):
-    assert ChildResult(status).ok is ok
+    assert child.ChildResult(status).ok is ok
 
 
 # ---- run_function, with a fake child --------------------------------------------------------------------
@@ -160,7 +150,7 @@ def fake(monkeypatch):
 
 def test_an_answer_is_ok(fake):
     proc = fake(FakeChild({"ok": {"answer": [1, 2]}}, stdout="printed\n", stderr="warned\n"))
-    result = run_function("mod", "fn", {"x": 1}, timeout=5)
+    result = child.run_function("mod", "fn", {"x": 1}, timeout=5)
     assert result.ok and result.value == {"answer": [1, 2]} and result.reason == ""
     assert (result.stdout, result.stderr, result.returncode, result.timed_out) == ("printed", "warned", 0, False)
     assert proc.payload == {"x": 1} and proc.options["mode"] == "call" and proc.options["exit"] == "hard"
@@ -173,14 +163,14 @@ def test_a_protocol_message_is_sent_as_its_json(fake):
             return {"kind": "ping"}
 
     proc = fake(FakeChild({"ok": None}))
-    assert run_function("m", "f", Message(), timeout=5, teardown=True).ok
+    assert child.run_function("m", "f", Message(), timeout=5, teardown=True).ok
     assert proc.payload == {"kind": "ping"} and proc.options["exit"] == "normal"
 
 
 def test_started_receives_the_child(fake):
     proc = fake(FakeChild({"ok": 1}))
     seen = []
-    run_function("m", "f", None, timeout=5, started=seen.append)
+    child.run_function("m", "f", None, timeout=5, started=seen.append)
     assert seen == [proc]
 
 
@@ -210,7 +200,7 @@ def test_started_receives_the_child(fake):
 )
 def test_a_child_without_an_answer_says_why(fake, proc, status, reason):
     fake(proc)
-    result = run_function("m", "f", None, timeout=1.5)
+    result = child.run_function("m", "f", None, timeout=1.5)
     assert (result.status, result.reason) == (status, reason) and result.value is None
     assert result.timed_out is (status == "timeout")
     if status == "error":
@@ -219,7 +209,7 @@ def test_a_child_without_an_answer_says_why(fake, proc, status, reason):
 
 def test_an_answer_that_came_before_the_kill_is_kept(fake):
     fake(FakeChild({"ok": "late"}, hang=True))
-    result = run_function("m", "f", None, timeout=1)
+    result = child.run_function("m", "f", None, timeout=1)
     assert result.ok and result.value == "late" and result.timed_out
 
 
@@ -228,7 +218,7 @@ def test_an_interpreter_that_cannot_start(monkeypatch):
         raise FileNotFoundError(2, "No such file or directory")
 
     monkeypatch.setattr(child, "spawn", cannot)
-    result = run_function("m", "f", None, timeout=1, python="/no/python")
+    result = child.run_function("m", "f", None, timeout=1, python="/no/python")
     assert result.status == "crashed" and not result.started
     assert result.reason == "could not start /no/python: [Errno 2] No such file or directory"
 
@@ -236,7 +226,7 @@ def test_an_interpreter_that_cannot_start(monkeypatch):
 # ---- a real interpreter (slow: each starts Python) -------------------------------------------------------
 @pytest.mark.slow
 def test_a_real_child_calls_the_function_and_reports_what_it_raised():
-    assert run_function("posixpath", "basename", "a/b.toml", timeout=60).value == "b.toml"
+    assert child.run_function("posixpath", "basename", "a/b.toml", timeout=60).value == "b.toml"
     source = "def f(payload):\n    raise KeyError(payload)\n"
-    result = run_function("unused", "f", "k", timeout=60, source=source)
+    result = child.run_function("unused", "f", "k", timeout=60, source=source)
     assert result.status == "error" and result.raised["raised"] == "KeyError" and result.reason == "KeyError: 'k'"

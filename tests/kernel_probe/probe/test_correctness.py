@@ -13,7 +13,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from kernel_probe.isolation.protocol import FLAG_GRAD_OUTPUT_MODIFIED, FLAG_INPUT_MODIFIED, FLAG_OUTPUT_DTYPE
+from kernel_probe.isolation.protocol import (
+    ALT_PREFIX,
+    FLAG_GRAD_OUTPUT_MODIFIED,
+    FLAG_INPUT_MODIFIED,
+    FLAG_OUTPUT_DTYPE,
+)
 from kernel_probe.probe import candidates as cands
 from kernel_probe.probe import correctness
 from kernel_probe.probe.blasrun import BlasNotOffered
@@ -277,3 +282,64 @@ def test_discover_is_what_check_reports():
     reply = check(offered("LayerNorm=kp_zoo.norms.GammaBetaLayerNorm"), "LayerNorm", "cpu", [], hidden=HIDDEN)
     expected = discover({"gamma": (HIDDEN,), "beta": (HIDDEN,)}, {"weight": (HIDDEN,), "bias": (HIDDEN,)})
     assert reply.layout == expected.to_json()
+
+
+# ---- one row, cut to the cases that show a rule (in-process, milliseconds) ------------------------------
+def only_cases(monkeypatch, *names: str) -> None:
+    """Measure only the named cases of ``measure.cases`` (a full row takes a second; one case, ~10 ms)."""
+    every = correctness.cases
+    monkeypatch.setattr(correctness, "cases", lambda *a, **k: [c for c in every(*a, **k) if c.name in names])
+
+
+def measured_row(spec: str):
+    (row,) = check(offered(spec), "LayerNorm", "cpu", [("float32", "true")], hidden=HIDDEN).rows
+    return row
+
+
+def test_a_wrong_input_gradient_is_measured_as_the_candidates_own(monkeypatch):
+    """The candidate's dx, not torch.nn's, is compared with float64: a backward that drops dx's mean term
+    (forward right) is ~1e6 x torch.nn's error, and its verdict rejects dx and only dx."""
+    from kernel_probe.probe.judge import judge_row
+
+    only_cases(monkeypatch, "random")
+    row = measured_row("LayerNorm=kp_zoo.norms.WrongBackwardLayerNorm")
+    got, torch_nn = row["cases"]["random"]["dx"]
+    assert got > 1e-2 and torch_nn < 1e-6, (got, torch_nn)
+    assert row["cases"]["random"]["y"][0] < 1e-6  # the forward is right
+    v = judge_row(row["dtype"], "cpu", "layer_norm", row)
+    assert v.status == "rejected" and v.failed == ["random:dx"]
+    right = measured_row("LayerNorm=kp_zoo.norms.GoodLayerNorm")  # the same row of a right kernel passes
+    assert right["cases"]["random"]["dx"][0] < 1e-6
+    assert judge_row(right["dtype"], "cpu", "layer_norm", right).status == "accepted"
+
+
+def test_a_backward_writing_into_grad_output_is_flagged_and_rejected_on_its_own(monkeypatch):
+    """On a case without a residual every gradient of such a backward is right: the flag alone rejects."""
+    from kernel_probe.probe.judge import judge_row
+
+    only_cases(monkeypatch, "random")
+    row = measured_row("LayerNorm=kp_zoo.norms.InPlaceBackwardLayerNorm")
+    assert row["flags"] == {FLAG_GRAD_OUTPUT_MODIFIED: "random"}
+    outputs = {t: e for t, e in row["cases"]["random"].items() if not t.startswith(ALT_PREFIX)}
+    assert set(outputs) == {"y", "dx", "dweight", "dbias"}
+    assert all(got <= 4 * base + 1e-6 for got, base in outputs.values()), outputs
+    v = judge_row(row["dtype"], "cpu", "layer_norm", row)
+    assert v.status == "rejected" and v.failed == [FLAG_GRAD_OUTPUT_MODIFIED]
+    assert v.reasons[0].startswith("backward modifies grad_output in place (seen on random)")
+
+
+def test_a_residuals_gradient_shows_what_writing_into_grad_output_corrupts(monkeypatch):
+    only_cases(monkeypatch, "residual")
+    row = measured_row("LayerNorm=kp_zoo.norms.InPlaceBackwardLayerNorm")
+    assert row["flags"] == {FLAG_GRAD_OUTPUT_MODIFIED: "residual"}
+    got, torch_nn = row["cases"]["residual"]["dskip"]
+    assert got > 0.1 and torch_nn == 0.0  # skip's gradient is grad_output itself: exact for torch.nn
+
+
+def test_a_kernel_touching_its_input_is_flagged(monkeypatch):
+    from kernel_probe.probe.judge import judge_row
+
+    only_cases(monkeypatch, "random")
+    row = measured_row("LayerNorm=kp_zoo.norms.MutatesInputLayerNorm")
+    assert row["flags"] == {FLAG_INPUT_MODIFIED: "random"}
+    assert FLAG_INPUT_MODIFIED in judge_row(row["dtype"], "cpu", "layer_norm", row).failed

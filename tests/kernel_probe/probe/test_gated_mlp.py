@@ -84,6 +84,7 @@ def test_state_dict_keys_and_forward_are_anemois(implementation, cls):
     assert list(cls(16, 24, implementation).state_dict()) == list(theirs.state_dict())
 
 
+@pytest.mark.filterwarnings("ignore:mlp_implementation=.*uses its own gating activation")  # anemoi's own note
 def test_swap_gated_layers_replaces_anemois_layers_in_a_model():
     kernels = types.SimpleNamespace(Linear=torch.nn.Linear, LayerNorm=torch.nn.LayerNorm)
     model = mlp.MLP(16, 24, 8, kernels, n_extra_layers=1, mlp_implementation="geglu")

@@ -7,6 +7,7 @@ The public names used: ``bytes_moved``, ``flops``, ``progress_message``, ``time_
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 
@@ -185,21 +186,29 @@ def test_a_bad_shape_is_an_error_row_and_the_next_shape_is_still_timed(shape, wo
     assert "error" not in rows[1] and rows[1]["median_ms"] > 0
 
 
+# what a timing with 2 warm-up calls and 3 repetitions reports at each shape, in order: (phase, done, total)
+PROGRESS_2_3 = [("first call", 1, 1), ("warm-up", 1, 2), ("warm-up", 2, 2), ("rep", 1, 3), ("rep", 2, 3), ("rep", 3, 3)]
+
+
+def assert_seconds_per_shape(seen, shapes, wall: float) -> None:
+    """``seconds`` is the time spent on this shape so far, to the millisecond: it starts again at each
+    shape, never goes back within one, and the shapes' totals fit in the call's own time (``wall``)."""
+    per_shape = {shape: [m.seconds for m in seen if m.shape == shape] for shape in shapes}
+    for seconds in per_shape.values():
+        assert seconds == sorted(seconds) and seconds[0] >= 0, seconds
+        assert all(s == round(s, 3) for s in seconds), seconds
+    assert sum(seconds[-1] for seconds in per_shape.values()) <= wall + 0.002, (per_shape, wall)
+
+
 def test_progress_follows_every_call_of_every_shape():
     seen = []
     opts = {**FAST, "warmup": 2, "reps": 3}
+    started = time.perf_counter()
     time_candidate(default_for("RMSNorm"), "RMSNorm", "cpu", ["16x8", "8x8"], "float32", "true", opts, seen.append)
+    wall = time.perf_counter() - started
     steps = [(m.shape, m.index, m.of, m.phase, m.done, m.total) for m in seen]
-    per_shape = [
-        ("first call", 1, 1),
-        ("warm-up", 1, 2),
-        ("warm-up", 2, 2),
-        ("rep", 1, 3),
-        ("rep", 2, 3),
-        ("rep", 3, 3),
-    ]
-    assert steps == [("16x8", 0, 2, *s) for s in per_shape] + [("8x8", 1, 2, *s) for s in per_shape]
-    assert all(m.seconds >= 0 for m in seen)
+    assert steps == [("16x8", 0, 2, *s) for s in PROGRESS_2_3] + [("8x8", 1, 2, *s) for s in PROGRESS_2_3]
+    assert_seconds_per_shape(seen, ("16x8", "8x8"), wall)
 
 
 # ---- progress while timing (issue 16, point 5) -------------------------------------------------------------

@@ -1,0 +1,31 @@
+"""The examples in the small rule functions' docstrings are run by the fast lane (issue 40): the
+tolerance rule, the fingerprint's matching rule and the choice's margins. Only these modules, so the
+lane does not import every module under doctest."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = {  # module -> the functions whose examples it must keep (a deleted example fails here)
+    "kernel_probe.probe.judge": ("floor", "tolerance", "ratio", "limits"),
+    "kernel_lock.fingerprint.fields": ("field_matches",),
+    "kernel_probe.probe.repetitions": ("margin",),
+    "kernel_probe.probe.choose": ("clears_margin", "within_margin"),
+    "kernel_probe.probe.rules": ("rules", "slot_rules"),  # the module's own examples, and the merge
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_the_rule_functions_examples_hold(name):
+    module = importlib.import_module(name)
+    finder = doctest.DocTestFinder()
+    tests = {t.name.rsplit(".", 1)[-1]: t for t in finder.find(module) if t.examples}
+    assert set(MODULES[name]) <= set(tests), f"{name}: no examples in {set(MODULES[name]) - set(tests)}"
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    for test in tests.values():
+        runner.run(test)
+    result = runner.summarize(verbose=False)
+    assert result.failed == 0 and result.attempted >= len(MODULES[name]), result
