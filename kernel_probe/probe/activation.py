@@ -244,6 +244,7 @@ def build(cand: Candidate) -> Any:
 
 
 def declared_function(canonical_overrides: Mapping[str, Any] | None) -> str:
+    """The model's declared function: the slot's canonical ``function`` as the request overrides it."""
     return str((canonical_overrides or {}).get("function") or CANONICAL["Activation"]["function"])
 
 
