@@ -67,6 +67,18 @@ class CompiledLinear(nn.Linear):
         return _compiled_fn("linear", _linear)(x, self.weight, self.bias)
 
 
+def _gelu(x, approximate):
+    return F.gelu(x, approximate=approximate)
+
+
+class CompiledGELU(nn.GELU):
+    """``torch.nn.GELU`` whose forward runs through ``torch.compile`` (same ``approximate``, no parameters)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``F.gelu``, compiled."""
+        return _compiled_fn("gelu", _gelu)(x, self.approximate)
+
+
 # ---- anemoi's call convention and wrappers --------------------------------------------------------
 # The names of the adapters and what each wraps live in kernel_lock.adapter_names (import-light: the
 # export and a lock's trust check read them without torch); the classes are built here on first

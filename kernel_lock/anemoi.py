@@ -56,7 +56,21 @@ ANEMOI_DEFAULTS: dict[str, dict[str, Any]] = {
 
 # lock slot -> anemoi key (the RMSNorm slot has none; see the module docstring; Attention is no
 # layer_kernels entry: it is set per component with attention, ``attention_options``)
-SLOT_KEYS = {"LayerNorm": "LayerNorm", "Linear": "Linear"}
+SLOT_KEYS = {"LayerNorm": "LayerNorm", "Linear": "Linear", "Activation": "Activation"}
+
+# anemoi-models 0.19's refusal of a GLU-family class in layer_kernels.Activation (layers/mlp.py,
+# build_feedforward_modules, PR #943): it tests the class name of the built module, upper-cased
+GLU_REFUSAL = (
+    "GLU-based activations are not supported via layer_kernels.Activation. "
+    "Use `mlp_implementation` with one of: 'glu', 'swiglu', 'geglu', 'reglu'."
+)
+
+
+def glu_refused(class_name: str) -> bool:
+    """Whether anemoi refuses a class of this name under ``Activation`` (its own test: "GLU" in the
+    upper-cased name, so ``GEGLU``, ``SwiGLU`` and ``GLU`` itself)."""
+    return "GLU" in class_name.upper()
+
 
 # ---- attention: anemoi's MultiHeadSelfAttention options, per component with attention --------------
 # (the processor of a transformer model; a TransformerMapper's encoder and decoder). anemoi-models 0.19
@@ -336,6 +350,8 @@ def export(
             note = f"inference substitute for {f.substituted_from} (verified max error {f.max_error})" + (
                 f"; {note}" if note else ""
             )
+        if slot == "Activation" and lock.slots[slot].function:  # which function the model computes
+            note = f"the model's function {lock.slots[slot].function}" + (f"; {note}" if note else "")
         out.append(Exported(key, _entry(target, kwargs), note))
     if qk_norm:
         ln = next((e for e in out if e.key == "LayerNorm"), None)

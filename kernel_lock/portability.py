@@ -160,9 +160,11 @@ def _build_twin(module: Any, slot: Slot, twin_cls: type) -> Any:
         accepted = set(inspect.signature(twin_cls).parameters)
     except (TypeError, ValueError):
         accepted = set(kwargs)
-    if slot.semantics == "linear":
+    if slot.semantics == "activation":  # elementwise, no parameters: the twin's own kwargs only
+        args: tuple[Any, ...] = ()
+    elif slot.semantics == "linear":
         weight = state["weight"]
-        args: tuple[Any, ...] = (int(weight.shape[1]), int(weight.shape[0]))
+        args = (int(weight.shape[1]), int(weight.shape[0]))
         kwargs["bias"] = "bias" in state and state["bias"] is not None
     else:
         shape = getattr(module, "normalized_shape", None)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any, Literal, TypeVar, cast, get_args
 
+from .activations import read_function
 from .blas import ALL as BLAS_LIBRARIES
 from .blas import Blas, device_of
 from .errors import LockFormatError
@@ -414,11 +415,13 @@ class Slot:
     changes: tuple[str, ...] = ()  # what the implementation changes besides numbers, accepted explicitly
     blas: Blas | None = None  # Linear on a GPU: the BLAS library it was checked and timed under (kernel_lock.blas)
     gate: str = ""  # GatedMLP: the formula its mlp_implementation computes (kernel_lock.gating)
+    function: str = ""  # Activation: the model's function the candidates were checked against (activations)
 
     _KEYS = (
         "implementation",
         "target",
         "semantics",
+        "function",
         "kwargs",
         "requires",
         "devices",
@@ -457,6 +460,7 @@ class Slot:
             rejected=ctx.objects(d, "rejected", lambda r: Candidate._from_dict(ctx, r)),
             blas=ctx.object(d, "blas", lambda b: _blas(ctx, name, b)),
             gate=_gate(name, d),
+            function=read_function(name, d),
         )
         expected = SLOT_SEMANTICS[name]
         if slot.semantics != expected:
@@ -474,6 +478,7 @@ class Slot:
             "implementation": self.implementation,
             "target": self.target,
             "semantics": self.semantics,
+            **({"function": self.function} if self.function else {}),
             "kwargs": dict(self.kwargs),
             "requires": [r.to_dict() for r in self.requires],
             "devices": list(self.devices),

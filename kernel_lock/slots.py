@@ -14,14 +14,15 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple, get_args
 
-SLOTS = ("LayerNorm", "RMSNorm", "Linear", "Attention", "GatedMLP")
-SEMANTICS = ("layer_norm", "rms_norm", "linear", "attention", "gated_mlp")
+SLOTS = ("LayerNorm", "RMSNorm", "Linear", "Attention", "GatedMLP", "Activation")
+SEMANTICS = ("layer_norm", "rms_norm", "linear", "attention", "gated_mlp", "activation")
 SLOT_SEMANTICS = {
     "LayerNorm": "layer_norm",
     "RMSNorm": "rms_norm",
     "Linear": "linear",
     "Attention": "attention",
     "GatedMLP": "gated_mlp",
+    "Activation": "activation",
 }
 # Slots whose module has parameters and takes one tensor (the norms and Linear); Attention's modules
 # have no parameters and take (q, k, v) with SDPA's contract (kernel_lock.attention): its checks,
@@ -34,6 +35,9 @@ GATED_MLP = "GatedMLP"
 # the slots a probe or a check covers when none is named: every slot but GatedMLP, which a model has
 # only with a gated mlp_implementation (``--slot GatedMLP --mlp-implementation geglu``)
 PROBED_BY_DEFAULT = tuple(s for s in SLOTS if s != GATED_MLP)
+# Activation's modules have no parameters and map one tensor elementwise; which function they compute
+# (``ACTIVATION_FUNCTIONS``) is the model's declared choice, a canonical value of the slot (``function``)
+ACTIVATION = "Activation"
 
 # What a slot the lock does not mention resolves to: plain torch.nn, as before the lock existed.
 DEFAULT_TARGETS = {
@@ -44,6 +48,7 @@ DEFAULT_TARGETS = {
     "Attention": "kernel_lock.attention.SDPAttention",
     # anemoi's GatedMLPLayer with torch.nn.Linear: torch's gate functions
     "GatedMLP": "kernel_lock.gated_mlp.GatedMLP",
+    "Activation": "torch.nn.GELU",  # anemoi's default layer_kernels.Activation (exact erf)
 }
 
 # Canonical configuration per slot: what the lock pins unless a profile or the user says otherwise.
@@ -57,6 +62,9 @@ CANONICAL: dict[str, dict[str, Any]] = {
     "Attention": {"window": -1, "softcap": 0.0, "dropout": 0.0, "alibi": False},
     # the model's gated variant (kernel_lock.gating.GATES): swiglu unless the model says otherwise
     "GatedMLP": {"mlp_implementation": "swiglu", "bias": True},
+    # the function the model declares (ACTIVATION_FUNCTIONS): the reference every candidate is checked
+    # against; no constructor takes it (CALL_KWARGS), the lock records it (slots.Activation.function)
+    "Activation": {"function": "gelu-erf"},
 }
 
 # How a class offered for a slot is called when its declaration does not say: the positional
@@ -68,6 +76,7 @@ CALL_ARGS: dict[str, tuple[str, ...]] = {
     "Linear": ("$in_features", "$out_features"),
     "Attention": (),
     "GatedMLP": ("$in_features", "$out_features"),
+    "Activation": (),
 }
 CALL_KWARGS: dict[str, dict[str, Any]] = {
     "LayerNorm": {"eps": "$eps"},
@@ -75,6 +84,7 @@ CALL_KWARGS: dict[str, dict[str, Any]] = {
     "Linear": {"bias": "$bias"},
     "Attention": {"window": "$window", "softcap": "$softcap", "dropout": "$dropout", "alibi": "$alibi"},
     "GatedMLP": {"mlp_implementation": "$mlp_implementation", "bias": "$bias"},
+    "Activation": {},
 }
 
 # What torch.nn's slot classes compute and every keyword their constructors accept, so a check that
@@ -98,6 +108,8 @@ _RMS_NORM = frozenset(("normalized_shape", "eps", "elementwise_affine", "device"
 _LINEAR = frozenset(("in_features", "out_features", "bias", "device", "dtype"))
 _ATTENTION = frozenset(("window", "softcap", "dropout", "alibi"))
 _GATED_MLP = frozenset(("in_features", "out_features", "mlp_implementation", "bias", "device", "dtype"))
+_GELU = frozenset(("approximate",))
+_INPLACE = frozenset(("inplace",))
 KNOWN_TARGETS: Mapping[str, TargetFacts] = MappingProxyType(
     {
         "torch.nn.LayerNorm": TargetFacts("layer_norm", _LAYER_NORM, True),
@@ -118,13 +130,24 @@ KNOWN_TARGETS: Mapping[str, TargetFacts] = MappingProxyType(
         "kernel_lock.gated_mlp.GatedMLP": TargetFacts("gated_mlp", _GATED_MLP, True),
         "kernel_lock.gated_mlp.CompiledGatedMLP": TargetFacts("gated_mlp", _GATED_MLP, True),
         "kernel_lock.gated_mlp.LigerGatedMLP": TargetFacts("gated_mlp", _GATED_MLP, True),
+        # the Activation slot's torch.nn classes (ACTIVATION_CLASSES says which function each computes)
+        "torch.nn.GELU": TargetFacts("activation", _GELU, True),
+        "torch.nn.SiLU": TargetFacts("activation", _INPLACE, True),
+        "torch.nn.ReLU": TargetFacts("activation", _INPLACE, True),
+        "torch.nn.Sigmoid": TargetFacts("activation", frozenset(), True),
+        "kernel_lock.adapters.CompiledGELU": TargetFacts("activation", _GELU, True),
     }
 )
 # Other public names of the same classes (torch re-exports them from its submodules)
 TARGET_ALIASES: Mapping[str, str] = MappingProxyType(
     {
         f"torch.nn.{where}.{name}": f"torch.nn.{name}"
-        for name, module in (("LayerNorm", "normalization"), ("RMSNorm", "normalization"), ("Linear", "linear"))
+        for name, module in (
+            ("LayerNorm", "normalization"),
+            ("RMSNorm", "normalization"),
+            ("Linear", "linear"),
+            *((name, "activation") for name in ("GELU", "SiLU", "ReLU", "Sigmoid")),
+        )
         for where in ("modules", f"modules.{module}")
     }
 )
@@ -228,6 +251,11 @@ def slot_name_fix(name: str) -> str:
 NOT_PLAIN_TORCH = ("torch.ao", "torch.nn.quantized", "torch.nn.qat", "torch.nn.intrinsic", "torch.nn.quantizable")
 
 
+# torch.nn.modules.activation's classes that are no elementwise activation: attention, the gated GLU
+# (it halves the last dimension: anemoi refuses it under Activation) and the normalising softmaxes
+NOT_ELEMENTWISE = ("MultiheadAttention", "GLU", "Softmax", "Softmin", "LogSoftmax", "Softmax2d")
+
+
 def class_semantics(cls: Any) -> str | None:
     """What a module class computes, told by its class hierarchy; None where the hierarchy cannot tell.
 
@@ -264,5 +292,7 @@ def class_semantics(cls: Any) -> str | None:
         if issubclass(cls, base):
             return semantics
     if _under(cls.__module__, ("torch",)):
+        if cls.__module__ == "torch.nn.modules.activation" and cls.__name__ not in NOT_ELEMENTWISE:
+            return "activation"
         return f"other: {cls.__name__}"
     return None

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kernel_lock.adapter_names import adapter_for
-from kernel_lock.anemoi import CALLS, DIMENSIONS, convention_problems, locate
+from kernel_lock.anemoi import CALLS, DIMENSIONS, GLU_REFUSAL, convention_problems, glu_refused, locate
 from kernel_probe.anemoi.blocks import KEYS, Finding
 from kernel_probe.isolation.child import run_function
 from kernel_probe.isolation.protocol import EntryCheckReply, EntryCheckRequest
@@ -158,12 +158,13 @@ def check_entry(
         )
     if key == "Linear" and family is not None:
         add("error", "semantics", f"semantics change: {target} is a norm ({family}) under the Linear key")
-    if key == "Activation" and "GLU" in getattr(cls, "__name__", "").upper():
+    if key == "Activation" and glu_refused(getattr(cls, "__name__", "")):
         add(
             "error",
             "semantics",
-            f"{target} is a GLU-family activation: anemoi-models rejects it in layer_kernels.Activation (ValueError)",
-            "select GLU through the processor's mlp_implementation",
+            f"{target} is a GLU-family activation: anemoi-models raises ValueError: {GLU_REFUSAL}",
+            "set the component's mlp_implementation (glu, swiglu, geglu or reglu) and keep an elementwise "
+            "class such as torch.nn.GELU under layer_kernels.Activation",
         )
     if not any(f.severity == "error" and f.kind in ("signature", "semantics", "entry") for f in findings):
         # a pinned size is the dimension warning's: anemoi passes the size at the call site

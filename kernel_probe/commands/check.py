@@ -46,6 +46,14 @@ def add_candidate_arguments(p: argparse.ArgumentParser) -> None:
         f"{DEFAULT_GEOMETRY['gpu']} on GPU, {DEFAULT_GEOMETRY['cpu']} on CPU, global; anemoi's O96: {O96_GEOMETRY})",
     )
     p.add_argument(
+        "--activation",
+        default="",
+        metavar="FUNCTION",
+        help="the model's activation function, the Activation slot's reference: gelu-erf (torch.nn.GELU, the "
+        "default), gelu-tanh, silu, relu, sigmoid, or other:module.Class for another (e.g. "
+        "other:anemoi.models.layers.activations.Sine; its class is the reference); the lock records it",
+    )
+    p.add_argument(
         "--import-timeout",
         type=seconds,
         default=IMPORT_TIMEOUT,
@@ -73,6 +81,11 @@ CANDIDATE_SWITCHES = (
         "accept a candidate whose fresh parameters start differently from torch.nn's (the lock records it)",
     ),
     ("--strict-dtype", "reject any output dtype different from torch.nn's, instead of judging it by its consequence"),
+    (
+        "--allow-approximation",
+        "accept an Activation computing an approximation of the model's function (a tanh GELU for an erf "
+        "model), judged against what it computes; the lock records the difference",
+    ),
 )
 
 
@@ -86,7 +99,11 @@ def policy_from(args: argparse.Namespace):
     """The judging policy the command line asks for (--allow-init-change, --strict-dtype)."""
     from kernel_probe.probe.judge import Policy
 
-    return Policy(allow_init_change=args.allow_init_change, strict_dtype=args.strict_dtype)
+    return Policy(
+        allow_init_change=args.allow_init_change,
+        strict_dtype=args.strict_dtype,
+        allow_approximation=args.allow_approximation,
+    )
 
 
 def add_check_arguments(p: argparse.ArgumentParser) -> None:
@@ -160,6 +177,15 @@ def run_check(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(f"--mlp-implementation: {exc}") from None
         canonical["GatedMLP"] = {"mlp_implementation": args.mlp_implementation}
+    if args.activation:
+        from kernel_lock.activations import function_problem
+
+        problem = function_problem(args.activation)
+        if problem:
+            raise UsageError(
+                f"--activation {problem}", fix="name the model's activation function, e.g. --activation gelu-erf"
+            )
+        canonical["Activation"] = {"function": args.activation}
     progress = None if args.json else (lambda slot, cid: output.info(f"checking {slot}: {cid} ..."))
     reports = check_all(
         slots,

@@ -177,6 +177,8 @@ def request_from(args: argparse.Namespace) -> ProbeRequest:
         with_compile=args.with_compile,
         allow_init_change=args.allow_init_change,
         strict_dtype=args.strict_dtype,
+        activation=args.activation,
+        allow_approximation=args.allow_approximation,
         timeout=args.timeout,
         import_timeout=args.import_timeout,
         force=args.force,

@@ -191,6 +191,7 @@ Phase = Literal["", "import", "baseline", "build", "blas"]  # where a check stop
 FLAG_INPUT_MODIFIED = "input-modified"
 FLAG_GRAD_OUTPUT_MODIFIED = "grad-output-modified"
 FLAG_OUTPUT_DTYPE = "output-dtype"
+FLAG_NOT_ELEMENTWISE = "not-elementwise"  # Activation: the output's shape is not the input's (a GLU halves it)
 ALT_PREFIX = "y-as-"
 
 
@@ -228,6 +229,10 @@ class MeasurementRow(TypedDict, total=False):
     blocks: dict[str, dict[str, Any]]
     seconds: float
     twin: dict[str, Any]
+    # Activation: the errors against the function the candidate computes, where that is not the
+    # declared one (an approximation, judged so only with --allow-approximation)
+    approx_cases: dict[str, dict[str, list[float]]]
+    approx_stats: dict[str, dict[str, ErrorStats]]
 
 
 MEASUREMENT_KEYS = frozenset(MeasurementRow.__annotations__)
@@ -266,6 +271,8 @@ class CheckReply(Reply):
     blas_default: str = ""  # the library torch picks by itself in this process (before any was set)
     # Attention: what each option really does, measured (kernel_probe.probe.attention.capabilities)
     capabilities: dict[str, str] = field(default_factory=dict)
+    # Activation: the function its float32 output matches, measured (kernel_probe.probe.activation.identify)
+    computes: str = ""
 
 
 class ShapeCheck(TypedDict, total=False):

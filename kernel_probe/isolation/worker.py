@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, cast
 
-from kernel_lock.slots import ATTENTION, GATED_MLP
+from kernel_lock.slots import ACTIVATION, ATTENTION, GATED_MLP
 from kernel_probe.isolation.child import kill_group, signal_name, spawn
 from kernel_probe.isolation.protocol import (
     INTERPRETED,
@@ -604,6 +604,10 @@ def _dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], Non
         return _attention(request, emit)
     if isinstance(request, CandidateRequest) and request.slot == GATED_MLP:
         return _gated_mlp(request)
+    if isinstance(request, CandidateRequest) and request.slot == ACTIVATION:
+        from kernel_probe.probe import activation  # its checks and timing (no parameters, one function)
+
+        return activation.handle(request, emit)
     if isinstance(request, CheckRequest):
         return correctness.check(
             request.candidate,

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, cast
 
-from kernel_lock.slots import ATTENTION, DTYPES, GATED_MLP, dtype_named
+from kernel_lock.slots import ACTIVATION, ATTENTION, DTYPES, GATED_MLP, dtype_named
 from kernel_probe.isolation.protocol import (
     INTERPRETED,
     CheckRequest,
@@ -89,6 +89,11 @@ def check_candidate(
         return Report(status=problem.status, reasons=[problem.reason], **base)
 
     problem = judge.static_problem(cand, slot, device, arch, with_compile=with_compile, detail=True)
+    if problem is None and slot == ACTIVATION:
+        from kernel_probe.probe import activation_verdict
+        from kernel_probe.probe.activation import declared_function
+
+        problem = activation_verdict.static_problem(cand, declared_function(canonical))
     if problem is not None and problem.try_it:
         return _tried(problem, cand, slot, device, worker, import_timeout + timeout, base)
     if problem is not None:
@@ -128,6 +133,11 @@ def check_candidate(
         from kernel_probe.probe import gated_mlp_verdict
 
         report = gated_mlp_verdict.judge(raw, cand, device, base)
+    elif slot == ACTIVATION:
+        from kernel_probe.probe import activation_verdict
+        from kernel_probe.probe.activation import declared_function
+
+        report = activation_verdict.judge(raw, cand, device, base, declared_function(canonical), policy)
     else:
         report = judge.judge_candidate(raw, cand, slot, device, policy, base)
     if raw.interpreted:  # said on the report and on every verdict it carries

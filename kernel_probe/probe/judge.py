@@ -84,6 +84,10 @@ HINTS = {
     "sequence": "several inputs in a row: state kept between calls",
     "residual": "y = f(x) + skip",
     "random": "plain random input",
+    # the Activation slot's (kernel_probe.probe.activation.HINTS says the same)
+    "gelu-gap": "|x| in 0.5..4: where GELU's erf and tanh forms differ most",
+    "tiny": "|x| from 1e-6 to 1e-2: relative accuracy near zero",
+    "non-contiguous": "a non-contiguous (transposed) 3-D view",
 }
 _DTYPE_PROBLEM = re.compile(
     r"not implemented for|unsupported (data)?type|unsupported dtype|dtype.*not supported|expected .*dtype", re.I
@@ -111,6 +115,9 @@ class Policy:
 
     allow_init_change: bool = False  # --allow-init-change: accept (and record) a different initialisation
     strict_dtype: bool = False  # --strict-dtype: any output dtype difference rejects
+    # --allow-approximation: accept (and record) an Activation computing an approximation of the
+    # model's function (a tanh GELU for an erf one), judged against the function it computes
+    allow_approximation: bool = False
 
 
 def tolerance(base: float, dtype: str) -> float:

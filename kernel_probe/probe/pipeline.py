@@ -68,6 +68,8 @@ OPTION_NAMES = {
     "graph_attention": "--graph-attention",
     "allow_graph_attention_fallback": "--allow-graph-attention-fallback",
     "mlp_implementation": "--mlp-implementation",
+    "activation": "--activation",
+    "allow_approximation": "--allow-approximation",
 }
 
 
@@ -271,7 +273,11 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
         timeout=p.request.timeout,
         import_timeout=p.request.import_timeout,
         with_compile=p.request.with_compile,
-        policy=Policy(allow_init_change=p.request.allow_init_change, strict_dtype=p.request.strict_dtype),
+        policy=Policy(
+            allow_init_change=p.request.allow_init_change,
+            strict_dtype=p.request.strict_dtype,
+            allow_approximation=p.request.allow_approximation,
+        ),
         canonical=p.canonical,
     )
     timing = Timing(

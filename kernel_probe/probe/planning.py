@@ -71,6 +71,10 @@ class ProbeRequest:
     allow_graph_attention_fallback: bool = False
     # the model's gated mlp_implementation (kernel_lock.gating): "" leaves GatedMLP out unless it is named
     mlp_implementation: str = ""
+    # the Activation slot: the model's function (kernel_lock.activations.ACTIVATION_FUNCTIONS, or other:module.Class;
+    # "": torch.nn.GELU's gelu-erf), and whether an approximation of it may be accepted (recorded)
+    activation: str = ""
+    allow_approximation: bool = False
 
 
 @dataclass(frozen=True)
@@ -99,9 +103,11 @@ class Plan:
         from kernel_probe.probe.attention_geometry import parse_geometry
 
         options = dict(parse_geometry(self.attention).options) if self.attention else {}
-        out = {"Attention": options} if options else {}
+        out: dict[str, dict[str, Any]] = {"Attention": options} if options else {}
         if self.request.mlp_implementation:  # the model's gate, pinned in slots.GatedMLP's kwargs
             out["GatedMLP"] = {"mlp_implementation": self.request.mlp_implementation}
+        if self.request.activation:  # the model's activation function (the Activation slot's reference)
+            out["Activation"] = {"function": self.request.activation}
         return out
 
     # the options the digest is of (recorded in the lock, so a lock probed with others can say which differ)
@@ -206,6 +212,14 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
             parse_geometry(request.attention)
         except ValueError as exc:
             raise UsageError(f"--attention {exc}", fix=f"write it {FORM}, e.g. 16x128x40320:window=512") from None
+    if request.activation:
+        from kernel_lock.activations import function_problem
+
+        problem = function_problem(request.activation)
+        if problem:
+            raise UsageError(
+                f"--activation {problem}", fix="name the model's activation function, e.g. --activation gelu-erf"
+            )
     if request.check_only and request.force:
         raise UsageError("--check and --force contradict each other")
     if request.mlp_implementation:
@@ -266,6 +280,12 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
         inputs["allow_graph_attention_fallback"] = request.allow_graph_attention_fallback
     if "GatedMLP" in slots:
         inputs["mlp_implementation"] = request.mlp_implementation or "swiglu"
+    if "Activation" in slots:
+        from kernel_lock.slots import CANONICAL
+
+        inputs["activation"] = request.activation or CANONICAL["Activation"]["function"]
+    if request.allow_approximation:
+        inputs["allow_approximation"] = True
     from kernel_probe.detect.libraries import by_library, installed_for
 
     probed = [c for c in candidates if set(c.slots) & set(slots)]

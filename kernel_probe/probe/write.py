@@ -185,6 +185,8 @@ def build_lock(
             rejected=rejected,
             blas=Blas(choice.report.blas, choice.report.blas_default) if choice.report.blas else None,
             gate=_gate_formula(slot, cand.pinned_kwargs(values)),
+            # Activation: the model's function the candidates were checked against (kernel_lock.slots)
+            function=str(values["function"]) if slot == "Activation" else "",
         )
     versions = library_versions(sorted(distributions))
     libraries = {name: v for name, v in versions.items() if v is not None}

@@ -79,7 +79,7 @@ def locks(tmp_path_factory):
     kernel-lock.toml`, as the README says), and a choice it was told to pin."""
     d = tmp_path_factory.mktemp("anemoi-locks")
     chosen = _probe(d / "kernel-lock.toml")
-    assert set(chosen.slots) == {"LayerNorm", "RMSNorm", "Linear", "Attention"}  # RMSNorm: pinned, never exported
+    assert set(chosen.slots) == {"LayerNorm", "RMSNorm", "Linear", "Attention", "Activation"}  # RMSNorm: never exported
     pinned = _probe(
         d / "pinned.toml",
         *small_probe("LayerNorm", "Linear", shape="256x64"),
@@ -185,6 +185,9 @@ def test_processor_builds_the_locks_classes(locks, which, name):
         assert m.weight.grad is not None and bool(m.weight.grad.abs().sum() > 0), m
     ln_kwargs = lock.slots["LayerNorm"].kwargs
     assert all(m.eps == ln_kwargs["eps"] for _, m in norms)
+    if "Activation" in lock.slots:  # the lock's GELU, in the form it pins (issue 39)
+        gelus = [m for m in proc.modules() if isinstance(m, torch.nn.GELU)]
+        assert gelus and {m.approximate for m in gelus} == {lock.slots["Activation"].kwargs["approximate"]}
     if PROCESSORS[name].get("qk_norm"):  # QueryNorm/KeyNorm not exported: anemoi's default stays
         assert qk and {type(m) for _, m in qk} == {AutocastLayerNorm}
     if name == "TransformerProcessor":  # the hard-coded q/k/v projections stay torch.nn.Linear

@@ -51,7 +51,10 @@ def fast_lock(tmp_path_factory) -> kernel_lock.KernelLock:
             [
                 "--out",
                 str(path),
-                *small_probe("LayerNorm", "Linear", shape="256x64"),
+                *small_probe("LayerNorm", "Linear", "Activation", shape="256x64"),
+                # the Activation slot for a tanh-GELU model: the lock pins GELU(approximate="tanh")
+                "--activation",
+                "gelu-tanh",
                 "--candidate",
                 "LayerNorm=kp_fastlib.FastLayerNorm",
                 "--pin",
@@ -66,6 +69,10 @@ def fast_lock(tmp_path_factory) -> kernel_lock.KernelLock:
     )
     lock = kernel_lock.load(path)
     assert lock.slots["LayerNorm"].twin.migration == ("drop:_extra_state",)  # measured by the probe
+    assert (
+        lock.slots["Activation"].implementation == "torch.gelu_tanh"
+        and lock.slots["Activation"].function == "gelu-tanh"
+    )
     return lock
 
 
@@ -121,6 +128,9 @@ def test_full_model_builds_with_the_exported_block(tmp_path, preset, fast_lock, 
     expected_norm = {adapters.AutocastFastLayerNormAnemoi} if preset == "gnn" else {adapters.FastLayerNormAnemoi}
     assert set(norms.values()) == expected_norm, norms  # gnn: AutocastLayerNorm's cast kept around the lock's kernel
     assert set(linears.values()) == {FastLinear}, linears
+    # every layer_kernels.Activation built is the lock's: GELU in its tanh form (anemoi's default is erf)
+    gelus = [m for m in model.model.modules() if isinstance(m, torch.nn.GELU)]
+    assert gelus and all(m.approximate == "tanh" for m in gelus), [m.approximate for m in gelus]
 
 
 BLOCKED_LOAD = r"""

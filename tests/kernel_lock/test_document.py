@@ -237,7 +237,7 @@ def test_a_newer_minor_warns():
     "old,new,words",
     [
         ("[slots.Linear]", "[slots.linear]", "did you mean 'Linear'? slot names are case-sensitive"),
-        ("[slots.Linear]", "[slots.Dense]", "known slots: LayerNorm, RMSNorm, Linear, Attention, GatedMLP"),
+        ("[slots.Linear]", "[slots.Dense]", "known slots: LayerNorm, RMSNorm, Linear, Attention, GatedMLP, Activation"),
     ],
 )
 def test_an_unknown_slot_says_which_ones_exist(old, new, words):

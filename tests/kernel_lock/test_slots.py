@@ -26,7 +26,7 @@ from kernel_lock.slots import (
 
 
 def test_every_slot_has_its_facts():
-    assert SLOTS == ("LayerNorm", "RMSNorm", "Linear", "Attention", "GatedMLP")
+    assert SLOTS == ("LayerNorm", "RMSNorm", "Linear", "Attention", "GatedMLP", "Activation")
     for table in (SLOT_SEMANTICS, slots.DEFAULT_TARGETS, slots.CANONICAL, slots.CALL_ARGS, slots.CALL_KWARGS):
         assert tuple(table) == SLOTS
     assert set(SLOT_SEMANTICS.values()) == set(slots.SEMANTICS)
@@ -118,8 +118,8 @@ def test_torch_device(device, torch_type):
         ("layernorm", "did you mean 'LayerNorm'? slot names are case-sensitive"),
         ("RMSNORM", "did you mean 'RMSNorm'? slot names are case-sensitive"),
         ("linear", "did you mean 'Linear'? slot names are case-sensitive"),
-        ("Dense", "known slots: LayerNorm, RMSNorm, Linear, Attention, GatedMLP"),
-        ("Layer_Norm", "known slots: LayerNorm, RMSNorm, Linear, Attention, GatedMLP"),
+        ("Dense", "known slots: LayerNorm, RMSNorm, Linear, Attention, GatedMLP, Activation"),
+        ("Layer_Norm", "known slots: LayerNorm, RMSNorm, Linear, Attention, GatedMLP, Activation"),
     ],
 )
 def test_slot_name_fix(name, fix):

@@ -36,7 +36,11 @@ def test_probe_writes_a_valid_lock(probed):
         "RMSNorm": "torch.rms_norm",
         "Linear": "torch.linear",
         "Attention": "torch.sdpa",
+        "Activation": "torch.gelu",
     }
+    act = lock.slots["Activation"]  # issue 39: the default lock pins erf GELU, its twin, its function
+    assert act.function == "gelu-erf" and act.kwargs == {"approximate": "none"} and act.twin is not None
+    assert {r.implementation: r.status for r in act.rejected}["torch.gelu_tanh"] == "rejected"
     ln = lock.slots["LayerNorm"]
     assert ln.kwargs == {"eps": 1e-5, "elementwise_affine": True, "bias": True}
     assert {(e["dtype"], e["regime"]) for e in ln.evidence} == {("float32", "true"), ("bfloat16", "mixed")}

@@ -204,6 +204,7 @@ def test_verify_no_import_decides_every_slot_without_importing_a_class(lock_file
         "Linear": "torch.nn.Linear",
         "Attention": "kernel_lock.attention.SDPAttention",
         "GatedMLP": "kernel_lock.gated_mlp.GatedMLP",
+        "Activation": "torch.nn.GELU",
     }
     code, out, err = run_cli(["verify", lock_file, "--no-import"], capsys)
     assert code == 0 and "(training mode, classes not imported)" in out
@@ -215,6 +216,7 @@ def test_verify_no_import_decides_every_slot_without_importing_a_class(lock_file
         "torch.nn.Linear",
         "kernel_lock.attention.SDPAttention",
         "kernel_lock.gated_mlp.GatedMLP",
+        "torch.nn.GELU",
     ]
 
 

@@ -48,6 +48,15 @@ def test_builtin_registry_is_consistent():
         "torch.gated_mlp",
         "torch.compile.gated_mlp",
         "liger.gated_mlp",
+        "torch.gelu",
+        "torch.gelu_tanh",
+        "torch.silu",
+        "torch.relu",
+        "torch.sigmoid",
+        "torch.compile.gelu",
+        "torch.compile.gelu_tanh",
+        "te.gelu",
+        "te.relu",
     }
     assert set(ids) == expected
 

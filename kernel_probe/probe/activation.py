@@ -1,0 +1,423 @@
+"""The Activation slot's measurements, in the worker: forward and backward against a float64 reference
+of the model's declared function, on hard inputs, what the candidate really computes, and its timing.
+
+The reference is the declared function (``kernel_lock.activations.ACTIVATION_FUNCTIONS``) in float64, or for
+a declared ``other:module.Class`` that class itself run in float64. torch.nn's own implementation of
+the same function in the same dtype is the baseline its errors are judged against (``judge.judge_row``:
+max, RMS and bias, the project's one rule). Outputs: ``y`` and ``dx``.
+
+What a candidate computes is measured, not taken from its name (``identify``): its float32 output on
+the inputs where the functions differ most is compared with every known function's reference, and the
+one it matches under the tolerance rule is reported (``CheckReply.computes``). Where that is not the
+declared function, its rows are also measured against what it does compute (``approx_cases``), so the
+verdict can accept an approximation (a tanh GELU for an erf model) only when the user says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from kernel_lock.activations import ACTIVATION_FUNCTIONS, OTHER_FUNCTION
+from kernel_lock.slots import CANONICAL, torch_device
+from kernel_probe.isolation.protocol import (
+    FLAG_GRAD_OUTPUT_MODIFIED,
+    FLAG_INPUT_MODIFIED,
+    FLAG_NOT_ELEMENTWISE,
+    CheckReply,
+    ErrorStats,
+    MeasurementRow,
+    TimeReply,
+    TimingProgressMessage,
+    TimingRow,
+)
+from kernel_probe.probe.candidates import Candidate
+from kernel_probe.probe.measure import compare, first_line, import_class, torch_dtype
+
+OUTPUTS = ("y", "dx")
+ROWS, WIDTH = 8, 256  # every case is (ROWS, WIDTH): 2,048 elements, a fraction of a millisecond per call
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+# ---- the functions: float64 references and torch.nn's own, in the inputs' dtype ---------------------
+def _gelu_erf(x: Any) -> Any:
+    return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
+
+
+def _gelu_tanh(x: Any) -> Any:
+    return 0.5 * x * (1.0 + torch.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3)))
+
+
+REFERENCES: dict[str, Callable[[Any], Any]] = {
+    "gelu-erf": _gelu_erf,
+    "gelu-tanh": _gelu_tanh,
+    "silu": lambda x: x * torch.sigmoid(x),
+    "relu": lambda x: torch.clamp_min(x, 0.0),
+    "sigmoid": torch.sigmoid,
+}
+TORCH_NN: dict[str, Callable[[Any], Any]] = {
+    "gelu-erf": torch.nn.functional.gelu,
+    "gelu-tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+    "silu": torch.nn.functional.silu,
+    "relu": torch.nn.functional.relu,
+    "sigmoid": torch.sigmoid,
+}
+assert tuple(REFERENCES) == tuple(TORCH_NN) == ACTIVATION_FUNCTIONS
+
+
+def function_of_other(function: str) -> Callable[[Any], Any]:
+    """A declared ``other:module.Class``: that class built with no arguments, run in the input's dtype
+    (in float64 it is the reference, in the checked dtype torch's baseline)."""
+    cls = import_class(function[len(OTHER_FUNCTION) :])
+    module = cls()
+    return lambda x: module(x)
+
+
+def functions_for(function: str) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
+    """(the float64 reference, torch's own in the checked dtype) of a declared function."""
+    if function.startswith(OTHER_FUNCTION):
+        own = function_of_other(function)
+        return own, own
+    return REFERENCES[function], TORCH_NN[function]
+
+
+# ---- the inputs ----------------------------------------------------------------------------------------
+HINTS = {
+    "random": "plain random input",
+    "gelu-gap": "|x| in 0.5..4: where GELU's erf and tanh forms differ most (~4.7e-4)",
+    "large-magnitude": "|x| from 10 to 30,000: overflow of x**3 or exp(-x) in low precision",
+    "tiny": "|x| from 1e-6 to 1e-2: relative accuracy near zero",
+    "non-contiguous": "a non-contiguous (transposed) 3-D view",
+}
+
+
+def cases(dtype: Any, gen: torch.Generator) -> dict[str, Any]:
+    """The check's inputs, each (ROWS, WIDTH) in ``dtype`` (the non-contiguous one a transposed 3-D
+    view of as many elements), drawn in float64 on the CPU (the same values on every device)."""
+    n = ROWS * WIDTH
+
+    def signed(magnitudes: Any) -> Any:
+        sign = torch.where(torch.rand(n, generator=gen, dtype=torch.float64) < 0.5, -1.0, 1.0)
+        return (magnitudes[torch.randperm(n, generator=gen)] * sign).reshape(ROWS, WIDTH)
+
+    raw = {
+        "random": torch.randn(ROWS, WIDTH, generator=gen, dtype=torch.float64) * 2.0,
+        "gelu-gap": signed(torch.linspace(0.5, 4.0, n, dtype=torch.float64)),
+        "large-magnitude": signed(torch.logspace(1.0, math.log10(3e4), n, dtype=torch.float64)),
+        "tiny": signed(torch.logspace(-6.0, -2.0, n, dtype=torch.float64)),
+        "non-contiguous": torch.randn(WIDTH // 8, ROWS, 8, generator=gen, dtype=torch.float64).transpose(0, 1) * 3.0,
+    }
+    device = torch.get_default_device()
+    return {name: x.to(device=device, dtype=dtype) for name, x in raw.items()}
+
+
+class NotElementwise(ValueError):
+    """The candidate's output does not have its input's shape: no elementwise activation."""
+
+
+def _run(fn: Callable[[Any], Any], x: Any, go: Any) -> dict[str, Any]:
+    """y and dx of ``fn`` at ``x`` with grad_output ``go``, and whether it modified either. The input is
+    no leaf (as inside a model, where it is a Linear's output), so an activation that writes into it
+    runs as it would there, and the write is seen."""
+    leaf = x.detach().clone().requires_grad_(True)
+    inp = leaf.clone()
+    kept, gout = inp.detach().clone(), go.detach().clone()
+    y = fn(inp)
+    if tuple(y.shape) != tuple(x.shape):
+        raise NotElementwise(
+            f"returns shape {tuple(y.shape)} for an input of shape {tuple(x.shape)}: not elementwise "
+            "(a GLU-family class halves the last dimension; anemoi refuses it under layer_kernels.Activation)"
+        )
+    (dx,) = torch.autograd.grad(y, leaf, gout.to(y.dtype))
+    return {
+        "y": y.detach(),
+        "dx": dx,
+        "input": not torch.equal(kept, inp.detach()),
+        "grad_output": not torch.equal(gout, go),
+    }
+
+
+def _errors(
+    got: Mapping[str, Any], base: Mapping[str, Any], ref: Mapping[str, Any]
+) -> tuple[dict[str, list[float]], dict[str, ErrorStats]]:
+    errors, stats = {}, {}
+    for name in OUTPUTS:
+        g = got[name].detach().double() if got[name].shape == ref[name].shape else None
+        errors[name], stats[name] = compare(g, base[name].detach().double(), ref[name].detach().double(), rows=True)
+    return errors, stats
+
+
+def _measure(
+    mod: Any, function: str, xs: Mapping[str, Any], gos: Mapping[str, Any], flags: dict[str, str] | None
+) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, ErrorStats]]]:
+    """Per case: the candidate's and torch's errors against ``function``'s float64 reference."""
+    reference, own = functions_for(function)
+    cases_out, stats_out = {}, {}
+    for name, x in xs.items():
+        got = _run(mod, x, gos[name])
+        if flags is not None:
+            if got["input"]:
+                flags.setdefault(FLAG_INPUT_MODIFIED, name)
+            if got["grad_output"]:
+                flags.setdefault(FLAG_GRAD_OUTPUT_MODIFIED, name)
+        base = _run(own, x, gos[name])
+        ref = _run(reference, x.double(), gos[name].double())
+        cases_out[name], stats_out[name] = _errors(got, base, ref)
+    return cases_out, stats_out
+
+
+# ---- what the candidate computes ----------------------------------------------------------------------
+def identify(mod: Any, declared: str, gen: torch.Generator) -> str:
+    """The function the candidate's float32 forward matches on the random and the gelu-gap inputs (its
+    max error within 4 x torch's own + 2 eps): the declared one first, then each known one; "" when it
+    matches none. The forward says which function it is; a wrong backward is the rows' to reject."""
+    from kernel_probe.probe.judge import tolerance
+
+    xs = cases(torch.float32, gen)
+    names = ("random", "gelu-gap")
+    gos = {n: torch.randn(xs[n].shape, generator=gen, dtype=torch.float64).float().to(xs[n].device) for n in names}
+    got = {n: _run(mod, xs[n], gos[n]) for n in names}
+    for function in dict.fromkeys((declared, *ACTIVATION_FUNCTIONS)):
+        try:
+            reference, own = functions_for(function)
+            ok = True
+            for n in names:
+                ref, base = _run(reference, xs[n].double(), gos[n].double()), _run(own, xs[n], gos[n])
+                errors, _ = compare(got[n]["y"].double(), base["y"].double(), ref["y"], rows=False)
+                ok = ok and errors[0] <= tolerance(errors[1], "float32")
+        except Exception:  # a declared class that cannot run in float64: it identifies nothing
+            ok = False
+        if ok:
+            return function
+    return ""
+
+
+# ---- one row: a dtype and regime ----------------------------------------------------------------------
+def _row(mod: Any, function: str, computes: str, dtype_name: str, regime: str, seed: int) -> MeasurementRow:
+    row: MeasurementRow = {"dtype": dtype_name, "regime": regime}
+    start = time.perf_counter()
+    dtype = torch_dtype(dtype_name)
+    gen = torch.Generator().manual_seed(seed)
+    try:
+        xs = cases(dtype, gen)
+        gos = {n: torch.randn(x.shape, generator=gen, dtype=torch.float64).to(x) for n, x in xs.items()}
+        flags: dict[str, str] = {}
+        # "mixed": under autocast, on inputs in the low dtype (what the Linear before it hands it)
+        mixed = regime == "mixed"
+        autocast = torch.autocast(torch.get_default_device().type, dtype=dtype) if mixed else contextlib.nullcontext()
+        with autocast:
+            row["cases"], row["stats"] = _measure(mod, function, xs, gos, flags)
+            if computes and computes != function:
+                row["approx_cases"], row["approx_stats"] = _measure(mod, computes, xs, gos, None)
+            a, b = _run(mod, xs["random"], gos["random"]), _run(mod, xs["random"], gos["random"])
+        same = all(torch.equal(a[n], b[n]) for n in OUTPUTS)
+        spread = max(float((a[n].double() - b[n].double()).abs().max()) for n in OUTPUTS)
+        row["nondeterministic"] = None if same else f"two identical fwd+bwd differ by up to {spread:.3g}"
+        row["flags"] = flags
+    except NotElementwise as exc:
+        row.pop("cases", None)
+        row.pop("stats", None)
+        row["flags"] = {FLAG_NOT_ELEMENTWISE: str(exc)}
+        return row
+    except Exception as exc:
+        row.pop("cases", None)
+        row.pop("stats", None)
+        row["exception"] = first_line(exc, 400)
+        return row
+    row["seconds"] = time.perf_counter() - start
+    return row
+
+
+def build(cand: Candidate) -> Any:
+    """An instance of the candidate (an activation takes no dimensions: its pinned kwargs only)."""
+    from kernel_lock.importing import import_target
+
+    cls = import_target(cand.target, (cand.target.split(".")[0],), semantics="activation")
+    kwargs = dict(cand.kwargs)
+    kwargs.update(cand.build_kwargs)
+    return cls(*cand.args, **kwargs)
+
+
+def declared_function(canonical_overrides: Mapping[str, Any] | None) -> str:
+    """The model's declared function: the slot's canonical ``function`` as the request overrides it."""
+    return str((canonical_overrides or {}).get("function") or CANONICAL["Activation"]["function"])
+
+
+def _twin(cand: Candidate, mod: Any, gen: torch.Generator) -> dict[str, Any]:
+    """The portable twin on a random input: the largest relative difference of y or dx. Its state dict
+    interchanges with the candidate's only when both are empty (or have the same keys and shapes)."""
+    if not cand.twin_target:
+        return {"state_dict": "incompatible", "reason": "no twin declared"}
+    twin_cand = Candidate(
+        id="twin",
+        slots=("Activation",),
+        semantics="activation",
+        target=cand.twin_target,
+        args=(),
+        kwargs=cand.twin_kwargs,
+    )
+    try:
+        twin = build(twin_cand)
+        x = torch.randn(ROWS, WIDTH, generator=gen, dtype=torch.float64).float().to(torch.get_default_device()) * 2
+        go = torch.randn_like(x)
+        a, b = _run(mod, x, go), _run(twin, x, go)
+    except Exception as exc:
+        return {"state_dict": "incompatible", "reason": f"the twin raised {first_line(exc, 300)}"}
+    mine, theirs = mod.state_dict(), twin.state_dict()
+    same = set(mine) == set(theirs) and all(mine[k].shape == theirs[k].shape for k in mine)
+    worst = 0.0
+    for n in OUTPUTS:
+        scale = float(b[n].double().abs().max()) or 1.0
+        worst = max(worst, float((a[n].double() - b[n].double()).abs().max()) / scale)
+    out: dict[str, Any] = {"state_dict": "interchangeable" if same else "incompatible", "max_error": worst}
+    if not same:
+        out["reason"] = f"state dict keys differ: {sorted(mine)} against the twin's {sorted(theirs)}"
+    return out
+
+
+# ---- the worker's entry points -------------------------------------------------------------------------
+def check(
+    cand: Candidate,
+    device: str,
+    dtypes: list[tuple[str, str]],
+    *,
+    canonical_overrides: Mapping[str, Any] | None = None,
+    seed: int = 0,
+) -> CheckReply:
+    """Raw measurements of one Activation candidate against the declared function."""
+    from kernel_probe.probe.attention import _on
+
+    function = declared_function(canonical_overrides)
+    start = time.perf_counter()
+    try:
+        import_class(cand.target)
+    except ImportError as exc:
+        return CheckReply(candidate=cand.id, device=device, phase="import", kind="import", error=first_line(exc, 400))
+    except Exception as exc:
+        return CheckReply(
+            candidate=cand.id, device=device, phase="import", kind="exception", error=first_line(exc, 400)
+        )
+    import_s = time.perf_counter() - start
+    with _on(device):
+        try:
+            mod = build(cand)
+            if function.startswith(OTHER_FUNCTION):
+                function_of_other(function)  # the declared class must build: else nothing can be judged
+        except Exception as exc:
+            return CheckReply(
+                candidate=cand.id, device=device, phase="build", error=first_line(exc, 400), import_s=import_s
+            )
+        try:
+            computes = identify(mod, function, torch.Generator().manual_seed(seed + 11))
+        except Exception:  # it cannot even run in float32: every row says why
+            computes = ""
+        rows = [_row(mod, function, computes, d, regime, seed) for d, regime in dtypes]
+        if rows and "exception" not in rows[0]:
+            rows[0]["twin"] = _twin(cand, mod, torch.Generator().manual_seed(seed + 5))
+    return CheckReply(candidate=cand.id, device=device, rows=rows, import_s=import_s, computes=computes)
+
+
+def time_candidate(
+    cand: Candidate,
+    device: str,
+    shapes: list[str],
+    dtype_name: str,
+    options: Mapping[str, Any],
+    progress: Callable[[TimingProgressMessage], None] | None = None,
+) -> TimeReply:
+    """fwd+bwd at each shape (``ROWSxHIDDEN``: the activation applied to rows x hidden elements; a
+    Linear's ``ROWSxINxOUT`` times rows x out) with the timing module's clock and repetition rule."""
+    from kernel_probe.probe import timing
+    from kernel_probe.probe.shapes import parse_shape
+
+    opts = {**timing.DEFAULT_OPTIONS, **options}
+    clock = timing._Clock(device)
+    tdev = torch_device(device)
+    rows_out: list[TimingRow] = []
+    for index, text in enumerate(shapes):
+        row: TimingRow = {"implementation": cand.id, "shape": text, "dtype": dtype_name, "regime": "true"}
+        started = time.perf_counter()
+
+        def tick(
+            phase: str, done: int, total: int, index: int = index, text: str = text, started: float = started
+        ) -> None:
+            if progress is not None:
+                progress(
+                    timing.progress_message(text, index, len(shapes), phase, done, total, time.perf_counter() - started)
+                )
+
+        try:
+            rows, hidden, out = parse_shape(text)
+            mod = build(cand)
+            x = torch.randn(rows, out or hidden, device=tdev, dtype=torch_dtype(dtype_name), requires_grad=True)
+            go = torch.randn_like(x)
+
+            def step(mod: Any = mod, x: Any = x, go: Any = go) -> None:
+                torch.autograd.grad(mod(x), x, go)
+
+            t0 = time.perf_counter()
+            step()
+            clock.sync()
+            row["compile_s"] = time.perf_counter() - t0
+            tick("first call", 1, 1)
+            if opts.get("mode") == "sole":  # the slot's one accepted candidate: one measured call
+                samples, how = [clock.time(step)], "sole candidate"
+                tick("rep", 1, 1)
+            else:
+                against = (opts.get("against") or {}).get(text) if opts.get("mode") == "adaptive" else None
+                samples, how = timing.repeat(clock, step, opts, tick, against=against)
+            row["median_ms"] = 1e3 * sorted(samples)[len(samples) // 2]
+            row["spread"] = timing._spread(samples)
+            row["reps"] = len(samples)
+            row["timed"], row["samples"] = how, samples
+            # x read, y written forward; x and grad_out read, dx written backward
+            row["gbps"] = 5 * x.numel() * x.element_size() / (row["median_ms"] / 1e3) / 1e9
+        except Exception as exc:
+            row["error"] = first_line(exc, 400)
+        rows_out.append(row)
+    return TimeReply(candidate=cand.id, device=device, rows=rows_out)
+
+
+def try_once(cand: Candidate, device: str) -> dict[str, Any]:
+    """One tiny forward and backward on a device the candidate does not declare: why it cannot run."""
+    from kernel_probe.probe.attention import _on
+
+    try:
+        with _on(device):
+            mod = build(cand)
+            x = torch.randn(4, 16, device=torch_device(device), requires_grad=True)
+            mod(x).sum().backward()
+    except Exception as exc:
+        return {"ran": False, "error": first_line(exc, 500)}
+    return {"ran": True}
+
+
+def handle(request: Any, emit: Callable[[TimingProgressMessage], None] | None) -> Any:
+    """The worker's dispatch of an Activation request: its check, its try, its timing."""
+    from kernel_probe.isolation.protocol import CheckRequest, ProtocolError, TimeRequest, TryReply, TryRequest
+
+    if isinstance(request, CheckRequest):
+        return check(
+            request.candidate,
+            request.device,
+            list(request.dtypes),
+            canonical_overrides=request.canonical,
+            seed=request.seed,
+        )
+    if isinstance(request, TryRequest):
+        return TryReply.from_json(try_once(request.candidate, request.device))
+    if isinstance(request, TimeRequest):
+        return time_candidate(
+            request.candidate,
+            request.device,
+            list(request.shapes),
+            request.dtype,
+            request.options,
+            emit if request.progress else None,
+        )
+    raise ProtocolError(f"the worker has no Activation handler for {type(request).__name__}")
