@@ -87,7 +87,7 @@ def main() -> None:
             "t0 = time.perf_counter(); import kernel_lock; t1 = time.perf_counter()\n"
             f"lock = kernel_lock.load({str(path)!r}); t2 = time.perf_counter()\n"
             "lock.verify(); t3 = time.perf_counter()\n"
-            "[lock.factory(s)(*{'Linear': (8, 8), 'GatedMLP': (8, 8), 'Attention': ()}.get(s, (8,))) for s in lock.slots]; t4 = time.perf_counter()\n"
+            "[lock.factory(s)(*{'LayerNorm': (8,), 'RMSNorm': (8,), 'Linear': (8, 8), 'GatedMLP': (8, 8)}.get(s, ())) for s in lock.slots]; t4 = time.perf_counter()\n"
             "import sys\n"
             "files = [m.__file__ for n, m in list(sys.modules.items()) if n.split('.')[0] == 'kernel_lock' and getattr(m, '__file__', None)]\n"
             "t5 = time.perf_counter()\n"
