@@ -35,31 +35,16 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, cast
 
-from kernel_lock.slots import ACTIVATION, ATTENTION, GATED_MLP
 from kernel_probe.isolation.child import kill_group, signal_name, spawn
 from kernel_probe.isolation.protocol import (
-    INTERPRETED,
     REQUESTS,
-    CandidateRequest,
-    CheckReply,
-    CheckRequest,
-    FingerprintReply,
-    FingerprintRequest,
-    GraphAttentionRequest,
-    ImportReply,
     ImportRequest,
     PingReply,
     PingRequest,
-    ProtocolError,
     R,
     Reply,
     Request,
-    TimeReply,
-    TimeRequest,
     TimingProgressMessage,
-    TimingRow,
-    TryReply,
-    TryRequest,
     interpreter_requested,
     request_from_json,
 )
@@ -68,6 +53,7 @@ DEFAULT_TIMEOUT = 300.0  # a call's budget unless the caller says otherwise (che
 START_TIMEOUT = 120.0
 CLOSE_GRACE = 5.0  # seconds a worker has to exit after its input closes
 POOL_GRACE = 0.5  # seconds a pool's workers have together, once every reply is in
+HANDLERS = "kernel_probe.probe.handlers"  # the module whose serve() a worker process runs (a name: not imported here)
 
 # torch functions the float64 reference and the torch.nn baseline go through: a candidate that
 # replaces one of them (on import or while it runs) would change every other verdict in its process
@@ -114,7 +100,7 @@ def _spawn(env: Mapping[str, str]) -> tuple[subprocess.Popen[bytes], Any]:
     already asked to start up (its ping not yet read)."""
     stderr = tempfile.TemporaryFile(mode="w+b")  # noqa: SIM115 (open for the worker's life; closed with it)
     proc = spawn(
-        "kernel_probe.isolation.worker",
+        HANDLERS,
         "serve",
         env=env,
         keep_cwd=True,
@@ -484,9 +470,21 @@ def tampered() -> list[str]:
     return [path for path, ident in _BASELINE_SURFACE.items() if now.get(path) != ident]
 
 
-def serve() -> None:
-    """The worker's loop (started by ``child.spawn``): one request a line on stdin, one reply a line
-    back, after any progress messages; a request that is not one is a fatal reply."""
+def record_baseline() -> None:
+    """Remember torch's functions as they are now (the start-up ping, before any candidate runs):
+    ``tampered`` compares every reply's moment with this."""
+    if not _BASELINE_SURFACE:
+        _BASELINE_SURFACE.update(_snapshot())
+
+
+Dispatch = Callable[[Request[Any], Callable[[TimingProgressMessage], None]], Reply]
+
+
+def serve(dispatch: Dispatch) -> None:
+    """The worker's loop: one request a line on stdin, answered by ``dispatch`` (the probe's handlers,
+    ``kernel_probe.probe.handlers``, which ``child.spawn`` starts), one reply a line back after any
+    progress messages, flagged when torch's functions were replaced or Triton ran interpreted; a request
+    that is not one is a fatal reply. Transport only: what a request means is the handlers' business."""
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything printed by foreign code goes to stderr, not the protocol
     sys.stdout = sys.stderr
@@ -500,7 +498,7 @@ def serve() -> None:
             continue
         out: dict[str, Any]
         try:
-            reply = _dispatch(request_from_json(json.loads(line)), emit)
+            reply = dispatch(request_from_json(json.loads(line)), emit)
             changed = tampered()
             if changed:
                 reply = dataclasses.replace(reply, tampered=tuple(changed))
@@ -513,135 +511,3 @@ def serve() -> None:
             out = {"fatal": f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"}
         proto.write(json.dumps(out, default=str) + "\n")
         proto.flush()
-
-
-def _attention(request: CandidateRequest[Any], emit: Callable[[TimingProgressMessage], None] | None = None) -> Reply:
-    """The Attention slot's requests: its own checks and timing (kernel_probe.probe.attention)."""
-    from kernel_probe.probe import attention
-
-    if isinstance(request, CheckRequest):
-        return attention.check(
-            request.candidate,
-            request.device,
-            list(request.dtypes),
-            canonical_overrides=request.canonical,
-            seed=request.seed,
-        )
-    if isinstance(request, TryRequest):
-        return TryReply.from_json(attention.try_once(request.candidate, request.device))
-    if isinstance(request, TimeRequest):
-        return attention.time_candidate(
-            request.candidate,
-            request.device,
-            list(request.shapes),
-            request.dtype,
-            request.options,
-            request.canonical,
-            progress=emit if request.progress else None,
-        )
-    raise ProtocolError(f"the worker has no Attention handler for {type(request).__name__}")
-
-
-def _gated_mlp(request: CandidateRequest[Any]) -> Reply:
-    """The GatedMLP slot's requests: its own checks and timing (kernel_probe.probe.gated_mlp)."""
-    from kernel_probe.probe import gated_mlp
-
-    if isinstance(request, CheckRequest):
-        return gated_mlp.check(
-            request.candidate,
-            request.device,
-            list(request.dtypes),
-            canonical_overrides=request.canonical,
-            hidden=request.hidden,
-        )
-    if isinstance(request, TryRequest):
-        return TryReply.from_json(gated_mlp.try_once(request.candidate, request.device))
-    if isinstance(request, TimeRequest):
-        return gated_mlp.time_candidate(
-            request.candidate,
-            request.device,
-            list(request.shapes),
-            request.dtype,
-            request.regime,
-            request.options,
-            request.canonical,
-        )
-    raise ProtocolError(f"the worker has no GatedMLP handler for {type(request).__name__}")
-
-
-def _dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], None] | None = None) -> Reply:
-    if isinstance(request, PingRequest):
-        import torch  # noqa: F401  (import once, up front, under the start timeout)
-
-        from kernel_probe.probe import correctness  # noqa: F401  (and measure: loaded before any candidate)
-
-        if not _BASELINE_SURFACE:
-            _BASELINE_SURFACE.update(_snapshot())
-        return PingReply(pid=os.getpid())
-    if isinstance(request, FingerprintRequest):
-        from kernel_lock.fingerprint import with_torch
-
-        return FingerprintReply(fields=with_torch.current())
-    from kernel_probe.probe import correctness, measure
-    from kernel_probe.probe.limits import CHECK_HIDDEN
-
-    if isinstance(request, GraphAttentionRequest):
-        from kernel_probe.probe import graph_attention
-
-        measured = graph_attention.check(request.backend, request.device, list(request.dtypes), request.seed)
-        return CheckReply(candidate=request.backend, device=request.device, rows=measured)
-
-    if isinstance(request, ImportRequest):  # under its own time budget: a library that hangs here costs only that
-        start = time.perf_counter()
-        try:
-            measure.import_class(request.target)
-        except ImportError as exc:
-            return ImportReply(ok=False, kind="import", error=f"{type(exc).__name__}: {exc}")
-        except (Exception, SystemExit) as exc:  # a library calling sys.exit() on import is broken, not absent
-            return ImportReply(ok=False, kind="exception", error=f"{type(exc).__name__}: {exc}")
-        return ImportReply(ok=True, seconds=time.perf_counter() - start)
-    if isinstance(request, CandidateRequest) and request.slot == ATTENTION:
-        return _attention(request, emit)
-    if isinstance(request, CandidateRequest) and request.slot == GATED_MLP:
-        return _gated_mlp(request)
-    if isinstance(request, CandidateRequest) and request.slot == ACTIVATION:
-        from kernel_probe.probe import activation  # its checks and timing (no parameters, one function)
-
-        return activation.handle(request, emit)
-    if isinstance(request, CheckRequest):
-        return correctness.check(
-            request.candidate,
-            request.slot,
-            request.device,
-            list(request.dtypes),
-            canonical_overrides=request.canonical,
-            seed=request.seed,
-            hidden=CHECK_HIDDEN if request.hidden is None else request.hidden,
-            baseline=request.baseline,
-        )
-    if isinstance(request, TryRequest):
-        return TryReply.from_json(correctness.try_once(request.candidate, request.slot, request.device))
-    if isinstance(request, TimeRequest):
-        from kernel_probe.probe import timing
-
-        try:
-            measure.import_class(request.candidate.target)  # does its library bring Triton in?
-        except Exception:
-            pass  # timing reports it
-        if interpreting():  # interpreter times say nothing about the compiled kernel: never timed
-            rows: list[TimingRow] = [
-                {"implementation": request.candidate.id, "shape": s, "error": f"not timed: {INTERPRETED}"}
-                for s in request.shapes
-            ]
-            return TimeReply(candidate=request.candidate.id, device=request.device, rows=rows)
-        return timing.time_candidate(
-            request.candidate,
-            request.slot,
-            request.device,
-            list(request.shapes),
-            request.dtype,
-            request.regime,
-            request.options,
-            progress=emit if request.progress else None,
-        )
-    raise ProtocolError(f"the worker has no handler for {type(request).__name__}")

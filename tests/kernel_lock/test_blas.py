@@ -29,7 +29,7 @@ from kernel_lock.errors import LockFormatError, LockMismatch
 from kernel_lock.fingerprint import here as fp_here
 from kernel_lock.fingerprint import with_torch
 from kernel_probe.isolation import worker
-from kernel_probe.probe import blasrun, correctness, pipeline, planning, timing
+from kernel_probe.probe import blasrun, correctness, handlers, pipeline, planning, timing
 from kernel_probe.probe.candidates import builtin, parse_candidate
 from kernel_probe.probe.judge import Policy, Problem, judge_candidate, static_problem
 from kernel_probe.probe.report import ReportBase
@@ -169,7 +169,7 @@ class InProcessWorker:
     """The worker's handlers, run in this process on the CPU (the device is simulated)."""
 
     def call(self, request, timeout=0, on_progress=None):
-        return worker._dispatch(dataclasses.replace(request, device="cpu") if hasattr(request, "device") else request)
+        return handlers.dispatch(dataclasses.replace(request, device="cpu") if hasattr(request, "device") else request)
 
 
 class InProcessPool:

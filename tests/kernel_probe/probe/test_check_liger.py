@@ -29,8 +29,14 @@ from typing import Any
 
 import pytest
 
-from kernel_probe.isolation.protocol import FLAG_GRAD_OUTPUT_MODIFIED, TimeReply, TimeRequest
-from kernel_probe.isolation.worker import INTERPRETED, Worker, interpreter_requested, interpreting
+from kernel_probe.isolation.protocol import (
+    FLAG_GRAD_OUTPUT_MODIFIED,
+    INTERPRETED,
+    TimeReply,
+    TimeRequest,
+    interpreter_requested,
+)
+from kernel_probe.isolation.worker import Worker, interpreting
 from kernel_probe.probe.candidates import Candidate, builtin
 from kernel_probe.probe.check import check_candidate
 from kernel_probe.probe.report import Report
