@@ -34,8 +34,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--shape", default="2048x1024")
     args = ap.parse_args()
+    from kernel_probe.candidates import builtin
     from kernel_probe.probe import timing
-    from kernel_probe.probe.candidates import builtin
     from kernel_probe.probe.planning import DEFAULT_REPS
 
     reps = DEFAULT_REPS["cpu"]

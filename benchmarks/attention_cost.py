@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT))
 
 
 def check_cost(rounds: int) -> None:
+    from kernel_probe.candidates import builtin
     from kernel_probe.probe import attention
-    from kernel_probe.probe.candidates import builtin
 
     cand = next(c for c in builtin() if c.id == "torch.sdpa")
     attention.check(cand, "cpu", [("float32", "true")])  # torch's first calls (lazy initialisation) apart

@@ -125,9 +125,9 @@ def time_one(cand, slot: str, shape: str, dtype_name: str, regime: str, timer: T
     """Forward + backward of one accepted candidate, built as the probe builds it, timed by the harness."""
     import torch
 
-    from kernel_probe.probe.candidates import canonical_for
+    from kernel_probe.candidates import canonical_for
     from kernel_probe.probe.measure import build, torch_dtype
-    from kernel_probe.probe.shapes import parse_shape
+    from kernel_probe.shapes import parse_shape
 
     rows, hidden, out = parse_shape(shape)
     out = out or hidden

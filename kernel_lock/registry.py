@@ -7,7 +7,7 @@ class under torch, under ``kernel_lock.adapters``, or under the import root of a
 candidate's target or twin. So the allow-list and the candidates cannot drift apart: a lock pinning
 any built-in loads, and adding a library's candidate is one data entry.
 
-kernel-probe parses the same tables into its own types (``kernel_probe.probe.candidates``,
+kernel-probe parses the same tables into its own types (``kernel_probe.candidates``,
 ``kernel_probe.detect.libraries``); here they stay plain data, so importing kernel_lock stays light.
 """
 

@@ -69,7 +69,7 @@ CANONICAL: dict[str, dict[str, Any]] = {
 
 # How a class offered for a slot is called when its declaration does not say: the positional
 # arguments (dimensions) and the pinned keyword arguments, as candidate templates ("$name" is filled
-# with the canonical value ``name``; see kernel_probe.probe.candidates).
+# with the canonical value ``name``; see kernel_probe.candidates).
 CALL_ARGS: dict[str, tuple[str, ...]] = {
     "LayerNorm": ("$normalized_shape",),
     "RMSNorm": ("$normalized_shape",),

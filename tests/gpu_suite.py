@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from kernel_lock.slots import PRECISIONS, SLOTS
-from kernel_probe.probe.candidates import Candidate, registry
+from kernel_probe.candidates import Candidate, registry
 from kernel_probe.probe.check import check_all, dtype_plan
 from kernel_probe.probe.report import Report
 

@@ -25,7 +25,7 @@ from kernel_probe.output import safe
 from kernel_probe.probe.limits import MAX_REPS
 from kernel_probe.probe.pipeline import ProbeResult
 from kernel_probe.probe.planning import DEFAULT_REPS, DEFAULT_SHAPES, Events, ProbeRequest
-from kernel_probe.probe.shapes import parse_shape
+from kernel_probe.shapes import parse_shape
 
 if TYPE_CHECKING:
     from kernel_probe.isolation.protocol import TimingProgressMessage

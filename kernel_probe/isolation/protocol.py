@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypedDict, Ty
 from kernel_lock.reading import ReadError, context, unknown_keys
 
 if TYPE_CHECKING:
-    from kernel_probe.probe.candidates import Candidate
+    from kernel_probe.candidates import Candidate
 
 
 # What an interpreted run is, said the same way wherever one appears (replies, verdicts, reports, timing,
@@ -61,7 +61,7 @@ def _candidate_field() -> Any:
     """A ``Candidate`` field: its own JSON on the wire (``Candidate.to_json`` / ``from_json``)."""
 
     def decode(value: Any) -> Candidate:
-        from kernel_probe.probe.candidates import Candidate
+        from kernel_probe.candidates import Candidate
 
         return Candidate.from_json(value)
 
@@ -70,7 +70,7 @@ def _candidate_field() -> Any:
 
 def _optional_candidate_field() -> Any:
     def decode(value: Any) -> Candidate | None:
-        from kernel_probe.probe.candidates import Candidate
+        from kernel_probe.candidates import Candidate
 
         return None if value is None else Candidate.from_json(value)
 

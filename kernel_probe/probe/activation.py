@@ -25,6 +25,7 @@ import torch
 
 from kernel_lock.activations import ACTIVATION_FUNCTIONS, OTHER_FUNCTION
 from kernel_lock.slots import CANONICAL, torch_device
+from kernel_probe.candidates import Candidate
 from kernel_probe.isolation.protocol import (
     FLAG_GRAD_OUTPUT_MODIFIED,
     FLAG_INPUT_MODIFIED,
@@ -36,7 +37,6 @@ from kernel_probe.isolation.protocol import (
     TimingProgressMessage,
     TimingRow,
 )
-from kernel_probe.probe.candidates import Candidate
 from kernel_probe.probe.measure import compare, first_line, import_class, torch_dtype
 
 OUTPUTS = ("y", "dx")
@@ -333,7 +333,7 @@ def time_candidate(
     """fwd+bwd at each shape (``ROWSxHIDDEN``: the activation applied to rows x hidden elements; a
     Linear's ``ROWSxINxOUT`` times rows x out) with the timing module's clock and repetition rule."""
     from kernel_probe.probe import timing
-    from kernel_probe.probe.shapes import parse_shape
+    from kernel_probe.shapes import parse_shape
 
     opts = {**timing.DEFAULT_OPTIONS, **options}
     clock = timing._Clock(device)

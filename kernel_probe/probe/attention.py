@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from kernel_lock.attention import alibi_bias, band_mask
+from kernel_probe.candidates import Candidate, fill
 from kernel_probe.isolation.protocol import (
     CheckReply,
     ErrorStats,
@@ -38,7 +39,6 @@ from kernel_probe.isolation.protocol import (
     TimingRow,
 )
 from kernel_probe.probe.attention_geometry import HINTS, SMALL_WINDOW, canonical, parse_geometry  # noqa: F401 (re-exported)
-from kernel_probe.probe.candidates import Candidate, fill
 from kernel_probe.probe.measure import first_line, import_class, torch_dtype
 
 OUTPUTS = ("out", "dq", "dk", "dv")

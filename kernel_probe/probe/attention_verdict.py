@@ -27,8 +27,8 @@ from __future__ import annotations
 import re
 
 from kernel_lock.slots import DTYPES, Status
+from kernel_probe.candidates import Candidate
 from kernel_probe.isolation.protocol import CheckReply, MeasurementRow
-from kernel_probe.probe.candidates import Candidate
 from kernel_probe.probe.report import Report, ReportBase, Verdict
 
 FACTOR = 4.0

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import torch
 
 from kernel_lock import blas as blas_lib
-from kernel_probe.probe.candidates import Candidate
+from kernel_probe.candidates import Candidate
 
 
 class BlasNotOffered(Exception):

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, ParamSpec, cast
 
 from kernel_lock.slots import ACTIVATION, ATTENTION, DTYPES, GATED_MLP, dtype_named
+from kernel_probe.candidates import Candidate, default_for, for_slot
 from kernel_probe.isolation.protocol import (
     INTERPRETED,
     CheckRequest,
@@ -27,7 +28,6 @@ from kernel_probe.isolation.protocol import (
 )
 from kernel_probe.isolation.worker import Worker, WorkerDied, WorkerPool
 from kernel_probe.probe import judge, repetitions
-from kernel_probe.probe.candidates import Candidate, default_for, for_slot
 from kernel_probe.probe.judge import Policy, Problem
 from kernel_probe.probe.limits import CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT, TIMING_TIMEOUT
 from kernel_probe.probe.report import Report, ReportBase, report_base

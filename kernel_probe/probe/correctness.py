@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from kernel_lock.slots import CONFUSABLE, torch_device
+from kernel_probe.candidates import Candidate, canonical_for, default_for
 from kernel_probe.isolation.protocol import (
     FLAG_GRAD_OUTPUT_MODIFIED,
     FLAG_INPUT_MODIFIED,
@@ -33,7 +34,6 @@ from kernel_probe.isolation.protocol import (
     alt_key,
 )
 from kernel_probe.probe.blasrun import BlasNotOffered, baseline_blas, blas_library, blas_selected
-from kernel_probe.probe.candidates import Candidate, canonical_for, default_for
 from kernel_probe.probe.layout import Layout, discover, shapes
 from kernel_probe.probe.limits import CHECK_HIDDEN
 from kernel_probe.probe.measure import (

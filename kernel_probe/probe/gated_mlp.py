@@ -32,8 +32,8 @@ import torch.nn.functional as F
 
 from kernel_lock.gating import gate_for
 from kernel_lock.slots import CANONICAL, GATED_MLP, torch_device
+from kernel_probe.candidates import Candidate
 from kernel_probe.isolation.protocol import CheckReply, ErrorStats, MeasurementRow, TimeReply, TimingRow
-from kernel_probe.probe.candidates import Candidate
 from kernel_probe.probe.gated_mlp_verdict import FLAG_INPUT_MODIFIED, FLAG_MISTAKE, FLAG_STATE_DICT, HINTS, MISTAKES
 from kernel_probe.probe.measure import (
     autocasting,
@@ -319,7 +319,7 @@ def time_candidate(
 ) -> TimeReply:
     """Forward+backward of the candidate at each ``ROWSxIN`` shape (out: anemoi's gated hidden width)."""
     from kernel_probe.probe import repetitions, timing
-    from kernel_probe.probe.shapes import parse_shape
+    from kernel_probe.shapes import parse_shape
 
     opts = {**timing.DEFAULT_OPTIONS, **options}
     tdev = torch_device(device)

@@ -12,8 +12,8 @@ formula's known mistakes (tanh GELU for anemoi's erf geglu, gate and value swapp
 from __future__ import annotations
 
 from kernel_lock.slots import Status
+from kernel_probe.candidates import Candidate
 from kernel_probe.isolation.protocol import CheckReply, MeasurementRow
-from kernel_probe.probe.candidates import Candidate
 from kernel_probe.probe.report import Report, ReportBase, Verdict
 
 # the check's input cases (kernel_probe.probe.gated_mlp), and what each probes

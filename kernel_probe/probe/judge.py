@@ -57,6 +57,7 @@ from importlib import metadata
 from typing import Literal
 
 from kernel_lock.slots import CONFUSABLE, DTYPES, SLOT_SEMANTICS, STATUSES, Status
+from kernel_probe.candidates import Candidate
 from kernel_probe.isolation.protocol import (
     ALT_PREFIX,
     FLAG_GRAD_OUTPUT_MODIFIED,
@@ -70,7 +71,6 @@ from kernel_probe.isolation.protocol import (
     TimeReply,
     TryReply,
 )
-from kernel_probe.probe.candidates import Candidate
 from kernel_probe.probe.layout import Layout
 from kernel_probe.probe.report import Report, ReportBase, Verdict
 

@@ -23,9 +23,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from kernel_probe.candidates import Candidate, fill
 from kernel_probe.isolation.protocol import ErrorStats
 from kernel_probe.probe import initstats
-from kernel_probe.probe.candidates import Candidate, fill
 from kernel_probe.probe.layout import Layout
 
 CHECK_ROWS = 37  # odd on purpose

@@ -30,7 +30,7 @@ from kernel_probe.errors import InputFileError, StaleLock
 from kernel_probe.probe.planning import Events, Plan, ProbeRequest, large_shape_warning
 
 if TYPE_CHECKING:  # the warm path (a current lock) imports none of the probe's machinery
-    from kernel_probe.probe.candidates import Candidate
+    from kernel_probe.candidates import Candidate
     from kernel_probe.probe.choose import Choice
     from kernel_probe.probe.report import Report
 
@@ -249,10 +249,10 @@ def probe_or_reuse(
 
 def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     """Check every candidate, time the accepted ones, choose per slot and build the lock (not written)."""
+    from kernel_probe.candidates import for_slot
     from kernel_probe.isolation.protocol import FingerprintRequest
     from kernel_probe.isolation.worker import START_TIMEOUT as FINGERPRINT_TIMEOUT
     from kernel_probe.isolation.worker import WorkerPool
-    from kernel_probe.probe.candidates import for_slot
     from kernel_probe.probe.check import Checks, Timing, check_and_time
     from kernel_probe.probe.judge import Policy
     from kernel_probe.probe.write import build_lock
@@ -377,7 +377,7 @@ def choose_all(
 ) -> dict[str, Choice]:
     """Per slot: the slot's rule (``rules.SlotRule``: the command line's pin/prefer, else the profile's
     policy), else the choice's own rule (choose.py)."""
-    from kernel_probe.probe.candidates import default_for
+    from kernel_probe.candidates import default_for
     from kernel_probe.probe.choose import choose
     from kernel_probe.probe.rules import SlotRule
 

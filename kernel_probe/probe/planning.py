@@ -21,11 +21,11 @@ from kernel_lock.slots import PRECISIONS, PROBED_BY_DEFAULT
 from kernel_probe.errors import ForcedUnusable, UsageError
 from kernel_probe.probe.limits import CHECK_TIMEOUT, IMPORT_TIMEOUT
 from kernel_probe.probe.rules import SlotRule, slot_rules
-from kernel_probe.probe.shapes import normal_shapes, parse_shape
+from kernel_probe.shapes import normal_shapes, parse_shape
 
 if TYPE_CHECKING:  # the warm path (a current lock) imports none of the probe's machinery
+    from kernel_probe.candidates import Candidate
     from kernel_probe.isolation.protocol import TimingProgressMessage
-    from kernel_probe.probe.candidates import Candidate
 
 DEFAULT_SHAPES = {"gpu": ("40320x1024", "542080x1024"), "cpu": ("2048x1024",)}
 DEFAULT_REPS = {"gpu": 20, "cpu": 5}
@@ -177,7 +177,7 @@ def detect_device() -> dict[str, Any]:
 
 def gather_candidates(offered: Sequence[str], extra: Sequence[Candidate] = (), *, plugins: bool = True):
     """(the registry with ``extra`` and the ``SLOT=dotted.path.Class`` offers, problems)."""
-    from kernel_probe.probe import candidates as cands
+    from kernel_probe import candidates as cands
 
     return cands.registry([*extra, *(cands.from_command_line(text) for text in offered)], entry_points=plugins)
 
@@ -351,7 +351,7 @@ def check_forced(
     """Every --pin/--prefer checked before any work: the slot is probed, the id is a candidate of it
     (exit 2), the profile allows it (exit 2), and it can run here as far as is known without importing
     it (exit 3, with the reason and how to install it)."""
-    from kernel_probe.probe.candidates import for_slot
+    from kernel_probe.candidates import for_slot
 
     for flag, forced in (("--pin", pins), ("--prefer", prefers)):
         for slot, cid in forced.items():

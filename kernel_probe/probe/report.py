@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TypedDict
 
 from kernel_lock.slots import Status
-from kernel_probe.probe.candidates import Candidate
+from kernel_probe.candidates import Candidate
 
 
 @dataclass

@@ -21,13 +21,13 @@ from typing import Any
 import torch
 
 from kernel_lock.slots import torch_device
+from kernel_probe.candidates import Candidate, canonical_for, default_for
 from kernel_probe.isolation.protocol import ShapeCheck, TimeReply, TimingProgressMessage, TimingRow
 from kernel_probe.probe import repetitions
 from kernel_probe.probe.blasrun import BlasNotOffered, baseline_blas, blas_library
-from kernel_probe.probe.candidates import Candidate, canonical_for, default_for
 from kernel_probe.probe.layout import discover, shapes
 from kernel_probe.probe.measure import build, dtype_name, first_line, load_parameters, parameters_for, torch_dtype
-from kernel_probe.probe.shapes import parse_shape
+from kernel_probe.shapes import parse_shape
 
 # check: run the check at the model's shape after timing each shape (atshape); off only to measure its cost.
 # mode (kernel_probe.probe.repetitions): "fixed" (``reps`` calls, more until ``min_seconds``, at most

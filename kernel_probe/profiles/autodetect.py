@@ -86,7 +86,7 @@ def _evaluate(signals: Mapping[str, Any], facts: SiteFacts, notes: list[str]) ->
     dev = signals.get("device", {})
     if dev:
         text = "device:" + ",".join(f"{k}={v}" for k, v in dev.items())
-        from kernel_probe.probe.candidates import arch_satisfies
+        from kernel_probe.candidates import arch_satisfies
 
         found = {k: str(facts.device.get(k, "")) for k in dev}
         same = all(arch_satisfies(found[k], v) if k == "arch" else found[k] == v for k, v in dev.items())

@@ -17,15 +17,15 @@ from typing import Any
 
 from kernel_lock import _toml
 from kernel_lock.slots import PRECISIONS, SLOTS
-from kernel_probe.errors import InputFileError
-from kernel_probe.jobstart.handoff import PROBE_PER
-from kernel_probe.probe.candidates import (
+from kernel_probe.candidates import (
     DEVICE_TYPES,
     Candidate,
     builtin,
     gpu_arch_problem,
     read_candidates,
 )
+from kernel_probe.errors import InputFileError
+from kernel_probe.jobstart.handoff import PROBE_PER
 from kernel_probe.profiles.signals import (
     DETECT_DEVICE_KEYS,
     MAX_VARIABLE_REPEATS,
@@ -356,7 +356,7 @@ def parse(text: str, path: str) -> Profile:
     probe_per = p.string(policy, "probe-per", "policy.")
     if probe_per is not None and probe_per not in PROBE_PER:
         raise p.err("policy.probe-per", f"{probe_per!r} is not one of {', '.join(PROBE_PER)}")
-    from kernel_probe.probe.shapes import parse_shape
+    from kernel_probe.shapes import parse_shape
 
     for i, s in enumerate(shapes):
         try:

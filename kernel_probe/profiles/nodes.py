@@ -34,8 +34,8 @@ from kernel_lock.reading import (
     get_text,
     refuse_unknown,
 )
+from kernel_probe.candidates import DEVICE_TYPES
 from kernel_probe.errors import InputFileError, UsageError
-from kernel_probe.probe.candidates import DEVICE_TYPES
 
 NODE_SCHEMA = "kernel-probe-node/1"
 ENV_SCHEMA = "kernel-probe-env/1"

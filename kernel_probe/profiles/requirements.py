@@ -36,7 +36,7 @@ def unmet(profile: Profile, fingerprint: Mapping[str, Any], libraries: Mapping[s
     """Every requirement of ``profile`` this machine does not meet (expected vs found)."""
     req = profile.requires
     out: list[Unmet] = []
-    from kernel_probe.probe.candidates import arch_satisfies
+    from kernel_probe.candidates import arch_satisfies
 
     for key in ("device-type", "device-vendor", "device-arch", "arch"):
         allowed = req.get(key)

@@ -1,6 +1,6 @@
 """A third-party plug-in exposing candidates through the kernel_probe.probe.candidates entry-point group."""
 
-from kernel_probe.probe.candidates import Candidate
+from kernel_probe.candidates import Candidate
 
 
 def candidates():

@@ -28,9 +28,9 @@ from kernel_lock import blas, resolve
 from kernel_lock.errors import LockFormatError, LockMismatch
 from kernel_lock.fingerprint import here as fp_here
 from kernel_lock.fingerprint import with_torch
+from kernel_probe.candidates import builtin, parse_candidate
 from kernel_probe.isolation import worker
 from kernel_probe.probe import blasrun, correctness, handlers, pipeline, planning, timing
-from kernel_probe.probe.candidates import builtin, parse_candidate
 from kernel_probe.probe.judge import Policy, Problem, judge_candidate, static_problem
 from kernel_probe.probe.report import ReportBase
 from kernel_probe.tables import CandidateDataError, TableReader

@@ -15,7 +15,7 @@ import torch
 import kernel_lock
 from kernel_lock import KernelUnavailable, LockFormatError, LockMismatch, LockWarning, TargetNotAllowed
 from kernel_lock.fingerprint import fields as fp_fields
-from kernel_probe.probe import candidates as cands
+from kernel_probe import candidates as cands
 from kernel_probe.probe.check import check_all
 from tests.conftest import MINIMAL_LOCK, edited_lock
 

@@ -18,7 +18,7 @@ import kernel_lock
 from kernel_lock import KernelUnavailable, LockMismatch, LockWarning
 from kernel_lock.importing import import_target
 from kernel_lock.resolve import TWIN_SEMANTICS
-from kernel_probe.probe.candidates import SLOT_SEMANTICS, builtin
+from kernel_probe.candidates import SLOT_SEMANTICS, builtin
 from tests.conftest import MINIMAL_LOCK, write_sealed
 from tests.conftest import run_cli as run
 

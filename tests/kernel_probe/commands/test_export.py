@@ -295,7 +295,7 @@ def test_real_liger_adapters_construct_with_anemois_calls():
 # ---- QueryNorm / KeyNorm: checking at head_dim -----------------------------------------------------
 @pytest.mark.slow
 def test_check_hidden_64_catches_a_narrow_row_bug(capsys):
-    from kernel_probe.probe import candidates as cands
+    from kernel_probe import candidates as cands
     from kernel_probe.probe.check import check_all
 
     narrow = cands.from_command_line("LayerNorm=kp_zoo.norms.NarrowRowsLayerNorm")

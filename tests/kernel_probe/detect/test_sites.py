@@ -40,9 +40,9 @@ from kernel_lock.fingerprint import host as fp_host
 from kernel_lock.lock import KernelLock
 from kernel_lock.schema import Slot
 from kernel_lock.versions import in_spec, release_text
+from kernel_probe.candidates import builtin
 from kernel_probe.probe import pipeline
 from kernel_probe.probe import write as lockwrite
-from kernel_probe.probe.candidates import builtin
 from kernel_probe.probe.check import check_candidate
 from kernel_probe.profiles import discovery, requirements
 from kernel_probe.profiles.format import ProfileError, load_file

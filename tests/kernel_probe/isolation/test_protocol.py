@@ -8,8 +8,8 @@ from dataclasses import MISSING, fields
 
 import pytest
 
+from kernel_probe.candidates import default_for
 from kernel_probe.isolation import protocol as p
-from kernel_probe.probe.candidates import default_for
 
 CAND = default_for("LayerNorm")
 

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
+from kernel_probe import candidates as cands
 from kernel_probe.isolation.worker import WorkerPool
-from kernel_probe.probe import candidates as cands
 from kernel_probe.probe.check import check_all
 
 
@@ -50,7 +50,7 @@ def _alive(pid: int) -> bool:
 
 KILLED_PROBE = r"""
 import os, sys, time
-from kernel_probe.probe import candidates as cands
+from kernel_probe import candidates as cands
 from kernel_probe.probe.check import check_candidate
 from kernel_probe.isolation.worker import WorkerPool
 pool = WorkerPool()
@@ -83,9 +83,9 @@ def test_a_killed_probe_leaves_no_worker_and_no_grandchild(tmp_path):
 # ---- progress while timing (issue 16, point 5) -------------------------------------------------------------
 @pytest.mark.slow
 def test_worker_forwards_progress_before_the_reply():
+    from kernel_probe.candidates import default_for
     from kernel_probe.isolation.protocol import TimeRequest, TimingProgressMessage
     from kernel_probe.isolation.worker import Worker
-    from kernel_probe.probe.candidates import default_for
 
     seen: list[TimingProgressMessage] = []
     with Worker() as w:
@@ -176,7 +176,7 @@ def test_a_worker_that_dies_while_a_request_is_ahead_is_reported_and_replaced():
 
 @pytest.mark.slow  # starts a worker (import torch)
 def test_prepare_starts_each_named_library_worker_at_once_and_keeps_no_spare():
-    from kernel_probe.probe.candidates import default_for
+    from kernel_probe.candidates import default_for
 
     liger = [c for c in cands.registry([], entry_points=False)[0] if c.id == "liger.layer_norm"][0]
     pool = WorkerPool()

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 import kernel_lock
+from kernel_probe.candidates import default_for
 from kernel_probe.errors import NodeDiffers, ProbeError, UsageError
 from kernel_probe.jobstart import handoff, start
 from kernel_probe.jobstart.handoff import Marker, RankFailed, WaitTimeout
 from kernel_probe.jobstart.ranks import LAUNCHERS, JobRank
 from kernel_probe.probe import planning
-from kernel_probe.probe.candidates import default_for
 from tests.conftest import sealed_lock, small_probe
 from tests.kernel_probe.probe.test_candidates_data import _lock_pinning
 

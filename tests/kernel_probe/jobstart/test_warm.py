@@ -21,7 +21,7 @@ import kernel_lock
 from kernel_lock.errors import LockMismatch
 from kernel_lock.fingerprint import here as fp_here
 from kernel_lock.fingerprint import torchless, with_torch
-from kernel_probe.probe.candidates import default_for
+from kernel_probe.candidates import default_for
 from tests.conftest import run_cli, small_probe
 from tests.kernel_probe.probe.test_candidates_data import _lock_pinning
 

@@ -10,8 +10,8 @@ import json
 import pytest
 import torch
 
+from kernel_probe import candidates as cands
 from kernel_probe.probe import activation, activation_verdict
-from kernel_probe.probe import candidates as cands
 from kernel_probe.probe.judge import Policy
 from kernel_probe.probe.report import report_base
 

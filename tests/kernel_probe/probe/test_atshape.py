@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 
 import kernel_lock
+from kernel_probe.candidates import builtin, from_command_line
 from kernel_probe.cli import main
 from kernel_probe.probe import atshape, timing
-from kernel_probe.probe.candidates import builtin, from_command_line
 from kernel_probe.probe.judge import judge_output, judge_shape
 from tests.conftest import small_probe
 

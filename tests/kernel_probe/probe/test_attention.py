@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from kernel_lock.attention import FlashAttention4, SDPAttention, band_mask
+from kernel_probe import candidates as cands
 from kernel_probe.probe import attention, attention_verdict
-from kernel_probe.probe import candidates as cands
 from kernel_probe.probe.attention_geometry import parse_geometry
 from kernel_probe.probe.report import report_base
 from tests.kernel_probe.probe.test_timing import PROGRESS_2_3, assert_seconds_per_shape

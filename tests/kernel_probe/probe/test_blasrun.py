@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kernel_probe.probe import candidates as cands
+from kernel_probe import candidates as cands
 from kernel_probe.probe.blasrun import BlasNotOffered, baseline_blas, blas_device, blas_library, blas_selected
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from kernel_probe import candidates as cands
 from kernel_probe.errors import UsageError
-from kernel_probe.probe import candidates as cands
 from kernel_probe.probe.check import check_all, dtype_plan
 
 

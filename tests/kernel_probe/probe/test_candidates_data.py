@@ -19,7 +19,7 @@ import kernel_lock
 from kernel_lock import _toml, registry, slots
 from kernel_lock.errors import TargetNotAllowed
 from kernel_lock.trust import check_target
-from kernel_probe.probe import candidates as cands
+from kernel_probe import candidates as cands
 from kernel_probe.probe import write as lockwrite
 from kernel_probe.probe.check import check_all, dtype_plan
 from kernel_probe.probe.choose import Choice

@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from kernel_probe.candidates import Candidate, builtin
 from kernel_probe.isolation.protocol import (
     FLAG_GRAD_OUTPUT_MODIFIED,
     INTERPRETED,
@@ -37,7 +38,6 @@ from kernel_probe.isolation.protocol import (
     interpreter_requested,
 )
 from kernel_probe.isolation.worker import Worker, interpreting
-from kernel_probe.probe.candidates import Candidate, builtin
 from kernel_probe.probe.check import check_candidate
 from kernel_probe.probe.report import Report
 

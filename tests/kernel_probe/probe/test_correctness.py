@@ -13,13 +13,13 @@ from dataclasses import replace
 import pytest
 import torch
 
+from kernel_probe import candidates as cands
 from kernel_probe.isolation.protocol import (
     ALT_PREFIX,
     FLAG_GRAD_OUTPUT_MODIFIED,
     FLAG_INPUT_MODIFIED,
     FLAG_OUTPUT_DTYPE,
 )
-from kernel_probe.probe import candidates as cands
 from kernel_probe.probe import correctness
 from kernel_probe.probe.blasrun import BlasNotOffered
 from kernel_probe.probe.correctness import Bench, Row, check, try_once

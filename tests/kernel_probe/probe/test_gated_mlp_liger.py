@@ -13,9 +13,9 @@ import os
 
 import pytest
 
+from kernel_probe.candidates import builtin
 from kernel_probe.isolation.protocol import INTERPRETED
 from kernel_probe.isolation.worker import Worker
-from kernel_probe.probe.candidates import builtin
 from kernel_probe.probe.check import check_candidate
 
 pytestmark = [

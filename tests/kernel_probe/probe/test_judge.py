@@ -8,9 +8,9 @@ import dataclasses
 
 import pytest
 
+from kernel_probe.candidates import Candidate
 from kernel_probe.isolation.protocol import TimeReply, TryReply
 from kernel_probe.probe import judge
-from kernel_probe.probe.candidates import Candidate
 from kernel_probe.probe.judge import Problem, static_problem
 from kernel_probe.probe.report import Report
 

@@ -13,10 +13,10 @@ import torch
 import kernel_lock
 from kernel_lock import LockWarning
 from kernel_lock.checkpoint import migrate_state_dict
+from kernel_probe import candidates as cands
 from kernel_probe.errors import ProbeError
 from kernel_probe.isolation.protocol import PingRequest
 from kernel_probe.isolation.worker import Worker
-from kernel_probe.probe import candidates as cands
 from kernel_probe.probe.check import check_all, check_candidate
 from kernel_probe.probe.choose import choose
 from kernel_probe.probe.judge import Policy

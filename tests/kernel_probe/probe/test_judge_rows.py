@@ -159,8 +159,8 @@ def test_a_candidate_is_as_bad_as_its_worst_row(statuses, worst):
 
 # ---- the candidate: what stops a check early, its layout, its initialisation, its rows ---------------------
 def _candidate_report(**reply):
+    from kernel_probe import candidates as cands
     from kernel_probe.isolation.protocol import CheckReply
-    from kernel_probe.probe import candidates as cands
     from kernel_probe.probe.judge import judge_candidate
     from kernel_probe.probe.report import report_base
 

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
+from kernel_probe import candidates as cands
 from kernel_probe.isolation.worker import WorkerPool
-from kernel_probe.probe import candidates as cands
 from kernel_probe.probe.check import check_all, dtype_plan
 
 PLAN = dtype_plan(["float32", "bfloat16", "float16"])

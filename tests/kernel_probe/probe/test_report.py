@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernel_probe.probe import candidates as cands
+from kernel_probe import candidates as cands
 from kernel_probe.probe.report import Report, Verdict, report_base
 
 

@@ -1,10 +1,10 @@
-"""kernel_probe.probe.shapes: model shapes as the command line and profiles write them."""
+"""kernel_probe.shapes: model shapes as the command line and profiles write them."""
 
 from __future__ import annotations
 
 import pytest
 
-from kernel_probe.probe.shapes import normal_shape, normal_shapes, parse_shape
+from kernel_probe.shapes import normal_shape, normal_shapes, parse_shape
 
 
 @pytest.mark.parametrize(

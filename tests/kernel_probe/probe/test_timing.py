@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from kernel_probe.probe.candidates import default_for
+from kernel_probe.candidates import default_for
 from kernel_probe.probe.timing import DEFAULT_OPTIONS, MODES, bytes_moved, flops, progress_message, time_candidate
 
 # tiny and exact: two repetitions, one warm-up call, no minimum time, no float64 check

@@ -11,8 +11,8 @@ import pytest
 
 import kernel_lock
 from kernel_lock.fingerprint.fields import FIELDS
+from kernel_probe import candidates as cands
 from kernel_probe.errors import ProbeError, UsageError
-from kernel_probe.probe import candidates as cands
 from kernel_probe.probe import write
 from kernel_probe.probe.choose import Choice
 from kernel_probe.probe.report import Report, Verdict, report_base

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 from kernel_lock import _toml
 from kernel_lock import registry as lock_registry
 
-# declared in kernel_lock.slots; still importable from here (kernel_probe.probe.candidates.SLOT_SEMANTICS, CANONICAL)
+# declared in kernel_lock.slots; still importable from here (kernel_probe.candidates.SLOT_SEMANTICS, CANONICAL)
 from kernel_lock.slots import (
     CALL_ARGS,
     CALL_KWARGS,
@@ -362,7 +362,7 @@ def from_entry_points() -> tuple[list[Candidate], list[str]]:
             items = [obj] if isinstance(obj, Candidate) else list(obj)
             for item in items:
                 if not isinstance(item, Candidate):
-                    raise TypeError(f"expected kernel_probe.probe.candidates.Candidate, got {type(item).__name__}")
+                    raise TypeError(f"expected kernel_probe.candidates.Candidate, got {type(item).__name__}")
                 found.append(replace(item, source=f"entry-point:{ep.name}"))
         except Exception as exc:  # a plug-in's bug must not stop the probe; it is reported
             problems.append(f"entry point {ep.name!r} ({ep.value}): {type(exc).__name__}: {exc}")
