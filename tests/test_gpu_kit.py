@@ -138,6 +138,7 @@ def test_the_graph_attention_work_runs_in_smoke_mode_on_cpu(monkeypatch):
     assert "timing" not in triton
 
 
+@pytest.mark.slow  # builds the full O96-era graph (82k edges)
 def test_the_o96_graph_has_the_processor_degrees():
     from tests import gpu_graph_attention
 
@@ -175,6 +176,7 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split()[2] != "Z"
 
 
+@pytest.mark.slow  # runs the kit's parts in children
 def test_a_part_over_its_limit_is_killed_with_its_children_and_the_next_part_runs(tmp_path):
     pid_file = tmp_path / "child.pid"
     parts = [
@@ -197,6 +199,7 @@ def test_a_part_over_its_limit_is_killed_with_its_children_and_the_next_part_run
     assert json.loads((tmp_path / "run.json").read_text())["parts"] == result["parts"]
 
 
+@pytest.mark.slow  # runs the kit's parts in children
 def test_the_run_budget_caps_every_part(tmp_path):
     parts = [
         gpu_all.Part("first", (sys.executable, "-c", "import time; time.sleep(60)"), limit_s=100),

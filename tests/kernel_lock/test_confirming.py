@@ -114,6 +114,7 @@ def test_a_process_the_child_forks_neither_keeps_the_caller_waiting_nor_outlives
     assert done.returncode == 0 and done.stdout.startswith("the request") and _gone(int(pid))
 
 
+@pytest.mark.slow  # waits for a time limit
 def test_a_child_that_hangs_is_killed_at_its_time_limit():
     t0 = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired):

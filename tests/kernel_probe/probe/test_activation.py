@@ -186,6 +186,7 @@ def test_the_timing_is_one_measured_call_for_a_sole_candidate():
 
 
 # ---- the command line ------------------------------------------------------------------------------------
+@pytest.mark.slow  # a check in a worker (import torch)
 def test_check_candidate_activation_reports_verdicts_in_the_slots_shape(capsys):
     from tests.conftest import run_cli
 

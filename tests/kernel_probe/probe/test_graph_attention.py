@@ -219,6 +219,7 @@ def test_anemois_triton_kernel_in_the_interpreter_is_accepted_and_its_sharp_dq_v
         gac.choose("triton", [_accepted("pyg"), rep], GPU, triton=True)
 
 
+@pytest.mark.slow  # a check in a worker (import torch)
 def test_check_json_reports_a_users_graph_attention_function(capsys, monkeypatch):
     import json
 
