@@ -292,7 +292,9 @@ def test_gpu_all_smoke_runs_every_part_and_reports_it_as_smoke(tmp_path):
     choice = json.loads((run_dir / "choice" / "choice.json").read_text())
     assert choice["env"]["smoke"] is True and choice["timer"] == "cpu perf_counter"
     slots_shapes = {(r["slot"], r["shape"], r["precision"]) for r in choice["rows"]}
-    assert len(slots_shapes) == 3 * 3 * 2
+    compared = {"LayerNorm", "RMSNorm", "Linear", "Activation"}  # every default slot but Attention (its own part)
+    assert {slot for slot, _, _ in slots_shapes} == compared
+    assert len(slots_shapes) == len(compared) * 3 * 2
     for r in choice["rows"]:
         assert r["chosen"] == r["fastest"] == r["lock_choice"] and r["chosen_ratio"] == 1.0  # a CPU: torch.nn only
         assert r["candidates"][r["chosen"]]["probe_ms"] > 0
@@ -316,7 +318,7 @@ def test_gpu_all_smoke_runs_every_part_and_reports_it_as_smoke(tmp_path):
     assert "| choice | ok |" in section and "torch.layer_norm" in section
     pngs = sorted((tmp_path / "benchmarks").glob("*.png")) if (tmp_path / "benchmarks").exists() else []
     if pngs:  # matplotlib present: one PNG per slot, named as smoke
-        assert [p.name for p in pngs] == ["smoke-LayerNorm.png", "smoke-Linear.png", "smoke-RMSNorm.png"]
+        assert [p.name for p in pngs] == sorted(f"smoke-{slot}.png" for slot in compared)
     else:
         assert "text charts" in section and "LayerNorm: % of copy bandwidth" in section
 
