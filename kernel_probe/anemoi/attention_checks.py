@@ -18,6 +18,7 @@ from kernel_lock.anemoi import ANEMOI_ATTENTION
 from kernel_lock.locate import FLASH_GENERATIONS, anemoi_flash_generation
 from kernel_lock.lock import KernelLock
 from kernel_probe.anemoi.blocks import Finding
+from kernel_probe.anemoi.config_file import mappings_where
 
 # anemoi-models' own messages, where it raises (anemoi/models/layers/attention.py)
 SDPA_SOFTCAP = "Softcap not supported by Pytorchs SDPA. please switch to flash attention or disable softcap."
@@ -34,14 +35,7 @@ NOT_INSTALLED = (
 
 def components(tree: Any, where: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:
     """Every mapping of ``tree`` with an ``attention_implementation`` key, with its dotted path."""
-    if isinstance(tree, Mapping):
-        if "attention_implementation" in tree:
-            yield where, tree
-        for key, value in tree.items():
-            yield from components(value, f"{where}.{key}" if where else str(key))
-    elif isinstance(tree, list):
-        for i, value in enumerate(tree):
-            yield from components(value, f"{where}[{i}]")
+    return mappings_where(tree, lambda tree: "attention_implementation" in tree, where)
 
 
 def _literal(value: Any) -> bool:

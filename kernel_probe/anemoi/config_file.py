@@ -18,7 +18,7 @@ oversized or alias-bomb file with an InputFileError (exit 5).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -208,3 +208,22 @@ def classify(root: Mapping[str, Any], path: Path | None = None) -> Kind:
 def detect_shape(root: Mapping[str, Any], path: Path | None = None) -> str:
     """``overlay``, ``full`` or ``model-file`` (see ``SHAPES`` and :func:`classify`)."""
     return classify(root, path).shape
+
+
+def mappings_where(
+    tree: Any, wanted: Callable[[Mapping[str, Any]], bool], where: str = ""
+) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """Every mapping of ``tree`` for which ``wanted`` holds, with its dotted path (``a.b[0].c``):
+    how the anemoi checks find the components they judge (a mapper, a processor).
+
+    >>> [w for w, _ in mappings_where({"a": {"k": 1}, "b": [{"k": 2}]}, lambda m: "k" in m)]
+    ['a', 'b[0]']
+    """
+    if isinstance(tree, Mapping):
+        if wanted(tree):
+            yield where, tree
+        for key, value in tree.items():
+            yield from mappings_where(value, wanted, f"{where}.{key}" if where else str(key))
+    elif isinstance(tree, list):
+        for i, value in enumerate(tree):
+            yield from mappings_where(value, wanted, f"{where}[{i}]")

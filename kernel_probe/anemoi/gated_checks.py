@@ -17,6 +17,7 @@ from typing import Any
 from kernel_lock.gating import CONFIG_KEY, GATED, MLP_IMPLEMENTATIONS
 from kernel_lock.lock import KernelLock
 from kernel_probe.anemoi.blocks import Finding
+from kernel_probe.anemoi.config_file import mappings_where
 
 # anemoi-models' own message for a value its builder does not know (layers/mlp.py)
 ANEMOI_INVALID = "`mlp_implementation` must be one of {valid}, got '{got}'."
@@ -24,14 +25,7 @@ ANEMOI_INVALID = "`mlp_implementation` must be one of {valid}, got '{got}'."
 
 def components(tree: Any, where: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:
     """Every mapping of ``tree`` with an ``mlp_implementation`` key, with its dotted path."""
-    if isinstance(tree, Mapping):
-        if CONFIG_KEY in tree:
-            yield where, tree
-        for key, value in tree.items():
-            yield from components(value, f"{where}.{key}" if where else str(key))
-    elif isinstance(tree, list):
-        for i, value in enumerate(tree):
-            yield from components(value, f"{where}[{i}]")
+    return mappings_where(tree, lambda tree: CONFIG_KEY in tree, where)
 
 
 def findings(tree: Any, lock: KernelLock | None) -> list[Finding]:

@@ -18,6 +18,7 @@ from typing import Any
 from kernel_lock.graph_attention import ANEMOI_KEY, BACKENDS, TABLE, fallback_cause
 from kernel_lock.lock import KernelLock
 from kernel_probe.anemoi.blocks import Finding
+from kernel_probe.anemoi.config_file import mappings_where
 
 GT_TARGETS = (
     "anemoi.models.layers.processor.GraphTransformerProcessor",
@@ -34,14 +35,7 @@ def anemoi_rejects(value: str) -> str:
 
 def components(tree: Any, where: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:
     """Every GraphTransformer component of ``tree`` (module docstring), with its dotted path."""
-    if isinstance(tree, Mapping):
-        if tree.get("_target_") in GT_TARGETS or ANEMOI_KEY in tree:
-            yield where, tree
-        for key, value in tree.items():
-            yield from components(value, f"{where}.{key}" if where else str(key))
-    elif isinstance(tree, list):
-        for i, value in enumerate(tree):
-            yield from components(value, f"{where}[{i}]")
+    return mappings_where(tree, lambda tree: tree.get("_target_") in GT_TARGETS or ANEMOI_KEY in tree, where)
 
 
 def _value(comp: Mapping[str, Any]) -> str | None:
