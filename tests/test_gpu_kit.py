@@ -11,7 +11,9 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,19 +32,60 @@ needs_cpu = pytest.mark.skipif(
 )
 
 
-@pytest.mark.slow
-@needs_cpu
-def test_gpu_suite_collects_and_skips_with_its_reason():
+@dataclass(frozen=True)
+class SmokeRun:
+    """One `gpu_all.py --smoke` run, shared by the tests of its parts (read-only: each test reads files)."""
+
+    returncode: int
+    stdout: str
+    seconds: float
+    run_dir: Path
+    anemoi_missing: bool
+
+    def part(self, name: str) -> dict[str, Any]:
+        [part] = [p for p in json.loads((self.run_dir / "run.json").read_text())["parts"] if p["name"] == name]
+        return part
+
+    def log(self, name: str, stream: str = "out") -> str:
+        return (self.run_dir / "logs" / f"{name}.{stream}").read_text()
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory) -> SmokeRun:
+    """`gpu_all.py --smoke`, run once for this module (issue 38: its "tests" part is the GPU suite's
+    collection, its "attention" part is `python -m tests.gpu_suite --smoke` with the graph-attention work;
+    each ran again on its own before). No TRITON_INTERPRET: the Triton graph kernel is skipped on a CPU."""
+    run_dir = tmp_path_factory.mktemp("gpu-all") / "run"
+    try:  # what anemoi_step.py needs, as it checks it
+        importlib.import_module("anemoi.models.layers.processor")
+        anemoi_missing = False
+    except ImportError:
+        anemoi_missing = True
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    t0 = time.perf_counter()
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-m", "gpu", "tests/test_gpu.py"],
+        [sys.executable, str(BENCH / "gpu_all.py"), "--out", str(run_dir), "--smoke"],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=1200,
+        env=env,
     )
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "no CUDA device here" in out.stdout and " skipped" in out.stdout and "passed" not in out.stdout
-    assert "error" not in out.stdout.lower()
+    return SmokeRun(out.returncode, out.stdout, time.perf_counter() - t0, run_dir, anemoi_missing)
+
+
+@pytest.mark.slow
+@needs_cpu
+def test_gpu_suite_collects_and_skips_with_its_reason(smoke_run):
+    # gpu_all's "tests" part: `pytest -q -p no:cacheprovider -m gpu -rs tests/test_gpu.py`, from the checkout
+    part = smoke_run.part("tests")
+    assert part.get("command", [])[1:] == ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "-rs"] + [
+        str(ROOT / "tests" / "test_gpu.py")
+    ], part
+    stdout = smoke_run.log("tests")
+    assert part.get("returncode") == 0, stdout + smoke_run.log("tests", "log")
+    assert "no CUDA device here" in stdout and " skipped" in stdout and "passed" not in stdout
+    assert "error" not in stdout.lower()
 
 
 def test_in_place_variant_is_liger_rms_norm_with_in_place_true():
@@ -77,18 +120,14 @@ def test_gpu_suite_code_paths_run_on_cpu(tmp_path):
 
 @pytest.mark.slow
 @needs_cpu
-def test_the_attention_part_runs_in_smoke_mode_on_cpu_and_writes_its_figures(tmp_path):
+def test_the_attention_part_runs_in_smoke_mode_on_cpu_and_writes_its_figures(smoke_run):
     """gpu_all.py's attention part as it runs it (issue 36): checks, then fwd+bwd figures per dtype."""
-    out = subprocess.run(
-        [sys.executable, "-m", "tests.gpu_suite", "--out", str(tmp_path), "--smoke"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    data = json.loads((tmp_path / "attention.json").read_text())
+    part = smoke_run.part("attention")
+    attention_dir = smoke_run.run_dir / "attention"
+    assert part.get("command", [])[1:] == ["-m", "tests.gpu_suite", "--out", str(attention_dir), "--smoke"], part
+    stdout = smoke_run.log("attention")
+    assert part.get("returncode") == 0, stdout + smoke_run.log("attention", "log")
+    data = json.loads((attention_dir / "attention.json").read_text())
     assert (data["device"], data["geometry"], data["smoke"]) == ("cpu", gpu_suite.ATTENTION_SMOKE, True)
     found = data["candidates"]
     assert set(found) == set(gpu_suite.ATTENTION_IDS)
@@ -103,9 +142,9 @@ def test_the_attention_part_runs_in_smoke_mode_on_cpu_and_writes_its_figures(tmp
         assert found[cid]["timings"] == {}
     for cid in ("flash_attn.v2", "flash_attn.v3", "flash_attn.v4"):
         assert found[cid]["status"] == "unavailable" and "this device is cpu" in found[cid]["reasons"][0]
-    assert "torch.sdpa.math" in out.stdout and "ms" in out.stdout
+    assert "torch.sdpa.math" in stdout and "ms" in stdout
     # the gated-MLP part (issue 39), run by the same command after the attention part
-    gated = json.loads((tmp_path / "gated_mlp.json").read_text())
+    gated = json.loads((attention_dir / "gated_mlp.json").read_text())
     assert (gated["device"], gated["shape"], gated["smoke"]) == ("cpu", gpu_suite.GATED_SMOKE, True)
     assert set(gated["implementations"]) == set(gpu_suite.GATED_IMPLEMENTATIONS)
     for impl, found in gated["implementations"].items():
@@ -116,18 +155,20 @@ def test_the_attention_part_runs_in_smoke_mode_on_cpu_and_writes_its_figures(tmp
         liger = found["liger.gated_mlp"]  # CPU: liger's kernels need a GPU, said with the reason
         assert liger["status"] == "unavailable" and "this device is cpu" in liger["reasons"][0]
         assert liger["timing"] is None
-    assert "swiglu  torch.gated_mlp" in out.stdout
+    assert "swiglu  torch.gated_mlp" in stdout
 
 
 @pytest.mark.slow  # two check workers with anemoi and PyG, and the timing
 @needs_cpu
-def test_the_graph_attention_work_runs_in_smoke_mode_on_cpu(monkeypatch):
+def test_the_graph_attention_work_runs_in_smoke_mode_on_cpu(smoke_run):
     """The attention part's graph-attention work (issue 39): PyG checked and timed, the Triton kernel
-    skipped on a CPU with its reason (no TRITON_INTERPRET)."""
+    skipped on a CPU with its reason (no TRITON_INTERPRET). gpu_suite.main writes what
+    gpu_graph_attention.run("cpu", smoke=True) returns, first, as graph-attention.json."""
     from tests import gpu_graph_attention
 
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    data = gpu_graph_attention.run("cpu", smoke=True)
+    assert smoke_run.part("attention").get("returncode") == 0, smoke_run.log("attention", "log")
+    data = json.loads((smoke_run.run_dir / "attention" / "graph-attention.json").read_text())
+    assert "graph attention pyg     accepted" in smoke_run.log("attention")
     pyg, triton = data["backends"]["pyg"], data["backends"]["triton"]
     assert pyg["check"]["status"] == "accepted", pyg["check"]["reasons"]
     assert {v["dtype"] for v in pyg["check"]["evidence"]} == set(gpu_graph_attention.DTYPES)
@@ -261,29 +302,15 @@ def test_committed_page_says_the_gpu_run_is_pending_or_shows_gpu_figures():
 
 # ---- the whole smoke run, then the report --------------------------------------------------------
 @pytest.mark.slow
-def test_gpu_all_smoke_runs_every_part_and_reports_it_as_smoke(tmp_path):
-    run_dir = tmp_path / "run"
-    try:  # what anemoi_step.py needs, as it checks it
-        importlib.import_module("anemoi.models.layers.processor")
-        anemoi_missing = False
-    except ImportError:
-        anemoi_missing = True
-    t0 = time.perf_counter()
-    out = subprocess.run(
-        [sys.executable, str(BENCH / "gpu_all.py"), "--out", str(run_dir), "--smoke"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    seconds = time.perf_counter() - t0
+def test_gpu_all_smoke_runs_every_part_and_reports_it_as_smoke(smoke_run, tmp_path):
+    run_dir, anemoi_missing, seconds = smoke_run.run_dir, smoke_run.anemoi_missing, smoke_run.seconds
     run = json.loads((run_dir / "run.json").read_text())
     status = {p["name"]: p["status"] for p in run["parts"]}
     if anemoi_missing:  # CI tolerates a failed anemoi install (.ci/run): the part fails, saying why
-        assert status.pop("anemoi") == "failed" and out.returncode == 1, status
+        assert status.pop("anemoi") == "failed" and smoke_run.returncode == 1, status
         assert "anemoi-models is not importable" in (run_dir / "logs" / "anemoi.log").read_text()
     else:
-        assert out.returncode == 0, (out.stdout, status)
+        assert smoke_run.returncode == 0, (smoke_run.stdout, status)
     assert set(status.values()) == {"ok"}, status
     print(f"gpu_all.py --smoke: {seconds:.0f} s")  # CI log: the < 3 minutes goal, on an unloaded 2-core machine
     cold = json.loads((run_dir / "logs" / "probe-cold.out").read_text())
