@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from kernel_lock.activations import ACTIVATION_FUNCTIONS, OTHER_FUNCTION
-from kernel_lock.slots import CANONICAL, torch_device
+from kernel_lock.activations import ACTIVATION_FUNCTIONS, OTHER_FUNCTION, declared_function
+from kernel_lock.slots import torch_device
 from kernel_probe.candidates import Candidate
 from kernel_probe.isolation.protocol import (
     FLAG_GRAD_OUTPUT_MODIFIED,
@@ -241,11 +241,6 @@ def build(cand: Candidate) -> Any:
     kwargs = dict(cand.kwargs)
     kwargs.update(cand.build_kwargs)
     return cls(*cand.args, **kwargs)
-
-
-def declared_function(canonical_overrides: Mapping[str, Any] | None) -> str:
-    """The model's declared function: the slot's canonical ``function`` as the request overrides it."""
-    return str((canonical_overrides or {}).get("function") or CANONICAL["Activation"]["function"])
 
 
 def _twin(cand: Candidate, mod: Any, gen: torch.Generator) -> dict[str, Any]:
