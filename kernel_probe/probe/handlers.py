@@ -120,7 +120,7 @@ def dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], None
 
         return FingerprintReply(fields=with_torch.current())
     # the norms' and Linear's measuring code: loaded by the ping already (a cost paid at start-up)
-    from kernel_probe.probe import correctness, measure
+    from kernel_probe.probe import correctness, measure, slotcheck
     from kernel_probe.probe.limits import CHECK_HIDDEN
 
     if isinstance(request, GraphAttentionRequest):
@@ -156,6 +156,7 @@ def dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], None
             seed=request.seed,
             hidden=CHECK_HIDDEN if request.hidden is None else request.hidden,
             baseline=request.baseline,
+            shared=slotcheck.SHARED,  # the inputs, reference and torch.nn's pass, once per slot and row
         )
     if isinstance(request, TryRequest):
         return TryReply.from_json(correctness.try_once(request.candidate, request.slot, request.device))
