@@ -53,7 +53,7 @@ def serve() -> None:
 
 def _attention(request: CandidateRequest[Any], emit: Callable[[TimingProgressMessage], None] | None = None) -> Reply:
     """The Attention slot's requests: its own checks and timing (kernel_probe.probe.attention)."""
-    from kernel_probe.probe import attention  # this slot's code, when its first request comes
+    from kernel_probe.probe import attention, slotcheck  # this slot's code, when its first request comes
 
     if isinstance(request, CheckRequest):
         return attention.check(
@@ -62,6 +62,7 @@ def _attention(request: CandidateRequest[Any], emit: Callable[[TimingProgressMes
             list(request.dtypes),
             canonical_overrides=request.canonical,
             seed=request.seed,
+            shared=slotcheck.SHARED,  # torch's side of each case, once per slot and row
         )
     if isinstance(request, TryRequest):
         return TryReply.from_json(attention.try_once(request.candidate, request.device))

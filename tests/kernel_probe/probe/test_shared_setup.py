@@ -95,3 +95,33 @@ def test_the_cache_is_bounded_and_keyed_by_the_seed():
     bench = correctness.Bench(candidate("torch.layer_norm"), "LayerNorm", "cpu", HIDDEN, None, 0,
                               cands.default_for("LayerNorm"))  # fmt: skip
     assert bench.key("row") != correctness.Bench(*[*bench.__dict__.values()][:5], 1, bench.baseline).key("row")
+
+
+# ---- Attention: torch's two paths and the float64 reference, shared by call number within a row --------
+ATTENTION = ["torch.sdpa", "kp_attention.mutates_input", "torch.sdpa.math", "kp_attention.ignores_mask",
+             "kp_attention.sdpa", "kp_attention.biased_output"]  # fmt: skip
+WINDOWED = {"window": 6}
+
+
+def attention_measured(shared: SetupCache | None, options=WINDOWED) -> list[tuple[Any, Any]]:
+    from kernel_probe.probe import attention, attention_verdict
+
+    out = []
+    for spec in ATTENTION:
+        cand = candidate(spec if spec.startswith("torch.") else f"Attention={spec}")
+        raw = attention.check(cand, "cpu", ROWS[:2], canonical_overrides=options, shared=shared)
+        report = attention_verdict.judge(
+            raw, cand, "cpu", report_base(cand, "Attention", "cpu"), attention.canonical(options)
+        )
+        out.append((figures(raw.to_json()), (report.status, report.reasons)))
+    return out
+
+
+def test_sharing_torchs_side_of_attention_changes_no_figure_and_no_verdict():
+    shared = SetupCache(size=64)
+    alone, together = attention_measured(None), attention_measured(shared)
+    assert shared.misses > 0 and shared.hits >= (len(ATTENTION) - 2) * shared.misses  # one raises early
+    for spec, a, b in zip(ATTENTION, alone, together, strict=True):
+        assert a == b, spec
+    statuses = [verdict[0] for _, verdict in together]
+    assert statuses[0] == "accepted" and statuses[1] == "rejected", statuses
