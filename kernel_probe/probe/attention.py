@@ -41,7 +41,7 @@ from kernel_probe.isolation.protocol import (
     TimingRow,
 )
 from kernel_probe.probe.attention_geometry import HINTS, SMALL_WINDOW, canonical, parse_geometry  # noqa: F401 (re-exported)
-from kernel_probe.probe.measure import first_line, torch_dtype
+from kernel_probe.probe.measure import first_line, no_twin, torch_dtype, twin_candidate
 from kernel_probe.probe.slotcheck import SetupCache, import_stop
 
 OUTPUTS = ("out", "dq", "dk", "dv")
@@ -420,16 +420,9 @@ def _row(
 def _twin(cand: Candidate, values: Mapping[str, Any], case: Case, got: Mapping[str, Any]) -> dict[str, Any]:
     """The portable twin (torch's SDPA with the same options) on the same input: the largest relative
     difference of any output. Attention holds no parameters, so the state dicts interchange (both empty)."""
-    if not cand.twin_target:
-        return {"state_dict": "incompatible", "reason": "no twin declared"}
-    twin_cand = Candidate(
-        id="twin",
-        slots=("Attention",),
-        semantics="attention",
-        target=cand.twin_target,
-        args=(),
-        kwargs=cand.twin_kwargs,
-    )
+    twin_cand = twin_candidate(cand, "Attention")
+    if twin_cand is None:
+        return no_twin()
     try:
         twin = _run(build(twin_cand, values).eval(), case)
     except Exception as exc:
@@ -615,23 +608,7 @@ def time_candidate(
 
             if tdev == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-            t0 = time.perf_counter()
-            step()
-            clock.sync()
-            row["compile_s"] = time.perf_counter() - t0
-            if tick is not None:
-                tick("first call", 1, 1)
-            if opts.get("mode") == "sole":  # the slot's one accepted candidate: one measured call
-                samples, how = [clock.time(step)], "sole candidate"
-                if tick is not None:
-                    tick("rep", 1, 1)
-            else:
-                against = (opts.get("against") or {}).get(text) if opts.get("mode") == "adaptive" else None
-                samples, how = timing.repeat(clock, step, opts, tick, against=against)
-            row["median_ms"] = 1e3 * sorted(samples)[len(samples) // 2]
-            row["spread"] = timing._spread(samples)
-            row["reps"] = len(samples)
-            row["timed"], row["samples"] = how, samples
+            timing.timed_calls(clock, step, opts, tick, text, row)
             keys = g.seq if values["window"] < 0 else min(g.seq, 2 * values["window"] + 1)
             seconds = row["median_ms"] / 1e3
             # fwd 2 matmuls, bwd 5 (one recomputing the scores), 2 flops per multiply-add, band keys only

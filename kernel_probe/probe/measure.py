@@ -445,21 +445,27 @@ def blocks(
     return out
 
 
+def twin_candidate(cand: Candidate, slot: str, args: tuple[Any, ...] = ()) -> Candidate | None:
+    """The candidate's declared portable twin as a candidate of its own, built with ``args`` and the
+    twin's kwargs (every slot's twin check builds it so); None when it declares none (``no_twin``)."""
+    if not cand.twin_target:
+        return None
+    return Candidate("twin", (slot,), cand.semantics, cand.twin_target, args=args, kwargs=cand.twin_kwargs)
+
+
+def no_twin() -> dict[str, Any]:
+    """A twin check's record for a candidate that declares no twin."""
+    return {"state_dict": "incompatible", "reason": "no twin declared"}
+
+
 def twin_check(cand, slot, mod, canonical, device, param_dtype, dtype, autocast, gen, layout: Layout) -> dict[str, Any]:
     """Does the candidate's state dict load into its torch.nn twin through the layout's migration,
     and do they then agree?"""
     from kernel_lock.checkpoint import migrate_module_state, parse_rule
 
-    if not cand.twin_target:
-        return {"state_dict": "incompatible", "reason": "no twin declared"}
-    twin_cand = Candidate(
-        "twin",
-        (slot,),
-        cand.semantics,
-        cand.twin_target,
-        args=cand.args if cand.args != ("$hidden",) else ("$normalized_shape",),
-        kwargs=cand.twin_kwargs,
-    )
+    twin_cand = twin_candidate(cand, slot, cand.args if cand.args != ("$hidden",) else ("$normalized_shape",))
+    if twin_cand is None:
+        return no_twin()
     twin = build(twin_cand, canonical, device, param_dtype)
     rules = [parse_rule(r) for r in layout.rules]
     migrated = migrate_module_state(mod.state_dict(), [r for r in rules if r is not None])
