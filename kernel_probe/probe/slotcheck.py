@@ -77,8 +77,5 @@ class SetupCache:
             self._entries.popitem(last=False)
         return value
 
-    def clear(self) -> None:
-        self._entries.clear()
-
 
 SHARED = SetupCache()  # the worker process's (kernel_probe.probe.handlers passes it to each check)
