@@ -274,7 +274,8 @@ class ImportChecks:
         self._cancelled = False
         self._pool: ThreadPoolExecutor | None = None
         if requests:
-            self._pool = ThreadPoolExecutor(max_workers=min(8, len(requests)), thread_name_prefix="import-check")
+            # a thread per check (each only waits on its child): every child starts now, none queues
+            self._pool = ThreadPoolExecutor(max_workers=len(requests), thread_name_prefix="import-check")
             ready = {name: threading.Event() for name in requests}
             for name, request in requests.items():
                 future = self._pool.submit(
