@@ -19,17 +19,12 @@ from kernel_probe.probe.report import Report, Verdict, report_base
 from kernel_probe.probe.write import build_lock
 
 GOLDEN = Path(__file__).resolve().parents[2] / "kernel_lock" / "data" / "locks" / "build-lock-fixed-reports.toml"
-TIMED = {
-    "shape": "64x32",
-    "dtype": "float32",
-    "regime": "true",
-    "median_ms": 0.123456,
-    "spread": 0.0123,
-    "gbps": 12.3456,
-    "compile_s": 0.00123456,
-    "reps": 1,
-    "timed": "sole candidate",
-}
+
+
+def _timed(implementation: str, shape: str) -> dict:
+    """A timing row as the timer reports it (more digits than the lock keeps)."""
+    figures = {"median_ms": 0.0456789, "spread": 0.0345, "gbps": 45.6789, "compile_s": 0.00456789, "reps": 3}
+    return {"implementation": implementation, "shape": shape, "dtype": "float32", "regime": "true", **figures}
 
 
 def _builtin(cid: str) -> cands.Candidate:
@@ -42,7 +37,7 @@ def _report(cid: str, status: str = "accepted", reasons: tuple[str, ...] = (), *
 
 
 def _verdict(cid: str, **more) -> Verdict:
-    return Verdict(cid, "cpu", "float32", "true", worst_ratio=0.123456, deterministic=True, **more)
+    return Verdict(cid, "cpu", "float32", "true", "accepted", worst_ratio=0.123456, deterministic=True, **more)
 
 
 def fixed_lock() -> kernel_lock.KernelLock:
@@ -63,8 +58,8 @@ def fixed_lock() -> kernel_lock.KernelLock:
         "Activation": Choice("Activation", gelu, "default", "kept the default", {}),
     }
     timings = {
-        "LayerNorm": {"torch.compile.layer_norm": [{"implementation": "torch.compile.layer_norm", **TIMED}]},
-        "Linear": {"torch.linear.cublas": [{"implementation": "torch.linear.cublas", **TIMED, "shape": "64x32x16"}]},
+        "LayerNorm": {"torch.compile.layer_norm": [_timed("torch.compile.layer_norm", "64x32")]},
+        "Linear": {"torch.linear.cublas": [_timed("torch.linear.cublas", "64x32x16")]},
     }
     current = {name: f"v-{name}" for name in FIELDS}
     current["device-type"], current["device-count"] = "cpu", 1
