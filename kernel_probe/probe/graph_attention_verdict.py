@@ -17,7 +17,7 @@ from typing import Any
 
 from kernel_lock.slots import Status
 from kernel_probe.isolation.protocol import MeasurementRow
-from kernel_probe.probe.report import Verdict
+from kernel_probe.probe.report import Verdict, deterministic
 
 BASELINE = "torch's formula's"
 # the check's cases (kernel_probe.probe.graph_attention), named in the reasons
@@ -42,8 +42,7 @@ class GraphAttentionReport:
     @property
     def deterministic(self) -> bool | None:
         """Bitwise repeatable in every checked dtype (None: not measured)."""
-        seen = [v.deterministic for v in self.verdicts if v.deterministic is not None]
-        return all(seen) if seen else None
+        return deterministic(self.verdicts)
 
     def to_json(self) -> dict[str, Any]:
         """The report as ``--json`` and the lock's evidence show it."""

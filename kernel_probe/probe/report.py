@@ -43,6 +43,12 @@ class Verdict:
         return out
 
 
+def deterministic(verdicts: Sequence[Verdict]) -> bool | None:
+    """Whether every row that measured it was bitwise repeatable (None: no row measured it)."""
+    measured = [v.deterministic for v in verdicts if v.deterministic is not None]
+    return all(measured) if measured else None
+
+
 class ReportBase(TypedDict):
     """What every ``Report`` on one candidate for one slot shares, whatever the verdict."""
 
@@ -94,8 +100,7 @@ class Report:
     @property
     def deterministic(self) -> bool | None:
         """True when every measured row was bitwise repeatable; None when nothing was measured."""
-        measured = [v.deterministic for v in self.verdicts if v.deterministic is not None]
-        return all(measured) if measured else None
+        return deterministic(self.verdicts)
 
     @property
     def twin(self) -> dict[str, Any]:
