@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields, is_dataclass
 from typing import Any, Protocol, TypeVar
 
-from .reading import ReadError, get, get_choice, get_required, get_strings
+from .reading import get, get_choice, get_required, get_strings
 
 _T = TypeVar("_T")
 FIX_MISSING = "add `{key} = ...` (see docs/lock-format.md)"
@@ -38,7 +38,8 @@ REST = "*"  # the key of a field that holds the table's other keys (``[environme
 class Reading(Protocol):
     """What a reader is given besides the table: the state of reading one lock (schema.Context)."""
 
-    def unknown(self, d: Mapping[str, Any], known: Sequence[str], what: str = "key") -> None: ...
+    def unknown(self, d: Mapping[str, Any], known: Sequence[str], what: str = "key") -> None:
+        """Report each key of ``d`` not in ``known`` (a newer writer's)."""
 
 
 # (the reading state, the table, the key, the values read so far by this table) -> the field's value
@@ -136,11 +137,6 @@ def strings(ctx: Any, d: Mapping[str, Any], k: str, _: Mapping[str, Any]) -> tup
 def flag(ctx: Any, d: Mapping[str, Any], k: str, _: Mapping[str, Any]) -> bool:
     """``true`` or ``false`` (false when absent)."""
     return bool(get(d, k, bool, default=False))
-
-
-def missing(k: str) -> ReadError:
-    """The error of a required key that is absent, with the fix."""
-    return ReadError("required key is missing", k, FIX_MISSING.format(key=k))
 
 
 class Table:
