@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .reading import ReadError, get_required
-from .slots import ACTIVATION, canonical_target
+from .slots import ACTIVATION, CANONICAL, canonical_target
 
 # What an activation computes, as the model declares it (``--activation``; anemoi: the class its config names)
 ACTIVATION_FUNCTIONS = ("gelu-erf", "gelu-tanh", "silu", "relu", "sigmoid")
@@ -66,6 +66,12 @@ def function_problem(text: str) -> str | None:
         f"{text!r} is not an activation function kernel-probe knows: use one of {', '.join(ACTIVATION_FUNCTIONS)}, "
         f"or {OTHER_FUNCTION}module.Class for another (e.g. {OTHER_FUNCTION}anemoi.models.layers.activations.Sine)"
     )
+
+
+def declared_function(canonical_overrides: Mapping[str, Any] | None) -> str:
+    """The model's declared function: the slot's canonical ``function`` as the request overrides it
+    (torch-free: the probe's own process judges with it and never imports torch)."""
+    return str((canonical_overrides or {}).get("function") or CANONICAL[ACTIVATION]["function"])
 
 
 def is_approximation(a: str, b: str) -> bool:

@@ -227,9 +227,12 @@ def _triton_rows(t: dict[str, Any]) -> list[tuple[str, str]]:
                     f"{t['backend']} {t['arch'] or '(arch n/a)'}"
                     + (f", warp size {t['warp_size']}" if t.get("warp_size") else "")
                     + f" (from {t['target_source']})"
+                    + (f"; the runtime was not asked: {t['target_not_asked']}" if t.get("target_not_asked") else "")
                 ),
             )
         )
+    elif t.get("target_not_asked"):
+        rows.append(("target", safe(f"not asked: {t['target_not_asked']}")))
     elif t.get("target_error"):
         rows.append(("target", safe(f"none: {t['target_error']}")))
     if t["conflict"]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 
 from kernel_lock.slots import MODES
 from kernel_probe import __version__, output
@@ -145,24 +146,29 @@ def render_yaml(entries, *, path: str, mode: str, digest: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_attention(options: dict, note: str) -> str:
-    """The Attention slot's keys as a commented YAML block: they go on each component with attention."""
+def _processor_block(comments: Sequence[str], options: dict) -> str:
+    """``comments`` (lines without their ``# ``), then ``processor:`` with ``options`` as YAML under it
+    (none: the comments only): how the slots set on each component, not in layer_kernels, are written."""
     import yaml
 
-    lines = [
-        "",
-        "# Attention (slots.Attention): set these on every component with attention, beside its other keys:",
-        "# the processor of a transformer model (model.processor), and a TransformerMapper's encoder and",
-        "# decoder (model.encoder, model.decoder). They are no layer_kernels entry.",
-    ]
-    if note:
-        lines.append(f"# {note}")
-    if not options:
-        return "\n".join(lines) + "\n"
-    lines.append("processor:")
-    body = yaml.safe_dump(options, sort_keys=False, default_flow_style=False)
-    lines.extend("  " + line for line in body.splitlines())
+    lines = ["", *(f"# {line}" for line in comments)]
+    if options:
+        body = yaml.safe_dump(options, sort_keys=False, default_flow_style=False)
+        lines += ["processor:", *("  " + line for line in body.splitlines())]
     return "\n".join(lines) + "\n"
+
+
+# where the Attention slot's keys go (comment lines of its block)
+ATTENTION_WHERE = (
+    "Attention (slots.Attention): set these on every component with attention, beside its other keys:",
+    "the processor of a transformer model (model.processor), and a TransformerMapper's encoder and",
+    "decoder (model.encoder, model.decoder). They are no layer_kernels entry.",
+)
+
+
+def render_attention(options: dict, note: str) -> str:
+    """The Attention slot's keys as a commented YAML block: they go on each component with attention."""
+    return _processor_block([*ATTENTION_WHERE, *([note] if note else [])], options)
 
 
 def render_graph_attention(backend: str, note: str) -> str:
@@ -180,21 +186,17 @@ def render_graph_attention(backend: str, note: str) -> str:
     )
 
 
+# where the GatedMLP slot's key goes (comment lines of its block)
+GATED_MLP_WHERE = (
+    "GatedMLP (slots.GatedMLP): set this on every component with an MLP, beside its other keys: the",
+    "processor (model.processor) and each encoder's and decoder's mapper (model.encoders.<id>.mapper,",
+    "model.decoders.<id>.mapper). It is no layer_kernels entry; `export --config` writes it in place.",
+)
+
+
 def render_gated_mlp(options: dict, note: str) -> str:
     """The GatedMLP slot's key as a commented YAML block: it goes on each component with an MLP."""
-    import yaml
-
-    lines = [
-        "",
-        "# GatedMLP (slots.GatedMLP): set this on every component with an MLP, beside its other keys: the",
-        "# processor (model.processor) and each encoder's and decoder's mapper (model.encoders.<id>.mapper,",
-        "# model.decoders.<id>.mapper). It is no layer_kernels entry; `export --config` writes it in place.",
-        f"# {note}",
-        "processor:",
-    ]
-    body = yaml.safe_dump(options, sort_keys=False, default_flow_style=False)
-    lines.extend("  " + line for line in body.splitlines())
-    return "\n".join(lines) + "\n"
+    return _processor_block([*GATED_MLP_WHERE, note], options)
 
 
 def render_overlay(result, *, path: str, mode: str, digest: str) -> str:

@@ -151,6 +151,30 @@ def publish_usage_failure(argv: Sequence[str], message: str) -> None:
     fail_before_plan(known.out, known.probe_per, known.check, UsageError(message))
 
 
+# the ProbeRequest fields taken from the option of the same name as argparse parsed it; request_from
+# converts the others (a test checks that the two sets fill every field)
+AS_PARSED = (
+    "attention",
+    "graph_attention",
+    "allow_graph_attention_fallback",
+    "mlp_implementation",
+    "precision",
+    "profile",
+    "reps",
+    "deterministic",
+    "with_compile",
+    "allow_init_change",
+    "strict_dtype",
+    "activation",
+    "allow_approximation",
+    "timeout",
+    "import_timeout",
+    "force",
+    "lock_timeout",
+    "probe_per",
+)
+
+
 def request_from(args: argparse.Namespace) -> ProbeRequest:
     """The command line as a typed request (argument errors here are usage errors, exit 2)."""
     if args.dtype:
@@ -160,32 +184,15 @@ def request_from(args: argparse.Namespace) -> ProbeRequest:
     return ProbeRequest(
         out=Path(args.out),
         shapes=tuple(args.shape),
-        attention=args.attention,
-        graph_attention=args.graph_attention,
-        allow_graph_attention_fallback=args.allow_graph_attention_fallback,
-        mlp_implementation=args.mlp_implementation,
-        precision=args.precision,
         slots=tuple(args.slot),
         pins=_pairs(args.pin, "--pin"),
         prefers=_pairs(args.prefer, "--prefer"),
         candidates=tuple(args.candidate),
         plugins=not args.no_plugins,
-        profile=args.profile,
         profiles_dirs=tuple(args.profiles_dir),
-        reps=args.reps,
-        deterministic=args.deterministic,
-        with_compile=args.with_compile,
-        allow_init_change=args.allow_init_change,
-        strict_dtype=args.strict_dtype,
-        activation=args.activation,
-        allow_approximation=args.allow_approximation,
-        timeout=args.timeout,
-        import_timeout=args.import_timeout,
-        force=args.force,
         check_only=args.check,
-        lock_timeout=args.lock_timeout,
-        probe_per=args.probe_per,
         command=("kernel-probe " + shlex.join(sys.argv[1:])).strip(),
+        **{name: getattr(args, name) for name in AS_PARSED},
     )
 
 

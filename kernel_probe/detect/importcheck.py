@@ -16,7 +16,9 @@ exits normally, so a crash at interpreter exit is seen too. The parent classifie
 
 from __future__ import annotations
 
+import functools
 import subprocess
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -209,14 +211,27 @@ def check_import(
     if request.probe not in PROBES:
         raise ValueError(f"unknown probe {request.probe!r}")
     key = ""
-    if cache is not None and python is None:
+    keyed = cache is not None and python is None
+
+    def _key() -> str:
         from kernel_probe.detect.importcache import cache_key
 
-        key = cache_key(request, child_source=CHILD_SOURCE, extra_paths=extra_paths, env=env)
+        return cache_key(request, child_source=CHILD_SOURCE, extra_paths=extra_paths, env=env)
+
+    if keyed and cache is not None and cache.read:
+        key = _key()
         found = cache.load(key)
         if found is not None:
             kept, asked = found
             return {**classify(kept, timeout), "cached": asked}
+
+    def _started(proc: subprocess.Popen[bytes]) -> None:
+        nonlocal key
+        if started is not None:
+            started(proc)
+        if keyed and not key:  # --fresh: the key is worked out while the child imports, not before it starts
+            key = _key()
+
     child = run_function(
         "",
         "check",
@@ -226,17 +241,23 @@ def check_import(
         timeout=timeout,
         env=child_environment(extra_paths, env),
         python=python,
-        started=started,
+        started=_started,
     )
     if key and cache is not None:
         cache.store(key, child)
     return classify(child, timeout)
 
 
+def _set(event: threading.Event, _future: Future) -> None:
+    event.set()
+
+
 class ImportChecks:
     """Start every check at once (a thread per child) and collect the results later.
 
-    Starting early lets the children import their libraries while the parent imports torch.
+    The constructor returns once every child has started (or its check ended without one: a kept
+    answer, a failure to start), so the caller's own work (importing torch) cannot delay a start:
+    the children import their libraries while the parent does the rest.
     """
 
     def __init__(
@@ -253,24 +274,35 @@ class ImportChecks:
         self._cancelled = False
         self._pool: ThreadPoolExecutor | None = None
         if requests:
-            self._pool = ThreadPoolExecutor(max_workers=min(8, len(requests)), thread_name_prefix="import-check")
+            # a thread per check (each only waits on its child): every child starts now, none queues
+            self._pool = ThreadPoolExecutor(max_workers=len(requests), thread_name_prefix="import-check")
+            ready = {name: threading.Event() for name in requests}
             for name, request in requests.items():
-                self._futures[name] = self._pool.submit(
+                future = self._pool.submit(
                     check_import,
                     request,
                     timeout=timeout,
                     extra_paths=extra_paths,
                     env=env,
-                    started=self._started,
+                    started=functools.partial(self._started, ready[name]),
                     cache=cache,
                 )
+                future.add_done_callback(functools.partial(_set, ready[name]))
+                self._futures[name] = future
+            try:
+                for event in ready.values():
+                    event.wait()
+            except BaseException:  # interrupted while the children start
+                self.cancel()
+                raise
 
     def names(self) -> Iterable[str]:
         """The libraries whose import checks were started."""
         return self._futures.keys()
 
-    def _started(self, proc: subprocess.Popen[bytes]) -> None:
+    def _started(self, ready: threading.Event, proc: subprocess.Popen[bytes]) -> None:
         self._procs.append(proc)
+        ready.set()
         if self._cancelled:  # started while cancel() was running
             kill_group(proc.pid)
 

@@ -22,7 +22,14 @@ from kernel_probe.detect import accelerators, host, libraries, site, torchbuild
 from kernel_probe.detect import triton as triton_info
 from kernel_probe.detect.accelerators import NvmlList
 from kernel_probe.detect.importcache import ImportCache
-from kernel_probe.detect.importcheck import DEFAULT_TIMEOUT, ImportChecks, close_calls, load_per_core, scaled_timeout
+from kernel_probe.detect.importcheck import (
+    DEFAULT_TIMEOUT,
+    ImportChecks,
+    ImportRequest,
+    close_calls,
+    load_per_core,
+    scaled_timeout,
+)
 from kernel_probe.detect.libraries import KnownLibrary
 
 SCHEMA = "kernel-probe-env/1"
@@ -106,6 +113,7 @@ def detect(
     table: Sequence[KnownLibrary] | None = None,
     nvml: NvmlList | None = None,
     cache: ImportCache | None = None,
+    root: str = "/",
 ) -> dict[str, Any]:
     """Everything ``kernel-probe env`` reports, as JSON-ready data.
 
@@ -115,7 +123,8 @@ def detect(
     search path, in-process and on the children's PYTHONPATH; ``env`` replaces os.environ for the
     children and the site signals. ``table`` replaces ``libraries.known_libraries()``; ``torch`` and
     ``nvml`` replace the real ones (tests). ``cache`` keeps and reuses the import checks' clean answers
-    (``detect.importcache``; None: every library is asked).
+    (``detect.importcache``; None: every library is asked). ``root`` is where ``/dev`` is, for the GPU
+    device nodes that decide whether Triton's runtime is asked for a target (tests pass a folder).
     """
     from kernel_probe import __version__
 
@@ -124,21 +133,31 @@ def detect(
     scaled = timeout is None and import_checks  # no child, no timeout to scale
     timeout = scaled_timeout() if scaled else float(DEFAULT_TIMEOUT if timeout is None else timeout)
 
-    # Cheap, import-free facts first, so the children can start before torch is imported here.
+    # Only what decides which children to start, then the children, so they import their libraries
+    # while this process does the rest (and imports torch): ImportChecks returns once each has started.
     located_libs = libraries.locate_all(table, extra_paths)
-    located_triton = triton_info.locate(extra_paths)
+    triton_location = libraries.module_location(triton_info.MODULE, extra_paths)
+    device_nodes = triton_info.gpu_device_nodes(root)
     checks = None
     if import_checks:
         requests = libraries.import_requests(located_libs)
-        triton_request = triton_info.import_request(located_triton)
+        # no GPU device node: Triton's runtime is asked for a target only if torch sees a device after all
+        triton_request = triton_info.import_request(triton_location, target=bool(device_nodes))
         if triton_request is not None:
             requests["triton"] = triton_request
         checks = ImportChecks(requests, timeout=timeout, extra_paths=extra_paths, env=env, cache=cache)
 
     try:
+        located_triton = triton_info.locate(extra_paths)
         host_facts = host.detect_host()
         here = _torch_and_devices(torch, nvml or nvml_mod.nvml_devices, errors)
         imported = checks.results() if checks is not None else {}
+        not_asked = triton_info.target_not_asked(device_nodes, here["device"]["type"])
+        if not device_nodes and not_asked is None and imported.get("triton", {}).get("status") == "ok":
+            # torch sees a device that left no device node: ask the runtime now, as on any GPU node
+            late = {"triton": ImportRequest(triton_info.MODULE, probe="triton-target")}
+            checks = ImportChecks(late, timeout=timeout, extra_paths=extra_paths, env=env, cache=cache)
+            imported["triton"] = checks.results()["triton"]
     except BaseException:  # interrupted, or a bug here: do not leave children running until their timeout
         if checks is not None:
             checks.cancel()
@@ -149,6 +168,7 @@ def detect(
         imported.get("triton"),
         torch_build=here["torch"]["build"] if here["torch"] else "cpu",
         device_arch=here["device"]["arch"],
+        not_asked=not_asked,
     )
 
     return {

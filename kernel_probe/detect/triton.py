@@ -13,12 +13,17 @@ recorded hash of ``triton/__init__.py`` and sizes of ``triton/_C/*`` match the d
 
 The active backend and target arch need Triton's runtime driver: that runs in the import-check
 child (``triton.runtime.driver.active.get_current_target()``). Without import checks the backend
-is inferred from the torch build and marked so.
+is inferred from the torch build and marked so. Asking the driver imports torch and looks for every
+GPU runtime (1.5 s of CPU on a 2-core node, only to end in "0 active drivers" where there is no GPU):
+on a node with no GPU device node at all (``GPU_DEVICE_NODES``) and torch seeing only the CPU, it is
+not asked, the report says why (``target_not_asked``), and the backend is inferred as without
+import checks. Where either shows a device, it is asked.
 """
 
 from __future__ import annotations
 
 import base64
+import glob
 import hashlib
 import os
 from collections.abc import Mapping, Sequence
@@ -47,6 +52,26 @@ BACKEND_FOR_TORCH_BUILD = {"cuda": "cuda", "rocm": "hip", "xpu": "xpu"}
 
 # triton/backends/<directory> -> the backend name Triton's runtime reports
 BACKEND_DIRECTORIES = {"nvidia": "cuda", "amd": "hip", "intel": "xpu"}
+
+
+# the device nodes a GPU driver creates (NVIDIA, AMD's KFD, a DRM render node: Intel and AMD GPUs):
+# without any of them no Triton backend can find a device
+GPU_DEVICE_NODES = ("dev/nvidia*", "dev/kfd", "dev/dri/renderD*")
+NO_GPU = "no GPU device on this node"
+
+
+def gpu_device_nodes(root: str | os.PathLike[str] = "/") -> list[str]:
+    """The GPU device nodes under ``root`` (``GPU_DEVICE_NODES``; tests pass a folder of fakes)."""
+    return sorted(p for pattern in GPU_DEVICE_NODES for p in glob.glob(os.path.join(os.fspath(root), pattern)))
+
+
+def target_not_asked(device_nodes: Sequence[str], device_type: str) -> str | None:
+    """Why Triton's runtime is not asked for a target (None: ask it): no GPU device node and torch sees
+    only the CPU (``device_type``: the primary device's type, as the lock fingerprint sees it)."""
+    if device_nodes or device_type != "cpu":
+        return None
+    patterns = ", ".join("/" + p for p in GPU_DEVICE_NODES)
+    return f"{NO_GPU} (none of {patterns}, and torch sees only the CPU)"
 
 
 def backends_of(dist: metadata.Distribution, name: str) -> list[str]:
@@ -148,9 +173,12 @@ def locate(extra_paths: Sequence[str] = ()) -> LocatedTriton:
     return LocatedTriton(location, versions, owners, evidence, backends, pin)
 
 
-def import_request(located: LocatedTriton) -> ImportRequest | None:
-    """The import check that asks Triton for its target (None when it is not installed)."""
-    return ImportRequest(MODULE, probe="triton-target") if located.installed else None
+def import_request(location: str | None, *, target: bool = True) -> ImportRequest | None:
+    """The import check of Triton at ``location`` (None: not installed, no check); ``target``: the child
+    also asks Triton's runtime for its target."""
+    if location is None:
+        return None
+    return ImportRequest(MODULE, probe="triton-target" if target else "")
 
 
 def _normalize_arch(backend: str, arch: str) -> str:
@@ -162,9 +190,15 @@ def _normalize_arch(backend: str, arch: str) -> str:
 
 
 def report(
-    located: LocatedTriton, imported: Mapping[str, Any] | None, *, torch_build: str, device_arch: str
+    located: LocatedTriton,
+    imported: Mapping[str, Any] | None,
+    *,
+    torch_build: str,
+    device_arch: str,
+    not_asked: str | None = None,
 ) -> dict[str, Any]:
-    """The JSON-ready triton section (keys documented in docs/env.md)."""
+    """The JSON-ready triton section (keys documented in docs/env.md); ``not_asked``: why the import
+    check did not ask the runtime for a target (``target_not_asked``)."""
     provider = located.owners[0] if len(located.owners) == 1 else None
     built_for = {name: located.backends.get(name) or [TRITON_DISTRIBUTIONS[name]] for name in located.distributions}
     conflict = None
@@ -230,5 +264,6 @@ def report(
         "warp_size": warp_size,
         "target_source": source,
         "target_error": target_error,
+        "target_not_asked": not_asked if imported is not None and not imported.get("target") else None,
         "import": status,
     }

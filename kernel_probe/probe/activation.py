@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from kernel_lock.activations import ACTIVATION_FUNCTIONS, OTHER_FUNCTION
-from kernel_lock.slots import CANONICAL, torch_device
+from kernel_lock.activations import ACTIVATION_FUNCTIONS, OTHER_FUNCTION, declared_function
+from kernel_lock.slots import torch_device
 from kernel_probe.candidates import Candidate
 from kernel_probe.isolation.protocol import (
     FLAG_GRAD_OUTPUT_MODIFIED,
@@ -37,7 +37,8 @@ from kernel_probe.isolation.protocol import (
     TimingProgressMessage,
     TimingRow,
 )
-from kernel_probe.probe.measure import compare, first_line, import_class, torch_dtype
+from kernel_probe.probe.measure import compare, first_line, import_class, no_twin, torch_dtype, twin_candidate
+from kernel_probe.probe.slotcheck import import_stop
 
 OUTPUTS = ("y", "dx")
 ROWS, WIDTH = 8, 256  # every case is (ROWS, WIDTH): 2,048 elements, a fraction of a millisecond per call
@@ -243,24 +244,12 @@ def build(cand: Candidate) -> Any:
     return cls(*cand.args, **kwargs)
 
 
-def declared_function(canonical_overrides: Mapping[str, Any] | None) -> str:
-    """The model's declared function: the slot's canonical ``function`` as the request overrides it."""
-    return str((canonical_overrides or {}).get("function") or CANONICAL["Activation"]["function"])
-
-
 def _twin(cand: Candidate, mod: Any, gen: torch.Generator) -> dict[str, Any]:
     """The portable twin on a random input: the largest relative difference of y or dx. Its state dict
     interchanges with the candidate's only when both are empty (or have the same keys and shapes)."""
-    if not cand.twin_target:
-        return {"state_dict": "incompatible", "reason": "no twin declared"}
-    twin_cand = Candidate(
-        id="twin",
-        slots=("Activation",),
-        semantics="activation",
-        target=cand.twin_target,
-        args=(),
-        kwargs=cand.twin_kwargs,
-    )
+    twin_cand = twin_candidate(cand, "Activation")
+    if twin_cand is None:
+        return no_twin()
     try:
         twin = build(twin_cand)
         x = torch.randn(ROWS, WIDTH, generator=gen, dtype=torch.float64).float().to(torch.get_default_device()) * 2
@@ -293,16 +282,9 @@ def check(
     from kernel_probe.probe.attention import _on
 
     function = declared_function(canonical_overrides)
-    start = time.perf_counter()
-    try:
-        import_class(cand.target)
-    except ImportError as exc:
-        return CheckReply(candidate=cand.id, device=device, phase="import", kind="import", error=first_line(exc, 400))
-    except Exception as exc:
-        return CheckReply(
-            candidate=cand.id, device=device, phase="import", kind="exception", error=first_line(exc, 400)
-        )
-    import_s = time.perf_counter() - start
+    import_s, stopped = import_stop(cand, device)
+    if stopped is not None:
+        return stopped
     with _on(device):
         try:
             mod = build(cand)
@@ -360,21 +342,7 @@ def time_candidate(
             def step(mod: Any = mod, x: Any = x, go: Any = go) -> None:
                 torch.autograd.grad(mod(x), x, go)
 
-            t0 = time.perf_counter()
-            step()
-            clock.sync()
-            row["compile_s"] = time.perf_counter() - t0
-            tick("first call", 1, 1)
-            if opts.get("mode") == "sole":  # the slot's one accepted candidate: one measured call
-                samples, how = [clock.time(step)], "sole candidate"
-                tick("rep", 1, 1)
-            else:
-                against = (opts.get("against") or {}).get(text) if opts.get("mode") == "adaptive" else None
-                samples, how = timing.repeat(clock, step, opts, tick, against=against)
-            row["median_ms"] = 1e3 * sorted(samples)[len(samples) // 2]
-            row["spread"] = timing._spread(samples)
-            row["reps"] = len(samples)
-            row["timed"], row["samples"] = how, samples
+            timing.timed_calls(clock, step, opts, tick, text, row)
             # x read, y written forward; x and grad_out read, dx written backward
             row["gbps"] = 5 * x.numel() * x.element_size() / (row["median_ms"] / 1e3) / 1e9
         except Exception as exc:
@@ -395,29 +363,3 @@ def try_once(cand: Candidate, device: str) -> dict[str, Any]:
     except Exception as exc:
         return {"ran": False, "error": first_line(exc, 500)}
     return {"ran": True}
-
-
-def handle(request: Any, emit: Callable[[TimingProgressMessage], None] | None) -> Any:
-    """The worker's dispatch of an Activation request: its check, its try, its timing."""
-    from kernel_probe.isolation.protocol import CheckRequest, ProtocolError, TimeRequest, TryReply, TryRequest
-
-    if isinstance(request, CheckRequest):
-        return check(
-            request.candidate,
-            request.device,
-            list(request.dtypes),
-            canonical_overrides=request.canonical,
-            seed=request.seed,
-        )
-    if isinstance(request, TryRequest):
-        return TryReply.from_json(try_once(request.candidate, request.device))
-    if isinstance(request, TimeRequest):
-        return time_candidate(
-            request.candidate,
-            request.device,
-            list(request.shapes),
-            request.dtype,
-            request.options,
-            emit if request.progress else None,
-        )
-    raise ProtocolError(f"the worker has no Activation handler for {type(request).__name__}")

@@ -19,6 +19,8 @@ Timing geometries are written ``HEADSxHEAD_DIMxSEQ[:window=W]`` (``attention_geo
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
 import time
 import warnings
@@ -39,7 +41,8 @@ from kernel_probe.isolation.protocol import (
     TimingRow,
 )
 from kernel_probe.probe.attention_geometry import HINTS, SMALL_WINDOW, canonical, parse_geometry  # noqa: F401 (re-exported)
-from kernel_probe.probe.measure import first_line, import_class, torch_dtype
+from kernel_probe.probe.measure import first_line, no_twin, torch_dtype, twin_candidate
+from kernel_probe.probe.slotcheck import SetupCache, import_stop
 
 OUTPUTS = ("out", "dq", "dk", "dv")
 # the check's own geometry: cheap on a CPU (every case is a few (S x S) matmuls of head_dim 32)
@@ -284,16 +287,29 @@ def _cast(case: Case, dtype: Any) -> Case:
 
 
 def _measure(
-    mod: Any, case: Case, opts: Options, flags: dict[str, str] | None = None
+    mod: Any,
+    case: Case,
+    opts: Options,
+    flags: dict[str, str] | None = None,
+    torch_side: Callable[[], tuple[Any, Any, Any]] | None = None,
 ) -> tuple[dict[str, list[float]], dict[str, ErrorStats]]:
+    """The candidate's and torch's errors on one case; ``torch_side``: torch's two paths and the float64
+    reference on it, as the slot's earlier candidate computed them (``slotcheck``)."""
     got = _run(mod, case, scale=opts.scale)
     if got["mutated"] and flags is not None:
         flags.setdefault("input-modified", case.name)
+    base, fused, ref = torch_side() if torch_side is not None else _torch_side(case, opts)
+    return _errors(got, [base, fused], ref, case.vanishing)
+
+
+def _torch_side(case: Case, opts: Options) -> tuple[Any, Any, Any]:
+    """torch's math path, its fused path and the float64 reference on ``case`` (the same for every
+    candidate of the slot: the candidate runs on clones, ``_grads``, and never touches the case)."""
     base = _grads(lambda q, k, v: math_path(q, k, v, opts), case.q, case.k, case.v, case.go)
     fused = fused_path(case.q, case.k, case.v, case.go, opts)
     c64 = _cast(case, torch.float64)
     ref = _grads(lambda q, k, v: explicit(q, k, v, opts), c64.q, c64.k, c64.v, c64.go)
-    return _errors(got, [base, fused], ref, case.vanishing)
+    return base, fused, ref
 
 
 def _band_edge(mod: Any, dtype: Any, gen: torch.Generator, window: int) -> str | None:
@@ -327,10 +343,37 @@ def _bitwise(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[bool, float]:
 
 
 # ---- one row: a dtype ----------------------------------------------------------------------------------
-def _row(cand: Candidate, values: Mapping[str, Any], dtype_name: str, regime: str, seed: int) -> MeasurementRow:
+def _row(
+    cand: Candidate,
+    values: Mapping[str, Any],
+    dtype_name: str,
+    regime: str,
+    seed: int,
+    shared: SetupCache | None = None,
+) -> MeasurementRow:
     # "mixed": under autocast the Linear layers before attention hand it q, k, v in the low dtype, so
     # it is checked on inputs in that dtype, as in "true"
     row: MeasurementRow = {"dtype": dtype_name, "regime": regime}
+    # the row's inputs are drawn in the same order for every candidate (a candidate that raises ends
+    # the row), so the n-th case measured is the same case: torch's side of it is shared by call number
+    overrides = json.dumps(dict(values), sort_keys=True, default=str)
+    row_key = ("Attention", overrides, dtype_name, regime, seed, str(torch.get_default_device()))
+    calls = itertools.count()
+    # one cache entry per row: call number -> torch's side, filled by the first candidate to get there
+    sides: dict[int, tuple[Any, Any, Any]] = {} if shared is None else shared.get(row_key, dict)
+
+    def measure(
+        inst: Any, case: Case, o: Options, flags: dict[str, str] | None = None
+    ) -> tuple[dict[str, list[float]], dict[str, ErrorStats]]:
+        n = next(calls)
+
+        def side() -> tuple[Any, Any, Any]:
+            if n not in sides:
+                sides[n] = _torch_side(case, o)
+            return sides[n]
+
+        return _measure(inst, case, o, flags, None if shared is None else side)
+
     start = time.perf_counter()
     dtype = torch_dtype(dtype_name)
     gen = torch.Generator().manual_seed(seed)
@@ -343,14 +386,14 @@ def _row(cand: Candidate, values: Mapping[str, Any], dtype_name: str, regime: st
         mod = build(cand, values)
         mod.eval()  # dropout off: the numbers are judged without it (dropout is in the capability matrix)
         for case in cases(dtype, gen):
-            errors[case.name], stats[case.name] = _measure(mod, case, opts, flags)
+            errors[case.name], stats[case.name] = measure(mod, case, opts, flags)
         # the windows: the model's (or a quarter of the sequence) and the band's edge, on fresh instances
         for name, w in (("window", window), ("small-window", SMALL_WINDOW)):
             if opts.window >= 0 and name == "window":
                 inst, o = mod, opts
             else:
                 inst, o = build(cand, values, window=w).eval(), Options(w, opts.softcap, opts.alibi)
-            errors[name], stats[name] = _measure(inst, random_case(dtype, gen), o)
+            errors[name], stats[name] = measure(inst, random_case(dtype, gen), o)
             leak = _band_edge(inst, dtype, gen, w)
             if leak:
                 flags.setdefault("band-leak", leak)
@@ -359,7 +402,7 @@ def _row(cand: Candidate, values: Mapping[str, Any], dtype_name: str, regime: st
         first = random_case(dtype, gen)
         _run(inst, first)
         short = Case("second-length", *(t[:, :, : CHECK_SEQ // 2 + 5] for t in (first.q, first.k, first.v, first.go)))
-        errors["second-length"], stats["second-length"] = _measure(
+        errors["second-length"], stats["second-length"] = measure(
             inst, short, Options(window, opts.softcap, opts.alibi)
         )
         # determinism: the same fwd+bwd twice, bitwise
@@ -384,16 +427,9 @@ def _row(cand: Candidate, values: Mapping[str, Any], dtype_name: str, regime: st
 def _twin(cand: Candidate, values: Mapping[str, Any], case: Case, got: Mapping[str, Any]) -> dict[str, Any]:
     """The portable twin (torch's SDPA with the same options) on the same input: the largest relative
     difference of any output. Attention holds no parameters, so the state dicts interchange (both empty)."""
-    if not cand.twin_target:
-        return {"state_dict": "incompatible", "reason": "no twin declared"}
-    twin_cand = Candidate(
-        id="twin",
-        slots=("Attention",),
-        semantics="attention",
-        target=cand.twin_target,
-        args=(),
-        kwargs=cand.twin_kwargs,
-    )
+    twin_cand = twin_candidate(cand, "Attention")
+    if twin_cand is None:
+        return no_twin()
     try:
         twin = _run(build(twin_cand, values).eval(), case)
     except Exception as exc:
@@ -478,21 +514,16 @@ def check(
     *,
     canonical_overrides: Mapping[str, Any] | None = None,
     seed: int = 0,
+    shared: SetupCache | None = None,
 ) -> CheckReply:
-    """Raw measurements of one Attention candidate (CPU tensors on a CPU, the device's otherwise)."""
+    """Raw measurements of one Attention candidate (CPU tensors on a CPU, the device's otherwise).
+    ``shared``: the worker's cache of torch's side of each case, shared by the slot's candidates."""
     values = canonical(canonical_overrides)
-    start = time.perf_counter()
-    try:
-        import_class(cand.target) if cand.target.count(".") else None
-    except ImportError as exc:
-        return CheckReply(candidate=cand.id, device=device, phase="import", kind="import", error=first_line(exc, 400))
-    except Exception as exc:
-        return CheckReply(
-            candidate=cand.id, device=device, phase="import", kind="exception", error=first_line(exc, 400)
-        )
-    import_s = time.perf_counter() - start
+    import_s, stopped = import_stop(cand, device, needed=bool(cand.target.count(".")))
+    if stopped is not None:
+        return stopped
     with _on(device):
-        rows = [_row(cand, values, d, regime, seed) for d, regime in dtypes]
+        rows = [_row(cand, values, d, regime, seed, shared) for d, regime in dtypes]
         caps = capabilities(cand, values, seed)
     return CheckReply(candidate=cand.id, device=device, rows=rows, import_s=import_s, capabilities=caps)
 
@@ -584,23 +615,7 @@ def time_candidate(
 
             if tdev == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-            t0 = time.perf_counter()
-            step()
-            clock.sync()
-            row["compile_s"] = time.perf_counter() - t0
-            if tick is not None:
-                tick("first call", 1, 1)
-            if opts.get("mode") == "sole":  # the slot's one accepted candidate: one measured call
-                samples, how = [clock.time(step)], "sole candidate"
-                if tick is not None:
-                    tick("rep", 1, 1)
-            else:
-                against = (opts.get("against") or {}).get(text) if opts.get("mode") == "adaptive" else None
-                samples, how = timing.repeat(clock, step, opts, tick, against=against)
-            row["median_ms"] = 1e3 * sorted(samples)[len(samples) // 2]
-            row["spread"] = timing._spread(samples)
-            row["reps"] = len(samples)
-            row["timed"], row["samples"] = how, samples
+            timing.timed_calls(clock, step, opts, tick, text, row)
             keys = g.seq if values["window"] < 0 else min(g.seq, 2 * values["window"] + 1)
             seconds = row["median_ms"] / 1e3
             # fwd 2 matmuls, bwd 5 (one recomputing the scores), 2 flops per multiply-add, band keys only

@@ -91,8 +91,8 @@ def check_candidate(
 
     problem = judge.static_problem(cand, slot, device, arch, with_compile=with_compile, detail=True)
     if problem is None and slot == ACTIVATION:
+        from kernel_lock.activations import declared_function  # torch-free: this process never imports torch
         from kernel_probe.probe import activation_verdict
-        from kernel_probe.probe.activation import declared_function
 
         problem = activation_verdict.static_problem(cand, declared_function(canonical))
     if problem is not None and problem.try_it:
@@ -135,8 +135,8 @@ def check_candidate(
 
         report = gated_mlp_verdict.judge(raw, cand, device, base)
     elif slot == ACTIVATION:
+        from kernel_lock.activations import declared_function
         from kernel_probe.probe import activation_verdict
-        from kernel_probe.probe.activation import declared_function
 
         report = activation_verdict.judge(raw, cand, device, base, declared_function(canonical), policy)
     else:

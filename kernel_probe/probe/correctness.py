@@ -13,7 +13,9 @@ candidate's state into its torch.nn twin. No verdicts here: those are ``judge``'
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import json
 import time
 import traceback
 from collections.abc import Mapping
@@ -45,7 +47,6 @@ from kernel_probe.probe.measure import (
     dtype_name,
     first_line,
     fresh_differences,
-    import_class,
     load_parameters,
     one_cpu_thread,
     parameters_for,
@@ -54,10 +55,12 @@ from kernel_probe.probe.measure import (
     rel_err,
     repeatability,
     run_pass,
+    side,
     torch_dtype,
     twin_check,
     worst_stats,
 )
+from kernel_probe.probe.slotcheck import SetupCache, import_stop
 
 
 class _Stopped(Exception):
@@ -79,6 +82,7 @@ class Bench:
     overrides: Mapping[str, Any] | None
     seed: int
     baseline: Candidate  # the torch.nn class it is judged against
+    shared: SetupCache | None = None  # the set-up shared with the slot's other candidates (slotcheck)
 
     @property
     def torch_device(self) -> str:
@@ -101,6 +105,16 @@ class Bench:
             overrides=self.overrides,
         )
 
+    def key(self, *more: Any) -> tuple[Any, ...]:
+        """What determines the set-up a slot's candidates share (``slotcheck.SetupCache``), and ``more``."""
+        overrides = json.dumps(dict(self.overrides or {}), sort_keys=True, default=str)
+        baseline = json.dumps(self.baseline.to_json(), sort_keys=True, default=str)
+        return (self.slot, self.cand.semantics, self.device, self.hidden, overrides, self.seed, baseline, *more)
+
+    def shared_or_made(self, key: tuple[Any, ...], make: Any) -> Any:
+        """``make()``, or what the slot's earlier candidate made under ``key`` (with a shared cache)."""
+        return make() if self.shared is None else self.shared.get(key, make)
+
 
 def check(
     cand: Candidate,
@@ -112,16 +126,21 @@ def check(
     canonical_overrides: Mapping[str, Any] | None = None,
     seed: int = 0,
     baseline: Candidate | None = None,
+    shared: SetupCache | None = None,
 ) -> CheckReply:
     """Raw measurements of one candidate on one device: layout, initialisation, and per (dtype, regime)
     the errors, flags, determinism and (where the output dtype differs) the blocks. Where it stops
-    early, ``phase`` says where (import, baseline, build, blas) and ``error`` why."""
+    early, ``phase`` says where (import, baseline, build, blas) and ``error`` why. ``shared``: the
+    worker's cache of what the slot's candidates share (``slotcheck``); None computes it all here."""
     rows: list[MeasurementRow] = []
     # the reply so far: each step binds what it learnt, and an early stop returns it with the reason
     reply = functools.partial(CheckReply, candidate=cand.id, device=device, rows=rows)
-    bench = Bench(cand, slot, device, hidden, canonical_overrides, seed, baseline or default_for(slot))
+    bench = Bench(cand, slot, device, hidden, canonical_overrides, seed, baseline or default_for(slot), shared)
+    import_s, stopped = import_stop(cand, device, whole=True)
+    if stopped is not None:
+        return stopped
+    reply = functools.partial(reply, import_s=import_s)
     try:
-        reply = functools.partial(reply, import_s=_imported(cand))
         fresh, fresh_base = _fresh(bench)
     except _Stopped as stop:
         return reply(**stop.fields)
@@ -142,33 +161,17 @@ def check(
     return reply(blas=library, blas_default=default)
 
 
-def _imported(cand: Candidate) -> float:
-    """Import the candidate's class; the seconds it took (an ImportError: absent; else: broken)."""
-    t0 = time.perf_counter()
-    try:
-        import_class(cand.target)
-    except ImportError as exc:
-        raise _Stopped(phase="import", error=f"{type(exc).__name__}: {exc}", kind="import") from None
-    except Exception as exc:
-        raise _Stopped(phase="import", error=f"{type(exc).__name__}: {exc}", kind="exception") from None
-    return time.perf_counter() - t0
-
-
 def _fresh(bench: Bench) -> tuple[Any, Any]:
     """The candidate and torch.nn's module freshly built in float32 (their layouts, their initialisation).
 
     Each is built right after seeding torch's global generators (``seed`` for torch.nn, ``seed + 1`` for
     the candidate: two independent draws), so that the initialisation verdict is the same on every
-    rank and in every run, whatever the worker computed before."""
+    rank and in every run, whatever the worker computed before. torch.nn's is the same for every
+    candidate of the slot: built once (shared)."""
     canonical32 = bench.canonical("float32")
-    try:
-        torch.manual_seed(bench.seed)
-        fresh_base = build(bench.baseline, canonical32, bench.torch_device, torch.float32)
-    except Exception as exc:
-        raise _Stopped(
-            phase="baseline",
-            error=f"torch.nn itself cannot be built on {bench.device}: {type(exc).__name__}: {exc}",
-        ) from None
+    fresh_base = bench.shared_or_made(bench.key("fresh"), functools.partial(_fresh_baseline, bench, canonical32))
+    if isinstance(fresh_base, _Stopped):
+        raise fresh_base
     try:
         torch.manual_seed(bench.seed + 1)
         fresh = build(bench.cand, canonical32, bench.torch_device, torch.float32)
@@ -177,6 +180,18 @@ def _fresh(bench: Bench) -> tuple[Any, Any]:
             phase="build", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=6)[-2000:]
         ) from None
     return fresh, fresh_base
+
+
+def _fresh_baseline(bench: Bench, canonical32: dict[str, Any]) -> Any:
+    """torch.nn's module freshly built in float32 after seeding, or the stop that says why it cannot be."""
+    try:
+        torch.manual_seed(bench.seed)
+        return build(bench.baseline, canonical32, bench.torch_device, torch.float32)
+    except Exception as exc:
+        return _Stopped(
+            phase="baseline",
+            error=f"torch.nn itself cannot be built on {bench.device}: {type(exc).__name__}: {exc}",
+        )
 
 
 @dataclass(frozen=True)
@@ -215,21 +230,107 @@ class Row:
         )
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """One input of a case as every candidate of the slot gets it: x, its grad_output and skip (drawn
+    in that order), the float64 reference's pass and torch.nn's, and torch.nn's error per tensor
+    against the reference (``measure.side``) and against the other norm's maths. ``error``: what the
+    reference (``"reference"``, before the candidate runs) or torch.nn (``"baseline"``, after it) raised
+    on it, raised again where it happened for each candidate. Never handed to a candidate: it runs on
+    clones (``run_pass``)."""
+
+    x: Any
+    gy: Any
+    skip: Any
+    ref: dict[str, Any] | None = None
+    base: dict[str, Any] | None = None
+    base_sides: dict[str, Any] = dataclasses.field(default_factory=dict)
+    base_alt: float = 0.0
+    error: tuple[str, BaseException, Any] | None = None  # (where, the exception, its traceback)
+
+
+@dataclass(frozen=True)
+class Shared:
+    """A row's set-up shared by the slot's candidates: the row (parameters, configuration), torch.nn's
+    module in the row's dtype, every case's prepared inputs, and the generator's state once the cases
+    drew theirs (each candidate's generator continues from there: its repeatability, blocks and twin
+    inputs are the ones it drew without the sharing). ``skipped``: torch.nn itself fails here."""
+
+    setup: Row
+    base_mod: Any = None
+    cases: tuple[tuple[Case, tuple[Prepared, ...]], ...] = ()
+    gen_state: Any = None
+    skipped: str = ""
+
+    def row(self) -> Row:
+        """The row's set-up with a generator of the candidate's own, where the cases left it."""
+        gen = torch.Generator()
+        gen.set_state(self.gen_state)
+        return dataclasses.replace(self.setup, gen=gen)
+
+
 def _measure_row(bench: Bench, name: str, regime: str, layout: Layout, base_layout: Layout) -> MeasurementRow:
     """One (dtype, regime): the errors, flags, determinism, blocks and twin check (or why not)."""
-    setup = Row.of(bench, name, regime)
+    shared = bench.shared_or_made(
+        bench.key("row", name, regime, baseline_blas(bench.cand, bench.device)),
+        functools.partial(_prepare, bench, name, regime, base_layout),
+    )
     row: MeasurementRow = {"dtype": name, "regime": regime, "cases": {}, "flags": {}}
-    try:
-        base_mod = _baseline(bench, setup, base_layout)
-    except Exception as exc:
-        row["skipped"] = f"torch.nn itself fails for {name} {regime} on {bench.device}: {type(exc).__name__}: {exc}"
+    if shared.skipped:
+        row["skipped"] = shared.skipped
         return row
     try:
-        _measure(bench, setup, row, base_mod, layout, base_layout)
+        _measure(bench, shared, row, layout, base_layout)
     except Exception as exc:
         row["exception"] = f"{type(exc).__name__}: {exc}"
         row["traceback"] = traceback.format_exc(limit=6)[-2000:]
     return row
+
+
+def _prepare(bench: Bench, name: str, regime: str, base_layout: Layout) -> Shared:
+    """What every candidate of the slot is measured against in this row, computed once: the row's
+    set-up, torch.nn's module, and per case and input the drawn tensors, the float64 reference's pass
+    and torch.nn's (each under the baseline's BLAS library) with torch.nn's errors."""
+    setup = Row.of(bench, name, regime)
+    try:
+        base_mod = _baseline(bench, setup, base_layout)
+    except Exception as exc:
+        why = f"torch.nn itself fails for {name} {regime} on {bench.device}: {type(exc).__name__}: {exc}"
+        return Shared(setup, skipped=why)
+    semantics, device, gen = bench.cand.semantics, bench.torch_device, setup.gen
+    prepared = []
+    for case in cases(semantics, bench.hidden, setup.dtype, device, gen, mixed=setup.mixed):
+        inputs = []
+        for x in case.inputs:
+            out_shape = (*x.shape[:-1], setup.width)
+            gy = (torch.randn(*out_shape, generator=gen) * 0.7 + 0.1).to(device, x.dtype)
+            skip = (torch.randn(*out_shape, generator=gen)).to(device, x.dtype) if case.residual else None
+            inputs.append(_prepared(bench, setup, case, (base_mod, base_layout), x, gy, skip))
+        prepared.append((case, tuple(inputs)))
+    return Shared(setup, base_mod, tuple(prepared), gen.get_state())
+
+
+def _prepared(
+    bench: Bench, setup: Row, case: Case, baseline: tuple[Any, Layout], x: Any, gy: Any, skip: Any
+) -> Prepared:
+    """One input's reference and torch.nn's pass, and torch.nn's errors (or what raised)."""
+    semantics = bench.cand.semantics
+    try:
+        ref = reference_pass(semantics, x, gy, setup.params64, setup.eps, skip)
+    except Exception as exc:
+        return Prepared(x, gy, skip, error=("reference", exc, exc.__traceback__))
+    try:
+        with blas_selected(baseline_blas(bench.cand, bench.device)):
+            base = run_pass(baseline[0], x, gy, skip, setup.autocast, baseline[1])
+    except Exception as exc:
+        return Prepared(x, gy, skip, ref, error=("baseline", exc, exc.__traceback__))
+    sides = {
+        name: side(b, r, rows=name not in PARAMETER_GRADIENTS)
+        for name, (_, b, r) in _compared(base, base, ref, case.residual).items()
+        if r is not None
+    }
+    alt = rel_err(base["y"], ref["y"]) if semantics in CONFUSABLE and case.name in ALT_CASES else 0.0
+    return Prepared(x, gy, skip, ref, base, sides, alt)
 
 
 def _baseline(bench: Bench, setup: Row, base_layout: Layout) -> Any:
@@ -240,22 +341,25 @@ def _baseline(bench: Bench, setup: Row, base_layout: Layout) -> Any:
     load_parameters(base_mod, setup.params, base_layout)
     x_probe = torch.randn(2, bench.hidden, generator=setup.gen).to(device, setup.dtype)
     gy = torch.ones(2, setup.width, device=device, dtype=setup.dtype)
-    run_pass(base_mod, x_probe, gy, None, setup.autocast, base_layout)
+    with blas_selected(baseline_blas(bench.cand, bench.device)):
+        run_pass(base_mod, x_probe, gy, None, setup.autocast, base_layout)
     return base_mod
 
 
-def _measure(bench: Bench, setup: Row, row: MeasurementRow, base_mod: Any, layout: Layout, base_layout: Layout) -> None:
+def _measure(bench: Bench, shared: Shared, row: MeasurementRow, layout: Layout, base_layout: Layout) -> None:
     """The candidate built with the row's parameters, run on every case next to torch.nn, then its
     repeatability, the blocks (where its output dtype differs) and the twin check, into ``row``."""
+    # unshared, the row's own generator draws on where the cases left it, as it always did
+    setup, base_mod = (shared.setup if bench.shared is None else shared.row()), shared.base_mod
     cand, device, gen = bench.cand, bench.torch_device, setup.gen
     t_build = time.perf_counter()
     mod = build(cand, setup.canonical, device, setup.param_dtype)
     load_parameters(mod, setup.params, layout)
     out_dtype = ""
     row["stats"] = {}
-    for case in cases(cand.semantics, bench.hidden, setup.dtype, device, gen, mixed=setup.mixed):
+    for case, inputs in shared.cases:
         row["cases"][case.name], row["stats"][case.name], out_dtype = _measure_case(
-            bench, setup, case, (mod, layout), (base_mod, base_layout), row["flags"]
+            bench, setup, case, inputs, (mod, layout), row["flags"]
         )
     row["out_dtype"] = out_dtype
     row["nondeterministic"] = repeatability(
@@ -283,42 +387,44 @@ def _measure(bench: Bench, setup: Row, row: MeasurementRow, base_mod: Any, layou
     )
 
 
+ALT_CASES = ("random", "tiny-variance")  # where a norm's output is also measured against the other norm's maths
+
+
 def _measure_case(
     bench: Bench,
     setup: Row,
     case: Case,
+    inputs: tuple[Prepared, ...],
     candidate: tuple[Any, Layout],
-    baseline: tuple[Any, Layout],
     flags: dict[str, str],
 ) -> tuple[dict[str, list[float]], dict[str, ErrorStats], str]:
     """One case: per tensor [the candidate's error, torch.nn's error] against float64 and their RMS
     and bias statistics (each the worst over its inputs), the flags it raised, and the candidate's
-    output dtype."""
-    semantics, device = bench.cand.semantics, bench.torch_device
+    output dtype. torch.nn's side and the reference come prepared (``Prepared``)."""
+    semantics = bench.cand.semantics
     errs: dict[str, list[float]] = {}
     stats: dict[str, ErrorStats] = {}
     out_dtype = ""
-    for x in case.inputs:
-        out_shape = (*x.shape[:-1], setup.width)
-        gy = (torch.randn(*out_shape, generator=setup.gen) * 0.7 + 0.1).to(device, x.dtype)
-        skip = (torch.randn(*out_shape, generator=setup.gen)).to(device, x.dtype) if case.residual else None
-        ref = reference_pass(semantics, x, gy, setup.params64, setup.eps, skip)
-        got = run_pass(candidate[0], x, gy, skip, setup.autocast, candidate[1])
-        with blas_selected(baseline_blas(bench.cand, bench.device)):
-            base = run_pass(baseline[0], x, gy, skip, setup.autocast, baseline[1])
-        for name, (g, b, r) in _compared(got, base, ref, case.residual).items():
+    for p in inputs:
+        if p.error is not None and p.error[0] == "reference":
+            raise p.error[1].with_traceback(p.error[2])
+        got = run_pass(candidate[0], p.x, p.gy, p.skip, setup.autocast, candidate[1])
+        if p.error is not None:
+            raise p.error[1].with_traceback(p.error[2])
+        assert p.base is not None and p.ref is not None
+        for name, (g, b, r) in _compared(got, p.base, p.ref, case.residual).items():
             if r is None:
                 _worst(errs, name, rel_err(g, r), rel_err(b, r))
                 continue
             # per row for an output and its input gradients, per tensor for a parameter's
-            maxima, row_stats = compare(g, b, r, rows=name not in PARAMETER_GRADIENTS)
+            maxima, row_stats = compare(g, b, r, rows=name not in PARAMETER_GRADIENTS, base_side=p.base_sides[name])
             _worst(errs, name, *maxima)
             worst_stats(stats, name, row_stats)
-        if semantics in CONFUSABLE and case.name in ("random", "tiny-variance"):
+        if semantics in CONFUSABLE and case.name in ALT_CASES:
             alt = CONFUSABLE[semantics]
             # the tolerance basis: torch.nn on its own maths
-            _worst(errs, alt_key(alt), _alt_error(alt, x, got["y"], setup), rel_err(base["y"], ref["y"]))
-        _flag(flags, case.name, got, base, x)
+            _worst(errs, alt_key(alt), _alt_error(alt, p.x, got["y"], setup), p.base_alt)
+        _flag(flags, case.name, got, p.base, p.x)
         out_dtype = dtype_name(got["y"].dtype)
     return errs, stats, out_dtype
 

@@ -45,6 +45,7 @@ from kernel_probe.probe.measure import (
     rel_err,
     torch_dtype,
 )
+from kernel_probe.probe.slotcheck import import_stop
 
 ANEMOI_IN = 1024  # anemoi's num_channels in every preset: ``check --hidden 1024``, the tests, the GPU kit
 CHECK_IN = 96  # the default check: 96 in, 256 out, cheap in every dtype (bf16 matmuls are emulated on AVX2)
@@ -271,16 +272,9 @@ def check(
         values = canonical(canonical_overrides, hidden or CHECK_IN)
     except ValueError as exc:
         return CheckReply(candidate=cand.id, device=device, phase="build", error=str(exc))
-    start = time.perf_counter()
-    try:
-        import_class(cand.target)
-    except ImportError as exc:
-        return CheckReply(candidate=cand.id, device=device, phase="import", kind="import", error=first_line(exc, 400))
-    except Exception as exc:
-        return CheckReply(
-            candidate=cand.id, device=device, phase="import", kind="exception", error=first_line(exc, 400)
-        )
-    import_s = time.perf_counter() - start
+    import_s, stopped = import_stop(cand, device)
+    if stopped is not None:
+        return stopped
     with one_cpu_thread(device):  # the default check's tensors are small (measure.one_cpu_thread)
         rows = [_row(cand, values, d, regime, device) for d, regime in dtypes]
         # what the kernel computes is told in float32, where a formula's mistake (tanh's GELU for erf's)

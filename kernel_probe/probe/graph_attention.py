@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from kernel_probe.isolation.protocol import ErrorStats, MeasurementRow, interpreter_requested
+from kernel_probe.probe.attention import Case as AttentionCase
 
 BACKENDS = ("triton", "pyg")  # anemoi-models' graph_attention_backend values
 # (in-degree, nodes with it) in TriNodes(resolution=5) + MultiScaleEdges(x_hops=1): see the docstring
@@ -139,21 +140,16 @@ class _Unavailable(Exception):
 
 # ---- the inputs -------------------------------------------------------------------------------------------
 @dataclass
-class Case:
-    """One input: q, k, v, e, grad_output, and the outputs that vanish by construction."""
+class Case(AttentionCase):
+    """One input: attention's (q, k, v, grad_output and the outputs that vanish by construction) and
+    the edge attribute ``e``."""
 
-    name: str
-    q: Any
-    k: Any
-    v: Any
-    e: Any
-    go: Any
-    vanishing: tuple[str, ...] = ()
+    e: Any = None
 
     def to(self, dtype: Any, device: str) -> Case:
         """The same values in ``dtype`` on ``device`` (rounded once)."""
         q, k, v, e, go = (t.to(device=device, dtype=dtype) for t in (self.q, self.k, self.v, self.e, self.go))
-        return Case(self.name, q, k, v, e, go, self.vanishing)
+        return Case(self.name, q, k, v, go, self.vanishing, e=e)
 
 
 def cases(gen: torch.Generator, n: int, edges: int) -> list[Case]:
@@ -165,30 +161,15 @@ def cases(gen: torch.Generator, n: int, edges: int) -> list[Case]:
         return torch.randn(*shape, generator=gen, dtype=torch.float64) * scale
 
     h, c = HEADS, CHANNELS
-    out = [Case("random", randn(n, h, c), randn(n, h, c), randn(n, h, c), randn(edges, h, c), randn(n, h, c))]
+    q, k, v, e = randn(n, h, c), randn(n, h, c), randn(n, h, c), randn(edges, h, c)  # in this order
+    out = [Case("random", q, k, v, randn(n, h, c), e=e)]
     common = randn(1, h, c, scale=30.0)
-    out.append(
-        Case(
-            "large-logits",
-            common + randn(n, h, c, scale=0.05),
-            common + randn(n, h, c, scale=0.05),
-            randn(n, h, c),
-            randn(edges, h, c, scale=0.05),
-            randn(n, h, c),
-        )
-    )
+    q, k, v = common + randn(n, h, c, scale=0.05), common + randn(n, h, c, scale=0.05), randn(n, h, c)
+    e = randn(edges, h, c, scale=0.05)
+    out.append(Case("large-logits", q, k, v, randn(n, h, c), e=e))
     value = randn(1, h, c).expand(n, h, c).contiguous()
-    out.append(
-        Case(
-            "sharp-equal-messages",
-            randn(n, h, c, scale=3.0),
-            randn(n, h, c, scale=3.0),
-            value,
-            torch.zeros(edges, h, c, dtype=torch.float64),
-            randn(n, h, c),
-            ("dq", "dk"),
-        )
-    )
+    q, k, e = randn(n, h, c, scale=3.0), randn(n, h, c, scale=3.0), torch.zeros(edges, h, c, dtype=torch.float64)
+    out.append(Case("sharp-equal-messages", q, k, value, randn(n, h, c), ("dq", "dk"), e=e))
     return out
 
 

@@ -51,58 +51,79 @@ def serve() -> None:
     worker.serve(dispatch)
 
 
-def _attention(request: CandidateRequest[Any], emit: Callable[[TimingProgressMessage], None] | None = None) -> Reply:
-    """The Attention slot's requests: its own checks and timing (kernel_probe.probe.attention)."""
-    from kernel_probe.probe import attention  # this slot's code, when its first request comes
+Progress = Callable[[TimingProgressMessage], None] | None
 
+
+def _served(
+    request: CandidateRequest[Any],
+    emit: Progress,
+    slot: str,
+    check: Callable[[CheckRequest], Reply],
+    try_once: Callable[[Any, str], dict[str, Any]],
+    time_candidate: Callable[[TimeRequest, Progress], Reply],
+) -> Reply:
+    """A slot's check, try and timing requests, answered by that slot's own module's functions (each
+    given the request; ``time_candidate`` also the progress channel when the request asks for it)."""
     if isinstance(request, CheckRequest):
-        return attention.check(
-            request.candidate,
-            request.device,
-            list(request.dtypes),
-            canonical_overrides=request.canonical,
-            seed=request.seed,
-        )
+        return check(request)
     if isinstance(request, TryRequest):
-        return TryReply.from_json(attention.try_once(request.candidate, request.device))
+        return TryReply.from_json(try_once(request.candidate, request.device))
     if isinstance(request, TimeRequest):
-        return attention.time_candidate(
-            request.candidate,
-            request.device,
-            list(request.shapes),
-            request.dtype,
-            request.options,
-            request.canonical,
-            progress=emit if request.progress else None,
+        return time_candidate(request, emit if request.progress else None)
+    raise ProtocolError(f"the worker has no {slot} handler for {type(request).__name__}")
+
+
+def _attention(request: CandidateRequest[Any], emit: Progress) -> Reply:
+    """The Attention slot's requests: its own checks and timing (kernel_probe.probe.attention)."""
+    from kernel_probe.probe import attention, slotcheck  # this slot's code, when its first request comes
+
+    def check(r: CheckRequest) -> Reply:  # torch's side of each case once per slot and row (SHARED)
+        return attention.check(
+            r.candidate, r.device, list(r.dtypes), canonical_overrides=r.canonical, seed=r.seed, shared=slotcheck.SHARED
         )
-    raise ProtocolError(f"the worker has no Attention handler for {type(request).__name__}")
+
+    def time_candidate(r: TimeRequest, progress: Progress) -> Reply:
+        return attention.time_candidate(
+            r.candidate, r.device, list(r.shapes), r.dtype, r.options, r.canonical, progress=progress
+        )
+
+    return _served(request, emit, ATTENTION, check, attention.try_once, time_candidate)
 
 
-def _gated_mlp(request: CandidateRequest[Any]) -> Reply:
+def _gated_mlp(request: CandidateRequest[Any], emit: Progress) -> Reply:
     """The GatedMLP slot's requests: its own checks and timing (kernel_probe.probe.gated_mlp)."""
     from kernel_probe.probe import gated_mlp  # this slot's code, when its first request comes
 
-    if isinstance(request, CheckRequest):
-        return gated_mlp.check(
-            request.candidate,
-            request.device,
-            list(request.dtypes),
-            canonical_overrides=request.canonical,
-            hidden=request.hidden,
-        )
-    if isinstance(request, TryRequest):
-        return TryReply.from_json(gated_mlp.try_once(request.candidate, request.device))
-    if isinstance(request, TimeRequest):
+    def check(r: CheckRequest) -> Reply:
+        return gated_mlp.check(r.candidate, r.device, list(r.dtypes), canonical_overrides=r.canonical, hidden=r.hidden)
+
+    def time_candidate(r: TimeRequest, progress: Progress) -> Reply:  # fixed repetitions: no progress
         return gated_mlp.time_candidate(
-            request.candidate,
-            request.device,
-            list(request.shapes),
-            request.dtype,
-            request.regime,
-            request.options,
-            request.canonical,
+            r.candidate, r.device, list(r.shapes), r.dtype, r.regime, r.options, r.canonical
         )
-    raise ProtocolError(f"the worker has no GatedMLP handler for {type(request).__name__}")
+
+    return _served(request, emit, GATED_MLP, check, gated_mlp.try_once, time_candidate)
+
+
+def _activation(request: CandidateRequest[Any], emit: Progress) -> Reply:
+    """The Activation slot's requests: its checks and timing (no parameters, one function)."""
+    from kernel_probe.probe import activation  # this slot's code, when its first request comes
+
+    def check(r: CheckRequest) -> Reply:
+        return activation.check(r.candidate, r.device, list(r.dtypes), canonical_overrides=r.canonical, seed=r.seed)
+
+    def time_candidate(r: TimeRequest, progress: Progress) -> Reply:
+        return activation.time_candidate(r.candidate, r.device, list(r.shapes), r.dtype, r.options, progress)
+
+    return _served(request, emit, ACTIVATION, check, activation.try_once, time_candidate)
+
+
+# the slots whose requests their own module answers (the norms and Linear: ``correctness``, below)
+SLOT_MODULES: dict[str, Callable[[CandidateRequest[Any], Progress], Reply]] = {
+    ATTENTION: _attention,
+    GATED_MLP: _gated_mlp,
+    ACTIVATION: _activation,
+}
 
 
 def dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], None] | None = None) -> Reply:
@@ -120,7 +141,7 @@ def dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], None
 
         return FingerprintReply(fields=with_torch.current())
     # the norms' and Linear's measuring code: loaded by the ping already (a cost paid at start-up)
-    from kernel_probe.probe import correctness, measure
+    from kernel_probe.probe import correctness, measure, slotcheck
     from kernel_probe.probe.limits import CHECK_HIDDEN
 
     if isinstance(request, GraphAttentionRequest):
@@ -138,14 +159,8 @@ def dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], None
         except (Exception, SystemExit) as exc:  # a library calling sys.exit() on import is broken, not absent
             return ImportReply(ok=False, kind="exception", error=f"{type(exc).__name__}: {exc}")
         return ImportReply(ok=True, seconds=time.perf_counter() - start)
-    if isinstance(request, CandidateRequest) and request.slot == ATTENTION:
-        return _attention(request, emit)
-    if isinstance(request, CandidateRequest) and request.slot == GATED_MLP:
-        return _gated_mlp(request)
-    if isinstance(request, CandidateRequest) and request.slot == ACTIVATION:
-        from kernel_probe.probe import activation  # its checks and timing (no parameters, one function)
-
-        return activation.handle(request, emit)
+    if isinstance(request, CandidateRequest) and request.slot in SLOT_MODULES:
+        return SLOT_MODULES[request.slot](request, emit)
     if isinstance(request, CheckRequest):
         return correctness.check(
             request.candidate,
@@ -156,6 +171,7 @@ def dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], None
             seed=request.seed,
             hidden=CHECK_HIDDEN if request.hidden is None else request.hidden,
             baseline=request.baseline,
+            shared=slotcheck.SHARED,  # the inputs, reference and torch.nn's pass, once per slot and row
         )
     if isinstance(request, TryRequest):
         return TryReply.from_json(correctness.try_once(request.candidate, request.slot, request.device))

@@ -83,22 +83,40 @@ def error_stats(got, base, ref, *, rows: bool) -> ErrorStats:
     return compare(got, base, ref, rows=rows)[1]
 
 
-def compare(got, base, ref, *, rows: bool) -> tuple[list[float], ErrorStats]:
+Side = tuple[float, float, float, float]  # one implementation's (max, RMS, bias, sd) errors, worst group each
+
+
+def compare(got, base, ref, *, rows: bool, base_side: Side | None = None) -> tuple[list[float], ErrorStats]:
     """([the candidate's max error, torch.nn's], their ``error_stats``): ``rel_err`` of each, and the
-    statistics besides the max, from one difference per implementation."""
+    statistics besides the max, from one difference per implementation. ``base_side``: torch.nn's,
+    already computed against the same ``ref`` (``side``; shared by a slot's candidates)."""
+    maxima = [0.0, 0.0]
+    stats: ErrorStats = {"rms": [0.0, 0.0], "bias": [0.0, 0.0], "sd": [0.0, 0.0], "n": 1, "ref_rms": 1.0}
+    stats["n"], scale, stats["ref_rms"] = _scale(ref, rows)
+    for i, t in enumerate((got, base)):
+        known = base_side if i == 1 else None
+        maxima[i], stats["rms"][i], stats["bias"][i], stats["sd"][i] = known or _side(t, ref, scale, rows)
+    return maxima, stats
+
+
+def side(t, ref, *, rows: bool) -> Side:
+    """One implementation's errors against ``ref`` as ``compare`` computes them (torch.nn's, once)."""
+    return _side(t, ref, _scale(ref, rows)[1], rows)
+
+
+def _scale(ref, rows: bool) -> tuple[int, float, float]:
+    """(the group size, max |ref|, the reference's RMS over max |ref|)."""
     n = int(ref.shape[-1]) if rows and ref.dim() > 0 else int(ref.numel())
     scale = torch.linalg.vector_norm(ref, math.inf).item() if ref.numel() else 0.0
     spread = torch.linalg.vector_norm(ref).item() / math.sqrt(ref.numel()) / scale if scale > 0 else 1.0
-    maxima = [0.0, 0.0]
-    stats: ErrorStats = {"rms": [0.0, 0.0], "bias": [0.0, 0.0], "sd": [0.0, 0.0], "n": max(n, 1), "ref_rms": spread}
-    for i, t in enumerate((got, base)):
-        if t is None or t.shape != ref.shape:
-            maxima[i] = stats["rms"][i] = stats["bias"][i] = stats["sd"][i] = math.inf
-            continue
-        worst, rms, bias, sd = group_errors(t, ref, scale, rows=rows)
-        stats["rms"][i], stats["bias"][i], stats["sd"][i] = (float(v.max().item()) for v in (rms, bias, sd))
-        maxima[i] = float(worst.max().item())
-    return maxima, stats
+    return max(n, 1), scale, spread
+
+
+def _side(t, ref, scale: float, rows: bool) -> Side:
+    if t is None or t.shape != ref.shape:
+        return (math.inf, math.inf, math.inf, math.inf)
+    worst, rms, bias, sd = group_errors(t, ref, scale, rows=rows)
+    return (float(worst.max().item()), *(float(v.max().item()) for v in (rms, bias, sd)))  # type: ignore[return-value]
 
 
 def worst_stats(into: dict[str, ErrorStats], name: str, stats: ErrorStats) -> None:
@@ -427,21 +445,27 @@ def blocks(
     return out
 
 
+def twin_candidate(cand: Candidate, slot: str, args: tuple[Any, ...] = ()) -> Candidate | None:
+    """The candidate's declared portable twin as a candidate of its own, built with ``args`` and the
+    twin's kwargs (every slot's twin check builds it so); None when it declares none (``no_twin``)."""
+    if not cand.twin_target:
+        return None
+    return Candidate("twin", (slot,), cand.semantics, cand.twin_target, args=args, kwargs=cand.twin_kwargs)
+
+
+def no_twin() -> dict[str, Any]:
+    """A twin check's record for a candidate that declares no twin."""
+    return {"state_dict": "incompatible", "reason": "no twin declared"}
+
+
 def twin_check(cand, slot, mod, canonical, device, param_dtype, dtype, autocast, gen, layout: Layout) -> dict[str, Any]:
     """Does the candidate's state dict load into its torch.nn twin through the layout's migration,
     and do they then agree?"""
     from kernel_lock.checkpoint import migrate_module_state, parse_rule
 
-    if not cand.twin_target:
-        return {"state_dict": "incompatible", "reason": "no twin declared"}
-    twin_cand = Candidate(
-        "twin",
-        (slot,),
-        cand.semantics,
-        cand.twin_target,
-        args=cand.args if cand.args != ("$hidden",) else ("$normalized_shape",),
-        kwargs=cand.twin_kwargs,
-    )
+    twin_cand = twin_candidate(cand, slot, cand.args if cand.args != ("$hidden",) else ("$normalized_shape",))
+    if twin_cand is None:
+        return no_twin()
     twin = build(twin_cand, canonical, device, param_dtype)
     rules = [parse_rule(r) for r in layout.rules]
     migrated = migrate_module_state(mod.state_dict(), [r for r in rules if r is not None])

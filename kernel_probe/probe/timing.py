@@ -136,6 +136,38 @@ def repeat(
     return samples, how
 
 
+def timed_calls(
+    clock: _Clock,
+    step: Callable[[], None],
+    opts: Mapping[str, Any],
+    tick: Callable[[str, int, int], None] | None,
+    shape: str,
+    row: TimingRow,
+) -> list[float]:
+    """The Attention and Activation slots' calls at one shape: the first call (``compile_s``), then one
+    measured call for a sole candidate, else ``repeat``'s repetitions (adaptive against the default's
+    samples at ``shape``); the row's median, spread, repetitions and how their number was decided are
+    filled in. Returns the samples."""
+    t0 = time.perf_counter()
+    step()
+    clock.sync()
+    row["compile_s"] = time.perf_counter() - t0
+    if tick is not None:
+        tick("first call", 1, 1)
+    if opts.get("mode") == "sole":  # the slot's one accepted candidate: one measured call
+        samples, how = [clock.time(step)], "sole candidate"
+        if tick is not None:
+            tick("rep", 1, 1)
+    else:
+        against = (opts.get("against") or {}).get(shape) if opts.get("mode") == "adaptive" else None
+        samples, how = repeat(clock, step, opts, tick, against=against)
+    row["median_ms"] = 1e3 * sorted(samples)[len(samples) // 2]
+    row["spread"] = _spread(samples)
+    row["reps"] = len(samples)
+    row["timed"], row["samples"] = how, samples
+    return samples
+
+
 def _spread(samples: list[float]) -> float:
     """Relative noise: interquartile range / median."""
     return repetitions.spread(samples)

@@ -287,3 +287,23 @@ def test_verify_on_a_missing_library_says_install_it_or_inference_mode(tmp_path,
     code, _, err = run_cli(["verify", path, "--no-import"], capsys)
     assert code == 3 and "pip install 'transformer-engine>=1.13'" in err and "inference" in err
     assert "relax the field" not in err  # the match rule is not the cause of a missing library
+
+
+# ---- env's own process ends without the interpreter's teardown (issue 37) -----------------------------
+def test_env_as_the_process_command_line_ends_without_the_teardown(monkeypatch, capsys):
+    import logging
+
+    from kernel_probe import cli
+
+    ended, shut = [], []
+    monkeypatch.setattr(cli.os, "_exit", ended.append)  # stubbed: main() goes on and returns
+    monkeypatch.setattr(logging, "shutdown", lambda: shut.append(True))
+    monkeypatch.setattr(sys, "argv", ["kernel-probe", "env", "--json", "--no-import-checks"])
+    assert cli.main() == 0
+    assert ended == [0] and shut == [True]  # logging flushed, then the process ends with the code
+    assert json.loads(capsys.readouterr().out)["schema"] == "kernel-probe-env/1"  # what it wrote is out
+    ended.clear()
+    assert cli.main(["env", "--json", "--no-import-checks"]) == 0 and ended == []  # a caller gets the code
+    monkeypatch.setattr(sys, "argv", ["kernel-probe", "show", "/no/such/lock.toml"])
+    assert cli.main() != 0 and ended == []  # only a subcommand marked exit_now skips the teardown
+    assert [name for name, sub in cli.SUBCOMMANDS.items() if sub.exit_now] == ["env"]

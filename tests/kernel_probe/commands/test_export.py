@@ -329,3 +329,24 @@ def test_check_hidden_64_catches_a_narrow_row_bug(capsys):
 def test_readme_says_what_the_anemoi_install_prints():
     readme = (ROOT / "docs" / "anemoi.md").read_text()  # the README's anemoi section moved there (issue 37)
     assert "`pip check` will complain" not in readme and "resolver" in readme
+
+
+# ---- the blocks set on each component, written by one function (issue 40) ----------------------------
+@pytest.mark.parametrize(
+    "render, options, note, has",
+    [
+        ("render_attention", {"attention_implementation": "sdpa"}, "why", ["# Attention (", "# why", "processor:"]),
+        ("render_attention", {}, "", ["# Attention ("]),  # nothing to set: the comments only
+        ("render_gated_mlp", {"mlp_implementation": "fused"}, "why", ["# GatedMLP (", "# why", "processor:"]),
+    ],
+)
+def test_component_blocks_are_commented_yaml_under_processor(render, options, note, has):
+    import yaml
+
+    from kernel_probe.commands import export
+
+    text = getattr(export, render)(options, note)
+    assert text.startswith("\n#") and text.endswith("\n")
+    assert [line for line in text.splitlines() if line and not line.startswith(("#", " "))] == has[-1:] * bool(options)
+    assert all(any(line.startswith(h) for line in text.splitlines()) for h in has)
+    assert (yaml.safe_load(text) or {}) == ({"processor": options} if options else {})

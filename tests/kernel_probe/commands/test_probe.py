@@ -454,3 +454,24 @@ def test_the_library_request_is_held_to_the_same_bounds(field, value):
 
     with pytest.raises(UsageError, match="positive, finite"):
         plan(ProbeRequest(**{field: value}))
+
+
+# ---- the command line as a typed request: every field filled, once (issue 40) -----------------------
+def test_every_request_field_comes_from_the_command_line_once():
+    import dataclasses
+
+    from kernel_probe import cli
+    from kernel_probe.commands import probe as probe_cmd
+    from kernel_probe.probe.planning import ProbeRequest
+
+    parser = cli._base_parser("kernel-probe", "", "summary")
+    probe_cmd.add_probe_arguments(parser)
+    args = parser.parse_args(["--reps", "7", "--force", "--deterministic", "--lock-timeout", "9", "--no-plugins"])
+    converted = {"out", "shapes", "slots", "pins", "prefers", "candidates", "plugins", "profiles_dirs"}
+    converted |= {"check_only", "command"}
+    fields = {f.name for f in dataclasses.fields(ProbeRequest)}
+    assert set(probe_cmd.AS_PARSED) | converted == fields and not set(probe_cmd.AS_PARSED) & converted
+    assert all(hasattr(args, name) for name in probe_cmd.AS_PARSED)  # each is an option's own name
+    request = probe_cmd.request_from(args)
+    assert (request.reps, request.force, request.deterministic, request.lock_timeout) == (7, True, True, 9.0)
+    assert request.plugins is False and request.check_only is False

@@ -163,7 +163,7 @@ def test_env_reports_the_cache_and_reuses_it(lib, tmp_path, children, monkeypatc
     from kernel_probe.detect import report
     from kernel_probe.detect.libraries import KnownLibrary
 
-    monkeypatch.setattr(report.triton_info, "import_request", lambda located: None)  # libraries only
+    monkeypatch.setattr(report.triton_info, "import_request", lambda *_a, **_k: None)  # libraries only
     table = [KnownLibrary(name="fake", distributions=("fake-clean",), module="fake_clean", check="fake_clean")]
     first = report.detect(table=table, extra_paths=[str(lib)], cache=ImportCache(tmp_path / "c"))
     second = report.detect(table=table, extra_paths=[str(lib)], cache=ImportCache(tmp_path / "c"))

@@ -10,6 +10,7 @@ import os
 import pytest
 
 from kernel_probe.detect import importcheck
+from kernel_probe.detect.importcache import ImportCache
 
 
 @pytest.mark.parametrize(
@@ -220,6 +221,40 @@ def test_cancel_kills_running_checks_at_once(fakes):
     assert result["seconds"] < 30
 
 
+def test_the_checks_have_started_when_the_constructor_returns(fakes):
+    many = 9  # more than any pool limit once was: none queues behind a running one
+    checks = importcheck.ImportChecks(
+        {f"hang{i}": importcheck.ImportRequest("fake_hang") for i in range(many)},
+        timeout=120,
+        extra_paths=[str(fakes)],
+    )
+    try:  # the parent's own work (importing torch) comes after this: it cannot hold back a child's start
+        assert len(checks._procs) == many and all(p.poll() is None for p in checks._procs)
+    finally:
+        checks.cancel()
+        checks.results()
+
+
+def test_with_fresh_the_cache_key_is_worked_out_once_the_child_runs(fakes, tmp_path_factory, monkeypatch):
+    from kernel_probe.detect import importcache
+
+    order = []
+    real_run, real_key = importcheck.run_function, importcache.cache_key
+
+    def run(*a, started, **k):
+        return real_run(*a, started=lambda proc: (order.append("started"), started(proc)), **k)
+
+    monkeypatch.setattr(importcheck, "run_function", run)
+    monkeypatch.setattr(importcache, "cache_key", lambda *a, **k: (order.append("key"), real_key(*a, **k))[1])
+    folder = tmp_path_factory.mktemp("cache")  # not in the fakes' folder, whose time is in the key
+    cache = importcache.ImportCache(folder, read=False)
+    importcheck.check_import("fake_raise", timeout=30, extra_paths=[str(fakes)], cache=cache)
+    assert order == ["started", "key"]  # --fresh: nothing to look up, so nothing before the start
+    order.clear()
+    again = importcheck.check_import("fake_raise", timeout=30, extra_paths=[str(fakes)], cache=ImportCache(folder))
+    assert order == ["key"] and again["cached"]  # a read needs the key first: kept under the same one
+
+
 # ---- timeouts scaled to the machine's load, and a note when one comes close (issue 37) -------------------
 @pytest.mark.parametrize("load,expected", [(0.0, 20.0), (0.5, 20.0), (1.0, 20.0), (3.0, 60.0), (100.0, 120.0)])
 def test_the_default_timeout_is_scaled_by_the_load_per_core(load, expected):
@@ -248,6 +283,6 @@ def test_env_reports_the_scaled_timeout_and_the_load(monkeypatch):
     monkeypatch.setattr(importcheck, "load_per_core", lambda: 2.5)
     monkeypatch.setattr(env_report, "load_per_core", lambda: 2.5)
     monkeypatch.setattr(env_report, "scaled_timeout", lambda: importcheck.scaled_timeout(load=2.5))
-    monkeypatch.setattr(env_report.triton_info, "import_request", lambda located: None)  # no child: the timeout only
+    monkeypatch.setattr(env_report.triton_info, "import_request", lambda *_a, **_k: None)  # no child: the timeout only
     checks = env_report.detect(import_checks=True, table=())["import_checks"]
     assert checks["timeout"] == 50.0 and checks["load_per_core"] == 2.5 and isinstance(checks["notes"], list)

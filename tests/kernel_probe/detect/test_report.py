@@ -13,7 +13,7 @@ from kernel_lock.fingerprint import with_torch
 from kernel_probe.detect import libraries
 from kernel_probe.detect import report as env_report
 from kernel_probe.detect.libraries import KnownLibrary
-from tests.kernel_probe.detect.cases import FAKES, H100, MI250X, fake_torch
+from tests.kernel_probe.detect.cases import CPU, FAKES, H100, MI250X, fake_torch
 
 pytestmark = pytest.mark.usefixtures("no_nvml")
 
@@ -124,3 +124,62 @@ def test_contradicting_visibility_variables_are_not_taken_for_a_cpu_node(monkeyp
     monkeypatch.setattr(env_report.with_torch, "device_facts", contradiction)
     with pytest.raises(DeviceVisibilityError):
         env_report.detect(import_checks=False, table=(), torch=fake_torch(**MI250X))
+
+
+# ---- which children start, and what the triton one is asked (issue 37) --------------------------------
+class _Checks:
+    """Stands in for ImportChecks: records each batch of requests; every import 'succeeds', no child."""
+
+    batches: list[dict[str, str]]
+
+    def __init__(self, requests, **_kw):
+        self.requests = dict(requests)
+        self.batches.append({name: r.probe for name, r in requests.items()})
+
+    def results(self):
+        return {name: {"status": "ok", "reason": "imported", "seconds": 0.1} for name in self.requests}
+
+    def cancel(self):
+        pass
+
+
+@pytest.fixture
+def batches(monkeypatch):
+    _Checks.batches = []
+    monkeypatch.setattr(env_report, "ImportChecks", _Checks)
+    monkeypatch.setattr(env_report.libraries, "module_location", lambda module, _paths=(): f"/site/{module}")
+    return _Checks.batches
+
+
+@pytest.mark.parametrize(
+    "nodes, torch_kind, asked, not_asked",
+    [
+        ((), CPU, [{"triton": ""}], True),  # no device anywhere: the runtime is not asked
+        (("dev/nvidia0",), CPU, [{"triton": "triton-target"}], False),  # a node: asked from the start
+        (("dev/kfd",), MI250X, [{"triton": "triton-target"}], False),
+        (("dev/dri/renderD128",), CPU, [{"triton": "triton-target"}], False),
+        ((), H100, [{"triton": ""}, {"triton": "triton-target"}], False),  # torch sees a GPU: asked after all
+    ],
+)
+def test_triton_runtime_is_asked_for_a_target_only_where_a_gpu_may_be(
+    tmp_path, batches, nodes, torch_kind, asked, not_asked
+):
+    for rel in nodes:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    report = env_report.detect(table=(), torch=fake_torch(**torch_kind), nvml=lambda: None, root=str(tmp_path))
+    assert batches == asked
+    why = report["triton"]["target_not_asked"]
+    assert (why is not None) is not_asked
+    if not_asked:
+        assert why.startswith("no GPU device on this node")
+    json.dumps(report)
+
+
+def test_a_triton_that_does_not_import_is_not_asked_again(tmp_path, batches, monkeypatch):
+    monkeypatch.setattr(
+        _Checks, "results", lambda self: {"triton": {"status": "crashed", "reason": "killed", "seconds": 0.1}}
+    )
+    report = env_report.detect(table=(), torch=fake_torch(**H100), nvml=lambda: None, root=str(tmp_path))
+    assert batches == [{"triton": ""}]  # the import itself failed: a target could not be read either
+    assert report["triton"]["import"]["status"] == "crashed"

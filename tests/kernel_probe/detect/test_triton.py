@@ -188,9 +188,68 @@ def test_report_when_triton_is_absent():
     assert facts["import"] == {"status": "not-installed", "reason": "module not found", "seconds": None}
 
 
-def test_import_request_reads_the_target_only_when_installed():
-    assert triton_info.import_request(_here()) == triton_info.ImportRequest("triton", probe="triton-target")
-    assert triton_info.import_request(triton_info.LocatedTriton(None)) is None
+def test_import_request_reads_the_target_only_when_installed_and_asked():
+    assert triton_info.import_request("/site/triton") == triton_info.ImportRequest("triton", probe="triton-target")
+    assert triton_info.import_request("/site/triton", target=False) == triton_info.ImportRequest("triton", probe="")
+    assert triton_info.import_request(None) is None
+
+
+# ---- the runtime is not asked for a target on a node without any GPU device (issue 37) ---------------
+@pytest.mark.parametrize(
+    "nodes, found",
+    [
+        ((), []),
+        (("dev/null", "dev/dri/card0"), []),  # a display-only DRM card is no render node
+        (("dev/nvidia0", "dev/nvidiactl"), ["dev/nvidia0", "dev/nvidiactl"]),
+        (("dev/kfd",), ["dev/kfd"]),
+        (("dev/dri/renderD128",), ["dev/dri/renderD128"]),
+    ],
+)
+def test_gpu_device_nodes_are_read_under_the_root(tmp_path, nodes, found):
+    for rel in nodes:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    assert triton_info.gpu_device_nodes(tmp_path) == [str(tmp_path / rel) for rel in found]
+
+
+@pytest.mark.parametrize(
+    "nodes, device_type, asked",
+    [
+        ((), "cpu", False),  # nothing to find a target on: not asked, and said why
+        (("/dev/nvidia0",), "cpu", True),  # a device node torch cannot use (hidden, no driver): ask
+        ((), "cuda", True),  # torch sees a device no node showed: ask
+        ((), "rocm", True),
+        (("/dev/kfd",), "rocm", True),
+    ],
+)
+def test_the_target_is_not_asked_only_without_any_device(nodes, device_type, asked):
+    why = triton_info.target_not_asked(nodes, device_type)
+    assert (why is None) is asked
+    if not asked:
+        assert why.startswith(triton_info.NO_GPU) and "/dev/kfd" in why and "only the CPU" in why
+
+
+@pytest.mark.parametrize("torch_build, backend", [("cuda", "cuda"), ("rocm", "hip"), ("cpu", None)])
+def test_a_target_not_asked_is_said_and_inferred_from_torchs_build(torch_build, backend):
+    why = triton_info.target_not_asked((), "cpu")
+    imported = {"status": "ok", "reason": "imported", "seconds": 0.3}
+    facts = triton_info.report(
+        _here(backends=("cuda", "hip")), imported, torch_build=torch_build, device_arch="", not_asked=why
+    )
+    assert facts["target_not_asked"] == why and facts["target_error"] is None
+    assert facts["backend"] == backend and facts["arch"] is None and facts["warp_size"] is None
+    assert facts["target_source"] == ("torch build" if backend else None)
+    assert facts["import"] == imported
+
+
+def test_a_target_read_from_the_runtime_is_never_marked_not_asked():
+    imported = {"status": "ok", "seconds": 1.0, "target": {"backend": "cuda", "arch": "90", "warp_size": 32}}
+    facts = triton_info.report(_here(), imported, torch_build="cuda", device_arch="sm_90", not_asked="x")
+    assert facts["target_not_asked"] is None and facts["target_source"] == "runtime"
+    assert (
+        triton_info.report(_here(), None, torch_build="cuda", device_arch="sm_90", not_asked="x")["target_not_asked"]
+        is None
+    )  # no import check at all: nothing was asked of anyone
 
 
 # ---- a ROCm node with PyPI's triton (moved from test_sites.py) --------------------------------
