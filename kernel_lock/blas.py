@@ -24,10 +24,12 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import Difference, LockMismatch
+from .reading import ReadError
+from .tables import EMPTY, Table, one_of, toml_key
 
 log = logging.getLogger("kernel_lock")
 
@@ -45,20 +47,26 @@ _TRUE = {"1", "on", "yes", "true", "y"}
 _FALSE = {"0", "off", "no", "false", "n"}
 
 
-@dataclass(frozen=True)
-class Blas:
+def _build_default(ctx: Any, d: Mapping[str, Any], key: str, so_far: Mapping[str, Any]) -> str:
+    """The build's default: a library of the same vendor as the recorded one ('' when not recorded)."""
+    default: str = one_of(("", *ALL), default="")(ctx, d, key, so_far)
+    library = so_far["library"]
+    if default and device_of(default) != device_of(library):
+        raise ReadError(
+            f"{default!r} is a {device_of(default)} library, {library!r} a {device_of(library)} one",
+            key,
+            fix="both name libraries of the same GPU vendor (cublas/cublaslt, or rocblas/hipblaslt)",
+        )
+    return default
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Blas(Table):
     """``slots.Linear.blas`` of a lock: the library the Linear was checked and timed under, and the one
     torch used by itself on the probing machine."""
 
-    library: str
-    build_default: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        """The TOML-ready ``[slots.Linear.blas]`` table."""
-        out: dict[str, Any] = {"library": self.library}
-        if self.build_default:
-            out["build-default"] = self.build_default
-        return out
+    library: str = field(metadata=toml_key("library", one_of(ALL)))
+    build_default: str = field(default="", metadata=toml_key("build-default", _build_default, omit=EMPTY))
 
 
 def device_of(library: str) -> str:

@@ -21,60 +21,85 @@ from .errors import LockFormatError, LockVersionError
 from .graph_attention import TABLE as GRAPH_ATTENTION
 from .graph_attention import GraphAttention
 from .reading import ReadError, get, get_strings
-from .schema import (
-    DIGEST,
-    LOCK_VERSION,
-    VERSION,
-    Context,
-    Environment,
-    Slot,
-    choice,
-    record,
-    required,
-)
+from .schema import DIGEST, LOCK_VERSION, VERSION, Context, Environment, Slot, read_slot, record_table, required, table
 from .slots import MODES, PRECISIONS, SLOTS, Mode, slot_name_fix
+from .tables import EMPTY, NONE, from_dict, one_of, text, to_dict, toml_key
 from .trust import granted_trust, module_name
 
 _L = TypeVar("_L", bound="LockDocument")
 SEAL = "digest"  # the one top-level key the digest does not cover: itself
 
 
-@dataclass(frozen=True)
+def _trusted(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> tuple[str, ...]:
+    """``trusted-modules``: module names the lock asks the caller to trust (a request only)."""
+    trusted = get_strings(d, key)
+    for i, module in enumerate(trusted):
+        if not module_name(module):
+            raise ReadError(f"{module!r} is not a module name", f"{key}[{i}]")
+    ctx.requested = trusted  # a request only: the caller grants trust
+    return trusted
+
+
+def _digest(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> str:
+    digest = get(d, key, str, default="")
+    if digest and not DIGEST.fullmatch(digest):
+        raise ReadError(f"{digest!r} is not 'sha256:<64 hex digits>'", key)
+    return cast(str, digest)
+
+
+def _environment(ctx: Context, d: Mapping[str, Any], key: str, so_far: Mapping[str, Any]) -> Environment:
+    return table(Environment)(ctx, d, key, so_far) or Environment()
+
+
+def _slots(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> dict[str, Slot]:
+    """``[slots.<name>]``: each a slot kernel_lock knows."""
+    slots = {}
+    tables = get(d, key, dict, default={})
+    with ctx.at(key):
+        for name, value in tables.items():
+            if name not in SLOTS:
+                raise ReadError(f"unknown slot {name!r}", name, fix=slot_name_fix(name))
+            with ctx.at(name):
+                slots[name] = read_slot(ctx, name, value)
+    return slots
+
+
+def _slots_out(slots: Mapping[str, Slot]) -> dict[str, Any]:
+    """The slots in kernel_lock's order of slots."""
+    return {name: slots[name].to_dict() for name in SLOTS if name in slots}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class LockDocument:
     """A parsed, validated kernel lock's content. Build with ``kernel_lock.load`` / ``loads``; write with
-    :meth:`dumps` / :meth:`dump`."""
+    :meth:`dumps` / :meth:`dump`. The fields' order is the lock's canonical key order."""
 
-    created_by: str
-    environment: Environment
-    slots: Mapping[str, Slot]
-    lock_version: str = LOCK_VERSION
-    created_at: str = ""
-    mode: Mode = "training"
-    precision: str = ""
-    trusted_modules: tuple[str, ...] = ()
-    profile: Mapping[str, Any] = field(default_factory=dict)
-    provenance: Mapping[str, Any] = field(default_factory=dict)
-    graph_attention: GraphAttention | None = None  # [graph-attention]: anemoi's GraphTransformer backend
-    digest: str = ""
+    lock_version: str = field(default=LOCK_VERSION, metadata=toml_key("lock-version", text(required=True)))
+    created_by: str = field(metadata=toml_key("created-by", text(required=True)))
+    created_at: str = field(default="", metadata=toml_key("created-at", text(), omit=EMPTY))
+    mode: Mode = field(default="training", metadata=toml_key("mode", one_of(MODES, default="training")))
+    precision: str = field(
+        default="", metadata=toml_key("precision", one_of(("", *PRECISIONS), default=""), omit=EMPTY)
+    )
+    trusted_modules: tuple[str, ...] = field(default=(), metadata=toml_key("trusted-modules", _trusted))
+    digest: str = field(default="", metadata=toml_key(SEAL, _digest))
+    profile: Mapping[str, Any] = field(default_factory=dict, metadata=toml_key("profile", record_table, omit=EMPTY))
+    environment: Environment = field(metadata=toml_key("environment", _environment))
+    slots: Mapping[str, Slot] = field(metadata=toml_key("slots", _slots, write=_slots_out))
+    # [graph-attention]: anemoi's GraphTransformer backend
+    graph_attention: GraphAttention | None = field(
+        default=None, metadata=toml_key(GRAPH_ATTENTION, table(GraphAttention), omit=NONE)
+    )
+    provenance: Mapping[str, Any] = field(
+        default_factory=dict, metadata=toml_key("provenance", record_table, omit=EMPTY)
+    )
     path: str | None = field(default=None, compare=False)
     warnings: tuple[str, ...] = field(default=(), compare=False)
     intact: bool = field(default=True, compare=False)
     granted: tuple[str, ...] = field(default=(), compare=False)  # modules the caller trusted when loading it
-
-    _KEYS = (
-        "lock-version",
-        "created-by",
-        "created-at",
-        "mode",
-        "precision",
-        "trusted-modules",
-        "digest",
-        "profile",
-        "environment",
-        "slots",
-        GRAPH_ATTENTION,
-        "provenance",
-    )
+    # the modes this process has verified the lock for (kernel_lock.resolve: the fingerprint once per
+    # lock); not an argument, so a copy (``replace``) starts unverified
+    verified_modes: set[str] = field(init=False, default_factory=set, compare=False, repr=False)
 
     # ---- construction ---------------------------------------------------------------------
     @classmethod
@@ -114,39 +139,8 @@ class LockDocument:
             )
         if minor > ours_minor:
             ctx.warn("lock-version", f"minor version {version} is newer than {LOCK_VERSION}; unknown keys are ignored")
-        ctx.unknown(d, cls._KEYS)
-        trusted = get_strings(d, "trusted-modules")
-        for i, module in enumerate(trusted):
-            if not module_name(module):
-                raise ReadError(f"{module!r} is not a module name", f"trusted-modules[{i}]")
-        ctx.requested = trusted  # a request only: the caller grants trust
-        slots = {}
-        slots_d = get(d, "slots", dict, default={})
-        with ctx.at("slots"):
-            for name, value in slots_d.items():
-                if name not in SLOTS:
-                    raise ReadError(f"unknown slot {name!r}", name, fix=slot_name_fix(name))
-                with ctx.at(name):
-                    slots[name] = Slot._from_dict(ctx, name, value)
-        digest = get(d, "digest", str, default="")
-        if digest and not DIGEST.fullmatch(digest):
-            raise ReadError(f"{digest!r} is not 'sha256:<64 hex digits>'", "digest")
-        lock = cls(
-            lock_version=version,
-            created_by=required(d, "created-by"),
-            created_at=get(d, "created-at", str, default=""),
-            mode=cast(Mode, choice(d, "mode", MODES, default="training")),
-            precision=choice(d, "precision", ("", *PRECISIONS), default=""),
-            trusted_modules=trusted,
-            profile=ctx.object(d, "profile", record) or {},
-            environment=ctx.object(d, "environment", lambda e: Environment._from_dict(ctx, e)) or Environment(),
-            slots=slots,
-            graph_attention=ctx.object(d, GRAPH_ATTENTION, lambda g: GraphAttention._from_dict(ctx, g)),
-            provenance=ctx.object(d, "provenance", record) or {},
-            digest=digest,
-            path=ctx.path,
-            granted=ctx.granted,
-        )
+        lock = from_dict(cls, ctx, d, path=ctx.path, granted=ctx.granted)
+        digest = lock.digest
         if strict and not lock.environment.fields:
             raise ReadError(
                 "the lock has no [environment]: it would match any machine",
@@ -172,24 +166,7 @@ class LockDocument:
     # ---- serialisation --------------------------------------------------------------------
     def to_dict(self, *, with_digest: bool = True) -> dict[str, Any]:
         """The TOML-ready mapping in canonical key order (``with_digest=False``: what the digest covers)."""
-        out: dict[str, Any] = {"lock-version": self.lock_version, "created-by": self.created_by}
-        if self.created_at:
-            out["created-at"] = self.created_at
-        out["mode"] = self.mode
-        if self.precision:
-            out["precision"] = self.precision
-        out["trusted-modules"] = list(self.trusted_modules)
-        if with_digest:
-            out[SEAL] = self.digest
-        if self.profile:
-            out["profile"] = dict(self.profile)
-        out["environment"] = self.environment.to_dict()
-        out["slots"] = {name: self.slots[name].to_dict() for name in SLOTS if name in self.slots}
-        if self.graph_attention is not None:
-            out[GRAPH_ATTENTION] = self.graph_attention.to_dict()
-        if self.provenance:
-            out["provenance"] = dict(self.provenance)
-        return out
+        return to_dict(self, without=() if with_digest else (SEAL,))
 
     def covered(self) -> dict[str, Any]:
         """What the digest covers, by construction: everything :meth:`dumps` writes but the seal itself

@@ -21,11 +21,12 @@ lock records the allowance ``allow-fallback = true`` (written by ``kernel-probe
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .errors import Difference
-from .reading import ReadError, get, get_choice
+from .reading import ReadError, get_choice
+from .tables import EMPTY, Table, flag, text, toml_key
 
 if TYPE_CHECKING:
     from .schema import Context
@@ -37,44 +38,31 @@ ANEMOI_KEY = "graph_attention_backend"
 ALLOW_FLAG = "--allow-graph-attention-fallback"
 
 
-@dataclass(frozen=True)
-class GraphAttention:
+def _allow_fallback(ctx: Any, d: Mapping[str, Any], key: str, so_far: Mapping[str, Any]) -> bool:
+    allow = flag(ctx, d, key, so_far)
+    if allow and so_far["backend"] != "triton":
+        raise ReadError("only a triton backend can fall back (to pyg)", key, fix="remove it")
+    return allow
+
+
+def _evidence(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
+    from .schema import record
+
+    return ctx.objects(d, key, record)
+
+
+def _backend(ctx: Any, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> str:
+    return get_choice(d, key, BACKENDS, None, fix='set `backend = "triton"` or `"pyg"` (see docs/lock-format.md)')
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GraphAttention(Table):
     """What the lock pins for anemoi's GraphTransformer attention."""
 
-    backend: str
-    allow_fallback: bool = False
-    reason: str = ""
-    evidence: tuple[Mapping[str, Any], ...] = ()
-
-    _KEYS = ("backend", "allow-fallback", "reason", "evidence")
-
-    @classmethod
-    def _from_dict(cls, ctx: Context, d: Mapping[str, Any]) -> GraphAttention:
-        from .schema import record
-
-        ctx.unknown(d, cls._KEYS)
-        backend = get_choice(
-            d, "backend", BACKENDS, None, fix='set `backend = "triton"` or `"pyg"` (see docs/lock-format.md)'
-        )
-        allow = get(d, "allow-fallback", bool, default=False)
-        if allow and backend != "triton":
-            raise ReadError("only a triton backend can fall back (to pyg)", "allow-fallback", fix="remove it")
-        return cls(
-            backend=backend,
-            allow_fallback=bool(allow),
-            reason=get(d, "reason", str, default=""),
-            evidence=ctx.objects(d, "evidence", record),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        """The TOML-ready ``[graph-attention]`` table."""
-        out: dict[str, Any] = {"backend": self.backend}
-        if self.allow_fallback:
-            out["allow-fallback"] = True
-        out["reason"] = self.reason
-        if self.evidence:
-            out["evidence"] = [dict(e) for e in self.evidence]
-        return out
+    backend: str = field(metadata=toml_key("backend", _backend))
+    allow_fallback: bool = field(default=False, metadata=toml_key("allow-fallback", _allow_fallback, omit=EMPTY))
+    reason: str = field(default="", metadata=toml_key("reason", text()))
+    evidence: tuple[Mapping[str, Any], ...] = field(default=(), metadata=toml_key("evidence", _evidence, omit=EMPTY))
 
 
 def triton_installed() -> bool | None:

@@ -26,6 +26,8 @@ class KernelLock(LockDocument):
     """A parsed, validated kernel lock. Build with :func:`load` / :func:`loads`; write with :meth:`dumps`;
     check this machine with :meth:`verify`; build the pinned classes with :meth:`factory`."""
 
+    __slots__ = ()
+
     def verify(
         self, mode: str | None = None, *, current: Mapping[str, Any] | None = None, targets: str | None = None
     ) -> list[str]:

@@ -295,7 +295,7 @@ def _max_error_text(max_error: float | None) -> str:
 
 
 def _ensure_verified(lock: LockDocument, mode: str) -> None:
-    done = lock.__dict__.setdefault("_verified_modes", set())
+    done = lock.verified_modes
     if mode not in done:
         verify(lock, mode=mode)
         done.add(mode)

@@ -1,10 +1,11 @@
 """The kernel-lock file's schema, format v1: frozen objects, their TOML keys, and their validation.
 
-The layout is documented in ``docs/lock-format.md``. Each object's TOML keys are written here only:
-its ``_KEYS`` (canonical order, and the keys a reader knows), its ``_from_dict`` (built with the typed
-getters of :mod:`kernel_lock.reading`, each nested table read inside :meth:`Context.at`, so an error
-names its dotted key as it unwinds) and its ``to_dict`` (the TOML-ready mapping in canonical order).
-Whether a target may be imported is :mod:`kernel_lock.trust`'s to say; reading and writing files is
+The layout is documented in ``docs/lock-format.md``. Each table is a frozen, keyword-only, slotted
+dataclass whose fields declare their TOML key, their typed reader and when they are left out, in the
+field's metadata (:func:`kernel_lock.tables.toml_key`); the fields' order is the canonical key order. One
+generic pair reads and writes every table (:func:`kernel_lock.tables.from_dict` and ``to_dict``), each
+nested table read inside :meth:`Context.at`, so an error names its dotted key as it unwinds. Whether a
+target may be imported is :mod:`kernel_lock.trust`'s to say; reading and writing files is
 :mod:`kernel_lock.lock`'s.
 """
 
@@ -19,11 +20,11 @@ from functools import reduce
 from typing import Any, Literal, TypeVar, cast, get_args
 
 from .activations import read_function
-from .blas import ALL as BLAS_LIBRARIES
-from .blas import Blas, device_of
+from .blas import Blas
 from .errors import LockFormatError
-from .reading import ReadError, context, get, get_choice, get_required, get_strings, get_tables, join, type_name
+from .reading import ReadError, context, get, get_choice, get_required, get_tables, join, type_name
 from .slots import SEMANTICS, SLOT_SEMANTICS, STATUSES, Status
+from .tables import EMPTY, FIX_MISSING, NONE, REST, Table, from_dict, one_of, strings, text, toml_key
 from .trust import DOTTED, MODULE, check_target
 
 # 1.1: accepted-changes, rename/transpose migrations; 1.2: environment torch-rocm, device-features, numerics-env;
@@ -38,7 +39,6 @@ DIGEST = re.compile(r"sha256:[0-9a-f]{64}", re.ASCII)
 VERSION = re.compile(r"([0-9]{1,6})\.([0-9]{1,6})", re.ASCII)
 MAX_WARNINGS = 20  # per lock: 300k unknown keys are one summary, not 300k lines
 INT64 = 1 << 63
-_FIX_MISSING = "add `{key} = ...` (see docs/lock-format.md)"
 
 _T = TypeVar("_T")
 Scalar = (str, int, float, bool)
@@ -114,12 +114,12 @@ class Context:
 
 def required(d: Mapping[str, Any], key: str, typ: Any = str) -> Any:
     """A key the lock must have; missing, the fix points at docs/lock-format.md."""
-    return get_required(d, key, typ, fix=_FIX_MISSING.format(key=key))
+    return get_required(d, key, typ, fix=FIX_MISSING.format(key=key))
 
 
 def choice(d: Mapping[str, Any], key: str, choices: Sequence[str], default: str | None = None) -> str:
     """A string among ``choices`` (required unless there is a ``default``)."""
-    return get_choice(d, key, choices, default, fix=_FIX_MISSING.format(key=key))
+    return get_choice(d, key, choices, default, fix=FIX_MISSING.format(key=key))
 
 
 def _value_problem(value: Any, *, finite: bool) -> str | None:
@@ -178,174 +178,96 @@ def record(d: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-@dataclass(frozen=True)
-class EnvField:
-    """One fingerprint field: the value seen when the lock was written, and how strictly it must match."""
-
-    value: str | int
-    match: Match = "exact"
-
-    _KEYS = ("value", "match")
-
-    @classmethod
-    def _from_dict(cls, ctx: Context, d: Any) -> EnvField:
-        if not isinstance(d, dict):
-            raise ReadError('expected a table like { value = "...", match = "exact" }')
-        value = get(d, "value", (str, int))
-        if value is None:
-            raise ReadError("required key is missing", "value")
-        ctx.unknown(d, cls._KEYS)
-        return cls(value=value, match=cast(Match, choice(d, "match", MATCH_RULES, default="exact")))
-
-    def to_dict(self) -> dict[str, Any]:
-        """The TOML-ready table."""
-        return {"value": self.value, "match": self.match}
+# ---- the fields' readers (each called with the reading state, the table, the key, the values so far) ---
+def _env_value(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> str | int:
+    value = get(d, key, (str, int))
+    if value is None:
+        raise ReadError("required key is missing", key)
+    return cast("str | int", value)
 
 
-@dataclass(frozen=True)
-class Environment:
-    """The fingerprint: named fields, plus the versions of the libraries the chosen kernels need."""
-
-    fields: Mapping[str, EnvField] = field(default_factory=dict)
-    libraries: Mapping[str, EnvField] = field(default_factory=dict)
-
-    @classmethod
-    def _from_dict(cls, ctx: Context, d: Mapping[str, Any]) -> Environment:
-        from .fingerprint.fields import FIELDS  # the field catalogue lives beside the code that computes it
-
-        fields = {}
-        for key, value in d.items():
-            if key == "libraries":
-                continue
-            if key not in FIELDS:
-                ctx.warn(key, "unknown environment field, not checked (written by a newer kernel-probe?)")
-            with ctx.at(key):
-                fields[key] = EnvField._from_dict(ctx, value)
-                expected = FIELDS.get(key)
-                if expected is not None and not isinstance(fields[key].value, expected.type):
-                    got = type(fields[key].value).__name__
-                    raise ReadError(f"expected {type_name(expected.type)}, got {got}", "value")
-        libraries = {}
-        with ctx.at("libraries"):
-            for name, v in get(d, "libraries", dict, default={}).items():
-                with ctx.at(name):
-                    libraries[name] = EnvField._from_dict(ctx, v)
-                    if not isinstance(libraries[name].value, str):
-                        raise ReadError("a library version must be a string", "value")
-        return cls(fields=fields, libraries=libraries)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The TOML-ready ``[environment]`` table, the known fields in their catalogue order."""
-        from .fingerprint.fields import FIELDS
-
-        order = list(FIELDS) + sorted(k for k in self.fields if k not in FIELDS)
-        out: dict[str, Any] = {k: self.fields[k].to_dict() for k in order if k in self.fields}
-        if self.libraries:
-            out["libraries"] = {k: self.libraries[k].to_dict() for k in sorted(self.libraries)}
-        return out
+def _target(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> str:
+    """A class the lock names: required, and on the allow-list (or a dotted path, for a lock only printed)."""
+    target = required(d, key)
+    ctx.check(target, key)
+    return target
 
 
-@dataclass(frozen=True)
-class Requirement:
-    """A distribution a slot's implementation needs: name + PEP 440 specifier, and the module it provides."""
+def _specifier(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> str:
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
-    name: str
-    specifier: str = ""
-    module: str = ""
-
-    _KEYS = ("name", "specifier", "module")
-
-    @classmethod
-    def _from_dict(cls, ctx: Context, d: Mapping[str, Any]) -> Requirement:
-        from packaging.specifiers import InvalidSpecifier, SpecifierSet
-
-        name = required(d, "name")
-        spec = get(d, "specifier", str, default="")
-        try:
-            SpecifierSet(spec)
-        except InvalidSpecifier:
-            raise ReadError(f"{spec!r} is not a PEP 440 version specifier like '>=0.8,<0.9'", "specifier") from None
-        module = get(d, "module", str, default="")
-        if module and not MODULE.fullmatch(module):
-            raise ReadError(f"{module!r} is not a module name", "module")
-        if module and ctx.check_targets:
-            # looked up by its top-level name on the file system only, never imported; still, a lock
-            # names only modules the allow-list covers
-            ctx.check(module if "." in module else module + ".x", "module", what="requirement module")
-        ctx.unknown(d, cls._KEYS)
-        return cls(name=name, specifier=spec, module=module)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The TOML-ready ``[[slots.X.requires]]`` table."""
-        out: dict[str, Any] = {"name": self.name, "specifier": self.specifier}
-        if self.module:
-            out["module"] = self.module
-        return out
+    spec = get(d, key, str, default="")
+    try:
+        SpecifierSet(spec)
+    except InvalidSpecifier:
+        raise ReadError(f"{spec!r} is not a PEP 440 version specifier like '>=0.8,<0.9'", key) from None
+    return spec
 
 
-@dataclass(frozen=True)
-class Twin:
-    """The portable torch.nn equivalent used for inference where the training library is absent."""
-
-    target: str
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
-    state_dict: StateDict = "interchangeable"
-    migration: tuple[str, ...] = ()
-    max_error: float | None = None
-
-    _KEYS = ("target", "kwargs", "state-dict", "migration", "max-error")
-
-    @classmethod
-    def _from_dict(cls, ctx: Context, d: Mapping[str, Any]) -> Twin:
-        target = required(d, "target")
-        ctx.check(target, "target")
-        max_error = get(d, "max-error", float)
-        if max_error is not None and (not math.isfinite(max_error) or max_error < 0):
-            raise ReadError("must be a non-negative finite number", "max-error")
-        ctx.unknown(d, cls._KEYS)
-        return cls(
-            target=target,
-            kwargs=_kwargs(d, "kwargs"),
-            state_dict=cast(StateDict, choice(d, "state-dict", STATE_DICT, default="interchangeable")),
-            migration=get_strings(d, "migration"),
-            max_error=max_error,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        """The TOML-ready ``[slots.X.twin]`` table."""
-        out: dict[str, Any] = {"target": self.target, "kwargs": dict(self.kwargs), "state-dict": self.state_dict}
-        if self.migration:
-            out["migration"] = list(self.migration)
-        if self.max_error is not None:
-            out["max-error"] = self.max_error
-        return out
+def _module(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> str:
+    module = get(d, key, str, default="")
+    if module and not MODULE.fullmatch(module):
+        raise ReadError(f"{module!r} is not a module name", key)
+    if module and ctx.check_targets:
+        # looked up by its top-level name on the file system only, never imported; still, a lock
+        # names only modules the allow-list covers
+        ctx.check(module if "." in module else module + ".x", key, what="requirement module")
+    return module
 
 
-def _blas(ctx: Context, slot: str, d: Mapping[str, Any]) -> Blas:
+def _max_error(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> float | None:
+    max_error = get(d, key, float)
+    if max_error is not None and (not math.isfinite(max_error) or max_error < 0):
+        raise ReadError("must be a non-negative finite number", key)
+    return cast("float | None", max_error)
+
+
+def _kwargs_field(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> dict[str, Any]:
+    return _kwargs(d, key)
+
+
+def _records(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
+    """Evidence and timing rows: an array of :func:`record` tables."""
+    return ctx.objects(d, key, record)
+
+
+def record_table(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A free-form flat table (``[profile]``, ``[provenance]``): empty when absent."""
+    return ctx.object(d, key, record) or {}
+
+
+def tables(cls: type[_T]) -> Callable[[Context, Mapping[str, Any], str, Mapping[str, Any]], tuple[_T, ...]]:
+    """An array of ``cls`` tables (empty when absent), each read at ``key[i]``."""
+    return lambda ctx, d, key, _: ctx.objects(d, key, lambda t: from_dict(cls, ctx, t))
+
+
+def table(cls: type[_T]) -> Callable[[Context, Mapping[str, Any], str, Mapping[str, Any]], _T | None]:
+    """A ``cls`` table (None when absent), read at ``key``."""
+    return lambda ctx, d, key, _: ctx.object(d, key, lambda t: from_dict(cls, ctx, t))
+
+
+def _blas(ctx: Context, d: Mapping[str, Any], key: str, so_far: Mapping[str, Any]) -> Blas | None:
     """``slots.Linear.blas``: the library (and the build's default) of the same vendor, Linear only."""
-    if slot != "Linear":
-        raise ReadError(f"only the Linear slot records a BLAS library, not {slot}", fix="remove it")
-    ctx.unknown(d, ("library", "build-default"))
-    library = choice(d, "library", BLAS_LIBRARIES)
-    default = choice(d, "build-default", ("", *BLAS_LIBRARIES), default="")
-    if default and device_of(default) != device_of(library):
-        raise ReadError(
-            f"{default!r} is a {device_of(default)} library, {library!r} a {device_of(library)} one",
-            "build-default",
-            fix="both name libraries of the same GPU vendor (cublas/cublaslt, or rocblas/hipblaslt)",
-        )
-    return Blas(library, default)
+    slot = so_far["name"]
+
+    def read(b: Mapping[str, Any]) -> Blas:
+        if slot != "Linear":
+            raise ReadError(f"only the Linear slot records a BLAS library, not {slot}", fix="remove it")
+        return from_dict(Blas, ctx, b)
+
+    return ctx.object(d, key, read)
 
 
-def _gate(slot: str, d: Mapping[str, Any]) -> str:
+def _gate(ctx: Context, d: Mapping[str, Any], key: str, so_far: Mapping[str, Any]) -> str:
     """``slots.GatedMLP.gate``: the formula of the ``mlp_implementation`` its kwargs pin, both required
     and agreeing (an edited implementation with the old formula is a lock that contradicts itself)."""
     from .gating import GATED, formula
 
-    gate = get(d, "gate", str, default="")
+    slot = so_far["name"]
+    gate = get(d, key, str, default="")
     if slot != "GatedMLP":
         if gate:
-            raise ReadError(f"only the GatedMLP slot records a gate formula, not {slot}", "gate", fix="remove it")
+            raise ReadError(f"only the GatedMLP slot records a gate formula, not {slot}", key, fix="remove it")
         return ""
     kwargs = d.get("kwargs")
     implementation = kwargs.get("mlp_implementation") if isinstance(kwargs, Mapping) else None
@@ -359,143 +281,154 @@ def _gate(slot: str, d: Mapping[str, Any]) -> str:
     if gate != want:
         raise ReadError(
             f"{gate!r} is not what mlp_implementation {implementation!r} computes ({want!r})" if gate else "missing",
-            "gate",
+            key,
             fix=f'write gate = "{want}", or pin the mlp_implementation whose formula this is',
         )
     return gate
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """A candidate that was considered for a slot and not chosen, with the verdict and its reasons."""
-
-    implementation: str
-    target: str
-    status: Status
-    reasons: tuple[str, ...] = ()
-
-    _KEYS = ("implementation", "target", "status", "reasons")
-
-    @classmethod
-    def _from_dict(cls, ctx: Context, d: Mapping[str, Any]) -> Candidate:
-        ctx.unknown(d, cls._KEYS)
-        return cls(
-            implementation=required(d, "implementation"),
-            target=get(d, "target", str, default=""),
-            status=cast(Status, choice(d, "status", STATUSES)),
-            reasons=get_strings(d, "reasons"),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        """The TOML-ready ``[[slots.X.rejected]]`` table."""
-        return {
-            "implementation": self.implementation,
-            "target": self.target,
-            "status": self.status,
-            "reasons": list(self.reasons),
-        }
+def _function(ctx: Context, d: Mapping[str, Any], key: str, so_far: Mapping[str, Any]) -> str:
+    return read_function(so_far["name"], d)
 
 
-@dataclass(frozen=True)
-class Slot:
-    """What the lock pins for one slot (LayerNorm, RMSNorm or Linear)."""
+# ---- the tables -----------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EnvField(Table):
+    """One fingerprint field: the value seen when the lock was written, and how strictly it must match."""
 
-    name: str
-    implementation: str
-    target: str
-    semantics: str
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
-    requires: tuple[Requirement, ...] = ()
-    devices: tuple[str, ...] = ()
-    twin: Twin | None = None
-    reason: str = ""
-    evidence: tuple[Mapping[str, Any], ...] = ()
-    timing: tuple[Mapping[str, Any], ...] = ()
-    rejected: tuple[Candidate, ...] = ()
-    changes: tuple[str, ...] = ()  # what the implementation changes besides numbers, accepted explicitly
-    blas: Blas | None = None  # Linear on a GPU: the BLAS library it was checked and timed under (kernel_lock.blas)
-    gate: str = ""  # GatedMLP: the formula its mlp_implementation computes (kernel_lock.gating)
-    function: str = ""  # Activation: the model's function the candidates were checked against (activations)
+    value: str | int = field(metadata=toml_key("value", _env_value))
+    match: Match = field(default="exact", metadata=toml_key("match", one_of(MATCH_RULES, default="exact")))
 
-    _KEYS = (
-        "implementation",
-        "target",
-        "semantics",
-        "function",
-        "kwargs",
-        "requires",
-        "devices",
-        "blas",
-        "gate",
-        "reason",
-        "accepted-changes",
-        "twin",
-        "evidence",
-        "timing",
-        "rejected",
+
+def _env_field(ctx: Context, d: Any) -> EnvField:
+    if not isinstance(d, dict):
+        raise ReadError('expected a table like { value = "...", match = "exact" }')
+    return from_dict(EnvField, ctx, d)
+
+
+def _env_fields(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> dict[str, EnvField]:
+    """``[environment]``'s named fields: every key but ``libraries``, in file order."""
+    from .fingerprint.fields import FIELDS  # the field catalogue lives beside the code that computes it
+
+    fields = {}
+    for name, value in d.items():
+        if name == "libraries":
+            continue
+        if name not in FIELDS:
+            ctx.warn(name, "unknown environment field, not checked (written by a newer kernel-probe?)")
+        with ctx.at(name):
+            fields[name] = _env_field(ctx, value)
+            expected = FIELDS.get(name)
+            if expected is not None and not isinstance(fields[name].value, expected.type):
+                got = type(fields[name].value).__name__
+                raise ReadError(f"expected {type_name(expected.type)}, got {got}", "value")
+    return fields
+
+
+def _env_fields_out(fields: Mapping[str, EnvField]) -> dict[str, Any]:
+    """The named fields, the known ones in their catalogue order, then the others sorted."""
+    from .fingerprint.fields import FIELDS
+
+    order = list(FIELDS) + sorted(k for k in fields if k not in FIELDS)
+    return {k: fields[k].to_dict() for k in order if k in fields}
+
+
+def _libraries(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> dict[str, EnvField]:
+    libraries = {}
+    with ctx.at(key):
+        for name, v in get(d, key, dict, default={}).items():
+            with ctx.at(name):
+                libraries[name] = _env_field(ctx, v)
+                if not isinstance(libraries[name].value, str):
+                    raise ReadError("a library version must be a string", "value")
+    return libraries
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Environment(Table):
+    """The fingerprint: named fields, plus the versions of the libraries the chosen kernels need."""
+
+    fields: Mapping[str, EnvField] = field(
+        default_factory=dict, metadata=toml_key(REST, _env_fields, write=_env_fields_out)
+    )
+    libraries: Mapping[str, EnvField] = field(
+        default_factory=dict,
+        metadata=toml_key(
+            "libraries", _libraries, omit=EMPTY, write=lambda libs: {k: libs[k].to_dict() for k in sorted(libs)}
+        ),
     )
 
-    @classmethod
-    def _from_dict(cls, ctx: Context, name: str, d: Any) -> Slot:
-        """The slot ``name``'s table, read at ``slots.<name>``."""
-        if not isinstance(d, dict):
-            raise ReadError("expected a table")
-        target = required(d, "target")
-        ctx.check(target, "target")
-        get(d, "twin", dict)
-        ctx.unknown(d, cls._KEYS)
-        slot = cls(
-            name=name,
-            implementation=required(d, "implementation"),
-            target=target,
-            semantics=choice(d, "semantics", SEMANTICS),
-            kwargs=_kwargs(d, "kwargs"),
-            requires=ctx.objects(d, "requires", lambda r: Requirement._from_dict(ctx, r)),
-            devices=get_strings(d, "devices"),
-            twin=ctx.object(d, "twin", lambda t: Twin._from_dict(ctx, t)),
-            reason=get(d, "reason", str, default=""),
-            changes=get_strings(d, "accepted-changes"),
-            evidence=ctx.objects(d, "evidence", record),
-            timing=ctx.objects(d, "timing", record),
-            rejected=ctx.objects(d, "rejected", lambda r: Candidate._from_dict(ctx, r)),
-            blas=ctx.object(d, "blas", lambda b: _blas(ctx, name, b)),
-            gate=_gate(name, d),
-            function=read_function(name, d),
-        )
-        expected = SLOT_SEMANTICS[name]
-        if slot.semantics != expected:
-            raise ReadError(
-                f"slot {name} needs semantics {expected!r}, the lock pins {slot.semantics!r} "
-                "(an RMSNorm is not a LayerNorm: it drops the mean and the bias)",
-                "semantics",
-                fix=f"pin a {expected} implementation for {name}, or move this entry to the matching slot",
-            )
-        return slot
 
-    def to_dict(self) -> dict[str, Any]:
-        """The TOML-ready ``[slots.<name>]`` table."""
-        out: dict[str, Any] = {
-            "implementation": self.implementation,
-            "target": self.target,
-            "semantics": self.semantics,
-            **({"function": self.function} if self.function else {}),
-            "kwargs": dict(self.kwargs),
-            "requires": [r.to_dict() for r in self.requires],
-            "devices": list(self.devices),
-        }
-        if self.blas is not None:
-            out["blas"] = self.blas.to_dict()
-        if self.gate:
-            out["gate"] = self.gate
-        out["reason"] = self.reason
-        if self.changes:
-            out["accepted-changes"] = list(self.changes)
-        if self.twin is not None:
-            out["twin"] = self.twin.to_dict()
-        if self.evidence:
-            out["evidence"] = [dict(e) for e in self.evidence]
-        if self.timing:
-            out["timing"] = [dict(t) for t in self.timing]
-        if self.rejected:
-            out["rejected"] = [c.to_dict() for c in self.rejected]
-        return out
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Requirement(Table):
+    """A distribution a slot's implementation needs: name + PEP 440 specifier, and the module it provides."""
+
+    name: str = field(metadata=toml_key("name", text(required=True)))
+    specifier: str = field(default="", metadata=toml_key("specifier", _specifier))
+    module: str = field(default="", metadata=toml_key("module", _module, omit=EMPTY))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Twin(Table):
+    """The portable torch.nn equivalent used for inference where the training library is absent."""
+
+    target: str = field(metadata=toml_key("target", _target))
+    kwargs: Mapping[str, Any] = field(default_factory=dict, metadata=toml_key("kwargs", _kwargs_field))
+    state_dict: StateDict = field(
+        default="interchangeable", metadata=toml_key("state-dict", one_of(STATE_DICT, default="interchangeable"))
+    )
+    migration: tuple[str, ...] = field(default=(), metadata=toml_key("migration", strings, omit=EMPTY))
+    max_error: float | None = field(default=None, metadata=toml_key("max-error", _max_error, omit=NONE))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Candidate(Table):
+    """A candidate that was considered for a slot and not chosen, with the verdict and its reasons."""
+
+    implementation: str = field(metadata=toml_key("implementation", text(required=True)))
+    target: str = field(default="", metadata=toml_key("target", text()))
+    status: Status = field(metadata=toml_key("status", one_of(STATUSES)))
+    reasons: tuple[str, ...] = field(default=(), metadata=toml_key("reasons", strings))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Slot(Table):
+    """What the lock pins for one slot (LayerNorm, RMSNorm or Linear). Its fields' order is the
+    canonical key order of ``[slots.<name>]``."""
+
+    name: str  # the slot's table name, not a key inside it
+    implementation: str = field(metadata=toml_key("implementation", text(required=True)))
+    target: str = field(metadata=toml_key("target", _target))
+    semantics: str = field(metadata=toml_key("semantics", one_of(SEMANTICS)))
+    # Activation: the model's function the candidates were checked against (kernel_lock.activations)
+    function: str = field(default="", metadata=toml_key("function", _function, omit=EMPTY))
+    kwargs: Mapping[str, Any] = field(default_factory=dict, metadata=toml_key("kwargs", _kwargs_field))
+    requires: tuple[Requirement, ...] = field(default=(), metadata=toml_key("requires", tables(Requirement)))
+    devices: tuple[str, ...] = field(default=(), metadata=toml_key("devices", strings))
+    # Linear on a GPU: the BLAS library it was checked and timed under (kernel_lock.blas)
+    blas: Blas | None = field(default=None, metadata=toml_key("blas", _blas, omit=NONE))
+    # GatedMLP: the formula its mlp_implementation computes (kernel_lock.gating)
+    gate: str = field(default="", metadata=toml_key("gate", _gate, omit=EMPTY))
+    reason: str = field(default="", metadata=toml_key("reason", text()))
+    # what the implementation changes besides numbers, accepted explicitly
+    changes: tuple[str, ...] = field(default=(), metadata=toml_key("accepted-changes", strings, omit=EMPTY))
+    twin: Twin | None = field(default=None, metadata=toml_key("twin", table(Twin), omit=NONE))
+    evidence: tuple[Mapping[str, Any], ...] = field(default=(), metadata=toml_key("evidence", _records, omit=EMPTY))
+    timing: tuple[Mapping[str, Any], ...] = field(default=(), metadata=toml_key("timing", _records, omit=EMPTY))
+    rejected: tuple[Candidate, ...] = field(default=(), metadata=toml_key("rejected", tables(Candidate), omit=EMPTY))
+
+
+def read_slot(ctx: Context, name: str, d: Any) -> Slot:
+    """The slot ``name``'s table, read at ``slots.<name>``; its semantics must be the slot's."""
+    if not isinstance(d, dict):
+        raise ReadError("expected a table")
+    slot = from_dict(Slot, ctx, d, name=name)
+    expected = SLOT_SEMANTICS[name]
+    if slot.semantics != expected:
+        raise ReadError(
+            f"slot {name} needs semantics {expected!r}, the lock pins {slot.semantics!r} "
+            "(an RMSNorm is not a LayerNorm: it drops the mean and the bias)",
+            "semantics",
+            fix=f"pin a {expected} implementation for {name}, or move this entry to the matching slot",
+        )
+    return slot

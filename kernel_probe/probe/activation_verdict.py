@@ -20,6 +20,7 @@ Before anything is imported, a registered candidate whose class is known to comp
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from kernel_lock.activations import ACTIVATION_FUNCTIONS, OTHER_FUNCTION, function_of, is_approximation
@@ -83,41 +84,41 @@ def judge(raw: CheckReply, cand: Candidate, device: str, base: ReportBase, decla
     from kernel_probe.probe import judge as rules
 
     if raw.phase == "import":
-        p = rules.failed_import(cand.target, raw.kind, raw.error)
-        return Report(status=p.status, reasons=[p.reason], **base)
+        return rules.stopped(rules.failed_import(cand.target, raw.kind, raw.error), base)
     if raw.phase == "build":
-        return Report(status="crashed", reasons=[f"building {cand.target} raised {raw.error}"], **base)
+        return rules.stopped(Problem("crashed", f"building {cand.target} raised {raw.error}"), base)
     computes = raw.computes
     other = bool(computes) and computes != declared
     approximation = other and is_approximation(declared, computes)
     allowed = approximation and policy.allow_approximation
+    change = f"approximation: {_difference(declared, computes)} (accepted with --allow-approximation)"
     rows = [_as_computed(r) for r in raw.rows] if allowed else list(raw.rows)
-    verdicts = [rules.judge_row(cand.id, device, "activation", r, policy) for r in rows]
-    for v, row in zip(verdicts, rows, strict=True):
-        shape = row.get("flags", {}).get(FLAG_NOT_ELEMENTWISE)
-        if shape:  # the slot's own flag: an output of another shape is no activation
-            v.status, v.failed = "rejected", [*v.failed, FLAG_NOT_ELEMENTWISE]
-            v.reasons.insert(0, shape)
-    report = Report(status=rules.worst_status([v.status for v in verdicts]), verdicts=verdicts, **base)
-    for v in verdicts:
-        if v.status != "accepted":
-            for r in v.reasons:
-                line = f"{v.dtype}/{v.regime}: {r}"
-                if line not in report.reasons:
-                    report.reasons.append(line)
+    verdicts = [
+        rules.judge_row(
+            cand.id,
+            device,
+            "activation",
+            row,
+            policy,
+            # the slot's own flag: an output of another shape is no activation
+            also=[(FLAG_NOT_ELEMENTWISE, shape)] if (shape := row.get("flags", {}).get(FLAG_NOT_ELEMENTWISE)) else (),
+            notes=[change] if allowed else (),
+        )
+        for row in rows
+    ]
+    report = rules.report_of(verdicts, base)
     if allowed:
-        change = f"approximation: {_difference(declared, computes)} (accepted with --allow-approximation)"
         report.changes.append(change)
-        for v in verdicts:
-            v.notes.append(change)
     elif other:
         hint = "; pass --allow-approximation to accept it and record it" if approximation else ""
         report.reasons.insert(0, f"function: {_difference(declared, computes)}{hint}")
         if report.status in ("accepted", "skipped"):
             report.status = "rejected"
-        for v in verdicts:
-            if v.status == "accepted":
-                v.status, v.failed = "rejected", [*v.failed, "function"]
+        # a row right for the function it computes is wrong for the model's
+        report.verdicts = [
+            dataclasses.replace(v, status="rejected", failed=(*v.failed, "function")) if v.status == "accepted" else v
+            for v in verdicts
+        ]
     elif not computes and report.status == "rejected" and not declared.startswith(OTHER_FUNCTION):
         report.reasons.insert(0, f"function: its float32 forward matches none of {', '.join(ACTIVATION_FUNCTIONS)}")
     return report

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 
-from kernel_lock.slots import DTYPES, Status
+from kernel_lock.slots import DTYPES
 from kernel_probe.candidates import Candidate
 from kernel_probe.isolation.protocol import CheckReply, MeasurementRow
 from kernel_probe.probe.report import Report, ReportBase, Verdict
@@ -46,52 +46,24 @@ def tolerance(output: str, base: float, dtype: str) -> float:
 
 def judge_row(cand: Candidate, device: str, row: MeasurementRow) -> Verdict:
     """One dtype's verdict: every case's outputs under the tolerance rule, then the flags."""
-    from kernel_probe.probe.judge import judge_unmeasured
-
-    v = Verdict(cand.id, device, row["dtype"], row["regime"])
-    if judge_unmeasured(v, row, _REFUSED, say_unavailable=True):
-        return v
     from kernel_probe.probe.attention_geometry import HINTS
-    from kernel_probe.probe.judge import judge_output, record_determinism
+    from kernel_probe.probe.judge import judge_cases, row_verdict, unmeasured
 
-    worst = 0.0
-    for case, tensors in row.get("cases", {}).items():
-        bad: list[str] = []
-        ratios = {}
-        case_stats = row.get("stats", {}).get(case, {})
-        for output, (got, base) in tensors.items():
-            # the max error by the attention tolerance; the RMS error and the bias by the norms' rule
-            r, over = judge_output(
-                output,
-                [got, base],
-                case_stats.get(output),
-                row["dtype"],
-                v.statistics,
-                max_tolerance=tolerance(output, base, row["dtype"]),
-                baseline="torch's",
-            )
-            ratios[output] = r
-            worst = max(worst, r)
-            if over:
-                v.failed.append(f"{case}:{output}")
-                bad.extend(map(str, over))
-        v.ratios[case] = ratios
-        if bad:
-            v.reasons.append(f"{case} ({HINTS.get(case, case)}): {', '.join(bad)}")
-    v.worst_ratio = worst
-    record_determinism(v, row)
+    v = unmeasured(cand.id, device, row, _REFUSED, say_unavailable=True)
+    if v is not None:
+        return v
+    # the max error by the attention tolerance; the RMS error and the bias by the norms' rule
+    found = judge_cases(row, HINTS, max_tolerance=tolerance, baseline="torch's")
     flags = row.get("flags", {})
+    failed: list[str] = []
+    reasons: list[str] = []
     if "band-leak" in flags:
-        v.failed.append("band-leak")
-        v.reasons.insert(0, flags["band-leak"])
+        failed.append("band-leak")
+        reasons.insert(0, flags["band-leak"])
     if "input-modified" in flags:
-        v.failed.append("input-modified")
-        v.reasons.insert(0, f"modifies its input (seen on {flags['input-modified']})")
-    if v.failed:
-        v.status = "rejected"
-    v.errors = {case: dict(t) for case, t in row.get("cases", {}).items()}
-    v.twin = dict(row.get("twin") or {})
-    return v
+        failed.append("input-modified")
+        reasons.insert(0, f"modifies its input (seen on {flags['input-modified']})")
+    return row_verdict(cand.id, device, row, found, failed=failed, reasons=reasons)
 
 
 def option_problems(capabilities: dict[str, str], canonical: dict[str, object]) -> tuple[list[str], list[str]]:
@@ -119,20 +91,12 @@ def option_problems(capabilities: dict[str, str], canonical: dict[str, object]) 
 
 def judge(raw: CheckReply, cand: Candidate, device: str, base: ReportBase, canonical: dict[str, object]) -> Report:
     """The Attention verdict from the worker's measurements."""
-    if raw.phase == "import":
-        status: Status = "unavailable" if raw.kind == "import" else "crashed"
-        return Report(status=status, reasons=[f"import of {cand.target} failed: {raw.error}"], **base)
-    from kernel_probe.probe.judge import worst_status
+    from kernel_probe.probe.judge import failed_import, report_of, stopped
 
-    verdicts = [judge_row(cand, device, row) for row in raw.rows]
-    report = Report(status=worst_status([v.status for v in verdicts]), verdicts=verdicts, **base)
+    if raw.phase == "import":
+        return stopped(failed_import(cand.target, raw.kind, raw.error), base)
+    report = report_of([judge_row(cand, device, row) for row in raw.rows], base)
     report.capabilities = dict(raw.capabilities)
-    for v in verdicts:
-        if v.status != "accepted":
-            for r in v.reasons:
-                line = f"{v.dtype}/{v.regime}: {r}"
-                if line not in report.reasons:
-                    report.reasons.append(line)
     rejected, refused = option_problems(report.capabilities, canonical)
     if report.status != "accepted":
         refused = []  # its rows say why already

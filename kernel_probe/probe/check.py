@@ -10,6 +10,7 @@ worker runs what, in which order, with which budget. ``check_and_time`` is the o
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -142,8 +143,7 @@ def check_candidate(
         report = judge.judge_candidate(raw, cand, slot, device, policy, base)
     if raw.interpreted:  # said on the report and on every verdict it carries
         report.interpreted = True
-        for v in report.verdicts:
-            v.notes.insert(0, INTERPRETED)
+        report.verdicts = [dataclasses.replace(v, notes=(INTERPRETED, *v.notes)) for v in report.verdicts]
     return report
 
 

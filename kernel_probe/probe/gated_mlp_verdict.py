@@ -11,7 +11,6 @@ formula's known mistakes (tanh GELU for anemoi's erf geglu, gate and value swapp
 
 from __future__ import annotations
 
-from kernel_lock.slots import Status
 from kernel_probe.candidates import Candidate
 from kernel_probe.isolation.protocol import CheckReply, MeasurementRow
 from kernel_probe.probe.report import Report, ReportBase, Verdict
@@ -34,57 +33,35 @@ FLAG_MISTAKE = "mistake"
 
 def judge_row(cand: Candidate, device: str, row: MeasurementRow) -> Verdict:
     """One (dtype, regime)'s verdict: the outputs under the one rule, then the flags."""
-    from kernel_probe.probe.judge import _DTYPE_PROBLEM, judge_output, judge_unmeasured
+    from kernel_probe.probe.judge import _DTYPE_PROBLEM, judge_cases, row_verdict, unmeasured
 
-    v = Verdict(cand.id, device, row["dtype"], row["regime"])
-    if judge_unmeasured(v, row, _DTYPE_PROBLEM):
+    v = unmeasured(cand.id, device, row, _DTYPE_PROBLEM)
+    if v is not None:
         return v
+    found = judge_cases(row, HINTS)
     flags = row.get("flags", {})
-    worst = 0.0
-    for case, tensors in row.get("cases", {}).items():
-        bad: list[str] = []
-        case_stats = row.get("stats", {}).get(case, {})
-        for output, errors in tensors.items():
-            r, over = judge_output(output, errors, case_stats.get(output), row["dtype"], v.statistics)
-            worst = max(worst, r)
-            if over:
-                v.failed.append(f"{case}:{output}")
-                bad.extend(map(str, over))
-        if bad:
-            v.reasons.append(f"{case} ({HINTS.get(case, case)}): {', '.join(bad)}")
-    v.worst_ratio = worst if row.get("cases") else None
+    first: list[str] = []
+    failed: list[str] = []
+    reasons: list[str] = []
     if FLAG_MISTAKE in flags:  # told in float32 (gated_mlp.check): it fails every row, however small here
-        hidden = "" if v.failed else f" (measured in float32; in {row['dtype']} it is within rounding)"
-        v.failed.insert(0, flags[FLAG_MISTAKE])
-        v.reasons.insert(0, MISTAKES[flags[FLAG_MISTAKE]] + hidden)
+        hidden = "" if found.failed else f" (measured in float32; in {row['dtype']} it is within rounding)"
+        first.append(flags[FLAG_MISTAKE])
+        reasons.insert(0, MISTAKES[flags[FLAG_MISTAKE]] + hidden)
     if FLAG_INPUT_MODIFIED in flags:
-        v.failed.append(FLAG_INPUT_MODIFIED)
-        v.reasons.insert(0, f"modifies its input (seen on {flags[FLAG_INPUT_MODIFIED]})")
+        failed.append(FLAG_INPUT_MODIFIED)
+        reasons.insert(0, f"modifies its input (seen on {flags[FLAG_INPUT_MODIFIED]})")
     if FLAG_STATE_DICT in flags:
-        v.failed.append(FLAG_STATE_DICT)
-        v.reasons.insert(0, flags[FLAG_STATE_DICT])
-    if v.failed:
-        v.status = "rejected"
-    v.errors = {case: dict(t) for case, t in row.get("cases", {}).items()}
-    v.twin = dict(row.get("twin") or {})
-    return v
+        failed.append(FLAG_STATE_DICT)
+        reasons.insert(0, flags[FLAG_STATE_DICT])
+    return row_verdict(cand.id, device, row, found, failed=failed, failed_first=first, reasons=reasons)
 
 
 def judge(raw: CheckReply, cand: Candidate, device: str, base: ReportBase) -> Report:
     """The GatedMLP verdict from the worker's measurements."""
-    from kernel_probe.probe.judge import worst_status
+    from kernel_probe.probe.judge import Problem, failed_import, report_of, stopped
 
     if raw.phase == "import":
-        status: Status = "unavailable" if raw.kind == "import" else "crashed"
-        return Report(status=status, reasons=[f"import of {cand.target} failed: {raw.error}"], **base)
+        return stopped(failed_import(cand.target, raw.kind, raw.error), base)
     if raw.phase:
-        return Report(status="unavailable", reasons=[raw.error], **base)
-    verdicts = [judge_row(cand, device, row) for row in raw.rows]
-    report = Report(status=worst_status([v.status for v in verdicts]), verdicts=verdicts, **base)
-    for v in verdicts:
-        if v.status != "accepted":
-            for r in v.reasons:
-                line = f"{v.dtype}/{v.regime}: {r}"
-                if line not in report.reasons:
-                    report.reasons.append(line)
-    return report
+        return stopped(Problem("unavailable", raw.error), base)
+    return report_of([judge_row(cand, device, row) for row in raw.rows], base)

@@ -119,20 +119,20 @@ def choose(
         if why["pyg"] is not None:
             raise ForcedUnusable(f"the pyg graph attention backend cannot be locked: {why['pyg']}")
         reason = "asked for" if wanted == "pyg" else f"what anemoi runs here ({cause})"
-        return GraphAttention("pyg", reason=f"pyg: {reason}; accepted against float64", evidence=evidence)
+        return GraphAttention(backend="pyg", reason=f"pyg: {reason}; accepted against float64", evidence=evidence)
     if cause is None and why["triton"] is None:
         return GraphAttention(
-            "triton", reason="triton: anemoi's Triton kernel, accepted against float64", evidence=evidence
+            backend="triton", reason="triton: anemoi's Triton kernel, accepted against float64", evidence=evidence
         )
     if cause is None and wanted == "auto" and why["pyg"] is None:
         return GraphAttention(
-            "pyg", reason=f"pyg: the Triton kernel is not usable ({why['triton']})", evidence=evidence
+            backend="pyg", reason=f"pyg: the Triton kernel is not usable ({why['triton']})", evidence=evidence
         )
     if cause is not None and allow_fallback:
         if why["pyg"] is not None:
             raise ForcedUnusable(f"{ALLOW_FLAG}: the pyg path anemoi falls back to cannot be used: {why['pyg']}")
         return GraphAttention(
-            "triton",
+            backend="triton",
             allow_fallback=True,
             reason=f"triton asked for, with the fallback to pyg allowed ({cause} here; pyg accepted)",
             evidence=evidence,

@@ -7,7 +7,7 @@ baseline's own error + 8 eps, the baseline being the same formula run by torch i
 and the RMS error and the bias by the norms' rule (``judge.judge_output``). The sharp case's dq and dk
 (which vanish) are judged by their max error against max|dv|: a kernel whose dq is 1.47 there (the
 pre-#1172 bf16 Triton kernel) is rejected naming the case. Determinism is recorded
-(``judge.record_determinism``); PyG's scatter path is not bitwise repeatable on a GPU (atomics).
+(``judge.determinism``); PyG's scatter path is not bitwise repeatable on a GPU (atomics).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 from kernel_lock.slots import Status
 from kernel_probe.isolation.protocol import MeasurementRow
-from kernel_probe.probe.report import Verdict
+from kernel_probe.probe.report import Verdict, deterministic
 
 BASELINE = "torch's formula's"
 # the check's cases (kernel_probe.probe.graph_attention), named in the reasons
@@ -42,8 +42,7 @@ class GraphAttentionReport:
     @property
     def deterministic(self) -> bool | None:
         """Bitwise repeatable in every checked dtype (None: not measured)."""
-        seen = [v.deterministic for v in self.verdicts if v.deterministic is not None]
-        return all(seen) if seen else None
+        return deterministic(self.verdicts)
 
     def to_json(self) -> dict[str, Any]:
         """The report as ``--json`` and the lock's evidence show it."""
@@ -61,54 +60,25 @@ class GraphAttentionReport:
 def judge_row(backend: str, device: str, row: MeasurementRow) -> Verdict:
     """One dtype's verdict: every case's outputs under the rule of the module docstring."""
     from kernel_probe.probe.attention_verdict import tolerance
-    from kernel_probe.probe.judge import judge_output, record_determinism
+    from kernel_probe.probe.judge import judge_cases, row_verdict, unmeasured
 
-    v = Verdict(backend, device, row["dtype"], row["regime"])
-    if "skipped" in row:
-        v.status, v.reasons = "skipped", [row["skipped"]]
+    v = unmeasured(backend, device, row, None)  # an exception is a crash: no refusal to tell apart
+    if v is not None:
         return v
-    if "exception" in row:
-        v.status, v.reasons = "crashed", [f"raised {row['exception']}"]
-        return v
-    worst = 0.0
-    for case, tensors in row.get("cases", {}).items():
-        bad: list[str] = []
-        ratios = {}
-        case_stats = row.get("stats", {}).get(case, {})
-        for output, (got, base) in tensors.items():
-            r, over = judge_output(
-                output,
-                [got, base],
-                case_stats.get(output),
-                row["dtype"],
-                v.statistics,
-                max_tolerance=tolerance(output, base, row["dtype"]),
-                baseline=BASELINE,
-            )
-            ratios[output] = r
-            worst = max(worst, r)
-            if over:
-                v.failed.append(f"{case}:{output}")
-                bad.extend(map(str, over))
-        v.ratios[case] = ratios
-        if bad:
-            v.reasons.append(f"{case} ({HINTS.get(case, case)}): {', '.join(bad)}")
-    v.worst_ratio = worst
-    record_determinism(v, row)
-    if v.failed:
-        v.status = "rejected"
-    v.errors = {case: dict(t) for case, t in row.get("cases", {}).items()}
-    return v
+    found = judge_cases(row, HINTS, max_tolerance=tolerance, baseline=BASELINE)
+    return row_verdict(backend, device, row, found, twin=False)
 
 
 def judge(backend: str, device: str, rows: list[MeasurementRow], *, interpreted: bool = False) -> GraphAttentionReport:
     """The verdict on ``backend`` from its rows (one per dtype)."""
-    from kernel_probe.probe.judge import worst_status
+    from kernel_probe.probe.judge import row_reasons, worst_status
 
     verdicts = [judge_row(backend, device, row) for row in rows]
-    report = GraphAttentionReport(backend, device, worst_status([v.status for v in verdicts]), verdicts=verdicts)
-    report.interpreted = interpreted
-    for v in verdicts:
-        if v.status != "accepted":
-            report.reasons.extend(f"{v.dtype}: {r}" for r in v.reasons if f"{v.dtype}: {r}" not in report.reasons)
-    return report
+    return GraphAttentionReport(
+        backend,
+        device,
+        worst_status([v.status for v in verdicts]),
+        reasons=row_reasons(verdicts, regime=False),
+        verdicts=verdicts,
+        interpreted=interpreted,
+    )

@@ -51,13 +51,14 @@ import dataclasses
 import importlib.util
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Literal
+from typing import Any, Literal
 
 from kernel_lock.slots import CONFUSABLE, DTYPES, SLOT_SEMANTICS, STATUSES, Status
 from kernel_probe.candidates import Candidate
+from kernel_probe.errors import ProbeError
 from kernel_probe.isolation.protocol import (
     ALT_PREFIX,
     FLAG_GRAD_OUTPUT_MODIFIED,
@@ -221,90 +222,205 @@ def judge_output(
     return worst, over
 
 
-def record_determinism(v: Verdict, row: MeasurementRow) -> None:
-    """The row's bitwise-repeat measurement on the verdict: ``deterministic``, and a note with the spread
-    when two identical runs differed (every slot's verdict records it the same way)."""
-    if "nondeterministic" in row:
-        v.deterministic = row["nondeterministic"] is None
-        if not v.deterministic:
-            v.notes.append(f"not deterministic: {row['nondeterministic']}")
+class UnjudgedRow(ProbeError):
+    """A measured row with no case to judge and no flag that fails it: no verdict can be reached, so
+    none is made up (a row is never accepted by default)."""
+
+    def __init__(self, candidate: str, dtype: str, regime: str):
+        self.candidate = candidate
+        super().__init__(
+            f"{candidate}: its {dtype}/{regime} row has no measured case, so no verdict can be reached on it",
+            fix="a bug of the check that measured it: re-run with --debug and report it",
+        )
 
 
-def judge_unmeasured(
-    v: Verdict, row: MeasurementRow, refused: re.Pattern[str], *, say_unavailable: bool = False
-) -> bool:
-    """A row with no measurements decides ``v`` (True): skipped where torch itself cannot run it; where the
-    candidate raised, unavailable when the message is a refusal (``refused``: this dtype or configuration
-    is not supported) and crashed otherwise. Every slot's rows are judged so; False: the row was measured."""
-    if "skipped" in row:
-        v.status, v.reasons = "skipped", [row["skipped"]]
-        return True
-    if "exception" in row:
-        message = row["exception"]
-        v.status = "unavailable" if refused.search(message) else "crashed"
-        unavailable = say_unavailable and v.status == "unavailable"
-        v.reasons = [f"unavailable: {message}" if unavailable else f"raised {message}"]
-        return True
-    return False
+@dataclass(frozen=True)
+class Findings:
+    """What the compared outputs of a row's cases say, each case under the one rule (``judge_output``)."""
+
+    worst: float | None  # the largest statistic / tolerance over every output (None: no case measured)
+    failed: tuple[str, ...]  # ``case:output`` of each output over its tolerance
+    reasons: tuple[str, ...]  # one line per failing case, naming what that case is about
+    statistics: dict[str, float]  # per statistic (max, rms, bias): the worst ratio
+    ratios: dict[str, dict[str, float]]  # with a slot's own max tolerance: case -> output -> ratio
 
 
-def judge_row(candidate: str, device: str, semantics: str, row: MeasurementRow, policy: Policy = Policy()) -> Verdict:
-    """The verdict on one measured (dtype, regime): errors against the tolerance model, then the flags."""
-    v = Verdict(candidate, device, row["dtype"], row["regime"], out_dtype=row.get("out_dtype", ""))
-    if judge_unmeasured(v, row, _DTYPE_PROBLEM):
-        return v
-    worst = 0.0
-    alt_ok = None
+def judge_cases(
+    row: MeasurementRow,
+    hints: Mapping[str, str],
+    *,
+    max_tolerance: Callable[[str, float, str], float] | None = None,
+    baseline: str = "torch.nn's",
+) -> Findings:
+    """Every case's compared outputs of ``row`` by ``judge_output`` (the outputs of an alternative
+    reference, ``ALT_PREFIX``, are not judged). ``max_tolerance(output, base, dtype)``: a slot's own
+    tolerance of the max error (attention's), with the ratios kept per case and output."""
+    dtype = row["dtype"]
+    worst, failed, reasons = 0.0, [], []
+    statistics: dict[str, float] = {}
+    ratios: dict[str, dict[str, float]] = {}
     for case, tensors in row.get("cases", {}).items():
         bad: list[str] = []
+        per: dict[str, float] = {}
         case_stats = row.get("stats", {}).get(case, {})
+        for tensor, errors in tensors.items():
+            if tensor.startswith(ALT_PREFIX):
+                continue
+            own = None if max_tolerance is None else max_tolerance(tensor, errors[1], dtype)
+            r, over = judge_output(tensor, errors, case_stats.get(tensor), dtype, statistics, own, baseline)
+            per[tensor] = r
+            worst = max(worst, r)
+            if over:
+                failed.append(f"{case}:{tensor}")
+                bad.extend(map(str, over))
+        if max_tolerance is not None:
+            ratios[case] = per
+        if bad:
+            reasons.append(f"{case} ({hints.get(case, case)}): {', '.join(bad)}")
+    return Findings(worst if row.get("cases") else None, tuple(failed), tuple(reasons), statistics, ratios)
+
+
+def determinism(row: MeasurementRow) -> tuple[bool | None, tuple[str, ...]]:
+    """The row's bitwise-repeat measurement: (deterministic, a note with the spread when two identical
+    runs differed); (None, ()) when not measured. Every slot's verdict records it the same way."""
+    if "nondeterministic" not in row:
+        return None, ()
+    spread = row["nondeterministic"]
+    return spread is None, () if spread is None else (f"not deterministic: {spread}",)
+
+
+def unmeasured(
+    candidate: str, device: str, row: MeasurementRow, refused: re.Pattern[str] | None, *, say_unavailable: bool = False
+) -> Verdict | None:
+    """The verdict on a row with no measurements: skipped where torch itself cannot run it; where the
+    candidate raised, unavailable when the message is a refusal (``refused``: this dtype or
+    configuration is not supported) and crashed otherwise. None: the row was measured."""
+    where = (candidate, device, row["dtype"], row["regime"])
+    if "skipped" in row:
+        return Verdict(*where, "skipped", reasons=(row["skipped"],))
+    if "exception" in row:
+        message = row["exception"]
+        status: Status = "unavailable" if refused is not None and refused.search(message) else "crashed"
+        unavailable = say_unavailable and status == "unavailable"
+        return Verdict(*where, status, reasons=(f"unavailable: {message}" if unavailable else f"raised {message}",))
+    return None
+
+
+def row_verdict(
+    candidate: str,
+    device: str,
+    row: MeasurementRow,
+    found: Findings,
+    *,
+    failed: Sequence[str] = (),
+    failed_first: Sequence[str] = (),
+    reasons: Sequence[str] = (),
+    notes: Sequence[str] = (),
+    changes: Sequence[str] = (),
+    twin: bool = True,
+    out_dtype: str = "",
+) -> Verdict:
+    """The verdict on a measured row, built once: rejected when an output of its cases is over its
+    tolerance or a flag fails it (``failed``: after the cases' in the record, ``failed_first``: before;
+    ``reasons``: theirs, first), accepted otherwise. A row with no case and no failure raises
+    :class:`UnjudgedRow`: nothing vouches for it, and it is never accepted by default."""
+    all_failed = (*failed_first, *found.failed, *failed)
+    if not row.get("cases") and not all_failed:
+        raise UnjudgedRow(candidate, row["dtype"], row["regime"])
+    deterministic, spread = determinism(row)
+    return Verdict(
+        candidate,
+        device,
+        row["dtype"],
+        row["regime"],
+        "rejected" if all_failed else "accepted",
+        reasons=(*reasons, *found.reasons),
+        failed=all_failed,
+        worst_ratio=found.worst,
+        statistics=found.statistics,
+        out_dtype=out_dtype,
+        twin=dict(row.get("twin") or {}) if twin else {},
+        notes=(*spread, *notes),
+        errors={case: dict(t) for case, t in row.get("cases", {}).items()},
+        deterministic=deterministic,
+        changes=tuple(changes),
+        ratios=found.ratios,
+    )
+
+
+def judge_row(
+    candidate: str,
+    device: str,
+    semantics: str,
+    row: MeasurementRow,
+    policy: Policy = Policy(),
+    *,
+    also: Sequence[tuple[str, str]] = (),
+    notes: Sequence[str] = (),
+) -> Verdict:
+    """The verdict on one measured (dtype, regime): errors against the tolerance model, then the flags.
+    ``also``: a slot's own failing flags, (flag, reason), its reason first; ``notes``: a slot's own."""
+    v = unmeasured(candidate, device, row, _DTYPE_PROBLEM)
+    if v is not None:
+        return v
+    found = judge_cases(row, HINTS)
+    alt_ok = None
+    for tensors in row.get("cases", {}).values():
         for tensor, errors in tensors.items():
             if tensor.startswith(ALT_PREFIX):
                 r, _ = ratio(errors[0], errors[1], row["dtype"])
                 alt_ok = (alt_ok is not False) and r <= 1.0
-                continue
-            r, over = judge_output(tensor, errors, case_stats.get(tensor), row["dtype"], v.statistics)
-            worst = max(worst, r)
-            if over:
-                v.failed.append(f"{case}:{tensor}")
-                bad.extend(map(str, over))
-        if bad:  # one line per failing case, naming what that case is about
-            v.reasons.append(f"{case} ({HINTS.get(case, case)}): {', '.join(bad)}")
-    v.worst_ratio = worst
-    record_determinism(v, row)
     flags = row.get("flags", {})
+    failed: list[str] = []
+    reasons: list[str] = []
+    extra_notes: list[str] = []
+    changes: list[str] = []
     if FLAG_GRAD_OUTPUT_MODIFIED in flags:
-        v.failed.append(FLAG_GRAD_OUTPUT_MODIFIED)
-        v.reasons.insert(
+        failed.append(FLAG_GRAD_OUTPUT_MODIFIED)
+        reasons.insert(
             0,
             f"backward modifies grad_output in place (seen on {flags[FLAG_GRAD_OUTPUT_MODIFIED]}): "
             "gradients of other branches, e.g. a residual, are corrupted",
         )
     if FLAG_INPUT_MODIFIED in flags:
-        v.failed.append(FLAG_INPUT_MODIFIED)
-        v.reasons.insert(0, f"modifies its input (seen on {flags[FLAG_INPUT_MODIFIED]})")
+        failed.append(FLAG_INPUT_MODIFIED)
+        reasons.insert(0, f"modifies its input (seen on {flags[FLAG_INPUT_MODIFIED]})")
     if FLAG_OUTPUT_DTYPE in flags:
-        _judge_dtype(v, row, flags[FLAG_OUTPUT_DTYPE], policy)
-    if v.failed:
-        v.status = "rejected"
-        y_failed = any(f.endswith(":y") for f in v.failed)
-        if semantics in CONFUSABLE and y_failed and alt_ok:
-            alt = CONFUSABLE[semantics]
-            v.reasons.insert(0, f"semantics: {alt} != {semantics} (its output matches a {alt} reference)")
-    v.twin = dict(row.get("twin") or {})
-    v.errors = {case: dict(t) for case, t in row.get("cases", {}).items()}
-    return v
+        rejection, change = _judge_dtype(row, flags[FLAG_OUTPUT_DTYPE], policy)
+        if rejection:
+            failed.append(FLAG_OUTPUT_DTYPE)
+            reasons.insert(0, rejection)
+        else:
+            extra_notes.append(change)
+            changes.append(change)
+    y_failed = any(f.endswith(":y") for f in found.failed)
+    if semantics in CONFUSABLE and y_failed and alt_ok:
+        alt = CONFUSABLE[semantics]
+        reasons.insert(0, f"semantics: {alt} != {semantics} (its output matches a {alt} reference)")
+    for flag, reason in also:
+        failed.append(flag)
+        reasons.insert(0, reason)
+    return row_verdict(
+        candidate,
+        device,
+        row,
+        found,
+        failed=failed,
+        reasons=reasons,
+        notes=(*extra_notes, *notes),
+        changes=changes,
+        out_dtype=row.get("out_dtype", ""),
+    )
 
 
-def _judge_dtype(v: Verdict, row: MeasurementRow, what: str, policy: Policy) -> None:
-    """An output dtype different from torch.nn's: judged by its consequence in the blocks, or strictly."""
+def _judge_dtype(row: MeasurementRow, what: str, policy: Policy) -> tuple[str, str]:
+    """An output dtype different from torch.nn's, judged by its consequence in the blocks, or strictly:
+    (the rejection's reason, '') or ('', the accepted change)."""
     regime = "under autocast" if row["regime"] == "mixed" else "in plain " + row["dtype"]
     blocks = row.get("blocks")
     if policy.strict_dtype or not blocks:
         why = "--strict-dtype" if policy.strict_dtype else "no block check for this slot"
-        v.failed.append(FLAG_OUTPUT_DTYPE)
-        v.reasons.insert(0, f"output dtype {what} {regime} ({why})")
-        return
+        return f"output dtype {what} {regime} ({why})", ""
     figures, bad = [], []
     for kind, tensors in blocks.items():
         if "error" in tensors:
@@ -318,12 +434,8 @@ def _judge_dtype(v: Verdict, row: MeasurementRow, what: str, policy: Policy) -> 
                 bad.append(f"{kind} block {tensor} error {got:.3g} > tolerance {tol:.3g} (torch.nn's {base:.3g})")
         figures.append(f"{kind} block error ratio {worst:.2f}")
     if bad:
-        v.failed.append(FLAG_OUTPUT_DTYPE)
-        v.reasons.insert(0, f"output dtype {what} {regime} changes the blocks a norm sits in: {'; '.join(bad)}")
-        return
-    change = f"output dtype {what} {regime}: accepted by consequence ({', '.join(figures)}; <= 1 passes)"
-    v.notes.append(change)
-    v.changes.append(change)
+        return f"output dtype {what} {regime} changes the blocks a norm sits in: {'; '.join(bad)}", ""
+    return "", f"output dtype {what} {regime}: accepted by consequence ({', '.join(figures)}; <= 1 passes)"
 
 
 @dataclass(frozen=True)
@@ -500,20 +612,12 @@ def judge_candidate(
     """The verdict from the worker's measurements: candidate-level facts first, then the rows."""
     early = _early_stop(raw, cand)
     if early is not None:
-        return Report(status=early.status, reasons=[early.reason], **base)
+        return stopped(early, base)
     layout = Layout.from_json(raw.layout or {})
     if not layout.ok:
         return Report(status="rejected", reasons=[f"layout: {layout.problem()}"], **base)
     verdicts = [judge_row(cand.id, device, cand.semantics, row, policy) for row in raw.rows]
-    report = Report(
-        status=worst_status([v.status for v in verdicts]),
-        verdicts=verdicts,
-        migration=layout.rules,
-        blas=raw.blas,
-        blas_default=raw.blas_default,
-        **base,
-    )
-    report.reasons = _row_reasons(verdicts) + report.reasons
+    report = report_of(verdicts, base, migration=layout.rules, blas=raw.blas, blas_default=raw.blas_default)
     _judge_init(report, list(raw.init), policy)
     for v in verdicts:
         for change in v.changes:
@@ -536,16 +640,32 @@ def _early_stop(raw: CheckReply, cand: Candidate) -> Problem | None:
     return None
 
 
-def _row_reasons(verdicts: Sequence[Verdict]) -> list[str]:
-    """The reasons of the rows that failed, each once, prefixed by its dtype and regime."""
+def row_reasons(verdicts: Sequence[Verdict], *, regime: bool = True) -> list[str]:
+    """The reasons of the rows that were not accepted, each once, prefixed by its dtype (and regime)."""
     reasons: list[str] = []
     for v in verdicts:
         if v.status != "accepted":
             for r in v.reasons:
-                line = f"{v.dtype}/{v.regime}: {r}"
+                line = f"{v.dtype}/{v.regime}: {r}" if regime else f"{v.dtype}: {r}"
                 if line not in reasons:
                     reasons.append(line)
     return reasons
+
+
+def report_of(verdicts: Sequence[Verdict], base: ReportBase, **more: Any) -> Report:
+    """A candidate's report from its rows' verdicts: the worst of their statuses, their reasons."""
+    return Report(
+        status=worst_status([v.status for v in verdicts]),
+        reasons=row_reasons(verdicts),
+        verdicts=list(verdicts),
+        **base,
+        **more,
+    )
+
+
+def stopped(problem: Problem, base: ReportBase) -> Report:
+    """The report on a candidate whose check stopped before any row (an import that failed, ...)."""
+    return Report(status=problem.status, reasons=[problem.reason], **base)
 
 
 def _judge_init(report: Report, init: list[str], policy: Policy) -> None:

@@ -3,6 +3,7 @@ module (``judge``) writes them; the checker, the chooser, the lock writer and th
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypedDict
 
@@ -10,30 +11,42 @@ from kernel_lock.slots import Status
 from kernel_probe.candidates import Candidate
 
 
-@dataclass
+@dataclass(frozen=True)
 class Verdict:
-    """One (candidate, device, dtype, regime): status, reasons, and the numbers behind them."""
+    """One (candidate, device, dtype, regime): status, reasons, and the numbers behind them. Built once,
+    by a rule of ``judge`` (``judge.row_verdict``), from a row that was measured: there is no default
+    status, so nothing is accepted that no rule judged."""
 
     candidate: str
     device: str
     dtype: str
     regime: str
-    status: Status = "accepted"  # until a rule of ``judge`` says otherwise
-    reasons: list[str] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
+    status: Status
+    reasons: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()
     worst_ratio: float | None = None
-    statistics: dict[str, float] = field(default_factory=dict)  # per statistic (max, rms, bias): the worst ratio
+    statistics: Mapping[str, float] = field(default_factory=dict)  # per statistic (max, rms, bias): the worst ratio
     out_dtype: str = ""
-    twin: dict[str, Any] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    errors: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    twin: Mapping[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    errors: Mapping[str, Mapping[str, Sequence[float]]] = field(default_factory=dict)
     deterministic: bool | None = None  # two runs bitwise equal (None: not measured)
-    changes: list[str] = field(default_factory=list)  # accepted, but the model changes besides numbers (recorded)
-    ratios: dict[str, dict[str, float]] = field(default_factory=dict)  # Attention: case -> output -> err / tolerance
+    changes: tuple[str, ...] = ()  # accepted, but the model changes besides numbers (recorded)
+    # Attention: case -> output -> err / tolerance
+    ratios: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The verdict as the lock's evidence and ``--json`` show it."""
-        return asdict(self)
+        out = asdict(self)
+        for name in ("reasons", "failed", "notes", "changes"):
+            out[name] = list(out[name])
+        return out
+
+
+def deterministic(verdicts: Sequence[Verdict]) -> bool | None:
+    """Whether every row that measured it was bitwise repeatable (None: no row measured it)."""
+    measured = [v.deterministic for v in verdicts if v.deterministic is not None]
+    return all(measured) if measured else None
 
 
 class ReportBase(TypedDict):
@@ -87,15 +100,14 @@ class Report:
     @property
     def deterministic(self) -> bool | None:
         """True when every measured row was bitwise repeatable; None when nothing was measured."""
-        measured = [v.deterministic for v in self.verdicts if v.deterministic is not None]
-        return all(measured) if measured else None
+        return deterministic(self.verdicts)
 
     @property
     def twin(self) -> dict[str, Any]:
         """The twin check of the first accepted row (they agree across rows in practice)."""
         for v in self.verdicts:
             if v.status == "accepted" and v.twin:
-                return v.twin
+                return dict(v.twin)
         return {}
 
     def worst_ratio(self) -> float | None:

@@ -151,7 +151,9 @@ def build_lock(
         values = {**CANONICAL[slot], **((canonical or {}).get(slot) or {})}
         requires: tuple[Requirement, ...] = ()
         if cand.distribution:
-            requires = (Requirement(cand.distribution, cand.specifier, cand.module.split(".")[0]),)
+            requires = (
+                Requirement(name=cand.distribution, specifier=cand.specifier, module=cand.module.split(".")[0]),
+            )
             distributions.add(cand.distribution)
         trusted.update(trusted_roots([cand]))
         twin = None
@@ -165,7 +167,9 @@ def build_lock(
                 max_error=_round(tw["max_error"], 3) if "max_error" in tw else None,
             )
         rejected = tuple(
-            RejectedCandidate(r.id, r.target, r.status, tuple(_rejection_reasons(r, choice)))
+            RejectedCandidate(
+                implementation=r.id, target=r.target, status=r.status, reasons=tuple(_rejection_reasons(r, choice))
+            )
             for r in reports[slot]
             if r.id != cand.id
         )
@@ -183,7 +187,9 @@ def build_lock(
             evidence=tuple(_evidence(choice.report)),
             timing=tuple(_timing([row for rid in sorted(timings.get(slot, {})) for row in timings[slot][rid]])),
             rejected=rejected,
-            blas=Blas(choice.report.blas, choice.report.blas_default) if choice.report.blas else None,
+            blas=Blas(library=choice.report.blas, build_default=choice.report.blas_default)
+            if choice.report.blas
+            else None,
             gate=_gate_formula(slot, cand.pinned_kwargs(values)),
             # Activation: the model's function the candidates were checked against (kernel_lock.slots)
             function=str(values["function"]) if slot == "Activation" else "",

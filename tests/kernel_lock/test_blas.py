@@ -235,7 +235,7 @@ def test_simulated_cuda_probe_chooses_and_records_the_library(monkeypatch, tmp_p
     result = simulated_cuda_probe(monkeypatch, tmp_path)
     slot = result.lock.slots["Linear"]
     assert slot.implementation == "torch.linear.cublaslt" and "faster than torch.linear" in slot.reason
-    assert slot.blas == blas.Blas("cublaslt", "cublas")
+    assert slot.blas == blas.Blas(library="cublaslt", build_default="cublas")
     assert {t["implementation"]: t["blas"] for t in slot.timing} == {
         "torch.linear": "cublas",
         "torch.linear.cublas": "cublas",
@@ -255,7 +255,7 @@ def test_a_library_that_computes_worse_is_not_chosen(monkeypatch, tmp_path, swit
     config["bad"].add("Cublaslt")
     config["slow"].add("Cublas")  # faster, but wrong: never chosen
     slot = simulated_cuda_probe(monkeypatch, tmp_path).lock.slots["Linear"]
-    assert slot.implementation == "torch.linear" and slot.blas == blas.Blas("cublas", "cublas")
+    assert slot.implementation == "torch.linear" and slot.blas == blas.Blas(library="cublas", build_default="cublas")
     lt = next(c for c in slot.rejected if c.implementation == "torch.linear.cublaslt")
     assert lt.status == "rejected"
 

@@ -21,7 +21,7 @@ def lock_with(table: str, device: str = "cuda") -> kernel_lock.KernelLock:
 
 def test_the_table_round_trips_and_is_sealed():
     lock = lock_with('backend = "triton"\nallow-fallback = true\nreason = "r"\n')
-    assert lock.graph_attention == ga.GraphAttention("triton", allow_fallback=True, reason="r")
+    assert lock.graph_attention == ga.GraphAttention(backend="triton", allow_fallback=True, reason="r")
     again = kernel_lock.loads(lock.dumps())
     assert again == lock and again.intact
     edited = lock.dumps().replace("allow-fallback = true", "allow-fallback = false")

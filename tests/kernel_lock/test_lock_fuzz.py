@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 import kernel_lock
 from kernel_lock import SLOTS, KernelLock, LockError, LockWarning
 from kernel_lock.schema import Slot
+from kernel_lock.tables import table_keys
 from tests.conftest import MINIMAL_LOCK
 
 # thousands of examples: slow, and the fast lane does not import it or hypothesis (conftest.SLOW_MODULES)
@@ -22,9 +23,9 @@ pytestmark = pytest.mark.slow
 KEYS = list(
     dict.fromkeys(
         [
-            *KernelLock._KEYS,
+            *table_keys(KernelLock),
             *SLOTS,
-            *Slot._KEYS,
+            *table_keys(Slot),
             "rejected",
             "value",
             "match",

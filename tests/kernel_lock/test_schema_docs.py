@@ -27,6 +27,7 @@ from kernel_lock import _toml, errors
 from kernel_lock.fingerprint.fields import FIELDS
 from kernel_lock.lock import KernelLock
 from kernel_lock.schema import Slot
+from kernel_lock.tables import table_keys
 from kernel_probe.cli import main
 from tests.conftest import ROOT, small_probe
 
@@ -268,8 +269,8 @@ def test_a_new_key_in_a_lock_is_reported(real_locks):
 # ---- keys the code declares, whether or not a CPU probe writes them -----------------------------
 def test_every_schema_key_is_documented():
     docs = documented(DOC.read_text())
-    assert set(KernelLock._KEYS) <= docs[()]
-    assert set(Slot._KEYS) <= docs[("slots", "<Slot>")]
+    assert set(table_keys(KernelLock)) <= docs[()]
+    assert set(table_keys(Slot)) <= docs[("slots", "<Slot>")]
     assert set(FIELDS) | {"libraries"} <= docs[("environment",)]
     assert set(kernel_lock.SLOTS) <= docs[("slots",)]
 

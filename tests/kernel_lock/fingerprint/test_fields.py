@@ -62,18 +62,18 @@ def test_field_matches(kind, rule, expected, found, ok):
 
 def test_compare_lists_every_difference():
     expected = {
-        "torch": EnvField("2.6.0", "compatible"),
-        "arch": EnvField("x86_64", "exact"),
-        "device-count": EnvField(8, "ignore"),
-        "python": EnvField("3.11.7", "compatible"),
-        "future-field": EnvField("x", "exact"),  # a newer kernel-probe's field: not checked
+        "torch": EnvField(value="2.6.0", match="compatible"),
+        "arch": EnvField(value="x86_64", match="exact"),
+        "device-count": EnvField(value=8, match="ignore"),
+        "python": EnvField(value="3.11.7", match="compatible"),
+        "future-field": EnvField(value="x", match="exact"),  # a newer kernel-probe's field: not checked
     }
     found = {"torch": "2.7.1", "arch": "x86_64", "device-count": 1, "python": "3.11.9"}
     libraries = {
-        "liger-kernel": EnvField("0.5.2", "compatible"),
-        "apex": EnvField("0.1", "exact"),
-        "quack": EnvField("1.0", "ignore"),
-        "triton": EnvField("3.1.0", "compatible"),
+        "liger-kernel": EnvField(value="0.5.2", match="compatible"),
+        "apex": EnvField(value="0.1", match="exact"),
+        "quack": EnvField(value="1.0", match="ignore"),
+        "triton": EnvField(value="3.1.0", match="compatible"),
     }
     installed = {"liger-kernel": "0.6.0", "apex": None, "quack": None, "triton": "3.1.5"}
     assert compare(expected, found, libraries, installed) == [
@@ -82,7 +82,7 @@ def test_compare_lists_every_difference():
         Difference("libraries.apex", "0.1", "not installed", "exact"),
     ]
     assert compare({}, found, {}, {}) == []
-    assert compare({"arch": EnvField("x86_64")}, {}, {}, {}) == [Difference("arch", "x86_64", None, "exact")]
+    assert compare({"arch": EnvField(value="x86_64")}, {}, {}, {}) == [Difference("arch", "x86_64", None, "exact")]
 
 
 def test_unchecked_fields():

@@ -65,7 +65,7 @@ def test_a_tanh_gelu_for_an_erf_model_is_rejected_naming_the_difference(offered)
     # the fp32 row fails on the numbers too, in the case built for it; bf16 cannot see a 4.7e-4 gap
     fp32 = report.verdicts[0]
     assert "gelu-gap:y" in fp32.failed and "function" not in fp32.failed
-    assert report.verdicts[1].failed == ["function"]
+    assert report.verdicts[1].failed == ("function",)
     assert not report.changes
 
 
@@ -88,7 +88,7 @@ def test_an_approximation_is_still_judged_against_what_it_computes():
     assert report.status == "rejected"
     assert report.changes and report.changes[0].startswith("approximation: computes gelu-tanh")
     bad = [v for v in report.verdicts if v.status != "accepted"]
-    assert [(v.dtype, v.failed) for v in bad] == [("float16", ["large-magnitude:dx"])]
+    assert [(v.dtype, v.failed) for v in bad] == [("float16", ("large-magnitude:dx",))]
     assert report.reasons[0].startswith("float16/true: large-magnitude (large values: overflow in low precision): dx")
 
 
@@ -168,7 +168,7 @@ def test_a_candidate_that_cannot_run_is_reported_with_the_reason():
     assert raw.computes == ""
     assert report.reasons[0].startswith("function: its float32 forward matches none of gelu-erf")
     assert report.reasons[1].startswith("float32/true: returns shape (8, 128) for an input of shape (8, 256): not")
-    assert report.verdicts[0].failed == ["not-elementwise"]
+    assert report.verdicts[0].failed == ("not-elementwise",)
     missing = cands.from_command_line("Activation=kp_not_installed_anywhere.GELU")
     raw = activation.check(missing, "cpu", FP32)
     assert raw.phase == "import" and raw.kind == "import"

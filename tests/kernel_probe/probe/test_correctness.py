@@ -307,7 +307,7 @@ def test_a_wrong_input_gradient_is_measured_as_the_candidates_own(monkeypatch):
     assert got > 1e-2 and torch_nn < 1e-6, (got, torch_nn)
     assert row["cases"]["random"]["y"][0] < 1e-6  # the forward is right
     v = judge_row(row["dtype"], "cpu", "layer_norm", row)
-    assert v.status == "rejected" and v.failed == ["random:dx"]
+    assert v.status == "rejected" and v.failed == ("random:dx",)
     right = measured_row("LayerNorm=kp_zoo.norms.GoodLayerNorm")  # the same row of a right kernel passes
     assert right["cases"]["random"]["dx"][0] < 1e-6
     assert judge_row(right["dtype"], "cpu", "layer_norm", right).status == "accepted"
@@ -324,7 +324,7 @@ def test_a_backward_writing_into_grad_output_is_flagged_and_rejected_on_its_own(
     assert set(outputs) == {"y", "dx", "dweight", "dbias"}
     assert all(got <= 4 * base + 1e-6 for got, base in outputs.values()), outputs
     v = judge_row(row["dtype"], "cpu", "layer_norm", row)
-    assert v.status == "rejected" and v.failed == [FLAG_GRAD_OUTPUT_MODIFIED]
+    assert v.status == "rejected" and v.failed == (FLAG_GRAD_OUTPUT_MODIFIED,)
     assert v.reasons[0].startswith("backward modifies grad_output in place (seen on random)")
 
 

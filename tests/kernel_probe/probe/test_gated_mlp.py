@@ -158,8 +158,8 @@ def test_a_tanh_gelu_is_rejected_in_fp16_too_where_it_is_within_rounding(fakes):
     # told in float32, the mistake fails every row
     raw, report = verdict("kp_gated.TanhGatedMLP", "geglu", [("float16", "true")])
     [v] = report.verdicts
-    assert report.status == "rejected" and v.failed == ["gelu_tanh"]
-    assert v.reasons == [gated_mlp.MISTAKES["gelu_tanh"] + " (measured in float32; in float16 it is within rounding)"]
+    assert report.status == "rejected" and v.failed == ("gelu_tanh",)
+    assert v.reasons == (gated_mlp.MISTAKES["gelu_tanh"] + " (measured in float32; in float16 it is within rounding)",)
 
 
 def test_a_tanh_gate_offered_for_swiglu_is_not_blamed_on_gelu(fakes):

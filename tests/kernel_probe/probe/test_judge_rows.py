@@ -15,7 +15,7 @@ from kernel_probe.isolation.protocol import (
     MeasurementRow,
     alt_key,
 )
-from kernel_probe.probe.judge import Policy, judge_row, worst_status
+from kernel_probe.probe.judge import Policy, UnjudgedRow, judge_row, worst_status
 
 # torch.nn's own errors in float32: the tolerance of each is 4 x these + 2 eps (TOL, about 6.4e-7)
 RIGHT = {"y": [1e-7, 1e-7], "dx": [1e-7, 1e-7], "dweight": [1e-7, 1e-7]}
@@ -35,9 +35,24 @@ def verdict(r: MeasurementRow, semantics: str = "layer_norm", policy: Policy = P
     return judge_row("x.cand", "cpu", semantics, r, policy)
 
 
+@pytest.mark.parametrize("cases", [{}, None], ids=["empty", "absent"])
+def test_a_row_with_no_cases_gives_no_verdict_naming_the_candidate(cases):
+    r = row(cases={})
+    if cases is None:
+        del r["cases"]
+    with pytest.raises(UnjudgedRow, match=r"x\.cand: its float32/true row has no measured case") as exc:
+        verdict(r)
+    assert exc.value.candidate == "x.cand"
+
+
+def test_a_row_with_no_cases_but_a_failing_flag_is_rejected_for_it():
+    v = verdict(row(cases={}, flags={FLAG_INPUT_MODIFIED: "x"}))
+    assert v.status == "rejected" and v.failed == (FLAG_INPUT_MODIFIED,) and v.worst_ratio is None
+
+
 def test_a_row_right_to_rounding_is_accepted():
     v = verdict(row())
-    assert (v.status, v.failed, v.reasons) == ("accepted", [], [])
+    assert (v.status, v.failed, v.reasons) == ("accepted", (), ())
     assert v.worst_ratio == pytest.approx(1e-7 / (4e-7 + 2 * 2**-23))
 
 
@@ -45,7 +60,7 @@ def test_a_row_right_to_rounding_is_accepted():
 def test_one_output_over_its_tolerance_rejects_naming_it(tensor):
     # just over: 4 x torch.nn's error + the floor is the tolerance (TOL), and 1.01 x that fails
     v = verdict(row({"random": {**RIGHT, tensor: [1.01 * TOL, 1e-7]}}))
-    assert v.status == "rejected" and v.failed == [f"random:{tensor}"]
+    assert v.status == "rejected" and v.failed == (f"random:{tensor}",)
     assert v.reasons[0].startswith(f"random (plain random input): {tensor} error ")
     assert v.worst_ratio == pytest.approx(1.01)
 
@@ -57,22 +72,22 @@ def test_at_the_tolerance_it_still_passes():
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
 def test_a_nan_or_inf_error_rejects(bad):
     v = verdict(row({"random": {**RIGHT, "y": [bad, 1e-7]}}))
-    assert v.status == "rejected" and v.failed == ["random:y"] and v.worst_ratio == math.inf
+    assert v.status == "rejected" and v.failed == ("random:y",) and v.worst_ratio == math.inf
 
 
 def test_a_backward_that_modifies_grad_output_is_rejected_even_when_every_error_is_right():
     v = verdict(row(flags={FLAG_GRAD_OUTPUT_MODIFIED: "residual"}))
-    assert v.status == "rejected" and v.failed == [FLAG_GRAD_OUTPUT_MODIFIED]
-    assert v.reasons == [
+    assert v.status == "rejected" and v.failed == (FLAG_GRAD_OUTPUT_MODIFIED,)
+    assert v.reasons == (
         "backward modifies grad_output in place (seen on residual): "
-        "gradients of other branches, e.g. a residual, are corrupted"
-    ]
+        "gradients of other branches, e.g. a residual, are corrupted",
+    )
 
 
 def test_a_kernel_that_modifies_its_input_is_rejected_even_when_every_error_is_right():
     v = verdict(row(flags={FLAG_INPUT_MODIFIED: "random"}))
-    assert v.status == "rejected" and v.failed == [FLAG_INPUT_MODIFIED]
-    assert v.reasons == ["modifies its input (seen on random)"]
+    assert v.status == "rejected" and v.failed == (FLAG_INPUT_MODIFIED,)
+    assert v.reasons == ("modifies its input (seen on random)",)
 
 
 @pytest.mark.parametrize(
@@ -86,12 +101,12 @@ def test_a_kernel_that_modifies_its_input_is_rejected_even_when_every_error_is_r
 )
 def test_an_exception_is_unavailable_for_a_dtype_problem_and_crashed_otherwise(message, status):
     v = verdict(row(exception=message))
-    assert (v.status, v.reasons) == (status, [f"raised {message}"])
+    assert (v.status, v.reasons) == (status, (f"raised {message}",))
 
 
 def test_a_row_torch_nn_itself_cannot_run_is_skipped():
     v = verdict(row(skipped="torch.nn itself fails for float16 true on cpu: RuntimeError: x"))
-    assert (v.status, v.reasons) == ("skipped", ["torch.nn itself fails for float16 true on cpu: RuntimeError: x"])
+    assert (v.status, v.reasons) == ("skipped", ("torch.nn itself fails for float16 true on cpu: RuntimeError: x",))
 
 
 def test_a_wrong_output_that_matches_the_other_norm_names_the_semantics():
@@ -116,7 +131,7 @@ GOOD_BLOCKS = {"pre-norm": {"y": [1e-7, 1e-7]}, "post-norm": {"y": [1e-7, 1e-7]}
 
 def test_an_output_dtype_within_the_blocks_tolerance_is_accepted_and_recorded():
     v = verdict(_dtype_row(GOOD_BLOCKS))
-    assert v.status == "accepted" and v.failed == []
+    assert v.status == "accepted" and v.failed == ()
     assert v.changes == v.notes and v.changes[0].startswith(
         "output dtype float32 (torch.nn: bfloat16) for bfloat16 input in plain float32: accepted by consequence"
     )
@@ -138,8 +153,8 @@ def test_an_output_dtype_within_the_blocks_tolerance_is_accepted_and_recorded():
 )
 def test_an_output_dtype_is_rejected_strictly_without_blocks_or_by_its_consequence(blocks, policy, words):
     v = verdict(_dtype_row(blocks), policy=policy)
-    assert v.status == "rejected" and v.failed == [FLAG_OUTPUT_DTYPE] and words in v.reasons[0]
-    assert v.changes == []
+    assert v.status == "rejected" and v.failed == (FLAG_OUTPUT_DTYPE,) and words in v.reasons[0]
+    assert v.changes == ()
 
 
 @pytest.mark.parametrize(

@@ -34,11 +34,16 @@ def test_report_base_takes_the_candidates_facts():
     }
 
 
-def test_a_verdict_starts_accepted_and_empty():
-    v = Verdict("c", "cpu", "float32", "true")
-    assert v.status == "accepted" and v.reasons == [] and v.worst_ratio is None and v.deterministic is None
+def test_a_verdict_has_no_default_status_and_is_frozen():
+    with pytest.raises(TypeError, match="status"):
+        Verdict("c", "cpu", "float32", "true")  # type: ignore[call-arg]  # nothing is accepted by default
+    v = Verdict("c", "cpu", "float32", "true", "accepted")
+    assert v.reasons == () and v.failed == () and v.worst_ratio is None and v.deterministic is None
+    with pytest.raises(AttributeError):
+        v.status = "rejected"  # type: ignore[misc]
     d = v.to_json()
     assert d["candidate"] == "c" and d["status"] == "accepted" and d["errors"] == {} and d["changes"] == []
+    assert d["reasons"] == [] and d["failed"] == [] and d["notes"] == []  # JSON arrays, as before
     assert set(d) == {
         "candidate", "device", "dtype", "regime", "status", "reasons", "failed", "worst_ratio", "statistics",
         "out_dtype", "twin", "notes", "errors", "deterministic", "changes", "ratios",

@@ -102,7 +102,9 @@ def layer_norm_lock(**options):
     default, liger = builtin("torch.layer_norm"), builtin("liger.layer_norm")
     chosen = report(
         default,
-        verdicts=[Verdict("torch.layer_norm", "cpu", "float32", "true", worst_ratio=0.123456, deterministic=True)],
+        verdicts=[
+            Verdict("torch.layer_norm", "cpu", "float32", "true", "accepted", worst_ratio=0.123456, deterministic=True)
+        ],
         changes=["records a change"],
     )
     others = [
@@ -170,8 +172,8 @@ def test_a_cpu_linear_records_whether_its_regimes_matmul_is_native(monkeypatch):
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     linear = builtin("torch.linear")
     verdicts = [
-        Verdict("torch.linear", "cpu", "float32", "true"),
-        Verdict("torch.linear", "cpu", "bfloat16", "mixed"),
+        Verdict("torch.linear", "cpu", "float32", "true", "accepted"),
+        Verdict("torch.linear", "cpu", "bfloat16", "mixed", "accepted"),
     ]
     chosen = report(linear, verdicts=verdicts)
     choice = Choice("Linear", chosen, "default", "kept the default", {})
