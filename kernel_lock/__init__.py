@@ -25,9 +25,9 @@ from .errors import (
     RanksDisagree,
     TargetNotAllowed,
 )
+from .format.schema import LOCK_VERSION
+from .format.slots import SLOTS
 from .lock import KernelLock, load, loads
-from .schema import LOCK_VERSION
-from .slots import SLOTS
 
 __version__ = "0.1.0"
 

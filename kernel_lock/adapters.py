@@ -18,7 +18,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .adapter_names import AUTOCAST_ADAPTERS, GENERIC_SEPARATOR, SIZE_ADAPTERS, generic_parts, size_parameter
+from .trust.adapter_names import AUTOCAST_ADAPTERS, GENERIC_SEPARATOR, SIZE_ADAPTERS, generic_parts, size_parameter
+
+__all__ = [
+    "TORCH_INIT_ADAPTERS",
+    "CompiledGELU",
+    "CompiledLayerNorm",
+    "CompiledLinear",
+    "CompiledRMSNorm",
+    "autocast_adapter",
+    "normalized_shape_adapter",
+    "torch_init",
+    "torch_init_adapter",
+]
 
 _compiled: dict[str, Callable[..., Any]] = {}
 
@@ -80,7 +92,7 @@ class CompiledGELU(nn.GELU):
 
 
 # ---- anemoi's call convention and wrappers --------------------------------------------------------
-# The names of the adapters and what each wraps live in kernel_lock.adapter_names (import-light: the
+# The names of the adapters and what each wraps live in kernel_lock.trust.adapter_names (import-light: the
 # export and a lock's trust check read them without torch); the classes are built here on first
 # lookup (module ``__getattr__``) and pickle by name.
 
@@ -215,7 +227,7 @@ def _generic(prefix: str, kernel: str) -> type:
 
 
 def __getattr__(name: str) -> type:
-    """Build the adapter ``name`` on first lookup (a table row of ``kernel_lock.adapter_names``, or a
+    """Build the adapter ``name`` on first lookup (a table row of ``kernel_lock.trust.adapter_names``, or a
     generic ``Autocast__``/``Sized__`` name); AttributeError for any other name."""
     generic = generic_parts(name)
     if generic is not None:

@@ -21,6 +21,18 @@ from typing import Any
 from .errors import LockFormatError
 from .lock import KernelLock, loads
 
+__all__ = [
+    "CHECKPOINT_KEY",
+    "MIGRATIONS",
+    "Rule",
+    "attach",
+    "lock_from_checkpoint",
+    "migrate_module_state",
+    "migrate_state_dict",
+    "migration_rules",
+    "parse_rule",
+]
+
 CHECKPOINT_KEY = "kernel_lock"
 
 log = logging.getLogger("kernel_lock")

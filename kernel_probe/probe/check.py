@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, cast
 
-from kernel_lock.slots import ACTIVATION, ATTENTION, DTYPES, GATED_MLP, dtype_named
+from kernel_lock.format.slots import ACTIVATION, ATTENTION, DTYPES, GATED_MLP, dtype_named
 from kernel_probe.candidates import Candidate, default_for, for_slot
 from kernel_probe.isolation.protocol import (
     INTERPRETED,

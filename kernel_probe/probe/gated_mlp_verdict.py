@@ -11,7 +11,7 @@ formula's known mistakes (tanh GELU for anemoi's erf geglu, gate and value swapp
 
 from __future__ import annotations
 
-from kernel_lock.slots import Status
+from kernel_lock.format.slots import Status
 from kernel_probe.candidates import Candidate
 from kernel_probe.isolation.protocol import CheckReply, MeasurementRow
 from kernel_probe.probe.report import Report, ReportBase, Verdict

@@ -16,6 +16,17 @@ from typing import Any
 from .reading import ReadError, get_required
 from .slots import ACTIVATION, canonical_target
 
+__all__ = [
+    "ACTIVATION_CLASSES",
+    "ACTIVATION_FUNCTIONS",
+    "APPROXIMATIONS",
+    "OTHER_FUNCTION",
+    "function_of",
+    "function_problem",
+    "is_approximation",
+    "read_function",
+]
+
 # What an activation computes, as the model declares it (``--activation``; anemoi: the class its config names)
 ACTIVATION_FUNCTIONS = ("gelu-erf", "gelu-tanh", "silu", "relu", "sigmoid")
 OTHER_FUNCTION = "other:"

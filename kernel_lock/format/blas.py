@@ -27,7 +27,27 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import Difference, LockMismatch
+from ..errors import Difference, LockMismatch
+
+__all__ = [
+    "ALL",
+    "CONTROL",
+    "ENV_VARS",
+    "LIBRARIES",
+    "TORCH_NAME",
+    "Blas",
+    "apply",
+    "current",
+    "device_of",
+    "env_choice",
+    "environment_differences",
+    "in_process_differences",
+    "job_start_differences",
+    "mismatch_fix",
+    "name_of",
+    "own_choice",
+    "select",
+]
 
 log = logging.getLogger("kernel_lock")
 

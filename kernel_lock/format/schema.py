@@ -18,13 +18,36 @@ from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any, Literal, TypeVar, cast, get_args
 
+from ..errors import LockFormatError
+from ..trust import DOTTED, MODULE, check_target
 from .activations import read_function
 from .blas import ALL as BLAS_LIBRARIES
 from .blas import Blas, device_of
-from .errors import LockFormatError
 from .reading import ReadError, context, get, get_choice, get_required, get_strings, get_tables, join, type_name
 from .slots import SEMANTICS, SLOT_SEMANTICS, STATUSES, Status
-from .trust import DOTTED, MODULE, check_target
+
+__all__ = [
+    "DIGEST",
+    "INT64",
+    "LOCK_VERSION",
+    "MATCH_RULES",
+    "MAX_WARNINGS",
+    "STATE_DICT",
+    "VERSION",
+    "Candidate",
+    "Context",
+    "EnvField",
+    "Environment",
+    "Match",
+    "Requirement",
+    "Scalar",
+    "Slot",
+    "StateDict",
+    "Twin",
+    "choice",
+    "record",
+    "required",
+]
 
 # 1.1: accepted-changes, rename/transpose migrations; 1.2: environment torch-rocm, device-features, numerics-env;
 # 1.3: slots.Linear.blas, and the timing rows' check at the model's shape (checked-rows, worst-error-ratio)
@@ -211,7 +234,7 @@ class Environment:
 
     @classmethod
     def _from_dict(cls, ctx: Context, d: Mapping[str, Any]) -> Environment:
-        from .fingerprint.fields import FIELDS  # the field catalogue lives beside the code that computes it
+        from ..fingerprint.fields import FIELDS  # the field catalogue lives beside the code that computes it
 
         fields = {}
         for key, value in d.items():
@@ -236,7 +259,7 @@ class Environment:
 
     def to_dict(self) -> dict[str, Any]:
         """The TOML-ready ``[environment]`` table, the known fields in their catalogue order."""
-        from .fingerprint.fields import FIELDS
+        from ..fingerprint.fields import FIELDS
 
         order = list(FIELDS) + sorted(k for k in self.fields if k not in FIELDS)
         out: dict[str, Any] = {k: self.fields[k].to_dict() for k in order if k in self.fields}

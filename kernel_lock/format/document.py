@@ -15,9 +15,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from . import _toml
-from ._files import atomic_write_text
-from .errors import LockFormatError, LockVersionError
+from ..errors import LockFormatError, LockVersionError
+from ..trust import granted_trust, module_name
+from ..trust.files import atomic_write_text
+from . import toml as _toml
 from .graph_attention import TABLE as GRAPH_ATTENTION
 from .graph_attention import GraphAttention
 from .reading import ReadError, get, get_strings
@@ -33,7 +34,11 @@ from .schema import (
     required,
 )
 from .slots import MODES, PRECISIONS, SLOTS, Mode, slot_name_fix
-from .trust import granted_trust, module_name
+
+__all__ = [
+    "SEAL",
+    "LockDocument",
+]
 
 _L = TypeVar("_L", bound="LockDocument")
 SEAL = "digest"  # the one top-level key the digest does not cover: itself
