@@ -4,6 +4,10 @@ Each keeps the parameters and state-dict keys of the class it adapts, so a check
 between the adapter and the class it adapts. Importing this module imports torch; it is only imported
 when a lock resolves one of these targets. The library an adapter wraps is imported only when that
 adapter is first looked up (module ``__getattr__``), so this module imports without liger-kernel.
+
+Kept at ``kernel_lock.adapters`` (the public face of the lock's target classes, beside
+``attention`` and ``gated_mlp``): locks, anemoi configs and pickled models name these classes by
+this path, and a lock's digest covers it.
 """
 
 from __future__ import annotations

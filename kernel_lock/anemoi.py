@@ -19,6 +19,9 @@ process needs lives here; the checks of a config's blocks are kernel-probe's
 The lock's ``RMSNorm`` slot has no anemoi key and is never exported: anemoi has no RMSNorm call site,
 and an RMSNorm under ``LayerNorm``/``QueryNorm``/``KeyNorm`` changes the model's maths and its state
 dict (no bias, no mean), which is a modelling decision, not a kernel choice.
+
+One of kernel_lock's integrations (with ``checkpoint``, ``distributed`` and ``portability``), kept at the path the docs show
+(``kernel_lock.anemoi.layer_kernels``).
 """
 
 from __future__ import annotations

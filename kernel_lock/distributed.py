@@ -14,6 +14,9 @@ Not ``all_gather_object``: it pickles (a rank would unpickle whatever another se
 (``RuntimeError: Numpy is not available`` in an environment without it).
 
 Not imported by ``import kernel_lock``; torch is imported when :func:`check_ranks` is called.
+
+One of kernel_lock's integrations (with ``anemoi``, ``checkpoint`` and ``portability``), kept at the path the docs show
+(``kernel_lock.distributed.check_ranks``).
 """
 
 from __future__ import annotations

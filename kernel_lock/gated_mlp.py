@@ -16,6 +16,8 @@ gate and the product run:
 parameters moved over by a strict state-dict load (anemoi hard-codes its gate: there is no config key
 for the class). Importing this module imports torch; liger-kernel is imported only when
 ``LigerGatedMLP`` is first looked up (module ``__getattr__``).
+
+Kept at ``kernel_lock.gated_mlp``: locks name these classes by this path (see ``adapters``).
 """
 
 from __future__ import annotations

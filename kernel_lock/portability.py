@@ -18,6 +18,9 @@ kernel_lock are installed. :func:`portable` returns a copy that names neither:
   name is still in it.
 
 Not imported by ``import kernel_lock``; torch is imported when :func:`portable` runs.
+
+One of kernel_lock's integrations (with ``anemoi``, ``checkpoint`` and ``distributed``), kept at the path the docs show
+(``kernel_lock.portability.saved_modules``).
 """
 
 from __future__ import annotations

@@ -3,6 +3,10 @@
 Training mode never substitutes: the pinned implementation is built here, or an error says why not.
 Inference mode may use the slot's verified torch.nn twin instead, and says so (a WARNING log record
 and the ``substituted_from`` attribute of what it returns), so a caller can assert on it.
+
+Kept at ``kernel_lock.resolve`` (the public face of *resolve and fingerprint*; the facts it checks
+are ``kernel_lock.fingerprint``'s): models that hold a factory pickle it as
+``kernel_lock.resolve.KernelFactory``.
 """
 
 from __future__ import annotations
