@@ -133,6 +133,8 @@ def test_every_kernel_lock_module_declares_its_public_names(rel):
     path = ROOT / rel
     module = ".".join(Path(rel).with_suffix("").parts).removesuffix(".__init__")
     names = declared(module)
+    if names is None and _private(path.stem):
+        return  # a private module (``_x.py``) is kernel_lock's own: no public names to declare
     assert names is not None, f"{rel}: declare the public names in __all__"
     assert len(names) == len(set(names)), f"{rel}: a name listed twice in __all__"
     tree = ast.parse(path.read_text())
@@ -149,7 +151,6 @@ def test_every_kernel_lock_module_declares_its_public_names(rel):
     missing = [n for n in names if n not in bound and not (path.name == "__init__.py" and n in submodules)]
     assert not missing, f"{rel}: __all__ lists names the module does not define: {missing}"
     assert not [n for n in names if _private(n)], f"{rel}: __all__ lists a private name"
-    assert not _private(path.stem) or path.stem == "__init__", f"{rel}: a private module needs no __all__ test"
 
 
 # ---- kernel_probe imports only kernel_lock's public names ---------------------------------------------
