@@ -24,6 +24,9 @@ from torch import nn
 
 from .trust.adapter_names import AUTOCAST_ADAPTERS, GENERIC_SEPARATOR, SIZE_ADAPTERS, generic_parts, size_parameter
 
+# the classes this module builds on first lookup (module ``__getattr__``: the adapters of
+# kernel_lock.trust.adapter_names' tables, and the generic ``Autocast__...`` / ``Sized__...`` ones) are
+# public too, by the name a lock gives; not listed, so ``import *`` never imports their libraries
 __all__ = [
     "TORCH_INIT_ADAPTERS",
     "CompiledGELU",

@@ -32,6 +32,8 @@ from torch import nn
 
 from .format.gating import GATES, gate_for
 
+# the classes this module builds on first lookup (module ``__getattr__``: ``LigerGatedMLP``) are
+# public too, by the name a lock gives; not listed, so ``import *`` never imports their libraries
 __all__ = [
     "ANEMOI_LAYER",
     "LIGER_GATES",
