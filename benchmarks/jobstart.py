@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kernel_lock._files import write_file
+from kernel_lock.trust.files import write_file
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,7 +51,7 @@ def _hook(event, args):
 def _write():
     record = {"argv": sys.argv, "opened": len(_opened), "distinct": len(set(_opened)),
               "modules": len(sys.modules), "torch": "torch" in sys.modules}  # counted before the write's import
-    from kernel_lock._files import write_file  # the one safe writer
+    from kernel_lock.trust.files import write_file  # the one safe writer
 
     write_file(os.path.join(_out, f"{os.getpid()}.json"), json.dumps(record))
 

@@ -8,6 +8,19 @@
 
 Import-light on purpose: training and inference import this in every process. torch is imported only
 when something is resolved; rich and kernel_probe never.
+
+What a reader finds where (every module lists its public names in ``__all__``):
+
+- the entry: this package, ``lock`` (``KernelLock``, ``load``, ``loads``), ``errors``;
+- ``format/``: the lock file (``schema``, ``document``, ``toml``, ``reading``) and its vocabulary
+  (``slots``, ``versions``, ``activations``, ``gating``, ``blas``, ``graph_attention``);
+- ``trust/``: what may be imported and how (the allow-list, ``registry``, ``importing``, ``locate``,
+  ``confirming``), the one child launcher (``launch``) and the one safe writer (``files``);
+- resolve and fingerprint: ``resolve`` (the resolver) and ``fingerprint/`` (this machine's facts);
+- the classes a lock names as targets: ``adapters``, ``attention``, ``gated_mlp``;
+- integrations: ``anemoi``, ``checkpoint``, ``distributed``, ``portability``.
+
+Modules whose dotted paths are written into locks, configs, pickles or the docs keep those paths.
 """
 
 from __future__ import annotations
@@ -25,9 +38,9 @@ from .errors import (
     RanksDisagree,
     TargetNotAllowed,
 )
+from .format.schema import LOCK_VERSION
+from .format.slots import SLOTS
 from .lock import KernelLock, load, loads
-from .schema import LOCK_VERSION
-from .slots import SLOTS
 
 __version__ = "0.1.0"
 

@@ -4,6 +4,10 @@ Each keeps the parameters and state-dict keys of the class it adapts, so a check
 between the adapter and the class it adapts. Importing this module imports torch; it is only imported
 when a lock resolves one of these targets. The library an adapter wraps is imported only when that
 adapter is first looked up (module ``__getattr__``), so this module imports without liger-kernel.
+
+Kept at ``kernel_lock.adapters`` (the public face of the lock's target classes, beside
+``attention`` and ``gated_mlp``): locks, anemoi configs and pickled models name these classes by
+this path, and a lock's digest covers it.
 """
 
 from __future__ import annotations
@@ -18,7 +22,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .adapter_names import AUTOCAST_ADAPTERS, GENERIC_SEPARATOR, SIZE_ADAPTERS, generic_parts, size_parameter
+from .trust.adapter_names import AUTOCAST_ADAPTERS, GENERIC_SEPARATOR, SIZE_ADAPTERS, generic_parts, size_parameter
+
+# the classes this module builds on first lookup (module ``__getattr__``: the adapters of
+# kernel_lock.trust.adapter_names' tables, and the generic ``Autocast__...`` / ``Sized__...`` ones) are
+# public too, by the name a lock gives; not listed, so ``import *`` never imports their libraries
+__all__ = [
+    "TORCH_INIT_ADAPTERS",
+    "CompiledGELU",
+    "CompiledLayerNorm",
+    "CompiledLinear",
+    "CompiledRMSNorm",
+    "autocast_adapter",
+    "normalized_shape_adapter",
+    "torch_init",
+    "torch_init_adapter",
+]
 
 _compiled: dict[str, Callable[..., Any]] = {}
 
@@ -80,7 +99,7 @@ class CompiledGELU(nn.GELU):
 
 
 # ---- anemoi's call convention and wrappers --------------------------------------------------------
-# The names of the adapters and what each wraps live in kernel_lock.adapter_names (import-light: the
+# The names of the adapters and what each wraps live in kernel_lock.trust.adapter_names (import-light: the
 # export and a lock's trust check read them without torch); the classes are built here on first
 # lookup (module ``__getattr__``) and pickle by name.
 
@@ -215,7 +234,7 @@ def _generic(prefix: str, kernel: str) -> type:
 
 
 def __getattr__(name: str) -> type:
-    """Build the adapter ``name`` on first lookup (a table row of ``kernel_lock.adapter_names``, or a
+    """Build the adapter ``name`` on first lookup (a table row of ``kernel_lock.trust.adapter_names``, or a
     generic ``Autocast__``/``Sized__`` name); AttributeError for any other name."""
     generic = generic_parts(name)
     if generic is not None:

@@ -11,7 +11,7 @@ with the dimensions. Its call sites fix a convention the target must accept:
 
 :func:`layer_kernels` turns a lock into that block (pinned kwargs, never dimensions; an adapter from
 ``kernel_lock.adapters`` where a library's constructor does not fit; their names are in
-``kernel_lock.adapter_names``). It imports the targets, so torch; importing this module imports
+``kernel_lock.trust.adapter_names``). It imports the targets, so torch; importing this module imports
 neither torch nor yaml (``import kernel_lock`` never imports it). What a training or inference
 process needs lives here; the checks of a config's blocks are kernel-probe's
 (``kernel_probe.anemoi.entry_checks``).
@@ -19,6 +19,9 @@ process needs lives here; the checks of a config's blocks are kernel-probe's
 The lock's ``RMSNorm`` slot has no anemoi key and is never exported: anemoi has no RMSNorm call site,
 and an RMSNorm under ``LayerNorm``/``QueryNorm``/``KeyNorm`` changes the model's maths and its state
 dict (no bias, no mean), which is a modelling decision, not a kernel choice.
+
+One of kernel_lock's integrations (with ``checkpoint``, ``distributed`` and ``portability``), kept at the path the docs show
+(``kernel_lock.anemoi.layer_kernels``).
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .adapter_names import (
+from .errors import LockFormatError
+from .lock import KernelLock
+from .trust.adapter_names import (
     ADAPTERS,
     GENERIC_SEPARATOR,
     WRAPPING_ADAPTERS,
@@ -39,8 +44,33 @@ from .adapter_names import (
     size_parameter,
     wrapping_adapter_for,
 )
-from .errors import LockFormatError
-from .lock import KernelLock
+
+__all__ = [
+    "ANEMOI_ATTENTION",
+    "ANEMOI_DEFAULTS",
+    "ATTENTION_BACKEND_ENV",
+    "AUTOCAST_LAYER_NORM",
+    "CALLS",
+    "CONDITIONAL_LAYER_NORM",
+    "DIMENSIONS",
+    "GLU_REFUSAL",
+    "SLOT_KEYS",
+    "WRAPPERS",
+    "ConventionError",
+    "Exported",
+    "Wrapper",
+    "attention_export",
+    "attention_options",
+    "convention_problems",
+    "entry_for",
+    "export",
+    "gated_mlp_export",
+    "generic_adapter",
+    "glu_refused",
+    "layer_kernels",
+    "locate",
+    "wrapper_of",
+]
 
 # The keys anemoi reads from a block, and what anemoi-models 0.19's load_layer_kernels uses for a key
 # the block does not set. A key the block sets replaces the default entry whole (its kwargs included).
@@ -75,7 +105,7 @@ def glu_refused(class_name: str) -> bool:
 # ---- attention: anemoi's MultiHeadSelfAttention options, per component with attention --------------
 # (the processor of a transformer model; a TransformerMapper's encoder and decoder). anemoi-models 0.19
 # has two backends: its SDPA path (torch chooses the SDPA backend) and its flash wrapper (flash-attn
-# v4, then v3, then v2, whichever imports first: kernel_lock.locate.anemoi_flash_generation)
+# v4, then v3, then v2, whichever imports first: kernel_lock.trust.locate.anemoi_flash_generation)
 ANEMOI_ATTENTION = {
     "kernel_lock.attention.SDPAttention": "scaled_dot_product_attention",
     "kernel_lock.attention.FlashAttention2": "flash_attention",
@@ -180,7 +210,7 @@ def generic_adapter(prefix: str, kernel: str) -> str:
             f"{kernel!r} cannot be named in a generic adapter: it needs a public dotted path whose parts contain no "
             f"{GENERIC_SEPARATOR!r}",
             key=kernel,
-            fix="rename the module or class, or add a row for it to kernel_lock.adapter_names' adapter tables",
+            fix="rename the module or class, or add a row for it to kernel_lock.trust.adapter_names' adapter tables",
         )
     return f"{ADAPTERS}.{prefix}{GENERIC_SEPARATOR}{GENERIC_SEPARATOR.join(parts)}"
 
@@ -280,7 +310,7 @@ def _fitting_target(
         path=where,
         key=f"slots.{slot}.target",
         fix="pin an implementation whose constructor takes anemoi's arguments (`kernel-probe --pin`), or add an "
-        "adapter for this class to kernel_lock.adapter_names.SIZE_ADAPTERS",
+        "adapter for this class to kernel_lock.trust.adapter_names.SIZE_ADAPTERS",
     )
 
 
@@ -322,7 +352,7 @@ def entry_for(key: str, want: Exported, current: Any, *, where: str = "") -> Exp
             "kernel_lock has no adapter that keeps that behaviour around it, so replacing it would silently undo it",
             key=where or key,
             fix=f"keep {name} here (it runs the torch.nn.LayerNorm kernel), or add an adapter for {kernel} to "
-            "kernel_lock.adapter_names.AUTOCAST_ADAPTERS",
+            "kernel_lock.trust.adapter_names.AUTOCAST_ADAPTERS",
         )
     return Exported(
         key,
@@ -336,8 +366,8 @@ def export(
     lock: KernelLock, mode: str | None = None, *, qk_norm: bool = False, verify_environment: bool = True
 ) -> list[Exported]:
     """The entries of :func:`layer_kernels`, each with a note on how it was reached."""
+    from .format.slots import DEFAULT_TARGETS
     from .resolve import factory
-    from .slots import DEFAULT_TARGETS
 
     out: list[Exported] = []
     for slot, key in SLOT_KEYS.items():
@@ -408,7 +438,7 @@ def gated_mlp_export(lock: KernelLock) -> tuple[dict[str, Any], str] | None:
     where the model's layers are swapped for it (``kernel_lock.gated_mlp.swap_gated_layers``)."""
     if "GatedMLP" not in lock.slots:
         return None
-    from .gating import CONFIG_KEY
+    from .format.gating import CONFIG_KEY
 
     slot = lock.slots["GatedMLP"]
     options = {CONFIG_KEY: slot.kwargs.get(CONFIG_KEY)}

@@ -34,6 +34,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+__all__ = [
+    "SDPA_BACKENDS",
+    "Attention",
+    "FlashAttention2",
+    "FlashAttention3",
+    "FlashAttention4",
+    "FlexAttention",
+    "FunctionAttention",
+    "SDPAttention",
+    "TEDotProductAttention",
+    "alibi_bias",
+    "alibi_slopes",
+    "band_mask",
+    "for_function",
+]
+
 # the torch.nn.attention.SDPBackend member each ``backend`` keyword forces ("default": torch chooses)
 SDPA_BACKENDS = {
     "math": "MATH",

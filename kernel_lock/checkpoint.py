@@ -7,6 +7,9 @@ digest. :func:`migrate_state_dict` applies the twins' recorded migrations, so a 
 the training implementation loads strictly into the model rebuilt in inference mode.
 
 Not imported by ``import kernel_lock``; torch is never imported here.
+
+One of kernel_lock's integrations (with ``anemoi``, ``distributed`` and ``portability``), kept at
+the path the docs show.
 """
 
 from __future__ import annotations
@@ -20,6 +23,18 @@ from typing import Any
 
 from .errors import LockFormatError
 from .lock import KernelLock, loads
+
+__all__ = [
+    "CHECKPOINT_KEY",
+    "MIGRATIONS",
+    "Rule",
+    "attach",
+    "lock_from_checkpoint",
+    "migrate_module_state",
+    "migrate_state_dict",
+    "migration_rules",
+    "parse_rule",
+]
 
 CHECKPOINT_KEY = "kernel_lock"
 

@@ -14,6 +14,9 @@ Not ``all_gather_object``: it pickles (a rank would unpickle whatever another se
 (``RuntimeError: Numpy is not available`` in an environment without it).
 
 Not imported by ``import kernel_lock``; torch is imported when :func:`check_ranks` is called.
+
+One of kernel_lock's integrations (with ``anemoi``, ``checkpoint`` and ``portability``), kept at the path the docs show
+(``kernel_lock.distributed.check_ranks``).
 """
 
 from __future__ import annotations
@@ -25,9 +28,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .errors import LockError, LockMismatch, RanksDisagree
+from .format.reading import MAX_TEXT, ReadError, get_int, get_required, get_strings, get_text, refuse_unknown
+from .format.schema import DIGEST
 from .lock import KernelLock
-from .reading import MAX_TEXT, ReadError, get_int, get_required, get_strings, get_text, refuse_unknown
-from .schema import DIGEST
+
+__all__ = [
+    "MAX_DIFFERENCES",
+    "MAX_HOST",
+    "MAX_RANK",
+    "REPORT_KEYS",
+    "check_ranks",
+    "judge",
+    "local_report",
+    "report_from_dict",
+]
 
 
 def local_report(
@@ -197,7 +211,7 @@ def _exchange(mine: Mapping[str, Any], group: Any) -> list[dict[str, Any]]:
     return [_decoded(blob, index, backend) for index, blob in enumerate(raw)]
 
 
-# What a report may hold (kernel_lock.reading's bounds): a rank beyond any job, a host name beyond DNS's
+# What a report may hold (kernel_lock.format.reading's bounds): a rank beyond any job, a host name beyond DNS's
 # 253 characters, thousands of differences or a megabyte of text are a report this module never wrote.
 REPORT_KEYS = ("rank", "host", "lock", "digest", "differences")
 MAX_RANK = 1 << 24
@@ -206,8 +220,8 @@ MAX_DIFFERENCES = 256
 
 
 def report_from_dict(data: Any) -> dict[str, Any]:
-    """One rank's report, read by the typed reader (``kernel_lock.reading``): every key required and
-    bounded, unknown keys refused with "did you mean"; :class:`~kernel_lock.reading.ReadError` naming the key."""
+    """One rank's report, read by the typed reader (``kernel_lock.format.reading``): every key required and
+    bounded, unknown keys refused with "did you mean"; :class:`~kernel_lock.format.reading.ReadError` naming the key."""
     if not isinstance(data, dict):
         raise ReadError(f"expected a JSON object, got a JSON {type(data).__name__}")
     refuse_unknown(data, REPORT_KEYS)

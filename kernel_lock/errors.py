@@ -10,6 +10,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import IntEnum
 
+__all__ = [
+    "EXIT_CODES",
+    "BadEnvironmentVariable",
+    "DeviceVisibilityError",
+    "Difference",
+    "ExitCode",
+    "KernelUnavailable",
+    "LockError",
+    "LockFormatError",
+    "LockMismatch",
+    "LockVersionError",
+    "LockWarning",
+    "RanksDisagree",
+    "TargetNotAllowed",
+]
+
 
 class ExitCode(IntEnum):
     """The exit codes of every kernel-probe command, each with its meaning (``.meaning``): the CLI's

@@ -3,7 +3,7 @@
 Every class here has anemoi's parameters and state-dict keys exactly (``gate_proj.weight``,
 ``gate_proj.bias``, ``value_proj.weight``, ``value_proj.bias``: two ``torch.nn.Linear`` and a gate
 without parameters), is built as ``Class(in_features, out_features, mlp_implementation=..., bias=True)``
-and computes ``gate(gate_proj(x)) * value_proj(x)`` (``kernel_lock.gating``). They differ in how the
+and computes ``gate(gate_proj(x)) * value_proj(x)`` (``kernel_lock.format.gating``). They differ in how the
 gate and the product run:
 
 - ``GatedMLP``: torch's functions, as anemoi's layer (the slot's default and every candidate's twin);
@@ -16,6 +16,8 @@ gate and the product run:
 parameters moved over by a strict state-dict load (anemoi hard-codes its gate: there is no config key
 for the class). Importing this module imports torch; liger-kernel is imported only when
 ``LigerGatedMLP`` is first looked up (module ``__getattr__``).
+
+Kept at ``kernel_lock.gated_mlp``: locks name these classes by this path (see ``adapters``).
 """
 
 from __future__ import annotations
@@ -28,9 +30,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .gating import GATES, gate_for
+from .format.gating import GATES, gate_for
 
-# gate function name (kernel_lock.gating) -> torch's function
+# the classes this module builds on first lookup (module ``__getattr__``: ``LigerGatedMLP``) are
+# public too, by the name a lock gives; not listed, so ``import *`` never imports their libraries
+__all__ = [
+    "ANEMOI_LAYER",
+    "LIGER_GATES",
+    "TORCH_GATES",
+    "CompiledGatedMLP",
+    "GatedMLP",
+    "anemoi_implementation",
+    "from_anemoi",
+    "swap_gated_layers",
+]
+
+# gate function name (kernel_lock.format.gating) -> torch's function
 TORCH_GATES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "sigmoid": torch.sigmoid,
     "silu": F.silu,

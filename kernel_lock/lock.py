@@ -1,9 +1,9 @@
 """The kernel lock: :class:`KernelLock` (the document, plus verify and resolve), and the entry points
 that read one (``load``, ``loads``); ``KernelLock.dumps`` / ``dump`` write it.
 
-A lock is read from a regular file of at most ``MAX_BYTES`` (``kernel_lock._files``), parsed as TOML,
-then validated: the top-level keys by :mod:`kernel_lock.document`, the tables by
-:mod:`kernel_lock.schema`, through :mod:`kernel_lock.reading`'s getters; which targets may be imported
+A lock is read from a regular file of at most ``MAX_BYTES`` (``kernel_lock.trust.files``), parsed as TOML,
+then validated: the top-level keys by :mod:`kernel_lock.format.document`, the tables by
+:mod:`kernel_lock.format.schema`, through :mod:`kernel_lock.format.reading`'s getters; which targets may be imported
 is :mod:`kernel_lock.trust`'s. Resolution is :mod:`kernel_lock.resolve`'s, reached through the methods.
 """
 
@@ -15,9 +15,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import _toml
-from .document import LockDocument
 from .errors import LockFormatError, LockWarning
+from .format import toml as _toml
+from .format.document import LockDocument
+
+__all__ = [
+    "MAX_BYTES",
+    "KernelLock",
+    "load",
+    "loads",
+]
 
 MAX_BYTES = 8 << 20  # a lock is a few kB; anything this large is not one
 
@@ -112,7 +119,7 @@ def load(
     check_targets: bool = True,
 ) -> KernelLock:
     """Read and validate the lock at ``path`` (a regular file of at most 8 MiB). See :func:`loads`."""
-    from ._files import UnsafeFile, read_regular
+    from .trust.files import UnsafeFile, read_regular
 
     p = Path(path)
     where = str(p)

@@ -18,6 +18,9 @@ kernel_lock are installed. :func:`portable` returns a copy that names neither:
   name is still in it.
 
 Not imported by ``import kernel_lock``; torch is imported when :func:`portable` runs.
+
+One of kernel_lock's integrations (with ``anemoi``, ``checkpoint`` and ``distributed``), kept at the path the docs show
+(``kernel_lock.portability.saved_modules``).
 """
 
 from __future__ import annotations
@@ -35,8 +38,21 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ExitCode, KernelUnavailable, LockError
+from .format.schema import Slot
 from .lock import KernelLock
-from .schema import Slot
+
+__all__ = [
+    "ADAPTERS_MODULE",
+    "EPS_ATTRIBUTES",
+    "NotPortable",
+    "Replacement",
+    "UnreadablePickle",
+    "forbidden_roots",
+    "globals_in",
+    "pickled_modules",
+    "portable",
+    "saved_modules",
+]
 
 log = logging.getLogger("kernel_lock")
 
@@ -71,8 +87,8 @@ class _Plan:
 
     def __init__(self, lock: KernelLock):
         from .errors import LockError
-        from .importing import import_failure, import_target
         from .resolve import twin_refusal
+        from .trust.importing import import_failure, import_target
 
         self.lock = lock
         self.slots: list[tuple[Slot, type]] = []

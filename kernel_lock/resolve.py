@@ -3,6 +3,10 @@
 Training mode never substitutes: the pinned implementation is built here, or an error says why not.
 Inference mode may use the slot's verified torch.nn twin instead, and says so (a WARNING log record
 and the ``substituted_from`` attribute of what it returns), so a caller can assert on it.
+
+Kept at ``kernel_lock.resolve`` (the public face of *resolve and fingerprint*; the facts it checks
+are ``kernel_lock.fingerprint``'s): models that hold a factory pickle it as
+``kernel_lock.resolve.KernelFactory``.
 """
 
 from __future__ import annotations
@@ -14,13 +18,26 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import Difference, KernelUnavailable, LockFormatError, LockMismatch
-from .importing import IN_INFERENCE_MODE, build, install_hint
-from .locate import requirement_problems, static_problem, unusable_reason
-from .slots import DEFAULT_TARGETS, MODES, SLOTS, TWIN_SEMANTICS, Mode, slot_name_fix
+from .format.slots import DEFAULT_TARGETS, MODES, SLOTS, TWIN_SEMANTICS, Mode, slot_name_fix
+from .trust.importing import IN_INFERENCE_MODE, build, install_hint
+from .trust.locate import requirement_problems, static_problem, unusable_reason
 
 if TYPE_CHECKING:
-    from .document import LockDocument
-    from .schema import Slot
+    from .format.document import LockDocument
+    from .format.schema import Slot
+
+__all__ = [
+    "INFERENCE_FACTS",
+    "KernelFactory",
+    "Resolution",
+    "check_twins",
+    "confirm_targets",
+    "factory",
+    "mode_for",
+    "resolve_slot",
+    "twin_refusal",
+    "verify",
+]
 
 log = logging.getLogger("kernel_lock")
 
@@ -99,7 +116,7 @@ def verify(
             checked = [*checked, "device-type"]  # where anemoi's GraphTransformer would run its kernel
         current = here.for_check(checked)
     notes: list[str] = []
-    from . import graph_attention
+    from .format import graph_attention
 
     fallback = graph_attention.fallback_note(lock.graph_attention, current)
     if mode == "training":
@@ -129,7 +146,7 @@ def verify(
             if found:
                 missing.append(slot)
             if slot.blas is not None:  # the Linear's BLAS library: the process must not have chosen another
-                from . import blas
+                from .format import blas
 
                 diffs.extend(blas.job_start_differences(slot.blas, str(current.get("device-type", ""))))
         graph_diffs = graph_attention.job_start_differences(lock.graph_attention, current)
@@ -285,7 +302,7 @@ def confirm_targets(lock: LockDocument, mode: str, current: Mapping[str, Any], *
             fix="run `kernel-probe verify` without --no-import (imports each class), or `kernel-probe --check` "
             "(imports only these, in a child process)",
         )
-    from .confirming import confirm_in_child  # a child process: only for targets no table can judge
+    from .trust.confirming import confirm_in_child  # a child process: only for targets no table can judge
 
     confirm_in_child(lock, mode, unknown)
 
@@ -448,8 +465,8 @@ def factory(
     if (
         lock is not None and entry is not None and entry.blas is not None
     ):  # process-wide, logged; another choice of the process: mismatch
-        from . import blas
         from .fingerprint import here
+        from .format import blas
 
         blas.apply(entry.blas, str(here.for_check(INFERENCE_FACTS).get("device-type", "")), path=lock.path)
     if r.substituted_from:

@@ -9,7 +9,7 @@ The built-ins are data too: the ``[[candidate]]`` tables of kernel_lock's regist
 (``kernel_lock/registry.toml``), written in the form a site profile's ``[[candidate]]`` uses
 (docs/profiles.md) and read by the same parser (:func:`read_candidates`). Adding a kernel library is
 adding entries there; kernel_lock's import allow-list follows from them. The slot facts the
-defaults come from (semantics, call convention, canonical values) live in ``kernel_lock.slots``.
+defaults come from (semantics, call convention, canonical values) live in ``kernel_lock.format.slots``.
 
 Constructor arguments are templates: a string ``"$name"`` is replaced by the canonical value
 ``name`` (``normalized_shape``, ``hidden``, ``eps``, ``bias``, ``in_features``, ``out_features``,
@@ -27,11 +27,10 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kernel_lock import _toml
-from kernel_lock import registry as lock_registry
+from kernel_lock.format import toml
 
-# declared in kernel_lock.slots; still importable from here (kernel_probe.candidates.SLOT_SEMANTICS, CANONICAL)
-from kernel_lock.slots import (
+# declared in kernel_lock.format.slots; still importable from here (kernel_probe.candidates.SLOT_SEMANTICS, CANONICAL)
+from kernel_lock.format.slots import (
     CALL_ARGS,
     CALL_KWARGS,
     CANONICAL,
@@ -41,6 +40,7 @@ from kernel_lock.slots import (
     SLOTS,
     slot_name_fix,
 )
+from kernel_lock.trust import registry as lock_registry
 from kernel_probe.errors import UsageError
 from kernel_probe.tables import TableReader
 
@@ -72,7 +72,7 @@ class Candidate:
     twin_kwargs: Mapping[str, Any] = field(default_factory=dict)
     note: str = ""
     source: str = "builtin"  # builtin | entry-point:<name> | command-line | profile:<name>
-    # Linear on a GPU: the BLAS library it runs under (kernel_lock.blas names: cublas, cublaslt, rocblas,
+    # Linear on a GPU: the BLAS library it runs under (kernel_lock.format.blas names: cublas, cublaslt, rocblas,
     # hipblaslt), set process-wide while it is checked and timed, and by kernel_lock when its slot resolves
     blas: str = ""
 
@@ -206,7 +206,7 @@ def _scalars(r: TableReader, value: Any, key: str, *, table: bool) -> Any:
 def parse_candidate(
     r: TableReader, c: Mapping[str, Any], where: str, *, source: str, reserved: Collection[str] = ()
 ) -> Candidate:
-    """One ``[[candidate]]`` table. Omitted keys take the slot's defaults (``kernel_lock.slots``)."""
+    """One ``[[candidate]]`` table. Omitted keys take the slot's defaults (``kernel_lock.format.slots``)."""
     r.no_unknown(c, CANDIDATE_KEYS, where)
     cid = r.string(c, "id", where, required=True)
     if cid in reserved:
@@ -251,7 +251,7 @@ def parse_candidate(
                 raise r.err(f"{where}archs.{kind}", problem)
     blas = r.string(c, "blas", where, default="") or ""
     if blas:
-        from kernel_lock.blas import LIBRARIES, device_of
+        from kernel_lock.format.blas import LIBRARIES, device_of
 
         if not device_of(blas):
             known = ", ".join(f"{'/'.join(pair)} ({kind})" for kind, pair in LIBRARIES.items())
@@ -288,10 +288,10 @@ def load_candidates(path: str | os.PathLike[str], *, source: str = "builtin") ->
     its ``[[library]]`` tables are read by ``kernel_probe.detect.libraries``)."""
     r = TableReader(str(path))
     try:
-        d = _toml.loads(Path(path).read_text(encoding="utf-8"))
+        d = toml.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise r.err("", f"cannot read: {exc}") from None
-    except (_toml.TOMLDecodeError, ValueError) as exc:
+    except (toml.TOMLDecodeError, ValueError) as exc:
         raise r.err("", f"not valid TOML: {exc}") from None
     r.no_unknown(d, ("library", "candidate"), "")
     return read_candidates(r, d, source=source)

@@ -16,3 +16,14 @@ it is installed, so no CUDA context is created just to check a lock.
 
 No module here imports this package's face: ``import kernel_lock.fingerprint`` runs nothing.
 """
+
+__all__ = [
+    "fields",
+    "here",
+    "host",
+    "nvml",
+    "torchless",
+    "version_file",
+    "visible",
+    "with_torch",
+]

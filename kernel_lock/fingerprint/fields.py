@@ -12,10 +12,26 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import Difference
-from ..versions import release
+from ..format.versions import release
 
 if TYPE_CHECKING:
-    from ..schema import Match
+    from ..format.schema import Match
+
+__all__ = [
+    "BUILD_FIELDS",
+    "DEVICE_FIELDS",
+    "FIELDS",
+    "GENERIC_DEVICE_NAMES",
+    "NUMERICS_ENV",
+    "FieldKind",
+    "FieldSpec",
+    "compare",
+    "device_name_note",
+    "field_matches",
+    "library_versions",
+    "numerics_env",
+    "unchecked_fields",
+]
 
 FieldKind = Literal["version", "text", "count"]  # how a field's values compare
 

@@ -12,6 +12,12 @@ from typing import Any
 
 from . import with_torch
 
+__all__ = [
+    "USE_IMPORTED_TORCH",
+    "device_here",
+    "for_check",
+]
+
 # ``torchless`` (the file readers: torch's version file, NVML, KFD, visibility) is imported only where
 # torch is not: a process that has torch asks it, and pays nothing for the readers it does not use
 

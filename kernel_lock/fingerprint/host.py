@@ -7,6 +7,17 @@ import platform
 import re
 from typing import Any
 
+__all__ = [
+    "DRIVER_FILES",
+    "archspec_host",
+    "cpu_microarch",
+    "cpu_name",
+    "cpu_vendor",
+    "driver_version",
+    "gcn_features",
+    "normalize_gcn_arch",
+]
+
 
 def archspec_host() -> Any | None:
     """archspec's ``Microarchitecture`` for this CPU, or None when archspec is missing or fails.

@@ -10,6 +10,11 @@ from typing import Any
 
 from .visible import visible_nvml_indices
 
+__all__ = [
+    "nvml_devices",
+    "primary",
+]
+
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)

@@ -30,6 +30,16 @@ from .fields import DEVICE_FIELDS, FIELDS, numerics_env
 from .version_file import TorchBuild, Unsettled, metadata_agrees, torch_build
 from .visible import physical_devices, rocm_visible_indices, visible_nvml_indices
 
+__all__ = [
+    "MIN_DRIVER_FOR_CUDA",
+    "NVIDIA_ARCH_BY_NAME",
+    "Notes",
+    "current",
+    "device",
+    "fingerprint",
+    "gfx_name",
+]
+
 log = logging.getLogger(__name__)
 
 # Compute capability by device name, for the names the driver's /proc file gives. Only entries with a

@@ -12,6 +12,14 @@ from typing import Any
 
 from .fields import BUILD_FIELDS, DEVICE_FIELDS
 
+__all__ = [
+    "TorchBuild",
+    "Unsettled",
+    "metadata_agrees",
+    "parse_version_file",
+    "torch_build",
+]
+
 
 @dataclass(frozen=True)
 class TorchBuild:

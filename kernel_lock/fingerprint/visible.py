@@ -12,6 +12,13 @@ from collections.abc import Mapping
 
 from ..errors import DeviceVisibilityError
 
+__all__ = [
+    "cuda_visible_entries",
+    "physical_devices",
+    "rocm_visible_indices",
+    "visible_nvml_indices",
+]
+
 
 def _entries(value: str) -> list[str]:
     return [entry.strip() for entry in value.split(",")]

@@ -16,6 +16,12 @@ from .fields import numerics_env
 from .host import gcn_features, normalize_gcn_arch
 from .visible import physical_devices
 
+__all__ = [
+    "current",
+    "device_facts",
+    "import_torch",
+]
+
 
 def device_facts(torch: Any) -> dict[str, Any]:
     """Type, vendor, name, arch, count and driver of the primary accelerator (or the CPU).

@@ -92,7 +92,7 @@ def load_config(path: str | Path) -> Any:
     """The YAML document at ``path``; an unreadable, malformed or hostile file is an InputFileError (exit 5)."""
     import yaml
 
-    from kernel_lock._files import UnsafeFile, read_regular
+    from kernel_lock.trust.files import UnsafeFile, read_regular
 
     p = Path(path)
     try:

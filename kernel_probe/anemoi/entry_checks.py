@@ -17,8 +17,8 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kernel_lock.adapter_names import adapter_for
 from kernel_lock.anemoi import CALLS, DIMENSIONS, GLU_REFUSAL, convention_problems, glu_refused, locate
+from kernel_lock.trust.adapter_names import adapter_for
 from kernel_probe.anemoi.blocks import KEYS, Finding
 from kernel_probe.isolation.child import run_function
 from kernel_probe.isolation.protocol import EntryCheckReply, EntryCheckRequest

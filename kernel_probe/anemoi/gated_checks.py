@@ -3,7 +3,7 @@ each encoder's and decoder's mapper in anemoi-training's presets) judged as anem
 value, and against the lock's GatedMLP slot.
 
 anemoi builds ``GatedMLPLayer`` (``gate(gate_proj(x)) * value_proj(x)``, its gate hard-coded per
-implementation: ``kernel_lock.gating``) for glu, swiglu, geglu and reglu, and a Linear plus the
+implementation: ``kernel_lock.format.gating``) for glu, swiglu, geglu and reglu, and a Linear plus the
 ``Activation`` slot for ``mlp``. A lock that checked one gate and a component that trains another (or
 none) contradict each other: the job would train a layer the lock never checked. A gated component
 with a lock that pins no GatedMLP is a warning: nothing checked that layer.
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from kernel_lock.gating import CONFIG_KEY, GATED, MLP_IMPLEMENTATIONS
+from kernel_lock.format.gating import CONFIG_KEY, GATED, MLP_IMPLEMENTATIONS
 from kernel_lock.lock import KernelLock
 from kernel_probe.anemoi.blocks import Finding
 from kernel_probe.anemoi.config_file import mappings_where

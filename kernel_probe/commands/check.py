@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from kernel_lock.slots import DTYPES, PROBED_BY_DEFAULT, SLOTS, short_dtype
+from kernel_lock.format.slots import DTYPES, PROBED_BY_DEFAULT, SLOTS, short_dtype
 from kernel_probe import output
 from kernel_probe.commands.numbers import count, seconds
 from kernel_probe.output import safe
@@ -170,7 +170,7 @@ def run_check(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(f"--attention {exc}", fix=f"write it {FORM}") from None
     if args.mlp_implementation:
-        from kernel_lock.gating import gate_for
+        from kernel_lock.format.gating import gate_for
 
         try:
             gate_for(args.mlp_implementation)
@@ -178,7 +178,7 @@ def run_check(args: argparse.Namespace) -> int:
             raise UsageError(f"--mlp-implementation: {exc}") from None
         canonical["GatedMLP"] = {"mlp_implementation": args.mlp_implementation}
     if args.activation:
-        from kernel_lock.activations import function_problem
+        from kernel_lock.format.activations import function_problem
 
         problem = function_problem(args.activation)
         if problem:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernel_lock.slots import ATTENTION, PRECISIONS, SLOTS
+from kernel_lock.format.slots import ATTENTION, PRECISIONS, SLOTS
 from kernel_probe import output
 from kernel_probe.commands.numbers import count, seconds
 from kernel_probe.errors import UsageError

@@ -79,7 +79,7 @@ def rendered(prof) -> str:
 
 
 def _render_table(table: dict, path: list[str], lines: list[str]) -> None:
-    from kernel_lock._toml import _key, _scalar
+    from kernel_lock.format.toml import toml_key, toml_value
 
     def is_array_of_tables(v: Any) -> bool:
         return isinstance(v, list) and bool(v) and all(isinstance(i, dict) for i in v)
@@ -95,16 +95,16 @@ def _render_table(table: dict, path: list[str], lines: list[str]) -> None:
 
     for k, v in table.items():
         if inline(v) and not is_array_of_tables(v):
-            lines.append(f"{_key(k)} = {_scalar(v)}")
+            lines.append(f"{toml_key(k)} = {toml_value(v)}")
     for k, v in table.items():
-        dotted = ".".join(_key(x) for x in [*path, k])
+        dotted = ".".join(toml_key(x) for x in [*path, k])
         if isinstance(v, dict) and not inline(v):
             lines += ["", f"[{dotted}]"]
             _render_table(v, [*path, k], lines)
         elif is_array_of_tables(v):
             for item in v:
                 lines += ["", f"[[{dotted}]]"]
-                lines += [f"{_key(ik)} = {_scalar(iv)}" for ik, iv in item.items()]
+                lines += [f"{toml_key(ik)} = {toml_value(iv)}" for ik, iv in item.items()]
 
 
 def run_profiles(args: argparse.Namespace) -> int:

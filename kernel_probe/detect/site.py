@@ -61,9 +61,9 @@ MARKER_BYTES = 64 << 10  # a marker file is one short line
 def read_marker(path: str, limit: int = MARKER_BYTES) -> tuple[str | None, str]:
     """(the first line of the marker file at ``path`` or None, why it was not read: '' if absent or read).
 
-    Read like every input (``kernel_lock._files``): a regular file only, opened non-blocking (a FIFO
+    Read like every input (``kernel_lock.trust.files``): a regular file only, opened non-blocking (a FIFO
     cannot hang the job start), at most ``limit`` bytes (``/dev/zero`` is never read)."""
-    from kernel_lock._files import UnsafeFile, read_regular
+    from kernel_lock.trust.files import UnsafeFile, read_regular
 
     try:
         data = read_regular(path, limit)

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypedDict, TypeVar
 
-from kernel_lock.reading import ReadError, context, unknown_keys
+from kernel_lock.format.reading import ReadError, context, unknown_keys
 
 if TYPE_CHECKING:
     from kernel_probe.candidates import Candidate
@@ -267,7 +267,7 @@ class CheckReply(Reply):
     import_s: float | None = None
     layout: dict[str, Any] | None = None
     init: list[str] = field(default_factory=list)
-    blas: str = ""  # a Linear on a GPU: the BLAS library the rows were measured under (kernel_lock.blas names)
+    blas: str = ""  # a Linear on a GPU: the BLAS library the rows were measured under (kernel_lock.format.blas names)
     blas_default: str = ""  # the library torch picks by itself in this process (before any was set)
     # Attention: what each option really does, measured (kernel_probe.probe.attention.capabilities)
     capabilities: dict[str, str] = field(default_factory=dict)

@@ -1,7 +1,7 @@
 """The Activation slot's measurements, in the worker: forward and backward against a float64 reference
 of the model's declared function, on hard inputs, what the candidate really computes, and its timing.
 
-The reference is the declared function (``kernel_lock.activations.ACTIVATION_FUNCTIONS``) in float64, or for
+The reference is the declared function (``kernel_lock.format.activations.ACTIVATION_FUNCTIONS``) in float64, or for
 a declared ``other:module.Class`` that class itself run in float64. torch.nn's own implementation of
 the same function in the same dtype is the baseline its errors are judged against (``judge.judge_row``:
 max, RMS and bias, the project's one rule). Outputs: ``y`` and ``dx``.
@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from kernel_lock.activations import ACTIVATION_FUNCTIONS, OTHER_FUNCTION, declared_function
-from kernel_lock.slots import torch_device
+from kernel_lock.format.activations import ACTIVATION_FUNCTIONS, OTHER_FUNCTION, declared_function
+from kernel_lock.format.slots import torch_device
 from kernel_probe.candidates import Candidate
 from kernel_probe.isolation.protocol import (
     FLAG_GRAD_OUTPUT_MODIFIED,
@@ -236,7 +236,7 @@ def _row(mod: Any, function: str, computes: str, dtype_name: str, regime: str, s
 
 def build(cand: Candidate) -> Any:
     """An instance of the candidate (an activation takes no dimensions: its pinned kwargs only)."""
-    from kernel_lock.importing import import_target
+    from kernel_lock.trust.importing import import_target
 
     cls = import_target(cand.target, (cand.target.split(".")[0],), semantics="activation")
     kwargs = dict(cand.kwargs)

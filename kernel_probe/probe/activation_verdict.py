@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from kernel_lock.activations import ACTIVATION_FUNCTIONS, OTHER_FUNCTION, function_of, is_approximation
+from kernel_lock.format.activations import ACTIVATION_FUNCTIONS, OTHER_FUNCTION, function_of, is_approximation
 from kernel_probe.candidates import Candidate
 from kernel_probe.isolation.protocol import FLAG_NOT_ELEMENTWISE, CheckReply, MeasurementRow
 from kernel_probe.probe.judge import Policy, Problem

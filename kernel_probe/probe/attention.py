@@ -223,7 +223,7 @@ def cases(dtype: Any, gen: torch.Generator) -> list[Case]:
 
 def build(cand: Candidate, values: Mapping[str, Any], **override: Any) -> Any:
     """An instance of the candidate with the canonical options (and ``override``)."""
-    from kernel_lock.importing import import_target
+    from kernel_lock.trust.importing import import_target
 
     cls = import_target(cand.target, (cand.target.split(".")[0],), semantics="attention")
     kwargs = {k: fill(v, values) for k, v in cand.kwargs.items()}
@@ -532,7 +532,7 @@ class _on:
     """Tensors created while checking land on ``device`` (torch.set_default_device)."""
 
     def __init__(self, device: str):
-        from kernel_lock.slots import torch_device
+        from kernel_lock.format.slots import torch_device
 
         self.device = torch_device(device)
 
@@ -551,7 +551,7 @@ class _on:
 
 def try_once(cand: Candidate, device: str) -> dict[str, Any]:
     """One tiny forward and backward on a device the candidate does not declare: why it cannot run."""
-    from kernel_lock.slots import torch_device
+    from kernel_lock.format.slots import torch_device
 
     try:
         with _on(device):
@@ -588,7 +588,7 @@ def time_candidate(
 ) -> TimeReply:
     """fwd+bwd per geometry with the timing module's clock and repetition rule; on a GPU, peak memory.
     ``progress`` receives the other slots' messages (``timing.progress_message``) after each call."""
-    from kernel_lock.slots import torch_device
+    from kernel_lock.format.slots import torch_device
     from kernel_probe.probe import timing
 
     opts = {**timing.DEFAULT_OPTIONS, **options}

@@ -103,8 +103,8 @@ HINTS = {
 
 
 def canonical(overrides: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The Attention slot's canonical options (``kernel_lock.slots.CANONICAL``) with the model's ``overrides``."""
-    from kernel_lock.slots import CANONICAL
+    """The Attention slot's canonical options (``kernel_lock.format.slots.CANONICAL``) with the model's ``overrides``."""
+    from kernel_lock.format.slots import CANONICAL
 
     c = dict(CANONICAL["Attention"])
     c.update({k: v for k, v in (overrides or {}).items() if k in c})

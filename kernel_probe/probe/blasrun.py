@@ -1,6 +1,6 @@
 """The BLAS library a Linear runs under on a GPU, in the worker: the candidate's own (``Candidate.blas``)
 while it is checked and timed, the classic one for torch.nn's baseline, and the process's previous
-choice restored afterwards (a worker serves other candidates). Names and applying one: ``kernel_lock.blas``."""
+choice restored afterwards (a worker serves other candidates). Names and applying one: ``kernel_lock.format.blas``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import torch
 
-from kernel_lock import blas as blas_lib
+from kernel_lock.format import blas as blas_lib
 from kernel_probe.candidates import Candidate
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, cast
 
-from kernel_lock.slots import ACTIVATION, ATTENTION, DTYPES, GATED_MLP, dtype_named
+from kernel_lock.format.slots import ACTIVATION, ATTENTION, DTYPES, GATED_MLP, dtype_named
 from kernel_probe.candidates import Candidate, default_for, for_slot
 from kernel_probe.isolation.protocol import (
     INTERPRETED,
@@ -91,7 +91,7 @@ def check_candidate(
 
     problem = judge.static_problem(cand, slot, device, arch, with_compile=with_compile, detail=True)
     if problem is None and slot == ACTIVATION:
-        from kernel_lock.activations import declared_function  # torch-free: this process never imports torch
+        from kernel_lock.format.activations import declared_function  # torch-free: this process never imports torch
         from kernel_probe.probe import activation_verdict
 
         problem = activation_verdict.static_problem(cand, declared_function(canonical))
@@ -135,7 +135,7 @@ def check_candidate(
 
         report = gated_mlp_verdict.judge(raw, cand, device, base)
     elif slot == ACTIVATION:
-        from kernel_lock.activations import declared_function
+        from kernel_lock.format.activations import declared_function
         from kernel_probe.probe import activation_verdict
 
         report = activation_verdict.judge(raw, cand, device, base, declared_function(canonical), policy)

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from kernel_lock.slots import CONFUSABLE, torch_device
+from kernel_lock.format.slots import CONFUSABLE, torch_device
 from kernel_probe.candidates import Candidate, canonical_for, default_for
 from kernel_probe.isolation.protocol import (
     FLAG_GRAD_OUTPUT_MODIFIED,

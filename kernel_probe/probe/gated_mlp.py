@@ -6,7 +6,7 @@ strict ``load_state_dict`` under anemoi's keys, and run forward and backward at 
 ``num_channels`` 1024 in, ``compute_mlp_hidden_dim(1024, 2.67)`` out (the ratio anemoi's configs
 advise for gated variants), a few rows; by default the same check at 96 in (256 out), which costs
 little in every dtype. Every output (``y``, ``dx`` and the gradient of every
-parameter) is compared with the float64 reference of the formula (``kernel_lock.gating``) and judged,
+parameter) is compared with the float64 reference of the formula (``kernel_lock.format.gating``) and judged,
 against torch's own gated layer in the same dtype and regime, by the one rule every slot's outputs go
 through (``judge.judge_output``; ``gated_mlp_verdict``). The baseline is anemoi's own
 ``GatedMLPLayer`` with ``torch.nn.Linear`` where anemoi-models imports, else the same computation
@@ -30,8 +30,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kernel_lock.gating import gate_for
-from kernel_lock.slots import CANONICAL, GATED_MLP, torch_device
+from kernel_lock.format.gating import gate_for
+from kernel_lock.format.slots import CANONICAL, GATED_MLP, torch_device
 from kernel_probe.candidates import Candidate
 from kernel_probe.isolation.protocol import CheckReply, ErrorStats, MeasurementRow, TimeReply, TimingRow
 from kernel_probe.probe.gated_mlp_verdict import FLAG_INPUT_MODIFIED, FLAG_MISTAKE, FLAG_STATE_DICT, HINTS, MISTAKES

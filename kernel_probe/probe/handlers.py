@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kernel_lock.slots import ACTIVATION, ATTENTION, GATED_MLP
+from kernel_lock.format.slots import ACTIVATION, ATTENTION, GATED_MLP
 from kernel_probe.isolation import worker
 from kernel_probe.isolation.protocol import (
     INTERPRETED,

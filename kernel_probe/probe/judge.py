@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Literal
 
-from kernel_lock.slots import CONFUSABLE, DTYPES, SLOT_SEMANTICS, STATUSES, Status
+from kernel_lock.format.slots import CONFUSABLE, DTYPES, SLOT_SEMANTICS, STATUSES, Status
 from kernel_probe.candidates import Candidate
 from kernel_probe.errors import ProbeError
 from kernel_probe.isolation.protocol import (

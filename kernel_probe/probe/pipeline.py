@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import kernel_lock
 from kernel_lock.errors import KernelUnavailable, LockError, LockFormatError, LockMismatch
-from kernel_lock.slots import ATTENTION
+from kernel_lock.format.slots import ATTENTION
 from kernel_probe.errors import InputFileError, StaleLock
 from kernel_probe.probe.planning import Events, Plan, ProbeRequest, large_shape_warning
 

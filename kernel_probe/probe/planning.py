@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernel_lock.slots import PRECISIONS, PROBED_BY_DEFAULT
+from kernel_lock.format.slots import PRECISIONS, PROBED_BY_DEFAULT
 from kernel_probe.errors import ForcedUnusable, UsageError
 from kernel_probe.probe.limits import CHECK_TIMEOUT, IMPORT_TIMEOUT
 from kernel_probe.probe.rules import SlotRule, slot_rules
@@ -69,9 +69,9 @@ class ProbeRequest:
     # checked, "auto", "triton" or "pyg"; and whether a locked triton may fall back to pyg at job start
     graph_attention: str = ""
     allow_graph_attention_fallback: bool = False
-    # the model's gated mlp_implementation (kernel_lock.gating): "" leaves GatedMLP out unless it is named
+    # the model's gated mlp_implementation (kernel_lock.format.gating): "" leaves GatedMLP out unless it is named
     mlp_implementation: str = ""
-    # the Activation slot: the model's function (kernel_lock.activations.ACTIVATION_FUNCTIONS, or other:module.Class;
+    # the Activation slot: the model's function (kernel_lock.format.activations.ACTIVATION_FUNCTIONS, or other:module.Class;
     # "": torch.nn.GELU's gelu-erf), and whether an approximation of it may be accepted (recorded)
     activation: str = ""
     allow_approximation: bool = False
@@ -213,7 +213,7 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
         except ValueError as exc:
             raise UsageError(f"--attention {exc}", fix=f"write it {FORM}, e.g. 16x128x40320:window=512") from None
     if request.activation:
-        from kernel_lock.activations import function_problem
+        from kernel_lock.format.activations import function_problem
 
         problem = function_problem(request.activation)
         if problem:
@@ -223,7 +223,7 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
     if request.check_only and request.force:
         raise UsageError("--check and --force contradict each other")
     if request.mlp_implementation:
-        from kernel_lock.gating import gate_for
+        from kernel_lock.format.gating import gate_for
 
         try:
             gate_for(request.mlp_implementation)
@@ -281,7 +281,7 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
     if "GatedMLP" in slots:
         inputs["mlp_implementation"] = request.mlp_implementation or "swiglu"
     if "Activation" in slots:
-        from kernel_lock.slots import CANONICAL
+        from kernel_lock.format.slots import CANONICAL
 
         inputs["activation"] = request.activation or CANONICAL["Activation"]["function"]
     if request.allow_approximation:

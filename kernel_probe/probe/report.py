@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypedDict
 
-from kernel_lock.slots import Status
+from kernel_lock.format.slots import Status
 from kernel_probe.candidates import Candidate
 
 
@@ -92,7 +92,7 @@ class Report:
     migration: tuple[str, ...] = ()  # its state dict onto torch.nn's (the layout's rules)
     changes: list[str] = field(default_factory=list)  # accepted changes besides numbers, recorded in the lock
     interpreted: bool = False  # its Triton kernels ran in Triton's interpreter: never timed, never locked
-    blas: str = ""  # a Linear on a GPU: the BLAS library it was checked under (kernel_lock.blas)
+    blas: str = ""  # a Linear on a GPU: the BLAS library it was checked under (kernel_lock.format.blas)
     blas_default: str = ""  # the library torch picked by itself in the probe's worker
     # Attention: what each option (window, softcap, dropout, alibi, scale) really does, measured
     capabilities: dict[str, str] = field(default_factory=dict)

@@ -11,13 +11,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernel_lock.blas import Blas
 from kernel_lock.fingerprint.fields import FIELDS, library_versions
-from kernel_lock.graph_attention import GraphAttention
+from kernel_lock.format.blas import Blas
+from kernel_lock.format.graph_attention import GraphAttention
+from kernel_lock.format.schema import Candidate as RejectedCandidate
+from kernel_lock.format.schema import EnvField, Environment, Requirement, Slot, Twin
+from kernel_lock.format.slots import CANONICAL, GATED_MLP, SLOT_SEMANTICS
 from kernel_lock.lock import KernelLock
-from kernel_lock.schema import Candidate as RejectedCandidate
-from kernel_lock.schema import EnvField, Environment, Requirement, Slot, Twin
-from kernel_lock.slots import CANONICAL, GATED_MLP, SLOT_SEMANTICS
 from kernel_probe import __version__
 from kernel_probe.errors import ProbeError, UsageError
 
@@ -81,7 +81,7 @@ def _gate_formula(slot: str, kwargs: Mapping[str, Any]) -> str:
     """GatedMLP: the formula of the mlp_implementation it pins (``slots.GatedMLP.gate``); else ""."""
     if slot != GATED_MLP:
         return ""
-    from kernel_lock.gating import formula
+    from kernel_lock.format.gating import formula
 
     return formula(str(kwargs.get("mlp_implementation", "")))
 
@@ -191,7 +191,7 @@ def build_lock(
             if choice.report.blas
             else None,
             gate=_gate_formula(slot, cand.pinned_kwargs(values)),
-            # Activation: the model's function the candidates were checked against (kernel_lock.slots)
+            # Activation: the model's function the candidates were checked against (kernel_lock.format.slots)
             function=str(values["function"]) if slot == "Activation" else "",
         )
     versions = library_versions(sorted(distributions))
@@ -300,7 +300,7 @@ def resolve_out(path: Path) -> Path:
     if mode is not None and stat.S_ISDIR(mode):
         raise UsageError(f"--out {text} is a directory", fix=f"use --out {path / 'kernel-lock.toml'}")
     if mode is not None and not stat.S_ISREG(mode):
-        from kernel_lock._files import kind
+        from kernel_lock.trust.files import kind
 
         raise UsageError(
             f"--out {text} is {kind(mode)}, not a regular file: it is never replaced (not even with --force)",

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernel_lock import _toml
-from kernel_lock.slots import PRECISIONS, SLOTS
+from kernel_lock.format import toml
+from kernel_lock.format.slots import PRECISIONS, SLOTS
 from kernel_probe.candidates import (
     DEVICE_TYPES,
     Candidate,
@@ -314,8 +314,8 @@ def parse(text: str, path: str) -> Profile:
     """The profile in TOML ``text`` (from ``path``); ProfileError names the file, key and fix."""
     p = _P(path)
     try:
-        d = _toml.loads(text)
-    except (_toml.TOMLDecodeError, ValueError, RecursionError) as exc:  # ValueError: e.g. a 5,000-digit integer
+        d = toml.loads(text)
+    except (toml.TOMLDecodeError, ValueError, RecursionError) as exc:  # ValueError: e.g. a 5,000-digit integer
         raise p.err("", f"not valid TOML: {exc}") from None
     p.no_unknown(d, _TOP, "")
     version = p.string(d, "profile-version", "", required=True)
@@ -430,7 +430,7 @@ def parse(text: str, path: str) -> Profile:
 
 def load_file(path: str | os.PathLike[str]) -> Profile:
     """The profile file at ``path``, read through the safe reader and parsed."""
-    from kernel_lock._files import UnsafeFile, read_regular
+    from kernel_lock.trust.files import UnsafeFile, read_regular
 
     p = Path(path)
     try:

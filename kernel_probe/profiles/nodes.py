@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kernel_lock.fingerprint.fields import FIELDS
-from kernel_lock.reading import (
+from kernel_lock.format.reading import (
     ReadError,
     context,
     get,
@@ -85,7 +85,7 @@ def load(spec: str) -> Node:
                 fix="pass the path of a JSON description (e.g. `kernel-probe env --json > node.json` on the node)",
             )
         return load(str(known[spec]))
-    from kernel_lock._files import UnsafeFile, read_regular
+    from kernel_lock.trust.files import UnsafeFile, read_regular
 
     try:
         text = read_regular(spec, MAX_BYTES).decode("utf-8")
@@ -109,7 +109,7 @@ _ENV_LIBRARY_KEYS = (*_LIBRARY_KEYS, "installed")  # env --json: its other keys 
 
 
 def parse(data: Any, path: str) -> Node:
-    """The typed reader of a node description (``kernel_lock.reading``): a value of the wrong type, an
+    """The typed reader of a node description (``kernel_lock.format.reading``): a value of the wrong type, an
     unknown key of the short form, a variant no library has, is a :class:`NodeError` naming the key."""
     try:
         return _parse(data, path)

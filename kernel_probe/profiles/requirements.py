@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kernel_lock import Difference
-from kernel_lock.versions import in_spec
+from kernel_lock.format.versions import in_spec
 from kernel_probe.errors import ProfileUnmet
 from kernel_probe.profiles.autodetect import SiteFacts, auto_detect, site_facts
 from kernel_probe.profiles.discovery import resolve, survey

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import kernel_lock
-from kernel_lock import slots
-from kernel_lock.activations import function_of, function_problem, is_approximation
 from kernel_lock.anemoi import GLU_REFUSAL, glu_refused, layer_kernels
 from kernel_lock.errors import LockFormatError
-from kernel_lock.slots import KNOWN_TARGETS, class_semantics
+from kernel_lock.format import slots
+from kernel_lock.format.activations import function_of, function_problem, is_approximation
+from kernel_lock.format.slots import KNOWN_TARGETS, class_semantics
 from tests.conftest import MINIMAL_LOCK
 
 GELU_SLOT = """

@@ -1,10 +1,10 @@
-"""kernel_lock.adapter_names: the adapters' tables and the generic naming scheme, read without torch."""
+"""kernel_lock.trust.adapter_names: the adapters' tables and the generic naming scheme, read without torch."""
 
 from __future__ import annotations
 
 import pytest
 
-from kernel_lock.adapter_names import (
+from kernel_lock.trust.adapter_names import (
     ADAPTERS,
     AUTOCAST_ADAPTERS,
     SIZE_ADAPTERS,

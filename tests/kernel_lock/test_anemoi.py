@@ -36,10 +36,10 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 import kernel_lock
-import kernel_lock.adapter_names as adapter_names
 import kernel_lock.adapters as adapters
+import kernel_lock.trust.adapter_names as adapter_names
 from kernel_lock.anemoi import layer_kernels, locate
-from kernel_lock.importing import import_target
+from kernel_lock.trust.importing import import_target
 from kernel_probe.cli import main
 from tests.conftest import small_probe, write_sealed
 

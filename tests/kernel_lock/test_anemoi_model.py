@@ -28,8 +28,8 @@ import torch
 from anemoi.models.layers.normalization import AutocastLayerNorm
 
 import kernel_lock
-import kernel_lock.adapter_names as adapter_names
 import kernel_lock.adapters as adapters
+import kernel_lock.trust.adapter_names as adapter_names
 from kernel_lock.portability import Replacement, saved_modules
 from kernel_probe.anemoi.pipelines import export_for_config
 from kernel_probe.cli import main

@@ -24,10 +24,11 @@ import pytest
 import torch
 
 import kernel_lock
-from kernel_lock import blas, resolve
+from kernel_lock import resolve
 from kernel_lock.errors import LockFormatError, LockMismatch
 from kernel_lock.fingerprint import here as fp_here
 from kernel_lock.fingerprint import with_torch
+from kernel_lock.format import blas
 from kernel_probe.candidates import builtin, parse_candidate
 from kernel_probe.isolation import worker
 from kernel_probe.probe import blasrun, correctness, handlers, pipeline, planning, timing

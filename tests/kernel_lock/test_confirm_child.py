@@ -1,4 +1,4 @@
-"""kernel_lock.confirm_child: the child of the job-start check. Run here in-process (its ``os._exit``
+"""kernel_lock.trust.confirm_child: the child of the job-start check. Run here in-process (its ``os._exit``
 replaced): for each slot asked, ``factory``'s verdict; one line of verdicts, even when resolving a slot
 ends the interpreter's way (``SystemExit`` from an imported module)."""
 
@@ -9,9 +9,9 @@ import os
 
 import pytest
 
-from kernel_lock import confirm_child
-from kernel_lock.confirming import MARK
 from kernel_lock.errors import ExitCode
+from kernel_lock.trust import confirm_child
+from kernel_lock.trust.confirming import MARK
 from tests.conftest import edited_lock
 
 

@@ -1,4 +1,4 @@
-"""kernel_lock.confirming: what only an import can tell, asked of a child process (its verdicts, and a
+"""kernel_lock.trust.confirming: what only an import can tell, asked of a child process (its verdicts, and a
 child that cannot give one), and every target of a lock decided before ``kernel-probe rehash`` seals it.
 
 The lock cases are test_locate's: the ones the import path refuses, and good ones.
@@ -13,10 +13,10 @@ import time
 import pytest
 
 import kernel_lock
-from kernel_lock import confirming
-from kernel_lock.confirming import before_sealing, child_verdicts, confirm_in_child
 from kernel_lock.errors import ExitCode, KernelUnavailable, LockError, LockFormatError, TargetNotAllowed
 from kernel_lock.fingerprint import with_torch
+from kernel_lock.trust import confirming
+from kernel_lock.trust.confirming import before_sealing, child_verdicts, confirm_in_child
 from tests.kernel_lock.test_locate import (  # noqa: F401  (ghost_site: a fixture these tests use)
     CASES,
     GOOD,

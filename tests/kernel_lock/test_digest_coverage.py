@@ -11,9 +11,10 @@ import pytest
 import tomllib
 
 import kernel_lock
-from kernel_lock import LockError, _toml
-from kernel_lock.document import SEAL, LockDocument
-from kernel_lock.tables import table_keys
+from kernel_lock import LockError
+from kernel_lock.format import toml
+from kernel_lock.format.document import SEAL, LockDocument
+from kernel_lock.format.tables import table_keys
 from tests.kernel_lock.test_document import _full_lock
 
 
@@ -81,7 +82,7 @@ def test_editing_any_value_of_any_table_is_seen_by_the_digest():
         for part in path[:-1]:
             node = node[part]
         node[path[-1]] = edited(node[path[-1]], path)
-        new_text = _toml.dumps(changed)
+        new_text = toml.dumps(changed)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:

@@ -1,4 +1,4 @@
-"""kernel_lock.document: the lock's top-level keys, the version and digest rules, canonical round trips."""
+"""kernel_lock.format.document: the lock's top-level keys, the version and digest rules, canonical round trips."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 
 import kernel_lock
 from kernel_lock import LockFormatError, LockVersionError, LockWarning
-from kernel_lock.document import LockDocument
+from kernel_lock.format.document import LockDocument
+from kernel_lock.format.schema import LOCK_VERSION
 from kernel_lock.lock import KernelLock
-from kernel_lock.schema import LOCK_VERSION
 from tests.conftest import MINIMAL_LOCK, edited_lock, sealed_lock
 
 
@@ -126,7 +126,7 @@ def test_failed_dump_keeps_old_file(tmp_path, monkeypatch):
     lock = _full_lock()
     target = tmp_path / "k.toml"
     target.write_text("old")
-    import kernel_lock._files as lockmod
+    import kernel_lock.trust.files as lockmod
 
     def boom(*a, **k):
         raise OSError("disk full")

@@ -1,4 +1,4 @@
-"""kernel_lock.importing: the allow-list before the import, the class a target must be, kwargs, and build's errors."""
+"""kernel_lock.trust.importing: the allow-list before the import, the class a target must be, kwargs, and build's errors."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 import kernel_lock
 from kernel_lock.errors import KernelUnavailable, LockFormatError, TargetNotAllowed
-from kernel_lock.importing import IN_INFERENCE_MODE, build, check_kwargs, import_target, install_hint
+from kernel_lock.trust.importing import IN_INFERENCE_MODE, build, check_kwargs, import_target, install_hint
 from tests.conftest import edited_lock
 
 

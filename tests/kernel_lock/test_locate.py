@@ -19,11 +19,12 @@ import pytest
 import torch
 
 import kernel_lock
-from kernel_lock import _toml, registry, slots
 from kernel_lock.errors import KernelUnavailable, LockError
 from kernel_lock.fingerprint import with_torch
-from kernel_lock.locate import locate
+from kernel_lock.format import slots, toml
 from kernel_lock.resolve import factory
+from kernel_lock.trust import registry
+from kernel_lock.trust.locate import locate
 from tests.conftest import small_probe, write_sealed
 
 CHECKED = ("python", "os", "arch", "torch", "torch-cuda", "device-type")  # this machine's, match exact
@@ -113,7 +114,7 @@ def _lock(tmp_path: Path, edit) -> Path:
     d = copy.deepcopy(_base())
     edit(d)
     path = tmp_path / "lock.toml"
-    return write_sealed(path, _toml.dumps(d))  # sealed, as `kernel-probe rehash` does
+    return write_sealed(path, toml.dumps(d))  # sealed, as `kernel-probe rehash` does
 
 
 def _import_verdict(path: Path) -> int:
@@ -148,12 +149,12 @@ def _child_in_this_process(monkeypatch) -> list[list[str]]:
     import io
     import json
 
-    from kernel_lock import confirm_child, confirming
+    from kernel_lock.trust import confirm_child, confirming
 
     started: list[list[str]] = []
 
     def run(argv, request, timeout):
-        assert argv[:2] == [sys.executable, "-I"] and "kernel_lock.confirm_child import main" in argv[-1], argv
+        assert argv[:2] == [sys.executable, "-I"] and "kernel_lock.trust.confirm_child import main" in argv[-1], argv
         started.append(argv)
         out = io.StringIO()
         with contextlib.redirect_stdout(out), pytest.raises(_ChildExited):
@@ -298,13 +299,13 @@ def test_check_and_no_import_on_the_command_line(tmp_path, ghost_site):
 
     rc, out = kp("--out", "k.toml", *shapes)
     assert rc == 0, out
-    base = _toml.loads((tmp_path / "k.toml").read_text())
+    base = toml.loads((tmp_path / "k.toml").read_text())
     for name in ("LayerNorm slot -> torch.nn.Identity", "unknown constructor kwarg", "dist-info without module files"):
         d = copy.deepcopy(base)
         d["environment"] = base["environment"]
         CASES[name](d)
         path = tmp_path / "case.toml"
-        path.write_text(_toml.dumps(d))
+        path.write_text(toml.dumps(d))
         refused, _ = kp("verify", path)  # a hand edit: the digest differs, which plain verify only warns about
         assert refused != 0
         before = path.read_text()
@@ -313,7 +314,7 @@ def test_check_and_no_import_on_the_command_line(tmp_path, ghost_site):
             assert sealed == 0 and "slots.LayerNorm: kp_ghost.FastLayerNorm not judged" in out, out
         else:
             assert sealed == refused and path.read_text() == before, out  # refused, nothing written
-            write_sealed(path, _toml.dumps(d))  # sealed regardless, for the job-start checks below
+            write_sealed(path, toml.dumps(d))  # sealed regardless, for the job-start checks below
         for argv in (["--out", path, "--check", *shapes], ["verify", path, "--no-import"]):
             rc, out = kp(*argv)
             assert rc not in (0, 1), (name, argv, out)

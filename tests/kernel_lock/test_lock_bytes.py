@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 import kernel_lock
-from kernel_lock import _toml
+from kernel_lock.format import toml
 
 ROOT = Path(__file__).resolve().parent.parent
-LOCKS = sorted(p for p in ROOT.rglob("*.toml") if "lock-version" in _toml.loads(p.read_text()))
+LOCKS = sorted(p for p in ROOT.rglob("*.toml") if "lock-version" in toml.loads(p.read_text()))
 
 
 def test_the_fixtures_are_found():

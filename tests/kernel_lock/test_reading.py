@@ -1,10 +1,10 @@
-"""kernel_lock.reading: the typed getters, their one error type, and the dotted key built as it unwinds."""
+"""kernel_lock.format.reading: the typed getters, their one error type, and the dotted key built as it unwinds."""
 
 from __future__ import annotations
 
 import pytest
 
-from kernel_lock.reading import (
+from kernel_lock.format.reading import (
     ReadError,
     context,
     get,

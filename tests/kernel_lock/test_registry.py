@@ -7,15 +7,15 @@ import json
 import subprocess
 import sys
 
-# Each child counts the times registry.toml is opened and parsed (kernel_lock._toml.loads given its text),
+# Each child counts the times registry.toml is opened and parsed (kernel_lock.format.toml.loads given its text),
 # through the imports named, then through a first use; a second use must not read it again.
 _COUNT = """
 import json, sys
-from kernel_lock import _toml
+from kernel_lock.format import toml
 text = __import__("importlib.resources").resources.files("kernel_lock").joinpath("registry.toml").read_text()
 reads = []
-real = _toml.loads
-_toml.loads = lambda s, *a, **k: (reads.append(s == text), real(s, *a, **k))[1]
+real = toml.loads
+toml.loads = lambda s, *a, **k: (reads.append(s == text), real(s, *a, **k))[1]
 {imports}
 at_import = sum(reads)
 {use}
@@ -33,8 +33,8 @@ def _reads(imports: str, use: str) -> list[int]:
 
 def test_importing_kernel_lock_does_not_read_the_registry_and_first_use_does():
     reads = _reads(
-        "import kernel_lock, kernel_lock.registry, kernel_lock.trust, kernel_lock.resolve",
-        "kernel_lock.registry.allowed_roots()",
+        "import kernel_lock, kernel_lock.trust.registry, kernel_lock.trust, kernel_lock.resolve",
+        "kernel_lock.trust.registry.allowed_roots()",
     )
     assert reads == [0, 1, 1]
 

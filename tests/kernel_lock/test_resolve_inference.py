@@ -16,8 +16,8 @@ import torch
 
 import kernel_lock
 from kernel_lock import KernelUnavailable, LockMismatch, LockWarning
-from kernel_lock.importing import import_target
 from kernel_lock.resolve import TWIN_SEMANTICS
+from kernel_lock.trust.importing import import_target
 from kernel_probe.candidates import SLOT_SEMANTICS, builtin
 from tests.conftest import MINIMAL_LOCK, write_sealed
 from tests.conftest import run_cli as run
@@ -177,7 +177,7 @@ def test_twin_of_unknown_semantics_is_taken_at_the_locks_word():
 def test_twin_semantics_table_names_real_classes_and_covers_every_builtin_twin():
     for target, semantics in TWIN_SEMANTICS.items():
         cls = import_target(target)
-        assert semantics in kernel_lock.slots.SEMANTICS and issubclass(cls, torch.nn.Module), target
+        assert semantics in kernel_lock.format.slots.SEMANTICS and issubclass(cls, torch.nn.Module), target
     for cand in builtin():
         if cand.twin_target:
             assert TWIN_SEMANTICS[cand.twin_target] == SLOT_SEMANTICS[cand.slots[0]], cand.id

@@ -23,11 +23,12 @@ from collections.abc import Iterator, Mapping
 import pytest
 
 import kernel_lock
-from kernel_lock import _toml, errors
+from kernel_lock import errors
 from kernel_lock.fingerprint.fields import FIELDS
+from kernel_lock.format import toml
+from kernel_lock.format.schema import Slot
+from kernel_lock.format.tables import table_keys
 from kernel_lock.lock import KernelLock
-from kernel_lock.schema import Slot
-from kernel_lock.tables import table_keys
 from kernel_probe.cli import main
 from tests.conftest import ROOT, small_probe
 
@@ -171,7 +172,7 @@ def real_locks(tmp_path_factory) -> dict[str, dict]:
         == 0
     )
     assert main(["lock", "--for", "inference", str(site), str(inference)]) == 0
-    return {p.stem: _toml.loads(p.read_text()) for p in (plain, site, inference)}
+    return {p.stem: toml.loads(p.read_text()) for p in (plain, site, inference)}
 
 
 @pytest.mark.parametrize("name", ["plain", "site", "inference"])
@@ -280,7 +281,7 @@ def test_the_complete_example_is_a_lock_with_documented_keys():
     example = re.search(r"## Complete example\n\n```toml\n(.*?)```", text, re.S).group(1)
     lock = kernel_lock.loads(example, emit_warnings=False)
     assert [w for w in lock.warnings if "digest" not in w] == []  # only the illustrative digest
-    assert undocumented(_toml.loads(example), text) == []
+    assert undocumented(toml.loads(example), text) == []
     assert {e["regime"] for s in lock.slots.values() for e in s.evidence} <= {"true", "mixed"}
 
 

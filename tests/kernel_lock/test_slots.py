@@ -1,4 +1,4 @@
-"""kernel_lock.slots: the slots' facts, the closed sets, and what a module class computes."""
+"""kernel_lock.format.slots: the slots' facts, the closed sets, and what a module class computes."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import inspect
 import pytest
 import torch
 
-from kernel_lock import slots
-from kernel_lock.slots import (
+from kernel_lock.format import slots
+from kernel_lock.format.slots import (
     DTYPES,
     KNOWN_TARGETS,
     PRECISIONS,

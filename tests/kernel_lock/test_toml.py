@@ -1,4 +1,4 @@
-"""kernel_lock._toml: the canonical TOML writer (inline tables, sections, arrays of tables) and its reader."""
+"""kernel_lock.format.toml: the canonical TOML writer (inline tables, sections, arrays of tables) and its reader."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from kernel_lock import _toml
+from kernel_lock.format import toml
 
 # (value, how it is written after `k = `)
 SCALARS = [
@@ -40,9 +40,9 @@ SCALARS = [
 
 @pytest.mark.parametrize("value,text", SCALARS)
 def test_values_are_written_canonically_and_read_back(value, text):
-    out = _toml.dumps({"k": value})
+    out = toml.dumps({"k": value})
     assert out == f"k = {text}\n"
-    back = _toml.loads(out)["k"]
+    back = toml.loads(out)["k"]
     if isinstance(value, float) and math.isnan(value):
         assert math.isnan(back)
     else:
@@ -53,8 +53,8 @@ def test_values_are_written_canonically_and_read_back(value, text):
     "key,text", [("plain-key_1", "plain-key_1"), ("dotted.key", '"dotted.key"'), ("a b", '"a b"'), ("", '""')]
 )
 def test_keys_are_quoted_only_when_they_must_be(key, text):
-    out = _toml.dumps({key: 1})
-    assert out == f"{text} = 1\n" and _toml.loads(out) == {key: 1}
+    out = toml.dumps({key: 1})
+    assert out == f"{text} = 1\n" and toml.loads(out) == {key: 1}
 
 
 def test_layout_scalars_first_then_sections_then_arrays_of_tables():
@@ -65,7 +65,7 @@ def test_layout_scalars_first_then_sections_then_arrays_of_tables():
         "evidence": [{"device": "cpu", "errors": {"y": 0.1}, "a": 1, "b": 2}, {"device": "cuda"}],
         "requires": [{"name": "torch"}],
     }
-    text = _toml.dumps(doc)
+    text = toml.dumps(doc)
     assert text == (
         'version = "1.0"\n'
         'requires = [{ name = "torch" }]\n'
@@ -84,15 +84,15 @@ def test_layout_scalars_first_then_sections_then_arrays_of_tables():
         "\n[[evidence]]\n"
         'device = "cuda"\n'
     )
-    assert _toml.loads(text) == doc
+    assert toml.loads(text) == doc
 
 
 def test_a_table_of_only_tables_gets_no_header_of_its_own():
     doc = {"a": {"b": {"c": {"d": 1, "e": {"f": {"g": 1}}}}}}
-    assert _toml.dumps(doc) == "[a.b.c]\nd = 1\n\n[a.b.c.e]\nf = { g = 1 }\n"
-    assert _toml.loads(_toml.dumps(doc)) == doc
-    assert _toml.dumps({"t": {}, "x": 1}) == "t = {}\nx = 1\n"  # an empty table is inline, in place
-    assert _toml.dumps({}) == "\n"
+    assert toml.dumps(doc) == "[a.b.c]\nd = 1\n\n[a.b.c.e]\nf = { g = 1 }\n"
+    assert toml.loads(toml.dumps(doc)) == doc
+    assert toml.dumps({"t": {}, "x": 1}) == "t = {}\nx = 1\n"  # an empty table is inline, in place
+    assert toml.dumps({}) == "\n"
 
 
 @pytest.mark.parametrize(
@@ -106,10 +106,10 @@ def test_a_table_of_only_tables_gets_no_header_of_its_own():
 )
 def test_what_cannot_be_written_is_refused(doc, words):
     with pytest.raises(TypeError, match=words):
-        _toml.dumps(doc)
+        toml.dumps(doc)
 
 
 def test_loads_raises_the_decode_error():
-    with pytest.raises(_toml.TOMLDecodeError):
-        _toml.loads("a = = 1")
-    assert issubclass(_toml.TOMLDecodeError, ValueError)
+    with pytest.raises(toml.TOMLDecodeError):
+        toml.loads("a = = 1")
+    assert issubclass(toml.TOMLDecodeError, ValueError)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import kernel_lock
-from kernel_lock import _toml
+from kernel_lock.format import toml
 
 GOLDEN = sorted((Path(__file__).parent / "data" / "toml-golden").glob("*.toml"))
 
@@ -22,7 +22,7 @@ GOLDEN = sorted((Path(__file__).parent / "data" / "toml-golden").glob("*.toml"))
 @pytest.mark.parametrize("path", GOLDEN, ids=[p.stem for p in GOLDEN])
 def test_the_same_content_gives_the_same_bytes(path):
     text = path.read_text()
-    assert _toml.dumps(_toml.loads(text)) == text
+    assert toml.dumps(toml.loads(text)) == text
 
 
 def test_a_probe_lock_keeps_its_bytes_and_its_digest():
@@ -39,14 +39,14 @@ def test_every_scalar_is_formatted_by_tomli_w(monkeypatch):
     seen = []
     real = tomli_w.dumps
     monkeypatch.setattr(tomli_w, "dumps", lambda obj, **kw: seen.append(obj) or real(obj, **kw))
-    _toml.dumps({"a": 1.5, "b": ["x", True], "c": {"d": "e"}})
+    toml.dumps({"a": 1.5, "b": ["x", True], "c": {"d": "e"}})
     assert [v for obj in seen for v in obj.values() if v != 0] == [1.5, "x", True, "e"]
 
 
 @pytest.mark.parametrize("text", ["tab\there", "bell\bform\ffeed", "del\x7f", "esc\x1b[31m"])
 def test_control_characters_are_escaped_as_tomli_w_escapes_them_and_read_back(text):
-    out = _toml.dumps({"s": text})
-    assert _toml.loads(out) == {"s": text}
+    out = toml.dumps({"s": text})
+    assert toml.loads(out) == {"s": text}
     assert "\x1b" not in out and "\b" not in out and "\x7f" not in out
 
 

@@ -14,8 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kernel_lock import LockError, _toml
+from kernel_lock import LockError
 from kernel_lock.errors import ExitCode
+from kernel_lock.format import toml
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow
@@ -104,7 +105,7 @@ def test_the_node_reader_and_what_matches_it(data, tmp_path_factory, capsys):
 
 
 # ---- a site profile's parser ------------------------------------------------------------------------------
-PROFILE = _toml.loads((Path(__file__).resolve().parents[2] / "kernel_probe/profiles/sites/alps-gh200.toml").read_text())
+PROFILE = toml.loads((Path(__file__).resolve().parents[2] / "kernel_probe/profiles/sites/alps-gh200.toml").read_text())
 
 
 def tomlable(value: Any) -> Any:
@@ -129,7 +130,7 @@ def test_the_profile_parser(data):
     if not isinstance(doc, dict):
         return
     try:
-        text = _toml.dumps(doc)
+        text = toml.dumps(doc)
     except (TypeError, ValueError):
         return  # not expressible as TOML (e.g. a key TOML cannot spell): not an input a file can carry
     refused_well(lambda: parse(text, "p.toml"))

@@ -154,7 +154,7 @@ def test_facts_of_an_entry_that_imports():
 
 
 def test_a_signature_error_names_the_adapter_where_a_table_row_has_one(monkeypatch):
-    import kernel_lock.adapter_names as adapter_names
+    import kernel_lock.trust.adapter_names as adapter_names
 
     entry = {"_target_": "kp_zoo.norms.HiddenSizeLayerNorm"}
     [f] = [f for f in check_entry("LayerNorm", entry, "w")[0] if f.kind == "signature"]

@@ -18,8 +18,8 @@ import torch
 import yaml
 
 import kernel_lock
-import kernel_lock.adapter_names as adapter_names
 import kernel_lock.adapters as adapters
+import kernel_lock.trust.adapter_names as adapter_names
 from kernel_lock import KernelUnavailable, LockMismatch, LockWarning
 from kernel_lock.anemoi import AUTOCAST_LAYER_NORM, ConventionError, convention_problems, export, layer_kernels
 from tests.conftest import MINIMAL_LOCK, ROOT, write_sealed
@@ -136,9 +136,9 @@ def test_a_size_named_hidden_size_gets_the_generic_size_adapter():
 
 
 def test_no_adapter_is_a_clear_error(capsys, tmp_path, monkeypatch):
-    import kernel_lock.adapter_names
+    import kernel_lock.trust.adapter_names
 
-    monkeypatch.setattr(kernel_lock.adapter_names, "SIZE_NAMES", ())  # a size parameter no adapter knows
+    monkeypatch.setattr(kernel_lock.trust.adapter_names, "SIZE_NAMES", ())  # a size parameter no adapter knows
     lock = load(lock_text("kp_zoo.norms.HiddenSizeLayerNorm", "{ eps = 1e-5 }"))
     with pytest.raises(ConventionError) as exc:
         layer_kernels(lock)

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from kernel_lock import _toml
+from kernel_lock.format import toml
 from kernel_probe.cli import main
 from kernel_probe.profiles import discovery
 from tests.conftest import run_cli
@@ -57,8 +57,8 @@ def test_a_refused_user_is_told_what_to_do_not_how_to_edit_the_profile(tmp_path,
 def test_show_renders_the_profile_as_toml_with_its_strictness(name, capsys):
     code, out, _ = run_cli(["profiles", "show", name], capsys)
     assert code == 0 and "{'" not in out  # no Python dicts
-    shown = _toml.loads(out)
-    written = _toml.loads((discovery.builtin_dir() / f"{name}.toml").read_text())
+    shown = toml.loads(out)
+    written = toml.loads((discovery.builtin_dir() / f"{name}.toml").read_text())
     assert shown["strictness"] == {"default": "error", "warn": []}
     written.setdefault("strictness", {}).setdefault("default", "error")
     written["strictness"].setdefault("warn", [])

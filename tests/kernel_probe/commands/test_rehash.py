@@ -69,7 +69,7 @@ def test_the_default_lock_is_kernel_lock_or_the_working_directorys(tmp_path, mon
         ({"[slots.Linear]": "[slots.Linaer]"}, "unknown slot 'Linaer'"),
         ({'lock-version = "1.0"': 'lock-version = "9.0"'}, "9.0"),
         ({'target = "torch.nn.LayerNorm"': 'target = "kp_evil.Evil"'}, "not in the import allow-list"),
-        # what verify and the runtime refuse is not sealed either (kernel_lock.confirming.before_sealing)
+        # what verify and the runtime refuse is not sealed either (kernel_lock.trust.confirming.before_sealing)
         ({'target = "torch.nn.LayerNorm"': 'target = "torch.nn.RMSNorm"'}, "computes rms_norm, not layer_norm"),
         ({"kwargs = { bias = false }": "kwargs = { bias = false, fancy = 1 }"}, "keyword argument 'fancy'"),
     ],

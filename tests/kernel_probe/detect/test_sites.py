@@ -37,9 +37,9 @@ import kernel_lock
 from kernel_lock.errors import DeviceVisibilityError, LockMismatch
 from kernel_lock.fingerprint import fields, nvml, visible, with_torch
 from kernel_lock.fingerprint import host as fp_host
+from kernel_lock.format.schema import Slot
+from kernel_lock.format.versions import in_spec, release_text
 from kernel_lock.lock import KernelLock
-from kernel_lock.schema import Slot
-from kernel_lock.versions import in_spec, release_text
 from kernel_probe.candidates import builtin
 from kernel_probe.probe import pipeline
 from kernel_probe.probe import write as lockwrite

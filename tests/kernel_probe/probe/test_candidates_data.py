@@ -1,7 +1,7 @@
 """The built-in candidates are data, read by the one candidate parser, and each slot fact has one home.
 
 ``kernel_lock/registry.toml`` declares the built-ins in a site profile's ``[[candidate]]`` form and
-the libraries in ``[[library]]`` tables; the import allow-list (``kernel_lock.registry.allowed_roots``)
+the libraries in ``[[library]]`` tables; the import allow-list (``kernel_lock.trust.registry.allowed_roots``)
 is derived from the candidates, and ``kernel_probe.detect.libraries`` reads the libraries, so adding
 a kernel library's candidate is one data entry.
 """
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 import kernel_lock
-from kernel_lock import _toml, registry, slots
 from kernel_lock.errors import TargetNotAllowed
-from kernel_lock.trust import check_target
+from kernel_lock.format import slots, toml
+from kernel_lock.trust import check_target, registry
 from kernel_probe import candidates as cands
 from kernel_probe.probe import write as lockwrite
 from kernel_probe.probe.check import check_all, dtype_plan
@@ -33,7 +33,8 @@ BUILTIN_IDS = [c.id for c in cands.builtin()]
 
 # ---- one home per slot fact --------------------------------------------------------------------------
 def test_every_slot_fact_is_imported_from_kernel_lock_slots():
-    from kernel_lock import document, resolve, schema
+    from kernel_lock import resolve
+    from kernel_lock.format import document, schema
     from kernel_probe.commands import check_config, export, verify
     from kernel_probe.probe import judge
 
@@ -93,7 +94,7 @@ def test_one_hint_for_a_misspelt_slot(name, fix):
 def test_the_registry_is_package_data_of_kernel_lock():
     path = registry.path()
     assert path.parent == Path(kernel_lock.__file__).parent and path.name == registry.DATA
-    package_data = _toml.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    package_data = toml.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     assert registry.DATA in package_data["kernel_lock"]
     assert cands.load_candidates(path) == cands.builtin() and all(c.source == "builtin" for c in cands.builtin())
 

@@ -130,7 +130,7 @@ def test_the_inference_twin_loads_a_state_dict_through_the_migration(tmp_path, c
     x = torch.randn(5, 32)
     expected = train(x)
     # ... run where the library is missing: inference substitutes the twins, and the state dict migrates
-    gone = lock.slots["LayerNorm"].requires + (kernel_lock.schema.Requirement(name="kp-no-such-distribution"),)
+    gone = lock.slots["LayerNorm"].requires + (kernel_lock.format.schema.Requirement(name="kp-no-such-distribution"),)
     absent = replace(lock, slots={name: replace(s, requires=gone) for name, s in lock.slots.items()}).sealed()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LockWarning)

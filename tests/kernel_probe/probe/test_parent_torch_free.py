@@ -15,7 +15,7 @@ import pytest
 
 CHILD = """
 import json, sys
-from kernel_lock.slots import PROBED_BY_DEFAULT
+from kernel_lock.format.slots import PROBED_BY_DEFAULT
 from kernel_probe import candidates
 from kernel_probe.probe.check import check_all
 

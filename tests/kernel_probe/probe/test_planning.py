@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernel_lock.slots import PROBED_BY_DEFAULT
+from kernel_lock.format.slots import PROBED_BY_DEFAULT
 from kernel_probe.errors import ForcedUnusable, UsageError
 from kernel_probe.probe import planning
 from kernel_probe.probe.planning import (

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from kernel_lock.fingerprint import with_torch
+from kernel_lock.format.schema import Slot
 from kernel_lock.lock import KernelLock
-from kernel_lock.schema import Slot
 from kernel_probe.probe import write as lockwrite
 from kernel_probe.profiles import discovery, nodes
 from tests.conftest import run_cli

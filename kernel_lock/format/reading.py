@@ -15,6 +15,27 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+__all__ = [
+    "MAX_TEXT",
+    "ReadError",
+    "context",
+    "did_you_mean",
+    "get",
+    "get_choice",
+    "get_int",
+    "get_literal",
+    "get_required",
+    "get_string_map",
+    "get_strings",
+    "get_table",
+    "get_tables",
+    "get_text",
+    "join",
+    "refuse_unknown",
+    "type_name",
+    "unknown_keys",
+]
+
 
 class ReadError(ValueError):
     """A value that is not what its reader declares: the problem, the dotted key so far, the fix.

@@ -27,9 +27,29 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import Difference, LockMismatch
+from ..errors import Difference, LockMismatch
 from .reading import ReadError
 from .tables import EMPTY, Table, one_of, toml_key
+
+__all__ = [
+    "ALL",
+    "CONTROL",
+    "ENV_VARS",
+    "LIBRARIES",
+    "TORCH_NAME",
+    "Blas",
+    "apply",
+    "current",
+    "device_of",
+    "env_choice",
+    "environment_differences",
+    "in_process_differences",
+    "job_start_differences",
+    "mismatch_fix",
+    "name_of",
+    "own_choice",
+    "select",
+]
 
 log = logging.getLogger("kernel_lock")
 

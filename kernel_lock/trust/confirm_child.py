@@ -1,5 +1,5 @@
 """The child process of the job-start check: resolves the slots it is given with ``factory`` and prints
-one line of verdicts. Started by ``kernel_lock.confirming.child_verdicts`` (``python -c``), so the
+one line of verdicts. Started by ``kernel_lock.trust.confirming.child_verdicts`` (``python -c``), so the
 foreign code an import runs never runs in the checking process; nothing imports this module.
 """
 
@@ -9,10 +9,14 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from ..errors import KernelUnavailable, LockError
+from ..lock import loads
+from ..resolve import factory
 from .confirming import MARK
-from .errors import KernelUnavailable, LockError
-from .lock import loads
-from .resolve import factory
+
+__all__ = [
+    "main",
+]
 
 
 def _child_verdict(request: Mapping[str, Any], slot: str) -> dict[str, Any] | None:

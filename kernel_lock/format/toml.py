@@ -17,6 +17,14 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+__all__ = [
+    "TOMLDecodeError",
+    "dumps",
+    "loads",
+    "toml_key",
+    "toml_value",
+]
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
@@ -37,27 +45,37 @@ def _tomli_w_line(key: str, value: Any) -> str:
     return tomli_w.dumps({key: value})[:-1]
 
 
-def _key(key: str) -> str:
-    """A key as TOML writes it: bare when it can be, else a quoted string (tomli-w's rule)."""
+def toml_key(key: str) -> str:
+    """A key as TOML writes it: bare when it can be, else a quoted string (tomli-w's rule).
+
+    >>> toml_key("eps"), toml_key("a b")
+    ('eps', '"a b"')
+    """
     return _tomli_w_line(key, 0)[: -len(" = 0")].replace("\t", "\\t")  # a tab only inside a quoted key
 
 
 def _string(value: str) -> str:
-    return _scalar(value)
+    return toml_value(value)
 
 
-def _scalar(value: Any) -> str:
+def toml_value(value: Any) -> str:
+    """A value as the canonical layout writes it on its key's line: scalars as tomli-w writes them,
+    arrays on one line, a table inline.
+
+    >>> toml_value([1, "a"]), toml_value({"eps": 1e-05})
+    ('[1, "a"]', '{ eps = 1e-05 }')
+    """
     if isinstance(value, str):
         # tomli-w leaves a tab raw; escaped, it stays visible in a diff (and the bytes stay what they were)
         return _tomli_w_line("k", value)[len("k = ") :].replace("\t", "\\t")
     if isinstance(value, (bool, int, float)):
         return _tomli_w_line("k", value)[len("k = ") :]
     if isinstance(value, (list, tuple)):  # one line, whatever its length (the layout rule above)
-        return "[" + ", ".join(_scalar(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
         if not value:
             return "{}"
-        return "{ " + ", ".join(f"{_key(k)} = {_scalar(v)}" for k, v in value.items()) + " }"
+        return "{ " + ", ".join(f"{toml_key(k)} = {toml_value(v)}" for k, v in value.items()) + " }"
     raise TypeError(f"cannot write {type(value).__name__} to TOML")
 
 
@@ -96,10 +114,10 @@ def _write_table(table: dict[str, Any], path: list[str], lines: list[str], heade
         lines.append("")
         lines.append(header)
     for key, value in inline:
-        lines.append(f"{_key(key)} = {_scalar(value)}")
+        lines.append(f"{toml_key(key)} = {toml_value(value)}")
     for key, value in nested:
         sub = path + [key]
-        dotted = ".".join(_key(p) for p in sub)
+        dotted = ".".join(toml_key(p) for p in sub)
         if isinstance(value, dict):
             _write_table(value, sub, lines, header=f"[{dotted}]")
         else:
@@ -117,4 +135,4 @@ def _write_array_item(item: dict[str, Any], path: list[str], lines: list[str]) -
     for key, value in item.items():
         if not (_is_leaf(value) or all(_is_flat(v) for v in value)):
             raise TypeError(f"table array item key {key!r} is too deeply nested for the canonical writer")
-        lines.append(f"{_key(key)} = {_scalar(value)}")
+        lines.append(f"{toml_key(key)} = {toml_value(value)}")

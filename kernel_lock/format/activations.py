@@ -16,6 +16,18 @@ from typing import Any
 from .reading import ReadError, get_required
 from .slots import ACTIVATION, CANONICAL, canonical_target
 
+__all__ = [
+    "ACTIVATION_CLASSES",
+    "ACTIVATION_FUNCTIONS",
+    "APPROXIMATIONS",
+    "OTHER_FUNCTION",
+    "function_of",
+    "declared_function",
+    "function_problem",
+    "is_approximation",
+    "read_function",
+]
+
 # What an activation computes, as the model declares it (``--activation``; anemoi: the class its config names)
 ACTIVATION_FUNCTIONS = ("gelu-erf", "gelu-tanh", "silu", "relu", "sigmoid")
 OTHER_FUNCTION = "other:"

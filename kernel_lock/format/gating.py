@@ -14,6 +14,17 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import NamedTuple
 
+__all__ = [
+    "APPROXIMATIONS",
+    "CONFIG_KEY",
+    "GATED",
+    "GATES",
+    "MLP_IMPLEMENTATIONS",
+    "Gate",
+    "formula",
+    "gate_for",
+]
+
 # anemoi's MLPImplementation literal (schemas/common_components.py), "mlp" first: not gated
 MLP_IMPLEMENTATIONS = ("mlp", "glu", "swiglu", "geglu", "reglu")
 CONFIG_KEY = "mlp_implementation"  # the key in anemoi's processor, encoder and decoder configs

@@ -24,12 +24,26 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import Difference
+from ..errors import Difference
 from .reading import ReadError, get_choice
 from .tables import EMPTY, Table, flag, text, toml_key
 
 if TYPE_CHECKING:
     from .schema import Context
+
+__all__ = [
+    "ALLOW_FLAG",
+    "ANEMOI_KEY",
+    "BACKENDS",
+    "FIX",
+    "GPU_DEVICE_TYPES",
+    "TABLE",
+    "GraphAttention",
+    "fallback_cause",
+    "fallback_note",
+    "job_start_differences",
+    "triton_installed",
+]
 
 BACKENDS = ("triton", "pyg")  # anemoi-models 0.19's graph_attention_backend values
 TABLE = "graph-attention"
@@ -67,7 +81,7 @@ class GraphAttention(Table):
 
 def triton_installed() -> bool | None:
     """Is triton on the search path (the file system only; None: only importing could tell)."""
-    from .locate import locate
+    from ..trust.locate import locate
 
     return locate("triton")
 

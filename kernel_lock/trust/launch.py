@@ -1,7 +1,7 @@
 """The one way kernel-probe and kernel_lock start a Python child: a clean interpreter, its own session.
 
 Every Python child (the probe's worker and its one-shot children, ``kernel_probe.isolation.child``;
-the confirming child of the job-start check and of ``rehash``, ``kernel_lock.confirming``;
+the confirming child of the job-start check and of ``rehash``, ``kernel_lock.trust.confirming``;
 ``check-config``'s Hydra and import children) is started by :func:`python_argv` and :func:`start`:
 
 - ``python -I`` (isolated mode: no user site-packages, no ``PYTHON*`` variable read, no script or
@@ -28,6 +28,16 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import subprocess
+
+__all__ = [
+    "FLAGS",
+    "cwd_like",
+    "kill_group",
+    "python_argv",
+    "pythonpath_roots",
+    "start",
+    "trusted_roots",
+]
 
 FLAGS = ("-I", "-X", "faulthandler", "-X", "utf8")
 

@@ -4,7 +4,7 @@ read and written by one generic pair (:func:`from_dict`, :func:`to_dict`).
 Modelled on pypa/packaging's ``pylock.py``: every table of the lock (``[slots.X]``, its ``twin``, its
 ``requires``, ``[environment]``, ``[graph-attention]``, the document itself) is a frozen, keyword-only,
 slotted dataclass. A field the file holds says so in its metadata (:func:`toml_key`): its TOML key, the
-typed reader that builds its value (the getters of :mod:`kernel_lock.reading`, each error naming its
+typed reader that builds its value (the getters of :mod:`kernel_lock.format.reading`, each error naming its
 key as it unwinds) and when it is left out of the written table. The order of the fields is the
 canonical key order of the written lock, so the bytes and the digest follow from the declaration; a
 field without a key (a slot's name, where a lock was read from) is the caller's to give.
@@ -29,6 +29,25 @@ from dataclasses import fields, is_dataclass
 from typing import Any, Protocol, TypeVar
 
 from .reading import get, get_choice, get_required, get_strings
+
+__all__ = [
+    "EMPTY",
+    "FIX_MISSING",
+    "NONE",
+    "REST",
+    "Reader",
+    "Reading",
+    "Table",
+    "flag",
+    "from_dict",
+    "one_of",
+    "plain",
+    "strings",
+    "table_keys",
+    "text",
+    "to_dict",
+    "toml_key",
+]
 
 _T = TypeVar("_T")
 FIX_MISSING = "add `{key} = ...` (see docs/lock-format.md)"

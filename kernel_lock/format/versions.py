@@ -11,6 +11,12 @@ from __future__ import annotations
 
 import re
 
+__all__ = [
+    "in_spec",
+    "release",
+    "release_text",
+]
+
 _LEADING = re.compile(r"\s*v?([0-9]+(?:\.[0-9]+)*)", re.ASCII)
 
 

@@ -4,7 +4,7 @@
 ``requirement_problems`` compares a slot's requirements with the installed distributions;
 ``static_problem`` decides a target as an import would, from ``registry.target_facts``, or says why
 only an import can tell. The job-start check (``kernel_lock.resolve.confirm_targets``) and the
-inference resolver use them, and so does ``kernel_lock.confirming.before_sealing``.
+inference resolver use them, and so does ``kernel_lock.trust.confirming.before_sealing``.
 """
 
 from __future__ import annotations
@@ -12,12 +12,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .errors import Difference, KernelUnavailable, LockFormatError, TargetNotAllowed
+from ..errors import Difference, KernelUnavailable, LockFormatError, TargetNotAllowed
+from ..format.slots import SLOT_SEMANTICS
 from .importing import IN_INFERENCE_MODE
-from .slots import SLOT_SEMANTICS
 
 if TYPE_CHECKING:
-    from .schema import Slot
+    from ..format.schema import Slot
+
+__all__ = [
+    "FLASH_GENERATIONS",
+    "anemoi_flash_generation",
+    "flash_generation_problems",
+    "locate",
+    "requirement_problems",
+    "static_problem",
+    "unusable_reason",
+]
 
 
 def locate(module: str) -> bool | None:
@@ -55,7 +65,7 @@ def requirement_problems(slot: Slot) -> list[Difference]:
     """Requirements of a slot that this machine does not satisfy (no import; metadata only)."""
     from importlib import metadata
 
-    from .versions import in_spec
+    from ..format.versions import in_spec
 
     problems = []
     for req in slot.requires:
@@ -145,9 +155,9 @@ def static_problem(
     file system: raises the error the import would raise; None when it would build; the reason when
     only importing can tell (a target outside the tables, a kwarg the registry does not declare, an
     unknown or too old torch, a module found only by importing its parent)."""
+    from ..format.slots import TORCH_FACTS_SINCE, canonical_target
+    from ..format.versions import release
     from . import registry
-    from .slots import TORCH_FACTS_SINCE, canonical_target
-    from .versions import release
 
     facts = registry.target_facts(target)
     if facts is None:

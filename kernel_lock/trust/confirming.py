@@ -1,6 +1,6 @@
 """Confirming what only an import can judge, in a child process, and deciding a lock before it is sealed.
 
-``child_verdicts`` resolves slots with ``factory`` in a fresh interpreter (``kernel_lock.confirm_child``)
+``child_verdicts`` resolves slots with ``factory`` in a fresh interpreter (``kernel_lock.trust.confirm_child``)
 and returns what it said of each: the import path's own answer, without its code running here.
 ``confirm_in_child`` raises the first refusal (the job-start check, ``resolve.confirm_targets``).
 ``before_sealing`` decides every target of a hand-edited lock before ``kernel-probe rehash`` seals it.
@@ -12,12 +12,21 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .errors import KernelUnavailable, LockFormatError
+from ..errors import KernelUnavailable, LockFormatError
 
 if TYPE_CHECKING:
     import subprocess
 
-    from .document import LockDocument
+    from ..format.document import LockDocument
+
+__all__ = [
+    "CHILD_TIMEOUT",
+    "MARK",
+    "before_sealing",
+    "child_verdicts",
+    "confirm_in_child",
+    "read_verdicts",
+]
 
 CHILD_TIMEOUT = 300.0  # seconds for the child that imports what could not be judged without it
 MARK = "KERNEL_LOCK_CONFIRM "
@@ -41,9 +50,9 @@ def child_verdicts(lock: LockDocument, mode: str, unknown: Mapping[str, str]) ->
         "slots": list(unknown),
     }
     # the caller's search path (same trust, same libraries), but never its working directory first: a module
-    # the caller could import from there is still found, after everything installed (kernel_lock.launch)
+    # the caller could import from there is still found, after everything installed (kernel_lock.trust.launch)
     keep_cwd = any(cwd_like(entry) for entry in sys.path)
-    code = "import json, sys; from kernel_lock.confirm_child import main; main(json.loads(sys.stdin.read()))"
+    code = "import json, sys; from kernel_lock.trust.confirm_child import main; main(json.loads(sys.stdin.read()))"
     argv = python_argv(code, roots=sys.path, keep_cwd=keep_cwd)
     what = ", ".join(f"slot {name} ({why})" for name, why in unknown.items())
 
@@ -74,10 +83,10 @@ def child_verdicts(lock: LockDocument, mode: str, unknown: Mapping[str, str]) ->
 
 
 def read_verdicts(data: Any, slots: Mapping[str, str]) -> dict[str, dict[str, Any] | None]:
-    """The child's answer, read by the typed reader (``kernel_lock.reading``): per slot asked, None or
+    """The child's answer, read by the typed reader (``kernel_lock.format.reading``): per slot asked, None or
     {exit_code (a documented one), problem, key, fix}; anything else is a ReadError."""
-    from .errors import ExitCode
-    from .reading import ReadError, context, get_text, refuse_unknown
+    from ..errors import ExitCode
+    from ..format.reading import ReadError, context, get_text, refuse_unknown
 
     if not isinstance(data, dict):
         raise ReadError(f"expected a JSON object, got {type(data).__name__}")

@@ -2,8 +2,8 @@
 
 The layout is documented in ``docs/lock-format.md``. Each table is a frozen, keyword-only, slotted
 dataclass whose fields declare their TOML key, their typed reader and when they are left out, in the
-field's metadata (:func:`kernel_lock.tables.toml_key`); the fields' order is the canonical key order. One
-generic pair reads and writes every table (:func:`kernel_lock.tables.from_dict` and ``to_dict``), each
+field's metadata (:func:`kernel_lock.format.tables.toml_key`); the fields' order is the canonical key order. One
+generic pair reads and writes every table (:func:`kernel_lock.format.tables.from_dict` and ``to_dict``), each
 nested table read inside :meth:`Context.at`, so an error names its dotted key as it unwinds. Whether a
 target may be imported is :mod:`kernel_lock.trust`'s to say; reading and writing files is
 :mod:`kernel_lock.lock`'s.
@@ -19,13 +19,40 @@ from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any, Literal, TypeVar, cast, get_args
 
+from ..errors import LockFormatError
+from ..trust import DOTTED, MODULE, check_target
 from .activations import read_function
 from .blas import Blas
-from .errors import LockFormatError
 from .reading import ReadError, context, get, get_choice, get_required, get_tables, join, type_name
 from .slots import SEMANTICS, SLOT_SEMANTICS, STATUSES, Status
 from .tables import EMPTY, FIX_MISSING, NONE, REST, Table, from_dict, one_of, strings, text, toml_key
-from .trust import DOTTED, MODULE, check_target
+
+__all__ = [
+    "DIGEST",
+    "INT64",
+    "LOCK_VERSION",
+    "MATCH_RULES",
+    "MAX_WARNINGS",
+    "STATE_DICT",
+    "VERSION",
+    "Candidate",
+    "Context",
+    "EnvField",
+    "Environment",
+    "Match",
+    "Requirement",
+    "Scalar",
+    "Slot",
+    "StateDict",
+    "Twin",
+    "choice",
+    "read_slot",
+    "record",
+    "record_table",
+    "required",
+    "table",
+    "tables",
+]
 
 # 1.1: accepted-changes, rename/transpose migrations; 1.2: environment torch-rocm, device-features, numerics-env;
 # 1.3: slots.Linear.blas, and the timing rows' check at the model's shape (checked-rows, worst-error-ratio)
@@ -308,7 +335,7 @@ def _env_field(ctx: Context, d: Any) -> EnvField:
 
 def _env_fields(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> dict[str, EnvField]:
     """``[environment]``'s named fields: every key but ``libraries``, in file order."""
-    from .fingerprint.fields import FIELDS  # the field catalogue lives beside the code that computes it
+    from ..fingerprint.fields import FIELDS  # the field catalogue lives beside the code that computes it
 
     fields = {}
     for name, value in d.items():
@@ -327,7 +354,7 @@ def _env_fields(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, An
 
 def _env_fields_out(fields: Mapping[str, EnvField]) -> dict[str, Any]:
     """The named fields, the known ones in their catalogue order, then the others sorted."""
-    from .fingerprint.fields import FIELDS
+    from ..fingerprint.fields import FIELDS
 
     order = list(FIELDS) + sorted(k for k in fields if k not in FIELDS)
     return {k: fields[k].to_dict() for k in order if k in fields}
@@ -400,14 +427,14 @@ class Slot(Table):
     implementation: str = field(metadata=toml_key("implementation", text(required=True)))
     target: str = field(metadata=toml_key("target", _target))
     semantics: str = field(metadata=toml_key("semantics", one_of(SEMANTICS)))
-    # Activation: the model's function the candidates were checked against (kernel_lock.activations)
+    # Activation: the model's function the candidates were checked against (kernel_lock.format.activations)
     function: str = field(default="", metadata=toml_key("function", _function, omit=EMPTY))
     kwargs: Mapping[str, Any] = field(default_factory=dict, metadata=toml_key("kwargs", _kwargs_field))
     requires: tuple[Requirement, ...] = field(default=(), metadata=toml_key("requires", tables(Requirement)))
     devices: tuple[str, ...] = field(default=(), metadata=toml_key("devices", strings))
-    # Linear on a GPU: the BLAS library it was checked and timed under (kernel_lock.blas)
+    # Linear on a GPU: the BLAS library it was checked and timed under (kernel_lock.format.blas)
     blas: Blas | None = field(default=None, metadata=toml_key("blas", _blas, omit=NONE))
-    # GatedMLP: the formula its mlp_implementation computes (kernel_lock.gating)
+    # GatedMLP: the formula its mlp_implementation computes (kernel_lock.format.gating)
     gate: str = field(default="", metadata=toml_key("gate", _gate, omit=EMPTY))
     reason: str = field(default="", metadata=toml_key("reason", text()))
     # what the implementation changes besides numbers, accepted explicitly

@@ -14,6 +14,44 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple, get_args
 
+__all__ = [
+    "ACTIVATION",
+    "ATTENTION",
+    "CALL_ARGS",
+    "CALL_KWARGS",
+    "CANONICAL",
+    "CONFUSABLE",
+    "DEFAULT_TARGETS",
+    "DTYPES",
+    "GATED_MLP",
+    "KNOWN_TARGETS",
+    "MODES",
+    "NOT_ELEMENTWISE",
+    "NOT_PLAIN_TORCH",
+    "PRECISIONS",
+    "PROBED_BY_DEFAULT",
+    "REGIMES",
+    "SEMANTICS",
+    "SLOTS",
+    "SLOT_SEMANTICS",
+    "STATUSES",
+    "TARGET_ALIASES",
+    "TORCH_FACTS_SINCE",
+    "TWIN_SEMANTICS",
+    "DType",
+    "Mode",
+    "Precision",
+    "Regime",
+    "Status",
+    "TargetFacts",
+    "canonical_target",
+    "class_semantics",
+    "dtype_named",
+    "short_dtype",
+    "slot_name_fix",
+    "torch_device",
+]
+
 SLOTS = ("LayerNorm", "RMSNorm", "Linear", "Attention", "GatedMLP", "Activation")
 SEMANTICS = ("layer_norm", "rms_norm", "linear", "attention", "gated_mlp", "activation")
 SLOT_SEMANTICS = {
@@ -28,7 +66,7 @@ SLOT_SEMANTICS = {
 # have no parameters and take (q, k, v) with SDPA's contract (kernel_lock.attention): its checks,
 # timing and export have their own homes
 ATTENTION = "Attention"
-# anemoi's GatedMLPLayer (two Linears and a hard-coded gate, kernel_lock.gating): its classes are
+# anemoi's GatedMLPLayer (two Linears and a hard-coded gate, kernel_lock.format.gating): its classes are
 # kernel_lock.gated_mlp's, its checks and timing have their own home (kernel_probe.probe.gated_mlp).
 # A probe checks it only when asked (the model's mlp_implementation is gated): anemoi's default is "mlp"
 GATED_MLP = "GatedMLP"
@@ -60,7 +98,7 @@ CANONICAL: dict[str, dict[str, Any]] = {
     "Linear": {"bias": True},
     # the options a model fixes (kernel_lock.attention): window -1 = global, softcap 0 = none
     "Attention": {"window": -1, "softcap": 0.0, "dropout": 0.0, "alibi": False},
-    # the model's gated variant (kernel_lock.gating.GATES): swiglu unless the model says otherwise
+    # the model's gated variant (kernel_lock.format.gating.GATES): swiglu unless the model says otherwise
     "GatedMLP": {"mlp_implementation": "swiglu", "bias": True},
     # the function the model declares (ACTIVATION_FUNCTIONS): the reference every candidate is checked
     # against; no constructor takes it (CALL_KWARGS), the lock records it (slots.Activation.function)
@@ -263,7 +301,7 @@ def class_semantics(cls: Any) -> str | None:
     it derives from) is one of torch's quantized, QAT or fused classes (``NOT_PLAIN_TORCH``): those, and
     every other torch module, compute something else (``other: Identity``). Another library's class
     that derives from none of them is not judged by its name: None, and the caller takes the registry's
-    declaration (``kernel_lock.registry.declared_semantics``) or the lock's word.
+    declaration (``kernel_lock.trust.registry.declared_semantics``) or the lock's word.
     """
     if not isinstance(cls, type):
         return None

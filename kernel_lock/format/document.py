@@ -2,7 +2,7 @@
 
 :class:`LockDocument` is everything a kernel lock *is* (the data); :class:`kernel_lock.lock.KernelLock`
 adds what it *does* (verify, resolve), so the resolver can take a document without importing the
-module that imports it. The tables inside (slots, environment) are :mod:`kernel_lock.schema`'s.
+module that imports it. The tables inside (slots, environment) are :mod:`kernel_lock.format.schema`'s.
 """
 
 from __future__ import annotations
@@ -15,16 +15,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from . import _toml
-from ._files import atomic_write_text
-from .errors import LockFormatError, LockVersionError
+from ..errors import LockFormatError, LockVersionError
+from ..trust import granted_trust, module_name
+from ..trust.files import atomic_write_text
+from . import toml as _toml
 from .graph_attention import TABLE as GRAPH_ATTENTION
 from .graph_attention import GraphAttention
 from .reading import ReadError, get, get_strings
 from .schema import DIGEST, LOCK_VERSION, VERSION, Context, Environment, Slot, read_slot, record_table, required, table
 from .slots import MODES, PRECISIONS, SLOTS, Mode, slot_name_fix
 from .tables import EMPTY, NONE, from_dict, one_of, text, to_dict, toml_key
-from .trust import granted_trust, module_name
+
+__all__ = [
+    "SEAL",
+    "LockDocument",
+]
 
 _L = TypeVar("_L", bound="LockDocument")
 SEAL = "digest"  # the one top-level key the digest does not cover: itself

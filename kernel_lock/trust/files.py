@@ -26,7 +26,19 @@ import os
 import stat
 from pathlib import Path
 
-from .errors import LockFormatError
+from ..errors import LockFormatError
+
+__all__ = [
+    "KINDS",
+    "UnsafeFile",
+    "UnsafeWrite",
+    "atomic_write_text",
+    "check_directory",
+    "kind",
+    "private_dir",
+    "read_regular",
+    "write_file",
+]
 
 KINDS = {
     stat.S_IFIFO: "a FIFO (named pipe)",

@@ -12,6 +12,21 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+__all__ = [
+    "ADAPTERS",
+    "AUTOCAST_ADAPTERS",
+    "GENERIC_PREFIXES",
+    "GENERIC_SEPARATOR",
+    "SIZE_ADAPTERS",
+    "SIZE_NAMES",
+    "WRAPPING_ADAPTERS",
+    "adapter_for",
+    "generic_kernel",
+    "generic_parts",
+    "size_parameter",
+    "wrapping_adapter_for",
+]
+
 ADAPTERS = "kernel_lock.adapters"
 
 # anemoi builds norms as ``LayerNorm(C)`` and ``LayerNorm(normalized_shape=C)``; these library classes

@@ -5,6 +5,13 @@ The built-in allow-list follows from the registry (``kernel_lock/registry.toml``
 ``registry.allowed_roots``). Beyond it only the *caller* grants trust: the API's ``trust=[...]``,
 ``$KERNEL_LOCK_TRUST``, kernel-probe's ``--trust``. A lock's own ``trusted-modules`` only asks for
 it, and the refusal says how to grant it. Every check runs before anything is imported.
+
+This package is kernel_lock's *trust and import* group; the allow-list lives here, in its
+``__init__``, so ``kernel_lock.trust.check_target`` keeps the path the docs show. Its modules, each
+imported where it is used: ``registry`` (the candidates, as data), ``importing`` (the allow-list, then
+the import, then what the class must be), ``locate`` (what is known without importing), ``confirming``
+and ``confirm_child`` (what only an import can tell, asked of a child), ``launch`` (the one child
+launcher), ``files`` (the one safe reader and writer), ``adapter_names`` (the adapters, by name).
 """
 
 from __future__ import annotations
@@ -13,8 +20,18 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 
+from ..errors import BadEnvironmentVariable, LockFormatError, TargetNotAllowed
 from . import registry
-from .errors import BadEnvironmentVariable, LockFormatError, TargetNotAllowed
+
+__all__ = [
+    "DOTTED",
+    "MODULE",
+    "TRUST_ENV",
+    "check_target",
+    "granted_trust",
+    "module_name",
+    "private",
+]
 
 TRUST_ENV = "KERNEL_LOCK_TRUST"  # modules the caller trusts beyond the built-in allow-list
 

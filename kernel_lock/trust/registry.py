@@ -17,8 +17,21 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from . import _toml
-from .slots import KNOWN_TARGETS, SLOT_SEMANTICS, TargetFacts, canonical_target
+from ..format import toml as _toml
+from ..format.slots import KNOWN_TARGETS, SLOT_SEMANTICS, TargetFacts, canonical_target
+
+__all__ = [
+    "DATA",
+    "OWN_ROOTS",
+    "PATH",
+    "allowed_roots",
+    "data",
+    "declared_semantics",
+    "import_root",
+    "path",
+    "reset",
+    "target_facts",
+]
 
 DATA = "registry.toml"  # package data of kernel_lock; pyproject.toml's package-data names it too
 # modules every lock may name whatever the registry says: torch itself and kernel_lock's own adapters
@@ -34,7 +47,7 @@ def path() -> Path:
         return PATH
     from importlib.resources import files
 
-    return Path(str(files(__package__).joinpath(DATA)))
+    return Path(str(files("kernel_lock").joinpath(DATA)))
 
 
 @functools.cache

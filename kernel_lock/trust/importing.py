@@ -13,13 +13,22 @@ import inspect
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .errors import KernelUnavailable, LockFormatError, TargetNotAllowed
-from .slots import SLOT_SEMANTICS, class_semantics
-from .trust import check_target
+from ..errors import KernelUnavailable, LockFormatError, TargetNotAllowed
+from ..format.slots import SLOT_SEMANTICS, class_semantics
+from . import check_target
 
 if TYPE_CHECKING:
-    from .document import LockDocument
-    from .schema import Slot
+    from ..format.document import LockDocument
+    from ..format.schema import Slot
+
+__all__ = [
+    "IN_INFERENCE_MODE",
+    "build",
+    "check_kwargs",
+    "import_failure",
+    "import_target",
+    "install_hint",
+]
 
 
 # how to ask for inference mode, said once for both audiences of these messages
@@ -58,7 +67,7 @@ def import_target(
     if semantics == "attention" and callable(obj) and not isinstance(obj, type):
         # a function with SDPA's signature (``--candidate Attention=module.function``): called through
         # the slot's options by a class of kernel_lock.attention, which receives the window as its mask
-        from .attention import for_function
+        from ..attention import for_function
 
         obj = for_function(obj, target)
     if not (isinstance(obj, type) and issubclass(obj, torch.nn.Module)):
