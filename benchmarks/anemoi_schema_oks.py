@@ -35,7 +35,11 @@ def user_mistakes(tmp: Path) -> list[Path]:
         ("root_block", {"layer_kernels": {"LayerNorm": {"_target_": "torch.nn.LayerNorm"}}}),
         (
             "model_model_block",
-            {"model": {"model": {"layer_kernels": {"LayerNorm": {"_target_": "torch.nn.LayerNorm"}}}}},
+            {
+                "model": {
+                    "model": {"layer_kernels": {"LayerNorm": {"_target_": "torch.nn.LayerNorm"}}}
+                }
+            },
         ),
     ):
         path = write_overlay(tmp / f"{name}.yaml", "gnn")
@@ -53,26 +57,41 @@ def user_mistakes(tmp: Path) -> list[Path]:
 def main() -> int:
     root = Path(str(importlib.resources.files("anemoi.training") / "config"))
     with tempfile.TemporaryDirectory() as tmp:
-        paths = sorted((root / "model").glob("*.yaml")) + sorted(root.glob("*.yaml")) + user_mistakes(Path(tmp))
+        paths = (
+            sorted((root / "model").glob("*.yaml"))
+            + sorted(root.glob("*.yaml"))
+            + user_mistakes(Path(tmp))
+        )
         rows = []
         start = time.perf_counter()
         for path in paths:
             result = check_config(path)
-            before = [f for f in result.findings if f.severity == "error" and f.kind not in SCHEMA_KINDS]
-            schema = [f for f in result.findings if f.severity == "error" and f.kind in SCHEMA_KINDS]
+            before = [
+                f for f in result.findings if f.severity == "error" and f.kind not in SCHEMA_KINDS
+            ]
+            schema = [
+                f for f in result.findings if f.severity == "error" and f.kind in SCHEMA_KINDS
+            ]
             rows.append((path, result.schema, 0 if not before else 5, result.exit_code, schema))
         seconds = time.perf_counter() - start
     checked = [r for r in rows if r[1].startswith("checked")]
     print(f"{'config':<52} {'before':>6} {'after':>5}  schema errors (kind: path)")
     for path, status, before, after, schema in rows:
         name = f"{path.parent.name}/{path.name}" if path.parent.name == "model" else path.name
-        shown = "; ".join(f"{f.kind}: {f.where}" for f in schema) or ("-" if status.startswith("checked") else status)
+        shown = "; ".join(f"{f.kind}: {f.where}" for f in schema) or (
+            "-" if status.startswith("checked") else status
+        )
         print(f"{name:<52} {before:>6} {after:>5}  {shown}")
     false_before = [r for r in rows if r[2] == 0 and r[4]]
     false_after = [r for r in rows if r[3] == 0 and r[4]]
     print(f"\nconfigs: {len(rows)}; checked with anemoi-training's schema: {len(checked)}")
-    print(f"false oks (exit 0, schema rejects): before {len(false_before)}, after {len(false_after)}")
-    print(f"  of which the preset's own: {sum(all(f.kind == 'preset' for f in r[4]) for r in false_before)}")
+    print(
+        f"false oks (exit 0, schema rejects): before {len(false_before)}, after {len(false_after)}"
+    )
+    print(
+        "  of which the preset's own: "
+        f"{sum(all(f.kind == 'preset' for f in r[4]) for r in false_before)}"
+    )
     print(f"({seconds:.0f} s)")
     return 0
 

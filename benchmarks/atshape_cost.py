@@ -1,9 +1,10 @@
-"""What the check at the model's shapes (kernel_probe.probe.atshape) adds to timing, on this machine.
+"""What the check at the model's shapes (kernel_probe.probe.atshape) adds to timing, on this
+machine.
 
-For torch.nn's candidate of each slot, ``timing.time_candidate`` runs with the options the probe uses on
-this device type (CPU: 5 repetitions, 3 warm-up calls, no minimum time), once with the check after
-timing and once without, interleaved so that drift hits both alike. Printed per configuration and
-overall (in one run, as ratios):
+For torch.nn's candidate of each slot, ``timing.time_candidate`` runs with the options the probe
+uses on this device type (CPU: 5 repetitions, 3 warm-up calls, no minimum time), once with the check
+after timing and once without, interleaved so that drift hits both alike. Printed per configuration
+and overall (in one run, as ratios):
 
   - wall time with the check / without it - 1, from the fastest of the rounds of each (the least
     disturbed run: on a shared machine other processes only ever add time) and from the medians
@@ -50,19 +51,23 @@ def main() -> None:
     ]
     print(f"options {opts}; {args.rounds} interleaved rounds; medians")
     print(
-        f"{'candidate':18} {'shape':14} {'dtype/regime':15} {'without':>8} {'with':>8} {'extra(min)':>10} "
+        f"{'candidate':18} {'shape':14} {'dtype/regime':15} {'without':>8} {'with':>8} "
+        f"{'extra(min)':>10} "
         f"{'extra(median)':>13} {'cpu extra(min)':>14}"
     )
     sums = {"off": 0.0, "on": 0.0, "moff": 0.0, "mon": 0.0, "coff": 0.0, "con": 0.0}
     for cid, slot, shape, dtype, regime in configs:
         cand = next(c for c in builtin() if c.id == cid)
-        timing.time_candidate(cand, slot, "cpu", [shape], dtype, regime, opts)  # warm the allocator and kernels
+        # warm the allocator and kernels
+        timing.time_candidate(cand, slot, "cpu", [shape], dtype, regime, opts)
         wall: dict[bool, list[float]] = {False: [], True: []}
         cpu: dict[bool, list[float]] = {False: [], True: []}
         for _ in range(args.rounds):
             for check in (False, True):
                 t, c = time.perf_counter(), time.process_time()
-                timing.time_candidate(cand, slot, "cpu", [shape], dtype, regime, {**opts, "check": check})
+                timing.time_candidate(
+                    cand, slot, "cpu", [shape], dtype, regime, {**opts, "check": check}
+                )
                 wall[check].append(time.perf_counter() - t)
                 cpu[check].append(time.process_time() - c)
         off, on = min(wall[False]), min(wall[True])
@@ -71,11 +76,14 @@ def main() -> None:
         for key, value in zip(sums, (off, on, moff, mon, coff, con), strict=True):
             sums[key] += value
         print(
-            f"{cid:18} {shape:14} {dtype + '/' + regime:15} {off:7.3f}s {on:7.3f}s {100 * (on / off - 1):9.1f}% "
+            f"{cid:18} {shape:14} {dtype + '/' + regime:15} {off:7.3f}s {on:7.3f}s "
+            f"{100 * (on / off - 1):9.1f}% "
             f"{100 * (mon / moff - 1):12.1f}% {100 * (con / coff - 1):13.1f}%"
         )
     print(
-        f"overall (sums over the configurations): the check adds {100 * (sums['on'] / sums['off'] - 1):.1f} % "
+        "overall (sums over the configurations): the check adds "
+        f"{100 * (sums['on'] / sums['off'] - 1):.1f} "
+        "% "
         f"to timing (fastest rounds), {100 * (sums['mon'] / sums['moff'] - 1):.1f} % (medians), "
         f"{100 * (sums['con'] / sums['coff'] - 1):.1f} % in CPU time; goal: at most 15 %"
     )

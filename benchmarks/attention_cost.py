@@ -1,9 +1,9 @@
 """What the Attention slot's check costs on this machine, and what it adds to a cold CPU probe.
 
 1. The check of one candidate (kernel_probe.probe.attention.check: every case, the band's edge, the
-   second length, determinism, the twin, the capability matrix), in-process, for torch's SDPA, at the
-   probe's own check geometry (2 heads x head_dim 32 x 48 positions) and at a larger one (4 x 64 x
-   256), per dtype of the CPU probe's plan (float32 and bfloat16), fastest of ``--rounds``.
+   second length, determinism, the twin, the capability matrix), in-process, for torch's SDPA, at
+   the probe's own check geometry (2 heads x head_dim 32 x 48 positions) and at a larger one (4 x 64
+   x 256), per dtype of the CPU probe's plan (float32 and bfloat16), fastest of ``--rounds``.
 2. A cold CPU probe (``kernel-probe --out ... --force`` in a fresh process: workers, checks, timing)
    with the three other slots only, and with the Attention slot added (the default), interleaved
    rounds; the difference of the fastest of each is the slot's cost (goal: at most 3 s).
@@ -29,13 +29,20 @@ def check_cost(rounds: int) -> None:
     from kernel_probe.probe import attention
 
     cand = next(c for c in builtin() if c.id == "torch.sdpa")
-    attention.check(cand, "cpu", [("float32", "true")])  # torch's first calls (lazy initialisation) apart
-    for heads, dim, seq in ((attention.CHECK_HEADS, attention.CHECK_DIM, attention.CHECK_SEQ), (4, 64, 256)):
+    # torch's first calls (lazy initialisation) apart
+    attention.check(cand, "cpu", [("float32", "true")])
+    for heads, dim, seq in (
+        (attention.CHECK_HEADS, attention.CHECK_DIM, attention.CHECK_SEQ),
+        (4, 64, 256),
+    ):
         saved = attention.CHECK_HEADS, attention.CHECK_DIM, attention.CHECK_SEQ
         attention.CHECK_HEADS, attention.CHECK_DIM, attention.CHECK_SEQ = heads, dim, seq
         try:
             for dtype in ("float32", "bfloat16"):
-                best = min(_timed(lambda d=dtype: attention.check(cand, "cpu", [(d, "true")])) for _ in range(rounds))
+                best = min(
+                    _timed(lambda d=dtype: attention.check(cand, "cpu", [(d, "true")]))
+                    for _ in range(rounds)
+                )
                 print(f"check of torch.sdpa at {heads}x{dim}x{seq} {dtype}: {best:.2f} s")
         finally:
             attention.CHECK_HEADS, attention.CHECK_DIM, attention.CHECK_SEQ = saved
@@ -53,14 +60,27 @@ def probe_cost(rounds: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(rounds):
             for name, extra in (("without Attention", without), ("with Attention", [])):
-                argv = [sys.executable, "-m", "kernel_probe", "--out", f"{tmp}/l.toml", "--force", *extra]
+                argv = [
+                    sys.executable,
+                    "-m",
+                    "kernel_probe",
+                    "--out",
+                    f"{tmp}/l.toml",
+                    "--force",
+                    *extra,
+                ]
                 t = time.perf_counter()
                 subprocess.run(argv, check=True, capture_output=True, cwd=tmp)
                 times[name].append(time.perf_counter() - t)
     for name, values in times.items():
-        print(f"cold CPU probe {name}: fastest {min(values):.1f} s ({', '.join(f'{v:.1f}' for v in values)})")
+        print(
+            f"cold CPU probe {name}: fastest {min(values):.1f} s "
+            f"({', '.join(f'{v:.1f}' for v in values)})"
+        )
     print(
-        f"the Attention slot adds {min(times['with Attention']) - min(times['without Attention']):.1f} s (goal <= 3 s)"
+        "the Attention slot adds "
+        f"{min(times['with Attention']) - min(times['without Attention']):.1f} "
+        "s (goal <= 3 s)"
     )
 
 

@@ -1,6 +1,7 @@
-"""Every GPU figure in one command, each part under its own time limit; and the report made from them.
+"""Every GPU figure in one command, each part under its own time limit; and the report made from
+them.
 
-    python benchmarks/gpu_all.py --out DIR            # on the GPU node (docs/benchmarks.md: the runbook)
+    python benchmarks/gpu_all.py --out DIR            # on the GPU node (docs/benchmarks.md)
     python benchmarks/gpu_all.py --out DIR --smoke    # anywhere: every part at CPU-sized shapes
     python benchmarks/gpu_all.py --report DIR [--doc docs/benchmarks.md] [--anchor ANCHOR.json]
 
@@ -12,18 +13,19 @@ probe workers included, is killed, the part is recorded as timed out, and the ne
   choice       benchmarks/gpu_choice.py: the probe's choice against an independent timer
   anemoi       benchmarks/anemoi_step.py: one anemoi training step, torch.nn / the lock / liger
   tests        pytest -m gpu tests/test_gpu.py: the verdicts users rely on, on the real device
-  attention    tests/gpu_suite.py's attention part: SDPA's backends forced one by one and flash-attn,
-               checked and timed fwd+bwd in fp16/bf16 at anemoi's O96 geometry, peak memory each; first
-               the GraphTransformer's attention (anemoi's Triton kernel and PyG) checked against float64
-               and timed at the O96-era processor graph; then its gated-MLP part in the same process:
+  attention    tests/gpu_suite.py's attention part: SDPA's backends forced one by one and
+               flash-attn, checked and timed fwd+bwd in fp16/bf16 at anemoi's O96 geometry, peak
+               memory each; first the GraphTransformer's attention (anemoi's Triton kernel and PyG)
+               checked against float64 and timed at the O96-era processor graph; then its
+               gated-MLP part in the same process:
                torch's and liger's gate for swiglu and geglu at anemoi's shape (1024 -> 2734), bf16,
                timed at 40320x1024
 
 Everything lands in DIR: run.json (each part's status, seconds, limit and command), logs/PART.out
 (stdout: the probes' --json summaries) and logs/PART.log (stderr), probe/kernel-lock.toml (the cold
-probe's lock, used by the anemoi part), choice/, anemoi/, tests/, attention/. The whole run is also held to
-``--budget`` seconds: a part never gets more than what is left of it, so the run ends within the
-budget whatever a part does (docs/benchmarks.md, "Sizing", shows how the limits were sized).
+probe's lock, used by the anemoi part), choice/, anemoi/, tests/, attention/. The whole run is also
+held to ``--budget`` seconds: a part never gets more than what is left of it, so the run ends within
+the budget whatever a part does (docs/benchmarks.md, "Sizing", shows how the limits were sized).
 """
 
 from __future__ import annotations
@@ -46,11 +48,15 @@ sys.path.insert(0, str(BENCH))
 
 from gpu_facts import GPU_SHAPES, SMOKE_SHAPES, write_json  # noqa: E402
 
-O96_ATTENTION = "16x128x40320:window=512"  # anemoi's O96 processor: 16 heads of 128 over 40,320 nodes
+O96_ATTENTION = (
+    "16x128x40320:window=512"  # anemoi's O96 processor: 16 heads of 128 over 40,320 nodes
+)
 SMOKE_ATTENTION = "2x32x128:window=8"
 
 GPU_BUDGET = 480.0  # the issue's goal: the whole run within 8 minutes on an H200
-SMOKE_BUDGET = 900.0  # a 2-core CPU shared with other jobs; alone the smoke takes well under 3 minutes
+SMOKE_BUDGET = (
+    900.0  # a 2-core CPU shared with other jobs; alone the smoke takes well under 3 minutes
+)
 
 
 @dataclass(frozen=True)
@@ -68,24 +74,52 @@ def parts(out: Path, smoke: bool) -> list[Part]:
     lock = out / "probe" / "kernel-lock.toml"
     probe = [py, "-m", "kernel_probe", "--out", str(lock), "--precision", "bf16-mixed", "--json"]
     probe += [arg for s in shapes for arg in ("--shape", s)]
-    # the Attention slot at anemoi's O96 processor geometry (SDPA's backends, flash-attn where its wheel is
-    # carried); the smoke at a CPU-sized one with a window, so the band is checked and timed there too
+    # the Attention slot at anemoi's O96 processor geometry (SDPA's backends, flash-attn where its
+    # wheel is carried); the smoke at a CPU-sized one with a window, so the band is checked and
+    # timed there too
     probe += ["--attention", SMOKE_ATTENTION if smoke else O96_ATTENTION]
     smoke_flag = ["--smoke"] if smoke else []
-    # GPU: limits sum to 480 s, the budget (docs/benchmarks.md, "Sizing"; the attention part's 5 s more
-    # are its gated-MLP part, issue 39); smoke: generous, for a 2-core CPU shared with other jobs
+    # GPU: limits sum to 480 s, the budget (docs/benchmarks.md, "Sizing"; the attention part's 5 s
+    # more are its gated-MLP part, issue 39); smoke: generous, for a 2-core CPU shared with other
+    # jobs
     limits = (
-        {"probe-cold": 100, "probe-warm": 5, "choice": 180, "anemoi": 40, "tests": 90, "attention": 65}
+        {
+            "probe-cold": 100,
+            "probe-warm": 5,
+            "choice": 180,
+            "anemoi": 40,
+            "tests": 90,
+            "attention": 65,
+        }
         if not smoke
-        else {"probe-cold": 240, "probe-warm": 60, "choice": 300, "anemoi": 180, "tests": 120, "attention": 120}
+        else {
+            "probe-cold": 240,
+            "probe-warm": 60,
+            "choice": 300,
+            "anemoi": 180,
+            "tests": 120,
+            "attention": 120,
+        }
     )
     return [
         Part("probe-cold", (*probe, "--force"), limits["probe-cold"]),
         Part("probe-warm", tuple(probe), limits["probe-warm"]),
-        Part("choice", (py, str(BENCH / "gpu_choice.py"), "--out", str(out / "choice"), *smoke_flag), limits["choice"]),
+        Part(
+            "choice",
+            (py, str(BENCH / "gpu_choice.py"), "--out", str(out / "choice"), *smoke_flag),
+            limits["choice"],
+        ),
         Part(
             "anemoi",
-            (py, str(BENCH / "anemoi_step.py"), "--out", str(out / "anemoi"), "--lock", str(lock), *smoke_flag),
+            (
+                py,
+                str(BENCH / "anemoi_step.py"),
+                "--out",
+                str(out / "anemoi"),
+                "--lock",
+                str(lock),
+                *smoke_flag,
+            ),
             limits["anemoi"],
         ),
         Part(
@@ -119,11 +153,19 @@ def run_part(part: Part, out: Path, limit: float) -> dict[str, Any]:
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(part.env or {})}
-    # the checkout first, so the parts run this tree's kernel_probe (the GPU node has it as a plain copy)
+    # the checkout first, so the parts run this tree's kernel_probe (the GPU node has it as a plain
+    # copy)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH", "")])])
-    record: dict[str, Any] = {"name": part.name, "command": list(part.argv), "limit_s": round(limit, 1)}
+    record: dict[str, Any] = {
+        "name": part.name,
+        "command": list(part.argv),
+        "limit_s": round(limit, 1),
+    }
     t0 = time.perf_counter()
-    with open(logs / f"{part.name}.out", "wb") as stdout, open(logs / f"{part.name}.log", "wb") as stderr:
+    with (
+        open(logs / f"{part.name}.out", "wb") as stdout,
+        open(logs / f"{part.name}.log", "wb") as stderr,
+    ):
         proc = subprocess.Popen(
             list(part.argv), cwd=ROOT, env=env, stdout=stdout, stderr=stderr, start_new_session=True
         )
@@ -157,19 +199,25 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def run_parts(run: Sequence[Part], out: Path, budget: float, *, header: Mapping[str, Any]) -> dict[str, Any]:
-    """Each part in turn, within its limit and what is left of ``budget``; ``out/run.json`` after each."""
+def run_parts(
+    run: Sequence[Part], out: Path, budget: float, *, header: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Each part in turn, within its limit and what is left of ``budget``; ``out/run.json`` after
+    each."""
     result: dict[str, Any] = {**header, "budget_s": budget, "parts": []}
     start = time.perf_counter()
     for part in run:
         left = budget - (time.perf_counter() - start)
         if left <= 1:
-            result["parts"].append({"name": part.name, "status": "not run", "reason": "the run's budget is spent"})
+            result["parts"].append(
+                {"name": part.name, "status": "not run", "reason": "the run's budget is spent"}
+            )
             continue
         record = run_part(part, out, min(part.limit_s, left))
         result["parts"].append(record)
         print(
-            f"{part.name:11s} {record['status']:9s} {record['seconds']:7.1f} s (limit {record['limit_s']:g} s)",
+            f"{part.name:11s} {record['status']:9s} {record['seconds']:7.1f} s (limit "
+            f"{record['limit_s']:g} s)",
             flush=True,
         )
         result["seconds"] = round(time.perf_counter() - start, 2)
@@ -187,7 +235,8 @@ def _earlier(path: Path) -> dict[str, Any] | None:
 
 
 def merge_rerun(earlier: Mapping[str, Any], rerun: Mapping[str, Any]) -> dict[str, Any]:
-    """An ``--only`` rerun into a run's directory: its parts replace theirs, the others' records stay."""
+    """An ``--only`` rerun into a run's directory: its parts replace theirs, the others' records
+    stay."""
     again = {p["name"]: p for p in rerun["parts"]}
     parts = [again.pop(p["name"], p) for p in earlier.get("parts", [])] + list(again.values())
     for p in parts:
@@ -202,26 +251,45 @@ def _limits(text: Sequence[str], names: Sequence[str]) -> dict[str, float]:
     for item in text:
         name, _, value = item.partition("=")
         if name not in names or not value:
-            raise SystemExit(f"--limit {item!r}: expected PART=SECONDS with PART one of {', '.join(names)}")
+            raise SystemExit(
+                f"--limit {item!r}: expected PART=SECONDS with PART one of {', '.join(names)}"
+            )
         out[name] = float(value)
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     what = ap.add_mutually_exclusive_group(required=True)
     what.add_argument("--out", type=Path, help="run every part, results into this directory")
-    what.add_argument("--report", type=Path, metavar="DIR", help="write the report from a run's directory")
-    ap.add_argument("--smoke", action="store_true", help="CPU-sized shapes (figures labelled SMOKE)")
+    what.add_argument(
+        "--report", type=Path, metavar="DIR", help="write the report from a run's directory"
+    )
+    ap.add_argument(
+        "--smoke", action="store_true", help="CPU-sized shapes (figures labelled SMOKE)"
+    )
     ap.add_argument("--only", action="append", help="run only these parts (repeatable)")
-    ap.add_argument("--limit", action="append", default=[], help="PART=SECONDS: override a part's limit")
     ap.add_argument(
-        "--budget", type=float, help=f"seconds for the whole run (default {GPU_BUDGET:g}; smoke {SMOKE_BUDGET:g})"
+        "--limit", action="append", default=[], help="PART=SECONDS: override a part's limit"
     )
     ap.add_argument(
-        "--doc", type=Path, default=ROOT / "docs" / "benchmarks.md", help="with --report: the page to update"
+        "--budget",
+        type=float,
+        help=f"seconds for the whole run (default {GPU_BUDGET:g}; smoke {SMOKE_BUDGET:g})",
     )
-    ap.add_argument("--anchor", type=Path, help="with --report: an anchor JSON (../shared/anchors) to compare with")
+    ap.add_argument(
+        "--doc",
+        type=Path,
+        default=ROOT / "docs" / "benchmarks.md",
+        help="with --report: the page to update",
+    )
+    ap.add_argument(
+        "--anchor",
+        type=Path,
+        help="with --report: an anchor JSON (../shared/anchors) to compare with",
+    )
     args = ap.parse_args(argv)
     if args.report is not None:
         from gpu_report import write_report
@@ -232,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     out: Path = args.out
     (out / "probe").mkdir(parents=True, exist_ok=True)
     if args.smoke:
-        os.environ.setdefault("OMP_NUM_THREADS", "1")  # gpu_facts.smoke_threads, for every part's processes
+        # gpu_facts.smoke_threads, for every part's processes
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
     run = parts(out, args.smoke)
     names = [p.name for p in run]
     overrides = _limits(args.limit, names)
@@ -252,7 +321,9 @@ def main(argv: list[str] | None = None) -> int:
         result = merge_rerun(earlier, result)
         write_json(out / "run.json", result)
     print(json.dumps({p["name"]: p["status"] for p in result["parts"]}))
-    print(f"whole run {result['seconds']:.1f} s; report: python benchmarks/gpu_all.py --report {out}")
+    print(
+        f"whole run {result['seconds']:.1f} s; report: python benchmarks/gpu_all.py --report {out}"
+    )
     return 0 if all(p["status"] == "ok" for p in result["parts"]) else 1
 
 

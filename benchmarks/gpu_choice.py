@@ -1,12 +1,13 @@
 """Is the probe's choice the fastest? An independent timer checks it, in the same run.
 
-For each precision (bf16 under autocast as anemoi trains, and float32; plain bf16 on request)
-this runs the probe as a library (``kernel_probe.jobstart.start.run``: checks, timing, choice, lock) at the
-three GPU shapes, then times every candidate the probe accepted with a harness written apart from
-``kernel_probe/probe/timing.py``: ``triton.testing.do_bench`` (median; it flushes the L2 cache before each
-repetition) where CUDA and triton are there, CUDA events around each call with an L2 flush between
-calls where only CUDA is, and ``time.perf_counter`` on a CPU (smoke runs only). Its copy ceiling is
-its own too: a device-to-device copy of a buffer far larger than any cache, read + write counted.
+For each precision (bf16 under autocast as anemoi trains, and float32; plain bf16 on request) this
+runs the probe as a library (``kernel_probe.jobstart.start.run``: checks, timing, choice, lock) at
+the three GPU shapes, then times every candidate the probe accepted with a harness written apart
+from ``kernel_probe/probe/timing.py``: ``triton.testing.do_bench`` (median; it flushes the L2 cache
+before each repetition) where CUDA and triton are there, CUDA events around each call with an L2
+flush between calls where only CUDA is, and ``time.perf_counter`` on a CPU (smoke runs only). Its
+copy ceiling is its own too: a device-to-device copy of a buffer far larger than any cache, read +
+write counted.
 
 Per (slot, shape, precision) it prints and writes (``OUT/choice.json``):
   - the probe's choice at that shape (what ``kernel-probe --shape S`` chooses from these very
@@ -17,7 +18,7 @@ Per (slot, shape, precision) it prints and writes (``OUT/choice.json``):
     forward + backward; Linear: also TFLOP/s).
 
     python benchmarks/gpu_choice.py --out DIR              # on a GPU: the GPU shapes
-    python benchmarks/gpu_choice.py --out DIR --smoke      # anywhere: CPU-sized shapes, labelled SMOKE
+    python benchmarks/gpu_choice.py --out DIR --smoke      # anywhere: CPU-sized, labelled SMOKE
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ GOAL = 1.03  # the chosen candidate within 3 % of the fastest accepted one
 L2_FLUSH_BYTES = 256 * 2**20  # larger than any GPU's L2 (H200: 60 MB)
 
 
-# ---- the harness's own timer ----------------------------------------------------------------------
+# ---- the harness's own timer ---------------------------------------------------------------------
 class Timer:
     """Median milliseconds of ``fn()``, by the best clock this machine has."""
 
@@ -84,7 +85,10 @@ class Timer:
             samples = []
             for _ in range(30):
                 self._flush.zero_()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start, end = (
+                    torch.cuda.Event(enable_timing=True),
+                    torch.cuda.Event(enable_timing=True),
+                )
                 start.record()
                 fn()
                 end.record()
@@ -103,7 +107,8 @@ class Timer:
 
 
 def copy_gbps(timer: Timer, smoke: bool) -> float:
-    """GB/s of a device-to-device copy (read + write), the practical ceiling of a memory-bound norm."""
+    """GB/s of a device-to-device copy (read + write), the practical ceiling of a memory-bound
+    norm."""
     import torch
 
     n = (64 if smoke else 2048) * 2**20 // 2  # bf16 elements: 64 MiB on a CPU, 2 GiB on a GPU
@@ -113,16 +118,23 @@ def copy_gbps(timer: Timer, smoke: bool) -> float:
     return 2 * n * 2 / (ms * 1e-3) / 1e9
 
 
-# ---- one candidate at one shape ---------------------------------------------------------------------
-def bytes_and_flops(semantics: str, rows: int, hidden: int, out: int, itemsize: int) -> tuple[int, int]:
+# ---- one candidate at one shape ------------------------------------------------------------------
+def bytes_and_flops(
+    semantics: str, rows: int, hidden: int, out: int, itemsize: int
+) -> tuple[int, int]:
     """Minimum bytes forward + backward must move, and the FLOPs (Linear only)."""
     if semantics == "linear":
-        return itemsize * (2 * rows * hidden + 2 * rows * out + 3 * hidden * out), 6 * rows * hidden * out
+        return itemsize * (
+            2 * rows * hidden + 2 * rows * out + 3 * hidden * out
+        ), 6 * rows * hidden * out
     return 5 * rows * hidden * itemsize, 0  # read x, write y; read x and dy, write dx
 
 
-def time_one(cand, slot: str, shape: str, dtype_name: str, regime: str, timer: Timer, copy: float) -> dict[str, Any]:
-    """Forward + backward of one accepted candidate, built as the probe builds it, timed by the harness."""
+def time_one(
+    cand, slot: str, shape: str, dtype_name: str, regime: str, timer: Timer, copy: float
+) -> dict[str, Any]:
+    """Forward + backward of one accepted candidate, built as the probe builds it, timed by the
+    harness."""
     import torch
 
     from kernel_probe.candidates import canonical_for
@@ -136,7 +148,11 @@ def time_one(cand, slot: str, shape: str, dtype_name: str, regime: str, timer: T
     param_dtype = torch.float32 if mixed else dtype
     device = timer.device
     canonical = canonical_for(
-        slot, hidden=hidden, out_features=out, device=device, param_dtype=str(param_dtype).replace("torch.", "")
+        slot,
+        hidden=hidden,
+        out_features=out,
+        device=device,
+        param_dtype=str(param_dtype).replace("torch.", ""),
     )
     try:
         module = build(cand, canonical, device, param_dtype)
@@ -164,10 +180,10 @@ def time_one(cand, slot: str, shape: str, dtype_name: str, regime: str, timer: T
     return row
 
 
-# ---- the probe, and the comparison ------------------------------------------------------------------
+# ---- the probe, and the comparison ---------------------------------------------------------------
 def probe_at(out: Path, precision: str, shapes: tuple[str, ...], reps: int | None, smoke: bool):
-    """The probe as a library (checks, timing, choice, lock written), as `kernel-probe` runs it. A smoke
-    run on a shared CPU gives each candidate's checks more time than a job start would."""
+    """The probe as a library (checks, timing, choice, lock written), as `kernel-probe` runs it. A
+    smoke run on a shared CPU gives each candidate's checks more time than a job start would."""
     from kernel_probe.jobstart import start
     from kernel_probe.probe import planning
 
@@ -188,7 +204,10 @@ def choices_at(result, shape: str) -> dict[str, str]:
     from kernel_probe.probe import pipeline
 
     alone = dataclasses.replace(result.plan, shapes=(shape,))
-    return {slot: c.report.id for slot, c in pipeline.choose_all(alone, result.reports, result.timings).items()}
+    return {
+        slot: c.report.id
+        for slot, c in pipeline.choose_all(alone, result.reports, result.timings).items()
+    }
 
 
 def probe_ms(result, slot: str, cid: str, shape: str) -> float | None:
@@ -204,7 +223,8 @@ def compare(result, precision: str, timer: Timer, copy: float) -> list[dict[str,
     rows = []
     per_shape = {shape: choices_at(result, shape) for shape in result.plan.shapes}
     for slot in result.plan.slots:
-        if slot == ATTENTION:  # its geometries are no ROWSxHIDDEN shape: gpu_all.py's attention part times it
+        # its geometries are no ROWSxHIDDEN shape: gpu_all.py's attention part times it
+        if slot == ATTENTION:
             continue
         accepted = [r for r in result.reports[slot] if r.status == "accepted"]
         lock_choice = result.choices[slot].report.id
@@ -224,7 +244,9 @@ def compare(result, precision: str, timer: Timer, copy: float) -> list[dict[str,
                 "chosen": chosen,
                 "lock_choice": lock_choice,
                 "candidates": cands,
-                "rejected": {r.id: r.status for r in result.reports[slot] if r.status != "accepted"},
+                "rejected": {
+                    r.id: r.status for r in result.reports[slot] if r.status != "accepted"
+                },
             }
             if timed:
                 fastest = min(timed, key=lambda cid: timed[cid]["ms"])
@@ -246,28 +268,47 @@ def _fmt(t: dict[str, Any] | None) -> str:
 
 def print_table(rows: list[dict[str, Any]], file=sys.stdout) -> None:
     print(
-        "| slot | shape | precision | chosen here | time | fastest accepted | time | ratio | lock (all shapes) |",
+        "| slot | shape | precision | chosen here | time | fastest accepted | time | ratio | "
+        "lock (all shapes) |",
         file=file,
     )
     print("|---|---|---|---|---|---|---|---|---|", file=file)
     for r in rows:
         c = r["candidates"]
         print(
-            f"| {r['slot']} | {r['shape']} | {r['precision']} | {r['chosen']} | {_fmt(c.get(r['chosen']))} | "
+            f"| {r['slot']} | {r['shape']} | {r['precision']} | {r['chosen']} | "
+            f"{_fmt(c.get(r['chosen']))} | "
             f"{r.get('fastest', '-')} | {_fmt(c.get(r.get('fastest', '')))} | "
-            f"{r.get('chosen_ratio', math.nan):.3f} | {r['lock_choice']} ({r.get('lock_choice_ratio', math.nan):.3f}) |",
+            f"{r.get('chosen_ratio', math.nan):.3f} | {r['lock_choice']} "
+            f"({r.get('lock_choice_ratio', math.nan):.3f}) "
+            "|",
             file=file,
         )
 
 
-def run(out: Path, *, smoke: bool, precisions: tuple[str, ...], shapes: tuple[str, ...], reps: int | None) -> dict:
+def run(
+    out: Path,
+    *,
+    smoke: bool,
+    precisions: tuple[str, ...],
+    shapes: tuple[str, ...],
+    reps: int | None,
+) -> dict:
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and not smoke:
-        raise SystemExit("gpu_choice.py: no CUDA device here; run with --smoke for CPU-sized shapes")
+        raise SystemExit(
+            "gpu_choice.py: no CUDA device here; run with --smoke for CPU-sized shapes"
+        )
     timer = Timer(device, quick=smoke)
-    result: dict[str, Any] = {"env": environment(smoke), "timer": timer.kind, "goal": GOAL, "rows": [], "probes": {}}
+    result: dict[str, Any] = {
+        "env": environment(smoke),
+        "timer": timer.kind,
+        "goal": GOAL,
+        "rows": [],
+        "probes": {},
+    }
     result["copy_gbps"] = copy_gbps(timer, smoke)
     print(f"copy bandwidth {result['copy_gbps']:.0f} GB/s ({timer.kind})", flush=True)
     from kernel_lock.errors import LockError
@@ -276,8 +317,12 @@ def run(out: Path, *, smoke: bool, precisions: tuple[str, ...], shapes: tuple[st
         t0 = time.perf_counter()
         try:
             probed = probe_at(out, precision, shapes, reps, smoke)
-        except LockError as exc:  # e.g. no candidate of a slot accepted: recorded, the next precision runs
-            result["probes"][precision] = {"seconds": round(time.perf_counter() - t0, 2), "error": str(exc)}
+        # e.g. no candidate of a slot accepted: recorded, the next precision runs
+        except LockError as exc:
+            result["probes"][precision] = {
+                "seconds": round(time.perf_counter() - t0, 2),
+                "error": str(exc),
+            }
             print(f"probe {precision}: {exc}", file=sys.stderr, flush=True)
             write_json(out / "choice.json", result)
             continue
@@ -286,34 +331,52 @@ def run(out: Path, *, smoke: bool, precisions: tuple[str, ...], shapes: tuple[st
             "lock": str(probed.lock_path),
             "statuses": {s: {r.id: r.status for r in rs} for s, rs in probed.reports.items()},
             "reasons": {
-                s: {r.id: r.reasons[:2] for r in rs if r.status != "accepted"} for s, rs in probed.reports.items()
+                s: {r.id: r.reasons[:2] for r in rs if r.status != "accepted"}
+                for s, rs in probed.reports.items()
             },
         }
         print(f"probe {precision}: {result['probes'][precision]['seconds']} s", flush=True)
         result["rows"] += compare(probed, precision, timer, result["copy_gbps"])
-        write_json(out / "choice.json", result)  # after each precision: a part stopped at its limit keeps what it did
+        # after each precision: a part stopped at its limit keeps what it did
+        write_json(out / "choice.json", result)
     print_table(result["rows"])
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True, help="directory for choice.json and the probe's locks")
-    ap.add_argument("--smoke", action="store_true", help="CPU-sized shapes (labelled SMOKE, never GPU results)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--out", type=Path, required=True, help="directory for choice.json and the probe's locks"
+    )
+    ap.add_argument(
+        "--smoke", action="store_true", help="CPU-sized shapes (labelled SMOKE, never GPU results)"
+    )
     ap.add_argument(
         "--precision",
         action="append",
         choices=list(ALL_PRECISIONS),
         help=f"default: {', '.join(PRECISIONS)}",
     )
-    ap.add_argument("--shape", action="append", help="default: the GPU shapes (or the smoke shapes)")
-    ap.add_argument("--reps", type=int, help="the probe's timing repetitions (default: the probe's)")
+    ap.add_argument(
+        "--shape", action="append", help="default: the GPU shapes (or the smoke shapes)"
+    )
+    ap.add_argument(
+        "--reps", type=int, help="the probe's timing repetitions (default: the probe's)"
+    )
     args = ap.parse_args(argv)
     smoke_threads(args.smoke)
     shapes = tuple(args.shape or (SMOKE_SHAPES if args.smoke else GPU_SHAPES))
     precisions = tuple(args.precision or PRECISIONS)
     args.out.mkdir(parents=True, exist_ok=True)
-    run(args.out, smoke=args.smoke, precisions=precisions, shapes=shapes, reps=args.reps or (2 if args.smoke else None))
+    run(
+        args.out,
+        smoke=args.smoke,
+        precisions=precisions,
+        shapes=shapes,
+        reps=args.reps or (2 if args.smoke else None),
+    )
     return 0
 
 

@@ -32,11 +32,14 @@ ENV = dict(os.environ)
 
 
 def child(code: str, *, capture: bool = False) -> str:
-    """Run ``code`` in a fresh interpreter started by the one launcher (``kernel_lock.trust.launch``: ``-I``,
-    this checkout first on its path, its own session); its stdout when ``capture``."""
+    """Run ``code`` in a fresh interpreter started by the one launcher
+    (``kernel_lock.trust.launch``: ``-I``, this checkout first on its path, its own session); its
+    stdout when ``capture``."""
     from kernel_lock.trust.launch import python_argv, start
 
-    proc = start(python_argv(code, roots=[str(ROOT)]), env=ENV, stdout=subprocess.PIPE if capture else None)
+    proc = start(
+        python_argv(code, roots=[str(ROOT)]), env=ENV, stdout=subprocess.PIPE if capture else None
+    )
     out, _ = proc.communicate()
     if proc.returncode:
         raise SystemExit(f"the child running {code.splitlines()[0]!r} exited {proc.returncode}")
@@ -57,9 +60,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         ENV.pop("PYTHONDONTWRITEBYTECODE", None)
         path = Path(d) / "kernel-lock.toml"
-        # a real lock for this machine (one cold probe, not timed): verify checks its whole fingerprint
+        # a real lock for this machine (one cold probe, not timed): verify checks its whole
+        # fingerprint
         subprocess.run(
-            [sys.executable, "-m", "kernel_probe", "--out", str(path), "--timeout", "300", "--import-timeout", "300"],
+            [
+                sys.executable,
+                "-m",
+                "kernel_probe",
+                "--out",
+                str(path),
+                "--timeout",
+                "300",
+                "--import-timeout",
+                "300",
+            ],
             check=True,
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
@@ -87,12 +101,18 @@ def main() -> None:
             "t0 = time.perf_counter(); import kernel_lock; t1 = time.perf_counter()\n"
             f"lock = kernel_lock.load({str(path)!r}); t2 = time.perf_counter()\n"
             "lock.verify(); t3 = time.perf_counter()\n"
-            "[lock.factory(s)(*{'LayerNorm': (8,), 'RMSNorm': (8,), 'Linear': (8, 8), 'GatedMLP': (8, 8)}.get(s, ())) for s in lock.slots]; t4 = time.perf_counter()\n"
+            "[lock.factory(s)(*{'LayerNorm': (8,), 'RMSNorm': (8,), 'Linear': (8, 8), "
+            "'GatedMLP': (8, 8)}.get(s, ())) for s "
+            "in lock.slots]; t4 = "
+            "time.perf_counter()\n"
             "import sys\n"
-            "files = [m.__file__ for n, m in list(sys.modules.items()) if n.split('.')[0] == 'kernel_lock' and getattr(m, '__file__', None)]\n"
+            "files = [m.__file__ for n, m in list(sys.modules.items()) if n.split('.')[0] == "
+            "'kernel_lock' and getattr(m, "
+            "'__file__', None)]\n"
             "t5 = time.perf_counter()\n"
             "[compile(open(f, encoding='utf-8').read(), f, 'exec') for f in files]\n"
-            "print(json.dumps([t1 - t0, t2 - t1, t3 - t2, t4 - t3, time.perf_counter() - t5, len(files)]))"
+            "print(json.dumps([t1 - t0, t2 - t1, t3 - t2, t4 - t3, time.perf_counter() - t5, "
+            "len(files)]))"
         )
         import json
 
@@ -116,8 +136,10 @@ def main() -> None:
     )
     compiling = statistics.median(s[4] for s in splits) * 1000
     print(
-        f"without bytecode (PYTHONDONTWRITEBYTECODE=1, no __pycache__: an editable install on these machines) "
-        f"add compiling the {int(splits[0][5])} kernel_lock modules this path imports: {compiling:.1f} ms "
+        "without bytecode (PYTHONDONTWRITEBYTECODE=1, no __pycache__: an editable install on "
+        "these machines) "
+        f"add compiling the {int(splits[0][5])} kernel_lock modules this path imports: "
+        f"{compiling:.1f} ms "
         f"(total {sum(parts) + compiling:.1f} ms)"
     )
 

@@ -12,10 +12,10 @@ Measured in this one run, so machine noise hits every side alike:
   - N concurrent warm `kernel-probe --out L` on one lock (default 64): the slowest one's wall time,
     the whole batch's, and how many failed (goal: none)
 
-    python benchmarks/jobstart.py [--runs 7] [--concurrent 64] [--lock PATH] [-- extra kernel-probe args]
+    python benchmarks/jobstart.py [--runs 7] [--concurrent 64] [--lock PATH] [-- kernel-probe args]
 
-Without --lock, one cold probe writes the lock first (not timed here; benchmarks/probe_time.py does).
-Prints figures; asserts nothing.
+Without --lock, one cold probe writes the lock first (not timed here; benchmarks/probe_time.py
+does). Prints figures; asserts nothing.
 """
 
 from __future__ import annotations
@@ -49,8 +49,9 @@ def _hook(event, args):
 
 
 def _write():
+    # counted before the write's import
     record = {"argv": sys.argv, "opened": len(_opened), "distinct": len(set(_opened)),
-              "modules": len(sys.modules), "torch": "torch" in sys.modules}  # counted before the write's import
+              "modules": len(sys.modules), "torch": "torch" in sys.modules}
     from kernel_lock.trust.files import write_file  # the one safe writer
 
     write_file(os.path.join(_out, f"{os.getpid()}.json"), json.dumps(record))
@@ -64,7 +65,9 @@ if _out:
 
 def wall(argv: list[str], env: dict[str, str] | None = None) -> float:
     t = time.perf_counter()
-    subprocess.run(argv, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    subprocess.run(
+        argv, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+    )
     return time.perf_counter() - t
 
 
@@ -76,11 +79,19 @@ def counts(argv: list[str], site: Path) -> dict:
             JOBSTART_COUNTS=out,
             PYTHONPATH=os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH", "")])),
         )
-        subprocess.run(argv, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        subprocess.run(
+            argv,
+            check=True,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
         reports = [json.loads(p.read_text()) for p in Path(out).glob("*.json")]
     if not reports:
         return {"opened": -1, "distinct": -1, "modules": -1, "torch": None, "processes": 0}
-    first = min(reports, key=lambda r: len(r["argv"]))  # the command itself, not a worker it started
+    # the command itself, not a worker it started
+    first = min(reports, key=lambda r: len(r["argv"]))
     return {**first, "processes": len(reports)}
 
 
@@ -90,7 +101,9 @@ def concurrent(argv: list[str], n: int) -> tuple[float, float, list[str]]:
     procs = [
         (
             time.perf_counter(),
-            subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True),
+            subprocess.Popen(
+                argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+            ),
         )
         for _ in range(n)
     ]
@@ -99,16 +112,31 @@ def concurrent(argv: list[str], n: int) -> tuple[float, float, list[str]]:
         _, err = proc.communicate()
         slowest = max(slowest, time.perf_counter() - began)
         if proc.returncode != 0:
-            failures.append(f"exit {proc.returncode}: {err.strip().splitlines()[-1] if err.strip() else ''}")
+            failures.append(
+                f"exit {proc.returncode}: {err.strip().splitlines()[-1] if err.strip() else ''}"
+            )
     return slowest, time.perf_counter() - start, failures
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=7, help="interleaved fresh starts per command (default 7)")
-    ap.add_argument("--concurrent", type=int, default=64, help="concurrent warm runs on one lock (default 64)")
-    ap.add_argument("--lock", type=Path, default=None, help="an existing lock to reuse (default: probe one first)")
-    ap.add_argument("extra", nargs="*", help="extra kernel-probe arguments (after --), as the lock was probed with")
+    ap.add_argument(
+        "--runs", type=int, default=7, help="interleaved fresh starts per command (default 7)"
+    )
+    ap.add_argument(
+        "--concurrent", type=int, default=64, help="concurrent warm runs on one lock (default 64)"
+    )
+    ap.add_argument(
+        "--lock",
+        type=Path,
+        default=None,
+        help="an existing lock to reuse (default: probe one first)",
+    )
+    ap.add_argument(
+        "extra",
+        nargs="*",
+        help="extra kernel-probe arguments (after --), as the lock was probed with",
+    )
     args = ap.parse_args()
 
     probe = [sys.executable, "-m", "kernel_probe"]
@@ -126,7 +154,11 @@ def main() -> None:
             "kernel-probe --out L": [*probe, "--out", str(lock), *args.extra],
             "kernel-probe --out L --check": [*probe, "--out", str(lock), "--check", *args.extra],
             "kernel-probe verify L --no-import": [*probe, "verify", str(lock), "--no-import"],
-            "kernel-probe verify L": [*probe, "verify", str(lock)],  # imports every class: torch too
+            "kernel-probe verify L": [
+                *probe,
+                "verify",
+                str(lock),
+            ],  # imports every class: torch too
             # floors, for reference: the interpreter alone, and the torch-free fingerprint alone
             'python -c "pass"': [sys.executable, "-c", "pass"],
             "torchless.fingerprint()": [
@@ -146,20 +178,27 @@ def main() -> None:
 
     base = statistics.median(times['python -c "import torch"'])
     print(
-        f"\nwall time, median of {args.runs} interleaved fresh starts (min-max), ratio to import torch; "
+        f"\nwall time, median of {args.runs} interleaved fresh starts (min-max), ratio to "
+        "import torch; "
         "files opened (distinct) and modules imported by the command's own process"
     )
     for name in commands:
         med = statistics.median(times[name])
         c = opened[name]
-        goal = "  (goal <= 0.35)" if name in ("kernel-probe --out L", "kernel-probe --out L --check") else ""
+        goal = (
+            "  (goal <= 0.35)"
+            if name in ("kernel-probe --out L", "kernel-probe --out L --check")
+            else ""
+        )
         print(
-            f"  {name:<34} {med:6.3f} s ({min(times[name]):.3f}-{max(times[name]):.3f})  ratio {med / base:5.2f}"
+            f"  {name:<34} {med:6.3f} s ({min(times[name]):.3f}-{max(times[name]):.3f})  ratio "
+            f"{med / base:5.2f}"
             f"{goal:<16}  opens {c['opened']:5d} ({c['distinct']:5d})  modules {c['modules']:5d}  "
             f"torch imported: {c['torch']}"
         )
     print(
-        f"\n{args.concurrent} concurrent warm `kernel-probe --out L` on one lock ({os.cpu_count()} CPUs): slowest "
+        f"\n{args.concurrent} concurrent warm `kernel-probe --out L` on one lock "
+        f"({os.cpu_count()} CPUs): slowest "
         f"{slowest:.2f} s, batch {batch:.2f} s, failures {len(failures)}"
     )
     for failure in sorted(set(failures)):

@@ -1,8 +1,8 @@
 """Job start at scale (issue 28): how hard N ranks starting at once hit the shared lock directory.
 
 Simulates a job of NODES x RANKS processes on this machine, each with the launcher variables a rank
-has (Slurm's by default: SLURM_JOB_ID, SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID, SLURM_NTASKS) and a
-node-local $TMPDIR shared by the ranks of one simulated node, all running ``kernel-probe --out
+has (Slurm's by default: SLURM_JOB_ID, SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID, SLURM_NTASKS) and
+a node-local $TMPDIR shared by the ranks of one simulated node, all running ``kernel-probe --out
 SHARED/kernel-lock.toml`` at once, under ``strace -f -y`` (file-name system calls, flock and fcntl).
 It counts the calls that name the shared directory (a path argument, or a file descriptor ``-y``
 shows to be in it): in total, by system call, lock calls (flock, fcntl F_SETLK*), and the peak per
@@ -54,7 +54,8 @@ fcntl.lockf = _refuse
 LAUNCHER = """\
 import json, os, subprocess, sys
 jobs = json.load(open(sys.argv[1]))
-procs = [subprocess.Popen(j["argv"], env=j["env"], cwd=j["cwd"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+procs = [subprocess.Popen(j["argv"], env=j["env"], cwd=j["cwd"], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
          for j in jobs]
 out = []
 for p in procs:
@@ -67,8 +68,14 @@ write_file(sys.argv[2], json.dumps(out))
 LINE = re.compile(r"^(\d+)\s+(\d\d):(\d\d):(\d\d\.\d+)\s+(\w+)\(")
 
 
-def rank_env(base: dict[str, str], job: str, node: int, local: int, ranks: int, total: int, tmp: Path) -> dict:
-    env = {k: v for k, v in base.items() if not k.startswith(("SLURM_", "OMPI_", "PMI_", "PALS_", "TORCHELASTIC_"))}
+def rank_env(
+    base: dict[str, str], job: str, node: int, local: int, ranks: int, total: int, tmp: Path
+) -> dict:
+    env = {
+        k: v
+        for k, v in base.items()
+        if not k.startswith(("SLURM_", "OMPI_", "PMI_", "PALS_", "TORCHELASTIC_"))
+    }
     env.update(
         SLURM_JOB_ID=job,
         SLURM_PROCID=str(node * ranks + local),
@@ -97,15 +104,19 @@ def run_job(args, shared: Path, nodes_dir: Path, job: str, site: Path | None, tr
                 else rank_env(base, job, node, local, args.ranks, total, tmp)
             )
             argv = [sys.executable, "-m", "kernel_probe", "--out", str(lock), "--json", *args.extra]
-            jobs.append({"argv": argv, "env": env, "cwd": str(nodes_dir)})  # not a checkout: --tree decides
+            # not a checkout: --tree decides
+            jobs.append({"argv": argv, "env": env, "cwd": str(nodes_dir)})
     results, spec = trace.with_suffix(".json"), trace.with_suffix(".jobs")
     write_file(spec, json.dumps(jobs))
     strace = ["strace", "-f", "-y", "-qq", "-tt", "-o", str(trace), "-e", "trace=%file,flock,fcntl"]
     if args.seccomp:
         strace.insert(1, "--seccomp-bpf")
     began = time.perf_counter()
-    # the launcher of the ranks is a Python child: started by the one launcher (kernel_lock.trust.launch), under strace
-    launcher = start([*strace, *python_argv(LAUNCHER, [str(spec), str(results)], roots=[str(ROOT)])])
+    # the launcher of the ranks is a Python child: started by the one launcher
+    # (kernel_lock.trust.launch), under strace
+    launcher = start(
+        [*strace, *python_argv(LAUNCHER, [str(spec), str(results)], roots=[str(ROOT)])]
+    )
     if launcher.wait():
         raise SystemExit(f"strace or the launcher of the ranks exited {launcher.returncode}")
     wall = time.perf_counter() - began
@@ -164,12 +175,31 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--ranks", type=int, default=8, help="ranks per node")
     ap.add_argument("--start", choices=("cold", "warm", "both"), default="both")
-    ap.add_argument("--no-flock", action="store_true", help="simulate a file system without file locks")
-    ap.add_argument("--no-rank-variables", action="store_true", help="start the ranks without launcher variables")
-    ap.add_argument("--tree", type=Path, default=None, help="run this checkout's code (default: the installed one)")
-    ap.add_argument("--seccomp", action="store_true", help="strace --seccomp-bpf (faster where the kernel allows)")
+    ap.add_argument(
+        "--no-flock", action="store_true", help="simulate a file system without file locks"
+    )
+    ap.add_argument(
+        "--no-rank-variables",
+        action="store_true",
+        help="start the ranks without launcher variables",
+    )
+    ap.add_argument(
+        "--tree",
+        type=Path,
+        default=None,
+        help="run this checkout's code (default: the installed one)",
+    )
+    ap.add_argument(
+        "--seccomp",
+        action="store_true",
+        help="strace --seccomp-bpf (faster where the kernel allows)",
+    )
     ap.add_argument("--keep", type=Path, default=None, help="keep the traces in this directory")
-    ap.add_argument("extra", nargs="*", help="kernel-probe arguments (after --); default: " + " ".join(DEFAULT_PROBE))
+    ap.add_argument(
+        "extra",
+        nargs="*",
+        help="kernel-probe arguments (after --); default: " + " ".join(DEFAULT_PROBE),
+    )
     args = ap.parse_args()
     args.extra = args.extra or DEFAULT_PROBE
     if not shutil.which("strace"):
@@ -187,9 +217,13 @@ def main() -> None:
         keep = args.keep or work
         keep.mkdir(parents=True, exist_ok=True)
         print(
-            f"{args.nodes} nodes x {args.ranks} ranks, {'no ' if args.no_rank_variables else ''}launcher variables, "
-            f"file locks {'refused (simulated)' if args.no_flock else 'working'}, code from {args.tree or ROOT}, "
-            f"{os.cpu_count()} CPUs; kernel-probe --out {shared}/kernel-lock.toml {' '.join(args.extra)}",
+            f"{args.nodes} nodes x {args.ranks} ranks, "
+            f"{'no ' if args.no_rank_variables else ''}launcher "
+            "variables, "
+            f"file locks {'refused (simulated)' if args.no_flock else 'working'}, code from "
+            f"{args.tree or ROOT}, "
+            f"{os.cpu_count()} CPUs; kernel-probe --out {shared}/kernel-lock.toml "
+            f"{' '.join(args.extra)}",
             flush=True,
         )
         stamp = str(int(time.time()))

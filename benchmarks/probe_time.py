@@ -1,8 +1,9 @@
-"""kernel-probe at job start: cold probe time before and after issue 38, warm reuse cost, decision stability.
+"""kernel-probe at job start: cold probe time before and after issue 38, warm reuse cost, decision
+stability.
 
 Prints, measured in this one run, before and after interleaved (so machine noise hits both alike):
-  - cold probe wall time with the default options, and with --precision 32-true: before, after, ratio
-    (goals on this 2-core CPU: at most 15 s with the defaults, 10 s with 32-true)
+  - cold probe wall time with the default options, and with --precision 32-true: before, after,
+    ratio (goals on this 2-core CPU: at most 15 s with the defaults, 10 s with 32-true)
   - whether before and after chose the same implementation in every slot, with the same verdicts
   - warm reuse wall time / `python -c "import torch"`      (goal: at most 1.3)
   - the choices of the cold probes                          (goal: all the same)
@@ -36,16 +37,25 @@ sys.path.insert(0, str(ROOT))
 def wall(argv: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> float:
     """Seconds the command took; a failure is printed with the end of its output and raises."""
     t = time.perf_counter()
-    done = subprocess.run(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    done = subprocess.run(
+        argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     if done.returncode != 0:
-        tail = [line for line in done.stderr.splitlines() if not line.startswith(("checking ", "timing "))][-6:]
-        print(f"FAILED (exit {done.returncode}): {' '.join(argv)}", *tail, sep="\n  ", file=sys.stderr)
+        tail = [
+            line
+            for line in done.stderr.splitlines()
+            if not line.startswith(("checking ", "timing "))
+        ][-6:]
+        print(
+            f"FAILED (exit {done.returncode}): {' '.join(argv)}", *tail, sep="\n  ", file=sys.stderr
+        )
         raise SystemExit(1)
     return time.perf_counter() - t
 
 
 def outcome(path: Path) -> tuple[dict[str, str], dict[str, dict[str, str]], int]:
-    """(per slot the implementation chosen, per slot every candidate's status, the timed calls in all)."""
+    """(per slot the implementation chosen, per slot every candidate's status, the timed calls in
+    all)."""
     import kernel_lock
 
     lock = kernel_lock.load(path)
@@ -62,9 +72,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cold", type=int, default=3, help="cold probes per side and precision")
     ap.add_argument("--warm", type=int, default=5, help="warm reuses (0: skip)")
-    ap.add_argument("--before-tree", type=Path, help="a checkout of the code before (PYTHONPATH=DIR)")
-    ap.add_argument("--before-reps", type=int, default=5, help="without --before-tree: today's fixed count")
-    ap.add_argument("--emulate-avx2", action="store_true", help="ONEDNN_MAX_CPU_ISA=AVX2 for both sides")
+    ap.add_argument(
+        "--before-tree", type=Path, help="a checkout of the code before (PYTHONPATH=DIR)"
+    )
+    ap.add_argument(
+        "--before-reps", type=int, default=5, help="without --before-tree: today's fixed count"
+    )
+    ap.add_argument(
+        "--emulate-avx2", action="store_true", help="ONEDNN_MAX_CPU_ISA=AVX2 for both sides"
+    )
     ap.add_argument("--precisions", default="default,32-true")
     ap.add_argument("extra", nargs="*", help="extra kernel-probe arguments (after --)")
     args = ap.parse_args()
@@ -80,13 +96,17 @@ def main() -> None:
         said = f"the code in {tree}"
     else:
         sides["before"] = (["--reps", str(args.before_reps)], env, ROOT)
-        said = f"--reps {args.before_reps} (every accepted candidate timed {args.before_reps} times, as before)"
+        said = (
+            f"--reps {args.before_reps} (every accepted candidate timed {args.before_reps} "
+            "times, as before)"
+        )
     from kernel_probe.detect import cpumath
 
     bf16 = cpumath.matmul(env=env)["bfloat16"]
     print(f"before: {said}; after: this tree's defaults")
     print(
-        f"bf16 matmul here: {cpumath.describe(bf16)}; load at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+        f"bf16 matmul here: {cpumath.describe(bf16)}; load at start: {os.getloadavg()[0]:.1f} "
+        f"on {os.cpu_count()} CPUs"
     )
     with tempfile.TemporaryDirectory() as d:
         for precision in args.precisions.split(","):
@@ -94,19 +114,36 @@ def main() -> None:
             times: dict[str, list[float]] = {"before": [], "after": []}
             seen: dict[str, list[Any]] = {"before": [], "after": []}
             for i in range(args.cold):
-                for side in ("before", "after") if i % 2 == 0 else ("after", "before"):  # interleaved, alternating
+                # interleaved, alternating
+                for side in ("before", "after") if i % 2 == 0 else ("after", "before"):
                     extra, side_env, cwd = sides[side]
                     out = Path(d) / f"{side}-{precision}-{i}.toml"
-                    times[side].append(wall([*probe, "--out", str(out), *flags, *extra, *args.extra], side_env, cwd))
+                    times[side].append(
+                        wall(
+                            [*probe, "--out", str(out), *flags, *extra, *args.extra], side_env, cwd
+                        )
+                    )
                     seen[side].append(outcome(out))
             b, a = statistics.median(times["before"]), statistics.median(times["after"])
-            print(f"cold probe, {precision} precision (median of {args.cold} each, load now {os.getloadavg()[0]:.1f}):")
-            print(f"  before {b:6.2f} s (min {min(times['before']):.2f}, max {max(times['before']):.2f})")
-            print(f"  after  {a:6.2f} s (min {min(times['after']):.2f}, max {max(times['after']):.2f})")
+            print(
+                f"cold probe, {precision} precision (median of {args.cold} each, load now "
+                f"{os.getloadavg()[0]:.1f}):"
+            )
+            print(
+                f"  before {b:6.2f} s (min {min(times['before']):.2f}, max "
+                f"{max(times['before']):.2f})"
+            )
+            print(
+                f"  after  {a:6.2f} s (min {min(times['after']):.2f}, max "
+                f"{max(times['after']):.2f})"
+            )
             goal = 15 if precision == "default" else 10
             print(f"  ratio after / before {a / b:.3f}   (goal on 2 CPU cores: after <= {goal} s)")
             calls = {side: statistics.median(o[2] for o in seen[side]) for side in seen}
-            print(f"  timed calls recorded in the lock: before {calls['before']:.0f}, after {calls['after']:.0f}")
+            print(
+                f"  timed calls recorded in the lock: before {calls['before']:.0f}, after "
+                f"{calls['after']:.0f}"
+            )
             # compared on the slots both sides pin (a slot added since "before" has no before)
             common = set(seen["before"][0][0]) & set(seen["after"][0][0])
 
@@ -116,14 +153,21 @@ def main() -> None:
             ref = seen["before"][0]
             same_choice = all(on(o[0]) == on(ref[0]) for side in seen for o in seen[side])
             same_verdicts = all(on(o[1]) == on(ref[1]) for side in seen for o in seen[side])
-            print(f"  same implementation in every slot, before and after: {same_choice} {on(seen['after'][0][0])}")
+            print(
+                f"  same implementation in every slot, before and after: {same_choice} "
+                f"{on(seen['after'][0][0])}"
+            )
             print(f"  same verdict for every candidate, before and after: {same_verdicts}")
             added = {k: v for k, v in seen["after"][0][0].items() if k not in common}
             if added:
                 print(f"  slots the after side pins that the before side does not have: {added}")
         if args.warm:
-            warm_out = next(Path(d).glob("after-default-0.toml"), None) or next(Path(d).glob("after-*.toml"))
-            flags = [] if "default-0" in warm_out.name else ["--precision", warm_out.name.split("-")[1]]
+            warm_out = next(Path(d).glob("after-default-0.toml"), None) or next(
+                Path(d).glob("after-*.toml")
+            )
+            flags = (
+                [] if "default-0" in warm_out.name else ["--precision", warm_out.name.split("-")[1]]
+            )
             torch_times, warm_times = [], []
             wall([sys.executable, "-c", "import torch"], env)
             for _ in range(args.warm):  # interleaved, so drift hits both
@@ -132,7 +176,8 @@ def main() -> None:
             t_torch, t_warm = statistics.median(torch_times), statistics.median(warm_times)
             print(f"import torch (median of {args.warm}):          {t_torch:6.2f} s")
             print(
-                f"warm reuse   (median of {args.warm}):          {t_warm:6.2f} s   ratio {t_warm / t_torch:.2f} (goal <= 1.3)"
+                f"warm reuse   (median of {args.warm}):          {t_warm:6.2f} s   ratio "
+                f"{t_warm / t_torch:.2f} (goal <= 1.3)"
             )
     print(f"load at the end: {os.getloadavg()[0]:.1f}")
 

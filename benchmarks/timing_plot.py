@@ -1,12 +1,15 @@
-"""Per-shape timing plot per slot, from a probe run: every timed candidate's median forward + backward.
+"""Per-shape timing plot per slot, from a probe run: every timed candidate's median forward +
+backward.
 
-    python benchmarks/timing_plot.py --run --data docs/data/cpu-timing.json --out docs/img/cpu-timing.svg
-    python benchmarks/timing_plot.py --data docs/data/cpu-timing.json --out docs/img/cpu-timing.svg  # replot
+    python benchmarks/timing_plot.py --run --data DATA.json --out PLOT.svg   # probe, then plot
+    python benchmarks/timing_plot.py --data DATA.json --out PLOT.svg         # replot
+    (the docs' own: DATA docs/data/cpu-timing.json, PLOT docs/img/cpu-timing.svg)
 
-``--run`` probes this machine (``kernel-probe --json --force`` into a temporary lock, at ``--shape``s and
-``--precision``) and keeps the probe's JSON, with the machine it ran on, as ``--data``; the plot is drawn
-from that file alone, so a committed plot can be redrawn from committed data. Needs the ``plots`` extra
-(matplotlib). Prints each slot's figures, with the ratio of each candidate to the chosen one.
+``--run`` probes this machine (``kernel-probe --json --force`` into a temporary lock, at
+``--shape``s and ``--precision``) and keeps the probe's JSON, with the machine it ran on, as
+``--data``; the plot is drawn from that file alone, so a committed plot can be redrawn from
+committed data. Needs the ``plots`` extra (matplotlib). Prints each slot's figures, with the ratio
+of each candidate to the chosen one.
 """
 
 from __future__ import annotations
@@ -33,7 +36,15 @@ DEFAULT_SHAPES = ("512x1024", "1024x1024", "2048x1024", "4096x1024")
 def run_probe(shapes: list[str], precision: str) -> dict[str, Any]:
     """A fresh probe of this machine (nothing reused), its JSON and the machine's description."""
     with tempfile.TemporaryDirectory() as d:
-        argv = [sys.executable, "-m", "kernel_probe", "--out", str(Path(d) / "k.toml"), "--force", "--json"]
+        argv = [
+            sys.executable,
+            "-m",
+            "kernel_probe",
+            "--out",
+            str(Path(d) / "k.toml"),
+            "--force",
+            "--json",
+        ]
         argv += ["--precision", precision, *(a for s in shapes for a in ("--shape", s))]
         proc = subprocess.run(argv, capture_output=True, text=True, check=False)
         if proc.returncode:
@@ -58,7 +69,9 @@ def series(result: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
         for cand in s["candidates"]:
             for t in cand.get("timings") or ():
                 if isinstance(t.get("median_ms"), (int, float)):
-                    out.setdefault(slot, {}).setdefault(cand["id"], {})[t["shape"]] = float(t["median_ms"])
+                    out.setdefault(slot, {}).setdefault(cand["id"], {})[t["shape"]] = float(
+                        t["median_ms"]
+                    )
     return out
 
 
@@ -78,14 +91,17 @@ def plot(result: dict[str, Any], out: Path) -> None:
             ys = [by_shape[s] for s in shapes if s in by_shape]
             chosen = result["slots"][slot]["chosen"] == cid
             ax.bar(xs, ys, width, label=cid + (" (chosen)" if chosen else ""))
-        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(shapes))], shapes, rotation=20, fontsize=8)
+        ax.set_xticks(
+            [j + 0.4 - width / 2 for j in range(len(shapes))], shapes, rotation=20, fontsize=8
+        )
         ax.set_ylim(bottom=0)  # bars from zero: their heights compare
         ax.set_title(slot)
         ax.set_ylabel("median ms, forward + backward")
         ax.legend(fontsize=7)
     machine = result.get("machine", {})
     fig.suptitle(
-        f"{result['device']['type']} ({machine.get('cpu', '?')}, {machine.get('cores', '?')} cores), "
+        f"{result['device']['type']} ({machine.get('cpu', '?')}, {machine.get('cores', '?')} "
+        "cores), "
         f"precision {result['precision']}, torch {machine.get('torch', '?')}",
         fontsize=9,
     )
@@ -94,17 +110,28 @@ def plot(result: dict[str, Any], out: Path) -> None:
     # metadata without a date: the same data draws the same file; written by the one safe writer
     buffer = io.BytesIO()
     fig.savefig(
-        buffer, format=out.suffix.lstrip(".") or "svg", metadata={"Date": None} if out.suffix == ".svg" else None
+        buffer,
+        format=out.suffix.lstrip(".") or "svg",
+        metadata={"Date": None} if out.suffix == ".svg" else None,
     )
     write_file(out, buffer.getvalue())
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--run", action="store_true", help="probe this machine first (else plot --data as it is)")
-    ap.add_argument("--data", type=Path, required=True, help="the probe's JSON (written with --run)")
+    ap.add_argument(
+        "--run", action="store_true", help="probe this machine first (else plot --data as it is)"
+    )
+    ap.add_argument(
+        "--data", type=Path, required=True, help="the probe's JSON (written with --run)"
+    )
     ap.add_argument("--out", type=Path, required=True, help="the plot (.svg or .png)")
-    ap.add_argument("--shape", action="append", default=[], help=f"with --run (default {', '.join(DEFAULT_SHAPES)})")
+    ap.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        help=f"with --run (default {', '.join(DEFAULT_SHAPES)})",
+    )
     ap.add_argument("--precision", default="32-true", help="with --run (default 32-true)")
     args = ap.parse_args()
     if args.run:
@@ -117,7 +144,8 @@ def main() -> int:
         chosen = cands.get(chosen_id, {})
         for cid, by_shape in sorted(cands.items()):
             figures = ", ".join(
-                f"{s} {ms:.3g} ms" + (f" ({ms / chosen[s]:.2f}x chosen)" if s in chosen and cid != chosen_id else "")
+                f"{s} {ms:.3g} ms"
+                + (f" ({ms / chosen[s]:.2f}x chosen)" if s in chosen and cid != chosen_id else "")
                 for s, ms in by_shape.items()
             )
             print(f"{slot:<10} {cid:<28} {figures}")

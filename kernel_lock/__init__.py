@@ -1,4 +1,5 @@
-"""kernel_lock: read a kernel-lock TOML, check this machine against it, and build the pinned classes.
+"""kernel_lock: read a kernel-lock TOML, check this machine against it, and build the pinned
+classes.
 
     import kernel_lock
     lock = kernel_lock.load("kernel-lock.toml")
@@ -75,8 +76,9 @@ def factory(lock: KernelLock | None, slot: str, mode: str | None = None, **optio
 
 
 def portable(module, lock: KernelLock, **options):
-    """A copy of ``module`` whose pickle needs neither the lock's training libraries nor kernel_lock:
-    every lock class replaced by its verified torch.nn twin (see ``kernel_lock.portability``)."""
+    """A copy of ``module`` whose pickle needs neither the lock's training libraries nor
+    kernel_lock: every lock class replaced by its verified torch.nn twin (see
+    ``kernel_lock.portability``)."""
     from .portability import portable as _portable
 
     return _portable(module, lock, **options)

@@ -1,9 +1,10 @@
 """Thin module classes kernel_lock ships so a lock can name them as targets.
 
 Each keeps the parameters and state-dict keys of the class it adapts, so a checkpoint moves freely
-between the adapter and the class it adapts. Importing this module imports torch; it is only imported
-when a lock resolves one of these targets. The library an adapter wraps is imported only when that
-adapter is first looked up (module ``__getattr__``), so this module imports without liger-kernel.
+between the adapter and the class it adapts. Importing this module imports torch; it is only
+imported when a lock resolves one of these targets. The library an adapter wraps is imported only
+when that adapter is first looked up (module ``__getattr__``), so this module imports without
+liger-kernel.
 
 Kept at ``kernel_lock.adapters`` (the public face of the lock's target classes, beside
 ``attention`` and ``gated_mlp``): locks, anemoi configs and pickled models name these classes by
@@ -22,11 +23,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .trust.adapter_names import AUTOCAST_ADAPTERS, GENERIC_SEPARATOR, SIZE_ADAPTERS, generic_parts, size_parameter
+from .trust.adapter_names import (
+    AUTOCAST_ADAPTERS,
+    GENERIC_SEPARATOR,
+    SIZE_ADAPTERS,
+    generic_parts,
+    size_parameter,
+)
 
 # the classes this module builds on first lookup (module ``__getattr__``: the adapters of
-# kernel_lock.trust.adapter_names' tables, and the generic ``Autocast__...`` / ``Sized__...`` ones) are
-# public too, by the name a lock gives; not listed, so ``import *`` never imports their libraries
+# kernel_lock.trust.adapter_names' tables, and the generic ``Autocast__...`` / ``Sized__...`` ones)
+# are public too, by the name a lock gives; not listed, so ``import *`` never imports their
+# libraries
 __all__ = [
     "TORCH_INIT_ADAPTERS",
     "CompiledGELU",
@@ -67,7 +75,9 @@ class CompiledLayerNorm(nn.LayerNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``F.layer_norm`` over the last dimensions, compiled."""
-        return _compiled_fn("layer_norm", _layer_norm)(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        return _compiled_fn("layer_norm", _layer_norm)(
+            x, self.normalized_shape, self.weight, self.bias, self.eps
+        )
 
 
 class CompiledRMSNorm(nn.RMSNorm):
@@ -91,17 +101,18 @@ def _gelu(x, approximate):
 
 
 class CompiledGELU(nn.GELU):
-    """``torch.nn.GELU`` whose forward runs through ``torch.compile`` (same ``approximate``, no parameters)."""
+    """``torch.nn.GELU`` whose forward runs through ``torch.compile`` (same ``approximate``, no
+    parameters)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``F.gelu``, compiled."""
         return _compiled_fn("gelu", _gelu)(x, self.approximate)
 
 
-# ---- anemoi's call convention and wrappers --------------------------------------------------------
-# The names of the adapters and what each wraps live in kernel_lock.trust.adapter_names (import-light: the
-# export and a lock's trust check read them without torch); the classes are built here on first
-# lookup (module ``__getattr__``) and pickle by name.
+# ---- anemoi's call convention and wrappers -------------------------------------------------------
+# The names of the adapters and what each wraps live in kernel_lock.trust.adapter_names
+# (import-light: the export and a lock's trust check read them without torch); the classes are built
+# here on first lookup (module ``__getattr__``) and pickle by name.
 
 
 def _last_dim(normalized_shape: Any, name: str) -> int:
@@ -109,18 +120,22 @@ def _last_dim(normalized_shape: Any, name: str) -> int:
         return normalized_shape
     shape = tuple(normalized_shape)
     if len(shape) != 1:
-        raise ValueError(f"{name} normalizes over the last dimension only; got normalized_shape={shape!r}")
+        raise ValueError(
+            f"{name} normalizes over the last dimension only; got normalized_shape={shape!r}"
+        )
     return int(shape[0])
 
 
 def _init_signature(cls: type[Any]) -> inspect.Signature:
-    """The signature of ``cls.__init__`` (``self`` first): what an adapter's own ``__init__`` advertises."""
+    """The signature of ``cls.__init__`` (``self`` first): what an adapter's own ``__init__``
+    advertises."""
     return inspect.signature(cls.__init__)
 
 
 def normalized_shape_adapter(base: type, size_param: str, name: str) -> type:
-    """A subclass of ``base`` whose size argument is ``normalized_shape`` (int or 1-tuple, positional
-    or keyword), as torch.nn.LayerNorm's is. The library's own keyword (``size_param``) still works."""
+    """A subclass of ``base`` whose size argument is ``normalized_shape`` (int or 1-tuple,
+    positional or keyword), as torch.nn.LayerNorm's is. The library's own keyword (``size_param``)
+    still works."""
     missing = object()
 
     def __init__(self, normalized_shape=missing, *args, **kwargs):
@@ -135,18 +150,24 @@ def normalized_shape_adapter(base: type, size_param: str, name: str) -> type:
     # what inspect.signature (and so the lock's kwargs check) sees: the base's, size renamed
     params = list(_init_signature(base).parameters.values())
     params = [
-        p.replace(name="normalized_shape", default=inspect.Parameter.empty) if p.name == size_param else p
+        p.replace(name="normalized_shape", default=inspect.Parameter.empty)
+        if p.name == size_param
+        else p
         for p in params
     ]
     __init__.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]  # read by inspect.signature
     __init__.__qualname__ = f"{name}.__init__"
     doc = (
-        f"``{base.__module__}.{base.__qualname__}`` built as ``{name}(normalized_shape, ...)``, the way "
-        f"anemoi-models calls its norms. Same parameters and state-dict keys as the class it adapts."
+        f"``{base.__module__}.{base.__qualname__}`` built as ``{name}(normalized_shape, "
+        "...)``, the way "
+        "anemoi-models calls its norms. Same parameters and state-dict keys as the class it "
+        "adapts."
     )
     # module and name make it picklable: pickle finds it again through this module's __getattr__
     return type(base)(
-        name, (base,), {"__init__": __init__, "__module__": __name__, "__qualname__": name, "__doc__": doc}
+        name,
+        (base,),
+        {"__init__": __init__, "__module__": __name__, "__qualname__": name, "__doc__": doc},
     )
 
 
@@ -159,23 +180,32 @@ def autocast_adapter(base: type, name: str) -> type:
 
     forward.__qualname__ = f"{name}.forward"
     doc = (
-        f"``{base.__module__}.{base.__qualname__}`` with its output cast back to the input dtype, as anemoi's "
+        f"``{base.__module__}.{base.__qualname__}`` with its output cast back to the input "
+        "dtype, as anemoi's "
         "AutocastLayerNorm does for torch.nn.LayerNorm. Same parameters and state-dict keys."
     )
-    return type(base)(name, (base,), {"forward": forward, "__module__": __name__, "__qualname__": name, "__doc__": doc})
+    return type(base)(
+        name,
+        (base,),
+        {"forward": forward, "__module__": __name__, "__qualname__": name, "__doc__": doc},
+    )
 
 
-# ---- torch.nn's initialisation ----------------------------------------------------------------------
+# ---- torch.nn's initialisation -------------------------------------------------------------------
 # A library class that computes the right thing but starts its parameters elsewhere (transformer-
 # engine's Linear draws its weight from N(0, 0.023) and zeroes its bias, where torch.nn.Linear draws
 # both from U(-1/sqrt(in), 1/sqrt(in))) changes every model trained from scratch. These adapters are
 # the library class re-initialised the torch.nn way after its own constructor: same parameters, same
-# state dict, same forward. adapter name -> (the library class, the semantics whose init it restores)
-TORCH_INIT_ADAPTERS: dict[str, tuple[str, str]] = {"TELinear": ("transformer_engine.pytorch.Linear", "linear")}
+# state dict, same forward. adapter name -> (the library class, the semantics whose init it
+# restores)
+TORCH_INIT_ADAPTERS: dict[str, tuple[str, str]] = {
+    "TELinear": ("transformer_engine.pytorch.Linear", "linear")
+}
 
 
 def torch_init(module: nn.Module, semantics: str) -> None:
-    """Set ``module``'s ``weight``/``bias`` as torch.nn's module of that semantics initialises them."""
+    """Set ``module``'s ``weight``/``bias`` as torch.nn's module of that semantics initialises
+    them."""
     weight = getattr(module, "weight", None)
     bias = getattr(module, "bias", None)
     with torch.no_grad():
@@ -194,7 +224,8 @@ def torch_init(module: nn.Module, semantics: str) -> None:
 
 
 def torch_init_adapter(base: type, semantics: str, name: str, module: str = __name__) -> type:
-    """A subclass of ``base`` whose fresh parameters start where torch.nn's do (see ``torch_init``)."""
+    """A subclass of ``base`` whose fresh parameters start where torch.nn's do (see
+    ``torch_init``)."""
 
     def __init__(self, *args, **kwargs):
         base.__init__(self, *args, **kwargs)
@@ -203,21 +234,28 @@ def torch_init_adapter(base: type, semantics: str, name: str, module: str = __na
     __init__.__signature__ = _init_signature(base)  # type: ignore[attr-defined]  # read by inspect.signature
     __init__.__qualname__ = f"{name}.__init__"
     doc = (
-        f"``{base.__module__}.{base.__qualname__}``, its parameters initialised as torch.nn's {semantics} "
+        f"``{base.__module__}.{base.__qualname__}``, its parameters initialised as torch.nn's "
+        f"{semantics} "
         "initialises them. Same parameters, state dict and forward."
     )
-    return type(base)(name, (base,), {"__init__": __init__, "__module__": module, "__qualname__": name, "__doc__": doc})
+    return type(base)(
+        name,
+        (base,),
+        {"__init__": __init__, "__module__": module, "__qualname__": name, "__doc__": doc},
+    )
 
 
 def _class(target: str) -> type:
     module_name, _, attr = target.rpartition(".")
     if module_name == __name__:
         return globals()[attr] if attr in globals() else __getattr__(attr)
-    return getattr(importlib.import_module(module_name), attr)  # ImportError if the library is missing
+    # ImportError if the library is missing
+    return getattr(importlib.import_module(module_name), attr)
 
 
 def _generic(prefix: str, kernel: str) -> type:
-    """The generic ``prefix`` adapter around the class at ``kernel`` (see kernel_lock.anemoi.generic_adapter)."""
+    """The generic ``prefix`` adapter around the class at ``kernel`` (see
+    kernel_lock.anemoi.generic_adapter)."""
     base = _class(kernel)
     if not isinstance(base, type) or not issubclass(base, nn.Module):
         raise TypeError(f"{kernel} is not a torch.nn.Module class: no adapter is built around it")
@@ -227,15 +265,18 @@ def _generic(prefix: str, kernel: str) -> type:
         base = globals().get(sized) or normalized_shape_adapter(base, size, sized)
         globals()[sized] = base
     if prefix == "Autocast":
-        return autocast_adapter(base, f"{prefix}{GENERIC_SEPARATOR}{kernel.replace('.', GENERIC_SEPARATOR)}")
+        return autocast_adapter(
+            base, f"{prefix}{GENERIC_SEPARATOR}{kernel.replace('.', GENERIC_SEPARATOR)}"
+        )
     if size is None:
         raise TypeError(f"{kernel} already takes normalized_shape: it needs no size adapter")
     return base
 
 
 def __getattr__(name: str) -> type:
-    """Build the adapter ``name`` on first lookup (a table row of ``kernel_lock.trust.adapter_names``, or a
-    generic ``Autocast__``/``Sized__`` name); AttributeError for any other name."""
+    """Build the adapter ``name`` on first lookup (a table row of
+    ``kernel_lock.trust.adapter_names``, or a generic ``Autocast__``/``Sized__`` name);
+    AttributeError for any other name."""
     generic = generic_parts(name)
     if generic is not None:
         cls = _generic(*generic)

@@ -1,27 +1,28 @@
-"""anemoi-models' ``layer_kernels``: the lock as a config block, and anemoi's conventions it follows.
+"""anemoi-models' ``layer_kernels``: the lock as a config block, and anemoi's conventions it
+follows.
 
 anemoi-models builds its layers from a ``layer_kernels`` mapping of five keys to Hydra entries
 (``{_target_: dotted.path, **kwargs}``), each instantiated as a partial and then called by anemoi
 with the dimensions. Its call sites fix a convention the target must accept:
 
-    LayerNorm(C)  and  LayerNorm(normalized_shape=C)      Transformer / GraphTransformer / MLP blocks
+    LayerNorm(C)  and  LayerNorm(normalized_shape=C)   Transformer / GraphTransformer / MLP blocks
     Linear(in, out)  and  Linear(in, out, bias=...)
-    QueryNorm(head_dim), KeyNorm(head_dim)                 only with qk_norm: True
+    QueryNorm(head_dim), KeyNorm(head_dim)              only with qk_norm: True
     Activation()
 
 :func:`layer_kernels` turns a lock into that block (pinned kwargs, never dimensions; an adapter from
 ``kernel_lock.adapters`` where a library's constructor does not fit; their names are in
-``kernel_lock.trust.adapter_names``). It imports the targets, so torch; importing this module imports
-neither torch nor yaml (``import kernel_lock`` never imports it). What a training or inference
-process needs lives here; the checks of a config's blocks are kernel-probe's
+``kernel_lock.trust.adapter_names``). It imports the targets, so torch; importing this module
+imports neither torch nor yaml (``import kernel_lock`` never imports it). What a training or
+inference process needs lives here; the checks of a config's blocks are kernel-probe's
 (``kernel_probe.anemoi.entry_checks``).
 
-The lock's ``RMSNorm`` slot has no anemoi key and is never exported: anemoi has no RMSNorm call site,
-and an RMSNorm under ``LayerNorm``/``QueryNorm``/``KeyNorm`` changes the model's maths and its state
-dict (no bias, no mean), which is a modelling decision, not a kernel choice.
+The lock's ``RMSNorm`` slot has no anemoi key and is never exported: anemoi has no RMSNorm call
+site, and an RMSNorm under ``LayerNorm``/``QueryNorm``/``KeyNorm`` changes the model's maths and its
+state dict (no bias, no mean), which is a modelling decision, not a kernel choice.
 
-One of kernel_lock's integrations (with ``checkpoint``, ``distributed`` and ``portability``), kept at the path the docs show
-(``kernel_lock.anemoi.layer_kernels``).
+One of kernel_lock's integrations (with ``checkpoint``, ``distributed`` and ``portability``), kept
+at the path the docs show (``kernel_lock.anemoi.layer_kernels``).
 """
 
 from __future__ import annotations
@@ -72,8 +73,9 @@ __all__ = [
     "wrapper_of",
 ]
 
-# The keys anemoi reads from a block, and what anemoi-models 0.19's load_layer_kernels uses for a key
-# the block does not set. A key the block sets replaces the default entry whole (its kwargs included).
+# The keys anemoi reads from a block, and what anemoi-models 0.19's load_layer_kernels uses for a
+# key the block does not set. A key the block sets replaces the default entry whole (its kwargs
+# included).
 AUTOCAST_LAYER_NORM = "anemoi.models.layers.normalization.AutocastLayerNorm"
 CONDITIONAL_LAYER_NORM = "anemoi.models.layers.normalization.ConditionalLayerNorm"
 ANEMOI_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -102,10 +104,11 @@ def glu_refused(class_name: str) -> bool:
     return "GLU" in class_name.upper()
 
 
-# ---- attention: anemoi's MultiHeadSelfAttention options, per component with attention --------------
-# (the processor of a transformer model; a TransformerMapper's encoder and decoder). anemoi-models 0.19
-# has two backends: its SDPA path (torch chooses the SDPA backend) and its flash wrapper (flash-attn
-# v4, then v3, then v2, whichever imports first: kernel_lock.trust.locate.anemoi_flash_generation)
+# ---- attention: anemoi's MultiHeadSelfAttention options, per component with attention ------------
+# (the processor of a transformer model; a TransformerMapper's encoder and decoder). anemoi-models
+# 0.19 has two backends: its SDPA path (torch chooses the SDPA backend) and its flash wrapper
+# (flash-attn v4, then v3, then v2, whichever imports first:
+# kernel_lock.trust.locate.anemoi_flash_generation)
 ANEMOI_ATTENTION = {
     "kernel_lock.attention.SDPAttention": "scaled_dot_product_attention",
     "kernel_lock.attention.FlashAttention2": "flash_attention",
@@ -120,11 +123,13 @@ ATTENTION_BACKEND_ENV = "ANEMOI_INFERENCE_TRANSFORMER_ATTENTION_BACKEND"
 def attention_options(target: str, kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
     """The anemoi keys a component with attention sets for the lock's Attention slot, and a note:
     ``attention_implementation``, plus ``window_size``, ``softcap``, ``use_alibi_slopes`` and
-    ``dropout_p`` where the lock fixes them. ``({}, why)`` for an implementation anemoi cannot run."""
+    ``dropout_p`` where the lock fixes them. ``({}, why)`` for an implementation anemoi cannot
+    run."""
     implementation = ANEMOI_ATTENTION.get(target)
     if implementation is None:
         return {}, (
-            f"anemoi-models runs only flash_attention or scaled_dot_product_attention; the lock's {target} "
+            "anemoi-models runs only flash_attention or scaled_dot_product_attention; the "
+            f"lock's {target} "
             "has no anemoi setting (anemoi keeps its own attention_implementation)"
         )
     out: dict[str, Any] = {"attention_implementation": implementation}
@@ -137,13 +142,21 @@ def attention_options(target: str, kwargs: Mapping[str, Any]) -> tuple[dict[str,
     if float(kwargs.get("dropout", 0.0)) > 0:
         out["dropout_p"] = float(kwargs["dropout"])
     note = ""
-    if target == "kernel_lock.attention.SDPAttention" and kwargs.get("backend", "default") != "default":
+    if (
+        target == "kernel_lock.attention.SDPAttention"
+        and kwargs.get("backend", "default") != "default"
+    ):
         note = (
-            f"the lock checked SDPA's {kwargs['backend']} backend; anemoi's SDPA path lets torch choose, so run "
+            f"the lock checked SDPA's {kwargs['backend']} backend; anemoi's SDPA path lets "
+            "torch choose, so run "
             f"under torch.nn.attention.sdpa_kernel to hold it there"
         )
     elif implementation == "flash_attention":
-        note = f"anemoi imports flash-attn v4, then v3, then v2: the job-start check refuses a machine where it would not pick the lock's v{target[-1]}"
+        note = (
+            "anemoi imports flash-attn v4, then v3, then v2: the job-start check refuses a "
+            "machine where it would not pick the "
+            f"lock's v{target[-1]}"
+        )
     return out, note
 
 
@@ -158,10 +171,16 @@ DIMENSIONS = {
 
 # anemoi's call sites, as (how anemoi writes it, positional args, keyword args); sizes are examples
 CALLS: dict[str, tuple[tuple[str, tuple[Any, ...], dict[str, Any]], ...]] = {
-    "LayerNorm": (("LayerNorm(C)", (64,), {}), ("LayerNorm(normalized_shape=C)", (), {"normalized_shape": 64})),
+    "LayerNorm": (
+        ("LayerNorm(C)", (64,), {}),
+        ("LayerNorm(normalized_shape=C)", (), {"normalized_shape": 64}),
+    ),
     "QueryNorm": (("QueryNorm(head_dim)", (64,), {}),),
     "KeyNorm": (("KeyNorm(head_dim)", (64,), {}),),
-    "Linear": (("Linear(in, out)", (64, 128), {}), ("Linear(in, out, bias=...)", (64, 128), {"bias": True})),
+    "Linear": (
+        ("Linear(in, out)", (64, 128), {}),
+        ("Linear(in, out, bias=...)", (64, 128), {"bias": True}),
+    ),
     "Activation": (("Activation()", (), {}),),
 }
 
@@ -189,14 +208,16 @@ WRAPPERS: dict[str, Wrapper] = {
         Wrapper(
             AUTOCAST_LAYER_NORM,
             "torch.nn.LayerNorm",
-            "casts its output back to the input dtype (bf16/fp16 under autocast, not fp32: gnn.yaml relies on it "
+            "casts its output back to the input dtype (bf16/fp16 under autocast, not fp32: "
+            "gnn.yaml relies on it "
             "for memory, QueryNorm/KeyNorm for flash attention)",
             adapter_prefix="Autocast",
         ),
         Wrapper(
             CONDITIONAL_LAYER_NORM,
             None,
-            "scale and shift computed from a condition (forward(x, cond)): a different layer, not a kernel choice",
+            "scale and shift computed from a condition (forward(x, cond)): a different layer, "
+            "not a kernel choice",
         ),
     )
 }
@@ -205,18 +226,24 @@ WRAPPERS: dict[str, Wrapper] = {
 def generic_adapter(prefix: str, kernel: str) -> str:
     """The ``kernel_lock.adapters`` path of the generic ``prefix`` adapter around ``kernel``."""
     parts = kernel.split(".")
-    if len(parts) < 2 or any(not p.isidentifier() or p.startswith("_") or GENERIC_SEPARATOR in p for p in parts):
+    if len(parts) < 2 or any(
+        not p.isidentifier() or p.startswith("_") or GENERIC_SEPARATOR in p for p in parts
+    ):
         raise ConventionError(
-            f"{kernel!r} cannot be named in a generic adapter: it needs a public dotted path whose parts contain no "
+            f"{kernel!r} cannot be named in a generic adapter: it needs a public dotted path "
+            "whose parts contain no "
             f"{GENERIC_SEPARATOR!r}",
             key=kernel,
-            fix="rename the module or class, or add a row for it to kernel_lock.trust.adapter_names' adapter tables",
+            fix="rename the module or class, or add a row for it to "
+            "kernel_lock.trust.adapter_names' "
+            "adapter tables",
         )
     return f"{ADAPTERS}.{prefix}{GENERIC_SEPARATOR}{GENERIC_SEPARATOR.join(parts)}"
 
 
 def wrapper_of(target: str) -> Wrapper | None:
-    """The anemoi wrapper ``target`` is, or whose behaviour it keeps (a wrapping adapter), or None."""
+    """The anemoi wrapper ``target`` is, or whose behaviour it keeps (a wrapping adapter), or
+    None."""
     if target in WRAPPERS:
         return WRAPPERS[target]
     module, _, name = target.rpartition(".")
@@ -229,15 +256,16 @@ def wrapper_of(target: str) -> Wrapper | None:
 
 
 class ConventionError(LockFormatError):
-    """A lock's target cannot be built the way anemoi calls it, and kernel_lock has no adapter for it."""
+    """A lock's target cannot be built the way anemoi calls it, and kernel_lock has no adapter for
+    it."""
 
 
 # ---- the convention ------------------------------------------------------------------------------
 def convention_problems(cls: Any, key: str, kwargs: Mapping[str, Any]) -> list[str]:
     """The anemoi call sites for ``key`` that a partial of ``cls`` with ``kwargs`` would fail.
 
-    Call-site kwargs win over the partial's, as in functools.partial and Hydra. A constructor without
-    a readable signature cannot be checked and passes.
+    Call-site kwargs win over the partial's, as in functools.partial and Hydra. A constructor
+    without a readable signature cannot be checked and passes.
     """
     try:
         sig = inspect.signature(cls)
@@ -253,7 +281,8 @@ def convention_problems(cls: Any, key: str, kwargs: Mapping[str, Any]) -> list[s
 
 
 def locate(path: str) -> Any:
-    """Import ``path`` the way Hydra's ``_target_`` does: a module, then attributes (or submodules)."""
+    """Import ``path`` the way Hydra's ``_target_`` does: a module, then attributes (or
+    submodules)."""
     parts = path.split(".")
     if not path or any(not p.isidentifier() for p in parts):
         raise ImportError(f"{path!r} is not a dotted import path")
@@ -275,7 +304,8 @@ def locate(path: str) -> Any:
 # ---- export: the lock as a layer_kernels block ---------------------------------------------------
 @dataclass(frozen=True)
 class Exported:
-    """One entry of an exported ``layer_kernels`` block: its ``key``, the Hydra ``entry``, and how it was reached."""
+    """One entry of an exported ``layer_kernels`` block: its ``key``, the Hydra ``entry``, and how
+    it was reached."""
 
     key: str
     entry: dict[str, Any]
@@ -287,7 +317,12 @@ def _entry(target: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _fitting_target(
-    cls: Callable[..., Any], target: str, key: str, kwargs: Mapping[str, Any], slot: str, where: str | None
+    cls: Callable[..., Any],
+    target: str,
+    key: str,
+    kwargs: Mapping[str, Any],
+    slot: str,
+    where: str | None,
 ) -> tuple[str, str]:
     """(the target anemoi can build, a note): the real class if it fits, else its adapter."""
     problems = convention_problems(cls, key, kwargs)
@@ -303,13 +338,16 @@ def _fitting_target(
         if not convention_problems(adapted, key, kwargs):
             return (
                 adapter,
-                f"{target} takes its size as {size_parameter(cls)}; {adapter} subclasses it (same state dict)",
+                f"{target} takes its size as {size_parameter(cls)}; {adapter} subclasses it "
+                "(same state dict)",
             )
     raise ConventionError(
-        f"{target} (slot {slot}) cannot be built the way anemoi calls {key}: " + "; ".join(problems),
+        f"{target} (slot {slot}) cannot be built the way anemoi calls {key}: "
+        + "; ".join(problems),
         path=where,
         key=f"slots.{slot}.target",
-        fix="pin an implementation whose constructor takes anemoi's arguments (`kernel-probe --pin`), or add an "
+        fix="pin an implementation whose constructor takes anemoi's arguments (`kernel-probe "
+        "--pin`), or add an "
         "adapter for this class to kernel_lock.trust.adapter_names.SIZE_ADAPTERS",
     )
 
@@ -342,16 +380,19 @@ def entry_for(key: str, want: Exported, current: Any, *, where: str = "") -> Exp
         )
     adapter = wrapping_adapter_for(wrapper.adapter_prefix, kernel)
     if adapter is None and kernel.startswith(f"{ADAPTERS}."):
-        inner = generic_kernel(kernel)  # a generic size adapter: wrap its kernel directly (it adapts the size too)
+        # a generic size adapter: wrap its kernel directly (it adapts the size too)
+        inner = generic_kernel(kernel)
         adapter = generic_adapter(wrapper.adapter_prefix, inner) if inner else None
     elif adapter is None:
         adapter = generic_adapter(wrapper.adapter_prefix, kernel)
     if adapter is None:
         raise ConventionError(
             f"uses anemoi's {name}, which {wrapper.behaviour}; the lock pins {kernel}, and "
-            "kernel_lock has no adapter that keeps that behaviour around it, so replacing it would silently undo it",
+            "kernel_lock has no adapter that keeps that behaviour around it, so replacing it "
+            "would silently undo it",
             key=where or key,
-            fix=f"keep {name} here (it runs the torch.nn.LayerNorm kernel), or add an adapter for {kernel} to "
+            fix=f"keep {name} here (it runs the torch.nn.LayerNorm kernel), or add an adapter "
+            f"for {kernel} to "
             "kernel_lock.trust.adapter_names.AUTOCAST_ADAPTERS",
         )
     return Exported(
@@ -363,7 +404,11 @@ def entry_for(key: str, want: Exported, current: Any, *, where: str = "") -> Exp
 
 
 def export(
-    lock: KernelLock, mode: str | None = None, *, qk_norm: bool = False, verify_environment: bool = True
+    lock: KernelLock,
+    mode: str | None = None,
+    *,
+    qk_norm: bool = False,
+    verify_environment: bool = True,
 ) -> list[Exported]:
     """The entries of :func:`layer_kernels`, each with a note on how it was reached."""
     from .format.slots import DEFAULT_TARGETS
@@ -377,11 +422,14 @@ def export(
         kwargs = {k: v for k, v in f.keywords.items() if k not in DIMENSIONS[key]}
         target, note = _fitting_target(f.func, f.target, key, kwargs, slot, lock.path)
         if f.substituted_from:
-            note = f"inference substitute for {f.substituted_from} (verified max error {f.max_error})" + (
-                f"; {note}" if note else ""
+            note = (
+                f"inference substitute for {f.substituted_from} (verified max error {f.max_error})"
+                + (f"; {note}" if note else "")
             )
         if slot == "Activation" and lock.slots[slot].function:  # which function the model computes
-            note = f"the model's function {lock.slots[slot].function}" + (f"; {note}" if note else "")
+            note = f"the model's function {lock.slots[slot].function}" + (
+                f"; {note}" if note else ""
+            )
         out.append(Exported(key, _entry(target, kwargs), note))
     if qk_norm:
         ln = next((e for e in out if e.key == "LayerNorm"), None)
@@ -389,17 +437,23 @@ def export(
         kwargs = {k: v for k, v in (ln.entry if ln else {}).items() if k != "_target_"}
         if target != DEFAULT_TARGETS["LayerNorm"] and "bias" not in kwargs:
             raise ConventionError(
-                f"the lock's LayerNorm ({target}) pins no `bias` switch, so it cannot build anemoi's bias-free "
+                f"the lock's LayerNorm ({target}) pins no `bias` switch, so it cannot build "
+                "anemoi's bias-free "
                 "QueryNorm/KeyNorm (the state dict would gain a bias)",
                 path=lock.path,
                 key="slots.LayerNorm.kwargs",
-                fix="export without qk_norm (anemoi's default AutocastLayerNorm stays for QueryNorm/KeyNorm)",
+                fix="export without qk_norm (anemoi's default AutocastLayerNorm stays for "
+                "QueryNorm/KeyNorm)",
             )
         kwargs["bias"] = False  # anemoi's q/k norms have a weight and no bias
         for key in ("QueryNorm", "KeyNorm"):
-            # anemoi's default q/k norm is AutocastLayerNorm: the same rule as for any block using it
+            # anemoi's default q/k norm is AutocastLayerNorm: the same rule as for any block using
+            # it
             entry = entry_for(
-                key, Exported(key, _entry(target, kwargs)), ANEMOI_DEFAULTS[key], where=f"layer_kernels.{key}"
+                key,
+                Exported(key, _entry(target, kwargs)),
+                ANEMOI_DEFAULTS[key],
+                where=f"layer_kernels.{key}",
             )
             assert entry is not None
             note = entry.note + (
@@ -414,9 +468,9 @@ def export(
 def attention_export(
     lock: KernelLock, mode: str | None = None, *, verify_environment: bool = True
 ) -> tuple[dict[str, Any], str] | None:
-    """The keys every component with attention sets (``attention_options``) for the Attention slot as
-    it resolves in ``mode`` (inference: the twin where the pinned library cannot run), and a note; None
-    when the lock does not pin the slot (anemoi's own setting stays)."""
+    """The keys every component with attention sets (``attention_options``) for the Attention slot
+    as it resolves in ``mode`` (inference: the twin where the pinned library cannot run), and a
+    note; None when the lock does not pin the slot (anemoi's own setting stays)."""
     if "Attention" not in lock.slots:
         return None
     from .resolve import factory
@@ -425,17 +479,20 @@ def attention_export(
     options, note = attention_options(f.target, f.keywords)
     if f.substituted_from and options:
         note = (
-            f"inference substitute for {f.substituted_from} (verified max error {f.max_error}); set "
-            f"{ATTENTION_BACKEND_ENV}={options['attention_implementation']} in the inference job's environment"
+            f"inference substitute for {f.substituted_from} (verified max error "
+            f"{f.max_error}); set "
+            f"{ATTENTION_BACKEND_ENV}={options['attention_implementation']} in the inference "
+            "job's environment"
         )
     return options, note
 
 
 def gated_mlp_export(lock: KernelLock) -> tuple[dict[str, Any], str] | None:
-    """The key every component with an MLP sets for the lock's GatedMLP slot (``mlp_implementation``,
-    anemoi's processor, encoder and decoder configs) and a note; None when the lock does not pin the slot
-    (anemoi's own setting stays). anemoi hard-codes the gate, so a kernel other than torch's runs only
-    where the model's layers are swapped for it (``kernel_lock.gated_mlp.swap_gated_layers``)."""
+    """The key every component with an MLP sets for the lock's GatedMLP slot
+    (``mlp_implementation``, anemoi's processor, encoder and decoder configs) and a note; None when
+    the lock does not pin the slot (anemoi's own setting stays). anemoi hard-codes the gate, so a
+    kernel other than torch's runs only where the model's layers are swapped for it
+    (``kernel_lock.gated_mlp.swap_gated_layers``)."""
     if "GatedMLP" not in lock.slots:
         return None
     from .format.gating import CONFIG_KEY
@@ -445,25 +502,35 @@ def gated_mlp_export(lock: KernelLock) -> tuple[dict[str, Any], str] | None:
     note = f"the lock checked {slot.gate}"
     if slot.target != "kernel_lock.gated_mlp.GatedMLP":
         note += (
-            f" with {slot.target}; anemoi builds its own GatedMLPLayer (torch's gate): after building the model, "
-            f"kernel_lock.gated_mlp.swap_gated_layers(model, lock.factory('GatedMLP').func) puts the lock's kernel in "
+            f" with {slot.target}; anemoi builds its own GatedMLPLayer (torch's gate): after "
+            "building the model, "
+            "kernel_lock.gated_mlp.swap_gated_layers(model, lock.factory('GatedMLP').func) "
+            "puts the lock's kernel in "
             "its place (same state dict)"
         )
     return options, note
 
 
 def layer_kernels(
-    lock: KernelLock, mode: str | None = None, *, qk_norm: bool = False, verify_environment: bool = True
+    lock: KernelLock,
+    mode: str | None = None,
+    *,
+    qk_norm: bool = False,
+    verify_environment: bool = True,
 ) -> dict[str, dict[str, Any]]:
     """The ``layer_kernels`` block for the slots ``lock`` pins, as anemoi-models reads it.
 
     ``{"LayerNorm": {"_target_": "torch.nn.LayerNorm", "eps": 1e-05, ...}, "Linear": {...}}``: the
     class each slot resolves to in ``mode`` (in inference mode, the verified twin where the pinned
-    library cannot run here), with the pinned kwargs and never a dimension. A class whose constructor
-    does not take anemoi's arguments is replaced by its adapter in ``kernel_lock.adapters``; without
-    one, :class:`ConventionError`. ``qk_norm=True`` also fills ``QueryNorm``/``KeyNorm`` from the
-    LayerNorm slot, bias-free as anemoi's own. Raises what ``lock.factory`` raises (e.g.
-    ``LockMismatch`` in training mode on another machine). Pass the result to a processor or mapper
-    as its raw ``layer_kernels`` config (anemoi instantiates it itself).
+    library cannot run here), with the pinned kwargs and never a dimension. A class whose
+    constructor does not take anemoi's arguments is replaced by its adapter in
+    ``kernel_lock.adapters``; without one, :class:`ConventionError`. ``qk_norm=True`` also fills
+    ``QueryNorm``/``KeyNorm`` from the LayerNorm slot, bias-free as anemoi's own. Raises what
+    ``lock.factory`` raises (e.g. ``LockMismatch`` in training mode on another machine). Pass the
+    result to a processor or mapper as its raw ``layer_kernels`` config (anemoi instantiates it
+    itself).
     """
-    return {e.key: e.entry for e in export(lock, mode, qk_norm=qk_norm, verify_environment=verify_environment)}
+    return {
+        e.key: e.entry
+        for e in export(lock, mode, qk_norm=qk_norm, verify_environment=verify_environment)
+    }

@@ -1,23 +1,24 @@
-"""The Attention slot's implementations: module classes with one contract, so a lock can pin any of them.
+"""The Attention slot's implementations: module classes with one contract, so a lock can pin any of
+them.
 
 The contract is ``torch.nn.functional.scaled_dot_product_attention`` on BHSD tensors (batch, heads,
 sequence, head_dim): ``forward(q, k, v, attn_mask=None, dropout_p=None, is_causal=False, scale=None,
-enable_gqa=False)`` returns ``softmax(q k^T * scale) v``, non-causal unless asked. On top of it come the
-options a model fixes when it builds the layer (the constructor's keywords, pinned by the lock):
+enable_gqa=False)`` returns ``softmax(q k^T * scale) v``, non-causal unless asked. On top of it come
+the options a model fixes when it builds the layer (the constructor's keywords, pinned by the lock):
 
 - ``window``: the band's half-width ``w``: key ``j`` is visible to query ``i`` iff ``|i - j| <= w``
   (anemoi's ``window_size``; ``-1``: global attention);
 - ``softcap``: scores become ``softcap * tanh(scores / softcap)`` (``0``: none);
-- ``dropout``: the attention-weight dropout applied in training mode (``dropout_p=None`` in the call),
-  as anemoi's ``dropout_p if self.training else 0``;
-- ``alibi``: anemoi's ``use_alibi_slopes``: a bias ``-slope_h * |i - j|`` per head (slopes as anemoi's
-  ``get_alibi_slopes``).
+- ``dropout``: the attention-weight dropout applied in training mode (``dropout_p=None`` in the
+  call), as anemoi's ``dropout_p if self.training else 0``;
+- ``alibi``: anemoi's ``use_alibi_slopes``: a bias ``-slope_h * |i - j|`` per head (slopes as
+  anemoi's ``get_alibi_slopes``).
 
-An implementation that cannot honour an option it is built with raises (``NotImplementedError``) on the
-call, never silently computes something else: except where it reproduces what anemoi's own wrapper
-does with that library (the flash-attn adapters pass exactly the arguments anemoi passes, dropped ones
-included), because the verdict must be about what anemoi will run. The probe measures what each one
-honours (kernel_probe.probe.attention).
+An implementation that cannot honour an option it is built with raises (``NotImplementedError``) on
+the call, never silently computes something else: except where it reproduces what anemoi's own
+wrapper does with that library (the flash-attn adapters pass exactly the arguments anemoi passes,
+dropped ones included), because the verdict must be about what anemoi will run. The probe measures
+what each one honours (kernel_probe.probe.attention).
 
 Importing this module imports torch; kernel_lock imports it only when a lock resolves an Attention
 target. The kernel libraries are imported on the first call.
@@ -50,7 +51,8 @@ __all__ = [
     "for_function",
 ]
 
-# the torch.nn.attention.SDPBackend member each ``backend`` keyword forces ("default": torch chooses)
+# the torch.nn.attention.SDPBackend member each ``backend`` keyword forces ("default": torch
+# chooses)
 SDPA_BACKENDS = {
     "math": "MATH",
     "flash": "FLASH_ATTENTION",
@@ -60,15 +62,16 @@ SDPA_BACKENDS = {
 
 
 def band_mask(q_len: int, k_len: int, window: int, device: Any) -> torch.Tensor:
-    """The boolean window mask (True = attend): key ``j`` visible to query ``i`` iff ``|i - j| <= window``."""
+    """The boolean window mask (True = attend): key ``j`` visible to query ``i`` iff ``|i - j| <=
+    window``."""
     i = torch.arange(q_len, device=device)[:, None]
     j = torch.arange(k_len, device=device)[None, :]
     return (i - j).abs() <= window
 
 
 def alibi_slopes(heads: int) -> torch.Tensor:
-    """anemoi-models' ``get_alibi_slopes`` (the ALiBi paper's geometric slopes, interpolated for a head
-    count that is not a power of two), in float32."""
+    """anemoi-models' ``get_alibi_slopes`` (the ALiBi paper's geometric slopes, interpolated for a
+    head count that is not a power of two), in float32."""
     n = 2 ** math.floor(math.log2(heads))
     slope_0 = 2.0 ** (-8.0 / n)
     slopes = torch.pow(slope_0, torch.arange(1, 1 + n))
@@ -81,7 +84,9 @@ def alibi_slopes(heads: int) -> torch.Tensor:
 
 def alibi_bias(heads: int, q_len: int, k_len: int, device: Any, dtype: Any) -> torch.Tensor:
     """``-slope_h * |i - j|`` as an additive (heads, q_len, k_len) bias."""
-    dist = (torch.arange(q_len, device=device)[:, None] - torch.arange(k_len, device=device)[None, :]).abs()
+    dist = (
+        torch.arange(q_len, device=device)[:, None] - torch.arange(k_len, device=device)[None, :]
+    ).abs()
     return (-alibi_slopes(heads).to(device)[:, None, None] * dist).to(dtype)
 
 
@@ -89,7 +94,9 @@ class Attention(nn.Module):
     """The slot's contract (module docstring); subclasses implement ``attend``. No parameters: the
     state dict is empty, so every implementation's checkpoint loads into every other."""
 
-    def __init__(self, window: int = -1, softcap: float = 0.0, dropout: float = 0.0, alibi: bool = False):
+    def __init__(
+        self, window: int = -1, softcap: float = 0.0, dropout: float = 0.0, alibi: bool = False
+    ):
         super().__init__()
         if int(window) != window or window < -1:
             raise ValueError(f"window must be -1 (global) or a half-width >= 0, got {window!r}")
@@ -97,14 +104,22 @@ class Attention(nn.Module):
             raise ValueError(f"softcap must be >= 0 (0: none), got {softcap!r}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
-        self.window, self.softcap, self.dropout, self.alibi = int(window), float(softcap), float(dropout), bool(alibi)
+        self.window, self.softcap, self.dropout, self.alibi = (
+            int(window),
+            float(softcap),
+            float(dropout),
+            bool(alibi),
+        )
         # one mask per (q_len, k_len, device): a second sequence length gets its own (anemoi's SDPA
         # wrapper builds one and reuses it "assuming the sequence length does not change")
         self._masks: dict[tuple[int, int, str], torch.Tensor] = {}
 
     def extra_repr(self) -> str:
         """The options in the module's repr: window, softcap, dropout, alibi."""
-        return f"window={self.window}, softcap={self.softcap}, dropout={self.dropout}, alibi={self.alibi}"
+        return (
+            f"window={self.window}, softcap={self.softcap}, dropout={self.dropout}, "
+            f"alibi={self.alibi}"
+        )
 
     def window_mask(self, q_len: int, k_len: int, device: Any) -> torch.Tensor | None:
         """The band as a boolean mask (None: global)."""
@@ -127,10 +142,13 @@ class Attention(nn.Module):
         scale: float | None = None,
         enable_gqa: bool = False,
     ) -> torch.Tensor:
-        """``scaled_dot_product_attention(q, k, v, ...)`` on BHSD tensors with this layer's options."""
+        """``scaled_dot_product_attention(q, k, v, ...)`` on BHSD tensors with this layer's
+        options."""
         if dropout_p is None:
             dropout_p = self.dropout if self.training else 0.0
-        return self.attend(q, k, v, attn_mask, float(dropout_p), bool(is_causal), scale, bool(enable_gqa))
+        return self.attend(
+            q, k, v, attn_mask, float(dropout_p), bool(is_causal), scale, bool(enable_gqa)
+        )
 
     def attend(
         self,
@@ -143,12 +161,15 @@ class Attention(nn.Module):
         scale: float | None,
         enable_gqa: bool,
     ) -> torch.Tensor:
-        """The attention of ``q`` over ``k``/``v`` in (batch, heads, seq, dim) layout, SDPA's arguments normalised;
-        each backend implements it."""
+        """The attention of ``q`` over ``k``/``v`` in (batch, heads, seq, dim) layout, SDPA's
+        arguments normalised; each backend implements it."""
         raise NotImplementedError
 
-    def _combined_mask(self, q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | None) -> Any:
-        """The window mask and the caller's (boolean: both must allow; float: the window as -inf)."""
+    def _combined_mask(
+        self, q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | None
+    ) -> Any:
+        """The window mask and the caller's (boolean: both must allow; float: the window as
+        -inf)."""
         band = self.window_mask(q.shape[-2], k.shape[-2], q.device)
         if band is None or attn_mask is None:
             return band if attn_mask is None else attn_mask
@@ -158,10 +179,11 @@ class Attention(nn.Module):
 
 
 class SDPAttention(Attention):
-    """``torch.nn.functional.scaled_dot_product_attention`` with the window as a boolean mask, as anemoi's
-    SDPA path builds it. ``backend``: "default" (torch chooses) or one forced through
-    ``torch.nn.attention.sdpa_kernel`` ("math", "flash", "efficient", "cudnn"): a forced backend that
-    refuses the inputs raises torch's error, never runs another. softcap and alibi raise, as anemoi's."""
+    """``torch.nn.functional.scaled_dot_product_attention`` with the window as a boolean mask, as
+    anemoi's SDPA path builds it. ``backend``: "default" (torch chooses) or one forced through
+    ``torch.nn.attention.sdpa_kernel`` ("math", "flash", "efficient", "cudnn"): a forced backend
+    that refuses the inputs raises torch's error, never runs another. softcap and alibi raise, as
+    anemoi's."""
 
     def __init__(
         self,
@@ -173,7 +195,9 @@ class SDPAttention(Attention):
     ):
         super().__init__(window, softcap, dropout, alibi)
         if backend != "default" and backend not in SDPA_BACKENDS:
-            raise ValueError(f"backend must be 'default' or one of {', '.join(SDPA_BACKENDS)}, got {backend!r}")
+            raise ValueError(
+                f"backend must be 'default' or one of {', '.join(SDPA_BACKENDS)}, got {backend!r}"
+            )
         self.backend = backend
 
     def extra_repr(self) -> str:
@@ -181,11 +205,16 @@ class SDPAttention(Attention):
         return f"{super().extra_repr()}, backend={self.backend!r}"
 
     def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-        """torch's scaled_dot_product_attention, the window folded into the mask, under the backend asked for."""
+        """torch's scaled_dot_product_attention, the window folded into the mask, under the backend
+        asked for."""
         if self.softcap > 0:
-            raise NotImplementedError("softcap is not supported by torch's scaled_dot_product_attention")
+            raise NotImplementedError(
+                "softcap is not supported by torch's scaled_dot_product_attention"
+            )
         if self.alibi:
-            raise NotImplementedError("alibi slopes are not supported by torch's scaled_dot_product_attention")
+            raise NotImplementedError(
+                "alibi slopes are not supported by torch's scaled_dot_product_attention"
+            )
         mask = self._combined_mask(q, k, attn_mask)
         call = {"attn_mask": mask, "dropout_p": dropout_p, "is_causal": is_causal, "scale": scale}
         if enable_gqa:
@@ -202,29 +231,39 @@ _flex: dict[str, Callable[..., Any]] = {}
 
 
 class FlexAttention(Attention):
-    """``torch.nn.attention.flex_attention`` with the window as a band ``block_mask`` (blocks outside the
-    band are skipped) and softcap/alibi as a ``score_mod``, compiled (``compiled=False``: eager, for
-    tests). Dropout and an ``attn_mask`` raise: flex_attention has neither."""
+    """``torch.nn.attention.flex_attention`` with the window as a band ``block_mask`` (blocks
+    outside the band are skipped) and softcap/alibi as a ``score_mod``, compiled
+    (``compiled=False``: eager, for tests). Dropout and an ``attn_mask`` raise: flex_attention has
+    neither."""
 
     def __init__(
-        self, window: int = -1, softcap: float = 0.0, dropout: float = 0.0, alibi: bool = False, compiled: bool = True
+        self,
+        window: int = -1,
+        softcap: float = 0.0,
+        dropout: float = 0.0,
+        alibi: bool = False,
+        compiled: bool = True,
     ):
         super().__init__(window, softcap, dropout, alibi)
         self.compiled = compiled
         self._blocks: dict[tuple[int, int, str], Any] = {}
 
     def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-        """torch's flex_attention: the window as a block mask, softcap and alibi as a score modification (no mask, no
-        dropout)."""
+        """torch's flex_attention: the window as a block mask, softcap and alibi as a score
+        modification (no mask, no dropout)."""
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
         if dropout_p > 0:
             raise NotImplementedError("flex_attention has no dropout")
         if attn_mask is not None or is_causal:
-            raise NotImplementedError("this flex_attention adapter takes no attn_mask and no is_causal")
+            raise NotImplementedError(
+                "this flex_attention adapter takes no attn_mask and no is_causal"
+            )
         fn = flex_attention
         if self.compiled:
-            fn = _flex.get("flex") or _flex.setdefault("flex", torch.compile(flex_attention, dynamic=False))
+            fn = _flex.get("flex") or _flex.setdefault(
+                "flex", torch.compile(flex_attention, dynamic=False)
+            )
         block = None
         if self.window >= 0:
             key = (q.shape[-2], k.shape[-2], str(q.device))
@@ -249,7 +288,9 @@ class FlexAttention(Attention):
                     score = score - slopes[h] * (qi - kj).abs()
                 return score
 
-        return fn(q, k, v, score_mod=score_mod, block_mask=block, scale=scale, enable_gqa=enable_gqa)
+        return fn(
+            q, k, v, score_mod=score_mod, block_mask=block, scale=scale, enable_gqa=enable_gqa
+        )
 
 
 def _bshd(*tensors: torch.Tensor) -> list[torch.Tensor]:
@@ -266,7 +307,9 @@ class _FlashAttention(Attention):
     MODULE = ""
     GENERATION = 0
 
-    def __init__(self, window: int = -1, softcap: float = 0.0, dropout: float = 0.0, alibi: bool = False):
+    def __init__(
+        self, window: int = -1, softcap: float = 0.0, dropout: float = 0.0, alibi: bool = False
+    ):
         super().__init__(window, softcap, dropout, alibi)
         self._func: Callable[..., Any] | None = None
 
@@ -280,7 +323,9 @@ class _FlashAttention(Attention):
 
     def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
         if attn_mask is not None:
-            raise NotImplementedError(f"flash-attn {self.GENERATION} takes no attn_mask (only the window)")
+            raise NotImplementedError(
+                f"flash-attn {self.GENERATION} takes no attn_mask (only the window)"
+            )
         q, k, v = _bshd(q, k, v)
         out = self.call(q, k, v, dropout_p, is_causal, scale)
         if isinstance(out, tuple):  # v4, and early v3, return (out, softmax_lse)
@@ -292,13 +337,14 @@ class _FlashAttention(Attention):
 
 
 class FlashAttention2(_FlashAttention):
-    """flash-attn 2 (``flash_attn.flash_attn_func``): window, dropout, softcap and alibi all passed."""
+    """flash-attn 2 (``flash_attn.flash_attn_func``): window, dropout, softcap and alibi all
+    passed."""
 
     MODULE, GENERATION = "flash_attn", 2
 
     def call(self, q, k, v, dropout_p, is_causal, scale):
-        """flash-attn 2's ``flash_attn_func`` on (batch, seq, heads, dim) tensors: window, dropout, softcap and alibi
-        passed."""
+        """flash-attn 2's ``flash_attn_func`` on (batch, seq, heads, dim) tensors: window, dropout,
+        softcap and alibi passed."""
         slopes = None
         if self.alibi:  # anemoi: alibi_slopes.repeat(batch_size, 1)
             slopes = alibi_slopes(q.shape[2]).repeat(q.shape[0], 1).to(q.device)
@@ -323,23 +369,31 @@ class FlashAttention3(_FlashAttention):
     MODULE, GENERATION = "flash_attn_interface", 3
 
     def call(self, q, k, v, dropout_p, is_causal, scale):
-        """flash-attn 3's ``flash_attn_func``: window and softcap (no alibi; its dropout is not passed)."""
+        """flash-attn 3's ``flash_attn_func``: window and softcap (no alibi; its dropout is not
+        passed)."""
         if self.alibi:
-            raise NotImplementedError("alibi slopes are not supported by flash attention v3 (anemoi raises)")
+            raise NotImplementedError(
+                "alibi slopes are not supported by flash attention v3 (anemoi raises)"
+            )
         extra = {} if scale is None else {"softmax_scale": scale}
-        return self.func()(q, k, v, causal=is_causal, window_size=self._window(), softcap=self.softcap, **extra)
+        return self.func()(
+            q, k, v, causal=is_causal, window_size=self._window(), softcap=self.softcap, **extra
+        )
 
 
 class FlashAttention4(_FlashAttention):
-    """flash-attn 4 (``flash_attn.cute.flash_attn_func``): anemoi passes ``softmax_scale = 1/sqrt(d)``
-    and the window; no dropout, no softcap, and alibi slopes are ignored."""
+    """flash-attn 4 (``flash_attn.cute.flash_attn_func``): anemoi passes ``softmax_scale =
+    1/sqrt(d)`` and the window; no dropout, no softcap, and alibi slopes are ignored."""
 
     MODULE, GENERATION = "flash_attn.cute", 4
 
     def call(self, q, k, v, dropout_p, is_causal, scale):
-        """flash-attn 4's ``flash_attn_func``: window and scale (its default scale made explicit)."""
+        """flash-attn 4's ``flash_attn_func``: window and scale (its default scale made
+        explicit)."""
         softmax_scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-        return self.func()(q, k, v, softmax_scale=softmax_scale, causal=is_causal, window_size=self._window())
+        return self.func()(
+            q, k, v, softmax_scale=softmax_scale, causal=is_causal, window_size=self._window()
+        )
 
 
 class TEDotProductAttention(Attention):
@@ -347,14 +401,19 @@ class TEDotProductAttention(Attention):
     head_dim, ``qkv_format="bshd"``), the window as ``window_size=(w, w)``, dropout as
     ``attention_dropout``. softcap and alibi raise (TE's module takes neither here)."""
 
-    def __init__(self, window: int = -1, softcap: float = 0.0, dropout: float = 0.0, alibi: bool = False):
+    def __init__(
+        self, window: int = -1, softcap: float = 0.0, dropout: float = 0.0, alibi: bool = False
+    ):
         super().__init__(window, softcap, dropout, alibi)
         self._te: dict[tuple[int, int, float | None, float], Any] = {}
 
     def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-        """transformer-engine's DotProductAttention, one module per (heads, dim, scale, dropout), window only."""
+        """transformer-engine's DotProductAttention, one module per (heads, dim, scale, dropout),
+        window only."""
         if self.softcap > 0:
-            raise NotImplementedError("softcap is not supported by transformer-engine's DotProductAttention")
+            raise NotImplementedError(
+                "softcap is not supported by transformer-engine's DotProductAttention"
+            )
         if self.alibi:
             raise NotImplementedError("this adapter passes no alibi slopes to transformer-engine")
         if attn_mask is not None:
@@ -362,7 +421,9 @@ class TEDotProductAttention(Attention):
         key = (q.shape[1], q.shape[-1], scale, dropout_p)
         module = self._te.get(key)
         if module is None:
-            DotProductAttention = importlib.import_module("transformer_engine.pytorch").DotProductAttention
+            DotProductAttention = importlib.import_module(
+                "transformer_engine.pytorch"
+            ).DotProductAttention
 
             window = (self.window, self.window) if self.window >= 0 else (-1, -1)
             module = self._te[key] = DotProductAttention(
@@ -380,20 +441,26 @@ class TEDotProductAttention(Attention):
 
 
 class FunctionAttention(Attention):
-    """A user's function with SDPA's signature, offered as ``--candidate Attention=module.function``:
-    it receives the window as a boolean ``attn_mask`` (True = attend), as anemoi's SDPA path builds it.
-    ``FUNCTION`` is set on the class ``for_function`` builds. softcap and alibi raise: SDPA's
-    signature carries neither."""
+    """A user's function with SDPA's signature, offered as ``--candidate
+    Attention=module.function``: it receives the window as a boolean ``attn_mask`` (True = attend),
+    as anemoi's SDPA path builds it. ``FUNCTION`` is set on the class ``for_function`` builds.
+    softcap and alibi raise: SDPA's signature carries neither."""
 
     FUNCTION: Callable[..., Any] | None = None
 
     def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-        """The library function with SDPA's signature (``FUNCTION``), the window folded into the mask."""
+        """The library function with SDPA's signature (``FUNCTION``), the window folded into the
+        mask."""
         if self.softcap > 0 or self.alibi:
-            raise NotImplementedError("a function with SDPA's signature takes no softcap and no alibi slopes")
+            raise NotImplementedError(
+                "a function with SDPA's signature takes no softcap and no alibi slopes"
+            )
         fn = type(self).FUNCTION
         assert fn is not None
-        call: dict[str, Any] = {"attn_mask": self._combined_mask(q, k, attn_mask), "dropout_p": dropout_p}
+        call: dict[str, Any] = {
+            "attn_mask": self._combined_mask(q, k, attn_mask),
+            "dropout_p": dropout_p,
+        }
         if is_causal:
             call["is_causal"] = True
         if scale is not None:
@@ -407,4 +474,8 @@ def for_function(fn: Callable[..., Any], target: str) -> type[FunctionAttention]
     """The Attention class that calls ``fn`` (named ``target`` in the lock)."""
     name = target.rpartition(".")[2]
     doc = f"``{target}`` with the Attention slot's options (the window as a boolean attn_mask)."
-    return type(f"FunctionAttention_{name}", (FunctionAttention,), {"FUNCTION": staticmethod(fn), "__doc__": doc})
+    return type(
+        f"FunctionAttention_{name}",
+        (FunctionAttention,),
+        {"FUNCTION": staticmethod(fn), "__doc__": doc},
+    )

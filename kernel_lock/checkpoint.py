@@ -3,8 +3,8 @@
 A checkpoint is whatever dict the training loop saves (``torch.save``). :func:`attach` adds the lock
 under one key, as its canonical text and content digest (plain strings, so ``torch.load`` with
 ``weights_only=True`` reads it back); :func:`lock_from_checkpoint` validates it again and checks the
-digest. :func:`migrate_state_dict` applies the twins' recorded migrations, so a state dict saved from
-the training implementation loads strictly into the model rebuilt in inference mode.
+digest. :func:`migrate_state_dict` applies the twins' recorded migrations, so a state dict saved
+from the training implementation loads strictly into the model rebuilt in inference mode.
 
 Not imported by ``import kernel_lock``; torch is never imported here.
 
@@ -42,11 +42,12 @@ log = logging.getLogger("kernel_lock")
 
 
 def attach(checkpoint: MutableMapping[str, Any], lock: KernelLock) -> MutableMapping[str, Any]:
-    """Store ``lock`` in ``checkpoint`` (in place) under ``"kernel_lock"``, and return the checkpoint.
+    """Store ``lock`` in ``checkpoint`` (in place) under ``"kernel_lock"``, and return the
+    checkpoint.
 
     The entry is ``{"text": <canonical TOML>, "digest": "sha256:..."}``; the digest is that of the
-    content, so a lock edited by hand after it was sealed is still stored faithfully (and reported as
-    hand-edited when read back, as it would be from its file).
+    content, so a lock edited by hand after it was sealed is still stored faithfully (and reported
+    as hand-edited when read back, as it would be from its file).
     """
     checkpoint[CHECKPOINT_KEY] = {"text": lock.dumps(), "digest": lock.compute_digest()}
     return checkpoint
@@ -60,11 +61,13 @@ def lock_from_checkpoint(
     emit_warnings: bool = True,
     trust: Iterable[str] = (),
 ) -> KernelLock:
-    """The lock a checkpoint carries, validated like a lock file and checked against its stored digest.
+    """The lock a checkpoint carries, validated like a lock file and checked against its stored
+    digest.
 
     Raises :class:`LockFormatError` when the checkpoint carries no lock, the entry is malformed, the
-    text is not a valid lock, or its content does not match the digest stored beside it. A lock inside
-    a checkpoint is no more trusted than a file: ``trust`` grants what its ``trusted-modules`` ask.
+    text is not a valid lock, or its content does not match the digest stored beside it. A lock
+    inside a checkpoint is no more trusted than a file: ``trust`` grants what its
+    ``trusted-modules`` ask.
     """
     key = CHECKPOINT_KEY
     entry = checkpoint.get(key) if isinstance(checkpoint, Mapping) else None
@@ -78,32 +81,47 @@ def lock_from_checkpoint(
         )
     if not isinstance(entry, Mapping):
         raise LockFormatError(
-            f"expected a dict with 'text' and 'digest', got {type(entry).__name__}", path=where, key=key
+            f"expected a dict with 'text' and 'digest', got {type(entry).__name__}",
+            path=where,
+            key=key,
         )
     text, digest = entry.get("text"), entry.get("digest")
     if not isinstance(text, str):
         raise LockFormatError(
-            f"expected the lock's TOML text, got {type(text).__name__}", path=where, key=f"{key}.text"
+            f"expected the lock's TOML text, got {type(text).__name__}",
+            path=where,
+            key=f"{key}.text",
         )
     if not isinstance(digest, str):
-        raise LockFormatError(f"expected 'sha256:<hex>', got {type(digest).__name__}", path=where, key=f"{key}.digest")
-    lock = loads(text, path=f"{where}[{key!r}]", strict=strict, emit_warnings=emit_warnings, trust=tuple(trust))
+        raise LockFormatError(
+            f"expected 'sha256:<hex>', got {type(digest).__name__}", path=where, key=f"{key}.digest"
+        )
+    lock = loads(
+        text,
+        path=f"{where}[{key!r}]",
+        strict=strict,
+        emit_warnings=emit_warnings,
+        trust=tuple(trust),
+    )
     found = lock.compute_digest()
     if found != digest:
         raise LockFormatError(
-            f"the lock stored in the checkpoint does not match its digest (stored {digest}, content {found})",
+            f"the lock stored in the checkpoint does not match its digest (stored {digest}, "
+            f"content {found})",
             path=where,
             key=f"{key}.digest",
-            fix="the checkpoint was altered after it was saved; restore it, or re-attach the training lock",
+            fix="the checkpoint was altered after it was saved; restore it, or re-attach the "
+            "training lock",
         )
     return lock
 
 
-# The state-dict migration rules this kernel_lock applies, written from the training implementation's
-# keys to its twin's (the probe finds them by matching keys and shapes; docs/lock-format.md):
+# The state-dict migration rules this kernel_lock applies, written from the training
+# implementation's keys to its twin's (the probe finds them by matching keys and shapes;
+# docs/lock-format.md):
 #   drop:<key>         the key has no counterpart in the twin (transformer-engine's _extra_state)
 #   rename:<a>-><b>    the parameter is stored as <a>, the twin calls it <b> (gamma -> weight)
-#   transpose:<b>      the twin's <b> is the transpose of what is stored (a weight kept as (in, out))
+#   transpose:<b>      the twin's <b> is the transpose of what is stored (a weight kept (in, out))
 # Keys are local to the module (they may contain dots: norm.weight); applied in that order.
 MIGRATIONS = ("drop", "rename", "transpose")
 _KEY = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_0-9][\w]*)*$")
@@ -111,14 +129,17 @@ _KEY = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_0-9][\w]*)*$")
 
 @dataclass(frozen=True)
 class Rule:
-    """One state-dict migration step of a twin: ``drop:KEY``, ``rename:OLD->NEW`` or ``transpose:KEY``."""
+    """One state-dict migration step of a twin: ``drop:KEY``, ``rename:OLD->NEW`` or
+    ``transpose:KEY``."""
 
     kind: str  # drop | rename | transpose
     key: str  # the stored key (drop, rename) or the twin's key (transpose)
     new: str = ""  # rename: the twin's key
 
     def __str__(self) -> str:
-        return f"rename:{self.key}->{self.new}" if self.kind == "rename" else f"{self.kind}:{self.key}"
+        return (
+            f"rename:{self.key}->{self.new}" if self.kind == "rename" else f"{self.kind}:{self.key}"
+        )
 
 
 def parse_rule(text: str) -> Rule | None:
@@ -147,7 +168,9 @@ def migration_rules(slot: Any, *, path: str | None = None) -> list[Rule]:
                 f"unknown state-dict migration {text!r}",
                 path=path,
                 key=f"slots.{slot.name}.twin.migration[{i}]",
-                fix="the rules this kernel_lock applies are 'drop:<key>', 'rename:<old>-><new>' and 'transpose:<key>' "
+                fix="the rules this kernel_lock applies are 'drop:<key>', "
+                "'rename:<old>-><new>' and "
+                "'transpose:<key>' "
                 "(docs/lock-format.md); a newer kernel-probe may write others: upgrade kernel_lock",
             )
         rules.append(rule)
@@ -155,7 +178,8 @@ def migration_rules(slot: Any, *, path: str | None = None) -> list[Rule]:
 
 
 def migrate_module_state(state: Mapping[str, Any], rules: Iterable[Rule]) -> dict[str, Any]:
-    """One module's state dict (local keys), stored by the training implementation, in its twin's layout."""
+    """One module's state dict (local keys), stored by the training implementation, in its twin's
+    layout."""
     out = dict(state)
     rules = list(rules)
     for rule in rules:
@@ -165,13 +189,18 @@ def migrate_module_state(state: Mapping[str, Any], rules: Iterable[Rule]) -> dic
         if rule.kind == "rename" and rule.key in out:
             out[rule.new] = out.pop(rule.key)
     for rule in rules:
-        if rule.kind == "transpose" and rule.key in out and getattr(out[rule.key], "dim", lambda: 0)() == 2:
+        if (
+            rule.kind == "transpose"
+            and rule.key in out
+            and getattr(out[rule.key], "dim", lambda: 0)() == 2
+        ):
             out[rule.key] = out[rule.key].t().contiguous()
     return out
 
 
 def _suffix(key: str, local: str) -> str | None:
-    """The module prefix of ``key`` if it ends with the local key ``local`` ('' or 'a.b.'), else None."""
+    """The module prefix of ``key`` if it ends with the local key ``local`` ('' or 'a.b.'), else
+    None."""
     if key == local:
         return ""
     if key.endswith("." + local):
@@ -184,17 +213,20 @@ def _shape(value: Any) -> tuple[int, ...] | None:
     return tuple(shape) if shape is not None else None
 
 
-def migrate_state_dict(state_dict: Mapping[str, Any], lock: KernelLock, model: Any) -> OrderedDict[str, Any]:
-    """``state_dict`` (saved under ``lock``) made loadable into ``model`` (rebuilt in inference mode).
+def migrate_state_dict(
+    state_dict: Mapping[str, Any], lock: KernelLock, model: Any
+) -> OrderedDict[str, Any]:
+    """``state_dict`` (saved under ``lock``) made loadable into ``model`` (rebuilt in inference
+    mode).
 
     The rules are the lock's twin migrations (slots whose twin has ``state-dict = "migrate"``), and
-    they apply only where ``model`` says they must: a key is dropped when ``model`` does not expect it
-    and a ``drop:`` rule names it; renamed when ``model`` expects the new name and not the old;
+    they apply only where ``model`` says they must: a key is dropped when ``model`` does not expect
+    it and a ``drop:`` rule names it; renamed when ``model`` expects the new name and not the old;
     transposed when ``model`` expects the transposed shape. Every other key is kept as it is, so
-    anything else that does not fit still fails ``load_state_dict(strict=True)`` loudly. ``model`` is
-    an ``nn.Module``, a mapping of its state-dict keys to tensors (or shapes), or the collection of its
-    keys (then shapes are unknown and no transpose applies). Where a slot was not substituted (the
-    library is installed here), its module still has the stored keys and they are kept.
+    anything else that does not fit still fails ``load_state_dict(strict=True)`` loudly. ``model``
+    is an ``nn.Module``, a mapping of its state-dict keys to tensors (or shapes), or the collection
+    of its keys (then shapes are unknown and no transpose applies). Where a slot was not substituted
+    (the library is installed here), its module still has the stored keys and they are kept.
     ``state_dict`` is not modified; what was migrated is logged (INFO, logger ``kernel_lock``).
 
     ``lock`` is the lock the state dict was saved under (what :func:`lock_from_checkpoint` returns),
@@ -203,10 +235,16 @@ def migrate_state_dict(state_dict: Mapping[str, Any], lock: KernelLock, model: A
     if hasattr(model, "state_dict"):
         expected: dict[str, Any] = {k: _shape(v) for k, v in model.state_dict().items()}
     elif isinstance(model, Mapping):
-        expected = {k: (tuple(v) if isinstance(v, (tuple, list)) else _shape(v)) for k, v in model.items()}
+        expected = {
+            k: (tuple(v) if isinstance(v, (tuple, list)) else _shape(v)) for k, v in model.items()
+        }
     else:
         expected = {k: None for k in model}
-    rules = [(name, rule) for name, slot in lock.slots.items() for rule in migration_rules(slot, path=lock.path)]
+    rules = [
+        (name, rule)
+        for name, slot in lock.slots.items()
+        for rule in migration_rules(slot, path=lock.path)
+    ]
     out: OrderedDict[str, Any] = OrderedDict()
     done = []
     for key, value in state_dict.items():
@@ -217,7 +255,8 @@ def migrate_state_dict(state_dict: Mapping[str, Any], lock: KernelLock, model: A
             out[new_key] = new_value
     if done:
         log.info("kernel_lock: state-dict migration: %s", "; ".join(done))
-    metadata = getattr(state_dict, "_metadata", None)  # module versions torch keeps beside the tensors
+    # module versions torch keeps beside the tensors
+    metadata = getattr(state_dict, "_metadata", None)
     if metadata is not None:
         out._metadata = metadata  # type: ignore[attr-defined]  # torch's attribute, which OrderedDict does not declare
     return out
@@ -241,13 +280,24 @@ def _migrate_one(
         if rule.kind == "rename" and key not in expected and prefix + rule.new in expected:
             new_key = prefix + rule.new
             how = f"-> {new_key} ({slot} twin: {rule})"
-            turned = [r for s, r in rules if s == slot and r.kind == "transpose" and r.key == rule.new]
+            turned = [
+                r for s, r in rules if s == slot and r.kind == "transpose" and r.key == rule.new
+            ]
             shape = expected[new_key]
-            if turned and shape is not None and (got := _shape(value)) is not None and tuple(reversed(got)) == shape:
+            if (
+                turned
+                and shape is not None
+                and (got := _shape(value)) is not None
+                and tuple(reversed(got)) == shape
+            ):
                 return new_key, value.t().contiguous(), how + f", {turned[0]}"
             return new_key, value, how
         if rule.kind == "transpose" and key in expected:
             shape = expected[key]
-            if shape is not None and (got := _shape(value)) is not None and tuple(reversed(got)) == shape:
+            if (
+                shape is not None
+                and (got := _shape(value)) is not None
+                and tuple(reversed(got)) == shape
+            ):
                 return key, value.t().contiguous(), f"transposed ({slot} twin: {rule})"
     return key, value, ""

@@ -3,20 +3,21 @@
     lock = kernel_lock.load("kernel-lock.toml")
     kernel_lock.distributed.check_ranks(lock)     # after torch.distributed.init_process_group(...)
 
-Each rank reports its host, the content digest of the lock it loaded and the ways its machine differs
-from that lock; the reports are exchanged as UTF-8 JSON in uint8 tensors (``all_gather`` of the
-lengths, then of the padded bytes) on whatever backend the job initialised, and every rank reaches
-the same verdict, so either all ranks go on or all raise :class:`RanksDisagree` with the same message.
-A rank whose own check fails in an unexpected way still takes part in the exchange (its failure is its
-report), so no rank is left waiting; an exchange that fails is a :class:`RanksDisagree` too.
+Each rank reports its host, the content digest of the lock it loaded and the ways its machine
+differs from that lock; the reports are exchanged as UTF-8 JSON in uint8 tensors (``all_gather`` of
+the lengths, then of the padded bytes) on whatever backend the job initialised, and every rank
+reaches the same verdict, so either all ranks go on or all raise :class:`RanksDisagree` with the
+same message. A rank whose own check fails in an unexpected way still takes part in the exchange
+(its failure is its report), so no rank is left waiting; an exchange that fails is a
+:class:`RanksDisagree` too.
 
 Not ``all_gather_object``: it pickles (a rank would unpickle whatever another sends) and needs numpy
 (``RuntimeError: Numpy is not available`` in an environment without it).
 
 Not imported by ``import kernel_lock``; torch is imported when :func:`check_ranks` is called.
 
-One of kernel_lock's integrations (with ``anemoi``, ``checkpoint`` and ``portability``), kept at the path the docs show
-(``kernel_lock.distributed.check_ranks``).
+One of kernel_lock's integrations (with ``anemoi``, ``checkpoint`` and ``portability``), kept at the
+path the docs show (``kernel_lock.distributed.check_ranks``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .errors import LockError, LockMismatch, RanksDisagree
-from .format.reading import MAX_TEXT, ReadError, get_int, get_required, get_strings, get_text, refuse_unknown
+from .format.reading import (
+    MAX_TEXT,
+    ReadError,
+    get_int,
+    get_required,
+    get_strings,
+    get_text,
+    refuse_unknown,
+)
 from .format.schema import DIGEST
 from .lock import KernelLock
 
@@ -45,7 +54,11 @@ __all__ = [
 
 
 def local_report(
-    lock: KernelLock, *, rank: int = 0, mode: str | None = None, current: Mapping[str, Any] | None = None
+    lock: KernelLock,
+    *,
+    rank: int = 0,
+    mode: str | None = None,
+    current: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What this rank says: rank, host, lock path, content digest, and its differences (strings)."""
     differences: list[str] = []
@@ -80,8 +93,11 @@ def _ranks_text(ranks: Sequence[int]) -> str:
     return ", ".join(parts)
 
 
-def _grouped(reports: Sequence[Mapping[str, Any]], key: Any) -> list[tuple[Any, list[Mapping[str, Any]]]]:
-    """Reports with the same key together (64 ranks with one problem are one entry), in rank order."""
+def _grouped(
+    reports: Sequence[Mapping[str, Any]], key: Any
+) -> list[tuple[Any, list[Mapping[str, Any]]]]:
+    """Reports with the same key together (64 ranks with one problem are one entry), in rank
+    order."""
     groups: dict[Any, list[Mapping[str, Any]]] = {}
     for r in reports:
         groups.setdefault(key(r), []).append(r)
@@ -106,13 +122,18 @@ def judge(reports: Sequence[Mapping[str, Any]]) -> RanksDisagree | None:
         return None
     counts = Counter(r["digest"] for r in reports)
     by_rank = sorted(reports, key=lambda r: r["rank"])
-    reference = max(counts, key=lambda d: (counts[d], -min(r["rank"] for r in by_rank if r["digest"] == d)))
+    reference = max(
+        counts, key=lambda d: (counts[d], -min(r["rank"] for r in by_rank if r["digest"] == d))
+    )
     stray = [r for r in by_rank if r["digest"] != reference]
     mismatched = [r for r in by_rank if r["differences"]]
     if not stray and not mismatched:
         return None
     faulty = sorted({r["rank"] for r in stray} | {r["rank"] for r in mismatched})
-    lines = [f"the kernel lock check failed on {len(faulty)} of {len(reports)} rank(s) ({_ranks_text(faulty)}):"]
+    lines = [
+        f"the kernel lock check failed on {len(faulty)} of {len(reports)} rank(s) "
+        f"({_ranks_text(faulty)}):"
+    ]
     if stray:
         holders = [r["rank"] for r in by_rank if r["digest"] == reference]
         lines.append(
@@ -122,20 +143,30 @@ def judge(reports: Sequence[Mapping[str, Any]]) -> RanksDisagree | None:
         for (digest, path), group in _grouped(stray, lambda r: (r["digest"], r["lock"])):
             lines.append(f"    {_who(group)}: {digest[:19]} ({path})")
     if mismatched:
-        lines.append(f"  {len(mismatched)} rank(s) run on a machine that does not match the lock they hold:")
-        for (differences, path), group in _grouped(mismatched, lambda r: (tuple(r["differences"]), r["lock"])):
+        lines.append(
+            f"  {len(mismatched)} rank(s) run on a machine that does not match the lock they hold:"
+        )
+        for (differences, path), group in _grouped(
+            mismatched, lambda r: (tuple(r["differences"]), r["lock"])
+        ):
             lines.append(f"    {_who(group)} ({path}):")
             lines.extend(f"      - {d}" for d in differences)
     fix = []
     if stray:
-        fix.append("give every rank the same lock file (write it once, e.g. `kernel-probe --out` on a shared path)")
+        fix.append(
+            "give every rank the same lock file (write it once, e.g. `kernel-probe --out` on a "
+            "shared path)"
+        )
     if mismatched:
         fix.append("run the job on nodes that match the lock, or re-probe on them")
-    return RanksDisagree("\n".join(lines), reports=[dict(r) for r in by_rank], ranks=faulty, fix="; ".join(fix))
+    return RanksDisagree(
+        "\n".join(lines), reports=[dict(r) for r in by_rank], ranks=faulty, fix="; ".join(fix)
+    )
 
 
 def check_ranks(lock: KernelLock, *, group: Any = None, mode: str | None = None) -> None:
-    """Check on every rank that all ranks hold the same lock and that each rank's machine matches it.
+    """Check on every rank that all ranks hold the same lock and that each rank's machine matches
+    it.
 
     Call it on every rank of ``group`` (default: the whole job) after loading the lock; it is a
     collective. Raises :class:`RanksDisagree` on every rank, naming the ranks and hosts at fault, or
@@ -155,18 +186,21 @@ def check_ranks(lock: KernelLock, *, group: Any = None, mode: str | None = None)
         raise error
 
 
-# backends whose collectives take tensors on an accelerator, not in host memory (gloo and mpi take CPU
-# tensors)
+# backends whose collectives take tensors on an accelerator, not in host memory (gloo and mpi take
+# CPU tensors)
 _ACCELERATOR_OF_BACKEND = {"nccl": "cuda"}
 
 
 def _exchange_device_type(backend: str) -> str:
     """Where the exchanged tensors live: "cpu" for gloo and mpi, "cuda" for nccl.
 
-    A group created with several backends (``"cpu:gloo,cuda:nccl"``, the default in recent torch) takes
-    CPU tensors through its CPU half; one with only a device backend (``"cuda:nccl"``) takes that device's.
+    A group created with several backends (``"cpu:gloo,cuda:nccl"``, the default in recent torch)
+    takes CPU tensors through its CPU half; one with only a device backend (``"cuda:nccl"``) takes
+    that device's.
     """
-    pairs = [part.split(":", 1) if ":" in part else ["", part] for part in backend.lower().split(",")]
+    pairs = [
+        part.split(":", 1) if ":" in part else ["", part] for part in backend.lower().split(",")
+    ]
     devices = [device for device, _ in pairs if device]
     if devices:
         return "cpu" if "cpu" in devices else devices[0]
@@ -181,7 +215,8 @@ _EXCHANGE_FIX = (
 
 
 def _exchange(mine: Mapping[str, Any], group: Any) -> list[dict[str, Any]]:
-    """Every rank's report, in group-rank order, gathered as UTF-8 JSON bytes (no pickle, no numpy)."""
+    """Every rank's report, in group-rank order, gathered as UTF-8 JSON bytes (no pickle, no
+    numpy)."""
     import torch
     import torch.distributed as dist
 
@@ -189,7 +224,11 @@ def _exchange(mine: Mapping[str, Any], group: Any) -> list[dict[str, Any]]:
     try:
         backend = str(dist.get_backend(group))
         kind = _exchange_device_type(backend)
-        device = torch.device("cpu") if kind == "cpu" else torch.device(kind, getattr(torch, kind).current_device())
+        device = (
+            torch.device("cpu")
+            if kind == "cpu"
+            else torch.device(kind, getattr(torch, kind).current_device())
+        )
         world = dist.get_world_size(group)
         data = json.dumps(dict(mine), sort_keys=True).encode("utf-8")
         length = torch.tensor([len(data)], dtype=torch.int64, device=device)
@@ -201,9 +240,11 @@ def _exchange(mine: Mapping[str, Any], group: Any) -> list[dict[str, Any]]:
         gathered = [torch.empty(max(sizes), dtype=torch.uint8, device=device) for _ in range(world)]
         dist.all_gather(gathered, padded, group=group)
         raw = [bytes(t[:size].cpu().tolist()) for t, size in zip(gathered, sizes, strict=True)]
-    except Exception as exc:  # every rank that gets here raises; none goes on with a partial picture
+    # every rank that gets here raises; none goes on with a partial picture
+    except Exception as exc:
         raise RanksDisagree(
-            f"rank {mine['rank']} on {mine['host']} could not exchange its kernel lock report with the "
+            f"rank {mine['rank']} on {mine['host']} could not exchange its kernel lock report "
+            "with the "
             f"other ranks (backend {backend}): {type(exc).__name__}: {exc}",
             reports=[dict(mine)],
             fix=_EXCHANGE_FIX,
@@ -211,8 +252,9 @@ def _exchange(mine: Mapping[str, Any], group: Any) -> list[dict[str, Any]]:
     return [_decoded(blob, index, backend) for index, blob in enumerate(raw)]
 
 
-# What a report may hold (kernel_lock.format.reading's bounds): a rank beyond any job, a host name beyond DNS's
-# 253 characters, thousands of differences or a megabyte of text are a report this module never wrote.
+# What a report may hold (kernel_lock.format.reading's bounds): a rank beyond any job, a host name
+# beyond DNS's 253 characters, thousands of differences or a megabyte of text are a report this
+# module never wrote.
 REPORT_KEYS = ("rank", "host", "lock", "digest", "differences")
 MAX_RANK = 1 << 24
 MAX_HOST = 255
@@ -220,8 +262,9 @@ MAX_DIFFERENCES = 256
 
 
 def report_from_dict(data: Any) -> dict[str, Any]:
-    """One rank's report, read by the typed reader (``kernel_lock.format.reading``): every key required and
-    bounded, unknown keys refused with "did you mean"; :class:`~kernel_lock.format.reading.ReadError` naming the key."""
+    """One rank's report, read by the typed reader (``kernel_lock.format.reading``): every key
+    required and bounded, unknown keys refused with "did you mean";
+    :class:`~kernel_lock.format.reading.ReadError` naming the key."""
     if not isinstance(data, dict):
         raise ReadError(f"expected a JSON object, got a JSON {type(data).__name__}")
     refuse_unknown(data, REPORT_KEYS)
@@ -235,20 +278,33 @@ def report_from_dict(data: Any) -> dict[str, Any]:
         raise ReadError(f"{digest!r:.80} is not 'sha256:<64 hex digits>'", "digest")
     differences = get_strings(data, "differences")
     if len(differences) > MAX_DIFFERENCES:
-        raise ReadError(f"{len(differences)} entries, more than the {MAX_DIFFERENCES} a report may have", "differences")
+        raise ReadError(
+            f"{len(differences)} entries, more than the {MAX_DIFFERENCES} a report may have",
+            "differences",
+        )
     for i, text in enumerate(differences):
         if len(text) > MAX_TEXT:
             raise ReadError(
-                f"a string of {len(text)} characters, more than the {MAX_TEXT} it may have", f"differences[{i}]"
+                f"a string of {len(text)} characters, more than the {MAX_TEXT} it may have",
+                f"differences[{i}]",
             )
-    return {"rank": rank, "host": host, "lock": lock, "digest": digest, "differences": list(differences)}
+    return {
+        "rank": rank,
+        "host": host,
+        "lock": lock,
+        "digest": digest,
+        "differences": list(differences),
+    }
 
 
 def _decoded(blob: bytes, index: int, backend: str) -> dict[str, Any]:
     """One gathered report back from its bytes, refused unless :func:`report_from_dict` reads it."""
     try:
         return report_from_dict(json.loads(blob.decode("utf-8")))
-    except (ValueError, RecursionError) as exc:  # ReadError, UnicodeDecodeError and JSONDecodeError are ValueErrors
+    except (
+        ValueError,
+        RecursionError,
+    ) as exc:  # ReadError, UnicodeDecodeError and JSONDecodeError are ValueErrors
         key = exc.key if isinstance(exc, ReadError) else ""
         problem = exc.problem if isinstance(exc, ReadError) else str(exc)
         fix = (exc.fix + "; ") if isinstance(exc, ReadError) and exc.fix else ""
@@ -257,6 +313,7 @@ def _decoded(blob: bytes, index: int, backend: str) -> dict[str, Any]:
             + (f", key {key!r}" if key else "")
             + f": {problem}; received {blob[:80]!r}{'...' if len(blob) > 80 else ''}",
             ranks=[index],
-            fix=f"{fix}run the same kernel_lock version on every rank (one environment for the whole job), "
+            fix=f"{fix}run the same kernel_lock version on every rank (one environment for the "
+            "whole job), "
             "and do not run other collectives on the group concurrently with check_ranks",
         ) from exc

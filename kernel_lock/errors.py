@@ -39,7 +39,9 @@ class ExitCode(IntEnum):
         member.meaning = meaning
         return member
 
-    def __str__(self) -> str:  # the number, as format() gives it (Python 3.10 would say ExitCode.OK)
+    def __str__(
+        self,
+    ) -> str:  # the number, as format() gives it (Python 3.10 would say ExitCode.OK)
         return str(self.value)
 
     OK = 0, "ok"
@@ -50,8 +52,10 @@ class ExitCode(IntEnum):
     )
     USAGE = (
         2,
-        "usage error (bad command-line arguments, a malformed $KERNEL_LOCK_TRUST, or environment variables "
-        "that contradict each other, such as HIP_VISIBLE_DEVICES naming more devices than ROCR_VISIBLE_DEVICES "
+        "usage error (bad command-line arguments, a malformed $KERNEL_LOCK_TRUST, or "
+        "environment variables "
+        "that contradict each other, such as HIP_VISIBLE_DEVICES naming more devices than "
+        "ROCR_VISIBLE_DEVICES "
         "allows)",
     )
     MISMATCH = (
@@ -72,9 +76,17 @@ class ExitCode(IntEnum):
 class LockError(Exception):
     """Base of every error kernel_lock raises on purpose."""
 
-    exit_code: int = ExitCode.FAILURE  # an int: a code read back from another rank's report fits too
+    # an int: a code read back from another rank's report fits too
+    exit_code: int = ExitCode.FAILURE
 
-    def __init__(self, message: str, *, path: str | None = None, key: str | None = None, fix: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        key: str | None = None,
+        fix: str | None = None,
+    ):
         self.path = path
         self.key = key
         self.problem = message
@@ -82,7 +94,9 @@ class LockError(Exception):
         super().__init__(self._render())
 
     def _render(self) -> str:
-        where = ": ".join(part for part in (self.path, f"'{self.key}'" if self.key else None) if part)
+        where = ": ".join(
+            part for part in (self.path, f"'{self.key}'" if self.key else None) if part
+        )
         text = f"{where}: {self.problem}" if where else self.problem
         if self.fix:
             text += f"\n  fix: {self.fix}"
@@ -113,7 +127,10 @@ class Difference:
     rule: str
 
     def __str__(self) -> str:
-        return f"{self.field}: lock has {self.expected!r}, this machine has {self.found!r} (match = {self.rule})"
+        return (
+            f"{self.field}: lock has {self.expected!r}, this machine has {self.found!r} "
+            f"(match = {self.rule})"
+        )
 
 
 class LockMismatch(LockError):
@@ -121,7 +138,9 @@ class LockMismatch(LockError):
 
     exit_code = ExitCode.MISMATCH
 
-    def __init__(self, differences: list[Difference], *, path: str | None = None, fix: str | None = None):
+    def __init__(
+        self, differences: list[Difference], *, path: str | None = None, fix: str | None = None
+    ):
         self.differences = list(differences)
         lines = "\n".join(f"  - {d}" for d in self.differences)
         super().__init__(
@@ -129,28 +148,36 @@ class LockMismatch(LockError):
             path=path,
             key="environment",
             fix=fix
-            or "re-run `kernel-probe --force` on this machine to write a lock for it, relax the field's "
+            or "re-run `kernel-probe --force` on this machine to write a lock for it, relax "
+            "the field's "
             "`match` rule in the lock if the difference is harmless, or use the matching machine",
         )
 
 
 class KernelUnavailable(LockError):
-    """A slot's implementation cannot be built here (library missing or broken), and no allowed way out."""
+    """A slot's implementation cannot be built here (library missing or broken), and no allowed way
+    out."""
 
     exit_code = ExitCode.MISMATCH
 
 
 class RanksDisagree(LockError):
-    """The ranks of a distributed job do not hold the same lock, or some rank's machine does not match it.
+    """The ranks of a distributed job do not hold the same lock, or some rank's machine does not
+    match it.
 
-    Raised on every rank by ``kernel_lock.distributed.check_ranks``; ``reports`` holds what each rank
-    said (rank, host, lock path, content digest, differences) and ``ranks`` the ranks at fault.
+    Raised on every rank by ``kernel_lock.distributed.check_ranks``; ``reports`` holds what each
+    rank said (rank, host, lock path, content digest, differences) and ``ranks`` the ranks at fault.
     """
 
     exit_code = ExitCode.MISMATCH
 
     def __init__(
-        self, message: str, *, reports: list[dict] | None = None, ranks: list[int] | None = None, fix: str | None = None
+        self,
+        message: str,
+        *,
+        reports: list[dict] | None = None,
+        ranks: list[int] | None = None,
+        fix: str | None = None,
     ):
         self.reports = list(reports or [])
         self.ranks = list(ranks or [])
@@ -158,20 +185,22 @@ class RanksDisagree(LockError):
 
 
 class DeviceVisibilityError(LockError):
-    """The device-visibility variables contradict each other, so which GPUs this process uses is undefined."""
+    """The device-visibility variables contradict each other, so which GPUs this process uses is
+    undefined."""
 
     exit_code = ExitCode.USAGE
 
 
 class BadEnvironmentVariable(LockError, ValueError):
-    """A variable kernel_lock reads ($KERNEL_LOCK_TRUST) or an argument standing for it is malformed: a
-    usage error (exit 2), not a broken file."""
+    """A variable kernel_lock reads ($KERNEL_LOCK_TRUST) or an argument standing for it is
+    malformed: a usage error (exit 2), not a broken file."""
 
     exit_code = ExitCode.USAGE
 
 
 class LockWarning(UserWarning):
-    """Something worth knowing that does not stop resolution (hand-edited lock, newer minor version)."""
+    """Something worth knowing that does not stop resolution (hand-edited lock, newer minor
+    version)."""
 
 
 EXIT_CODES = {int(code): code.meaning for code in ExitCode}

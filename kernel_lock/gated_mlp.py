@@ -2,19 +2,20 @@
 
 Every class here has anemoi's parameters and state-dict keys exactly (``gate_proj.weight``,
 ``gate_proj.bias``, ``value_proj.weight``, ``value_proj.bias``: two ``torch.nn.Linear`` and a gate
-without parameters), is built as ``Class(in_features, out_features, mlp_implementation=..., bias=True)``
-and computes ``gate(gate_proj(x)) * value_proj(x)`` (``kernel_lock.format.gating``). They differ in how the
-gate and the product run:
+without parameters), is built as ``Class(in_features, out_features, mlp_implementation=...,
+bias=True)`` and computes ``gate(gate_proj(x)) * value_proj(x)`` (``kernel_lock.format.gating``).
+They differ in how the gate and the product run:
 
-- ``GatedMLP``: torch's functions, as anemoi's layer (the slot's default and every candidate's twin);
+- ``GatedMLP``: torch's functions, as anemoi's layer (the slot's default and every candidate's
+  twin);
 - ``CompiledGatedMLP``: the gate and the product through one ``torch.compile``'d function;
 - ``LigerGatedMLP``: liger-kernel's fused Triton kernels, ``LigerSiLUMulFunction`` for swiglu and
-  ``LigerGELUMulFunction`` for geglu. liger's GELU is the tanh approximation, so the check rejects it
-  for anemoi's geglu (exact erf) by name; liger has no fused sigmoid or relu gate (glu, reglu).
+  ``LigerGELUMulFunction`` for geglu. liger's GELU is the tanh approximation, so the check rejects
+  it for anemoi's geglu (exact erf) by name; liger has no fused sigmoid or relu gate (glu, reglu).
 
-``swap_gated_layers`` puts one of these in place of each ``GatedMLPLayer`` of a built anemoi model, its
-parameters moved over by a strict state-dict load (anemoi hard-codes its gate: there is no config key
-for the class). Importing this module imports torch; liger-kernel is imported only when
+``swap_gated_layers`` puts one of these in place of each ``GatedMLPLayer`` of a built anemoi model,
+its parameters moved over by a strict state-dict load (anemoi hard-codes its gate: there is no
+config key for the class). Importing this module imports torch; liger-kernel is imported only when
 ``LigerGatedMLP`` is first looked up (module ``__getattr__``).
 
 Kept at ``kernel_lock.gated_mlp``: locks name these classes by this path (see ``adapters``).
@@ -56,8 +57,9 @@ TORCH_GATES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 
 class GatedMLP(nn.Module):
-    """``gate(gate_proj(x)) * value_proj(x)`` with torch's functions: anemoi's ``GatedMLPLayer`` with
-    torch.nn.Linear for its Linear slot. Same parameters and state-dict keys as anemoi's layer."""
+    """``gate(gate_proj(x)) * value_proj(x)`` with torch's functions: anemoi's ``GatedMLPLayer``
+    with torch.nn.Linear for its Linear slot. Same parameters and state-dict keys as anemoi's
+    layer."""
 
     def __init__(
         self,
@@ -73,7 +75,9 @@ class GatedMLP(nn.Module):
         self.gate_function = gate_for(mlp_implementation).function
         self._check_gate()
         self.gate_proj = nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype)
-        self.value_proj = nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.value_proj = nn.Linear(
+            in_features, out_features, bias=bias, device=device, dtype=dtype
+        )
 
     def _check_gate(self) -> None:
         """A subclass refuses, at construction, a gate its kernel does not compute."""
@@ -95,7 +99,8 @@ _compiled: dict[str, Callable[..., Any]] = {}
 
 
 def _gated_product(function: str) -> Callable[..., Any]:
-    # one compiled function per gate, shared by every instance (compilation is per process and shape)
+    # one compiled function per gate, shared by every instance (compilation is per process and
+    # shape)
     f = _compiled.get(function)
     if f is None:
         gate = TORCH_GATES[function]
@@ -108,7 +113,8 @@ def _gated_product(function: str) -> Callable[..., Any]:
 
 
 class CompiledGatedMLP(GatedMLP):
-    """``GatedMLP`` whose gate and product run as one ``torch.compile``'d function (same parameters)."""
+    """``GatedMLP`` whose gate and product run as one ``torch.compile``'d function (same
+    parameters)."""
 
     def gate_and_multiply(self, gate: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         """The gate and the product, compiled."""
@@ -123,21 +129,27 @@ LIGER_GATES = {
 
 
 def _liger_class() -> type:
-    functions = {gate: getattr(importlib.import_module(m), name) for gate, (m, name, _) in LIGER_GATES.items()}
+    functions = {
+        gate: getattr(importlib.import_module(m), name)
+        for gate, (m, name, _) in LIGER_GATES.items()
+    }
 
     class LigerGatedMLP(GatedMLP):
-        """``GatedMLP`` whose gate and product are liger-kernel's fused Triton kernel: swiglu through
-        ``LigerSiLUMulFunction``, geglu through ``LigerGELUMulFunction`` (tanh-approximated GELU, not
-        anemoi's erf: the check says so). Same parameters and state-dict keys as anemoi's layer."""
+        """``GatedMLP`` whose gate and product are liger-kernel's fused Triton kernel: swiglu
+        through ``LigerSiLUMulFunction``, geglu through ``LigerGELUMulFunction`` (tanh-approximated
+        GELU, not anemoi's erf: the check says so). Same parameters and state-dict keys as anemoi's
+        layer."""
 
-        # what the fused kernel computes for each gate it is offered for (the check compares against it)
+        # what the fused kernel computes for each gate it is offered for (the check compares against
+        # it)
         computes = {gate: computed for gate, (_, _, computed) in LIGER_GATES.items()}
 
         def _check_gate(self) -> None:
             if self.gate_function not in functions:
                 raise ValueError(
                     f"liger-kernel has no fused {self.gate_function} gate (mlp_implementation="
-                    f"{self.mlp_implementation!r}); its fused gates are swiglu's silu and geglu's (tanh) GELU"
+                    f"{self.mlp_implementation!r}); its fused gates are swiglu's silu and "
+                    "geglu's (tanh) GELU"
                 )
 
         def gate_and_multiply(self, gate: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
@@ -146,7 +158,9 @@ def _liger_class() -> type:
             return functions[self.gate_function].apply(gate, value)
 
     LigerGatedMLP.__module__ = __name__
-    LigerGatedMLP.__qualname__ = "LigerGatedMLP"  # picklable by name, found again through __getattr__
+    LigerGatedMLP.__qualname__ = (
+        "LigerGatedMLP"  # picklable by name, found again through __getattr__
+    )
     return LigerGatedMLP
 
 
@@ -154,20 +168,27 @@ ANEMOI_LAYER = "GatedMLPLayer"
 
 
 def anemoi_implementation(layer: nn.Module) -> str:
-    """The ``mlp_implementation`` an anemoi ``GatedMLPLayer`` was built with, told by its gate module."""
+    """The ``mlp_implementation`` an anemoi ``GatedMLPLayer`` was built with, told by its gate
+    module."""
     gating = getattr(layer, "gating", None)
     for name, gate in GATES.items():
         cls = gate.anemoi_module.rpartition(".")[2]
         if type(gating).__name__ == cls and getattr(gating, "approximate", "none") == "none":
             return name
-    raise ValueError(f"{type(layer).__name__} has the gate {gating!r}, which no mlp_implementation builds")
+    raise ValueError(
+        f"{type(layer).__name__} has the gate {gating!r}, which no mlp_implementation builds"
+    )
 
 
 def from_anemoi(layer: nn.Module, cls: type[GatedMLP] = GatedMLP) -> GatedMLP:
-    """A ``cls`` computing what the anemoi ``GatedMLPLayer`` ``layer`` does, its parameters loaded strictly."""
+    """A ``cls`` computing what the anemoi ``GatedMLPLayer`` ``layer`` does, its parameters loaded
+    strictly."""
     gate_proj = layer.gate_proj
     if not isinstance(gate_proj, nn.Linear):
-        raise TypeError(f"{type(layer).__name__}.gate_proj is a {type(gate_proj).__name__}, not a torch.nn.Linear")
+        raise TypeError(
+            f"{type(layer).__name__}.gate_proj is a {type(gate_proj).__name__}, not a "
+            "torch.nn.Linear"
+        )
     new = cls(
         gate_proj.in_features,
         gate_proj.out_features,
@@ -181,8 +202,9 @@ def from_anemoi(layer: nn.Module, cls: type[GatedMLP] = GatedMLP) -> GatedMLP:
 
 
 def swap_gated_layers(model: nn.Module, cls: type[GatedMLP]) -> int:
-    """Replace every anemoi ``GatedMLPLayer`` in ``model`` by ``cls`` (its parameters moved over by a
-    strict state-dict load, so the model's state dict keeps its keys). Returns how many were replaced."""
+    """Replace every anemoi ``GatedMLPLayer`` in ``model`` by ``cls`` (its parameters moved over by
+    a strict state-dict load, so the model's state dict keeps its keys). Returns how many were
+    replaced."""
     found = [
         (parent, name, child)
         for parent in model.modules()

@@ -1,10 +1,11 @@
-"""The kernel lock: :class:`KernelLock` (the document, plus verify and resolve), and the entry points
-that read one (``load``, ``loads``); ``KernelLock.dumps`` / ``dump`` write it.
+"""The kernel lock: :class:`KernelLock` (the document, plus verify and resolve), and the entry
+points that read one (``load``, ``loads``); ``KernelLock.dumps`` / ``dump`` write it.
 
-A lock is read from a regular file of at most ``MAX_BYTES`` (``kernel_lock.trust.files``), parsed as TOML,
-then validated: the top-level keys by :mod:`kernel_lock.format.document`, the tables by
-:mod:`kernel_lock.format.schema`, through :mod:`kernel_lock.format.reading`'s getters; which targets may be imported
-is :mod:`kernel_lock.trust`'s. Resolution is :mod:`kernel_lock.resolve`'s, reached through the methods.
+A lock is read from a regular file of at most ``MAX_BYTES`` (``kernel_lock.trust.files``), parsed as
+TOML, then validated: the top-level keys by :mod:`kernel_lock.format.document`, the tables by
+:mod:`kernel_lock.format.schema`, through :mod:`kernel_lock.format.reading`'s getters; which targets
+may be imported is :mod:`kernel_lock.trust`'s. Resolution is :mod:`kernel_lock.resolve`'s, reached
+through the methods.
 """
 
 from __future__ import annotations
@@ -30,15 +31,21 @@ MAX_BYTES = 8 << 20  # a lock is a few kB; anything this large is not one
 
 
 class KernelLock(LockDocument):
-    """A parsed, validated kernel lock. Build with :func:`load` / :func:`loads`; write with :meth:`dumps`;
-    check this machine with :meth:`verify`; build the pinned classes with :meth:`factory`."""
+    """A parsed, validated kernel lock. Build with :func:`load` / :func:`loads`; write with
+    :meth:`dumps`; check this machine with :meth:`verify`; build the pinned classes with
+    :meth:`factory`."""
 
     __slots__ = ()
 
     def verify(
-        self, mode: str | None = None, *, current: Mapping[str, Any] | None = None, targets: str | None = None
+        self,
+        mode: str | None = None,
+        *,
+        current: Mapping[str, Any] | None = None,
+        targets: str | None = None,
     ) -> list[str]:
-        """Check this machine against the lock (``kernel_lock.resolve.verify``); the warnings it returns."""
+        """Check this machine against the lock (``kernel_lock.resolve.verify``); the warnings it
+        returns."""
         from .resolve import verify
 
         return verify(self, mode=mode, current=current, targets=targets)
@@ -73,8 +80,13 @@ def loads(
     a lock; nothing resolves without the allow-list anyway).
     """
     where = path or "<lock>"
-    # the file reader's limit, for every source of lock text (a file, a checkpoint, another rank's report)
-    size = len(text) if isinstance(text, bytes) or len(text) > MAX_BYTES else len(text.encode("utf-8", "replace"))
+    # the file reader's limit, for every source of lock text (a file, a checkpoint, another rank's
+    # report)
+    size = (
+        len(text)
+        if isinstance(text, bytes) or len(text) > MAX_BYTES
+        else len(text.encode("utf-8", "replace"))
+    )
     if size > MAX_BYTES:
         raise LockFormatError(
             f"is {size} bytes, more than the {MAX_BYTES} this input may have",
@@ -101,7 +113,9 @@ def loads(
     except (ValueError, RecursionError) as exc:  # e.g. a NUL byte, absurd nesting
         raise LockFormatError(f"not valid TOML: {exc}", path=where) from None
     try:
-        lock = KernelLock._from_dict(data, path=where, strict=strict, trust=trust, check_targets=check_targets)
+        lock = KernelLock._from_dict(
+            data, path=where, strict=strict, trust=trust, check_targets=check_targets
+        )
     except RecursionError:
         raise LockFormatError("nesting too deep", path=where) from None
     if emit_warnings:
@@ -118,7 +132,8 @@ def load(
     trust: Sequence[str] = (),
     check_targets: bool = True,
 ) -> KernelLock:
-    """Read and validate the lock at ``path`` (a regular file of at most 8 MiB). See :func:`loads`."""
+    """Read and validate the lock at ``path`` (a regular file of at most 8 MiB). See
+    :func:`loads`."""
     from .trust.files import UnsafeFile, read_regular
 
     p = Path(path)
@@ -132,10 +147,21 @@ def load(
             fix="run `kernel-probe --out PATH` on this machine to write one, or check the path",
         ) from None
     except UnsafeFile as exc:
-        fix = f"pass the lock file itself, e.g. {p / 'kernel-lock.toml'}" if "directory" in exc.problem else exc.fix
+        fix = (
+            f"pass the lock file itself, e.g. {p / 'kernel-lock.toml'}"
+            if "directory" in exc.problem
+            else exc.fix
+        )
         raise LockFormatError(exc.problem, path=where, fix=fix or None) from None
     except OSError as exc:
         raise LockFormatError(
             f"cannot read: {exc.strerror}", path=where, fix="check the path and its permissions"
         ) from None
-    return loads(raw, path=where, strict=strict, emit_warnings=emit_warnings, trust=trust, check_targets=check_targets)
+    return loads(
+        raw,
+        path=where,
+        strict=strict,
+        emit_warnings=emit_warnings,
+        trust=trust,
+        check_targets=check_targets,
+    )

@@ -6,21 +6,22 @@ partials its processors and mappers keep (``layer_factory``). Built from a lock 
 library, or an adapter of ``kernel_lock.adapters``, it unpickles only where that library *and*
 kernel_lock are installed. :func:`portable` returns a copy that names neither:
 
-- every module whose class came from the lock (the pinned class itself, or a ``kernel_lock.adapters``
-  subclass of it) becomes the slot's verified twin, built with the module's own size and eps, its
-  state migrated as the lock records (``drop:_extra_state``), and its output compared with the
-  original's where the original can run here;
-- an adapter that keeps an anemoi wrapper's behaviour (``AutocastLigerLayerNormAnemoi``) becomes that
-  wrapper around the twin (anemoi's ``AutocastLayerNorm``), so the output dtype is unchanged;
+- every module whose class came from the lock (the pinned class itself, or a
+  ``kernel_lock.adapters`` subclass of it) becomes the slot's verified twin, built with the module's
+  own size and eps, its state migrated as the lock records (``drop:_extra_state``), and its output
+  compared with the original's where the original can run here;
+- an adapter that keeps an anemoi wrapper's behaviour (``AutocastLigerLayerNormAnemoi``) becomes
+  that wrapper around the twin (anemoi's ``AutocastLayerNorm``), so the output dtype is unchanged;
 - every stored factory (a ``functools.partial`` of a lock class, such as anemoi's ``layer_factory``
-  entries, or kernel_lock's own ``KernelFactory``) becomes a plain ``functools.partial`` of the twin;
-- the result is pickled once, without tensor data, and refused if any kernel_lock or training-library
-  name is still in it.
+  entries, or kernel_lock's own ``KernelFactory``) becomes a plain ``functools.partial`` of the
+  twin;
+- the result is pickled once, without tensor data, and refused if any kernel_lock or
+  training-library name is still in it.
 
 Not imported by ``import kernel_lock``; torch is imported when :func:`portable` runs.
 
-One of kernel_lock's integrations (with ``anemoi``, ``checkpoint`` and ``distributed``), kept at the path the docs show
-(``kernel_lock.portability.saved_modules``).
+One of kernel_lock's integrations (with ``anemoi``, ``checkpoint`` and ``distributed``), kept at the
+path the docs show (``kernel_lock.portability.saved_modules``).
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ class Replacement:
     slot: str
     original: str
     twin: str
-    error: float | None  # measured here between the two (normwise relative); None: the original cannot run here
+    # measured here between the two (normwise relative); None: the original cannot run here
+    error: float | None
     note: str = ""
 
 
@@ -100,7 +102,10 @@ class _Plan:
                 continue  # not importable here: no module of the model can be an instance of it
             except LockError:
                 raise
-            except (Exception, SystemExit) as exc:  # sys.exit on import: unavailable, as factory says; never the end
+            except (
+                Exception,
+                SystemExit,
+            ) as exc:  # sys.exit on import: unavailable, as factory says; never the end
                 raise import_failure(slot.name, slot.target, exc, lock.path, key) from None
             self.slots.append((slot, cls))
         self._twin_refusal = twin_refusal
@@ -117,15 +122,20 @@ class _Plan:
         refusal = self._twin_refusal(slot)
         if refusal is not None:
             raise KernelUnavailable(
-                f"slot {slot.name}: the model holds {_qualified(cls)} ({slot.implementation}), and {refusal}",
+                f"slot {slot.name}: the model holds {_qualified(cls)} ({slot.implementation}), "
+                f"and {refusal}",
                 path=self.lock.path,
                 key=f"slots.{slot.name}.twin",
-                fix="save the checkpoint as it is (it then needs the training library to load), or re-train with an "
+                fix="save the checkpoint as it is (it then needs the training library to "
+                "load), or re-train with an "
                 "implementation that has a verified torch.nn twin",
             )
         assert slot.twin is not None
         twin = self._import(
-            slot.twin.target, self.lock.granted, where=self.lock.path, key=f"slots.{slot.name}.twin.target"
+            slot.twin.target,
+            self.lock.granted,
+            where=self.lock.path,
+            key=f"slots.{slot.name}.twin.target",
         )
         wrapper = _wrapper_for(cls, slot.twin.target)
         if wrapper is not None:
@@ -136,7 +146,8 @@ class _Plan:
 
 
 def _wrapper_for(cls: type, twin_target: str) -> str | None:
-    """anemoi's wrapper class to use where ``cls`` is an adapter keeping that wrapper's behaviour."""
+    """anemoi's wrapper class to use where ``cls`` is an adapter keeping that wrapper's
+    behaviour."""
     from .anemoi import wrapper_of
 
     wrapper = wrapper_of(_qualified(cls)) if cls.__module__ == ADAPTERS_MODULE else None
@@ -144,7 +155,8 @@ def _wrapper_for(cls: type, twin_target: str) -> str | None:
         return None
     if wrapper.runs != twin_target:
         raise NotPortable(
-            f"{_qualified(cls)} keeps anemoi's {wrapper.target} behaviour around its kernel, but that wrapper runs "
+            f"{_qualified(cls)} keeps anemoi's {wrapper.target} behaviour around its kernel, "
+            "but that wrapper runs "
             f"{wrapper.runs}, not the twin {twin_target}",
             fix="add a wrapper for the twin to kernel_lock.anemoi.WRAPPERS",
         )
@@ -185,7 +197,9 @@ def _build_twin(module: Any, slot: Slot, twin_cls: type) -> Any:
     else:
         shape = getattr(module, "normalized_shape", None)
         if shape is None:
-            shape = tuple(state["weight"].shape) if "weight" in state else (int(module.hidden_size),)
+            shape = (
+                tuple(state["weight"].shape) if "weight" in state else (int(module.hidden_size),)
+            )
         args = (tuple(shape) if not isinstance(shape, int) else (shape,),)
         eps = _module_eps(module)
         if eps is not None and "eps" in accepted:
@@ -208,7 +222,8 @@ def _build_twin(module: Any, slot: Slot, twin_cls: type) -> Any:
 
 
 def _compare(original: Any, twin: Any, slot: Slot) -> float | None:
-    """Normwise relative error between the two on a small input; None when the original cannot run here."""
+    """Normwise relative error between the two on a small input; None when the original cannot run
+    here."""
     import torch
 
     params = list(twin.parameters())
@@ -217,14 +232,19 @@ def _compare(original: Any, twin: Any, slot: Slot) -> float | None:
     width = (
         params[0].shape[-1]
         if slot.semantics == "linear" and params
-        else (int(torch.tensor(getattr(twin, "normalized_shape", (params[0].shape[0],))).prod()) if params else 8)
+        else (
+            int(torch.tensor(getattr(twin, "normalized_shape", (params[0].shape[0],))).prod())
+            if params
+            else 8
+        )
     )
     gen = torch.Generator().manual_seed(0)
     x = (torch.randn(16, width, generator=gen) + 0.3).to(device=device, dtype=dtype)
     try:
         with torch.no_grad():
             a = original(x)
-    except Exception:  # e.g. a GPU-only kernel on this CPU: it cannot be compared here, which is said
+    # e.g. a GPU-only kernel on this CPU: it cannot be compared here, which is said
+    except Exception:
         return None
     with torch.no_grad():
         b = twin(x)
@@ -239,7 +259,9 @@ def _compare(original: Any, twin: Any, slot: Slot) -> float | None:
 
 
 def _tolerance(slot: Slot) -> float:
-    recorded = slot.twin.max_error if slot.twin is not None and slot.twin.max_error is not None else 0.0
+    recorded = (
+        slot.twin.max_error if slot.twin is not None and slot.twin.max_error is not None else 0.0
+    )
     return max(8 * recorded, 1e-4)
 
 
@@ -279,15 +301,28 @@ class _Converter:
         error = _compare(module, twin, slot) if self.compare else None
         if error is not None and error > _tolerance(slot):
             raise NotPortable(
-                f"{where or 'the model'}: {_qualified(type(module))} and its twin {_qualified(twin_cls)} disagree here "
-                f"(error {error:.3g} > tolerance {_tolerance(slot):.3g}; the lock verified {slot.twin.max_error if slot.twin else None})",
+                f"{where or 'the model'}: {_qualified(type(module))} and its twin "
+                f"{_qualified(twin_cls)} disagree here "
+                f"(error {error:.3g} > tolerance {_tolerance(slot):.3g}; the lock verified "
+                f"{slot.twin.max_error if slot.twin else None})",
                 path=self.plan.lock.path,
                 key=f"slots.{slot.name}.twin",
                 fix="re-probe on this machine (`kernel-probe --force`) and save with the new lock",
             )
-        note = "" if error is not None or not self.compare else "not compared: the original cannot run on this machine"
+        note = (
+            ""
+            if error is not None or not self.compare
+            else "not compared: the original cannot run on this machine"
+        )
         self.replacements.append(
-            Replacement(where or "<root>", slot.name, _qualified(type(module)), _qualified(twin_cls), error, note)
+            Replacement(
+                where or "<root>",
+                slot.name,
+                _qualified(type(module)),
+                _qualified(twin_cls),
+                error,
+                note,
+            )
         )
         self._seen[key] = twin
         return twin
@@ -345,15 +380,19 @@ class _Converter:
         return value
 
 
-def portable(module: Any, lock: KernelLock, *, compare: bool = True, report: list[Replacement] | None = None) -> Any:
-    """A copy of ``module`` that unpickles where neither the training library nor kernel_lock is installed.
+def portable(
+    module: Any, lock: KernelLock, *, compare: bool = True, report: list[Replacement] | None = None
+) -> Any:
+    """A copy of ``module`` that unpickles where neither the training library nor kernel_lock is
+    installed.
 
     Every module whose class came from ``lock`` (directly, through a ``kernel_lock.adapters`` class,
-    or through a stored factory such as anemoi's ``layer_factory``) is replaced by the slot's verified
-    twin, with its state migrated as the lock records. ``compare`` runs each replaced module and its
-    twin on a small input and refuses (:class:`NotPortable`) where they disagree beyond the lock's
-    verified error; a module that cannot run here (a GPU kernel on a CPU) is recorded as not
-    compared. ``report`` (a list) receives one :class:`Replacement` per module replaced.
+    or through a stored factory such as anemoi's ``layer_factory``) is replaced by the slot's
+    verified twin, with its state migrated as the lock records. ``compare`` runs each replaced
+    module and its twin on a small input and refuses (:class:`NotPortable`) where they disagree
+    beyond the lock's verified error; a module that cannot run here (a GPU kernel on a CPU) is
+    recorded as not compared. ``report`` (a list) receives one :class:`Replacement` per module
+    replaced.
 
     Raises :class:`KernelUnavailable` naming the slot where a module's slot has no usable twin, and
     :class:`NotPortable` where the copy's pickle would still name kernel_lock or a training library.
@@ -374,46 +413,63 @@ def portable(module: Any, lock: KernelLock, *, compare: bool = True, report: lis
     if report is not None:
         report.extend(converter.replacements)
     forbidden = forbidden_roots(lock)
-    left = sorted(m for m in pickled_modules(copied) if m.split(".")[0] in forbidden or m.startswith("kernel_lock"))
+    left = sorted(
+        m
+        for m in pickled_modules(copied)
+        if m.split(".")[0] in forbidden or m.startswith("kernel_lock")
+    )
     if left:
         raise NotPortable(
             f"the portable copy would still need {', '.join(left)} to unpickle",
             path=lock.path,
-            fix="something outside the module tree keeps a lock class (a custom attribute holding an instance or a "
+            fix="something outside the module tree keeps a lock class (a custom attribute "
+            "holding an instance or a "
             "closure); replace it by hand, or save a state dict instead",
         )
     return copied
 
 
 def forbidden_roots(lock: KernelLock) -> set[str]:
-    """Top-level modules a portable pickle must not name: kernel_lock and the lock's training libraries."""
+    """Top-level modules a portable pickle must not name: kernel_lock and the lock's training
+    libraries."""
     roots = {"kernel_lock"}
     for slot in lock.slots.values():
         roots.add(slot.target.split(".")[0])
         roots.update(r.module.split(".")[0] for r in slot.requires if r.module)
     roots.update(m.split(".")[0] for m in lock.trusted_modules)
-    twins = {slot.twin.target.split(".")[0] for slot in lock.slots.values() if slot.twin is not None}
+    twins = {
+        slot.twin.target.split(".")[0] for slot in lock.slots.values() if slot.twin is not None
+    }
     return roots - (twins - {"kernel_lock"}) - {"torch"}
 
 
-# ---- what a pickle names -----------------------------------------------------------------------------
-_STRING_OPS = {"SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8", "SHORT_BINSTRING", "BINSTRING", "STRING"}
+# ---- what a pickle names -------------------------------------------------------------------------
+_STRING_OPS = {
+    "SHORT_BINUNICODE",
+    "BINUNICODE",
+    "UNICODE",
+    "BINUNICODE8",
+    "SHORT_BINSTRING",
+    "BINSTRING",
+    "STRING",
+}
 _UNKNOWN = object()  # a stack value that is not a string the scan knows
 
 
 class UnreadablePickle(ValueError):
-    """A pickle whose globals cannot all be named without running it (a STACK_GLOBAL whose operands are
-    not plain strings, an extension-registry code, a malformed stream): nothing may be said about it."""
+    """A pickle whose globals cannot all be named without running it (a STACK_GLOBAL whose operands
+    are not plain strings, an extension-registry code, a malformed stream): nothing may be said
+    about it."""
 
 
 def globals_in(data: bytes) -> set[str]:
     """Every ``module.name`` the pickle stream ``data`` would import when loaded: GLOBAL and INST
     arguments, and STACK_GLOBAL's two operands as they are on the stack when it runs.
 
-    The stack, the marks and the memo are modelled opcode by opcode (each opcode's declared stack effect,
-    from ``pickletools``), so strings pushed and popped as decoys, or fetched from the memo, are read as
-    ``pickle`` would read them. Where the scan cannot name a global with certainty it raises
-    :class:`UnreadablePickle` rather than under-report. Nothing is unpickled.
+    The stack, the marks and the memo are modelled opcode by opcode (each opcode's declared stack
+    effect, from ``pickletools``), so strings pushed and popped as decoys, or fetched from the memo,
+    are read as ``pickle`` would read them. Where the scan cannot name a global with certainty it
+    raises :class:`UnreadablePickle` rather than under-report. Nothing is unpickled.
     """
     found: set[str] = set()
     stack: list[Any] = []
@@ -446,11 +502,15 @@ def globals_in(data: bytes) -> set[str]:
             elif name == "STACK_GLOBAL":
                 module, attr = pop(2)
                 if not (isinstance(module, str) and isinstance(attr, str)):
-                    raise UnreadablePickle(f"STACK_GLOBAL at byte {pos} takes operands that are not plain strings")
+                    raise UnreadablePickle(
+                        f"STACK_GLOBAL at byte {pos} takes operands that are not plain strings"
+                    )
                 found.add(f"{module}.{attr}")
                 stack.append(_UNKNOWN)
             elif name in ("EXT1", "EXT2", "EXT4"):
-                raise UnreadablePickle(f"{name} at byte {pos} names a global through copyreg's extension registry")
+                raise UnreadablePickle(
+                    f"{name} at byte {pos} names a global through copyreg's extension registry"
+                )
             elif name == "MARK":
                 marks.append(len(stack))
             elif name == "MEMOIZE":
@@ -459,7 +519,9 @@ def globals_in(data: bytes) -> set[str]:
                 memo[arg] = stack[-1] if stack else _UNKNOWN
             elif name in ("GET", "BINGET", "LONG_BINGET"):
                 if arg not in memo:
-                    raise UnreadablePickle(f"{name} at byte {pos} reads memo entry {arg!r}, which was never stored")
+                    raise UnreadablePickle(
+                        f"{name} at byte {pos} reads memo entry {arg!r}, which was never stored"
+                    )
                 stack.append(memo[arg])
             elif name == "DUP":
                 stack.append(stack[-1] if stack else _UNKNOWN)
@@ -488,13 +550,15 @@ def globals_in(data: bytes) -> set[str]:
 
 
 def pickled_modules(obj: Any) -> set[str]:
-    """The modules pickling ``obj`` names (tensor data left out), e.g. ``{"torch.nn.modules.linear", ...}``."""
+    """The modules pickling ``obj`` names (tensor data left out), e.g. ``{"torch.nn.modules.linear",
+    ...}``."""
     import torch
 
     buf = io.BytesIO()
 
     class _Pickler(pickle.Pickler):
-        def persistent_id(self, o: Any) -> Any:  # storages: named, not serialised (torch.save does the same)
+        # storages: named, not serialised (torch.save does the same)
+        def persistent_id(self, o: Any) -> Any:
             if isinstance(o, (torch.UntypedStorage, torch.storage.TypedStorage)):
                 return "storage"
             return None
@@ -504,9 +568,10 @@ def pickled_modules(obj: Any) -> set[str]:
 
 
 def saved_modules(path: str | Path) -> set[str]:
-    """The modules a ``torch.save`` file's pickles would import when loaded (read from its zip archive;
-    nothing is unpickled). Every global is reported: each ``.pkl`` member's stack is modelled
-    (:func:`globals_in`), and a pickle whose globals cannot all be named raises :class:`UnreadablePickle`.
+    """The modules a ``torch.save`` file's pickles would import when loaded (read from its zip
+    archive; nothing is unpickled). Every global is reported: each ``.pkl`` member's stack is
+    modelled (:func:`globals_in`), and a pickle whose globals cannot all be named raises
+    :class:`UnreadablePickle`.
     """
     found: set[str] = set()
     with zipfile.ZipFile(path) as archive:

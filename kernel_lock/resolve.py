@@ -57,10 +57,13 @@ class KernelFactory(functools.partial):
     max_error: float | None  # verified max error between the twin and the training implementation
 
     def describe(self) -> str:
-        """``LayerNorm -> liger.layer_norm (liger_kernel...)``, and what it substitutes for, if anything."""
+        """``LayerNorm -> liger.layer_norm (liger_kernel...)``, and what it substitutes for, if
+        anything."""
         text = f"{self.slot} -> {self.implementation} ({self.target})"
         if self.substituted_from:
-            text += f", substituted for {self.substituted_from} (verified max error {self.max_error})"
+            text += (
+                f", substituted for {self.substituted_from} (verified max error {self.max_error})"
+            )
         return text
 
 
@@ -91,10 +94,11 @@ def verify(
 ) -> list[str]:
     """Check this machine against the lock. Raises :class:`LockMismatch` listing every difference.
 
-    ``targets``: whether each slot's class and kwargs are checked too, as ``factory`` would refuse them
-    (:func:`confirm_targets`): None, not here (the caller imports them next); ``"static"``, without
-    importing anything, a target only an import can judge being an error (``verify --no-import``);
-    ``"child"``, such a target is imported in a child process (the job-start check of ``kernel-probe``).
+    ``targets``: whether each slot's class and kwargs are checked too, as ``factory`` would refuse
+    them (:func:`confirm_targets`): None, not here (the caller imports them next); ``"static"``,
+    without importing anything, a target only an import can judge being an error (``verify
+    --no-import``); ``"child"``, such a target is imported in a child process (the job-start check
+    of ``kernel-probe``).
 
     Training: every fingerprint field (under its match rule), every pinned library version and every
     slot requirement. Inference: the machine may differ (that is the point), but every slot must be
@@ -105,15 +109,18 @@ def verify(
     if current is None:
         from .fingerprint import here
 
-        # without importing torch where it is not; a fact this check needs that only torch can settle
-        # is read with it
+        # without importing torch where it is not; a fact this check needs that only torch can
+        # settle is read with it
         checked = (
             [name for name, spec in lock.environment.fields.items() if spec.match != "ignore"]
             if mode == "training"
             else INFERENCE_FACTS
         )
         if lock.graph_attention is not None and "device-type" not in checked:
-            checked = [*checked, "device-type"]  # where anemoi's GraphTransformer would run its kernel
+            checked = [
+                *checked,
+                "device-type",
+            ]  # where anemoi's GraphTransformer would run its kernel
         current = here.for_check(checked)
     notes: list[str] = []
     from .format import graph_attention
@@ -125,11 +132,13 @@ def verify(
         libs = fields.library_versions(lock.environment.libraries)
         diffs = fields.compare(lock.environment.fields, current, lock.environment.libraries, libs)
         notes.extend(
-            f"environment field {name!r} is unknown to this kernel_lock (a newer writer?): not checked"
+            f"environment field {name!r} is unknown to this kernel_lock (a newer writer?): not "
+            "checked"
             for name in fields.unchecked_fields(lock.environment.fields)
         )
         notes.extend(
-            f"{name} differs (lock {spec.value!r}, here {current.get(name)!r}): not checked (match = ignore)"
+            f"{name} differs (lock {spec.value!r}, here {current.get(name)!r}): not checked "
+            "(match = ignore)"
             for name, spec in lock.environment.fields.items()
             if spec.match == "ignore"
             and name in fields.FIELDS
@@ -145,10 +154,13 @@ def verify(
             diffs.extend(found)
             if found:
                 missing.append(slot)
-            if slot.blas is not None:  # the Linear's BLAS library: the process must not have chosen another
+            # the Linear's BLAS library: the process must not have chosen another
+            if slot.blas is not None:
                 from .format import blas
 
-                diffs.extend(blas.job_start_differences(slot.blas, str(current.get("device-type", ""))))
+                diffs.extend(
+                    blas.job_start_differences(slot.blas, str(current.get("device-type", "")))
+                )
         graph_diffs = graph_attention.job_start_differences(lock.graph_attention, current)
         diffs.extend(graph_diffs)
         if fallback and not graph_diffs:
@@ -158,24 +170,35 @@ def verify(
                 Difference(
                     "mode",
                     "inference",
-                    "training asked for (training never runs on the substitutions of a derived lock)",
+                    "training asked for (training never runs on the substitutions of a derived "
+                    "lock)",
                     "mode",
                 )
             )
         if diffs:
             fix = None
             if lock.mode == "inference":
-                fix = f"verify it {IN_INFERENCE_MODE}, or train with the training lock it was derived from"
+                fix = (
+                    f"verify it {IN_INFERENCE_MODE}, or train with the training lock it was "
+                    "derived from"
+                )
             elif missing:  # as factory() says it: install the library, or use the verified twin
                 hints = ", ".join(dict.fromkeys(install_hint(slot) for slot in missing))
                 others = len(diffs) > sum(len(requirement_problems(slot)) for slot in missing)
                 fix = (
-                    f"install what the lock's slots need ({hints}), or load it {IN_INFERENCE_MODE} to use the "
+                    f"install what the lock's slots need ({hints}), or load it "
+                    f"{IN_INFERENCE_MODE} to use the "
                     "verified torch.nn twins"
-                    + ("; for the other fields, re-run `kernel-probe --force` on this machine" if others else "")
+                    + (
+                        "; for the other fields, re-run `kernel-probe --force` on this machine"
+                        if others
+                        else ""
+                    )
                 )
             if graph_diffs:  # the graph-attention backend's own fix, beside the others'
-                others_fix = fix or "re-run `kernel-probe --force` on this machine to write a lock for it"
+                others_fix = (
+                    fix or "re-run `kernel-probe --force` on this machine to write a lock for it"
+                )
                 only = len(graph_diffs) == len(diffs)
                 fix = (
                     graph_attention.FIX
@@ -192,18 +215,24 @@ def verify(
             r = resolve_slot(lock, slot.name, mode, current=current, import_classes=False)
         except KernelUnavailable:
             reason, refusal = unusable_reason(slot, current), twin_refusal(slot)
-            problems.append(Difference(f"slots.{slot.name}", slot.implementation, f"{reason}; {refusal}", "inference"))
+            problems.append(
+                Difference(
+                    f"slots.{slot.name}", slot.implementation, f"{reason}; {refusal}", "inference"
+                )
+            )
             continue
         if r.substituted_from:
             notes.append(
-                f"{slot.name}: {slot.implementation} cannot run here ({r.reason}); inference uses twin "
+                f"{slot.name}: {slot.implementation} cannot run here ({r.reason}); inference "
+                "uses twin "
                 f"{r.target} (verified max error {_max_error_text(r.max_error)})"
             )
     if problems:
         raise LockMismatch(
             problems,
             path=lock.path,
-            fix="install the library the slot needs, or re-probe on this machine; a slot without a verified "
+            fix="install the library the slot needs, or re-probe on this machine; a slot "
+            "without a verified "
             "twin cannot be substituted",
         )
     if fallback:
@@ -215,19 +244,27 @@ def verify(
 
 
 def check_twins(lock: LockDocument, torch_version: str) -> None:
-    """Every twin of ``lock`` judged as ``rehash`` judges it (``locate.static_problem``, the one function):
-    a twin may stand in for its slot in inference, so one of other semantics (an RMSNorm, through an
-    alias, as LayerNorm's twin) or with a keyword argument it does not take is refused, whether or not
-    it is used on this machine. A twin only an import can judge is judged where it is built."""
+    """Every twin of ``lock`` judged as ``rehash`` judges it (``locate.static_problem``, the one
+    function): a twin may stand in for its slot in inference, so one of other semantics (an RMSNorm,
+    through an alias, as LayerNorm's twin) or with a keyword argument it does not take is refused,
+    whether or not it is used on this machine. A twin only an import can judge is judged where it is
+    built."""
     for entry in lock.slots.values():
         if entry.twin is None:
             continue
         try:
             static_problem(
-                entry.name, entry.twin.target, entry.twin.kwargs, torch_version, lock.path, f"slots.{entry.name}.twin"
+                entry.name,
+                entry.twin.target,
+                entry.twin.kwargs,
+                torch_version,
+                lock.path,
+                f"slots.{entry.name}.twin",
             )
         except KernelUnavailable:
-            pass  # the twin's library is not on this machine: the slot's own target runs, or the slot fails
+            # the twin's library is not on this machine: the slot's own target runs, or the slot
+            # fails
+            pass
 
 
 def twin_refusal(slot: Slot) -> str | None:
@@ -241,26 +278,32 @@ def twin_refusal(slot: Slot) -> str | None:
         return "it has no verified portable twin"
     if twin.state_dict == "incompatible":
         return (
-            f"its twin's state dict does not interchange with it ({slot.target} and {twin.target} store different keys)"
+            f"its twin's state dict does not interchange with it ({slot.target} and "
+            f"{twin.target} store different keys)"
         )
     semantics = TWIN_SEMANTICS.get(twin.target)
     if semantics is not None and semantics != slot.semantics:
-        return f"its twin {twin.target} computes {semantics}, not {slot.semantics} (the maths would change)"
+        return (
+            f"its twin {twin.target} computes {semantics}, not {slot.semantics} (the maths "
+            "would change)"
+        )
     return None
 
 
 # ---- the job-start check: what an import would refuse, decided without importing where it can be
 
 
-def confirm_targets(lock: LockDocument, mode: str, current: Mapping[str, Any], *, import_unknown: bool) -> None:
+def confirm_targets(
+    lock: LockDocument, mode: str, current: Mapping[str, Any], *, import_unknown: bool
+) -> None:
     """Raise what :func:`factory` would raise for a slot of ``lock`` in ``mode``: a target of other
     semantics or not a class, an unknown kwarg, a module that is not there.
 
     Decided without importing wherever ``registry.target_facts`` and the file system know the facts.
     A target they cannot judge is "not checked without import", never current: with
-    ``import_unknown``, those slots are resolved by ``factory`` in a child process (foreign code runs
-    there, not here) and its verdict is raised here; without, :class:`KernelUnavailable` says which
-    and why (exit 3: the lock could not be confirmed).
+    ``import_unknown``, those slots are resolved by ``factory`` in a child process (foreign code
+    runs there, not here) and its verdict is raised here; without, :class:`KernelUnavailable` says
+    which and why (exit 3: the lock could not be confirmed).
     """
     torch_version = str(current.get("torch") or "")
     unknown: dict[str, str] = {}
@@ -270,7 +313,11 @@ def confirm_targets(lock: LockDocument, mode: str, current: Mapping[str, Any], *
             target, kwargs, at = entry.target, entry.kwargs, key
         else:
             r = resolve_slot(lock, entry.name, mode, current=current, import_classes=False)
-            target, kwargs, at = r.target, r.kwargs, key if r.substituted_from is None else f"{key}.twin"
+            target, kwargs, at = (
+                r.target,
+                r.kwargs,
+                key if r.substituted_from is None else f"{key}.twin",
+            )
         try:
             why = static_problem(entry.name, target, kwargs, torch_version, lock.path, at)
         except KernelUnavailable as exc:
@@ -279,14 +326,20 @@ def confirm_targets(lock: LockDocument, mode: str, current: Mapping[str, Any], *
             refusal = twin_refusal(entry)  # inference: the import path falls back to the twin
             if refusal is not None:
                 raise KernelUnavailable(
-                    f"slot {entry.name}: {entry.implementation} ({entry.target}) cannot run here ({exc.problem}), "
+                    f"slot {entry.name}: {entry.implementation} ({entry.target}) cannot run "
+                    f"here ({exc.problem}), "
                     f"and {refusal}",
                     path=lock.path,
                     key=f"{key}.twin",
                 ) from None
             assert entry.twin is not None
             why = static_problem(
-                entry.name, entry.twin.target, entry.twin.kwargs, torch_version, lock.path, f"{key}.twin"
+                entry.name,
+                entry.twin.target,
+                entry.twin.kwargs,
+                torch_version,
+                lock.path,
+                f"{key}.twin",
             )
         if why is not None:
             unknown[entry.name] = why
@@ -299,10 +352,13 @@ def confirm_targets(lock: LockDocument, mode: str, current: Mapping[str, Any], *
             + " (so the lock is not confirmed current)",
             path=lock.path,
             key="slots." + next(iter(unknown)),
-            fix="run `kernel-probe verify` without --no-import (imports each class), or `kernel-probe --check` "
+            fix="run `kernel-probe verify` without --no-import (imports each class), or "
+            "`kernel-probe --check` "
             "(imports only these, in a child process)",
         )
-    from .trust.confirming import confirm_in_child  # a child process: only for targets no table can judge
+    from .trust.confirming import (
+        confirm_in_child,
+    )  # a child process: only for targets no table can judge
 
     confirm_in_child(lock, mode, unknown)
 
@@ -349,8 +405,8 @@ def resolve_slot(
     """Decide what ``slot`` resolves to under ``lock`` in ``mode`` (default: the lock's own).
 
     Training: the pinned implementation, or :class:`KernelUnavailable` (requirement missing, other
-    device type, an inference lock, an import that fails). Inference: the pinned implementation where
-    it can run here (with ``import_classes``, an import that fails counts as cannot), else the
+    device type, an inference lock, an import that fails). Inference: the pinned implementation
+    where it can run here (with ``import_classes``, an import that fails counts as cannot), else the
     verified twin, else :class:`KernelUnavailable` with both reasons. Never checks the fingerprint
     (that is ``verify``'s); ``current`` defaults to this machine.
     """
@@ -363,10 +419,14 @@ def resolve_slot(
         return Resolution(slot, mode, "torch (default; slot not in lock)", target, {}, cls)
     assert lock is not None
     key = f"slots.{slot}"
-    pinned = functools.partial(Resolution, slot, mode, entry.implementation, entry.target, entry.kwargs)
+    pinned = functools.partial(
+        Resolution, slot, mode, entry.implementation, entry.target, entry.kwargs
+    )
     if mode == "training":
         _refuse_training(lock, entry)
-        return pinned(build(slot, entry.target, entry.kwargs, lock, key) if import_classes else None)
+        return pinned(
+            build(slot, entry.target, entry.kwargs, lock, key) if import_classes else None
+        )
     if current is None:
         from .fingerprint import here
 
@@ -382,11 +442,14 @@ def resolve_slot(
     refusal = twin_refusal(entry)
     if refusal is not None:
         raise KernelUnavailable(
-            f"slot {slot}: {entry.implementation} ({entry.target}) cannot run here ({reason}), and {refusal}",
+            f"slot {slot}: {entry.implementation} ({entry.target}) cannot run here ({reason}), "
+            f"and {refusal}",
             path=lock.path,
             key=f"{key}.twin",
-            fix="install the training library on this machine, or re-train / re-probe with an implementation "
-            "that has a verified torch.nn twin with the same semantics and an interchangeable state dict",
+            fix="install the training library on this machine, or re-train / re-probe with an "
+            "implementation "
+            "that has a verified torch.nn twin with the same semantics and an interchangeable "
+            "state dict",
         )
     twin = entry.twin
     assert twin is not None
@@ -405,11 +468,13 @@ def resolve_slot(
 
 
 def _refuse_training(lock: LockDocument, entry: Slot) -> None:
-    """Raise :class:`KernelUnavailable` when ``entry`` cannot be trained with here (metadata only)."""
+    """Raise :class:`KernelUnavailable` when ``entry`` cannot be trained with here (metadata
+    only)."""
     slot = entry.name
     if lock.mode == "inference":
         raise KernelUnavailable(
-            f"slot {slot}: {lock.path or 'this lock'} is an inference lock (its substitutions are baked in); "
+            f"slot {slot}: {lock.path or 'this lock'} is an inference lock (its substitutions "
+            "are baked in); "
             "training never runs on substituted kernels",
             path=lock.path,
             key="mode",
@@ -423,7 +488,9 @@ def _refuse_training(lock: LockDocument, entry: Slot) -> None:
     if problems:
         raise KernelUnavailable(
             f"slot {slot}: {entry.implementation} ({entry.target}) needs "
-            + "; ".join(f"{p.field.rsplit('.', 1)[-1]} {p.expected} (found: {p.found})" for p in problems),
+            + "; ".join(
+                f"{p.field.rsplit('.', 1)[-1]} {p.expected} (found: {p.found})" for p in problems
+            ),
             path=lock.path,
             key=f"slots.{slot}.requires",
             fix=f"install it ({install_hint(entry)}), re-run `kernel-probe` on this machine, "
@@ -435,17 +502,23 @@ def _refuse_training(lock: LockDocument, entry: Slot) -> None:
         here = fingerprint_here.for_check(INFERENCE_FACTS).get("device-type")
         if here not in entry.devices:
             raise KernelUnavailable(
-                f"slot {slot}: {entry.implementation} ({entry.target}) runs on {', '.join(entry.devices)}; "
+                f"slot {slot}: {entry.implementation} ({entry.target}) runs on "
+                f"{', '.join(entry.devices)}; "
                 f"this machine's device is {here}",
                 path=lock.path,
                 key=f"slots.{slot}.devices",
-                fix="train on a machine with that device, re-run `kernel-probe` on this machine, or load it "
+                fix="train on a machine with that device, re-run `kernel-probe` on this "
+                "machine, or load it "
                 f"{IN_INFERENCE_MODE} to use the verified torch.nn twin",
             )
 
 
 def factory(
-    lock: LockDocument | None, slot: str, mode: str | None = None, *, verify_environment: bool = True
+    lock: LockDocument | None,
+    slot: str,
+    mode: str | None = None,
+    *,
+    verify_environment: bool = True,
 ) -> KernelFactory:
     """The callable that builds ``slot``'s pinned class with the pinned kwargs.
 
@@ -462,16 +535,18 @@ def factory(
             _ensure_verified(lock, mode)  # the whole fingerprint, once per lock
     r = resolve_slot(lock, slot, mode)
     entry = lock.slots.get(slot) if lock is not None else None
-    if (
-        lock is not None and entry is not None and entry.blas is not None
-    ):  # process-wide, logged; another choice of the process: mismatch
+    # process-wide, logged; another choice of the process: mismatch
+    if lock is not None and entry is not None and entry.blas is not None:
         from .fingerprint import here
         from .format import blas
 
-        blas.apply(entry.blas, str(here.for_check(INFERENCE_FACTS).get("device-type", "")), path=lock.path)
+        blas.apply(
+            entry.blas, str(here.for_check(INFERENCE_FACTS).get("device-type", "")), path=lock.path
+        )
     if r.substituted_from:
         log.warning(
-            "inference substitutes %s for slot %s: %s cannot run here (%s); verified max error between them: %s",
+            "inference substitutes %s for slot %s: %s cannot run here (%s); verified max error "
+            "between them: %s",
             r.target,
             slot,
             r.substituted_from,
@@ -479,7 +554,9 @@ def factory(
             _max_error_text(r.max_error),
         )
     assert r.cls is not None
-    return _make(r.cls, r.kwargs, slot, r.implementation, r.target, mode, r.substituted_from, r.max_error)
+    return _make(
+        r.cls, r.kwargs, slot, r.implementation, r.target, mode, r.substituted_from, r.max_error
+    )
 
 
 def _make(

@@ -8,8 +8,8 @@ boundary to the worker as JSON; nothing is imported until a worker builds the ca
 The built-ins are data too: the ``[[candidate]]`` tables of kernel_lock's registry
 (``kernel_lock/registry.toml``), written in the form a site profile's ``[[candidate]]`` uses
 (docs/profiles.md) and read by the same parser (:func:`read_candidates`). Adding a kernel library is
-adding entries there; kernel_lock's import allow-list follows from them. The slot facts the
-defaults come from (semantics, call convention, canonical values) live in ``kernel_lock.format.slots``.
+adding entries there; kernel_lock's import allow-list follows from them. The slot facts the defaults
+come from (semantics, call convention, canonical values) live in ``kernel_lock.format.slots``.
 
 Constructor arguments are templates: a string ``"$name"`` is replaced by the canonical value
 ``name`` (``normalized_shape``, ``hidden``, ``eps``, ``bias``, ``in_features``, ``out_features``,
@@ -29,7 +29,8 @@ from typing import Any, TypeVar
 
 from kernel_lock.format import toml
 
-# declared in kernel_lock.format.slots; still importable from here (kernel_probe.candidates.SLOT_SEMANTICS, CANONICAL)
+# declared in kernel_lock.format.slots; still importable from here
+# (kernel_probe.candidates.SLOT_SEMANTICS, CANONICAL)
 from kernel_lock.format.slots import (
     CALL_ARGS,
     CALL_KWARGS,
@@ -49,7 +50,8 @@ _T = TypeVar("_T")
 
 @dataclass(frozen=True)
 class Candidate:
-    """One implementation offered for slots: its class and how to build it, where it runs, its torch.nn twin."""
+    """One implementation offered for slots: its class and how to build it, where it runs, its
+    torch.nn twin."""
 
     id: str
     slots: tuple[str, ...]
@@ -57,7 +59,8 @@ class Candidate:
     target: str
     args: tuple[Any, ...] = ("$normalized_shape",)  # positional constructor arguments (dimensions)
     kwargs: Mapping[str, Any] = field(default_factory=dict)  # pinned in the lock
-    build_kwargs: Mapping[str, Any] = field(default_factory=dict)  # only while probing (device placement)
+    # only while probing (device placement)
+    build_kwargs: Mapping[str, Any] = field(default_factory=dict)
     distribution: str = ""  # "" = ships with torch
     specifier: str = ""
     module: str = ""
@@ -65,15 +68,17 @@ class Candidate:
     # device type -> the GPU archs it runs on there ("gfx90a"; "sm_80+" = sm_80 or newer); a device
     # type not named here has no arch requirement
     archs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    # device type -> how to install it there ("" = no build for that platform); default: pip install <distribution>
+    # device type -> how to install it there ("" = no build for that platform); default: pip install
+    # <distribution>
     install: Mapping[str, str] = field(default_factory=dict)
     compiled: bool = False  # torch.compile inside: expensive on CPU, JIT time reported apart
     twin_target: str = ""
     twin_kwargs: Mapping[str, Any] = field(default_factory=dict)
     note: str = ""
     source: str = "builtin"  # builtin | entry-point:<name> | command-line | profile:<name>
-    # Linear on a GPU: the BLAS library it runs under (kernel_lock.format.blas names: cublas, cublaslt, rocblas,
-    # hipblaslt), set process-wide while it is checked and timed, and by kernel_lock when its slot resolves
+    # Linear on a GPU: the BLAS library it runs under (kernel_lock.format.blas names: cublas,
+    # cublaslt, rocblas, hipblaslt), set process-wide while it is checked and timed, and by
+    # kernel_lock when its slot resolves
     blas: str = ""
 
     def pinned_kwargs(self, canonical: Mapping[str, Any]) -> dict[str, Any]:
@@ -98,14 +103,16 @@ class Candidate:
         return cls(**d)
 
     def arch_problem(self, device: str, arch: str) -> str | None:
-        """Why this candidate cannot run on a ``device`` GPU of ``arch``; None when it can (or arch is unknown)."""
+        """Why this candidate cannot run on a ``device`` GPU of ``arch``; None when it can (or arch
+        is unknown)."""
         wanted = tuple(self.archs.get(device, ()))
         if not wanted or not arch or any(arch_satisfies(arch, w) for w in wanted):
             return None
         return f"needs a GPU arch {' or '.join(wanted)} on {device}; this one is {arch}"
 
     def install_hint(self, device: str) -> str:
-        """How to install the candidate's library for ``device``; '' when there is no build for it."""
+        """How to install the candidate's library for ``device``; '' when there is no build for
+        it."""
         if device in self.install:
             return self.install[device]
         if self.distribution:
@@ -114,7 +121,8 @@ class Candidate:
 
 
 def arch_satisfies(arch: str, wanted: str) -> bool:
-    """``'sm_90'`` satisfies ``'sm_80+'`` and ``'sm_90'``; gfx archs match exactly (features stripped)."""
+    """``'sm_90'`` satisfies ``'sm_80+'`` and ``'sm_90'``; gfx archs match exactly (features
+    stripped)."""
     arch = arch.split(":", 1)[0]
     if wanted.endswith("+"):
         base = wanted[:-1]
@@ -126,7 +134,8 @@ def arch_satisfies(arch: str, wanted: str) -> bool:
 
 # The one syntax of GPU archs, in a candidate's ``archs`` and a profile's ``requires.device-arch``:
 # NVIDIA ``sm_XY`` (``sm_90a``: the arch-specific build), ``sm_XY+`` = that or newer; AMD ``gfxNNN``
-# exactly (gfx targets are not ordered: gfx942 is not "newer" than gfx90a in any way a kernel can use).
+# exactly (gfx targets are not ordered: gfx942 is not "newer" than gfx90a in any way a kernel can
+# use).
 GPU_ARCH_SYNTAX = {
     "cuda": re.compile(r"sm_[0-9]{2,3}[af]?\+?", re.ASCII),
     "rocm": re.compile(r"gfx[0-9a-f]{3,4}", re.ASCII),
@@ -139,7 +148,11 @@ def gpu_arch_problem(name: str, device_types: Collection[str] = ("cuda", "rocm")
         if kind in GPU_ARCH_SYNTAX and GPU_ARCH_SYNTAX[kind].fullmatch(name):
             return None
     capability = re.fullmatch(r"([0-9]{1,2})\.([0-9])", name)
-    hint = f" (compute capability {name} is written 'sm_{capability[1]}{capability[2]}')" if capability else ""
+    hint = (
+        f" (compute capability {name} is written 'sm_{capability[1]}{capability[2]}')"
+        if capability
+        else ""
+    )
     if name.startswith("gfx") and name.endswith("+"):
         hint = " (gfx archs match exactly: list each one)"
     for kind in device_types:
@@ -160,8 +173,9 @@ def fill(value: Any, canonical: Mapping[str, Any]) -> Any:
     return value
 
 
-# ---- reading declarations: the built-ins' data file and a profile's [[candidate]] tables -----------
-# the keys of a [[candidate]] table: Candidate's fields, dashed, but where it was offered (``source``)
+# ---- reading declarations: the built-ins' data file and a profile's [[candidate]] tables ---------
+# the keys of a [[candidate]] table: Candidate's fields, dashed, but where it was offered
+# (``source``)
 CANDIDATE_KEYS = tuple(f.name.replace("_", "-") for f in fields(Candidate) if f.name != "source")
 DEVICE_TYPES = ("cuda", "rocm", "xpu", "mps", "cpu")
 
@@ -186,7 +200,9 @@ def _scalars(r: TableReader, value: Any, key: str, *, table: bool) -> Any:
     """A [[candidate]]'s args (a list) or kwargs (a table): strings, finite numbers, booleans."""
     if not isinstance(value, dict if table else list):
         raise r.err(key, f"expected {'a table' if table else 'a list'}, got {type(value).__name__}")
-    items: Iterable[tuple[Any, Any]] = value.items() if isinstance(value, dict) else enumerate(value)
+    items: Iterable[tuple[Any, Any]] = (
+        value.items() if isinstance(value, dict) else enumerate(value)
+    )
     for k, v in items:
         if table and not (isinstance(k, str) and k.isidentifier()):
             raise r.err(f"{key}.{k}", "a keyword argument name must be a Python identifier")
@@ -198,7 +214,8 @@ def _scalars(r: TableReader, value: Any, key: str, *, table: bool) -> Any:
         if not ok:
             raise r.err(
                 f"{key}.{k}" if table else f"{key}[{k}]",
-                f"expected a string, a finite number or a boolean, got {type(v).__name__} {v!r:.40}",
+                f"expected a string, a finite number or a boolean, got {type(v).__name__} "
+                f"{v!r:.40}",
             )
     return value
 
@@ -206,7 +223,8 @@ def _scalars(r: TableReader, value: Any, key: str, *, table: bool) -> Any:
 def parse_candidate(
     r: TableReader, c: Mapping[str, Any], where: str, *, source: str, reserved: Collection[str] = ()
 ) -> Candidate:
-    """One ``[[candidate]]`` table. Omitted keys take the slot's defaults (``kernel_lock.format.slots``)."""
+    """One ``[[candidate]]`` table. Omitted keys take the slot's defaults
+    (``kernel_lock.format.slots``)."""
     r.no_unknown(c, CANDIDATE_KEYS, where)
     cid = r.string(c, "id", where, required=True)
     if cid in reserved:
@@ -229,7 +247,8 @@ def parse_candidate(
     if private(target):  # the rule --candidate and a lock's reader apply: refused before any work
         raise r.err(
             f"{where}target",
-            f"{target!r} has a private or __main__ component: it is never imported (importing a module's __main__ "
+            f"{target!r} has a private or __main__ component: it is never imported (importing "
+            "a module's __main__ "
             "runs it)",
             fix="name a public class of an importable library, e.g. mylib.FastLayerNorm",
         )
@@ -255,11 +274,19 @@ def parse_candidate(
 
         if not device_of(blas):
             known = ", ".join(f"{'/'.join(pair)} ({kind})" for kind, pair in LIBRARIES.items())
-            raise r.err(f"{where}blas", f"{blas!r} is not a BLAS library kernel-lock knows: {known}")
+            raise r.err(
+                f"{where}blas", f"{blas!r} is not a BLAS library kernel-lock knows: {known}"
+            )
         if slots != ("Linear",) or semantics != "linear":
-            raise r.err(f"{where}blas", "only a Linear candidate runs under a BLAS library", fix="remove `blas`")
+            raise r.err(
+                f"{where}blas",
+                "only a Linear candidate runs under a BLAS library",
+                fix="remove `blas`",
+            )
     install_table = r.table(c, "install", DEVICE_TYPES, where)
-    install = {kind: r.string(install_table, kind, f"{where}install.") or "" for kind in install_table}
+    install = {
+        kind: r.string(install_table, kind, f"{where}install.") or "" for kind in install_table
+    }
     return Candidate(
         id=cid,
         slots=slots,
@@ -283,9 +310,12 @@ def parse_candidate(
     )
 
 
-def load_candidates(path: str | os.PathLike[str], *, source: str = "builtin") -> tuple[Candidate, ...]:
-    """The ``[[candidate]]`` entries of a candidate data file (the form ``kernel_lock/registry.toml`` has;
-    its ``[[library]]`` tables are read by ``kernel_probe.detect.libraries``)."""
+def load_candidates(
+    path: str | os.PathLike[str], *, source: str = "builtin"
+) -> tuple[Candidate, ...]:
+    """The ``[[candidate]]`` entries of a candidate data file (the form
+    ``kernel_lock/registry.toml`` has; its ``[[library]]`` tables are read by
+    ``kernel_probe.detect.libraries``)."""
     r = TableReader(str(path))
     try:
         d = toml.loads(Path(path).read_text(encoding="utf-8"))
@@ -299,7 +329,8 @@ def load_candidates(path: str | os.PathLike[str], *, source: str = "builtin") ->
 
 @functools.cache
 def builtin() -> tuple[Candidate, ...]:
-    """The built-in candidates: the ``[[candidate]]`` tables of kernel_lock's registry, read on first use."""
+    """The built-in candidates: the ``[[candidate]]`` tables of kernel_lock's registry, read on
+    first use."""
     return load_candidates(lock_registry.path())
 
 
@@ -319,13 +350,18 @@ def from_command_line(text: str) -> Candidate:
     """
     m = _SPEC.match(text.strip())
     if not m:
-        raise UsageError(f"--candidate {text!r}: expected SLOT=dotted.path.Class, e.g. LayerNorm=mylib.FastLayerNorm")
+        raise UsageError(
+            f"--candidate {text!r}: expected SLOT=dotted.path.Class, e.g. "
+            "LayerNorm=mylib.FastLayerNorm"
+        )
     slot, target = m.group("slot"), m.group("target")
     if slot not in SLOTS:
         raise UsageError(f"--candidate {text!r}: unknown slot {slot!r}; {slot_name_fix(slot)}")
-    if any(part.startswith("_") for part in target.split(".")):  # refused before any work, as in a lock
+    # refused before any work, as in a lock
+    if any(part.startswith("_") for part in target.split(".")):
         raise UsageError(
-            f"--candidate {text!r}: {target!r} has a private or __main__ component: it is never imported "
+            f"--candidate {text!r}: {target!r} has a private or __main__ component: it is "
+            "never imported "
             "(importing a module's __main__ runs it)",
             fix="offer a public class of an importable library, e.g. LayerNorm=mylib.FastLayerNorm",
         )
@@ -362,14 +398,18 @@ def from_entry_points() -> tuple[list[Candidate], list[str]]:
             items = [obj] if isinstance(obj, Candidate) else list(obj)
             for item in items:
                 if not isinstance(item, Candidate):
-                    raise TypeError(f"expected kernel_probe.candidates.Candidate, got {type(item).__name__}")
+                    raise TypeError(
+                        f"expected kernel_probe.candidates.Candidate, got {type(item).__name__}"
+                    )
                 found.append(replace(item, source=f"entry-point:{ep.name}"))
         except Exception as exc:  # a plug-in's bug must not stop the probe; it is reported
             problems.append(f"entry point {ep.name!r} ({ep.value}): {type(exc).__name__}: {exc}")
     return found, problems
 
 
-def registry(extra: Iterable[Candidate] = (), *, entry_points: bool = True) -> tuple[list[Candidate], list[str]]:
+def registry(
+    extra: Iterable[Candidate] = (), *, entry_points: bool = True
+) -> tuple[list[Candidate], list[str]]:
     """All candidates: built-in, plug-ins, then extras (command line, profile). Ids are unique."""
     plugins, problems = from_entry_points() if entry_points else ([], [])
     out: dict[str, Candidate] = {}

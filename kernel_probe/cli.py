@@ -24,9 +24,10 @@ from kernel_probe import __version__, output
 @dataclass(frozen=True)
 class Subcommand:
     """One ``kernel-probe NAME``: its module under kernel_probe.commands (imported only when that
-    subcommand runs, so ``kernel-probe --version`` stays fast), the functions that add its arguments and
-    run it (spelled out, so grep finds every wiring), its one-line help, and what its ``--json`` prints (None:
-    it has no --json). ``--debug`` and ``--json`` come from kernel_probe.output's parent parsers."""
+    subcommand runs, so ``kernel-probe --version`` stays fast), the functions that add its arguments
+    and run it (spelled out, so grep finds every wiring), its one-line help, and what its ``--json``
+    prints (None: it has no --json). ``--debug`` and ``--json`` come from kernel_probe.output's
+    parent parsers."""
 
     module: str
     add_arguments: str
@@ -34,7 +35,8 @@ class Subcommand:
     help: str
     json: str | None = None
     # its own process ends without the interpreter's teardown (``exit_now``): with torch loaded that
-    # teardown costs 0.3-0.5 s and changes nothing the command reports (issue 37: a first ``env`` < 3 s)
+    # teardown costs 0.3-0.5 s and changes nothing the command reports (issue 37: a first ``env`` <
+    # 3 s)
     exit_now: bool = False
 
 
@@ -47,7 +49,11 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         json="machine-readable result on stdout",
     ),
     "show": Subcommand(
-        "show", "add_show_arguments", "run_show", "print a lock in readable form", json="the lock's content as JSON"
+        "show",
+        "add_show_arguments",
+        "run_show",
+        "print a lock in readable form",
+        json="the lock's content as JSON",
     ),
     "rehash": Subcommand(
         "rehash",
@@ -122,14 +128,18 @@ def _epilog() -> str:
     return f"exit codes:\n{codes}"
 
 
-# a subcommand's help names the exit codes once, briefly; the table is in `kernel-probe --help` and docs/
-SUB_EPILOG = "exit codes: 0 ok, 2 usage, 3 mismatch or stale, 5 bad input file; all of them: kernel-probe --help"
+# a subcommand's help names the exit codes once, briefly; the table is in `kernel-probe --help` and
+# docs/
+SUB_EPILOG = (
+    "exit codes: 0 ok, 2 usage, 3 mismatch or stale, 5 bad input file; all of them: "
+    "kernel-probe --help"
+)
 
 
 def unknown_subcommand(word: str) -> str | None:
-    """The message for ``kernel-probe WORD`` where WORD is no subcommand (None: WORD is an option), with the
-    nearest subcommand when there is one (difflib: argparse's own suggest_on_error, Python 3.14, does not
-    see subcommands dispatched here)."""
+    """The message for ``kernel-probe WORD`` where WORD is no subcommand (None: WORD is an option),
+    with the nearest subcommand when there is one (difflib: argparse's own suggest_on_error, Python
+    3.14, does not see subcommands dispatched here)."""
     import difflib
 
     if not word or word.startswith("-"):
@@ -137,14 +147,19 @@ def unknown_subcommand(word: str) -> str | None:
     near = difflib.get_close_matches(word, list(SUBCOMMANDS), n=1, cutoff=0.6)
     if near:
         return f"unknown subcommand {word!r}; did you mean {near[0]!r}?"
-    return f"{word!r} is not a subcommand (subcommands: {', '.join(SUBCOMMANDS)}); the probe itself takes only options"
+    return (
+        f"{word!r} is not a subcommand (subcommands: {', '.join(SUBCOMMANDS)}); the probe "
+        "itself takes only options"
+    )
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse, except that with --json a usage error is also a JSON object on stdout (exit 2)."""
 
     json_wanted = False
-    on_error: Callable[[str], None] | None = None  # the main probe: rank 0's bad argument fails the whole job
+    on_error: Callable[[str], None] | None = (
+        None  # the main probe: rank 0's bad argument fails the whole job
+    )
 
     def error(self, message: str) -> NoReturn:
         if self.on_error is not None:
@@ -155,17 +170,25 @@ class _Parser(argparse.ArgumentParser):
 
 
 def error_json(
-    problem: str, exit_code: int, *, kind: str, path: str | None = None, key: str | None = None, fix: str | None = None
+    problem: str,
+    exit_code: int,
+    *,
+    kind: str,
+    path: str | None = None,
+    key: str | None = None,
+    fix: str | None = None,
 ) -> dict:
-    """What a failed command prints on stdout under --json: one object, the same shape for every error
-    (kernel_probe.output.failure)."""
+    """What a failed command prints on stdout under --json: one object, the same shape for every
+    error (kernel_probe.output.failure)."""
     return output.failure(problem, exit_code, kind=kind, file=path, key=key, fix=fix)
 
 
 def _base_parser(prog: str, description: str, json: str | None) -> _Parser:
-    """A command's parser with the common flags: --debug, and --json (its help ``json``) unless ``json`` is None."""
+    """A command's parser with the common flags: --debug, and --json (its help ``json``) unless
+    ``json`` is None."""
     common = [output.debug_flag(), *([] if json is None else [output.json_flag(json)])]
-    extra: dict[str, Any] = {"suggest_on_error": True} if sys.version_info >= (3, 14) else {}  # did you mean
+    # did you mean
+    extra: dict[str, Any] = {"suggest_on_error": True} if sys.version_info >= (3, 14) else {}
     return _Parser(
         prog=prog,
         description=description,
@@ -188,8 +211,9 @@ def build_subparser(name: str) -> tuple[_Parser, Callable]:
 
 
 def exit_now(code: int) -> NoReturn:
-    """End this process with ``code`` once what it wrote is out (stdout, stderr, logging), skipping the
-    interpreter's teardown: finalising torch's modules costs 0.3-0.5 s of CPU, after the answer."""
+    """End this process with ``code`` once what it wrote is out (stdout, stderr, logging), skipping
+    the interpreter's teardown: finalising torch's modules costs 0.3-0.5 s of CPU, after the
+    answer."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -203,9 +227,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The command line: parse, run the subcommand, render its errors; returns the exit code.
 
     ``argv`` None: this process's own command line (``sys.argv``), which a subcommand marked
-    ``exit_now`` ends without the interpreter's teardown; a caller passing ``argv`` gets the code back."""
+    ``exit_now`` ends without the interpreter's teardown; a caller passing ``argv`` gets the code
+    back."""
     code = _main(list(sys.argv[1:] if argv is None else argv))
-    if argv is None and sys.argv[1:2] and sys.argv[1] in SUBCOMMANDS and SUBCOMMANDS[sys.argv[1]].exit_now:
+    if (
+        argv is None
+        and sys.argv[1:2]
+        and sys.argv[1] in SUBCOMMANDS
+        and SUBCOMMANDS[sys.argv[1]].exit_now
+    ):
         exit_now(code)
     return code
 
@@ -218,7 +248,8 @@ def _main(argv: list[str]) -> int:
     if argv and argv[0] in SUBCOMMANDS:
         parser, run = build_subparser(argv[0])
         rest = argv[1:]
-        if argv[0] in TAKES_OVERRIDES and "--" in rest:  # Hydra overrides: everything after `--`, as written
+        # Hydra overrides: everything after `--`, as written
+        if argv[0] in TAKES_OVERRIDES and "--" in rest:
             cut = rest.index("--")
             rest, overrides = rest[:cut], rest[cut + 1 :]
     else:
@@ -227,7 +258,9 @@ def _main(argv: list[str]) -> int:
         wrong = unknown_subcommand(argv[0]) if argv else None
         if wrong is not None:
             if "--json" in argv:
-                output.print_json(error_json(wrong, ExitCode.USAGE, kind="UsageError", fix="kernel-probe --help"))
+                output.print_json(
+                    error_json(wrong, ExitCode.USAGE, kind="UsageError", fix="kernel-probe --help")
+                )
             output.error(f"{wrong}\n  fix: see kernel-probe --help")
             return ExitCode.USAGE
         parser = _base_parser(
@@ -235,7 +268,9 @@ def _main(argv: list[str]) -> int:
             "Probe kernels on this machine and write a kernel lock.",
             "machine-readable summary on stdout",
         )
-        parser.add_argument("-V", "--version", action="version", version=f"kernel-probe {__version__}")
+        parser.add_argument(
+            "-V", "--version", action="version", version=f"kernel-probe {__version__}"
+        )
         probe.add_probe_arguments(parser)
         sub = "\n".join(f"  {n:<14} {s.help}" for n, s in SUBCOMMANDS.items())
         parser.epilog = f"subcommands (kernel-probe SUBCOMMAND --help):\n{sub}\n\n{_epilog()}"
@@ -245,7 +280,8 @@ def _main(argv: list[str]) -> int:
     args = parser.parse_args(rest)  # exits 2 on usage errors
     args.overrides = overrides
     logging.basicConfig(
-        level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+        level=logging.DEBUG if args.debug else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
     )
     output.reset()
     with warnings.catch_warnings():
@@ -259,7 +295,12 @@ def _main(argv: list[str]) -> int:
             if getattr(args, "json", False):
                 output.print_json(
                     error_json(
-                        exc.problem, exc.exit_code, kind=type(exc).__name__, path=exc.path, key=exc.key, fix=exc.fix
+                        exc.problem,
+                        exc.exit_code,
+                        kind=type(exc).__name__,
+                        path=exc.path,
+                        key=exc.key,
+                        fix=exc.fix,
                     )
                 )
             return exc.exit_code
@@ -269,7 +310,9 @@ def _main(argv: list[str]) -> int:
         except Exception as exc:  # a bug: say so plainly, keep the traceback for --debug
             if args.debug or os.environ.get("KERNEL_PROBE_DEBUG"):
                 raise
-            output.error(f"unexpected {type(exc).__name__}: {exc} (re-run with --debug for the traceback)")
+            output.error(
+                f"unexpected {type(exc).__name__}: {exc} (re-run with --debug for the traceback)"
+            )
             if getattr(args, "json", False):
                 output.print_json(
                     error_json(

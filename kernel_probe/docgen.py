@@ -37,7 +37,8 @@ def exit_code_table() -> str:
     """The code -> meaning table of ``kernel_lock.errors.ExitCode``, which every command follows."""
     rows = "".join(f"| {code.value} | {_cell(code.meaning)} |\n" for code in sorted(ExitCode))
     return (
-        "<!-- generated from kernel_lock.errors.ExitCode by `python -m kernel_probe.docgen`: edit it there -->\n"
+        "<!-- generated from kernel_lock.errors.ExitCode by `python -m kernel_probe.docgen`: "
+        "edit it there -->\n"
         "| code | meaning |\n|---|---|\n" + rows
     )
 
@@ -56,11 +57,15 @@ def render(text: str, where: str = "<text>") -> str:
         name = m.group(1)
         if name not in BLOCKS:
             line = text.count("\n", 0, m.start()) + 1
-            raise DocgenError(f"{where}:{line}: unknown generated block {name!r} (known: {', '.join(BLOCKS)})")
+            raise DocgenError(
+                f"{where}:{line}: unknown generated block {name!r} (known: {', '.join(BLOCKS)})"
+            )
         end = text.find(_END.format(name=name), m.end())
         if end < 0:
             line = text.count("\n", 0, m.start()) + 1
-            raise DocgenError(f"{where}:{line}: <!-- {name}:begin --> without its <!-- {name}:end -->")
+            raise DocgenError(
+                f"{where}:{line}: <!-- {name}:begin --> without its <!-- {name}:end -->"
+            )
         out += [text[pos : m.end()], BLOCKS[name]()]
         pos = end
     out.append(text[pos:])
@@ -88,10 +93,17 @@ def update(root: Path = ROOT, *, write: bool = True) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Regenerate the generated parts of README.md and docs/*.md (``--check``: only say whether they are current)."""
-    parser = argparse.ArgumentParser(prog="python -m kernel_probe.docgen", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a document is out of date")
-    parser.add_argument("--root", type=Path, default=ROOT, help="the checkout holding README.md and docs/")
+    """Regenerate the generated parts of README.md and docs/*.md (``--check``: only say whether they
+    are current)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m kernel_probe.docgen", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 if a document is out of date"
+    )
+    parser.add_argument(
+        "--root", type=Path, default=ROOT, help="the checkout holding README.md and docs/"
+    )
     args = parser.parse_args(argv)
     if not documents(args.root):
         print(f"error: no README.md or docs/*.md under {args.root}", file=sys.stderr)
@@ -103,7 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitCode.BAD_INPUT
     for p in changed:
         if args.check:
-            print(f"{p}: generated tables are out of date (run `python -m kernel_probe.docgen`)", file=sys.stderr)
+            print(
+                f"{p}: generated tables are out of date (run `python -m kernel_probe.docgen`)",
+                file=sys.stderr,
+            )
         else:
             print(f"updated {p}")
     return ExitCode.FAILURE if (changed and args.check) else ExitCode.OK

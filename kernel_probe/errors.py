@@ -1,4 +1,5 @@
-"""Errors of the probe itself, each with the exit code the CLI returns for it (kernel_lock's ExitCode)."""
+"""Errors of the probe itself, each with the exit code the CLI returns for it (kernel_lock's
+ExitCode)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from kernel_lock.errors import ExitCode, LockError
 class ProbeError(LockError):
     """A failure the user can act on; ``exit_code`` is one of kernel_lock's ExitCode."""
 
-    exit_code: int = ExitCode.FAILURE  # as LockError's: RankFailed carries the code another rank reported
+    # as LockError's: RankFailed carries the code another rank reported
+    exit_code: int = ExitCode.FAILURE
 
 
 class UsageError(ProbeError):
-    """A command line that cannot mean anything: a bad value, a flag without the one it needs, a misspelt slot."""
+    """A command line that cannot mean anything: a bad value, a flag without the one it needs, a
+    misspelt slot."""
 
     exit_code = ExitCode.USAGE
 
@@ -24,7 +27,8 @@ class StaleLock(ProbeError):
 
 
 class ForcedUnusable(ProbeError):
-    """A ``--pin``/``--prefer`` (or a profile's pin) names a candidate that cannot be used on this machine."""
+    """A ``--pin``/``--prefer`` (or a profile's pin) names a candidate that cannot be used on this
+    machine."""
 
     exit_code = ExitCode.MISMATCH
 
@@ -36,14 +40,14 @@ class NodeDiffers(ProbeError):
 
 
 class ProfileUnmet(ProbeError):
-    """The machine (or a described node) does not meet the site profile that ``--profile`` or ``profiles match``
-    names, or no one profile matches it (``auto``)."""
+    """The machine (or a described node) does not meet the site profile that ``--profile`` or
+    ``profiles match`` names, or no one profile matches it (``auto``)."""
 
     exit_code = ExitCode.PROFILE_UNMET
 
 
 class InputFileError(ProbeError):
-    """A file the probe reads is missing, unreadable or malformed: an anemoi config, or the existing lock it
-    would reuse."""
+    """A file the probe reads is missing, unreadable or malformed: an anemoi config, or the existing
+    lock it would reuse."""
 
     exit_code = ExitCode.BAD_INPUT

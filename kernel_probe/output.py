@@ -1,5 +1,6 @@
-"""Presentation helpers: one rich console on stdout, one on stderr, JSON printing, and the two flags every
-command shares to choose its presentation (``--json``, ``--debug``), declared once as argparse parents.
+"""Presentation helpers: one rich console on stdout, one on stderr, JSON printing, and the two flags
+every command shares to choose its presentation (``--json``, ``--debug``), declared once as argparse
+parents.
 
 rich honours NO_COLOR and narrow terminals by itself; we only make sure nothing is wrapped in JSON
 mode and that errors go to stderr.
@@ -24,8 +25,9 @@ def debug_flag() -> argparse.ArgumentParser:
 
 
 def json_flag(help: str | None = None) -> argparse.ArgumentParser:
-    """``--json`` as an argparse parent: every command that can print JSON takes it, ``help`` saying what it
-    prints; its usage errors and failures are then JSON objects on stdout too (kernel_probe.cli)."""
+    """``--json`` as an argparse parent: every command that can print JSON takes it, ``help`` saying
+    what it prints; its usage errors and failures are then JSON objects on stdout too
+    (kernel_probe.cli)."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--json", action="store_true", help=help)
     return p
@@ -59,9 +61,10 @@ _CONTROL = re.compile(
 
 
 def safe(value: Any) -> str:
-    """``value`` as text for a rich console: control and format characters shown as escapes (no terminal
-    sequence from a file ever reaches the terminal) and rich markup escaped (``[/bold]`` in a lock
-    is printed, not interpreted). Every string that comes from a file or a library goes through this."""
+    """``value`` as text for a rich console: control and format characters shown as escapes (no
+    terminal sequence from a file ever reaches the terminal) and rich markup escaped (``[/bold]`` in
+    a lock is printed, not interpreted). Every string that comes from a file or a library goes
+    through this."""
     from rich.markup import escape
 
     return escape(_controls_escaped(str(value)))
@@ -76,14 +79,21 @@ def table(title: str | None = None, **options: Any):
     from rich import box
     from rich.table import Table
 
-    options = {"box": box.SIMPLE_HEAD, "show_edge": False, "pad_edge": False, "title_justify": "left", **options}
+    options = {
+        "box": box.SIMPLE_HEAD,
+        "show_edge": False,
+        "pad_edge": False,
+        "title_justify": "left",
+        **options,
+    }
     return Table(title=title, **options)
 
 
 def print_table(tbl: Any, *, stderr: bool = False) -> None:
-    """Print ``tbl`` no narrower than it needs: columns marked ``no_wrap`` (ids, shapes, numbers) are
-    never cut or wrapped mid-word, even at 80 columns or in a log without a terminal; other columns
-    wrap at spaces. A table that cannot fit is printed wider than the console instead of truncated."""
+    """Print ``tbl`` no narrower than it needs: columns marked ``no_wrap`` (ids, shapes, numbers)
+    are never cut or wrapped mid-word, even at 80 columns or in a log without a terminal; other
+    columns wrap at spaces. A table that cannot fit is printed wider than the console instead of
+    truncated."""
     from rich.measure import Measurement
     from rich.text import Text
 
@@ -93,7 +103,9 @@ def print_table(tbl: Any, *, stderr: bool = False) -> None:
             words = [
                 w
                 for cell in column.cells
-                for w in (Text.from_markup(cell).plain if isinstance(cell, str) else str(cell)).split()
+                for w in (
+                    Text.from_markup(cell).plain if isinstance(cell, str) else str(cell)
+                ).split()
             ]
             column.min_width = max([column.min_width or 0, *(len(w) for w in words)])
     need = Measurement.get(con, con.options.update(width=100_000), tbl).minimum
@@ -114,21 +126,30 @@ def failure(
     key: str | None = None,
     fix: str | None = None,
 ) -> dict[str, Any]:
-    """The one shape of a failure under ``--json``, for every command: ``{"ok": false, "error": {...}}``
-    (a command adds its own fields beside ``ok`` and ``error``; docs/cli.md)."""
+    """The one shape of a failure under ``--json``, for every command: ``{"ok": false, "error":
+    {...}}`` (a command adds its own fields beside ``ok`` and ``error``; docs/cli.md)."""
     return {
         "ok": False,
-        "error": {"type": kind, "exit_code": int(exit_code), "problem": problem, "file": file, "key": key, "fix": fix},
+        "error": {
+            "type": kind,
+            "exit_code": int(exit_code),
+            "problem": problem,
+            "file": file,
+            "key": key,
+            "fix": fix,
+        },
     }
 
 
 def with_failure(body: dict[str, Any], exc: Any, exit_code: int | None = None) -> dict[str, Any]:
-    """``body`` (a command's own JSON fields) with ``ok`` and, when ``exc`` (a LockError) is given, its
-    ``error`` in the shape of :func:`failure`."""
+    """``body`` (a command's own JSON fields) with ``ok`` and, when ``exc`` (a LockError) is given,
+    its ``error`` in the shape of :func:`failure`."""
     if exc is None:
         return {"ok": True, **{k: v for k, v in body.items() if k != "ok"}}
     code = exc.exit_code if exit_code is None else exit_code
-    fail = failure(exc.problem, code, kind=type(exc).__name__, file=exc.path, key=exc.key, fix=exc.fix)
+    fail = failure(
+        exc.problem, code, kind=type(exc).__name__, file=exc.path, key=exc.key, fix=exc.fix
+    )
     return {**fail, **{k: v for k, v in body.items() if k not in fail}}
 
 
@@ -154,8 +175,9 @@ def warn(message: str) -> None:
 
 
 def info(message: str) -> None:
-    """A plain line on stderr, written without rich (the warm path of a job start prints one line and
-    must not pay for importing rich); control characters are shown as escapes, as ``safe`` does."""
+    """A plain line on stderr, written without rich (the warm path of a job start prints one line
+    and must not pay for importing rich); control characters are shown as escapes, as ``safe``
+    does."""
     sys.stderr.write(plain(message) + "\n")
     sys.stderr.flush()
 

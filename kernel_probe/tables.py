@@ -1,7 +1,9 @@
-"""Strict reading of the project's TOML tables (the registry, site profiles, candidate declarations).
+"""Strict reading of the project's TOML tables (the registry, site profiles, candidate
+declarations).
 
-``kernel_lock.format.reading`` holds the one family of typed getters; this reader raises their errors as the
-probe's input-file errors (exit 5), naming the file and the dotted key, and refuses unknown keys.
+``kernel_lock.format.reading`` holds the one family of typed getters; this reader raises their
+errors as the probe's input-file errors (exit 5), naming the file and the dotted key, and refuses
+unknown keys.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ class CandidateDataError(InputFileError):
 
 
 class TableReader:
-    """Strict reading of parsed TOML: ``kernel_lock.format.reading``'s typed getters, whose errors this reader
-    raises with the file and the dotted key.
+    """Strict reading of parsed TOML: ``kernel_lock.format.reading``'s typed getters, whose errors
+    this reader raises with the file and the dotted key.
 
     Unknown keys are errors (a typo must not silently widen a policy or drop a pinned argument).
     ``error`` is the exception raised; a site profile's reader raises ``ProfileError``."""
@@ -37,14 +39,16 @@ class TableReader:
         return self.error(problem, path=self.path, key=key, fix=fix)
 
     def read(self, where: str, getter: Callable[[], _T]) -> _T:
-        """Run one of ``kernel_lock.format.reading``'s getters; its error, its key completed with ``where``, is this
-        reader's (the file named)."""
+        """Run one of ``kernel_lock.format.reading``'s getters; its error, its key completed with
+        ``where``, is this reader's (the file named)."""
         try:
             return getter()
         except ReadError as exc:
             raise self.err(f"{where}{exc.key}", exc.problem, exc.fix) from None
 
-    def table(self, d: Mapping[str, Any], key: str, known: Sequence[str], where: str) -> dict[str, Any]:
+    def table(
+        self, d: Mapping[str, Any], key: str, known: Sequence[str], where: str
+    ) -> dict[str, Any]:
         """The sub-table ``key`` of ``d``, its unknown keys refused."""
         v = self.free_table(d, key, where)
         self.no_unknown(v, known, f"{where}{key}.")
@@ -60,21 +64,37 @@ class TableReader:
             import difflib
 
             close = difflib.get_close_matches(k, list(known), n=1, cutoff=0.75)
-            hint = f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(known)}"
+            hint = (
+                f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(known)}"
+            )
             raise self.err(f"{where}{k}", f"unknown key {k!r}", fix=hint)
 
     # a required key, or one with a string default, is never None
     @overload
-    def string(self, d: Mapping[str, Any], key: str, where: str, required: Literal[True]) -> str: ...
-    @overload
-    def string(self, d: Mapping[str, Any], key: str, where: str, required: bool = ..., *, default: str) -> str: ...
+    def string(
+        self, d: Mapping[str, Any], key: str, where: str, required: Literal[True]
+    ) -> str: ...
     @overload
     def string(
-        self, d: Mapping[str, Any], key: str, where: str, required: bool = ..., default: str | None = ...
+        self, d: Mapping[str, Any], key: str, where: str, required: bool = ..., *, default: str
+    ) -> str: ...
+    @overload
+    def string(
+        self,
+        d: Mapping[str, Any],
+        key: str,
+        where: str,
+        required: bool = ...,
+        default: str | None = ...,
     ) -> str | None: ...
 
     def string(
-        self, d: Mapping[str, Any], key: str, where: str, required: bool = False, default: str | None = None
+        self,
+        d: Mapping[str, Any],
+        key: str,
+        where: str,
+        required: bool = False,
+        default: str | None = None,
     ) -> str | None:
         """The string at ``key`` (or ``default``; ``required``: an error when absent)."""
         if required:
@@ -107,5 +127,7 @@ class TableReader:
         try:
             SpecifierSet(spec)
         except InvalidSpecifier:
-            raise self.err(key, f"{spec!r} is not a PEP 440 version specifier like '>=2.4,<2.12'") from None
+            raise self.err(
+                key, f"{spec!r} is not a PEP 440 version specifier like '>=2.4,<2.12'"
+            ) from None
         return spec

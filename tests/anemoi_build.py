@@ -23,11 +23,17 @@ PROGNOSTIC = ["10u", "10v", "2t", "msl", "t_850", "z_500"]
 # The user's overlay: a small model on this CPU. Each line says why it is needed.
 SMALL = {
     "system": {
-        "input": {"dataset": "/nonexistent/unused.zarr", "graph": "/nonexistent/graph.pt"},  # mandatory ???
+        "input": {
+            "dataset": "/nonexistent/unused.zarr",
+            "graph": "/nonexistent/graph.pt",
+        },  # mandatory ???
         "output": {"root": "/nonexistent/output"},
     },
     "diagnostics": {"log": {"mlflow": {"tracking_uri": None}}},  # mandatory ???
-    "model": {"num_channels": 32, "processor": {"num_layers": 2, "num_chunks": 1}},  # small; chunks divide layers
+    "model": {
+        "num_channels": 32,
+        "processor": {"num_layers": 2, "num_chunks": 1},
+    },  # small; chunks divide layers
 }
 PRESET_EXTRA: dict[str, dict[str, Any]] = {
     "gnn": {},
@@ -39,15 +45,23 @@ PRESET_EXTRA: dict[str, dict[str, Any]] = {
         }
     },
     # anemoi-training's own transformer pairing (ensemble_crps.yaml): no hidden->hidden edges; SDPA,
-    # not flash attention, on a CPU. And two keys anemoi-training 0.17.1's transformer.yaml lacks for
-    # anemoi-models 0.19.0 (version drift upstream): latent_aggregator, decoders.0.mapper.num_channels.
+    # not flash attention, on a CPU. And two keys anemoi-training 0.17.1's transformer.yaml lacks
+    # for anemoi-models 0.19.0 (version drift upstream): latent_aggregator,
+    # decoders.0.mapper.num_channels.
     "transformer": {
         "graph": "encoder_decoder_only",
         "model": {
             "processor": {"attention_implementation": "scaled_dot_product_attention"},
             "latent_aggregator": {"_target_": "anemoi.models.layers.aggregator.SumAggregator"},
             "encoders": {"0": {"mapper": {"graph_attention_backend": "pyg"}}},
-            "decoders": {"0": {"mapper": {"graph_attention_backend": "pyg", "num_channels": "${model.num_channels}"}}},
+            "decoders": {
+                "0": {
+                    "mapper": {
+                        "graph_attention_backend": "pyg",
+                        "num_channels": "${model.num_channels}",
+                    }
+                }
+            },
         },
     },
 }
@@ -63,7 +77,8 @@ def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_overlay(path: Path, preset: str) -> Path:
-    """A user's config: anemoi-training's defaults list with `model: <preset>`, plus the small settings."""
+    """A user's config: anemoi-training's defaults list with `model: <preset>`, plus the small
+    settings."""
     import copy
 
     import yaml
@@ -101,10 +116,12 @@ def validated(cfg):
     return convert_to_omegaconf(BaseSchema(**cfg))
 
 
-# ---- the graph --------------------------------------------------------------------------------------
+# ---- the graph -----------------------------------------------------------------------------------
 def _xyz(latlon):
     lat, lon = latlon[:, 0], latlon[:, 1]
-    return torch.stack([torch.cos(lat) * torch.cos(lon), torch.cos(lat) * torch.sin(lon), torch.sin(lat)], -1)
+    return torch.stack(
+        [torch.cos(lat) * torch.cos(lon), torch.cos(lat) * torch.sin(lon), torch.sin(lat)], -1
+    )
 
 
 def _nearest(src, dst, k):
@@ -123,11 +140,16 @@ def _attributes(src, dst, edges):
     length = (2 * torch.atan2(a.sqrt(), (1 - a).sqrt()))[:, None]
     lat, lon = d[:, 0], d[:, 1]
     east = torch.stack([-torch.sin(lon), torch.cos(lon), torch.zeros_like(lon)], -1)
-    north = torch.stack([-torch.sin(lat) * torch.cos(lon), -torch.sin(lat) * torch.sin(lon), torch.cos(lat)], -1)
+    north = torch.stack(
+        [-torch.sin(lat) * torch.cos(lon), -torch.sin(lat) * torch.sin(lon), torch.cos(lat)], -1
+    )
     v = _xyz(s) - _xyz(d)
     dirs = torch.stack([(v * east).sum(-1), (v * north).sum(-1)], -1)
     dirs = dirs / dirs.norm(dim=-1, keepdim=True).clamp(min=1e-8)
-    return {"edge_length": (length / length.std()).float(), "edge_dirs": (dirs / dirs.std()).float()}
+    return {
+        "edge_length": (length / length.std()).float(),
+        "edge_dirs": (dirs / dirs.std()).float(),
+    }
 
 
 def graph_for(config):
@@ -135,7 +157,9 @@ def graph_for(config):
 
     hidden = config.model.model.hidden_nodes_name
     i = torch.arange(N_DATA, dtype=torch.float64) + 0.5  # a Fibonacci sphere
-    data = torch.stack([torch.asin(1 - 2 * i / N_DATA), (math.pi * (1 + 5**0.5) * i) % (2 * math.pi) - math.pi], -1)
+    data = torch.stack(
+        [torch.asin(1 - 2 * i / N_DATA), (math.pi * (1 + 5**0.5) * i) % (2 * math.pi) - math.pi], -1
+    )
     p = (1 + 5**0.5) / 2
     ico = torch.tensor(
         [
@@ -155,7 +179,10 @@ def graph_for(config):
         dtype=torch.float64,
     )
     ico = ico / ico.norm(dim=-1, keepdim=True)
-    coords = {"data": data, hidden: torch.stack([torch.asin(ico[:, 2]), torch.atan2(ico[:, 1], ico[:, 0])], -1)}
+    coords = {
+        "data": data,
+        hidden: torch.stack([torch.asin(ico[:, 2]), torch.atan2(ico[:, 1], ico[:, 0])], -1),
+    }
     g = HeteroData()
     for name, latlon in coords.items():
         g[name].x = latlon.float()
@@ -165,7 +192,10 @@ def graph_for(config):
         s, t = edge.source_name, edge.target_name
         if (s, t) == ("data", hidden):  # every node on both sides connected
             own = torch.stack(
-                [torch.arange(N_DATA), torch.arccos((_xyz(data) @ _xyz(coords[hidden]).T).clamp(-1, 1)).argmin(1)]
+                [
+                    torch.arange(N_DATA),
+                    torch.arccos((_xyz(data) @ _xyz(coords[hidden]).T).clamp(-1, 1)).argmin(1),
+                ]
             )
             edges = torch.unique(torch.cat([_nearest(coords[s], coords[t], 4), own], 1), dim=1)
         elif s == t:
@@ -181,7 +211,7 @@ def graph_for(config):
     return g
 
 
-# ---- the model --------------------------------------------------------------------------------------
+# ---- the model -----------------------------------------------------------------------------------
 def build(config) -> tuple[Any, Any]:
     """(AnemoiModelInterface, data indices) for a validated config, as BaseGraphModule builds it."""
     import numpy as np
@@ -193,7 +223,9 @@ def build(config) -> tuple[Any, Any]:
     graph = graph_for(config)
     indices, statistics, arrays, metadata = {}, {}, {}, {"metadata_inference": {}}
     for name, dataset in get_multiple_datasets_config(config.data).items():
-        variables = PROGNOSTIC + list(dataset.get("forcing") or []) + list(dataset.get("diagnostic") or [])
+        variables = (
+            PROGNOSTIC + list(dataset.get("forcing") or []) + list(dataset.get("diagnostic") or [])
+        )
         indices[name] = IndexCollection(dataset, {v: j for j, v in enumerate(variables)})
         rng = np.random.default_rng(0)
         n = len(variables)
@@ -206,7 +238,9 @@ def build(config) -> tuple[Any, Any]:
         lat, lon = graph[name].x.T.numpy()
         arrays[name] = {"latitudes": np.rad2deg(lat), "longitudes": np.rad2deg(lon)}
         metadata["metadata_inference"][name] = {}
-    for name, mask in build_output_masks(get_multiple_datasets_config(config.model.output_mask), graph).items():
+    for name, mask in build_output_masks(
+        get_multiple_datasets_config(config.model.output_mask), graph
+    ).items():
         arrays[name].update(mask.supporting_arrays)
     torch.manual_seed(0)
     model = AnemoiModelInterface(
@@ -224,7 +258,8 @@ def build(config) -> tuple[Any, Any]:
 
 
 def batch(model, index, seed: int = 0) -> dict[str, torch.Tensor]:
-    """The model's input as the task feeds it: (batch, input steps, ensemble, grid, input variables)."""
+    """The model's input as the task feeds it: (batch, input steps, ensemble, grid, input
+    variables)."""
     g = torch.Generator().manual_seed(seed)
     full = torch.randn(2, model.n_step_input, 1, N_DATA, len(index.name_to_index), generator=g)
     return {"data": full[..., index.data.input.full]}

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-# The suite keeps the bytecode of what it imports (tests, and the package its children import too) even
-# where PYTHONDONTWRITEBYTECODE is set, as on the development machines: otherwise pytest rewrites every
-# test module's asserts and every child recompiles kernel_probe on each run (5 s of the fast lane's
-# collection alone). __pycache__ is ignored by git.
+# The suite keeps the bytecode of what it imports (tests, and the package its children import too)
+# even where PYTHONDONTWRITEBYTECODE is set, as on the development machines: otherwise pytest
+# rewrites every test module's asserts and every child recompiles kernel_probe on each run (5 s of
+# the fast lane's collection alone). __pycache__ is ignored by git.
 sys.dont_write_bytecode = False
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,17 +24,20 @@ _need = [str(ROOT), str(FAKES)]
 os.environ["PYTHONPATH"] = os.pathsep.join(_need + ([_pp] if _pp else []))
 if str(FAKES) not in sys.path:
     sys.path.insert(0, str(FAKES))
-# a test run started by a launcher (`srun pytest`) must not make the kernel-probe runs it starts wait for
-# a rank 0 of that job: without their rank variable, no launcher is read (kernel_probe.jobstart.ranks)
+# a test run started by a launcher (`srun pytest`) must not make the kernel-probe runs it starts
+# wait for a rank 0 of that job: without their rank variable, no launcher is read
+# (kernel_probe.jobstart.ranks)
 from kernel_probe.jobstart.ranks import LAUNCHERS  # noqa: E402 (after the path set-up above)
 
 for _launcher in LAUNCHERS:
     os.environ.pop(_launcher.rank, None)
 # the fake libraries are trusted by the caller (the tests), as a user grants their own site library;
 # tests of the refusal remove this
-os.environ["KERNEL_LOCK_TRUST"] = "kp_zoo,kp_fastlib,kp_fastnorm,kp_models,kp_notmodule,kp_not_installed,mylib"
-# `kernel-probe env` keeps import-check answers (kernel_probe.detect.importcache): the suite keeps its own,
-# in a folder of this run, never in the user's ~/.cache
+os.environ["KERNEL_LOCK_TRUST"] = (
+    "kp_zoo,kp_fastlib,kp_fastnorm,kp_models,kp_notmodule,kp_not_installed,mylib"
+)
+# `kernel-probe env` keeps import-check answers (kernel_probe.detect.importcache): the suite keeps
+# its own, in a folder of this run, never in the user's ~/.cache
 if "KERNEL_PROBE_CACHE_DIR" not in os.environ:
     import tempfile
 
@@ -80,11 +83,14 @@ def no_trust(monkeypatch):
 
 @pytest.fixture
 def no_workers(monkeypatch):
-    """Fail the test if the probe starts any worker: the argument must be refused before any work."""
+    """Fail the test if the probe starts any worker: the argument must be refused before any
+    work."""
     from kernel_probe.isolation import worker
 
     def refuse(*_a, **_k):
-        raise AssertionError("a worker was started: the argument should have been refused before any work")
+        raise AssertionError(
+            "a worker was started: the argument should have been refused before any work"
+        )
 
     monkeypatch.setattr(worker.WorkerPool, "__init__", refuse)
     monkeypatch.setattr(worker.Worker, "__init__", refuse)
@@ -98,7 +104,8 @@ def lock_file(tmp_path: Path) -> Path:
 
 
 def edited_lock(**replace: str) -> str:
-    """MINIMAL_LOCK with each old text (a key) replaced once by its new one; a missing one fails the test."""
+    """MINIMAL_LOCK with each old text (a key) replaced once by its new one; a missing one fails the
+    test."""
     text = MINIMAL_LOCK
     for old, new in replace.items():
         assert old in text, old
@@ -108,21 +115,28 @@ def edited_lock(**replace: str) -> str:
 
 def sealed_lock(text: str = MINIMAL_LOCK, *, path: str | None = None, check_targets: bool = True):
     """The lock ``text`` describes, sealed: its digest matches its content, as kernel-probe and
-    `kernel-probe rehash` leave it. Loading's warnings (no digest yet, no [environment]) are not shown."""
+    `kernel-probe rehash` leave it. Loading's warnings (no digest yet, no [environment]) are not
+    shown."""
     import kernel_lock
 
-    return kernel_lock.loads(text, path=path, emit_warnings=False, check_targets=check_targets).sealed()
+    return kernel_lock.loads(
+        text, path=path, emit_warnings=False, check_targets=check_targets
+    ).sealed()
 
 
 def write_sealed(dest: Path, text: str = MINIMAL_LOCK, **load) -> Path:
-    """``text`` sealed (:func:`sealed_lock`, ``load`` its options) and written at ``dest``; returns ``dest``."""
+    """``text`` sealed (:func:`sealed_lock`, ``load`` its options) and written at ``dest``; returns
+    ``dest``."""
     sealed_lock(text, **load).dump(dest)
     return dest
 
 
-def small_probe(*slots: str, shape: str = "64x32", reps: int = 2, precision: str | None = "32-true") -> list[str]:
-    """The arguments of a small CPU probe: the given slots (all three when none), one precision (None:
-    the default ones), one small shape, few repetitions. Add --out, candidates, pins and flags around it."""
+def small_probe(
+    *slots: str, shape: str = "64x32", reps: int = 2, precision: str | None = "32-true"
+) -> list[str]:
+    """The arguments of a small CPU probe: the given slots (all three when none), one precision
+    (None: the default ones), one small shape, few repetitions. Add --out, candidates, pins and
+    flags around it."""
     argv = [arg for slot in slots for arg in ("--slot", slot)]
     if precision is not None:
         argv += ["--precision", precision]
@@ -141,9 +155,9 @@ def run_cli(argv, capsys):
     return code, out, err
 
 
-# Module-scoped fixtures that run a real probe, a worker pool over the fake zoo or many ranks (seconds
-# to minutes each, once per module). Every test using one is marked slow, so the everyday fast lane
-# (`pytest -m "not slow"`, README) never starts them; .ci/run still runs everything.
+# Module-scoped fixtures that run a real probe, a worker pool over the fake zoo or many ranks
+# (seconds to minutes each, once per module). Every test using one is marked slow, so the everyday
+# fast lane (`pytest -m "not slow"`, README) never starts them; .ci/run still runs everything.
 SLOW_FIXTURES = {  # test module (path under tests/) -> its slow module-scoped fixtures
     "kernel_probe/probe/test_judge_zoo.py": ("results",),
     "kernel_lock/test_schema_docs.py": ("real_locks",),
@@ -154,17 +168,20 @@ SLOW_FIXTURES = {  # test module (path under tests/) -> its slow module-scoped f
 }
 
 
-# Modules whose every test is slow (their `pytestmark` says so): the fast lane does not even import them,
-# since importing anemoi-models and Hydra, or hypothesis (whose modules pytest rewrites), costs seconds.
+# Modules whose every test is slow (their `pytestmark` says so): the fast lane does not even import
+# them, since importing anemoi-models and Hydra, or hypothesis (whose modules pytest rewrites),
+# costs seconds.
 SLOW_MODULES = (
     "kernel_lock/test_anemoi.py",
     "kernel_lock/test_anemoi_model.py",
     "kernel_lock/test_lock_fuzz.py",
     "kernel_probe/test_inputs_fuzz.py",
-    # validates against anemoi-training's own schemas: with anemoi installed, importing it composes Hydra
-    # and builds ~200 pydantic models, seconds of the lane for tests that are all slow (issue 38)
+    # validates against anemoi-training's own schemas: with anemoi installed, importing it composes
+    # Hydra and builds ~200 pydantic models, seconds of the lane for tests that are all slow (issue
+    # 38)
     "kernel_probe/anemoi/test_schema_check.py",
-    # builds anemoi-models' GraphTransformer and Transformer processors (imports anemoi and PyG: seconds)
+    # builds anemoi-models' GraphTransformer and Transformer processors (imports anemoi and PyG:
+    # seconds)
     "kernel_probe/anemoi/test_processor_builds.py",
 )
 
@@ -176,12 +193,17 @@ def module_key(path) -> str:
 
 
 def pytest_ignore_collect(collection_path, config):
-    if module_key(collection_path) in SLOW_MODULES and " ".join(config.getoption("markexpr", "").split()) == "not slow":
+    if (
+        module_key(collection_path) in SLOW_MODULES
+        and " ".join(config.getoption("markexpr", "").split()) == "not slow"
+    ):
         return True
     return None
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if set(SLOW_FIXTURES.get(module_key(item.path), ())) & set(getattr(item, "fixturenames", ())):
+        if set(SLOW_FIXTURES.get(module_key(item.path), ())) & set(
+            getattr(item, "fixturenames", ())
+        ):
             item.add_marker(pytest.mark.slow)

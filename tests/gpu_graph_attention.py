@@ -1,12 +1,12 @@
-"""The GPU kit's graph-attention work (issue 39), run by ``tests/gpu_suite.py``'s attention part (so by
-``benchmarks/gpu_all.py``), written for any device so its code paths also run on a CPU
+"""The GPU kit's graph-attention work (issue 39), run by ``tests/gpu_suite.py``'s attention part (so
+by ``benchmarks/gpu_all.py``), written for any device so its code paths also run on a CPU
 (tests/test_gpu_kit.py).
 
-1. The GraphAttention check (``kernel_probe.probe.graph_attention_check.check_backend``, in the isolated
-   worker) of anemoi's Triton kernel and of the PyG path, forward and backward against float64 in
-   float32 and bfloat16 on the check graph (O96 processor degrees), #1027's sharp softmax included:
-   on a GPU the real, compiled Triton kernel (on a CPU it is skipped, with its reason, unless
-   ``TRITON_INTERPRET=1``).
+1. The GraphAttention check (``kernel_probe.probe.graph_attention_check.check_backend``, in the
+   isolated worker) of anemoi's Triton kernel and of the PyG path, forward and backward against
+   float64 in float32 and bfloat16 on the check graph (O96 processor degrees), #1027's sharp softmax
+   included: on a GPU the real, compiled Triton kernel (on a CPU it is skipped, with its reason,
+   unless ``TRITON_INTERPRET=1``).
 2. Both backends timed forward + backward at anemoi's O96-era processor: the 10,242 nodes of
    ``TriNodes(resolution=5)`` with ``MultiScaleEdges``' in-degrees (``graph_attention.O96_DEGREES``,
    81,900 edges), 16 heads x 64 channels (1024 channels), bfloat16; median of ``REPS`` calls after
@@ -38,9 +38,11 @@ SMOKE = {
 REPS, WARMUP = 10, 2
 
 
-def o96_graph(degrees: tuple[tuple[int, int], ...], gen: torch.Generator) -> tuple[torch.Tensor, int]:
-    """A processor graph with exactly ``degrees``' in-degrees (degree, nodes), no duplicate edge, sorted by
-    destination: (edge_index, nodes)."""
+def o96_graph(
+    degrees: tuple[tuple[int, int], ...], gen: torch.Generator
+) -> tuple[torch.Tensor, int]:
+    """A processor graph with exactly ``degrees``' in-degrees (degree, nodes), no duplicate edge,
+    sorted by destination: (edge_index, nodes)."""
     nodes = sum(n for _, n in degrees)
     per_dst = [d for d, n in degrees for _ in range(n)]
     src = torch.cat([torch.randperm(nodes, generator=gen)[:d] for d in per_dst])
@@ -68,15 +70,25 @@ def _time(fn: Any, device: str) -> list[float]:
 
 
 def timing(backend: str, device: str, geometry: dict[str, Any]) -> dict[str, Any]:
-    """One backend's fwd+bwd at ``geometry``: median ms, reps, bitwise repeatability, or the error."""
+    """One backend's fwd+bwd at ``geometry``: median ms, reps, bitwise repeatability, or the
+    error."""
     gen = torch.Generator().manual_seed(0)
     edge_index, nodes = o96_graph(geometry["degrees"], gen)
     dtype = getattr(torch, geometry["dtype"])
     h, c, e = geometry["heads"], geometry["channels"], edge_index.shape[1]
-    row: dict[str, Any] = {"nodes": nodes, "edges": e, "heads": h, "channels": c, "dtype": geometry["dtype"]}
+    row: dict[str, Any] = {
+        "nodes": nodes,
+        "edges": e,
+        "heads": h,
+        "channels": c,
+        "dtype": geometry["dtype"],
+    }
     try:
         attend = ga.backend(backend, device)
-        tensors = [torch.randn(n, h, c, generator=gen).to(device, dtype) for n in (nodes, nodes, nodes, e, nodes)]
+        tensors = [
+            torch.randn(n, h, c, generator=gen).to(device, dtype)
+            for n in (nodes, nodes, nodes, e, nodes)
+        ]
         q, k, v, edges, go = tensors
         ei = edge_index.to(device)
 
@@ -97,7 +109,8 @@ def timing(backend: str, device: str, geometry: dict[str, Any]) -> dict[str, Any
 
 
 def run(device: str, smoke: bool) -> dict[str, Any]:
-    """The graph-attention work on ``device`` (the module docstring): verdicts and timings per backend."""
+    """The graph-attention work on ``device`` (the module docstring): verdicts and timings per
+    backend."""
     from kernel_probe.probe.graph_attention_check import check_backend
 
     geometry = SMOKE if smoke else O96
@@ -105,7 +118,10 @@ def run(device: str, smoke: bool) -> dict[str, Any]:
     for backend in ("triton", "pyg"):
         report = check_backend(backend, device, DTYPES)
         entry: dict[str, Any] = {"check": report.to_json()}
-        if report.status in ("accepted", "rejected"):  # a rejected backend's speed is still a figure
+        if report.status in (
+            "accepted",
+            "rejected",
+        ):  # a rejected backend's speed is still a figure
             entry["timing"] = timing(backend, device, geometry)
         out["backends"][backend] = entry
     return out

@@ -1,5 +1,6 @@
-"""docs/architecture.md: one data-flow picture (Mermaid) from detection to the lock and into training and
-inference; every module it names exists, and every edge joins nodes the picture declares (issue 37)."""
+"""docs/architecture.md: one data-flow picture (Mermaid) from detection to the lock and into
+training and inference; every module it names exists, and every edge joins nodes the picture
+declares (issue 37)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""docs/benchmarks.md's CPU plot: drawn by benchmarks/timing_plot.py from committed data that names its command
-and machine; every slot has a series at every shape (issue 37)."""
+"""docs/benchmarks.md's CPU plot: drawn by benchmarks/timing_plot.py from committed data that names
+its command and machine; every slot has a series at every shape (issue 37)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("timing_plot", ROOT / "benchmarks" / "timing_plot.py")
+    spec = importlib.util.spec_from_file_location(
+        "timing_plot", ROOT / "benchmarks" / "timing_plot.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

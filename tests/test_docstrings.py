@@ -1,6 +1,6 @@
-"""Every public definition of kernel_lock and kernel_probe says what it is (issue 40): a module-level
-function or class, or a method of a public class, whose name does not start with an underscore, has a
-docstring. Read from the source (AST), so nothing is imported."""
+"""Every public definition of kernel_lock and kernel_probe says what it is (issue 40): a
+module-level function or class, or a method of a public class, whose name does not start with an
+underscore, has a docstring. Read from the source (AST), so nothing is imported."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ PACKAGES = ("kernel_lock", "kernel_probe")
 
 
 def _public(node: ast.AST) -> bool:
-    return isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not node.name.startswith("_")
+    return isinstance(
+        node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    ) and not node.name.startswith("_")
 
 
 def _overload(node: ast.AST) -> bool:
@@ -26,8 +28,9 @@ def _overload(node: ast.AST) -> bool:
 
 
 def public_definitions(tree: ast.Module) -> Iterator[tuple[str, ast.AST]]:
-    """(dotted name, node) of each public function and class of a module, and each public method of a
-    public class (an ``@overload`` stub or a property's setter is documented by its implementation)."""
+    """(dotted name, node) of each public function and class of a module, and each public method of
+    a public class (an ``@overload`` stub or a property's setter is documented by its
+    implementation)."""
     for node in tree.body:
         if not _public(node) or _overload(node):
             continue
@@ -51,7 +54,9 @@ def undocumented() -> list[str]:
 
 def test_every_public_definition_has_a_docstring():
     missing = undocumented()
-    assert not missing, f"{len(missing)} public definitions without a docstring:\n" + "\n".join(missing)
+    assert not missing, f"{len(missing)} public definitions without a docstring:\n" + "\n".join(
+        missing
+    )
 
 
 def test_the_walk_finds_functions_classes_and_methods_and_skips_the_private():

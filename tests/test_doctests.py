@@ -16,7 +16,9 @@ MODULES = {  # module -> the functions whose examples it must keep (a deleted ex
     "kernel_probe.probe.repetitions": ("margin",),
     "kernel_probe.probe.choose": ("clears_margin", "within_margin"),
     "kernel_probe.probe.rules": ("rules", "slot_rules"),  # the module's own examples, and the merge
-    "kernel_lock.format.tables": ("tables",),  # a table declared by its fields, written by the generic writer
+    "kernel_lock.format.tables": (
+        "tables",
+    ),  # a table declared by its fields, written by the generic writer
 }
 
 
@@ -25,7 +27,9 @@ def test_the_rule_functions_examples_hold(name):
     module = importlib.import_module(name)
     finder = doctest.DocTestFinder()
     tests = {t.name.rsplit(".", 1)[-1]: t for t in finder.find(module) if t.examples}
-    assert set(MODULES[name]) <= set(tests), f"{name}: no examples in {set(MODULES[name]) - set(tests)}"
+    assert set(MODULES[name]) <= set(tests), (
+        f"{name}: no examples in {set(MODULES[name]) - set(tests)}"
+    )
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
     for test in tests.values():
         runner.run(test)

@@ -1,5 +1,6 @@
-"""The fast lane (`pytest -m "not slow"`) leaves out what conftest.SLOW_FIXTURES names: each name must
-still be a module-scoped fixture of its module, or a rename would quietly put minutes back in the lane."""
+"""The fast lane (`pytest -m "not slow"`) leaves out what conftest.SLOW_FIXTURES names: each name
+must still be a module-scoped fixture of its module, or a rename would quietly put minutes back in
+the lane."""
 
 from __future__ import annotations
 
@@ -10,10 +11,14 @@ import pytest
 from tests.conftest import ROOT, SLOW_FIXTURES, SLOW_MODULES
 
 
-@pytest.mark.parametrize(("module", "fixture"), sorted((m, f) for m, names in SLOW_FIXTURES.items() for f in names))
+@pytest.mark.parametrize(
+    ("module", "fixture"), sorted((m, f) for m, names in SLOW_FIXTURES.items() for f in names)
+)
 def test_each_slow_fixture_is_still_there(module, fixture):
     text = (ROOT / "tests" / module).read_text()
-    assert re.search(rf'@pytest\.fixture\(scope="module"\)\ndef {fixture}\(', text), f"{module}: no fixture {fixture}"
+    assert re.search(rf'@pytest\.fixture\(scope="module"\)\ndef {fixture}\(', text), (
+        f"{module}: no fixture {fixture}"
+    )
 
 
 def test_the_lane_marks_a_test_using_one_and_only_that():
@@ -33,15 +38,23 @@ def test_the_lane_marks_a_test_using_one_and_only_that():
         Item("kernel_probe/commands/test_probe.py", ("tmp_path",)),
     )
     pytest_collection_modifyitems(None, [using, using_the_other, other_module, not_using])
-    assert (using.marks, using_the_other.marks, other_module.marks, not_using.marks) == (["slow"], ["slow"], [], [])
+    assert (using.marks, using_the_other.marks, other_module.marks, not_using.marks) == (
+        ["slow"],
+        ["slow"],
+        [],
+        [],
+    )
 
 
 @pytest.mark.parametrize("module", SLOW_MODULES)
 def test_a_module_the_lane_does_not_import_is_slow_throughout(module):
-    """conftest.SLOW_MODULES are left uncollected by `-m "not slow"`: right only while all their tests are
-    slow, which a module-level mark makes so (a test added there later is slow too, and runs in CI)."""
+    """conftest.SLOW_MODULES are left uncollected by `-m "not slow"`: right only while all their
+    tests are slow, which a module-level mark makes so (a test added there later is slow too, and
+    runs in CI)."""
     text = (ROOT / "tests" / module).read_text()
-    assert re.search(r"^pytestmark = .*pytest\.mark\.slow\b", text, re.M), f"{module}: no module-level slow mark"
+    assert re.search(r"^pytestmark = .*pytest\.mark\.slow\b", text, re.M), (
+        f"{module}: no module-level slow mark"
+    )
 
 
 def test_the_lane_leaves_those_modules_out_and_only_in_the_lane():
@@ -58,6 +71,8 @@ def test_the_lane_leaves_those_modules_out_and_only_in_the_lane():
     assert pytest_ignore_collect(path, config("")) is None  # the whole suite, CI
     assert pytest_ignore_collect(path, config("slow")) is None
     assert (
-        pytest_ignore_collect(ROOT / "tests" / "kernel_probe" / "commands" / "test_probe.py", config("not slow"))
+        pytest_ignore_collect(
+            ROOT / "tests" / "kernel_probe" / "commands" / "test_probe.py", config("not slow")
+        )
         is None
     )

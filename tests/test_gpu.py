@@ -2,10 +2,10 @@
 bf16-true and bf16-mixed — torch.nn, torch.compile, and liger-kernel, transformer-engine and apex
 where they are importable — and the verdicts users rely on.
 
-    python -m pytest -m gpu tests/test_gpu.py -rs          # on a CUDA node (benchmarks/gpu_all.py runs it)
+    python -m pytest -m gpu tests/test_gpu.py -rs   # on a CUDA node (benchmarks/gpu_all.py runs it)
 
-Skipped, with the reason, where torch sees no CUDA device. ``KP_GPU_OUT=DIR`` keeps what the suite saw
-(verdicts, autocast output dtypes, timings) in DIR/gpu-verdicts.json for docs/benchmarks.md.
+Skipped, with the reason, where torch sees no CUDA device. ``KP_GPU_OUT=DIR`` keeps what the suite
+saw (verdicts, autocast output dtypes, timings) in DIR/gpu-verdicts.json for docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(
         not torch.cuda.is_available() or getattr(torch.version, "hip", None) is not None,
-        reason="no CUDA device here (torch.cuda.is_available() is False, or this is a ROCm build): these tests "
-        "run on a CUDA GPU node (`python -m pytest -m gpu tests/test_gpu.py`, or benchmarks/gpu_all.py)",
+        reason="no CUDA device here (torch.cuda.is_available() is False, or this is a ROCm "
+        "build): these tests "
+        "run on a CUDA GPU node (`python -m pytest -m gpu tests/test_gpu.py`, or "
+        "benchmarks/gpu_all.py)",
     ),
 ]
 
@@ -62,18 +64,26 @@ def recorded(reports, times, tmp_path_factory) -> Path:
 def test_torch_nn_is_accepted_in_every_regime(reports, cid):
     r = reports[cid]
     assert r.status == "accepted", r.reasons
-    assert {(v.dtype, v.regime) for v in r.verdicts if v.status == "accepted"} == set(gpu_suite.ROWS)
+    assert {(v.dtype, v.regime) for v in r.verdicts if v.status == "accepted"} == set(
+        gpu_suite.ROWS
+    )
 
 
-@pytest.mark.skipif(not importable("liger_kernel"), reason="liger-kernel is not installed on this GPU node")
+@pytest.mark.skipif(
+    not importable("liger_kernel"), reason="liger-kernel is not installed on this GPU node"
+)
 def test_liger_in_place_rms_norm_is_rejected_for_mutating_grad_output(reports):
     r = reports[gpu_suite.IN_PLACE_ID]
     assert r.status == "rejected", r.reasons
-    assert any("grad-output-modified" in v.failed for v in r.verdicts), [v.failed for v in r.verdicts]
+    assert any("grad-output-modified" in v.failed for v in r.verdicts), [
+        v.failed for v in r.verdicts
+    ]
     assert "modifies grad_output in place" in " ".join(r.reasons)
 
 
-@pytest.mark.skipif(not importable("liger_kernel"), reason="liger-kernel is not installed on this GPU node")
+@pytest.mark.skipif(
+    not importable("liger_kernel"), reason="liger-kernel is not installed on this GPU node"
+)
 @pytest.mark.parametrize("cid", LIGER_PINNED)
 def test_liger_with_the_pinned_kwargs_is_accepted(reports, cid):
     r = reports[cid]
@@ -117,5 +127,10 @@ def test_every_accepted_candidate_times_in_every_precision(reports, times):
         for precision, row in rows.items():
             assert "error" not in row, (cid, precision, row)
             assert row["median_ms"] > 0 and row["reps"] >= 10, (cid, precision, row)
-            # a forward+backward cannot beat a copy of the same bytes by much (L2 is flushed by rotation)
-            assert 0 < row["copy_percent"] < 150 or reports[cid].semantics == "linear", (cid, precision, row)
+            # a forward+backward cannot beat a copy of the same bytes by much (L2 is flushed by
+            # rotation)
+            assert 0 < row["copy_percent"] < 150 or reports[cid].semantics == "linear", (
+                cid,
+                precision,
+                row,
+            )

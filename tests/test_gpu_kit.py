@@ -1,7 +1,7 @@
-"""The GPU kit, proven on a CPU: the GPU suite collects and skips with its reason, its code paths run
-on torch.nn's candidates, gpu_all.py's limits hold (a part over its limit is killed and recorded, the
-others still run; the run's budget is kept), and `gpu_all.py --smoke` runs every part and the report
-labels its figures SMOKE (docs/benchmarks.md)."""
+"""The GPU kit, proven on a CPU: the GPU suite collects and skips with its reason, its code paths
+run on torch.nn's candidates, gpu_all.py's limits hold (a part over its limit is killed and
+recorded, the others still run; the run's budget is kept), and `gpu_all.py --smoke` runs every part
+and the report labels its figures SMOKE (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -28,13 +28,15 @@ import gpu_report  # noqa: E402
 from . import gpu_suite  # noqa: E402
 
 needs_cpu = pytest.mark.skipif(
-    __import__("torch").cuda.is_available(), reason="this machine has a GPU: tests/test_gpu.py runs instead"
+    __import__("torch").cuda.is_available(),
+    reason="this machine has a GPU: tests/test_gpu.py runs instead",
 )
 
 
 @dataclass(frozen=True)
 class SmokeRun:
-    """One `gpu_all.py --smoke` run, shared by the tests of its parts (read-only: each test reads files)."""
+    """One `gpu_all.py --smoke` run, shared by the tests of its parts (read-only: each test reads
+    files)."""
 
     returncode: int
     stdout: str
@@ -43,7 +45,11 @@ class SmokeRun:
     anemoi_missing: bool
 
     def part(self, name: str) -> dict[str, Any]:
-        [part] = [p for p in json.loads((self.run_dir / "run.json").read_text())["parts"] if p["name"] == name]
+        [part] = [
+            p
+            for p in json.loads((self.run_dir / "run.json").read_text())["parts"]
+            if p["name"] == name
+        ]
         return part
 
     def log(self, name: str, stream: str = "out") -> str:
@@ -53,8 +59,9 @@ class SmokeRun:
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory) -> SmokeRun:
     """`gpu_all.py --smoke`, run once for this module (issue 38: its "tests" part is the GPU suite's
-    collection, its "attention" part is `python -m tests.gpu_suite --smoke` with the graph-attention work;
-    each ran again on its own before). No TRITON_INTERPRET: the Triton graph kernel is skipped on a CPU."""
+    collection, its "attention" part is `python -m tests.gpu_suite --smoke` with the graph-attention
+    work; each ran again on its own before). No TRITON_INTERPRET: the Triton graph kernel is skipped
+    on a CPU."""
     run_dir = tmp_path_factory.mktemp("gpu-all") / "run"
     try:  # what anemoi_step.py needs, as it checks it
         importlib.import_module("anemoi.models.layers.processor")
@@ -77,11 +84,19 @@ def smoke_run(tmp_path_factory) -> SmokeRun:
 @pytest.mark.slow
 @needs_cpu
 def test_gpu_suite_collects_and_skips_with_its_reason(smoke_run):
-    # gpu_all's "tests" part: `pytest -q -p no:cacheprovider -m gpu -rs tests/test_gpu.py`, from the checkout
+    # gpu_all's "tests" part: `pytest -q -p no:cacheprovider -m gpu -rs tests/test_gpu.py`, from the
+    # checkout
     part = smoke_run.part("tests")
-    assert part.get("command", [])[1:] == ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "-rs"] + [
-        str(ROOT / "tests" / "test_gpu.py")
-    ], part
+    assert part.get("command", [])[1:] == [
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-m",
+        "gpu",
+        "-rs",
+    ] + [str(ROOT / "tests" / "test_gpu.py")], part
     stdout = smoke_run.log("tests")
     assert part.get("returncode") == 0, stdout + smoke_run.log("tests", "log")
     assert "no CUDA device here" in stdout and " skipped" in stdout and "passed" not in stdout
@@ -92,7 +107,11 @@ def test_in_place_variant_is_liger_rms_norm_with_in_place_true():
     by_id = {c.id: c for c in gpu_suite.candidates()}
     pinned, in_place = by_id["liger.rms_norm"], by_id[gpu_suite.IN_PLACE_ID]
     assert pinned.kwargs["in_place"] is False and in_place.kwargs["in_place"] is True
-    assert (in_place.target, in_place.slots, in_place.devices) == (pinned.target, pinned.slots, pinned.devices)
+    assert (in_place.target, in_place.slots, in_place.devices) == (
+        pinned.target,
+        pinned.slots,
+        pinned.devices,
+    )
 
 
 @pytest.mark.slow
@@ -104,7 +123,9 @@ def test_gpu_suite_code_paths_run_on_cpu(tmp_path):
     for cid in ids[:3]:
         r = reports[cid]
         assert r.status == "accepted", r.reasons
-        assert {(v.dtype, v.regime) for v in r.verdicts if v.status == "accepted"} == set(gpu_suite.ROWS)
+        assert {(v.dtype, v.regime) for v in r.verdicts if v.status == "accepted"} == set(
+            gpu_suite.ROWS
+        )
     in_place = reports[gpu_suite.IN_PLACE_ID]
     assert in_place.status == "unavailable" and "this device is cpu" in in_place.reasons[0]
     times = gpu_suite.timings("cpu", reports, "64x32")
@@ -121,14 +142,25 @@ def test_gpu_suite_code_paths_run_on_cpu(tmp_path):
 @pytest.mark.slow
 @needs_cpu
 def test_the_attention_part_runs_in_smoke_mode_on_cpu_and_writes_its_figures(smoke_run):
-    """gpu_all.py's attention part as it runs it (issue 36): checks, then fwd+bwd figures per dtype."""
+    """gpu_all.py's attention part as it runs it (issue 36): checks, then fwd+bwd figures per
+    dtype."""
     part = smoke_run.part("attention")
     attention_dir = smoke_run.run_dir / "attention"
-    assert part.get("command", [])[1:] == ["-m", "tests.gpu_suite", "--out", str(attention_dir), "--smoke"], part
+    assert part.get("command", [])[1:] == [
+        "-m",
+        "tests.gpu_suite",
+        "--out",
+        str(attention_dir),
+        "--smoke",
+    ], part
     stdout = smoke_run.log("attention")
     assert part.get("returncode") == 0, stdout + smoke_run.log("attention", "log")
     data = json.loads((attention_dir / "attention.json").read_text())
-    assert (data["device"], data["geometry"], data["smoke"]) == ("cpu", gpu_suite.ATTENTION_SMOKE, True)
+    assert (data["device"], data["geometry"], data["smoke"]) == (
+        "cpu",
+        gpu_suite.ATTENTION_SMOKE,
+        True,
+    )
     found = data["candidates"]
     assert set(found) == set(gpu_suite.ATTENTION_IDS)
     for cid in ("torch.sdpa", "torch.sdpa.math", "torch.sdpa.flash"):  # CPU: math and CPU flash run
@@ -136,12 +168,22 @@ def test_the_attention_part_runs_in_smoke_mode_on_cpu_and_writes_its_figures(smo
         assert set(found[cid]["timings"]) == {d for d, _ in gpu_suite.ATTENTION_ROWS}
         for row in found[cid]["timings"].values():
             assert "error" not in row and row["median_ms"] > 0 and row["tflops"] > 0, row
-            assert row["reps"] == gpu_suite.ATTENTION_TIMING["reps"] and row["peak_bytes"] is None  # no CUDA
-    for cid in ("torch.sdpa.efficient", "torch.sdpa.cudnn"):  # they refuse CPU tensors: torch's reason
-        assert found[cid]["status"] == "unavailable" and "No viable backend" in found[cid]["reasons"][0]
+            # no CUDA
+            assert row["reps"] == gpu_suite.ATTENTION_TIMING["reps"] and row["peak_bytes"] is None
+    for cid in (
+        "torch.sdpa.efficient",
+        "torch.sdpa.cudnn",
+    ):  # they refuse CPU tensors: torch's reason
+        assert (
+            found[cid]["status"] == "unavailable"
+            and "No viable backend" in found[cid]["reasons"][0]
+        )
         assert found[cid]["timings"] == {}
     for cid in ("flash_attn.v2", "flash_attn.v3", "flash_attn.v4"):
-        assert found[cid]["status"] == "unavailable" and "this device is cpu" in found[cid]["reasons"][0]
+        assert (
+            found[cid]["status"] == "unavailable"
+            and "this device is cpu" in found[cid]["reasons"][0]
+        )
     assert "torch.sdpa.math" in stdout and "ms" in stdout
     # the gated-MLP part (issue 39), run by the same command after the attention part
     gated = json.loads((attention_dir / "gated_mlp.json").read_text())
@@ -150,8 +192,14 @@ def test_the_attention_part_runs_in_smoke_mode_on_cpu_and_writes_its_figures(smo
     for impl, found in gated["implementations"].items():
         assert set(found) == set(gpu_suite.GATED_IDS)
         torch_gate = found["torch.gated_mlp"]
-        assert torch_gate["status"] == "accepted" and 0 < torch_gate["worst_ratio"] < 1, (impl, torch_gate)
-        assert torch_gate["timing"]["median_ms"] > 0 and torch_gate["timing"]["reps"] == gpu_suite.GATED_TIMING["reps"]
+        assert torch_gate["status"] == "accepted" and 0 < torch_gate["worst_ratio"] < 1, (
+            impl,
+            torch_gate,
+        )
+        assert (
+            torch_gate["timing"]["median_ms"] > 0
+            and torch_gate["timing"]["reps"] == gpu_suite.GATED_TIMING["reps"]
+        )
         liger = found["liger.gated_mlp"]  # CPU: liger's kernels need a GPU, said with the reason
         assert liger["status"] == "unavailable" and "this device is cpu" in liger["reasons"][0]
         assert liger["timing"] is None
@@ -161,8 +209,8 @@ def test_the_attention_part_runs_in_smoke_mode_on_cpu_and_writes_its_figures(smo
 @pytest.mark.slow  # two check workers with anemoi and PyG, and the timing
 @needs_cpu
 def test_the_graph_attention_work_runs_in_smoke_mode_on_cpu(smoke_run):
-    """The attention part's graph-attention work (issue 39): PyG checked and timed, the Triton kernel
-    skipped on a CPU with its reason (no TRITON_INTERPRET). gpu_suite.main writes what
+    """The attention part's graph-attention work (issue 39): PyG checked and timed, the Triton
+    kernel skipped on a CPU with its reason (no TRITON_INTERPRET). gpu_suite.main writes what
     gpu_graph_attention.run("cpu", smoke=True) returns, first, as graph-attention.json."""
     from tests import gpu_graph_attention
 
@@ -173,7 +221,9 @@ def test_the_graph_attention_work_runs_in_smoke_mode_on_cpu(smoke_run):
     assert pyg["check"]["status"] == "accepted", pyg["check"]["reasons"]
     assert {v["dtype"] for v in pyg["check"]["evidence"]} == set(gpu_graph_attention.DTYPES)
     t = pyg["timing"]
-    assert t["median_ms"] > 0 and t["reps"] == gpu_graph_attention.REPS and t["deterministic"] is True
+    assert (
+        t["median_ms"] > 0 and t["reps"] == gpu_graph_attention.REPS and t["deterministic"] is True
+    )
     assert t["nodes"] == gpu_graph_attention.ga.NODES and "error" not in t
     assert triton["check"]["status"] == "skipped" and "GPU" in triton["check"]["reasons"][0]
     assert "timing" not in triton
@@ -199,7 +249,7 @@ def test_the_attention_part_refuses_a_full_run_without_cuda(tmp_path):
     assert "needs a CUDA device" in str(exc.value) and not (tmp_path / "attention.json").exists()
 
 
-# ---- gpu_all.py's limits ---------------------------------------------------------------------------
+# ---- gpu_all.py's limits -------------------------------------------------------------------------
 SLEEPER = (
     "import subprocess, sys, time; "
     "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
@@ -231,7 +281,10 @@ def test_a_part_over_its_limit_is_killed_with_its_children_and_the_next_part_run
     status = {p["name"]: p for p in result["parts"]}
     assert status["slow"]["status"] == "timed out" and status["slow"]["returncode"] is None
     assert 1.0 <= status["slow"]["seconds"] < 30
-    assert status["quick"]["status"] == "ok" and (tmp_path / "logs" / "quick.out").read_text() == "quick ran\n"
+    assert (
+        status["quick"]["status"] == "ok"
+        and (tmp_path / "logs" / "quick.out").read_text() == "quick ran\n"
+    )
     assert status["broken"]["status"] == "failed" and status["broken"]["returncode"] == 7
     deadline = time.time() + 10
     while _alive(int(pid_file.read_text())) and time.time() < deadline:
@@ -250,13 +303,21 @@ def test_the_run_budget_caps_every_part(tmp_path):
     result = gpu_all.run_parts(parts, tmp_path, budget=1.2, header={})
     assert time.perf_counter() - t0 < 30
     first, second = result["parts"]
-    assert first["status"] == "timed out" and first["limit_s"] <= 1.2  # the budget, not its own 100 s
+    # the budget, not its own 100 s
+    assert first["status"] == "timed out" and first["limit_s"] <= 1.2
     assert second["status"] == "not run" and "budget" in second["reason"]
 
 
 def test_gpu_limits_fit_the_eight_minute_budget(tmp_path):
     parts = gpu_all.parts(tmp_path, smoke=False)
-    assert [p.name for p in parts] == ["probe-cold", "probe-warm", "choice", "anemoi", "tests", "attention"]
+    assert [p.name for p in parts] == [
+        "probe-cold",
+        "probe-warm",
+        "choice",
+        "anemoi",
+        "tests",
+        "attention",
+    ]
     assert sum(p.limit_s for p in parts) <= gpu_all.GPU_BUDGET == 480
     assert gpu_suite.GATED_GPU == "40320x1024" and ("bfloat16", "mixed") in gpu_suite.GATED_ROWS
 
@@ -280,7 +341,8 @@ def test_report_refuses_a_page_without_its_markers(tmp_path):
 
 @pytest.mark.parametrize("run_dir", ["missing", "empty"])
 def test_report_from_no_run_is_a_usage_error_and_leaves_the_page(tmp_path, capsys, run_dir):
-    """A missing directory once exited 0 and rewrote the figures to "GPU run on None, None" (issue 34)."""
+    """A missing directory once exited 0 and rewrote the figures to "GPU run on None, None" (issue
+    34)."""
     doc = tmp_path / "page.md"
     doc.write_text(f"{gpu_report.BEGIN}\nold\n{gpu_report.END}\n")
     where = tmp_path / run_dir
@@ -303,7 +365,11 @@ def test_committed_page_says_the_gpu_run_is_pending_or_shows_gpu_figures():
 # ---- the whole smoke run, then the report --------------------------------------------------------
 @pytest.mark.slow
 def test_gpu_all_smoke_runs_every_part_and_reports_it_as_smoke(smoke_run, tmp_path):
-    run_dir, anemoi_missing, seconds = smoke_run.run_dir, smoke_run.anemoi_missing, smoke_run.seconds
+    run_dir, anemoi_missing, seconds = (
+        smoke_run.run_dir,
+        smoke_run.anemoi_missing,
+        smoke_run.seconds,
+    )
     run = json.loads((run_dir / "run.json").read_text())
     status = {p["name"]: p["status"] for p in run["parts"]}
     if anemoi_missing:  # CI tolerates a failed anemoi install (.ci/run): the part fails, saying why
@@ -312,23 +378,33 @@ def test_gpu_all_smoke_runs_every_part_and_reports_it_as_smoke(smoke_run, tmp_pa
     else:
         assert smoke_run.returncode == 0, (smoke_run.stdout, status)
     assert set(status.values()) == {"ok"}, status
-    print(f"gpu_all.py --smoke: {seconds:.0f} s")  # CI log: the < 3 minutes goal, on an unloaded 2-core machine
+    # CI log: the < 3 minutes goal, on an unloaded 2-core machine
+    print(f"gpu_all.py --smoke: {seconds:.0f} s")
     cold = json.loads((run_dir / "logs" / "probe-cold.out").read_text())
     warm = json.loads((run_dir / "logs" / "probe-warm.out").read_text())
     assert cold["reused"] is False and warm["reused"] is True
     choice = json.loads((run_dir / "choice" / "choice.json").read_text())
     assert choice["env"]["smoke"] is True and choice["timer"] == "cpu perf_counter"
     slots_shapes = {(r["slot"], r["shape"], r["precision"]) for r in choice["rows"]}
-    compared = {"LayerNorm", "RMSNorm", "Linear", "Activation"}  # every default slot but Attention (its own part)
+    compared = {
+        "LayerNorm",
+        "RMSNorm",
+        "Linear",
+        "Activation",
+    }  # every default slot but Attention (its own part)
     assert {slot for slot, _, _ in slots_shapes} == compared
     assert len(slots_shapes) == len(compared) * 3 * 2
     for r in choice["rows"]:
-        assert r["chosen"] == r["fastest"] == r["lock_choice"] and r["chosen_ratio"] == 1.0  # a CPU: torch.nn only
+        # a CPU: torch.nn only
+        assert r["chosen"] == r["fastest"] == r["lock_choice"] and r["chosen_ratio"] == 1.0
         assert r["candidates"][r["chosen"]]["probe_ms"] > 0
     if not anemoi_missing:
         step = json.loads((run_dir / "anemoi" / "anemoi_step.json").read_text())
-        assert step["variants"]["torch.nn"]["step_ms"] > 0 and step["variants"]["lock"]["step_ms"] > 0
-        assert "error" in step["variants"]["liger"]  # liger cannot run on a CPU: recorded with the reason
+        assert (
+            step["variants"]["torch.nn"]["step_ms"] > 0 and step["variants"]["lock"]["step_ms"] > 0
+        )
+        # liger cannot run on a CPU: recorded with the reason
+        assert "error" in step["variants"]["liger"]
     assert "skipped" in (run_dir / "logs" / "tests.out").read_text()
     attention = json.loads((run_dir / "attention" / "attention.json").read_text())
     assert attention["smoke"] is True and attention["geometry"] == gpu_suite.ATTENTION_SMOKE
@@ -343,7 +419,11 @@ def test_gpu_all_smoke_runs_every_part_and_reports_it_as_smoke(smoke_run, tmp_pa
     assert "## Figures: SMOKE" in section and "not GPU results" in section
     assert "GPU run on" not in section
     assert "| choice | ok |" in section and "torch.layer_norm" in section
-    pngs = sorted((tmp_path / "benchmarks").glob("*.png")) if (tmp_path / "benchmarks").exists() else []
+    pngs = (
+        sorted((tmp_path / "benchmarks").glob("*.png"))
+        if (tmp_path / "benchmarks").exists()
+        else []
+    )
     if pngs:  # matplotlib present: one PNG per slot, named as smoke
         assert [p.name for p in pngs] == sorted(f"smoke-{slot}.png" for slot in compared)
     else:
@@ -351,7 +431,8 @@ def test_gpu_all_smoke_runs_every_part_and_reports_it_as_smoke(smoke_run, tmp_pa
 
 
 def test_report_sections_from_a_gpu_shaped_record():
-    """The non-smoke paths of the report, on a hand-made record (invented numbers, no figure of ours)."""
+    """The non-smoke paths of the report, on a hand-made record (invented numbers, no figure of
+    ours)."""
     choice = {
         "goal": 1.03,
         "rows": [
@@ -384,16 +465,22 @@ def test_report_sections_from_a_gpu_shaped_record():
             "fwdbwd_pct_copy": 38,
         }
     ]
-    assert "| liger.layer_norm | 40320x1024 | 32-true | 0.500 ms (38 %) | 1.000 ms (44 %) | 2.00 |" in "\n".join(
-        gpu_report.anchor_lines(anchor, choice)
+    assert (
+        "| liger.layer_norm | 40320x1024 | 32-true | 0.500 ms (38 %) | 1.000 ms (44 %) | 2.00 |"
+        in "\n".join(gpu_report.anchor_lines(anchor, choice))
     )
     step = {
-        "variants": {"torch.nn": {"step_ms": 1000.0}, "lock": {"measured_delta_ms": -10.0, "predicted_delta_ms": -8.0}}
+        "variants": {
+            "torch.nn": {"step_ms": 1000.0},
+            "lock": {"measured_delta_ms": -10.0, "predicted_delta_ms": -8.0},
+        }
     }
     meaning = "\n".join(gpu_report.meaning(choice, step, smoke=False))
     assert "within 3 % of the fastest accepted candidate in 0 of 1" in meaning
     assert "-10.0 ms (-1.0 %)" in meaning and "predicted -8.0 ms" in meaning
-    chart = "\n".join(gpu_report.text_chart("LayerNorm", gpu_report.series(choice)["LayerNorm"], "GPU"))
+    chart = "\n".join(
+        gpu_report.text_chart("LayerNorm", gpu_report.series(choice)["LayerNorm"], "GPU")
+    )
     assert "liger.layer_norm" in chart and "44.0 %" in chart
 
 

@@ -1,7 +1,9 @@
-"""The fingerprint's facts: their catalogue (``FIELDS``), how strictly each must match, and the comparison.
+"""The fingerprint's facts: their catalogue (``FIELDS``), how strictly each must match, and the
+comparison.
 
-A lock's ``[environment]`` holds these fields (docs/lock-format.md); ``with_torch`` and ``torchless``
-read them for this machine; :func:`compare` says where this machine differs from a lock.
+A lock's ``[environment]`` holds these fields (docs/lock-format.md); ``with_torch`` and
+``torchless`` read them for this machine; :func:`compare` says where this machine differs from a
+lock.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ FieldKind = Literal["version", "text", "count"]  # how a field's values compare
 
 @dataclass(frozen=True)
 class FieldSpec:
-    """One fact of the fingerprint: its TOML type, default match rule, how it compares, and its doc line."""
+    """One fact of the fingerprint: its TOML type, default match rule, how it compares, and its doc
+    line."""
 
     type: type | tuple[type, ...]
     default_match: Match
@@ -47,13 +50,23 @@ class FieldSpec:
 
 
 FIELDS: dict[str, FieldSpec] = {
-    "python": FieldSpec(str, "compatible", "version", "Python version (compatible: same major.minor)"),
+    "python": FieldSpec(
+        str, "compatible", "version", "Python version (compatible: same major.minor)"
+    ),
     "os": FieldSpec(str, "exact", "text", "operating system, lower case (linux, darwin, windows)"),
     "arch": FieldSpec(str, "exact", "text", "CPU architecture (x86_64, aarch64)"),
-    "cpu-microarch": FieldSpec(str, "ignore", "text", "CPU microarchitecture from archspec (zen3, neoverse_v2)"),
-    "torch": FieldSpec(str, "compatible", "version", "torch version (compatible: same major.minor)"),
-    "torch-cuda": FieldSpec(str, "compatible", "version", "CUDA version torch was built with, '' if none"),
-    "torch-hip": FieldSpec(str, "compatible", "version", "HIP (ROCm) version torch was built with, '' if none"),
+    "cpu-microarch": FieldSpec(
+        str, "ignore", "text", "CPU microarchitecture from archspec (zen3, neoverse_v2)"
+    ),
+    "torch": FieldSpec(
+        str, "compatible", "version", "torch version (compatible: same major.minor)"
+    ),
+    "torch-cuda": FieldSpec(
+        str, "compatible", "version", "CUDA version torch was built with, '' if none"
+    ),
+    "torch-hip": FieldSpec(
+        str, "compatible", "version", "HIP (ROCm) version torch was built with, '' if none"
+    ),
     "torch-rocm": FieldSpec(
         str,
         "compatible",
@@ -61,17 +74,22 @@ FIELDS: dict[str, FieldSpec] = {
         "ROCm version torch was built with (torch.version.rocm, torch >= 2.10), '' if none",
     ),
     "device-type": FieldSpec(str, "exact", "text", "cpu, cuda, rocm, mps or xpu"),
-    "device-vendor": FieldSpec(str, "exact", "text", "nvidia, amd, apple, intel, or the CPU vendor"),
+    "device-vendor": FieldSpec(
+        str, "exact", "text", "nvidia, amd, apple, intel, or the CPU vendor"
+    ),
     "device-name": FieldSpec(str, "exact", "text", "device name as the driver reports it"),
     "device-arch": FieldSpec(str, "exact", "text", "sm_90, gfx90a, ...; '' on CPU"),
     "device-features": FieldSpec(
         str,
         "exact",
         "text",
-        "ROCm target features from gcnArchName (sramecc+:xnack-); '' elsewhere: an xnack+ run is not an xnack- one",
+        "ROCm target features from gcnArchName (sramecc+:xnack-); '' elsewhere: an xnack+ run "
+        "is not an xnack- one",
     ),
     "device-count": FieldSpec(int, "ignore", "count", "number of devices of that type"),
-    "driver": FieldSpec(str, "compatible", "version", "GPU driver version, '' when it cannot be read cheaply"),
+    "driver": FieldSpec(
+        str, "compatible", "version", "GPU driver version, '' when it cannot be read cheaply"
+    ),
     "numerics-env": FieldSpec(
         str,
         "exact",
@@ -111,7 +129,8 @@ GENERIC_DEVICE_NAMES = ("AMD Radeon Graphics",)
 
 
 def numerics_env(env: Mapping[str, str] | None = None) -> str:
-    """``NUMERICS_ENV`` as set in ``env`` (default: this process): ``VAR=value;...``, '' when none is."""
+    """``NUMERICS_ENV`` as set in ``env`` (default: this process): ``VAR=value;...``, '' when none
+    is."""
     env = os.environ if env is None else env
     return ";".join(f"{name}={env[name]}" for name in NUMERICS_ENV if name in env)
 
@@ -123,8 +142,10 @@ def device_name_note(current: Mapping[str, Any]) -> str | None:
         return None
     if not name or name in GENERIC_DEVICE_NAMES:
         return (
-            f"the device name is {name!r}, which does not identify the device (libdrm's amdgpu.ids is missing "
-            f"or old in this environment); it is identified by its arch {current.get('device-arch')!r}"
+            f"the device name is {name!r}, which does not identify the device (libdrm's "
+            "amdgpu.ids is missing "
+            "or old in this environment); it is identified by its arch "
+            f"{current.get('device-arch')!r}"
         )
     return None
 
@@ -139,7 +160,7 @@ def field_matches(kind: FieldKind, rule: Match, expected: Any, found: Any) -> bo
     True
     >>> field_matches("version", "compatible", "12.4", "12.6")  # a minor does not
     False
-    >>> field_matches("version", "compatible", "2.5.1+cu124", "2.5.0")  # local labels are not releases
+    >>> field_matches("version", "compatible", "2.5.1+cu124", "2.5.0")  # a local label: no release
     True
     >>> field_matches("version", "exact", "2.5.1", "2.5.3")
     False
@@ -170,7 +191,9 @@ def compare(
     diffs = []
     for name, spec in expected.items():
         if name not in FIELDS:
-            continue  # written by a newer kernel-probe: reported by the loader, not checked (see unchecked_fields)
+            # written by a newer kernel-probe: reported by the loader, not checked (see
+            # unchecked_fields)
+            continue
         kind = FIELDS[name].kind
         value = found.get(name)
         if not field_matches(kind, spec.match, spec.value, value):
@@ -179,7 +202,9 @@ def compare(
         value = libraries_found.get(name)
         if value is None:
             if spec.match != "ignore":
-                diffs.append(Difference(f"libraries.{name}", spec.value, "not installed", spec.match))
+                diffs.append(
+                    Difference(f"libraries.{name}", spec.value, "not installed", spec.match)
+                )
         elif not field_matches("version", spec.match, spec.value, value):
             diffs.append(Difference(f"libraries.{name}", spec.value, value, spec.match))
     return diffs

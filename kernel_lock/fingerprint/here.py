@@ -1,7 +1,7 @@
 """The fingerprint a check takes: torch's where torch is imported already, else the torch-free read.
 
-Where torch is imported (a training or inference process), asking it costs nothing and is what a lock
-was written from; elsewhere (a job's start) ``torchless`` reads the same facts from files.
+Where torch is imported (a training or inference process), asking it costs nothing and is what a
+lock was written from; elsewhere (a job's start) ``torchless`` reads the same facts from files.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ __all__ = [
     "for_check",
 ]
 
-# ``torchless`` (the file readers: torch's version file, NVML, KFD, visibility) is imported only where
-# torch is not: a process that has torch asks it, and pays nothing for the readers it does not use
+# ``torchless`` (the file readers: torch's version file, NVML, KFD, visibility) is imported only
+# where torch is not: a process that has torch asks it, and pays nothing for the readers it does not
+# use
 
 # Where torch is imported already (a training or inference process), asking it costs nothing and is
 # what a lock was written from; tests turn this off to read the files in a process that has torch.
@@ -38,8 +39,8 @@ def for_check(checked: Iterable[str] | None = None) -> dict[str, Any]:
 
 
 def device_here() -> dict[str, Any]:
-    """``device_facts`` of this machine, by the same rule as :func:`for_check` (torch-free where torch
-    is not imported and every device fact can be read without it)."""
+    """``device_facts`` of this machine, by the same rule as :func:`for_check` (torch-free where
+    torch is not imported and every device fact can be read without it)."""
     if not (USE_IMPORTED_TORCH and "torch" in sys.modules):
         from . import torchless
 

@@ -1,5 +1,5 @@
-"""Facts of this host read without torch: the CPU (archspec, /proc/cpuinfo), the GPU driver's version
-file, and ROCm's arch names. ``with_torch`` and ``torchless`` both take them from here."""
+"""Facts of this host read without torch: the CPU (archspec, /proc/cpuinfo), the GPU driver's
+version file, and ROCm's arch names. ``with_torch`` and ``torchless`` both take them from here."""
 
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ __all__ = [
 def archspec_host() -> Any | None:
     """archspec's ``Microarchitecture`` for this CPU, or None when archspec is missing or fails.
 
-    archspec caches the answer, so every caller (fingerprint, ``kernel-probe env``) sees the same one.
-    An unknown CPU model is not a failure: archspec returns its generic level (vendor "generic").
+    archspec caches the answer, so every caller (fingerprint, ``kernel-probe env``) sees the same
+    one. An unknown CPU model is not a failure: archspec returns its generic level (vendor
+    "generic").
     """
     try:
         import archspec.cpu
@@ -47,13 +48,17 @@ def normalize_gcn_arch(name: str) -> str:
 
 
 def gcn_features(name: str) -> str:
-    """'gfx90a:sramecc+:xnack-' -> 'sramecc+:xnack-' (the target features, which change code objects)."""
+    """'gfx90a:sramecc+:xnack-' -> 'sramecc+:xnack-' (the target features, which change code
+    objects)."""
     return name.partition(":")[2].strip()
 
 
 # Where the kernel driver states its version: one small file read, no library, no device context.
 DRIVER_FILES = {
-    "cuda": ("/proc/driver/nvidia/version", re.compile(r"Kernel Module\s+(?:for\s+\S+\s+)?([0-9][0-9.]*)")),
+    "cuda": (
+        "/proc/driver/nvidia/version",
+        re.compile(r"Kernel Module\s+(?:for\s+\S+\s+)?([0-9][0-9.]*)"),
+    ),
     "rocm": ("/sys/module/amdgpu/version", re.compile(r"([0-9][0-9.]*)")),
 }
 
@@ -72,7 +77,13 @@ def driver_version(device_type: str) -> str:
     return match.group(1) if match else ""
 
 
-_CPU_VENDORS = {"authenticamd": "amd", "genuineintel": "intel", "arm": "arm", "0x41": "arm", "0x4e": "nvidia"}
+_CPU_VENDORS = {
+    "authenticamd": "amd",
+    "genuineintel": "intel",
+    "arm": "arm",
+    "0x41": "arm",
+    "0x4e": "nvidia",
+}
 
 
 def cpu_vendor() -> str:

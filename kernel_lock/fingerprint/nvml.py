@@ -81,9 +81,15 @@ def nvml_devices() -> list[dict[str, Any]] | None:
 
 
 def primary() -> dict[str, Any] | None:
-    """The primary NVIDIA device via NVML (name, arch, count, driver), or None if NVML is unavailable."""
+    """The primary NVIDIA device via NVML (name, arch, count, driver), or None if NVML is
+    unavailable."""
     devices = nvml_devices()
     if not devices:
         return None
     first = devices[0]
-    return {"name": first["name"], "arch": first["arch"], "count": len(devices), "driver": first["driver"]}
+    return {
+        "name": first["name"],
+        "arch": first["arch"],
+        "count": len(devices),
+        "driver": first["driver"],
+    }

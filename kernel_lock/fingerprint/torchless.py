@@ -42,9 +42,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Compute capability by device name, for the names the driver's /proc file gives. Only entries with a
-# source: NVIDIA's CUDA GPUs page (developer.nvidia.com/cuda-gpus) lists A100 as 8.0 and H100, H200
-# and GH200 as 9.0 (also /work/shared/research/sites.md, "NVIDIA arch"). Older drivers drop the
+# Compute capability by device name, for the names the driver's /proc file gives. Only entries with
+# a source: NVIDIA's CUDA GPUs page (developer.nvidia.com/cuda-gpus) lists A100 as 8.0 and H100,
+# H200 and GH200 as 9.0 (also /work/shared/research/sites.md, "NVIDIA arch"). Older drivers drop the
 # "NVIDIA " prefix ("A100-SXM4-40GB"), hence the optional group. Adding a GPU is adding a line.
 NVIDIA_ARCH_BY_NAME: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^(NVIDIA )?A100\b"), "sm_80"),
@@ -63,8 +63,8 @@ MIN_DRIVER_FOR_CUDA: dict[int, tuple[int, ...]] = {11: (450, 80, 2), 12: (525, 6
 
 @dataclass(frozen=True)
 class Notes:
-    """What the torch-free read could not settle (``fallbacks``: field -> why) and where each group of
-    facts came from (``sources``), for ``--debug``."""
+    """What the torch-free read could not settle (``fallbacks``: field -> why) and where each group
+    of facts came from (``sources``), for ``--debug``."""
 
     fallbacks: Mapping[str, str] = field(default_factory=dict)
     sources: Mapping[str, str] = field(default_factory=dict)
@@ -75,7 +75,8 @@ class Notes:
         return not self.fallbacks
 
     def blocking(self, checked: Iterable[str]) -> dict[str, str]:
-        """The fallbacks among ``checked`` (e.g. the lock's fields whose match rule is not ``ignore``)."""
+        """The fallbacks among ``checked`` (e.g. the lock's fields whose match rule is not
+        ``ignore``)."""
         wanted = set(checked)
         return {name: why for name, why in self.fallbacks.items() if name in wanted}
 
@@ -106,7 +107,8 @@ def _driver(device_type: str, root: Path) -> str:
 
 
 def _cpu_device() -> dict[str, Any]:
-    """The CPU device facts exactly as ``with_torch.device_facts`` gives them on a CPU-only torch."""
+    """The CPU device facts exactly as ``with_torch.device_facts`` gives them on a CPU-only
+    torch."""
     return {
         "type": "cpu",
         "vendor": host.cpu_vendor(),
@@ -140,14 +142,16 @@ def _mig_instances(root: Path) -> bool:
     "Device Nodes and Capabilities"): CUDA then names and counts MIG devices, not GPUs."""
     caps = root / "proc/driver/nvidia/capabilities"
     try:
-        return any(gi.name.startswith("gi") for gpu in caps.glob("gpu*") for gi in (gpu / "mig").iterdir())
+        return any(
+            gi.name.startswith("gi") for gpu in caps.glob("gpu*") for gi in (gpu / "mig").iterdir()
+        )
     except OSError:
         return False
 
 
 def _libcuda_findable(root: Path, env: Mapping[str, str]) -> bool:
-    """Whether the dynamic loader can find libcuda.so.1 (ld.so.cache or LD_LIBRARY_PATH): without it a
-    container sees the host's /proc/driver/nvidia yet torch finds no CUDA."""
+    """Whether the dynamic loader can find libcuda.so.1 (ld.so.cache or LD_LIBRARY_PATH): without it
+    a container sees the host's /proc/driver/nvidia yet torch finds no CUDA."""
     for folder in filter(None, env.get("LD_LIBRARY_PATH", "").split(":")):
         if (Path(folder) / "libcuda.so.1").exists():
             return True
@@ -158,8 +162,17 @@ def _libcuda_findable(root: Path, env: Mapping[str, str]) -> bool:
         return False
 
 
-def _nvidia_from_proc(build: TorchBuild, env: Mapping[str, str], root: Path) -> tuple[dict[str, Any], dict[str, str]]:
-    unsure = ("device-type", "device-vendor", "device-name", "device-arch", "device-count", "driver")
+def _nvidia_from_proc(
+    build: TorchBuild, env: Mapping[str, str], root: Path
+) -> tuple[dict[str, Any], dict[str, str]]:
+    unsure = (
+        "device-type",
+        "device-vendor",
+        "device-name",
+        "device-arch",
+        "device-count",
+        "driver",
+    )
     if not (root / "proc/driver/nvidia/gpus").is_dir():
         raise Unsettled(
             unsure,
@@ -182,12 +195,14 @@ def _nvidia_from_proc(build: TorchBuild, env: Mapping[str, str], root: Path) -> 
             "(a container without the GPU?)",
         )
     if "CUDA_VISIBLE_DEVICES" not in env:
-        # /proc lists every GPU of the node; a device cgroup (Slurm's ConstrainDevices, a CPU job on a GPU
-        # node) can hide some or all of them from CUDA, and nothing readable without opening the device
-        # files says which. CUDA_VISIBLE_DEVICES (set by Slurm for a GPU allocation) says what was given.
+        # /proc lists every GPU of the node; a device cgroup (Slurm's ConstrainDevices, a CPU job on
+        # a GPU node) can hide some or all of them from CUDA, and nothing readable without opening
+        # the device files says which. CUDA_VISIBLE_DEVICES (set by Slurm for a GPU allocation) says
+        # what was given.
         raise Unsettled(
             unsure,
-            "CUDA_VISIBLE_DEVICES is unset and NVML is not available: a device cgroup may hide GPUs that /proc lists",
+            "CUDA_VISIBLE_DEVICES is unset and NVML is not available: a device cgroup may hide "
+            "GPUs that /proc lists",
         )
     if _mig_instances(root):
         raise Unsettled(unsure, "MIG instances exist: CUDA names and counts MIG devices, not GPUs")
@@ -195,11 +210,14 @@ def _nvidia_from_proc(build: TorchBuild, env: Mapping[str, str], root: Path) -> 
         gpus = [g for g in _nvidia_proc_gpus(root) if g.get("GPU Excluded", "No") != "Yes"]
     except OSError as exc:
         raise Unsettled(unsure, f"the driver's GPU list cannot be read: {exc}") from None
-    order = visible_nvml_indices(env.get("CUDA_VISIBLE_DEVICES"), [g.get("GPU UUID", "") for g in gpus])
+    order = visible_nvml_indices(
+        env.get("CUDA_VISIBLE_DEVICES"), [g.get("GPU UUID", "") for g in gpus]
+    )
     if order is None:
         raise Unsettled(
             unsure,
-            "CUDA_VISIBLE_DEVICES names MIG devices, or is read differently by CUDA and torch's parser "
+            "CUDA_VISIBLE_DEVICES names MIG devices, or is read differently by CUDA and "
+            "torch's parser "
             "(ordinals and UUIDs mixed, a lone sign, -0)",
         )
     if not order:
@@ -215,13 +233,17 @@ def _nvidia_from_proc(build: TorchBuild, env: Mapping[str, str], root: Path) -> 
     }
     models = {g.get("Model", "") for g in gpus}
     if len(models) != 1:
-        why = f"the GPUs differ ({sorted(models)}): which one CUDA calls device 0 depends on its device order"
+        why = (
+            f"the GPUs differ ({sorted(models)}): which one CUDA calls device 0 depends on "
+            "its device order"
+        )
         return device, {"device-name": why, "device-arch": why}
     name = models.pop()
     arch = next((sm for pattern, sm in NVIDIA_ARCH_BY_NAME if pattern.search(name)), None)
     if arch is None:
         why = (
-            f"{name!r} is not in the table of sourced GPU names (NVIDIA_ARCH_BY_NAME): its arch, and whether CUDA "
+            f"{name!r} is not in the table of sourced GPU names (NVIDIA_ARCH_BY_NAME): its "
+            "arch, and whether CUDA "
             "names it the same, are not known"
         )
         return device, {"device-name": why, "device-arch": why}
@@ -231,7 +253,9 @@ def _nvidia_from_proc(build: TorchBuild, env: Mapping[str, str], root: Path) -> 
 def _nvidia(
     build: TorchBuild, env: Mapping[str, str], root: Path, sources: dict[str, str]
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    same_env = env is os.environ or env.get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
+    same_env = env is os.environ or env.get("CUDA_VISIBLE_DEVICES") == os.environ.get(
+        "CUDA_VISIBLE_DEVICES"
+    )
     if root == Path("/") and same_env:
         first = nvml.primary()  # exactly what with_torch.current() takes on a CUDA build
         if first is not None:
@@ -244,9 +268,15 @@ def _nvidia(
 def gfx_name(target_version: int) -> str:
     """KFD's ``gfx_target_version`` (major*10000 + minor*100 + stepping) as an LLVM target: the
     stepping is one hex digit, so 90010 -> gfx90a, 90402 -> gfx942, 110000 -> gfx1100."""
-    major, minor, stepping = target_version // 10000, target_version // 100 % 100, target_version % 100
+    major, minor, stepping = (
+        target_version // 10000,
+        target_version // 100 % 100,
+        target_version % 100,
+    )
     if major <= 0 or minor > 9 or stepping > 15:
-        raise ValueError(f"gfx_target_version {target_version} is not major*10000 + minor*100 + stepping")
+        raise ValueError(
+            f"gfx_target_version {target_version} is not major*10000 + minor*100 + stepping"
+        )
     return f"gfx{major}{minor}{stepping:x}"
 
 
@@ -260,16 +290,19 @@ def _properties(path: Path) -> dict[str, int]:
 
 
 def _kfd_gpus(root: Path) -> list[dict[str, int]]:
-    """The GPU nodes of the KFD topology in node order (HIP's device order); CPU nodes have no SIMDs."""
+    """The GPU nodes of the KFD topology in node order (HIP's device order); CPU nodes have no
+    SIMDs."""
     base = root / "sys/class/kfd/kfd/topology/nodes"
     gpus = []
     for node in sorted((p for p in base.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)):
         try:
             props = _properties(node / "properties")
         except PermissionError:
-            # the kernel refuses a node this process's device cgroup may not use; ROCr skips it, but we
-            # do not count on that
-            raise Unsettled(DEVICE_FIELDS, f"{node / 'properties'} is not readable (device cgroup)") from None
+            # the kernel refuses a node this process's device cgroup may not use; ROCr skips it, but
+            # we do not count on that
+            raise Unsettled(
+                DEVICE_FIELDS, f"{node / 'properties'} is not readable (device cgroup)"
+            ) from None
         except OSError as exc:
             raise Unsettled(DEVICE_FIELDS, f"the KFD topology cannot be read: {exc}") from None
         if props.get("simd_count", 0) > 0:
@@ -286,18 +319,26 @@ def _amd(
     if not topology.is_dir():
         if (root / "dev/kfd").exists():
             raise Unsettled(DEVICE_FIELDS, "/dev/kfd exists but the KFD topology cannot be read")
-        return _cpu_device(), {}  # no amdgpu compute driver: HIP has no device, torch reports the CPU
+        return (
+            _cpu_device(),
+            {},
+        )  # no amdgpu compute driver: HIP has no device, torch reports the CPU
     gpus = _kfd_gpus(root)
     if not gpus:
         return _cpu_device(), {}
     if not (root / "dev/kfd").exists():
-        raise Unsettled(DEVICE_FIELDS, "the node has AMD GPUs but /dev/kfd is not here (a container without them?)")
+        raise Unsettled(
+            DEVICE_FIELDS,
+            "the node has AMD GPUs but /dev/kfd is not here (a container without them?)",
+        )
     visible = rocm_visible_indices(env, len(gpus))
     if visible is None:
         raise Unsettled(
             DEVICE_FIELDS,
-            "the visibility variables are not lists of distinct GPU node indices in range (UUIDs, repeats, "
-            "signs, spaces and invalid items are left to HIP): only torch can tell which GPUs it sees",
+            "the visibility variables are not lists of distinct GPU node indices in range "
+            "(UUIDs, repeats, "
+            "signs, spaces and invalid items are left to HIP): only torch can tell which GPUs "
+            "it sees",
         )
     device: dict[str, Any] = {
         "type": "rocm",
@@ -309,18 +350,24 @@ def _amd(
         "driver": _driver("rocm", root),
     }
     unsure = {
-        # hipDeviceProp.name comes from libdrm's amdgpu.ids, whichever copy the runtime loads (sites.md:
-        # "AMD Radeon Graphics" when it is missing or old); the KFD only has the PCI device id
-        "device-name": f"the marketing name comes from the amdgpu.ids table the runtime loads (PCI device id "
+        # hipDeviceProp.name comes from libdrm's amdgpu.ids, whichever copy the runtime loads
+        # (sites.md: "AMD Radeon Graphics" when it is missing or old); the KFD only has the PCI
+        # device id
+        "device-name": "the marketing name comes from the amdgpu.ids table the runtime loads "
+        "(PCI device id "
         f"0x{gpus[visible[0]].get('device_id', 0):04x}), not from the KFD",
-        # gcnArchName's sramecc/xnack suffix depends on the ECC setting and the per-process XNACK mode
-        "device-features": "sramecc/xnack come from the runtime (ECC mode, HSA_XNACK, amdgpu.noretry)",
+        # gcnArchName's sramecc/xnack suffix depends on the ECC setting and the per-process XNACK
+        # mode
+        "device-features": "sramecc/xnack come from the runtime (ECC mode, HSA_XNACK, "
+        "amdgpu.noretry)",
     }
     targets = {gpus[i].get("gfx_target_version", 0) for i in visible}
     if len(targets) != 1:
         unsure["device-arch"] = f"the visible GPUs differ (gfx_target_version {sorted(targets)})"
     elif "HSA_OVERRIDE_GFX_VERSION" in env:
-        unsure["device-arch"] = "HSA_OVERRIDE_GFX_VERSION is set: the runtime reports that target instead"
+        unsure["device-arch"] = (
+            "HSA_OVERRIDE_GFX_VERSION is set: the runtime reports that target instead"
+        )
     else:
         try:
             device["arch"] = gfx_name(targets.pop())
@@ -330,15 +377,18 @@ def _amd(
 
 
 def fingerprint(
-    env: Mapping[str, str] | None = None, root: str | os.PathLike[str] = "/", *, version_file: Path | None = None
+    env: Mapping[str, str] | None = None,
+    root: str | os.PathLike[str] = "/",
+    *,
+    version_file: Path | None = None,
 ) -> tuple[dict[str, Any], Notes]:
     """Every field of ``fields.FIELDS``, read without importing torch.
 
-    A field that cannot be read with certainty is ``None`` and named in ``Notes.fallbacks`` (field ->
-    why): the caller then takes ``with_torch.current()`` for the whole fingerprint. ``env`` replaces
-    os.environ (visibility and numerics variables); ``root`` is where /proc, /sys and /dev are (tests
-    point it at a fixture tree); ``version_file`` replaces the installed torch/version.py. Raises
-    ``DeviceVisibilityError`` where ``with_torch.current()`` would.
+    A field that cannot be read with certainty is ``None`` and named in ``Notes.fallbacks`` (field
+    -> why): the caller then takes ``with_torch.current()`` for the whole fingerprint. ``env``
+    replaces os.environ (visibility and numerics variables); ``root`` is where /proc, /sys and /dev
+    are (tests point it at a fixture tree); ``version_file`` replaces the installed
+    torch/version.py. Raises ``DeviceVisibilityError`` where ``with_torch.current()`` would.
     """
     env = os.environ if env is None else env
     base = Path(root)
@@ -369,7 +419,12 @@ def fingerprint(
         if not build.version:
             fallbacks["torch"] = f"{build.path} has no __version__ string"
         fields.update(
-            {"torch": build.version, "torch-cuda": build.cuda, "torch-hip": build.hip, "torch-rocm": build.rocm}
+            {
+                "torch": build.version,
+                "torch-cuda": build.cuda,
+                "torch-hip": build.hip,
+                "torch-rocm": build.rocm,
+            }
         )
     except Unsettled as exc:
         unsettled(exc)
@@ -403,32 +458,36 @@ def fingerprint(
 
 
 def current(checked: Iterable[str] | None = None) -> dict[str, Any]:
-    """The fingerprint for a check: torch-free when every field in ``checked`` (default: all) was read
-    with certainty, else ``with_torch.current()`` (which imports torch). Each fallback is logged at
-    DEBUG level (``--debug``): which field, and why. A field outside ``checked`` that could not be
-    read is None (e.g. device-count, which locks ignore by default)."""
+    """The fingerprint for a check: torch-free when every field in ``checked`` (default: all) was
+    read with certainty, else ``with_torch.current()`` (which imports torch). Each fallback is
+    logged at DEBUG level (``--debug``): which field, and why. A field outside ``checked`` that
+    could not be read is None (e.g. device-count, which locks ignore by default)."""
     fields, notes = fingerprint()
     blocking = dict(notes.fallbacks) if checked is None else notes.blocking(checked)
     for line in notes.lines():
         log.debug("torch-free fingerprint: %s", line)
     if not blocking:
         return fields
-    log.debug("torch-free fingerprint incomplete (%s): reading it with torch", ", ".join(sorted(blocking)))
+    log.debug(
+        "torch-free fingerprint incomplete (%s): reading it with torch", ", ".join(sorted(blocking))
+    )
     return with_torch.current()
 
 
 def device() -> dict[str, Any] | None:
-    """This machine's device facts shaped like ``with_torch.device_facts(torch)`` (type, vendor, name,
-    arch, features, count, driver), or None when any of them needs torch (logged at DEBUG level)."""
+    """This machine's device facts shaped like ``with_torch.device_facts(torch)`` (type, vendor,
+    name, arch, features, count, driver), or None when any of them needs torch (logged at DEBUG
+    level)."""
     fields, notes = fingerprint()
     missing = notes.blocking(DEVICE_FIELDS)
     if missing:
         for name, why in missing.items():
             log.debug("torch-free device facts: %s needs torch (%s)", name, why)
         return None
-    return {key: fields[f"device-{key}"] for key in ("type", "vendor", "name", "arch", "features", "count")} | {
-        "driver": fields["driver"]
-    }
+    return {
+        key: fields[f"device-{key}"]
+        for key in ("type", "vendor", "name", "arch", "features", "count")
+    } | {"driver": fields["driver"]}
 
 
 def _device(
@@ -437,14 +496,18 @@ def _device(
     """The device facts ``with_torch.device_facts`` would give, asked in its order, and the ones
     that only torch can settle (field -> why; their value is None)."""
     if not sys.platform.startswith("linux"):
-        raise Unsettled(DEVICE_FIELDS, f"{sys.platform}: MPS, CUDA or XPU availability is only known to torch here")
+        raise Unsettled(
+            DEVICE_FIELDS,
+            f"{sys.platform}: MPS, CUDA or XPU availability is only known to torch here",
+        )
     if build.hip:
         return _amd(build, env, root, sources)
     if build.cuda:
         return _nvidia(build, env, root, sources)
     if build.xpu:
         raise Unsettled(
-            DEVICE_FIELDS, f"torch is built for XPU ({build.xpu}): whether it sees an Intel GPU is torch's to say"
+            DEVICE_FIELDS,
+            f"torch is built for XPU ({build.xpu}): whether it sees an Intel GPU is torch's to say",
         )
     sources["device"] = "a CPU-only torch on Linux: the CPU (/proc/cpuinfo and archspec)"
     return _cpu_device(), {}

@@ -25,7 +25,8 @@ def _entries(value: str) -> list[str]:
 
 
 def physical_devices(device_type: str, env: Mapping[str, str] | None = None) -> list[str] | None:
-    """The node-level id of each device this process sees, in torch's order; None when nothing restricts it.
+    """The node-level id of each device this process sees, in torch's order; None when nothing
+    restricts it.
 
     ROCm applies ``ROCR_VISIBLE_DEVICES`` first (node ids or UUIDs), then ``HIP_VISIBLE_DEVICES``
     (or ``CUDA_VISIBLE_DEVICES``), whose indices count within what ROCR left; CUDA applies
@@ -48,11 +49,14 @@ def physical_devices(device_type: str, env: Mapping[str, str] | None = None) -> 
         chosen = _entries(hip)
         if len(chosen) > len(base) and hip_name == "HIP_VISIBLE_DEVICES":
             raise DeviceVisibilityError(
-                f"{hip_name}={hip!r} names {len(chosen)} device(s) but ROCR_VISIBLE_DEVICES={rocr!r} leaves "
-                f"only {len(base)}: the HIP list indexes into the ROCR list, so which GPU this process uses is "
+                f"{hip_name}={hip!r} names {len(chosen)} device(s) but "
+                f"ROCR_VISIBLE_DEVICES={rocr!r} leaves "
+                f"only {len(base)}: the HIP list indexes into the ROCR list, so which GPU this "
+                "process uses is "
                 "undefined (torch refuses to count devices)",
                 key=hip_name,
-                fix=f"set one of them: unset {hip_name} (ROCR_VISIBLE_DEVICES alone selects node devices), or "
+                fix=f"set one of them: unset {hip_name} (ROCR_VISIBLE_DEVICES alone selects "
+                "node devices), or "
                 f"give {hip_name} indices 0..{len(base) - 1} into ROCR_VISIBLE_DEVICES's list",
             )
         return [base[int(e)] if e.isdigit() and int(e) < len(base) else "?" for e in chosen]
@@ -66,14 +70,15 @@ _PLAIN_INDEX = re.compile(r"[0-9]+", re.ASCII)
 
 
 def rocm_visible_indices(env: Mapping[str, str], count: int) -> list[int] | None:
-    """Node indices (KFD GPU order) of the GPUs HIP will see, in HIP's order, among ``count`` GPUs; None
-    where ROCm's reading is not certain, so the caller asks torch.
+    """Node indices (KFD GPU order) of the GPUs HIP will see, in HIP's order, among ``count`` GPUs;
+    None where ROCm's reading is not certain, so the caller asks torch.
 
-    ROCR_VISIBLE_DEVICES selects node GPUs first; HIP_VISIBLE_DEVICES (else CUDA_VISIBLE_DEVICES) then
-    indexes into what ROCR left. Only lists of distinct plain indices within range are read here: UUIDs,
-    repeats, signs, spaces, out-of-range or empty items (whose handling differs between ROCr, HIP and
-    torch's parser) are left to torch, and so is CUDA_VISIBLE_DEVICES beside ROCR_VISIBLE_DEVICES (HIP
-    honours it, torch's parser does not). Contradictory variables raise as :func:`physical_devices` does.
+    ROCR_VISIBLE_DEVICES selects node GPUs first; HIP_VISIBLE_DEVICES (else CUDA_VISIBLE_DEVICES)
+    then indexes into what ROCR left. Only lists of distinct plain indices within range are read
+    here: UUIDs, repeats, signs, spaces, out-of-range or empty items (whose handling differs between
+    ROCr, HIP and torch's parser) are left to torch, and so is CUDA_VISIBLE_DEVICES beside
+    ROCR_VISIBLE_DEVICES (HIP honours it, torch's parser does not). Contradictory variables raise as
+    :func:`physical_devices` does.
     """
     physical_devices("rocm", env)  # raises DeviceVisibilityError on a HIP list longer than ROCR's
     rocr = env.get("ROCR_VISIBLE_DEVICES")
@@ -103,9 +108,9 @@ _ORDINAL = re.compile(r"[+-]?[0-9]+", re.ASCII)
 
 
 def _ordinal(item: str) -> int | None:
-    """The leading integer of one CUDA_VISIBLE_DEVICES item as CUDA reads it (strtoul-like: ``0gpu`` is 0,
-    ``+1`` is 1, ``-1`` and a non-number are -1, which ends the list); None where that reading is not
-    certain (a lone sign, ``-0``), so the caller asks torch."""
+    """The leading integer of one CUDA_VISIBLE_DEVICES item as CUDA reads it (strtoul-like: ``0gpu``
+    is 0, ``+1`` is 1, ``-1`` and a non-number are -1, which ends the list); None where that reading
+    is not certain (a lone sign, ``-0``), so the caller asks torch."""
     m = _ORDINAL.match(item)
     if m is None:
         return None if item[:1] in ("+", "-") else -1
@@ -116,14 +121,13 @@ def _ordinal(item: str) -> int | None:
 
 
 def cuda_visible_entries(visible: str) -> list[int] | list[str] | None:
-    """CUDA_VISIBLE_DEVICES as CUDA parses it, before it is matched against the devices: ordinals, or
-    ``GPU-`` / ``MIG-`` UUIDs (full or a prefix). Items are read in order up to the first invalid one
-    (a negative or non-numeric item, or one without the list's UUID prefix); a repeated item means no
-    device at all (``0,0`` -> []). None where a rule is not certain: :func:`_ordinal`'s cases, and
-    ordinals and UUIDs mixed in one list (torch's parser stops at the first of the other kind; CUDA's
-    documentation does not say).
-    The reference for these rules is torch's own parser (``torch.cuda._parse_visible_devices``): the
-    tests compare the two over a corpus of values."""
+    """CUDA_VISIBLE_DEVICES as CUDA parses it, before it is matched against the devices: ordinals,
+    or ``GPU-`` / ``MIG-`` UUIDs (full or a prefix). Items are read in order up to the first invalid
+    one (a negative or non-numeric item, or one without the list's UUID prefix); a repeated item
+    means no device at all (``0,0`` -> []). None where a rule is not certain: :func:`_ordinal`'s
+    cases, and ordinals and UUIDs mixed in one list (torch's parser stops at the first of the other
+    kind; CUDA's documentation does not say). The reference for these rules is torch's own parser
+    (``torch.cuda._parse_visible_devices``): the tests compare the two over a corpus of values."""
     for prefix in ("GPU-", "MIG-"):
         if visible.startswith(prefix):
             uuids: list[str] = []
@@ -132,7 +136,8 @@ def cuda_visible_entries(visible: str) -> list[int] | list[str] | None:
                     return []
                 if not item.startswith(prefix):
                     if item.strip()[:1].isdigit() or item.startswith(("GPU-", "MIG-")):
-                        return None  # ordinals or the other UUID kind after UUIDs: CUDA's reading is not certain
+                        # ordinals or the other UUID kind after UUIDs: CUDA's reading is not certain
+                        return None
                     break
                 uuids.append(item)
             return uuids
@@ -152,7 +157,8 @@ def cuda_visible_entries(visible: str) -> list[int] | list[str] | None:
 
 
 def visible_nvml_indices(visible: str | None, uuids: list[str]) -> list[int] | None:
-    """NVML indices of the devices CUDA will see, in CUDA's order (NVML ignores CUDA_VISIBLE_DEVICES).
+    """NVML indices of the devices CUDA will see, in CUDA's order (NVML ignores
+    CUDA_VISIBLE_DEVICES).
 
     ``visible`` is the value of CUDA_VISIBLE_DEVICES (None when unset); ``uuids`` are NVML's device
     UUIDs by NVML index. Parsed by :func:`cuda_visible_entries`; an ordinal at or beyond the device
@@ -163,7 +169,9 @@ def visible_nvml_indices(visible: str | None, uuids: list[str]) -> list[int] | N
     if visible is None:
         return list(range(len(uuids)))
     entries = cuda_visible_entries(visible)
-    if entries is None or (entries and isinstance(entries[0], str) and entries[0].startswith("MIG-")):
+    if entries is None or (
+        entries and isinstance(entries[0], str) and entries[0].startswith("MIG-")
+    ):
         return None
     out: list[int] = []
     for entry in entries:

@@ -62,9 +62,21 @@ def device_facts(torch: Any) -> dict[str, Any]:
             }
     mps = getattr(getattr(torch, "backends", None), "mps", None)
     if mps is not None and mps.is_available():
-        return {"type": "mps", "vendor": "apple", "name": "Apple MPS", "arch": "", "count": 1, "driver": ""}
+        return {
+            "type": "mps",
+            "vendor": "apple",
+            "name": "Apple MPS",
+            "arch": "",
+            "count": 1,
+            "driver": "",
+        }
     xpu = getattr(torch, "xpu", None)
-    if xpu is not None and hasattr(xpu, "is_available") and xpu.is_available() and xpu.device_count() > 0:
+    if (
+        xpu is not None
+        and hasattr(xpu, "is_available")
+        and xpu.is_available()
+        and xpu.device_count() > 0
+    ):
         props = xpu.get_device_properties(0)
         return {
             "type": "xpu",
@@ -74,7 +86,14 @@ def device_facts(torch: Any) -> dict[str, Any]:
             "count": int(xpu.device_count()),
             "driver": str(getattr(props, "driver_version", "")),
         }
-    return {"type": "cpu", "vendor": host.cpu_vendor(), "name": host.cpu_name(), "arch": "", "count": 1, "driver": ""}
+    return {
+        "type": "cpu",
+        "vendor": host.cpu_vendor(),
+        "name": host.cpu_name(),
+        "arch": "",
+        "count": 1,
+        "driver": "",
+    }
 
 
 def import_torch() -> Any:
@@ -82,18 +101,22 @@ def import_torch() -> Any:
     libraries are missing or broken is no machine a lock is current on)."""
     try:
         import torch
-    except Exception as exc:  # ImportError, OSError from the dynamic loader, anything its __init__ raises
+    # ImportError, OSError from the dynamic loader, anything its __init__ raises
+    except Exception as exc:
         from ..errors import KernelUnavailable
 
         raise KernelUnavailable(
             f"`import torch` fails here: {type(exc).__name__}: {exc}",
             key="environment.torch",
-            fix="repair or reinstall torch in this environment (pip install --force-reinstall torch)",
+            fix="repair or reinstall torch in this environment (pip install --force-reinstall "
+            "torch)",
         ) from None
     return torch
 
 
-def current(torch: Any | None = None, *, device: Callable[[Any], dict[str, Any]] | None = None) -> dict[str, Any]:
+def current(
+    torch: Any | None = None, *, device: Callable[[Any], dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """The fingerprint fields of this machine, as plain values keyed like ``FIELDS``."""
     if torch is None:
         torch = import_torch()

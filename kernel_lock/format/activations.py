@@ -1,10 +1,11 @@
 """The Activation slot's functions: what an activation computes, told without importing it, and the
 lock's ``slots.Activation.function`` key. Plain data and pure functions (no torch).
 
-GELU's exact-erf and tanh forms are different functions (up to 4.7e-4 apart, near |x| = 2.7): liger's
-GEGLU and TE's gelu use tanh, anemoi's default and its geglu gate use erf. A function outside
-``ACTIVATION_FUNCTIONS`` is declared by the class that computes it, ``other:dotted.path.Class`` (anemoi's
-Sine, CustomRelu): its reference is that class itself, run in float64.
+GELU's exact-erf and tanh forms are different functions (up to 4.7e-4 apart, near |x| = 2.7):
+liger's GEGLU and TE's gelu use tanh, anemoi's default and its geglu gate use erf. A function
+outside ``ACTIVATION_FUNCTIONS`` is declared by the class that computes it,
+``other:dotted.path.Class`` (anemoi's Sine, CustomRelu): its reference is that class itself, run in
+float64.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ __all__ = [
     "read_function",
 ]
 
-# What an activation computes, as the model declares it (``--activation``; anemoi: the class its config names)
+# What an activation computes, as the model declares it (``--activation``; anemoi: the class its
+# config names)
 ACTIVATION_FUNCTIONS = ("gelu-erf", "gelu-tanh", "silu", "relu", "sigmoid")
 OTHER_FUNCTION = "other:"
 # pairs where one is an approximation of the other: accepted for each other only with
@@ -73,10 +75,15 @@ def function_problem(text: str) -> str | None:
         parts = path.split(".")
         if len(parts) >= 2 and all(p.isidentifier() and not p.startswith("_") for p in parts):
             return None
-        return f"{text!r}: after {OTHER_FUNCTION!r} comes the public dotted path of the class that computes it"
+        return (
+            f"{text!r}: after {OTHER_FUNCTION!r} comes the public dotted path of the class "
+            "that computes it"
+        )
     return (
-        f"{text!r} is not an activation function kernel-probe knows: use one of {', '.join(ACTIVATION_FUNCTIONS)}, "
-        f"or {OTHER_FUNCTION}module.Class for another (e.g. {OTHER_FUNCTION}anemoi.models.layers.activations.Sine)"
+        f"{text!r} is not an activation function kernel-probe knows: use one of "
+        f"{', '.join(ACTIVATION_FUNCTIONS)}, "
+        f"or {OTHER_FUNCTION}module.Class for another (e.g. "
+        f"{OTHER_FUNCTION}anemoi.models.layers.activations.Sine)"
     )
 
 
@@ -96,10 +103,16 @@ def read_function(slot: str, d: Mapping[str, Any]) -> str:
     computes is that slot's meaning), refused on every other slot. ReadError names the key."""
     if slot != ACTIVATION:
         if "function" in d:
-            raise ReadError(f"only the {ACTIVATION} slot records a function", "function", fix="remove `function`")
+            raise ReadError(
+                f"only the {ACTIVATION} slot records a function",
+                "function",
+                fix="remove `function`",
+            )
         return ""
     value: str = get_required(d, "function", str)
     problem = function_problem(value)
     if problem:
-        raise ReadError(problem, "function", fix='write the model\'s function, e.g. function = "gelu-erf"')
+        raise ReadError(
+            problem, "function", fix='write the model\'s function, e.g. function = "gelu-erf"'
+        )
     return value

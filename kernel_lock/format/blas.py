@@ -1,21 +1,23 @@
-"""The BLAS library under torch.nn.Linear: its names, what the lock records, and applying it in a process.
+"""The BLAS library under torch.nn.Linear: its names, what the lock records, and applying it in a
+process.
 
 On CUDA a Linear's GEMMs run in cuBLAS or cuBLASLt; on ROCm in rocBLAS (torch's ``"hipblas"``
-setting) or hipBLASLt. Which one is a process-wide switch, ``torch.backends.cuda.preferred_blas_library``,
-whose start value torch takes from ``TORCH_BLAS_PREFER_CUBLASLT`` / ``TORCH_BLAS_PREFER_HIPBLASLT``
-and, on ROCm, from the GPU arch (hipBLASLt on Instinct GPUs). The libraries round differently, and it
-matters: on LUMI (MI250X) anemoi's training loss diverged with torch newer than 2.3 and not on CUDA
-(anemoi-core #560); the cause was the BLAS library (#1041), and anemoi added a
-``training.preferred_blas_backend`` setting to choose it (#1042). So the probe checks and times the
-Linear under each library the build offers, and the lock records the one chosen (``Blas``): the
-library, and the one torch used by itself on the probing machine (``build_default``).
+setting) or hipBLASLt. Which one is a process-wide switch,
+``torch.backends.cuda.preferred_blas_library``, whose start value torch takes from
+``TORCH_BLAS_PREFER_CUBLASLT`` / ``TORCH_BLAS_PREFER_HIPBLASLT`` and, on ROCm, from the GPU arch
+(hipBLASLt on Instinct GPUs). The libraries round differently, and it matters: on LUMI (MI250X)
+anemoi's training loss diverged with torch newer than 2.3 and not on CUDA (anemoi-core #560); the
+cause was the BLAS library (#1041), and anemoi added a ``training.preferred_blas_backend`` setting
+to choose it (#1042). So the probe checks and times the Linear under each library the build offers,
+and the lock records the one chosen (``Blas``): the library, and the one torch used by itself on the
+probing machine (``build_default``).
 
 When the Linear slot resolves, :func:`apply` sets the recorded library process-wide and logs it. A
 process that already chose a library itself gets a :class:`LockMismatch`, never a silent override:
-"chose itself" means the library in effect (or the one the environment variables ask for) is
-neither the recorded one nor the build's default the probe saw. A choice equal to that default
-cannot be told from no choice; kernel_lock then sets the recorded library and logs, at WARNING, which
-one it replaced. Importing this module costs nothing (torch is imported by :func:`apply` only).
+"chose itself" means the library in effect (or the one the environment variables ask for) is neither
+the recorded one nor the build's default the probe saw. A choice equal to that default cannot be
+told from no choice; kernel_lock then sets the recorded library and logs, at WARNING, which one it
+replaced. Importing this module costs nothing (torch is imported by :func:`apply` only).
 """
 
 from __future__ import annotations
@@ -54,13 +56,23 @@ __all__ = [
 log = logging.getLogger("kernel_lock")
 
 # device type -> its libraries, the classic one first
-LIBRARIES: Mapping[str, tuple[str, str]] = {"cuda": ("cublas", "cublaslt"), "rocm": ("rocblas", "hipblaslt")}
+LIBRARIES: Mapping[str, tuple[str, str]] = {
+    "cuda": ("cublas", "cublaslt"),
+    "rocm": ("rocblas", "hipblaslt"),
+}
 ALL = tuple(name for pair in LIBRARIES.values() for name in pair)
 # our name -> the value torch.backends.cuda.preferred_blas_library takes
-TORCH_NAME = {"cublas": "cublas", "cublaslt": "cublaslt", "rocblas": "hipblas", "hipblaslt": "hipblaslt"}
-# torch's _BlasBackend member -> index into LIBRARIES[device] (Ck and Default are not recorded libraries)
+TORCH_NAME = {
+    "cublas": "cublas",
+    "cublaslt": "cublaslt",
+    "rocblas": "hipblas",
+    "hipblaslt": "hipblaslt",
+}
+# torch's _BlasBackend member -> index into LIBRARIES[device] (Ck and Default are not recorded
+# libraries)
 _BACKEND_INDEX = {"Cublas": 0, "Cublaslt": 1}
-# torch reads these at start-up, in this order, on both platforms (ATen/Context.h): true = the Lt library
+# torch reads these at start-up, in this order, on both platforms (ATen/Context.h): true = the Lt
+# library
 ENV_VARS = ("TORCH_BLAS_PREFER_CUBLASLT", "TORCH_BLAS_PREFER_HIPBLASLT")
 CONTROL = "torch.backends.cuda.preferred_blas_library"
 _TRUE = {"1", "on", "yes", "true", "y"}
@@ -68,25 +80,30 @@ _FALSE = {"0", "off", "no", "false", "n"}
 
 
 def _build_default(ctx: Any, d: Mapping[str, Any], key: str, so_far: Mapping[str, Any]) -> str:
-    """The build's default: a library of the same vendor as the recorded one ('' when not recorded)."""
+    """The build's default: a library of the same vendor as the recorded one ('' when not
+    recorded)."""
     default: str = one_of(("", *ALL), default="")(ctx, d, key, so_far)
     library = so_far["library"]
     if default and device_of(default) != device_of(library):
         raise ReadError(
-            f"{default!r} is a {device_of(default)} library, {library!r} a {device_of(library)} one",
+            f"{default!r} is a {device_of(default)} library, {library!r} a "
+            f"{device_of(library)} one",
             key,
-            fix="both name libraries of the same GPU vendor (cublas/cublaslt, or rocblas/hipblaslt)",
+            fix="both name libraries of the same GPU vendor (cublas/cublaslt, or "
+            "rocblas/hipblaslt)",
         )
     return default
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Blas(Table):
-    """``slots.Linear.blas`` of a lock: the library the Linear was checked and timed under, and the one
-    torch used by itself on the probing machine."""
+    """``slots.Linear.blas`` of a lock: the library the Linear was checked and timed under, and the
+    one torch used by itself on the probing machine."""
 
     library: str = field(metadata=toml_key("library", one_of(ALL)))
-    build_default: str = field(default="", metadata=toml_key("build-default", _build_default, omit=EMPTY))
+    build_default: str = field(
+        default="", metadata=toml_key("build-default", _build_default, omit=EMPTY)
+    )
 
 
 def device_of(library: str) -> str:
@@ -95,8 +112,9 @@ def device_of(library: str) -> str:
 
 
 def name_of(backend: Any, device: str) -> str:
-    """Our name for torch's preferred backend (an enum such as ``_BlasBackend.Cublaslt``) on ``device``;
-    torch's own member name, lower-cased, for one that is not a recorded library (``ck``, ``default``)."""
+    """Our name for torch's preferred backend (an enum such as ``_BlasBackend.Cublaslt``) on
+    ``device``; torch's own member name, lower-cased, for one that is not a recorded library
+    (``ck``, ``default``)."""
     member = str(getattr(backend, "name", backend)).rsplit(".", 1)[-1]
     index = _BACKEND_INDEX.get(member)
     if index is None or device not in LIBRARIES:
@@ -105,7 +123,8 @@ def name_of(backend: Any, device: str) -> str:
 
 
 def env_choice(device: str, environ: Mapping[str, str] | None = None) -> tuple[str, str] | None:
-    """(library, ``VAR=value``) that the environment asks torch to start with on ``device``, or None."""
+    """(library, ``VAR=value``) that the environment asks torch to start with on ``device``, or
+    None."""
     environ = os.environ if environ is None else environ
     if device not in LIBRARIES:
         return None
@@ -127,8 +146,8 @@ def current(torch: Any, device: str) -> str:
 
 
 def select(torch: Any, library: str) -> str:
-    """Set ``library`` process-wide; the library in effect afterwards (another one when this build does
-    not offer it: torch keeps its choice, e.g. hipBLASLt on an arch it does not support)."""
+    """Set ``library`` process-wide; the library in effect afterwards (another one when this build
+    does not offer it: torch keeps its choice, e.g. hipBLASLt on an arch it does not support)."""
     device = device_of(library)
     try:
         torch.backends.cuda.preferred_blas_library(TORCH_NAME[library])
@@ -143,12 +162,22 @@ def own_choice(record: Blas, found: str) -> bool:
     return found not in (record.library, record.build_default or record.library)
 
 
-def environment_differences(record: Blas, device: str, environ: Mapping[str, str] | None = None) -> list[Difference]:
-    """Job start, without torch: an environment that makes torch start with a library of its own choice."""
+def environment_differences(
+    record: Blas, device: str, environ: Mapping[str, str] | None = None
+) -> list[Difference]:
+    """Job start, without torch: an environment that makes torch start with a library of its own
+    choice."""
     asked = env_choice(device, environ)
     if asked is None or not own_choice(record, asked[0]):
         return []
-    return [Difference("slots.Linear.blas.library", record.library, f"{asked[0]} (asked for by {asked[1]})", "blas")]
+    return [
+        Difference(
+            "slots.Linear.blas.library",
+            record.library,
+            f"{asked[0]} (asked for by {asked[1]})",
+            "blas",
+        )
+    ]
 
 
 _APPLIED: dict[str, str] = {}  # device -> the library kernel_lock set in this process
@@ -161,7 +190,8 @@ def apply(record: Blas, device: str, *, path: str | None = None) -> str:
     or when this build does not offer the recorded one. Returns the library in effect."""
     if device_of(record.library) != device:
         log.info(
-            "kernel_lock: the lock's Linear BLAS library %s is for %s; this process runs on %s: not applied",
+            "kernel_lock: the lock's Linear BLAS library %s is for %s; this process runs on "
+            "%s: not applied",
             record.library,
             device_of(record.library) or "another device",
             device,
@@ -176,7 +206,8 @@ def apply(record: Blas, device: str, *, path: str | None = None) -> str:
             Difference(
                 "slots.Linear.blas.library",
                 record.library,
-                f"{found} (chosen by this process: {CONTROL}() returns {TORCH_NAME.get(found, found)!r})",
+                f"{found} (chosen by this process: {CONTROL}() returns "
+                f"{TORCH_NAME.get(found, found)!r})",
                 "blas",
             )
         )
@@ -189,13 +220,22 @@ def apply(record: Blas, device: str, *, path: str | None = None) -> str:
     now = select(torch, record.library)
     if now != record.library:
         raise LockMismatch(
-            [Difference("slots.Linear.blas.library", record.library, f"{now} (this build does not offer it)", "blas")],
+            [
+                Difference(
+                    "slots.Linear.blas.library",
+                    record.library,
+                    f"{now} (this build does not offer it)",
+                    "blas",
+                )
+            ],
             path=path,
-            fix="re-run `kernel-probe --force` with this torch build, which checks and times the libraries it offers",
+            fix="re-run `kernel-probe --force` with this torch build, which checks and times "
+            "the libraries it offers",
         )
     _APPLIED[device] = now
     log.warning(
-        "kernel_lock: Linear BLAS library set to %s process-wide (%s(%r)), as the lock records; it replaces %s%s",
+        "kernel_lock: Linear BLAS library set to %s process-wide (%s(%r)), as the lock "
+        "records; it replaces %s%s",
         now,
         CONTROL,
         TORCH_NAME[now],
@@ -208,9 +248,12 @@ def apply(record: Blas, device: str, *, path: str | None = None) -> str:
 def mismatch_fix(record: Blas) -> str:
     """The fix for a process whose own BLAS choice differs from the one the lock records."""
     return (
-        f"the lock's Linear was checked and timed under {record.library}: remove the process's own choice "
-        f"(anemoi's training.preferred_blas_backend, a call to {CONTROL}, {' / '.join(ENV_VARS)}), or re-probe "
-        f"under it (`kernel-probe --force --pin Linear=torch.linear.<library>`) so that the lock records it"
+        f"the lock's Linear was checked and timed under {record.library}: remove the process's "
+        "own choice "
+        f"(anemoi's training.preferred_blas_backend, a call to {CONTROL}, "
+        f"{' / '.join(ENV_VARS)}), or re-probe "
+        "under it (`kernel-probe --force --pin Linear=torch.linear.<library>`) so that the "
+        "lock records it"
     )
 
 
@@ -223,7 +266,8 @@ def job_start_differences(record: Blas, device: str) -> list[Difference]:
 
 
 def in_process_differences(record: Blas, device: str) -> list[Difference]:
-    """Job start in a process that has imported torch already: the library it uses now, if it is its own choice."""
+    """Job start in a process that has imported torch already: the library it uses now, if it is its
+    own choice."""
     torch = sys.modules.get("torch")
     if torch is None or device_of(record.library) != device:
         return []
@@ -233,4 +277,8 @@ def in_process_differences(record: Blas, device: str) -> list[Difference]:
         return []
     if found == _APPLIED.get(device) or not own_choice(record, found):
         return []
-    return [Difference("slots.Linear.blas.library", record.library, f"{found} (chosen by this process)", "blas")]
+    return [
+        Difference(
+            "slots.Linear.blas.library", record.library, f"{found} (chosen by this process)", "blas"
+        )
+    ]

@@ -1,8 +1,10 @@
-"""The lock document: its top-level keys, the version and digest rules, and the TOML-ready mapping back.
+"""The lock document: its top-level keys, the version and digest rules, and the TOML-ready mapping
+back.
 
-:class:`LockDocument` is everything a kernel lock *is* (the data); :class:`kernel_lock.lock.KernelLock`
-adds what it *does* (verify, resolve), so the resolver can take a document without importing the
-module that imports it. The tables inside (slots, environment) are :mod:`kernel_lock.format.schema`'s.
+:class:`LockDocument` is everything a kernel lock *is* (the data);
+:class:`kernel_lock.lock.KernelLock` adds what it *does* (verify, resolve), so the resolver can take
+a document without importing the module that imports it. The tables inside (slots, environment) are
+:mod:`kernel_lock.format.schema`'s.
 """
 
 from __future__ import annotations
@@ -22,7 +24,18 @@ from . import toml as _toml
 from .graph_attention import TABLE as GRAPH_ATTENTION
 from .graph_attention import GraphAttention
 from .reading import ReadError, get, get_strings
-from .schema import DIGEST, LOCK_VERSION, VERSION, Context, Environment, Slot, read_slot, record_table, required, table
+from .schema import (
+    DIGEST,
+    LOCK_VERSION,
+    VERSION,
+    Context,
+    Environment,
+    Slot,
+    read_slot,
+    record_table,
+    required,
+    table,
+)
 from .slots import MODES, PRECISIONS, SLOTS, Mode, slot_name_fix
 from .tables import EMPTY, NONE, from_dict, one_of, text, to_dict, toml_key
 
@@ -52,7 +65,9 @@ def _digest(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) 
     return cast(str, digest)
 
 
-def _environment(ctx: Context, d: Mapping[str, Any], key: str, so_far: Mapping[str, Any]) -> Environment:
+def _environment(
+    ctx: Context, d: Mapping[str, Any], key: str, so_far: Mapping[str, Any]
+) -> Environment:
     return table(Environment)(ctx, d, key, so_far) or Environment()
 
 
@@ -76,19 +91,28 @@ def _slots_out(slots: Mapping[str, Slot]) -> dict[str, Any]:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LockDocument:
-    """A parsed, validated kernel lock's content. Build with ``kernel_lock.load`` / ``loads``; write with
-    :meth:`dumps` / :meth:`dump`. The fields' order is the lock's canonical key order."""
+    """A parsed, validated kernel lock's content. Build with ``kernel_lock.load`` / ``loads``; write
+    with :meth:`dumps` / :meth:`dump`. The fields' order is the lock's canonical key order."""
 
-    lock_version: str = field(default=LOCK_VERSION, metadata=toml_key("lock-version", text(required=True)))
+    lock_version: str = field(
+        default=LOCK_VERSION, metadata=toml_key("lock-version", text(required=True))
+    )
     created_by: str = field(metadata=toml_key("created-by", text(required=True)))
     created_at: str = field(default="", metadata=toml_key("created-at", text(), omit=EMPTY))
-    mode: Mode = field(default="training", metadata=toml_key("mode", one_of(MODES, default="training")))
-    precision: str = field(
-        default="", metadata=toml_key("precision", one_of(("", *PRECISIONS), default=""), omit=EMPTY)
+    mode: Mode = field(
+        default="training", metadata=toml_key("mode", one_of(MODES, default="training"))
     )
-    trusted_modules: tuple[str, ...] = field(default=(), metadata=toml_key("trusted-modules", _trusted))
+    precision: str = field(
+        default="",
+        metadata=toml_key("precision", one_of(("", *PRECISIONS), default=""), omit=EMPTY),
+    )
+    trusted_modules: tuple[str, ...] = field(
+        default=(), metadata=toml_key("trusted-modules", _trusted)
+    )
     digest: str = field(default="", metadata=toml_key(SEAL, _digest))
-    profile: Mapping[str, Any] = field(default_factory=dict, metadata=toml_key("profile", record_table, omit=EMPTY))
+    profile: Mapping[str, Any] = field(
+        default_factory=dict, metadata=toml_key("profile", record_table, omit=EMPTY)
+    )
     environment: Environment = field(metadata=toml_key("environment", _environment))
     slots: Mapping[str, Slot] = field(metadata=toml_key("slots", _slots, write=_slots_out))
     # [graph-attention]: anemoi's GraphTransformer backend
@@ -101,9 +125,10 @@ class LockDocument:
     path: str | None = field(default=None, compare=False)
     warnings: tuple[str, ...] = field(default=(), compare=False)
     intact: bool = field(default=True, compare=False)
-    granted: tuple[str, ...] = field(default=(), compare=False)  # modules the caller trusted when loading it
-    # the modes this process has verified the lock for (kernel_lock.resolve: the fingerprint once per
-    # lock); not an argument, so a copy (``replace``) starts unverified
+    # modules the caller trusted when loading it
+    granted: tuple[str, ...] = field(default=(), compare=False)
+    # the modes this process has verified the lock for (kernel_lock.resolve: the fingerprint once
+    # per lock); not an argument, so a copy (``replace``) starts unverified
     verified_modes: set[str] = field(init=False, default_factory=set, compare=False, repr=False)
 
     # ---- construction ---------------------------------------------------------------------
@@ -121,7 +146,11 @@ class LockDocument:
         try:
             return cls._read(ctx, d, strict)
         except ReadError as exc:  # the dotted key was completed as it unwound; now the file
-            kind = exc.kind if exc.kind is not None and issubclass(exc.kind, LockFormatError) else LockFormatError
+            kind = (
+                exc.kind
+                if exc.kind is not None and issubclass(exc.kind, LockFormatError)
+                else LockFormatError
+            )
             raise kind(exc.problem, path=path, key=exc.key or None, fix=exc.fix) from None
 
     @classmethod
@@ -129,7 +158,9 @@ class LockDocument:
         version = required(d, "lock-version")
         m = VERSION.fullmatch(version)
         if not m:
-            raise ReadError(f"{version!r} is not a MAJOR.MINOR version like {LOCK_VERSION!r}", "lock-version")
+            raise ReadError(
+                f"{version!r} is not a MAJOR.MINOR version like {LOCK_VERSION!r}", "lock-version"
+            )
         major, minor = int(m.group(1)), int(m.group(2))
         ours_major, ours_minor = (int(x) for x in LOCK_VERSION.split("."))
         if major != ours_major:
@@ -137,49 +168,65 @@ class LockDocument:
                 f"lock-version {version} is not supported (this kernel_lock reads {ours_major}.x)",
                 path=ctx.path,
                 key="lock-version",
-                fix="upgrade kernel-probe to read newer locks, or re-run `kernel-probe --force` to write a "
+                fix="upgrade kernel-probe to read newer locks, or re-run `kernel-probe "
+                "--force` to write a "
                 f"{LOCK_VERSION} lock"
                 if major > ours_major
                 else "re-run `kernel-probe --force` to write a current lock",
             )
         if minor > ours_minor:
-            ctx.warn("lock-version", f"minor version {version} is newer than {LOCK_VERSION}; unknown keys are ignored")
+            ctx.warn(
+                "lock-version",
+                f"minor version {version} is newer than {LOCK_VERSION}; unknown keys are ignored",
+            )
         lock = from_dict(cls, ctx, d, path=ctx.path, granted=ctx.granted)
         digest = lock.digest
         if strict and not lock.environment.fields:
             raise ReadError(
                 "the lock has no [environment]: it would match any machine",
                 "environment",
-                fix="re-run `kernel-probe --force` on the machine it is for (it writes the fingerprint)",
+                fix="re-run `kernel-probe --force` on the machine it is for (it writes the "
+                "fingerprint)",
             )
         intact = True
         if not digest:
-            ctx.warn("digest", "the lock has no digest, so hand edits cannot be detected (run `kernel-probe rehash`)")
+            ctx.warn(
+                "digest",
+                "the lock has no digest, so hand edits cannot be detected (run `kernel-probe "
+                "rehash`)",
+            )
             intact = False
         elif digest != lock.compute_digest():
             intact = False
-            problem = "the content does not match the digest: the lock was edited by hand after kernel-probe wrote it"
+            problem = (
+                "the content does not match the digest: the lock was edited by hand "
+                "after kernel-probe wrote it"
+            )
             if strict:
                 raise ReadError(
                     problem,
                     "digest",
-                    fix="re-run `kernel-probe --force`, or accept the edit with `kernel-probe rehash LOCK`",
+                    fix="re-run `kernel-probe --force`, or accept the edit with `kernel-probe "
+                    "rehash LOCK`",
                 )
             ctx.warn("digest", problem + " (accept the edit with `kernel-probe rehash LOCK`)")
         return replace(lock, warnings=tuple(ctx.finished_warnings()), intact=intact)
 
     # ---- serialisation --------------------------------------------------------------------
     def to_dict(self, *, with_digest: bool = True) -> dict[str, Any]:
-        """The TOML-ready mapping in canonical key order (``with_digest=False``: what the digest covers)."""
+        """The TOML-ready mapping in canonical key order (``with_digest=False``: what the digest
+        covers)."""
         return to_dict(self, without=() if with_digest else (SEAL,))
 
     def covered(self) -> dict[str, Any]:
-        """What the digest covers, by construction: everything :meth:`dumps` writes but the seal itself
-        (``SEAL``). A table added to the schema and written is covered without anyone remembering to."""
+        """What the digest covers, by construction: everything :meth:`dumps` writes but the seal
+        itself (``SEAL``). A table added to the schema and written is covered without anyone
+        remembering to."""
         return {key: value for key, value in self.to_dict().items() if key != SEAL}
 
     def compute_digest(self) -> str:
-        """sha256 of the canonical JSON of :meth:`covered` (every table the lock writes but the digest)."""
+        """sha256 of the canonical JSON of :meth:`covered` (every table the lock writes but the
+        digest)."""
         blob = json.dumps(self.covered(), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
         return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
 
@@ -192,5 +239,6 @@ class LockDocument:
         return _toml.dumps(self.to_dict())
 
     def dump(self, path: str | os.PathLike[str]) -> None:
-        """Write atomically: a temp file in the same directory, fsync, then rename over the target."""
+        """Write atomically: a temp file in the same directory, fsync, then rename over the
+        target."""
         atomic_write_text(Path(path), self.dumps())

@@ -1,11 +1,12 @@
 """What anemoi's gated MLPs compute: ``mlp_implementation`` and the gate each one hard-codes.
 
-anemoi-models' ``GatedMLPLayer`` (``anemoi/models/layers/mlp.py``) holds two ``layer_kernels.Linear``
-modules, ``gate_proj`` and ``value_proj``, and returns ``gate(gate_proj(x)) * value_proj(x)``, the gate
-chosen by ``mlp_implementation`` in ``_build_gating_activation``. The facts here are that table,
-declared once: the lock's ``[slots.GatedMLP]`` records both the implementation (its kwargs) and the
-formula (its ``gate``), the export writes the implementation into anemoi's config, and the check
-compares a fused kernel against the formula. Plain data: importing this costs nothing (no torch).
+anemoi-models' ``GatedMLPLayer`` (``anemoi/models/layers/mlp.py``) holds two
+``layer_kernels.Linear`` modules, ``gate_proj`` and ``value_proj``, and returns ``gate(gate_proj(x))
+* value_proj(x)``, the gate chosen by ``mlp_implementation`` in ``_build_gating_activation``. The
+facts here are that table, declared once: the lock's ``[slots.GatedMLP]`` records both the
+implementation (its kwargs) and the formula (its ``gate``), the export writes the implementation
+into anemoi's config, and the check compares a fused kernel against the formula. Plain data:
+importing this costs nothing (no torch).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ CONFIG_KEY = "mlp_implementation"  # the key in anemoi's processor, encoder and 
 
 
 class Gate(NamedTuple):
-    """One gated variant: the gate function's name, the layer's formula, and the torch.nn module anemoi
-    builds for the gate (``_build_gating_activation``)."""
+    """One gated variant: the gate function's name, the layer's formula, and the torch.nn module
+    anemoi builds for the gate (``_build_gating_activation``)."""
 
     function: str
     formula: str
@@ -55,7 +56,8 @@ GATES: Mapping[str, Gate] = MappingProxyType(
 )
 GATED = tuple(GATES)
 # what a kernel may compute instead of a gate (same shapes, same parameters): the tanh approximation
-# of GELU for geglu's erf, and the gate applied to the value projection instead of the gate projection
+# of GELU for geglu's erf, and the gate applied to the value projection instead of the gate
+# projection
 APPROXIMATIONS: Mapping[str, str] = MappingProxyType({"gelu_erf": "gelu_tanh"})
 
 
@@ -63,7 +65,8 @@ def gate_for(mlp_implementation: str) -> Gate:
     """The gate of a gated ``mlp_implementation``; ValueError naming the choices for any other."""
     if mlp_implementation not in GATES:
         raise ValueError(
-            f"mlp_implementation {mlp_implementation!r} is not a gated MLP: use one of {', '.join(GATED)}"
+            f"mlp_implementation {mlp_implementation!r} is not a gated MLP: use one of "
+            f"{', '.join(GATED)}"
             + (
                 " ('mlp' has no gate: its Linear and Activation are their own slots)"
                 if mlp_implementation == "mlp"

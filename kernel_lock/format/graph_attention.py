@@ -1,21 +1,22 @@
-"""The lock's ``[graph-attention]`` table: which backend anemoi's GraphTransformer attention must run,
-and the job-start rule that holds it there. Import-light (no torch).
+"""The lock's ``[graph-attention]`` table: which backend anemoi's GraphTransformer attention must
+run, and the job-start rule that holds it there. Import-light (no torch).
 
-anemoi-models' GraphTransformer blocks take ``graph_attention_backend: triton | pyg``. With ``triton``
-they use anemoi's own Triton kernel only where ``import triton`` works *and* ``torch.cuda.is_available()``
-(ROCm included); anywhere else they log a WARNING and run PyG's message passing instead
-(``anemoi.models.layers.block.GraphTransformerBaseBlock.set_attention_function``). The two are different
-kernels (the Triton one gather-style and bitwise repeatable, PyG's scatter-based with atomics on a
-GPU), so a lock that checked ``triton`` does not vouch for a job that silently runs ``pyg``: the
-job-start check (``kernel_lock.resolve.verify``) refuses such a machine, naming the cause, unless the
-lock records the allowance ``allow-fallback = true`` (written by ``kernel-probe
+anemoi-models' GraphTransformer blocks take ``graph_attention_backend: triton | pyg``. With
+``triton`` they use anemoi's own Triton kernel only where ``import triton`` works *and*
+``torch.cuda.is_available()`` (ROCm included); anywhere else they log a WARNING and run PyG's
+message passing instead
+(``anemoi.models.layers.block.GraphTransformerBaseBlock.set_attention_function``). The two are
+different kernels (the Triton one gather-style and bitwise repeatable, PyG's scatter-based with
+atomics on a GPU), so a lock that checked ``triton`` does not vouch for a job that silently runs
+``pyg``: the job-start check (``kernel_lock.resolve.verify``) refuses such a machine, naming the
+cause, unless the lock records the allowance ``allow-fallback = true`` (written by ``kernel-probe
 --allow-graph-attention-fallback``).
 
     [graph-attention]
     backend = "triton"          # what export writes as graph_attention_backend
     allow-fallback = false      # a machine where anemoi would run pyg instead is refused
     reason = "..."              # why the probe chose it
-    [[graph-attention.evidence]]   # one verdict per (backend, dtype): kernel_probe.probe.graph_attention_verdict
+    [[graph-attention.evidence]]   # one verdict per (backend, dtype): probe.graph_attention_verdict
 """
 
 from __future__ import annotations
@@ -59,14 +60,18 @@ def _allow_fallback(ctx: Any, d: Mapping[str, Any], key: str, so_far: Mapping[st
     return allow
 
 
-def _evidence(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
+def _evidence(
+    ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]
+) -> tuple[Mapping[str, Any], ...]:
     from .schema import record
 
     return ctx.objects(d, key, record)
 
 
 def _backend(ctx: Any, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> str:
-    return get_choice(d, key, BACKENDS, None, fix='set `backend = "triton"` or `"pyg"` (see docs/lock-format.md)')
+    return get_choice(
+        d, key, BACKENDS, None, fix='set `backend = "triton"` or `"pyg"` (see docs/lock-format.md)'
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -74,9 +79,13 @@ class GraphAttention(Table):
     """What the lock pins for anemoi's GraphTransformer attention."""
 
     backend: str = field(metadata=toml_key("backend", _backend))
-    allow_fallback: bool = field(default=False, metadata=toml_key("allow-fallback", _allow_fallback, omit=EMPTY))
+    allow_fallback: bool = field(
+        default=False, metadata=toml_key("allow-fallback", _allow_fallback, omit=EMPTY)
+    )
     reason: str = field(default="", metadata=toml_key("reason", text()))
-    evidence: tuple[Mapping[str, Any], ...] = field(default=(), metadata=toml_key("evidence", _evidence, omit=EMPTY))
+    evidence: tuple[Mapping[str, Any], ...] = field(
+        default=(), metadata=toml_key("evidence", _evidence, omit=EMPTY)
+    )
 
 
 def triton_installed() -> bool | None:
@@ -87,22 +96,26 @@ def triton_installed() -> bool | None:
 
 
 def fallback_cause(current: Mapping[str, Any], triton: bool | None = None) -> str | None:
-    """Why anemoi's GraphTransformer would fall back from ``triton`` to ``pyg`` on the machine ``current``
-    describes (its ``device-type``), or None. ``triton``: whether triton is installed (default: looked up)."""
+    """Why anemoi's GraphTransformer would fall back from ``triton`` to ``pyg`` on the machine
+    ``current`` describes (its ``device-type``), or None. ``triton``: whether triton is installed
+    (default: looked up)."""
     causes = []
     if (triton_installed() if triton is None else triton) is False:
         causes.append("triton is not installed")
     device = current.get("device-type")
     if device not in GPU_DEVICE_TYPES:
-        causes.append(f"there is no GPU (device type {device or 'unknown'}: torch.cuda.is_available() is false)")
+        causes.append(
+            f"there is no GPU (device type {device or 'unknown'}: torch.cuda.is_available() is "
+            "false)"
+        )
     return " and ".join(causes) or None
 
 
 def job_start_differences(
     graph: GraphAttention | None, current: Mapping[str, Any], triton: bool | None = None
 ) -> list[Difference]:
-    """A locked ``triton`` backend on a machine where anemoi would run ``pyg`` instead, unless the lock
-    allows the fallback."""
+    """A locked ``triton`` backend on a machine where anemoi would run ``pyg`` instead, unless the
+    lock allows the fallback."""
     if graph is None or graph.backend != "triton" or graph.allow_fallback:
         return []
     cause = fallback_cause(current, triton)
@@ -119,13 +132,16 @@ def job_start_differences(
 
 
 FIX = (
-    "run on a GPU node with triton installed (`pip install triton`; ROCm: pytorch-triton-rocm), re-run "
+    "run on a GPU node with triton installed (`pip install triton`; ROCm: "
+    "pytorch-triton-rocm), re-run "
     "`kernel-probe` on this machine to lock the pyg backend it runs, or probe with "
     f"`{ALLOW_FLAG}` to record that the fallback to pyg is accepted"
 )
 
 
-def fallback_note(graph: GraphAttention | None, current: Mapping[str, Any], triton: bool | None = None) -> str | None:
+def fallback_note(
+    graph: GraphAttention | None, current: Mapping[str, Any], triton: bool | None = None
+) -> str | None:
     """The note for an allowed (or inference-time) fallback: anemoi runs pyg here."""
     if graph is None or graph.backend != "triton":
         return None

@@ -1,4 +1,5 @@
-"""Typed getters over a parsed TOML or JSON mapping: the one family every reader of kernel-probe uses.
+"""Typed getters over a parsed TOML or JSON mapping: the one family every reader of kernel-probe
+uses.
 
 Modelled on the pylock reader in pypa/packaging: small getters (:func:`get`, :func:`get_required`,
 :func:`get_choice`, :func:`get_strings`, :func:`get_tables`) raise one error type,
@@ -43,7 +44,13 @@ class ReadError(ValueError):
     ``kind`` is the exception class the reader should raise in the end (``None``: the reader's own),
     for the rare error whose class says more than its text (a target outside the allow-list)."""
 
-    def __init__(self, problem: str, key: str = "", fix: str | None = None, kind: type[Exception] | None = None):
+    def __init__(
+        self,
+        problem: str,
+        key: str = "",
+        fix: str | None = None,
+        kind: type[Exception] | None = None,
+    ):
         super().__init__(problem)
         self.problem = problem
         self.key = key
@@ -55,7 +62,8 @@ class ReadError(ValueError):
 
 
 def join(outer: str, inner: str) -> str:
-    """``outer`` and ``inner`` as one dotted key: ``slots`` + ``Linear`` and ``requires`` + ``[0]``."""
+    """``outer`` and ``inner`` as one dotted key: ``slots`` + ``Linear`` and ``requires`` +
+    ``[0]``."""
     if not outer or not inner:
         return outer or inner
     return outer + inner if inner.startswith("[") else f"{outer}.{inner}"
@@ -63,7 +71,8 @@ def join(outer: str, inner: str) -> str:
 
 @contextmanager
 def context(key: str) -> Iterator[None]:
-    """Read a nested table: a :class:`ReadError` leaving the block gets ``key`` in front of its own."""
+    """Read a nested table: a :class:`ReadError` leaving the block gets ``key`` in front of its
+    own."""
     try:
         yield
     except ReadError as exc:
@@ -72,10 +81,18 @@ def context(key: str) -> Iterator[None]:
 
 
 def type_name(t: Any) -> str:
-    """How a message names a Python type read from TOML (``string``, ``table``, ``true or false``)."""
+    """How a message names a Python type read from TOML (``string``, ``table``, ``true or
+    false``)."""
     if isinstance(t, tuple):
         return " or ".join(type_name(x) for x in t)
-    names = {str: "string", int: "integer", float: "float", bool: "true or false", dict: "table", list: "array"}
+    names = {
+        str: "string",
+        int: "integer",
+        float: "float",
+        bool: "true or false",
+        dict: "table",
+        list: "array",
+    }
     return names.get(t, t.__name__)
 
 
@@ -103,7 +120,11 @@ def get_required(d: Mapping[str, Any], key: str, typ: Any, fix: str | None = Non
 
 
 def get_choice(
-    d: Mapping[str, Any], key: str, choices: Sequence[str], default: str | None = None, fix: str | None = None
+    d: Mapping[str, Any],
+    key: str,
+    choices: Sequence[str],
+    default: str | None = None,
+    fix: str | None = None,
 ) -> str:
     """A string among ``choices``; required unless there is a ``default``."""
     value = get(d, key, str) if default is not None else get_required(d, key, str, fix)
@@ -119,7 +140,9 @@ def get_strings(d: Mapping[str, Any], key: str) -> tuple[str, ...]:
     """An array of strings (empty when absent)."""
     values = d.get(key, [])
     if not isinstance(values, list):
-        raise ReadError(f"expected a list of strings, got {type(values).__name__} {values!r:.60}", key)
+        raise ReadError(
+            f"expected a list of strings, got {type(values).__name__} {values!r:.60}", key
+        )
     for i, v in enumerate(values):
         if not isinstance(v, str):
             raise ReadError(f"expected string, got {type(v).__name__}", f"{key}[{i}]")
@@ -140,11 +163,13 @@ def unknown_keys(d: Mapping[str, Any], known: Sequence[str]) -> list[str]:
     return [str(k) for k in d if k not in known]
 
 
-# ---- bounded values: what every reader of a JSON or TOML input that is not the lock uses -----------
+# ---- bounded values: what every reader of a JSON or TOML input that is not the lock uses ---------
 MAX_TEXT = 4096  # characters of a free-text value (a problem, a fix, a description) unless told
 
 
-def get_int(d: Mapping[str, Any], key: str, lo: int, hi: int, default: int | None = None) -> int | None:
+def get_int(
+    d: Mapping[str, Any], key: str, lo: int, hi: int, default: int | None = None
+) -> int | None:
     """An integer in ``[lo, hi]`` (never a boolean, never a float); ``default`` when absent."""
     value = get(d, key, int, default)
     if value is not None and not lo <= value <= hi:
@@ -152,20 +177,31 @@ def get_int(d: Mapping[str, Any], key: str, lo: int, hi: int, default: int | Non
     return value
 
 
-def get_text(d: Mapping[str, Any], key: str, default: str | None = None, limit: int = MAX_TEXT) -> str | None:
+def get_text(
+    d: Mapping[str, Any], key: str, default: str | None = None, limit: int = MAX_TEXT
+) -> str | None:
     """A string of at most ``limit`` characters; ``default`` when absent."""
     value = get(d, key, str, default)
     if value is not None and len(value) > limit:
-        raise ReadError(f"a string of {len(value)} characters, more than the {limit} this key may have", key)
+        raise ReadError(
+            f"a string of {len(value)} characters, more than the {limit} this key may have", key
+        )
     return value
 
 
 def get_literal(
-    d: Mapping[str, Any], key: str, choices: Sequence[str], default: str | None = None, *, fold: bool = False
+    d: Mapping[str, Any],
+    key: str,
+    choices: Sequence[str],
+    default: str | None = None,
+    *,
+    fold: bool = False,
 ) -> str:
     """One of a closed set (``choices``; a ``Literal``'s values). ``fold``: the vocabulary is
     case-insensitive, and the value is returned as ``choices`` spell it. A near miss is named."""
-    value = get_text(d, key, default, limit=200) if default is not None else get_required(d, key, str)
+    value = (
+        get_text(d, key, default, limit=200) if default is not None else get_required(d, key, str)
+    )
     assert value is not None
     if value in choices:
         return value
@@ -173,14 +209,18 @@ def get_literal(
         folded = {c.lower(): c for c in choices}
         if value.lower() in folded:
             return folded[value.lower()]
-    raise ReadError(f"{value!r:.80} is not one of {', '.join(choices)}", key, did_you_mean(value, choices))
+    raise ReadError(
+        f"{value!r:.80} is not one of {', '.join(choices)}", key, did_you_mean(value, choices)
+    )
 
 
 def did_you_mean(word: str, known: Sequence[str]) -> str:
     """``did you mean 'x'?`` for the closest of ``known``, else the list of them."""
     import difflib
 
-    close = difflib.get_close_matches(str(word).lower(), [str(k).lower() for k in known], n=1, cutoff=0.6)
+    close = difflib.get_close_matches(
+        str(word).lower(), [str(k).lower() for k in known], n=1, cutoff=0.6
+    )
     if close:
         return f"did you mean {next(k for k in known if str(k).lower() == close[0])!r}?"
     return f"known: {', '.join(map(str, known))}"
@@ -192,8 +232,11 @@ def refuse_unknown(d: Mapping[str, Any], known: Sequence[str]) -> None:
         raise ReadError(f"unknown key {k!r:.80}", k, did_you_mean(k, known))
 
 
-def get_table(d: Mapping[str, Any], key: str, known: Sequence[str] | None = None) -> Mapping[str, Any]:
-    """A table (empty when absent); with ``known``, its unknown keys refused (the key added as it unwinds)."""
+def get_table(
+    d: Mapping[str, Any], key: str, known: Sequence[str] | None = None
+) -> Mapping[str, Any]:
+    """A table (empty when absent); with ``known``, its unknown keys refused (the key added as it
+    unwinds)."""
     value = get(d, key, dict, default={})
     if known is not None:
         with context(key):
@@ -208,5 +251,8 @@ def get_string_map(d: Mapping[str, Any], key: str, limit: int = MAX_TEXT) -> dic
         if not isinstance(v, str):
             raise ReadError(f"expected string, got {type(v).__name__}", join(key, str(k)))
         if len(v) > limit:
-            raise ReadError(f"a string of {len(v)} characters, more than the {limit} this key may have", join(key, k))
+            raise ReadError(
+                f"a string of {len(v)} characters, more than the {limit} this key may have",
+                join(key, k),
+            )
     return dict(value)

@@ -2,11 +2,11 @@
 
 The layout is documented in ``docs/lock-format.md``. Each table is a frozen, keyword-only, slotted
 dataclass whose fields declare their TOML key, their typed reader and when they are left out, in the
-field's metadata (:func:`kernel_lock.format.tables.toml_key`); the fields' order is the canonical key order. One
-generic pair reads and writes every table (:func:`kernel_lock.format.tables.from_dict` and ``to_dict``), each
-nested table read inside :meth:`Context.at`, so an error names its dotted key as it unwinds. Whether a
-target may be imported is :mod:`kernel_lock.trust`'s to say; reading and writing files is
-:mod:`kernel_lock.lock`'s.
+field's metadata (:func:`kernel_lock.format.tables.toml_key`); the fields' order is the canonical
+key order. One generic pair reads and writes every table
+(:func:`kernel_lock.format.tables.from_dict` and ``to_dict``), each nested table read inside
+:meth:`Context.at`, so an error names its dotted key as it unwinds. Whether a target may be imported
+is :mod:`kernel_lock.trust`'s to say; reading and writing files is :mod:`kernel_lock.lock`'s.
 """
 
 from __future__ import annotations
@@ -25,7 +25,18 @@ from .activations import read_function
 from .blas import Blas
 from .reading import ReadError, context, get, get_choice, get_required, get_tables, join, type_name
 from .slots import SEMANTICS, SLOT_SEMANTICS, STATUSES, Status
-from .tables import EMPTY, FIX_MISSING, NONE, REST, Table, from_dict, one_of, strings, text, toml_key
+from .tables import (
+    EMPTY,
+    FIX_MISSING,
+    NONE,
+    REST,
+    Table,
+    from_dict,
+    one_of,
+    strings,
+    text,
+    toml_key,
+)
 
 __all__ = [
     "DIGEST",
@@ -54,12 +65,15 @@ __all__ = [
     "tables",
 ]
 
-# 1.1: accepted-changes, rename/transpose migrations; 1.2: environment torch-rocm, device-features, numerics-env;
-# 1.3: slots.Linear.blas, and the timing rows' check at the model's shape (checked-rows, worst-error-ratio)
+# 1.1: accepted-changes, rename/transpose migrations; 1.2: environment torch-rocm, device-features,
+# numerics-env; 1.3: slots.Linear.blas, and the timing rows' check at the model's shape
+# (checked-rows, worst-error-ratio)
 LOCK_VERSION = "1.3"
 Match = Literal["exact", "compatible", "ignore"]  # how strictly a fingerprint field must match
 MATCH_RULES: tuple[Match, ...] = get_args(Match)
-StateDict = Literal["interchangeable", "migrate", "incompatible"]  # a twin's state dict against the pinned class's
+StateDict = Literal[
+    "interchangeable", "migrate", "incompatible"
+]  # a twin's state dict against the pinned class's
 STATE_DICT: tuple[StateDict, ...] = get_args(StateDict)
 
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}", re.ASCII)
@@ -72,8 +86,8 @@ Scalar = (str, int, float, bool)
 
 
 class Context:
-    """The state of reading one lock: the file, the table being read, the trust granted, and the warnings
-    to report once parsing succeeds."""
+    """The state of reading one lock: the file, the table being read, the trust granted, and the
+    warnings to report once parsing succeeds."""
 
     def __init__(self, path: str | None, granted: Sequence[str] = (), check_targets: bool = True):
         self.path = path
@@ -94,7 +108,9 @@ class Context:
         finally:
             self.where.pop()
 
-    def objects(self, d: Mapping[str, Any], key: str, build: Callable[[Mapping[str, Any]], _T]) -> tuple[_T, ...]:
+    def objects(
+        self, d: Mapping[str, Any], key: str, build: Callable[[Mapping[str, Any]], _T]
+    ) -> tuple[_T, ...]:
         """The array of tables at ``key``, each built by ``build`` at ``key[i]``."""
         out = []
         for i, table in enumerate(get_tables(d, key)):
@@ -102,7 +118,9 @@ class Context:
                 out.append(build(table))
         return tuple(out)
 
-    def object(self, d: Mapping[str, Any], key: str, build: Callable[[Mapping[str, Any]], _T]) -> _T | None:
+    def object(
+        self, d: Mapping[str, Any], key: str, build: Callable[[Mapping[str, Any]], _T]
+    ) -> _T | None:
         """The table at ``key`` built by ``build`` (None when absent)."""
         table = get(d, key, dict)
         if table is None:
@@ -115,7 +133,9 @@ class Context:
         if len(self.warnings) >= MAX_WARNINGS:
             self.dropped += 1
             return
-        self.warnings.append(f"{self.path or '<lock>'}: '{reduce(join, [*self.where, key])}': {problem}")
+        self.warnings.append(
+            f"{self.path or '<lock>'}: '{reduce(join, [*self.where, key])}': {problem}"
+        )
 
     def unknown(self, d: Mapping[str, Any], known: Sequence[str], what: str = "key") -> None:
         """Warn about each key of ``d`` not in ``known`` (a newer writer's, ignored)."""
@@ -124,18 +144,25 @@ class Context:
                 self.warn(key, f"unknown {what}, ignored (written by a newer kernel-probe?)")
 
     def check(self, target: str, key: str, what: str = "target") -> None:
-        """A target the lock names: on the allow-list (or, for a lock only printed, a dotted path)."""
+        """A target the lock names: on the allow-list (or, for a lock only printed, a dotted
+        path)."""
         try:
             if self.check_targets:
                 check_target(target, self.granted, requested=self.requested, what=what)
             elif not DOTTED.fullmatch(target):
-                raise LockFormatError(f"{target!r} is not a dotted import path like 'torch.nn.LayerNorm'")
+                raise LockFormatError(
+                    f"{target!r} is not a dotted import path like 'torch.nn.LayerNorm'"
+                )
         except LockFormatError as exc:
             raise ReadError(exc.problem, key, exc.fix, kind=type(exc)) from None
 
     def finished_warnings(self) -> list[str]:
         """The warnings, capped at ``MAX_WARNINGS`` plus a line counting the rest."""
-        more = [f"{self.path or '<lock>'}: ... and {self.dropped} more warning(s) like these"] if self.dropped else []
+        more = (
+            [f"{self.path or '<lock>'}: ... and {self.dropped} more warning(s) like these"]
+            if self.dropped
+            else []
+        )
         return self.warnings + more
 
 
@@ -144,7 +171,9 @@ def required(d: Mapping[str, Any], key: str, typ: Any = str) -> Any:
     return get_required(d, key, typ, fix=FIX_MISSING.format(key=key))
 
 
-def choice(d: Mapping[str, Any], key: str, choices: Sequence[str], default: str | None = None) -> str:
+def choice(
+    d: Mapping[str, Any], key: str, choices: Sequence[str], default: str | None = None
+) -> str:
     """A string among ``choices`` (required unless there is a ``default``)."""
     return get_choice(d, key, choices, default, fix=FIX_MISSING.format(key=key))
 
@@ -169,11 +198,13 @@ def _kwargs(d: Mapping[str, Any], key: str) -> dict[str, Any]:
         if not name.isidentifier() or not name.isascii():
             raise ReadError("a keyword argument name must be a Python identifier", where)
         ok = isinstance(value, Scalar) or (
-            isinstance(value, list) and all(isinstance(v, Scalar) and not isinstance(v, list) for v in value)
+            isinstance(value, list)
+            and all(isinstance(v, Scalar) and not isinstance(v, list) for v in value)
         )
         if not ok:
             raise ReadError(
-                f"constructor kwargs must be strings, numbers, booleans or lists of them, got {type(value).__name__}",
+                "constructor kwargs must be strings, numbers, booleans or lists of them, got "
+                f"{type(value).__name__}",
                 where,
             )
         for v in value if isinstance(value, list) else [value]:
@@ -190,14 +221,24 @@ def record(d: Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(value, dict):
             for k, v in value.items():
                 if not isinstance(v, Scalar):
-                    raise ReadError("evidence values must be strings, numbers or booleans", f"{key}.{k}")
+                    raise ReadError(
+                        "evidence values must be strings, numbers or booleans", f"{key}.{k}"
+                    )
         elif isinstance(value, list):
             for i, v in enumerate(value):
                 if not isinstance(v, Scalar):
-                    raise ReadError("evidence values must be strings, numbers or booleans", f"{key}[{i}]")
+                    raise ReadError(
+                        "evidence values must be strings, numbers or booleans", f"{key}[{i}]"
+                    )
         elif not isinstance(value, Scalar):
             raise ReadError(f"unsupported value of type {type(value).__name__}", key)
-        for v in value.values() if isinstance(value, dict) else value if isinstance(value, list) else [value]:
+        for v in (
+            value.values()
+            if isinstance(value, dict)
+            else value
+            if isinstance(value, list)
+            else [value]
+        ):
             problem = _value_problem(v, finite=False)
             if problem:
                 raise ReadError(problem, key)
@@ -205,7 +246,7 @@ def record(d: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-# ---- the fields' readers (each called with the reading state, the table, the key, the values so far) ---
+# ---- the fields' readers (each called with the reading state, the table, the key, the values)
 def _env_value(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> str | int:
     value = get(d, key, (str, int))
     if value is None:
@@ -214,7 +255,8 @@ def _env_value(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any
 
 
 def _target(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> str:
-    """A class the lock names: required, and on the allow-list (or a dotted path, for a lock only printed)."""
+    """A class the lock names: required, and on the allow-list (or a dotted path, for a lock only
+    printed)."""
     target = required(d, key)
     ctx.check(target, key)
     return target
@@ -227,7 +269,9 @@ def _specifier(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any
     try:
         SpecifierSet(spec)
     except InvalidSpecifier:
-        raise ReadError(f"{spec!r} is not a PEP 440 version specifier like '>=0.8,<0.9'", key) from None
+        raise ReadError(
+            f"{spec!r} is not a PEP 440 version specifier like '>=0.8,<0.9'", key
+        ) from None
     return spec
 
 
@@ -249,52 +293,68 @@ def _max_error(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any
     return cast("float | None", max_error)
 
 
-def _kwargs_field(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> dict[str, Any]:
+def _kwargs_field(
+    ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]
+) -> dict[str, Any]:
     return _kwargs(d, key)
 
 
-def _records(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
+def _records(
+    ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]
+) -> tuple[Mapping[str, Any], ...]:
     """Evidence and timing rows: an array of :func:`record` tables."""
     return ctx.objects(d, key, record)
 
 
-def record_table(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> Mapping[str, Any]:
+def record_table(
+    ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]
+) -> Mapping[str, Any]:
     """A free-form flat table (``[profile]``, ``[provenance]``): empty when absent."""
     return ctx.object(d, key, record) or {}
 
 
-def tables(cls: type[_T]) -> Callable[[Context, Mapping[str, Any], str, Mapping[str, Any]], tuple[_T, ...]]:
+def tables(
+    cls: type[_T],
+) -> Callable[[Context, Mapping[str, Any], str, Mapping[str, Any]], tuple[_T, ...]]:
     """An array of ``cls`` tables (empty when absent), each read at ``key[i]``."""
     return lambda ctx, d, key, _: ctx.objects(d, key, lambda t: from_dict(cls, ctx, t))
 
 
-def table(cls: type[_T]) -> Callable[[Context, Mapping[str, Any], str, Mapping[str, Any]], _T | None]:
+def table(
+    cls: type[_T],
+) -> Callable[[Context, Mapping[str, Any], str, Mapping[str, Any]], _T | None]:
     """A ``cls`` table (None when absent), read at ``key``."""
     return lambda ctx, d, key, _: ctx.object(d, key, lambda t: from_dict(cls, ctx, t))
 
 
 def _blas(ctx: Context, d: Mapping[str, Any], key: str, so_far: Mapping[str, Any]) -> Blas | None:
-    """``slots.Linear.blas``: the library (and the build's default) of the same vendor, Linear only."""
+    """``slots.Linear.blas``: the library (and the build's default) of the same vendor, Linear
+    only."""
     slot = so_far["name"]
 
     def read(b: Mapping[str, Any]) -> Blas:
         if slot != "Linear":
-            raise ReadError(f"only the Linear slot records a BLAS library, not {slot}", fix="remove it")
+            raise ReadError(
+                f"only the Linear slot records a BLAS library, not {slot}", fix="remove it"
+            )
         return from_dict(Blas, ctx, b)
 
     return ctx.object(d, key, read)
 
 
 def _gate(ctx: Context, d: Mapping[str, Any], key: str, so_far: Mapping[str, Any]) -> str:
-    """``slots.GatedMLP.gate``: the formula of the ``mlp_implementation`` its kwargs pin, both required
-    and agreeing (an edited implementation with the old formula is a lock that contradicts itself)."""
+    """``slots.GatedMLP.gate``: the formula of the ``mlp_implementation`` its kwargs pin, both
+    required and agreeing (an edited implementation with the old formula is a lock that contradicts
+    itself)."""
     from .gating import GATED, formula
 
     slot = so_far["name"]
     gate = get(d, key, str, default="")
     if slot != "GatedMLP":
         if gate:
-            raise ReadError(f"only the GatedMLP slot records a gate formula, not {slot}", key, fix="remove it")
+            raise ReadError(
+                f"only the GatedMLP slot records a gate formula, not {slot}", key, fix="remove it"
+            )
         return ""
     kwargs = d.get("kwargs")
     implementation = kwargs.get("mlp_implementation") if isinstance(kwargs, Mapping) else None
@@ -307,7 +367,9 @@ def _gate(ctx: Context, d: Mapping[str, Any], key: str, so_far: Mapping[str, Any
     want = formula(implementation)
     if gate != want:
         raise ReadError(
-            f"{gate!r} is not what mlp_implementation {implementation!r} computes ({want!r})" if gate else "missing",
+            f"{gate!r} is not what mlp_implementation {implementation!r} computes ({want!r})"
+            if gate
+            else "missing",
             key,
             fix=f'write gate = "{want}", or pin the mlp_implementation whose formula this is',
         )
@@ -318,13 +380,16 @@ def _function(ctx: Context, d: Mapping[str, Any], key: str, so_far: Mapping[str,
     return read_function(so_far["name"], d)
 
 
-# ---- the tables -----------------------------------------------------------------------------------
+# ---- the tables ----------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EnvField(Table):
-    """One fingerprint field: the value seen when the lock was written, and how strictly it must match."""
+    """One fingerprint field: the value seen when the lock was written, and how strictly it must
+    match."""
 
     value: str | int = field(metadata=toml_key("value", _env_value))
-    match: Match = field(default="exact", metadata=toml_key("match", one_of(MATCH_RULES, default="exact")))
+    match: Match = field(
+        default="exact", metadata=toml_key("match", one_of(MATCH_RULES, default="exact"))
+    )
 
 
 def _env_field(ctx: Context, d: Any) -> EnvField:
@@ -333,16 +398,22 @@ def _env_field(ctx: Context, d: Any) -> EnvField:
     return from_dict(EnvField, ctx, d)
 
 
-def _env_fields(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> dict[str, EnvField]:
+def _env_fields(
+    ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]
+) -> dict[str, EnvField]:
     """``[environment]``'s named fields: every key but ``libraries``, in file order."""
-    from ..fingerprint.fields import FIELDS  # the field catalogue lives beside the code that computes it
+    from ..fingerprint.fields import (
+        FIELDS,
+    )  # the field catalogue lives beside the code that computes it
 
     fields = {}
     for name, value in d.items():
         if name == "libraries":
             continue
         if name not in FIELDS:
-            ctx.warn(name, "unknown environment field, not checked (written by a newer kernel-probe?)")
+            ctx.warn(
+                name, "unknown environment field, not checked (written by a newer kernel-probe?)"
+            )
         with ctx.at(name):
             fields[name] = _env_field(ctx, value)
             expected = FIELDS.get(name)
@@ -360,7 +431,9 @@ def _env_fields_out(fields: Mapping[str, EnvField]) -> dict[str, Any]:
     return {k: fields[k].to_dict() for k in order if k in fields}
 
 
-def _libraries(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> dict[str, EnvField]:
+def _libraries(
+    ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]
+) -> dict[str, EnvField]:
     libraries = {}
     with ctx.at(key):
         for name, v in get(d, key, dict, default={}).items():
@@ -381,14 +454,18 @@ class Environment(Table):
     libraries: Mapping[str, EnvField] = field(
         default_factory=dict,
         metadata=toml_key(
-            "libraries", _libraries, omit=EMPTY, write=lambda libs: {k: libs[k].to_dict() for k in sorted(libs)}
+            "libraries",
+            _libraries,
+            omit=EMPTY,
+            write=lambda libs: {k: libs[k].to_dict() for k in sorted(libs)},
         ),
     )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Requirement(Table):
-    """A distribution a slot's implementation needs: name + PEP 440 specifier, and the module it provides."""
+    """A distribution a slot's implementation needs: name + PEP 440 specifier, and the module it
+    provides."""
 
     name: str = field(metadata=toml_key("name", text(required=True)))
     specifier: str = field(default="", metadata=toml_key("specifier", _specifier))
@@ -400,17 +477,25 @@ class Twin(Table):
     """The portable torch.nn equivalent used for inference where the training library is absent."""
 
     target: str = field(metadata=toml_key("target", _target))
-    kwargs: Mapping[str, Any] = field(default_factory=dict, metadata=toml_key("kwargs", _kwargs_field))
-    state_dict: StateDict = field(
-        default="interchangeable", metadata=toml_key("state-dict", one_of(STATE_DICT, default="interchangeable"))
+    kwargs: Mapping[str, Any] = field(
+        default_factory=dict, metadata=toml_key("kwargs", _kwargs_field)
     )
-    migration: tuple[str, ...] = field(default=(), metadata=toml_key("migration", strings, omit=EMPTY))
-    max_error: float | None = field(default=None, metadata=toml_key("max-error", _max_error, omit=NONE))
+    state_dict: StateDict = field(
+        default="interchangeable",
+        metadata=toml_key("state-dict", one_of(STATE_DICT, default="interchangeable")),
+    )
+    migration: tuple[str, ...] = field(
+        default=(), metadata=toml_key("migration", strings, omit=EMPTY)
+    )
+    max_error: float | None = field(
+        default=None, metadata=toml_key("max-error", _max_error, omit=NONE)
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Candidate(Table):
-    """A candidate that was considered for a slot and not chosen, with the verdict and its reasons."""
+    """A candidate that was considered for a slot and not chosen, with the verdict and its
+    reasons."""
 
     implementation: str = field(metadata=toml_key("implementation", text(required=True)))
     target: str = field(default="", metadata=toml_key("target", text()))
@@ -427,10 +512,15 @@ class Slot(Table):
     implementation: str = field(metadata=toml_key("implementation", text(required=True)))
     target: str = field(metadata=toml_key("target", _target))
     semantics: str = field(metadata=toml_key("semantics", one_of(SEMANTICS)))
-    # Activation: the model's function the candidates were checked against (kernel_lock.format.activations)
+    # Activation: the model's function the candidates were checked against
+    # (kernel_lock.format.activations)
     function: str = field(default="", metadata=toml_key("function", _function, omit=EMPTY))
-    kwargs: Mapping[str, Any] = field(default_factory=dict, metadata=toml_key("kwargs", _kwargs_field))
-    requires: tuple[Requirement, ...] = field(default=(), metadata=toml_key("requires", tables(Requirement)))
+    kwargs: Mapping[str, Any] = field(
+        default_factory=dict, metadata=toml_key("kwargs", _kwargs_field)
+    )
+    requires: tuple[Requirement, ...] = field(
+        default=(), metadata=toml_key("requires", tables(Requirement))
+    )
     devices: tuple[str, ...] = field(default=(), metadata=toml_key("devices", strings))
     # Linear on a GPU: the BLAS library it was checked and timed under (kernel_lock.format.blas)
     blas: Blas | None = field(default=None, metadata=toml_key("blas", _blas, omit=NONE))
@@ -438,11 +528,19 @@ class Slot(Table):
     gate: str = field(default="", metadata=toml_key("gate", _gate, omit=EMPTY))
     reason: str = field(default="", metadata=toml_key("reason", text()))
     # what the implementation changes besides numbers, accepted explicitly
-    changes: tuple[str, ...] = field(default=(), metadata=toml_key("accepted-changes", strings, omit=EMPTY))
+    changes: tuple[str, ...] = field(
+        default=(), metadata=toml_key("accepted-changes", strings, omit=EMPTY)
+    )
     twin: Twin | None = field(default=None, metadata=toml_key("twin", table(Twin), omit=NONE))
-    evidence: tuple[Mapping[str, Any], ...] = field(default=(), metadata=toml_key("evidence", _records, omit=EMPTY))
-    timing: tuple[Mapping[str, Any], ...] = field(default=(), metadata=toml_key("timing", _records, omit=EMPTY))
-    rejected: tuple[Candidate, ...] = field(default=(), metadata=toml_key("rejected", tables(Candidate), omit=EMPTY))
+    evidence: tuple[Mapping[str, Any], ...] = field(
+        default=(), metadata=toml_key("evidence", _records, omit=EMPTY)
+    )
+    timing: tuple[Mapping[str, Any], ...] = field(
+        default=(), metadata=toml_key("timing", _records, omit=EMPTY)
+    )
+    rejected: tuple[Candidate, ...] = field(
+        default=(), metadata=toml_key("rejected", tables(Candidate), omit=EMPTY)
+    )
 
 
 def read_slot(ctx: Context, name: str, d: Any) -> Slot:
@@ -456,6 +554,7 @@ def read_slot(ctx: Context, name: str, d: Any) -> Slot:
             f"slot {name} needs semantics {expected!r}, the lock pins {slot.semantics!r} "
             "(an RMSNorm is not a LayerNorm: it drops the mean and the bias)",
             "semantics",
-            fix=f"pin a {expected} implementation for {name}, or move this entry to the matching slot",
+            fix=f"pin a {expected} implementation for {name}, or move this entry to the "
+            "matching slot",
         )
     return slot

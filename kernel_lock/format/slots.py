@@ -3,9 +3,9 @@
 One home for the facts about slots: their names, the semantics each must compute, the torch.nn class
 a slot the lock does not pin resolves to, its canonical configuration and call convention, what the
 portable twins compute, and how to tell what a module class computes. Also the enums the lock, the
-resolver, the profiles and the command line share (``MODES``, ``PRECISIONS``, ``Status``, ``DTYPES``,
-``torch_device``) and the one "did you mean" hint for a misspelt slot. Plain data: importing this costs
-nothing (no torch).
+resolver, the profiles and the command line share (``MODES``, ``PRECISIONS``, ``Status``,
+``DTYPES``, ``torch_device``) and the one "did you mean" hint for a misspelt slot. Plain data:
+importing this costs nothing (no torch).
 """
 
 from __future__ import annotations
@@ -66,15 +66,17 @@ SLOT_SEMANTICS = {
 # have no parameters and take (q, k, v) with SDPA's contract (kernel_lock.attention): its checks,
 # timing and export have their own homes
 ATTENTION = "Attention"
-# anemoi's GatedMLPLayer (two Linears and a hard-coded gate, kernel_lock.format.gating): its classes are
-# kernel_lock.gated_mlp's, its checks and timing have their own home (kernel_probe.probe.gated_mlp).
-# A probe checks it only when asked (the model's mlp_implementation is gated): anemoi's default is "mlp"
+# anemoi's GatedMLPLayer (two Linears and a hard-coded gate, kernel_lock.format.gating): its classes
+# are kernel_lock.gated_mlp's, its checks and timing have their own home
+# (kernel_probe.probe.gated_mlp). A probe checks it only when asked (the model's mlp_implementation
+# is gated): anemoi's default is "mlp"
 GATED_MLP = "GatedMLP"
 # the slots a probe or a check covers when none is named: every slot but GatedMLP, which a model has
 # only with a gated mlp_implementation (``--slot GatedMLP --mlp-implementation geglu``)
 PROBED_BY_DEFAULT = tuple(s for s in SLOTS if s != GATED_MLP)
-# Activation's modules have no parameters and map one tensor elementwise; which function they compute
-# (``ACTIVATION_FUNCTIONS``) is the model's declared choice, a canonical value of the slot (``function``)
+# Activation's modules have no parameters and map one tensor elementwise; which function they
+# compute (``ACTIVATION_FUNCTIONS``) is the model's declared choice, a canonical value of the slot
+# (``function``)
 ACTIVATION = "Activation"
 
 # What a slot the lock does not mention resolves to: plain torch.nn, as before the lock existed.
@@ -82,7 +84,8 @@ DEFAULT_TARGETS = {
     "LayerNorm": "torch.nn.LayerNorm",
     "RMSNorm": "torch.nn.RMSNorm",
     "Linear": "torch.nn.Linear",
-    # torch's scaled_dot_product_attention, torch choosing its backend (what anemoi's SDPA path runs)
+    # torch's scaled_dot_product_attention, torch choosing its backend (what anemoi's SDPA path
+    # runs)
     "Attention": "kernel_lock.attention.SDPAttention",
     # anemoi's GatedMLPLayer with torch.nn.Linear: torch's gate functions
     "GatedMLP": "kernel_lock.gated_mlp.GatedMLP",
@@ -98,10 +101,12 @@ CANONICAL: dict[str, dict[str, Any]] = {
     "Linear": {"bias": True},
     # the options a model fixes (kernel_lock.attention): window -1 = global, softcap 0 = none
     "Attention": {"window": -1, "softcap": 0.0, "dropout": 0.0, "alibi": False},
-    # the model's gated variant (kernel_lock.format.gating.GATES): swiglu unless the model says otherwise
+    # the model's gated variant (kernel_lock.format.gating.GATES): swiglu unless the model says
+    # otherwise
     "GatedMLP": {"mlp_implementation": "swiglu", "bias": True},
-    # the function the model declares (ACTIVATION_FUNCTIONS): the reference every candidate is checked
-    # against; no constructor takes it (CALL_KWARGS), the lock records it (slots.Activation.function)
+    # the function the model declares (ACTIVATION_FUNCTIONS): the reference every candidate is
+    # checked against; no constructor takes it (CALL_KWARGS), the lock records it
+    # (slots.Activation.function)
     "Activation": {"function": "gelu-erf"},
 }
 
@@ -120,32 +125,45 @@ CALL_KWARGS: dict[str, dict[str, Any]] = {
     "LayerNorm": {"eps": "$eps"},
     "RMSNorm": {"eps": "$eps"},
     "Linear": {"bias": "$bias"},
-    "Attention": {"window": "$window", "softcap": "$softcap", "dropout": "$dropout", "alibi": "$alibi"},
+    "Attention": {
+        "window": "$window",
+        "softcap": "$softcap",
+        "dropout": "$dropout",
+        "alibi": "$alibi",
+    },
     "GatedMLP": {"mlp_implementation": "$mlp_implementation", "bias": "$bias"},
     "Activation": {},
 }
 
 # What torch.nn's slot classes compute and every keyword their constructors accept, so a check that
 # imports nothing (the job-start check) can decide a lock's target and kwargs as ``import`` would.
-# They hold for every torch kernel-probe supports (pyproject: torch >= TORCH_FACTS_SINCE: RMSNorm came in
-# 2.4, LayerNorm's ``bias`` in 2.1); tests compare them with the installed torch's signatures. A target
-# not listed here (or in the registry's declarations) is decided only by importing it.
+# They hold for every torch kernel-probe supports (pyproject: torch >= TORCH_FACTS_SINCE: RMSNorm
+# came in 2.4, LayerNorm's ``bias`` in 2.1); tests compare them with the installed torch's
+# signatures. A target not listed here (or in the registry's declarations) is decided only by
+# importing it.
 TORCH_FACTS_SINCE = (2, 4)
 
 
 class TargetFacts(NamedTuple):
-    """What a class computes and which constructor keywords it accepts, known without importing it."""
+    """What a class computes and which constructor keywords it accepts, known without importing
+    it."""
 
     semantics: str
     params: frozenset[str]  # keyword arguments the constructor accepts
-    complete: bool  # params lists every one (else: the ones known to be accepted, e.g. from the registry)
+    complete: (
+        bool  # params lists every one (else: the ones known to be accepted, e.g. from the registry)
+    )
 
 
-_LAYER_NORM = frozenset(("normalized_shape", "eps", "elementwise_affine", "bias", "device", "dtype"))
+_LAYER_NORM = frozenset(
+    ("normalized_shape", "eps", "elementwise_affine", "bias", "device", "dtype")
+)
 _RMS_NORM = frozenset(("normalized_shape", "eps", "elementwise_affine", "device", "dtype"))
 _LINEAR = frozenset(("in_features", "out_features", "bias", "device", "dtype"))
 _ATTENTION = frozenset(("window", "softcap", "dropout", "alibi"))
-_GATED_MLP = frozenset(("in_features", "out_features", "mlp_implementation", "bias", "device", "dtype"))
+_GATED_MLP = frozenset(
+    ("in_features", "out_features", "mlp_implementation", "bias", "device", "dtype")
+)
 _GELU = frozenset(("approximate",))
 _INPLACE = frozenset(("inplace",))
 KNOWN_TARGETS: Mapping[str, TargetFacts] = MappingProxyType(
@@ -153,22 +171,30 @@ KNOWN_TARGETS: Mapping[str, TargetFacts] = MappingProxyType(
         "torch.nn.LayerNorm": TargetFacts("layer_norm", _LAYER_NORM, True),
         "torch.nn.RMSNorm": TargetFacts("rms_norm", _RMS_NORM, True),
         "torch.nn.Linear": TargetFacts("linear", _LINEAR, True),
-        # kernel_lock.adapters: subclasses of the above with the same constructor (torch.compile'd forward)
+        # kernel_lock.adapters: subclasses of the above with the same constructor (torch.compile'd
+        # forward)
         "kernel_lock.adapters.CompiledLayerNorm": TargetFacts("layer_norm", _LAYER_NORM, True),
         "kernel_lock.adapters.CompiledRMSNorm": TargetFacts("rms_norm", _RMS_NORM, True),
         "kernel_lock.adapters.CompiledLinear": TargetFacts("linear", _LINEAR, True),
-        # kernel_lock.attention: the Attention slot's classes (SDPA's contract plus the model's options)
-        "kernel_lock.attention.SDPAttention": TargetFacts("attention", _ATTENTION | {"backend"}, True),
-        "kernel_lock.attention.FlexAttention": TargetFacts("attention", _ATTENTION | {"compiled"}, True),
+        # kernel_lock.attention: the Attention slot's classes (SDPA's contract plus the model's
+        # options)
+        "kernel_lock.attention.SDPAttention": TargetFacts(
+            "attention", _ATTENTION | {"backend"}, True
+        ),
+        "kernel_lock.attention.FlexAttention": TargetFacts(
+            "attention", _ATTENTION | {"compiled"}, True
+        ),
         "kernel_lock.attention.FlashAttention2": TargetFacts("attention", _ATTENTION, True),
         "kernel_lock.attention.FlashAttention3": TargetFacts("attention", _ATTENTION, True),
         "kernel_lock.attention.FlashAttention4": TargetFacts("attention", _ATTENTION, True),
         "kernel_lock.attention.TEDotProductAttention": TargetFacts("attention", _ATTENTION, True),
-        # kernel_lock.gated_mlp: anemoi's GatedMLPLayer interface over torch's, a compiled or liger's gate
+        # kernel_lock.gated_mlp: anemoi's GatedMLPLayer interface over torch's, a compiled or
+        # liger's gate
         "kernel_lock.gated_mlp.GatedMLP": TargetFacts("gated_mlp", _GATED_MLP, True),
         "kernel_lock.gated_mlp.CompiledGatedMLP": TargetFacts("gated_mlp", _GATED_MLP, True),
         "kernel_lock.gated_mlp.LigerGatedMLP": TargetFacts("gated_mlp", _GATED_MLP, True),
-        # the Activation slot's torch.nn classes (ACTIVATION_CLASSES says which function each computes)
+        # the Activation slot's torch.nn classes (ACTIVATION_CLASSES says which function each
+        # computes)
         "torch.nn.GELU": TargetFacts("activation", _GELU, True),
         "torch.nn.SiLU": TargetFacts("activation", _INPLACE, True),
         "torch.nn.ReLU": TargetFacts("activation", _INPLACE, True),
@@ -192,14 +218,19 @@ TARGET_ALIASES: Mapping[str, str] = MappingProxyType(
 
 
 def canonical_target(target: str) -> str:
-    """``torch.nn.modules.normalization.LayerNorm`` -> ``torch.nn.LayerNorm``; other names unchanged."""
+    """``torch.nn.modules.normalization.LayerNorm`` -> ``torch.nn.LayerNorm``; other names
+    unchanged."""
     return TARGET_ALIASES.get(target, target)
 
 
-# What the portable twins compute (derived from the tables above). A twin records no semantics of its
-# own, so a twin target listed here whose semantics differ from its slot's (an RMSNorm standing in for a
-# LayerNorm, also through an alias) is refused; a target not listed cannot be judged without importing.
-TWIN_SEMANTICS = {name: KNOWN_TARGETS[canonical_target(name)].semantics for name in (*KNOWN_TARGETS, *TARGET_ALIASES)}
+# What the portable twins compute (derived from the tables above). A twin records no semantics of
+# its own, so a twin target listed here whose semantics differ from its slot's (an RMSNorm standing
+# in for a LayerNorm, also through an alias) is refused; a target not listed cannot be judged
+# without importing.
+TWIN_SEMANTICS = {
+    name: KNOWN_TARGETS[canonical_target(name)].semantics
+    for name in (*KNOWN_TARGETS, *TARGET_ALIASES)
+}
 
 # The semantics a kernel may compute by mistake instead of its own (same shapes, same parameters):
 # a "LayerNorm" whose output matches an RMSNorm reference computes the other one.
@@ -207,7 +238,9 @@ CONFUSABLE = {"layer_norm": "rms_norm", "rms_norm": "layer_norm"}
 
 Mode = Literal["training", "inference"]  # what a lock is resolved for
 MODES: tuple[Mode, ...] = get_args(Mode)
-Regime = Literal["true", "mixed"]  # parameters and compute in the dtype, or float32 parameters under autocast
+Regime = Literal[
+    "true", "mixed"
+]  # parameters and compute in the dtype, or float32 parameters under autocast
 REGIMES: tuple[Regime, ...] = get_args(Regime)
 
 
@@ -215,7 +248,8 @@ class Precision(NamedTuple):
     """A training precision: the dtype and the regime the probe checks and times in."""
 
     dtype: str  # torch dtype name, without "torch."
-    regime: Regime  # "true": parameters and compute in dtype; "mixed": float32 parameters under autocast
+    # "true": parameters and compute in dtype; "mixed": float32 parameters under autocast
+    regime: Regime
 
 
 # Lightning / anemoi precision names -> (dtype, regime); the names are the keys, in this order.
@@ -258,14 +292,15 @@ def short_dtype(name: str) -> str:
 
 
 def dtype_named(text: str) -> str | None:
-    """The torch name of a dtype given by its torch or short name, any case (``BF16`` -> ``bfloat16``);
-    None when it is neither."""
+    """The torch name of a dtype given by its torch or short name, any case (``BF16`` ->
+    ``bfloat16``); None when it is neither."""
     key = text.strip().lower()
     return next((d.name for d in DTYPES.values() if key in (d.name, d.short)), None)
 
 
 def torch_device(device: str) -> str:
-    """The torch device type of a device type: ROCm GPUs are ``cuda`` to torch (HIP behind its CUDA API)."""
+    """The torch device type of a device type: ROCm GPUs are ``cuda`` to torch (HIP behind its CUDA
+    API)."""
     return "cuda" if device == "rocm" else device
 
 
@@ -276,17 +311,24 @@ STATUSES: tuple[Status, ...] = get_args(Status)
 
 
 def slot_name_fix(name: str) -> str:
-    """The fix for an unknown slot ``name``: the slot it misspells, if only case differs, else the list."""
+    """The fix for an unknown slot ``name``: the slot it misspells, if only case differs, else the
+    list."""
     close = [s for s in SLOTS if s.lower() == str(name).lower()]
     if close:
         return f"did you mean {close[0]!r}? slot names are case-sensitive"
     return f"known slots: {', '.join(SLOTS)}"
 
 
-# torch's quantized, QAT and fused (module + activation) classes: some subclass nn.Linear, none computes
-# a plain float Linear or norm (torch.ao.nn.intrinsic.quantized.dynamic.LinearReLU is an int8 Linear and a
-# ReLU with no trainable parameters)
-NOT_PLAIN_TORCH = ("torch.ao", "torch.nn.quantized", "torch.nn.qat", "torch.nn.intrinsic", "torch.nn.quantizable")
+# torch's quantized, QAT and fused (module + activation) classes: some subclass nn.Linear, none
+# computes a plain float Linear or norm (torch.ao.nn.intrinsic.quantized.dynamic.LinearReLU is an
+# int8 Linear and a ReLU with no trainable parameters)
+NOT_PLAIN_TORCH = (
+    "torch.ao",
+    "torch.nn.quantized",
+    "torch.nn.qat",
+    "torch.nn.intrinsic",
+    "torch.nn.quantizable",
+)
 
 
 # torch.nn.modules.activation's classes that are no elementwise activation: attention, the gated GLU
@@ -295,13 +337,15 @@ NOT_ELEMENTWISE = ("MultiheadAttention", "GLU", "Softmax", "Softmin", "LogSoftma
 
 
 def class_semantics(cls: Any) -> str | None:
-    """What a module class computes, told by its class hierarchy; None where the hierarchy cannot tell.
+    """What a module class computes, told by its class hierarchy; None where the hierarchy cannot
+    tell.
 
-    A subclass of ``torch.nn.RMSNorm``, ``LayerNorm`` or ``Linear`` computes that, unless it (or a class
-    it derives from) is one of torch's quantized, QAT or fused classes (``NOT_PLAIN_TORCH``): those, and
-    every other torch module, compute something else (``other: Identity``). Another library's class
-    that derives from none of them is not judged by its name: None, and the caller takes the registry's
-    declaration (``kernel_lock.trust.registry.declared_semantics``) or the lock's word.
+    A subclass of ``torch.nn.RMSNorm``, ``LayerNorm`` or ``Linear`` computes that, unless it (or a
+    class it derives from) is one of torch's quantized, QAT or fused classes (``NOT_PLAIN_TORCH``):
+    those, and every other torch module, compute something else (``other: Identity``). Another
+    library's class that derives from none of them is not judged by its name: None, and the caller
+    takes the registry's declaration (``kernel_lock.trust.registry.declared_semantics``) or the
+    lock's word.
     """
     if not isinstance(cls, type):
         return None
@@ -310,14 +354,21 @@ def class_semantics(cls: Any) -> str | None:
     def _under(module: str, roots: tuple[str, ...]) -> bool:
         return any(module == r or module.startswith(r + ".") for r in roots)
 
-    if any(c.__module__ == "kernel_lock.attention" and c.__name__ == "Attention" for c in cls.__mro__):
+    if any(
+        c.__module__ == "kernel_lock.attention" and c.__name__ == "Attention" for c in cls.__mro__
+    ):
         return "attention"
-    if any(c.__module__ == "kernel_lock.gated_mlp" and c.__name__ == "GatedMLP" for c in cls.__mro__):
+    if any(
+        c.__module__ == "kernel_lock.gated_mlp" and c.__name__ == "GatedMLP" for c in cls.__mro__
+    ):
         return "gated_mlp"
     if _under(cls.__module__, ("kernel_lock.adapters",)):
-        # an adapter computes what the class it wraps (and derives from) computes: an Autocast adapter
-        # around torch.nn.Identity is an Identity, whatever slot names it
-        wrapped = next((c for c in cls.__mro__[1:] if not _under(c.__module__, ("kernel_lock.adapters",))), None)
+        # an adapter computes what the class it wraps (and derives from) computes: an Autocast
+        # adapter around torch.nn.Identity is an Identity, whatever slot names it
+        wrapped = next(
+            (c for c in cls.__mro__[1:] if not _under(c.__module__, ("kernel_lock.adapters",))),
+            None,
+        )
         return None if wrapped is None or wrapped is torch.nn.Module else class_semantics(wrapped)
 
     if any(_under(c.__module__, NOT_PLAIN_TORCH) for c in cls.__mro__):

@@ -1,13 +1,14 @@
 """The lock's tables declared once: each field's TOML key, reader and writing rule in its metadata,
 read and written by one generic pair (:func:`from_dict`, :func:`to_dict`).
 
-Modelled on pypa/packaging's ``pylock.py``: every table of the lock (``[slots.X]``, its ``twin``, its
-``requires``, ``[environment]``, ``[graph-attention]``, the document itself) is a frozen, keyword-only,
-slotted dataclass. A field the file holds says so in its metadata (:func:`toml_key`): its TOML key, the
-typed reader that builds its value (the getters of :mod:`kernel_lock.format.reading`, each error naming its
-key as it unwinds) and when it is left out of the written table. The order of the fields is the
-canonical key order of the written lock, so the bytes and the digest follow from the declaration; a
-field without a key (a slot's name, where a lock was read from) is the caller's to give.
+Modelled on pypa/packaging's ``pylock.py``: every table of the lock (``[slots.X]``, its ``twin``,
+its ``requires``, ``[environment]``, ``[graph-attention]``, the document itself) is a frozen,
+keyword-only, slotted dataclass. A field the file holds says so in its metadata (:func:`toml_key`):
+its TOML key, the typed reader that builds its value (the getters of
+:mod:`kernel_lock.format.reading`, each error naming its key as it unwinds) and when it is left out
+of the written table. The order of the fields is the canonical key order of the written lock, so the
+bytes and the digest follow from the declaration; a field without a key (a slot's name, where a lock
+was read from) is the caller's to give.
 
     >>> from dataclasses import dataclass, field
     >>> @dataclass(frozen=True, kw_only=True, slots=True)
@@ -89,7 +90,9 @@ def toml_key(
 
 def table_keys(cls: type) -> tuple[str, ...]:
     """The TOML keys of the table ``cls``, in canonical order (the keys a reader knows)."""
-    return tuple(f.metadata["key"] for f in fields(cls) if "key" in f.metadata and f.metadata["key"] != REST)
+    return tuple(
+        f.metadata["key"] for f in fields(cls) if "key" in f.metadata and f.metadata["key"] != REST
+    )
 
 
 def from_dict(cls: type[_T], ctx: Reading, d: Mapping[str, Any], **given: Any) -> _T:
@@ -135,7 +138,7 @@ def plain(value: Any) -> Any:
     return value
 
 
-# ---- the readers most fields use ---------------------------------------------------------------------
+# ---- the readers most fields use -----------------------------------------------------------------
 def text(default: str = "", *, required: bool = False) -> Reader:
     """A string (``required``: missing, the fix points at docs/lock-format.md)."""
     if required:

@@ -1,13 +1,14 @@
 """Reading TOML, and writing it canonically.
 
-Reading is tomllib's (tomli before Python 3.11). Writing is tomli-w's, the project's one TOML writer: every
-key, string, number and boolean is formatted by ``tomli_w`` (its escapes, its float forms). What tomli-w
-cannot be told is the lock's canonical *layout*, so that part is kept here, because the lock's bytes are
-part of its contract: the same content always gives the same text, ``load`` then ``dump`` is the
-identity, and diffs between two locks show only what changed. Layout rules: keys keep the order the
-schema gives them; a table whose values are all scalars (or lists of scalars) is written inline; other
-tables become ``[sections]``; lists of tables become ``[[arrays]]``; an array is written on one line
-(tomli-w would break one longer than 100 columns); a tab in a string is escaped (tomli-w leaves it raw). ``tomli_w`` is imported only when something is
+Reading is tomllib's (tomli before Python 3.11). Writing is tomli-w's, the project's one TOML
+writer: every key, string, number and boolean is formatted by ``tomli_w`` (its escapes, its float
+forms). What tomli-w cannot be told is the lock's canonical *layout*, so that part is kept here,
+because the lock's bytes are part of its contract: the same content always gives the same text,
+``load`` then ``dump`` is the identity, and diffs between two locks show only what changed. Layout
+rules: keys keep the order the schema gives them; a table whose values are all scalars (or lists of
+scalars) is written inline; other tables become ``[sections]``; lists of tables become
+``[[arrays]]``; an array is written on one line (tomli-w would break one longer than 100 columns); a
+tab in a string is escaped (tomli-w leaves it raw). ``tomli_w`` is imported only when something is
 written, so reading a lock stays light. Test: tests/kernel_lock/test_toml_bytes.py (the bytes the
 earlier hand-written formatter produced, kept as golden files).
 """
@@ -51,7 +52,8 @@ def toml_key(key: str) -> str:
     >>> toml_key("eps"), toml_key("a b")
     ('eps', '"a b"')
     """
-    return _tomli_w_line(key, 0)[: -len(" = 0")].replace("\t", "\\t")  # a tab only inside a quoted key
+    # a tab only inside a quoted key
+    return _tomli_w_line(key, 0)[: -len(" = 0")].replace("\t", "\\t")
 
 
 def _string(value: str) -> str:
@@ -66,7 +68,8 @@ def toml_value(value: Any) -> str:
     ('[1, "a"]', '{ eps = 1e-05 }')
     """
     if isinstance(value, str):
-        # tomli-w leaves a tab raw; escaped, it stays visible in a diff (and the bytes stay what they were)
+        # tomli-w leaves a tab raw; escaped, it stays visible in a diff (and the bytes stay what
+        # they were)
         return _tomli_w_line("k", value)[len("k = ") :].replace("\t", "\\t")
     if isinstance(value, (bool, int, float)):
         return _tomli_w_line("k", value)[len("k = ") :]
@@ -86,7 +89,8 @@ def _is_scalar(value: Any) -> bool:
 def _is_flat(value: Any) -> bool:
     """A table of scalars or lists of scalars: written inline as ``{ a = 1, b = [2] }``."""
     return isinstance(value, dict) and all(
-        _is_scalar(v) or (isinstance(v, (list, tuple)) and all(_is_scalar(i) for i in v)) for v in value.values()
+        _is_scalar(v) or (isinstance(v, (list, tuple)) and all(_is_scalar(i) for i in v))
+        for v in value.values()
     )
 
 
@@ -107,7 +111,9 @@ def dumps(document: dict[str, Any]) -> str:
     return "\n".join(lines).strip("\n") + "\n"
 
 
-def _write_table(table: dict[str, Any], path: list[str], lines: list[str], header: str | None) -> None:
+def _write_table(
+    table: dict[str, Any], path: list[str], lines: list[str], header: str | None
+) -> None:
     inline = [(k, v) for k, v in table.items() if _is_leaf(v)]
     nested = [(k, v) for k, v in table.items() if not _is_leaf(v)]
     if header is not None and (inline or not nested):
@@ -134,5 +140,7 @@ def _write_array_item(item: dict[str, Any], path: list[str], lines: list[str]) -
     # the schema never nests that deep, so inline everything that is a leaf and refuse the rest.
     for key, value in item.items():
         if not (_is_leaf(value) or all(_is_flat(v) for v in value)):
-            raise TypeError(f"table array item key {key!r} is too deeply nested for the canonical writer")
+            raise TypeError(
+                f"table array item key {key!r} is too deeply nested for the canonical writer"
+            )
         lines.append(f"{toml_key(key)} = {toml_value(value)}")

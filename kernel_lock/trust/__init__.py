@@ -8,10 +8,11 @@ it, and the refusal says how to grant it. Every check runs before anything is im
 
 This package is kernel_lock's *trust and import* group; the allow-list lives here, in its
 ``__init__``, so ``kernel_lock.trust.check_target`` keeps the path the docs show. Its modules, each
-imported where it is used: ``registry`` (the candidates, as data), ``importing`` (the allow-list, then
-the import, then what the class must be), ``locate`` (what is known without importing), ``confirming``
-and ``confirm_child`` (what only an import can tell, asked of a child), ``launch`` (the one child
-launcher), ``files`` (the one safe reader and writer), ``adapter_names`` (the adapters, by name).
+imported where it is used: ``registry`` (the candidates, as data), ``importing`` (the allow-list,
+then the import, then what the class must be), ``locate`` (what is known without importing),
+``confirming`` and ``confirm_child`` (what only an import can tell, asked of a child), ``launch``
+(the one child launcher), ``files`` (the one safe reader and writer), ``adapter_names`` (the
+adapters, by name).
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def _under(name: str, root: str) -> bool:
 
 
 def granted_trust(trust: Iterable[str] = ()) -> tuple[str, ...]:
-    """The modules the caller trusts: ``trust`` and ``$KERNEL_LOCK_TRUST`` (comma- or colon-separated)."""
+    """The modules the caller trusts: ``trust`` and ``$KERNEL_LOCK_TRUST`` (comma- or
+    colon-separated)."""
     names = [str(t) for t in trust]
     env = os.environ.get(TRUST_ENV, "")
     names += [n for n in re.split(r"[,:\s]+", env) if n]
@@ -80,27 +82,40 @@ def check_target(
 ) -> None:
     """Refuse a target outside the allow-list. Runs before anything is imported.
 
-    The allow-list is ``registry.allowed_roots()`` plus the modules the *caller* trusts (``trusted``: the API's
-    ``trust=``, ``$KERNEL_LOCK_TRUST``, ``--trust``); the lock's own ``trusted-modules``
-    (``requested``) are only a request, named in the error with how to grant it. A path with a
-    private or ``__main__`` component is never imported (importing a ``__main__`` runs it).
+    The allow-list is ``registry.allowed_roots()`` plus the modules the *caller* trusts
+    (``trusted``: the API's ``trust=``, ``$KERNEL_LOCK_TRUST``, ``--trust``); the lock's own
+    ``trusted-modules`` (``requested``) are only a request, named in the error with how to grant it.
+    A path with a private or ``__main__`` component is never imported (importing a ``__main__`` runs
+    it).
     """
     if not isinstance(target, str) or not DOTTED.fullmatch(target):
-        raise LockFormatError(f"{target!r} is not a dotted import path like 'torch.nn.LayerNorm'", path=path, key=key)
+        raise LockFormatError(
+            f"{target!r} is not a dotted import path like 'torch.nn.LayerNorm'", path=path, key=key
+        )
     if private(target):
         raise TargetNotAllowed(
-            f"{what} {target!r} has a private or __main__ component: it is never imported (importing a module's "
+            f"{what} {target!r} has a private or __main__ component: it is never imported "
+            "(importing a module's "
             "__main__ runs it)",
             path=path,
             key=key,
             fix="name a public class, e.g. torch.nn.LayerNorm",
         )
     if target.startswith("kernel_lock.adapters.") and "__" in target:
-        from .adapter_names import generic_kernel  # a generic adapter imports the kernel its name carries
+        from .adapter_names import (
+            generic_kernel,
+        )  # a generic adapter imports the kernel its name carries
 
         inner = generic_kernel(target)
         if inner is not None:
-            check_target(inner, trusted, path=path, key=key, requested=requested, what=f"{what} (inside {target})")
+            check_target(
+                inner,
+                trusted,
+                path=path,
+                key=key,
+                requested=requested,
+                what=f"{what} (inside {target})",
+            )
     if any(_under(target, root) for root in (*registry.OWN_ROOTS, *trusted)):
         return  # torch's own classes need no registry read (a few ms at every import of a lock)
     allowed = registry.allowed_roots()
@@ -109,17 +124,21 @@ def check_target(
     asked = next((m for m in requested if _under(target, m)), None)
     if asked is not None:
         raise TargetNotAllowed(
-            f"{what} {target!r} is in {asked!r}, which the lock asks to trust (trusted-modules) but which was not "
+            f"{what} {target!r} is in {asked!r}, which the lock asks to trust "
+            "(trusted-modules) but which was not "
             "granted; nothing was imported",
             path=path,
             key=key,
-            fix=f"if you trust {asked!r}, grant it: `--trust {asked}` on kernel-probe's command line, "
+            fix=f"if you trust {asked!r}, grant it: `--trust {asked}` on kernel-probe's "
+            "command line, "
             f"{TRUST_ENV}={asked} in the environment, or kernel_lock.load(path, trust=[{asked!r}])",
         )
     raise TargetNotAllowed(
-        f"{what} {target!r} is not in the import allow-list ({', '.join(allowed)}); nothing was imported",
+        f"{what} {target!r} is not in the import allow-list ({', '.join(allowed)}); nothing "
+        "was imported",
         path=path,
         key=key,
-        fix=f"if you trust that module, grant it: `--trust MODULE`, {TRUST_ENV}=MODULE, or kernel_lock.load(path, "
+        fix=f"if you trust that module, grant it: `--trust MODULE`, {TRUST_ENV}=MODULE, or "
+        "kernel_lock.load(path, "
         "trust=[...]) (a lock's own trusted-modules only asks)",
     )

@@ -29,10 +29,10 @@ __all__ = [
 
 ADAPTERS = "kernel_lock.adapters"
 
-# anemoi builds norms as ``LayerNorm(C)`` and ``LayerNorm(normalized_shape=C)``; these library classes
-# call the size ``hidden_size``, so anemoi cannot build them directly. Each entry is an adapter: a
-# subclass of the library class (same parameters, same state-dict keys) whose first argument is
-# ``normalized_shape``. Adding a library with that signature is adding a row here.
+# anemoi builds norms as ``LayerNorm(C)`` and ``LayerNorm(normalized_shape=C)``; these library
+# classes call the size ``hidden_size``, so anemoi cannot build them directly. Each entry is an
+# adapter: a subclass of the library class (same parameters, same state-dict keys) whose first
+# argument is ``normalized_shape``. Adding a library with that signature is adding a row here.
 # adapter name -> (the library class it subclasses, the name of that class's size parameter)
 SIZE_ADAPTERS: dict[str, tuple[str, str]] = {
     "LigerLayerNormAnemoi": ("liger_kernel.transformers.LigerLayerNorm", "hidden_size"),
@@ -55,13 +55,14 @@ AUTOCAST_ADAPTERS: dict[str, str] = {
 # the adapters that keep an anemoi wrapper's behaviour, by the wrapper's adapter prefix
 WRAPPING_ADAPTERS: dict[str, dict[str, str]] = {"Autocast": AUTOCAST_ADAPTERS}
 
-# Generic adapters: for a kernel no table above names (a site's own class, a library not listed), the
-# adapter's *name* carries the kernel's dotted path, its dots written ``__``:
+# Generic adapters: for a kernel no table above names (a site's own class, a library not listed),
+# the adapter's *name* carries the kernel's dotted path, its dots written ``__``:
 #   kernel_lock.adapters.Autocast__site_kernels__norms__FastLayerNorm
-# is site_kernels.norms.FastLayerNorm (given anemoi's ``normalized_shape`` argument if it takes its size
-# as one of SIZE_NAMES) with its output cast back to the input dtype; ``Sized__...`` only renames the
-# size argument. Built on first lookup like every adapter, so it pickles by name, and it subclasses the
-# kernel (same parameters and state dict). Nothing in kernel_lock is edited to use a new kernel.
+# is site_kernels.norms.FastLayerNorm (given anemoi's ``normalized_shape`` argument if it takes its
+# size as one of SIZE_NAMES) with its output cast back to the input dtype; ``Sized__...`` only
+# renames the size argument. Built on first lookup like every adapter, so it pickles by name, and it
+# subclasses the kernel (same parameters and state dict). Nothing in kernel_lock is edited to use a
+# new kernel.
 GENERIC_SEPARATOR = "__"
 GENERIC_PREFIXES = ("Autocast", "Sized")
 SIZE_NAMES = ("hidden_size", "dim")
@@ -79,7 +80,8 @@ def generic_parts(name: str) -> tuple[str, str] | None:
 
 
 def generic_kernel(target: str) -> str | None:
-    """The kernel a generic adapter target wraps (``kernel_lock.adapters.Autocast__a__B`` -> ``a.B``), or None."""
+    """The kernel a generic adapter target wraps (``kernel_lock.adapters.Autocast__a__B`` ->
+    ``a.B``), or None."""
     module, _, name = target.rpartition(".")
     if module != ADAPTERS:
         return None
@@ -88,7 +90,8 @@ def generic_kernel(target: str) -> str | None:
 
 
 def adapter_for(target: str) -> str | None:
-    """The ``kernel_lock.adapters`` path of the size adapter for ``target``, or None if there is none."""
+    """The ``kernel_lock.adapters`` path of the size adapter for ``target``, or None if there is
+    none."""
     for name, (wrapped, _) in SIZE_ADAPTERS.items():
         if wrapped == target:
             return f"{ADAPTERS}.{name}"

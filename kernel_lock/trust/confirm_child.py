@@ -1,6 +1,7 @@
-"""The child process of the job-start check: resolves the slots it is given with ``factory`` and prints
-one line of verdicts. Started by ``kernel_lock.trust.confirming.child_verdicts`` (``python -c``), so the
-foreign code an import runs never runs in the checking process; nothing imports this module.
+"""The child process of the job-start check: resolves the slots it is given with ``factory`` and
+prints one line of verdicts. Started by ``kernel_lock.trust.confirming.child_verdicts`` (``python
+-c``), so the foreign code an import runs never runs in the checking process; nothing imports this
+module.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ __all__ = [
 def _child_verdict(request: Mapping[str, Any], slot: str) -> dict[str, Any] | None:
     """What ``factory`` said of ``slot``: None when it built, else the error as a dict."""
     try:
-        lock = loads(request["text"], path=request["path"], trust=request["trust"], emit_warnings=False)
+        lock = loads(
+            request["text"], path=request["path"], trust=request["trust"], emit_warnings=False
+        )
         factory(lock, slot, request["mode"], verify_environment=False)
         return None
     except LockError as exc:
@@ -37,7 +40,8 @@ def _child_verdict(request: Mapping[str, Any], slot: str) -> dict[str, Any] | No
 
 
 def main(request: Mapping[str, Any]) -> None:
-    """The child of ``confirming.child_verdicts``: ``factory`` for each slot asked, one JSON line of verdicts."""
+    """The child of ``confirming.child_verdicts``: ``factory`` for each slot asked, one JSON line of
+    verdicts."""
     import json
     import os
 

@@ -1,9 +1,11 @@
-"""Confirming what only an import can judge, in a child process, and deciding a lock before it is sealed.
+"""Confirming what only an import can judge, in a child process, and deciding a lock before it is
+sealed.
 
-``child_verdicts`` resolves slots with ``factory`` in a fresh interpreter (``kernel_lock.trust.confirm_child``)
-and returns what it said of each: the import path's own answer, without its code running here.
-``confirm_in_child`` raises the first refusal (the job-start check, ``resolve.confirm_targets``).
-``before_sealing`` decides every target of a hand-edited lock before ``kernel-probe rehash`` seals it.
+``child_verdicts`` resolves slots with ``factory`` in a fresh interpreter
+(``kernel_lock.trust.confirm_child``) and returns what it said of each: the import path's own
+answer, without its code running here. ``confirm_in_child`` raises the first refusal (the job-start
+check, ``resolve.confirm_targets``). ``before_sealing`` decides every target of a hand-edited lock
+before ``kernel-probe rehash`` seals it.
 """
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ CHILD_TIMEOUT = 300.0  # seconds for the child that imports what could not be ju
 MARK = "KERNEL_LOCK_CONFIRM "
 
 
-def child_verdicts(lock: LockDocument, mode: str, unknown: Mapping[str, str]) -> dict[str, dict[str, Any] | None]:
+def child_verdicts(
+    lock: LockDocument, mode: str, unknown: Mapping[str, str]
+) -> dict[str, dict[str, Any] | None]:
     """Resolve the ``unknown`` slots (name -> why they could not be judged without importing) with
-    ``factory`` in a fresh interpreter (same search path, same trust): per slot, None where it built,
-    else the error as a dict (exit_code, problem, key, fix). A child that cannot run, or ends without a
-    verdict, is :class:`KernelUnavailable`."""
+    ``factory`` in a fresh interpreter (same search path, same trust): per slot, None where it
+    built, else the error as a dict (exit_code, problem, key, fix). A child that cannot run, or ends
+    without a verdict, is :class:`KernelUnavailable`."""
     import json
     import subprocess
 
@@ -49,10 +53,14 @@ def child_verdicts(lock: LockDocument, mode: str, unknown: Mapping[str, str]) ->
         "mode": mode,
         "slots": list(unknown),
     }
-    # the caller's search path (same trust, same libraries), but never its working directory first: a module
-    # the caller could import from there is still found, after everything installed (kernel_lock.trust.launch)
+    # the caller's search path (same trust, same libraries), but never its working directory first:
+    # a module the caller could import from there is still found, after everything installed
+    # (kernel_lock.trust.launch)
     keep_cwd = any(cwd_like(entry) for entry in sys.path)
-    code = "import json, sys; from kernel_lock.trust.confirm_child import main; main(json.loads(sys.stdin.read()))"
+    code = (
+        "import json, sys; from kernel_lock.trust.confirm_child import main; "
+        "main(json.loads(sys.stdin.read()))"
+    )
     argv = python_argv(code, roots=sys.path, keep_cwd=keep_cwd)
     what = ", ".join(f"slot {name} ({why})" for name, why in unknown.items())
 
@@ -71,20 +79,27 @@ def child_verdicts(lock: LockDocument, mode: str, unknown: Mapping[str, str]) ->
     lines = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]
     if not lines:
         tail = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-        raise unconfirmed(f"the child process importing it to confirm it ended without a verdict ({tail[:300]})")
+        raise unconfirmed(
+            f"the child process importing it to confirm it ended without a verdict ({tail[:300]})"
+        )
     try:
         verdicts = read_verdicts(json.loads(lines[-1][len(MARK) :]), unknown)
     except (ValueError, RecursionError) as exc:
         raise unconfirmed(
-            f"the child process importing it to confirm it gave no verdict kernel-probe reads ({exc})"
+            "the child process importing it to confirm it gave no verdict kernel-probe reads "
+            f"({exc})"
         ) from None
     missing = {"exit_code": KernelUnavailable.exit_code, "key": None, "fix": None}
-    return {slot: verdicts.get(slot, {**missing, "problem": f"slot {slot}: no verdict"}) for slot in unknown}
+    return {
+        slot: verdicts.get(slot, {**missing, "problem": f"slot {slot}: no verdict"})
+        for slot in unknown
+    }
 
 
 def read_verdicts(data: Any, slots: Mapping[str, str]) -> dict[str, dict[str, Any] | None]:
-    """The child's answer, read by the typed reader (``kernel_lock.format.reading``): per slot asked, None or
-    {exit_code (a documented one), problem, key, fix}; anything else is a ReadError."""
+    """The child's answer, read by the typed reader (``kernel_lock.format.reading``): per slot
+    asked, None or {exit_code (a documented one), problem, key, fix}; anything else is a
+    ReadError."""
     from ..errors import ExitCode
     from ..format.reading import ReadError, context, get_text, refuse_unknown
 
@@ -113,10 +128,11 @@ def read_verdicts(data: Any, slots: Mapping[str, str]) -> dict[str, dict[str, An
 
 
 def _run_child(argv: list[str], request: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run the child with ``request`` on its stdin; its output comes back through files, not pipes, so a
-    process a library forks (and that inherits them) cannot keep this waiting after the child has
-    ended. The child runs in a session of its own, and whatever is left of it (such a process) is
-    killed once it ends or runs out of time; on time out, ``subprocess.TimeoutExpired`` is raised."""
+    """Run the child with ``request`` on its stdin; its output comes back through files, not pipes,
+    so a process a library forks (and that inherits them) cannot keep this waiting after the child
+    has ended. The child runs in a session of its own, and whatever is left of it (such a process)
+    is killed once it ends or runs out of time; on time out, ``subprocess.TimeoutExpired`` is
+    raised."""
     import subprocess
     import tempfile
 
@@ -141,8 +157,12 @@ def _run_child(argv: list[str], request: str, timeout: float) -> subprocess.Comp
     return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
 
 
-def _refusal(lock: LockDocument, verdict: Mapping[str, Any], why: str) -> KernelUnavailable | LockFormatError:
-    cls = LockFormatError if verdict["exit_code"] == LockFormatError.exit_code else KernelUnavailable
+def _refusal(
+    lock: LockDocument, verdict: Mapping[str, Any], why: str
+) -> KernelUnavailable | LockFormatError:
+    cls = (
+        LockFormatError if verdict["exit_code"] == LockFormatError.exit_code else KernelUnavailable
+    )
     return cls(
         f"{verdict['problem']} (found by importing it in a child process: {why} without import)",
         path=lock.path,
@@ -164,10 +184,10 @@ def before_sealing(lock: LockDocument, torch_version: str) -> list[str]:
 
     Each is decided as the job-start check decides it: from the tables and the file system
     (``locate.static_problem``), and a slot's target the tables cannot judge by importing it in a
-    child process (foreign code never runs here). What an import refuses (a class of other semantics,
-    a keyword argument it does not take) is raised. A library absent or broken on this machine is no
-    refusal (a lock may be sealed where its library is not installed): returned, one line per target
-    not judged here and why, as is a twin the tables cannot judge.
+    child process (foreign code never runs here). What an import refuses (a class of other
+    semantics, a keyword argument it does not take) is raised. A library absent or broken on this
+    machine is no refusal (a lock may be sealed where its library is not installed): returned, one
+    line per target not judged here and why, as is a twin the tables cannot judge.
     """
     from .locate import static_problem
 
@@ -194,5 +214,7 @@ def before_sealing(lock: LockDocument, torch_version: str) -> list[str]:
                 continue
             if verdict["exit_code"] == LockFormatError.exit_code:  # what the import refuses
                 raise _refusal(lock, verdict, unknown[slot])
-            notes.append(f"slots.{slot}: {lock.slots[slot].target} not judged: {verdict['problem']}")
+            notes.append(
+                f"slots.{slot}: {lock.slots[slot].target} not judged: {verdict['problem']}"
+            )
     return notes

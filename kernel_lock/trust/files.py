@@ -1,4 +1,5 @@
-"""Reading an input file safely (a regular file only, never more than a cap), and the one safe writer.
+"""Reading an input file safely (a regular file only, never more than a cap), and the one safe
+writer.
 
 A FIFO, a character device (``/dev/zero``), a socket or a directory passed where a lock, a profile
 or a config is expected would hang the reader or exhaust its memory: they are refused before any
@@ -6,18 +7,17 @@ byte is read. The file is opened non-blocking (a FIFO's open cannot wait for a w
 ``fstat`` on the open descriptor (no race with a rename), and read up to ``limit`` bytes.
 
 Every file kernel-probe creates or replaces (a lock, a job marker, a node-local copy, a report, a
-generated docs section) is written by :func:`write_file`: a temporary file created with
-``O_CREAT | O_EXCL | O_NOFOLLOW`` in the target's own directory (a name planted there beforehand,
-link or not, is never opened), written, fsynced and renamed into place. A symbolic link at the final
-component is refused (:class:`UnsafeWrite`), unless the caller passes ``through_link`` for a path the
-user named on the command line (``--out``: a lock shared by links stays shared); the link is then
-resolved once, before any check. The directory is checked as OpenSSH's ``StrictModes`` checks
-``~/.ssh``: it must be owned by the user or by root, and not writable by every user unless it is
-sticky and root-owned (``/tmp``); no directory above it may be writable by every user without the
-sticky bit (anyone could rename it away). Group-writable directories are accepted: the group is
-trusted (a project's shared lock directory). :func:`private_dir` makes node-local directories (mode
-0700, and checked after creation: one made beforehand by someone else, or opened to others, is
-refused).
+generated docs section) is written by :func:`write_file`: a temporary file created with ``O_CREAT |
+O_EXCL | O_NOFOLLOW`` in the target's own directory (a name planted there beforehand, link or not,
+is never opened), written, fsynced and renamed into place. A symbolic link at the final component is
+refused (:class:`UnsafeWrite`), unless the caller passes ``through_link`` for a path the user named
+on the command line (``--out``: a lock shared by links stays shared); the link is then resolved
+once, before any check. The directory is checked as OpenSSH's ``StrictModes`` checks ``~/.ssh``: it
+must be owned by the user or by root, and not writable by every user unless it is sticky and
+root-owned (``/tmp``); no directory above it may be writable by every user without the sticky bit
+(anyone could rename it away). Group-writable directories are accepted: the group is trusted (a
+project's shared lock directory). :func:`private_dir` makes node-local directories (mode 0700, and
+checked after creation: one made beforehand by someone else, or opened to others, is refused).
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise UnsafeFile(
-                f"is {kind(st.st_mode)}, not a regular file: it is never read (it could block or never end)",
+                f"is {kind(st.st_mode)}, not a regular file: it is never read (it could block "
+                "or never end)",
                 "pass a regular file",
             )
         if st.st_size > limit:
@@ -92,7 +93,9 @@ def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
             chunks.append(chunk)
             total += len(chunk)
             if total > limit:
-                raise UnsafeFile(f"grew beyond the {limit} bytes this input may have while it was read")
+                raise UnsafeFile(
+                    f"grew beyond the {limit} bytes this input may have while it was read"
+                )
         return b"".join(chunks)
     finally:
         os.close(fd)
@@ -132,24 +135,31 @@ def check_directory(directory: Path | str, named: Path | str | None = None) -> P
         ) from None
     except OSError as exc:
         raise _refuse(
-            where, f"the folder {real} cannot be read ({exc.strerror}); nothing was written", "check its permissions"
+            where,
+            f"the folder {real} cannot be read ({exc.strerror}); nothing was written",
+            "check its permissions",
         ) from None
     if not stat.S_ISDIR(st.st_mode):
         raise _refuse(
-            where, f"{real} is {kind(st.st_mode)}, not a folder; nothing was written", "give a path in a folder"
+            where,
+            f"{real} is {kind(st.st_mode)}, not a folder; nothing was written",
+            "give a path in a folder",
         )
     if st.st_uid not in (os.getuid(), 0):
         raise _refuse(
             where,
-            f"the folder {real} is owned by another user (uid {st.st_uid}), who could replace what is written there; "
+            f"the folder {real} is owned by another user (uid {st.st_uid}), who could replace "
+            "what is written there; "
             "nothing was written",
-            "write into a folder you own (or root owns); share it with your group by its group permissions",
+            "write into a folder you own (or root owns); share it with your group by its group "
+            "permissions",
         )
     problem = _world_writable_problem(st)
     if problem:
         raise _refuse(
             where,
-            f"the folder {real} {problem}: anyone could replace what is written there; nothing was written",
+            f"the folder {real} {problem}: anyone could replace what is written there; nothing "
+            "was written",
             f"chmod o-w {real} (or chmod +t, as /tmp is), or write elsewhere",
         )
     for parent in real.parents:
@@ -161,7 +171,8 @@ def check_directory(directory: Path | str, named: Path | str | None = None) -> P
         if problem:
             raise _refuse(
                 where,
-                f"the folder above {real}, {parent}, {problem}: anyone could move this folder away and put another "
+                f"the folder above {real}, {parent}, {problem}: anyone could move this folder "
+                "away and put another "
                 "in its place; nothing was written",
                 f"chmod o-w {parent} (or chmod +t), or write elsewhere",
             )
@@ -169,10 +180,10 @@ def check_directory(directory: Path | str, named: Path | str | None = None) -> P
 
 
 def private_dir(path: Path | str, *, create: bool = True) -> Path:
-    """The node-local directory ``path``, made with mode 0700 where missing (its parent must exist and
-    pass :func:`check_directory`), and checked after creation: a real directory (not a link), owned by
-    this user, open to nobody else. :class:`UnsafeWrite` otherwise (``create=False``: also when it is
-    missing, as FileNotFoundError)."""
+    """The node-local directory ``path``, made with mode 0700 where missing (its parent must exist
+    and pass :func:`check_directory`), and checked after creation: a real directory (not a link),
+    owned by this user, open to nobody else. :class:`UnsafeWrite` otherwise (``create=False``: also
+    when it is missing, as FileNotFoundError)."""
     path = Path(path)
     check_directory(path.parent)
     if create:
@@ -185,37 +196,55 @@ def private_dir(path: Path | str, *, create: bool = True) -> Path:
                 path, f"cannot create the folder ({exc.strerror})", "check the parent's permissions"
             ) from None
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(
+            path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+        )
     except FileNotFoundError:
         raise
     except OSError:  # a link (ELOOP), not a directory (ENOTDIR), no permission
         st = os.lstat(path)
-        raise _refuse(path, f"is {kind(st.st_mode)}, not a folder kernel-probe made", f"remove {path}") from None
+        raise _refuse(
+            path, f"is {kind(st.st_mode)}, not a folder kernel-probe made", f"remove {path}"
+        ) from None
     try:
         st = os.fstat(fd)
-        if st.st_uid == os.getuid() and not stat.S_IMODE(st.st_mode) & 0o022 and stat.S_IMODE(st.st_mode) & 0o077:
-            os.fchmod(fd, 0o700)  # ours, and nobody else could write in it (an older kernel-probe's 755)
+        if (
+            st.st_uid == os.getuid()
+            and not stat.S_IMODE(st.st_mode) & 0o022
+            and stat.S_IMODE(st.st_mode) & 0o077
+        ):
+            # ours, and nobody else could write in it (an older kernel-probe's 755)
+            os.fchmod(fd, 0o700)
             st = os.fstat(fd)
     finally:
         os.close(fd)
     if st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
         raise _refuse(
             path,
-            f"this node-local folder was not made by kernel-probe for you (owner uid {st.st_uid}, mode "
-            f"{stat.S_IMODE(st.st_mode):o}; expected uid {os.getuid()}, mode 700): it is never used",
-            f"remove {path} (or ask its owner to), or set $KERNEL_PROBE_NODE_DIR to a folder of your own",
+            "this node-local folder was not made by kernel-probe for you (owner uid "
+            f"{st.st_uid}, mode "
+            f"{stat.S_IMODE(st.st_mode):o}; expected uid {os.getuid()}, mode 700): it is never "
+            "used",
+            f"remove {path} (or ask its owner to), or set $KERNEL_PROBE_NODE_DIR to a folder "
+            "of your own",
         )
     return path
 
 
 def write_file(
-    path: Path | str, data: str | bytes, *, mode: int = 0o644, through_link: bool = False, exclusive: bool = False
+    path: Path | str,
+    data: str | bytes,
+    *,
+    mode: int = 0o644,
+    through_link: bool = False,
+    exclusive: bool = False,
 ) -> Path:
-    """Write ``data`` to ``path`` atomically (the one writer: see the module's docstring); the path written.
+    """Write ``data`` to ``path`` atomically (the one writer: see the module's docstring); the path
+    written.
 
-    ``exclusive``: create ``path`` itself with ``O_EXCL`` (a claim: FileExistsError when it is there)
-    instead of renaming a temporary file over it. ``through_link``: a link at ``path`` (one the user
-    named) is resolved and its target replaced; otherwise a link there is refused."""
+    ``exclusive``: create ``path`` itself with ``O_EXCL`` (a claim: FileExistsError when it is
+    there) instead of renaming a temporary file over it. ``through_link``: a link at ``path`` (one
+    the user named) is resolved and its target replaced; otherwise a link there is refused."""
     path = Path(path)
     if through_link:
         path = Path(os.path.realpath(path))
@@ -228,15 +257,24 @@ def write_file(
     if st is not None and stat.S_ISLNK(st.st_mode):
         raise _refuse(
             target,
-            "is a symbolic link: kernel-probe never writes through a link it did not create; not replaced",
+            "is a symbolic link: kernel-probe never writes through a link it did not create; "
+            "not replaced",
             f"remove {target} (a link planted there could make the write land anywhere)",
         )
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise _refuse(
-            target, f"is {kind(st.st_mode)}, not a regular file: not replaced", "write to a regular file path"
+            target,
+            f"is {kind(st.st_mode)}, not a regular file: not replaced",
+            "write to a regular file path",
         )
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    flags = (
+        os.O_WRONLY
+        | os.O_CREAT
+        | os.O_EXCL
+        | getattr(os, "O_NOFOLLOW", 0)
+        | getattr(os, "O_CLOEXEC", 0)
+    )
     if exclusive:
         fd = os.open(target, flags, mode)  # FileExistsError: claimed by another
         try:

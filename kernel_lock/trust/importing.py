@@ -36,9 +36,12 @@ IN_INFERENCE_MODE = 'in inference mode (Python: mode="inference"; command line: 
 
 
 def install_hint(slot: Slot) -> str:
-    """``pip install 'liger-kernel>=0.5'``: what installs the libraries ``slot`` requires, by name."""
+    """``pip install 'liger-kernel>=0.5'``: what installs the libraries ``slot`` requires, by
+    name."""
     wanted = " ".join(
-        f"'{r.name}{r.specifier}'" if str(r.specifier) else r.name for r in slot.requires if r.name != "torch"
+        f"'{r.name}{r.specifier}'" if str(r.specifier) else r.name
+        for r in slot.requires
+        if r.name != "torch"
     )
     return f"`pip install {wanted}`" if wanted else "the library it needs"
 
@@ -65,8 +68,9 @@ def import_target(
     import torch
 
     if semantics == "attention" and callable(obj) and not isinstance(obj, type):
-        # a function with SDPA's signature (``--candidate Attention=module.function``): called through
-        # the slot's options by a class of kernel_lock.attention, which receives the window as its mask
+        # a function with SDPA's signature (``--candidate Attention=module.function``): called
+        # through the slot's options by a class of kernel_lock.attention, which receives the window
+        # as its mask
         from ..attention import for_function
 
         obj = for_function(obj, target)
@@ -82,14 +86,17 @@ def import_target(
         from .adapter_names import generic_kernel
         from .registry import declared_semantics
 
-        # a generic adapter's semantics are its kernel's: the registry's word on the class its name carries
+        # a generic adapter's semantics are its kernel's: the registry's word on the class its name
+        # carries
         found = class_semantics(obj) or declared_semantics(generic_kernel(target) or target)
     if found is not None and found != semantics:
         raise TargetNotAllowed(
-            f"target {target!r} computes {found}, not {semantics}: the slot would change the model's maths",
+            f"target {target!r} computes {found}, not {semantics}: the slot would change the "
+            "model's maths",
             path=where,
             key=key,
-            fix="pin a class of the slot's semantics (an RMSNorm is not a LayerNorm), or move the entry to its slot",
+            fix="pin a class of the slot's semantics (an RMSNorm is not a LayerNorm), or move "
+            "the entry to its slot",
         )
     return obj
 
@@ -105,26 +112,37 @@ def check_kwargs(cls: type, kwargs: Mapping[str, Any], *, where: str | None, key
         return
     for name in kwargs:
         p = params.get(name)
-        if p is None or p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.VAR_POSITIONAL):
-            accepted = [n for n, q in params.items() if q.kind in (q.POSITIONAL_OR_KEYWORD, q.KEYWORD_ONLY)]
+        if p is None or p.kind in (
+            inspect.Parameter.POSITIONAL_ONLY,
+            inspect.Parameter.VAR_POSITIONAL,
+        ):
+            accepted = [
+                n for n, q in params.items() if q.kind in (q.POSITIONAL_OR_KEYWORD, q.KEYWORD_ONLY)
+            ]
             raise LockFormatError(
-                f"{cls.__module__}.{cls.__qualname__} does not accept the keyword argument {name!r}",
+                f"{cls.__module__}.{cls.__qualname__} does not accept the keyword argument "
+                f"{name!r}",
                 path=where,
                 key=f"{key}.{name}",
                 fix=f"remove it; accepted: {', '.join(accepted)}",
             )
 
 
-def build(slot_name: str, target: str, kwargs: Mapping[str, Any], lock: LockDocument | None, key: str) -> type:
-    """Import ``target`` for ``slot_name`` and check ``kwargs`` against it; every failure a :class:`LockError`
-    naming the lock's file and ``key``."""
+def build(
+    slot_name: str, target: str, kwargs: Mapping[str, Any], lock: LockDocument | None, key: str
+) -> type:
+    """Import ``target`` for ``slot_name`` and check ``kwargs`` against it; every failure a
+    :class:`LockError` naming the lock's file and ``key``."""
     trusted = lock.granted if lock else ()
     where = lock.path if lock else None
     try:
-        cls = import_target(target, trusted, where=where, key=f"{key}.target", semantics=SLOT_SEMANTICS[slot_name])
+        cls = import_target(
+            target, trusted, where=where, key=f"{key}.target", semantics=SLOT_SEMANTICS[slot_name]
+        )
     except (LockFormatError, TargetNotAllowed):
         raise
-    except SystemExit as exc:  # a module that runs its command line on import must not end the caller
+    # a module that runs its command line on import must not end the caller
+    except SystemExit as exc:
         raise import_failure(slot_name, target, exc, where, key) from None
     except ImportError as exc:
         missing = getattr(exc, "name", None) or target.split(".")[0]
@@ -132,19 +150,24 @@ def build(slot_name: str, target: str, kwargs: Mapping[str, Any], lock: LockDocu
             f"slot {slot_name}: cannot import {target!r}: {exc}",
             path=where,
             key=key,
-            fix=f"install the library that provides module {missing!r}, re-run `kernel-probe` to choose "
-            f"what this machine can run, or resolve it {IN_INFERENCE_MODE} to use the verified torch.nn twin",
+            fix=f"install the library that provides module {missing!r}, re-run `kernel-probe` "
+            "to choose "
+            f"what this machine can run, or resolve it {IN_INFERENCE_MODE} to use the verified "
+            "torch.nn twin",
         ) from None
-    except Exception as exc:  # a library that raises something else while importing is broken, not absent
+    # a library that raises something else while importing is broken, not absent
+    except Exception as exc:
         raise import_failure(slot_name, target, exc, where, key) from None
     check_kwargs(cls, kwargs, where=where, key=f"{key}.kwargs")
     return cls
 
 
-def import_failure(slot_name: str, target: str, exc: BaseException, where: str | None, key: str) -> KernelUnavailable:
-    """What an import that did not end in a class or an ImportError means, for every importer of a lock's
-    classes (``build``, ``portable``): a library that calls ``sys.exit`` or raises while importing is
-    unavailable here (exit 3); it never ends the caller."""
+def import_failure(
+    slot_name: str, target: str, exc: BaseException, where: str | None, key: str
+) -> KernelUnavailable:
+    """What an import that did not end in a class or an ImportError means, for every importer of a
+    lock's classes (``build``, ``portable``): a library that calls ``sys.exit`` or raises while
+    importing is unavailable here (exit 3); it never ends the caller."""
     if isinstance(exc, SystemExit):
         return KernelUnavailable(
             f"slot {slot_name}: importing {target!r} called sys.exit({exc.code!r})",
@@ -156,5 +179,6 @@ def import_failure(slot_name: str, target: str, exc: BaseException, where: str |
         f"slot {slot_name}: importing {target!r} failed with {type(exc).__name__}: {exc}",
         path=where,
         key=key,
-        fix=f"repair or reinstall that library, re-run `kernel-probe`, or resolve it {IN_INFERENCE_MODE}",
+        fix="repair or reinstall that library, re-run `kernel-probe`, or resolve it "
+        f"{IN_INFERENCE_MODE}",
     )

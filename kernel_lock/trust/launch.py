@@ -1,4 +1,5 @@
-"""The one way kernel-probe and kernel_lock start a Python child: a clean interpreter, its own session.
+"""The one way kernel-probe and kernel_lock start a Python child: a clean interpreter, its own
+session.
 
 Every Python child (the probe's worker and its one-shot children, ``kernel_probe.isolation.child``;
 the confirming child of the job-start check and of ``rehash``, ``kernel_lock.trust.confirming``;
@@ -8,12 +9,13 @@ the confirming child of the job-start check and of ``rehash``, ``kernel_lock.tru
   working directory on ``sys.path``), so a ``json.py``, ``tempfile.py`` or ``sitecustomize.py`` in
   the caller's working directory never runs in it;
 - ``sys.path`` set by the first statement, before any import: the caller's trusted roots in front
-  (the entries of ``PYTHONPATH`` the caller meant the child to have, or the caller's own search path,
-  each absolute; never ``''``, ``.`` or the working directory), then the interpreter's own. A child
-  that must find a module the user named in the working directory (``--candidate mymod.X``) gets the
-  working directory *last*: nothing installed, the standard library included, can be shadowed from it;
-- ``-X faulthandler`` (a crash names its frame) and ``-X utf8`` (what it prints is UTF-8 whatever the
-  locale);
+  (the entries of ``PYTHONPATH`` the caller meant the child to have, or the caller's own search
+  path, each absolute; never ``''``, ``.`` or the working directory), then the interpreter's own. A
+  child that must find a module the user named in the working directory (``--candidate mymod.X``)
+  gets the working directory *last*: nothing installed, the standard library included, can be
+  shadowed from it;
+- ``-X faulthandler`` (a crash names its frame) and ``-X utf8`` (what it prints is UTF-8 whatever
+  the locale);
 - its own session (``start_new_session``): :func:`kill_group` ends it and everything it spawned.
 
 Import-light: ``os`` and ``sys``; ``subprocess`` only when a child is started.
@@ -54,12 +56,14 @@ def cwd_like(entry: str) -> bool:
 
 def trusted_roots(entries: Sequence[str]) -> list[str]:
     """``entries`` (a search path), absolute, without the working directory in any spelling."""
-    return [os.path.abspath(e) for e in dict.fromkeys(entries) if isinstance(e, str) and not cwd_like(e)]
+    return [
+        os.path.abspath(e) for e in dict.fromkeys(entries) if isinstance(e, str) and not cwd_like(e)
+    ]
 
 
 def pythonpath_roots(env: Mapping[str, str] | None = None) -> list[str]:
-    """The roots a child started with ``env`` was meant to have from its ``PYTHONPATH`` (which ``-I``
-    itself ignores), as :func:`trusted_roots`."""
+    """The roots a child started with ``env`` was meant to have from its ``PYTHONPATH`` (which
+    ``-I`` itself ignores), as :func:`trusted_roots`."""
     env = os.environ if env is None else env
     return trusted_roots([p for p in (env.get("PYTHONPATH") or "").split(os.pathsep) if p])
 
@@ -89,8 +93,8 @@ def start(
     stderr: Any = None,
     bufsize: int = -1,
 ) -> subprocess.Popen[bytes]:
-    """Start ``argv`` (from :func:`python_argv`) in a session of its own, with ``env`` (default: ours).
-    Raises OSError when it cannot be started."""
+    """Start ``argv`` (from :func:`python_argv`) in a session of its own, with ``env`` (default:
+    ours). Raises OSError when it cannot be started."""
     import subprocess
 
     return subprocess.Popen(

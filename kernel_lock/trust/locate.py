@@ -1,4 +1,5 @@
-"""What can be known about a slot's implementation without importing it: the file system and the registry.
+"""What can be known about a slot's implementation without importing it: the file system and the
+registry.
 
 ``locate`` finds a module on the search path without running any package's code;
 ``requirement_problems`` compares a slot's requirements with the installed distributions;
@@ -32,11 +33,12 @@ __all__ = [
 
 def locate(module: str) -> bool | None:
     """Is ``module`` on the search path? True / False where the file system says so, None where only
-    importing could tell. No package's code runs: the top-level package is looked up by
-    the import system's finders and each submodule by ``PathFinder`` within its parent's ``__path__`` as found on disk
-    (``importlib.util.find_spec("a.b")`` would import ``a``). A package that builds its ``__path__``
-    when imported (a legacy namespace package, a lazy loader) may hold a submodule this cannot see:
-    a submodule not found is None (unknown), never False; only a missing top-level package is False.
+    importing could tell. No package's code runs: the top-level package is looked up by the import
+    system's finders and each submodule by ``PathFinder`` within its parent's ``__path__`` as found
+    on disk (``importlib.util.find_spec("a.b")`` would import ``a``). A package that builds its
+    ``__path__`` when imported (a legacy namespace package, a lazy loader) may hold a submodule this
+    cannot see: a submodule not found is None (unknown), never False; only a missing top-level
+    package is False.
     """
     import importlib.machinery
     import importlib.util
@@ -53,7 +55,9 @@ def locate(module: str) -> bool | None:
         if not locations:
             return None  # a module, not a package, or one whose path is built on import
         try:
-            spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: i + 1]), list(locations))
+            spec = importlib.machinery.PathFinder.find_spec(
+                ".".join(parts[: i + 1]), list(locations)
+            )
         except (ImportError, ValueError, OSError):
             return None
         if spec is None:
@@ -75,32 +79,43 @@ def requirement_problems(slot: Slot) -> list[Difference]:
             version = None
         where = locate(req.module) if req.module else None
         if version is None and where:
-            version = "unknown"  # importable but not installed as a distribution (e.g. a source tree)
-        if version is None:
-            problems.append(
-                Difference(
-                    f"slots.{slot.name}.requires.{req.name}", req.specifier or "any", "not installed", "specifier"
-                )
+            version = (
+                "unknown"  # importable but not installed as a distribution (e.g. a source tree)
             )
-            continue
-        if where is False:  # the metadata is there, the module's files are not (a half-removed install)
+        if version is None:
             problems.append(
                 Difference(
                     f"slots.{slot.name}.requires.{req.name}",
                     req.specifier or "any",
-                    f"{version} per its metadata, but module {req.module!r} is not on the search path",
+                    "not installed",
+                    "specifier",
+                )
+            )
+            continue
+        # the metadata is there, the module's files are not (a half-removed install)
+        if where is False:
+            problems.append(
+                Difference(
+                    f"slots.{slot.name}.requires.{req.name}",
+                    req.specifier or "any",
+                    f"{version} per its metadata, but module {req.module!r} is not on the "
+                    "search path",
                     "specifier",
                 )
             )
             continue
         if req.specifier and version != "unknown" and not in_spec(req.specifier, version):
-            problems.append(Difference(f"slots.{slot.name}.requires.{req.name}", req.specifier, version, "specifier"))
+            problems.append(
+                Difference(
+                    f"slots.{slot.name}.requires.{req.name}", req.specifier, version, "specifier"
+                )
+            )
     problems.extend(flash_generation_problems(slot))
     return problems
 
 
-# anemoi-models' FlashAttentionWrapper imports the first of these that imports, whatever the lock chose:
-# (generation, module, the kernel_lock.attention class that calls it as anemoi does)
+# anemoi-models' FlashAttentionWrapper imports the first of these that imports, whatever the lock
+# chose: (generation, module, the kernel_lock.attention class that calls it as anemoi does)
 FLASH_GENERATIONS = (
     (4, "flash_attn.cute", "kernel_lock.attention.FlashAttention4"),
     (3, "flash_attn_interface", "kernel_lock.attention.FlashAttention3"),
@@ -118,8 +133,8 @@ def anemoi_flash_generation() -> int | None:
 
 
 def flash_generation_problems(slot: Slot) -> list[Difference]:
-    """A lock that chose flash-attn generation N, on a machine where anemoi would import another first
-    (v4 installed beside the locked v2): anemoi would run kernels the lock never checked."""
+    """A lock that chose flash-attn generation N, on a machine where anemoi would import another
+    first (v4 installed beside the locked v2): anemoi would run kernels the lock never checked."""
     locked = next((g for g, _, target in FLASH_GENERATIONS if target == slot.target), None)
     if locked is None:
         return []
@@ -131,7 +146,8 @@ def flash_generation_problems(slot: Slot) -> list[Difference]:
         Difference(
             f"slots.{slot.name}.target",
             f"flash-attn {locked} ({slot.target})",
-            f"flash-attn {here}: {module} is installed here, and anemoi-models imports v4, then v3, then v2, "
+            f"flash-attn {here}: {module} is installed here, and anemoi-models imports v4, "
+            "then v3, then v2, "
             f"so its flash_attention would run v{here}",
             "exact",
         )
@@ -142,19 +158,29 @@ def unusable_reason(slot: Slot, current: Mapping[str, Any]) -> str | None:
     """Why ``slot``'s pinned implementation cannot run on ``current`` (metadata only), or None."""
     problems = requirement_problems(slot)
     if problems:
-        return "; ".join(f"{p.field.rsplit('.', 1)[-1]} {p.found} (needs {p.expected})" for p in problems)
+        return "; ".join(
+            f"{p.field.rsplit('.', 1)[-1]} {p.found} (needs {p.expected})" for p in problems
+        )
     if slot.devices and current.get("device-type") not in slot.devices:
-        return f"it runs on {', '.join(slot.devices)}, this machine's device is {current.get('device-type')}"
+        return (
+            f"it runs on {', '.join(slot.devices)}, this machine's device is "
+            f"{current.get('device-type')}"
+        )
     return None
 
 
 def static_problem(
-    slot: str, target: str, kwargs: Mapping[str, Any], torch_version: str, where: str | None, key: str
+    slot: str,
+    target: str,
+    kwargs: Mapping[str, Any],
+    torch_version: str,
+    where: str | None,
+    key: str,
 ) -> str | None:
-    """Decide ``target`` for ``slot`` as ``importing.build`` would, from ``registry.target_facts`` and the
-    file system: raises the error the import would raise; None when it would build; the reason when
-    only importing can tell (a target outside the tables, a kwarg the registry does not declare, an
-    unknown or too old torch, a module found only by importing its parent)."""
+    """Decide ``target`` for ``slot`` as ``importing.build`` would, from ``registry.target_facts``
+    and the file system: raises the error the import would raise; None when it would build; the
+    reason when only importing can tell (a target outside the tables, a kwarg the registry does not
+    declare, an unknown or too old torch, a module found only by importing its parent)."""
     from ..format.slots import TORCH_FACTS_SINCE, canonical_target
     from ..format.versions import release
     from . import registry
@@ -163,15 +189,23 @@ def static_problem(
     if facts is None:
         return f"{target!r} is not a class the registry or torch.nn's table declares"
     name = canonical_target(target)
-    if name.split(".")[0] in ("torch", "kernel_lock") and release(torch_version)[:2] < TORCH_FACTS_SINCE:
-        return f"torch {torch_version or '(version unknown)'} is not one the table of torch.nn's classes holds for"
+    if (
+        name.split(".")[0] in ("torch", "kernel_lock")
+        and release(torch_version)[:2] < TORCH_FACTS_SINCE
+    ):
+        return (
+            f"torch {torch_version or '(version unknown)'} is not one the table of "
+            "torch.nn's classes holds for"
+        )
     semantics = SLOT_SEMANTICS[slot]
     if facts.semantics != semantics:
         raise TargetNotAllowed(
-            f"target {target!r} computes {facts.semantics}, not {semantics}: the slot would change the model's maths",
+            f"target {target!r} computes {facts.semantics}, not {semantics}: the slot would "
+            "change the model's maths",
             path=where,
             key=f"{key}.target",
-            fix="pin a class of the slot's semantics (an RMSNorm is not a LayerNorm), or move the entry to its slot",
+            fix="pin a class of the slot's semantics (an RMSNorm is not a LayerNorm), or move "
+            "the entry to its slot",
         )
     for kw in kwargs:
         if kw in facts.params:
@@ -188,11 +222,14 @@ def static_problem(
     found = locate(module)
     if found is False:
         raise KernelUnavailable(
-            f"slot {slot}: cannot import {target!r}: module {module.split('.')[0]!r} is not on the search path",
+            f"slot {slot}: cannot import {target!r}: module {module.split('.')[0]!r} is not on "
+            "the search path",
             path=where,
             key=key,
-            fix=f"install the library that provides module {module.split('.')[0]!r}, re-run `kernel-probe` to "
-            f"choose what this machine can run, or resolve it {IN_INFERENCE_MODE} to use the verified torch.nn twin",
+            fix=f"install the library that provides module {module.split('.')[0]!r}, re-run "
+            "`kernel-probe` to "
+            f"choose what this machine can run, or resolve it {IN_INFERENCE_MODE} to use the "
+            "verified torch.nn twin",
         )
     if found is None:
         return f"module {module!r} can only be found by importing its parent package"

@@ -1,11 +1,12 @@
-"""The registry: the kernel libraries and built-in candidates kernel-lock knows, declared once as data.
+"""The registry: the kernel libraries and built-in candidates kernel-lock knows, declared once as
+data.
 
-``registry.toml`` (package data of kernel_lock) holds one ``[[library]]`` table per kernel library and
-one ``[[candidate]]`` table per built-in implementation of a slot. This module reads it (tomllib, no
-torch) and derives the import allow-list from it: a lock may name, without being granted trust, a
-class under torch, under ``kernel_lock.adapters``, or under the import root of any registered
-candidate's target or twin. So the allow-list and the candidates cannot drift apart: a lock pinning
-any built-in loads, and adding a library's candidate is one data entry.
+``registry.toml`` (package data of kernel_lock) holds one ``[[library]]`` table per kernel library
+and one ``[[candidate]]`` table per built-in implementation of a slot. This module reads it
+(tomllib, no torch) and derives the import allow-list from it: a lock may name, without being
+granted trust, a class under torch, under ``kernel_lock.adapters``, or under the import root of any
+registered candidate's target or twin. So the allow-list and the candidates cannot drift apart: a
+lock pinning any built-in loads, and adding a library's candidate is one data entry.
 
 kernel-probe parses the same tables into its own types (``kernel_probe.candidates``,
 ``kernel_probe.detect.libraries``); here they stay plain data, so importing kernel_lock stays light.
@@ -34,7 +35,8 @@ __all__ = [
 ]
 
 DATA = "registry.toml"  # package data of kernel_lock; pyproject.toml's package-data names it too
-# modules every lock may name whatever the registry says: torch itself and kernel_lock's own adapters
+# modules every lock may name whatever the registry says: torch itself and kernel_lock's own
+# adapters
 OWN_ROOTS = ("torch", "kernel_lock.adapters", "kernel_lock.attention", "kernel_lock.gated_mlp")
 # None: the registry.toml shipped in this package. Tests point it at a copy with an entry added
 # (what shipping that file does) and call reset().
@@ -42,7 +44,8 @@ PATH: Path | None = None
 
 
 def path() -> Path:
-    """The registry file in use, found through importlib.resources like kernel-probe's site profiles."""
+    """The registry file in use, found through importlib.resources like kernel-probe's site
+    profiles."""
     if PATH is not None:
         return PATH
     from importlib.resources import files
@@ -69,7 +72,8 @@ def reset() -> None:
 
 def import_root(target: str) -> str:
     """The root a target's allow-list entry is: its top-level package, except kernel_lock's own
-    modules, which are allowed one module at a time (only ``kernel_lock.adapters`` builds classes)."""
+    modules, which are allowed one module at a time (only ``kernel_lock.adapters`` builds
+    classes)."""
     parts = target.split(".")
     return ".".join(parts[:2]) if parts[0] == "kernel_lock" else parts[0]
 
@@ -107,10 +111,10 @@ def _declared(where: Path) -> dict[str, TargetFacts]:
 
 
 def target_facts(target: str) -> TargetFacts | None:
-    """What ``target`` computes and the constructor keywords it is known to accept, without importing it:
-    torch.nn's and kernel_lock's classes from ``slots.KNOWN_TARGETS`` (through their aliases), a
-    registered candidate's from its declaration (its semantics, and the kwargs it is declared with: not
-    necessarily every one it accepts). None: only importing it can tell."""
+    """What ``target`` computes and the constructor keywords it is known to accept, without
+    importing it: torch.nn's and kernel_lock's classes from ``slots.KNOWN_TARGETS`` (through their
+    aliases), a registered candidate's from its declaration (its semantics, and the kwargs it is
+    declared with: not necessarily every one it accepts). None: only importing it can tell."""
     name = canonical_target(target)
     if name in KNOWN_TARGETS:
         return KNOWN_TARGETS[name]
@@ -118,6 +122,7 @@ def target_facts(target: str) -> TargetFacts | None:
 
 
 def declared_semantics(target: str) -> str | None:
-    """The semantics the registry declares for ``target`` (a registered candidate's class), or None."""
+    """The semantics the registry declares for ``target`` (a registered candidate's class), or
+    None."""
     facts = target_facts(target)
     return facts.semantics if facts is not None else None

@@ -1,1 +1,2 @@
-"""Everything anemoi on the probe's side: reading configs, Hydra composition, schema checks, export."""
+"""Everything anemoi on the probe's side: reading configs, Hydra composition, schema checks,
+export."""

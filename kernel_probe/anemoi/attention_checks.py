@@ -1,12 +1,13 @@
 """check-config's attention findings: each component with attention (a mapping with an
-``attention_implementation`` key: the processor of a transformer model, a TransformerMapper's encoder
-and decoder) judged against what anemoi-models 0.19 does with its options, and against the lock's
-Attention slot.
+``attention_implementation`` key: the processor of a transformer model, a TransformerMapper's
+encoder and decoder) judged against what anemoi-models 0.19 does with its options, and against the
+lock's Attention slot.
 
-anemoi's flash wrapper imports flash-attn v4, then v3, then v2 and passes each different arguments: v4
-gets no dropout_p, no softcap and no alibi slopes (silently), v3 no dropout_p (silently) and raises on
-alibi; its SDPA path raises on softcap and alibi. A config whose options the backend it will run drops
-is refused here, with anemoi's own wording where anemoi raises, before a job trains a different model.
+anemoi's flash wrapper imports flash-attn v4, then v3, then v2 and passes each different arguments:
+v4 gets no dropout_p, no softcap and no alibi slopes (silently), v3 no dropout_p (silently) and
+raises on alibi; its SDPA path raises on softcap and alibi. A config whose options the backend it
+will run drops is refused here, with anemoi's own wording where anemoi raises, before a job trains a
+different model.
 """
 
 from __future__ import annotations
@@ -21,14 +22,22 @@ from kernel_probe.anemoi.blocks import Finding
 from kernel_probe.anemoi.config_file import mappings_where
 
 # anemoi-models' own messages, where it raises (anemoi/models/layers/attention.py)
-SDPA_SOFTCAP = "Softcap not supported by Pytorchs SDPA. please switch to flash attention or disable softcap."
-SDPA_ALIBI = "Alibi slopes not supported by Pytorchs SDPA. please switch to flash attention v2 or disable alibi slopes."
+SDPA_SOFTCAP = (
+    "Softcap not supported by Pytorchs SDPA. please switch to flash attention or disable softcap."
+)
+SDPA_ALIBI = (
+    "Alibi slopes not supported by Pytorchs SDPA. please switch to flash attention "
+    "v2 "
+    "or disable alibi slopes."
+)
 V3_ALIBI = (
-    "Alibi slopes is currently not supported by flash attention v3. please switch to flash attention v2 or "
+    "Alibi slopes is currently not supported by flash attention v3. please switch to flash "
+    "attention v2 or "
     "disable alibi slopes."
 )
 NOT_INSTALLED = (
-    "Flash attention is not installed. Please install flash attention v4, v3 or v2 to use this attention "
+    "Flash attention is not installed. Please install flash attention v4, v3 or v2 to use this "
+    "attention "
     "implementation."
 )
 
@@ -43,7 +52,8 @@ def _literal(value: Any) -> bool:
 
 
 def _set(component: Mapping[str, Any], key: str) -> Any:
-    """The option's value where the config sets it to something that changes the maths, else None."""
+    """The option's value where the config sets it to something that changes the maths, else
+    None."""
     value = component.get(key)
     if value is None or not _literal(value):
         return None
@@ -68,7 +78,8 @@ def findings(tree: Any, lock: KernelLock | None, mode: str | None = None) -> lis
             locked = None
     out: list[Finding] = []
     for where, comp in components(tree):
-        # an error against a lock that pins attention (the job would not start as locked), else a warning
+        # an error against a lock that pins attention (the job would not start as locked), else a
+        # warning
         out.extend(_component(where, comp, locked, lock is not None and "Attention" in lock.slots))
     return out
 
@@ -81,7 +92,11 @@ def _component(
         return []
     out: list[Finding] = []
     key = f"{where}.attention_implementation"
-    softcap, alibi, dropout = _set(comp, "softcap"), _set(comp, "use_alibi_slopes"), _set(comp, "dropout_p")
+    softcap, alibi, dropout = (
+        _set(comp, "softcap"),
+        _set(comp, "use_alibi_slopes"),
+        _set(comp, "dropout_p"),
+    )
     if locked is not None:
         target, kwargs = locked
         want = ANEMOI_ATTENTION.get(target)
@@ -106,7 +121,8 @@ def _component(
                         "lock",
                         f"{where}.window_size",
                         f"window_size {window!r} here, but the lock checked window {locked_window}",
-                        "probe with --attention ...:window=W for the model's window, or set the lock's",
+                        "probe with --attention ...:window=W for the model's window, or set "
+                        "the lock's",
                     )
                 )
     if impl == "scaled_dot_product_attention":
@@ -144,12 +160,16 @@ def _component(
                 "install flash-attn (v2, v3 or v4), or use scaled_dot_product_attention here",
             )
         )
-    # the lock's generation where it pins one (the job-start check holds the machine to it), else what
-    # anemoi's import order picks here
-    generation = next((g for g, _, t in FLASH_GENERATIONS if locked is not None and t == locked[0]), here)
+    # the lock's generation where it pins one (the job-start check holds the machine to it), else
+    # what anemoi's import order picks here
+    generation = next(
+        (g for g, _, t in FLASH_GENERATIONS if locked is not None and t == locked[0]), here
+    )
     if generation is None:
         return out
-    dropped = {4: ("dropout_p", "softcap", "use_alibi_slopes"), 3: ("dropout_p",), 2: ()}[generation]
+    dropped = {4: ("dropout_p", "softcap", "use_alibi_slopes"), 3: ("dropout_p",), 2: ()}[
+        generation
+    ]
     values = {"dropout_p": dropout, "softcap": softcap, "use_alibi_slopes": alibi}
     for option in dropped:
         if values[option] is not None:
@@ -158,8 +178,12 @@ def _component(
                     "error",
                     "entry",
                     f"{where}.{option}",
-                    f"{option}={values[option]!r} is silently dropped: anemoi passes it no {option} with flash-attn v{generation}",
-                    "remove it, or run flash-attn v2 (the lock's generation decides; `kernel-probe --attention ...` checks it)",
+                    f"{option}={values[option]!r} is silently dropped: anemoi passes it no "
+                    f"{option} with flash-attn "
+                    f"v{generation}",
+                    "remove it, or run flash-attn v2 (the lock's generation decides; "
+                    "`kernel-probe --attention ...` checks "
+                    "it)",
                 )
             )
     if generation == 3 and alibi is not None:

@@ -1,4 +1,5 @@
-"""Checks of a whole block: what Hydra's merge left behind, the lock comparison, and anemoi wrappers a config drops.
+"""Checks of a whole block: what Hydra's merge left behind, the lock comparison, and anemoi wrappers
+a config drops.
 
 These run in the parent on the blocks as read (``kernel_probe.anemoi.reading``) and on the facts the
 child found about each entry (``kernel_probe.anemoi.entry_checks``); nothing here imports a target.
@@ -17,18 +18,22 @@ from kernel_probe.anemoi.entry_checks import NORM_KEYS
 from kernel_probe.anemoi.schema_check import packaged_dir
 from kernel_probe.errors import InputFileError
 
-# ---- components that no block reaches -----------------------------------------------------------------
-# the anemoi-models modules whose classes call load_layer_kernels(layer_kernels) in their constructor
-# (anemoi-models 0.19.0: the processors, the mappers, the ensemble's noise injector): a node of one of
-# them without a layer_kernels key is built with torch.nn's defaults
-COMPONENT_MODULES = ("anemoi.models.layers.processor", "anemoi.models.layers.mapper", "anemoi.models.layers.ensemble")
+# ---- components that no block reaches ------------------------------------------------------------
+# the anemoi-models modules whose classes call load_layer_kernels(layer_kernels) in their
+# constructor (anemoi-models 0.19.0: the processors, the mappers, the ensemble's noise injector): a
+# node of one of them without a layer_kernels key is built with torch.nn's defaults
+COMPONENT_MODULES = (
+    "anemoi.models.layers.processor",
+    "anemoi.models.layers.mapper",
+    "anemoi.models.layers.ensemble",
+)
 
 
 def components_without_blocks(config: Config, *, lock_given: bool) -> list[Finding]:
-    """Every component anemoi instantiates with a ``layer_kernels`` argument (a processor, each encoder
-    and decoder mapper, the other mappers and the noise injector) whose node has no block: anemoi
-    builds it with its defaults (torch.nn's Linear, LayerNorm, GELU), which a lock's kernels never
-    reach (an error then, exit 3; a warning without a lock)."""
+    """Every component anemoi instantiates with a ``layer_kernels`` argument (a processor, each
+    encoder and decoder mapper, the other mappers and the noise injector) whose node has no block:
+    anemoi builds it with its defaults (torch.nn's Linear, LayerNorm, GELU), which a lock's kernels
+    never reach (an error then, exit 3; a warning without a lock)."""
     tree = config.tree
     if not isinstance(tree, Mapping):
         return []
@@ -44,16 +49,19 @@ def components_without_blocks(config: Config, *, lock_given: bool) -> list[Findi
                 "error" if lock_given else "warning",
                 "lock" if lock_given else "entry",
                 f"{where}.layer_kernels",
-                f"{target.rpartition('.')[2]} at {where} has no layer_kernels block: anemoi builds it with its "
+                f"{target.rpartition('.')[2]} at {where} has no layer_kernels block: anemoi "
+                "builds it with its "
                 f"defaults ({defaults})" + (", not the lock's kernels" if lock_given else ""),
-                f"add `layer_kernels: ${{model.layer_kernels}}` to {where}, as the other components have",
+                f"add `layer_kernels: ${{model.layer_kernels}}` to {where}, as the other "
+                "components have",
             )
         )
     return out
 
 
 def _components(node: Any, where: str) -> list[tuple[str, Mapping[str, Any]]]:
-    """(path, node) of every node under ``node`` whose ``_target_`` is a class of ``COMPONENT_MODULES``."""
+    """(path, node) of every node under ``node`` whose ``_target_`` is a class of
+    ``COMPONENT_MODULES``."""
     found: list[tuple[str, Mapping[str, Any]]] = []
     if isinstance(node, Mapping):
         target = node.get("_target_")
@@ -68,10 +76,11 @@ def _components(node: Any, where: str) -> list[tuple[str, Mapping[str, Any]]]:
     return found
 
 
-# ---- what Hydra's merge left behind -----------------------------------------------------------------
+# ---- what Hydra's merge left behind --------------------------------------------------------------
 def merge_leftovers(block: Block) -> list[Finding]:
-    """Entries the user's overlay replaces (it sets ``_target_``) where Hydra kept the preset's other
-    keys: Hydra merges mappings key by key, so the old class's kwargs land on the new class."""
+    """Entries the user's overlay replaces (it sets ``_target_``) where Hydra kept the preset's
+    other keys: Hydra merges mappings key by key, so the old class's kwargs land on the new
+    class."""
     out = []
     for key, mine in (block.written or {}).items():
         if not isinstance(mine, Mapping) or "_target_" not in mine:
@@ -86,23 +95,26 @@ def merge_leftovers(block: Block) -> list[Finding]:
                     "error",
                     "merge",
                     f"{block.where}.{key}",
-                    f"Hydra merged this entry into the preset's: {', '.join(map(str, left))} come from the preset, "
+                    f"Hydra merged this entry into the preset's: {', '.join(map(str, left))} "
+                    "come from the preset, "
                     f"not from this file, and are passed to {mine['_target_']}",
-                    "set the entry through an interpolation so that Hydra replaces it whole (what `kernel-probe export "
+                    "set the entry through an interpolation so that Hydra replaces it whole "
+                    "(what `kernel-probe export "
                     "--config` prints), or delete the keys with `~` overrides",
                 )
             )
     return out
 
 
-# ---- the lock comparison ----------------------------------------------------------------------------
+# ---- the lock comparison -------------------------------------------------------------------------
 _MISSING = object()
 
 
 def compare_with_lock(
     block: Block, expected: Mapping[str, Any], facts: Mapping[str, Mapping[str, Any]]
 ) -> list[Finding]:
-    """Where ``block`` builds something other than what the lock pins, for each key the lock exports.
+    """Where ``block`` builds something other than what the lock pins, for each key the lock
+    exports.
 
     ``expected[key]`` is the lock's ``Exported`` entry; what the block should hold follows anemoi's
     wrapper rule (``kernel_lock.anemoi.entry_for``): AutocastLayerNorm agrees with a torch.nn lock,
@@ -142,7 +154,8 @@ def compare_with_lock(
                     label,
                     f"builds {have['_target_']}, the lock pins {should.entry['_target_']}"
                     + (f" ({should.note})" if should.note else ""),
-                    "use the lock's entries (`kernel-probe export LOCK --config THIS_CONFIG` prints them for this "
+                    "use the lock's entries (`kernel-probe export LOCK --config THIS_CONFIG` "
+                    "prints them for this "
                     "config), or re-probe",
                 )
             )
@@ -162,7 +175,11 @@ def compare_with_lock(
                         "lock",
                         f"{label}.{name}",
                         f"{name} is {shown}"
-                        + (f" (default {got!r})" if name not in have and got is not _MISSING else "")
+                        + (
+                            f" (default {got!r})"
+                            if name not in have and got is not _MISSING
+                            else ""
+                        )
                         + f", the lock pins {value!r}",
                         f"set `{name}: {_yaml_scalar(value)}`",
                     )
@@ -184,7 +201,7 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-# ---- anemoi wrappers a config drops ------------------------------------------------------------------
+# ---- anemoi wrappers a config drops --------------------------------------------------------------
 def _effective(blocks: Sequence[Block]) -> dict[str, Mapping[str, Any]]:
     """Block path -> the entries it uses (an inheriting block: its parent's)."""
     own = {b.where: b.content for b in blocks if b.content is not None}
@@ -193,21 +210,27 @@ def _effective(blocks: Sequence[Block]) -> dict[str, Mapping[str, Any]]:
         seen, node = {b.where}, b
         while node.content is None and node.inherits and node.inherits not in seen:
             seen.add(node.inherits)
-            node = next((x for x in blocks if x.where == node.inherits), Block(node.inherits, content={}))
+            node = next(
+                (x for x in blocks if x.where == node.inherits), Block(node.inherits, content={})
+            )
         out[b.where] = node.content if node.content is not None else own.get(b.where, {})
     return out
 
 
 def preset_file(config: Config) -> tuple[str, Path] | None:
-    """(name, path) of the model preset the config replaces entries of: the ``model`` choice (found as
-    Hydra would, the config's own directory first, then anemoi-training's packaged presets), or for a
-    model file named like a packaged preset, that preset."""
+    """(name, path) of the model preset the config replaces entries of: the ``model`` choice (found
+    as Hydra would, the config's own directory first, then anemoi-training's packaged presets), or
+    for a model file named like a packaged preset, that preset."""
     packaged = packaged_dir()
     here = Path(config.path).resolve().parent
     name = config.choices.get("model", "")
     if name:
         for d in (here / "model", packaged / "model" if packaged else None):
-            if d is not None and (d / f"{name}.yaml").is_file() and (d / f"{name}.yaml") != Path(config.path).resolve():
+            if (
+                d is not None
+                and (d / f"{name}.yaml").is_file()
+                and (d / f"{name}.yaml") != Path(config.path).resolve()
+            ):
                 return name, d / f"{name}.yaml"
         return None
     if config.shape == "model-file" and packaged is not None:
@@ -219,8 +242,8 @@ def preset_file(config: Config) -> tuple[str, Path] | None:
 
 def lost_wrappers(config: Config) -> list[Finding]:
     """A warning where the preset runs a norm inside one of anemoi's same-kernel wrappers
-    (AutocastLayerNorm: the output cast back to the input dtype) and this config replaces it with a class
-    that does not keep that behaviour (a plain LayerNorm)."""
+    (AutocastLayerNorm: the output cast back to the input dtype) and this config replaces it with a
+    class that does not keep that behaviour (a plain LayerNorm)."""
     from kernel_lock.anemoi import wrapper_of
 
     found = preset_file(config)
@@ -254,10 +277,14 @@ def lost_wrappers(config: Config) -> list[Finding]:
                     "warning",
                     "wrapper",
                     f"{where}.{key}",
-                    f"the {name} preset uses anemoi's {short} here, which {wrapper.behaviour}; this config "
+                    f"the {name} preset uses anemoi's {short} here, which {wrapper.behaviour}; "
+                    "this config "
                     f"replaces it with {new}, which does not: the cast-back is lost",
-                    f"keep the cast around your kernel: `kernel-probe export LOCK --config {Path(config.path).name}` "
-                    f"prints the adapter that does it (kernel_lock.adapters.{wrapper.adapter_prefix}__...), or "
+                    "keep the cast around your kernel: `kernel-probe export LOCK --config "
+                    f"{Path(config.path).name}` "
+                    "prints the adapter that does it "
+                    f"(kernel_lock.adapters.{wrapper.adapter_prefix}__...), "
+                    "or "
                     f"keep {short}",
                 )
             )

@@ -46,7 +46,9 @@ class Block:
     content: Mapping[str, Any] | None = None  # interpolations resolved; None when it only inherits
     inherits: str | None = None  # e.g. "model.layer_kernels" for `${model.layer_kernels}`
     source: str = ""  # the interpolation it came through, if any
-    written: Mapping[str, Any] | None = None  # what the user's own overlay writes here (composed overlays)
+    written: Mapping[str, Any] | None = (
+        None  # what the user's own overlay writes here (composed overlays)
+    )
 
 
 @dataclass
@@ -56,14 +58,19 @@ class Config:
     path: str = ""
     shape: str = "full"
     composed: bool = False
-    choices: dict[str, str] = field(default_factory=dict)  # Hydra's group choices, e.g. {"model": "gnn"}
+    # Hydra's group choices, e.g. {"model": "gnn"}
+    choices: dict[str, str] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)  # Hydra's search path
     overrides: list[str] = field(default_factory=list)
     blocks: list[Block] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     why: str = ""  # what decided the shape
-    alternative: str | None = None  # the other shape the file could be (checked too, see check_config)
-    tree: Any = None  # what anemoi-training's schema is run on: the composed config, or the file as read
+    alternative: str | None = (
+        None  # the other shape the file could be (checked too, see check_config)
+    )
+    tree: Any = (
+        None  # what anemoi-training's schema is run on: the composed config, or the file as read
+    )
 
     def model_choice(self) -> str:
         """``model: NAME`` for Hydra's choice of the model preset, or that none was selected."""
@@ -74,9 +81,9 @@ class Config:
 class _Resolver:
     """Whole-value ``${a.b.c}`` references, followed within one file.
 
-    ``model_is_root``: a model file, whose ``${model.x}`` means its own ``x``. ``complete``: the file
-    is the whole config, so a reference that points at nothing is an error; otherwise it is outside
-    this file and left unjudged (a note), never a false error.
+    ``model_is_root``: a model file, whose ``${model.x}`` means its own ``x``. ``complete``: the
+    file is the whole config, so a reference that points at nothing is an error; otherwise it is
+    outside this file and left unjudged (a note), never a false error.
     """
 
     BUDGET = 100_000  # values produced while following references: a ${...} fan-out stops here
@@ -108,7 +115,8 @@ class _Resolver:
         self.produced += 1
         if self.produced > self.BUDGET:
             raise InputFileError(
-                f"{where}: following its ${{...}} references produces more than {self.BUDGET:,} values "
+                f"{where}: following its ${{...}} references produces more than "
+                f"{self.BUDGET:,} values "
                 "(a reference fan-out?); stopped",
                 fix="anemoi's blocks are a few entries each",
             )
@@ -127,23 +135,40 @@ class _Resolver:
                     )
                 return value
             if depth > 20:
-                problems.append(Finding("error", "interpolation", where, f"{value!r}: interpolation loop"))
+                problems.append(
+                    Finding("error", "interpolation", where, f"{value!r}: interpolation loop")
+                )
                 return value
             try:
                 target = self.lookup(m.group(1))
             except KeyError:
                 if self.complete:
                     problems.append(
-                        Finding("error", "interpolation", where, f"{value!r} points at nothing in this config")
+                        Finding(
+                            "error",
+                            "interpolation",
+                            where,
+                            f"{value!r} points at nothing in this config",
+                        )
                     )
                 else:
                     problems.append(
-                        Finding("note", "interpolation", where, f"{value!r} points outside this file: left unjudged")
+                        Finding(
+                            "note",
+                            "interpolation",
+                            where,
+                            f"{value!r} points outside this file: left unjudged",
+                        )
                     )
                 return value
             except LookupError:
                 problems.append(
-                    Finding("note", "interpolation", where, f"{value!r} points outside this file: left unjudged")
+                    Finding(
+                        "note",
+                        "interpolation",
+                        where,
+                        f"{value!r} points outside this file: left unjudged",
+                    )
                 )
                 return value
             return self.resolve(target, where, problems, depth + 1)
@@ -174,7 +199,8 @@ def value_at(node: Any, path: Sequence[str]) -> Any:
 
 
 def inherited(value: Any, paths: set[str], where: str) -> str | None:
-    """The block (one of ``paths``) that the block at ``where`` inherits by being ``${...}`` of it, or None."""
+    """The block (one of ``paths``) that the block at ``where`` inherits by being ``${...}`` of it,
+    or None."""
     m = INTERPOLATION.match(value) if isinstance(value, str) else None
     if m and m.group(1) in paths and m.group(1) != where:
         return m.group(1)
@@ -183,13 +209,20 @@ def inherited(value: Any, paths: set[str], where: str) -> str | None:
 
 def block_values(model: Any) -> list[tuple[str, Any]]:
     """(full path, raw value) of every layer_kernels block under the model node."""
-    return [("model." + ".".join(path), value_at(model, path)) for path in layer_kernels_paths(model)]
+    return [
+        ("model." + ".".join(path), value_at(model, path)) for path in layer_kernels_paths(model)
+    ]
 
 
-def add_block(config: Config, where: str, content: Any, *, source: str = "", written: Any = None) -> None:
-    """Add the block at ``where`` to ``config``, or a finding where its content is not a mapping of names."""
+def add_block(
+    config: Config, where: str, content: Any, *, source: str = "", written: Any = None
+) -> None:
+    """Add the block at ``where`` to ``config``, or a finding where its content is not a mapping of
+    names."""
     if content is None:
-        config.findings.append(Finding("note", "entry", where, "empty: anemoi uses its defaults for every key"))
+        config.findings.append(
+            Finding("note", "entry", where, "empty: anemoi uses its defaults for every key")
+        )
         content = {}
     if not isinstance(content, Mapping):
         config.findings.append(
@@ -197,7 +230,8 @@ def add_block(config: Config, where: str, content: Any, *, source: str = "", wri
                 "error",
                 "entry",
                 where,
-                f"expected a mapping of {', '.join(KEYS)}, got {type(content).__name__} {content!r:.60}",
+                f"expected a mapping of {', '.join(KEYS)}, got {type(content).__name__} "
+                f"{content!r:.60}",
             )
         )
         return
@@ -215,7 +249,12 @@ def add_block(config: Config, where: str, content: Any, *, source: str = "", wri
     if odd:
         content = {k: v for k, v in content.items() if isinstance(k, str)}
     config.blocks.append(
-        Block(where, content=content, source=source, written=written if isinstance(written, Mapping) else None)
+        Block(
+            where,
+            content=content,
+            source=source,
+            written=written if isinstance(written, Mapping) else None,
+        )
     )
 
 
@@ -236,7 +275,10 @@ def find_blocks(root: Mapping[str, Any], shape: str | None = None) -> Config:
             config.blocks.append(Block(where, inherits=parent, source=value))
             continue
         add_block(
-            config, where, r.resolve(value, where, config.findings), source=value if isinstance(value, str) else ""
+            config,
+            where,
+            r.resolve(value, where, config.findings),
+            source=value if isinstance(value, str) else "",
         )
     if not raw:
         config.findings.append(
@@ -244,7 +286,8 @@ def find_blocks(root: Mapping[str, Any], shape: str | None = None) -> Config:
                 "warning",
                 "entry",
                 "model",
-                "no layer_kernels block found anywhere under the model node: anemoi uses its defaults",
+                "no layer_kernels block found anywhere under the model node: anemoi uses its "
+                "defaults",
             )
         )
         config.blocks.append(Block("(anemoi defaults)", content={}))

@@ -1,12 +1,13 @@
-"""The child side of reading an anemoi config: Hydra composition, exactly as anemoi-training does it.
+"""The child side of reading an anemoi config: Hydra composition, exactly as anemoi-training does
+it.
 
-Runs in a child process (``kernel_probe.isolation.child.run_function``): Hydra and OmegaConf read files and
-expand interpolations, and a hostile or broken config must not take the caller with it. anemoi-training
-composes with ``@hydra.main(config_path=None, config_name="config")`` and its search-path plugin
-(``hydra_plugins.anemoi_searchpath``, installed with it), which appends the working directory and the
-packaged presets (``pkg://anemoi.training/config``) behind the primary ``--config-path``. Here the
-primary config directory is the one holding the user's file and the config name is the file's stem,
-so ``defaults: [model: gnn]`` finds the same preset training would.
+Runs in a child process (``kernel_probe.isolation.child.run_function``): Hydra and OmegaConf read
+files and expand interpolations, and a hostile or broken config must not take the caller with it.
+anemoi-training composes with ``@hydra.main(config_path=None, config_name="config")`` and its
+search-path plugin (``hydra_plugins.anemoi_searchpath``, installed with it), which appends the
+working directory and the packaged presets (``pkg://anemoi.training/config``) behind the primary
+``--config-path``. Here the primary config directory is the one holding the user's file and the
+config name is the file's stem, so ``defaults: [model: gnn]`` finds the same preset training would.
 
 Nothing is imported from the model code: composition only reads YAML. The answer is JSON: the
 composed tree with interpolations left as written (so inheritance stays visible), and every
@@ -41,8 +42,9 @@ class UntrustedSearchPath(Exception):
 
 
 def guard_search_paths(trusted: tuple[str, ...]) -> None:
-    """Make Hydra refuse, before importing it, a ``pkg://`` package outside ``trusted`` (a private or
-    ``__main__`` one always): Hydra imports the package to list its files, and importing a module runs it."""
+    """Make Hydra refuse, before importing it, a ``pkg://`` package outside ``trusted`` (a private
+    or ``__main__`` one always): Hydra imports the package to list its files, and importing a module
+    runs it."""
     from hydra._internal.config_repository import ConfigRepository
 
     original = ConfigRepository.initialize_sources
@@ -55,9 +57,14 @@ def guard_search_paths(trusted: tuple[str, ...]) -> None:
             module = path[len("pkg://") :].replace("/", ".").rstrip(".")
             private = any(part.startswith("_") for part in module.split("."))
             if private or not any(module == t or module.startswith(t + ".") for t in trusted):
-                why = "a private or __main__ module is never imported" if private else "it is not trusted"
+                why = (
+                    "a private or __main__ module is never imported"
+                    if private
+                    else "it is not trusted"
+                )
                 raise UntrustedSearchPath(
-                    f"search path {path} (from {element.provider}) names {module!r}, and {why}; nothing was imported"
+                    f"search path {path} (from {element.provider}) names {module!r}, and "
+                    f"{why}; nothing was imported"
                 )
         original(self, config_search_path)
 
@@ -67,12 +74,17 @@ def guard_search_paths(trusted: tuple[str, ...]) -> None:
 def _get(cfg: Any, path: tuple[str, ...]) -> Any:
     node = cfg
     for part in path:
-        node = node[int(part)] if isinstance(node, list) or type(node).__name__ == "ListConfig" else node[part]
+        node = (
+            node[int(part)]
+            if isinstance(node, list) or type(node).__name__ == "ListConfig"
+            else node[part]
+        )
     return node
 
 
 def compose(payload: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``ComposeRequest`` -> its ``ComposeReply`` (as JSON): the composed config (see the module docstring)."""
+    """A ``ComposeRequest`` -> its ``ComposeReply`` (as JSON): the composed config (see the module
+    docstring)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
@@ -83,7 +95,9 @@ def compose(payload: Mapping[str, Any]) -> dict[str, Any]:
     guard_search_paths(request.trusted)
     with initialize_config_dir(version_base=None, config_dir=request.config_dir):
         cfg = hydra_compose(
-            config_name=request.config_name, overrides=list(request.overrides), return_hydra_config=True
+            config_name=request.config_name,
+            overrides=list(request.overrides),
+            return_hydra_config=True,
         )
     runtime = cfg.hydra.runtime
     # runtime.choices is a DictConfig, so its container is a dict
@@ -92,7 +106,11 @@ def compose(payload: Mapping[str, Any]) -> dict[str, Any]:
         for k, v in cast("dict[Any, Any]", OmegaConf.to_container(runtime.choices)).items()
         if not str(k).startswith("hydra/") and v is not None
     }
-    sources = [f"{s.provider}: {s.path}" for s in runtime.config_sources if s.provider not in ("hydra", "schema")]
+    sources = [
+        f"{s.provider}: {s.path}"
+        for s in runtime.config_sources
+        if s.provider not in ("hydra", "schema")
+    ]
     with open_dict(cfg):
         del cfg["hydra"]
     tree = OmegaConf.to_container(cfg, resolve=False)
@@ -110,7 +128,9 @@ def compose(payload: Mapping[str, Any]) -> dict[str, Any]:
             continue
         if not isinstance(block, DictConfig):
             blocks[dotted] = {
-                "value": OmegaConf.to_container(block, resolve=False) if isinstance(block, ListConfig) else block
+                "value": OmegaConf.to_container(block, resolve=False)
+                if isinstance(block, ListConfig)
+                else block
             }
             continue
         for key in block:

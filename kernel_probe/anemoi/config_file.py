@@ -2,9 +2,9 @@
 
 Three shapes of file (``SHAPES``), told apart by their content (:func:`classify`):
 
-- a **model file** (``config/model/<name>.yaml``): the file *is* the model node (anemoi-training puts
-  it at ``model``); its own ``model:`` key is the model class. ``${model.x}`` means the file's ``x``;
-  a reference outside the file (``${system...}``) cannot be judged here and is left unjudged;
+- a **model file** (``config/model/<name>.yaml``): the file *is* the model node (anemoi-training
+  puts it at ``model``); its own ``model:`` key is the model class. ``${model.x}`` means the file's
+  ``x``; a reference outside the file (``${system...}``) cannot be judged here and is left unjudged;
 - a **full config**: everything under ``model:``, no ``defaults:`` list; complete, so a reference
   that points at nothing is an error;
 - an **overlay**: a ``defaults:`` list (``- model: gnn``) plus a few overrides. On its own it says
@@ -67,7 +67,8 @@ MAX_NODES = 1_000_000  # values once YAML aliases are expanded: beyond this, a b
 def expanded_size(data: Any, limit: int = MAX_NODES) -> int:
     """How many values ``data`` has once its shared (aliased) parts are counted every time they are
     used, stopping past ``limit``: YAML aliases share one object, a billion-laughs document shares
-    it exponentially often, and anything that walks the tree (Hydra, OmegaConf, this checker) pays."""
+    it exponentially often, and anything that walks the tree (Hydra, OmegaConf, this checker)
+    pays."""
     memo: dict[int, int] = {}
 
     def size(node: Any, depth: int) -> int:
@@ -89,7 +90,8 @@ def expanded_size(data: Any, limit: int = MAX_NODES) -> int:
 
 
 def load_config(path: str | Path) -> Any:
-    """The YAML document at ``path``; an unreadable, malformed or hostile file is an InputFileError (exit 5)."""
+    """The YAML document at ``path``; an unreadable, malformed or hostile file is an InputFileError
+    (exit 5)."""
     import yaml
 
     from kernel_lock.trust.files import UnsafeFile, read_regular
@@ -98,11 +100,15 @@ def load_config(path: str | Path) -> Any:
     try:
         text = read_regular(p, MAX_BYTES).decode("utf-8")
     except FileNotFoundError:
-        raise InputFileError("cannot read the config: no such file", path=str(p), fix="check the path") from None
+        raise InputFileError(
+            "cannot read the config: no such file", path=str(p), fix="check the path"
+        ) from None
     except UnsafeFile as exc:
         raise InputFileError(exc.problem, path=str(p), fix=exc.fix or None) from None
     except OSError as exc:
-        raise InputFileError(f"cannot read the config: {exc.strerror or exc}", path=str(p)) from None
+        raise InputFileError(
+            f"cannot read the config: {exc.strerror or exc}", path=str(p)
+        ) from None
     except UnicodeDecodeError as exc:
         raise InputFileError(f"not UTF-8 text: {exc.reason}", path=str(p)) from None
     try:
@@ -110,7 +116,9 @@ def load_config(path: str | Path) -> Any:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise InputFileError(f"not valid YAML{where}: {getattr(exc, 'problem', None) or exc}", path=str(p)) from None
+        raise InputFileError(
+            f"not valid YAML{where}: {getattr(exc, 'problem', None) or exc}", path=str(p)
+        ) from None
     except RecursionError:
         raise InputFileError("nested too deeply to be a config", path=str(p)) from None
     try:
@@ -119,7 +127,8 @@ def load_config(path: str | Path) -> Any:
         raise InputFileError("nested too deeply to be a config", path=str(p)) from None
     if too_big:
         raise InputFileError(
-            f"expands to more than {MAX_NODES:,} values once its YAML aliases are followed (an alias "
+            f"expands to more than {MAX_NODES:,} values once its YAML aliases are followed (an "
+            "alias "
             "bomb?); nothing was composed",
             path=str(p),
             fix="anemoi configs are small: check where this file came from",
@@ -148,7 +157,16 @@ def group_member(root: Mapping[str, Any], path: Path | None) -> bool:
 
 
 # top-level sections of a training config (anemoi-training's config groups); a model file has none
-TRAINING_SECTIONS = ("data", "dataloader", "training", "system", "diagnostics", "graph", "hardware", "task")
+TRAINING_SECTIONS = (
+    "data",
+    "dataloader",
+    "training",
+    "system",
+    "diagnostics",
+    "graph",
+    "hardware",
+    "task",
+)
 
 
 @dataclass(frozen=True)
@@ -179,7 +197,10 @@ def classify(root: Mapping[str, Any], path: Path | None = None) -> Kind:
         file_signals.append("it sits in a model/ directory")
     if model_class:
         file_signals.append(
-            f"its `model:` key is a class ({model.get('_target_') if isinstance(model, Mapping) else ''}), as a model file's is"
+            "its `model:` key is a class "
+            f"({model.get('_target_') if isinstance(model, Mapping) else ''}), "
+            "as a model "
+            "file's is"
         )
     if node_at_root:
         file_signals.append(f"model-node keys at its root ({', '.join(node_at_root)})")

@@ -1,12 +1,12 @@
-"""check-config's gated-MLP findings: each component with an ``mlp_implementation`` key (the processor,
-each encoder's and decoder's mapper in anemoi-training's presets) judged as anemoi-models 0.19 judges the
-value, and against the lock's GatedMLP slot.
+"""check-config's gated-MLP findings: each component with an ``mlp_implementation`` key (the
+processor, each encoder's and decoder's mapper in anemoi-training's presets) judged as anemoi-models
+0.19 judges the value, and against the lock's GatedMLP slot.
 
 anemoi builds ``GatedMLPLayer`` (``gate(gate_proj(x)) * value_proj(x)``, its gate hard-coded per
-implementation: ``kernel_lock.format.gating``) for glu, swiglu, geglu and reglu, and a Linear plus the
-``Activation`` slot for ``mlp``. A lock that checked one gate and a component that trains another (or
-none) contradict each other: the job would train a layer the lock never checked. A gated component
-with a lock that pins no GatedMLP is a warning: nothing checked that layer.
+implementation: ``kernel_lock.format.gating``) for glu, swiglu, geglu and reglu, and a Linear plus
+the ``Activation`` slot for ``mlp``. A lock that checked one gate and a component that trains
+another (or none) contradict each other: the job would train a layer the lock never checked. A gated
+component with a lock that pins no GatedMLP is a warning: nothing checked that layer.
 """
 
 from __future__ import annotations
@@ -56,10 +56,20 @@ def findings(tree: Any, lock: KernelLock | None) -> list[Finding]:
                     "error",
                     "lock",
                     key,
-                    f"the lock's GatedMLP slot checked {want} ({locked.gate}); this component builds "
-                    + ("a Linear and the Activation slot (mlp), no gated layer" if value == "mlp" else value),
-                    f"set {CONFIG_KEY}: {want} (`kernel-probe export --config` writes it), or probe "
-                    + (f"with --mlp-implementation {value}" if value != "mlp" else "without --mlp-implementation"),
+                    f"the lock's GatedMLP slot checked {want} ({locked.gate}); this component "
+                    "builds "
+                    + (
+                        "a Linear and the Activation slot (mlp), no gated layer"
+                        if value == "mlp"
+                        else value
+                    ),
+                    f"set {CONFIG_KEY}: {want} (`kernel-probe export --config` writes it), or "
+                    "probe "
+                    + (
+                        f"with --mlp-implementation {value}"
+                        if value != "mlp"
+                        else "without --mlp-implementation"
+                    ),
                 )
             )
         elif lock is not None and locked is None and value in GATED:
@@ -68,7 +78,8 @@ def findings(tree: Any, lock: KernelLock | None) -> list[Finding]:
                     "warning",
                     "lock",
                     key,
-                    f"{value} builds anemoi's GatedMLPLayer, and the lock pins no GatedMLP slot: nothing checked it",
+                    f"{value} builds anemoi's GatedMLPLayer, and the lock pins no GatedMLP "
+                    "slot: nothing checked it",
                     f"probe with --mlp-implementation {value}",
                 )
             )

@@ -1,7 +1,8 @@
-"""The two anemoi pipelines, as library functions (no printing): check a config, and export a lock for one.
+"""The two anemoi pipelines, as library functions (no printing): check a config, and export a lock
+for one.
 
-``check_config``: every ``layer_kernels`` block of a config (composed as anemoi-training composes it),
-judged on this machine (keys, imports, signatures, semantics) and, given a lock, against it.
+``check_config``: every ``layer_kernels`` block of a config (composed as anemoi-training composes
+it), judged on this machine (keys, imports, signatures, semantics) and, given a lock, against it.
 ``export_for_config``: the overlay that puts a lock's entries into a config so that, after Hydra's
 merge, each block holds exactly what the lock says — anemoi's wrappers kept (``entry_for``).
 """
@@ -33,8 +34,10 @@ from kernel_probe.isolation.protocol import EntryCheckRequest
 CHECK_CONFIG_EXIT = {
     0: "no errors (warnings and notes may be printed)",
     3: "the config is valid here but disagrees with the lock (or the lock cannot be resolved here)",
-    5: "the config has errors: unreadable or malformed, cannot be composed, unknown keys, targets that do not "
-    "import, signatures that do not fit anemoi's calls, semantics changes, keys left over from a Hydra merge",
+    5: "the config has errors: unreadable or malformed, cannot be composed, unknown keys, "
+    "targets that do not "
+    "import, signatures that do not fit anemoi's calls, semantics changes, keys left over from "
+    "a Hydra merge",
 }
 
 # where the overlay keeps the lock's entries; components point at them (an interpolation replaces a
@@ -44,7 +47,8 @@ ENTRIES_NODE = "kernel_lock"
 
 @dataclass
 class CheckResult:
-    """check-config's answer for one reading of a config: its blocks, the findings, what the lock exports."""
+    """check-config's answer for one reading of a config: its blocks, the findings, what the lock
+    exports."""
 
     config: Config
     findings: list[Finding]
@@ -54,7 +58,8 @@ class CheckResult:
 
     @property
     def own_exit_code(self) -> int:
-        """5 for any error but a lock disagreement, 3 for lock disagreements only, else 0 (this reading alone)."""
+        """5 for any error but a lock disagreement, 3 for lock disagreements only, else 0 (this
+        reading alone)."""
         errors = [f for f in self.findings if f.severity == "error"]
         if any(f.kind != "lock" for f in errors):
             return 5
@@ -81,7 +86,8 @@ def check_config(
     _shape: str | None = None,
 ) -> CheckResult:
     """Judge the config at ``path`` on this machine, and against ``lock`` if given; ``schema``: also
-    with anemoi-training's own schema, where it is installed. Only modules ``trust`` allows are imported."""
+    with anemoi-training's own schema, where it is installed. Only modules ``trust`` allows are
+    imported."""
     options = {k: v for k, v in locals().items() if k not in ("path", "overrides", "_shape")}
     config = read_config(path, overrides, compose_overlays=compose, trust=trust, shape=_shape)
     findings: list[Finding] = list(config.findings)
@@ -103,7 +109,9 @@ def check_config(
     expected: dict[str, Exported] = {}
     if lock is not None:
         try:
-            expected = {e.key: e for e in export(lock, mode, qk_norm=qk_norm, verify_environment=False)}
+            expected = {
+                e.key: e for e in export(lock, mode, qk_norm=qk_norm, verify_environment=False)
+            }
         except LockError as exc:
             findings.append(
                 Finding(
@@ -116,7 +124,8 @@ def check_config(
             )
     own = [b for b in config.blocks if b.content is not None]
     requests: list[EntryCheckRequest] = []
-    asked: list[tuple[str, bool]] = []  # per request: its block, and whether its findings are reported
+    # per request: its block, and whether its findings are reported
+    asked: list[tuple[str, bool]] = []
     facts: dict[str, dict[str, Any]] = {b.where: {} for b in own}
     for b in own:
         content = b.content
@@ -125,27 +134,45 @@ def check_config(
             target = entry.get("_target_") if isinstance(entry, dict) else None
             refusal = trust.refusal(target) if isinstance(target, str) and target else None
             kind = "trust"
-            if refusal is not None and refusal[0] == "warning" and not _installed_module(str(target)):
+            if (
+                refusal is not None
+                and refusal[0] == "warning"
+                and not _installed_module(str(target))
+            ):
                 kind = "import"  # not installed: said without importing (or running) anything
                 refusal = (
                     "error",
-                    f"{target!r} does not import here: No module named {str(target).split('.')[0]!r} "
+                    f"{target!r} does not import here: No module named "
+                    f"{str(target).split('.')[0]!r} "
                     "(looked up without importing anything)",
                     "install the library that provides it, or fix the dotted path",
                 )
-            if refusal is not None:  # not imported: reported, and compared with the lock by name only
-                findings.append(Finding(refusal[0], kind, f"{b.where}.{key}", refusal[1], refusal[2]))
-                facts[b.where][key] = {"target": target, "imported": False, "family": None, "defaults": {}}
+            # not imported: reported, and compared with the lock by name only
+            if refusal is not None:
+                findings.append(
+                    Finding(refusal[0], kind, f"{b.where}.{key}", refusal[1], refusal[2])
+                )
+                facts[b.where][key] = {
+                    "target": target,
+                    "imported": False,
+                    "family": None,
+                    "defaults": {},
+                }
                 continue
             requests.append(
                 EntryCheckRequest(
-                    key=key, entry=entry, where=f"{b.where}.{key}", allow_semantics_change=allow_semantics_change
+                    key=key,
+                    entry=entry,
+                    where=f"{b.where}.{key}",
+                    allow_semantics_change=allow_semantics_change,
                 )
             )
             asked.append((b.where, True))
         for key in expected:  # anemoi's default stands in for a key the block leaves out
             if key not in content:
-                requests.append(EntryCheckRequest(key=key, entry=ANEMOI_DEFAULTS[key], where=f"{b.where}.{key}"))
+                requests.append(
+                    EntryCheckRequest(key=key, entry=ANEMOI_DEFAULTS[key], where=f"{b.where}.{key}")
+                )
                 asked.append((b.where, False))
     results = judge_entries(requests, timeout=timeout)
     for req, (block, report), res in zip(requests, asked, results, strict=True):
@@ -157,13 +184,15 @@ def check_config(
         if expected:
             findings.extend(compare_with_lock(b, expected, facts[b.where]))
     result = CheckResult(config, findings, expected, schema=schema_status)
-    if _shape is None and config.alternative:  # ambiguous: check it the other way too, and report both
+    # ambiguous: check it the other way too, and report both
+    if _shape is None and config.alternative:
         result.alternative = check_config(path, overrides, **options, _shape=config.alternative)
     return result
 
 
 def _installed_module(target: str) -> bool:
-    """Whether ``target``'s top-level package is installed, found without importing (or running) anything."""
+    """Whether ``target``'s top-level package is installed, found without importing (or running)
+    anything."""
     from importlib.util import find_spec
 
     try:
@@ -172,28 +201,34 @@ def _installed_module(target: str) -> bool:
         return False
 
 
-# ---- export for one config ------------------------------------------------------------------------
+# ---- export for one config -----------------------------------------------------------------------
 @dataclass
 class ConfigExport:
-    """The overlay for one config: ``entries`` (name -> lock entry) and, per block path, the keys set."""
+    """The overlay for one config: ``entries`` (name -> lock entry) and, per block path, the keys
+    set."""
 
     config: Config
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)
-    blocks: dict[str, dict[str, str]] = field(default_factory=dict)  # block path -> key -> entry name
+    # block path -> key -> entry name
+    blocks: dict[str, dict[str, str]] = field(default_factory=dict)
     notes: list[tuple[str, str]] = field(default_factory=list)  # (where, note)
     # GraphTransformer component path -> graph_attention_backend (the lock's [graph-attention])
     graph_attention: dict[str, str] = field(default_factory=dict)
-    # component path (as in the config's tree) -> the keys the lock sets there (GatedMLP's mlp_implementation)
+    # component path (as in the config's tree) -> the keys the lock sets there (GatedMLP's
+    # mlp_implementation)
     components: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def overlay(self) -> dict[str, Any]:
-        """The YAML-ready mapping to merge into the config (under ``model:`` unless it is a model file)."""
+        """The YAML-ready mapping to merge into the config (under ``model:`` unless it is a model
+        file)."""
         model: dict[str, Any] = {ENTRIES_NODE: dict(self.entries)}
         for where, keys in self.blocks.items():
             node = model
             for part in where.split(".")[1:-1]:  # "model.processor.layer_kernels" -> processor
                 node = node.setdefault(part, {})
-            node["layer_kernels"] = {key: f"${{model.{ENTRIES_NODE}.{name}}}" for key, name in keys.items()}
+            node["layer_kernels"] = {
+                key: f"${{model.{ENTRIES_NODE}.{name}}}" for key, name in keys.items()
+            }
         for where, backend in self.graph_attention.items():
             node = model
             for part in where.split("."):  # "encoders.0.mapper", relative to the model node
@@ -202,7 +237,8 @@ class ConfigExport:
         for where, keys in self.components.items():
             node = model
             parts = where.split(".")
-            for part in parts[1:] if self.config.shape != "model-file" else parts:  # "model.processor" -> processor
+            # "model.processor" -> processor
+            for part in parts[1:] if self.config.shape != "model-file" else parts:
                 node = node.setdefault(part, {})
             node.update(keys)
         return model if self.config.shape == "model-file" else {"model": model}
@@ -218,7 +254,8 @@ def export_for_config(
     compose: bool = True,
     trust: Trust = NO_TRUST,
 ) -> ConfigExport:
-    """The lock's entries for every block of the config at ``path`` (composed as training composes it).
+    """The lock's entries for every block of the config at ``path`` (composed as training composes
+    it).
 
     Raises what :func:`kernel_lock.anemoi.export` raises, and ``ConventionError`` where a block uses
     an anemoi wrapper the lock's kernel has no adapter for.
@@ -235,10 +272,18 @@ def export_for_config(
             should = entry_for(key, want, current, where=where)
             if should is None:
                 out.notes.append(
-                    (where, f"{current['_target_']} is a different layer, not a kernel choice: left as it is")
+                    (
+                        where,
+                        f"{current['_target_']} is a different layer, not a kernel choice: "
+                        "left as it is",
+                    )
                 )
                 continue
-            name = key if should.entry == want.entry else f"{key}_{should.entry['_target_'].rpartition('.')[2]}"
+            name = (
+                key
+                if should.entry == want.entry
+                else f"{key}_{should.entry['_target_'].rpartition('.')[2]}"
+            )
             out.entries.setdefault(name, should.entry)
             out.blocks.setdefault(block.where, {})[key] = name
             note = should.note if should.entry != want.entry else want.note
@@ -251,7 +296,9 @@ def export_for_config(
     setting = export_setting(lock)
     if setting is not None:
         prefix = "" if model_file else "model."
-        out.notes.extend((f"{prefix}{w}.graph_attention_backend", setting[1]) for w in out.graph_attention)
+        out.notes.extend(
+            (f"{prefix}{w}.graph_attention_backend", setting[1]) for w in out.graph_attention
+        )
     gated = gated_mlp_export(lock)
     if gated is not None:
         from kernel_probe.anemoi.gated_checks import components

@@ -1,10 +1,12 @@
-"""Reading an anemoi config the way anemoi-training does: composed by Hydra where that decides the model.
+"""Reading an anemoi config the way anemoi-training does: composed by Hydra where that decides the
+model.
 
-An overlay (a ``defaults:`` list), a model preset extending another, or a config given Hydra overrides
-after ``--`` says little on its own: it is composed with Hydra exactly as ``anemoi-training train``
-composes it (``kernel_probe.anemoi.compose``, in a child process), and the composed model's blocks are
-what is checked. Where Hydra or anemoi-training's presets are not installed, the file is judged alone
-(``kernel_probe.anemoi.blocks``) and a finding says the defaults were not followed.
+An overlay (a ``defaults:`` list), a model preset extending another, or a config given Hydra
+overrides after ``--`` says little on its own: it is composed with Hydra exactly as
+``anemoi-training train`` composes it (``kernel_probe.anemoi.compose``, in a child process), and the
+composed model's blocks are what is checked. Where Hydra or anemoi-training's presets are not
+installed, the file is judged alone (``kernel_probe.anemoi.blocks``) and a finding says the defaults
+were not followed.
 
 Reading lives here and in config_file/blocks; verdicts are entry_checks/block_checks/schema_check's;
 presentation is the commands' (commands/check_config.py, commands/export.py).
@@ -37,7 +39,9 @@ from kernel_probe.isolation.child import run_function
 from kernel_probe.isolation.protocol import ComposeReply, ComposeRequest, ProtocolError
 
 COMPOSE_TIMEOUT = 60.0
-COMPOSE_MEMORY = 4 << 30  # a YAML alias bomb ends as a MemoryError in the child, not an exhausted node
+COMPOSE_MEMORY = (
+    4 << 30
+)  # a YAML alias bomb ends as a MemoryError in the child, not an exhausted node
 
 
 def installed(distribution: str) -> str | None:
@@ -64,7 +68,8 @@ def _not_composed(config: Config, root: Mapping[str, Any], why: str, fix: str) -
             "warning",
             "defaults",
             "defaults",
-            f"the defaults list ({_defaults_text(root)}) was not followed: {why}. Only what this file itself sets is "
+            f"the defaults list ({_defaults_text(root)}) was not followed: {why}. Only what "
+            "this file itself sets is "
             "checked; the presets' layer_kernels (anemoi's model for this run) are not seen here",
             fix,
         )
@@ -91,7 +96,12 @@ def _composed(config: Config, root: Mapping[str, Any], answer: ComposeReply) -> 
         block = resolved.get(where, {})
         if "error" in block:
             config.findings.append(
-                Finding("error", "interpolation", where, f"Hydra cannot resolve this block: {block['error']}")
+                Finding(
+                    "error",
+                    "interpolation",
+                    where,
+                    f"Hydra cannot resolve this block: {block['error']}",
+                )
             )
             continue
         if "value" in block:
@@ -111,11 +121,16 @@ def _composed(config: Config, root: Mapping[str, Any], answer: ComposeReply) -> 
                 continue
             content[key] = entry
         written = value_at(written_model, where.split(".")[1:])
-        add_block(config, where, content, source=value if isinstance(value, str) else "", written=written)
+        add_block(
+            config, where, content, source=value if isinstance(value, str) else "", written=written
+        )
     if not raw:
         config.findings.append(
             Finding(
-                "warning", "entry", "model", "the composed config has no layer_kernels block: anemoi uses its defaults"
+                "warning",
+                "entry",
+                "model",
+                "the composed config has no layer_kernels block: anemoi uses its defaults",
             )
         )
         config.blocks.append(Block("(anemoi defaults)", content={}))
@@ -140,7 +155,11 @@ def compose(
         trusted=trust.search_roots(),
     )
     result = run_function(
-        "kernel_probe.anemoi.compose", "compose", request, timeout=timeout, memory_limit=COMPOSE_MEMORY
+        "kernel_probe.anemoi.compose",
+        "compose",
+        request,
+        timeout=timeout,
+        memory_limit=COMPOSE_MEMORY,
     )
     if result.ok:
         try:
@@ -156,8 +175,8 @@ _NOT_OVERRIDDEN = re.compile(r"Could not override '([^']+)'")
 
 def override_through_interpolation(why: str, root: Mapping[str, Any]) -> tuple[str, str] | None:
     """Where Hydra refused an override because a key on its path is an interpolation (the overlay
-    ``kernel-probe export --config`` writes: ``LayerNorm: ${model.kernel_lock.LayerNorm}``), the override
-    that works (on the key the interpolation points at) and why; else None."""
+    ``kernel-probe export --config`` writes: ``LayerNorm: ${model.kernel_lock.LayerNorm}``), the
+    override that works (on the key the interpolation points at) and why; else None."""
     m = _NOT_OVERRIDDEN.search(why)
     if m is None:
         return None
@@ -174,7 +193,8 @@ def override_through_interpolation(why: str, root: Mapping[str, Any]) -> tuple[s
             target = ".".join([ref.group(1), *parts[i + 1 :]])
             return (
                 f"{target}={value}",
-                f"{where} is the interpolation {node}, and Hydra cannot override a key under an interpolation",
+                f"{where} is the interpolation {node}, and Hydra cannot override a key under "
+                "an interpolation",
             )
     return None
 
@@ -206,9 +226,12 @@ def read_config(
         raise UsageError(
             f"{p}: overrides ({' '.join(overrides)}) apply to a primary config or to a preset in a "
             "config/model/ directory, not to a model file elsewhere",
-            fix="pass the training config that selects this model (`- model: NAME`), or drop the overrides",
+            fix="pass the training config that selects this model (`- model: NAME`), or drop "
+            "the overrides",
         )
-    wants_composition = shape == "overlay" or bool(overrides) or (member and isinstance(root.get("defaults"), list))
+    wants_composition = (
+        shape == "overlay" or bool(overrides) or (member and isinstance(root.get("defaults"), list))
+    )
     if not (wants_composition and compose_overlays):
         config = find_blocks(root, shape)
         if wants_composition:
@@ -243,8 +266,10 @@ def read_config(
                 _not_composed(
                     config,
                     root,
-                    f"anemoi-training is not installed here, so its presets cannot be found ({why})",
-                    "install anemoi-training (`pip install --no-deps anemoi-training`) to compose it as training does",
+                    "anemoi-training is not installed here, so its presets cannot be found "
+                    f"({why})",
+                    "install anemoi-training (`pip install --no-deps anemoi-training`) to "
+                    "compose it as training does",
                 )
             elif kind == UNTRUSTED_SEARCH_PATH:
                 config.findings.insert(
@@ -254,12 +279,15 @@ def read_config(
                         "trust",
                         str(p),
                         f"refused to compose: {why.partition(': ')[2] or why}",
-                        "remove the search path; if it names a public package you trust, `--trust PACKAGE` (or "
+                        "remove the search path; if it names a public package you trust, "
+                        "`--trust PACKAGE` (or "
                         "$KERNEL_LOCK_TRUST); a __main__ or private module is never imported",
                     ),
                 )
             else:
-                working = override_through_interpolation(why, {"model": root} if shape == "model-file" else root)
+                working = override_through_interpolation(
+                    why, {"model": root} if shape == "model-file" else root
+                )
                 config.findings.insert(
                     0,
                     Finding(
@@ -268,9 +296,11 @@ def read_config(
                         str(p),
                         f"Hydra cannot compose this config as anemoi-training would: {why}"
                         + (f" ({working[1]})" if working else ""),
-                        f"override `{working[0]}` instead" + " (it sets the entry every block pointing there uses)"
+                        f"override `{working[0]}` instead"
+                        + " (it sets the entry every block pointing there uses)"
                         if working
-                        else "fix the defaults list or the overrides; `anemoi-training train` would fail the same way",
+                        else "fix the defaults list or the overrides; `anemoi-training train` "
+                        "would fail the same way",
                     ),
                 )
     config.path = str(p)
@@ -278,5 +308,9 @@ def read_config(
     if shape == decided.shape:
         config.why, config.alternative = decided.why, decided.alternative
     else:
-        config.why = f"asked to read it as one (it looks like {SHAPES[decided.shape].split(' (')[0]}: {decided.why})"
+        config.why = (
+            "asked to read it as one (it looks like "
+            f"{SHAPES[decided.shape].split(' (')[0]}: "
+            f"{decided.why})"
+        )
     return config

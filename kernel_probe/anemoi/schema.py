@@ -1,9 +1,10 @@
 """The child side of checking a composed anemoi config with anemoi-training's own schema.
 
-``anemoi-training train`` (config validation on, its default) resolves the composed config and builds
-``anemoi.training.schemas.base_schema.BaseSchema`` from it; a config the schema rejects never trains.
-This runs the same two steps in a child process (``kernel_probe.isolation.child.run_function``: the schema is
-anemoi-training's code) and answers with the errors at config paths.
+``anemoi-training train`` (config validation on, its default) resolves the composed config and
+builds ``anemoi.training.schemas.base_schema.BaseSchema`` from it; a config the schema rejects never
+trains. This runs the same two steps in a child process
+(``kernel_probe.isolation.child.run_function``: the schema is anemoi-training's code) and answers
+with the errors at config paths.
 
 Mandatory values left as ``???`` (the dataset, the output root: usually given on the command line)
 would stop ``OmegaConf.resolve``; each is filled with a placeholder, reported as unset, and the
@@ -30,10 +31,17 @@ def _member_split(loc: tuple[Any, ...], tree: Any) -> tuple[list[str], list[tupl
         if isinstance(node, Mapping) and str(part) in node:
             path.append(str(part))
             node = node[str(part)]
-        elif isinstance(node, list) and isinstance(part, int | str) and str(part).isdigit() and int(part) < len(node):
+        elif (
+            isinstance(node, list)
+            and isinstance(part, int | str)
+            and str(part).isdigit()
+            and int(part) < len(node)
+        ):
             path.append(str(part))
             node = node[int(part)]
-        elif isinstance(node, (Mapping, list)) and isinstance(part, str) and _looks_like_member(part):
+        elif (
+            isinstance(node, (Mapping, list)) and isinstance(part, str) and _looks_like_member(part)
+        ):
             tags.append((".".join(path), part))
         else:  # a key the config lacks (missing) or should not have: a path, not a member
             path.append(str(part))
@@ -43,12 +51,14 @@ def _member_split(loc: tuple[Any, ...], tree: Any) -> tuple[list[str], list[tupl
 
 def _looks_like_member(part: str) -> bool:
     # pydantic names union members by their class (BaseModelSchema), a validator wrapper
-    # (function-after[...]), a generic container type (dict[str,union[...]]) or, for a discriminated union,
-    # the discriminator's value (a dotted _target_)
+    # (function-after[...]), a generic container type (dict[str,union[...]]) or, for a discriminated
+    # union, the discriminator's value (a dotted _target_)
     return part[:1].isupper() or part.startswith("function-") or "[" in part or "." in part
 
 
-def closest_members(errors: list[dict[str, Any]], tree: Any) -> tuple[list[dict[str, str]], dict[str, str]]:
+def closest_members(
+    errors: list[dict[str, Any]], tree: Any
+) -> tuple[list[dict[str, str]], dict[str, str]]:
     """Each error at its config path, keeping only the best-fitting member of every union."""
     split = [(e, *_member_split(tuple(e.get("loc", ())), tree)) for e in errors]
     chosen: dict[str, str] = {}
@@ -59,7 +69,8 @@ def closest_members(errors: list[dict[str, Any]], tree: Any) -> tuple[list[dict[
             if len(tags) > depth:
                 per = counts.setdefault((tuple(tags[:depth]), tags[depth][0]), {})
                 per[tags[depth][1]] = per.get(tags[depth][1], 0) + 1
-        best = {key: min(per, key=lambda tag: per[tag]) for key, per in counts.items()}  # ties: the first
+        # ties: the first
+        best = {key: min(per, key=lambda tag: per[tag]) for key, per in counts.items()}
         if depth == 0:
             chosen = {where: tag for (_, where), tag in best.items()}
         split = [
@@ -69,7 +80,11 @@ def closest_members(errors: list[dict[str, Any]], tree: Any) -> tuple[list[dict[
         ]
         depth += 1
     out = [
-        {"where": ".".join(path) or "(root)", "type": str(e.get("type", "")), "message": str(e.get("msg"))}
+        {
+            "where": ".".join(path) or "(root)",
+            "type": str(e.get("type", "")),
+            "message": str(e.get("msg")),
+        }
         for e, path, _ in split
     ]
     unique = list({(o["where"], o["type"], o["message"]): o for o in out}.values())
@@ -115,7 +130,11 @@ def validate(payload: Mapping[str, Any]) -> dict[str, Any]:
     if request.preset:
         preset = _errors(_packaged([f"model={request.preset}"]))[0]
     return SchemaReply(
-        errors=errors, unset=unset, members=members, preset=preset, version=metadata.version("anemoi-training")
+        errors=errors,
+        unset=unset,
+        members=members,
+        preset=preset,
+        version=metadata.version("anemoi-training"),
     ).to_json()
 
 
@@ -144,5 +163,9 @@ def _errors(cfg: Any) -> tuple[list[dict[str, str]], list[str], dict[str, str]]:
         members: dict[str, str] = {}
     except ValidationError as exc:
         errors, members = closest_members([dict(e) for e in exc.errors()], tree)
-    errors = [e for e in errors if not any(e["where"] == u or e["where"].startswith(u + ".") for u in unset)]
+    errors = [
+        e
+        for e in errors
+        if not any(e["where"] == u or e["where"].startswith(u + ".") for u in unset)
+    ]
     return errors, unset, members

@@ -17,7 +17,8 @@ from kernel_probe.isolation.child import run_function
 
 SCHEMA_TIMEOUT = 120.0
 SCHEMA_FIX = (
-    "install anemoi-training (`pip install --no-deps anemoi-training`, then its light dependencies as "
+    "install anemoi-training (`pip install --no-deps anemoi-training`, then its light "
+    "dependencies as "
     ".ci/anemoi-install does) to check what `anemoi-training train` will say"
 )
 
@@ -49,7 +50,8 @@ def schema_input(config: Config) -> tuple[Any, bool, str] | str:
         model = tree.get("model")
         if not isinstance(model, Mapping) or not isinstance(model.get("model"), Mapping):
             return (
-                "the file holds only part of a model node (no model class at model.model._target_); check the "
+                "the file holds only part of a model node (no model class at "
+                "model.model._target_); check the "
                 "training config or overlay that uses it"
             )
         return model, True, "this file's model node inside anemoi-training's packaged config"
@@ -65,8 +67,8 @@ def _inside(path: Path, directory: Path) -> bool:
 
 
 def _preset_of(config: Config, packaged: Path) -> str:
-    """The packaged model preset the config builds on ('' if none): an error the preset has as shipped is
-    the preset's own."""
+    """The packaged model preset the config builds on ('' if none): an error the preset has as
+    shipped is the preset's own."""
     name = config.choices.get("model", "")
     if name and (packaged / "model" / f"{name}.yaml").is_file():
         return name
@@ -77,9 +79,9 @@ def _preset_of(config: Config, packaged: Path) -> str:
 
 
 def schema_findings(config: Config, timeout: float = SCHEMA_TIMEOUT) -> tuple[str, list[Finding]]:
-    """anemoi-training's ``BaseSchema`` on the config, as ``anemoi-training train`` runs it (in a child):
-    (one line saying how it was run, or why not and how to get it; its errors at their config paths, an
-    error the shipped preset has too marked as the preset's own)."""
+    """anemoi-training's ``BaseSchema`` on the config, as ``anemoi-training train`` runs it (in a
+    child): (one line saying how it was run, or why not and how to get it; its errors at their
+    config paths, an error the shipped preset has too marked as the preset's own)."""
     from kernel_probe.isolation.protocol import SchemaReply, SchemaRequest
 
     packaged = packaged_dir()
@@ -90,10 +92,15 @@ def schema_findings(config: Config, timeout: float = SCHEMA_TIMEOUT) -> tuple[st
         return f"not run: {what}", []
     tree, model_file, how = what
     preset = _preset_of(config, packaged)
-    shipped = _inside(Path(config.path), packaged)  # one of anemoi-training's own configs, as shipped
+    # one of anemoi-training's own configs, as shipped
+    shipped = _inside(Path(config.path), packaged)
     request = SchemaRequest(tree=tree, model_file=model_file, preset=preset)
     result = run_function(
-        "kernel_probe.anemoi.schema", "validate", request, timeout=timeout, memory_limit=COMPOSE_MEMORY
+        "kernel_probe.anemoi.schema",
+        "validate",
+        request,
+        timeout=timeout,
+        memory_limit=COMPOSE_MEMORY,
     )
     if not result.ok:
         return "run, and failed", [
@@ -112,11 +119,16 @@ def schema_findings(config: Config, timeout: float = SCHEMA_TIMEOUT) -> tuple[st
     status = (
         f"checked with {training}'s BaseSchema ({how})"
         + (
-            f"; {len(reply.unset)} mandatory value(s) left for the command line: {', '.join(reply.unset)}"
+            f"; {len(reply.unset)} mandatory value(s) left for the command line: "
+            f"{', '.join(reply.unset)}"
             if reply.unset
             else ""
         )
-        + ("; config_validation is False, so training itself would not run this check" if off else "")
+        + (
+            "; config_validation is False, so training itself would not run this check"
+            if off
+            else ""
+        )
     )
     out: list[Finding] = []
     own = {(e["where"], e["type"]) for e in reply.preset}
@@ -127,15 +139,19 @@ def schema_findings(config: Config, timeout: float = SCHEMA_TIMEOUT) -> tuple[st
         via = f" (as {member}, the closest of the schema's alternatives)" if member else ""
         if shipped or (where, e["type"]) in own:
             mine = (where, e["type"]) not in own
-            name = f"`{Path(config.path).name}` config" if mine or not preset else f"`{preset}` preset"
+            name = (
+                f"`{Path(config.path).name}` config" if mine or not preset else f"`{preset}` preset"
+            )
             out.append(
                 Finding(
                     severity,
                     "preset",
                     shown,
-                    f"{e['message']} ({e['type']}){via}: {training}'s own {name} fails its schema here "
+                    f"{e['message']} ({e['type']}){via}: {training}'s own {name} fails its "
+                    "schema here "
                     "as shipped, whatever this config does; not a kernel-lock matter",
-                    f"set it in your config (anemoi-training train rejects the preset as it is), or pin the "
+                    "set it in your config (anemoi-training train rejects the preset as it "
+                    "is), or pin the "
                     f"anemoi-models version {training} was released with",
                 )
             )
@@ -155,8 +171,10 @@ def schema_findings(config: Config, timeout: float = SCHEMA_TIMEOUT) -> tuple[st
 def _schema_fix(where: str, kind: str) -> str:
     if kind == "extra_forbidden" and where.endswith("layer_kernels"):
         return (
-            "layer_kernels belongs in the model node: under `model:` of a training config or an overlay, at the "
-            "root of a model file (config/model/<name>.yaml); `kernel-probe export LOCK --config THIS_FILE` prints "
+            "layer_kernels belongs in the model node: under `model:` of a training config or "
+            "an overlay, at the "
+            "root of a model file (config/model/<name>.yaml); `kernel-probe export LOCK "
+            "--config THIS_FILE` prints "
             "it in the right place"
         )
     if kind == "extra_forbidden":

@@ -1,4 +1,5 @@
-"""What check-config and ``export --config`` may import for a config: the allow-list, and the caller's trust."""
+"""What check-config and ``export --config`` may import for a config: the allow-list, and the
+caller's trust."""
 
 from __future__ import annotations
 
@@ -6,11 +7,12 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-# A config names modules: its entries' ``_target_`` (imported to check a signature) and ``pkg://`` search
-# paths (imported by Hydra while composing). The rules are the lock's (kernel_lock.trust.check_target): a
-# private or ``__main__`` module is never imported (importing a ``__main__`` runs it), and a module outside
-# the allow-list and the caller's trust is not imported. The allow-list for config entries adds
-# anemoi-models (the library the config is for: AutocastLayerNorm is anemoi's own default).
+# A config names modules: its entries' ``_target_`` (imported to check a signature) and ``pkg://``
+# search paths (imported by Hydra while composing). The rules are the lock's
+# (kernel_lock.trust.check_target): a private or ``__main__`` module is never imported (importing a
+# ``__main__`` runs it), and a module outside the allow-list and the caller's trust is not imported.
+# The allow-list for config entries adds anemoi-models (the library the config is for:
+# AutocastLayerNorm is anemoi's own default).
 CONFIG_ROOTS = ("anemoi.models",)
 # pkg:// search paths composition may import: Hydra's own, and anemoi-training's packaged presets
 SEARCH_ROOTS = ("hydra.conf", "anemoi.training")
@@ -28,14 +30,16 @@ class Trust:
 
     @classmethod
     def granted(cls, trust: Sequence[str] = (), *, own_targets: bool = False) -> Trust:
-        """The caller's trust: ``trust`` (``--trust``) plus ``$KERNEL_LOCK_TRUST``, and ``own_targets``."""
+        """The caller's trust: ``trust`` (``--trust``) plus ``$KERNEL_LOCK_TRUST``, and
+        ``own_targets``."""
         from kernel_lock.trust import granted_trust
 
         return cls(granted_trust(trust), own_targets)
 
     def refusal(self, target: str) -> tuple[str, str, str] | None:
         """None if ``target`` (and any kernel a generic adapter wraps) may be imported, else
-        (severity, problem, fix): ``__main__`` and private modules never; others not without trust."""
+        (severity, problem, fix): ``__main__`` and private modules never; others not without
+        trust."""
         from kernel_lock.trust import registry
         from kernel_lock.trust.adapter_names import generic_kernel
 
@@ -47,7 +51,8 @@ class Trust:
             if any(part.startswith("_") for part in name.split(".")):
                 return (
                     "error",
-                    f"{name!r} has a private or __main__ component: it is never imported (importing a module's "
+                    f"{name!r} has a private or __main__ component: it is never imported "
+                    "(importing a module's "
                     "__main__ runs it), and anemoi would import it when it builds the model",
                     "name a public class, e.g. torch.nn.LayerNorm",
                 )
@@ -59,9 +64,12 @@ class Trust:
                 top = name.split(".")[0]
                 return (
                     "warning",
-                    f"not checked: module not trusted ({name!r} is outside the import allow-list and the modules "
-                    "you trust; nothing was imported, so its import, signature and semantics are unknown)",
-                    f"if you trust it, `--trust {top}` (or $KERNEL_LOCK_TRUST={top}), or {OWN_TARGETS_FLAG} to let "
+                    f"not checked: module not trusted ({name!r} is outside the import "
+                    "allow-list and the modules "
+                    "you trust; nothing was imported, so its import, signature and semantics "
+                    "are unknown)",
+                    f"if you trust it, `--trust {top}` (or $KERNEL_LOCK_TRUST={top}), or "
+                    f"{OWN_TARGETS_FLAG} to let "
                     "check-config import every module this config's entries name",
                 )
         return None
@@ -79,8 +87,10 @@ def add_config_trust_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         OWN_TARGETS_FLAG,
         action="store_true",
-        help="import every public module the config's own layer_kernels entries name (default: only the import "
-        "allow-list, anemoi-models and --trust; an entry outside them is reported as not checked). A `__main__` or "
+        help="import every public module the config's own layer_kernels entries name (default: "
+        "only the import "
+        "allow-list, anemoi-models and --trust; an entry outside them is reported as not "
+        "checked). A `__main__` or "
         "private module is never imported",
     )
 

@@ -1,1 +1,2 @@
-"""One module per subcommand, named after it; each exposes add_<name>_arguments(parser) and run_<name>(args)."""
+"""One module per subcommand, named after it; each exposes add_<name>_arguments(parser) and
+run_<name>(args)."""

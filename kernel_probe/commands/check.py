@@ -27,38 +27,46 @@ def add_candidate_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         choices=SLOTS,
-        help="only these slots (repeatable; default: every slot but GatedMLP, which is checked when named)",
+        help="only these slots (repeatable; default: every slot but GatedMLP, which is checked "
+        "when named)",
     )
     p.add_argument(
         "--mlp-implementation",
         default="",
         choices=("glu", "swiglu", "geglu", "reglu"),
-        help="the model's gated mlp_implementation, whose gate the GatedMLP slot is checked against "
+        help="the model's gated mlp_implementation, whose gate the GatedMLP slot is checked "
+        "against "
         "(default swiglu; anemoi's geglu is exact-erf GELU)",
     )
     p.add_argument(
         "--attention",
         default="",
         metavar="HEADSxHEAD_DIMxSEQ[:OPTIONS]",
-        help="the model's attention: the geometry the Attention slot is timed at, and after the colon the "
-        "options the model fixes (window=W band half-width, softcap=C, dropout=P, alibi=true), pinned in the "
+        help="the model's attention: the geometry the Attention slot is timed at, and after "
+        "the colon the "
+        "options the model fixes (window=W band half-width, softcap=C, dropout=P, alibi=true), "
+        "pinned in the "
         "lock and checked: a candidate that ignores one is rejected (default "
-        f"{DEFAULT_GEOMETRY['gpu']} on GPU, {DEFAULT_GEOMETRY['cpu']} on CPU, global; anemoi's O96: {O96_GEOMETRY})",
+        f"{DEFAULT_GEOMETRY['gpu']} on GPU, {DEFAULT_GEOMETRY['cpu']} on CPU, global; anemoi's "
+        f"O96: {O96_GEOMETRY})",
     )
     p.add_argument(
         "--activation",
         default="",
         metavar="FUNCTION",
-        help="the model's activation function, the Activation slot's reference: gelu-erf (torch.nn.GELU, the "
+        help="the model's activation function, the Activation slot's reference: gelu-erf "
+        "(torch.nn.GELU, the "
         "default), gelu-tanh, silu, relu, sigmoid, or other:module.Class for another (e.g. "
-        "other:anemoi.models.layers.activations.Sine; its class is the reference); the lock records it",
+        "other:anemoi.models.layers.activations.Sine; its class is the reference); the lock "
+        "records it",
     )
     p.add_argument(
         "--import-timeout",
         type=seconds,
         default=IMPORT_TIMEOUT,
         metavar="SECONDS",
-        help=f"seconds importing one candidate's library may take (default {IMPORT_TIMEOUT:g}): a library "
+        help="seconds importing one candidate's library may take (default "
+        f"{IMPORT_TIMEOUT:g}): a library "
         "that hangs on import costs this much",
     )
     p.add_argument(
@@ -66,7 +74,8 @@ def add_candidate_arguments(p: argparse.ArgumentParser) -> None:
         type=seconds,
         default=CHECK_TIMEOUT,
         metavar="SECONDS",
-        help=f"seconds the checks of one candidate may take once imported (default {CHECK_TIMEOUT:g}; "
+        help="seconds the checks of one candidate may take once imported (default "
+        f"{CHECK_TIMEOUT:g}; "
         f"{COMPILED_FACTOR}x for torch.compile candidates, which compile on their first calls)",
     )
     add_switches(p, CANDIDATE_SWITCHES)
@@ -74,16 +83,25 @@ def add_candidate_arguments(p: argparse.ArgumentParser) -> None:
 
 # what the candidates are and how they are judged: on/off flags of `check` and the main probe
 CANDIDATE_SWITCHES = (
-    ("--with-compile", "also probe the torch.compile candidates on CPU (slow: C++ compilation per shape)"),
+    (
+        "--with-compile",
+        "also probe the torch.compile candidates on CPU (slow: C++ compilation per shape)",
+    ),
     ("--no-plugins", "ignore kernel_probe.probe.candidates entry points"),
     (
         "--allow-init-change",
-        "accept a candidate whose fresh parameters start differently from torch.nn's (the lock records it)",
+        "accept a candidate whose fresh parameters start differently from torch.nn's (the lock "
+        "records it)",
     ),
-    ("--strict-dtype", "reject any output dtype different from torch.nn's, instead of judging it by its consequence"),
+    (
+        "--strict-dtype",
+        "reject any output dtype different from torch.nn's, instead of judging it by its "
+        "consequence",
+    ),
     (
         "--allow-approximation",
-        "accept an Activation computing an approximation of the model's function (a tanh GELU for an erf "
+        "accept an Activation computing an approximation of the model's function (a tanh GELU "
+        "for an erf "
         "model), judged against what it computes; the lock records the difference",
     ),
 )
@@ -127,7 +145,8 @@ def add_check_arguments(p: argparse.ArgumentParser) -> None:
         type=count(1, 65536),
         default=None,
         metavar="N",
-        help="normalised (input) size of the correctness inputs (default 1000, deliberately not a power of "
+        help="normalised (input) size of the correctness inputs (default 1000, deliberately "
+        "not a power of "
         "two); 64 checks norms at anemoi's QueryNorm/KeyNorm head_dim",
     )
     p.add_argument(
@@ -135,14 +154,16 @@ def add_check_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="BACKEND",
-        help="check anemoi's GraphTransformer attention instead of the slots: triton, pyg or module.function "
+        help="check anemoi's GraphTransformer attention instead of the slots: triton, pyg or "
+        "module.function "
         "(f(q, k, v, e, edge_index, size)), repeatable; fwd+bwd vs float64 on an O96-degree graph "
         "(docs/checks.md, GraphAttention)",
     )
 
 
 def run_check(args: argparse.Namespace) -> int:
-    """`kernel-probe check`: every candidate checked here (none timed), the verdicts as a table or JSON."""
+    """`kernel-probe check`: every candidate checked here (none timed), the verdicts as a table or
+    JSON."""
     from kernel_probe.errors import UsageError
     from kernel_probe.probe.check import check_all, dtype_plan, parse_dtype
 
@@ -183,7 +204,8 @@ def run_check(args: argparse.Namespace) -> int:
         problem = function_problem(args.activation)
         if problem:
             raise UsageError(
-                f"--activation {problem}", fix="name the model's activation function, e.g. --activation gelu-erf"
+                f"--activation {problem}",
+                fix="name the model's activation function, e.g. --activation gelu-erf",
             )
         canonical["Activation"] = {"function": args.activation}
     progress = None if args.json else (lambda slot, cid: output.info(f"checking {slot}: {cid} ..."))
@@ -201,16 +223,23 @@ def run_check(args: argparse.Namespace) -> int:
         progress=progress,
         canonical=canonical,
     )
-    # a class the user offered that cannot even be imported here is a failure of this command (exit 3), not
-    # one more row: nothing was checked of what was asked for (a crash or a timeout is a verdict on the class)
-    offered = [r for rs in reports.values() for r in rs if r.id.startswith("custom:") and r.status in UNJUDGED]
+    # a class the user offered that cannot even be imported here is a failure of this command (exit
+    # 3), not one more row: nothing was checked of what was asked for (a crash or a timeout is a
+    # verdict on the class)
+    offered = [
+        r
+        for rs in reports.values()
+        for r in rs
+        if r.id.startswith("custom:") and r.status in UNJUDGED
+    ]
     failure = None
     if offered:
         from kernel_probe.errors import ForcedUnusable
 
         failure = ForcedUnusable(
             "; ".join(
-                f"--candidate {r.id.removeprefix('custom:')} is {r.status}: {r.reasons[0] if r.reasons else ''}"
+                f"--candidate {r.id.removeprefix('custom:')} is {r.status}: "
+                f"{r.reasons[0] if r.reasons else ''}"
                 for r in offered
             ),
             fix="install its package or put its directory on PYTHONPATH, and check the dotted path",
@@ -233,7 +262,8 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def _graph_attention(backends: Sequence[str], dtypes: Sequence[str], as_json: bool) -> int:
-    """`check --graph-attention`: each backend's verdict (kernel_probe.probe.graph_attention_check)."""
+    """`check --graph-attention`: each backend's verdict
+    (kernel_probe.probe.graph_attention_check)."""
     from kernel_probe.probe.graph_attention_check import check_backend
     from kernel_probe.probe.planning import detect_device
 
@@ -244,15 +274,20 @@ def _graph_attention(backends: Sequence[str], dtypes: Sequence[str], as_json: bo
         return 0
     con = output.console()
     for r in reports:
-        ratios = ", ".join(f"{v.dtype} {v.worst_ratio:.3g}" for v in r.verdicts if v.worst_ratio is not None)
-        line = f"graph attention {r.backend} on {device}: {r.status}" + (f" (worst ratio {ratios})" if ratios else "")
+        ratios = ", ".join(
+            f"{v.dtype} {v.worst_ratio:.3g}" for v in r.verdicts if v.worst_ratio is not None
+        )
+        line = f"graph attention {r.backend} on {device}: {r.status}" + (
+            f" (worst ratio {ratios})" if ratios else ""
+        )
         con.print(safe(line + (" [interpreted]" if r.interpreted else "")))
         for reason in r.reasons[:4]:
             con.print(f"  {safe(reason)}")
     return 0
 
 
-# the status of a candidate that never ran: its class could not be imported (or cannot run on this device)
+# the status of a candidate that never ran: its class could not be imported (or cannot run on this
+# device)
 UNJUDGED = ("unavailable",)
 
 
@@ -278,7 +313,10 @@ def render_verdicts(reports, plan, device, hidden: int = CHECK_HIDDEN) -> None:
         table.add_column("status", no_wrap=True, min_width=11)
         for d, r in plan:
             table.add_column(
-                short_dtype(d) + ("+amp" if r == "mixed" else ""), justify="right", no_wrap=True, min_width=7
+                short_dtype(d) + ("+amp" if r == "mixed" else ""),
+                justify="right",
+                no_wrap=True,
+                min_width=7,
             )
         table.add_column("det", no_wrap=True)
         table.add_column("s", justify="right", no_wrap=True)
@@ -298,7 +336,9 @@ def render_verdicts(reports, plan, device, hidden: int = CHECK_HIDDEN) -> None:
             style = STATUS_STYLE.get(rep.status, "")
             det = {True: "yes", False: "[yellow]no[/]", None: "-"}[rep.deterministic]
             took = "-" if rep.seconds is None else f"{rep.seconds:.1f}"
-            status = f"[{style}]{rep.status}[/]" + (" [yellow](interpreted)[/]" if rep.interpreted else "")
+            status = f"[{style}]{rep.status}[/]" + (
+                " [yellow](interpreted)[/]" if rep.interpreted else ""
+            )
             table.add_row(safe(rep.id), status, *cells, det, took)
         output.print_table(table)
         for rep in rs:
@@ -311,14 +351,22 @@ def render_verdicts(reports, plan, device, hidden: int = CHECK_HIDDEN) -> None:
             for change in rep.changes if rep.status == "accepted" else ():
                 con.print(f"  [bold]{safe(rep.id)}[/] accepted with a change: {safe(change)}")
             if rep.migration and rep.status == "accepted":
-                con.print(f"  [bold]{safe(rep.id)}[/] state dict onto torch.nn's: {safe(', '.join(rep.migration))}")
-    con.print("det: forward and backward bitwise repeatable; s: seconds this candidate took (import and checks)")
+                con.print(
+                    f"  [bold]{safe(rep.id)}[/] state dict onto torch.nn's: "
+                    f"{safe(', '.join(rep.migration))}"
+                )
     con.print(
-        "cells: worst error / tolerance (< 1 passes; tolerance = 4 x torch.nn's own error + 2 eps); "
+        "det: forward and backward bitwise repeatable; s: seconds this candidate took (import "
+        "and checks)"
+    )
+    con.print(
+        "cells: worst error / tolerance (< 1 passes; tolerance = 4 x torch.nn's own error + 2 "
+        "eps); "
         "+amp: under torch.autocast with fp32 parameters"
     )
     if "Attention" in reports:
         con.print(
-            "Attention: tolerance = 4 x torch's own error (math path or fused ordering, the larger) + 8 eps, "
+            "Attention: tolerance = 4 x torch's own error (math path or fused ordering, the "
+            "larger) + 8 eps, "
             "per output (out, dq, dk, dv); `--json` has every ratio and the measured capabilities"
         )

@@ -1,5 +1,5 @@
-"""``kernel-probe check-config``: an anemoi config's ``layer_kernels`` blocks, judged on this machine
-and against a lock."""
+"""``kernel-probe check-config``: an anemoi config's ``layer_kernels`` blocks, judged on this
+machine and against a lock."""
 
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ def add_check_config_arguments(p: argparse.ArgumentParser) -> None:
         help="anemoi config (YAML): a training config, an overlay with a `defaults:` list "
         "(composed as anemoi-training does), or a model config file (config/model/<name>.yaml)",
     )
-    p.add_argument("--lock", default=None, help="also compare the LayerNorm/Linear entries with this lock")
+    p.add_argument(
+        "--lock", default=None, help="also compare the LayerNorm/Linear entries with this lock"
+    )
     p.add_argument(
         "--mode",
         choices=MODES,
@@ -35,7 +37,8 @@ def add_check_config_arguments(p: argparse.ArgumentParser) -> None:
         ("--qk-norm", "compare QueryNorm/KeyNorm with the lock too (as `export --qk-norm`)"),
         (
             "--allow-semantics-change",
-            "an RMSNorm under a LayerNorm/QueryNorm/KeyNorm key is deliberate: a warning, not an error",
+            "an RMSNorm under a LayerNorm/QueryNorm/KeyNorm key is deliberate: a warning, not "
+            "an error",
         ),
         ("--no-compose", "judge an overlay alone, without Hydra composition"),
     ):
@@ -50,13 +53,15 @@ def add_check_config_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-schema",
         action="store_true",
-        help="skip anemoi-training's own schema (BaseSchema), which check-config runs where it is installed",
+        help="skip anemoi-training's own schema (BaseSchema), which check-config runs where it "
+        "is installed",
     )
     add_trust_argument(p)
     add_config_trust_argument(p)
     codes = "\n".join(f"  {c}  {t}" for c, t in CHECK_CONFIG_EXIT.items())
     p.epilog = (
-        "Hydra overrides go after `--`, e.g.\n  kernel-probe check-config my.yaml -- model=transformer_ens\n\n"
+        "Hydra overrides go after `--`, e.g.\n  kernel-probe check-config my.yaml -- "
+        "model=transformer_ens\n\n"
         f"check-config exit codes:\n{codes}\n\n{p.epilog}"
     )
 
@@ -100,12 +105,16 @@ def run_check_config(args: argparse.Namespace) -> int:
     return code
 
 
-SHAPES_SHORT = {"model-file": "a model file", "full": "a complete config", "overlay": "a Hydra overlay"}
+SHAPES_SHORT = {
+    "model-file": "a model file",
+    "full": "a complete config",
+    "overlay": "a Hydra overlay",
+}
 
 
 def _failure(args: argparse.Namespace, result, code: int) -> dict:
-    """``ok``, and with a failing exit code the one failure shape (kernel_probe.output.failure): its first
-    error finding (the others are under ``findings``)."""
+    """``ok``, and with a failing exit code the one failure shape (kernel_probe.output.failure): its
+    first error finding (the others are under ``findings``)."""
     if code == 0:
         return {"ok": True}
     errors = [f for f in result.findings if f.severity == "error"] or list(result.findings)
@@ -162,11 +171,16 @@ def _render(args, result, code: int) -> None:
 
     con = output.console()
     config = result.config
-    con.print(f"[bold]{safe(args.config)}[/]" + (f" against {safe(args.lock)} ({args.mode} mode)" if args.lock else ""))
+    con.print(
+        f"[bold]{safe(args.config)}[/]"
+        + (f" against {safe(args.lock)} ({args.mode} mode)" if args.lock else "")
+    )
     read = SHAPES[config.shape]
     if config.composed:
         read += f"; composed by Hydra as anemoi-training would ({config.model_choice()})"
-    con.print(f"  read as {safe(read)}" + (f", because of {safe(config.why)}" if config.why else ""))
+    con.print(
+        f"  read as {safe(read)}" + (f", because of {safe(config.why)}" if config.why else "")
+    )
     for b in config.blocks:
         if b.inherits:
             con.print(f"  {safe(b.where)}: inherits {safe(b.inherits)}")
@@ -182,9 +196,17 @@ def _render(args, result, code: int) -> None:
         )
     order = {"error": 0, "warning": 1, "note": 2}
     for f in sorted(result.findings, key=lambda f: order[f.severity]):
-        con.print(f"[{STYLE[f.severity]}]{f.severity}[/] {safe(f'[{f.kind}]')} {safe(f.where)}: {safe(f.problem)}")
+        con.print(
+            f"[{STYLE[f.severity]}]{f.severity}[/] {safe(f'[{f.kind}]')} {safe(f.where)}: "
+            f"{safe(f.problem)}"
+        )
         if f.fix:
             con.print(f"    fix: {safe(f.fix)}")
-    counts = {s: sum(f.severity == s for f in result.findings) for s in ("error", "warning", "note")}
+    counts = {
+        s: sum(f.severity == s for f in result.findings) for s in ("error", "warning", "note")
+    }
     verdict = {0: "[green]ok[/]", 3: "[red]disagrees with the lock[/]", 5: "[red]errors[/]"}[code]
-    con.print(f"{verdict}: {counts['error']} error(s), {counts['warning']} warning(s), {counts['note']} note(s)")
+    con.print(
+        f"{verdict}: {counts['error']} error(s), {counts['warning']} warning(s), "
+        f"{counts['note']} note(s)"
+    )

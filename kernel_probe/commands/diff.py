@@ -1,5 +1,5 @@
-"""``kernel-probe diff A B``: what changed between two locks (lock keys, environment fields, choices);
-``--exit-code`` makes a difference exit 6 (ExitCode.LOCKS_DIFFER)."""
+"""``kernel-probe diff A B``: what changed between two locks (lock keys, environment fields,
+choices); ``--exit-code`` makes a difference exit 6 (ExitCode.LOCKS_DIFFER)."""
 
 from __future__ import annotations
 
@@ -18,13 +18,15 @@ def add_diff_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--exit-code",
         action="store_true",
-        help=f"exit {ExitCode.LOCKS_DIFFER.value} when the locks differ, 0 when they do not (git diff --exit-code "
+        help=f"exit {ExitCode.LOCKS_DIFFER.value} when the locks differ, 0 when they do not "
+        "(git diff --exit-code "
         "uses 1, which kernel-probe keeps for failures)",
     )
 
 
 def run_diff(args: argparse.Namespace) -> int:
-    """``kernel-probe diff A B``: what differs between two locks (environment, slots), as text or JSON."""
+    """``kernel-probe diff A B``: what differs between two locks (environment, slots), as text or
+    JSON."""
     a, b = load_lock(args.a, check_targets=False), load_lock(args.b, check_targets=False)
     from kernel_probe.probe.lockdiff import lock_differences
 

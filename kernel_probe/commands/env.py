@@ -1,4 +1,5 @@
-"""``kernel-probe env``: report this machine (presentation only; the facts come from kernel_probe.detect)."""
+"""``kernel-probe env``: report this machine (presentation only; the facts come from
+kernel_probe.detect)."""
 
 from __future__ import annotations
 
@@ -28,20 +29,24 @@ def add_env_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-import-checks",
         action="store_true",
-        help="do not import kernel libraries or Triton (no child processes): metadata and torch only",
+        help="do not import kernel libraries or Triton (no child processes): metadata and "
+        "torch only",
     )
     p.add_argument(
         "--fresh",
         action="store_true",
-        help="import every library again: do not reuse the answers kept from earlier checks of the same "
-        "installation on this node (they are kept in $KERNEL_PROBE_CACHE_DIR, else ~/.cache/kernel-probe)",
+        help="import every library again: do not reuse the answers kept from earlier checks of "
+        "the same "
+        "installation on this node (they are kept in $KERNEL_PROBE_CACHE_DIR, else "
+        "~/.cache/kernel-probe)",
     )
     p.add_argument(
         "--timeout",
         type=seconds,
         default=None,
         metavar="SECONDS",
-        help=f"how long each library import check may take (default {DEFAULT_TIMEOUT:g} s, scaled up by the "
+        help=f"how long each library import check may take (default {DEFAULT_TIMEOUT:g} s, "
+        "scaled up by the "
         "machine's load per core, at most 6x)",
     )
 
@@ -50,7 +55,8 @@ def run_env(args: argparse.Namespace) -> int:
     """``kernel-probe env``: this machine and its kernel libraries, as a table or JSON."""
     if args.timeout is not None and not args.timeout > 0:
         raise UsageError(
-            f"--timeout must be a positive number of seconds, not {args.timeout:g}", fix="pass e.g. --timeout 20"
+            f"--timeout must be a positive number of seconds, not {args.timeout:g}",
+            fix="pass e.g. --timeout 20",
         )
     from kernel_probe.detect.importcache import ImportCache
     from kernel_probe.detect.report import detect
@@ -88,7 +94,11 @@ def _section(console: Any, title: str, rows: list[tuple[str, str]]) -> None:
 
 def _status(entry: dict[str, Any]) -> str:
     status = entry.get("status", "")
-    text = f"[{STATUS_STYLE.get(status, '')}]{safe(status)}[/]" if STATUS_STYLE.get(status) else safe(status)
+    text = (
+        f"[{STATUS_STYLE.get(status, '')}]{safe(status)}[/]"
+        if STATUS_STYLE.get(status)
+        else safe(status)
+    )
     if entry.get("seconds") is not None:
         text += f" in {entry['seconds']:.2f} s"
     if entry.get("cached"):
@@ -100,7 +110,9 @@ def _host_rows(h: dict[str, Any]) -> list[tuple[str, str]]:
     cpu, mem, os_, py = h["cpu"], h["memory"], h["os"], h["python"]
     model = cpu["microarch"]
     if cpu["model_known"]:
-        model += f" (generic {cpu['generic']})" if cpu.get("generic") and cpu["generic"] != model else ""
+        model += (
+            f" (generic {cpu['generic']})" if cpu.get("generic") and cpu["generic"] != model else ""
+        )
     else:
         model = f"unknown model, generic level {cpu.get('generic') or cpu['microarch']}"
     memory = f"{_gib(mem['total_bytes'])} total, {_gib(mem['available_bytes'])} available"
@@ -110,7 +122,10 @@ def _host_rows(h: dict[str, Any]) -> list[tuple[str, str]]:
     if cpu.get("usable_cores") not in (None, cpu["cores"]):
         cores += f" ({cpu['usable_cores']} usable)"
     return [
-        ("os", safe(f"{os_.get('distribution') or os_['system']} ({os_['system']} {os_['release']})")),
+        (
+            "os",
+            safe(f"{os_.get('distribution') or os_['system']} ({os_['system']} {os_['release']})"),
+        ),
         (
             "python",
             safe(
@@ -118,9 +133,15 @@ def _host_rows(h: dict[str, Any]) -> list[tuple[str, str]]:
                 + (" (virtualenv)" if py["virtualenv"] else "")
             ),
         ),
-        ("cpu", safe(f"{cpu['arch']}, {model}" + (f", {cpu['brand']}" if cpu.get("brand") else ""))),
+        (
+            "cpu",
+            safe(f"{cpu['arch']}, {model}" + (f", {cpu['brand']}" if cpu.get("brand") else "")),
+        ),
         ("cores", cores),
-        *[(f"{dtype} matmul", safe(cpumath.describe(fact))) for dtype, fact in (cpu.get("matmul") or {}).items()],
+        *[
+            (f"{dtype} matmul", safe(cpumath.describe(fact)))
+            for dtype, fact in (cpu.get("matmul") or {}).items()
+        ],
         ("memory", memory),
     ]
 
@@ -142,7 +163,9 @@ def _torch_rows(t: dict[str, Any] | None) -> list[tuple[str, str]]:
         (
             dnn["library"],
             safe(
-                f"{dnn['version']} (compiled {dnn['compiled']})" if dnn["version"] else (dnn["error"] or "not loaded")
+                f"{dnn['version']} (compiled {dnn['compiled']})"
+                if dnn["version"]
+                else (dnn["error"] or "not loaded")
             ),
         ),
         (coll["library"], safe(coll["version"] or coll["error"] or "not in this build")),
@@ -204,7 +227,10 @@ def _triton_rows(t: dict[str, Any]) -> list[tuple[str, str]]:
     if not t["installed"]:
         return [("triton", "[dim]not installed[/]")]
     dists = (
-        ", ".join(f"{n} {v['version']} (backends: {', '.join(v['built_for'])})" for n, v in t["distributions"].items())
+        ", ".join(
+            f"{n} {v['version']} (backends: {', '.join(v['built_for'])})"
+            for n, v in t["distributions"].items()
+        )
         or "none found"
     )
     rows = [
@@ -227,7 +253,11 @@ def _triton_rows(t: dict[str, Any]) -> list[tuple[str, str]]:
                     f"{t['backend']} {t['arch'] or '(arch n/a)'}"
                     + (f", warp size {t['warp_size']}" if t.get("warp_size") else "")
                     + f" (from {t['target_source']})"
-                    + (f"; the runtime was not asked: {t['target_not_asked']}" if t.get("target_not_asked") else "")
+                    + (
+                        f"; the runtime was not asked: {t['target_not_asked']}"
+                        if t.get("target_not_asked")
+                        else ""
+                    )
                 ),
             )
         )
@@ -238,7 +268,12 @@ def _triton_rows(t: dict[str, Any]) -> list[tuple[str, str]]:
     if t["conflict"]:
         rows.append(("conflict", f"[yellow]{safe(t['conflict'])}[/]"))
     if t["matches_torch_build"] is False:
-        rows.append(("mismatch", "[red]the importable triton carries no backend for this torch's GPU runtime[/]"))
+        rows.append(
+            (
+                "mismatch",
+                "[red]the importable triton carries no backend for this torch's GPU runtime[/]",
+            )
+        )
     if t.get("torch_requires"):
         rows.append(("torch pins", safe(t["torch_requires"])))
     if t.get("torch_pin_problem"):
@@ -293,13 +328,22 @@ def render(report: dict[str, Any], console: Any) -> None:
         _section(
             console,
             "lock fingerprint",
-            [(safe(k), safe(str(v)) if v != "" else "[dim]''[/]") for k, v in report["fingerprint"].items()],
+            [
+                (safe(k), safe(str(v)) if v != "" else "[dim]''[/]")
+                for k, v in report["fingerprint"].items()
+            ],
         )
     if report["errors"]:
-        _section(console, "errors", [(safe(e["where"]), f"[red]{safe(e['error'])}[/]") for e in report["errors"]])
+        _section(
+            console,
+            "errors",
+            [(safe(e["where"]), f"[red]{safe(e['error'])}[/]") for e in report["errors"]],
+        )
     checks = report["import_checks"]
     how = (
-        f"import checks in child processes, {checks['timeout']:.0f} s timeout" if checks["run"] else "no import checks"
+        f"import checks in child processes, {checks['timeout']:.0f} s timeout"
+        if checks["run"]
+        else "no import checks"
     )
     if checks.get("load_per_core") is not None and checks["run"]:
         how += f" (scaled to load {checks['load_per_core']:.1f} per core)"

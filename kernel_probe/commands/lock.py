@@ -1,7 +1,7 @@
 """``kernel-probe lock --for inference IN OUT``: an inference lock derived from a training lock.
 
-Run on the inference machine. Every slot whose training implementation cannot run here is replaced by
-its verified portable twin (the same substitution ``factory(..., mode="inference")`` makes at run
+Run on the inference machine. Every slot whose training implementation cannot run here is replaced
+by its verified portable twin (the same substitution ``factory(..., mode="inference")`` makes at run
 time, decided once and written down); a slot with no usable twin stops the command and nothing is
 written. The derived lock's environment is this machine's, so it verifies here, and its provenance
 names the training lock and each substitution.
@@ -37,14 +37,21 @@ def add_lock_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_lock(args: argparse.Namespace) -> int:
-    """``kernel-probe lock --for inference IN OUT``: derive an inference lock from a training one."""
+    """``kernel-probe lock --for inference IN OUT``: derive an inference lock from a training
+    one."""
     from kernel_lock.fingerprint import with_torch
 
     out = Path(args.out)
     if out.is_dir():
-        raise UsageError(f"{out} is a directory", fix=f"name the lock file, e.g. {out / 'kernel-lock.inference.toml'}")
+        raise UsageError(
+            f"{out} is a directory",
+            fix=f"name the lock file, e.g. {out / 'kernel-lock.inference.toml'}",
+        )
     if out.exists() and not args.force:
-        raise UsageError(f"{out} exists; not replacing it", fix="pass --force to replace it, or choose another OUT")
+        raise UsageError(
+            f"{out} exists; not replacing it",
+            fix="pass --force to replace it, or choose another OUT",
+        )
     lock = load_lock(args.source, trust=args.trust)
     if lock.mode != "training":
         source_of = lock.provenance.get("source", "an unrecorded lock")
@@ -54,7 +61,8 @@ def run_lock(args: argparse.Namespace) -> int:
         )
     current = with_torch.current()
     derived, substitutions = derive_inference(lock, current, source=str(args.source))
-    derived.verify("inference", current=current)  # what it promises holds here (no substitution left)
+    # what it promises holds here (no substitution left)
+    derived.verify("inference", current=current)
     derived.dump(out)
     if args.json:
         output.print_json(
@@ -74,12 +82,16 @@ def run_lock(args: argparse.Namespace) -> int:
                     }
                     for s in substitutions
                 ],
-                "kept": sorted(name for name in derived.slots if name not in {s.slot for s in substitutions}),
+                "kept": sorted(
+                    name for name in derived.slots if name not in {s.slot for s in substitutions}
+                ),
             }
         )
         return 0
     con = output.console()
-    con.print(f"[green]wrote[/] {safe(str(out))}: inference lock derived from {safe(str(args.source))}")
+    con.print(
+        f"[green]wrote[/] {safe(str(out))}: inference lock derived from {safe(str(args.source))}"
+    )
     for s in substitutions:
         con.print(f"  [yellow]{safe(str(s))}[/]: {safe(s.reason)}")
     for name in kernel_lock.SLOTS:

@@ -20,7 +20,8 @@ def seconds(text: str, *, limit: float = MAX_SECONDS) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not (math.isfinite(value) and 0 < value <= limit):
         raise argparse.ArgumentTypeError(
-            f"{text!r}: a time budget must be a positive, finite number of seconds, at most {limit:g}"
+            f"{text!r}: a time budget must be a positive, finite number of seconds, at most "
+            f"{limit:g}"
         )
     return value
 

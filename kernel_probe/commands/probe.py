@@ -35,20 +35,25 @@ from kernel_probe.commands.lockfile import DEFAULT_LOCK
 
 def add_probe_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of a probe (``kernel-probe`` with no subcommand)."""
-    p.add_argument("--out", default=DEFAULT_LOCK, help=f"where to write the lock (default ./{DEFAULT_LOCK})")
+    p.add_argument(
+        "--out", default=DEFAULT_LOCK, help=f"where to write the lock (default ./{DEFAULT_LOCK})"
+    )
     p.add_argument(
         "--shape",
         action="append",
         default=[],
         metavar="ROWSxHIDDEN",
         help="model shape to time at, e.g. 40320x1024 (repeatable; Linear: ROWSxINxOUT). "
-        f"Default: {' and '.join(DEFAULT_SHAPES['gpu'])} on GPU, {' and '.join(DEFAULT_SHAPES['cpu'])} on CPU",
+        f"Default: {' and '.join(DEFAULT_SHAPES['gpu'])} on GPU, "
+        f"{' and '.join(DEFAULT_SHAPES['cpu'])} "
+        "on CPU",
     )
     p.add_argument(
         "--precision",
         choices=tuple(PRECISIONS),
         default=None,
-        help="the training precision regime to verify and time in (default: the profile's, else bf16-mixed)",
+        help="the training precision regime to verify and time in (default: the profile's, "
+        "else bf16-mixed)",
     )
     p.add_argument(
         "--profile",
@@ -62,10 +67,15 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="DIR",
-        help="extra directory of profiles (repeatable; also $KERNEL_PROBE_PROFILES, os.pathsep-separated)",
+        help="extra directory of profiles (repeatable; also $KERNEL_PROBE_PROFILES, "
+        "os.pathsep-separated)",
     )
     for flag, what in (
-        ("--prefer", "take this candidate if accepted and not slower than the default beyond the noise margin"),
+        (
+            "--prefer",
+            "take this candidate if accepted and not slower than the default beyond the noise "
+            "margin",
+        ),
         ("--pin", "take this candidate if accepted, whatever its speed"),
     ):
         p.add_argument(flag, action="append", default=[], metavar="SLOT=ID", help=what)
@@ -73,7 +83,11 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
         p,
         (
             ("--force", "probe again even if the lock is current; replace a corrupt lock"),
-            ("--check", "write nothing; exit 0 if the lock is current for this machine, 3 if stale or missing"),
+            (
+                "--check",
+                "write nothing; exit 0 if the lock is current for this machine, 3 if stale or "
+                "missing",
+            ),
         ),
     )
     p.add_argument(
@@ -93,33 +107,40 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
         "--probe-per",
         choices=("job", "node-type", "rank"),
         default=None,
-        help="under a launcher that names each rank (Slurm, torchrun, Open MPI, PMI, PALS): job (default, or the "
+        help="under a launcher that names each rank (Slurm, torchrun, Open MPI, PMI, PALS): "
+        "job (default, or the "
         "profile's [policy] probe-per) = rank 0 "
-        "probes, the others wait for its lock; node-type = one rank per kind of node, --out must name {node-type}; "
+        "probes, the others wait for its lock; node-type = one rank per kind of node, --out "
+        "must name {node-type}; "
         "rank = ignore the launcher, every rank takes the file lock as without one",
     )
     p.add_argument(
         "--deterministic",
         action="store_true",
-        help="choose only candidates whose forward and backward are bitwise repeatable (for training in a "
+        help="choose only candidates whose forward and backward are bitwise repeatable (for "
+        "training in a "
         "deterministic mode); a pin that is not is an error",
     )
     p.add_argument(
         "--graph-attention",
         choices=("auto", "triton", "pyg"),
         default="",
-        help="check anemoi's GraphTransformer attention backends (its Triton kernel, PyG) against float64 and "
-        "record graph_attention_backend in the lock: auto = what anemoi would run here; triton on a machine "
+        help="check anemoi's GraphTransformer attention backends (its Triton kernel, PyG) "
+        "against float64 and "
+        "record graph_attention_backend in the lock: auto = what anemoi would run here; triton "
+        "on a machine "
         "where anemoi would fall back to pyg is an error unless --allow-graph-attention-fallback",
     )
     p.add_argument(
         "--allow-graph-attention-fallback",
         action="store_true",
-        help="with --graph-attention triton: record that a job may run where anemoi falls back to pyg (no GPU "
+        help="with --graph-attention triton: record that a job may run where anemoi falls back "
+        "to pyg (no GPU "
         "or no triton); the job-start check refuses such a machine otherwise",
     )
     add_candidate_arguments(p)
-    # not an option of the probe (it takes --precision); kept hidden to answer with a helpful message
+    # not an option of the probe (it takes --precision); kept hidden to answer with a helpful
+    # message
     p.add_argument("--dtype", action="append", default=[], help=argparse.SUPPRESS)
 
 
@@ -128,7 +149,9 @@ def _pairs(values: list[str], flag: str) -> dict[str, str]:
     for text in values:
         slot, sep, cid = text.partition("=")
         if not sep or not cid:
-            raise UsageError(f"{flag} {text!r}: expected SLOT=ID, e.g. {flag} RMSNorm=liger.rms_norm")
+            raise UsageError(
+                f"{flag} {text!r}: expected SLOT=ID, e.g. {flag} RMSNorm=liger.rms_norm"
+            )
         if slot not in SLOTS:
             raise UsageError(f"{flag} {text!r}: unknown slot {slot!r} (known: {', '.join(SLOTS)})")
         out[slot] = cid
@@ -136,8 +159,9 @@ def _pairs(values: list[str], flag: str) -> dict[str, str]:
 
 
 def publish_usage_failure(argv: Sequence[str], message: str) -> None:
-    """A bad argument argparse refused: where this is rank 0 of a job, its failed marker (exit 2) is left
-    beside ``--out`` so that the other ranks fail at once instead of waiting out --lock-timeout."""
+    """A bad argument argparse refused: where this is rank 0 of a job, its failed marker (exit 2) is
+    left beside ``--out`` so that the other ranks fail at once instead of waiting out
+    --lock-timeout."""
     from kernel_probe.jobstart.start import fail_before_plan
 
     pre = argparse.ArgumentParser(add_help=False, exit_on_error=False)
@@ -179,7 +203,8 @@ def request_from(args: argparse.Namespace) -> ProbeRequest:
     """The command line as a typed request (argument errors here are usage errors, exit 2)."""
     if args.dtype:
         raise UsageError(
-            "the main probe takes --precision (e.g. bf16-mixed), not --dtype; --dtype is for `kernel-probe check`"
+            "the main probe takes --precision (e.g. bf16-mixed), not --dtype; --dtype is for "
+            "`kernel-probe check`"
         )
     return ProbeRequest(
         out=Path(args.out),
@@ -211,7 +236,8 @@ class ConsoleEvents(Events):
 
     @functools.cached_property
     def progress(self) -> Any:
-        """The progress bar, made on first use: a reused lock never shows one, so never imports rich."""
+        """The progress bar, made on first use: a reused lock never shows one, so never imports
+        rich."""
         from rich.progress import Progress
 
         return Progress(
@@ -223,8 +249,8 @@ class ConsoleEvents(Events):
 
     @staticmethod
     def progress_columns() -> tuple[Any, ...]:
-        """The bar's columns: the description (at most TimingProgress.WIDTH), a short bar, done/total, the
-        clock: 80 columns in all."""
+        """The bar's columns: the description (at most TimingProgress.WIDTH), a short bar,
+        done/total, the clock: 80 columns in all."""
         from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
         return (
@@ -251,18 +277,29 @@ class ConsoleEvents(Events):
         """Candidate ``index`` of ``total`` is being checked: the bar's position, or a log line."""
         # the bar counts candidates while checking (timing shows its own calls in it)
         self.progress.update(
-            self.task, completed=index - 1, total=total, description=f"checking {slot}: {cand_id}"[:52]
+            self.task,
+            completed=index - 1,
+            total=total,
+            description=f"checking {slot}: {cand_id}"[:52],
         )
         if not self.terminal:  # a batch log: one line per candidate, so a slow one is visible
             output.info(f"checking {slot}: {cand_id} ({index}/{total})")
 
-    def timing(self, slot: str, cand_id: str, shapes: Sequence[str], message: TimingProgressMessage | None) -> None:
+    def timing(
+        self, slot: str, cand_id: str, shapes: Sequence[str], message: TimingProgressMessage | None
+    ) -> None:
         """A candidate's timing starts (``message`` None) or reports progress at one shape."""
         what = f"timing {slot}: {cand_id}"
         if message is None:
-            show = (lambda text: self.progress.update(self.task, description=text)) if self.terminal else output.info
+            show = (
+                (lambda text: self.progress.update(self.task, description=text))
+                if self.terminal
+                else output.info
+            )
             work = attention_work if slot == ATTENTION else shape_work
-            self.timers[(slot, cand_id)] = TimingProgress(what, list(shapes), show, compact=self.terminal, work=work)
+            self.timers[(slot, cand_id)] = TimingProgress(
+                what, list(shapes), show, compact=self.terminal, work=work
+            )
             self.progress.update(self.task, description=what[: TimingProgress.WIDTH])
         else:
             self.timers[(slot, cand_id)](message)
@@ -275,7 +312,8 @@ class ConsoleEvents(Events):
 
 
 def run_probe(args: argparse.Namespace) -> int:
-    """A probe: the request from the arguments, the job start and the probe, then the summary or the JSON."""
+    """A probe: the request from the arguments, the job start and the probe, then the summary or the
+    JSON."""
     from kernel_probe.jobstart import start
 
     try:
@@ -300,7 +338,10 @@ def _reused(args, result: ProbeResult) -> None:
                 "reused": True,
                 "seconds": round(result.seconds, 2),
                 **({"written-by": result.source} if result.source else {}),
-                "slots": {n: {"chosen": s.implementation, "reason": s.reason} for n, s in lock.slots.items()},
+                "slots": {
+                    n: {"chosen": s.implementation, "reason": s.reason}
+                    for n, s in lock.slots.items()
+                },
             }
         )
     else:
@@ -312,16 +353,34 @@ def _reused(args, result: ProbeResult) -> None:
 class TimingProgress:
     """Turns a timing worker's progress messages into one line: where it is, and how long is left.
 
-    The time per call counts the timed repetitions only (the first call and the warm-up, which compile
-    and fill caches, are not spread over them), so "left" is what the remaining repetitions take. In a
-    terminal the line updates in place and fits 80 columns (``compact``); in a log a line is written when
-    a shape starts and ends, and at most every ``every`` seconds in between."""
+    The time per call counts the timed repetitions only (the first call and the warm-up, which
+    compile and fill caches, are not spread over them), so "left" is what the remaining repetitions
+    take. In a terminal the line updates in place and fits 80 columns (``compact``); in a log a line
+    is written when a shape starts and ends, and at most every ``every`` seconds in between."""
 
-    WIDTH = 52  # of the description in a terminal: with the bar, the count and the clock, 80 columns
+    WIDTH = (
+        52  # of the description in a terminal: with the bar, the count and the clock, 80 columns
+    )
 
-    def __init__(self, what: str, shapes: list[str], show, every: float = 10.0, *, compact: bool = False, work=None):
-        self.what, self.shapes, self.show, self.every, self.compact = what, shapes, show, every, compact
-        self.work = work or shape_work  # a shape's cost relative to another's (Attention: attention_work)
+    def __init__(
+        self,
+        what: str,
+        shapes: list[str],
+        show,
+        every: float = 10.0,
+        *,
+        compact: bool = False,
+        work=None,
+    ):
+        self.what, self.shapes, self.show, self.every, self.compact = (
+            what,
+            shapes,
+            show,
+            every,
+            compact,
+        )
+        # a shape's cost relative to another's (Attention: attention_work)
+        self.work = work or shape_work
         self._last = -float("inf")
         self._shape: str | None = None
         self._reps_from = 0.0  # seconds into the shape when the timed repetitions began
@@ -344,7 +403,8 @@ class TimingProgress:
         return max(0.0, msg.seconds - self._reps_from) / max(1, msg.done)
 
     def text(self, msg: TimingProgressMessage) -> str:
-        """The progress line of one timing message: the shape, the phase, and the time left at this shape."""
+        """The progress line of one timing message: the shape, the phase, and the time left at this
+        shape."""
         if self.compact:
             return self.short(msg)
         where = f"{self.what} at {msg.shape} (shape {msg.index + 1}/{msg.of})"
@@ -360,18 +420,23 @@ class TimingProgress:
         return text
 
     def later(self, msg: TimingProgressMessage, per_call: float) -> float:
-        """The repetitions of the shapes after this one, by their size (their warm-up not counted)."""
+        """The repetitions of the shapes after this one, by their size (their warm-up not
+        counted)."""
         after = sum(self.work(s) for s in self.shapes[msg.index + 1 :])
         return per_call * msg.total * after / self.work(msg.shape)
 
     def short(self, msg: TimingProgressMessage) -> str:
-        """The terminal's line: slot and candidate, shape i/n, repetition and time left, at most WIDTH."""
+        """The terminal's line: slot and candidate, shape i/n, repetition and time left, at most
+        WIDTH."""
         if msg.phase != "rep":
             tail = f" {msg.shape} {msg.index + 1}/{msg.of} {msg.phase}"
         else:
             per_call = self.per_call(msg)
             left = per_call * (msg.total - msg.done) + self.later(msg, per_call)
-            tail = f" {msg.shape} {msg.index + 1}/{msg.of} rep {msg.done}/{msg.total} ~{left:.0f}s left"
+            tail = (
+                f" {msg.shape} {msg.index + 1}/{msg.of} rep {msg.done}/{msg.total} "
+                f"~{left:.0f}s left"
+            )
         head = self.what.removeprefix("timing ")
         room = self.WIDTH - len(tail)
         if len(head) > room:
@@ -413,7 +478,10 @@ def _report(args, result: ProbeResult) -> None:
                         "chosen": c.report.id,
                         "how": c.how,
                         "reason": c.reason,
-                        "candidates": [dict(r.to_json(), timings=timings[slot].get(r.id, [])) for r in reports[slot]],
+                        "candidates": [
+                            dict(r.to_json(), timings=timings[slot].get(r.id, []))
+                            for r in reports[slot]
+                        ],
                     }
                     for slot, c in choices.items()
                 },
@@ -434,16 +502,24 @@ def _report(args, result: ProbeResult) -> None:
     )
     for slot, c in choices.items():
         table = output.table(slot)
-        for col, right in (("candidate", False), ("verdict", False), ("shape", False), ("ms", True)) + (
-            (("GB/s", True), ("% copy", True)) if on_gpu else ()
-        ):
+        for col, right in (
+            ("candidate", False),
+            ("verdict", False),
+            ("shape", False),
+            ("ms", True),
+        ) + ((("GB/s", True), ("% copy", True)) if on_gpu else ()):
             table.add_column(col, no_wrap=True, justify="right" if right else "left")
         for r in reports[slot]:
             chosen = r.id == c.report.id
-            status = "[bold green]chosen[/]" if chosen else f"[{STATUS_STYLE.get(r.status, '')}]{r.status}[/]"
+            status = (
+                "[bold green]chosen[/]"
+                if chosen
+                else f"[{STATUS_STYLE.get(r.status, '')}]{r.status}[/]"
+            )
             status += " [yellow](interpreted)[/]" if r.interpreted else ""
             timed = timings[slot].get(r.id)
-            rows: Sequence[dict[str, Any] | None] = timed if timed else [None]  # untimed: one row of dashes
+            # untimed: one row of dashes
+            rows: Sequence[dict[str, Any] | None] = timed if timed else [None]
             for i, t in enumerate(rows):
                 cells = ["-", ""] + (["", ""] if on_gpu else [])
                 if t is not None and "error" in t:
@@ -451,7 +527,10 @@ def _report(args, result: ProbeResult) -> None:
                 elif t is not None:
                     cells = [t["shape"], f"{t['median_ms']:.3f}"]
                     if on_gpu:
-                        cells += [f"{t['gbps']:.3g}", f"{t['copy_percent']:.0f}" if "copy_percent" in t else "-"]
+                        cells += [
+                            f"{t['gbps']:.3g}",
+                            f"{t['copy_percent']:.0f}" if "copy_percent" in t else "-",
+                        ]
                 table.add_row(safe(r.id) if i == 0 else "", status if i == 0 else "", *cells)
         output.print_table(table)
         for r in reports[slot]:
@@ -464,12 +543,14 @@ def _report(args, result: ProbeResult) -> None:
                     con.print(f"  [dim]{safe(r.id)} at {safe(t['shape'])}: {safe(t['error'])}[/]")
     if not on_gpu:
         con.print(
-            "[dim]ms: median forward + backward; bandwidth figures (GB/s, % of a copy) are shown on GPUs "
+            "[dim]ms: median forward + backward; bandwidth figures (GB/s, % of a copy) are "
+            "shown on GPUs "
             "only (on a CPU a copy of a cache-sized buffer is no ceiling)[/]"
         )
     for slot, c in choices.items():
         con.print(f"[bold]{slot}[/] -> {safe(c.report.id)} ({safe(c.reason)})")
     con.print(
-        f"wrote {safe(str(result.lock_path))} in {result.seconds:.1f} s (check {result.check_seconds:.1f} s, "
+        f"wrote {safe(str(result.lock_path))} in {result.seconds:.1f} s (check "
+        f"{result.check_seconds:.1f} s, "
         f"timing {result.time_seconds:.1f} s)"
     )

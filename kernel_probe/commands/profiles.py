@@ -13,17 +13,29 @@ _PROFILES_DIR_HELP = "extra directory of profiles (repeatable; also $KERNEL_PROB
 
 
 def _profiles_dir(p: argparse.ArgumentParser, dest: str) -> None:
-    p.add_argument("--profiles-dir", dest=dest, action="append", default=[], metavar="DIR", help=_PROFILES_DIR_HELP)
+    p.add_argument(
+        "--profiles-dir",
+        dest=dest,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help=_PROFILES_DIR_HELP,
+    )
 
 
 def add_profiles_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``kernel-probe profiles`` and its actions (list, show, check, match)."""
-    # accepted before the action (`profiles --profiles-dir D list`) and after it (`profiles list --profiles-dir D`)
+    # accepted before the action (`profiles --profiles-dir D list`) and after it (`profiles list
+    # --profiles-dir D`)
     _profiles_dir(p, "profiles_dir")
     sub = p.add_subparsers(dest="action", required=True, metavar="{list,show,check,match}")
-    ls = sub.add_parser("list", help="every profile found, built-in and yours", parents=[output.json_flag()])
+    ls = sub.add_parser(
+        "list", help="every profile found, built-in and yours", parents=[output.json_flag()]
+    )
     show = sub.add_parser(
-        "show", help="one profile as TOML: detection, requirements, policy, strictness", parents=[output.json_flag()]
+        "show",
+        help="one profile as TOML: detection, requirements, policy, strictness",
+        parents=[output.json_flag()],
     )
     show.add_argument("name", help="profile name or path")
     check = sub.add_parser("check", help="validate a profile file (exit 5 on errors)")
@@ -34,11 +46,14 @@ def add_profiles_arguments(p: argparse.ArgumentParser) -> None:
         "what --profile enforces",
         parents=[output.json_flag()],
     )
-    match.add_argument("name", nargs="?", default="auto", help="profile name or path, or auto (default)")
+    match.add_argument(
+        "name", nargs="?", default="auto", help="profile name or path, or auto (default)"
+    )
     match.add_argument(
         "--node",
         metavar="FILE|NAME",
-        help="judge a described node instead of this machine: a JSON file (`kernel-probe env --json` "
+        help="judge a described node instead of this machine: a JSON file (`kernel-probe env "
+        "--json` "
         "from the node, or the short form of docs/profiles.md), or the name of a shipped example",
     )
     for action in (ls, show, check, match):
@@ -58,7 +73,11 @@ def _summary(prof) -> dict:
         "shapes": list(prof.shapes),
         "deterministic": prof.deterministic,
         "policy": {
-            s: {"allowed": None if p.allowed is None else list(p.allowed), "preferred": list(p.preferred), "pin": p.pin}
+            s: {
+                "allowed": None if p.allowed is None else list(p.allowed),
+                "preferred": list(p.preferred),
+                "pin": p.pin,
+            }
             for s, p in prof.slots.items()
         },
         "candidates": [c.id for c in prof.candidates],
@@ -84,11 +103,14 @@ def _render_table(table: dict, path: list[str], lines: list[str]) -> None:
     def is_array_of_tables(v: Any) -> bool:
         return isinstance(v, list) and bool(v) and all(isinstance(i, dict) for i in v)
 
-    def inline(v: Any) -> bool:  # below the top level, a table of plain values stays on its key's line
+    def inline(
+        v: Any,
+    ) -> bool:  # below the top level, a table of plain values stays on its key's line
         return not isinstance(v, dict) or (
             bool(path)
             and all(
-                not isinstance(x, (dict, list)) or (isinstance(x, list) and not is_array_of_tables(x))
+                not isinstance(x, (dict, list))
+                or (isinstance(x, list) and not is_array_of_tables(x))
                 for x in v.values()
             )
         )
@@ -119,7 +141,10 @@ def run_profiles(args: argparse.Namespace) -> int:
     if args.action == "check":
         prof = load_file(args.path)
         if Path(args.path).stem != prof.name:
-            output.warn(f"{args.path}: declares name {prof.name!r}: in a profiles directory it is found as that name")
+            output.warn(
+                f"{args.path}: declares name {prof.name!r}: in a profiles directory it is "
+                "found as that name"
+            )
         for warning in detect_warnings(prof):
             output.warn(f"{args.path}: {warning}")
         output.console().print(f"ok: {safe(args.path)} is a valid profile ({safe(prof.name)})")
@@ -134,7 +159,13 @@ def run_profiles(args: argparse.Namespace) -> int:
             output.print_json(
                 [_summary(p) for p in found.profiles.values()]
                 + [
-                    {"path": exc.path, "broken": True, "error": exc.problem, "key": exc.key, "fix": exc.fix}
+                    {
+                        "path": exc.path,
+                        "broken": True,
+                        "error": exc.problem,
+                        "key": exc.key,
+                        "fix": exc.fix,
+                    }
                     for exc in found.broken
                 ]
             )
@@ -145,7 +176,9 @@ def run_profiles(args: argparse.Namespace) -> int:
         table.add_column("file", no_wrap=True)
         builtin = builtin_dir()
         for prof in found.profiles.values():
-            where = "built-in" if prof.path and Path(prof.path).parent == builtin else safe(prof.path)
+            where = (
+                "built-in" if prof.path and Path(prof.path).parent == builtin else safe(prof.path)
+            )
             table.add_row(safe(prof.name), safe(prof.description), where)
         output.print_table(table)
         output.console().print(f"[dim]built-in: {safe(builtin)}[/]")
@@ -189,7 +222,9 @@ def _match(args: argparse.Namespace) -> int:
     else:
         from kernel_lock.fingerprint import fields, with_torch
 
-        profile, matched, notes = requirements.choose(args.name, args.profiles_dir, detect_device(), named=named)
+        profile, matched, notes = requirements.choose(
+            args.name, args.profiles_dir, detect_device(), named=named
+        )
         current = with_torch.current()
         where = "this machine"
         libraries = requirements.library_facts
@@ -231,12 +266,19 @@ def _match(args: argparse.Namespace) -> int:
         except ProfileUnmet as exc:
             code, refusal = 4, exc
         result["unmet"] = [
-            {"group": u.group, "field": u.field, "expected": u.expected, "found": u.found} for u in problems
+            {"group": u.group, "field": u.field, "expected": u.expected, "found": u.found}
+            for u in problems
         ]
         if site_refusal is not None:  # another site's node, whatever its hardware meets
             code, refusal = 4, refusal or site_refusal
             result["unmet"].insert(
-                0, {"group": "site", "field": "site signals", "expected": profile.name, "found": seen_by_text}
+                0,
+                {
+                    "group": "site",
+                    "field": "site signals",
+                    "expected": profile.name,
+                    "found": seen_by_text,
+                },
             )
         result["fix"] = refusal.fix if refusal else None
     if args.json:
@@ -251,7 +293,10 @@ def _match(args: argparse.Namespace) -> int:
     verdict = "[green]meets[/]" if code == 0 else "[red]does not meet[/]"
     con.print(f"{where} {verdict} profile {safe(profile.name)} ({safe(matched)})")
     for u in result["unmet"]:
-        con.print(f"  - {safe(u['field'])}: expected {safe(u['expected'])}, found {safe(u['found'])} ({u['group']})")
+        con.print(
+            f"  - {safe(u['field'])}: expected {safe(u['expected'])}, found {safe(u['found'])} "
+            f"({u['group']})"
+        )
     for w in result["warnings"]:
         con.print(f"  warning: {safe(w)}")
     if refusal is not None and refusal.fix:

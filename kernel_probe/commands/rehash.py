@@ -1,8 +1,8 @@
-"""``kernel-probe rehash [LOCK]``: accept deliberate hand edits by recomputing the lock's digest. The lock is
-still fully validated, and every target decided as the job-start check decides it without importing
-and, where only an import can tell, by importing it in a child process
-(``kernel_lock.trust.confirming.before_sealing``): a lock that ``verify`` and the runtime would refuse is not
-sealed. The lock is rewritten atomically."""
+"""``kernel-probe rehash [LOCK]``: accept deliberate hand edits by recomputing the lock's digest.
+The lock is still fully validated, and every target decided as the job-start check decides it
+without importing and, where only an import can tell, by importing it in a child process
+(``kernel_lock.trust.confirming.before_sealing``): a lock that ``verify`` and the runtime would
+refuse is not sealed. The lock is rewritten atomically."""
 
 from __future__ import annotations
 
@@ -23,19 +23,25 @@ def add_rehash_arguments(p: argparse.ArgumentParser) -> None:
 def run_rehash(args: argparse.Namespace) -> int:
     """``kernel-probe rehash LOCK``: re-seal a validated lock after a deliberate hand edit."""
     args.lock = args.lock or default_lock_path()
-    lock = kernel_lock.load(args.lock, emit_warnings=False, trust=args.trust)  # still fully validated
-    unjudged = before_sealing(lock, _torch_version(lock))  # raises what verify would certainly refuse
+    # still fully validated
+    lock = kernel_lock.load(args.lock, emit_warnings=False, trust=args.trust)
+    # raises what verify would certainly refuse
+    unjudged = before_sealing(lock, _torch_version(lock))
     sealed = lock.sealed()
     sealed.dump(args.lock)
-    output.info(f"{args.lock}: digest {'unchanged' if sealed.digest == lock.digest else 'updated'} ({sealed.digest})")
+    output.info(
+        f"{args.lock}: digest {'unchanged' if sealed.digest == lock.digest else 'updated'} "
+        f"({sealed.digest})"
+    )
     for line in unjudged:
         output.info(f"  note: {line}")
     return 0
 
 
 def _torch_version(lock: kernel_lock.KernelLock) -> str:
-    """The torch the lock's classes are judged for: the lock's own, else this machine's (read without
-    importing torch); empty when neither is known (torch.nn's targets are then not judged)."""
+    """The torch the lock's classes are judged for: the lock's own, else this machine's (read
+    without importing torch); empty when neither is known (torch.nn's targets are then not
+    judged)."""
     from kernel_lock.fingerprint.version_file import Unsettled, torch_build
 
     recorded = lock.environment.fields.get("torch")

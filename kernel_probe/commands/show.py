@@ -1,4 +1,5 @@
-"""``kernel-probe show [LOCK]``: a lock in readable form (environment, slots, reasons) or as JSON."""
+"""``kernel-probe show [LOCK]``: a lock in readable form (environment, slots, reasons) or as
+JSON."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def run_show(args: argparse.Namespace) -> int:
         return 0
     con = output.console()
     con.print(
-        f"[bold]{safe(args.lock)}[/]  lock-version {safe(lock.lock_version)}, {safe(lock.created_by)}, "
+        f"[bold]{safe(args.lock)}[/]  lock-version {safe(lock.lock_version)}, "
+        f"{safe(lock.created_by)}, "
         f"{safe(lock.created_at or 'no date')}"
     )
     con.print(

@@ -1,10 +1,10 @@
 """The accelerators torch can use here, one entry per device, and whether torch's build covers them.
 
-The vendor decision is made once, in ``kernel_lock.fingerprint.with_torch.device_facts``: ROCm is told apart
-by ``torch.version.hip``, never by compute capability (an MI250X reports (9, 0), like an H100).
-This module takes that primary-device answer and fills in the per-device details for the same
-kind. ``torch`` is any object shaped like the torch module, so tests pass ``SimpleNamespace``
-fakes for ``torch.version``, ``torch.cuda``, ``torch.backends.mps`` and ``torch.xpu``.
+The vendor decision is made once, in ``kernel_lock.fingerprint.with_torch.device_facts``: ROCm is
+told apart by ``torch.version.hip``, never by compute capability (an MI250X reports (9, 0), like an
+H100). This module takes that primary-device answer and fills in the per-device details for the same
+kind. ``torch`` is any object shaped like the torch module, so tests pass ``SimpleNamespace`` fakes
+for ``torch.version``, ``torch.cuda``, ``torch.backends.mps`` and ``torch.xpu``.
 
 NVIDIA details come from NVML first (no CUDA context); only without NVML does this read
 ``torch.cuda.get_device_properties``, which initialises CUDA in this process.
@@ -38,7 +38,8 @@ def _entry_version(entry: str) -> tuple[int, int]:
 
 
 def torch_arch_list(torch: Any) -> list[str]:
-    """The device code targets torch was compiled for (``sm_90``, ``compute_90``, ``gfx90a``, ...)."""
+    """The device code targets torch was compiled for (``sm_90``, ``compute_90``, ``gfx90a``,
+    ...)."""
     cuda = getattr(torch, "cuda", None)
     get = getattr(cuda, "get_arch_list", None)
     if get is None:
@@ -59,26 +60,40 @@ def torch_build_covers(device_arch: str, arch_list: Sequence[str]) -> dict[str, 
     if not device_arch:
         return {"covered": None, "how": "not-applicable", "detail": "no GPU arch"}
     if not arch_list:
-        return {"covered": None, "how": "unknown", "detail": "torch reports no compiled device arch list"}
+        return {
+            "covered": None,
+            "how": "unknown",
+            "detail": "torch reports no compiled device arch list",
+        }
     built = ", ".join(arch_list)
     if device_arch.startswith("gfx"):
         targets = {host.normalize_gcn_arch(a) for a in arch_list}
         if device_arch in targets:
-            return {"covered": True, "how": "code-object", "detail": f"torch ships code objects for {device_arch}"}
+            return {
+                "covered": True,
+                "how": "code-object",
+                "detail": f"torch ships code objects for {device_arch}",
+            }
         if any(t.endswith("-generic") for t in targets):
             return {
                 "covered": None,
                 "how": "unknown",
-                "detail": f"torch was built for {built}; whether a generic target covers {device_arch} is not checked",
+                "detail": f"torch was built for {built}; whether a generic target covers "
+                f"{device_arch} is not checked",
             }
         return {
             "covered": False,
             "how": "none",
-            "detail": f"torch was built for {built}, not {device_arch}: expect 'HIP error: invalid device function'",
+            "detail": f"torch was built for {built}, not {device_arch}: expect 'HIP error: "
+            "invalid device function'",
         }
     device = _SM.match(device_arch)
     if device is None or device.group(1) != "sm":
-        return {"covered": None, "how": "unknown", "detail": f"unrecognised device arch {device_arch!r}"}
+        return {
+            "covered": None,
+            "how": "unknown",
+            "detail": f"unrecognised device arch {device_arch!r}",
+        }
     want = _sm_version(device.group(2))
     sass, ptx = [], []
     for entry in arch_list:
@@ -106,7 +121,8 @@ def torch_build_covers(device_arch: str, arch_list: Sequence[str]) -> dict[str, 
         return {
             "covered": True,
             "how": "ptx-jit",
-            "detail": f"covered via PTX JIT from {ptx[-1]}: the driver compiles at first launch (slow start)",
+            "detail": f"covered via PTX JIT from {ptx[-1]}: the driver compiles at first "
+            "launch (slow start)",
         }
     return {
         "covered": False,
@@ -116,7 +132,9 @@ def torch_build_covers(device_arch: str, arch_list: Sequence[str]) -> dict[str, 
     }
 
 
-def _device(kind: str, vendor: str, index: int, name: str, arch: str, **extra: Any) -> dict[str, Any]:
+def _device(
+    kind: str, vendor: str, index: int, name: str, arch: str, **extra: Any
+) -> dict[str, Any]:
     entry = {
         "type": kind,
         "vendor": vendor,
@@ -195,7 +213,10 @@ def _rocm_devices(torch: Any, primary: dict[str, Any]) -> list[dict[str, Any]]:
         name = str(props.name)
         notes = []
         if name in fields.GENERIC_DEVICE_NAMES or not name:
-            notes.append(f"generic device name {name!r} (libdrm amdgpu.ids missing or old): identify it by arch")
+            notes.append(
+                f"generic device name {name!r} (libdrm amdgpu.ids missing or old): identify it "
+                "by arch"
+            )
         out.append(
             _device(
                 "rocm",
@@ -256,8 +277,8 @@ def detect_accelerators(
 ) -> list[dict[str, Any]]:
     """Every device of the primary device's kind, each with ``torch_build_covers``.
 
-    ``primary`` is ``kernel_lock.fingerprint.with_torch.device_facts(torch)``. On a CPU-only machine the
-    list holds one ``cpu`` entry. ``physical`` is the device's node-level id when a visibility
+    ``primary`` is ``kernel_lock.fingerprint.with_torch.device_facts(torch)``. On a CPU-only machine
+    the list holds one ``cpu`` entry. ``physical`` is the device's node-level id when a visibility
     variable renumbers devices (``fingerprint.visible.physical_devices``), None otherwise.
     """
     kind = primary["type"]
@@ -272,7 +293,9 @@ def detect_accelerators(
     else:
         devices = []
     if not devices:  # CPU, or a GPU kind whose enumeration came back empty
-        devices = [_device(kind, primary["vendor"], 0, primary["name"], primary["arch"], source="host")]
+        devices = [
+            _device(kind, primary["vendor"], 0, primary["name"], primary["arch"], source="host")
+        ]
     arch_list = torch_arch_list(torch) if kind in ("cuda", "rocm") else []
     physical = visible.physical_devices(kind)
     for device in devices:

@@ -65,7 +65,9 @@ def _isa_rank(name: str) -> int | None:
     return ONEDNN_ISAS.index(name) if name in ONEDNN_ISAS else None
 
 
-def matmul(flags: Iterable[str] | None = None, env: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
+def matmul(
+    flags: Iterable[str] | None = None, env: Mapping[str, str] | None = None
+) -> dict[str, dict[str, Any]]:
     """Per low-precision dtype: ``native`` (True, False, or None when the flags are unreadable),
     ``path`` (the flag's name, e.g. "AMX BF16") and ``why`` (the path, or why there is none)."""
     flagset = cpu_flags() if flags is None else set(flags)
@@ -74,7 +76,11 @@ def matmul(flags: Iterable[str] | None = None, env: Mapping[str, str] | None = N
     out: dict[str, dict[str, Any]] = {}
     for dtype, paths in NATIVE_FLAGS.items():
         if flagset is None:
-            out[dtype] = {"native": None, "path": "", "why": "the CPU's flags could not be read (/proc/cpuinfo)"}
+            out[dtype] = {
+                "native": None,
+                "path": "",
+                "why": "the CPU's flags could not be read (/proc/cpuinfo)",
+            }
             continue
         have = [name for flag, name in paths if flag in flagset]
         wanted = ", ".join(name for _, name in paths)
@@ -82,27 +88,36 @@ def matmul(flags: Iterable[str] | None = None, env: Mapping[str, str] | None = N
             out[dtype] = {"native": False, "path": "", "why": f"the CPU has none of {wanted}"}
             continue
         rank = _isa_rank(ceiling) if ceiling and ceiling not in ("ALL", "DEFAULT") else None
-        usable = [n for n in have if rank is None or n not in ONEDNN_NEEDS or rank >= (_isa_rank(ONEDNN_NEEDS[n]) or 0)]
+        usable = [
+            n
+            for n in have
+            if rank is None or n not in ONEDNN_NEEDS or rank >= (_isa_rank(ONEDNN_NEEDS[n]) or 0)
+        ]
         if not usable:
             out[dtype] = {
                 "native": False,
                 "path": "",
-                "why": f"the CPU has {', '.join(have)}, but ONEDNN_MAX_CPU_ISA={ceiling} keeps oneDNN from it",
+                "why": f"the CPU has {', '.join(have)}, but ONEDNN_MAX_CPU_ISA={ceiling} keeps "
+                "oneDNN from it",
             }
             continue
         out[dtype] = {"native": True, "path": usable[0], "why": f"{usable[0]}"}
     return out
 
 
-def emulated_warning(dtype: str, facts: Mapping[str, Mapping[str, Any]] | None = None) -> str | None:
+def emulated_warning(
+    dtype: str, facts: Mapping[str, Mapping[str, Any]] | None = None
+) -> str | None:
     """The line a CPU probe prints before any work when ``dtype``'s matmuls are emulated here."""
     facts = matmul() if facts is None else facts
     fact = facts.get(dtype)
     if fact is None or fact["native"] is not False:
         return None
     return (
-        f"{dtype} matmul is emulated on this CPU ({fact['why']}): a {dtype} Linear's timing measures the "
-        "emulation (seconds per call at the default shape), so only the calls that can change a choice are "
+        f"{dtype} matmul is emulated on this CPU ({fact['why']}): a {dtype} Linear's timing "
+        "measures the "
+        "emulation (seconds per call at the default shape), so only the calls that can change "
+        "a choice are "
         "made; the time of one call follows once it is measured"
     )
 

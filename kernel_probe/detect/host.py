@@ -88,7 +88,8 @@ def _cgroup_memory_limit() -> int | None:
 
 
 def memory() -> dict[str, int | None]:
-    """Total and available memory and the cgroup limit, in bytes (None where the system does not say)."""
+    """Total and available memory and the cgroup limit, in bytes (None where the system does not
+    say)."""
     info = _meminfo()
     total = info.get("MemTotal")
     if total is None:

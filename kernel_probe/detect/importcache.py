@@ -6,19 +6,20 @@ changes when something it depends on changes, so an answer is kept and reused wh
 are the same as when it was asked (the cache key):
 
 - the module and the probe asked for, kernel-probe's version and the child's source;
-- the interpreter (``sys.executable``, its version, ``sys.prefix``) and the node (host name and
-  boot id: a home directory shared by many nodes never answers for another node, or across a reboot);
-- the search path: each folder on ``sys.path`` (and the extra paths) with its modification time, which
-  changes when a package is installed or removed there, and every file and folder of the library's own
-  top-level package with its size and modification time (an edited or replaced file is seen);
+- the interpreter (``sys.executable``, its version, ``sys.prefix``) and the node (host name and boot
+  id: a home directory shared by many nodes never answers for another node, or across a reboot);
+- the search path: each folder on ``sys.path`` (and the extra paths) with its modification time,
+  which changes when a package is installed or removed there, and every file and folder of the
+  library's own top-level package with its size and modification time (an edited or replaced file is
+  seen);
 - the environment variables that steer an import or a device (``PYTHONPATH``, ``LD_LIBRARY_PATH``,
-  ``LD_PRELOAD``, and those starting ``CUDA_``, ``HIP_``, ``ROCM_``, ``ROCR_``, ``NVIDIA_``, ``TRITON_``,
-  ``TORCH``, ``PYTORCH_``, ``NVTE_``, ``LIGER_``).
+  ``LD_PRELOAD``, and those starting ``CUDA_``, ``HIP_``, ``ROCM_``, ``ROCR_``, ``NVIDIA_``,
+  ``TRITON_``, ``TORCH``, ``PYTORCH_``, ``NVTE_``, ``LIGER_``).
 
 Only a clean answer is kept: the child returned (imported, or the import raised), exited with code 0
-and printed nothing. A crash, a timeout or a library that printed is asked again next time. An answer
-is at most ``MAX_AGE`` old. A reused answer carries ``cached`` (when it was asked) in the report, so
-nobody takes it for a fresh check; ``kernel-probe env --fresh`` asks every library again.
+and printed nothing. A crash, a timeout or a library that printed is asked again next time. An
+answer is at most ``MAX_AGE`` old. A reused answer carries ``cached`` (when it was asked) in the
+report, so nobody takes it for a fresh check; ``kernel-probe env --fresh`` asks every library again.
 
 The folder is ``$KERNEL_PROBE_CACHE_DIR``, else ``$XDG_CACHE_HOME/kernel-probe``, else
 ``~/.cache/kernel-probe``; answers go to its ``imports/`` folder (mode 0700, checked like the
@@ -41,16 +42,34 @@ from typing import Any
 
 from kernel_lock.trust.files import UnsafeFile, UnsafeWrite, private_dir, read_regular, write_file
 from kernel_probe.isolation.child import ChildResult
-from kernel_probe.isolation.protocol import ImportCheckCached, ImportCheckReply, ImportCheckRequest, ProtocolError
+from kernel_probe.isolation.protocol import (
+    ImportCheckCached,
+    ImportCheckReply,
+    ImportCheckRequest,
+    ProtocolError,
+)
 
 __all__ = ["FORMAT", "MAX_AGE", "ImportCache", "cache_folder", "cache_key"]
 
 FORMAT = "kernel-probe-import-cache/1"
 MAX_AGE = 7 * 24 * 3600.0  # seconds an answer is reused at the most
 MAX_BYTES = 256 * 1024  # a cached answer is a few hundred bytes
-MAX_ENTRIES = 5000  # files of a library's package that are stat'ed for the key (liger-kernel has ~300)
+MAX_ENTRIES = (
+    5000  # files of a library's package that are stat'ed for the key (liger-kernel has ~300)
+)
 ENV_NAMES = ("PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH", "LD_PRELOAD")
-ENV_PREFIXES = ("CUDA_", "HIP_", "ROCM_", "ROCR_", "NVIDIA_", "TRITON_", "TORCH", "PYTORCH_", "NVTE_", "LIGER_")
+ENV_PREFIXES = (
+    "CUDA_",
+    "HIP_",
+    "ROCM_",
+    "ROCR_",
+    "NVIDIA_",
+    "TRITON_",
+    "TORCH",
+    "PYTORCH_",
+    "NVTE_",
+    "LIGER_",
+)
 
 
 def cache_folder(env: Mapping[str, str] | None = None) -> Path:
@@ -79,8 +98,8 @@ def _stamp(path: str | os.PathLike[str]) -> list[int] | None:
 
 
 def _package_files(module: str, paths: Sequence[str]) -> Iterator[list[Any]]:
-    """Each file and folder of the top-level package ``module`` belongs to, as it is found on ``paths``:
-    name, size, modification time (read from the folders; nothing is imported)."""
+    """Each file and folder of the top-level package ``module`` belongs to, as it is found on
+    ``paths``: name, size, modification time (read from the folders; nothing is imported)."""
     top = module.split(".", 1)[0]
     for folder in paths:
         root = Path(folder or ".") / top
@@ -151,7 +170,8 @@ class ImportCache:
         if not self._ready:
             try:
                 parent = self.folder.parent
-                if not parent.exists():  # ~/.cache on a new account: made private, like the cache itself
+                # ~/.cache on a new account: made private, like the cache itself
+                if not parent.exists():
                     private_dir(parent)
                 private_dir(self.folder)
                 private_dir(self.folder / "imports")
@@ -162,7 +182,8 @@ class ImportCache:
         return self.folder / "imports"
 
     def load(self, key: str) -> tuple[ChildResult, str] | None:
-        """The child result kept under ``key`` and when it was asked, or None (missing, stale, unreadable)."""
+        """The child result kept under ``key`` and when it was asked, or None (missing, stale,
+        unreadable)."""
         if not self.read:
             return None
         folder = self._imports()
@@ -172,14 +193,27 @@ class ImportCache:
         try:
             raw = read_regular(path, MAX_BYTES)
             entry = ImportCheckCached.from_json(json.loads(raw))
-            ImportCheckReply.from_json(entry.reply)  # what classify reads: refused here, not misreported
-            if not isinstance(entry.asked, (int, float)) or not isinstance(entry.seconds, (int, float)):
+            # what classify reads: refused here, not misreported
+            ImportCheckReply.from_json(entry.reply)
+            if not isinstance(entry.asked, (int, float)) or not isinstance(
+                entry.seconds, (int, float)
+            ):
                 return None
-            if entry.format != FORMAT or entry.key != key or not 0 <= time.time() - entry.asked <= MAX_AGE:
+            if (
+                entry.format != FORMAT
+                or entry.key != key
+                or not 0 <= time.time() - entry.asked <= MAX_AGE
+            ):
                 return None
         except FileNotFoundError:
             return None
-        except (UnsafeFile, OSError, ValueError, TypeError, ProtocolError):  # a broken answer is asked again
+        except (
+            UnsafeFile,
+            OSError,
+            ValueError,
+            TypeError,
+            ProtocolError,
+        ):  # a broken answer is asked again
             return None
         self.used += 1
         child = ChildResult(status="ok", value=entry.reply, returncode=0, seconds=entry.seconds)
@@ -187,13 +221,19 @@ class ImportCache:
 
     def store(self, key: str, child: ChildResult) -> None:
         """Keep a clean answer (see the module's docstring); anything else is not kept."""
-        if not (child.ok and child.returncode == 0 and not child.timed_out and not child.stdout.strip()):
+        if not (
+            child.ok and child.returncode == 0 and not child.timed_out and not child.stdout.strip()
+        ):
             return
         folder = self._imports()
         if folder is None:
             return
         entry = ImportCheckCached(
-            format=FORMAT, key=key, asked=time.time(), seconds=float(child.seconds), reply=dict(child.value)
+            format=FORMAT,
+            key=key,
+            asked=time.time(),
+            seconds=float(child.seconds),
+            reply=dict(child.value),
         )
         try:
             write_file(folder / f"{key}.json", json.dumps(entry.to_json()), mode=0o600)

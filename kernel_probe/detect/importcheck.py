@@ -1,4 +1,5 @@
-"""Does a module import here? Asked in a child process, so a crash, a hang or a stray print is only a fact.
+"""Does a module import here? Asked in a child process, so a crash, a hang or a stray print is only
+a fact.
 
 A kernel library can abort the interpreter on import (a missing or mismatched .so), hang (a lock
 on a network filesystem, a driver call that never returns), or print to stdout (and so break a
@@ -51,9 +52,10 @@ __all__ = [
 ]
 
 DEFAULT_TIMEOUT = 20.0
-# a machine loaded beyond one runnable process per core makes every import slower by about that factor:
-# the default timeout is scaled by it (never below 1x, at most MAX_SCALE x), and a check that took more
-# than CLOSE of its timeout is named, so the next run under more load is not a surprise
+# a machine loaded beyond one runnable process per core makes every import slower by about that
+# factor: the default timeout is scaled by it (never below 1x, at most MAX_SCALE x), and a check
+# that took more than CLOSE of its timeout is named, so the next run under more load is not a
+# surprise
 MAX_SCALE = 6.0
 CLOSE = 0.5
 
@@ -74,7 +76,8 @@ def load_per_core() -> float:
 
 
 def scaled_timeout(base: float = DEFAULT_TIMEOUT, load: float | None = None) -> float:
-    """``base`` seconds scaled to the machine's measured load (``load_per_core`` when ``load`` is None)."""
+    """``base`` seconds scaled to the machine's measured load (``load_per_core`` when ``load`` is
+    None)."""
     per_core = load_per_core() if load is None else load
     return base * min(MAX_SCALE, max(1.0, per_core))
 
@@ -88,7 +91,8 @@ def close_calls(results: Mapping[str, Mapping[str, Any]], timeout: float) -> lis
             what = "timed out after" if r.get("status") == "timeout" else "took"
             notes.append(
                 f"{name}: the import check {what} {seconds:.1f} s of its {timeout:.0f} s timeout "
-                f"(load {load_per_core():.1f} per core); pass a larger --timeout if it fails under more load"
+                f"(load {load_per_core():.1f} per core); pass a larger --timeout if it fails "
+                "under more load"
             )
     return notes
 
@@ -104,8 +108,10 @@ def check(request):
         mod = importlib.import_module(request["module"])
     except BaseException as exc:
         frames = traceback.extract_tb(exc.__traceback__)
-        where = next((f"{f.filename}:{f.lineno}" for f in reversed(frames) if not f.filename.startswith("<")), "")
-        result = {"ok": False, "type": type(exc).__name__, "message": str(exc)[:2000], "where": where}
+        where = next((f"{f.filename}:{f.lineno}" for f in reversed(frames)
+                      if not f.filename.startswith("<")), "")
+        result = {"ok": False, "type": type(exc).__name__, "message": str(exc)[:2000],
+                  "where": where}
     else:
         result = {"ok": True}
         for key, attr in (("file", "__file__"), ("version", "__version__")):
@@ -151,12 +157,16 @@ def classify(child: ChildResult, timeout: float) -> dict[str, Any]:
         out["status"] = "crashed"
         when = "after importing, at interpreter exit" if reply is not None else "during import"
         detail = _stderr_reason(child.stderr)
-        out["reason"] = f"killed by {signal_name(-returncode)} {when}" + (f": {detail}" if detail else "")
+        out["reason"] = f"killed by {signal_name(-returncode)} {when}" + (
+            f": {detail}" if detail else ""
+        )
     elif reply is None:
         out["status"] = "crashed" if returncode else "error"
         detail = broken or _stderr_reason(child.stderr)
         out["reason"] = (
-            f"exited with code {returncode} without a result" if returncode else "the child wrote no result"
+            f"exited with code {returncode} without a result"
+            if returncode
+            else "the child wrote no result"
         ) + (f": {detail}" if detail else "")
     elif reply.ok:
         out["status"] = "ok"
@@ -186,7 +196,8 @@ def classify(child: ChildResult, timeout: float) -> dict[str, Any]:
 
 
 def _stderr_reason(stderr: str) -> str:
-    """faulthandler's 'Fatal Python error' and the innermost frame (without its ' in <module>'), else the last line."""
+    """faulthandler's 'Fatal Python error' and the innermost frame (without its ' in <module>'),
+    else the last line."""
     return fatal_line(stderr).replace(" in <module>)", ")")
 
 
@@ -200,7 +211,8 @@ def check_import(
     started: Callable[[subprocess.Popen[bytes]], None] | None = None,
     cache: ImportCache | None = None,
 ) -> dict[str, Any]:
-    """Import one module in a fresh interpreter and report how it went (never raises for the module's sake).
+    """Import one module in a fresh interpreter and report how it went (never raises for the
+    module's sake).
 
     ``started`` is called with the child's Popen as soon as it runs (so a caller can cancel it).
     ``cache``: an earlier clean answer for the same installation is reused (``cached`` in the result
@@ -229,7 +241,8 @@ def check_import(
         nonlocal key
         if started is not None:
             started(proc)
-        if keyed and not key:  # --fresh: the key is worked out while the child imports, not before it starts
+        # --fresh: the key is worked out while the child imports, not before it starts
+        if keyed and not key:
             key = _key()
 
     child = run_function(
@@ -275,7 +288,9 @@ class ImportChecks:
         self._pool: ThreadPoolExecutor | None = None
         if requests:
             # a thread per check (each only waits on its child): every child starts now, none queues
-            self._pool = ThreadPoolExecutor(max_workers=len(requests), thread_name_prefix="import-check")
+            self._pool = ThreadPoolExecutor(
+                max_workers=len(requests), thread_name_prefix="import-check"
+            )
             ready = {name: threading.Event() for name in requests}
             for name, request in requests.items():
                 future = self._pool.submit(
@@ -307,7 +322,8 @@ class ImportChecks:
             kill_group(proc.pid)
 
     def cancel(self) -> None:
-        """Kill every child still running (Ctrl-C, or the caller failed): nobody waits out the timeouts."""
+        """Kill every child still running (Ctrl-C, or the caller failed): nobody waits out the
+        timeouts."""
         self._cancelled = True
         for future in self._futures.values():
             future.cancel()
@@ -322,13 +338,15 @@ class ImportChecks:
             for name, future in self._futures.items():
                 try:
                     out[name] = future.result()
-                except Exception as exc:  # a bug in the checker itself: report it on that library, go on
+                # a bug in the checker itself: report it on that library, go on
+                except Exception as exc:
                     out[name] = {
                         "status": "error",
                         "seconds": 0.0,
                         "reason": f"import check failed: {type(exc).__name__}: {exc}",
                     }
-        except BaseException:  # KeyboardInterrupt while waiting: the children are in their own sessions
+        # KeyboardInterrupt while waiting: the children are in their own sessions
+        except BaseException:
             self.cancel()
             raise
         if self._pool is not None:

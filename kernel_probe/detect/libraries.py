@@ -1,10 +1,10 @@
 """Which kernel libraries are installed, what they really are, and whether they import.
 
 Knowledge is data: ``known_libraries()`` says, for each library, the distribution names it ships
-under, its top-level module, the module whose import proves it usable, and how to recognise what
-the module really is (``variants``) from its files, without importing it. It is read from the
-``[[library]]`` tables of kernel_lock's registry (``kernel_lock/registry.toml``): adding a library is
-adding a table there.
+under, its top-level module, the module whose import proves it usable, and how to recognise what the
+module really is (``variants``) from its files, without importing it. It is read from the
+``[[library]]`` tables of kernel_lock's registry (``kernel_lock/registry.toml``): adding a library
+is adding a table there.
 
 The metadata part (``locate``) reads package metadata and the file system only; the import part
 runs in child processes (``importcheck``), so nothing here imports a kernel library in-process.
@@ -52,7 +52,8 @@ class Variant:
 
 @dataclass(frozen=True)
 class KnownLibrary:
-    """A kernel library the report looks for (a ``[[library]]`` of ``kernel_lock/registry.toml``)."""
+    """A kernel library the report looks for (a ``[[library]]`` of
+    ``kernel_lock/registry.toml``)."""
 
     name: str  # the key in the report
     distributions: tuple[str, ...]  # distribution names it is installed under, preferred first
@@ -77,7 +78,10 @@ def read_libraries(r: TableReader, d: Mapping[str, Any]) -> tuple[KnownLibrary, 
             vwhere = f"{where}variant[{j}]."
             r.no_unknown(v, VARIANT_KEYS, vwhere)
             text_in = v.get("text-in", [])
-            if not all(isinstance(x, list) and len(x) == 2 and all(isinstance(s, str) for s in x) for x in text_in):
+            if not all(
+                isinstance(x, list) and len(x) == 2 and all(isinstance(s, str) for s in x)
+                for x in text_in
+            ):
                 raise r.err(f"{vwhere}text-in", "expected a list of [file, text] pairs")
             variants.append(
                 Variant(
@@ -104,7 +108,8 @@ def read_libraries(r: TableReader, d: Mapping[str, Any]) -> tuple[KnownLibrary, 
 # every library kernel-probe reports on, from kernel_lock's registry (one [[library]] table each)
 @functools.cache
 def known_libraries() -> tuple[KnownLibrary, ...]:
-    """Every library kernel-probe reports on: the ``[[library]]`` tables of kernel_lock's registry, read on first use."""
+    """Every library kernel-probe reports on: the ``[[library]]`` tables of kernel_lock's registry,
+    read on first use."""
     return read_libraries(TableReader(str(registry.path())), registry.data())
 
 
@@ -187,7 +192,8 @@ def recognise(variants: Sequence[Variant], location: str) -> Variant | None:
 
 
 def locate(library: KnownLibrary, extra_paths: Sequence[str] = ()) -> Located:
-    """Where ``library`` is installed, its distributions' versions and its variant, without importing it."""
+    """Where ``library`` is installed, its distributions' versions and its variant, without
+    importing it."""
     path = search_path(extra_paths)
     versions: dict[str, str] = {}
     for name in library.distributions:
@@ -199,9 +205,14 @@ def locate(library: KnownLibrary, extra_paths: Sequence[str] = ()) -> Located:
     return Located(library, versions, location, variant)
 
 
-def locate_all(table: Sequence[KnownLibrary] | None = None, extra_paths: Sequence[str] = ()) -> dict[str, Located]:
+def locate_all(
+    table: Sequence[KnownLibrary] | None = None, extra_paths: Sequence[str] = ()
+) -> dict[str, Located]:
     """Where each library of ``table`` (default: :func:`known_libraries`) is installed, by name."""
-    return {lib.name: locate(lib, extra_paths) for lib in (known_libraries() if table is None else table)}
+    return {
+        lib.name: locate(lib, extra_paths)
+        for lib in (known_libraries() if table is None else table)
+    }
 
 
 def import_requests(located: Mapping[str, Located]) -> dict[str, ImportRequest]:
@@ -221,7 +232,10 @@ def report(located: Located, imported: Mapping[str, Any] | None) -> dict[str, An
     if not located.installed:
         reason = "module not found"
         if located.distributions:
-            reason = f"distribution {located.distribution} is installed but module {lib.module!r} is not importable"
+            reason = (
+                f"distribution {located.distribution} is installed but module "
+                f"{lib.module!r} is not importable"
+            )
         status: dict[str, Any] = {"status": "not-installed", "reason": reason, "seconds": None}
     elif located.variant is not None and not located.variant.usable:
         status = {"status": "skipped", "reason": located.variant.label, "seconds": None}
@@ -231,7 +245,9 @@ def report(located: Located, imported: Mapping[str, Any] | None) -> dict[str, An
         status = dict(imported)
     return {
         "installed": located.installed,
-        "version": located.distributions.get(located.distribution) if located.distribution else None,
+        "version": located.distributions.get(located.distribution)
+        if located.distribution
+        else None,
         "distribution": located.distribution,
         "distributions": dict(located.distributions),
         "module": lib.module,
@@ -255,16 +271,20 @@ def by_library(candidates: Sequence[Any]) -> dict[str, list[str]]:
 
 
 def installed_for(candidates: Sequence[Any]) -> dict[str, str]:
-    """Of the registry's libraries, those a candidate of ``candidates`` comes from, each with what is installed
-    now: its version ("installed" when no distribution metadata names it), or "" when it is not installed.
+    """Of the registry's libraries, those a candidate of ``candidates`` comes from, each with what
+    is installed now: its version ("installed" when no distribution metadata names it), or "" when
+    it is not installed.
 
-    Read from metadata and the file system only (no import, no torch): the probe records it in the lock
-    (``provenance.libraries``), and a lock probed before a library was installed or removed is stale."""
+    Read from metadata and the file system only (no import, no torch): the probe records it in the
+    lock (``provenance.libraries``), and a lock probed before a library was installed or removed is
+    stale."""
     out = {}
     for name in by_library(candidates):
         found = locate(next(lib for lib in known_libraries() if lib.name == name))
         out[name] = (
-            (found.distributions[found.distribution] if found.distribution else "installed") if found.installed else ""
+            (found.distributions[found.distribution] if found.distribution else "installed")
+            if found.installed
+            else ""
         )
     return dict(sorted(out.items()))
 
@@ -272,8 +292,9 @@ def installed_for(candidates: Sequence[Any]) -> dict[str, str]:
 def library_change(
     recorded: Mapping[str, Any], now: Mapping[str, str], judged: Mapping[str, Sequence[str]]
 ) -> str | None:
-    """Why a lock whose probe saw the libraries ``recorded`` is stale now (``now``: :func:`installed_for`):
-    a library installed since, or removed since; ``judged``: library -> its candidates' ids, to name them."""
+    """Why a lock whose probe saw the libraries ``recorded`` is stale now (``now``:
+    :func:`installed_for`): a library installed since, or removed since; ``judged``: library -> its
+    candidates' ids, to name them."""
     changes = []
     for name, version in now.items():
         before = recorded.get(name)
@@ -282,10 +303,12 @@ def library_change(
         ids = ", ".join(judged.get(name, ())) or "its candidates"
         if version:
             changes.append(
-                f"{name} is installed now ({version}) but was not when the lock was probed: {ids} never judged"
+                f"{name} is installed now ({version}) but was not when the lock was probed: "
+                f"{ids} never judged"
             )
         else:
             changes.append(
-                f"{name} ({before}) was installed when the lock was probed and is not now: {ids} judged on it"
+                f"{name} ({before}) was installed when the lock was probed and is not now: "
+                f"{ids} judged on it"
             )
     return "; ".join(changes) or None

@@ -4,8 +4,8 @@
     report = detect()                      # dict; keys documented in docs/env.md
     report = detect(import_checks=False)   # no child processes: metadata and torch only
 
-The primary device and the lock fingerprint come from ``kernel_lock.fingerprint`` (the code the runtime
-uses), so the report and the lock can never disagree about what "this machine" is.
+The primary device and the lock fingerprint come from ``kernel_lock.fingerprint`` (the code the
+runtime uses), so the report and the lock can never disagree about what "this machine" is.
 """
 
 from __future__ import annotations
@@ -58,8 +58,11 @@ def _error(where: str, exc: BaseException) -> dict[str, str]:
     return {"where": where, "error": f"{type(exc).__name__}: {exc}"}
 
 
-def _torch_and_devices(torch: Any | None, nvml: NvmlList, errors: list[dict[str, str]]) -> dict[str, Any]:
-    """torch's build, the primary device, every device, and the lock fingerprint; failures go to ``errors``."""
+def _torch_and_devices(
+    torch: Any | None, nvml: NvmlList, errors: list[dict[str, str]]
+) -> dict[str, Any]:
+    """torch's build, the primary device, every device, and the lock fingerprint; failures go to
+    ``errors``."""
     if torch is None:
         try:
             import torch as torch_module
@@ -89,10 +92,16 @@ def _torch_and_devices(torch: Any | None, nvml: NvmlList, errors: list[dict[str,
     fp: dict[str, Any] | None = None
     if torch is not None:
         try:
-            fp = with_torch.current(torch, device=lambda _torch: primary)  # one device answer for both
+            # one device answer for both
+            fp = with_torch.current(torch, device=lambda _torch: primary)
         except Exception as exc:
             errors.append(_error("fingerprint", exc))
-    return {"torch": torch_facts, "device": dict(primary), "accelerators": devices, "fingerprint": fp}
+    return {
+        "torch": torch_facts,
+        "device": dict(primary),
+        "accelerators": devices,
+        "fingerprint": fp,
+    }
 
 
 def _cache_notes(cache: ImportCache | None) -> list[str]:
@@ -100,7 +109,12 @@ def _cache_notes(cache: ImportCache | None) -> list[str]:
 
 
 def _cache_facts(cache: ImportCache) -> dict[str, Any]:
-    return {"folder": str(cache.folder), "read": cache.read, "reused": cache.used, "on": not cache.problem}
+    return {
+        "folder": str(cache.folder),
+        "read": cache.read,
+        "reused": cache.used,
+        "on": not cache.problem,
+    }
 
 
 def detect(
@@ -118,13 +132,14 @@ def detect(
     """Everything ``kernel-probe env`` reports, as JSON-ready data.
 
     ``import_checks`` imports each installed kernel library (and Triton, to read its target) in a
-    child process with ``timeout`` seconds each (None: the default scaled to the machine's measured load,
-    ``importcheck.scaled_timeout``), all at once; ``extra_paths`` go in front of the
-    search path, in-process and on the children's PYTHONPATH; ``env`` replaces os.environ for the
-    children and the site signals. ``table`` replaces ``libraries.known_libraries()``; ``torch`` and
-    ``nvml`` replace the real ones (tests). ``cache`` keeps and reuses the import checks' clean answers
-    (``detect.importcache``; None: every library is asked). ``root`` is where ``/dev`` is, for the GPU
-    device nodes that decide whether Triton's runtime is asked for a target (tests pass a folder).
+    child process with ``timeout`` seconds each (None: the default scaled to the machine's measured
+    load, ``importcheck.scaled_timeout``), all at once; ``extra_paths`` go in front of the search
+    path, in-process and on the children's PYTHONPATH; ``env`` replaces os.environ for the children
+    and the site signals. ``table`` replaces ``libraries.known_libraries()``; ``torch`` and ``nvml``
+    replace the real ones (tests). ``cache`` keeps and reuses the import checks' clean answers
+    (``detect.importcache``; None: every library is asked). ``root`` is where ``/dev`` is, for the
+    GPU device nodes that decide whether Triton's runtime is asked for a target (tests pass a
+    folder).
     """
     from kernel_probe import __version__
 
@@ -134,18 +149,22 @@ def detect(
     timeout = scaled_timeout() if scaled else float(DEFAULT_TIMEOUT if timeout is None else timeout)
 
     # Only what decides which children to start, then the children, so they import their libraries
-    # while this process does the rest (and imports torch): ImportChecks returns once each has started.
+    # while this process does the rest (and imports torch): ImportChecks returns once each has
+    # started.
     located_libs = libraries.locate_all(table, extra_paths)
     triton_location = libraries.module_location(triton_info.MODULE, extra_paths)
     device_nodes = triton_info.gpu_device_nodes(root)
     checks = None
     if import_checks:
         requests = libraries.import_requests(located_libs)
-        # no GPU device node: Triton's runtime is asked for a target only if torch sees a device after all
+        # no GPU device node: Triton's runtime is asked for a target only if torch sees a device
+        # after all
         triton_request = triton_info.import_request(triton_location, target=bool(device_nodes))
         if triton_request is not None:
             requests["triton"] = triton_request
-        checks = ImportChecks(requests, timeout=timeout, extra_paths=extra_paths, env=env, cache=cache)
+        checks = ImportChecks(
+            requests, timeout=timeout, extra_paths=extra_paths, env=env, cache=cache
+        )
 
     try:
         located_triton = triton_info.locate(extra_paths)
@@ -153,12 +172,19 @@ def detect(
         here = _torch_and_devices(torch, nvml or nvml_mod.nvml_devices, errors)
         imported = checks.results() if checks is not None else {}
         not_asked = triton_info.target_not_asked(device_nodes, here["device"]["type"])
-        if not device_nodes and not_asked is None and imported.get("triton", {}).get("status") == "ok":
+        if (
+            not device_nodes
+            and not_asked is None
+            and imported.get("triton", {}).get("status") == "ok"
+        ):
             # torch sees a device that left no device node: ask the runtime now, as on any GPU node
             late = {"triton": ImportRequest(triton_info.MODULE, probe="triton-target")}
-            checks = ImportChecks(late, timeout=timeout, extra_paths=extra_paths, env=env, cache=cache)
+            checks = ImportChecks(
+                late, timeout=timeout, extra_paths=extra_paths, env=env, cache=cache
+            )
             imported["triton"] = checks.results()["triton"]
-    except BaseException:  # interrupted, or a bug here: do not leave children running until their timeout
+    # interrupted, or a bug here: do not leave children running until their timeout
+    except BaseException:
         if checks is not None:
             checks.cancel()
         raise
@@ -179,7 +205,11 @@ def detect(
             "run": bool(import_checks),
             "timeout": float(timeout),
             **({"load_per_core": round(load_per_core(), 2)} if scaled else {}),
-            **({"notes": close_calls(imported, timeout) + _cache_notes(cache)} if import_checks else {}),
+            **(
+                {"notes": close_calls(imported, timeout) + _cache_notes(cache)}
+                if import_checks
+                else {}
+            ),
             **({"cache": _cache_facts(cache)} if import_checks and cache is not None else {}),
         },
         "host": host_facts,

@@ -59,10 +59,11 @@ MARKER_BYTES = 64 << 10  # a marker file is one short line
 
 
 def read_marker(path: str, limit: int = MARKER_BYTES) -> tuple[str | None, str]:
-    """(the first line of the marker file at ``path`` or None, why it was not read: '' if absent or read).
+    """(the first line of the marker file at ``path`` or None, why it was not read: '' if absent or
+    read).
 
-    Read like every input (``kernel_lock.trust.files``): a regular file only, opened non-blocking (a FIFO
-    cannot hang the job start), at most ``limit`` bytes (``/dev/zero`` is never read)."""
+    Read like every input (``kernel_lock.trust.files``): a regular file only, opened non-blocking (a
+    FIFO cannot hang the job start), at most ``limit`` bytes (``/dev/zero`` is never read)."""
     from kernel_lock.trust.files import UnsafeFile, read_regular
 
     try:
@@ -82,15 +83,21 @@ def first_line(path: str) -> str | None:
 
 
 def detect_site(
-    env: Mapping[str, str] | None = None, *, hostname: str | None = None, markers: tuple[SiteMarker, ...] = SITE_MARKERS
+    env: Mapping[str, str] | None = None,
+    *,
+    hostname: str | None = None,
+    markers: tuple[SiteMarker, ...] = SITE_MARKERS,
 ) -> dict[str, Any]:
-    """The hostname, the Slurm variables set and the site markers found (environment variables, files)."""
+    """The hostname, the Slurm variables set and the site markers found (environment variables,
+    files)."""
     env = os.environ if env is None else env
     found = []
     for marker in markers:
         value = env.get(marker.name) if marker.kind == "env" else first_line(marker.name)
         if value:
-            found.append({"signal": f"{marker.kind}:{marker.name}", "value": value, "hint": marker.hint})
+            found.append(
+                {"signal": f"{marker.kind}:{marker.name}", "value": value, "hint": marker.hint}
+            )
     return {
         "hostname": hostname if hostname is not None else socket.gethostname(),
         "slurm": {name: env[name] for name in SLURM_VARIABLES if name in env},

@@ -1,4 +1,5 @@
-"""What torch was built with, which vendor libraries it loaded, and the switches that change numerics.
+"""What torch was built with, which vendor libraries it loaded, and the switches that change
+numerics.
 
 Nothing here starts CUDA: versions come from ``torch.version`` and the loaded cuDNN/MIOpen and
 NCCL/RCCL libraries, flags from ``torch.backends``. On ROCm the "cudnn" backend is MIOpen and
@@ -20,8 +21,14 @@ MATH_FLAGS: tuple[tuple[str, str], ...] = (
     ("cudnn_allow_tf32", "backends.cudnn.allow_tf32"),
     ("matmul_fp32_precision", "backends.cuda.matmul.fp32_precision"),
     ("cudnn_fp32_precision", "backends.cudnn.fp32_precision"),
-    ("matmul_allow_fp16_reduced_precision_reduction", "backends.cuda.matmul.allow_fp16_reduced_precision_reduction"),
-    ("matmul_allow_bf16_reduced_precision_reduction", "backends.cuda.matmul.allow_bf16_reduced_precision_reduction"),
+    (
+        "matmul_allow_fp16_reduced_precision_reduction",
+        "backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
+    ),
+    (
+        "matmul_allow_bf16_reduced_precision_reduction",
+        "backends.cuda.matmul.allow_bf16_reduced_precision_reduction",
+    ),
     ("matmul_allow_fp16_accumulation", "backends.cuda.matmul.allow_fp16_accumulation"),
     ("deterministic_algorithms", "are_deterministic_algorithms_enabled()"),
     ("deterministic_warn_only", "is_deterministic_algorithms_warn_only_enabled()"),
@@ -93,9 +100,16 @@ def _dotted(parts: Any) -> str | None:
 
 
 def dnn_library(torch: Any) -> dict[str, Any]:
-    """cuDNN (or MIOpen on ROCm): the version actually loaded, and the one torch was compiled against."""
+    """cuDNN (or MIOpen on ROCm): the version actually loaded, and the one torch was compiled
+    against."""
     library = "miopen" if build_kind(torch) == "rocm" else "cudnn"
-    out: dict[str, Any] = {"library": library, "version": None, "compiled": None, "available": False, "error": None}
+    out: dict[str, Any] = {
+        "library": library,
+        "version": None,
+        "compiled": None,
+        "available": False,
+        "error": None,
+    }
     backend = getattr(getattr(torch, "backends", None), "cudnn", None)
     is_available = getattr(backend, "is_available", None)
     try:

@@ -1,23 +1,24 @@
 """Triton: which distribution provides the ``triton`` package, which backends it carries, and
 whether it is the one torch was built with.
 
-Several distributions install the same ``triton`` package: ``triton`` from PyPI, ``pytorch-triton-rocm``
-/ ``triton-rocm`` from the PyTorch ROCm index, ``pytorch-triton`` (CUDA nightlies), ``pytorch-triton-xpu``.
-Which backends a distribution carries is read from its own RECORD (``triton/backends/nvidia``,
-``triton/backends/amd``): PyPI's ``triton`` 3.x ships both, so it *does* target a ROCm GPU. The real
-risk is another one: installing a library that depends on plain ``triton`` puts a second Triton beside
-the one torch was built with (its wheel pins it: ``pytorch-triton-rocm==3.1.0+...``); their files
-overwrite each other, whichever was installed last wins, and its version may not be the one torch's
-compiler expects. Which distribution owns the files is read from the wheel RECORDs: the owner's
-recorded hash of ``triton/__init__.py`` and sizes of ``triton/_C/*`` match the disk.
+Several distributions install the same ``triton`` package: ``triton`` from PyPI,
+``pytorch-triton-rocm`` / ``triton-rocm`` from the PyTorch ROCm index, ``pytorch-triton`` (CUDA
+nightlies), ``pytorch-triton-xpu``. Which backends a distribution carries is read from its own
+RECORD (``triton/backends/nvidia``, ``triton/backends/amd``): PyPI's ``triton`` 3.x ships both, so
+it *does* target a ROCm GPU. The real risk is another one: installing a library that depends on
+plain ``triton`` puts a second Triton beside the one torch was built with (its wheel pins it:
+``pytorch-triton-rocm==3.1.0+...``); their files overwrite each other, whichever was installed last
+wins, and its version may not be the one torch's compiler expects. Which distribution owns the files
+is read from the wheel RECORDs: the owner's recorded hash of ``triton/__init__.py`` and sizes of
+``triton/_C/*`` match the disk.
 
-The active backend and target arch need Triton's runtime driver: that runs in the import-check
-child (``triton.runtime.driver.active.get_current_target()``). Without import checks the backend
-is inferred from the torch build and marked so. Asking the driver imports torch and looks for every
-GPU runtime (1.5 s of CPU on a 2-core node, only to end in "0 active drivers" where there is no GPU):
-on a node with no GPU device node at all (``GPU_DEVICE_NODES``) and torch seeing only the CPU, it is
-not asked, the report says why (``target_not_asked``), and the backend is inferred as without
-import checks. Where either shows a device, it is asked.
+The active backend and target arch need Triton's runtime driver: that runs in the import-check child
+(``triton.runtime.driver.active.get_current_target()``). Without import checks the backend is
+inferred from the torch build and marked so. Asking the driver imports torch and looks for every GPU
+runtime (1.5 s of CPU on a 2-core node, only to end in "0 active drivers" where there is no GPU): on
+a node with no GPU device node at all (``GPU_DEVICE_NODES``) and torch seeing only the CPU, it is
+not asked, the report says why (``target_not_asked``), and the backend is inferred as without import
+checks. Where either shows a device, it is asked.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from kernel_probe.detect.libraries import find_distribution, module_location, se
 
 MODULE = "triton"
 
-# distribution -> the backend its builds target when its RECORD lists no triton/backends/ (Triton 2.x)
+# distribution -> the backend its builds target when its RECORD lists no triton/backends/ (Triton
+# 2.x)
 TRITON_DISTRIBUTIONS: dict[str, str] = {
     "triton": "cuda",
     "pytorch-triton": "cuda",
@@ -62,12 +64,15 @@ NO_GPU = "no GPU device on this node"
 
 def gpu_device_nodes(root: str | os.PathLike[str] = "/") -> list[str]:
     """The GPU device nodes under ``root`` (``GPU_DEVICE_NODES``; tests pass a folder of fakes)."""
-    return sorted(p for pattern in GPU_DEVICE_NODES for p in glob.glob(os.path.join(os.fspath(root), pattern)))
+    return sorted(
+        p for pattern in GPU_DEVICE_NODES for p in glob.glob(os.path.join(os.fspath(root), pattern))
+    )
 
 
 def target_not_asked(device_nodes: Sequence[str], device_type: str) -> str | None:
-    """Why Triton's runtime is not asked for a target (None: ask it): no GPU device node and torch sees
-    only the CPU (``device_type``: the primary device's type, as the lock fingerprint sees it)."""
+    """Why Triton's runtime is not asked for a target (None: ask it): no GPU device node and torch
+    sees only the CPU (``device_type``: the primary device's type, as the lock fingerprint sees
+    it)."""
     if device_nodes or device_type != "cpu":
         return None
     patterns = ", ".join("/" + p for p in GPU_DEVICE_NODES)
@@ -75,17 +80,24 @@ def target_not_asked(device_nodes: Sequence[str], device_type: str) -> str | Non
 
 
 def backends_of(dist: metadata.Distribution, name: str) -> list[str]:
-    """The backends a Triton distribution carries, from its RECORD (``triton/backends/<dir>/...``)."""
+    """The backends a Triton distribution carries, from its RECORD
+    (``triton/backends/<dir>/...``)."""
     found = set()
     for entry in dist.files or ():
         parts = str(entry).replace("\\", "/").split("/")
-        if len(parts) > 3 and parts[0] == MODULE and parts[1] == "backends" and parts[2] in BACKEND_DIRECTORIES:
+        if (
+            len(parts) > 3
+            and parts[0] == MODULE
+            and parts[1] == "backends"
+            and parts[2] in BACKEND_DIRECTORIES
+        ):
             found.add(BACKEND_DIRECTORIES[parts[2]])
     return sorted(found) or [TRITON_DISTRIBUTIONS[name]]
 
 
 def torch_pin(path: Sequence[str] = ()) -> tuple[str, str] | None:
-    """(distribution, version) of the Triton torch's wheel pins (``Requires-Dist: pytorch-triton-rocm==3.1.0+...``)."""
+    """(distribution, version) of the Triton torch's wheel pins (``Requires-Dist:
+    pytorch-triton-rocm==3.1.0+...``)."""
     from packaging.requirements import InvalidRequirement, Requirement
 
     dist = find_distribution("torch", search_path(path))
@@ -103,13 +115,15 @@ def torch_pin(path: Sequence[str] = ()) -> tuple[str, str] | None:
 
 @dataclass(frozen=True)
 class LocatedTriton:
-    """Where Triton is installed, the distributions that own it and torch's pin, found without importing it."""
+    """Where Triton is installed, the distributions that own it and torch's pin, found without
+    importing it."""
 
     location: str | None  # the triton package directory `import triton` would load
     distributions: dict[str, str] = field(default_factory=dict)  # installed: name -> version
     owners: tuple[str, ...] = ()  # distributions whose RECORD matches the files on disk
     owner_evidence: str = ""
-    backends: dict[str, list[str]] = field(default_factory=dict)  # installed: name -> backends it carries
+    # installed: name -> backends it carries
+    backends: dict[str, list[str]] = field(default_factory=dict)
     torch_pin: tuple[str, str] | None = None  # what torch's wheel requires: (distribution, version)
 
     @property
@@ -127,12 +141,17 @@ def _record_hash(path: str) -> str:
 
 
 def _matches_disk(dist: metadata.Distribution, package_dir: str) -> bool | None:
-    """Do this distribution's recorded files match what is on disk? None when it records nothing usable."""
+    """Do this distribution's recorded files match what is on disk? None when it records nothing
+    usable."""
     root = os.path.dirname(package_dir)
     checked = 0
     for entry in dist.files or ():
         rel = str(entry).replace("\\", "/")
-        probe_hash = rel == f"{MODULE}/__init__.py" and entry.hash is not None and entry.hash.mode == "sha256"
+        probe_hash = (
+            rel == f"{MODULE}/__init__.py"
+            and entry.hash is not None
+            and entry.hash.mode == "sha256"
+        )
         probe_size = rel.startswith(f"{MODULE}/_C/") and entry.size is not None
         if not (probe_hash or probe_size):
             continue
@@ -167,15 +186,18 @@ def locate(extra_paths: Sequence[str] = ()) -> LocatedTriton:
     if owners:
         evidence = "RECORD hash/size matches the files on disk"
     elif len(found) == 1:
-        owners, evidence = tuple(found), "the only triton distribution installed (its RECORD could not confirm it)"
+        owners, evidence = (
+            tuple(found),
+            "the only triton distribution installed (its RECORD could not confirm it)",
+        )
     else:
         evidence = "no installed distribution's RECORD matches the files on disk"
     return LocatedTriton(location, versions, owners, evidence, backends, pin)
 
 
 def import_request(location: str | None, *, target: bool = True) -> ImportRequest | None:
-    """The import check of Triton at ``location`` (None: not installed, no check); ``target``: the child
-    also asks Triton's runtime for its target."""
+    """The import check of Triton at ``location`` (None: not installed, no check); ``target``: the
+    child also asks Triton's runtime for its target."""
     if location is None:
         return None
     return ImportRequest(MODULE, probe="triton-target" if target else "")
@@ -200,17 +222,26 @@ def report(
     """The JSON-ready triton section (keys documented in docs/env.md); ``not_asked``: why the import
     check did not ask the runtime for a target (``target_not_asked``)."""
     provider = located.owners[0] if len(located.owners) == 1 else None
-    built_for = {name: located.backends.get(name) or [TRITON_DISTRIBUTIONS[name]] for name in located.distributions}
+    built_for = {
+        name: located.backends.get(name) or [TRITON_DISTRIBUTIONS[name]]
+        for name in located.distributions
+    }
     conflict = None
     if len(located.distributions) > 1:
-        listed = ", ".join(f"{n} {located.distributions[n]} (backends: {', '.join(b)})" for n, b in built_for.items())
+        listed = ", ".join(
+            f"{n} {located.distributions[n]} (backends: {', '.join(b)})"
+            for n, b in built_for.items()
+        )
         conflict = (
-            f"several distributions install the same 'triton' package: {listed}; the one installed last "
+            f"several distributions install the same 'triton' package: {listed}; the one "
+            "installed last "
             f"owns the files (now: {provider or 'unknown'})"
         )
     wanted = BACKEND_FOR_TORCH_BUILD.get(torch_build)
     provider_backends = built_for.get(provider) if provider else None
-    matches_torch = None if (wanted is None or provider_backends is None) else wanted in provider_backends
+    matches_torch = (
+        None if (wanted is None or provider_backends is None) else wanted in provider_backends
+    )
     pin = located.torch_pin
     version_matches = None
     pin_problem = None
@@ -220,8 +251,10 @@ def report(
         version_matches = provider == pinned_dist and have == pinned_version
         if not version_matches:
             pin_problem = (
-                f"torch was built with {pinned_dist}=={pinned_version}, but the 'triton' package in use "
-                f"comes from {provider} {have}: Triton kernels (liger, torch.compile) may fail to compile "
+                f"torch was built with {pinned_dist}=={pinned_version}, but the 'triton' "
+                "package in use "
+                f"comes from {provider} {have}: Triton kernels (liger, torch.compile) may fail "
+                "to compile "
                 f"or behave differently; reinstall {pinned_dist}=={pinned_version} last"
             )
 
@@ -253,7 +286,9 @@ def report(
         "provider_candidates": list(located.owners),
         "provider_evidence": located.owner_evidence or None,
         "version": located.distributions.get(provider) if provider else None,
-        "distributions": {n: {"version": v, "built_for": built_for[n]} for n, v in located.distributions.items()},
+        "distributions": {
+            n: {"version": v, "built_for": built_for[n]} for n, v in located.distributions.items()
+        },
         "conflict": conflict,
         "matches_torch_build": matches_torch,
         "torch_requires": f"{pin[0]}=={pin[1]}" if pin else None,
@@ -264,6 +299,8 @@ def report(
         "warp_size": warp_size,
         "target_source": source,
         "target_error": target_error,
-        "target_not_asked": not_asked if imported is not None and not imported.get("target") else None,
+        "target_not_asked": not_asked
+        if imported is not None and not imported.get("target")
+        else None,
         "import": status,
     }

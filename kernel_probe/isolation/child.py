@@ -1,10 +1,11 @@
 """The one way the probe starts a child process: a fresh interpreter that cannot hurt the caller.
 
-    result = run_function("kernel_probe.anemoi.entry_checks", "check_entries", requests, timeout=120)
+    result = run_function("kernel_probe.anemoi.entry_checks", "check_entries", requests,
+                          timeout=120)
     if result.ok:
         use(result.value)
     else:
-        report(result.status, result.reason)     # "crashed" / "timeout" / "error", with the evidence
+        report(result.status, result.reason)  # "crashed" / "timeout" / "error", with the evidence
 
 Every child (the probe's worker, an import check of ``kernel-probe env``, Hydra composing an anemoi
 config, the import of a config's entries) runs ``BOOT``, started by the one launcher,
@@ -44,7 +45,8 @@ from kernel_lock.trust.launch import kill_group, python_argv, pythonpath_roots, 
 # The child program. It imports only the standard library before ``module`` (an import check must
 # not import kernel_probe: the child may have another sys.path, and the question is the library's
 # import alone). OPTIONS (JSON): mode (call | serve), module, function, source (instead of module:
-# code defining ``function``), parent, keep_cwd, reaper, memory, exit (hard | normal), payload, result.
+# code defining ``function``), parent, keep_cwd, reaper, memory, exit (hard | normal), payload,
+# result.
 BOOT = r"""
 import sys, json, os
 options = json.loads(sys.argv[1])
@@ -93,7 +95,8 @@ else:
     except BaseException as exc:
         import traceback
         frames = traceback.extract_tb(exc.__traceback__)
-        where = next((f"{f.filename}:{f.lineno}" for f in reversed(frames) if not f.filename.startswith("<")), "")
+        where = next((f"{f.filename}:{f.lineno}" for f in reversed(frames)
+                      if not f.filename.startswith("<")), "")
         value = {"raised": type(exc).__name__, "message": str(exc)[:4000], "where": where}
     tmp = options["result"] + ".tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
@@ -110,7 +113,8 @@ TAIL = 4000  # characters of the child's stdout/stderr kept as evidence
 
 @dataclass(frozen=True)
 class ChildResult:
-    """What came back from a child: ``status`` is ok, error (the function raised), crashed or timeout.
+    """What came back from a child: ``status`` is ok, error (the function raised), crashed or
+    timeout.
 
     ``timed_out`` is set even when an answer came before the kill; ``started`` is False when the
     interpreter could not be started at all."""
@@ -158,16 +162,21 @@ def _tail(path: Path) -> str:
 
 
 def fatal_line(stderr: str) -> str:
-    """The most telling line of a dead child's stderr (faulthandler's 'Fatal Python error', else the last)."""
+    """The most telling line of a dead child's stderr (faulthandler's 'Fatal Python error', else the
+    last)."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     for i, line in enumerate(lines):
         if line.startswith("Fatal Python error"):
-            frame = next((f for f in lines[i + 1 :] if f.startswith("File ") and "<frozen" not in f), "")
+            frame = next(
+                (f for f in lines[i + 1 :] if f.startswith("File ") and "<frozen" not in f), ""
+            )
             return f"{line} ({frame})" if frame else line
     return lines[-1] if lines else ""
 
 
-def child_environment(extra_paths: Sequence[str] = (), env: Mapping[str, str] | None = None) -> dict[str, str]:
+def child_environment(
+    extra_paths: Sequence[str] = (), env: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """The child's environment: ours (or ``env``), with ``extra_paths`` in front of PYTHONPATH."""
     base = dict(os.environ if env is None else env)
     if extra_paths:
@@ -195,8 +204,8 @@ def spawn(
     **call: Any,
 ) -> subprocess.Popen[bytes]:
     """Start ``BOOT`` in its own process group: it serves ``module.function()`` (``call`` empty) or
-    calls it once on a payload (``call``: mode, payload, result, source, exit; see ``run_function``).
-    Raises OSError when the interpreter cannot be started."""
+    calls it once on a payload (``call``: mode, payload, result, source, exit; see
+    ``run_function``). Raises OSError when the interpreter cannot be started."""
     options = {
         "mode": "serve",
         "module": module,
@@ -208,7 +217,9 @@ def spawn(
         **call,
     }
     env = dict(env) if env is not None else child_environment()
-    argv = python_argv(BOOT, [json.dumps(options)], roots=pythonpath_roots(env), keep_cwd=keep_cwd, python=python)
+    argv = python_argv(
+        BOOT, [json.dumps(options)], roots=pythonpath_roots(env), keep_cwd=keep_cwd, python=python
+    )
     return start(argv, stdin=stdin, stdout=stdout, stderr=stderr, bufsize=bufsize, env=env)
 
 
@@ -227,13 +238,13 @@ def run_function(
 ) -> ChildResult:
     """``module.function(payload)`` in a child process, with a wall-clock ``timeout`` (seconds).
 
-    ``payload`` (a protocol message, or JSON) and the return value are JSON. ``memory_limit`` (bytes)
-    caps the child's address space, so a runaway (a YAML alias bomb) ends as a MemoryError instead of
-    exhausting the node. ``source`` is Python code defining ``function``, run instead of importing
-    ``module`` (nothing of kernel_probe is imported in the child). ``teardown``: the child exits
-    normally after answering, so a crash at interpreter exit shows in ``returncode``. ``started``
-    receives the child's Popen as soon as it runs (so a caller can kill it). Never raises for the
-    child's sake.
+    ``payload`` (a protocol message, or JSON) and the return value are JSON. ``memory_limit``
+    (bytes) caps the child's address space, so a runaway (a YAML alias bomb) ends as a MemoryError
+    instead of exhausting the node. ``source`` is Python code defining ``function``, run instead of
+    importing ``module`` (nothing of kernel_probe is imported in the child). ``teardown``: the child
+    exits normally after answering, so a crash at interpreter exit shows in ``returncode``.
+    ``started`` receives the child's Popen as soon as it runs (so a caller can kill it). Never
+    raises for the child's sake.
     """
     if hasattr(payload, "to_json"):
         payload = payload.to_json()
@@ -261,7 +272,9 @@ def run_function(
                 )
             except OSError as exc:
                 return ChildResult(
-                    "crashed", reason=f"could not start {python or sys.executable}: {exc}", started=False
+                    "crashed",
+                    reason=f"could not start {python or sys.executable}: {exc}",
+                    started=False,
                 )
             if started is not None:
                 started(proc)
@@ -274,30 +287,48 @@ def run_function(
                 value = json.loads(result_path.read_text(encoding="utf-8"))
             except (ValueError, RecursionError):
                 value = None
-            if not (isinstance(value, dict) and (set(value) == {"ok"} or isinstance(value.get("raised"), str))):
-                value = None  # not an answer BOOT writes: the child is reported as crashed, with its output
+            if not (
+                isinstance(value, dict)
+                and (set(value) == {"ok"} or isinstance(value.get("raised"), str))
+            ):
+                # not an answer BOOT writes: the child is reported as crashed, with its output
+                value = None
     common: dict[str, Any] = dict(
-        returncode=proc.returncode, seconds=seconds, stdout=stdout, stderr=stderr, timed_out=timed_out
+        returncode=proc.returncode,
+        seconds=seconds,
+        stdout=stdout,
+        stderr=stderr,
+        timed_out=timed_out,
     )
     if timed_out and value is None:
         return ChildResult("timeout", reason=f"no answer within {timeout:g} s (killed)", **common)
     if value is None:
         code = proc.returncode
-        how = f"was killed by {signal_name(-code)}" if code is not None and code < 0 else f"exited with status {code}"
+        how = (
+            f"was killed by {signal_name(-code)}"
+            if code is not None and code < 0
+            else f"exited with status {code}"
+        )
         detail = fatal_line(stderr)
         return ChildResult(
-            "crashed", reason=f"the child process {how} without an answer" + (f": {detail}" if detail else ""), **common
+            "crashed",
+            reason=f"the child process {how} without an answer" + (f": {detail}" if detail else ""),
+            **common,
         )
     if "raised" in value:
         raised = {k: str(v) for k, v in value.items()}
         return ChildResult(
-            "error", reason=f"{value['raised']}: {value.get('message', '')}".strip(), raised=raised, **common
+            "error",
+            reason=f"{value['raised']}: {value.get('message', '')}".strip(),
+            raised=raised,
+            **common,
         )
     return ChildResult("ok", value=value["ok"], **common)
 
 
 def _wait(proc: subprocess.Popen[bytes], timeout: float) -> bool:
-    """Wait for the child (True: its time ran out); then kill its group, whatever it spawned included."""
+    """Wait for the child (True: its time ran out); then kill its group, whatever it spawned
+    included."""
     timed_out = False
     try:
         proc.wait(timeout=timeout)

@@ -5,14 +5,15 @@
 
 Three conversations cross a process boundary, all as JSON (one line, or one file):
 
-- the probe's worker (``worker.Worker``): a request (``PingRequest``, ``FingerprintRequest``, ``ImportRequest``,
-  ``CheckRequest``, ``TryRequest``, ``TimeRequest``; ``op`` on the wire names it), answered by its
-  reply class (``request.REPLY``), after any number of ``TimingProgressMessage``s;
+- the probe's worker (``worker.Worker``): a request (``PingRequest``, ``FingerprintRequest``,
+  ``ImportRequest``, ``CheckRequest``, ``TryRequest``, ``TimeRequest``; ``op`` on the wire names
+  it), answered by its reply class (``request.REPLY``), after any number of
+  ``TimingProgressMessage``s;
 - the import checks of ``kernel-probe env`` (``detect.importcheck``): an ``ImportCheckRequest``,
   answered by an ``ImportCheckReply``;
 - reading an anemoi config (``anemoi_config``): a ``ComposeRequest`` answered by a ``ComposeReply``
-  (Hydra's composition, ``anemoi_compose``), and ``EntryCheckRequest`` answered by ``EntryCheckReply``
-  (``kernel_probe.anemoi.entry_checks.check_entries``).
+  (Hydra's composition, ``anemoi_compose``), and ``EntryCheckRequest`` answered by
+  ``EntryCheckReply`` (``kernel_probe.anemoi.entry_checks.check_entries``).
 
 ``to_json()`` gives the JSON-ready dict; ``from_json()`` reads one back and raises ``ProtocolError``
 naming the message and the key when a key is missing or unknown, so a key renamed on one side fails
@@ -34,18 +35,20 @@ if TYPE_CHECKING:
     from kernel_probe.candidates import Candidate
 
 
-# What an interpreted run is, said the same way wherever one appears (replies, verdicts, reports, timing,
-# choice); declared here, beside the reply that carries the flag, so the probe's plan can ask without
-# importing the worker
+# What an interpreted run is, said the same way wherever one appears (replies, verdicts, reports,
+# timing, choice); declared here, beside the reply that carries the flag, so the probe's plan can
+# ask without importing the worker
 INTERPRETED = (
-    "interpreted: its Triton kernels ran in Triton's interpreter (TRITON_INTERPRET=1), not compiled for this "
-    "device; what it computes is checked, but an interpreted run is never timed and never written to a lock"
+    "interpreted: its Triton kernels ran in Triton's interpreter (TRITON_INTERPRET=1), not "
+    "compiled for this "
+    "device; what it computes is checked, but an interpreted run is never timed and never "
+    "written to a lock"
 )
 
 
 def interpreter_requested(env: Mapping[str, str] | None = None) -> bool:
-    """Whether ``env`` (default: this process's environment) switches Triton's interpreter on (triton
-    reads 1, true, on, yes; any case)."""
+    """Whether ``env`` (default: this process's environment) switches Triton's interpreter on
+    (triton reads 1, true, on, yes; any case)."""
     value = (os.environ if env is None else env).get("TRITON_INTERPRET", "")
     return value.strip().lower() in ("1", "true", "on", "yes")
 
@@ -74,7 +77,9 @@ def _optional_candidate_field() -> Any:
 
         return None if value is None else Candidate.from_json(value)
 
-    return field(default=None, metadata={"json": (lambda c: None if c is None else c.to_json(), decode)})
+    return field(
+        default=None, metadata={"json": (lambda c: None if c is None else c.to_json(), decode)}
+    )
 
 
 @dataclass(frozen=True)
@@ -92,11 +97,14 @@ class Message:
 
     @classmethod
     def from_json(cls: type[M], data: Any) -> M:
-        """Read a message back; :class:`ProtocolError` names the message and the key when it is not one."""
+        """Read a message back; :class:`ProtocolError` names the message and the key when it is not
+        one."""
         try:
             return cls._read(data)
         except ReadError as exc:  # the key was added as the error left the field that raised it
-            raise ProtocolError(f"{cls.__name__}{'.' + exc.key if exc.key else ''}: {exc.problem}") from None
+            raise ProtocolError(
+                f"{cls.__name__}{'.' + exc.key if exc.key else ''}: {exc.problem}"
+            ) from None
 
     @classmethod
     def _read(cls: type[M], data: Any) -> M:
@@ -105,9 +113,14 @@ class Message:
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(unknown_keys(data, (*known, *cls._envelope())))
         if unknown:
-            raise ReadError(f"unknown key(s) {', '.join(map(repr, unknown))} (known: {', '.join(known) or 'none'})")
+            raise ReadError(
+                f"unknown key(s) {', '.join(map(repr, unknown))} (known: "
+                f"{', '.join(known) or 'none'})"
+            )
         missing = [
-            k for k, f in known.items() if k not in data and f.default is MISSING and f.default_factory is MISSING
+            k
+            for k, f in known.items()
+            if k not in data and f.default is MISSING and f.default_factory is MISSING
         ]
         if missing:
             raise ReadError(f"missing key(s) {', '.join(map(repr, missing))}")
@@ -139,7 +152,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-# ---- the worker: replies -----------------------------------------------------------------------------
+# ---- the worker: replies -------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class Reply(Message):
     """What every worker reply may carry: the torch functions replaced while it ran (refused), and
@@ -177,7 +190,8 @@ class ImportReply(Reply):
 
 @dataclass(frozen=True, kw_only=True)
 class TryReply(Reply):
-    """One tiny forward on a device the candidate does not declare: whether it ran, else what it raised."""
+    """One tiny forward on a device the candidate does not declare: whether it ran, else what it
+    raised."""
 
     ran: bool
     error: str = ""
@@ -186,12 +200,18 @@ class TryReply(Reply):
 # The names of the flags a measurement row may raise, and the key under which a norm's output is
 # compared with the other norm's reference (an RMSNorm offered as a LayerNorm): measure writes them,
 # judge reads them.
-ImportKind = Literal["", "import", "exception"]  # an import that raised: an ImportError (absent) or anything else
-Phase = Literal["", "import", "baseline", "build", "blas"]  # where a check stopped before any row ("": it did not)
+ImportKind = Literal[
+    "", "import", "exception"
+]  # an import that raised: an ImportError (absent) or anything else
+Phase = Literal[
+    "", "import", "baseline", "build", "blas"
+]  # where a check stopped before any row ("": it did not)
 FLAG_INPUT_MODIFIED = "input-modified"
 FLAG_GRAD_OUTPUT_MODIFIED = "grad-output-modified"
 FLAG_OUTPUT_DTYPE = "output-dtype"
-FLAG_NOT_ELEMENTWISE = "not-elementwise"  # Activation: the output's shape is not the input's (a GLU halves it)
+FLAG_NOT_ELEMENTWISE = (
+    "not-elementwise"  # Activation: the output's shape is not the input's (a GLU halves it)
+)
 ALT_PREFIX = "y-as-"
 
 
@@ -203,8 +223,9 @@ def alt_key(semantics: str) -> str:
 class ErrorStats(TypedDict):
     """One compared output's statistics besides the max error (``measure.error_stats``; judged by
     ``judge.limits``): ``rms``, ``bias`` (the mean signed error) and ``sd`` (the errors' standard
-    deviation about their mean) as [candidate, torch.nn], each the worst group's, normwise; ``n``: the elements per group (a row, or the whole tensor);
-    ``ref_rms``: the reference's RMS over the tensor, normwise (its typical magnitude, in (0, 1])."""
+    deviation about their mean) as [candidate, torch.nn], each the worst group's, normwise; ``n``:
+    the elements per group (a row, or the whole tensor); ``ref_rms``: the reference's RMS over the
+    tensor, normwise (its typical magnitude, in (0, 1])."""
 
     rms: list[float]
     bias: list[float]
@@ -218,7 +239,8 @@ class MeasurementRow(TypedDict, total=False):
 
     dtype: str
     regime: str
-    cases: dict[str, dict[str, list[float]]]  # case -> tensor (y, dx, ..., alt_key(...)) -> [candidate, torch.nn]
+    # case -> tensor (y, dx, ..., alt_key(...)) -> [candidate, torch.nn]
+    cases: dict[str, dict[str, list[float]]]
     stats: dict[str, dict[str, ErrorStats]]  # case -> tensor -> RMS and bias (not for alt_key(...))
     flags: dict[str, str]  # FLAG_* -> the case (or the dtypes) it was seen on
     skipped: str
@@ -254,8 +276,9 @@ def _rows(value: Any) -> list[MeasurementRow]:
 
 @dataclass(frozen=True, kw_only=True)
 class CheckReply(Reply):
-    """``measure.check``'s raw measurements. ``phase`` names where it stopped early (import, baseline,
-    build), with ``error`` (and ``kind`` for an import); ``layout`` is ``Layout.to_json()``."""
+    """``measure.check``'s raw measurements. ``phase`` names where it stopped early (import,
+    baseline, build), with ``error`` (and ``kind`` for an import); ``layout`` is
+    ``Layout.to_json()``."""
 
     candidate: str
     device: str
@@ -267,11 +290,14 @@ class CheckReply(Reply):
     import_s: float | None = None
     layout: dict[str, Any] | None = None
     init: list[str] = field(default_factory=list)
-    blas: str = ""  # a Linear on a GPU: the BLAS library the rows were measured under (kernel_lock.format.blas names)
+    # a Linear on a GPU: the BLAS library the rows were measured under (kernel_lock.format.blas
+    # names)
+    blas: str = ""
     blas_default: str = ""  # the library torch picks by itself in this process (before any was set)
     # Attention: what each option really does, measured (kernel_probe.probe.attention.capabilities)
     capabilities: dict[str, str] = field(default_factory=dict)
-    # Activation: the function its float32 output matches, measured (kernel_probe.probe.activation.identify)
+    # Activation: the function its float32 output matches, measured
+    # (kernel_probe.probe.activation.identify)
     computes: str = ""
 
 
@@ -279,10 +305,10 @@ class ShapeCheck(TypedDict, total=False):
     """The check at one timed shape (``atshape.check_at_shape``; judged by ``judge.judge_shape``).
 
     ``errors``: tensor (y, dx, dweight, dbias) -> [candidate, torch.nn], each against float64 on the
-    ``sampled`` rows, the max error; ``stats``: the same tensors' RMS and bias; ``first_bad_row``: the
-    first wrong row (bisected down from ``first_bad_sampled``, the first sampled row over a tolerance,
-    to ``last_good_row``), ``first_bad_statistic`` what was over there (``y bias``); ``error``: the
-    check itself raised."""
+    ``sampled`` rows, the max error; ``stats``: the same tensors' RMS and bias; ``first_bad_row``:
+    the first wrong row (bisected down from ``first_bad_sampled``, the first sampled row over a
+    tolerance, to ``last_good_row``), ``first_bad_statistic`` what was over there (``y bias``);
+    ``error``: the check itself raised."""
 
     rows: int
     sampled: int
@@ -298,11 +324,12 @@ class ShapeCheck(TypedDict, total=False):
 
 
 class TimingRow(TypedDict, total=False):
-    """One shape of a timing (``timing.time_candidate``); ``error`` instead of the figures when it failed;
-    ``check``: the candidate at that shape against float64 (``atshape``), unless the timing was asked
-    without it; ``blas``: the BLAS library a Linear ran under on a GPU; ``timed``: how the number of
-    repetitions was decided (``kernel_probe.probe.repetitions``), ``samples`` the timed calls (seconds),
-    which the slot's other candidates are decided against (not recorded in the lock)."""
+    """One shape of a timing (``timing.time_candidate``); ``error`` instead of the figures when it
+    failed; ``check``: the candidate at that shape against float64 (``atshape``), unless the timing
+    was asked without it; ``blas``: the BLAS library a Linear ran under on a GPU; ``timed``: how the
+    number of repetitions was decided (``kernel_probe.probe.repetitions``), ``samples`` the timed
+    calls (seconds), which the slot's other candidates are decided against (not recorded in the
+    lock)."""
 
     implementation: str
     shape: str
@@ -347,18 +374,21 @@ class TimingProgressMessage(Message):
     seconds: float
 
 
-# ---- the worker: requests ----------------------------------------------------------------------------
+# ---- the worker: requests ------------------------------------------------------------------------
 R = TypeVar("R", bound=Reply)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Request(Message, Generic[R]):
-    """A worker request; ``OP`` is its name on the wire, ``REPLY`` the class of its answer (``R``)."""
+    """A worker request; ``OP`` is its name on the wire, ``REPLY`` the class of its answer
+    (``R``)."""
 
     OP: ClassVar[str] = ""
     REPLY: ClassVar[type[Reply]] = Reply
 
-    def __init_subclass__(cls, op: str = "", reply: type[Reply] | None = None, **kwargs: Any) -> None:
+    def __init_subclass__(
+        cls, op: str = "", reply: type[Reply] | None = None, **kwargs: Any
+    ) -> None:
         super().__init_subclass__(**kwargs)
         if op:
             cls.OP = op
@@ -403,7 +433,8 @@ class CandidateRequest(Request[R]):
 
 @dataclass(frozen=True, kw_only=True)
 class CheckRequest(CandidateRequest[CheckReply], op="check", reply=CheckReply):
-    """The correctness checks (``measure.check``) of one candidate for ``slot`` at each (dtype, regime)."""
+    """The correctness checks (``measure.check``) of one candidate for ``slot`` at each (dtype,
+    regime)."""
 
     dtypes: tuple[tuple[str, str], ...] = field(
         metadata={"json": (lambda d: [list(p) for p in d], lambda d: tuple(tuple(p) for p in d))}
@@ -416,25 +447,28 @@ class CheckRequest(CandidateRequest[CheckReply], op="check", reply=CheckReply):
 
 @dataclass(frozen=True, kw_only=True)
 class TryRequest(CandidateRequest[TryReply], op="try", reply=TryReply):
-    """Build the candidate on a device it does not declare and run it once: why it cannot run here."""
+    """Build the candidate on a device it does not declare and run it once: why it cannot run
+    here."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class TimeRequest(CandidateRequest[TimeReply], op="time", reply=TimeReply):
-    """Time forward+backward at ``shapes``; with ``progress``, ``TimingProgressMessage``s come first."""
+    """Time forward+backward at ``shapes``; with ``progress``, ``TimingProgressMessage``s come
+    first."""
 
     shapes: tuple[str, ...] = field(metadata={"json": (list, tuple)})
     dtype: str
     regime: str
     options: dict[str, Any] = field(default_factory=dict)
     progress: bool = False
-    canonical: dict[str, Any] = field(default_factory=dict)  # Attention: the model's options (window, ...)
+    # Attention: the model's options (window, ...)
+    canonical: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
 class GraphAttentionRequest(Request[CheckReply], op="graph-attention", reply=CheckReply):
-    """The GraphTransformer attention check (``graph_attention.check``) of one ``backend`` (``triton``,
-    ``pyg`` or ``module.function``) on ``device``, one row per dtype."""
+    """The GraphTransformer attention check (``graph_attention.check``) of one ``backend``
+    (``triton``, ``pyg`` or ``module.function``) on ``device``, one row per dtype."""
 
     backend: str
     device: str
@@ -466,10 +500,11 @@ def request_from_json(data: Any) -> Request[Any]:
     return REQUESTS[op].from_json(data)
 
 
-# ---- import checks (``kernel-probe env``) ------------------------------------------------------------
+# ---- import checks (``kernel-probe env``) --------------------------------------------------------
 @dataclass(frozen=True)
 class ImportCheckRequest(Message):
-    """One module to import in a child, and an optional probe to run after it (``importcheck.PROBES``)."""
+    """One module to import in a child, and an optional probe to run after it
+    (``importcheck.PROBES``)."""
 
     module: str
     probe: str = ""
@@ -477,7 +512,8 @@ class ImportCheckRequest(Message):
 
 @dataclass(frozen=True, kw_only=True)
 class ImportCheckReply(Message):
-    """What the import-check child saw: imported (``ok``) or what it raised (``type``, ``message``, ``where``)."""
+    """What the import-check child saw: imported (``ok``) or what it raised (``type``, ``message``,
+    ``where``)."""
 
     ok: bool
     file: str | None = None  # the module's __file__ and __version__, when it imported
@@ -492,8 +528,8 @@ class ImportCheckReply(Message):
 
 @dataclass(frozen=True, kw_only=True)
 class ImportCheckCached(Message):
-    """An import check's answer kept on disk (``detect.importcache``): the reply, the child's seconds,
-    when it was asked (``asked``, seconds since the epoch) and under which key."""
+    """An import check's answer kept on disk (``detect.importcache``): the reply, the child's
+    seconds, when it was asked (``asked``, seconds since the epoch) and under which key."""
 
     format: str
     key: str
@@ -502,7 +538,7 @@ class ImportCheckCached(Message):
     reply: dict[str, Any]
 
 
-# ---- reading an anemoi config ------------------------------------------------------------------------
+# ---- reading an anemoi config --------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class ComposeRequest(Message):
     """Compose ``config_name`` from ``config_dir`` with ``overrides``, as anemoi-training would."""
@@ -517,7 +553,8 @@ class ComposeRequest(Message):
 @dataclass(frozen=True, kw_only=True)
 class ComposeReply(Message):
     """The composed tree (interpolations as written); per ``layer_kernels`` path, its block resolved
-    by OmegaConf: ``{"entries": {...}}``, ``{"value": ...}`` (not a mapping) or ``{"error": ...}``."""
+    by OmegaConf: ``{"entries": {...}}``, ``{"value": ...}`` (not a mapping) or ``{"error":
+    ...}``."""
 
     tree: Any
     blocks: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -533,14 +570,16 @@ class SchemaRequest(Message):
 
     tree: Any
     model_file: bool = False
-    preset: str = ""  # also validate anemoi-training's packaged model preset of that name, as shipped
+    preset: str = (
+        ""  # also validate anemoi-training's packaged model preset of that name, as shipped
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
 class SchemaReply(Message):
-    """``errors``: ``{"where", "type", "message"}`` each, at config paths; ``unset``: mandatory values
-    (``???``) the config leaves for the command line; ``members``: per config path, the union member
-    the errors there are reported for (the closest of several, e.g. anemoi's model schemas);
+    """``errors``: ``{"where", "type", "message"}`` each, at config paths; ``unset``: mandatory
+    values (``???``) the config leaves for the command line; ``members``: per config path, the union
+    member the errors there are reported for (the closest of several, e.g. anemoi's model schemas);
     ``version``: anemoi-training's."""
 
     errors: list[dict[str, str]] = field(default_factory=list)
@@ -552,7 +591,8 @@ class SchemaReply(Message):
 
 @dataclass(frozen=True, kw_only=True)
 class EntryCheckRequest(Message):
-    """One ``layer_kernels`` entry to import and judge (``kernel_probe.anemoi.entry_checks.check_entry``)."""
+    """One ``layer_kernels`` entry to import and judge
+    (``kernel_probe.anemoi.entry_checks.check_entry``)."""
 
     key: str
     entry: Any
@@ -562,7 +602,8 @@ class EntryCheckRequest(Message):
 
 @dataclass(frozen=True, kw_only=True)
 class EntryCheckReply(Message):
-    """``findings``: ``Finding.to_json()`` each; ``facts``: what the entry builds (target, family, defaults)."""
+    """``findings``: ``Finding.to_json()`` each; ``facts``: what the entry builds (target, family,
+    defaults)."""
 
     findings: list[dict[str, Any]]
     facts: dict[str, Any]

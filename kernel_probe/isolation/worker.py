@@ -1,14 +1,16 @@
 """Process isolation for foreign code.
 
 Candidates are imported and run in a child process (the worker) that speaks JSON lines. A candidate
-that segfaults, aborts, hangs, forks, raises a CUDA error or runs out of memory costs only its worker:
-the parent records ``crashed`` / ``timeout`` with the captured reason and starts a fresh one.
+that segfaults, aborts, hangs, forks, raises a CUDA error or runs out of memory costs only its
+worker: the parent records ``crashed`` / ``timeout`` with the captured reason and starts a fresh
+one.
 
-Which worker serves which candidate (``WorkerPool``): torch's own candidates share one worker, started
-before any library is imported, so the torch.nn baseline and the float64 reference it computes cannot
-have been patched by a library; every other library gets a fresh worker of its own, so nothing one
-library does on import (patching ``torch.nn.functional.layer_norm``, say) can reach another's verdict. Each worker also snapshots the torch functions the reference and the
-baseline use (``TORCH_SURFACE``) and reports any a candidate replaced: that candidate is refused.
+Which worker serves which candidate (``WorkerPool``): torch's own candidates share one worker,
+started before any library is imported, so the torch.nn baseline and the float64 reference it
+computes cannot have been patched by a library; every other library gets a fresh worker of its own,
+so nothing one library does on import (patching ``torch.nn.functional.layer_norm``, say) can reach
+another's verdict. Each worker also snapshots the torch functions the reference and the baseline use
+(``TORCH_SURFACE``) and reports any a candidate replaced: that candidate is refused.
 
 Robustness: the worker leads its own process group and the parent kills the group when it closes
 the worker, so nothing a candidate spawned outlives it; replies are read with ``select`` against a
@@ -49,11 +51,14 @@ from kernel_probe.isolation.protocol import (
     request_from_json,
 )
 
-DEFAULT_TIMEOUT = 300.0  # a call's budget unless the caller says otherwise (checks and imports have their own)
+DEFAULT_TIMEOUT = (
+    300.0  # a call's budget unless the caller says otherwise (checks and imports have their own)
+)
 START_TIMEOUT = 120.0
 CLOSE_GRACE = 5.0  # seconds a worker has to exit after its input closes
 POOL_GRACE = 0.5  # seconds a pool's workers have together, once every reply is in
-HANDLERS = "kernel_probe.probe.handlers"  # the module whose serve() a worker process runs (a name: not imported here)
+# the module whose serve() a worker process runs (a name: not imported here)
+HANDLERS = "kernel_probe.probe.handlers"
 
 # torch functions the float64 reference and the torch.nn baseline go through: a candidate that
 # replaces one of them (on import or while it runs) would change every other verdict in its process
@@ -122,8 +127,8 @@ def _spawn(env: Mapping[str, str]) -> tuple[subprocess.Popen[bytes], Any]:
 class Worker:
     """A child Python process running :func:`serve`, in its own process group.
 
-    ``spare`` (a pool's) hands over a process spawned ahead of time, so its start-up (importing torch)
-    overlapped with other work.
+    ``spare`` (a pool's) hands over a process spawned ahead of time, so its start-up (importing
+    torch) overlapped with other work.
     """
 
     def __init__(
@@ -139,7 +144,9 @@ class Worker:
         self._mark = 0
         self.started = 0
         self._ping_unread = False  # started by send_ahead: its start-up ping is still to be read
-        self._ahead: str | None = None  # the request send_ahead wrote, whose reply is still to be read
+        self._ahead: str | None = (
+            None  # the request send_ahead wrote, whose reply is still to be read
+        )
 
     # -- lifecycle ----------------------------------------------------------------------------
     def _launch(self) -> None:
@@ -156,12 +163,13 @@ class Worker:
 
     def _read_ping(self) -> None:
         self._ping_unread = False
-        self._reply(PingReply, START_TIMEOUT, time.monotonic() + START_TIMEOUT)  # the ping sent at spawn time
+        # the ping sent at spawn time
+        self._reply(PingReply, START_TIMEOUT, time.monotonic() + START_TIMEOUT)
 
     def send_ahead(self, request: Request[Any]) -> None:
-        """Start the worker if needed and write ``request`` now, without waiting: its reply is read by
-        the ``call`` of the same request, so a library's import runs while other workers check. (A
-        different call first reads and drops it: replies come in order.)"""
+        """Start the worker if needed and write ``request`` now, without waiting: its reply is read
+        by the ``call`` of the same request, so a library's import runs while other workers check.
+        (A different call first reads and drops it: replies come in order.)"""
         if self._ahead is not None:
             return
         if self._proc is None or self._proc.poll() is not None:
@@ -178,8 +186,8 @@ class Worker:
         self._ahead = line
 
     def hang_up(self) -> None:
-        """Tell the worker to leave its loop (EOF on its stdin) without waiting: a pool hangs up on all
-        of its workers first, so their interpreters exit side by side (``close`` then waits)."""
+        """Tell the worker to leave its loop (EOF on its stdin) without waiting: a pool hangs up on
+        all of its workers first, so their interpreters exit side by side (``close`` then waits)."""
         proc = self._proc
         if proc is not None and proc.stdin is not None:
             try:
@@ -222,10 +230,12 @@ class Worker:
         on_progress: Callable[[TimingProgressMessage], None] | None = None,
     ) -> R:
         """Send one request; its reply (``request.REPLY``) comes back. On crash or timeout raise
-        WorkerDied (the next call gets a fresh worker). ``on_progress`` receives the worker's progress
-        messages that come before the reply (a ``TimeRequest`` asks for them with ``progress=True``);
-        ``timeout`` covers the whole call."""
-        if self._proc is None or (self._proc.poll() is not None and not self._ping_unread and self._ahead is None):
+        WorkerDied (the next call gets a fresh worker). ``on_progress`` receives the worker's
+        progress messages that come before the reply (a ``TimeRequest`` asks for them with
+        ``progress=True``); ``timeout`` covers the whole call."""
+        if self._proc is None or (
+            self._proc.poll() is not None and not self._ping_unread and self._ahead is None
+        ):
             self.close()
             self._start()
         elif self._ping_unread:
@@ -250,7 +260,8 @@ class Worker:
         return "\n".join(lines)[-limit:]
 
     def _readline(self, deadline: float) -> bytes | None:
-        """The next reply line; b"" when the worker died without one; None when the deadline passed."""
+        """The next reply line; b"" when the worker died without one; None when the deadline
+        passed."""
         proc = self._proc
         assert proc is not None and proc.stdout is not None
         fd = proc.stdout.fileno()
@@ -265,8 +276,8 @@ class Worker:
                     return b""  # EOF: the worker (and whatever inherited the pipe) is gone
                 self._buffer += chunk
             elif proc.poll() is not None:
-                # the worker died; a process it forked may still hold the pipe open, so EOF may never
-                # come: take what has arrived and stop waiting
+                # the worker died; a process it forked may still hold the pipe open, so EOF may
+                # never come: take what has arrived and stop waiting
                 ready, _, _ = select.select([fd], [], [], 0)
                 if ready:
                     chunk = os.read(fd, 1 << 16)
@@ -299,7 +310,10 @@ class Worker:
         return cast(R, self._call_reply(request.REPLY, timeout, on_progress))
 
     def _call_reply(
-        self, kind: type[Reply], timeout: float, on_progress: Callable[[TimingProgressMessage], None] | None
+        self,
+        kind: type[Reply],
+        timeout: float,
+        on_progress: Callable[[TimingProgressMessage], None] | None,
     ) -> Reply:
         deadline = time.monotonic() + timeout
         while True:
@@ -309,7 +323,9 @@ class Worker:
             if on_progress is not None:
                 on_progress(reply)
 
-    def _reply(self, kind: type[Reply], timeout: float, deadline: float) -> Reply | TimingProgressMessage:
+    def _reply(
+        self, kind: type[Reply], timeout: float, deadline: float
+    ) -> Reply | TimingProgressMessage:
         proc = self._proc
         assert proc is not None
         line = self._readline(deadline)
@@ -320,7 +336,8 @@ class Worker:
             self.close()
             raise WorkerDied(
                 "timeout",
-                f"no answer within {timeout:g} s (killed)" + (f"; last output: {tail[-300:]}" if tail else ""),
+                f"no answer within {timeout:g} s (killed)"
+                + (f"; last output: {tail[-300:]}" if tail else ""),
             )
         if not line:
             try:
@@ -331,7 +348,10 @@ class Worker:
             tail = self._stderr_tail()
             self.close()
             how = f"killed by {signal_name(-code)}" if code < 0 else f"exited with status {code}"
-            raise WorkerDied("crashed", f"the worker process {how}" + (f"; stderr: {tail[-600:]}" if tail else ""))
+            raise WorkerDied(
+                "crashed",
+                f"the worker process {how}" + (f"; stderr: {tail[-600:]}" if tail else ""),
+            )
         data = json.loads(line)
         if "fatal" in data:
             raise RuntimeError(f"worker error: {data['fatal']}")
@@ -356,8 +376,8 @@ class WorkerPool:
     other library gets a fresh one of its own, which serves that library's candidates (liger's
     LayerNorm and RMSNorm) and nothing else.
 
-    A fresh worker costs one interpreter start and ``import torch``; the pool keeps one spare process
-    starting in the background, so that cost overlaps with the checks that run meanwhile.
+    A fresh worker costs one interpreter start and ``import torch``; the pool keeps one spare
+    process starting in the background, so that cost overlaps with the checks that run meanwhile.
     """
 
     def __init__(self, env: Mapping[str, str] | None = None):
@@ -374,7 +394,8 @@ class WorkerPool:
 
     def _take(self) -> tuple[subprocess.Popen[bytes], Any]:
         taken = self._next or _spawn(self._env)
-        self._next = _spawn(self._env) if self._spares else None  # the next library's, starting meanwhile
+        # the next library's, starting meanwhile
+        self._next = _spawn(self._env) if self._spares else None
         return taken
 
     def prepare(self, ahead: Sequence[Any] | None = None) -> None:
@@ -382,7 +403,8 @@ class WorkerPool:
         (the first of each library is enough): each library's worker starts now and imports that
         candidate's class while torch's own are checked; no spare is kept then (every library is
         known). ``None``: a spare starts for the first library while it imports torch."""
-        self.shared.send_ahead(PingRequest())  # torch's own worker first: it starts importing torch now
+        # torch's own worker first: it starts importing torch now
+        self.shared.send_ahead(PingRequest())
         if ahead is None:
             if self._next is None:
                 self._next = _spawn(self._env)
@@ -399,7 +421,8 @@ class WorkerPool:
 
     @contextlib.contextmanager
     def worker_for(self, cand: Any) -> Iterator[Worker]:
-        """The worker ``cand`` runs in: torch's own candidates share one, every library gets its own."""
+        """The worker ``cand`` runs in: torch's own candidates share one, every library gets its
+        own."""
         if torch_own(cand):
             yield self.shared
             return
@@ -409,9 +432,10 @@ class WorkerPool:
         yield self._libraries[key]
 
     def close(self) -> None:
-        """End every worker: all are told at once, then given POOL_GRACE seconds together before their
-        process groups are killed. Every reply has been read by then, so nothing is lost: what is cut
-        short is only the interpreters' own teardown (a second or more each with torch loaded)."""
+        """End every worker: all are told at once, then given POOL_GRACE seconds together before
+        their process groups are killed. Every reply has been read by then, so nothing is lost: what
+        is cut short is only the interpreters' own teardown (a second or more each with torch
+        loaded)."""
         workers = [self.shared, *self._libraries.values()]
         for worker in workers:
             worker.hang_up()
@@ -481,15 +505,18 @@ Dispatch = Callable[[Request[Any], Callable[[TimingProgressMessage], None]], Rep
 
 
 def serve(dispatch: Dispatch) -> None:
-    """The worker's loop: one request a line on stdin, answered by ``dispatch`` (the probe's handlers,
-    ``kernel_probe.probe.handlers``, which ``child.spawn`` starts), one reply a line back after any
-    progress messages, flagged when torch's functions were replaced or Triton ran interpreted; a request
-    that is not one is a fatal reply. Transport only: what a request means is the handlers' business."""
+    """The worker's loop: one request a line on stdin, answered by ``dispatch`` (the probe's
+    handlers, ``kernel_probe.probe.handlers``, which ``child.spawn`` starts), one reply a line back
+    after any progress messages, flagged when torch's functions were replaced or Triton ran
+    interpreted; a request that is not one is a fatal reply. Transport only: what a request means is
+    the handlers' business."""
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything printed by foreign code goes to stderr, not the protocol
     sys.stdout = sys.stderr
 
-    def emit(message: TimingProgressMessage) -> None:  # progress, before the reply (Worker.call reads on)
+    def emit(
+        message: TimingProgressMessage,
+    ) -> None:  # progress, before the reply (Worker.call reads on)
         proto.write(json.dumps({"progress": message.to_json()}) + "\n")
         proto.flush()
 
@@ -505,7 +532,8 @@ def serve(dispatch: Dispatch) -> None:
             if interpreting():
                 reply = dataclasses.replace(reply, interpreted=True)
             out = reply.to_json()
-        except Exception as exc:  # a bug in the probe itself (or a malformed request), reported to the parent
+        # a bug in the probe itself (or a malformed request), reported to the parent
+        except Exception as exc:
             import traceback
 
             out = {"fatal": f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"}

@@ -1,8 +1,8 @@
 """Many ranks, one probe, a quiet shared file system: how the ranks of one job share the probe.
 
-Where the launcher says which rank of which job a process is (``kernel_probe.jobstart.ranks``), one rank probes
-(rank 0; or, with ``--probe-per node-type``, the first node of each node type to claim it) and the
-others wait for *its* answer, with no file lock and no polling storm:
+Where the launcher says which rank of which job a process is (``kernel_probe.jobstart.ranks``), one
+rank probes (rank 0; or, with ``--probe-per node-type``, the first node of each node type to claim
+it) and the others wait for *its* answer, with no file lock and no polling storm:
 
 - The prober writes the lock atomically (as always), then a **job marker** beside it,
   ``.<lock name>.job-<launcher>-<job>-a<attempt>``: JSON with the outcome (written, reused or
@@ -14,8 +14,8 @@ others wait for *its* answer, with no file lock and no polling storm:
   lock once, checks its digest against the marker's and copies both to a node-local file (under
   ``$KERNEL_PROBE_NODE_DIR``, else ``$TMPDIR``, else ``/dev/shm``, else ``/tmp``).
 - The node's other ranks wait on that node-local file (backoff 0.05 s to 1 s), touching the shared
-  directory only as a fallback (at 30 s, then doubling to 5 min), in case the node-local directory is
-  not shared by the ranks of a node after all or the watching rank died.
+  directory only as a fallback (at 30 s, then doubling to 5 min), in case the node-local directory
+  is not shared by the ranks of a node after all or the watching rank died.
 
 Shared-directory operations during a cold start are then about nodes x (checks to reach the 5 s cap,
 + probe seconds / 5) instead of ranks x probe seconds x 20 (filelock's 0.05 s poll): see
@@ -47,7 +47,9 @@ NODE_DIR_ENV = "KERNEL_PROBE_NODE_DIR"
 WATCH = (0.1, 5.0)  # the node's watcher on the shared directory: first delay, cap (s)
 LOCAL = (0.05, 1.0)  # the other ranks, on the node-local file
 FALLBACK = (30.0, 300.0)  # the other ranks' rare look at the shared directory
-STALE_MARKER_S = 7 * 24 * 3600  # markers of other jobs older than this are removed by the next prober
+STALE_MARKER_S = (
+    7 * 24 * 3600
+)  # markers of other jobs older than this are removed by the next prober
 PROBE_PER = ("job", "node-type", "rank")
 
 
@@ -88,7 +90,8 @@ class Marker:
 
     @classmethod
     def from_dict(cls, data: Any) -> Marker:
-        """The typed reader (``kernel_lock.format.reading``): every key checked, unknown keys refused; ReadError."""
+        """The typed reader (``kernel_lock.format.reading``): every key checked, unknown keys
+        refused; ReadError."""
         if not isinstance(data, dict):
             raise ReadError(f"expected a JSON object, got {type(data).__name__}")
         refuse_unknown(data, tuple(cls.__dataclass_fields__))
@@ -96,9 +99,15 @@ class Marker:
         code = get_int(data, "exit_code", 0, 255, default=0)
         assert code is not None
         if code not in EXIT_CODES:
-            raise ReadError(f"{code} is not a documented exit code ({', '.join(map(str, EXIT_CODES))})", "exit_code")
+            raise ReadError(
+                f"{code} is not a documented exit code ({', '.join(map(str, EXIT_CODES))})",
+                "exit_code",
+            )
         if (outcome == "failed") != (code != 0):
-            raise ReadError(f"outcome {outcome!r} with exit code {code}: a failure has a non-zero code", "exit_code")
+            raise ReadError(
+                f"outcome {outcome!r} with exit code {code}: a failure has a non-zero code",
+                "exit_code",
+            )
         text = {
             k: get_text(data, k, "", limit=200 if k in ("job", "digest", "inputs") else 4096) or ""
             for k in ("job", "by", "host", "digest", "inputs", "problem", "fix")
@@ -109,7 +118,8 @@ class Marker:
 
     @classmethod
     def from_json(cls, text: str, where: Path) -> Marker:
-        """The marker in ``text`` (the file ``where``); MarkerError names the file and key when it is not one."""
+        """The marker in ``text`` (the file ``where``); MarkerError names the file and key when it
+        is not one."""
         try:
             return cls.from_dict(json.loads(text))
         except (ValueError, RecursionError) as exc:
@@ -140,7 +150,11 @@ def claim_path(out: Path, rank: JobRank) -> Path:
 def node_dir(out: Path, rank: JobRank, env: Mapping[str, str] | None = None) -> Path:
     """The node-local directory this job's ranks on one node share for ``out``."""
     env = os.environ if env is None else env
-    root = env.get(NODE_DIR_ENV) or env.get("TMPDIR") or ("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp")
+    root = (
+        env.get(NODE_DIR_ENV)
+        or env.get("TMPDIR")
+        or ("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp")
+    )
     tag = hashlib.sha256(f"{out}\0{rank.key}".encode()).hexdigest()[:16]
     return Path(root) / f"kernel-probe-{os.getuid()}" / tag
 
@@ -148,14 +162,17 @@ def node_dir(out: Path, rank: JobRank, env: Mapping[str, str] | None = None) -> 
 def node_type(device: Mapping[str, Any]) -> str:
     """A file-name-safe name for this node's kind of device: ``cuda-sm90-8-1a2b3c4d``."""
     # "" and absent alike: the torch-free reader says features = "" where torch's says nothing
-    facts = {k: device.get(k) or "" for k in ("type", "vendor", "name", "arch", "features", "count")}
+    facts = {
+        k: device.get(k) or "" for k in ("type", "vendor", "name", "arch", "features", "count")
+    }
     digest = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:8]
     what = f"{facts['type']}-{facts['arch'] or facts['name'] or ''}-{facts['count'] or 0}"
     return re.sub(r"[^A-Za-z0-9_.+-]+", "-", what).strip("-").lower() + "-" + digest
 
 
 def backoff(first: float, cap: float, rng: random.Random) -> Iterator[float]:
-    """Sleeps doubling from ``first`` to ``cap``, each jittered by +-20 % so ranks do not move in step."""
+    """Sleeps doubling from ``first`` to ``cap``, each jittered by +-20 % so ranks do not move in
+    step."""
     delay = first
     while True:
         yield delay * rng.uniform(0.8, 1.2)
@@ -163,25 +180,30 @@ def backoff(first: float, cap: float, rng: random.Random) -> Iterator[float]:
 
 
 def _read(path: Path) -> str | None:
-    """The text at ``path``; None if it is not there (one ``open`` when it is not). Read as every input
-    is (kernel_lock.trust.files): a FIFO, a device or a huge file where a marker or lock should be is an
-    error naming it (exit 5), never a rank that hangs or fills its memory."""
+    """The text at ``path``; None if it is not there (one ``open`` when it is not). Read as every
+    input is (kernel_lock.trust.files): a FIFO, a device or a huge file where a marker or lock
+    should be is an error naming it (exit 5), never a rank that hangs or fills its memory."""
     try:
         raw = read_regular(path, MAX_BYTES)
     except FileNotFoundError:
         return None
     except UnsafeFile as exc:
         raise InputFileError(
-            exc.problem, path=str(path), fix=f"remove {path}: kernel-probe writes it as a regular file"
+            exc.problem,
+            path=str(path),
+            fix=f"remove {path}: kernel-probe writes it as a regular file",
         ) from None
     return raw.decode("utf-8", errors="replace")  # not UTF-8: its digest tells
 
 
 def claim(out: Path, rank: JobRank) -> bool:
-    """Claim the probe of ``out`` for this job (``--probe-per node-type``): True for the one rank whose
-    exclusive create succeeds (O_EXCL is atomic on NFS v3+, Lustre and GPFS; no file lock needed)."""
+    """Claim the probe of ``out`` for this job (``--probe-per node-type``): True for the one rank
+    whose exclusive create succeeds (O_EXCL is atomic on NFS v3+, Lustre and GPFS; no file lock
+    needed)."""
     try:
-        write_file(claim_path(out, rank), f"{rank.describe()} on {socket.gethostname()}\n", exclusive=True)
+        write_file(
+            claim_path(out, rank), f"{rank.describe()} on {socket.gethostname()}\n", exclusive=True
+        )
     except FileExistsError:
         return False
     return True
@@ -241,8 +263,8 @@ def wait(
     sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[Marker, str]:
     """Wait for the prober's marker for this job; (the marker, the lock's text). Raises
-    :class:`RankFailed` when the prober failed, :class:`WaitTimeout` (naming the rank that should have
-    written it and the job) when nothing came within ``timeout`` seconds."""
+    :class:`RankFailed` when the prober failed, :class:`WaitTimeout` (naming the rank that should
+    have written it and the job) when nothing came within ``timeout`` seconds."""
     rng = random.Random(f"{rank.key}/{rank.rank}")
     start = clock()
     local_ready = node_dir(out, rank) / "ready"
@@ -265,9 +287,12 @@ def wait(
         waited = clock() - start
         if waited >= timeout:
             raise WaitTimeout(
-                f"{out}: {_who(out, rank, mode)} wrote no job marker ({marker_path(out, rank).name}) within "
+                f"{out}: {_who(out, rank, mode)} wrote no job marker "
+                f"({marker_path(out, rank).name}) "
+                "within "
                 f"{timeout:.0f} s; this is {rank.describe()}",
-                fix="look in that rank's output for why it stopped; start the job again, or raise --lock-timeout",
+                fix="look in that rank's output for why it stopped; start the job again, or "
+                "raise --lock-timeout",
             )
         sleep(min(next(watch), max(0.0, timeout - waited)))
 
@@ -281,7 +306,8 @@ def _from_shared(out: Path, rank: JobRank) -> tuple[Marker, str] | None:
         marker = Marker.from_json(text, marker_file)
         if marker.job != rank.key:
             raise MarkerError(
-                f"this marker is for job {marker.job!r:.140}, not this one ({rank.key}): never taken for it",
+                f"this marker is for job {marker.job!r:.140}, not this one ({rank.key}): never "
+                "taken for it",
                 path=str(marker_file),
                 key="job",
                 fix=f"remove {marker_file} and start the job again",
@@ -299,7 +325,8 @@ def _from_shared(out: Path, rank: JobRank) -> tuple[Marker, str] | None:
 
 def _from_local(ready: Path, rank: JobRank) -> tuple[Marker, str] | None:
     try:
-        private_dir(ready.parent.parent, create=False)  # made by someone else, or opened to others: never read
+        # made by someone else, or opened to others: never read
+        private_dir(ready.parent.parent, create=False)
         private_dir(ready.parent, create=False)
         text = _read(ready)
     except (OSError, UnsafeWrite, InputFileError):
@@ -314,13 +341,15 @@ def _from_local(ready: Path, rank: JobRank) -> tuple[Marker, str] | None:
         marker = Marker.from_dict(data.get("marker"))
         return (marker, lock) if marker.job == rank.key else None
     except (ValueError, RecursionError, AttributeError):
-        return None  # half a file cannot be seen (atomic rename); anything else: wait for the shared one
+        # half a file cannot be seen (atomic rename); anything else: wait for the shared one
+        return None
 
 
 def _outcome(out: Path, marker: Marker, lock_text: str) -> tuple[Marker, str]:
     if marker.outcome == "failed":
         raise RankFailed(
-            f"{out}: {marker.by} (on {marker.host}) failed, so this rank has no lock: {marker.problem}",
+            f"{out}: {marker.by} (on {marker.host}) failed, so this rank has no lock: "
+            f"{marker.problem}",
             marker.exit_code or ExitCode.FAILURE,
             fix=marker.fix or None,
         )
@@ -343,7 +372,19 @@ def failure_marker(rank: JobRank, exc: BaseException) -> Marker:
         )
     if isinstance(exc, KeyboardInterrupt):
         return Marker(
-            "failed", rank.key, rank.describe(), socket.gethostname(), problem="interrupted", exit_code=ExitCode.FAILURE
+            "failed",
+            rank.key,
+            rank.describe(),
+            socket.gethostname(),
+            problem="interrupted",
+            exit_code=ExitCode.FAILURE,
         )
     text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    return Marker("failed", rank.key, rank.describe(), socket.gethostname(), problem=text, exit_code=ExitCode.FAILURE)
+    return Marker(
+        "failed",
+        rank.key,
+        rank.describe(),
+        socket.gethostname(),
+        problem=text,
+        exit_code=ExitCode.FAILURE,
+    )

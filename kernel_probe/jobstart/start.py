@@ -1,4 +1,5 @@
-"""Job start: which rank of a job probes, and how the others take its lock (the command's entry point).
+"""Job start: which rank of a job probes, and how the others take its lock (the command's entry
+point).
 
     from kernel_probe.jobstart.start import run
     result = run(ProbeRequest(out=Path("kernel-lock.toml")))
@@ -28,9 +29,9 @@ __all__ = ["fail_before_plan", "run"]
 
 
 def run(request: ProbeRequest, events: Events | None = None) -> ProbeResult:
-    """Reuse the lock at ``request.out`` if it is current, else probe and write it (atomically, under a
-    file lock, so many ranks starting at once produce one lock). ``check_only`` writes nothing and
-    raises :class:`StaleLock` (exit 3) when the lock is not current."""
+    """Reuse the lock at ``request.out`` if it is current, else probe and write it (atomically,
+    under a file lock, so many ranks starting at once produce one lock). ``check_only`` writes
+    nothing and raises :class:`StaleLock` (exit 3) when the lock is not current."""
     events = events or Events()
     t_start = time.perf_counter()
     rank = None if request.check_only else _job_rank(request.probe_per or "job", events)
@@ -38,7 +39,8 @@ def run(request: ProbeRequest, events: Events | None = None) -> ProbeResult:
         p = plan(request, events)
     except BaseException as exc:
         if rank is not None and rank.rank == 0 and request.probe_per in (None, "job"):
-            _fail_for_all(Path(os.path.abspath(request.out)), rank, exc)  # no rank waits for a plan that failed
+            # no rank waits for a plan that failed
+            _fail_for_all(Path(os.path.abspath(request.out)), rank, exc)
         raise
     mode = request.probe_per or (p.profile.probe_per if p.profile else None) or "job"
     given = _expand_out(request, p, mode)
@@ -48,18 +50,21 @@ def run(request: ProbeRequest, events: Events | None = None) -> ProbeResult:
 
 
 def _read_only(out: Path) -> bool:
-    """Whether ``out``'s directory is on a read-only file system: there no rank can write a lock or a job
-    marker, so each rank reuses the lock itself when it is current (and fails naming the file system when it
-    is not), without waiting for a marker nobody can write."""
+    """Whether ``out``'s directory is on a read-only file system: there no rank can write a lock or
+    a job marker, so each rank reuses the lock itself when it is current (and fails naming the file
+    system when it is not), without waiting for a marker nobody can write."""
     try:
         return bool(os.statvfs(os.path.dirname(os.path.realpath(out)) or ".").f_flag & os.ST_RDONLY)
     except OSError:
         return False
 
 
-def fail_before_plan(out: str | Path, probe_per: str | None, check_only: bool, exc: BaseException) -> None:
+def fail_before_plan(
+    out: str | Path, probe_per: str | None, check_only: bool, exc: BaseException
+) -> None:
     """A request refused before it is planned (a bad argument): where this is rank 0 of a job whose
-    rank 0 probes, its failed marker is published, so the waiting ranks fail at once with its exit code."""
+    rank 0 probes, its failed marker is published, so the waiting ranks fail at once with its exit
+    code."""
     if check_only or probe_per not in (None, "job"):
         return
     try:
@@ -71,7 +76,8 @@ def fail_before_plan(out: str | Path, probe_per: str | None, check_only: bool, e
 
 
 def _fail_for_all(out: Path, rank: JobRank, exc: BaseException) -> None:
-    """The probing rank's failure, left as its job marker so that every waiting rank fails at once."""
+    """The probing rank's failure, left as its job marker so that every waiting rank fails at
+    once."""
     from kernel_probe.jobstart import handoff
 
     if "{node-type}" in str(out):
@@ -88,8 +94,10 @@ def _expand_out(request: ProbeRequest, p: Plan, mode: str) -> Path:
     if "{node-type}" not in text:
         if mode == "node-type":
             raise UsageError(
-                f"--probe-per node-type writes one lock per kind of node, but --out {text} names no {{node-type}}",
-                fix="use e.g. --out 'kernel-lock.{node-type}.toml' (the path is printed, and in --json as 'lock')",
+                f"--probe-per node-type writes one lock per kind of node, but --out {text} "
+                "names no {node-type}",
+                fix="use e.g. --out 'kernel-lock.{node-type}.toml' (the path is printed, and "
+                "in --json as 'lock')",
             )
         return request.out
     from kernel_probe.jobstart.handoff import node_type
@@ -98,8 +106,8 @@ def _expand_out(request: ProbeRequest, p: Plan, mode: str) -> Path:
 
 
 def _job_rank(mode: str, events: Events) -> JobRank | None:
-    """This process's rank and job (``kernel_probe.jobstart.ranks``), or None: no launcher variables, or
-    ``--probe-per rank``."""
+    """This process's rank and job (``kernel_probe.jobstart.ranks``), or None: no launcher
+    variables, or ``--probe-per rank``."""
     from kernel_probe.jobstart.handoff import PROBE_PER
 
     if mode not in PROBE_PER:
@@ -111,7 +119,8 @@ def _job_rank(mode: str, events: Events) -> JobRank | None:
     except RankVariableError as exc:
         raise UsageError(
             f"launcher variables: {exc}",
-            fix="correct or unset the variable, or pass --probe-per rank to ignore the launcher's variables",
+            fix="correct or unset the variable, or pass --probe-per rank to ignore the "
+            "launcher's variables",
         ) from None
     for note in found.notes:
         events.note(f"launcher variables: {note}")
@@ -119,15 +128,23 @@ def _job_rank(mode: str, events: Events) -> JobRank | None:
 
 
 def _run_ranked(
-    request: ProbeRequest, p: Plan, given: Path, rank: JobRank, mode: str, events: Events, t_start: float
+    request: ProbeRequest,
+    p: Plan,
+    given: Path,
+    rank: JobRank,
+    mode: str,
+    events: Events,
+    t_start: float,
 ) -> ProbeResult:
     """One rank probes (rank 0, or per node type the rank that claims it) and leaves a job marker;
-    the others wait for the marker of this job and take its lock (``kernel_probe.jobstart.handoff``)."""
+    the others wait for the marker of this job and take its lock
+    (``kernel_probe.jobstart.handoff``)."""
     import socket
 
     from kernel_probe.jobstart import handoff
 
-    out = Path(os.path.abspath(given))  # the marker sits beside the path as given (a link is not followed)
+    # the marker sits beside the path as given (a link is not followed)
+    out = Path(os.path.abspath(given))
     # job: rank 0; node-type: of each node's watching rank, the one whose exclusive create wins
     prober = rank.rank == 0 if mode == "job" else rank.node_leader and handoff.claim(out, rank)
     if prober:
@@ -139,7 +156,12 @@ def _run_ranked(
         written = result.lock
         outcome: handoff.Outcome = "reused" if result.reused else "written"
         marker = handoff.Marker(
-            outcome, rank.key, rank.describe(), socket.gethostname(), written.compute_digest(), p.digest
+            outcome,
+            rank.key,
+            rank.describe(),
+            socket.gethostname(),
+            written.compute_digest(),
+            p.digest,
         )
         handoff.publish(out, rank, marker, written.dumps())
         return result
@@ -152,12 +174,17 @@ def _run_ranked(
     if lock is None or lock.compute_digest() != marker.digest:
         raise ProbeError(
             f"{given} is not the lock {marker.by} wrote for this job"
-            + (f" ({problem})" if lock is None else " (its digest differs): another job or process replaced it"),
+            + (
+                f" ({problem})"
+                if lock is None
+                else " (its digest differs): another job or process replaced it"
+            ),
             fix="give each job its own --out, or start the job again",
         )
     if marker.inputs != p.digest:
         raise UsageError(
-            f"{marker.by} probed {given} with other options than this rank (shapes, precision, slots, "
+            f"{marker.by} probed {given} with other options than this rank (shapes, precision, "
+            "slots, "
             "candidates, pins or profile)",
             fix="start every rank with the same kernel-probe arguments",
         )
@@ -167,15 +194,20 @@ def _run_ranked(
         raise NodeDiffers(
             f"{given} was probed by {marker.by} on {marker.host}, and this node differs from it: "
             + "; ".join(str(d) for d in exc.differences),
-            fix="probe one lock per kind of node: --probe-per node-type --out 'kernel-lock.{node-type}.toml'",
+            fix="probe one lock per kind of node: --probe-per node-type --out "
+            "'kernel-lock.{node-type}.toml'",
         ) from None
-    return ProbeResult(given, lock, True, p, seconds=time.perf_counter() - t_start, source=marker.by)
+    return ProbeResult(
+        given, lock, True, p, seconds=time.perf_counter() - t_start, source=marker.by
+    )
 
 
 def _unlocked(given: Path) -> str:
     """The warning of a probing rank whose folder does not do file locks."""
     return (
-        f"{given.parent}: this file system does not do file locks: the ranks of this job still probe once "
-        f"(they wait for this rank's job marker), but another job probing {given.name} at the same time is "
+        f"{given.parent}: this file system does not do file locks: the ranks of this job still "
+        "probe once "
+        f"(they wait for this rank's job marker), but another job probing {given.name} at the "
+        "same time is "
         "not kept apart (each write stays atomic: a reader sees one whole lock)"
     )

@@ -1,16 +1,18 @@
-"""The Activation slot's measurements, in the worker: forward and backward against a float64 reference
-of the model's declared function, on hard inputs, what the candidate really computes, and its timing.
+"""The Activation slot's measurements, in the worker: forward and backward against a float64
+reference of the model's declared function, on hard inputs, what the candidate really computes, and
+its timing.
 
-The reference is the declared function (``kernel_lock.format.activations.ACTIVATION_FUNCTIONS``) in float64, or for
-a declared ``other:module.Class`` that class itself run in float64. torch.nn's own implementation of
-the same function in the same dtype is the baseline its errors are judged against (``judge.judge_row``:
-max, RMS and bias, the project's one rule). Outputs: ``y`` and ``dx``.
+The reference is the declared function (``kernel_lock.format.activations.ACTIVATION_FUNCTIONS``) in
+float64, or for a declared ``other:module.Class`` that class itself run in float64. torch.nn's own
+implementation of the same function in the same dtype is the baseline its errors are judged against
+(``judge.judge_row``: max, RMS and bias, the project's one rule). Outputs: ``y`` and ``dx``.
 
 What a candidate computes is measured, not taken from its name (``identify``): its float32 output on
-the inputs where the functions differ most is compared with every known function's reference, and the
-one it matches under the tolerance rule is reported (``CheckReply.computes``). Where that is not the
-declared function, its rows are also measured against what it does compute (``approx_cases``), so the
-verdict can accept an approximation (a tanh GELU for an erf model) only when the user says so.
+the inputs where the functions differ most is compared with every known function's reference, and
+the one it matches under the tolerance rule is reported (``CheckReply.computes``). Where that is not
+the declared function, its rows are also measured against what it does compute (``approx_cases``),
+so the verdict can accept an approximation (a tanh GELU for an erf model) only when the user says
+so.
 """
 
 from __future__ import annotations
@@ -37,15 +39,25 @@ from kernel_probe.isolation.protocol import (
     TimingProgressMessage,
     TimingRow,
 )
-from kernel_probe.probe.measure import compare, first_line, import_class, no_twin, torch_dtype, twin_candidate
+from kernel_probe.probe.measure import (
+    compare,
+    first_line,
+    import_class,
+    no_twin,
+    torch_dtype,
+    twin_candidate,
+)
 from kernel_probe.probe.slotcheck import import_stop
 
 OUTPUTS = ("y", "dx")
-ROWS, WIDTH = 8, 256  # every case is (ROWS, WIDTH): 2,048 elements, a fraction of a millisecond per call
+ROWS, WIDTH = (
+    8,
+    256,
+)  # every case is (ROWS, WIDTH): 2,048 elements, a fraction of a millisecond per call
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
-# ---- the functions: float64 references and torch.nn's own, in the inputs' dtype ---------------------
+# ---- the functions: float64 references and torch.nn's own, in the inputs' dtype ------------------
 def _gelu_erf(x: Any) -> Any:
     return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
 
@@ -72,8 +84,8 @@ assert tuple(REFERENCES) == tuple(TORCH_NN) == ACTIVATION_FUNCTIONS
 
 
 def function_of_other(function: str) -> Callable[[Any], Any]:
-    """A declared ``other:module.Class``: that class built with no arguments, run in the input's dtype
-    (in float64 it is the reference, in the checked dtype torch's baseline)."""
+    """A declared ``other:module.Class``: that class built with no arguments, run in the input's
+    dtype (in float64 it is the reference, in the checked dtype torch's baseline)."""
     cls = import_class(function[len(OTHER_FUNCTION) :])
     module = cls()
     return lambda x: module(x)
@@ -87,7 +99,7 @@ def functions_for(function: str) -> tuple[Callable[[Any], Any], Callable[[Any], 
     return REFERENCES[function], TORCH_NN[function]
 
 
-# ---- the inputs ----------------------------------------------------------------------------------------
+# ---- the inputs ----------------------------------------------------------------------------------
 HINTS = {
     "random": "plain random input",
     "gelu-gap": "|x| in 0.5..4: where GELU's erf and tanh forms differ most (~4.7e-4)",
@@ -111,7 +123,10 @@ def cases(dtype: Any, gen: torch.Generator) -> dict[str, Any]:
         "gelu-gap": signed(torch.linspace(0.5, 4.0, n, dtype=torch.float64)),
         "large-magnitude": signed(torch.logspace(1.0, math.log10(3e4), n, dtype=torch.float64)),
         "tiny": signed(torch.logspace(-6.0, -2.0, n, dtype=torch.float64)),
-        "non-contiguous": torch.randn(WIDTH // 8, ROWS, 8, generator=gen, dtype=torch.float64).transpose(0, 1) * 3.0,
+        "non-contiguous": torch.randn(
+            WIDTH // 8, ROWS, 8, generator=gen, dtype=torch.float64
+        ).transpose(0, 1)
+        * 3.0,
     }
     device = torch.get_default_device()
     return {name: x.to(device=device, dtype=dtype) for name, x in raw.items()}
@@ -122,17 +137,19 @@ class NotElementwise(ValueError):
 
 
 def _run(fn: Callable[[Any], Any], x: Any, go: Any) -> dict[str, Any]:
-    """y and dx of ``fn`` at ``x`` with grad_output ``go``, and whether it modified either. The input is
-    no leaf (as inside a model, where it is a Linear's output), so an activation that writes into it
-    runs as it would there, and the write is seen."""
+    """y and dx of ``fn`` at ``x`` with grad_output ``go``, and whether it modified either. The
+    input is no leaf (as inside a model, where it is a Linear's output), so an activation that
+    writes into it runs as it would there, and the write is seen."""
     leaf = x.detach().clone().requires_grad_(True)
     inp = leaf.clone()
     kept, gout = inp.detach().clone(), go.detach().clone()
     y = fn(inp)
     if tuple(y.shape) != tuple(x.shape):
         raise NotElementwise(
-            f"returns shape {tuple(y.shape)} for an input of shape {tuple(x.shape)}: not elementwise "
-            "(a GLU-family class halves the last dimension; anemoi refuses it under layer_kernels.Activation)"
+            f"returns shape {tuple(y.shape)} for an input of shape {tuple(x.shape)}: not "
+            "elementwise "
+            "(a GLU-family class halves the last dimension; anemoi refuses it under "
+            "layer_kernels.Activation)"
         )
     (dx,) = torch.autograd.grad(y, leaf, gout.to(y.dtype))
     return {
@@ -149,12 +166,18 @@ def _errors(
     errors, stats = {}, {}
     for name in OUTPUTS:
         g = got[name].detach().double() if got[name].shape == ref[name].shape else None
-        errors[name], stats[name] = compare(g, base[name].detach().double(), ref[name].detach().double(), rows=True)
+        errors[name], stats[name] = compare(
+            g, base[name].detach().double(), ref[name].detach().double(), rows=True
+        )
     return errors, stats
 
 
 def _measure(
-    mod: Any, function: str, xs: Mapping[str, Any], gos: Mapping[str, Any], flags: dict[str, str] | None
+    mod: Any,
+    function: str,
+    xs: Mapping[str, Any],
+    gos: Mapping[str, Any],
+    flags: dict[str, str] | None,
 ) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, ErrorStats]]]:
     """Per case: the candidate's and torch's errors against ``function``'s float64 reference."""
     reference, own = functions_for(function)
@@ -172,23 +195,30 @@ def _measure(
     return cases_out, stats_out
 
 
-# ---- what the candidate computes ----------------------------------------------------------------------
+# ---- what the candidate computes -----------------------------------------------------------------
 def identify(mod: Any, declared: str, gen: torch.Generator) -> str:
-    """The function the candidate's float32 forward matches on the random and the gelu-gap inputs (its
-    max error within 4 x torch's own + 2 eps): the declared one first, then each known one; "" when it
-    matches none. The forward says which function it is; a wrong backward is the rows' to reject."""
+    """The function the candidate's float32 forward matches on the random and the gelu-gap inputs
+    (its max error within 4 x torch's own + 2 eps): the declared one first, then each known one; ""
+    when it matches none. The forward says which function it is; a wrong backward is the rows' to
+    reject."""
     from kernel_probe.probe.judge import tolerance
 
     xs = cases(torch.float32, gen)
     names = ("random", "gelu-gap")
-    gos = {n: torch.randn(xs[n].shape, generator=gen, dtype=torch.float64).float().to(xs[n].device) for n in names}
+    gos = {
+        n: torch.randn(xs[n].shape, generator=gen, dtype=torch.float64).float().to(xs[n].device)
+        for n in names
+    }
     got = {n: _run(mod, xs[n], gos[n]) for n in names}
     for function in dict.fromkeys((declared, *ACTIVATION_FUNCTIONS)):
         try:
             reference, own = functions_for(function)
             ok = True
             for n in names:
-                ref, base = _run(reference, xs[n].double(), gos[n].double()), _run(own, xs[n], gos[n])
+                ref, base = (
+                    _run(reference, xs[n].double(), gos[n].double()),
+                    _run(own, xs[n], gos[n]),
+                )
                 errors, _ = compare(got[n]["y"].double(), base["y"].double(), ref["y"], rows=False)
                 ok = ok and errors[0] <= tolerance(errors[1], "float32")
         except Exception:  # a declared class that cannot run in float64: it identifies nothing
@@ -198,19 +228,27 @@ def identify(mod: Any, declared: str, gen: torch.Generator) -> str:
     return ""
 
 
-# ---- one row: a dtype and regime ----------------------------------------------------------------------
-def _row(mod: Any, function: str, computes: str, dtype_name: str, regime: str, seed: int) -> MeasurementRow:
+# ---- one row: a dtype and regime -----------------------------------------------------------------
+def _row(
+    mod: Any, function: str, computes: str, dtype_name: str, regime: str, seed: int
+) -> MeasurementRow:
     row: MeasurementRow = {"dtype": dtype_name, "regime": regime}
     start = time.perf_counter()
     dtype = torch_dtype(dtype_name)
     gen = torch.Generator().manual_seed(seed)
     try:
         xs = cases(dtype, gen)
-        gos = {n: torch.randn(x.shape, generator=gen, dtype=torch.float64).to(x) for n, x in xs.items()}
+        gos = {
+            n: torch.randn(x.shape, generator=gen, dtype=torch.float64).to(x) for n, x in xs.items()
+        }
         flags: dict[str, str] = {}
         # "mixed": under autocast, on inputs in the low dtype (what the Linear before it hands it)
         mixed = regime == "mixed"
-        autocast = torch.autocast(torch.get_default_device().type, dtype=dtype) if mixed else contextlib.nullcontext()
+        autocast = (
+            torch.autocast(torch.get_default_device().type, dtype=dtype)
+            if mixed
+            else contextlib.nullcontext()
+        )
         with autocast:
             row["cases"], row["stats"] = _measure(mod, function, xs, gos, flags)
             if computes and computes != function:
@@ -218,7 +256,9 @@ def _row(mod: Any, function: str, computes: str, dtype_name: str, regime: str, s
             a, b = _run(mod, xs["random"], gos["random"]), _run(mod, xs["random"], gos["random"])
         same = all(torch.equal(a[n], b[n]) for n in OUTPUTS)
         spread = max(float((a[n].double() - b[n].double()).abs().max()) for n in OUTPUTS)
-        row["nondeterministic"] = None if same else f"two identical fwd+bwd differ by up to {spread:.3g}"
+        row["nondeterministic"] = (
+            None if same else f"two identical fwd+bwd differ by up to {spread:.3g}"
+        )
         row["flags"] = flags
     except NotElementwise as exc:
         row.pop("cases", None)
@@ -245,14 +285,20 @@ def build(cand: Candidate) -> Any:
 
 
 def _twin(cand: Candidate, mod: Any, gen: torch.Generator) -> dict[str, Any]:
-    """The portable twin on a random input: the largest relative difference of y or dx. Its state dict
-    interchanges with the candidate's only when both are empty (or have the same keys and shapes)."""
+    """The portable twin on a random input: the largest relative difference of y or dx. Its state
+    dict interchanges with the candidate's only when both are empty (or have the same keys and
+    shapes)."""
     twin_cand = twin_candidate(cand, "Activation")
     if twin_cand is None:
         return no_twin()
     try:
         twin = build(twin_cand)
-        x = torch.randn(ROWS, WIDTH, generator=gen, dtype=torch.float64).float().to(torch.get_default_device()) * 2
+        x = (
+            torch.randn(ROWS, WIDTH, generator=gen, dtype=torch.float64)
+            .float()
+            .to(torch.get_default_device())
+            * 2
+        )
         go = torch.randn_like(x)
         a, b = _run(mod, x, go), _run(twin, x, go)
     except Exception as exc:
@@ -263,13 +309,18 @@ def _twin(cand: Candidate, mod: Any, gen: torch.Generator) -> dict[str, Any]:
     for n in OUTPUTS:
         scale = float(b[n].double().abs().max()) or 1.0
         worst = max(worst, float((a[n].double() - b[n].double()).abs().max()) / scale)
-    out: dict[str, Any] = {"state_dict": "interchangeable" if same else "incompatible", "max_error": worst}
+    out: dict[str, Any] = {
+        "state_dict": "interchangeable" if same else "incompatible",
+        "max_error": worst,
+    }
     if not same:
-        out["reason"] = f"state dict keys differ: {sorted(mine)} against the twin's {sorted(theirs)}"
+        out["reason"] = (
+            f"state dict keys differ: {sorted(mine)} against the twin's {sorted(theirs)}"
+        )
     return out
 
 
-# ---- the worker's entry points -------------------------------------------------------------------------
+# ---- the worker's entry points -------------------------------------------------------------------
 def check(
     cand: Candidate,
     device: str,
@@ -289,10 +340,15 @@ def check(
         try:
             mod = build(cand)
             if function.startswith(OTHER_FUNCTION):
-                function_of_other(function)  # the declared class must build: else nothing can be judged
+                # the declared class must build: else nothing can be judged
+                function_of_other(function)
         except Exception as exc:
             return CheckReply(
-                candidate=cand.id, device=device, phase="build", error=first_line(exc, 400), import_s=import_s
+                candidate=cand.id,
+                device=device,
+                phase="build",
+                error=first_line(exc, 400),
+                import_s=import_s,
             )
         try:
             computes = identify(mod, function, torch.Generator().manual_seed(seed + 11))
@@ -301,7 +357,9 @@ def check(
         rows = [_row(mod, function, computes, d, regime, seed) for d, regime in dtypes]
         if rows and "exception" not in rows[0]:
             rows[0]["twin"] = _twin(cand, mod, torch.Generator().manual_seed(seed + 5))
-    return CheckReply(candidate=cand.id, device=device, rows=rows, import_s=import_s, computes=computes)
+    return CheckReply(
+        candidate=cand.id, device=device, rows=rows, import_s=import_s, computes=computes
+    )
 
 
 def time_candidate(
@@ -313,7 +371,8 @@ def time_candidate(
     progress: Callable[[TimingProgressMessage], None] | None = None,
 ) -> TimeReply:
     """fwd+bwd at each shape (``ROWSxHIDDEN``: the activation applied to rows x hidden elements; a
-    Linear's ``ROWSxINxOUT`` times rows x out) with the timing module's clock and repetition rule."""
+    Linear's ``ROWSxINxOUT`` times rows x out) with the timing module's clock and repetition
+    rule."""
     from kernel_probe.probe import timing
     from kernel_probe.shapes import parse_shape
 
@@ -322,21 +381,35 @@ def time_candidate(
     tdev = torch_device(device)
     rows_out: list[TimingRow] = []
     for index, text in enumerate(shapes):
-        row: TimingRow = {"implementation": cand.id, "shape": text, "dtype": dtype_name, "regime": "true"}
+        row: TimingRow = {
+            "implementation": cand.id,
+            "shape": text,
+            "dtype": dtype_name,
+            "regime": "true",
+        }
         started = time.perf_counter()
 
         def tick(
-            phase: str, done: int, total: int, index: int = index, text: str = text, started: float = started
+            phase: str,
+            done: int,
+            total: int,
+            index: int = index,
+            text: str = text,
+            started: float = started,
         ) -> None:
             if progress is not None:
                 progress(
-                    timing.progress_message(text, index, len(shapes), phase, done, total, time.perf_counter() - started)
+                    timing.progress_message(
+                        text, index, len(shapes), phase, done, total, time.perf_counter() - started
+                    )
                 )
 
         try:
             rows, hidden, out = parse_shape(text)
             mod = build(cand)
-            x = torch.randn(rows, out or hidden, device=tdev, dtype=torch_dtype(dtype_name), requires_grad=True)
+            x = torch.randn(
+                rows, out or hidden, device=tdev, dtype=torch_dtype(dtype_name), requires_grad=True
+            )
             go = torch.randn_like(x)
 
             def step(mod: Any = mod, x: Any = x, go: Any = go) -> None:
@@ -352,7 +425,8 @@ def time_candidate(
 
 
 def try_once(cand: Candidate, device: str) -> dict[str, Any]:
-    """One tiny forward and backward on a device the candidate does not declare: why it cannot run."""
+    """One tiny forward and backward on a device the candidate does not declare: why it cannot
+    run."""
     from kernel_probe.probe.attention import _on
 
     try:

@@ -1,17 +1,17 @@
 """Where an Activation verdict is decided: the rows by the project's one rule, then the function.
 
-Every row (dtype, regime) is judged by ``judge.judge_row``: the max error, the RMS error and the bias of
-``y`` and ``dx`` against the float64 reference of the model's declared function, relative to torch.nn's
-own implementation of that function in the same dtype (docs/checks.md), and the flags (an input or a
-grad_output modified in place rejects).
+Every row (dtype, regime) is judged by ``judge.judge_row``: the max error, the RMS error and the
+bias of ``y`` and ``dx`` against the float64 reference of the model's declared function, relative to
+torch.nn's own implementation of that function in the same dtype (docs/checks.md), and the flags (an
+input or a grad_output modified in place rejects).
 
 Then the function. The worker measures which function the candidate's float32 output matches
 (``CheckReply.computes``). One that computes another function than the model declares is rejected
 with a reason naming both and their largest difference, measured in float64 (for GELU's erf and tanh
-forms 4.7e-4, near |x| = 2.7). An approximation of the declared function (``activations.APPROXIMATIONS``:
-gelu-tanh for gelu-erf, or the reverse) is accepted only under ``Policy.allow_approximation``
-(``--allow-approximation``): its rows are then judged against the function it computes, and the
-change is recorded (the lock's ``accepted-changes``).
+forms 4.7e-4, near |x| = 2.7). An approximation of the declared function
+(``activations.APPROXIMATIONS``: gelu-tanh for gelu-erf, or the reverse) is accepted only under
+``Policy.allow_approximation`` (``--allow-approximation``): its rows are then judged against the
+function it computes, and the change is recorded (the lock's ``accepted-changes``).
 
 Before anything is imported, a registered candidate whose class is known to compute another function
 (``activations.function_of``: torch.nn.SiLU for a gelu-erf model) is skipped with that reason
@@ -23,7 +23,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from kernel_lock.format.activations import ACTIVATION_FUNCTIONS, OTHER_FUNCTION, function_of, is_approximation
+from kernel_lock.format.activations import (
+    ACTIVATION_FUNCTIONS,
+    OTHER_FUNCTION,
+    function_of,
+    is_approximation,
+)
 from kernel_probe.candidates import Candidate
 from kernel_probe.isolation.protocol import FLAG_NOT_ELEMENTWISE, CheckReply, MeasurementRow
 from kernel_probe.probe.judge import Policy, Problem
@@ -41,8 +46,8 @@ assert tuple(_FORMULAS) == ACTIVATION_FUNCTIONS
 
 
 def gap(a: str, b: str) -> tuple[float, float] | None:
-    """(the largest |a(x) - b(x)| over x in [-8, 8] on a grid of 1e-3, in float64, and where) for two
-    known functions; None when either is a declared other."""
+    """(the largest |a(x) - b(x)| over x in [-8, 8] on a grid of 1e-3, in float64, and where) for
+    two known functions; None when either is a declared other."""
     fa, fb = _FORMULAS.get(a), _FORMULAS.get(b)
     if fa is None or fb is None:
         return None
@@ -54,7 +59,8 @@ def _difference(declared: str, computes: str) -> str:
     if measured is None:
         return f"computes {computes}, not the model's {declared}"
     return (
-        f"computes {computes}, not the model's {declared}: the two differ by up to {measured[0]:.2g} "
+        f"computes {computes}, not the model's {declared}: the two differ by up to "
+        f"{measured[0]:.2g} "
         f"(near |x| = {measured[1]:.3g}, measured in float64)"
     )
 
@@ -67,19 +73,23 @@ def static_problem(cand: Candidate, declared: str) -> Problem | None:
         return None
     return Problem(
         "skipped",
-        f"{cand.target} computes {known}; the model's Activation is {declared} (--activation names the model's function)",
+        f"{cand.target} computes {known}; the model's Activation is {declared} (--activation "
+        "names the model's function)",
     )
 
 
 def _as_computed(row: MeasurementRow) -> MeasurementRow:
-    """The row with its errors against the function the candidate computes in place of the declared one."""
+    """The row with its errors against the function the candidate computes in place of the declared
+    one."""
     out = dict(row)
     if "approx_cases" in row:
         out["cases"], out["stats"] = row["approx_cases"], row.get("approx_stats", {})
     return MeasurementRow(**out)  # type: ignore[typeddict-item]
 
 
-def judge(raw: CheckReply, cand: Candidate, device: str, base: ReportBase, declared: str, policy: Policy) -> Report:
+def judge(
+    raw: CheckReply, cand: Candidate, device: str, base: ReportBase, declared: str, policy: Policy
+) -> Report:
     """The Activation verdict from the worker's measurements."""
     from kernel_probe.probe import judge as rules
 
@@ -91,7 +101,9 @@ def judge(raw: CheckReply, cand: Candidate, device: str, base: ReportBase, decla
     other = bool(computes) and computes != declared
     approximation = other and is_approximation(declared, computes)
     allowed = approximation and policy.allow_approximation
-    change = f"approximation: {_difference(declared, computes)} (accepted with --allow-approximation)"
+    change = (
+        f"approximation: {_difference(declared, computes)} (accepted with --allow-approximation)"
+    )
     rows = [_as_computed(r) for r in raw.rows] if allowed else list(raw.rows)
     verdicts = [
         rules.judge_row(
@@ -101,7 +113,9 @@ def judge(raw: CheckReply, cand: Candidate, device: str, base: ReportBase, decla
             row,
             policy,
             # the slot's own flag: an output of another shape is no activation
-            also=[(FLAG_NOT_ELEMENTWISE, shape)] if (shape := row.get("flags", {}).get(FLAG_NOT_ELEMENTWISE)) else (),
+            also=[(FLAG_NOT_ELEMENTWISE, shape)]
+            if (shape := row.get("flags", {}).get(FLAG_NOT_ELEMENTWISE))
+            else (),
             notes=[change] if allowed else (),
         )
         for row in rows
@@ -116,9 +130,13 @@ def judge(raw: CheckReply, cand: Candidate, device: str, base: ReportBase, decla
             report.status = "rejected"
         # a row right for the function it computes is wrong for the model's
         report.verdicts = [
-            dataclasses.replace(v, status="rejected", failed=(*v.failed, "function")) if v.status == "accepted" else v
+            dataclasses.replace(v, status="rejected", failed=(*v.failed, "function"))
+            if v.status == "accepted"
+            else v
             for v in verdicts
         ]
     elif not computes and report.status == "rejected" and not declared.startswith(OTHER_FUNCTION):
-        report.reasons.insert(0, f"function: its float32 forward matches none of {', '.join(ACTIVATION_FUNCTIONS)}")
+        report.reasons.insert(
+            0, f"function: its float32 forward matches none of {', '.join(ACTIVATION_FUNCTIONS)}"
+        )
     return report

@@ -3,16 +3,17 @@ inputs, the band's edge, determinism, what each option really does, and the timi
 geometry.
 
 Every error is normwise relative (``max|got - ref| / max|ref|``) against a float64 reference of the
-same masked attention on the same inputs, for the candidate and for torch's own math path in the same
-dtype (``baseline``): the verdict (``attention_verdict``) compares the two. Outputs: ``out``, ``dq``,
-``dk``, ``dv``. Where a reference gradient vanishes by construction (the sharp softmax over equal
-values, anemoi-core #1027: dq = dk = 0), its error is taken relative to the gradient's natural size,
-``max|dv|``, so a kernel that returns |dq| = 1.47 there fails however small the reference.
+same masked attention on the same inputs, for the candidate and for torch's own math path in the
+same dtype (``baseline``): the verdict (``attention_verdict``) compares the two. Outputs: ``out``,
+``dq``, ``dk``, ``dv``. Where a reference gradient vanishes by construction (the sharp softmax over
+equal values, anemoi-core #1027: dq = dk = 0), its error is taken relative to the gradient's natural
+size, ``max|dv|``, so a kernel that returns |dq| = 1.47 there fails however small the reference.
 
-The capability matrix is measured, not declared: each option (window, softcap, dropout, alibi, scale)
-is set on a fresh instance and the result compared with the reference with and without it:
+The capability matrix is measured, not declared: each option (window, softcap, dropout, alibi,
+scale) is set on a fresh instance and the result compared with the reference with and without it:
 ``honoured``, ``ignored`` (equal to the result without it: silently dropped), ``raises: <why>`` or
-``wrong`` (neither). The model's own options must be honoured (the verdict names the one that is not).
+``wrong`` (neither). The model's own options must be honoured (the verdict names the one that is
+not).
 
 Timing geometries are written ``HEADSxHEAD_DIMxSEQ[:window=W]`` (``attention_geometry``), batch 1.
 """
@@ -50,7 +51,7 @@ CHECK_HEADS, CHECK_DIM, CHECK_SEQ = 2, 32, 48
 OPTIONS = ("window", "softcap", "dropout", "alibi", "scale")
 
 
-# ---- the reference and torch's own math path ---------------------------------------------------------
+# ---- the reference and torch's own math path -----------------------------------------------------
 @dataclass(frozen=True)
 class Options:
     """What a call computes besides q, k, v: the layer's options and the call's scale."""
@@ -63,7 +64,12 @@ class Options:
     @classmethod
     def of(cls, kwargs: Mapping[str, Any], scale: float | None = None) -> Options:
         """The options from a candidate's keyword arguments (window, softcap, alibi) and a scale."""
-        return cls(int(kwargs.get("window", -1)), float(kwargs.get("softcap", 0.0)), bool(kwargs.get("alibi")), scale)
+        return cls(
+            int(kwargs.get("window", -1)),
+            float(kwargs.get("softcap", 0.0)),
+            bool(kwargs.get("alibi")),
+            scale,
+        )
 
 
 def explicit(q: Any, k: Any, v: Any, opts: Options) -> Any:
@@ -75,28 +81,32 @@ def explicit(q: Any, k: Any, v: Any, opts: Options) -> Any:
     if opts.alibi:
         s = s + alibi_bias(q.shape[1], q.shape[-2], k.shape[-2], q.device, s.dtype)
     if opts.window >= 0:
-        s = s.masked_fill(~band_mask(q.shape[-2], k.shape[-2], opts.window, q.device), float("-inf"))
+        s = s.masked_fill(
+            ~band_mask(q.shape[-2], k.shape[-2], opts.window, q.device), float("-inf")
+        )
     return torch.softmax(s, dim=-1) @ v
 
 
 def math_path(q: Any, k: Any, v: Any, opts: Options) -> Any:
-    """torch's own math path in the inputs' dtype: SDPA's MATH backend; the explicit formula for what
-    SDPA cannot express (softcap, alibi)."""
+    """torch's own math path in the inputs' dtype: SDPA's MATH backend; the explicit formula for
+    what SDPA cannot express (softcap, alibi)."""
     if opts.softcap > 0 or opts.alibi:
         return explicit(q, k, v, opts)
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     mask = None if opts.window < 0 else band_mask(q.shape[-2], k.shape[-2], opts.window, q.device)
     with sdpa_kernel([SDPBackend.MATH]):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=opts.scale)
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=opts.scale
+        )
 
 
 def fused_path(q: Any, k: Any, v: Any, go: Any, opts: Options) -> dict[str, Any]:
     """The same attention ordered as a correct fused kernel orders it, in the inputs' dtype: float32
     accumulation, the output rounded once to the dtype, and a backward that recomputes P from the
-    log-sum-exp and takes D = rowsum(dO * O) from the rounded output. Where the math path is exact by
-    accident (a one-hot softmax), this is the error a correct kernel still makes (the #1027 case's
-    dq, dk; the cancellation in s - lse at large logits)."""
+    log-sum-exp and takes D = rowsum(dO * O) from the rounded output. Where the math path is exact
+    by accident (a one-hot softmax), this is the error a correct kernel still makes (the #1027
+    case's dq, dk; the cancellation in s - lse at large logits)."""
     dtype = q.dtype
     q32, k32, v32, go32 = (t.float() for t in (q, k, v, go))
     scale = opts.scale if opts.scale is not None else 1.0 / math.sqrt(q.shape[-1])
@@ -107,14 +117,17 @@ def fused_path(q: Any, k: Any, v: Any, go: Any, opts: Options) -> dict[str, Any]
         if opts.alibi:
             s = s + alibi_bias(q.shape[1], q.shape[-2], k.shape[-2], q.device, s.dtype)
         if opts.window >= 0:
-            s = s.masked_fill(~band_mask(q.shape[-2], k.shape[-2], opts.window, q.device), float("-inf"))
+            s = s.masked_fill(
+                ~band_mask(q.shape[-2], k.shape[-2], opts.window, q.device), float("-inf")
+            )
         return s
 
     # the forward's scores, and the backward's recomputed in another summation order (as a kernel's
     # other tiling does): their difference, ~eps * |s|, is what a recomputing backward cannot avoid
     raw = (q32 @ k32.transpose(-1, -2)) * scale
     raw_b = (
-        q32[..., :half] @ k32[..., :half].transpose(-1, -2) + q32[..., half:] @ k32[..., half:].transpose(-1, -2)
+        q32[..., :half] @ k32[..., :half].transpose(-1, -2)
+        + q32[..., half:] @ k32[..., half:].transpose(-1, -2)
     ) * scale
     s = scores(raw)
     lse = torch.logsumexp(s, dim=-1, keepdim=True)
@@ -134,13 +147,16 @@ def fused_path(q: Any, k: Any, v: Any, go: Any, opts: Options) -> dict[str, Any]
 
 
 def _grads(fn: Callable[[Any, Any, Any], Any], q: Any, k: Any, v: Any, go: Any) -> dict[str, Any]:
-    """out, dq, dk, dv of ``fn`` at (q, k, v) with grad_output ``go`` (leaves detached from the inputs)."""
+    """out, dq, dk, dv of ``fn`` at (q, k, v) with grad_output ``go`` (leaves detached from the
+    inputs)."""
     q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
     kept = [t.detach().clone() for t in (q, k, v)]
     gout = go.detach().clone()
     out = fn(q, k, v)
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), gout.to(out.dtype))
-    mutated = not all(torch.equal(a, b) for a, b in zip(kept, (q, k, v), strict=True)) or not torch.equal(gout, go)
+    mutated = not all(
+        torch.equal(a, b) for a, b in zip(kept, (q, k, v), strict=True)
+    ) or not torch.equal(gout, go)
     return {"out": out.detach(), "dq": dq, "dk": dk, "dv": dv, "mutated": mutated}
 
 
@@ -156,10 +172,11 @@ def rel(got: Any, ref: Any, denom: float | None = None) -> float:
     return err / scale if scale > 0 else (0.0 if err == 0 else math.inf)
 
 
-# ---- the inputs ----------------------------------------------------------------------------------------
+# ---- the inputs ----------------------------------------------------------------------------------
 @dataclass
 class Case:
-    """One input: q, k, v (BHSD), grad_output, and for ``vanishing`` outputs the denominator's source."""
+    """One input: q, k, v (BHSD), grad_output, and for ``vanishing`` outputs the denominator's
+    source."""
 
     name: str
     q: Any
@@ -178,7 +195,9 @@ def _randn(dtype: Any, gen: torch.Generator) -> Callable[..., Any]:
     return randn
 
 
-def random_case(dtype: Any, gen: torch.Generator, heads: int = CHECK_HEADS, seq: int = CHECK_SEQ) -> Case:
+def random_case(
+    dtype: Any, gen: torch.Generator, heads: int = CHECK_HEADS, seq: int = CHECK_SEQ
+) -> Case:
     """The plain random case: query, key, value and the output gradient, seeded by ``gen``."""
     randn = _randn(dtype, gen)
     shape = (1, heads, seq, CHECK_DIM)
@@ -192,16 +211,27 @@ def cases(dtype: Any, gen: torch.Generator) -> list[Case]:
 
     randn = _randn(dtype, gen)
 
-    out = [Case("random", randn(1, h, s, d), randn(1, h, s, d), randn(1, h, s, d), randn(1, h, s, d))]
-    # large logits: q and k share a large common part, so unscaled q.k is ~80,000 (over fp16's 65504)
-    # while the softmax stays soft (the common part cancels in it)
+    out = [
+        Case("random", randn(1, h, s, d), randn(1, h, s, d), randn(1, h, s, d), randn(1, h, s, d))
+    ]
+    # large logits: q and k share a large common part, so unscaled q.k is ~80,000 (over fp16's
+    # 65504) while the softmax stays soft (the common part cancels in it)
     common = randn(1, h, 1, d, scale=50.0)
     q, k = common + randn(1, h, s, d, scale=0.05), common + randn(1, h, s, d, scale=0.05)
     out.append(Case("large-logits", q, k, randn(1, h, s, d), randn(1, h, s, d)))
     # anemoi-core #1027: a sharp softmax whose keys all carry the same value: out = v, dq = dk = 0
     q = randn(1, h, s, d, scale=2.5)
     value = randn(1, h, 1, d).expand(1, h, s, d).contiguous()
-    out.append(Case("sharp-equal-values", q, q + randn(1, h, s, d, scale=0.2), value, randn(1, h, s, d), ("dq", "dk")))
+    out.append(
+        Case(
+            "sharp-equal-values",
+            q,
+            q + randn(1, h, s, d, scale=0.2),
+            value,
+            randn(1, h, s, d),
+            ("dq", "dk"),
+        )
+    )
     # a non-contiguous view: what anemoi's rearrange of a (batch, grid, heads, vars) tensor gives
     bshd = randn(1, s, h, d)
     out.append(
@@ -216,7 +246,13 @@ def cases(dtype: Any, gen: torch.Generator) -> list[Case]:
     for dim in (64, 128):
         n = 16
         out.append(
-            Case(f"head-dim-{dim}", randn(1, h, n, dim), randn(1, h, n, dim), randn(1, h, n, dim), randn(1, h, n, dim))
+            Case(
+                f"head-dim-{dim}",
+                randn(1, h, n, dim),
+                randn(1, h, n, dim),
+                randn(1, h, n, dim),
+                randn(1, h, n, dim),
+            )
         )
     return out
 
@@ -232,9 +268,11 @@ def build(cand: Candidate, values: Mapping[str, Any], **override: Any) -> Any:
 
 
 def _forced_reason(caught: list[Any], exc: BaseException) -> str:
-    """torch's reason a forced SDPA backend refused: its warnings ("... not used because ...") and error."""
-    # torch's SDPA says why it refused a backend in warnings ("Flash attention kernel not used because:",
-    # "Both fused kernels do not support non-zero dropout."); other warnings are not the reason
+    """torch's reason a forced SDPA backend refused: its warnings ("... not used because ...") and
+    error."""
+    # torch's SDPA says why it refused a backend in warnings ("Flash attention kernel not used
+    # because:", "Both fused kernels do not support non-zero dropout."); other warnings are not the
+    # reason
     notes = [str(w.message).split(" (Triggered internally")[0] for w in caught]
     notes = [n for n in dict.fromkeys(notes) if n and "kernel" in n]
     return "; ".join([*notes, first_line(exc, 300)])
@@ -244,7 +282,9 @@ def _run(mod: Any, case: Case, *, scale: float | None = None) -> dict[str, Any]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            return _grads(lambda q, k, v: mod(q, k, v, scale=scale), case.q, case.k, case.v, case.go)
+            return _grads(
+                lambda q, k, v: mod(q, k, v, scale=scale), case.q, case.k, case.v, case.go
+            )
         except Exception as exc:
             raise _Refused(_forced_reason(caught, exc)) from exc
 
@@ -254,24 +294,33 @@ class _Refused(Exception):
 
 
 def _errors(
-    got: Mapping[str, Any], bases: list[Mapping[str, Any]], ref: Mapping[str, Any], vanishing: tuple[str, ...]
+    got: Mapping[str, Any],
+    bases: list[Mapping[str, Any]],
+    ref: Mapping[str, Any],
+    vanishing: tuple[str, ...],
 ) -> tuple[dict[str, list[float]], dict[str, ErrorStats]]:
-    """output -> [candidate's error, torch's paths' (the larger of the math and the fused ordering)],
-    and output -> the RMS and bias statistics besides the max (``measure.compare``, per row of the last
-    dimension; torch's the larger of its two paths'), the norms' rule applied to attention (issue 35).
-    A vanishing output (its reference ~0: the sharp case's dq and dk) has no statistics: its error is
-    measured against max|dv| by the max alone."""
+    """output -> [candidate's error, torch's paths' (the larger of the math and the fused
+    ordering)], and output -> the RMS and bias statistics besides the max (``measure.compare``, per
+    row of the last dimension; torch's the larger of its two paths'), the norms' rule applied to
+    attention (issue 35). A vanishing output (its reference ~0: the sharp case's dq and dk) has no
+    statistics: its error is measured against max|dv| by the max alone."""
     from kernel_probe.probe.measure import compare
 
     dv_scale = float(ref["dv"].abs().max())
     out, stats = {}, {}
     for name in OUTPUTS:
         denom = dv_scale if name in vanishing else None
-        out[name] = [rel(got[name], ref[name], denom), max(rel(b[name], ref[name], denom) for b in bases)]
+        out[name] = [
+            rel(got[name], ref[name], denom),
+            max(rel(b[name], ref[name], denom) for b in bases),
+        ]
         if name in vanishing:
             continue
         ref64 = ref[name].detach().double()
-        per_base = [compare(got[name].detach().double(), b[name].detach().double(), ref64, rows=True)[1] for b in bases]
+        per_base = [
+            compare(got[name].detach().double(), b[name].detach().double(), ref64, rows=True)[1]
+            for b in bases
+        ]
         merged = per_base[0]
         for other in per_base[1:]:
             for key in ("rms", "bias", "sd"):
@@ -293,8 +342,8 @@ def _measure(
     flags: dict[str, str] | None = None,
     torch_side: Callable[[], tuple[Any, Any, Any]] | None = None,
 ) -> tuple[dict[str, list[float]], dict[str, ErrorStats]]:
-    """The candidate's and torch's errors on one case; ``torch_side``: torch's two paths and the float64
-    reference on it, as the slot's earlier candidate computed them (``slotcheck``)."""
+    """The candidate's and torch's errors on one case; ``torch_side``: torch's two paths and the
+    float64 reference on it, as the slot's earlier candidate computed them (``slotcheck``)."""
     got = _run(mod, case, scale=opts.scale)
     if got["mutated"] and flags is not None:
         flags.setdefault("input-modified", case.name)
@@ -313,8 +362,8 @@ def _torch_side(case: Case, opts: Options) -> tuple[Any, Any, Any]:
 
 
 def _band_edge(mod: Any, dtype: Any, gen: torch.Generator, window: int) -> str | None:
-    """Keys outside query i0's band get exactly zero weight (its output does not change when they do)
-    and exactly zero gradient (grad_output only on row i0); None when so, else what leaked."""
+    """Keys outside query i0's band get exactly zero weight (its output does not change when they
+    do) and exactly zero gradient (grad_output only on row i0); None when so, else what leaked."""
     h, d, s = CHECK_HEADS, CHECK_DIM, CHECK_SEQ
     randn = _randn(dtype, gen)
     q, k, v = (randn(1, h, s, d) for _ in range(3))
@@ -333,7 +382,10 @@ def _band_edge(mod: Any, dtype: Any, gen: torch.Generator, window: int) -> str |
         leaks.insert(0, "out")
     if not leaks:
         return None
-    return f"keys outside the band of half-width {window} reach {', '.join(leaks)} (must be exactly zero)"
+    return (
+        f"keys outside the band of half-width {window} reach {', '.join(leaks)} (must be "
+        "exactly zero)"
+    )
 
 
 def _bitwise(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[bool, float]:
@@ -342,7 +394,7 @@ def _bitwise(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[bool, float]:
     return same, spread
 
 
-# ---- one row: a dtype ----------------------------------------------------------------------------------
+# ---- one row: a dtype ----------------------------------------------------------------------------
 def _row(
     cand: Candidate,
     values: Mapping[str, Any],
@@ -351,15 +403,17 @@ def _row(
     seed: int,
     shared: SetupCache | None = None,
 ) -> MeasurementRow:
-    # "mixed": under autocast the Linear layers before attention hand it q, k, v in the low dtype, so
-    # it is checked on inputs in that dtype, as in "true"
+    # "mixed": under autocast the Linear layers before attention hand it q, k, v in the low dtype,
+    # so it is checked on inputs in that dtype, as in "true"
     row: MeasurementRow = {"dtype": dtype_name, "regime": regime}
     # the row's inputs are drawn in the same order for every candidate (a candidate that raises ends
-    # the row), so the n-th case measured is the same case: torch's side of it is shared by call number
+    # the row), so the n-th case measured is the same case: torch's side of it is shared by call
+    # number
     overrides = json.dumps(dict(values), sort_keys=True, default=str)
     row_key = ("Attention", overrides, dtype_name, regime, seed, str(torch.get_default_device()))
     calls = itertools.count()
-    # one cache entry per row: call number -> torch's side, filled by the first candidate to get there
+    # one cache entry per row: call number -> torch's side, filled by the first candidate to get
+    # there
     sides: dict[int, tuple[Any, Any, Any]] = {} if shared is None else shared.get(row_key, dict)
 
     def measure(
@@ -384,10 +438,12 @@ def _row(
     flags: dict[str, str] = {}
     try:
         mod = build(cand, values)
-        mod.eval()  # dropout off: the numbers are judged without it (dropout is in the capability matrix)
+        # dropout off: the numbers are judged without it (dropout is in the capability matrix)
+        mod.eval()
         for case in cases(dtype, gen):
             errors[case.name], stats[case.name] = measure(mod, case, opts, flags)
-        # the windows: the model's (or a quarter of the sequence) and the band's edge, on fresh instances
+        # the windows: the model's (or a quarter of the sequence) and the band's edge, on fresh
+        # instances
         for name, w in (("window", window), ("small-window", SMALL_WINDOW)):
             if opts.window >= 0 and name == "window":
                 inst, o = mod, opts
@@ -401,7 +457,10 @@ def _row(
         inst = build(cand, values, window=window).eval()
         first = random_case(dtype, gen)
         _run(inst, first)
-        short = Case("second-length", *(t[:, :, : CHECK_SEQ // 2 + 5] for t in (first.q, first.k, first.v, first.go)))
+        short = Case(
+            "second-length",
+            *(t[:, :, : CHECK_SEQ // 2 + 5] for t in (first.q, first.k, first.v, first.go)),
+        )
         errors["second-length"], stats["second-length"] = measure(
             inst, short, Options(window, opts.softcap, opts.alibi)
         )
@@ -409,7 +468,9 @@ def _row(
         random = random_case(dtype, torch.Generator().manual_seed(seed))
         got = _run(mod, random)
         same, spread = _bitwise(got, _run(mod, random))
-        row["nondeterministic"] = None if same else f"two identical fwd+bwd differ by up to {spread:.3g}"
+        row["nondeterministic"] = (
+            None if same else f"two identical fwd+bwd differ by up to {spread:.3g}"
+        )
         row["twin"] = _twin(cand, values, random, got)
     except _Refused as exc:
         row["exception"] = str(exc)
@@ -424,9 +485,12 @@ def _row(
     return row
 
 
-def _twin(cand: Candidate, values: Mapping[str, Any], case: Case, got: Mapping[str, Any]) -> dict[str, Any]:
-    """The portable twin (torch's SDPA with the same options) on the same input: the largest relative
-    difference of any output. Attention holds no parameters, so the state dicts interchange (both empty)."""
+def _twin(
+    cand: Candidate, values: Mapping[str, Any], case: Case, got: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The portable twin (torch's SDPA with the same options) on the same input: the largest
+    relative difference of any output. Attention holds no parameters, so the state dicts interchange
+    (both empty)."""
     twin_cand = twin_candidate(cand, "Attention")
     if twin_cand is None:
         return no_twin()
@@ -434,10 +498,13 @@ def _twin(cand: Candidate, values: Mapping[str, Any], case: Case, got: Mapping[s
         twin = _run(build(twin_cand, values).eval(), case)
     except Exception as exc:
         return {"state_dict": "incompatible", "reason": f"the twin raised {first_line(exc, 300)}"}
-    return {"state_dict": "interchangeable", "max_error": max(rel(got[n], twin[n]) for n in OUTPUTS)}
+    return {
+        "state_dict": "interchangeable",
+        "max_error": max(rel(got[n], twin[n]) for n in OUTPUTS),
+    }
 
 
-# ---- the capability matrix -----------------------------------------------------------------------------
+# ---- the capability matrix -----------------------------------------------------------------------
 def capabilities(cand: Candidate, values: Mapping[str, Any], seed: int) -> dict[str, str]:
     """What each option really does, measured in float32 on a fresh instance per option."""
     gen = torch.Generator().manual_seed(seed + 7)
@@ -458,7 +525,9 @@ def capabilities(cand: Candidate, values: Mapping[str, Any], seed: int) -> dict[
     return out
 
 
-def _capability(cand: Candidate, values: Mapping[str, Any], override: dict[str, Any], opts: Options, case: Case) -> str:
+def _capability(
+    cand: Candidate, values: Mapping[str, Any], override: dict[str, Any], opts: Options, case: Case
+) -> str:
     c64 = _cast(case, torch.float64)
     with_it = explicit(c64.q, c64.k, c64.v, opts)
     without = explicit(c64.q, c64.k, c64.v, Options())
@@ -478,12 +547,15 @@ def _capability(cand: Candidate, values: Mapping[str, Any], override: dict[str, 
         return "honoured"
     if rel(got, without) <= tol:
         return "ignored"
-    return f"wrong (error {rel(got, with_it):.3g} against the reference with it, {rel(got, without):.3g} without)"
+    return (
+        f"wrong (error {rel(got, with_it):.3g} against the reference with it, "
+        f"{rel(got, without):.3g} without)"
+    )
 
 
 def _dropout(cand: Candidate, values: Mapping[str, Any], case: Case) -> str:
-    """Honoured: in training mode with dropout 0.5 the output differs from the one without dropout, and
-    eval mode turns it off."""
+    """Honoured: in training mode with dropout 0.5 the output differs from the one without dropout,
+    and eval mode turns it off."""
     try:
         mod = build(cand, values, dropout=0.5)
         with warnings.catch_warnings(record=True) as caught:
@@ -506,7 +578,7 @@ def _dropout(cand: Candidate, values: Mapping[str, Any], case: Case) -> str:
     return "honoured"
 
 
-# ---- the worker's entry points -------------------------------------------------------------------------
+# ---- the worker's entry points -------------------------------------------------------------------
 def check(
     cand: Candidate,
     device: str,
@@ -525,7 +597,9 @@ def check(
     with _on(device):
         rows = [_row(cand, values, d, regime, seed, shared) for d, regime in dtypes]
         caps = capabilities(cand, values, seed)
-    return CheckReply(candidate=cand.id, device=device, rows=rows, import_s=import_s, capabilities=caps)
+    return CheckReply(
+        candidate=cand.id, device=device, rows=rows, import_s=import_s, capabilities=caps
+    )
 
 
 class _on:
@@ -550,7 +624,8 @@ class _on:
 
 
 def try_once(cand: Candidate, device: str) -> dict[str, Any]:
-    """One tiny forward and backward on a device the candidate does not declare: why it cannot run."""
+    """One tiny forward and backward on a device the candidate does not declare: why it cannot
+    run."""
     from kernel_lock.format.slots import torch_device
 
     try:
@@ -566,13 +641,18 @@ def try_once(cand: Candidate, device: str) -> dict[str, Any]:
 def _ticker(
     progress: Callable[[TimingProgressMessage], None], text: str, index: int, of: int
 ) -> Callable[[str, int, int], None]:
-    """``tick(phase, done, total)`` for one geometry: the other slots' progress message (``timing``)."""
+    """``tick(phase, done, total)`` for one geometry: the other slots' progress message
+    (``timing``)."""
     from kernel_probe.probe import timing
 
     started = time.perf_counter()
 
     def tick(phase: str, done: int, total: int) -> None:
-        progress(timing.progress_message(text, index, of, phase, done, total, time.perf_counter() - started))
+        progress(
+            timing.progress_message(
+                text, index, of, phase, done, total, time.perf_counter() - started
+            )
+        )
 
     return tick
 
@@ -586,8 +666,9 @@ def time_candidate(
     canonical_overrides: Mapping[str, Any] | None = None,
     progress: Callable[[TimingProgressMessage], None] | None = None,
 ) -> TimeReply:
-    """fwd+bwd per geometry with the timing module's clock and repetition rule; on a GPU, peak memory.
-    ``progress`` receives the other slots' messages (``timing.progress_message``) after each call."""
+    """fwd+bwd per geometry with the timing module's clock and repetition rule; on a GPU, peak
+    memory. ``progress`` receives the other slots' messages (``timing.progress_message``) after each
+    call."""
     from kernel_lock.format.slots import torch_device
     from kernel_probe.probe import timing
 
@@ -596,7 +677,12 @@ def time_candidate(
     tdev = torch_device(device)
     rows: list[TimingRow] = []
     for index, text in enumerate(geometries):
-        row: TimingRow = {"implementation": cand.id, "shape": text, "dtype": dtype_name, "regime": "true"}
+        row: TimingRow = {
+            "implementation": cand.id,
+            "shape": text,
+            "dtype": dtype_name,
+            "regime": "true",
+        }
         tick = None if progress is None else _ticker(progress, text, index, len(geometries))
         try:
             g = parse_geometry(text)
@@ -604,7 +690,9 @@ def time_candidate(
             mod = build(cand, values).train()
             dtype = torch_dtype(dtype_name)
             q, k, v = (
-                torch.randn(1, g.heads, g.seq, g.head_dim, device=tdev, dtype=dtype, requires_grad=True)
+                torch.randn(
+                    1, g.heads, g.seq, g.head_dim, device=tdev, dtype=dtype, requires_grad=True
+                )
                 for _ in range(3)
             )
             go = torch.randn(1, g.heads, g.seq, g.head_dim, device=tdev, dtype=dtype)
@@ -618,9 +706,11 @@ def time_candidate(
             timing.timed_calls(clock, step, opts, tick, text, row)
             keys = g.seq if values["window"] < 0 else min(g.seq, 2 * values["window"] + 1)
             seconds = row["median_ms"] / 1e3
-            # fwd 2 matmuls, bwd 5 (one recomputing the scores), 2 flops per multiply-add, band keys only
+            # fwd 2 matmuls, bwd 5 (one recomputing the scores), 2 flops per multiply-add, band keys
+            # only
             row["tflops"] = 7 * 2.0 * g.heads * g.seq * keys * g.head_dim / seconds / 1e12
-            # q, k, v, out read or written forward; q, k, v, out, grad_out read and dq, dk, dv written backward
+            # q, k, v, out read or written forward; q, k, v, out, grad_out read and dq, dk, dv
+            # written backward
             row["gbps"] = 12 * g.heads * g.seq * g.head_dim * dtype.itemsize / seconds / 1e9
             if tdev == "cuda":
                 row["peak_bytes"] = int(torch.cuda.max_memory_allocated())

@@ -1,8 +1,9 @@
 """The Attention slot's geometry, as the command line writes it: ``HEADSxHEAD_DIMxSEQ[:window=W]``.
 
-Light (no torch): the command line and the probe's plan parse it before any work. Batch 1; ``window``
-is the band's half-width (key j visible to query i iff |i - j| <= W; -1: global), and when given it is
-the model's window: the lock pins it (``slots.Attention.kwargs.window``) and the checks judge it.
+Light (no torch): the command line and the probe's plan parse it before any work. Batch 1;
+``window`` is the band's half-width (key j visible to query i iff |i - j| <= W; -1: global), and
+when given it is the model's window: the lock pins it (``slots.Attention.kwargs.window``) and the
+checks judge it.
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ class Geometry:
     def __str__(self) -> str:
         text = f"{self.heads}x{self.head_dim}x{self.seq}"
         if self.options:
-            text += ":" + ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in self.options)
+            text += ":" + ",".join(
+                f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in self.options
+            )
         return text
 
 
@@ -62,15 +65,23 @@ def _option(text: str, name: str, value: str) -> tuple[str, object]:
             raise ValueError
         return name, x
     except ValueError:
-        what = {"window": "-1 (global) or a half-width >= 0", "alibi": "true or false", "softcap": "a number >= 0"}
-        raise ValueError(f"{text!r}: {name} must be {what.get(name, 'in [0, 1)')}, got {value!r}") from None
+        what = {
+            "window": "-1 (global) or a half-width >= 0",
+            "alibi": "true or false",
+            "softcap": "a number >= 0",
+        }
+        raise ValueError(
+            f"{text!r}: {name} must be {what.get(name, 'in [0, 1)')}, got {value!r}"
+        ) from None
 
 
 def parse_geometry(text: str) -> Geometry:
     """``16x128x40320:window=512`` -> Geometry; ValueError naming the form otherwise."""
     m = _GEOMETRY.match(text.strip())
     if not m:
-        raise ValueError(f"{text!r} is not {FORM}, e.g. {DEFAULT_GEOMETRY['cpu']} or {O96_GEOMETRY}")
+        raise ValueError(
+            f"{text!r} is not {FORM}, e.g. {DEFAULT_GEOMETRY['cpu']} or {O96_GEOMETRY}"
+        )
     heads, dim, seq = (int(m.group(i)) for i in (1, 2, 3))
     if not (1 <= heads <= 1024 and 1 <= dim <= 512 and 1 <= seq <= 10_000_000):
         raise ValueError(f"{text!r}: heads 1..1024, head_dim 1..512, seq 1..10,000,000")
@@ -79,7 +90,9 @@ def parse_geometry(text: str) -> Geometry:
         name, sep, value = part.partition("=")
         name = name.strip()
         if name not in OPTIONS or not sep:
-            raise ValueError(f"{text!r}: {part!r} is not one of {', '.join(o + '=...' for o in OPTIONS)}")
+            raise ValueError(
+                f"{text!r}: {part!r} is not one of {', '.join(o + '=...' for o in OPTIONS)}"
+            )
         if name in options:
             raise ValueError(f"{text!r}: {name} is given twice")
         options.update([_option(text, name, value.strip())])
@@ -92,7 +105,8 @@ SMALL_WINDOW = 1  # the band's edge: three keys per query
 HINTS = {
     "random": "plain random input",
     "large-logits": "large logits: overflow of unscaled scores in low precision",
-    "sharp-equal-values": "sharp softmax over equal values: dq and dk must vanish (anemoi-core #1027)",
+    "sharp-equal-values": "sharp softmax over equal values: dq and dk must vanish (anemoi-core "
+    "#1027)",
     "non-contiguous": "non-contiguous (transposed) views",
     "head-dim-64": "head_dim 64",
     "head-dim-128": "head_dim 128",
@@ -103,7 +117,8 @@ HINTS = {
 
 
 def canonical(overrides: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The Attention slot's canonical options (``kernel_lock.format.slots.CANONICAL``) with the model's ``overrides``."""
+    """The Attention slot's canonical options (``kernel_lock.format.slots.CANONICAL``) with the
+    model's ``overrides``."""
     from kernel_lock.format.slots import CANONICAL
 
     c = dict(CANONICAL["Attention"])

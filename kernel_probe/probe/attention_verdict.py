@@ -1,21 +1,23 @@
-"""Where an Attention verdict is decided: the attention tolerance rule, the capability rule, the flags.
+"""Where an Attention verdict is decided: the attention tolerance rule, the capability rule, the
+flags.
 
-The tolerance rule (derivation in docs/checks.md, "Attention"). Per output t in (out, dq, dk, dv), per
-input case, against the float64 reference of the same masked attention:
+The tolerance rule (derivation in docs/checks.md, "Attention"). Per output t in (out, dq, dk, dv),
+per input case, against the float64 reference of the same masked attention:
 
-    err(candidate, t) <= FACTOR * err(math, t) + FLOOR(dtype)        FACTOR = 4, FLOOR = 8 * eps(dtype)
+    err(candidate, t) <= FACTOR * err(math, t) + FLOOR(dtype)    FACTOR = 4, FLOOR = 8 * eps(dtype)
 
 where ``math`` is torch's own math path in the same dtype (SDPA's MATH backend; the explicit formula
 for softcap and alibi). This is the form PyTorch's and flash-attn's own attention tests use (a fused
 kernel may be a small multiple of the unfused path's error, never qualitatively worse). The floor is
-four times the norms' (2 eps): attention's outputs are softmax-weighted sums whose reference is itself
-rounded once per matmul, and a fused kernel that keeps its accumulator in float32 can be *more*
-accurate than the math path in low precision, so the math path's error is not a lower bound on a
-correct kernel's. The measured ratio (err / tolerance) of every output is recorded in the evidence.
+four times the norms' (2 eps): attention's outputs are softmax-weighted sums whose reference is
+itself rounded once per matmul, and a fused kernel that keeps its accumulator in float32 can be
+*more* accurate than the math path in low precision, so the math path's error is not a lower bound
+on a correct kernel's. The measured ratio (err / tolerance) of every output is recorded in the
+evidence.
 
-Besides the max error, every output that does not vanish is judged on its RMS error and its bias (mean
-signed error) per row of its last dimension by the norms' rule (``judge.judge_output`` with this max
-tolerance: one rule for every slot's outputs, docs/checks.md).
+Besides the max error, every output that does not vanish is judged on its RMS error and its bias
+(mean signed error) per row of its last dimension by the norms' rule (``judge.judge_output`` with
+this max tolerance: one rule for every slot's outputs, docs/checks.md).
 
 Besides errors: an input modified, a key outside the band that reaches the output or a gradient, and
 an option the model sets that the candidate ignores (rejected, naming the option) or refuses
@@ -35,12 +37,16 @@ FACTOR = 4.0
 FLOOR_EPS = 8.0
 # the options a model sets, and the canonical value that means "not set"
 UNSET = {"window": -1, "softcap": 0.0, "dropout": 0.0, "alibi": False}
-_REFUSED = re.compile(r"No available kernel|No viable backend|not supported|not implemented|NotImplemented", re.I)
+_REFUSED = re.compile(
+    r"No available kernel|No viable backend|not supported|not implemented|NotImplemented", re.I
+)
 
 
 def tolerance(output: str, base: float, dtype: str) -> float:
-    """The attention tolerance for ``output`` given torch's math path's error ``base`` in ``dtype``."""
-    del output  # one rule for out, dq, dk and dv (the vanishing gradients are scaled in the measurement)
+    """The attention tolerance for ``output`` given torch's math path's error ``base`` in
+    ``dtype``."""
+    # one rule for out, dq, dk and dv (the vanishing gradients are scaled in the measurement)
+    del output
     return FACTOR * base + FLOOR_EPS * DTYPES.get(dtype, DTYPES["float32"]).eps
 
 
@@ -66,7 +72,9 @@ def judge_row(cand: Candidate, device: str, row: MeasurementRow) -> Verdict:
     return row_verdict(cand.id, device, row, found, failed=failed, reasons=reasons)
 
 
-def option_problems(capabilities: dict[str, str], canonical: dict[str, object]) -> tuple[list[str], list[str]]:
+def option_problems(
+    capabilities: dict[str, str], canonical: dict[str, object]
+) -> tuple[list[str], list[str]]:
     """(rejections, refusals): options the model sets that the candidate ignores or gets wrong, and
     those it refuses (raises on)."""
     rejected, refused = [], []
@@ -78,18 +86,24 @@ def option_problems(capabilities: dict[str, str], canonical: dict[str, object]) 
             continue
         line = f"the model sets {option}={canonical[option]!r}, and this candidate {got}"
         if got.startswith("raises"):
-            refused.append(line.replace(f"candidate {got}", f"candidate refuses it ({got[len('raises: ') :]})"))
+            refused.append(
+                line.replace(f"candidate {got}", f"candidate refuses it ({got[len('raises: ') :]})")
+            )
         else:
             rejected.append(
                 line.replace(
                     f"candidate {got}",
-                    f"candidate silently {got} it" if got == "ignored" else f"candidate computes it {got}",
+                    f"candidate silently {got} it"
+                    if got == "ignored"
+                    else f"candidate computes it {got}",
                 )
             )
     return rejected, refused
 
 
-def judge(raw: CheckReply, cand: Candidate, device: str, base: ReportBase, canonical: dict[str, object]) -> Report:
+def judge(
+    raw: CheckReply, cand: Candidate, device: str, base: ReportBase, canonical: dict[str, object]
+) -> Report:
     """The Attention verdict from the worker's measurements."""
     from kernel_probe.probe.judge import failed_import, report_of, stopped
 

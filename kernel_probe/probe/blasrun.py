@@ -1,6 +1,7 @@
-"""The BLAS library a Linear runs under on a GPU, in the worker: the candidate's own (``Candidate.blas``)
-while it is checked and timed, the classic one for torch.nn's baseline, and the process's previous
-choice restored afterwards (a worker serves other candidates). Names and applying one: ``kernel_lock.format.blas``."""
+"""The BLAS library a Linear runs under on a GPU, in the worker: the candidate's own
+(``Candidate.blas``) while it is checked and timed, the classic one for torch.nn's baseline, and the
+process's previous choice restored afterwards (a worker serves other candidates). Names and applying
+one: ``kernel_lock.format.blas``."""
 
 from __future__ import annotations
 
@@ -18,16 +19,22 @@ class BlasNotOffered(Exception):
 
 
 def blas_device(cand: Candidate, device: str) -> str:
-    """The device type whose BLAS libraries name the candidate's (``cuda``/``rocm``); '' where none applies."""
-    return blas_lib.device_of(cand.blas) if cand.blas else (device if device in blas_lib.LIBRARIES else "")
+    """The device type whose BLAS libraries name the candidate's (``cuda``/``rocm``); '' where none
+    applies."""
+    return (
+        blas_lib.device_of(cand.blas)
+        if cand.blas
+        else (device if device in blas_lib.LIBRARIES else "")
+    )
 
 
 @contextlib.contextmanager
 def blas_library(cand: Candidate, device: str) -> Iterator[tuple[str, str]]:
     """Run a Linear under its candidate's BLAS library (``cand.blas``; none: the one torch picks by
-    itself), restoring the process's previous choice afterwards (the worker serves other candidates).
-    Yields (the library in effect, the build's default, i.e. torch's choice before any was set); ("", "")
-    where no GPU BLAS library applies. Raises :class:`BlasNotOffered` when the build keeps another."""
+    itself), restoring the process's previous choice afterwards (the worker serves other
+    candidates). Yields (the library in effect, the build's default, i.e. torch's choice before any
+    was set); ("", "") where no GPU BLAS library applies. Raises :class:`BlasNotOffered` when the
+    build keeps another."""
     kind = blas_device(cand, device) if cand.semantics == "linear" else ""
     if not kind:
         yield "", ""
@@ -48,9 +55,9 @@ def blas_library(cand: Candidate, device: str) -> Iterator[tuple[str, str]]:
 
 def baseline_blas(cand: Candidate, device: str) -> str:
     """The library torch.nn's baseline runs under when a Linear is checked on a GPU: the classic one
-    (cuBLAS, rocBLAS), which torch used for every Linear before the Lt libraries became preferences and
-    defaults (on LUMI the divergence came with hipBLASLt, anemoi-core #560). So a library that computes
-    worse is judged against the classic library's error, never against its own."""
+    (cuBLAS, rocBLAS), which torch used for every Linear before the Lt libraries became preferences
+    and defaults (on LUMI the divergence came with hipBLASLt, anemoi-core #560). So a library that
+    computes worse is judged against the classic library's error, never against its own."""
     kind = blas_device(cand, device) if cand.semantics == "linear" else ""
     return blas_lib.LIBRARIES[kind][0] if kind else ""
 

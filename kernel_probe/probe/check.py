@@ -1,4 +1,5 @@
-"""Run the correctness kernels for every candidate of every slot, isolated, and time the accepted ones.
+"""Run the correctness kernels for every candidate of every slot, isolated, and time the accepted
+ones.
 
 Per candidate: what rules it out before anything is imported, the import (its own time budget: a
 library that hangs on import costs ``IMPORT_TIMEOUT``), then the checks (``CHECK_TIMEOUT``, more for
@@ -37,7 +38,8 @@ P = ParamSpec("P")
 
 
 def parse_dtype(text: str) -> str:
-    """The torch name of a dtype the command line names by its short or torch name (exit 2 if neither)."""
+    """The torch name of a dtype the command line names by its short or torch name (exit 2 if
+    neither)."""
     from kernel_probe.errors import UsageError
 
     name = dtype_named(text)
@@ -47,8 +49,11 @@ def parse_dtype(text: str) -> str:
     return name
 
 
-def dtype_plan(dtypes: Iterable[str], regimes: Iterable[str] = ("true", "mixed")) -> list[tuple[str, str]]:
-    """(dtype, regime) pairs: float32 only runs "true"; low precision runs plain and under autocast."""
+def dtype_plan(
+    dtypes: Iterable[str], regimes: Iterable[str] = ("true", "mixed")
+) -> list[tuple[str, str]]:
+    """(dtype, regime) pairs: float32 only runs "true"; low precision runs plain and under
+    autocast."""
     return [(d, r) for d in dtypes for r in regimes if not (d == "float32" and r == "mixed")]
 
 
@@ -91,7 +96,9 @@ def check_candidate(
 
     problem = judge.static_problem(cand, slot, device, arch, with_compile=with_compile, detail=True)
     if problem is None and slot == ACTIVATION:
-        from kernel_lock.format.activations import declared_function  # torch-free: this process never imports torch
+        from kernel_lock.format.activations import (
+            declared_function,
+        )  # torch-free: this process never imports torch
         from kernel_probe.probe import activation_verdict
 
         problem = activation_verdict.static_problem(cand, declared_function(canonical))
@@ -102,15 +109,19 @@ def check_candidate(
     try:
         imported = worker.call(ImportRequest(target=cand.target), import_timeout)
     except WorkerDied as exc:
-        return stopped(judge.died(exc.status, exc.reason, f"importing {cand.target}", ("import", import_timeout)))
+        return stopped(
+            judge.died(
+                exc.status, exc.reason, f"importing {cand.target}", ("import", import_timeout)
+            )
+        )
     if imported.tampered:
         return stopped(judge.tampered(f"importing {cand.target}", imported.tampered))
     if not imported.ok:
         return stopped(judge.failed_import(cand.target, imported.kind, imported.error))
     budget = timeout * (COMPILED_FACTOR if cand.compiled else 1)
     try:
-        # hidden: e.g. 64 (anemoi's QueryNorm/KeyNorm normalise over head_dim); baseline: the reference
-        # torch.nn class (tests: a reference with CUDA's autocast policy)
+        # hidden: e.g. 64 (anemoi's QueryNorm/KeyNorm normalise over head_dim); baseline: the
+        # reference torch.nn class (tests: a reference with CUDA's autocast policy)
         request = CheckRequest(
             candidate=cand,
             slot=slot,
@@ -138,31 +149,46 @@ def check_candidate(
         from kernel_lock.format.activations import declared_function
         from kernel_probe.probe import activation_verdict
 
-        report = activation_verdict.judge(raw, cand, device, base, declared_function(canonical), policy)
+        report = activation_verdict.judge(
+            raw, cand, device, base, declared_function(canonical), policy
+        )
     else:
         report = judge.judge_candidate(raw, cand, slot, device, policy, base)
     if raw.interpreted:  # said on the report and on every verdict it carries
         report.interpreted = True
-        report.verdicts = [dataclasses.replace(v, notes=(INTERPRETED, *v.notes)) for v in report.verdicts]
+        report.verdicts = [
+            dataclasses.replace(v, notes=(INTERPRETED, *v.notes)) for v in report.verdicts
+        ]
     return report
 
 
 def _tried(
-    problem: Problem, cand: Candidate, slot: str, device: str, worker: Worker, budget: float, base: ReportBase
+    problem: Problem,
+    cand: Candidate,
+    slot: str,
+    device: str,
+    worker: Worker,
+    budget: float,
+    base: ReportBase,
 ) -> Report:
     """A candidate installed here that declares other devices: tried once in the worker, so that its
     reason says how it fails here (or that it runs, but not as the kernel it is declared to be)."""
     try:
         tried = worker.call(TryRequest(candidate=cand, slot=slot, device=device), budget)
     except WorkerDied as exc:
-        return Report(status="unavailable", reasons=[f"{problem.reason}; trying it {exc.status}: {exc.reason}"], **base)
+        return Report(
+            status="unavailable",
+            reasons=[f"{problem.reason}; trying it {exc.status}: {exc.reason}"],
+            **base,
+        )
     reason = judge.judge_tried(problem, cand, tried)
     return Report(status="unavailable", reasons=[reason], interpreted=tried.interpreted, **base)
 
 
 @dataclass(frozen=True)
 class Checks:
-    """How every candidate is checked: the device, the (dtype, regime) rows, the budgets and the policy."""
+    """How every candidate is checked: the device, the (dtype, regime) rows, the budgets and the
+    policy."""
 
     device: str
     plan: list[tuple[str, str]]
@@ -176,6 +202,10 @@ class Checks:
     baselines: Mapping[str, Candidate] = field(default_factory=dict)  # per slot
 
 
+def _no_progress(slot: str, cid: str, message: TimingProgressMessage | None) -> None:
+    """``Timing.progress`` where nobody listens."""
+
+
 @dataclass(frozen=True)
 class Timing:
     """How the probe times each accepted candidate after its check, in the same worker."""
@@ -185,22 +215,26 @@ class Timing:
     regime: str
     reps: int
     # (slot, candidate id, None when its timing starts, else the worker's progress message)
-    progress: Callable[[str, str, TimingProgressMessage | None], None] = lambda slot, cid, message: None
-    attention: tuple[str, ...] = ()  # the Attention slot's geometries (attention_geometry), instead of shapes
-    # fixed: ``reps`` calls for every accepted candidate (``--reps`` given); else only what can change
-    # the choice (kernel_probe.probe.repetitions), within ``budget_s`` per slot (None: the device's)
+    progress: Callable[[str, str, TimingProgressMessage | None], None] = _no_progress
+    # the Attention slot's geometries (attention_geometry), instead of shapes
+    attention: tuple[str, ...] = ()
+    # fixed: ``reps`` calls for every accepted candidate (``--reps`` given); else only what can
+    # change the choice (kernel_probe.probe.repetitions), within ``budget_s`` per slot (None: the
+    # device's)
     fixed: bool = False
     budget_s: float | None = None
 
 
 @dataclass
 class Checked:
-    """One candidate for one slot after ``check_and_time``: its report, its timing rows (None when it
-    was not timed) and the seconds its check and its timing took."""
+    """One candidate for one slot after ``check_and_time``: its report, its timing rows (None when
+    it was not timed) and the seconds its check and its timing took."""
 
     slot: str
     report: Report
-    timings: list[dict[str, Any]] | None = None  # the timing rows (``TimingRow``), as the lock records them
+    timings: list[dict[str, Any]] | None = (
+        None  # the timing rows (``TimingRow``), as the lock records them
+    )
     check_seconds: float = 0.0
     time_seconds: float = 0.0
 
@@ -214,15 +248,19 @@ def check_and_time(
     refuse: Callable[[str, Candidate], str | None] = lambda slot, cand: None,
     checking: Callable[[str, str, int, int], None] = lambda slot, cid, index, total: None,
 ) -> Iterator[Checked]:
-    """Every candidate of every slot checked, in its worker (torch's own share one, every other gets a
-    fresh one), and with ``timing`` the accepted ones timed there too. ``refuse``: why a candidate is
-    skipped without being checked (a profile that does not allow it); ``checking(slot, id, index,
+    """Every candidate of every slot checked, in its worker (torch's own share one, every other gets
+    a fresh one), and with ``timing`` the accepted ones timed there too. ``refuse``: why a candidate
+    is skipped without being checked (a profile that does not allow it); ``checking(slot, id, index,
     total)`` before each candidate (1-based)."""
     total = sum(len(cands) for cands in per_slot.values())
     index = 0
     # every library whose candidates will run starts its worker now and imports the first of them
     # while torch's own are checked (a library's import is seconds: liger-kernel's 4 s on 2 cores)
-    pool.prepare(ahead=[c for slot, cands in per_slot.items() for c in cands if _runs(c, slot, checks, refuse)])
+    pool.prepare(
+        ahead=[
+            c for slot, cands in per_slot.items() for c in cands if _runs(c, slot, checks, refuse)
+        ]
+    )
     for slot, cands in per_slot.items():
         done: list[tuple[Candidate, Checked]] = []
         for cand in cands:
@@ -246,7 +284,9 @@ def check_and_time(
             yield from (checked for _, checked in done)
 
 
-def _runs(cand: Candidate, slot: str, checks: Checks, refuse: Callable[[str, Candidate], str | None]) -> bool:
+def _runs(
+    cand: Candidate, slot: str, checks: Checks, refuse: Callable[[str, Candidate], str | None]
+) -> bool:
     """Whether checking ``cand`` will start its worker (not refused, not stopped before it)."""
     if refuse(slot, cand):
         return False
@@ -257,14 +297,25 @@ def _runs(cand: Candidate, slot: str, checks: Checks, refuse: Callable[[str, Can
 
 
 def _time_slot(
-    slot: str, done: Sequence[tuple[Candidate, Checked]], checks: Checks, pool: WorkerPool, timing: Timing
+    slot: str,
+    done: Sequence[tuple[Candidate, Checked]],
+    checks: Checks,
+    pool: WorkerPool,
+    timing: Timing,
 ) -> None:
     """The slot's accepted candidates timed in their workers: the default first, then the others
     decided against its samples; one sole accepted candidate gets one measured call."""
-    timeable = [(c, d) for c, d in done if d.report.status == "accepted" and not d.report.interpreted]
+    timeable = [
+        (c, d) for c, d in done if d.report.status == "accepted" and not d.report.interpreted
+    ]
     default_id = default_for(slot).id
-    timeable.sort(key=lambda pair: pair[0].id != default_id)  # stable: the declared order after the default
-    budget = timing.budget_s if timing.budget_s is not None else repetitions.SLOT_BUDGET_S[_kind(checks.device)]
+    # stable: the declared order after the default
+    timeable.sort(key=lambda pair: pair[0].id != default_id)
+    budget = (
+        timing.budget_s
+        if timing.budget_s is not None
+        else repetitions.SLOT_BUDGET_S[_kind(checks.device)]
+    )
     spent = 0.0
     against: dict[str, list[float]] | None = None
     for i, (cand, checked) in enumerate(timeable):
@@ -280,7 +331,9 @@ def _time_slot(
             options["mode"] = "sole"
         else:
             share = max(budget - spent, 0.0) / (len(timeable) - i)
-            options.update(mode="adaptive", budget_s=share, against=against if cand.id != default_id else None)
+            options.update(
+                mode="adaptive", budget_s=share, against=against if cand.id != default_id else None
+            )
         with pool.worker_for(cand) as worker:
             _time(cand, slot, checks, worker, timing, checked, options)
         spent += checked.time_seconds
@@ -338,7 +391,9 @@ def _time(
         options=dict(options),
     )
     try:
-        reply = worker.call(request, TIMING_TIMEOUT, on_progress=lambda m: timing.progress(slot, cand.id, m))
+        reply = worker.call(
+            request, TIMING_TIMEOUT, on_progress=lambda m: timing.progress(slot, cand.id, m)
+        )
         if not reply.tampered:
             done.timings = [cast(dict[str, Any], row) for row in reply.rows]
         judge.judge_timing(report, reply)
@@ -382,7 +437,9 @@ def check_all(
     own = workers is None
     pool = workers or WorkerPool()
     try:
-        checking = (lambda slot, cid, index, total: progress(slot, cid)) if progress else (lambda *_: None)
+        checking = (
+            (lambda slot, cid, index, total: progress(slot, cid)) if progress else (lambda *_: None)
+        )
         for done in check_and_time(per_slot, checks, pool, checking=checking):
             out[done.slot].append(done.report)
         return out

@@ -8,15 +8,16 @@ faster by more than the margin:
     score <= 1 / (1 + margin),   margin = max(5 %, 2 x the larger relative spread (IQR / median)
                                                of the two candidates' timings at any shape)
 
-so a difference timing noise could produce never flips the choice, and repeated probes on one machine
-choose the same. Among candidates that clear the margin the lowest score wins; exact ties go to the
-candidate declared first. ``--pin SLOT=ID`` forces an accepted candidate whatever its speed;
+so a difference timing noise could produce never flips the choice, and repeated probes on one
+machine choose the same. Among candidates that clear the margin the lowest score wins; exact ties go
+to the candidate declared first. ``--pin SLOT=ID`` forces an accepted candidate whatever its speed;
 ``--prefer SLOT=ID`` takes it when it is accepted and not slower than the default by more than the
 margin. A pinned or preferred candidate that is not accepted is an error, never silently dropped.
-``--deterministic`` keeps only candidates whose forward and backward were bitwise repeatable in every
-checked dtype; a pinned or preferred one that is not is an error. A candidate whose Triton kernels
-ran in Triton's interpreter (``TRITON_INTERPRET=1``) is never eligible, and pinning it is an error:
-its verdict says what the interpreter computes, not what the compiled kernel does or how fast.
+``--deterministic`` keeps only candidates whose forward and backward were bitwise repeatable in
+every checked dtype; a pinned or preferred one that is not is an error. A candidate whose Triton
+kernels ran in Triton's interpreter (``TRITON_INTERPRET=1``) is never eligible, and pinning it is an
+error: its verdict says what the interpreter computes, not what the compiled kernel does or how
+fast.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ FORCED = {"pin": "pinned", "prefer": "preferred"}  # the flag (--pin) -> what it
 
 @dataclass
 class Choice:
-    """The implementation chosen for one slot: its report, how it was chosen (fastest, default, pinned,
-    preferred), why, and the time ratios to the default it was chosen by."""
+    """The implementation chosen for one slot: its report, how it was chosen (fastest, default,
+    pinned, preferred), why, and the time ratios to the default it was chosen by."""
 
     slot: str
     report: Report
@@ -49,8 +50,9 @@ class Choice:
 
 
 def clears_margin(score: float, spread: float) -> bool:
-    """Does a candidate whose time ratio to the default is ``score`` replace the default? Only when it
-    is faster by more than the margin (``spread``: the larger relative spread of the two's timings).
+    """Does a candidate whose time ratio to the default is ``score`` replace the default? Only when
+    it is faster by more than the margin (``spread``: the larger relative spread of the two's
+    timings).
 
     >>> clears_margin(0.9, 0.0)  # 1.11x faster: beyond the 5 % margin
     True
@@ -63,8 +65,8 @@ def clears_margin(score: float, spread: float) -> bool:
 
 
 def within_margin(score: float, spread: float) -> bool:
-    """Is a preferred candidate (``--prefer``, a profile's preference) taken over the default? When it is
-    not slower than the default by more than the margin.
+    """Is a preferred candidate (``--prefer``, a profile's preference) taken over the default? When
+    it is not slower than the default by more than the margin.
 
     >>> within_margin(1.04, 0.0), within_margin(1.06, 0.0)  # 4 % slower: taken; 6 %: not
     (True, False)
@@ -118,7 +120,8 @@ def choose(
     that is eligible and within the margin wins. With ``strict_prefer`` (the command line), a
     preferred candidate that is not accepted is an error; a profile's list just moves on.
     ``deterministic`` restricts the choice to bitwise repeatable candidates. ``origin`` names where
-    a pin or preference came from ("profile lumi-g"); empty means the command line (``--pin``/``--prefer``)."""
+    a pin or preference came from ("profile lumi-g"); empty means the command line
+    (``--pin``/``--prefer``)."""
     by_id = {r.id: r for r in reports}
     prefers = [prefer] if isinstance(prefer, str) else list(prefer or ())
     checks = [(pin, "pin")] + ([(p, "prefer") for p in prefers] if strict_prefer else [])
@@ -136,21 +139,29 @@ def choose(
             )
         if r.status != "accepted":
             raise ForcedUnusable(
-                f"{said}: the candidate is {r.status} on this machine: {'; '.join(r.reasons[:3]) or 'no reason recorded'}",
-                fix=f"{way_out}, or fix the candidate; a {FORCED[kind]} kernel is never silently replaced",
+                f"{said}: the candidate is {r.status} on this machine: "
+                f"{'; '.join(r.reasons[:3]) or 'no reason recorded'}",
+                fix=f"{way_out}, or fix the candidate; a {FORCED[kind]} kernel is never "
+                "silently replaced",
             )
         if r.interpreted:
             raise ForcedUnusable(
                 f"{said}: the candidate's verdict is {INTERPRETED}",
-                fix=f"{way_out}, or unset TRITON_INTERPRET and probe again where its kernels compile",
+                fix=f"{way_out}, or unset TRITON_INTERPRET and probe again where its kernels "
+                "compile",
             )
         if deterministic and r.deterministic is not True:
             why = (
-                "; ".join(n for v in r.verdicts for n in v.notes if n.startswith("not deterministic")) or "not measured"
+                "; ".join(
+                    n for v in r.verdicts for n in v.notes if n.startswith("not deterministic")
+                )
+                or "not measured"
             )
             raise ForcedUnusable(
-                f"{said}: --deterministic, but the candidate is not bitwise repeatable here ({why})",
-                fix=f"{way_out}, or drop --deterministic (and the profile's `deterministic = true`)",
+                f"{said}: --deterministic, but the candidate is not bitwise repeatable here "
+                f"({why})",
+                fix=f"{way_out}, or drop --deterministic (and the profile's `deterministic = "
+                "true`)",
             )
     eligible = [
         r
@@ -169,16 +180,23 @@ def choose(
             fix="run `kernel-probe check --slot " + slot + "` to see every verdict and its reasons",
         )
     default = next((r for r in eligible if r.id == default_id), None)
-    if default is None:  # torch.nn itself failed here (or is not deterministic): take the fastest eligible, say so
+    # torch.nn itself failed here (or is not deterministic): take the fastest eligible, say so
+    if default is None:
         base = eligible[0]
-        best = min(eligible, key=lambda r: (_score(timings[r.id], timings[base.id], shapes)[0], eligible.index(r)))
+        best = min(
+            eligible,
+            key=lambda r: (_score(timings[r.id], timings[base.id], shapes)[0], eligible.index(r)),
+        )
         why = (
             "not deterministic here (--deterministic)"
             if deterministic and any(r.id == default_id and r.status == "accepted" for r in reports)
             else "not accepted here"
         )
         return Choice(
-            slot, best, "fastest", f"{best.id} fastest accepted candidate; the default {default_id} was {why}"
+            slot,
+            best,
+            "fastest",
+            f"{best.id} fastest accepted candidate; the default {default_id} was {why}",
         )
     scores: dict[str, float] = {}
     spreads: dict[str, float] = {}
@@ -194,25 +212,42 @@ def choose(
             clear.append((score, i, r))
     for cid in prefers:
         if cid == default.id:
-            return Choice(slot, default, "preferred", f"{cid} preferred by {origin or '--prefer'}", scores)
+            return Choice(
+                slot, default, "preferred", f"{cid} preferred by {origin or '--prefer'}", scores
+            )
         r = next((e for e in eligible if e.id == cid), None)
         if r is not None and within_margin(scores[r.id], spreads[r.id]):
             return Choice(
                 slot,
                 r,
                 "preferred",
-                f"{r.id} preferred by {origin or '--prefer'} ({1 / scores[r.id]:.2f}x the default's speed)",
+                f"{r.id} preferred by {origin or '--prefer'} ({1 / scores[r.id]:.2f}x the "
+                "default's speed)",
                 scores,
             )
     others = [r for r in eligible if r is not default]
     if clear:
         score, _, best = min(clear, key=lambda t: (t[0], t[1]))
         shape, ratio = _worst_shape(timings[best.id], timings[default.id], shapes)
-        where = f"at {shapes[0]} {dtype}" if len(shapes) == 1 else f"over {len(shapes)} shapes {dtype} (geometric mean)"
-        return Choice(slot, best, "fastest", f"{best.id} {1 / score:.2f}x faster than {default.id} {where}", scores)
+        where = (
+            f"at {shapes[0]} {dtype}"
+            if len(shapes) == 1
+            else f"over {len(shapes)} shapes {dtype} (geometric mean)"
+        )
+        return Choice(
+            slot,
+            best,
+            "fastest",
+            f"{best.id} {1 / score:.2f}x faster than {default.id} {where}",
+            scores,
+        )
     if not others:
         rejected = [r for r in reports if r.status != "accepted"]
-        note = f"no other candidate was accepted ({len(rejected)} not accepted)" if rejected else "no other candidate"
+        note = (
+            f"no other candidate was accepted ({len(rejected)} not accepted)"
+            if rejected
+            else "no other candidate"
+        )
         return Choice(slot, default, "default", f"{default.id} is the default; {note}", scores)
     fastest_other = min(others, key=lambda r: (scores[r.id], eligible.index(r)))
     s = scores[fastest_other.id]

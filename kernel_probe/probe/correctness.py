@@ -3,11 +3,11 @@
 First, once, what a freshly built candidate is: its parameter layout against torch.nn's (``layout``:
 keys and shapes, the mapping between them) and where its parameters start (``initstats``). Then, for
 each (dtype, regime), build the candidate and the torch.nn baseline with the same non-trivial
-parameters (through the layout's mapping), feed both the hard inputs of ``measure.cases``, run forward
-and backward, and record each one's max relative error against a float64 reference, plus flags
-(mutated input or grad_output, output dtype), whether two runs are bitwise equal, and (where the output
-dtype differs from torch.nn's) the errors of the small blocks a norm sits in. The twin check loads the
-candidate's state into its torch.nn twin. No verdicts here: those are ``judge``'s.
+parameters (through the layout's mapping), feed both the hard inputs of ``measure.cases``, run
+forward and backward, and record each one's max relative error against a float64 reference, plus
+flags (mutated input or grad_output, output dtype), whether two runs are bitwise equal, and (where
+the output dtype differs from torch.nn's) the errors of the small blocks a norm sits in. The twin
+check loads the candidate's state into its torch.nn twin. No verdicts here: those are ``judge``'s.
 """
 
 from __future__ import annotations
@@ -82,7 +82,9 @@ class Bench:
     overrides: Mapping[str, Any] | None
     seed: int
     baseline: Candidate  # the torch.nn class it is judged against
-    shared: SetupCache | None = None  # the set-up shared with the slot's other candidates (slotcheck)
+    shared: SetupCache | None = (
+        None  # the set-up shared with the slot's other candidates (slotcheck)
+    )
 
     @property
     def torch_device(self) -> str:
@@ -106,13 +108,24 @@ class Bench:
         )
 
     def key(self, *more: Any) -> tuple[Any, ...]:
-        """What determines the set-up a slot's candidates share (``slotcheck.SetupCache``), and ``more``."""
+        """What determines the set-up a slot's candidates share (``slotcheck.SetupCache``), and
+        ``more``."""
         overrides = json.dumps(dict(self.overrides or {}), sort_keys=True, default=str)
         baseline = json.dumps(self.baseline.to_json(), sort_keys=True, default=str)
-        return (self.slot, self.cand.semantics, self.device, self.hidden, overrides, self.seed, baseline, *more)
+        return (
+            self.slot,
+            self.cand.semantics,
+            self.device,
+            self.hidden,
+            overrides,
+            self.seed,
+            baseline,
+            *more,
+        )
 
     def shared_or_made(self, key: tuple[Any, ...], make: Any) -> Any:
-        """``make()``, or what the slot's earlier candidate made under ``key`` (with a shared cache)."""
+        """``make()``, or what the slot's earlier candidate made under ``key`` (with a shared
+        cache)."""
         return make() if self.shared is None else self.shared.get(key, make)
 
 
@@ -128,14 +141,17 @@ def check(
     baseline: Candidate | None = None,
     shared: SetupCache | None = None,
 ) -> CheckReply:
-    """Raw measurements of one candidate on one device: layout, initialisation, and per (dtype, regime)
-    the errors, flags, determinism and (where the output dtype differs) the blocks. Where it stops
-    early, ``phase`` says where (import, baseline, build, blas) and ``error`` why. ``shared``: the
-    worker's cache of what the slot's candidates share (``slotcheck``); None computes it all here."""
+    """Raw measurements of one candidate on one device: layout, initialisation, and per (dtype,
+    regime) the errors, flags, determinism and (where the output dtype differs) the blocks. Where it
+    stops early, ``phase`` says where (import, baseline, build, blas) and ``error`` why. ``shared``:
+    the worker's cache of what the slot's candidates share (``slotcheck``); None computes it all
+    here."""
     rows: list[MeasurementRow] = []
     # the reply so far: each step binds what it learnt, and an early stop returns it with the reason
     reply = functools.partial(CheckReply, candidate=cand.id, device=device, rows=rows)
-    bench = Bench(cand, slot, device, hidden, canonical_overrides, seed, baseline or default_for(slot), shared)
+    bench = Bench(
+        cand, slot, device, hidden, canonical_overrides, seed, baseline or default_for(slot), shared
+    )
     import_s, stopped = import_stop(cand, device, whole=True)
     if stopped is not None:
         return stopped
@@ -149,10 +165,12 @@ def check(
     base_layout = discover(base_shapes, base_shapes)
     reply = functools.partial(reply, layout=layout.to_json())
     if not layout.ok:
-        return reply()  # no numerics without a mapping: the verdict says what is missing and unexpected
+        # no numerics without a mapping: the verdict says what is missing and unexpected
+        return reply()
     reply = functools.partial(reply, init=fresh_differences(fresh, fresh_base, layout))
     with contextlib.ExitStack() as stack:
-        stack.enter_context(one_cpu_thread(device))  # the check's tensors are small (measure.one_cpu_thread)
+        # the check's tensors are small (measure.one_cpu_thread)
+        stack.enter_context(one_cpu_thread(device))
         try:
             library, default = stack.enter_context(blas_library(cand, device))
         except BlasNotOffered as exc:
@@ -162,14 +180,17 @@ def check(
 
 
 def _fresh(bench: Bench) -> tuple[Any, Any]:
-    """The candidate and torch.nn's module freshly built in float32 (their layouts, their initialisation).
+    """The candidate and torch.nn's module freshly built in float32 (their layouts, their
+    initialisation).
 
-    Each is built right after seeding torch's global generators (``seed`` for torch.nn, ``seed + 1`` for
-    the candidate: two independent draws), so that the initialisation verdict is the same on every
-    rank and in every run, whatever the worker computed before. torch.nn's is the same for every
-    candidate of the slot: built once (shared)."""
+    Each is built right after seeding torch's global generators (``seed`` for torch.nn, ``seed + 1``
+    for the candidate: two independent draws), so that the initialisation verdict is the same on
+    every rank and in every run, whatever the worker computed before. torch.nn's is the same for
+    every candidate of the slot: built once (shared)."""
     canonical32 = bench.canonical("float32")
-    fresh_base = bench.shared_or_made(bench.key("fresh"), functools.partial(_fresh_baseline, bench, canonical32))
+    fresh_base = bench.shared_or_made(
+        bench.key("fresh"), functools.partial(_fresh_baseline, bench, canonical32)
+    )
     if isinstance(fresh_base, _Stopped):
         raise fresh_base
     try:
@@ -177,13 +198,16 @@ def _fresh(bench: Bench) -> tuple[Any, Any]:
         fresh = build(bench.cand, canonical32, bench.torch_device, torch.float32)
     except Exception as exc:
         raise _Stopped(
-            phase="build", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=6)[-2000:]
+            phase="build",
+            error=f"{type(exc).__name__}: {exc}",
+            traceback=traceback.format_exc(limit=6)[-2000:],
         ) from None
     return fresh, fresh_base
 
 
 def _fresh_baseline(bench: Bench, canonical32: dict[str, Any]) -> Any:
-    """torch.nn's module freshly built in float32 after seeding, or the stop that says why it cannot be."""
+    """torch.nn's module freshly built in float32 after seeding, or the stop that says why it cannot
+    be."""
     try:
         torch.manual_seed(bench.seed)
         return build(bench.baseline, canonical32, bench.torch_device, torch.float32)
@@ -222,22 +246,34 @@ class Row:
         bias = bool(canonical.get("bias", False)) if semantics != "rms_norm" else False
         params = parameters_for(semantics, bench.hidden, canonical["out_features"], bias, gen)
         device = bench.torch_device
-        params64 = {k: (v.to(torch.float64).to(device) if v is not None else None) for k, v in params.items()}
+        params64 = {
+            k: (v.to(torch.float64).to(device) if v is not None else None)
+            for k, v in params.items()
+        }
         width = canonical["out_features"] if semantics == "linear" else bench.hidden
         autocast = (device, dtype) if mixed else None
         return cls(
-            dtype, mixed, param_dtype, canonical, params, params64, autocast, width, canonical.get("eps", 0.0), gen
+            dtype,
+            mixed,
+            param_dtype,
+            canonical,
+            params,
+            params64,
+            autocast,
+            width,
+            canonical.get("eps", 0.0),
+            gen,
         )
 
 
 @dataclass(frozen=True)
 class Prepared:
-    """One input of a case as every candidate of the slot gets it: x, its grad_output and skip (drawn
-    in that order), the float64 reference's pass and torch.nn's, and torch.nn's error per tensor
-    against the reference (``measure.side``) and against the other norm's maths. ``error``: what the
-    reference (``"reference"``, before the candidate runs) or torch.nn (``"baseline"``, after it) raised
-    on it, raised again where it happened for each candidate. Never handed to a candidate: it runs on
-    clones (``run_pass``)."""
+    """One input of a case as every candidate of the slot gets it: x, its grad_output and skip
+    (drawn in that order), the float64 reference's pass and torch.nn's, and torch.nn's error per
+    tensor against the reference (``measure.side``) and against the other norm's maths. ``error``:
+    what the reference (``"reference"``, before the candidate runs) or torch.nn (``"baseline"``,
+    after it) raised on it, raised again where it happened for each candidate. Never handed to a
+    candidate: it runs on clones (``run_pass``)."""
 
     x: Any
     gy: Any
@@ -251,10 +287,11 @@ class Prepared:
 
 @dataclass(frozen=True)
 class Shared:
-    """A row's set-up shared by the slot's candidates: the row (parameters, configuration), torch.nn's
-    module in the row's dtype, every case's prepared inputs, and the generator's state once the cases
-    drew theirs (each candidate's generator continues from there: its repeatability, blocks and twin
-    inputs are the ones it drew without the sharing). ``skipped``: torch.nn itself fails here."""
+    """A row's set-up shared by the slot's candidates: the row (parameters, configuration),
+    torch.nn's module in the row's dtype, every case's prepared inputs, and the generator's state
+    once the cases drew theirs (each candidate's generator continues from there: its repeatability,
+    blocks and twin inputs are the ones it drew without the sharing). ``skipped``: torch.nn itself
+    fails here."""
 
     setup: Row
     base_mod: Any = None
@@ -269,7 +306,9 @@ class Shared:
         return dataclasses.replace(self.setup, gen=gen)
 
 
-def _measure_row(bench: Bench, name: str, regime: str, layout: Layout, base_layout: Layout) -> MeasurementRow:
+def _measure_row(
+    bench: Bench, name: str, regime: str, layout: Layout, base_layout: Layout
+) -> MeasurementRow:
     """One (dtype, regime): the errors, flags, determinism, blocks and twin check (or why not)."""
     shared = bench.shared_or_made(
         bench.key("row", name, regime, baseline_blas(bench.cand, bench.device)),
@@ -289,13 +328,16 @@ def _measure_row(bench: Bench, name: str, regime: str, layout: Layout, base_layo
 
 def _prepare(bench: Bench, name: str, regime: str, base_layout: Layout) -> Shared:
     """What every candidate of the slot is measured against in this row, computed once: the row's
-    set-up, torch.nn's module, and per case and input the drawn tensors, the float64 reference's pass
-    and torch.nn's (each under the baseline's BLAS library) with torch.nn's errors."""
+    set-up, torch.nn's module, and per case and input the drawn tensors, the float64 reference's
+    pass and torch.nn's (each under the baseline's BLAS library) with torch.nn's errors."""
     setup = Row.of(bench, name, regime)
     try:
         base_mod = _baseline(bench, setup, base_layout)
     except Exception as exc:
-        why = f"torch.nn itself fails for {name} {regime} on {bench.device}: {type(exc).__name__}: {exc}"
+        why = (
+            f"torch.nn itself fails for {name} {regime} on {bench.device}: "
+            f"{type(exc).__name__}: {exc}"
+        )
         return Shared(setup, skipped=why)
     semantics, device, gen = bench.cand.semantics, bench.torch_device, setup.gen
     prepared = []
@@ -304,7 +346,11 @@ def _prepare(bench: Bench, name: str, regime: str, base_layout: Layout) -> Share
         for x in case.inputs:
             out_shape = (*x.shape[:-1], setup.width)
             gy = (torch.randn(*out_shape, generator=gen) * 0.7 + 0.1).to(device, x.dtype)
-            skip = (torch.randn(*out_shape, generator=gen)).to(device, x.dtype) if case.residual else None
+            skip = (
+                (torch.randn(*out_shape, generator=gen)).to(device, x.dtype)
+                if case.residual
+                else None
+            )
             inputs.append(_prepared(bench, setup, case, (base_mod, base_layout), x, gy, skip))
         prepared.append((case, tuple(inputs)))
     return Shared(setup, base_mod, tuple(prepared), gen.get_state())
@@ -329,7 +375,9 @@ def _prepared(
         for name, (_, b, r) in _compared(base, base, ref, case.residual).items()
         if r is not None
     }
-    alt = rel_err(base["y"], ref["y"]) if semantics in CONFUSABLE and case.name in ALT_CASES else 0.0
+    alt = (
+        rel_err(base["y"], ref["y"]) if semantics in CONFUSABLE and case.name in ALT_CASES else 0.0
+    )
     return Prepared(x, gy, skip, ref, base, sides, alt)
 
 
@@ -346,7 +394,9 @@ def _baseline(bench: Bench, setup: Row, base_layout: Layout) -> Any:
     return base_mod
 
 
-def _measure(bench: Bench, shared: Shared, row: MeasurementRow, layout: Layout, base_layout: Layout) -> None:
+def _measure(
+    bench: Bench, shared: Shared, row: MeasurementRow, layout: Layout, base_layout: Layout
+) -> None:
     """The candidate built with the row's parameters, run on every case next to torch.nn, then its
     repeatability, the blocks (where its output dtype differs) and the twin check, into ``row``."""
     # unshared, the row's own generator draws on where the cases left it, as it always did
@@ -383,11 +433,23 @@ def _measure(bench: Bench, shared: Shared, row: MeasurementRow, layout: Layout, 
         )
     row["seconds"] = time.perf_counter() - t_build
     row["twin"] = twin_check(
-        cand, bench.slot, mod, setup.canonical, device, setup.param_dtype, setup.dtype, setup.autocast, gen, layout
+        cand,
+        bench.slot,
+        mod,
+        setup.canonical,
+        device,
+        setup.param_dtype,
+        setup.dtype,
+        setup.autocast,
+        gen,
+        layout,
     )
 
 
-ALT_CASES = ("random", "tiny-variance")  # where a norm's output is also measured against the other norm's maths
+ALT_CASES = (
+    "random",
+    "tiny-variance",
+)  # where a norm's output is also measured against the other norm's maths
 
 
 def _measure_case(
@@ -417,7 +479,9 @@ def _measure_case(
                 _worst(errs, name, rel_err(g, r), rel_err(b, r))
                 continue
             # per row for an output and its input gradients, per tensor for a parameter's
-            maxima, row_stats = compare(g, b, r, rows=name not in PARAMETER_GRADIENTS, base_side=p.base_sides[name])
+            maxima, row_stats = compare(
+                g, b, r, rows=name not in PARAMETER_GRADIENTS, base_side=p.base_sides[name]
+            )
             _worst(errs, name, *maxima)
             worst_stats(stats, name, row_stats)
         if semantics in CONFUSABLE and case.name in ALT_CASES:
@@ -432,7 +496,9 @@ def _measure_case(
 PARAMETER_GRADIENTS = frozenset(("dweight", "dbias"))  # sums over every row: judged per tensor
 
 
-def _compared(got: dict[str, Any], base: dict[str, Any], ref: dict[str, Any], residual: bool) -> dict[str, tuple]:
+def _compared(
+    got: dict[str, Any], base: dict[str, Any], ref: dict[str, Any], residual: bool
+) -> dict[str, tuple]:
     """Per tensor: (the candidate's, torch.nn's, the float64 reference's)."""
     pairs = {
         "y": (got["y"], base["y"], ref["y"]),
@@ -454,16 +520,20 @@ def _worst(errs: dict[str, list[float]], name: str, got: float, base: float) -> 
 
 
 def _alt_error(alt: str, x: Any, y: Any, setup: Row) -> float:
-    """The output's error against the other norm's reference (an RMSNorm offered as a LayerNorm usually
-    has no bias either: the closer of with and without)."""
+    """The output's error against the other norm's reference (an RMSNorm offered as a LayerNorm
+    usually has no bias either: the closer of with and without)."""
     x64 = x.detach().to(torch.float64)
     return min(
-        rel_err(y, reference(alt, x64, setup.params64["weight"], b, setup.eps)) for b in (setup.params64["bias"], None)
+        rel_err(y, reference(alt, x64, setup.params64["weight"], b, setup.eps))
+        for b in (setup.params64["bias"], None)
     )
 
 
-def _flag(flags: dict[str, str], case: str, got: dict[str, Any], base: dict[str, Any], x: Any) -> None:
-    """The first case that showed each flag: a modified grad_output or input, an output dtype not torch.nn's."""
+def _flag(
+    flags: dict[str, str], case: str, got: dict[str, Any], base: dict[str, Any], x: Any
+) -> None:
+    """The first case that showed each flag: a modified grad_output or input, an output dtype not
+    torch.nn's."""
     if not got["grad_output_intact"]:
         flags.setdefault(FLAG_GRAD_OUTPUT_MODIFIED, case)
     if not got["input_intact"]:
@@ -471,7 +541,8 @@ def _flag(flags: dict[str, str], case: str, got: dict[str, Any], base: dict[str,
     if got["y"].dtype != base["y"].dtype:
         flags.setdefault(
             FLAG_OUTPUT_DTYPE,
-            f"{dtype_name(got['y'].dtype)} (torch.nn: {dtype_name(base['y'].dtype)}) for {dtype_name(x.dtype)} input",
+            f"{dtype_name(got['y'].dtype)} (torch.nn: {dtype_name(base['y'].dtype)}) for "
+            f"{dtype_name(x.dtype)} input",
         )
 
 

@@ -22,7 +22,8 @@ from kernel_probe import __version__
 
 @dataclass(frozen=True)
 class Substitution:
-    """A slot whose training implementation cannot run here, replaced by its portable twin, and why."""
+    """A slot whose training implementation cannot run here, replaced by its portable twin, and
+    why."""
 
     slot: str
     training: str  # the training implementation id
@@ -71,14 +72,16 @@ def derive_inference(
             kwargs=dict(r.kwargs),
             requires=(),
             devices=(),
-            reason=f"inference twin of {slot.implementation} ({slot.target}), which cannot run here: {reason}; "
+            reason=f"inference twin of {slot.implementation} ({slot.target}), which cannot run "
+            f"here: {reason}; "
             f"chosen for training because: {slot.reason or 'no reason recorded'}",
         )
     if refused:
         raise KernelUnavailable(
-            f"cannot derive an inference lock from {source}: {len(refused)} slot(s) have no usable twin:\n"
-            + "\n".join(f"  - {r}" for r in refused),
-            fix="run inference where the training library is installed, or re-train / re-probe with an "
+            f"cannot derive an inference lock from {source}: {len(refused)} slot(s) have no "
+            "usable twin:\n" + "\n".join(f"  - {r}" for r in refused),
+            fix="run inference where the training library is installed, or re-train / re-probe "
+            "with an "
             "implementation that has a verified torch.nn twin (nothing was written)",
         )
     distributions = sorted({r.name for s in slots.values() for r in s.requires})
@@ -99,17 +102,22 @@ def derive_inference(
         from kernel_lock.anemoi import ANEMOI_ATTENTION, ATTENTION_BACKEND_ENV
 
         backend = ANEMOI_ATTENTION.get(attention.target)
-        if backend is not None:  # anemoi reads it at import: set it in the inference job's environment
+        # anemoi reads it at import: set it in the inference job's environment
+        if backend is not None:
             provenance["anemoi-environment"] = {ATTENTION_BACKEND_ENV: backend}
     derived = KernelLock(
         created_by=f"kernel-probe {__version__}",
-        created_at=dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
+        created_at=dt.datetime.now(dt.timezone.utc)
+        .replace(microsecond=0)
+        .isoformat()
+        .replace("+00:00", "Z"),
         environment=environment(current, libraries),
         slots=slots,
         mode="inference",
         precision=lock.precision,
         trusted_modules=lock.trusted_modules,
         provenance=provenance,
-        graph_attention=lock.graph_attention,  # anemoi's GraphTransformer backend: a note where it falls back
+        # anemoi's GraphTransformer backend: a note where it falls back
+        graph_attention=lock.graph_attention,
     )
     return derived.sealed(), substitutions

@@ -1,13 +1,14 @@
-"""The GatedMLP slot's checks, run inside the worker: anemoi's gated MLP layer, forward and backward.
+"""The GatedMLP slot's checks, run inside the worker: anemoi's gated MLP layer, forward and
+backward.
 
 A candidate is built as the lock would build it (``Class(in_features, out_features,
 mlp_implementation=..., bias=True)``), given parameters that are neither ones nor zeros through a
 strict ``load_state_dict`` under anemoi's keys, and run forward and backward at anemoi's shapes:
 ``num_channels`` 1024 in, ``compute_mlp_hidden_dim(1024, 2.67)`` out (the ratio anemoi's configs
 advise for gated variants), a few rows; by default the same check at 96 in (256 out), which costs
-little in every dtype. Every output (``y``, ``dx`` and the gradient of every
-parameter) is compared with the float64 reference of the formula (``kernel_lock.format.gating``) and judged,
-against torch's own gated layer in the same dtype and regime, by the one rule every slot's outputs go
+little in every dtype. Every output (``y``, ``dx`` and the gradient of every parameter) is compared
+with the float64 reference of the formula (``kernel_lock.format.gating``) and judged, against
+torch's own gated layer in the same dtype and regime, by the one rule every slot's outputs go
 through (``judge.judge_output``; ``gated_mlp_verdict``). The baseline is anemoi's own
 ``GatedMLPLayer`` with ``torch.nn.Linear`` where anemoi-models imports, else the same computation
 from ``kernel_lock.gated_mlp.GatedMLP``.
@@ -33,8 +34,20 @@ import torch.nn.functional as F
 from kernel_lock.format.gating import gate_for
 from kernel_lock.format.slots import CANONICAL, GATED_MLP, torch_device
 from kernel_probe.candidates import Candidate
-from kernel_probe.isolation.protocol import CheckReply, ErrorStats, MeasurementRow, TimeReply, TimingRow
-from kernel_probe.probe.gated_mlp_verdict import FLAG_INPUT_MODIFIED, FLAG_MISTAKE, FLAG_STATE_DICT, HINTS, MISTAKES
+from kernel_probe.isolation.protocol import (
+    CheckReply,
+    ErrorStats,
+    MeasurementRow,
+    TimeReply,
+    TimingRow,
+)
+from kernel_probe.probe.gated_mlp_verdict import (
+    FLAG_INPUT_MODIFIED,
+    FLAG_MISTAKE,
+    FLAG_STATE_DICT,
+    HINTS,
+    MISTAKES,
+)
 from kernel_probe.probe.measure import (
     autocasting,
     build,
@@ -47,8 +60,11 @@ from kernel_probe.probe.measure import (
 )
 from kernel_probe.probe.slotcheck import import_stop
 
-ANEMOI_IN = 1024  # anemoi's num_channels in every preset: ``check --hidden 1024``, the tests, the GPU kit
-CHECK_IN = 96  # the default check: 96 in, 256 out, cheap in every dtype (bf16 matmuls are emulated on AVX2)
+ANEMOI_IN = (
+    1024  # anemoi's num_channels in every preset: ``check --hidden 1024``, the tests, the GPU kit
+)
+# the default check: 96 in, 256 out, cheap in every dtype (bf16 matmuls are emulated on AVX2)
+CHECK_IN = 96
 CHECK_RATIO = 2.67  # anemoi's configs: "use 4 (mlp) or ~2.67 (glu/swiglu/geglu/reglu)"
 CHECK_ROWS = 8  # a few rows: at anemoi's shape each is 1024 in, 2734 out (the cost is the matmuls)
 PARAMS = ("gate_proj.weight", "gate_proj.bias", "value_proj.weight", "value_proj.bias")
@@ -56,18 +72,25 @@ OUTPUTS = ("y", "dx", *PARAMS)
 
 
 def hidden_dim(num_channels: int, ratio: float) -> int:
-    """anemoi's hidden width for a ratio (``layers.utils.compute_mlp_hidden_dim``: halves round up)."""
+    """anemoi's hidden width for a ratio (``layers.utils.compute_mlp_hidden_dim``: halves round
+    up)."""
     if not math.isfinite(ratio) or ratio <= 0:
         raise ValueError(f"the MLP ratio must be a positive finite number, not {ratio!r}")
     return int(num_channels * ratio + 0.5)
 
 
 def canonical(overrides: Mapping[str, Any] | None, in_features: int = CHECK_IN) -> dict[str, Any]:
-    """The values a GatedMLP template names: the model's mlp_implementation, the bias and the sizes."""
-    values = {**CANONICAL[GATED_MLP], **{k: v for k, v in (overrides or {}).items() if v is not None}}
+    """The values a GatedMLP template names: the model's mlp_implementation, the bias and the
+    sizes."""
+    values = {
+        **CANONICAL[GATED_MLP],
+        **{k: v for k, v in (overrides or {}).items() if v is not None},
+    }
     gate_for(values["mlp_implementation"])  # ValueError for "mlp" or a name anemoi does not know
     out = hidden_dim(in_features, CHECK_RATIO)
-    values.update(in_features=in_features, out_features=out, hidden=in_features, normalized_shape=in_features)
+    values.update(
+        in_features=in_features, out_features=out, hidden=in_features, normalized_shape=in_features
+    )
     return values
 
 
@@ -76,7 +99,9 @@ def reference(x: Any, params: Mapping[str, Any], function: str, mistake: str = "
     ``mistake`` computes one of ``MISTAKES`` instead."""
     from kernel_lock.gated_mlp import TORCH_GATES
 
-    wb: dict[str, Any] = {k: (None if mistake == "no-bias" and k.endswith("bias") else v) for k, v in params.items()}
+    wb: dict[str, Any] = {
+        k: (None if mistake == "no-bias" and k.endswith("bias") else v) for k, v in params.items()
+    }
     g = F.linear(x, wb["gate_proj.weight"], wb.get("gate_proj.bias"))
     v = F.linear(x, wb["value_proj.weight"], wb.get("value_proj.bias"))
     if mistake == "swapped":
@@ -84,41 +109,62 @@ def reference(x: Any, params: Mapping[str, Any], function: str, mistake: str = "
     return TORCH_GATES["gelu_tanh" if mistake == "gelu_tanh" else function](g) * v
 
 
-def parameters(in_features: int, out_features: int, gen: torch.Generator, bias: bool = True) -> dict[str, Any]:
-    """float64 parameters under anemoi's keys, neither ones nor zeros (a kernel ignoring one fails)."""
+def parameters(
+    in_features: int, out_features: int, gen: torch.Generator, bias: bool = True
+) -> dict[str, Any]:
+    """float64 parameters under anemoi's keys, neither ones nor zeros (a kernel ignoring one
+    fails)."""
     out: dict[str, Any] = {}
     for proj in ("gate_proj", "value_proj"):
-        out[f"{proj}.weight"] = torch.randn(out_features, in_features, generator=gen, dtype=torch.float64)
+        out[f"{proj}.weight"] = torch.randn(
+            out_features, in_features, generator=gen, dtype=torch.float64
+        )
         out[f"{proj}.weight"] /= math.sqrt(in_features)
         if bias:
-            out[f"{proj}.bias"] = 0.5 * torch.randn(out_features, generator=gen, dtype=torch.float64)
+            out[f"{proj}.bias"] = 0.5 * torch.randn(
+                out_features, generator=gen, dtype=torch.float64
+            )
     return out
 
 
 def anemoi_layer(values: Mapping[str, Any]) -> Any | None:
-    """anemoi-models' own ``GatedMLPLayer`` with ``torch.nn.Linear`` (float32), or None without anemoi."""
+    """anemoi-models' own ``GatedMLPLayer`` with ``torch.nn.Linear`` (float32), or None without
+    anemoi."""
     try:
         from anemoi.models.layers.mlp import GatedMLPLayer
     except ImportError:
         return None
     kernels = types.SimpleNamespace(Linear=torch.nn.Linear)
     # anemoi reads layer_kernels.Linear only (a DotDict in anemoi's own call sites)
-    return GatedMLPLayer(values["in_features"], values["out_features"], kernels, values["mlp_implementation"])  # type: ignore[arg-type]
+    return GatedMLPLayer(
+        values["in_features"],
+        values["out_features"],
+        kernels,  # type: ignore[arg-type]
+        values["mlp_implementation"],
+    )
 
 
 def _torch_layer(values: Mapping[str, Any]) -> Any:
     from kernel_lock.gated_mlp import GatedMLP
 
-    return GatedMLP(values["in_features"], values["out_features"], values["mlp_implementation"], bias=values["bias"])
+    return GatedMLP(
+        values["in_features"],
+        values["out_features"],
+        values["mlp_implementation"],
+        bias=values["bias"],
+    )
 
 
 def state_dict_problem(mod: Any, values: Mapping[str, Any], gen: torch.Generator) -> str | None:
-    """anemoi layer -> candidate -> anemoi layer, strict and bitwise (float32): None when the candidate
-    holds anemoi's state dict exactly, else what differs."""
+    """anemoi layer -> candidate -> anemoi layer, strict and bitwise (float32): None when the
+    candidate holds anemoi's state dict exactly, else what differs."""
     ours = anemoi_layer(values)
     source = "anemoi-models' GatedMLPLayer"
     if ours is None:
-        ours, source = _torch_layer(values), "kernel_lock.gated_mlp.GatedMLP (anemoi-models is not installed)"
+        ours, source = (
+            _torch_layer(values),
+            "kernel_lock.gated_mlp.GatedMLP (anemoi-models is not installed)",
+        )
     with torch.no_grad():
         for p in ours.parameters():
             p.copy_(torch.randn(p.shape, generator=gen))
@@ -127,7 +173,12 @@ def state_dict_problem(mod: Any, values: Mapping[str, Any], gen: torch.Generator
     if have != set(want):
         missing, extra = sorted(set(want) - have), sorted(have - set(want))
         return f"its state dict is not {source}'s: " + "; ".join(
-            s for s in (f"missing {missing}" if missing else "", f"unexpected {extra}" if extra else "") if s
+            s
+            for s in (
+                f"missing {missing}" if missing else "",
+                f"unexpected {extra}" if extra else "",
+            )
+            if s
         )
     mod_f32 = mod.float()
     try:
@@ -165,7 +216,11 @@ def _reference_pass(x: Any, gy: Any, params: Mapping[str, Any], function: str) -
     p64 = {k: t.detach().clone().requires_grad_(True) for k, t in params.items()}
     y = reference(x64, p64, function)
     y.backward(gy)
-    return {"y": y.detach(), "dx": x64.grad, **{k: p64[k].grad if k in p64 else None for k in PARAMS}}
+    return {
+        "y": y.detach(),
+        "dx": x64.grad,
+        **{k: p64[k].grad if k in p64 else None for k in PARAMS},
+    }
 
 
 def _load(mod: Any, params: Mapping[str, Any], param_dtype: Any) -> None:
@@ -173,8 +228,16 @@ def _load(mod: Any, params: Mapping[str, Any], param_dtype: Any) -> None:
     mod.load_state_dict({k: t.to(param_dtype) for k, t in params.items()}, strict=True)
 
 
-def _row(cand: Candidate, values: Mapping[str, Any], dtype_name: str, regime: str, device: str) -> MeasurementRow:
-    row: MeasurementRow = {"dtype": dtype_name, "regime": regime, "cases": {}, "stats": {}, "flags": {}}
+def _row(
+    cand: Candidate, values: Mapping[str, Any], dtype_name: str, regime: str, device: str
+) -> MeasurementRow:
+    row: MeasurementRow = {
+        "dtype": dtype_name,
+        "regime": regime,
+        "cases": {},
+        "stats": {},
+        "flags": {},
+    }
     dtype = torch_dtype(dtype_name)
     tdev = torch_device(device)
     param_dtype = torch.float32 if regime == "mixed" else dtype
@@ -194,10 +257,13 @@ def _row(cand: Candidate, values: Mapping[str, Any], dtype_name: str, regime: st
     mod = mod.to(device=tdev, dtype=param_dtype)
     base = anemoi_layer(values) or _torch_layer(values)
     base = base.to(device=tdev, dtype=param_dtype)
-    params = parameters(values["in_features"], values["out_features"], gen, bias=bool(values["bias"]))
+    params = parameters(
+        values["in_features"], values["out_features"], gen, bias=bool(values["bias"])
+    )
     _load(mod, params, param_dtype)
     _load(base, params, param_dtype)
-    # the reference from the parameters as the candidate holds them (rounded to its dtype), on the CPU
+    # the reference from the parameters as the candidate holds them (rounded to its dtype), on the
+    # CPU
     held = {k: t.to(param_dtype).to(torch.float64) for k, t in params.items()}
     for case in HINTS:
         x64, gy64 = _inputs(case, values, gen)
@@ -218,7 +284,10 @@ def _row(cand: Candidate, values: Mapping[str, Any], dtype_name: str, regime: st
                 continue
             g, b = got[name], ours[name]
             errors[name], stats[name] = compare(
-                None if g is None else g.cpu(), None if b is None else b.cpu(), ref[name], rows=name in ("y", "dx")
+                None if g is None else g.cpu(),
+                None if b is None else b.cpu(),
+                ref[name],
+                rows=name in ("y", "dx"),
             )
         row["cases"][case] = errors
         row["stats"][case] = stats
@@ -232,7 +301,8 @@ def _row(cand: Candidate, values: Mapping[str, Any], dtype_name: str, regime: st
 def _twin(
     cand: Candidate, values: Mapping[str, Any], mod: Any, x: Any, autocast: tuple[str, Any] | None
 ) -> dict[str, Any]:
-    """The portable twin given the candidate's state dict (strict): interchangeable, and how far apart."""
+    """The portable twin given the candidate's state dict (strict): interchangeable, and how far
+    apart."""
     if not cand.twin_target:
         return {"state_dict": "incompatible", "reason": "no twin declared"}
     try:
@@ -247,7 +317,9 @@ def _twin(
     return {"state_dict": "interchangeable", "max_error": rel_err(a, b.to(torch.float64))}
 
 
-def _mistake(row: MeasurementRow, y: Any, y_base: Any, x: Any, held: Mapping[str, Any], function: str) -> None:
+def _mistake(
+    row: MeasurementRow, y: Any, y_base: Any, x: Any, held: Mapping[str, Any], function: str
+) -> None:
     """Which of ``MISTAKES`` the output matches better than the formula (the verdict names it)."""
     right = compare(y, y_base, reference(x, held, function), rows=True)[0][0]
     for mistake in MISTAKES:
@@ -277,8 +349,9 @@ def check(
         return stopped
     with one_cpu_thread(device):  # the default check's tensors are small (measure.one_cpu_thread)
         rows = [_row(cand, values, d, regime, device) for d, regime in dtypes]
-        # what the kernel computes is told in float32, where a formula's mistake (tanh's GELU for erf's)
-        # is far above rounding; in bf16 or fp16 it can hide under it. Measured once, said on every row
+        # what the kernel computes is told in float32, where a formula's mistake (tanh's GELU for
+        # erf's) is far above rounding; in bf16 or fp16 it can hide under it. Measured once, said on
+        # every row
         fp32 = next((r for r in rows if r["dtype"] == "float32"), None)
         if fp32 is None:
             fp32 = _row(cand, values, "float32", "true", device)
@@ -290,7 +363,8 @@ def check(
 
 
 def try_once(cand: Candidate, device: str) -> dict[str, Any]:
-    """One tiny forward and backward on a device the candidate does not declare: why it cannot run."""
+    """One tiny forward and backward on a device the candidate does not declare: why it cannot
+    run."""
     try:
         values = canonical(None, 16)
         mod = build(cand, values, torch_device(device), torch.float32)
@@ -311,7 +385,8 @@ def time_candidate(
     overrides: Mapping[str, Any] | None,
     tick: Callable[[str, int, int], None] | None = None,
 ) -> TimeReply:
-    """Forward+backward of the candidate at each ``ROWSxIN`` shape (out: anemoi's gated hidden width)."""
+    """Forward+backward of the candidate at each ``ROWSxIN`` shape (out: anemoi's gated hidden
+    width)."""
     from kernel_probe.probe import repetitions, timing
     from kernel_probe.shapes import parse_shape
 
@@ -323,7 +398,12 @@ def time_candidate(
     rows_out: list[TimingRow] = []
     for shape in shapes:
         rows, width, _ = parse_shape(shape)
-        head: TimingRow = {"implementation": cand.id, "shape": shape, "dtype": dtype_name, "regime": regime}
+        head: TimingRow = {
+            "implementation": cand.id,
+            "shape": shape,
+            "dtype": dtype_name,
+            "regime": regime,
+        }
         try:
             values = canonical(overrides, width)
             mod = build(cand, values, tdev, param_dtype)
@@ -345,7 +425,8 @@ def time_candidate(
             continue
         median = statistics.median(samples)
         out = values["out_features"]
-        # the least a fwd+bwd moves: x and dy in, y and dx out, both weights read twice and their grads written
+        # the least a fwd+bwd moves: x and dy in, y and dx out, both weights read twice and their
+        # grads written
         moved = dtype.itemsize * (2 * rows * width + 2 * rows * out + 6 * width * out)
         rows_out.append(
             {

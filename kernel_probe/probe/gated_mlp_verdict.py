@@ -4,9 +4,10 @@ Per (dtype, regime) and input case, every compared output (``y``, ``dx``, and th
 ``gate_proj.weight``, ``gate_proj.bias``, ``value_proj.weight``, ``value_proj.bias``) goes through
 ``judge.judge_output``: its max error, RMS error and bias against float64, each within FACTOR x
 torch's own gated layer's (anemoi's ``GatedMLPLayer`` with torch.nn.Linear) plus the dtype's floor.
-Then the flags of ``gated_mlp`` fail the candidate outright, each for its reason: a state dict that is
-not anemoi's (keys, strict load, round trip), an input modified, and an output that matches one of the
-formula's known mistakes (tanh GELU for anemoi's erf geglu, gate and value swapped, biases dropped).
+Then the flags of ``gated_mlp`` fail the candidate outright, each for its reason: a state dict that
+is not anemoi's (keys, strict load, round trip), an input modified, and an output that matches one
+of the formula's known mistakes (tanh GELU for anemoi's erf geglu, gate and value swapped, biases
+dropped).
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from kernel_probe.probe.report import Report, ReportBase, Verdict
 # the check's input cases (kernel_probe.probe.gated_mlp), and what each probes
 HINTS = {
     "random": "plain random input: gate pre-activations of unit spread",
-    "wide-gate": "gate pre-activations spread to +-9: saturation, and where tanh's GELU leaves erf's",
+    "wide-gate": "gate pre-activations spread to +-9: saturation, and where tanh's GELU leaves "
+    "erf's",
 }
 # what a kernel computes instead of the formula, and how the verdict names it
 MISTAKES = {
-    "gelu_tanh": "computes GELU's tanh approximation where anemoi's geglu gate is exact erf (torch.nn.GELU())",
+    "gelu_tanh": "computes GELU's tanh approximation where anemoi's geglu gate is exact erf "
+    "(torch.nn.GELU())",
     "swapped": "applies the gate to value_proj(x) instead of gate_proj(x) (gate and value swapped)",
     "no-bias": "drops the projections' biases (gate_proj.bias, value_proj.bias)",
 }
@@ -43,8 +46,13 @@ def judge_row(cand: Candidate, device: str, row: MeasurementRow) -> Verdict:
     first: list[str] = []
     failed: list[str] = []
     reasons: list[str] = []
-    if FLAG_MISTAKE in flags:  # told in float32 (gated_mlp.check): it fails every row, however small here
-        hidden = "" if found.failed else f" (measured in float32; in {row['dtype']} it is within rounding)"
+    # told in float32 (gated_mlp.check): it fails every row, however small here
+    if FLAG_MISTAKE in flags:
+        hidden = (
+            ""
+            if found.failed
+            else f" (measured in float32; in {row['dtype']} it is within rounding)"
+        )
         first.append(flags[FLAG_MISTAKE])
         reasons.insert(0, MISTAKES[flags[FLAG_MISTAKE]] + hidden)
     if FLAG_INPUT_MODIFIED in flags:
@@ -53,7 +61,9 @@ def judge_row(cand: Candidate, device: str, row: MeasurementRow) -> Verdict:
     if FLAG_STATE_DICT in flags:
         failed.append(FLAG_STATE_DICT)
         reasons.insert(0, flags[FLAG_STATE_DICT])
-    return row_verdict(cand.id, device, row, found, failed=failed, failed_first=first, reasons=reasons)
+    return row_verdict(
+        cand.id, device, row, found, failed=failed, failed_first=first, reasons=reasons
+    )
 
 
 def judge(raw: CheckReply, cand: Candidate, device: str, base: ReportBase) -> Report:

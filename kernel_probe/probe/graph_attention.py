@@ -2,29 +2,30 @@
 kernel and PyG's message passing) forward and backward against float64, on a graph of the degrees an
 O96-era processor has, with the sharp softmax of anemoi-core #1027 and a bitwise repeat.
 
-What anemoi computes (``anemoi.models.layers.conv.GraphTransformerConv``; the Triton kernel the same):
-for each destination node ``i`` over its incoming edges ``e = (j -> i)``,
+What anemoi computes (``anemoi.models.layers.conv.GraphTransformerConv``; the Triton kernel the
+same): for each destination node ``i`` over its incoming edges ``e = (j -> i)``,
 
     alpha_e = softmax_i( q_i . (k_j + e_ij) / sqrt(C) ),    out_i = sum_e alpha_e (v_j + e_ij)
 
 with q (N_dst, H, C), k and v (N_src, H, C), the edge attribute e (E, H, C). Outputs compared:
-``out``, ``dq``, ``dk``, ``dv``, ``de``. Errors are normwise relative (``attention.rel``) against that
-formula in float64 for the backend and for the same formula run by torch in the checked dtype (the
-baseline, as torch's math path is for the Attention slot); RMS and bias statistics per row of the last
-dimension (``measure.compare``). Where a gradient vanishes by construction (the sharp case: every
-neighbour sends the same message, so ``dq = dk = 0``) its error is taken relative to ``max|dv|``: the
-pre-#1172 kernel's bf16 |dq| of 1.47 fails however small the reference.
+``out``, ``dq``, ``dk``, ``dv``, ``de``. Errors are normwise relative (``attention.rel``) against
+that formula in float64 for the backend and for the same formula run by torch in the checked dtype
+(the baseline, as torch's math path is for the Attention slot); RMS and bias statistics per row of
+the last dimension (``measure.compare``). Where a gradient vanishes by construction (the sharp case:
+every neighbour sends the same message, so ``dq = dk = 0``) its error is taken relative to
+``max|dv|``: the pre-#1172 kernel's bf16 |dq| of 1.47 fails however small the reference.
 
 The graph (``check_graph``): destination in-degrees in the proportions of anemoi-graphs'
 ``MultiScaleEdges(x_hops=1)`` over ``TriNodes(resolution=5)`` (the hidden mesh of anemoi-training's
 ``graph/multi_scale.yaml``): a node first refined at level L has 6 neighbours at each level L..5, so
 degrees 6, 12, 18, 24 and 30 for 7680, 1920, 480, 120 and 42 of its 10,242 nodes (81,900 edges, the
-count ``docs/_static/hetero_data_graph.txt`` shows; research/anemoi.md). ``O96_DEGREES`` is that table.
+count ``docs/_static/hetero_data_graph.txt`` shows; research/anemoi.md). ``O96_DEGREES`` is that
+table.
 
 Backends: ``pyg`` (anemoi's GraphTransformerConv), ``triton`` (anemoi's custom op; on a CPU only in
-Triton's interpreter, ``TRITON_INTERPRET=1``: its ops are registered for ``cuda`` only, so the worker
-registers their own Python bodies for the CPU in its process), or ``module.function`` with the
-signature ``f(q, k, v, e, edge_index, size) -> out`` (a user's kernel; the tests' fakes).
+Triton's interpreter, ``TRITON_INTERPRET=1``: its ops are registered for ``cuda`` only, so the
+worker registers their own Python bodies for the CPU in its process), or ``module.function`` with
+the signature ``f(q, k, v, e, edge_index, size) -> out`` (a user's kernel; the tests' fakes).
 """
 
 from __future__ import annotations
@@ -42,25 +43,34 @@ from kernel_probe.isolation.protocol import ErrorStats, MeasurementRow, interpre
 from kernel_probe.probe.attention import Case as AttentionCase
 
 BACKENDS = ("triton", "pyg")  # anemoi-models' graph_attention_backend values
-# (in-degree, nodes with it) in TriNodes(resolution=5) + MultiScaleEdges(x_hops=1): see the docstring
+# (in-degree, nodes with it) in TriNodes(resolution=5) + MultiScaleEdges(x_hops=1): see the
+# docstring
 O96_DEGREES = ((6, 7680), (12, 1920), (18, 480), (24, 120), (30, 42))
 OUTPUTS = ("out", "dq", "dk", "dv", "de")
-HEADS, CHANNELS = 4, 32  # anemoi's GT processor: 16 heads x 64 at 1024 channels; the maths is per head
+HEADS, CHANNELS = (
+    4,
+    32,
+)  # anemoi's GT processor: 16 heads x 64 at 1024 channels; the maths is per head
 NODES = 36  # the check graph: every degree of O96_DEGREES, in proportion, at least one node each
 
 
 def check_degrees(nodes: int = NODES) -> list[int]:
-    """In-degrees of ``nodes`` destinations in ``O96_DEGREES``' proportions (each degree at least once),
-    largest first."""
+    """In-degrees of ``nodes`` destinations in ``O96_DEGREES``' proportions (each degree at least
+    once), largest first."""
     total = sum(n for _, n in O96_DEGREES)
     counts = [max(1, round(nodes * n / total)) for _, n in O96_DEGREES]
     counts[0] += nodes - sum(counts)  # the commonest degree takes the rounding
-    return [d for (d, _), c in sorted(zip(O96_DEGREES, counts, strict=True), reverse=True) for _ in range(c)]
+    return [
+        d
+        for (d, _), c in sorted(zip(O96_DEGREES, counts, strict=True), reverse=True)
+        for _ in range(c)
+    ]
 
 
 def check_graph(gen: torch.Generator, nodes: int = NODES) -> torch.Tensor:
     """A processor graph (sources = destinations = ``nodes``) with ``check_degrees``' in-degrees, no
-    duplicate edge, sorted by destination as anemoi sorts it: ``edge_index`` (2, E) of (src, dst)."""
+    duplicate edge, sorted by destination as anemoi sorts it: ``edge_index`` (2, E) of (src,
+    dst)."""
     src, dst = [], []
     for i, degree in enumerate(check_degrees(nodes)):
         picked = torch.randperm(nodes, generator=gen)[:degree]
@@ -70,22 +80,28 @@ def check_graph(gen: torch.Generator, nodes: int = NODES) -> torch.Tensor:
 
 
 def reference(q: Any, k: Any, v: Any, e: Any, edge_index: Any, size: tuple[int, int]) -> Any:
-    """The formula of the module docstring, with torch's own ops (float64: the reference; the checked
-    dtype: the baseline). Stable softmax per destination (max subtracted)."""
+    """The formula of the module docstring, with torch's own ops (float64: the reference; the
+    checked dtype: the baseline). Stable softmax per destination (max subtracted)."""
     src, dst = edge_index
     n_dst, heads, channels = q.shape[0], q.shape[1], q.shape[2]
     key = k.index_select(0, src) + e
     scores = (q.index_select(0, dst) * key).sum(-1) / math.sqrt(channels)  # (E, H)
     peak = torch.full((n_dst, heads), -math.inf, dtype=scores.dtype, device=scores.device)
-    peak = peak.scatter_reduce(0, dst[:, None].expand_as(scores), scores.detach(), "amax", include_self=True)
+    peak = peak.scatter_reduce(
+        0, dst[:, None].expand_as(scores), scores.detach(), "amax", include_self=True
+    )
     weights = torch.exp(scores - peak.index_select(0, dst))
-    total = torch.zeros((n_dst, heads), dtype=scores.dtype, device=scores.device).index_add(0, dst, weights)
+    total = torch.zeros((n_dst, heads), dtype=scores.dtype, device=scores.device).index_add(
+        0, dst, weights
+    )
     alpha = weights / total.index_select(0, dst)
     message = (v.index_select(0, src) + e) * alpha[..., None]
-    return torch.zeros((n_dst, heads, channels), dtype=q.dtype, device=q.device).index_add(0, dst, message)
+    return torch.zeros((n_dst, heads, channels), dtype=q.dtype, device=q.device).index_add(
+        0, dst, message
+    )
 
 
-# ---- the backends ---------------------------------------------------------------------------------------
+# ---- the backends --------------------------------------------------------------------------------
 Attend = Callable[[Any, Any, Any, Any, Any, tuple[int, int]], Any]
 
 
@@ -101,19 +117,24 @@ def _pyg() -> Attend:
 def _triton(device: str) -> Attend:
     if device == "cpu" and not interpreter_requested():
         raise _Unavailable(
-            "anemoi's Triton kernel runs on a GPU only (anemoi's is_triton_available: triton imports and "
-            "torch.cuda.is_available()); on a CPU it can be checked in Triton's interpreter with TRITON_INTERPRET=1"
+            "anemoi's Triton kernel runs on a GPU only (anemoi's is_triton_available: triton "
+            "imports and "
+            "torch.cuda.is_available()); on a CPU it can be checked in Triton's interpreter "
+            "with TRITON_INTERPRET=1"
         )
     from anemoi.models.triton import gt
     from anemoi.models.triton.utils import edge_index_to_csc
 
-    if device == "cpu":  # interpreter: the ops' own bodies, registered for the CPU in this worker only
+    # interpreter: the ops' own bodies, registered for the CPU in this worker only
+    if device == "cpu":
         for op in (gt.graph_transformer_attention, gt.graph_transformer_attention_backward):
             if "cpu" not in op._backend_fns:
                 op.register_kernel("cpu")(op._init_fn)
 
     def attend(q: Any, k: Any, v: Any, e: Any, edge_index: Any, size: tuple[int, int]) -> Any:
-        csc, perm, reverse = edge_index_to_csc(edge_index, num_nodes=size, reverse=True, edges_are_dst_sorted=True)
+        csc, perm, reverse = edge_index_to_csc(
+            edge_index, num_nodes=size, reverse=True, edges_are_dst_sorted=True
+        )
         assert perm is None
         return gt.graph_transformer_attention_conv(q, k, v, e, csc, reverse)
 
@@ -121,15 +142,17 @@ def _triton(device: str) -> Attend:
 
 
 def backend(name: str, device: str) -> Attend:
-    """The attention function ``name`` stands for (module docstring); raises ``_Unavailable`` with the
-    reason where it cannot run here."""
+    """The attention function ``name`` stands for (module docstring); raises ``_Unavailable`` with
+    the reason where it cannot run here."""
     if name == "pyg":
         return _pyg()
     if name == "triton":
         return _triton(device)
     module, _, function = name.rpartition(".")
     if not module:
-        raise _Unavailable(f"unknown graph attention backend {name!r}: use triton, pyg or module.function")
+        raise _Unavailable(
+            f"unknown graph attention backend {name!r}: use triton, pyg or module.function"
+        )
     fn: Attend = getattr(importlib.import_module(module), function)
     return fn
 
@@ -138,7 +161,7 @@ class _Unavailable(Exception):
     """The backend cannot run on this machine: why."""
 
 
-# ---- the inputs -------------------------------------------------------------------------------------------
+# ---- the inputs ----------------------------------------------------------------------------------
 @dataclass
 class Case(AttentionCase):
     """One input: attention's (q, k, v, grad_output and the outputs that vanish by construction) and
@@ -148,7 +171,9 @@ class Case(AttentionCase):
 
     def to(self, dtype: Any, device: str) -> Case:
         """The same values in ``dtype`` on ``device`` (rounded once)."""
-        q, k, v, e, go = (t.to(device=device, dtype=dtype) for t in (self.q, self.k, self.v, self.e, self.go))
+        q, k, v, e, go = (
+            t.to(device=device, dtype=dtype) for t in (self.q, self.k, self.v, self.e, self.go)
+        )
         return Case(self.name, q, k, v, go, self.vanishing, e=e)
 
 
@@ -164,16 +189,24 @@ def cases(gen: torch.Generator, n: int, edges: int) -> list[Case]:
     q, k, v, e = randn(n, h, c), randn(n, h, c), randn(n, h, c), randn(edges, h, c)  # in this order
     out = [Case("random", q, k, v, randn(n, h, c), e=e)]
     common = randn(1, h, c, scale=30.0)
-    q, k, v = common + randn(n, h, c, scale=0.05), common + randn(n, h, c, scale=0.05), randn(n, h, c)
+    q, k, v = (
+        common + randn(n, h, c, scale=0.05),
+        common + randn(n, h, c, scale=0.05),
+        randn(n, h, c),
+    )
     e = randn(edges, h, c, scale=0.05)
     out.append(Case("large-logits", q, k, v, randn(n, h, c), e=e))
     value = randn(1, h, c).expand(n, h, c).contiguous()
-    q, k, e = randn(n, h, c, scale=3.0), randn(n, h, c, scale=3.0), torch.zeros(edges, h, c, dtype=torch.float64)
+    q, k, e = (
+        randn(n, h, c, scale=3.0),
+        randn(n, h, c, scale=3.0),
+        torch.zeros(edges, h, c, dtype=torch.float64),
+    )
     out.append(Case("sharp-equal-messages", q, k, value, randn(n, h, c), ("dq", "dk"), e=e))
     return out
 
 
-# ---- measuring ---------------------------------------------------------------------------------------------
+# ---- measuring -----------------------------------------------------------------------------------
 def _grads(fn: Attend, case: Case, edge_index: Any, size: tuple[int, int]) -> dict[str, Any]:
     q, k, v, e = (t.detach().clone().requires_grad_(True) for t in (case.q, case.k, case.v, case.e))
     out = fn(q, k, v, e, edge_index, size)
@@ -182,10 +215,13 @@ def _grads(fn: Attend, case: Case, edge_index: Any, size: tuple[int, int]) -> di
 
 
 def _errors(
-    got: Mapping[str, Any], base: Mapping[str, Any], ref: Mapping[str, Any], vanishing: tuple[str, ...]
+    got: Mapping[str, Any],
+    base: Mapping[str, Any],
+    ref: Mapping[str, Any],
+    vanishing: tuple[str, ...],
 ) -> tuple[dict[str, list[float]], dict[str, ErrorStats]]:
-    """output -> [the backend's error, the baseline's], and the RMS/bias statistics of the outputs that
-    do not vanish (a vanishing one is judged by its max error against max|dv|)."""
+    """output -> [the backend's error, the baseline's], and the RMS/bias statistics of the outputs
+    that do not vanish (a vanishing one is judged by its max error against max|dv|)."""
     from kernel_probe.probe.attention import rel
     from kernel_probe.probe.measure import compare
 
@@ -196,7 +232,9 @@ def _errors(
         errors[name] = [rel(got[name], ref[name], denom), rel(base[name], ref[name], denom)]
         if name not in vanishing:
             ref64 = ref[name].detach().double().cpu()
-            stats[name] = compare(got[name].double().cpu(), base[name].double().cpu(), ref64, rows=True)[1]
+            stats[name] = compare(
+                got[name].double().cpu(), base[name].double().cpu(), ref64, rows=True
+            )[1]
     return errors, stats
 
 
@@ -240,8 +278,8 @@ def _row(fn: Attend, device: str, dtype_name: str, seed: int) -> MeasurementRow:
 
 
 def check(name: str, device: str, dtypes: list[str], seed: int = 0) -> list[MeasurementRow]:
-    """One row per dtype for backend ``name`` on ``device`` (``skipped`` rows, with the reason, where it
-    cannot run here)."""
+    """One row per dtype for backend ``name`` on ``device`` (``skipped`` rows, with the reason,
+    where it cannot run here)."""
     try:
         fn = backend(name, device)
     except _Unavailable as exc:

@@ -2,11 +2,11 @@
 (``graph_attention``) against the project's one rule for compared outputs.
 
 Per output t in (out, dq, dk, dv, de), per case, against the float64 reference of the same graph
-attention: the max error within the attention tolerance (``attention_verdict.tolerance``: FACTOR x the
-baseline's own error + 8 eps, the baseline being the same formula run by torch in the checked dtype),
-and the RMS error and the bias by the norms' rule (``judge.judge_output``). The sharp case's dq and dk
-(which vanish) are judged by their max error against max|dv|: a kernel whose dq is 1.47 there (the
-pre-#1172 bf16 Triton kernel) is rejected naming the case. Determinism is recorded
+attention: the max error within the attention tolerance (``attention_verdict.tolerance``: FACTOR x
+the baseline's own error + 8 eps, the baseline being the same formula run by torch in the checked
+dtype), and the RMS error and the bias by the norms' rule (``judge.judge_output``). The sharp case's
+dq and dk (which vanish) are judged by their max error against max|dv|: a kernel whose dq is 1.47
+there (the pre-#1172 bf16 Triton kernel) is rejected naming the case. Determinism is recorded
 (``judge.determinism``); PyG's scatter path is not bitwise repeatable on a GPU (atomics).
 """
 
@@ -24,20 +24,24 @@ BASELINE = "torch's formula's"
 HINTS = {
     "random": "plain random input",
     "large-logits": "large logits: overflow of unscaled scores in low precision",
-    "sharp-equal-messages": "sharp softmax over equal messages: dq and dk must vanish (anemoi-core #1027)",
+    "sharp-equal-messages": "sharp softmax over equal messages: dq and dk must vanish "
+    "(anemoi-core #1027)",
 }
 
 
 @dataclass
 class GraphAttentionReport:
-    """The verdict on one backend: its status (the worst of its dtypes'), reasons and per-dtype verdicts."""
+    """The verdict on one backend: its status (the worst of its dtypes'), reasons and per-dtype
+    verdicts."""
 
     backend: str
     device: str
     status: Status
     reasons: list[str] = field(default_factory=list)
     verdicts: list[Verdict] = field(default_factory=list)
-    interpreted: bool = False  # the Triton kernel ran in Triton's interpreter (never locked on that alone)
+    interpreted: bool = (
+        False  # the Triton kernel ran in Triton's interpreter (never locked on that alone)
+    )
 
     @property
     def deterministic(self) -> bool | None:
@@ -69,7 +73,9 @@ def judge_row(backend: str, device: str, row: MeasurementRow) -> Verdict:
     return row_verdict(backend, device, row, found, twin=False)
 
 
-def judge(backend: str, device: str, rows: list[MeasurementRow], *, interpreted: bool = False) -> GraphAttentionReport:
+def judge(
+    backend: str, device: str, rows: list[MeasurementRow], *, interpreted: bool = False
+) -> GraphAttentionReport:
     """The verdict on ``backend`` from its rows (one per dtype)."""
     from kernel_probe.probe.judge import row_reasons, worst_status
 

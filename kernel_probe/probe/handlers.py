@@ -63,7 +63,8 @@ def _served(
     time_candidate: Callable[[TimeRequest, Progress], Reply],
 ) -> Reply:
     """A slot's check, try and timing requests, answered by that slot's own module's functions (each
-    given the request; ``time_candidate`` also the progress channel when the request asks for it)."""
+    given the request; ``time_candidate`` also the progress channel when the request asks for
+    it)."""
     if isinstance(request, CheckRequest):
         return check(request)
     if isinstance(request, TryRequest):
@@ -75,16 +76,30 @@ def _served(
 
 def _attention(request: CandidateRequest[Any], emit: Progress) -> Reply:
     """The Attention slot's requests: its own checks and timing (kernel_probe.probe.attention)."""
-    from kernel_probe.probe import attention, slotcheck  # this slot's code, when its first request comes
+    from kernel_probe.probe import (
+        attention,
+        slotcheck,
+    )  # this slot's code, when its first request comes
 
     def check(r: CheckRequest) -> Reply:  # torch's side of each case once per slot and row (SHARED)
         return attention.check(
-            r.candidate, r.device, list(r.dtypes), canonical_overrides=r.canonical, seed=r.seed, shared=slotcheck.SHARED
+            r.candidate,
+            r.device,
+            list(r.dtypes),
+            canonical_overrides=r.canonical,
+            seed=r.seed,
+            shared=slotcheck.SHARED,
         )
 
     def time_candidate(r: TimeRequest, progress: Progress) -> Reply:
         return attention.time_candidate(
-            r.candidate, r.device, list(r.shapes), r.dtype, r.options, r.canonical, progress=progress
+            r.candidate,
+            r.device,
+            list(r.shapes),
+            r.dtype,
+            r.options,
+            r.canonical,
+            progress=progress,
         )
 
     return _served(request, emit, ATTENTION, check, attention.try_once, time_candidate)
@@ -95,9 +110,12 @@ def _gated_mlp(request: CandidateRequest[Any], emit: Progress) -> Reply:
     from kernel_probe.probe import gated_mlp  # this slot's code, when its first request comes
 
     def check(r: CheckRequest) -> Reply:
-        return gated_mlp.check(r.candidate, r.device, list(r.dtypes), canonical_overrides=r.canonical, hidden=r.hidden)
+        return gated_mlp.check(
+            r.candidate, r.device, list(r.dtypes), canonical_overrides=r.canonical, hidden=r.hidden
+        )
 
-    def time_candidate(r: TimeRequest, progress: Progress) -> Reply:  # fixed repetitions: no progress
+    # fixed repetitions: no progress
+    def time_candidate(r: TimeRequest, progress: Progress) -> Reply:
         return gated_mlp.time_candidate(
             r.candidate, r.device, list(r.shapes), r.dtype, r.regime, r.options, r.canonical
         )
@@ -110,10 +128,14 @@ def _activation(request: CandidateRequest[Any], emit: Progress) -> Reply:
     from kernel_probe.probe import activation  # this slot's code, when its first request comes
 
     def check(r: CheckRequest) -> Reply:
-        return activation.check(r.candidate, r.device, list(r.dtypes), canonical_overrides=r.canonical, seed=r.seed)
+        return activation.check(
+            r.candidate, r.device, list(r.dtypes), canonical_overrides=r.canonical, seed=r.seed
+        )
 
     def time_candidate(r: TimeRequest, progress: Progress) -> Reply:
-        return activation.time_candidate(r.candidate, r.device, list(r.shapes), r.dtype, r.options, progress)
+        return activation.time_candidate(
+            r.candidate, r.device, list(r.shapes), r.dtype, r.options, progress
+        )
 
     return _served(request, emit, ACTIVATION, check, activation.try_once, time_candidate)
 
@@ -126,7 +148,9 @@ SLOT_MODULES: dict[str, Callable[[CandidateRequest[Any], Progress], Reply]] = {
 }
 
 
-def dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], None] | None = None) -> Reply:
+def dispatch(
+    request: Request[Any], emit: Callable[[TimingProgressMessage], None] | None = None
+) -> Reply:
     """The reply to one request (``emit`` sends a timing request's progress before it)."""
     if isinstance(request, PingRequest):
         # torch and the measuring code once, up front, under the start timeout, before any candidate
@@ -137,7 +161,9 @@ def dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], None
         worker.record_baseline()
         return PingReply(pid=os.getpid())
     if isinstance(request, FingerprintRequest):
-        from kernel_lock.fingerprint import with_torch  # imports torch: imported where torch already is
+        from kernel_lock.fingerprint import (
+            with_torch,
+        )  # imports torch: imported where torch already is
 
         return FingerprintReply(fields=with_torch.current())
     # the norms' and Linear's measuring code: loaded by the ping already (a cost paid at start-up)
@@ -147,16 +173,22 @@ def dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], None
     if isinstance(request, GraphAttentionRequest):
         from kernel_probe.probe import graph_attention  # anemoi and PyG: only when asked
 
-        measured = graph_attention.check(request.backend, request.device, list(request.dtypes), request.seed)
+        measured = graph_attention.check(
+            request.backend, request.device, list(request.dtypes), request.seed
+        )
         return CheckReply(candidate=request.backend, device=request.device, rows=measured)
 
-    if isinstance(request, ImportRequest):  # under its own time budget: a library that hangs here costs only that
+    # under its own time budget: a library that hangs here costs only that
+    if isinstance(request, ImportRequest):
         start = time.perf_counter()
         try:
             measure.import_class(request.target)
         except ImportError as exc:
             return ImportReply(ok=False, kind="import", error=f"{type(exc).__name__}: {exc}")
-        except (Exception, SystemExit) as exc:  # a library calling sys.exit() on import is broken, not absent
+        except (
+            Exception,
+            SystemExit,
+        ) as exc:  # a library calling sys.exit() on import is broken, not absent
             return ImportReply(ok=False, kind="exception", error=f"{type(exc).__name__}: {exc}")
         return ImportReply(ok=True, seconds=time.perf_counter() - start)
     if isinstance(request, CandidateRequest) and request.slot in SLOT_MODULES:
@@ -171,10 +203,13 @@ def dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], None
             seed=request.seed,
             hidden=CHECK_HIDDEN if request.hidden is None else request.hidden,
             baseline=request.baseline,
-            shared=slotcheck.SHARED,  # the inputs, reference and torch.nn's pass, once per slot and row
+            # the inputs, reference and torch.nn's pass, once per slot and row
+            shared=slotcheck.SHARED,
         )
     if isinstance(request, TryRequest):
-        return TryReply.from_json(correctness.try_once(request.candidate, request.slot, request.device))
+        return TryReply.from_json(
+            correctness.try_once(request.candidate, request.slot, request.device)
+        )
     if isinstance(request, TimeRequest):
         from kernel_probe.probe import timing  # only once a candidate is timed
 
@@ -182,9 +217,14 @@ def dispatch(request: Request[Any], emit: Callable[[TimingProgressMessage], None
             measure.import_class(request.candidate.target)  # does its library bring Triton in?
         except Exception:
             pass  # timing reports it
-        if worker.interpreting():  # interpreter times say nothing about the compiled kernel: never timed
+        # interpreter times say nothing about the compiled kernel: never timed
+        if worker.interpreting():
             rows: list[TimingRow] = [
-                {"implementation": request.candidate.id, "shape": s, "error": f"not timed: {INTERPRETED}"}
+                {
+                    "implementation": request.candidate.id,
+                    "shape": s,
+                    "error": f"not timed: {INTERPRETED}",
+                }
                 for s in request.shapes
             ]
             return TimeReply(candidate=request.candidate.id, device=request.device, rows=rows)

@@ -26,15 +26,15 @@ for the errors shared along a row, e.g. a rounded mean or weight) is a bias, not
 K_SIGMA = 6 a correct kernel is flagged with probability below 2e-9 per group (~1e-5 per candidate
 over every group of every row checked).
 
-Besides errors, these flags fail a candidate outright: it modified its input, or its backward modified
-grad_output (a residual's gradient would be corrupted).
+Besides errors, these flags fail a candidate outright: it modified its input, or its backward
+modified grad_output (a residual's gradient would be corrupted).
 
 An output dtype different from torch.nn's in the same regime is judged by its consequence (norms):
 the errors of the two small blocks a norm sits in — pre-norm ``x + Linear(Norm(x))`` and post-norm
-``Norm(x + Linear(x))`` — against float64, under the same tolerance model. Within it, the candidate is
-accepted with a note naming the dtype difference and the block error ratios; beyond it, rejected with
-the block's figures. ``Policy.strict_dtype`` (``--strict-dtype``) rejects any dtype difference, as does
-a slot without blocks (Linear).
+``Norm(x + Linear(x))`` — against float64, under the same tolerance model. Within it, the candidate
+is accepted with a note naming the dtype difference and the block error ratios; beyond it, rejected
+with the block's figures. ``Policy.strict_dtype`` (``--strict-dtype``) rejects any dtype difference,
+as does a slot without blocks (Linear).
 
 Also recorded, not failed on: whether two runs are bitwise equal (``deterministic``).
 
@@ -78,7 +78,8 @@ from kernel_probe.probe.report import Report, ReportBase, Verdict
 FACTOR = 4.0
 
 HINTS = {
-    "tiny-variance": "rows whose variance is below eps: is eps the one pinned, and added where torch adds it?",
+    "tiny-variance": "rows whose variance is below eps: is eps the one pinned, and added where "
+    "torch adds it?",
     "large-mean": "large mean, small spread: catastrophic cancellation in the variance",
     "large-magnitude": "large values: overflow in low precision",
     "non-contiguous-3d": "3-D, non-contiguous input with padded rows",
@@ -91,7 +92,9 @@ HINTS = {
     "non-contiguous": "a non-contiguous (transposed) 3-D view",
 }
 _DTYPE_PROBLEM = re.compile(
-    r"not implemented for|unsupported (data)?type|unsupported dtype|dtype.*not supported|expected .*dtype", re.I
+    r"not implemented for|unsupported (data)?type|unsupported dtype|dtype.*not "
+    r"supported|expected .*dtype",
+    re.I,
 )
 
 
@@ -112,9 +115,12 @@ def floor(dtype: str) -> float:
 
 @dataclass(frozen=True)
 class Policy:
-    """What the user accepts besides numbers: a changed initialisation, an output dtype judged by consequence."""
+    """What the user accepts besides numbers: a changed initialisation, an output dtype judged by
+    consequence."""
 
-    allow_init_change: bool = False  # --allow-init-change: accept (and record) a different initialisation
+    allow_init_change: bool = (
+        False  # --allow-init-change: accept (and record) a different initialisation
+    )
     strict_dtype: bool = False  # --strict-dtype: any output dtype difference rejects
     # --allow-approximation: accept (and record) an Activation computing an approximation of the
     # model's function (a tanh GELU for an erf one), judged against the function it computes
@@ -154,12 +160,13 @@ class Limits:
 
 
 def limits(dtype: str, base_max: float, stats: ErrorStats | None = None) -> Limits:
-    """The tolerances of one compared output from torch.nn's statistics (``stats[...][1]``) in the same
-    dtype, regime and input: the tolerance model for the max error; FACTOR x torch.nn's RMS plus the
-    RMS of a uniform error of two eps relative to each element (the floor, at the reference's RMS
-    rather than its max: rounding is relative to each value) for the RMS; for the bias FACTOR x torch.nn's
-    bias plus K_SIGMA standard errors of a mean over ``n`` elements whose RMS is the RMS tolerance.
-    Without ``stats`` only the max is judged. One rule for every slot's outputs.
+    """The tolerances of one compared output from torch.nn's statistics (``stats[...][1]``) in the
+    same dtype, regime and input: the tolerance model for the max error; FACTOR x torch.nn's RMS
+    plus the RMS of a uniform error of two eps relative to each element (the floor, at the
+    reference's RMS rather than its max: rounding is relative to each value) for the RMS; for the
+    bias FACTOR x torch.nn's bias plus K_SIGMA standard errors of a mean over ``n`` elements whose
+    RMS is the RMS tolerance. Without ``stats`` only the max is judged. One rule for every slot's
+    outputs.
 
     >>> limits("bfloat16", 0.25)
     Limits(max=1.015625, rms=inf, bias=inf)
@@ -170,7 +177,9 @@ def limits(dtype: str, base_max: float, stats: ErrorStats | None = None) -> Limi
     eps = floor(dtype) / 2.0
     rms = FACTOR * stats["rms"][1] + 2.0 * eps * stats["ref_rms"] / math.sqrt(3.0)
     # the standard error of a group's mean: the larger noise of the two, and at least one rounding's
-    noise = math.sqrt(stats["sd"][0] ** 2 + stats["sd"][1] ** 2 + (eps * stats["ref_rms"]) ** 2 / 12.0)
+    noise = math.sqrt(
+        stats["sd"][0] ** 2 + stats["sd"][1] ** 2 + (eps * stats["ref_rms"]) ** 2 / 12.0
+    )
     bias = FACTOR * stats["bias"][1] + K_SIGMA * noise / math.sqrt(max(int(stats["n"]), 1))
     return Limits(tol_max, rms, bias)
 
@@ -184,10 +193,15 @@ class Excess:
     got: float
     tol: float
     base: float  # torch.nn's same statistic
-    baseline: str = "torch.nn's"  # whose statistic ``base`` is (Attention: torch's math path's and fused ordering's)
+    # whose statistic ``base`` is (Attention: torch's math path's and fused ordering's)
+    baseline: str = "torch.nn's"
 
     def __str__(self) -> str:
-        return f"{self.tensor} {STATISTICS[self.statistic]} {self.got:.3g} > tolerance {self.tol:.3g} ({self.baseline} {self.base:.3g})"
+        return (
+            f"{self.tensor} {STATISTICS[self.statistic]} {self.got:.3g} > tolerance "
+            f"{self.tol:.3g} ({self.baseline} "
+            f"{self.base:.3g})"
+        )
 
 
 def judge_output(
@@ -200,8 +214,9 @@ def judge_output(
     baseline: str = "torch.nn's",
 ) -> tuple[float, list[Excess]]:
     """One compared output: the worst statistic / tolerance ratio (<= 1 passes) and the statistics
-    over; ``ratios``, when given, keeps the worst ratio per statistic. ``max_tolerance``: a slot's own
-    tolerance of the max error (Attention's, attention_verdict.tolerance) instead of the norms'."""
+    over; ``ratios``, when given, keeps the worst ratio per statistic. ``max_tolerance``: a slot's
+    own tolerance of the max error (Attention's, attention_verdict.tolerance) instead of the
+    norms'."""
     lim = limits(dtype, errors[1], stats)
     if max_tolerance is not None:
         lim = dataclasses.replace(lim, max=max_tolerance)
@@ -229,16 +244,19 @@ class UnjudgedRow(ProbeError):
     def __init__(self, candidate: str, dtype: str, regime: str):
         self.candidate = candidate
         super().__init__(
-            f"{candidate}: its {dtype}/{regime} row has no measured case, so no verdict can be reached on it",
+            f"{candidate}: its {dtype}/{regime} row has no measured case, so no verdict can be "
+            "reached on it",
             fix="a bug of the check that measured it: re-run with --debug and report it",
         )
 
 
 @dataclass(frozen=True)
 class Findings:
-    """What the compared outputs of a row's cases say, each case under the one rule (``judge_output``)."""
+    """What the compared outputs of a row's cases say, each case under the one rule
+    (``judge_output``)."""
 
-    worst: float | None  # the largest statistic / tolerance over every output (None: no case measured)
+    # the largest statistic / tolerance over every output (None: no case measured)
+    worst: float | None
     failed: tuple[str, ...]  # ``case:output`` of each output over its tolerance
     reasons: tuple[str, ...]  # one line per failing case, naming what that case is about
     statistics: dict[str, float]  # per statistic (max, rms, bias): the worst ratio
@@ -267,7 +285,9 @@ def judge_cases(
             if tensor.startswith(ALT_PREFIX):
                 continue
             own = None if max_tolerance is None else max_tolerance(tensor, errors[1], dtype)
-            r, over = judge_output(tensor, errors, case_stats.get(tensor), dtype, statistics, own, baseline)
+            r, over = judge_output(
+                tensor, errors, case_stats.get(tensor), dtype, statistics, own, baseline
+            )
             per[tensor] = r
             worst = max(worst, r)
             if over:
@@ -277,12 +297,15 @@ def judge_cases(
             ratios[case] = per
         if bad:
             reasons.append(f"{case} ({hints.get(case, case)}): {', '.join(bad)}")
-    return Findings(worst if row.get("cases") else None, tuple(failed), tuple(reasons), statistics, ratios)
+    return Findings(
+        worst if row.get("cases") else None, tuple(failed), tuple(reasons), statistics, ratios
+    )
 
 
 def determinism(row: MeasurementRow) -> tuple[bool | None, tuple[str, ...]]:
-    """The row's bitwise-repeat measurement: (deterministic, a note with the spread when two identical
-    runs differed); (None, ()) when not measured. Every slot's verdict records it the same way."""
+    """The row's bitwise-repeat measurement: (deterministic, a note with the spread when two
+    identical runs differed); (None, ()) when not measured. Every slot's verdict records it the same
+    way."""
     if "nondeterministic" not in row:
         return None, ()
     spread = row["nondeterministic"]
@@ -290,19 +313,30 @@ def determinism(row: MeasurementRow) -> tuple[bool | None, tuple[str, ...]]:
 
 
 def unmeasured(
-    candidate: str, device: str, row: MeasurementRow, refused: re.Pattern[str] | None, *, say_unavailable: bool = False
+    candidate: str,
+    device: str,
+    row: MeasurementRow,
+    refused: re.Pattern[str] | None,
+    *,
+    say_unavailable: bool = False,
 ) -> Verdict | None:
-    """The verdict on a row with no measurements: skipped where torch itself cannot run it; where the
-    candidate raised, unavailable when the message is a refusal (``refused``: this dtype or
+    """The verdict on a row with no measurements: skipped where torch itself cannot run it; where
+    the candidate raised, unavailable when the message is a refusal (``refused``: this dtype or
     configuration is not supported) and crashed otherwise. None: the row was measured."""
     where = (candidate, device, row["dtype"], row["regime"])
     if "skipped" in row:
         return Verdict(*where, "skipped", reasons=(row["skipped"],))
     if "exception" in row:
         message = row["exception"]
-        status: Status = "unavailable" if refused is not None and refused.search(message) else "crashed"
+        status: Status = (
+            "unavailable" if refused is not None and refused.search(message) else "crashed"
+        )
         unavailable = say_unavailable and status == "unavailable"
-        return Verdict(*where, status, reasons=(f"unavailable: {message}" if unavailable else f"raised {message}",))
+        return Verdict(
+            *where,
+            status,
+            reasons=(f"unavailable: {message}" if unavailable else f"raised {message}",),
+        )
     return None
 
 
@@ -321,9 +355,9 @@ def row_verdict(
     out_dtype: str = "",
 ) -> Verdict:
     """The verdict on a measured row, built once: rejected when an output of its cases is over its
-    tolerance or a flag fails it (``failed``: after the cases' in the record, ``failed_first``: before;
-    ``reasons``: theirs, first), accepted otherwise. A row with no case and no failure raises
-    :class:`UnjudgedRow`: nothing vouches for it, and it is never accepted by default."""
+    tolerance or a flag fails it (``failed``: after the cases' in the record, ``failed_first``:
+    before; ``reasons``: theirs, first), accepted otherwise. A row with no case and no failure
+    raises :class:`UnjudgedRow`: nothing vouches for it, and it is never accepted by default."""
     all_failed = (*failed_first, *found.failed, *failed)
     if not row.get("cases") and not all_failed:
         raise UnjudgedRow(candidate, row["dtype"], row["regime"])
@@ -358,8 +392,9 @@ def judge_row(
     also: Sequence[tuple[str, str]] = (),
     notes: Sequence[str] = (),
 ) -> Verdict:
-    """The verdict on one measured (dtype, regime): errors against the tolerance model, then the flags.
-    ``also``: a slot's own failing flags, (flag, reason), its reason first; ``notes``: a slot's own."""
+    """The verdict on one measured (dtype, regime): errors against the tolerance model, then the
+    flags. ``also``: a slot's own failing flags, (flag, reason), its reason first; ``notes``: a
+    slot's own."""
     v = unmeasured(candidate, device, row, _DTYPE_PROBLEM)
     if v is not None:
         return v
@@ -414,8 +449,8 @@ def judge_row(
 
 
 def _judge_dtype(row: MeasurementRow, what: str, policy: Policy) -> tuple[str, str]:
-    """An output dtype different from torch.nn's, judged by its consequence in the blocks, or strictly:
-    (the rejection's reason, '') or ('', the accepted change)."""
+    """An output dtype different from torch.nn's, judged by its consequence in the blocks, or
+    strictly: (the rejection's reason, '') or ('', the accepted change)."""
     regime = "under autocast" if row["regime"] == "mixed" else "in plain " + row["dtype"]
     blocks = row.get("blocks")
     if policy.strict_dtype or not blocks:
@@ -431,11 +466,21 @@ def _judge_dtype(row: MeasurementRow, what: str, policy: Policy) -> tuple[str, s
             r, tol = ratio(got, base, row["dtype"])
             worst = max(worst, r)
             if r > 1.0:
-                bad.append(f"{kind} block {tensor} error {got:.3g} > tolerance {tol:.3g} (torch.nn's {base:.3g})")
+                bad.append(
+                    f"{kind} block {tensor} error {got:.3g} > tolerance {tol:.3g} (torch.nn's "
+                    f"{base:.3g})"
+                )
         figures.append(f"{kind} block error ratio {worst:.2f}")
     if bad:
-        return f"output dtype {what} {regime} changes the blocks a norm sits in: {'; '.join(bad)}", ""
-    return "", f"output dtype {what} {regime}: accepted by consequence ({', '.join(figures)}; <= 1 passes)"
+        return (
+            f"output dtype {what} {regime} changes the blocks a norm sits in: {'; '.join(bad)}",
+            "",
+        )
+    return (
+        "",
+        f"output dtype {what} {regime}: accepted by consequence ({', '.join(figures)}; <= 1 "
+        "passes)",
+    )
 
 
 @dataclass(frozen=True)
@@ -456,12 +501,15 @@ class ShapeVerdict:
 
 
 def judge_shape(shape: str, dtype: str, regime: str, check: ShapeCheck) -> ShapeVerdict:
-    """The verdict of the check at a timed shape (``atshape``), under the same tolerance model as the
-    correctness kernels: a candidate wrong only at the model's size is rejected, naming the shape and
-    the first wrong row. A check that could not run rejects too: nothing vouches for that size."""
+    """The verdict of the check at a timed shape (``atshape``), under the same tolerance model as
+    the correctness kernels: a candidate wrong only at the model's size is rejected, naming the
+    shape and the first wrong row. A check that could not run rejects too: nothing vouches for that
+    size."""
     where = f"at the model's shape {shape} ({dtype}, regime {regime})"
     if "error" in check:
-        return ShapeVerdict(shape, f"{where}: the check against float64 could not run: {check['error']}", None)
+        return ShapeVerdict(
+            shape, f"{where}: the check against float64 could not run: {check['error']}", None
+        )
     worst, bad = 0.0, []  # type: tuple[float, list[str]]
     stats = check.get("stats", {})
     for tensor, errors in check.get("errors", {}).items():
@@ -480,16 +528,23 @@ def judge_shape(shape: str, dtype: str, regime: str, check: ShapeCheck) -> Shape
             + f"{sampled} rows sampled)"
         )
     else:  # only a parameter gradient, a sum over the sampled rows, is wrong
-        row = f"the sum over the {sampled} sampled rows is wrong, every sampled row's output and input gradient right"
+        row = (
+            f"the sum over the {sampled} sampled rows is wrong, every sampled row's output "
+            "and input gradient right"
+        )
     reached = check.get("boundaries") or []
     near = f"; boundaries reached: {', '.join(reached)}" if reached else ""
     return ShapeVerdict(
-        shape, f"{where}: wrong at this size, right at the check shapes: {row}; {', '.join(bad)}{near}", worst, sampled
+        shape,
+        f"{where}: wrong at this size, right at the check shapes: {row}; {', '.join(bad)}{near}",
+        worst,
+        sampled,
     )
 
 
 def worst_status(statuses: Sequence[Status]) -> Status:
-    """The worst of the statuses of a candidate's rows (``STATUSES`` is worst first); skipped when none."""
+    """The worst of the statuses of a candidate's rows (``STATUSES`` is worst first); skipped when
+    none."""
     present = [s for s in STATUSES if s in statuses]  # worst first
     if not present:
         return "skipped"
@@ -497,10 +552,10 @@ def worst_status(statuses: Sequence[Status]) -> Status:
     return real[0] if real else "skipped"
 
 
-# ---- before anything is imported -------------------------------------------------------------------
+# ---- before anything is imported -----------------------------------------------------------------
 def installed(cand: Candidate, device: str = "") -> str | None:
-    """None if the candidate's library is present (by metadata / find_spec, no import); else why not,
-    with the way to install it for ``device`` (or that there is none)."""
+    """None if the candidate's library is present (by metadata / find_spec, no import); else why
+    not, with the way to install it for ``device`` (or that there is none)."""
     if cand.distribution:
         try:
             metadata.version(cand.distribution)
@@ -513,19 +568,24 @@ def installed(cand: Candidate, device: str = "") -> str | None:
         what = f"no module {cand.module.split('.')[0]!r}"
     else:
         return None
-    if cand.source == "command-line":  # the user's own class: no registry entry says how to install it
+    # the user's own class: no registry entry says how to install it
+    if cand.source == "command-line":
         return (
-            f"not importable: {what} on this Python's path (offered as {cand.slots[0]}={cand.target}; "
+            f"not importable: {what} on this Python's path (offered as "
+            f"{cand.slots[0]}={cand.target}; "
             "install its package or put its directory on PYTHONPATH, and check the dotted path)"
         )
     hint = cand.install_hint(device)
-    return f"not installed: {what}" + (f" ({hint})" if hint else f" (no build for {device})" if device else "")
+    return f"not installed: {what}" + (
+        f" ({hint})" if hint else f" (no build for {device})" if device else ""
+    )
 
 
 @dataclass(frozen=True)
 class Problem:
-    """Why a candidate gets ``status`` without being checked; ``try_it``: it is installed but declares
-    other devices, and trying it in a worker says how it fails here (or that it runs something else)."""
+    """Why a candidate gets ``status`` without being checked; ``try_it``: it is installed but
+    declares other devices, and trying it in a worker says how it fails here (or that it runs
+    something else)."""
 
     status: Status
     reason: str
@@ -533,12 +593,19 @@ class Problem:
 
 
 def static_problem(
-    cand: Candidate, slot: str, device: str, arch: str = "", *, with_compile: bool = False, detail: bool = False
+    cand: Candidate,
+    slot: str,
+    device: str,
+    arch: str = "",
+    *,
+    with_compile: bool = False,
+    detail: bool = False,
 ) -> Problem | None:
-    """Why ``cand`` certainly cannot be checked for ``slot`` here, from what is known without importing
-    anything (semantics, device type, GPU arch, installed, torch.compile on CPU); None when it is worth
-    checking. The command line uses it to refuse a --pin before any work; the checker with ``detail``,
-    which also says where a candidate ruled out by the hardware is not installed either."""
+    """Why ``cand`` certainly cannot be checked for ``slot`` here, from what is known without
+    importing anything (semantics, device type, GPU arch, installed, torch.compile on CPU); None
+    when it is worth checking. The command line uses it to refuse a --pin before any work; the
+    checker with ``detail``, which also says where a candidate ruled out by the hardware is not
+    installed either."""
     expected = SLOT_SEMANTICS[slot]
     if cand.semantics != expected:
         return Problem("rejected", f"semantics: {cand.semantics} != {expected}")
@@ -546,11 +613,15 @@ def static_problem(
     def absent() -> str:
         return " (and it is not installed)" if detail and installed(cand) is not None else ""
 
-    # what the hardware rules out comes before "not installed": no advice to install what cannot run here
+    # what the hardware rules out comes before "not installed": no advice to install what cannot run
+    # here
     if cand.devices and device not in cand.devices:
         why = f"runs on {', '.join(cand.devices)}; this device is {device}"
-        if detail and cand.blas:  # a BLAS library belongs to its platform: nothing to learn from trying it here
-            return Problem("unavailable", f"{why} ({cand.blas} is a {cand.devices[0]} BLAS library)")
+        # a BLAS library belongs to its platform: nothing to learn from trying it here
+        if detail and cand.blas:
+            return Problem(
+                "unavailable", f"{why} ({cand.blas} is a {cand.devices[0]} BLAS library)"
+            )
         note = absent()
         return Problem("unavailable", why + note, try_it=detail and not note)
     wrong_arch = cand.arch_problem(device, arch)
@@ -569,7 +640,8 @@ def static_problem(
 
 
 def judge_tried(problem: Problem, cand: Candidate, tried: TryReply) -> str:
-    """The reason of a candidate on a device it does not declare, with what trying it here showed."""
+    """The reason of a candidate on a device it does not declare, with what trying it here
+    showed."""
     why = problem.reason
     if tried.interpreted:
         why += " (tried under Triton's interpreter, TRITON_INTERPRET=1)"
@@ -583,18 +655,24 @@ def judge_tried(problem: Problem, cand: Candidate, tried: TryReply) -> str:
     return why + f"; trying it raised {tried.error}"
 
 
-# ---- in the worker: dying, tampering, importing ----------------------------------------------------
-def died(status: Literal["crashed", "timeout"], reason: str, what: str, budget: tuple[str, float]) -> Problem:
+# ---- in the worker: dying, tampering, importing --------------------------------------------------
+def died(
+    status: Literal["crashed", "timeout"], reason: str, what: str, budget: tuple[str, float]
+) -> Problem:
     """A worker that crashed or ran out of time while ``what`` ran ("importing X", "checks"): its
     status, and for a timeout the budget it ran out of, (its name, seconds)."""
-    return Problem(status, f"{what}: {reason} ({budget[0]} budget {budget[1]:g} s)" if status == "timeout" else reason)
+    return Problem(
+        status,
+        f"{what}: {reason} ({budget[0]} budget {budget[1]:g} s)" if status == "timeout" else reason,
+    )
 
 
 def tampered(what: str, names: Iterable[str]) -> Problem:
     """A library that replaced torch's own functions while ``what`` ran: refused."""
     return Problem(
         "rejected",
-        f"{what} replaced torch's own {', '.join(names)}: a library that patches torch changes the maths of "
+        f"{what} replaced torch's own {', '.join(names)}: a library that patches torch changes "
+        "the maths of "
         "every other layer (and of the reference it is judged against), so it is refused",
     )
 
@@ -602,10 +680,12 @@ def tampered(what: str, names: Iterable[str]) -> Problem:
 def failed_import(target: str, kind: ImportKind, error: str) -> Problem:
     """An import of ``target`` that raised: an ImportError (``kind`` "import") means the library is
     absent, anything else that it is broken."""
-    return Problem("unavailable" if kind == "import" else "crashed", f"import of {target} failed: {error}")
+    return Problem(
+        "unavailable" if kind == "import" else "crashed", f"import of {target} failed: {error}"
+    )
 
 
-# ---- the candidate: its layout, its initialisation, its rows ----------------------------------------
+# ---- the candidate: its layout, its initialisation, its rows -------------------------------------
 def judge_candidate(
     raw: CheckReply, cand: Candidate, slot: str, device: str, policy: Policy, base: ReportBase
 ) -> Report:
@@ -617,7 +697,9 @@ def judge_candidate(
     if not layout.ok:
         return Report(status="rejected", reasons=[f"layout: {layout.problem()}"], **base)
     verdicts = [judge_row(cand.id, device, cand.semantics, row, policy) for row in raw.rows]
-    report = report_of(verdicts, base, migration=layout.rules, blas=raw.blas, blas_default=raw.blas_default)
+    report = report_of(
+        verdicts, base, migration=layout.rules, blas=raw.blas, blas_default=raw.blas_default
+    )
     _judge_init(report, list(raw.init), policy)
     for v in verdicts:
         for change in v.changes:
@@ -641,7 +723,8 @@ def _early_stop(raw: CheckReply, cand: Candidate) -> Problem | None:
 
 
 def row_reasons(verdicts: Sequence[Verdict], *, regime: bool = True) -> list[str]:
-    """The reasons of the rows that were not accepted, each once, prefixed by its dtype (and regime)."""
+    """The reasons of the rows that were not accepted, each once, prefixed by its dtype (and
+    regime)."""
     reasons: list[str] = []
     for v in verdicts:
         if v.status != "accepted":
@@ -674,7 +757,9 @@ def _judge_init(report: Report, init: list[str], policy: Policy) -> None:
     if not init:
         return
     if policy.allow_init_change:
-        report.changes.extend(f"initialisation: {d} (accepted with --allow-init-change)" for d in init)
+        report.changes.extend(
+            f"initialisation: {d} (accepted with --allow-init-change)" for d in init
+        )
         return
     report.reasons.insert(
         0,
@@ -685,14 +770,16 @@ def _judge_init(report: Report, init: list[str], policy: Policy) -> None:
         report.status = "rejected"
 
 
-# ---- after timing ---------------------------------------------------------------------------------
+# ---- after timing --------------------------------------------------------------------------------
 def judge_timing(report: Report, reply: TimeReply) -> None:
     """A candidate that replaced torch's own functions while timed is rejected; one wrong at a timed
     shape (the check after timing, ``atshape``) too, the shape and the first wrong row named first
     among its reasons (its timings stay in the lock's record)."""
     if reply.tampered:
         report.status = "rejected"
-        report.reasons.insert(0, f"while timing it replaced torch's own {', '.join(reply.tampered)}")
+        report.reasons.insert(
+            0, f"while timing it replaced torch's own {', '.join(reply.tampered)}"
+        )
         return
     for row in reply.rows:
         if "check" not in row:

@@ -1,11 +1,12 @@
 """What the worker process measures with: raw numbers, no verdicts (those are judge.py's).
 
 The float64 references and the normwise error (``reference``, ``rel_err``), the hard inputs real
-kernels get wrong (``cases``), building a candidate with non-trivial parameters under torch.nn's names
-(through its ``layout``), one forward+backward pass, and the measurements besides the errors: where a
-fresh candidate's parameters start (``initstats``), whether two runs are bitwise equal, the errors of
-the small blocks a norm sits in, and the twin check (the candidate's state loaded into its torch.nn
-twin). ``correctness`` runs them per (dtype, regime); ``timing`` and ``atshape`` build on them too.
+kernels get wrong (``cases``), building a candidate with non-trivial parameters under torch.nn's
+names (through its ``layout``), one forward+backward pass, and the measurements besides the errors:
+where a fresh candidate's parameters start (``initstats``), whether two runs are bitwise equal, the
+errors of the small blocks a norm sits in, and the twin check (the candidate's state loaded into its
+torch.nn twin). ``correctness`` runs them per (dtype, regime); ``timing`` and ``atshape`` build on
+them too.
 
 Everything that touches foreign code runs inside the isolated worker.
 """
@@ -51,7 +52,8 @@ def rel_err(got, ref) -> float:
         return math.inf if (got is None) != (ref is None) else 0.0
     if got.shape != ref.shape:
         return math.inf
-    worst = (got.detach().to(torch.float64) - ref).abs().max().item()  # NaN and inf propagate through max
+    # NaN and inf propagate through max
+    worst = (got.detach().to(torch.float64) - ref).abs().max().item()
     if not math.isfinite(worst):
         return math.inf
     scale = ref.abs().max().item()
@@ -59,15 +61,16 @@ def rel_err(got, ref) -> float:
 
 
 def group_errors(got, ref, scale: float, *, rows: bool):
-    """Per group of ``got - ref``: (max |error|, RMS error, |mean signed error|, the standard deviation
-    of the errors about their mean), each divided by ``scale`` (max |ref| over the whole tensor:
-    normwise, as ``rel_err``). A group is a row (the last dimension, leading ones flattened) when
-    ``rows``, else the whole tensor; a group with a non-finite value scores inf in all four."""
+    """Per group of ``got - ref``: (max |error|, RMS error, |mean signed error|, the standard
+    deviation of the errors about their mean), each divided by ``scale`` (max |ref| over the whole
+    tensor: normwise, as ``rel_err``). A group is a row (the last dimension, leading ones flattened)
+    when ``rows``, else the whole tensor; a group with a non-finite value scores inf in all four."""
     e = got.detach().to(torch.float64) - ref
     e = e.reshape(-1, e.shape[-1]) if rows and e.dim() > 0 else e.reshape(1, -1)
     s = max(scale, 1e-30)
     mean = e.mean(-1)
-    rms = torch.linalg.vector_norm(e, 2, dim=-1) / math.sqrt(max(e.shape[-1], 1))  # fused: fewer passes
+    # fused: fewer passes
+    rms = torch.linalg.vector_norm(e, 2, dim=-1) / math.sqrt(max(e.shape[-1], 1))
     worst = torch.linalg.vector_norm(e, math.inf, dim=-1)
     sd = (rms * rms - mean * mean).clamp_min(0.0).sqrt()
     per = (worst / s, rms / s, mean.abs() / s, sd / s)  # per group: small vectors
@@ -75,32 +78,46 @@ def group_errors(got, ref, scale: float, *, rows: bool):
 
 
 def error_stats(got, base, ref, *, rows: bool) -> ErrorStats:
-    """The candidate's (``got``) and torch.nn's (``base``) RMS error, mean signed error (bias) and the
-    errors' spread about it against the float64 ``ref``, per group (``group_errors``), the worst
+    """The candidate's (``got``) and torch.nn's (``base``) RMS error, mean signed error (bias) and
+    the errors' spread about it against the float64 ``ref``, per group (``group_errors``), the worst
     group's of each, the group size ``n`` and the reference's own RMS (normwise): what ``judge``
     weighs besides the max error. Every slot's compared outputs go through it (the rule is
     ``judge.limits``); ``compare`` gives the max errors with them, from the same differences."""
     return compare(got, base, ref, rows=rows)[1]
 
 
-Side = tuple[float, float, float, float]  # one implementation's (max, RMS, bias, sd) errors, worst group each
+Side = tuple[
+    float, float, float, float
+]  # one implementation's (max, RMS, bias, sd) errors, worst group each
 
 
-def compare(got, base, ref, *, rows: bool, base_side: Side | None = None) -> tuple[list[float], ErrorStats]:
-    """([the candidate's max error, torch.nn's], their ``error_stats``): ``rel_err`` of each, and the
-    statistics besides the max, from one difference per implementation. ``base_side``: torch.nn's,
-    already computed against the same ``ref`` (``side``; shared by a slot's candidates)."""
+def compare(
+    got, base, ref, *, rows: bool, base_side: Side | None = None
+) -> tuple[list[float], ErrorStats]:
+    """([the candidate's max error, torch.nn's], their ``error_stats``): ``rel_err`` of each, and
+    the statistics besides the max, from one difference per implementation. ``base_side``:
+    torch.nn's, already computed against the same ``ref`` (``side``; shared by a slot's
+    candidates)."""
     maxima = [0.0, 0.0]
-    stats: ErrorStats = {"rms": [0.0, 0.0], "bias": [0.0, 0.0], "sd": [0.0, 0.0], "n": 1, "ref_rms": 1.0}
+    stats: ErrorStats = {
+        "rms": [0.0, 0.0],
+        "bias": [0.0, 0.0],
+        "sd": [0.0, 0.0],
+        "n": 1,
+        "ref_rms": 1.0,
+    }
     stats["n"], scale, stats["ref_rms"] = _scale(ref, rows)
     for i, t in enumerate((got, base)):
         known = base_side if i == 1 else None
-        maxima[i], stats["rms"][i], stats["bias"][i], stats["sd"][i] = known or _side(t, ref, scale, rows)
+        maxima[i], stats["rms"][i], stats["bias"][i], stats["sd"][i] = known or _side(
+            t, ref, scale, rows
+        )
     return maxima, stats
 
 
 def side(t, ref, *, rows: bool) -> Side:
-    """One implementation's errors against ``ref`` as ``compare`` computes them (torch.nn's, once)."""
+    """One implementation's errors against ``ref`` as ``compare`` computes them (torch.nn's,
+    once)."""
     return _side(t, ref, _scale(ref, rows)[1], rows)
 
 
@@ -108,7 +125,9 @@ def _scale(ref, rows: bool) -> tuple[int, float, float]:
     """(the group size, max |ref|, the reference's RMS over max |ref|)."""
     n = int(ref.shape[-1]) if rows and ref.dim() > 0 else int(ref.numel())
     scale = torch.linalg.vector_norm(ref, math.inf).item() if ref.numel() else 0.0
-    spread = torch.linalg.vector_norm(ref).item() / math.sqrt(ref.numel()) / scale if scale > 0 else 1.0
+    spread = (
+        torch.linalg.vector_norm(ref).item() / math.sqrt(ref.numel()) / scale if scale > 0 else 1.0
+    )
     return max(n, 1), scale, spread
 
 
@@ -135,18 +154,23 @@ def worst_stats(into: dict[str, ErrorStats], name: str, stats: ErrorStats) -> No
 # ---- inputs ------------------------------------------------------------------------------------
 @dataclass
 class Case:
-    """One hard input of the checks: its name (a ``judge.HINTS`` key) and the tensors run in a row."""
+    """One hard input of the checks: its name (a ``judge.HINTS`` key) and the tensors run in a
+    row."""
 
     name: str
     inputs: list  # several inputs run in a row (stateful-cache check)
     residual: bool = False
 
 
-def cases(semantics: str, hidden: int, dtype, device, gen: torch.Generator, *, mixed: bool = False) -> list[Case]:
+def cases(
+    semantics: str, hidden: int, dtype, device, gen: torch.Generator, *, mixed: bool = False
+) -> list[Case]:
     """The inputs real kernels get wrong. Values are generated in float32, then cast."""
 
     def randn(*shape, scale=1.0, shift=0.0, as_dtype=dtype):
-        return (torch.randn(*shape, generator=gen) * scale + shift).to(device=device, dtype=as_dtype)
+        return (torch.randn(*shape, generator=gen) * scale + shift).to(
+            device=device, dtype=as_dtype
+        )
 
     rows = CHECK_ROWS
     out = [Case("random", [randn(rows, hidden, shift=0.3)])]
@@ -167,7 +191,13 @@ def cases(semantics: str, hidden: int, dtype, device, gen: torch.Generator, *, m
     out.append(Case("non-contiguous-3d", [base[..., :hidden].transpose(0, 1)]))
     # several different inputs in a row: a kernel that caches state between calls fails
     out.append(
-        Case("sequence", [randn(rows, hidden, scale=s, shift=m) for s, m in ((1.0, 0.0), (3.0, -1.0), (0.2, 0.7))])
+        Case(
+            "sequence",
+            [
+                randn(rows, hidden, scale=s, shift=m)
+                for s, m in ((1.0, 0.0), (3.0, -1.0), (0.2, 0.7))
+            ],
+        )
     )
     # y = f(x) + skip: a backward that writes into grad_output corrupts skip's gradient
     out.append(Case("residual", [randn(rows, hidden, shift=0.2)], residual=True))
@@ -194,7 +224,8 @@ def one_cpu_thread(device: str) -> Iterator[None]:
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    """The torch dtype of a name of ``kernel_lock.format.slots.DTYPES`` (``bfloat16`` -> ``torch.bfloat16``)."""
+    """The torch dtype of a name of ``kernel_lock.format.slots.DTYPES`` (``bfloat16`` ->
+    ``torch.bfloat16``)."""
     dtype = getattr(torch, name)
     assert isinstance(dtype, torch.dtype), name
     return dtype
@@ -213,7 +244,8 @@ def import_class(target: str):
 
 
 def build(cand: Candidate, canonical: Mapping[str, Any], device: str, param_dtype):
-    """The candidate built as its declaration says, with ``canonical``'s values, on the torch ``device``."""
+    """The candidate built as its declaration says, with ``canonical``'s values, on the torch
+    ``device``."""
     cls = import_class(cand.target)
     args = [fill(a, canonical) for a in cand.args]
     kwargs = cand.pinned_kwargs(canonical)
@@ -222,8 +254,11 @@ def build(cand: Candidate, canonical: Mapping[str, Any], device: str, param_dtyp
     return module.to(device=device, dtype=param_dtype)
 
 
-def parameters_for(semantics: str, hidden: int, out_features: int, bias: bool, gen: torch.Generator) -> dict[str, Any]:
-    """Weights that are neither ones nor zeros (a kernel ignoring them must fail), under torch.nn's names."""
+def parameters_for(
+    semantics: str, hidden: int, out_features: int, bias: bool, gen: torch.Generator
+) -> dict[str, Any]:
+    """Weights that are neither ones nor zeros (a kernel ignoring them must fail), under torch.nn's
+    names."""
     if semantics == "linear":
         w = torch.randn(out_features, hidden, generator=gen) / math.sqrt(hidden)
         b = torch.randn(out_features, generator=gen) * 0.5 if bias else None
@@ -246,7 +281,9 @@ def load_parameters(module, params: Mapping[str, Any], layout: Layout) -> None:
                 continue
             key, turned = layout.pairs[name]
             target = own[key]
-            target.copy_((value.t() if turned else value).to(device=target.device, dtype=target.dtype))
+            target.copy_(
+                (value.t() if turned else value).to(device=target.device, dtype=target.dtype)
+            )
 
 
 def gradients(module, layout: Layout) -> dict[str, Any]:
@@ -261,7 +298,8 @@ def gradients(module, layout: Layout) -> dict[str, Any]:
 
 # ---- one forward/backward pass -----------------------------------------------------------------
 def run_pass(module, x, gy, skip, autocast: tuple[str, Any] | None, layout: Layout):
-    """Forward + backward: output, input gradient, parameter gradients, and whether inputs survived."""
+    """Forward + backward: output, input gradient, parameter gradients, and whether inputs
+    survived."""
     x = _fresh_like(x)
     x_before = x.clone()
     x.requires_grad_(True)
@@ -283,7 +321,9 @@ def run_pass(module, x, gy, skip, autocast: tuple[str, Any] | None, layout: Layo
         "grads": gradients(module, layout),
         "grad_output_intact": bool(torch.equal(gy_given, gy)),
         "input_intact": bool(torch.equal(x.detach(), x_before)),
-        "skip_grad": skip_t.grad.detach() if skip_t is not None and skip_t.grad is not None else None,
+        "skip_grad": skip_t.grad.detach()
+        if skip_t is not None and skip_t.grad is not None
+        else None,
     }
 
 
@@ -292,7 +332,9 @@ def _fresh_like(x):
     if x.is_contiguous():
         return x.detach().clone()
     shape = list(x.shape)
-    buf = torch.empty(shape[1], shape[0], *shape[2:-1], shape[-1] + 8, dtype=x.dtype, device=x.device)
+    buf = torch.empty(
+        shape[1], shape[0], *shape[2:-1], shape[-1] + 8, dtype=x.dtype, device=x.device
+    )
     view = buf[..., : shape[-1]].transpose(0, 1)
     view.copy_(x.detach())
     return view
@@ -312,7 +354,8 @@ def autocasting(autocast: tuple[str, Any] | None):
 
 
 def reference_pass(semantics, x, gy, params64, eps, skip):
-    """The float64 reference's forward and backward: output, input and parameter gradients, skip's."""
+    """The float64 reference's forward and backward: output, input and parameter gradients,
+    skip's."""
     x64 = x.detach().to(torch.float64).requires_grad_(True)
     w = params64["weight"].clone().requires_grad_(True)
     b = params64["bias"].clone().requires_grad_(True) if params64["bias"] is not None else None
@@ -341,7 +384,7 @@ def bits_equal(a, b) -> bool:
     return bool(torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)))
 
 
-# ---- once per candidate: layout and initialisation -------------------------------------------------
+# ---- once per candidate: layout and initialisation -----------------------------------------------
 def fresh_differences(cand_module, base_module, layout: Layout) -> list[str]:
     """Where a freshly built candidate starts differently from a freshly built torch.nn module."""
     cand_state, base_state = cand_module.state_dict(), base_module.state_dict()
@@ -354,14 +397,15 @@ def fresh_differences(cand_module, base_module, layout: Layout) -> list[str]:
     return out
 
 
-# ---- per row: determinism and the blocks a norm sits in -------------------------------------------
+# ---- per row: determinism and the blocks a norm sits in ------------------------------------------
 DETERMINISM_ROWS = 512
 
 
 def repeatability(
     module, hidden: int, width: int, dtype, device, autocast, layout: Layout, gen: torch.Generator
 ) -> str | None:
-    """None when two forward+backward runs on the same input give bitwise equal results; else what differed."""
+    """None when two forward+backward runs on the same input give bitwise equal results; else what
+    differed."""
     x = (torch.randn(DETERMINISM_ROWS, hidden, generator=gen) + 0.3).to(device, dtype)
     gy = (torch.randn(DETERMINISM_ROWS, width, generator=gen) * 0.7).to(device, dtype)
     runs = []
@@ -373,7 +417,9 @@ def repeatability(
         runs.append(run_pass(m, x, gy, None, autocast, layout))
     a, b = runs
     differ = [name for name in ("y", "dx") if not bits_equal(a[name], b[name])]
-    differ += [f"d{name}" for name in a["grads"] if not bits_equal(a["grads"][name], b["grads"][name])]
+    differ += [
+        f"d{name}" for name in a["grads"] if not bits_equal(a["grads"][name], b["grads"][name])
+    ]
     return f"{', '.join(differ)} differ between two runs on the same input" if differ else None
 
 
@@ -408,15 +454,23 @@ def blocks(
     gy = (torch.randn(CHECK_ROWS, hidden, generator=gen) * 0.7).to(device, dtype)
 
     def block_errors(kind: str) -> dict[str, list[float]]:
-        """One block's errors, with the candidate (index 0) and torch.nn (index 1), against float64."""
+        """One block's errors, with the candidate (index 0) and torch.nn (index 1), against
+        float64."""
         # float64 reference
         x64 = x.detach().double().requires_grad_(True)
         nw = params64["weight"].clone().requires_grad_(True)
         nb = params64["bias"].clone().requires_grad_(True) if params64["bias"] is not None else None
         lw, lb = w.double().to(device), bias.double().to(device)
-        y64 = _block(kind, lambda t: reference(semantics, t, nw, nb, eps), lambda t: F.linear(t, lw, lb), x64)
+        y64 = _block(
+            kind, lambda t: reference(semantics, t, nw, nb, eps), lambda t: F.linear(t, lw, lb), x64
+        )
         y64.backward(gy.double())
-        ref = {"y": y64.detach(), "dx": x64.grad, "dweight": nw.grad, "dbias": nb.grad if nb is not None else None}
+        ref = {
+            "y": y64.detach(),
+            "dx": x64.grad,
+            "dweight": nw.grad,
+            "dbias": nb.grad if nb is not None else None,
+        }
         errs: dict[str, list[float]] = {}
         for i, (module, lay) in enumerate(((mod, layout), (base_mod, base_layout))):
             linear = torch.nn.Linear(hidden, hidden).to(device=device, dtype=param_dtype)
@@ -429,7 +483,11 @@ def blocks(
             with autocasting(autocast):
                 y = _block(kind, module, linear, xi)
             y.backward(gy)
-            got = {"y": y.detach(), "dx": xi.grad, **{f"d{n}": g for n, g in gradients(module, lay).items()}}
+            got = {
+                "y": y.detach(),
+                "dx": xi.grad,
+                **{f"d{n}": g for n, g in gradients(module, lay).items()},
+            }
             for name, r in ref.items():
                 if r is None:
                     continue
@@ -447,10 +505,13 @@ def blocks(
 
 def twin_candidate(cand: Candidate, slot: str, args: tuple[Any, ...] = ()) -> Candidate | None:
     """The candidate's declared portable twin as a candidate of its own, built with ``args`` and the
-    twin's kwargs (every slot's twin check builds it so); None when it declares none (``no_twin``)."""
+    twin's kwargs (every slot's twin check builds it so); None when it declares none
+    (``no_twin``)."""
     if not cand.twin_target:
         return None
-    return Candidate("twin", (slot,), cand.semantics, cand.twin_target, args=args, kwargs=cand.twin_kwargs)
+    return Candidate(
+        "twin", (slot,), cand.semantics, cand.twin_target, args=args, kwargs=cand.twin_kwargs
+    )
 
 
 def no_twin() -> dict[str, Any]:
@@ -458,12 +519,16 @@ def no_twin() -> dict[str, Any]:
     return {"state_dict": "incompatible", "reason": "no twin declared"}
 
 
-def twin_check(cand, slot, mod, canonical, device, param_dtype, dtype, autocast, gen, layout: Layout) -> dict[str, Any]:
+def twin_check(
+    cand, slot, mod, canonical, device, param_dtype, dtype, autocast, gen, layout: Layout
+) -> dict[str, Any]:
     """Does the candidate's state dict load into its torch.nn twin through the layout's migration,
     and do they then agree?"""
     from kernel_lock.checkpoint import migrate_module_state, parse_rule
 
-    twin_cand = twin_candidate(cand, slot, cand.args if cand.args != ("$hidden",) else ("$normalized_shape",))
+    twin_cand = twin_candidate(
+        cand, slot, cand.args if cand.args != ("$hidden",) else ("$normalized_shape",)
+    )
     if twin_cand is None:
         return no_twin()
     twin = build(twin_cand, canonical, device, param_dtype)
@@ -473,7 +538,9 @@ def twin_check(cand, slot, mod, canonical, device, param_dtype, dtype, autocast,
         twin.load_state_dict(migrated, strict=True)
     except Exception as exc:
         return {"state_dict": "incompatible", "reason": f"{type(exc).__name__}: {str(exc)[:300]}"}
-    x = (torch.randn(CHECK_ROWS, canonical["normalized_shape"], generator=gen) + 0.3).to(device, dtype)
+    x = (torch.randn(CHECK_ROWS, canonical["normalized_shape"], generator=gen) + 0.3).to(
+        device, dtype
+    )
     with torch.no_grad(), autocasting(autocast):
         a, b = mod(x), twin(x)
     return {

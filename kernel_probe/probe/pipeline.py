@@ -8,10 +8,11 @@
 profile, the candidates), checks every candidate in an isolated worker, times the accepted ones,
 chooses per slot and writes the lock (or reuses the current one) under a file lock. It knows nothing
 of ranks: ``kernel_probe.jobstart.start.run`` (the command's entry point) plans the request, decides
-which rank of a job probes and hands the others its lock. Nothing here prints: what a person should see is sent to an :class:`Events` object (the
-command line renders it; the default ignores it), and every failure the user can act on is a
-``LockError`` with its exit code. ``kernel_probe.commands.probe`` only parses arguments into a
-:class:`ProbeRequest` and renders the :class:`ProbeResult`.
+which rank of a job probes and hands the others its lock. Nothing here prints: what a person should
+see is sent to an :class:`Events` object (the command line renders it; the default ignores it), and
+every failure the user can act on is a ``LockError`` with its exit code.
+``kernel_probe.commands.probe`` only parses arguments into a :class:`ProbeRequest` and renders the
+:class:`ProbeResult`.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ if TYPE_CHECKING:  # the warm path (a current lock) imports none of the probe's 
 
 @dataclass
 class ProbeResult:
-    """What a probe did: the lock (written or reused) and, when it probed, every report, timing and choice."""
+    """What a probe did: the lock (written or reused) and, when it probed, every report, timing and
+    choice."""
 
     lock_path: Path
     lock: kernel_lock.KernelLock
@@ -91,8 +93,9 @@ def _shown(value: Any) -> str:
 
 
 def options_change(recorded: Mapping[str, Any] | None, now: Mapping[str, Any]) -> str:
-    """Which options differ between a lock's recorded ones (``provenance.options``) and this run's, each
-    with the old and the new value; the general reason when the lock records no options (an older lock)."""
+    """Which options differ between a lock's recorded ones (``provenance.options``) and this run's,
+    each with the old and the new value; the general reason when the lock records no options (an
+    older lock)."""
     if not isinstance(recorded, Mapping) or not recorded:
         return "it was probed with other options (shapes, precision, candidates, pins or profile)"
     changes = []
@@ -110,11 +113,14 @@ def options_change(recorded: Mapping[str, Any] | None, now: Mapping[str, Any]) -
     unknown = sorted(set(recorded) - set(now))
     if unknown:  # a newer kernel-probe's option
         changes.append(f"options this kernel-probe does not know: {', '.join(unknown)}")
-    return "it was probed with other options: " + ("; ".join(changes) or "(the same values, another encoding)")
+    return "it was probed with other options: " + (
+        "; ".join(changes) or "(the same values, another encoding)"
+    )
 
 
 def recorded_options(inputs: Mapping[str, Any]) -> dict[str, Any]:
-    """The inputs as the lock records them (``provenance.options``): one scalar each (:func:`_flat`)."""
+    """The inputs as the lock records them (``provenance.options``): one scalar each
+    (:func:`_flat`)."""
     return {k: _flat(v) for k, v in inputs.items()}
 
 
@@ -131,11 +137,11 @@ def reusable(
     """(the lock, "") if it can be reused; (None, why not) otherwise. Raises for a corrupt lock.
 
     ``trust``: the libraries of this run's own candidates (the command line, the profile, plug-ins):
-    offering them is the grant a lock written for them needs. ``inputs``: this run's options, to name the
-    ones that differ; ``libraries``: what is installed now of the registry libraries the candidates come
-    from (``detect.libraries.installed_for``): a library installed or removed since the probe makes the
-    lock stale, since its candidates were never judged (or were judged on it); ``judged``: library -> its
-    candidates' ids, to name them."""
+    offering them is the grant a lock written for them needs. ``inputs``: this run's options, to
+    name the ones that differ; ``libraries``: what is installed now of the registry libraries the
+    candidates come from (``detect.libraries.installed_for``): a library installed or removed since
+    the probe makes the lock stale, since its candidates were never judged (or were judged on it);
+    ``judged``: library -> its candidates' ids, to name them."""
     if not path.exists():
         return None, f"{path} does not exist"
     try:
@@ -163,10 +169,14 @@ def reusable(
 
         changed = library_change(_recorded_libraries(lock, judged), libraries, judged)
         if changed:
-            return None, changed + " (re-probe to judge them: kernel-probe --out ... without --check)"
+            return (
+                None,
+                changed + " (re-probe to judge them: kernel-probe --out ... without --check)",
+            )
     try:
-        # each slot's class and kwargs as `verify` and `factory` would judge them: from the tables where
-        # they know the class, else imported in a child process (kernel_lock.resolve.confirm_targets)
+        # each slot's class and kwargs as `verify` and `factory` would judge them: from the tables
+        # where they know the class, else imported in a child process
+        # (kernel_lock.resolve.confirm_targets)
         lock.verify(targets="child")
     except LockMismatch as exc:
         return None, "this machine differs: " + "; ".join(str(d) for d in exc.differences)
@@ -175,16 +185,19 @@ def reusable(
             f"the existing lock is not valid: {exc.problem}",
             path=str(path),
             key=exc.key,
-            fix=(exc.fix + "; or " if exc.fix else "") + "re-run with --force to replace it (nothing was overwritten)",
+            fix=(exc.fix + "; or " if exc.fix else "")
+            + "re-run with --force to replace it (nothing was overwritten)",
         ) from None
     except KernelUnavailable as exc:
         return None, exc.problem
     return lock, ""
 
 
-def _recorded_libraries(lock: kernel_lock.KernelLock, judged: Mapping[str, Sequence[str]]) -> dict[str, str]:
-    """What the lock's probe saw installed (``provenance.libraries``); for an older lock without it, the
-    libraries whose candidates it records all rejected as "not installed"."""
+def _recorded_libraries(
+    lock: kernel_lock.KernelLock, judged: Mapping[str, Sequence[str]]
+) -> dict[str, str]:
+    """What the lock's probe saw installed (``provenance.libraries``); for an older lock without it,
+    the libraries whose candidates it records all rejected as "not installed"."""
     recorded = lock.provenance.get("libraries")
     if isinstance(recorded, Mapping):
         return {str(k): str(v) for k, v in recorded.items()}
@@ -206,35 +219,50 @@ def probe_or_reuse(
     unlocked: str | None = None,
 ) -> ProbeResult:
     """Reuse the lock at ``given`` if current, else probe and write it under a file lock, so that
-    concurrent probes of one path write one lock. ``unlocked``: what to warn where the file system does
-    not do file locks (None: that concurrent probes are not kept apart). How the ranks of a job share one
-    probe is decided above this, in ``kernel_probe.jobstart.start``."""
+    concurrent probes of one path write one lock. ``unlocked``: what to warn where the file system
+    does not do file locks (None: that concurrent probes are not kept apart). How the ranks of a job
+    share one probe is decided above this, in ``kernel_probe.jobstart.start``."""
     from kernel_probe.probe.write import check_writable, exclusive, resolve_out
 
     # a symbolic link is written through; write access is needed only once a probe will run
     out = given if request.check_only else resolve_out(given)
     if not request.force:
         lock, why = reusable(
-            out, p.digest, p.trust, p.profile, inputs=p.inputs, libraries=p.libraries, judged=p.library_candidates
+            out,
+            p.digest,
+            p.trust,
+            p.profile,
+            inputs=p.inputs,
+            libraries=p.libraries,
+            judged=p.library_candidates,
         )
         if lock is not None:
             return ProbeResult(out, lock, True, p, seconds=time.perf_counter() - t_start)
         if request.check_only:
             raise StaleLock(
-                f"{out} is stale or missing: {why}", fix="run `kernel-probe` (without --check) to probe and write it"
+                f"{out} is stale or missing: {why}",
+                fix="run `kernel-probe` (without --check) to probe and write it",
             )
     check_writable(out)
     with exclusive(out, request.lock_timeout, events.note) as locked:
         if not locked:
             events.warn(
                 unlocked
-                or f"{out.parent}: this file system does not do file locks, so concurrent probes of {out.name} "
-                "are not kept apart (each write stays atomic: a reader sees one whole lock); under a launcher "
+                or f"{out.parent}: this file system does not do file locks, so concurrent "
+                f"probes of {out.name} "
+                "are not kept apart (each write stays atomic: a reader sees one whole lock); "
+                "under a launcher "
                 "that sets rank variables (Slurm, torchrun, MPI) one rank probes without them"
             )
         if not request.force:  # another rank may have written it while we waited
             lock, _ = reusable(
-                out, p.digest, p.trust, p.profile, inputs=p.inputs, libraries=p.libraries, judged=p.library_candidates
+                out,
+                p.digest,
+                p.trust,
+                p.profile,
+                inputs=p.inputs,
+                libraries=p.libraries,
+                judged=p.library_candidates,
             )
             if lock is not None:
                 return ProbeResult(out, lock, True, p, seconds=time.perf_counter() - t_start)
@@ -248,7 +276,8 @@ def probe_or_reuse(
 
 
 def probe(p: Plan, events: Events | None = None) -> ProbeResult:
-    """Check every candidate, time the accepted ones, choose per slot and build the lock (not written)."""
+    """Check every candidate, time the accepted ones, choose per slot and build the lock (not
+    written)."""
     from kernel_probe.candidates import for_slot
     from kernel_probe.isolation.protocol import FingerprintRequest
     from kernel_probe.isolation.worker import START_TIMEOUT as FINGERPRINT_TIMEOUT
@@ -285,11 +314,14 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
         p.dtype,
         p.regime,
         p.reps,
-        lambda slot, cid, m: events.timing(slot, cid, [p.attention] if slot == ATTENTION else p.shapes, m),
+        lambda slot, cid, m: events.timing(
+            slot, cid, [p.attention] if slot == ATTENTION else p.shapes, m
+        ),
         attention=(p.attention,),
         fixed=p.request.reps is not None,  # --reps N: N calls for every accepted candidate
     )
-    # lock: None only while probing; build_lock sets it below, so a returned ProbeResult always has one
+    # lock: None only while probing; build_lock sets it below, so a returned ProbeResult always has
+    # one
     result = ProbeResult(
         p.request.out,
         None,  # type: ignore[arg-type]
@@ -303,7 +335,12 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     try:
         with WorkerPool() as pool:
             for done in check_and_time(
-                per_slot, checks, pool, timing=timing, refuse=functools.partial(_refused, p), checking=events.checking
+                per_slot,
+                checks,
+                pool,
+                timing=timing,
+                refuse=functools.partial(_refused, p),
+                checking=events.checking,
             ):
                 result.reports[done.slot].append(done.report)
                 if done.timings is not None:
@@ -332,7 +369,9 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
         provenance["deterministic"] = True
     from kernel_probe.probe.graph_attention_check import for_probe
 
-    graph = for_probe(p.request, p.device["type"], [d for d, _ in rows], fingerprint, p.deterministic, events.note)
+    graph = for_probe(
+        p.request, p.device["type"], [d for d, _ in rows], fingerprint, p.deterministic, events.note
+    )
     result.lock = build_lock(
         result.choices,
         result.reports,
@@ -354,7 +393,8 @@ def _refused(p: Plan, slot: str, cand: Candidate) -> str | None:
 
 
 def _emulated_matmul(p: Plan) -> str | None:
-    """The up-front warning of a CPU probe whose regime's matmuls are emulated here (a Linear slot)."""
+    """The up-front warning of a CPU probe whose regime's matmuls are emulated here (a Linear
+    slot)."""
     if p.device["type"] != "cpu" or "Linear" not in p.slots or p.dtype == "float32":
         return None
     from kernel_probe.detect import cpumath
@@ -365,7 +405,8 @@ def _emulated_matmul(p: Plan) -> str | None:
 def _emulated_call_times(timings: Mapping[str, Mapping[str, list]], dtype: str) -> list[str]:
     """How long one emulated call took, per timed Linear candidate and shape."""
     return [
-        f"{dtype} matmul emulated: one forward+backward of {cid} at {row['shape']} took {row['median_ms'] / 1000:.2f} s"
+        f"{dtype} matmul emulated: one forward+backward of {cid} at {row['shape']} took "
+        f"{row['median_ms'] / 1000:.2f} s"
         for cid, rows in timings.get("Linear", {}).items()
         for row in rows
         if "median_ms" in row
@@ -375,8 +416,8 @@ def _emulated_call_times(timings: Mapping[str, Mapping[str, list]], dtype: str) 
 def choose_all(
     p: Plan, reports: Mapping[str, list[Report]], timings: Mapping[str, Mapping[str, list]]
 ) -> dict[str, Choice]:
-    """Per slot: the slot's rule (``rules.SlotRule``: the command line's pin/prefer, else the profile's
-    policy), else the choice's own rule (choose.py)."""
+    """Per slot: the slot's rule (``rules.SlotRule``: the command line's pin/prefer, else the
+    profile's policy), else the choice's own rule (choose.py)."""
     from kernel_probe.candidates import default_for
     from kernel_probe.probe.choose import choose
     from kernel_probe.probe.rules import SlotRule

@@ -3,10 +3,10 @@
     p = planning.plan(ProbeRequest(shapes=("40320x1024",)))
 
 ``plan`` refuses every bad argument before any work (exit 2), a node the profile rules out (exit 4)
-and a pin that cannot run here (exit 3); it detects the device, applies the site profile, gathers the
-candidates and fixes the shapes, precision and repetitions, and the digest of the inputs by which a
-lock is reused or probed again. ``kernel_probe.probe.pipeline`` runs the :class:`Plan`. Nothing here
-prints: what a person should see goes to an :class:`Events` object.
+and a pin that cannot run here (exit 3); it detects the device, applies the site profile, gathers
+the candidates and fixes the shapes, precision and repetitions, and the digest of the inputs by
+which a lock is reused or probed again. ``kernel_probe.probe.pipeline`` runs the :class:`Plan`.
+Nothing here prints: what a person should see goes to an :class:`Events` object.
 """
 
 from __future__ import annotations
@@ -30,13 +30,15 @@ if TYPE_CHECKING:  # the warm path (a current lock) imports none of the probe's 
 DEFAULT_SHAPES = {"gpu": ("40320x1024", "542080x1024"), "cpu": ("2048x1024",)}
 DEFAULT_REPS = {"gpu": 20, "cpu": 5}
 DEFAULT_PRECISION = "bf16-mixed"
-CPU_LARGE_ELEMENTS = 16 * 1024 * 1024  # 8x the CPU default shape: beyond it, timing on a CPU takes minutes
+CPU_LARGE_ELEMENTS = (
+    16 * 1024 * 1024
+)  # 8x the CPU default shape: beyond it, timing on a CPU takes minutes
 
 
 @dataclass(frozen=True)
 class ProbeRequest:
-    """What to probe; every field has the command line's default. Empty ``shapes``/``slots`` mean the
-    profile's or the defaults; ``candidates`` are extra ``SLOT=dotted.path.Class`` offers."""
+    """What to probe; every field has the command line's default. Empty ``shapes``/``slots`` mean
+    the profile's or the defaults; ``candidates`` are extra ``SLOT=dotted.path.Class`` offers."""
 
     out: Path = Path("kernel-lock.toml")
     shapes: tuple[str, ...] = ()
@@ -59,20 +61,24 @@ class ProbeRequest:
     check_only: bool = False
     lock_timeout: float = 1800.0
     command: str = "kernel-probe"  # recorded in the lock's provenance
-    # who probes where the launcher names this process's rank (kernel_probe.jobstart.ranks): "job" (rank 0),
-    # "node-type" (one rank per kind of node; --out names {node-type}), "rank" (each rank under the file lock);
-    # None: the profile's [policy] probe-per, else "job"
+    # who probes where the launcher names this process's rank (kernel_probe.jobstart.ranks): "job"
+    # (rank 0), "node-type" (one rank per kind of node; --out names {node-type}), "rank" (each rank
+    # under the file lock); None: the profile's [policy] probe-per, else "job"
     probe_per: str | None = None
-    # the Attention slot's timing geometry (HEADSxHEAD_DIMxSEQ[:window=W]); "": the default for the device
+    # the Attention slot's timing geometry (HEADSxHEAD_DIMxSEQ[:window=W]); "": the default for the
+    # device
     attention: str = ""
-    # anemoi's GraphTransformer attention backend (kernel_probe.probe.graph_attention_check): "" = not
-    # checked, "auto", "triton" or "pyg"; and whether a locked triton may fall back to pyg at job start
+    # anemoi's GraphTransformer attention backend (kernel_probe.probe.graph_attention_check): "" =
+    # not checked, "auto", "triton" or "pyg"; and whether a locked triton may fall back to pyg at
+    # job start
     graph_attention: str = ""
     allow_graph_attention_fallback: bool = False
-    # the model's gated mlp_implementation (kernel_lock.format.gating): "" leaves GatedMLP out unless it is named
+    # the model's gated mlp_implementation (kernel_lock.format.gating): "" leaves GatedMLP out
+    # unless it is named
     mlp_implementation: str = ""
-    # the Activation slot: the model's function (kernel_lock.format.activations.ACTIVATION_FUNCTIONS, or other:module.Class;
-    # "": torch.nn.GELU's gelu-erf), and whether an approximation of it may be accepted (recorded)
+    # the Activation slot: the model's function
+    # (kernel_lock.format.activations.ACTIVATION_FUNCTIONS, or other:module.Class; "":
+    # torch.nn.GELU's gelu-erf), and whether an approximation of it may be accepted (recorded)
     activation: str = ""
     allow_approximation: bool = False
 
@@ -106,16 +112,21 @@ class Plan:
         out: dict[str, dict[str, Any]] = {"Attention": options} if options else {}
         if self.request.mlp_implementation:  # the model's gate, pinned in slots.GatedMLP's kwargs
             out["GatedMLP"] = {"mlp_implementation": self.request.mlp_implementation}
-        if self.request.activation:  # the model's activation function (the Activation slot's reference)
+        # the model's activation function (the Activation slot's reference)
+        if self.request.activation:
             out["Activation"] = {"function": self.request.activation}
         return out
 
-    # the options the digest is of (recorded in the lock, so a lock probed with others can say which differ)
+    # the options the digest is of (recorded in the lock, so a lock probed with others can say which
+    # differ)
     inputs: Mapping[str, Any] = field(default_factory=dict)
-    # the registry libraries this plan's candidates come from: version, "installed" or "" (not installed)
+    # the registry libraries this plan's candidates come from: version, "installed" or "" (not
+    # installed)
     libraries: Mapping[str, str] = field(default_factory=dict)
-    library_candidates: Mapping[str, Sequence[str]] = field(default_factory=dict)  # library -> its candidates' ids
-    # per slot, what the command line and the profile say of it (rules.SlotRule): the one answer the probe reads
+    # library -> its candidates' ids
+    library_candidates: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    # per slot, what the command line and the profile say of it (rules.SlotRule): the one answer the
+    # probe reads
     rules: Mapping[str, SlotRule] = field(default_factory=dict)
 
     @property
@@ -145,8 +156,11 @@ class Events:
     def checking(self, slot: str, cand_id: str, index: int, total: int) -> None:
         """Candidate ``index`` (1-based) of ``total`` is being checked."""
 
-    def timing(self, slot: str, cand_id: str, shapes: Sequence[str], message: TimingProgressMessage | None) -> None:
-        """A candidate's timing started (``message`` None) or progressed (a worker progress message)."""
+    def timing(
+        self, slot: str, cand_id: str, shapes: Sequence[str], message: TimingProgressMessage | None
+    ) -> None:
+        """A candidate's timing started (``message`` None) or progressed (a worker progress
+        message)."""
 
     def done(self) -> None:
         """Checking and timing are over (also after an error)."""
@@ -160,26 +174,35 @@ def large_shape_warning(device_type: str, shapes: Sequence[str], reps: int) -> s
     if not large:
         return None
     return (
-        f"{', '.join(large)} {'is a GPU-sized shape' if len(large) == 1 else 'are GPU-sized shapes'}: on a CPU, "
-        f"timing every accepted candidate ({reps} repetitions, plus warm-up) can take minutes; progress follows "
-        f"per shape and repetition. For a CPU lock use the CPU default ({DEFAULT_SHAPES['cpu'][0]}: drop --shape), "
+        f"{', '.join(large)} "
+        f"{'is a GPU-sized shape' if len(large) == 1 else 'are GPU-sized shapes'}: "
+        "on a CPU, "
+        f"timing every accepted candidate ({reps} repetitions, plus warm-up) can take minutes; "
+        "progress follows "
+        "per shape and repetition. For a CPU lock use the CPU default "
+        f"({DEFAULT_SHAPES['cpu'][0]}: drop "
+        "--shape), "
         "or lower --reps"
     )
 
 
 def detect_device() -> dict[str, Any]:
-    """This machine's device facts (``fingerprint.with_torch.device_facts``): read without torch where every one
-    of them can be (``kernel_lock.fingerprint.torchless``), else from torch."""
+    """This machine's device facts (``fingerprint.with_torch.device_facts``): read without torch
+    where every one of them can be (``kernel_lock.fingerprint.torchless``), else from torch."""
     from kernel_lock.fingerprint.here import device_here
 
     return device_here()
 
 
-def gather_candidates(offered: Sequence[str], extra: Sequence[Candidate] = (), *, plugins: bool = True):
+def gather_candidates(
+    offered: Sequence[str], extra: Sequence[Candidate] = (), *, plugins: bool = True
+):
     """(the registry with ``extra`` and the ``SLOT=dotted.path.Class`` offers, problems)."""
     from kernel_probe import candidates as cands
 
-    return cands.registry([*extra, *(cands.from_command_line(text) for text in offered)], entry_points=plugins)
+    return cands.registry(
+        [*extra, *(cands.from_command_line(text) for text in offered)], entry_points=plugins
+    )
 
 
 def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
@@ -199,26 +222,34 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
         ("--import-timeout", request.import_timeout),
         ("--lock-timeout", request.lock_timeout),
     ):
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and 0 < value <= MAX_SECONDS):
+        if not (
+            isinstance(value, (int, float)) and math.isfinite(value) and 0 < value <= MAX_SECONDS
+        ):
             raise UsageError(
-                f"{flag} must be a positive, finite number of seconds, at most {MAX_SECONDS:g}, not {value}"
+                f"{flag} must be a positive, finite number of seconds, at most "
+                f"{MAX_SECONDS:g}, not {value}"
             )
     if request.precision is not None and request.precision not in PRECISIONS:
-        raise UsageError(f"unknown precision {request.precision!r}", fix=f"use one of {', '.join(PRECISIONS)}")
+        raise UsageError(
+            f"unknown precision {request.precision!r}", fix=f"use one of {', '.join(PRECISIONS)}"
+        )
     if request.attention:
         from kernel_probe.probe.attention_geometry import FORM, parse_geometry
 
         try:
             parse_geometry(request.attention)
         except ValueError as exc:
-            raise UsageError(f"--attention {exc}", fix=f"write it {FORM}, e.g. 16x128x40320:window=512") from None
+            raise UsageError(
+                f"--attention {exc}", fix=f"write it {FORM}, e.g. 16x128x40320:window=512"
+            ) from None
     if request.activation:
         from kernel_lock.format.activations import function_problem
 
         problem = function_problem(request.activation)
         if problem:
             raise UsageError(
-                f"--activation {problem}", fix="name the model's activation function, e.g. --activation gelu-erf"
+                f"--activation {problem}",
+                fix="name the model's activation function, e.g. --activation gelu-erf",
             )
     if request.check_only and request.force:
         raise UsageError("--check and --force contradict each other")
@@ -230,7 +261,9 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
         except ValueError as exc:
             raise UsageError(f"--mlp-implementation: {exc}") from None
     # a model with a gated mlp_implementation has the GatedMLP slot too
-    slots = tuple(request.slots) or PROBED_BY_DEFAULT + (("GatedMLP",) if request.mlp_implementation else ())
+    slots = tuple(request.slots) or PROBED_BY_DEFAULT + (
+        ("GatedMLP",) if request.mlp_implementation else ()
+    )
     device = detect_device()
     profile, matched = _apply_profile(request, device, events)
     candidates, problems = gather_candidates(
@@ -241,12 +274,19 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
     if interpreter_requested():
         problems = [
             *problems,
-            "TRITON_INTERPRET is set: Triton kernels run in Triton's interpreter, not compiled; a candidate whose "
+            "TRITON_INTERPRET is set: Triton kernels run in Triton's interpreter, not "
+            "compiled; a candidate whose "
             "kernels ran interpreted is labelled so, never timed and never written to the lock",
         ]
     rules = slot_rules(slots, request.pins, request.prefers, profile)
     check_forced(
-        request.pins, request.prefers, slots, candidates, device, rules=rules, with_compile=request.with_compile
+        request.pins,
+        request.prefers,
+        slots,
+        candidates,
+        device,
+        rules=rules,
+        with_compile=request.with_compile,
     )
     kind = "cpu" if device["type"] == "cpu" else "gpu"
     if asked:
@@ -255,7 +295,9 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
         shapes, shapes_from = normal_shapes(profile.shapes), f"profile {profile.name}"
     else:
         shapes, shapes_from = DEFAULT_SHAPES[kind], "defaults"
-    precision = request.precision or (profile.precision if profile and profile.precision else DEFAULT_PRECISION)
+    precision = request.precision or (
+        profile.precision if profile and profile.precision else DEFAULT_PRECISION
+    )
     deterministic = request.deterministic or bool(profile and profile.deterministic)
     inputs = {
         "precision": precision,
@@ -275,7 +317,8 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
     attention = request.attention or DEFAULT_GEOMETRY[kind]
     if "Attention" in slots:
         inputs["attention"] = attention
-    if request.graph_attention:  # only when asked: a lock probed without it stays reusable as before
+    # only when asked: a lock probed without it stays reusable as before
+    if request.graph_attention:
         inputs["graph_attention"] = request.graph_attention
         inputs["allow_graph_attention_fallback"] = request.allow_graph_attention_fallback
     if "GatedMLP" in slots:
@@ -321,7 +364,9 @@ def _apply_profile(request: ProbeRequest, device: Mapping[str, Any], events: Eve
     from kernel_lock.fingerprint import here
     from kernel_probe.profiles import requirements
 
-    profile, matched, notes = requirements.choose(request.profile, list(request.profiles_dirs), device)
+    profile, matched, notes = requirements.choose(
+        request.profile, list(request.profiles_dirs), device
+    )
     for note in notes:
         events.note(f"profile {request.profile}: {note}")
     if profile is None:
@@ -349,8 +394,8 @@ def check_forced(
     with_compile: bool = False,
 ) -> None:
     """Every --pin/--prefer checked before any work: the slot is probed, the id is a candidate of it
-    (exit 2), the profile allows it (exit 2), and it can run here as far as is known without importing
-    it (exit 3, with the reason and how to install it)."""
+    (exit 2), the profile allows it (exit 2), and it can run here as far as is known without
+    importing it (exit 3, with the reason and how to install it)."""
     from kernel_probe.candidates import for_slot
 
     for flag, forced in (("--pin", pins), ("--prefer", prefers)):
@@ -365,7 +410,8 @@ def check_forced(
             if cid not in ids:
                 raise UsageError(
                     f"{said}: {cid!r} is not a candidate for {slot} (known: {', '.join(ids)})",
-                    fix=f"use one of those ids, or offer your own class with --candidate {slot}=module.Class",
+                    fix="use one of those ids, or offer your own class with --candidate "
+                    f"{slot}=module.Class",
                 )
             rule = (rules or {}).get(slot)
             if rule is not None and rule.allowed is not None and rule.refuses(cid):
@@ -377,7 +423,9 @@ def check_forced(
             from kernel_probe.probe.judge import static_problem  # only when something is forced
 
             cand = next(c for c in for_slot(candidates, slot) if c.id == cid)
-            problem = static_problem(cand, slot, device["type"], device.get("arch") or "", with_compile=with_compile)
+            problem = static_problem(
+                cand, slot, device["type"], device.get("arch") or "", with_compile=with_compile
+            )
             if problem:
                 status, reason = problem.status, problem.reason
                 fix = (

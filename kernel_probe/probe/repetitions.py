@@ -2,14 +2,15 @@
 
 The choice (``choose``) keeps the torch.nn default unless a candidate's median time is lower by more
 than the margin, ``max(5 %, 2 x the larger relative spread)``; ``--prefer`` takes a candidate unless
-it is slower by more than the margin. So a candidate's repetitions can stop as soon as it is known on
-which side of those two boundaries its time lies:
+it is slower by more than the margin. So a candidate's repetitions can stop as soon as it is known
+on which side of those two boundaries its time lies:
 
 - a slot with **one** accepted candidate decides nothing: its first call is its check at the model's
   shape, then one measured call, recorded as ``timed = "sole candidate"`` (when the first call took
   ``SOLE_SECOND_CALL_BELOW_S`` or more, as bf16 emulated on a CPU does, it is the measured call: its
   one-time costs are nothing beside it);
-- the **default** is timed first, with the usual count (``--reps``'s default) inside the slot's budget;
+- the **default** is timed first, with the usual count (``--reps``'s default) inside the slot's
+  budget;
 - every **other** candidate is repeated until the *sequential test* below decides it, its share of
   the slot's budget is spent, or it reached ``max_reps``;
 - a candidate whose first timed call is slower than the default by more than ``FAR_SLOWER`` times
@@ -36,8 +37,12 @@ from collections.abc import Sequence
 MIN_MARGIN = 0.05  # the smallest margin a choice is made by (choose.py's rule)
 MIN_REPS = 4  # calls before the test may decide (and the fewest that give a spread)
 LEVEL = 0.8  # of each median's confidence interval
-FAR_SLOWER = 2.0  # a first call slower than FAR_SLOWER x (1 + margin) x the default's median: not repeated
-SOLE_SECOND_CALL_BELOW_S = 1.0  # a sole candidate's first call under this: one more call is measured
+FAR_SLOWER = (
+    2.0  # a first call slower than FAR_SLOWER x (1 + margin) x the default's median: not repeated
+)
+SOLE_SECOND_CALL_BELOW_S = (
+    1.0  # a sole candidate's first call under this: one more call is measured
+)
 MAX_FACTOR = 4  # a candidate's repetitions stop at MAX_FACTOR x the default's count at the latest
 
 # the per-slot budget of timed calls (seconds; first calls and warm-ups count), by device kind
@@ -81,7 +86,9 @@ def median_interval(samples: Sequence[float], level: float = LEVEL) -> tuple[flo
     return ordered[k - 1], ordered[n - k]
 
 
-def ratio_interval(samples: Sequence[float], baseline: Sequence[float]) -> tuple[float, float] | None:
+def ratio_interval(
+    samples: Sequence[float], baseline: Sequence[float]
+) -> tuple[float, float] | None:
     """An interval for median(samples) / median(baseline): both medians' intervals combined."""
     own, base = median_interval(samples), median_interval(baseline)
     if own is None or base is None or base[0] <= 0:
@@ -103,7 +110,8 @@ def decided(samples: Sequence[float], baseline: Sequence[float]) -> bool:
 def boundaries(samples: Sequence[float], baseline: Sequence[float]) -> tuple[float, ...]:
     """The time ratios where the choice changes: ``1 / (1 + m)`` and ``1 + m`` at the margin of the
     samples so far, and at the smallest margin (a spread read from a few calls is itself noisy: one
-    slow call among four can make the margin, so nothing is decided that the spread alone decides)."""
+    slow call among four can make the margin, so nothing is decided that the spread alone
+    decides)."""
     m = margin(spread(samples), spread(baseline))
     return tuple(sorted({1 / (1 + m), 1 + m, 1 / (1 + MIN_MARGIN), 1 + MIN_MARGIN}))
 

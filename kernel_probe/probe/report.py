@@ -1,5 +1,6 @@
-"""The records of a verdict: per (dtype, regime) a ``Verdict``, per candidate a ``Report``. The verdict
-module (``judge``) writes them; the checker, the chooser, the lock writer and the command line read them."""
+"""The records of a verdict: per (dtype, regime) a ``Verdict``, per candidate a ``Report``. The
+verdict module (``judge``) writes them; the checker, the chooser, the lock writer and the command
+line read them."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from kernel_probe.candidates import Candidate
 
 @dataclass(frozen=True)
 class Verdict:
-    """One (candidate, device, dtype, regime): status, reasons, and the numbers behind them. Built once,
-    by a rule of ``judge`` (``judge.row_verdict``), from a row that was measured: there is no default
-    status, so nothing is accepted that no rule judged."""
+    """One (candidate, device, dtype, regime): status, reasons, and the numbers behind them. Built
+    once, by a rule of ``judge`` (``judge.row_verdict``), from a row that was measured: there is no
+    default status, so nothing is accepted that no rule judged."""
 
     candidate: str
     device: str
@@ -25,7 +26,8 @@ class Verdict:
     reasons: tuple[str, ...] = ()
     failed: tuple[str, ...] = ()
     worst_ratio: float | None = None
-    statistics: Mapping[str, float] = field(default_factory=dict)  # per statistic (max, rms, bias): the worst ratio
+    # per statistic (max, rms, bias): the worst ratio
+    statistics: Mapping[str, float] = field(default_factory=dict)
     out_dtype: str = ""
     twin: Mapping[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
@@ -90,9 +92,14 @@ class Report:
     candidate: Candidate | None = None
     seconds: float | None = None  # wall time of this candidate's import and checks
     migration: tuple[str, ...] = ()  # its state dict onto torch.nn's (the layout's rules)
-    changes: list[str] = field(default_factory=list)  # accepted changes besides numbers, recorded in the lock
-    interpreted: bool = False  # its Triton kernels ran in Triton's interpreter: never timed, never locked
-    blas: str = ""  # a Linear on a GPU: the BLAS library it was checked under (kernel_lock.format.blas)
+    # accepted changes besides numbers, recorded in the lock
+    changes: list[str] = field(default_factory=list)
+    interpreted: bool = (
+        False  # its Triton kernels ran in Triton's interpreter: never timed, never locked
+    )
+    blas: str = (
+        ""  # a Linear on a GPU: the BLAS library it was checked under (kernel_lock.format.blas)
+    )
     blas_default: str = ""  # the library torch picked by itself in the probe's worker
     # Attention: what each option (window, softcap, dropout, alibi, scale) really does, measured
     capabilities: dict[str, str] = field(default_factory=dict)
@@ -111,7 +118,8 @@ class Report:
         return {}
 
     def worst_ratio(self) -> float | None:
-        """The largest error / tolerance over every measured row (None when nothing was measured)."""
+        """The largest error / tolerance over every measured row (None when nothing was
+        measured)."""
         ratios = [v.worst_ratio for v in self.verdicts if v.worst_ratio is not None]
         return max(ratios) if ratios else None
 

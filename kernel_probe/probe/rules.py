@@ -1,11 +1,12 @@
-"""What the command line and a site profile together say of one slot: the one answer the probe reads.
+"""What the command line and a site profile together say of one slot: the one answer the probe
+reads.
 
-A profile's ``[policy.<slot>]`` (``allowed``, ``preferred``, ``pin``) and the command line's ``--pin`` /
-``--prefer`` are merged here, once per plan, into a :class:`SlotRule` per slot. The probe then asks
-only the rule: which candidates are refused before they are checked (:meth:`SlotRule.refuses`), what
-the choice is told (:meth:`SlotRule.choice_options`), and what a forced id must pass
-(:meth:`SlotRule.check_forced`). The command line wins over the profile for a slot it names; the
-profile's ``allowed`` holds either way.
+A profile's ``[policy.<slot>]`` (``allowed``, ``preferred``, ``pin``) and the command line's
+``--pin`` / ``--prefer`` are merged here, once per plan, into a :class:`SlotRule` per slot. The
+probe then asks only the rule: which candidates are refused before they are checked
+(:meth:`SlotRule.refuses`), what the choice is told (:meth:`SlotRule.choice_options`), and what a
+forced id must pass (:meth:`SlotRule.check_forced`). The command line wins over the profile for a
+slot it names; the profile's ``allowed`` holds either way.
 
     >>> rule = SlotRule(allowed=("torch.layer_norm",), allowed_by="profile lumi-g")
     >>> rule.refuses("liger.layer_norm")
@@ -25,10 +26,11 @@ __all__ = ["SlotRule", "slot_rules"]
 
 @dataclass(frozen=True, kw_only=True)
 class SlotRule:
-    """One slot's rule. ``pin`` / ``prefer`` and where they come from (``origin``: "" for the command
-    line, "profile NAME"); ``strict_prefer``: a preferred candidate that is not accepted is an error (the
-    command line's ``--prefer``) rather than skipped (a profile's ordered list); ``allowed``: the only
-    candidates that may be checked (None: any), and who says so (``allowed_by``)."""
+    """One slot's rule. ``pin`` / ``prefer`` and where they come from (``origin``: "" for the
+    command line, "profile NAME"); ``strict_prefer``: a preferred candidate that is not accepted is
+    an error (the command line's ``--prefer``) rather than skipped (a profile's ordered list);
+    ``allowed``: the only candidates that may be checked (None: any), and who says so
+    (``allowed_by``)."""
 
     pin: str | None = None
     prefer: tuple[str, ...] = ()
@@ -46,7 +48,12 @@ class SlotRule:
     def choice_options(self) -> dict[str, Any]:
         """The keyword arguments ``choose.choose`` takes from this rule."""
         if self.origin:
-            return {"pin": self.pin, "prefer": list(self.prefer), "origin": self.origin, "strict_prefer": False}
+            return {
+                "pin": self.pin,
+                "prefer": list(self.prefer),
+                "origin": self.origin,
+                "strict_prefer": False,
+            }
         return {"pin": self.pin, "prefer": self.prefer[0] if self.prefer else None}
 
 
@@ -56,9 +63,9 @@ def slot_rules(
     prefers: Mapping[str, str],
     profile: Any = None,
 ) -> dict[str, SlotRule]:
-    """Per slot of ``slots``: the command line's ``--pin``/``--prefer`` where it names the slot, else the
-    profile's policy (``kernel_probe.profiles.format.Profile``: its ``slots`` and ``name``), and the
-    profile's ``allowed`` in both cases.
+    """Per slot of ``slots``: the command line's ``--pin``/``--prefer`` where it names the slot,
+    else the profile's policy (``kernel_probe.profiles.format.Profile``: its ``slots`` and
+    ``name``), and the profile's ``allowed`` in both cases.
 
     >>> slot_rules(["LayerNorm"], {"LayerNorm": "liger.layer_norm"}, {})["LayerNorm"].pin
     'liger.layer_norm'
@@ -71,7 +78,10 @@ def slot_rules(
         if slot in pins or slot in prefers or policy is None:
             prefer = prefers.get(slot)
             rules[slot] = SlotRule(
-                pin=pins.get(slot), prefer=(prefer,) if prefer else (), allowed=allowed, allowed_by=allowed_by
+                pin=pins.get(slot),
+                prefer=(prefer,) if prefer else (),
+                allowed=allowed,
+                allowed_by=allowed_by,
             )
         else:
             rules[slot] = SlotRule(

@@ -6,8 +6,9 @@ call (Triton JIT, torch.compile) is timed apart and reported as ``compile_s``, n
 median. The module is timed with the non-trivial parameters of the correctness checks, and its last
 warm-up call is checked at that very shape and regime against float64 (``atshape``, the row's
 ``check``): a kernel right at 37 rows and wrong at the model's size is caught where it is timed, for
-no extra full-size pass. Bandwidth is the bytes the op must move divided by the time, and is reported against a
-device-to-device copy measured in the same process, so the ratio survives a noisy machine.
+no extra full-size pass. Bandwidth is the bytes the op must move divided by the time, and is
+reported against a device-to-device copy measured in the same process, so the ratio survives a noisy
+machine.
 """
 
 from __future__ import annotations
@@ -26,14 +27,22 @@ from kernel_probe.isolation.protocol import ShapeCheck, TimeReply, TimingProgres
 from kernel_probe.probe import repetitions
 from kernel_probe.probe.blasrun import BlasNotOffered, baseline_blas, blas_library
 from kernel_probe.probe.layout import discover, shapes
-from kernel_probe.probe.measure import build, dtype_name, first_line, load_parameters, parameters_for, torch_dtype
+from kernel_probe.probe.measure import (
+    build,
+    dtype_name,
+    first_line,
+    load_parameters,
+    parameters_for,
+    torch_dtype,
+)
 from kernel_probe.shapes import parse_shape
 
-# check: run the check at the model's shape after timing each shape (atshape); off only to measure its cost.
-# mode (kernel_probe.probe.repetitions): "fixed" (``reps`` calls, more until ``min_seconds``, at most
-# ``max_reps``), "sole" (one measured call, the check at the shape), "adaptive" (the default of the slot
-# without ``against``: ``reps`` calls; a candidate with ``against``, the default's samples per shape:
-# until the sequential test decides it); adaptive stops at ``budget_s`` (seconds, all shapes together)
+# check: run the check at the model's shape after timing each shape (atshape); off only to measure
+# its cost. mode (kernel_probe.probe.repetitions): "fixed" (``reps`` calls, more until
+# ``min_seconds``, at most ``max_reps``), "sole" (one measured call, the check at the shape),
+# "adaptive" (the default of the slot without ``against``: ``reps`` calls; a candidate with
+# ``against``, the default's samples per shape: until the sequential test decides it); adaptive
+# stops at ``budget_s`` (seconds, all shapes together)
 DEFAULT_OPTIONS: dict[str, Any] = {
     "warmup": 3,
     "reps": 20,
@@ -45,7 +54,9 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "budget_s": None,
 }
 MODES = ("fixed", "sole", "adaptive")
-TIMED_INPUT_SEED = 0  # the seed of the timed inputs (and so of the data the check at the shape sees)
+TIMED_INPUT_SEED = (
+    0  # the seed of the timed inputs (and so of the data the check at the shape sees)
+)
 
 
 def bytes_moved(semantics: str, rows: int, hidden: int, out: int, dtype_bytes: int) -> int:
@@ -56,7 +67,8 @@ def bytes_moved(semantics: str, rows: int, hidden: int, out: int, dtype_bytes: i
 
 
 def flops(semantics: str, rows: int, hidden: int, out: int) -> int:
-    """Floating-point operations of one forward and backward at this shape (a Linear's; 0 for a norm)."""
+    """Floating-point operations of one forward and backward at this shape (a Linear's; 0 for a
+    norm)."""
     return 6 * rows * hidden * out if semantics == "linear" else 0
 
 
@@ -90,12 +102,13 @@ def repeat(
     against: list[float] | None = None,
     deadline: float | None = None,
 ) -> tuple[list[float], str]:
-    """Warm-up calls, then timed repetitions; ``tick(phase, done, total)`` after each call. ``checked``,
-    when given, is the last warm-up call (a call checked against float64: the module is warm by then,
-    and the check costs no extra full-size pass); without warm-up calls it runs after the repetitions.
-    Returns the samples and how their number was decided (the lock's ``timed``): in the adaptive mode
-    ``against`` (the default's samples at this shape) makes the repetitions sequential, and
-    ``deadline`` (a ``perf_counter`` time) ends them once at least one call was timed."""
+    """Warm-up calls, then timed repetitions; ``tick(phase, done, total)`` after each call.
+    ``checked``, when given, is the last warm-up call (a call checked against float64: the module is
+    warm by then, and the check costs no extra full-size pass); without warm-up calls it runs after
+    the repetitions. Returns the samples and how their number was decided (the lock's ``timed``): in
+    the adaptive mode ``against`` (the default's samples at this shape) makes the repetitions
+    sequential, and ``deadline`` (a ``perf_counter`` time) ends them once at least one call was
+    timed."""
     warmup, reps, max_reps = int(opts["warmup"]), int(opts["reps"]), int(opts["max_reps"])
     adaptive = opts.get("mode") == "adaptive"
     for i in range(warmup):
@@ -112,7 +125,11 @@ def repeat(
     while True:
         samples.append(clock.time(fn))
         if tick:
-            tick("rep", len(samples), max(reps, len(samples)) if not adaptive or against is None else max_reps)
+            tick(
+                "rep",
+                len(samples),
+                max(reps, len(samples)) if not adaptive or against is None else max_reps,
+            )
         n = len(samples)
         if not adaptive:
             if n >= reps and (time.perf_counter() >= t_end or n >= max_reps):
@@ -144,10 +161,10 @@ def timed_calls(
     shape: str,
     row: TimingRow,
 ) -> list[float]:
-    """The Attention and Activation slots' calls at one shape: the first call (``compile_s``), then one
-    measured call for a sole candidate, else ``repeat``'s repetitions (adaptive against the default's
-    samples at ``shape``); the row's median, spread, repetitions and how their number was decided are
-    filled in. Returns the samples."""
+    """The Attention and Activation slots' calls at one shape: the first call (``compile_s``), then
+    one measured call for a sole candidate, else ``repeat``'s repetitions (adaptive against the
+    default's samples at ``shape``); the row's median, spread, repetitions and how their number was
+    decided are filled in. Returns the samples."""
     t0 = time.perf_counter()
     step()
     clock.sync()
@@ -214,20 +231,29 @@ def _time_shape(
     param_dtype = torch.float32 if mixed else dtype
     rows, hidden, out = parse_shape(shape)
     out = out or hidden
-    canonical = canonical_for(slot, hidden=hidden, out_features=out, device=tdev, param_dtype=dtype_name(param_dtype))
+    canonical = canonical_for(
+        slot, hidden=hidden, out_features=out, device=tdev, param_dtype=dtype_name(param_dtype)
+    )
     module = build(cand, canonical, tdev, param_dtype)
-    check = _CheckSetup(cand, slot, module, canonical, tdev, param_dtype) if opts.get("check", True) else None
+    check = (
+        _CheckSetup(cand, slot, module, canonical, tdev, param_dtype)
+        if opts.get("check", True)
+        else None
+    )
     width_out = out if cand.semantics == "linear" else hidden
     per_input = rows * hidden * dtype.itemsize
     n_buf = 1
     l2 = _l2_bytes(device)
     if l2 and per_input < 2 * l2:  # rotate inputs so that together they exceed twice the L2 cache
         n_buf = min(8, 2 * l2 // max(per_input, 1) + 1)
-    # the timed inputs, which the check at the shape also reads, come from their own seeded generator:
-    # the same data on every rank and in every run, whatever the worker computed before
+    # the timed inputs, which the check at the shape also reads, come from their own seeded
+    # generator: the same data on every rank and in every run, whatever the worker computed before
     gen = torch.Generator(device=tdev).manual_seed(TIMED_INPUT_SEED)
     xs = _buffers(
-        n_buf, lambda: torch.randn(rows, hidden, device=tdev, dtype=dtype, generator=gen).requires_grad_(True)
+        n_buf,
+        lambda: torch.randn(rows, hidden, device=tdev, dtype=dtype, generator=gen).requires_grad_(
+            True
+        ),
     )
     gy = torch.randn(rows, width_out, device=tdev, dtype=dtype, generator=gen)
     state = {"i": 0}
@@ -256,8 +282,9 @@ def _time_shape(
 
         checked = checked_call
     if opts.get("mode") == "sole":
-        # the first call is the check at this shape (compile_s); the one measured call is a second one,
-        # unless the first took so long that its one-time costs cannot matter (bf16 emulated on a CPU)
+        # the first call is the check at this shape (compile_s); the one measured call is a second
+        # one, unless the first took so long that its one-time costs cannot matter (bf16 emulated on
+        # a CPU)
         if checked is not None:
             checked_call(lambda fn: timed.append(clock.time(fn)))
         else:
@@ -288,7 +315,9 @@ def _time_shape(
     if fl:
         row["tflops"] = fl / median / 1e12
     if device == "cpu":
-        return row  # a CPU copy of a cache-sized buffer is no bandwidth ceiling: no "% of copy" on CPU
+        return (
+            row  # a CPU copy of a cache-sized buffer is no bandwidth ceiling: no "% of copy" on CPU
+        )
     key = nbytes // 5
     if key not in copy_cache:
         copy_cache[key] = copy_bandwidth(device, key * 2, opts)
@@ -302,15 +331,18 @@ class _CheckSetup:
     loaded with the same non-trivial parameters (those of the correctness checks), through the
     candidate's parameter layout."""
 
-    def __init__(self, cand: Candidate, slot: str, module, canonical, device: str, param_dtype) -> None:
+    def __init__(
+        self, cand: Candidate, slot: str, module, canonical, device: str, param_dtype
+    ) -> None:
         self.semantics, self.device, self.module = cand.semantics, device, module
         self.baseline_library = baseline_blas(cand, device)
         self.baseline = build(default_for(slot), canonical, device, param_dtype)
         base_shapes = shapes(self.baseline.state_dict())
         self.base_layout = discover(base_shapes, base_shapes)
         if cand.semantics == "linear" and canonical["out_features"] == canonical["in_features"]:
-            # a square weight cannot tell (out, in) from (in, out): the layout is read from a non-square
-            # build (the same parameter names and orientation), as the correctness checks read it
+            # a square weight cannot tell (out, in) from (in, out): the layout is read from a
+            # non-square build (the same parameter names and orientation), as the correctness checks
+            # read it
             wide = {**canonical, "out_features": canonical["in_features"] + 3}
             self.layout = discover(
                 shapes(build(cand, wide, device, param_dtype).state_dict()),
@@ -320,21 +352,35 @@ class _CheckSetup:
             self.layout = discover(shapes(module.state_dict()), base_shapes)
         self.gen = torch.Generator().manual_seed(0)
         bias = bool(canonical.get("bias", False)) if cand.semantics != "rms_norm" else False
-        params = parameters_for(cand.semantics, canonical["hidden"], canonical["out_features"], bias, self.gen)
-        self.params64 = {k: (v.to(torch.float64).to(device) if v is not None else None) for k, v in params.items()}
+        params = parameters_for(
+            cand.semantics, canonical["hidden"], canonical["out_features"], bias, self.gen
+        )
+        self.params64 = {
+            k: (v.to(torch.float64).to(device) if v is not None else None)
+            for k, v in params.items()
+        }
         self.eps = float(canonical.get("eps", 0.0) or 0.0)
         if self.layout.ok:
             load_parameters(module, params, self.layout)
             load_parameters(self.baseline, params, self.base_layout)
 
     def run(
-        self, x, width: int, dtype_name: str, mixed: bool, timer: Callable[[Callable[[], None]], object] | None = None
+        self,
+        x,
+        width: int,
+        dtype_name: str,
+        mixed: bool,
+        timer: Callable[[Callable[[], None]], object] | None = None,
     ) -> ShapeCheck:
         from kernel_probe.probe.atshape import check_at_shape
 
         rows = int(x.shape[0])
-        if not self.layout.ok:  # only accepted candidates are timed, so this is a candidate offered directly
-            return ShapeCheck(rows=rows, error=f"its state dict does not map onto torch.nn's: {self.layout.problem()}")
+        # only accepted candidates are timed, so this is a candidate offered directly
+        if not self.layout.ok:
+            return ShapeCheck(
+                rows=rows,
+                error=f"its state dict does not map onto torch.nn's: {self.layout.problem()}",
+            )
         try:
             return check_at_shape(
                 module=self.module,
@@ -352,7 +398,8 @@ class _CheckSetup:
                 baseline_library=self.baseline_library,
                 timer=timer,
             )
-        except Exception as exc:  # out of memory for the extra output and gradients, a kernel that raises
+        # out of memory for the extra output and gradients, a kernel that raises
+        except Exception as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             return ShapeCheck(rows=rows, error=f"{type(exc).__name__}: {first}"[:400])
 
@@ -363,7 +410,13 @@ def progress_message(
     """The progress message a timing worker sends before its reply: shape ``index`` of ``of``,
     ``phase`` (first call, warm-up, rep) ``done`` of ``total``, ``seconds`` spent on this shape."""
     return TimingProgressMessage(
-        shape=shape, index=index, of=of, phase=phase, done=done, total=total, seconds=round(seconds, 3)
+        shape=shape,
+        index=index,
+        of=of,
+        phase=phase,
+        done=done,
+        total=total,
+        seconds=round(seconds, 3),
     )
 
 
@@ -377,7 +430,8 @@ def time_candidate(
     options: Mapping[str, Any] | None = None,
     progress: Callable[[TimingProgressMessage], None] | None = None,
 ) -> TimeReply:
-    """Rows per shape; ``progress`` receives a message after each call (see ``progress_message``)."""
+    """Rows per shape; ``progress`` receives a message after each call (see
+    ``progress_message``)."""
     opts = {**DEFAULT_OPTIONS, **(options or {})}
     if opts["mode"] not in MODES:
         raise ValueError(f"timing mode {opts['mode']!r}: expected one of {', '.join(MODES)}")
@@ -391,7 +445,9 @@ def time_candidate(
             library = stack.enter_context(blas_library(cand, device))[0]
         except BlasNotOffered as exc:
             rows = [
-                TimingRow(implementation=cand.id, shape=s, dtype=dtype_name, regime=regime, error=str(exc))
+                TimingRow(
+                    implementation=cand.id, shape=s, dtype=dtype_name, regime=regime, error=str(exc)
+                )
                 for s in shapes
             ]
             return TimeReply(candidate=cand.id, device=device, rows=rows)
@@ -440,15 +496,29 @@ def _timed_shape(
 ) -> TimingRow:
     """One shape's row: the figures, or the error that stopped it."""
     tdev = torch_device(device)
-    row: TimingRow = {"implementation": cand.id, "shape": shape, "dtype": dtype_name, "regime": regime}
+    row: TimingRow = {
+        "implementation": cand.id,
+        "shape": shape,
+        "dtype": dtype_name,
+        "regime": regime,
+    }
     tick = None
     if progress is not None:
         started = time.perf_counter()
 
         def tick(
-            phase: str, done: int, total: int, shape: str = shape, index: int = index, started: float = started
+            phase: str,
+            done: int,
+            total: int,
+            shape: str = shape,
+            index: int = index,
+            started: float = started,
         ) -> None:
-            progress(progress_message(shape, index, len(shapes), phase, done, total, time.perf_counter() - started))
+            progress(
+                progress_message(
+                    shape, index, len(shapes), phase, done, total, time.perf_counter() - started
+                )
+            )
 
     try:
         row.update(

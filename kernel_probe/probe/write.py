@@ -34,13 +34,19 @@ def environment(current: Mapping[str, Any], libraries: Mapping[str, str]) -> Env
         if name == "cpu-microarch" and current.get("device-type") == "cpu":
             match = "exact"  # on a CPU lock, the CPU *is* the device the timings were made on
         if name == "device-name" and current.get("device-type") == "rocm":
-            # the same MI250X GCD reads "AMD Instinct MI250X", "... / MI250" or "AMD Radeon Graphics"
-            # depending on libdrm's amdgpu.ids (pytorch PR #147791): arch and features identify it
+            # the same MI250X GCD reads "AMD Instinct MI250X", "... / MI250" or "AMD Radeon
+            # Graphics" depending on libdrm's amdgpu.ids (pytorch PR #147791): arch and features
+            # identify it
             match = "ignore"
         if name == "numerics-env" and current.get("device-type") == "cpu":
-            match = "ignore"  # GPU math libraries' settings: recorded, but they change nothing on a CPU
+            match = (
+                "ignore"  # GPU math libraries' settings: recorded, but they change nothing on a CPU
+            )
         fields[name] = EnvField(value=current[name], match=match)
-    libs = {name: EnvField(value=version, match="compatible") for name, version in sorted(libraries.items())}
+    libs = {
+        name: EnvField(value=version, match="compatible")
+        for name, version in sorted(libraries.items())
+    }
     return Environment(fields=fields, libraries=libs)
 
 
@@ -53,12 +59,18 @@ def _round(x: float | None, digits: int = 4) -> float | None:
 def _evidence(report: Report) -> list[dict[str, Any]]:
     rows = []
     matmul = None
-    if report.semantics == "linear" and report.device == "cpu":  # native or emulated bf16 / fp16 (issue 38)
+    # native or emulated bf16 / fp16 (issue 38)
+    if report.semantics == "linear" and report.device == "cpu":
         from kernel_probe.detect import cpumath
 
         matmul = cpumath.matmul()
     for v in report.verdicts:
-        row: dict[str, Any] = {"device": v.device, "dtype": v.dtype, "regime": v.regime, "status": v.status}
+        row: dict[str, Any] = {
+            "device": v.device,
+            "dtype": v.dtype,
+            "regime": v.regime,
+            "status": v.status,
+        }
         if v.worst_ratio is not None:
             row["worst-error-ratio"] = _round(v.worst_ratio, 3)
         row["failed"] = list(v.failed)
@@ -68,8 +80,11 @@ def _evidence(report: Report) -> list[dict[str, Any]]:
             row["deterministic"] = v.deterministic
         if v.ratios:  # Attention: per output, the largest error / tolerance over the cases
             outputs = dict.fromkeys(o for case in v.ratios.values() for o in case)
-            row["error-ratios"] = {o: _round(max(case.get(o, 0.0) for case in v.ratios.values()), 3) for o in outputs}
-        if report.capabilities:  # Attention: what each option really does (measured once, in float32)
+            row["error-ratios"] = {
+                o: _round(max(case.get(o, 0.0) for case in v.ratios.values()), 3) for o in outputs
+            }
+        # Attention: what each option really does (measured once, in float32)
+        if report.capabilities:
             row["capabilities"] = dict(report.capabilities)
         if matmul is not None and v.dtype in matmul:
             row["matmul"] = cpumath.describe(matmul[v.dtype])
@@ -78,7 +93,8 @@ def _evidence(report: Report) -> list[dict[str, Any]]:
 
 
 def _gate_formula(slot: str, kwargs: Mapping[str, Any]) -> str:
-    """GatedMLP: the formula of the mlp_implementation it pins (``slots.GatedMLP.gate``); else ""."""
+    """GatedMLP: the formula of the mlp_implementation it pins (``slots.GatedMLP.gate``); else
+    ""."""
     if slot != GATED_MLP:
         return ""
     from kernel_lock.format.gating import formula
@@ -110,7 +126,8 @@ def _timing(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
                     "compile-s": _round(r["compile_s"], 3),
                 }
             )
-            if "reps" in r:  # the timed calls, and how their number was decided (kernel_probe.probe.repetitions)
+            # the timed calls, and how their number was decided (kernel_probe.probe.repetitions)
+            if "reps" in r:
                 row["reps"] = r["reps"]
             if "timed" in r:
                 row["timed"] = r["timed"]
@@ -141,7 +158,8 @@ def build_lock(
     provenance: Mapping[str, Any] | None = None,
     graph_attention: GraphAttention | None = None,
 ) -> KernelLock:
-    """The lock from the choices, verdicts and timings: slots, evidence, rejected candidates and fingerprint."""
+    """The lock from the choices, verdicts and timings: slots, evidence, rejected candidates and
+    fingerprint."""
     slots: dict[str, Slot] = {}
     distributions: set[str] = set()
     trusted: set[str] = set()
@@ -152,7 +170,11 @@ def build_lock(
         requires: tuple[Requirement, ...] = ()
         if cand.distribution:
             requires = (
-                Requirement(name=cand.distribution, specifier=cand.specifier, module=cand.module.split(".")[0]),
+                Requirement(
+                    name=cand.distribution,
+                    specifier=cand.specifier,
+                    module=cand.module.split(".")[0],
+                ),
             )
             distributions.add(cand.distribution)
         trusted.update(trusted_roots([cand]))
@@ -168,7 +190,10 @@ def build_lock(
             )
         rejected = tuple(
             RejectedCandidate(
-                implementation=r.id, target=r.target, status=r.status, reasons=tuple(_rejection_reasons(r, choice))
+                implementation=r.id,
+                target=r.target,
+                status=r.status,
+                reasons=tuple(_rejection_reasons(r, choice)),
             )
             for r in reports[slot]
             if r.id != cand.id
@@ -185,20 +210,28 @@ def build_lock(
             reason=choice.reason,
             changes=tuple(choice.report.changes),
             evidence=tuple(_evidence(choice.report)),
-            timing=tuple(_timing([row for rid in sorted(timings.get(slot, {})) for row in timings[slot][rid]])),
+            timing=tuple(
+                _timing(
+                    [row for rid in sorted(timings.get(slot, {})) for row in timings[slot][rid]]
+                )
+            ),
             rejected=rejected,
             blas=Blas(library=choice.report.blas, build_default=choice.report.blas_default)
             if choice.report.blas
             else None,
             gate=_gate_formula(slot, cand.pinned_kwargs(values)),
-            # Activation: the model's function the candidates were checked against (kernel_lock.format.slots)
+            # Activation: the model's function the candidates were checked against
+            # (kernel_lock.format.slots)
             function=str(values["function"]) if slot == "Activation" else "",
         )
     versions = library_versions(sorted(distributions))
     libraries = {name: v for name, v in versions.items() if v is not None}
     lock = KernelLock(
         created_by=f"kernel-probe {__version__}",
-        created_at=dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
+        created_at=dt.datetime.now(dt.timezone.utc)
+        .replace(microsecond=0)
+        .isoformat()
+        .replace("+00:00", "Z"),
         environment=environment(current, libraries),
         slots=slots,
         precision=precision,
@@ -223,20 +256,25 @@ def _rejection_reasons(report: Report, choice: Choice) -> list[str]:
             return ["accepted, not timed"] if not report.reasons else report.reasons
         if score >= 1.0:
             return [f"accepted; {score:.2f}x the default's time (geometric mean over the shapes)"]
-        return [f"accepted; {1 / score:.2f}x faster than the default, but {choice.report.id} was chosen ({choice.how})"]
+        return [
+            f"accepted; {1 / score:.2f}x faster than the default, but {choice.report.id} was "
+            f"chosen ({choice.how})"
+        ]
     return list(report.reasons) or [report.status]
 
 
 def inputs_digest(inputs: Mapping[str, Any]) -> str:
-    """sha256 of the probe's inputs as canonical JSON (``provenance.inputs``: reuse when unchanged)."""
+    """sha256 of the probe's inputs as canonical JSON (``provenance.inputs``: reuse when
+    unchanged)."""
     blob = json.dumps(inputs, sort_keys=True, separators=(",", ":"), default=str)
     return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
 
 
 def check_writable(path: Path) -> Path:
     """The real path a lock at ``path`` is written to (a symbolic link is written through); a
-    UsageError (exit 2) naming the problem and the fix when ``path`` cannot take a lock, or cannot be
-    written: called only when a probe will write (reusing a current lock needs no write access)."""
+    UsageError (exit 2) naming the problem and the fix when ``path`` cannot take a lock, or cannot
+    be written: called only when a probe will write (reusing a current lock needs no write
+    access)."""
     real = resolve_out(path)
     directory = real.parent
     exists = real.exists()
@@ -249,7 +287,11 @@ def check_writable(path: Path) -> Path:
     if read_only:  # EROFS: no permission would help
         raise UsageError(
             f"--out {path}: {directory} is on a read-only file system, and the lock "
-            + ("is not current, so it must be probed again and written" if exists else "does not exist yet"),
+            + (
+                "is not current, so it must be probed again and written"
+                if exists
+                else "does not exist yet"
+            ),
             fix="choose an --out on a writable file system (e.g. --out $TMPDIR/kernel-lock.toml), "
             "or probe where the lock is built and ship the current lock",
         )
@@ -265,9 +307,9 @@ def check_writable(path: Path) -> Path:
 
 
 def resolve_out(path: Path) -> Path:
-    """The real path of the lock at ``path`` (a symbolic link is followed), once it is known to be a place
-    a lock can be: a UsageError (exit 2) for an empty name, a missing directory, a directory or a
-    special file. Needs no write access: a current lock in a read-only directory is reused."""
+    """The real path of the lock at ``path`` (a symbolic link is followed), once it is known to be a
+    place a lock can be: a UsageError (exit 2) for an empty name, a missing directory, a directory
+    or a special file. Needs no write access: a current lock in a read-only directory is reused."""
     import stat
 
     text = str(path)
@@ -281,7 +323,8 @@ def resolve_out(path: Path) -> Path:
         name_max = 255
     if len(os.fsencode(file_lock_path(real).name)) > name_max:
         raise UsageError(
-            f"--out {text}: the file name is too long for this file system ({len(real.name)} characters)",
+            f"--out {text}: the file name is too long for this file system ({len(real.name)} "
+            "characters)",
             fix="choose a shorter name",
         )
     if not directory.exists():
@@ -290,36 +333,46 @@ def resolve_out(path: Path) -> Path:
             fix=f"create it (mkdir -p {directory}) or choose another --out",
         )
     if not directory.is_dir():
-        raise UsageError(f"--out {text}: {directory} is not a directory", fix="choose another --out")
+        raise UsageError(
+            f"--out {text}: {directory} is not a directory", fix="choose another --out"
+        )
     try:
         mode = os.stat(real).st_mode
     except FileNotFoundError:
         mode = None
     except OSError as exc:
-        raise UsageError(f"--out {text}: cannot look at it: {exc.strerror}", fix="choose another --out") from None
+        raise UsageError(
+            f"--out {text}: cannot look at it: {exc.strerror}", fix="choose another --out"
+        ) from None
     if mode is not None and stat.S_ISDIR(mode):
-        raise UsageError(f"--out {text} is a directory", fix=f"use --out {path / 'kernel-lock.toml'}")
+        raise UsageError(
+            f"--out {text} is a directory", fix=f"use --out {path / 'kernel-lock.toml'}"
+        )
     if mode is not None and not stat.S_ISREG(mode):
         from kernel_lock.trust.files import kind
 
         raise UsageError(
-            f"--out {text} is {kind(mode)}, not a regular file: it is never replaced (not even with --force)",
+            f"--out {text} is {kind(mode)}, not a regular file: it is never replaced (not even "
+            "with --force)",
             fix="choose a regular file path for the lock",
         )
     return real
 
 
-# errnos meaning "this file system does not do file locks" (some parallel file systems), not "denied"
+# errnos meaning "this file system does not do file locks" (some parallel file systems), not
+# "denied"
 _NO_LOCKING = {"ENOLCK", "EOPNOTSUPP", "ENOTSUP", "ENOSYS", "EINVAL"}
 
 
 def file_lock_path(path: Path) -> Path:
-    """The file lock concurrent probes of ``path`` share: ``.<name>.lock`` beside it (.gitignore'd)."""
+    """The file lock concurrent probes of ``path`` share: ``.<name>.lock`` beside it
+    (.gitignore'd)."""
     return path.parent / f".{path.name}.lock"
 
 
 def _wait_reports(first: float = 10.0, every: float = 60.0) -> Iterator[float]:
-    """When a waiting probe says how long it has waited: after 10 s, 30 s, 60 s, then every minute."""
+    """When a waiting probe says how long it has waited: after 10 s, 30 s, 60 s, then every
+    minute."""
     yield first
     yield 30.0
     at = 60.0
@@ -340,9 +393,9 @@ def exclusive(
     the file system does not do file locks (some parallel file systems), so the caller can say so;
     a lock file this user may not open (left by another user in a shared directory) is an error.
 
-    When another process holds it, ``waiting`` is told once what is waited for, on which file and for
-    how long at most, then how long it has waited at each of ``reports`` (seconds; default 10, 30, 60,
-    then every minute)."""
+    When another process holds it, ``waiting`` is told once what is waited for, on which file and
+    for how long at most, then how long it has waited at each of ``reports`` (seconds; default 10,
+    30, 60, then every minute)."""
     import errno
     import time
 
@@ -358,8 +411,10 @@ def exclusive(
                 lock.acquire()
             else:
                 waiting(
-                    f"waiting for another kernel-probe writing {path}: its file lock {lock_path} is held; "
-                    f"waiting up to {timeout:.0f} s (--lock-timeout), then this probe reuses its lock if current"
+                    f"waiting for another kernel-probe writing {path}: its file lock "
+                    f"{lock_path} is held; "
+                    f"waiting up to {timeout:.0f} s (--lock-timeout), then this probe reuses "
+                    "its lock if current"
                 )
                 start = time.monotonic()
                 for at in reports if reports is not None else _wait_reports():
@@ -373,7 +428,10 @@ def exclusive(
                         waited = time.monotonic() - start
                         if waited >= timeout:
                             raise
-                        waiting(f"still waiting for the file lock of {path}: {waited:.0f} s of at most {timeout:.0f} s")
+                        waiting(
+                            f"still waiting for the file lock of {path}: {waited:.0f} s of at "
+                            f"most {timeout:.0f} s"
+                        )
                 else:
                     lock.acquire(timeout=max(0.0, timeout - (time.monotonic() - start)))
     except Timeout:
@@ -388,7 +446,8 @@ def exclusive(
         except OSError:
             pass
         raise UsageError(
-            f"--out {path}: cannot open its lock file {lock_path}{owner}: permission denied, so concurrent probes "
+            f"--out {path}: cannot open its lock file {lock_path}{owner}: permission denied, "
+            "so concurrent probes "
             "of this lock could not be kept apart",
             fix=f"remove the stale {lock_path} (or ask its owner to), or choose another --out",
         ) from None

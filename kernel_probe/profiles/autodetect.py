@@ -1,7 +1,7 @@
 """Recognising a site: which profile's ``[detect]`` signals a node shows (``--profile auto``).
 
-The signals and their strength are ``kernel_probe.profiles.signals``; here they are matched against a
-node's facts (this machine's, or a described node's), and the best match decides. Ambiguity is an
+The signals and their strength are ``kernel_probe.profiles.signals``; here they are matched against
+a node's facts (this machine's, or a described node's), and the best match decides. Ambiguity is an
 error, never a guess.
 """
 
@@ -58,12 +58,16 @@ class Detection:
 
 def _search(pattern: str, value: str, what: str, notes: list[str]) -> bool:
     if len(value) > MAX_SIGNAL_CHARS:
-        notes.append(f"{what} is {len(value)} characters long, more than {MAX_SIGNAL_CHARS}: not matched")
+        notes.append(
+            f"{what} is {len(value)} characters long, more than {MAX_SIGNAL_CHARS}: not matched"
+        )
         return False
     return re.search(pattern, value) is not None
 
 
-def _evaluate(signals: Mapping[str, Any], facts: SiteFacts, notes: list[str]) -> tuple[list[Hit], list[str]]:
+def _evaluate(
+    signals: Mapping[str, Any], facts: SiteFacts, notes: list[str]
+) -> tuple[list[Hit], list[str]]:
     """(each signal of ``signals`` that matched, each that did not): one entry per variable, file,
     pattern list and device table."""
     hits: list[Hit] = []
@@ -79,7 +83,10 @@ def _evaluate(signals: Mapping[str, Any], facts: SiteFacts, notes: list[str]) ->
     for kind in ("slurm-cluster", "slurm-partition", "hostname"):
         if kind not in signals:
             continue
-        name = {"slurm-cluster": "SLURM_CLUSTER_NAME", "slurm-partition": "SLURM_JOB_PARTITION"}.get(kind)
+        name = {
+            "slurm-cluster": "SLURM_CLUSTER_NAME",
+            "slurm-partition": "SLURM_JOB_PARTITION",
+        }.get(kind)
         value = facts.slurm_value(name) if name else facts.hostname
         ok = bool(value) and any(_search(pat, value or "", kind, notes) for pat in signals[kind])
         (hits.append(Hit(kind, f"{kind}:{value}")) if ok else missed.append(kind))
@@ -89,7 +96,9 @@ def _evaluate(signals: Mapping[str, Any], facts: SiteFacts, notes: list[str]) ->
         from kernel_probe.candidates import arch_satisfies
 
         found = {k: str(facts.device.get(k, "")) for k in dev}
-        same = all(arch_satisfies(found[k], v) if k == "arch" else found[k] == v for k, v in dev.items())
+        same = all(
+            arch_satisfies(found[k], v) if k == "arch" else found[k] == v for k, v in dev.items()
+        )
         (hits.append(Hit("device", text)) if same else missed.append(text))
     return hits, missed
 
@@ -112,17 +121,23 @@ def detect(profile: Profile, facts: SiteFacts, notes: list[str] | None = None) -
             strength = max((STRONG[k] for k in kinds if k in STRONG), default=1)
             found.append(
                 Detection(
-                    profile, 2 if kinds & set(STRONG) else 1, strength, " + ".join(h.text for h in hits), len(hits)
+                    profile,
+                    2 if kinds & set(STRONG) else 1,
+                    strength,
+                    " + ".join(h.text for h in hits),
+                    len(hits),
                 )
             )
         elif kinds & set(STRONG):
             notes.append(
-                f"{profile.name}: {', '.join(h.text for h in hits)} matched, but not {', '.join(missed)}: "
+                f"{profile.name}: {', '.join(h.text for h in hits)} matched, but not "
+                f"{', '.join(missed)}: "
                 "not one of its nodes"
             )
         elif kinds & set(WEAK):
             notes.append(
-                f"{profile.name}: {', '.join(h.text for h in hits)} matched, but not {', '.join(missed)}: "
+                f"{profile.name}: {', '.join(h.text for h in hits)} matched, but not "
+                f"{', '.join(missed)}: "
                 "a weak signal never decides alone (other sites share such names)"
             )
     site_signals = any(k != "device" for k in profile.detect) or bool(profile.detect_all)
@@ -132,7 +147,8 @@ def detect(profile: Profile, facts: SiteFacts, notes: list[str] | None = None) -
     weak = [h for h in top if h.kind in WEAK]
     if not found and weak:
         notes.append(
-            f"{profile.name}: {', '.join(h.text for h in weak)} matched, but a weak signal never decides "
+            f"{profile.name}: {', '.join(h.text for h in weak)} matched, but a weak signal "
+            "never decides "
             "alone (other sites share such names): not picked"
         )
     notes.extend(f"{profile.name}: {n}" for n in dict.fromkeys(seen))
@@ -144,11 +160,15 @@ def detect_warnings(profile: Profile) -> list[str]:
     site = [k for k in profile.detect if k != "device"]
     if site and not any(k in STRONG for k in site) and not profile.detect_all:
         return [
-            f"detect: only weak signals ({', '.join(site)}): --profile auto never picks this profile on them "
-            "alone; add a strong signal (env, files, slurm-cluster) or a [[detect.all]] group (docs/profiles.md)"
+            f"detect: only weak signals ({', '.join(site)}): --profile auto never picks this "
+            "profile on them "
+            "alone; add a strong signal (env, files, slurm-cluster) or a [[detect.all]] group "
+            "(docs/profiles.md)"
         ]
     if not profile.detect and not profile.detect_all:
-        return ["detect: no signal: --profile auto never picks this profile (name it with --profile)"]
+        return [
+            "detect: no signal: --profile auto never picks this profile (name it with --profile)"
+        ]
     return []
 
 
@@ -159,8 +179,9 @@ def site_facts(
     read_file: Callable[[str], str | None] | None = None,
     problems: list[str] | None = None,
 ) -> SiteFacts:
-    """The site facts of this machine (``site`` from kernel_probe.detect.site); marker files are read
-    like every input (regular files only, non-blocking, capped), a refused one noted in ``problems``."""
+    """The site facts of this machine (``site`` from kernel_probe.detect.site); marker files are
+    read like every input (regular files only, non-blocking, capped), a refused one noted in
+    ``problems``."""
     if read_file is None:
         from kernel_probe.detect.site import read_marker
 
@@ -188,9 +209,14 @@ def auto_detect(
     env: Mapping[str, str] | None = None,
     read_file: Callable[[str], str | None] | None = None,
 ) -> tuple[Profile | None, str, list[str]]:
-    """(profile, the signal that decided, notes). None when nothing decided. Ambiguity is an error."""
+    """(profile, the signal that decided, notes). None when nothing decided. Ambiguity is an
+    error."""
     problems: list[str] = []
-    facts = site if isinstance(site, SiteFacts) else site_facts(site, device or {}, env, read_file, problems)
+    facts = (
+        site
+        if isinstance(site, SiteFacts)
+        else site_facts(site, device or {}, env, read_file, problems)
+    )
     notes: list[str] = []
     scored = [d for d in (detect(prof, facts, notes) for prof in profiles) if d is not None]
     notes.extend(dict.fromkeys(problems))
@@ -198,7 +224,11 @@ def auto_detect(
         return None, "", notes
     scored.sort(key=lambda d: (-d.rank, -d.strength, -d.hits, d.profile.name))
     best = scored[0]
-    rivals = [d for d in scored[1:] if (d.rank, d.strength, d.hits) == (best.rank, best.strength, best.hits)]
+    rivals = [
+        d
+        for d in scored[1:]
+        if (d.rank, d.strength, d.hits) == (best.rank, best.strength, best.hits)
+    ]
     if rivals:
         names = ", ".join(d.profile.name for d in [best, *rivals])
         raise ProfileUnmet(

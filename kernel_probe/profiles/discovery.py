@@ -1,8 +1,9 @@
-"""Finding profiles: the built-ins shipped as package data, the user's directories, and a profile by name.
+"""Finding profiles: the built-ins shipped as package data, the user's directories, and a profile by
+name.
 
 ``--profiles-dir`` directories come first, then ``$KERNEL_PROBE_PROFILES``, then the built-ins; the
-first profile of a name wins and every shadowing is noted. Nothing is parsed until a profile is asked
-for: ``survey`` reads the directories when it is called, never at import.
+first profile of a name wins and every shadowing is noted. Nothing is parsed until a profile is
+asked for: ``survey`` reads the directories when it is called, never at import.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from kernel_probe.errors import InputFileError, UsageError
 from kernel_probe.profiles.format import MAX_BYTES, Profile, ProfileError, load_file
 
 ENV_VAR = "KERNEL_PROBE_PROFILES"
-BUILTIN_PACKAGE_DIR = "sites"  # package data of kernel_probe.profiles; pyproject.toml's package-data names it too
+BUILTIN_PACKAGE_DIR = (
+    "sites"  # package data of kernel_probe.profiles; pyproject.toml's package-data names it too
+)
 
 
 class BuiltinProfilesMissing(InputFileError):
@@ -27,7 +30,8 @@ class BuiltinProfilesMissing(InputFileError):
 
 def builtin_dir() -> Path:
     """The built-in profiles: package data of kernel_probe, found through importlib.resources, so a
-    checkout, a venv, ``pip install --target``, ``--prefix`` and ``--user`` all find them the same way."""
+    checkout, a venv, ``pip install --target``, ``--prefix`` and ``--user`` all find them the same
+    way."""
     from importlib.resources import files
 
     return Path(str(files(__package__).joinpath(BUILTIN_PACKAGE_DIR)))
@@ -46,8 +50,9 @@ _DECLARES_PROFILE = re.compile(rb'^[ \t]*["\']?profile-version["\']?[ \t]*=', re
 
 @dataclass
 class Survey:
-    """Every profile found (by name: the first directory wins), the broken files, and notes: shadowed
-    built-ins, duplicate names, a file named unlike its profile, files that are not profiles."""
+    """Every profile found (by name: the first directory wins), the broken files, and notes:
+    shadowed built-ins, duplicate names, a file named unlike its profile, files that are not
+    profiles."""
 
     profiles: dict[str, Profile] = field(default_factory=dict)
     broken: list[ProfileError] = field(default_factory=list)
@@ -68,12 +73,15 @@ def survey(extra: Iterable[str] = ()) -> Survey:
         raise BuiltinProfilesMissing(
             "no built-in site profiles here: this kernel-probe installation is incomplete",
             path=str(builtin),
-            fix=f"reinstall kernel-probe; the built-ins ship inside the package as kernel_probe/{BUILTIN_PACKAGE_DIR}/*.toml",
+            fix="reinstall kernel-probe; the built-ins ship inside the package as "
+            f"kernel_probe/{BUILTIN_PACKAGE_DIR}/*.toml",
         )
     out = Survey()
     for d in [*user_dirs(extra), builtin]:
         if not d.is_dir():
-            raise UsageError(f"profiles directory {d} does not exist (from --profiles-dir or ${ENV_VAR})")
+            raise UsageError(
+                f"profiles directory {d} does not exist (from --profiles-dir or ${ENV_VAR})"
+            )
         skipped = []
         for f in sorted(d.glob("*.toml")):
             try:
@@ -102,7 +110,9 @@ def survey(extra: Iterable[str] = ()) -> Survey:
             if first is None:
                 out.profiles[prof.name] = prof
             elif d == builtin:
-                out.notes.append((prof.name, f"{first.path} shadows the built-in profile {prof.name!r}"))
+                out.notes.append(
+                    (prof.name, f"{first.path} shadows the built-in profile {prof.name!r}")
+                )
             elif Path(first.path).parent == d:
                 out.notes.append(
                     (
@@ -112,7 +122,9 @@ def survey(extra: Iterable[str] = ()) -> Survey:
                     )
                 )
             else:
-                out.notes.append((prof.name, f"{f} is shadowed by {first.path} (an earlier directory wins)"))
+                out.notes.append(
+                    (prof.name, f"{f} is shadowed by {first.path} (an earlier directory wins)")
+                )
         if skipped:
             out.notes.append(
                 (
@@ -148,6 +160,11 @@ def resolve(spec: str, extra: Iterable[str] = (), found: Survey | None = None) -
         raise UsageError(
             f"unknown profile {spec!r}; available: {', '.join(sorted(found.profiles)) or 'none'}"
             " (or pass a path to a .toml file)"
-            + (f"; {len(broken)} profile file(s) are broken: `kernel-probe profiles list` names them" if broken else "")
+            + (
+                f"; {len(broken)} profile file(s) are broken: `kernel-probe profiles list` "
+                "names them"
+                if broken
+                else ""
+            )
         )
     return found.profiles[spec]

@@ -1,8 +1,9 @@
 """The profile format: what a site's nodes are expected to be, and its policy, read from TOML.
 
-A profile is data (the built-ins are package data, ``kernel_probe/profiles/sites/*.toml``; the format
-is documented in ``docs/profiles.md``); this module parses and validates it strictly (unknown keys
-are errors: a typo in a policy must not silently widen it), and refuses requirements no node can meet.
+A profile is data (the built-ins are package data, ``kernel_probe/profiles/sites/*.toml``; the
+format is documented in ``docs/profiles.md``); this module parses and validates it strictly (unknown
+keys are errors: a typo in a policy must not silently widen it), and refuses requirements no node
+can meet.
 """
 
 from __future__ import annotations
@@ -41,9 +42,26 @@ GROUPS = ("device", "count", "versions", "libraries", "forbidden")  # strictness
 MAX_BYTES = 1 << 20  # a profile is a few kB
 
 # ---- closed sets of [requires] values -----------------------------------------------------------
-DEVICE_VENDOR = {"cuda": "nvidia", "rocm": "amd", "mps": "apple", "xpu": "intel"}  # device type -> vendor
-CPU_ARCHES = ("x86_64", "aarch64", "ppc64le", "s390x", "riscv64")  # platform.machine() on Linux nodes
-_ARCH_SPELLINGS = {"amd64": "x86_64", "x64": "x86_64", "x86-64": "x86_64", "arm64": "aarch64", "armv8": "aarch64"}
+DEVICE_VENDOR = {
+    "cuda": "nvidia",
+    "rocm": "amd",
+    "mps": "apple",
+    "xpu": "intel",
+}  # device type -> vendor
+CPU_ARCHES = (
+    "x86_64",
+    "aarch64",
+    "ppc64le",
+    "s390x",
+    "riscv64",
+)  # platform.machine() on Linux nodes
+_ARCH_SPELLINGS = {
+    "amd64": "x86_64",
+    "x64": "x86_64",
+    "x86-64": "x86_64",
+    "arm64": "aarch64",
+    "armv8": "aarch64",
+}
 
 
 class ProfileError(InputFileError):
@@ -52,8 +70,8 @@ class ProfileError(InputFileError):
 
 @dataclass(frozen=True)
 class SlotPolicy:
-    """A profile's ``[policy.<slot>]``: the candidates allowed (None: the key is absent, any; ``()``:
-    ``allowed = []``, none), preferred, or pinned."""
+    """A profile's ``[policy.<slot>]``: the candidates allowed (None: the key is absent, any;
+    ``()``: ``allowed = []``, none), preferred, or pinned."""
 
     allowed: tuple[str, ...] | None = None
     preferred: tuple[str, ...] = ()
@@ -62,7 +80,8 @@ class SlotPolicy:
 
 @dataclass(frozen=True)
 class Profile:
-    """One parsed, validated site profile: how to recognise the site, what it requires, its policy."""
+    """One parsed, validated site profile: how to recognise the site, what it requires, its
+    policy."""
 
     name: str
     description: str
@@ -74,18 +93,24 @@ class Profile:
     requires: Mapping[str, Any] = field(default_factory=dict)
     precision: str | None = None
     shapes: tuple[str, ...] = ()
-    deterministic: bool = False  # [policy] deterministic: only bitwise repeatable candidates are chosen
+    deterministic: bool = (
+        False  # [policy] deterministic: only bitwise repeatable candidates are chosen
+    )
     probe_per: str | None = (
-        None  # [policy] probe-per: who probes at job start (kernel_probe.jobstart.handoff.PROBE_PER)
+        # [policy] probe-per: who probes at job start (kernel_probe.jobstart.handoff.PROBE_PER)
+        None
     )
     slots: Mapping[str, SlotPolicy] = field(default_factory=dict)
     candidates: tuple[Candidate, ...] = ()
     default_strictness: str = "error"
     warn_groups: tuple[str, ...] = ()
-    detect_all: tuple[Mapping[str, Any], ...] = ()  # [[detect.all]]: groups whose signals must all match
+    # [[detect.all]]: groups whose signals must all match
+    detect_all: tuple[Mapping[str, Any], ...] = ()
     help: str = ""  # one line for the profile's users, shown when a node is refused
-    site_libraries: tuple[str, ...] = ()  # library names the registry does not know, declared on purpose
-    document: Mapping[str, Any] = field(default_factory=dict)  # the parsed TOML, for `profiles show`
+    # library names the registry does not know, declared on purpose
+    site_libraries: tuple[str, ...] = ()
+    # the parsed TOML, for `profiles show`
+    document: Mapping[str, Any] = field(default_factory=dict)
 
     def lock_record(self, matched: str) -> dict[str, Any]:
         """The lock's ``[profile]`` table for this profile, matched as ``matched``."""
@@ -104,8 +129,10 @@ class _P(TableReader):
         if problem:
             raise self.err(
                 key,
-                f"{pattern!r}: {problem}; such a pattern can take exponential time on a crafted value",
-                fix="match the value with a plain pattern: anchors, literals, character classes and at most "
+                f"{pattern!r}: {problem}; such a pattern can take exponential time on a "
+                "crafted value",
+                fix="match the value with a plain pattern: anchors, literals, character "
+                "classes and at most "
                 f"{MAX_VARIABLE_REPEATS} repeats, none inside another (e.g. '^(a|aa)+$' -> '^a+$')",
             )
         return pattern
@@ -144,7 +171,8 @@ _SLOT_POLICY = ("allowed", "preferred", "pin")
 
 
 def _signals(p: _P, table: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """One set of detect signals (``[detect]`` itself, or one ``[[detect.all]]`` group), validated."""
+    """One set of detect signals (``[detect]`` itself, or one ``[[detect.all]]`` group),
+    validated."""
     out: dict[str, Any] = {}
     for key in ("env", "files"):
         if key not in table:
@@ -152,7 +180,9 @@ def _signals(p: _P, table: Mapping[str, Any], where: str) -> dict[str, Any]:
         values = p.free_table(table, key, where)
         for k, v in values.items():
             if not isinstance(v, str):
-                raise p.err(f"{where}{key}.{k}", "expected a regular expression string ('' = present)")
+                raise p.err(
+                    f"{where}{key}.{k}", "expected a regular expression string ('' = present)"
+                )
             p.regex(v, f"{where}{key}.{k}")
         out[key] = values
     for key in ("hostname", "slurm-cluster", "slurm-partition"):
@@ -170,7 +200,9 @@ def _signals(p: _P, table: Mapping[str, Any], where: str) -> dict[str, Any]:
         if "type" in dev:
             _closed(p, [dev["type"]], DEVICE_TYPES, f"{where}device.type", "device type")
         if "vendor" in dev:
-            _closed(p, [dev["vendor"]], tuple(DEVICE_VENDOR.values()), f"{where}device.vendor", "vendor")
+            _closed(
+                p, [dev["vendor"]], tuple(DEVICE_VENDOR.values()), f"{where}device.vendor", "vendor"
+            )
         if "arch" in dev:
             problem = gpu_arch_problem(dev["arch"])
             if problem:
@@ -179,15 +211,21 @@ def _signals(p: _P, table: Mapping[str, Any], where: str) -> dict[str, Any]:
     return out
 
 
-def _closed(p: _P, values: Iterable[str], accepted: Sequence[str], key: str, what: str, spellings=None) -> None:
+def _closed(
+    p: _P, values: Iterable[str], accepted: Sequence[str], key: str, what: str, spellings=None
+) -> None:
     """Every value one of ``accepted``: a wrong spelling is refused naming the accepted ones."""
     import difflib
 
     for value in values:
         if value in accepted:
             continue
-        near = (spellings or {}).get(value.lower()) or (value.lower() if value.lower() in accepted else None)
-        near = near or next(iter(difflib.get_close_matches(value.lower(), list(accepted), n=1, cutoff=0.6)), None)
+        near = (spellings or {}).get(value.lower()) or (
+            value.lower() if value.lower() in accepted else None
+        )
+        near = near or next(
+            iter(difflib.get_close_matches(value.lower(), list(accepted), n=1, cutoff=0.6)), None
+        )
         raise p.err(
             key,
             f"{value!r} is not a {what} kernel-probe reports",
@@ -196,26 +234,38 @@ def _closed(p: _P, values: Iterable[str], accepted: Sequence[str], key: str, wha
 
 
 def _known_libraries(declared: Iterable[Candidate]) -> dict[str, str]:
-    """Library names a profile may require or forbid -> what they are: the registry's libraries (by name
-    and by each distribution name), Triton's distributions, and the profile's own candidates'."""
+    """Library names a profile may require or forbid -> what they are: the registry's libraries (by
+    name and by each distribution name), Triton's distributions, and the profile's own
+    candidates'."""
     from kernel_probe.detect.libraries import known_libraries
     from kernel_probe.detect.triton import TRITON_DISTRIBUTIONS
 
     known = {lib.name: "registry" for lib in known_libraries()}
-    known.update({dist: f"registry ({lib.name})" for lib in known_libraries() for dist in lib.distributions})
+    known.update(
+        {dist: f"registry ({lib.name})" for lib in known_libraries() for dist in lib.distributions}
+    )
     known.update({dist: "triton" for dist in TRITON_DISTRIBUTIONS})
     known.update({c.distribution: f"candidate {c.id}" for c in declared if c.distribution})
     return known
 
 
-def _check_requires(p: _P, requires: Mapping[str, Any], declared: Iterable[Candidate]) -> tuple[str, ...]:
+def _check_requires(
+    p: _P, requires: Mapping[str, Any], declared: Iterable[Candidate]
+) -> tuple[str, ...]:
     """Every [requires] value against its closed set, library names against the registry, and
     requirements that contradict each other (a profile no node can meet)."""
     types = p.strings(requires, "device-type", "requires.")
     _closed(p, types, DEVICE_TYPES, "requires.device-type", "device type")
     vendors = p.strings(requires, "device-vendor", "requires.")
     _closed(p, vendors, tuple(DEVICE_VENDOR.values()), "requires.device-vendor", "device vendor")
-    _closed(p, p.strings(requires, "arch", "requires."), CPU_ARCHES, "requires.arch", "CPU arch", _ARCH_SPELLINGS)
+    _closed(
+        p,
+        p.strings(requires, "arch", "requires."),
+        CPU_ARCHES,
+        "requires.arch",
+        "CPU arch",
+        _ARCH_SPELLINGS,
+    )
     gpu_types = [t for t in types if t in ("cuda", "rocm")] or ["cuda", "rocm"]
     for arch in p.strings(requires, "device-arch", "requires."):
         problem = gpu_arch_problem(arch, gpu_types)
@@ -235,8 +285,13 @@ def _check_requires(p: _P, requires: Mapping[str, Any], declared: Iterable[Candi
             raise p.err(
                 "requires.device-vendor",
                 f"{', '.join(vendors)} contradicts requires.device-type {', '.join(types)}: "
-                + ("a CPU-only node has no accelerator vendor" if not accel else "no such device has that vendor"),
-                fix="make them agree: " + ", ".join(f"{t} -> {v}" for t, v in DEVICE_VENDOR.items()),
+                + (
+                    "a CPU-only node has no accelerator vendor"
+                    if not accel
+                    else "no such device has that vendor"
+                ),
+                fix="make them agree: "
+                + ", ".join(f"{t} -> {v}" for t, v in DEVICE_VENDOR.items()),
             )
         if count and not accel:
             raise p.err(
@@ -254,14 +309,16 @@ def _check_requires(p: _P, requires: Mapping[str, Any], declared: Iterable[Candi
             if at:
                 known_variants = variants_of(base)
                 spelt = {v.lower(): v for v in known_variants}.get(variant.lower())
-                if spelt is not None and spelt != variant:  # variants are case-insensitive: NVIDIA is nvidia
+                # variants are case-insensitive: NVIDIA is nvidia
+                if spelt is not None and spelt != variant:
                     table[f"{base}@{spelt}"] = table.pop(lib)
                     variant = spelt
                 if variant not in known_variants:
                     raise p.err(
                         f"requires.{key}.{lib}",
                         f"{variant!r} is not a known variant of {base}",
-                        fix=f"known variants: {', '.join(known_variants) or 'none'} (kernel_lock/registry.toml)",
+                        fix=f"known variants: {', '.join(known_variants) or 'none'} "
+                        "(kernel_lock/registry.toml)",
                     )
             elif base not in known and base not in site_libraries:
                 import difflib
@@ -277,12 +334,14 @@ def _check_requires(p: _P, requires: Mapping[str, Any], declared: Iterable[Candi
                 )
     for lib, spec in tables["forbidden"].items():
         for required, rspec in tables["libraries"].items():
-            # forbidding a library forbids each of its variants; forbidding one variant leaves the others
+            # forbidding a library forbids each of its variants; forbidding one variant leaves the
+            # others
             same = required == lib or ("@" not in lib and required.partition("@")[0] == lib)
             if same and (not spec or spec == rspec):
                 raise p.err(
                     f"requires.forbidden.{lib}",
-                    f"{lib} is forbidden{' in ' + spec if spec else ''} but requires.libraries.{required} "
+                    f"{lib} is forbidden{' in ' + spec if spec else ''} but "
+                    f"requires.libraries.{required} "
                     f"requires it{' in ' + rspec if rspec else ''}: no node can meet this profile",
                     fix="keep one of them, or forbid only a range the requirement does not allow",
                 )
@@ -305,8 +364,10 @@ def _check_detect(p: _P, detect: Mapping[str, Any], groups: Sequence[Mapping[str
             raise p.err(
                 f"detect.all[{i}]",
                 f"this group ({', '.join(sorted(kinds)) or 'empty'}) can never decide: "
-                "weak signals (hostname, slurm-partition) and the device do not identify a site alone",
-                fix="add a strong signal (env, files, slurm-cluster), or require both hostname and slurm-partition",
+                "weak signals (hostname, slurm-partition) and the device do not identify a "
+                "site alone",
+                fix="add a strong signal (env, files, slurm-cluster), or require both hostname "
+                "and slurm-partition",
             )
 
 
@@ -315,13 +376,19 @@ def parse(text: str, path: str) -> Profile:
     p = _P(path)
     try:
         d = toml.loads(text)
-    except (toml.TOMLDecodeError, ValueError, RecursionError) as exc:  # ValueError: e.g. a 5,000-digit integer
+    except (
+        toml.TOMLDecodeError,
+        ValueError,
+        RecursionError,
+    ) as exc:  # ValueError: e.g. a 5,000-digit integer
         raise p.err("", f"not valid TOML: {exc}") from None
     p.no_unknown(d, _TOP, "")
     version = p.string(d, "profile-version", "", required=True)
     if version != PROFILE_VERSION:
         raise p.err(
-            "profile-version", f"unsupported profile-version {version!r} (this kernel-probe reads {PROFILE_VERSION!r})"
+            "profile-version",
+            f"unsupported profile-version {version!r} (this kernel-probe reads "
+            f"{PROFILE_VERSION!r})",
         )
     name = p.string(d, "name", "", required=True)
     if not re.match(r"^[a-z0-9][a-z0-9._-]*$", name):
@@ -352,7 +419,9 @@ def parse(text: str, path: str) -> Profile:
     shapes = p.strings(policy, "shapes", "policy.")
     deterministic = policy.get("deterministic", False)
     if not isinstance(deterministic, bool):
-        raise p.err("policy.deterministic", f"expected true or false, got {type(deterministic).__name__}")
+        raise p.err(
+            "policy.deterministic", f"expected true or false, got {type(deterministic).__name__}"
+        )
     probe_per = p.string(policy, "probe-per", "policy.")
     if probe_per is not None and probe_per not in PROBE_PER:
         raise p.err("policy.probe-per", f"{probe_per!r} is not one of {', '.join(PROBE_PER)}")
@@ -377,23 +446,34 @@ def parse(text: str, path: str) -> Profile:
                 "an empty pin pins nothing",
                 fix="name a candidate id (e.g. torch.layer_norm), or remove the key",
             )
-        for key, ids in (("allowed", allowed or ()), ("preferred", preferred), ("pin", (pin,) if pin else ())):
+        for key, ids in (
+            ("allowed", allowed or ()),
+            ("preferred", preferred),
+            ("pin", (pin,) if pin else ()),
+        ):
             for cid in ids:
                 cand = known_ids.get(cid)
                 if cand is None:
                     raise p.err(
                         f"policy.{slot}.{key}",
                         f"unknown candidate id {cid!r}",
-                        fix="use an id from `kernel-probe check` (e.g. torch.layer_norm, liger.rms_norm) "
+                        fix="use an id from `kernel-probe check` (e.g. torch.layer_norm, "
+                        "liger.rms_norm) "
                         "or declare it in a [[candidate]] table",
                     )
                 if slot not in cand.slots:
-                    raise p.err(f"policy.{slot}.{key}", f"candidate {cid!r} is for {', '.join(cand.slots)}, not {slot}")
-        if allowed is not None:  # `allowed = []` allows nothing: a preference or a pin is then a contradiction
+                    raise p.err(
+                        f"policy.{slot}.{key}",
+                        f"candidate {cid!r} is for {', '.join(cand.slots)}, not {slot}",
+                    )
+        # `allowed = []` allows nothing: a preference or a pin is then a contradiction
+        if allowed is not None:
             for key, ids in (("preferred", preferred), ("pin", (pin,) if pin else ())):
                 for cid in ids:
                     if cid not in allowed:
-                        raise p.err(f"policy.{slot}.{key}", f"{cid!r} is not in policy.{slot}.allowed")
+                        raise p.err(
+                            f"policy.{slot}.{key}", f"{cid!r} is not in policy.{slot}.allowed"
+                        )
         slots[slot] = SlotPolicy(allowed, preferred, pin)
     strict = p.table(d, "strictness", ("default", "warn"), "")
     default = p.string(strict, "default", "strictness.", default="error")
@@ -448,7 +528,8 @@ def load_file(path: str | os.PathLike[str]) -> Profile:
 
 
 def variants_of(base: str) -> list[str]:
-    """The variant keys ``kernel_probe.detect.libraries`` can tell apart for a library (by its report name)."""
+    """The variant keys ``kernel_probe.detect.libraries`` can tell apart for a library (by its
+    report name)."""
     from kernel_probe.detect.libraries import known_libraries
 
     lib = next((lib for lib in known_libraries() if lib.name == base), None)

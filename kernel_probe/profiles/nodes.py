@@ -6,9 +6,10 @@ them test it there. A description is JSON, in one of two forms:
 - what ``kernel-probe env --json`` prints on the node (schema ``kernel-probe-env/1``): its
   ``fingerprint``, ``libraries`` and ``site`` (hostname, Slurm variables, site markers) are read and
   everything else is ignored;
-- the short form (schema ``kernel-probe-node/1``) with the same three keys, plus ``env`` (environment
-  variables a profile's ``[detect] env`` reads) and ``files`` (first lines of marker files), and
-  ``description`` / ``sources`` saying where the facts come from. Unknown keys are errors.
+- the short form (schema ``kernel-probe-node/1``) with the same three keys, plus ``env``
+  (environment variables a profile's ``[detect] env`` reads) and ``files`` (first lines of marker
+  files), and ``description`` / ``sources`` saying where the facts come from. Unknown keys are
+  errors.
 
 Examples for the built-in sites ship as package data (``kernel_probe/profiles/sites/nodes/*.json``);
 ``--node NAME`` names one of them. Nothing here reads this machine.
@@ -41,7 +42,16 @@ NODE_SCHEMA = "kernel-probe-node/1"
 ENV_SCHEMA = "kernel-probe-env/1"
 EXAMPLES_DIR = "nodes"  # under kernel_probe/profiles/sites/
 MAX_BYTES = 4 << 20  # an env --json report is some tens of kB
-_NODE_KEYS = ("schema", "description", "sources", "fingerprint", "libraries", "site", "env", "files")
+_NODE_KEYS = (
+    "schema",
+    "description",
+    "sources",
+    "fingerprint",
+    "libraries",
+    "site",
+    "env",
+    "files",
+)
 _SITE_KEYS = ("hostname", "slurm", "markers")
 
 
@@ -56,7 +66,8 @@ class Node:
     path: str
     description: str
     fingerprint: Mapping[str, Any]
-    libraries: Mapping[str, Mapping[str, Any]]  # report name or distribution -> {version, variant, distributions}
+    # report name or distribution -> {version, variant, distributions}
+    libraries: Mapping[str, Mapping[str, Any]]
     hostname: str
     slurm: Mapping[str, str]
     env: Mapping[str, str] = field(default_factory=dict)
@@ -71,7 +82,8 @@ def examples_dir() -> Path:
 
 
 def examples() -> dict[str, Path]:
-    """The shipped example descriptions by name (the name of the built-in profile each describes)."""
+    """The shipped example descriptions by name (the name of the built-in profile each
+    describes)."""
     return {p.stem: p for p in sorted(examples_dir().glob("*.json"))}
 
 
@@ -82,7 +94,8 @@ def load(spec: str) -> Node:
         if spec not in known:
             raise UsageError(
                 f"--node {spec!r}: no such example node; examples: {', '.join(known) or 'none'}",
-                fix="pass the path of a JSON description (e.g. `kernel-probe env --json > node.json` on the node)",
+                fix="pass the path of a JSON description (e.g. `kernel-probe env --json > "
+                "node.json` on the node)",
             )
         return load(str(known[spec]))
     from kernel_lock.trust.files import UnsafeFile, read_regular
@@ -91,7 +104,9 @@ def load(spec: str) -> Node:
         text = read_regular(spec, MAX_BYTES).decode("utf-8")
     except FileNotFoundError:
         raise NodeError(
-            "no such file", path=spec, fix="write one with `kernel-probe env --json > node.json` on the node"
+            "no such file",
+            path=spec,
+            fix="write one with `kernel-probe env --json > node.json` on the node",
         ) from None
     except UnsafeFile as exc:
         raise NodeError(exc.problem, path=spec, fix=exc.fix or None) from None
@@ -109,8 +124,9 @@ _ENV_LIBRARY_KEYS = (*_LIBRARY_KEYS, "installed")  # env --json: its other keys 
 
 
 def parse(data: Any, path: str) -> Node:
-    """The typed reader of a node description (``kernel_lock.format.reading``): a value of the wrong type, an
-    unknown key of the short form, a variant no library has, is a :class:`NodeError` naming the key."""
+    """The typed reader of a node description (``kernel_lock.format.reading``): a value of the wrong
+    type, an unknown key of the short form, a variant no library has, is a :class:`NodeError` naming
+    the key."""
     try:
         return _parse(data, path)
     except ReadError as exc:
@@ -120,21 +136,26 @@ def parse(data: Any, path: str) -> Node:
 def _parse(data: Any, path: str) -> Node:
     if not isinstance(data, dict):
         raise ReadError(
-            f"expected a JSON object (a node description or `kernel-probe env --json`), got {type(data).__name__}"
+            "expected a JSON object (a node description or `kernel-probe env --json`), got "
+            f"{type(data).__name__}"
         )
     schema = data.get("schema")
     if schema not in (NODE_SCHEMA, ENV_SCHEMA):
         raise ReadError(
             f"unknown schema {schema!r:.80}",
             "schema",
-            fix=f"use {NODE_SCHEMA!r} (docs/profiles.md), or the output of `kernel-probe env --json`",
+            fix=f"use {NODE_SCHEMA!r} (docs/profiles.md), or the output of `kernel-probe env "
+            "--json`",
         )
     strict = schema == NODE_SCHEMA
     if strict:
         refuse_unknown(data, _NODE_KEYS)
     fp = get(data, "fingerprint", dict)
     if fp is None:
-        raise ReadError("required: an object of the node's facts (as `kernel-probe env --json` has)", "fingerprint")
+        raise ReadError(
+            "required: an object of the node's facts (as `kernel-probe env --json` has)",
+            "fingerprint",
+        )
     fingerprint: dict[str, Any] = {}
     with context("fingerprint"):
         if strict:
@@ -144,7 +165,9 @@ def _parse(data: Any, path: str) -> Node:
                 fingerprint[name] = get_int(fp, name, 0, 1 << 20, default=0)
             else:
                 fingerprint[name] = get_text(fp, name, "", limit=400)
-        fingerprint["device-type"] = get_literal(fp, "device-type", DEVICE_TYPES, default="", fold=True)
+        fingerprint["device-type"] = get_literal(
+            fp, "device-type", DEVICE_TYPES, default="", fold=True
+        )
     libraries: dict[str, Mapping[str, Any]] = {}
     libs = get(data, "libraries", dict, default={})
     with context("libraries"):
@@ -182,25 +205,31 @@ def _parse(data: Any, path: str) -> Node:
 
 
 def _library(name: str, value: Any, strict: bool) -> Mapping[str, Any] | None:
-    """One library of a node: {version, variant (as the registry spells it), distributions}; None when
-    ``env --json`` lists it as not installed."""
+    """One library of a node: {version, variant (as the registry spells it), distributions}; None
+    when ``env --json`` lists it as not installed."""
     from kernel_probe.detect.libraries import known_libraries
 
     if isinstance(value, str):
         value = {"version": value}
     if not isinstance(value, dict):
-        raise ReadError(f"expected a version string or {{version, variant}}, got {type(value).__name__}")
+        raise ReadError(
+            f"expected a version string or {{version, variant}}, got {type(value).__name__}"
+        )
     if strict:
         refuse_unknown(value, _LIBRARY_KEYS)
     version = get_text(value, "version", None, limit=200)
-    distributions = get_string_map(value, "distributions", limit=200) if value.get("distributions") else {}
+    distributions = (
+        get_string_map(value, "distributions", limit=200) if value.get("distributions") else {}
+    )
     installed = get(value, "installed", bool, default=True)
     variant = None
     if value.get("variant") is not None:
         lib = next((lib for lib in known_libraries() if lib.name == name), None)
         keys = [v.key for v in lib.variants] if lib is not None else []
         if not keys:
-            raise ReadError(f"{name} has no variants kernel-probe tells apart", "variant", "remove the variant")
+            raise ReadError(
+                f"{name} has no variants kernel-probe tells apart", "variant", "remove the variant"
+            )
         variant = get_literal(value, "variant", keys, fold=True)  # NVIDIA -> nvidia
     if installed is False or version is None and not distributions:
         return None  # env --json lists every known library, installed or not

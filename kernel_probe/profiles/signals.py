@@ -2,10 +2,10 @@
 
 A strong signal names the site itself (a site's own environment variable or marker file, the Slurm
 cluster name); a weak one follows a naming scheme other sites share (HPE Cray EX nodes are all
-nidNNNNNN; "gpu" or "small-g" partitions exist anywhere): it never decides alone, only together with a
-strong one or with the other weak kind in a [[detect.all]] group. The device describes hardware, not a
-site: alone, it only picks a device profile (one with no site signal, like the built-in cpu). See
-docs/profiles.md "Auto-detection"; ``kernel_probe.profiles.autodetect`` matches the signals.
+nidNNNNNN; "gpu" or "small-g" partitions exist anywhere): it never decides alone, only together with
+a strong one or with the other weak kind in a [[detect.all]] group. The device describes hardware,
+not a site: alone, it only picks a device profile (one with no site signal, like the built-in cpu).
+See docs/profiles.md "Auto-detection"; ``kernel_probe.profiles.autodetect`` matches the signals.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ MAX_VARIABLE_REPEATS = 2  # per pattern; with MAX_SIGNAL_CHARS, a search stays w
 def pattern_problem(pattern: str) -> str | None:
     """Why a detect pattern could backtrack without bound (None if it cannot).
 
-    Refused: a repeat inside a repeat, an alternation inside a repeat (``(a|aa)+``), a backreference,
-    more than MAX_VARIABLE_REPEATS variable repeats. What remains, on a value of at most
-    MAX_SIGNAL_CHARS, matches in a few milliseconds. The tree is the one ``re`` itself compiles."""
+    Refused: a repeat inside a repeat, an alternation inside a repeat (``(a|aa)+``), a
+    backreference, more than MAX_VARIABLE_REPEATS variable repeats. What remains, on a value of at
+    most MAX_SIGNAL_CHARS, matches in a few milliseconds. The tree is the one ``re`` itself
+    compiles."""
     import importlib
 
     # the stdlib's own parser (re._parser since 3.11, sre_parse before): the tree re compiles
@@ -34,7 +35,9 @@ def pattern_problem(pattern: str) -> str | None:
     except ImportError:  # Python 3.10
         sre, c = importlib.import_module("sre_parse"), importlib.import_module("sre_constants")
 
-    repeats = tuple(getattr(c, n) for n in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT") if hasattr(c, n))
+    repeats = tuple(
+        getattr(c, n) for n in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT") if hasattr(c, n)
+    )
     counted = 0
 
     def walk(items: Any, in_repeat: bool) -> str | None:

@@ -1,5 +1,5 @@
-"""Activation modules offered as ``--candidate Activation=kp_activation.NAME``: one correct, and the real
-differences the Activation checks must catch, each for its reason."""
+"""Activation modules offered as ``--candidate Activation=kp_activation.NAME``: one correct, and the
+real differences the Activation checks must catch, each for its reason."""
 
 from __future__ import annotations
 
@@ -28,8 +28,9 @@ class FastGELU(nn.Module):
 
 
 class InPlaceGELU(nn.Module):
-    """Right values, written into its input's storage behind autograd's back (``.data``), as a kernel
-    writing its output over its input does: the residual branch that shares x then sees gelu(x)."""
+    """Right values, written into its input's storage behind autograd's back (``.data``), as a
+    kernel writing its output over its input does: the residual branch that shares x then sees
+    gelu(x)."""
 
     def forward(self, x):
         y = F.gelu(x)
@@ -60,7 +61,8 @@ class WrongBackwardGELU(nn.Module):
 
 
 class SwiGLUish(nn.Module):
-    """A GLU-family class (halves the last dimension): anemoi refuses it in layer_kernels.Activation."""
+    """A GLU-family class (halves the last dimension): anemoi refuses it in
+    layer_kernels.Activation."""
 
     def forward(self, x):
         a, b = x.chunk(2, dim=-1)

@@ -1,5 +1,6 @@
-"""Attention functions with SDPA's signature, offered as ``--candidate Attention=kp_attention.NAME``:
-one correct, and the flaws the Attention checks must catch, each for its reason."""
+"""Attention functions with SDPA's signature, offered as ``--candidate
+Attention=kp_attention.NAME``: one correct, and the flaws the Attention checks must catch, each for
+its reason."""
 
 from __future__ import annotations
 
@@ -16,34 +17,43 @@ def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, en
     )
 
 
-def biased_output(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    """An offset bug: every output row shifted by 2.4 eps(dtype) x that row's max|out| (row-local, so no
-    key outside the band reaches it), under a third of the max-error tolerance's floor (8 eps): the max
-    error alone passes it; the bias statistic sees it."""
+def biased_output(
+    q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    """An offset bug: every output row shifted by 2.4 eps(dtype) x that row's max|out| (row-local,
+    so no key outside the band reaches it), under a third of the max-error tolerance's floor (8
+    eps): the max error alone passes it; the bias statistic sees it."""
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
     )
     return out + 2.4 * torch.finfo(out.dtype).eps * out.detach().abs().amax(dim=-1, keepdim=True)
 
 
-def ignores_mask(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    """Drops attn_mask: global attention whatever the model's window (keys outside the band leak in)."""
+def ignores_mask(
+    q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    """Drops attn_mask: global attention whatever the model's window (keys outside the band leak
+    in)."""
     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
 
 
-def mutates_input(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+def mutates_input(
+    q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
     """Scales q in place before attending (the caller's tensor changes)."""
     with torch.no_grad():
         q.mul_(1.0)
         q.add_(0.0)
         q.data[..., 0] += 1e-3
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale
+    )
 
 
 class _LowPrecisionRecompute(torch.autograd.Function):
     """A backward that recomputes the scores in the inputs' dtype (bf16/fp16) against a float32
-    log-sum-exp from the forward, and takes D = rowsum(P * dP) from that P: P no longer sums to one, so
-    dS = P (dP - D) does not cancel, and dq, dk are far from zero where they must vanish (a sharp
+    log-sum-exp from the forward, and takes D = rowsum(P * dP) from that P: P no longer sums to one,
+    so dS = P (dP - D) does not cancel, and dq, dk are far from zero where they must vanish (a sharp
     softmax over equal values: the class of anemoi-core #1027's bug). Correct in float32."""
 
     @staticmethod
@@ -60,7 +70,8 @@ class _LowPrecisionRecompute(torch.autograd.Function):
     @staticmethod
     def backward(ctx, go):
         q, k, v, lse, out = ctx.saved_tensors
-        s = ((q @ k.transpose(-1, -2)) * ctx.scale).float()  # the scores recomputed in q's dtype: the bug
+        # the scores recomputed in q's dtype: the bug
+        s = ((q @ k.transpose(-1, -2)) * ctx.scale).float()
         if ctx.mask is not None:
             s = s.masked_fill(~ctx.mask, float("-inf"))
         p = torch.exp(s - lse)
@@ -74,8 +85,12 @@ class _LowPrecisionRecompute(torch.autograd.Function):
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
 
 
-def low_precision_backward(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+def low_precision_backward(
+    q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
     """A fused-style kernel with the low-precision backward bug (``_LowPrecisionRecompute``)."""
     if dropout_p:
         raise NotImplementedError("no dropout in this kernel")
-    return _LowPrecisionRecompute.apply(q, k, v, attn_mask, scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+    return _LowPrecisionRecompute.apply(
+        q, k, v, attn_mask, scale if scale is not None else 1 / math.sqrt(q.shape[-1])
+    )

@@ -2,10 +2,12 @@
 
 Each keeps anemoi's module names (``gate_proj``, ``value_proj``) unless its flaw is the names:
 
-- ``SwappedGatedMLP``: a fused kernel that takes (value, gate) where the caller passes (gate, value);
+- ``SwappedGatedMLP``: a fused kernel that takes (value, gate) where the caller passes (gate,
+  value);
 - ``BiasDroppedGatedMLP``: a fused MLP that runs the projections as bare matmuls (the biases stay in
   the state dict and are never used, as in a kernel written for bias-free LLM MLPs);
-- ``TanhGatedMLP``: a GEGLU kernel whose GELU is the tanh approximation (liger's, transformer-engine's);
+- ``TanhGatedMLP``: a GEGLU kernel whose GELU is the tanh approximation (liger's,
+  transformer-engine's);
 - ``FusedKeysGatedMLP``: one fused ``fc1`` of both projections (transformer-engine's layout), so
   anemoi's checkpoint does not load into it.
 """
@@ -23,7 +25,9 @@ class SwappedGatedMLP(GatedMLP):
 
 class BiasDroppedGatedMLP(GatedMLP):
     def forward(self, x):
-        return self.gate_and_multiply(F.linear(x, self.gate_proj.weight), F.linear(x, self.value_proj.weight))
+        return self.gate_and_multiply(
+            F.linear(x, self.gate_proj.weight), F.linear(x, self.value_proj.weight)
+        )
 
 
 class TanhGatedMLP(GatedMLP):

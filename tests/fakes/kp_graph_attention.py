@@ -1,6 +1,7 @@
-"""GraphTransformer attention functions with anemoi's conv signature ``f(q, k, v, e, edge_index, size)``,
-offered to the GraphAttention check as ``kp_graph_attention.NAME``: one correct, and the flaw the check
-must catch (the low-precision backward of anemoi-core #1027's class), each for its reason."""
+"""GraphTransformer attention functions with anemoi's conv signature ``f(q, k, v, e, edge_index,
+size)``, offered to the GraphAttention check as ``kp_graph_attention.NAME``: one correct, and the
+flaw the check must catch (the low-precision backward of anemoi-core #1027's class), each for its
+reason."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ def _softmax(scores, dst, n_dst):
 
 class _LowPrecisionRecompute(torch.autograd.Function):
     """Forward in float32 (correct, cast to the inputs' dtype), saving a float32 log-sum-exp; the
-    backward recomputes the scores in the inputs' dtype (bf16/fp16) against it and takes
-    D = sum(alpha * dalpha) from those weights: they no longer sum to one, so dq and dk do not cancel
+    backward recomputes the scores in the inputs' dtype (bf16/fp16) against it and takes D =
+    sum(alpha * dalpha) from those weights: they no longer sum to one, so dq and dk do not cancel
     where they must vanish (a sharp softmax over equal messages). Correct in float32."""
 
     @staticmethod
@@ -45,7 +46,11 @@ class _LowPrecisionRecompute(torch.autograd.Function):
         else:  # the bug: scores recomputed in bf16/fp16, against the float32 log-sum-exp
             alpha = torch.exp(_scores(q, k, e, src, dst).float() - lse.index_select(0, dst))
         q32, k32, v32, e32, g = q.float(), k.float(), v.float(), e.float(), go.float()
-        key, msg, g_e = k32.index_select(0, src) + e32, v32.index_select(0, src) + e32, g.index_select(0, dst)
+        key, msg, g_e = (
+            k32.index_select(0, src) + e32,
+            v32.index_select(0, src) + e32,
+            g.index_select(0, dst),
+        )
         dalpha = (g_e * msg).sum(-1)
         delta = torch.zeros(lse.shape, dtype=torch.float32).index_add(0, dst, alpha * dalpha)
         ds = alpha * (dalpha - delta.index_select(0, dst))
@@ -63,8 +68,13 @@ def low_precision_backward(q, k, v, e, edge_index, size):
 
 
 def float32_formula(q, k, v, e, edge_index, size):
-    """Correct: the formula in float32 with autograd's own backward, cast back to the inputs' dtype."""
+    """Correct: the formula in float32 with autograd's own backward, cast back to the inputs'
+    dtype."""
     src, dst = edge_index
     alpha, _ = _softmax(_scores(q.float(), k.float(), e.float(), src, dst), dst, q.shape[0])
     msg = (v.float().index_select(0, src) + e.float()) * alpha[..., None]
-    return torch.zeros((q.shape[0], *q.shape[1:]), dtype=torch.float32).index_add(0, dst, msg).to(q.dtype)
+    return (
+        torch.zeros((q.shape[0], *q.shape[1:]), dtype=torch.float32)
+        .index_add(0, dst, msg)
+        .to(q.dtype)
+    )

@@ -1,4 +1,5 @@
-"""A third-party plug-in exposing candidates through the kernel_probe.probe.candidates entry-point group."""
+"""A third-party plug-in exposing candidates through the kernel_probe.probe.candidates entry-point
+group."""
 
 from kernel_probe.candidates import Candidate
 

@@ -25,7 +25,7 @@ semantics = "activation"
 function = "gelu-tanh"
 kwargs = { approximate = "tanh" }
 twin = { target = "torch.nn.GELU", kwargs = { approximate = "tanh" }, state-dict = "interchangeable", max-error = 0.0 }
-"""
+"""  # noqa: E501 (TOML inline tables are one line)
 TE_SLOT = """
 [slots.Activation]
 implementation = "te.gelu"
@@ -36,18 +36,24 @@ kwargs = {}
 requires = [{ name = "transformer-engine", specifier = ">=1.13", module = "transformer_engine" }]
 accepted-changes = ["approximation: computes gelu-tanh, not the model's gelu-erf (accepted with --allow-approximation)"]
 twin = { target = "torch.nn.GELU", kwargs = { approximate = "tanh" }, state-dict = "interchangeable", max-error = 0.0 }
-"""
+"""  # noqa: E501 (TOML inline tables are one line)
 
 
-@pytest.mark.parametrize("target", ["torch.nn.GELU", "torch.nn.SiLU", "torch.nn.ReLU", "torch.nn.Sigmoid"])
+@pytest.mark.parametrize(
+    "target", ["torch.nn.GELU", "torch.nn.SiLU", "torch.nn.ReLU", "torch.nn.Sigmoid"]
+)
 def test_known_activation_targets_list_every_constructor_keyword(target):
     cls = eval(target, {"torch": torch})
     params = {n for n in inspect.signature(cls).parameters if n != "self"}
-    if cls.__init__ is torch.nn.Module.__init__:  # Sigmoid: Module's (*args, **kwargs), which accepts none
+    # Sigmoid: Module's (*args, **kwargs), which accepts none
+    if cls.__init__ is torch.nn.Module.__init__:
         params = set()
         with pytest.raises(TypeError):
             cls(inplace=True)
-    assert KNOWN_TARGETS[target].params == frozenset(params) and KNOWN_TARGETS[target].semantics == "activation"
+    assert (
+        KNOWN_TARGETS[target].params == frozenset(params)
+        and KNOWN_TARGETS[target].semantics == "activation"
+    )
 
 
 @pytest.mark.parametrize(
@@ -88,13 +94,16 @@ def test_the_compiled_gelu_adapter_computes_what_torch_does():
     from kernel_lock.adapters import CompiledGELU
 
     assert class_semantics(CompiledGELU) == "activation"
-    assert CompiledGELU(approximate="tanh").approximate == "tanh" and not list(CompiledGELU().parameters())
+    assert CompiledGELU(approximate="tanh").approximate == "tanh" and not list(
+        CompiledGELU().parameters()
+    )
 
 
 @pytest.mark.parametrize(
     "text,ok",
     [("gelu-erf", True), ("sigmoid", True), ("other:anemoi.models.layers.activations.Sine", True),
-     ("gelu", False), ("GELU-ERF", False), ("other:", False), ("other:Sine", False), ("other:a._b.C", False)],
+     ("gelu", False), ("GELU-ERF", False), ("other:", False), ("other:Sine", False),
+     ("other:a._b.C", False)],
 )  # fmt: skip
 def test_function_problem(text, ok):
     assert (function_problem(text) is None) == ok
@@ -105,12 +114,12 @@ def test_function_problem(text, ok):
 def test_the_approximation_pair_is_gelus_two_forms_only():
     assert is_approximation("gelu-erf", "gelu-tanh") and is_approximation("gelu-tanh", "gelu-erf")
     assert not is_approximation("gelu-erf", "silu") and not is_approximation("gelu-erf", "gelu-erf")
-    assert slots.DEFAULT_TARGETS["Activation"] == "torch.nn.GELU" and slots.CANONICAL["Activation"] == {
-        "function": "gelu-erf"
-    }
+    assert slots.DEFAULT_TARGETS["Activation"] == "torch.nn.GELU" and slots.CANONICAL[
+        "Activation"
+    ] == {"function": "gelu-erf"}
 
 
-# ---- the lock's function key -------------------------------------------------------------------------
+# ---- the lock's function key ---------------------------------------------------------------------
 def test_the_slot_resolves_to_the_pinned_gelu():
     lock = kernel_lock.loads(MINIMAL_LOCK + GELU_SLOT, emit_warnings=False)
     assert lock.slots["Activation"].function == "gelu-tanh"
@@ -127,8 +136,14 @@ def test_a_lock_without_the_slot_resolves_to_erf_gelu():
 @pytest.mark.parametrize(
     "text,words",
     [
-        (MINIMAL_LOCK + GELU_SLOT.replace('function = "gelu-tanh"\n', ""), "required key is missing"),
-        (MINIMAL_LOCK + GELU_SLOT.replace('"gelu-tanh"\n', '"gelu"\n', 1), "'gelu' is not an activation function"),
+        (
+            MINIMAL_LOCK + GELU_SLOT.replace('function = "gelu-tanh"\n', ""),
+            "required key is missing",
+        ),
+        (
+            MINIMAL_LOCK + GELU_SLOT.replace('"gelu-tanh"\n', '"gelu"\n', 1),
+            "'gelu' is not an activation function",
+        ),
         (
             MINIMAL_LOCK.replace('semantics = "linear"', 'semantics = "linear"\nfunction = "silu"'),
             "only the Activation slot records a function",
@@ -152,7 +167,7 @@ def test_inference_substitutes_the_tanh_twin_for_an_approximation_the_lock_accep
     assert lock.slots["Activation"].changes[0].startswith("approximation: computes gelu-tanh")
 
 
-# ---- anemoi -------------------------------------------------------------------------------------------
+# ---- anemoi --------------------------------------------------------------------------------------
 def test_the_export_writes_layer_kernels_activation_from_the_lock():
     lock = kernel_lock.loads(MINIMAL_LOCK + GELU_SLOT, emit_warnings=False)
     block = layer_kernels(lock)
@@ -164,7 +179,9 @@ def test_anemois_glu_refusal_is_quoted_from_the_installed_anemoi_models():
     mlp = pytest.importorskip("anemoi.models.layers.mlp", reason="anemoi-models is not installed")
     from anemoi.models.layers.utils import load_layer_kernels
 
-    assert all(glu_refused(n) for n in ("GLU", "GEGLU", "SwiGLU", "LigerSiLUMulGLU")) and not glu_refused("GELU")
+    assert all(
+        glu_refused(n) for n in ("GLU", "GEGLU", "SwiGLU", "LigerSiLUMulGLU")
+    ) and not glu_refused("GELU")
 
     class SwiGLU(torch.nn.Module):
         def forward(self, x):
@@ -181,7 +198,9 @@ def test_a_portable_model_gets_the_activation_twin_in_place_of_the_pinned_class(
     from kernel_lock.portability import portable
 
     header = MINIMAL_LOCK[: MINIMAL_LOCK.index("[slots.LayerNorm]")]  # only the Activation slot
-    text = header.replace('created-by = "hand"', 'created-by = "hand"\ntrusted-modules = ["kp_activation"]') + (
+    text = header.replace(
+        'created-by = "hand"', 'created-by = "hand"\ntrusted-modules = ["kp_activation"]'
+    ) + (
         GELU_SLOT.replace('"torch.gelu_tanh"', '"custom:kp_activation.FastGELU"').replace(
             'target = "torch.nn.GELU"\nsemantics', 'target = "kp_activation.FastGELU"\nsemantics'
         )

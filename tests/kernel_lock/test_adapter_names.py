@@ -1,4 +1,5 @@
-"""kernel_lock.trust.adapter_names: the adapters' tables and the generic naming scheme, read without torch."""
+"""kernel_lock.trust.adapter_names: the adapters' tables and the generic naming scheme, read without
+torch."""
 
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ from kernel_lock.trust.adapter_names import (
 @pytest.mark.parametrize(
     "name,parts",
     [
-        ("Autocast__site_kernels__norms__FastLayerNorm", ("Autocast", "site_kernels.norms.FastLayerNorm")),
+        (
+            "Autocast__site_kernels__norms__FastLayerNorm",
+            ("Autocast", "site_kernels.norms.FastLayerNorm"),
+        ),
         ("Sized__mylib__Norm", ("Sized", "mylib.Norm")),
         ("Autocast__a__B", ("Autocast", "a.B")),
         ("Autocast__Norm", None),  # a module and a class at least
@@ -39,7 +43,10 @@ def test_generic_parts(name, parts):
 @pytest.mark.parametrize(
     "target,kernel",
     [
-        ("kernel_lock.adapters.Autocast__site_kernels__norms__FastLayerNorm", "site_kernels.norms.FastLayerNorm"),
+        (
+            "kernel_lock.adapters.Autocast__site_kernels__norms__FastLayerNorm",
+            "site_kernels.norms.FastLayerNorm",
+        ),
         ("kernel_lock.adapters.Sized__mylib__Norm", "mylib.Norm"),
         ("kernel_lock.adapters.CompiledLayerNorm", None),
         ("kernel_lock.adapters.sub.Autocast__a__B", None),  # not kernel_lock.adapters itself
@@ -69,7 +76,11 @@ def test_adapter_for(target, adapter):
     "prefix,target,adapter",
     [
         ("Autocast", f"{ADAPTERS}.CompiledLayerNorm", f"{ADAPTERS}.AutocastCompiledLayerNorm"),
-        ("Autocast", f"{ADAPTERS}.LigerLayerNormAnemoi", f"{ADAPTERS}.AutocastLigerLayerNormAnemoi"),
+        (
+            "Autocast",
+            f"{ADAPTERS}.LigerLayerNormAnemoi",
+            f"{ADAPTERS}.AutocastLigerLayerNormAnemoi",
+        ),
         ("Autocast", "transformer_engine.pytorch.LayerNorm", f"{ADAPTERS}.AutocastTELayerNorm"),
         ("Autocast", "apex.normalization.FusedLayerNorm", f"{ADAPTERS}.AutocastFusedLayerNorm"),
         ("Autocast", "torch.nn.LayerNorm", None),
@@ -83,7 +94,8 @@ def test_wrapping_adapter_for(prefix, target, adapter):
 def test_the_tables_name_distinct_adapters():
     assert not set(SIZE_ADAPTERS) & set(AUTOCAST_ADAPTERS)
     for name in (*SIZE_ADAPTERS, *AUTOCAST_ADAPTERS):
-        assert name.isidentifier() and generic_parts(name) is None  # no table name reads as a generic one
+        # no table name reads as a generic one
+        assert name.isidentifier() and generic_parts(name) is None
 
 
 class _HiddenSize:

@@ -1,5 +1,6 @@
-"""kernel_lock.adapters: the classes built by name (size, autocast, torch-init, generic), on torch.nn and
-the fake zoo's classes. The compiled forwards (torch.compile, seconds) are not run here."""
+"""kernel_lock.adapters: the classes built by name (size, autocast, torch-init, generic), on
+torch.nn and the fake zoo's classes. The compiled forwards (torch.compile, seconds) are not run
+here."""
 
 from __future__ import annotations
 
@@ -12,7 +13,12 @@ import torch
 from torch import nn
 
 from kernel_lock import adapters
-from kernel_lock.adapters import autocast_adapter, normalized_shape_adapter, torch_init, torch_init_adapter
+from kernel_lock.adapters import (
+    autocast_adapter,
+    normalized_shape_adapter,
+    torch_init,
+    torch_init_adapter,
+)
 
 
 class _Hidden(nn.Module):
@@ -46,7 +52,11 @@ def test_normalized_shape_adapter_builds(args, kwargs, size, eps):
     [
         ((), {}, "SizedHidden() missing required argument: 'normalized_shape'"),
         ((8,), {"hidden_size": 8}, "SizedHidden() got both normalized_shape and hidden_size"),
-        (((2, 8),), {}, "SizedHidden normalizes over the last dimension only; got normalized_shape=(2, 8)"),
+        (
+            ((2, 8),),
+            {},
+            "SizedHidden normalizes over the last dimension only; got normalized_shape=(2, 8)",
+        ),
     ],
 )
 def test_normalized_shape_adapter_refuses(args, kwargs, error):
@@ -58,7 +68,9 @@ def test_normalized_shape_adapter_refuses(args, kwargs, error):
 def test_normalized_shape_adapter_signature_and_name():
     params = list(inspect.signature(Sized).parameters)
     assert params == ["normalized_shape", "eps", "bias"]
-    assert inspect.signature(Sized).parameters["normalized_shape"].default is inspect.Parameter.empty
+    assert (
+        inspect.signature(Sized).parameters["normalized_shape"].default is inspect.Parameter.empty
+    )
     assert (Sized.__name__, Sized.__qualname__, Sized.__module__) == (
         "SizedHidden",
         "SizedHidden",
@@ -79,7 +91,9 @@ def test_autocast_adapter_casts_back_to_the_input_dtype():
     y = Cast()(x, 2.0)
     assert y.dtype == torch.bfloat16 and y.tolist() == [2.0, 2.0]
     assert (
-        issubclass(Cast, Up) and Cast.__qualname__ == "AutocastUp" and Cast.forward.__qualname__ == "AutocastUp.forward"
+        issubclass(Cast, Up)
+        and Cast.__qualname__ == "AutocastUp"
+        and Cast.forward.__qualname__ == "AutocastUp.forward"
     )
 
 
@@ -157,8 +171,16 @@ def test_generic_adapters_are_built_by_name_and_pickle():
     [
         ("Sized__kp_zoo__norms__GoodLayerNorm", TypeError, "already takes normalized_shape"),
         ("Autocast__kp_notmodule__NotAModule", TypeError, "is not a torch.nn.Module class"),
-        ("Autocast__kp_zoo__missing_dependency__X", ImportError, "kp_this_dependency_does_not_exist"),
-        ("NoSuchAdapter", AttributeError, "module 'kernel_lock.adapters' has no attribute 'NoSuchAdapter'"),
+        (
+            "Autocast__kp_zoo__missing_dependency__X",
+            ImportError,
+            "kp_this_dependency_does_not_exist",
+        ),
+        (
+            "NoSuchAdapter",
+            AttributeError,
+            "module 'kernel_lock.adapters' has no attribute 'NoSuchAdapter'",
+        ),
         ("Autocast___private__X", AttributeError, "has no attribute"),
     ],
 )

@@ -1,9 +1,10 @@
-"""The real consumer: anemoi-models 0.19.0 builds its processors from a lock kernel-probe wrote here.
+"""The real consumer: anemoi-models 0.19.0 builds its processors from a lock kernel-probe wrote
+here.
 
 Each processor is configured the way anemoi-training does it (`model.layer_kernels`, with
-`processor.layer_kernels: ${model.layer_kernels}`, built by Hydra with `_recursive_=False`), from the
-YAML `kernel-probe export` prints. Forward and backward run on CPU, and every layer anemoi builds
-through `layer_kernels` is exactly the class the lock names.
+`processor.layer_kernels: ${model.layer_kernels}`, built by Hydra with `_recursive_=False`), from
+the YAML `kernel-probe export` prints. Forward and backward run on CPU, and every layer anemoi
+builds through `layer_kernels` is exactly the class the lock names.
 
 Install (what .ci/run does through .ci/anemoi-install): anemoi-models pins torch<2.11, so it goes in
 with --no-deps on the CPU torch, then only its light runtime dependencies; `pip check` complains.
@@ -23,7 +24,8 @@ import pytest
 
 pytest.importorskip(
     "anemoi.models.layers.processor",
-    reason="anemoi-models (or one of its runtime dependencies) is not installed; `bash .ci/anemoi-install` "
+    reason="anemoi-models (or one of its runtime dependencies) is not installed; `bash "
+    ".ci/anemoi-install` "
     "installs anemoi-models==0.19.0 with --no-deps on the CPU torch",
 )
 
@@ -43,7 +45,8 @@ from kernel_lock.trust.importing import import_target
 from kernel_probe.cli import main
 from tests.conftest import small_probe, write_sealed
 
-# the real consumer end to end (anemoi-models, Hydra): slow, and the fast lane does not import it (conftest.SLOW_MODULES)
+# the real consumer end to end (anemoi-models, Hydra): slow, and the fast lane does not import it
+# (conftest.SLOW_MODULES)
 pytestmark = [pytest.mark.anemoi, pytest.mark.slow]
 
 N, C, E, EDGE_DIM, HEADS = 24, 32, 96, 8, 4
@@ -63,7 +66,9 @@ PROCESSORS = {
         use_alibi_slopes=False,
     ),
     "GNNProcessor": dict(mlp_extra_layers=0, edge_dim=EDGE_DIM),
-    "GraphTransformerProcessor": dict(num_heads=HEADS, mlp_hidden_ratio=2, qk_norm=True, edge_dim=EDGE_DIM),
+    "GraphTransformerProcessor": dict(
+        num_heads=HEADS, mlp_hidden_ratio=2, qk_norm=True, edge_dim=EDGE_DIM
+    ),
     "PointWiseMLPProcessor": dict(mlp_hidden_ratio=2),  # the positional LayerNorm(C) call site
 }
 
@@ -79,7 +84,13 @@ def locks(tmp_path_factory):
     kernel-lock.toml`, as the README says), and a choice it was told to pin."""
     d = tmp_path_factory.mktemp("anemoi-locks")
     chosen = _probe(d / "kernel-lock.toml")
-    assert set(chosen.slots) == {"LayerNorm", "RMSNorm", "Linear", "Attention", "Activation"}  # RMSNorm: never exported
+    assert set(chosen.slots) == {
+        "LayerNorm",
+        "RMSNorm",
+        "Linear",
+        "Attention",
+        "Activation",
+    }  # RMSNorm: never exported
     pinned = _probe(
         d / "pinned.toml",
         *small_probe("LayerNorm", "Linear", shape="256x64"),
@@ -109,16 +120,22 @@ def exported_yaml(lock_path, *extra) -> str:
 
 def build(name: str, block_yaml: str) -> torch.nn.Module:
     """The processor as anemoi-training builds it: ``block_yaml`` (a ``layer_kernels:`` block, as
-    `kernel-probe export` prints it) under ``model:``, an OmegaConf tree, Hydra, `_recursive_=False`."""
+    `kernel-probe export` prints it) under ``model:``, an OmegaConf tree, Hydra,
+    `_recursive_=False`."""
     options = dict(PROCESSORS[name], num_layers=2, num_channels=C, num_chunks=1, cpu_offload=False)
     cfg = OmegaConf.create({"model": OmegaConf.create(block_yaml)})
     cfg.model.processor = OmegaConf.create(
-        {"_target_": f"anemoi.models.layers.processor.{name}", **options, "layer_kernels": "${model.layer_kernels}"}
+        {
+            "_target_": f"anemoi.models.layers.processor.{name}",
+            **options,
+            "layer_kernels": "${model.layer_kernels}",
+        }
     )
     if name == "TransformerProcessor":  # anemoi's own schema accepts the block
         TransformerProcessorSchema(**OmegaConf.to_container(cfg.model.processor, resolve=True))
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # GraphTransformer: "triton not available, falling back to pyg"
+        # GraphTransformer: "triton not available, falling back to pyg"
+        warnings.simplefilter("ignore")
         return instantiate(cfg.model.processor, _recursive_=False)
 
 
@@ -144,7 +161,9 @@ def forward_backward(name: str, proc: torch.nn.Module) -> torch.Tensor:
     return y
 
 
-def kernel_layers(proc: torch.nn.Module, norm_types: tuple, linear_types: tuple) -> tuple[list, list, list]:
+def kernel_layers(
+    proc: torch.nn.Module, norm_types: tuple, linear_types: tuple
+) -> tuple[list, list, list]:
     """(norms from layer_kernels.LayerNorm, linears from layer_kernels.Linear, q/k norms)."""
     norms, linears, qk = [], [], []
     for name, m in proc.named_modules():
@@ -177,7 +196,9 @@ def test_processor_builds_the_locks_classes(locks, which, name):
     ln_cls, lin_cls = expected_classes(lock)
     proc = build(name, exported_yaml(lock.path))
     forward_backward(name, proc)
-    norms, linears, qk = kernel_layers(proc, (torch.nn.LayerNorm, GoodLayerNorm), (torch.nn.Linear, GoodLinear))
+    norms, linears, qk = kernel_layers(
+        proc, (torch.nn.LayerNorm, GoodLayerNorm), (torch.nn.Linear, GoodLinear)
+    )
     assert norms and linears
     assert {type(m) for _, m in norms} == {ln_cls}, norms
     assert {type(m) for _, m in linears} == {lin_cls}, linears
@@ -187,13 +208,15 @@ def test_processor_builds_the_locks_classes(locks, which, name):
     assert all(m.eps == ln_kwargs["eps"] for _, m in norms)
     if "Activation" in lock.slots:  # the lock's GELU, in the form it pins (issue 39)
         gelus = [m for m in proc.modules() if isinstance(m, torch.nn.GELU)]
-        assert gelus and {m.approximate for m in gelus} == {lock.slots["Activation"].kwargs["approximate"]}
+        assert gelus and {m.approximate for m in gelus} == {
+            lock.slots["Activation"].kwargs["approximate"]
+        }
     if PROCESSORS[name].get("qk_norm"):  # QueryNorm/KeyNorm not exported: anemoi's default stays
         assert qk and {type(m) for _, m in qk} == {AutocastLayerNorm}
     if name == "TransformerProcessor":  # the hard-coded q/k/v projections stay torch.nn.Linear
-        assert {type(m) for n, m in proc.named_modules() if n.rsplit(".", 1)[-1] in HARD_CODED_LINEARS} == {
-            torch.nn.Linear
-        }
+        assert {
+            type(m) for n, m in proc.named_modules() if n.rsplit(".", 1)[-1] in HARD_CODED_LINEARS
+        } == {torch.nn.Linear}
 
 
 @pytest.mark.parametrize("name", ["TransformerProcessor", "GraphTransformerProcessor"])
@@ -204,12 +227,17 @@ def test_qk_norm_export_reaches_query_and_key_norms(locks, name, tmp_path, monke
 
     pinned = locks["pinned"]
     with pytest.raises(kernel_lock.LockFormatError, match="pins no `bias` switch"):
-        layer_kernels(pinned, qk_norm=True)  # a --candidate pins eps only: it cannot be made bias-free
-    slot = replace(pinned.slots["LayerNorm"], kwargs={**pinned.slots["LayerNorm"].kwargs, "bias": True})
+        # a --candidate pins eps only: it cannot be made bias-free
+        layer_kernels(pinned, qk_norm=True)
+    slot = replace(
+        pinned.slots["LayerNorm"], kwargs={**pinned.slots["LayerNorm"].kwargs, "bias": True}
+    )
     replace(pinned, slots={**pinned.slots, "LayerNorm": slot}).sealed().dump(tmp_path / "qk.toml")
     # anemoi's q/k norms cast their output back to the input dtype: the lock's kernel goes in the
     # adapter that keeps that cast (one row of data per kernel)
-    monkeypatch.setitem(adapter_names.AUTOCAST_ADAPTERS, "AutocastGoodLayerNorm", "kp_zoo.norms.GoodLayerNorm")
+    monkeypatch.setitem(
+        adapter_names.AUTOCAST_ADAPTERS, "AutocastGoodLayerNorm", "kp_zoo.norms.GoodLayerNorm"
+    )
     proc = build(name, exported_yaml(tmp_path / "qk.toml", "--qk-norm"))
     forward_backward(name, proc)
     _, _, qk = kernel_layers(proc, (), ())
@@ -220,7 +248,8 @@ def test_qk_norm_export_reaches_query_and_key_norms(locks, name, tmp_path, monke
         and m.hidden == C // HEADS
         for _, m in qk
     )
-    proc = build(name, exported_yaml(locks["chosen"].path, "--qk-norm"))  # torch.nn: anemoi's AutocastLayerNorm
+    # torch.nn: anemoi's AutocastLayerNorm
+    proc = build(name, exported_yaml(locks["chosen"].path, "--qk-norm"))
     _, _, qk = kernel_layers(proc, (), ())
     assert all(type(m) is AutocastLayerNorm and m.bias is None and m.eps == 1e-5 for _, m in qk)
 
@@ -245,23 +274,34 @@ def test_adapter_target_for_a_liger_signature_class(monkeypatch, tmp_path):
     from kp_zoo.norms import HiddenSizeLayerNorm
 
     monkeypatch.setitem(
-        adapter_names.SIZE_ADAPTERS, "HiddenSizeLayerNormAnemoi", ("kp_zoo.norms.HiddenSizeLayerNorm", "hidden_size")
+        adapter_names.SIZE_ADAPTERS,
+        "HiddenSizeLayerNormAnemoi",
+        ("kp_zoo.norms.HiddenSizeLayerNorm", "hidden_size"),
     )
     lock_path = tmp_path / "lock.toml"
     write_sealed(lock_path, HIDDEN_SIZE_LOCK)
-    # anemoi cannot use the class directly: its Transformer blocks call LayerNorm(normalized_shape=C)
-    direct = "layer_kernels:\n  LayerNorm: {_target_: kp_zoo.norms.HiddenSizeLayerNorm, eps: 1.0e-05}\n"
-    with pytest.raises(InstantiationException, match="unexpected keyword argument 'normalized_shape'"):
+    # anemoi cannot use the class directly: its Transformer blocks call
+    # LayerNorm(normalized_shape=C)
+    direct = (
+        "layer_kernels:\n  LayerNorm: {_target_: kp_zoo.norms.HiddenSizeLayerNorm, eps: 1.0e-05}\n"
+    )
+    with pytest.raises(
+        InstantiationException, match="unexpected keyword argument 'normalized_shape'"
+    ):
         build("TransformerProcessor", direct)
     exported = exported_yaml(lock_path)
     assert "_target_: kernel_lock.adapters.HiddenSizeLayerNormAnemoi" in exported
-    for name in ("TransformerProcessor", "PointWiseMLPProcessor"):  # keyword and positional call sites
+    for name in (
+        "TransformerProcessor",
+        "PointWiseMLPProcessor",
+    ):  # keyword and positional call sites
         proc = build(name, exported)
         forward_backward(name, proc)
         norms, _, _ = kernel_layers(proc, (torch.nn.LayerNorm, HiddenSizeLayerNorm), ())
         assert norms and {type(m) for _, m in norms} == {adapters.HiddenSizeLayerNormAnemoi}
         assert all(m.hidden_size == m.weight.shape[0] in (C, 2 * C) for _, m in norms)
-    # same state-dict keys as anemoi's default torch.nn.LayerNorm: checkpoints load strictly both ways
+    # same state-dict keys as anemoi's default torch.nn.LayerNorm: checkpoints load strictly both
+    # ways
     adapted = build("TransformerProcessor", exported)
     plain = build("TransformerProcessor", "layer_kernels: {}\n")
     assert list(adapted.state_dict()) == list(plain.state_dict())
@@ -289,7 +329,10 @@ def test_check_config_knows_anemois_own_classes(locks, tmp_path, capsys):
                     "zero_init": True,
                     "autocast": False,
                 },
-                "QueryNorm": {"_target_": "anemoi.models.layers.normalization.AutocastLayerNorm", "bias": False},
+                "QueryNorm": {
+                    "_target_": "anemoi.models.layers.normalization.AutocastLayerNorm",
+                    "bias": False,
+                },
             }
         },
         "encoders": {"0": {"mapper": {"layer_kernels": "${model.layer_kernels}"}}},
@@ -308,7 +351,9 @@ def test_check_config_knows_anemois_own_classes(locks, tmp_path, capsys):
             {
                 "model": {
                     "layer_kernels": {
-                        "LayerNorm": {"_target_": "anemoi.models.layers.normalization.AutocastLayerNorm"},
+                        "LayerNorm": {
+                            "_target_": "anemoi.models.layers.normalization.AutocastLayerNorm"
+                        },
                         "Linear": {"_target_": "anemoi.models.layers.NoSuchLinear"},
                     }
                 }
@@ -322,37 +367,55 @@ def test_check_config_knows_anemois_own_classes(locks, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_readme_section_runs_as_written(locks, tmp_path):
-    """docs/anemoi.md "Using with anemoi" (the README's section until issue 37): its kernel-probe commands and
-    its Python snippet, as written."""
+    """docs/anemoi.md "Using with anemoi" (the README's section until issue 37): its kernel-probe
+    commands and its Python snippet, as written."""
     import shutil
 
     pytest.importorskip(
-        "anemoi.training", reason="anemoi-training (its presets) is not installed: `bash .ci/anemoi-install`"
+        "anemoi.training",
+        reason="anemoi-training (its presets) is not installed: `bash .ci/anemoi-install`",
     )
 
     import yaml
 
-    # the fixture ran `kernel-probe --out kernel-lock.toml` already: the README's probe reuses that lock
+    # the fixture ran `kernel-probe --out kernel-lock.toml` already: the README's probe reuses that
+    # lock
     shutil.copy(locks["chosen"].path, tmp_path / "kernel-lock.toml")
-    # the user's training.yaml: anemoi-training's defaults list with the gnn preset (README: `defaults: [...,
-    # model: gnn, ...]`), complete enough for anemoi-training's schema, which check-config runs
+    # the user's training.yaml: anemoi-training's defaults list with the gnn preset (README:
+    # `defaults: [..., model: gnn, ...]`), complete enough for anemoi-training's schema, which
+    # check-config runs
     from tests.anemoi_build import write_overlay
 
     write_overlay(tmp_path / "training.yaml", "gnn")
     root = Path(__file__).resolve().parents[2]
-    section = (root / "docs" / "anemoi.md").read_text().split("## Using with anemoi", 1)[1].split("\n## ", 1)[0]
+    section = (
+        (root / "docs" / "anemoi.md")
+        .read_text()
+        .split("## Using with anemoi", 1)[1]
+        .split("\n## ", 1)[0]
+    )
     blocks: dict[str, list[str]] = {"bash": [], "python": []}
     for lang, body in re.findall(r"```(bash|python)\n(.*?)```", section, re.DOTALL):
         blocks[lang].append(body)
     [bash], [snippet] = blocks["bash"], blocks["python"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
     probe = f"{sys.executable} -m kernel_probe"
-    commands = [line.split("  #")[0].strip() for line in bash.splitlines() if line.startswith("kernel-probe")]
+    commands = [
+        line.split("  #")[0].strip()
+        for line in bash.splitlines()
+        if line.startswith("kernel-probe")
+    ]
     assert [c.split()[1] for c in commands] == ["--out", "export", "export", "check-config"]
     for command in commands:
-        if "check-config" in command:  # the printed overlay merged into training.yaml's model node, as step 3 says
+        # the printed overlay merged into training.yaml's model node, as step 3 says
+        if "check-config" in command:
             user = yaml.safe_load((tmp_path / "training.yaml").read_text())
-            user["model"] = yaml.safe_load((tmp_path / "kernel-lock.overlay.yaml").read_text())["model"]
+            user["model"] = yaml.safe_load((tmp_path / "kernel-lock.overlay.yaml").read_text())[
+                "model"
+            ]
             (tmp_path / "training.yaml").write_text(yaml.safe_dump(user))
         proc = subprocess.run(
             ["bash", "-c", command.replace("kernel-probe", probe, 1)],
@@ -370,7 +433,12 @@ def test_readme_section_runs_as_written(locks, tmp_path):
     assert "${model.kernel_lock.Linear}" in (tmp_path / "kernel-lock.overlay.yaml").read_text()
     (tmp_path / "snippet.py").write_text(snippet)
     proc = subprocess.run(
-        [sys.executable, "snippet.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "snippet.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     built, named = proc.stdout.split()
@@ -379,17 +447,27 @@ def test_readme_section_runs_as_written(locks, tmp_path):
 
 @pytest.mark.slow
 def test_real_liger_adapter_builds_inside_anemoi():
-    """Construction only (liger's forward needs a GPU): anemoi cannot build LigerLayerNorm, it can build the adapter."""
+    """Construction only (liger's forward needs a GPU): anemoi cannot build LigerLayerNorm, it can
+    build the adapter."""
     pytest.importorskip("liger_kernel.transformers", reason="liger-kernel is not installed")
     from liger_kernel.transformers import LigerLayerNorm
 
-    direct = "layer_kernels:\n  LayerNorm: {_target_: liger_kernel.transformers.LigerLayerNorm, eps: 1.0e-05}\n"
-    with pytest.raises(InstantiationException, match="unexpected keyword argument 'normalized_shape'"):
+    direct = (
+        "layer_kernels:\n  LayerNorm: {_target_: "
+        "liger_kernel.transformers.LigerLayerNorm, "
+        "eps: 1.0e-05}\n"
+    )
+    with pytest.raises(
+        InstantiationException, match="unexpected keyword argument 'normalized_shape'"
+    ):
         build("TransformerProcessor", direct)
     for name in ("TransformerProcessor", "PointWiseMLPProcessor"):
         proc = build(
             name,
-            direct.replace("liger_kernel.transformers.LigerLayerNorm", "kernel_lock.adapters.LigerLayerNormAnemoi"),
+            direct.replace(
+                "liger_kernel.transformers.LigerLayerNorm",
+                "kernel_lock.adapters.LigerLayerNormAnemoi",
+            ),
         )
         norms, _, _ = kernel_layers(proc, (torch.nn.LayerNorm, LigerLayerNorm), ())
         assert norms and {type(m) for _, m in norms} == {adapters.LigerLayerNormAnemoi}

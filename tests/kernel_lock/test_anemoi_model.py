@@ -1,9 +1,10 @@
-"""The whole anemoi model, built as anemoi-training builds it, with a lock's classes inside — and its
-inference checkpoint made portable, loaded where neither the training library nor kernel_lock exists.
+"""The whole anemoi model, built as anemoi-training builds it, with a lock's classes inside — and
+its inference checkpoint made portable, loaded where neither the training library nor kernel_lock
+exists.
 
 The training library is a fake (`tests/fakes/kp_fastlib`): a LayerNorm with liger's constructor
-(`hidden_size`: anemoi needs an adapter) and transformer-engine's `_extra_state`, and a Linear. The lock
-is written by `kernel-probe` on this machine, pinning both.
+(`hidden_size`: anemoi needs an adapter) and transformer-engine's `_extra_state`, and a Linear. The
+lock is written by `kernel-probe` on this machine, pinning both.
 """
 
 from __future__ import annotations
@@ -21,8 +22,12 @@ pytest.importorskip(
     "anemoi.training.schemas.base_schema",
     reason="anemoi-training is not installed; `bash .ci/anemoi-install` installs it with --no-deps",
 )
-pytest.importorskip("anemoi.models.interface", reason="anemoi-models is not installed (`bash .ci/anemoi-install`)")
-pytest.importorskip("torch_geometric", reason="torch-geometric is not installed (`bash .ci/anemoi-install`)")
+pytest.importorskip(
+    "anemoi.models.interface", reason="anemoi-models is not installed (`bash .ci/anemoi-install`)"
+)
+pytest.importorskip(
+    "torch_geometric", reason="torch-geometric is not installed (`bash .ci/anemoi-install`)"
+)
 
 import torch
 from anemoi.models.layers.normalization import AutocastLayerNorm
@@ -40,7 +45,12 @@ from tests.conftest import ROOT, small_probe
 pytestmark = [pytest.mark.anemoi, pytest.mark.slow]
 
 # anemoi-models 0.19 builds these with torch.nn directly: no layer_kernels entry reaches them
-HARD_CODED = ("*.node_data_extractor.*", "*.attention.lin_q", "*.attention.lin_k", "*.attention.lin_v")
+HARD_CODED = (
+    "*.node_data_extractor.*",
+    "*.attention.lin_q",
+    "*.attention.lin_k",
+    "*.attention.lin_v",
+)
 
 
 @pytest.fixture(scope="module")
@@ -78,10 +88,17 @@ def fast_lock(tmp_path_factory) -> kernel_lock.KernelLock:
 
 @pytest.fixture
 def fast_adapters(monkeypatch):
-    """kp_fastlib registered the way liger is: a size adapter, and the adapter keeping AutocastLayerNorm's cast."""
-    monkeypatch.setitem(adapter_names.SIZE_ADAPTERS, "FastLayerNormAnemoi", ("kp_fastlib.FastLayerNorm", "hidden_size"))
+    """kp_fastlib registered the way liger is: a size adapter, and the adapter keeping
+    AutocastLayerNorm's cast."""
     monkeypatch.setitem(
-        adapter_names.AUTOCAST_ADAPTERS, "AutocastFastLayerNormAnemoi", "kernel_lock.adapters.FastLayerNormAnemoi"
+        adapter_names.SIZE_ADAPTERS,
+        "FastLayerNormAnemoi",
+        ("kp_fastlib.FastLayerNorm", "hidden_size"),
+    )
+    monkeypatch.setitem(
+        adapter_names.AUTOCAST_ADAPTERS,
+        "AutocastFastLayerNormAnemoi",
+        "kernel_lock.adapters.FastLayerNormAnemoi",
     )
     yield
     for name in ("FastLayerNormAnemoi", "AutocastFastLayerNormAnemoi"):
@@ -89,10 +106,13 @@ def fast_adapters(monkeypatch):
 
 
 def build_with_lock(tmp_path: Path, preset: str, lock: kernel_lock.KernelLock):
-    """A user's overlay, the lock's export merged into it as docs/anemoi.md says, composed, validated, built."""
+    """A user's overlay, the lock's export merged into it as docs/anemoi.md says, composed,
+    validated, built."""
     path = write_overlay(tmp_path / "mine.yaml", preset)
     overlay = export_for_config(lock, path).overlay()
-    path.write_text(yaml.safe_dump(deep_merge(yaml.safe_load(path.read_text()), overlay), sort_keys=False))
+    path.write_text(
+        yaml.safe_dump(deep_merge(yaml.safe_load(path.read_text()), overlay), sort_keys=False)
+    )
     config = validated(compose_file(path))
     return build(config)
 
@@ -125,10 +145,16 @@ def test_full_model_builds_with_the_exported_block(tmp_path, preset, fast_lock, 
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
     norms, linears = kernels(model)
     assert norms and linears
-    expected_norm = {adapters.AutocastFastLayerNormAnemoi} if preset == "gnn" else {adapters.FastLayerNormAnemoi}
-    assert set(norms.values()) == expected_norm, norms  # gnn: AutocastLayerNorm's cast kept around the lock's kernel
+    expected_norm = (
+        {adapters.AutocastFastLayerNormAnemoi}
+        if preset == "gnn"
+        else {adapters.FastLayerNormAnemoi}
+    )
+    # gnn: AutocastLayerNorm's cast kept around the lock's kernel
+    assert set(norms.values()) == expected_norm, norms
     assert set(linears.values()) == {FastLinear}, linears
-    # every layer_kernels.Activation built is the lock's: GELU in its tanh form (anemoi's default is erf)
+    # every layer_kernels.Activation built is the lock's: GELU in its tanh form (anemoi's default is
+    # erf)
     gelus = [m for m in model.model.modules() if isinstance(m, torch.nn.GELU)]
     assert gelus and all(m.approximate == "tanh" for m in gelus), [m.approximate for m in gelus]
 
@@ -167,7 +193,8 @@ def test_portable_checkpoint_loads_without_the_training_library_or_kernel_lock(
     for step in range(3):  # trained a little with the fast library
         optimizer.zero_grad()
         model(batch(model, index, seed=step))["data"].pow(2).mean().backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # as anemoi-training clips (gradient_clip)
+        # as anemoi-training clips (gradient_clip)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
     model.eval()
     x = batch(model, index, seed=99)
@@ -194,13 +221,22 @@ def test_portable_checkpoint_loads_without_the_training_library_or_kernel_lock(
     assert factories["Linear"].func is torch.nn.Linear
     assert factories["LayerNorm"].func in (torch.nn.LayerNorm, AutocastLayerNorm)
     assert torch.isfinite(expected).all()
-    assert any(type(m).__module__ == "kp_fastlib" for m in model.modules())  # the original is untouched
+    # the original is untouched
+    assert any(type(m).__module__ == "kp_fastlib" for m in model.modules())
 
     def load(name: str) -> subprocess.CompletedProcess:
         env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
-        env["PYTHONPATH"] = str(ROOT / "tests" / "fakes")  # reachable, yet blocked: the import is refused
+        # reachable, yet blocked: the import is refused
+        env["PYTHONPATH"] = str(ROOT / "tests" / "fakes")
         return subprocess.run(
-            [sys.executable, "-c", BLOCKED_LOAD, str(tmp_path / name), str(tmp_path / "x.pt"), str(tmp_path / "y.pt")],
+            [
+                sys.executable,
+                "-c",
+                BLOCKED_LOAD,
+                str(tmp_path / name),
+                str(tmp_path / "x.pt"),
+                str(tmp_path / "y.pt"),
+            ],
             capture_output=True,
             text=True,
             timeout=300,
@@ -208,7 +244,9 @@ def test_portable_checkpoint_loads_without_the_training_library_or_kernel_lock(
         )
 
     plain = load("inference.ckpt")
-    assert plain.returncode == 3 and re.search(r"kp_fastlib|kernel_lock", plain.stdout), plain.stdout + plain.stderr
+    assert plain.returncode == 3 and re.search(r"kp_fastlib|kernel_lock", plain.stdout), (
+        plain.stdout + plain.stderr
+    )
     done = load("inference.portable.ckpt")
     assert done.returncode == 0, done.stdout + done.stderr
     got = torch.load(tmp_path / "y.pt")
@@ -218,16 +256,25 @@ def test_portable_checkpoint_loads_without_the_training_library_or_kernel_lock(
 
 
 @pytest.mark.slow
-def test_docs_recipe_converts_an_anemoi_inference_checkpoint(tmp_path, fast_lock, fast_adapters, monkeypatch):
-    """docs/anemoi.md's conversion snippet, as written, on a checkpoint saved the way anemoi-training saves it."""
+def test_docs_recipe_converts_an_anemoi_inference_checkpoint(
+    tmp_path, fast_lock, fast_adapters, monkeypatch
+):
+    """docs/anemoi.md's conversion snippet, as written, on a checkpoint saved the way
+    anemoi-training saves it."""
     import shutil
 
     from anemoi.utils.checkpoints import load_metadata, save_metadata
 
-    section = (ROOT / "docs" / "anemoi.md").read_text().split("## Inference checkpoints that load without", 1)[1]
+    section = (
+        (ROOT / "docs" / "anemoi.md")
+        .read_text()
+        .split("## Inference checkpoints that load without", 1)[1]
+    )
     [snippet] = re.findall(r"```python\n(.*?)```", section.split("\n## ", 1)[0], re.DOTALL)
     model, _ = build_with_lock(tmp_path, "graphtransformer", fast_lock)
-    model.config = model.metadata = model.supporting_arrays = None  # as anemoi-training's callback does
+    model.config = model.metadata = model.supporting_arrays = (
+        None  # as anemoi-training's callback does
+    )
     torch.save(model, tmp_path / "inference-last.ckpt")
     save_metadata(
         str(tmp_path / "inference-last.ckpt"),
@@ -239,5 +286,7 @@ def test_docs_recipe_converts_an_anemoi_inference_checkpoint(tmp_path, fast_lock
     exec(compile(snippet, "docs/anemoi.md", "exec"), {})
     roots = {n.split(".")[0] for n in saved_modules(tmp_path / "inference-last.portable.ckpt")}
     assert "kp_fastlib" not in roots and "kernel_lock" not in roots
-    metadata, arrays = load_metadata(str(tmp_path / "inference-last.portable.ckpt"), supporting_arrays=True)
+    metadata, arrays = load_metadata(
+        str(tmp_path / "inference-last.portable.ckpt"), supporting_arrays=True
+    )
     assert metadata["dataset"]["variables"] == ["2t"] and "data/latitudes" in arrays

@@ -1,6 +1,6 @@
-"""A lock's Attention slot: resolved to a module with SDPA's contract, refused where anemoi would import
-another flash-attn generation, substituted by SDPA for inference (with anemoi's backend variable), and
-exported as anemoi's per-component attention keys."""
+"""A lock's Attention slot: resolved to a module with SDPA's contract, refused where anemoi would
+import another flash-attn generation, substituted by SDPA for inference (with anemoi's backend
+variable), and exported as anemoi's per-component attention keys."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ semantics = "attention"
 kwargs = { window = 512, softcap = 0.0, dropout = 0.1, alibi = false }
 requires = [{ name = "flash-attn", specifier = ">=2.6", module = "flash_attn" }]
 twin = { target = "kernel_lock.attention.SDPAttention", kwargs = { window = 512, softcap = 0.0, dropout = 0.1, alibi = false }, state-dict = "interchangeable", max-error = 0.004 }
-"""
+"""  # noqa: E501 (TOML inline tables are one line)
 
 
 def test_the_slot_resolves_to_a_module_that_computes_windowed_attention():
@@ -70,7 +70,9 @@ def test_job_start_refuses_where_anemoi_would_pick_another_generation(tmp_path, 
         return
     with pytest.raises(LockMismatch) as exc:
         lock.verify("training")
-    assert "flash_attn.cute is installed here" in str(exc.value) and "would run v4" in str(exc.value)
+    assert "flash_attn.cute is installed here" in str(exc.value) and "would run v4" in str(
+        exc.value
+    )
     # the torch-free job-start check (`kernel-probe verify --no-import`) says the same
     from kernel_lock.resolve import verify
 
@@ -91,7 +93,11 @@ def test_inference_substitutes_sdpa_and_names_anemois_backend_variable(tmp_path,
         "ANEMOI_INFERENCE_TRANSFORMER_ATTENTION_BACKEND": "scaled_dot_product_attention"
     }
     options, _ = attention_export(derived)
-    assert options == {"attention_implementation": "scaled_dot_product_attention", "window_size": 512, "dropout_p": 0.1}
+    assert options == {
+        "attention_implementation": "scaled_dot_product_attention",
+        "window_size": 512,
+        "dropout_p": 0.1,
+    }
 
 
 def test_export_emits_the_attention_keys(tmp_path, capsys):
@@ -99,7 +105,14 @@ def test_export_emits_the_attention_keys(tmp_path, capsys):
     code, stdout, err = run_cli(["export", path, "--json"], capsys)
     assert code == 0, err
     attention = json.loads(stdout)["attention"]
-    assert attention["options"] == {"attention_implementation": "scaled_dot_product_attention", "window_size": 3}
-    assert "sdpa_kernel" in attention["note"]  # the lock checked one backend; anemoi lets torch choose
+    assert attention["options"] == {
+        "attention_implementation": "scaled_dot_product_attention",
+        "window_size": 3,
+    }
+    # the lock checked one backend; anemoi lets torch choose
+    assert "sdpa_kernel" in attention["note"]
     code, stdout, err = run_cli(["export", path], capsys)
-    assert "processor:\n  attention_implementation: scaled_dot_product_attention\n  window_size: 3" in stdout
+    assert (
+        "processor:\n  attention_implementation: scaled_dot_product_attention\n  window_size: 3"
+        in stdout
+    )

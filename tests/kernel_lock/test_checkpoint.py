@@ -1,4 +1,5 @@
-"""Checkpoints that carry their lock, and a state dict that moves from the training library to its twin.
+"""Checkpoints that carry their lock, and a state dict that moves from the training library to its
+twin.
 
 The worked example: train with a fake "fast" library the lock chose, save a checkpoint with its
 lock, remove the library, rebuild in inference mode, load strictly, get the same outputs.
@@ -41,7 +42,7 @@ kwargs = { eps = 1e-05 }
 requires = [{ name = "kp-fastnorm", specifier = ">=1.0,<2", module = "kp_fastnorm" }]
 reason = "fastnorm.layer_norm 1.4x faster than torch.layer_norm"
 twin = { target = "torch.nn.LayerNorm", kwargs = { eps = 1e-05 }, state-dict = "migrate", migration = ["drop:_extra_state"], max-error = 1e-05 }
-"""
+"""  # noqa: E501 (TOML inline tables are one line)
 
 
 def sealed(text: str = TRAINING_LOCK) -> kernel_lock.KernelLock:
@@ -54,7 +55,9 @@ def fast_library(tmp_path, monkeypatch):
     transformer-engine). Returns a function that uninstalls it from this process."""
     site = tmp_path / "site"
     (site / "kp_fastnorm").mkdir(parents=True)
-    (site / "kp_fastnorm" / "__init__.py").write_text("from kp_zoo.norms import ExtraStateLayerNorm as FastLayerNorm\n")
+    (site / "kp_fastnorm" / "__init__.py").write_text(
+        "from kp_zoo.norms import ExtraStateLayerNorm as FastLayerNorm\n"
+    )
     (site / "kp_fastnorm-1.0.dist-info").mkdir()
     (site / "kp_fastnorm-1.0.dist-info" / "METADATA").write_text(
         "Metadata-Version: 2.1\nName: kp-fastnorm\nVersion: 1.0\n"
@@ -90,7 +93,8 @@ def test_train_save_remove_library_infer(tmp_path, fast_library, caplog):
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
-    assert not torch.equal(model[1].weight, torch.ones(32))  # the norm's affine parameters were trained
+    # the norm's affine parameters were trained
+    assert not torch.equal(model[1].weight, torch.ones(32))
     state = model.state_dict()
     assert "1._extra_state" in state
     with torch.no_grad():
@@ -105,7 +109,12 @@ def test_train_save_remove_library_infer(tmp_path, fast_library, caplog):
     with pytest.raises(KernelUnavailable) as exc:
         build(restored, "training")
     msg = str(exc.value)
-    assert "slot LayerNorm" in msg and "kp-fastnorm" in msg and "not installed" in msg and 'mode="inference"' in msg
+    assert (
+        "slot LayerNorm" in msg
+        and "kp-fastnorm" in msg
+        and "not installed" in msg
+        and 'mode="inference"' in msg
+    )
     with caplog.at_level(logging.WARNING, logger="kernel_lock"):
         model = build(restored, "inference")
     assert type(model[1]) is torch.nn.LayerNorm and model[1].eps == 1e-05
@@ -113,9 +122,11 @@ def test_train_save_remove_library_infer(tmp_path, fast_library, caplog):
     max_error = restored.factory("LayerNorm", mode="inference").max_error
     assert max_error == 1e-05
     with torch.no_grad():
-        assert not torch.allclose(model(x), expected, atol=1e-3)  # untrained: the load below matters
+        # untrained: the load below matters
+        assert not torch.allclose(model(x), expected, atol=1e-3)
     with pytest.raises(RuntimeError, match="_extra_state"):
-        model.load_state_dict(ckpt["model"], strict=True)  # the raw state dict does not fit the twin
+        # the raw state dict does not fit the twin
+        model.load_state_dict(ckpt["model"], strict=True)
     migrated = migrate_state_dict(ckpt["model"], restored, model)
     assert set(ckpt["model"]) - set(migrated) == {"1._extra_state"}
     model.load_state_dict(migrated, strict=True)
@@ -159,7 +170,9 @@ def test_altered_lock_in_checkpoint_is_refused():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LockWarning)
         with pytest.raises(LockFormatError, match="does not match its digest") as exc:
-            lock_from_checkpoint({CHECKPOINT_KEY: {**entry, "text": entry["text"].replace("1e-05", "1e-06", 1)}})
+            lock_from_checkpoint(
+                {CHECKPOINT_KEY: {**entry, "text": entry["text"].replace("1e-05", "1e-06", 1)}}
+            )
         assert exc.value.key == "kernel_lock.digest"
         with pytest.raises(LockFormatError, match="does not match its digest"):
             lock_from_checkpoint({CHECKPOINT_KEY: {**entry, "digest": "sha256:" + "0" * 64}})
@@ -208,7 +221,9 @@ def test_migration_accepts_the_expected_keys_and_leaves_the_input_alone(caplog):
     sd = _state()
     with caplog.at_level(logging.INFO, logger="kernel_lock"):
         migrated = migrate_state_dict(sd, sealed(), {"0.weight", "1.weight", "1.bias", "2.weight"})
-    assert list(migrated) == ["0.weight", "1.weight", "1.bias", "2.weight"] and "1._extra_state" in sd
+    assert (
+        list(migrated) == ["0.weight", "1.weight", "1.bias", "2.weight"] and "1._extra_state" in sd
+    )
     assert "1._extra_state: dropped (LayerNorm twin: drop:_extra_state)" in caplog.text
 
 
@@ -216,28 +231,49 @@ def test_only_recorded_migrations_are_applied():
     wanted = {"0.weight", "1.weight", "1.bias", "2.weight"}
     interchangeable = sealed(
         TRAINING_LOCK.replace(
-            'state-dict = "migrate", migration = ["drop:_extra_state"]', 'state-dict = "interchangeable"'
+            'state-dict = "migrate", migration = ["drop:_extra_state"]',
+            'state-dict = "interchangeable"',
         )
     )
-    assert "1._extra_state" in migrate_state_dict(_state(), interchangeable, wanted)  # strict load will say so
-    sd = {**_state(), "1.running_mean": torch.zeros(4)}  # not named by any rule: kept, strict load fails
+    # strict load will say so
+    assert "1._extra_state" in migrate_state_dict(_state(), interchangeable, wanted)
+    sd = {
+        **_state(),
+        "1.running_mean": torch.zeros(4),
+    }  # not named by any rule: kept, strict load fails
     assert set(migrate_state_dict(sd, sealed(), wanted)) == wanted | {"1.running_mean"}
 
 
 @pytest.mark.parametrize(
-    "rule", ["rename:_extra_state", "rename:a->a", "drop:", "drop:a..b", "transpose:", "_extra_state", "reshape:weight"]
+    "rule",
+    [
+        "rename:_extra_state",
+        "rename:a->a",
+        "drop:",
+        "drop:a..b",
+        "transpose:",
+        "_extra_state",
+        "reshape:weight",
+    ],
 )
 def test_unknown_migration_rule_is_an_error(rule):
-    lock = sealed(TRAINING_LOCK.replace('migration = ["drop:_extra_state"]', f'migration = ["{rule}"]'))
+    lock = sealed(
+        TRAINING_LOCK.replace('migration = ["drop:_extra_state"]', f'migration = ["{rule}"]')
+    )
     with pytest.raises(LockFormatError, match="unknown state-dict migration") as exc:
         migrate_state_dict(_state(), lock, set())
-    assert exc.value.key == "slots.LayerNorm.twin.migration[0]" and "'rename:<old>-><new>'" in str(exc.value)
+    assert exc.value.key == "slots.LayerNorm.twin.migration[0]" and "'rename:<old>-><new>'" in str(
+        exc.value
+    )
 
 
 def test_modules_are_not_imported_by_kernel_lock():
     import subprocess
 
-    code = "import sys, kernel_lock; print(sorted(m for m in sys.modules if m.startswith('kernel_lock')))"
+    code = (
+        "import sys, kernel_lock; print(sorted(m for m in sys.modules if "
+        "m.startswith('kernel_lock')))"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
@@ -245,7 +281,11 @@ def test_modules_are_not_imported_by_kernel_lock():
         check=True,
         cwd=Path(__file__).resolve().parents[2],
     ).stdout
-    assert "kernel_lock.checkpoint" not in out and "kernel_lock.distributed" not in out and "kernel_lock.lock" in out
+    assert (
+        "kernel_lock.checkpoint" not in out
+        and "kernel_lock.distributed" not in out
+        and "kernel_lock.lock" in out
+    )
 
 
 @pytest.mark.slow
@@ -255,24 +295,34 @@ def test_readme_worked_example_runs(tmp_path):
     import subprocess
 
     root = Path(__file__).resolve().parents[2]
-    readme = (root / "docs" / "inference.md").read_text()  # the README's worked example moved there (issue 37)
+    # the README's worked example moved there (issue 37)
+    readme = (root / "docs" / "inference.md").read_text()
     section = readme.split("## The round trip, runnable", 1)[1].split("\n## ", 1)[0]
     code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
     (tmp_path / "example.py").write_text(code)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
     proc = subprocess.run(
-        [sys.executable, "example.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "example.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     assert (
-        "slot LayerNorm: fastnorm.layer_norm (fastnorm.FastLayerNorm) needs fastnorm >=1.0 (found: not installed)"
-        in proc.stdout
+        "slot LayerNorm: fastnorm.layer_norm (fastnorm.FastLayerNorm) needs fastnorm >=1.0 "
+        "(found: not installed)" in proc.stdout
     )
     assert "same outputs" in proc.stdout
     assert "inference substitutes torch.nn.LayerNorm for slot LayerNorm" in proc.stderr
 
 
-# ---- documented torch.load calls pass weights_only (issue 14) ----------------------------------------------
+# ---- documented torch.load calls pass weights_only (issue 14) ------------------------------------
 def test_documented_torch_load_calls_pass_weights_only():
     import re
 
@@ -283,8 +333,8 @@ def test_documented_torch_load_calls_pass_weights_only():
 
 
 def test_a_checkpoint_lock_goes_through_the_file_readers_limit():
-    """A text over the 8 MiB cap was refused as a file and accepted inside a checkpoint (an 18 MB text took
-    31 s to reject) (issue 34)."""
+    """A text over the 8 MiB cap was refused as a file and accepted inside a checkpoint (an 18 MB
+    text took 31 s to reject) (issue 34)."""
     import time
 
     from kernel_lock.lock import MAX_BYTES

@@ -1,6 +1,6 @@
-"""An honest checkpoint scan (issue 24, point 7): ``saved_modules`` / ``globals_in`` model the pickle's
-stack, marks and memo, so every global loading would import is reported, decoys or not; a global the
-scan cannot name raises rather than being left out."""
+"""An honest checkpoint scan (issue 24, point 7): ``saved_modules`` / ``globals_in`` model the
+pickle's stack, marks and memo, so every global loading would import is reported, decoys or not; a
+global the scan cannot name raises rather than being left out."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ def _s(text: str) -> bytes:
     return pickle.SHORT_BINUNICODE + bytes([len(raw)]) + raw
 
 
-# the issue's pickle: push "builtins" and "print", push and pop the decoys "torch" and "nn", STACK_GLOBAL;
-# loading it calls print("pwned")
+# the issue's pickle: push "builtins" and "print", push and pop the decoys "torch" and "nn",
+# STACK_GLOBAL; loading it calls print("pwned")
 DECOY = (
     b"\x80\x04"
     + _s("builtins")
@@ -35,7 +35,8 @@ DECOY = (
     + pickle.REDUCE
     + pickle.STOP
 )
-# the same through the memo: the real names are memoised, decoys pushed last, the real ones fetched back
+# the same through the memo: the real names are memoised, decoys pushed last, the real ones fetched
+# back
 MEMO = (
     b"\x80\x04"
     + _s("os")
@@ -78,13 +79,19 @@ TEXT = b"cbuiltins\nprint\n(S'x'\ntR0(S'y'\nibuiltins\nprint\n."
 
 @pytest.mark.parametrize(
     "data, expected",
-    [(DECOY, {"builtins.print"}), (MEMO, {"os.getcwd"}), (MARKED, {"builtins.print"}), (TEXT, {"builtins.print"})],
+    [
+        (DECOY, {"builtins.print"}),
+        (MEMO, {"os.getcwd"}),
+        (MARKED, {"builtins.print"}),
+        (TEXT, {"builtins.print"}),
+    ],
     ids=["decoy-strings", "memo", "mark", "GLOBAL-and-INST"],
 )
 def test_every_global_loading_imports_is_reported(data, expected, capsys):
     assert globals_in(data) == expected
     pickle.loads(data)  # and loading it does import and call exactly that
-    assert bool(capsys.readouterr().out) == ("builtins.print" in expected)  # print printed; getcwd prints nothing
+    # print printed; getcwd prints nothing
+    assert bool(capsys.readouterr().out) == ("builtins.print" in expected)
 
 
 def _checkpoint(tmp_path: Path, data: bytes) -> Path:
@@ -110,7 +117,11 @@ def test_every_pickle_member_is_read(tmp_path):
 @pytest.mark.parametrize(
     "data",
     [
-        b"\x80\x04" + pickle.EMPTY_TUPLE + _s("print") + pickle.STACK_GLOBAL + pickle.STOP,  # module not a string
+        b"\x80\x04"
+        + pickle.EMPTY_TUPLE
+        + _s("print")
+        + pickle.STACK_GLOBAL
+        + pickle.STOP,  # module not a string
         b"\x80\x02" + pickle.EXT1 + b"\x01" + pickle.STOP,  # copyreg extension code
         b"\x80\x04" + pickle.BINGET + b"\x05" + pickle.STOP,  # memo never stored
         b"\x80\x04" + _s("x") + pickle.STACK_GLOBAL + pickle.STOP,  # stack underflow
@@ -127,4 +138,8 @@ def test_a_real_torch_save_is_read(tmp_path):
     path = tmp_path / "m.pt"
     torch.save(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2)), path)
     modules = saved_modules(path)
-    assert {"torch.nn.modules.linear", "torch.nn.modules.normalization", "torch.nn.modules.container"} <= modules
+    assert {
+        "torch.nn.modules.linear",
+        "torch.nn.modules.normalization",
+        "torch.nn.modules.container",
+    } <= modules

@@ -1,6 +1,6 @@
-"""kernel_lock.trust.confirm_child: the child of the job-start check. Run here in-process (its ``os._exit``
-replaced): for each slot asked, ``factory``'s verdict; one line of verdicts, even when resolving a slot
-ends the interpreter's way (``SystemExit`` from an imported module)."""
+"""kernel_lock.trust.confirm_child: the child of the job-start check. Run here in-process (its
+``os._exit`` replaced): for each slot asked, ``factory``'s verdict; one line of verdicts, even when
+resolving a slot ends the interpreter's way (``SystemExit`` from an imported module)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,10 @@ def test_each_slot_asked_gets_factorys_verdict(monkeypatch, capsys):
     verdicts = _ask(monkeypatch, capsys, text, ["LayerNorm", "Linear"], [])
     assert verdicts["LayerNorm"] is None
     assert verdicts["Linear"]["exit_code"] == ExitCode.BAD_INPUT
-    assert verdicts["Linear"]["key"] == "slots.Linear.kwargs.fancy" and "fancy" in verdicts["Linear"]["problem"]
+    assert (
+        verdicts["Linear"]["key"] == "slots.Linear.kwargs.fancy"
+        and "fancy" in verdicts["Linear"]["problem"]
+    )
 
 
 def test_a_module_that_ends_the_interpreter_is_a_verdict_not_an_ending(monkeypatch, capsys):
@@ -46,6 +49,7 @@ def test_a_module_that_ends_the_interpreter_is_a_verdict_not_an_ending(monkeypat
     verdicts = _ask(monkeypatch, capsys, text, ["LayerNorm", "Linear"], ["kp_exits"])
     assert verdicts["LayerNorm"]["exit_code"] == ExitCode.MISMATCH
     assert (
-        "called sys.exit(3)" in verdicts["LayerNorm"]["problem"] and verdicts["LayerNorm"]["key"] == "slots.LayerNorm"
+        "called sys.exit(3)" in verdicts["LayerNorm"]["problem"]
+        and verdicts["LayerNorm"]["key"] == "slots.LayerNorm"
     )
     assert verdicts["Linear"] is None  # the next slot is still resolved

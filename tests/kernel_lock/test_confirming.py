@@ -1,5 +1,6 @@
-"""kernel_lock.trust.confirming: what only an import can tell, asked of a child process (its verdicts, and a
-child that cannot give one), and every target of a lock decided before ``kernel-probe rehash`` seals it.
+"""kernel_lock.trust.confirming: what only an import can tell, asked of a child process (its
+verdicts, and a child that cannot give one), and every target of a lock decided before
+``kernel-probe rehash`` seals it.
 
 The lock cases are test_locate's: the ones the import path refuses, and good ones.
 """
@@ -13,7 +14,13 @@ import time
 import pytest
 
 import kernel_lock
-from kernel_lock.errors import ExitCode, KernelUnavailable, LockError, LockFormatError, TargetNotAllowed
+from kernel_lock.errors import (
+    ExitCode,
+    KernelUnavailable,
+    LockError,
+    LockFormatError,
+    TargetNotAllowed,
+)
 from kernel_lock.fingerprint import with_torch
 from kernel_lock.trust import confirming
 from kernel_lock.trust.confirming import before_sealing, child_verdicts, confirm_in_child
@@ -30,7 +37,7 @@ from tests.kernel_lock.test_locate import (  # noqa: F401  (ghost_site: a fixtur
 )
 
 
-# ---- the child's verdicts -----------------------------------------------------------------------------
+# ---- the child's verdicts ------------------------------------------------------------------------
 def test_child_verdicts_are_per_slot(tmp_path, monkeypatch):
     started = _child_in_this_process(monkeypatch)
     path = _lock(tmp_path, _set("Linear", target="torch.ao.nn.qat.Linear", kwargs={}))
@@ -38,8 +45,14 @@ def test_child_verdicts_are_per_slot(tmp_path, monkeypatch):
     verdicts = child_verdicts(lock, "training", {"LayerNorm": "asked", "Linear": "asked"})
     assert len(started) == 1 and verdicts["LayerNorm"] is None
     bad = verdicts["Linear"]
-    assert bad is not None and bad["exit_code"] == ExitCode.BAD_INPUT and bad["key"] == "slots.Linear.target"
-    with pytest.raises(LockFormatError, match="found by importing it in a child process: asked without import"):
+    assert (
+        bad is not None
+        and bad["exit_code"] == ExitCode.BAD_INPUT
+        and bad["key"] == "slots.Linear.target"
+    )
+    with pytest.raises(
+        LockFormatError, match="found by importing it in a child process: asked without import"
+    ):
         confirm_in_child(lock, "training", {"LayerNorm": "asked", "Linear": "asked"})
     confirm_in_child(lock, "training", {"LayerNorm": "asked"})  # a slot that builds: nothing raised
 
@@ -47,14 +60,22 @@ def test_child_verdicts_are_per_slot(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "outcome, words",
     [
-        (OSError("no interpreter"), "importing it in a child process to confirm it failed: no interpreter"),
+        (
+            OSError("no interpreter"),
+            "importing it in a child process to confirm it failed: no interpreter",
+        ),
         (subprocess.TimeoutExpired("python", 300), "timed out after 300 seconds"),
         (subprocess.CompletedProcess([], -9, "", "Killed\n"), "ended without a verdict (Killed)"),
-        (subprocess.CompletedProcess([], 0, "noise only\n", ""), "ended without a verdict (exit status 0)"),
+        (
+            subprocess.CompletedProcess([], 0, "noise only\n", ""),
+            "ended without a verdict (exit status 0)",
+        ),
     ],
     ids=["cannot-start", "hangs", "killed", "no-verdict"],
 )
-def test_a_child_without_a_verdict_is_unavailable_never_current(tmp_path, monkeypatch, outcome, words):
+def test_a_child_without_a_verdict_is_unavailable_never_current(
+    tmp_path, monkeypatch, outcome, words
+):
     def run(*_a, **_kw):
         if isinstance(outcome, BaseException):
             raise outcome
@@ -76,7 +97,7 @@ def test_a_slot_the_child_did_not_answer_is_unavailable(tmp_path, monkeypatch):
         confirm_in_child(lock, "training", {"Linear": "asked"})
 
 
-# ---- the child's process: no pipe a forked process can hold, nothing left running ----------------------
+# ---- the child's process: no pipe a forked process can hold, nothing left running ----------------
 def _gone(pid: int, wait: float = 5.0) -> bool:
     """The process has ended within ``wait`` seconds (a kill is delivered asynchronously); a zombie
     waiting for a reaper that is not ours counts as ended."""
@@ -127,21 +148,26 @@ def test_a_library_that_forks_on_import_is_judged_and_its_process_ends(tmp_path,
     pidfile = tmp_path / "pids"
     monkeypatch.setenv("KP_FORKS_PIDFILE", str(pidfile))
     monkeypatch.setenv("KERNEL_LOCK_TRUST", "kp_forks")
-    lock = kernel_lock.load(_lock(tmp_path, _set("LayerNorm", target="kp_forks.on_import.Norm")), emit_warnings=False)
+    lock = kernel_lock.load(
+        _lock(tmp_path, _set("LayerNorm", target="kp_forks.on_import.Norm")), emit_warnings=False
+    )
     t0 = time.monotonic()
-    assert child_verdicts(lock, "training", {"LayerNorm": "asked"}) == {"LayerNorm": None}  # a real child
+    # a real child
+    assert child_verdicts(lock, "training", {"LayerNorm": "asked"}) == {"LayerNorm": None}
     assert time.monotonic() - t0 < 120
     [pid] = pidfile.read_text().split()
     assert _gone(int(pid))
 
 
-# ---- before sealing -----------------------------------------------------------------------------------
+# ---- before sealing ------------------------------------------------------------------------------
 @pytest.mark.usefixtures("ghost_site")
 @pytest.mark.parametrize("case", CASES)
-def test_sealing_refuses_what_the_import_refuses_or_says_it_could_not_judge(tmp_path, monkeypatch, case):
+def test_sealing_refuses_what_the_import_refuses_or_says_it_could_not_judge(
+    tmp_path, monkeypatch, case
+):
     """`kernel-probe rehash` decides every target before sealing: never a silent seal of a lock that
-    verify and the runtime refuse. Each case is refused as the import refuses it, or sealed with a line
-    naming each edited target that cannot be imported here."""
+    verify and the runtime refuse. Each case is refused as the import refuses it, or sealed with a
+    line naming each edited target that cannot be imported here."""
     _child_in_this_process(monkeypatch)
     path = _lock(tmp_path, CASES[case])
     refused = _import_verdict(path)
@@ -149,7 +175,8 @@ def test_sealing_refuses_what_the_import_refuses_or_says_it_could_not_judge(tmp_
     try:
         unjudged = before_sealing(lock, with_torch.current()["torch"])
     except LockError as exc:
-        # what the import refuses too (it may stop first at the machine, exit 3, before reaching a twin)
+        # what the import refuses too (it may stop first at the machine, exit 3, before reaching a
+        # twin)
         assert refused != 0 and isinstance(exc, (TargetNotAllowed, LockFormatError)), (refused, exc)
         assert exc.key.startswith("slots.") and exc.exit_code in (refused, ExitCode.BAD_INPUT)
         return
@@ -163,13 +190,19 @@ def test_sealing_refuses_what_the_import_refuses_or_says_it_could_not_judge(tmp_
         )
         if target != before
     ]
-    assert edited and all(any(line.startswith(t) for line in unjudged) for t in edited), (edited, unjudged)
+    assert edited and all(any(line.startswith(t) for line in unjudged) for t in edited), (
+        edited,
+        unjudged,
+    )
 
 
 @pytest.mark.parametrize("case", GOOD)
 def test_sealing_a_good_lock_judges_every_target(tmp_path, case):
     path = _lock(tmp_path, GOOD[case])
-    assert before_sealing(kernel_lock.load(path, emit_warnings=False), with_torch.current()["torch"]) == []
+    assert (
+        before_sealing(kernel_lock.load(path, emit_warnings=False), with_torch.current()["torch"])
+        == []
+    )
 
 
 def test_sealing_judges_the_twin_and_imports_what_the_tables_cannot_judge(tmp_path, monkeypatch):
@@ -182,7 +215,10 @@ def test_sealing_judges_the_twin_and_imports_what_the_tables_cannot_judge(tmp_pa
     assert exc.value.key == "slots.LayerNorm.twin.target" and "computes rms_norm" in str(exc.value)
     started = _child_in_this_process(monkeypatch)
     good = kernel_lock.load(_lock(tmp_path, lambda d: None), emit_warnings=False)
-    unjudged = before_sealing(good, "")  # no torch known: torch.nn's table cannot say, so a child imports
+    # no torch known: torch.nn's table cannot say, so a child imports
+    unjudged = before_sealing(good, "")
     assert len(started) == 1  # one child for the three slots; their twins are only noted
-    assert [line.split(":")[0] for line in unjudged] == [f"slots.{s}.twin" for s in ("LayerNorm", "RMSNorm", "Linear")]
+    assert [line.split(":")[0] for line in unjudged] == [
+        f"slots.{s}.twin" for s in ("LayerNorm", "RMSNorm", "Linear")
+    ]
     assert all("not judged without importing it" in line for line in unjudged)

@@ -1,5 +1,5 @@
-"""The digest covers every table of the lock but the seal, by construction (issue 34: the digest could stop
-covering [provenance], which decides whether a lock is reused, and no test noticed)."""
+"""The digest covers every table of the lock but the seal, by construction (issue 34: the digest
+could stop covering [provenance], which decides whether a lock is reused, and no test noticed)."""
 
 from __future__ import annotations
 
@@ -23,15 +23,24 @@ def full_text() -> str:
     lock = _full_lock()
     text = lock.dumps().replace(f'{SEAL} = "{lock.digest}"\n', "")
     text += (
-        '\n[profile]\nname = "site"\ndigest = "sha256:' + "0" * 64 + '"\nmatched = "explicit"\nsource = "p.toml"\n'
-        '\n[provenance]\ninputs = "sha256:' + "1" * 64 + '"\ncommand = "kernel-probe --out k.toml"\n'
-        'shapes = ["4096x1024"]\nattention = "16x64x4096"\ncheck-seconds = 4.5\ntime-seconds = 2.25\n'
+        '\n[profile]\nname = "site"\ndigest = "sha256:'
+        + "0" * 64
+        + '"\nmatched = "explicit"\nsource = "p.toml"\n'
+        '\n[provenance]\ninputs = "sha256:'
+        + "1"
+        * 64
+        + '"\ncommand = "kernel-probe --out k.toml"\n'
+        'shapes = ["4096x1024"]\nattention = "16x64x4096"\ncheck-seconds = 4.5\ntime-seconds = '
+        "2.25\n"
         "deterministic = true\n"
         '[provenance.options]\nprecision = "bf16-mixed"\nslots = "LayerNorm, Linear"\n'
         '[provenance.libraries]\nliger-kernel = "0.8.5"\n'
-        '[provenance.anemoi-environment]\nANEMOI_INFERENCE_TRANSFORMER_ATTENTION_BACKEND = "scaled_dot_product_attention"\n'
+        "[provenance.anemoi-environment]\nANEMOI_INFERENCE_TRANSFORMER_ATTENTION_BACKEND = "
+        '"scaled_dot_product_attention"\n'
     )
-    text = text.replace('created-by = "hand"', 'created-by = "hand"\ncreated-at = "2026-12-01T00:00:00Z"')
+    text = text.replace(
+        'created-by = "hand"', 'created-by = "hand"\ncreated-at = "2026-12-01T00:00:00Z"'
+    )
     sealed = kernel_lock.loads(text, emit_warnings=False).sealed()
     return sealed.dumps()
 
@@ -74,8 +83,10 @@ def test_editing_any_value_of_any_table_is_seen_by_the_digest():
     assert kernel_lock.loads(text).intact
     data = tomllib.loads(text)
     paths = [p for p in leaves(data) if p[0] != SEAL]
-    assert {p[0] for p in paths} == set(table_keys(LockDocument)) - {SEAL}  # every table, [provenance] included
-    seen: set[tuple[Any, ...]] = set()  # the paths whose edit was read and judged, not refused outright
+    # every table, [provenance] included
+    assert {p[0] for p in paths} == set(table_keys(LockDocument)) - {SEAL}
+    # the paths whose edit was read and judged, not refused outright
+    seen: set[tuple[Any, ...]] = set()
     for path in paths:
         changed = tomllib.loads(text)
         node = changed
@@ -94,7 +105,17 @@ def test_editing_any_value_of_any_table_is_seen_by_the_digest():
         seen.add(path)
         with pytest.raises(LockError):
             kernel_lock.loads(new_text, strict=True, check_targets=False)
-    # a table all of whose edits were refused would prove nothing about the digest: each had one read
-    assert {p[0] for p in seen} == {p[0] for p in paths}, {p[0] for p in paths} - {p[0] for p in seen}
+    # a table all of whose edits were refused would prove nothing about the digest: each had one
+    # read
+    assert {p[0] for p in seen} == {p[0] for p in paths}, {p[0] for p in paths} - {
+        p[0] for p in seen
+    }
     provenance = {p[1] for p in seen if p[0] == "provenance"}
-    assert {"inputs", "command", "shapes", "options", "libraries", "anemoi-environment"} <= provenance, provenance
+    assert {
+        "inputs",
+        "command",
+        "shapes",
+        "options",
+        "libraries",
+        "anemoi-environment",
+    } <= provenance, provenance

@@ -18,7 +18,13 @@ import pytest
 
 import kernel_lock
 from kernel_lock import RanksDisagree
-from kernel_lock.distributed import _exchange_device_type, _ranks_text, check_ranks, judge, local_report
+from kernel_lock.distributed import (
+    _exchange_device_type,
+    _ranks_text,
+    check_ranks,
+    judge,
+    local_report,
+)
 from tests.conftest import MINIMAL_LOCK, ROOT, sealed_lock
 
 WORLD = 4
@@ -35,7 +41,8 @@ import kernel_lock
 from kernel_lock.fingerprint import with_torch
 from kernel_lock.distributed import check_ranks
 
-rank, world, init, plan_path, out_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+rank, world = int(sys.argv[1]), int(sys.argv[2])
+init, plan_path, out_path = sys.argv[3], sys.argv[4], sys.argv[5]
 dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
                         timeout=datetime.timedelta(seconds=60))
 here = with_torch.current()
@@ -55,7 +62,8 @@ for scenario in json.load(open(plan_path)):
         check_ranks(lock)
         results[scenario["name"]] = {"ok": True}
     except kernel_lock.RanksDisagree as exc:
-        results[scenario["name"]] = {"ok": False, "type": "RanksDisagree", "message": str(exc), "ranks": exc.ranks}
+        results[scenario["name"]] = {"ok": False, "type": "RanksDisagree", "message": str(exc),
+                                     "ranks": exc.ranks}
     except Exception as exc:
         results[scenario["name"]] = {"ok": False, "type": type(exc).__name__, "message": str(exc)}
 dist.destroy_process_group()
@@ -68,8 +76,11 @@ open(out_path, "w").write(json.dumps({"numpy": numpy, "scenarios": results}))
 """
 
 
-def _run_ranks(tmp: Path, plan: list[dict], *, world: int, without_numpy: bool = False) -> dict[int, dict]:
-    """Run ``plan`` on ``world`` real gloo ranks; per rank, {"numpy": ..., "scenarios": {name: outcome}}."""
+def _run_ranks(
+    tmp: Path, plan: list[dict], *, world: int, without_numpy: bool = False
+) -> dict[int, dict]:
+    """Run ``plan`` on ``world`` real gloo ranks; per rank, {"numpy": ..., "scenarios": {name:
+    outcome}}."""
     (tmp / "plan.json").write_text(json.dumps(plan))
     script = tmp / "worker.py"
     script.write_text(WORKER)
@@ -79,7 +90,15 @@ def _run_ranks(tmp: Path, plan: list[dict], *, world: int, without_numpy: bool =
         env["KP_TEST_WITHOUT_NUMPY"] = "1"
     procs = [
         subprocess.Popen(
-            [sys.executable, str(script), str(r), str(world), init, str(tmp / "plan.json"), str(tmp / f"{r}.json")],
+            [
+                sys.executable,
+                str(script),
+                str(r),
+                str(world),
+                init,
+                str(tmp / "plan.json"),
+                str(tmp / f"{r}.json"),
+            ],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
@@ -91,7 +110,8 @@ def _run_ranks(tmp: Path, plan: list[dict], *, world: int, without_numpy: bool =
     logs = []
     try:
         for p in procs:
-            logs.append(p.communicate(timeout=120)[0])  # a hung collective fails the test, never hangs it
+            # a hung collective fails the test, never hangs it
+            logs.append(p.communicate(timeout=120)[0])
     finally:
         for p in procs:
             if p.poll() is None:
@@ -107,7 +127,9 @@ def _run_ranks(tmp: Path, plan: list[dict], *, world: int, without_numpy: bool =
 def _locks(tmp: Path) -> tuple[Path, Path]:
     same, other = tmp / "kernel-lock.toml", tmp / "other-lock.toml"
     sealed_lock(MINIMAL_LOCK).dump(same)
-    sealed_lock(MINIMAL_LOCK.replace("kwargs = { bias = false }", "kwargs = { bias = true }")).dump(other)
+    sealed_lock(MINIMAL_LOCK.replace("kwargs = { bias = false }", "kwargs = { bias = true }")).dump(
+        other
+    )
     return same, other
 
 
@@ -117,9 +139,21 @@ def ranks(tmp_path_factory) -> dict[int, dict[str, dict]]:
     same, other = _locks(tmp)
     plan = [
         {"name": "agree", "lock": str(same), "ranks": {}},
-        {"name": "rank 2 holds another lock", "lock": str(same), "ranks": {"2": {"lock": str(other)}}},
-        {"name": "rank 0 holds another lock", "lock": str(same), "ranks": {"0": {"lock": str(other)}}},
-        {"name": "rank 3 is another machine", "lock": str(same), "ranks": {"3": {"current": {"device-type": "cuda"}}}},
+        {
+            "name": "rank 2 holds another lock",
+            "lock": str(same),
+            "ranks": {"2": {"lock": str(other)}},
+        },
+        {
+            "name": "rank 0 holds another lock",
+            "lock": str(same),
+            "ranks": {"0": {"lock": str(other)}},
+        },
+        {
+            "name": "rank 3 is another machine",
+            "lock": str(same),
+            "ranks": {"3": {"current": {"device-type": "cuda"}}},
+        },
         {"name": "rank 1 fails to check", "lock": str(same), "ranks": {"1": {"crash": True}}},
         {
             "name": "both",
@@ -147,7 +181,9 @@ def test_ranks_that_agree_go_on(ranks):
 def test_a_rank_with_another_lock_stops_every_rank(ranks):
     msg = _all_raise(ranks, "rank 2 holds another lock")
     assert ranks[0]["rank 2 holds another lock"]["ranks"] == [2]
-    assert "3 rank(s) (0-1, 3) hold lock sha256:" in msg and "1 rank(s) hold a different lock" in msg
+    assert (
+        "3 rank(s) (0-1, 3) hold lock sha256:" in msg and "1 rank(s) hold a different lock" in msg
+    )
     assert f"rank 2 on {HOST}: sha256:" in msg and "other-lock.toml" in msg
     assert "rank 0 on" not in msg and "same lock file" in msg
 
@@ -175,7 +211,11 @@ def test_every_fault_is_listed(ranks):
     msg = _all_raise(ranks, "both")
     assert ranks[0]["both"]["ranks"] == [1, 2]
     assert msg.startswith("the kernel lock check failed on 2 of 4 rank(s) (1-2):")
-    assert "rank 1 on" in msg and "rank 2 on" in msg and "device-type: lock has 'cpu', this machine has 'rocm'" in msg
+    assert (
+        "rank 1 on" in msg
+        and "rank 2 on" in msg
+        and "device-type: lock has 'cpu', this machine has 'rocm'" in msg
+    )
 
 
 @pytest.mark.slow
@@ -185,23 +225,37 @@ def test_ranks_exchange_their_reports_without_numpy(tmp_path):
     same, other = _locks(tmp_path)
     plan = [
         {"name": "agree", "lock": str(same), "ranks": {}},
-        {"name": "rank 1 holds another lock", "lock": str(same), "ranks": {"1": {"lock": str(other)}}},
+        {
+            "name": "rank 1 holds another lock",
+            "lock": str(same),
+            "ranks": {"1": {"lock": str(other)}},
+        },
         {"name": "rank 0 fails to check", "lock": str(same), "ranks": {"0": {"crash": True}}},
     ]
     results = _run_ranks(tmp_path, plan, world=2, without_numpy=True)
     for r in (0, 1):
-        assert "Numpy is not available" in results[r]["numpy"], results[r]["numpy"]  # numpy really was absent
+        # numpy really was absent
+        assert "Numpy is not available" in results[r]["numpy"], results[r]["numpy"]
         seen = results[r]["scenarios"]
         assert seen["agree"] == {"ok": True}
         assert seen["rank 1 holds another lock"]["type"] == "RanksDisagree"
         assert seen["rank 1 holds another lock"]["ranks"] == [1]
         assert seen["rank 0 fails to check"]["ranks"] == [0]
-        assert "checking failed: RuntimeError: NVML exploded" in seen["rank 0 fails to check"]["message"]
+        assert (
+            "checking failed: RuntimeError: NVML exploded"
+            in seen["rank 0 fails to check"]["message"]
+        )
 
 
 # ---- the pieces, in one process ------------------------------------------------------------
 def _report(rank, digest="sha256:" + "a" * 64, differences=(), host="node1"):
-    return {"rank": rank, "host": host, "lock": "k.toml", "digest": digest, "differences": list(differences)}
+    return {
+        "rank": rank,
+        "host": host,
+        "lock": "k.toml",
+        "digest": digest,
+        "differences": list(differences),
+    }
 
 
 B = "sha256:" + "b" * 64
@@ -216,7 +270,10 @@ B = "sha256:" + "b" * 64
         ([_report(0), _report(1, B)], [1]),  # a tie: the lowest rank's lock is the reference
         ([_report(0, B), _report(1), _report(2)], [0]),
         ([_report(0), _report(1, differences=["torch: ..."])], [1]),
-        ([_report(r, B if r in (5, 6, 7, 40) else "sha256:" + "a" * 64) for r in range(64)], [5, 6, 7, 40]),
+        (
+            [_report(r, B if r in (5, 6, 7, 40) else "sha256:" + "a" * 64) for r in range(64)],
+            [5, 6, 7, 40],
+        ),
     ],
 )
 def test_judge(reports, faulty):
@@ -228,7 +285,9 @@ def test_judge(reports, faulty):
         assert len(error.reports) == len(reports)
 
 
-@pytest.mark.parametrize("ranks_,text", [([0], "0"), ([0, 1, 2, 5, 7, 8], "0-2, 5, 7-8"), ([3, 1, 2], "1-3"), ([], "")])
+@pytest.mark.parametrize(
+    "ranks_,text", [([0], "0"), ([0, 1, 2, 5, 7, 8], "0-2, 5, 7-8"), ([3, 1, 2], "1-3"), ([], "")]
+)
 def test_ranks_text(ranks_, text):
     assert _ranks_text(ranks_) == text
 
@@ -238,30 +297,48 @@ def test_without_a_process_group_the_process_is_a_world_of_one(tmp_path):
 
     assert not dist.is_initialized()
     check_ranks(sealed_lock(MINIMAL_LOCK))
-    with pytest.raises(RanksDisagree, match="(?s)failed on 1 of 1 rank.*rank 0 on .*device-type: lock has 'rocm'"):
+    with pytest.raises(
+        RanksDisagree, match="(?s)failed on 1 of 1 rank.*rank 0 on .*device-type: lock has 'rocm'"
+    ):
         check_ranks(sealed_lock(MINIMAL_LOCK.replace('value = "cpu"', 'value = "rocm"')))
 
 
 def test_local_report_names_rank_host_lock_and_content_digest(lock_file):
-    lock = kernel_lock.load(lock_file, emit_warnings=False)  # no digest: the content digest still identifies it
+    # no digest: the content digest still identifies it
+    lock = kernel_lock.load(lock_file, emit_warnings=False)
     r = local_report(lock, rank=7)
-    assert r == {"rank": 7, "host": HOST, "lock": str(lock_file), "digest": lock.compute_digest(), "differences": []}
+    assert r == {
+        "rank": 7,
+        "host": HOST,
+        "lock": str(lock_file),
+        "digest": lock.compute_digest(),
+        "differences": [],
+    }
     assert Path(r["lock"]).exists()
 
 
 def test_many_ranks_with_one_problem_are_one_entry():
     reports = [
-        _report(r, host=f"nid{r // 4:03d}", differences=["torch: lock has '2.11.0', this machine has '2.12.0'"])
+        _report(
+            r,
+            host=f"nid{r // 4:03d}",
+            differences=["torch: lock has '2.11.0', this machine has '2.12.0'"],
+        )
         for r in range(64)
     ]
     msg = str(judge(reports))
-    assert msg.count("torch: lock has") == 1 and "ranks 0-63 on nid000, nid001" in msg and "(16 hosts)" in msg
+    assert (
+        msg.count("torch: lock has") == 1
+        and "ranks 0-63 on nid000, nid001" in msg
+        and "(16 hosts)" in msg
+    )
 
 
 # ---- the exchange, with a fake process group in this process -------------------------------------
 @pytest.fixture
 def fake_group(monkeypatch):
-    """A world of 2 in this process: rank 0 is this process, rank 1 sends ``state["other"]`` (bytes)."""
+    """A world of 2 in this process: rank 0 is this process, rank 1 sends ``state["other"]``
+    (bytes)."""
     import torch
     import torch.distributed as dist
 
@@ -347,29 +424,43 @@ def test_a_rank_whose_check_crashed_still_exchanges(fake_group, monkeypatch):
         (b"{not json", "", "Expecting property name"),
         (b"[1, 2]", "", "expected a JSON object, got a JSON list"),
         (b"[" * 100_000 + b"]" * 100_000, "", "recursion"),
-        (_sent({"rank": 1, "host": "n", "lock": "k.toml", "digest": B}), "differences", "required key is missing"),
+        (
+            _sent({"rank": 1, "host": "n", "lock": "k.toml", "digest": B}),
+            "differences",
+            "required key is missing",
+        ),
         (_sent({**_report(1), "differences": None}), "differences", "required key is missing"),
         (_sent(_report(1, differences=[3])), "differences[0]", "expected string, got int"),
         (_sent(_report(1, differences=[None])), "differences[0]", "expected string, got NoneType"),
-        (_sent(_report(1, differences=["x"] * 257)), "differences", "257 entries, more than the 256"),
+        (
+            _sent(_report(1, differences=["x"] * 257)),
+            "differences",
+            "257 entries, more than the 256",
+        ),
         (_sent(_report(1, differences=["x" * 5000])), "differences[0]", "more than the 4096"),
         (_sent({**_report(1), "rank": True}), "rank", "expected integer, got boolean True"),
         (_sent({**_report(1), "rank": -1}), "rank", "out of range"),
         (_sent({**_report(1), "rank": 1.0}), "rank", "expected integer, got float"),
         (_sent({**_report(1), "host": "h" * 300}), "host", "more than the 255"),
-        (_sent({**_report(1), "digest": "sha256:abc"}), "digest", "is not 'sha256:<64 hex digits>'"),
+        (
+            _sent({**_report(1), "digest": "sha256:abc"}),
+            "digest",
+            "is not 'sha256:<64 hex digits>'",
+        ),
         (_sent({**_report(1), "digets": B}), "digets", "unknown key 'digets'"),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )
 def test_a_report_that_does_not_decode_is_ranks_disagree(fake_group, blob, key, why):
-    """Issue 34: another rank's report goes through the typed reader (kernel_lock.format.reading): bounded,
-    unknown keys refused, an error naming the rank it came from and the key."""
+    """Issue 34: another rank's report goes through the typed reader (kernel_lock.format.reading):
+    bounded, unknown keys refused, an error naming the rank it came from and the key."""
     fake_group["other"] = blob
     with pytest.raises(RanksDisagree) as info:
         check_ranks(sealed_lock(MINIMAL_LOCK))
     assert info.value.exit_code == 3 and info.value.ranks == [1]
-    assert "the kernel lock report of group rank 1 did not decode (backend gloo)" in info.value.problem
+    assert (
+        "the kernel lock report of group rank 1 did not decode (backend gloo)" in info.value.problem
+    )
     assert (f", key {key!r}:" in info.value.problem) == bool(key)
     assert why in info.value.problem and "same kernel_lock version on every rank" in info.value.fix
     assert len(info.value.problem) < 800  # the received bytes are shown cut short
@@ -397,7 +488,9 @@ def test_an_nccl_group_needs_a_current_cuda_device(fake_group, monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "current_device", no_device)
     fake_group["backend"] = "nccl"
-    with pytest.raises(RanksDisagree, match=r"\(backend nccl\): RuntimeError: No CUDA GPUs are available"):
+    with pytest.raises(
+        RanksDisagree, match=r"\(backend nccl\): RuntimeError: No CUDA GPUs are available"
+    ):
         check_ranks(sealed_lock(MINIMAL_LOCK))
     assert fake_group["calls"] == 0
 

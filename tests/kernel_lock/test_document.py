@@ -1,4 +1,5 @@
-"""kernel_lock.format.document: the lock's top-level keys, the version and digest rules, canonical round trips."""
+"""kernel_lock.format.document: the lock's top-level keys, the version and digest rules, canonical
+round trips."""
 
 from __future__ import annotations
 
@@ -20,11 +21,13 @@ def _full_lock() -> KernelLock:
     text = MINIMAL_LOCK.replace(
         '[environment]\ndevice-type = { value = "cpu", match = "exact" }',
         '[environment]\npython = { value = "3.11.7", match = "compatible" }\n'
-        'device-type = { value = "cpu", match = "exact" }\ndevice-count = { value = 1, match = "ignore" }\n'
+        'device-type = { value = "cpu", match = "exact" }\ndevice-count = { value = 1, match = '
+        '"ignore" }\n'
         '[environment.libraries]\nliger-kernel = { value = "0.8.5", match = "compatible" }',
     )
     text = text.replace(
-        'created-by = "hand"', 'created-by = "hand"\nprecision = "bf16-mixed"\ntrusted-modules = ["mylib"]'
+        'created-by = "hand"',
+        'created-by = "hand"\nprecision = "bf16-mixed"\ntrusted-modules = ["mylib"]',
     )
     text += """
 [slots.LayerNorm.twin]
@@ -163,18 +166,38 @@ def test_to_dict_is_in_canonical_order_and_leaves_out_empty_optionals():
         "slots",
     ]
     full = _full_lock().to_dict()
-    assert list(full)[:6] == ["lock-version", "created-by", "mode", "precision", "trusted-modules", "digest"]
+    assert list(full)[:6] == [
+        "lock-version",
+        "created-by",
+        "mode",
+        "precision",
+        "trusted-modules",
+        "digest",
+    ]
     assert full["precision"] == "bf16-mixed" and full["trusted-modules"] == ["mylib"]
     # slots in the order of SLOTS, whatever the file's order
-    text = MINIMAL_LOCK.split("[slots.LayerNorm]")[0] + "[slots.Linear]" + MINIMAL_LOCK.split("[slots.Linear]")[1]
-    text += "\n[slots.LayerNorm]" + MINIMAL_LOCK.split("[slots.LayerNorm]")[1].split("[slots.RMSNorm]")[0]
+    text = (
+        MINIMAL_LOCK.split("[slots.LayerNorm]")[0]
+        + "[slots.Linear]"
+        + MINIMAL_LOCK.split("[slots.Linear]")[1]
+    )
+    text += (
+        "\n[slots.LayerNorm]"
+        + MINIMAL_LOCK.split("[slots.LayerNorm]")[1].split("[slots.RMSNorm]")[0]
+    )
     assert list(sealed_lock(text).to_dict()["slots"]) == ["LayerNorm", "Linear"]
 
 
 def test_digest_is_sha256_of_the_canonical_json_without_the_digest():
     lock = sealed_lock()
-    blob = json.dumps(lock.to_dict(with_digest=False), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    assert lock.digest == "sha256:" + hashlib.sha256(blob.encode()).hexdigest() == lock.compute_digest()
+    blob = json.dumps(
+        lock.to_dict(with_digest=False), sort_keys=True, separators=(",", ":"), ensure_ascii=True
+    )
+    assert (
+        lock.digest
+        == "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
+        == lock.compute_digest()
+    )
     unsealed = kernel_lock.loads(MINIMAL_LOCK, emit_warnings=False)
     assert unsealed.digest == "" and not unsealed.intact
     assert unsealed.compute_digest() == lock.digest  # the digest does not cover itself
@@ -185,7 +208,9 @@ def test_digest_is_sha256_of_the_canonical_json_without_the_digest():
 def test_a_change_of_content_changes_the_digest():
     a = sealed_lock()
     b = sealed_lock(edited_lock(**{"eps = 1e-6": "eps = 1e-5"}))
-    c = sealed_lock(edited_lock(**{'created-by = "hand"': 'created-by = "hand"\nmode = "inference"'}))
+    c = sealed_lock(
+        edited_lock(**{'created-by = "hand"': 'created-by = "hand"\nmode = "inference"'})
+    )
     assert len({a.digest, b.digest, c.digest}) == 3
 
 
@@ -212,7 +237,9 @@ def test_a_change_of_content_changes_the_digest():
 def test_lock_version_is_checked(version, error, words, fix):
     with pytest.raises(error) as exc:
         kernel_lock.loads(edited_lock(**{'"1.0"': f'"{version}"'}), emit_warnings=False)
-    assert type(exc.value) is error and words in exc.value.problem and exc.value.key == "lock-version"
+    assert (
+        type(exc.value) is error and words in exc.value.problem and exc.value.key == "lock-version"
+    )
     if fix is not None:
         assert fix in exc.value.fix
 
@@ -229,15 +256,27 @@ def test_the_current_version_and_an_older_minor_load_quietly(version):
 def test_a_newer_minor_warns():
     major, minor = LOCK_VERSION.split(".")
     newer = f"{major}.{int(minor) + 1}"
-    lock = kernel_lock.loads(sealed_lock(edited_lock(**{'"1.0"': f'"{newer}"'})).dumps(), emit_warnings=False)
-    assert any(f"minor version {newer} is newer than {LOCK_VERSION}" in w for w in lock.warnings), lock.warnings
+    lock = kernel_lock.loads(
+        sealed_lock(edited_lock(**{'"1.0"': f'"{newer}"'})).dumps(), emit_warnings=False
+    )
+    assert any(f"minor version {newer} is newer than {LOCK_VERSION}" in w for w in lock.warnings), (
+        lock.warnings
+    )
 
 
 @pytest.mark.parametrize(
     "old,new,words",
     [
-        ("[slots.Linear]", "[slots.linear]", "did you mean 'Linear'? slot names are case-sensitive"),
-        ("[slots.Linear]", "[slots.Dense]", "known slots: LayerNorm, RMSNorm, Linear, Attention, GatedMLP, Activation"),
+        (
+            "[slots.Linear]",
+            "[slots.linear]",
+            "did you mean 'Linear'? slot names are case-sensitive",
+        ),
+        (
+            "[slots.Linear]",
+            "[slots.Dense]",
+            "known slots: LayerNorm, RMSNorm, Linear, Attention, GatedMLP, Activation",
+        ),
     ],
 )
 def test_an_unknown_slot_says_which_ones_exist(old, new, words):
@@ -257,7 +296,12 @@ def test_strict_refuses_a_lock_without_environment():
 
 def test_strict_accepts_a_sealed_lock():
     lock = kernel_lock.loads(sealed_lock().dumps(), strict=True)
-    assert lock.intact and lock.mode == "training" and lock.precision == "" and lock.trusted_modules == ()
+    assert (
+        lock.intact
+        and lock.mode == "training"
+        and lock.precision == ""
+        and lock.trusted_modules == ()
+    )
 
 
 def test_equality_ignores_path_and_warnings():

@@ -9,10 +9,20 @@ from kernel_lock import errors
 
 def test_exit_codes():
     assert [int(c) for c in errors.ExitCode] == [0, 1, 2, 3, 4, 5, 6]
-    assert errors.EXIT_CODES[0] == "ok" and errors.EXIT_CODES[4] == "the machine does not meet the site profile"
+    assert (
+        errors.EXIT_CODES[0] == "ok"
+        and errors.EXIT_CODES[4] == "the machine does not meet the site profile"
+    )
     assert {int(c): c.meaning for c in errors.ExitCode} == errors.EXIT_CODES
-    assert str(errors.ExitCode.BAD_INPUT) == "5" and f"{errors.ExitCode.MISMATCH}" == "3" and errors.ExitCode.USAGE == 2
-    assert errors.ExitCode(6) is errors.ExitCode.LOCKS_DIFFER and "--exit-code" in errors.ExitCode.LOCKS_DIFFER.meaning
+    assert (
+        str(errors.ExitCode.BAD_INPUT) == "5"
+        and f"{errors.ExitCode.MISMATCH}" == "3"
+        and errors.ExitCode.USAGE == 2
+    )
+    assert (
+        errors.ExitCode(6) is errors.ExitCode.LOCKS_DIFFER
+        and "--exit-code" in errors.ExitCode.LOCKS_DIFFER.meaning
+    )
 
 
 @pytest.mark.parametrize(
@@ -75,25 +85,42 @@ def test_lock_mismatch_lists_every_difference():
     exc = errors.LockMismatch(diffs, path="k.toml")
     assert exc.differences == diffs and exc.key == "environment" and exc.exit_code == 3
     text = str(exc)
-    assert text.startswith("k.toml: 'environment': the environment does not match the lock (2 field(s)):")
+    assert text.startswith(
+        "k.toml: 'environment': the environment does not match the lock (2 field(s)):"
+    )
     assert "\n  - torch: lock has '2.6'" in text and "\n  - arch: lock has 'x86_64'" in text
     assert "kernel-probe --force" in exc.fix
     assert errors.LockMismatch([], fix="do this").fix == "do this"
 
 
 def test_ranks_disagree_keeps_the_reports():
-    exc = errors.RanksDisagree("ranks 1, 3 differ", reports=[{"rank": 1}], ranks=[1, 3], fix="same lock everywhere")
+    exc = errors.RanksDisagree(
+        "ranks 1, 3 differ", reports=[{"rank": 1}], ranks=[1, 3], fix="same lock everywhere"
+    )
     assert exc.reports == [{"rank": 1}] and exc.ranks == [1, 3]
-    assert str(exc) == "ranks 1, 3 differ\n  fix: same lock everywhere" and exc.path is None and exc.key is None
+    assert (
+        str(exc) == "ranks 1, 3 differ\n  fix: same lock everywhere"
+        and exc.path is None
+        and exc.key is None
+    )
     assert errors.RanksDisagree("x").reports == [] and errors.RanksDisagree("x").ranks == []
 
 
 def test_lock_warning_is_a_user_warning():
-    assert issubclass(errors.LockWarning, UserWarning) and not issubclass(errors.LockWarning, errors.LockError)
+    assert issubclass(errors.LockWarning, UserWarning) and not issubclass(
+        errors.LockWarning, errors.LockError
+    )
 
 
 def test_the_package_exports_the_family():
     import kernel_lock
 
-    for name in ("LockError", "LockFormatError", "LockVersionError", "TargetNotAllowed", "LockMismatch", "LockWarning"):
+    for name in (
+        "LockError",
+        "LockFormatError",
+        "LockVersionError",
+        "TargetNotAllowed",
+        "LockMismatch",
+        "LockWarning",
+    ):
         assert getattr(kernel_lock, name) is getattr(errors, name)

@@ -57,14 +57,17 @@ while not os.path.exists(path + ".done") and time.monotonic() < deadline:
         if len(examples) < 5:
             examples.append(str(exc).splitlines()[0][:200])
     reads += 1
-open(out, "w").write(json.dumps({"reads": reads, "failures": failures, "examples": examples, "digests": digests}))
+open(out, "w").write(json.dumps({"reads": reads, "failures": failures, "examples": examples,
+                                 "digests": digests}))
 """
 
 
 def _race(tmp_path: Path, mode: str) -> tuple[list[dict], set[str], int]:
     a, b = tmp_path / "a.toml", tmp_path / "b.toml"
     lock_a = sealed_lock(MINIMAL_LOCK)
-    lock_b = sealed_lock(MINIMAL_LOCK.replace("kwargs = { bias = false }", "kwargs = { bias = true }"))
+    lock_b = sealed_lock(
+        MINIMAL_LOCK.replace("kwargs = { bias = false }", "kwargs = { bias = true }")
+    )
     lock_a.dump(a)
     lock_b.dump(b)
     assert lock_a.digest != lock_b.digest
@@ -74,12 +77,22 @@ def _race(tmp_path: Path, mode: str) -> tuple[list[dict], set[str], int]:
     (tmp_path / "reader.py").write_text(READER)
     readers = [
         subprocess.Popen(
-            [sys.executable, str(tmp_path / "reader.py"), str(path), str(tmp_path / f"r{i}.json")], cwd=ROOT
+            [sys.executable, str(tmp_path / "reader.py"), str(path), str(tmp_path / f"r{i}.json")],
+            cwd=ROOT,
         )
         for i in range(READERS)
     ]
     writer = subprocess.Popen(
-        [sys.executable, str(tmp_path / "writer.py"), str(path), str(a), str(b), str(SECONDS), mode], cwd=ROOT
+        [
+            sys.executable,
+            str(tmp_path / "writer.py"),
+            str(path),
+            str(a),
+            str(b),
+            str(SECONDS),
+            mode,
+        ],
+        cwd=ROOT,
     )
     procs = [writer, *readers]
     try:
@@ -104,7 +117,8 @@ def test_readers_never_see_a_partial_lock(tmp_path):
         assert set(r["digests"]) <= digests and sum(r["digests"].values()) == r["reads"]
     seen = {d for r in results for d in r["digests"]}
     assert seen == digests  # the readers saw both versions: they read while it was being rewritten
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temp file left
+    # no temp file left
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
 @pytest.mark.slow
@@ -115,7 +129,7 @@ def test_control_a_non_atomic_writer_is_caught(tmp_path):
     assert sum(r["failures"] for r in results) > 0
 
 
-# ---- inputs that would hang or exhaust memory (a FIFO, /dev/zero) (hostile input, issue 14) ----------------
+# ---- inputs that would hang or exhaust memory (a FIFO, /dev/zero) (hostile input, issue 14) ------
 @pytest.fixture
 def fifo(tmp_path):
     p = tmp_path / "pipe.toml"
@@ -145,4 +159,6 @@ def test_special_files_are_refused_at_once(tmp_path, capsys, fifo, argv):
     start = time.perf_counter()
     code, _, err = run_cli(argv, capsys)
     assert time.perf_counter() - start < 20
-    assert code == 5 and ("FIFO" in err or "character device" in err) and "not a regular file" in err, err
+    assert (
+        code == 5 and ("FIFO" in err or "character device" in err) and "not a regular file" in err
+    ), err

@@ -1,5 +1,6 @@
-"""The lock's [graph-attention] table (issue 39): read, written, sealed, and the job-start refusal of a
-machine where anemoi would fall back from the locked triton kernel to pyg, unless the lock allows it."""
+"""The lock's [graph-attention] table (issue 39): read, written, sealed, and the job-start refusal
+of a machine where anemoi would fall back from the locked triton kernel to pyg, unless the lock
+allows it."""
 
 from __future__ import annotations
 
@@ -15,13 +16,17 @@ CPU = {"device-type": "cpu"}
 
 
 def lock_with(table: str, device: str = "cuda") -> kernel_lock.KernelLock:
-    text = MINIMAL_LOCK.replace('device-type = { value = "cpu"', f'device-type = {{ value = "{device}"')
+    text = MINIMAL_LOCK.replace(
+        'device-type = { value = "cpu"', f'device-type = {{ value = "{device}"'
+    )
     return kernel_lock.loads(text + "\n[graph-attention]\n" + table, emit_warnings=False).sealed()
 
 
 def test_the_table_round_trips_and_is_sealed():
     lock = lock_with('backend = "triton"\nallow-fallback = true\nreason = "r"\n')
-    assert lock.graph_attention == ga.GraphAttention(backend="triton", allow_fallback=True, reason="r")
+    assert lock.graph_attention == ga.GraphAttention(
+        backend="triton", allow_fallback=True, reason="r"
+    )
     again = kernel_lock.loads(lock.dumps())
     assert again == lock and again.intact
     edited = lock.dumps().replace("allow-fallback = true", "allow-fallback = false")
@@ -52,7 +57,8 @@ def test_a_bad_table_names_its_key(table, problem):
 )
 def test_the_fallback_cause(current, triton, cause):
     assert cause in ga.fallback_cause(current, triton)
-    assert ga.fallback_cause({"device-type": "rocm"}, True) is None  # ROCm: torch.cuda.is_available()
+    # ROCm: torch.cuda.is_available()
+    assert ga.fallback_cause({"device-type": "rocm"}, True) is None
 
 
 def test_a_locked_triton_refuses_a_machine_without_a_gpu_naming_cause_and_fix():
@@ -60,7 +66,11 @@ def test_a_locked_triton_refuses_a_machine_without_a_gpu_naming_cause_and_fix():
     with pytest.raises(LockMismatch) as exc:
         lock.verify(current={"device-type": "cpu"})
     text = str(exc.value)
-    assert "graph-attention.backend" in text and "there is no GPU" in text and "falls back to PyG" in text
+    assert (
+        "graph-attention.backend" in text
+        and "there is no GPU" in text
+        and "falls back to PyG" in text
+    )
     assert "--allow-graph-attention-fallback" in text and "pip install triton" in text
     assert exc.value.exit_code == kernel_lock.ExitCode.MISMATCH
 
@@ -77,7 +87,9 @@ def test_a_locked_triton_refuses_a_gpu_machine_without_triton(monkeypatch):
 def test_an_allowed_fallback_is_a_note_and_pyg_needs_nothing():
     lock = lock_with('backend = "triton"\nallow-fallback = true\n', device="cpu")
     notes = lock.verify(current={"device-type": "cpu"})
-    assert any("anemoi runs pyg here, not the locked triton" in n and "allow-fallback" in n for n in notes)
+    assert any(
+        "anemoi runs pyg here, not the locked triton" in n and "allow-fallback" in n for n in notes
+    )
     pyg = lock_with('backend = "pyg"\n', device="cpu")
     assert not any("graph attention" in n for n in pyg.verify(current={"device-type": "cpu"}))
 

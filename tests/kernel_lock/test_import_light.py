@@ -1,4 +1,5 @@
-"""`import kernel_lock` stays light: no rich, no kernel_probe, and no torch until something is resolved."""
+"""`import kernel_lock` stays light: no rich, no kernel_probe, and no torch until something is
+resolved."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ from tests.conftest import ROOT
 
 def _imported_modules(code: str) -> set[str]:
     proc = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
+        [sys.executable, "-X", "importtime", "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
     )
     names = set()
     for line in proc.stderr.splitlines():
@@ -27,5 +32,7 @@ def test_import_kernel_lock_is_light():
 
 
 def test_loading_a_lock_does_not_import_torch(lock_file):
-    names = _imported_modules(f"import kernel_lock; kernel_lock.load({str(lock_file)!r}, emit_warnings=False)")
+    names = _imported_modules(
+        f"import kernel_lock; kernel_lock.load({str(lock_file)!r}, emit_warnings=False)"
+    )
     assert "torch" not in names and "rich" not in names

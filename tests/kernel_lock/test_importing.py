@@ -1,4 +1,5 @@
-"""kernel_lock.trust.importing: the allow-list before the import, the class a target must be, kwargs, and build's errors."""
+"""kernel_lock.trust.importing: the allow-list before the import, the class a target must be,
+kwargs, and build's errors."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ import torch
 
 import kernel_lock
 from kernel_lock.errors import KernelUnavailable, LockFormatError, TargetNotAllowed
-from kernel_lock.trust.importing import IN_INFERENCE_MODE, build, check_kwargs, import_target, install_hint
+from kernel_lock.trust.importing import (
+    IN_INFERENCE_MODE,
+    build,
+    check_kwargs,
+    import_target,
+    install_hint,
+)
 from tests.conftest import edited_lock
 
 
@@ -19,8 +26,18 @@ from tests.conftest import edited_lock
         ("torch.nn.LayerNorm", (), None, torch.nn.LayerNorm),
         ("torch.nn.LayerNorm", (), "layer_norm", torch.nn.LayerNorm),
         ("torch.nn.modules.linear.Linear", (), "linear", torch.nn.Linear),
-        ("kp_zoo.norms.GoodLayerNorm", ("kp_zoo",), "layer_norm", None),  # not judged by its name: accepted
-        ("kp_zoo.norms.GoodRMSNorm", ("kp_zoo",), "layer_norm", None),  # nor by its hierarchy (an nn.Module)
+        (
+            "kp_zoo.norms.GoodLayerNorm",
+            ("kp_zoo",),
+            "layer_norm",
+            None,
+        ),  # not judged by its name: accepted
+        (
+            "kp_zoo.norms.GoodRMSNorm",
+            ("kp_zoo",),
+            "layer_norm",
+            None,
+        ),  # nor by its hierarchy (an nn.Module)
     ],
 )
 def test_import_target(target, trusted, semantics, cls):
@@ -36,10 +53,34 @@ REFUSED = [
     ("os.system", (), None, TargetNotAllowed, "is not in the import allow-list"),
     ("torch.nn.RMSNorm", (), "layer_norm", TargetNotAllowed, "computes rms_norm, not layer_norm"),
     ("torch.nn.Identity", (), "linear", TargetNotAllowed, "computes other: Identity, not linear"),
-    ("torch.nn.functional", (), None, TargetNotAllowed, "is a module, not a torch.nn.Module subclass"),
-    ("torch.nn.functional.layer_norm", (), None, TargetNotAllowed, "is a function, not a torch.nn.Module"),
-    ("kp_notmodule.NotAModule", ("kp_notmodule",), None, TargetNotAllowed, "is a type, not a torch.nn.Module"),
-    ("torch.nn.NoSuchNorm", (), None, ImportError, "module 'torch.nn' has no attribute 'NoSuchNorm'"),
+    (
+        "torch.nn.functional",
+        (),
+        None,
+        TargetNotAllowed,
+        "is a module, not a torch.nn.Module subclass",
+    ),
+    (
+        "torch.nn.functional.layer_norm",
+        (),
+        None,
+        TargetNotAllowed,
+        "is a function, not a torch.nn.Module",
+    ),
+    (
+        "kp_notmodule.NotAModule",
+        ("kp_notmodule",),
+        None,
+        TargetNotAllowed,
+        "is a type, not a torch.nn.Module",
+    ),
+    (
+        "torch.nn.NoSuchNorm",
+        (),
+        None,
+        ImportError,
+        "module 'torch.nn' has no attribute 'NoSuchNorm'",
+    ),
     ("kp_zoo.no_such_module.X", ("kp_zoo",), None, ImportError, "kp_zoo.no_such_module"),
 ]
 
@@ -110,9 +151,13 @@ def test_check_kwargs_names_what_is_accepted():
     [
         ("", "the library it needs"),
         ('requires = [{ name = "torch", specifier = ">=2.4" }]', "the library it needs"),
-        ('requires = [{ name = "liger-kernel", specifier = ">=0.5" }]', "`pip install 'liger-kernel>=0.5'`"),
         (
-            'requires = [{ name = "torch" }, { name = "a-lib" }, { name = "b-lib", specifier = "==1.0" }]',
+            'requires = [{ name = "liger-kernel", specifier = ">=0.5" }]',
+            "`pip install 'liger-kernel>=0.5'`",
+        ),
+        (
+            'requires = [{ name = "torch" }, { name = "a-lib" }, { name = "b-lib", specifier = '
+            '"==1.0" }]',
             "`pip install a-lib 'b-lib==1.0'`",
         ),
     ],
@@ -125,29 +170,54 @@ def test_install_hint(requires, hint):
 
 def test_build_returns_the_checked_class():
     lock = kernel_lock.loads(edited_lock(), emit_warnings=False, path="k.toml")
-    assert build("LayerNorm", "torch.nn.LayerNorm", {"eps": 1e-6}, lock, "slots.LayerNorm") is torch.nn.LayerNorm
+    assert (
+        build("LayerNorm", "torch.nn.LayerNorm", {"eps": 1e-6}, lock, "slots.LayerNorm")
+        is torch.nn.LayerNorm
+    )
     assert build("Linear", "torch.nn.Linear", {}, None, "slots.Linear") is torch.nn.Linear
 
 
 # (target, the granted trust, error, words in the problem, words in the fix)
 BUILD_ERRORS = [
-    ("kp_zoo.missing_dependency.X", ("kp_zoo",), KernelUnavailable, "cannot import", "module 'kp_this_dependency"),
-    ("kp_zoo.raise_on_import.X", ("kp_zoo",), KernelUnavailable, "failed with RuntimeError: CUDA driver", "repair"),
+    (
+        "kp_zoo.missing_dependency.X",
+        ("kp_zoo",),
+        KernelUnavailable,
+        "cannot import",
+        "module 'kp_this_dependency",
+    ),
+    (
+        "kp_zoo.raise_on_import.X",
+        ("kp_zoo",),
+        KernelUnavailable,
+        "failed with RuntimeError: CUDA driver",
+        "repair",
+    ),
     ("kp_exits.X", ("kp_exits",), KernelUnavailable, "called sys.exit(3)", "is a program"),
     ("kp_zoo.nothing_here.X", ("kp_zoo",), KernelUnavailable, "cannot import", IN_INFERENCE_MODE),
-    ("torch.nn.RMSNorm", (), TargetNotAllowed, "computes rms_norm, not layer_norm", "an RMSNorm is not a LayerNorm"),
+    (
+        "torch.nn.RMSNorm",
+        (),
+        TargetNotAllowed,
+        "computes rms_norm, not layer_norm",
+        "an RMSNorm is not a LayerNorm",
+    ),
     ("os.path.Thing", (), TargetNotAllowed, "allow-list", "--trust"),
 ]
 
 
 @pytest.mark.parametrize("target,granted,error,problem,fix", BUILD_ERRORS)
-def test_build_turns_every_failure_into_a_lock_error(no_trust, target, granted, error, problem, fix):
+def test_build_turns_every_failure_into_a_lock_error(
+    no_trust, target, granted, error, problem, fix
+):
     lock = kernel_lock.loads(edited_lock(), emit_warnings=False, path="k.toml", trust=granted)
     with pytest.raises(error) as exc:
         build("LayerNorm", target, {}, lock, "slots.LayerNorm")
     assert type(exc.value) is error and exc.value.path == "k.toml"
     assert problem in exc.value.problem and fix in exc.value.fix
-    assert exc.value.key == ("slots.LayerNorm.target" if error is TargetNotAllowed else "slots.LayerNorm")
+    assert exc.value.key == (
+        "slots.LayerNorm.target" if error is TargetNotAllowed else "slots.LayerNorm"
+    )
 
 
 def test_build_checks_the_kwargs():

@@ -1,5 +1,5 @@
-"""kernel_lock.trust.launch: the one child launcher. A ``json.py``, ``tempfile.py`` and ``sitecustomize.py``
-planted in the working directory run in no child (issue 34, point 2)."""
+"""kernel_lock.trust.launch: the one child launcher. A ``json.py``, ``tempfile.py`` and
+``sitecustomize.py`` planted in the working directory run in no child (issue 34, point 2)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,10 @@ def run_code(code: str, **kw) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_working_directory_is_never_on_the_childs_path_nor_runs_in_it(planted):
-    code = "import json, tempfile, sys, os; print(json.dumps([sys.path, json.__file__, sys.flags.isolated]))"
+    code = (
+        "import json, tempfile, sys, os; print(json.dumps([sys.path, json.__file__, "
+        "sys.flags.isolated]))"
+    )
     done = run_code(code, roots=["", ".", os.getcwd(), str(planted / "root")])
     assert done.returncode == 0, done.stderr
     path, json_file, isolated = json.loads(done.stdout)
@@ -51,15 +54,21 @@ def test_the_working_directory_is_never_on_the_childs_path_nor_runs_in_it(plante
 
 
 def test_keep_cwd_puts_it_last_a_local_module_is_found_nothing_installed_is_shadowed(planted):
-    done = run_code("import json, tempfile, kp_local_only; print(kp_local_only.VERDICT)", keep_cwd=True)
+    done = run_code(
+        "import json, tempfile, kp_local_only; print(kp_local_only.VERDICT)", keep_cwd=True
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "forged" and ran(planted) == ["kp_local_only"]
 
 
 def test_pythonpath_is_read_by_the_launcher_not_by_the_interpreter(planted, monkeypatch):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(["", ".", str(planted / "lib"), os.getcwd()])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(["", ".", str(planted / "lib"), os.getcwd()]),
+    }
     assert pythonpath_roots(env) == [str(planted / "lib")]
-    monkeypatch.setenv("PYTHONSTARTUP", str(Path.cwd() / "json.py"))  # -I: no PYTHON* variable is read
+    # -I: no PYTHON* variable is read
+    monkeypatch.setenv("PYTHONSTARTUP", str(Path.cwd() / "json.py"))
     done = run_code("import json", roots=pythonpath_roots(env))
     assert done.returncode == 0 and ran(planted) == []
 
@@ -75,8 +84,8 @@ def test_the_child_leads_its_own_session(planted):
     assert done.stdout.strip() == "True"
 
 
-# ---- every real child: the isolation BOOT (worker, env's import checks, check-config's children) and the
-# confirming child of the job-start check and rehash
+# ---- every real child: the isolation BOOT (worker, env's import checks, check-config's children)
+# and the confirming child of the job-start check and rehash
 def test_a_boot_child_runs_none_of_them(planted):
     from kernel_probe.isolation.child import run_function
 
@@ -102,11 +111,18 @@ def test_the_confirming_child_runs_none_of_them_and_its_verdict_stands(planted, 
     from kernel_lock.trust.confirming import child_verdicts
 
     lock = loads(
-        minimal_lock_text.replace("torch.nn.LayerNorm", "torch.nn.Identity"), path="L.toml", emit_warnings=False
+        minimal_lock_text.replace("torch.nn.LayerNorm", "torch.nn.Identity"),
+        path="L.toml",
+        emit_warnings=False,
     )
-    verdicts = child_verdicts(lock, "training", {"LayerNorm": "its class is judged by importing it"})
+    verdicts = child_verdicts(
+        lock, "training", {"LayerNorm": "its class is judged by importing it"}
+    )
     assert ran(planted) == []
     verdict = verdicts["LayerNorm"]  # the child's own refusal of the lock, not the forged "fine"
-    assert verdict is not None and (verdict["exit_code"], verdict["key"]) == (5, "slots.LayerNorm.target")
+    assert verdict is not None and (verdict["exit_code"], verdict["key"]) == (
+        5,
+        "slots.LayerNorm.target",
+    )
     assert "'torch.nn.Identity' computes other: Identity, not layer_norm" in verdict["problem"]
     assert sys.modules.get("kp_local_only") is None

@@ -27,7 +27,14 @@ from kernel_lock.trust import registry
 from kernel_lock.trust.locate import locate
 from tests.conftest import small_probe, write_sealed
 
-CHECKED = ("python", "os", "arch", "torch", "torch-cuda", "device-type")  # this machine's, match exact
+CHECKED = (
+    "python",
+    "os",
+    "arch",
+    "torch",
+    "torch-cuda",
+    "device-type",
+)  # this machine's, match exact
 
 
 def _base() -> dict[str, Any]:
@@ -38,14 +45,21 @@ def _base() -> dict[str, Any]:
         "target": target,
         "semantics": sem,
         "kwargs": kwargs,
-        "twin": {"target": target, "kwargs": kwargs, "state-dict": "interchangeable", "max-error": 0.0},
+        "twin": {
+            "target": target,
+            "kwargs": kwargs,
+            "state-dict": "interchangeable",
+            "max-error": 0.0,
+        },
     }
     return {
         "lock-version": "1.2",
         "created-by": "test",
         "environment": env,
         "slots": {
-            "LayerNorm": entry("torch.layer_norm", "torch.nn.LayerNorm", "layer_norm", {"eps": 1e-5, "bias": True}),
+            "LayerNorm": entry(
+                "torch.layer_norm", "torch.nn.LayerNorm", "layer_norm", {"eps": 1e-5, "bias": True}
+            ),
             "RMSNorm": entry("torch.rms_norm", "torch.nn.RMSNorm", "rms_norm", {"eps": 1e-6}),
             "Linear": entry("torch.linear", "torch.nn.Linear", "linear", {"bias": True}),
         },
@@ -65,7 +79,8 @@ def _set(slot: str, **values):
 
 def _missing_files(d):
     _ln(d).update(
-        target="kp_ghost.FastLayerNorm", requires=[{"name": "kp-ghost", "specifier": ">=1", "module": "kp_ghost"}]
+        target="kp_ghost.FastLayerNorm",
+        requires=[{"name": "kp-ghost", "specifier": ">=1", "module": "kp_ghost"}],
     )
 
 
@@ -76,16 +91,23 @@ def _twin_alias(d):
 
 
 CASES = {
-    "LayerNorm slot -> torch.nn.RMSNorm": _set("LayerNorm", target="torch.nn.RMSNorm", kwargs={"eps": 1e-5}),
-    "LayerNorm slot -> alias of RMSNorm": _set("LayerNorm", target="torch.nn.modules.normalization.RMSNorm", kwargs={}),
+    "LayerNorm slot -> torch.nn.RMSNorm": _set(
+        "LayerNorm", target="torch.nn.RMSNorm", kwargs={"eps": 1e-5}
+    ),
+    "LayerNorm slot -> alias of RMSNorm": _set(
+        "LayerNorm", target="torch.nn.modules.normalization.RMSNorm", kwargs={}
+    ),
     "LayerNorm slot -> torch.nn.Identity": _set("LayerNorm", target="torch.nn.Identity", kwargs={}),
     "class missing from its module": _set("LayerNorm", target="torch.nn.NoSuchNorm"),
     "a function": _set("LayerNorm", target="torch.nn.functional.layer_norm", kwargs={}),
     "unknown constructor kwarg": _set("LayerNorm", kwargs={"eps": 1e-5, "frobnicate": 1}),
-    "unknown kwarg through an alias": _set("LayerNorm", target="torch.nn.modules.LayerNorm", kwargs={"frob": 1}),
+    "unknown kwarg through an alias": _set(
+        "LayerNorm", target="torch.nn.modules.LayerNorm", kwargs={"frob": 1}
+    ),
     "dist-info without module files": _missing_files,
     "inference twin through an alias": _twin_alias,
-    # point 4: an int8 Linear followed by a ReLU, no trainable parameters; and a QAT Linear (subclasses nn.Linear)
+    # point 4: an int8 Linear followed by a ReLU, no trainable parameters; and a QAT Linear
+    # (subclasses nn.Linear)
     "Linear slot -> quantized LinearReLU": _set(
         "Linear", target="torch.ao.nn.intrinsic.quantized.dynamic.LinearReLU", kwargs={}
     ),
@@ -93,7 +115,9 @@ CASES = {
 }
 GOOD = {
     "as written": lambda d: None,
-    "canonical name through an alias": _set("LayerNorm", target="torch.nn.modules.normalization.LayerNorm"),
+    "canonical name through an alias": _set(
+        "LayerNorm", target="torch.nn.modules.normalization.LayerNorm"
+    ),
     "compiled adapter": _set("RMSNorm", target="kernel_lock.adapters.CompiledRMSNorm"),
 }
 
@@ -142,9 +166,10 @@ class _ChildExited(Exception):
 
 
 def _child_in_this_process(monkeypatch) -> list[list[str]]:
-    """The confirming child of ``verify(targets="child")`` run in this process: the same ``confirm_child.main``
-    on the same JSON request, its stdout parsed by the same code, without starting an interpreter that
-    imports torch (a second or more each). Returns the list of children asked for."""
+    """The confirming child of ``verify(targets="child")`` run in this process: the same
+    ``confirm_child.main`` on the same JSON request, its stdout parsed by the same code, without
+    starting an interpreter that imports torch (a second or more each). Returns the list of children
+    asked for."""
     import contextlib
     import io
     import json
@@ -154,7 +179,10 @@ def _child_in_this_process(monkeypatch) -> list[list[str]]:
     started: list[list[str]] = []
 
     def run(argv, request, timeout):
-        assert argv[:2] == [sys.executable, "-I"] and "kernel_lock.trust.confirm_child import main" in argv[-1], argv
+        assert (
+            argv[:2] == [sys.executable, "-I"]
+            and "kernel_lock.trust.confirm_child import main" in argv[-1]
+        ), argv
         started.append(argv)
         out = io.StringIO()
         with contextlib.redirect_stdout(out), pytest.raises(_ChildExited):
@@ -179,11 +207,16 @@ def test_the_warm_path_refuses_what_the_import_refuses(tmp_path, ghost_site, mon
     static, child = _warm_verdict(path, "static"), _warm_verdict(path, "child")
     assert static != 0 and child != 0
     assert child == refused  # the child's verdict is the import's own
-    assert static in (refused, KernelUnavailable.exit_code)  # known: the same; unknown: "not confirmed" (3)
+    assert static in (
+        refused,
+        KernelUnavailable.exit_code,
+    )  # known: the same; unknown: "not confirmed" (3)
 
 
 @pytest.mark.slow  # a confirming child imports torch
-def test_a_real_child_reaches_the_same_verdict(tmp_path, monkeypatch, case="Linear slot -> QAT Linear"):
+def test_a_real_child_reaches_the_same_verdict(
+    tmp_path, monkeypatch, case="Linear slot -> QAT Linear"
+):
     """On a case only an import can judge, a real interpreter and the in-process child above say the
     same thing, word for word: the cases above lose nothing by not starting one each."""
     path = _lock(tmp_path, CASES[case])
@@ -199,7 +232,7 @@ def test_a_real_child_reaches_the_same_verdict(tmp_path, monkeypatch, case="Line
     assert len(started) == 1  # the in-process child was asked, once
 
 
-# ---- the static table is torch's own ------------------------------------------------------------------
+# ---- the static table is torch's own -------------------------------------------------------------
 @pytest.mark.parametrize("name", [*slots.KNOWN_TARGETS, *slots.TARGET_ALIASES])
 def test_the_table_matches_the_installed_torch(name):
     import importlib
@@ -211,10 +244,14 @@ def test_the_table_matches_the_installed_torch(name):
     assert facts is not None and facts.complete
     assert slots.class_semantics(cls) == facts.semantics
     accepted = {
-        n for n, p in inspect.signature(cls).parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        n
+        for n, p in inspect.signature(cls).parameters.items()
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
     }
     assert accepted == set(facts.params)
-    assert cls is getattr(importlib.import_module(slots.canonical_target(name).rpartition(".")[0]), attr)
+    assert cls is getattr(
+        importlib.import_module(slots.canonical_target(name).rpartition(".")[0]), attr
+    )
 
 
 def test_registry_targets_take_the_registry_semantics():
@@ -224,7 +261,7 @@ def test_registry_targets_take_the_registry_semantics():
         assert set(cand.get("kwargs", {})) <= facts.params
 
 
-# ---- point 4: semantics by class ----------------------------------------------------------------------
+# ---- point 4: semantics by class -----------------------------------------------------------------
 @pytest.mark.parametrize(
     "cls, expected",
     [
@@ -254,7 +291,9 @@ def test_a_name_says_nothing():
         pass
 
     FastLinearGELU.__module__ = MyRMSNorm.__module__ = "mylib.layers"
-    assert slots.class_semantics(FastLinearGELU) is None and slots.class_semantics(MyRMSNorm) is None
+    assert (
+        slots.class_semantics(FastLinearGELU) is None and slots.class_semantics(MyRMSNorm) is None
+    )
     assert registry.declared_semantics("liger_kernel.transformers.LigerRMSNorm") == "rms_norm"
 
 
@@ -266,7 +305,7 @@ def test_strict_verify_refuses_linear_relu(tmp_path, capsys):
     assert code == 5 and "not linear" in err
 
 
-# ---- find_spec without importing the parent ----------------------------------------------------------
+# ---- find_spec without importing the parent ------------------------------------------------------
 def test_locate_runs_no_package_code(tmp_path, monkeypatch):
     pkg = tmp_path / "kp_locate_probe"
     (pkg / "sub").mkdir(parents=True)
@@ -274,15 +313,18 @@ def test_locate_runs_no_package_code(tmp_path, monkeypatch):
     (pkg / "sub" / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert locate("kp_locate_probe.sub") is True
-    assert locate("kp_locate_probe.missing") is None  # only an import could tell: unknown, not missing
+    # only an import could tell: unknown, not missing
+    assert locate("kp_locate_probe.missing") is None
     assert locate("kp_no_such_top_level") is False
     assert "kp_locate_probe" not in sys.modules
 
 
-# ---- the command line, on a lock written by a real probe ----------------------------------------------
+# ---- the command line, on a lock written by a real probe -----------------------------------------
 @pytest.mark.slow
 def test_check_and_no_import_on_the_command_line(tmp_path, ghost_site):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ghost_site), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ghost_site), os.environ.get("PYTHONPATH", "")])
+    )
     env["KERNEL_LOCK_TRUST"] += ",kp_ghost"
     shapes = small_probe(reps=1, precision=None)
 
@@ -300,13 +342,18 @@ def test_check_and_no_import_on_the_command_line(tmp_path, ghost_site):
     rc, out = kp("--out", "k.toml", *shapes)
     assert rc == 0, out
     base = toml.loads((tmp_path / "k.toml").read_text())
-    for name in ("LayerNorm slot -> torch.nn.Identity", "unknown constructor kwarg", "dist-info without module files"):
+    for name in (
+        "LayerNorm slot -> torch.nn.Identity",
+        "unknown constructor kwarg",
+        "dist-info without module files",
+    ):
         d = copy.deepcopy(base)
         d["environment"] = base["environment"]
         CASES[name](d)
         path = tmp_path / "case.toml"
         path.write_text(toml.dumps(d))
-        refused, _ = kp("verify", path)  # a hand edit: the digest differs, which plain verify only warns about
+        # a hand edit: the digest differs, which plain verify only warns about
+        refused, _ = kp("verify", path)
         assert refused != 0
         before = path.read_text()
         sealed, out = kp("rehash", path)  # rehash seals only what no import would refuse

@@ -1,10 +1,10 @@
 """Every committed lock keeps its bytes through the generic reader and writer (issue 40).
 
-The locks in data/locks/ were written by kernel-probe on a CPU machine (a probe in 32-true, one of the
-GatedMLP slot with ``[graph-attention]``, ``lock --for inference`` of the first, and one accepted with
-``rehash``) before the lock's tables were declared by their fields' metadata; the golden files in
-data/toml-golden/ are older still. Read and written back, each gives the same bytes (key order, float
-and string forms, what is left out) and the same digest."""
+The locks in data/locks/ were written by kernel-probe on a CPU machine (a probe in 32-true, one of
+the GatedMLP slot with ``[graph-attention]``, ``lock --for inference`` of the first, and one
+accepted with ``rehash``) before the lock's tables were declared by their fields' metadata; the
+golden files in data/toml-golden/ are older still. Read and written back, each gives the same bytes
+(key order, float and string forms, what is left out) and the same digest."""
 
 from __future__ import annotations
 
@@ -21,7 +21,11 @@ LOCKS = sorted(p for p in ROOT.rglob("*.toml") if "lock-version" in toml.loads(p
 
 def test_the_fixtures_are_found():
     names = {p.name for p in LOCKS}
-    assert {"probe-cpu-32-true.toml", "probe-cpu-gated-mlp-graph-attention.toml", "inference-cpu.toml"} <= names
+    assert {
+        "probe-cpu-32-true.toml",
+        "probe-cpu-gated-mlp-graph-attention.toml",
+        "inference-cpu.toml",
+    } <= names
     assert {"probe-cpu-linear.toml", "lock-format-example.toml"} <= names
 
 
@@ -50,4 +54,6 @@ def test_the_probe_locks_are_sealed_and_cover_every_table_kind():
         "[provenance]",
     ):
         assert table in text, table
-    assert any(lock.mode == "inference" for lock in locks) and any("GatedMLP" in lock.slots for lock in locks)
+    assert any(lock.mode == "inference" for lock in locks) and any(
+        "GatedMLP" in lock.slots for lock in locks
+    )

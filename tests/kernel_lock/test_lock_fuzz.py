@@ -16,7 +16,8 @@ from kernel_lock.format.schema import Slot
 from kernel_lock.format.tables import table_keys
 from tests.conftest import MINIMAL_LOCK
 
-# thousands of examples: slow, and the fast lane does not import it or hypothesis (conftest.SLOW_MODULES)
+# thousands of examples: slow, and the fast lane does not import it or hypothesis
+# (conftest.SLOW_MODULES)
 pytestmark = pytest.mark.slow
 
 # the keys a lock's tables have (top level, slots), then those of the tables inside them
@@ -77,8 +78,9 @@ SCALARS = (
 
 
 def _nested(children):
-    """Lists and tables of ``children``: the step st.recursive repeats (a named function, so hypothesis
-    can read that it uses its argument; it cannot in a lambda spread over several lines)."""
+    """Lists and tables of ``children``: the step st.recursive repeats (a named function, so
+    hypothesis can read that it uses its argument; it cannot in a lambda spread over several
+    lines)."""
     return st.lists(children, max_size=3) | st.dictionaries(
         st.sampled_from(KEYS) | st.text(max_size=6), children, max_size=5
     )

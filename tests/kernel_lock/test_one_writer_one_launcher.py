@@ -1,8 +1,8 @@
 """Issue 34: every file kernel-probe and its benchmarks write goes through the one safe writer
 (``kernel_lock.trust.files.write_file``), and every Python child starts through the one launcher
-(``kernel_lock.trust.launch``). The source is read (code inside strings too: a child's program is a string),
-so a second writer or a raw ``subprocess`` start of ``sys.executable`` fails here; each exception left
-is listed with the reason it is not one."""
+(``kernel_lock.trust.launch``). The source is read (code inside strings too: a child's program is a
+string), so a second writer or a raw ``subprocess`` start of ``sys.executable`` fails here; each
+exception left is listed with the reason it is not one."""
 
 from __future__ import annotations
 
@@ -27,13 +27,34 @@ WRITES_ALLOWED = {
     ("kernel_lock/trust/files.py", "os.replace("): "the one writer itself",
     # the isolation child's program imports only the standard library (it may run under another
     # interpreter, without kernel_lock): its answer goes to a file in the caller's 0700 mkdtemp
-    ("kernel_probe/isolation/child.py", 'open(tmp, "w"'): "the child's answer, in the caller's private folder",
-    ("kernel_probe/isolation/child.py", "json.dump("): "the child's answer, in the caller's private folder",
-    ("kernel_probe/isolation/child.py", "os.replace("): "the child's answer, in the caller's private folder",
-    ("kernel_probe/isolation/child.py", 'open(d / "stdout", "wb"'): "a child's output stream, in a private folder",
-    ("kernel_probe/isolation/child.py", 'open(d / "stderr", "wb"'): "a child's output stream, in a private folder",
-    ("benchmarks/gpu_all.py", 'open(logs / f"{part.name}.out", "wb"'): "a child's output stream (a log)",
-    ("benchmarks/gpu_all.py", 'open(logs / f"{part.name}.log", "wb"'): "a child's output stream (a log)",
+    (
+        "kernel_probe/isolation/child.py",
+        'open(tmp, "w"',
+    ): "the child's answer, in the caller's private folder",
+    (
+        "kernel_probe/isolation/child.py",
+        "json.dump(",
+    ): "the child's answer, in the caller's private folder",
+    (
+        "kernel_probe/isolation/child.py",
+        "os.replace(",
+    ): "the child's answer, in the caller's private folder",
+    (
+        "kernel_probe/isolation/child.py",
+        'open(d / "stdout", "wb"',
+    ): "a child's output stream, in a private folder",
+    (
+        "kernel_probe/isolation/child.py",
+        'open(d / "stderr", "wb"',
+    ): "a child's output stream, in a private folder",
+    (
+        "benchmarks/gpu_all.py",
+        'open(logs / f"{part.name}.out", "wb"',
+    ): "a child's output stream (a log)",
+    (
+        "benchmarks/gpu_all.py",
+        'open(logs / f"{part.name}.log", "wb"',
+    ): "a child's output stream (a log)",
 }
 
 
@@ -47,7 +68,9 @@ def _found(pattern: re.Pattern[str]) -> set[tuple[str, str]]:
 
 def test_every_file_is_written_by_the_one_safe_writer():
     raw = _found(RAW_WRITE)
-    assert {k for k in raw if k not in WRITES_ALLOWED} == set(), "write these with kernel_lock.trust.files.write_file"
+    assert {k for k in raw if k not in WRITES_ALLOWED} == set(), (
+        "write these with kernel_lock.trust.files.write_file"
+    )
     assert set(WRITES_ALLOWED) <= raw, "an allowed exception that is gone: remove it from the list"
 
 
@@ -64,35 +87,49 @@ def test_every_file_is_written_by_the_one_safe_writer():
 )
 def test_the_scan_sees_each_kind_of_raw_write(line):
     assert RAW_WRITE.search(line)
-    assert not RAW_WRITE.search('open(path, "rb")') and not RAW_WRITE.search("write_file(path, text)")
+    assert not RAW_WRITE.search('open(path, "rb")') and not RAW_WRITE.search(
+        "write_file(path, text)"
+    )
 
 
 RAW_START = re.compile(
     r"\bsubprocess\.(run|Popen|call|check_call|check_output)\(|\bos\.(system|exec\w*|spawn\w*|posix_spawn\w*|popen)\(|\bmultiprocessing\b"
 )
-# file -> why its own starts are not Python children of kernel-probe (they go through kernel_lock.trust.launch otherwise)
+# file -> why its own starts are not Python children of kernel-probe (they go through
+# kernel_lock.trust.launch otherwise)
 STARTS_ALLOWED = {
     "kernel_lock/trust/launch.py": "the one launcher itself",
     "benchmarks/gpu_facts.py": "nvidia-smi, not a Python child",
     # the benchmarks below time or trace the command a user types (`python -m kernel_probe ...`,
-    # `python -c "import torch"` as the baseline), with the PYTHONPATH a sitecustomize needs: the subject
-    # measured, not a child of kernel-probe (-I would drop that PYTHONPATH and change what is measured)
+    # `python -c "import torch"` as the baseline), with the PYTHONPATH a sitecustomize needs: the
+    # subject measured, not a child of kernel-probe (-I would drop that PYTHONPATH and change what
+    # is measured)
     "benchmarks/env_time.py": "times the CLI as a user runs it",
     "benchmarks/probe_time.py": "times the CLI as a user runs it",
-    "benchmarks/attention_cost.py": "times the CLI as a user runs it (from main: the Attention slot's cost)",
-    "benchmarks/jobstart.py": "times and counts the CLI as a user runs it (PYTHONPATH carries the counter)",
-    "benchmarks/jobstart_scale.py": "the ranks, inside the launcher's program, as srun would start them",
+    "benchmarks/attention_cost.py": "times the CLI as a user runs it (from main: the Attention "
+    "slot's cost)",
+    "benchmarks/jobstart.py": "times and counts the CLI as a user runs it (PYTHONPATH carries "
+    "the counter)",
+    "benchmarks/jobstart_scale.py": "the ranks, inside the launcher's program, as srun would "
+    "start them",
     "benchmarks/timing_plot.py": "the probe whose timings it plots, run as a user runs it",
     "benchmarks/import_cost.py": "the one cold probe that writes the lock, as a user runs it",
-    "benchmarks/gpu_all.py": "the GPU kit's parts as a user runs them (PYTHONPATH: the checkout), TERM then KILL",
+    "benchmarks/gpu_all.py": "the GPU kit's parts as a user runs them (PYTHONPATH: the "
+    "checkout), TERM then KILL",
 }
 
 
 def test_every_python_child_is_started_by_the_one_launcher():
     files = {rel for rel, _ in _found(RAW_START)}
-    assert files - set(STARTS_ALLOWED) == set(), "start these through kernel_lock.trust.launch (python_argv + start)"
-    assert set(STARTS_ALLOWED) <= files, "an allowed exception that is gone: remove it from the list"
-    assert not {f for f in files if f.startswith(("kernel_lock/", "kernel_probe/"))} - {"kernel_lock/trust/launch.py"}
+    assert files - set(STARTS_ALLOWED) == set(), (
+        "start these through kernel_lock.trust.launch (python_argv + start)"
+    )
+    assert set(STARTS_ALLOWED) <= files, (
+        "an allowed exception that is gone: remove it from the list"
+    )
+    assert not {f for f in files if f.startswith(("kernel_lock/", "kernel_probe/"))} - {
+        "kernel_lock/trust/launch.py"
+    }
 
 
 def test_the_benchmarks_own_helper_children_use_the_launcher():

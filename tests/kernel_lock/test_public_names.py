@@ -1,10 +1,11 @@
-"""kernel_lock's declared boundary (issue 40): every module states its public names in ``__all__``, and
-kernel_probe (and the benchmarks) import from kernel_lock only public modules and the names their
-``__all__`` lists.
+"""kernel_lock's declared boundary (issue 40): every module states its public names in ``__all__``,
+and kernel_probe (and the benchmarks) import from kernel_lock only public modules and the names
+their ``__all__`` lists.
 
-Read with ``ast``, never imported: the check costs no torch and sees lazy imports inside functions too.
-A name kernel_probe needs is made public where it is defined (added to that module's ``__all__``), never
-reached through a private module (``_x``), an underscore name, or a module that merely imports it.
+Read with ``ast``, never imported: the check costs no torch and sees lazy imports inside functions
+too. A name kernel_probe needs is made public where it is defined (added to that module's
+``__all__``), never reached through a private module (``_x``), an underscore name, or a module that
+merely imports it.
 """
 
 from __future__ import annotations
@@ -18,8 +19,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = ROOT / "kernel_lock"
 MODULES = sorted(p.relative_to(ROOT).as_posix() for p in LOCK.rglob("*.py"))
-# kernel_probe, and the benchmarks that measure kernel_lock as its users import it (tests may reach inside)
-PROBE = sorted(p.relative_to(ROOT).as_posix() for d in ("kernel_probe", "benchmarks") for p in (ROOT / d).rglob("*.py"))
+# kernel_probe, and the benchmarks that measure kernel_lock as its users import it (tests may reach
+# inside)
+PROBE = sorted(
+    p.relative_to(ROOT).as_posix()
+    for d in ("kernel_probe", "benchmarks")
+    for p in (ROOT / d).rglob("*.py")
+)
 
 
 def _file(module: str) -> Path | None:
@@ -37,9 +43,13 @@ def declared(module: str) -> tuple[str, ...] | None:
     path = _file(module)
     assert path is not None, module
     for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
             value = ast.literal_eval(node.value)
-            assert isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value), module
+            assert isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value), (
+                module
+            )
             return tuple(value)
     return None
 
@@ -106,7 +116,8 @@ def violations(source: str, where: str = "<source>") -> list[str]:
                 else:
                     bound["kernel_lock"] = "kernel_lock"
     for node in ast.walk(tree):
-        if not isinstance(node, ast.Attribute):  # a chain's prefixes are checked too: harmless, the same names
+        # a chain's prefixes are checked too: harmless, the same names
+        if not isinstance(node, ast.Attribute):
             continue
         chain: list[str] = []
         inner: ast.expr = node
@@ -116,7 +127,8 @@ def violations(source: str, where: str = "<source>") -> list[str]:
         if not (isinstance(inner, ast.Name) and inner.id in bound):
             continue
         module = bound[inner.id]
-        for attr in reversed(chain):  # descend through submodules, then the first name must be public
+        # descend through submodules, then the first name must be public
+        for attr in reversed(chain):
             if _file(f"{module}.{attr}") is not None and not _private(attr):
                 module = f"{module}.{attr}"
                 continue
@@ -125,7 +137,7 @@ def violations(source: str, where: str = "<source>") -> list[str]:
     return sorted(set(found))
 
 
-# ---- every kernel_lock module declares its public names ------------------------------------------------
+# ---- every kernel_lock module declares its public names ------------------------------------------
 
 
 @pytest.mark.parametrize("rel", MODULES)
@@ -147,18 +159,24 @@ def test_every_kernel_lock_module_declares_its_public_names(rel):
             bound |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
-    submodules = {p.stem for p in path.parent.glob("*.py")} | {p.name for p in path.parent.iterdir() if p.is_dir()}
-    missing = [n for n in names if n not in bound and not (path.name == "__init__.py" and n in submodules)]
+    submodules = {p.stem for p in path.parent.glob("*.py")} | {
+        p.name for p in path.parent.iterdir() if p.is_dir()
+    }
+    missing = [
+        n for n in names if n not in bound and not (path.name == "__init__.py" and n in submodules)
+    ]
     assert not missing, f"{rel}: __all__ lists names the module does not define: {missing}"
     assert not [n for n in names if _private(n)], f"{rel}: __all__ lists a private name"
 
 
-# ---- kernel_probe imports only kernel_lock's public names ---------------------------------------------
+# ---- kernel_probe imports only kernel_lock's public names ----------------------------------------
 
 
 def test_kernel_probe_imports_only_kernel_locks_public_names():
     found = [v for rel in PROBE for v in violations((ROOT / rel).read_text(), rel)]
-    assert not found, "make the name public where it is defined (its module's __all__):\n" + "\n".join(found)
+    assert not found, (
+        "make the name public where it is defined (its module's __all__):\n" + "\n".join(found)
+    )
 
 
 def test_the_check_reads_every_kernel_probe_module_and_their_many_imports():
@@ -176,17 +194,41 @@ def test_the_check_reads_every_kernel_probe_module_and_their_many_imports():
     [
         ("from kernel_lock._files import write_file", "kernel_lock._files is a private module"),
         ("from kernel_lock._toml import dumps", "kernel_lock._toml is a private module"),
-        ("from kernel_lock.trust.files import _write_all", "_write_all is not in kernel_lock.trust.files.__all__"),
-        ("from kernel_lock.format.schema import _kwargs", "_kwargs is not in kernel_lock.format.schema.__all__"),
+        (
+            "from kernel_lock.trust.files import _write_all",
+            "_write_all is not in kernel_lock.trust.files.__all__",
+        ),
+        (
+            "from kernel_lock.format.schema import _kwargs",
+            "_kwargs is not in kernel_lock.format.schema.__all__",
+        ),
         # a name a module only imports is not its to give
-        ("from kernel_lock.lock import LockDocument", "LockDocument is not in kernel_lock.lock.__all__"),
-        ("from kernel_lock.schema import Slot", "kernel_lock.schema is not a module of kernel_lock"),
-        ("def f():\n    from kernel_lock.resolve import _make", "_make is not in kernel_lock.resolve.__all__"),
+        (
+            "from kernel_lock.lock import LockDocument",
+            "LockDocument is not in kernel_lock.lock.__all__",
+        ),
+        (
+            "from kernel_lock.schema import Slot",
+            "kernel_lock.schema is not a module of kernel_lock",
+        ),
+        (
+            "def f():\n    from kernel_lock.resolve import _make",
+            "_make is not in kernel_lock.resolve.__all__",
+        ),
         ("import kernel_lock._toml", "kernel_lock._toml is a private module"),
-        ("import kernel_lock\nkernel_lock.lock.LockDocument", "LockDocument is not in kernel_lock.lock.__all__"),
+        (
+            "import kernel_lock\nkernel_lock.lock.LockDocument",
+            "LockDocument is not in kernel_lock.lock.__all__",
+        ),
         ("import kernel_lock\nkernel_lock._version", "_version is not in kernel_lock.__all__"),
-        ("from kernel_lock.format import blas as b\nb._APPLIED", "_APPLIED is not in kernel_lock.format.blas.__all__"),
-        ("import kernel_lock.format.toml as t\nt._key('a')", "_key is not in kernel_lock.format.toml.__all__"),
+        (
+            "from kernel_lock.format import blas as b\nb._APPLIED",
+            "_APPLIED is not in kernel_lock.format.blas.__all__",
+        ),
+        (
+            "import kernel_lock.format.toml as t\nt._key('a')",
+            "_key is not in kernel_lock.format.toml.__all__",
+        ),
         ("from kernel_lock import _toml", "_toml is not in kernel_lock.__all__"),
     ],
 )
@@ -213,10 +255,12 @@ def test_public_imports_pass(source):
 
 
 def test_a_violation_in_a_module_file_fails_the_check(tmp_path):
-    """The check on a file, as it reads kernel_probe's: a module that reaches the safe writer's private
-    helper is named with its line."""
+    """The check on a file, as it reads kernel_probe's: a module that reaches the safe writer's
+    private helper is named with its line."""
     bad = tmp_path / "bad_module.py"
-    bad.write_text('"""A module."""\n\nfrom kernel_lock.trust.files import _write_all, write_file\n')
+    bad.write_text(
+        '"""A module."""\n\nfrom kernel_lock.trust.files import _write_all, write_file\n'
+    )
     assert violations(bad.read_text(), bad.name) == [
         "bad_module.py:3: _write_all is not in kernel_lock.trust.files.__all__"
     ]

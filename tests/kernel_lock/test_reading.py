@@ -1,4 +1,5 @@
-"""kernel_lock.format.reading: the typed getters, their one error type, and the dotted key built as it unwinds."""
+"""kernel_lock.format.reading: the typed getters, their one error type, and the dotted key built as
+it unwinds."""
 
 from __future__ import annotations
 
@@ -59,7 +60,13 @@ def test_read_error_text_names_its_key():
 
 
 def test_context_prefixes_keys_as_the_error_unwinds():
-    with pytest.raises(ReadError) as exc, context("slots"), context("LayerNorm"), context("requires"), context("[0]"):
+    with (
+        pytest.raises(ReadError) as exc,
+        context("slots"),
+        context("LayerNorm"),
+        context("requires"),
+        context("[0]"),
+    ):
         raise ReadError("expected string", "name")
     assert exc.value.key == "slots.LayerNorm.requires[0].name"
     assert str(exc.value) == "'slots.LayerNorm.requires[0].name': expected string"
@@ -123,7 +130,11 @@ def test_get_required():
     assert get_required({"a": 2}, "a", int) == 2
     with pytest.raises(ReadError) as exc:
         get_required({}, "a", int, fix="add a")
-    assert (exc.value.problem, exc.value.key, exc.value.fix) == ("required key is missing", "a", "add a")
+    assert (exc.value.problem, exc.value.key, exc.value.fix) == (
+        "required key is missing",
+        "a",
+        "add a",
+    )
     with pytest.raises(ReadError, match="expected integer"):
         get_required({"a": "x"}, "a", int)
 
@@ -170,7 +181,9 @@ def test_get_strings_refuses(d, key, problem):
     assert (exc.value.key, exc.value.problem) == (key, problem)
 
 
-@pytest.mark.parametrize("d,value", [({}, []), ({"t": []}, []), ({"t": [{"a": 1}, {}]}, [{"a": 1}, {}])])
+@pytest.mark.parametrize(
+    "d,value", [({}, []), ({"t": []}, []), ({"t": [{"a": 1}, {}]}, [{"a": 1}, {}])]
+)
 def test_get_tables(d, value):
     assert get_tables(d, "t") == value
 

@@ -13,7 +13,13 @@ import pytest
 import torch
 
 import kernel_lock
-from kernel_lock import KernelUnavailable, LockFormatError, LockMismatch, LockWarning, TargetNotAllowed
+from kernel_lock import (
+    KernelUnavailable,
+    LockFormatError,
+    LockMismatch,
+    LockWarning,
+    TargetNotAllowed,
+)
 from kernel_lock.fingerprint import fields as fp_fields
 from kernel_probe import candidates as cands
 from kernel_probe.probe.check import check_all
@@ -74,7 +80,11 @@ def test_typo_gets_a_suggestion():
 
 
 def test_kwargs_the_target_does_not_accept():
-    lock = _lock(MINIMAL_LOCK.replace("kwargs = { eps = 1e-6 }", "kwargs = { eps = 1e-6, hidden_size = 4 }", 1))
+    lock = _lock(
+        MINIMAL_LOCK.replace(
+            "kwargs = { eps = 1e-6 }", "kwargs = { eps = 1e-6, hidden_size = 4 }", 1
+        )
+    )
     with pytest.raises(LockFormatError) as exc:
         lock.factory("LayerNorm")
     assert exc.value.key == "slots.LayerNorm.kwargs.hidden_size"
@@ -83,10 +93,16 @@ def test_kwargs_the_target_does_not_accept():
 
 
 def test_target_that_is_not_a_module_is_refused():
-    lock = _lock(MINIMAL_LOCK.replace('target = "torch.nn.LayerNorm"', 'target = "torch.nn.functional.layer_norm"', 1))
+    lock = _lock(
+        MINIMAL_LOCK.replace(
+            'target = "torch.nn.LayerNorm"', 'target = "torch.nn.functional.layer_norm"', 1
+        )
+    )
     with pytest.raises(TargetNotAllowed, match="not a torch.nn.Module subclass"):
         lock.factory("LayerNorm")
-    text = MINIMAL_LOCK.replace('created-by = "hand"', 'created-by = "hand"\ntrusted-modules = ["kp_notmodule"]')
+    text = MINIMAL_LOCK.replace(
+        'created-by = "hand"', 'created-by = "hand"\ntrusted-modules = ["kp_notmodule"]'
+    )
     text = text.replace('target = "torch.nn.LayerNorm"', 'target = "kp_notmodule.NotAModule"', 1)
     with pytest.raises(TargetNotAllowed, match="not a torch.nn.Module"):
         _lock(text).factory("LayerNorm")
@@ -102,18 +118,26 @@ def test_untrusted_target_is_refused_before_import():
 
 
 def test_missing_library_raises_kernel_unavailable_naming_the_ways_out():
-    text = MINIMAL_LOCK.replace('created-by = "hand"', 'created-by = "hand"\ntrusted-modules = ["kp_not_installed"]')
+    text = MINIMAL_LOCK.replace(
+        'created-by = "hand"', 'created-by = "hand"\ntrusted-modules = ["kp_not_installed"]'
+    )
     text = text.replace(
         'target = "torch.nn.LayerNorm"\nsemantics = "layer_norm"\nkwargs = { eps = 1e-6 }',
-        'target = "kp_not_installed.norms.FastLayerNorm"\nsemantics = "layer_norm"\nkwargs = { eps = 1e-6 }\n'
-        'requires = [{ name = "kp-not-installed", specifier = ">=1.0", module = "kp_not_installed" }]',
+        'target = "kp_not_installed.norms.FastLayerNorm"\nsemantics = "layer_norm"\nkwargs = { '
+        "eps = 1e-6 }\n"
+        'requires = [{ name = "kp-not-installed", specifier = ">=1.0", module = '
+        '"kp_not_installed" }]',
         1,
     )
     lock = _lock(text)
     with pytest.raises(KernelUnavailable) as exc:
         lock.factory("LayerNorm", verify_environment=False)
     msg = str(exc.value)
-    assert "LayerNorm" in msg and "kp_not_installed.norms.FastLayerNorm" in msg and "not installed" in msg
+    assert (
+        "LayerNorm" in msg
+        and "kp_not_installed.norms.FastLayerNorm" in msg
+        and "not installed" in msg
+    )
     assert "re-run `kernel-probe`" in msg and "inference" in msg and "install" in msg
     # verify reports it as an environment mismatch too
     with pytest.raises(LockMismatch, match="kp-not-installed"):
@@ -126,7 +150,9 @@ def test_broken_import_is_kernel_unavailable_not_a_traceback(tmp_path, monkeypat
     (pkg / "__init__.py").write_text("raise RuntimeError('0 active drivers')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("KERNEL_LOCK_TRUST", "kp_broken")
-    text = MINIMAL_LOCK.replace('created-by = "hand"', 'created-by = "hand"\ntrusted-modules = ["kp_broken"]')
+    text = MINIMAL_LOCK.replace(
+        'created-by = "hand"', 'created-by = "hand"\ntrusted-modules = ["kp_broken"]'
+    )
     text = text.replace('target = "torch.nn.LayerNorm"', 'target = "kp_broken.Norm"', 1)
     with pytest.raises(KernelUnavailable, match="RuntimeError: 0 active drivers"):
         _lock(text).factory("LayerNorm")
@@ -135,8 +161,10 @@ def test_broken_import_is_kernel_unavailable_not_a_traceback(tmp_path, monkeypat
 def test_environment_mismatch_lists_every_field():
     text = MINIMAL_LOCK.replace(
         'device-type = { value = "cpu", match = "exact" }',
-        'device-type = { value = "cuda", match = "exact" }\ndevice-arch = { value = "sm_90", match = "exact" }\n'
-        'torch = { value = "2.11.0", match = "compatible" }\ndevice-count = { value = 8, match = "ignore" }\n'
+        'device-type = { value = "cuda", match = "exact" }\ndevice-arch = { value = "sm_90", '
+        'match = "exact" }\n'
+        'torch = { value = "2.11.0", match = "compatible" }\ndevice-count = { value = 8, match '
+        '= "ignore" }\n'
         '[environment.libraries]\nliger-kernel = { value = "0.1.0", match = "compatible" }',
     )
     lock = _lock(text)
@@ -171,12 +199,17 @@ def test_match_rules(kind, rule, expected, found, ok):
 
 
 def test_inference_mode_substitutes_twin_and_says_so(caplog):
-    text = MINIMAL_LOCK.replace('created-by = "hand"', 'created-by = "hand"\ntrusted-modules = ["kp_not_installed"]')
+    text = MINIMAL_LOCK.replace(
+        'created-by = "hand"', 'created-by = "hand"\ntrusted-modules = ["kp_not_installed"]'
+    )
     text = text.replace(
         'target = "torch.nn.LayerNorm"\nsemantics = "layer_norm"\nkwargs = { eps = 1e-6 }',
-        'target = "kp_not_installed.FastLayerNorm"\nsemantics = "layer_norm"\nkwargs = { eps = 1e-6 }\n'
-        'requires = [{ name = "kp-not-installed", specifier = ">=1.0", module = "kp_not_installed" }]\n'
-        'twin = { target = "torch.nn.LayerNorm", kwargs = { eps = 1e-6 }, state-dict = "interchangeable", max-error = 0.002 }',
+        'target = "kp_not_installed.FastLayerNorm"\nsemantics = "layer_norm"\nkwargs = { eps = '
+        "1e-6 }\n"
+        'requires = [{ name = "kp-not-installed", specifier = ">=1.0", module = '
+        '"kp_not_installed" }]\n'
+        'twin = { target = "torch.nn.LayerNorm", kwargs = { eps = 1e-6 }, state-dict = '
+        '"interchangeable", max-error = 0.002 }',
         1,
     )
     lock = _lock(text)
@@ -191,10 +224,13 @@ def test_inference_mode_substitutes_twin_and_says_so(caplog):
 
 
 def test_inference_mode_without_twin_raises():
-    text = MINIMAL_LOCK.replace('created-by = "hand"', 'created-by = "hand"\ntrusted-modules = ["kp_not_installed"]')
+    text = MINIMAL_LOCK.replace(
+        'created-by = "hand"', 'created-by = "hand"\ntrusted-modules = ["kp_not_installed"]'
+    )
     text = text.replace(
         'target = "torch.nn.LayerNorm"\nsemantics = "layer_norm"\nkwargs = { eps = 1e-6 }',
-        'target = "kp_not_installed.FastLayerNorm"\nsemantics = "layer_norm"\nkwargs = { eps = 1e-6 }\n'
+        'target = "kp_not_installed.FastLayerNorm"\nsemantics = "layer_norm"\nkwargs = { eps = '
+        "1e-6 }\n"
         'requires = [{ name = "kp-not-installed", module = "kp_not_installed" }]\n'
         'twin = { target = "torch.nn.LayerNorm", state-dict = "incompatible" }',
         1,
@@ -213,7 +249,7 @@ def test_resolution_is_deterministic():
     assert a == b
 
 
-# ---- the install hint names the library the slot needs (issue 16, point 7) ---------------------------------
+# ---- the install hint names the library the slot needs (issue 16, point 7) -----------------------
 def test_install_hint_names_the_library_the_slot_needs(tmp_path):
     import kernel_lock
 
@@ -228,11 +264,14 @@ requires = [{ name = "kp-not-installed", specifier = ">=1.2", module = "kp_not_i
         lock = kernel_lock.loads(text, emit_warnings=False)
     with pytest.raises(kernel_lock.KernelUnavailable) as exc:
         lock.factory("RMSNorm", verify_environment=False)
-    assert "pip install 'kp-not-installed>=1.2'" in exc.value.fix and "kernel-probe[liger]" not in exc.value.fix
+    assert (
+        "pip install 'kp-not-installed>=1.2'" in exc.value.fix
+        and "kernel-probe[liger]" not in exc.value.fix
+    )
     assert "--mode inference" in exc.value.fix
 
 
-# ---- a library calling sys.exit on import (hostile input, issue 14) ----------------------------------------
+# ---- a library calling sys.exit on import (hostile input, issue 14) ------------------------------
 @pytest.mark.slow
 def test_a_library_calling_sys_exit_on_import_does_not_end_the_caller(tmp_path, monkeypatch):
     (tmp_path / "kp_exits.py").write_text("import sys\nsys.exit(0)\n")
@@ -247,7 +286,10 @@ def test_a_library_calling_sys_exit_on_import_does_not_end_the_caller(tmp_path, 
     # in the probe's worker: a verdict, not a dead worker
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ['PYTHONPATH']}")
     reports = check_all(
-        ["LayerNorm"], [cands.from_command_line("LayerNorm=kp_exits.Norm")], "cpu", [("float32", "true")]
+        ["LayerNorm"],
+        [cands.from_command_line("LayerNorm=kp_exits.Norm")],
+        "cpu",
+        [("float32", "true")],
     )
     [r] = [r for r in reports["LayerNorm"] if r.id == "custom:kp_exits.Norm"]
     assert r.status == "crashed" and "SystemExit" in r.reasons[0]

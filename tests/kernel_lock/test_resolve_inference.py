@@ -23,9 +23,14 @@ from tests.conftest import MINIMAL_LOCK, write_sealed
 from tests.conftest import run_cli as run
 
 NOT_INSTALLED = '[{ name = "kp-not-installed", specifier = ">=1.0", module = "kp_not_installed" }]'
-TWIN = '{ target = "torch.nn.LayerNorm", kwargs = { eps = 1e-6 }, state-dict = "interchangeable", max-error = 0.002 }'
+TWIN = (
+    '{ target = "torch.nn.LayerNorm", kwargs = { eps = 1e-6 }, state-dict = '
+    '"interchangeable", max-error = 0.002 }'
+)
 MIGRATE = (
-    '{ target = "torch.nn.LayerNorm", state-dict = "migrate", migration = ["drop:_extra_state"], max-error = 1e-6 }'
+    '{ target = "torch.nn.LayerNorm", state-dict = "migrate", migration = '
+    '["drop:_extra_state"], max-error = '
+    "1e-6 }"
 )
 
 
@@ -77,7 +82,11 @@ def test_training_implementation_is_kept_where_it_runs(caplog):
     lock = load(lock_text(target="kp_zoo.norms.ExtraStateLayerNorm", requires="[]", twin=MIGRATE))
     with caplog.at_level(logging.WARNING, logger="kernel_lock"):
         f = lock.factory("LayerNorm", mode="inference")
-    assert f.func.__name__ == "ExtraStateLayerNorm" and f.substituted_from is None and f.max_error is None
+    assert (
+        f.func.__name__ == "ExtraStateLayerNorm"
+        and f.substituted_from is None
+        and f.max_error is None
+    )
     assert f.implementation == "fast.layer_norm" and not caplog.records
     assert lock.verify("inference") == []
 
@@ -97,7 +106,13 @@ def test_twin_with_state_dict_migration_is_substituted_and_logged(caplog):
     [record] = caplog.records
     assert record.levelno == logging.WARNING and record.name == "kernel_lock"
     msg = record.getMessage()
-    for words in ("torch.nn.LayerNorm", "slot LayerNorm", "fast.layer_norm", "kp-not-installed", "1e-06"):
+    for words in (
+        "torch.nn.LayerNorm",
+        "slot LayerNorm",
+        "fast.layer_norm",
+        "kp-not-installed",
+        "1e-06",
+    ):
         assert words in msg, words
     [note] = lock.verify("inference")
     assert "LayerNorm" in note and "torch.nn.LayerNorm" in note and "1e-06" in note
@@ -112,7 +127,9 @@ def test_max_error_not_recorded_is_said():
 
 UNAVAILABLE = {  # why the training implementation cannot run on this CPU machine
     "not installed": dict(target="kp_not_installed.FastLayerNorm", requires=NOT_INSTALLED),
-    "other device": dict(target="kp_zoo.norms.GoodLayerNorm", requires="[]", devices='["cuda", "rocm"]'),
+    "other device": dict(
+        target="kp_zoo.norms.GoodLayerNorm", requires="[]", devices='["cuda", "rocm"]'
+    ),
     "broken on import": dict(target="kp_zoo.raise_on_import.FastLayerNorm", requires="[]"),
 }
 
@@ -177,7 +194,9 @@ def test_twin_of_unknown_semantics_is_taken_at_the_locks_word():
 def test_twin_semantics_table_names_real_classes_and_covers_every_builtin_twin():
     for target, semantics in TWIN_SEMANTICS.items():
         cls = import_target(target)
-        assert semantics in kernel_lock.format.slots.SEMANTICS and issubclass(cls, torch.nn.Module), target
+        assert semantics in kernel_lock.format.slots.SEMANTICS and issubclass(
+            cls, torch.nn.Module
+        ), target
     for cand in builtin():
         if cand.twin_target:
             assert TWIN_SEMANTICS[cand.twin_target] == SLOT_SEMANTICS[cand.slots[0]], cand.id
@@ -197,7 +216,8 @@ def test_verify_inference_cli_shows_the_substitution(tmp_path, capsys):
         "substituted_from": "fast.layer_norm",
         "max_error": 1e-6,
     }
-    assert data["slots"]["RMSNorm"]["substituted_from"] is None  # not pinned: torch.nn, nothing substituted
+    # not pinned: torch.nn, nothing substituted
+    assert data["slots"]["RMSNorm"]["substituted_from"] is None
     assert any("inference uses twin torch.nn.LayerNorm" in n for n in data["notes"])
     code, out, err = run(["verify", p, "--mode", "inference"], capsys)
     assert code == 0 and "substituted for fast.layer_norm, verified max error 1e-06" in out
@@ -213,14 +233,19 @@ def test_verify_inference_cli_refuses_without_usable_twin(tmp_path, capsys, case
     data = json.loads(out)
     assert code == 3 and data["ok"] is False
     [diff] = data["differences"]
-    assert diff["field"] == "slots.LayerNorm" and why in diff["found"] and diff["rule"] == "inference"
+    assert (
+        diff["field"] == "slots.LayerNorm" and why in diff["found"] and diff["rule"] == "inference"
+    )
     code, out, err = run(["verify", p, "--mode", "inference"], capsys)
     assert code == 3 and why in err and "Traceback" not in err
 
 
 def test_verify_inference_cli_reports_a_broken_import_without_twin(tmp_path, capsys):
-    # verify's metadata check passes (nothing to install); the import then fails and there is no twin
-    p = write(tmp_path, lock_text(target="kp_zoo.raise_on_import.FastLayerNorm", requires="[]", twin=None))
+    # verify's metadata check passes (nothing to install); the import then fails and there is no
+    # twin
+    p = write(
+        tmp_path, lock_text(target="kp_zoo.raise_on_import.FastLayerNorm", requires="[]", twin=None)
+    )
     code, out, _ = run(["verify", p, "--mode", "inference", "--json"], capsys)
     data = json.loads(out)
     assert code == 3 and data["ok"] is False
@@ -324,17 +349,27 @@ def test_lock_for_inference_derives_a_lock_that_runs_here(tmp_path, capsys, capl
         {"eps": 1e-06},
     )
     assert lin == source.slots["Linear"]
-    assert ln.evidence == source.slots["LayerNorm"].evidence and ln.twin == source.slots["LayerNorm"].twin
+    assert (
+        ln.evidence == source.slots["LayerNorm"].evidence
+        and ln.twin == source.slots["LayerNorm"].twin
+    )
     assert "cannot run here" in ln.reason and "1.3x faster" in ln.reason
     prov = dict(derived.provenance)
-    assert prov["source"] == str(src) and prov["source-digest"] == source.digest and prov["derived-for"] == "inference"
+    assert (
+        prov["source"] == str(src)
+        and prov["source-digest"] == source.digest
+        and prov["derived-for"] == "inference"
+    )
     assert prov["source-profile"] == "lumi" and not derived.profile
     assert prov["substitutions"] == [
         "LayerNorm: fast.layer_norm -> torch.nn.LayerNorm (max error 0.0031)",
         "RMSNorm: liger.rms_norm -> torch.nn.RMSNorm (max error 0.0078)",
     ]
     # its environment is this machine's, and nothing is substituted any more when it is used
-    assert derived.environment.fields["device-type"].value == "cpu" and not derived.environment.libraries
+    assert (
+        derived.environment.fields["device-type"].value == "cpu"
+        and not derived.environment.libraries
+    )
     assert derived.verify("inference") == []
     with pytest.raises(LockMismatch, match="training never runs on the substitutions"):
         derived.verify("training")  # an inference lock is never a training lock
@@ -356,14 +391,19 @@ def test_lock_for_inference_text_output(tmp_path, capsys):
 
 def test_lock_for_inference_refuses_slots_without_usable_twin_and_writes_nothing(tmp_path, capsys):
     text = TRAINING_LOCK.replace('target = "torch.nn.RMSNorm"', 'target = "torch.nn.LayerNorm"')
-    text = text.replace('state-dict = "migrate"\nmigration = ["drop:_extra_state"]', 'state-dict = "incompatible"')
+    text = text.replace(
+        'state-dict = "migrate"\nmigration = ["drop:_extra_state"]', 'state-dict = "incompatible"'
+    )
     src = write(tmp_path, text)
     out = tmp_path / "inference.toml"
     code, _, err = run(["lock", "--for", "inference", src, out], capsys)
     assert code == 3 and not out.exists() and "Traceback" not in err
     assert "2 slot(s) have no usable twin" in err
     flat = " ".join(err.split())
-    assert re.search(r"LayerNorm: fast\.layer_norm \([\w.]+\) cannot run here", flat) and "does not interchange" in flat
+    assert (
+        re.search(r"LayerNorm: fast\.layer_norm \([\w.]+\) cannot run here", flat)
+        and "does not interchange" in flat
+    )
     assert (
         re.search(r"RMSNorm: liger\.rms_norm \([\w.]+\) cannot run here", flat)
         and "computes layer_norm, not rms_norm" in flat
@@ -392,7 +432,9 @@ def test_lock_for_inference_usage_errors(tmp_path, capsys):
     assert run(["lock", "--for", "inference", src, out], capsys)[0] == 0
     code, _, err = run(["lock", "--for", "inference", out, tmp_path / "again.toml"], capsys)
     assert code == 2 and "already an inference lock" in err and str(src) in err
-    code, _, err = run(["lock", "--for", "inference", tmp_path / "missing.toml", tmp_path / "x.toml"], capsys)
+    code, _, err = run(
+        ["lock", "--for", "inference", tmp_path / "missing.toml", tmp_path / "x.toml"], capsys
+    )
     assert code == 5 and "no such file" in err
 
 
@@ -405,10 +447,13 @@ def test_training_refuses_an_inference_lock():
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LockWarning)
-        lock = kernel_lock.loads(MINIMAL_LOCK.replace('created-by = "hand"', 'created-by = "hand"\nmode = "inference"'))
+        lock = kernel_lock.loads(
+            MINIMAL_LOCK.replace('created-by = "hand"', 'created-by = "hand"\nmode = "inference"')
+        )
     with pytest.raises(KernelUnavailable, match="inference lock") as exc:
         lock.factory("LayerNorm", mode="training")
-    assert "--mode inference" in exc.value.fix and 'mode="inference"' in exc.value.fix  # both audiences
+    # both audiences
+    assert "--mode inference" in exc.value.fix and 'mode="inference"' in exc.value.fix
     with pytest.raises(LockMismatch, match="training never runs on the substitutions"):
         lock.verify("training")
     assert type(lock.factory("LayerNorm", mode="inference")(4)).__name__ == "LayerNorm"
@@ -416,7 +461,7 @@ def test_training_refuses_an_inference_lock():
     assert lock.factory("LayerNorm").mode == "inference" and lock.verify() == []
 
 
-# ---- a lock's own mode (issue 16, point 3) -----------------------------------------------------------------
+# ---- a lock's own mode (issue 16, point 3) -------------------------------------------------------
 @pytest.fixture
 def inference_lock(tmp_path):
     text = MINIMAL_LOCK.replace('created-by = "hand"', 'created-by = "hand"\nmode = "inference"')

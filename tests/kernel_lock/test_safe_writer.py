@@ -1,5 +1,5 @@
-"""kernel_lock.trust.files.write_file and private_dir: the one safe writer, tested against links, FIFOs,
-foreign owners and modes (issue 34, point 1: files clobbered through links)."""
+"""kernel_lock.trust.files.write_file and private_dir: the one safe writer, tested against links,
+FIFOs, foreign owners and modes (issue 34, point 1: files clobbered through links)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import pytest
 from kernel_lock.errors import ExitCode
 from kernel_lock.trust.files import UnsafeWrite, check_directory, private_dir, write_file
 
-OTHER_UID = 54321  # a user that is not us (the tests run as root here, or as a user: either way not 54321)
+OTHER_UID = (
+    54321  # a user that is not us (the tests run as root here, or as a user: either way not 54321)
+)
 
 
 def test_writes_atomically_with_the_mode_asked_and_leaves_no_temporary_file(tmp_path):
@@ -40,7 +42,9 @@ def test_a_link_the_user_named_is_written_through_on_request(tmp_path):
     (tmp_path / "real").mkdir()
     (tmp_path / "link.toml").symlink_to(tmp_path / "real" / "lock.toml")
     write_file(tmp_path / "link.toml", "a", through_link=True)
-    assert (tmp_path / "link.toml").is_symlink() and (tmp_path / "real" / "lock.toml").read_text() == "a"
+    assert (tmp_path / "link.toml").is_symlink() and (
+        tmp_path / "real" / "lock.toml"
+    ).read_text() == "a"
 
 
 def test_a_planted_temporary_name_is_never_opened(tmp_path, monkeypatch):
@@ -118,7 +122,7 @@ def test_a_missing_folder_writes_nothing(tmp_path):
         write_file(tmp_path / "no" / "k.toml", "x")
 
 
-# ---- node-local folders: 0700, made by us, checked after creation --------------------------------------
+# ---- node-local folders: 0700, made by us, checked after creation --------------------------------
 def test_private_dir_is_made_0700_and_an_older_0755_of_ours_is_tightened(tmp_path):
     made = private_dir(tmp_path / "p")
     assert stat.S_IMODE(made.stat().st_mode) == 0o700

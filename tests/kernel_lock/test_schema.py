@@ -26,9 +26,27 @@ MALFORMED = [
     ("empty", "", LockFormatError, "lock-version", "required key is missing"),
     ("binary", b"\xff\xfe\x00garbage", LockFormatError, None, "not UTF-8"),
     ("future major", _replace('"1.0"', '"2.0"'), LockVersionError, "lock-version", "not supported"),
-    ("bad version string", _replace('"1.0"', '"one"'), LockFormatError, "lock-version", "MAJOR.MINOR"),
-    ("version wrong type", _replace('"1.0"', "1.0"), LockFormatError, "lock-version", "expected string"),
-    ("missing created-by", _replace('created-by = "hand"\n', ""), LockFormatError, "created-by", "required"),
+    (
+        "bad version string",
+        _replace('"1.0"', '"one"'),
+        LockFormatError,
+        "lock-version",
+        "MAJOR.MINOR",
+    ),
+    (
+        "version wrong type",
+        _replace('"1.0"', "1.0"),
+        LockFormatError,
+        "lock-version",
+        "expected string",
+    ),
+    (
+        "missing created-by",
+        _replace('created-by = "hand"\n', ""),
+        LockFormatError,
+        "created-by",
+        "required",
+    ),
     (
         "unknown slot",
         _replace("[slots.Linear]", "[slots.Layernorm]"),
@@ -186,17 +204,29 @@ MALFORMED = [
         "precision",
         "not one of",
     ),
-    ("bool for string", _replace('created-by = "hand"', "created-by = true"), LockFormatError, "created-by", "boolean"),
+    (
+        "bool for string",
+        _replace('created-by = "hand"', "created-by = true"),
+        LockFormatError,
+        "created-by",
+        "boolean",
+    ),
     (
         "datetime in evidence",
-        _replace("kwargs = { eps = 1e-6 }", "kwargs = { eps = 1e-6 }\nevidence = [{ when = 1979-05-27T07:32:00Z }]"),
+        _replace(
+            "kwargs = { eps = 1e-6 }",
+            "kwargs = { eps = 1e-6 }\nevidence = [{ when = 1979-05-27T07:32:00Z }]",
+        ),
         LockFormatError,
         "slots.LayerNorm.evidence[0].when",
         "unsupported",
     ),
     (
         "twin not allowed",
-        _replace("kwargs = { eps = 1e-6 }", 'kwargs = { eps = 1e-6 }\ntwin = { target = "subprocess.Popen" }'),
+        _replace(
+            "kwargs = { eps = 1e-6 }",
+            'kwargs = { eps = 1e-6 }\ntwin = { target = "subprocess.Popen" }',
+        ),
         TargetNotAllowed,
         "slots.LayerNorm.twin.target",
         "allow-list",
@@ -214,7 +244,8 @@ MALFORMED = [
     (
         "rejected bad status",
         _replace(
-            "kwargs = { eps = 1e-6 }", 'kwargs = { eps = 1e-6 }\nrejected = [{ implementation = "x", status = "meh" }]'
+            "kwargs = { eps = 1e-6 }",
+            'kwargs = { eps = 1e-6 }\nrejected = [{ implementation = "x", status = "meh" }]',
         ),
         LockFormatError,
         "slots.LayerNorm.rejected[0].status",
@@ -267,7 +298,7 @@ def test_documented_example_is_a_valid_lock():
     assert kernel_lock.loads(lock.sealed().dumps()).intact
 
 
-# ---- requires[].module, private and __main__ targets, trust (hostile input, issue 14) ----------------------
+# ---- requires[].module, private and __main__ targets, trust (hostile input, issue 14) ------------
 @pytest.fixture
 def canary(tmp_path, monkeypatch):
     pkg = tmp_path / "site" / "canarypkg"
@@ -276,25 +307,34 @@ def canary(tmp_path, monkeypatch):
     (pkg / "__init__.py").write_text(f"open({str(flag)!r}, 'w').write('imported')\n")
     (pkg / "sub" / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    monkeypatch.setenv("PYTHONPATH", f"{tmp_path / 'site'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.setenv(
+        "PYTHONPATH", f"{tmp_path / 'site'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    )
     return flag
 
 
-REQUIRES = 'kwargs = {{ eps = 1e-6 }}\nrequires = [{{ name = "no-such-dist", module = "{module}" }}]'
+REQUIRES = (
+    'kwargs = {{ eps = 1e-6 }}\nrequires = [{{ name = "no-such-dist", module = "{module}" }}]'
+)
 
 
 @pytest.mark.parametrize("module", ["canarypkg.sub", "this.x", "nosuchpkg.sub"])
-def test_requirement_modules_are_allow_listed_and_never_imported(tmp_path, capsys, canary, no_trust, module):
+def test_requirement_modules_are_allow_listed_and_never_imported(
+    tmp_path, capsys, canary, no_trust, module
+):
     text = edited_lock(**{"kwargs = { eps = 1e-6 }": REQUIRES.format(module=module)})
     path = write_sealed(tmp_path / "k.toml", text, check_targets=False)
     code, out, err = run_cli(["verify", path, "--json"], capsys)
     assert code == 5 and "requirement module" in err and "allow-list" in err, err
-    assert json.loads(out)["error"]["exit_code"] == 5  # --json: the error as JSON on stdout, nothing else
+    # --json: the error as JSON on stdout, nothing else
+    assert json.loads(out)["error"]["exit_code"] == 5
     assert "Zen of Python" not in out + err and "Traceback" not in err
     assert not canary.exists()
 
 
-def test_a_granted_requirement_module_is_looked_up_without_running_it(tmp_path, capsys, canary, no_trust):
+def test_a_granted_requirement_module_is_looked_up_without_running_it(
+    tmp_path, capsys, canary, no_trust
+):
     path = write_sealed(
         tmp_path / "k.toml",
         edited_lock(**{"kwargs = { eps = 1e-6 }": REQUIRES.format(module="canarypkg.sub")}),
@@ -312,7 +352,7 @@ def test_a_granted_requirement_module_is_looked_up_without_running_it(tmp_path, 
     assert code == 3 and "no-such-dist" in err and "not installed" in err and "Traceback" not in err
 
 
-# ---- unvalidated values, huge and oversized locks (hostile input, issue 14) --------------------------------
+# ---- unvalidated values, huge and oversized locks (hostile input, issue 14) ----------------------
 @pytest.mark.parametrize(
     "name,old,new,words",
     [

@@ -40,8 +40,8 @@ OPEN = {
     ("slots", "<Slot>", "kwargs"): "<kwarg>",
     ("slots", "<Slot>", "twin", "kwargs"): "<kwarg>",
 }
-# tables whose keys are an open set (option names, library names, measured options, outputs) that the
-# parent's row documents in prose: the table's own key is checked, its keys are not walked
+# tables whose keys are an open set (option names, library names, measured options, outputs) that
+# the parent's row documents in prose: the table's own key is checked, its keys are not walked
 VALUE_TABLES = {
     ("provenance", "options"),
     ("provenance", "libraries"),
@@ -118,7 +118,9 @@ def documented(text: str) -> dict[tuple[str, ...], set[str]]:
         elif line.startswith("#"):
             title = line.lstrip("#").strip()
             parents = (
-                [()] if title == "Top level" else [_parent(m.group(0).strip("`")) for m in _TABLE_NAME.finditer(title)]
+                [()]
+                if title == "Top level"
+                else [_parent(m.group(0).strip("`")) for m in _TABLE_NAME.finditer(title)]
             )
         elif parents and line.startswith("|"):
             cells = [c.strip() for c in _CELL_SPLIT.split(line.strip())[1:-1]]
@@ -130,7 +132,9 @@ def documented(text: str) -> dict[tuple[str, ...], set[str]]:
 
 
 # ---- what a lock holds --------------------------------------------------------------------------
-def key_paths(table: Mapping, parent: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], str]]:
+def key_paths(
+    table: Mapping, parent: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], str]]:
     """(parent table, key) for every key, names of sets replaced by their placeholders."""
     for key, value in table.items():
         name = OPEN.get(parent, key)
@@ -147,7 +151,11 @@ def key_paths(table: Mapping, parent: tuple[str, ...] = ()) -> Iterator[tuple[tu
 
 def undocumented(lock: Mapping, doc: str) -> list[str]:
     docs = documented(doc)
-    missing = {".".join((*parent, key)) for parent, key in key_paths(lock) if key not in docs.get(parent, set())}
+    missing = {
+        ".".join((*parent, key))
+        for parent, key in key_paths(lock)
+        if key not in docs.get(parent, set())
+    }
     return sorted(missing)
 
 
@@ -182,8 +190,11 @@ def test_every_key_of_a_real_lock_is_documented(real_locks, name):
 
 
 def test_the_real_locks_carry_the_optional_keys(real_locks):
-    """The walk above is only as good as the locks: they must hold the keys written only sometimes."""
-    seen = {".".join((*parent, key)) for lock in real_locks.values() for parent, key in key_paths(lock)}
+    """The walk above is only as good as the locks: they must hold the keys written only
+    sometimes."""
+    seen = {
+        ".".join((*parent, key)) for lock in real_locks.values() for parent, key in key_paths(lock)
+    }
     for path in (
         "profile.source",
         "provenance.inputs",
@@ -217,7 +228,8 @@ def test_regimes_are_what_the_docs_say(real_locks):
 
 # ---- the check itself fails when it should ------------------------------------------------------
 def _without_row(doc: str, first_cell: str, section: str) -> str:
-    """``doc`` without the row starting with ``first_cell`` in the section whose heading names ``section``."""
+    """``doc`` without the row starting with ``first_cell`` in the section whose heading names
+    ``section``."""
     heading = re.search(rf"^#+ .*{re.escape(section)}.*$", doc, re.M)
     assert heading is not None, section
     end = re.compile(r"^#", re.M).search(doc, heading.end())
@@ -231,19 +243,38 @@ def _without_row(doc: str, first_cell: str, section: str) -> str:
 @pytest.mark.parametrize(
     "mutate,path",
     [
-        (lambda d: _without_row(d, "`spread`", "`[[slots.<Slot>.timing]]`"), "slots.<Slot>.timing[].spread"),
+        (
+            lambda d: _without_row(d, "`spread`", "`[[slots.<Slot>.timing]]`"),
+            "slots.<Slot>.timing[].spread",
+        ),
         (lambda d: _without_row(d, "`source`", "`[profile]`"), "profile.source"),
-        (lambda d: _without_row(d, "`regime`", "`[[slots.<Slot>.evidence]]`"), "slots.<Slot>.evidence[].regime"),
-        (lambda d: _without_row(d, "`device-count`", "`[environment]`"), "environment.device-count"),
+        (
+            lambda d: _without_row(d, "`regime`", "`[[slots.<Slot>.evidence]]`"),
+            "slots.<Slot>.evidence[].regime",
+        ),
+        (
+            lambda d: _without_row(d, "`device-count`", "`[environment]`"),
+            "environment.device-count",
+        ),
         (lambda d: _without_row(d, "`RMSNorm`", "`[slots]`"), "slots.RMSNorm"),
         (
             lambda d: _without_row(d, "`<distribution>`", "`[environment.libraries]`"),
             "environment.libraries.<distribution>",
         ),
-        (lambda d: _without_row(d, "`<kwarg>`", "`[slots.<Slot>.kwargs]`"), "slots.<Slot>.kwargs.<kwarg>"),
-        (lambda d: d.replace("### `[slots.<Slot>.twin]`", "### The twin"), "slots.<Slot>.twin.max-error"),
-        # documented for another table only: the evidence's `deterministic` row does not cover provenance's
-        (lambda d: _without_row(d, "`deterministic`", "`[provenance]`"), "provenance.deterministic"),
+        (
+            lambda d: _without_row(d, "`<kwarg>`", "`[slots.<Slot>.kwargs]`"),
+            "slots.<Slot>.kwargs.<kwarg>",
+        ),
+        (
+            lambda d: d.replace("### `[slots.<Slot>.twin]`", "### The twin"),
+            "slots.<Slot>.twin.max-error",
+        ),
+        # documented for another table only: the evidence's `deterministic` row does not cover
+        # provenance's
+        (
+            lambda d: _without_row(d, "`deterministic`", "`[provenance]`"),
+            "provenance.deterministic",
+        ),
     ],
 )
 def test_a_key_the_document_lost_is_reported(real_locks, mutate, path):

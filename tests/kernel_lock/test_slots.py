@@ -27,7 +27,13 @@ from kernel_lock.format.slots import (
 
 def test_every_slot_has_its_facts():
     assert SLOTS == ("LayerNorm", "RMSNorm", "Linear", "Attention", "GatedMLP", "Activation")
-    for table in (SLOT_SEMANTICS, slots.DEFAULT_TARGETS, slots.CANONICAL, slots.CALL_ARGS, slots.CALL_KWARGS):
+    for table in (
+        SLOT_SEMANTICS,
+        slots.DEFAULT_TARGETS,
+        slots.CANONICAL,
+        slots.CALL_ARGS,
+        slots.CALL_KWARGS,
+    ):
         assert tuple(table) == SLOTS
     assert set(SLOT_SEMANTICS.values()) == set(slots.SEMANTICS)
     for slot, target in slots.DEFAULT_TARGETS.items():
@@ -51,7 +57,10 @@ def test_known_torch_targets_list_every_constructor_keyword(target):
         ("torch.nn.modules.linear.Linear", "torch.nn.Linear"),
         ("torch.nn.modules.Linear", "torch.nn.Linear"),
         ("torch.nn.LayerNorm", "torch.nn.LayerNorm"),
-        ("torch.nn.modules.linear.LayerNorm", "torch.nn.modules.linear.LayerNorm"),  # not a real alias
+        (
+            "torch.nn.modules.linear.LayerNorm",
+            "torch.nn.modules.linear.LayerNorm",
+        ),  # not a real alias
         ("mylib.Norm", "mylib.Norm"),
     ],
 )
@@ -75,7 +84,10 @@ def test_twin_semantics(target, semantics):
 
 def test_precisions_and_dtypes():
     assert list(PRECISIONS) == ["32-true", "bf16-true", "16-true", "bf16-mixed", "16-mixed"]
-    assert PRECISIONS["bf16-mixed"] == ("bfloat16", "mixed") and PRECISIONS["16-true"].dtype == "float16"
+    assert (
+        PRECISIONS["bf16-mixed"] == ("bfloat16", "mixed")
+        and PRECISIONS["16-true"].dtype == "float16"
+    )
     assert list(DTYPES) == ["float32", "bfloat16", "float16"]
     for d in DTYPES.values():
         assert d.eps == torch.finfo(getattr(torch, d.name)).eps
@@ -85,7 +97,14 @@ def test_precisions_and_dtypes():
 
 
 @pytest.mark.parametrize(
-    "name,short", [("float32", "fp32"), ("bfloat16", "bf16"), ("float16", "fp16"), ("float64", "float64"), ("", "")]
+    "name,short",
+    [
+        ("float32", "fp32"),
+        ("bfloat16", "bf16"),
+        ("float16", "fp16"),
+        ("float64", "float64"),
+        ("", ""),
+    ],
 )
 def test_short_dtype(name, short):
     assert short_dtype(name) == short
@@ -107,7 +126,9 @@ def test_dtype_named(text, name):
     assert dtype_named(text) == name
 
 
-@pytest.mark.parametrize("device,torch_type", [("rocm", "cuda"), ("cuda", "cuda"), ("cpu", "cpu"), ("mps", "mps")])
+@pytest.mark.parametrize(
+    "device,torch_type", [("rocm", "cuda"), ("cuda", "cuda"), ("cpu", "cpu"), ("mps", "mps")]
+)
 def test_torch_device(device, torch_type):
     assert torch_device(device) == torch_type
 
@@ -163,4 +184,5 @@ def test_class_semantics_of_quantized_and_fused_classes():
     assert issubclass(DynamicLinear, torch.nn.Module)
     assert class_semantics(DynamicLinear) == "other: Linear (quantized or fused)"
     fused = type("Sub", (DynamicLinear,), {"__module__": "mylib"})
-    assert class_semantics(fused) == "other: Sub (quantized or fused)"  # a class it derives from is one
+    # a class it derives from is one
+    assert class_semantics(fused) == "other: Sub (quantized or fused)"

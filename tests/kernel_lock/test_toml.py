@@ -1,4 +1,5 @@
-"""kernel_lock.format.toml: the canonical TOML writer (inline tables, sections, arrays of tables) and its reader."""
+"""kernel_lock.format.toml: the canonical TOML writer (inline tables, sections, arrays of tables)
+and its reader."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ SCALARS = [
     ("back\\slash", '"back\\\\slash"'),
     ("tab\tnew\nline\rret", '"tab\\tnew\\nline\\rret"'),
     ("bell\x07del\x7f", '"bell\\u0007del\\u007f"'),
-    # tomli-w's compact escapes for backspace and form feed (the hand-written writer wrote \u0008, \u000c)
+    # tomli-w's compact escapes for backspace and form feed (the hand-written writer wrote \u0008,
+    # \u000c)
     ("bs\bff\f", '"bs\\bff\\f"'),
     ("unicode é", '"unicode é"'),
     ([], "[]"),
@@ -50,7 +52,8 @@ def test_values_are_written_canonically_and_read_back(value, text):
 
 
 @pytest.mark.parametrize(
-    "key,text", [("plain-key_1", "plain-key_1"), ("dotted.key", '"dotted.key"'), ("a b", '"a b"'), ("", '""')]
+    "key,text",
+    [("plain-key_1", "plain-key_1"), ("dotted.key", '"dotted.key"'), ("a b", '"a b"'), ("", '""')],
 )
 def test_keys_are_quoted_only_when_they_must_be(key, text):
     out = toml.dumps({key: 1})
@@ -59,7 +62,12 @@ def test_keys_are_quoted_only_when_they_must_be(key, text):
 
 def test_layout_scalars_first_then_sections_then_arrays_of_tables():
     doc = {
-        "slots": {"LayerNorm": {"target": "torch.nn.LayerNorm", "twin": {"target": "t", "nested": {"x": 1}}}},
+        "slots": {
+            "LayerNorm": {
+                "target": "torch.nn.LayerNorm",
+                "twin": {"target": "t", "nested": {"x": 1}},
+            }
+        },
         "version": "1.0",
         "env": {"a": {"value": 1, "match": "exact"}},
         "evidence": [{"device": "cpu", "errors": {"y": 0.1}, "a": 1, "b": 2}, {"device": "cuda"}],
@@ -101,7 +109,10 @@ def test_a_table_of_only_tables_gets_no_header_of_its_own():
         ({"k": object()}, "cannot write object to TOML"),
         ({"k": b"bytes"}, "cannot write bytes to TOML"),
         ({"k": [{"a": {"b": {}}}, 1]}, "list 'k' mixes tables and other values"),
-        ({"k": [{"a": {"b": {"c": 1}}, "n": {"m": {}}}]}, "too deeply nested for the canonical writer"),
+        (
+            {"k": [{"a": {"b": {"c": 1}}, "n": {"m": {}}}]},
+            "too deeply nested for the canonical writer",
+        ),
     ],
 )
 def test_what_cannot_be_written_is_refused(doc, words):

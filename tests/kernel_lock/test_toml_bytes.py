@@ -1,9 +1,9 @@
 """tomli-w is the project's TOML writer, and a lock's bytes stay what they were (issue 37).
 
-The golden files in data/toml-golden/ were written by the hand-written formatter tomli-w replaced (a real
-CPU probe's lock, the lock-format example, a document of every value form): for the same content the
-writer must give the same bytes (key order, float and string forms, inline tables, one-line arrays), so
-diffs between locks and their digests do not change."""
+The golden files in data/toml-golden/ were written by the hand-written formatter tomli-w replaced (a
+real CPU probe's lock, the lock-format example, a document of every value form): for the same
+content the writer must give the same bytes (key order, float and string forms, inline tables,
+one-line arrays), so diffs between locks and their digests do not change."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ def test_a_probe_lock_keeps_its_bytes_and_its_digest():
     lock = kernel_lock.loads(text, emit_warnings=False)
     assert lock.intact and lock.compute_digest() == lock.digest
     assert lock.dumps() == text
-    assert any(len(line) > 100 and line.startswith("reasons = [") for line in text.splitlines())  # one line
+    # one line
+    assert any(len(line) > 100 and line.startswith("reasons = [") for line in text.splitlines())
 
 
 def test_every_scalar_is_formatted_by_tomli_w(monkeypatch):
@@ -52,10 +53,15 @@ def test_control_characters_are_escaped_as_tomli_w_escapes_them_and_read_back(te
 
 def test_reading_a_lock_does_not_import_the_writer():
     code = (
-        "import sys, kernel_lock; kernel_lock.loads(open(sys.argv[1]).read(), emit_warnings=False); "
+        "import sys, kernel_lock; kernel_lock.loads(open(sys.argv[1]).read(), "
+        "emit_warnings=False); "
         "print('tomli_w' in sys.modules)"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code, str(GOLDEN[-1])], capture_output=True, text=True, check=True, timeout=120
+        [sys.executable, "-c", code, str(GOLDEN[-1])],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
     )
     assert proc.stdout.strip() == "False"

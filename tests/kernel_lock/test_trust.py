@@ -1,4 +1,5 @@
-"""kernel_lock.trust: the import allow-list, the trust a caller grants, and the refusals before any import."""
+"""kernel_lock.trust: the import allow-list, the trust a caller grants, and the refusals before any
+import."""
 
 from __future__ import annotations
 
@@ -83,8 +84,13 @@ def test_granted_trust_refuses_a_bad_name(monkeypatch, trust, env, source, key):
     monkeypatch.setenv(TRUST_ENV, env)
     with pytest.raises(BadEnvironmentVariable) as exc:
         granted_trust(trust)
-    assert exc.value.problem.startswith(f"{source}: ") and "is not a public module name" in exc.value.problem
-    assert exc.value.key == key and exc.value.exit_code == 2 and "KERNEL_LOCK_TRUST=" in exc.value.fix
+    assert (
+        exc.value.problem.startswith(f"{source}: ")
+        and "is not a public module name" in exc.value.problem
+    )
+    assert (
+        exc.value.key == key and exc.value.exit_code == 2 and "KERNEL_LOCK_TRUST=" in exc.value.fix
+    )
 
 
 @pytest.mark.parametrize(
@@ -93,7 +99,10 @@ def test_granted_trust_refuses_a_bad_name(monkeypatch, trust, env, source, key):
         ("torch.nn.LayerNorm", ()),
         ("torch.nn.modules.normalization.RMSNorm", ()),
         ("kernel_lock.adapters.CompiledLinear", ()),
-        ("liger_kernel.transformers.LigerLayerNorm", ()),  # a built-in candidate's root, from the registry
+        (
+            "liger_kernel.transformers.LigerLayerNorm",
+            (),
+        ),  # a built-in candidate's root, from the registry
         ("transformer_engine.pytorch.LayerNorm", ()),
         ("mylib.norms.Fast", ("mylib",)),
         ("mylib.norms.Fast", ("mylib.norms",)),
@@ -112,13 +121,37 @@ REFUSED = [
     ("torch nn.X", (), (), LockFormatError, "is not a dotted import path"),
     (3, (), (), LockFormatError, "is not a dotted import path"),
     ("torch._C._nn.Thing", (), (), TargetNotAllowed, "private or __main__ component"),
-    ("torch.utils.model_dump.__main__.X", (), (), TargetNotAllowed, "private or __main__ component"),
+    (
+        "torch.utils.model_dump.__main__.X",
+        (),
+        (),
+        TargetNotAllowed,
+        "private or __main__ component",
+    ),
     ("os.system", (), (), TargetNotAllowed, "is not in the import allow-list"),
-    ("torchvision.ops.Foo", (), (), TargetNotAllowed, "is not in the import allow-list"),  # lookalike root
-    ("kernel_lock.resolve.KernelFactory", (), (), TargetNotAllowed, "is not in the import allow-list"),
+    (
+        "torchvision.ops.Foo",
+        (),
+        (),
+        TargetNotAllowed,
+        "is not in the import allow-list",
+    ),  # lookalike root
+    (
+        "kernel_lock.resolve.KernelFactory",
+        (),
+        (),
+        TargetNotAllowed,
+        "is not in the import allow-list",
+    ),
     ("mylibx.Fast", ("mylib",), (), TargetNotAllowed, "is not in the import allow-list"),
     ("mylib.norms.Fast", (), ("mylib",), TargetNotAllowed, "which the lock asks to trust"),
-    ("kernel_lock.adapters.Autocast__os__System", (), (), TargetNotAllowed, "(inside kernel_lock.adapters."),
+    (
+        "kernel_lock.adapters.Autocast__os__System",
+        (),
+        (),
+        TargetNotAllowed,
+        "(inside kernel_lock.adapters.",
+    ),
     ("kernel_lock.adapters.Sized__mylib__Fast", (), ("mylib",), TargetNotAllowed, "asks to trust"),
 ]
 
@@ -126,10 +159,16 @@ REFUSED = [
 @pytest.mark.parametrize("target,trusted,requested,error,words", REFUSED)
 def test_check_target_refuses(target, trusted, requested, error, words):
     with pytest.raises(error) as exc:
-        check_target(target, trusted, path="k.toml", key="slots.LayerNorm.target", requested=requested)
+        check_target(
+            target, trusted, path="k.toml", key="slots.LayerNorm.target", requested=requested
+        )
     assert type(exc.value) is error
     assert words in exc.value.problem
-    assert (exc.value.path, exc.value.key, exc.value.exit_code) == ("k.toml", "slots.LayerNorm.target", 5)
+    assert (exc.value.path, exc.value.key, exc.value.exit_code) == (
+        "k.toml",
+        "slots.LayerNorm.target",
+        5,
+    )
 
 
 def test_a_refusal_names_the_grant():
@@ -159,12 +198,17 @@ def test_trusted_modules_extend_the_allow_list():
     assert lock.slots["LayerNorm"].target == "mylib.norms.FastLayerNorm"
 
 
-@pytest.mark.parametrize("target", ["torch.utils.model_dump.__main__.X", "torch._C._nn.Thing", "torch.nn._reduction.X"])
+@pytest.mark.parametrize(
+    "target", ["torch.utils.model_dump.__main__.X", "torch._C._nn.Thing", "torch.nn._reduction.X"]
+)
 def test_main_and_private_paths_are_refused_before_import(tmp_path, capsys, target):
     path = tmp_path / "k.toml"
-    path.write_text(edited_lock(**{'target = "torch.nn.LayerNorm"': f'target = "{target}"'}))  # not sealed
+    # not sealed
+    path.write_text(edited_lock(**{'target = "torch.nn.LayerNorm"': f'target = "{target}"'}))
     code, out, err = run_cli(["verify", path], capsys)
-    assert code == 5 and "private or __main__ component" in err and "usage" not in (out + err).lower()
+    assert (
+        code == 5 and "private or __main__ component" in err and "usage" not in (out + err).lower()
+    )
     assert "torch.utils.model_dump.__main__" not in sys.modules
 
 
@@ -177,7 +221,11 @@ def test_a_locks_trusted_modules_only_ask(tmp_path, capsys, no_trust):
     )
     path = write_sealed(tmp_path / "k.toml", text, check_targets=False)
     code, _, err = run_cli(["verify", path], capsys)
-    assert code == 5 and "asks to trust (trusted-modules) but which was not granted" in err and "--trust kp_zoo" in err
+    assert (
+        code == 5
+        and "asks to trust (trusted-modules) but which was not granted" in err
+        and "--trust kp_zoo" in err
+    )
     assert run_cli(["verify", path, "--trust", "kp_zoo"], capsys)[0] == 0
     os.environ["KERNEL_LOCK_TRUST"] = "kp_zoo"
     try:
@@ -187,10 +235,13 @@ def test_a_locks_trusted_modules_only_ask(tmp_path, capsys, no_trust):
         del os.environ["KERNEL_LOCK_TRUST"]
     with pytest.raises(TargetNotAllowed, match="not granted"):
         kernel_lock.load(path)
-    assert run_cli(["show", path], capsys)[0] == 0  # printing a lock imports nothing: no trust needed
+    # printing a lock imports nothing: no trust needed
+    assert run_cli(["show", path], capsys)[0] == 0
 
 
 def test_the_lock_loader_grants_the_callers_trust(no_trust):
-    assert kernel_lock.loads(MINIMAL_LOCK, emit_warnings=False, trust=["mylib"]).granted == ("mylib",)
+    assert kernel_lock.loads(MINIMAL_LOCK, emit_warnings=False, trust=["mylib"]).granted == (
+        "mylib",
+    )
     with pytest.raises(BadEnvironmentVariable):
         kernel_lock.loads(MINIMAL_LOCK, emit_warnings=False, trust=["no good"])

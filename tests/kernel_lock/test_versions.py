@@ -1,4 +1,5 @@
-"""kernel_lock.format.versions: release numbers of versions as machines report them, and PEP 440 specifiers."""
+"""kernel_lock.format.versions: release numbers of versions as machines report them, and PEP 440
+specifiers."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Exit codes and output (issue 24, point 8): each case the issue lists, and Unicode format characters
-from a lock shown as escapes wherever C0/C1 controls are (show, explain, the job-start lines, errors)."""
+"""Exit codes and output (issue 24, point 8): each case the issue lists, and Unicode format
+characters from a lock shown as escapes wherever C0/C1 controls are (show, explain, the job-start
+lines, errors)."""
 
 from __future__ import annotations
 
@@ -52,8 +53,10 @@ def test_a_non_ascii_digit_in_a_shape_is_explained(shape, capsys):
     assert "ROWSxHIDDEN" in err and "invalid literal" not in err
 
 
-# ---- Unicode format characters -----------------------------------------------------------------------
-FORMAT = [chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) in ("Cf", "Zl", "Zp")]
+# ---- Unicode format characters -------------------------------------------------------------------
+FORMAT = [
+    chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) in ("Cf", "Zl", "Zp")
+]
 NAMED = ["\u202a", "\u202b", "\u202c", "\u202d", "\u202e", "\u2066", "\u2067", "\u2068", "\u2069"]
 NAMED += ["\u2028", "\u2029", "\u200b", "\u200c", "\u200d", "\u200e", "\u200f", "\ufeff", "\u2060"]
 
@@ -73,7 +76,9 @@ def _hostile_lock(tmp_path, minimal_lock_text):
     from dataclasses import replace
 
     evil = "".join(NAMED)
-    slot = replace(slot, implementation=f"torch.layer_norm{evil}", reason=f"fast{evil}\u202eesrever")
+    slot = replace(
+        slot, implementation=f"torch.layer_norm{evil}", reason=f"fast{evil}\u202eesrever"
+    )
     lock = replace(lock, slots={**lock.slots, "LayerNorm": slot}, created_by=f"hand{evil}").sealed()
     path = tmp_path / "evil.toml"
     lock.dump(path)
@@ -93,7 +98,9 @@ def test_show_and_explain_escape_them(tmp_path, minimal_lock_text, capsys, argv)
 def test_errors_escape_them(tmp_path, minimal_lock_text, capsys):
     path = tmp_path / "bad.toml"
     path.write_text(
-        minimal_lock_text.replace('created-by = "hand"', 'created-by = "hand"\nmode = "train\u202eing\u2028x"')
+        minimal_lock_text.replace(
+            'created-by = "hand"', 'created-by = "hand"\nmode = "train\u202eing\u2028x"'
+        )
     )
     code, out, err = run_cli(["verify", path], capsys)
     assert code == 5
@@ -107,7 +114,7 @@ def test_the_job_start_lines_escape_them(tmp_path, minimal_lock_text, capsys, mo
     assert "\u202e" not in err and "\u2066" not in err and "\\u202e" in err
 
 
-# ---- one vocabulary: exit codes and the common flags -------------------------------------------------------------
+# ---- one vocabulary: exit codes and the common flags ---------------------------------------------
 def test_every_error_class_names_its_exit_code_from_ExitCode():
     import re
 
@@ -125,7 +132,11 @@ def test_every_error_class_names_its_exit_code_from_ExitCode():
     from kernel_lock.portability import NotPortable
     from kernel_probe import errors
 
-    classes = [NotPortable, *kernel_lock.LockError.__subclasses__(), *errors.ProbeError.__subclasses__()]
+    classes = [
+        NotPortable,
+        *kernel_lock.LockError.__subclasses__(),
+        *errors.ProbeError.__subclasses__(),
+    ]
     assert all(isinstance(cls.exit_code, ExitCode) for cls in classes)
 
 
@@ -144,7 +155,10 @@ def test_exit_codes_keep_their_numbers_and_read_as_numbers():
         ("LOCKS_DIFFER", 6),
     ]
     assert kernel_lock.ExitCode is ExitCode and kernel_lock.EXIT_CODES is EXIT_CODES
-    assert str(ExitCode.MISMATCH) == f"{ExitCode.MISMATCH}" == "3" and json.dumps(ExitCode.USAGE) == "2"
+    assert (
+        str(ExitCode.MISMATCH) == f"{ExitCode.MISMATCH}" == "3"
+        and json.dumps(ExitCode.USAGE) == "2"
+    )
 
 
 def test_every_command_takes_debug_and_json_where_it_prints_json(capsys):
@@ -173,7 +187,7 @@ def test_the_flags_are_declared_in_one_place():
     assert declared == [("kernel_probe/output.py", "--json"), ("kernel_probe/output.py", "--debug")]
 
 
-# ---- errors as JSON, tables wider rather than cut (issue 16, point 4) --------------------------------------
+# ---- errors as JSON, tables wider rather than cut (issue 16, point 4) ----------------------------
 def test_wide_table_is_printed_wider_rather_than_cut(monkeypatch):
     from kernel_probe import output
 
@@ -184,7 +198,10 @@ def test_wide_table_is_printed_wider_rather_than_cut(monkeypatch):
         t = output.table("T")
         t.add_column("id", no_wrap=True)
         t.add_column("note")
-        t.add_row("x" * 70 + ".end", "words that may wrap at spaces but never inside 'a_very_long_word_indeed'")
+        t.add_row(
+            "x" * 70 + ".end",
+            "words that may wrap at spaces but never inside 'a_very_long_word_indeed'",
+        )
         output.print_table(t)
     text = buf.getvalue()
     assert "x" * 70 + ".end" in text and "'a_very_long_word_indeed'" in text and "…" not in text
@@ -207,7 +224,7 @@ def test_json_errors_are_json_on_stdout(argv, code, capsys, no_workers):
     assert err.strip()  # and the message for a person on stderr
 
 
-# ---- markup and escape sequences in lock strings (hostile input, issue 14) ---------------------------------
+# ---- markup and escape sequences in lock strings (hostile input, issue 14) -----------------------
 @pytest.mark.parametrize(
     "value,shown",
     [
@@ -240,8 +257,10 @@ def test_strings_from_a_lock_are_printed_as_text(tmp_path, capsys, value, shown,
         assert shown in out, out
 
 
-# ---- messages and exit codes a new user meets (issue 37, point 8) ------------------------------------------
-@pytest.mark.parametrize("typo,near", [("verfiy", "verify"), ("expalin", "explain"), ("chek", "check")])
+# ---- messages and exit codes a new user meets (issue 37, point 8) --------------------------------
+@pytest.mark.parametrize(
+    "typo,near", [("verfiy", "verify"), ("expalin", "explain"), ("chek", "check")]
+)
 def test_a_mistyped_subcommand_says_did_you_mean(typo, near, capsys):
     code, out, err = run_cli([typo], capsys)
     assert code == 2 and f"did you mean {near!r}" in err
@@ -261,7 +280,8 @@ def test_version_is_in_the_help_and_subcommand_help_names_the_codes_once(capsys)
     from kernel_lock.errors import ExitCode
 
     assert code == 0 and "kernel-probe --help" in out
-    assert not any(f"  {c.value}  {c.meaning}" in out for c in ExitCode)  # not the whole table again
+    # not the whole table again
+    assert not any(f"  {c.value}  {c.meaning}" in out for c in ExitCode)
 
 
 def test_a_missing_lock_named_by_kernel_lock_says_so(tmp_path, capsys, monkeypatch):
@@ -277,10 +297,13 @@ def test_explain_with_a_lock_and_no_slot_asks_for_the_slot(tmp_path, capsys, min
     assert f"kernel-probe explain {path} SLOT" in err
 
 
-def test_verify_on_a_missing_library_says_install_it_or_inference_mode(tmp_path, capsys, minimal_lock_text):
+def test_verify_on_a_missing_library_says_install_it_or_inference_mode(
+    tmp_path, capsys, minimal_lock_text
+):
     text = minimal_lock_text.replace(
         "kwargs = { eps = 1e-6 }\n",
-        'kwargs = { eps = 1e-6 }\nrequires = [{ name = "transformer-engine", specifier = ">=1.13" }]\n',
+        'kwargs = { eps = 1e-6 }\nrequires = [{ name = "transformer-engine", specifier = '
+        '">=1.13" }]\n',
         1,
     )
     path = write_sealed(tmp_path / "k.toml", text, check_targets=False)
@@ -289,7 +312,7 @@ def test_verify_on_a_missing_library_says_install_it_or_inference_mode(tmp_path,
     assert "relax the field" not in err  # the match rule is not the cause of a missing library
 
 
-# ---- env's own process ends without the interpreter's teardown (issue 37) -----------------------------
+# ---- env's own process ends without the interpreter's teardown (issue 37) ------------------------
 def test_env_as_the_process_command_line_ends_without_the_teardown(monkeypatch, capsys):
     import logging
 
@@ -301,9 +324,11 @@ def test_env_as_the_process_command_line_ends_without_the_teardown(monkeypatch, 
     monkeypatch.setattr(sys, "argv", ["kernel-probe", "env", "--json", "--no-import-checks"])
     assert cli.main() == 0
     assert ended == [0] and shut == [True]  # logging flushed, then the process ends with the code
-    assert json.loads(capsys.readouterr().out)["schema"] == "kernel-probe-env/1"  # what it wrote is out
+    # what it wrote is out
+    assert json.loads(capsys.readouterr().out)["schema"] == "kernel-probe-env/1"
     ended.clear()
-    assert cli.main(["env", "--json", "--no-import-checks"]) == 0 and ended == []  # a caller gets the code
+    # a caller gets the code
+    assert cli.main(["env", "--json", "--no-import-checks"]) == 0 and ended == []
     monkeypatch.setattr(sys, "argv", ["kernel-probe", "show", "/no/such/lock.toml"])
     assert cli.main() != 0 and ended == []  # only a subcommand marked exit_now skips the teardown
     assert [name for name, sub in cli.SUBCOMMANDS.items() if sub.exit_now] == ["env"]

@@ -1,4 +1,5 @@
-"""The generated tables in README.md and docs/ are up to date with the code (kernel_probe.docgen)."""
+"""The generated tables in README.md and docs/ are up to date with the code
+(kernel_probe.docgen)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,10 @@ def test_every_document_is_up_to_date():
 
 def test_check_mode_from_the_command_line():
     proc = subprocess.run(
-        [sys.executable, "-m", "kernel_probe.docgen", "--check"], capture_output=True, text=True, cwd=ROOT
+        [sys.executable, "-m", "kernel_probe.docgen", "--check"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr
 
@@ -57,16 +61,25 @@ def test_check_finds_a_stale_document_and_the_generator_fixes_it(tmp_path, capsy
     assert doc.read_text() == before  # --check writes nothing
     assert docgen.main(["--root", str(tmp_path)]) == 0
     assert capsys.readouterr().out == f"updated {doc}\n"
-    assert doc.read_text() == "Codes:\n\n" + BLOCK.format(body=docgen.exit_code_table()) + "\nafter\n"
+    assert (
+        doc.read_text() == "Codes:\n\n" + BLOCK.format(body=docgen.exit_code_table()) + "\nafter\n"
+    )
     assert docgen.main(["--check", "--root", str(tmp_path)]) == 0
-    assert docgen.main(["--root", str(tmp_path)]) == 0 and capsys.readouterr().out == ""  # nothing to update
+    # nothing to update
+    assert docgen.main(["--root", str(tmp_path)]) == 0 and capsys.readouterr().out == ""
 
 
 @pytest.mark.parametrize(
     "text,words",
     [
-        ("<!-- exit-codez:begin -->\n<!-- exit-codez:end -->\n", "unknown generated block 'exit-codez'"),
-        ("x\n<!-- exit-codes:begin -->\n| 0 | ok |\n", "a.md:2: <!-- exit-codes:begin --> without its"),
+        (
+            "<!-- exit-codez:begin -->\n<!-- exit-codez:end -->\n",
+            "unknown generated block 'exit-codez'",
+        ),
+        (
+            "x\n<!-- exit-codes:begin -->\n| 0 | ok |\n",
+            "a.md:2: <!-- exit-codes:begin --> without its",
+        ),
     ],
 )
 def test_malformed_markers_are_errors(tmp_path, capsys, text, words):

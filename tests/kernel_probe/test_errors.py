@@ -1,4 +1,5 @@
-"""kernel_probe.errors: the probe's error family, each class with the exit code the CLI returns for it."""
+"""kernel_probe.errors: the probe's error family, each class with the exit code the CLI returns for
+it."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ CODES = [
 def test_each_error_has_its_exit_code(cls, code):
     exc = cls("something is wrong")
     assert exc.exit_code == code and isinstance(exc.exit_code, ExitCode)
-    assert type(cls.exit_code) is ExitCode  # a class attribute: the CLI reads it without an instance
+    # a class attribute: the CLI reads it without an instance
+    assert type(cls.exit_code) is ExitCode
 
 
 @pytest.mark.parametrize("cls", [cls for cls, _ in CODES], ids=[cls.__name__ for cls, _ in CODES])
@@ -37,7 +39,11 @@ def test_every_probe_error_class_is_listed_here():
     def subclasses(cls):
         return {cls} | {s for sub in cls.__subclasses__() for s in subclasses(sub)}
 
-    ours = {c for c in subclasses(errors.ProbeError) if c.__module__ in ("kernel_probe.errors", "kernel_probe.tables")}
+    ours = {
+        c
+        for c in subclasses(errors.ProbeError)
+        if c.__module__ in ("kernel_probe.errors", "kernel_probe.tables")
+    }
     assert ours == {cls for cls, _ in CODES}
 
 
@@ -47,7 +53,10 @@ def test_every_probe_error_class_is_listed_here():
         ({}, "no candidate accepted"),
         ({"path": "lock.toml"}, "lock.toml: no candidate accepted"),
         ({"key": "slots.Linear"}, "'slots.Linear': no candidate accepted"),
-        ({"path": "lock.toml", "key": "slots.Linear"}, "lock.toml: 'slots.Linear': no candidate accepted"),
+        (
+            {"path": "lock.toml", "key": "slots.Linear"},
+            "lock.toml: 'slots.Linear': no candidate accepted",
+        ),
         ({"fix": "run kernel-probe"}, "no candidate accepted\n  fix: run kernel-probe"),
         (
             {"path": "p.toml", "key": "k", "fix": "f"},
@@ -59,4 +68,8 @@ def test_message_names_file_key_and_fix(kwargs, text):
     exc = errors.InputFileError("no candidate accepted", **kwargs)
     assert str(exc) == text
     assert exc.problem == "no candidate accepted"
-    assert (exc.path, exc.key, exc.fix) == (kwargs.get("path"), kwargs.get("key"), kwargs.get("fix"))
+    assert (exc.path, exc.key, exc.fix) == (
+        kwargs.get("path"),
+        kwargs.get("key"),
+        kwargs.get("fix"),
+    )

@@ -1,7 +1,7 @@
 """Generated JSON of every shape, fed to the readers of inputs that are not the lock: the job marker
-(``handoff.Marker``), a node description (``profiles match --node``) and a site profile's parser. Each
-either reads it or refuses it with a documented exit code naming the file: never a traceback, never exit
-1 (issue 34). Slow (the fast lane does not import hypothesis: conftest.SLOW_MODULES)."""
+(``handoff.Marker``), a node description (``profiles match --node``) and a site profile's parser.
+Each either reads it or refuses it with a documented exit code naming the file: never a traceback,
+never exit 1 (issue 34). Slow (the fast lane does not import hypothesis: conftest.SLOW_MODULES)."""
 
 from __future__ import annotations
 
@@ -29,11 +29,15 @@ scalars = (
     | st.integers(min_value=-(2**70), max_value=2**70)
     | st.floats(allow_nan=True, allow_infinity=True)
     | st.text(max_size=12)
-    | st.sampled_from(["nvidia", "NVIDIA", "cuda", "failed", "written", "env:X", "file:/x", "kernel-probe-node/1"])
+    | st.sampled_from(
+        ["nvidia", "NVIDIA", "cuda", "failed", "written", "env:X", "file:/x", "kernel-probe-node/1"]
+    )
 )
 json_values = st.recursive(
     scalars,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=12,
 )
 
@@ -57,7 +61,7 @@ def refused_well(call) -> None:
         assert exc.path, exc
 
 
-# ---- the job marker -----------------------------------------------------------------------------------
+# ---- the job marker ------------------------------------------------------------------------------
 MARKER = {
     "outcome": "failed",
     "job": "slurm-77.0-a0",
@@ -83,12 +87,16 @@ def test_the_marker_reader(data):
     except LockError as exc:
         assert int(exc.exit_code) == ExitCode.BAD_INPUT and exc.path == "m.json"
         return
-    assert marker.exit_code in DOCUMENTED | {0} and (marker.outcome == "failed") == (marker.exit_code != 0)
+    assert marker.exit_code in DOCUMENTED | {0} and (marker.outcome == "failed") == (
+        marker.exit_code != 0
+    )
 
 
-# ---- a node description, through the command that reads it ------------------------------------------------
+# ---- a node description, through the command that reads it ---------------------------------------
 NODE = json.loads(
-    (Path(__file__).resolve().parents[2] / "kernel_probe/profiles/sites/nodes/alps-gh200.json").read_text()
+    (
+        Path(__file__).resolve().parents[2] / "kernel_probe/profiles/sites/nodes/alps-gh200.json"
+    ).read_text()
 )
 
 
@@ -104,8 +112,12 @@ def test_the_node_reader_and_what_matches_it(data, tmp_path_factory, capsys):
     assert "Traceback" not in err and "unexpected" not in err, err
 
 
-# ---- a site profile's parser ------------------------------------------------------------------------------
-PROFILE = toml.loads((Path(__file__).resolve().parents[2] / "kernel_probe/profiles/sites/alps-gh200.toml").read_text())
+# ---- a site profile's parser ---------------------------------------------------------------------
+PROFILE = toml.loads(
+    (
+        Path(__file__).resolve().parents[2] / "kernel_probe/profiles/sites/alps-gh200.toml"
+    ).read_text()
+)
 
 
 def tomlable(value: Any) -> Any:
@@ -132,5 +144,6 @@ def test_the_profile_parser(data):
     try:
         text = toml.dumps(doc)
     except (TypeError, ValueError):
-        return  # not expressible as TOML (e.g. a key TOML cannot spell): not an input a file can carry
+        # not expressible as TOML (e.g. a key TOML cannot spell): not an input a file can carry
+        return
     refused_well(lambda: parse(text, "p.toml"))

@@ -1,6 +1,6 @@
-"""One JSON failure shape for every command (issue 37): with --json, a failing command prints one object on
-stdout, ``{"ok": false, "error": {type, problem, fix, file, key, exit_code}}`` plus its own fields, and exits
-with the code the error names; a person's message still goes to stderr."""
+"""One JSON failure shape for every command (issue 37): with --json, a failing command prints one
+object on stdout, ``{"ok": false, "error": {type, problem, fix, file, key, exit_code}}`` plus its
+own fields, and exits with the code the error names; a person's message still goes to stderr."""
 
 from __future__ import annotations
 
@@ -70,7 +70,9 @@ def _argv(name, args, tmp_path):
 
 
 @pytest.mark.parametrize("name,args,code", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
-def test_every_failure_is_one_json_shape(name, args, code, tmp_path, capsys, no_workers, monkeypatch):
+def test_every_failure_is_one_json_shape(
+    name, args, code, tmp_path, capsys, no_workers, monkeypatch
+):
     monkeypatch.delenv("KERNEL_LOCK", raising=False)
     got, out, err = run_cli(_argv(name, args, tmp_path), capsys)
     assert got == code, err
@@ -93,5 +95,6 @@ def test_a_failing_command_keeps_its_own_fields(tmp_path, capsys, monkeypatch):
     got, out, _ = run_cli(["verify", other_machine(tmp_path), "--no-import", "--json"], capsys)
     data = json.loads(out)
     assert got == 3 and data["error"]["type"] == "LockMismatch"
-    assert data["differences"] and data["differences"][0]["field"] == "device-type"  # verify's own fields
+    # verify's own fields
+    assert data["differences"] and data["differences"][0]["field"] == "device-type"
     assert data["error"]["file"] == str(tmp_path / "cuda.toml")

@@ -1,7 +1,8 @@
-"""kernel_probe.output: the consoles, JSON printing, the shared --json/--debug flags, and text made safe.
+"""kernel_probe.output: the consoles, JSON printing, the shared --json/--debug flags, and text made
+safe.
 
-(Unicode format characters across the whole code space, and a table printed wider rather than cut, are
-tested with the CLI in tests/kernel_probe/test_cli.py.)"""
+(Unicode format characters across the whole code space, and a table printed wider rather than cut,
+are tested with the CLI in tests/kernel_probe/test_cli.py.)"""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from kernel_probe import output
 
 @pytest.fixture(autouse=True)
 def fresh_consoles(monkeypatch):
-    """Consoles made for this test's captured streams, plain (no colour, no terminal), 80 columns."""
+    """Consoles made for this test's captured streams, plain (no colour, no terminal), 80
+    columns."""
     for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("COLUMNS", "80")
@@ -87,7 +89,9 @@ def test_messages_go_to_stderr_line_by_line(say, prefix, capsys):
 
 def test_info_does_not_need_rich(capsys, monkeypatch):
     """The warm path of a job start prints one line and must not pay for importing rich."""
-    monkeypatch.setattr(output, "console", lambda *_a, **_k: pytest.fail("info() used a rich console"))
+    monkeypatch.setattr(
+        output, "console", lambda *_a, **_k: pytest.fail("info() used a rich console")
+    )
     output.info("LayerNorm -> torch.layer_norm")
     assert capsys.readouterr().err == "LayerNorm -> torch.layer_norm\n"
 
@@ -119,10 +123,17 @@ def test_print_json_writes_what_json_cannot_as_text(capsys, tmp_path):
 # ---- the shared flags --------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "argv, json_on, debug_on",
-    [([], False, False), (["--json"], True, False), (["--debug"], False, True), (["--debug", "--json"], True, True)],
+    [
+        ([], False, False),
+        (["--json"], True, False),
+        (["--debug"], False, True),
+        (["--debug", "--json"], True, True),
+    ],
 )
 def test_flags_as_argparse_parents(argv, json_on, debug_on):
-    parser = argparse.ArgumentParser(parents=[output.json_flag("print the report as JSON"), output.debug_flag()])
+    parser = argparse.ArgumentParser(
+        parents=[output.json_flag("print the report as JSON"), output.debug_flag()]
+    )
     args = parser.parse_args(argv)
     assert (args.json, args.debug) == (json_on, debug_on)
     assert "print the report as JSON" in parser.format_help()

@@ -1,8 +1,9 @@
-"""kernel_probe.tables: the strict TableReader over parsed TOML (registry, profiles, candidate files).
+"""kernel_probe.tables: the strict TableReader over parsed TOML (registry, profiles, candidate
+files).
 
-Each getter's value and default, its type errors; unknown keys refused with a "did you mean" hint or the
-known keys; every error an InputFileError (exit 5) naming the file and the dotted key; regex and PEP 440
-specifier checks."""
+Each getter's value and default, its type errors; unknown keys refused with a "did you mean" hint or
+the known keys; every error an InputFileError (exit 5) naming the file and the dotted key; regex and
+PEP 440 specifier checks."""
 
 from __future__ import annotations
 
@@ -57,7 +58,12 @@ def test_strings(r, d, expected):
 
 @pytest.mark.parametrize(
     "d, default, expected",
-    [({"usable": True}, False, True), ({"usable": False}, True, False), ({}, False, False), ({}, True, True)],
+    [
+        ({"usable": True}, False, True),
+        ({"usable": False}, True, False),
+        ({}, False, False),
+        ({}, True, True),
+    ],
 )
 def test_boolean(r, d, default, expected):
     assert r.boolean(d, "usable", "v.", default=default) is expected
@@ -65,7 +71,11 @@ def test_boolean(r, d, default, expected):
 
 @pytest.mark.parametrize(
     "d, expected",
-    [({"variables": {"A": "1", "B": "2"}}, {"A": "1", "B": "2"}), ({}, {}), ({"variables": {}}, {})],
+    [
+        ({"variables": {"A": "1", "B": "2"}}, {"A": "1", "B": "2"}),
+        ({}, {}),
+        ({"variables": {}}, {}),
+    ],
 )
 def test_free_table_takes_any_keys(r, d, expected):
     assert r.free_table(d, "variables", "match.") == expected
@@ -83,15 +93,51 @@ def test_table_with_known_keys(r):
 @pytest.mark.parametrize(
     "call, key, problem",
     [
-        (lambda r: r.string({"name": 3}, "name", "library[2]."), "library[2].name", "expected string, got int 3"),
-        (lambda r: r.string({}, "name", "library[2].", required=True), "library[2].name", "required key is missing"),
-        (lambda r: r.string({"name": True}, "name", ""), "name", "expected string, got boolean True"),
-        (lambda r: r.strings({"has-any": 3}, "has-any", "v."), "v.has-any", "expected a list of strings, got int 3"),
-        (lambda r: r.strings({"has-any": ["a", 1]}, "has-any", "v."), "v.has-any[1]", "expected string, got int"),
-        (lambda r: r.boolean({"usable": "yes"}, "usable", "v."), "v.usable", "expected true or false, got str"),
-        (lambda r: r.boolean({"usable": 1}, "usable", "v."), "v.usable", "expected true or false, got int 1"),
-        (lambda r: r.free_table({"match": "x"}, "match", "p."), "p.match", "expected table, got str"),
-        (lambda r: r.table({"match": []}, "match", ("env",), "p."), "p.match", "expected table, got list"),
+        (
+            lambda r: r.string({"name": 3}, "name", "library[2]."),
+            "library[2].name",
+            "expected string, got int 3",
+        ),
+        (
+            lambda r: r.string({}, "name", "library[2].", required=True),
+            "library[2].name",
+            "required key is missing",
+        ),
+        (
+            lambda r: r.string({"name": True}, "name", ""),
+            "name",
+            "expected string, got boolean True",
+        ),
+        (
+            lambda r: r.strings({"has-any": 3}, "has-any", "v."),
+            "v.has-any",
+            "expected a list of strings, got int 3",
+        ),
+        (
+            lambda r: r.strings({"has-any": ["a", 1]}, "has-any", "v."),
+            "v.has-any[1]",
+            "expected string, got int",
+        ),
+        (
+            lambda r: r.boolean({"usable": "yes"}, "usable", "v."),
+            "v.usable",
+            "expected true or false, got str",
+        ),
+        (
+            lambda r: r.boolean({"usable": 1}, "usable", "v."),
+            "v.usable",
+            "expected true or false, got int 1",
+        ),
+        (
+            lambda r: r.free_table({"match": "x"}, "match", "p."),
+            "p.match",
+            "expected table, got str",
+        ),
+        (
+            lambda r: r.table({"match": []}, "match", ("env",), "p."),
+            "p.match",
+            "expected table, got list",
+        ),
     ],
 )
 def test_type_errors_name_the_file_and_dotted_key(r, call, key, problem):
@@ -109,9 +155,14 @@ def test_read_completes_the_key_and_keeps_the_fix(r):
         raise ReadError("bad value", "kwargs.eps", fix="use a float")
 
     exc = raised(lambda: r.read("candidate[0].", getter))
-    assert (exc.key, exc.problem, exc.fix) == ("candidate[0].kwargs.eps", "bad value", "use a float")
+    assert (exc.key, exc.problem, exc.fix) == (
+        "candidate[0].kwargs.eps",
+        "bad value",
+        "use a float",
+    )
     assert str(exc).endswith("\n  fix: use a float")
-    assert exc.__cause__ is None and exc.__suppress_context__  # `from None`: the ReadError is not chained
+    # `from None`: the ReadError is not chained
+    assert exc.__cause__ is None and exc.__suppress_context__
 
 
 def test_read_lets_other_errors_through(r):
@@ -130,7 +181,11 @@ KNOWN = ("name", "distributions", "module", "check", "about", "variant")
         ({"distribution": ["x"]}, "library[0].distribution", "did you mean 'distributions'?"),
         ({"chek": "x"}, "library[0].chek", "did you mean 'check'?"),
         ({"colour": "x"}, "library[0].colour", "known keys here: " + ", ".join(KNOWN)),
-        ({"name": "x", "zz": 1, "modul": 2}, "library[0].zz", "known keys here: "),  # the first one, in file order
+        (
+            {"name": "x", "zz": 1, "modul": 2},
+            "library[0].zz",
+            "known keys here: ",
+        ),  # the first one, in file order
     ],
 )
 def test_unknown_keys_are_refused_with_a_hint(r, d, key, fix):
@@ -146,7 +201,9 @@ def test_known_keys_pass(r):
 
 
 def test_table_refuses_an_unknown_key_inside_it(r):
-    exc = raised(lambda: r.table({"match": {"hostnme": "x"}}, "match", ("hostname", "env"), "profile."))
+    exc = raised(
+        lambda: r.table({"match": {"hostnme": "x"}}, "match", ("hostname", "env"), "profile.")
+    )
     assert exc.key == "profile.match.hostnme" and exc.fix == "did you mean 'hostname'?"
 
 

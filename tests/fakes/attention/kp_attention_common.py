@@ -10,7 +10,16 @@ import torch
 
 
 def attention(
-    q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, dropout_p=0.0, alibi_slopes=None
+    q,
+    k,
+    v,
+    *,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    dropout_p=0.0,
+    alibi_slopes=None,
 ):
     """BSHD in, BSHD out: softmax(q k^T * scale [softcap] [alibi] [window]) [dropout] v."""
     qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))  # BHSD

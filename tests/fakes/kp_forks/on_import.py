@@ -1,5 +1,6 @@
 """A library that forks a long-lived process when it is imported (a daemon, a compile server) that
-inherits the importing process's descriptors. The pid of that process is written to $KP_FORKS_PIDFILE."""
+inherits the importing process's descriptors. The pid of that process is written to
+$KP_FORKS_PIDFILE."""
 
 import os
 import time

@@ -1,4 +1,5 @@
-"""Norm and linear fakes. Correct ones compute in float32 like torch.nn; wrong ones each have one bug."""
+"""Norm and linear fakes. Correct ones compute in float32 like torch.nn; wrong ones each have one
+bug."""
 
 from __future__ import annotations
 
@@ -11,7 +12,15 @@ from torch import nn
 
 
 class _Norm(nn.Module):
-    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, device=None, dtype=None):
+    def __init__(
+        self,
+        normalized_shape,
+        eps=1e-5,
+        elementwise_affine=True,
+        bias=True,
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
         n = normalized_shape if isinstance(normalized_shape, int) else normalized_shape[-1]
         self.hidden, self.eps = n, eps
@@ -44,8 +53,12 @@ class GoodLayerNorm(_Norm):
 
 
 class GoodRMSNorm(_Norm):
-    def __init__(self, normalized_shape, eps=1e-6, elementwise_affine=True, device=None, dtype=None):
-        super().__init__(normalized_shape, eps, elementwise_affine, bias=False, device=device, dtype=dtype)
+    def __init__(
+        self, normalized_shape, eps=1e-6, elementwise_affine=True, device=None, dtype=None
+    ):
+        super().__init__(
+            normalized_shape, eps, elementwise_affine, bias=False, device=device, dtype=dtype
+        )
 
     def forward(self, x):
         return _rms32(x, self.weight, self.eps)
@@ -54,9 +67,14 @@ class GoodRMSNorm(_Norm):
 class GoodLinear(nn.Module):
     def __init__(self, in_features, out_features, bias=True, device=None, dtype=None):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
-        self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) if bias else None
-        bound = 1 / math.sqrt(in_features)  # where torch.nn.Linear starts: U(-1/sqrt(in), 1/sqrt(in))
+        self.weight = nn.Parameter(
+            torch.empty(out_features, in_features, device=device, dtype=dtype)
+        )
+        self.bias = (
+            nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) if bias else None
+        )
+        # where torch.nn.Linear starts: U(-1/sqrt(in), 1/sqrt(in))
+        bound = 1 / math.sqrt(in_features)
         nn.init.uniform_(self.weight, -bound, bound)
         if self.bias is not None:
             nn.init.uniform_(self.bias, -bound, bound)
@@ -67,7 +85,8 @@ class GoodLinear(nn.Module):
 
 
 class HiddenSizeLayerNorm(nn.Module):
-    """Correct, with liger's constructor: the size is `hidden_size` (anemoi's `normalized_shape=` fails)."""
+    """Correct, with liger's constructor: the size is `hidden_size` (anemoi's `normalized_shape=`
+    fails)."""
 
     def __init__(self, hidden_size, eps=1e-6, bias=True):
         super().__init__()
@@ -160,7 +179,8 @@ class LowPrecisionLayerNorm(_Norm):
 
 
 class ContiguousOnlyLayerNorm(_Norm):
-    """Reads its input as if it were contiguous (ignores strides), like a kernel missing a .contiguous()."""
+    """Reads its input as if it were contiguous (ignores strides), like a kernel missing a
+    .contiguous()."""
 
     def forward(self, x):
         flat = torch.as_strided(x, (x.numel() // self.hidden, self.hidden), (self.hidden, 1))
@@ -221,7 +241,9 @@ class MutatesInputLayerNorm(_Norm):
 class NaNLayerNorm(_Norm):
     def forward(self, x):
         y = _ln32(x, self.weight, self.bias, self.eps)
-        return y * torch.where(torch.arange(y.shape[-1], device=y.device) == 3, float("nan"), 1.0).to(y.dtype)
+        return y * torch.where(
+            torch.arange(y.shape[-1], device=y.device) == 3, float("nan"), 1.0
+        ).to(y.dtype)
 
 
 class WrongBackwardLayerNorm(_Norm):
@@ -247,7 +269,12 @@ class _WrongGrad(torch.autograd.Function):
         g = gy.float() * w.float()
         dx = rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))  # missing "- g.mean()"
         red = tuple(range(gy.dim() - 1))
-        return dx.to(gy.dtype), (gy.float() * xhat).sum(red).to(w.dtype), gy.float().sum(red).to(w.dtype), None
+        return (
+            dx.to(gy.dtype),
+            (gy.float() * xhat).sum(red).to(w.dtype),
+            gy.float().sum(red).to(w.dtype),
+            None,
+        )
 
 
 class UpcastingLayerNorm(_Norm):
@@ -281,7 +308,15 @@ class WrongLinear(GoodLinear):
 class RandnBiasLayerNorm(_Norm):
     """Correct maths; its fresh bias is drawn from randn (as LigerLayerNorm(bias=True) does)."""
 
-    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, device=None, dtype=None):
+    def __init__(
+        self,
+        normalized_shape,
+        eps=1e-5,
+        elementwise_affine=True,
+        bias=True,
+        device=None,
+        dtype=None,
+    ):
         super().__init__(normalized_shape, eps, elementwise_affine, bias, device, dtype)
         if self.bias is not None:
             with torch.no_grad():
@@ -292,7 +327,8 @@ class RandnBiasLayerNorm(_Norm):
 
 
 class NormalInitLinear(GoodLinear):
-    """Correct maths; its weight starts from N(0, 0.023) and its bias at zero (transformer-engine's init)."""
+    """Correct maths; its weight starts from N(0, 0.023) and its bias at zero (transformer-engine's
+    init)."""
 
     def __init__(self, in_features, out_features, bias=True, device=None, dtype=None):
         super().__init__(in_features, out_features, bias, device, dtype)
@@ -305,7 +341,15 @@ class NormalInitLinear(GoodLinear):
 class GammaBetaLayerNorm(nn.Module):
     """Correct maths; its parameters are called gamma and beta (declared in that order)."""
 
-    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, device=None, dtype=None):
+    def __init__(
+        self,
+        normalized_shape,
+        eps=1e-5,
+        elementwise_affine=True,
+        bias=True,
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
         n = normalized_shape if isinstance(normalized_shape, int) else normalized_shape[-1]
         self.eps = eps
@@ -323,10 +367,14 @@ class TransposedLinear(nn.Module):
         super().__init__()
         bound = 1 / math.sqrt(in_features)
         self.weight = nn.Parameter(
-            torch.empty(in_features, out_features, device=device, dtype=dtype).uniform_(-bound, bound)
+            torch.empty(in_features, out_features, device=device, dtype=dtype).uniform_(
+                -bound, bound
+            )
         )
         self.bias = (
-            nn.Parameter(torch.empty(out_features, device=device, dtype=dtype).uniform_(-bound, bound))
+            nn.Parameter(
+                torch.empty(out_features, device=device, dtype=dtype).uniform_(-bound, bound)
+            )
             if bias
             else None
         )
@@ -336,15 +384,16 @@ class TransposedLinear(nn.Module):
 
 
 class UnorderedSumLayerNorm(_Norm):
-    """Correct to rounding, but its reductions add in a different order on every call (like atomics)."""
+    """Correct to rounding, but its reductions add in a different order on every call (like
+    atomics)."""
 
     def forward(self, x):
         xf = x.float()
         order = torch.randperm(xf.shape[-1], device=xf.device)
         mean = xf[..., order].sum(-1, keepdim=True) / xf.shape[-1]
-        var = (xf - mean).pow(2)[..., torch.randperm(xf.shape[-1], device=xf.device)].sum(-1, keepdim=True) / xf.shape[
-            -1
-        ]
+        var = (xf - mean).pow(2)[..., torch.randperm(xf.shape[-1], device=xf.device)].sum(
+            -1, keepdim=True
+        ) / xf.shape[-1]
         y = (xf - mean) * torch.rsqrt(var + self.eps) * self.weight.float()
         if self.bias is not None:
             y = y + self.bias.float()
@@ -353,8 +402,8 @@ class UnorderedSumLayerNorm(_Norm):
 
 class CudaPolicyLayerNorm(nn.LayerNorm):
     """torch.nn.LayerNorm as CUDA's autocast runs it: layer_norm is on the float32 list, so under
-    autocast the output is float32 whatever the input dtype (on CPU, torch keeps bf16). The reference
-    for testing the output-dtype rule on a CPU."""
+    autocast the output is float32 whatever the input dtype (on CPU, torch keeps bf16). The
+    reference for testing the output-dtype rule on a CPU."""
 
     def forward(self, x):
         if torch.is_autocast_enabled(x.device.type):
@@ -370,7 +419,8 @@ class CudaPolicyLayerNorm(nn.LayerNorm):
 
 
 class CoarseOutputLayerNorm(_Norm):
-    """Returns the input dtype with its output rounded to float8 precision: a dtype change that hurts."""
+    """Returns the input dtype with its output rounded to float8 precision: a dtype change that
+    hurts."""
 
     def forward(self, x):
         y = _ln32(x, self.weight, self.bias, self.eps).float()
@@ -378,9 +428,18 @@ class CoarseOutputLayerNorm(_Norm):
 
 
 class OddLayoutLayerNorm(nn.Module):
-    """Its one parameter has no counterpart in torch.nn.LayerNorm's state dict (a weight one too long, no bias)."""
+    """Its one parameter has no counterpart in torch.nn.LayerNorm's state dict (a weight one too
+    long, no bias)."""
 
-    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, device=None, dtype=None):
+    def __init__(
+        self,
+        normalized_shape,
+        eps=1e-5,
+        elementwise_affine=True,
+        bias=True,
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
         n = normalized_shape if isinstance(normalized_shape, int) else normalized_shape[-1]
         self.eps = eps
@@ -399,11 +458,12 @@ def _rows_of(x):
 
 
 class ShiftedBeyondRowsLayerNorm(_Norm):
-    """Right for the first ROWS rows; beyond them its output is shifted (a second code path for large
-    row counts, like a grid that splits rows over another launch dimension)."""
+    """Right for the first ROWS rows; beyond them its output is shifted (a second code path for
+    large row counts, like a grid that splits rows over another launch dimension)."""
 
     ROWS = 4096
-    SHIFT = 0.05  # within 4x torch.nn's max error in bf16 (half an ulp at |y| ~ 4): only its bias is wrong
+    # within 4x torch.nn's max error in bf16 (half an ulp at |y| ~ 4): only its bias is wrong
+    SHIFT = 0.05
 
     def forward(self, x):
         y = _ln32(x, self.weight, self.bias, self.eps)
@@ -413,16 +473,23 @@ class ShiftedBeyondRowsLayerNorm(_Norm):
 
 
 class RoundUpLayerNorm(_Norm):
-    """Right but for its rounding: the output is computed in float64 and rounded up (towards +inf) to
-    the input dtype instead of to nearest. Every element is within one ulp, so its max error is at most
-    twice torch.nn's half ulp and its RMS error twice torch.nn's: only its bias, half an ulp on every
-    element, is wrong (a kernel storing with the wrong rounding mode)."""
+    """Right but for its rounding: the output is computed in float64 and rounded up (towards +inf)
+    to the input dtype instead of to nearest. Every element is within one ulp, so its max error is
+    at most twice torch.nn's half ulp and its RMS error twice torch.nn's: only its bias, half an ulp
+    on every element, is wrong (a kernel storing with the wrong rounding mode)."""
 
     def forward(self, x):
-        y = _ln32(x.double(), self.weight.double(), None if self.bias is None else self.bias.double(), self.eps)
+        y = _ln32(
+            x.double(),
+            self.weight.double(),
+            None if self.bias is None else self.bias.double(),
+            self.eps,
+        )
         with torch.no_grad():
             low = y.to(x.dtype)
-            up = torch.where(low.double() < y, torch.nextafter(low, torch.full_like(low, math.inf)), low)
+            up = torch.where(
+                low.double() < y, torch.nextafter(low, torch.full_like(low, math.inf)), low
+            )
         return (y + (up.double() - y)).to(x.dtype) if not y.requires_grad else _straight(y, up)
 
 
@@ -432,8 +499,9 @@ def _straight(y, rounded):
 
 
 class OverflowLayerNorm(_Norm):
-    """Element offsets wrap at 2^BITS, like int32 offsets past 2^31: a row whose first element lies at or
-    beyond 2^BITS is computed from the row the wrapped offset points to (forward and backward)."""
+    """Element offsets wrap at 2^BITS, like int32 offsets past 2^31: a row whose first element lies
+    at or beyond 2^BITS is computed from the row the wrapped offset points to (forward and
+    backward)."""
 
     BITS = 21
 
@@ -487,8 +555,12 @@ class RowLimitRMSNorm(_Norm):
 
     ROWS = 4096
 
-    def __init__(self, normalized_shape, eps=1e-6, elementwise_affine=True, device=None, dtype=None):
-        super().__init__(normalized_shape, eps, elementwise_affine, bias=False, device=device, dtype=dtype)
+    def __init__(
+        self, normalized_shape, eps=1e-6, elementwise_affine=True, device=None, dtype=None
+    ):
+        super().__init__(
+            normalized_shape, eps, elementwise_affine, bias=False, device=device, dtype=dtype
+        )
 
     def forward(self, x):
         y = _rms32(x, self.weight, self.eps)

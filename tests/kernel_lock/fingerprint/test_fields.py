@@ -1,4 +1,5 @@
-"""kernel_lock.fingerprint.fields: the fields' catalogue, the match rules, and the comparison with a lock."""
+"""kernel_lock.fingerprint.fields: the fields' catalogue, the match rules, and the comparison with a
+lock."""
 
 from __future__ import annotations
 
@@ -27,7 +28,10 @@ def test_the_catalogue():
         assert spec.kind in ("version", "text", "count"), name
         assert spec.doc, name
         assert (spec.kind == "count") == (spec.type is int), name
-    assert FIELDS["device-count"].default_match == "ignore" and FIELDS["torch"].default_match == "compatible"
+    assert (
+        FIELDS["device-count"].default_match == "ignore"
+        and FIELDS["torch"].default_match == "compatible"
+    )
 
 
 # (kind, rule, expected, found, matches)
@@ -66,7 +70,8 @@ def test_compare_lists_every_difference():
         "arch": EnvField(value="x86_64", match="exact"),
         "device-count": EnvField(value=8, match="ignore"),
         "python": EnvField(value="3.11.7", match="compatible"),
-        "future-field": EnvField(value="x", match="exact"),  # a newer kernel-probe's field: not checked
+        # a newer kernel-probe's field: not checked
+        "future-field": EnvField(value="x", match="exact"),
     }
     found = {"torch": "2.7.1", "arch": "x86_64", "device-count": 1, "python": "3.11.9"}
     libraries = {
@@ -82,11 +87,16 @@ def test_compare_lists_every_difference():
         Difference("libraries.apex", "0.1", "not installed", "exact"),
     ]
     assert compare({}, found, {}, {}) == []
-    assert compare({"arch": EnvField(value="x86_64")}, {}, {}, {}) == [Difference("arch", "x86_64", None, "exact")]
+    assert compare({"arch": EnvField(value="x86_64")}, {}, {}, {}) == [
+        Difference("arch", "x86_64", None, "exact")
+    ]
 
 
 def test_unchecked_fields():
-    assert unchecked_fields({"torch": 1, "future-field": 2, "other": 3}) == ["future-field", "other"]
+    assert unchecked_fields({"torch": 1, "future-field": 2, "other": 3}) == [
+        "future-field",
+        "other",
+    ]
     assert unchecked_fields({name: 1 for name in FIELDS}) == []
 
 
@@ -97,8 +107,13 @@ def test_unchecked_fields():
         ({"PATH": "/bin"}, ""),
         ({"HSA_XNACK": "1"}, "HSA_XNACK=1"),
         (
-            {"TORCH_BLAS_PREFER_HIPBLASLT": "0", "ROCBLAS_INTERNAL_FP16_ALT_IMPL": "1", "HOME": "/h"},
-            "ROCBLAS_INTERNAL_FP16_ALT_IMPL=1;TORCH_BLAS_PREFER_HIPBLASLT=0",  # NUMERICS_ENV's order
+            {
+                "TORCH_BLAS_PREFER_HIPBLASLT": "0",
+                "ROCBLAS_INTERNAL_FP16_ALT_IMPL": "1",
+                "HOME": "/h",
+            },
+            # NUMERICS_ENV's order
+            "ROCBLAS_INTERNAL_FP16_ALT_IMPL=1;TORCH_BLAS_PREFER_HIPBLASLT=0",
         ),
         ({"HSA_XNACK": ""}, "HSA_XNACK="),  # set but empty is still set
     ],
@@ -118,10 +133,16 @@ def test_numerics_env_reads_this_process_by_default(monkeypatch):
 @pytest.mark.parametrize(
     "current,noted",
     [
-        ({"device-type": "rocm", "device-name": "AMD Radeon Graphics", "device-arch": "gfx90a"}, True),
+        (
+            {"device-type": "rocm", "device-name": "AMD Radeon Graphics", "device-arch": "gfx90a"},
+            True,
+        ),
         ({"device-type": "cuda", "device-name": "", "device-arch": "sm_90"}, True),
         ({"device-type": "rocm"}, True),
-        ({"device-type": "rocm", "device-name": "AMD Instinct MI250X", "device-arch": "gfx90a"}, False),
+        (
+            {"device-type": "rocm", "device-name": "AMD Instinct MI250X", "device-arch": "gfx90a"},
+            False,
+        ),
         ({"device-type": "cpu", "device-name": ""}, False),
         ({}, False),
     ],

@@ -1,4 +1,5 @@
-"""kernel_lock.fingerprint.here: torch's fingerprint where torch is imported, else the torch-free read."""
+"""kernel_lock.fingerprint.here: torch's fingerprint where torch is imported, else the torch-free
+read."""
 
 from __future__ import annotations
 
@@ -30,7 +31,12 @@ def readers(monkeypatch):
 
 @pytest.mark.parametrize(
     "use_torch,torch_imported,by",
-    [(True, True, "torch"), (True, False, "files"), (False, True, "files"), (False, False, "files")],
+    [
+        (True, True, "torch"),
+        (True, False, "files"),
+        (False, True, "files"),
+        (False, False, "files"),
+    ],
 )
 def test_for_check(monkeypatch, readers, use_torch, torch_imported, by):
     monkeypatch.setattr(here, "USE_IMPORTED_TORCH", use_torch)
@@ -46,10 +52,20 @@ def test_for_check(monkeypatch, readers, use_torch, torch_imported, by):
 @pytest.mark.parametrize(
     "use_torch,torch_imported,torchless_facts,facts",
     [
-        (True, True, {"type": "cpu"}, {"type": "torch"}),  # torch imported: asked, the files are not read
+        (
+            True,
+            True,
+            {"type": "cpu"},
+            {"type": "torch"},
+        ),  # torch imported: asked, the files are not read
         (True, False, {"type": "cpu"}, {"type": "cpu"}),
         (False, True, {"type": "cpu"}, {"type": "cpu"}),
-        (True, False, None, {"type": "torch"}),  # a fact the files cannot give: torch is imported for it
+        (
+            True,
+            False,
+            None,
+            {"type": "torch"},
+        ),  # a fact the files cannot give: torch is imported for it
     ],
 )
 def test_device_here(monkeypatch, readers, use_torch, torch_imported, torchless_facts, facts):

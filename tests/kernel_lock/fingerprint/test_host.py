@@ -1,5 +1,5 @@
-"""kernel_lock.fingerprint.host: the CPU, the driver's version file and ROCm arch names, read from fakes of
-archspec and of the /proc and /sys files (this machine's own are not what is tested)."""
+"""kernel_lock.fingerprint.host: the CPU, the driver's version file and ROCm arch names, read from
+fakes of archspec and of the /proc and /sys files (this machine's own are not what is tested)."""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ def test_gcn_arch_and_features(name, arch, features):
 
 @pytest.fixture
 def proc_files(tmp_path, monkeypatch):
-    """Redirect the module's reads of absolute paths to files under tmp_path ({path: text}); a path not
-    given does not exist."""
+    """Redirect the module's reads of absolute paths to files under tmp_path ({path: text}); a path
+    not given does not exist."""
     files: dict[str, str] = {}
 
     def fake_open(path, *args, **kwargs):
@@ -77,7 +77,8 @@ def test_driver_version_without_its_file(proc_files, device):
 
 
 def _archspec(monkeypatch, name=None, vendor=None, raises=False):
-    """A fake archspec.cpu whose host() is (name, vendor), or raises; name None: archspec not installed."""
+    """A fake archspec.cpu whose host() is (name, vendor), or raises; name None: archspec not
+    installed."""
     if name is None and not raises:
         monkeypatch.setitem(sys.modules, "archspec", None)
         monkeypatch.setitem(sys.modules, "archspec.cpu", None)
@@ -111,7 +112,9 @@ def test_cpu_microarch(monkeypatch, name, vendor, raises, microarch):
     assert (host.archspec_host() is None) is (name is None)
 
 
-CPUINFO_X86 = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n"
+CPUINFO_X86 = (
+    "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n"
+)
 CPUINFO_ARM = "processor\t: 0\nBogoMIPS\t: 2000.00\nCPU implementer\t: 0x41\nCPU part\t: 0xd4f\n"
 CPUINFO_GRACE = "processor\t: 0\nCPU implementer\t: 0x4e\n"
 
@@ -157,7 +160,8 @@ def test_cpu_name_from_cpuinfo(proc_files, cpuinfo, expected):
     [("i386", "x86_64", "i386"), ("", "arm64", "arm64"), ("", "", "unknown")],
 )
 def test_cpu_name_without_cpuinfo(monkeypatch, proc_files, processor, machine, expected):
-    proc_files["/proc/cpuinfo"] = CPUINFO_ARM if processor == "i386" else ""  # no model line, or none at all
+    # no model line, or none at all
+    proc_files["/proc/cpuinfo"] = CPUINFO_ARM if processor == "i386" else ""
     if processor != "i386":
         del proc_files["/proc/cpuinfo"]
     monkeypatch.setattr(host.platform, "processor", lambda: processor)

@@ -12,7 +12,9 @@ from kernel_lock.fingerprint import nvml
 UUIDS = ["GPU-aaaa1111", "GPU-bbbb2222"]
 
 
-def fake_pynvml(*, fail: str | None = None, uuids=UUIDS, bytes_text=False, cuda=12040) -> types.ModuleType:
+def fake_pynvml(
+    *, fail: str | None = None, uuids=UUIDS, bytes_text=False, cuda=12040
+) -> types.ModuleType:
     """A pynvml whose function named ``fail`` raises; two H100s by default."""
     m = types.ModuleType("pynvml")
     m.calls = []
@@ -79,12 +81,25 @@ def test_every_device_in_cuda_order(pynvml, bytes_text):
         },
     ]
     assert m.calls[0] == "nvmlInit" and m.calls[-1] == "nvmlShutdown"
-    assert nvml.primary() == {"name": "NVIDIA H100 80GB HBM3", "arch": "sm_90", "count": 2, "driver": "550.54.15"}
+    assert nvml.primary() == {
+        "name": "NVIDIA H100 80GB HBM3",
+        "arch": "sm_90",
+        "count": 2,
+        "driver": "550.54.15",
+    }
 
 
 @pytest.mark.parametrize(
     "visible,order",
-    [("1", [1]), ("1,0", [1, 0]), ("GPU-bbbb", [1]), ("0,7", [0]), ("", None), ("MIG-xyz", None), ("0,0", None)],
+    [
+        ("1", [1]),
+        ("1,0", [1, 0]),
+        ("GPU-bbbb", [1]),
+        ("0,7", [0]),
+        ("", None),
+        ("MIG-xyz", None),
+        ("0,0", None),
+    ],
 )
 def test_cuda_visible_devices_orders_and_hides(pynvml, monkeypatch, visible, order):
     pynvml(fake_pynvml())
@@ -93,7 +108,9 @@ def test_cuda_visible_devices_orders_and_hides(pynvml, monkeypatch, visible, ord
     if order is None:
         assert devices is None  # nothing visible, or an uncertain reading: the caller asks torch
     else:
-        assert [d["nvml_index"] for d in devices] == order and [d["index"] for d in devices] == list(range(len(order)))
+        assert [d["nvml_index"] for d in devices] == order and [
+            d["index"] for d in devices
+        ] == list(range(len(order)))
 
 
 @pytest.mark.parametrize(
@@ -116,12 +133,19 @@ def test_any_failure_is_none_and_nvml_is_shut_down(pynvml, fail):
 
 @pytest.mark.parametrize(
     "fail,key,value",
-    [("nvmlSystemGetCudaDriverVersion_v2", "cuda_driver", ""), ("nvmlDeviceGetMemoryInfo", "memory_bytes", None)],
+    [
+        ("nvmlSystemGetCudaDriverVersion_v2", "cuda_driver", ""),
+        ("nvmlDeviceGetMemoryInfo", "memory_bytes", None),
+    ],
 )
 def test_optional_facts_left_out(pynvml, fail, key, value):
     pynvml(fake_pynvml(fail=fail))
     devices = nvml.nvml_devices()
-    assert len(devices) == 2 and all(d[key] == value for d in devices) and devices[0]["arch"] == "sm_90"
+    assert (
+        len(devices) == 2
+        and all(d[key] == value for d in devices)
+        and devices[0]["arch"] == "sm_90"
+    )
 
 
 def test_a_failing_shutdown_is_ignored(pynvml):
@@ -129,7 +153,9 @@ def test_a_failing_shutdown_is_ignored(pynvml):
     assert len(nvml.nvml_devices()) == 2
 
 
-@pytest.mark.parametrize("cuda,text", [(12040, "12.4"), (11080, "11.8"), (13000, "13.0"), (12090, "12.9")])
+@pytest.mark.parametrize(
+    "cuda,text", [(12040, "12.4"), (11080, "11.8"), (13000, "13.0"), (12090, "12.9")]
+)
 def test_cuda_driver_version(pynvml, cuda, text):
     pynvml(fake_pynvml(cuda=cuda))
     assert nvml.nvml_devices()[0]["cuda_driver"] == text

@@ -1,10 +1,11 @@
 """torch/version.py read as Python runs it, or not trusted (issue 24, point 2).
 
-The accepted form is what torch's generator (tools/generate_torch_version.py) writes; the files below are
-real ones from CPU, CUDA and ROCm builds (wheels and source builds, 2.2 to 2.13; the git hashes are the
-releases' own). Everything else -- an annotation with a side effect, a name rebound by an import alias,
-code -- makes every build field unsure, so the fingerprint falls back to torch and ``--debug`` says why.
-A torch whose compiled parts are missing (``import torch`` fails) is never read as current.
+The accepted form is what torch's generator (tools/generate_torch_version.py) writes; the files
+below are real ones from CPU, CUDA and ROCm builds (wheels and source builds, 2.2 to 2.13; the git
+hashes are the releases' own). Everything else -- an annotation with a side effect, a name rebound
+by an import alias, code -- makes every build field unsure, so the fingerprint falls back to torch
+and ``--debug`` says why. A torch whose compiled parts are missing (``import torch`` fails) is never
+read as current.
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ REAL = {
         "from typing import Optional\n\n"
         "__all__ = ['__version__', 'debug', 'cuda', 'git_version', 'hip']\n"
         "__version__ = '2.3.0.dev20240308+rocm6.0'\ndebug = False\ncuda: Optional[str] = None\n"
-        "git_version = '55e93013211e3d9a52e259aee5df4f6198a3cdcc'\nhip: Optional[str] = '6.0.32830-d62f6a171'\n",
+        "git_version = '55e93013211e3d9a52e259aee5df4f6198a3cdcc'\nhip: Optional[str] = "
+        "'6.0.32830-d62f6a171'\n",
         ("2.3.0.dev20240308", "", "6.0.32830-d62f6a171"),
     ),
     "torch < 2.0 style (no annotations)": (
@@ -115,13 +117,16 @@ HOSTILE = {
     "name bound twice": "__version__ = '2.5.1'\ncuda = None\ncuda = '12.4'\n",
     "augmented assignment": "__version__ = '2.5.1'\ncuda = '12'\ncuda += '.4'\n",
     "another import": "import os\n__version__ = '2.5.1'\ncuda = None\n",
-    "from typing import *": "from typing import *\n__version__ = '2.5.1'\ncuda: Optional[str] = None\n",
-    "Optional rebound": "from typing import Optional\nOptional = dict\n__version__ = '2.5.1'\ncuda = None\n",
+    "from typing import *": "from typing import *\n__version__ = '2.5.1'\ncuda: Optional[str] "
+    "= None\n",
+    "Optional rebound": "from typing import Optional\nOptional = dict\n__version__ = "
+    "'2.5.1'\ncuda = None\n",
     "annotation other than Optional[str]": (
         "from typing import Optional\n__version__ = '2.5.1'\ncuda: print('x') = None\n"
     ),
     "annotation before the import": "__version__ = '2.5.1'\ncuda: Optional[str] = None\n",
-    "a conditional value": "from typing import Optional\n__version__ = '2.5.1'\ncuda: Optional[str] = '12' if 1 else None\n",
+    "a conditional value": "from typing import Optional\n__version__ = '2.5.1'\ncuda: "
+    "Optional[str] = '12' if 1 else None\n",
     "a call": "__version__ = '2.5.1'\ncuda = str(12.4)\n",
     "a docstring then code": '"""doc"""\n__version__ = "2.5.1"\nexec("cuda = 1")\n',
     "a walrus in a list": "__all__ = [(cuda := '12.4')]\n__version__ = '2.5.1'\n",
@@ -131,7 +136,9 @@ HOSTILE = {
 
 
 @pytest.mark.parametrize("name", HOSTILE)
-def test_anything_else_makes_the_build_unsure_and_debug_says_why(tmp_path, caplog, monkeypatch, name):
+def test_anything_else_makes_the_build_unsure_and_debug_says_why(
+    tmp_path, caplog, monkeypatch, name
+):
     path = tmp_path / "version.py"
     path.write_text(HOSTILE[name])
     with pytest.raises(ValueError):
@@ -139,7 +146,8 @@ def test_anything_else_makes_the_build_unsure_and_debug_says_why(tmp_path, caplo
     fields, notes = torchless.fingerprint(env={}, root=tmp_path, version_file=path)
     assert fields["torch-cuda"] is None and fields["torch"] is None
     assert "cannot be read as plain data" in notes.fallbacks["torch-cuda"]
-    # the job-start check on such a file: torch answers, and --debug (DEBUG records) says which line and why
+    # the job-start check on such a file: torch answers, and --debug (DEBUG records) says which line
+    # and why
     monkeypatch.setattr(fp_version_file, "_version_file", lambda: path)
     with caplog.at_level(logging.DEBUG, logger="kernel_lock.fingerprint.torchless"):
         answer = torchless.current(["torch-cuda"])
@@ -153,7 +161,9 @@ def _fake_torch(root: Path, *, extension: bool, libs: tuple[str, ...]) -> Path:
     folder = root / "torch"
     (folder / "lib").mkdir(parents=True)
     (folder / "version.py").write_text(REAL["2.5.0 cu124"][0])
-    (folder / "__init__.py").write_text("raise ImportError('libtorch_cpu.so: cannot open shared object file')\n")
+    (folder / "__init__.py").write_text(
+        "raise ImportError('libtorch_cpu.so: cannot open shared object file')\n"
+    )
     if extension:
         (folder / "_C.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")
         (folder / "_C.abi3.so").write_bytes(b"")
@@ -182,17 +192,28 @@ def test_a_torch_without_its_compiled_parts_is_not_read(tmp_path, extension, lib
 
 
 def test_a_broken_torch_is_never_current(tmp_path, lock_file):
-    """`import torch` fails (its compiled libraries are gone): the job-start check must not say current."""
+    """`import torch` fails (its compiled libraries are gone): the job-start check must not say
+    current."""
     import os
     import subprocess
     import sys
 
     _fake_torch(tmp_path / "site", extension=False, libs=())
-    env = dict(os.environ, PYTHONPATH=f"{tmp_path / 'site'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    env = dict(
+        os.environ, PYTHONPATH=f"{tmp_path / 'site'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    )
     env.pop("KERNEL_LOCK_TRUST", None)
     for argv in (["verify", str(lock_file), "--no-import"], ["verify", str(lock_file)]):
         proc = subprocess.run(
-            [sys.executable, "-m", "kernel_probe", *argv], capture_output=True, text=True, env=env, timeout=300
+            [sys.executable, "-m", "kernel_probe", *argv],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
         )
-        assert proc.returncode == 3, (argv, proc.stdout, proc.stderr)  # not current, and no "unexpected" 1
+        assert proc.returncode == 3, (
+            argv,
+            proc.stdout,
+            proc.stderr,
+        )  # not current, and no "unexpected" 1
         assert "torch" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

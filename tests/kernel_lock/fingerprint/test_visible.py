@@ -1,7 +1,7 @@
-"""CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES and ROCR_VISIBLE_DEVICES read as CUDA and ROCm read them
-(issue 24, point 3), with the installed torch's own parser as the reference: for every value of the
-corpus, the devices kernel_lock counts without torch are the ones torch counts, or kernel_lock says it
-is unsure (None) and the fingerprint falls back to torch. Never a guess."""
+"""CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES and ROCR_VISIBLE_DEVICES read as CUDA and ROCm read
+them (issue 24, point 3), with the installed torch's own parser as the reference: for every value of
+the corpus, the devices kernel_lock counts without torch are the ones torch counts, or kernel_lock
+says it is unsure (None) and the fingerprint falls back to torch. Never a guess."""
 
 from __future__ import annotations
 
@@ -51,7 +51,8 @@ CORPUS = [
 
 
 def _torch_cuda_count(monkeypatch, value: str) -> int:
-    """What torch counts for ``value`` on a CUDA build with the devices ``UUIDS`` (its NVML path)."""
+    """What torch counts for ``value`` on a CUDA build with the devices ``UUIDS`` (its NVML
+    path)."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
     monkeypatch.setattr(torch.version, "hip", None)
     monkeypatch.setattr(torch.cuda, "_raw_device_count_nvml", lambda: len(UUIDS))
@@ -76,17 +77,29 @@ def test_cuda_visible_devices_read_as_torch_reads_them(monkeypatch, value):
 
 @pytest.mark.parametrize(
     "value, expected",
-    [("0,0", []), ("0gpu", [0]), ("1,1,2", []), ("", []), ("-1", []), ("+1", [1]), (" 1", [1]), ("1,-1,2", [1])],
+    [
+        ("0,0", []),
+        ("0gpu", [0]),
+        ("1,1,2", []),
+        ("", []),
+        ("-1", []),
+        ("+1", [1]),
+        (" 1", [1]),
+        ("1,-1,2", [1]),
+    ],
 )
 def test_the_issue_cases(value, expected):
-    """CUDA reads 0,0 as no device and 0gpu as device 0 (kernel_lock read them as one device and none)."""
+    """CUDA reads 0,0 as no device and 0gpu as device 0 (kernel_lock read them as one device and
+    none)."""
     assert visible.visible_nvml_indices(value, UUIDS) == expected
 
 
 def test_uuid_forms_map_to_their_devices():
     assert visible.visible_nvml_indices("GPU-77777777-cccc,GPU-8", UUIDS) == [2, 3]
-    assert visible.visible_nvml_indices("GPU-0a1b", UUIDS) == []  # ambiguous prefix: invalid, ends the list
-    assert visible.visible_nvml_indices("MIG-11111111-2222", UUIDS) is None  # MIG: torch counts those
+    # ambiguous prefix: invalid, ends the list
+    assert visible.visible_nvml_indices("GPU-0a1b", UUIDS) == []
+    # MIG: torch counts those
+    assert visible.visible_nvml_indices("MIG-11111111-2222", UUIDS) is None
 
 
 ROCM_CORPUS = [
@@ -125,36 +138,57 @@ def _torch_rocm_count(monkeypatch, env: dict[str, str]) -> int:
     return torch.cuda._device_count_amdsmi()
 
 
-@pytest.mark.parametrize("env", ROCM_CORPUS, ids=lambda e: ",".join(f"{k[:4]}={v}" for k, v in e.items()) or "unset")
+@pytest.mark.parametrize(
+    "env", ROCM_CORPUS, ids=lambda e: ",".join(f"{k[:4]}={v}" for k, v in e.items()) or "unset"
+)
 def test_rocm_visibility_read_as_torch_reads_it(monkeypatch, env):
     ours = visible.rocm_visible_indices(env, len(UUIDS))
     reference = _torch_rocm_count(monkeypatch, env)
     if ours is not None:
         assert len(ours) == reference, (env, ours, reference)
-    else:  # unsure: only values whose reading differs between ROCr, HIP and torch, or are not plain indices
+    # unsure: only values whose reading differs between ROCr, HIP and torch, or are not plain
+    # indices
+    else:
         plain = all(v and all(i.isdigit() for i in v.split(",")) for v in env.values())
         distinct = all(len(set(v.split(","))) == len(v.split(",")) for v in env.values())
-        in_range = all(int(i) < len(UUIDS) for v in env.values() for i in v.split(",") if i.isdigit())
+        in_range = all(
+            int(i) < len(UUIDS) for v in env.values() for i in v.split(",") if i.isdigit()
+        )
         cuda_beside_rocr = "ROCR_VISIBLE_DEVICES" in env and "CUDA_VISIBLE_DEVICES" in env
         assert not (plain and distinct and in_range) or cuda_beside_rocr, env
 
 
 def test_rocm_hip_indexes_into_rocr():
-    assert visible.rocm_visible_indices({"ROCR_VISIBLE_DEVICES": "2,3", "HIP_VISIBLE_DEVICES": "1"}, 4) == [3]
-    assert visible.rocm_visible_indices({"HIP_VISIBLE_DEVICES": "0gpu"}, 4) is None  # never guessed on ROCm
+    assert visible.rocm_visible_indices(
+        {"ROCR_VISIBLE_DEVICES": "2,3", "HIP_VISIBLE_DEVICES": "1"}, 4
+    ) == [3]
+    # never guessed on ROCm
+    assert visible.rocm_visible_indices({"HIP_VISIBLE_DEVICES": "0gpu"}, 4) is None
 
 
-# ---- the torch-free fingerprint on an 8-GPU H100 node (the driver tree of tests/kernel_lock/fingerprint/test_torchless.py) ----
+# ---- the torch-free fingerprint on an 8-GPU H100 node
+# (the driver tree of tests/kernel_lock/fingerprint/test_torchless.py)
 @pytest.mark.parametrize(
     "value, count",
-    [("0,0", None), ("0gpu", 1), ("1,1,2", None), ("+1", 1), (" 1", 1), ("1,-1,2", 1), ("-1", None), ("", None)],
+    [
+        ("0,0", None),
+        ("0gpu", 1),
+        ("1,1,2", None),
+        ("+1", 1),
+        (" 1", 1),
+        ("1,-1,2", 1),
+        ("-1", None),
+        ("", None),
+    ],
 )
 def test_torch_free_fingerprint_counts_as_cuda_does(tmp_path, value, count):
-    """``0,0`` hides every GPU (torch reports the CPU) and ``0gpu`` is GPU 0 (kernel_lock read the first as
-    one GPU and the second as none)."""
+    """``0,0`` hides every GPU (torch reports the CPU) and ``0gpu`` is GPU 0 (kernel_lock read the
+    first as one GPU and the second as none)."""
     from tests.kernel_lock.fingerprint.test_torchless import CUDA_BUILD, h100_node, run
 
-    fields, notes = run(tmp_path, CUDA_BUILD, h100_node(tmp_path / "root"), {"CUDA_VISIBLE_DEVICES": value})
+    fields, notes = run(
+        tmp_path, CUDA_BUILD, h100_node(tmp_path / "root"), {"CUDA_VISIBLE_DEVICES": value}
+    )
     assert notes.complete, notes.fallbacks
     if count is None:
         assert fields["device-type"] == "cpu"
@@ -166,5 +200,7 @@ def test_torch_free_fingerprint_counts_as_cuda_does(tmp_path, value, count):
 def test_uncertain_values_fall_back_to_torch(tmp_path, value):
     from tests.kernel_lock.fingerprint.test_torchless import _fallback_fields, h100_node
 
-    falls = _fallback_fields(tmp_path, h100_node(tmp_path / "root"), {"CUDA_VISIBLE_DEVICES": value})
+    falls = _fallback_fields(
+        tmp_path, h100_node(tmp_path / "root"), {"CUDA_VISIBLE_DEVICES": value}
+    )
     assert "read differently by CUDA and torch" in falls["device-count"]

@@ -1,5 +1,6 @@
-"""kernel_lock.fingerprint.with_torch: the fingerprint as torch reports it, on fake torch modules that
-describe a ROCm, CUDA, MPS, XPU or CPU machine (no accelerator needed), and on the real CPU torch."""
+"""kernel_lock.fingerprint.with_torch: the fingerprint as torch reports it, on fake torch modules
+that describe a ROCm, CUDA, MPS, XPU or CPU machine (no accelerator needed), and on the real CPU
+torch."""
 
 from __future__ import annotations
 
@@ -17,10 +18,19 @@ from kernel_lock.fingerprint import fields, host, nvml, with_torch
 @pytest.fixture(autouse=True)
 def machine(monkeypatch):
     """No visibility variable, no NVML, a known driver and CPU: what the fakes do not describe."""
-    for name in ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", *fields.NUMERICS_ENV):
+    for name in (
+        "ROCR_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "CUDA_VISIBLE_DEVICES",
+        *fields.NUMERICS_ENV,
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(nvml, "primary", lambda: None)
-    monkeypatch.setattr(host, "driver_version", lambda device: {"cuda": "550.54.15", "rocm": "6.8.5"}.get(device, ""))
+    monkeypatch.setattr(
+        host,
+        "driver_version",
+        lambda device: {"cuda": "550.54.15", "rocm": "6.8.5"}.get(device, ""),
+    )
     monkeypatch.setattr(host, "cpu_vendor", lambda: "amd")
     monkeypatch.setattr(host, "cpu_name", lambda: "AMD EPYC 7A53")
     monkeypatch.setattr(host, "cpu_microarch", lambda: "zen3")
@@ -36,7 +46,9 @@ def _cuda(count=2, **props):
     )
 
 
-def fake_torch(*, hip=None, cuda=None, rocm=None, cuda_mod=None, mps=False, xpu=None, version="2.7.1+rocm6.2.4"):
+def fake_torch(
+    *, hip=None, cuda=None, rocm=None, cuda_mod=None, mps=False, xpu=None, version="2.7.1+rocm6.2.4"
+):
     return NS(
         __version__=version,
         version=NS(hip=hip, cuda=cuda, rocm=rocm),
@@ -47,7 +59,14 @@ def fake_torch(*, hip=None, cuda=None, rocm=None, cuda_mod=None, mps=False, xpu=
 
 
 MI250X = _cuda(count=8, name="AMD Instinct MI250X", gcnArchName="gfx90a:sramecc+:xnack-")
-CPU = {"type": "cpu", "vendor": "amd", "name": "AMD EPYC 7A53", "arch": "", "count": 1, "driver": ""}
+CPU = {
+    "type": "cpu",
+    "vendor": "amd",
+    "name": "AMD EPYC 7A53",
+    "arch": "",
+    "count": 1,
+    "driver": "",
+}
 
 # (the fake torch, the device facts)
 DEVICES = [
@@ -76,10 +95,20 @@ DEVICES = [
         },
     ),
     (fake_torch(cuda="12.4", cuda_mod=_cuda(count=0)), CPU),
-    (fake_torch(cuda=None, cuda_mod=_cuda(count=4)), CPU),  # a CPU build: its cuda module is not asked
+    (
+        fake_torch(cuda=None, cuda_mod=_cuda(count=4)),
+        CPU,
+    ),  # a CPU build: its cuda module is not asked
     (
         fake_torch(mps=True),
-        {"type": "mps", "vendor": "apple", "name": "Apple MPS", "arch": "", "count": 1, "driver": ""},
+        {
+            "type": "mps",
+            "vendor": "apple",
+            "name": "Apple MPS",
+            "arch": "",
+            "count": 1,
+            "driver": "",
+        },
     ),
     (
         fake_torch(
@@ -89,7 +118,14 @@ DEVICES = [
                 get_device_properties=lambda i: NS(name="Intel Max 1550", driver_version="1.3"),
             )
         ),
-        {"type": "xpu", "vendor": "intel", "name": "Intel Max 1550", "arch": "", "count": 2, "driver": "1.3"},
+        {
+            "type": "xpu",
+            "vendor": "intel",
+            "name": "Intel Max 1550",
+            "arch": "",
+            "count": 2,
+            "driver": "1.3",
+        },
     ),
     (fake_torch(xpu=NS(is_available=lambda: True, device_count=lambda: 0)), CPU),
     (fake_torch(xpu=NS()), CPU),  # an xpu module without is_available
@@ -144,7 +180,13 @@ def test_current_of_a_fake_rocm_torch(monkeypatch):
 def test_current_takes_the_device_reader_it_is_given():
     got = with_torch.current(
         fake_torch(version="2.6.0"),
-        device=lambda t: {"type": "cuda", "vendor": "nvidia", "name": "x", "arch": "sm_90", "count": "2"},
+        device=lambda t: {
+            "type": "cuda",
+            "vendor": "nvidia",
+            "name": "x",
+            "arch": "sm_90",
+            "count": "2",
+        },
     )
     assert got["device-count"] == 2 and got["device-features"] == "" and got["driver"] == ""
     assert got["torch"] == "2.6.0" and got["torch-hip"] == "" and got["torch-rocm"] == ""
@@ -164,7 +206,9 @@ def test_current_of_the_installed_torch():
     assert with_torch.import_torch() is torch
 
 
-@pytest.mark.parametrize("error", [ImportError("libtorch_cpu.so: cannot open"), OSError("bad ELF"), RuntimeError("x")])
+@pytest.mark.parametrize(
+    "error", [ImportError("libtorch_cpu.so: cannot open"), OSError("bad ELF"), RuntimeError("x")]
+)
 def test_a_torch_that_fails_to_import(monkeypatch, error):
     real = builtins.__import__
 

@@ -12,9 +12,10 @@ import pytest
 
 @pytest.fixture(scope="session")
 def shipped_check() -> Callable[[str], Any]:
-    """``check_config`` (default options) on one of anemoi-training's model presets, read untouched from
-    the installed package: each preset is checked once per session (a schema child and an entry child,
-    ~10 s), however many tests judge it, and each test gets its own copy of the result (issue 38)."""
+    """``check_config`` (default options) on one of anemoi-training's model presets, read untouched
+    from the installed package: each preset is checked once per session (a schema child and an entry
+    child, ~10 s), however many tests judge it, and each test gets its own copy of the result (issue
+    38)."""
     if importlib.util.find_spec("anemoi.training") is None:
         pytest.skip("anemoi-training is not installed; `bash .ci/anemoi-install` installs it")
     model_dir = Path(str(importlib.resources.files("anemoi.training") / "config")) / "model"

@@ -1,4 +1,5 @@
-"""check-config's attention findings: the options anemoi's backends drop or refuse, and the lock's slot."""
+"""check-config's attention findings: the options anemoi's backends drop or refuse, and the lock's
+slot."""
 
 from __future__ import annotations
 
@@ -26,7 +27,15 @@ kwargs = { window = 512, softcap = 0.0, dropout = 0.0, alibi = false }
 
 
 def tree(**processor):
-    return {"model": {"processor": {"attention_implementation": "flash_attention", "window_size": 512, **processor}}}
+    return {
+        "model": {
+            "processor": {
+                "attention_implementation": "flash_attention",
+                "window_size": 512,
+                **processor,
+            }
+        }
+    }
 
 
 def lock(text):
@@ -55,7 +64,12 @@ def test_options_the_flash_generation_drops_are_refused(monkeypatch, generation,
 
 def test_sdpa_refuses_softcap_and_alibi_in_anemois_words():
     got = findings(
-        tree(attention_implementation="scaled_dot_product_attention", softcap=30.0, use_alibi_slopes=True), None
+        tree(
+            attention_implementation="scaled_dot_product_attention",
+            softcap=30.0,
+            use_alibi_slopes=True,
+        ),
+        None,
     )
     assert [f.problem for f in got] == [
         f"anemoi raises: {attention_checks.SDPA_SOFTCAP}",
@@ -81,4 +95,6 @@ def test_against_the_lock(monkeypatch):
         ("lock", "model.processor.attention_implementation"),
         ("lock", "model.processor.window_size"),
     ]
-    assert findings({"model": {"processor": {"attention_implementation": "${x}"}}}, lock(SDPA)) == []
+    assert (
+        findings({"model": {"processor": {"attention_implementation": "${x}"}}}, lock(SDPA)) == []
+    )

@@ -1,4 +1,5 @@
-"""kernel_probe/anemoi/blocks.py: the layer_kernels blocks of one config as read (no composition)."""
+"""kernel_probe/anemoi/blocks.py: the layer_kernels blocks of one config as read (no
+composition)."""
 
 from __future__ import annotations
 
@@ -60,13 +61,19 @@ noise_injector: {layer_kernels: {Activation: {_target_: torch.nn.SiLU}}}
     # interpolations inside a block are followed; `1e-5` is a float, as OmegaConf reads it
     assert proc["LayerNorm"] == {"_target_": "torch.nn.LayerNorm", "eps": 1e-5}
     assert proc["Linear"]["in_features"] == 64
-    assert blocks["model.noise_injector.layer_kernels"].content == {"Activation": {"_target_": "torch.nn.SiLU"}}
+    assert blocks["model.noise_injector.layer_kernels"].content == {
+        "Activation": {"_target_": "torch.nn.SiLU"}
+    }
     assert [f.problem for f in config.findings] == ["empty: anemoi uses its defaults for every key"]
 
 
 @pytest.mark.parametrize(
     "root,shape",
-    [({"model": {"num_channels": 64}}, "full"), ({"model": None}, "full"), ({"dropout": 0.1}, "model-file")],
+    [
+        ({"model": {"num_channels": 64}}, "full"),
+        ({"model": None}, "full"),
+        ({"dropout": 0.1}, "model-file"),
+    ],
 )
 def test_no_block_means_anemoi_defaults(root, shape):
     config = find_blocks(root, shape)
@@ -77,7 +84,7 @@ def test_no_block_means_anemoi_defaults(root, shape):
     assert config.tree is root and config.shape == shape
 
 
-# ---- following ${...} references --------------------------------------------------------------------
+# ---- following ${...} references -----------------------------------------------------------------
 LN = {"_target_": "torch.nn.LayerNorm"}
 
 
@@ -85,11 +92,26 @@ LN = {"_target_": "torch.nn.LayerNorm"}
     "root,shape,severity,words",
     [
         # a complete config: a reference to nothing is an error
-        ({"model": {"layer_kernels": "${model.kernels}"}}, "full", "error", "points at nothing in this config"),
+        (
+            {"model": {"layer_kernels": "${model.kernels}"}},
+            "full",
+            "error",
+            "points at nothing in this config",
+        ),
         # an overlay is not the whole config: left unjudged
-        ({"model": {"layer_kernels": "${model.kernels}"}}, "overlay", "note", "points outside this file"),
+        (
+            {"model": {"layer_kernels": "${model.kernels}"}},
+            "overlay",
+            "note",
+            "points outside this file",
+        ),
         # a model file's reference to another group cannot be judged here
-        ({"layer_kernels": {"LayerNorm": "${system.ln}"}}, "model-file", "note", "points outside this file"),
+        (
+            {"layer_kernels": {"LayerNorm": "${system.ln}"}},
+            "model-file",
+            "note",
+            "points outside this file",
+        ),
         # only whole-value references are followed
         (
             {"model": {"layer_kernels": {"LayerNorm": {**LN, "eps": "${oc.env:EPS}x"}}}},
@@ -97,7 +119,12 @@ LN = {"_target_": "torch.nn.LayerNorm"}
             "warning",
             "only whole-value ${a.b.c} references are followed",
         ),
-        ({"model": {"a": "${model.b}", "b": "${model.a}", "layer_kernels": "${model.a}"}}, "full", "error", "loop"),
+        (
+            {"model": {"a": "${model.b}", "b": "${model.a}", "layer_kernels": "${model.a}"}},
+            "full",
+            "error",
+            "loop",
+        ),
     ],
     ids=["nothing-full", "outside-overlay", "outside-model-file", "partial", "loop"],
 )
@@ -109,25 +136,33 @@ def test_interpolation_findings(root, shape, severity, words):
 
 def test_a_list_index_reference_is_followed():
     root = {
-        "model": {"norms": [LN, {"_target_": "torch.nn.RMSNorm"}], "layer_kernels": {"LayerNorm": "${model.norms.1}"}}
+        "model": {
+            "norms": [LN, {"_target_": "torch.nn.RMSNorm"}],
+            "layer_kernels": {"LayerNorm": "${model.norms.1}"},
+        }
     }
     [block] = find_blocks(root, "full").blocks
     assert block.content == {"LayerNorm": {"_target_": "torch.nn.RMSNorm"}}
 
 
 def test_an_interpolation_fan_out_is_bounded(monkeypatch):
-    monkeypatch.setattr(_Resolver, "BUDGET", 1_000)  # 100,000 in use: the same bound, reached sooner
+    # 100,000 in use: the same bound, reached sooner
+    monkeypatch.setattr(_Resolver, "BUDGET", 1_000)
     model: dict = {"a0": ["x"] * 10}
     for i in range(1, 4):
         model[f"a{i}"] = [f"${{model.a{i - 1}}}"] * 10  # 10**4 values once followed
     model["layer_kernels"] = {"LayerNorm": {**LN, "junk": "${model.a3}"}}
     with pytest.raises(InputFileError) as exc:
         find_blocks({"model": model}, "full")
-    assert "references produces more than 1,000 values" in exc.value.problem and exc.value.exit_code == 5
+    assert (
+        "references produces more than 1,000 values" in exc.value.problem
+        and exc.value.exit_code == 5
+    )
     model["a3"] = model["a3"][:1]  # 10**3 values, within the bound
     monkeypatch.setattr(_Resolver, "BUDGET", 2_000)
     [block] = find_blocks({"model": model}, "full").blocks
-    assert block.content["LayerNorm"]["junk"] == [[[["x"] * 10] * 10] * 10]  # every reference followed
+    # every reference followed
+    assert block.content["LayerNorm"]["junk"] == [[[["x"] * 10] * 10] * 10]
 
 
 @pytest.mark.parametrize(
@@ -142,7 +177,11 @@ def test_an_interpolation_fan_out_is_bounded(monkeypatch):
     ],
 )
 def test_resolver_lookup(dotted, model_is_root, found):
-    root = {"model": {"x": {"y": 1}, "items": ["a", "b"]}} if not model_is_root else {"items": ["a", "b"]}
+    root = (
+        {"model": {"x": {"y": 1}, "items": ["a", "b"]}}
+        if not model_is_root
+        else {"items": ["a", "b"]}
+    )
     r = _Resolver(root, model_is_root=model_is_root, complete=True)
     if isinstance(found, type):
         with pytest.raises(found) as exc:
@@ -152,7 +191,7 @@ def test_resolver_lookup(dotted, model_is_root, found):
         assert r.lookup(dotted) == found
 
 
-# ---- helpers ---------------------------------------------------------------------------------------
+# ---- helpers -------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "node,path,value",
     [
@@ -180,11 +219,17 @@ def test_value_at(node, path, value):
     ],
 )
 def test_inherited(value, where, parent):
-    assert inherited(value, {"model.layer_kernels", "model.processor.layer_kernels"}, where) == parent
+    assert (
+        inherited(value, {"model.layer_kernels", "model.processor.layer_kernels"}, where) == parent
+    )
 
 
 def test_block_values_finds_every_block_by_its_full_path():
-    model = {"layer_kernels": {}, "encoders": {"0": {"mapper": {"layer_kernels": "x"}}}, "list": [{"layer_kernels": 1}]}
+    model = {
+        "layer_kernels": {},
+        "encoders": {"0": {"mapper": {"layer_kernels": "x"}}},
+        "list": [{"layer_kernels": 1}],
+    }
     assert block_values(model) == [
         ("model.layer_kernels", {}),
         ("model.encoders.0.mapper.layer_kernels", "x"),
@@ -205,12 +250,14 @@ def test_block_values_finds_every_block_by_its_full_path():
                     "error",
                     "entry",
                     "w",
-                    "expected a mapping of Linear, LayerNorm, Activation, QueryNorm, KeyNorm, got list",
+                    "expected a mapping of Linear, LayerNorm, Activation, QueryNorm, KeyNorm, "
+                    "got list",
                 )
             ],
         ),
         ("torch.nn.LayerNorm", [], [("error", "entry", "w", "expected a mapping")]),
-        # keys that are not names: anemoi ignores them silently, so they are errors; the rest is kept
+        # keys that are not names: anemoi ignores them silently, so they are errors; the rest is
+        # kept
         (
             {1: LN, None: LN, "Linear": LN},
             [{"Linear": LN}],
@@ -229,7 +276,9 @@ def test_add_block(content, blocks, findings):
     assert all(b.source == "${x}" and b.written == {"a": 1} for b in config.blocks)
     assert len(config.findings) == len(findings)
     for f, (severity, kind, where, words) in zip(config.findings, findings, strict=True):
-        assert (f.severity, f.kind, f.where) == (severity, kind, where) and f.problem.startswith(words), f
+        assert (f.severity, f.kind, f.where) == (severity, kind, where) and f.problem.startswith(
+            words
+        ), f
 
 
 def test_add_block_keeps_only_a_mapping_as_written():

@@ -1,9 +1,10 @@
-"""check-config builds what anemoi builds (issue 35): the six cases that exited 0 and then failed, or
-silently fell back, in anemoi-models 0.19.0 / anemoi-training 0.17.1. Each mutates anemoi-training's
-own gnn preset, read from the installed package, as a user would edit a copy of it.
+"""check-config builds what anemoi builds (issue 35): the six cases that exited 0 and then failed,
+or silently fell back, in anemoi-models 0.19.0 / anemoi-training 0.17.1. Each mutates
+anemoi-training's own gnn preset, read from the installed package, as a user would edit a copy of
+it.
 
-Install (what .ci/run does through .ci/anemoi-install): anemoi-training, anemoi-models and anemoi-graphs
-with --no-deps on the CPU torch, plus hydra-core.
+Install (what .ci/run does through .ci/anemoi-install): anemoi-training, anemoi-models and
+anemoi-graphs with --no-deps on the CPU torch, plus hydra-core.
 """
 
 from __future__ import annotations
@@ -18,14 +19,18 @@ import yaml
 from kernel_probe.anemoi.pipelines import check_config
 from tests.kernel_probe.anemoi.test_pipelines import make_lock
 
-pytest.importorskip("hydra", reason="hydra-core is not installed; `bash .ci/anemoi-install` installs it")
+pytest.importorskip(
+    "hydra", reason="hydra-core is not installed; `bash .ci/anemoi-install` installs it"
+)
 pytest.importorskip(
     "anemoi.training",
-    reason="anemoi-training is not installed; `bash .ci/anemoi-install` installs anemoi-training==0.17.1 with --no-deps",
+    reason="anemoi-training is not installed; `bash .ci/anemoi-install` installs "
+    "anemoi-training==0.17.1 with --no-deps",
 )
 pytest.importorskip(
     "anemoi.models",
-    reason="anemoi-models is not installed; `bash .ci/anemoi-install` installs anemoi-models==0.19.0 with --no-deps",
+    reason="anemoi-models is not installed; `bash .ci/anemoi-install` installs "
+    "anemoi-models==0.19.0 with --no-deps",
 )
 
 pytestmark = [pytest.mark.anemoi, pytest.mark.slow]
@@ -34,7 +39,8 @@ GNN = Path(str(importlib.resources.files("anemoi.training") / "config")) / "mode
 
 
 def mutated(tmp_path: Path, edit) -> Path:
-    """anemoi-training's gnn preset with ``edit`` applied, written where its own ``model/`` group is."""
+    """anemoi-training's gnn preset with ``edit`` applied, written where its own ``model/`` group
+    is."""
     data: dict[str, Any] = yaml.safe_load(GNN.read_text())
     edit(data)
     path = tmp_path / "model" / "gnn.yaml"
@@ -65,7 +71,11 @@ def test_a_decoder_without_a_block_falls_back_to_anemoi_defaults(tmp_path):
     where = "model.decoders.0.mapper.layer_kernels"
     result = check_config(path)
     [f] = [f for f in result.findings if f.where == where]
-    assert f.severity == "warning" and "GNNBackwardMapper" in f.problem and "torch.nn.LayerNorm" in f.problem
+    assert (
+        f.severity == "warning"
+        and "GNNBackwardMapper" in f.problem
+        and "torch.nn.LayerNorm" in f.problem
+    )
     assert result.exit_code == 0
     locked = check_config(path, lock=make_lock(tmp_path / "lock.toml"))
     assert ("lock", where) in [(k, w) for k, w, _ in errors(locked)] and locked.exit_code == 3
@@ -80,8 +90,18 @@ CASES = [
         "build",
         "unexpected keyword argument 'elementwise_afine'",
     ),
-    (entry("Linear", dtype="bfloat16"), "Linear", "value", "argument 'dtype' must be torch.dtype, not str"),
-    (entry("LayerNorm", eps="${oc.env:KP_UNSET_EPS,1e-5}"), "LayerNorm", "value", "eps must be float, not str"),
+    (
+        entry("Linear", dtype="bfloat16"),
+        "Linear",
+        "value",
+        "argument 'dtype' must be torch.dtype, not str",
+    ),
+    (
+        entry("LayerNorm", eps="${oc.env:KP_UNSET_EPS,1e-5}"),
+        "LayerNorm",
+        "value",
+        "eps must be float, not str",
+    ),
     (
         lambda data: data["layer_kernels"].update(Linear={"_target_": "torch.nn.Identity"}),
         "Linear",
@@ -93,9 +113,13 @@ CASES = [
 
 
 @pytest.mark.parametrize(
-    "edit, key, kind, words", CASES, ids=["afine-typo", "dtype-string", "eps-string", "identity", "cuda"]
+    "edit, key, kind, words",
+    CASES,
+    ids=["afine-typo", "dtype-string", "eps-string", "identity", "cuda"],
 )
-def test_what_anemoi_would_raise_is_an_error_naming_the_key(tmp_path, monkeypatch, edit, key, kind, words):
+def test_what_anemoi_would_raise_is_an_error_naming_the_key(
+    tmp_path, monkeypatch, edit, key, kind, words
+):
     monkeypatch.delenv("KP_UNSET_EPS", raising=False)
     result = check_config(mutated(tmp_path, edit))
     where = f"model.layer_kernels.{key}"

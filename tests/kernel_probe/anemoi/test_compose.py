@@ -1,6 +1,7 @@
 """kernel_probe/anemoi/compose.py: the child side of reading a config (the layer_kernels paths of a
-composed tree, and the guard that refuses an untrusted ``pkg://`` search path before Hydra imports it).
-The composition itself runs Hydra (tests/kernel_probe/anemoi/test_pipelines.py and test_schema_check.py)."""
+composed tree, and the guard that refuses an untrusted ``pkg://`` search path before Hydra imports
+it). The composition itself runs Hydra (tests/kernel_probe/anemoi/test_pipelines.py and
+test_schema_check.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from kernel_probe.anemoi.compose import UNTRUSTED_SEARCH_PATH, UntrustedSearchPath, _get, layer_kernels_paths
+from kernel_probe.anemoi.compose import (
+    UNTRUSTED_SEARCH_PATH,
+    UntrustedSearchPath,
+    _get,
+    layer_kernels_paths,
+)
 
 
 @pytest.mark.parametrize(
@@ -17,14 +23,23 @@ from kernel_probe.anemoi.compose import UNTRUSTED_SEARCH_PATH, UntrustedSearchPa
         ({}, []),
         ({"layer_kernels": {"layer_kernels": {}}}, [("layer_kernels",)]),  # not looked into
         (
-            {"model": {"layer_kernels": 1, "processor": {"layer_kernels": 2}, "encoders": {"0": {"layer_kernels": 3}}}},
+            {
+                "model": {
+                    "layer_kernels": 1,
+                    "processor": {"layer_kernels": 2},
+                    "encoders": {"0": {"layer_kernels": 3}},
+                }
+            },
             [
                 ("model", "layer_kernels"),
                 ("model", "processor", "layer_kernels"),
                 ("model", "encoders", "0", "layer_kernels"),
             ],
         ),
-        ([{"layer_kernels": None}, "x", [{"layer_kernels": 1}]], [("0", "layer_kernels"), ("2", "0", "layer_kernels")]),
+        (
+            [{"layer_kernels": None}, "x", [{"layer_kernels": 1}]],
+            [("0", "layer_kernels"), ("2", "0", "layer_kernels")],
+        ),
         ({0: {"layer_kernels": 1}}, [("0", "layer_kernels")]),  # an int key, as a string
         ("layer_kernels", []),
     ],
@@ -46,18 +61,25 @@ def test_the_exception_name_is_what_the_parent_matches():
 
 @pytest.fixture
 def guarded(monkeypatch):
-    """guard_search_paths on a stand-in for Hydra's ConfigRepository (the real one is restored after)."""
-    pytest.importorskip("hydra", reason="hydra-core is not installed; `bash .ci/anemoi-install` installs it")
+    """guard_search_paths on a stand-in for Hydra's ConfigRepository (the real one is restored
+    after)."""
+    pytest.importorskip(
+        "hydra", reason="hydra-core is not installed; `bash .ci/anemoi-install` installs it"
+    )
     from hydra._internal.config_repository import ConfigRepository
 
     from kernel_probe.anemoi.compose import guard_search_paths
 
     seen: list = []
-    monkeypatch.setattr(ConfigRepository, "initialize_sources", lambda self, path: seen.append(path))
+    monkeypatch.setattr(
+        ConfigRepository, "initialize_sources", lambda self, path: seen.append(path)
+    )
     guard_search_paths(("hydra.conf", "anemoi.training", "kp_zoo"))
 
     def initialize(*paths: str):
-        search = SimpleNamespace(get_path=lambda: [SimpleNamespace(path=p, provider="user") for p in paths])
+        search = SimpleNamespace(
+            get_path=lambda: [SimpleNamespace(path=p, provider="user") for p in paths]
+        )
         ConfigRepository.initialize_sources(object(), search)
         return search
 
@@ -83,5 +105,7 @@ def test_an_untrusted_search_path_is_refused_before_hydra_sees_it(guarded, path,
 
 def test_trusted_search_paths_reach_hydra(guarded):
     initialize, seen = guarded
-    search = initialize("file:///tmp/conf", "pkg://anemoi.training/config", "pkg://kp_zoo/conf", "pkg://hydra.conf")
+    search = initialize(
+        "file:///tmp/conf", "pkg://anemoi.training/config", "pkg://kp_zoo/conf", "pkg://hydra.conf"
+    )
     assert seen == [search]

@@ -9,15 +9,25 @@ import pytest
 
 from kernel_lock.errors import ExitCode
 from kernel_probe.anemoi import config_file
-from kernel_probe.anemoi.config_file import Kind, classify, detect_shape, expanded_size, group_member, load_config
+from kernel_probe.anemoi.config_file import (
+    Kind,
+    classify,
+    detect_shape,
+    expanded_size,
+    group_member,
+    load_config,
+)
 from kernel_probe.errors import InputFileError
 
 
-# ---- load_config -----------------------------------------------------------------------------------
+# ---- load_config ---------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "text,want",
     [
-        ("model: {eps: 1e-5}\n", {"model": {"eps": 1e-5}}),  # a float, as OmegaConf reads it (YAML 1.1: a string)
+        (
+            "model: {eps: 1e-5}\n",
+            {"model": {"eps": 1e-5}},
+        ),  # a float, as OmegaConf reads it (YAML 1.1: a string)
         ("eps: -2E+3\n", {"eps": -2000.0}),
         ("eps: 1.5e-6\n", {"eps": 1.5e-6}),
         ("v: 1_000e2\n", {"v": 100000.0}),
@@ -91,10 +101,14 @@ def test_a_yaml_alias_bomb_is_refused_fast(tmp_path):
     start = time.perf_counter()
     with pytest.raises(InputFileError) as exc:
         load_config(p)
-    assert "alias bomb" in exc.value.problem and exc.value.exit_code == 5 and time.perf_counter() - start < 5
+    assert (
+        "alias bomb" in exc.value.problem
+        and exc.value.exit_code == 5
+        and time.perf_counter() - start < 5
+    )
 
 
-# ---- expanded_size ---------------------------------------------------------------------------------
+# ---- expanded_size -------------------------------------------------------------------------------
 SHARED = ["x"] * 10
 
 
@@ -124,7 +138,7 @@ def test_expanded_size_stops_past_the_limit_and_refuses_deep_nesting():
         expanded_size(deep)
 
 
-# ---- classify and group_member ---------------------------------------------------------------------
+# ---- classify and group_member -------------------------------------------------------------------
 MODEL_CLASS = {"_target_": "anemoi.models.models.AnemoiModelEncProcDec"}
 
 
@@ -132,18 +146,48 @@ MODEL_CLASS = {"_target_": "anemoi.models.models.AnemoiModelEncProcDec"}
     "root,where,shape,why,alternative",
     [
         ({"defaults": [{"model": "gnn"}, "_self_"]}, None, "overlay", "a defaults list", None),
-        ({"model": {"layer_kernels": {}}, "training": {}}, None, "full", "training sections (training)", None),
-        ({"model": {"model": MODEL_CLASS}}, None, "full", "the model class at model.model._target_", None),
+        (
+            {"model": {"layer_kernels": {}}, "training": {}},
+            None,
+            "full",
+            "training sections (training)",
+            None,
+        ),
+        (
+            {"model": {"model": MODEL_CLASS}},
+            None,
+            "full",
+            "the model class at model.model._target_",
+            None,
+        ),
         ({"model": {"num_channels": 8}}, None, "full", "a `model:` node", None),
-        ({"num_channels": 8, "layer_kernels": {}}, None, "model-file", "model-node keys at its root", None),
+        (
+            {"num_channels": 8, "layer_kernels": {}},
+            None,
+            "model-file",
+            "model-node keys at its root",
+            None,
+        ),
         ({"num_channels": 8}, "model", "model-file", "it sits in a model/ directory", None),
         ({"dropout": 0.1}, None, "model-file", "no `model:` node", None),
         # the model class under its own `model:` key, nothing else: a model file, or a full config
         ({"model": MODEL_CLASS}, None, "model-file", "its `model:` key is a class", "full"),
-        ({"model": MODEL_CLASS, "processor": {}}, None, "model-file", "model-node keys at its root (processor)", None),
+        (
+            {"model": MODEL_CLASS, "processor": {}},
+            None,
+            "model-file",
+            "model-node keys at its root (processor)",
+            None,
+        ),
         ({"model": MODEL_CLASS}, "model", "model-file", "it sits in a model/ directory", None),
         # signals of both shapes: a model file, checked as a full config too
-        ({"layer_kernels": {}, "training": {}}, None, "model-file", "but also training sections", "full"),
+        (
+            {"layer_kernels": {}, "training": {}},
+            None,
+            "model-file",
+            "but also training sections",
+            "full",
+        ),
     ],
 )
 def test_classify(tmp_path, root, where, shape, why, alternative):
@@ -160,7 +204,9 @@ def test_a_defaults_list_of_sibling_presets_is_a_model_file(tmp_path):
     (tmp_path / "transformer.yaml").write_text("num_channels: 8\n")
     root = {"defaults": ["transformer", "_self_"], "num_channels": 16}
     mine = tmp_path / "mine.yaml"
-    assert classify(root, mine) == Kind("model-file", "a defaults list naming presets of its own model/ directory")
+    assert classify(root, mine) == Kind(
+        "model-file", "a defaults list naming presets of its own model/ directory"
+    )
     assert classify({"defaults": ["gnn"]}, mine).shape == "overlay"  # no gnn.yaml beside it
     assert classify(root).shape == "overlay"  # no path: nothing to look beside
 
@@ -172,8 +218,18 @@ def test_a_defaults_list_of_sibling_presets_is_a_model_file(tmp_path):
         ({}, "configs", (), False),
         ({"defaults": ["base"]}, "configs", ("base",), True),
         ({"defaults": ["base", "_self_"]}, "configs", ("base",), True),
-        ({"defaults": ["base", "other"]}, "configs", ("base",), False),  # every one must be a sibling
-        ({"defaults": [{"model": "gnn"}]}, "configs", ("gnn",), False),  # a group choice, not a sibling
+        (
+            {"defaults": ["base", "other"]},
+            "configs",
+            ("base",),
+            False,
+        ),  # every one must be a sibling
+        (
+            {"defaults": [{"model": "gnn"}]},
+            "configs",
+            ("gnn",),
+            False,
+        ),  # a group choice, not a sibling
         ({"defaults": ["_self_"]}, "configs", (), False),
     ],
 )

@@ -19,8 +19,20 @@ ENTRIES = [
     ("Layernorm", {"_target_": "torch.nn.LayerNorm"}, "error", "key", "did you mean 'LayerNorm'"),
     ("querynorm", {"_target_": "torch.nn.LayerNorm"}, "error", "key", "did you mean 'QueryNorm'"),
     ("LayerNorm", {"_target_": "nolib.FastNorm"}, "error", "import", "No module named 'nolib'"),
-    ("LayerNorm", {"_target_": "torch.nn.NoSuchNorm"}, "error", "import", "has no attribute 'NoSuchNorm'"),
-    ("LayerNorm", {"_target_": "kp_zoo.missing_dependency.X"}, "error", "import", "does not import here"),
+    (
+        "LayerNorm",
+        {"_target_": "torch.nn.NoSuchNorm"},
+        "error",
+        "import",
+        "has no attribute 'NoSuchNorm'",
+    ),
+    (
+        "LayerNorm",
+        {"_target_": "kp_zoo.missing_dependency.X"},
+        "error",
+        "import",
+        "does not import here",
+    ),
     ("LayerNorm", {"eps": 1e-5}, "error", "entry", "no _target_"),
     ("LayerNorm", "torch.nn.LayerNorm", "error", "entry", "expected a mapping"),
     (
@@ -58,8 +70,20 @@ ENTRIES = [
         "semantics",
         "RMSNorm under the LayerNorm key",
     ),
-    ("KeyNorm", {"_target_": "kp_zoo.norms.GoodRMSNorm"}, "error", "semantics", "RMSNorm under the KeyNorm key"),
-    ("Linear", {"_target_": "torch.nn.LayerNorm"}, "error", "semantics", "a norm (layer_norm) under the Linear key"),
+    (
+        "KeyNorm",
+        {"_target_": "kp_zoo.norms.GoodRMSNorm"},
+        "error",
+        "semantics",
+        "RMSNorm under the KeyNorm key",
+    ),
+    (
+        "Linear",
+        {"_target_": "torch.nn.LayerNorm"},
+        "error",
+        "semantics",
+        "a norm (layer_norm) under the Linear key",
+    ),
     ("Activation", {"_target_": "torch.nn.GLU"}, "error", "semantics", "GLU-family"),
     (
         "LayerNorm",
@@ -73,7 +97,9 @@ ENTRIES = [
 
 
 @pytest.mark.parametrize(
-    "key,entry,severity,kind,words", ENTRIES, ids=[f"{e[0]}-{e[3]}-{i}" for i, e in enumerate(ENTRIES)]
+    "key,entry,severity,kind,words",
+    ENTRIES,
+    ids=[f"{e[0]}-{e[3]}-{i}" for i, e in enumerate(ENTRIES)],
 )
 def test_entry_findings(key, entry, severity, kind, words):
     found, _ = check_entry(key, entry, f"model.layer_kernels.{key}")
@@ -89,7 +115,9 @@ def test_entry_findings(key, entry, severity, kind, words):
         ("LayerNorm", {"_target_": "torch.nn.LayerNorm", "eps": 1e-5, "bias": False}),
         ("LayerNorm", {"_target_": "kp_zoo.norms.GoodLayerNorm", "_partial_": True}),
         pytest.param(  # compiles C++ with torch.compile on a CPU: seconds
-            "LayerNorm", {"_target_": "kernel_lock.adapters.CompiledLayerNorm"}, marks=pytest.mark.slow
+            "LayerNorm",
+            {"_target_": "kernel_lock.adapters.CompiledLayerNorm"},
+            marks=pytest.mark.slow,
         ),
         ("QueryNorm", {"_target_": "torch.nn.LayerNorm", "bias": False}),
         ("Linear", {"_target_": "torch.nn.Linear", "bias": False}),
@@ -103,8 +131,12 @@ def test_entries_that_fit(key, entry):
 
 
 def test_semantics_change_can_be_declared_deliberate():
-    found, facts = check_entry("LayerNorm", {"_target_": "torch.nn.RMSNorm"}, "x", allow_semantics_change=True)
-    assert [(f.severity, f.kind) for f in found] == [("warning", "semantics")] and facts["family"] == "rms_norm"
+    found, facts = check_entry(
+        "LayerNorm", {"_target_": "torch.nn.RMSNorm"}, "x", allow_semantics_change=True
+    )
+    assert [(f.severity, f.kind) for f in found] == [("warning", "semantics")] and facts[
+        "family"
+    ] == "rms_norm"
 
 
 @pytest.mark.parametrize(
@@ -117,9 +149,27 @@ def test_semantics_change_can_be_declared_deliberate():
             "entry",
             "_recursive_",
         ),
-        ("LayerNorm", {"_target_": "torch.nn.functional.layer_norm"}, "error", "signature", "does not fit"),
-        ("LayerNorm", {"_target_": "torch.float32"}, "error", "entry", "is a dtype, not a class anemoi can call"),
-        ("Activation", {"_target_": "collections.OrderedDict"}, "error", "entry", "not a torch.nn.Module subclass"),
+        (
+            "LayerNorm",
+            {"_target_": "torch.nn.functional.layer_norm"},
+            "error",
+            "signature",
+            "does not fit",
+        ),
+        (
+            "LayerNorm",
+            {"_target_": "torch.float32"},
+            "error",
+            "entry",
+            "is a dtype, not a class anemoi can call",
+        ),
+        (
+            "Activation",
+            {"_target_": "collections.OrderedDict"},
+            "error",
+            "entry",
+            "not a torch.nn.Module subclass",
+        ),
         (
             "Linear",
             {"_target_": "torch.nn.Linear", "in_features": 8, "out_features": 4},
@@ -130,7 +180,15 @@ def test_semantics_change_can_be_declared_deliberate():
         ("LayerNorm", {"_target_": ""}, "error", "entry", "no _target_"),
         ("LayerNorm", {"_target_": 3}, "error", "entry", "no _target_"),
     ],
-    ids=["hydra-option", "function", "not-callable", "not-a-module", "linear-dims", "empty-target", "int-target"],
+    ids=[
+        "hydra-option",
+        "function",
+        "not-callable",
+        "not-a-module",
+        "linear-dims",
+        "empty-target",
+        "int-target",
+    ],
 )
 def test_more_entry_findings(key, entry, severity, kind, words):
     found, _ = check_entry(key, entry, "w")
@@ -158,9 +216,14 @@ def test_a_signature_error_names_the_adapter_where_a_table_row_has_one(monkeypat
 
     entry = {"_target_": "kp_zoo.norms.HiddenSizeLayerNorm"}
     [f] = [f for f in check_entry("LayerNorm", entry, "w")[0] if f.kind == "signature"]
-    assert f.fix == "use a class whose constructor takes anemoi's arguments, or a thin subclass adapting it"
+    assert (
+        f.fix
+        == "use a class whose constructor takes anemoi's arguments, or a thin subclass adapting it"
+    )
     monkeypatch.setitem(
-        adapter_names.SIZE_ADAPTERS, "HiddenSizeLayerNormAnemoi", ("kp_zoo.norms.HiddenSizeLayerNorm", "hidden_size")
+        adapter_names.SIZE_ADAPTERS,
+        "HiddenSizeLayerNormAnemoi",
+        ("kp_zoo.norms.HiddenSizeLayerNorm", "hidden_size"),
     )
     [f] = [f for f in check_entry("LayerNorm", entry, "w")[0] if f.kind == "signature"]
     assert f.fix.startswith("use `_target_: kernel_lock.adapters.HiddenSizeLayerNormAnemoi`")
@@ -232,8 +295,14 @@ class ObjectDefault(torch.nn.Module):
     "cls,defaults",
     [
         (torch.nn.GELU, {"approximate": "none"}),
-        (PassesArgsOn, {"eps": 1e-5, "elementwise_affine": True, "bias": True, "device": None, "dtype": None}),
-        (ObjectDefault, {"eps": 1e-3, "name": "x", "flag": None}),  # a non-plain default is left out
+        (
+            PassesArgsOn,
+            {"eps": 1e-5, "elementwise_affine": True, "bias": True, "device": None, "dtype": None},
+        ),
+        (
+            ObjectDefault,
+            {"eps": 1e-3, "name": "x", "flag": None},
+        ),  # a non-plain default is left out
         (len, {}),
     ],
 )

@@ -1,6 +1,6 @@
-"""The GatedMLP slot and anemoi: export writes mlp_implementation where anemoi-training's configs keep it,
-check-config compares it per component and refuses a contradiction, and the lock's gate formula is
-read strictly. The configs are read from the installed anemoi-training package."""
+"""The GatedMLP slot and anemoi: export writes mlp_implementation where anemoi-training's configs
+keep it, check-config compares it per component and refuses a contradiction, and the lock's gate
+formula is read strictly. The configs are read from the installed anemoi-training package."""
 
 from __future__ import annotations
 
@@ -18,12 +18,15 @@ from tests.conftest import MINIMAL_LOCK
 
 pytest.importorskip("anemoi.training", reason="anemoi-training is installed with the test extras")
 CONFIG_DIR = Path(str(importlib.resources.files("anemoi.training") / "config"))
-# where anemoi-training's transformer preset sets mlp_implementation (the model file is the model node)
+# where anemoi-training's transformer preset sets mlp_implementation (the model file is the model
+# node)
 COMPONENTS = ["processor", "encoders.0.mapper", "decoders.0.mapper"]
 
 
 def gated(
-    implementation="geglu", gate="gelu_erf(gate_proj(x)) * value_proj(x)", target="kernel_lock.gated_mlp.GatedMLP"
+    implementation="geglu",
+    gate="gelu_erf(gate_proj(x)) * value_proj(x)",
+    target="kernel_lock.gated_mlp.GatedMLP",
 ):
     return (
         "\n[slots.GatedMLP]\n"
@@ -59,7 +62,9 @@ def test_a_preset_that_contradicts_the_lock_is_refused_per_component():
     tree = preset()
     tree["processor"]["mlp_implementation"] = "swiglu"
     [one, *_] = findings(tree, lock(gated()))
-    assert one.where == "processor.mlp_implementation" and one.problem.endswith("this component builds swiglu")
+    assert one.where == "processor.mlp_implementation" and one.problem.endswith(
+        "this component builds swiglu"
+    )
     assert "--mlp-implementation swiglu" in one.fix
 
 
@@ -117,7 +122,11 @@ def test_export_notes_a_kernel_anemoi_cannot_build_itself():
             "is not what mlp_implementation 'geglu' computes",
         ),
         (gated(gate=None), "slots.GatedMLP.gate", "missing"),
-        (gated(implementation="mlp"), "slots.GatedMLP.kwargs.mlp_implementation", "'mlp' is not a gated MLP"),
+        (
+            gated(implementation="mlp"),
+            "slots.GatedMLP.kwargs.mlp_implementation",
+            "'mlp' is not a gated MLP",
+        ),
     ],
 )
 def test_the_locks_gate_is_read_strictly(text, where, words):
@@ -127,7 +136,9 @@ def test_the_locks_gate_is_read_strictly(text, where, words):
 
 
 def test_only_the_gated_slot_records_a_gate():
-    text = MINIMAL_LOCK.replace("kwargs = { bias = false }", 'kwargs = { bias = false }\ngate = "x"')
+    text = MINIMAL_LOCK.replace(
+        "kwargs = { bias = false }", 'kwargs = { bias = false }\ngate = "x"'
+    )
     with pytest.raises(LockFormatError, match="only the GatedMLP slot records a gate formula"):
         kernel_lock.loads(text, emit_warnings=False)
 
@@ -139,7 +150,12 @@ def test_a_lock_pins_the_class_and_its_gate():
     f = the_lock.factory("GatedMLP")
     layer = f(16, 24)
     assert layer.mlp_implementation == "geglu"
-    assert list(layer.state_dict()) == ["gate_proj.weight", "gate_proj.bias", "value_proj.weight", "value_proj.bias"]
+    assert list(layer.state_dict()) == [
+        "gate_proj.weight",
+        "gate_proj.bias",
+        "value_proj.weight",
+        "value_proj.bias",
+    ]
 
 
 def test_the_export_command_prints_it_for_the_components(tmp_path, capsys):
@@ -156,7 +172,9 @@ def test_the_export_command_prints_it_for_the_components(tmp_path, capsys):
     assert code == 0, err
     block = yaml.safe_load(out.split("# GatedMLP (slots.GatedMLP)", 1)[1].split("\n", 1)[1])
     assert block == {"processor": {"mlp_implementation": "geglu"}}
-    code, out, err = run_cli(["export", path, "--config", CONFIG_DIR / "model" / "gnn.yaml", "--json"], capsys)
+    code, out, err = run_cli(
+        ["export", path, "--config", CONFIG_DIR / "model" / "gnn.yaml", "--json"], capsys
+    )
     assert code == 0, err
     overlay = json.loads(out)["overlay"]
     assert overlay["processor"]["mlp_implementation"] == "geglu"

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 import kernel_lock
-from kernel_probe.anemoi.graph_attention_checks import components, export_setting, findings, overlay_settings
+from kernel_probe.anemoi.graph_attention_checks import (
+    components,
+    export_setting,
+    findings,
+    overlay_settings,
+)
 from tests.conftest import MINIMAL_LOCK
 
 PROCESSOR = "anemoi.models.layers.processor.GraphTransformerProcessor"
@@ -21,7 +26,9 @@ def tree(processor=None, encoder=None, decoder=None):
         "model": {
             "processor": comp(PROCESSOR, processor),
             "encoders": {"0": {"mapper": comp(FORWARD, encoder)}},
-            "decoders": {"0": {"mapper": {"graph_attention_backend": decoder or "triton", "_target_": "x.Y"}}},
+            "decoders": {
+                "0": {"mapper": {"graph_attention_backend": decoder or "triton", "_target_": "x.Y"}}
+            },
         }
     }
 
@@ -56,16 +63,25 @@ def test_each_component_that_contradicts_the_lock_is_an_error():
         "model.decoders.0.mapper.graph_attention_backend",
         "model.processor.graph_attention_backend",
     ]
-    assert all(f.kind == "lock" and "--graph-attention" in f.fix for f in found if f.severity == "error")
-    unset = findings(tree(processor=None, encoder="pyg", decoder="pyg"), lock('backend = "pyg"\n'), CPU)
-    assert where(unset) == ["model.processor.graph_attention_backend"] and "anemoi's default triton" in unset[0].problem
+    assert all(
+        f.kind == "lock" and "--graph-attention" in f.fix for f in found if f.severity == "error"
+    )
+    unset = findings(
+        tree(processor=None, encoder="pyg", decoder="pyg"), lock('backend = "pyg"\n'), CPU
+    )
+    assert (
+        where(unset) == ["model.processor.graph_attention_backend"]
+        and "anemoi's default triton" in unset[0].problem
+    )
 
 
 def test_a_triton_config_on_a_machine_that_falls_back_is_a_warning_without_a_lock():
     found = findings(tree("triton", "triton", "triton"), None, CPU)
     assert where(found) == [] and len(where(found, "warning")) == 3
     assert "falls back to pyg here: there is no GPU" in found[0].problem
-    allowed = findings(tree("triton", "triton", "triton"), lock('backend = "triton"\nallow-fallback = true\n'), CPU)
+    allowed = findings(
+        tree("triton", "triton", "triton"), lock('backend = "triton"\nallow-fallback = true\n'), CPU
+    )
     assert where(allowed) == [] and len(where(allowed, "note")) == 3
 
 
@@ -80,7 +96,12 @@ def test_a_locked_triton_on_a_gpu_with_triton_is_clean(monkeypatch):
 
 def test_interpolations_are_left_to_composition():
     assert (
-        findings(tree(processor="${model.backend}", encoder="pyg", decoder="pyg"), lock('backend = "pyg"\n'), CPU) == []
+        findings(
+            tree(processor="${model.backend}", encoder="pyg", decoder="pyg"),
+            lock('backend = "pyg"\n'),
+            CPU,
+        )
+        == []
     )
 
 
@@ -88,9 +109,16 @@ def test_interpolations_are_left_to_composition():
 def test_export_sets_every_component_relative_to_the_model_node(model_file):
     t = tree()
     settings = overlay_settings(
-        t["model"] if model_file else t, lock('backend = "pyg"\nreason = "r"\n'), model_file=model_file
+        t["model"] if model_file else t,
+        lock('backend = "pyg"\nreason = "r"\n'),
+        model_file=model_file,
     )
     assert settings == {"processor": "pyg", "encoders.0.mapper": "pyg", "decoders.0.mapper": "pyg"}
-    assert export_setting(lock(None)) is None and overlay_settings(t, lock(None), model_file=False) == {}
-    backend, note = export_setting(lock('backend = "triton"\nallow-fallback = true\nreason = "r"\n'))
+    assert (
+        export_setting(lock(None)) is None
+        and overlay_settings(t, lock(None), model_file=False) == {}
+    )
+    backend, note = export_setting(
+        lock('backend = "triton"\nallow-fallback = true\nreason = "r"\n')
+    )
     assert backend == "triton" and "the lock allows it" in note

@@ -1,9 +1,9 @@
-"""anemoi's own config files, as its users have them: every model preset anemoi-training ships, read from
-the installed package (never copied here), Hydra overlays composed as `anemoi-training train` composes
-them, and the export merged into them.
+"""anemoi's own config files, as its users have them: every model preset anemoi-training ships, read
+from the installed package (never copied here), Hydra overlays composed as `anemoi-training train`
+composes them, and the export merged into them.
 
-Install (what .ci/run does through .ci/anemoi-install): anemoi-training, anemoi-models and anemoi-graphs
-with --no-deps on the CPU torch, plus hydra-core.
+Install (what .ci/run does through .ci/anemoi-install): anemoi-training, anemoi-models and
+anemoi-graphs with --no-deps on the CPU torch, plus hydra-core.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from kernel_probe.anemoi.pipelines import check_config, export_for_config
 from kernel_probe.cli import main
 from tests.conftest import write_sealed
 
-pytest.importorskip("hydra", reason="hydra-core is not installed; `bash .ci/anemoi-install` installs it")
+pytest.importorskip(
+    "hydra", reason="hydra-core is not installed; `bash .ci/anemoi-install` installs it"
+)
 training = pytest.importorskip(
     "anemoi.training",
     reason="anemoi-training is not installed; `bash .ci/anemoi-install` "
@@ -61,13 +63,14 @@ target = "torch.nn.Linear"
 semantics = "linear"
 kwargs = {{ bias = true }}
 twin = {{ target = "torch.nn.Linear", kwargs = {{ bias = true }}, state-dict = "interchangeable", max-error = 0.0 }}
-"""
+"""  # noqa: E501 (TOML inline tables are one line)
 
 
 def make_lock(
     path: Path, ln_target: str = "torch.nn.LayerNorm", ln_id: str = "torch.layer_norm"
 ) -> kernel_lock.KernelLock:
-    write_sealed(path, TORCH_LOCK.format(ln_target=ln_target, ln_id=ln_id))  # no [environment]: any machine
+    # no [environment]: any machine
+    write_sealed(path, TORCH_LOCK.format(ln_target=ln_target, ln_id=ln_id))
     return kernel_lock.load(path)
 
 
@@ -76,13 +79,16 @@ def errors(result) -> list[tuple[str, str]]:
 
 
 def test_the_package_ships_the_model_presets():
-    assert len(MODEL_FILES) >= 25, MODEL_FILES  # anemoi-training 0.17.1: 25 files under config/model/
+    # anemoi-training 0.17.1: 25 files under config/model/
+    assert len(MODEL_FILES) >= 25, MODEL_FILES
 
 
-# ---- every shipped model preset: no false error, every injected mistake caught --------------------
+# ---- every shipped model preset: no false error, every injected mistake caught -------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("path", MODEL_FILES, ids=[p.stem for p in MODEL_FILES])
-def test_shipped_model_config_has_no_false_error_and_mistakes_are_caught(path, tmp_path, shipped_check):
+def test_shipped_model_config_has_no_false_error_and_mistakes_are_caught(
+    path, tmp_path, shipped_check
+):
     untouched = shipped_check(path.stem)
     assert Path(untouched.config.path) == path, untouched.config.path  # this preset, as shipped
     # anemoi-training's schema: a preset that fails it as shipped (transformer, point_wise against
@@ -92,7 +98,8 @@ def test_shipped_model_config_has_no_false_error_and_mistakes_are_caught(path, t
     assert untouched.schema.startswith("checked with anemoi-training"), untouched.schema
     blocks = [b.where for b in untouched.config.blocks if not b.where.startswith("(")]
     assert "model.processor.layer_kernels" in blocks, blocks
-    components = [w for w in blocks if w != "model.layer_kernels"]  # processor, mappers, noise injector, ...
+    # processor, mappers, noise injector, ...
+    components = [w for w in blocks if w != "model.layer_kernels"]
     # the same file with a mistake in its component blocks (written where its own `model/` group is)
     data = yaml.safe_load(path.read_text())
     injected = []
@@ -111,8 +118,8 @@ def test_shipped_model_config_has_no_false_error_and_mistakes_are_caught(path, t
     mutated.parent.mkdir()
     mutated.write_text(yaml.safe_dump(data, sort_keys=False))
     # anemoi-training's schema ran on the untouched file above; on the mutated one it could only add
-    # errors of its own (exit 5 either way), so it is left out: the mistakes, and the exit code, must be
-    # this tool's own findings (issue 38: one schema child less per preset, ~4 s each)
+    # errors of its own (exit 5 either way), so it is left out: the mistakes, and the exit code,
+    # must be this tool's own findings (issue 38: one schema child less per preset, ~4 s each)
     result = check_config(mutated, schema=False)
     assert result.schema == "not run: --no-schema", result.schema
     assert result.exit_code == 5
@@ -123,11 +130,15 @@ def test_shipped_model_config_has_no_false_error_and_mistakes_are_caught(path, t
 
 @pytest.mark.slow
 def test_model_file_interpolations_resolve_against_the_file_itself(shipped_check):
-    # transformer_transport.yaml pins ${model.num_channels}: the file's own num_channels, never a false alarm
+    # transformer_transport.yaml pins ${model.num_channels}: the file's own num_channels, never a
+    # false alarm
     result = shipped_check("transformer_transport")
     assert result.config.shape == "model-file", result.config.why
-    assert [e for e in errors(result) if e[0] != "preset"] == [], errors(result)  # the schema's: the preset's own
-    ln = next(b for b in result.config.blocks if b.where == "model.layer_kernels").content["LayerNorm"]
+    # the schema's: the preset's own
+    assert [e for e in errors(result) if e[0] != "preset"] == [], errors(result)
+    ln = next(b for b in result.config.blocks if b.where == "model.layer_kernels").content[
+        "LayerNorm"
+    ]
     assert ln["_target_"] == CONDITIONAL_LAYER_NORM and ln["normalized_shape"] == 1024
 
 
@@ -136,7 +147,10 @@ def test_a_preset_extending_another_is_composed_like_training(shipped_check):
     # transformer_transport_edm.yaml: `defaults: [transformer_transport]`, composed as model=<name>
     result = shipped_check("transformer_transport_edm")
     assert result.config.composed and result.config.choices["model"] == "transformer_transport_edm"
-    assert {b.where for b in result.config.blocks} >= {"model.layer_kernels", "model.processor.layer_kernels"}
+    assert {b.where for b in result.config.blocks} >= {
+        "model.layer_kernels",
+        "model.processor.layer_kernels",
+    }
 
 
 @pytest.mark.slow
@@ -147,12 +161,14 @@ def test_every_block_is_found_including_hierarchical_mappers():
     assert result.exit_code == 0, errors(result)
 
 
-# ---- overlays: composed as anemoi-training composes them -------------------------------------------
+# ---- overlays: composed as anemoi-training composes them -----------------------------------------
 def overlay(tmp_path: Path, model: str, body: str = "", name: str = "mine.yaml") -> Path:
     p = tmp_path / name
     p.write_text(
-        f"defaults:\n- data: zarr\n- dataloader: native_grid\n- diagnostics: evaluation\n- system: example\n"
-        f"- graph: multi_scale\n- model: {model}\n- task: forecaster\n- training: single\n- _self_\n{body}"
+        "defaults:\n- data: zarr\n- dataloader: native_grid\n- diagnostics: evaluation\n- "
+        "system: example\n"
+        f"- graph: multi_scale\n- model: {model}\n- task: forecaster\n- training: single\n- "
+        f"_self_\n{body}"
     )
     return p
 
@@ -162,8 +178,11 @@ def test_overlay_is_composed_and_overrides_after_dashdash(tmp_path, capsys):
     p = overlay(tmp_path, "gnn")
     result = check_config(p)
     assert result.config.composed and result.config.choices["model"] == "gnn"
-    ln = next(b for b in result.config.blocks if b.where == "model.layer_kernels").content["LayerNorm"]
-    assert ln["_target_"] == AUTOCAST_LAYER_NORM  # the preset's block, not "anemoi uses its defaults"
+    ln = next(b for b in result.config.blocks if b.where == "model.layer_kernels").content[
+        "LayerNorm"
+    ]
+    # the preset's block, not "anemoi uses its defaults"
+    assert ln["_target_"] == AUTOCAST_LAYER_NORM
     assert main(["check-config", str(p), "--json", "--", "model=transformer_ens"]) == 0
     out = capsys.readouterr().out
     assert '"model": "transformer_ens"' in out and "model.noise_injector.layer_kernels" in out
@@ -175,9 +194,13 @@ def test_overlay_is_composed_and_overrides_after_dashdash(tmp_path, capsys):
 def test_overlay_without_hydra_says_the_defaults_were_not_followed(tmp_path, monkeypatch):
     import kernel_probe.anemoi.reading as reading
 
-    p = overlay(tmp_path, "gnn", "model:\n  layer_kernels:\n    Layernorm: {_target_: torch.nn.LayerNorm}\n")
+    p = overlay(
+        tmp_path, "gnn", "model:\n  layer_kernels:\n    Layernorm: {_target_: torch.nn.LayerNorm}\n"
+    )
     real = reading.installed
-    monkeypatch.setattr(reading, "installed", lambda name: None if name == "hydra-core" else real(name))
+    monkeypatch.setattr(
+        reading, "installed", lambda name: None if name == "hydra-core" else real(name)
+    )
     result = check_config(p)
     [note] = [f for f in result.findings if f.kind == "defaults"]
     assert not result.config.composed and note.severity == "warning"
@@ -186,7 +209,8 @@ def test_overlay_without_hydra_says_the_defaults_were_not_followed(tmp_path, mon
         and "not followed" in note.problem
         and "hydra-core is not installed" in note.problem
     )
-    assert ("key", "model.layer_kernels.Layernorm") in errors(result)  # what the file itself sets is still judged
+    # what the file itself sets is still judged
+    assert ("key", "model.layer_kernels.Layernorm") in errors(result)
 
 
 @pytest.mark.slow
@@ -194,15 +218,24 @@ def test_naive_paste_leaves_preset_keys_and_is_caught(tmp_path, capsys):
     lock = make_lock(tmp_path / "lock.toml")
     block = layer_kernels(lock)
     # the exported block pasted at the processor of transformer_transport: Hydra merges it into the
-    # preset's ConditionalLayerNorm entry, whose condition_shape & co. stay beside torch.nn.LayerNorm
-    p = overlay(tmp_path, "transformer_transport", yaml.safe_dump({"model": {"processor": {"layer_kernels": block}}}))
+    # preset's ConditionalLayerNorm entry, whose condition_shape & co. stay beside
+    # torch.nn.LayerNorm
+    p = overlay(
+        tmp_path,
+        "transformer_transport",
+        yaml.safe_dump({"model": {"processor": {"layer_kernels": block}}}),
+    )
     result = check_config(p, lock=lock)
     merged = [f for f in result.findings if f.kind == "merge"]
-    assert result.exit_code == 5 and merged and merged[0].where == "model.processor.layer_kernels.LayerNorm"
+    assert (
+        result.exit_code == 5
+        and merged
+        and merged[0].where == "model.processor.layer_kernels.LayerNorm"
+    )
     assert "condition_shape" in merged[0].problem and "interpolation" in merged[0].fix
 
 
-# ---- the export, merged into a user's overlay, composes to exactly the lock's entries ----------------
+# ---- the export, merged into a user's overlay, composes to exactly the lock's entries ------------
 def composed_blocks(path: Path) -> dict[str, dict[str, Any]]:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
@@ -222,14 +255,18 @@ def composed_blocks(path: Path) -> dict[str, dict[str, Any]]:
 @pytest.mark.parametrize("model", ["transformer_transport", "transformer_ens", "gnn"])
 @pytest.mark.parametrize("kernel", ["torch.nn.LayerNorm", "kernel_lock.adapters.CompiledLayerNorm"])
 @pytest.mark.slow
-def test_export_merged_into_an_overlay_composes_to_exactly_the_locks_entries(tmp_path, model, kernel):
+def test_export_merged_into_an_overlay_composes_to_exactly_the_locks_entries(
+    tmp_path, model, kernel
+):
     lock = make_lock(tmp_path / "lock.toml", ln_target=kernel, ln_id="x.layer_norm")
     want = layer_kernels(lock)
     p = overlay(tmp_path, model, "model:\n  num_channels: 256\n")  # the user's own settings stay
     result = export_for_config(lock, p)
     from tests.anemoi_build import deep_merge
 
-    merged = deep_merge(yaml.safe_load(p.read_text()), yaml.safe_load(yaml.safe_dump(result.overlay())))
+    merged = deep_merge(
+        yaml.safe_load(p.read_text()), yaml.safe_load(yaml.safe_dump(result.overlay()))
+    )
     p.write_text(yaml.safe_dump(merged, sort_keys=False))
     blocks = composed_blocks(p)
     assert blocks, "no layer_kernels block composed"
@@ -239,8 +276,15 @@ def test_export_merged_into_an_overlay_composes_to_exactly_the_locks_entries(tmp
         assert block["Linear"] == want["Linear"], where
         ln = block.get("LayerNorm", {"_target_": "torch.nn.LayerNorm"})
         if ln["_target_"] == CONDITIONAL_LAYER_NORM:  # a different layer: left alone, whole
-            assert set(ln) == {"_target_", "normalized_shape", "condition_shape", "zero_init", "autocast"}, where
-        elif model == "gnn":  # every gnn block inherits the preset's AutocastLayerNorm: its cast kept
+            assert set(ln) == {
+                "_target_",
+                "normalized_shape",
+                "condition_shape",
+                "zero_init",
+                "autocast",
+            }, where
+        # every gnn block inherits the preset's AutocastLayerNorm: its cast kept
+        elif model == "gnn":
             expected = (
                 AUTOCAST_LAYER_NORM
                 if kernel == "torch.nn.LayerNorm"
@@ -248,10 +292,11 @@ def test_export_merged_into_an_overlay_composes_to_exactly_the_locks_entries(tmp
             )
             assert ln == {**want["LayerNorm"], "_target_": expected}, where
         else:
-            assert ln == want["LayerNorm"], where  # exactly the lock's entry: no key left from the preset
+            # exactly the lock's entry: no key left from the preset
+            assert ln == want["LayerNorm"], where
     check = check_config(p, lock=lock)
-    # transformer_transport fails anemoi-training's schema as shipped (decoders.0.mapper.num_channels):
-    # the preset's own problem, reported apart; nothing else
+    # transformer_transport fails anemoi-training's schema as shipped
+    # (decoders.0.mapper.num_channels): the preset's own problem, reported apart; nothing else
     assert [e for e in errors(check) if e[0] != "preset"] == [], errors(check)
 
 
@@ -264,7 +309,9 @@ def test_gnn_keeps_autocast_layer_norm_against_a_torch_lock(tmp_path, capsys):
     assert "keeps anemoi's AutocastLayerNorm: it runs the lock's torch.nn.LayerNorm kernel" in out
     # against a lock pinning another kernel, AutocastLayerNorm disagrees and the fix keeps its cast
     other = make_lock(
-        tmp_path / "compiled.toml", ln_target="kernel_lock.adapters.CompiledLayerNorm", ln_id="x.layer_norm"
+        tmp_path / "compiled.toml",
+        ln_target="kernel_lock.adapters.CompiledLayerNorm",
+        ln_id="x.layer_norm",
     )
     result = check_config(CONFIG_DIR / "model" / "gnn.yaml", lock=other)
     [f] = [f for f in result.findings if f.severity == "error"]
@@ -273,8 +320,11 @@ def test_gnn_keeps_autocast_layer_norm_against_a_torch_lock(tmp_path, capsys):
 
 
 def test_export_keeps_the_wrapper_around_any_kernel(tmp_path, capsys):
-    # no adapter table names kp_zoo's class: the generic adapter keeps AutocastLayerNorm's cast around it
-    lock = make_lock(tmp_path / "good.toml", ln_target="kp_zoo.norms.GoodLayerNorm", ln_id="x.layer_norm")
+    # no adapter table names kp_zoo's class: the generic adapter keeps AutocastLayerNorm's cast
+    # around it
+    lock = make_lock(
+        tmp_path / "good.toml", ln_target="kp_zoo.norms.GoodLayerNorm", ln_id="x.layer_norm"
+    )
     code = main(["export", str(lock.path), "--config", str(CONFIG_DIR / "model" / "gnn.yaml")])
     out = capsys.readouterr().out
     assert code == 0 and "kernel_lock.adapters.Autocast__kp_zoo__norms__GoodLayerNorm" in out, out

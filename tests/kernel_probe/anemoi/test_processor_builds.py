@@ -1,8 +1,8 @@
-"""A real anemoi-models GraphTransformer processor and a Transformer processor, built on CPU from the
-config `export --config` writes for a lock (issue 39): anemoi-training's own presets (read from the
-installed package), the lock's entries and graph_attention_backend merged in as the overlay says, one
-forward and backward on a tiny graph, and every module a layer_kernels entry names being the class
-the lock pinned (with its pinned keywords)."""
+"""A real anemoi-models GraphTransformer processor and a Transformer processor, built on CPU from
+the config `export --config` writes for a lock (issue 39): anemoi-training's own presets (read from
+the installed package), the lock's entries and graph_attention_backend merged in as the overlay
+says, one forward and backward on a tiny graph, and every module a layer_kernels entry names being
+the class the lock pinned (with its pinned keywords)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,12 @@ from kernel_lock.anemoi import ANEMOI_DEFAULTS, attention_export, locate
 from kernel_probe.probe import graph_attention as ga
 from tests.anemoi_build import deep_merge
 
-pytest.importorskip("hydra", reason="hydra-core is not installed; `bash .ci/anemoi-install` installs it")
-pytest.importorskip("anemoi.training", reason="anemoi-training is not installed; `bash .ci/anemoi-install`")
+pytest.importorskip(
+    "hydra", reason="hydra-core is not installed; `bash .ci/anemoi-install` installs it"
+)
+pytest.importorskip(
+    "anemoi.training", reason="anemoi-training is not installed; `bash .ci/anemoi-install`"
+)
 pytestmark = [pytest.mark.anemoi, pytest.mark.slow]
 
 PRESETS = Path(str(importlib.resources.files("anemoi.training") / "config" / "model"))
@@ -67,7 +71,9 @@ def lock(tmp_path_factory) -> kernel_lock.KernelLock:
     return kernel_lock.load(path)
 
 
-def exported_processor(lock: kernel_lock.KernelLock, preset: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def exported_processor(
+    lock: kernel_lock.KernelLock, preset: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the processor node anemoi instantiates, the lock's entries) for ``preset`` with the exported
     overlay merged in, small, interpolations resolved as anemoi-training resolves them."""
     from omegaconf import OmegaConf
@@ -75,11 +81,15 @@ def exported_processor(lock: kernel_lock.KernelLock, preset: str) -> tuple[dict[
     from kernel_probe.anemoi.pipelines import export_for_config
 
     path = PRESETS / f"{preset}.yaml"
-    result = export_for_config(lock, path, compose=False)  # a model file has no defaults list to compose
-    merged = deep_merge(yaml.safe_load(path.read_text()), yaml.safe_load(yaml.safe_dump(result.overlay())))
+    # a model file has no defaults list to compose
+    result = export_for_config(lock, path, compose=False)
+    merged = deep_merge(
+        yaml.safe_load(path.read_text()), yaml.safe_load(yaml.safe_dump(result.overlay()))
+    )
     small = {"num_channels": 32, "processor": {"num_layers": 2, "num_chunks": 1, "num_heads": 4}}
     merged = deep_merge(merged, small)
-    if "attention_implementation" in merged["processor"]:  # the Attention slot's keys (export prints them)
+    # the Attention slot's keys (export prints them)
+    if "attention_implementation" in merged["processor"]:
         options, _ = attention_export(lock) or ({}, "")
         merged["processor"].update(options)
     node = OmegaConf.to_container(OmegaConf.create({"model": merged}).model.processor, resolve=True)
@@ -92,8 +102,8 @@ def _class_name(cls: type) -> str:
 
 
 def check_modules(proc: torch.nn.Module, entries: dict[str, Any], node: dict[str, Any]) -> None:
-    """Every layer_kernels entry the exported config has: its class built (with its pinned keywords),
-    and anemoi's default class for that key nowhere but at anemoi's hard-coded sites."""
+    """Every layer_kernels entry the exported config has: its class built (with its pinned
+    keywords), and anemoi's default class for that key nowhere but at anemoi's hard-coded sites."""
     assert node["layer_kernels"], node
     by_class: dict[str, list[tuple[str, torch.nn.Module]]] = {}
     for name, module in proc.named_modules():
@@ -115,25 +125,34 @@ def check_modules(proc: torch.nn.Module, entries: dict[str, Any], node: dict[str
                 for n, _ in by_class.get(_class_name(locate(default)), ())
                 if not n.endswith(HARD_CODED.get(default, ()))
             ]
-            assert stray == [], f"{key}: {default} built at {stray}, not the lock's {entry['_target_']}"
+            assert stray == [], (
+                f"{key}: {default} built at {stray}, not the lock's {entry['_target_']}"
+            )
     for key in entries:  # the lock's own entries are what the component's layer_kernels holds
         assert node["layer_kernels"][key] == entries[key], key
 
 
-def test_a_graph_transformer_processor_built_from_the_export_runs_the_locked_modules_and_backend(lock):
+def test_a_graph_transformer_processor_built_from_the_export_runs_the_locked_modules_and_backend(
+    lock,
+):
     from anemoi.models.distributed.shapes import GraphShardInfo
     from anemoi.models.layers.conv import GraphTransformerConv
     from hydra.utils import instantiate
 
     node, entries = exported_processor(lock, "graphtransformer")
-    assert node["_target_"].endswith("GraphTransformerProcessor") and node["graph_attention_backend"] == "pyg"
+    assert (
+        node["_target_"].endswith("GraphTransformerProcessor")
+        and node["graph_attention_backend"] == "pyg"
+    )
     proc = instantiate(node, _recursive_=False, edge_dim=3)
     check_modules(proc, entries, node)
     blocks = [m for m in proc.modules() if hasattr(m, "graph_attention_backend")]
     assert blocks and all(
-        b.graph_attention_backend == "pyg" and isinstance(b.conv, GraphTransformerConv) for b in blocks
+        b.graph_attention_backend == "pyg" and isinstance(b.conv, GraphTransformerConv)
+        for b in blocks
     )
-    edge_index = ga.check_graph(torch.Generator().manual_seed(0))  # the O96-degree graph of the check
+    # the O96-degree graph of the check
+    edge_index = ga.check_graph(torch.Generator().manual_seed(0))
     x = torch.randn(ga.NODES, 32, requires_grad=True)
     edge_attr = torch.randn(edge_index.shape[1], 3, requires_grad=True)
     out = proc(x, 1, GraphShardInfo(), edge_attr, edge_index)
@@ -150,7 +169,10 @@ def test_a_transformer_processor_built_from_the_export_runs_the_locked_modules_a
 
     node, entries = exported_processor(lock, "transformer")
     assert node["_target_"].endswith(".TransformerProcessor")
-    assert node["attention_implementation"] == "scaled_dot_product_attention" and node["window_size"] == 4
+    assert (
+        node["attention_implementation"] == "scaled_dot_product_attention"
+        and node["window_size"] == 4
+    )
     proc = instantiate(node, _recursive_=False, edge_dim=3)
     check_modules(proc, entries, node)
     wrappers = [m for m in proc.modules() if isinstance(m, SDPAAttentionWrapper)]
@@ -169,4 +191,6 @@ def test_the_mappers_of_both_presets_get_the_locked_backend(lock):
         overlay = export_for_config(lock, PRESETS / f"{preset}.yaml", compose=False).overlay()
         for side in ("encoders", "decoders"):
             assert overlay[side]["0"]["mapper"]["graph_attention_backend"] == "pyg", (preset, side)
-        assert ("graph_attention_backend" in overlay.get("processor", {})) == (preset == "graphtransformer")
+        assert ("graph_attention_backend" in overlay.get("processor", {})) == (
+            preset == "graphtransformer"
+        )

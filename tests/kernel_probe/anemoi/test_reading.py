@@ -1,6 +1,7 @@
-"""kernel_probe/anemoi/reading.py: reading a config as anemoi-training does. Hydra's composition runs in a
-child (kernel_probe.anemoi.compose); here that child is stood in for by its answer, so every branch of
-reading is exercised without starting one (test_pipelines.py and test_schema_check.py run the real one)."""
+"""kernel_probe/anemoi/reading.py: reading a config as anemoi-training does. Hydra's composition
+runs in a child (kernel_probe.anemoi.compose); here that child is stood in for by its answer, so
+every branch of reading is exercised without starting one (test_pipelines.py and
+test_schema_check.py run the real one)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,22 @@ import pytest
 import yaml
 
 from kernel_probe.anemoi import reading
-from kernel_probe.anemoi.reading import _defaults_text, installed, override_through_interpolation, read_config
+from kernel_probe.anemoi.reading import (
+    _defaults_text,
+    installed,
+    override_through_interpolation,
+    read_config,
+)
 from kernel_probe.anemoi.trust import SEARCH_ROOTS, Trust
 from kernel_probe.errors import UsageError
 from kernel_probe.isolation.child import ChildResult
 from kernel_probe.isolation.protocol import ComposeReply, ComposeRequest
 
 LN = {"_target_": "torch.nn.LayerNorm"}
-OVERLAY = {"defaults": [{"data": "zarr"}, {"model": "gnn"}, "_self_"], "model": {"num_channels": 32}}
+OVERLAY = {
+    "defaults": [{"data": "zarr"}, {"model": "gnn"}, "_self_"],
+    "model": {"num_channels": 32},
+}
 
 
 def write(path: Path, data: Any) -> Path:
@@ -35,7 +44,11 @@ class Child:
         self.requests: list[ComposeRequest] = []
 
     def __call__(self, module, function, payload, *, timeout, memory_limit):
-        assert (module, function, memory_limit) == ("kernel_probe.anemoi.compose", "compose", reading.COMPOSE_MEMORY)
+        assert (module, function, memory_limit) == (
+            "kernel_probe.anemoi.compose",
+            "compose",
+            reading.COMPOSE_MEMORY,
+        )
         if self.result is None:
             raise AssertionError("no child should have been started")
         self.requests.append(payload)
@@ -48,7 +61,9 @@ def child(monkeypatch):
         fake = Child(result)
         monkeypatch.setattr(reading, "run_function", fake)
         real = reading.installed
-        monkeypatch.setattr(reading, "installed", lambda d: "1.3.2" if d == "hydra-core" else real(d))
+        monkeypatch.setattr(
+            reading, "installed", lambda d: "1.3.2" if d == "hydra-core" else real(d)
+        )
         return fake
 
     return install
@@ -62,7 +77,7 @@ def failed(kind: str, reason: str) -> ChildResult:
     return ChildResult("error", reason=reason, raised={"raised": kind})
 
 
-# ---- small helpers ---------------------------------------------------------------------------------
+# ---- small helpers -------------------------------------------------------------------------------
 def test_installed():
     assert installed("pytest") == pytest.__version__
     assert installed("kp-no-such-distribution") is None
@@ -82,21 +97,36 @@ def test_defaults_text(root, text):
     assert _defaults_text(root) == text
 
 
-ROOT = {"model": {"layer_kernels": {"LayerNorm": "${model.kernel_lock.LayerNorm}"}, "kernel_lock": {"LayerNorm": LN}}}
+ROOT = {
+    "model": {
+        "layer_kernels": {"LayerNorm": "${model.kernel_lock.LayerNorm}"},
+        "kernel_lock": {"LayerNorm": LN},
+    }
+}
 
 
 @pytest.mark.parametrize(
     "why,working",
     [
         (
-            "Could not override 'model.layer_kernels.LayerNorm._target_'. ... Key: model.layer_kernels.LayerNorm._target_"
+            "Could not override 'model.layer_kernels.LayerNorm._target_'. ... Key: "
+            "model.layer_kernels.LayerNorm._target_"
             "=torch.nn.RMSNorm",
             "model.kernel_lock.LayerNorm._target_=torch.nn.RMSNorm",
         ),
-        ("Could not override 'model.layer_kernels.LayerNorm.eps'.", "model.kernel_lock.LayerNorm.eps=VALUE"),
-        ("Could not override 'model.layer_kernels.LayerNorm'. x=1", None),  # the interpolation itself: Hydra can
+        (
+            "Could not override 'model.layer_kernels.LayerNorm.eps'.",
+            "model.kernel_lock.LayerNorm.eps=VALUE",
+        ),
+        (
+            "Could not override 'model.layer_kernels.LayerNorm'. x=1",
+            None,
+        ),  # the interpolation itself: Hydra can
         ("Could not override 'model.processor.x'.", None),  # no such key in the file
-        ("Could not override 'model.kernel_lock.LayerNorm.eps'.", None),  # no interpolation on the path
+        (
+            "Could not override 'model.kernel_lock.LayerNorm.eps'.",
+            None,
+        ),  # no interpolation on the path
         ("MissingConfigException: no model/nope", None),
     ],
 )
@@ -106,21 +136,31 @@ def test_override_through_interpolation(why, working):
         assert got is None
     else:
         assert got is not None and got[0] == working
-        assert "model.layer_kernels.LayerNorm is the interpolation ${model.kernel_lock.LayerNorm}" in got[1]
+        assert (
+            "model.layer_kernels.LayerNorm is the interpolation ${model.kernel_lock.LayerNorm}"
+            in got[1]
+        )
 
 
-# ---- compose: the child's answer, or why not ---------------------------------------------------------
+# ---- compose: the child's answer, or why not -----------------------------------------------------
 def test_compose_without_hydra_starts_no_child(monkeypatch, tmp_path):
     monkeypatch.setattr(reading, "run_function", Child())
     monkeypatch.setattr(reading, "installed", lambda d: None)
-    assert reading.compose(tmp_path, "config", []) == (None, "hydra-core is not installed here", "missing")
+    assert reading.compose(tmp_path, "config", []) == (
+        None,
+        "hydra-core is not installed here",
+        "missing",
+    )
 
 
 @pytest.mark.parametrize(
     "result,want",
     [
         (answered(ComposeReply(tree={"model": {}})), (ComposeReply(tree={"model": {}}), "", "")),
-        (failed("MissingConfigException", "no model/x"), (None, "no model/x", "MissingConfigException")),
+        (
+            failed("MissingConfigException", "no model/x"),
+            (None, "no model/x", "MissingConfigException"),
+        ),
         (ChildResult("timeout", reason="took over 60 s"), (None, "took over 60 s", "timeout")),
         (ChildResult("crashed", reason="SIGKILL"), (None, "SIGKILL", "crashed")),
     ],
@@ -144,14 +184,21 @@ def test_a_malformed_answer_is_a_protocol_failure(child, tmp_path):
     assert answer is None and kind == "protocol" and "tree" in why
 
 
-# ---- read_config: what is composed, and how -----------------------------------------------------------
+# ---- read_config: what is composed, and how ------------------------------------------------------
 def test_a_full_config_is_read_alone(child, tmp_path):
     child()  # no child: a full config without overrides is what it says
     p = write(tmp_path / "c.yaml", {"model": {"layer_kernels": {"LayerNorm": LN}}, "training": {}})
     config = read_config(p)
-    assert (config.shape, config.composed, config.path, config.overrides) == ("full", False, str(p), [])
+    assert (config.shape, config.composed, config.path, config.overrides) == (
+        "full",
+        False,
+        str(p),
+        [],
+    )
     assert [b.where for b in config.blocks] == ["model.layer_kernels"] and config.findings == []
-    assert config.why == "training sections (training); a `model:` node" and config.alternative is None
+    assert (
+        config.why == "training sections (training); a `model:` node" and config.alternative is None
+    )
 
 
 def test_an_overlay_with_no_compose_is_judged_alone_and_says_so(child, tmp_path):
@@ -160,14 +207,24 @@ def test_an_overlay_with_no_compose_is_judged_alone_and_says_so(child, tmp_path)
     config = read_config(p, compose_overlays=False)
     assert config.shape == "overlay" and not config.composed
     [f] = [f for f in config.findings if f.kind == "defaults"]
-    assert f.severity == "warning" and "the defaults list (data: zarr, model: gnn) was not followed" in f.problem
-    assert "composition was switched off (--no-compose)" in f.problem and "drop --no-compose" in f.fix
+    assert (
+        f.severity == "warning"
+        and "the defaults list (data: zarr, model: gnn) was not followed" in f.problem
+    )
+    assert (
+        "composition was switched off (--no-compose)" in f.problem and "drop --no-compose" in f.fix
+    )
 
 
 @pytest.mark.parametrize(
     "result,kind,words,fix",
     [
-        (None, "defaults", "hydra-core is not installed here", "install hydra-core and anemoi-training"),
+        (
+            None,
+            "defaults",
+            "hydra-core is not installed here",
+            "install hydra-core and anemoi-training",
+        ),
         (
             failed("UntrustedSearchPath", "UntrustedSearchPath: search path pkg://kp_evil"),
             "trust",
@@ -202,18 +259,28 @@ def test_missing_presets_without_anemoi_training_say_what_to_install(child, monk
     monkeypatch.setattr(reading, "installed", lambda d: "1.3.2" if d == "hydra-core" else None)
     config = read_config(write(tmp_path / "mine.yaml", OVERLAY))
     [f] = [f for f in config.findings if f.kind == "defaults"]
-    assert "anemoi-training is not installed here, so its presets cannot be found (Could not find" in f.problem
+    assert (
+        "anemoi-training is not installed here, so its presets cannot be found (Could not find"
+        in f.problem
+    )
     assert "pip install --no-deps anemoi-training" in f.fix
 
 
 def test_an_override_under_an_interpolation_names_the_one_that_works(child, tmp_path):
     override = "model.layer_kernels.LayerNorm._target_=torch.nn.RMSNorm"
-    child(failed("ConfigCompositionException", f"Could not override '{override.split('=')[0]}'. Key: {override}"))
+    child(
+        failed(
+            "ConfigCompositionException",
+            f"Could not override '{override.split('=')[0]}'. Key: {override}",
+        )
+    )
     p = write(tmp_path / "mine.yaml", {"defaults": [{"model": "gnn"}, "_self_"], **ROOT})
     config = read_config(p, [override])
     [f] = [f for f in config.findings if f.kind == "compose"]
     assert "Hydra cannot override a key under an interpolation" in f.problem
-    assert f.fix.startswith("override `model.kernel_lock.LayerNorm._target_=torch.nn.RMSNorm` instead")
+    assert f.fix.startswith(
+        "override `model.kernel_lock.LayerNorm._target_=torch.nn.RMSNorm` instead"
+    )
     assert config.overrides == [override]
 
 
@@ -228,23 +295,31 @@ def test_a_composed_overlay_takes_hydras_blocks(child, tmp_path):
         },
     }
     blocks = {
-        "model.layer_kernels": {"entries": {"LayerNorm": LN, "Linear": {"__error__": "InterpolationKeyError: x"}}},
+        "model.layer_kernels": {
+            "entries": {"LayerNorm": LN, "Linear": {"__error__": "InterpolationKeyError: x"}}
+        },
         "model.processor.layer_kernels": {"entries": {"LayerNorm": LN}},
         "model.encoder.layer_kernels": {"error": "InterpolationKeyError: nowhere"},
         "model.decoder.layer_kernels": {"value": ["not", "a", "mapping"]},
     }
-    reply = ComposeReply(tree=tree, blocks=blocks, choices={"model": "gnn"}, sources=["main: file:///x"])
+    reply = ComposeReply(
+        tree=tree, blocks=blocks, choices={"model": "gnn"}, sources=["main: file:///x"]
+    )
     fake = child(answered(reply))
     root = {**OVERLAY, "model": {"layer_kernels": {"LayerNorm": {**LN, "eps": 1e-3}}}}
     p = write(tmp_path / "mine.yaml", root)
     config = read_config(p, ["training.max_epochs=1"])
-    assert [r.config_name for r in fake.requests] == ["mine"] and fake.requests[0].config_dir == str(tmp_path)
+    assert [r.config_name for r in fake.requests] == ["mine"] and fake.requests[
+        0
+    ].config_dir == str(tmp_path)
     assert config.composed and config.tree == tree and config.choices == {"model": "gnn"}
     assert config.sources == ["main: file:///x"] and config.overrides == ["training.max_epochs=1"]
     by_where = {b.where: b for b in config.blocks}
     assert set(by_where) == {"model.layer_kernels", "model.processor.layer_kernels"}
-    assert by_where["model.layer_kernels"].content == {"LayerNorm": LN}  # Hydra's resolution, not the file's
-    assert by_where["model.layer_kernels"].written == {"LayerNorm": {**LN, "eps": 1e-3}}  # what the overlay sets
+    # Hydra's resolution, not the file's
+    assert by_where["model.layer_kernels"].content == {"LayerNorm": LN}
+    # what the overlay sets
+    assert by_where["model.layer_kernels"].written == {"LayerNorm": {**LN, "eps": 1e-3}}
     assert by_where["model.processor.layer_kernels"].inherits == "model.layer_kernels"
     assert {(f.severity, f.kind, f.where) for f in config.findings} == {
         ("error", "interpolation", "model.layer_kernels.Linear"),
@@ -263,13 +338,23 @@ def test_a_composed_config_without_blocks_uses_anemois_defaults(child, tmp_path)
 
 def test_a_preset_extending_another_is_composed_as_the_model_choice(child, tmp_path):
     fake = child(
-        answered(ComposeReply(tree={"model": {"layer_kernels": {}}}, blocks={"model.layer_kernels": {"entries": {}}}))
+        answered(
+            ComposeReply(
+                tree={"model": {"layer_kernels": {}}},
+                blocks={"model.layer_kernels": {"entries": {}}},
+            )
+        )
     )
     write(tmp_path / "conf" / "model" / "base.yaml", {"num_channels": 8})
-    p = write(tmp_path / "conf" / "model" / "mine.yaml", {"defaults": ["base", "_self_"], "num_channels": 16})
+    p = write(
+        tmp_path / "conf" / "model" / "mine.yaml",
+        {"defaults": ["base", "_self_"], "num_channels": 16},
+    )
     config = read_config(p, ["model.num_channels=4"])
     [request] = fake.requests
-    assert request.config_dir == str((tmp_path / "conf").resolve()) and request.config_name == "config"
+    assert (
+        request.config_dir == str((tmp_path / "conf").resolve()) and request.config_name == "config"
+    )
     assert request.overrides == ("model=mine", "model.num_channels=4")
     assert config.shape == "model-file" and config.composed
 
@@ -286,11 +371,16 @@ def test_overrides_on_a_model_file_elsewhere_are_a_usage_error(child, tmp_path):
 
 def test_a_shape_asked_for_is_used_and_what_it_looked_like_is_said(child, tmp_path):
     child()
-    p = write(tmp_path / "mine.yaml", {"model": {"_target_": "anemoi.models.X", "layer_kernels": {"LayerNorm": LN}}})
+    p = write(
+        tmp_path / "mine.yaml",
+        {"model": {"_target_": "anemoi.models.X", "layer_kernels": {"LayerNorm": LN}}},
+    )
     as_file = read_config(p)
     assert as_file.shape == "model-file" and as_file.alternative == "full"
     assert [b.where for b in as_file.blocks] == ["model.model.layer_kernels"]
     as_full = read_config(p, shape="full")
     assert as_full.shape == "full" and [b.where for b in as_full.blocks] == ["model.layer_kernels"]
-    assert as_full.why.startswith("asked to read it as one (it looks like a model config file: its `model:` key")
+    assert as_full.why.startswith(
+        "asked to read it as one (it looks like a model config file: its `model:` key"
+    )
     assert as_full.alternative is None

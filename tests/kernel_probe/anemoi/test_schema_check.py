@@ -1,8 +1,9 @@
-"""check-config says what anemoi-training will say (issue 25) and runs nothing a config names unasked
-(issue 24, point 5).
+"""check-config says what anemoi-training will say (issue 25) and runs nothing a config names
+unasked (issue 24, point 5).
 
-anemoi-training's configs are read from the installed package, never copied: the user's files here are
-overlays over its presets (``tests/anemoi_build.write_overlay``) or edited copies of its model presets.
+anemoi-training's configs are read from the installed package, never copied: the user's files here
+are overlays over its presets (``tests/anemoi_build.write_overlay``) or edited copies of its model
+presets.
 """
 
 from __future__ import annotations
@@ -22,10 +23,13 @@ from kernel_probe.commands.export import render_yaml
 from tests.anemoi_build import deep_merge, write_overlay
 from tests.conftest import run_cli, write_sealed
 
-pytest.importorskip("hydra", reason="hydra-core is not installed; `bash .ci/anemoi-install` installs it")
+pytest.importorskip(
+    "hydra", reason="hydra-core is not installed; `bash .ci/anemoi-install` installs it"
+)
 pytest.importorskip(
     "anemoi.training.schemas.base_schema",
-    reason="anemoi-training is not installed; `bash .ci/anemoi-install` installs anemoi-training==0.17.1 --no-deps",
+    reason="anemoi-training is not installed; `bash .ci/anemoi-install` installs "
+    "anemoi-training==0.17.1 --no-deps",
 )
 
 pytestmark = [pytest.mark.anemoi, pytest.mark.slow]
@@ -49,7 +53,7 @@ target = "torch.nn.Linear"
 semantics = "linear"
 kwargs = { bias = true }
 twin = { target = "torch.nn.Linear", kwargs = { bias = true }, state-dict = "interchangeable", max-error = 0.0 }
-"""
+"""  # noqa: E501 (TOML inline tables are one line)
 
 
 @pytest.fixture
@@ -68,7 +72,8 @@ def kinds(result, severity: str) -> set[str]:
 
 
 def overlay(tmp_path: Path, preset: str, extra: dict | None = None, *, fixed: bool = True) -> Path:
-    """A user's overlay on `preset`; ``fixed``: with the keys anemoi-training 0.17.1's transformer lacks."""
+    """A user's overlay on `preset`; ``fixed``: with the keys anemoi-training 0.17.1's transformer
+    lacks."""
     path = write_overlay(tmp_path / "mine.yaml", preset)
     body = yaml.safe_load(path.read_text())
     if not fixed and preset == "transformer":
@@ -83,14 +88,18 @@ def merge_export(path: Path, lock, overrides=()) -> Path:
     """docs/anemoi.md's way: the export for this config merged into its `model:` node."""
     body = yaml.safe_load(path.read_text())
     path.write_text(
-        yaml.safe_dump(deep_merge(body, export_for_config(lock, path, overrides).overlay()), sort_keys=False)
+        yaml.safe_dump(
+            deep_merge(body, export_for_config(lock, path, overrides).overlay()), sort_keys=False
+        )
     )
     return path
 
 
-# ---- 1. anemoi-training's own schema -----------------------------------------------------------------
+# ---- 1. anemoi-training's own schema -------------------------------------------------------------
 def test_a_layer_kernels_block_at_the_config_root_fails(tmp_path):
-    path = overlay(tmp_path, "gnn", {"layer_kernels": {"LayerNorm": {"_target_": "torch.nn.LayerNorm"}}})
+    path = overlay(
+        tmp_path, "gnn", {"layer_kernels": {"LayerNorm": {"_target_": "torch.nn.LayerNorm"}}}
+    )
     result = check_config(path)
     assert result.exit_code == 5 and ("schema", "layer_kernels") in errors(result), result.findings
     [f] = [f for f in result.findings if f.kind == "schema"]
@@ -102,12 +111,17 @@ def test_a_layer_kernels_block_at_the_config_root_fails(tmp_path):
 
 def test_a_block_at_model_model_layer_kernels_fails(tmp_path):
     path = overlay(
-        tmp_path, "gnn", {"model": {"model": {"layer_kernels": {"LayerNorm": {"_target_": "torch.nn.LayerNorm"}}}}}
+        tmp_path,
+        "gnn",
+        {"model": {"model": {"layer_kernels": {"LayerNorm": {"_target_": "torch.nn.LayerNorm"}}}}},
     )
     result = check_config(path)
-    assert result.exit_code == 5 and ("schema", "model.model.layer_kernels") in errors(result), result.findings
+    assert result.exit_code == 5 and ("schema", "model.model.layer_kernels") in errors(result), (
+        result.findings
+    )
     [f] = [f for f in result.findings if f.kind == "schema"]
-    assert "extra_forbidden" in f.problem and "BaseModelSchema" in f.problem  # the closest of the model schemas
+    # the closest of the model schemas
+    assert "extra_forbidden" in f.problem and "BaseModelSchema" in f.problem
     assert check_config(path, schema=False).exit_code == 0  # before: a false ok
 
 
@@ -116,48 +130,84 @@ def test_a_valid_overlay_with_the_export_merged_passes(tmp_path, preset, torch_l
     path = merge_export(overlay(tmp_path, preset), torch_lock)
     result = check_config(path, lock=torch_lock)
     assert result.exit_code == 0, result.findings
-    assert result.schema.startswith("checked with anemoi-training") and "the composed config" in result.schema
+    assert (
+        result.schema.startswith("checked with anemoi-training")
+        and "the composed config" in result.schema
+    )
 
 
-def test_the_stock_transformer_preset_fails_its_own_schema_apart_from_the_lock(tmp_path, torch_lock, shipped_check):
+def test_the_stock_transformer_preset_fails_its_own_schema_apart_from_the_lock(
+    tmp_path, torch_lock, shipped_check
+):
     path = overlay(tmp_path, "transformer", fixed=False)
     result = check_config(path, lock=torch_lock)
     preset = {(f.kind, f.where) for f in result.findings if f.kind == "preset"}
-    assert preset == {("preset", "model.latent_aggregator"), ("preset", "model.decoders.0.mapper.num_channels")}
+    assert preset == {
+        ("preset", "model.latent_aggregator"),
+        ("preset", "model.decoders.0.mapper.num_channels"),
+    }
     assert "schema" not in kinds(result, "error") and "lock" not in kinds(result, "error")
-    assert all("own `transformer` preset" in f.problem for f in result.findings if f.kind == "preset")
+    assert all(
+        "own `transformer` preset" in f.problem for f in result.findings if f.kind == "preset"
+    )
     assert result.exit_code == 5  # anemoi-training train rejects it as shipped
     # the shipped model file itself, checked alone: the same two errors, the preset's own
-    shipped = shipped_check("transformer")  # check_config(CONFIG_DIR / "model" / "transformer.yaml")
+    # check_config(CONFIG_DIR / "model" / "transformer.yaml")
+    shipped = shipped_check("transformer")
     assert {(f.kind, f.where) for f in shipped.findings if f.severity == "error"} == preset
     # with the two keys set (tests/anemoi_build.PRESET_EXTRA), it passes
-    assert check_config(merge_export(overlay(tmp_path, "transformer"), torch_lock), lock=torch_lock).exit_code == 0
+    assert (
+        check_config(
+            merge_export(overlay(tmp_path, "transformer"), torch_lock), lock=torch_lock
+        ).exit_code
+        == 0
+    )
 
 
-def test_without_anemoi_training_the_schema_is_not_run_and_says_how_to_get_it(tmp_path, monkeypatch, capsys):
+def test_without_anemoi_training_the_schema_is_not_run_and_says_how_to_get_it(
+    tmp_path, monkeypatch, capsys
+):
     path = overlay(tmp_path, "gnn")
     real = schema_check.installed
-    monkeypatch.setattr(schema_check, "installed", lambda d: None if d == "anemoi-training" else real(d))
+    monkeypatch.setattr(
+        schema_check, "installed", lambda d: None if d == "anemoi-training" else real(d)
+    )
     result = check_config(path)
-    assert result.schema.startswith("not run: anemoi-training is not installed here; install anemoi-training")
+    assert result.schema.startswith(
+        "not run: anemoi-training is not installed here; install anemoi-training"
+    )
     assert "\n" not in result.schema and "pip install --no-deps anemoi-training" in result.schema
     code, out, _ = run_cli(["check-config", path], capsys)
-    assert code == 0 and "anemoi-training's schema: not run: anemoi-training is not installed here" in out
+    assert (
+        code == 0
+        and "anemoi-training's schema: not run: anemoi-training is not installed here" in out
+    )
 
 
-# ---- 2. model files read right ------------------------------------------------------------------------
+# ---- 2. model files read right -------------------------------------------------------------------
 def test_the_export_pasted_under_a_model_files_model_key_is_caught(tmp_path, torch_lock):
     data = yaml.safe_load((CONFIG_DIR / "model" / "gnn.yaml").read_text())
-    data["model"]["layer_kernels"] = layer_kernels(torch_lock)  # "under `model:`", the old header's advice
-    data["layer_kernels"]["LayerNorm"] = {"_target_": AUTOCAST_LAYER_NORM, "eps": 1e-3}  # its real root block
+    # "under `model:`", the old header's advice
+    data["model"]["layer_kernels"] = layer_kernels(torch_lock)
+    data["layer_kernels"]["LayerNorm"] = {
+        "_target_": AUTOCAST_LAYER_NORM,
+        "eps": 1e-3,
+    }  # its real root block
     path = tmp_path / "mymodel.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     result = check_config(path, lock=torch_lock)
     assert result.config.shape == "model-file", result.config.why
-    assert "its `model:` key is a class" in result.config.why and "model-node keys at its root" in result.config.why
+    assert (
+        "its `model:` key is a class" in result.config.why
+        and "model-node keys at its root" in result.config.why
+    )
     found = errors(result)
-    assert ("schema", "model.model.layer_kernels") in found, result.findings  # the pasted block: rejected
-    assert ("lock", "model.layer_kernels.LayerNorm.eps") in found  # the real block: eps 1e-3, the lock 1e-5
+    # the pasted block: rejected
+    assert ("schema", "model.model.layer_kernels") in found, result.findings
+    assert (
+        "lock",
+        "model.layer_kernels.LayerNorm.eps",
+    ) in found  # the real block: eps 1e-3, the lock 1e-5
     assert result.exit_code == 5
 
 
@@ -181,7 +231,9 @@ def test_the_plain_export_pasted_where_its_header_says_passes_check_config_and_t
     result = check_config(path, lock=torch_lock)
     assert result.config.shape == "model-file" and result.config.alternative is None
     assert result.exit_code == 0, result.findings
-    assert result.schema.startswith("checked with anemoi-training 0.17.1's BaseSchema (this model node")
+    assert result.schema.startswith(
+        "checked with anemoi-training 0.17.1's BaseSchema (this model node"
+    )
     code, out, _ = run_cli(["check-config", path, "--lock", torch_lock.path], capsys)
     assert code == 0 and "read as a model config file" in out, out
 
@@ -215,10 +267,13 @@ def test_an_ambiguous_file_is_checked_both_ways(tmp_path, capsys):
     assert code == result.exit_code
 
 
-# ---- 3. the reverse case: a preset's AutocastLayerNorm replaced by a plain LayerNorm ----------------------
-def test_the_plain_export_pasted_into_the_gnn_preset_warns_of_the_lost_cast_back(tmp_path, torch_lock):
+# ---- 3. the reverse case: a preset's AutocastLayerNorm replaced by a plain LayerNorm -------------
+def test_the_plain_export_pasted_into_the_gnn_preset_warns_of_the_lost_cast_back(
+    tmp_path, torch_lock
+):
     data = yaml.safe_load((CONFIG_DIR / "model" / "gnn.yaml").read_text())
-    data["layer_kernels"] = layer_kernels(torch_lock)  # torch.nn.LayerNorm where gnn has AutocastLayerNorm
+    # torch.nn.LayerNorm where gnn has AutocastLayerNorm
+    data["layer_kernels"] = layer_kernels(torch_lock)
     (tmp_path / "model").mkdir()
     path = tmp_path / "model" / "gnn.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -236,22 +291,26 @@ def test_model_gnn_over_a_transformer_overlay_warns_of_the_lost_cast_back(tmp_pa
     assert "model.layer_kernels.LayerNorm" in warned, result.findings
 
 
-# ---- 4. overrides after the documented merge --------------------------------------------------------------
+# ---- 4. overrides after the documented merge -----------------------------------------------------
 def test_an_override_under_the_interpolation_names_the_override_that_works(tmp_path, torch_lock):
     path = merge_export(overlay(tmp_path, "gnn"), torch_lock)
-    broken = check_config(path, ["model.layer_kernels.LayerNorm._target_=torch.nn.LayerNorm"], schema=False)
+    broken = check_config(
+        path, ["model.layer_kernels.LayerNorm._target_=torch.nn.LayerNorm"], schema=False
+    )
     [f] = [f for f in broken.findings if f.kind == "compose"]
     assert "Hydra cannot override a key under an interpolation" in f.problem
     working = "model.kernel_lock.LayerNorm_AutocastLayerNorm._target_=torch.nn.LayerNorm"
     assert f"override `{working}` instead" in f.fix
     result = check_config(path, [working], lock=torch_lock, schema=False)
     assert result.config.composed and "compose" not in kinds(result, "error")
-    ln = next(b for b in result.config.blocks if b.where == "model.layer_kernels").content["LayerNorm"]
+    ln = next(b for b in result.config.blocks if b.where == "model.layer_kernels").content[
+        "LayerNorm"
+    ]
     assert ln["_target_"] == "torch.nn.LayerNorm"  # every block pointing there now builds it
     assert any(f.kind == "wrapper" for f in result.findings)  # and gnn's cast-back is gone: said
 
 
-# ---- issue 24, point 5: what a config names is not run unasked --------------------------------------------
+# ---- issue 24, point 5: what a config names is not run unasked -----------------------------------
 def write(tmp_path: Path, body: dict) -> Path:
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(body, sort_keys=False))
@@ -260,7 +319,10 @@ def write(tmp_path: Path, body: dict) -> Path:
 
 @pytest.mark.parametrize("module", ["unittest.__main__", "kp_evil", "kp_zoo._private"])
 def test_a_pkg_search_path_outside_trust_is_refused_before_it_is_imported(tmp_path, module, capsys):
-    path = write(tmp_path, {"hydra": {"searchpath": [f"pkg://{module}"]}, "defaults": [{"model": "gnn"}, "_self_"]})
+    path = write(
+        tmp_path,
+        {"hydra": {"searchpath": [f"pkg://{module}"]}, "defaults": [{"model": "gnn"}, "_self_"]},
+    )
     code, out, _ = run_cli(["check-config", path, "--no-schema"], capsys)
     assert code == 5, out
     assert f"pkg://{module}" in out and "nothing was imported" in out
@@ -268,12 +330,17 @@ def test_a_pkg_search_path_outside_trust_is_refused_before_it_is_imported(tmp_pa
 
 
 def test_a_trusted_pkg_search_path_composes(tmp_path, capsys):
-    path = write(tmp_path, {"hydra": {"searchpath": ["pkg://kp_zoo"]}, "defaults": [{"model": "gnn"}, "_self_"]})
+    path = write(
+        tmp_path,
+        {"hydra": {"searchpath": ["pkg://kp_zoo"]}, "defaults": [{"model": "gnn"}, "_self_"]},
+    )
     code, out, _ = run_cli(["check-config", path, "--no-schema", "--trust", "kp_zoo"], capsys)
     assert code == 0 and "composed by Hydra" in out, out
 
 
-@pytest.mark.parametrize("target", ["__main__.FastNorm", "kp_zoo._impl.FastNorm", "kp_zoo.norms.__main__"])
+@pytest.mark.parametrize(
+    "target", ["__main__.FastNorm", "kp_zoo._impl.FastNorm", "kp_zoo.norms.__main__"]
+)
 def test_main_and_private_targets_are_never_imported(tmp_path, target):
     path = write(tmp_path, {"model": {"layer_kernels": {"LayerNorm": {"_target_": target}}}})
     result = check_config(path, trust=Trust.granted(own_targets=True))
@@ -283,7 +350,9 @@ def test_main_and_private_targets_are_never_imported(tmp_path, target):
 
 def test_an_untrusted_target_is_not_checked_and_the_fix_is_named(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("KERNEL_LOCK_TRUST", raising=False)
-    path = write(tmp_path, {"model": {"layer_kernels": {"LayerNorm": {"_target_": "kp_evil.Evil"}}}})
+    path = write(
+        tmp_path, {"model": {"layer_kernels": {"LayerNorm": {"_target_": "kp_evil.Evil"}}}}
+    )
     code, out, _ = run_cli(["check-config", path], capsys)
     assert code == 0 and "not checked: module not trusted" in out, out
     assert "--trust kp_evil" in out and "--import-config-targets" in out
@@ -292,7 +361,9 @@ def test_an_untrusted_target_is_not_checked_and_the_fix_is_named(tmp_path, monke
         code, out, _ = run_cli(["check-config", path, *flags], capsys)
         assert code == 5 and "is not a torch.nn.Module subclass" in out, out
     # a module that is not installed is said so without importing anything
-    missing = write(tmp_path, {"model": {"layer_kernels": {"LayerNorm": {"_target_": "kp_absent_lib.Norm"}}}})
+    missing = write(
+        tmp_path, {"model": {"layer_kernels": {"LayerNorm": {"_target_": "kp_absent_lib.Norm"}}}}
+    )
     code, out, _ = run_cli(["check-config", missing], capsys)
     assert code == 5 and "No module named 'kp_absent_lib'" in out
 

@@ -1,4 +1,5 @@
-"""kernel_probe/anemoi/trust.py: what check-config and ``export --config`` may import for a config."""
+"""kernel_probe/anemoi/trust.py: what check-config and ``export --config`` may import for a
+config."""
 
 from __future__ import annotations
 
@@ -26,9 +27,24 @@ UNTRUSTED = "not checked: module not trusted"
     [
         (NO_TRUST, "torch.nn.LayerNorm", None, ""),
         (NO_TRUST, "kernel_lock.adapters.CompiledLayerNorm", None, ""),
-        (NO_TRUST, "anemoi.models.layers.normalization.AutocastLayerNorm", None, ""),  # CONFIG_ROOTS
-        (NO_TRUST, "anemoi.training.X", "warning", UNTRUSTED),  # anemoi-training is not anemoi-models
-        (NO_TRUST, "torchvision.ops.FrozenBatchNorm2d", "warning", UNTRUSTED),  # `torch` is no prefix of it
+        (
+            NO_TRUST,
+            "anemoi.models.layers.normalization.AutocastLayerNorm",
+            None,
+            "",
+        ),  # CONFIG_ROOTS
+        (
+            NO_TRUST,
+            "anemoi.training.X",
+            "warning",
+            UNTRUSTED,
+        ),  # anemoi-training is not anemoi-models
+        (
+            NO_TRUST,
+            "torchvision.ops.FrozenBatchNorm2d",
+            "warning",
+            UNTRUSTED,
+        ),  # `torch` is no prefix of it
         (NO_TRUST, "kp_zoo.norms.GoodLayerNorm", "warning", "`--trust kp_zoo`"),
         (Trust(("kp_zoo",)), "kp_zoo.norms.GoodLayerNorm", None, ""),
         (Trust(own_targets=True), "kp_evil.Evil", None, ""),
@@ -46,7 +62,9 @@ def test_refusal(trust, target, severity, words):
     if severity is None:
         assert refusal is None
         return
-    assert refusal is not None and refusal[0] == severity and words in f"{refusal[1]} {refusal[2]}", refusal
+    assert (
+        refusal is not None and refusal[0] == severity and words in f"{refusal[1]} {refusal[2]}"
+    ), refusal
 
 
 def test_an_untrusted_targets_fix_names_both_ways_to_grant_it():
@@ -61,7 +79,8 @@ def test_an_untrusted_targets_fix_names_both_ways_to_grant_it():
 )
 def test_search_roots(modules, roots):
     assert Trust(modules).search_roots() == roots
-    assert "anemoi.training" in roots and "anemoi.models" not in roots  # only anemoi-training ships configs
+    # only anemoi-training ships configs
+    assert "anemoi.training" in roots and "anemoi.models" not in roots
     assert CONFIG_ROOTS == ("anemoi.models",)
 
 
@@ -70,7 +89,12 @@ def test_search_roots(modules, roots):
     [
         (None, [], False, Trust()),
         (None, ["kp_zoo"], True, Trust(("kp_zoo",), True)),
-        ("a,b:c d", ["kp_zoo", "a"], False, Trust(("kp_zoo", "a", "b", "c", "d"))),  # deduplicated, in order
+        (
+            "a,b:c d",
+            ["kp_zoo", "a"],
+            False,
+            Trust(("kp_zoo", "a", "b", "c", "d")),
+        ),  # deduplicated, in order
     ],
 )
 def test_granted_and_config_trust(monkeypatch, env, trust, own, want):
@@ -82,7 +106,9 @@ def test_granted_and_config_trust(monkeypatch, env, trust, own, want):
     p = argparse.ArgumentParser()
     p.add_argument("--trust", action="append", default=[])
     add_config_trust_argument(p)
-    args = p.parse_args([x for name in trust for x in ("--trust", name)] + ([OWN_TARGETS_FLAG] if own else []))
+    args = p.parse_args(
+        [x for name in trust for x in ("--trust", name)] + ([OWN_TARGETS_FLAG] if own else [])
+    )
     assert config_trust(args) == want
 
 

@@ -67,7 +67,7 @@ def test_check_usage_errors(capsys, argv, words):
     assert words in capsys.readouterr().err
 
 
-# ---- timeouts that are not numbers (hostile input, issue 14) -----------------------------------------------
+# ---- timeouts that are not numbers (hostile input, issue 14) -------------------------------------
 @pytest.mark.parametrize(
     "argv,code",
     [
@@ -80,18 +80,31 @@ def test_bad_timeouts_are_usage_errors(capsys, argv, code):
     assert run_cli(argv, capsys)[0] == code
 
 
-# ---- a class the user offered that cannot be imported (issue 37: it exited 0, "no build for cpu") ----------
+# ---- a class the user offered that cannot be imported (issue 37: it exited 0, "no build for cpu")
 def test_an_offered_class_that_is_not_importable_says_so_without_an_install_hint():
     from kernel_probe.candidates import from_command_line
     from kernel_probe.probe.judge import installed
 
     why = installed(from_command_line("LayerNorm=mymod_that_is_not_there.Nope"), "cpu")
-    assert why is not None and "not importable" in why and "PYTHONPATH" in why and "no build for" not in why
+    assert (
+        why is not None
+        and "not importable" in why
+        and "PYTHONPATH" in why
+        and "no build for" not in why
+    )
 
 
 @pytest.mark.slow
 def test_check_of_an_offered_class_that_is_not_importable_exits_3(capsys):
-    argv = ["check", "--candidate", "LayerNorm=mymod_that_is_not_there.Nope", "--slot", "LayerNorm", "--dtype", "fp32"]
+    argv = [
+        "check",
+        "--candidate",
+        "LayerNorm=mymod_that_is_not_there.Nope",
+        "--slot",
+        "LayerNorm",
+        "--dtype",
+        "fp32",
+    ]
     code, out, err = run_cli([*argv, "--json"], capsys)
     data = json.loads(out)
     assert code == 3 and data["ok"] is False and data["error"]["exit_code"] == 3

@@ -1,4 +1,5 @@
-"""kernel-probe check-config: an anemoi config's layer_kernels blocks, on this machine and against a lock."""
+"""kernel-probe check-config: an anemoi config's layer_kernels blocks, on this machine and against a
+lock."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def findings(tmp_path, capsys, text: str, *extra) -> tuple[int, dict]:
     return code, data
 
 
-# ---- the command ------------------------------------------------------------------------------------
+# ---- the command ---------------------------------------------------------------------------------
 @pytest.fixture
 def minimal_lock_path(tmp_path):
     return write_sealed(tmp_path / "kernel-lock.toml")
@@ -53,14 +54,24 @@ def minimal_lock_path(tmp_path):
 def test_exported_block_passes_against_its_lock(tmp_path, capsys, minimal_lock_path):
     code, out, err = run(["export", minimal_lock_path], capsys)
     assert code == 0, err
-    model = "model:\n" + textwrap.indent(out, "  ") + "  processor: {layer_kernels: '${model.layer_kernels}'}\n"
-    code, out, err = run(["check-config", write(tmp_path, model), "--lock", minimal_lock_path], capsys)
+    model = (
+        "model:\n"
+        + textwrap.indent(out, "  ")
+        + "  processor: {layer_kernels: '${model.layer_kernels}'}\n"
+    )
+    code, out, err = run(
+        ["check-config", write(tmp_path, model), "--lock", minimal_lock_path], capsys
+    )
     assert code == 0, out + err
-    assert "model.processor.layer_kernels: inherits model.layer_kernels" in out and "0 error(s)" in out
+    assert (
+        "model.processor.layer_kernels: inherits model.layer_kernels" in out and "0 error(s)" in out
+    )
     # the training layout, whose block agrees with the lock, passes too
     code, data = findings(tmp_path, capsys, TRAINING, "--lock", minimal_lock_path)
     assert (
-        code == 0 and data["findings"] == [] and data["expected"] == layer_kernels(kernel_lock.load(minimal_lock_path))
+        code == 0
+        and data["findings"] == []
+        and data["expected"] == layer_kernels(kernel_lock.load(minimal_lock_path))
     )
 
 
@@ -85,9 +96,15 @@ def test_disagreements_with_the_lock_exit_3(tmp_path, capsys, minimal_lock_path)
     problems = {(f["where"], f["problem"]) for f in data["findings"] if f["kind"] == "lock"}
     assert code == 3 and {f["severity"] for f in data["findings"]} == {"error"}
     assert problems == {
-        ("model.layer_kernels.LayerNorm", "builds kp_zoo.norms.GoodLayerNorm, the lock pins torch.nn.LayerNorm"),
+        (
+            "model.layer_kernels.LayerNorm",
+            "builds kp_zoo.norms.GoodLayerNorm, the lock pins torch.nn.LayerNorm",
+        ),
         ("model.layer_kernels.Linear.bias", "bias is not set (default True), the lock pins False"),
-        ("model.processor.layer_kernels.LayerNorm.eps", "eps is not set (default 1e-05), the lock pins 1e-06"),
+        (
+            "model.processor.layer_kernels.LayerNorm.eps",
+            "eps is not set (default 1e-05), the lock pins 1e-06",
+        ),
     }
 
 
@@ -127,7 +144,9 @@ def test_config_errors_exit_5_and_win_over_lock_disagreements(tmp_path, capsys, 
 def test_no_block_means_anemoi_defaults(tmp_path, capsys, minimal_lock_path):
     code, data = findings(tmp_path, capsys, "model: {num_channels: 64}\n")
     assert code == 0 and data["findings"][0]["problem"].startswith("no layer_kernels block found")
-    code, data = findings(tmp_path, capsys, "model: {num_channels: 64}\n", "--lock", minimal_lock_path)
+    code, data = findings(
+        tmp_path, capsys, "model: {num_channels: 64}\n", "--lock", minimal_lock_path
+    )
     assert code == 3  # anemoi's default torch.nn.Linear has a bias; the lock pins bias = false
     assert any(f["where"].startswith("(anemoi defaults).Linear") for f in data["findings"])
 
@@ -141,7 +160,7 @@ def test_interpolation_problems(tmp_path, capsys):
         model:
           layer_kernels: ${model.kernels}
           processor: {layer_kernels: {LayerNorm: {_target_: torch.nn.LayerNorm, eps: "${oc.env:EPS}x"}}}
-    """,
+    """,  # noqa: E501 (a YAML flow mapping kept on one line)
     )
     kinds = {(f["severity"], f["kind"], f["where"]) for f in data["findings"]}
     assert code == 5
@@ -162,7 +181,12 @@ def test_a_crashing_import_is_a_finding_not_a_crash(tmp_path, capsys):
     """,
     )
     [f] = [f for f in data["findings"] if f["severity"] == "error"]
-    assert code == 5 and f["kind"] == "import" and "SIGABRT" in f["problem"] and f["where"].endswith(".LayerNorm")
+    assert (
+        code == 5
+        and f["kind"] == "import"
+        and "SIGABRT" in f["problem"]
+        and f["where"].endswith(".LayerNorm")
+    )
 
 
 def test_an_unreadable_config_exits_5(tmp_path, capsys):

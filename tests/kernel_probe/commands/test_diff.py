@@ -1,4 +1,5 @@
-"""kernel-probe diff: what changed between two locks, and exit 6 with --exit-code when they differ."""
+"""kernel-probe diff: what changed between two locks, and exit 6 with --exit-code when they
+differ."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``kernel-probe env``: exit codes, JSON that parses, a readable report on narrow and colourless terminals."""
+"""``kernel-probe env``: exit codes, JSON that parses, a readable report on narrow and colourless
+terminals."""
 
 from __future__ import annotations
 
@@ -29,7 +30,12 @@ _COLOUR = re.compile(r"^(3[0-9]|4[0-9]|9[0-7]|10[0-7])$")
 
 
 def colour_codes(text: str) -> list[str]:
-    return [p for seq in re.findall(r"\x1b\[([0-9;]*)m", text) for p in seq.split(";") if _COLOUR.match(p)]
+    return [
+        p
+        for seq in re.findall(r"\x1b\[([0-9;]*)m", text)
+        for p in seq.split(";")
+        if _COLOUR.match(p)
+    ]
 
 
 @pytest.fixture(autouse=True)
@@ -49,7 +55,9 @@ def test_every_subcommand_is_wired_to_functions_that_exist():
 
     for name, sub in cli.SUBCOMMANDS.items():
         module = importlib.import_module(f"kernel_probe.commands.{sub.module}")
-        assert callable(getattr(module, sub.add_arguments)) and callable(getattr(module, sub.run)), name
+        assert callable(getattr(module, sub.add_arguments)) and callable(
+            getattr(module, sub.run)
+        ), name
 
 
 def test_env_json_without_import_checks_parses(capsys):
@@ -58,7 +66,10 @@ def test_env_json_without_import_checks_parses(capsys):
     assert tuple(report) == TOP_LEVEL_KEYS and report["schema"] == SCHEMA
     assert report["import_checks"] == {"run": False, "timeout": 20.0}
     assert report["fingerprint"] == with_torch.current()
-    assert {lib["import"]["status"] for lib in report["libraries"].values()} <= {"skipped", "not-installed"}
+    assert {lib["import"]["status"] for lib in report["libraries"].values()} <= {
+        "skipped",
+        "not-installed",
+    }
 
 
 def test_env_text_report_fits_60_columns_without_colour(capsys, monkeypatch):
@@ -66,7 +77,15 @@ def test_env_text_report_fits_60_columns_without_colour(capsys, monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")
     assert cli.main(["env", "--no-import-checks"]) == 0
     out = capsys.readouterr().out
-    for title in ("host", "torch", "accelerators", "triton", "kernel libraries", "site", "lock fingerprint"):
+    for title in (
+        "host",
+        "torch",
+        "accelerators",
+        "triton",
+        "kernel libraries",
+        "site",
+        "lock fingerprint",
+    ):
         assert re.search(rf"^{title} ─", out, re.M), title
     assert max(len(line) for line in out.splitlines()) <= 60
     assert "\x1b[" not in out
@@ -88,7 +107,9 @@ def test_env_unknown_option_exits_2():
 @pytest.mark.slow
 def test_env_json_from_a_real_process_is_clean():
     """Whatever torch logs goes to stderr; stdout is exactly one JSON document."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
+    )
     done = subprocess.run(
         [sys.executable, "-m", "kernel_probe", "env", "--json", "--no-import-checks"],
         capture_output=True,
@@ -158,10 +179,13 @@ def test_env_reports_broken_libraries_and_still_prints_json(tmp_path, monkeypatc
     table = libraries.known_libraries() + tuple(KnownLibrary(n, (n,), n, n) for n in fakes)
     monkeypatch.setattr(libraries, "known_libraries", lambda: table)
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    )
 
     assert cli.main(["env", "--json", "--timeout", "3"]) == 0
-    report = json.loads(capsys.readouterr().out)  # fake_print's stray output did not reach our stdout
+    # fake_print's stray output did not reach our stdout
+    report = json.loads(capsys.readouterr().out)
     got = {n: report["libraries"][n]["import"] for n in fakes}
     assert got["fake_abort"]["status"] == "crashed" and "SIGABRT" in got["fake_abort"]["reason"]
     assert got["fake_hang"]["status"] == "timeout" and "3 s" in got["fake_hang"]["reason"]
@@ -194,7 +218,8 @@ NAMED = ("libraries", "torch.environment", "site.slurm", "triton.distributions",
 
 
 def _keys(value, path=""):
-    """Every key of the report, except those that are names (libraries, distributions, variables)."""
+    """Every key of the report, except those that are names (libraries, distributions,
+    variables)."""
     if isinstance(value, dict):
         named = path in NAMED or path.endswith(".distributions")
         for key, child in value.items():
@@ -225,7 +250,12 @@ def test_every_json_key_is_documented(monkeypatch):
     report["triton"]["import"] = dict(report["libraries"]["liger-kernel"]["import"])
     rocm = detect(import_checks=False, torch=_rocm_torch(), nvml=lambda: None)
     missing = sorted(
-        {key for r in (report, rocm) for key in _keys(r) if not re.search(rf"(?<![\w-]){re.escape(key)}(?![\w-])", doc)}
+        {
+            key
+            for r in (report, rocm)
+            for key in _keys(r)
+            if not re.search(rf"(?<![\w-]){re.escape(key)}(?![\w-])", doc)
+        }
     )
     assert missing == []
     assert set(report["fingerprint"]) == set(fields.FIELDS)  # documented by reference to FIELDS

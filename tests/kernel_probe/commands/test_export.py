@@ -21,7 +21,13 @@ import kernel_lock
 import kernel_lock.adapters as adapters
 import kernel_lock.trust.adapter_names as adapter_names
 from kernel_lock import KernelUnavailable, LockMismatch, LockWarning
-from kernel_lock.anemoi import AUTOCAST_LAYER_NORM, ConventionError, convention_problems, export, layer_kernels
+from kernel_lock.anemoi import (
+    AUTOCAST_LAYER_NORM,
+    ConventionError,
+    convention_problems,
+    export,
+    layer_kernels,
+)
 from tests.conftest import MINIMAL_LOCK, ROOT, write_sealed
 from tests.conftest import run_cli as run
 from tests.kernel_lock.test_import_light import _imported_modules
@@ -65,15 +71,18 @@ kwargs = {{ bias = true }}
 
 @pytest.fixture
 def fake_adapter(monkeypatch):
-    """Register the liger-signature fake the way liger's own classes are registered: one row of data."""
+    """Register the liger-signature fake the way liger's own classes are registered: one row of
+    data."""
     monkeypatch.setitem(
-        adapter_names.SIZE_ADAPTERS, "HiddenSizeLayerNormAnemoi", ("kp_zoo.norms.HiddenSizeLayerNorm", "hidden_size")
+        adapter_names.SIZE_ADAPTERS,
+        "HiddenSizeLayerNormAnemoi",
+        ("kp_zoo.norms.HiddenSizeLayerNorm", "hidden_size"),
     )
     yield "kernel_lock.adapters.HiddenSizeLayerNormAnemoi"
     adapters.__dict__.pop("HiddenSizeLayerNormAnemoi", None)
 
 
-# ---- export ---------------------------------------------------------------------------------------
+# ---- export --------------------------------------------------------------------------------------
 def test_pinned_kwargs_no_dimensions_no_rmsnorm():
     assert layer_kernels(load(MINIMAL_LOCK)) == {
         "LayerNorm": {"_target_": "torch.nn.LayerNorm", "eps": 1e-6},
@@ -113,7 +122,12 @@ def test_hidden_size_signature_gets_the_adapter(fake_adapter):
     assert cls.__mro__[1] is HiddenSizeLayerNorm and cls.__module__ == "kernel_lock.adapters"
     assert list(inspect.signature(cls).parameters) == ["normalized_shape", "eps", "bias"]
     plain = HiddenSizeLayerNorm(48, eps=1e-5)
-    for m in (cls(48, eps=1e-5), cls(normalized_shape=48, eps=1e-5), cls((48,), eps=1e-5), cls(hidden_size=48)):
+    for m in (
+        cls(48, eps=1e-5),
+        cls(normalized_shape=48, eps=1e-5),
+        cls((48,), eps=1e-5),
+        cls(hidden_size=48),
+    ):
         assert type(m) is cls and m.hidden_size == 48
         assert list(m.state_dict()) == list(plain.state_dict()) == ["weight", "bias"]
     m = cls(normalized_shape=48)
@@ -138,11 +152,14 @@ def test_a_size_named_hidden_size_gets_the_generic_size_adapter():
 def test_no_adapter_is_a_clear_error(capsys, tmp_path, monkeypatch):
     import kernel_lock.trust.adapter_names
 
-    monkeypatch.setattr(kernel_lock.trust.adapter_names, "SIZE_NAMES", ())  # a size parameter no adapter knows
+    # a size parameter no adapter knows
+    monkeypatch.setattr(kernel_lock.trust.adapter_names, "SIZE_NAMES", ())
     lock = load(lock_text("kp_zoo.norms.HiddenSizeLayerNorm", "{ eps = 1e-5 }"))
     with pytest.raises(ConventionError) as exc:
         layer_kernels(lock)
-    assert "LayerNorm(normalized_shape=C) fails" in str(exc.value) and "SIZE_ADAPTERS" in exc.value.fix
+    assert (
+        "LayerNorm(normalized_shape=C) fails" in str(exc.value) and "SIZE_ADAPTERS" in exc.value.fix
+    )
     p = tmp_path / "lock.toml"
     lock.sealed().dump(p)
     code, out, err = run(["export", p], capsys)
@@ -158,15 +175,23 @@ kwargs = { eps = 1e-5 }
 requires = [{ name = "liger-kernel", specifier = ">=0.5", module = "liger_kernel" }]
 devices = ["cuda", "rocm", "xpu"]
 twin = { target = "torch.nn.LayerNorm", kwargs = { eps = 1e-5, elementwise_affine = true, bias = true }, state-dict = "interchangeable", max-error = 0.004 }
-"""
+"""  # noqa: E501 (TOML inline tables are one line)
 
 
 def test_inference_mode_exports_the_verified_twin():
     lock = load(
-        lock_text().split("[slots.LayerNorm]")[0] + LIGER_LN + "[slots.Linear]" + lock_text().split("[slots.Linear]")[1]
+        lock_text().split("[slots.LayerNorm]")[0]
+        + LIGER_LN
+        + "[slots.Linear]"
+        + lock_text().split("[slots.Linear]")[1]
     )
     [ln, lin] = export(lock, "inference")
-    assert ln.entry == {"_target_": "torch.nn.LayerNorm", "eps": 1e-5, "elementwise_affine": True, "bias": True}
+    assert ln.entry == {
+        "_target_": "torch.nn.LayerNorm",
+        "eps": 1e-5,
+        "elementwise_affine": True,
+        "bias": True,
+    }
     assert "inference substitute for liger.layer_norm" in ln.note and "0.004" in ln.note
     assert lin.entry == {"_target_": "torch.nn.Linear", "bias": True}
     with pytest.raises((KernelUnavailable, LockMismatch)):  # training: liger cannot run on this CPU
@@ -196,12 +221,17 @@ def test_qk_norm(monkeypatch):
         == qk["KeyNorm"]
         == {"_target_": AUTOCAST_LAYER_NORM, "eps": 1e-5, "elementwise_affine": True, "bias": False}
     )
-    # another library: anemoi's q/k norm casts its output back (flash attention needs it), so the lock's
-    # kernel goes in the adapter that keeps that cast, bias-free: the generic one, named after the kernel,
-    # where no table row names one
+    # another library: anemoi's q/k norm casts its output back (flash attention needs it), so the
+    # lock's kernel goes in the adapter that keeps that cast, bias-free: the generic one, named
+    # after the kernel, where no table row names one
     generic = layer_kernels(load(lock_text("kp_zoo.norms.GoodLayerNorm")), qk_norm=True)
-    assert generic["QueryNorm"]["_target_"] == "kernel_lock.adapters.Autocast__kp_zoo__norms__GoodLayerNorm"
-    monkeypatch.setitem(adapter_names.AUTOCAST_ADAPTERS, "AutocastGoodLayerNorm", "kp_zoo.norms.GoodLayerNorm")
+    assert (
+        generic["QueryNorm"]["_target_"]
+        == "kernel_lock.adapters.Autocast__kp_zoo__norms__GoodLayerNorm"
+    )
+    monkeypatch.setitem(
+        adapter_names.AUTOCAST_ADAPTERS, "AutocastGoodLayerNorm", "kp_zoo.norms.GoodLayerNorm"
+    )
     qk = layer_kernels(load(lock_text("kp_zoo.norms.GoodLayerNorm")), qk_norm=True)
     assert qk["QueryNorm"] == {
         "_target_": "kernel_lock.adapters.AutocastGoodLayerNorm",
@@ -221,7 +251,7 @@ def test_qk_norm(monkeypatch):
         layer_kernels(load(lock_text("kp_zoo.norms.GoodLayerNorm", "{ eps = 1e-5 }")), qk_norm=True)
 
 
-# ---- the CLI --------------------------------------------------------------------------------------
+# ---- the CLI -------------------------------------------------------------------------------------
 def test_export_yaml_is_the_mapping(lock_file, capsys):
     code, out, err = run(["export", lock_file, "--format", "anemoi"], capsys)
     assert code == 0, err
@@ -245,7 +275,7 @@ def test_export_usage_errors(lock_file, capsys):
     assert run(["export", lock_file.parent / "missing.toml"], capsys)[0] == 5
 
 
-# ---- import cost and the lazy adapters ------------------------------------------------------------
+# ---- import cost and the lazy adapters -----------------------------------------------------------
 @pytest.mark.slow
 def test_anemoi_module_is_import_light():
     assert "kernel_lock.anemoi" not in _imported_modules("import kernel_lock")
@@ -257,13 +287,16 @@ def test_anemoi_module_is_import_light():
 @pytest.mark.slow
 def test_adapters_import_without_liger():
     code = (
-        "import sys; sys.modules['liger_kernel'] = None\n"  # any `import liger_kernel` now raises ImportError
+        # any `import liger_kernel` now raises ImportError
+        "import sys; sys.modules['liger_kernel'] = None\n"
         "import kernel_lock.adapters as a\n"
         "assert a.CompiledLayerNorm and 'LigerLayerNormAnemoi' in dir(a)\n"
         "try:\n    a.LigerLayerNormAnemoi\nexcept ImportError as e:\n    print('ImportError', e)\n"
         "try:\n    a.NoSuchAdapter\nexcept AttributeError as e:\n    print('AttributeError', e)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
+    ).stdout
     assert "ImportError" in out and "liger_kernel" in out and "AttributeError" in out
 
 
@@ -273,7 +306,10 @@ def test_real_liger_adapters_construct_with_anemois_calls():
     # construction only: liger's forward needs a GPU
     from liger_kernel.transformers import LigerLayerNorm, LigerRMSNorm
 
-    for name, base in (("LigerLayerNormAnemoi", LigerLayerNorm), ("LigerRMSNormAnemoi", LigerRMSNorm)):
+    for name, base in (
+        ("LigerLayerNormAnemoi", LigerLayerNorm),
+        ("LigerRMSNormAnemoi", LigerRMSNorm),
+    ):
         cls = getattr(adapters, name)
         assert issubclass(cls, base) and convention_problems(base, "LayerNorm", {}) != []
         assert convention_problems(cls, "LayerNorm", {"eps": 1e-5}) == []
@@ -292,14 +328,16 @@ def test_real_liger_adapters_construct_with_anemois_calls():
     assert out.split() == ["kernel_lock.adapters", "LigerRMSNormAnemoi", "LigerRMSNorm", "False"]
 
 
-# ---- QueryNorm / KeyNorm: checking at head_dim -----------------------------------------------------
+# ---- QueryNorm / KeyNorm: checking at head_dim ---------------------------------------------------
 @pytest.mark.slow
 def test_check_hidden_64_catches_a_narrow_row_bug(capsys):
     from kernel_probe import candidates as cands
     from kernel_probe.probe.check import check_all
 
     narrow = cands.from_command_line("LayerNorm=kp_zoo.norms.NarrowRowsLayerNorm")
-    default = check_all(["LayerNorm"], [narrow], "cpu", [("float32", "true")], timeout=60)["LayerNorm"][0]
+    default = check_all(["LayerNorm"], [narrow], "cpu", [("float32", "true")], timeout=60)[
+        "LayerNorm"
+    ][0]
     assert default.status == "accepted"  # at the default width (1000) the bug does not show
     code, out, err = run(
         [
@@ -325,19 +363,30 @@ def test_check_hidden_64_catches_a_narrow_row_bug(capsys):
     assert run(["check", "--hidden", "0"], capsys)[0] == 2
 
 
-# ---- the README's anemoi install (issue 16, point 7) -------------------------------------------------------
+# ---- the README's anemoi install (issue 16, point 7) ---------------------------------------------
 def test_readme_says_what_the_anemoi_install_prints():
-    readme = (ROOT / "docs" / "anemoi.md").read_text()  # the README's anemoi section moved there (issue 37)
+    # the README's anemoi section moved there (issue 37)
+    readme = (ROOT / "docs" / "anemoi.md").read_text()
     assert "`pip check` will complain" not in readme and "resolver" in readme
 
 
-# ---- the blocks set on each component, written by one function (issue 40) ----------------------------
+# ---- the blocks set on each component, written by one function (issue 40) ------------------------
 @pytest.mark.parametrize(
     "render, options, note, has",
     [
-        ("render_attention", {"attention_implementation": "sdpa"}, "why", ["# Attention (", "# why", "processor:"]),
+        (
+            "render_attention",
+            {"attention_implementation": "sdpa"},
+            "why",
+            ["# Attention (", "# why", "processor:"],
+        ),
         ("render_attention", {}, "", ["# Attention ("]),  # nothing to set: the comments only
-        ("render_gated_mlp", {"mlp_implementation": "fused"}, "why", ["# GatedMLP (", "# why", "processor:"]),
+        (
+            "render_gated_mlp",
+            {"mlp_implementation": "fused"},
+            "why",
+            ["# GatedMLP (", "# why", "processor:"],
+        ),
     ],
 )
 def test_component_blocks_are_commented_yaml_under_processor(render, options, note, has):
@@ -347,6 +396,8 @@ def test_component_blocks_are_commented_yaml_under_processor(render, options, no
 
     text = getattr(export, render)(options, note)
     assert text.startswith("\n#") and text.endswith("\n")
-    assert [line for line in text.splitlines() if line and not line.startswith(("#", " "))] == has[-1:] * bool(options)
+    assert [line for line in text.splitlines() if line and not line.startswith(("#", " "))] == has[
+        -1:
+    ] * bool(options)
     assert all(any(line.startswith(h) for line in text.splitlines()) for h in has)
     assert (yaml.safe_load(text) or {}) == ({"processor": options} if options else {})

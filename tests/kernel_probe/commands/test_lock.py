@@ -1,6 +1,7 @@
-"""kernel_probe/commands/lock.py: ``kernel-probe lock --for inference IN OUT``, its arguments and run_lock
-called directly. The derivation itself (which slot takes its twin, and why) is kernel_probe/probe/derive.py's;
-the whole command through the CLI: tests/kernel_lock/test_resolve_inference.py."""
+"""kernel_probe/commands/lock.py: ``kernel-probe lock --for inference IN OUT``, its arguments and
+run_lock called directly. The derivation itself (which slot takes its twin, and why) is
+kernel_probe/probe/derive.py's; the whole command through the CLI:
+tests/kernel_lock/test_resolve_inference.py."""
 
 from __future__ import annotations
 
@@ -21,8 +22,10 @@ SUBSTITUTED = edited_lock(
         'created-by = "hand"': 'created-by = "hand"\ntrusted-modules = ["kp_not_installed"]',
         'implementation = "torch.layer_norm"\ntarget = "torch.nn.LayerNorm"': (
             'implementation = "fast.layer_norm"\ntarget = "kp_not_installed.FastLayerNorm"\n'
-            'requires = [{ name = "kp-not-installed", specifier = ">=1.0", module = "kp_not_installed" }]\n'
-            'twin = { target = "torch.nn.LayerNorm", kwargs = { eps = 1e-6 }, state-dict = "interchangeable", '
+            'requires = [{ name = "kp-not-installed", specifier = ">=1.0", module = '
+            '"kp_not_installed" }]\n'
+            'twin = { target = "torch.nn.LayerNorm", kwargs = { eps = 1e-6 }, state-dict = '
+            '"interchangeable", '
             "max-error = 0.002 }"
         ),
     }
@@ -39,9 +42,22 @@ def parser() -> argparse.ArgumentParser:
 @pytest.mark.parametrize(
     "argv,parsed",
     [
-        (["--for", "inference", "in.toml", "out.toml"], ("inference", "in.toml", "out.toml", False, [])),
         (
-            ["in.toml", "out.toml", "--for", "inference", "--force", "--trust", "a", "--trust", "b"],
+            ["--for", "inference", "in.toml", "out.toml"],
+            ("inference", "in.toml", "out.toml", False, []),
+        ),
+        (
+            [
+                "in.toml",
+                "out.toml",
+                "--for",
+                "inference",
+                "--force",
+                "--trust",
+                "a",
+                "--trust",
+                "b",
+            ],
             ("inference", "in.toml", "out.toml", True, ["a", "b"]),
         ),
     ],
@@ -52,7 +68,12 @@ def test_arguments(argv, parsed):
 
 
 @pytest.mark.parametrize(
-    "argv", [["in.toml", "out.toml"], ["--for", "training", "in.toml", "out.toml"], ["--for", "inference", "in.toml"]]
+    "argv",
+    [
+        ["in.toml", "out.toml"],
+        ["--for", "training", "in.toml", "out.toml"],
+        ["--for", "inference", "in.toml"],
+    ],
 )
 def test_bad_arguments(argv, capsys):
     with pytest.raises((SystemExit, argparse.ArgumentError)):
@@ -133,10 +154,16 @@ def test_a_substitution_is_recorded_in_full(tmp_path, capsys):
 
 @pytest.mark.parametrize(
     "provenance,derived_from",
-    [('[provenance]\nsource = "train.toml"\n', "derived from train.toml"), ("", "derived from an unrecorded lock")],
+    [
+        ('[provenance]\nsource = "train.toml"\n', "derived from train.toml"),
+        ("", "derived from an unrecorded lock"),
+    ],
 )
 def test_an_inference_lock_is_not_derived_again(tmp_path, provenance, derived_from):
-    text = edited_lock(**{'created-by = "hand"': 'created-by = "hand"\nmode = "inference"'}) + provenance
+    text = (
+        edited_lock(**{'created-by = "hand"': 'created-by = "hand"\nmode = "inference"'})
+        + provenance
+    )
     src = write_sealed(tmp_path / "inference.toml", text)
     out = tmp_path / "again.toml"
     with pytest.raises(UsageError) as exc:

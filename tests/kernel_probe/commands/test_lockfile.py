@@ -53,7 +53,7 @@ def test_loading_strict_refuses_what_it_would_only_warn_about(tmp_path, capsys):
         lockfile.load_lock(str(p), strict=True)
 
 
-# ---- the lock commands default to $KERNEL_LOCK; a bad slot is a usage error (issue 16, point 7) ------------
+# ---- the lock commands default to $KERNEL_LOCK; a bad slot is a usage error (issue 16, point 7)
 def test_lock_commands_default_to_KERNEL_LOCK(lock_file, capsys, monkeypatch):
     monkeypatch.setenv("KERNEL_LOCK", str(lock_file))
     monkeypatch.chdir(lock_file.parent.parent)  # no ./kernel-lock.toml here
@@ -62,4 +62,5 @@ def test_lock_commands_default_to_KERNEL_LOCK(lock_file, capsys, monkeypatch):
         assert code == 0, (argv, err)
         assert str(lock_file) in out + err or argv == ["explain", "LayerNorm"], argv
     code, out, _ = run(["explain", "LayerNorm"], capsys)
-    assert "LayerNorm -> torch.layer_norm (torch.nn.LayerNorm)" in out  # the $KERNEL_LOCK file's slot
+    # the $KERNEL_LOCK file's slot
+    assert "LayerNorm -> torch.layer_norm (torch.nn.LayerNorm)" in out

@@ -1,4 +1,5 @@
-"""The main command end to end on this CPU machine: write, reuse, --check, bad inputs, many ranks."""
+"""The main command end to end on this CPU machine: write, reuse, --check, bad inputs, many
+ranks."""
 
 from __future__ import annotations
 
@@ -38,12 +39,20 @@ def test_probe_writes_a_valid_lock(probed):
         "Attention": "torch.sdpa",
         "Activation": "torch.gelu",
     }
-    act = lock.slots["Activation"]  # issue 39: the default lock pins erf GELU, its twin, its function
-    assert act.function == "gelu-erf" and act.kwargs == {"approximate": "none"} and act.twin is not None
+    # issue 39: the default lock pins erf GELU, its twin, its function
+    act = lock.slots["Activation"]
+    assert (
+        act.function == "gelu-erf"
+        and act.kwargs == {"approximate": "none"}
+        and act.twin is not None
+    )
     assert {r.implementation: r.status for r in act.rejected}["torch.gelu_tanh"] == "rejected"
     ln = lock.slots["LayerNorm"]
     assert ln.kwargs == {"eps": 1e-5, "elementwise_affine": True, "bias": True}
-    assert {(e["dtype"], e["regime"]) for e in ln.evidence} == {("float32", "true"), ("bfloat16", "mixed")}
+    assert {(e["dtype"], e["regime"]) for e in ln.evidence} == {
+        ("float32", "true"),
+        ("bfloat16", "mixed"),
+    }
     assert ln.timing and ln.timing[0]["shape"] == "2048x1024" and ln.timing[0]["median-ms"] > 0
     liger = [r for r in ln.rejected if r.implementation == "liger.layer_norm"]
     if liger:  # liger-kernel installed here: its real failure is recorded, not hidden
@@ -69,7 +78,9 @@ def test_check_mode(probed, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_stale_environment_is_reprobed(probed, tmp_path, capsys):
-    text = probed.read_text().replace('device-type = { value = "cpu"', 'device-type = { value = "cuda"')
+    text = probed.read_text().replace(
+        'device-type = { value = "cpu"', 'device-type = { value = "cuda"'
+    )
     stale = tmp_path / "stale.toml"
     write_sealed(stale, text)
     assert main(["--out", str(stale), "--check"]) == 3
@@ -132,10 +143,14 @@ def test_unwritable_output(tmp_path, capsys):
 
 
 def test_pin_of_unavailable_candidate_fails_loudly(tmp_path, capsys):
-    code = main(["--out", str(tmp_path / "k.toml"), "--slot", "RMSNorm", "--pin", "RMSNorm=quack.rms_norm"])
+    code = main(
+        ["--out", str(tmp_path / "k.toml"), "--slot", "RMSNorm", "--pin", "RMSNorm=quack.rms_norm"]
+    )
     assert code == 3  # EXIT_CODES[3]: a pinned kernel cannot be used here
     err = capsys.readouterr().err
-    assert "--pin RMSNorm=quack.rms_norm" in err and "unavailable" in err and "never silently" in err
+    assert (
+        "--pin RMSNorm=quack.rms_norm" in err and "unavailable" in err and "never silently" in err
+    )
     assert not (tmp_path / "k.toml").exists()
 
 
@@ -183,10 +198,16 @@ def test_explain_and_diff(probed, tmp_path, capsys):
     assert "torch.layer_norm" in out and "correctness evidence" in out
     assert "not chosen: liger.layer_norm [unavailable]" in out
     other = tmp_path / "o.toml"
-    text = probed.read_text().replace('implementation = "torch.rms_norm"', 'implementation = "liger.rms_norm"')
+    text = probed.read_text().replace(
+        'implementation = "torch.rms_norm"', 'implementation = "liger.rms_norm"'
+    )
     write_sealed(other, text)
-    assert main(["diff", str(probed), str(other), "--exit-code"]) == 6  # EXIT_CODES[6]: the locks differ
-    assert "slot RMSNorm implementation: 'torch.rms_norm' -> 'liger.rms_norm'" in capsys.readouterr().out
+    # EXIT_CODES[6]: the locks differ
+    assert main(["diff", str(probed), str(other), "--exit-code"]) == 6
+    assert (
+        "slot RMSNorm implementation: 'torch.rms_norm' -> 'liger.rms_norm'"
+        in capsys.readouterr().out
+    )
     assert main(["diff", str(probed), str(probed), "--exit-code"]) == 0
     assert main(["explain", str(probed), "Layernorm"]) == 2  # a bad argument, not a bad file
 
@@ -194,7 +215,9 @@ def test_explain_and_diff(probed, tmp_path, capsys):
 @pytest.mark.slow
 def test_sixteen_ranks_one_lock(tmp_path):
     out = tmp_path / "same.toml"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    )
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "kernel_probe", "--out", str(out), "--slot", "LayerNorm"],
@@ -215,12 +238,16 @@ def test_sixteen_ranks_one_lock(tmp_path):
     assert leftovers == [".same.toml.lock"]  # the (empty, hidden) file lock; no temp files
 
 
-# ---- arguments checked before any work (issue 16, point 2) -------------------------------------------------
+# ---- arguments checked before any work (issue 16, point 2) ---------------------------------------
 @pytest.mark.parametrize("flag", ["--pin", "--prefer"])
 def test_unknown_id_is_a_usage_error_naming_its_own_flag(tmp_path, capsys, no_workers, flag):
     code, out, err = run_cli(["--out", tmp_path / "k.toml", flag, "RMSNorm=x"], capsys)
     assert code == 2
-    assert f"{flag} RMSNorm=x" in err and "not a candidate for RMSNorm" in err and "torch.rms_norm" in err
+    assert (
+        f"{flag} RMSNorm=x" in err
+        and "not a candidate for RMSNorm" in err
+        and "torch.rms_norm" in err
+    )
     other = "--prefer" if flag == "--pin" else "--pin"
     assert other not in err.split("fix:")[0]
     assert not (tmp_path / "k.toml").exists()
@@ -230,23 +257,32 @@ def test_unknown_id_is_a_usage_error_naming_its_own_flag(tmp_path, capsys, no_wo
 def test_unavailable_pin_exits_3_before_any_work(tmp_path, capsys, no_workers, flag):
     code, out, err = run_cli(["--out", tmp_path / "k.toml", flag, "RMSNorm=quack.rms_norm"], capsys)
     assert code == 3  # kernel_lock.EXIT_CODES[3]: a pinned kernel cannot be used here
-    assert f"{flag} RMSNorm=quack.rms_norm" in err and "unavailable" in err and "this device is cpu" in err
+    assert (
+        f"{flag} RMSNorm=quack.rms_norm" in err
+        and "unavailable" in err
+        and "this device is cpu" in err
+    )
     assert not (tmp_path / "k.toml").exists()
 
 
 def test_pin_of_a_slot_not_probed_is_a_usage_error(tmp_path, capsys, no_workers):
     code, _, err = run_cli(
-        ["--out", tmp_path / "k.toml", "--slot", "LayerNorm", "--pin", "RMSNorm=torch.rms_norm"], capsys
+        ["--out", tmp_path / "k.toml", "--slot", "LayerNorm", "--pin", "RMSNorm=torch.rms_norm"],
+        capsys,
     )
     assert code == 2 and "--slot limits this probe to LayerNorm" in err
 
 
 def test_compiled_pin_on_cpu_says_how(tmp_path, capsys, no_workers):
-    code, _, err = run_cli(["--out", tmp_path / "k.toml", "--pin", "LayerNorm=torch.compile.layer_norm"], capsys)
+    code, _, err = run_cli(
+        ["--out", tmp_path / "k.toml", "--pin", "LayerNorm=torch.compile.layer_norm"], capsys
+    )
     assert code == 3 and "--with-compile" in err
 
 
-def test_no_command_writes_a_lock_file_lock_into_the_cwd_on_failure(tmp_path, capsys, monkeypatch, no_workers):
+def test_no_command_writes_a_lock_file_lock_into_the_cwd_on_failure(
+    tmp_path, capsys, monkeypatch, no_workers
+):
     monkeypatch.chdir(tmp_path)
     run_cli(["--pin", "RMSNorm=nope"], capsys)
     assert sorted(os.listdir(tmp_path)) == []
@@ -261,7 +297,7 @@ def test_help_states_the_real_defaults(capsys):
     assert f"{DEFAULT_REPS['cpu']} on CPU" in flat
 
 
-# ---- the probe's output in a log and at 80 columns (issue 16, point 4) -------------------------------------
+# ---- the probe's output in a log and at 80 columns (issue 16, point 4) ---------------------------
 LONG_ID = "custom:kp_zoo.norms.GoodLayerNorm"
 
 
@@ -310,10 +346,18 @@ def test_probe_table_keeps_ids_whole_and_says_why(logged_probe):
     # a CPU shows no bandwidth columns (a copy is no ceiling there) and says so
     header = next(line for line in lines if line.startswith("candidate"))
     assert "GB/s" not in header and "% copy" not in header and "shown on GPUs only" in out
-    start = lines.index("LayerNorm") + 1  # the table: its header, rule and rows, up to the indented reasons
-    table = lines[start : next(i for i in range(start, len(lines)) if not lines[i] or lines[i].startswith(" "))]
-    assert table[0].startswith("candidate") and any(line.startswith(LONG_ID + " ") for line in table), table
-    assert all(len(line.rstrip()) <= 80 for line in table if LONG_ID not in line), table  # only the long id widens
+    # the table: its header, rule and rows, up to the indented reasons
+    start = lines.index("LayerNorm") + 1
+    table = lines[
+        start : next(
+            i for i in range(start, len(lines)) if not lines[i] or lines[i].startswith(" ")
+        )
+    ]
+    assert table[0].startswith("candidate") and any(
+        line.startswith(LONG_ID + " ") for line in table
+    ), table
+    # only the long id widens
+    assert all(len(line.rstrip()) <= 80 for line in table if LONG_ID not in line), table
 
 
 def test_probe_in_a_log_reports_progress_per_candidate_shape_and_rep(logged_probe):
@@ -330,16 +374,22 @@ def test_explain_and_show_at_80_columns(logged_probe, monkeypatch):
         assert "…" not in out, out
     code, out, _ = _run_logged(["explain", path, "LayerNorm"], monkeypatch)
     timing = out[out.index("timings") :]
-    assert any(line.startswith("torch.layer_norm ") and "96x64" in line for line in timing.splitlines())
+    assert any(
+        line.startswith("torch.layer_norm ") and "96x64" in line for line in timing.splitlines()
+    )
     assert "GB/s" not in timing and "bf16 mixed" in timing
 
 
-# ---- GPU-sized shapes on a CPU are warned about before timing (issue 16, point 5) --------------------------
+# ---- GPU-sized shapes on a CPU are warned about before timing (issue 16, point 5) ----------------
 def test_gpu_sized_shapes_on_a_cpu_are_warned_about():
     from kernel_probe.probe.pipeline import large_shape_warning
 
     text = large_shape_warning("cpu", ["40320x1024", "542080x1024"], 5)
-    assert "40320x1024, 542080x1024 are GPU-sized shapes" in text and "2048x1024" in text and "--reps" in text
+    assert (
+        "40320x1024, 542080x1024 are GPU-sized shapes" in text
+        and "2048x1024" in text
+        and "--reps" in text
+    )
     assert large_shape_warning("cpu", ["2048x1024"], 5) is None
     assert large_shape_warning("cuda", ["542080x1024"], 20) is None
 
@@ -365,13 +415,14 @@ def test_the_probe_warns_about_gpu_sized_shapes_before_timing(monkeypatch):
     assert seen and "GPU-sized" in seen[0]
 
 
-# ---- --out and the file lock beside it (hostile input, issue 14) -------------------------------------------
+# ---- --out and the file lock beside it (hostile input, issue 14) ---------------------------------
 def test_out_problems_are_usage_errors(tmp_path, capsys, monkeypatch):
     assert run_cli(["--out", ""], capsys)[0] == 2
     long_name = "x" * 300 + ".toml"
     code, _, err = run_cli(["--out", tmp_path / long_name], capsys)
     assert code == 2 and "too long" in err
-    monkeypatch.setattr(os, "access", lambda *a, **k: False)  # a read-only directory (root ignores modes)
+    # a read-only directory (root ignores modes)
+    monkeypatch.setattr(os, "access", lambda *a, **k: False)
     code, _, err = run_cli(["--out", tmp_path / "k.toml"], capsys)
     assert code == 2 and "permission denied" in err
 
@@ -383,7 +434,9 @@ def test_a_lock_file_this_user_cannot_open_is_reported(tmp_path, capsys, monkeyp
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(filelock.FileLock, "acquire", denied)
-    code, _, err = run_cli(["--out", tmp_path / "k.toml", *small_probe("Linear", precision=None)], capsys)
+    code, _, err = run_cli(
+        ["--out", tmp_path / "k.toml", *small_probe("Linear", precision=None)], capsys
+    )
     assert code == 2 and "cannot open its lock file" in err and "remove the stale" in err
     assert not (tmp_path / "k.toml").exists()
 
@@ -412,7 +465,9 @@ def test_a_symlink_at_out_is_written_through(tmp_path, capsys):
     (tmp_path / "link.toml").symlink_to(shared / "kernel-lock.toml")
     argv = ["--out", tmp_path / "link.toml", *small_probe("Linear")]
     assert run_cli(argv, capsys)[0] == 0
-    assert (tmp_path / "link.toml").is_symlink() and kernel_lock.load(shared / "kernel-lock.toml").slots
+    assert (tmp_path / "link.toml").is_symlink() and kernel_lock.load(
+        shared / "kernel-lock.toml"
+    ).slots
     assert run_cli([*argv, "--force"], capsys)[0] == 0
     assert (tmp_path / "link.toml").is_symlink()
 
@@ -432,14 +487,17 @@ def test_the_file_lock_beside_a_lock_is_ignored_by_git(tmp_path):
     name = file_lock_path(ROOT / "kernel-lock.toml").name
     assert name == ".kernel-lock.toml.lock"
     for candidate in (name, file_lock_path(ROOT / "site.toml").name):
-        done = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", "-q", candidate])
+        done = subprocess.run(
+            ["git", "-C", str(ROOT), "check-ignore", "--no-index", "-q", candidate]
+        )
         assert done.returncode == 0, f"{candidate} is not ignored by .gitignore"
 
 
 @pytest.mark.parametrize("flag", ["--lock-timeout", "--timeout", "--import-timeout", "--reps"])
 @pytest.mark.parametrize("value", ["nan", "inf", "-1", "0", "1e12", "abc"])
 def test_numeric_options_are_finite_positive_and_bounded(tmp_path, capsys, flag, value):
-    """--lock-timeout nan once never timed out (busy-polling), inf waited forever, -1 gave up at once (issue 34)."""
+    """--lock-timeout nan once never timed out (busy-polling), inf waited forever, -1 gave up at
+    once (issue 34)."""
     with pytest.raises(SystemExit) as exc:
         main(["--out", str(tmp_path / "k.toml"), flag, value])
     assert exc.value.code == 2 and flag in capsys.readouterr().err
@@ -456,7 +514,7 @@ def test_the_library_request_is_held_to_the_same_bounds(field, value):
         plan(ProbeRequest(**{field: value}))
 
 
-# ---- the command line as a typed request: every field filled, once (issue 40) -----------------------
+# ---- the command line as a typed request: every field filled, once (issue 40) --------------------
 def test_every_request_field_comes_from_the_command_line_once():
     import dataclasses
 
@@ -466,12 +524,30 @@ def test_every_request_field_comes_from_the_command_line_once():
 
     parser = cli._base_parser("kernel-probe", "", "summary")
     probe_cmd.add_probe_arguments(parser)
-    args = parser.parse_args(["--reps", "7", "--force", "--deterministic", "--lock-timeout", "9", "--no-plugins"])
-    converted = {"out", "shapes", "slots", "pins", "prefers", "candidates", "plugins", "profiles_dirs"}
+    args = parser.parse_args(
+        ["--reps", "7", "--force", "--deterministic", "--lock-timeout", "9", "--no-plugins"]
+    )
+    converted = {
+        "out",
+        "shapes",
+        "slots",
+        "pins",
+        "prefers",
+        "candidates",
+        "plugins",
+        "profiles_dirs",
+    }
     converted |= {"check_only", "command"}
     fields = {f.name for f in dataclasses.fields(ProbeRequest)}
-    assert set(probe_cmd.AS_PARSED) | converted == fields and not set(probe_cmd.AS_PARSED) & converted
+    assert (
+        set(probe_cmd.AS_PARSED) | converted == fields and not set(probe_cmd.AS_PARSED) & converted
+    )
     assert all(hasattr(args, name) for name in probe_cmd.AS_PARSED)  # each is an option's own name
     request = probe_cmd.request_from(args)
-    assert (request.reps, request.force, request.deterministic, request.lock_timeout) == (7, True, True, 9.0)
+    assert (request.reps, request.force, request.deterministic, request.lock_timeout) == (
+        7,
+        True,
+        True,
+        9.0,
+    )
     assert request.plugins is False and request.check_only is False

@@ -1,4 +1,5 @@
-"""kernel-probe profiles: list, show, check, match; the CLI's consistency and its messages, and the docs' worked example."""
+"""kernel-probe profiles: list, show, check, match; the CLI's consistency and its messages, and the
+docs' worked example."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ def test_profile_check_missing_file(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
 
 
-# ---- 7. CLI consistency ---------------------------------------------------------------------------
-@pytest.mark.parametrize("action", [["list"], ["show", "mysite"], ["match", "mysite", "--node", "cpu"]])
+# ---- 7. CLI consistency --------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "action", [["list"], ["show", "mysite"], ["match", "mysite", "--node", "cpu"]]
+)
 @pytest.mark.parametrize("where", ["before", "after"])
 def test_profiles_dir_before_or_after_the_action(action, where, tmp_path, capsys):
     d = tmp_path / "p"
@@ -38,10 +41,12 @@ def test_usage_names_every_action(capsys):
     assert "match [NAME] [--node FILE]" in out
 
 
-# ---- 8. messages and fix texts --------------------------------------------------------------------
+# ---- 8. messages and fix texts -------------------------------------------------------------------
 def test_a_forbidden_library_fix_says_uninstall(tmp_path, capsys):
     p = tmp_path / "mysite.toml"
-    p.write_text(GPU_PROFILE.replace('["cuda"]', '["cpu"]') + '[requires.forbidden]\nliger-kernel = ""\n')
+    p.write_text(
+        GPU_PROFILE.replace('["cuda"]', '["cpu"]') + '[requires.forbidden]\nliger-kernel = ""\n'
+    )
     code, _, err = run_cli(["--profile", p, "--out", tmp_path / "k.toml"], capsys)
     assert code == 4 and "uninstall the forbidden library, or use another environment" in err
     assert "run on a node of that site" not in err
@@ -77,7 +82,7 @@ def test_the_mn5_claim_in_the_docs_is_true(capsys):
     assert result["profile"] == "cpu"
 
 
-# ---- the worked example of docs/profiles.md -------------------------------------------------------
+# ---- the worked example of docs/profiles.md ------------------------------------------------------
 def test_the_worked_example_in_the_docs_checks_and_matches(tmp_path, capsys):
     doc = (ROOT / "docs" / "profiles.md").read_text()
     block = re.search(r"<!-- worked-example -->\s*```toml\n(.*?)```", doc, re.S)
@@ -86,7 +91,11 @@ def test_the_worked_example_in_the_docs_checks_and_matches(tmp_path, capsys):
     p.write_text(block.group(1))
     assert run_cli(["profiles", "check", p], capsys)[0] == 0
     code, result = match(["auto", "--profiles-dir", tmp_path, "--node", "isambard-ai"], capsys)
-    assert code == 0 and result["profile"] == "isambard-ai" and result["matched"] == "slurm-cluster:isambard-ai"
+    assert (
+        code == 0
+        and result["profile"] == "isambard-ai"
+        and result["matched"] == "slurm-cluster:isambard-ai"
+    )
     code, result = match(["auto", "--profiles-dir", tmp_path, "--node", "alps-gh200"], capsys)
     assert result["profile"] == "alps-gh200"  # same hardware, another site
     code, result = match(["isambard-ai", "--profiles-dir", tmp_path, "--node", "lumi-g"], capsys)

@@ -1,5 +1,5 @@
-"""kernel_probe/commands/rehash.py: ``kernel-probe rehash [LOCK]`` re-seals a deliberately hand-edited lock,
-validating it fully first."""
+"""kernel_probe/commands/rehash.py: ``kernel-probe rehash [LOCK]`` re-seals a deliberately
+hand-edited lock, validating it fully first."""
 
 from __future__ import annotations
 
@@ -21,7 +21,11 @@ def rehash_args(*argv: str) -> argparse.Namespace:
 
 @pytest.mark.parametrize(
     "argv,lock,trust",
-    [([], None, []), (["k.toml"], "k.toml", []), (["k.toml", "--trust", "a", "--trust", "b"], "k.toml", ["a", "b"])],
+    [
+        ([], None, []),
+        (["k.toml"], "k.toml", []),
+        (["k.toml", "--trust", "a", "--trust", "b"], "k.toml", ["a", "b"]),
+    ],
 )
 def test_arguments(argv, lock, trust):
     args = rehash_args(*argv)
@@ -31,7 +35,10 @@ def test_arguments(argv, lock, trust):
 @pytest.mark.parametrize(
     "written,said",
     [
-        (lambda p: p.write_text(edited_lock(**{"eps = 1e-6": "eps = 1e-7"})), "updated"),  # a hand edit
+        (
+            lambda p: p.write_text(edited_lock(**{"eps = 1e-6": "eps = 1e-7"})),
+            "updated",
+        ),  # a hand edit
         (lambda p: p.write_text(MINIMAL_LOCK), "updated"),  # never sealed
         (lambda p: write_sealed(p), "unchanged"),
     ],
@@ -43,7 +50,9 @@ def test_rehash_seals_the_lock_as_it_now_is(tmp_path, capsys, written, said):
     before = kernel_lock.load(p, emit_warnings=False)
     assert run_rehash(rehash_args(str(p))) == 0
     after = kernel_lock.load(p, strict=True)  # sealed and canonical
-    assert after.intact and after.digest == before.compute_digest() and p.read_text() == after.dumps()
+    assert (
+        after.intact and after.digest == before.compute_digest() and p.read_text() == after.dumps()
+    )
     assert after.slots == before.slots  # the content is kept: only the seal changes
     err = capsys.readouterr().err
     assert f"{p}: digest {said} ({after.digest})" in " ".join(err.split())
@@ -68,12 +77,29 @@ def test_the_default_lock_is_kernel_lock_or_the_working_directorys(tmp_path, mon
         ({'semantics = "layer_norm"': 'semantics = "rms_norm"'}, "needs semantics 'layer_norm'"),
         ({"[slots.Linear]": "[slots.Linaer]"}, "unknown slot 'Linaer'"),
         ({'lock-version = "1.0"': 'lock-version = "9.0"'}, "9.0"),
-        ({'target = "torch.nn.LayerNorm"': 'target = "kp_evil.Evil"'}, "not in the import allow-list"),
-        # what verify and the runtime refuse is not sealed either (kernel_lock.trust.confirming.before_sealing)
-        ({'target = "torch.nn.LayerNorm"': 'target = "torch.nn.RMSNorm"'}, "computes rms_norm, not layer_norm"),
-        ({"kwargs = { bias = false }": "kwargs = { bias = false, fancy = 1 }"}, "keyword argument 'fancy'"),
+        (
+            {'target = "torch.nn.LayerNorm"': 'target = "kp_evil.Evil"'},
+            "not in the import allow-list",
+        ),
+        # what verify and the runtime refuse is not sealed either
+        # (kernel_lock.trust.confirming.before_sealing)
+        (
+            {'target = "torch.nn.LayerNorm"': 'target = "torch.nn.RMSNorm"'},
+            "computes rms_norm, not layer_norm",
+        ),
+        (
+            {"kwargs = { bias = false }": "kwargs = { bias = false, fancy = 1 }"},
+            "keyword argument 'fancy'",
+        ),
     ],
-    ids=["semantics", "unknown-slot", "version", "untrusted", "target-of-other-semantics", "unknown-kwarg"],
+    ids=[
+        "semantics",
+        "unknown-slot",
+        "version",
+        "untrusted",
+        "target-of-other-semantics",
+        "unknown-kwarg",
+    ],
 )
 def test_an_invalid_lock_is_not_sealed(tmp_path, edit, words):
     p = tmp_path / "k.toml"
@@ -88,14 +114,21 @@ def test_an_invalid_lock_is_not_sealed(tmp_path, edit, words):
 def test_trust_reaches_the_validation(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("KERNEL_LOCK_TRUST", raising=False)
     p = tmp_path / "k.toml"
-    p.write_text(edited_lock(**{'target = "torch.nn.LayerNorm"': 'target = "kp_zoo.norms.GoodLayerNorm"'}))
+    p.write_text(
+        edited_lock(**{'target = "torch.nn.LayerNorm"': 'target = "kp_zoo.norms.GoodLayerNorm"'})
+    )
     with pytest.raises(LockError, match="not in the import allow-list"):
         run_rehash(rehash_args(str(p)))
-    assert run_rehash(rehash_args(str(p), "--trust", "kp_zoo")) == 0  # imported in a child, then sealed
-    assert kernel_lock.load(p, strict=True, trust=["kp_zoo"]).slots["LayerNorm"].target == "kp_zoo.norms.GoodLayerNorm"
+    # imported in a child, then sealed
+    assert run_rehash(rehash_args(str(p), "--trust", "kp_zoo")) == 0
+    assert (
+        kernel_lock.load(p, strict=True, trust=["kp_zoo"]).slots["LayerNorm"].target
+        == "kp_zoo.norms.GoodLayerNorm"
+    )
     assert "note" not in capsys.readouterr().err  # judged: nothing left unsaid
     p.write_text(edited_lock(**{'target = "torch.nn.LayerNorm"': 'target = "kp_evil.Evil"'}))
-    with pytest.raises(LockError, match="is a type, not a torch.nn.Module subclass"):  # trusted, and still wrong
+    # trusted, and still wrong
+    with pytest.raises(LockError, match="is a type, not a torch.nn.Module subclass"):
         run_rehash(rehash_args(str(p), "--trust", "kp_evil"))
 
 

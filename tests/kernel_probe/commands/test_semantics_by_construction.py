@@ -48,7 +48,9 @@ def test_an_adapter_smuggling_identity_is_refused_by_verify_and_rehash(tmp_path,
 
 
 @pytest.mark.parametrize("extra", [[], ["--no-import"]])
-def test_a_twin_of_other_semantics_through_an_alias_is_refused_by_verify_in_inference(tmp_path, capsys, extra):
+def test_a_twin_of_other_semantics_through_an_alias_is_refused_by_verify_in_inference(
+    tmp_path, capsys, extra
+):
     lock = tmp_path / "L.toml"
     lock.write_text(sealed_lock(TWIN_ALIAS).dumps())
     code, _, err = run_cli(["verify", lock, "--mode", "inference", *extra], capsys)

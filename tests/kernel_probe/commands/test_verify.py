@@ -1,4 +1,5 @@
-"""kernel-probe verify: the machine against a lock, every slot resolved; exit codes, one clear message, never a traceback."""
+"""kernel-probe verify: the machine against a lock, every slot resolved; exit codes, one clear
+message, never a traceback."""
 
 from __future__ import annotations
 
@@ -39,7 +40,9 @@ def test_verify_mismatch_exit_3_json_lists_fields(tmp_path, capsys):
     assert code == 3
     data = json.loads(out)
     assert data["ok"] is False
-    assert data["differences"] == [{"field": "device-type", "expected": "rocm", "found": "cpu", "rule": "exact"}]
+    assert data["differences"] == [
+        {"field": "device-type", "expected": "rocm", "found": "cpu", "rule": "exact"}
+    ]
     code, out, err = run(["verify", str(p)], capsys)
     assert code == 3 and "device-type" in err and "Traceback" not in err
 
@@ -49,9 +52,21 @@ def test_verify_mismatch_exit_3_json_lists_fields(tmp_path, capsys):
     [
         ("not = = toml", 5, "not valid TOML"),
         (MINIMAL_LOCK.replace('"1.0"', '"3.0"'), 5, "not supported"),
-        (MINIMAL_LOCK.replace('target = "torch.nn.LayerNorm"', 'target = "os.system"'), 5, "allow-list"),
-        (MINIMAL_LOCK.replace("kwargs = { eps = 1e-6 }", "kwargs = { epsilon = 1e-6 }", 1), 5, "does not accept"),
-        (MINIMAL_LOCK.replace("[slots.Linear]", "[slots.Layernorm]"), 5, "did you mean 'LayerNorm'"),
+        (
+            MINIMAL_LOCK.replace('target = "torch.nn.LayerNorm"', 'target = "os.system"'),
+            5,
+            "allow-list",
+        ),
+        (
+            MINIMAL_LOCK.replace("kwargs = { eps = 1e-6 }", "kwargs = { epsilon = 1e-6 }", 1),
+            5,
+            "does not accept",
+        ),
+        (
+            MINIMAL_LOCK.replace("[slots.Linear]", "[slots.Layernorm]"),
+            5,
+            "did you mean 'LayerNorm'",
+        ),
     ],
 )
 def test_verify_bad_lock_exit_codes(tmp_path, capsys, content, code, words):
@@ -92,17 +107,23 @@ def test_no_traceback_from_real_process(tmp_path):
     p = tmp_path / "k.toml"
     p.write_text("[[[")
     proc = subprocess.run(
-        [sys.executable, "-m", "kernel_probe", "verify", str(p)], capture_output=True, text=True, cwd=ROOT
+        [sys.executable, "-m", "kernel_probe", "verify", str(p)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
     )
     assert proc.returncode == 5
     assert "Traceback" not in proc.stderr and "not valid TOML" in proc.stderr
     proc = subprocess.run(
-        [sys.executable, "-m", "kernel_probe", "verify", str(p), "--debug"], capture_output=True, text=True, cwd=ROOT
+        [sys.executable, "-m", "kernel_probe", "verify", str(p), "--debug"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
     )
     assert "Traceback" in proc.stderr  # --debug shows it
 
 
-# ---- verify: the slot's semantics, an empty or unknown environment (hostile input, issue 14) ---------------
+# ---- verify: the slot's semantics, an empty or unknown environment (hostile input, issue 14) -----
 @pytest.mark.parametrize(
     "slot,target,words",
     [
@@ -112,12 +133,13 @@ def test_no_traceback_from_real_process(tmp_path):
 )
 def test_verify_checks_the_class_against_the_slot(tmp_path, capsys, slot, target, words):
     default = {"LayerNorm": "torch.nn.LayerNorm", "Linear": "torch.nn.Linear"}[slot]
-    text = MINIMAL_LOCK.replace(f"[slots.{slot}]\nimplementation", f"[slots.{slot}]\nimplementation", 1)
+    text = MINIMAL_LOCK.replace(
+        f"[slots.{slot}]\nimplementation", f"[slots.{slot}]\nimplementation", 1
+    )
     head, _, tail = text.partition(f"[slots.{slot}]")
     tail = tail.replace(f'target = "{default}"', f'target = "{target}"', 1)
-    path = write_sealed(
-        tmp_path / "k.toml", head + f"[slots.{slot}]" + tail, check_targets=False
-    )  # rehash-ed: the digest is intact
+    # rehash-ed: the digest is intact
+    path = write_sealed(tmp_path / "k.toml", head + f"[slots.{slot}]" + tail, check_targets=False)
     code, _, err = run(["verify", path, "--strict"], capsys)
     assert code == 5 and words in err, err
 
@@ -133,7 +155,10 @@ def test_strict_refuses_an_empty_environment(tmp_path, capsys):
 def test_an_unknown_environment_field_is_reported_not_checked(tmp_path, capsys):
     text = edited_lock(
         **{
-            'device-type = { value = "cpu", match = "exact" }': 'device-type = { value = "cpu", match = "exact" }\nquantum-bits = { value = "42", match = "exact" }'
+            'device-type = { value = "cpu", match = "exact" }': (
+                'device-type = { value = "cpu", match = "exact" }\n'
+                'quantum-bits = { value = "42", match = "exact" }'
+            )
         }
     )
     path = write_sealed(tmp_path / "k.toml", text, check_targets=False)

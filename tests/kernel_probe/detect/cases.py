@@ -1,5 +1,6 @@
-"""What the detection tests share: simulated torch modules and machines, fake libraries that misbehave on
-import, and installed distributions written by hand (a dist-info with METADATA and RECORD)."""
+"""What the detection tests share: simulated torch modules and machines, fake libraries that
+misbehave on import, and installed distributions written by hand (a dist-info with METADATA and
+RECORD)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from types import SimpleNamespace
 
 
 def props(name, major=0, minor=0, *, gcn=None, memory=64 * 2**30, sms=110):
-    p = SimpleNamespace(name=name, major=major, minor=minor, total_memory=memory, multi_processor_count=sms)
+    p = SimpleNamespace(
+        name=name, major=major, minor=minor, total_memory=memory, multi_processor_count=sms
+    )
     if gcn is not None:
         p.gcnArchName = gcn
     return p
@@ -26,12 +29,16 @@ def fake_torch(*, cuda=None, hip=None, devices=(), arch_list=(), mps=False, xpu=
         is_available=lambda: bool(devices),
         device_count=lambda: len(devices),
         get_device_properties=(lambda i: devices[i]) if devices else no_cuda_init,
-        get_device_capability=(lambda i: (devices[i].major, devices[i].minor)) if devices else no_cuda_init,
+        get_device_capability=(lambda i: (devices[i].major, devices[i].minor))
+        if devices
+        else no_cuda_init,
         get_device_name=(lambda i: devices[i].name) if devices else no_cuda_init,
         get_arch_list=lambda: list(arch_list),
     )
     xpu_ns = SimpleNamespace(
-        is_available=lambda: bool(xpu), device_count=lambda: len(xpu), get_device_properties=lambda i: xpu[i]
+        is_available=lambda: bool(xpu),
+        device_count=lambda: len(xpu),
+        get_device_properties=lambda i: xpu[i],
     )
     return SimpleNamespace(
         __version__="2.6.0+fake",
@@ -43,7 +50,9 @@ def fake_torch(*, cuda=None, hip=None, devices=(), arch_list=(), mps=False, xpu=
 
 
 H100 = dict(
-    cuda="12.4", devices=[props("NVIDIA H100 80GB HBM3", 9, 0, sms=132)] * 4, arch_list=["sm_80", "sm_86", "sm_90"]
+    cuda="12.4",
+    devices=[props("NVIDIA H100 80GB HBM3", 9, 0, sms=132)] * 4,
+    arch_list=["sm_80", "sm_86", "sm_90"],
 )
 MI250X = dict(
     hip="6.2.41133-dd7f95766",
@@ -74,12 +83,15 @@ def write_fakes(root):
 def make_dist(root, name, version, files=(), summary=""):
     info = root / f"{name.replace('-', '_')}-{version}.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nSummary: {summary}\n")
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nSummary: {summary}\n"
+    )
     lines = []
     for rel, content in files:
         digest = base64.urlsafe_b64encode(hashlib.sha256(content).digest()).rstrip(b"=").decode()
         lines.append(f"{rel},sha256={digest},{len(content)}")
-    (info / "RECORD").write_text("".join(line + "\n" for line in lines))  # no files: an empty RECORD
+    # no files: an empty RECORD
+    (info / "RECORD").write_text("".join(line + "\n" for line in lines))
     return info
 
 

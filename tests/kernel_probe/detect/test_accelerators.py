@@ -1,5 +1,5 @@
-"""kernel_probe.detect.accelerators: every device as data (simulated machines, NVML, CUDA_VISIBLE_DEVICES),
-and whether torch's build carries code for a device."""
+"""kernel_probe.detect.accelerators: every device as data (simulated machines, NVML,
+CUDA_VISIBLE_DEVICES), and whether torch's build carries code for a device."""
 
 from __future__ import annotations
 
@@ -42,7 +42,10 @@ def test_simulated_machines_vendor_and_arch(machine, kind, vendor, arch, count):
     if vendor is not None:
         assert primary["vendor"] == vendor and {d["vendor"] for d in devices} == {vendor}
     else:  # the CPU vendor is this host's CPU vendor (archspec, else /proc/cpuinfo), never a GPU's
-        assert primary["vendor"] == fp_host.cpu_vendor() and primary["vendor"] not in ("nvidia", "apple")
+        assert primary["vendor"] == fp_host.cpu_vendor() and primary["vendor"] not in (
+            "nvidia",
+            "apple",
+        )
     fp = with_torch.current(torch, device=lambda _t: primary)
     assert fp["device-type"] == kind and fp["device-arch"] == arch
 
@@ -66,15 +69,22 @@ def test_mi250x_is_not_taken_for_hopper():
 
 def test_h100_details_and_coverage():
     torch = fake_torch(**H100)
-    devices = accelerators.detect_accelerators(torch, with_torch.device_facts(torch), nvml=lambda: None)
+    devices = accelerators.detect_accelerators(
+        torch, with_torch.device_facts(torch), nvml=lambda: None
+    )
     assert devices[0]["capability"] == [9, 0]
     assert devices[0]["multiprocessors"] == 132
     assert devices[0]["memory_bytes"] == 64 * 2**30
-    assert devices[0]["torch_build_covers"] == {"covered": True, "how": "sass", "detail": "torch ships SASS for sm_90"}
+    assert devices[0]["torch_build_covers"] == {
+        "covered": True,
+        "how": "sass",
+        "detail": "torch ships SASS for sm_90",
+    }
 
 
 def test_nvml_answers_without_touching_torch_cuda(monkeypatch):
-    """With NVML, neither device_facts nor the device list calls torch.cuda.get_device_properties."""
+    """With NVML, neither device_facts nor the device list calls
+    torch.cuda.get_device_properties."""
     listed = [
         {
             "index": 0,
@@ -138,14 +148,20 @@ def test_nvml_devices_follow_cuda_visible_devices(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", module)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bb,GPU-a")
     devices = REAL_NVML_DEVICES()
-    assert [(d["index"], d["nvml_index"], d["arch"]) for d in devices] == [(0, 1, "sm_90"), (1, 0, "sm_80")]
-    assert devices[0]["name"] == "NVIDIA H100 80GB HBM3" and devices[0]["memory_bytes"] == 80 * 2**30
+    assert [(d["index"], d["nvml_index"], d["arch"]) for d in devices] == [
+        (0, 1, "sm_90"),
+        (1, 0, "sm_80"),
+    ]
+    assert (
+        devices[0]["name"] == "NVIDIA H100 80GB HBM3" and devices[0]["memory_bytes"] == 80 * 2**30
+    )
     assert devices[0]["driver"] == "550.54.15" and devices[0]["cuda_driver"] == "12.4"
     assert calls == ["init", "shutdown"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert REAL_NVML_DEVICES() is None  # nothing visible: let torch answer (it will say: no GPU)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bb,0")
-    assert REAL_NVML_DEVICES() is None  # UUIDs and ordinals mixed: not read with certainty, torch answers
+    # UUIDs and ordinals mixed: not read with certainty, torch answers
+    assert REAL_NVML_DEVICES() is None
 
 
 def test_nvml_failures_are_not_errors(monkeypatch):
@@ -158,11 +174,21 @@ def test_nvml_failures_are_not_errors(monkeypatch):
 
 def test_xpu_machine():
     torch = fake_torch(
-        xpu=[SimpleNamespace(name="Intel(R) Data Center GPU Max 1550", driver_version="1.3", total_memory=128 * 2**30)]
+        xpu=[
+            SimpleNamespace(
+                name="Intel(R) Data Center GPU Max 1550",
+                driver_version="1.3",
+                total_memory=128 * 2**30,
+            )
+        ]
     )
     primary = with_torch.device_facts(torch)
     devices = accelerators.detect_accelerators(torch, primary, nvml=lambda: None)
-    assert primary["vendor"] == "intel" and devices[0]["type"] == "xpu" and devices[0]["driver"] == "1.3"
+    assert (
+        primary["vendor"] == "intel"
+        and devices[0]["type"] == "xpu"
+        and devices[0]["driver"] == "1.3"
+    )
 
 
 @pytest.mark.parametrize(
@@ -175,7 +201,12 @@ def test_xpu_machine():
         ("sm_120", ["sm_90", "sm_100", "compute_100"], True, "ptx-jit"),
         ("sm_90", ["sm_70", "sm_80"], False, "none"),
         ("sm_80", ["sm_90"], False, "none"),
-        ("sm_100", ["sm_90a", "compute_90a"], False, "none"),  # arch-specific code never carries over
+        (
+            "sm_100",
+            ["sm_90a", "compute_90a"],
+            False,
+            "none",
+        ),  # arch-specific code never carries over
         ("sm_75", ["sm_80", "compute_80"], False, "none"),  # PTX of a newer arch cannot JIT down
         ("gfx90a", ["gfx90a", "gfx942"], True, "code-object"),
         ("gfx90a", ["gfx90a:xnack-"], True, "code-object"),
@@ -221,10 +252,16 @@ def _raises():
 @pytest.mark.parametrize(
     "torch, expected",
     [
-        (SimpleNamespace(cuda=SimpleNamespace(get_arch_list=lambda: ["sm_80", "sm_90"])), ["sm_80", "sm_90"]),
+        (
+            SimpleNamespace(cuda=SimpleNamespace(get_arch_list=lambda: ["sm_80", "sm_90"])),
+            ["sm_80", "sm_90"],
+        ),
         (SimpleNamespace(cuda=SimpleNamespace(get_arch_list=lambda: ("gfx90a",))), ["gfx90a"]),
         (SimpleNamespace(cuda=SimpleNamespace(get_arch_list=lambda: [])), []),
-        (SimpleNamespace(cuda=SimpleNamespace(get_arch_list=_raises)), []),  # a broken build: unknown
+        (
+            SimpleNamespace(cuda=SimpleNamespace(get_arch_list=_raises)),
+            [],
+        ),  # a broken build: unknown
         (SimpleNamespace(cuda=SimpleNamespace()), []),  # an old torch without the call
         (SimpleNamespace(), []),
     ],
@@ -237,9 +274,24 @@ def test_torch_arch_list(torch, expected):
     "device, arch_list, how, detail",
     [
         ("sm_86", ["sm_80", "sm_86"], "sass", "torch ships SASS for sm_86"),
-        ("sm_89", ["sm_80", "sm_86", "sm_90"], "binary-compatible", "runs sm_86 SASS (same major, older minor)"),
-        ("sm_90", ["compute_70", "compute_80", "sm_75"], "ptx-jit", "covered via PTX JIT from compute_80"),
-        ("sm_90", ["sm_90-future", "sm_80"], "none", "torch was built for sm_90-future, sm_80, not sm_90"),
+        (
+            "sm_89",
+            ["sm_80", "sm_86", "sm_90"],
+            "binary-compatible",
+            "runs sm_86 SASS (same major, older minor)",
+        ),
+        (
+            "sm_90",
+            ["compute_70", "compute_80", "sm_75"],
+            "ptx-jit",
+            "covered via PTX JIT from compute_80",
+        ),
+        (
+            "sm_90",
+            ["sm_90-future", "sm_80"],
+            "none",
+            "torch was built for sm_90-future, sm_80, not sm_90",
+        ),
         ("sm_90", ["sm_80"], "none", "no kernel image is available"),
         ("gfx942", ["gfx90a"], "none", "'HIP error: invalid device function'"),
         ("compute_90", ["sm_90"], "unknown", "unrecognised device arch 'compute_90'"),

@@ -23,11 +23,26 @@ GRAVITON3 = "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp bf1
         (COOPER, {}, (True, "AVX-512 BF16"), (False, "")),
         (SAPPHIRE, {}, (True, "AMX BF16"), (True, "AVX-512 FP16")),
         (GRAVITON3, {}, (True, "ARM BF16"), (True, "ARM FP16")),
-        (SAPPHIRE, {"ONEDNN_MAX_CPU_ISA": "AVX2"}, (False, ""), (False, "")),  # oneDNN kept below the path
+        (
+            SAPPHIRE,
+            {"ONEDNN_MAX_CPU_ISA": "AVX2"},
+            (False, ""),
+            (False, ""),
+        ),  # oneDNN kept below the path
         (SAPPHIRE, {"ONEDNN_MAX_CPU_ISA": "avx512_core_bf16"}, (True, "AVX-512 BF16"), (False, "")),
-        (SAPPHIRE, {"DNNL_MAX_CPU_ISA": "AVX512_CORE_AMX"}, (True, "AMX BF16"), (True, "AVX-512 FP16")),
+        (
+            SAPPHIRE,
+            {"DNNL_MAX_CPU_ISA": "AVX512_CORE_AMX"},
+            (True, "AMX BF16"),
+            (True, "AVX-512 FP16"),
+        ),
         (SAPPHIRE, {"ONEDNN_MAX_CPU_ISA": "ALL"}, (True, "AMX BF16"), (True, "AVX-512 FP16")),
-        (GRAVITON3, {"ONEDNN_MAX_CPU_ISA": "AVX2"}, (True, "ARM BF16"), (True, "ARM FP16")),  # an x86 ceiling
+        (
+            GRAVITON3,
+            {"ONEDNN_MAX_CPU_ISA": "AVX2"},
+            (True, "ARM BF16"),
+            (True, "ARM FP16"),
+        ),  # an x86 ceiling
     ],
 )
 def test_native_or_emulated_by_flags_and_onednn_ceiling(flags, env, bf16, fp16):
@@ -58,7 +73,9 @@ def test_unreadable_flags_are_unknown_not_emulated(monkeypatch):
 def test_the_warning_is_for_an_emulated_dtype_only():
     emulated = cpumath.matmul(AVX2_ONLY.split(), {})
     line = cpumath.emulated_warning("bfloat16", emulated)
-    assert line is not None and line.startswith("bfloat16 matmul is emulated on this CPU (the CPU has none of ")
+    assert line is not None and line.startswith(
+        "bfloat16 matmul is emulated on this CPU (the CPU has none of "
+    )
     assert cpumath.describe(emulated["bfloat16"]).startswith("emulated: ")
     native = cpumath.matmul(SAPPHIRE.split(), {})
     assert cpumath.emulated_warning("bfloat16", native) is None

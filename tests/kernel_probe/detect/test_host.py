@@ -1,4 +1,5 @@
-"""kernel_probe.detect.host: OS, Python, CPU model and memory; the driver version read from /proc."""
+"""kernel_probe.detect.host: OS, Python, CPU model and memory; the driver version read from
+/proc."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from kernel_probe.detect import host
 
 def test_driver_version_from_proc_file(tmp_path, monkeypatch):
     f = tmp_path / "version"
-    f.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  Release Build\n")
+    f.write_text(
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  Release Build\n"
+    )
     monkeypatch.setitem(fp_host.DRIVER_FILES, "cuda", (str(f), fp_host.DRIVER_FILES["cuda"][1]))
     assert fp_host.driver_version("cuda") == "550.54.15"
     rocm_pattern = fp_host.DRIVER_FILES["rocm"][1]
@@ -32,15 +35,30 @@ def _arch(name, vendor, generic):
     [
         (
             _arch("zen3", "AuthenticAMD", "x86_64_v3"),
-            {"microarch": "zen3", "generic": "x86_64_v3", "vendor": "AuthenticAMD", "model_known": True},
+            {
+                "microarch": "zen3",
+                "generic": "x86_64_v3",
+                "vendor": "AuthenticAMD",
+                "model_known": True,
+            },
         ),
         (
             _arch("neoverse_v2", "ARM", "armv9.0a"),
-            {"microarch": "neoverse_v2", "generic": "armv9.0a", "vendor": "ARM", "model_known": True},
+            {
+                "microarch": "neoverse_v2",
+                "generic": "armv9.0a",
+                "vendor": "ARM",
+                "model_known": True,
+            },
         ),
         (
             _arch("x86_64_v4", "generic", "x86_64_v4"),
-            {"microarch": "x86_64_v4", "generic": "x86_64_v4", "vendor": "generic", "model_known": False},
+            {
+                "microarch": "x86_64_v4",
+                "generic": "x86_64_v4",
+                "vendor": "generic",
+                "model_known": False,
+            },
         ),
         (None, {"microarch": "unknown", "generic": None, "vendor": None, "model_known": False}),
     ],
@@ -60,7 +78,12 @@ def test_host_on_this_machine():
 
 def test_cpu_model_takes_a_generic_level_given_as_a_name():
     cpu = SimpleNamespace(name="power9le", vendor="IBM", generic="ppc64le")
-    assert host.cpu_model(cpu) == {"microarch": "power9le", "generic": "ppc64le", "vendor": "IBM", "model_known": True}
+    assert host.cpu_model(cpu) == {
+        "microarch": "power9le",
+        "generic": "ppc64le",
+        "vendor": "IBM",
+        "model_known": True,
+    }
     no_generic = SimpleNamespace(name="a64fx", vendor="Fujitsu", generic=None)
     assert host.cpu_model(no_generic)["generic"] is None
 
@@ -72,7 +95,11 @@ def test_cpu_model_takes_a_generic_level_given_as_a_name():
         (
             {"MemTotal": 512 * 2**30, "MemAvailable": 400 * 2**30},
             None,
-            {"total_bytes": 512 * 2**30, "available_bytes": 400 * 2**30, "cgroup_limit_bytes": None},
+            {
+                "total_bytes": 512 * 2**30,
+                "available_bytes": 400 * 2**30,
+                "cgroup_limit_bytes": None,
+            },
         ),
         (
             {"MemTotal": 512 * 2**30},
@@ -98,7 +125,11 @@ def test_memory_without_proc_meminfo_asks_sysconf(monkeypatch):
         raise ValueError("unrecognized configuration name")
 
     monkeypatch.setattr(host.os, "sysconf", unsupported)
-    assert host.memory() == {"total_bytes": None, "available_bytes": None, "cgroup_limit_bytes": None}
+    assert host.memory() == {
+        "total_bytes": None,
+        "available_bytes": None,
+        "cgroup_limit_bytes": None,
+    }
 
 
 def test_detect_host_shape(monkeypatch):
@@ -107,5 +138,6 @@ def test_detect_host_shape(monkeypatch):
     assert list(h) == ["os", "python", "cpu", "memory"]
     assert h["python"]["virtualenv"] is (sys.prefix != sys.base_prefix)
     assert h["python"]["executable"] == sys.executable
-    assert h["cpu"]["microarch"] == "unknown" and h["cpu"]["model_known"] is False  # no archspec answer
+    # no archspec answer
+    assert h["cpu"]["microarch"] == "unknown" and h["cpu"]["model_known"] is False
     assert h["os"]["platform"] == sys.platform

@@ -1,5 +1,5 @@
-"""kernel_probe.detect.importcache: an import check's clean answer is kept per installation and node,
-reused (and said to be) while nothing it depends on changed, and asked again otherwise.
+"""kernel_probe.detect.importcache: an import check's clean answer is kept per installation and
+node, reused (and said to be) while nothing it depends on changed, and asked again otherwise.
 
 Each test that asks starts a child (a second or less); a reused answer starts none."""
 
@@ -20,7 +20,10 @@ from kernel_probe.isolation import child as child_mod
 def lib(tmp_path):
     """A clean library (imports, prints nothing) and one that raises, in a folder of their own."""
     root = tmp_path / "libs"
-    for name, source in {"fake_clean": "value = 1\n", "fake_raise": "raise RuntimeError('no GPU')\n"}.items():
+    for name, source in {
+        "fake_clean": "value = 1\n",
+        "fake_raise": "raise RuntimeError('no GPU')\n",
+    }.items():
         (root / name).mkdir(parents=True)
         (root / name / "__init__.py").write_text(source)
     return root
@@ -51,7 +54,8 @@ def test_a_clean_answer_is_reused_and_says_so(lib, tmp_path, children):
     again = _check("fake_clean", lib, ImportCache(tmp_path / "cache"))
     assert len(children) == 1, "the kept answer was not reused"
     assert again["status"] == "ok" and again["file"] == first["file"]
-    assert time.strptime(again["cached"], "%Y-%m-%dT%H:%M:%SZ")  # when it was asked, not a fresh check
+    # when it was asked, not a fresh check
+    assert time.strptime(again["cached"], "%Y-%m-%dT%H:%M:%SZ")
     folder = tmp_path / "cache" / "imports"
     assert oct(os.stat(folder).st_mode & 0o777) == "0o700"
     assert [oct(os.stat(f).st_mode & 0o777) for f in folder.iterdir()] == ["0o600"]
@@ -83,9 +87,18 @@ def test_a_newly_installed_package_on_the_path_is_asked_again(lib, tmp_path, chi
 def test_a_variable_that_steers_devices_changes_the_key(lib, tmp_path, children):
     request = importcheck.ImportRequest(module="fake_clean")
     key = importcache.cache_key(request, child_source="x", extra_paths=[str(lib)], env={})
-    assert key == importcache.cache_key(request, child_source="x", extra_paths=[str(lib)], env={"HOME": "/x"})
-    for var in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "TRITON_INTERPRET"):
-        other = importcache.cache_key(request, child_source="x", extra_paths=[str(lib)], env={var: "1"})
+    assert key == importcache.cache_key(
+        request, child_source="x", extra_paths=[str(lib)], env={"HOME": "/x"}
+    )
+    for var in (
+        "CUDA_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "LD_LIBRARY_PATH",
+        "TRITON_INTERPRET",
+    ):
+        other = importcache.cache_key(
+            request, child_source="x", extra_paths=[str(lib)], env={var: "1"}
+        )
         assert other != key, var
     assert importcache.cache_key(request, child_source="y", extra_paths=[str(lib)], env={}) != key
 
@@ -100,17 +113,24 @@ def test_fresh_asks_again_and_keeps_the_new_answer(lib, tmp_path, children):
 
 def test_what_printed_or_crashed_is_never_kept(fakes, tmp_path, children):
     for module in ("fake_print", "fake_exit"):
-        importcheck.check_import(module, timeout=30, extra_paths=[str(fakes)], cache=ImportCache(tmp_path / "c"))
-        importcheck.check_import(module, timeout=30, extra_paths=[str(fakes)], cache=ImportCache(tmp_path / "c"))
+        importcheck.check_import(
+            module, timeout=30, extra_paths=[str(fakes)], cache=ImportCache(tmp_path / "c")
+        )
+        importcheck.check_import(
+            module, timeout=30, extra_paths=[str(fakes)], cache=ImportCache(tmp_path / "c")
+        )
     assert len(children) == 4
     assert list((tmp_path / "c" / "imports").iterdir()) == []
 
 
 def _kept(tmp_path):
-    """A cache holding one clean answer under a made-up key, written by ImportCache.store (no child)."""
+    """A cache holding one clean answer under a made-up key, written by ImportCache.store (no
+    child)."""
     cache = ImportCache(tmp_path / "c")
     reply = {"ok": True, "file": "/x/fake/__init__.py", "version": "1.0", "seconds": 0.5}
-    cache.store("k" * 64, child_mod.ChildResult(status="ok", value=reply, returncode=0, seconds=0.7))
+    cache.store(
+        "k" * 64, child_mod.ChildResult(status="ok", value=reply, returncode=0, seconds=0.7)
+    )
     return cache
 
 
@@ -126,12 +146,25 @@ def _kept(tmp_path):
         lambda e: json.dumps({**e, "format": "kernel-probe-import-cache/0"}),
         lambda e: json.dumps({**e, "extra": True}),
     ],
-    ids=["not-json", "bad-reply", "bad-time", "too-old", "future", "other-key", "old-format", "unknown-key"],
+    ids=[
+        "not-json",
+        "bad-reply",
+        "bad-time",
+        "too-old",
+        "future",
+        "other-key",
+        "old-format",
+        "unknown-key",
+    ],
 )
 def test_a_damaged_or_stale_answer_is_not_believed(tmp_path, damage):
     cache = _kept(tmp_path)
     found = cache.load("k" * 64)
-    assert found is not None and found[0].value["file"] == "/x/fake/__init__.py" and found[0].seconds == 0.7
+    assert (
+        found is not None
+        and found[0].value["file"] == "/x/fake/__init__.py"
+        and found[0].seconds == 0.7
+    )
     [kept] = (tmp_path / "c" / "imports").iterdir()
     kept.write_text(damage(json.loads(kept.read_text())))
     assert cache.load("k" * 64) is None
@@ -163,12 +196,22 @@ def test_env_reports_the_cache_and_reuses_it(lib, tmp_path, children, monkeypatc
     from kernel_probe.detect import report
     from kernel_probe.detect.libraries import KnownLibrary
 
-    monkeypatch.setattr(report.triton_info, "import_request", lambda *_a, **_k: None)  # libraries only
-    table = [KnownLibrary(name="fake", distributions=("fake-clean",), module="fake_clean", check="fake_clean")]
+    # libraries only
+    monkeypatch.setattr(report.triton_info, "import_request", lambda *_a, **_k: None)
+    table = [
+        KnownLibrary(
+            name="fake", distributions=("fake-clean",), module="fake_clean", check="fake_clean"
+        )
+    ]
     first = report.detect(table=table, extra_paths=[str(lib)], cache=ImportCache(tmp_path / "c"))
     second = report.detect(table=table, extra_paths=[str(lib)], cache=ImportCache(tmp_path / "c"))
     assert len(children) == 1
-    assert first["import_checks"]["cache"] == {"folder": str(tmp_path / "c"), "read": True, "reused": 0, "on": True}
+    assert first["import_checks"]["cache"] == {
+        "folder": str(tmp_path / "c"),
+        "read": True,
+        "reused": 0,
+        "on": True,
+    }
     assert second["import_checks"]["cache"]["reused"] == 1
     assert "cached" not in first["libraries"]["fake"]["import"]
     assert second["libraries"]["fake"]["import"]["cached"]

@@ -1,4 +1,5 @@
-"""kernel_probe.detect.importcheck: a module imported in a child process; what came back, classified.
+"""kernel_probe.detect.importcheck: a module imported in a child process; what came back,
+classified.
 
 The tests that import a fake library start a child each (a second or less); the ones that wait for a
 timeout are slow."""
@@ -27,7 +28,8 @@ def test_check_import_classifies_fakes(fakes, module, status, reason_has):
     result = importcheck.check_import(module, timeout=30, extra_paths=[str(fakes)])
     assert result["status"] == status
     assert reason_has in result["reason"]
-    assert 0 < result["seconds"] < 30  # a child ran (the checker's own failure says 0.0), within the timeout
+    # a child ran (the checker's own failure says 0.0), within the timeout
+    assert 0 < result["seconds"] < 30
 
 
 def test_check_import_reports_where_it_crashed_and_raised(fakes):
@@ -63,8 +65,24 @@ def test_check_import_ignores_the_working_directory(fakes, monkeypatch):
         (0, {"ok": True, "seconds": 0.1}, "", "", False, "ok", "imported"),
         (0, {"ok": True, "seconds": 0.1}, "noise\n", "", False, "ok", "imported"),
         (1, None, "", "Traceback...\nSystemExit: 1\n", False, "crashed", "exited with code 1"),
-        (0, {"ok": False, "type": "OSError", "message": "bad .so"}, "", "", False, "error", "OSError: bad .so"),
-        (-11, None, "", "Fatal Python error: Segmentation fault\n", False, "crashed", "SIGSEGV during import"),
+        (
+            0,
+            {"ok": False, "type": "OSError", "message": "bad .so"},
+            "",
+            "",
+            False,
+            "error",
+            "OSError: bad .so",
+        ),
+        (
+            -11,
+            None,
+            "",
+            "Fatal Python error: Segmentation fault\n",
+            False,
+            "crashed",
+            "SIGSEGV during import",
+        ),
         (-6, {"ok": True}, "", "", False, "crashed", "at interpreter exit"),
         (None, None, "", "", True, "timeout", "did not finish"),
         (0, None, "", "", False, "error", "no result"),
@@ -99,7 +117,14 @@ def _child(status="ok", value=None, **kw):
     "child, expected",
     [
         (  # what the module is, kept with the verdict
-            _child(value={"ok": True, "seconds": 0.1234, "file": "/x/lib/__init__.py", "version": "1.2"}),
+            _child(
+                value={
+                    "ok": True,
+                    "seconds": 0.1234,
+                    "file": "/x/lib/__init__.py",
+                    "version": "1.2",
+                }
+            ),
             {
                 "status": "ok",
                 "reason": "imported",
@@ -110,7 +135,9 @@ def _child(status="ok", value=None, **kw):
             },
         ),
         (  # Triton's target, or why it could not be read
-            _child(value={"ok": True, "target": {"backend": "hip", "arch": "gfx90a", "warp_size": 64}}),
+            _child(
+                value={"ok": True, "target": {"backend": "hip", "arch": "gfx90a", "warp_size": 64}}
+            ),
             {
                 "status": "ok",
                 "reason": "imported",
@@ -131,11 +158,21 @@ def _child(status="ok", value=None, **kw):
         ),
         (  # imported, then the interpreter exited badly: still ok, and said
             _child(value={"ok": True}, returncode=3, stderr="warning at exit\n"),
-            {"status": "ok", "reason": "imported, then exited with code 3", "seconds": 0.25, "import_seconds": 0.0},
+            {
+                "status": "ok",
+                "reason": "imported, then exited with code 3",
+                "seconds": 0.25,
+                "import_seconds": 0.0,
+            },
         ),
         (  # the import raised: where, and the child's stderr kept
             _child(
-                value={"ok": False, "type": "ImportError", "message": "no .so", "where": "/x/a.py:3"},
+                value={
+                    "ok": False,
+                    "type": "ImportError",
+                    "message": "no .so",
+                    "where": "/x/a.py:3",
+                },
                 stderr="log line\n",
             ),
             {
@@ -152,12 +189,18 @@ def _child(status="ok", value=None, **kw):
             {"status": "error", "reason": "Exception: odd", "seconds": 0.25, "import_seconds": 0.0},
         ),
         (  # the interpreter could not be started at all
-            _child("crashed", reason="cannot run /no/python: ENOENT", returncode=None, started=False),
+            _child(
+                "crashed", reason="cannot run /no/python: ENOENT", returncode=None, started=False
+            ),
             {"status": "error", "reason": "cannot run /no/python: ENOENT", "seconds": 0.25},
         ),
         (  # the child's own function raised: the checker's bug, reported as such
             _child("error", reason="KeyError: 'module'"),
-            {"status": "error", "reason": "the child wrote no result: KeyError: 'module'", "seconds": 0.25},
+            {
+                "status": "error",
+                "reason": "the child wrote no result: KeyError: 'module'",
+                "seconds": 0.25,
+            },
         ),
         (  # a signal this platform does not name
             _child("crashed", returncode=-200),
@@ -191,7 +234,9 @@ def test_classify_keeps_what_the_child_said(child, expected):
 
 
 def test_classify_clips_what_a_library_prints():
-    out = importcheck.classify(_child(value={"ok": False}, stdout="x" * 10_000, stderr="y" * 10_000), timeout=5)
+    out = importcheck.classify(
+        _child(value={"ok": False}, stdout="x" * 10_000, stderr="y" * 10_000), timeout=5
+    )
     assert 0 < len(out["stdout"]) < 2100 and 0 < len(out["stderr"]) < 4100
 
 
@@ -228,14 +273,17 @@ def test_the_checks_have_started_when_the_constructor_returns(fakes):
         timeout=120,
         extra_paths=[str(fakes)],
     )
-    try:  # the parent's own work (importing torch) comes after this: it cannot hold back a child's start
+    # the parent's own work (importing torch) comes after this: it cannot hold back a child's start
+    try:
         assert len(checks._procs) == many and all(p.poll() is None for p in checks._procs)
     finally:
         checks.cancel()
         checks.results()
 
 
-def test_with_fresh_the_cache_key_is_worked_out_once_the_child_runs(fakes, tmp_path_factory, monkeypatch):
+def test_with_fresh_the_cache_key_is_worked_out_once_the_child_runs(
+    fakes, tmp_path_factory, monkeypatch
+):
     from kernel_probe.detect import importcache
 
     order = []
@@ -245,18 +293,25 @@ def test_with_fresh_the_cache_key_is_worked_out_once_the_child_runs(fakes, tmp_p
         return real_run(*a, started=lambda proc: (order.append("started"), started(proc)), **k)
 
     monkeypatch.setattr(importcheck, "run_function", run)
-    monkeypatch.setattr(importcache, "cache_key", lambda *a, **k: (order.append("key"), real_key(*a, **k))[1])
+    monkeypatch.setattr(
+        importcache, "cache_key", lambda *a, **k: (order.append("key"), real_key(*a, **k))[1]
+    )
     folder = tmp_path_factory.mktemp("cache")  # not in the fakes' folder, whose time is in the key
     cache = importcache.ImportCache(folder, read=False)
     importcheck.check_import("fake_raise", timeout=30, extra_paths=[str(fakes)], cache=cache)
     assert order == ["started", "key"]  # --fresh: nothing to look up, so nothing before the start
     order.clear()
-    again = importcheck.check_import("fake_raise", timeout=30, extra_paths=[str(fakes)], cache=ImportCache(folder))
-    assert order == ["key"] and again["cached"]  # a read needs the key first: kept under the same one
+    again = importcheck.check_import(
+        "fake_raise", timeout=30, extra_paths=[str(fakes)], cache=ImportCache(folder)
+    )
+    # a read needs the key first: kept under the same one
+    assert order == ["key"] and again["cached"]
 
 
-# ---- timeouts scaled to the machine's load, and a note when one comes close (issue 37) -------------------
-@pytest.mark.parametrize("load,expected", [(0.0, 20.0), (0.5, 20.0), (1.0, 20.0), (3.0, 60.0), (100.0, 120.0)])
+# ---- timeouts scaled to the machine's load, and a note when one comes close (issue 37) -----------
+@pytest.mark.parametrize(
+    "load,expected", [(0.0, 20.0), (0.5, 20.0), (1.0, 20.0), (3.0, 60.0), (100.0, 120.0)]
+)
 def test_the_default_timeout_is_scaled_by_the_load_per_core(load, expected):
     from kernel_probe.detect.importcheck import scaled_timeout
 
@@ -272,7 +327,9 @@ def test_an_import_that_came_close_to_its_timeout_is_named():
         "apex": {"status": "timeout", "seconds": 20.0},
     }
     notes = close_calls(results, 20.0)
-    assert len(notes) == 2 and notes[0].startswith("liger-kernel: the import check took 19.0 s of its 20 s timeout")
+    assert len(notes) == 2 and notes[0].startswith(
+        "liger-kernel: the import check took 19.0 s of its 20 s timeout"
+    )
     assert "timed out after 20.0 s" in notes[1] and "--timeout" in notes[1]
 
 
@@ -283,6 +340,11 @@ def test_env_reports_the_scaled_timeout_and_the_load(monkeypatch):
     monkeypatch.setattr(importcheck, "load_per_core", lambda: 2.5)
     monkeypatch.setattr(env_report, "load_per_core", lambda: 2.5)
     monkeypatch.setattr(env_report, "scaled_timeout", lambda: importcheck.scaled_timeout(load=2.5))
-    monkeypatch.setattr(env_report.triton_info, "import_request", lambda *_a, **_k: None)  # no child: the timeout only
+    # no child: the timeout only
+    monkeypatch.setattr(env_report.triton_info, "import_request", lambda *_a, **_k: None)
     checks = env_report.detect(import_checks=True, table=())["import_checks"]
-    assert checks["timeout"] == 50.0 and checks["load_per_core"] == 2.5 and isinstance(checks["notes"], list)
+    assert (
+        checks["timeout"] == 50.0
+        and checks["load_per_core"] == 2.5
+        and isinstance(checks["notes"], list)
+    )

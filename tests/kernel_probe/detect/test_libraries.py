@@ -1,4 +1,5 @@
-"""kernel_probe.detect.libraries: the known libraries, located from metadata and files, their variants told apart."""
+"""kernel_probe.detect.libraries: the known libraries, located from metadata and files, their
+variants told apart."""
 
 from __future__ import annotations
 
@@ -33,7 +34,11 @@ def test_pypi_apex_is_not_nvidia_apex(tmp_path):
 
 
 def test_nvidia_apex_is_recognised_by_its_module(tmp_path):
-    write_pkg(tmp_path, "apex", {"__init__.py": "", "normalization/__init__.py": "class FusedLayerNorm: pass\n"})
+    write_pkg(
+        tmp_path,
+        "apex",
+        {"__init__.py": "", "normalization/__init__.py": "class FusedLayerNorm: pass\n"},
+    )
     make_dist(tmp_path, "apex", "0.1")
     located = libraries.locate(APEX, [str(tmp_path)])
     assert located.variant.key == "nvidia"
@@ -47,7 +52,10 @@ def test_nvidia_apex_is_recognised_by_its_module(tmp_path):
 @pytest.mark.parametrize(
     "files, variant",
     [
-        ({"__init__.py": "# This file was modified for portability to AMDGPU\nimport os\n"}, "rocm-fork"),
+        (
+            {"__init__.py": "# This file was modified for portability to AMDGPU\nimport os\n"},
+            "rocm-fork",
+        ),
         ({"__init__.py": "", "_rocm_init.py": ""}, "rocm-fork"),
         ({"__init__.py": "# Copyright (c) NVIDIA CORPORATION\n"}, "nvidia"),
     ],
@@ -56,21 +64,35 @@ def test_transformer_engine_variant(tmp_path, files, variant):
     write_pkg(tmp_path, "transformer_engine", files)
     make_dist(tmp_path, "transformer-engine", "2.4.0")
     located = libraries.locate(TE, [str(tmp_path)])
-    assert located.variant.key == variant and located.distributions == {"transformer-engine": "2.4.0"}
+    assert located.variant.key == variant and located.distributions == {
+        "transformer-engine": "2.4.0"
+    }
 
 
 def test_distribution_without_module_is_not_installed(tmp_path):
     make_dist(tmp_path, "quack-kernels", "0.6.5")
-    lib = KnownLibrary("quack-kernels", ("quack-kernels",), "quack_not_here_module", "quack_not_here_module")
+    lib = KnownLibrary(
+        "quack-kernels", ("quack-kernels",), "quack_not_here_module", "quack_not_here_module"
+    )
     entry = libraries.report(libraries.locate(lib, [str(tmp_path)]), None)
     assert not entry["installed"] and entry["version"] == "0.6.5"
-    assert entry["import"]["status"] == "not-installed" and "quack-kernels is installed" in entry["import"]["reason"]
+    assert (
+        entry["import"]["status"] == "not-installed"
+        and "quack-kernels is installed" in entry["import"]["reason"]
+    )
 
 
 def test_known_libraries_table_is_well_formed():
     names = [lib.name for lib in libraries.known_libraries()]
     assert len(names) == len(set(names))
-    assert {"liger-kernel", "transformer-engine", "apex", "flash-attn", "quack-kernels", "kernels"} <= set(names)
+    assert {
+        "liger-kernel",
+        "transformer-engine",
+        "apex",
+        "flash-attn",
+        "quack-kernels",
+        "kernels",
+    } <= set(names)
     for lib in libraries.known_libraries():
         assert lib.check == lib.module or lib.check.startswith(lib.module + ".")
         if lib.variants:  # the last variant is the default, every other one has a marker
@@ -94,7 +116,11 @@ def test_read_libraries_reads_every_key():
                     "check": "apex.normalization",
                     "about": "NVIDIA apex",
                     "variant": [
-                        {"key": "nvidia", "label": "NVIDIA apex", "has-any": "normalization/__init__.py"},
+                        {
+                            "key": "nvidia",
+                            "label": "NVIDIA apex",
+                            "has-any": "normalization/__init__.py",
+                        },
                         {"key": "rocm", "label": "ROCm apex", "text-in": [["__init__.py", "ROCm"]]},
                         {"key": "other", "label": "not apex", "usable": False},
                     ],
@@ -132,8 +158,16 @@ LIB = {"name": "x", "module": "x", "check": "x"}
         ({"name": "x", "module": "x"}, "library[0].check", "required key is missing"),
         ({**LIB, "distributions": "x"}, None, None),  # a lone string is a list of one: no error
         ({**LIB, "distributions": [1]}, "library[0].distributions[0]", "expected string, got int"),
-        ({**LIB, "variant": [{"key": "k"}]}, "library[0].variant[0].label", "required key is missing"),
-        ({**LIB, "variant": [{"key": "k", "label": "l", "hasany": []}]}, "library[0].variant[0].hasany", "unknown"),
+        (
+            {**LIB, "variant": [{"key": "k"}]},
+            "library[0].variant[0].label",
+            "required key is missing",
+        ),
+        (
+            {**LIB, "variant": [{"key": "k", "label": "l", "hasany": []}]},
+            "library[0].variant[0].hasany",
+            "unknown",
+        ),
         (
             {**LIB, "variant": [{"key": "k", "label": "l", "text-in": [["only-a-file"]]}]},
             "library[0].variant[0].text-in",
@@ -193,8 +227,12 @@ def test_recognise_a_single_module_file_only_by_default(tmp_path):
 def test_module_location_prefers_the_extra_paths(tmp_path):
     write_pkg(tmp_path, "kp_detect_probe_pkg", {"__init__.py": ""})
     (tmp_path / "kp_detect_probe_mod.py").write_text("")
-    assert libraries.module_location("kp_detect_probe_pkg", [str(tmp_path)]) == str(tmp_path / "kp_detect_probe_pkg")
-    assert libraries.module_location("kp_detect_probe_mod", [str(tmp_path)]) == str(tmp_path / "kp_detect_probe_mod.py")
+    assert libraries.module_location("kp_detect_probe_pkg", [str(tmp_path)]) == str(
+        tmp_path / "kp_detect_probe_pkg"
+    )
+    assert libraries.module_location("kp_detect_probe_mod", [str(tmp_path)]) == str(
+        tmp_path / "kp_detect_probe_mod.py"
+    )
     assert libraries.module_location("kp_detect_probe_pkg") is None  # not on sys.path
     assert libraries.module_location("json").endswith("json")  # the normal finders otherwise
 
@@ -227,22 +265,38 @@ def test_report_takes_the_import_check_as_it_came():
     assert entry["import"] == imported and entry["import"] is not imported
     assert (entry["distribution"], entry["version"]) == ("a", "1.2")  # the preferred one
     assert entry["distributions"] == {"a": "1.2", "a-cu12": "1.3"}
-    assert (entry["check_module"], entry["location"], entry["variant"]) == ("a.ops", "/site/a", None)
+    assert (entry["check_module"], entry["location"], entry["variant"]) == (
+        "a.ops",
+        "/site/a",
+        None,
+    )
 
 
 def test_report_of_a_library_not_installed_at_all():
     entry = libraries.report(_located("z", installed=False), None)
-    assert entry["installed"] is False and entry["version"] is None and entry["distribution"] is None
-    assert entry["import"] == {"status": "not-installed", "reason": "module not found", "seconds": None}
+    assert (
+        entry["installed"] is False and entry["version"] is None and entry["distribution"] is None
+    )
+    assert entry["import"] == {
+        "status": "not-installed",
+        "reason": "module not found",
+        "seconds": None,
+    }
 
 
 def test_locate_all_uses_the_table_given(tmp_path):
     write_pkg(tmp_path, "kp_detect_probe_pkg", {"__init__.py": ""})
     make_dist(tmp_path, "kp-detect-probe-pkg", "0.3")
-    table = (KnownLibrary("probe-pkg", ("kp-detect-probe-pkg",), "kp_detect_probe_pkg", "kp_detect_probe_pkg"),)
+    table = (
+        KnownLibrary(
+            "probe-pkg", ("kp-detect-probe-pkg",), "kp_detect_probe_pkg", "kp_detect_probe_pkg"
+        ),
+    )
     located = libraries.locate_all(table, [str(tmp_path)])
     assert list(located) == ["probe-pkg"]
-    assert located["probe-pkg"].installed and located["probe-pkg"].distributions == {"kp-detect-probe-pkg": "0.3"}
+    assert located["probe-pkg"].installed and located["probe-pkg"].distributions == {
+        "kp-detect-probe-pkg": "0.3"
+    }
     assert libraries.locate_all((), [str(tmp_path)]) == {}
 
 

@@ -25,13 +25,18 @@ def test_detect_without_import_checks_is_plain_data():
     assert json.loads(json.dumps(report)) == report
     assert report["fingerprint"] == with_torch.current()  # the lock's own code, same answer
     assert report["device"]["type"] == report["fingerprint"]["device-type"]
-    assert all(lib["import"]["status"] in ("skipped", "not-installed") for lib in report["libraries"].values())
+    assert all(
+        lib["import"]["status"] in ("skipped", "not-installed")
+        for lib in report["libraries"].values()
+    )
     assert report["errors"] == []
 
 
 def test_detect_survives_a_broken_torch(monkeypatch):
     broken = fake_torch(**H100)
-    broken.cuda.device_count = lambda: (_ for _ in ()).throw(RuntimeError("CUDA driver initialization failed"))
+    broken.cuda.device_count = lambda: (_ for _ in ()).throw(
+        RuntimeError("CUDA driver initialization failed")
+    )
     report = env_report.detect(import_checks=False, torch=broken, nvml=lambda: None)
     assert report["device"]["type"] == "cpu"
     assert any("CUDA driver initialization failed" in e["error"] for e in report["errors"])
@@ -80,14 +85,19 @@ def test_liger_kernel_installed_and_importable_here():
 # ---- what detect() is given, and what it does when a part fails -------------------------------
 def test_detect_uses_the_table_env_and_torch_it_is_given():
     env = {"SLURM_JOB_ID": "77", "NERSC_HOST": "perlmutter"}
-    report = env_report.detect(import_checks=False, timeout=7, env=env, table=(), torch=fake_torch(**H100))
+    report = env_report.detect(
+        import_checks=False, timeout=7, env=env, table=(), torch=fake_torch(**H100)
+    )
     assert report["import_checks"] == {"run": False, "timeout": 7.0}
     assert report["libraries"] == {}
     assert report["site"]["slurm"] == {"SLURM_JOB_ID": "77"}
     assert [m["signal"] for m in report["site"]["markers"]] == ["env:NERSC_HOST"]
     assert report["torch"]["version"] == "2.6.0+fake" and report["torch"]["build"] == "cuda"
     assert report["device"]["arch"] == "sm_90" and len(report["accelerators"]) == 4
-    assert report["triton"]["backend"] in ("cuda", None)  # inferred from this torch's build when installed
+    assert report["triton"]["backend"] in (
+        "cuda",
+        None,
+    )  # inferred from this torch's build when installed
     assert report["errors"] == []
 
 
@@ -113,22 +123,27 @@ def test_detect_reports_each_failing_part_and_goes_on(monkeypatch):
         ("accelerators", "RuntimeError: part failed"),
         ("fingerprint", "RuntimeError: part failed"),
     ]
-    assert report["torch"] is None and report["accelerators"] == [] and report["fingerprint"] is None
+    assert (
+        report["torch"] is None and report["accelerators"] == [] and report["fingerprint"] is None
+    )
     assert report["device"]["arch"] == "gfx90a"  # what did not fail is still there
 
 
 def test_contradicting_visibility_variables_are_not_taken_for_a_cpu_node(monkeypatch):
     def contradiction(_torch):
-        raise DeviceVisibilityError("HIP_VISIBLE_DEVICES names more devices than ROCR_VISIBLE_DEVICES allows")
+        raise DeviceVisibilityError(
+            "HIP_VISIBLE_DEVICES names more devices than ROCR_VISIBLE_DEVICES allows"
+        )
 
     monkeypatch.setattr(env_report.with_torch, "device_facts", contradiction)
     with pytest.raises(DeviceVisibilityError):
         env_report.detect(import_checks=False, table=(), torch=fake_torch(**MI250X))
 
 
-# ---- which children start, and what the triton one is asked (issue 37) --------------------------------
+# ---- which children start, and what the triton one is asked (issue 37) ---------------------------
 class _Checks:
-    """Stands in for ImportChecks: records each batch of requests; every import 'succeeds', no child."""
+    """Stands in for ImportChecks: records each batch of requests; every import 'succeeds', no
+    child."""
 
     batches: list[dict[str, str]]
 
@@ -137,7 +152,9 @@ class _Checks:
         self.batches.append({name: r.probe for name, r in requests.items()})
 
     def results(self):
-        return {name: {"status": "ok", "reason": "imported", "seconds": 0.1} for name in self.requests}
+        return {
+            name: {"status": "ok", "reason": "imported", "seconds": 0.1} for name in self.requests
+        }
 
     def cancel(self):
         pass
@@ -147,7 +164,9 @@ class _Checks:
 def batches(monkeypatch):
     _Checks.batches = []
     monkeypatch.setattr(env_report, "ImportChecks", _Checks)
-    monkeypatch.setattr(env_report.libraries, "module_location", lambda module, _paths=(): f"/site/{module}")
+    monkeypatch.setattr(
+        env_report.libraries, "module_location", lambda module, _paths=(): f"/site/{module}"
+    )
     return _Checks.batches
 
 
@@ -155,10 +174,20 @@ def batches(monkeypatch):
     "nodes, torch_kind, asked, not_asked",
     [
         ((), CPU, [{"triton": ""}], True),  # no device anywhere: the runtime is not asked
-        (("dev/nvidia0",), CPU, [{"triton": "triton-target"}], False),  # a node: asked from the start
+        (
+            ("dev/nvidia0",),
+            CPU,
+            [{"triton": "triton-target"}],
+            False,
+        ),  # a node: asked from the start
         (("dev/kfd",), MI250X, [{"triton": "triton-target"}], False),
         (("dev/dri/renderD128",), CPU, [{"triton": "triton-target"}], False),
-        ((), H100, [{"triton": ""}, {"triton": "triton-target"}], False),  # torch sees a GPU: asked after all
+        (
+            (),
+            H100,
+            [{"triton": ""}, {"triton": "triton-target"}],
+            False,
+        ),  # torch sees a GPU: asked after all
     ],
 )
 def test_triton_runtime_is_asked_for_a_target_only_where_a_gpu_may_be(
@@ -167,7 +196,9 @@ def test_triton_runtime_is_asked_for_a_target_only_where_a_gpu_may_be(
     for rel in nodes:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("")
-    report = env_report.detect(table=(), torch=fake_torch(**torch_kind), nvml=lambda: None, root=str(tmp_path))
+    report = env_report.detect(
+        table=(), torch=fake_torch(**torch_kind), nvml=lambda: None, root=str(tmp_path)
+    )
     assert batches == asked
     why = report["triton"]["target_not_asked"]
     assert (why is not None) is not_asked
@@ -178,8 +209,13 @@ def test_triton_runtime_is_asked_for_a_target_only_where_a_gpu_may_be(
 
 def test_a_triton_that_does_not_import_is_not_asked_again(tmp_path, batches, monkeypatch):
     monkeypatch.setattr(
-        _Checks, "results", lambda self: {"triton": {"status": "crashed", "reason": "killed", "seconds": 0.1}}
+        _Checks,
+        "results",
+        lambda self: {"triton": {"status": "crashed", "reason": "killed", "seconds": 0.1}},
     )
-    report = env_report.detect(table=(), torch=fake_torch(**H100), nvml=lambda: None, root=str(tmp_path))
-    assert batches == [{"triton": ""}]  # the import itself failed: a target could not be read either
+    report = env_report.detect(
+        table=(), torch=fake_torch(**H100), nvml=lambda: None, root=str(tmp_path)
+    )
+    # the import itself failed: a target could not be read either
+    assert batches == [{"triton": ""}]
     assert report["triton"]["import"]["status"] == "crashed"

@@ -35,7 +35,14 @@ def test_site_signals(tmp_path):
 
 def test_site_markers_cover_the_issue_list():
     names = {m.name for m in site.SITE_MARKERS}
-    wanted = {"LUMI_STACK_NAME", "SYSTEMNAME", "/etc/FZJ/systemname", "CLUSTER_NAME", "NERSC_HOST", "BSC_MACHINE"}
+    wanted = {
+        "LUMI_STACK_NAME",
+        "SYSTEMNAME",
+        "/etc/FZJ/systemname",
+        "CLUSTER_NAME",
+        "NERSC_HOST",
+        "BSC_MACHINE",
+    }
     assert wanted <= names
 
 
@@ -112,9 +119,13 @@ def test_detect_site_env_markers(env, markers):
 
 
 def test_detect_site_keeps_only_the_listed_slurm_variables():
-    env = {name: str(i) for i, name in enumerate(site.SLURM_VARIABLES)} | {"SLURM_JOB_NAME": "secret", "PATH": "/x"}
+    env = {name: str(i) for i, name in enumerate(site.SLURM_VARIABLES)} | {
+        "SLURM_JOB_NAME": "secret",
+        "PATH": "/x",
+    }
     slurm = site.detect_site(env, hostname="h", markers=())["slurm"]
-    assert list(slurm) == list(site.SLURM_VARIABLES)  # every one, in the table's order, nothing else
+    # every one, in the table's order, nothing else
+    assert list(slurm) == list(site.SLURM_VARIABLES)
 
 
 def test_detect_site_defaults_to_this_host_and_environment(monkeypatch):

@@ -4,14 +4,14 @@ No AMD GPU is reachable from here, so each node is simulated the way its users m
 torch module's device surface is patched to what that node reports (``torch.version.hip/cuda/rocm``,
 ``torch.cuda.*`` with real device names, gcnArchName strings and version strings, torch's own
 visibility parsing), the host name and the environment are set, and the real code paths run:
-fingerprint, ``kernel-probe env``, ``profiles match``, ``--profile`` on the probe, lock verification,
-candidate gating.
+fingerprint, ``kernel-probe env``, ``profiles match``, ``--profile`` on the probe, lock
+verification, candidate gating.
 
 Facts and where they come from:
-- HIP versions with a git hash are what torch's ROCm wheels up to 2.9 report (pytorch issues #166068,
-  #166085): 6.2.41133-dd7f95766 (ROCm 6.2, torch 2.5), 6.2.41134-65d174c3e (ROCm 6.2.4: the LUMI
-  container lumi-pytorch-rocm-6.2.4-python-3.12-pytorch-v2.7.1), 6.3.42131-fa1d09cbd (ROCm 6.3),
-  6.4.43484-123eb5128 (ROCm 6.4). pytorch PR #168097 (torch 2.10) dropped the hash and added
+- HIP versions with a git hash are what torch's ROCm wheels up to 2.9 report (pytorch issues
+  #166068, #166085): 6.2.41133-dd7f95766 (ROCm 6.2, torch 2.5), 6.2.41134-65d174c3e (ROCm 6.2.4: the
+  LUMI container lumi-pytorch-rocm-6.2.4-python-3.12-pytorch-v2.7.1), 6.3.42131-fa1d09cbd (ROCm
+  6.3), 6.4.43484-123eb5128 (ROCm 6.4). pytorch PR #168097 (torch 2.10) dropped the hash and added
   torch.version.rocm; its example hipcc version is 7.1.25421.
 - An MI250X GCD: gcnArchName "gfx90a:sramecc+:xnack-", torch capability (9, 0), 110 CUs, 64 GiB;
   8 per LUMI-G node (lumi-userguide docs/hardware/lumig.md). Its name depends on libdrm's
@@ -65,7 +65,9 @@ class Node:
     env: dict[str, str] = field(default_factory=dict)
 
 
-def gcd(name: str = "AMD Instinct MI250X", features: str = "sramecc+:xnack-", index: int = 0) -> SimpleNamespace:
+def gcd(
+    name: str = "AMD Instinct MI250X", features: str = "sramecc+:xnack-", index: int = 0
+) -> SimpleNamespace:
     return SimpleNamespace(
         name=name,
         gcnArchName=f"gfx90a:{features}" if features else "gfx90a",
@@ -91,7 +93,8 @@ def nvidia(name: str, major: int, minor: int, memory: int, sms: int) -> SimpleNa
 ROCM_ARCHS = ("gfx900", "gfx906", "gfx908", "gfx90a", "gfx942", "gfx1030", "gfx1100")
 CUDA_ARCHS = ("sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120")
 
-# torch builds a LUMI or Frontier user meets: (torch.__version__, torch.version.hip, torch.version.rocm)
+# torch builds a LUMI or Frontier user meets: (torch.__version__, torch.version.hip,
+# torch.version.rocm)
 ROCM_BUILDS = {
     "torch 2.5 / ROCm 6.2": ("2.5.1+rocm6.2", "6.2.41133-dd7f95766", None),
     "torch 2.7 / ROCm 6.2.4 (LUMI container)": ("2.7.1+rocm6.2.4", "6.2.41134-65d174c3e", None),
@@ -107,7 +110,10 @@ LUMI_STACK = {
     "SLURM_JOB_PARTITION": "standard-g",
     "SLURM_LOCALID": "0",
 }
-LUMI_AI_FACTORY = {"SLURM_JOB_PARTITION": "small-g", "SLURM_LOCALID": "0"}  # `module purge`: no LUMI_* at all
+LUMI_AI_FACTORY = {
+    "SLURM_JOB_PARTITION": "small-g",
+    "SLURM_LOCALID": "0",
+}  # `module purge`: no LUMI_* at all
 
 
 def lumi(
@@ -196,16 +202,22 @@ def node(monkeypatch, tmp_path):
         monkeypatch.setattr(torch.version, "rocm", n.rocm, raising=False)
 
         def device_count() -> int:
-            # torch's own parser of CUDA/HIP/ROCR_VISIBLE_DEVICES: it raises on HIP > ROCR, as on a node
+            # torch's own parser of CUDA/HIP/ROCR_VISIBLE_DEVICES: it raises on HIP > ROCR, as on a
+            # node
             return min(len(torch.cuda._parse_visible_devices()), len(n.devices))
 
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "device_count", device_count)
         monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i=0: n.devices[i])
-        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (n.devices[i].major, n.devices[i].minor))
+        monkeypatch.setattr(
+            torch.cuda,
+            "get_device_capability",
+            lambda i=0: (n.devices[i].major, n.devices[i].minor),
+        )
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: n.devices[i].name)
         monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: list(n.arch_list))
-        monkeypatch.setattr(nvml, "nvml_devices", lambda: None)  # the torch path, as without nvidia-ml-py
+        # the torch path, as without nvidia-ml-py
+        monkeypatch.setattr(nvml, "nvml_devices", lambda: None)
         monkeypatch.setattr(fp_host, "driver_version", lambda kind: n.driver)
         monkeypatch.setattr(socket, "gethostname", lambda: n.hostname)
         return n
@@ -250,8 +262,12 @@ def test_hashed_versions_compare_by_release():
     assert not in_spec(">=6.1,<7.1", "7.1.25421") and not in_spec(">=6.1", "6.0.32830-d62f6a171")
     assert not in_spec(">=6.0", "") and not in_spec(">=6.0", "unknown")
     # the fingerprint uses the same rule: a hash never makes two HIP builds differ
-    assert fields.field_matches("version", "compatible", "6.2.41134-65d174c3e", "6.2.41133-dd7f95766")
-    assert not fields.field_matches("version", "compatible", "6.2.41134-65d174c3e", "6.3.42131-fa1d09cbd")
+    assert fields.field_matches(
+        "version", "compatible", "6.2.41134-65d174c3e", "6.2.41133-dd7f95766"
+    )
+    assert not fields.field_matches(
+        "version", "compatible", "6.2.41134-65d174c3e", "6.3.42131-fa1d09cbd"
+    )
 
 
 def test_lumi_bounds_the_rocm_user_space_by_its_driver(node, capsys):
@@ -263,20 +279,28 @@ def test_lumi_bounds_the_rocm_user_space_by_its_driver(node, capsys):
     ]
 
 
-@pytest.mark.parametrize("build", ["torch 2.7 / ROCm 6.2.4 (LUMI container)", "torch 2.10 / ROCm 7.0"])
+@pytest.mark.parametrize(
+    "build", ["torch 2.7 / ROCm 6.2.4 (LUMI container)", "torch 2.10 / ROCm 7.0"]
+)
 def test_frontier_accepts_hashed_and_plain_hip_versions(build, node, capsys):
     version, hip, rocm = ROCM_BUILDS[build]
     node(replace(FRONTIER, torch_version=version, hip=hip, rocm=rocm))
     assert match("frontier", capsys)[0] == 0
     node(FRONTIER)
     code, result = match("auto", capsys)
-    assert code == 0 and result["profile"] == "frontier" and result["matched"] == "slurm-cluster:frontier"
+    assert (
+        code == 0
+        and result["profile"] == "frontier"
+        and result["matched"] == "slurm-cluster:frontier"
+    )
 
 
-# ---- 2. the ROCm fork of transformer-engine is not NVIDIA's ---------------------------------------
+# ---- 2. the ROCm fork of transformer-engine is not NVIDIA's --------------------------------------
 def _transformer_engine(root, *, fork: bool):
     files = {
-        "__init__.py": "# This file was modified for portability to AMDGPU\n" if fork else "# NVIDIA\n",
+        "__init__.py": "# This file was modified for portability to AMDGPU\n"
+        if fork
+        else "# NVIDIA\n",
         "pytorch/__init__.py": "",
     }
     if fork:
@@ -291,14 +315,21 @@ def test_lumi_accepts_the_rocm_transformer_engine_fork(node, tmp_path, monkeypat
     node(lumi())
     assert requirements.library_facts(
         ["transformer-engine", "transformer-engine@nvidia", "transformer-engine@rocm-fork"]
-    ) == {"transformer-engine": "2.4.0", "transformer-engine@nvidia": None, "transformer-engine@rocm-fork": "2.4.0"}
+    ) == {
+        "transformer-engine": "2.4.0",
+        "transformer-engine@nvidia": None,
+        "transformer-engine@rocm-fork": "2.4.0",
+    }
     code, result = match("lumi-g", capsys)
     assert code == 0, result
     code, result = match("auto", capsys)
     assert code == 0 and result["profile"] == "lumi-g"
     # and its candidates are allowed there, judged by the checks like any other
     prof = discovery.resolve("lumi-g", [])
-    assert "te.layer_norm" in prof.slots["LayerNorm"].allowed and "te.rms_norm" in prof.slots["RMSNorm"].allowed
+    assert (
+        "te.layer_norm" in prof.slots["LayerNorm"].allowed
+        and "te.rms_norm" in prof.slots["RMSNorm"].allowed
+    )
 
 
 def test_lumi_refuses_nvidia_transformer_engine(node, tmp_path, monkeypatch, capsys):
@@ -364,7 +395,8 @@ def test_env_notes_a_generic_device_name(node, capsys):
     assert all("generic device name" in " ".join(d["notes"]) for d in report["accelerators"])
 
 
-# (4. PyPI triton carries the AMD backend too: test_triton.py; ROCm forks labelled as forks: test_libraries.py)
+# (4. PyPI triton carries the AMD backend too: test_triton.py; ROCm forks labelled as forks:
+# test_libraries.py)
 
 
 # ---- 5. LUMI recognised in its container workflow -----------------------------------------------
@@ -374,8 +406,16 @@ def test_env_notes_a_generic_device_name(node, capsys):
         (LUMI_STACK, "nid005123", "env:LUMI_STACK_PARTITION=G"),
         # `module purge` first: no LUMI_* variables; partition and host name together decide
         (LUMI_AI_FACTORY, "nid005123", "slurm-partition:small-g + hostname:nid005123"),
-        ({"SLURM_JOB_PARTITION": "dev-g"}, "nid007977", "slurm-partition:dev-g + hostname:nid007977"),  # the last
-        ({"SLURM_JOB_PARTITION": "standard-g"}, "nid005000", "slurm-partition:standard-g + hostname:nid005000"),
+        (
+            {"SLURM_JOB_PARTITION": "dev-g"},
+            "nid007977",
+            "slurm-partition:dev-g + hostname:nid007977",
+        ),  # the last
+        (
+            {"SLURM_JOB_PARTITION": "standard-g"},
+            "nid005000",
+            "slurm-partition:standard-g + hostname:nid005000",
+        ),
     ],
 )
 def test_auto_recognises_lumi_with_and_without_the_stack(env, host, signal, node, capsys):
@@ -433,8 +473,8 @@ def test_probe_accepts_lumi_with_its_profile(profile, env, node, tmp_path, monke
 
 @pytest.mark.parametrize("name", ["lumi-g", "frontier"])
 def test_every_site_fact_in_the_profile_names_its_source(name):
-    """Each [detect] and [requires] line cites a numbered source (on the line, or the comment above),
-    or says it is kernel-probe's own choice; what is not known is listed in `unknown`."""
+    """Each [detect] and [requires] line cites a numbered source (on the line, or the comment
+    above), or says it is kernel-probe's own choice; what is not known is listed in `unknown`."""
     prof = discovery.resolve(name, [])
     cited = {int(s[1:].split("]", 1)[0]) for s in prof.sources}
     assert cited == set(range(1, len(prof.sources) + 1))
@@ -451,7 +491,7 @@ def test_every_site_fact_in_the_profile_names_its_source(name):
     assert prof.unknown
 
 
-# ---- 6. numerics settings and the xnack mode are part of the fingerprint --------------------------
+# ---- 6. numerics settings and the xnack mode are part of the fingerprint -------------------------
 def test_rocm_numerics_settings_are_recorded_and_checked(node):
     node(lumi(), ROCBLAS_INTERNAL_FP16_ALT_IMPL="1")
     fp = with_torch.current()
@@ -494,7 +534,9 @@ class _NoWorker:
 
 def _verdict(cid: str, device: dict) -> tuple[str, str]:
     cand = next(c for c in builtin() if c.id == cid)
-    r = check_candidate(cand, cand.slots[0], device["type"], [("float32", "true")], _NoWorker(), arch=device["arch"])
+    r = check_candidate(
+        cand, cand.slots[0], device["type"], [("float32", "true")], _NoWorker(), arch=device["arch"]
+    )
     return r.status, " ".join(r.reasons)
 
 
@@ -502,9 +544,18 @@ def test_no_install_advice_for_what_cannot_run_on_amd(node):
     node(lumi())
     device = with_torch.device_facts(torch)
     status, why = _verdict("quack.rms_norm", device)
-    assert status == "unavailable" and "runs on cuda; this device is rocm" in why and "pip install" not in why
-    status, why = _verdict("te.layer_norm", device)  # not installed here: the ROCm fork is what to install
-    assert status == "unavailable" and "ROCm/TransformerEngine" in why and "transformer_engine[pytorch]" not in why
+    assert (
+        status == "unavailable"
+        and "runs on cuda; this device is rocm" in why
+        and "pip install" not in why
+    )
+    # not installed here: the ROCm fork is what to install
+    status, why = _verdict("te.layer_norm", device)
+    assert (
+        status == "unavailable"
+        and "ROCm/TransformerEngine" in why
+        and "transformer_engine[pytorch]" not in why
+    )
     status, why = _verdict("apex.layer_norm", device)
     assert status == "unavailable" and "github.com/ROCm/apex" in why
 
@@ -518,7 +569,10 @@ def test_quack_needs_hopper_or_newer(node):
     assert "pip install" not in why
     node(H100)
     status, why = _verdict("quack.rms_norm", with_torch.device_facts(torch))
-    assert status == "unavailable" and "not installed: quack-kernels (pip install quack-kernels)" in why
+    assert (
+        status == "unavailable"
+        and "not installed: quack-kernels (pip install quack-kernels)" in why
+    )
     status, why = _verdict("te.layer_norm", with_torch.device_facts(torch))
     assert "pip install --no-build-isolation transformer_engine[pytorch]" in why
 
@@ -534,9 +588,11 @@ def test_te_fork_runs_only_on_the_archs_it_documents():
 def test_a_profile_candidate_declares_archs_and_install(tmp_path):
     path = tmp_path / "site.toml"
     path.write_text(
-        'profile-version = "1"\nname = "site"\nsources = ["x"]\n[requires]\ndevice-type = ["cuda"]\n'
+        'profile-version = "1"\nname = "site"\nsources = ["x"]\n[requires]\ndevice-type = '
+        '["cuda"]\n'
         '[[candidate]]\nid = "site.norm"\nslots = ["LayerNorm"]\ntarget = "site_kernels.Norm"\n'
-        'devices = ["cuda"]\narchs = { cuda = ["sm_90+"] }\ninstall = { cuda = "module load site" }\n'
+        'devices = ["cuda"]\narchs = { cuda = ["sm_90+"] }\ninstall = { cuda = "module load '
+        'site" }\n'
     )
     cand = load_file(path).candidates[0]
     assert cand.arch_problem("cuda", "sm_80") and cand.arch_problem("cuda", "sm_100") is None
@@ -549,12 +605,15 @@ def test_a_profile_candidate_declares_archs_and_install(tmp_path):
 # ---- 8. device visibility: the contradiction is an error, and ranks are told apart --------------
 def test_more_hip_than_rocr_devices_is_an_error_not_a_cpu_node(node, capsys):
     node(lumi(), ROCR_VISIBLE_DEVICES="3", HIP_VISIBLE_DEVICES="0,1")
-    with pytest.raises(RuntimeError, match="HIP_VISIBLE_DEVICES contains more devices"):  # what torch itself says
+    # what torch itself says
+    with pytest.raises(RuntimeError, match="HIP_VISIBLE_DEVICES contains more devices"):
         torch.cuda.device_count()
     with pytest.raises(DeviceVisibilityError) as info:
         with_torch.current()
     assert info.value.exit_code == 2
-    assert "HIP_VISIBLE_DEVICES='0,1'" in str(info.value) and "ROCR_VISIBLE_DEVICES='3'" in str(info.value)
+    assert "HIP_VISIBLE_DEVICES='0,1'" in str(info.value) and "ROCR_VISIBLE_DEVICES='3'" in str(
+        info.value
+    )
     for argv in (["env", "--json", "--no-import-checks"], ["profiles", "match", "lumi-g"]):
         code, _, err = run_cli(argv, capsys)
         assert code == 2 and "ROCR_VISIBLE_DEVICES" in err and "fix:" in err, argv

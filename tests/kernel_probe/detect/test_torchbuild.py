@@ -1,4 +1,5 @@
-"""kernel_probe.detect.torchbuild: what torch was built with, its DNN and collectives libraries, the math flags."""
+"""kernel_probe.detect.torchbuild: what torch was built with, its DNN and collectives libraries, the
+math flags."""
 
 from __future__ import annotations
 
@@ -39,17 +40,27 @@ def test_rocm_build_names_miopen_and_rccl():
     torch = fake_torch(**MI250X)
     torch.cuda.nccl = SimpleNamespace(version=lambda: (2, 18, 3))
     torch._C = SimpleNamespace(
-        _cudnn=SimpleNamespace(getRuntimeVersion=lambda: (3, 2, 0), getCompileVersion=lambda: (3, 2, 0))
+        _cudnn=SimpleNamespace(
+            getRuntimeVersion=lambda: (3, 2, 0), getCompileVersion=lambda: (3, 2, 0)
+        )
     )
     torch.backends.cudnn = SimpleNamespace(is_available=lambda: True)
     t = torchbuild.detect_torch_build(torch)
     assert t["build"] == "rocm"
-    assert t["dnn"] == {"library": "miopen", "version": "3.2.0", "compiled": "3.2.0", "available": True, "error": None}
+    assert t["dnn"] == {
+        "library": "miopen",
+        "version": "3.2.0",
+        "compiled": "3.2.0",
+        "available": True,
+        "error": None,
+    }
     assert t["collectives"] == {"library": "rccl", "version": "2.18.3", "error": None}
     assert t["arch_list"] == ["gfx90a", "gfx942"]
 
 
-@pytest.mark.parametrize("machine, kind", [(H100, "cuda"), (MI250X, "rocm"), (CPU, "cpu"), (MPS, "cpu")])
+@pytest.mark.parametrize(
+    "machine, kind", [(H100, "cuda"), (MI250X, "rocm"), (CPU, "cpu"), (MPS, "cpu")]
+)
 def test_build_kind(machine, kind):
     assert torchbuild.build_kind(fake_torch(**machine)) == kind
 
@@ -59,7 +70,9 @@ def _cudnn_torch(machine, *, available=lambda: True, runtime=(9, 1, 0), compiled
     torch = fake_torch(**machine)
     torch.backends.cudnn = SimpleNamespace(is_available=available)
     torch._C = SimpleNamespace(
-        _cudnn=SimpleNamespace(getRuntimeVersion=lambda: runtime, getCompileVersion=lambda: compiled)
+        _cudnn=SimpleNamespace(
+            getRuntimeVersion=lambda: runtime, getCompileVersion=lambda: compiled
+        )
     )
     return torch
 
@@ -76,11 +89,23 @@ def _raise(exc):
     [
         (
             _cudnn_torch(H100),
-            {"library": "cudnn", "version": "9.1.0", "compiled": "9.0.0", "available": True, "error": None},
+            {
+                "library": "cudnn",
+                "version": "9.1.0",
+                "compiled": "9.0.0",
+                "available": True,
+                "error": None,
+            },
         ),
         (
             _cudnn_torch(H100, available=lambda: False),  # not loaded: its versions are not asked
-            {"library": "cudnn", "version": None, "compiled": None, "available": False, "error": None},
+            {
+                "library": "cudnn",
+                "version": None,
+                "compiled": None,
+                "available": False,
+                "error": None,
+            },
         ),
         (
             _cudnn_torch(H100, available=_raise(OSError("libcudnn.so.9: cannot open"))),
@@ -93,12 +118,25 @@ def _raise(exc):
             },
         ),
         (
-            _cudnn_torch(H100, runtime=("x",)),  # a version that is not numbers: unknown, not an error
-            {"library": "cudnn", "version": None, "compiled": "9.0.0", "available": True, "error": None},
+            # a version that is not numbers: unknown, not an error
+            _cudnn_torch(H100, runtime=("x",)),
+            {
+                "library": "cudnn",
+                "version": None,
+                "compiled": "9.0.0",
+                "available": True,
+                "error": None,
+            },
         ),
         (
             fake_torch(**CPU),  # no torch.backends.cudnn at all
-            {"library": "cudnn", "version": None, "compiled": None, "available": False, "error": None},
+            {
+                "library": "cudnn",
+                "version": None,
+                "compiled": None,
+                "available": False,
+                "error": None,
+            },
         ),
     ],
     ids=["loaded", "not-available", "loader-error", "odd-version", "absent"],
@@ -123,13 +161,22 @@ def _nccl_torch(machine, version):
 @pytest.mark.parametrize(
     "torch, expected",
     [
-        (_nccl_torch(H100, lambda: (2, 21, 5)), {"library": "nccl", "version": "2.21.5", "error": None}),
-        (_nccl_torch(MI250X, lambda: (2, 18, 3)), {"library": "rccl", "version": "2.18.3", "error": None}),
+        (
+            _nccl_torch(H100, lambda: (2, 21, 5)),
+            {"library": "nccl", "version": "2.21.5", "error": None},
+        ),
+        (
+            _nccl_torch(MI250X, lambda: (2, 18, 3)),
+            {"library": "rccl", "version": "2.18.3", "error": None},
+        ),
         (
             _nccl_torch(H100, _raise(RuntimeError("built without NCCL"))),
             {"library": "nccl", "version": None, "error": "RuntimeError: built without NCCL"},
         ),
-        (_nccl_torch(CPU, lambda: (2, 21, 5)), {"library": "nccl", "version": None, "error": None}),  # not asked
+        (
+            _nccl_torch(CPU, lambda: (2, 21, 5)),
+            {"library": "nccl", "version": None, "error": None},
+        ),  # not asked
         (fake_torch(**MPS), {"library": "nccl", "version": None, "error": None}),
     ],
     ids=["nccl", "rccl", "fails", "cpu-build", "mps"],
@@ -149,7 +196,9 @@ def test_collectives_library_imports_torch_cuda_nccl_when_not_loaded():
 def test_an_unanswerable_flag_is_none_and_an_enum_reads_as_its_name():
     torch = fake_torch(**H100)
     torch.get_float32_matmul_precision = _raise(RuntimeError("no CUDA"))
-    torch.backends.cuda = SimpleNamespace(preferred_blas_library=lambda: SimpleNamespace(name="Cublaslt"))
+    torch.backends.cuda = SimpleNamespace(
+        preferred_blas_library=lambda: SimpleNamespace(name="Cublaslt")
+    )
     torch.are_deterministic_algorithms_enabled = lambda: True
     math = torchbuild.detect_torch_build(torch)["math"]
     assert math["float32_matmul_precision"] is None

@@ -1,4 +1,5 @@
-"""kernel_probe.detect.triton: which distribution owns the triton files, its backends and its target."""
+"""kernel_probe.detect.triton: which distribution owns the triton files, its backends and its
+target."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ CUDA_INIT, CUDA_LIB = b"__version__ = '3.1.0'\n", b"\x7fELF cuda build" * 20
 
 @pytest.mark.parametrize("last_installed", ["pytorch-triton-rocm", "triton"])
 def test_cuda_triton_beside_pytorch_triton_rocm(tmp_path, last_installed):
-    init, lib = (ROCM_INIT, ROCM_LIB) if last_installed == "pytorch-triton-rocm" else (CUDA_INIT, CUDA_LIB)
+    init, lib = (
+        (ROCM_INIT, ROCM_LIB) if last_installed == "pytorch-triton-rocm" else (CUDA_INIT, CUDA_LIB)
+    )
     _triton_tree(tmp_path, init, lib)
     make_dist(
         tmp_path,
@@ -30,21 +33,33 @@ def test_cuda_triton_beside_pytorch_triton_rocm(tmp_path, last_installed):
         "3.1.0",
         [("triton/__init__.py", ROCM_INIT), ("triton/_C/libtriton.so", ROCM_LIB)],
     )
-    make_dist(tmp_path, "triton", "3.1.0", [("triton/__init__.py", CUDA_INIT), ("triton/_C/libtriton.so", CUDA_LIB)])
+    make_dist(
+        tmp_path,
+        "triton",
+        "3.1.0",
+        [("triton/__init__.py", CUDA_INIT), ("triton/_C/libtriton.so", CUDA_LIB)],
+    )
     located = triton_info.locate([str(tmp_path)])
     facts = triton_info.report(located, None, torch_build="rocm", device_arch="gfx90a")
     assert facts["provider"] == last_installed
-    assert facts["distributions"]["triton"]["built_for"] == ["cuda"]  # this fake's RECORD lists no backends/
+    # this fake's RECORD lists no backends/
+    assert facts["distributions"]["triton"]["built_for"] == ["cuda"]
     assert facts["distributions"]["pytorch-triton-rocm"]["built_for"] == ["hip"]
     assert facts["conflict"] and "pytorch-triton-rocm" in facts["conflict"]
     assert facts["matches_torch_build"] is (last_installed == "pytorch-triton-rocm")
     # without an import check the backend is inferred from torch's build, and says so
-    assert (facts["backend"], facts["arch"], facts["target_source"]) == ("hip", "gfx90a", "torch build")
+    assert (facts["backend"], facts["arch"], facts["target_source"]) == (
+        "hip",
+        "gfx90a",
+        "torch build",
+    )
     assert facts["import"]["status"] == "skipped"
 
 
 def test_triton_target_from_the_runtime_wins():
-    located = triton_info.LocatedTriton("/x/triton", {"pytorch-triton-rocm": "3.1.0"}, ("pytorch-triton-rocm",), "")
+    located = triton_info.LocatedTriton(
+        "/x/triton", {"pytorch-triton-rocm": "3.1.0"}, ("pytorch-triton-rocm",), ""
+    )
     imported = {
         "status": "ok",
         "reason": "imported",
@@ -53,9 +68,16 @@ def test_triton_target_from_the_runtime_wins():
     }
     facts = triton_info.report(located, imported, torch_build="rocm", device_arch="gfx90a")
     assert (facts["backend"], facts["arch"], facts["warp_size"]) == ("hip", "gfx90a", 64)
-    assert facts["target_source"] == "runtime" and facts["conflict"] is None and facts["matches_torch_build"]
+    assert (
+        facts["target_source"] == "runtime"
+        and facts["conflict"] is None
+        and facts["matches_torch_build"]
+    )
     cuda = dict(imported, target={"backend": "cuda", "arch": "90", "warp_size": 32})
-    assert triton_info.report(located, cuda, torch_build="cuda", device_arch="sm_90")["arch"] == "sm_90"
+    assert (
+        triton_info.report(located, cuda, torch_build="cuda", device_arch="sm_90")["arch"]
+        == "sm_90"
+    )
 
 
 def test_triton_on_this_machine_matches_metadata():
@@ -79,7 +101,11 @@ def _dist(root, name, version, files=(), requires=()):
 @pytest.mark.parametrize(
     "name, files, backends",
     [
-        ("triton", [("triton/__init__.py", b"")], ["cuda"]),  # Triton 2.x: no backends/, the name says
+        (
+            "triton",
+            [("triton/__init__.py", b"")],
+            ["cuda"],
+        ),  # Triton 2.x: no backends/, the name says
         ("pytorch-triton-rocm", [], ["hip"]),
         ("pytorch-triton-xpu", [], ["xpu"]),
         (
@@ -87,7 +113,11 @@ def _dist(root, name, version, files=(), requires=()):
             [("triton/backends/nvidia/driver.py", b""), ("triton/backends/amd/driver.py", b"")],
             ["cuda", "hip"],
         ),
-        ("triton", [("triton/backends/nvidia/lib/x.so", b""), ("triton/backends/compiler.py", b"")], ["cuda"]),
+        (
+            "triton",
+            [("triton/backends/nvidia/lib/x.so", b""), ("triton/backends/compiler.py", b"")],
+            ["cuda"],
+        ),
         ("triton", [("triton/backends/other/driver.py", b"")], ["cuda"]),  # an unknown backend dir
     ],
 )
@@ -105,7 +135,10 @@ def test_backends_of(tmp_path, name, files, backends):
         (["filelock", "triton==3.2.0; platform_machine == 'x86_64'"], ("triton", "3.2.0")),
         (["Pytorch-Triton-XPU===3.3.0"], ("pytorch-triton-xpu", "3.3.0")),
         (["triton>=3.0"], None),  # a range pins nothing
-        (["not a requirement !!", "triton==3.2.0"], ("triton", "3.2.0")),  # an unreadable line is skipped
+        (
+            ["not a requirement !!", "triton==3.2.0"],
+            ("triton", "3.2.0"),
+        ),  # an unreadable line is skipped
         (["numpy==2.0"], None),
         ([], None),
     ],
@@ -126,18 +159,31 @@ def test_the_only_distribution_owns_files_its_record_cannot_confirm(tmp_path):
 
 def test_no_owner_when_no_record_matches_the_disk(tmp_path):
     _triton_tree(tmp_path, b"__version__ = '3.2.0'\n", b"\x7fELF rebuilt")
-    make_dist(tmp_path, "triton", "3.1.0", [("triton/__init__.py", CUDA_INIT), ("triton/_C/libtriton.so", CUDA_LIB)])
+    make_dist(
+        tmp_path,
+        "triton",
+        "3.1.0",
+        [("triton/__init__.py", CUDA_INIT), ("triton/_C/libtriton.so", CUDA_LIB)],
+    )
     make_dist(tmp_path, "pytorch-triton-rocm", "3.1.0", [("triton/_C/libtriton.so", ROCM_LIB)])
     located = triton_info.locate([str(tmp_path)])
-    assert located.owners == () and located.owner_evidence.startswith("no installed distribution's RECORD")
+    assert located.owners == () and located.owner_evidence.startswith(
+        "no installed distribution's RECORD"
+    )
     facts = triton_info.report(located, None, torch_build="cuda", device_arch="sm_90")
-    assert facts["provider"] is None and facts["version"] is None and facts["matches_torch_build"] is None
+    assert (
+        facts["provider"] is None
+        and facts["version"] is None
+        and facts["matches_torch_build"] is None
+    )
     assert "(now: unknown)" in facts["conflict"]
 
 
 # ---- the report section ------------------------------------------------------------------------
 def _here(dist="triton", version="3.2.0", backends=("cuda",), pin=None):
-    return triton_info.LocatedTriton("/site/triton", {dist: version}, (dist,), "", {dist: list(backends)}, pin)
+    return triton_info.LocatedTriton(
+        "/site/triton", {dist: version}, (dist,), "", {dist: list(backends)}, pin
+    )
 
 
 @pytest.mark.parametrize(
@@ -167,15 +213,34 @@ def test_report_compares_with_torchs_pin(pin, requires, matches, problem):
         ("cpu", ("cuda",), None, None, None),  # a CPU torch wants no Triton backend
     ],
 )
-def test_report_without_an_import_infers_from_torchs_build(torch_build, backends, matches, backend, arch):
-    facts = triton_info.report(_here(backends=backends), None, torch_build=torch_build, device_arch="sm_90")
-    assert (facts["matches_torch_build"], facts["backend"], facts["arch"]) == (matches, backend, arch)
-    assert facts["import"] == {"status": "skipped", "reason": "import checks were not run", "seconds": None}
-    assert facts["conflict"] is None and facts["provider"] == "triton" and facts["version"] == "3.2.0"
+def test_report_without_an_import_infers_from_torchs_build(
+    torch_build, backends, matches, backend, arch
+):
+    facts = triton_info.report(
+        _here(backends=backends), None, torch_build=torch_build, device_arch="sm_90"
+    )
+    assert (facts["matches_torch_build"], facts["backend"], facts["arch"]) == (
+        matches,
+        backend,
+        arch,
+    )
+    assert facts["import"] == {
+        "status": "skipped",
+        "reason": "import checks were not run",
+        "seconds": None,
+    }
+    assert (
+        facts["conflict"] is None and facts["provider"] == "triton" and facts["version"] == "3.2.0"
+    )
 
 
 def test_report_keeps_why_the_target_could_not_be_read():
-    imported = {"status": "ok", "reason": "imported", "seconds": 0.4, "target_error": "RuntimeError: 0 active drivers"}
+    imported = {
+        "status": "ok",
+        "reason": "imported",
+        "seconds": 0.4,
+        "target_error": "RuntimeError: 0 active drivers",
+    }
     facts = triton_info.report(_here(), imported, torch_build="cuda", device_arch="sm_90")
     assert facts["target_error"] == "RuntimeError: 0 active drivers"
     assert facts["import"] == {"status": "ok", "reason": "imported", "seconds": 0.4}
@@ -183,18 +248,30 @@ def test_report_keeps_why_the_target_could_not_be_read():
 
 
 def test_report_when_triton_is_absent():
-    facts = triton_info.report(triton_info.LocatedTriton(None), None, torch_build="cuda", device_arch="sm_90")
-    assert facts["installed"] is False and facts["backend"] is None and facts["target_source"] is None
-    assert facts["import"] == {"status": "not-installed", "reason": "module not found", "seconds": None}
+    facts = triton_info.report(
+        triton_info.LocatedTriton(None), None, torch_build="cuda", device_arch="sm_90"
+    )
+    assert (
+        facts["installed"] is False and facts["backend"] is None and facts["target_source"] is None
+    )
+    assert facts["import"] == {
+        "status": "not-installed",
+        "reason": "module not found",
+        "seconds": None,
+    }
 
 
 def test_import_request_reads_the_target_only_when_installed_and_asked():
-    assert triton_info.import_request("/site/triton") == triton_info.ImportRequest("triton", probe="triton-target")
-    assert triton_info.import_request("/site/triton", target=False) == triton_info.ImportRequest("triton", probe="")
+    assert triton_info.import_request("/site/triton") == triton_info.ImportRequest(
+        "triton", probe="triton-target"
+    )
+    assert triton_info.import_request("/site/triton", target=False) == triton_info.ImportRequest(
+        "triton", probe=""
+    )
     assert triton_info.import_request(None) is None
 
 
-# ---- the runtime is not asked for a target on a node without any GPU device (issue 37) ---------------
+# ---- the runtime is not asked for a target on a node without any GPU device (issue 37) -----------
 @pytest.mark.parametrize(
     "nodes, found",
     [
@@ -234,7 +311,11 @@ def test_a_target_not_asked_is_said_and_inferred_from_torchs_build(torch_build, 
     why = triton_info.target_not_asked((), "cpu")
     imported = {"status": "ok", "reason": "imported", "seconds": 0.3}
     facts = triton_info.report(
-        _here(backends=("cuda", "hip")), imported, torch_build=torch_build, device_arch="", not_asked=why
+        _here(backends=("cuda", "hip")),
+        imported,
+        torch_build=torch_build,
+        device_arch="",
+        not_asked=why,
     )
     assert facts["target_not_asked"] == why and facts["target_error"] is None
     assert facts["backend"] == backend and facts["arch"] is None and facts["warp_size"] is None
@@ -243,11 +324,19 @@ def test_a_target_not_asked_is_said_and_inferred_from_torchs_build(torch_build, 
 
 
 def test_a_target_read_from_the_runtime_is_never_marked_not_asked():
-    imported = {"status": "ok", "seconds": 1.0, "target": {"backend": "cuda", "arch": "90", "warp_size": 32}}
-    facts = triton_info.report(_here(), imported, torch_build="cuda", device_arch="sm_90", not_asked="x")
+    imported = {
+        "status": "ok",
+        "seconds": 1.0,
+        "target": {"backend": "cuda", "arch": "90", "warp_size": 32},
+    }
+    facts = triton_info.report(
+        _here(), imported, torch_build="cuda", device_arch="sm_90", not_asked="x"
+    )
     assert facts["target_not_asked"] is None and facts["target_source"] == "runtime"
     assert (
-        triton_info.report(_here(), None, torch_build="cuda", device_arch="sm_90", not_asked="x")["target_not_asked"]
+        triton_info.report(_here(), None, torch_build="cuda", device_arch="sm_90", not_asked="x")[
+            "target_not_asked"
+        ]
         is None
     )  # no import check at all: nothing was asked of anyone
 
@@ -270,13 +359,19 @@ def test_pypi_triton_targets_hip_on_a_rocm_node(tmp_path):
             ("triton/backends/nvidia/driver.py", amd),
         ],
     )
-    # torch's ROCm wheel pins its own Triton (torch 2.7.1+rocm6.2.4 requires pytorch-triton-rocm 3.3.1)
+    # torch's ROCm wheel pins its own Triton (torch 2.7.1+rocm6.2.4 requires pytorch-triton-rocm
+    # 3.3.1)
     torch_info = make_dist(tmp_path, "torch", "2.7.1+rocm6.2.4")
     with open(torch_info / "METADATA", "a") as fh:
         fh.write('Requires-Dist: pytorch-triton-rocm==3.3.1; platform_system == "Linux"\n')
-    facts = triton_info.report(triton_info.locate([str(tmp_path)]), None, torch_build="rocm", device_arch="gfx90a")
+    facts = triton_info.report(
+        triton_info.locate([str(tmp_path)]), None, torch_build="rocm", device_arch="gfx90a"
+    )
     assert facts["distributions"]["triton"]["built_for"] == ["cuda", "hip"]
     assert facts["matches_torch_build"] is True  # it does target this GPU ...
     assert facts["torch_requires"] == "pytorch-triton-rocm==3.3.1"
     assert facts["matches_torch_pin"] is False  # ... but it is not the Triton torch was built with
-    assert "pytorch-triton-rocm==3.3.1" in facts["torch_pin_problem"] and "triton 3.3.1" in facts["torch_pin_problem"]
+    assert (
+        "pytorch-triton-rocm==3.3.1" in facts["torch_pin_problem"]
+        and "triton 3.3.1" in facts["torch_pin_problem"]
+    )

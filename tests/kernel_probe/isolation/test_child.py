@@ -1,7 +1,9 @@
-"""kernel_probe.isolation.child: the one way the probe starts a child process, and how its end is read.
+"""kernel_probe.isolation.child: the one way the probe starts a child process, and how its end is
+read.
 
-The fast tests replace the interpreter with a fake process (``spawn`` patched) that leaves what a child
-leaves (a result file, stderr, a return code); the few that start a real interpreter are marked slow.
+The fast tests replace the interpreter with a fake process (``spawn`` patched) that leaves what a
+child leaves (a result file, stderr, a return code); the few that start a real interpreter are
+marked slow.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from kernel_probe.isolation import child
 
 
 @pytest.mark.parametrize(
-    "number,name", [(9, "SIGKILL"), (int(signal.SIGSEGV), "SIGSEGV"), (6, "SIGABRT"), (1000, "signal 1000")]
+    "number,name",
+    [(9, "SIGKILL"), (int(signal.SIGSEGV), "SIGSEGV"), (6, "SIGABRT"), (1000, "signal 1000")],
 )
 def test_signal_name(number, name):
     assert child.signal_name(number) == name
@@ -48,8 +51,10 @@ def test_clip_defaults_to_the_tail_kept():
         ("\n  \n", ""),
         ("Traceback (most recent call last):\n  ...\nRuntimeError: boom\n\n", "RuntimeError: boom"),
         (
-            "Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 (most recent call first):\n"
-            '  File "<frozen importlib._bootstrap>", line 241 in _call\n  File "/lib/kp.py", line 3 in <module>\n',
+            "Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 (most recent call "
+            "first):\n"
+            '  File "<frozen importlib._bootstrap>", line 241 in _call\n  File "/lib/kp.py", '
+            "line 3 in <module>\n",
             'Fatal Python error: Segmentation fault (File "/lib/kp.py", line 3 in <module>)',
         ),
         ("Fatal Python error: Aborted\n", "Fatal Python error: Aborted"),  # no frame to name
@@ -100,15 +105,17 @@ def test_kill_group_of_a_process_that_is_gone_is_quiet(monkeypatch):
     assert child.kill_group(999_999) is None
 
 
-@pytest.mark.parametrize("status,ok", [("ok", True), ("error", False), ("crashed", False), ("timeout", False)])
+@pytest.mark.parametrize(
+    "status,ok", [("ok", True), ("error", False), ("crashed", False), ("timeout", False)]
+)
 def test_child_result_ok(status, ok):
     assert child.ChildResult(status).ok is ok
 
 
-# ---- run_function, with a fake child --------------------------------------------------------------------
+# ---- run_function, with a fake child -------------------------------------------------------------
 class FakeChild:
-    """What a child leaves behind: ``result`` (written to the result file; None: none), ``stderr``, a return
-    code; ``hang``: it does not end within the timeout."""
+    """What a child leaves behind: ``result`` (written to the result file; None: none), ``stderr``,
+    a return code; ``hang``: it does not end within the timeout."""
 
     def __init__(self, result=None, *, stderr="", stdout="", returncode=0, hang=False, raw=None):
         self.result, self.stderr, self.stdout, self.raw = result, stderr, stdout, raw
@@ -152,8 +159,17 @@ def test_an_answer_is_ok(fake):
     proc = fake(FakeChild({"ok": {"answer": [1, 2]}}, stdout="printed\n", stderr="warned\n"))
     result = child.run_function("mod", "fn", {"x": 1}, timeout=5)
     assert result.ok and result.value == {"answer": [1, 2]} and result.reason == ""
-    assert (result.stdout, result.stderr, result.returncode, result.timed_out) == ("printed", "warned", 0, False)
-    assert proc.payload == {"x": 1} and proc.options["mode"] == "call" and proc.options["exit"] == "hard"
+    assert (result.stdout, result.stderr, result.returncode, result.timed_out) == (
+        "printed",
+        "warned",
+        0,
+        False,
+    )
+    assert (
+        proc.payload == {"x": 1}
+        and proc.options["mode"] == "call"
+        and proc.options["exit"] == "hard"
+    )
     assert proc.killed == [4242]  # the group goes, whatever it spawned with it
 
 
@@ -182,18 +198,27 @@ def test_started_receives_the_child(fake):
             "error",
             "ValueError: bad input",
         ),
-        (FakeChild(None, returncode=-9), "crashed", "the child process was killed by SIGKILL without an answer"),
+        (
+            FakeChild(None, returncode=-9),
+            "crashed",
+            "the child process was killed by SIGKILL without an answer",
+        ),
         (
             FakeChild(None, returncode=-11, stderr="Fatal Python error: Segmentation fault\n"),
             "crashed",
-            "the child process was killed by SIGSEGV without an answer: Fatal Python error: Segmentation fault",
+            "the child process was killed by SIGSEGV without an answer: Fatal Python error: "
+            "Segmentation fault",
         ),
         (
             FakeChild(None, returncode=3, stderr="oops\n"),
             "crashed",
             "the child process exited with status 3 without an answer: oops",
         ),
-        (FakeChild(None, raw="{not json"), "crashed", "the child process exited with status 0 without an answer"),
+        (
+            FakeChild(None, raw="{not json"),
+            "crashed",
+            "the child process exited with status 0 without an answer",
+        ),
         (FakeChild(None, hang=True, returncode=-9), "timeout", "no answer within 1.5 s (killed)"),
     ],
     ids=["raised", "killed", "segfault", "exit-status", "torn-result", "timeout"],
@@ -204,7 +229,11 @@ def test_a_child_without_an_answer_says_why(fake, proc, status, reason):
     assert (result.status, result.reason) == (status, reason) and result.value is None
     assert result.timed_out is (status == "timeout")
     if status == "error":
-        assert result.raised == {"raised": "ValueError", "message": "bad input", "where": "/lib/x.py:3"}
+        assert result.raised == {
+            "raised": "ValueError",
+            "message": "bad input",
+            "where": "/lib/x.py:3",
+        }
 
 
 def test_an_answer_that_came_before_the_kill_is_kept(fake):
@@ -223,10 +252,14 @@ def test_an_interpreter_that_cannot_start(monkeypatch):
     assert result.reason == "could not start /no/python: [Errno 2] No such file or directory"
 
 
-# ---- a real interpreter (slow: each starts Python) -------------------------------------------------------
+# ---- a real interpreter (slow: each starts Python) -----------------------------------------------
 @pytest.mark.slow
 def test_a_real_child_calls_the_function_and_reports_what_it_raised():
     assert child.run_function("posixpath", "basename", "a/b.toml", timeout=60).value == "b.toml"
     source = "def f(payload):\n    raise KeyError(payload)\n"
     result = child.run_function("unused", "f", "k", timeout=60, source=source)
-    assert result.status == "error" and result.raised["raised"] == "KeyError" and result.reason == "KeyError: 'k'"
+    assert (
+        result.status == "error"
+        and result.raised["raised"] == "KeyError"
+        and result.reason == "KeyError: 'k'"
+    )

@@ -24,7 +24,12 @@ ROW: p.MeasurementRow = {
 MESSAGES = [
     p.PingRequest(),
     p.ImportRequest(target="torch.nn.LayerNorm"),
-    p.CheckRequest(candidate=CAND, slot="LayerNorm", device="cpu", dtypes=(("float32", "true"), ("bfloat16", "mixed"))),
+    p.CheckRequest(
+        candidate=CAND,
+        slot="LayerNorm",
+        device="cpu",
+        dtypes=(("float32", "true"), ("bfloat16", "mixed")),
+    ),
     p.CheckRequest(
         candidate=CAND,
         slot="LayerNorm",
@@ -51,17 +56,32 @@ MESSAGES = [
     p.ImportReply(ok=True, seconds=0.5, tampered=("torch.matmul",)),
     p.TryReply(ran=False, error="RuntimeError: no CUDA"),
     p.CheckReply(
-        candidate=CAND.id, device="cpu", rows=[ROW], layout={"ok": True}, init=["weight starts at 0"], import_s=0.1
+        candidate=CAND.id,
+        device="cpu",
+        rows=[ROW],
+        layout={"ok": True},
+        init=["weight starts at 0"],
+        import_s=0.1,
     ),
-    p.CheckReply(candidate=CAND.id, device="cpu", phase="import", kind="import", error="ImportError: x"),
+    p.CheckReply(
+        candidate=CAND.id, device="cpu", phase="import", kind="import", error="ImportError: x"
+    ),
     p.TimeReply(
-        candidate=CAND.id, device="cpu", rows=[{"implementation": CAND.id, "shape": "32x16", "median_ms": 0.1}]
+        candidate=CAND.id,
+        device="cpu",
+        rows=[{"implementation": CAND.id, "shape": "32x16", "median_ms": 0.1}],
     ),
-    p.TimingProgressMessage(shape="32x16", index=0, of=2, phase="rep", done=1, total=5, seconds=0.25),
+    p.TimingProgressMessage(
+        shape="32x16", index=0, of=2, phase="rep", done=1, total=5, seconds=0.25
+    ),
     p.ImportCheckRequest("liger_kernel"),
     p.ImportCheckRequest("triton", probe="triton-target"),
     p.ImportCheckReply(
-        ok=True, seconds=0.2, file="/x/__init__.py", version="1.0", target={"backend": "cuda", "arch": 90}
+        ok=True,
+        seconds=0.2,
+        file="/x/__init__.py",
+        version="1.0",
+        target={"backend": "cuda", "arch": 90},
     ),
     p.ImportCheckReply(ok=False, type="OSError", message="bad .so", where="/x/__init__.py:2"),
     p.ComposeRequest(config_dir="/cfg", config_name="config", overrides=("model=gnn",)),
@@ -72,7 +92,9 @@ MESSAGES = [
         sources=["main: /cfg"],
     ),
     p.EntryCheckRequest(
-        key="LayerNorm", entry={"_target_": "torch.nn.LayerNorm"}, where="model.layer_kernels.LayerNorm"
+        key="LayerNorm",
+        entry={"_target_": "torch.nn.LayerNorm"},
+        where="model.layer_kernels.LayerNorm",
     ),
     p.EntryCheckReply(findings=[], facts={"target": "torch.nn.LayerNorm", "imported": True}),
 ]
@@ -90,7 +112,9 @@ def test_every_message_round_trips_through_json(message):
 @pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
 def test_an_unknown_key_is_a_clear_error(message):
     wire = {**message.to_json(), "colour": "blue"}
-    with pytest.raises(p.ProtocolError, match=rf"{type(message).__name__}: unknown key\(s\) 'colour'"):
+    with pytest.raises(
+        p.ProtocolError, match=rf"{type(message).__name__}: unknown key\(s\) 'colour'"
+    ):
         type(message).from_json(wire)
 
 
@@ -103,7 +127,9 @@ def test_a_missing_key_is_a_clear_error(message):
         pytest.skip("every key has a default")
     wire = message.to_json()
     del wire[required[0].name]
-    with pytest.raises(p.ProtocolError, match=rf"{type(message).__name__}: missing key\(s\) '{required[0].name}'"):
+    with pytest.raises(
+        p.ProtocolError, match=rf"{type(message).__name__}: missing key\(s\) '{required[0].name}'"
+    ):
         type(message).from_json(wire)
 
 
@@ -114,7 +140,9 @@ def test_what_is_not_a_message_is_a_clear_error():
         p.request_from_json({"op": "fly"})
     bad_row = {**p.CheckReply(candidate="c", device="cpu", rows=[ROW]).to_json()}
     bad_row["rows"] = [{**ROW, "flgs": {}}]
-    with pytest.raises(p.ProtocolError, match=r"CheckReply.rows: rows\[0\]: unknown key\(s\) 'flgs'"):
+    with pytest.raises(
+        p.ProtocolError, match=r"CheckReply.rows: rows\[0\]: unknown key\(s\) 'flgs'"
+    ):
         p.CheckReply.from_json(bad_row)
 
 

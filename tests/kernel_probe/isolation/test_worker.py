@@ -1,5 +1,5 @@
-"""kernel_probe.isolation.worker: the process a candidate runs in, its progress messages, and what it
-leaves behind when a library forks or the probe is killed."""
+"""kernel_probe.isolation.worker: the process a candidate runs in, its progress messages, and what
+it leaves behind when a library forks or the probe is killed."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from kernel_probe.isolation.worker import WorkerPool
 from kernel_probe.probe.check import check_all
 
 
-# ---- a library that forks, a probe that is killed (hostile input, issue 14) --------------------------------
+# ---- a library that forks, a probe that is killed (hostile input, issue 14) ----------------------
 @pytest.mark.slow
 def test_a_forking_library_does_not_hang_the_probe_and_its_children_die(tmp_path, monkeypatch):
     pidfile = tmp_path / "pids"
@@ -24,7 +24,9 @@ def test_a_forking_library_does_not_hang_the_probe_and_its_children_die(tmp_path
     offered = [cands.from_command_line("LayerNorm=kp_forks.ForkingLayerNorm")]
     start = time.perf_counter()
     with WorkerPool() as pool:
-        reports = check_all(["LayerNorm"], offered, "cpu", [("float32", "true")], workers=pool, timeout=60)
+        reports = check_all(
+            ["LayerNorm"], offered, "cpu", [("float32", "true")], workers=pool, timeout=60
+        )
     elapsed = time.perf_counter() - start
     [r] = [r for r in reports["LayerNorm"] if r.id == "custom:kp_forks.ForkingLayerNorm"]
     assert r.status == "accepted", r.reasons  # it computes the right thing; it just forks
@@ -63,11 +65,15 @@ with pool.worker_for(cand) as w:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(sys.platform != "linux", reason="parent-death signals are Linux's (PR_SET_PDEATHSIG)")
+@pytest.mark.skipif(
+    sys.platform != "linux", reason="parent-death signals are Linux's (PR_SET_PDEATHSIG)"
+)
 def test_a_killed_probe_leaves_no_worker_and_no_grandchild(tmp_path):
     pidfile = tmp_path / "pids"
     env = {**os.environ, "KP_FORKS_PIDFILE": str(pidfile)}
-    probe = subprocess.Popen([sys.executable, "-c", KILLED_PROBE], stdout=subprocess.PIPE, text=True, env=env)
+    probe = subprocess.Popen(
+        [sys.executable, "-c", KILLED_PROBE], stdout=subprocess.PIPE, text=True, env=env
+    )
     worker = int(probe.stdout.readline())
     grandchildren = [int(x) for x in pidfile.read_text().split()]
     assert _alive(worker) and all(_alive(p) for p in grandchildren)
@@ -77,10 +83,12 @@ def test_a_killed_probe_leaves_no_worker_and_no_grandchild(tmp_path):
     while time.monotonic() < deadline and (_alive(worker) or any(_alive(p) for p in grandchildren)):
         time.sleep(0.1)
     assert not _alive(worker), "the worker outlived the killed probe"
-    assert not any(_alive(p) for p in grandchildren), "a process the candidate spawned outlived the killed probe"
+    assert not any(_alive(p) for p in grandchildren), (
+        "a process the candidate spawned outlived the killed probe"
+    )
 
 
-# ---- progress while timing (issue 16, point 5) -------------------------------------------------------------
+# ---- progress while timing (issue 16, point 5) ---------------------------------------------------
 @pytest.mark.slow
 def test_worker_forwards_progress_before_the_reply():
     from kernel_probe.candidates import default_for
@@ -104,7 +112,11 @@ def test_worker_forwards_progress_before_the_reply():
             on_progress=seen.append,
         )
     assert [r["shape"] for r in reply.rows] == ["32x16", "64x16"]
-    assert {(m.shape, m.phase) for m in seen} >= {("32x16", "first call"), ("32x16", "warm-up"), ("64x16", "rep")}
+    assert {(m.shape, m.phase) for m in seen} >= {
+        ("32x16", "first call"),
+        ("32x16", "warm-up"),
+        ("64x16", "rep"),
+    }
     assert all("copy_percent" not in r for r in reply.rows)  # no copy ceiling on a CPU
 
 
@@ -152,7 +164,8 @@ def test_another_call_after_a_request_sent_ahead_gets_its_own_reply():
 
     with Worker() as w:
         w.send_ahead(ImportRequest(target="kp_no_such_module.Nope"))
-        reply = w.call(PingRequest(), 120)  # the import's reply is read and dropped first: replies come in order
+        # the import's reply is read and dropped first: replies come in order
+        reply = w.call(PingRequest(), 120)
         assert isinstance(reply, PingReply) and reply.pid == w._proc.pid
         imported = w.call(ImportRequest(target="torch.nn.LayerNorm"), 120)
         assert imported.ok
@@ -170,7 +183,8 @@ def test_a_worker_that_dies_while_a_request_is_ahead_is_reported_and_replaced():
         with pytest.raises(WorkerDied) as died:
             w.call(ImportRequest(target="torch.nn.LayerNorm"), 120)
         assert died.value.status == "crashed"
-        assert w.call(ImportRequest(target="torch.nn.LayerNorm"), 120).ok  # a fresh worker owes nothing
+        # a fresh worker owes nothing
+        assert w.call(ImportRequest(target="torch.nn.LayerNorm"), 120).ok
         assert w.started == 2
 
 
@@ -182,7 +196,8 @@ def test_prepare_starts_each_named_library_worker_at_once_and_keeps_no_spare():
     pool = WorkerPool()
     try:
         pool.prepare(ahead=[default_for("LayerNorm"), liger])
-        assert pool.fresh == 1 and pool._next is None  # liger's worker started; torch's own share one
+        # liger's worker started; torch's own share one
+        assert pool.fresh == 1 and pool._next is None
         with pool.worker_for(liger) as worker:
             assert worker._ahead is not None  # its first import is on its way
     finally:

@@ -1,5 +1,6 @@
-"""Many ranks, one probe (kernel_probe.jobstart.handoff): the job marker, the node-local wait, bounded backoff
-on the shared directory, the prober's failure reaching every rank, and the no-flock path."""
+"""Many ranks, one probe (kernel_probe.jobstart.handoff): the job marker, the node-local wait,
+bounded backoff on the shared directory, the prober's failure reaching every rank, and the no-flock
+path."""
 
 from __future__ import annotations
 
@@ -25,7 +26,11 @@ from tests.kernel_probe.probe.test_candidates_data import _lock_pinning
 
 ROOT = Path(__file__).resolve().parents[3]
 REQUEST = dict(slots=("LayerNorm",), shapes=("64x32",), reps=1, precision="32-true")
-LAUNCHER_VARS = {n for spec in LAUNCHERS for n in (spec.rank, *spec.size, *spec.local_rank, *spec.node, *spec.job)} | {
+LAUNCHER_VARS = {
+    n
+    for spec in LAUNCHERS
+    for n in (spec.rank, *spec.size, *spec.local_rank, *spec.node, *spec.job)
+} | {
     "SLURM_STEP_ID",
     "SLURM_RESTART_COUNT",
     "TORCHELASTIC_RESTART_COUNT",
@@ -42,7 +47,16 @@ def no_launcher(monkeypatch):
     monkeypatch.delenv(handoff.NODE_DIR_ENV, raising=False)
 
 
-def slurm(monkeypatch, tmp_path: Path, rank: int, *, local: int, node: int = 0, job: str = "77", restart=None):
+def slurm(
+    monkeypatch,
+    tmp_path: Path,
+    rank: int,
+    *,
+    local: int,
+    node: int = 0,
+    job: str = "77",
+    restart=None,
+):
     env = {
         "SLURM_JOB_ID": job,
         "SLURM_PROCID": str(rank),
@@ -63,21 +77,33 @@ def job_rank(rank: int = 0, local: int | None = 0, job: str = "77", attempt: str
 
 
 def current_lock(out: Path, request: planning.ProbeRequest) -> kernel_lock.KernelLock:
-    """A lock current for ``request`` on this machine, as an earlier job's rank 0 would have left it."""
+    """A lock current for ``request`` on this machine, as an earlier job's rank 0 would have left
+    it."""
     digest = planning.plan(request).digest
-    lock = dataclasses.replace(_lock_pinning(default_for("LayerNorm")), provenance={"inputs": digest}).sealed()
+    lock = dataclasses.replace(
+        _lock_pinning(default_for("LayerNorm")), provenance={"inputs": digest}
+    ).sealed()
     out.parent.mkdir(parents=True, exist_ok=True)
     lock.dump(out)
     return lock
 
 
-def marked(out: Path, lock: kernel_lock.KernelLock, rank: JobRank, request: planning.ProbeRequest) -> Marker:
-    marker = Marker("written", rank.key, rank.describe(), "node0", lock.compute_digest(), planning.plan(request).digest)
+def marked(
+    out: Path, lock: kernel_lock.KernelLock, rank: JobRank, request: planning.ProbeRequest
+) -> Marker:
+    marker = Marker(
+        "written",
+        rank.key,
+        rank.describe(),
+        "node0",
+        lock.compute_digest(),
+        planning.plan(request).digest,
+    )
     handoff.publish(out, rank, marker, lock.dumps())
     return marker
 
 
-# ---- the job marker: a lock from another job or attempt is never taken for this one's ---------------------
+# ---- the job marker: a lock from another job or attempt is never taken for this one's ------------
 @pytest.mark.parametrize(
     "earlier",
     [None, job_rank(job="76"), job_rank(attempt="1")],
@@ -89,7 +115,9 @@ def test_a_current_lock_without_this_jobs_marker_is_never_reused(tmp_path, monke
     lock = current_lock(out, request)
     if earlier is not None:
         marked(out, lock, earlier, request)
-    slurm(monkeypatch, tmp_path, 1, local=1, restart=2 if earlier and earlier.attempt == "1" else None)
+    slurm(
+        monkeypatch, tmp_path, 1, local=1, restart=2 if earlier and earlier.attempt == "1" else None
+    )
     with pytest.raises(WaitTimeout) as exc:
         start.run(request)
     text = str(exc.value)
@@ -109,7 +137,9 @@ def test_a_waiting_rank_takes_the_lock_rank_0_marked_for_this_job(tmp_path, monk
     assert result.source.startswith("rank 0 of 16") and "slurm job 77" in result.source
 
 
-def test_a_rank_on_the_node_waits_on_the_node_local_copy_not_the_shared_directory(tmp_path, monkeypatch):
+def test_a_rank_on_the_node_waits_on_the_node_local_copy_not_the_shared_directory(
+    tmp_path, monkeypatch
+):
     out = tmp_path / "shared" / "k.toml"
     request = planning.ProbeRequest(out=out, lock_timeout=5, **REQUEST)
     lock = current_lock(out, request)
@@ -120,7 +150,8 @@ def test_a_rank_on_the_node_waits_on_the_node_local_copy_not_the_shared_director
     assert local.is_relative_to(tmp_path / "node0")  # $TMPDIR: this node's
     handoff.marker_path(out, rank).unlink()  # the shared marker gone: the node-local copy is enough
     assert start.run(request).reused
-    # on another node (its own $TMPDIR) nothing was copied yet: a non-watching rank there waits for its watcher
+    # on another node (its own $TMPDIR) nothing was copied yet: a non-watching rank there waits for
+    # its watcher
     slurm(monkeypatch, tmp_path, 13, local=5, node=1)
     with pytest.raises(WaitTimeout):
         start.run(dataclasses.replace(request, lock_timeout=0.15))
@@ -137,14 +168,19 @@ def test_a_node_differing_from_rank_0s_lock_is_told_to_probe_per_node_type(tmp_p
     marked(out, other, job_rank(), request)
     with pytest.raises(NodeDiffers) as exc:
         start.run(request)
-    assert exc.value.exit_code == 3 and "device-type" in str(exc.value) and "--probe-per node-type" in str(exc.value)
+    assert (
+        exc.value.exit_code == 3
+        and "device-type" in str(exc.value)
+        and "--probe-per node-type" in str(exc.value)
+    )
 
 
 def test_other_options_or_a_replaced_lock_are_errors_not_a_silent_reuse(tmp_path, monkeypatch):
     out = tmp_path / "shared" / "k.toml"
     request = planning.ProbeRequest(out=out, lock_timeout=5, **REQUEST)
     lock = current_lock(out, request)
-    slurm(monkeypatch, tmp_path, 1, local=0, node=1)  # a watching rank: it reads the shared lock itself
+    # a watching rank: it reads the shared lock itself
+    slurm(monkeypatch, tmp_path, 1, local=0, node=1)
     other_options = dataclasses.replace(request, shapes=("128x32",))
     marked(out, lock, job_rank(), other_options)
     with pytest.raises(UsageError, match="with other options than this rank"):
@@ -154,7 +190,10 @@ def test_other_options_or_a_replaced_lock_are_errors_not_a_silent_reuse(tmp_path
     replaced.dump(out)  # after the marker: another job wrote the same --out
     for f in (tmp_path / "node1").rglob("ready"):
         f.unlink()
-    with pytest.raises(ProbeError, match=r"is not the lock rank 0 of 16.* wrote for this job \(its digest differs\)"):
+    with pytest.raises(
+        ProbeError,
+        match=r"is not the lock rank 0 of 16.* wrote for this job \(its digest differs\)",
+    ):
         start.run(request)
 
 
@@ -163,14 +202,20 @@ def test_a_failed_prober_fails_every_waiting_rank_at_once_with_its_exit_code(tmp
     prober = job_rank()
     exc = ProbeError("no candidate of LayerNorm was accepted", fix="run `kernel-probe check`")
     handoff.publish(out, prober, handoff.failure_marker(prober, exc), None)
-    for rank in (job_rank(1, local=1), job_rank(9, local=0)):  # on its node (local copy), and a watcher
+    for rank in (
+        job_rank(1, local=1),
+        job_rank(9, local=0),
+    ):  # on its node (local copy), and a watcher
         with pytest.raises(RankFailed) as err:
             handoff.wait(out, rank, mode="job", timeout=5)
         assert err.value.exit_code == 1 and "rank 0 of 16" in err.value.problem
-        assert "no candidate of LayerNorm" in err.value.problem and err.value.fix == "run `kernel-probe check`"
+        assert (
+            "no candidate of LayerNorm" in err.value.problem
+            and err.value.fix == "run `kernel-probe check`"
+        )
 
 
-# ---- waiting is cheap: bounded, jittered backoff; O(log time) looks at the shared directory ------------
+# ---- waiting is cheap: bounded, jittered backoff; O(log time) looks at the shared directory ------
 class FakeTime:
     def __init__(self):
         self.now = 0.0
@@ -197,15 +242,20 @@ def _count_reads(monkeypatch, shared: Path) -> list[Path]:
     return reads
 
 
-def _wait_in_vain(tmp_path, monkeypatch, rank: JobRank, timeout: float) -> tuple[list[Path], FakeTime]:
-    """Wait, in simulated time, for a marker that never comes: (the shared-directory reads, the sleeps)."""
+def _wait_in_vain(
+    tmp_path, monkeypatch, rank: JobRank, timeout: float
+) -> tuple[list[Path], FakeTime]:
+    """Wait, in simulated time, for a marker that never comes: (the shared-directory reads, the
+    sleeps)."""
     shared = tmp_path / "shared"
     shared.mkdir()
     monkeypatch.setenv("TMPDIR", str(tmp_path / "node"))
     reads = _count_reads(monkeypatch, shared)
     t = FakeTime()
     with pytest.raises(WaitTimeout):
-        handoff.wait(shared / "k.toml", rank, mode="job", timeout=timeout, clock=t.clock, sleep=t.sleep)
+        handoff.wait(
+            shared / "k.toml", rank, mode="job", timeout=timeout, clock=t.clock, sleep=t.sleep
+        )
     return reads, t
 
 
@@ -231,16 +281,22 @@ def test_node_type_claims_are_exclusive_and_need_no_file_lock(tmp_path, monkeypa
     assert "rank 0 of 16" in handoff.claim_path(out, job_rank()).read_text()
     t = FakeTime()
     monkeypatch.setenv("TMPDIR", str(tmp_path / "node"))
-    with pytest.raises(WaitTimeout, match=r"the rank that claimed k.toml for this node type .*\(rank 0 of 16"):
+    with pytest.raises(
+        WaitTimeout, match=r"the rank that claimed k.toml for this node type .*\(rank 0 of 16"
+    ):
         handoff.wait(out, job_rank(8), mode="node-type", timeout=1, clock=t.clock, sleep=t.sleep)
 
 
 def test_node_type_needs_the_placeholder_and_names_the_device(tmp_path):
     with pytest.raises(UsageError, match=r"names no \{node-type\}"):
         start.run(planning.ProbeRequest(out=tmp_path / "k.toml", probe_per="node-type", **REQUEST))
-    name = handoff.node_type({"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "arch": "sm_90", "count": 4})
+    name = handoff.node_type(
+        {"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "arch": "sm_90", "count": 4}
+    )
     assert name.startswith("cuda-sm_90-4-") and "/" not in name
-    assert name != handoff.node_type({"type": "cuda", "name": "NVIDIA A100", "arch": "sm_80", "count": 4})
+    assert name != handoff.node_type(
+        {"type": "cuda", "name": "NVIDIA A100", "arch": "sm_80", "count": 4}
+    )
 
 
 def test_bad_launcher_variables_are_a_usage_error_and_rank_ignores_them(tmp_path, monkeypatch):
@@ -253,7 +309,7 @@ def test_bad_launcher_variables_are_a_usage_error_and_rank_ignores_them(tmp_path
     assert start._job_rank("rank", planning.Events()) is None
 
 
-# ---- the processes themselves: one probe, with and without file locks ------------------------------------
+# ---- the processes themselves: one probe, with and without file locks ----------------------------
 NO_FLOCK = """\
 import errno, fcntl
 def _refuse(*a, **k):
@@ -296,15 +352,21 @@ def test_six_ranks_on_two_nodes_without_file_locks_probe_once(tmp_path):
                 "--json",
                 *small_probe("LayerNorm", reps=1),
             ]
-            procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            procs.append(
+                subprocess.Popen(
+                    argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                )
+            )
         return [(p.wait(timeout=600), p.stdout.read(), p.stderr.read()) for p in procs]  # type: ignore[union-attr]
 
     cold = start("501")
     assert [code for code, _, _ in cold] == [0] * 6, [err[-500:] for _, _, err in cold]
     replies = [json.loads(o) for _, o, _ in cold]
-    assert [r["reused"] for r in replies] == [False] + [True] * 5  # rank 0 probed; the others took its lock
+    # rank 0 probed; the others took its lock
+    assert [r["reused"] for r in replies] == [False] + [True] * 5
     assert all(r.get("written-by", "").startswith("rank 0 of 6") for r in replies[1:])
-    assert "the ranks of this job still probe once" in cold[0][2]  # the no-flock warning, rank 0 only
+    # the no-flock warning, rank 0 only
+    assert "the ranks of this job still probe once" in cold[0][2]
     assert not any("file locks" in err for _, _, err in cold[1:])
     warm = start("502")  # the next job: rank 0 reuses the lock and marks it for that job
     assert [json.loads(o)["reused"] for _, o, _ in warm] == [True] * 6
@@ -313,7 +375,9 @@ def test_six_ranks_on_two_nodes_without_file_locks_probe_once(tmp_path):
 
 
 @pytest.mark.slow
-def test_without_rank_variables_a_file_system_without_locks_still_warns(tmp_path, capsys, monkeypatch):
+def test_without_rank_variables_a_file_system_without_locks_still_warns(
+    tmp_path, capsys, monkeypatch
+):
     import filelock
 
     from tests.conftest import run_cli
@@ -340,21 +404,26 @@ def test_a_profile_can_choose_one_probe_per_node_type(tmp_path):
 
 def test_node_type_mode_waits_for_the_rank_that_claimed_its_kind_of_node(tmp_path, monkeypatch):
     request = planning.ProbeRequest(
-        out=tmp_path / "shared" / "k.{node-type}.toml", probe_per="node-type", lock_timeout=5, **REQUEST
+        out=tmp_path / "shared" / "k.{node-type}.toml",
+        probe_per="node-type",
+        lock_timeout=5,
+        **REQUEST,
     )
     kind = handoff.node_type(planning.plan(request).device)
     out = tmp_path / "shared" / f"k.{kind}.toml"
     lock = current_lock(out, request)
     assert handoff.claim(out, job_rank(0))  # a node of this kind claimed it first
     marked(out, lock, job_rank(), request)
-    slurm(monkeypatch, tmp_path, 8, local=0, node=1)  # this node's watching rank: its claim loses, it waits
+    # this node's watching rank: its claim loses, it waits
+    slurm(monkeypatch, tmp_path, 8, local=0, node=1)
     result = start.run(request)
     assert result.lock_path == out, (result.lock_path, out)
     assert result.reused and result.source.startswith("rank 0 of 16")
 
 
 def test_rank_0_failing_before_any_work_still_releases_the_others(tmp_path, monkeypatch):
-    """E.g. rank 0's node fails the profile (exit 4) while the others' nodes pass: they fail with it."""
+    """E.g. rank 0's node fails the profile (exit 4) while the others' nodes pass: they fail with
+    it."""
     out = tmp_path / "shared" / "k.toml"
     out.parent.mkdir()
     slurm(monkeypatch, tmp_path, 0, local=0)
@@ -367,8 +436,8 @@ def test_rank_0_failing_before_any_work_still_releases_the_others(tmp_path, monk
 
 @pytest.mark.parametrize("special", ["fifo", "huge"])
 def test_a_special_file_where_the_job_marker_should_be_fails_fast_naming_it(tmp_path, special):
-    """A FIFO (an open that would block for ever) or a huge file at the marker's path is an error naming
-    it, exit 5, for a watching rank: never a hang, never a read into memory."""
+    """A FIFO (an open that would block for ever) or a huge file at the marker's path is an error
+    naming it, exit 5, for a watching rank: never a hang, never a read into memory."""
     from kernel_probe.errors import InputFileError
 
     out = tmp_path / "k.toml"
@@ -381,10 +450,15 @@ def test_a_special_file_where_the_job_marker_should_be_fails_fast_naming_it(tmp_
             fh.truncate(64 << 20)  # sparse: larger than any lock or marker may be
     with pytest.raises(InputFileError) as err:
         handoff.wait(out, rank, mode="job", timeout=5)
-    assert err.value.exit_code == 5 and err.value.path == str(path) and f"remove {path}" in err.value.fix
+    assert (
+        err.value.exit_code == 5
+        and err.value.path == str(path)
+        and f"remove {path}" in err.value.fix
+    )
 
 
-# ---- issue 34: the marker through the one writer and the one typed reader; identity; rank 0's bad argument
+# ---- issue 34: the marker through the one writer and the one typed reader; identity;
+# rank 0's bad argument
 def test_a_link_planted_at_the_marker_path_is_never_written_through(tmp_path):
     out, victim = tmp_path / "L.toml", tmp_path / "victim.txt"
     victim.write_text("precious")
@@ -395,7 +469,9 @@ def test_a_link_planted_at_the_marker_path_is_never_written_through(tmp_path):
     assert victim.read_text() == "precious"
 
 
-def test_a_node_local_folder_made_beforehand_by_someone_else_is_neither_used_nor_read(tmp_path, monkeypatch):
+def test_a_node_local_folder_made_beforehand_by_someone_else_is_neither_used_nor_read(
+    tmp_path, monkeypatch
+):
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     out, rank, victim = tmp_path / "k.toml", job_rank(1, local=1), tmp_path / "victim.txt"
@@ -404,7 +480,9 @@ def test_a_node_local_folder_made_beforehand_by_someone_else_is_neither_used_nor
     local.mkdir(parents=True)
     os.chmod(local.parent, 0o777)  # what another user on the node would have left, open to all
     forged = Marker("written", rank.key, "an attacker", "h", digest="sha256:" + "0" * 64)
-    (local / "ready").write_text(json.dumps({"marker": dataclasses.asdict(forged), "lock": "forged"}))
+    (local / "ready").write_text(
+        json.dumps({"marker": dataclasses.asdict(forged), "lock": "forged"})
+    )
     assert handoff._from_local(local / "ready", rank) is None  # never read from there
     (local / "ready").unlink()
     (local / "ready").symlink_to(victim)
@@ -432,7 +510,9 @@ def test_a_marker_is_read_by_the_typed_reader(tmp_path, change, key):
     handoff.marker_path(tmp_path / "k.toml", rank).write_text(json.dumps({**good, **change}))
     with pytest.raises(handoff.MarkerError) as err:
         handoff.wait(tmp_path / "k.toml", rank, mode="job", timeout=5)
-    assert err.value.exit_code == 5 and err.value.key == key and str(err.value.path).endswith(rank.key)
+    assert (
+        err.value.exit_code == 5 and err.value.key == key and str(err.value.path).endswith(rank.key)
+    )
 
 
 def test_a_marker_of_another_identity_is_never_taken(tmp_path):
@@ -450,13 +530,18 @@ def test_torchrun_steps_of_one_slurm_job_have_their_own_markers(tmp_path):
     step0, step1 = (detect({**base, "SLURM_STEP_ID": s}).rank for s in ("0", "1"))
     assert step0 is not None and step1 is not None
     out = tmp_path / "k.toml"
-    handoff.publish(out, dataclasses.replace(step0, rank=0), Marker("reused", step0.key, "r0", "h"), "")
-    with pytest.raises(WaitTimeout):  # step 1's rank 1 waits for its own rank 0, not step 0's marker
+    handoff.publish(
+        out, dataclasses.replace(step0, rank=0), Marker("reused", step0.key, "r0", "h"), ""
+    )
+    # step 1's rank 1 waits for its own rank 0, not step 0's marker
+    with pytest.raises(WaitTimeout):
         handoff.wait(out, step1, mode="job", timeout=0.3)
 
 
 @pytest.mark.parametrize("argv", [["--timeout", "-1"], ["--lock-timeout", "nan"], ["--reps", "0"]])
-def test_rank_0_given_a_bad_argument_fails_every_rank_with_its_exit_code(tmp_path, monkeypatch, argv):
+def test_rank_0_given_a_bad_argument_fails_every_rank_with_its_exit_code(
+    tmp_path, monkeypatch, argv
+):
     from kernel_probe.cli import main
 
     out = tmp_path / "shared" / "k.toml"
@@ -475,9 +560,10 @@ def test_a_node_local_folder_of_another_user_open_to_all_is_neither_used_nor_rea
     tmp_path, monkeypatch, foreign
 ):
     """Issue 34, through ``start.run``: on a node, another user (uid 12345) made
-    ``$TMPDIR/kernel-probe-<uid>`` (or this job's folder in it) beforehand, mode 777, with a ``ready``
-    link in the job's folder. Rank 0 publishes and a waiting rank of the node takes the lock: neither
-    writes through the link nor reads anything under that folder; the victim is intact."""
+    ``$TMPDIR/kernel-probe-<uid>`` (or this job's folder in it) beforehand, mode 777, with a
+    ``ready`` link in the job's folder. Rank 0 publishes and a waiting rank of the node takes the
+    lock: neither writes through the link nor reads anything under that folder; the victim is
+    intact."""
     out = tmp_path / "shared" / "k.toml"
     request = planning.ProbeRequest(out=out, lock_timeout=20, **REQUEST)
     lock = current_lock(out, request)
@@ -499,16 +585,22 @@ def test_a_node_local_folder_of_another_user_open_to_all_is_neither_used_nor_rea
     assert victim.read_text() == "precious" and (local / "ready").is_symlink()
 
     # the link now points at a forged answer, as the attacker would want it read by the node's ranks
-    forged = Marker("written", rank.key, "an attacker", "h", digest="sha256:" + "0" * 64, inputs="x")
+    forged = Marker(
+        "written", rank.key, "an attacker", "h", digest="sha256:" + "0" * 64, inputs="x"
+    )
     payload = json.dumps({"marker": dataclasses.asdict(forged), "lock": "forged"})
     victim.write_text(payload)
-    monkeypatch.setattr(handoff, "FALLBACK", (0.05, 0.1))  # the rare look at the shared marker, made quick
+    # the rare look at the shared marker, made quick
+    monkeypatch.setattr(handoff, "FALLBACK", (0.05, 0.1))
     slurm(monkeypatch, tmp_path, 5, local=5)
     result = start.run(request)
-    assert result.reused and result.lock.compute_digest() == lock.compute_digest()  # rank 0's, from the shared marker
+    # rank 0's, from the shared marker
+    assert result.reused and result.lock.compute_digest() == lock.compute_digest()
     assert victim.read_text() == payload  # not replaced by the node leader's copy either
-    assert not [p for p in read if p.is_relative_to(local.parent)], read  # nothing under that folder read
-    assert os.stat(local).st_uid == 12345 and stat_mode(local) == 0o777  # left as it was: never used
+    # nothing under that folder read
+    assert not [p for p in read if p.is_relative_to(local.parent)], read
+    # left as it was: never used
+    assert os.stat(local).st_uid == 12345 and stat_mode(local) == 0o777
     assert sorted(p.name for p in local.iterdir()) == ["ready"]
 
 

@@ -1,5 +1,6 @@
-"""Rank detection from launcher variables (kernel_probe.jobstart.ranks): every launcher, the nesting of one
-launcher in another, and what partial or contradictory variables decide (never a guessed rank 0)."""
+"""Rank detection from launcher variables (kernel_probe.jobstart.ranks): every launcher, the nesting
+of one launcher in another, and what partial or contradictory variables decide (never a guessed rank
+0)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,12 @@ OPENMPI = {
     "OMPI_COMM_WORLD_NODE_RANK": "7",  # across all jobs on the node: not a node index, not read
     "PMIX_NAMESPACE": "prterun-host-1234@1",
 }
-PALS = {"PALS_RANKID": "6", "PALS_LOCAL_RANKID": "2", "PALS_NODEID": "1", "PALS_APID": "8762756694016"}
+PALS = {
+    "PALS_RANKID": "6",
+    "PALS_LOCAL_RANKID": "2",
+    "PALS_NODEID": "1",
+    "PALS_APID": "8762756694016",
+}
 HYDRA = {"PMI_RANK": "5", "PMI_SIZE": "8", "MPI_LOCALRANKID": "1", "PBS_JOBID": "991.pbs01"}
 CRAY_PMI = {"PMI_RANK": "5", "PMI_SIZE": "8", "PMI_LOCAL_RANK": "0", "SLURM_JOB_ID": "55"}
 
@@ -42,7 +48,10 @@ CRAY_PMI = {"PMI_RANK": "5", "PMI_SIZE": "8", "PMI_LOCAL_RANK": "0", "SLURM_JOB_
         (SLURM, JobRank("slurm", 13, "4242.0", "0", 16, 5, 1)),
         ({**SLURM, "SLURM_RESTART_COUNT": "3"}, JobRank("slurm", 13, "4242.0", "3", 16, 5, 1)),
         (TORCHRUN, JobRank("torchrun", 9, "exp7", "2", 16, 1, 2)),
-        ({**TORCHRUN, "TORCHELASTIC_RESTART_COUNT": ""}, JobRank("torchrun", 9, "exp7", "0", 16, 1, 2)),
+        (
+            {**TORCHRUN, "TORCHELASTIC_RESTART_COUNT": ""},
+            JobRank("torchrun", 9, "exp7", "0", 16, 1, 2),
+        ),
         (OPENMPI, JobRank("openmpi", 3, "prterun-host-1234@1", "0", 8, 3, None)),
         ({**PALS, "PMI_SIZE": "12"}, JobRank("pals", 6, "8762756694016", "0", 12, 2, 1)),
         (PALS, JobRank("pals", 6, "8762756694016", "0", None, 2, 1)),
@@ -53,7 +62,8 @@ CRAY_PMI = {"PMI_RANK": "5", "PMI_SIZE": "8", "PMI_LOCAL_RANK": "0", "SLURM_JOB_
             {**SLURM, "SLURM_PROCID": "1", "SLURM_NTASKS": "4", **TORCHRUN},
             JobRank("torchrun", 9, "exp7.0", "0.2", 16, 1, 2),
         ),
-        # torchrun without --rdzv-id ("none"): the batch system's job; its requeues and torchrun's restarts
+        # torchrun without --rdzv-id ("none"): the batch system's job; its requeues and torchrun's
+        # restarts
         (
             {**SLURM, "SLURM_RESTART_COUNT": "1", **TORCHRUN, "TORCHELASTIC_RUN_ID": "none"},
             JobRank("torchrun", 9, "4242.0", "1.2", 16, 1, 2),
@@ -83,7 +93,15 @@ def test_every_launcher(env, expected):
     found = detect(env)
     assert found.rank is not None
     got = found.rank
-    assert (got.launcher, got.rank, got.job, got.attempt, got.world_size, got.local_rank, got.node) == (
+    assert (
+        got.launcher,
+        got.rank,
+        got.job,
+        got.attempt,
+        got.world_size,
+        got.local_rank,
+        got.node,
+    ) == (
         expected.launcher,
         expected.rank,
         expected.job,
@@ -144,9 +162,12 @@ def test_the_job_key_tells_jobs_steps_and_attempts_apart_and_is_a_file_name():
         key({**SLURM, "SLURM_JOB_ID": "4243"}),
         key({**SLURM, "SLURM_STEP_ID": "1"}),
         key({**SLURM, "SLURM_RESTART_COUNT": "1"}),
-        key({**TORCHRUN, "TORCHELASTIC_RUN_ID": "none", **SLURM, "TORCHELASTIC_RESTART_COUNT": "1"}),
+        key(
+            {**TORCHRUN, "TORCHELASTIC_RUN_ID": "none", **SLURM, "TORCHELASTIC_RESTART_COUNT": "1"}
+        ),
         key({**TORCHRUN, "TORCHELASTIC_RUN_ID": "none", **SLURM, "SLURM_RESTART_COUNT": "1"}),
-        # a requeue (Slurm 1, torchrun 0) is not the first attempt's first torchrun restart (Slurm 0, torchrun 1)
+        # a requeue (Slurm 1, torchrun 0) is not the first attempt's first torchrun restart (Slurm
+        # 0, torchrun 1)
         key(
             {
                 **TORCHRUN,
@@ -158,9 +179,14 @@ def test_the_job_key_tells_jobs_steps_and_attempts_apart_and_is_a_file_name():
         ),
     }
     assert len(keys) == 7
-    # torchrun's own --rdzv-id=$SLURM_JOB_ID is the same in every srun step and after a requeue (issue 34)
+    # torchrun's own --rdzv-id=$SLURM_JOB_ID is the same in every srun step and after a requeue
+    # (issue 34)
     rdzv = {**TORCHRUN, **SLURM, "TORCHELASTIC_RUN_ID": "4242"}
-    steps = {key(rdzv), key({**rdzv, "SLURM_STEP_ID": "1"}), key({**rdzv, "SLURM_RESTART_COUNT": "1"})}
+    steps = {
+        key(rdzv),
+        key({**rdzv, "SLURM_STEP_ID": "1"}),
+        key({**rdzv, "SLURM_RESTART_COUNT": "1"}),
+    }
     assert len(steps) == 3
     hostile = key({**PALS, "PALS_APID": "../../etc/passwd x"})
     assert "/" not in hostile and " " not in hostile
@@ -168,6 +194,7 @@ def test_the_job_key_tells_jobs_steps_and_attempts_apart_and_is_a_file_name():
 
 @pytest.mark.parametrize("value", ["²", "٣", "1e3", "0x1", "-1", "1" * 12])
 def test_a_rank_in_other_digits_is_a_usage_error_not_a_crash(value):
-    """``str.isdigit`` takes '²', which int() refuses: once an unexpected ValueError (exit 1) (issue 34)."""
+    """``str.isdigit`` takes '²', which int() refuses: once an unexpected ValueError (exit 1) (issue
+    34)."""
     with pytest.raises(RankVariableError, match="not a whole number"):
         detect({"RANK": value, "WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "x"})

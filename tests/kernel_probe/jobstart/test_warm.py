@@ -1,9 +1,10 @@
 """Job start at scale: a warm run with a current lock reads the machine without importing torch.
 
 Every rank runs ``kernel-probe --out L`` (or ``--check``, or ``verify``) at job start. When the lock
-is current, those commands read the fingerprint with ``kernel_lock.fingerprint.torchless`` and import neither
-torch, nor rich, nor the probe's heavy modules; where a checked fact cannot be read without torch, they
-fall back to the torch-based fingerprint and say which fact and why under ``--debug``.
+is current, those commands read the fingerprint with ``kernel_lock.fingerprint.torchless`` and
+import neither torch, nor rich, nor the probe's heavy modules; where a checked fact cannot be read
+without torch, they fall back to the torch-based fingerprint and say which fact and why under
+``--debug``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from tests.conftest import run_cli, small_probe
 from tests.kernel_probe.probe.test_candidates_data import _lock_pinning
 
 SHAPES = small_probe("LayerNorm", reps=1, precision=None)
-# what the warm path must not import: torch and what imports it, the progress bars, the probe's machinery
+# what the warm path must not import: torch and what imports it, the progress bars, the probe's
+# machinery
 HEAVY = (
     "torch",
     "numpy",
@@ -39,18 +41,22 @@ HEAVY = (
     "kernel_probe.detect",
     "kernel_lock.adapters",
 )
-# of the detection layer, what a staleness check reads: which registry libraries are installed, from package
-# metadata and the file system (no import, no child), so a library installed since the probe is noticed
+# of the detection layer, what a staleness check reads: which registry libraries are installed, from
+# package metadata and the file system (no import, no child), so a library installed since the probe
+# is noticed
 LIGHT = ("kernel_probe.detect", "kernel_probe.detect.libraries")
 
 
 @pytest.fixture(autouse=True)
 def read_the_files(monkeypatch):
-    """pytest has torch imported, where a check would ask it: read the files, as a job start does."""
+    """pytest has torch imported, where a check would ask it: read the files, as a job start
+    does."""
     monkeypatch.setattr(fp_here, "USE_IMPORTED_TORCH", False)
 
 
-def _imports(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> tuple[int, set[str], str, str]:
+def _imports(
+    argv: list[str], cwd: Path, env: dict[str, str] | None = None
+) -> tuple[int, set[str], str, str]:
     """Run kernel-probe in a fresh interpreter: (exit code, modules imported, stdout, stderr)."""
     code = (
         f"import sys; from kernel_probe.cli import main; rc = main({argv!r}); "
@@ -58,7 +64,12 @@ def _imports(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> t
     )
     run_env = {k: v for k, v in os.environ.items() if k != "KERNEL_LOCK_TRUST"} | (env or {})
     proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, env=run_env, timeout=300
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=run_env,
+        timeout=300,
     )
     err, _, mods = proc.stderr.rpartition("\nMODULES ")
     return proc.returncode, set(mods.split()), proc.stdout, err
@@ -66,7 +77,9 @@ def _imports(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> t
 
 def _heavy(mods: set[str]) -> list[str]:
     """Which of HEAVY were imported (each named once, however many of its submodules were)."""
-    return sorted({h for m in mods if m not in LIGHT for h in HEAVY if m == h or m.startswith(h + ".")})
+    return sorted(
+        {h for m in mods if m not in LIGHT for h in HEAVY if m == h or m.startswith(h + ".")}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +107,9 @@ def test_a_warm_run_imports_no_torch_nor_rich(warm, argv):
     assert rc == 0, err
     assert _heavy(mods) == [], f"the warm path imported {_heavy(mods)}"
     # no profile named: the site profiles are never read, not even their parser imported
-    assert not {m for m in mods if m.startswith("kernel_probe.profiles")}, "the warm path imported a profiles module"
+    assert not {m for m in mods if m.startswith("kernel_probe.profiles")}, (
+        "the warm path imported a profiles module"
+    )
     assert (warm / "k.toml").read_bytes() == before  # reused, not rewritten
     if argv[0] == "--out":
         assert "k.toml: current for this machine, reused without probing" in err
@@ -102,9 +117,14 @@ def test_a_warm_run_imports_no_torch_nor_rich(warm, argv):
 
 @pytest.mark.slow
 def test_a_stale_lock_is_still_caught_without_torch(warm, tmp_path):
-    """The torch-free fingerprint is what --check compares: a lock from another torch is stale (exit 3)."""
+    """The torch-free fingerprint is what --check compares: a lock from another torch is stale (exit
+    3)."""
     lock = kernel_lock.load(warm / "k.toml", emit_warnings=False)
-    text = (warm / "k.toml").read_text().replace(f'"{lock.environment.fields["torch"].value}"', '"2.4.1+cpu"', 1)
+    text = (
+        (warm / "k.toml")
+        .read_text()
+        .replace(f'"{lock.environment.fields["torch"].value}"', '"2.4.1+cpu"', 1)
+    )
     (tmp_path / "k.toml").write_text(text)
     rc, _, _, err = _imports(["rehash", "k.toml"], tmp_path)
     assert rc == 0, err
@@ -121,22 +141,26 @@ def test_debug_names_a_fact_read_without_torch_and_its_source(warm):
     assert "torch/version.py" in err.replace("\\", "/")
 
 
-# ---- the fallback: a checked fact torch alone can settle -----------------------------------------------
+# ---- the fallback: a checked fact torch alone can settle -----------------------------------------
 @pytest.fixture
 def here_lock(tmp_path) -> kernel_lock.KernelLock:
-    """A lock as the probe writes it on this machine (every fingerprint field, the writer's match rules)."""
+    """A lock as the probe writes it on this machine (every fingerprint field, the writer's match
+    rules)."""
     path = tmp_path / "k.toml"
     path.write_text(_lock_pinning(default_for("LayerNorm")).dumps())
     return kernel_lock.load(path, emit_warnings=False)
 
 
 def _unsettled(field: str, why: str):
-    """torchless.fingerprint as it reads this machine, except that ``field`` could not be settled."""
+    """torchless.fingerprint as it reads this machine, except that ``field`` could not be
+    settled."""
     real = torchless.fingerprint
 
     def fake(*args, **kwargs):
         fields, notes = real(*args, **kwargs)
-        return {**fields, field: None}, torchless.Notes({**notes.fallbacks, field: why}, notes.sources)
+        return {**fields, field: None}, torchless.Notes(
+            {**notes.fallbacks, field: why}, notes.sources
+        )
 
     return fake
 
@@ -144,9 +168,13 @@ def _unsettled(field: str, why: str):
 def test_verify_falls_back_to_torch_for_a_checked_fact_and_says_why(here_lock, monkeypatch, caplog):
     lock = here_lock
     assert lock.environment.fields["device-name"].match == "exact"
-    monkeypatch.setattr(torchless, "fingerprint", _unsettled("device-name", "amdgpu.ids is not installed here"))
+    monkeypatch.setattr(
+        torchless, "fingerprint", _unsettled("device-name", "amdgpu.ids is not installed here")
+    )
     calls = []
-    monkeypatch.setattr(with_torch, "current", lambda real=with_torch.current: calls.append(1) or real())
+    monkeypatch.setattr(
+        with_torch, "current", lambda real=with_torch.current: calls.append(1) or real()
+    )
     with caplog.at_level(logging.DEBUG, logger="kernel_lock"):
         lock.verify()
     assert calls == [1]  # device-name is checked by this lock: torch settled it
@@ -157,10 +185,17 @@ def test_verify_falls_back_to_torch_for_a_checked_fact_and_says_why(here_lock, m
 def test_an_ignored_fact_needs_no_torch(here_lock, monkeypatch):
     lock = here_lock
     assert lock.environment.fields["device-count"].match == "ignore"
-    monkeypatch.setattr(torchless, "fingerprint", _unsettled("device-count", "CUDA_VISIBLE_DEVICES lists a UUID"))
-    monkeypatch.setattr(with_torch, "current", lambda: pytest.fail("torch was imported for a field the lock ignores"))
+    monkeypatch.setattr(
+        torchless, "fingerprint", _unsettled("device-count", "CUDA_VISIBLE_DEVICES lists a UUID")
+    )
+    monkeypatch.setattr(
+        with_torch,
+        "current",
+        lambda: pytest.fail("torch was imported for a field the lock ignores"),
+    )
     notes = lock.verify()
-    assert not any("device-count" in n for n in notes)  # an unread count is not reported as a difference
+    # an unread count is not reported as a difference
+    assert not any("device-count" in n for n in notes)
 
 
 def test_the_torch_free_reading_catches_what_the_torch_one_does(here_lock, monkeypatch):
@@ -168,9 +203,13 @@ def test_the_torch_free_reading_catches_what_the_torch_one_does(here_lock, monke
     lock = here_lock
     real = torchless.fingerprint
     monkeypatch.setattr(
-        torchless, "fingerprint", lambda *a, **k: ({**real(*a, **k)[0], "torch": "2.4.1"}, real(*a, **k)[1])
+        torchless,
+        "fingerprint",
+        lambda *a, **k: ({**real(*a, **k)[0], "torch": "2.4.1"}, real(*a, **k)[1]),
     )
-    monkeypatch.setattr(with_torch, "current", lambda: pytest.fail("torch was imported though every fact was read"))
+    monkeypatch.setattr(
+        with_torch, "current", lambda: pytest.fail("torch was imported though every fact was read")
+    )
     with pytest.raises(LockMismatch) as exc:
         lock.verify()
     assert [d.field for d in exc.value.differences] == ["torch"]
@@ -180,15 +219,20 @@ def test_the_torch_free_reading_catches_what_the_torch_one_does(here_lock, monke
 def test_check_in_process_reports_the_fallback_under_debug(warm, monkeypatch, capsys, caplog):
     monkeypatch.chdir(warm)
     monkeypatch.delenv("KERNEL_LOCK_TRUST", raising=False)
-    monkeypatch.setattr(torchless, "fingerprint", _unsettled("torch", "torch/version.py computes its values"))
-    with caplog.at_level(logging.DEBUG, logger="kernel_lock"):  # what --debug shows on stderr (pytest captures it)
+    monkeypatch.setattr(
+        torchless, "fingerprint", _unsettled("torch", "torch/version.py computes its values")
+    )
+    # what --debug shows on stderr (pytest captures it)
+    with caplog.at_level(logging.DEBUG, logger="kernel_lock"):
         code, out, err = run_cli(["--debug", "--out", "k.toml", "--check", *SHAPES], capsys)
     assert code == 0, err
     assert "torch: needs torch (torch/version.py computes its values)" in caplog.text
     assert "torch-free fingerprint incomplete (torch): reading it with torch" in caplog.text
 
 
-def test_verify_no_import_decides_every_slot_without_importing_a_class(lock_file, capsys, monkeypatch):
+def test_verify_no_import_decides_every_slot_without_importing_a_class(
+    lock_file, capsys, monkeypatch
+):
     from kernel_lock import resolve
 
     built = []
@@ -208,7 +252,8 @@ def test_verify_no_import_decides_every_slot_without_importing_a_class(lock_file
     }
     code, out, err = run_cli(["verify", lock_file, "--no-import"], capsys)
     assert code == 0 and "(training mode, classes not imported)" in out
-    code, out, err = run_cli(["verify", lock_file, "--json"], capsys)  # the default still imports each class
+    # the default still imports each class
+    code, out, err = run_cli(["verify", lock_file, "--json"], capsys)
     assert code == 0 and json.loads(out)["imported"] is True
     assert built == [
         "torch.nn.LayerNorm",
@@ -221,7 +266,12 @@ def test_verify_no_import_decides_every_slot_without_importing_a_class(lock_file
 
 
 def test_a_process_with_torch_imported_asks_torch(here_lock, monkeypatch):
-    """A training process has torch loaded: its answers are the cheaper and the lock's own source."""
+    """A training process has torch loaded: its answers are the cheaper and the lock's own
+    source."""
     monkeypatch.setattr(fp_here, "USE_IMPORTED_TORCH", True)
-    monkeypatch.setattr(torchless, "fingerprint", lambda *a, **k: pytest.fail("files were read though torch is loaded"))
+    monkeypatch.setattr(
+        torchless,
+        "fingerprint",
+        lambda *a, **k: pytest.fail("files were read though torch is loaded"),
+    )
     here_lock.verify()  # no LockMismatch, and no file was read

@@ -1,6 +1,7 @@
-"""The Attention slot's checks and verdicts, in-process (the worker runs the same functions): torch's
-SDPA backends, the fake flash-attn 2/3/4 and transformer-engine libraries (tests/fakes/attention),
-and users' functions (tests/fakes/kp_attention.py), each accepted or refused for its reason."""
+"""The Attention slot's checks and verdicts, in-process (the worker runs the same functions):
+torch's SDPA backends, the fake flash-attn 2/3/4 and transformer-engine libraries
+(tests/fakes/attention), and users' functions (tests/fakes/kp_attention.py), each accepted or
+refused for its reason."""
 
 from __future__ import annotations
 
@@ -30,7 +31,12 @@ def libraries(monkeypatch):
         monkeypatch.syspath_prepend(str(FAKES / sub))
     yield
     for name in list(sys.modules):
-        if name.split(".")[0] in ("flash_attn", "flash_attn_interface", "transformer_engine", "kp_attention_common"):
+        if name.split(".")[0] in (
+            "flash_attn",
+            "flash_attn_interface",
+            "transformer_engine",
+            "kp_attention_common",
+        ):
             del sys.modules[name]
 
 
@@ -45,35 +51,48 @@ def verdict(target_or_id: str, options=None, dtypes=FP32):
     )
 
 
-# ---- torch's own backends ----------------------------------------------------------------------------
+# ---- torch's own backends ------------------------------------------------------------------------
 @pytest.mark.parametrize("cid", ["torch.sdpa", "torch.sdpa.math", "torch.sdpa.flash"])
 def test_torchs_backends_are_accepted_with_every_ratio_recorded(cid):
     raw, report = verdict(cid, {"window": 6}, BOTH)
     assert report.status == "accepted", report.reasons
     for v in report.verdicts:
         assert v.deterministic is True and 0 < v.worst_ratio < 1
-        assert set(v.ratios) >= {"random", "large-logits", "sharp-equal-values", "non-contiguous", "head-dim-128"}
+        assert set(v.ratios) >= {
+            "random",
+            "large-logits",
+            "sharp-equal-values",
+            "non-contiguous",
+            "head-dim-128",
+        }
         assert set(v.ratios) >= {"window", "small-window", "second-length"}
         assert all(set(r) == set(attention.OUTPUTS) for r in v.ratios.values())
         assert v.twin["state_dict"] == "interchangeable"
     assert raw.capabilities["window"] == "honoured" and raw.capabilities["scale"] == "honoured"
-    assert raw.capabilities["softcap"].startswith("raises: NotImplementedError")  # SDPA refuses, as anemoi's does
+    # SDPA refuses, as anemoi's does
+    assert raw.capabilities["softcap"].startswith("raises: NotImplementedError")
 
 
 @pytest.mark.parametrize("cid", ["torch.sdpa.efficient", "torch.sdpa.cudnn"])
 def test_a_forced_backend_that_refuses_cpu_is_unavailable_with_torchs_reason(cid):
     _, report = verdict(cid)
     assert report.status == "unavailable"
-    assert "No viable backend for scaled_dot_product_attention" in report.reasons[0]  # never another backend
+    # never another backend
+    assert "No viable backend for scaled_dot_product_attention" in report.reasons[0]
 
 
 def test_cpu_flash_refuses_dropout_and_a_model_with_dropout_cannot_use_it():
     raw, report = verdict("torch.sdpa.flash", {"dropout": 0.1})
-    assert raw.capabilities["dropout"].startswith("raises:") and "dropout" in raw.capabilities["dropout"]
-    assert report.status == "unavailable" and report.reasons[0].startswith("the model sets dropout=0.1")
+    assert (
+        raw.capabilities["dropout"].startswith("raises:")
+        and "dropout" in raw.capabilities["dropout"]
+    )
+    assert report.status == "unavailable" and report.reasons[0].startswith(
+        "the model sets dropout=0.1"
+    )
 
 
-# ---- users' functions --------------------------------------------------------------------------------
+# ---- users' functions ----------------------------------------------------------------------------
 def test_a_users_function_gets_the_window_as_a_boolean_mask():
     _, report = verdict("kp_attention.sdpa", {"window": 4})
     assert report.status == "accepted", report.reasons
@@ -103,27 +122,38 @@ def test_the_low_precision_backward_bug_is_caught_on_the_sharp_softmax():
 
 @pytest.mark.parametrize("options", [None, {"window": 6}])
 def test_a_bias_within_the_max_error_tolerance_is_rejected_by_the_bias_statistic(options):
-    """The norms' RMS and bias rule (issue 35) on attention's outputs: an offset the max error passes."""
+    """The norms' RMS and bias rule (issue 35) on attention's outputs: an offset the max error
+    passes."""
     raw, report = verdict("kp_attention.biased_output", options, BOTH)
     assert report.status == "rejected"
     for v in report.verdicts:
         for case, outputs in v.errors.items():  # the max error alone passes every case
             got, base = outputs["out"]
             assert got <= attention_verdict.tolerance("out", base, v.dtype), (v.dtype, case)
-        assert v.failed and all(f.endswith(":out") for f in v.failed)  # the gradients are torch's own
-        assert v.statistics["bias"] > 1 and any("out bias (mean signed error)" in r for r in v.reasons)
+        # the gradients are torch's own
+        assert v.failed and all(f.endswith(":out") for f in v.failed)
+        assert v.statistics["bias"] > 1 and any(
+            "out bias (mean signed error)" in r for r in v.reasons
+        )
     _, control = verdict("kp_attention.sdpa", options, BOTH)  # the same function without the offset
     assert control.status == "accepted"
     assert all(v.statistics["bias"] < 0.5 and v.statistics["rms"] < 1 for v in control.verdicts)
 
 
-# ---- the fake kernel libraries, called as anemoi calls them ------------------------------------------
+# ---- the fake kernel libraries, called as anemoi calls them --------------------------------------
 def test_flash_attn_2_is_accepted_but_not_deterministic(libraries):
     raw, report = verdict("kernel_lock.attention.FlashAttention2", {"window": 4, "dropout": 0.1})
     assert report.status == "accepted", report.reasons
-    assert all(raw.capabilities[o] == "honoured" for o in ("window", "softcap", "dropout", "alibi", "scale"))
+    assert all(
+        raw.capabilities[o] == "honoured"
+        for o in ("window", "softcap", "dropout", "alibi", "scale")
+    )
     assert report.deterministic is False
-    assert any("not deterministic: two identical fwd+bwd differ" in n for v in report.verdicts for n in v.notes)
+    assert any(
+        "not deterministic: two identical fwd+bwd differ" in n
+        for v in report.verdicts
+        for n in v.notes
+    )
 
 
 def test_flash_attn_2_refused_by_choice_under_deterministic(libraries):
@@ -132,7 +162,16 @@ def test_flash_attn_2_refused_by_choice_under_deterministic(libraries):
 
     _, report = verdict("kernel_lock.attention.FlashAttention2")
     with pytest.raises(ForcedUnusable, match="not bitwise repeatable"):
-        choose("Attention", [report], {}, ["4x32x256"], "float32", "torch.sdpa", pin=report.id, deterministic=True)
+        choose(
+            "Attention",
+            [report],
+            {},
+            ["4x32x256"],
+            "float32",
+            "torch.sdpa",
+            pin=report.id,
+            deterministic=True,
+        )
 
 
 def test_flash_attn_3_drops_dropout_and_refuses_alibi(libraries):
@@ -143,7 +182,8 @@ def test_flash_attn_3_drops_dropout_and_refuses_alibi(libraries):
     )
     _, report = verdict("kernel_lock.attention.FlashAttention3", {"alibi": True})
     assert (
-        report.status == "unavailable" and "alibi slopes are not supported by flash attention v3" in report.reasons[0]
+        report.status == "unavailable"
+        and "alibi slopes are not supported by flash attention v3" in report.reasons[0]
     )
 
 
@@ -154,7 +194,10 @@ def test_flash_attn_4_drops_dropout_and_softcap(libraries, monkeypatch):
     raw, report = verdict("kernel_lock.attention.FlashAttention4", {"softcap": 5.0})
     assert raw.capabilities["softcap"] == "ignored" and raw.capabilities["dropout"] == "ignored"
     assert raw.capabilities["alibi"] == "ignored" and raw.capabilities["window"] == "honoured"
-    assert report.status == "rejected" and "softcap=5.0, and this candidate silently ignored it" in report.reasons[0]
+    assert (
+        report.status == "rejected"
+        and "softcap=5.0, and this candidate silently ignored it" in report.reasons[0]
+    )
 
 
 def test_transformer_engine_through_its_adapter(libraries):
@@ -164,13 +207,15 @@ def test_transformer_engine_through_its_adapter(libraries):
     assert report.status == "unavailable" and "softcap is not supported" in report.reasons[0]
 
 
-# ---- the classes and the geometry --------------------------------------------------------------------
+# ---- the classes and the geometry ----------------------------------------------------------------
 def test_the_band_and_a_second_sequence_length():
     assert band_mask(5, 5, 1, "cpu").sum().item() == 13
     mod = SDPAttention(window=2)
     for n in (16, 9):  # each length gets its own mask (anemoi's SDPA wrapper reuses the first)
         q = torch.randn(1, 2, n, 8)
-        ref = torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=band_mask(n, n, 2, "cpu"))
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q, q, q, attn_mask=band_mask(n, n, 2, "cpu")
+        )
         assert torch.allclose(mod(q, q, q), ref, atol=1e-6)
 
 
@@ -183,7 +228,11 @@ def test_options_are_validated_and_flash_4_gets_anemois_scale(monkeypatch):
     mod = FlashAttention4(window=3)
     mod._func = lambda q, k, v, **kw: (seen.update(kw, shape=q.shape) or q, None)
     out = mod(*(torch.randn(1, 2, 5, 16) for _ in range(3)))
-    assert seen["softmax_scale"] == 0.25 and seen["window_size"] == (3, 3) and seen["shape"] == (1, 5, 2, 16)
+    assert (
+        seen["softmax_scale"] == 0.25
+        and seen["window_size"] == (3, 3)
+        and seen["shape"] == (1, 5, 2, 16)
+    )
     assert out.shape == (1, 2, 5, 16) and "dropout_p" not in seen and "softcap" not in seen
 
 
@@ -210,7 +259,7 @@ def test_o96_geometry_parses():
     assert str(g) == "16x128x40320:window=512,dropout=0.1,alibi=true"
 
 
-# ---- timing reports progress like the other slots' timing (issue 36) -------------------------------------
+# ---- timing reports progress like the other slots' timing (issue 36) -----------------------------
 def test_attention_timing_reports_progress_after_every_call_of_every_geometry():
     seen = []
     cand = next(c for c in cands.builtin() if c.id == "torch.sdpa")
@@ -223,7 +272,8 @@ def test_attention_timing_reports_progress_after_every_call_of_every_geometry():
     steps = [(m.shape, m.index, m.of, m.phase, m.done, m.total) for m in seen]
     assert steps == [(g, i, 2, *s) for i, g in enumerate(geometries) for s in PROGRESS_2_3]
     assert_seconds_per_shape(seen, geometries, wall)
-    quiet = attention.time_candidate(cand, "cpu", geometries[:1], "float32", opts)  # no callback: no messages
+    # no callback: no messages
+    quiet = attention.time_candidate(cand, "cpu", geometries[:1], "float32", opts)
     assert "error" not in quiet.rows[0]
 
 
@@ -247,23 +297,33 @@ def test_the_worker_forwards_attention_timing_progress_before_the_reply():
     with Worker() as w:
         reply = w.call(request, 120, on_progress=seen.append)
     assert "error" not in reply.rows[0], reply.rows
-    assert [(m.phase, m.done) for m in seen] == [("first call", 1), ("warm-up", 1), ("rep", 1), ("rep", 2)]
+    assert [(m.phase, m.done) for m in seen] == [
+        ("first call", 1),
+        ("warm-up", 1),
+        ("rep", 1),
+        ("rep", 2),
+    ]
 
 
-# ---- through the command line and the worker ---------------------------------------------------------
+# ---- through the command line and the worker -----------------------------------------------------
 @pytest.mark.slow
 def test_check_json_reports_a_users_function_like_any_candidate(capsys):
     from tests.conftest import run_cli
 
     argv = ["check", "--candidate", "Attention=kp_attention.ignores_mask", "--slot", "Attention"]
-    code, out, err = run_cli([*argv, "--attention", "2x32x64:window=4", "--dtype", "fp32", "--json"], capsys)
+    code, out, err = run_cli(
+        [*argv, "--attention", "2x32x64:window=4", "--dtype", "fp32", "--json"], capsys
+    )
     assert code == 0, err
     import json
 
     reports = {r["id"]: r for r in json.loads(out)["slots"]["Attention"]}
     mine = reports["custom:kp_attention.ignores_mask"]
     assert mine["status"] == "rejected" and mine["reasons"][0].startswith("the model sets window=4")
-    assert mine["capabilities"]["window"] == "ignored" and mine["evidence"][0]["ratios"]["random"]["out"] > 1
+    assert (
+        mine["capabilities"]["window"] == "ignored"
+        and mine["evidence"][0]["ratios"]["random"]["out"] > 1
+    )
     assert set(mine) == set(reports["torch.sdpa"]) and reports["torch.sdpa"]["status"] == "accepted"
     assert reports["torch.sdpa.efficient"]["status"] == "unavailable"
 
@@ -274,13 +334,22 @@ def test_a_cpu_probe_pins_the_attention_slot(tmp_path, capsys):
     from tests.conftest import run_cli, small_probe
 
     out = tmp_path / "l.toml"
-    code, _, err = run_cli([*small_probe("Attention"), "--attention", "2x16x64:window=3", "--out", out], capsys)
+    code, _, err = run_cli(
+        [*small_probe("Attention"), "--attention", "2x16x64:window=3", "--out", out], capsys
+    )
     assert code == 0, err
     lock = kernel_lock.load(out, strict=True)
     slot = lock.slots["Attention"]
-    assert slot.kwargs["window"] == 3 and slot.twin is not None and slot.twin.target.endswith("SDPAttention")
+    assert (
+        slot.kwargs["window"] == 3
+        and slot.twin is not None
+        and slot.twin.target.endswith("SDPAttention")
+    )
     evidence = slot.evidence[0]
-    assert set(evidence["error-ratios"]) == set(attention.OUTPUTS) and evidence["capabilities"]["window"] == "honoured"
+    assert (
+        set(evidence["error-ratios"]) == set(attention.OUTPUTS)
+        and evidence["capabilities"]["window"] == "honoured"
+    )
     mod = lock.factory("Attention")()
     q = torch.randn(1, 2, 9, 16)
     assert mod(q, q, q).shape == q.shape

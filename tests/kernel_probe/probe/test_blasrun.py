@@ -1,4 +1,5 @@
-"""kernel_probe.probe.blasrun: the BLAS library a Linear is checked and timed under, and restored after."""
+"""kernel_probe.probe.blasrun: the BLAS library a Linear is checked and timed under, and restored
+after."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ import pytest
 import torch
 
 from kernel_probe import candidates as cands
-from kernel_probe.probe.blasrun import BlasNotOffered, baseline_blas, blas_device, blas_library, blas_selected
+from kernel_probe.probe.blasrun import (
+    BlasNotOffered,
+    baseline_blas,
+    blas_device,
+    blas_library,
+    blas_selected,
+)
 
 
 def cand(cid: str):
@@ -16,7 +23,8 @@ def cand(cid: str):
 
 
 class FakeBlas:
-    """torch.backends.cuda.preferred_blas_library over a process-wide choice; ``offered``: what it takes."""
+    """torch.backends.cuda.preferred_blas_library over a process-wide choice; ``offered``: what it
+    takes."""
 
     def __init__(self, start: str = "Cublas", offered=("cublas", "cublaslt")):
         self.choice = SimpleNamespace(name=start)
@@ -74,7 +82,8 @@ def test_baseline_blas_is_the_classic_library(cid, device, expected):
 
 
 @pytest.mark.parametrize(
-    "cid,device", [("torch.layer_norm", "cuda"), ("torch.linear", "cpu"), ("torch.rms_norm", "rocm")]
+    "cid,device",
+    [("torch.layer_norm", "cuda"), ("torch.linear", "cpu"), ("torch.rms_norm", "rocm")],
 )
 def test_no_blas_library_applies(fake, cid, device):
     blas = fake()
@@ -103,7 +112,9 @@ def test_a_library_the_build_does_not_offer_is_refused_and_the_choice_restored(f
     blas = fake(start="Cublas", offered=("cublas",))
     before = blas.choice
     with (
-        pytest.raises(BlasNotOffered, match="this torch build does not offer cublaslt: torch kept cublas"),
+        pytest.raises(
+            BlasNotOffered, match="this torch build does not offer cublaslt: torch kept cublas"
+        ),
         blas_library(cand("torch.linear.cublaslt"), "cuda"),
     ):
         pass

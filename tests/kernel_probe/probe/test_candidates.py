@@ -14,7 +14,9 @@ def test_builtin_registry_is_consistent():
     assert len(ids) == len(set(ids))
     for c in cands.builtin():
         assert all(cands.SLOT_SEMANTICS[s] == c.semantics for s in c.slots), c.id
-        assert c.twin_target.startswith(("torch.nn.", "kernel_lock.attention.", "kernel_lock.gated_mlp.")), c.id
+        assert c.twin_target.startswith(
+            ("torch.nn.", "kernel_lock.attention.", "kernel_lock.gated_mlp.")
+        ), c.id
     expected = {
         "torch.layer_norm",
         "torch.rms_norm",
@@ -68,7 +70,9 @@ def test_liger_pins_the_traps():
     assert liger_ln.pinned_kwargs({"eps": 1e-5}) == {"eps": 1e-5}  # not liger's 1e-6 default
 
 
-@pytest.mark.parametrize("text", ["LayerNorm", "LayerNorm=", "LayerNorm=Foo", "=a.B", "LayerNorm=a..B"])
+@pytest.mark.parametrize(
+    "text", ["LayerNorm", "LayerNorm=", "LayerNorm=Foo", "=a.B", "LayerNorm=a..B"]
+)
 def test_bad_command_line_candidates(text):
     with pytest.raises(UsageError):
         cands.from_command_line(text)
@@ -80,7 +84,9 @@ def test_entry_point_candidates_and_broken_plugins(tmp_path, monkeypatch):
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: kp-plugin\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text(
-        "[kernel_probe.probe.candidates]\ngood = kp_plugin:candidates\nbroken = kp_plugin:broken\nmissing = kp_nope:x\n"
+        "[kernel_probe.probe.candidates]\ngood = kp_plugin:candidates\nbroken = "
+        "kp_plugin:broken\nmissing = "
+        "kp_nope:x\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     found, problems = cands.registry()
@@ -95,10 +101,12 @@ def test_entry_point_candidates_and_broken_plugins(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_torch_compile_candidate_on_cpu():
     compiled = [c for c in cands.builtin() if c.id == "torch.compile.layer_norm"]
-    skipped = check_all(["LayerNorm"], compiled, "cpu", dtype_plan(["float32"]), timeout=60)["LayerNorm"][0]
-    assert skipped.status == "skipped" and "--with-compile" in skipped.reasons[0]
-    rep = check_all(["LayerNorm"], compiled, "cpu", dtype_plan(["float32"]), timeout=600, with_compile=True)[
+    skipped = check_all(["LayerNorm"], compiled, "cpu", dtype_plan(["float32"]), timeout=60)[
         "LayerNorm"
     ][0]
+    assert skipped.status == "skipped" and "--with-compile" in skipped.reasons[0]
+    rep = check_all(
+        ["LayerNorm"], compiled, "cpu", dtype_plan(["float32"]), timeout=600, with_compile=True
+    )["LayerNorm"][0]
     assert rep.status == "accepted", rep.reasons
     assert rep.twin["state_dict"] == "interchangeable"

@@ -1,9 +1,11 @@
-"""The built-in candidates are data, read by the one candidate parser, and each slot fact has one home.
+"""The built-in candidates are data, read by the one candidate parser, and each slot fact has one
+home.
 
 ``kernel_lock/registry.toml`` declares the built-ins in a site profile's ``[[candidate]]`` form and
-the libraries in ``[[library]]`` tables; the import allow-list (``kernel_lock.trust.registry.allowed_roots``)
-is derived from the candidates, and ``kernel_probe.detect.libraries`` reads the libraries, so adding
-a kernel library's candidate is one data entry.
+the libraries in ``[[library]]`` tables; the import allow-list
+(``kernel_lock.trust.registry.allowed_roots``) is derived from the candidates, and
+``kernel_probe.detect.libraries`` reads the libraries, so adding a kernel library's candidate is one
+data entry.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from tests.conftest import ROOT
 BUILTIN_IDS = [c.id for c in cands.builtin()]
 
 
-# ---- one home per slot fact --------------------------------------------------------------------------
+# ---- one home per slot fact ----------------------------------------------------------------------
 def test_every_slot_fact_is_imported_from_kernel_lock_slots():
     from kernel_lock import resolve
     from kernel_lock.format import document, schema
@@ -40,10 +42,25 @@ def test_every_slot_fact_is_imported_from_kernel_lock_slots():
 
     assert kernel_lock.SLOTS is document.SLOTS is resolve.SLOTS is cands.SLOTS is slots.SLOTS
     assert schema.SEMANTICS is cands.SEMANTICS is slots.SEMANTICS
-    assert cands.SLOT_SEMANTICS is judge.SLOT_SEMANTICS is lockwrite.SLOT_SEMANTICS is slots.SLOT_SEMANTICS
+    assert (
+        cands.SLOT_SEMANTICS
+        is judge.SLOT_SEMANTICS
+        is lockwrite.SLOT_SEMANTICS
+        is slots.SLOT_SEMANTICS
+    )
     assert cands.CANONICAL is lockwrite.CANONICAL is slots.CANONICAL
-    assert resolve.DEFAULT_TARGETS is slots.DEFAULT_TARGETS and resolve.TWIN_SEMANTICS is slots.TWIN_SEMANTICS
-    assert document.MODES is resolve.MODES is export.MODES is check_config.MODES is verify.MODES is slots.MODES
+    assert (
+        resolve.DEFAULT_TARGETS is slots.DEFAULT_TARGETS
+        and resolve.TWIN_SEMANTICS is slots.TWIN_SEMANTICS
+    )
+    assert (
+        document.MODES
+        is resolve.MODES
+        is export.MODES
+        is check_config.MODES
+        is verify.MODES
+        is slots.MODES
+    )
     assert document.PRECISIONS is profile_format.PRECISIONS is slots.PRECISIONS
     assert schema.STATUSES is judge.STATUSES is slots.STATUSES
     assert judge.CONFUSABLE is slots.CONFUSABLE and judge.DTYPES is slots.DTYPES
@@ -51,13 +68,21 @@ def test_every_slot_fact_is_imported_from_kernel_lock_slots():
 
 def test_precisions_are_names_to_dtype_and_regime():
     assert list(slots.PRECISIONS) == ["32-true", "bf16-true", "16-true", "bf16-mixed", "16-mixed"]
-    assert slots.PRECISIONS["bf16-mixed"] == ("bfloat16", "mixed") and slots.PRECISIONS["16-true"].dtype == "float16"
+    assert (
+        slots.PRECISIONS["bf16-mixed"] == ("bfloat16", "mixed")
+        and slots.PRECISIONS["16-true"].dtype == "float16"
+    )
     with pytest.raises(TypeError):
         slots.PRECISIONS["fp8"] = ("float8", "true")  # type: ignore[index]
 
 
 def test_the_slot_facts_agree_with_each_other():
-    assert set(slots.SLOT_SEMANTICS) == set(slots.SLOTS) == set(slots.DEFAULT_TARGETS) == set(slots.CANONICAL)
+    assert (
+        set(slots.SLOT_SEMANTICS)
+        == set(slots.SLOTS)
+        == set(slots.DEFAULT_TARGETS)
+        == set(slots.CANONICAL)
+    )
     assert set(slots.CALL_ARGS) == set(slots.CALL_KWARGS) == set(slots.SLOTS)
     assert tuple(slots.SLOT_SEMANTICS.values()) == slots.SEMANTICS
     for slot, target in slots.DEFAULT_TARGETS.items():
@@ -90,13 +115,17 @@ def test_one_hint_for_a_misspelt_slot(name, fix):
         cands.from_command_line(f"{name}=mylib.Fast")
 
 
-# ---- the built-ins are package data in the profile's [[candidate]] form ------------------------------
+# ---- the built-ins are package data in the profile's [[candidate]] form --------------------------
 def test_the_registry_is_package_data_of_kernel_lock():
     path = registry.path()
     assert path.parent == Path(kernel_lock.__file__).parent and path.name == registry.DATA
-    package_data = toml.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    package_data = toml.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"
+    ]
     assert registry.DATA in package_data["kernel_lock"]
-    assert cands.load_candidates(path) == cands.builtin() and all(c.source == "builtin" for c in cands.builtin())
+    assert cands.load_candidates(path) == cands.builtin() and all(
+        c.source == "builtin" for c in cands.builtin()
+    )
 
 
 def test_the_library_table_is_read_from_the_registry():
@@ -114,7 +143,11 @@ def test_the_library_table_is_read_from_the_registry():
         "kernels",
     ]
     apex = known_libraries()[names.index("apex")]
-    assert [v.key for v in apex.variants] == ["rocm-fork", "nvidia", "unrelated"] and not apex.variants[-1].usable
+    assert [v.key for v in apex.variants] == [
+        "rocm-fork",
+        "nvidia",
+        "unrelated",
+    ] and not apex.variants[-1].usable
     assert apex.variants[0].text_in == (("git_version_info.py", "ROCm Apex"),)
 
 
@@ -123,7 +156,9 @@ def test_a_broken_library_table_names_the_key(tmp_path):
 
     r = TableReader("registry.toml")
     with pytest.raises(CandidateDataError) as exc:
-        read_libraries(r, {"library": [{"name": "x", "module": "x", "check": "x", "variant": [{"key": "k"}]}]})
+        read_libraries(
+            r, {"library": [{"name": "x", "module": "x", "check": "x", "variant": [{"key": "k"}]}]}
+        )
     assert exc.value.key == "library[0].variant[0].label" and "missing" in str(exc.value)
     with pytest.raises(CandidateDataError) as exc:
         read_libraries(r, {"library": [{"name": "x", "modul": "x"}]})
@@ -133,11 +168,19 @@ def test_a_broken_library_table_names_the_key(tmp_path):
 def test_a_builtin_entry_is_a_valid_profile_candidate(tmp_path):
     """The same parser reads both: a built-in's table, renamed, is accepted in a site profile."""
     data = registry.path().read_text()
-    te = data[data.index('id = "te.layer_norm"') :].split("\n\n")[0].replace('"te.layer_norm"', '"site.te_layer_norm"')
+    te = (
+        data[data.index('id = "te.layer_norm"') :]
+        .split("\n\n")[0]
+        .replace('"te.layer_norm"', '"site.te_layer_norm"')
+    )
     text = f'profile-version = "1"\nname = "site"\n\n[[candidate]]\n{te}\n'
     prof = profile_format.parse(text, "site.toml")
     builtin = next(c for c in cands.builtin() if c.id == "te.layer_norm")
-    assert prof.candidates[0].to_json() == {**builtin.to_json(), "id": "site.te_layer_norm", "source": "profile:site"}
+    assert prof.candidates[0].to_json() == {
+        **builtin.to_json(),
+        "id": "site.te_layer_norm",
+        "source": "profile:site",
+    }
 
 
 @pytest.mark.parametrize(
@@ -154,13 +197,16 @@ def test_a_builtin_entry_is_a_valid_profile_candidate(tmp_path):
             "expected a string",
         ),
         (
-            'id = "x.ln"\nslots = ["LayerNorm"]\ntarget = "x.LN"\ntwin_target = "torch.nn.LayerNorm"',
+            'id = "x.ln"\nslots = ["LayerNorm"]\ntarget = "x.LN"\ntwin_target = '
+            '"torch.nn.LayerNorm"',
             "candidate[0].twin_target",
             "unknown key",
         ),
         (
             (
-                'id = "torch.layer_norm"\nslots = ["LayerNorm"]\ntarget = "x.LN"\n\n[[candidate]]\nid = "torch.layer_norm"\n'
+                'id = "torch.layer_norm"\nslots = ["LayerNorm"]\ntarget = '
+                '"x.LN"\n\n[[candidate]]\nid = '
+                '"torch.layer_norm"\n'
                 'slots = ["LayerNorm"]\ntarget = "x.LN"'
             ),
             "candidate[1].id",
@@ -176,11 +222,12 @@ def test_a_broken_data_file_names_the_key(tmp_path, entry, key, problem):
     assert exc.value.key == key and problem in str(exc.value)
 
 
-# ---- the allow-list is derived from the registry; the library table is read from it -------------------
+# ---- the allow-list is derived from the registry; the library table is read from it --------------
 @pytest.mark.parametrize("cid", BUILTIN_IDS)
 def test_the_allow_list_accepts_every_builtin_target_and_twin(cid):
     cand = next(c for c in cands.builtin() if c.id == cid)
-    check_target(cand.target)  # raises TargetNotAllowed when the allow-list lacks the candidate's library
+    # raises TargetNotAllowed when the allow-list lacks the candidate's library
+    check_target(cand.target)
     check_target(cand.twin_target)
 
 
@@ -198,12 +245,16 @@ def test_the_allow_list_is_the_registrys_roots_and_nothing_else():
         "quack",
     )
     for root in registry.allowed_roots():
-        assert any(t == root or t.startswith(root + ".") for t in used), f"{root} allowed but no candidate uses it"
+        assert any(t == root or t.startswith(root + ".") for t in used), (
+            f"{root} allowed but no candidate uses it"
+        )
     check_target("kernel_lock.adapters.CompiledLayerNorm")
     with pytest.raises(TargetNotAllowed, match="kernel_lock.resolve"):
-        check_target("kernel_lock.resolve.factory")  # kernel_lock itself: only its adapters build classes
+        # kernel_lock itself: only its adapters build classes
+        check_target("kernel_lock.resolve.factory")
     with pytest.raises(TargetNotAllowed, match="kernels.Fast"):
-        check_target("kernels.Fast")  # a known library without candidates: detected, never imported from a lock
+        # a known library without candidates: detected, never imported from a lock
+        check_target("kernels.Fast")
 
 
 def test_detect_knows_every_builtin_library():
@@ -226,9 +277,19 @@ def _here() -> dict:
 
 
 def _lock_pinning(cand: cands.Candidate) -> kernel_lock.KernelLock:
-    """The lock kernel_probe.probe.write writes when ``cand`` is chosen for its slot (no measurements)."""
+    """The lock kernel_probe.probe.write writes when ``cand`` is chosen for its slot (no
+    measurements)."""
     slot = cand.slots[0]
-    report = Report(cand.id, cand.target, slot, cand.semantics, "cpu", "accepted", candidate=cand, source=cand.source)
+    report = Report(
+        cand.id,
+        cand.target,
+        slot,
+        cand.semantics,
+        "cpu",
+        "accepted",
+        candidate=cand,
+        source=cand.source,
+    )
     choice = Choice(slot, report, "pinned", "pinned for this test")
     return lockwrite.build_lock({slot: choice}, {slot: [report]}, {}, _here(), precision="32-true")
 
@@ -238,11 +299,15 @@ def test_a_lock_pinning_each_builtin_loads(cid):
     cand = next(c for c in cands.builtin() if c.id == cid)
     lock = kernel_lock.loads(_lock_pinning(cand).dumps(), emit_warnings=False)
     entry = lock.slots[cand.slots[0]]
-    assert (entry.implementation, entry.target, entry.devices) == (cand.id, cand.target, cand.devices)
+    assert (entry.implementation, entry.target, entry.devices) == (
+        cand.id,
+        cand.target,
+        cand.devices,
+    )
     assert lock.trusted_modules == ()  # a built-in needs no trust
 
 
-# ---- adding a kernel library is one data entry ------------------------------------------------------------
+# ---- adding a kernel library is one data entry ---------------------------------------------------
 FASTLIB_ENTRY = """
 # a new kernel library: its LayerNorm takes the size as hidden_size
 [[candidate]]
@@ -264,7 +329,8 @@ def with_fastlib(tmp_path, monkeypatch) -> cands.Candidate:
     shutil.copy(registry.path(), data)
     with data.open("a") as f:
         f.write(FASTLIB_ENTRY)
-    # what shipping that file does: the registry is read from it, and kernel-probe's built-ins with it
+    # what shipping that file does: the registry is read from it, and kernel-probe's built-ins with
+    # it
     monkeypatch.setattr(registry, "PATH", data)
     registry.reset()
     fastlib = cands.load_candidates(registry.path())
@@ -277,16 +343,21 @@ def with_fastlib(tmp_path, monkeypatch) -> cands.Candidate:
 def test_a_new_library_entry_is_registered(with_fastlib):
     found, problems = cands.registry(entry_points=False)
     assert not problems and [c.id for c in found] == [*BUILTIN_IDS, "fastlib.layer_norm"]
-    assert with_fastlib.semantics == "layer_norm" and with_fastlib.module == "kp_fastlib"  # the slot's, the target's
+    # the slot's, the target's
+    assert with_fastlib.semantics == "layer_norm" and with_fastlib.module == "kp_fastlib"
     assert with_fastlib.install_hint("cuda") == "pip install kp-fastlib"
 
 
 @pytest.mark.slow
 def test_a_new_library_entry_is_checked_and_its_lock_loads(with_fastlib, monkeypatch):
-    cand = dataclasses.replace(with_fastlib, distribution="")  # kp_fastlib is on sys.path, not pip-installed
-    report = check_all(["LayerNorm"], [cand], "cpu", dtype_plan(["float32"]), timeout=60)["LayerNorm"][0]
+    # kp_fastlib is on sys.path, not pip-installed
+    cand = dataclasses.replace(with_fastlib, distribution="")
+    report = check_all(["LayerNorm"], [cand], "cpu", dtype_plan(["float32"]), timeout=60)[
+        "LayerNorm"
+    ][0]
     assert report.status == "accepted", report.reasons
-    assert report.twin["state_dict"] == "migrate"  # its _extra_state is dropped for the torch.nn twin
+    # its _extra_state is dropped for the torch.nn twin
+    assert report.twin["state_dict"] == "migrate"
     text = _lock_pinning(cand).dumps()
     # nothing else to edit: the allow-list follows the registry, so the lock loads without any trust
     monkeypatch.delenv("KERNEL_LOCK_TRUST")  # conftest grants the fakes; a user's run would not

@@ -1,13 +1,14 @@
-"""liger-kernel's real LayerNorm and RMSNorm through the probe's own checks, on this CPU, in Triton's
-interpreter (issue 26, point 2).
+"""liger-kernel's real LayerNorm and RMSNorm through the probe's own checks, on this CPU, in
+Triton's interpreter (issue 26, point 2).
 
-On a CPU the registry's liger candidates are gated (``devices = cuda, rocm, xpu``: tried once, "0 active
-drivers", unavailable), and that gate is not touched. Here the same candidates, with ``cpu`` added to
-their devices and their target pointing at ``tests.liger_interpret_shims`` (which applies two
-version-pinned interpreter shims and hands back the *real* class), go through ``check_candidate``, the
-function ``kernel-probe`` and ``kernel-probe check`` use, in a probe worker started with
-``TRITON_INTERPRET=1``: the same hard inputs, float64 reference, torch.nn baseline, tolerance model,
-flags, layout, initialisation and twin checks. bf16 is left out: the interpreter computes it wrongly.
+On a CPU the registry's liger candidates are gated (``devices = cuda, rocm, xpu``: tried once, "0
+active drivers", unavailable), and that gate is not touched. Here the same candidates, with ``cpu``
+added to their devices and their target pointing at ``tests.liger_interpret_shims`` (which applies
+two version-pinned interpreter shims and hands back the *real* class), go through
+``check_candidate``, the function ``kernel-probe`` and ``kernel-probe check`` use, in a probe worker
+started with ``TRITON_INTERPRET=1``: the same hard inputs, float64 reference, torch.nn baseline,
+tolerance model, flags, layout, initialisation and twin checks. bf16 is left out: the interpreter
+computes it wrongly.
 
 Every such run is labelled interpreted (report, verdicts), a worker under the interpreter refuses to
 time, and the chooser never takes an interpreted candidate: the fast tests at the end check those
@@ -43,14 +44,18 @@ from kernel_probe.probe.report import Report
 
 HAS_LIGER = importlib.util.find_spec("liger_kernel") is not None
 needs_liger = pytest.mark.skipif(
-    not HAS_LIGER, reason="liger-kernel is not installed (pip install -e '.[liger]'; CI installs it)"
+    not HAS_LIGER,
+    reason="liger-kernel is not installed (pip install -e '.[liger]'; CI installs it)",
 )
 
 SHIMS = "tests.liger_interpret_shims"
-# fp32, and fp16 plain and under autocast: the interpreter's bf16 is wrong (see the shims' docstring)
+# fp32, and fp16 plain and under autocast: the interpreter's bf16 is wrong (see the shims'
+# docstring)
 PLAN = (("float32", "true"), ("float16", "true"), ("float16", "mixed"))
 FP32 = (("float32", "true"),)
-CHECK_BUDGET = 1200.0  # a safety net against a hang: a row takes ~10 s of CPU, minutes on a shared CPU
+CHECK_BUDGET = (
+    1200.0  # a safety net against a hang: a row takes ~10 s of CPU, minutes on a shared CPU
+)
 BY_ID = {c.id: c for c in builtin()}
 
 
@@ -84,7 +89,14 @@ CASES = (
     Case("liger.layer_norm", "LayerNorm", "liger.layer_norm", "LigerLayerNorm"),
     Case("liger.rms_norm", "RMSNorm", "liger.rms_norm", "LigerRMSNorm"),
     # liger's own default, in_place=True: its backward writes into grad_output
-    Case("liger.rms_norm[in_place=True]", "RMSNorm", "liger.rms_norm", "LigerRMSNorm", FP32, {"eps": "$eps"}),
+    Case(
+        "liger.rms_norm[in_place=True]",
+        "RMSNorm",
+        "liger.rms_norm",
+        "LigerRMSNorm",
+        FP32,
+        {"eps": "$eps"},
+    ),
     # LigerLayerNorm(bias=True) draws its fresh bias from randn
     Case(
         "liger.layer_norm[bias=True]",
@@ -94,7 +106,8 @@ CASES = (
         FP32,
         {"eps": "$eps", "bias": True},
     ),
-    # a model whose LayerNorm has no bias: LigerLayerNorm always has one (stops at the layout, no rows run)
+    # a model whose LayerNorm has no bias: LigerLayerNorm always has one (stops at the layout, no
+    # rows run)
     Case(
         "liger.layer_norm[torch bias=False]",
         "LayerNorm",
@@ -148,7 +161,8 @@ def run() -> Run:
         pytest.fail(problem)
     start = time.perf_counter()
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    with Worker(env) as worker:  # one worker for the library, as WorkerPool gives liger's candidates
+    # one worker for the library, as WorkerPool gives liger's candidates
+    with Worker(env) as worker:
         # first, before any shim is applied in this worker: the registry's candidates, gate and all
         gate = {
             cid: check_candidate(BY_ID[cid], slot, "cpu", list(PLAN), worker)
@@ -182,8 +196,8 @@ def run() -> Run:
 
 def errors_table(reports: Mapping[str, Report]) -> str:
     """Per candidate and (dtype, regime): the verdict, its worst error / tolerance, per tensor the
-    largest error over the cases, the candidate's next to torch.nn's (both against float64), and what
-    failed; under it, the candidate's status and first reason where it is not accepted."""
+    largest error over the cases, the candidate's next to torch.nn's (both against float64), and
+    what failed; under it, the candidate's status and first reason where it is not accepted."""
     tensors = ("y", "dx", "dweight", "dbias")
     head = f"{'candidate':<38} {'row':<14} {'verdict':<9} {'ratio':>7}  " + "".join(
         f"{t + ' (liger / torch.nn)':<27}" for t in tensors
@@ -194,12 +208,21 @@ def errors_table(reports: Mapping[str, Report]) -> str:
             cells = ""
             for t in tensors:
                 pairs = [errs[t] for errs in v.errors.values() if t in errs]
-                pair = f"{max(p[0] for p in pairs):.2e} / {max(p[1] for p in pairs):.2e}" if pairs else "-"
+                pair = (
+                    f"{max(p[0] for p in pairs):.2e} / {max(p[1] for p in pairs):.2e}"
+                    if pairs
+                    else "-"
+                )
                 cells += f"{pair:<27}"
             ratio = "-" if v.worst_ratio is None else f"{v.worst_ratio:.3g}"
-            ratio += " (" + ", ".join(f"{k} {r:.2f}" for k, r in v.statistics.items()) + ")" if v.statistics else ""
+            ratio += (
+                " (" + ", ".join(f"{k} {r:.2f}" for k, r in v.statistics.items()) + ")"
+                if v.statistics
+                else ""
+            )
             lines.append(
-                f"{name:<38} {v.dtype + '/' + v.regime:<14} {v.status:<9} {ratio:>7}  {cells}" + ", ".join(v.failed)
+                f"{name:<38} {v.dtype + '/' + v.regime:<14} {v.status:<9} {ratio:>7}  {cells}"
+                + ", ".join(v.failed)
             )
         if not rep.verdicts:
             lines.append(f"{name:<38} {'-':<14} {'-':<9} {'-':>7}  (no rows run)")
@@ -209,28 +232,32 @@ def errors_table(reports: Mapping[str, Report]) -> str:
     return "\n".join(lines)
 
 
-# ---- the product's gate is untouched ----------------------------------------------------------------
+# ---- the product's gate is untouched -------------------------------------------------------------
 @needs_liger
 @pytest.mark.slow
 @pytest.mark.parametrize("cid", ["liger.layer_norm", "liger.rms_norm"])
 def test_the_device_gate_holds_under_the_interpreter(run, cid):
     """The registry's candidate on a CPU stays unavailable even with TRITON_INTERPRET=1: tried once
-    (now in the interpreter, and labelled so), it fails on the first interpreter bug shim 1 is for."""
+    (now in the interpreter, and labelled so), it fails on the first interpreter bug shim 1 is
+    for."""
     r = run.gate[cid]
     assert r.status == "unavailable" and r.interpreted
     why = r.reasons[0]
     assert "this device is cpu" in why and "tried under Triton's interpreter" in why
-    assert "'float' object has no attribute 'to'" in why, why  # measured: eps.to(...) on a Python float
+    # measured: eps.to(...) on a Python float
+    assert "'float' object has no attribute 'to'" in why, why
 
 
-# ---- the pinned kwargs: accepted in every interpreted row ---------------------------------------------
+# ---- the pinned kwargs: accepted in every interpreted row ----------------------------------------
 @needs_liger
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["liger.layer_norm", "liger.rms_norm"])
 def test_pinned_liger_is_accepted_in_every_row_and_labelled_interpreted(run, name):
     r = run.reports[name]
     assert r.status == "accepted", r.reasons
-    assert [(v.dtype, v.regime, v.status) for v in r.verdicts] == [(d, g, "accepted") for d, g in PLAN]
+    assert [(v.dtype, v.regime, v.status) for v in r.verdicts] == [
+        (d, g, "accepted") for d, g in PLAN
+    ]
     assert r.interpreted and r.to_json()["interpreted"] is True
     for v in r.verdicts:
         assert v.notes[0] == INTERPRETED and v.to_json()["notes"][0] == INTERPRETED
@@ -244,7 +271,8 @@ def test_pinned_liger_is_accepted_in_every_row_and_labelled_interpreted(run, nam
 @pytest.mark.slow
 def test_liger_default_in_place_backward_is_rejected_for_grad_output(run):
     """liger's LigerRMSNorm default (in_place=True) overwrites grad_output: why the registry pins
-    in_place = false. Measured, not assumed: the flag, and the residual branch's corrupted gradient."""
+    in_place = false. Measured, not assumed: the flag, and the residual branch's corrupted
+    gradient."""
     assert BY_ID["liger.rms_norm"].kwargs["in_place"] is False
     r = run.reports["liger.rms_norm[in_place=True]"]
     assert r.status == "rejected"
@@ -253,10 +281,11 @@ def test_liger_default_in_place_backward_is_rejected_for_grad_output(run):
     assert v.reasons[0].startswith("backward modifies grad_output in place")
     skip_err, torch_err = v.errors["residual"]["dskip"]
     assert skip_err > 0.1 and torch_err == 0.0
-    assert run.reports["liger.rms_norm"].verdicts[0].errors["residual"]["dskip"][0] == 0.0  # pinned: intact
+    # pinned: intact
+    assert run.reports["liger.rms_norm"].verdicts[0].errors["residual"]["dskip"][0] == 0.0
 
 
-# ---- bias and initialisation ---------------------------------------------------------------------------
+# ---- bias and initialisation ---------------------------------------------------------------------
 @needs_liger
 @pytest.mark.slow
 def test_bias_is_checked_and_initialised_as_torch_nn(run):
@@ -266,7 +295,11 @@ def test_bias_is_checked_and_initialised_as_torch_nn(run):
     assert r.changes == [] and not any("initialisation" in x for x in r.reasons)
     for v in r.verdicts:
         assert all("dbias" in errs for errs in v.errors.values()), v.errors.keys()
-    assert all("dbias" not in errs for v in run.reports["liger.rms_norm"].verdicts for errs in v.errors.values())
+    assert all(
+        "dbias" not in errs
+        for v in run.reports["liger.rms_norm"].verdicts
+        for errs in v.errors.values()
+    )
 
 
 @needs_liger
@@ -275,8 +308,12 @@ def test_liger_bias_true_is_rejected_for_its_random_initial_bias(run):
     r = run.reports["liger.layer_norm[bias=True]"]
     assert r.status == "rejected"
     assert r.reasons[0].startswith("initialisation differs from torch.nn's"), r.reasons
-    assert "bias starts as values with mean" in r.reasons[0] and "torch.nn starts as zeros" in r.reasons[0]
-    assert [v.status for v in r.verdicts] == ["accepted"]  # its numbers are right: only the start differs
+    assert (
+        "bias starts as values with mean" in r.reasons[0]
+        and "torch.nn starts as zeros" in r.reasons[0]
+    )
+    # its numbers are right: only the start differs
+    assert [v.status for v in r.verdicts] == ["accepted"]
 
 
 @needs_liger
@@ -284,10 +321,12 @@ def test_liger_bias_true_is_rejected_for_its_random_initial_bias(run):
 def test_a_bias_free_layer_norm_slot_is_refused_at_the_layout(run):
     r = run.reports["liger.layer_norm[torch bias=False]"]
     assert r.status == "rejected" and r.verdicts == []
-    assert r.reasons[0].startswith("layout:") and "unexpected bias (1000,)" in r.reasons[0], r.reasons
+    assert r.reasons[0].startswith("layout:") and "unexpected bias (1000,)" in r.reasons[0], (
+        r.reasons
+    )
 
 
-# ---- state dict and layout -------------------------------------------------------------------------------
+# ---- state dict and layout -----------------------------------------------------------------------
 @needs_liger
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["liger.layer_norm", "liger.rms_norm"])
@@ -300,11 +339,16 @@ def test_state_dict_interchanges_with_the_torch_nn_twin(run, name):
         assert v.twin["max_error"] <= (1e-6 if v.dtype == "float32" else 2e-3), v.twin
 
 
-# ---- the adapters ------------------------------------------------------------------------------------------
+# ---- the adapters --------------------------------------------------------------------------------
 @needs_liger
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "name", ["adapter:LigerLayerNormAnemoi", "adapter:LigerRMSNormAnemoi", "adapter:AutocastLigerLayerNormAnemoi"]
+    "name",
+    [
+        "adapter:LigerLayerNormAnemoi",
+        "adapter:LigerRMSNormAnemoi",
+        "adapter:AutocastLigerLayerNormAnemoi",
+    ],
 )
 def test_the_anemoi_adapters_run_the_real_kernels_and_pass(run, name):
     r = run.reports[name]
@@ -316,7 +360,7 @@ def test_the_anemoi_adapters_run_the_real_kernels_and_pass(run, name):
         assert v.out_dtype == v.dtype  # AutocastLigerLayerNormAnemoi: cast back to the fp16 input
 
 
-# ---- never timed -------------------------------------------------------------------------------------------
+# ---- never timed ---------------------------------------------------------------------------------
 @needs_liger
 @pytest.mark.slow
 def test_an_interpreted_worker_refuses_to_time(run):
@@ -333,14 +377,17 @@ def test_the_verdict_table(run, capsys):
     text = errors_table(run.reports)
     for case in CASES:
         assert case.name in text
-    assert "-> liger.rms_norm[in_place=True] rejected: float32/true: backward modifies grad_output in place" in text
+    assert (
+        "-> liger.rms_norm[in_place=True] rejected: float32/true: backward modifies "
+        "grad_output in place" in text
+    )
     assert "-> liger.layer_norm[bias=True] rejected: initialisation differs" in text
     assert text.count(" accepted ") == 10 and text.endswith("never timed, never locked")
     with capsys.disabled():
         print(f"\n{text}\ninterpreted run: {run.seconds:.0f} s wall")
 
 
-# ---- the label's rules, without liger (fast) ---------------------------------------------------------------
+# ---- the label's rules, without liger (fast) -----------------------------------------------------
 def _report(cid: str, *, interpreted: bool) -> Report:
     return Report(cid, "t", "RMSNorm", "rms_norm", "cpu", "accepted", interpreted=interpreted)
 
@@ -353,7 +400,10 @@ def test_an_interpreted_report_is_never_chosen_nor_pinned():
     from kernel_probe.errors import ForcedUnusable
     from kernel_probe.probe.choose import choose
 
-    reports = [_report("torch.rms_norm", interpreted=False), _report("liger.rms_norm", interpreted=True)]
+    reports = [
+        _report("torch.rms_norm", interpreted=False),
+        _report("liger.rms_norm", interpreted=True),
+    ]
     # even timed, and far faster, it is not eligible
     timings = {"torch.rms_norm": _timings(1.0), "liger.rms_norm": _timings(0.1)}
     c = choose("RMSNorm", reports, timings, ["64x1000"], "float32", "torch.rms_norm")
@@ -384,7 +434,9 @@ def test_the_probe_does_not_ask_to_time_an_interpreted_candidate(monkeypatch):
 
     class NoCalls:
         def call(self, *args, **kwargs):
-            raise AssertionError(f"the probe asked an interpreted candidate's worker for {args[0]!r}")
+            raise AssertionError(
+                f"the probe asked an interpreted candidate's worker for {args[0]!r}"
+            )
 
     class Pool:
         def prepare(self, ahead=None):
@@ -394,7 +446,9 @@ def test_the_probe_does_not_ask_to_time_an_interpreted_candidate(monkeypatch):
         def worker_for(self, cand):
             yield NoCalls()
 
-    monkeypatch.setattr(checker, "check_candidate", lambda *a, **k: _report("liger.rms_norm", interpreted=True))
+    monkeypatch.setattr(
+        checker, "check_candidate", lambda *a, **k: _report("liger.rms_norm", interpreted=True)
+    )
     timing = checker.Timing(("64x1000",), "float32", "true", 1)
     (done,) = checker.check_and_time(
         {"RMSNorm": [BY_ID["liger.rms_norm"]]},
@@ -406,7 +460,16 @@ def test_the_probe_does_not_ask_to_time_an_interpreted_candidate(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("value", "on"), [("1", True), ("true", True), ("ON", True), ("yes", True), ("0", False), ("", False), ("2", False)]
+    ("value", "on"),
+    [
+        ("1", True),
+        ("true", True),
+        ("ON", True),
+        ("yes", True),
+        ("0", False),
+        ("", False),
+        ("2", False),
+    ],
 )
 def test_interpreter_requested_reads_the_variable_as_triton_does(value, on):
     assert interpreter_requested({"TRITON_INTERPRET": value}) is on
@@ -421,7 +484,9 @@ def test_interpreting_asks_triton_and_only_once_it_is_imported(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert interpreting() is False  # no Triton kernel can have run
     for interpret in (True, False):
-        fake = types.SimpleNamespace(knobs=types.SimpleNamespace(runtime=types.SimpleNamespace(interpret=interpret)))
+        fake = types.SimpleNamespace(
+            knobs=types.SimpleNamespace(runtime=types.SimpleNamespace(interpret=interpret))
+        )
         monkeypatch.setitem(sys.modules, "triton", fake)
         assert interpreting() is interpret  # triton's own answer, whatever the variable says
 
@@ -432,7 +497,9 @@ def test_the_check_table_labels_an_interpreted_report(capsys):
     from kernel_probe.probe.report import Verdict
 
     rep = _report("liger.rms_norm", interpreted=True)
-    rep.verdicts = [Verdict("liger.rms_norm", "cpu", "float32", "true", "accepted", worst_ratio=0.3)]
+    rep.verdicts = [
+        Verdict("liger.rms_norm", "cpu", "float32", "true", "accepted", worst_ratio=0.3)
+    ]
     output.reset()
     render_verdicts({"RMSNorm": [rep]}, [("float32", "true")], {"type": "cpu", "name": "cpu"})
     out = capsys.readouterr().out
@@ -446,7 +513,10 @@ def test_a_probe_under_the_interpreter_warns_before_any_work(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     p = planning.plan(planning.ProbeRequest(slots=("RMSNorm",)))
     assert any(
-        "TRITON_INTERPRET is set" in problem and "never written to the lock" in problem for problem in p.problems
+        "TRITON_INTERPRET is set" in problem and "never written to the lock" in problem
+        for problem in p.problems
     )
     monkeypatch.delenv("TRITON_INTERPRET")
-    assert not any("TRITON_INTERPRET" in problem for problem in planning.plan(planning.ProbeRequest()).problems)
+    assert not any(
+        "TRITON_INTERPRET" in problem for problem in planning.plan(planning.ProbeRequest()).problems
+    )

@@ -73,13 +73,15 @@ def test_rejected_and_untimed_are_never_chosen():
 
 def test_deterministic_tie_break():
     timings = {"torch.rms_norm": t(1, 1), "b.rms": t(0.5, 0.5), "a.rms": t(0.5, 0.5)}
-    assert {decide(timings).report.id for _ in range(5)} == {"b.rms"}  # declared first wins an exact tie
+    # declared first wins an exact tie
+    assert {decide(timings).report.id for _ in range(5)} == {"b.rms"}
 
 
 def test_pin_and_prefer():
     timings = {"torch.rms_norm": t(0.273, 2.345), "liger.rms_norm": t(0.501, 3.893)}
     assert decide(timings, pin="liger.rms_norm").how == "pinned"
-    assert decide(timings, prefer="liger.rms_norm").report.id == "torch.rms_norm"  # far slower: preference loses
+    # far slower: preference loses
+    assert decide(timings, prefer="liger.rms_norm").report.id == "torch.rms_norm"
     close = {"torch.rms_norm": t(1.0, 1.0), "liger.rms_norm": t(1.02, 1.02)}
     assert decide(close, prefer="liger.rms_norm").how == "preferred"
 
@@ -104,7 +106,7 @@ def test_nothing_accepted_is_an_error():
         decide({}, [rep("torch.rms_norm", "crashed")])
 
 
-# ---- errors name the flag (issue 16, point 2) --------------------------------------------------------------
+# ---- errors name the flag (issue 16, point 2) ----------------------------------------------------
 def test_choice_errors_name_the_flag_and_spell_it_right():
     from kernel_probe.errors import ForcedUnusable
     from kernel_probe.probe.check import Report
@@ -121,9 +123,20 @@ def test_choice_errors_name_the_flag_and_spell_it_right():
         with pytest.raises(ForcedUnusable) as exc:
             choose("RMSNorm", reports, {}, ["8x8"], "float32", "torch.rms_norm", **kw)
         text = str(exc.value)
-        assert f"{flag} RMSNorm=liger.rms_norm" in text and f"a {word} kernel" in text and exc.value.exit_code == 3
+        assert (
+            f"{flag} RMSNorm=liger.rms_norm" in text
+            and f"a {word} kernel" in text
+            and exc.value.exit_code == 3
+        )
         assert "pinn " not in text and "preferr " not in text
     with pytest.raises(ForcedUnusable, match="profile lumi-g pin RMSNorm=liger.rms_norm"):
         choose(
-            "RMSNorm", reports, {}, ["8x8"], "float32", "torch.rms_norm", pin="liger.rms_norm", origin="profile lumi-g"
+            "RMSNorm",
+            reports,
+            {},
+            ["8x8"],
+            "float32",
+            "torch.rms_norm",
+            pin="liger.rms_norm",
+            origin="profile lumi-g",
         )

@@ -1,8 +1,10 @@
-"""kernel_probe.probe.correctness: the worker's raw measurements, step by step (in-process, tiny CPU tensors).
+"""kernel_probe.probe.correctness: the worker's raw measurements, step by step (in-process, tiny CPU
+tensors).
 
-A full row (every hard case of ``measure.cases``) takes a second even on a tiny hidden size, so the rows
-themselves are measured through the worker by the slow judge tests; here each step is run on its own:
-the early stops (import, baseline, build, layout, blas), the set-up of a row, and the bookkeeping helpers.
+A full row (every hard case of ``measure.cases``) takes a second even on a tiny hidden size, so the
+rows themselves are measured through the worker by the slow judge tests; here each step is run on
+its own: the early stops (import, baseline, build, layout, blas), the set-up of a row, and the
+bookkeeping helpers.
 """
 
 from __future__ import annotations
@@ -33,12 +35,16 @@ def offered(spec: str):
 
 
 def bench(cid_or_spec: str = "torch.layer_norm", device: str = "cpu", seed: int = 0) -> Bench:
-    cand = offered(cid_or_spec) if "=" in cid_or_spec else next(c for c in cands.builtin() if c.id == cid_or_spec)
+    cand = (
+        offered(cid_or_spec)
+        if "=" in cid_or_spec
+        else next(c for c in cands.builtin() if c.id == cid_or_spec)
+    )
     slot = cand.slots[0]
     return Bench(cand, slot, device, HIDDEN, None, seed, cands.default_for(slot))
 
 
-# ---- check: the steps before any row --------------------------------------------------------------------
+# ---- check: the steps before any row -------------------------------------------------------------
 @pytest.mark.parametrize(
     "spec,kind,error",
     [
@@ -65,7 +71,9 @@ def test_an_import_that_fails_stops_at_import(spec, kind, error):
 
 def test_a_baseline_that_cannot_be_built_stops_at_baseline():
     baseline = replace(cands.default_for("LayerNorm"), target="kp_zoo.norms.NoSuchBaseline")
-    reply = check(cands.default_for("LayerNorm"), "LayerNorm", "cpu", [], hidden=HIDDEN, baseline=baseline)
+    reply = check(
+        cands.default_for("LayerNorm"), "LayerNorm", "cpu", [], hidden=HIDDEN, baseline=baseline
+    )
     assert reply.phase == "baseline" and reply.kind == ""
     assert reply.error.startswith("torch.nn itself cannot be built on cpu: AttributeError: ")
     assert reply.import_s is not None and reply.import_s >= 0  # the candidate itself imported
@@ -73,24 +81,38 @@ def test_a_baseline_that_cannot_be_built_stops_at_baseline():
 
 def test_a_candidate_that_cannot_be_built_stops_at_build_with_its_traceback():
     # a Linear's class offered as a LayerNorm: its constructor does not take a LayerNorm's arguments
-    reply = check(offered("LayerNorm=kp_zoo.norms.GoodLinear"), "LayerNorm", "cpu", [], hidden=HIDDEN)
+    reply = check(
+        offered("LayerNorm=kp_zoo.norms.GoodLinear"), "LayerNorm", "cpu", [], hidden=HIDDEN
+    )
     assert reply.phase == "build" and reply.error.startswith("TypeError: ")
     assert "Traceback" in reply.traceback and len(reply.traceback) <= 2000
     assert reply.layout is None
 
 
 def test_no_layout_mapping_means_no_numerics():
-    reply = check(offered("LayerNorm=kp_zoo.norms.OddLayoutLayerNorm"), "LayerNorm", "cpu", [("float32", "true")])
+    reply = check(
+        offered("LayerNorm=kp_zoo.norms.OddLayoutLayerNorm"),
+        "LayerNorm",
+        "cpu",
+        [("float32", "true")],
+    )
     assert reply.phase == "" and reply.rows == [] and reply.init == []
     assert reply.layout["ok"] is False and reply.layout["unexpected"] == ["scale (1001,)"]
-    assert reply.layout["missing"] == ["weight (1000,)", "bias (1000,)"]  # at the checks' size (limits.CHECK_HIDDEN)
+    assert reply.layout["missing"] == [
+        "weight (1000,)",
+        "bias (1000,)",
+    ]  # at the checks' size (limits.CHECK_HIDDEN)
 
 
 @pytest.mark.parametrize(
     "spec,rules,init",
     [
         ("LayerNorm=kp_zoo.norms.GoodLayerNorm", [], []),
-        ("LayerNorm=kp_zoo.norms.GammaBetaLayerNorm", ["rename:gamma->weight", "rename:beta->bias"], []),
+        (
+            "LayerNorm=kp_zoo.norms.GammaBetaLayerNorm",
+            ["rename:gamma->weight", "rename:beta->bias"],
+            [],
+        ),
         ("LayerNorm=kp_zoo.norms.RandnBiasLayerNorm", [], ["bias starts as values with mean "]),
     ],
 )
@@ -98,7 +120,9 @@ def test_layout_and_initialisation_are_measured_once_before_the_rows(spec, rules
     reply = check(offered(spec), "LayerNorm", "cpu", [], hidden=HIDDEN)
     assert reply.phase == "" and reply.error == "" and reply.rows == []
     assert reply.layout["ok"] is True and reply.layout["rules"] == rules
-    assert len(reply.init) == len(init) and all(t.startswith(s) for t, s in zip(reply.init, init, strict=True))
+    assert len(reply.init) == len(init) and all(
+        t.startswith(s) for t, s in zip(reply.init, init, strict=True)
+    )
     assert (reply.blas, reply.blas_default) == ("", "")  # no GPU BLAS library on a CPU
 
 
@@ -109,15 +133,24 @@ def test_a_blas_library_not_offered_stops_at_blas(monkeypatch):
         yield
 
     monkeypatch.setattr(correctness, "blas_library", refuse)
-    reply = check(cands.default_for("Linear"), "Linear", "cpu", [("float32", "true")], hidden=HIDDEN)
-    assert (reply.phase, reply.error) == ("blas", "this torch build does not offer cublaslt: torch kept cublas")
+    reply = check(
+        cands.default_for("Linear"), "Linear", "cpu", [("float32", "true")], hidden=HIDDEN
+    )
+    assert (reply.phase, reply.error) == (
+        "blas",
+        "this torch build does not offer cublaslt: torch kept cublas",
+    )
     assert reply.rows == [] and reply.layout["ok"] is True
 
 
 @pytest.mark.parametrize(
     "failing,key,text",
     [
-        ("_baseline", "skipped", "torch.nn itself fails for float32 true on cpu: RuntimeError: no kernel"),
+        (
+            "_baseline",
+            "skipped",
+            "torch.nn itself fails for float32 true on cpu: RuntimeError: no kernel",
+        ),
         ("_measure", "exception", "RuntimeError: no kernel"),
     ],
 )
@@ -125,15 +158,18 @@ def test_a_row_that_fails_says_where(monkeypatch, failing, key, text):
     def fail(*_a, **_k):
         raise RuntimeError("no kernel")
 
-    # torch.nn's own small pass (the first backward in a process imports much of torch) is not what is tested
+    # torch.nn's own small pass (the first backward in a process imports much of torch) is not what
+    # is tested
     monkeypatch.setattr(correctness, "_baseline", lambda *_a: object())
     monkeypatch.setattr(correctness, failing, fail)
-    (row,) = check(cands.default_for("LayerNorm"), "LayerNorm", "cpu", [("float32", "true")], hidden=HIDDEN).rows
+    (row,) = check(
+        cands.default_for("LayerNorm"), "LayerNorm", "cpu", [("float32", "true")], hidden=HIDDEN
+    ).rows
     assert row[key] == text and (row["dtype"], row["regime"]) == ("float32", "true")
     assert ("traceback" in row) is (key == "exception")
 
 
-# ---- the bench and a row's set-up -----------------------------------------------------------------------
+# ---- the bench and a row's set-up ----------------------------------------------------------------
 @pytest.mark.parametrize(
     "cid,device,torch_device,out_features",
     [
@@ -146,15 +182,33 @@ def test_bench(cid, device, torch_device, out_features):
     b = bench(cid, device)
     assert b.torch_device == torch_device and b.out_features == out_features
     canonical = b.canonical("float32")
-    assert canonical["hidden"] == HIDDEN and canonical["out_features"] == (out_features or canonical["out_features"])
+    assert canonical["hidden"] == HIDDEN and canonical["out_features"] == (
+        out_features or canonical["out_features"]
+    )
 
 
 @pytest.mark.parametrize(
     "cid,dtype,regime,param_dtype,autocast,width,bias",
     [
-        ("torch.layer_norm", "bfloat16", "mixed", torch.float32, ("cpu", torch.bfloat16), HIDDEN, True),
+        (
+            "torch.layer_norm",
+            "bfloat16",
+            "mixed",
+            torch.float32,
+            ("cpu", torch.bfloat16),
+            HIDDEN,
+            True,
+        ),
         ("torch.layer_norm", "bfloat16", "true", torch.bfloat16, None, HIDDEN, True),
-        ("torch.rms_norm", "float32", "true", torch.float32, None, HIDDEN, False),  # an RMSNorm has no bias
+        (
+            "torch.rms_norm",
+            "float32",
+            "true",
+            torch.float32,
+            None,
+            HIDDEN,
+            False,
+        ),  # an RMSNorm has no bias
         ("torch.linear", "float16", "mixed", torch.float32, ("cpu", torch.float16), 384, True),
     ],
 )
@@ -172,12 +226,14 @@ def test_row_set_up(cid, dtype, regime, param_dtype, autocast, width, bias):
 def test_a_row_is_seeded():
     a, b = Row.of(bench(seed=3), "float32", "true"), Row.of(bench(seed=3), "float32", "true")
     assert torch.equal(a.params["weight"], b.params["weight"])
-    assert not torch.equal(a.params["weight"], Row.of(bench(seed=4), "float32", "true").params["weight"])
+    assert not torch.equal(
+        a.params["weight"], Row.of(bench(seed=4), "float32", "true").params["weight"]
+    )
 
 
 def test_the_fresh_builds_are_seeded_whatever_ran_before():
-    """The initialisation verdict must be the same on every rank and in every run: both fresh modules
-    are drawn from seeded generators, independently of each other."""
+    """The initialisation verdict must be the same on every rank and in every run: both fresh
+    modules are drawn from seeded generators, independently of each other."""
     torch.manual_seed(123)
     cand, base = correctness._fresh(bench("torch.linear", seed=5))
     torch.randn(1000)  # the worker computed something else in between
@@ -188,7 +244,7 @@ def test_the_fresh_builds_are_seeded_whatever_ran_before():
     assert not torch.equal(other.weight, cand.weight)
 
 
-# ---- the bookkeeping ------------------------------------------------------------------------------------
+# ---- the bookkeeping -----------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "pairs,worst",
     [
@@ -218,11 +274,17 @@ def passes(**grads):
 )
 def test_compared_pairs_each_tensor(ref_bias, residual, keys):
     ref = {"y": "Y", "dx": "DX", "weight": "W", "bias": ref_bias, "skip": "S"}
-    pairs = correctness._compared(passes(weight="gw", bias="gb"), passes(weight="bw"), ref, residual)
+    pairs = correctness._compared(
+        passes(weight="gw", bias="gb"), passes(weight="bw"), ref, residual
+    )
     assert list(pairs) == keys
     assert pairs["y"] == ("y", "y", "Y") and pairs["dweight"] == ("gw", "bw", "W")
     if "dbias" in pairs:
-        assert pairs["dbias"] == ("gb", None, "b")  # a gradient torch.nn did not give is None, not a crash
+        assert pairs["dbias"] == (
+            "gb",
+            None,
+            "b",
+        )  # a gradient torch.nn did not give is None, not a crash
 
 
 X32 = torch.zeros(2, dtype=torch.float32)
@@ -243,7 +305,11 @@ X32 = torch.zeros(2, dtype=torch.float32)
 def test_flag(got, flags):
     found: dict[str, str] = {}
     correctness._flag(
-        found, "random", {"grad_output_intact": True, "input_intact": True, "y": X32, **got}, {"y": X32}, X32
+        found,
+        "random",
+        {"grad_output_intact": True, "input_intact": True, "y": X32, **got},
+        {"y": X32},
+        X32,
     )
     assert found == flags
 
@@ -266,7 +332,7 @@ def test_the_other_norms_error_takes_the_closer_of_with_and_without_bias():
     assert correctness._alt_error("rms_norm", x, -rms, setup) > 1.0
 
 
-# ---- try_once -------------------------------------------------------------------------------------------
+# ---- try_once ------------------------------------------------------------------------------------
 def test_try_once_runs_a_tiny_forward_and_backward():
     assert try_once(cands.default_for("LayerNorm"), "LayerNorm", "cpu") == {"ran": True}
 
@@ -278,17 +344,25 @@ def test_try_once_says_why_it_cannot_run():
 
 
 def test_discover_is_what_check_reports():
-    # the reply's layout is layout.discover's, as JSON: the judge reads it back with Layout.from_json
-    reply = check(offered("LayerNorm=kp_zoo.norms.GammaBetaLayerNorm"), "LayerNorm", "cpu", [], hidden=HIDDEN)
-    expected = discover({"gamma": (HIDDEN,), "beta": (HIDDEN,)}, {"weight": (HIDDEN,), "bias": (HIDDEN,)})
+    # the reply's layout is layout.discover's, as JSON: the judge reads it back with
+    # Layout.from_json
+    reply = check(
+        offered("LayerNorm=kp_zoo.norms.GammaBetaLayerNorm"), "LayerNorm", "cpu", [], hidden=HIDDEN
+    )
+    expected = discover(
+        {"gamma": (HIDDEN,), "beta": (HIDDEN,)}, {"weight": (HIDDEN,), "bias": (HIDDEN,)}
+    )
     assert reply.layout == expected.to_json()
 
 
-# ---- one row, cut to the cases that show a rule (in-process, milliseconds) ------------------------------
+# ---- one row, cut to the cases that show a rule (in-process, milliseconds) -----------------------
 def only_cases(monkeypatch, *names: str) -> None:
-    """Measure only the named cases of ``measure.cases`` (a full row takes a second; one case, ~10 ms)."""
+    """Measure only the named cases of ``measure.cases`` (a full row takes a second; one case, ~10
+    ms)."""
     every = correctness.cases
-    monkeypatch.setattr(correctness, "cases", lambda *a, **k: [c for c in every(*a, **k) if c.name in names])
+    monkeypatch.setattr(
+        correctness, "cases", lambda *a, **k: [c for c in every(*a, **k) if c.name in names]
+    )
 
 
 def measured_row(spec: str):
@@ -297,8 +371,8 @@ def measured_row(spec: str):
 
 
 def test_a_wrong_input_gradient_is_measured_as_the_candidates_own(monkeypatch):
-    """The candidate's dx, not torch.nn's, is compared with float64: a backward that drops dx's mean term
-    (forward right) is ~1e6 x torch.nn's error, and its verdict rejects dx and only dx."""
+    """The candidate's dx, not torch.nn's, is compared with float64: a backward that drops dx's mean
+    term (forward right) is ~1e6 x torch.nn's error, and its verdict rejects dx and only dx."""
     from kernel_probe.probe.judge import judge_row
 
     only_cases(monkeypatch, "random")
@@ -308,13 +382,15 @@ def test_a_wrong_input_gradient_is_measured_as_the_candidates_own(monkeypatch):
     assert row["cases"]["random"]["y"][0] < 1e-6  # the forward is right
     v = judge_row(row["dtype"], "cpu", "layer_norm", row)
     assert v.status == "rejected" and v.failed == ("random:dx",)
-    right = measured_row("LayerNorm=kp_zoo.norms.GoodLayerNorm")  # the same row of a right kernel passes
+    # the same row of a right kernel passes
+    right = measured_row("LayerNorm=kp_zoo.norms.GoodLayerNorm")
     assert right["cases"]["random"]["dx"][0] < 1e-6
     assert judge_row(right["dtype"], "cpu", "layer_norm", right).status == "accepted"
 
 
 def test_a_backward_writing_into_grad_output_is_flagged_and_rejected_on_its_own(monkeypatch):
-    """On a case without a residual every gradient of such a backward is right: the flag alone rejects."""
+    """On a case without a residual every gradient of such a backward is right: the flag alone
+    rejects."""
     from kernel_probe.probe.judge import judge_row
 
     only_cases(monkeypatch, "random")
@@ -333,7 +409,8 @@ def test_a_residuals_gradient_shows_what_writing_into_grad_output_corrupts(monke
     row = measured_row("LayerNorm=kp_zoo.norms.InPlaceBackwardLayerNorm")
     assert row["flags"] == {FLAG_GRAD_OUTPUT_MODIFIED: "residual"}
     got, torch_nn = row["cases"]["residual"]["dskip"]
-    assert got > 0.1 and torch_nn == 0.0  # skip's gradient is grad_output itself: exact for torch.nn
+    # skip's gradient is grad_output itself: exact for torch.nn
+    assert got > 0.1 and torch_nn == 0.0
 
 
 def test_a_kernel_touching_its_input_is_flagged(monkeypatch):

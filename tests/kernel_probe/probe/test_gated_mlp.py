@@ -1,5 +1,6 @@
-"""The GatedMLP slot: anemoi's GatedMLPLayer against kernel_lock.gated_mlp's classes and fused-gate fakes
-(tests/fakes/kp_gated.py), each accepted or rejected for its reason, judged by the one rule."""
+"""The GatedMLP slot: anemoi's GatedMLPLayer against kernel_lock.gated_mlp's classes and fused-gate
+fakes (tests/fakes/kp_gated.py), each accepted or rejected for its reason, judged by the one
+rule."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from kernel_probe.probe.report import report_base
 FAKES = Path(__file__).resolve().parents[2] / "fakes"
 FP32 = [("float32", "true")]
 FP16 = [("float32", "true"), ("float16", "true")]
-mlp = pytest.importorskip("anemoi.models.layers.mlp", reason="anemoi-models is installed with the test extras")
+mlp = pytest.importorskip(
+    "anemoi.models.layers.mlp", reason="anemoi-models is installed with the test extras"
+)
 
 
 @pytest.fixture
@@ -26,28 +29,39 @@ def fakes(monkeypatch):
     monkeypatch.syspath_prepend(str(FAKES))
 
 
-def verdict(target_or_id: str, implementation: str = "swiglu", dtypes=FP32, hidden: int | None = None):
+def verdict(
+    target_or_id: str, implementation: str = "swiglu", dtypes=FP32, hidden: int | None = None
+):
     if target_or_id.startswith("kp_"):
         cand = cands.from_command_line(f"GatedMLP={target_or_id}")
     else:
         cand = next(c for c in cands.builtin() if c.id == target_or_id)
     raw = gated_mlp.check(
-        cand, "cpu", dtypes, canonical_overrides={"mlp_implementation": implementation}, hidden=hidden
+        cand,
+        "cpu",
+        dtypes,
+        canonical_overrides={"mlp_implementation": implementation},
+        hidden=hidden,
     )
     return raw, gated_mlp_verdict.judge(raw, cand, "cpu", report_base(cand, "GatedMLP", "cpu"))
 
 
 def anemoi_layer(implementation: str, n_in: int = 16, n_out: int = 24):
-    return mlp.GatedMLPLayer(n_in, n_out, types.SimpleNamespace(Linear=torch.nn.Linear), implementation)
+    return mlp.GatedMLPLayer(
+        n_in, n_out, types.SimpleNamespace(Linear=torch.nn.Linear), implementation
+    )
 
 
-# ---- the facts: anemoi's own table ---------------------------------------------------------------------
+# ---- the facts: anemoi's own table ---------------------------------------------------------------
 @pytest.mark.parametrize("implementation", list(GATES))
 def test_the_gate_table_is_anemois(implementation):
     gate = anemoi_layer(implementation).gating
     want = GATES[implementation].anemoi_module.rpartition(".")[2]
     assert type(gate).__name__ == want
-    assert formula(implementation) == f"{gate_for(implementation).function}(gate_proj(x)) * value_proj(x)"
+    assert (
+        formula(implementation)
+        == f"{gate_for(implementation).function}(gate_proj(x)) * value_proj(x)"
+    )
     if implementation == "geglu":
         assert gate.approximate == "none"  # exact erf, as the table says
 
@@ -68,23 +82,33 @@ def test_hidden_dim_is_anemois(ratio):
     assert gated_mlp.hidden_dim(1024, gated_mlp.CHECK_RATIO) == 2734
 
 
-# ---- the adapters keep anemoi's interface ---------------------------------------------------------------
+# ---- the adapters keep anemoi's interface --------------------------------------------------------
 @pytest.mark.parametrize("implementation", list(GATES))
 @pytest.mark.parametrize("cls", [classes.GatedMLP, classes.CompiledGatedMLP])
 def test_state_dict_keys_and_forward_are_anemois(implementation, cls):
     theirs = anemoi_layer(implementation)
     ours = classes.from_anemoi(theirs, classes.GatedMLP)
     assert list(ours.state_dict()) == list(theirs.state_dict())
-    assert list(ours.state_dict()) == ["gate_proj.weight", "gate_proj.bias", "value_proj.weight", "value_proj.bias"]
+    assert list(ours.state_dict()) == [
+        "gate_proj.weight",
+        "gate_proj.bias",
+        "value_proj.weight",
+        "value_proj.bias",
+    ]
     x = torch.randn(5, 16)
     assert torch.equal(ours(x), theirs(x))
     back = anemoi_layer(implementation)
     back.load_state_dict(ours.state_dict(), strict=True)
-    assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), theirs.state_dict().values(), strict=True))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(back.state_dict().values(), theirs.state_dict().values(), strict=True)
+    )
     assert list(cls(16, 24, implementation).state_dict()) == list(theirs.state_dict())
 
 
-@pytest.mark.filterwarnings("ignore:mlp_implementation=.*uses its own gating activation")  # anemoi's own note
+@pytest.mark.filterwarnings(
+    "ignore:mlp_implementation=.*uses its own gating activation"
+)  # anemoi's own note
 def test_swap_gated_layers_replaces_anemois_layers_in_a_model():
     kernels = types.SimpleNamespace(Linear=torch.nn.Linear, LayerNorm=torch.nn.LayerNorm)
     model = mlp.MLP(16, 24, 8, kernels, n_extra_layers=1, mlp_implementation="geglu")
@@ -93,7 +117,9 @@ def test_swap_gated_layers_replaces_anemois_layers_in_a_model():
     assert classes.swap_gated_layers(model, classes.GatedMLP) == 2
     assert not any(type(m).__name__ == "GatedMLPLayer" for m in model.modules())
     assert list(model.state_dict()) == keys and torch.equal(model(x), y)
-    assert all(m.mlp_implementation == "geglu" for m in model.modules() if isinstance(m, classes.GatedMLP))
+    assert all(
+        m.mlp_implementation == "geglu" for m in model.modules() if isinstance(m, classes.GatedMLP)
+    )
 
 
 def test_a_gated_layer_built_from_a_tanh_gelu_is_no_implementation():
@@ -118,7 +144,7 @@ def test_liger_is_looked_up_lazily_and_refuses_gates_it_has_not():
         module.NoSuchClass  # noqa: B018
 
 
-# ---- verdicts ------------------------------------------------------------------------------------------
+# ---- verdicts ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("implementation", list(GATES))
 def test_torchs_gated_layer_is_accepted_against_anemois(implementation):
     raw, report = verdict("torch.gated_mlp", implementation, FP16)
@@ -143,7 +169,11 @@ def test_anemois_shape_in_fp32_and_fp16():
         ("kp_gated.SwappedGatedMLP", "swiglu", "gate and value swapped"),
         ("kp_gated.SwappedGatedMLP", "geglu", "gate and value swapped"),
         ("kp_gated.BiasDroppedGatedMLP", "swiglu", "drops the projections' biases"),
-        ("kp_gated.TanhGatedMLP", "geglu", "GELU's tanh approximation where anemoi's geglu gate is exact erf"),
+        (
+            "kp_gated.TanhGatedMLP",
+            "geglu",
+            "GELU's tanh approximation where anemoi's geglu gate is exact erf",
+        ),
     ],
 )
 def test_a_fused_kernel_with_a_real_flaw_is_rejected_naming_it(fakes, fake, implementation, reason):
@@ -154,12 +184,15 @@ def test_a_fused_kernel_with_a_real_flaw_is_rejected_naming_it(fakes, fake, impl
 
 
 def test_a_tanh_gelu_is_rejected_in_fp16_too_where_it_is_within_rounding(fakes):
-    # fp16's rounding hides the tanh-erf difference (measured: liger's geglu 0.31 of the tolerance in fp16);
-    # told in float32, the mistake fails every row
+    # fp16's rounding hides the tanh-erf difference (measured: liger's geglu 0.31 of the tolerance
+    # in fp16); told in float32, the mistake fails every row
     raw, report = verdict("kp_gated.TanhGatedMLP", "geglu", [("float16", "true")])
     [v] = report.verdicts
     assert report.status == "rejected" and v.failed == ("gelu_tanh",)
-    assert v.reasons == (gated_mlp.MISTAKES["gelu_tanh"] + " (measured in float32; in float16 it is within rounding)",)
+    assert v.reasons == (
+        gated_mlp.MISTAKES["gelu_tanh"]
+        + " (measured in float32; in float16 it is within rounding)",
+    )
 
 
 def test_a_tanh_gate_offered_for_swiglu_is_not_blamed_on_gelu(fakes):
@@ -172,7 +205,10 @@ def test_a_fused_layout_is_rejected_for_its_state_dict(fakes):
     raw, report = verdict("kp_gated.FusedKeysGatedMLP")
     assert report.status == "rejected"
     assert "state dict is not anemoi-models' GatedMLPLayer's" in report.reasons[0]
-    assert "missing ['gate_proj.bias', 'gate_proj.weight', 'value_proj.bias', 'value_proj.weight']" in report.reasons[0]
+    assert (
+        "missing ['gate_proj.bias', 'gate_proj.weight', 'value_proj.bias', 'value_proj.weight']"
+        in report.reasons[0]
+    )
     assert "unexpected ['fc1.bias', 'fc1.weight']" in report.reasons[0]
 
 
@@ -184,13 +220,18 @@ def test_a_model_that_is_not_gated_is_refused_before_anything_runs():
 
 def test_a_missing_library_is_unavailable(fakes):
     raw, report = verdict("kp_gated_absent.Nothing")
-    assert report.status == "unavailable" and "import of kp_gated_absent.Nothing failed" in report.reasons[0]
+    assert (
+        report.status == "unavailable"
+        and "import of kp_gated_absent.Nothing failed" in report.reasons[0]
+    )
 
 
 def test_a_layer_without_biases_is_not_anemois():
     # anemoi's GatedMLPLayer always builds Linear(in, out): biases included
     cand = next(c for c in cands.builtin() if c.id == "torch.gated_mlp")
-    raw = gated_mlp.check(cand, "cpu", FP32, canonical_overrides={"mlp_implementation": "reglu", "bias": False})
+    raw = gated_mlp.check(
+        cand, "cpu", FP32, canonical_overrides={"mlp_implementation": "reglu", "bias": False}
+    )
     report = gated_mlp_verdict.judge(raw, cand, "cpu", report_base(cand, "GatedMLP", "cpu"))
     assert report.status == "rejected"
     assert "missing ['gate_proj.bias', 'value_proj.bias']" in report.reasons[0]

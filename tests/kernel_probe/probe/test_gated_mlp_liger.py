@@ -1,9 +1,10 @@
 """liger-kernel's real fused gates (LigerSiLUMulFunction, LigerGELUMulFunction) through the GatedMLP
-check on this CPU, in Triton's interpreter, as test_check_liger does for liger's norms: the registry's
-candidate with ``cpu`` added to its devices and its target pointing at tests.liger_interpret_shims
-(which hands back the real ``kernel_lock.gated_mlp.LigerGatedMLP``), in a worker started with
-``TRITON_INTERPRET=1``. swiglu is accepted; geglu is rejected, naming liger's tanh GELU against anemoi's
-erf. bf16 is left out (the interpreter computes it wrongly). Slow: one worker, liger's import."""
+check on this CPU, in Triton's interpreter, as test_check_liger does for liger's norms: the
+registry's candidate with ``cpu`` added to its devices and its target pointing at
+tests.liger_interpret_shims (which hands back the real ``kernel_lock.gated_mlp.LigerGatedMLP``), in
+a worker started with ``TRITON_INTERPRET=1``. swiglu is accepted; geglu is rejected, naming liger's
+tanh GELU against anemoi's erf. bf16 is left out (the interpreter computes it wrongly). Slow: one
+worker, liger's import."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from kernel_probe.probe.check import check_candidate
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(importlib.util.find_spec("liger_kernel") is None, reason="liger-kernel is not installed"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("liger_kernel") is None, reason="liger-kernel is not installed"
+    ),
 ]
 PLAN = [("float32", "true"), ("float16", "true")]
 
@@ -33,7 +36,9 @@ def reports():
     if problem:
         pytest.fail(problem)
     cand = next(c for c in builtin() if c.id == "liger.gated_mlp")
-    cand = dataclasses.replace(cand, devices=(*cand.devices, "cpu"), target="tests.liger_interpret_shims.LigerGatedMLP")
+    cand = dataclasses.replace(
+        cand, devices=(*cand.devices, "cpu"), target="tests.liger_interpret_shims.LigerGatedMLP"
+    )
     with Worker({**os.environ, "TRITON_INTERPRET": "1"}) as worker:
         return {
             impl: check_candidate(
@@ -54,7 +59,10 @@ def test_liger_swiglu_is_accepted_in_fp32_and_fp16(reports):
     report = reports["swiglu"]
     assert report.status == "accepted", report.reasons
     assert report.interpreted and all(INTERPRETED in v.notes for v in report.verdicts)
-    assert [(v.dtype, v.status) for v in report.verdicts] == [("float32", "accepted"), ("float16", "accepted")]
+    assert [(v.dtype, v.status) for v in report.verdicts] == [
+        ("float32", "accepted"),
+        ("float16", "accepted"),
+    ]
     assert all(0 < v.worst_ratio < 1 for v in report.verdicts)
 
 

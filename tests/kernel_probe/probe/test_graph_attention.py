@@ -1,5 +1,6 @@
-"""The GraphAttention check (issue 39): anemoi's GraphTransformer attention backends against float64 on a
-graph of O96-era processor degrees, the #1027 sharp softmax, determinism, and the lock's choice."""
+"""The GraphAttention check (issue 39): anemoi's GraphTransformer attention backends against float64
+on a graph of O96-era processor degrees, the #1027 sharp softmax, determinism, and the lock's
+choice."""
 
 from __future__ import annotations
 
@@ -41,7 +42,10 @@ def test_the_check_graph_has_every_o96_processor_degree_in_proportion():
     degrees = ga.check_degrees()
     assert len(degrees) == ga.NODES and set(degrees) == {d for d, _ in ga.O96_DEGREES}
     assert degrees.count(6) / len(degrees) > 0.65  # 7680 of 10,242 nodes (75 %) have 6 neighbours
-    assert sum(n for _, n in ga.O96_DEGREES) == 10242 and sum(d * n for d, n in ga.O96_DEGREES) == 81900
+    assert (
+        sum(n for _, n in ga.O96_DEGREES) == 10242
+        and sum(d * n for d, n in ga.O96_DEGREES) == 81900
+    )
     edge_index = ga.check_graph(torch.Generator().manual_seed(0))
     src, dst = edge_index
     assert torch.equal(torch.bincount(dst), torch.tensor(degrees))
@@ -93,7 +97,11 @@ def test_a_correct_user_kernel_is_accepted_and_may_beat_the_baseline(formula_row
 def test_triton_on_a_cpu_without_the_interpreter_is_skipped_with_the_reason(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     rep = report("triton")
-    assert rep.status == "skipped" and "TRITON_INTERPRET=1" in rep.reasons[0] and "GPU" in rep.reasons[0]
+    assert (
+        rep.status == "skipped"
+        and "TRITON_INTERPRET=1" in rep.reasons[0]
+        and "GPU" in rep.reasons[0]
+    )
     assert gac.backends_to_check("cpu", interpreted=False) == ["pyg"]
     assert gac.backends_to_check("cuda", interpreted=False) == ["pyg", "triton"]
 
@@ -106,7 +114,9 @@ def test_an_unknown_backend_is_skipped_naming_the_choices():
 def test_a_backend_that_is_not_repeatable_is_recorded_and_refused_under_deterministic(formula_rows):
     row = dict(formula_rows[0])
     assert row["nondeterministic"] is None  # measured: bitwise equal on a CPU
-    row["nondeterministic"] = "two identical fwd+bwd differ by up to 1e-07"  # as PyG's atomics on a GPU
+    row["nondeterministic"] = (
+        "two identical fwd+bwd differ by up to 1e-07"  # as PyG's atomics on a GPU
+    )
     rep = judge("pyg", "cuda", [row])
     assert rep.status == "accepted" and rep.deterministic is False
     assert any("not deterministic" in n for n in rep.verdicts[0].notes)
@@ -114,13 +124,15 @@ def test_a_backend_that_is_not_repeatable_is_recorded_and_refused_under_determin
         gac.choose("pyg", [rep], GPU, deterministic=True)
 
 
-# ---- the choice -----------------------------------------------------------------------------------------
+# ---- the choice ----------------------------------------------------------------------------------
 def _accepted(backend: str) -> GraphAttentionReport:
     return GraphAttentionReport(backend, "cuda", "accepted")
 
 
 def _rejected(backend: str) -> GraphAttentionReport:
-    return GraphAttentionReport(backend, "cuda", "rejected", ["bfloat16: sharp-equal-messages: dq error 1.47"])
+    return GraphAttentionReport(
+        backend, "cuda", "rejected", ["bfloat16: sharp-equal-messages: dq error 1.47"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -128,7 +140,14 @@ def _rejected(backend: str) -> GraphAttentionReport:
     [
         ("auto", [_accepted("pyg"), _accepted("triton")], GPU, True, "triton", False),
         ("auto", [_accepted("pyg")], CPU, True, "pyg", False),
-        ("auto", [_accepted("pyg"), _accepted("triton")], GPU, False, "pyg", False),  # no triton: anemoi runs pyg
+        (
+            "auto",
+            [_accepted("pyg"), _accepted("triton")],
+            GPU,
+            False,
+            "pyg",
+            False,
+        ),  # no triton: anemoi runs pyg
         ("auto", [_accepted("pyg"), _rejected("triton")], GPU, True, "pyg", False),
         ("triton", [_accepted("pyg")], CPU, True, "triton", True),
         ("pyg", [_accepted("pyg"), _accepted("triton")], GPU, True, "pyg", False),
@@ -136,7 +155,11 @@ def _rejected(backend: str) -> GraphAttentionReport:
 )
 def test_the_choice(wanted, reports, current, triton, backend, allow):
     chosen = gac.choose(wanted, reports, current, allow_fallback=allow, triton=triton)
-    assert isinstance(chosen, GraphAttention) and chosen.backend == backend and chosen.allow_fallback == allow
+    assert (
+        isinstance(chosen, GraphAttention)
+        and chosen.backend == backend
+        and chosen.allow_fallback == allow
+    )
     assert chosen.reason
 
 
@@ -147,7 +170,14 @@ def test_the_choice(wanted, reports, current, triton, backend, allow):
         ("triton", [_accepted("pyg")], GPU, False, False, "triton is not installed"),
         ("triton", [_accepted("pyg"), _rejected("triton")], GPU, True, False, "dq error 1.47"),
         ("triton", [_rejected("pyg")], CPU, True, True, "falls back to cannot be used"),
-        ("auto", [_rejected("pyg")], CPU, True, False, "pyg graph attention backend cannot be locked"),
+        (
+            "auto",
+            [_rejected("pyg")],
+            CPU,
+            True,
+            False,
+            "pyg graph attention backend cannot be locked",
+        ),
     ],
 )
 def test_a_choice_that_cannot_be_locked_says_why(wanted, reports, current, triton, allow, match):
@@ -162,7 +192,7 @@ def test_bad_choices_are_usage_errors():
         gac.choose("flash", [], CPU)
 
 
-# ---- the probe and the lock ------------------------------------------------------------------------------
+# ---- the probe and the lock ----------------------------------------------------------------------
 @pytest.mark.slow  # a probe, and anemoi's PyG path in the worker
 def test_a_cpu_probe_with_graph_attention_locks_pyg_and_export_writes_it(tmp_path, capsys):
     import json
@@ -170,14 +200,19 @@ def test_a_cpu_probe_with_graph_attention_locks_pyg_and_export_writes_it(tmp_pat
     from tests.conftest import run_cli, small_probe
 
     out = tmp_path / "l.toml"
-    code, _, err = run_cli([*small_probe("LayerNorm"), "--graph-attention", "auto", "--out", out], capsys)
+    code, _, err = run_cli(
+        [*small_probe("LayerNorm"), "--graph-attention", "auto", "--out", out], capsys
+    )
     assert code == 0, err
     lock = kernel_lock.load(out, strict=True)
     graph = lock.graph_attention
     assert graph is not None and graph.backend == "pyg" and not graph.allow_fallback
     assert "there is no GPU" in graph.reason
     rows = {(e["backend"], e["dtype"]): e for e in graph.evidence}
-    assert rows[("pyg", "float32")]["status"] == "accepted" and rows[("pyg", "float32")]["sharp-dq"] < 1e-5
+    assert (
+        rows[("pyg", "float32")]["status"] == "accepted"
+        and rows[("pyg", "float32")]["sharp-dq"] < 1e-5
+    )
     assert lock.provenance["options"]["graph_attention"] == "auto"
     code, text, err = run_cli(["export", out, "--json"], capsys)
     assert code == 0, err
@@ -192,12 +227,21 @@ def test_a_cpu_probe_refuses_to_lock_triton_unless_the_fallback_is_allowed(tmp_p
     from tests.conftest import run_cli, small_probe
 
     out = tmp_path / "l.toml"
-    code, _, err = run_cli([*small_probe("LayerNorm"), "--graph-attention", "triton", "--out", out], capsys)
+    code, _, err = run_cli(
+        [*small_probe("LayerNorm"), "--graph-attention", "triton", "--out", out], capsys
+    )
     assert (
-        code == kernel_lock.ExitCode.MISMATCH and "there is no GPU" in err and "--allow-graph-attention-fallback" in err
+        code == kernel_lock.ExitCode.MISMATCH
+        and "there is no GPU" in err
+        and "--allow-graph-attention-fallback" in err
     )
     assert not out.exists()  # nothing half-written
-    argv = [*small_probe("LayerNorm"), "--graph-attention", "triton", "--allow-graph-attention-fallback"]
+    argv = [
+        *small_probe("LayerNorm"),
+        "--graph-attention",
+        "triton",
+        "--allow-graph-attention-fallback",
+    ]
     code, _, err = run_cli([*argv, "--out", out], capsys)
     assert code == 0, err
     lock = kernel_lock.load(out, strict=True)
@@ -207,15 +251,20 @@ def test_a_cpu_probe_refuses_to_lock_triton_unless_the_fallback_is_allowed(tmp_p
 
 
 @pytest.mark.slow  # Triton's interpreter: tens of seconds on this CPU
-def test_anemois_triton_kernel_in_the_interpreter_is_accepted_and_its_sharp_dq_vanishes(monkeypatch):
+def test_anemois_triton_kernel_in_the_interpreter_is_accepted_and_its_sharp_dq_vanishes(
+    monkeypatch,
+):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    rep = gac.check_backend("triton", "cpu", ["float32", "bfloat16"])  # in the worker, as the probe runs it
+    # in the worker, as the probe runs it
+    rep = gac.check_backend("triton", "cpu", ["float32", "bfloat16"])
     assert rep.status == "accepted" and rep.interpreted, rep.reasons
     bf16 = rep.verdicts[1]
     got, base = bf16.errors["sharp-equal-messages"]["dq"]
-    assert got < 1e-4 < base  # the fixed (#1172) kernel keeps float32 statistics: far below torch's bf16 formula
+    # the fixed (#1172) kernel keeps float32 statistics: far below torch's bf16 formula
+    assert got < 1e-4 < base
     assert rep.deterministic is True  # gather-style, no atomics
-    with pytest.raises(ForcedUnusable, match="interpreter"):  # never locked on an interpreted verdict
+    # never locked on an interpreted verdict
+    with pytest.raises(ForcedUnusable, match="interpreter"):
         gac.choose("triton", [_accepted("pyg"), rep], GPU, triton=True)
 
 
@@ -227,9 +276,20 @@ def test_check_json_reports_a_users_graph_attention_function(capsys, monkeypatch
 
     monkeypatch.setenv("PYTHONPATH", str(FAKES))  # the worker's path, as a user's
     code, text, err = run_cli(
-        ["check", "--graph-attention", "kp_graph_attention.low_precision_backward", "--dtype", "bf16", "--json"], capsys
+        [
+            "check",
+            "--graph-attention",
+            "kp_graph_attention.low_precision_backward",
+            "--dtype",
+            "bf16",
+            "--json",
+        ],
+        capsys,
     )
     assert code == 0, err
     (report,) = json.loads(text)["graph_attention"]
-    assert report["status"] == "rejected" and report["backend"] == "kp_graph_attention.low_precision_backward"
+    assert (
+        report["status"] == "rejected"
+        and report["backend"] == "kp_graph_attention.low_precision_backward"
+    )
     assert "sharp-equal-messages:dq" in report["evidence"][0]["failed"]

@@ -1,4 +1,5 @@
-"""kernel_probe.probe.initstats: does a fresh candidate start where a fresh torch.nn module starts?"""
+"""kernel_probe.probe.initstats: does a fresh candidate start where a fresh torch.nn module
+starts?"""
 
 from __future__ import annotations
 
@@ -45,7 +46,12 @@ def test_alpha_and_its_normal_quantile_agree():
         (1, 3, 0.3, 0),  # P(count >= 1) = 1/4
         (100, 100, 0.01, 6),  # about 2^-k: 2^-7 < 0.01 <= 2^-6
         (384_000, 384_000, 1e-6, 19),  # a Linear's weight in the checks: 2^-20 < 1e-6 <= 2^-19
-        (5, 5, 1e-9, 5),  # all of the candidate's beyond has probability 5!5!/10! = 0.004: never refused
+        (
+            5,
+            5,
+            1e-9,
+            5,
+        ),  # all of the candidate's beyond has probability 5!5!/10! = 0.004: never refused
     ],
 )
 def test_exceedance_quantile(n, m, alpha, k):
@@ -58,9 +64,10 @@ def test_exceedance_quantile(n, m, alpha, k):
 
 
 def test_the_bounds_test_keeps_its_false_alarm_rate():
-    """Simulated: how often a candidate drawn exactly as torch.nn draws has more values beyond torch.nn's
-    largest than allowed. The count's tail is geometric (torch.nn's own maximum varies), so a Poisson
-    quantile would allow too few: at n = m it refuses about 3% of correct draws where 1% was meant."""
+    """Simulated: how often a candidate drawn exactly as torch.nn draws has more values beyond
+    torch.nn's largest than allowed. The count's tail is geometric (torch.nn's own maximum varies),
+    so a Poisson quantile would allow too few: at n = m it refuses about 3% of correct draws where
+    1% was meant."""
     g, n, alpha, trials = torch.Generator().manual_seed(7), 100, 0.01, 20_000
     c, r = torch.rand(trials, n, generator=g), torch.rand(trials, n, generator=g)
     beyond = (c > r.max(dim=1, keepdim=True).values).sum(dim=1)
@@ -79,7 +86,10 @@ def test_the_bounds_test_keeps_its_false_alarm_rate():
     ],
 )
 def test_ks_statistic(a, b, d):
-    assert initstats._ks(torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64)) == d
+    assert (
+        initstats._ks(torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64))
+        == d
+    )
 
 
 def test_the_same_distribution_passes_every_test():
@@ -89,8 +99,14 @@ def test_the_same_distribution_passes_every_test():
 @pytest.mark.parametrize(
     "candidate,failed",
     [
-        (draws(3, 4000, "normal", 0.58), ["beyond torch.nn's bound", "Kolmogorov-Smirnov"]),  # normal vs uniform
-        (draws(3, 4000, "uniform") + 0.5, ["beyond torch.nn's bound", "mean differs", "Kolmogorov-Smirnov"]),
+        (
+            draws(3, 4000, "normal", 0.58),
+            ["beyond torch.nn's bound", "Kolmogorov-Smirnov"],
+        ),  # normal vs uniform
+        (
+            draws(3, 4000, "uniform") + 0.5,
+            ["beyond torch.nn's bound", "mean differs", "Kolmogorov-Smirnov"],
+        ),
         (draws(3, 4000, "uniform", 0.5), ["spread differs", "Kolmogorov-Smirnov"]),
     ],
     ids=["normal", "shifted", "narrower"],
@@ -109,7 +125,11 @@ def test_another_distribution_fails_named_tests(candidate, failed):
         (torch.zeros(8), torch.ones(8), "starts as zeros; torch.nn starts as ones"),
         (torch.ones(8), torch.ones(4), "has shape (8,), torch.nn (4,)"),
         (torch.ones(2, 4), torch.ones(4, 2), "has shape (2, 4), torch.nn (4, 2)"),
-        (torch.full((3,), 0.5), torch.zeros(3), "starts as the constant 0.5; torch.nn starts as zeros"),
+        (
+            torch.full((3,), 0.5),
+            torch.zeros(3),
+            "starts as the constant 0.5; torch.nn starts as zeros",
+        ),
     ],
 )
 def test_compare_deterministic_inits(candidate, reference, expected):
@@ -131,12 +151,20 @@ def test_torch_init_adapter_restores_linear_and_norm_init():
 
     import kernel_lock.adapters as adapters
 
-    assert adapters.TORCH_INIT_ADAPTERS["TELinear"] == ("transformer_engine.pytorch.Linear", "linear")
+    assert adapters.TORCH_INIT_ADAPTERS["TELinear"] == (
+        "transformer_engine.pytorch.Linear",
+        "linear",
+    )
     Linear = adapters.torch_init_adapter(NormalInitLinear, "linear", "NormalInitLinearTorchInit")
     fresh, reference = Linear(64, 32), torch.nn.Linear(64, 32)
     assert isinstance(fresh, NormalInitLinear) and list(fresh.state_dict()) == ["weight", "bias"]
-    assert compare(fresh.weight, reference.weight) is None and compare(fresh.bias, reference.bias) is None
+    assert (
+        compare(fresh.weight, reference.weight) is None
+        and compare(fresh.bias, reference.bias) is None
+    )
     # without the adapter, the same class does not start like torch.nn
     assert "Kolmogorov-Smirnov" in compare(NormalInitLinear(64, 32).weight, reference.weight)
     Norm = adapters.torch_init_adapter(RandnBiasLayerNorm, "layer_norm", "X")
-    assert torch.equal(Norm(64).bias, torch.zeros(64)) and torch.equal(Norm(64).weight, torch.ones(64))
+    assert torch.equal(Norm(64).bias, torch.zeros(64)) and torch.equal(
+        Norm(64).weight, torch.ones(64)
+    )

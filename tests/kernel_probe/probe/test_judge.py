@@ -1,6 +1,6 @@
 """The verdict module's candidate-level rules, without a worker: what rules a candidate out before
-anything is imported (said once, for a --pin and for the checker), a worker that died, tampering, and
-the check after timing."""
+anything is imported (said once, for a --pin and for the checker), a worker that died, tampering,
+and the check after timing."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ ABSENT = dataclasses.replace(HERE, distribution="kp-surely-absent", module="kp_s
 
 
 def _report() -> Report:
-    return Report("x.here", "torch.nn.LayerNorm", "LayerNorm", "layer_norm", "cpu", "accepted", ["earlier"])
+    return Report(
+        "x.here", "torch.nn.LayerNorm", "LayerNorm", "layer_norm", "cpu", "accepted", ["earlier"]
+    )
 
 
 def test_nothing_rules_out_an_installed_candidate_for_its_own_slot():
@@ -29,16 +31,21 @@ def test_nothing_rules_out_an_installed_candidate_for_its_own_slot():
 
 def test_the_wrong_semantics_is_rejected_before_anything_else():
     on_gpu = dataclasses.replace(ABSENT, devices=("cuda",))
-    assert static_problem(on_gpu, "RMSNorm", "cpu") == Problem("rejected", "semantics: layer_norm != rms_norm")
+    assert static_problem(on_gpu, "RMSNorm", "cpu") == Problem(
+        "rejected", "semantics: layer_norm != rms_norm"
+    )
 
 
 def test_another_device_is_tried_only_where_it_is_installed():
     gpu = dataclasses.replace(HERE, devices=("cuda",))
     why = "runs on cuda; this device is cpu"
     assert static_problem(gpu, "LayerNorm", "cpu") == Problem("unavailable", why)
-    assert static_problem(gpu, "LayerNorm", "cpu", detail=True) == Problem("unavailable", why, try_it=True)
+    assert static_problem(gpu, "LayerNorm", "cpu", detail=True) == Problem(
+        "unavailable", why, try_it=True
+    )
     absent = dataclasses.replace(ABSENT, devices=("cuda",))
-    assert static_problem(absent, "LayerNorm", "cpu") == Problem("unavailable", why)  # a --pin: the short reason
+    # a --pin: the short reason
+    assert static_problem(absent, "LayerNorm", "cpu") == Problem("unavailable", why)
     assert static_problem(absent, "LayerNorm", "cpu", detail=True) == Problem(
         "unavailable", why + " (and it is not installed)"
     )
@@ -52,7 +59,9 @@ def test_hardware_comes_before_installing():
     archs = dataclasses.replace(ABSENT, archs={"cuda": ("sm_90",)})
     problem = static_problem(archs, "LayerNorm", "cuda", "sm_80", detail=True)
     assert problem is not None and problem.status == "unavailable"
-    assert problem.reason.startswith("needs a GPU arch sm_90 on cuda") and problem.reason.endswith("not installed)")
+    assert problem.reason.startswith("needs a GPU arch sm_90 on cuda") and problem.reason.endswith(
+        "not installed)"
+    )
     missing = static_problem(ABSENT, "LayerNorm", "cuda", "sm_90")
     assert missing is not None and missing.reason.startswith("not installed: kp-surely-absent")
 
@@ -60,7 +69,9 @@ def test_hardware_comes_before_installing():
 def test_compiled_candidates_are_skipped_on_a_cpu_unless_asked():
     compiled = dataclasses.replace(HERE, compiled=True)
     problem = static_problem(compiled, "LayerNorm", "cpu")
-    assert problem is not None and problem.status == "skipped" and "--with-compile" in problem.reason
+    assert (
+        problem is not None and problem.status == "skipped" and "--with-compile" in problem.reason
+    )
     assert static_problem(compiled, "LayerNorm", "cpu", with_compile=True) is None
     assert static_problem(compiled, "LayerNorm", "cuda") is None
 
@@ -72,7 +83,10 @@ def test_compiled_candidates_are_skipped_on_a_cpu_unless_asked():
             TryReply(ran=False, error="RuntimeError: 0 active drivers"),
             "; trying it raised RuntimeError: 0 active drivers",
         ),
-        (TryReply(ran=True), "; it ran here, but not as the kernel it is declared to be, so it is not offered"),
+        (
+            TryReply(ran=True),
+            "; it ran here, but not as the kernel it is declared to be, so it is not offered",
+        ),
         (
             TryReply(ran=False, error="E", interpreted=True),
             " (tried under Triton's interpreter, TRITON_INTERPRET=1); trying it raised E",
@@ -85,8 +99,12 @@ def test_what_trying_it_showed_is_said(tried, tail):
 
 
 def test_a_dying_worker_names_the_budget_only_when_it_ran_out_of_time():
-    timeout = judge.died("timeout", "no answer within 20 s (killed)", "importing a.B", ("import", 20.0))
-    assert timeout == Problem("timeout", "importing a.B: no answer within 20 s (killed) (import budget 20 s)")
+    timeout = judge.died(
+        "timeout", "no answer within 20 s (killed)", "importing a.B", ("import", 20.0)
+    )
+    assert timeout == Problem(
+        "timeout", "importing a.B: no answer within 20 s (killed) (import budget 20 s)"
+    )
     assert judge.died("crashed", "killed by SIGSEGV", "checks", ("check", 30.0)) == Problem(
         "crashed", "killed by SIGSEGV"
     )
@@ -101,24 +119,33 @@ def test_an_import_that_raised_is_absent_or_broken():
 def test_tampering_while_timed_rejects_and_skips_the_shape_checks():
     report = _report()
     wrong = {"shape": "64x32", "dtype": "float32", "regime": "true", "check": {"error": "boom"}}
-    judge.judge_timing(report, TimeReply(candidate="x", device="cpu", rows=[wrong], tampered=("layer_norm",)))
+    judge.judge_timing(
+        report, TimeReply(candidate="x", device="cpu", rows=[wrong], tampered=("layer_norm",))
+    )
     assert report.status == "rejected"
     assert report.reasons == ["while timing it replaced torch's own layer_norm", "earlier"]
 
 
 def test_a_wrong_timed_shape_rejects_naming_it_first():
     report = _report()
-    right = {"shape": "64x32", "dtype": "float32", "regime": "true", "check": {"errors": {"y": [1e-7, 1e-7]}}}
+    right = {
+        "shape": "64x32",
+        "dtype": "float32",
+        "regime": "true",
+        "check": {"errors": {"y": [1e-7, 1e-7]}},
+    }
     wrong = {"shape": "128x32", "dtype": "float32", "regime": "true", "check": {"error": "boom"}}
     judge.judge_timing(report, TimeReply(candidate="x", device="cpu", rows=[right]))
     assert report.status == "accepted" and report.reasons == ["earlier"]
     judge.judge_timing(report, TimeReply(candidate="x", device="cpu", rows=[right, wrong]))
-    assert report.status == "rejected" and report.reasons[0].startswith("at the model's shape 128x32")
+    assert report.status == "rejected" and report.reasons[0].startswith(
+        "at the model's shape 128x32"
+    )
     judge.judge_timing_died(report, "timeout", "no answer")
     assert report.status == "timeout" and report.reasons[0] == "while timing: no answer"
 
 
-# ---- the statistics besides the max (issue 35) ------------------------------------------------------
+# ---- the statistics besides the max (issue 35) ---------------------------------------------------
 def _stats(got, base, ref, rows=True):
     from kernel_probe.probe.measure import compare
 
@@ -135,7 +162,8 @@ def test_rounding_noise_is_no_bias_and_a_shift_of_half_an_ulp_is(dtype):
     ref = torch.randn(37, 1000, generator=gen, dtype=torch.float64)
     low = getattr(torch, dtype)
     torch_nn = ref.to(low)  # one rounding to nearest: what torch.nn's output carries
-    other = (ref + torch.randn(37, 1000, generator=gen, dtype=torch.float64) * 1e-3).to(low)  # noisier, unbiased
+    # noisier, unbiased
+    other = (ref + torch.randn(37, 1000, generator=gen, dtype=torch.float64) * 1e-3).to(low)
     errors, stats = _stats(other, torch_nn, ref)
     assert judge_output("y", errors, stats, dtype)[1] == []
     eps = {"bfloat16": 2**-7, "float16": 2**-10}[dtype]
@@ -147,8 +175,9 @@ def test_rounding_noise_is_no_bias_and_a_shift_of_half_an_ulp_is(dtype):
 
 
 def test_the_bias_rule_false_alarm_rate_on_pure_rounding_noise():
-    """K_SIGMA = 6: 2e-9 per group under the normal approximation; 200 tensors of 37 rows of unbiased
-    uniform noise (7,400 groups) raise none, where 3 standard errors would have raised ~20."""
+    """K_SIGMA = 6: 2e-9 per group under the normal approximation; 200 tensors of 37 rows of
+    unbiased uniform noise (7,400 groups) raise none, where 3 standard errors would have raised
+    ~20."""
     import torch
 
     from kernel_probe.probe.judge import K_SIGMA, judge_output, limits
@@ -161,7 +190,10 @@ def test_the_bias_rule_false_alarm_rate_on_pure_rounding_noise():
         errors, stats = _stats(ref + noise(), ref + noise(), ref)
         flagged += bool(judge_output("y", errors, stats, "float32")[1])
         lim = limits("float32", errors[1], stats)
-        at_three += stats["bias"][0] > 4 * stats["bias"][1] + (lim.bias - 4 * stats["bias"][1]) * 3 / K_SIGMA
+        at_three += (
+            stats["bias"][0]
+            > 4 * stats["bias"][1] + (lim.bias - 4 * stats["bias"][1]) * 3 / K_SIGMA
+        )
     assert flagged == 0 and K_SIGMA == 6.0
     assert at_three < 200  # the rule's K matters: fewer standard errors would flag correct kernels
 
@@ -170,4 +202,7 @@ def test_without_stats_only_the_max_is_judged():
     from kernel_probe.probe.judge import judge_output, limits
 
     assert limits("float32", 1e-7).rms == float("inf")
-    assert judge_output("y", [1e-7, 1e-7], None, "float32") == (pytest.approx(1e-7 / (4e-7 + 2 * 2**-23)), [])
+    assert judge_output("y", [1e-7, 1e-7], None, "float32") == (
+        pytest.approx(1e-7 / (4e-7 + 2 * 2**-23)),
+        [],
+    )

@@ -1,5 +1,5 @@
-"""What a kernel changes besides its numbers: initialisation, parameter layout, determinism, the output
-dtype judged by its consequence, and the time one hanging library may cost."""
+"""What a kernel changes besides its numbers: initialisation, parameter layout, determinism, the
+output dtype judged by its consequence, and the time one hanging library may cost."""
 
 from __future__ import annotations
 
@@ -35,17 +35,26 @@ def worker():
 
 def check(worker, spec: str, policy: Policy = Policy(), baseline=None, plan=PLAN, **kw):
     cand = cands.from_command_line(spec)
-    return check_candidate(cand, cand.slots[0], "cpu", plan, worker, policy=policy, baseline=baseline, **kw)
+    return check_candidate(
+        cand, cand.slots[0], "cpu", plan, worker, policy=policy, baseline=baseline, **kw
+    )
 
 
-# ---- initialisation ---------------------------------------------------------------------------------
+# ---- initialisation ------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_random_init_bias_is_rejected_naming_the_parameter(worker):
     r = check(worker, "LayerNorm=kp_zoo.norms.RandnBiasLayerNorm")
-    assert r.status == "rejected" and all(v.status == "accepted" for v in r.verdicts)  # right to rounding
+    # right to rounding
+    assert r.status == "rejected" and all(v.status == "accepted" for v in r.verdicts)
     assert r.reasons[0].startswith("initialisation differs from torch.nn's")
-    assert "bias starts as values with mean" in r.reasons[0] and "torch.nn starts as zeros" in r.reasons[0]
-    assert "--allow-init-change" in r.reasons[0] and "weight" not in r.reasons[0].split(":", 1)[1].split(";")[0][:8]
+    assert (
+        "bias starts as values with mean" in r.reasons[0]
+        and "torch.nn starts as zeros" in r.reasons[0]
+    )
+    assert (
+        "--allow-init-change" in r.reasons[0]
+        and "weight" not in r.reasons[0].split(":", 1)[1].split(";")[0][:8]
+    )
 
 
 def test_init_change_accepted_on_request_and_recorded(worker):
@@ -62,21 +71,32 @@ def test_an_adapter_restoring_torch_init_passes(worker):
 
 @pytest.mark.slow
 def test_random_init_compared_by_distribution(worker):
-    # torch.nn.Linear draws U(-1/sqrt(in), 1/sqrt(in)); transformer-engine's N(0, 0.023) and a zero bias
+    # torch.nn.Linear draws U(-1/sqrt(in), 1/sqrt(in)); transformer-engine's N(0, 0.023) and a zero
+    # bias
     r = check(worker, "Linear=kp_zoo.norms.NormalInitLinear")
     assert r.status == "rejected"
     text = r.reasons[0]
-    assert "weight starts as values" in text and "beyond torch.nn's bound" in text and "Kolmogorov-Smirnov" in text
-    assert "bias starts as zeros; torch.nn draws values" in text and "false-alarm rate of 1e-06" in text
+    assert (
+        "weight starts as values" in text
+        and "beyond torch.nn's bound" in text
+        and "Kolmogorov-Smirnov" in text
+    )
+    assert (
+        "bias starts as zeros; torch.nn draws values" in text
+        and "false-alarm rate of 1e-06" in text
+    )
     # a correct init, drawn independently, passes the same tests
     assert check(worker, "Linear=kp_zoo.norms.GoodLinear").status == "accepted"
 
 
-# ---- parameter layout -------------------------------------------------------------------------------
+# ---- parameter layout ----------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "spec,rules",
     [
-        ("LayerNorm=kp_zoo.norms.GammaBetaLayerNorm", ["rename:gamma->weight", "rename:beta->bias"]),
+        (
+            "LayerNorm=kp_zoo.norms.GammaBetaLayerNorm",
+            ["rename:gamma->weight", "rename:beta->bias"],
+        ),
         ("Linear=kp_zoo.norms.TransposedLinear", ["transpose:weight"]),
     ],
 )
@@ -84,7 +104,11 @@ def test_random_init_compared_by_distribution(worker):
 def test_renamed_and_transposed_parameters_are_accepted_with_a_migration(worker, spec, rules):
     r = check(worker, spec)
     assert r.status == "accepted", r.reasons
-    assert list(r.migration) == rules and r.twin["state_dict"] == "migrate" and r.twin["migration"] == rules
+    assert (
+        list(r.migration) == rules
+        and r.twin["state_dict"] == "migrate"
+        and r.twin["migration"] == rules
+    )
     assert r.twin["max_error"] < 1e-6
 
 
@@ -92,7 +116,10 @@ def test_no_mapping_is_said_as_such_not_as_a_numeric_error(worker):
     r = check(worker, "LayerNorm=kp_zoo.norms.OddLayoutLayerNorm")
     assert r.status == "rejected" and len(r.reasons) == 1
     assert r.reasons[0].startswith("layout: its state dict does not take torch.nn's keys")
-    assert "missing weight (1000,), bias (1000,)" in r.reasons[0] and "unexpected scale (1001,)" in r.reasons[0]
+    assert (
+        "missing weight (1000,), bias (1000,)" in r.reasons[0]
+        and "unexpected scale (1001,)" in r.reasons[0]
+    )
     assert "error" not in r.reasons[0] and r.verdicts == []
 
 
@@ -129,9 +156,14 @@ def test_the_inference_twin_loads_a_state_dict_through_the_migration(tmp_path, c
             p.add_(torch.randn_like(p) * 0.1)
     x = torch.randn(5, 32)
     expected = train(x)
-    # ... run where the library is missing: inference substitutes the twins, and the state dict migrates
-    gone = lock.slots["LayerNorm"].requires + (kernel_lock.format.schema.Requirement(name="kp-no-such-distribution"),)
-    absent = replace(lock, slots={name: replace(s, requires=gone) for name, s in lock.slots.items()}).sealed()
+    # ... run where the library is missing: inference substitutes the twins, and the state dict
+    # migrates
+    gone = lock.slots["LayerNorm"].requires + (
+        kernel_lock.format.schema.Requirement(name="kp-no-such-distribution"),
+    )
+    absent = replace(
+        lock, slots={name: replace(s, requires=gone) for name, s in lock.slots.items()}
+    ).sealed()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LockWarning)
         infer = torch.nn.Sequential(
@@ -146,13 +178,15 @@ def test_the_inference_twin_loads_a_state_dict_through_the_migration(tmp_path, c
     torch.testing.assert_close(infer(x), expected, rtol=1e-5, atol=1e-6)
 
 
-# ---- determinism ------------------------------------------------------------------------------------
+# ---- determinism ---------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_varying_reduction_order_is_recorded_as_not_deterministic(worker):
     r = check(worker, "LayerNorm=kp_zoo.norms.UnorderedSumLayerNorm")
     assert r.status == "accepted" and r.deterministic is False
     assert all(v.deterministic is False for v in r.verdicts)
-    assert any("differ between two runs on the same input" in n for v in r.verdicts for n in v.notes)
+    assert any(
+        "differ between two runs on the same input" in n for v in r.verdicts for n in v.notes
+    )
     assert check(worker, "LayerNorm=kp_zoo.norms.GoodLayerNorm").deterministic is True
 
 
@@ -177,7 +211,14 @@ def test_deterministic_excludes_it_and_refuses_a_pin(tmp_path, capsys):
     assert code != 0 and "--deterministic, but the candidate is not bitwise repeatable" in err
     assert not (tmp_path / "a.toml").exists()
     code, _, err = run_cli(
-        ["--out", tmp_path / "b.toml", *common, "--pin", "LayerNorm=custom:kp_zoo.norms.UnorderedSumLayerNorm"], capsys
+        [
+            "--out",
+            tmp_path / "b.toml",
+            *common,
+            "--pin",
+            "LayerNorm=custom:kp_zoo.norms.UnorderedSumLayerNorm",
+        ],
+        capsys,
     )
     assert code == 0, err
     evidence = kernel_lock.load(tmp_path / "b.toml").slots["LayerNorm"].evidence
@@ -192,17 +233,41 @@ def test_choice_keeps_only_deterministic_candidates():
         return Report(cid, cid, "LayerNorm", "layer_norm", "cpu", "accepted", verdicts=[v])
 
     reports = [report("torch.layer_norm", True), report("fast", False)]
-    timings = {"torch.layer_norm": [{"shape": "8x8", "median_ms": 1.0}], "fast": [{"shape": "8x8", "median_ms": 0.2}]}
-    assert choose("LayerNorm", reports, timings, ["8x8"], "float32", "torch.layer_norm").report.id == "fast"
+    timings = {
+        "torch.layer_norm": [{"shape": "8x8", "median_ms": 1.0}],
+        "fast": [{"shape": "8x8", "median_ms": 0.2}],
+    }
     assert (
-        choose("LayerNorm", reports, timings, ["8x8"], "float32", "torch.layer_norm", deterministic=True).report.id
+        choose("LayerNorm", reports, timings, ["8x8"], "float32", "torch.layer_norm").report.id
+        == "fast"
+    )
+    assert (
+        choose(
+            "LayerNorm",
+            reports,
+            timings,
+            ["8x8"],
+            "float32",
+            "torch.layer_norm",
+            deterministic=True,
+        ).report.id
         == "torch.layer_norm"
     )
-    with pytest.raises(ProbeError, match="no candidate for LayerNorm was accepted, deterministic and timed"):
-        choose("LayerNorm", reports[1:], timings, ["8x8"], "float32", "torch.layer_norm", deterministic=True)
+    with pytest.raises(
+        ProbeError, match="no candidate for LayerNorm was accepted, deterministic and timed"
+    ):
+        choose(
+            "LayerNorm",
+            reports[1:],
+            timings,
+            ["8x8"],
+            "float32",
+            "torch.layer_norm",
+            deterministic=True,
+        )
 
 
-# ---- output dtype by consequence ----------------------------------------------------------------------
+# ---- output dtype by consequence -----------------------------------------------------------------
 CUDA_POLICY = replace(cands.default_for("LayerNorm"), target="kp_zoo.norms.CudaPolicyLayerNorm")
 
 
@@ -213,16 +278,26 @@ def test_bf16_output_under_cuda_autocast_policy_is_accepted_by_consequence(worke
     assert r.status == "accepted" and mixed.status == "accepted"
     [change] = [c for c in r.changes if "output dtype" in c]
     assert change.startswith(
-        "bfloat16/mixed: output dtype bfloat16 (torch.nn: float32) for bfloat16 input under autocast"
+        "bfloat16/mixed: output dtype bfloat16 (torch.nn: float32) for bfloat16 input under "
+        "autocast"
     )
-    assert "accepted by consequence (pre-norm block error ratio" in change and "post-norm block error ratio" in change
+    assert (
+        "accepted by consequence (pre-norm block error ratio" in change
+        and "post-norm block error ratio" in change
+    )
 
 
 def test_strict_dtype_keeps_the_old_rule(worker):
-    r = check(worker, "LayerNorm=kp_zoo.norms.GoodLayerNorm", Policy(strict_dtype=True), baseline=CUDA_POLICY)
+    r = check(
+        worker,
+        "LayerNorm=kp_zoo.norms.GoodLayerNorm",
+        Policy(strict_dtype=True),
+        baseline=CUDA_POLICY,
+    )
     assert r.status == "rejected"
     assert (
-        "output dtype bfloat16 (torch.nn: float32) for bfloat16 input under autocast (--strict-dtype)" in r.reasons[0]
+        "output dtype bfloat16 (torch.nn: float32) for bfloat16 input under autocast "
+        "(--strict-dtype)" in r.reasons[0]
     )
 
 
@@ -231,7 +306,11 @@ def test_a_dtype_change_that_hurts_is_rejected_with_the_block_figures(worker):
     mixed = next(v for v in r.verdicts if v.regime == "mixed")
     assert r.status == "rejected" and "output-dtype" in mixed.failed
     text = " ".join(mixed.reasons)
-    assert "changes the blocks a norm sits in" in text and "post-norm block y error" in text and "tolerance" in text
+    assert (
+        "changes the blocks a norm sits in" in text
+        and "post-norm block y error" in text
+        and "tolerance" in text
+    )
 
 
 @pytest.mark.slow
@@ -251,11 +330,13 @@ def test_the_accepted_change_reaches_the_lock(tmp_path, capsys):
     )
     assert code == 0, err
     slot = kernel_lock.load(tmp_path / "l.toml").slots["LayerNorm"]
-    assert len(slot.changes) == 1 and slot.changes[0].startswith("initialisation: bias starts as values")
+    assert len(slot.changes) == 1 and slot.changes[0].startswith(
+        "initialisation: bias starts as values"
+    )
     assert kernel_lock.load(tmp_path / "l.toml").lock_version == kernel_lock.LOCK_VERSION
 
 
-# ---- time budget ----------------------------------------------------------------------------------------
+# ---- time budget ---------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_a_hanging_import_costs_the_import_budget_not_minutes():
     assert IMPORT_TIMEOUT <= 30
@@ -272,10 +353,14 @@ def test_a_hanging_import_costs_the_import_budget_not_minutes():
 @pytest.mark.slow
 def test_each_candidate_reports_its_time(worker):
     r = check(worker, "LayerNorm=kp_zoo.norms.GoodLayerNorm")
-    assert r.seconds is not None and 0 < r.seconds < 30 and r.to_json()["seconds"] == round(r.seconds, 3)
+    assert (
+        r.seconds is not None
+        and 0 < r.seconds < 30
+        and r.to_json()["seconds"] == round(r.seconds, 3)
+    )
 
 
-# ---- one candidate poisoning the next one's verdict (hostile input, issue 14) ------------------------------
+# ---- one candidate poisoning the next one's verdict (hostile input, issue 14) --------------------
 @pytest.mark.slow
 def test_a_library_patching_torch_is_refused_and_cannot_poison_another(tmp_path, capsys):
     offered = [
@@ -283,11 +368,18 @@ def test_a_library_patching_torch_is_refused_and_cannot_poison_another(tmp_path,
         cands.from_command_line("LayerNorm=kp_affine.AffineIdentity"),
     ]
     candidates, _ = cands.registry(offered, entry_points=False)
-    reports = {r.id: r for r in check_all(["LayerNorm"], candidates, "cpu", [("float32", "true")])["LayerNorm"]}
+    reports = {
+        r.id: r
+        for r in check_all(["LayerNorm"], candidates, "cpu", [("float32", "true")])["LayerNorm"]
+    }
     poison = reports["custom:kp_poison.PoisonLayerNorm"]
-    assert poison.status == "rejected" and "replaced torch's own torch.nn.functional.layer_norm" in poison.reasons[0]
+    assert (
+        poison.status == "rejected"
+        and "replaced torch's own torch.nn.functional.layer_norm" in poison.reasons[0]
+    )
     affine = reports["custom:kp_affine.AffineIdentity"]
-    assert affine.status == "rejected" and "y error" in " ".join(affine.reasons)  # judged against the real reference
+    # judged against the real reference
+    assert affine.status == "rejected" and "y error" in " ".join(affine.reasons)
     assert reports["torch.layer_norm"].status == "accepted"
     # and --prefer cannot write it into a lock
     code, _, err = run_cli(

@@ -1,6 +1,7 @@
-"""The verdict on one measured (dtype, regime), ``judge.judge_row``, from hand-written measurements: each
-rule that turns a row's errors and flags into a status, one test per rule, no worker and no torch (the
-fast lane catches a rule flipped or dropped; the slow judge tests check the same rules on real kernels)."""
+"""The verdict on one measured (dtype, regime), ``judge.judge_row``, from hand-written measurements:
+each rule that turns a row's errors and flags into a status, one test per rule, no worker and no
+torch (the fast lane catches a rule flipped or dropped; the slow judge tests check the same rules on
+real kernels)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,12 @@ TOL = 4e-7 + 2 * 2**-23
 
 def row(cases=None, **extra) -> MeasurementRow:
     """A float32 row whose every case is right unless ``cases`` says otherwise."""
-    base: MeasurementRow = {"dtype": "float32", "regime": "true", "cases": {"random": dict(RIGHT)}, "flags": {}}
+    base: MeasurementRow = {
+        "dtype": "float32",
+        "regime": "true",
+        "cases": {"random": dict(RIGHT)},
+        "flags": {},
+    }
     if cases is not None:
         base["cases"] = cases
     base.update(extra)  # type: ignore[typeddict-item]
@@ -40,7 +46,9 @@ def test_a_row_with_no_cases_gives_no_verdict_naming_the_candidate(cases):
     r = row(cases={})
     if cases is None:
         del r["cases"]
-    with pytest.raises(UnjudgedRow, match=r"x\.cand: its float32/true row has no measured case") as exc:
+    with pytest.raises(
+        UnjudgedRow, match=r"x\.cand: its float32/true row has no measured case"
+    ) as exc:
         verdict(r)
     assert exc.value.candidate == "x.cand"
 
@@ -93,7 +101,10 @@ def test_a_kernel_that_modifies_its_input_is_rejected_even_when_every_error_is_r
 @pytest.mark.parametrize(
     "message,status",
     [
-        ("\"LayerNormKernelImpl\" not implemented for 'BFloat16'", "unavailable"),  # this dtype, not the kernel
+        (
+            "\"LayerNormKernelImpl\" not implemented for 'BFloat16'",
+            "unavailable",
+        ),  # this dtype, not the kernel
         ("unsupported dtype Half", "unavailable"),
         ("CUDA error: an illegal memory access was encountered", "crashed"),
         ("index 3 is out of bounds", "crashed"),
@@ -106,7 +117,10 @@ def test_an_exception_is_unavailable_for_a_dtype_problem_and_crashed_otherwise(m
 
 def test_a_row_torch_nn_itself_cannot_run_is_skipped():
     v = verdict(row(skipped="torch.nn itself fails for float16 true on cpu: RuntimeError: x"))
-    assert (v.status, v.reasons) == ("skipped", ("torch.nn itself fails for float16 true on cpu: RuntimeError: x",))
+    assert (v.status, v.reasons) == (
+        "skipped",
+        ("torch.nn itself fails for float16 true on cpu: RuntimeError: x",),
+    )
 
 
 def test_a_wrong_output_that_matches_the_other_norm_names_the_semantics():
@@ -115,15 +129,20 @@ def test_a_wrong_output_that_matches_the_other_norm_names_the_semantics():
     assert matches.status == "rejected" and matches.reasons[0] == (
         "semantics: rms_norm != layer_norm (its output matches a rms_norm reference)"
     )
-    assert alt_key("rms_norm") not in " ".join(matches.failed)  # the other norm's error is no output of its own
+    # the other norm's error is no output of its own
+    assert alt_key("rms_norm") not in " ".join(matches.failed)
     differs = verdict(row({"random": {**wrong_y, alt_key("rms_norm"): [0.3, 1e-7]}}))
     assert differs.status == "rejected" and not differs.reasons[0].startswith("semantics")
     # right output: the other norm's reference is not consulted at all
-    assert verdict(row({"random": {**RIGHT, alt_key("rms_norm"): [0.3, 1e-7]}})).status == "accepted"
+    assert (
+        verdict(row({"random": {**RIGHT, alt_key("rms_norm"): [0.3, 1e-7]}})).status == "accepted"
+    )
 
 
 def _dtype_row(blocks):
-    return row(flags={FLAG_OUTPUT_DTYPE: "float32 (torch.nn: bfloat16) for bfloat16 input"}, blocks=blocks)
+    return row(
+        flags={FLAG_OUTPUT_DTYPE: "float32 (torch.nn: bfloat16) for bfloat16 input"}, blocks=blocks
+    )
 
 
 GOOD_BLOCKS = {"pre-norm": {"y": [1e-7, 1e-7]}, "post-norm": {"y": [1e-7, 1e-7]}}
@@ -133,7 +152,8 @@ def test_an_output_dtype_within_the_blocks_tolerance_is_accepted_and_recorded():
     v = verdict(_dtype_row(GOOD_BLOCKS))
     assert v.status == "accepted" and v.failed == ()
     assert v.changes == v.notes and v.changes[0].startswith(
-        "output dtype float32 (torch.nn: bfloat16) for bfloat16 input in plain float32: accepted by consequence"
+        "output dtype float32 (torch.nn: bfloat16) for bfloat16 input in plain float32: "
+        "accepted by consequence"
     )
 
 
@@ -147,11 +167,17 @@ def test_an_output_dtype_within_the_blocks_tolerance_is_accepted_and_recorded():
             Policy(),
             "post-norm block y error 6.45e-07 > tolerance 6.38e-07",
         ),
-        ({**GOOD_BLOCKS, "pre-norm": {"error": "RuntimeError: x"}}, Policy(), "the pre-norm block raised RuntimeError"),
+        (
+            {**GOOD_BLOCKS, "pre-norm": {"error": "RuntimeError: x"}},
+            Policy(),
+            "the pre-norm block raised RuntimeError",
+        ),
     ],
     ids=["strict", "no-blocks", "a-block-too-wrong", "a-block-raised"],
 )
-def test_an_output_dtype_is_rejected_strictly_without_blocks_or_by_its_consequence(blocks, policy, words):
+def test_an_output_dtype_is_rejected_strictly_without_blocks_or_by_its_consequence(
+    blocks, policy, words
+):
     v = verdict(_dtype_row(blocks), policy=policy)
     assert v.status == "rejected" and v.failed == (FLAG_OUTPUT_DTYPE,) and words in v.reasons[0]
     assert v.changes == ()
@@ -163,7 +189,10 @@ def test_an_output_dtype_is_rejected_strictly_without_blocks_or_by_its_consequen
         (["accepted", "rejected", "crashed"], "crashed"),
         (["accepted", "timeout", "rejected"], "timeout"),
         (["accepted", "unavailable"], "unavailable"),
-        (["skipped", "accepted"], "accepted"),  # a skipped row (torch.nn cannot run it) is no verdict
+        (
+            ["skipped", "accepted"],
+            "accepted",
+        ),  # a skipped row (torch.nn cannot run it) is no verdict
         (["skipped", "skipped"], "skipped"),
         ([], "skipped"),
     ],
@@ -172,7 +201,7 @@ def test_a_candidate_is_as_bad_as_its_worst_row(statuses, worst):
     assert worst_status(statuses) == worst
 
 
-# ---- the candidate: what stops a check early, its layout, its initialisation, its rows ---------------------
+# ---- the candidate: what stops a check early, its layout, its initialisation, its rows -----------
 def _candidate_report(**reply):
     from kernel_probe import candidates as cands
     from kernel_probe.isolation.protocol import CheckReply
@@ -181,47 +210,79 @@ def _candidate_report(**reply):
 
     cand = cands.default_for("LayerNorm")
     policy = reply.pop("policy", None) or Policy()
-    reply.setdefault("layout", {"ok": True, "rules": [], "missing": [], "unexpected": [], "pairs": {}})
+    reply.setdefault(
+        "layout", {"ok": True, "rules": [], "missing": [], "unexpected": [], "pairs": {}}
+    )
     raw = CheckReply(candidate=cand.id, device="cpu", **reply)
-    return judge_candidate(raw, cand, "LayerNorm", "cpu", policy, report_base(cand, "LayerNorm", "cpu"))
+    return judge_candidate(
+        raw, cand, "LayerNorm", "cpu", policy, report_base(cand, "LayerNorm", "cpu")
+    )
 
 
 @pytest.mark.parametrize(
     "reply,status,reason",
     [
-        ({"phase": "import", "kind": "import", "error": "No module 'x'"}, "unavailable", "import of "),
+        (
+            {"phase": "import", "kind": "import", "error": "No module 'x'"},
+            "unavailable",
+            "import of ",
+        ),
         ({"phase": "import", "kind": "exception", "error": "boom"}, "crashed", "import of "),
-        ({"phase": "baseline", "error": "torch.nn itself cannot be built"}, "skipped", "torch.nn itself"),
-        ({"phase": "build", "error": "TypeError: x"}, "crashed", "building torch.nn.LayerNorm raised TypeError: x"),
+        (
+            {"phase": "baseline", "error": "torch.nn itself cannot be built"},
+            "skipped",
+            "torch.nn itself",
+        ),
+        (
+            {"phase": "build", "error": "TypeError: x"},
+            "crashed",
+            "building torch.nn.LayerNorm raised TypeError: x",
+        ),
         ({"phase": "blas", "error": "no cublaslt"}, "unavailable", "BLAS library: no cublaslt"),
     ],
     ids=["absent", "broken", "baseline", "build", "blas"],
 )
 def test_a_check_that_stopped_early_has_the_status_of_where_it_stopped(reply, status, reason):
     report = _candidate_report(**reply)
-    assert report.status == status and report.reasons[0].startswith(reason) and report.verdicts == []
+    assert (
+        report.status == status and report.reasons[0].startswith(reason) and report.verdicts == []
+    )
 
 
 def test_no_layout_mapping_rejects_naming_the_keys():
-    layout = {"ok": False, "rules": [], "missing": ["weight (8,)"], "unexpected": ["scale (9,)"], "pairs": {}}
+    layout = {
+        "ok": False,
+        "rules": [],
+        "missing": ["weight (8,)"],
+        "unexpected": ["scale (9,)"],
+        "pairs": {},
+    }
     report = _candidate_report(layout=layout, rows=[row()])
     assert report.status == "rejected" and report.verdicts == []
     assert (
-        report.reasons[0].startswith("layout: ") and "missing weight (8,); unexpected scale (9,)" in report.reasons[0]
+        report.reasons[0].startswith("layout: ")
+        and "missing weight (8,); unexpected scale (9,)" in report.reasons[0]
     )
 
 
 def test_the_candidate_is_its_worst_row_and_says_why_per_row():
     wrong = row({"random": {**RIGHT, "dx": [1.0, 1e-7]}})
     report = _candidate_report(rows=[row(), {**wrong, "dtype": "bfloat16", "regime": "mixed"}])
-    assert report.status == "rejected" and [v.status for v in report.verdicts] == ["accepted", "rejected"]
-    assert report.reasons[0].startswith("bfloat16/mixed: random (plain random input): dx error 1 > tolerance")
+    assert report.status == "rejected" and [v.status for v in report.verdicts] == [
+        "accepted",
+        "rejected",
+    ]
+    assert report.reasons[0].startswith(
+        "bfloat16/mixed: random (plain random input): dx error 1 > tolerance"
+    )
 
 
 def test_a_different_initialisation_rejects_unless_accepted_and_recorded():
     init = ["bias starts as values with mean 0.1; torch.nn starts as zeros"]
     report = _candidate_report(rows=[row()], init=init)
-    assert report.status == "rejected" and report.reasons[0].startswith("initialisation differs from torch.nn's")
+    assert report.status == "rejected" and report.reasons[0].startswith(
+        "initialisation differs from torch.nn's"
+    )
     allowed = _candidate_report(rows=[row()], init=init, policy=Policy(allow_init_change=True))
     assert allowed.status == "accepted" and allowed.changes == [
         f"initialisation: {init[0]} (accepted with --allow-init-change)"

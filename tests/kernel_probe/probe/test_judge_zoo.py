@@ -1,4 +1,5 @@
-"""The zoo: the judge must accept the correct fakes and reject each wrong one for the right reason."""
+"""The zoo: the judge must accept the correct fakes and reject each wrong one for the right
+reason."""
 
 from __future__ import annotations
 
@@ -44,9 +45,15 @@ ZOO = {
 
 @pytest.fixture(scope="module")
 def results():
-    offered = [cands.from_command_line(f"{slot}=kp_zoo.{name}") for slot, names in ZOO.items() for name in names]
+    offered = [
+        cands.from_command_line(f"{slot}=kp_zoo.{name}")
+        for slot, names in ZOO.items()
+        for name in names
+    ]
     # a registry candidate that declares RMSNorm semantics, offered for the LayerNorm slot
-    offered.append(cands.Candidate("zoo.rms_for_ln", ("LayerNorm",), "rms_norm", "kp_zoo.norms.GoodRMSNorm"))
+    offered.append(
+        cands.Candidate("zoo.rms_for_ln", ("LayerNorm",), "rms_norm", "kp_zoo.norms.GoodRMSNorm")
+    )
     candidates, problems = cands.registry(offered, entry_points=False)
     assert problems == []
     with WorkerPool() as pool:
@@ -55,7 +62,9 @@ def results():
         started = (pool.shared.started, pool.fresh)
         # ... and a short one for the candidate that never will
         hang = [cands.from_command_line("LayerNorm=kp_zoo.hang_on_import.X")]
-        reports["LayerNorm"] += check_all(["LayerNorm"], hang, "cpu", PLAN, import_timeout=5, workers=pool)["LayerNorm"]
+        reports["LayerNorm"] += check_all(
+            ["LayerNorm"], hang, "cpu", PLAN, import_timeout=5, workers=pool
+        )["LayerNorm"]
     by_id = {r.id: r for rs in reports.values() for r in rs}
     return by_id, started
 
@@ -83,7 +92,13 @@ def test_torch_nn_accepted_everywhere_on_cpu(results, name):
 
 
 @pytest.mark.parametrize(
-    "name", ["norms.GoodLayerNorm", "norms.GoodRMSNorm", "norms.GoodLinear", "prints_on_import.ChattyLayerNorm"]
+    "name",
+    [
+        "norms.GoodLayerNorm",
+        "norms.GoodRMSNorm",
+        "norms.GoodLinear",
+        "prints_on_import.ChattyLayerNorm",
+    ],
 )
 def test_correct_fakes_are_accepted(results, name):
     r = rep(results, name)
@@ -91,22 +106,31 @@ def test_correct_fakes_are_accepted(results, name):
     assert all(v.worst_ratio < 1 for v in r.verdicts)
 
 
-EXCESS = re.compile(r"\b(?:y|dx|dweight|dbias|dskip) (error|RMS error|bias \(mean signed error\)) \S+ > tolerance")
+EXCESS = re.compile(
+    r"\b(?:y|dx|dweight|dbias|dskip) (error|RMS error|bias \(mean signed error\)) \S+ > tolerance"
+)
 
 
 def test_a_bias_alone_is_rejected_by_the_bias_statistic(results):
     """Issue 35: rounding up instead of to nearest keeps every element within one ulp (max and RMS
     error about twice torch.nn's: within the tolerance), but its mean error is half an ulp on every
-    element, many standard errors of rounding: rejected in every low-precision row, by the bias alone."""
+    element, many standard errors of rounding: rejected in every low-precision row, by the bias
+    alone."""
     r = rep(results, "norms.RoundUpLayerNorm")
     assert r.status == "rejected"
-    for dtype, regime in (("bfloat16", "true"), ("bfloat16", "mixed"), ("float16", "true"), ("float16", "mixed")):
+    for dtype, regime in (
+        ("bfloat16", "true"),
+        ("bfloat16", "mixed"),
+        ("float16", "true"),
+        ("float16", "mixed"),
+    ):
         v = row(r, dtype, regime)
         assert v.status == "rejected" and v.failed, (dtype, regime, v.reasons)
         over = [m.group(1) for reason in v.reasons for m in EXCESS.finditer(reason)]
         assert over and set(over) == {"bias (mean signed error)"}, v.reasons
         assert 1 < v.worst_ratio < 10
-    assert row(r, "float32").status == "accepted"  # one rounding's bias is below torch.nn's own float32 noise
+    # one rounding's bias is below torch.nn's own float32 noise
+    assert row(r, "float32").status == "accepted"
 
 
 def test_extra_state_is_accepted_with_a_migration(results):
@@ -133,18 +157,33 @@ WRONG = [
     ("norms.LowPrecisionLayerNorm", "float16", "true", "large-magnitude:y", "overflow"),
     ("norms.ContiguousOnlyLayerNorm", "float32", "true", "non-contiguous-3d:y", "non-contiguous"),
     ("norms.CachingLayerNorm", "float32", "true", "sequence:y", "state kept between calls"),
-    ("norms.InPlaceBackwardLayerNorm", "float32", "true", "grad-output-modified", "modifies grad_output in place"),
+    (
+        "norms.InPlaceBackwardLayerNorm",
+        "float32",
+        "true",
+        "grad-output-modified",
+        "modifies grad_output in place",
+    ),
     ("norms.InPlaceBackwardLayerNorm", "float32", "true", "residual:dskip", "skip"),
     ("norms.MutatesInputLayerNorm", "float32", "true", "input-modified", "modifies its input"),
     ("norms.NaNLayerNorm", "float32", "true", "random:y", "inf"),
     ("norms.WrongBackwardLayerNorm", "float32", "true", "random:dx", "dx error"),
-    # plain bf16: the next bf16 Linear refuses its float32 output (judged by consequence in the blocks)
-    ("norms.UpcastingLayerNorm", "bfloat16", "true", "output-dtype", "output dtype float32 (torch.nn: bfloat16)"),
+    # plain bf16: the next bf16 Linear refuses its float32 output (judged by consequence in the
+    # blocks)
+    (
+        "norms.UpcastingLayerNorm",
+        "bfloat16",
+        "true",
+        "output-dtype",
+        "output dtype float32 (torch.nn: bfloat16)",
+    ),
     ("norms.WrongLinear", "float32", "true", "random:y", "y error"),
 ]
 
 
-@pytest.mark.parametrize("name,dtype,regime,check,words", WRONG, ids=[f"{w[0]}-{w[3]}" for w in WRONG])
+@pytest.mark.parametrize(
+    "name,dtype,regime,check,words", WRONG, ids=[f"{w[0]}-{w[3]}" for w in WRONG]
+)
 def test_wrong_fakes_are_rejected_for_the_right_reason(results, name, dtype, regime, check, words):
     r = rep(results, name)
     assert r.status == "rejected"
@@ -156,8 +195,8 @@ def test_wrong_fakes_are_rejected_for_the_right_reason(results, name, dtype, reg
 
 
 def test_upcasting_under_autocast_is_accepted_by_consequence_and_recorded(results):
-    # under autocast the next Linear casts to bf16 anyway and the post-norm block is more precise: the
-    # dtype difference is recorded (a float32 activation costs memory), not a rejection
+    # under autocast the next Linear casts to bf16 anyway and the post-norm block is more precise:
+    # the dtype difference is recorded (a float32 activation costs memory), not a rejection
     r = rep(results, "norms.UpcastingLayerNorm")
     v = row(r, "bfloat16", "mixed")
     assert v.status == "accepted" and "output-dtype" not in v.failed
@@ -173,9 +212,13 @@ def test_wrong_backward_has_a_correct_forward(results):
 def test_rmsnorm_offered_as_layernorm_names_the_semantics(results):
     r = rep(results, "norms.RMSNormAsLayerNorm")
     assert r.status == "rejected"
-    assert r.reasons[0].endswith("semantics: rms_norm != layer_norm (its output matches a rms_norm reference)")
+    assert r.reasons[0].endswith(
+        "semantics: rms_norm != layer_norm (its output matches a rms_norm reference)"
+    )
     declared = rep(results, "zoo.rms_for_ln")
-    assert declared.status == "rejected" and declared.reasons == ["semantics: rms_norm != layer_norm"]
+    assert declared.status == "rejected" and declared.reasons == [
+        "semantics: rms_norm != layer_norm"
+    ]
 
 
 @pytest.mark.parametrize(
@@ -185,7 +228,11 @@ def test_rmsnorm_offered_as_layernorm_names_the_semantics(results):
         ("norms.AbortInForwardLayerNorm", "crashed", "SIGABRT"),
         ("hang_on_import.X", "timeout", "no answer within 5 s (killed) (import budget 5 s)"),
         ("raise_on_import.X", "crashed", "RuntimeError: CUDA driver initialization failed"),
-        ("missing_dependency.X", "unavailable", "No module named 'kp_this_dependency_does_not_exist'"),
+        (
+            "missing_dependency.X",
+            "unavailable",
+            "No module named 'kp_this_dependency_does_not_exist'",
+        ),
     ],
 )
 def test_crashing_and_hanging_fakes(results, name, status, words):

@@ -34,7 +34,12 @@ NORM = {"weight": (8,), "bias": (8,)}
             ("rename:w->weight", "transpose:weight", "rename:b->bias"),
             {"weight": ("w", True), "bias": ("b", False)},
         ),
-        ({"weight": (8,), "_extra_state": ()}, {"weight": (8,)}, ("drop:_extra_state",), {"weight": ("weight", False)}),
+        (
+            {"weight": (8,), "_extra_state": ()},
+            {"weight": (8,)},
+            ("drop:_extra_state",),
+            {"weight": ("weight", False)},
+        ),
         (  # a nested module's extra state too
             {"norm._extra_state": (), "weight": (8,)},
             {"weight": (8,)},
@@ -83,10 +88,20 @@ def test_discover_finds_the_mapping(candidate, reference, rules, pairs):
 @pytest.mark.parametrize(
     "candidate,reference,missing,unexpected",
     [
-        ({"gamma": (7,), "scale": (8,)}, NORM, ("weight (8,)", "bias (8,)"), ("gamma (7,)", "scale (8,)")),
+        (
+            {"gamma": (7,), "scale": (8,)},
+            NORM,
+            ("weight (8,)", "bias (8,)"),
+            ("gamma (7,)", "scale (8,)"),
+        ),
         ({"weight": (8,)}, NORM, ("bias (8,)",), ()),
         ({"weight": (8,), "bias": (8,), "scale": (8,)}, NORM, (), ("scale (8,)",)),
-        ({"weight": (4, 2, 1)}, {"weight": (1, 2, 4)}, ("weight (1, 2, 4)",), ("weight (4, 2, 1)",)),  # only 2-D turns
+        (
+            {"weight": (4, 2, 1)},
+            {"weight": (1, 2, 4)},
+            ("weight (1, 2, 4)",),
+            ("weight (4, 2, 1)",),
+        ),  # only 2-D turns
         ({}, {"weight": (8,)}, ("weight (8,)",), ()),
     ],
     ids=["wrong-shapes", "missing", "unexpected", "3-d-reversed", "empty"],
@@ -121,7 +136,9 @@ def test_json_round_trip(layout):
 
 def test_from_json_reads_a_reply_with_absent_lists():
     assert Layout.from_json({"ok": False}) == Layout(False)
-    assert Layout.from_json({"ok": True, "pairs": {"weight": ["w", 1]}}).pairs == {"weight": ("w", True)}
+    assert Layout.from_json({"ok": True, "pairs": {"weight": ["w", 1]}}).pairs == {
+        "weight": ("w", True)
+    }
 
 
 def test_shapes_of_a_state_dict():
@@ -132,7 +149,11 @@ def test_shapes_of_a_state_dict():
 
 @pytest.mark.parametrize(
     "rules,text",
-    [((), "identity"), (["transpose:weight"], "transpose:weight"), (["drop:a", "rename:b->c"], "drop:a, rename:b->c")],
+    [
+        ((), "identity"),
+        (["transpose:weight"], "transpose:weight"),
+        (["drop:a", "rename:b->c"], "drop:a, rename:b->c"),
+    ],
 )
 def test_describe(rules, text):
     assert describe(rules) == text

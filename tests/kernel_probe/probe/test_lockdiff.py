@@ -1,4 +1,5 @@
-"""kernel_probe.probe.lockdiff: what changed between two locks (top-level keys, environment, slots)."""
+"""kernel_probe.probe.lockdiff: what changed between two locks (top-level keys, environment,
+slots)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,10 @@ def test_a_lock_does_not_differ_from_itself():
     [
         ({HEAD: HEAD + 'precision = "32-true"\n'}, {"key": "precision", "a": "", "b": "32-true"}),
         ({HEAD: HEAD + 'mode = "inference"\n'}, {"key": "mode", "a": "training", "b": "inference"}),
-        ({'lock-version = "1.0"': 'lock-version = "1.1"'}, {"key": "lock-version", "a": "1.0", "b": "1.1"}),
+        (
+            {'lock-version = "1.0"': 'lock-version = "1.1"'},
+            {"key": "lock-version", "a": "1.0", "b": "1.1"},
+        ),
         ({HEAD: profile("site", "a")}, {"key": "profile", "a": None, "b": "site"}),
     ],
 )
@@ -42,7 +46,11 @@ def test_top_level_differences(edit, expected):
     "a,b,expected",
     [
         # the same profile name with another digest is another policy
-        (("p", "a"), ("p", "b"), [{"key": "profile-digest", "a": "sha256:" + "a" * 64, "b": "sha256:" + "b" * 64}]),
+        (
+            ("p", "a"),
+            ("p", "b"),
+            [{"key": "profile-digest", "a": "sha256:" + "a" * 64, "b": "sha256:" + "b" * 64}],
+        ),
         # another name: the name says it, the digest is not listed besides
         (("p", "a"), ("q", "b"), [{"key": "profile", "a": "p", "b": "q"}]),
         (("p", "a"), ("p", "a"), []),
@@ -58,19 +66,34 @@ def test_profile_differences(a, b, expected):
     [
         (
             {'"cpu", match = "exact"': '"cuda", match = "exact"'},
-            {"field": "device-type", "a": {"value": "cpu", "match": "exact"}, "b": {"value": "cuda", "match": "exact"}},
+            {
+                "field": "device-type",
+                "a": {"value": "cpu", "match": "exact"},
+                "b": {"value": "cuda", "match": "exact"},
+            },
         ),
         (  # the match rule alone is a difference
             {'"cpu", match = "exact"': '"cpu", match = "ignore"'},
-            {"field": "device-type", "a": {"value": "cpu", "match": "exact"}, "b": {"value": "cpu", "match": "ignore"}},
+            {
+                "field": "device-type",
+                "a": {"value": "cpu", "match": "exact"},
+                "b": {"value": "cpu", "match": "ignore"},
+            },
         ),
         (
             {ENV: ENV + 'torch = { value = "2.5.1", match = "compatible" }\n'},
             {"field": "torch", "a": None, "b": {"value": "2.5.1", "match": "compatible"}},
         ),
         (
-            {ENV: ENV + '\n[environment.libraries]\nliger-kernel = { value = "0.5.2", match = "compatible" }\n'},
-            {"field": "libraries.liger-kernel", "a": None, "b": {"value": "0.5.2", "match": "compatible"}},
+            {
+                ENV: ENV + '\n[environment.libraries]\nliger-kernel = { value = "0.5.2", match = '
+                '"compatible" }\n'
+            },
+            {
+                "field": "libraries.liger-kernel",
+                "a": None,
+                "b": {"value": "0.5.2", "match": "compatible"},
+            },
         ),
     ],
 )
@@ -98,14 +121,24 @@ def test_a_library_differs_by_version_not_by_match():
         ),
         (
             {
-                'implementation = "torch.linear"\ntarget = "torch.nn.Linear"': 'implementation = "torch.linear.cublas"\n'
+                'implementation = "torch.linear"\ntarget = "torch.nn.Linear"': "implementation = "
+                '"torch.linear.cublas"\n'
                 'target = "torch.nn.Linear"'
             },
-            [{"slot": "Linear", "key": "implementation", "a": "torch.linear", "b": "torch.linear.cublas"}],
+            [
+                {
+                    "slot": "Linear",
+                    "key": "implementation",
+                    "a": "torch.linear",
+                    "b": "torch.linear.cublas",
+                }
+            ],
         ),
         (
             {
-                '[slots.RMSNorm]\nimplementation = "torch.rms_norm"\ntarget = "torch.nn.RMSNorm"\nsemantics = "rms_norm"\n'
+                '[slots.RMSNorm]\nimplementation = "torch.rms_norm"\ntarget = '
+                '"torch.nn.RMSNorm"\nsemantics = '
+                '"rms_norm"\n'
                 "kwargs = { eps = 1e-6 }\n": ""
             },
             [

@@ -1,6 +1,6 @@
-"""kernel_probe.probe.measure's yardsticks, checked against float64 arithmetic done here by hand: the error
-measure (``rel_err``), the slot's maths (``reference``) and the hard inputs (``cases``) -- each input
-must really be hard in the way its name says, or a kernel that fails it would pass.
+"""kernel_probe.probe.measure's yardsticks, checked against float64 arithmetic done here by hand:
+the error measure (``rel_err``), the slot's maths (``reference``) and the hard inputs (``cases``) --
+each input must really be hard in the way its name says, or a kernel that fails it would pass.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def t(*values, dtype=F64):
     return torch.tensor(values, dtype=dtype)
 
 
-# ---- rel_err: max |got - ref| / max |ref| ---------------------------------------------------------------------
+# ---- rel_err: max |got - ref| / max |ref| --------------------------------------------------------
 @pytest.mark.parametrize(
     "got, ref, expected",
     [
@@ -34,7 +34,15 @@ def t(*values, dtype=F64):
         # got in a lower precision is widened before the difference: 1 + 2**-7 is exact in bfloat16
         (t(1.0 + 2**-7, 2.0, dtype=torch.bfloat16), t(1.0, 2.0), 2**-7 / 2.0),
     ],
-    ids=["equal", "one-entry", "negative-scale", "normwise", "zero-reference", "both-zero", "bfloat16-got"],
+    ids=[
+        "equal",
+        "one-entry",
+        "negative-scale",
+        "normwise",
+        "zero-reference",
+        "both-zero",
+        "bfloat16-got",
+    ],
 )
 def test_rel_err(got, ref, expected):
     assert rel_err(got, ref) == pytest.approx(expected, rel=1e-12, abs=0.0)
@@ -52,7 +60,16 @@ def test_rel_err(got, ref, expected):
         (t(1.0, -math.inf), t(1.0, 2.0)),
         (t(1.0, 65504.0, dtype=torch.float16) * 2, t(1.0, 2.0)),  # overflowed in float16
     ],
-    ids=["got-none", "ref-none", "shape", "broadcastable-shape", "nan", "inf", "minus-inf", "float16-overflow"],
+    ids=[
+        "got-none",
+        "ref-none",
+        "shape",
+        "broadcastable-shape",
+        "nan",
+        "inf",
+        "minus-inf",
+        "float16-overflow",
+    ],
 )
 def test_rel_err_is_infinite_for_what_no_tolerance_may_accept(got, ref):
     assert rel_err(got, ref) == math.inf
@@ -64,7 +81,7 @@ def test_rel_err_of_two_missing_outputs_is_zero_and_a_gradient_does_not_matter()
     assert rel_err(got * 1, t(1.0, 2.0)) == pytest.approx(1.0 / 2.0)
 
 
-# ---- reference: the slot's maths in float64 -------------------------------------------------------------------
+# ---- reference: the slot's maths in float64 ------------------------------------------------------
 def _by_hand(semantics, rows, weight, bias, eps):
     """The formulas, element by element in Python floats (float64), nothing shared with torch."""
     out = []
@@ -74,7 +91,8 @@ def _by_hand(semantics, rows, weight, bias, eps):
         else:
             n = len(row)
             mean = sum(row) / n if semantics == "layer_norm" else 0.0
-            second = sum((x - mean) ** 2 for x in row) / n  # the variance, or the mean square for RMSNorm
+            # the variance, or the mean square for RMSNorm
+            second = sum((x - mean) ** 2 for x in row) / n
             y = [(x - mean) / math.sqrt(second + eps) for x in row]
             y = [v * w for v, w in zip(y, weight, strict=True)] if weight is not None else y
         out.append([v + b for v, b in zip(y, bias, strict=True)] if bias is not None else y)
@@ -128,11 +146,20 @@ def test_reference_refuses_an_unknown_semantics():
         reference("group_norm", t(1.0), None, None, 1e-5)
 
 
-# ---- cases: the inputs real kernels get wrong ----------------------------------------------------------------
-NORM_CASES = ["random", "tiny-variance", "large-mean", "large-magnitude", "non-contiguous-3d", "sequence", "residual"]
+# ---- cases: the inputs real kernels get wrong ----------------------------------------------------
+NORM_CASES = [
+    "random",
+    "tiny-variance",
+    "large-mean",
+    "large-magnitude",
+    "non-contiguous-3d",
+    "sequence",
+    "residual",
+]
 NAMES = {
     "layer_norm": NORM_CASES,
-    "rms_norm": NORM_CASES,  # the same hard inputs: the mean is what RMSNorm's tiny-variance case lacks
+    # the same hard inputs: the mean is what RMSNorm's tiny-variance case lacks
+    "rms_norm": NORM_CASES,
     "linear": ["random", "large-magnitude", "non-contiguous-3d", "sequence", "residual"],
 }
 HIDDEN = 40  # small for the test; the probe uses CHECK_HIDDEN
@@ -158,7 +185,11 @@ def test_every_input_has_the_dtype_and_the_hidden_size_asked(semantics, dtype):
         assert case.inputs, case.name
         for x in case.inputs:
             want = torch.float32 if case.name == "float32-input" else dtype
-            assert x.dtype == want and x.shape[-1] == 37 and x.device.type == "cpu", (case.name, x.dtype, x.shape)
+            assert x.dtype == want and x.shape[-1] == 37 and x.device.type == "cpu", (
+                case.name,
+                x.dtype,
+                x.shape,
+            )
 
 
 def test_the_sequence_holds_three_different_inputs_and_the_3d_case_is_a_strided_view():
@@ -174,7 +205,11 @@ def test_cases_are_the_same_for_the_same_seed_and_differ_for_another():
     def flat(cs):
         return [x for c in cs for x in c.inputs]
 
-    a, b, c = flat(_cases("rms_norm", seed=3)), flat(_cases("rms_norm", seed=3)), flat(_cases("rms_norm", seed=4))
+    a, b, c = (
+        flat(_cases("rms_norm", seed=3)),
+        flat(_cases("rms_norm", seed=3)),
+        flat(_cases("rms_norm", seed=4)),
+    )
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     assert not all(torch.equal(x, y) for x, y in zip(a, c, strict=True))
 
@@ -190,7 +225,8 @@ def test_tiny_variance_is_below_eps_so_the_result_depends_on_it():
         mean, var = _row_stats(x)
         second = (x.to(F64) ** 2).mean(-1) if semantics == "rms_norm" else var
         assert second.max() < 1e-5, semantics  # below the usual eps: eps decides the output
-        assert (mean.abs().max() < 0.01) == centred, semantics  # RMSNorm's has no mean to hide behind
+        # RMSNorm's has no mean to hide behind
+        assert (mean.abs().max() < 0.01) == centred, semantics
         a, b = (reference(semantics, x.to(F64), None, None, eps) for eps in (1e-5, 1e-6))
         assert rel_err(a, b) > 0.3, semantics
 
@@ -199,7 +235,8 @@ def test_large_mean_breaks_a_one_pass_variance_in_float32():
     [x] = {c.name: c for c in _cases("layer_norm")}["large-mean"].inputs
     mean, var = _row_stats(x)
     assert mean.min() > 900 and var.max() < 3  # a large mean over a small spread
-    one_pass = (x * x).mean(-1) - x.mean(-1) ** 2  # E[x^2] - E[x]^2 in float32: catastrophic cancellation
+    # E[x^2] - E[x]^2 in float32: catastrophic cancellation
+    one_pass = (x * x).mean(-1) - x.mean(-1) ** 2
     assert rel_err(one_pass, var) > 1e-3  # far beyond float32's rounding of a two-pass variance
     two_pass = ((x - x.mean(-1, keepdim=True)) ** 2).mean(-1)
     assert rel_err(two_pass, var) < 1e-4
@@ -211,12 +248,14 @@ def test_large_magnitude_overflows_a_square_taken_in_float16():
     ref = reference("rms_norm", x.to(F64), None, None, 1e-6)
     assert torch.isfinite(ref).all() and torch.isfinite(x).all()
     # and the reference divides the magnitude out: normalised rows have mean square 1
-    torch.testing.assert_close((ref**2).mean(-1), torch.ones(x.shape[0], dtype=F64), rtol=1e-6, atol=0.0)
+    torch.testing.assert_close(
+        (ref**2).mean(-1), torch.ones(x.shape[0], dtype=F64), rtol=1e-6, atol=0.0
+    )
 
 
 def test_a_kernel_that_is_only_right_on_easy_inputs_is_caught_by_some_case():
-    """The point of ``cases``: a LayerNorm computing the variance in one pass in float32 passes the random
-    input and fails the large-mean one, measured with ``rel_err`` against ``reference``."""
+    """The point of ``cases``: a LayerNorm computing the variance in one pass in float32 passes the
+    random input and fails the large-mean one, measured with ``rel_err`` against ``reference``."""
 
     def one_pass_layer_norm(x, eps=1e-5):
         mean = x.mean(-1, keepdim=True)
@@ -227,5 +266,7 @@ def test_a_kernel_that_is_only_right_on_easy_inputs_is_caught_by_some_case():
     errors = {}
     for name in ("random", "large-mean"):
         [x] = by[name].inputs
-        errors[name] = rel_err(one_pass_layer_norm(x), reference("layer_norm", x.to(F64), None, None, 1e-5))
+        errors[name] = rel_err(
+            one_pass_layer_norm(x), reference("layer_norm", x.to(F64), None, None, 1e-5)
+        )
     assert errors["random"] < 1e-5 and errors["large-mean"] > 1e-2, errors

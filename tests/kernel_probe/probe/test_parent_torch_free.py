@@ -1,9 +1,9 @@
 """The probe's own process never imports torch: torch is the workers' (issue 38).
 
-Judging a verdict happens in the probe's process; a verdict module that pulls in a worker-side module
-(``kernel_probe.probe.activation`` imports torch) costs a whole ``import torch`` on the probe's path
-(2.5 s idle on 2 cores, 5 s under load), serially, while every worker waits. Checked here for every
-slot the default probe checks, through real workers, in a fresh interpreter."""
+Judging a verdict happens in the probe's process; a verdict module that pulls in a worker-side
+module (``kernel_probe.probe.activation`` imports torch) costs a whole ``import torch`` on the
+probe's path (2.5 s idle on 2 cores, 5 s under load), serially, while every worker waits. Checked
+here for every slot the default probe checks, through real workers, in a fresh interpreter."""
 
 from __future__ import annotations
 
@@ -28,7 +28,9 @@ print(json.dumps({"torch": sorted(m for m in sys.modules if m == "torch" or m.st
 
 @pytest.mark.slow  # real workers (each imports torch)
 def test_checking_every_default_slot_imports_no_torch_in_the_probes_process():
-    done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     answer = json.loads(done.stdout.strip().splitlines()[-1])
     assert answer["torch"] == [], answer["torch"][:10]

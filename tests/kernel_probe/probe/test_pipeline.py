@@ -1,7 +1,8 @@
-"""kernel_probe.probe.pipeline: reusing a current lock, refusing a stale one, and the steps around a probe.
+"""kernel_probe.probe.pipeline: reusing a current lock, refusing a stale one, and the steps around a
+probe.
 
-A real probe (workers, checks, timings) is exercised by the slow tests of the probe command; here nothing
-starts a worker (the ``no_workers`` fixture fails the test if anything does).
+A real probe (workers, checks, timings) is exercised by the slow tests of the probe command; here
+nothing starts a worker (the ``no_workers`` fixture fails the test if anything does).
 """
 
 from __future__ import annotations
@@ -44,11 +45,13 @@ def current(tmp_path, cpu):
     return request, write_sealed(request.out, probed_with(plan(request).digest))
 
 
-# ---- reusable ------------------------------------------------------------------------------------------
+# ---- reusable ------------------------------------------------------------------------------------
 def test_a_current_lock_is_reusable(current):
     request, path = current
     lock, why = reusable(path, plan(request).digest)
-    assert why == "" and lock.intact and lock.slots["LayerNorm"].implementation == "torch.layer_norm"
+    assert (
+        why == "" and lock.intact and lock.slots["LayerNorm"].implementation == "torch.layer_norm"
+    )
 
 
 @pytest.mark.parametrize(
@@ -59,9 +62,14 @@ def test_a_current_lock_is_reusable(current):
             lambda d, digest: write_sealed(d / "l.toml", probed_with("sha256:" + "0" * 64)),
             "it was probed with other options (shapes, precision, candidates, pins or profile)",
         ),
-        (lambda d, digest: write_sealed(d / "l.toml"), "it was probed with other options"),  # no inputs recorded
         (
-            lambda d, digest: write_sealed(d / "l.toml", probed_with(digest, edited_lock(**{'"cpu"': '"cuda"'}))),
+            lambda d, digest: write_sealed(d / "l.toml"),
+            "it was probed with other options",
+        ),  # no inputs recorded
+        (
+            lambda d, digest: write_sealed(
+                d / "l.toml", probed_with(digest, edited_lock(**{'"cpu"': '"cuda"'}))
+            ),
             "this machine differs: ",
         ),
     ],
@@ -77,7 +85,10 @@ def test_a_lock_that_is_not_current_says_why(tmp_path, cpu, make, why):
     "content,problem",
     [
         ("not = [toml", "the existing lock is not valid: "),
-        (MINIMAL_LOCK.replace(HEAD, HEAD + f'digest = "sha256:{"0" * 64}"\n'), "was edited by hand"),
+        (
+            MINIMAL_LOCK.replace(HEAD, HEAD + f'digest = "sha256:{"0" * 64}"\n'),
+            "was edited by hand",
+        ),
     ],
     ids=["corrupt", "hand-edited"],
 )
@@ -91,12 +102,17 @@ def test_a_lock_that_cannot_be_trusted_is_an_error_not_a_reprobe(tmp_path, conte
     assert path.read_text() == content  # nothing was overwritten
 
 
-# ---- run, on a lock that is current or stale: no probe ---------------------------------------------------
+# ---- run, on a lock that is current or stale: no probe -------------------------------------------
 def test_run_reuses_a_current_lock(current):
     request, path = current
     for asked in (request, replace(request, check_only=True)):
         result = run(asked)
-        assert result.reused and result.lock_path == path and result.choices == {} and result.reports == {}
+        assert (
+            result.reused
+            and result.lock_path == path
+            and result.choices == {}
+            and result.reports == {}
+        )
         assert result.lock.provenance["inputs"] == result.plan.digest
 
 
@@ -113,7 +129,9 @@ def test_check_only_refuses_a_stale_lock(current, tmp_path, request_change, why)
         path.unlink()
     with pytest.raises(StaleLock) as info:
         run(replace(request, check_only=True, **request_change))
-    assert info.value.problem.startswith(f"{path} is stale or missing: ") and why in info.value.problem
+    assert (
+        info.value.problem.startswith(f"{path} is stale or missing: ") and why in info.value.problem
+    )
     assert info.value.exit_code == 3 and "without --check" in info.value.fix
 
 
@@ -129,15 +147,19 @@ def test_run_refuses_an_unknown_probe_per(tmp_path, cpu, mode):
         run(ProbeRequest(out=tmp_path / "l.toml", probe_per=mode))
 
 
-# ---- the steps ----------------------------------------------------------------------------------------
+# ---- the steps -----------------------------------------------------------------------------------
 def test_expand_out(cpu, monkeypatch):
     from kernel_probe.jobstart import handoff
 
     monkeypatch.setattr(handoff, "node_type", lambda device: f"{device['type']}-kind")
     p = plan(ProbeRequest())
     assert start._expand_out(ProbeRequest(out=Path("a/lock.toml")), p, "job") == Path("a/lock.toml")
-    assert start._expand_out(ProbeRequest(out=Path("a/{node-type}.toml")), p, "job") == Path("a/cpu-kind.toml")
-    assert start._expand_out(ProbeRequest(out=Path("{node-type}.toml")), p, "node-type") == Path("cpu-kind.toml")
+    assert start._expand_out(ProbeRequest(out=Path("a/{node-type}.toml")), p, "job") == Path(
+        "a/cpu-kind.toml"
+    )
+    assert start._expand_out(ProbeRequest(out=Path("{node-type}.toml")), p, "node-type") == Path(
+        "cpu-kind.toml"
+    )
     with pytest.raises(UsageError, match=r"--out a/lock.toml names no \{node-type\}") as info:
         start._expand_out(ProbeRequest(out=Path("a/lock.toml")), p, "node-type")
     assert "kernel-lock.{node-type}.toml" in info.value.fix
@@ -145,7 +167,8 @@ def test_expand_out(cpu, monkeypatch):
 
 def test_job_rank_without_a_launcher(cpu):
     assert start._job_rank("rank", planning.Events()) is None
-    assert start._job_rank("job", planning.Events()) is None  # conftest clears the launchers' rank variables
+    # conftest clears the launchers' rank variables
+    assert start._job_rank("job", planning.Events()) is None
 
 
 def site(**slots) -> SimpleNamespace:
@@ -168,14 +191,27 @@ def site(**slots) -> SimpleNamespace:
         (site(), "liger.rms_norm", None),
         (site(RMSNorm={}), "liger.rms_norm", None),  # no allow-list: everything allowed
         (site(RMSNorm={"allowed": ["torch.rms_norm"]}), "torch.rms_norm", None),
-        (site(RMSNorm={"allowed": ["torch.rms_norm"]}), "liger.rms_norm", "not allowed by profile site"),
-        (site(LayerNorm={"allowed": ["torch.layer_norm"]}), "liger.rms_norm", None),  # another slot's list
-        (site(RMSNorm={"allowed": []}), "torch.rms_norm", "not allowed by profile site"),  # [] allows nothing
+        (
+            site(RMSNorm={"allowed": ["torch.rms_norm"]}),
+            "liger.rms_norm",
+            "not allowed by profile site",
+        ),
+        (
+            site(LayerNorm={"allowed": ["torch.layer_norm"]}),
+            "liger.rms_norm",
+            None,
+        ),  # another slot's list
+        (
+            site(RMSNorm={"allowed": []}),
+            "torch.rms_norm",
+            "not allowed by profile site",
+        ),  # [] allows nothing
     ],
 )
 def test_refused_by_the_profiles_allow_list(cpu, profile, cid, refused):
     p = plan(ProbeRequest())
-    p = replace(p, profile=profile, rules=slot_rules(p.slots, {}, {}, profile))  # as plan() derives them
+    # as plan() derives them
+    p = replace(p, profile=profile, rules=slot_rules(p.slots, {}, {}, profile))
     assert pipeline._refused(p, "RMSNorm", SimpleNamespace(id=cid)) == refused
 
 
@@ -190,24 +226,41 @@ def reports_and_timings(slot: str, semantics: str, ms: dict[str, float]):
     [
         ({}, None, "liger.rms_norm", "fastest"),
         ({"pins": {"RMSNorm": "torch.rms_norm"}}, None, "torch.rms_norm", "pinned"),
-        ({}, site(RMSNorm={"pin": "torch.rms_norm"}), "torch.rms_norm", "pinned"),  # the profile's policy
+        (
+            {},
+            site(RMSNorm={"pin": "torch.rms_norm"}),
+            "torch.rms_norm",
+            "pinned",
+        ),  # the profile's policy
         ({}, site(RMSNorm={"prefer": ["torch.rms_norm"]}), "torch.rms_norm", "preferred"),
         # the command line's pin wins over the profile's
-        ({"pins": {"RMSNorm": "liger.rms_norm"}}, site(RMSNorm={"pin": "torch.rms_norm"}), "liger.rms_norm", "pinned"),
+        (
+            {"pins": {"RMSNorm": "liger.rms_norm"}},
+            site(RMSNorm={"pin": "torch.rms_norm"}),
+            "liger.rms_norm",
+            "pinned",
+        ),
     ],
 )
 def test_choose_all(cpu, request_change, profile, chosen, how):
     p = plan(ProbeRequest(slots=("RMSNorm",), shapes=SHAPE, precision="32-true"))
     request = replace(p.request, **request_change)
-    p = replace(p, request=request, profile=profile, rules=slot_rules(p.slots, request.pins, request.prefers, profile))
-    reports, timings = reports_and_timings("RMSNorm", "rms_norm", {"torch.rms_norm": 1.0, "liger.rms_norm": 0.5})
+    p = replace(
+        p,
+        request=request,
+        profile=profile,
+        rules=slot_rules(p.slots, request.pins, request.prefers, profile),
+    )
+    reports, timings = reports_and_timings(
+        "RMSNorm", "rms_norm", {"torch.rms_norm": 1.0, "liger.rms_norm": 0.5}
+    )
     (choice,) = choose_all(p, {"RMSNorm": reports}, {"RMSNorm": timings}).values()
     assert (choice.slot, choice.report.id, choice.how) == ("RMSNorm", chosen, how)
     if profile is not None and "pins" not in request_change:
         assert "profile site" in choice.reason
 
 
-# ---- a CPU whose bf16 matmul is emulated (issue 38) -------------------------------------------------------
+# ---- a CPU whose bf16 matmul is emulated (issue 38) ----------------------------------------------
 def _cpu_plan(precision: str, slots: tuple[str, ...] = ("LayerNorm", "RMSNorm", "Linear")):
     return SimpleNamespace(device={"type": "cpu", "arch": ""}, slots=slots, dtype=precision)
 
@@ -219,10 +272,20 @@ def test_an_emulated_regime_is_said_up_front_and_one_calls_time_after(monkeypatc
     warning = pipeline._emulated_matmul(_cpu_plan("bfloat16"))
     assert warning is not None and warning.startswith("bfloat16 matmul is emulated on this CPU")
     assert pipeline._emulated_matmul(_cpu_plan("float32")) is None  # fp32 is never emulated
-    assert pipeline._emulated_matmul(_cpu_plan("bfloat16", ("LayerNorm",))) is None  # no Linear: no matmul timed
-    gpu = SimpleNamespace(device={"type": "cuda", "arch": "sm_90"}, slots=("Linear",), dtype="bfloat16")
+    # no Linear: no matmul timed
+    assert pipeline._emulated_matmul(_cpu_plan("bfloat16", ("LayerNorm",))) is None
+    gpu = SimpleNamespace(
+        device={"type": "cuda", "arch": "sm_90"}, slots=("Linear",), dtype="bfloat16"
+    )
     assert pipeline._emulated_matmul(gpu) is None
-    rows = {"Linear": {"torch.linear": [{"shape": "2048x1024", "median_ms": 7512.0}, {"shape": "8x8", "error": "x"}]}}
+    rows = {
+        "Linear": {
+            "torch.linear": [
+                {"shape": "2048x1024", "median_ms": 7512.0},
+                {"shape": "8x8", "error": "x"},
+            ]
+        }
+    }
     assert pipeline._emulated_call_times(rows, "bfloat16") == [
         "bfloat16 matmul emulated: one forward+backward of torch.linear at 2048x1024 took 7.51 s"
     ]
@@ -231,32 +294,50 @@ def test_an_emulated_regime_is_said_up_front_and_one_calls_time_after(monkeypatc
 def test_a_native_regime_is_not_warned_about(monkeypatch):
     from kernel_probe.detect import cpumath
 
-    monkeypatch.setattr(cpumath, "cpu_flags", lambda cpuinfo=None: {"avx2", "avx512_bf16", "amx_bf16"})
+    monkeypatch.setattr(
+        cpumath, "cpu_flags", lambda cpuinfo=None: {"avx2", "avx512_bf16", "amx_bf16"}
+    )
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     assert pipeline._emulated_matmul(_cpu_plan("bfloat16")) is None
 
 
-# ---- which options differ (issue 37: "probed with other options" did not say which) --------------------
+# ---- which options differ (issue 37: "probed with other options" did not say which) --------------
 def test_other_options_are_named_with_their_old_and_new_values():
-    before = {"precision": "bf16-mixed", "shapes": ["2048x1024"], "pins": {}, "candidates": ["a=x.A"]}
+    before = {
+        "precision": "bf16-mixed",
+        "shapes": ["2048x1024"],
+        "pins": {},
+        "candidates": ["a=x.A"],
+    }
     recorded = pipeline.recorded_options(before)
-    now = {"precision": "32-true", "shapes": ["64x32"], "pins": {"Linear": "torch.linear"}, "candidates": ["b=y.B"]}
+    now = {
+        "precision": "32-true",
+        "shapes": ["64x32"],
+        "pins": {"Linear": "torch.linear"},
+        "candidates": ["b=y.B"],
+    }
     why = pipeline.options_change(recorded, now)
     assert "--precision: bf16-mixed -> 32-true" in why and "--shape: 2048x1024 -> 64x32" in why
-    assert "--pin: none -> Linear=torch.linear" in why and "candidates: new b=y.B; no longer a=x.A" in why
+    assert (
+        "--pin: none -> Linear=torch.linear" in why
+        and "candidates: new b=y.B; no longer a=x.A" in why
+    )
     assert pipeline.options_change(recorded, before).endswith("(the same values, another encoding)")
 
 
 def test_a_lock_probed_with_other_options_names_them(tmp_path, cpu):
     p = plan(ProbeRequest(shapes=("2048x1024",)))
     text = MINIMAL_LOCK.replace(
-        HEAD, f'{HEAD}provenance = {{ inputs = "sha256:{"0" * 64}", options = {{ shapes = "4096x512" }} }}\n', 1
+        HEAD,
+        f'{HEAD}provenance = {{ inputs = "sha256:{"0" * 64}", options = {{ shapes = "4096x512" '
+        "} }\n",
+        1,
     )
     lock, why = reusable(write_sealed(tmp_path / "l.toml", text), p.digest, inputs=p.inputs)
     assert lock is None and "--shape: 4096x512 -> 2048x1024" in why
 
 
-# ---- the candidate set (issue 37: a library installed after the probe was never tried) ------------------
+# ---- the candidate set (issue 37: a library installed after the probe was never tried) -----------
 def probed_seeing(digest: str, libraries: str) -> str:
     return MINIMAL_LOCK.replace(
         HEAD, f'{HEAD}provenance = {{ inputs = "{digest}", libraries = {{ {libraries} }} }}\n', 1
@@ -268,19 +349,33 @@ def test_a_library_installed_since_the_probe_makes_the_lock_stale(tmp_path, cpu)
     now = dict(p.libraries) | {"liger-kernel": "0.8.5"}
     seen = ", ".join(f'{k} = "{"" if k == "liger-kernel" else v}"' for k, v in now.items())
     path = write_sealed(tmp_path / "l.toml", probed_seeing(p.digest, seen))
-    lock, why = reusable(path, p.digest, libraries=now, judged={"liger-kernel": ["liger.layer_norm"]})
-    assert lock is None and "liger-kernel is installed now (0.8.5)" in why and "liger.layer_norm never judged" in why
+    lock, why = reusable(
+        path, p.digest, libraries=now, judged={"liger-kernel": ["liger.layer_norm"]}
+    )
+    assert (
+        lock is None
+        and "liger-kernel is installed now (0.8.5)" in why
+        and "liger.layer_norm never judged" in why
+    )
     # and removed since: judged on a library that is gone
     path = write_sealed(
-        tmp_path / "l.toml", probed_seeing(p.digest, seen.replace('liger-kernel = ""', 'liger-kernel = "0.8.5"'))
+        tmp_path / "l.toml",
+        probed_seeing(p.digest, seen.replace('liger-kernel = ""', 'liger-kernel = "0.8.5"')),
     )
     lock, why = reusable(
-        path, p.digest, libraries=now | {"liger-kernel": ""}, judged={"liger-kernel": ["liger.layer_norm"]}
+        path,
+        p.digest,
+        libraries=now | {"liger-kernel": ""},
+        judged={"liger-kernel": ["liger.layer_norm"]},
     )
-    assert lock is None and "liger-kernel (0.8.5) was installed when the lock was probed and is not now" in why
+    assert (
+        lock is None
+        and "liger-kernel (0.8.5) was installed when the lock was probed and is not now" in why
+    )
     # the same libraries: current
     path = write_sealed(
-        tmp_path / "l.toml", probed_seeing(p.digest, seen.replace('liger-kernel = ""', 'liger-kernel = "0.8.5"'))
+        tmp_path / "l.toml",
+        probed_seeing(p.digest, seen.replace('liger-kernel = ""', 'liger-kernel = "0.8.5"')),
     )
     assert reusable(path, p.digest, libraries=now)[1] == ""
 
@@ -288,12 +383,16 @@ def test_a_library_installed_since_the_probe_makes_the_lock_stale(tmp_path, cpu)
 def test_an_older_lock_without_the_record_is_judged_by_its_rejected_candidates(tmp_path, cpu):
     p = plan(ProbeRequest(shapes=SHAPE, slots=("LayerNorm",)))
     rejected = (
-        '\n[[slots.LayerNorm.rejected]]\nimplementation = "liger.layer_norm"\ntarget = "liger_kernel.transformers.LigerLayerNorm"\n'
+        '\n[[slots.LayerNorm.rejected]]\nimplementation = "liger.layer_norm"\ntarget = '
+        '"liger_kernel.transformers.LigerLayerNorm"\n'
         'status = "unavailable"\nreasons = ["liger-kernel is not installed"]\n'
     )
     path = write_sealed(tmp_path / "l.toml", probed_with(p.digest, MINIMAL_LOCK + rejected))
     lock, why = reusable(
-        path, p.digest, libraries={"liger-kernel": "0.8.5"}, judged={"liger-kernel": ["liger.layer_norm"]}
+        path,
+        p.digest,
+        libraries={"liger-kernel": "0.8.5"},
+        judged={"liger-kernel": ["liger.layer_norm"]},
     )
     assert lock is None and "liger-kernel is installed now" in why
 
@@ -305,9 +404,13 @@ def test_check_exits_3_naming_the_new_library(tmp_path, cpu, monkeypatch):
     seen = ", ".join(f'{k} = ""' for k in p.libraries)
     write_sealed(request.out, probed_seeing(p.digest, seen))
     monkeypatch.setattr(
-        planning, "plan", lambda *_a, **_k: replace(p, libraries=dict(p.libraries) | {"liger-kernel": "0.8.5"})
+        planning,
+        "plan",
+        lambda *_a, **_k: replace(p, libraries=dict(p.libraries) | {"liger-kernel": "0.8.5"}),
     )
     monkeypatch.setattr(start, "plan", planning.plan)
     with pytest.raises(StaleLock) as info:
         run(request)
-    assert "liger-kernel is installed now (0.8.5)" in info.value.problem and info.value.exit_code == 3
+    assert (
+        "liger-kernel is installed now (0.8.5)" in info.value.problem and info.value.exit_code == 3
+    )

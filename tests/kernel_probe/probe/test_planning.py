@@ -34,7 +34,7 @@ def on(monkeypatch):
     return device
 
 
-# ---- refused before any work ------------------------------------------------------------------------
+# ---- refused before any work ---------------------------------------------------------------------
 @pytest.mark.parametrize(
     "request_,error,message",
     [
@@ -43,9 +43,17 @@ def on(monkeypatch):
         (ProbeRequest(reps=0), UsageError, "--reps must be a whole number from 1"),
         (ProbeRequest(reps=-3), UsageError, "--reps must be a whole number from 1"),
         (ProbeRequest(precision="fp8"), UsageError, "unknown precision 'fp8'"),
-        (ProbeRequest(check_only=True, force=True), UsageError, "--check and --force contradict each other"),
+        (
+            ProbeRequest(check_only=True, force=True),
+            UsageError,
+            "--check and --force contradict each other",
+        ),
         (ProbeRequest(candidates=("Norm=mylib.X",)), UsageError, "unknown slot 'Norm'"),
-        (ProbeRequest(candidates=("LayerNorm=mylib._private.X",)), UsageError, "private or __main__ component"),
+        (
+            ProbeRequest(candidates=("LayerNorm=mylib._private.X",)),
+            UsageError,
+            "private or __main__ component",
+        ),
         (
             ProbeRequest(slots=("RMSNorm",), pins={"LayerNorm": "torch.layer_norm"}),
             UsageError,
@@ -54,12 +62,14 @@ def on(monkeypatch):
         (
             ProbeRequest(prefers={"LayerNorm": "torch.rms_norm"}),
             UsageError,
-            "--prefer LayerNorm=torch.rms_norm: 'torch.rms_norm' is not a candidate for LayerNorm (known: ",
+            "--prefer LayerNorm=torch.rms_norm: 'torch.rms_norm' is not a candidate for "
+            "LayerNorm (known: ",
         ),
         (
             ProbeRequest(pins={"LayerNorm": "te.layer_norm"}),
             ForcedUnusable,
-            "--pin LayerNorm=te.layer_norm: the candidate is unavailable on this machine: runs on cuda, rocm",
+            "--pin LayerNorm=te.layer_norm: the candidate is unavailable on this machine: runs "
+            "on cuda, rocm",
         ),
         (
             ProbeRequest(prefers={"RMSNorm": "torch.compile.rms_norm"}),
@@ -79,7 +89,11 @@ def test_a_bad_request_is_refused_with_its_exit_code(on, request_, error, messag
 @pytest.mark.parametrize(
     "request_,error,fix",
     [
-        (ProbeRequest(precision="fp8"), UsageError, "use one of 32-true, bf16-true, 16-true, bf16-mixed, 16-mixed"),
+        (
+            ProbeRequest(precision="fp8"),
+            UsageError,
+            "use one of 32-true, bf16-true, 16-true, bf16-mixed, 16-mixed",
+        ),
         (
             ProbeRequest(slots=("Linear",), pins={"RMSNorm": "torch.rms_norm"}),
             UsageError,
@@ -109,7 +123,7 @@ def test_a_compile_pin_with_with_compile_is_planned(on):
     assert p.request.pins == {"LayerNorm": "torch.compile.layer_norm"}
 
 
-# ---- defaults -----------------------------------------------------------------------------------------
+# ---- defaults ------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "device,kind",
     [(CPU, "cpu"), (CUDA, "gpu"), ({"type": "rocm", "arch": "gfx90a"}, "gpu")],
@@ -140,23 +154,31 @@ def test_what_was_asked_for_overrides_the_defaults(on):
     assert (p.precision, p.dtype, p.regime) == ("32-true", "float32", "true")
     assert p.slots == ("Linear", "RMSNorm") and p.reps == 3 and p.deterministic is True
     assert "custom:mylib.FastLayerNorm" in [c.id for c in p.candidates]
-    assert p.trust == ("mylib",)  # a candidate that is not built in is trusted by the run that offers it
+    assert p.trust == (
+        "mylib",
+    )  # a candidate that is not built in is trusted by the run that offers it
 
 
 def test_triton_interpret_is_a_problem_of_the_plan(on, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     (problem,) = plan(ProbeRequest()).problems
-    assert problem.startswith("TRITON_INTERPRET is set:") and "never timed and never written" in problem
+    assert (
+        problem.startswith("TRITON_INTERPRET is set:")
+        and "never timed and never written" in problem
+    )
 
 
 def test_events_default_to_ignoring_everything():
     events = Events()
     assert events.note("x") is None and events.warn("x") is None and events.begin(3) is None
-    assert events.checking("LayerNorm", "a", 1, 3) is None and events.timing("Linear", "a", ["8x8"], None) is None
+    assert (
+        events.checking("LayerNorm", "a", 1, 3) is None
+        and events.timing("Linear", "a", ["8x8"], None) is None
+    )
     assert events.done() is None
 
 
-# ---- the inputs' digest -------------------------------------------------------------------------------
+# ---- the inputs' digest --------------------------------------------------------------------------
 def test_the_digest_is_stable_for_the_same_request(on):
     assert plan(ProbeRequest()).digest == plan(ProbeRequest()).digest
     assert plan(ProbeRequest()).digest.startswith("sha256:")
@@ -182,13 +204,19 @@ def test_every_input_that_changes_a_verdict_changes_the_digest(on, changed):
 
 
 @pytest.mark.parametrize(
-    "same", [ProbeRequest(reps=2), ProbeRequest(force=True), ProbeRequest(timeout=1.0), ProbeRequest(command="x")]
+    "same",
+    [
+        ProbeRequest(reps=2),
+        ProbeRequest(force=True),
+        ProbeRequest(timeout=1.0),
+        ProbeRequest(command="x"),
+    ],
 )
 def test_how_long_or_how_hard_to_probe_leaves_the_digest(on, same):
     assert plan(same).digest == plan(ProbeRequest()).digest
 
 
-# ---- large_shape_warning ------------------------------------------------------------------------------
+# ---- large_shape_warning -------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "device,shapes,expected",
     [
@@ -196,7 +224,11 @@ def test_how_long_or_how_hard_to_probe_leaves_the_digest(on, same):
         ("cpu", [], None),
         ("cpu", ["4096x4096"], None),  # exactly CPU_LARGE_ELEMENTS: not beyond it
         ("cpu", ["4097x4096"], "4097x4096 is a GPU-sized shape"),
-        ("cpu", ["40320x1024", "64x32", "542080x1024"], "40320x1024, 542080x1024 are GPU-sized shapes"),
+        (
+            "cpu",
+            ["40320x1024", "64x32", "542080x1024"],
+            "40320x1024, 542080x1024 are GPU-sized shapes",
+        ),
         ("cuda", ["542080x1024"], None),
         ("rocm", ["542080x1024"], None),
     ],
@@ -207,7 +239,10 @@ def test_large_shape_warning(device, shapes, expected):
         assert text is None
     else:
         assert text.startswith(expected + ": on a CPU")
-        assert "(7 repetitions, plus warm-up)" in text and f"({DEFAULT_SHAPES['cpu'][0]}: drop --shape)" in text
+        assert (
+            "(7 repetitions, plus warm-up)" in text
+            and f"({DEFAULT_SHAPES['cpu'][0]}: drop --shape)" in text
+        )
 
 
 def test_the_large_threshold_is_eight_cpu_default_shapes():
@@ -216,7 +251,8 @@ def test_the_large_threshold_is_eight_cpu_default_shapes():
 
 
 def test_a_shape_is_one_input_however_it_is_spelled(on):
-    # issue 37: `--shape 2048*1024` counted as other options than 2048x1024, and re-probed a current lock
+    # issue 37: `--shape 2048*1024` counted as other options than 2048x1024, and re-probed a current
+    # lock
     spelled = plan(ProbeRequest(shapes=("2048*1024", "64X32")))
     assert spelled.shapes == ("2048x1024", "64x32")
     assert spelled.digest == plan(ProbeRequest(shapes=("2048x1024", "64x32"))).digest

@@ -8,16 +8,28 @@ from kernel_probe import candidates as cands
 from kernel_probe.probe.report import Report, Verdict, report_base
 
 
-def verdict(status="accepted", ratio=None, deterministic=None, twin=None, dtype="float32") -> Verdict:
+def verdict(
+    status="accepted", ratio=None, deterministic=None, twin=None, dtype="float32"
+) -> Verdict:
     return Verdict(
-        "liger.rms_norm", "cpu", dtype, "true", status, worst_ratio=ratio, deterministic=deterministic, twin=twin or {}
+        "liger.rms_norm",
+        "cpu",
+        dtype,
+        "true",
+        status,
+        worst_ratio=ratio,
+        deterministic=deterministic,
+        twin=twin or {},
     )
 
 
 def report(*verdicts: Verdict, **more) -> Report:
     cand = next(c for c in cands.builtin() if c.id == "liger.rms_norm")
     return Report(
-        **report_base(cand, "RMSNorm", "cpu"), status=more.pop("status", "accepted"), verdicts=list(verdicts), **more
+        **report_base(cand, "RMSNorm", "cpu"),
+        status=more.pop("status", "accepted"),
+        verdicts=list(verdicts),
+        **more,
     )
 
 
@@ -42,11 +54,16 @@ def test_a_verdict_has_no_default_status_and_is_frozen():
     with pytest.raises(AttributeError):
         v.status = "rejected"  # type: ignore[misc]
     d = v.to_json()
-    assert d["candidate"] == "c" and d["status"] == "accepted" and d["errors"] == {} and d["changes"] == []
+    assert (
+        d["candidate"] == "c"
+        and d["status"] == "accepted"
+        and d["errors"] == {}
+        and d["changes"] == []
+    )
     assert d["reasons"] == [] and d["failed"] == [] and d["notes"] == []  # JSON arrays, as before
     assert set(d) == {
-        "candidate", "device", "dtype", "regime", "status", "reasons", "failed", "worst_ratio", "statistics",
-        "out_dtype", "twin", "notes", "errors", "deterministic", "changes", "ratios",
+        "candidate", "device", "dtype", "regime", "status", "reasons", "failed", "worst_ratio",
+        "statistics", "out_dtype", "twin", "notes", "errors", "deterministic", "changes", "ratios",
     }  # fmt: skip
 
 
@@ -60,7 +77,13 @@ def test_worst_ratio_over_the_measured_rows(ratios, worst):
 
 @pytest.mark.parametrize(
     "measured,deterministic",
-    [((), None), ((None, None), None), ((True, None), True), ((True, False), False), ((False,), False)],
+    [
+        ((), None),
+        ((None, None), None),
+        ((True, None), True),
+        ((True, False), False),
+        ((False,), False),
+    ],
 )
 def test_deterministic_only_when_every_measured_row_is(measured, deterministic):
     assert report(*(verdict(deterministic=d) for d in measured)).deterministic is deterministic
@@ -71,7 +94,10 @@ def test_deterministic_only_when_every_measured_row_is(measured, deterministic):
     [
         ((), {}),
         ((("rejected", {"max_error": 1.0}),), {}),  # a rejected row's twin is not the twin
-        ((("accepted", {}), ("accepted", {"max_error": 0.1})), {"max_error": 0.1}),  # the first with a twin
+        (
+            (("accepted", {}), ("accepted", {"max_error": 0.1})),
+            {"max_error": 0.1},
+        ),  # the first with a twin
         ((("rejected", {"max_error": 9.0}), ("accepted", {"max_error": 0.2})), {"max_error": 0.2}),
     ],
 )

@@ -25,20 +25,40 @@ def test_parse_shape(text, shape):
 
 @pytest.mark.parametrize(
     "text",
-    ["", "64", "64x", "x64", "0x8", "8x0", "64x32x16x8", "-1x8", "1.5x8", "64 x 32", "a x b", "６４x32", "8x1e3"],
+    [
+        "",
+        "64",
+        "64x",
+        "x64",
+        "0x8",
+        "8x0",
+        "64x32x16x8",
+        "-1x8",
+        "1.5x8",
+        "64 x 32",
+        "a x b",
+        "６４x32",
+        "8x1e3",
+    ],
 )
 def test_parse_shape_refuses(text):
     with pytest.raises(ValueError) as info:
         parse_shape(text)
     assert str(info.value) == (
-        f"--shape {text!r}: expected ROWSxHIDDEN (e.g. 40320x1024) or ROWSxINxOUT for Linear, all positive integers"
+        f"--shape {text!r}: expected ROWSxHIDDEN (e.g. 40320x1024) or ROWSxINxOUT for Linear, "
+        "all positive integers"
     )
 
 
-# ---- one spelling per shape (issue 37: `--shape 2048*1024` re-probed a current 2048x1024 lock) ----------
+# ---- one spelling per shape (issue 37: `--shape 2048*1024` re-probed a current 2048x1024 lock) ---
 @pytest.mark.parametrize(
     "text,normal",
-    [("2048*1024", "2048x1024"), ("2048X1024", "2048x1024"), ("007x8", "7x8"), (" 64*32x16 ", "64x32x16")],
+    [
+        ("2048*1024", "2048x1024"),
+        ("2048X1024", "2048x1024"),
+        ("007x8", "7x8"),
+        (" 64*32x16 ", "64x32x16"),
+    ],
 )
 def test_normal_shape(text, normal):
     assert normal_shape(text) == normal

@@ -1,6 +1,7 @@
-"""The set-up a slot's candidates share in the worker (``slotcheck.SetupCache``, issue 38): sharing the
-inputs, the float64 reference and torch.nn's pass changes no figure and no verdict, and a candidate
-that writes into its input or its grad_output cannot change what the next one is judged against."""
+"""The set-up a slot's candidates share in the worker (``slotcheck.SetupCache``, issue 38): sharing
+the inputs, the float64 reference and torch.nn's pass changes no figure and no verdict, and a
+candidate that writes into its input or its grad_output cannot change what the next one is judged
+against."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ SLOTS = {
         "LayerNorm=kp_zoo.norms.MutatesInputLayerNorm",
         "LayerNorm=kp_zoo.norms.InPlaceBackwardLayerNorm",
         "LayerNorm=kp_zoo.norms.GoodLayerNorm",
-        "LayerNorm=kp_zoo.norms.UpcastingLayerNorm",  # its blocks draw from the generator after the cases
+        # its blocks draw from the generator after the cases
+        "LayerNorm=kp_zoo.norms.UpcastingLayerNorm",
         "LayerNorm=kp_zoo.norms.WrongBackwardLayerNorm",
         "LayerNorm=kp_zoo.norms.NaNLayerNorm",
     ],
@@ -65,7 +67,8 @@ def test_sharing_the_set_up_changes_no_figure_and_no_verdict(slot):
     shared = SetupCache()
     alone = measured(slot, SLOTS[slot], None)
     together = measured(slot, SLOTS[slot], shared)
-    assert shared.misses == len(ROWS) + 1  # each row's set-up and torch.nn's fresh module, made once
+    # each row's set-up and torch.nn's fresh module, made once
+    assert shared.misses == len(ROWS) + 1
     assert shared.hits == (len(SLOTS[slot]) - 1) * (len(ROWS) + 1)
     for spec, a, b in zip(SLOTS[slot], alone, together, strict=True):
         assert a == b, spec
@@ -74,7 +77,11 @@ def test_sharing_the_set_up_changes_no_figure_and_no_verdict(slot):
 
 
 @pytest.mark.parametrize(
-    "mutating", ["LayerNorm=kp_zoo.norms.MutatesInputLayerNorm", "LayerNorm=kp_zoo.norms.InPlaceBackwardLayerNorm"]
+    "mutating",
+    [
+        "LayerNorm=kp_zoo.norms.MutatesInputLayerNorm",
+        "LayerNorm=kp_zoo.norms.InPlaceBackwardLayerNorm",
+    ],
 )
 def test_a_candidate_writing_into_its_inputs_does_not_change_the_next_ones_verdict(mutating):
     good = "LayerNorm=kp_zoo.norms.GoodLayerNorm"
@@ -94,12 +101,20 @@ def test_the_cache_is_bounded_and_keyed_by_the_seed():
     assert calls == ["a", "b", "c", "b"] and (shared.hits, shared.misses) == (1, 4)
     bench = correctness.Bench(candidate("torch.layer_norm"), "LayerNorm", "cpu", HIDDEN, None, 0,
                               cands.default_for("LayerNorm"))  # fmt: skip
-    assert bench.key("row") != correctness.Bench(*[*bench.__dict__.values()][:5], 1, bench.baseline).key("row")
+    assert bench.key("row") != correctness.Bench(
+        *[*bench.__dict__.values()][:5], 1, bench.baseline
+    ).key("row")
 
 
-# ---- Attention: torch's two paths and the float64 reference, shared by call number within a row --------
-ATTENTION = ["torch.sdpa", "kp_attention.mutates_input", "torch.sdpa.math", "kp_attention.ignores_mask",
-             "kp_attention.sdpa", "kp_attention.biased_output"]  # fmt: skip
+# ---- Attention: torch's two paths and the float64 reference, shared by call number in a row
+ATTENTION = [
+    "torch.sdpa",
+    "kp_attention.mutates_input",
+    "torch.sdpa.math",
+    "kp_attention.ignores_mask",
+    "kp_attention.sdpa",
+    "kp_attention.biased_output",
+]
 WINDOWED = {"window": 6}
 
 

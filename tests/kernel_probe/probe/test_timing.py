@@ -1,7 +1,9 @@
-"""kernel_probe.probe.timing's parts that CPU tests can pin without trusting a clock: the bytes and flops a
-row is divided by, the statistics a row reports and how they relate, shapes (2-D, 3-D, bad), progress messages.
+"""kernel_probe.probe.timing's parts that CPU tests can pin without trusting a clock: the bytes and
+flops a row is divided by, the statistics a row reports and how they relate, shapes (2-D, 3-D, bad),
+progress messages.
 
-The public names used: ``bytes_moved``, ``flops``, ``progress_message``, ``time_candidate``, ``DEFAULT_OPTIONS``.
+The public names used: ``bytes_moved``, ``flops``, ``progress_message``, ``time_candidate``,
+``DEFAULT_OPTIONS``.
 """
 
 from __future__ import annotations
@@ -12,13 +14,20 @@ import time
 import pytest
 
 from kernel_probe.candidates import default_for
-from kernel_probe.probe.timing import DEFAULT_OPTIONS, MODES, bytes_moved, flops, progress_message, time_candidate
+from kernel_probe.probe.timing import (
+    DEFAULT_OPTIONS,
+    MODES,
+    bytes_moved,
+    flops,
+    progress_message,
+    time_candidate,
+)
 
 # tiny and exact: two repetitions, one warm-up call, no minimum time, no float64 check
 FAST = {"reps": 2, "warmup": 1, "min_seconds": 0.0, "check": False}
 
 
-# ---- what a row is divided by -------------------------------------------------------------------------------
+# ---- what a row is divided by --------------------------------------------------------------------
 @pytest.mark.parametrize(
     "semantics, rows, hidden, out, dtype_bytes, expected",
     [
@@ -66,35 +75,59 @@ def test_default_options_time_enough_and_check_at_the_shape():
         "against",
         "budget_s",
     }
-    assert 1 <= DEFAULT_OPTIONS["reps"] <= DEFAULT_OPTIONS["max_reps"] and DEFAULT_OPTIONS["warmup"] >= 1
+    assert (
+        1 <= DEFAULT_OPTIONS["reps"] <= DEFAULT_OPTIONS["max_reps"]
+        and DEFAULT_OPTIONS["warmup"] >= 1
+    )
     assert DEFAULT_OPTIONS["check"] is True
-    assert DEFAULT_OPTIONS["mode"] == "fixed" and DEFAULT_OPTIONS["mode"] in MODES  # what a caller asks is done
+    # what a caller asks is done
+    assert DEFAULT_OPTIONS["mode"] == "fixed" and DEFAULT_OPTIONS["mode"] in MODES
 
 
-# ---- how many calls: fixed, sole, adaptive (kernel_probe.probe.repetitions) ---------------------------------
+# ---- how many calls: fixed, sole, adaptive (kernel_probe.probe.repetitions) ----------------------
 def test_a_sole_candidate_gets_one_measured_call_after_its_check_at_the_shape(monkeypatch):
     from kernel_probe.probe import repetitions
 
-    monkeypatch.setattr(repetitions, "SOLE_SECOND_CALL_BELOW_S", math.inf)  # a first call is never long enough
+    # a first call is never long enough
+    monkeypatch.setattr(repetitions, "SOLE_SECOND_CALL_BELOW_S", math.inf)
     seen = []
     opts = {**FAST, "check": True, "mode": "sole", "reps": 5}
     reply = time_candidate(
-        default_for("LayerNorm"), "LayerNorm", "cpu", ["64x32"], "float32", "true", opts, seen.append
+        default_for("LayerNorm"),
+        "LayerNorm",
+        "cpu",
+        ["64x32"],
+        "float32",
+        "true",
+        opts,
+        seen.append,
     )
     [row] = reply.rows
     assert row["reps"] == 1 and row["timed"] == "sole candidate" and len(row["samples"]) == 1
     assert row["median_ms"] == pytest.approx(row["samples"][0] * 1000)
-    assert row["check"]["sampled"] > 0 and "error" not in row["check"]  # the first call is the check
-    # a short first call: one more, measured, call (the first call's one-time costs are not the evidence)
+    # the first call is the check
+    assert row["check"]["sampled"] > 0 and "error" not in row["check"]
+    # a short first call: one more, measured, call (the first call's one-time costs are not the
+    # evidence)
     assert [(m.phase, m.done, m.total) for m in seen] == [("first call", 1, 1), ("rep", 1, 1)]
     unchecked = {**opts, "check": False}
-    [row] = time_candidate(default_for("LayerNorm"), "LayerNorm", "cpu", ["64x32"], "float32", "true", unchecked).rows
+    [row] = time_candidate(
+        default_for("LayerNorm"), "LayerNorm", "cpu", ["64x32"], "float32", "true", unchecked
+    ).rows
     assert row["reps"] == 1 and "check" not in row
 
 
 def test_an_unknown_mode_is_refused():
     with pytest.raises(ValueError, match="timing mode 'guess'"):
-        time_candidate(default_for("LayerNorm"), "LayerNorm", "cpu", ["8x8"], "float32", "true", {"mode": "guess"})
+        time_candidate(
+            default_for("LayerNorm"),
+            "LayerNorm",
+            "cpu",
+            ["8x8"],
+            "float32",
+            "true",
+            {"mode": "guess"},
+        )
 
 
 def test_the_adaptive_default_takes_its_count_and_a_far_slower_candidate_one_call():
@@ -104,15 +137,25 @@ def test_the_adaptive_default_takes_its_count_and_a_far_slower_candidate_one_cal
     assert base["reps"] == 6 and base["timed"] == "baseline"
     # against a default a thousand times faster than anything real, the first call decides
     tiny = {"64x32": [1e-9] * 6}
-    [row] = time_candidate(cand, "LayerNorm", "cpu", ["64x32"], "float32", "true", {**opts, "against": tiny}).rows
+    [row] = time_candidate(
+        cand, "LayerNorm", "cpu", ["64x32"], "float32", "true", {**opts, "against": tiny}
+    ).rows
     assert row["reps"] == 1 and row["timed"] == "far slower"
 
 
 def test_the_adaptive_budget_ends_the_repetitions():
     cand = default_for("LayerNorm")
-    # a default whose samples straddle every boundary never decides; the budget (0: one call) ends it
+    # a default whose samples straddle every boundary never decides; the budget (0: one call) ends
+    # it
     wide = {"64x32": [1e-6, 1.0, 1e-6, 1.0]}
-    opts = {**FAST, "mode": "adaptive", "reps": 4, "max_reps": 200, "budget_s": 0.0, "against": wide}
+    opts = {
+        **FAST,
+        "mode": "adaptive",
+        "reps": 4,
+        "max_reps": 200,
+        "budget_s": 0.0,
+        "against": wide,
+    }
     [row] = time_candidate(cand, "LayerNorm", "cpu", ["64x32"], "float32", "true", opts).rows
     assert row["reps"] == 1 and row["timed"] == "budget"
     opts = {**opts, "budget_s": None}
@@ -120,14 +163,14 @@ def test_the_adaptive_budget_ends_the_repetitions():
     assert row["reps"] == 4 * 4 and row["timed"] == "max-reps"  # MAX_FACTOR x the default's count
 
 
-# ---- progress messages ----------------------------------------------------------------------------------------
+# ---- progress messages ---------------------------------------------------------------------------
 def test_progress_message_carries_its_fields_and_rounds_the_seconds():
     m = progress_message("64x32", 1, 3, "rep", 4, 20, 1.23456789)
     assert (m.shape, m.index, m.of, m.phase, m.done, m.total) == ("64x32", 1, 3, "rep", 4, 20)
     assert m.seconds == 1.235
 
 
-# ---- a row's statistics, on CPU (the figures' values are the clock's; their relations are not) --------------
+# ---- a row's statistics, on CPU (the figures' values are the clock's; their relations are not) ---
 @pytest.mark.parametrize(
     "slot, shape, rows, hidden, out",
     [
@@ -141,12 +184,19 @@ def test_a_row_reports_consistent_statistics(slot, shape, rows, hidden, out):
     cand = default_for(slot)
     [row] = time_candidate(cand, slot, "cpu", [shape], "float32", "true", FAST).rows
     assert "error" not in row, row
-    assert (row["implementation"], row["shape"], row["dtype"], row["regime"]) == (cand.id, shape, "float32", "true")
+    assert (row["implementation"], row["shape"], row["dtype"], row["regime"]) == (
+        cand.id,
+        shape,
+        "float32",
+        "true",
+    )
     assert row["reps"] == FAST["reps"]  # no minimum time: exactly the repetitions asked
     assert row["median_ms"] > 0 and row["compile_s"] >= 0
     assert row["spread"] == 0.0  # under four samples there is no interquartile range
     seconds = row["median_ms"] / 1000
-    assert row["gbps"] == pytest.approx(bytes_moved(cand.semantics, rows, hidden, out, 4) / seconds / 1e9)
+    assert row["gbps"] == pytest.approx(
+        bytes_moved(cand.semantics, rows, hidden, out, 4) / seconds / 1e9
+    )
     if cand.semantics == "linear":
         assert row["tflops"] == pytest.approx(flops("linear", rows, hidden, out) / seconds / 1e12)
     else:
@@ -157,7 +207,8 @@ def test_a_row_reports_consistent_statistics(slot, shape, rows, hidden, out):
 
 def test_the_timed_inputs_do_not_depend_on_the_global_generator():
     """The check at the shape reads the timed inputs: they come from their own seeded generator, so
-    the same candidate is judged on the same data on every rank, whatever ran before in the worker."""
+    the same candidate is judged on the same data on every rank, whatever ran before in the
+    worker."""
     import torch
 
     cand, opts = default_for("LayerNorm"), {**FAST, "check": True}
@@ -166,12 +217,15 @@ def test_the_timed_inputs_do_not_depend_on_the_global_generator():
         torch.manual_seed(seed)
         [row] = time_candidate(cand, "LayerNorm", "cpu", ["64x48"], "float32", "true", opts).rows
         checks.append(row["check"]["errors"])
-    assert checks[0] == checks[1] and checks[0]["y"][0] > 0  # errors of real data, bit for bit the same
+    # errors of real data, bit for bit the same
+    assert checks[0] == checks[1] and checks[0]["y"][0] > 0
 
 
 def test_more_repetitions_give_a_spread_and_a_minimum_time_adds_repetitions():
     cand = default_for("LayerNorm")
-    [row] = time_candidate(cand, "LayerNorm", "cpu", ["16x8"], "float32", "true", {**FAST, "reps": 8}).rows
+    [row] = time_candidate(
+        cand, "LayerNorm", "cpu", ["16x8"], "float32", "true", {**FAST, "reps": 8}
+    ).rows
     assert row["reps"] == 8 and row["spread"] >= 0.0
     opts = {**FAST, "reps": 1, "min_seconds": 0.05, "max_reps": 5}
     [row] = time_candidate(cand, "LayerNorm", "cpu", ["16x8"], "float32", "true", opts).rows
@@ -180,19 +234,30 @@ def test_more_repetitions_give_a_spread_and_a_minimum_time_adds_repetitions():
 
 @pytest.mark.parametrize("shape, words", [("axb", "ROWSxHIDDEN"), ("0x32", "positive")])
 def test_a_bad_shape_is_an_error_row_and_the_next_shape_is_still_timed(shape, words):
-    rows = time_candidate(default_for("LayerNorm"), "LayerNorm", "cpu", [shape, "16x8"], "float32", "true", FAST).rows
+    rows = time_candidate(
+        default_for("LayerNorm"), "LayerNorm", "cpu", [shape, "16x8"], "float32", "true", FAST
+    ).rows
     assert [r["shape"] for r in rows] == [shape, "16x8"]
     assert words in rows[0]["error"] and "median_ms" not in rows[0]
     assert "error" not in rows[1] and rows[1]["median_ms"] > 0
 
 
-# what a timing with 2 warm-up calls and 3 repetitions reports at each shape, in order: (phase, done, total)
-PROGRESS_2_3 = [("first call", 1, 1), ("warm-up", 1, 2), ("warm-up", 2, 2), ("rep", 1, 3), ("rep", 2, 3), ("rep", 3, 3)]
+# what a timing with 2 warm-up calls and 3 repetitions reports at each shape, in order: (phase,
+# done, total)
+PROGRESS_2_3 = [
+    ("first call", 1, 1),
+    ("warm-up", 1, 2),
+    ("warm-up", 2, 2),
+    ("rep", 1, 3),
+    ("rep", 2, 3),
+    ("rep", 3, 3),
+]
 
 
 def assert_seconds_per_shape(seen, shapes, wall: float) -> None:
-    """``seconds`` is the time spent on this shape so far, to the millisecond: it starts again at each
-    shape, never goes back within one, and the shapes' totals fit in the call's own time (``wall``)."""
+    """``seconds`` is the time spent on this shape so far, to the millisecond: it starts again at
+    each shape, never goes back within one, and the shapes' totals fit in the call's own time
+    (``wall``)."""
     per_shape = {shape: [m.seconds for m in seen if m.shape == shape] for shape in shapes}
     for seconds in per_shape.values():
         assert seconds == sorted(seconds) and seconds[0] >= 0, seconds
@@ -204,27 +269,42 @@ def test_progress_follows_every_call_of_every_shape():
     seen = []
     opts = {**FAST, "warmup": 2, "reps": 3}
     started = time.perf_counter()
-    time_candidate(default_for("RMSNorm"), "RMSNorm", "cpu", ["16x8", "8x8"], "float32", "true", opts, seen.append)
+    time_candidate(
+        default_for("RMSNorm"),
+        "RMSNorm",
+        "cpu",
+        ["16x8", "8x8"],
+        "float32",
+        "true",
+        opts,
+        seen.append,
+    )
     wall = time.perf_counter() - started
     steps = [(m.shape, m.index, m.of, m.phase, m.done, m.total) for m in seen]
-    assert steps == [("16x8", 0, 2, *s) for s in PROGRESS_2_3] + [("8x8", 1, 2, *s) for s in PROGRESS_2_3]
+    assert steps == [("16x8", 0, 2, *s) for s in PROGRESS_2_3] + [
+        ("8x8", 1, 2, *s) for s in PROGRESS_2_3
+    ]
     assert_seconds_per_shape(seen, ("16x8", "8x8"), wall)
 
 
-# ---- progress while timing (issue 16, point 5) -------------------------------------------------------------
+# ---- progress while timing (issue 16, point 5) ---------------------------------------------------
 def test_timing_progress_estimates_what_is_left():
     from kernel_probe.commands.probe import TimingProgress
     from kernel_probe.probe.timing import progress_message
 
     shown: list[str] = []
-    p = TimingProgress("timing LayerNorm: torch.layer_norm", ["1000x100", "4000x100"], shown.append, every=3600)
+    p = TimingProgress(
+        "timing LayerNorm: torch.layer_norm", ["1000x100", "4000x100"], shown.append, every=3600
+    )
     p(progress_message("1000x100", 0, 2, "first call", 1, 1, 0.5))
-    p(progress_message("1000x100", 0, 2, "rep", 1, 5, 1.0))  # rate-limited: same shape, not the last
+    # rate-limited: same shape, not the last
+    p(progress_message("1000x100", 0, 2, "rep", 1, 5, 1.0))
     p(progress_message("1000x100", 0, 2, "rep", 5, 5, 3.0))
     assert len(shown) == 2
     assert "first call 1/1" in shown[0]
-    # issue 37: the time per call counts the repetitions only: 2.5 s over 5 reps after a 0.5 s first call is
-    # 0.5 s per call (not 3 s / 6); the next shape is 4x the elements: 4 x 5 reps x 0.5 s = 10 s
+    # issue 37: the time per call counts the repetitions only: 2.5 s over 5 reps after a 0.5 s first
+    # call is 0.5 s per call (not 3 s / 6); the next shape is 4x the elements: 4 x 5 reps x 0.5 s =
+    # 10 s
     assert "rep 5/5, 0.5 s per call, about 10 s for the shapes after it" in shown[1]
     p(progress_message("4000x100", 1, 2, "warm-up", 1, 1, 2.0))
     mid = p.text(progress_message("4000x100", 1, 2, "rep", 2, 5, 6.0))
@@ -232,8 +312,8 @@ def test_timing_progress_estimates_what_is_left():
 
 
 def test_attention_timing_progress_reads_its_geometries_not_shapes():
-    """An Attention geometry (HEADSxHEAD_DIMxSEQ[:window=W]) is no norm shape: its cost is heads x queries x
-    keys in the band x head_dim (issue 36)."""
+    """An Attention geometry (HEADSxHEAD_DIMxSEQ[:window=W]) is no norm shape: its cost is heads x
+    queries x keys in the band x head_dim (issue 36)."""
     from kernel_probe.commands.probe import TimingProgress, attention_work
     from kernel_probe.probe.timing import progress_message
 
@@ -241,10 +321,13 @@ def test_attention_timing_progress_reads_its_geometries_not_shapes():
     assert attention_work("2x32x128") == 2 * 128 * 128 * 32
     shown: list[str] = []
     geometries = ["2x32x128:window=8", "2x32x128"]  # the second sees 128 keys a query, the first 17
-    p = TimingProgress("timing Attention: torch.sdpa", geometries, shown.append, every=3600, work=attention_work)
+    p = TimingProgress(
+        "timing Attention: torch.sdpa", geometries, shown.append, every=3600, work=attention_work
+    )
     p(progress_message(geometries[0], 0, 2, "first call", 1, 1, 0.1))
     p(progress_message(geometries[0], 0, 2, "rep", 4, 4, 0.5))
-    # 0.4 s over the 4 reps after the first call: 0.1 s a call; 4 reps at 128/17 the work: 4 x 0.1 x 128 / 17 = 3 s
+    # 0.4 s over the 4 reps after the first call: 0.1 s a call; 4 reps at 128/17 the work: 4 x 0.1 x
+    # 128 / 17 = 3 s
     assert "at 2x32x128:window=8 (shape 1/2)" in shown[0] and "first call 1/1" in shown[0]
     assert "rep 4/4, 0.1 s per call, about 3 s for the shapes after it" in shown[1]
 
@@ -252,9 +335,12 @@ def test_attention_timing_progress_reads_its_geometries_not_shapes():
 def test_a_sole_candidate_whose_first_call_is_long_is_measured_by_it(monkeypatch):
     from kernel_probe.probe import repetitions
 
-    monkeypatch.setattr(repetitions, "SOLE_SECOND_CALL_BELOW_S", 0.0)  # every first call counts as long
+    # every first call counts as long
+    monkeypatch.setattr(repetitions, "SOLE_SECOND_CALL_BELOW_S", 0.0)
     opts = {**FAST, "check": True, "mode": "sole"}
-    [row] = time_candidate(default_for("LayerNorm"), "LayerNorm", "cpu", ["64x32"], "float32", "true", opts).rows
+    [row] = time_candidate(
+        default_for("LayerNorm"), "LayerNorm", "cpu", ["64x32"], "float32", "true", opts
+    ).rows
     assert row["reps"] == 1 and row["compile_s"] == pytest.approx(row["median_ms"] / 1000, abs=1e-4)
     assert row["check"]["sampled"] > 0
 
@@ -274,7 +360,8 @@ def test_timing_progress_in_a_terminal_fits_80_columns_and_counts_calls():
     p = TimingProgress(what, ["40320x1024", "542080x1024"], shown.append, compact=True)
     p(progress_message("40320x1024", 0, 2, "first call", 1, 1, 4.0))
     for done in range(1, 4):
-        p(progress_message("40320x1024", 0, 2, "rep", done, 20, 4.0 + done))  # 1 s per rep after the first call
+        # 1 s per rep after the first call
+        p(progress_message("40320x1024", 0, 2, "rep", done, 20, 4.0 + done))
     assert len(shown) == 4 and all(len(line) <= TimingProgress.WIDTH for line in shown)
     assert shown[-1].startswith("Linear: some.") and "40320x1024 1/2 rep 3/20" in shown[-1]
     # 17 reps left here at 1 s, then 20 reps at 542080/40320 = 13.4x the elements: 17 + 269 s
@@ -284,10 +371,14 @@ def test_timing_progress_in_a_terminal_fits_80_columns_and_counts_calls():
     events.__dict__["terminal"] = True
     buf = io.StringIO()
     events.__dict__["progress"] = Progress(
-        *events.progress_columns(), console=Console(file=buf, width=80, force_terminal=True), auto_refresh=False
+        *events.progress_columns(),
+        console=Console(file=buf, width=80, force_terminal=True),
+        auto_refresh=False,
     )
     events.begin(12)
-    events.timing("Linear", "some.very.long.candidate.identifier.from.a.plugin", ["40320x1024"], None)
+    events.timing(
+        "Linear", "some.very.long.candidate.identifier.from.a.plugin", ["40320x1024"], None
+    )
     events.timing(
         "Linear",
         "some.very.long.candidate.identifier.from.a.plugin",
@@ -295,7 +386,10 @@ def test_timing_progress_in_a_terminal_fits_80_columns_and_counts_calls():
         progress_message("40320x1024", 0, 1, "rep", 7, 20, 9.0),
     )
     task = events.progress.tasks[0]
-    assert (task.completed, task.total) == (7, 20)  # the calls of this shape, not the candidates (5/12)
+    assert (task.completed, task.total) == (
+        7,
+        20,
+    )  # the calls of this shape, not the candidates (5/12)
     events.progress.refresh()
     events.done()
     lines = [line for line in buf.getvalue().replace("\r", "\n").split("\n") if "rep 7/20" in line]

@@ -1,4 +1,5 @@
-"""kernel_probe.probe.write: choices become a sealed lock; where a lock may be written; the file lock."""
+"""kernel_probe.probe.write: choices become a sealed lock; where a lock may be written; the file
+lock."""
 
 from __future__ import annotations
 
@@ -41,11 +42,15 @@ def builtin(cid: str):
 
 def report(cand, status="accepted", reasons=(), verdicts=(), **more) -> Report:
     return Report(
-        **report_base(cand, cand.slots[0], "cpu"), status=status, reasons=list(reasons), verdicts=list(verdicts), **more
+        **report_base(cand, cand.slots[0], "cpu"),
+        status=status,
+        reasons=list(reasons),
+        verdicts=list(verdicts),
+        **more,
     )
 
 
-# ---- environment ----------------------------------------------------------------------------------------
+# ---- environment ---------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "device_type,field,match",
     [
@@ -82,7 +87,7 @@ def test_environment_needs_every_field():
         environment(current, {})
 
 
-# ---- build_lock -----------------------------------------------------------------------------------------
+# ---- build_lock ----------------------------------------------------------------------------------
 TIMED = {
     "implementation": "torch.layer_norm",
     "shape": "64x32",
@@ -103,7 +108,15 @@ def layer_norm_lock(**options):
     chosen = report(
         default,
         verdicts=[
-            Verdict("torch.layer_norm", "cpu", "float32", "true", "accepted", worst_ratio=0.123456, deterministic=True)
+            Verdict(
+                "torch.layer_norm",
+                "cpu",
+                "float32",
+                "true",
+                "accepted",
+                worst_ratio=0.123456,
+                deterministic=True,
+            )
         ],
         changes=["records a change"],
     )
@@ -114,11 +127,20 @@ def layer_norm_lock(**options):
     ]
     choice = Choice("LayerNorm", chosen, "default", "kept the default", {})
     timings = {"LayerNorm": {"torch.layer_norm": [TIMED]}}
-    return build_lock({"LayerNorm": choice}, {"LayerNorm": others}, timings, facts(), precision="32-true", **options)
+    return build_lock(
+        {"LayerNorm": choice},
+        {"LayerNorm": others},
+        timings,
+        facts(),
+        precision="32-true",
+        **options,
+    )
 
 
 def test_build_lock_writes_the_choice_sealed():
-    lock = layer_norm_lock(profile={"name": "p", "digest": "sha256:" + "0" * 64}, provenance={"command": "kp"})
+    lock = layer_norm_lock(
+        profile={"name": "p", "digest": "sha256:" + "0" * 64}, provenance={"command": "kp"}
+    )
     assert lock.digest == lock.compute_digest()
     assert re.fullmatch(r"kernel-probe \S+", lock.created_by)
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", lock.created_at)
@@ -130,8 +152,16 @@ def test_build_lock_writes_the_choice_sealed():
         "torch.nn.LayerNorm",
         "layer_norm",
     )
-    assert dict(slot.kwargs) == {"eps": 1e-05, "elementwise_affine": True, "bias": True}  # canonical values filled in
-    assert slot.reason == "kept the default" and slot.changes == ("records a change",) and slot.requires == ()
+    assert dict(slot.kwargs) == {
+        "eps": 1e-05,
+        "elementwise_affine": True,
+        "bias": True,
+    }  # canonical values filled in
+    assert (
+        slot.reason == "kept the default"
+        and slot.changes == ("records a change",)
+        and slot.requires == ()
+    )
     assert slot.twin.target == "torch.nn.LayerNorm" and slot.twin.state_dict == "incompatible"
     # what the lock says is what loading it reads back
     again = kernel_lock.loads(lock.dumps(), emit_warnings=False)
@@ -177,7 +207,9 @@ def test_a_cpu_linear_records_whether_its_regimes_matmul_is_native(monkeypatch):
     ]
     chosen = report(linear, verdicts=verdicts)
     choice = Choice("Linear", chosen, "default", "kept the default", {})
-    lock = build_lock({"Linear": choice}, {"Linear": [chosen]}, {"Linear": {}}, facts(), precision="bf16-mixed")
+    lock = build_lock(
+        {"Linear": choice}, {"Linear": [chosen]}, {"Linear": {}}, facts(), precision="bf16-mixed"
+    )
     fp32, bf16 = lock.slots["Linear"].evidence
     assert "matmul" not in fp32
     assert bf16["matmul"] == "emulated: the CPU has none of AMX BF16, AVX-512 BF16, ARM BF16"
@@ -193,8 +225,16 @@ def test_build_lock_lists_every_other_candidate_as_rejected_with_its_reasons():
 
 def test_build_lock_canonical_values_override_the_slot_defaults():
     lock = layer_norm_lock(canonical={"LayerNorm": {"eps": 1e-6, "bias": False}})
-    assert dict(lock.slots["LayerNorm"].kwargs) == {"eps": 1e-6, "elementwise_affine": True, "bias": False}
-    assert dict(lock.slots["LayerNorm"].twin.kwargs) == {"eps": 1e-6, "elementwise_affine": True, "bias": False}
+    assert dict(lock.slots["LayerNorm"].kwargs) == {
+        "eps": 1e-6,
+        "elementwise_affine": True,
+        "bias": False,
+    }
+    assert dict(lock.slots["LayerNorm"].twin.kwargs) == {
+        "eps": 1e-6,
+        "elementwise_affine": True,
+        "bias": False,
+    }
 
 
 def test_build_lock_trusts_and_requires_a_library_candidate():
@@ -217,7 +257,10 @@ def test_build_lock_trusts_and_requires_a_library_candidate():
     [
         ({"error": "out of memory"}, {"error": "out of memory"}),
         ({**TIMED, "blas": "cublaslt"}, {"blas": "cublaslt", "median-ms": 0.1235}),
-        ({**TIMED, "copy_percent": 12.3456, "tflops": 98.7654}, {"copy-percent": 12.3, "tflops": 98.77}),
+        (
+            {**TIMED, "copy_percent": 12.3456, "tflops": 98.7654},
+            {"copy-percent": 12.3, "tflops": 98.77},
+        ),
         (
             {**TIMED, "check": {"errors": {"y": (1e-7, 1e-7)}, "sampled": 64}},
             {"checked-rows": 64, "worst-error-ratio": pytest.approx(0.0, abs=1.0)},
@@ -225,7 +268,12 @@ def test_build_lock_trusts_and_requires_a_library_candidate():
     ],
 )
 def test_a_timing_row_keeps_what_it_measured(row, expected):
-    base = {"implementation": "torch.layer_norm", "shape": "64x32", "dtype": "float32", "regime": "true"}
+    base = {
+        "implementation": "torch.layer_norm",
+        "shape": "64x32",
+        "dtype": "float32",
+        "regime": "true",
+    }
     (out,) = write._timing([{**base, **row}])
     assert {k: out[k] for k in expected} == expected
     if "error" in row:
@@ -239,9 +287,24 @@ def test_a_timing_row_keeps_what_it_measured(row, expected):
     [
         ("accepted", [], None, ["accepted, not timed"]),
         ("accepted", ["timing failed"], None, ["timing failed"]),
-        ("accepted", [], 1.25, ["accepted; 1.25x the default's time (geometric mean over the shapes)"]),
-        ("accepted", [], 1.0, ["accepted; 1.00x the default's time (geometric mean over the shapes)"]),
-        ("accepted", [], 0.5, ["accepted; 2.00x faster than the default, but torch.rms_norm was chosen (pinned)"]),
+        (
+            "accepted",
+            [],
+            1.25,
+            ["accepted; 1.25x the default's time (geometric mean over the shapes)"],
+        ),
+        (
+            "accepted",
+            [],
+            1.0,
+            ["accepted; 1.00x the default's time (geometric mean over the shapes)"],
+        ),
+        (
+            "accepted",
+            [],
+            0.5,
+            ["accepted; 2.00x faster than the default, but torch.rms_norm was chosen (pinned)"],
+        ),
         ("rejected", ["y error 3 > tolerance 1"], None, ["y error 3 > tolerance 1"]),
         ("crashed", [], None, ["crashed"]),
     ],
@@ -249,11 +312,13 @@ def test_a_timing_row_keeps_what_it_measured(row, expected):
 def test_rejection_reasons(status, reasons, score, expected):
     chosen = report(builtin("torch.rms_norm"))
     other = report(builtin("liger.rms_norm"), status, reasons)
-    choice = Choice("RMSNorm", chosen, "pinned", "", {} if score is None else {"liger.rms_norm": score})
+    choice = Choice(
+        "RMSNorm", chosen, "pinned", "", {} if score is None else {"liger.rms_norm": score}
+    )
     assert write._rejection_reasons(other, choice) == expected
 
 
-# ---- trust and the inputs' digest -----------------------------------------------------------------------
+# ---- trust and the inputs' digest ----------------------------------------------------------------
 @pytest.mark.parametrize(
     "offered,roots",
     [
@@ -278,10 +343,11 @@ def test_inputs_digest_is_of_the_content_not_the_order():
     assert a == b and re.fullmatch(r"sha256:[0-9a-f]{64}", a)
     assert inputs_digest({"shapes": ["8x8", "16x8"]}) != inputs_digest({"shapes": ["16x8", "8x8"]})
     assert inputs_digest({"profile": None}) != inputs_digest({"profile": "sha256:0"})
-    assert inputs_digest({"out": Path("a")}) == inputs_digest({"out": "a"})  # anything else as its text
+    # anything else as its text
+    assert inputs_digest({"out": Path("a")}) == inputs_digest({"out": "a"})
 
 
-# ---- check_writable -------------------------------------------------------------------------------------
+# ---- check_writable ------------------------------------------------------------------------------
 def test_check_writable_returns_the_real_path(tmp_path):
     assert check_writable(tmp_path / "kernel-lock.toml") == tmp_path.resolve() / "kernel-lock.toml"
     existing = tmp_path / "existing.toml"
@@ -318,7 +384,11 @@ def fifo(path: Path) -> Path:
             "not a regular file: it is never replaced (not even with --force)",
             "regular file",
         ),
-        (lambda d: d / ("x" * 250), "the file name is too long for this file system", "choose a shorter name"),
+        (
+            lambda d: d / ("x" * 250),
+            "the file name is too long for this file system",
+            "choose a shorter name",
+        ),
     ],
     ids=["empty", "no-directory", "parent-is-a-file", "a-directory", "a-fifo", "too-long"],
 )
@@ -330,14 +400,16 @@ def test_check_writable_refuses(tmp_path, make, problem, fix):
 
 
 def test_check_writable_refuses_a_directory_it_cannot_write(tmp_path, monkeypatch):
-    monkeypatch.setattr(os, "access", lambda *_a, **_k: False)  # as a non-root user in a read-only directory
+    # as a non-root user in a read-only directory
+    monkeypatch.setattr(os, "access", lambda *_a, **_k: False)
     with pytest.raises(UsageError, match=r"cannot write in .* \(permission denied\)"):
         check_writable(tmp_path / "lock.toml")
 
 
-# ---- the file lock --------------------------------------------------------------------------------------
+# ---- the file lock -------------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    "path,lock", [("a/kernel-lock.toml", "a/.kernel-lock.toml.lock"), ("/x/y.toml", "/x/.y.toml.lock")]
+    "path,lock",
+    [("a/kernel-lock.toml", "a/.kernel-lock.toml.lock"), ("/x/y.toml", "/x/.y.toml.lock")],
 )
 def test_file_lock_path(path, lock):
     assert file_lock_path(Path(path)) == Path(lock)
@@ -348,7 +420,9 @@ def test_exclusive_holds_the_file_lock(tmp_path):
     with exclusive(out, timeout=1) as locked:
         assert locked is True and file_lock_path(out).exists()
         with (
-            pytest.raises(ProbeError, match="another kernel-probe held the lock for more than 0 s") as info,
+            pytest.raises(
+                ProbeError, match="another kernel-probe held the lock for more than 0 s"
+            ) as info,
             exclusive(out, timeout=0.01),
         ):
             pass
@@ -366,7 +440,9 @@ def test_a_waiting_probe_says_what_it_waits_for_then_how_long(tmp_path):
         release = threading.Event()
 
         def second():
-            with exclusive(out, 30, said.append, reports=[0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 10]) as locked:
+            with exclusive(
+                out, 30, said.append, reports=[0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 10]
+            ) as locked:
                 assert locked is True
             release.set()
 
@@ -386,7 +462,10 @@ def test_a_waiting_probe_says_what_it_waits_for_then_how_long(tmp_path):
     # and gives up after its timeout, with the same error as before
     with exclusive(out, timeout=1):
         said.clear()
-        with pytest.raises(ProbeError, match="more than 0 s"), exclusive(out, 0.2, said.append, reports=[0.05, 0.1]):
+        with (
+            pytest.raises(ProbeError, match="more than 0 s"),
+            exclusive(out, 0.2, said.append, reports=[0.05, 0.1]),
+        ):
             pass
     assert said and "up to 0 s" in said[0]
 
@@ -402,7 +481,11 @@ def raising(exc):
 def test_exclusive_yields_false_where_the_file_system_does_no_locks(tmp_path, monkeypatch, code):
     from filelock import FileLock
 
-    monkeypatch.setattr(FileLock, "acquire", raising(OSError(getattr(errno, code), os.strerror(getattr(errno, code)))))
+    monkeypatch.setattr(
+        FileLock,
+        "acquire",
+        raising(OSError(getattr(errno, code), os.strerror(getattr(errno, code)))),
+    )
     with exclusive(tmp_path / "lock.toml", timeout=1) as locked:
         assert locked is False
 
@@ -410,8 +493,16 @@ def test_exclusive_yields_false_where_the_file_system_does_no_locks(tmp_path, mo
 @pytest.mark.parametrize(
     "exc,error,message",
     [
-        (OSError(errno.EIO, "Input/output error"), ProbeError, "cannot take its file lock .*: Input/output error"),
-        (PermissionError(errno.EACCES, "denied"), UsageError, "cannot open its lock file .*: permission denied"),
+        (
+            OSError(errno.EIO, "Input/output error"),
+            ProbeError,
+            "cannot take its file lock .*: Input/output error",
+        ),
+        (
+            PermissionError(errno.EACCES, "denied"),
+            UsageError,
+            "cannot open its lock file .*: permission denied",
+        ),
     ],
 )
 def test_exclusive_refuses_a_lock_it_cannot_take(tmp_path, monkeypatch, exc, error, message):

@@ -1,9 +1,10 @@
 """The lock the probe writes in-process from a fixed set of reports keeps its bytes (issue 40).
 
-``build_lock`` is given fixed reports (a chosen LayerNorm with its twin, a Linear under a BLAS library,
-an Activation, rejected candidates, timings, a profile, provenance and ``[graph-attention]``); with its
-clock and version fixed, the lock it writes is byte for byte the golden file, which was written by the
-code before the lock's tables were declared by their fields' metadata."""
+``build_lock`` is given fixed reports (a chosen LayerNorm with its twin, a Linear under a BLAS
+library, an Activation, rejected candidates, timings, a profile, provenance and
+``[graph-attention]``); with its clock and version fixed, the lock it writes is byte for byte the
+golden file, which was written by the code before the lock's tables were declared by their fields'
+metadata."""
 
 from __future__ import annotations
 
@@ -18,13 +19,31 @@ from kernel_probe.probe.choose import Choice
 from kernel_probe.probe.report import Report, Verdict, report_base
 from kernel_probe.probe.write import build_lock
 
-GOLDEN = Path(__file__).resolve().parents[2] / "kernel_lock" / "data" / "locks" / "build-lock-fixed-reports.toml"
+GOLDEN = (
+    Path(__file__).resolve().parents[2]
+    / "kernel_lock"
+    / "data"
+    / "locks"
+    / "build-lock-fixed-reports.toml"
+)
 
 
 def _timed(implementation: str, shape: str) -> dict:
     """A timing row as the timer reports it (more digits than the lock keeps)."""
-    figures = {"median_ms": 0.0456789, "spread": 0.0345, "gbps": 45.6789, "compile_s": 0.00456789, "reps": 3}
-    return {"implementation": implementation, "shape": shape, "dtype": "float32", "regime": "true", **figures}
+    figures = {
+        "median_ms": 0.0456789,
+        "spread": 0.0345,
+        "gbps": 45.6789,
+        "compile_s": 0.00456789,
+        "reps": 3,
+    }
+    return {
+        "implementation": implementation,
+        "shape": shape,
+        "dtype": "float32",
+        "regime": "true",
+        **figures,
+    }
 
 
 def _builtin(cid: str) -> cands.Candidate:
@@ -33,22 +52,34 @@ def _builtin(cid: str) -> cands.Candidate:
 
 def _report(cid: str, status: str = "accepted", reasons: tuple[str, ...] = (), **more) -> Report:
     cand = _builtin(cid)
-    return Report(**report_base(cand, cand.slots[0], "cpu"), status=status, reasons=list(reasons), **more)
+    return Report(
+        **report_base(cand, cand.slots[0], "cpu"), status=status, reasons=list(reasons), **more
+    )
 
 
 def _verdict(cid: str, **more) -> Verdict:
-    return Verdict(cid, "cpu", "float32", "true", "accepted", worst_ratio=0.123456, deterministic=True, **more)
+    return Verdict(
+        cid, "cpu", "float32", "true", "accepted", worst_ratio=0.123456, deterministic=True, **more
+    )
 
 
 def fixed_lock() -> kernel_lock.KernelLock:
-    """The lock ``build_lock`` writes from the fixed reports, its clock and version fixed, sealed."""
+    """The lock ``build_lock`` writes from the fixed reports, its clock and version fixed,
+    sealed."""
     twin = {"state_dict": "interchangeable", "max_error": 0.00123456}
-    norm = _report("torch.compile.layer_norm", verdicts=[_verdict("torch.compile.layer_norm", twin=twin)])
-    linear = _report("torch.linear.cublas", verdicts=[_verdict("torch.linear.cublas")], blas="cublas")
+    norm = _report(
+        "torch.compile.layer_norm", verdicts=[_verdict("torch.compile.layer_norm", twin=twin)]
+    )
+    linear = _report(
+        "torch.linear.cublas", verdicts=[_verdict("torch.linear.cublas")], blas="cublas"
+    )
     linear.blas_default = "cublaslt"
     gelu = _report("torch.gelu", verdicts=[_verdict("torch.gelu")], changes=["records a change"])
     reports = {
-        "LayerNorm": [norm, _report("liger.layer_norm", "unavailable", ("runs on cuda, rocm, xpu",))],
+        "LayerNorm": [
+            norm,
+            _report("liger.layer_norm", "unavailable", ("runs on cuda, rocm, xpu",)),
+        ],
         "Linear": [linear, _report("torch.linear", "rejected", ("slower",))],
         "Activation": [gelu],
     }
@@ -63,7 +94,9 @@ def fixed_lock() -> kernel_lock.KernelLock:
     }
     current = {name: f"v-{name}" for name in FIELDS}
     current["device-type"], current["device-count"] = "cpu", 1
-    graph = GraphAttention(backend="triton", allow_fallback=True, reason="asked for", evidence=({"dtype": "float32"},))
+    graph = GraphAttention(
+        backend="triton", allow_fallback=True, reason="asked for", evidence=({"dtype": "float32"},)
+    )
     lock = build_lock(
         choices,
         reports,
@@ -71,10 +104,16 @@ def fixed_lock() -> kernel_lock.KernelLock:
         current,
         precision="32-true",
         profile={"name": "site", "digest": "sha256:" + "0" * 64},
-        provenance={"command": "kernel-probe --out k.toml", "check-seconds": 1.25, "shapes": ["64x32"]},
+        provenance={
+            "command": "kernel-probe --out k.toml",
+            "check-seconds": 1.25,
+            "shapes": ["64x32"],
+        },
         graph_attention=graph,
     )
-    return dataclasses.replace(lock, created_at="2026-12-01T00:00:00Z", created_by="kernel-probe 0.0.0").sealed()
+    return dataclasses.replace(
+        lock, created_at="2026-12-01T00:00:00Z", created_by="kernel-probe 0.0.0"
+    ).sealed()
 
 
 def test_the_lock_written_in_process_is_the_golden_file_byte_for_byte():

@@ -1,4 +1,5 @@
-"""What the profile tests share: the profiles they start from, and helpers that run `kernel-probe profiles`."""
+"""What the profile tests share: the profiles they start from, and helpers that run `kernel-probe
+profiles`."""
 
 from __future__ import annotations
 
@@ -25,7 +26,13 @@ GPU_PROFILES = [n for n in BUILTIN if n != "cpu"]
 
 
 SIGNALS = {
-    "lumi-g": ({"LUMI_STACK_PARTITION": "G"}, "nid005123", None, {"type": "rocm", "arch": "gfx90a"}, {}),
+    "lumi-g": (
+        {"LUMI_STACK_PARTITION": "G"},
+        "nid005123",
+        None,
+        {"type": "rocm", "arch": "gfx90a"},
+        {},
+    ),
     "frontier": ({}, "frontier01234", "frontier", {"type": "rocm", "arch": "gfx90a"}, {}),
     "leonardo-booster": (
         {"SLURM_JOB_PARTITION": "boost_usr_prod"},
@@ -41,9 +48,27 @@ SIGNALS = {
         {"type": "cuda", "arch": "sm_80"},
         {"/etc/FZJ/systemname": "juwelsbooster"},
     ),
-    "marenostrum5-acc": ({"BSC_MACHINE": "mn5"}, "as01r1b01", None, {"type": "cuda", "arch": "sm_90"}, {}),
-    "alps-gh200": ({"CLUSTER_NAME": "clariden"}, "nid001234", None, {"type": "cuda", "arch": "sm_90"}, {}),
-    "perlmutter": ({"NERSC_HOST": "perlmutter"}, "nid001234", "perlmutter", {"type": "cuda", "arch": "sm_80"}, {}),
+    "marenostrum5-acc": (
+        {"BSC_MACHINE": "mn5"},
+        "as01r1b01",
+        None,
+        {"type": "cuda", "arch": "sm_90"},
+        {},
+    ),
+    "alps-gh200": (
+        {"CLUSTER_NAME": "clariden"},
+        "nid001234",
+        None,
+        {"type": "cuda", "arch": "sm_90"},
+        {},
+    ),
+    "perlmutter": (
+        {"NERSC_HOST": "perlmutter"},
+        "nid001234",
+        "perlmutter",
+        {"type": "cuda", "arch": "sm_80"},
+        {},
+    ),
     "cpu": ({}, "laptop", None, {"type": "cpu", "arch": ""}, {}),
 }
 
@@ -63,7 +88,12 @@ torch = ">=2.4"
 MALFORMED = [
     ("not toml", "[[[", "", "not valid TOML"),
     ("unknown top key", CPU_PROFILE + "colour = 1\n", "colour", "unknown key"),
-    ("unknown nested key", CPU_PROFILE.replace("torch =", "torchh ="), "requires.torchh", "did you mean"),
+    (
+        "unknown nested key",
+        CPU_PROFILE.replace("torch =", "torchh ="),
+        "requires.torchh",
+        "did you mean",
+    ),
     ("bad specifier", CPU_PROFILE.replace('">=2.4"', '"~~2"'), "requires.torch", "PEP 440"),
     (
         "bad library specifier",
@@ -89,8 +119,18 @@ MALFORMED = [
         "policy.RMSNorm.pin",
         "not in policy.RMSNorm.allowed",
     ),
-    ("unknown slot policy", CPU_PROFILE + "[policy.Layernorm]\nallowed = []\n", "policy.Layernorm", "unknown key"),
-    ("bad regex", CPU_PROFILE.replace('MYSITE = ""', 'MYSITE = "(("'), "detect.env.MYSITE", "regular expression"),
+    (
+        "unknown slot policy",
+        CPU_PROFILE + "[policy.Layernorm]\nallowed = []\n",
+        "policy.Layernorm",
+        "unknown key",
+    ),
+    (
+        "bad regex",
+        CPU_PROFILE.replace('MYSITE = ""', 'MYSITE = "(("'),
+        "detect.env.MYSITE",
+        "regular expression",
+    ),
     (
         "bad version",
         CPU_PROFILE.replace('profile-version = "1"', 'profile-version = "9"'),
@@ -105,13 +145,34 @@ MALFORMED = [
         "requires.device-type",
         "list of strings",
     ),
-    ("bad count", CPU_PROFILE + "min-device-count = -1\n", "requires.min-device-count", "non-negative"),
-    ("bad precision", CPU_PROFILE + '[policy]\nprecision = "fp8"\n', "policy.precision", "not one of"),
-    ("bad shape", CPU_PROFILE + '[policy]\nshapes = ["0x1"]\n', "policy.shapes[0]", "positive integers"),
-    ("bad strictness group", CPU_PROFILE + '[strictness]\nwarn = ["everything"]\n', "strictness.warn", "unknown group"),
+    (
+        "bad count",
+        CPU_PROFILE + "min-device-count = -1\n",
+        "requires.min-device-count",
+        "non-negative",
+    ),
+    (
+        "bad precision",
+        CPU_PROFILE + '[policy]\nprecision = "fp8"\n',
+        "policy.precision",
+        "not one of",
+    ),
+    (
+        "bad shape",
+        CPU_PROFILE + '[policy]\nshapes = ["0x1"]\n',
+        "policy.shapes[0]",
+        "positive integers",
+    ),
+    (
+        "bad strictness group",
+        CPU_PROFILE + '[strictness]\nwarn = ["everything"]\n',
+        "strictness.warn",
+        "unknown group",
+    ),
     (
         "candidate unknown key",
-        CPU_PROFILE + '[[candidate]]\nid = "x"\nslots = ["LayerNorm"]\ntarget = "a.B"\ncolour = 1\n',
+        CPU_PROFILE
+        + '[[candidate]]\nid = "x"\nslots = ["LayerNorm"]\ntarget = "a.B"\ncolour = 1\n',
         "candidate[0].colour",
         "unknown key",
     ),
@@ -142,7 +203,9 @@ twin-target = "torch.nn.LayerNorm"
 ROOT = Path(__file__).resolve().parents[3]
 
 
-GPU_PROFILE = CPU_PROFILE.replace('device-type = ["cpu"]', 'device-type = ["cuda"]')  # a GPU site's profile
+GPU_PROFILE = CPU_PROFILE.replace(
+    'device-type = ["cpu"]', 'device-type = ["cuda"]'
+)  # a GPU site's profile
 
 
 def check(tmp_path: Path, text: str, capsys, name: str = "mysite") -> tuple[int, str]:
@@ -157,7 +220,7 @@ def match(argv: list, capsys) -> tuple[int, dict]:
     return code, json.loads(out) if out.strip() else {"stderr": err}
 
 
-# ---- 1. closed-set values, one GPU-arch syntax ------------------------------------------------------
+# ---- 1. closed-set values, one GPU-arch syntax ---------------------------------------------------
 BAD_VALUES = [
     ('device-type = ["CPU"]', "requires.device-type", "did you mean 'cpu'"),
     ('device-type = ["gpu"]', "requires.device-type", "accepted: cuda, rocm, xpu, mps, cpu"),
@@ -170,14 +233,22 @@ BAD_VALUES = [
 ]
 
 
-# ---- 2. contradictions -------------------------------------------------------------------------------
+# ---- 2. contradictions ---------------------------------------------------------------------------
 CONTRADICTIONS = [
-    ('[requires.libraries]\napex = ""\n[requires.forbidden]\napex = ""\n', "requires.forbidden.apex"),
     (
-        '[requires.libraries]\n"transformer-engine@rocm-fork" = ""\n[requires.forbidden]\ntransformer-engine = ""\n',
+        '[requires.libraries]\napex = ""\n[requires.forbidden]\napex = ""\n',
+        "requires.forbidden.apex",
+    ),
+    (
+        '[requires.libraries]\n"transformer-engine@rocm-fork" = '
+        '""\n[requires.forbidden]\ntransformer-engine '
+        '= ""\n',
         "requires.forbidden.transformer-engine",
     ),
-    ('[requires.libraries]\napex = ">=0.1"\n[requires.forbidden]\napex = ">=0.1"\n', "requires.forbidden.apex"),
+    (
+        '[requires.libraries]\napex = ">=0.1"\n[requires.forbidden]\napex = ">=0.1"\n',
+        "requires.forbidden.apex",
+    ),
 ]
 
 
@@ -205,7 +276,7 @@ SAME_HARDWARE = {
 }
 
 
-# ---- 6. the profile is part of the lock's identity ------------------------------------------------
+# ---- 6. the profile is part of the lock's identity -----------------------------------------------
 def lock_with_profile(path: Path, profile: dict, inputs: str = "inputs-1") -> Path:
     env = lockwrite.environment(with_torch.current(), {})
     slot = Slot(
@@ -216,18 +287,24 @@ def lock_with_profile(path: Path, profile: dict, inputs: str = "inputs-1") -> Pa
         kwargs={"eps": 1e-5},
     )
     lock = KernelLock(
-        created_by="test", environment=env, slots={"LayerNorm": slot}, profile=profile, provenance={"inputs": inputs}
+        created_by="test",
+        environment=env,
+        slots={"LayerNorm": slot},
+        profile=profile,
+        provenance={"inputs": inputs},
     )
     lock.sealed().dump(path)
     return path
 
 
-# ---- issue 24 point 6: profile signals read safely ---------------------------------------------------
+# ---- issue 24 point 6: profile signals read safely -----------------------------------------------
 def files_profile(d: Path, path: str) -> Path:
     d.mkdir(exist_ok=True)
     p = d / "fileprof.toml"
     p.write_text(
-        GPU_PROFILE.replace('"mysite"', '"fileprof"').replace('env = { MYSITE = "" }', f'files = {{ "{path}" = "" }}')
+        GPU_PROFILE.replace('"mysite"', '"fileprof"').replace(
+            'env = { MYSITE = "" }', f'files = {{ "{path}" = "" }}'
+        )
     )
     return d
 
@@ -249,7 +326,16 @@ def sparse_file(path: Path, size: int) -> Path:
     return path
 
 
-CATASTROPHIC = ["^(a|aa)+$", "(a+)+b", "^(a*)*$", r"(\w+\s?)+$", r"(x+x+)+y", r"^(.*)\1$", "a*a*a*b", ".*.*.*x"]
+CATASTROPHIC = [
+    "^(a|aa)+$",
+    "(a+)+b",
+    "^(a*)*$",
+    r"(\w+\s?)+$",
+    r"(x+x+)+y",
+    r"^(.*)\1$",
+    "a*a*a*b",
+    ".*.*.*x",
+]
 
 
 PLAIN = [

@@ -1,7 +1,8 @@
-"""Finding profiles (kernel_probe.profiles.discovery): the built-in site profiles are data read on first use.
+"""Finding profiles (kernel_probe.profiles.discovery): the built-in site profiles are data read on
+first use.
 
-Importing the command line, the probe and every profiles module parses nothing (a job start that names
-no profile never pays for them); the first ``survey`` reads each built-in once.
+Importing the command line, the probe and every profiles module parses nothing (a job start that
+names no profile never pays for them); the first ``survey`` reads each built-in once.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from tests.kernel_probe.profiles.cases import (
     match,
 )
 
-# In a fresh interpreter: every file opened under the built-in profiles directory, at import and on use.
+# In a fresh interpreter: every file opened under the built-in profiles directory, at import and on
+# use.
 _CODE = r"""
 import json, os, sys
 opened = []
@@ -45,7 +47,9 @@ print(json.dumps({"at_import": at_import, "on_use": on_use, "found": sorted(foun
 
 def test_the_builtin_profiles_are_read_on_first_use_not_at_import():
     env = {k: v for k, v in os.environ.items() if k != discovery.ENV_VAR}
-    proc = subprocess.run([sys.executable, "-c", _CODE], capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", _CODE], capture_output=True, text=True, env=env, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stdout.splitlines()[-1])
     assert seen["at_import"] == [], "importing kernel-probe read built-in profiles"
@@ -58,7 +62,9 @@ def test_a_survey_is_read_when_called(tmp_path, monkeypatch):
     """A profile written after import is found: nothing is cached at import time."""
     monkeypatch.delenv(discovery.ENV_VAR, raising=False)
     assert "mine" not in discovery.available([str(tmp_path)])
-    text = (discovery.builtin_dir() / "cpu.toml").read_text().replace('name = "cpu"', 'name = "mine"')
+    text = (
+        (discovery.builtin_dir() / "cpu.toml").read_text().replace('name = "cpu"', 'name = "mine"')
+    )
     (tmp_path / "mine.toml").write_text(text)
     assert discovery.available([str(tmp_path)])["mine"].path == str(tmp_path / "mine.toml")
 
@@ -79,7 +85,9 @@ def test_the_required_sites_are_shipped():
 def test_profiles_env_var_and_shadowing(tmp_path, monkeypatch, capsys):
     d = tmp_path / "mine"
     d.mkdir()
-    (d / "cpu.toml").write_text(CPU_PROFILE.replace('"mysite"', '"cpu"').replace('"test site"', '"my own cpu profile"'))
+    (d / "cpu.toml").write_text(
+        CPU_PROFILE.replace('"mysite"', '"cpu"').replace('"test site"', '"my own cpu profile"')
+    )
     monkeypatch.setenv(discovery.ENV_VAR, str(d))
     assert discovery.resolve("cpu").description == "my own cpu profile"
     assert main(["profiles", "list", "--json"]) == 0
@@ -102,12 +110,14 @@ def test_one_broken_profile_does_not_hide_the_others(tmp_path, capsys, monkeypat
     assert run_cli(["--profile", "broken", "--out", tmp_path / "k.toml"], capsys)[0] == 5
 
 
-# ---- 4. duplicates, shadowing, files that are not profiles -----------------------------------------
+# ---- 4. duplicates, shadowing, files that are not profiles ---------------------------------------
 def test_duplicates_shadowing_and_non_profiles_are_said(tmp_path, capsys):
     d = tmp_path / "p"
     d.mkdir()
     (d / "a.toml").write_text(GPU_PROFILE.replace('"mysite"', '"dup"'))
-    (d / "b.toml").write_text(GPU_PROFILE.replace('"mysite"', '"dup"').replace('"test site"', '"second"'))
+    (d / "b.toml").write_text(
+        GPU_PROFILE.replace('"mysite"', '"dup"').replace('"test site"', '"second"')
+    )
     (d / "cpu.toml").write_text(GPU_PROFILE.replace('"mysite"', '"cpu"'))
     (d / "kernel-lock.toml").write_text('lock-version = "1"\n[environment]\n')
     (d / "notes.toml").write_text("[[[")  # not TOML, and no profile-version line: not a profile

@@ -1,4 +1,5 @@
-"""kernel_probe.profiles.nodes: the built-ins against the shipped example nodes, and described nodes (``profiles match --node``)."""
+"""kernel_probe.profiles.nodes: the built-ins against the shipped example nodes, and described nodes
+(``profiles match --node``)."""
 
 from __future__ import annotations
 
@@ -21,18 +22,23 @@ def test_each_example_node_meets_its_own_profile_and_picks_only_it(name, capsys)
     code, result = match(["auto", "--node", name], capsys)
     assert code == 0 and result["profile"] == name and result["unmet"] == [], result
     code, result = match([name, "--node", name], capsys)
-    assert code == 0 and result["unmet"] == [] and result["matched"] == "named (profiles match NAME)"
+    assert (
+        code == 0 and result["unmet"] == [] and result["matched"] == "named (profiles match NAME)"
+    )
     assert not any("site signals" in n for n in result["notes"])
 
 
 @pytest.mark.parametrize("profile,node", PAIRS, ids=[f"{p}@{n}" for p, n in PAIRS])
 def test_no_builtin_is_taken_for_another_sites_node(profile, node, capsys):
     code, result = match([profile, "--node", node], capsys)
-    assert any(f"point to profile {node}, not {profile}" in n for n in result["notes"]), result["notes"]
+    assert any(f"point to profile {node}, not {profile}" in n for n in result["notes"]), result[
+        "notes"
+    ]
     assert code == 4, result
     site = [u for u in result["unmet"] if u["group"] == "site"]
     hardware = [u for u in result["unmet"] if u["group"] != "site"]
-    if node == "cpu":  # the cpu profile is picked by device facts, not site signals: its hardware refuses it
+    # the cpu profile is picked by device facts, not site signals: its hardware refuses it
+    if node == "cpu":
         assert hardware and not site, result["unmet"]
     else:
         assert site and site[0]["found"].startswith(f"{node} ("), result["unmet"]
@@ -42,9 +48,15 @@ def test_no_builtin_is_taken_for_another_sites_node(profile, node, capsys):
 
 @pytest.mark.parametrize(
     "profile,node",
-    [("perlmutter", "juwels-booster"), ("leonardo-booster", "juwels-booster"), ("frontier", "lumi-g")],
+    [
+        ("perlmutter", "juwels-booster"),
+        ("leonardo-booster", "juwels-booster"),
+        ("frontier", "lumi-g"),
+    ],
 )
-def test_the_same_hardware_at_another_site_is_refused_by_the_site_signals_alone(profile, node, capsys):
+def test_the_same_hardware_at_another_site_is_refused_by_the_site_signals_alone(
+    profile, node, capsys
+):
     code, result = match([profile, "--node", node], capsys)
     assert code == 4 and [u["group"] for u in result["unmet"]] == ["site"], result["unmet"]
     assert f"--profile {node}" in result["fix"]
@@ -54,31 +66,44 @@ def test_job_start_refuses_a_named_profile_where_the_site_signals_place_the_node
     tmp_path, monkeypatch, capsys
 ):
     monkeypatch.setenv("LUMI_STACK_PARTITION", "G")  # LUMI's own stack variable: a strong signal
-    code, _, err = run_cli(["--check", "--profile", "frontier", "--out", tmp_path / "k.toml"], capsys)
-    assert code == 4 and "a node of profile 'lumi-g' by its site signals" in err and "--profile lumi-g" in err, err
+    code, _, err = run_cli(
+        ["--check", "--profile", "frontier", "--out", tmp_path / "k.toml"], capsys
+    )
+    assert (
+        code == 4
+        and "a node of profile 'lumi-g' by its site signals" in err
+        and "--profile lumi-g" in err
+    ), err
     assert not (tmp_path / "k.toml").exists()
 
 
 def test_a_named_profile_is_refused_at_job_start_on_another_sites_node(monkeypatch):
-    """What match says is what --profile NAME decides at job start: a LUMI-G node (its LUMI_STACK_PARTITION
-    signal) meets Frontier's requirements, and is refused for Frontier all the same; auto picks lumi-g."""
+    """What match says is what --profile NAME decides at job start: a LUMI-G node (its
+    LUMI_STACK_PARTITION signal) meets Frontier's requirements, and is refused for Frontier all the
+    same; auto picks lumi-g."""
     from kernel_probe.errors import ProfileUnmet
 
     lumi = discovery.resolve("lumi-g", [])
     frontier = discovery.resolve("frontier", [])
-    requirements.other_site(lumi, lumi, "env:LUMI_STACK_PARTITION=G")  # its own site: nothing raised
-    requirements.other_site(frontier, None, "")  # no site's signals: a named profile is how such a site is used
+    # its own site: nothing raised
+    requirements.other_site(lumi, lumi, "env:LUMI_STACK_PARTITION=G")
+    # no site's signals: a named profile is how such a site is used
+    requirements.other_site(frontier, None, "")
     with pytest.raises(ProfileUnmet) as exc:
         requirements.other_site(frontier, lumi, "env:LUMI_STACK_PARTITION=G")
-    assert exc.value.exit_code == 4 and "lumi-g" in str(exc.value) and "--profile lumi-g" in exc.value.fix
+    assert (
+        exc.value.exit_code == 4
+        and "lumi-g" in str(exc.value)
+        and "--profile lumi-g" in exc.value.fix
+    )
 
 
 def test_mn5_gpp_is_not_taken_for_acc(capsys):
     code, result = match(["auto", "--node", "marenostrum5-gpp"], capsys)
     assert code == 0 and result["profile"] == "cpu"
     assert (
-        "marenostrum5-acc: env:BSC_MACHINE=mn5 matched, but not device:type=cuda: not one of its nodes"
-        in (result["notes"])
+        "marenostrum5-acc: env:BSC_MACHINE=mn5 matched, but not device:type=cuda: not one of "
+        "its nodes" in (result["notes"])
     )
 
 
@@ -97,9 +122,18 @@ def test_an_env_report_from_a_real_node_is_a_description(tmp_path, capsys):
     [
         ({"schema": "x"}, "schema"),
         ({"schema": "kernel-probe-node/1"}, "fingerprint"),
-        ({"schema": "kernel-probe-node/1", "fingerprint": {"device-type": "gpu"}}, "fingerprint.device-type"),
-        ({"schema": "kernel-probe-node/1", "fingerprint": {"device_type": "cuda"}}, "fingerprint.device_type"),
-        ({"schema": "kernel-probe-node/1", "fingerprint": {"device-count": "4"}}, "fingerprint.device-count"),
+        (
+            {"schema": "kernel-probe-node/1", "fingerprint": {"device-type": "gpu"}},
+            "fingerprint.device-type",
+        ),
+        (
+            {"schema": "kernel-probe-node/1", "fingerprint": {"device_type": "cuda"}},
+            "fingerprint.device_type",
+        ),
+        (
+            {"schema": "kernel-probe-node/1", "fingerprint": {"device-count": "4"}},
+            "fingerprint.device-count",
+        ),
         ({"schema": "kernel-probe-node/1", "fingerprint": {}, "colour": 1}, "colour"),
     ],
 )
@@ -128,7 +162,7 @@ def test_the_example_nodes_are_package_data():
     assert '"profiles/sites/nodes/*.json"' in text
 
 
-# ---- issue 34: every value through the typed reader; variants case-insensitive --------------------------
+# ---- issue 34: every value through the typed reader; variants case-insensitive -------------------
 def _alps(**change) -> dict:
     doc = json.loads((nodes.examples()["alps-gh200"]).read_text())
     for dotted, value in change.items():
@@ -145,9 +179,18 @@ def _alps(**change) -> dict:
     [
         ({"site__markers": 5}, "site.markers"),  # once an unexpected TypeError (exit 1)
         ({"site__markers": [5]}, "site.markers[0]"),
-        ({"libraries__transformer-engine__distributions": "abc"}, "libraries.transformer-engine.distributions"),
-        ({"libraries__transformer-engine__variant": ["nvidia"]}, "libraries.transformer-engine.variant"),
-        ({"libraries__transformer-engine__variant": "nvidai"}, "libraries.transformer-engine.variant"),
+        (
+            {"libraries__transformer-engine__distributions": "abc"},
+            "libraries.transformer-engine.distributions",
+        ),
+        (
+            {"libraries__transformer-engine__variant": ["nvidia"]},
+            "libraries.transformer-engine.variant",
+        ),
+        (
+            {"libraries__transformer-engine__variant": "nvidai"},
+            "libraries.transformer-engine.variant",
+        ),
         ({"libraries__transformer-engine__version": 2}, "libraries.transformer-engine.version"),
         ({"fingerprint__device-count": 10**12}, "fingerprint.device-count"),
         ({"site__hostname": "h" * 1000}, "site.hostname"),
@@ -162,8 +205,11 @@ def test_a_wrong_type_anywhere_in_a_node_is_exit_5_naming_the_key(change, key, t
 
 
 def test_a_variant_is_case_insensitive_on_the_node(tmp_path, capsys):
-    """A node whose TE variant read "NVIDIA" once met a profile forbidding transformer-engine@nvidia."""
+    """A node whose TE variant read "NVIDIA" once met a profile forbidding
+    transformer-engine@nvidia."""
     p = tmp_path / "n.json"
     p.write_text(json.dumps(_alps(**{"libraries__transformer-engine__variant": "NVIDIA"})))
     code, result = match(["frontier", "--node", str(p)], capsys)
-    assert code == 4 and any(u["field"] == "library transformer-engine@nvidia" for u in result["unmet"])
+    assert code == 4 and any(
+        u["field"] == "library transformer-engine@nvidia" for u in result["unmet"]
+    )

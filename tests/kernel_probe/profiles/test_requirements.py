@@ -1,4 +1,5 @@
-"""kernel_probe.profiles.requirements: what a site requires, enforced (exit 4), and the profile as part of the lock's identity."""
+"""kernel_probe.profiles.requirements: what a site requires, enforced (exit 4), and the profile as
+part of the lock's identity."""
 
 from __future__ import annotations
 
@@ -56,12 +57,17 @@ def test_a_profile_pin_changes_the_lock(tmp_path, capsys):
     )
     lock = kernel_lock.load(pinned)
     slot = lock.slots["LayerNorm"]
-    assert slot.implementation == "site.good_layer_norm" and "pinned by profile mysite" in slot.reason
+    assert (
+        slot.implementation == "site.good_layer_norm" and "pinned by profile mysite" in slot.reason
+    )
     assert lock.profile["name"] == "mysite" and lock.profile["matched"] == "explicit (--profile)"
     assert lock.provenance["shapes"] == ["256x1000"]  # the profile's shapes were used
     assert type(lock.factory("LayerNorm")(8)).__name__ == "GoodLayerNorm"
     assert main(["diff", str(plain), str(pinned)]) == 0
-    assert "slot LayerNorm implementation: 'torch.layer_norm' -> 'site.good_layer_norm'" in capsys.readouterr().out
+    assert (
+        "slot LayerNorm implementation: 'torch.layer_norm' -> 'site.good_layer_norm'"
+        in capsys.readouterr().out
+    )
 
 
 @pytest.mark.slow
@@ -81,13 +87,20 @@ def test_forbidden_library_and_strictness(tmp_path, capsys):
 
 
 def test_diff_sees_a_changed_profile_digest(tmp_path, capsys):
-    record = {"name": "mysite", "digest": "sha256:" + "a" * 64, "matched": "explicit (--profile)", "source": "x"}
+    record = {
+        "name": "mysite",
+        "digest": "sha256:" + "a" * 64,
+        "matched": "explicit (--profile)",
+        "source": "x",
+    }
     a = lock_with_profile(tmp_path / "a.toml", record)
     b = lock_with_profile(tmp_path / "b.toml", {**record, "digest": "sha256:" + "b" * 64})
     code, out, _ = run_cli(["diff", a, b, "--exit-code"], capsys)
     assert code == 6 and "profile-digest: 'sha256:aaaa" in out
     code, out, _ = run_cli(["diff", a, b, "--json"], capsys)
-    assert json.loads(out)["lock"] == [{"key": "profile-digest", "a": record["digest"], "b": "sha256:" + "b" * 64}]
+    assert json.loads(out)["lock"] == [
+        {"key": "profile-digest", "a": record["digest"], "b": "sha256:" + "b" * 64}
+    ]
     assert run_cli(["diff", a, a, "--exit-code"], capsys)[0] == 0
 
 
@@ -96,20 +109,33 @@ def test_the_stale_lock_message_names_a_changed_profile(tmp_path):
     p.write_text(GPU_PROFILE)
     prof = load_file(p)
     lock = lock_with_profile(
-        tmp_path / "k.toml", {**prof.lock_record("explicit (--profile)"), "digest": "sha256:" + "0" * 64}
+        tmp_path / "k.toml",
+        {**prof.lock_record("explicit (--profile)"), "digest": "sha256:" + "0" * 64},
     )
     found, why = pipeline.reusable(lock, "inputs-2", (), prof)
-    assert found is None and "profile mysite changed since the lock was written" in why and str(p) in why
+    assert (
+        found is None
+        and "profile mysite changed since the lock was written" in why
+        and str(p) in why
+    )
     found, why = pipeline.reusable(lock, "inputs-2", (), None)
     assert "written under profile mysite and this run applies none" in why
 
 
 def test_a_profile_help_line_is_shown_on_refusal(tmp_path, capsys):
     p = tmp_path / "mysite.toml"
-    p.write_text(GPU_PROFILE.replace('sources = ["tests"]', 'sources = ["tests"]\nhelp = "GPU jobs: srun -p gpu"'))
+    p.write_text(
+        GPU_PROFILE.replace(
+            'sources = ["tests"]', 'sources = ["tests"]\nhelp = "GPU jobs: srun -p gpu"'
+        )
+    )
     code, _, err = run_cli(["--profile", p, "--out", tmp_path / "k.toml"], capsys)
     assert code == 4 and "mysite: GPU jobs: srun -p gpu" in err
     code, result = match([p], capsys)
-    assert code == 4 and result["help"] == "GPU jobs: srun -p gpu" and "srun -p gpu" in result["fix"]
-    code, said = check(tmp_path, GPU_PROFILE.replace('sources = ["tests"]', 'help = "two\\nlines"'), capsys)
+    assert (
+        code == 4 and result["help"] == "GPU jobs: srun -p gpu" and "srun -p gpu" in result["fix"]
+    )
+    code, said = check(
+        tmp_path, GPU_PROFILE.replace('sources = ["tests"]', 'help = "two\\nlines"'), capsys
+    )
     assert code == 5 and "'help'" in said and "one line" in said

@@ -1,4 +1,5 @@
-"""kernel_probe.profiles.signals: the site-signal patterns, bounded (catastrophic patterns refused, long values not matched)."""
+"""kernel_probe.profiles.signals: the site-signal patterns, bounded (catastrophic patterns refused,
+long values not matched)."""
 
 from __future__ import annotations
 

@@ -31,4 +31,12 @@ def flash_attn_func(
     sm_margin=0,
     return_attn_probs=False,
 ):
-    return attention(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap)
+    return attention(
+        q,
+        k,
+        v,
+        softmax_scale=softmax_scale,
+        causal=causal,
+        window_size=window_size,
+        softcap=softcap,
+    )

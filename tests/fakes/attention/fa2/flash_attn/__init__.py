@@ -18,7 +18,8 @@ _noise = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
 
 
 class _AtomicOrder(torch.autograd.Function):
-    """Identity forward; the backward perturbs the gradient in its last bits, differently on every call."""
+    """Identity forward; the backward perturbs the gradient in its last bits, differently on every
+    call."""
 
     @staticmethod
     def forward(ctx, q):

@@ -9,7 +9,9 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+sys.path.insert(
+    0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+)
 from kp_attention_common import attention  # noqa: E402
 
 
@@ -37,10 +39,16 @@ class DotProductAttention(torch.nn.Module):
     ):
         super().__init__()
         self.heads, self.dim, self.dropout = num_attention_heads, kv_channels, attention_dropout
-        self.qkv_format, self.mask_type, self.window = qkv_format, attn_mask_type, window_size or (-1, -1)
+        self.qkv_format, self.mask_type, self.window = (
+            qkv_format,
+            attn_mask_type,
+            window_size or (-1, -1),
+        )
         self.scale = softmax_scale
 
-    def forward(self, query_layer, key_layer, value_layer, attention_mask=None, qkv_format=None, **kwargs):
+    def forward(
+        self, query_layer, key_layer, value_layer, attention_mask=None, qkv_format=None, **kwargs
+    ):
         fmt = qkv_format or self.qkv_format
         q, k, v = query_layer, key_layer, value_layer
         if fmt == "sbhd":
