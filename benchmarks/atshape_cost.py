@@ -52,8 +52,7 @@ def main() -> None:
     print(f"options {opts}; {args.rounds} interleaved rounds; medians")
     print(
         f"{'candidate':18} {'shape':14} {'dtype/regime':15} {'without':>8} {'with':>8} "
-        f"{'extra(min)':>10} "
-        f"{'extra(median)':>13} {'cpu extra(min)':>14}"
+        f"{'extra(min)':>10} {'extra(median)':>13} {'cpu extra(min)':>14}"
     )
     sums = {"off": 0.0, "on": 0.0, "moff": 0.0, "mon": 0.0, "coff": 0.0, "con": 0.0}
     for cid, slot, shape, dtype, regime in configs:
@@ -82,9 +81,8 @@ def main() -> None:
         )
     print(
         "overall (sums over the configurations): the check adds "
-        f"{100 * (sums['on'] / sums['off'] - 1):.1f} "
-        "% "
-        f"to timing (fastest rounds), {100 * (sums['mon'] / sums['moff'] - 1):.1f} % (medians), "
+        f"{100 * (sums['on'] / sums['off'] - 1):.1f} % to timing (fastest rounds), "
+        f"{100 * (sums['mon'] / sums['moff'] - 1):.1f} % (medians), "
         f"{100 * (sums['con'] / sums['coff'] - 1):.1f} % in CPU time; goal: at most 15 %"
     )
 

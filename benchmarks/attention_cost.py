@@ -79,8 +79,7 @@ def probe_cost(rounds: int) -> None:
         )
     print(
         "the Attention slot adds "
-        f"{min(times['with Attention']) - min(times['without Attention']):.1f} "
-        "s (goal <= 3 s)"
+        f"{min(times['with Attention']) - min(times['without Attention']):.1f} s (goal <= 3 s)"
     )
 
 

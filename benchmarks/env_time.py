@@ -104,8 +104,7 @@ def main() -> int:
     base = median["import torch"]
     print(
         f"{args.runs} runs each, median wall time, {os.cpu_count()} CPUs, python "
-        f"{sys.version.split()[0]}, "
-        f"load average {min(loads):.1f}-{max(loads):.1f}"
+        f"{sys.version.split()[0]}, load average {min(loads):.1f}-{max(loads):.1f}"
     )
     for name, seconds in median.items():
         spread = f"{min(samples[name]):.2f}-{max(samples[name]):.2f}"
@@ -131,8 +130,7 @@ def main() -> int:
         slowest = max(bare, key=median.__getitem__)
         print(
             f"floor of a first env: {slowest} {median[slowest]:.2f} s "
-            f"({fresh - median[slowest]:+.2f} s "
-            "above it)"
+            f"({fresh - median[slowest]:+.2f} s above it)"
         )
     return 0
 

@@ -277,11 +277,9 @@ def print_table(rows: list[dict[str, Any]], file=sys.stdout) -> None:
         c = r["candidates"]
         print(
             f"| {r['slot']} | {r['shape']} | {r['precision']} | {r['chosen']} | "
-            f"{_fmt(c.get(r['chosen']))} | "
-            f"{r.get('fastest', '-')} | {_fmt(c.get(r.get('fastest', '')))} | "
-            f"{r.get('chosen_ratio', math.nan):.3f} | {r['lock_choice']} "
-            f"({r.get('lock_choice_ratio', math.nan):.3f}) "
-            "|",
+            f"{_fmt(c.get(r['chosen']))} | {r.get('fastest', '-')} | "
+            f"{_fmt(c.get(r.get('fastest', '')))} | {r.get('chosen_ratio', math.nan):.3f} | "
+            f"{r['lock_choice']} ({r.get('lock_choice_ratio', math.nan):.3f}) |",
             file=file,
         )
 

@@ -102,9 +102,8 @@ def probe_lines(run_dir: Path) -> list[str]:
     if isinstance(cold, dict):
         lines.append(
             f"- cold `kernel-probe --force` at {', '.join(cold.get('shapes', []))} "
-            f"({cold.get('precision')}): "
-            f"{cold.get('seconds')} s (checks {cold.get('check_seconds')} s, timing "
-            f"{cold.get('time_seconds')} s); "
+            f"({cold.get('precision')}): {cold.get('seconds')} s (checks "
+            f"{cold.get('check_seconds')} s, timing {cold.get('time_seconds')} s); "
             + ", ".join(f"{slot} -> {s['chosen']}" for slot, s in cold.get("slots", {}).items())
         )
     else:
@@ -123,9 +122,8 @@ def choice_table(choice: Mapping[str, Any]) -> list[str]:
     goal = choice.get("goal", 1.03)
     lines = [
         "| slot | shape | precision | probe's choice at this shape | its time (% copy) | probe "
-        "measured | "
-        "fastest accepted | its time (% copy) | ratio | within goal | lock's choice, all "
-        "shapes (ratio) |",
+        "measured | fastest accepted | its time (% copy) | ratio | within goal | lock's choice, "
+        "all shapes (ratio) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in choice.get("rows", []):
@@ -136,10 +134,8 @@ def choice_table(choice: Mapping[str, Any]) -> list[str]:
         lines.append(
             f"| {r['slot']} | {r['shape']} | {r['precision']} | {r['chosen']} | {_ms(chosen)} | "
             f"{_num(chosen.get('probe_ms'), '.3f')} ms | {r.get('fastest', '-')} | "
-            f"{_ms(c.get(r.get('fastest', '')))} | "
-            f"{_num(ratio, '.3f')} | {ok} | {r['lock_choice']} "
-            f"({_num(r.get('lock_choice_ratio'), '.3f')}) "
-            "|"
+            f"{_ms(c.get(r.get('fastest', '')))} | {_num(ratio, '.3f')} | {ok} | "
+            f"{r['lock_choice']} ({_num(r.get('lock_choice_ratio'), '.3f')}) |"
         )
     return lines
 
@@ -174,14 +170,12 @@ def anemoi_lines(step: Mapping[str, Any] | None) -> list[str]:
     p = step.get("processor", {})
     lines = [
         f"TransformerProcessor, {step.get('shape')} (nodes x channels), {p.get('num_layers')} "
-        "layers in "
-        f"{p.get('num_chunks')} checkpointed chunks, {p.get('num_heads')} heads, attention "
-        f"{p.get('attention_implementation')} (window {p.get('window_size')}), bf16 autocast, "
-        "AdamW.",
+        f"layers in {p.get('num_chunks')} checkpointed chunks, {p.get('num_heads')} heads, "
+        f"attention {p.get('attention_implementation')} (window {p.get('window_size')}), bf16 "
+        "autocast, AdamW.",
         "",
-        "| variant | LayerNorm class | step (median) | cold step | peak memory | measured "
-        "change vs torch.nn | "
-        "predicted from the probe (LayerNorms x op time difference) |",
+        "| variant | LayerNorm class | step (median) | cold step | peak memory | measured change "
+        "vs torch.nn | predicted from the probe (LayerNorms x op time difference) |",
         "|---|---|---|---|---|---|---|",
     ]
     for name, v in step.get("variants", {}).items():
@@ -192,11 +186,9 @@ def anemoi_lines(step: Mapping[str, Any] | None) -> list[str]:
             )
             continue
         lines.append(
-            f"| {name} | {v.get('layer_norm_class')} | {v['step_ms']:.1f} ms | "
-            f"{v['cold_s']:.2f} s | "
-            f"{_num(v.get('peak_gib'), '.1f')} GiB | "
-            f"{_num(v.get('measured_delta_ms'), '+.1f')} "
-            "ms | "
+            f"| {name} | {v.get('layer_norm_class')} | {v['step_ms']:.1f} ms | {v['cold_s']:.2f} "
+            f"s | {_num(v.get('peak_gib'), '.1f')} GiB | "
+            f"{_num(v.get('measured_delta_ms'), '+.1f')} ms | "
             f"{_num(v.get('predicted_delta_ms'), '+.1f')} ms |"
         )
     return lines
@@ -230,8 +222,7 @@ def anchor_lines(anchor: Mapping[str, Any] | None, choice: Mapping[str, Any]) ->
         ratio = t["ms"] / row["fwdbwd_ms"] if "ms" in t else None
         lines.append(
             f"| {cid} | {row['N']}x{row['D']} | {precision} | {row['fwdbwd_ms']:.3f} ms "
-            f"({row['fwdbwd_pct_copy']:.0f} %) | "
-            f"{_ms(t)} | {_num(ratio, '.2f')} |"
+            f"({row['fwdbwd_pct_copy']:.0f} %) | {_ms(t)} | {_num(ratio, '.2f')} |"
         )
     if not matched:
         lines.append(
@@ -316,20 +307,18 @@ def meaning(
 ) -> list[str]:
     if smoke:
         return [
-            "These are smoke figures from a CPU: they prove that the parts, the limits and "
-            "this report work, "
-            "and say nothing about GPU kernels. On a CPU only torch.nn is accepted, so every "
-            "ratio is 1."
+            "These are smoke figures from a CPU: they prove that the parts, the limits and this "
+            "report work, and say nothing about GPU kernels. On a CPU only torch.nn is accepted, "
+            "so every ratio is 1."
         ]
     lines = []
     rows = [r for r in (choice or {}).get("rows", []) if "chosen_ratio" in r]
     if rows:
         within = [r for r in rows if r["chosen_ratio"] <= (choice or {}).get("goal", 1.03)]
         lines.append(
-            "- The probe's choice at a shape was within 3 % of the fastest accepted candidate "
-            f"in {len(within)} of "
-            f"{len(rows)} (slot, shape, precision) cases, measured by a timer independent of "
-            "the probe's."
+            "- The probe's choice at a shape was within 3 % of the fastest accepted candidate in "
+            f"{len(within)} of {len(rows)} (slot, shape, precision) cases, measured by a timer "
+            "independent of the probe's."
         )
         worst = max(rows, key=lambda r: r["chosen_ratio"])
         lines.append(
@@ -344,12 +333,10 @@ def meaning(
         )
         if lock_worst:
             lines.append(
-                "- One lock for all three shapes (one choice per slot, the geometric mean): "
-                "at worst "
-                f"{lock_worst['lock_choice_ratio']:.2f}x the fastest ({lock_worst['slot']} at "
-                f"{lock_worst['shape']} "
-                f"{lock_worst['precision']}). Probe at your model's own shapes (`--shape`), "
-                "not at these."
+                "- One lock for all three shapes (one choice per slot, the geometric mean): at "
+                f"worst {lock_worst['lock_choice_ratio']:.2f}x the fastest ({lock_worst['slot']} "
+                f"at {lock_worst['shape']} {lock_worst['precision']}). Probe at your model's own "
+                "shapes (`--shape`), not at these."
             )
     variants = (step or {}).get("variants", {})
     for name in ("lock", "liger"):
@@ -359,9 +346,8 @@ def meaning(
             pred = v.get("predicted_delta_ms")
             lines.append(
                 f"- anemoi step with {name}: {v['measured_delta_ms']:+.1f} ms "
-                f"({100 * v['measured_delta_ms'] / base:+.1f} "
-                "%) "
-                f"against torch.nn; the probe's op timings predicted "
+                f"({100 * v['measured_delta_ms'] / base:+.1f} %) against torch.nn; the probe's op "
+                "timings predicted "
                 + (
                     f"{pred:+.1f} ms."
                     if pred is not None
@@ -422,8 +408,7 @@ def write_report(run_dir: Path, doc: Path, anchor: Path | None = None) -> Path:
     if not any(isinstance(_load(run_dir / r), dict) for r in records):
         print(
             f"error: --report {run_dir}: not a run's directory (none of {', '.join(records)} "
-            "readable); "
-            "the page was not changed (fix: pass the --out directory of `gpu_all.py`)",
+            "readable); the page was not changed (fix: pass the --out directory of `gpu_all.py`)",
             file=sys.stderr,
         )
         raise SystemExit(2)

@@ -83,10 +83,9 @@ def main() -> None:
             "import torch": "import torch",
             "import kernel_lock (no torch)": "import kernel_lock",
             "import torch + kernel_lock + load + verify + resolve every slot": (
-                "import torch, kernel_lock\n"
-                f"lock = kernel_lock.load({str(path)!r})\n"
-                "lock.verify()\n"
-                "[lock.factory(s) for s in lock.slots]"
+                "import torch, kernel_lock\nlock = "
+                f"kernel_lock.load({str(path)!r})\nlock.verify()\n[lock.factory(s) for s in "
+                "lock.slots]"
             ),
         }
         times: dict[str, list[float]] = {k: [] for k in cases}
@@ -97,22 +96,16 @@ def main() -> None:
                 times[name].append(wall(code))
         # in-process split (less noisy than the difference of two interpreter starts)
         split_code = (
-            "import time, json; import torch\n"
-            "t0 = time.perf_counter(); import kernel_lock; t1 = time.perf_counter()\n"
-            f"lock = kernel_lock.load({str(path)!r}); t2 = time.perf_counter()\n"
-            "lock.verify(); t3 = time.perf_counter()\n"
-            "[lock.factory(s)(*{'LayerNorm': (8,), 'RMSNorm': (8,), 'Linear': (8, 8), "
-            "'GatedMLP': (8, 8)}.get(s, ())) for s "
-            "in lock.slots]; t4 = "
-            "time.perf_counter()\n"
-            "import sys\n"
-            "files = [m.__file__ for n, m in list(sys.modules.items()) if n.split('.')[0] == "
-            "'kernel_lock' and getattr(m, "
-            "'__file__', None)]\n"
-            "t5 = time.perf_counter()\n"
-            "[compile(open(f, encoding='utf-8').read(), f, 'exec') for f in files]\n"
-            "print(json.dumps([t1 - t0, t2 - t1, t3 - t2, t4 - t3, time.perf_counter() - t5, "
-            "len(files)]))"
+            "import time, json; import torch\nt0 = time.perf_counter(); import kernel_lock; t1 = "
+            f"time.perf_counter()\nlock = kernel_lock.load({str(path)!r}); t2 = "
+            "time.perf_counter()\nlock.verify(); t3 = "
+            "time.perf_counter()\n[lock.factory(s)(*{'LayerNorm': (8,), 'RMSNorm': (8,), "
+            "'Linear': (8, 8), 'GatedMLP': (8, 8)}.get(s, ())) for s in lock.slots]; t4 = "
+            "time.perf_counter()\nimport sys\nfiles = [m.__file__ for n, m in "
+            "list(sys.modules.items()) if n.split('.')[0] == 'kernel_lock' and getattr(m, "
+            "'__file__', None)]\nt5 = time.perf_counter()\n[compile(open(f, "
+            "encoding='utf-8').read(), f, 'exec') for f in files]\nprint(json.dumps([t1 - t0, t2 "
+            "- t1, t3 - t2, t4 - t3, time.perf_counter() - t5, len(files)]))"
         )
         import json
 
@@ -137,10 +130,8 @@ def main() -> None:
     compiling = statistics.median(s[4] for s in splits) * 1000
     print(
         "without bytecode (PYTHONDONTWRITEBYTECODE=1, no __pycache__: an editable install on "
-        "these machines) "
-        f"add compiling the {int(splits[0][5])} kernel_lock modules this path imports: "
-        f"{compiling:.1f} ms "
-        f"(total {sum(parts) + compiling:.1f} ms)"
+        f"these machines) add compiling the {int(splits[0][5])} kernel_lock modules this path "
+        f"imports: {compiling:.1f} ms (total {sum(parts) + compiling:.1f} ms)"
     )
 
 

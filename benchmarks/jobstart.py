@@ -178,9 +178,8 @@ def main() -> None:
 
     base = statistics.median(times['python -c "import torch"'])
     print(
-        f"\nwall time, median of {args.runs} interleaved fresh starts (min-max), ratio to "
-        "import torch; "
-        "files opened (distinct) and modules imported by the command's own process"
+        f"\nwall time, median of {args.runs} interleaved fresh starts (min-max), ratio to import "
+        "torch; files opened (distinct) and modules imported by the command's own process"
     )
     for name in commands:
         med = statistics.median(times[name])
@@ -192,9 +191,8 @@ def main() -> None:
         )
         print(
             f"  {name:<34} {med:6.3f} s ({min(times[name]):.3f}-{max(times[name]):.3f})  ratio "
-            f"{med / base:5.2f}"
-            f"{goal:<16}  opens {c['opened']:5d} ({c['distinct']:5d})  modules {c['modules']:5d}  "
-            f"torch imported: {c['torch']}"
+            f"{med / base:5.2f}{goal:<16}  opens {c['opened']:5d} ({c['distinct']:5d})  modules "
+            f"{c['modules']:5d}  torch imported: {c['torch']}"
         )
     print(
         f"\n{args.concurrent} concurrent warm `kernel-probe --out L` on one lock "

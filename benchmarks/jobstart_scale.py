@@ -218,12 +218,10 @@ def main() -> None:
         keep.mkdir(parents=True, exist_ok=True)
         print(
             f"{args.nodes} nodes x {args.ranks} ranks, "
-            f"{'no ' if args.no_rank_variables else ''}launcher "
-            "variables, "
-            f"file locks {'refused (simulated)' if args.no_flock else 'working'}, code from "
-            f"{args.tree or ROOT}, "
-            f"{os.cpu_count()} CPUs; kernel-probe --out {shared}/kernel-lock.toml "
-            f"{' '.join(args.extra)}",
+            f"{'no ' if args.no_rank_variables else ''}launcher variables, file locks "
+            f"{'refused (simulated)' if args.no_flock else 'working'}, code from "
+            f"{args.tree or ROOT}, {os.cpu_count()} CPUs; kernel-probe --out "
+            f"{shared}/kernel-lock.toml {' '.join(args.extra)}",
             flush=True,
         )
         stamp = str(int(time.time()))

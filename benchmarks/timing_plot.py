@@ -101,8 +101,7 @@ def plot(result: dict[str, Any], out: Path) -> None:
     machine = result.get("machine", {})
     fig.suptitle(
         f"{result['device']['type']} ({machine.get('cpu', '?')}, {machine.get('cores', '?')} "
-        "cores), "
-        f"precision {result['precision']}, torch {machine.get('torch', '?')}",
+        f"cores), precision {result['precision']}, torch {machine.get('torch', '?')}",
         fontsize=9,
     )
     fig.tight_layout()

@@ -158,10 +158,9 @@ def normalized_shape_adapter(base: type, size_param: str, name: str) -> type:
     __init__.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]  # read by inspect.signature
     __init__.__qualname__ = f"{name}.__init__"
     doc = (
-        f"``{base.__module__}.{base.__qualname__}`` built as ``{name}(normalized_shape, "
-        "...)``, the way "
-        "anemoi-models calls its norms. Same parameters and state-dict keys as the class it "
-        "adapts."
+        f"``{base.__module__}.{base.__qualname__}`` built as ``{name}(normalized_shape, ...)``, "
+        "the way anemoi-models calls its norms. Same parameters and state-dict keys as the class "
+        "it adapts."
     )
     # module and name make it picklable: pickle finds it again through this module's __getattr__
     return type(base)(
@@ -235,8 +234,7 @@ def torch_init_adapter(base: type, semantics: str, name: str, module: str = __na
     __init__.__qualname__ = f"{name}.__init__"
     doc = (
         f"``{base.__module__}.{base.__qualname__}``, its parameters initialised as torch.nn's "
-        f"{semantics} "
-        "initialises them. Same parameters, state dict and forward."
+        f"{semantics} initialises them. Same parameters, state dict and forward."
     )
     return type(base)(
         name,

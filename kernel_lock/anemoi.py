@@ -128,9 +128,8 @@ def attention_options(target: str, kwargs: Mapping[str, Any]) -> tuple[dict[str,
     implementation = ANEMOI_ATTENTION.get(target)
     if implementation is None:
         return {}, (
-            "anemoi-models runs only flash_attention or scaled_dot_product_attention; the "
-            f"lock's {target} "
-            "has no anemoi setting (anemoi keeps its own attention_implementation)"
+            "anemoi-models runs only flash_attention or scaled_dot_product_attention; the lock's "
+            f"{target} has no anemoi setting (anemoi keeps its own attention_implementation)"
         )
     out: dict[str, Any] = {"attention_implementation": implementation}
     if int(kwargs.get("window", -1)) >= 0:
@@ -147,15 +146,13 @@ def attention_options(target: str, kwargs: Mapping[str, Any]) -> tuple[dict[str,
         and kwargs.get("backend", "default") != "default"
     ):
         note = (
-            f"the lock checked SDPA's {kwargs['backend']} backend; anemoi's SDPA path lets "
-            "torch choose, so run "
-            f"under torch.nn.attention.sdpa_kernel to hold it there"
+            f"the lock checked SDPA's {kwargs['backend']} backend; anemoi's SDPA path lets torch "
+            "choose, so run under torch.nn.attention.sdpa_kernel to hold it there"
         )
     elif implementation == "flash_attention":
         note = (
             "anemoi imports flash-attn v4, then v3, then v2: the job-start check refuses a "
-            "machine where it would not pick the "
-            f"lock's v{target[-1]}"
+            f"machine where it would not pick the lock's v{target[-1]}"
         )
     return out, note
 
@@ -209,8 +206,7 @@ WRAPPERS: dict[str, Wrapper] = {
             AUTOCAST_LAYER_NORM,
             "torch.nn.LayerNorm",
             "casts its output back to the input dtype (bf16/fp16 under autocast, not fp32: "
-            "gnn.yaml relies on it "
-            "for memory, QueryNorm/KeyNorm for flash attention)",
+            "gnn.yaml relies on it for memory, QueryNorm/KeyNorm for flash attention)",
             adapter_prefix="Autocast",
         ),
         Wrapper(
@@ -231,12 +227,10 @@ def generic_adapter(prefix: str, kernel: str) -> str:
     ):
         raise ConventionError(
             f"{kernel!r} cannot be named in a generic adapter: it needs a public dotted path "
-            "whose parts contain no "
-            f"{GENERIC_SEPARATOR!r}",
+            f"whose parts contain no {GENERIC_SEPARATOR!r}",
             key=kernel,
             fix="rename the module or class, or add a row for it to "
-            "kernel_lock.trust.adapter_names' "
-            "adapter tables",
+            "kernel_lock.trust.adapter_names' adapter tables",
         )
     return f"{ADAPTERS}.{prefix}{GENERIC_SEPARATOR}{GENERIC_SEPARATOR.join(parts)}"
 
@@ -392,8 +386,7 @@ def entry_for(key: str, want: Exported, current: Any, *, where: str = "") -> Exp
             "would silently undo it",
             key=where or key,
             fix=f"keep {name} here (it runs the torch.nn.LayerNorm kernel), or add an adapter "
-            f"for {kernel} to "
-            "kernel_lock.trust.adapter_names.AUTOCAST_ADAPTERS",
+            f"for {kernel} to kernel_lock.trust.adapter_names.AUTOCAST_ADAPTERS",
         )
     return Exported(
         key,
@@ -438,8 +431,7 @@ def export(
         if target != DEFAULT_TARGETS["LayerNorm"] and "bias" not in kwargs:
             raise ConventionError(
                 f"the lock's LayerNorm ({target}) pins no `bias` switch, so it cannot build "
-                "anemoi's bias-free "
-                "QueryNorm/KeyNorm (the state dict would gain a bias)",
+                "anemoi's bias-free QueryNorm/KeyNorm (the state dict would gain a bias)",
                 path=lock.path,
                 key="slots.LayerNorm.kwargs",
                 fix="export without qk_norm (anemoi's default AutocastLayerNorm stays for "
@@ -479,9 +471,8 @@ def attention_export(
     options, note = attention_options(f.target, f.keywords)
     if f.substituted_from and options:
         note = (
-            f"inference substitute for {f.substituted_from} (verified max error "
-            f"{f.max_error}); set "
-            f"{ATTENTION_BACKEND_ENV}={options['attention_implementation']} in the inference "
+            f"inference substitute for {f.substituted_from} (verified max error {f.max_error}); "
+            f"set {ATTENTION_BACKEND_ENV}={options['attention_implementation']} in the inference "
             "job's environment"
         )
     return options, note
@@ -503,10 +494,8 @@ def gated_mlp_export(lock: KernelLock) -> tuple[dict[str, Any], str] | None:
     if slot.target != "kernel_lock.gated_mlp.GatedMLP":
         note += (
             f" with {slot.target}; anemoi builds its own GatedMLPLayer (torch's gate): after "
-            "building the model, "
-            "kernel_lock.gated_mlp.swap_gated_layers(model, lock.factory('GatedMLP').func) "
-            "puts the lock's kernel in "
-            "its place (same state dict)"
+            "building the model, kernel_lock.gated_mlp.swap_gated_layers(model, "
+            "lock.factory('GatedMLP').func) puts the lock's kernel in its place (same state dict)"
         )
     return options, note
 

@@ -169,9 +169,8 @@ def migration_rules(slot: Any, *, path: str | None = None) -> list[Rule]:
                 path=path,
                 key=f"slots.{slot.name}.twin.migration[{i}]",
                 fix="the rules this kernel_lock applies are 'drop:<key>', "
-                "'rename:<old>-><new>' and "
-                "'transpose:<key>' "
-                "(docs/lock-format.md); a newer kernel-probe may write others: upgrade kernel_lock",
+                "'rename:<old>-><new>' and 'transpose:<key>' (docs/lock-format.md); a newer "
+                "kernel-probe may write others: upgrade kernel_lock",
             )
         rules.append(rule)
     return rules

@@ -244,8 +244,7 @@ def _exchange(mine: Mapping[str, Any], group: Any) -> list[dict[str, Any]]:
     except Exception as exc:
         raise RanksDisagree(
             f"rank {mine['rank']} on {mine['host']} could not exchange its kernel lock report "
-            "with the "
-            f"other ranks (backend {backend}): {type(exc).__name__}: {exc}",
+            f"with the other ranks (backend {backend}): {type(exc).__name__}: {exc}",
             reports=[dict(mine)],
             fix=_EXCHANGE_FIX,
         ) from exc

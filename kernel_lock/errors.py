@@ -52,11 +52,9 @@ class ExitCode(IntEnum):
     )
     USAGE = (
         2,
-        "usage error (bad command-line arguments, a malformed $KERNEL_LOCK_TRUST, or "
-        "environment variables "
-        "that contradict each other, such as HIP_VISIBLE_DEVICES naming more devices than "
-        "ROCR_VISIBLE_DEVICES "
-        "allows)",
+        "usage error (bad command-line arguments, a malformed $KERNEL_LOCK_TRUST, or environment "
+        "variables that contradict each other, such as HIP_VISIBLE_DEVICES naming more devices "
+        "than ROCR_VISIBLE_DEVICES allows)",
     )
     MISMATCH = (
         3,

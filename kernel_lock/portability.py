@@ -127,8 +127,7 @@ class _Plan:
                 path=self.lock.path,
                 key=f"slots.{slot.name}.twin",
                 fix="save the checkpoint as it is (it then needs the training library to "
-                "load), or re-train with an "
-                "implementation that has a verified torch.nn twin",
+                "load), or re-train with an implementation that has a verified torch.nn twin",
             )
         assert slot.twin is not None
         twin = self._import(
@@ -155,9 +154,8 @@ def _wrapper_for(cls: type, twin_target: str) -> str | None:
         return None
     if wrapper.runs != twin_target:
         raise NotPortable(
-            f"{_qualified(cls)} keeps anemoi's {wrapper.target} behaviour around its kernel, "
-            "but that wrapper runs "
-            f"{wrapper.runs}, not the twin {twin_target}",
+            f"{_qualified(cls)} keeps anemoi's {wrapper.target} behaviour around its kernel, but "
+            f"that wrapper runs {wrapper.runs}, not the twin {twin_target}",
             fix="add a wrapper for the twin to kernel_lock.anemoi.WRAPPERS",
         )
     return wrapper.target
@@ -423,8 +421,7 @@ def portable(
             f"the portable copy would still need {', '.join(left)} to unpickle",
             path=lock.path,
             fix="something outside the module tree keeps a lock class (a custom attribute "
-            "holding an instance or a "
-            "closure); replace it by hand, or save a state dict instead",
+            "holding an instance or a closure); replace it by hand, or save a state dict instead",
         )
     return copied
 

@@ -187,8 +187,7 @@ def verify(
                 others = len(diffs) > sum(len(requirement_problems(slot)) for slot in missing)
                 fix = (
                     f"install what the lock's slots need ({hints}), or load it "
-                    f"{IN_INFERENCE_MODE} to use the "
-                    "verified torch.nn twins"
+                    f"{IN_INFERENCE_MODE} to use the verified torch.nn twins"
                     + (
                         "; for the other fields, re-run `kernel-probe --force` on this machine"
                         if others
@@ -223,17 +222,15 @@ def verify(
             continue
         if r.substituted_from:
             notes.append(
-                f"{slot.name}: {slot.implementation} cannot run here ({r.reason}); inference "
-                "uses twin "
-                f"{r.target} (verified max error {_max_error_text(r.max_error)})"
+                f"{slot.name}: {slot.implementation} cannot run here ({r.reason}); inference uses "
+                f"twin {r.target} (verified max error {_max_error_text(r.max_error)})"
             )
     if problems:
         raise LockMismatch(
             problems,
             path=lock.path,
             fix="install the library the slot needs, or re-probe on this machine; a slot "
-            "without a verified "
-            "twin cannot be substituted",
+            "without a verified twin cannot be substituted",
         )
     if fallback:
         notes.append(fallback)
@@ -326,9 +323,8 @@ def confirm_targets(
             refusal = twin_refusal(entry)  # inference: the import path falls back to the twin
             if refusal is not None:
                 raise KernelUnavailable(
-                    f"slot {entry.name}: {entry.implementation} ({entry.target}) cannot run "
-                    f"here ({exc.problem}), "
-                    f"and {refusal}",
+                    f"slot {entry.name}: {entry.implementation} ({entry.target}) cannot run here "
+                    f"({exc.problem}), and {refusal}",
                     path=lock.path,
                     key=f"{key}.twin",
                 ) from None
@@ -353,8 +349,7 @@ def confirm_targets(
             path=lock.path,
             key="slots." + next(iter(unknown)),
             fix="run `kernel-probe verify` without --no-import (imports each class), or "
-            "`kernel-probe --check` "
-            "(imports only these, in a child process)",
+            "`kernel-probe --check` (imports only these, in a child process)",
         )
     from .trust.confirming import (
         confirm_in_child,
@@ -447,9 +442,8 @@ def resolve_slot(
             path=lock.path,
             key=f"{key}.twin",
             fix="install the training library on this machine, or re-train / re-probe with an "
-            "implementation "
-            "that has a verified torch.nn twin with the same semantics and an interchangeable "
-            "state dict",
+            "implementation that has a verified torch.nn twin with the same semantics and an "
+            "interchangeable state dict",
         )
     twin = entry.twin
     assert twin is not None
@@ -473,9 +467,8 @@ def _refuse_training(lock: LockDocument, entry: Slot) -> None:
     slot = entry.name
     if lock.mode == "inference":
         raise KernelUnavailable(
-            f"slot {slot}: {lock.path or 'this lock'} is an inference lock (its substitutions "
-            "are baked in); "
-            "training never runs on substituted kernels",
+            f"slot {slot}: {lock.path or 'this lock'} is an inference lock (its substitutions are "
+            "baked in); training never runs on substituted kernels",
             path=lock.path,
             key="mode",
             fix="train with the training lock it was derived from"
@@ -503,13 +496,11 @@ def _refuse_training(lock: LockDocument, entry: Slot) -> None:
         if here not in entry.devices:
             raise KernelUnavailable(
                 f"slot {slot}: {entry.implementation} ({entry.target}) runs on "
-                f"{', '.join(entry.devices)}; "
-                f"this machine's device is {here}",
+                f"{', '.join(entry.devices)}; this machine's device is {here}",
                 path=lock.path,
                 key=f"slots.{slot}.devices",
                 fix="train on a machine with that device, re-run `kernel-probe` on this "
-                "machine, or load it "
-                f"{IN_INFERENCE_MODE} to use the verified torch.nn twin",
+                f"machine, or load it {IN_INFERENCE_MODE} to use the verified torch.nn twin",
             )
 
 

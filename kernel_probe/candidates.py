@@ -247,9 +247,8 @@ def parse_candidate(
     if private(target):  # the rule --candidate and a lock's reader apply: refused before any work
         raise r.err(
             f"{where}target",
-            f"{target!r} has a private or __main__ component: it is never imported (importing "
-            "a module's __main__ "
-            "runs it)",
+            f"{target!r} has a private or __main__ component: it is never imported (importing a "
+            "module's __main__ runs it)",
             fix="name a public class of an importable library, e.g. mylib.FastLayerNorm",
         )
     spec = r.string(c, "specifier", where, default="") or ""
@@ -360,9 +359,8 @@ def from_command_line(text: str) -> Candidate:
     # refused before any work, as in a lock
     if any(part.startswith("_") for part in target.split(".")):
         raise UsageError(
-            f"--candidate {text!r}: {target!r} has a private or __main__ component: it is "
-            "never imported "
-            "(importing a module's __main__ runs it)",
+            f"--candidate {text!r}: {target!r} has a private or __main__ component: it is never "
+            "imported (importing a module's __main__ runs it)",
             fix="offer a public class of an importable library, e.g. LayerNorm=mylib.FastLayerNorm",
         )
     default = default_for(slot)

@@ -37,9 +37,8 @@ def exit_code_table() -> str:
     """The code -> meaning table of ``kernel_lock.errors.ExitCode``, which every command follows."""
     rows = "".join(f"| {code.value} | {_cell(code.meaning)} |\n" for code in sorted(ExitCode))
     return (
-        "<!-- generated from kernel_lock.errors.ExitCode by `python -m kernel_probe.docgen`: "
-        "edit it there -->\n"
-        "| code | meaning |\n|---|---|\n" + rows
+        "<!-- generated from kernel_lock.errors.ExitCode by `python -m kernel_probe.docgen`: edit "
+        "it there -->\n| code | meaning |\n|---|---|\n" + rows
     )
 
 

@@ -66,9 +66,8 @@ def version_problem() -> str | None:
         f"the interpreter shims in {__file__} were written for "
         f"{', '.join(f'{k} {v}' for k, v in SHIMMED_FOR.items())}; found "
         f"{', '.join(f'{k} {v}' for k, v in found.items())}: re-measure what the interpreter "
-        "needs with these "
-        "versions (docs/checks.md, 'The real liger code, interpreted') and update the shims "
-        "and SHIMMED_FOR"
+        "needs with these versions (docs/checks.md, 'The real liger code, interpreted') and "
+        "update the shims and SHIMMED_FOR"
     )
 
 

@@ -61,9 +61,7 @@ def test_every_public_definition_has_a_docstring():
 
 def test_the_walk_finds_functions_classes_and_methods_and_skips_the_private():
     tree = ast.parse(
-        "def f(): pass\n"
-        "def _g(): pass\n"
-        "class C:\n    def m(self): pass\n    def _p(self): pass\n    def __init__(self): pass\n"
-        "class _D:\n    def m(self): pass\n"
+        "def f(): pass\ndef _g(): pass\nclass C:\n    def m(self): pass\n    def _p(self): "
+        "pass\n    def __init__(self): pass\nclass _D:\n    def m(self): pass\n"
     )
     assert [name for name, _ in public_definitions(tree)] == ["f", "C", "C.m"]

@@ -23,9 +23,8 @@ pytestmark = [
     pytest.mark.skipif(
         not torch.cuda.is_available() or getattr(torch.version, "hip", None) is not None,
         reason="no CUDA device here (torch.cuda.is_available() is False, or this is a ROCm "
-        "build): these tests "
-        "run on a CUDA GPU node (`python -m pytest -m gpu tests/test_gpu.py`, or "
-        "benchmarks/gpu_all.py)",
+        "build): these tests run on a CUDA GPU node (`python -m pytest -m gpu tests/test_gpu.py`, "
+        "or benchmarks/gpu_all.py)",
     ),
 ]
 

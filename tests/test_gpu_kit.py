@@ -251,9 +251,8 @@ def test_the_attention_part_refuses_a_full_run_without_cuda(tmp_path):
 
 # ---- gpu_all.py's limits -------------------------------------------------------------------------
 SLEEPER = (
-    "import subprocess, sys, time; "
-    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
-    "open(sys.argv[1], 'w').write(str(child.pid)); time.sleep(120)"
+    "import subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', 'import time; "
+    "time.sleep(120)']); open(sys.argv[1], 'w').write(str(child.pid)); time.sleep(120)"
 )
 
 

@@ -143,8 +143,7 @@ def device_name_note(current: Mapping[str, Any]) -> str | None:
     if not name or name in GENERIC_DEVICE_NAMES:
         return (
             f"the device name is {name!r}, which does not identify the device (libdrm's "
-            "amdgpu.ids is missing "
-            "or old in this environment); it is identified by its arch "
+            "amdgpu.ids is missing or old in this environment); it is identified by its arch "
             f"{current.get('device-arch')!r}"
         )
     return None

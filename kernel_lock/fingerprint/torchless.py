@@ -216,9 +216,8 @@ def _nvidia_from_proc(
     if order is None:
         raise Unsettled(
             unsure,
-            "CUDA_VISIBLE_DEVICES names MIG devices, or is read differently by CUDA and "
-            "torch's parser "
-            "(ordinals and UUIDs mixed, a lone sign, -0)",
+            "CUDA_VISIBLE_DEVICES names MIG devices, or is read differently by CUDA and torch's "
+            "parser (ordinals and UUIDs mixed, a lone sign, -0)",
         )
     if not order:
         return _cpu_device(), {}  # CUDA sees no device: torch reports the CPU
@@ -242,9 +241,8 @@ def _nvidia_from_proc(
     arch = next((sm for pattern, sm in NVIDIA_ARCH_BY_NAME if pattern.search(name)), None)
     if arch is None:
         why = (
-            f"{name!r} is not in the table of sourced GPU names (NVIDIA_ARCH_BY_NAME): its "
-            "arch, and whether CUDA "
-            "names it the same, are not known"
+            f"{name!r} is not in the table of sourced GPU names (NVIDIA_ARCH_BY_NAME): its arch, "
+            "and whether CUDA names it the same, are not known"
         )
         return device, {"device-name": why, "device-arch": why}
     return {**device, "name": name, "arch": arch}, {}
@@ -335,10 +333,9 @@ def _amd(
     if visible is None:
         raise Unsettled(
             DEVICE_FIELDS,
-            "the visibility variables are not lists of distinct GPU node indices in range "
-            "(UUIDs, repeats, "
-            "signs, spaces and invalid items are left to HIP): only torch can tell which GPUs "
-            "it sees",
+            "the visibility variables are not lists of distinct GPU node indices in range (UUIDs, "
+            "repeats, signs, spaces and invalid items are left to HIP): only torch can tell which "
+            "GPUs it sees",
         )
     device: dict[str, Any] = {
         "type": "rocm",
@@ -354,8 +351,7 @@ def _amd(
         # (sites.md: "AMD Radeon Graphics" when it is missing or old); the KFD only has the PCI
         # device id
         "device-name": "the marketing name comes from the amdgpu.ids table the runtime loads "
-        "(PCI device id "
-        f"0x{gpus[visible[0]].get('device_id', 0):04x}), not from the KFD",
+        f"(PCI device id 0x{gpus[visible[0]].get('device_id', 0):04x}), not from the KFD",
         # gcnArchName's sramecc/xnack suffix depends on the ECC setting and the per-process XNACK
         # mode
         "device-features": "sramecc/xnack come from the runtime (ECC mode, HSA_XNACK, "

@@ -50,10 +50,9 @@ def physical_devices(device_type: str, env: Mapping[str, str] | None = None) -> 
         if len(chosen) > len(base) and hip_name == "HIP_VISIBLE_DEVICES":
             raise DeviceVisibilityError(
                 f"{hip_name}={hip!r} names {len(chosen)} device(s) but "
-                f"ROCR_VISIBLE_DEVICES={rocr!r} leaves "
-                f"only {len(base)}: the HIP list indexes into the ROCR list, so which GPU this "
-                "process uses is "
-                "undefined (torch refuses to count devices)",
+                f"ROCR_VISIBLE_DEVICES={rocr!r} leaves only {len(base)}: the HIP list indexes "
+                "into the ROCR list, so which GPU this process uses is undefined (torch refuses "
+                "to count devices)",
                 key=hip_name,
                 fix=f"set one of them: unset {hip_name} (ROCR_VISIBLE_DEVICES alone selects "
                 "node devices), or "

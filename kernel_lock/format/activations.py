@@ -81,8 +81,7 @@ def function_problem(text: str) -> str | None:
         )
     return (
         f"{text!r} is not an activation function kernel-probe knows: use one of "
-        f"{', '.join(ACTIVATION_FUNCTIONS)}, "
-        f"or {OTHER_FUNCTION}module.Class for another (e.g. "
+        f"{', '.join(ACTIVATION_FUNCTIONS)}, or {OTHER_FUNCTION}module.Class for another (e.g. "
         f"{OTHER_FUNCTION}anemoi.models.layers.activations.Sine)"
     )
 

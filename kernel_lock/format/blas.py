@@ -249,11 +249,9 @@ def mismatch_fix(record: Blas) -> str:
     """The fix for a process whose own BLAS choice differs from the one the lock records."""
     return (
         f"the lock's Linear was checked and timed under {record.library}: remove the process's "
-        "own choice "
-        f"(anemoi's training.preferred_blas_backend, a call to {CONTROL}, "
-        f"{' / '.join(ENV_VARS)}), or re-probe "
-        "under it (`kernel-probe --force --pin Linear=torch.linear.<library>`) so that the "
-        "lock records it"
+        f"own choice (anemoi's training.preferred_blas_backend, a call to {CONTROL}, "
+        f"{' / '.join(ENV_VARS)}), or re-probe under it (`kernel-probe --force --pin "
+        "Linear=torch.linear.<library>`) so that the lock records it"
     )
 
 

@@ -169,8 +169,7 @@ class LockDocument:
                 path=ctx.path,
                 key="lock-version",
                 fix="upgrade kernel-probe to read newer locks, or re-run `kernel-probe "
-                "--force` to write a "
-                f"{LOCK_VERSION} lock"
+                f"--force` to write a {LOCK_VERSION} lock"
                 if major > ours_major
                 else "re-run `kernel-probe --force` to write a current lock",
             )

@@ -132,9 +132,8 @@ def job_start_differences(
 
 
 FIX = (
-    "run on a GPU node with triton installed (`pip install triton`; ROCm: "
-    "pytorch-triton-rocm), re-run "
-    "`kernel-probe` on this machine to lock the pyg backend it runs, or probe with "
+    "run on a GPU node with triton installed (`pip install triton`; ROCm: pytorch-triton-rocm), "
+    "re-run `kernel-probe` on this machine to lock the pyg backend it runs, or probe with "
     f"`{ALLOW_FLAG}` to record that the fallback to pyg is accepted"
 )
 

@@ -95,8 +95,7 @@ def check_target(
     if private(target):
         raise TargetNotAllowed(
             f"{what} {target!r} has a private or __main__ component: it is never imported "
-            "(importing a module's "
-            "__main__ runs it)",
+            "(importing a module's __main__ runs it)",
             path=path,
             key=key,
             fix="name a public class, e.g. torch.nn.LayerNorm",
@@ -124,9 +123,8 @@ def check_target(
     asked = next((m for m in requested if _under(target, m)), None)
     if asked is not None:
         raise TargetNotAllowed(
-            f"{what} {target!r} is in {asked!r}, which the lock asks to trust "
-            "(trusted-modules) but which was not "
-            "granted; nothing was imported",
+            f"{what} {target!r} is in {asked!r}, which the lock asks to trust (trusted-modules) "
+            "but which was not granted; nothing was imported",
             path=path,
             key=key,
             fix=f"if you trust {asked!r}, grant it: `--trust {asked}` on kernel-probe's "
@@ -139,6 +137,5 @@ def check_target(
         path=path,
         key=key,
         fix=f"if you trust that module, grant it: `--trust MODULE`, {TRUST_ENV}=MODULE, or "
-        "kernel_lock.load(path, "
-        "trust=[...]) (a lock's own trusted-modules only asks)",
+        "kernel_lock.load(path, trust=[...]) (a lock's own trusted-modules only asks)",
     )

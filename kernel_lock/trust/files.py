@@ -149,8 +149,7 @@ def check_directory(directory: Path | str, named: Path | str | None = None) -> P
         raise _refuse(
             where,
             f"the folder {real} is owned by another user (uid {st.st_uid}), who could replace "
-            "what is written there; "
-            "nothing was written",
+            "what is written there; nothing was written",
             "write into a folder you own (or root owns); share it with your group by its group "
             "permissions",
         )
@@ -172,8 +171,7 @@ def check_directory(directory: Path | str, named: Path | str | None = None) -> P
             raise _refuse(
                 where,
                 f"the folder above {real}, {parent}, {problem}: anyone could move this folder "
-                "away and put another "
-                "in its place; nothing was written",
+                "away and put another in its place; nothing was written",
                 f"chmod o-w {parent} (or chmod +t), or write elsewhere",
             )
     return real
@@ -221,10 +219,9 @@ def private_dir(path: Path | str, *, create: bool = True) -> Path:
     if st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
         raise _refuse(
             path,
-            "this node-local folder was not made by kernel-probe for you (owner uid "
-            f"{st.st_uid}, mode "
-            f"{stat.S_IMODE(st.st_mode):o}; expected uid {os.getuid()}, mode 700): it is never "
-            "used",
+            f"this node-local folder was not made by kernel-probe for you (owner uid {st.st_uid}, "
+            f"mode {stat.S_IMODE(st.st_mode):o}; expected uid {os.getuid()}, mode 700): it is "
+            "never used",
             f"remove {path} (or ask its owner to), or set $KERNEL_PROBE_NODE_DIR to a folder "
             "of your own",
         )

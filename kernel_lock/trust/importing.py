@@ -151,9 +151,8 @@ def build(
             path=where,
             key=key,
             fix=f"install the library that provides module {missing!r}, re-run `kernel-probe` "
-            "to choose "
-            f"what this machine can run, or resolve it {IN_INFERENCE_MODE} to use the verified "
-            "torch.nn twin",
+            f"to choose what this machine can run, or resolve it {IN_INFERENCE_MODE} to use the "
+            "verified torch.nn twin",
         ) from None
     # a library that raises something else while importing is broken, not absent
     except Exception as exc:

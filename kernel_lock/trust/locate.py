@@ -146,9 +146,8 @@ def flash_generation_problems(slot: Slot) -> list[Difference]:
         Difference(
             f"slots.{slot.name}.target",
             f"flash-attn {locked} ({slot.target})",
-            f"flash-attn {here}: {module} is installed here, and anemoi-models imports v4, "
-            "then v3, then v2, "
-            f"so its flash_attention would run v{here}",
+            f"flash-attn {here}: {module} is installed here, and anemoi-models imports v4, then "
+            f"v3, then v2, so its flash_attention would run v{here}",
             "exact",
         )
     ]
@@ -227,9 +226,8 @@ def static_problem(
             path=where,
             key=key,
             fix=f"install the library that provides module {module.split('.')[0]!r}, re-run "
-            "`kernel-probe` to "
-            f"choose what this machine can run, or resolve it {IN_INFERENCE_MODE} to use the "
-            "verified torch.nn twin",
+            "`kernel-probe` to choose what this machine can run, or resolve it "
+            f"{IN_INFERENCE_MODE} to use the verified torch.nn twin",
         )
     if found is None:
         return f"module {module!r} can only be found by importing its parent package"

@@ -26,19 +26,16 @@ SDPA_SOFTCAP = (
     "Softcap not supported by Pytorchs SDPA. please switch to flash attention or disable softcap."
 )
 SDPA_ALIBI = (
-    "Alibi slopes not supported by Pytorchs SDPA. please switch to flash attention "
-    "v2 "
-    "or disable alibi slopes."
+    "Alibi slopes not supported by Pytorchs SDPA. please switch to flash attention v2 or disable "
+    "alibi slopes."
 )
 V3_ALIBI = (
     "Alibi slopes is currently not supported by flash attention v3. please switch to flash "
-    "attention v2 or "
-    "disable alibi slopes."
+    "attention v2 or disable alibi slopes."
 )
 NOT_INSTALLED = (
     "Flash attention is not installed. Please install flash attention v4, v3 or v2 to use this "
-    "attention "
-    "implementation."
+    "attention implementation."
 )
 
 
@@ -179,11 +176,9 @@ def _component(
                     "entry",
                     f"{where}.{option}",
                     f"{option}={values[option]!r} is silently dropped: anemoi passes it no "
-                    f"{option} with flash-attn "
-                    f"v{generation}",
+                    f"{option} with flash-attn v{generation}",
                     "remove it, or run flash-attn v2 (the lock's generation decides; "
-                    "`kernel-probe --attention ...` checks "
-                    "it)",
+                    "`kernel-probe --attention ...` checks it)",
                 )
             )
     if generation == 3 and alibi is not None:

@@ -95,12 +95,10 @@ def merge_leftovers(block: Block) -> list[Finding]:
                     "error",
                     "merge",
                     f"{block.where}.{key}",
-                    f"Hydra merged this entry into the preset's: {', '.join(map(str, left))} "
-                    "come from the preset, "
-                    f"not from this file, and are passed to {mine['_target_']}",
-                    "set the entry through an interpolation so that Hydra replaces it whole "
-                    "(what `kernel-probe export "
-                    "--config` prints), or delete the keys with `~` overrides",
+                    f"Hydra merged this entry into the preset's: {', '.join(map(str, left))} come "
+                    f"from the preset, not from this file, and are passed to {mine['_target_']}",
+                    "set the entry through an interpolation so that Hydra replaces it whole (what "
+                    "`kernel-probe export --config` prints), or delete the keys with `~` overrides",
                 )
             )
     return out
@@ -155,8 +153,7 @@ def compare_with_lock(
                     f"builds {have['_target_']}, the lock pins {should.entry['_target_']}"
                     + (f" ({should.note})" if should.note else ""),
                     "use the lock's entries (`kernel-probe export LOCK --config THIS_CONFIG` "
-                    "prints them for this "
-                    "config), or re-probe",
+                    "prints them for this config), or re-probe",
                 )
             )
             continue
@@ -278,14 +275,10 @@ def lost_wrappers(config: Config) -> list[Finding]:
                     "wrapper",
                     f"{where}.{key}",
                     f"the {name} preset uses anemoi's {short} here, which {wrapper.behaviour}; "
-                    "this config "
-                    f"replaces it with {new}, which does not: the cast-back is lost",
+                    f"this config replaces it with {new}, which does not: the cast-back is lost",
                     "keep the cast around your kernel: `kernel-probe export LOCK --config "
-                    f"{Path(config.path).name}` "
-                    "prints the adapter that does it "
-                    f"(kernel_lock.adapters.{wrapper.adapter_prefix}__...), "
-                    "or "
-                    f"keep {short}",
+                    f"{Path(config.path).name}` prints the adapter that does it "
+                    f"(kernel_lock.adapters.{wrapper.adapter_prefix}__...), or keep {short}",
                 )
             )
     return out

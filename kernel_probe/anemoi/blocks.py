@@ -115,9 +115,8 @@ class _Resolver:
         self.produced += 1
         if self.produced > self.BUDGET:
             raise InputFileError(
-                f"{where}: following its ${{...}} references produces more than "
-                f"{self.BUDGET:,} values "
-                "(a reference fan-out?); stopped",
+                f"{where}: following its ${{...}} references produces more than {self.BUDGET:,} "
+                "values (a reference fan-out?); stopped",
                 fix="anemoi's blocks are a few entries each",
             )
         if isinstance(value, str):

@@ -128,8 +128,7 @@ def load_config(path: str | Path) -> Any:
     if too_big:
         raise InputFileError(
             f"expands to more than {MAX_NODES:,} values once its YAML aliases are followed (an "
-            "alias "
-            "bomb?); nothing was composed",
+            "alias bomb?); nothing was composed",
             path=str(p),
             fix="anemoi configs are small: check where this file came from",
         )
@@ -198,9 +197,8 @@ def classify(root: Mapping[str, Any], path: Path | None = None) -> Kind:
     if model_class:
         file_signals.append(
             "its `model:` key is a class "
-            f"({model.get('_target_') if isinstance(model, Mapping) else ''}), "
-            "as a model "
-            "file's is"
+            f"({model.get('_target_') if isinstance(model, Mapping) else ''}), as a model file's "
+            "is"
         )
     if node_at_root:
         file_signals.append(f"model-node keys at its root ({', '.join(node_at_root)})")

@@ -129,9 +129,8 @@ def check_entry(
         add(
             "warning",
             "dimension",
-            f"{d!r} is pinned here, but anemoi passes the size at the call site: a keyword "
-            f"call overrides it and a positional call {CALLS[key][0][0]} fails with 'multiple "
-            "values'",
+            f"{d!r} is pinned here, but anemoi passes the size at the call site: a keyword call "
+            f"overrides it and a positional call {CALLS[key][0][0]} fails with 'multiple values'",
             f"remove {d!r}",
         )
     try:
@@ -145,9 +144,8 @@ def check_entry(
             "import",
             f"{target!r} does not import here: importing {target.rpartition('.')[0]!r} raised "
             f"{type(exc).__name__}: {exc}",
-            "install the library that provides it, or fix the dotted path (anemoi would raise "
-            "an empty "
-            "InstantiationException and log the reason at INFO level)",
+            "install the library that provides it, or fix the dotted path (anemoi would raise an "
+            "empty InstantiationException and log the reason at INFO level)",
         )
         return findings, facts
     facts["imported"] = True
@@ -196,8 +194,7 @@ def check_entry(
             "semantics",
             f"{target} is a GLU-family activation: anemoi-models raises ValueError: {GLU_REFUSAL}",
             "set the component's mlp_implementation (glu, swiglu, geglu or reglu) and keep an "
-            "elementwise "
-            "class such as torch.nn.GELU under layer_kernels.Activation",
+            "elementwise class such as torch.nn.GELU under layer_kernels.Activation",
         )
     if not any(
         f.severity == "error" and f.kind in ("signature", "semantics", "entry") for f in findings
@@ -272,9 +269,8 @@ def _value_problems(kwargs: Mapping[str, Any]) -> list[tuple[str, str, str]]:
         out.append(
             (
                 "value",
-                f"dtype is the string {dtype!r}: Hydra passes it on as a string and anemoi "
-                "fails with "
-                "\"argument 'dtype' must be torch.dtype, not str\"",
+                f"dtype is the string {dtype!r}: Hydra passes it on as a string and anemoi fails "
+                "with \"argument 'dtype' must be torch.dtype, not str\"",
                 "remove `dtype` (anemoi casts the model as the precision says), or build it "
                 "from code",
             )
@@ -378,10 +374,9 @@ def _computes(
         return (
             "error",
             "semantics",
-            f"anemoi's {call} returns {shape} for a ({ROWS}, {width}) input, where {key} "
-            f"returns ({ROWS}, {out}): "
-            f"{type(module).__name__} computes something else, and anemoi fails at the first "
-            "layer after it",
+            f"anemoi's {call} returns {shape} for a ({ROWS}, {width}) input, where {key} returns "
+            f"({ROWS}, {out}): {type(module).__name__} computes something else, and anemoi fails "
+            "at the first layer after it",
             f"use a {key} implementation",
         )
     if key == "Linear":

@@ -92,8 +92,7 @@ def findings(
                     key,
                     f"{value}{unset} here, but the lock's [{TABLE}] backend is {graph.backend}",
                     f"set {ANEMOI_KEY}: {graph.backend} (`kernel-probe export --config` writes "
-                    "it), or probe "
-                    f"with --graph-attention {value}",
+                    f"it), or probe with --graph-attention {value}",
                 )
             )
             continue

@@ -35,9 +35,8 @@ CHECK_CONFIG_EXIT = {
     0: "no errors (warnings and notes may be printed)",
     3: "the config is valid here but disagrees with the lock (or the lock cannot be resolved here)",
     5: "the config has errors: unreadable or malformed, cannot be composed, unknown keys, "
-    "targets that do not "
-    "import, signatures that do not fit anemoi's calls, semantics changes, keys left over from "
-    "a Hydra merge",
+    "targets that do not import, signatures that do not fit anemoi's calls, semantics changes, "
+    "keys left over from a Hydra merge",
 }
 
 # where the overlay keeps the lock's entries; components point at them (an interpolation replaces a
@@ -143,8 +142,7 @@ def check_config(
                 refusal = (
                     "error",
                     f"{target!r} does not import here: No module named "
-                    f"{str(target).split('.')[0]!r} "
-                    "(looked up without importing anything)",
+                    f"{str(target).split('.')[0]!r} (looked up without importing anything)",
                     "install the library that provides it, or fix the dotted path",
                 )
             # not imported: reported, and compared with the lock by name only

@@ -309,8 +309,7 @@ def read_config(
         config.why, config.alternative = decided.why, decided.alternative
     else:
         config.why = (
-            "asked to read it as one (it looks like "
-            f"{SHAPES[decided.shape].split(' (')[0]}: "
+            f"asked to read it as one (it looks like {SHAPES[decided.shape].split(' (')[0]}: "
             f"{decided.why})"
         )
     return config

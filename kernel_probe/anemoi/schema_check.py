@@ -18,8 +18,7 @@ from kernel_probe.isolation.child import run_function
 SCHEMA_TIMEOUT = 120.0
 SCHEMA_FIX = (
     "install anemoi-training (`pip install --no-deps anemoi-training`, then its light "
-    "dependencies as "
-    ".ci/anemoi-install does) to check what `anemoi-training train` will say"
+    "dependencies as .ci/anemoi-install does) to check what `anemoi-training train` will say"
 )
 
 
@@ -51,8 +50,7 @@ def schema_input(config: Config) -> tuple[Any, bool, str] | str:
         if not isinstance(model, Mapping) or not isinstance(model.get("model"), Mapping):
             return (
                 "the file holds only part of a model node (no model class at "
-                "model.model._target_); check the "
-                "training config or overlay that uses it"
+                "model.model._target_); check the training config or overlay that uses it"
             )
         return model, True, "this file's model node inside anemoi-training's packaged config"
     return tree, False, "the composed config" if config.composed else "the file as a whole"
@@ -147,12 +145,10 @@ def schema_findings(config: Config, timeout: float = SCHEMA_TIMEOUT) -> tuple[st
                     severity,
                     "preset",
                     shown,
-                    f"{e['message']} ({e['type']}){via}: {training}'s own {name} fails its "
-                    "schema here "
-                    "as shipped, whatever this config does; not a kernel-lock matter",
-                    "set it in your config (anemoi-training train rejects the preset as it "
-                    "is), or pin the "
-                    f"anemoi-models version {training} was released with",
+                    f"{e['message']} ({e['type']}){via}: {training}'s own {name} fails its schema "
+                    "here as shipped, whatever this config does; not a kernel-lock matter",
+                    "set it in your config (anemoi-training train rejects the preset as it is), "
+                    f"or pin the anemoi-models version {training} was released with",
                 )
             )
             continue
@@ -171,11 +167,9 @@ def schema_findings(config: Config, timeout: float = SCHEMA_TIMEOUT) -> tuple[st
 def _schema_fix(where: str, kind: str) -> str:
     if kind == "extra_forbidden" and where.endswith("layer_kernels"):
         return (
-            "layer_kernels belongs in the model node: under `model:` of a training config or "
-            "an overlay, at the "
-            "root of a model file (config/model/<name>.yaml); `kernel-probe export LOCK "
-            "--config THIS_FILE` prints "
-            "it in the right place"
+            "layer_kernels belongs in the model node: under `model:` of a training config or an "
+            "overlay, at the root of a model file (config/model/<name>.yaml); `kernel-probe "
+            "export LOCK --config THIS_FILE` prints it in the right place"
         )
     if kind == "extra_forbidden":
         return "remove the key, or check its spelling against anemoi-training's schema"

@@ -64,10 +64,9 @@ class Trust:
                 top = name.split(".")[0]
                 return (
                     "warning",
-                    f"not checked: module not trusted ({name!r} is outside the import "
-                    "allow-list and the modules "
-                    "you trust; nothing was imported, so its import, signature and semantics "
-                    "are unknown)",
+                    f"not checked: module not trusted ({name!r} is outside the import allow-list "
+                    "and the modules you trust; nothing was imported, so its import, signature "
+                    "and semantics are unknown)",
                     f"if you trust it, `--trust {top}` (or $KERNEL_LOCK_TRUST={top}), or "
                     f"{OWN_TARGETS_FLAG} to let "
                     "check-config import every module this config's entries name",
@@ -88,10 +87,8 @@ def add_config_trust_argument(p: argparse.ArgumentParser) -> None:
         OWN_TARGETS_FLAG,
         action="store_true",
         help="import every public module the config's own layer_kernels entries name (default: "
-        "only the import "
-        "allow-list, anemoi-models and --trust; an entry outside them is reported as not "
-        "checked). A `__main__` or "
-        "private module is never imported",
+        "only the import allow-list, anemoi-models and --trust; an entry outside them is reported "
+        "as not checked). A `__main__` or private module is never imported",
     )
 
 

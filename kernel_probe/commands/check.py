@@ -35,30 +35,26 @@ def add_candidate_arguments(p: argparse.ArgumentParser) -> None:
         default="",
         choices=("glu", "swiglu", "geglu", "reglu"),
         help="the model's gated mlp_implementation, whose gate the GatedMLP slot is checked "
-        "against "
-        "(default swiglu; anemoi's geglu is exact-erf GELU)",
+        "against (default swiglu; anemoi's geglu is exact-erf GELU)",
     )
     p.add_argument(
         "--attention",
         default="",
         metavar="HEADSxHEAD_DIMxSEQ[:OPTIONS]",
         help="the model's attention: the geometry the Attention slot is timed at, and after "
-        "the colon the "
-        "options the model fixes (window=W band half-width, softcap=C, dropout=P, alibi=true), "
-        "pinned in the "
-        "lock and checked: a candidate that ignores one is rejected (default "
-        f"{DEFAULT_GEOMETRY['gpu']} on GPU, {DEFAULT_GEOMETRY['cpu']} on CPU, global; anemoi's "
-        f"O96: {O96_GEOMETRY})",
+        "the colon the options the model fixes (window=W band half-width, softcap=C, dropout=P, "
+        "alibi=true), pinned in the lock and checked: a candidate that ignores one is rejected "
+        f"(default {DEFAULT_GEOMETRY['gpu']} on GPU, {DEFAULT_GEOMETRY['cpu']} on CPU, global; "
+        f"anemoi's O96: {O96_GEOMETRY})",
     )
     p.add_argument(
         "--activation",
         default="",
         metavar="FUNCTION",
         help="the model's activation function, the Activation slot's reference: gelu-erf "
-        "(torch.nn.GELU, the "
-        "default), gelu-tanh, silu, relu, sigmoid, or other:module.Class for another (e.g. "
-        "other:anemoi.models.layers.activations.Sine; its class is the reference); the lock "
-        "records it",
+        "(torch.nn.GELU, the default), gelu-tanh, silu, relu, sigmoid, or other:module.Class for "
+        "another (e.g. other:anemoi.models.layers.activations.Sine; its class is the reference); "
+        "the lock records it",
     )
     p.add_argument(
         "--import-timeout",
@@ -66,8 +62,7 @@ def add_candidate_arguments(p: argparse.ArgumentParser) -> None:
         default=IMPORT_TIMEOUT,
         metavar="SECONDS",
         help="seconds importing one candidate's library may take (default "
-        f"{IMPORT_TIMEOUT:g}): a library "
-        "that hangs on import costs this much",
+        f"{IMPORT_TIMEOUT:g}): a library that hangs on import costs this much",
     )
     p.add_argument(
         "--timeout",
@@ -100,9 +95,8 @@ CANDIDATE_SWITCHES = (
     ),
     (
         "--allow-approximation",
-        "accept an Activation computing an approximation of the model's function (a tanh GELU "
-        "for an erf "
-        "model), judged against what it computes; the lock records the difference",
+        "accept an Activation computing an approximation of the model's function (a tanh GELU for "
+        "an erf model), judged against what it computes; the lock records the difference",
     ),
 )
 
@@ -146,8 +140,7 @@ def add_check_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="normalised (input) size of the correctness inputs (default 1000, deliberately "
-        "not a power of "
-        "two); 64 checks norms at anemoi's QueryNorm/KeyNorm head_dim",
+        "not a power of two); 64 checks norms at anemoi's QueryNorm/KeyNorm head_dim",
     )
     p.add_argument(
         "--graph-attention",
@@ -155,9 +148,8 @@ def add_check_arguments(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="BACKEND",
         help="check anemoi's GraphTransformer attention instead of the slots: triton, pyg or "
-        "module.function "
-        "(f(q, k, v, e, edge_index, size)), repeatable; fwd+bwd vs float64 on an O96-degree graph "
-        "(docs/checks.md, GraphAttention)",
+        "module.function (f(q, k, v, e, edge_index, size)), repeatable; fwd+bwd vs float64 on an "
+        "O96-degree graph (docs/checks.md, GraphAttention)",
     )
 
 
@@ -361,8 +353,7 @@ def render_verdicts(reports, plan, device, hidden: int = CHECK_HIDDEN) -> None:
     )
     con.print(
         "cells: worst error / tolerance (< 1 passes; tolerance = 4 x torch.nn's own error + 2 "
-        "eps); "
-        "+amp: under torch.autocast with fp32 parameters"
+        "eps); +amp: under torch.autocast with fp32 parameters"
     )
     if "Attention" in reports:
         con.print(

@@ -61,8 +61,7 @@ def add_check_config_arguments(p: argparse.ArgumentParser) -> None:
     codes = "\n".join(f"  {c}  {t}" for c, t in CHECK_CONFIG_EXIT.items())
     p.epilog = (
         "Hydra overrides go after `--`, e.g.\n  kernel-probe check-config my.yaml -- "
-        "model=transformer_ens\n\n"
-        f"check-config exit codes:\n{codes}\n\n{p.epilog}"
+        f"model=transformer_ens\n\ncheck-config exit codes:\n{codes}\n\n{p.epilog}"
     )
 
 

@@ -19,8 +19,7 @@ def add_diff_arguments(p: argparse.ArgumentParser) -> None:
         "--exit-code",
         action="store_true",
         help=f"exit {ExitCode.LOCKS_DIFFER.value} when the locks differ, 0 when they do not "
-        "(git diff --exit-code "
-        "uses 1, which kernel-probe keeps for failures)",
+        "(git diff --exit-code uses 1, which kernel-probe keeps for failures)",
     )
 
 

@@ -36,8 +36,7 @@ def add_env_arguments(p: argparse.ArgumentParser) -> None:
         "--fresh",
         action="store_true",
         help="import every library again: do not reuse the answers kept from earlier checks of "
-        "the same "
-        "installation on this node (they are kept in $KERNEL_PROBE_CACHE_DIR, else "
+        "the same installation on this node (they are kept in $KERNEL_PROBE_CACHE_DIR, else "
         "~/.cache/kernel-probe)",
     )
     p.add_argument(
@@ -46,8 +45,7 @@ def add_env_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="SECONDS",
         help=f"how long each library import check may take (default {DEFAULT_TIMEOUT:g} s, "
-        "scaled up by the "
-        "machine's load per core, at most 6x)",
+        "scaled up by the machine's load per core, at most 6x)",
     )
 
 

@@ -254,8 +254,7 @@ def render_overlay(result, *, path: str, mode: str, digest: str) -> str:
     )
     lines = [
         *_header(path, mode, digest),
-        "# for "
-        f"{config.path}{' -- ' + ' '.join(config.overrides) if config.overrides else ''}: "
+        f"# for {config.path}{' -- ' + ' '.join(config.overrides) if config.overrides else ''}: "
         f"{config.shape}, {how}",
         f"# Merge this into {target}. Each block points at the lock's entries through an "
         "interpolation, so Hydra",

@@ -29,8 +29,7 @@ def add_lock_argument(p: argparse.ArgumentParser, what: str = "lock file") -> No
 
 TRUST_HELP = (
     "trust this top-level package beyond the built-in allow-list (repeatable; also "
-    "$KERNEL_LOCK_TRUST). "
-    "A lock's own trusted-modules only ask for it"
+    "$KERNEL_LOCK_TRUST). A lock's own trusted-modules only ask for it"
 )
 
 

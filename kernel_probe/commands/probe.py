@@ -45,8 +45,7 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
         metavar="ROWSxHIDDEN",
         help="model shape to time at, e.g. 40320x1024 (repeatable; Linear: ROWSxINxOUT). "
         f"Default: {' and '.join(DEFAULT_SHAPES['gpu'])} on GPU, "
-        f"{' and '.join(DEFAULT_SHAPES['cpu'])} "
-        "on CPU",
+        f"{' and '.join(DEFAULT_SHAPES['cpu'])} on CPU",
     )
     p.add_argument(
         "--precision",
@@ -108,35 +107,30 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
         choices=("job", "node-type", "rank"),
         default=None,
         help="under a launcher that names each rank (Slurm, torchrun, Open MPI, PMI, PALS): "
-        "job (default, or the "
-        "profile's [policy] probe-per) = rank 0 "
-        "probes, the others wait for its lock; node-type = one rank per kind of node, --out "
-        "must name {node-type}; "
-        "rank = ignore the launcher, every rank takes the file lock as without one",
+        "job (default, or the profile's [policy] probe-per) = rank 0 probes, the others wait for "
+        "its lock; node-type = one rank per kind of node, --out must name {node-type}; rank = "
+        "ignore the launcher, every rank takes the file lock as without one",
     )
     p.add_argument(
         "--deterministic",
         action="store_true",
         help="choose only candidates whose forward and backward are bitwise repeatable (for "
-        "training in a "
-        "deterministic mode); a pin that is not is an error",
+        "training in a deterministic mode); a pin that is not is an error",
     )
     p.add_argument(
         "--graph-attention",
         choices=("auto", "triton", "pyg"),
         default="",
         help="check anemoi's GraphTransformer attention backends (its Triton kernel, PyG) "
-        "against float64 and "
-        "record graph_attention_backend in the lock: auto = what anemoi would run here; triton "
-        "on a machine "
-        "where anemoi would fall back to pyg is an error unless --allow-graph-attention-fallback",
+        "against float64 and record graph_attention_backend in the lock: auto = what anemoi would "
+        "run here; triton on a machine where anemoi would fall back to pyg is an error unless "
+        "--allow-graph-attention-fallback",
     )
     p.add_argument(
         "--allow-graph-attention-fallback",
         action="store_true",
         help="with --graph-attention triton: record that a job may run where anemoi falls back "
-        "to pyg (no GPU "
-        "or no triton); the job-start check refuses such a machine otherwise",
+        "to pyg (no GPU or no triton); the job-start check refuses such a machine otherwise",
     )
     add_candidate_arguments(p)
     # not an option of the probe (it takes --precision); kept hidden to answer with a helpful
@@ -543,14 +537,12 @@ def _report(args, result: ProbeResult) -> None:
                     con.print(f"  [dim]{safe(r.id)} at {safe(t['shape'])}: {safe(t['error'])}[/]")
     if not on_gpu:
         con.print(
-            "[dim]ms: median forward + backward; bandwidth figures (GB/s, % of a copy) are "
-            "shown on GPUs "
-            "only (on a CPU a copy of a cache-sized buffer is no ceiling)[/]"
+            "[dim]ms: median forward + backward; bandwidth figures (GB/s, % of a copy) are shown "
+            "on GPUs only (on a CPU a copy of a cache-sized buffer is no ceiling)[/]"
         )
     for slot, c in choices.items():
         con.print(f"[bold]{slot}[/] -> {safe(c.report.id)} ({safe(c.reason)})")
     con.print(
         f"wrote {safe(str(result.lock_path))} in {result.seconds:.1f} s (check "
-        f"{result.check_seconds:.1f} s, "
-        f"timing {result.time_seconds:.1f} s)"
+        f"{result.check_seconds:.1f} s, timing {result.time_seconds:.1f} s)"
     )

@@ -25,8 +25,7 @@ def run_show(args: argparse.Namespace) -> int:
     con = output.console()
     con.print(
         f"[bold]{safe(args.lock)}[/]  lock-version {safe(lock.lock_version)}, "
-        f"{safe(lock.created_by)}, "
-        f"{safe(lock.created_at or 'no date')}"
+        f"{safe(lock.created_by)}, {safe(lock.created_at or 'no date')}"
     )
     con.print(
         f"mode {lock.mode}; precision {lock.precision or 'not recorded'}; "

@@ -27,8 +27,7 @@ def add_verify_arguments(p: argparse.ArgumentParser) -> None:
         choices=MODES,
         default=None,
         help="training: this machine must match the lock; inference: substitute verified twins "
-        "where "
-        "needed (default: the lock's own mode, `mode` in the file)",
+        "where needed (default: the lock's own mode, `mode` in the file)",
     )
     p.add_argument(
         "--strict",

@@ -115,10 +115,8 @@ def emulated_warning(
         return None
     return (
         f"{dtype} matmul is emulated on this CPU ({fact['why']}): a {dtype} Linear's timing "
-        "measures the "
-        "emulation (seconds per call at the default shape), so only the calls that can change "
-        "a choice are "
-        "made; the time of one call follows once it is measured"
+        "measures the emulation (seconds per call at the default shape), so only the calls that "
+        "can change a choice are made; the time of one call follows once it is measured"
     )
 
 

@@ -234,8 +234,7 @@ def report(
         )
         conflict = (
             f"several distributions install the same 'triton' package: {listed}; the one "
-            "installed last "
-            f"owns the files (now: {provider or 'unknown'})"
+            f"installed last owns the files (now: {provider or 'unknown'})"
         )
     wanted = BACKEND_FOR_TORCH_BUILD.get(torch_build)
     provider_backends = built_for.get(provider) if provider else None
@@ -251,11 +250,10 @@ def report(
         version_matches = provider == pinned_dist and have == pinned_version
         if not version_matches:
             pin_problem = (
-                f"torch was built with {pinned_dist}=={pinned_version}, but the 'triton' "
-                "package in use "
-                f"comes from {provider} {have}: Triton kernels (liger, torch.compile) may fail "
-                "to compile "
-                f"or behave differently; reinstall {pinned_dist}=={pinned_version} last"
+                f"torch was built with {pinned_dist}=={pinned_version}, but the 'triton' package "
+                f"in use comes from {provider} {have}: Triton kernels (liger, torch.compile) may "
+                "fail to compile or behave differently; reinstall "
+                f"{pinned_dist}=={pinned_version} last"
             )
 
     backend = arch = warp_size = None

@@ -40,9 +40,8 @@ if TYPE_CHECKING:
 # ask without importing the worker
 INTERPRETED = (
     "interpreted: its Triton kernels ran in Triton's interpreter (TRITON_INTERPRET=1), not "
-    "compiled for this "
-    "device; what it computes is checked, but an interpreted run is never timed and never "
-    "written to a lock"
+    "compiled for this device; what it computes is checked, but an interpreted run is never timed "
+    "and never written to a lock"
 )
 
 

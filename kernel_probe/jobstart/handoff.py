@@ -288,9 +288,8 @@ def wait(
         if waited >= timeout:
             raise WaitTimeout(
                 f"{out}: {_who(out, rank, mode)} wrote no job marker "
-                f"({marker_path(out, rank).name}) "
-                "within "
-                f"{timeout:.0f} s; this is {rank.describe()}",
+                f"({marker_path(out, rank).name}) within {timeout:.0f} s; this is "
+                f"{rank.describe()}",
                 fix="look in that rank's output for why it stopped; start the job again, or "
                 "raise --lock-timeout",
             )

@@ -240,9 +240,8 @@ def detect(env: Mapping[str, str] | None = None) -> Detection:
         if job is None:
             names = ", ".join((*spec.job, *(b[0] for b in BATCH_JOB)))
             notes.append(
-                f"{spec.rank} is set but no job id is ({names}), so a lock from another job "
-                "could not be "
-                "told apart: ranks are not coordinated, each takes the file lock"
+                f"{spec.rank} is set but no job id is ({names}), so a lock from another job could "
+                "not be told apart: ranks are not coordinated, each takes the file lock"
             )
             return Detection(None, tuple(notes))
         job_id, attempt, used = job

@@ -184,8 +184,7 @@ def _run_ranked(
     if marker.inputs != p.digest:
         raise UsageError(
             f"{marker.by} probed {given} with other options than this rank (shapes, precision, "
-            "slots, "
-            "candidates, pins or profile)",
+            "slots, candidates, pins or profile)",
             fix="start every rank with the same kernel-probe arguments",
         )
     try:
@@ -206,8 +205,7 @@ def _unlocked(given: Path) -> str:
     """The warning of a probing rank whose folder does not do file locks."""
     return (
         f"{given.parent}: this file system does not do file locks: the ranks of this job still "
-        "probe once "
-        f"(they wait for this rank's job marker), but another job probing {given.name} at the "
-        "same time is "
-        "not kept apart (each write stays atomic: a reader sees one whole lock)"
+        f"probe once (they wait for this rank's job marker), but another job probing {given.name} "
+        "at the same time is not kept apart (each write stays atomic: a reader sees one whole "
+        "lock)"
     )

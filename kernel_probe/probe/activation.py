@@ -147,8 +147,7 @@ def _run(fn: Callable[[Any], Any], x: Any, go: Any) -> dict[str, Any]:
     if tuple(y.shape) != tuple(x.shape):
         raise NotElementwise(
             f"returns shape {tuple(y.shape)} for an input of shape {tuple(x.shape)}: not "
-            "elementwise "
-            "(a GLU-family class halves the last dimension; anemoi refuses it under "
+            "elementwise (a GLU-family class halves the last dimension; anemoi refuses it under "
             "layer_kernels.Activation)"
         )
     (dx,) = torch.autograd.grad(y, leaf, gout.to(y.dtype))

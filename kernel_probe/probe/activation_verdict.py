@@ -60,8 +60,7 @@ def _difference(declared: str, computes: str) -> str:
         return f"computes {computes}, not the model's {declared}"
     return (
         f"computes {computes}, not the model's {declared}: the two differ by up to "
-        f"{measured[0]:.2g} "
-        f"(near |x| = {measured[1]:.3g}, measured in float64)"
+        f"{measured[0]:.2g} (near |x| = {measured[1]:.3g}, measured in float64)"
     )
 
 

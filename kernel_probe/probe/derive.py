@@ -73,16 +73,14 @@ def derive_inference(
             requires=(),
             devices=(),
             reason=f"inference twin of {slot.implementation} ({slot.target}), which cannot run "
-            f"here: {reason}; "
-            f"chosen for training because: {slot.reason or 'no reason recorded'}",
+            f"here: {reason}; chosen for training because: {slot.reason or 'no reason recorded'}",
         )
     if refused:
         raise KernelUnavailable(
             f"cannot derive an inference lock from {source}: {len(refused)} slot(s) have no "
             "usable twin:\n" + "\n".join(f"  - {r}" for r in refused),
             fix="run inference where the training library is installed, or re-train / re-probe "
-            "with an "
-            "implementation that has a verified torch.nn twin (nothing was written)",
+            "with an implementation that has a verified torch.nn twin (nothing was written)",
         )
     distributions = sorted({r.name for s in slots.values() for r in s.requires})
     libraries = {n: v for n, v in library_versions(distributions).items() if v is not None}

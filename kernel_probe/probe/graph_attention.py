@@ -118,9 +118,8 @@ def _triton(device: str) -> Attend:
     if device == "cpu" and not interpreter_requested():
         raise _Unavailable(
             "anemoi's Triton kernel runs on a GPU only (anemoi's is_triton_available: triton "
-            "imports and "
-            "torch.cuda.is_available()); on a CPU it can be checked in Triton's interpreter "
-            "with TRITON_INTERPRET=1"
+            "imports and torch.cuda.is_available()); on a CPU it can be checked in Triton's "
+            "interpreter with TRITON_INTERPRET=1"
         )
     from anemoi.models.triton import gt
     from anemoi.models.triton.utils import edge_index_to_csc

@@ -199,8 +199,7 @@ class Excess:
     def __str__(self) -> str:
         return (
             f"{self.tensor} {STATISTICS[self.statistic]} {self.got:.3g} > tolerance "
-            f"{self.tol:.3g} ({self.baseline} "
-            f"{self.base:.3g})"
+            f"{self.tol:.3g} ({self.baseline} {self.base:.3g})"
         )
 
 

@@ -47,9 +47,8 @@ class Layout:
             parts.append(f"unexpected {', '.join(self.unexpected)}")
         return (
             "its state dict does not take torch.nn's keys, and no mapping was found (renamed "
-            "keys of equal "
-            "shapes in declaration order, a transposed weight, a dropped _extra_state): "
-            f"{'; '.join(parts)}"
+            "keys of equal shapes in declaration order, a transposed weight, a dropped "
+            f"_extra_state): {'; '.join(parts)}"
         )
 
     def to_json(self) -> dict[str, object]:

@@ -226,8 +226,10 @@ def probe_or_reuse(
 
     # a symbolic link is written through; write access is needed only once a probe will run
     out = given if request.check_only else resolve_out(given)
-    if not request.force:
-        lock, why = reusable(
+
+    def current() -> tuple[kernel_lock.KernelLock | None, str]:
+        """The lock at ``out`` if it answers this plan (None, and why not, otherwise)."""
+        return reusable(
             out,
             p.digest,
             p.trust,
@@ -236,6 +238,9 @@ def probe_or_reuse(
             libraries=p.libraries,
             judged=p.library_candidates,
         )
+
+    if not request.force:
+        lock, why = current()
         if lock is not None:
             return ProbeResult(out, lock, True, p, seconds=time.perf_counter() - t_start)
         if request.check_only:
@@ -249,21 +254,12 @@ def probe_or_reuse(
             events.warn(
                 unlocked
                 or f"{out.parent}: this file system does not do file locks, so concurrent "
-                f"probes of {out.name} "
-                "are not kept apart (each write stays atomic: a reader sees one whole lock); "
-                "under a launcher "
-                "that sets rank variables (Slurm, torchrun, MPI) one rank probes without them"
+                f"probes of {out.name} are not kept apart (each write stays atomic: a reader sees "
+                "one whole lock); under a launcher that sets rank variables (Slurm, torchrun, "
+                "MPI) one rank probes without them"
             )
         if not request.force:  # another rank may have written it while we waited
-            lock, _ = reusable(
-                out,
-                p.digest,
-                p.trust,
-                p.profile,
-                inputs=p.inputs,
-                libraries=p.libraries,
-                judged=p.library_candidates,
-            )
+            lock, _ = current()
             if lock is not None:
                 return ProbeResult(out, lock, True, p, seconds=time.perf_counter() - t_start)
         for problem in p.problems:

@@ -175,14 +175,10 @@ def large_shape_warning(device_type: str, shapes: Sequence[str], reps: int) -> s
         return None
     return (
         f"{', '.join(large)} "
-        f"{'is a GPU-sized shape' if len(large) == 1 else 'are GPU-sized shapes'}: "
-        "on a CPU, "
+        f"{'is a GPU-sized shape' if len(large) == 1 else 'are GPU-sized shapes'}: on a CPU, "
         f"timing every accepted candidate ({reps} repetitions, plus warm-up) can take minutes; "
-        "progress follows "
-        "per shape and repetition. For a CPU lock use the CPU default "
-        f"({DEFAULT_SHAPES['cpu'][0]}: drop "
-        "--shape), "
-        "or lower --reps"
+        "progress follows per shape and repetition. For a CPU lock use the CPU default "
+        f"({DEFAULT_SHAPES['cpu'][0]}: drop --shape), or lower --reps"
     )
 
 

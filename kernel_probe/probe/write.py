@@ -411,10 +411,9 @@ def exclusive(
                 lock.acquire()
             else:
                 waiting(
-                    f"waiting for another kernel-probe writing {path}: its file lock "
-                    f"{lock_path} is held; "
-                    f"waiting up to {timeout:.0f} s (--lock-timeout), then this probe reuses "
-                    "its lock if current"
+                    f"waiting for another kernel-probe writing {path}: its file lock {lock_path} "
+                    f"is held; waiting up to {timeout:.0f} s (--lock-timeout), then this probe "
+                    "reuses its lock if current"
                 )
                 start = time.monotonic()
                 for at in reports if reports is not None else _wait_reports():
@@ -446,9 +445,8 @@ def exclusive(
         except OSError:
             pass
         raise UsageError(
-            f"--out {path}: cannot open its lock file {lock_path}{owner}: permission denied, "
-            "so concurrent probes "
-            "of this lock could not be kept apart",
+            f"--out {path}: cannot open its lock file {lock_path}{owner}: permission denied, so "
+            "concurrent probes of this lock could not be kept apart",
             fix=f"remove the stale {lock_path} (or ask its owner to), or choose another --out",
         ) from None
     except OSError as exc:

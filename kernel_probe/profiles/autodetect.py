@@ -131,8 +131,7 @@ def detect(profile: Profile, facts: SiteFacts, notes: list[str] | None = None) -
         elif kinds & set(STRONG):
             notes.append(
                 f"{profile.name}: {', '.join(h.text for h in hits)} matched, but not "
-                f"{', '.join(missed)}: "
-                "not one of its nodes"
+                f"{', '.join(missed)}: not one of its nodes"
             )
         elif kinds & set(WEAK):
             notes.append(
@@ -147,9 +146,8 @@ def detect(profile: Profile, facts: SiteFacts, notes: list[str] | None = None) -
     weak = [h for h in top if h.kind in WEAK]
     if not found and weak:
         notes.append(
-            f"{profile.name}: {', '.join(h.text for h in weak)} matched, but a weak signal "
-            "never decides "
-            "alone (other sites share such names): not picked"
+            f"{profile.name}: {', '.join(h.text for h in weak)} matched, but a weak signal never "
+            "decides alone (other sites share such names): not picked"
         )
     notes.extend(f"{profile.name}: {n}" for n in dict.fromkeys(seen))
     return max(found, key=lambda x: (x.rank, x.strength, x.hits)) if found else None
@@ -161,9 +159,8 @@ def detect_warnings(profile: Profile) -> list[str]:
     if site and not any(k in STRONG for k in site) and not profile.detect_all:
         return [
             f"detect: only weak signals ({', '.join(site)}): --profile auto never picks this "
-            "profile on them "
-            "alone; add a strong signal (env, files, slurm-cluster) or a [[detect.all]] group "
-            "(docs/profiles.md)"
+            "profile on them alone; add a strong signal (env, files, slurm-cluster) or a "
+            "[[detect.all]] group (docs/profiles.md)"
         ]
     if not profile.detect and not profile.detect_all:
         return [

@@ -363,9 +363,8 @@ def _check_detect(p: _P, detect: Mapping[str, Any], groups: Sequence[Mapping[str
         if not (kinds & set(STRONG)) and not set(WEAK) <= kinds:
             raise p.err(
                 f"detect.all[{i}]",
-                f"this group ({', '.join(sorted(kinds)) or 'empty'}) can never decide: "
-                "weak signals (hostname, slurm-partition) and the device do not identify a "
-                "site alone",
+                f"this group ({', '.join(sorted(kinds)) or 'empty'}) can never decide: weak "
+                "signals (hostname, slurm-partition) and the device do not identify a site alone",
                 fix="add a strong signal (env, files, slurm-cluster), or require both hostname "
                 "and slurm-partition",
             )
@@ -458,8 +457,7 @@ def parse(text: str, path: str) -> Profile:
                         f"policy.{slot}.{key}",
                         f"unknown candidate id {cid!r}",
                         fix="use an id from `kernel-probe check` (e.g. torch.layer_norm, "
-                        "liger.rms_norm) "
-                        "or declare it in a [[candidate]] table",
+                        "liger.rms_norm) or declare it in a [[candidate]] table",
                     )
                 if slot not in cand.slots:
                     raise p.err(

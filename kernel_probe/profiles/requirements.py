@@ -260,7 +260,6 @@ def profile_change(recorded: Mapping[str, Any], profile: Profile | None) -> str 
     if digest != profile.digest:
         return (
             f"profile {profile.name} changed since the lock was written (digest "
-            f"{str(digest)[:19]}... -> "
-            f"{profile.digest[:19]}..., {profile.path})"
+            f"{str(digest)[:19]}... -> {profile.digest[:19]}..., {profile.path})"
         )
     return None

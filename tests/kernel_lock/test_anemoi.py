@@ -25,8 +25,7 @@ import pytest
 pytest.importorskip(
     "anemoi.models.layers.processor",
     reason="anemoi-models (or one of its runtime dependencies) is not installed; `bash "
-    ".ci/anemoi-install` "
-    "installs anemoi-models==0.19.0 with --no-deps on the CPU torch",
+    ".ci/anemoi-install` installs anemoi-models==0.19.0 with --no-deps on the CPU torch",
 )
 
 import torch
@@ -453,9 +452,8 @@ def test_real_liger_adapter_builds_inside_anemoi():
     from liger_kernel.transformers import LigerLayerNorm
 
     direct = (
-        "layer_kernels:\n  LayerNorm: {_target_: "
-        "liger_kernel.transformers.LigerLayerNorm, "
-        "eps: 1.0e-05}\n"
+        "layer_kernels:\n  LayerNorm: {_target_: liger_kernel.transformers.LigerLayerNorm, eps: "
+        "1.0e-05}\n"
     )
     with pytest.raises(
         InstantiationException, match="unexpected keyword argument 'normalized_shape'"

@@ -20,10 +20,9 @@ from tests.conftest import MINIMAL_LOCK, edited_lock, sealed_lock
 def _full_lock() -> KernelLock:
     text = MINIMAL_LOCK.replace(
         '[environment]\ndevice-type = { value = "cpu", match = "exact" }',
-        '[environment]\npython = { value = "3.11.7", match = "compatible" }\n'
-        'device-type = { value = "cpu", match = "exact" }\ndevice-count = { value = 1, match = '
-        '"ignore" }\n'
-        '[environment.libraries]\nliger-kernel = { value = "0.8.5", match = "compatible" }',
+        '[environment]\npython = { value = "3.11.7", match = "compatible" }\ndevice-type = { '
+        'value = "cpu", match = "exact" }\ndevice-count = { value = 1, match = "ignore" '
+        '}\n[environment.libraries]\nliger-kernel = { value = "0.8.5", match = "compatible" }',
     )
     text = text.replace(
         'created-by = "hand"',

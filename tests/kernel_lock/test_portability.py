@@ -143,14 +143,11 @@ def test_saved_file_loads_where_the_library_and_kernel_lock_cannot_be_imported(t
         "kernel_lock",
     }
     code = (
-        "import importlib.abc, sys, torch\n"
-        "class B(importlib.abc.MetaPathFinder):\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] in ('kernel_lock', 'kp_fastlib'): raise "
-        "ModuleNotFoundError(name, name=name)\n"
-        "sys.meta_path.insert(0, B())\n"
-        "m = torch.load(sys.argv[1], weights_only=False)\n"
-        "torch.save(m(torch.load(sys.argv[2])).detach(), sys.argv[3])\n"
+        "import importlib.abc, sys, torch\nclass B(importlib.abc.MetaPathFinder):\n    def "
+        "find_spec(self, name, path=None, target=None):\n        if name.split('.')[0] in "
+        "('kernel_lock', 'kp_fastlib'): raise ModuleNotFoundError(name, "
+        "name=name)\nsys.meta_path.insert(0, B())\nm = torch.load(sys.argv[1], "
+        "weights_only=False)\ntorch.save(m(torch.load(sys.argv[2])).detach(), sys.argv[3])\n"
     )
     env = {"PYTHONPATH": str(FAKES), "PATH": "/usr/bin:/bin"}
     plain = subprocess.run(

@@ -162,10 +162,9 @@ def test_environment_mismatch_lists_every_field():
     text = MINIMAL_LOCK.replace(
         'device-type = { value = "cpu", match = "exact" }',
         'device-type = { value = "cuda", match = "exact" }\ndevice-arch = { value = "sm_90", '
-        'match = "exact" }\n'
-        'torch = { value = "2.11.0", match = "compatible" }\ndevice-count = { value = 8, match '
-        '= "ignore" }\n'
-        '[environment.libraries]\nliger-kernel = { value = "0.1.0", match = "compatible" }',
+        'match = "exact" }\ntorch = { value = "2.11.0", match = "compatible" }\ndevice-count = { '
+        'value = 8, match = "ignore" }\n[environment.libraries]\nliger-kernel = { value = '
+        '"0.1.0", match = "compatible" }',
     )
     lock = _lock(text)
     with pytest.raises(LockMismatch) as exc:

@@ -54,8 +54,7 @@ def test_control_characters_are_escaped_as_tomli_w_escapes_them_and_read_back(te
 def test_reading_a_lock_does_not_import_the_writer():
     code = (
         "import sys, kernel_lock; kernel_lock.loads(open(sys.argv[1]).read(), "
-        "emit_warnings=False); "
-        "print('tomli_w' in sys.modules)"
+        "emit_warnings=False); print('tomli_w' in sys.modules)"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code, str(GOLDEN[-1])],

@@ -89,11 +89,10 @@ def nvidia_tree(root: Path, *, version_line: str, model: str, count: int) -> Pat
         _write(
             root,
             f"proc/driver/nvidia/gpus/{bus}/information",
-            f"Model: \t\t {model}\nIRQ:   \t\t {300 + i}\n"
-            f"GPU UUID: \t GPU-{i:08x}-1111-2222-3333-444444444444\nVideo BIOS: \t 96.00.74.00.01\n"
-            "Bus Type: \t PCIe\nDMA Size: \t 52 bits\nDMA Mask: \t 0xfffffffffffff\nBus "
-            f"Location: \t {bus}\n"
-            f"Device Minor: \t {i}\nGPU Excluded:\t No\n",
+            f"Model: \t\t {model}\nIRQ:   \t\t {300 + i}\nGPU UUID: \t "
+            f"GPU-{i:08x}-1111-2222-3333-444444444444\nVideo BIOS: \t 96.00.74.00.01\nBus Type: "
+            "\t PCIe\nDMA Size: \t 52 bits\nDMA Mask: \t 0xfffffffffffff\nBus Location: \t "
+            f"{bus}\nDevice Minor: \t {i}\nGPU Excluded:\t No\n",
         )
         _write(root, f"dev/nvidia{i}")
     _write(root, "dev/nvidiactl")
@@ -170,12 +169,10 @@ def mi250x_node(root: Path) -> Path:
             root,
             f"{nodes}/{4 + g}/properties",
             "cpu_cores_count 0\nsimd_count 440\nmem_banks_count 1\ncaches_count "
-            "104\nio_links_count 8\n"
-            "max_waves_per_simd 8\nlds_size_in_kb 64\nwave_front_size 64\narray_count "
-            "8\nsimd_arrays_per_engine 1\n"
-            "cu_per_simd_array 14\nsimd_per_cu 4\ngfx_target_version 90010\nvendor_id "
-            "4098\ndevice_id 29708\n"
-            f"location_id {0xC100 + 0x100 * g}\ndrm_render_minor {128 + g}\nnum_xcc 1\n",
+            "104\nio_links_count 8\nmax_waves_per_simd 8\nlds_size_in_kb 64\nwave_front_size "
+            "64\narray_count 8\nsimd_arrays_per_engine 1\ncu_per_simd_array 14\nsimd_per_cu "
+            "4\ngfx_target_version 90010\nvendor_id 4098\ndevice_id 29708\nlocation_id "
+            f"{0xC100 + 0x100 * g}\ndrm_render_minor {128 + g}\nnum_xcc 1\n",
         )
     _write(root, "sys/class/kfd/kfd/topology/generation_id", "1\n")
     # "ROCk module version 6.10.5 is loaded" (rocminfo in ROCm/aiter#179): the DKMS amdgpu's version
@@ -219,8 +216,7 @@ def test_no_torch_module_is_imported():
     code = (
         "import sys, json, kernel_lock.fingerprint.torchless as t; f, n = t.fingerprint(); "
         "print(json.dumps({'torch': sorted(m for m in sys.modules if m == 'torch' or "
-        "m.startswith('torch.')), "
-        "'complete': n.complete}))"
+        "m.startswith('torch.')), 'complete': n.complete}))"
     )
     proc = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", code],
@@ -539,9 +535,7 @@ def _fake_distribution(site: Path, version_py: str, marker: Path) -> None:
 def _in_subprocess(site: Path) -> dict:
     code = (
         "import json, sys; sys.path.insert(0, sys.argv[1]); import "
-        "kernel_lock.fingerprint.torchless as "
-        "t; "
-        "f, n = t.fingerprint(env={}, root=sys.argv[2]); "
+        "kernel_lock.fingerprint.torchless as t; f, n = t.fingerprint(env={}, root=sys.argv[2]); "
         "print(json.dumps({'fields': f, 'fallbacks': dict(n.fallbacks), 'torch': 'torch' in "
         "sys.modules}))"
     )

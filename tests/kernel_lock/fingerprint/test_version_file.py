@@ -22,10 +22,9 @@ from kernel_lock.fingerprint import version_file as fp_version_file
 REAL = {
     # torch 2.2.1 CPU (PyPI macOS/aarch64 wheel: no local version)
     "2.2.1 cpu": (
-        "from typing import Optional\n\n"
-        "__all__ = ['__version__', 'debug', 'cuda', 'git_version', 'hip']\n"
-        "__version__ = '2.2.1'\ndebug = False\ncuda: Optional[str] = None\n"
-        "git_version = '6c8c5ad5eaf47a62fafbb4a2747198cbffbf1ff0'\nhip: Optional[str] = None\n",
+        "from typing import Optional\n\n__all__ = ['__version__', 'debug', 'cuda', 'git_version', "
+        "'hip']\n__version__ = '2.2.1'\ndebug = False\ncuda: Optional[str] = None\ngit_version = "
+        "'6c8c5ad5eaf47a62fafbb4a2747198cbffbf1ff0'\nhip: Optional[str] = None\n",
         ("2.2.1", "", ""),
     ),
     "2.2.2 cu121": (
@@ -50,26 +49,23 @@ REAL = {
         ("2.5.0", "12.4", ""),
     ),
     "2.7.0 cu126 (xpu field)": (
-        "from typing import Optional\n\n"
-        "__all__ = ['__version__', 'debug', 'cuda', 'git_version', 'hip']\n"
-        "__version__ = '2.7.0+cu126'\ndebug = False\ncuda: Optional[str] = '12.6'\n"
-        "git_version = '134179474539648ba7dee1317959529fbd0e7f89'\nhip: Optional[str] = None\n"
-        "xpu: Optional[str] = None\n",
+        "from typing import Optional\n\n__all__ = ['__version__', 'debug', 'cuda', 'git_version', "
+        "'hip']\n__version__ = '2.7.0+cu126'\ndebug = False\ncuda: Optional[str] = "
+        "'12.6'\ngit_version = '134179474539648ba7dee1317959529fbd0e7f89'\nhip: Optional[str] = "
+        "None\nxpu: Optional[str] = None\n",
         ("2.7.0", "12.6", ""),
     ),
     "2.10.0a0 source build, CUDA 13.0": (
-        "from typing import Optional\n\n"
-        "__all__ = ['__version__', 'debug', 'cuda', 'git_version', 'hip', 'xpu']\n"
-        "__version__ = '2.10.0a0+gite67e3d9'\ndebug = False\ncuda: Optional[str] = '13.0'\n"
-        "git_version = 'e67e3d95f3ab863c8b44a6b16ce9f25d40b0d517'\nhip: Optional[str] = None\n"
-        "xpu: Optional[str] = None\n",
+        "from typing import Optional\n\n__all__ = ['__version__', 'debug', 'cuda', 'git_version', "
+        "'hip', 'xpu']\n__version__ = '2.10.0a0+gite67e3d9'\ndebug = False\ncuda: Optional[str] = "
+        "'13.0'\ngit_version = 'e67e3d95f3ab863c8b44a6b16ce9f25d40b0d517'\nhip: Optional[str] = "
+        "None\nxpu: Optional[str] = None\n",
         ("2.10.0a0", "13.0", ""),
     ),
     "2.3.0 nightly rocm6.0": (
-        "from typing import Optional\n\n"
-        "__all__ = ['__version__', 'debug', 'cuda', 'git_version', 'hip']\n"
-        "__version__ = '2.3.0.dev20240308+rocm6.0'\ndebug = False\ncuda: Optional[str] = None\n"
-        "git_version = '55e93013211e3d9a52e259aee5df4f6198a3cdcc'\nhip: Optional[str] = "
+        "from typing import Optional\n\n__all__ = ['__version__', 'debug', 'cuda', 'git_version', "
+        "'hip']\n__version__ = '2.3.0.dev20240308+rocm6.0'\ndebug = False\ncuda: Optional[str] = "
+        "None\ngit_version = '55e93013211e3d9a52e259aee5df4f6198a3cdcc'\nhip: Optional[str] = "
         "'6.0.32830-d62f6a171'\n",
         ("2.3.0.dev20240308", "", "6.0.32830-d62f6a171"),
     ),

@@ -166,9 +166,8 @@ def overlay(tmp_path: Path, model: str, body: str = "", name: str = "mine.yaml")
     p = tmp_path / name
     p.write_text(
         "defaults:\n- data: zarr\n- dataloader: native_grid\n- diagnostics: evaluation\n- "
-        "system: example\n"
-        f"- graph: multi_scale\n- model: {model}\n- task: forecaster\n- training: single\n- "
-        f"_self_\n{body}"
+        f"system: example\n- graph: multi_scale\n- model: {model}\n- task: forecaster\n- "
+        f"training: single\n- _self_\n{body}"
     )
     return p
 

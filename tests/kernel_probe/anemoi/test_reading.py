@@ -110,8 +110,7 @@ ROOT = {
     [
         (
             "Could not override 'model.layer_kernels.LayerNorm._target_'. ... Key: "
-            "model.layer_kernels.LayerNorm._target_"
-            "=torch.nn.RMSNorm",
+            "model.layer_kernels.LayerNorm._target_=torch.nn.RMSNorm",
             "model.kernel_lock.LayerNorm._target_=torch.nn.RMSNorm",
         ),
         (

@@ -288,11 +288,10 @@ def test_anemoi_module_is_import_light():
 def test_adapters_import_without_liger():
     code = (
         # any `import liger_kernel` now raises ImportError
-        "import sys; sys.modules['liger_kernel'] = None\n"
-        "import kernel_lock.adapters as a\n"
-        "assert a.CompiledLayerNorm and 'LigerLayerNormAnemoi' in dir(a)\n"
-        "try:\n    a.LigerLayerNormAnemoi\nexcept ImportError as e:\n    print('ImportError', e)\n"
-        "try:\n    a.NoSuchAdapter\nexcept AttributeError as e:\n    print('AttributeError', e)\n"
+        "import sys; sys.modules['liger_kernel'] = None\nimport kernel_lock.adapters as a\nassert "
+        "a.CompiledLayerNorm and 'LigerLayerNormAnemoi' in dir(a)\ntry:\n    "
+        "a.LigerLayerNormAnemoi\nexcept ImportError as e:\n    print('ImportError', e)\ntry:\n    "
+        "a.NoSuchAdapter\nexcept AttributeError as e:\n    print('AttributeError', e)\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True

@@ -589,10 +589,9 @@ def test_a_profile_candidate_declares_archs_and_install(tmp_path):
     path = tmp_path / "site.toml"
     path.write_text(
         'profile-version = "1"\nname = "site"\nsources = ["x"]\n[requires]\ndevice-type = '
-        '["cuda"]\n'
-        '[[candidate]]\nid = "site.norm"\nslots = ["LayerNorm"]\ntarget = "site_kernels.Norm"\n'
-        'devices = ["cuda"]\narchs = { cuda = ["sm_90+"] }\ninstall = { cuda = "module load '
-        'site" }\n'
+        '["cuda"]\n[[candidate]]\nid = "site.norm"\nslots = ["LayerNorm"]\ntarget = '
+        '"site_kernels.Norm"\ndevices = ["cuda"]\narchs = { cuda = ["sm_90+"] }\ninstall = { cuda '
+        '= "module load site" }\n'
     )
     cand = load_file(path).candidates[0]
     assert cand.arch_problem("cuda", "sm_80") and cand.arch_problem("cuda", "sm_100") is None

@@ -85,8 +85,7 @@ def test_entry_point_candidates_and_broken_plugins(tmp_path, monkeypatch):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: kp-plugin\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text(
         "[kernel_probe.probe.candidates]\ngood = kp_plugin:candidates\nbroken = "
-        "kp_plugin:broken\nmissing = "
-        "kp_nope:x\n"
+        "kp_plugin:broken\nmissing = kp_nope:x\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     found, problems = cands.registry()

@@ -205,9 +205,8 @@ def test_a_builtin_entry_is_a_valid_profile_candidate(tmp_path):
         (
             (
                 'id = "torch.layer_norm"\nslots = ["LayerNorm"]\ntarget = '
-                '"x.LN"\n\n[[candidate]]\nid = '
-                '"torch.layer_norm"\n'
-                'slots = ["LayerNorm"]\ntarget = "x.LN"'
+                '"x.LN"\n\n[[candidate]]\nid = "torch.layer_norm"\nslots = ["LayerNorm"]\ntarget '
+                '= "x.LN"'
             ),
             "candidate[1].id",
             "declared twice",

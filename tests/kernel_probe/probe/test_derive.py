@@ -85,9 +85,8 @@ def test_a_slot_that_cannot_run_here_takes_its_twin():
     assert ln.twin == source.slots["LayerNorm"].twin
     assert ln.reason == (
         "inference twin of fast.layer_norm (kp_not_installed.FastLayerNorm), which cannot run "
-        "here: "
-        "kp-not-installed not installed (needs >=1.0); chosen for training because: fastest at "
-        "40320x1024"
+        "here: kp-not-installed not installed (needs >=1.0); chosen for training because: fastest "
+        "at 40320x1024"
     )
     assert derived.slots["RMSNorm"] == source.slots["RMSNorm"]
     assert dict(derived.provenance)["substitutions"] == [

@@ -122,8 +122,7 @@ def test_a_library_differs_by_version_not_by_match():
         (
             {
                 'implementation = "torch.linear"\ntarget = "torch.nn.Linear"': "implementation = "
-                '"torch.linear.cublas"\n'
-                'target = "torch.nn.Linear"'
+                '"torch.linear.cublas"\ntarget = "torch.nn.Linear"'
             },
             [
                 {

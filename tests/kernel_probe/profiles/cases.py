@@ -241,8 +241,7 @@ CONTRADICTIONS = [
     ),
     (
         '[requires.libraries]\n"transformer-engine@rocm-fork" = '
-        '""\n[requires.forbidden]\ntransformer-engine '
-        '= ""\n',
+        '""\n[requires.forbidden]\ntransformer-engine = ""\n',
         "requires.forbidden.transformer-engine",
     ),
     (

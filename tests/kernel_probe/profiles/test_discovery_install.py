@@ -94,10 +94,8 @@ def _list_profiles(site: Path, cwd: Path) -> list[str]:
     """``profiles list --json`` through the CLI, in a fresh interpreter that imports kernel_probe
     from ``site`` only."""
     code = (
-        "import sys, kernel_probe; from kernel_probe.cli import main; "
-        "print('imported from', kernel_probe.__file__, file=sys.stderr); "
-        "sys.exit(main(['profiles', 'list', "
-        "'--json']))"
+        "import sys, kernel_probe; from kernel_probe.cli import main; print('imported from', "
+        "kernel_probe.__file__, file=sys.stderr); sys.exit(main(['profiles', 'list', '--json']))"
     )
     env = {k: v for k, v in os.environ.items() if k != discovery.ENV_VAR}
     env["PYTHONPATH"] = str(site)  # not the checkout, which conftest puts on PYTHONPATH

@@ -146,8 +146,7 @@ def test_site_libraries_and_candidate_distributions_are_known(tmp_path, capsys):
     cand = (
         GPU_PROFILE + '[requires.libraries]\nsite-norms = ""\n'
         '[[candidate]]\nid = "site.ln"\nslots = ["LayerNorm"]\ntarget = '
-        '"site_norms.LN"\ndistribution = '
-        '"site-norms"\n'
+        '"site_norms.LN"\ndistribution = "site-norms"\n'
     )
     assert check(tmp_path, cand, capsys)[0] == 0
     for dist in (
