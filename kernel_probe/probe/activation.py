@@ -386,22 +386,7 @@ def time_candidate(
             "dtype": dtype_name,
             "regime": "true",
         }
-        started = time.perf_counter()
-
-        def tick(
-            phase: str,
-            done: int,
-            total: int,
-            index: int = index,
-            text: str = text,
-            started: float = started,
-        ) -> None:
-            if progress is not None:
-                progress(
-                    timing.progress_message(
-                        text, index, len(shapes), phase, done, total, time.perf_counter() - started
-                    )
-                )
+        tick = timing.ticker(progress, text, index, len(shapes))
 
         try:
             rows, hidden, out = parse_shape(text)

@@ -638,25 +638,6 @@ def try_once(cand: Candidate, device: str) -> dict[str, Any]:
     return {"ran": True}
 
 
-def _ticker(
-    progress: Callable[[TimingProgressMessage], None], text: str, index: int, of: int
-) -> Callable[[str, int, int], None]:
-    """``tick(phase, done, total)`` for one geometry: the other slots' progress message
-    (``timing``)."""
-    from kernel_probe.probe import timing
-
-    started = time.perf_counter()
-
-    def tick(phase: str, done: int, total: int) -> None:
-        progress(
-            timing.progress_message(
-                text, index, of, phase, done, total, time.perf_counter() - started
-            )
-        )
-
-    return tick
-
-
 def time_candidate(
     cand: Candidate,
     device: str,
@@ -683,7 +664,7 @@ def time_candidate(
             "dtype": dtype_name,
             "regime": "true",
         }
-        tick = None if progress is None else _ticker(progress, text, index, len(geometries))
+        tick = timing.ticker(progress, text, index, len(geometries))
         try:
             g = parse_geometry(text)
             values = canonical({**dict(canonical_overrides or {}), **dict(g.options)})

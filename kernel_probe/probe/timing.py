@@ -420,6 +420,23 @@ def progress_message(
     )
 
 
+def ticker(
+    progress: Callable[[TimingProgressMessage], None] | None, shape: str, index: int, of: int
+) -> Callable[[str, int, int], None] | None:
+    """``tick(phase, done, total)`` for one shape's timing, reporting ``progress_message``s with
+    the time since it was made; None where nobody listens. Every slot's timing uses it."""
+    if progress is None:
+        return None
+    started = time.perf_counter()
+
+    def tick(phase: str, done: int, total: int) -> None:
+        progress(
+            progress_message(shape, index, of, phase, done, total, time.perf_counter() - started)
+        )
+
+    return tick
+
+
 def time_candidate(
     cand: Candidate,
     slot: str,
@@ -502,23 +519,7 @@ def _timed_shape(
         "dtype": dtype_name,
         "regime": regime,
     }
-    tick = None
-    if progress is not None:
-        started = time.perf_counter()
-
-        def tick(
-            phase: str,
-            done: int,
-            total: int,
-            shape: str = shape,
-            index: int = index,
-            started: float = started,
-        ) -> None:
-            progress(
-                progress_message(
-                    shape, index, len(shapes), phase, done, total, time.perf_counter() - started
-                )
-            )
+    tick = ticker(progress, shape, index, len(shapes))
 
     try:
         row.update(

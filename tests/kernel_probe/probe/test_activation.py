@@ -211,6 +211,18 @@ def test_the_timing_is_one_measured_call_for_a_sole_candidate():
         assert row["reps"] == 1 and row["timed"] == "sole candidate" and row["median_ms"] > 0
 
 
+def test_the_timing_reports_progress_after_every_call_of_every_shape():
+    seen = []
+    cand = cands.default_for("Activation")
+    shapes = ["64x128", "16x32x96"]
+    reply = activation.time_candidate(cand, "cpu", shapes, "float32", {"mode": "sole"}, seen.append)
+    assert all("error" not in r for r in reply.rows), reply.rows
+    steps = [(m.shape, m.index, m.of, m.phase) for m in seen]
+    # a sole candidate: its first call, then its one measured call (timing.timed_calls)
+    assert steps == [(s, i, 2, p) for i, s in enumerate(shapes) for p in ("first call", "rep")]
+    assert all(m.seconds >= 0 for m in seen) and seen[1].seconds < 60
+
+
 # ---- the command line ----------------------------------------------------------------------------
 @pytest.mark.slow  # a check in a worker (import torch)
 def test_check_candidate_activation_reports_verdicts_in_the_slots_shape(capsys):
