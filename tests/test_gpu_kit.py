@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, needs_anemoi
 
 BENCH = ROOT / "benchmarks"
 sys.path.insert(0, str(BENCH))
@@ -208,6 +208,7 @@ def test_the_attention_part_runs_in_smoke_mode_on_cpu_and_writes_its_figures(smo
 
 @pytest.mark.slow  # two check workers with anemoi and PyG, and the timing
 @needs_cpu
+@needs_anemoi
 def test_the_graph_attention_work_runs_in_smoke_mode_on_cpu(smoke_run):
     """The attention part's graph-attention work (issue 39): PyG checked and timed, the Triton
     kernel skipped on a CPU with its reason (no TRITON_INTERPRET). gpu_suite.main writes what

@@ -15,6 +15,7 @@ from kernel_probe import candidates as cands
 from kernel_probe.probe import activation, activation_verdict
 from kernel_probe.probe.judge import Policy
 from kernel_probe.probe.report import report_base
+from tests.conftest import needs_anemoi
 
 FP32 = [("float32", "true")]
 ALL = [("float32", "true"), ("bfloat16", "true"), ("bfloat16", "mixed"), ("float16", "true")]
@@ -146,6 +147,7 @@ def test_a_correct_users_class_is_accepted():
 
 
 # ---- declared-other: anemoi's own activations ----------------------------------------------------
+@needs_anemoi
 def test_a_declared_other_function_is_its_own_reference():
     sine = "other:anemoi.models.layers.activations.Sine"
     raw, report = verdict("kp_activation.ExactGELU", sine, FP32)

@@ -15,6 +15,7 @@ from kernel_probe.errors import ForcedUnusable, UsageError
 from kernel_probe.probe import graph_attention as ga
 from kernel_probe.probe import graph_attention_check as gac
 from kernel_probe.probe.graph_attention_verdict import HINTS, GraphAttentionReport, judge
+from tests.conftest import needs_anemoi
 
 FAKES = Path(__file__).resolve().parents[2] / "fakes"
 GPU = {"device-type": "cuda"}
@@ -55,6 +56,7 @@ def test_the_check_graph_has_every_o96_processor_degree_in_proportion():
 
 
 @pytest.mark.slow  # imports anemoi-models and PyG (seconds)
+@needs_anemoi
 def test_the_float64_formula_is_anemois_pyg_conv():
     gen = torch.Generator().manual_seed(1)
     edge_index = ga.check_graph(gen)
@@ -66,6 +68,7 @@ def test_the_float64_formula_is_anemois_pyg_conv():
 
 
 @pytest.mark.slow  # imports anemoi-models and PyG (seconds)
+@needs_anemoi
 def test_the_pyg_path_is_accepted_in_fp32_and_bf16_with_its_ratios_and_determinism():
     rep = report("pyg", ("float32", "bfloat16"))
     assert rep.status == "accepted", rep.reasons
@@ -194,6 +197,7 @@ def test_bad_choices_are_usage_errors():
 
 # ---- the probe and the lock ----------------------------------------------------------------------
 @pytest.mark.slow  # a probe, and anemoi's PyG path in the worker
+@needs_anemoi
 def test_a_cpu_probe_with_graph_attention_locks_pyg_and_export_writes_it(tmp_path, capsys):
     import json
 
@@ -223,6 +227,7 @@ def test_a_cpu_probe_with_graph_attention_locks_pyg_and_export_writes_it(tmp_pat
 
 
 @pytest.mark.slow  # two probes
+@needs_anemoi
 def test_a_cpu_probe_refuses_to_lock_triton_unless_the_fallback_is_allowed(tmp_path, capsys):
     from tests.conftest import run_cli, small_probe
 
@@ -251,6 +256,7 @@ def test_a_cpu_probe_refuses_to_lock_triton_unless_the_fallback_is_allowed(tmp_p
 
 
 @pytest.mark.slow  # Triton's interpreter: tens of seconds on this CPU
+@needs_anemoi
 def test_anemois_triton_kernel_in_the_interpreter_is_accepted_and_its_sharp_dq_vanishes(
     monkeypatch,
 ):
