@@ -9,6 +9,7 @@ merge, each block holds exactly what the lock says — anemoi's wrappers kept (`
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,10 +26,20 @@ from kernel_probe.anemoi.block_checks import (
 )
 from kernel_probe.anemoi.blocks import Config, Finding
 from kernel_probe.anemoi.entry_checks import DEFAULT_TIMEOUT, judge_entries
-from kernel_probe.anemoi.reading import read_config
-from kernel_probe.anemoi.schema_check import schema_findings
+from kernel_probe.anemoi.reading import COMPOSE_MEMORY, read_config
+from kernel_probe.anemoi.schema_check import SchemaRun, schema_findings, schema_run
 from kernel_probe.anemoi.trust import NO_TRUST, Trust
-from kernel_probe.isolation.protocol import EntryCheckRequest
+from kernel_probe.isolation.child import run_function
+from kernel_probe.isolation.protocol import (
+    ConfigCheckReply,
+    ConfigCheckRequest,
+    EntryCheckReply,
+    EntryCheckRequest,
+    ProtocolError,
+)
+
+# the child that runs the schema and the entries of one reading (its module, never imported here)
+CONFIG_CHILD = "kernel_probe.anemoi.config_child"
 
 # check-config's exit codes (the global table's meanings, narrowed to this command)
 CHECK_CONFIG_EXIT = {
@@ -90,10 +101,8 @@ def check_config(
     options = {k: v for k, v in locals().items() if k not in ("path", "overrides", "_shape")}
     config = read_config(path, overrides, compose_overlays=compose, trust=trust, shape=_shape)
     findings: list[Finding] = list(config.findings)
-    schema_status = "not run: --no-schema"
-    if schema:
-        schema_status, schema_errors = schema_findings(config, timeout)
-        findings.extend(schema_errors)
+    run: SchemaRun | str = schema_run(config) if schema else "not run: --no-schema"
+    at_schema = len(findings)  # the schema's errors go here, once it has run with the entries
     findings.extend(lost_wrappers(config))
     from kernel_probe.anemoi.attention_checks import findings as attention_findings
 
@@ -172,7 +181,8 @@ def check_config(
                     EntryCheckRequest(key=key, entry=ANEMOI_DEFAULTS[key], where=f"{b.where}.{key}")
                 )
                 asked.append((b.where, False))
-    results = judge_entries(requests, timeout=timeout)
+    schema_status, schema_errors, results = _schema_and_entries(config, run, requests, timeout)
+    findings[at_schema:at_schema] = schema_errors
     for req, (block, report), res in zip(requests, asked, results, strict=True):
         facts[block][req.key] = res.facts
         if report:
@@ -186,6 +196,36 @@ def check_config(
     if _shape is None and config.alternative:
         result.alternative = check_config(path, overrides, **options, _shape=config.alternative)
     return result
+
+
+def _schema_and_entries(
+    config: Config, run: SchemaRun | str, requests: list[EntryCheckRequest], timeout: float
+) -> tuple[str, list[Finding], list[EntryCheckReply]]:
+    """anemoi-training's schema on ``config`` (where ``run`` is one) and the entries' checks:
+    (the schema's status line, its findings, one reply per request).
+
+    Where both are asked, one child runs them (``kernel_probe.anemoi.config_child``: torch and
+    anemoi-models imported once, not twice), both within ``timeout`` (together they take seconds).
+    Where that child fails in any way (a crash, an error, over ``timeout``), each part runs again in
+    a child of its own with its own ``timeout``, exactly as when it is asked alone, so the findings
+    say which part failed and how; an entry whose import hangs costs one ``timeout`` more than it
+    would alone."""
+    if isinstance(run, str) or not requests:
+        status, errors = schema_findings(config, timeout, run=run)
+        return status, errors, judge_entries(requests, timeout=timeout)
+    request = ConfigCheckRequest(
+        schema=run.request, schema_memory=COMPOSE_MEMORY, entries=tuple(requests)
+    )
+    child = run_function(CONFIG_CHILD, "check", request, timeout=timeout)
+    reply: ConfigCheckReply | None = None
+    if child.ok:
+        with contextlib.suppress(ProtocolError):  # not its answer: as if it had failed
+            reply = ConfigCheckReply.from_json(child.value)
+    if reply is None or reply.schema is None or len(reply.entries) != len(requests):
+        status, errors = schema_findings(config, timeout, run=run)
+        return status, errors, judge_entries(requests, timeout=timeout)
+    status, errors = schema_findings(config, timeout, run=run, reply=reply.schema)
+    return status, errors, list(reply.entries)
 
 
 def _installed_module(target: str) -> bool:

@@ -8,12 +8,14 @@ belongs to, and the findings. The child side, which imports anemoi-training, is
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kernel_probe.anemoi.blocks import Config, Finding
 from kernel_probe.anemoi.reading import COMPOSE_MEMORY, installed
 from kernel_probe.isolation.child import run_function
+from kernel_probe.isolation.protocol import SchemaReply, SchemaRequest
 
 SCHEMA_TIMEOUT = 120.0
 SCHEMA_FIX = (
@@ -76,46 +78,80 @@ def _preset_of(config: Config, packaged: Path) -> str:
     return ""
 
 
-def schema_findings(config: Config, timeout: float = SCHEMA_TIMEOUT) -> tuple[str, list[Finding]]:
-    """anemoi-training's ``BaseSchema`` on the config, as ``anemoi-training train`` runs it (in a
-    child): (one line saying how it was run, or why not and how to get it; its errors at their
-    config paths, an error the shipped preset has too marked as the preset's own)."""
-    from kernel_probe.isolation.protocol import SchemaReply, SchemaRequest
+@dataclass(frozen=True)
+class SchemaRun:
+    """What the schema is run on for one reading of a config (:func:`schema_run`): the child's
+    request, and what its reply's errors are read against."""
 
+    request: SchemaRequest
+    how: str  # how it is validated ("the composed config", ...), said in the status line
+    preset: str  # the packaged model preset the config builds on ('' if none)
+    shipped: bool  # the config is one of anemoi-training's own files, as shipped
+
+
+def schema_run(config: Config) -> SchemaRun | str:
+    """The schema's request for ``config``, or the status saying why it is not run (``not run:
+    ...``, with how to get it)."""
     packaged = packaged_dir()
     if packaged is None or installed("anemoi-training") is None or installed("hydra-core") is None:
-        return f"not run: anemoi-training is not installed here; {SCHEMA_FIX}", []
+        return f"not run: anemoi-training is not installed here; {SCHEMA_FIX}"
     what = schema_input(config)
     if isinstance(what, str):
-        return f"not run: {what}", []
+        return f"not run: {what}"
     tree, model_file, how = what
     preset = _preset_of(config, packaged)
-    # one of anemoi-training's own configs, as shipped
-    shipped = _inside(Path(config.path), packaged)
-    request = SchemaRequest(tree=tree, model_file=model_file, preset=preset)
-    result = run_function(
-        "kernel_probe.anemoi.schema",
-        "validate",
-        request,
-        timeout=timeout,
-        memory_limit=COMPOSE_MEMORY,
+    return SchemaRun(
+        SchemaRequest(tree=tree, model_file=model_file, preset=preset),
+        how,
+        preset,
+        _inside(Path(config.path), packaged),  # one of anemoi-training's own configs, as shipped
     )
-    if not result.ok:
-        return "run, and failed", [
-            Finding(
-                "error",
-                "preset" if shipped else "schema",
-                "(config)",
-                f"anemoi-training's schema could not validate this config: {result.reason}",
-                "`anemoi-training train` resolves the config first and would fail the same way",
-            )
-        ]
-    reply = SchemaReply.from_json(result.value)
+
+
+def schema_findings(
+    config: Config,
+    timeout: float = SCHEMA_TIMEOUT,
+    *,
+    run: SchemaRun | str | None = None,
+    reply: SchemaReply | None = None,
+) -> tuple[str, list[Finding]]:
+    """anemoi-training's ``BaseSchema`` on the config, as ``anemoi-training train`` runs it (in a
+    child): (one line saying how it was run, or why not and how to get it; its errors at their
+    config paths, an error the shipped preset has too marked as the preset's own).
+
+    ``run`` (from :func:`schema_run`) and ``reply``: the schema already ran for it in another child
+    (``kernel_probe.anemoi.config_child``); without ``reply`` it runs here in its own child."""
+    run = schema_run(config) if run is None else run
+    if isinstance(run, str):
+        return run, []
+    if reply is None:
+        result = run_function(
+            "kernel_probe.anemoi.schema",
+            "validate",
+            run.request,
+            timeout=timeout,
+            memory_limit=COMPOSE_MEMORY,
+        )
+        if not result.ok:
+            return "run, and failed", [
+                Finding(
+                    "error",
+                    "preset" if run.shipped else "schema",
+                    "(config)",
+                    f"anemoi-training's schema could not validate this config: {result.reason}",
+                    "`anemoi-training train` resolves the config first and would fail the same way",
+                )
+            ]
+        reply = SchemaReply.from_json(result.value)
+    return _status(config, run, reply), _errors(config, run, reply)
+
+
+def _status(config: Config, run: SchemaRun, reply: SchemaReply) -> str:
+    """The line saying how the schema was run and what it left for the command line."""
     training = f"anemoi-training {reply.version}"
     off = isinstance(config.tree, Mapping) and config.tree.get("config_validation") is False
-    severity = "warning" if off else "error"
-    status = (
-        f"checked with {training}'s BaseSchema ({how})"
+    return (
+        f"checked with {training}'s BaseSchema ({run.how})"
         + (
             f"; {len(reply.unset)} mandatory value(s) left for the command line: "
             f"{', '.join(reply.unset)}"
@@ -128,6 +164,14 @@ def schema_findings(config: Config, timeout: float = SCHEMA_TIMEOUT) -> tuple[st
             else ""
         )
     )
+
+
+def _errors(config: Config, run: SchemaRun, reply: SchemaReply) -> list[Finding]:
+    """The schema's errors as findings: the shipped preset's own marked as the preset's."""
+    training = f"anemoi-training {reply.version}"
+    off = isinstance(config.tree, Mapping) and config.tree.get("config_validation") is False
+    severity = "warning" if off else "error"
+    shipped, preset = run.shipped, run.preset
     out: list[Finding] = []
     own = {(e["where"], e["type"]) for e in reply.preset}
     for e in reply.errors:
@@ -161,7 +205,7 @@ def schema_findings(config: Config, timeout: float = SCHEMA_TIMEOUT) -> tuple[st
                 _schema_fix(shown, e["type"]),
             )
         )
-    return status, out
+    return out
 
 
 def _schema_fix(where: str, kind: str) -> str:

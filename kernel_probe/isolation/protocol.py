@@ -606,3 +606,53 @@ class EntryCheckReply(Message):
 
     findings: list[dict[str, Any]]
     facts: dict[str, Any]
+
+
+def _messages(kind: type[M]) -> Any:
+    """A field holding a tuple of ``kind`` messages: on the wire, a list of their JSON objects."""
+
+    def decode(value: Any) -> tuple[M, ...]:
+        if not isinstance(value, list):
+            raise ProtocolError(f"expected a list, got {type(value).__name__}")
+        out = []
+        for i, v in enumerate(value):
+            try:
+                out.append(kind.from_json(v))
+            except ProtocolError as exc:
+                raise ProtocolError(f"[{i}]: {exc}") from None
+        return tuple(out)
+
+    return field(default=(), metadata={"json": (lambda vs: [v.to_json() for v in vs], decode)})
+
+
+def _optional_message(kind: type[M]) -> Any:
+    """A field holding one ``kind`` message or None (JSON null)."""
+    return field(
+        default=None,
+        metadata={
+            "json": (
+                lambda v: None if v is None else v.to_json(),
+                lambda v: None if v is None else kind.from_json(v),
+            )
+        },
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConfigCheckRequest(Message):
+    """One reading of a config checked in one child (``kernel_probe.anemoi.config_child``):
+    anemoi-training's schema on it (``schema``, where it is run; its address space capped at
+    ``schema_memory`` bytes while it runs), then its ``entries``."""
+
+    schema: SchemaRequest | None = _optional_message(SchemaRequest)
+    schema_memory: int = 0
+    entries: tuple[EntryCheckRequest, ...] = _messages(EntryCheckRequest)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConfigCheckReply(Message):
+    """``schema``: the schema's reply (None where it was not asked); ``entries``: one reply per
+    entry, in the request's order."""
+
+    schema: SchemaReply | None = _optional_message(SchemaReply)
+    entries: tuple[EntryCheckReply, ...] = _messages(EntryCheckReply)

@@ -1,0 +1,200 @@
+"""check-config runs anemoi-training's schema and a config's entries in one child
+(``kernel_probe.anemoi.config_child``), and each part alone where that child fails: the same
+findings either way, one child fewer when it works."""
+
+from __future__ import annotations
+
+import importlib.resources
+import importlib.util
+import resource
+from pathlib import Path
+
+import pytest
+
+from kernel_probe.anemoi import config_child, entry_checks, pipelines, schema_check
+from kernel_probe.anemoi.blocks import Config
+from kernel_probe.anemoi.schema_check import SchemaRun
+from kernel_probe.isolation.child import ChildResult
+from kernel_probe.isolation.protocol import (
+    ConfigCheckReply,
+    ConfigCheckRequest,
+    EntryCheckReply,
+    EntryCheckRequest,
+    ProtocolError,
+    SchemaReply,
+    SchemaRequest,
+)
+
+ENTRY = EntryCheckRequest(
+    key="LayerNorm", entry={"_target_": "torch.nn.LayerNorm"}, where="model.layer_kernels.LayerNorm"
+)
+RUN = SchemaRun(SchemaRequest(tree={"model": {}}), "the composed config", "", False)
+SCHEMA = SchemaReply(
+    errors=[{"where": "model.x", "type": "extra_forbidden", "message": "Extra inputs"}],
+    version="0.17.1",
+)
+ENTRY_REPLY = EntryCheckReply(
+    findings=[
+        {
+            "severity": "note",
+            "kind": "entry",
+            "where": "model.layer_kernels.LayerNorm",
+            "problem": "fine",
+            "fix": "",
+        }
+    ],
+    facts={"target": "torch.nn.LayerNorm", "imported": True, "family": "layer_norm"},
+)
+
+
+class Children:
+    """Stands in for ``run_function`` in the three modules that start these children: records
+    which child was asked, and answers each with what ``answers`` holds for it."""
+
+    def __init__(self, answers: dict[str, ChildResult]) -> None:
+        self.answers = answers
+        self.asked: list[str] = []
+
+    def __call__(self, module, function, payload, *, timeout, memory_limit=None):
+        name = f"{module}.{function}"
+        self.asked.append(name)
+        if hasattr(payload, "to_json"):
+            payload = payload.to_json()
+        if name == "kernel_probe.anemoi.config_child.check":
+            ConfigCheckRequest.from_json(payload)  # what the child would read
+        return self.answers[name]
+
+
+@pytest.fixture
+def children(monkeypatch):
+    def install(**answers: ChildResult) -> Children:
+        fake = Children({k.replace("__", "."): v for k, v in answers.items()})
+        for module in (pipelines, schema_check, entry_checks):
+            monkeypatch.setattr(module, "run_function", fake)
+        return fake
+
+    return install
+
+
+ALONE = {
+    "kernel_probe__anemoi__schema__validate": ChildResult("ok", value=SCHEMA.to_json()),
+    "kernel_probe__anemoi__entry_checks__check_entries": ChildResult(
+        "ok", value=[ENTRY_REPLY.to_json()]
+    ),
+}
+
+
+def _both(config: Config = Config(path="c.yaml", tree={"model": {}})):
+    return pipelines._schema_and_entries(config, RUN, [ENTRY], timeout=60)
+
+
+def test_both_parts_in_one_child_when_it_answers(children):
+    reply = ConfigCheckReply(schema=SCHEMA, entries=(ENTRY_REPLY,))
+    fake = children(
+        kernel_probe__anemoi__config_child__check=ChildResult("ok", value=reply.to_json())
+    )
+    status, errors, entries = _both()
+    assert fake.asked == ["kernel_probe.anemoi.config_child.check"]
+    assert status == "checked with anemoi-training 0.17.1's BaseSchema (the composed config)"
+    assert [(e.kind, e.where) for e in errors] == [("schema", "model.x")]
+    assert entries == [ENTRY_REPLY]
+
+
+@pytest.mark.parametrize(
+    "failed",
+    [
+        ChildResult("crashed", reason="killed by SIGSEGV"),
+        ChildResult("timeout", reason="took over 60 s"),
+        ChildResult("error", reason="MemoryError"),
+        ChildResult("ok", value={"schema": None, "entries": "not a list"}),  # not its answer
+        ChildResult("ok", value=ConfigCheckReply(schema=SCHEMA).to_json()),  # an entry short
+    ],
+    ids=["crashed", "timeout", "raised", "malformed", "short"],
+)
+def test_each_part_alone_where_the_one_child_fails(children, failed):
+    fake = children(kernel_probe__anemoi__config_child__check=failed, **ALONE)
+    status, errors, entries = _both()
+    assert fake.asked == [
+        "kernel_probe.anemoi.config_child.check",
+        "kernel_probe.anemoi.schema.validate",
+        "kernel_probe.anemoi.entry_checks.check_entries",
+    ]
+    assert [(e.kind, e.where) for e in errors] == [("schema", "model.x")]
+    assert status.startswith("checked with anemoi-training 0.17.1") and entries == [ENTRY_REPLY]
+
+
+def test_a_part_alone_runs_in_its_own_child(children):
+    fake = children(**ALONE)
+    status, errors, entries = pipelines._schema_and_entries(
+        Config(path="c.yaml", tree={}), RUN, [], timeout=60
+    )
+    assert fake.asked == ["kernel_probe.anemoi.schema.validate"] and entries == []
+    status, errors, entries = pipelines._schema_and_entries(
+        Config(path="c.yaml"), "not run: --no-schema", [ENTRY], timeout=60
+    )
+    assert fake.asked[1:] == ["kernel_probe.anemoi.entry_checks.check_entries"]
+    assert (status, errors, entries) == ("not run: --no-schema", [], [ENTRY_REPLY])
+
+
+def test_the_messages_round_trip_and_a_bad_entry_is_named():
+    request = ConfigCheckRequest(schema=RUN.request, schema_memory=1 << 30, entries=(ENTRY,))
+    assert ConfigCheckRequest.from_json(request.to_json()) == request
+    reply = ConfigCheckReply(schema=SCHEMA, entries=(ENTRY_REPLY, ENTRY_REPLY))
+    assert ConfigCheckReply.from_json(reply.to_json()) == reply
+    bad = request.to_json()
+    del bad["entries"][0]["where"]
+    with pytest.raises(ProtocolError, match=r"ConfigCheckRequest\.entries: \[0\]: .*'where'"):
+        ConfigCheckRequest.from_json(bad)
+
+
+def test_the_schemas_address_space_cap_is_lifted_after_it():
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = 1 << 44  # 16 TiB: far above anything this process maps
+    with config_child._address_space(cap):
+        assert resource.getrlimit(resource.RLIMIT_AS) == (min(cap, hard) if hard > 0 else cap, hard)
+    assert resource.getrlimit(resource.RLIMIT_AS) == (soft, hard)
+    with config_child._address_space(0):
+        assert resource.getrlimit(resource.RLIMIT_AS) == (soft, hard)
+
+
+# ---- real children ---------------------------------------------------------------------------
+@pytest.fixture
+def counted(monkeypatch):
+    """The children check_config starts, by module and function (the real ones still run)."""
+    asked: list[str] = []
+    for module in (pipelines, schema_check, entry_checks):
+        real = module.run_function
+
+        def run(mod, function, *args, _real=real, **kwargs):
+            asked.append(f"{mod}.{function}")
+            return _real(mod, function, *args, **kwargs)
+
+        monkeypatch.setattr(module, "run_function", run)
+    return asked
+
+
+@pytest.mark.slow
+@pytest.mark.anemoi
+def test_a_shipped_preset_gets_the_same_findings_from_one_child_as_from_two(counted, monkeypatch):
+    """anemoi-training's transformer preset, checked with the one child and with it failing: the
+    schema's capped memory (the real cap of the one child, made small here) ends the one child, and
+    each part alone (its own child, the real cap) answers the same, finding for finding."""
+    if importlib.util.find_spec("anemoi.training") is None:
+        pytest.skip("anemoi-training is not installed; `bash .ci/anemoi-install` installs it")
+    preset = (
+        Path(str(importlib.resources.files("anemoi.training") / "config"))
+        / "model"
+        / "transformer.yaml"
+    )
+    one = pipelines.check_config(preset)
+    assert counted == ["kernel_probe.anemoi.config_child.check"]
+    del counted[:]
+    monkeypatch.setattr(pipelines, "COMPOSE_MEMORY", 512 << 20)  # torch does not import in it
+    two = pipelines.check_config(preset)
+    assert counted == [
+        "kernel_probe.anemoi.config_child.check",
+        "kernel_probe.anemoi.schema.validate",
+        "kernel_probe.anemoi.entry_checks.check_entries",
+    ]
+    assert one.schema.startswith("checked with anemoi-training") and one.schema == two.schema
+    assert one.findings == two.findings and one.exit_code == two.exit_code == 5
