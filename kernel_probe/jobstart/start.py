@@ -83,7 +83,8 @@ def _fail_for_all(out: Path, rank: JobRank, exc: BaseException) -> None:
     if "{node-type}" in str(out):
         return  # no rank has claimed a kind of node yet: none waits
     try:
-        handoff.publish(out, rank, handoff.failure_marker(rank, exc), None)
+        marker = handoff.failure_marker(rank, exc)
+        handoff.publish(out, rank, marker, None)
     except (OSError, LockError):
         pass  # the others time out, naming this rank
 

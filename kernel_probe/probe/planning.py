@@ -201,10 +201,19 @@ def gather_candidates(
     )
 
 
-def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
-    """Decide what ``request`` means here, refusing every bad argument before any work (exit 2), a
-    node the profile rules out (exit 4) and a pin that cannot run here (exit 3)."""
-    events = events or Events()
+def _refuse_bad_arguments(request: ProbeRequest) -> tuple[str, ...]:
+    """The request's first stage: every argument checked before any work (exit 2), the probe's own
+    (the attention geometry) first, then the lock's vocabulary (shapes, precision, gate, activation
+    function); the shapes asked for, normalised."""
+    if request.attention:
+        from kernel_probe.probe.attention_geometry import FORM, parse_geometry
+
+        try:
+            parse_geometry(request.attention)
+        except ValueError as exc:
+            raise UsageError(
+                f"--attention {exc}", fix=f"write it {FORM}, e.g. 16x128x40320:window=512"
+            ) from None
     try:
         asked = normal_shapes(request.shapes)
     except ValueError as exc:
@@ -229,15 +238,6 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
         raise UsageError(
             f"unknown precision {request.precision!r}", fix=f"use one of {', '.join(PRECISIONS)}"
         )
-    if request.attention:
-        from kernel_probe.probe.attention_geometry import FORM, parse_geometry
-
-        try:
-            parse_geometry(request.attention)
-        except ValueError as exc:
-            raise UsageError(
-                f"--attention {exc}", fix=f"write it {FORM}, e.g. 16x128x40320:window=512"
-            ) from None
     if request.activation:
         from kernel_lock.format.activations import function_problem
 
@@ -256,6 +256,14 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
             gate_for(request.mlp_implementation)
         except ValueError as exc:
             raise UsageError(f"--mlp-implementation: {exc}") from None
+    return asked
+
+
+def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
+    """Decide what ``request`` means here, refusing every bad argument before any work (exit 2), a
+    node the profile rules out (exit 4) and a pin that cannot run here (exit 3)."""
+    events = events or Events()
+    asked = _refuse_bad_arguments(request)
     # a model with a gated mlp_implementation has the GatedMLP slot too
     slots = tuple(request.slots) or PROBED_BY_DEFAULT + (
         ("GatedMLP",) if request.mlp_implementation else ()
