@@ -145,12 +145,12 @@ def _run_ranked(
     from kernel_probe.jobstart import handoff
 
     # the marker sits beside the path as given (a link is not followed)
-    out = Path(os.path.abspath(given))
+    out, unlocked = Path(os.path.abspath(given)), _unlocked(given)
     # job: rank 0; node-type: of each node's watching rank, the one whose exclusive create wins
     prober = rank.rank == 0 if mode == "job" else rank.node_leader and handoff.claim(out, rank)
     if prober:
         try:
-            result = probe_or_reuse(request, p, given, events, t_start, unlocked=_unlocked(given))
+            result = probe_or_reuse(request, p, given, events, t_start, unlocked=unlocked)
         except BaseException as exc:
             _fail_for_all(out, rank, exc)
             raise

@@ -202,7 +202,9 @@ class Checks:
     baselines: Mapping[str, Candidate] = field(default_factory=dict)  # per slot
 
 
-def _no_progress(slot: str, cid: str, message: TimingProgressMessage | None) -> None:
+def _no_progress(
+    slot: str, cid: str, shapes: Sequence[str], message: TimingProgressMessage | None
+) -> None:
     """``Timing.progress`` where nobody listens."""
 
 
@@ -214,8 +216,9 @@ class Timing:
     dtype: str
     regime: str
     reps: int
-    # (slot, candidate id, None when its timing starts, else the worker's progress message)
-    progress: Callable[[str, str, TimingProgressMessage | None], None] = _no_progress
+    # (slot, candidate id, the shapes it is timed at, None when its timing starts, else the
+    # worker's progress message): ``Events.timing``
+    progress: Callable[[str, str, Sequence[str], TimingProgressMessage | None], None] = _no_progress
     # the Attention slot's geometries (attention_geometry), instead of shapes
     attention: tuple[str, ...] = ()
     # fixed: ``reps`` calls for every accepted candidate (``--reps`` given); else only what can
@@ -378,12 +381,13 @@ def _time(
     """One accepted candidate timed in its worker (``options``: ``timing.time_candidate``'s)."""
     report = done.report
     t1 = time.perf_counter()
-    timing.progress(slot, cand.id, None)
+    shapes = timing.attention if slot == ATTENTION else timing.shapes
+    timing.progress(slot, cand.id, shapes, None)
     request = TimeRequest(
         candidate=cand,
         slot=slot,
         device=checks.device,
-        shapes=timing.attention if slot == ATTENTION else timing.shapes,
+        shapes=shapes,
         dtype=timing.dtype,
         regime=timing.regime,
         progress=True,
@@ -392,7 +396,7 @@ def _time(
     )
     try:
         reply = worker.call(
-            request, TIMING_TIMEOUT, on_progress=lambda m: timing.progress(slot, cand.id, m)
+            request, TIMING_TIMEOUT, on_progress=lambda m: timing.progress(slot, cand.id, shapes, m)
         )
         if not reply.tampered:
             done.timings = [cast(dict[str, Any], row) for row in reply.rows]

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 
 import kernel_lock
 from kernel_lock.errors import KernelUnavailable, LockError, LockFormatError, LockMismatch
-from kernel_lock.format.slots import ATTENTION
 from kernel_probe.errors import InputFileError, StaleLock
 from kernel_probe.probe.planning import Events, Plan, ProbeRequest, large_shape_warning
 
@@ -310,9 +309,7 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
         p.dtype,
         p.regime,
         p.reps,
-        lambda slot, cid, m: events.timing(
-            slot, cid, [p.attention] if slot == ATTENTION else p.shapes, m
-        ),
+        events.timing,  # each candidate's timing, at the shapes check times it at
         attention=(p.attention,),
         fixed=p.request.reps is not None,  # --reps N: N calls for every accepted candidate
     )
