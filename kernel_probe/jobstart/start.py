@@ -166,7 +166,18 @@ def _run_ranked(
         )
         handoff.publish(out, rank, marker, written.dumps())
         return result
-    marker, text = handoff.wait(out, rank, mode=mode, timeout=request.lock_timeout)
+    return _take_lock(out, given, p, rank, mode, request.lock_timeout, t_start)
+
+
+def _take_lock(
+    out: Path, given: Path, p: Plan, rank: JobRank, mode: str, timeout: float, t_start: float
+) -> ProbeResult:
+    """A waiting rank's part: the probing rank's marker for this job (``out``: the path as given,
+    absolute), then its lock at ``given``, taken only if it is the lock the marker names, probed
+    with this rank's inputs, and this node is the one it was probed for."""
+    from kernel_probe.jobstart import handoff
+
+    marker, text = handoff.wait(out, rank, mode=mode, timeout=timeout)
     lock: kernel_lock.KernelLock | None = None
     try:
         lock = kernel_lock.loads(text, path=str(given), emit_warnings=False, trust=p.trust)

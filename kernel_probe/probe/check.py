@@ -22,10 +22,13 @@ from kernel_lock.format.slots import ACTIVATION, ATTENTION, DTYPES, GATED_MLP, d
 from kernel_probe.candidates import Candidate, default_for, for_slot
 from kernel_probe.isolation.protocol import (
     INTERPRETED,
+    CheckReply,
     CheckRequest,
+    ImportReply,
     ImportRequest,
     TimeRequest,
     TimingProgressMessage,
+    TryReply,
     TryRequest,
 )
 from kernel_probe.isolation.worker import Worker, WorkerDied, WorkerPool
@@ -88,12 +91,12 @@ def check_candidate(
     baseline: Candidate | None = None,
 ) -> Report:
     """The verdict on one candidate for one slot; ``seconds`` says how long it took. ``arch`` is the
-    GPU's (``sm_90``, ``gfx90a``), checked against the candidate's ``archs``."""
+    GPU's (``sm_90``, ``gfx90a``), checked against the candidate's ``archs``.
+
+    Three steps, each once: what rules it out before anything is imported, what its worker says
+    of it (:func:`_measure`: the worker's calls only), then the verdict on that (:func:`_verdict`:
+    the judge's calls only)."""
     base = report_base(cand, slot, device)
-
-    def stopped(problem: Problem) -> Report:
-        return Report(status=problem.status, reasons=[problem.reason], **base)
-
     problem = judge.static_problem(cand, slot, device, arch, with_compile=with_compile, detail=True)
     if problem is None and slot == ACTIVATION:
         from kernel_lock.format.activations import (
@@ -102,38 +105,101 @@ def check_candidate(
         from kernel_probe.probe import activation_verdict
 
         problem = activation_verdict.static_problem(cand, declared_function(canonical))
-    if problem is not None and problem.try_it:
-        return _tried(problem, cand, slot, device, worker, import_timeout + timeout, base)
-    if problem is not None:
-        return stopped(problem)
+    if problem is not None and not problem.try_it:
+        return Report(status=problem.status, reasons=[problem.reason], **base)
+    # hidden: e.g. 64 (anemoi's QueryNorm/KeyNorm normalise over head_dim); baseline: the
+    # reference torch.nn class (tests: a reference with CUDA's autocast policy)
+    check = CheckRequest(
+        candidate=cand,
+        slot=slot,
+        device=device,
+        dtypes=tuple(plan),
+        canonical=dict(canonical or {}),
+        hidden=hidden,
+        baseline=baseline,
+    )
+    said = _measure(check, worker, import_timeout, timeout, tried=problem is not None)
+    return _verdict(said, problem, base, canonical, policy)
+
+
+@dataclass(frozen=True)
+class _Said:
+    """What a candidate's worker said of it, before any verdict: the reply to each request made
+    (a candidate installed here that declares other devices is only tried), or how the worker died
+    at the last one (``died``; an import or a check within ``budget`` s)."""
+
+    check: CheckRequest
+    tried: TryReply | None = None
+    imported: ImportReply | None = None
+    raw: CheckReply | None = None
+    died: WorkerDied | None = None
+    budget: float = 0.0
+
+
+def _measure(
+    check: CheckRequest, worker: Worker, import_timeout: float, timeout: float, *, tried: bool
+) -> _Said:
+    """The worker's part of a check: the candidate tried once (``tried``: within the import's and
+    the check's budgets together), or imported and, where that went well, checked (``timeout``,
+    more for a torch.compile candidate, whose first calls compile)."""
+    cand, slot, device = check.candidate, check.slot, check.device
+    if tried:
+        request = TryRequest(candidate=cand, slot=slot, device=device)
+        try:
+            reply = worker.call(request, import_timeout + timeout)
+        except WorkerDied as exc:
+            return _Said(check, died=exc)
+        return _Said(check, tried=reply)
     try:
         imported = worker.call(ImportRequest(target=cand.target), import_timeout)
     except WorkerDied as exc:
-        return stopped(
-            judge.died(
-                exc.status, exc.reason, f"importing {cand.target}", ("import", import_timeout)
-            )
-        )
-    if imported.tampered:
-        return stopped(judge.tampered(f"importing {cand.target}", imported.tampered))
-    if not imported.ok:
-        return stopped(judge.failed_import(cand.target, imported.kind, imported.error))
+        return _Said(check, died=exc, budget=import_timeout)
+    if imported.tampered or not imported.ok:
+        return _Said(check, imported=imported)
     budget = timeout * (COMPILED_FACTOR if cand.compiled else 1)
     try:
-        # hidden: e.g. 64 (anemoi's QueryNorm/KeyNorm normalise over head_dim); baseline: the
-        # reference torch.nn class (tests: a reference with CUDA's autocast policy)
-        request = CheckRequest(
-            candidate=cand,
-            slot=slot,
-            device=device,
-            dtypes=tuple(plan),
-            canonical=dict(canonical or {}),
-            hidden=hidden,
-            baseline=baseline,
-        )
-        raw = worker.call(request, budget)
+        raw = worker.call(check, budget)
     except WorkerDied as exc:
-        return stopped(judge.died(exc.status, exc.reason, "checks", ("check", budget)))
+        return _Said(check, imported=imported, died=exc, budget=budget)
+    return _Said(check, imported=imported, raw=raw)
+
+
+def _verdict(
+    said: _Said,
+    problem: Problem | None,
+    base: ReportBase,
+    canonical: Mapping[str, Any] | None,
+    policy: Policy,
+) -> Report:
+    """The verdict on what the worker said (``_measure``), the judge's and the slots' verdict
+    modules' (``problem``: why a tried candidate cannot be the kernel it is declared to be)."""
+    cand, slot, device = said.check.candidate, said.check.slot, said.check.device
+
+    def stopped(problem: Problem) -> Report:
+        return Report(status=problem.status, reasons=[problem.reason], **base)
+
+    if problem is not None:  # tried: it runs here, or how it fails
+        if said.tried is None:
+            assert said.died is not None
+            why = f"{problem.reason}; trying it {said.died.status}: {said.died.reason}"
+            return Report(status="unavailable", reasons=[why], **base)
+        reason = judge.judge_tried(problem, cand, said.tried)
+        return Report(
+            status="unavailable", reasons=[reason], interpreted=said.tried.interpreted, **base
+        )
+    if said.imported is None:
+        assert said.died is not None
+        died, budget = said.died, ("import", said.budget)
+        return stopped(judge.died(died.status, died.reason, f"importing {cand.target}", budget))
+    if said.imported.tampered:
+        return stopped(judge.tampered(f"importing {cand.target}", said.imported.tampered))
+    if not said.imported.ok:
+        return stopped(judge.failed_import(cand.target, said.imported.kind, said.imported.error))
+    raw = said.raw
+    if raw is None:
+        assert said.died is not None
+        died = said.died
+        return stopped(judge.died(died.status, died.reason, "checks", ("check", said.budget)))
     if raw.tampered:
         return stopped(judge.tampered(f"running {cand.target}", raw.tampered))
     if slot == ATTENTION:
@@ -160,29 +226,6 @@ def check_candidate(
             dataclasses.replace(v, notes=(INTERPRETED, *v.notes)) for v in report.verdicts
         ]
     return report
-
-
-def _tried(
-    problem: Problem,
-    cand: Candidate,
-    slot: str,
-    device: str,
-    worker: Worker,
-    budget: float,
-    base: ReportBase,
-) -> Report:
-    """A candidate installed here that declares other devices: tried once in the worker, so that its
-    reason says how it fails here (or that it runs, but not as the kernel it is declared to be)."""
-    try:
-        tried = worker.call(TryRequest(candidate=cand, slot=slot, device=device), budget)
-    except WorkerDied as exc:
-        return Report(
-            status="unavailable",
-            reasons=[f"{problem.reason}; trying it {exc.status}: {exc.reason}"],
-            **base,
-        )
-    reason = judge.judge_tried(problem, cand, tried)
-    return Report(status="unavailable", reasons=[reason], interpreted=tried.interpreted, **base)
 
 
 @dataclass(frozen=True)

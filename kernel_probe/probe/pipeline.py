@@ -161,8 +161,9 @@ def reusable(
     if lock.provenance.get("inputs") != digest:
         from kernel_probe.profiles.requirements import profile_change
 
-        changed = profile_change(lock.profile, profile)
-        return None, changed or options_change(lock.provenance.get("options"), inputs or {})
+        # why: the profile's change where it changed, else the options that differ
+        options = options_change(lock.provenance.get("options"), inputs or {})
+        return None, profile_change(lock.profile, profile) or options
     if libraries is not None:
         from kernel_probe.detect.libraries import library_change
 
