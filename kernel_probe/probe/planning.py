@@ -203,8 +203,8 @@ def gather_candidates(
 
 def _refuse_bad_arguments(request: ProbeRequest) -> tuple[str, ...]:
     """The request's first stage: every argument checked before any work (exit 2), the probe's own
-    (the attention geometry) first, then the lock's vocabulary (shapes, precision, gate, activation
-    function); the shapes asked for, normalised."""
+    attention geometry first, then the shapes, repetitions, time limits, precision, activation
+    function, ``--check`` with ``--force`` and the gate; the shapes asked for, normalised."""
     if request.attention:
         from kernel_probe.probe.attention_geometry import FORM, parse_geometry
 
