@@ -366,11 +366,12 @@ def _apply_profile(request: ProbeRequest, device: Mapping[str, Any], events: Eve
     if not request.profile:
         return None, ""
     from kernel_lock.fingerprint import here
-    from kernel_probe.profiles import requirements
+    from kernel_probe.profiles import discovery, requirements
 
-    profile, matched, notes = requirements.choose(
-        request.profile, list(request.profiles_dirs), device
-    )
+    dirs = list(request.profiles_dirs)
+    # the directories surveyed once, for the profile named and for the site's signals alike
+    found = None if discovery.names_file(request.profile) else discovery.survey(dirs)
+    profile, matched, notes = requirements.choose(request.profile, dirs, device, found=found)
     for note in notes:
         events.note(f"profile {request.profile}: {note}")
     if profile is None:
@@ -379,7 +380,7 @@ def _apply_profile(request: ProbeRequest, device: Mapping[str, Any], events: Eve
     if request.profile == "auto":
         events.note(f"profile auto: {profile.name} (matched {matched})")
     else:  # named: a node that its site signals place at another site is not this profile's
-        seen, seen_by, _ = requirements.choose("auto", list(request.profiles_dirs), device)
+        seen, seen_by, _ = requirements.choose("auto", dirs, device, found=found)
         requirements.other_site(profile, seen, seen_by)
     libs = requirements.library_facts(requirements.required_libraries(profile))
     for warning in requirements.enforce(profile, here.for_check(), libs):

@@ -148,9 +148,15 @@ def available(extra: Iterable[str] = ()) -> dict[str, Profile]:
     return survey(extra).profiles
 
 
+def names_file(spec: str) -> bool:
+    """Whether ``--profile`` names a profile file (anything with a '/' or ending in .toml) rather
+    than a profile by its name."""
+    return "/" in spec or spec.endswith(".toml")
+
+
 def resolve(spec: str, extra: Iterable[str] = (), found: Survey | None = None) -> Profile:
-    """A profile by name, or by path (anything with a '/' or ending in .toml)."""
-    if "/" in spec or spec.endswith(".toml"):
+    """A profile by name, or by path (:func:`names_file`)."""
+    if names_file(spec):
         return load_file(spec)
     found = found or survey(extra)
     if spec not in found.profiles:
