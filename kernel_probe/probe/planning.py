@@ -368,9 +368,11 @@ def _apply_profile(request: ProbeRequest, device: Mapping[str, Any], events: Eve
     from kernel_lock.fingerprint import here
     from kernel_probe.profiles import discovery, requirements
 
-    dirs = list(request.profiles_dirs)
+    dirs = request.profiles_dirs
     # the directories surveyed once, for the profile named and for the site's signals alike
-    found = None if discovery.names_file(request.profile) else discovery.survey(dirs)
+    found = None
+    if not discovery.names_file(request.profile):
+        found = discovery.survey(dirs)
     profile, matched, notes = requirements.choose(request.profile, dirs, device, found=found)
     for note in notes:
         events.note(f"profile {request.profile}: {note}")

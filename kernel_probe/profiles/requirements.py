@@ -238,11 +238,13 @@ def choose(
     if spec != "auto":
         if names_file(spec):
             return load_file(spec), named, []
-        found = found or survey(extra)
+        if found is None:
+            found = survey(extra)
         return resolve(spec, extra, found), named, found.notes_for(spec)
     from kernel_probe.detect.site import detect_site
 
-    found = found or survey(extra)
+    if found is None:
+        found = survey(extra)
     notes = found.notes_for() + [f"broken profile, not considered: {exc}" for exc in found.broken]
     problems: list[str] = []
     if facts is None:
