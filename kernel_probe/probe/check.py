@@ -107,19 +107,20 @@ def check_candidate(
         problem = activation_verdict.static_problem(cand, declared_function(canonical))
     if problem is not None and not problem.try_it:
         return Report(status=problem.status, reasons=[problem.reason], **base)
-    # hidden: e.g. 64 (anemoi's QueryNorm/KeyNorm normalise over head_dim); baseline: the
-    # reference torch.nn class (tests: a reference with CUDA's autocast policy)
-    check = CheckRequest(
-        candidate=cand,
-        slot=slot,
-        device=device,
+    said = _measure(
+        cand,
+        slot,
+        device,
+        worker,
         dtypes=tuple(plan),
-        canonical=dict(canonical or {}),
+        canonical=canonical,
         hidden=hidden,
         baseline=baseline,
+        import_timeout=import_timeout,
+        timeout=timeout,
+        tried=problem is not None,
     )
-    said = _measure(check, worker, import_timeout, timeout, tried=problem is not None)
-    return _verdict(said, problem, base, canonical, policy)
+    return _verdict(said, cand, slot, device, problem, base, canonical, policy)
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,6 @@ class _Said:
     (a candidate installed here that declares other devices is only tried), or how the worker died
     at the last one (``died``; an import or a check within ``budget`` s)."""
 
-    check: CheckRequest
     tried: TryReply | None = None
     imported: ImportReply | None = None
     raw: CheckReply | None = None
@@ -137,35 +137,60 @@ class _Said:
 
 
 def _measure(
-    check: CheckRequest, worker: Worker, import_timeout: float, timeout: float, *, tried: bool
+    cand: Candidate,
+    slot: str,
+    device: str,
+    worker: Worker,
+    *,
+    dtypes: tuple[tuple[str, str], ...],
+    canonical: Mapping[str, Any] | None,
+    hidden: int | None,
+    baseline: Candidate | None,
+    import_timeout: float,
+    timeout: float,
+    tried: bool,
 ) -> _Said:
     """The worker's part of a check: the candidate tried once (``tried``: within the import's and
-    the check's budgets together), or imported and, where that went well, checked (``timeout``,
-    more for a torch.compile candidate, whose first calls compile)."""
-    cand, slot, device = check.candidate, check.slot, check.device
+    the check's budgets together), or imported and, where that went well, checked at ``dtypes``
+    (``timeout``, more for a torch.compile candidate, whose first calls compile)."""
     if tried:
-        request = TryRequest(candidate=cand, slot=slot, device=device)
         try:
-            reply = worker.call(request, import_timeout + timeout)
+            reply = worker.call(
+                TryRequest(candidate=cand, slot=slot, device=device), import_timeout + timeout
+            )
         except WorkerDied as exc:
-            return _Said(check, died=exc)
-        return _Said(check, tried=reply)
+            return _Said(died=exc)
+        return _Said(tried=reply)
     try:
         imported = worker.call(ImportRequest(target=cand.target), import_timeout)
     except WorkerDied as exc:
-        return _Said(check, died=exc, budget=import_timeout)
+        return _Said(died=exc, budget=import_timeout)
     if imported.tampered or not imported.ok:
-        return _Said(check, imported=imported)
+        return _Said(imported=imported)
     budget = timeout * (COMPILED_FACTOR if cand.compiled else 1)
     try:
-        raw = worker.call(check, budget)
+        # hidden: e.g. 64 (anemoi's QueryNorm/KeyNorm normalise over head_dim); baseline: the
+        # reference torch.nn class (tests: a reference with CUDA's autocast policy)
+        request = CheckRequest(
+            candidate=cand,
+            slot=slot,
+            device=device,
+            dtypes=dtypes,
+            canonical=dict(canonical or {}),
+            hidden=hidden,
+            baseline=baseline,
+        )
+        raw = worker.call(request, budget)
     except WorkerDied as exc:
-        return _Said(check, imported=imported, died=exc, budget=budget)
-    return _Said(check, imported=imported, raw=raw)
+        return _Said(imported=imported, died=exc, budget=budget)
+    return _Said(imported=imported, raw=raw)
 
 
 def _verdict(
     said: _Said,
+    cand: Candidate,
+    slot: str,
+    device: str,
     problem: Problem | None,
     base: ReportBase,
     canonical: Mapping[str, Any] | None,
@@ -173,7 +198,6 @@ def _verdict(
 ) -> Report:
     """The verdict on what the worker said (``_measure``), the judge's and the slots' verdict
     modules' (``problem``: why a tried candidate cannot be the kernel it is declared to be)."""
-    cand, slot, device = said.check.candidate, said.check.slot, said.check.device
 
     def stopped(problem: Problem) -> Report:
         return Report(status=problem.status, reasons=[problem.reason], **base)
