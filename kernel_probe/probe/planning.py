@@ -3,10 +3,11 @@
     p = planning.plan(ProbeRequest(shapes=("40320x1024",)))
 
 ``plan`` refuses every bad argument before any work (exit 2), a node the profile rules out (exit 4)
-and a pin that cannot run here (exit 3); it detects the device, applies the site profile, gathers
-the candidates and fixes the shapes, precision and repetitions, and the digest of the inputs by
-which a lock is reused or probed again. ``kernel_probe.probe.pipeline`` runs the :class:`Plan`.
-Nothing here prints: what a person should see goes to an :class:`Events` object.
+and a pin that cannot run here (exit 3); it detects the device, applies the site profile and its
+per-slot rules, gathers the candidates and fixes the shapes, precision and repetitions, and the
+digest of the inputs by which a lock is reused or probed again. ``kernel_probe.probe.pipeline``
+runs the :class:`Plan`. Nothing here prints: what a person should see goes to an :class:`Events`
+object.
 """
 
 from __future__ import annotations
@@ -270,6 +271,8 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
     )
     device = detect_device()
     profile, matched = _apply_profile(request, device, events)
+    # the chain: the profile, its per-slot rules with the command line's, the candidates, the forced
+    rules = slot_rules(slots, request.pins, request.prefers, profile)
     candidates, problems = gather_candidates(
         request.candidates, list(profile.candidates) if profile else [], plugins=request.plugins
     )
@@ -282,7 +285,6 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
             "compiled; a candidate whose "
             "kernels ran interpreted is labelled so, never timed and never written to the lock",
         ]
-    rules = slot_rules(slots, request.pins, request.prefers, profile)
     check_forced(
         request.pins,
         request.prefers,
