@@ -203,18 +203,9 @@ def gather_candidates(
 
 
 def _refuse_bad_arguments(request: ProbeRequest) -> tuple[str, ...]:
-    """The request's first stage: every argument checked before any work (exit 2), the probe's own
-    attention geometry first, then the shapes, repetitions, time limits, precision, activation
+    """The request's first stage: every argument checked before any work (exit 2), in this order:
+    the shapes, repetitions, time limits, precision, the attention geometry, the activation
     function, ``--check`` with ``--force`` and the gate; the shapes asked for, normalised."""
-    if request.attention:
-        from kernel_probe.probe.attention_geometry import FORM, parse_geometry
-
-        try:
-            parse_geometry(request.attention)
-        except ValueError as exc:
-            raise UsageError(
-                f"--attention {exc}", fix=f"write it {FORM}, e.g. 16x128x40320:window=512"
-            ) from None
     try:
         asked = normal_shapes(request.shapes)
     except ValueError as exc:
@@ -239,6 +230,15 @@ def _refuse_bad_arguments(request: ProbeRequest) -> tuple[str, ...]:
         raise UsageError(
             f"unknown precision {request.precision!r}", fix=f"use one of {', '.join(PRECISIONS)}"
         )
+    if request.attention:
+        from kernel_probe.probe.attention_geometry import FORM, parse_geometry
+
+        try:
+            parse_geometry(request.attention)
+        except ValueError as exc:
+            raise UsageError(
+                f"--attention {exc}", fix=f"write it {FORM}, e.g. 16x128x40320:window=512"
+            ) from None
     if request.activation:
         from kernel_lock.format.activations import function_problem
 
