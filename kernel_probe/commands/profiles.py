@@ -132,7 +132,7 @@ def _render_table(table: dict, path: list[str], lines: list[str]) -> None:
 def run_profiles(args: argparse.Namespace) -> int:
     """``kernel-probe profiles ACTION``: list, show, check or match site profiles."""
     from kernel_probe.profiles.autodetect import detect_warnings
-    from kernel_probe.profiles.discovery import builtin_dir, resolve, survey
+    from kernel_probe.profiles.discovery import builtin_dir, names_file, resolve, survey
     from kernel_probe.profiles.format import load_file
 
     args.profiles_dir = [*args.profiles_dir, *getattr(args, "profiles_dir_after", [])]
@@ -183,7 +183,7 @@ def run_profiles(args: argparse.Namespace) -> int:
         output.print_table(table)
         output.console().print(f"[dim]built-in: {safe(builtin)}[/]")
         return 0
-    by_path = "/" in args.name or args.name.endswith(".toml")
+    by_path = names_file(args.name)
     shown = None if by_path else survey(args.profiles_dir)
     prof = resolve(args.name, args.profiles_dir, shown)
     for note in shown.notes_for(prof.name) if shown else ():

@@ -210,37 +210,57 @@ def claim(out: Path, rank: JobRank) -> bool:
 
 
 def publish(out: Path, rank: JobRank, marker: Marker, lock_text: str | None) -> None:
-    """The prober's last step: the job marker beside the lock, then its node's local copy."""
-    write_file(marker_path(out, rank), marker.to_json())
-    _publish_local(out, rank, marker, lock_text)
-    _remove_stale_markers(out, rank)
+    """The prober's last step, composed before anything is written: the job marker beside the lock,
+    then its node's local copy; then the markers of other jobs older than ``STALE_MARKER_S`` are
+    removed."""
+    shared, local = marker_path(out, rank), node_dir(out, rank)
+    payload, stale = _local_payload(marker, lock_text), _stale_markers(out, rank)
+    write_file(shared, marker.to_json())
+    try:
+        folder = private_dir(private_dir(local.parent) / local.name)
+        write_file(folder / "ready", payload, mode=0o600)
+    except (OSError, UnsafeWrite):
+        pass  # the node's other ranks then find the marker on the shared directory (their fallback)
+    for path in stale:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def _publish_local(out: Path, rank: JobRank, marker: Marker, lock_text: str | None) -> None:
-    local = node_dir(out, rank)
+    """The node-local copy of the marker and its lock (a node's watcher, once it has read them)."""
+    local, payload = node_dir(out, rank), _local_payload(marker, lock_text)
     try:
-        private_dir(private_dir(local.parent) / local.name)
-        payload = json.dumps({"marker": json.loads(marker.to_json()), "lock": lock_text})
-        write_file(local / "ready", payload, mode=0o600)
+        folder = private_dir(private_dir(local.parent) / local.name)
+        write_file(folder / "ready", payload, mode=0o600)
     except (OSError, UnsafeWrite):
         pass  # the node's other ranks then find the marker on the shared directory (their fallback)
 
 
-def _remove_stale_markers(out: Path, rank: JobRank) -> None:
+def _local_payload(marker: Marker, lock_text: str | None) -> str:
+    """The node-local copy's text: the marker and the lock's text together."""
+    return json.dumps({"marker": json.loads(marker.to_json()), "lock": lock_text})
+
+
+def _stale_markers(out: Path, rank: JobRank) -> list[str]:
+    """The markers of other jobs beside ``out`` older than ``STALE_MARKER_S``."""
     prefix, mine = f".{out.name}.job-", marker_path(out, rank).name
     now = time.time()
     try:
         entries = list(os.scandir(out.parent))
     except OSError:
-        return
+        return []
+    stale = []
     for entry in entries:
         if not entry.name.startswith(prefix) or entry.name.startswith(mine):
             continue
         try:
             if now - entry.stat(follow_symlinks=False).st_mtime > STALE_MARKER_S:
-                os.unlink(entry.path)
+                stale.append(entry.path)
         except OSError:
             pass
+    return stale
 
 
 def _who(out: Path, rank: JobRank, mode: str) -> str:

@@ -83,7 +83,8 @@ def _fail_for_all(out: Path, rank: JobRank, exc: BaseException) -> None:
     if "{node-type}" in str(out):
         return  # no rank has claimed a kind of node yet: none waits
     try:
-        handoff.publish(out, rank, handoff.failure_marker(rank, exc), None)
+        marker = handoff.failure_marker(rank, exc)
+        handoff.publish(out, rank, marker, None)
     except (OSError, LockError):
         pass  # the others time out, naming this rank
 
@@ -144,12 +145,12 @@ def _run_ranked(
     from kernel_probe.jobstart import handoff
 
     # the marker sits beside the path as given (a link is not followed)
-    out = Path(os.path.abspath(given))
+    out, unlocked = Path(os.path.abspath(given)), _unlocked(given)
     # job: rank 0; node-type: of each node's watching rank, the one whose exclusive create wins
     prober = rank.rank == 0 if mode == "job" else rank.node_leader and handoff.claim(out, rank)
     if prober:
         try:
-            result = probe_or_reuse(request, p, given, events, t_start, unlocked=_unlocked(given))
+            result = probe_or_reuse(request, p, given, events, t_start, unlocked=unlocked)
         except BaseException as exc:
             _fail_for_all(out, rank, exc)
             raise
@@ -165,7 +166,18 @@ def _run_ranked(
         )
         handoff.publish(out, rank, marker, written.dumps())
         return result
-    marker, text = handoff.wait(out, rank, mode=mode, timeout=request.lock_timeout)
+    return _take_lock(out, given, p, rank, mode, request.lock_timeout, t_start)
+
+
+def _take_lock(
+    out: Path, given: Path, p: Plan, rank: JobRank, mode: str, timeout: float, t_start: float
+) -> ProbeResult:
+    """A waiting rank's part: the probing rank's marker for this job (``out``: the path as given,
+    absolute), then its lock at ``given``, taken only if it is the lock the marker names, probed
+    with this rank's inputs, and this node is the one it was probed for."""
+    from kernel_probe.jobstart import handoff
+
+    marker, text = handoff.wait(out, rank, mode=mode, timeout=timeout)
     lock: kernel_lock.KernelLock | None = None
     try:
         lock = kernel_lock.loads(text, path=str(given), emit_warnings=False, trust=p.trust)

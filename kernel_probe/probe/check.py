@@ -22,10 +22,13 @@ from kernel_lock.format.slots import ACTIVATION, ATTENTION, DTYPES, GATED_MLP, d
 from kernel_probe.candidates import Candidate, default_for, for_slot
 from kernel_probe.isolation.protocol import (
     INTERPRETED,
+    CheckReply,
     CheckRequest,
+    ImportReply,
     ImportRequest,
     TimeRequest,
     TimingProgressMessage,
+    TryReply,
     TryRequest,
 )
 from kernel_probe.isolation.worker import Worker, WorkerDied, WorkerPool
@@ -88,12 +91,12 @@ def check_candidate(
     baseline: Candidate | None = None,
 ) -> Report:
     """The verdict on one candidate for one slot; ``seconds`` says how long it took. ``arch`` is the
-    GPU's (``sm_90``, ``gfx90a``), checked against the candidate's ``archs``."""
+    GPU's (``sm_90``, ``gfx90a``), checked against the candidate's ``archs``.
+
+    Three steps, each once: what rules it out before anything is imported, what its worker says
+    of it (:func:`_measure`: the worker's calls only), then the verdict on that (:func:`_verdict`:
+    the judge's calls only)."""
     base = report_base(cand, slot, device)
-
-    def stopped(problem: Problem) -> Report:
-        return Report(status=problem.status, reasons=[problem.reason], **base)
-
     problem = judge.static_problem(cand, slot, device, arch, with_compile=with_compile, detail=True)
     if problem is None and slot == ACTIVATION:
         from kernel_lock.format.activations import (
@@ -102,22 +105,68 @@ def check_candidate(
         from kernel_probe.probe import activation_verdict
 
         problem = activation_verdict.static_problem(cand, declared_function(canonical))
-    if problem is not None and problem.try_it:
-        return _tried(problem, cand, slot, device, worker, import_timeout + timeout, base)
-    if problem is not None:
-        return stopped(problem)
+    if problem is not None and not problem.try_it:
+        return Report(status=problem.status, reasons=[problem.reason], **base)
+    said = _measure(
+        cand,
+        slot,
+        device,
+        worker,
+        dtypes=tuple(plan),
+        canonical=canonical,
+        hidden=hidden,
+        baseline=baseline,
+        import_timeout=import_timeout,
+        timeout=timeout,
+        tried=problem is not None,
+    )
+    return _verdict(said, cand, slot, device, problem, base, canonical, policy)
+
+
+@dataclass(frozen=True)
+class _Said:
+    """What a candidate's worker said of it, before any verdict: the reply to each request made
+    (a candidate installed here that declares other devices is only tried), or how the worker died
+    at the last one (``died``; an import or a check within ``budget`` s)."""
+
+    tried: TryReply | None = None
+    imported: ImportReply | None = None
+    raw: CheckReply | None = None
+    died: WorkerDied | None = None
+    budget: float = 0.0
+
+
+def _measure(
+    cand: Candidate,
+    slot: str,
+    device: str,
+    worker: Worker,
+    *,
+    dtypes: tuple[tuple[str, str], ...],
+    canonical: Mapping[str, Any] | None,
+    hidden: int | None,
+    baseline: Candidate | None,
+    import_timeout: float,
+    timeout: float,
+    tried: bool,
+) -> _Said:
+    """The worker's part of a check: the candidate tried once (``tried``: within the import's and
+    the check's budgets together), or imported and, where that went well, checked at ``dtypes``
+    (``timeout``, more for a torch.compile candidate, whose first calls compile)."""
+    if tried:
+        try:
+            reply = worker.call(
+                TryRequest(candidate=cand, slot=slot, device=device), import_timeout + timeout
+            )
+        except WorkerDied as exc:
+            return _Said(died=exc)
+        return _Said(tried=reply)
     try:
         imported = worker.call(ImportRequest(target=cand.target), import_timeout)
     except WorkerDied as exc:
-        return stopped(
-            judge.died(
-                exc.status, exc.reason, f"importing {cand.target}", ("import", import_timeout)
-            )
-        )
-    if imported.tampered:
-        return stopped(judge.tampered(f"importing {cand.target}", imported.tampered))
-    if not imported.ok:
-        return stopped(judge.failed_import(cand.target, imported.kind, imported.error))
+        return _Said(died=exc, budget=import_timeout)
+    if imported.tampered or not imported.ok:
+        return _Said(imported=imported)
     budget = timeout * (COMPILED_FACTOR if cand.compiled else 1)
     try:
         # hidden: e.g. 64 (anemoi's QueryNorm/KeyNorm normalise over head_dim); baseline: the
@@ -126,14 +175,55 @@ def check_candidate(
             candidate=cand,
             slot=slot,
             device=device,
-            dtypes=tuple(plan),
+            dtypes=dtypes,
             canonical=dict(canonical or {}),
             hidden=hidden,
             baseline=baseline,
         )
         raw = worker.call(request, budget)
     except WorkerDied as exc:
-        return stopped(judge.died(exc.status, exc.reason, "checks", ("check", budget)))
+        return _Said(imported=imported, died=exc, budget=budget)
+    return _Said(imported=imported, raw=raw)
+
+
+def _verdict(
+    said: _Said,
+    cand: Candidate,
+    slot: str,
+    device: str,
+    problem: Problem | None,
+    base: ReportBase,
+    canonical: Mapping[str, Any] | None,
+    policy: Policy,
+) -> Report:
+    """The verdict on what the worker said (``_measure``), the judge's and the slots' verdict
+    modules' (``problem``: why a tried candidate cannot be the kernel it is declared to be)."""
+
+    def stopped(problem: Problem) -> Report:
+        return Report(status=problem.status, reasons=[problem.reason], **base)
+
+    if problem is not None:  # tried: it runs here, or how it fails
+        if said.tried is None:
+            assert said.died is not None
+            why = f"{problem.reason}; trying it {said.died.status}: {said.died.reason}"
+            return Report(status="unavailable", reasons=[why], **base)
+        reason = judge.judge_tried(problem, cand, said.tried)
+        return Report(
+            status="unavailable", reasons=[reason], interpreted=said.tried.interpreted, **base
+        )
+    if said.imported is None:
+        assert said.died is not None
+        died, budget = said.died, ("import", said.budget)
+        return stopped(judge.died(died.status, died.reason, f"importing {cand.target}", budget))
+    if said.imported.tampered:
+        return stopped(judge.tampered(f"importing {cand.target}", said.imported.tampered))
+    if not said.imported.ok:
+        return stopped(judge.failed_import(cand.target, said.imported.kind, said.imported.error))
+    raw = said.raw
+    if raw is None:
+        assert said.died is not None
+        died = said.died
+        return stopped(judge.died(died.status, died.reason, "checks", ("check", said.budget)))
     if raw.tampered:
         return stopped(judge.tampered(f"running {cand.target}", raw.tampered))
     if slot == ATTENTION:
@@ -162,29 +252,6 @@ def check_candidate(
     return report
 
 
-def _tried(
-    problem: Problem,
-    cand: Candidate,
-    slot: str,
-    device: str,
-    worker: Worker,
-    budget: float,
-    base: ReportBase,
-) -> Report:
-    """A candidate installed here that declares other devices: tried once in the worker, so that its
-    reason says how it fails here (or that it runs, but not as the kernel it is declared to be)."""
-    try:
-        tried = worker.call(TryRequest(candidate=cand, slot=slot, device=device), budget)
-    except WorkerDied as exc:
-        return Report(
-            status="unavailable",
-            reasons=[f"{problem.reason}; trying it {exc.status}: {exc.reason}"],
-            **base,
-        )
-    reason = judge.judge_tried(problem, cand, tried)
-    return Report(status="unavailable", reasons=[reason], interpreted=tried.interpreted, **base)
-
-
 @dataclass(frozen=True)
 class Checks:
     """How every candidate is checked: the device, the (dtype, regime) rows, the budgets and the
@@ -202,7 +269,9 @@ class Checks:
     baselines: Mapping[str, Candidate] = field(default_factory=dict)  # per slot
 
 
-def _no_progress(slot: str, cid: str, message: TimingProgressMessage | None) -> None:
+def _no_progress(
+    slot: str, cid: str, shapes: Sequence[str], message: TimingProgressMessage | None
+) -> None:
     """``Timing.progress`` where nobody listens."""
 
 
@@ -214,8 +283,9 @@ class Timing:
     dtype: str
     regime: str
     reps: int
-    # (slot, candidate id, None when its timing starts, else the worker's progress message)
-    progress: Callable[[str, str, TimingProgressMessage | None], None] = _no_progress
+    # (slot, candidate id, the shapes it is timed at, None when its timing starts, else the
+    # worker's progress message): ``Events.timing``
+    progress: Callable[[str, str, Sequence[str], TimingProgressMessage | None], None] = _no_progress
     # the Attention slot's geometries (attention_geometry), instead of shapes
     attention: tuple[str, ...] = ()
     # fixed: ``reps`` calls for every accepted candidate (``--reps`` given); else only what can
@@ -378,12 +448,13 @@ def _time(
     """One accepted candidate timed in its worker (``options``: ``timing.time_candidate``'s)."""
     report = done.report
     t1 = time.perf_counter()
-    timing.progress(slot, cand.id, None)
+    shapes = timing.attention if slot == ATTENTION else timing.shapes
+    timing.progress(slot, cand.id, shapes, None)
     request = TimeRequest(
         candidate=cand,
         slot=slot,
         device=checks.device,
-        shapes=timing.attention if slot == ATTENTION else timing.shapes,
+        shapes=shapes,
         dtype=timing.dtype,
         regime=timing.regime,
         progress=True,
@@ -392,7 +463,7 @@ def _time(
     )
     try:
         reply = worker.call(
-            request, TIMING_TIMEOUT, on_progress=lambda m: timing.progress(slot, cand.id, m)
+            request, TIMING_TIMEOUT, on_progress=lambda m: timing.progress(slot, cand.id, shapes, m)
         )
         if not reply.tampered:
             done.timings = [cast(dict[str, Any], row) for row in reply.rows]

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 
 import kernel_lock
 from kernel_lock.errors import KernelUnavailable, LockError, LockFormatError, LockMismatch
-from kernel_lock.format.slots import ATTENTION
 from kernel_probe.errors import InputFileError, StaleLock
 from kernel_probe.probe.planning import Events, Plan, ProbeRequest, large_shape_warning
 
@@ -162,8 +161,9 @@ def reusable(
     if lock.provenance.get("inputs") != digest:
         from kernel_probe.profiles.requirements import profile_change
 
-        changed = profile_change(lock.profile, profile)
-        return None, changed or options_change(lock.provenance.get("options"), inputs or {})
+        # why: the profile's change where it changed, else the options that differ
+        options = options_change(lock.provenance.get("options"), inputs or {})
+        return None, profile_change(lock.profile, profile) or options
     if libraries is not None:
         from kernel_probe.detect.libraries import library_change
 
@@ -310,9 +310,7 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
         p.dtype,
         p.regime,
         p.reps,
-        lambda slot, cid, m: events.timing(
-            slot, cid, [p.attention] if slot == ATTENTION else p.shapes, m
-        ),
+        events.timing,  # each candidate's timing, at the shapes check times it at
         attention=(p.attention,),
         fixed=p.request.reps is not None,  # --reps N: N calls for every accepted candidate
     )

@@ -3,10 +3,11 @@
     p = planning.plan(ProbeRequest(shapes=("40320x1024",)))
 
 ``plan`` refuses every bad argument before any work (exit 2), a node the profile rules out (exit 4)
-and a pin that cannot run here (exit 3); it detects the device, applies the site profile, gathers
-the candidates and fixes the shapes, precision and repetitions, and the digest of the inputs by
-which a lock is reused or probed again. ``kernel_probe.probe.pipeline`` runs the :class:`Plan`.
-Nothing here prints: what a person should see goes to an :class:`Events` object.
+and a pin that cannot run here (exit 3); it detects the device, applies the site profile and its
+per-slot rules, gathers the candidates and fixes the shapes, precision and repetitions, and the
+digest of the inputs by which a lock is reused or probed again. ``kernel_probe.probe.pipeline``
+runs the :class:`Plan`. Nothing here prints: what a person should see goes to an :class:`Events`
+object.
 """
 
 from __future__ import annotations
@@ -201,10 +202,10 @@ def gather_candidates(
     )
 
 
-def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
-    """Decide what ``request`` means here, refusing every bad argument before any work (exit 2), a
-    node the profile rules out (exit 4) and a pin that cannot run here (exit 3)."""
-    events = events or Events()
+def _refuse_bad_arguments(request: ProbeRequest) -> tuple[str, ...]:
+    """The request's first stage: every argument checked before any work (exit 2), in this order:
+    the shapes, repetitions, time limits, precision, the attention geometry, the activation
+    function, ``--check`` with ``--force`` and the gate; the shapes asked for, normalised."""
     try:
         asked = normal_shapes(request.shapes)
     except ValueError as exc:
@@ -256,12 +257,22 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
             gate_for(request.mlp_implementation)
         except ValueError as exc:
             raise UsageError(f"--mlp-implementation: {exc}") from None
+    return asked
+
+
+def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
+    """Decide what ``request`` means here, refusing every bad argument before any work (exit 2), a
+    node the profile rules out (exit 4) and a pin that cannot run here (exit 3)."""
+    events = events or Events()
+    asked = _refuse_bad_arguments(request)
     # a model with a gated mlp_implementation has the GatedMLP slot too
     slots = tuple(request.slots) or PROBED_BY_DEFAULT + (
         ("GatedMLP",) if request.mlp_implementation else ()
     )
     device = detect_device()
     profile, matched = _apply_profile(request, device, events)
+    # the chain: the profile, its per-slot rules with the command line's, the candidates, the forced
+    rules = slot_rules(slots, request.pins, request.prefers, profile)
     candidates, problems = gather_candidates(
         request.candidates, list(profile.candidates) if profile else [], plugins=request.plugins
     )
@@ -274,7 +285,6 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
             "compiled; a candidate whose "
             "kernels ran interpreted is labelled so, never timed and never written to the lock",
         ]
-    rules = slot_rules(slots, request.pins, request.prefers, profile)
     check_forced(
         request.pins,
         request.prefers,
@@ -358,11 +368,14 @@ def _apply_profile(request: ProbeRequest, device: Mapping[str, Any], events: Eve
     if not request.profile:
         return None, ""
     from kernel_lock.fingerprint import here
-    from kernel_probe.profiles import requirements
+    from kernel_probe.profiles import discovery, requirements
 
-    profile, matched, notes = requirements.choose(
-        request.profile, list(request.profiles_dirs), device
-    )
+    dirs = request.profiles_dirs
+    # the directories surveyed once, for the profile named and for the site's signals alike
+    found = None
+    if not discovery.names_file(request.profile):
+        found = discovery.survey(dirs)
+    profile, matched, notes = requirements.choose(request.profile, dirs, device, found=found)
     for note in notes:
         events.note(f"profile {request.profile}: {note}")
     if profile is None:
@@ -371,7 +384,7 @@ def _apply_profile(request: ProbeRequest, device: Mapping[str, Any], events: Eve
     if request.profile == "auto":
         events.note(f"profile auto: {profile.name} (matched {matched})")
     else:  # named: a node that its site signals place at another site is not this profile's
-        seen, seen_by, _ = requirements.choose("auto", list(request.profiles_dirs), device)
+        seen, seen_by, _ = requirements.choose("auto", dirs, device, found=found)
         requirements.other_site(profile, seen, seen_by)
     libs = requirements.library_facts(requirements.required_libraries(profile))
     for warning in requirements.enforce(profile, here.for_check(), libs):

@@ -4,8 +4,8 @@ reads.
 A profile's ``[policy.<slot>]`` (``allowed``, ``preferred``, ``pin``) and the command line's
 ``--pin`` / ``--prefer`` are merged here, once per plan, into a :class:`SlotRule` per slot. The
 probe then asks only the rule: which candidates are refused before they are checked
-(:meth:`SlotRule.refuses`), what the choice is told (:meth:`SlotRule.choice_options`), and what a
-forced id must pass (:meth:`SlotRule.check_forced`). The command line wins over the profile for a
+(:meth:`SlotRule.refuses`, which a forced id must pass too: ``planning.check_forced``) and what the
+choice is told (:meth:`SlotRule.choice_options`). The command line wins over the profile for a
 slot it names; the profile's ``allowed`` holds either way.
 
     >>> rule = SlotRule(allowed=("torch.layer_norm",), allowed_by="profile lumi-g")

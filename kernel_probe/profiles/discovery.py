@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernel_probe.errors import InputFileError, UsageError
-from kernel_probe.profiles.format import MAX_BYTES, Profile, ProfileError, load_file
+from kernel_probe.profiles.format import MAX_BYTES, Profile, ProfileError, from_bytes, load_file
 
 ENV_VAR = "KERNEL_PROBE_PROFILES"
 BUILTIN_PACKAGE_DIR = (
@@ -85,10 +85,11 @@ def survey(extra: Iterable[str] = ()) -> Survey:
         skipped = []
         for f in sorted(d.glob("*.toml")):
             try:
-                if not _DECLARES_PROFILE.search(read_regular(f, MAX_BYTES)):
+                raw = read_regular(f, MAX_BYTES)  # once: what is sniffed is what is parsed
+                if not _DECLARES_PROFILE.search(raw):
                     skipped.append(f.name)
                     continue
-                prof = load_file(f)
+                prof = from_bytes(raw, str(f))
             except UnsafeFile:
                 skipped.append(f.name)
                 continue
@@ -147,9 +148,15 @@ def available(extra: Iterable[str] = ()) -> dict[str, Profile]:
     return survey(extra).profiles
 
 
+def names_file(spec: str) -> bool:
+    """Whether ``--profile`` names a profile file (anything with a '/' or ending in .toml) rather
+    than a profile by its name."""
+    return "/" in spec or spec.endswith(".toml")
+
+
 def resolve(spec: str, extra: Iterable[str] = (), found: Survey | None = None) -> Profile:
-    """A profile by name, or by path (anything with a '/' or ending in .toml)."""
-    if "/" in spec or spec.endswith(".toml"):
+    """A profile by name, or by path (:func:`names_file`)."""
+    if names_file(spec):
         return load_file(spec)
     found = found or survey(extra)
     if spec not in found.profiles:

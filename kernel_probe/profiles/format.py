@@ -507,12 +507,12 @@ def parse(text: str, path: str) -> Profile:
 
 
 def load_file(path: str | os.PathLike[str]) -> Profile:
-    """The profile file at ``path``, read through the safe reader and parsed."""
+    """The profile file at ``path``, read through the safe reader, parsed by :func:`from_bytes`."""
     from kernel_lock.trust.files import UnsafeFile, read_regular
 
     p = Path(path)
     try:
-        text = read_regular(p, MAX_BYTES).decode("utf-8")
+        raw = read_regular(p, MAX_BYTES)
     except FileNotFoundError:
         raise ProfileError(
             "no such file", path=str(p), fix="check the path, or use `kernel-probe profiles list`"
@@ -520,9 +520,18 @@ def load_file(path: str | os.PathLike[str]) -> Profile:
     except UnsafeFile as exc:
         fix = "pass a .toml file, or use --profiles-dir" if "directory" in exc.problem else exc.fix
         raise ProfileError(exc.problem, path=str(p), fix=fix or None) from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise ProfileError(f"cannot read: {exc}", path=str(p)) from None
-    return parse(text, str(p))
+    return from_bytes(raw, str(p))
+
+
+def from_bytes(raw: bytes, path: str) -> Profile:
+    """The profile in the bytes read from the file ``path`` (UTF-8 TOML), parsed; ProfileError."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProfileError(f"cannot read: {exc}", path=path) from None
+    return parse(text, path)
 
 
 def variants_of(base: str) -> list[str]:

@@ -15,7 +15,7 @@ from kernel_lock import Difference
 from kernel_lock.format.versions import in_spec
 from kernel_probe.errors import ProfileUnmet
 from kernel_probe.profiles.autodetect import SiteFacts, auto_detect, site_facts
-from kernel_probe.profiles.discovery import resolve, survey
+from kernel_probe.profiles.discovery import Survey, names_file, resolve, survey
 from kernel_probe.profiles.format import Profile, load_file
 
 
@@ -229,18 +229,22 @@ def choose(
     *,
     facts: SiteFacts | None = None,
     named: str = "explicit (--profile)",
+    found: Survey | None = None,
 ) -> tuple[Profile | None, str, list[str]]:
     """The profile ``--profile NAME|PATH|auto`` names, how it was chosen (``named`` when named), and
     notes to show. ``facts``: another node's site facts (a node description) instead of this
-    one's."""
+    one's; ``found``: the profile directories as already surveyed (``discovery.survey``), else
+    they are surveyed here."""
     if spec != "auto":
-        if "/" in spec or spec.endswith(".toml"):
+        if names_file(spec):
             return load_file(spec), named, []
-        found = survey(extra)
+        if found is None:
+            found = survey(extra)
         return resolve(spec, extra, found), named, found.notes_for(spec)
     from kernel_probe.detect.site import detect_site
 
-    found = survey(extra)
+    if found is None:
+        found = survey(extra)
     notes = found.notes_for() + [f"broken profile, not considered: {exc}" for exc in found.broken]
     problems: list[str] = []
     if facts is None:
