@@ -339,14 +339,17 @@ def test_the_accepted_change_reaches_the_lock(tmp_path, capsys):
 # ---- time budget ---------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_a_hanging_import_costs_the_import_budget_not_minutes():
+    """The default budget is under half a minute; the check waits out the budget it is given (3 s
+    here, so the suite does not sit through the default's 20 s) and no more."""
     assert IMPORT_TIMEOUT <= 30
+    budget = 3.0
     start = time.perf_counter()
     with Worker() as w:
         w.call(PingRequest())
-        r = check(w, "LayerNorm=kp_zoo.hang_on_import.X")
+        r = check(w, "LayerNorm=kp_zoo.hang_on_import.X", import_timeout=budget)
     elapsed = time.perf_counter() - start
-    assert r.status == "timeout" and f"import budget {IMPORT_TIMEOUT:g} s" in r.reasons[0]
-    assert r.seconds is not None and IMPORT_TIMEOUT <= r.seconds < IMPORT_TIMEOUT + 10
+    assert r.status == "timeout" and f"import budget {budget:g} s" in r.reasons[0]
+    assert r.seconds is not None and budget <= r.seconds < budget + 10
     assert elapsed < 60  # well under a minute of job start, the worker's restart included
 
 
