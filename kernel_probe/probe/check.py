@@ -33,6 +33,7 @@ from kernel_probe.isolation.protocol import (
 )
 from kernel_probe.isolation.worker import Worker, WorkerDied, WorkerPool
 from kernel_probe.probe import judge, repetitions
+from kernel_probe.probe.choose import beats_default
 from kernel_probe.probe.judge import Policy, Problem
 from kernel_probe.probe.limits import CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT, TIMING_TIMEOUT
 from kernel_probe.probe.report import Report, ReportBase, report_base
@@ -388,6 +389,7 @@ def _time_slot(
     )
     spent = 0.0
     against: dict[str, list[float]] | None = None
+    first_options: dict[str, Any] = {}
     for i, (cand, checked) in enumerate(timeable):
         warmup = min(3, timing.reps) if checks.device != "cpu" or timing.fixed else 1
         options: dict[str, Any] = {
@@ -409,6 +411,71 @@ def _time_slot(
         spent += checked.time_seconds
         if cand.id == default_id and checked.timings:
             against = {r["shape"]: list(r["samples"]) for r in checked.timings if r.get("samples")}
+            first_options = options
+    if timeable and timeable[0][0].id == default_id and len(timeable) > 1:
+        _rematch(slot, timeable, checks, pool, timing, first_options)
+
+
+def _rematch(
+    slot: str,
+    timeable: Sequence[tuple[Candidate, Checked]],
+    checks: Checks,
+    pool: WorkerPool,
+    timing: Timing,
+    options: Mapping[str, Any],
+) -> None:
+    """When a candidate beat the default's first run, the default is timed again, after every
+    other candidate, with its first run's options, and each shape keeps the faster of its two runs
+    (``timed = "rematch"``). The first candidate timed in a worker pays for what only warms up later
+    (thread pools, the allocator, clocks): on a loaded 2-core CPU torch.sdpa, timed first, came out
+    1.36x slower than torch.sdpa.flash, the same kernel there. So a candidate replaces the default
+    only by beating it both before and after its own timing."""
+    default_cand, default = timeable[0]
+    shapes = timing.attention if slot == ATTENTION else timing.shapes
+    if timing.fixed or not default.timings or default.report.status != "accepted":
+        return
+    winner = next(
+        (
+            cand.id
+            for cand, checked in timeable[1:]
+            if checked.report.status == "accepted"
+            and beats_default(checked.timings, default.timings, shapes)
+        ),
+        None,
+    )
+    if winner is None:
+        return
+    first, first_seconds = default.timings, default.time_seconds
+    with pool.worker_for(default_cand) as worker:
+        _time(default_cand, slot, checks, worker, timing, default, options)
+    default.time_seconds += first_seconds
+    if default.report.status != "accepted" or not default.timings:
+        default.timings = first  # its failure is in its report: the rule-out is the judge's
+        return
+    default.timings = faster_runs(first, default.timings)
+
+
+def faster_runs(
+    first: Sequence[Mapping[str, Any]], second: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """Per shape, the row of the faster of two runs of the default (an error row never wins), each
+    marked ``timed = "rematch"``.
+
+    >>> a = [{"shape": "8x4", "median_ms": 2.0, "timed": "baseline"}]
+    >>> b = [{"shape": "8x4", "median_ms": 1.5, "timed": "baseline"}]
+    >>> faster_runs(a, b)
+    [{'shape': '8x4', 'median_ms': 1.5, 'timed': 'rematch'}]
+    >>> faster_runs(a, [{"shape": "8x4", "error": "RuntimeError: out of memory"}])[0]["median_ms"]
+    2.0
+    """
+    again = {r["shape"]: r for r in second if "error" not in r}
+    out: list[dict[str, Any]] = []
+    for row in first:
+        other = again.get(row["shape"])
+        if other is not None and ("error" in row or other["median_ms"] < row["median_ms"]):
+            row = other
+        out.append({**row, "timed": "rematch"} if "error" not in row else dict(row))
+    return out
 
 
 def _kind(device: str) -> str:

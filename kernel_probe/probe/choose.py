@@ -76,7 +76,7 @@ def within_margin(score: float, spread: float) -> bool:
     return score <= 1 + repetitions.margin(spread)
 
 
-def _ok_timings(rows: list[Mapping[str, Any]] | None, shapes: list[str]) -> bool:
+def _ok_timings(rows: Sequence[Mapping[str, Any]] | None, shapes: Sequence[str]) -> bool:
     if not rows:
         return False
     got = {r["shape"]: r for r in rows if "error" not in r}
@@ -92,6 +92,19 @@ def _score(rows, base_rows, shapes) -> tuple[float, float]:
         logs.append(math.log(by[s]["median_ms"] / base[s]["median_ms"]))
         spread = max(spread, by[s].get("spread", 0.0), base[s].get("spread", 0.0))
     return math.exp(sum(logs) / len(logs)), spread
+
+
+def beats_default(
+    rows: Sequence[Mapping[str, Any]] | None,
+    base_rows: Sequence[Mapping[str, Any]] | None,
+    shapes: Sequence[str],
+) -> bool:
+    """Whether a candidate's timing rows replace the default's by ``choose``'s rule (faster beyond
+    the margin at the geometric mean over ``shapes``); False when either side lacks a shape."""
+    if not _ok_timings(rows, shapes) or not _ok_timings(base_rows, shapes):
+        return False
+    assert rows is not None and base_rows is not None
+    return clears_margin(*_score(rows, base_rows, shapes))
 
 
 def _worst_shape(rows, base_rows, shapes) -> tuple[str, float]:

@@ -32,7 +32,17 @@ def test_probe_writes_a_valid_lock(probed):
     lock = kernel_lock.load(probed, strict=True)
     assert lock.intact and lock.precision == "bf16-mixed"
     assert lock.environment.fields["device-type"].value == "cpu"
-    assert {s: lock.slots[s].implementation for s in lock.slots} == {
+    chosen = {s: lock.slots[s].implementation for s in lock.slots}
+    # on a CPU torch.sdpa dispatches to the same kernel as torch.sdpa.flash (or math): which one is
+    # chosen is the timing's to say. Any other choice than the default must name its win, a win
+    # that held against the default timed a second time (its rows say "rematch").
+    attention = lock.slots["Attention"]
+    if chosen["Attention"] != "torch.sdpa":
+        assert chosen["Attention"] in {"torch.sdpa.math", "torch.sdpa.flash"}
+        assert "faster than torch.sdpa" in attention.reason, attention.reason
+        default_rows = [r for r in attention.timing if r["implementation"] == "torch.sdpa"]
+        assert default_rows and all(r["timed"] == "rematch" for r in default_rows)
+    assert {**chosen, "Attention": "torch.sdpa"} == {
         "LayerNorm": "torch.layer_norm",
         "RMSNorm": "torch.rms_norm",
         "Linear": "torch.linear",
