@@ -210,22 +210,21 @@ def _schema_and_entries(
     a child of its own with its own ``timeout``, exactly as when it is asked alone, so the findings
     say which part failed and how; an entry whose import hangs costs one ``timeout`` more than it
     would alone."""
-    if isinstance(run, str) or not requests:
-        status, errors = schema_findings(config, timeout, run=run)
-        return status, errors, judge_entries(requests, timeout=timeout)
-    request = ConfigCheckRequest(
-        schema=run.request, schema_memory=COMPOSE_MEMORY, entries=tuple(requests)
-    )
-    child = run_function(CONFIG_CHILD, "check", request, timeout=timeout)
     reply: ConfigCheckReply | None = None
-    if child.ok:
-        with contextlib.suppress(ProtocolError):  # not its answer: as if it had failed
-            reply = ConfigCheckReply.from_json(child.value)
-    if reply is None or reply.schema is None or len(reply.entries) != len(requests):
-        status, errors = schema_findings(config, timeout, run=run)
-        return status, errors, judge_entries(requests, timeout=timeout)
-    status, errors = schema_findings(config, timeout, run=run, reply=reply.schema)
-    return status, errors, list(reply.entries)
+    if isinstance(run, SchemaRun) and requests:
+        request = ConfigCheckRequest(
+            schema=run.request, schema_memory=COMPOSE_MEMORY, entries=tuple(requests)
+        )
+        child = run_function(CONFIG_CHILD, "check", request, timeout=timeout)
+        if child.ok:
+            with contextlib.suppress(ProtocolError):  # not its answer: as if it had failed
+                reply = ConfigCheckReply.from_json(child.value)
+    if reply is not None and reply.schema is not None and len(reply.entries) == len(requests):
+        status, errors = schema_findings(config, timeout, run=run, reply=reply.schema)
+        return status, errors, list(reply.entries)
+    # one part asked, or the one child failed: each part in a child of its own
+    status, errors = schema_findings(config, timeout, run=run)
+    return status, errors, judge_entries(requests, timeout=timeout)
 
 
 def _installed_module(target: str) -> bool:
