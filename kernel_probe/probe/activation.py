@@ -375,37 +375,24 @@ def time_candidate(
     from kernel_probe.probe import timing
     from kernel_probe.shapes import parse_shape
 
-    opts = {**timing.DEFAULT_OPTIONS, **options}
-    clock = timing._Clock(device)
     tdev = torch_device(device)
-    rows_out: list[TimingRow] = []
-    for index, text in enumerate(shapes):
-        row: TimingRow = {
-            "implementation": cand.id,
-            "shape": text,
-            "dtype": dtype_name,
-            "regime": "true",
-        }
-        tick = timing.ticker(progress, text, index, len(shapes))
 
-        try:
-            rows, hidden, out = parse_shape(text)
-            mod = build(cand)
-            x = torch.randn(
-                rows, out or hidden, device=tdev, dtype=torch_dtype(dtype_name), requires_grad=True
-            )
-            go = torch.randn_like(x)
+    def measure(text: str, timed: Callable[[Callable[[], None]], TimingRow]) -> None:
+        rows, hidden, out = parse_shape(text)
+        mod = build(cand)
+        x = torch.randn(
+            rows, out or hidden, device=tdev, dtype=torch_dtype(dtype_name), requires_grad=True
+        )
+        go = torch.randn_like(x)
 
-            def step(mod: Any = mod, x: Any = x, go: Any = go) -> None:
-                torch.autograd.grad(mod(x), x, go)
+        def step() -> None:
+            torch.autograd.grad(mod(x), x, go)
 
-            timing.timed_calls(clock, step, opts, tick, text, row)
-            # x read, y written forward; x and grad_out read, dx written backward
-            row["gbps"] = 5 * x.numel() * x.element_size() / (row["median_ms"] / 1e3) / 1e9
-        except Exception as exc:
-            row["error"] = first_line(exc, 400)
-        rows_out.append(row)
-    return TimeReply(candidate=cand.id, device=device, rows=rows_out)
+        row = timed(step)
+        # x read, y written forward; x and grad_out read, dx written backward
+        row["gbps"] = 5 * x.numel() * x.element_size() / (row["median_ms"] / 1e3) / 1e9
+
+    return timing.step_rows(cand.id, device, shapes, dtype_name, options, progress, measure)
 
 
 def try_once(cand: Candidate, device: str) -> dict[str, Any]:

@@ -653,49 +653,35 @@ def time_candidate(
     from kernel_lock.format.slots import torch_device
     from kernel_probe.probe import timing
 
-    opts = {**timing.DEFAULT_OPTIONS, **options}
-    clock = timing._Clock(device)
     tdev = torch_device(device)
-    rows: list[TimingRow] = []
-    for index, text in enumerate(geometries):
-        row: TimingRow = {
-            "implementation": cand.id,
-            "shape": text,
-            "dtype": dtype_name,
-            "regime": "true",
-        }
-        tick = timing.ticker(progress, text, index, len(geometries))
-        try:
-            g = parse_geometry(text)
-            values = canonical({**dict(canonical_overrides or {}), **dict(g.options)})
-            mod = build(cand, values).train()
-            dtype = torch_dtype(dtype_name)
-            q, k, v = (
-                torch.randn(
-                    1, g.heads, g.seq, g.head_dim, device=tdev, dtype=dtype, requires_grad=True
-                )
-                for _ in range(3)
-            )
-            go = torch.randn(1, g.heads, g.seq, g.head_dim, device=tdev, dtype=dtype)
 
-            def step(mod: Any = mod, q: Any = q, k: Any = k, v: Any = v, go: Any = go) -> None:
-                out = mod(q, k, v)
-                torch.autograd.grad(out, (q, k, v), go)
+    def measure(text: str, timed: Callable[[Callable[[], None]], TimingRow]) -> None:
+        g = parse_geometry(text)
+        values = canonical({**dict(canonical_overrides or {}), **dict(g.options)})
+        mod = build(cand, values).train()
+        dtype = torch_dtype(dtype_name)
+        q, k, v = (
+            torch.randn(1, g.heads, g.seq, g.head_dim, device=tdev, dtype=dtype, requires_grad=True)
+            for _ in range(3)
+        )
+        go = torch.randn(1, g.heads, g.seq, g.head_dim, device=tdev, dtype=dtype)
 
-            if tdev == "cuda":
-                torch.cuda.reset_peak_memory_stats()
-            timing.timed_calls(clock, step, opts, tick, text, row)
-            keys = g.seq if values["window"] < 0 else min(g.seq, 2 * values["window"] + 1)
-            seconds = row["median_ms"] / 1e3
-            # fwd 2 matmuls, bwd 5 (one recomputing the scores), 2 flops per multiply-add, band keys
-            # only
-            row["tflops"] = 7 * 2.0 * g.heads * g.seq * keys * g.head_dim / seconds / 1e12
-            # q, k, v, out read or written forward; q, k, v, out, grad_out read and dq, dk, dv
-            # written backward
-            row["gbps"] = 12 * g.heads * g.seq * g.head_dim * dtype.itemsize / seconds / 1e9
-            if tdev == "cuda":
-                row["peak_bytes"] = int(torch.cuda.max_memory_allocated())
-        except Exception as exc:
-            row["error"] = first_line(exc, 400)
-        rows.append(row)
-    return TimeReply(candidate=cand.id, device=device, rows=rows)
+        def step() -> None:
+            out = mod(q, k, v)
+            torch.autograd.grad(out, (q, k, v), go)
+
+        if tdev == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        row = timed(step)
+        keys = g.seq if values["window"] < 0 else min(g.seq, 2 * values["window"] + 1)
+        seconds = row["median_ms"] / 1e3
+        # fwd 2 matmuls, bwd 5 (one recomputing the scores), 2 flops per multiply-add, band keys
+        # only
+        row["tflops"] = 7 * 2.0 * g.heads * g.seq * keys * g.head_dim / seconds / 1e12
+        # q, k, v, out read or written forward; q, k, v, out, grad_out read and dq, dk, dv
+        # written backward
+        row["gbps"] = 12 * g.heads * g.seq * g.head_dim * dtype.itemsize / seconds / 1e9
+        if tdev == "cuda":
+            row["peak_bytes"] = int(torch.cuda.max_memory_allocated())
+
+    return timing.step_rows(cand.id, device, geometries, dtype_name, options, progress, measure)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -435,6 +435,48 @@ def ticker(
         )
 
     return tick
+
+
+def step_rows(
+    cand_id: str,
+    device: str,
+    shapes: Sequence[str],
+    dtype_name: str,
+    options: Mapping[str, Any],
+    progress: Callable[[TimingProgressMessage], None] | None,
+    measure: Callable[[str, Callable[[Callable[[], None]], TimingRow]], None],
+) -> TimeReply:
+    """One row per shape for a slot that times one forward+backward step (Activation, Attention):
+    ``measure(shape, timed)`` builds the shape's step and calls ``timed(step)``, which times it
+    (``timed_calls``: this module's clock and repetition rule, ``progress`` after each call) and
+    returns the row for the figures ``measure`` adds; whatever it raises is the row's error."""
+    opts = {**DEFAULT_OPTIONS, **options}
+    clock = _Clock(device)
+    rows: list[TimingRow] = []
+    for index, text in enumerate(shapes):
+        row: TimingRow = {
+            "implementation": cand_id,
+            "shape": text,
+            "dtype": dtype_name,
+            "regime": "true",
+        }
+        tick = ticker(progress, text, index, len(shapes))
+
+        def timed(
+            step: Callable[[], None],
+            row: TimingRow = row,
+            tick: Callable[[str, int, int], None] | None = tick,
+            text: str = text,
+        ) -> TimingRow:
+            timed_calls(clock, step, opts, tick, text, row)
+            return row
+
+        try:
+            measure(text, timed)
+        except Exception as exc:  # OOM at the model's shape, a kernel that refuses the size, ...
+            row["error"] = first_line(exc, 400)
+        rows.append(row)
+    return TimeReply(candidate=cand_id, device=device, rows=rows)
 
 
 def time_candidate(
