@@ -43,6 +43,44 @@ if "KERNEL_PROBE_CACHE_DIR" not in os.environ:
 
     os.environ["KERNEL_PROBE_CACHE_DIR"] = tempfile.mkdtemp(prefix="kernel-probe-tests-cache-")
 
+# Under pytest-xdist (`-n 2`, as .ci/run runs the suite) a test marked `timing` runs alone: its
+# assertion depends on measured speed, which the other worker's work on the same cores would
+# change. Every test holds a shared lock on a file of this run while it runs (set-up and teardown
+# included, where module fixtures run their probes); a timing test holds it exclusively, so it
+# waits for the test running beside it to end and the other worker waits for it. A turnstile
+# (taken briefly by every test, held by a timing test until it has the room) keeps a stream of
+# other tests from starving it. The folder is made once, here, by the controlling process: its
+# workers inherit the variable, like KERNEL_PROBE_CACHE_DIR above.
+if "KERNEL_PROBE_TESTS_ALONE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["KERNEL_PROBE_TESTS_ALONE_DIR"] = tempfile.mkdtemp(prefix="kernel-probe-alone-")
+
+
+def _under_xdist(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not _under_xdist(item.config):
+        return (yield)
+    import fcntl
+
+    folder = Path(os.environ["KERNEL_PROBE_TESTS_ALONE_DIR"])
+    alone = item.get_closest_marker("timing") is not None
+    with open(folder / "turnstile", "a") as turnstile, open(folder / "room", "a") as room:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            return (yield)
+        finally:
+            fcntl.flock(room, fcntl.LOCK_UN)
+
+
 MINIMAL_LOCK = """\
 lock-version = "1.0"
 created-by = "hand"
@@ -201,7 +239,37 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
+# The modules that take longest (`pytest --durations`, 2026-12-02; each is seconds to minutes of
+# module fixtures or interpreted kernels), longest first. Under pytest-xdist each module runs whole
+# on one worker (a module fixture is set up once), and these are handed out first, so that no worker
+# is left running one of them alone at the end; run serially, the order changes nothing.
+HEAVY_FIRST = (
+    "kernel_probe/anemoi/test_pipelines.py",
+    "kernel_probe/probe/test_check_liger.py",
+    "test_gpu_kit.py",
+    "kernel_probe/probe/test_graph_attention.py",
+    "kernel_lock/test_anemoi.py",
+    "kernel_probe/probe/test_judge_effects.py",
+    "kernel_probe/probe/test_judge_zoo.py",
+    "kernel_probe/anemoi/test_entry_checks.py",
+    "kernel_lock/test_anemoi_generic.py",
+    "kernel_lock/test_schema_docs.py",
+)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist, whole modules to a worker, in this suite's order (HEAVY_FIRST first),
+    not xdist's (most tests first)."""
+    from xdist.scheduler import LoadFileScheduling
+
+    config.option.loadscopereorder = False
+    return LoadFileScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {key: i for i, key in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(module_key(item.path), len(rank)))  # stable
     for item in items:
         if set(SLOW_FIXTURES.get(module_key(item.path), ())) & set(
             getattr(item, "fixturenames", ())

@@ -36,6 +36,9 @@ from kernel_probe.probe.judge import Policy, Problem, judge_candidate, static_pr
 from kernel_probe.probe.report import ReportBase
 from kernel_probe.tables import CandidateDataError, TableReader
 
+# asserts on measured speed: runs alone under pytest-xdist (tests/conftest.py)
+pytestmark = pytest.mark.timing
+
 CUDA_LIBS = ("torch.linear.cublas", "torch.linear.cublaslt")
 ROCM_LIBS = ("torch.linear.hipblaslt", "torch.linear.rocblas")
 

@@ -17,6 +17,9 @@ from kernel_probe.probe.choose import choose
 from kernel_probe.probe.report import Report
 from kernel_probe.probe.timing import _Clock, repeat
 
+# asserts on measured speed: runs alone under pytest-xdist (tests/conftest.py)
+pytestmark = pytest.mark.timing
+
 
 # ---- the confidence interval of a median ---------------------------------------------------------
 @pytest.mark.parametrize(
