@@ -36,8 +36,6 @@ from kernel_probe.probe.judge import Policy, Problem, judge_candidate, static_pr
 from kernel_probe.probe.report import ReportBase
 from kernel_probe.tables import CandidateDataError, TableReader
 
-# asserts on measured speed: runs alone under pytest-xdist (tests/conftest.py)
-pytestmark = pytest.mark.timing
 
 CUDA_LIBS = ("torch.linear.cublas", "torch.linear.cublaslt")
 ROCM_LIBS = ("torch.linear.hipblaslt", "torch.linear.rocblas")
@@ -282,6 +280,7 @@ def simulated_cuda_probe(monkeypatch, tmp_path: Path, **request):
 
 
 @pytest.mark.slow
+@pytest.mark.timing  # a choice by measured speed: runs alone under pytest-xdist (conftest)
 def test_simulated_cuda_probe_chooses_and_records_the_library(monkeypatch, tmp_path, switch, under):
     _, config = under
     config["slow"].add("Cublas")  # cuBLASLt is the faster library on this simulated H100
@@ -308,6 +307,7 @@ def test_simulated_cuda_probe_chooses_and_records_the_library(monkeypatch, tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.timing  # a choice by measured speed: runs alone under pytest-xdist (conftest)
 def test_a_library_that_computes_worse_is_not_chosen(monkeypatch, tmp_path, switch, under):
     _, config = under
     config["bad"].add("Cublaslt")

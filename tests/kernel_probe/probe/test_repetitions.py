@@ -17,9 +17,6 @@ from kernel_probe.probe.choose import choose
 from kernel_probe.probe.report import Report
 from kernel_probe.probe.timing import _Clock, repeat
 
-# asserts on measured speed: runs alone under pytest-xdist (tests/conftest.py)
-pytestmark = pytest.mark.timing
-
 
 # ---- the confidence interval of a median ---------------------------------------------------------
 @pytest.mark.parametrize(
@@ -208,6 +205,7 @@ def test_the_sequential_test_decides_a_synthetic_pair_in_few_calls(factor, chose
 
 # ---- real probes: several accepted candidates, adaptive repetitions ------------------------------
 @pytest.mark.slow
+@pytest.mark.timing  # a choice by measured speed: runs alone under pytest-xdist (conftest)
 def test_two_consecutive_cold_probes_choose_the_same_in_every_slot(tmp_path):
     """Linear with a second correct candidate of the same speed (the case noise could flip),
     LayerNorm with a slower one, RMSNorm alone (one measured call): two cold probes (no lock to
