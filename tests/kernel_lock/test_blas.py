@@ -36,7 +36,6 @@ from kernel_probe.probe.judge import Policy, Problem, judge_candidate, static_pr
 from kernel_probe.probe.report import ReportBase
 from kernel_probe.tables import CandidateDataError, TableReader
 
-
 CUDA_LIBS = ("torch.linear.cublas", "torch.linear.cublaslt")
 ROCM_LIBS = ("torch.linear.hipblaslt", "torch.linear.rocblas")
 

@@ -23,7 +23,6 @@ from kernel_probe.probe.timing import (
     time_candidate,
 )
 
-
 # tiny and exact: two repetitions, one warm-up call, no minimum time, no float64 check
 FAST = {"reps": 2, "warmup": 1, "min_seconds": 0.0, "check": False}
 
