@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -214,6 +215,26 @@ def run_cli(argv, capsys):
         code = exc.code
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def run_pytest_suite(
+    suite: Path, env: dict[str, str], *, drop: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
+    """A small pytest suite (``suite``, a folder of test modules) run in two xdist workers in a
+    child, as this project's own hooks see it: this checkout and the suite importable, ``env`` added
+    to this environment with ``drop``'s variables removed; output captured, 300 s at most."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", str(suite)],
+        cwd=suite,
+        env={
+            **{k: v for k, v in os.environ.items() if k not in drop},
+            **env,
+            "PYTHONPATH": f"{ROOT}{os.pathsep}{suite}",
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 # Module-scoped fixtures that run a real probe, a worker pool over the fake zoo or many ranks

@@ -5,15 +5,12 @@ overlap no other test's, while the unmarked tests of two modules do run side by 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import run_pytest_suite
 
 pytestmark = pytest.mark.slow
 
@@ -67,18 +64,9 @@ def _suite(folder: Path) -> None:
 def test_a_timing_test_overlaps_no_other_test_under_two_workers(tmp_path):
     _suite(tmp_path)
     record = tmp_path / "record.jsonl"
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", str(tmp_path)],
-        cwd=tmp_path,
-        env={
-            # its own lock folder: sharing this run's would make it wait on the test that started it
-            **{k: v for k, v in os.environ.items() if k != "KERNEL_PROBE_TESTS_ALONE_DIR"},
-            "RECORD": str(record),
-            "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}",
-        },
-        capture_output=True,
-        text=True,
-        timeout=300,
+    # its own lock folder: sharing this run's would make it wait on the test that started it
+    done = run_pytest_suite(
+        tmp_path, {"RECORD": str(record)}, drop=("KERNEL_PROBE_TESTS_ALONE_DIR",)
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     runs = [json.loads(line) for line in record.read_text().splitlines()]

@@ -5,15 +5,13 @@ a failing test still fails the run, and that every worker still ends with its re
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import run_pytest_suite
 
 pytestmark = pytest.mark.slow
 
@@ -54,18 +52,7 @@ def _run(folder: Path, *, fail: bool) -> tuple[subprocess.CompletedProcess, Path
     for name in ("a", "b"):
         ok = "False" if (fail and name == "b") else "True"
         (suite / f"test_{name}.py").write_text(textwrap.dedent(MODULE.format(name=name, ok=ok)))
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", str(suite)],
-        cwd=suite,
-        env={
-            **{k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"},
-            "EXIT_RECORD": str(out),
-            "PYTHONPATH": f"{ROOT}{os.pathsep}{suite}",
-        },
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_pytest_suite(suite, {"EXIT_RECORD": str(out)}, drop=("PYTEST_XDIST_WORKER",))
     return done, out
 
 
