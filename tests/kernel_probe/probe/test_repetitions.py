@@ -249,6 +249,10 @@ def test_two_consecutive_cold_probes_choose_the_same_in_every_slot(tmp_path):
             ("Linear", "torch.linear", "custom:kp_fastlib.FastLinear"),
             ("LayerNorm", "torch.layer_norm", "custom:kp_fastlib.FastLayerNorm"),
         ):
-            # the default is timed first, the other against it
-            assert timed[slot][default] == "baseline"
+            # the default is timed first, the other against it; where the other's first run beat
+            # it by the margin, the default is timed again after it (a rematch: a loaded machine
+            # can slow the default's first run), and a far slower candidate never causes one
+            assert timed[slot][default] in ("baseline", "rematch")
             assert timed[slot][own] in ("decided", "far slower", "max-reps", "budget")
+            if timed[slot][default] == "rematch":
+                assert timed[slot][own] != "far slower", timed
