@@ -31,10 +31,22 @@ def _end_the_worker_now() -> None:
     os._exit(0)
 
 
+def _threads_per_worker() -> int:
+    """The cores this process may use, shared out among pytest-xdist's workers (at least one)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    return max(1, (cores or 1) // max(1, workers))
+
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     import atexit
 
     atexit.register(_end_the_worker_now)
+    # Each worker's torch (and the probe children it starts, which inherit the variable) computes on
+    # its share of the cores, not on all of them beside the other workers: on 2 cores, two workers
+    # of two threads each made the fast lane about 15 % slower (docs/benchmarks.md). Set before
+    # torch is imported; a value the caller chose is kept.
+    os.environ.setdefault("OMP_NUM_THREADS", str(_threads_per_worker()))
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
