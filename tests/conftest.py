@@ -44,7 +44,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     atexit.register(_end_the_worker_now)
     # Each worker's torch (and the probe children it starts, which inherit the variable) computes on
     # its share of the cores, not on all of them beside the other workers: on 2 cores, two workers
-    # of two threads each made the fast lane about 15 % slower (docs/benchmarks.md). Set before
+    # of two threads each made the fast lane about 10 % slower (docs/benchmarks.md). Set before
     # torch is imported; a value the caller chose is kept.
     os.environ.setdefault("OMP_NUM_THREADS", str(_threads_per_worker()))
 
