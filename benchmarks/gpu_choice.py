@@ -46,8 +46,8 @@ from gpu_facts import (  # noqa: E402
     write_json,
 )
 
-from kernel_lock.format.slots import ATTENTION  # noqa: E402
-from kernel_lock.format.slots import PRECISIONS as ALL_PRECISIONS  # noqa: E402
+ATTENTION = "Attention"
+from kernel_lock.slots import PRECISIONS as ALL_PRECISIONS  # noqa: E402
 
 GOAL = 1.03  # the chosen candidate within 3 % of the fastest accepted one
 L2_FLUSH_BYTES = 256 * 2**20  # larger than any GPU's L2 (H200: 60 MB)

@@ -40,8 +40,8 @@ from .errors import (
     TargetNotAllowed,
 )
 from .format.schema import LOCK_VERSION
-from .format.slots import SLOTS
 from .lock import KernelLock, load, loads
+from .slots import SLOTS
 
 __version__ = "0.1.0"
 

@@ -404,8 +404,8 @@ def export(
     verify_environment: bool = True,
 ) -> list[Exported]:
     """The entries of :func:`layer_kernels`, each with a note on how it was reached."""
-    from .format.slots import DEFAULT_TARGETS
     from .resolve import factory
+    from .slots import SPECS
 
     out: list[Exported] = []
     for slot, key in SLOT_KEYS.items():
@@ -419,16 +419,15 @@ def export(
                 f"inference substitute for {f.substituted_from} (verified max error {f.max_error})"
                 + (f"; {note}" if note else "")
             )
-        if slot == "Activation" and lock.slots[slot].function:  # which function the model computes
-            note = f"the model's function {lock.slots[slot].function}" + (
-                f"; {note}" if note else ""
-            )
+        function = lock.slots[slot].extra.get("function")  # which function the model computes
+        if function:
+            note = f"the model's function {function}" + (f"; {note}" if note else "")
         out.append(Exported(key, _entry(target, kwargs), note))
     if qk_norm:
         ln = next((e for e in out if e.key == "LayerNorm"), None)
-        target = ln.entry["_target_"] if ln else DEFAULT_TARGETS["LayerNorm"]
+        target = ln.entry["_target_"] if ln else SPECS["LayerNorm"].default_target
         kwargs = {k: v for k, v in (ln.entry if ln else {}).items() if k != "_target_"}
-        if target != DEFAULT_TARGETS["LayerNorm"] and "bias" not in kwargs:
+        if target != SPECS["LayerNorm"].default_target and "bias" not in kwargs:
             raise ConventionError(
                 f"the lock's LayerNorm ({target}) pins no `bias` switch, so it cannot build "
                 "anemoi's bias-free QueryNorm/KeyNorm (the state dict would gain a bias)",
@@ -450,7 +449,7 @@ def export(
             assert entry is not None
             note = entry.note + (
                 ""
-                if target == DEFAULT_TARGETS["LayerNorm"]
+                if target == SPECS["LayerNorm"].default_target
                 else "; check the kernel at head_dim with `kernel-probe check --hidden 64`"
             )
             out.append(Exported(key, entry.entry, note))
@@ -486,11 +485,11 @@ def gated_mlp_export(lock: KernelLock) -> tuple[dict[str, Any], str] | None:
     (``kernel_lock.gated_mlp.swap_gated_layers``)."""
     if "GatedMLP" not in lock.slots:
         return None
-    from .format.gating import CONFIG_KEY
+    from .slots.gated_mlp import CONFIG_KEY
 
     slot = lock.slots["GatedMLP"]
     options = {CONFIG_KEY: slot.kwargs.get(CONFIG_KEY)}
-    note = f"the lock checked {slot.gate}"
+    note = f"the lock checked {slot.extra['gate']}"
     if slot.target != "kernel_lock.gated_mlp.GatedMLP":
         note += (
             f" with {slot.target}; anemoi builds its own GatedMLPLayer (torch's gate): after "

@@ -3,7 +3,7 @@
 Every class here has anemoi's parameters and state-dict keys exactly (``gate_proj.weight``,
 ``gate_proj.bias``, ``value_proj.weight``, ``value_proj.bias``: two ``torch.nn.Linear`` and a gate
 without parameters), is built as ``Class(in_features, out_features, mlp_implementation=...,
-bias=True)`` and computes ``gate(gate_proj(x)) * value_proj(x)`` (``kernel_lock.format.gating``).
+bias=True)`` and computes ``gate(gate_proj(x)) * value_proj(x)`` (``kernel_lock.slots.gated_mlp``).
 They differ in how the gate and the product run:
 
 - ``GatedMLP``: torch's functions, as anemoi's layer (the slot's default and every candidate's
@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .format.gating import GATES, gate_for
+from .slots.gated_mlp import GATES, gate_for
 
 # the classes this module builds on first lookup (module ``__getattr__``: ``LigerGatedMLP``) are
 # public too, by the name a lock gives; not listed, so ``import *`` never imports their libraries
@@ -46,7 +46,7 @@ __all__ = [
     "swap_gated_layers",
 ]
 
-# gate function name (kernel_lock.format.gating) -> torch's function
+# gate function name (kernel_lock.slots.gated_mlp) -> torch's function
 TORCH_GATES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "sigmoid": torch.sigmoid,
     "silu": F.silu,

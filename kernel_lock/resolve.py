@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import Difference, KernelUnavailable, LockFormatError, LockMismatch
-from .format.slots import DEFAULT_TARGETS, MODES, SLOTS, TWIN_SEMANTICS, Mode, slot_name_fix
+from .slots import MODES, SPECS, Mode, slot_name_fix, twin_semantics
 from .trust.importing import IN_INFERENCE_MODE, build, install_hint
 from .trust.locate import requirement_problems, static_problem, unusable_reason
 
@@ -68,7 +68,7 @@ class KernelFactory(functools.partial):
 
 
 def _check_slot_name(slot: str) -> None:
-    if slot not in SLOTS:
+    if slot not in SPECS:
         raise LockFormatError(f"unknown slot {slot!r}", key=slot, fix=slot_name_fix(slot))
 
 
@@ -154,13 +154,9 @@ def verify(
             diffs.extend(found)
             if found:
                 missing.append(slot)
-            # the Linear's BLAS library: the process must not have chosen another
-            if slot.blas is not None:
-                from .format import blas
-
-                diffs.extend(
-                    blas.job_start_differences(slot.blas, str(current.get("device-type", "")))
-                )
+            job_start = SPECS[slot.name].job_start  # the slot's own rules (the Linear's BLAS)
+            if job_start is not None:
+                diffs.extend(job_start(slot, current))
         graph_diffs = graph_attention.job_start_differences(lock.graph_attention, current)
         diffs.extend(graph_diffs)
         if fallback and not graph_diffs:
@@ -278,7 +274,7 @@ def twin_refusal(slot: Slot) -> str | None:
             f"its twin's state dict does not interchange with it ({slot.target} and "
             f"{twin.target} store different keys)"
         )
-    semantics = TWIN_SEMANTICS.get(twin.target)
+    semantics = twin_semantics(twin.target)
     if semantics is not None and semantics != slot.semantics:
         return (
             f"its twin {twin.target} computes {semantics}, not {slot.semantics} (the maths "
@@ -409,7 +405,7 @@ def resolve_slot(
     mode = mode_for(lock, mode)
     entry = lock.slots.get(slot) if lock is not None else None
     if entry is None:
-        target = DEFAULT_TARGETS[slot]
+        target = SPECS[slot].default_target
         cls = build(slot, target, {}, None, f"slots.{slot}") if import_classes else None
         return Resolution(slot, mode, "torch (default; slot not in lock)", target, {}, cls)
     assert lock is not None
@@ -526,14 +522,9 @@ def factory(
             _ensure_verified(lock, mode)  # the whole fingerprint, once per lock
     r = resolve_slot(lock, slot, mode)
     entry = lock.slots.get(slot) if lock is not None else None
-    # process-wide, logged; another choice of the process: mismatch
-    if lock is not None and entry is not None and entry.blas is not None:
-        from .fingerprint import here
-        from .format import blas
-
-        blas.apply(
-            entry.blas, str(here.for_check(INFERENCE_FACTS).get("device-type", "")), path=lock.path
-        )
+    on_resolve = SPECS[slot].on_resolve  # the slot's own process-wide setting (a BLAS library)
+    if lock is not None and entry is not None and on_resolve is not None:
+        on_resolve(entry, lock.path)
     if r.substituted_from:
         log.warning(
             "inference substitutes %s for slot %s: %s cannot run here (%s); verified max error "

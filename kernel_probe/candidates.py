@@ -9,7 +9,7 @@ The built-ins are data too: the ``[[candidate]]`` tables of kernel_lock's regist
 (``kernel_lock/registry.toml``), written in the form a site profile's ``[[candidate]]`` uses
 (docs/profiles.md) and read by the same parser (:func:`read_candidates`). Adding a kernel library is
 adding entries there; kernel_lock's import allow-list follows from them. The slot facts the defaults
-come from (semantics, call convention, canonical values) live in ``kernel_lock.format.slots``.
+come from (semantics, call convention, canonical values) live in ``kernel_lock.slots``.
 
 Constructor arguments are templates: a string ``"$name"`` is replaced by the canonical value
 ``name`` (``normalized_shape``, ``hidden``, ``eps``, ``bias``, ``in_features``, ``out_features``,
@@ -28,19 +28,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kernel_lock.format import toml
-
-# declared in kernel_lock.format.slots; still importable from here
-# (kernel_probe.candidates.SLOT_SEMANTICS, CANONICAL)
-from kernel_lock.format.slots import (
-    CALL_ARGS,
-    CALL_KWARGS,
-    CANONICAL,
-    DEFAULT_TARGETS,
-    SEMANTICS,
-    SLOT_SEMANTICS,
-    SLOTS,
-    slot_name_fix,
-)
+from kernel_lock.slots import SPECS, slot_name_fix
+from kernel_lock.slots import semantics as known_semantics
 from kernel_lock.trust import registry as lock_registry
 from kernel_probe.errors import UsageError
 from kernel_probe.tables import TableReader
@@ -76,7 +65,7 @@ class Candidate:
     twin_kwargs: Mapping[str, Any] = field(default_factory=dict)
     note: str = ""
     source: str = "builtin"  # builtin | entry-point:<name> | command-line | profile:<name>
-    # Linear on a GPU: the BLAS library it runs under (kernel_lock.format.blas names: cublas,
+    # Linear on a GPU: the BLAS library it runs under (kernel_lock.slots.linear names: cublas,
     # cublaslt, rocblas, hipblaslt), set process-wide while it is checked and timed, and by
     # kernel_lock when its slot resolves
     blas: str = ""
@@ -224,7 +213,7 @@ def parse_candidate(
     r: TableReader, c: Mapping[str, Any], where: str, *, source: str, reserved: Collection[str] = ()
 ) -> Candidate:
     """One ``[[candidate]]`` table. Omitted keys take the slot's defaults
-    (``kernel_lock.format.slots``)."""
+    (``kernel_lock.slots``)."""
     r.no_unknown(c, CANDIDATE_KEYS, where)
     cid = r.string(c, "id", where, required=True)
     if cid in reserved:
@@ -236,9 +225,9 @@ def parse_candidate(
     if not re.fullmatch(r"[A-Za-z0-9][\w.:-]*", cid, re.ASCII):
         raise r.err(f"{where}id", f"{cid!r}: use letters, digits, '.', ':', '_' and '-'")
     slots = r.strings(c, "slots", where)
-    if not slots or any(s not in SLOTS for s in slots):
-        raise r.err(f"{where}slots", f"expected a list of slots from {', '.join(SLOTS)}")
-    semantics = r.string(c, "semantics", where, default=SLOT_SEMANTICS[slots[0]])
+    if not slots or any(s not in SPECS for s in slots):
+        raise r.err(f"{where}slots", f"expected a list of slots from {', '.join(SPECS)}")
+    semantics = r.string(c, "semantics", where, default=SPECS[slots[0]].semantics)
     target = r.string(c, "target", where, required=True)
     if not re.match(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$", target):
         raise r.err(f"{where}target", f"{target!r} is not a dotted import path")
@@ -254,12 +243,14 @@ def parse_candidate(
     spec = r.string(c, "specifier", where, default="") or ""
     if spec:
         r.specifier(spec, f"{where}specifier")
-    args = _scalars(r, c.get("args", list(CALL_ARGS[slots[0]])), f"{where}args", table=False)
-    kwargs = _scalars(r, c.get("kwargs", CALL_KWARGS[slots[0]]), f"{where}kwargs", table=True)
+    args = _scalars(r, c.get("args", list(SPECS[slots[0]].call_args)), f"{where}args", table=False)
+    kwargs = _scalars(r, c.get("kwargs", SPECS[slots[0]].call_kwargs), f"{where}kwargs", table=True)
     build_kwargs = _scalars(r, c.get("build-kwargs", {}), f"{where}build-kwargs", table=True)
     twin_kwargs = _scalars(r, c.get("twin-kwargs", {}), f"{where}twin-kwargs", table=True)
-    if semantics not in SEMANTICS:
-        raise r.err(f"{where}semantics", f"{semantics!r} is not one of {', '.join(SEMANTICS)}")
+    if semantics not in known_semantics():
+        raise r.err(
+            f"{where}semantics", f"{semantics!r} is not one of {', '.join(known_semantics())}"
+        )
     archs_table = r.table(c, "archs", DEVICE_TYPES, where)
     archs = {kind: r.strings(archs_table, kind, f"{where}archs.") for kind in archs_table}
     for kind, names in archs.items():
@@ -269,7 +260,7 @@ def parse_candidate(
                 raise r.err(f"{where}archs.{kind}", problem)
     blas = r.string(c, "blas", where, default="") or ""
     if blas:
-        from kernel_lock.format.blas import LIBRARIES, device_of
+        from kernel_lock.slots.linear import LIBRARIES, device_of
 
         if not device_of(blas):
             known = ", ".join(f"{'/'.join(pair)} ({kind})" for kind, pair in LIBRARIES.items())
@@ -335,7 +326,9 @@ def builtin() -> tuple[Candidate, ...]:
 
 def default_for(slot: str) -> Candidate:
     """The built-in candidate for the class a slot resolves to when the lock does not pin it."""
-    return next(c for c in builtin() if c.slots == (slot,) and c.target == DEFAULT_TARGETS[slot])
+    return next(
+        c for c in builtin() if c.slots == (slot,) and c.target == SPECS[slot].default_target
+    )
 
 
 _SPEC = re.compile(r"^(?P<slot>[A-Za-z]+)=(?P<target>[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+)$")
@@ -354,7 +347,7 @@ def from_command_line(text: str) -> Candidate:
             "LayerNorm=mylib.FastLayerNorm"
         )
     slot, target = m.group("slot"), m.group("target")
-    if slot not in SLOTS:
+    if slot not in SPECS:
         raise UsageError(f"--candidate {text!r}: unknown slot {slot!r}; {slot_name_fix(slot)}")
     # refused before any work, as in a lock
     if any(part.startswith("_") for part in target.split(".")):
@@ -367,10 +360,10 @@ def from_command_line(text: str) -> Candidate:
     return Candidate(
         id=f"custom:{target}",
         slots=(slot,),
-        semantics=SLOT_SEMANTICS[slot],
+        semantics=SPECS[slot].semantics,
         target=target,
-        args=CALL_ARGS[slot],
-        kwargs=dict(CALL_KWARGS[slot]),
+        args=SPECS[slot].call_args,
+        kwargs=dict(SPECS[slot].call_kwargs),
         module=target.split(".")[0],
         twin_target=default.twin_target,
         twin_kwargs=default.twin_kwargs,
@@ -412,7 +405,7 @@ def registry(
     plugins, problems = from_entry_points() if entry_points else ([], [])
     out: dict[str, Candidate] = {}
     for cand in (*builtin(), *plugins, *extra):
-        if cand.semantics not in SEMANTICS:
+        if cand.semantics not in known_semantics():
             problems.append(f"candidate {cand.id}: unknown semantics {cand.semantics!r}")
             continue
         out[cand.id] = cand  # later sources override earlier ones with the same id
@@ -435,7 +428,7 @@ def canonical_for(
     overrides: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Every value a template may name, for one slot at one size."""
-    c = dict(CANONICAL[slot])
+    c = dict(SPECS[slot].canonical)
     c.update(overrides or {})
     c.update(
         normalized_shape=hidden,

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from kernel_lock.format.slots import PRECISIONS, SLOTS
+from kernel_lock.slots import PRECISIONS, SLOTS
 from kernel_probe.candidates import Candidate, registry
 from kernel_probe.probe.check import check_all, dtype_plan
 from kernel_probe.probe.report import Report
@@ -161,7 +161,7 @@ def attention(device: str, geometry: str, *, timeout: float = 120.0) -> dict[str
     the geometry's window, the accepted ones timed forward + backward at ``geometry`` in each dtype;
     per candidate its status, reasons and rows by dtype (``median_ms``, ``tflops``, ``peak_bytes``
     on CUDA, or the error that stopped it: out of memory is a row's error, recorded, not fatal)."""
-    from kernel_lock.format.slots import ATTENTION
+    ATTENTION = "Attention"
     from kernel_probe.isolation.protocol import TimeRequest
     from kernel_probe.isolation.worker import WorkerPool
     from kernel_probe.probe.attention_geometry import parse_geometry
@@ -226,7 +226,7 @@ def gated_mlp(device: str, *, smoke: bool, timeout: float = 120.0) -> dict[str, 
     anemoi's shape (smoke: the default 96 in), the accepted ones timed fwd+bwd at ``GATED_GPU``
     (smoke: ``GATED_SMOKE``); per implementation and candidate its status, reasons and timing
     row."""
-    from kernel_lock.format.slots import GATED_MLP
+    GATED_MLP = "GatedMLP"
     from kernel_probe.isolation.protocol import TimeRequest
     from kernel_probe.isolation.worker import WorkerPool
     from kernel_probe.probe.gated_mlp import ANEMOI_IN

@@ -1,6 +1,6 @@
 """The lock file as a reader sees it: the schema of its tables, the document they make, the
-canonical TOML it is written in, the typed getters every reader uses, and the vocabulary they share
-(slots, versions, activations, gates, the BLAS and graph-attention tables).
+canonical TOML it is written in, the typed getters every reader uses, versions and the
+graph-attention table. What each slot is, and its own keys, is ``kernel_lock.slots``'.
 
 Nothing here imports torch or starts a process. The package imports none of its modules: each is
 imported where it is used (``import kernel_lock`` needs ``schema``, ``document`` and what they
@@ -8,14 +8,11 @@ import).
 """
 
 __all__ = [
-    "activations",
-    "blas",
     "document",
-    "gating",
     "graph_attention",
     "reading",
     "schema",
-    "slots",
+    "tables",
     "toml",
     "versions",
 ]

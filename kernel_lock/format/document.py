@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from ..errors import LockFormatError, LockVersionError
+from ..slots import MODES, PRECISIONS, SPECS, Mode, slot_name_fix, spec_of
 from ..trust import granted_trust, module_name
 from ..trust.files import atomic_write_text
 from . import toml as _toml
@@ -36,7 +37,6 @@ from .schema import (
     required,
     table,
 )
-from .slots import MODES, PRECISIONS, SLOTS, Mode, slot_name_fix
 from .tables import EMPTY, NONE, from_dict, one_of, text, to_dict, toml_key
 
 __all__ = [
@@ -72,21 +72,25 @@ def _environment(
 
 
 def _slots(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> dict[str, Slot]:
-    """``[slots.<name>]``: each a slot kernel_lock knows."""
+    """``[slots.<name>]``: each a slot kernel_lock knows (or one a trusted package declares)."""
     slots = {}
     tables = get(d, key, dict, default={})
     with ctx.at(key):
         for name, value in tables.items():
-            if name not in SLOTS:
+            try:
+                spec = spec_of(name, ctx.granted)
+            except LockFormatError as exc:
+                raise ReadError(exc.problem, name, exc.fix) from None
+            if spec is None:
                 raise ReadError(f"unknown slot {name!r}", name, fix=slot_name_fix(name))
             with ctx.at(name):
-                slots[name] = read_slot(ctx, name, value)
+                slots[name] = read_slot(ctx, name, value, spec)
     return slots
 
 
 def _slots_out(slots: Mapping[str, Slot]) -> dict[str, Any]:
     """The slots in kernel_lock's order of slots."""
-    return {name: slots[name].to_dict() for name in SLOTS if name in slots}
+    return {name: slots[name].to_dict() for name in SPECS if name in slots}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -15,16 +15,14 @@ import math
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import reduce
 from typing import Any, Literal, TypeVar, cast, get_args
 
 from ..errors import LockFormatError
+from ..slots import STATUSES, SlotSpec, Status, semantics
 from ..trust import DOTTED, MODULE, check_target
-from .activations import read_function
-from .blas import Blas
 from .reading import ReadError, context, get, get_choice, get_required, get_tables, join, type_name
-from .slots import SEMANTICS, SLOT_SEMANTICS, STATUSES, Status
 from .tables import (
     EMPTY,
     FIX_MISSING,
@@ -35,6 +33,7 @@ from .tables import (
     one_of,
     strings,
     text,
+    to_dict,
     toml_key,
 )
 
@@ -327,57 +326,8 @@ def table(
     return lambda ctx, d, key, _: ctx.object(d, key, lambda t: from_dict(cls, ctx, t))
 
 
-def _blas(ctx: Context, d: Mapping[str, Any], key: str, so_far: Mapping[str, Any]) -> Blas | None:
-    """``slots.Linear.blas``: the library (and the build's default) of the same vendor, Linear
-    only."""
-    slot = so_far["name"]
-
-    def read(b: Mapping[str, Any]) -> Blas:
-        if slot != "Linear":
-            raise ReadError(
-                f"only the Linear slot records a BLAS library, not {slot}", fix="remove it"
-            )
-        return from_dict(Blas, ctx, b)
-
-    return ctx.object(d, key, read)
-
-
-def _gate(ctx: Context, d: Mapping[str, Any], key: str, so_far: Mapping[str, Any]) -> str:
-    """``slots.GatedMLP.gate``: the formula of the ``mlp_implementation`` its kwargs pin, both
-    required and agreeing (an edited implementation with the old formula is a lock that contradicts
-    itself)."""
-    from .gating import GATED, formula
-
-    slot = so_far["name"]
-    gate = get(d, key, str, default="")
-    if slot != "GatedMLP":
-        if gate:
-            raise ReadError(
-                f"only the GatedMLP slot records a gate formula, not {slot}", key, fix="remove it"
-            )
-        return ""
-    kwargs = d.get("kwargs")
-    implementation = kwargs.get("mlp_implementation") if isinstance(kwargs, Mapping) else None
-    if implementation not in GATED:
-        raise ReadError(
-            f"mlp_implementation {implementation!r} is not a gated MLP",
-            "kwargs.mlp_implementation",
-            fix=f"pin one of {', '.join(GATED)} (anemoi's 'mlp' has no GatedMLP layer)",
-        )
-    want = formula(implementation)
-    if gate != want:
-        raise ReadError(
-            f"{gate!r} is not what mlp_implementation {implementation!r} computes ({want!r})"
-            if gate
-            else "missing",
-            key,
-            fix=f'write gate = "{want}", or pin the mlp_implementation whose formula this is',
-        )
-    return gate
-
-
-def _function(ctx: Context, d: Mapping[str, Any], key: str, so_far: Mapping[str, Any]) -> str:
-    return read_function(so_far["name"], d)
+def _semantics(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> str:
+    return str(one_of(semantics())(ctx, d, key, _))
 
 
 # ---- the tables ----------------------------------------------------------------------------------
@@ -505,16 +455,14 @@ class Candidate(Table):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Slot(Table):
-    """What the lock pins for one slot (LayerNorm, RMSNorm or Linear). Its fields' order is the
-    canonical key order of ``[slots.<name>]``."""
+    """What the lock pins for one slot. Its fields' order is the canonical key order of
+    ``[slots.<name>]``; the slot's own keys (``SlotSpec.keys``: ``extra``) are written after the key
+    each names."""
 
     name: str  # the slot's table name, not a key inside it
     implementation: str = field(metadata=toml_key("implementation", text(required=True)))
     target: str = field(metadata=toml_key("target", _target))
-    semantics: str = field(metadata=toml_key("semantics", one_of(SEMANTICS)))
-    # Activation: the model's function the candidates were checked against
-    # (kernel_lock.format.activations)
-    function: str = field(default="", metadata=toml_key("function", _function, omit=EMPTY))
+    semantics: str = field(metadata=toml_key("semantics", _semantics))
     kwargs: Mapping[str, Any] = field(
         default_factory=dict, metadata=toml_key("kwargs", _kwargs_field)
     )
@@ -522,10 +470,6 @@ class Slot(Table):
         default=(), metadata=toml_key("requires", tables(Requirement))
     )
     devices: tuple[str, ...] = field(default=(), metadata=toml_key("devices", strings))
-    # Linear on a GPU: the BLAS library it was checked and timed under (kernel_lock.format.blas)
-    blas: Blas | None = field(default=None, metadata=toml_key("blas", _blas, omit=NONE))
-    # GatedMLP: the formula its mlp_implementation computes (kernel_lock.format.gating)
-    gate: str = field(default="", metadata=toml_key("gate", _gate, omit=EMPTY))
     reason: str = field(default="", metadata=toml_key("reason", text()))
     # what the implementation changes besides numbers, accepted explicitly
     changes: tuple[str, ...] = field(
@@ -541,14 +485,41 @@ class Slot(Table):
     rejected: tuple[Candidate, ...] = field(
         default=(), metadata=toml_key("rejected", tables(Candidate), omit=EMPTY)
     )
+    extra: Mapping[str, Any] = field(default_factory=dict)  # the slot's own keys, by key
+
+    def to_dict(self) -> dict[str, Any]:
+        """The TOML-ready table: the generic keys, each followed by the slot's keys written after
+        it."""
+        out: dict[str, Any] = {}
+        keys = _spec(self.name).keys
+        for name, value in to_dict(self).items():
+            out[name] = value
+            for k in keys:
+                if k.after == name and k.name in self.extra and not k.omit(self.extra[k.name]):
+                    out[k.name] = k.write(self.extra[k.name])
+        return out
 
 
-def read_slot(ctx: Context, name: str, d: Any) -> Slot:
-    """The slot ``name``'s table, read at ``slots.<name>``; its semantics must be the slot's."""
+def _spec(name: str) -> SlotSpec:
+    from ..slots import SPECS
+
+    return SPECS[name]
+
+
+def read_slot(ctx: Context, name: str, d: Any, spec: SlotSpec) -> Slot:
+    """The slot ``name``'s table, read at ``slots.<name>``: its semantics must be the slot's, a key
+    of another slot's is refused."""
     if not isinstance(d, dict):
         raise ReadError("expected a table")
-    slot = from_dict(Slot, ctx, d, name=name)
-    expected = SLOT_SEMANTICS[name]
+    from ..slots import SPECS
+
+    others = [k for s in SPECS.values() if s is not spec for k in s.keys]
+    slot = from_dict(Slot, ctx, d, known=[k.name for k in (*spec.keys, *others)], name=name)
+    for k in others:
+        k.refuse(name, d)
+    extra = {k.name: k.read(ctx, d, k.name) for k in spec.keys}
+    slot = replace(slot, extra={k: v for k, v in extra.items() if v is not None})
+    expected = spec.semantics
     if slot.semantics != expected:
         raise ReadError(
             f"slot {name} needs semantics {expected!r}, the lock pins {slot.semantics!r} "

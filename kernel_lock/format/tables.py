@@ -95,13 +95,15 @@ def table_keys(cls: type) -> tuple[str, ...]:
     )
 
 
-def from_dict(cls: type[_T], ctx: Reading, d: Mapping[str, Any], **given: Any) -> _T:
+def from_dict(
+    cls: type[_T], ctx: Reading, d: Mapping[str, Any], known: Sequence[str] = (), **given: Any
+) -> _T:
     """The table ``d`` as a ``cls``: each field read by its reader, in canonical order, after the
-    keys no field declares are reported (``ctx.unknown``: a newer writer's, ignored); ``given``: the
-    fields the file does not hold."""
+    keys neither a field nor ``known`` declares are reported (``ctx.unknown``: a newer writer's,
+    ignored); ``given``: the fields the file does not hold."""
     declared = [f for f in fields(cls) if "key" in f.metadata]  # type: ignore[arg-type]
     if all(f.metadata["key"] != REST for f in declared):
-        ctx.unknown(d, table_keys(cls))
+        ctx.unknown(d, (*table_keys(cls), *known))
     values: dict[str, Any] = dict(given)
     for f in declared:
         values[f.name] = f.metadata["read"](ctx, d, f.metadata["key"], values)

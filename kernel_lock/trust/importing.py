@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import KernelUnavailable, LockFormatError, TargetNotAllowed
-from ..format.slots import SLOT_SEMANTICS, class_semantics
+from ..slots import SPECS, class_semantics
 from . import check_target
 
 if TYPE_CHECKING:
@@ -137,7 +137,7 @@ def build(
     where = lock.path if lock else None
     try:
         cls = import_target(
-            target, trusted, where=where, key=f"{key}.target", semantics=SLOT_SEMANTICS[slot_name]
+            target, trusted, where=where, key=f"{key}.target", semantics=SPECS[slot_name].semantics
         )
     except (LockFormatError, TargetNotAllowed):
         raise

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import Difference, KernelUnavailable, LockFormatError, TargetNotAllowed
-from ..format.slots import SLOT_SEMANTICS
+from ..slots import SPECS
 from .importing import IN_INFERENCE_MODE
 
 if TYPE_CHECKING:
@@ -180,8 +180,8 @@ def static_problem(
     and the file system: raises the error the import would raise; None when it would build; the
     reason when only importing can tell (a target outside the tables, a kwarg the registry does not
     declare, an unknown or too old torch, a module found only by importing its parent)."""
-    from ..format.slots import TORCH_FACTS_SINCE, canonical_target
     from ..format.versions import release
+    from ..slots import TORCH_FACTS_SINCE, canonical_target
     from . import registry
 
     facts = registry.target_facts(target)
@@ -196,7 +196,7 @@ def static_problem(
             f"torch {torch_version or '(version unknown)'} is not one the table of "
             "torch.nn's classes holds for"
         )
-    semantics = SLOT_SEMANTICS[slot]
+    semantics = SPECS[slot].semantics
     if facts.semantics != semantics:
         raise TargetNotAllowed(
             f"target {target!r} computes {facts.semantics}, not {semantics}: the slot would "

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ..format import toml as _toml
-from ..format.slots import KNOWN_TARGETS, SLOT_SEMANTICS, TargetFacts, canonical_target
+from ..slots import SPECS, TargetFacts, canonical_target
+from ..slots import target_facts as known_facts
 
 __all__ = [
     "DATA",
@@ -99,9 +100,9 @@ def _declared(where: Path) -> dict[str, TargetFacts]:
     out: dict[str, TargetFacts] = {}
     for cand in _data(where).get("candidate", []):
         target, slots = cand.get("target"), cand.get("slots") or []
-        if not (isinstance(target, str) and slots and slots[0] in SLOT_SEMANTICS):
+        if not (isinstance(target, str) and slots and slots[0] in SPECS):
             continue
-        semantics = cand.get("semantics") or SLOT_SEMANTICS[slots[0]]
+        semantics = cand.get("semantics") or SPECS[slots[0]].semantics
         known = set(cand.get("kwargs") or {}) | set(cand.get("build-kwargs") or {})
         before = out.get(target)
         if before is not None:
@@ -112,13 +113,10 @@ def _declared(where: Path) -> dict[str, TargetFacts]:
 
 def target_facts(target: str) -> TargetFacts | None:
     """What ``target`` computes and the constructor keywords it is known to accept, without
-    importing it: torch.nn's and kernel_lock's classes from ``slots.KNOWN_TARGETS`` (through their
-    aliases), a registered candidate's from its declaration (its semantics, and the kwargs it is
-    declared with: not necessarily every one it accepts). None: only importing it can tell."""
-    name = canonical_target(target)
-    if name in KNOWN_TARGETS:
-        return KNOWN_TARGETS[name]
-    return _declared(path()).get(name)
+    importing it: torch.nn's and kernel_lock's classes from ``SlotSpec.known_targets`` (through
+    their aliases), a registered candidate's from its declaration (its semantics, and the kwargs it
+    is declared with: not necessarily every one it accepts). None: only importing it can tell."""
+    return known_facts(target) or _declared(path()).get(canonical_target(target))
 
 
 def declared_semantics(target: str) -> str | None:

@@ -3,7 +3,7 @@ processor, each encoder's and decoder's mapper in anemoi-training's presets) jud
 0.19 judges the value, and against the lock's GatedMLP slot.
 
 anemoi builds ``GatedMLPLayer`` (``gate(gate_proj(x)) * value_proj(x)``, its gate hard-coded per
-implementation: ``kernel_lock.format.gating``) for glu, swiglu, geglu and reglu, and a Linear plus
+implementation: ``kernel_lock.slots.gated_mlp``) for glu, swiglu, geglu and reglu, and a Linear plus
 the ``Activation`` slot for ``mlp``. A lock that checked one gate and a component that trains
 another (or none) contradict each other: the job would train a layer the lock never checked. A gated
 component with a lock that pins no GatedMLP is a warning: nothing checked that layer.
@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from kernel_lock.format.gating import CONFIG_KEY, GATED, MLP_IMPLEMENTATIONS
 from kernel_lock.lock import KernelLock
+from kernel_lock.slots.gated_mlp import CONFIG_KEY, GATED, MLP_IMPLEMENTATIONS
 from kernel_probe.anemoi.blocks import Finding
 from kernel_probe.anemoi.config_file import mappings_where
 
@@ -56,8 +56,8 @@ def findings(tree: Any, lock: KernelLock | None) -> list[Finding]:
                     "error",
                     "lock",
                     key,
-                    f"the lock's GatedMLP slot checked {want} ({locked.gate}); this component "
-                    "builds "
+                    f"the lock's GatedMLP slot checked {want} ({locked.extra['gate']}); this "
+                    "component builds "
                     + (
                         "a Linear and the Activation slot (mlp), no gated layer"
                         if value == "mlp"

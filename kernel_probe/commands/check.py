@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from kernel_lock.format.slots import DTYPES, PROBED_BY_DEFAULT, SLOTS, short_dtype
+from kernel_lock.slots import DTYPES, short_dtype, slot_name_fix
 from kernel_probe import output
+from kernel_probe import slots as slot_behaviour
 from kernel_probe.commands.numbers import count, seconds
 from kernel_probe.output import safe
-from kernel_probe.probe.attention_geometry import DEFAULT_GEOMETRY, O96_GEOMETRY
 from kernel_probe.probe.limits import CHECK_HIDDEN, CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT
 
 
@@ -22,40 +22,19 @@ def add_candidate_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SLOT=dotted.path.Class",
         help="offer a third-party class for a slot (repeatable); it is judged like the built-ins",
     )
+    when_named = [s.name for s in slot_behaviour.SLOTS.values() if not s.spec.by_default]
     p.add_argument(
         "--slot",
         action="append",
         default=[],
-        choices=SLOTS,
-        help="only these slots (repeatable; default: every slot but GatedMLP, which is checked "
-        "when named)",
+        metavar="SLOT",
+        help="only these slots (repeatable; default: every slot but "
+        f"{', '.join(when_named)}, which is checked when named)",
     )
-    p.add_argument(
-        "--mlp-implementation",
-        default="",
-        choices=("glu", "swiglu", "geglu", "reglu"),
-        help="the model's gated mlp_implementation, whose gate the GatedMLP slot is checked "
-        "against (default swiglu; anemoi's geglu is exact-erf GELU)",
-    )
-    p.add_argument(
-        "--attention",
-        default="",
-        metavar="HEADSxHEAD_DIMxSEQ[:OPTIONS]",
-        help="the model's attention: the geometry the Attention slot is timed at, and after "
-        "the colon the options the model fixes (window=W band half-width, softcap=C, dropout=P, "
-        "alibi=true), pinned in the lock and checked: a candidate that ignores one is rejected "
-        f"(default {DEFAULT_GEOMETRY['gpu']} on GPU, {DEFAULT_GEOMETRY['cpu']} on CPU, global; "
-        f"anemoi's O96: {O96_GEOMETRY})",
-    )
-    p.add_argument(
-        "--activation",
-        default="",
-        metavar="FUNCTION",
-        help="the model's activation function, the Activation slot's reference: gelu-erf "
-        "(torch.nn.GELU, the default), gelu-tanh, silu, relu, sigmoid, or other:module.Class for "
-        "another (e.g. other:anemoi.models.layers.activations.Sine; its class is the reference); "
-        "the lock records it",
-    )
+    for s in slot_behaviour.SLOTS.values():  # what the model declares of each slot
+        if s.option is not None:
+            o = s.option
+            p.add_argument(o.flag, default="", metavar=o.metavar, choices=o.choices, help=o.help)
     p.add_argument(
         "--import-timeout",
         type=seconds,
@@ -173,33 +152,19 @@ def run_check(args: argparse.Namespace) -> int:
     for problem in problems:
         output.warn(problem)
     device = detect_device()
-    slots = args.slot or list(PROBED_BY_DEFAULT)
+    if not args.no_plugins:
+        for problem in slot_behaviour.load_plugins():
+            output.warn(problem)
+    for name in args.slot:
+        if name not in slot_behaviour.SLOTS:
+            raise UsageError(f"--slot {name}: unknown slot; {slot_name_fix(name)}")
+    slots = args.slot or [s.name for s in slot_behaviour.SLOTS.values() if s.spec.by_default]
     canonical = {}
-    if args.attention:
-        from kernel_probe.probe.attention_geometry import FORM, parse_geometry
-
-        try:
-            canonical["Attention"] = dict(parse_geometry(args.attention).options)
-        except ValueError as exc:
-            raise UsageError(f"--attention {exc}", fix=f"write it {FORM}") from None
-    if args.mlp_implementation:
-        from kernel_lock.format.gating import gate_for
-
-        try:
-            gate_for(args.mlp_implementation)
-        except ValueError as exc:
-            raise UsageError(f"--mlp-implementation: {exc}") from None
-        canonical["GatedMLP"] = {"mlp_implementation": args.mlp_implementation}
-    if args.activation:
-        from kernel_lock.format.activations import function_problem
-
-        problem = function_problem(args.activation)
-        if problem:
-            raise UsageError(
-                f"--activation {problem}",
-                fix="name the model's activation function, e.g. --activation gelu-erf",
-            )
-        canonical["Activation"] = {"function": args.activation}
+    for s in slot_behaviour.SLOTS.values():
+        declared = getattr(args, s.option.dest) if s.option is not None else ""
+        if declared:
+            s.refuse(declared)
+            canonical[s.name] = s.canonical(declared, None)
     progress = None if args.json else (lambda slot, cid: output.info(f"checking {slot}: {cid} ..."))
     reports = check_all(
         slots,
@@ -355,9 +320,6 @@ def render_verdicts(reports, plan, device, hidden: int = CHECK_HIDDEN) -> None:
         "cells: worst error / tolerance (< 1 passes; tolerance = 4 x torch.nn's own error + 2 "
         "eps); +amp: under torch.autocast with fp32 parameters"
     )
-    if "Attention" in reports:
-        con.print(
-            "Attention: tolerance = 4 x torch's own error (math path or fused ordering, the "
-            "larger) + 8 eps, "
-            "per output (out, dq, dk, dv); `--json` has every ratio and the measured capabilities"
-        )
+    for name in reports:
+        if slot_behaviour.slot(name).footnote:
+            con.print(slot_behaviour.slot(name).footnote)

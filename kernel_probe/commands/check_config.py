@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from kernel_lock.format.slots import MODES
+from kernel_lock.slots import MODES
 from kernel_probe import output
 from kernel_probe.anemoi.trust import add_config_trust_argument, config_trust
 from kernel_probe.commands.lockfile import add_trust_argument, load_lock

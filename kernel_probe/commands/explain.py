@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 import kernel_lock
-from kernel_lock.format.slots import short_dtype, slot_name_fix
+from kernel_lock.slots import short_dtype, slot_name_fix
 from kernel_probe import output
 from kernel_probe.commands.lockfile import DEFAULT_LOCK, default_lock_path, load_lock
 from kernel_probe.errors import UsageError

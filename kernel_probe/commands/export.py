@@ -7,7 +7,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from kernel_lock.format.slots import MODES
+from kernel_lock.slots import MODES
 from kernel_probe import __version__, output
 from kernel_probe.anemoi.trust import add_config_trust_argument, config_trust
 from kernel_probe.commands.lockfile import (

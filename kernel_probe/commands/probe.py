@@ -17,15 +17,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernel_lock.format.slots import ATTENTION, PRECISIONS, SLOTS
+from kernel_lock.slots import PRECISIONS
 from kernel_probe import output
+from kernel_probe import slots as slot_behaviour
 from kernel_probe.commands.numbers import count, seconds
 from kernel_probe.errors import UsageError
 from kernel_probe.output import safe
 from kernel_probe.probe.limits import MAX_REPS
 from kernel_probe.probe.pipeline import ProbeResult
 from kernel_probe.probe.planning import DEFAULT_REPS, DEFAULT_SHAPES, Events, ProbeRequest
-from kernel_probe.shapes import parse_shape
+from kernel_probe.slots.base import shape_work
 
 if TYPE_CHECKING:
     from kernel_probe.isolation.protocol import TimingProgressMessage
@@ -146,9 +147,7 @@ def _pairs(values: list[str], flag: str) -> dict[str, str]:
             raise UsageError(
                 f"{flag} {text!r}: expected SLOT=ID, e.g. {flag} RMSNorm=liger.rms_norm"
             )
-        if slot not in SLOTS:
-            raise UsageError(f"{flag} {text!r}: unknown slot {slot!r} (known: {', '.join(SLOTS)})")
-        out[slot] = cid
+        out[slot] = cid  # a slot it names is the plan's to know
     return out
 
 
@@ -172,10 +171,8 @@ def publish_usage_failure(argv: Sequence[str], message: str) -> None:
 # the ProbeRequest fields taken from the option of the same name as argparse parsed it; request_from
 # converts the others (a test checks that the two sets fill every field)
 AS_PARSED = (
-    "attention",
     "graph_attention",
     "allow_graph_attention_fallback",
-    "mlp_implementation",
     "precision",
     "profile",
     "reps",
@@ -183,7 +180,6 @@ AS_PARSED = (
     "with_compile",
     "allow_init_change",
     "strict_dtype",
-    "activation",
     "allow_approximation",
     "timeout",
     "import_timeout",
@@ -211,6 +207,11 @@ def request_from(args: argparse.Namespace) -> ProbeRequest:
         profiles_dirs=tuple(args.profiles_dir),
         check_only=args.check,
         command=("kernel-probe " + shlex.join(sys.argv[1:])).strip(),
+        declared={
+            s.name: getattr(args, s.option.dest)
+            for s in slot_behaviour.SLOTS.values()
+            if s.option is not None
+        },
         **{name: getattr(args, name) for name in AS_PARSED},
     )
 
@@ -290,9 +291,8 @@ class ConsoleEvents(Events):
                 if self.terminal
                 else output.info
             )
-            work = attention_work if slot == ATTENTION else shape_work
             self.timers[(slot, cand_id)] = TimingProgress(
-                what, list(shapes), show, compact=self.terminal, work=work
+                what, list(shapes), show, compact=self.terminal, work=slot_behaviour.slot(slot).work
             )
             self.progress.update(self.task, description=what[: TimingProgress.WIDTH])
         else:
@@ -373,7 +373,7 @@ class TimingProgress:
             every,
             compact,
         )
-        # a shape's cost relative to another's (Attention: attention_work)
+        # a shape's cost relative to another's (Slot.work)
         self.work = work or shape_work
         self._last = -float("inf")
         self._shape: str | None = None
@@ -438,21 +438,6 @@ class TimingProgress:
         return (head + tail)[: self.WIDTH]
 
 
-def shape_work(shape: str) -> float:
-    """A norm's or Linear's shape: its rows x hidden elements (what a call's time grows with)."""
-    rows, hidden, _ = parse_shape(shape)
-    return float(rows * hidden)
-
-
-def attention_work(geometry: str) -> float:
-    """An Attention geometry: heads x queries x keys seen (the band's, with a window) x head_dim."""
-    from kernel_probe.probe.attention_geometry import parse_geometry
-
-    g = parse_geometry(geometry)
-    keys = g.seq if g.window is None or g.window < 0 else min(g.seq, 2 * g.window + 1)
-    return float(g.heads * g.seq * keys * g.head_dim)
-
-
 def _report(args, result: ProbeResult) -> None:
     choices, reports, timings, plan = result.choices, result.reports, result.timings, result.plan
     if args.json:
@@ -464,7 +449,11 @@ def _report(args, result: ProbeResult) -> None:
                 "device": plan.device,
                 "precision": plan.precision,
                 "shapes": list(plan.shapes),
-                "attention": plan.attention,
+                **{
+                    s.summary_key: plan.resolved[s.name]
+                    for s in slot_behaviour.SLOTS.values()
+                    if s.summary_key
+                },
                 "check_seconds": round(result.check_seconds, 2),
                 "time_seconds": round(result.time_seconds, 2),
                 "slots": {
@@ -492,7 +481,11 @@ def _report(args, result: ProbeResult) -> None:
     con.print(
         f"device {dev['type']} ({safe(str(dev['name']))}), precision {plan.precision}, "
         f"shapes {', '.join(plan.shapes)}{shapes_from}"
-        + (f", attention {plan.attention}" if "Attention" in plan.slots else "")
+        + "".join(
+            f", {s.summary_key} {plan.resolved[s.name]}"
+            for s in slot_behaviour.SLOTS.values()
+            if s.summary_key and s.name in plan.slots
+        )
     )
     for slot, c in choices.items():
         table = output.table(slot)

@@ -9,7 +9,7 @@ from typing import Any
 
 import kernel_lock
 from kernel_lock.errors import LockError
-from kernel_lock.format.slots import MODES
+from kernel_lock.slots import MODES
 from kernel_probe import output
 from kernel_probe.commands.lockfile import (
     add_lock_argument,

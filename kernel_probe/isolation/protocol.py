@@ -289,7 +289,7 @@ class CheckReply(Reply):
     import_s: float | None = None
     layout: dict[str, Any] | None = None
     init: list[str] = field(default_factory=list)
-    # a Linear on a GPU: the BLAS library the rows were measured under (kernel_lock.format.blas
+    # a Linear on a GPU: the BLAS library the rows were measured under (kernel_lock.slots.linear
     # names)
     blas: str = ""
     blas_default: str = ""  # the library torch picks by itself in this process (before any was set)

@@ -2,7 +2,7 @@
 reference of the model's declared function, on hard inputs, what the candidate really computes, and
 its timing.
 
-The reference is the declared function (``kernel_lock.format.activations.ACTIVATION_FUNCTIONS``) in
+The reference is the declared function (``kernel_lock.slots.activation.ACTIVATION_FUNCTIONS``) in
 float64, or for a declared ``other:module.Class`` that class itself run in float64. torch.nn's own
 implementation of the same function in the same dtype is the baseline its errors are judged against
 (``judge.judge_row``: max, RMS and bias, the project's one rule). Outputs: ``y`` and ``dx``.
@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from kernel_lock.format.activations import ACTIVATION_FUNCTIONS, OTHER_FUNCTION, declared_function
-from kernel_lock.format.slots import torch_device
+from kernel_lock.slots import torch_device
+from kernel_lock.slots.activation import ACTIVATION_FUNCTIONS, OTHER_FUNCTION, declared_function
 from kernel_probe.candidates import Candidate
 from kernel_probe.isolation.protocol import (
     FLAG_GRAD_OUTPUT_MODIFIED,

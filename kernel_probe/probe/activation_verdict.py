@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from kernel_lock.format.activations import (
+from kernel_lock.slots.activation import (
     ACTIVATION_FUNCTIONS,
     OTHER_FUNCTION,
     function_of,

@@ -606,7 +606,7 @@ class _on:
     """Tensors created while checking land on ``device`` (torch.set_default_device)."""
 
     def __init__(self, device: str):
-        from kernel_lock.format.slots import torch_device
+        from kernel_lock.slots import torch_device
 
         self.device = torch_device(device)
 
@@ -626,7 +626,7 @@ class _on:
 def try_once(cand: Candidate, device: str) -> dict[str, Any]:
     """One tiny forward and backward on a device the candidate does not declare: why it cannot
     run."""
-    from kernel_lock.format.slots import torch_device
+    from kernel_lock.slots import torch_device
 
     try:
         with _on(device):
@@ -650,7 +650,7 @@ def time_candidate(
     """fwd+bwd per geometry with the timing module's clock and repetition rule; on a GPU, peak
     memory. ``progress`` receives the other slots' messages (``timing.progress_message``) after each
     call."""
-    from kernel_lock.format.slots import torch_device
+    from kernel_lock.slots import torch_device
     from kernel_probe.probe import timing
 
     tdev = torch_device(device)

@@ -117,10 +117,10 @@ HINTS = {
 
 
 def canonical(overrides: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The Attention slot's canonical options (``kernel_lock.format.slots.CANONICAL``) with the
-    model's ``overrides``."""
-    from kernel_lock.format.slots import CANONICAL
+    """The Attention slot's canonical options (its ``SlotSpec.canonical``) with the model's
+    ``overrides``."""
+    from kernel_lock.slots.attention import ATTENTION
 
-    c = dict(CANONICAL["Attention"])
+    c = dict(ATTENTION.canonical)
     c.update({k: v for k, v in (overrides or {}).items() if k in c})
     return c

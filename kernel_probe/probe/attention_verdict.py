@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 
-from kernel_lock.format.slots import DTYPES
+from kernel_lock.slots import DTYPES
 from kernel_probe.candidates import Candidate
 from kernel_probe.isolation.protocol import CheckReply, MeasurementRow
 from kernel_probe.probe.report import Report, ReportBase, Verdict

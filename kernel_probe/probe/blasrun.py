@@ -1,7 +1,7 @@
 """The BLAS library a Linear runs under on a GPU, in the worker: the candidate's own
 (``Candidate.blas``) while it is checked and timed, the classic one for torch.nn's baseline, and the
 process's previous choice restored afterwards (a worker serves other candidates). Names and applying
-one: ``kernel_lock.format.blas``."""
+one: ``kernel_lock.slots.linear``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import torch
 
-from kernel_lock.format import blas as blas_lib
+from kernel_lock.slots import linear as blas_lib
 from kernel_probe.candidates import Candidate
 
 

@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, cast
 
-from kernel_lock.format.slots import ACTIVATION, ATTENTION, DTYPES, GATED_MLP, dtype_named
+from kernel_lock.slots import DTYPES, dtype_named
+from kernel_probe import slots as slot_behaviour
 from kernel_probe.candidates import Candidate, default_for, for_slot
 from kernel_probe.isolation.protocol import (
     INTERPRETED,
@@ -99,13 +100,8 @@ def check_candidate(
     the judge's calls only)."""
     base = report_base(cand, slot, device)
     problem = judge.static_problem(cand, slot, device, arch, with_compile=with_compile, detail=True)
-    if problem is None and slot == ACTIVATION:
-        from kernel_lock.format.activations import (
-            declared_function,
-        )  # torch-free: this process never imports torch
-        from kernel_probe.probe import activation_verdict
-
-        problem = activation_verdict.static_problem(cand, declared_function(canonical))
+    if problem is None:
+        problem = slot_behaviour.slot(slot).static_problem(cand, canonical or {})
     if problem is not None and not problem.try_it:
         return Report(status=problem.status, reasons=[problem.reason], **base)
     said = _measure(
@@ -227,24 +223,7 @@ def _verdict(
         return stopped(judge.died(died.status, died.reason, "checks", ("check", said.budget)))
     if raw.tampered:
         return stopped(judge.tampered(f"running {cand.target}", raw.tampered))
-    if slot == ATTENTION:
-        from kernel_probe.probe import attention_verdict
-        from kernel_probe.probe.attention_geometry import canonical as attention_canonical
-
-        report = attention_verdict.judge(raw, cand, device, base, attention_canonical(canonical))
-    elif slot == GATED_MLP:
-        from kernel_probe.probe import gated_mlp_verdict
-
-        report = gated_mlp_verdict.judge(raw, cand, device, base)
-    elif slot == ACTIVATION:
-        from kernel_lock.format.activations import declared_function
-        from kernel_probe.probe import activation_verdict
-
-        report = activation_verdict.judge(
-            raw, cand, device, base, declared_function(canonical), policy
-        )
-    else:
-        report = judge.judge_candidate(raw, cand, slot, device, policy, base)
+    report = slot_behaviour.slot(slot).judge(raw, cand, device, base, canonical or {}, policy)
     if raw.interpreted:  # said on the report and on every verdict it carries
         report.interpreted = True
         report.verdicts = [
@@ -287,8 +266,8 @@ class Timing:
     # (slot, candidate id, the shapes it is timed at, None when its timing starts, else the
     # worker's progress message): ``Events.timing``
     progress: Callable[[str, str, Sequence[str], TimingProgressMessage | None], None] = _no_progress
-    # the Attention slot's geometries (attention_geometry), instead of shapes
-    attention: tuple[str, ...] = ()
+    # per slot, the shapes it is timed at where not ``shapes`` (Plan.timed_at)
+    timed_at: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # fixed: ``reps`` calls for every accepted candidate (``--reps`` given); else only what can
     # change the choice (kernel_probe.probe.repetitions), within ``budget_s`` per slot (None: the
     # device's)
@@ -431,7 +410,7 @@ def _rematch(
     1.36x slower than torch.sdpa.flash, the same kernel there. So a candidate replaces the default
     only by beating it both before and after its own timing."""
     default_cand, default = timeable[0]
-    shapes = timing.attention if slot == ATTENTION else timing.shapes
+    shapes = timing.timed_at.get(slot, timing.shapes)
     if timing.fixed or not default.timings or default.report.status != "accepted":
         return
     winner = next(
@@ -515,7 +494,7 @@ def _time(
     """One accepted candidate timed in its worker (``options``: ``timing.time_candidate``'s)."""
     report = done.report
     t1 = time.perf_counter()
-    shapes = timing.attention if slot == ATTENTION else timing.shapes
+    shapes = timing.timed_at.get(slot, timing.shapes)
     timing.progress(slot, cand.id, shapes, None)
     request = TimeRequest(
         candidate=cand,

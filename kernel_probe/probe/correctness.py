@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from kernel_lock.format.slots import CONFUSABLE, torch_device
+from kernel_lock.slots import confusable, torch_device
 from kernel_probe.candidates import Candidate, canonical_for, default_for
 from kernel_probe.isolation.protocol import (
     FLAG_GRAD_OUTPUT_MODIFIED,
@@ -375,9 +375,7 @@ def _prepared(
         for name, (_, b, r) in _compared(base, base, ref, case.residual).items()
         if r is not None
     }
-    alt = (
-        rel_err(base["y"], ref["y"]) if semantics in CONFUSABLE and case.name in ALT_CASES else 0.0
-    )
+    alt = rel_err(base["y"], ref["y"]) if confusable(semantics) and case.name in ALT_CASES else 0.0
     return Prepared(x, gy, skip, ref, base, sides, alt)
 
 
@@ -415,7 +413,7 @@ def _measure(
     row["nondeterministic"] = repeatability(
         mod, bench.hidden, setup.width, setup.dtype, device, setup.autocast, layout, gen
     )
-    if FLAG_OUTPUT_DTYPE in row["flags"] and cand.semantics in CONFUSABLE:  # a norm
+    if FLAG_OUTPUT_DTYPE in row["flags"] and confusable(cand.semantics):  # a norm
         row["blocks"] = blocks(
             mod,
             base_mod,
@@ -484,8 +482,8 @@ def _measure_case(
             )
             _worst(errs, name, *maxima)
             worst_stats(stats, name, row_stats)
-        if semantics in CONFUSABLE and case.name in ALT_CASES:
-            alt = CONFUSABLE[semantics]
+        alt = confusable(semantics)
+        if alt and case.name in ALT_CASES:
             # the tolerance basis: torch.nn on its own maths
             _worst(errs, alt_key(alt), _alt_error(alt, p.x, got["y"], setup), p.base_alt)
         _flag(flags, case.name, got, p.base, p.x)

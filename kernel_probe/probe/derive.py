@@ -17,6 +17,7 @@ from typing import Any
 from kernel_lock.errors import KernelUnavailable
 from kernel_lock.format.schema import Slot
 from kernel_lock.lock import KernelLock
+from kernel_lock.slots import SPECS
 from kernel_probe import __version__
 
 
@@ -95,14 +96,14 @@ def derive_inference(
     if lock.profile.get("name"):
         provenance["source-profile"] = str(lock.profile["name"])
     provenance["substitutions"] = [str(s) for s in substitutions]
-    attention = slots.get("Attention")
-    if attention is not None:
-        from kernel_lock.anemoi import ANEMOI_ATTENTION, ATTENTION_BACKEND_ENV
-
-        backend = ANEMOI_ATTENTION.get(attention.target)
-        # anemoi reads it at import: set it in the inference job's environment
-        if backend is not None:
-            provenance["anemoi-environment"] = {ATTENTION_BACKEND_ENV: backend}
+    # what anemoi reads at import: set it in the inference job's environment
+    environment_vars: dict[str, str] = {}
+    for entry in slots.values():
+        anemoi_environment = SPECS[entry.name].anemoi_environment
+        if anemoi_environment is not None:
+            environment_vars.update(anemoi_environment(entry))
+    if environment_vars:
+        provenance["anemoi-environment"] = environment_vars
     derived = KernelLock(
         created_by=f"kernel-probe {__version__}",
         created_at=dt.datetime.now(dt.timezone.utc)

@@ -7,7 +7,7 @@ strict ``load_state_dict`` under anemoi's keys, and run forward and backward at 
 ``num_channels`` 1024 in, ``compute_mlp_hidden_dim(1024, 2.67)`` out (the ratio anemoi's configs
 advise for gated variants), a few rows; by default the same check at 96 in (256 out), which costs
 little in every dtype. Every output (``y``, ``dx`` and the gradient of every parameter) is compared
-with the float64 reference of the formula (``kernel_lock.format.gating``) and judged, against
+with the float64 reference of the formula (``kernel_lock.slots.gated_mlp``) and judged, against
 torch's own gated layer in the same dtype and regime, by the one rule every slot's outputs go
 through (``judge.judge_output``; ``gated_mlp_verdict``). The baseline is anemoi's own
 ``GatedMLPLayer`` with ``torch.nn.Linear`` where anemoi-models imports, else the same computation
@@ -31,8 +31,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kernel_lock.format.gating import gate_for
-from kernel_lock.format.slots import CANONICAL, GATED_MLP, torch_device
+from kernel_lock.slots import SPECS, torch_device
+from kernel_lock.slots.gated_mlp import gate_for
 from kernel_probe.candidates import Candidate
 from kernel_probe.isolation.protocol import (
     CheckReply,
@@ -83,7 +83,7 @@ def canonical(overrides: Mapping[str, Any] | None, in_features: int = CHECK_IN) 
     """The values a GatedMLP template names: the model's mlp_implementation, the bias and the
     sizes."""
     values = {
-        **CANONICAL[GATED_MLP],
+        **SPECS["GatedMLP"].canonical,
         **{k: v for k, v in (overrides or {}).items() if v is not None},
     }
     gate_for(values["mlp_implementation"])  # ValueError for "mlp" or a name anemoi does not know

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernel_lock.format.slots import Status
+from kernel_lock.slots import Status
 from kernel_probe.isolation.protocol import MeasurementRow
 from kernel_probe.probe.report import Verdict, deterministic
 

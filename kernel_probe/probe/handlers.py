@@ -3,11 +3,9 @@
 ``kernel_probe.isolation.worker`` is the transport (``Worker`` and ``WorkerPool`` in the probe's
 process; ``serve``, the loop of one request and one reply a line, in the worker's). A worker process
 runs :func:`serve` here, which hands that loop :func:`dispatch`: the request's meaning (import a
-class, check a candidate, time it, answer the fingerprint) is decided here, by the slot's own module
-(``correctness`` for the norms and Linear, ``attention``, ``gated_mlp``, ``activation``,
-``graph_attention``, ``timing``). Each slot's module is imported when a request for it first comes
-(the function-level imports below): a worker serves one library's candidates, and loads no other
-slot's code.
+class, check a candidate, time it, answer the fingerprint) is decided here: a candidate's requests
+by its slot (``kernel_probe.slots``), whose measuring module is imported when a request for it
+first comes: a worker serves one library's candidates, and loads no other slot's code.
 """
 
 from __future__ import annotations
@@ -17,10 +15,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kernel_lock.format.slots import ACTIVATION, ATTENTION, GATED_MLP
+from kernel_probe import slots as slot_behaviour
 from kernel_probe.isolation import worker
 from kernel_probe.isolation.protocol import (
-    INTERPRETED,
     CandidateRequest,
     CheckReply,
     CheckRequest,
@@ -34,10 +31,8 @@ from kernel_probe.isolation.protocol import (
     ProtocolError,
     Reply,
     Request,
-    TimeReply,
     TimeRequest,
     TimingProgressMessage,
-    TimingRow,
     TryReply,
     TryRequest,
 )
@@ -49,103 +44,6 @@ def serve() -> None:
     """A worker process's main (started by ``child.spawn`` as ``worker.HANDLERS``): the transport's
     loop, answering with :func:`dispatch`."""
     worker.serve(dispatch)
-
-
-Progress = Callable[[TimingProgressMessage], None] | None
-
-
-def _served(
-    request: CandidateRequest[Any],
-    emit: Progress,
-    slot: str,
-    check: Callable[[CheckRequest], Reply],
-    try_once: Callable[[Any, str], dict[str, Any]],
-    time_candidate: Callable[[TimeRequest, Progress], Reply],
-) -> Reply:
-    """A slot's check, try and timing requests, answered by that slot's own module's functions (each
-    given the request; ``time_candidate`` also the progress channel when the request asks for
-    it)."""
-    if isinstance(request, CheckRequest):
-        return check(request)
-    if isinstance(request, TryRequest):
-        return TryReply.from_json(try_once(request.candidate, request.device))
-    if isinstance(request, TimeRequest):
-        return time_candidate(request, emit if request.progress else None)
-    raise ProtocolError(f"the worker has no {slot} handler for {type(request).__name__}")
-
-
-def _attention(request: CandidateRequest[Any], emit: Progress) -> Reply:
-    """The Attention slot's requests: its own checks and timing (kernel_probe.probe.attention)."""
-    from kernel_probe.probe import (
-        attention,
-        slotcheck,
-    )  # this slot's code, when its first request comes
-
-    def check(r: CheckRequest) -> Reply:  # torch's side of each case once per slot and row (SHARED)
-        return attention.check(
-            r.candidate,
-            r.device,
-            list(r.dtypes),
-            canonical_overrides=r.canonical,
-            seed=r.seed,
-            shared=slotcheck.SHARED,
-        )
-
-    def time_candidate(r: TimeRequest, progress: Progress) -> Reply:
-        return attention.time_candidate(
-            r.candidate,
-            r.device,
-            list(r.shapes),
-            r.dtype,
-            r.options,
-            r.canonical,
-            progress=progress,
-        )
-
-    return _served(request, emit, ATTENTION, check, attention.try_once, time_candidate)
-
-
-def _gated_mlp(request: CandidateRequest[Any], emit: Progress) -> Reply:
-    """The GatedMLP slot's requests: its own checks and timing (kernel_probe.probe.gated_mlp)."""
-    from kernel_probe.probe import gated_mlp  # this slot's code, when its first request comes
-
-    def check(r: CheckRequest) -> Reply:
-        return gated_mlp.check(
-            r.candidate, r.device, list(r.dtypes), canonical_overrides=r.canonical, hidden=r.hidden
-        )
-
-    # fixed repetitions: no progress
-    def time_candidate(r: TimeRequest, progress: Progress) -> Reply:
-        return gated_mlp.time_candidate(
-            r.candidate, r.device, list(r.shapes), r.dtype, r.regime, r.options, r.canonical
-        )
-
-    return _served(request, emit, GATED_MLP, check, gated_mlp.try_once, time_candidate)
-
-
-def _activation(request: CandidateRequest[Any], emit: Progress) -> Reply:
-    """The Activation slot's requests: its checks and timing (no parameters, one function)."""
-    from kernel_probe.probe import activation  # this slot's code, when its first request comes
-
-    def check(r: CheckRequest) -> Reply:
-        return activation.check(
-            r.candidate, r.device, list(r.dtypes), canonical_overrides=r.canonical, seed=r.seed
-        )
-
-    def time_candidate(r: TimeRequest, progress: Progress) -> Reply:
-        return activation.time_candidate(
-            r.candidate, r.device, list(r.shapes), r.dtype, r.options, progress
-        )
-
-    return _served(request, emit, ACTIVATION, check, activation.try_once, time_candidate)
-
-
-# the slots whose requests their own module answers (the norms and Linear: ``correctness``, below)
-SLOT_MODULES: dict[str, Callable[[CandidateRequest[Any], Progress], Reply]] = {
-    ATTENTION: _attention,
-    GATED_MLP: _gated_mlp,
-    ACTIVATION: _activation,
-}
 
 
 def dispatch(
@@ -167,8 +65,7 @@ def dispatch(
 
         return FingerprintReply(fields=with_torch.current())
     # the norms' and Linear's measuring code: loaded by the ping already (a cost paid at start-up)
-    from kernel_probe.probe import correctness, measure, slotcheck
-    from kernel_probe.probe.limits import CHECK_HIDDEN
+    from kernel_probe.probe import measure, slotcheck
 
     if isinstance(request, GraphAttentionRequest):
         from kernel_probe.probe import graph_attention  # anemoi and PyG: only when asked
@@ -191,51 +88,33 @@ def dispatch(
         ) as exc:  # a library calling sys.exit() on import is broken, not absent
             return ImportReply(ok=False, kind="exception", error=f"{type(exc).__name__}: {exc}")
         return ImportReply(ok=True, seconds=time.perf_counter() - start)
-    if isinstance(request, CandidateRequest) and request.slot in SLOT_MODULES:
-        return SLOT_MODULES[request.slot](request, emit)
-    if isinstance(request, CheckRequest):
-        return correctness.check(
-            request.candidate,
-            request.slot,
-            request.device,
-            list(request.dtypes),
-            canonical_overrides=request.canonical,
-            seed=request.seed,
-            hidden=CHECK_HIDDEN if request.hidden is None else request.hidden,
-            baseline=request.baseline,
-            # the inputs, reference and torch.nn's pass, once per slot and row
-            shared=slotcheck.SHARED,
-        )
-    if isinstance(request, TryRequest):
-        return TryReply.from_json(
-            correctness.try_once(request.candidate, request.slot, request.device)
-        )
-    if isinstance(request, TimeRequest):
-        from kernel_probe.probe import timing  # only once a candidate is timed
-
-        try:
-            measure.import_class(request.candidate.target)  # does its library bring Triton in?
-        except Exception:
-            pass  # timing reports it
-        # interpreter times say nothing about the compiled kernel: never timed
-        if worker.interpreting():
-            rows: list[TimingRow] = [
-                {
-                    "implementation": request.candidate.id,
-                    "shape": s,
-                    "error": f"not timed: {INTERPRETED}",
-                }
-                for s in request.shapes
-            ]
-            return TimeReply(candidate=request.candidate.id, device=request.device, rows=rows)
-        return timing.time_candidate(
-            request.candidate,
-            request.slot,
-            request.device,
-            list(request.shapes),
-            request.dtype,
-            request.regime,
-            request.options,
-            progress=emit if request.progress else None,
-        )
+    if isinstance(request, CandidateRequest):
+        if request.slot not in slot_behaviour.SLOTS:  # a slot another package declares
+            slot_behaviour.load_plugins((request.slot,))
+        slot = slot_behaviour.slot(request.slot)
+        if isinstance(request, CheckRequest):
+            return slot.check(
+                request.candidate,
+                request.device,
+                list(request.dtypes),
+                canonical=request.canonical,
+                seed=request.seed,
+                hidden=request.hidden,
+                baseline=request.baseline,
+                # torch's side of each case (inputs, reference, torch.nn's pass) once per row
+                shared=slotcheck.SHARED,
+            )
+        if isinstance(request, TryRequest):
+            return TryReply.from_json(slot.try_once(request.candidate, request.device))
+        if isinstance(request, TimeRequest):
+            return slot.time(
+                request.candidate,
+                request.device,
+                list(request.shapes),
+                request.dtype,
+                request.regime,
+                request.options,
+                request.canonical,
+                emit if request.progress else None,
+            )
     raise ProtocolError(f"the worker has no handler for {type(request).__name__}")

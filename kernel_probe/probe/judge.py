@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Literal
 
-from kernel_lock.format.slots import CONFUSABLE, DTYPES, SLOT_SEMANTICS, STATUSES, Status
+from kernel_lock.slots import DTYPES, SPECS, STATUSES, Status, confusable
 from kernel_probe.candidates import Candidate
 from kernel_probe.errors import ProbeError
 from kernel_probe.isolation.protocol import (
@@ -428,8 +428,8 @@ def judge_row(
             extra_notes.append(change)
             changes.append(change)
     y_failed = any(f.endswith(":y") for f in found.failed)
-    if semantics in CONFUSABLE and y_failed and alt_ok:
-        alt = CONFUSABLE[semantics]
+    alt = confusable(semantics)
+    if alt and y_failed and alt_ok:
         reasons.insert(0, f"semantics: {alt} != {semantics} (its output matches a {alt} reference)")
     for flag, reason in also:
         failed.append(flag)
@@ -605,7 +605,7 @@ def static_problem(
     when it is worth checking. The command line uses it to refuse a --pin before any work; the
     checker with ``detail``, which also says where a candidate ruled out by the hardware is not
     installed either."""
-    expected = SLOT_SEMANTICS[slot]
+    expected = SPECS[slot].semantics
     if cand.semantics != expected:
         return Problem("rejected", f"semantics: {cand.semantics} != {expected}")
 

@@ -224,7 +224,7 @@ def one_cpu_thread(device: str) -> Iterator[None]:
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    """The torch dtype of a name of ``kernel_lock.format.slots.DTYPES`` (``bfloat16`` ->
+    """The torch dtype of a name of ``kernel_lock.slots.DTYPES`` (``bfloat16`` ->
     ``torch.bfloat16``)."""
     dtype = getattr(torch, name)
     assert isinstance(dtype, torch.dtype), name

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import kernel_lock
 from kernel_lock.errors import KernelUnavailable, LockError, LockFormatError, LockMismatch
+from kernel_probe import slots as slot_behaviour
 from kernel_probe.errors import InputFileError, StaleLock
 from kernel_probe.probe.planning import Events, Plan, ProbeRequest, large_shape_warning
 
@@ -286,9 +287,10 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     warning = large_shape_warning(p.device["type"], p.shapes, p.reps)
     if warning:
         events.warn(warning)
-    emulated = _emulated_matmul(p)
-    if emulated:
-        events.warn(emulated)
+    behaviour = {s: slot_behaviour.slot(s) for s in p.slots}
+    for b in behaviour.values():
+        for line in b.warnings(p.device["type"], p.dtype):
+            events.warn(line)
     # fp32 as a sanity baseline, plus the regime the model trains in
     rows = [("float32", "true")] + ([(p.dtype, p.regime)] if p.dtype != "float32" else [])
     checks = Checks(
@@ -311,7 +313,7 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
         p.regime,
         p.reps,
         events.timing,  # each candidate's timing, at the shapes check times it at
-        attention=(p.attention,),
+        timed_at=p.timed_at,
         fixed=p.request.reps is not None,  # --reps N: N calls for every accepted candidate
     )
     # lock: None only while probing; build_lock sets it below, so a returned ProbeResult always has
@@ -345,15 +347,15 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
             fingerprint = pool.shared.call(FingerprintRequest(), FINGERPRINT_TIMEOUT).fields
     finally:
         events.done()
-    if emulated:
-        for line in _emulated_call_times(result.timings, p.dtype):
+    for name, b in behaviour.items():
+        for line in b.notes(p.device["type"], p.dtype, result.timings[name]):
             events.note(line)
     result.choices = choose_all(p, result.reports, result.timings)
     provenance: dict[str, Any] = {
         "inputs": p.digest,
         "command": p.request.command,
         "shapes": list(p.shapes),
-        **({"attention": p.attention} if "Attention" in p.slots else {}),
+        **p.slot_provenance,
         "options": recorded_options(p.inputs),
         "libraries": dict(p.libraries),
         "check-seconds": round(result.check_seconds, 2),
@@ -386,27 +388,6 @@ def _refused(p: Plan, slot: str, cand: Candidate) -> str | None:
     return rule.refuses(cand.id) if rule is not None else None
 
 
-def _emulated_matmul(p: Plan) -> str | None:
-    """The up-front warning of a CPU probe whose regime's matmuls are emulated here (a Linear
-    slot)."""
-    if p.device["type"] != "cpu" or "Linear" not in p.slots or p.dtype == "float32":
-        return None
-    from kernel_probe.detect import cpumath
-
-    return cpumath.emulated_warning(p.dtype)
-
-
-def _emulated_call_times(timings: Mapping[str, Mapping[str, list]], dtype: str) -> list[str]:
-    """How long one emulated call took, per timed Linear candidate and shape."""
-    return [
-        f"{dtype} matmul emulated: one forward+backward of {cid} at {row['shape']} took "
-        f"{row['median_ms'] / 1000:.2f} s"
-        for cid, rows in timings.get("Linear", {}).items()
-        for row in rows
-        if "median_ms" in row
-    ]
-
-
 def choose_all(
     p: Plan, reports: Mapping[str, list[Report]], timings: Mapping[str, Mapping[str, list]]
 ) -> dict[str, Choice]:
@@ -423,7 +404,7 @@ def choose_all(
             slot,
             reports[slot],
             dict(timings[slot]),
-            [p.attention] if slot == "Attention" else list(p.shapes),
+            list(p.timed_at[slot]),
             p.dtype,
             default_for(slot).id,
             deterministic=p.deterministic,

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernel_lock.format.slots import PRECISIONS, PROBED_BY_DEFAULT
+from kernel_lock.slots import PRECISIONS, slot_name_fix
+from kernel_probe import slots as slot_behaviour
 from kernel_probe.errors import ForcedUnusable, UsageError
 from kernel_probe.probe.limits import CHECK_TIMEOUT, IMPORT_TIMEOUT
 from kernel_probe.probe.rules import SlotRule, slot_rules
@@ -66,21 +67,15 @@ class ProbeRequest:
     # (rank 0), "node-type" (one rank per kind of node; --out names {node-type}), "rank" (each rank
     # under the file lock); None: the profile's [policy] probe-per, else "job"
     probe_per: str | None = None
-    # the Attention slot's timing geometry (HEADSxHEAD_DIMxSEQ[:window=W]); "": the default for the
-    # device
-    attention: str = ""
     # anemoi's GraphTransformer attention backend (kernel_probe.probe.graph_attention_check): "" =
     # not checked, "auto", "triton" or "pyg"; and whether a locked triton may fall back to pyg at
     # job start
     graph_attention: str = ""
     allow_graph_attention_fallback: bool = False
-    # the model's gated mlp_implementation (kernel_lock.format.gating): "" leaves GatedMLP out
-    # unless it is named
-    mlp_implementation: str = ""
-    # the Activation slot: the model's function
-    # (kernel_lock.format.activations.ACTIVATION_FUNCTIONS, or other:module.Class; "":
-    # torch.nn.GELU's gelu-erf), and whether an approximation of it may be accepted (recorded)
-    activation: str = ""
+    # per slot, what the model declares of it (Slot.option: --attention, --mlp-implementation,
+    # --activation); a slot not named: its default
+    declared: Mapping[str, str] = field(default_factory=dict)
+    # whether an approximation of what the model computes may be accepted (recorded)
     allow_approximation: bool = False
 
 
@@ -102,21 +97,14 @@ class Plan:
     deterministic: bool
     digest: str  # of the inputs: a lock probed with other inputs is not reused
     trust: tuple[str, ...]
-    attention: str = ""  # the Attention slot's timing geometry (attention_geometry)
-
-    @property
-    def canonical(self) -> dict[str, dict[str, Any]]:
-        """Per slot, the canonical values the request sets: the model's attention window."""
-        from kernel_probe.probe.attention_geometry import parse_geometry
-
-        options = dict(parse_geometry(self.attention).options) if self.attention else {}
-        out: dict[str, dict[str, Any]] = {"Attention": options} if options else {}
-        if self.request.mlp_implementation:  # the model's gate, pinned in slots.GatedMLP's kwargs
-            out["GatedMLP"] = {"mlp_implementation": self.request.mlp_implementation}
-        # the model's activation function (the Activation slot's reference)
-        if self.request.activation:
-            out["Activation"] = {"function": self.request.activation}
-        return out
+    # per slot, the canonical values the model's declaration sets (pinned in the lock, checked)
+    canonical: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # per slot, the shapes it is timed at (a slot's own, or the plan's shapes)
+    timed_at: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # what the lock's provenance records of the slots' declarations (Attention: its geometry)
+    slot_provenance: Mapping[str, Any] = field(default_factory=dict)
+    # per slot, the declared value as the probe reads it (its default where none is declared)
+    resolved: Mapping[str, str] = field(default_factory=dict)
 
     # the options the digest is of (recorded in the lock, so a lock probed with others can say which
     # differ)
@@ -204,8 +192,8 @@ def gather_candidates(
 
 def _refuse_bad_arguments(request: ProbeRequest) -> tuple[str, ...]:
     """The request's first stage: every argument checked before any work (exit 2), in this order:
-    the shapes, repetitions, time limits, precision, the attention geometry, the activation
-    function, ``--check`` with ``--force`` and the gate; the shapes asked for, normalised."""
+    the shapes, repetitions, time limits, precision, what the model declares of each slot (in the
+    slots' order) and ``--check`` with ``--force``; the shapes asked for, normalised."""
     try:
         asked = normal_shapes(request.shapes)
     except ValueError as exc:
@@ -230,34 +218,32 @@ def _refuse_bad_arguments(request: ProbeRequest) -> tuple[str, ...]:
         raise UsageError(
             f"unknown precision {request.precision!r}", fix=f"use one of {', '.join(PRECISIONS)}"
         )
-    if request.attention:
-        from kernel_probe.probe.attention_geometry import FORM, parse_geometry
-
-        try:
-            parse_geometry(request.attention)
-        except ValueError as exc:
-            raise UsageError(
-                f"--attention {exc}", fix=f"write it {FORM}, e.g. 16x128x40320:window=512"
-            ) from None
-    if request.activation:
-        from kernel_lock.format.activations import function_problem
-
-        problem = function_problem(request.activation)
-        if problem:
-            raise UsageError(
-                f"--activation {problem}",
-                fix="name the model's activation function, e.g. --activation gelu-erf",
-            )
+    for name, declared in request.declared.items():
+        if declared:
+            slot_behaviour.slot(name).refuse(declared)
     if request.check_only and request.force:
         raise UsageError("--check and --force contradict each other")
-    if request.mlp_implementation:
-        from kernel_lock.format.gating import gate_for
-
-        try:
-            gate_for(request.mlp_implementation)
-        except ValueError as exc:
-            raise UsageError(f"--mlp-implementation: {exc}") from None
     return asked
+
+
+def _slots(request: ProbeRequest) -> tuple[tuple[str, ...], list[str]]:
+    """The slots probed (those named, else every slot a probe covers by default), and the problems
+    of the slots other packages declare (loaded where plug-ins are allowed)."""
+    problems = slot_behaviour.load_plugins() if request.plugins else []
+    for flag, forced in (("--pin", request.pins), ("--prefer", request.prefers)):
+        for name, cid in forced.items():
+            if name not in slot_behaviour.SLOTS:
+                known = ", ".join(slot_behaviour.SLOTS)
+                text = f"{name}={cid}"
+                raise UsageError(f"{flag} {text!r}: unknown slot {name!r} (known: {known})")
+    for name in request.slots:
+        if name not in slot_behaviour.SLOTS:
+            raise UsageError(f"--slot {name}: unknown slot; {slot_name_fix(name)}")
+    named = tuple(request.slots)
+    every = slot_behaviour.SLOTS.values()
+    return named or tuple(
+        s.name for s in every if s.wanted(request.declared.get(s.name, ""))
+    ), problems
 
 
 def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
@@ -265,10 +251,7 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
     node the profile rules out (exit 4) and a pin that cannot run here (exit 3)."""
     events = events or Events()
     asked = _refuse_bad_arguments(request)
-    # a model with a gated mlp_implementation has the GatedMLP slot too
-    slots = tuple(request.slots) or PROBED_BY_DEFAULT + (
-        ("GatedMLP",) if request.mlp_implementation else ()
-    )
+    slots, slot_problems = _slots(request)
     device = detect_device()
     profile, matched = _apply_profile(request, device, events)
     # the chain: the profile, its per-slot rules with the command line's, the candidates, the forced
@@ -276,6 +259,7 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
     candidates, problems = gather_candidates(
         request.candidates, list(profile.candidates) if profile else [], plugins=request.plugins
     )
+    problems = [*slot_problems, *problems]
     from kernel_probe.isolation.protocol import interpreter_requested
 
     if interpreter_requested():
@@ -318,21 +302,14 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
         "allow_init_change": request.allow_init_change,
         "strict_dtype": request.strict_dtype,
     }
-    from kernel_probe.probe.attention_geometry import DEFAULT_GEOMETRY
-
-    attention = request.attention or DEFAULT_GEOMETRY[kind]
-    if "Attention" in slots:
-        inputs["attention"] = attention
+    declared = {name: request.declared.get(name, "") for name in slots}
+    ordered = [n for n in slot_behaviour.SLOTS if n in slots]  # the slots' order
+    for name in ordered:
+        inputs.update(slot_behaviour.slot(name).inputs(declared[name], kind))
     # only when asked: a lock probed without it stays reusable as before
     if request.graph_attention:
         inputs["graph_attention"] = request.graph_attention
         inputs["allow_graph_attention_fallback"] = request.allow_graph_attention_fallback
-    if "GatedMLP" in slots:
-        inputs["mlp_implementation"] = request.mlp_implementation or "swiglu"
-    if "Activation" in slots:
-        from kernel_lock.format.slots import CANONICAL
-
-        inputs["activation"] = request.activation or CANONICAL["Activation"]["function"]
     if request.allow_approximation:
         inputs["allow_approximation"] = True
     from kernel_probe.detect.libraries import by_library, installed_for
@@ -340,26 +317,35 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
     probed = [c for c in candidates if set(c.slots) & set(slots)]
     from kernel_probe.probe.write import inputs_digest, trusted_roots
 
+    behaviour = {name: slot_behaviour.slot(name) for name in slots}
+    canonical = {n: b.canonical(declared[n], kind) for n, b in behaviour.items()}
+    recorded = {
+        k: v for n in ordered for k, v in behaviour[n].provenance(declared[n], kind).items()
+    }
+    every = slot_behaviour.SLOTS.items()
     return Plan(
-        request,
-        device,
-        profile,
-        matched,
-        tuple(candidates),
-        tuple(problems),
-        slots,
-        shapes,
-        shapes_from,
-        precision,
-        request.reps or DEFAULT_REPS[kind],
-        deterministic,
-        inputs_digest(inputs),
-        trusted_roots(candidates),
-        attention,
-        inputs,
-        installed_for(probed),
-        by_library(probed),
-        rules,
+        request=request,
+        device=device,
+        profile=profile,
+        matched=matched,
+        candidates=tuple(candidates),
+        problems=tuple(problems),
+        slots=slots,
+        shapes=shapes,
+        shapes_from=shapes_from,
+        precision=precision,
+        reps=request.reps or DEFAULT_REPS[kind],
+        deterministic=deterministic,
+        digest=inputs_digest(inputs),
+        trust=trusted_roots(candidates),
+        canonical={n: c for n, c in canonical.items() if c},
+        timed_at={n: b.shapes(declared[n], kind, shapes) for n, b in behaviour.items()},
+        slot_provenance=recorded,
+        resolved={n: b.resolved(request.declared.get(n, ""), kind) for n, b in every},
+        inputs=inputs,
+        libraries=installed_for(probed),
+        library_candidates=by_library(probed),
+        rules=rules,
     )
 
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypedDict
 
-from kernel_lock.format.slots import Status
+from kernel_lock.slots import Status
 from kernel_probe.candidates import Candidate
 
 
@@ -98,7 +98,7 @@ class Report:
         False  # its Triton kernels ran in Triton's interpreter: never timed, never locked
     )
     blas: str = (
-        ""  # a Linear on a GPU: the BLAS library it was checked under (kernel_lock.format.blas)
+        ""  # a Linear on a GPU: the BLAS library it was checked under (kernel_lock.slots.linear)
     )
     blas_default: str = ""  # the library torch picked by itself in the probe's worker
     # Attention: what each option (window, softcap, dropout, alibi, scale) really does, measured

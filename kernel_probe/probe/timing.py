@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from kernel_lock.format.slots import torch_device
+from kernel_lock.slots import torch_device
 from kernel_probe.candidates import Candidate, canonical_for, default_for
 from kernel_probe.isolation.protocol import ShapeCheck, TimeReply, TimingProgressMessage, TimingRow
 from kernel_probe.probe import repetitions

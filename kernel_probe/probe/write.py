@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernel_lock.fingerprint.fields import FIELDS, library_versions
-from kernel_lock.format.blas import Blas
 from kernel_lock.format.graph_attention import GraphAttention
 from kernel_lock.format.schema import Candidate as RejectedCandidate
 from kernel_lock.format.schema import EnvField, Environment, Requirement, Slot, Twin
-from kernel_lock.format.slots import CANONICAL, GATED_MLP, SLOT_SEMANTICS
 from kernel_lock.lock import KernelLock
+from kernel_lock.slots import SPECS
 from kernel_probe import __version__
+from kernel_probe import slots as slot_behaviour
 from kernel_probe.errors import ProbeError, UsageError
 
 if TYPE_CHECKING:  # annotations only: writing a lock, or reusing one, imports no checker
@@ -58,12 +58,7 @@ def _round(x: float | None, digits: int = 4) -> float | None:
 
 def _evidence(report: Report) -> list[dict[str, Any]]:
     rows = []
-    matmul = None
-    # native or emulated bf16 / fp16 (issue 38)
-    if report.semantics == "linear" and report.device == "cpu":
-        from kernel_probe.detect import cpumath
-
-        matmul = cpumath.matmul()
+    extra = slot_behaviour.slot(report.slot).evidence(report)  # the slot's own fields per dtype
     for v in report.verdicts:
         row: dict[str, Any] = {
             "device": v.device,
@@ -86,20 +81,9 @@ def _evidence(report: Report) -> list[dict[str, Any]]:
         # Attention: what each option really does (measured once, in float32)
         if report.capabilities:
             row["capabilities"] = dict(report.capabilities)
-        if matmul is not None and v.dtype in matmul:
-            row["matmul"] = cpumath.describe(matmul[v.dtype])
+        row.update(extra(v.dtype))
         rows.append(row)
     return rows
-
-
-def _gate_formula(slot: str, kwargs: Mapping[str, Any]) -> str:
-    """GatedMLP: the formula of the mlp_implementation it pins (``slots.GatedMLP.gate``); else
-    ""."""
-    if slot != GATED_MLP:
-        return ""
-    from kernel_lock.format.gating import formula
-
-    return formula(str(kwargs.get("mlp_implementation", "")))
 
 
 def _timing(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -166,7 +150,7 @@ def build_lock(
     for slot, choice in choices.items():
         cand = choice.report.candidate
         assert cand is not None
-        values = {**CANONICAL[slot], **((canonical or {}).get(slot) or {})}
+        values = {**SPECS[slot].canonical, **((canonical or {}).get(slot) or {})}
         requires: tuple[Requirement, ...] = ()
         if cand.distribution:
             requires = (
@@ -202,7 +186,7 @@ def build_lock(
             name=slot,
             implementation=cand.id,
             target=cand.target,
-            semantics=SLOT_SEMANTICS[slot],
+            semantics=SPECS[slot].semantics,
             kwargs=cand.pinned_kwargs(values),
             requires=requires,
             devices=cand.devices,
@@ -216,13 +200,9 @@ def build_lock(
                 )
             ),
             rejected=rejected,
-            blas=Blas(library=choice.report.blas, build_default=choice.report.blas_default)
-            if choice.report.blas
-            else None,
-            gate=_gate_formula(slot, cand.pinned_kwargs(values)),
-            # Activation: the model's function the candidates were checked against
-            # (kernel_lock.format.slots)
-            function=str(values["function"]) if slot == "Activation" else "",
+            extra=slot_behaviour.slot(slot).lock_keys(
+                values, cand.pinned_kwargs(values), choice.report
+            ),
         )
     versions = library_versions(sorted(distributions))
     libraries = {name: v for name, v in versions.items() if v is not None}

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kernel_lock.format import toml
-from kernel_lock.format.slots import PRECISIONS, SLOTS
+from kernel_lock.slots import PRECISIONS, SLOTS
 from kernel_probe.candidates import (
     DEVICE_TYPES,
     Candidate,

@@ -12,9 +12,8 @@ import torch
 import kernel_lock
 from kernel_lock.anemoi import GLU_REFUSAL, glu_refused, layer_kernels
 from kernel_lock.errors import LockFormatError
-from kernel_lock.format import slots
-from kernel_lock.format.activations import function_of, function_problem, is_approximation
-from kernel_lock.format.slots import KNOWN_TARGETS, class_semantics
+from kernel_lock.slots import SPECS, class_semantics, target_facts
+from kernel_lock.slots.activation import function_of, function_problem, is_approximation
 from tests.conftest import MINIMAL_LOCK
 
 GELU_SLOT = """
@@ -51,8 +50,8 @@ def test_known_activation_targets_list_every_constructor_keyword(target):
         with pytest.raises(TypeError):
             cls(inplace=True)
     assert (
-        KNOWN_TARGETS[target].params == frozenset(params)
-        and KNOWN_TARGETS[target].semantics == "activation"
+        target_facts(target).params == frozenset(params)
+        and target_facts(target).semantics == "activation"
     )
 
 
@@ -114,15 +113,14 @@ def test_function_problem(text, ok):
 def test_the_approximation_pair_is_gelus_two_forms_only():
     assert is_approximation("gelu-erf", "gelu-tanh") and is_approximation("gelu-tanh", "gelu-erf")
     assert not is_approximation("gelu-erf", "silu") and not is_approximation("gelu-erf", "gelu-erf")
-    assert slots.DEFAULT_TARGETS["Activation"] == "torch.nn.GELU" and slots.CANONICAL[
-        "Activation"
-    ] == {"function": "gelu-erf"}
+    spec = SPECS["Activation"]
+    assert spec.default_target == "torch.nn.GELU" and spec.canonical == {"function": "gelu-erf"}
 
 
 # ---- the lock's function key ---------------------------------------------------------------------
 def test_the_slot_resolves_to_the_pinned_gelu():
     lock = kernel_lock.loads(MINIMAL_LOCK + GELU_SLOT, emit_warnings=False)
-    assert lock.slots["Activation"].function == "gelu-tanh"
+    assert lock.slots["Activation"].extra["function"] == "gelu-tanh"
     mod = lock.factory("Activation")()
     assert isinstance(mod, torch.nn.GELU) and mod.approximate == "tanh"
     assert 'function = "gelu-tanh"' in lock.dumps()

@@ -81,7 +81,7 @@ def fast_lock(tmp_path_factory) -> kernel_lock.KernelLock:
     assert lock.slots["LayerNorm"].twin.migration == ("drop:_extra_state",)  # measured by the probe
     assert (
         lock.slots["Activation"].implementation == "torch.gelu_tanh"
-        and lock.slots["Activation"].function == "gelu-tanh"
+        and lock.slots["Activation"].extra["function"] == "gelu-tanh"
     )
     return lock
 

@@ -28,7 +28,7 @@ from kernel_lock import resolve
 from kernel_lock.errors import LockFormatError, LockMismatch
 from kernel_lock.fingerprint import here as fp_here
 from kernel_lock.fingerprint import with_torch
-from kernel_lock.format import blas
+from kernel_lock.slots import linear as blas
 from kernel_probe.candidates import builtin, parse_candidate
 from kernel_probe.isolation import worker
 from kernel_probe.probe import blasrun, correctness, handlers, pipeline, planning, timing
@@ -288,7 +288,7 @@ def test_simulated_cuda_probe_chooses_and_records_the_library(monkeypatch, tmp_p
     assert (
         slot.implementation == "torch.linear.cublaslt" and "faster than torch.linear" in slot.reason
     )
-    assert slot.blas == blas.Blas(library="cublaslt", build_default="cublas")
+    assert slot.extra["blas"] == blas.Blas(library="cublaslt", build_default="cublas")
     assert {t["implementation"]: t["blas"] for t in slot.timing} == {
         "torch.linear": "cublas",
         "torch.linear.cublas": "cublas",
@@ -302,7 +302,7 @@ def test_simulated_cuda_probe_chooses_and_records_the_library(monkeypatch, tmp_p
     text = result.lock.dumps()
     assert 'blas = { library = "cublaslt", build-default = "cublas" }' in text
     back = kernel_lock.loads(text)
-    assert back.slots["Linear"].blas == slot.blas and back.lock_version == "1.3"
+    assert back.slots["Linear"].extra["blas"] == slot.extra["blas"] and back.lock_version == "1.3"
 
 
 @pytest.mark.slow
@@ -312,7 +312,7 @@ def test_a_library_that_computes_worse_is_not_chosen(monkeypatch, tmp_path, swit
     config["bad"].add("Cublaslt")
     config["slow"].add("Cublas")  # faster, but wrong: never chosen
     slot = simulated_cuda_probe(monkeypatch, tmp_path).lock.slots["Linear"]
-    assert slot.implementation == "torch.linear" and slot.blas == blas.Blas(
+    assert slot.implementation == "torch.linear" and slot.extra["blas"] == blas.Blas(
         library="cublas", build_default="cublas"
     )
     lt = next(c for c in slot.rejected if c.implementation == "torch.linear.cublaslt")
@@ -425,7 +425,7 @@ def test_older_locks_load_and_leave_the_library_alone(switch, on, minimal_lock_t
     on("cpu")
     with pytest.warns(kernel_lock.LockWarning, match="no digest"):  # the minimal lock is not sealed
         lock = kernel_lock.loads(minimal_lock_text)
-    assert lock.slots["Linear"].blas is None
+    assert "blas" not in lock.slots["Linear"].extra
     resolve.factory(lock, "Linear", verify_environment=False)
     assert switch.sets == []
 

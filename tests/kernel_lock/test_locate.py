@@ -19,9 +19,10 @@ import pytest
 import torch
 
 import kernel_lock
+from kernel_lock import slots
 from kernel_lock.errors import KernelUnavailable, LockError
 from kernel_lock.fingerprint import with_torch
-from kernel_lock.format import slots, toml
+from kernel_lock.format import toml
 from kernel_lock.resolve import factory
 from kernel_lock.trust import registry
 from kernel_lock.trust.locate import locate
@@ -233,7 +234,10 @@ def test_a_real_child_reaches_the_same_verdict(
 
 
 # ---- the static table is torch's own -------------------------------------------------------------
-@pytest.mark.parametrize("name", [*slots.KNOWN_TARGETS, *slots.TARGET_ALIASES])
+@pytest.mark.parametrize(
+    "name",
+    [name for s in slots.SPECS.values() for name in (*s.known_targets, *s.aliases)],
+)
 def test_the_table_matches_the_installed_torch(name):
     import importlib
     import inspect
@@ -257,7 +261,7 @@ def test_the_table_matches_the_installed_torch(name):
 def test_registry_targets_take_the_registry_semantics():
     for cand in registry.data()["candidate"]:
         facts = registry.target_facts(cand["target"])
-        assert facts is not None and facts.semantics == slots.SLOT_SEMANTICS[cand["slots"][0]]
+        assert facts is not None and facts.semantics == slots.SPECS[cand["slots"][0]].semantics
         assert set(cand.get("kwargs", {})) <= facts.params
 
 

@@ -222,8 +222,8 @@ def test_the_check_reads_every_kernel_probe_module_and_their_many_imports():
         ),
         ("import kernel_lock\nkernel_lock._version", "_version is not in kernel_lock.__all__"),
         (
-            "from kernel_lock.format import blas as b\nb._APPLIED",
-            "_APPLIED is not in kernel_lock.format.blas.__all__",
+            "from kernel_lock.slots import linear as b\nb._APPLIED",
+            "_APPLIED is not in kernel_lock.slots.linear.__all__",
         ),
         (
             "import kernel_lock.format.toml as t\nt._key('a')",
@@ -241,12 +241,12 @@ def test_a_private_or_undeclared_import_is_found(source, problem):
     "source",
     [
         "from kernel_lock import LockError, load",
-        "from kernel_lock.format import toml, slots",
+        "from kernel_lock.format import toml\nfrom kernel_lock import slots",
         "from kernel_lock.trust.files import write_file, private_dir",
         "from kernel_lock.trust import check_target, registry",
         "import kernel_lock.fingerprint.fields\nkernel_lock.fingerprint.fields.FIELDS",
         "import kernel_lock\nkernel_lock.format.schema.Slot; kernel_lock.load",
-        "from kernel_lock.format import blas as b\nb.apply",
+        "from kernel_lock.slots import linear as b\nb.apply",
         "import json\njson.loads",
     ],
 )

@@ -16,9 +16,9 @@ import torch
 
 import kernel_lock
 from kernel_lock import KernelUnavailable, LockMismatch, LockWarning
-from kernel_lock.resolve import TWIN_SEMANTICS
+from kernel_lock.slots import SPECS, twin_semantics
 from kernel_lock.trust.importing import import_target
-from kernel_probe.candidates import SLOT_SEMANTICS, builtin
+from kernel_probe.candidates import builtin
 from tests.conftest import MINIMAL_LOCK, write_sealed
 from tests.conftest import run_cli as run
 
@@ -192,14 +192,16 @@ def test_twin_of_unknown_semantics_is_taken_at_the_locks_word():
 
 
 def test_twin_semantics_table_names_real_classes_and_covers_every_builtin_twin():
-    for target, semantics in TWIN_SEMANTICS.items():
+    twins = [name for s in SPECS.values() for name in (*s.known_targets, *s.aliases)]
+    for target in twins:
         cls = import_target(target)
-        assert semantics in kernel_lock.format.slots.SEMANTICS and issubclass(
-            cls, torch.nn.Module
-        ), target
+        semantics = twin_semantics(target)
+        assert semantics in kernel_lock.slots.semantics() and issubclass(cls, torch.nn.Module), (
+            target
+        )
     for cand in builtin():
         if cand.twin_target:
-            assert TWIN_SEMANTICS[cand.twin_target] == SLOT_SEMANTICS[cand.slots[0]], cand.id
+            assert twin_semantics(cand.twin_target) == SPECS[cand.slots[0]].semantics, cand.id
 
 
 # ---- kernel-probe verify --mode inference --------------------------------------------------

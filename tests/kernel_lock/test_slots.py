@@ -1,4 +1,4 @@
-"""kernel_lock.format.slots: the slots' facts, the closed sets, and what a module class computes."""
+"""kernel_lock.slots: the slots' facts, the closed sets, and what a module class computes."""
 
 from __future__ import annotations
 
@@ -7,45 +7,42 @@ import inspect
 import pytest
 import torch
 
-from kernel_lock.format import slots
-from kernel_lock.format.slots import (
+from kernel_lock import slots
+from kernel_lock.slots import (
     DTYPES,
-    KNOWN_TARGETS,
     PRECISIONS,
-    SLOT_SEMANTICS,
     SLOTS,
+    SPECS,
     STATUSES,
-    TWIN_SEMANTICS,
     canonical_target,
     class_semantics,
     dtype_named,
     short_dtype,
     slot_name_fix,
+    target_facts,
     torch_device,
+    twin_semantics,
 )
 
 
 def test_every_slot_has_its_facts():
     assert SLOTS == ("LayerNorm", "RMSNorm", "Linear", "Attention", "GatedMLP", "Activation")
-    for table in (
-        SLOT_SEMANTICS,
-        slots.DEFAULT_TARGETS,
-        slots.CANONICAL,
-        slots.CALL_ARGS,
-        slots.CALL_KWARGS,
-    ):
-        assert tuple(table) == SLOTS
-    assert set(SLOT_SEMANTICS.values()) == set(slots.SEMANTICS)
-    for slot, target in slots.DEFAULT_TARGETS.items():
-        assert KNOWN_TARGETS[target].semantics == SLOT_SEMANTICS[slot]
-    assert slots.CONFUSABLE == {"layer_norm": "rms_norm", "rms_norm": "layer_norm"}
+    assert tuple(SPECS)[: len(SLOTS)] == SLOTS
+    assert len(set(slots.semantics())) == len(SPECS)
+    for spec in SPECS.values():
+        facts = target_facts(spec.default_target)
+        assert facts is not None and facts.semantics == spec.semantics
+        assert set(spec.call_kwargs) <= set(spec.canonical)
+    confusable = {s.semantics: s.confusable for s in SPECS.values() if s.confusable}
+    assert confusable == {"layer_norm": "rms_norm", "rms_norm": "layer_norm"}
 
 
 @pytest.mark.parametrize("target", ["torch.nn.LayerNorm", "torch.nn.RMSNorm", "torch.nn.Linear"])
 def test_known_torch_targets_list_every_constructor_keyword(target):
     cls = eval(target, {"torch": torch})
     params = {n for n in inspect.signature(cls).parameters if n != "self"}
-    assert KNOWN_TARGETS[target].params == frozenset(params) and KNOWN_TARGETS[target].complete
+    facts = target_facts(target)
+    assert facts is not None and facts.params == frozenset(params) and facts.complete
 
 
 @pytest.mark.parametrize(
@@ -78,8 +75,8 @@ def test_canonical_target(name, canonical):
     ],
 )
 def test_twin_semantics(target, semantics):
-    assert TWIN_SEMANTICS[target] == semantics
-    assert "mylib.Norm" not in TWIN_SEMANTICS
+    assert twin_semantics(target) == semantics
+    assert twin_semantics("mylib.Norm") is None
 
 
 def test_precisions_and_dtypes():

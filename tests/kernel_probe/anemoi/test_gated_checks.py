@@ -145,7 +145,7 @@ def test_only_the_gated_slot_records_a_gate():
 
 def test_a_lock_pins_the_class_and_its_gate():
     the_lock = lock(gated())
-    assert the_lock.slots["GatedMLP"].gate == "gelu_erf(gate_proj(x)) * value_proj(x)"
+    assert the_lock.slots["GatedMLP"].extra["gate"] == "gelu_erf(gate_proj(x)) * value_proj(x)"
     assert the_lock.slots["GatedMLP"].to_dict()["gate"] == "gelu_erf(gate_proj(x)) * value_proj(x)"
     f = the_lock.factory("GatedMLP")
     layer = f(16, 24)

@@ -52,7 +52,7 @@ def test_probe_writes_a_valid_lock(probed):
     # issue 39: the default lock pins erf GELU, its twin, its function
     act = lock.slots["Activation"]
     assert (
-        act.function == "gelu-erf"
+        act.extra["function"] == "gelu-erf"
         and act.kwargs == {"approximate": "none"}
         and act.twin is not None
     )
@@ -547,7 +547,7 @@ def test_every_request_field_comes_from_the_command_line_once():
         "plugins",
         "profiles_dirs",
     }
-    converted |= {"check_only", "command"}
+    converted |= {"check_only", "command", "declared"}
     fields = {f.name for f in dataclasses.fields(ProbeRequest)}
     assert (
         set(probe_cmd.AS_PARSED) | converted == fields and not set(probe_cmd.AS_PARSED) & converted

@@ -9,7 +9,7 @@ import pytest
 
 import kernel_lock
 from kernel_lock import TargetNotAllowed
-from kernel_lock.format.slots import class_semantics
+from kernel_lock.slots import class_semantics
 from tests.conftest import MINIMAL_LOCK, run_cli, sealed_lock
 
 IDENTITY_ADAPTER = "kernel_lock.adapters.Autocast__torch__nn__Identity"

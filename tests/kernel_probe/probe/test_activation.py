@@ -263,7 +263,11 @@ def test_the_command_line_sets_the_function_and_the_approximation_policy(command
 def test_the_probe_plan_carries_the_function_into_the_checks_and_the_digest():
     from kernel_probe.probe.planning import ProbeRequest, plan
 
-    silu = plan(ProbeRequest(slots=("Activation",), activation="silu", allow_approximation=True))
+    silu = plan(
+        ProbeRequest(
+            slots=("Activation",), declared={"Activation": "silu"}, allow_approximation=True
+        )
+    )
     default = plan(ProbeRequest(slots=("Activation",)))
     assert silu.canonical == {"Activation": {"function": "silu"}} and default.canonical == {}
     assert silu.inputs["activation"] == "silu" and silu.inputs["allow_approximation"] is True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kernel_lock.slots import SPECS
 from kernel_probe import candidates as cands
 from kernel_probe.errors import UsageError
 from kernel_probe.probe.check import check_all, dtype_plan
@@ -13,7 +14,7 @@ def test_builtin_registry_is_consistent():
     ids = [c.id for c in cands.builtin()]
     assert len(ids) == len(set(ids))
     for c in cands.builtin():
-        assert all(cands.SLOT_SEMANTICS[s] == c.semantics for s in c.slots), c.id
+        assert all(SPECS[s].semantics == c.semantics for s in c.slots), c.id
         assert c.twin_target.startswith(
             ("torch.nn.", "kernel_lock.attention.", "kernel_lock.gated_mlp.")
         ), c.id

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 import kernel_lock
+from kernel_lock import slots
 from kernel_lock.errors import TargetNotAllowed
-from kernel_lock.format import slots, toml
+from kernel_lock.format import toml
 from kernel_lock.trust import check_target, registry
 from kernel_probe import candidates as cands
 from kernel_probe.probe import write as lockwrite
@@ -40,18 +41,15 @@ def test_every_slot_fact_is_imported_from_kernel_lock_slots():
     from kernel_probe.commands import check_config, export, verify
     from kernel_probe.probe import judge
 
-    assert kernel_lock.SLOTS is document.SLOTS is resolve.SLOTS is cands.SLOTS is slots.SLOTS
-    assert schema.SEMANTICS is cands.SEMANTICS is slots.SEMANTICS
+    assert kernel_lock.SLOTS is slots.SLOTS
+    # every slot's facts are its SlotSpec's, read from the one registry
     assert (
-        cands.SLOT_SEMANTICS
-        is judge.SLOT_SEMANTICS
-        is lockwrite.SLOT_SEMANTICS
-        is slots.SLOT_SEMANTICS
-    )
-    assert cands.CANONICAL is lockwrite.CANONICAL is slots.CANONICAL
-    assert (
-        resolve.DEFAULT_TARGETS is slots.DEFAULT_TARGETS
-        and resolve.TWIN_SEMANTICS is slots.TWIN_SEMANTICS
+        document.SPECS
+        is resolve.SPECS
+        is cands.SPECS
+        is judge.SPECS
+        is lockwrite.SPECS
+        is slots.SPECS
     )
     assert (
         document.MODES
@@ -63,7 +61,7 @@ def test_every_slot_fact_is_imported_from_kernel_lock_slots():
     )
     assert document.PRECISIONS is profile_format.PRECISIONS is slots.PRECISIONS
     assert schema.STATUSES is judge.STATUSES is slots.STATUSES
-    assert judge.CONFUSABLE is slots.CONFUSABLE and judge.DTYPES is slots.DTYPES
+    assert judge.confusable is slots.confusable and judge.DTYPES is slots.DTYPES
 
 
 def test_precisions_are_names_to_dtype_and_regime():
@@ -77,17 +75,11 @@ def test_precisions_are_names_to_dtype_and_regime():
 
 
 def test_the_slot_facts_agree_with_each_other():
-    assert (
-        set(slots.SLOT_SEMANTICS)
-        == set(slots.SLOTS)
-        == set(slots.DEFAULT_TARGETS)
-        == set(slots.CANONICAL)
-    )
-    assert set(slots.CALL_ARGS) == set(slots.CALL_KWARGS) == set(slots.SLOTS)
-    assert tuple(slots.SLOT_SEMANTICS.values()) == slots.SEMANTICS
-    for slot, target in slots.DEFAULT_TARGETS.items():
-        assert slots.TWIN_SEMANTICS[target] == slots.SLOT_SEMANTICS[slot]
-    assert all(a in slots.SEMANTICS and b in slots.SEMANTICS for a, b in slots.CONFUSABLE.items())
+    assert tuple(slots.SPECS) == slots.SLOTS and all(n == s.name for n, s in slots.SPECS.items())
+    assert len(set(slots.semantics())) == len(slots.SPECS)
+    for spec in slots.SPECS.values():
+        assert slots.twin_semantics(spec.default_target) == spec.semantics
+        assert not spec.confusable or spec.confusable in slots.semantics()
 
 
 @pytest.mark.parametrize(

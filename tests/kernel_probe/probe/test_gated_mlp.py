@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kernel_lock import gated_mlp as classes
-from kernel_lock.format.gating import GATES, formula, gate_for
+from kernel_lock.slots.gated_mlp import GATES, formula, gate_for
 from kernel_probe import candidates as cands
 from kernel_probe.probe import gated_mlp, gated_mlp_verdict
 from kernel_probe.probe.report import report_base

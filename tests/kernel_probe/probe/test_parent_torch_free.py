@@ -15,9 +15,12 @@ import pytest
 
 CHILD = """
 import json, sys
-from kernel_lock.format.slots import PROBED_BY_DEFAULT
+from kernel_lock.slots import SPECS
+
 from kernel_probe import candidates
 from kernel_probe.probe.check import check_all
+
+PROBED_BY_DEFAULT = tuple(name for name, spec in SPECS.items() if spec.by_default)
 
 reports = check_all(PROBED_BY_DEFAULT, list(candidates.builtin()), "cpu", [("float32", "true")])
 statuses = {slot: sorted({r.status for r in rs}) for slot, rs in reports.items()}

@@ -21,6 +21,7 @@ from kernel_probe.probe.pipeline import choose_all, reusable
 from kernel_probe.probe.planning import ProbeRequest, plan
 from kernel_probe.probe.report import Report
 from kernel_probe.probe.rules import slot_rules
+from kernel_probe.slots import slot
 from tests.conftest import MINIMAL_LOCK, edited_lock, write_sealed
 
 HEAD = 'created-by = "hand"\n'
@@ -261,32 +262,28 @@ def test_choose_all(cpu, request_change, profile, chosen, how):
 
 
 # ---- a CPU whose bf16 matmul is emulated (issue 38) ----------------------------------------------
-def _cpu_plan(precision: str, slots: tuple[str, ...] = ("LayerNorm", "RMSNorm", "Linear")):
-    return SimpleNamespace(device={"type": "cpu", "arch": ""}, slots=slots, dtype=precision)
+def _warnings(device: str, dtype: str, slots=("LayerNorm", "RMSNorm", "Linear")) -> list[str]:
+    """What a probe of ``slots`` warns about up front (each slot's ``Slot.warnings``)."""
+    return [w for name in slots for w in slot(name).warnings(device, dtype)]
 
 
 def test_an_emulated_regime_is_said_up_front_and_one_calls_time_after(monkeypatch):
     from kernel_probe.detect import cpumath
 
     monkeypatch.setattr(cpumath, "cpu_flags", lambda cpuinfo=None: {"avx2"})
-    warning = pipeline._emulated_matmul(_cpu_plan("bfloat16"))
-    assert warning is not None and warning.startswith("bfloat16 matmul is emulated on this CPU")
-    assert pipeline._emulated_matmul(_cpu_plan("float32")) is None  # fp32 is never emulated
+    [warning] = _warnings("cpu", "bfloat16")
+    assert warning.startswith("bfloat16 matmul is emulated on this CPU")
+    assert _warnings("cpu", "float32") == []  # fp32 is never emulated
     # no Linear: no matmul timed
-    assert pipeline._emulated_matmul(_cpu_plan("bfloat16", ("LayerNorm",))) is None
-    gpu = SimpleNamespace(
-        device={"type": "cuda", "arch": "sm_90"}, slots=("Linear",), dtype="bfloat16"
-    )
-    assert pipeline._emulated_matmul(gpu) is None
+    assert _warnings("cpu", "bfloat16", ("LayerNorm",)) == []
+    assert _warnings("cuda", "bfloat16", ("Linear",)) == []
     rows = {
-        "Linear": {
-            "torch.linear": [
-                {"shape": "2048x1024", "median_ms": 7512.0},
-                {"shape": "8x8", "error": "x"},
-            ]
-        }
+        "torch.linear": [
+            {"shape": "2048x1024", "median_ms": 7512.0},
+            {"shape": "8x8", "error": "x"},
+        ]
     }
-    assert pipeline._emulated_call_times(rows, "bfloat16") == [
+    assert slot("Linear").notes("cpu", "bfloat16", rows) == [
         "bfloat16 matmul emulated: one forward+backward of torch.linear at 2048x1024 took 7.51 s"
     ]
 
@@ -298,7 +295,7 @@ def test_a_native_regime_is_not_warned_about(monkeypatch):
         cpumath, "cpu_flags", lambda cpuinfo=None: {"avx2", "avx512_bf16", "amx_bf16"}
     )
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
-    assert pipeline._emulated_matmul(_cpu_plan("bfloat16")) is None
+    assert _warnings("cpu", "bfloat16") == []
 
 
 # ---- which options differ (issue 37: "probed with other options" did not say which) --------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernel_lock.format.slots import PROBED_BY_DEFAULT
+from kernel_lock.slots import SPECS
 from kernel_probe.errors import ForcedUnusable, UsageError
 from kernel_probe.probe import planning
 from kernel_probe.probe.planning import (
@@ -17,6 +17,8 @@ from kernel_probe.probe.planning import (
     large_shape_warning,
     plan,
 )
+
+PROBED_BY_DEFAULT = tuple(name for name, spec in SPECS.items() if spec.by_default)
 
 CPU = {"type": "cpu", "arch": ""}
 CUDA = {"type": "cuda", "arch": "sm_90"}

@@ -68,7 +68,12 @@ def _slot(medians: dict[str, list[float]], fixed: bool = False):
     ]
     worker = _Worker({k: list(v) for k, v in medians.items()})
     timing = Timing(
-        shapes=(), dtype="bfloat16", regime="mixed", reps=5, attention=(SHAPE,), fixed=fixed
+        shapes=(),
+        dtype="bfloat16",
+        regime="mixed",
+        reps=5,
+        timed_at={"Attention": (SHAPE,)},
+        fixed=fixed,
     )
     _time_slot("Attention", done, Checks("cpu", [("bfloat16", "mixed")]), _Pool(worker), timing)
     reports = [d.report for _, d in done]

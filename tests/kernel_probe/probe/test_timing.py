@@ -314,8 +314,11 @@ def test_timing_progress_estimates_what_is_left():
 def test_attention_timing_progress_reads_its_geometries_not_shapes():
     """An Attention geometry (HEADSxHEAD_DIMxSEQ[:window=W]) is no norm shape: its cost is heads x
     queries x keys in the band x head_dim (issue 36)."""
-    from kernel_probe.commands.probe import TimingProgress, attention_work
+    from kernel_probe.commands.probe import TimingProgress
     from kernel_probe.probe.timing import progress_message
+    from kernel_probe.slots import slot
+
+    attention_work = slot("Attention").work
 
     assert attention_work("2x32x128:window=8") == 2 * 128 * 17 * 32
     assert attention_work("2x32x128") == 2 * 128 * 128 * 32

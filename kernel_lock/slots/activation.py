@@ -1,10 +1,11 @@
-"""The Activation slot's functions: what an activation computes, told without importing it, and the
-lock's ``slots.Activation.function`` key. Plain data and pure functions (no torch).
+"""The Activation slot: an elementwise function of one tensor, no parameters. Which function is
+the model's declared choice (``function``, a canonical value and a key of the lock's table), the
+reference every candidate is checked against; no constructor takes it.
 
 GELU's exact-erf and tanh forms are different functions (up to 4.7e-4 apart, near |x| = 2.7):
 liger's GEGLU and TE's gelu use tanh, anemoi's default and its geglu gate use erf. A function
 outside ``ACTIVATION_FUNCTIONS`` is declared by the class that computes it,
-``other:dotted.path.Class`` (anemoi's Sine, CustomRelu): its reference is that class itself, run in
+``other:dotted.path.Class`` (anemoi's Sine, CustomRelu): its reference is that class, run in
 float64.
 """
 
@@ -14,19 +15,20 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from .reading import ReadError, get_required
-from .slots import ACTIVATION, CANONICAL, canonical_target
+from ..format.reading import ReadError, get_required
+from .base import SlotKey, SlotSpec, TargetFacts, torch_aliases
 
 __all__ = [
+    "ACTIVATION",
     "ACTIVATION_CLASSES",
     "ACTIVATION_FUNCTIONS",
     "APPROXIMATIONS",
+    "NOT_ELEMENTWISE",
     "OTHER_FUNCTION",
-    "function_of",
     "declared_function",
+    "function_of",
     "function_problem",
     "is_approximation",
-    "read_function",
 ]
 
 # What an activation computes, as the model declares it (``--activation``; anemoi: the class its
@@ -56,8 +58,7 @@ def function_of(target: str, kwargs: Mapping[str, Any] | None = None) -> str | N
     """The function a class computes with ``kwargs``, told without importing it: torch.nn's
     activations and kernel_lock's adapters (``torch.nn.GELU`` with ``approximate="tanh"`` is
     gelu-tanh); None for any other class (the check measures what it computes)."""
-    name = canonical_target(target)
-    function = ACTIVATION_CLASSES.get(name)
+    function = ACTIVATION_CLASSES.get(_ALIASES.get(target, target))
     if function is None:
         return None
     if function == "gelu-erf" and (kwargs or {}).get("approximate", "none") == "tanh":
@@ -89,7 +90,7 @@ def function_problem(text: str) -> str | None:
 def declared_function(canonical_overrides: Mapping[str, Any] | None) -> str:
     """The model's declared function: the slot's canonical ``function`` as the request overrides it
     (torch-free: the probe's own process judges with it and never imports torch)."""
-    return str((canonical_overrides or {}).get("function") or CANONICAL[ACTIVATION]["function"])
+    return str((canonical_overrides or {}).get("function") or ACTIVATION.canonical["function"])
 
 
 def is_approximation(a: str, b: str) -> bool:
@@ -97,21 +98,43 @@ def is_approximation(a: str, b: str) -> bool:
     return frozenset({a, b}) in APPROXIMATIONS
 
 
-def read_function(slot: str, d: Mapping[str, Any]) -> str:
-    """A lock slot table's ``function``: required on the Activation slot (which function the model
-    computes is that slot's meaning), refused on every other slot. ReadError names the key."""
-    if slot != ACTIVATION:
-        if "function" in d:
-            raise ReadError(
-                f"only the {ACTIVATION} slot records a function",
-                "function",
-                fix="remove `function`",
-            )
-        return ""
-    value: str = get_required(d, "function", str)
+def _read_function(ctx: Any, d: Mapping[str, Any], key: str) -> str:
+    value: str = get_required(d, key, str)
     problem = function_problem(value)
     if problem:
-        raise ReadError(
-            problem, "function", fix='write the model\'s function, e.g. function = "gelu-erf"'
-        )
+        raise ReadError(problem, key, fix='write the model\'s function, e.g. function = "gelu-erf"')
     return value
+
+
+def _refuse_function(slot: str, d: Mapping[str, Any]) -> None:
+    if "function" in d:
+        raise ReadError(
+            "only the Activation slot records a function", "function", fix="remove `function`"
+        )
+
+
+# torch.nn.modules.activation's classes that are no elementwise activation: attention, the gated GLU
+# (it halves the last dimension: anemoi refuses it under Activation) and the normalising softmaxes
+NOT_ELEMENTWISE = ("MultiheadAttention", "GLU", "Softmax", "Softmin", "LogSoftmax", "Softmax2d")
+_GELU = frozenset(("approximate",))
+_INPLACE = frozenset(("inplace",))
+_ALIASES = torch_aliases("activation", "GELU", "SiLU", "ReLU", "Sigmoid")
+
+ACTIVATION = SlotSpec(
+    name="Activation",
+    semantics="activation",
+    default_target="torch.nn.GELU",  # anemoi's default layer_kernels.Activation (exact erf)
+    canonical={"function": "gelu-erf"},
+    known_targets={
+        "torch.nn.GELU": TargetFacts("activation", _GELU, True),
+        "torch.nn.SiLU": TargetFacts("activation", _INPLACE, True),
+        "torch.nn.ReLU": TargetFacts("activation", _INPLACE, True),
+        "torch.nn.Sigmoid": TargetFacts("activation", frozenset(), True),
+        "kernel_lock.adapters.CompiledGELU": TargetFacts("activation", _GELU, True),
+    },
+    computed_by=("torch.nn.modules.activation.*",),
+    not_computed_by=NOT_ELEMENTWISE,
+    aliases=_ALIASES,
+    # the model's function the candidates were checked against
+    keys=(SlotKey("function", _read_function, _refuse_function, after="semantics"),),
+)

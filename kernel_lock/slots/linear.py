@@ -1,23 +1,18 @@
-"""The BLAS library under torch.nn.Linear: its names, what the lock records, and applying it in a
-process.
+"""The Linear slot, and the BLAS library under it: its names, what the lock records
+(``slots.Linear.blas``), and applying it in a process.
 
-On CUDA a Linear's GEMMs run in cuBLAS or cuBLASLt; on ROCm in rocBLAS (torch's ``"hipblas"``
-setting) or hipBLASLt. Which one is a process-wide switch,
-``torch.backends.cuda.preferred_blas_library``, whose start value torch takes from
-``TORCH_BLAS_PREFER_CUBLASLT`` / ``TORCH_BLAS_PREFER_HIPBLASLT`` and, on ROCm, from the GPU arch
-(hipBLASLt on Instinct GPUs). The libraries round differently, and it matters: on LUMI (MI250X)
-anemoi's training loss diverged with torch newer than 2.3 and not on CUDA (anemoi-core #560); the
-cause was the BLAS library (#1041), and anemoi added a ``training.preferred_blas_backend`` setting
-to choose it (#1042). So the probe checks and times the Linear under each library the build offers,
-and the lock records the one chosen (``Blas``): the library, and the one torch used by itself on the
-probing machine (``build_default``).
+On CUDA a Linear's GEMMs run in cuBLAS or cuBLASLt; on ROCm in rocBLAS (torch's ``"hipblas"``) or
+hipBLASLt, chosen process-wide by ``torch.backends.cuda.preferred_blas_library`` (its start value
+from ``TORCH_BLAS_PREFER_CUBLASLT`` / ``TORCH_BLAS_PREFER_HIPBLASLT`` and, on ROCm, the GPU arch).
+The libraries round differently, and it matters: on LUMI (MI250X) anemoi's training loss diverged
+with torch newer than 2.3 and not on CUDA (anemoi-core #560, #1041, #1042). So the probe checks and
+times the Linear under each library the build offers, and the lock records the one chosen
+(:class:`Blas`) and the one torch used by itself on the probing machine (``build_default``).
 
 When the Linear slot resolves, :func:`apply` sets the recorded library process-wide and logs it. A
-process that already chose a library itself gets a :class:`LockMismatch`, never a silent override:
-"chose itself" means the library in effect (or the one the environment variables ask for) is neither
-the recorded one nor the build's default the probe saw. A choice equal to that default cannot be
-told from no choice; kernel_lock then sets the recorded library and logs, at WARNING, which one it
-replaced. Importing this module costs nothing (torch is imported by :func:`apply` only).
+process that chose another library itself (neither the recorded one nor the build's default the
+probe saw) gets a :class:`LockMismatch`, never a silent override. torch is imported by
+:func:`apply` only.
 """
 
 from __future__ import annotations
@@ -30,14 +25,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import Difference, LockMismatch
-from .reading import ReadError
-from .tables import EMPTY, Table, one_of, toml_key
+from ..format.reading import ReadError, get
+from ..format.tables import EMPTY, Table, from_dict, one_of, toml_key
+from .base import SlotKey, SlotSpec, TargetFacts, torch_aliases
 
 __all__ = [
     "ALL",
     "CONTROL",
     "ENV_VARS",
     "LIBRARIES",
+    "LINEAR",
     "TORCH_NAME",
     "Blas",
     "apply",
@@ -280,3 +277,60 @@ def in_process_differences(record: Blas, device: str) -> list[Difference]:
             "slots.Linear.blas.library", record.library, f"{found} (chosen by this process)", "blas"
         )
     ]
+
+
+def _read_blas(ctx: Any, d: Mapping[str, Any], key: str) -> Blas | None:
+    return ctx.object(d, key, lambda b: from_dict(Blas, ctx, b))
+
+
+def _refuse_blas(slot: str, d: Mapping[str, Any]) -> None:
+    if get(d, "blas", dict) is not None:
+        raise ReadError(
+            f"only the Linear slot records a BLAS library, not {slot}", "blas", fix="remove it"
+        )
+
+
+def _job_start(slot: Any, current: Mapping[str, Any]) -> list[Difference]:
+    record = slot.extra.get("blas")
+    return (
+        [] if record is None else job_start_differences(record, str(current.get("device-type", "")))
+    )
+
+
+def _on_resolve(slot: Any, path: str | None) -> None:
+    record = slot.extra.get("blas")
+    if record is not None:
+        from ..fingerprint import here  # reads this machine's facts: only when a Linear resolves
+
+        apply(record, str(here.for_check(("device-type",)).get("device-type", "")), path=path)
+
+
+_LINEAR = frozenset(("in_features", "out_features", "bias", "device", "dtype"))
+
+LINEAR = SlotSpec(
+    name="Linear",
+    semantics="linear",
+    default_target="torch.nn.Linear",
+    canonical={"bias": True},
+    call_args=("$in_features", "$out_features"),
+    call_kwargs={"bias": "$bias"},
+    known_targets={
+        "torch.nn.Linear": TargetFacts("linear", _LINEAR, True),
+        "kernel_lock.adapters.CompiledLinear": TargetFacts("linear", _LINEAR, True),
+    },
+    computed_by=("torch.nn.Linear",),
+    aliases=torch_aliases("linear", "Linear"),
+    # on a GPU: the BLAS library it was checked and timed under
+    keys=(
+        SlotKey(
+            "blas",
+            _read_blas,
+            _refuse_blas,
+            after="devices",
+            write=lambda v: v.to_dict(),
+            omit=lambda v: v is None,
+        ),
+    ),
+    job_start=_job_start,
+    on_resolve=_on_resolve,
+)

@@ -1,0 +1,223 @@
+"""The slots a lock pins: one :class:`SlotSpec` each, in a registry every stage reads.
+
+The built-in slots are declared in this package, one module each; another package declares a slot
+through the ``kernel_lock.slots`` entry-point group (name = the slot, value = ``module:SPEC``),
+loaded where a lock names the slot and the caller trusts the package (:func:`spec_of`). Nothing
+here names a slot: what a slot is lives in its own module. Import-light (no torch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import LockFormatError
+from . import activation, attention, gated_mlp, linear, norms
+from .base import (
+    DTYPES,
+    MODES,
+    NOT_PLAIN_TORCH,
+    PRECISIONS,
+    REGIMES,
+    STATUSES,
+    DType,
+    Mode,
+    Precision,
+    Regime,
+    SlotKey,
+    SlotSpec,
+    Status,
+    TargetFacts,
+    dtype_named,
+    short_dtype,
+    torch_device,
+)
+
+__all__ = [
+    "DTYPES",
+    "ENTRY_POINTS",
+    "MODES",
+    "PRECISIONS",
+    "REGIMES",
+    "SLOTS",
+    "SPECS",
+    "STATUSES",
+    "TORCH_FACTS_SINCE",
+    "DType",
+    "Mode",
+    "Precision",
+    "Regime",
+    "SlotKey",
+    "SlotSpec",
+    "Status",
+    "TargetFacts",
+    "canonical_target",
+    "class_semantics",
+    "confusable",
+    "dtype_named",
+    "register",
+    "semantics",
+    "short_dtype",
+    "slot_name_fix",
+    "spec_of",
+    "target_facts",
+    "torch_device",
+    "twin_semantics",
+]
+
+ENTRY_POINTS = "kernel_lock.slots"
+# the facts of torch.nn's classes hold for every torch kernel-probe supports (RMSNorm came in 2.4,
+# LayerNorm's ``bias`` in 2.1); tests compare them with the installed torch's signatures
+TORCH_FACTS_SINCE = (2, 4)
+
+_BUILTIN = (
+    norms.LAYER_NORM,
+    norms.RMS_NORM,
+    linear.LINEAR,
+    attention.ATTENTION,
+    gated_mlp.GATED_MLP,
+    activation.ACTIVATION,
+)
+SLOTS = tuple(s.name for s in _BUILTIN)  # the built-in slots, in the lock's order
+SPECS: dict[str, SlotSpec] = {s.name: s for s in _BUILTIN}  # and those registered since
+
+
+def register(spec: SlotSpec) -> SlotSpec:
+    """Add a slot declared outside kernel_lock; refused if it reuses a name, a semantics or a lock
+    key of another slot."""
+    if not isinstance(spec, SlotSpec):
+        raise TypeError(f"expected kernel_lock.slots.SlotSpec, got {type(spec).__name__}")
+    known = SPECS.get(spec.name)
+    if known is spec:
+        return spec
+    problem = (
+        f"slot {spec.name!r} exists already"
+        if known is not None
+        else f"semantics {spec.semantics!r} is slot {_owner(spec.semantics)}'s"
+        if _owner(spec.semantics)
+        else next(
+            (f"lock key {k.name!r} is another slot's" for k in spec.keys if _key_owner(k.name)),
+            "",
+        )
+    )
+    if problem or not spec.name.isidentifier():
+        raise ValueError(problem or f"slot name {spec.name!r} is not an identifier")
+    SPECS[spec.name] = spec
+    return spec
+
+
+def _owner(semantics: str) -> str:
+    return next((s.name for s in SPECS.values() if s.semantics == semantics), "")
+
+
+def _key_owner(key: str) -> str:
+    return next((s.name for s in SPECS.values() for k in s.keys if k.name == key), "")
+
+
+def semantics() -> tuple[str, ...]:
+    """Every registered slot's semantics, in the slots' order."""
+    return tuple(s.semantics for s in SPECS.values())
+
+
+def spec_of(name: str, granted: Sequence[str] = ()) -> SlotSpec | None:
+    """The spec of slot ``name``: a registered one, else one another package declares (entry
+    point ``kernel_lock.slots``), loaded only where its module is trusted; None when none is."""
+    if name in SPECS:
+        return SPECS[name]
+    if not name.isidentifier():
+        return None
+    from importlib.metadata import entry_points  # costs ~20 ms: only for a slot not built in
+
+    for ep in entry_points(group=ENTRY_POINTS, name=name):
+        module = ep.value.split(":")[0].strip()
+        root = module.split(".")[0]
+        if not _under(module, granted):
+            raise LockFormatError(
+                f"slot {name!r} is declared by {ep.value} (entry point {ENTRY_POINTS}), a package "
+                "not trusted",
+                key=f"slots.{name}",
+                fix=f"trust it: --trust {root}, KERNEL_LOCK_TRUST={root} or trust=[{root!r}]",
+            )
+        spec = ep.load()
+        if not isinstance(spec, SlotSpec) or spec.name != name:
+            raise LockFormatError(
+                f"entry point {ep.value} is no SlotSpec named {name!r}",
+                key=f"slots.{name}",
+                fix="declare the slot's kernel_lock.slots.SlotSpec under its own name",
+            )
+        return register(spec)
+    return None
+
+
+def confusable(semantics: str) -> str:
+    """The semantics a kernel computing ``semantics`` may compute by mistake ("" for none)."""
+    return next((s.confusable for s in SPECS.values() if s.semantics == semantics), "")
+
+
+def slot_name_fix(name: str) -> str:
+    """The fix for an unknown slot ``name``: the slot it misspells, if only case differs, else the
+    list."""
+    close = [s for s in SPECS if s.lower() == str(name).lower()]
+    if close:
+        return f"did you mean {close[0]!r}? slot names are case-sensitive"
+    return f"known slots: {', '.join(SPECS)}"
+
+
+def canonical_target(target: str) -> str:
+    """``torch.nn.modules.normalization.LayerNorm`` -> ``torch.nn.LayerNorm``; other names
+    unchanged."""
+    return next((s.aliases[target] for s in SPECS.values() if target in s.aliases), target)
+
+
+def target_facts(target: str) -> TargetFacts | None:
+    """What a class computes and accepts, known without importing it (any of its public names)."""
+    name = canonical_target(target)
+    return next((s.known_targets[name] for s in SPECS.values() if name in s.known_targets), None)
+
+
+def twin_semantics(target: str) -> str | None:
+    """What a twin target computes, known without importing it; None when it cannot be told."""
+    facts = target_facts(target)
+    return facts.semantics if facts is not None else None
+
+
+_MODULE = "torch.nn.modules.module.Module"
+
+
+def _under(module: str, roots: Sequence[str]) -> bool:
+    return any(module == r or module.startswith(r + ".") for r in roots)
+
+
+def _computes(cls: type, spec: SlotSpec) -> bool:
+    for c in cls.__mro__:
+        path = canonical_target(f"{c.__module__}.{c.__qualname__}")
+        if path in spec.computed_by and c.__name__ not in spec.not_computed_by:
+            return True
+    return f"{cls.__module__}.*" in spec.computed_by and cls.__name__ not in spec.not_computed_by
+
+
+def class_semantics(cls: Any) -> str | None:
+    """What a module class computes, told by its class hierarchy; None where it cannot tell.
+
+    A subclass of a class a slot is computed by (``SlotSpec.computed_by``) computes that slot,
+    unless it is one of torch's quantized, QAT or fused classes (``NOT_PLAIN_TORCH``): those, and
+    every other torch module, compute something else (``other: Identity``). An adapter of
+    ``kernel_lock.adapters`` computes what the class it wraps computes. Another library's class
+    that derives from none of them is not judged by its name: None (the registry's declaration or
+    the lock's word decides)."""
+    if not isinstance(cls, type):
+        return None
+    if _under(cls.__module__, ("kernel_lock.adapters",)):
+        wrapped = next(
+            (c for c in cls.__mro__[1:] if not _under(c.__module__, ("kernel_lock.adapters",))),
+            None,
+        )
+        if wrapped is None or f"{wrapped.__module__}.{wrapped.__name__}" == _MODULE:
+            return None
+        return class_semantics(wrapped)
+    if any(_under(c.__module__, NOT_PLAIN_TORCH) for c in cls.__mro__):
+        return f"other: {cls.__name__} (quantized or fused)"
+    found = next((s.semantics for s in SPECS.values() if _computes(cls, s)), None)
+    if found is not None:
+        return found
+    return f"other: {cls.__name__}" if _under(cls.__module__, ("torch",)) else None

@@ -1,0 +1,182 @@
+"""The slot protocol's kernel_lock half: what a slot is (:class:`SlotSpec`), and the closed sets
+every module names (precisions, dtypes, modes, statuses).
+
+A slot's spec is plain data, one per slot in its own module of this package (``norms``, ``linear``,
+``attention``, ``gated_mlp``, ``activation``), or declared by another package through the
+``kernel_lock.slots`` entry-point group (:mod:`kernel_lock.slots`). Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal, NamedTuple, get_args
+
+from ..errors import Difference
+
+__all__ = [
+    "DTYPES",
+    "MODES",
+    "NOT_PLAIN_TORCH",
+    "PRECISIONS",
+    "REGIMES",
+    "STATUSES",
+    "DType",
+    "Mode",
+    "Precision",
+    "Regime",
+    "SlotKey",
+    "SlotSpec",
+    "Status",
+    "TargetFacts",
+    "dtype_named",
+    "short_dtype",
+    "torch_aliases",
+    "torch_device",
+]
+
+
+class TargetFacts(NamedTuple):
+    """What a class computes and which constructor keywords it accepts, known without importing
+    it (``complete``: ``params`` lists every one)."""
+
+    semantics: str
+    params: frozenset[str]
+    complete: bool
+
+
+@dataclass(frozen=True)
+class SlotKey:
+    """A key only one slot's lock table holds (Activation's ``function``, Linear's ``blas``).
+
+    ``read(ctx, table, key)`` returns its value (a ReadError names the key); ``refuse(slot, table)``
+    raises where another slot's table holds it; the key is written after the key ``after``
+    (``semantics`` or ``devices``), unless ``omit(value)``."""
+
+    name: str
+    read: Callable[[Any, Mapping[str, Any], str], Any]
+    refuse: Callable[[str, Mapping[str, Any]], None]
+    after: str
+    write: Callable[[Any], Any] = lambda value: value
+    omit: Callable[[Any], bool] = lambda value: not value
+
+
+@dataclass(frozen=True)
+class SlotSpec:
+    """One slot as kernel_lock knows it: what it computes, what a lock may pin for it, how its
+    classes are called, and its own lock keys and job-start rules."""
+
+    name: str
+    semantics: str
+    default_target: str  # what a slot the lock does not pin resolves to
+    canonical: Mapping[str, Any]  # the configuration the lock pins unless the model says otherwise
+    # how a class offered for the slot is called when its declaration does not say ("$name": the
+    # canonical value ``name``)
+    call_args: tuple[str, ...] = ()
+    call_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    # classes whose semantics and keywords are known without importing them
+    known_targets: Mapping[str, TargetFacts] = field(default_factory=dict)
+    # dotted names of the classes whose subclasses compute the slot ("module.*": every class of
+    # that torch module but ``not_computed_by``)
+    computed_by: tuple[str, ...] = ()
+    not_computed_by: tuple[str, ...] = ()
+    aliases: Mapping[str, str] = field(default_factory=dict)  # other public names of its classes
+    confusable: str = ""  # the semantics a kernel may compute by mistake (same shapes and params)
+    by_default: bool = True  # probed when no slot is named
+    keys: tuple[SlotKey, ...] = ()
+    # job start, without torch: what this machine or process does that the slot's table forbids
+    job_start: Callable[[Any, Mapping[str, Any]], list[Difference]] | None = None
+    # the slot resolves in this process (the Linear's BLAS library is set process-wide)
+    on_resolve: Callable[[Any, str | None], None] | None = None
+    # what anemoi reads at import for the slot as pinned: an inference job's environment
+    anemoi_environment: Callable[[Any], Mapping[str, str]] | None = None
+
+
+def torch_aliases(module: str, *names: str) -> dict[str, str]:
+    """``torch.nn.modules[.module].Name`` -> ``torch.nn.Name`` for each of ``names``."""
+    return {
+        f"torch.nn.{where}.{name}": f"torch.nn.{name}"
+        for name in names
+        for where in ("modules", f"modules.{module}")
+    }
+
+
+Mode = Literal["training", "inference"]  # what a lock is resolved for
+MODES: tuple[Mode, ...] = get_args(Mode)
+# parameters and compute in the dtype, or float32 parameters under autocast
+Regime = Literal["true", "mixed"]
+REGIMES: tuple[Regime, ...] = get_args(Regime)
+
+
+class Precision(NamedTuple):
+    """A training precision: the dtype and the regime the probe checks and times in."""
+
+    dtype: str  # torch dtype name, without "torch."
+    regime: Regime
+
+
+# Lightning / anemoi precision names -> (dtype, regime); the names are the keys, in this order.
+PRECISIONS: Mapping[str, Precision] = MappingProxyType(
+    {
+        "32-true": Precision("float32", "true"),
+        "bf16-true": Precision("bfloat16", "true"),
+        "16-true": Precision("float16", "true"),
+        "bf16-mixed": Precision("bfloat16", "mixed"),
+        "16-mixed": Precision("float16", "mixed"),
+    }
+)
+
+
+class DType(NamedTuple):
+    """A floating-point dtype the probe checks: torch's name, the short name the command line and
+    the tables use, and its machine epsilon (the tolerance model's floor)."""
+
+    name: str
+    short: str
+    eps: float
+
+
+# The dtypes a candidate is checked in, by torch name, in this order (float32 first: the baseline).
+DTYPES: Mapping[str, DType] = MappingProxyType(
+    {
+        d.name: d
+        for d in (
+            DType("float32", "fp32", 2.0**-23),
+            DType("bfloat16", "bf16", 2.0**-7),
+            DType("float16", "fp16", 2.0**-10),
+        )
+    }
+)
+
+
+def short_dtype(name: str) -> str:
+    """``bfloat16`` -> ``bf16``; a name that is no probed dtype unchanged."""
+    return DTYPES[name].short if name in DTYPES else name
+
+
+def dtype_named(text: str) -> str | None:
+    """The torch name of a dtype given by its torch or short name, any case (``BF16`` ->
+    ``bfloat16``); None when it is neither."""
+    key = text.strip().lower()
+    return next((d.name for d in DTYPES.values() if key in (d.name, d.short)), None)
+
+
+def torch_device(device: str) -> str:
+    """The torch device type of a device type: ROCm GPUs are ``cuda`` to torch."""
+    return "cuda" if device == "rocm" else device
+
+
+# What a candidate's check came to, worst first (kernel_probe's judge takes the worst of its rows).
+Status = Literal["crashed", "timeout", "rejected", "unavailable", "accepted", "skipped"]
+STATUSES: tuple[Status, ...] = get_args(Status)
+
+# torch's quantized, QAT and fused (module + activation) classes: some subclass nn.Linear, none
+# computes a plain float Linear or norm
+NOT_PLAIN_TORCH = (
+    "torch.ao",
+    "torch.nn.quantized",
+    "torch.nn.qat",
+    "torch.nn.intrinsic",
+    "torch.nn.quantizable",
+)

@@ -1,0 +1,138 @@
+"""The GatedMLP slot: anemoi's ``GatedMLPLayer`` and the gate each ``mlp_implementation``
+hard-codes.
+
+anemoi-models' ``GatedMLPLayer`` (``anemoi/models/layers/mlp.py``) holds two
+``layer_kernels.Linear`` modules, ``gate_proj`` and ``value_proj``, and returns
+``gate(gate_proj(x)) * value_proj(x)``, the gate chosen by ``mlp_implementation``
+(``_build_gating_activation``). The lock's ``[slots.GatedMLP]`` records both the implementation
+(its kwargs) and the formula (its ``gate``).
+A probe checks the slot only when asked: anemoi's default ``mlp`` has no gate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+from ..format.reading import ReadError, get
+from .base import SlotKey, SlotSpec, TargetFacts
+
+__all__ = [
+    "APPROXIMATIONS",
+    "CONFIG_KEY",
+    "GATED",
+    "GATED_MLP",
+    "GATES",
+    "MLP_IMPLEMENTATIONS",
+    "Gate",
+    "formula",
+    "gate_for",
+]
+
+# anemoi's MLPImplementation literal (schemas/common_components.py), "mlp" first: not gated
+MLP_IMPLEMENTATIONS = ("mlp", "glu", "swiglu", "geglu", "reglu")
+CONFIG_KEY = "mlp_implementation"  # the key in anemoi's processor, encoder and decoder configs
+
+
+class Gate(NamedTuple):
+    """One gated variant: the gate function's name, the layer's formula, and the torch.nn module
+    anemoi builds for the gate (``_build_gating_activation``)."""
+
+    function: str
+    formula: str
+    anemoi_module: str
+
+
+def _formula(function: str) -> str:
+    return f"{function}(gate_proj(x)) * value_proj(x)"
+
+
+# mlp_implementation -> its gate. geglu's gate is torch.nn.GELU(): the exact erf form, not tanh's
+# approximation (liger's GELUMul and transformer-engine's geglu compute tanh's)
+GATES: Mapping[str, Gate] = MappingProxyType(
+    {
+        "glu": Gate("sigmoid", _formula("sigmoid"), "torch.nn.Sigmoid"),
+        "swiglu": Gate("silu", _formula("silu"), "torch.nn.SiLU"),
+        "geglu": Gate("gelu_erf", _formula("gelu_erf"), "torch.nn.GELU"),
+        "reglu": Gate("relu", _formula("relu"), "torch.nn.ReLU"),
+    }
+)
+GATED = tuple(GATES)
+# what a kernel may compute instead of a gate (same shapes, same parameters): the tanh approximation
+# of GELU for geglu's erf, and the gate applied to the value projection instead of the gate
+# projection
+APPROXIMATIONS: Mapping[str, str] = MappingProxyType({"gelu_erf": "gelu_tanh"})
+
+
+def gate_for(mlp_implementation: str) -> Gate:
+    """The gate of a gated ``mlp_implementation``; ValueError naming the choices for any other."""
+    if mlp_implementation not in GATES:
+        raise ValueError(
+            f"mlp_implementation {mlp_implementation!r} is not a gated MLP: use one of "
+            f"{', '.join(GATED)}"
+            + (
+                " ('mlp' has no gate: its Linear and Activation are their own slots)"
+                if mlp_implementation == "mlp"
+                else ""
+            )
+        )
+    return GATES[mlp_implementation]
+
+
+def formula(mlp_implementation: str) -> str:
+    """``swiglu`` -> ``silu(gate_proj(x)) * value_proj(x)``."""
+    return gate_for(mlp_implementation).formula
+
+
+def _read_gate(ctx: Any, d: Mapping[str, Any], key: str) -> str:
+    """The formula of the ``mlp_implementation`` the kwargs pin, both required and agreeing (an
+    edited implementation with the old formula is a lock that contradicts itself)."""
+    gate = get(d, key, str, default="")
+    kwargs = d.get("kwargs")
+    implementation = kwargs.get("mlp_implementation") if isinstance(kwargs, Mapping) else None
+    if implementation not in GATED:
+        raise ReadError(
+            f"mlp_implementation {implementation!r} is not a gated MLP",
+            "kwargs.mlp_implementation",
+            fix=f"pin one of {', '.join(GATED)} (anemoi's 'mlp' has no GatedMLP layer)",
+        )
+    want = formula(implementation)
+    if gate != want:
+        raise ReadError(
+            f"{gate!r} is not what mlp_implementation {implementation!r} computes ({want!r})"
+            if gate
+            else "missing",
+            key,
+            fix=f'write gate = "{want}", or pin the mlp_implementation whose formula this is',
+        )
+    return str(gate)
+
+
+def _refuse_gate(slot: str, d: Mapping[str, Any]) -> None:
+    if get(d, "gate", str, default=""):
+        raise ReadError(
+            f"only the GatedMLP slot records a gate formula, not {slot}", "gate", fix="remove it"
+        )
+
+
+_PARAMS = frozenset(
+    ("in_features", "out_features", "mlp_implementation", "bias", "device", "dtype")
+)
+
+GATED_MLP = SlotSpec(
+    name="GatedMLP",
+    semantics="gated_mlp",
+    # anemoi's GatedMLPLayer with torch.nn.Linear: torch's gate functions
+    default_target="kernel_lock.gated_mlp.GatedMLP",
+    canonical={"mlp_implementation": "swiglu", "bias": True},
+    call_args=("$in_features", "$out_features"),
+    call_kwargs={"mlp_implementation": "$mlp_implementation", "bias": "$bias"},
+    known_targets={
+        f"kernel_lock.gated_mlp.{name}": TargetFacts("gated_mlp", _PARAMS, True)
+        for name in ("GatedMLP", "CompiledGatedMLP", "LigerGatedMLP")
+    },
+    computed_by=("kernel_lock.gated_mlp.GatedMLP",),
+    by_default=False,  # a model has it only with a gated mlp_implementation
+    keys=(SlotKey("gate", _read_gate, _refuse_gate, after="devices"),),
+)
