@@ -325,10 +325,19 @@ def builtin() -> tuple[Candidate, ...]:
 
 
 def default_for(slot: str) -> Candidate:
-    """The built-in candidate for the class a slot resolves to when the lock does not pin it."""
-    return next(
-        c for c in builtin() if c.slots == (slot,) and c.target == SPECS[slot].default_target
-    )
+    """The candidate for the class a slot resolves to when the lock does not pin it: a built-in,
+    or for a slot another package declares, one of that package's candidates."""
+    target = SPECS[slot].default_target
+    for cand in builtin():
+        if cand.slots == (slot,) and cand.target == target:
+            return cand
+    found = [c for c in from_entry_points()[0] if slot in c.slots and c.target == target]
+    if not found:
+        raise UsageError(
+            f"no candidate of the {slot} slot is its default class {target}",
+            fix="the package that declares the slot offers its default class as a candidate",
+        )
+    return found[0]
 
 
 _SPEC = re.compile(r"^(?P<slot>[A-Za-z]+)=(?P<target>[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+)$")

@@ -692,7 +692,8 @@ def judge_candidate(
     early = _early_stop(raw, cand)
     if early is not None:
         return stopped(early, base)
-    layout = Layout.from_json(raw.layout or {})
+    # a slot that does not measure its state dict's layout against its default class says none
+    layout = Layout.from_json(raw.layout) if raw.layout is not None else Layout(True)
     if not layout.ok:
         return Report(status="rejected", reasons=[f"layout: {layout.problem()}"], **base)
     verdicts = [judge_row(cand.id, device, cand.semantics, row, policy) for row in raw.rows]
