@@ -1,0 +1,705 @@
+"""Job start: which rank of a job probes, and how the others take its lock (the command's entry).
+
+``run`` reads this process's rank from its launcher's variables, plans the request
+(``kernel_probe.probe.planning``), then either probes or reuses the lock itself
+(``kernel_probe.probe.pipeline.probe_or_reuse``: no launcher, ``--probe-per rank``, a read-only
+folder) or takes part in the job's hand-off, with no file lock and no polling storm:
+
+- one rank probes (rank 0; with ``--probe-per node-type``, per kind of node the rank whose
+  exclusive create of a claim file wins) and leaves a **job marker** beside the lock,
+  ``.<lock name>.job-<launcher>-<job>-a<attempt>`` (outcome, lock digest, inputs digest): the
+  others wait for this job's marker, never for a lock an earlier job or attempt left;
+- on each node local rank 0 watches the shared directory (backoff 0.1 s to 5 s) and copies marker
+  and lock to a node-local file, which the node's other ranks wait on (0.05 s to 1 s), looking at
+  the shared directory only as a fallback (30 s, doubling to 5 min).
+
+The launchers, their variables and the measured figures: docs/probe.md "Many ranks at job start".
+The probe itself knows nothing of ranks: commands -> jobstart -> probe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import socket
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import kernel_lock
+from kernel_lock.errors import ExitCode, LockError, LockMismatch
+from kernel_lock.format.reading import ReadError, get_int, get_literal, get_text, refuse_unknown
+from kernel_lock.lock import MAX_BYTES
+from kernel_lock.trust.files import UnsafeFile, UnsafeWrite, private_dir, read_regular, write_file
+from kernel_probe.errors import InputFileError, NodeDiffers, ProbeError, UsageError
+from kernel_probe.probe.pipeline import ProbeResult, probe_or_reuse
+from kernel_probe.probe.planning import Events, Plan, ProbeRequest, plan
+
+__all__ = ["fail_before_plan", "run"]
+
+NODE_DIR_ENV = "KERNEL_PROBE_NODE_DIR"
+WATCH = (0.1, 5.0)  # the node's watcher on the shared directory: first delay, cap (s)
+LOCAL = (0.05, 1.0)  # the other ranks, on the node-local file
+FALLBACK = (30.0, 300.0)  # the other ranks' rare look at the shared directory
+STALE_MARKER_S = 7 * 24 * 3600  # the next prober removes other jobs' markers older than this
+PROBE_PER = ("job", "node-type", "rank")
+OUTCOMES = ("written", "reused", "failed")
+Outcome = Literal["written", "reused", "failed"]
+EXIT_CODES = tuple(int(c) for c in ExitCode)  # the documented table: a marker's code is one of them
+
+
+# ---- which rank of which job: the launcher's variables -------------------------------------------
+@dataclass(frozen=True)
+class Launcher:
+    """Where one launcher keeps a rank's facts (variable names; empty: it does not say)."""
+
+    name: str
+    rank: str
+    size: tuple[str, ...] = ()
+    local_rank: tuple[str, ...] = ()
+    node: tuple[str, ...] = ()
+    job: tuple[str, ...] = ()
+    step: tuple[str, ...] = ()
+    attempt: tuple[str, ...] = ()
+
+
+def _launcher(spec: str) -> Launcher:
+    name, rank, *rest = spec.split()
+    return Launcher(name, rank, *(tuple(v.split(",")) if v != "-" else () for v in rest))
+
+
+# innermost first: torchrun inside srun gives one Slurm task per node but one torchrun rank per GPU
+# name, rank, size, local rank, node, job, step, attempt ("-": none, "," between alternatives)
+LAUNCHERS = tuple(
+    map(
+        _launcher,
+        (
+            "torchrun RANK WORLD_SIZE LOCAL_RANK GROUP_RANK TORCHELASTIC_RUN_ID - "
+            "TORCHELASTIC_RESTART_COUNT",
+            # OMPI_COMM_WORLD_NODE_RANK counts across all jobs on the node: not a node index
+            "openmpi OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE OMPI_COMM_WORLD_LOCAL_RANK - "
+            "PMIX_NAMESPACE,OMPI_MCA_ess_base_jobid - -",
+            "pals PALS_RANKID PMI_SIZE PALS_LOCAL_RANKID PALS_NODEID PALS_APID - -",
+            "pmi PMI_RANK PMI_SIZE PMI_LOCAL_RANK,MPI_LOCALRANKID - - - -",
+            "slurm SLURM_PROCID SLURM_NTASKS,SLURM_NPROCS SLURM_LOCALID SLURM_NODEID "
+            "SLURM_JOB_ID,SLURM_JOBID SLURM_STEP_ID,SLURM_STEPID SLURM_RESTART_COUNT",
+        ),
+    )
+)
+# the batch system's job, for a launcher that names none (PMI, torchrun without --rdzv-id)
+BATCH_JOB = (
+    ("SLURM_JOB_ID", ("SLURM_STEP_ID",), ("SLURM_RESTART_COUNT",)),
+    ("PBS_JOBID", (), ()),
+    ("FLUX_JOB_ID", (), ()),
+)
+BATCH_STEP = ("SLURM_STEP_ID", "SLURM_STEPID")
+BATCH_ATTEMPT = ("SLURM_RESTART_COUNT",)
+NO_JOB = {"", "none"}  # torchrun's default --rdzv-id
+
+
+class RankVariableError(ValueError):
+    """A launcher variable that cannot be read as what it names (a usage error, exit 2)."""
+
+
+@dataclass(frozen=True)
+class JobRank:
+    """This process's place in its job; ``local_rank``/``node``/``world_size`` None when the
+    launcher does not say. ``job`` (with the launch step) and ``attempt`` identify this start."""
+
+    launcher: str
+    rank: int
+    job: str
+    attempt: str = "0"
+    world_size: int | None = None
+    local_rank: int | None = None
+    node: int | None = None
+    variables: tuple[str, ...] = ()  # the variables read, for messages
+
+    @property
+    def key(self) -> str:
+        """This start of the job, safe in a file name: ``slurm-1234.0-a0``."""
+        text = f"{self.launcher}-{self.job}-a{self.attempt}"
+        return re.sub(r"[^A-Za-z0-9_.=+-]", "_", text)[:120]
+
+    @property
+    def node_leader(self) -> bool:
+        """Whether this rank watches the shared directory for its node (local rank 0, unknown)."""
+        return self.local_rank in (None, 0)
+
+    def describe(self) -> str:
+        """This rank in words: rank, world size, node, local rank, launcher, job and attempt."""
+        size = f" of {self.world_size}" if self.world_size is not None else ""
+        where = f", node {self.node}" if self.node is not None else ""
+        local = f", local rank {self.local_rank}" if self.local_rank is not None else ""
+        return (
+            f"rank {self.rank}{size}{where}{local} of {self.launcher} job {self.job} "
+            f"(attempt {self.attempt})"
+        )
+
+
+@dataclass(frozen=True)
+class Detection:
+    """What the launcher variables say: this process's rank (None when unknown), with notes."""
+
+    rank: JobRank | None
+    notes: tuple[str, ...] = ()
+
+
+def _first(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str] | None:
+    found = ((n, env[n].strip()) for n in names if (env.get(n) or "").strip())
+    return next(found, None)
+
+
+def _whole(name: str, value: str) -> int:
+    # ASCII digits only: str.isdigit takes '²' and '٣', which int() then refuses or reads otherwise
+    if not re.fullmatch(r"[0-9]{1,9}", value):
+        raise RankVariableError(
+            f"{name}={value!r} is not a whole number >= 0, so this process's rank is unknown"
+        )
+    return int(value)
+
+
+def _number(env: Mapping[str, str], names: tuple[str, ...]) -> int | None:
+    found = _first(env, names)
+    return _whole(*found) if found else None
+
+
+def _job(env: Mapping[str, str], spec: Launcher) -> tuple[str, str, list[str]] | None:
+    """(job id with its step, attempt, variables read), from the launcher, else the batch system."""
+    own = _first(env, spec.job)
+    choices = [(own, spec.step, spec.attempt)] if own and own[1].lower() not in NO_JOB else []
+    choices += [(found, s, a) for n, s, a in BATCH_JOB if (found := _first(env, (n,)))]
+    if not choices:
+        return None
+    (name, job), step_names, attempt_names = choices[0]
+    used = [name]
+    # the launch step, the launcher's or else Slurm's (with its requeues): torchrun's
+    # --rdzv-id=$SLURM_JOB_ID is the same in every `srun` step, and two steps are two launches
+    requeues: tuple[str, ...] = ()
+    step = _first(env, step_names)
+    if step is None and (step := _first(env, BATCH_STEP)):
+        requeues = BATCH_ATTEMPT
+    if step:
+        job, used = f"{job}.{step[1]}", used + [step[0]]
+    counts: list[str] = []  # Slurm's requeues, torchrun's restarts; unset: the first attempt
+    for names in dict.fromkeys(n for n in (requeues, attempt_names, spec.attempt) if n):
+        found = _first(env, names)
+        counts.append(str(_whole(*found)) if found else "0")
+        used += [found[0]] if found else []
+    return job, ".".join(counts) or "0", used
+
+
+def detect(env: Mapping[str, str] | None = None) -> Detection:
+    """This process's rank, from the innermost launcher whose rank variable is set. Raises
+    :class:`RankVariableError` for a value that is set but not a rank (never read as rank 0)."""
+    env = os.environ if env is None else env
+    notes: list[str] = []
+    for spec in LAUNCHERS:
+        found = _first(env, (spec.rank,))
+        if found is None:
+            others = [n for n in (*spec.size, *spec.local_rank) if n in env]
+            if others:
+                notes.append(
+                    f"{', '.join(others)} set without {spec.rank}: not read as a {spec.name} rank"
+                )
+            continue
+        rank, size = _whole(*found), _number(env, spec.size)
+        if size is not None and rank >= size:
+            raise RankVariableError(
+                f"{spec.rank}={rank} is not below the world size {size}: contradictory"
+            )
+        local, node = _number(env, spec.local_rank), _number(env, spec.node)
+        job = _job(env, spec)
+        if job is None:
+            names = ", ".join((*spec.job, *(b[0] for b in BATCH_JOB)))
+            notes.append(
+                f"{spec.rank} is set but no job id is ({names}), so a lock from another job could "
+                "not be told apart: ranks are not coordinated, each takes the file lock"
+            )
+            return Detection(None, tuple(notes))
+        job_id, attempt, used = job
+        read = [n for n in (spec.rank, *spec.size, *spec.local_rank, *spec.node) if n in env]
+        rank_of = JobRank(spec.name, rank, job_id, attempt, size, local, node, (*read, *used))
+        return Detection(rank_of, tuple(notes))
+    return Detection(None, tuple(notes))
+
+
+# ---- the job marker ------------------------------------------------------------------------------
+class RankFailed(ProbeError):
+    """The probing rank failed: every waiting rank fails with its message and exit code."""
+
+    def __init__(self, message: str, exit_code: int, *, fix: str | None = None):
+        super().__init__(message, fix=fix)
+        self.exit_code = exit_code
+
+
+class WaitTimeout(ProbeError):
+    """The probing rank wrote no marker in time (exit 1)."""
+
+
+class MarkerError(InputFileError):
+    """A job marker that is not what kernel-probe writes (exit 5), naming the file and the key."""
+
+
+@dataclass(frozen=True)
+class Marker:
+    """What the probing rank decided for this start of the job."""
+
+    outcome: Outcome
+    job: str
+    by: str  # the probing rank, described
+    host: str
+    digest: str = ""  # the lock's content digest
+    inputs: str = ""  # the probe's inputs digest (provenance.inputs)
+    problem: str = ""  # outcome "failed": the error, its exit code and fix
+    exit_code: int = ExitCode.OK
+    fix: str = ""
+
+    def to_json(self) -> str:
+        """The marker as the JSON text written next to the lock."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Marker:
+        """The marker in ``data``, every key checked by the typed reader; ReadError."""
+        if not isinstance(data, dict):
+            raise ReadError(f"expected a JSON object, got {type(data).__name__}")
+        refuse_unknown(data, tuple(cls.__dataclass_fields__))
+        outcome = get_literal(data, "outcome", OUTCOMES)
+        code = get_int(data, "exit_code", 0, 255, default=0)
+        if code not in EXIT_CODES:
+            raise ReadError(
+                f"{code} is not a documented exit code ({', '.join(map(str, EXIT_CODES))})",
+                "exit_code",
+            )
+        if (outcome == "failed") != (code != 0):
+            raise ReadError(
+                f"outcome {outcome!r} with exit code {code}: a failure has a non-zero code",
+                "exit_code",
+            )
+        text = {
+            k: get_text(data, k, "", limit=200 if k in ("job", "digest", "inputs") else 4096) or ""
+            for k in ("job", "by", "host", "digest", "inputs", "problem", "fix")
+        }
+        if not text["job"]:
+            raise ReadError("required key is missing", "job")
+        return cls(outcome=outcome, exit_code=code, **text)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_json(cls, text: str, where: Path) -> Marker:
+        """The marker in ``text`` (the file ``where``); MarkerError names the file and key."""
+        try:
+            return cls.from_dict(json.loads(text))
+        except (ValueError, RecursionError) as exc:
+            key = exc.key if isinstance(exc, ReadError) else ""
+            problem = exc.problem if isinstance(exc, ReadError) else f"not valid JSON ({exc})"
+            raise MarkerError(
+                f"not a job marker kernel-probe wrote: {problem}",
+                path=str(where),
+                key=key or None,
+                fix=f"remove {where} and start the job again",
+            ) from None
+
+
+def failure_marker(rank: JobRank, exc: BaseException) -> Marker:
+    """The marker a prober leaves when it fails, so that no rank waits for it until the timeout."""
+    code: int = ExitCode.FAILURE
+    fix = ""
+    if isinstance(exc, LockError):
+        problem, code, fix = exc.problem, exc.exit_code, exc.fix or ""
+    elif isinstance(exc, KeyboardInterrupt):
+        problem = "interrupted"
+    else:
+        problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    host = socket.gethostname()
+    return Marker(
+        "failed", rank.key, rank.describe(), host, problem=problem, exit_code=code, fix=fix
+    )
+
+
+def marker_path(out: Path, rank: JobRank) -> Path:
+    """The job marker of ``rank``'s job next to the lock ``out``."""
+    return out.parent / f".{out.name}.job-{rank.key}"
+
+
+def claim_path(out: Path, rank: JobRank) -> Path:
+    """The file whose exclusive creation elects the rank that probes (``--probe-per node-type``)."""
+    return out.parent / f".{out.name}.job-{rank.key}.claim"
+
+
+def node_dir(out: Path, rank: JobRank, env: Mapping[str, str] | None = None) -> Path:
+    """The node-local directory this job's ranks on one node share for ``out``."""
+    env = os.environ if env is None else env
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
+    root = env.get(NODE_DIR_ENV) or env.get("TMPDIR") or shm
+    tag = hashlib.sha256(f"{out}\0{rank.key}".encode()).hexdigest()[:16]
+    return Path(root) / f"kernel-probe-{os.getuid()}" / tag
+
+
+def node_type(device: Mapping[str, Any]) -> str:
+    """A file-name-safe name for this node's kind of device: ``cuda-sm90-8-1a2b3c4d``."""
+    # "" and absent alike: the torch-free reader says features = "" where torch's says nothing
+    facts = {
+        k: device.get(k) or "" for k in ("type", "vendor", "name", "arch", "features", "count")
+    }
+    digest = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    what = f"{facts['type']}-{facts['arch'] or facts['name'] or ''}-{facts['count'] or 0}"
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "-", what).strip("-").lower() + "-" + digest
+
+
+def backoff(first: float, cap: float, rng: random.Random) -> Iterator[float]:
+    """Sleeps doubling from ``first`` to ``cap``, each jittered by +-20 % so ranks do not move in
+    step."""
+    delay = first
+    while True:
+        yield delay * rng.uniform(0.8, 1.2)
+        delay = min(delay * 2, cap)
+
+
+def _read(path: Path) -> str | None:
+    """The text at ``path`` (None: not there), read by the safe reader: a FIFO, a device or a huge
+    file where a marker or lock should be is an error naming it (exit 5), never a hang."""
+    try:
+        raw = read_regular(path, MAX_BYTES)
+    except FileNotFoundError:
+        return None
+    except UnsafeFile as exc:
+        fix = f"remove {path}: kernel-probe writes it as a regular file"
+        raise InputFileError(exc.problem, path=str(path), fix=fix) from None
+    return raw.decode("utf-8", errors="replace")  # not UTF-8: its digest tells
+
+
+def claim(out: Path, rank: JobRank) -> bool:
+    """Claim the probe of ``out`` for this job (``--probe-per node-type``): True for the one rank
+    whose exclusive create succeeds (atomic on NFS v3+, Lustre and GPFS; no file lock needed)."""
+    try:
+        text = f"{rank.describe()} on {socket.gethostname()}\n"
+        write_file(claim_path(out, rank), text, exclusive=True)
+    except FileExistsError:
+        return False
+    return True
+
+
+def publish(out: Path, rank: JobRank, marker: Marker, lock_text: str | None) -> None:
+    """The prober's last step: the job marker beside the lock, then its node's local copy; then the
+    markers of other jobs older than ``STALE_MARKER_S`` are removed."""
+    stale = _stale_markers(out, rank)
+    write_file(marker_path(out, rank), marker.to_json())
+    _publish_local(out, rank, marker, lock_text)
+    for path in stale:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def _publish_local(out: Path, rank: JobRank, marker: Marker, lock_text: str | None) -> None:
+    """The node-local copy of the marker and its lock."""
+    local = node_dir(out, rank)
+    payload = json.dumps({"marker": json.loads(marker.to_json()), "lock": lock_text})
+    try:
+        folder = private_dir(private_dir(local.parent) / local.name)
+        write_file(folder / "ready", payload, mode=0o600)
+    except (OSError, UnsafeWrite):
+        pass  # the node's other ranks then find the marker on the shared directory (their fallback)
+
+
+def _stale_markers(out: Path, rank: JobRank) -> list[str]:
+    prefix, mine, now = f".{out.name}.job-", marker_path(out, rank).name, time.time()
+    try:
+        entries = list(os.scandir(out.parent))
+    except OSError:
+        return []
+    stale = []
+    for entry in entries:
+        if not entry.name.startswith(prefix) or entry.name.startswith(mine):
+            continue
+        try:
+            if now - entry.stat(follow_symlinks=False).st_mtime > STALE_MARKER_S:
+                stale.append(entry.path)
+        except OSError:
+            pass
+    return stale
+
+
+def _who(out: Path, rank: JobRank, mode: str) -> str:
+    job = f"{rank.launcher} job {rank.job} (attempt {rank.attempt})"
+    if mode == "job":
+        return f"rank 0 of {job}"
+    claimed = _read(claim_path(out, rank))
+    return f"the rank that claimed {out.name} for this node type in {job}" + (
+        f" ({claimed.strip()})" if claimed else " (no rank claimed it)"
+    )
+
+
+def wait(
+    out: Path,
+    rank: JobRank,
+    *,
+    mode: str,
+    timeout: float,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[Marker, str]:
+    """Wait for the prober's marker for this job; (the marker, the lock's text). Raises
+    :class:`RankFailed` when the prober failed, :class:`WaitTimeout` (naming the rank that should
+    have written it and the job) when nothing came within ``timeout`` seconds."""
+    rng = random.Random(f"{rank.key}/{rank.rank}")
+    start = clock()
+    local_ready = node_dir(out, rank) / "ready"
+    watch = backoff(*(WATCH if rank.node_leader else LOCAL), rng)
+    fallback = backoff(*FALLBACK, rng)
+    next_shared = start if rank.node_leader else start + next(fallback)
+    while True:
+        if rank.node_leader:
+            found = _from_shared(out, rank)
+        else:
+            found = _from_local(local_ready, rank)
+            if found is None and clock() >= next_shared:
+                found = _from_shared(out, rank)
+                next_shared = clock() + next(fallback)
+        if found is not None:
+            return _outcome(out, *found)
+        waited = clock() - start
+        if waited >= timeout:
+            raise WaitTimeout(
+                f"{out}: {_who(out, rank, mode)} wrote no job marker "
+                f"({marker_path(out, rank).name}) within {timeout:.0f} s; this is "
+                f"{rank.describe()}",
+                fix="look in that rank's output for why it stopped; start the job again, or "
+                "raise --lock-timeout",
+            )
+        sleep(min(next(watch), max(0.0, timeout - waited)))
+
+
+def _from_shared(out: Path, rank: JobRank) -> tuple[Marker, str] | None:
+    marker_file = marker_path(out, rank)
+    try:
+        text = _read(marker_file)
+        if text is None:
+            return None
+        marker = Marker.from_json(text, marker_file)
+        if marker.job != rank.key:
+            raise MarkerError(
+                f"this marker is for job {marker.job!r:.140}, not this one ({rank.key}): never "
+                "taken for it",
+                path=str(marker_file),
+                key="job",
+                fix=f"remove {marker_file} and start the job again",
+            )
+        lock_text = "" if marker.outcome == "failed" else _read(out) or ""
+    except OSError as exc:
+        raise ProbeError(
+            f"{marker_file}: cannot read this job's marker or its lock: {exc.strerror or exc}",
+            fix="check the permissions of the lock's directory (every rank must read it)",
+        ) from None
+    if rank.node_leader:  # this node's other ranks take it from here
+        _publish_local(out, rank, marker, lock_text)
+    return marker, lock_text
+
+
+def _from_local(ready: Path, rank: JobRank) -> tuple[Marker, str] | None:
+    try:
+        # made by someone else, or opened to others: never read
+        private_dir(ready.parent.parent, create=False)
+        private_dir(ready.parent, create=False)
+        text = _read(ready)
+    except (OSError, UnsafeWrite, InputFileError):
+        return None
+    if text is None:
+        return None
+    try:
+        data = json.loads(text)
+        lock = data.get("lock") or ""
+        if not isinstance(lock, str) or set(data) - {"marker", "lock"}:
+            return None
+        marker = Marker.from_dict(data.get("marker"))
+        return (marker, lock) if marker.job == rank.key else None
+    except (ValueError, RecursionError, AttributeError):
+        # half a file cannot be seen (atomic rename); anything else: wait for the shared one
+        return None
+
+
+def _outcome(out: Path, marker: Marker, lock_text: str) -> tuple[Marker, str]:
+    if marker.outcome == "failed":
+        raise RankFailed(
+            f"{out}: {marker.by} (on {marker.host}) failed, so this rank has no lock: "
+            f"{marker.problem}",
+            marker.exit_code or ExitCode.FAILURE,
+            fix=marker.fix or None,
+        )
+    return marker, lock_text
+
+
+# ---- the job start -------------------------------------------------------------------------------
+def run(request: ProbeRequest, events: Events | None = None) -> ProbeResult:
+    """Reuse the lock at ``request.out`` if it is current, else probe and write it (atomically,
+    under a file lock, so many ranks starting at once produce one lock). ``check_only`` writes
+    nothing and raises :class:`StaleLock` (exit 3) when the lock is not current."""
+    events = events or Events()
+    t_start = time.perf_counter()
+    rank = None if request.check_only else _job_rank(request.probe_per or "job", events)
+    try:
+        p = plan(request, events)
+    except BaseException as exc:
+        if rank is not None and rank.rank == 0 and request.probe_per in (None, "job"):
+            # no rank waits for a plan that failed
+            _fail_for_all(Path(os.path.abspath(request.out)), rank, exc)
+        raise
+    mode = request.probe_per or (p.profile.probe_per if p.profile else None) or "job"
+    given = _expand_out(request, p, mode)
+    if rank is not None and mode != "rank" and not _read_only(given):
+        return _run_ranked(request, p, given, rank, mode, events, t_start)
+    return probe_or_reuse(request, p, given, events, t_start)
+
+
+def _read_only(out: Path) -> bool:
+    """Whether ``out``'s folder is on a read-only file system: no rank can write a lock or a marker
+    there, so each rank reuses a current lock itself instead of waiting for a marker."""
+    try:
+        return bool(os.statvfs(os.path.dirname(os.path.realpath(out)) or ".").f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def fail_before_plan(
+    out: str | Path, probe_per: str | None, check_only: bool, exc: BaseException
+) -> None:
+    """A request refused before it is planned (a bad argument): where this is rank 0 of a job whose
+    rank 0 probes, its failed marker is published, so the waiting ranks fail at once with its exit
+    code."""
+    if check_only or probe_per not in (None, "job"):
+        return
+    try:
+        rank = detect().rank
+    except ValueError:
+        return  # the launcher's variables are unreadable: no job to tell
+    if rank is not None and rank.rank == 0:
+        _fail_for_all(Path(os.path.abspath(out)), rank, exc)
+
+
+def _fail_for_all(out: Path, rank: JobRank, exc: BaseException) -> None:
+    if "{node-type}" in str(out):
+        return  # no rank has claimed a kind of node yet: none waits
+    try:
+        publish(out, rank, failure_marker(rank, exc), None)
+    except (OSError, LockError):
+        pass  # the others time out, naming this rank
+
+
+def _expand_out(request: ProbeRequest, p: Plan, mode: str) -> Path:
+    """``--out`` with ``{node-type}`` replaced by this node's (:func:`node_type`)."""
+    text = str(request.out)
+    if "{node-type}" in text:
+        return Path(text.replace("{node-type}", node_type(p.device)))
+    if mode == "node-type":
+        raise UsageError(
+            f"--probe-per node-type writes one lock per kind of node, but --out {text} "
+            "names no {node-type}",
+            fix="use e.g. --out 'kernel-lock.{node-type}.toml' (the path is printed, and "
+            "in --json as 'lock')",
+        )
+    return request.out
+
+
+def _job_rank(mode: str, events: Events) -> JobRank | None:
+    """This process's rank and job, or None: no launcher variables, or ``--probe-per rank``."""
+    if mode not in PROBE_PER:
+        raise UsageError(f"--probe-per {mode!r}: use one of {', '.join(PROBE_PER)}")
+    if mode == "rank":
+        return None
+    try:
+        found = detect()
+    except RankVariableError as exc:
+        raise UsageError(
+            f"launcher variables: {exc}",
+            fix="correct or unset the variable, or pass --probe-per rank to ignore the "
+            "launcher's variables",
+        ) from None
+    for note in found.notes:
+        events.note(f"launcher variables: {note}")
+    return found.rank
+
+
+def _run_ranked(
+    request: ProbeRequest,
+    p: Plan,
+    given: Path,
+    rank: JobRank,
+    mode: str,
+    events: Events,
+    t_start: float,
+) -> ProbeResult:
+    """One rank probes and leaves a job marker; the others wait for it and take its lock."""
+    # the marker sits beside the path as given (a link is not followed)
+    out, unlocked = Path(os.path.abspath(given)), _unlocked(given)
+    # job: rank 0; node-type: of each node's watching rank, the one whose exclusive create wins
+    prober = rank.rank == 0 if mode == "job" else rank.node_leader and claim(out, rank)
+    if not prober:
+        return _take_lock(out, given, p, rank, mode, request.lock_timeout, t_start)
+    try:
+        result = probe_or_reuse(request, p, given, events, t_start, unlocked=unlocked)
+    except BaseException as exc:
+        _fail_for_all(out, rank, exc)
+        raise
+    written = result.lock
+    outcome: Outcome = "reused" if result.reused else "written"
+    host, digest = socket.gethostname(), written.compute_digest()
+    marker = Marker(outcome, rank.key, rank.describe(), host, digest, p.digest)
+    publish(out, rank, marker, written.dumps())
+    return result
+
+
+def _take_lock(
+    out: Path, given: Path, p: Plan, rank: JobRank, mode: str, timeout: float, t_start: float
+) -> ProbeResult:
+    """A waiting rank's part: the lock at ``given``, taken only if it is the one this job's marker
+    names, probed with this rank's inputs, for a node like this one."""
+    marker, text = wait(out, rank, mode=mode, timeout=timeout)
+    lock: kernel_lock.KernelLock | None = None
+    try:
+        lock = kernel_lock.loads(text, path=str(given), emit_warnings=False, trust=p.trust)
+    except LockError as exc:
+        problem = exc.problem
+    if lock is None or lock.compute_digest() != marker.digest:
+        raise ProbeError(
+            f"{given} is not the lock {marker.by} wrote for this job"
+            + (
+                f" ({problem})"
+                if lock is None
+                else " (its digest differs): another job or process replaced it"
+            ),
+            fix="give each job its own --out, or start the job again",
+        )
+    if marker.inputs != p.digest:
+        raise UsageError(
+            f"{marker.by} probed {given} with other options than this rank (shapes, precision, "
+            "slots, candidates, pins or profile)",
+            fix="start every rank with the same kernel-probe arguments",
+        )
+    try:
+        lock.verify()
+    except LockMismatch as exc:
+        raise NodeDiffers(
+            f"{given} was probed by {marker.by} on {marker.host}, and this node differs from it: "
+            + "; ".join(str(d) for d in exc.differences),
+            fix="probe one lock per kind of node: --probe-per node-type --out "
+            "'kernel-lock.{node-type}.toml'",
+        ) from None
+    seconds = time.perf_counter() - t_start
+    return ProbeResult(given, lock, True, p, seconds=seconds, source=marker.by)
+
+
+def _unlocked(given: Path) -> str:
+    """The warning of a probing rank whose folder does not do file locks."""
+    return (
+        f"{given.parent}: this file system does not do file locks: the ranks of this job still "
+        f"probe once (they wait for this rank's job marker), but another job probing {given.name} "
+        "at the same time is not kept apart (each write stays atomic: a reader sees one whole "
+        "lock)"
+    )
