@@ -1,20 +1,10 @@
 """Job start: which rank of a job probes, and how the others take its lock (the command's entry).
 
-``run`` reads this process's rank from its launcher's variables, plans the request
-(``kernel_probe.probe.planning``), then either probes or reuses the lock itself
-(``kernel_probe.probe.pipeline.probe_or_reuse``: no launcher, ``--probe-per rank``, a read-only
-folder) or takes part in the job's hand-off, with no file lock and no polling storm:
-
-- one rank probes (rank 0; with ``--probe-per node-type``, per kind of node the rank whose
-  exclusive create of a claim file wins) and leaves a **job marker** beside the lock,
-  ``.<lock name>.job-<launcher>-<job>-a<attempt>`` (outcome, lock digest, inputs digest): the
-  others wait for this job's marker, never for a lock an earlier job or attempt left;
-- on each node local rank 0 watches the shared directory (backoff 0.1 s to 5 s) and copies marker
-  and lock to a node-local file, which the node's other ranks wait on (0.05 s to 1 s), looking at
-  the shared directory only as a fallback (30 s, doubling to 5 min).
-
-The launchers, their variables and the measured figures: docs/probe.md "Many ranks at job start".
-The probe itself knows nothing of ranks: commands -> jobstart -> probe.
+``run`` plans the request, then probes or reuses the lock itself (no launcher, ``--probe-per rank``,
+a read-only folder) or takes part in the job's hand-off: one rank (rank 0, or per kind of node the
+one whose claim wins) probes and leaves a job marker beside the lock; on each node local rank 0
+watches the shared directory with backoff and copies marker and lock to a node-local file, which the
+node's other ranks wait on. No file lock, no polling storm: docs/probe.md "Many ranks at job start".
 """
 
 from __future__ import annotations
@@ -39,8 +29,7 @@ from kernel_lock.trust.files import UnsafeFile, UnsafeWrite, private_dir, read_r
 from kernel_probe.errors import InputFileError, NodeDiffers, ProbeError, UsageError
 from kernel_probe.probe.pipeline import ProbeResult, probe_or_reuse
 from kernel_probe.probe.planning import Events, Plan, ProbeRequest, plan
-
-__all__ = ["fail_before_plan", "run"]
+from kernel_probe.ranks import JobRank, RankVariableError, detect
 
 NODE_DIR_ENV = "KERNEL_PROBE_NODE_DIR"
 WATCH = (0.1, 5.0)  # the node's watcher on the shared directory: first delay, cap (s)
@@ -51,182 +40,6 @@ PROBE_PER = ("job", "node-type", "rank")
 OUTCOMES = ("written", "reused", "failed")
 Outcome = Literal["written", "reused", "failed"]
 EXIT_CODES = tuple(int(c) for c in ExitCode)  # the documented table: a marker's code is one of them
-
-
-# ---- which rank of which job: the launcher's variables -------------------------------------------
-@dataclass(frozen=True)
-class Launcher:
-    """Where one launcher keeps a rank's facts (variable names; empty: it does not say)."""
-
-    name: str
-    rank: str
-    size: tuple[str, ...] = ()
-    local_rank: tuple[str, ...] = ()
-    node: tuple[str, ...] = ()
-    job: tuple[str, ...] = ()
-    step: tuple[str, ...] = ()
-    attempt: tuple[str, ...] = ()
-
-
-def _launcher(spec: str) -> Launcher:
-    name, rank, *rest = spec.split()
-    return Launcher(name, rank, *(tuple(v.split(",")) if v != "-" else () for v in rest))
-
-
-# innermost first: torchrun inside srun gives one Slurm task per node but one torchrun rank per GPU
-# name, rank, size, local rank, node, job, step, attempt ("-": none, "," between alternatives)
-LAUNCHERS = tuple(
-    map(
-        _launcher,
-        (
-            "torchrun RANK WORLD_SIZE LOCAL_RANK GROUP_RANK TORCHELASTIC_RUN_ID - "
-            "TORCHELASTIC_RESTART_COUNT",
-            # OMPI_COMM_WORLD_NODE_RANK counts across all jobs on the node: not a node index
-            "openmpi OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE OMPI_COMM_WORLD_LOCAL_RANK - "
-            "PMIX_NAMESPACE,OMPI_MCA_ess_base_jobid - -",
-            "pals PALS_RANKID PMI_SIZE PALS_LOCAL_RANKID PALS_NODEID PALS_APID - -",
-            "pmi PMI_RANK PMI_SIZE PMI_LOCAL_RANK,MPI_LOCALRANKID - - - -",
-            "slurm SLURM_PROCID SLURM_NTASKS,SLURM_NPROCS SLURM_LOCALID SLURM_NODEID "
-            "SLURM_JOB_ID,SLURM_JOBID SLURM_STEP_ID,SLURM_STEPID SLURM_RESTART_COUNT",
-        ),
-    )
-)
-# the batch system's job, for a launcher that names none (PMI, torchrun without --rdzv-id)
-BATCH_JOB = (
-    ("SLURM_JOB_ID", ("SLURM_STEP_ID",), ("SLURM_RESTART_COUNT",)),
-    ("PBS_JOBID", (), ()),
-    ("FLUX_JOB_ID", (), ()),
-)
-BATCH_STEP = ("SLURM_STEP_ID", "SLURM_STEPID")
-BATCH_ATTEMPT = ("SLURM_RESTART_COUNT",)
-NO_JOB = {"", "none"}  # torchrun's default --rdzv-id
-
-
-class RankVariableError(ValueError):
-    """A launcher variable that cannot be read as what it names (a usage error, exit 2)."""
-
-
-@dataclass(frozen=True)
-class JobRank:
-    """This process's place in its job; ``local_rank``/``node``/``world_size`` None when the
-    launcher does not say. ``job`` (with the launch step) and ``attempt`` identify this start."""
-
-    launcher: str
-    rank: int
-    job: str
-    attempt: str = "0"
-    world_size: int | None = None
-    local_rank: int | None = None
-    node: int | None = None
-    variables: tuple[str, ...] = ()  # the variables read, for messages
-
-    @property
-    def key(self) -> str:
-        """This start of the job, safe in a file name: ``slurm-1234.0-a0``."""
-        text = f"{self.launcher}-{self.job}-a{self.attempt}"
-        return re.sub(r"[^A-Za-z0-9_.=+-]", "_", text)[:120]
-
-    @property
-    def node_leader(self) -> bool:
-        """Whether this rank watches the shared directory for its node (local rank 0, unknown)."""
-        return self.local_rank in (None, 0)
-
-    def describe(self) -> str:
-        """This rank in words: rank, world size, node, local rank, launcher, job and attempt."""
-        size = f" of {self.world_size}" if self.world_size is not None else ""
-        where = f", node {self.node}" if self.node is not None else ""
-        local = f", local rank {self.local_rank}" if self.local_rank is not None else ""
-        return (
-            f"rank {self.rank}{size}{where}{local} of {self.launcher} job {self.job} "
-            f"(attempt {self.attempt})"
-        )
-
-
-@dataclass(frozen=True)
-class Detection:
-    """What the launcher variables say: this process's rank (None when unknown), with notes."""
-
-    rank: JobRank | None
-    notes: tuple[str, ...] = ()
-
-
-def _first(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str] | None:
-    found = ((n, env[n].strip()) for n in names if (env.get(n) or "").strip())
-    return next(found, None)
-
-
-def _whole(name: str, value: str) -> int:
-    # ASCII digits only: str.isdigit takes '²' and '٣', which int() then refuses or reads otherwise
-    if not re.fullmatch(r"[0-9]{1,9}", value):
-        raise RankVariableError(
-            f"{name}={value!r} is not a whole number >= 0, so this process's rank is unknown"
-        )
-    return int(value)
-
-
-def _number(env: Mapping[str, str], names: tuple[str, ...]) -> int | None:
-    found = _first(env, names)
-    return _whole(*found) if found else None
-
-
-def _job(env: Mapping[str, str], spec: Launcher) -> tuple[str, str, list[str]] | None:
-    """(job id with its step, attempt, variables read), from the launcher, else the batch system."""
-    own = _first(env, spec.job)
-    choices = [(own, spec.step, spec.attempt)] if own and own[1].lower() not in NO_JOB else []
-    choices += [(found, s, a) for n, s, a in BATCH_JOB if (found := _first(env, (n,)))]
-    if not choices:
-        return None
-    (name, job), step_names, attempt_names = choices[0]
-    used = [name]
-    # the launch step, the launcher's or else Slurm's (with its requeues): torchrun's
-    # --rdzv-id=$SLURM_JOB_ID is the same in every `srun` step, and two steps are two launches
-    requeues: tuple[str, ...] = ()
-    step = _first(env, step_names)
-    if step is None and (step := _first(env, BATCH_STEP)):
-        requeues = BATCH_ATTEMPT
-    if step:
-        job, used = f"{job}.{step[1]}", used + [step[0]]
-    counts: list[str] = []  # Slurm's requeues, torchrun's restarts; unset: the first attempt
-    for names in dict.fromkeys(n for n in (requeues, attempt_names, spec.attempt) if n):
-        found = _first(env, names)
-        counts.append(str(_whole(*found)) if found else "0")
-        used += [found[0]] if found else []
-    return job, ".".join(counts) or "0", used
-
-
-def detect(env: Mapping[str, str] | None = None) -> Detection:
-    """This process's rank, from the innermost launcher whose rank variable is set. Raises
-    :class:`RankVariableError` for a value that is set but not a rank (never read as rank 0)."""
-    env = os.environ if env is None else env
-    notes: list[str] = []
-    for spec in LAUNCHERS:
-        found = _first(env, (spec.rank,))
-        if found is None:
-            others = [n for n in (*spec.size, *spec.local_rank) if n in env]
-            if others:
-                notes.append(
-                    f"{', '.join(others)} set without {spec.rank}: not read as a {spec.name} rank"
-                )
-            continue
-        rank, size = _whole(*found), _number(env, spec.size)
-        if size is not None and rank >= size:
-            raise RankVariableError(
-                f"{spec.rank}={rank} is not below the world size {size}: contradictory"
-            )
-        local, node = _number(env, spec.local_rank), _number(env, spec.node)
-        job = _job(env, spec)
-        if job is None:
-            names = ", ".join((*spec.job, *(b[0] for b in BATCH_JOB)))
-            notes.append(
-                f"{spec.rank} is set but no job id is ({names}), so a lock from another job could "
-                "not be told apart: ranks are not coordinated, each takes the file lock"
-            )
-            return Detection(None, tuple(notes))
-        job_id, attempt, used = job
-        read = [n for n in (spec.rank, *spec.size, *spec.local_rank, *spec.node) if n in env]
-        rank_of = JobRank(spec.name, rank, job_id, attempt, size, local, node, (*read, *used))
-        return Detection(rank_of, tuple(notes))
-    return Detection(None, tuple(notes))
 
 
 # ---- the job marker ------------------------------------------------------------------------------
@@ -538,9 +351,9 @@ def _outcome(out: Path, marker: Marker, lock_text: str) -> tuple[Marker, str]:
 
 # ---- the job start -------------------------------------------------------------------------------
 def run(request: ProbeRequest, events: Events | None = None) -> ProbeResult:
-    """Reuse the lock at ``request.out`` if it is current, else probe and write it (atomically,
-    under a file lock, so many ranks starting at once produce one lock). ``check_only`` writes
-    nothing and raises :class:`StaleLock` (exit 3) when the lock is not current."""
+    """Reuse the lock at ``request.out`` if it is current, else probe and write it; with a launcher,
+    one rank probes and the others take its lock. ``check_only`` writes nothing and raises
+    :class:`StaleLock` (exit 3) when the lock is not current."""
     events = events or Events()
     t_start = time.perf_counter()
     rank = None if request.check_only else _job_rank(request.probe_per or "job", events)
@@ -553,14 +366,32 @@ def run(request: ProbeRequest, events: Events | None = None) -> ProbeResult:
         raise
     mode = request.probe_per or (p.profile.probe_per if p.profile else None) or "job"
     given = _expand_out(request, p, mode)
-    if rank is not None and mode != "rank" and not _read_only(given):
-        return _run_ranked(request, p, given, rank, mode, events, t_start)
-    return probe_or_reuse(request, p, given, events, t_start)
+    if rank is None or mode == "rank" or _read_only(given):
+        return probe_or_reuse(request, p, given, events, t_start)
+    out = Path(os.path.abspath(given))  # the marker sits beside the path as given, not a link's
+    # job: rank 0; node-type: of each node's watching rank, the one whose exclusive create wins
+    if not (rank.rank == 0 if mode == "job" else rank.node_leader and claim(out, rank)):
+        return _take_lock(out, given, p, rank, mode, request.lock_timeout, t_start)
+    unlocked = (
+        f"{given.parent}: this file system does not do file locks: the ranks of this job still "
+        f"probe once (they wait for this rank's job marker), but another job probing {given.name} "
+        "at the same time is not kept apart (each write stays atomic: a reader sees one whole lock)"
+    )
+    try:
+        result = probe_or_reuse(request, p, given, events, t_start, unlocked=unlocked)
+    except BaseException as exc:
+        _fail_for_all(out, rank, exc)
+        raise
+    outcome: Outcome = "reused" if result.reused else "written"
+    host, digest = socket.gethostname(), result.lock.compute_digest()
+    marker = Marker(outcome, rank.key, rank.describe(), host, digest, p.digest)
+    publish(out, rank, marker, result.lock.dumps())
+    return result
 
 
 def _read_only(out: Path) -> bool:
-    """Whether ``out``'s folder is on a read-only file system: no rank can write a lock or a marker
-    there, so each rank reuses a current lock itself instead of waiting for a marker."""
+    """Whether ``out``'s folder is read-only: no rank can write a lock or a marker there, so each
+    rank reuses a current lock itself instead of waiting for a marker."""
     try:
         return bool(os.statvfs(os.path.dirname(os.path.realpath(out)) or ".").f_flag & os.ST_RDONLY)
     except OSError:
@@ -571,8 +402,7 @@ def fail_before_plan(
     out: str | Path, probe_per: str | None, check_only: bool, exc: BaseException
 ) -> None:
     """A request refused before it is planned (a bad argument): where this is rank 0 of a job whose
-    rank 0 probes, its failed marker is published, so the waiting ranks fail at once with its exit
-    code."""
+    rank 0 probes, its failed marker is published, so the waiting ranks fail at once."""
     if check_only or probe_per not in (None, "job"):
         return
     try:
@@ -626,35 +456,6 @@ def _job_rank(mode: str, events: Events) -> JobRank | None:
     return found.rank
 
 
-def _run_ranked(
-    request: ProbeRequest,
-    p: Plan,
-    given: Path,
-    rank: JobRank,
-    mode: str,
-    events: Events,
-    t_start: float,
-) -> ProbeResult:
-    """One rank probes and leaves a job marker; the others wait for it and take its lock."""
-    # the marker sits beside the path as given (a link is not followed)
-    out, unlocked = Path(os.path.abspath(given)), _unlocked(given)
-    # job: rank 0; node-type: of each node's watching rank, the one whose exclusive create wins
-    prober = rank.rank == 0 if mode == "job" else rank.node_leader and claim(out, rank)
-    if not prober:
-        return _take_lock(out, given, p, rank, mode, request.lock_timeout, t_start)
-    try:
-        result = probe_or_reuse(request, p, given, events, t_start, unlocked=unlocked)
-    except BaseException as exc:
-        _fail_for_all(out, rank, exc)
-        raise
-    written = result.lock
-    outcome: Outcome = "reused" if result.reused else "written"
-    host, digest = socket.gethostname(), written.compute_digest()
-    marker = Marker(outcome, rank.key, rank.describe(), host, digest, p.digest)
-    publish(out, rank, marker, written.dumps())
-    return result
-
-
 def _take_lock(
     out: Path, given: Path, p: Plan, rank: JobRank, mode: str, timeout: float, t_start: float
 ) -> ProbeResult:
@@ -693,13 +494,3 @@ def _take_lock(
         ) from None
     seconds = time.perf_counter() - t_start
     return ProbeResult(given, lock, True, p, seconds=seconds, source=marker.by)
-
-
-def _unlocked(given: Path) -> str:
-    """The warning of a probing rank whose folder does not do file locks."""
-    return (
-        f"{given.parent}: this file system does not do file locks: the ranks of this job still "
-        f"probe once (they wait for this rank's job marker), but another job probing {given.name} "
-        "at the same time is not kept apart (each write stays atomic: a reader sees one whole "
-        "lock)"
-    )

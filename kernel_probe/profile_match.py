@@ -1,73 +1,26 @@
 """A node against the site profiles: which profile's ``[detect]`` signals it shows (``--profile
 auto``), which requirements it does not meet (exit 4), and whether a lock was written under the
-same profile.
-
-The node is this machine, or a described one (``profiles match PROFILE --node FILE``): what
-``kernel-probe env --json`` prints on it (schema ``kernel-probe-env/1``: its ``fingerprint``,
-``libraries`` and ``site`` are read, the rest ignored), or the short form ``kernel-probe-node/1``
-with the same keys plus ``env`` and ``files`` (docs/profiles.md), so that a profile can be tested
-from a login node. Ambiguity is an error, never a guess; libraries are never imported.
+same profile. The node is this machine or a described one (``kernel_probe.sites``); ambiguity is an
+error, never a guess; libraries are never imported.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from kernel_lock import Difference
-from kernel_lock.fingerprint.fields import FIELDS, library_versions
-from kernel_lock.format.reading import (
-    ReadError,
-    context,
-    get,
-    get_int,
-    get_literal,
-    get_string_map,
-    get_table,
-    get_text,
-    refuse_unknown,
-)
+from kernel_lock.fingerprint.fields import library_versions
 from kernel_lock.format.versions import in_spec
-from kernel_lock.trust.files import UnsafeFile, read_regular
-from kernel_probe.candidates import DEVICE_TYPES, arch_satisfies
+from kernel_probe.candidates import arch_satisfies
 from kernel_probe.detect.libraries import known_libraries, locate
-from kernel_probe.detect.site import detect_site, read_marker
-from kernel_probe.errors import InputFileError, ProfileUnmet, UsageError
-from kernel_probe.profiles import (
-    MAX_SIGNAL_CHARS,
-    STRONG,
-    WEAK,
-    Profile,
-    Survey,
-    builtin_dir,
-    load_file,
-    names_file,
-    resolve,
-    survey,
-)
+from kernel_probe.detect.site import detect_site
+from kernel_probe.errors import ProfileUnmet
+from kernel_probe.profiles import MAX_SIGNAL_CHARS, STRONG, WEAK, Profile, load_file
+from kernel_probe.sites import SiteFacts, Survey, names_file, resolve, site_facts, survey
 
-MAX_MARKER_BYTES = 64 << 10  # a marker file is one short line
-NODE_SCHEMA = "kernel-probe-node/1"
-ENV_SCHEMA = "kernel-probe-env/1"
-EXAMPLES_DIR = "nodes"  # under kernel_probe/profiles/sites/
-MAX_NODE_BYTES = 4 << 20  # an env --json report is some tens of kB
-_NODE_KEYS = (
-    "schema",
-    "description",
-    "sources",
-    "fingerprint",
-    "libraries",
-    "site",
-    "env",
-    "files",
-)
-_SITE_KEYS = ("hostname", "slurm", "markers")
-_LIBRARY_KEYS = ("version", "variant", "distributions")
 # what a refused user can do, by group: about their job and environment, not about the profile
 USER_FIX = {
     "device": "run on one of the site's GPU nodes, inside a GPU job",
@@ -80,22 +33,6 @@ USER_FIX = {
 
 
 # ---- recognising a site --------------------------------------------------------------------------
-@dataclass(frozen=True)
-class SiteFacts:
-    """What a node shows of its site: its environment, host name, Slurm variables, device, and a
-    reader of marker files (path -> first line, or None)."""
-
-    env: Mapping[str, str]
-    hostname: str
-    slurm: Mapping[str, str]
-    device: Mapping[str, Any]
-    read_file: Callable[[str], str | None]
-
-    def slurm_value(self, name: str) -> str | None:
-        """A Slurm setting from the environment, else from the Slurm configuration."""
-        return self.env.get(name) or self.slurm.get(name)
-
-
 @dataclass(frozen=True)
 class Hit:
     """One site signal that matched, as the notes and the lock's ``matched`` name it."""
@@ -218,32 +155,6 @@ def detect_warnings(profile: Profile) -> list[str]:
     return []
 
 
-def _facts_here(
-    site: Mapping[str, Any],
-    device: Mapping[str, Any],
-    env: Mapping[str, str] | None = None,
-    read_file: Callable[[str], str | None] | None = None,
-    problems: list[str] | None = None,
-) -> SiteFacts:
-    """This machine's site facts (``site`` from kernel_probe.detect.site); marker files read like
-    every input (regular, non-blocking, capped), a refused one noted in ``problems``."""
-    said = [] if problems is None else problems
-
-    def read_marker_file(path: str) -> str | None:
-        value, problem = read_marker(path, MAX_MARKER_BYTES)
-        if problem:
-            said.append(f"detect file {path}: {problem}")
-        return value
-
-    return SiteFacts(
-        env=os.environ if env is None else env,
-        hostname=str(site.get("hostname") or ""),
-        slurm=dict(site.get("slurm") or {}),
-        device=device,
-        read_file=read_file or read_marker_file,
-    )
-
-
 def auto_detect(
     profiles: Iterable[Profile],
     site: Mapping[str, Any] | SiteFacts,
@@ -257,7 +168,7 @@ def auto_detect(
     facts = (
         site
         if isinstance(site, SiteFacts)
-        else _facts_here(site, device or {}, env, read_file, problems)
+        else site_facts(site, device or {}, env, read_file, problems)
     )
     notes: list[str] = []
     scored = [d for d in (detect(prof, facts, notes) for prof in profiles) if d is not None]
@@ -300,7 +211,7 @@ def choose(
     notes = found.notes_for() + [f"broken profile, not considered: {exc}" for exc in found.broken]
     problems: list[str] = []
     if facts is None:
-        facts = _facts_here(site or detect_site(env), device, env, problems=problems)
+        facts = site_facts(site or detect_site(env), device, env, problems=problems)
     profile, matched, more = auto_detect(found.profiles.values(), facts)
     return profile, matched, notes + more + list(dict.fromkeys(problems))
 
@@ -473,177 +384,3 @@ def profile_change(recorded: Mapping[str, Any], profile: Profile | None) -> str 
             f"{str(digest)[:19]}... -> {profile.digest[:19]}..., {profile.path})"
         )
     return None
-
-
-# ---- a described node ----------------------------------------------------------------------------
-class NodeError(InputFileError):
-    """A malformed node description (exit 5), naming the file and the key."""
-
-
-@dataclass(frozen=True)
-class Node:
-    """The facts of one node, as a profile sees them."""
-
-    path: str
-    description: str
-    fingerprint: Mapping[str, Any]
-    # report name or distribution -> {version, variant, distributions}
-    libraries: Mapping[str, Mapping[str, Any]]
-    hostname: str
-    slurm: Mapping[str, str]
-    env: Mapping[str, str] = field(default_factory=dict)
-    files: Mapping[str, str] = field(default_factory=dict)
-
-
-def examples_dir() -> Path:
-    """The directory of the built-in node descriptions (``kernel_probe/profiles/sites/nodes``)."""
-    return builtin_dir() / EXAMPLES_DIR
-
-
-def examples() -> dict[str, Path]:
-    """The shipped example descriptions by name (the built-in profile each describes)."""
-    return {p.stem: p for p in sorted(examples_dir().glob("*.json"))}
-
-
-def load_node(spec: str) -> Node:
-    """A node description by path, or by the name of a shipped example (no '/', no '.json')."""
-    if "/" not in spec and not spec.endswith(".json"):
-        known = examples()
-        if spec not in known:
-            raise UsageError(
-                f"--node {spec!r}: no such example node; examples: {', '.join(known) or 'none'}",
-                fix="pass the path of a JSON description (e.g. `kernel-probe env --json > "
-                "node.json` on the node)",
-            )
-        return load_node(str(known[spec]))
-    try:
-        text = read_regular(spec, MAX_NODE_BYTES).decode("utf-8")
-    except FileNotFoundError:
-        raise NodeError(
-            "no such file",
-            path=spec,
-            fix="write one with `kernel-probe env --json > node.json` on the node",
-        ) from None
-    except UnsafeFile as exc:
-        raise NodeError(exc.problem, path=spec, fix=exc.fix or None) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise NodeError(f"cannot read: {exc}", path=spec) from None
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise NodeError(f"not valid JSON: {exc}", path=spec) from None
-    return parse_node(data, spec)
-
-
-def parse_node(data: Any, path: str) -> Node:
-    """The node described by ``data``, read by the typed reader: a value of the wrong type, an
-    unknown key of the short form, a variant no library has, is a NodeError naming the key."""
-    try:
-        if not isinstance(data, dict):
-            raise ReadError(
-                "expected a JSON object (a node description or `kernel-probe env --json`), got "
-                f"{type(data).__name__}"
-            )
-        schema = data.get("schema")
-        if schema not in (NODE_SCHEMA, ENV_SCHEMA):
-            raise ReadError(
-                f"unknown schema {schema!r:.80}",
-                "schema",
-                fix=f"use {NODE_SCHEMA!r} (docs/profiles.md), or the output of `kernel-probe env "
-                "--json`",
-            )
-        strict = schema == NODE_SCHEMA
-        if strict:
-            refuse_unknown(data, _NODE_KEYS)
-        fingerprint = _fingerprint(data, strict)
-        libraries: dict[str, Mapping[str, Any]] = {}
-        with context("libraries"):
-            for name, value in get(data, "libraries", dict, default={}).items():
-                with context(str(name)):
-                    entry = _library(str(name), value, strict)
-                if entry is not None:
-                    libraries[str(name)] = entry
-        return _with_site(data, strict, path, fingerprint, libraries)
-    except ReadError as exc:
-        raise NodeError(exc.problem, path=path, key=exc.key or None, fix=exc.fix) from None
-
-
-def _fingerprint(data: Mapping[str, Any], strict: bool) -> dict[str, Any]:
-    fp = get(data, "fingerprint", dict)
-    if fp is None:
-        raise ReadError(
-            "required: an object of the node's facts (as `kernel-probe env --json` has)",
-            "fingerprint",
-        )
-    out: dict[str, Any] = {}
-    with context("fingerprint"):
-        if strict:
-            refuse_unknown(fp, tuple(FIELDS))
-        for name, spec in FIELDS.items():
-            if spec.type is int:
-                out[name] = get_int(fp, name, 0, 1 << 20, default=0)
-            else:
-                out[name] = get_text(fp, name, "", limit=400)
-        out["device-type"] = get_literal(fp, "device-type", DEVICE_TYPES, default="", fold=True)
-    return out
-
-
-def _library(name: str, value: Any, strict: bool) -> Mapping[str, Any] | None:
-    """One library of a node: {version, variant (as the registry spells it), distributions}; None
-    when ``env --json`` lists it as not installed."""
-    if isinstance(value, str):
-        value = {"version": value}
-    if not isinstance(value, dict):
-        raise ReadError(
-            f"expected a version string or {{version, variant}}, got {type(value).__name__}"
-        )
-    if strict:
-        refuse_unknown(value, _LIBRARY_KEYS)
-    version = get_text(value, "version", None, limit=200)
-    distributions = (
-        get_string_map(value, "distributions", limit=200) if value.get("distributions") else {}
-    )
-    installed = get(value, "installed", bool, default=True)
-    variant = None
-    if value.get("variant") is not None:
-        lib = next((lib for lib in known_libraries() if lib.name == name), None)
-        keys = [v.key for v in lib.variants] if lib is not None else []
-        if not keys:
-            raise ReadError(
-                f"{name} has no variants kernel-probe tells apart", "variant", "remove the variant"
-            )
-        variant = get_literal(value, "variant", keys, fold=True)  # NVIDIA -> nvidia
-    if installed is False or version is None and not distributions:
-        return None  # env --json lists every known library, installed or not
-    return {"version": version, "variant": variant, "distributions": distributions}
-
-
-def _with_site(
-    data: Mapping[str, Any], strict: bool, path: str, fingerprint: dict, libraries: dict
-) -> Node:
-    """The node, with its site facts: host name, Slurm, and the variables and marker files."""
-    site = get_table(data, "site", _SITE_KEYS if strict else None)
-    with context("site"):
-        hostname = get_text(site, "hostname", "", limit=255) or ""
-        slurm = get_string_map(site, "slurm")
-        markers = get(site, "markers", list, default=[])
-    env, files = get_string_map(data, "env"), get_string_map(data, "files")
-    for i, marker in enumerate(markers):  # env --json: the site markers it found
-        with context(f"site.markers[{i}]"):
-            if not isinstance(marker, dict):
-                raise ReadError(f"expected an object (signal, value), got {type(marker).__name__}")
-            kind, _, name = (get_text(marker, "signal", "", limit=400) or "").partition(":")
-            value = marker.get("value")
-        if kind in ("env", "file") and isinstance(value, str):
-            (env if kind == "env" else files).setdefault(name, value)
-    get(data, "sources", list, default=[])
-    description = get_text(data, "description", "") or ""
-    return Node(path, description, fingerprint, libraries, hostname, slurm, env, files)
-
-
-def node_facts(node: Node) -> SiteFacts:
-    """The node's site facts, for auto-detection."""
-    fp = node.fingerprint
-    device = {"type": fp["device-type"], "vendor": fp["device-vendor"], "arch": fp["device-arch"]}
-    env = {**node.slurm, **node.env}
-    return SiteFacts(env, node.hostname, node.slurm, device, node.files.get)

@@ -1,11 +1,6 @@
-"""Site profiles: what a site's nodes are expected to be, and its policy, read from TOML; and where
-profiles are found.
-
-A profile is data (the built-ins ship as package data, ``kernel_probe/profiles/sites/*.toml``; the
-format is docs/profiles.md). ``parse`` reads one strictly (unknown keys are errors: a typo in a
-policy must not silently widen it) and refuses requirements no node can meet. ``survey`` finds them:
-``--profiles-dir`` directories first, then ``$KERNEL_PROBE_PROFILES``, then the built-ins; the first
-profile of a name wins and every shadowing is noted. Nothing is read at import.
+"""Site profiles: what a site's nodes are expected to be, and its policy, read from TOML
+(docs/profiles.md). ``parse`` reads one strictly (unknown keys are errors: a typo in a policy must
+not silently widen it) and refuses requirements no node can meet; ``kernel_probe.sites`` finds them.
 """
 
 from __future__ import annotations
@@ -17,23 +12,16 @@ import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 from kernel_lock.format import toml
 from kernel_lock.format.slots import PRECISIONS, SLOTS
 from kernel_lock.trust.files import UnsafeFile, read_regular
-from kernel_probe.candidates import (
-    DEVICE_TYPES,
-    Candidate,
-    builtin,
-    gpu_arch_problem,
-    read_candidates,
-)
+from kernel_probe import candidates as cands
 from kernel_probe.detect.libraries import known_libraries
 from kernel_probe.detect.triton import TRITON_DISTRIBUTIONS
-from kernel_probe.errors import InputFileError, UsageError
+from kernel_probe.errors import InputFileError
 from kernel_probe.jobstart import PROBE_PER
 from kernel_probe.shapes import parse_shape
 from kernel_probe.tables import TableReader
@@ -41,10 +29,6 @@ from kernel_probe.tables import TableReader
 PROFILE_VERSION = "1"
 GROUPS = ("device", "count", "versions", "libraries", "forbidden")  # strictness groups
 MAX_BYTES = 1 << 20  # a profile is a few kB
-ENV_VAR = "KERNEL_PROBE_PROFILES"
-BUILTIN_PACKAGE_DIR = (
-    "sites"  # under kernel_probe/profiles/; pyproject.toml's package-data names it
-)
 
 # [detect] signals. A strong one names the site (its own variable or marker file, the Slurm
 # cluster); a weak one follows a naming scheme other sites share (Cray nidNNNNNN, "gpu" partitions)
@@ -56,9 +40,8 @@ DETECT_DEVICE_KEYS = ("type", "vendor", "arch")
 MAX_SIGNAL_CHARS = 256  # a longer value never matches: it bounds every pattern's matching time
 MAX_VARIABLE_REPEATS = 2  # per pattern; with MAX_SIGNAL_CHARS, a search stays within milliseconds
 
-# closed sets of [requires] values
 DEVICE_VENDOR = {"cuda": "nvidia", "rocm": "amd", "mps": "apple", "xpu": "intel"}
-CPU_ARCHES = ("x86_64", "aarch64", "ppc64le", "s390x", "riscv64")  # platform.machine() on Linux
+CPU_ARCHES = ("x86_64", "aarch64", "ppc64le", "s390x", "riscv64")  # as Linux nodes report them
 _ARCH_SPELLINGS = {
     **dict.fromkeys(("amd64", "x64", "x86-64"), "x86_64"),
     **dict.fromkeys(("arm64", "armv8"), "aarch64"),
@@ -73,17 +56,10 @@ _REQUIRES = (
 )
 _VERSIONS = ("torch", "torch-cuda", "torch-hip", "driver")
 _POLICY = ("precision", "shapes", "deterministic", "probe-per", *SLOTS)
-# a profile file says so on a line of its own; anything else in a profiles directory (a lock, a
-# config) is skipped, not reported as a broken profile
-_DECLARES_PROFILE = re.compile(rb'^[ \t]*["\']?profile-version["\']?[ \t]*=', re.MULTILINE)
 
 
 class ProfileError(InputFileError):
     """A malformed profile (exit 5); the message names the file and the dotted key."""
-
-
-class BuiltinProfilesMissing(InputFileError):
-    """No built-in profile where the package ships them (exit 5): a broken installation."""
 
 
 @dataclass(frozen=True)
@@ -98,8 +74,7 @@ class SlotPolicy:
 
 @dataclass(frozen=True)
 class Profile:
-    """One parsed, validated site profile: how to recognise the site, what it requires, its
-    policy."""
+    """One validated site profile: how to recognise the site, what it requires, its policy."""
 
     name: str
     description: str
@@ -114,7 +89,7 @@ class Profile:
     deterministic: bool = False  # only bitwise repeatable candidates are chosen
     probe_per: str | None = None  # who probes at job start (kernel_probe.jobstart.PROBE_PER)
     slots: Mapping[str, SlotPolicy] = field(default_factory=dict)
-    candidates: tuple[Candidate, ...] = ()
+    candidates: tuple[cands.Candidate, ...] = ()
     default_strictness: str = "error"
     warn_groups: tuple[str, ...] = ()
     detect_all: tuple[Mapping[str, Any], ...] = ()  # [[detect.all]]: each group matches whole
@@ -234,11 +209,11 @@ def _signals(p: _Reader, table: Mapping[str, Any], where: str) -> dict[str, Any]
             if not isinstance(v, str):
                 raise p.err(f"{where}device.{k}", f"expected a string, got {type(v).__name__}")
         if "type" in dev:
-            _closed(p, [dev["type"]], DEVICE_TYPES, f"{where}device.type", "device type")
+            _closed(p, [dev["type"]], cands.DEVICE_TYPES, f"{where}device.type", "device type")
         if "vendor" in dev:
             vendors = tuple(DEVICE_VENDOR.values())
             _closed(p, [dev["vendor"]], vendors, f"{where}device.vendor", "vendor")
-        if "arch" in dev and (problem := gpu_arch_problem(dev["arch"])):
+        if "arch" in dev and (problem := cands.gpu_arch_problem(dev["arch"])):
             raise p.err(f"{where}device.arch", problem)
     return out
 
@@ -277,14 +252,14 @@ def _read_detect(p: _Reader, d: Mapping[str, Any]) -> tuple[dict[str, Any], list
 def _check_devices(p: _Reader, requires: Mapping[str, Any]) -> None:
     """The device requirements against their closed sets, and against each other."""
     types = p.strings(requires, "device-type", "requires.")
-    _closed(p, types, DEVICE_TYPES, "requires.device-type", "device type")
+    _closed(p, types, cands.DEVICE_TYPES, "requires.device-type", "device type")
     vendors = p.strings(requires, "device-vendor", "requires.")
     _closed(p, vendors, tuple(DEVICE_VENDOR.values()), "requires.device-vendor", "device vendor")
     arches = p.strings(requires, "arch", "requires.")
     _closed(p, arches, CPU_ARCHES, "requires.arch", "CPU arch", _ARCH_SPELLINGS)
     gpu_types = [t for t in types if t in ("cuda", "rocm")] or ["cuda", "rocm"]
     for arch in p.strings(requires, "device-arch", "requires."):
-        if problem := gpu_arch_problem(arch, gpu_types):
+        if problem := cands.gpu_arch_problem(arch, gpu_types):
             raise p.err(
                 "requires.device-arch",
                 problem,
@@ -314,7 +289,7 @@ def _check_devices(p: _Reader, requires: Mapping[str, Any]) -> None:
 
 
 def _check_libraries(
-    p: _Reader, requires: Mapping[str, Any], declared: Iterable[Candidate]
+    p: _Reader, requires: Mapping[str, Any], declared: Iterable[cands.Candidate]
 ) -> tuple[str, ...]:
     """Library names against the registry (or declared as the site's), and libraries both required
     and forbidden (a profile no node can meet); returns the site's own library names."""
@@ -458,8 +433,10 @@ def parse(text: str, path: str) -> Profile:
     for key in _VERSIONS:
         if key in requires:
             p.specifier(requires[key], f"requires.{key}")
-    declared = read_candidates(p, d, source=f"profile:{name}", reserved={b.id for b in builtin()})
-    policy = _read_policy(p, d, {c.id: c for c in (*builtin(), *declared)})
+    declared = cands.read_candidates(
+        p, d, source=f"profile:{name}", reserved={b.id for b in cands.builtin()}
+    )
+    policy = _read_policy(p, d, {c.id: c for c in (*cands.builtin(), *declared)})
     strict = p.table(d, "strictness", ("default", "warn"), "")
     default = p.string(strict, "default", "strictness.", default="error")
     if default not in ("error", "warn"):
@@ -520,136 +497,3 @@ def variants_of(base: str) -> list[str]:
     """The variant keys ``kernel_probe.detect.libraries`` tells apart for a library (by name)."""
     lib = next((lib for lib in known_libraries() if lib.name == base), None)
     return [v.key for v in lib.variants if v.usable] if lib is not None else []
-
-
-# ---- finding profiles ---------------------------------------------------------------------------
-def builtin_dir() -> Path:
-    """The built-in profiles: package data found through importlib.resources, so a checkout, a
-    venv, ``pip install --target``, ``--prefix`` and ``--user`` all find them the same way."""
-    return Path(str(files("kernel_probe") / "profiles" / BUILTIN_PACKAGE_DIR))
-
-
-def user_dirs(extra: Iterable[str] = ()) -> list[Path]:
-    """The user's profile directories: ``--profiles-dir`` first, then ``$KERNEL_PROBE_PROFILES``."""
-    env = [x for x in os.environ.get(ENV_VAR, "").split(os.pathsep) if x]
-    return [Path(x) for x in (*extra, *env)]
-
-
-@dataclass
-class Survey:
-    """Every profile found (by name: the first directory wins), the broken files, and notes:
-    shadowed built-ins, duplicate names, a file named unlike its profile, files that are not
-    profiles."""
-
-    profiles: dict[str, Profile] = field(default_factory=dict)
-    broken: list[ProfileError] = field(default_factory=list)
-    notes: list[tuple[str, str]] = field(default_factory=list)  # (profile name or "", text)
-
-    def notes_for(self, name: str | None = None) -> list[str]:
-        """The survey's notes about profile ``name`` and the general ones (all notes when None)."""
-        return [text for n, text in self.notes if name is None or n in (name, "")]
-
-    def add(self, prof: Profile, f: Path, d: Path, builtin: Path) -> None:
-        """``prof``, read from the file ``f`` in the directory ``d``, unless an earlier one of its
-        name shadows it; either way noted."""
-        first = self.profiles.get(prof.name)
-        if prof.name != f.stem:
-            self.notes.append(
-                (
-                    prof.name,
-                    f"{f} declares name {prof.name!r}: it is found as {prof.name!r} "
-                    f"(name the file {prof.name}.toml to avoid surprises)",
-                )
-            )
-        if first is None:
-            self.profiles[prof.name] = prof
-        elif d == builtin:
-            text = f"{first.path} shadows the built-in profile {prof.name!r}"
-            self.notes.append((prof.name, text))
-        elif Path(first.path).parent == d:
-            text = (
-                f"two profiles named {prof.name!r} in {d}: {Path(first.path).name} is used, "
-                f"{f.name} is ignored (rename one)"
-            )
-            self.notes.append((prof.name, text))
-        else:
-            text = f"{f} is shadowed by {first.path} (an earlier directory wins)"
-            self.notes.append((prof.name, text))
-
-
-def survey(extra: Iterable[str] = ()) -> Survey:
-    """Every valid profile of the user directories, then the built-ins (see :class:`Survey`); one
-    broken file must not hide every other profile."""
-    builtin = builtin_dir()
-    if not (builtin.is_dir() and any(builtin.glob("*.toml"))):
-        raise BuiltinProfilesMissing(
-            "no built-in site profiles here: this kernel-probe installation is incomplete",
-            path=str(builtin),
-            fix="reinstall kernel-probe; the built-ins ship inside the package as "
-            f"kernel_probe/{BUILTIN_PACKAGE_DIR}/*.toml",
-        )
-    out = Survey()
-    for d in [*user_dirs(extra), builtin]:
-        if not d.is_dir():
-            raise UsageError(
-                f"profiles directory {d} does not exist (from --profiles-dir or ${ENV_VAR})"
-            )
-        skipped = []
-        for f in sorted(d.glob("*.toml")):
-            try:
-                raw = read_regular(f, MAX_BYTES)  # once: what is sniffed is what is parsed
-                if not _DECLARES_PROFILE.search(raw):
-                    skipped.append(f.name)
-                    continue
-                out.add(from_bytes(raw, str(f)), f, d, builtin)
-            except UnsafeFile:
-                skipped.append(f.name)
-            except OSError as exc:
-                out.broken.append(ProfileError(f"cannot read: {exc}", path=str(f)))
-            except ProfileError as exc:
-                out.broken.append(exc)
-        if skipped:
-            text = (
-                f"{d}: skipped {len(skipped)} file(s) that are not profiles "
-                f"(no profile-version line): {', '.join(skipped)}"
-            )
-            out.notes.append(("", text))
-    return out
-
-
-def scan(extra: Iterable[str] = ()) -> tuple[dict[str, Profile], list[ProfileError]]:
-    """Every valid profile by name, and the broken profile files (see :func:`survey`)."""
-    found = survey(extra)
-    return found.profiles, found.broken
-
-
-def available(extra: Iterable[str] = ()) -> dict[str, Profile]:
-    """Every valid profile by name (see :func:`survey`)."""
-    return survey(extra).profiles
-
-
-def names_file(spec: str) -> bool:
-    """Whether ``--profile`` names a profile file (a '/' in it, or ending in .toml), not a name."""
-    return "/" in spec or spec.endswith(".toml")
-
-
-def resolve(spec: str, extra: Iterable[str] = (), found: Survey | None = None) -> Profile:
-    """A profile by name, or by path (:func:`names_file`)."""
-    if names_file(spec):
-        return load_file(spec)
-    found = found or survey(extra)
-    if spec in found.profiles:
-        return found.profiles[spec]
-    named = [e for e in found.broken if Path(e.path or "").stem == spec]
-    if named:
-        raise named[0]  # the profile asked for is the broken one: say why
-    broken = found.broken
-    raise UsageError(
-        f"unknown profile {spec!r}; available: {', '.join(sorted(found.profiles)) or 'none'}"
-        " (or pass a path to a .toml file)"
-        + (
-            f"; {len(broken)} profile file(s) are broken: `kernel-probe profiles list` names them"
-            if broken
-            else ""
-        )
-    )

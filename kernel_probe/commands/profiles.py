@@ -132,7 +132,8 @@ def _render_table(table: dict, path: list[str], lines: list[str]) -> None:
 def run_profiles(args: argparse.Namespace) -> int:
     """``kernel-probe profiles ACTION``: list, show, check or match site profiles."""
     from kernel_probe.profile_match import detect_warnings
-    from kernel_probe.profiles import builtin_dir, load_file, names_file, resolve, survey
+    from kernel_probe.profiles import load_file
+    from kernel_probe.sites import builtin_dir, names_file, resolve, survey
 
     args.profiles_dir = [*args.profiles_dir, *getattr(args, "profiles_dir_after", [])]
     if args.action == "match":
@@ -198,7 +199,7 @@ def run_profiles(args: argparse.Namespace) -> int:
 
 def _match(args: argparse.Namespace) -> int:
     """What ``--profile NAME`` would decide on this machine or a described node, without probing."""
-    from kernel_probe import profile_match
+    from kernel_probe import profile_match, sites
     from kernel_probe.errors import ProfileUnmet
     from kernel_probe.probe.planning import detect_device
     from kernel_probe.profiles import DETECT_DEVICE_KEYS
@@ -206,10 +207,10 @@ def _match(args: argparse.Namespace) -> int:
     named = "named (profiles match NAME)"
     device: dict[str, Any] = {}
     if args.node:
-        node = profile_match.load_node(args.node)
+        node = sites.load_node(args.node)
         device = {key: node.fingerprint[f"device-{key}"] for key in DETECT_DEVICE_KEYS}
         profile, matched, notes = profile_match.choose(
-            args.name, args.profiles_dir, device, facts=profile_match.node_facts(node), named=named
+            args.name, args.profiles_dir, device, facts=sites.node_facts(node), named=named
         )
         current: dict[str, Any] = dict(node.fingerprint)
         where = f"the node described in {node.path}"
@@ -230,7 +231,7 @@ def _match(args: argparse.Namespace) -> int:
         name_note = fields.device_name_note(current)
     site_refusal: ProfileUnmet | None = None
     if profile is not None and args.name != "auto":  # named: do the site's signals agree?
-        facts = profile_match.node_facts(node) if args.node else None
+        facts = sites.node_facts(node) if args.node else None
         seen, seen_by, _ = profile_match.choose(
             "auto", args.profiles_dir, device if args.node else detect_device(), facts=facts
         )

@@ -62,7 +62,7 @@ class ProbeRequest:
     check_only: bool = False
     lock_timeout: float = 1800.0
     command: str = "kernel-probe"  # recorded in the lock's provenance
-    # who probes where the launcher names this process's rank (kernel_probe.jobstart): "job"
+    # who probes where the launcher names this process's rank (kernel_probe.ranks): "job"
     # (rank 0), "node-type" (one rank per kind of node; --out names {node-type}), "rank" (each rank
     # under the file lock); None: the profile's [policy] probe-per, else "job"
     probe_per: str | None = None
@@ -368,13 +368,13 @@ def _apply_profile(request: ProbeRequest, device: Mapping[str, Any], events: Eve
     if not request.profile:
         return None, ""
     from kernel_lock.fingerprint import here
-    from kernel_probe import profile_match, profiles
+    from kernel_probe import profile_match, sites
 
     dirs = request.profiles_dirs
     # the directories surveyed once, for the profile named and for the site's signals alike
     found = None
-    if not profiles.names_file(request.profile):
-        found = profiles.survey(dirs)
+    if not sites.names_file(request.profile):
+        found = sites.survey(dirs)
     profile, matched, notes = profile_match.choose(request.profile, dirs, device, found=found)
     for note in notes:
         events.note(f"profile {request.profile}: {note}")

@@ -18,8 +18,9 @@ import kernel_lock
 from kernel_probe import jobstart
 from kernel_probe.candidates import default_for
 from kernel_probe.errors import NodeDiffers, ProbeError, UsageError
-from kernel_probe.jobstart import LAUNCHERS, JobRank, Marker, RankFailed, WaitTimeout
+from kernel_probe.jobstart import Marker, RankFailed, WaitTimeout
 from kernel_probe.probe import planning
+from kernel_probe.ranks import LAUNCHERS, JobRank
 from tests.conftest import sealed_lock, small_probe
 from tests.kernel_probe.probe.test_candidates_data import _lock_pinning
 
@@ -527,7 +528,7 @@ def test_a_marker_of_another_identity_is_never_taken(tmp_path):
 
 
 def test_torchrun_steps_of_one_slurm_job_have_their_own_markers(tmp_path):
-    from kernel_probe.jobstart import detect
+    from kernel_probe.ranks import detect
 
     base = {"RANK": "1", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "77", "SLURM_JOB_ID": "77"}
     step0, step1 = (detect({**base, "SLURM_STEP_ID": s}).rank for s in ("0", "1"))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import kernel_lock
-from kernel_probe import profile_match, profiles
+from kernel_probe import profile_match, sites
 from kernel_probe.cli import main
 from kernel_probe.profiles import Profile, load_file, parse
 from tests.kernel_probe.profiles.cases import (
@@ -34,7 +34,7 @@ def test_auto_detection_picks_each_builtin(name):
     env, host, cluster, device, files = SIGNALS[name]
     if cluster:
         env = {**env, "SLURM_CLUSTER_NAME": cluster}
-    found = profiles.available().values()
+    found = sites.available().values()
     prof, matched, _ = profile_match.auto_detect(
         found,
         {"hostname": host, "slurm": {}},
@@ -50,7 +50,7 @@ def test_auto_detection_picks_each_builtin(name):
 
 def test_nid_hostname_alone_is_not_lumi():
     prof, matched, _ = profile_match.auto_detect(
-        profiles.available().values(),
+        sites.available().values(),
         {"hostname": "nid001234"},
         {"type": "cuda"},
         env={},
@@ -61,7 +61,7 @@ def test_nid_hostname_alone_is_not_lumi():
 
 def test_juwels_via_systemname_env():
     prof, matched, _ = profile_match.auto_detect(
-        profiles.available().values(),
+        sites.available().values(),
         {"hostname": "x"},
         {"type": "cuda"},
         env={"SYSTEMNAME": "juwelsbooster"},
@@ -169,7 +169,7 @@ def test_a_group_of_both_weak_kinds_decides_below_a_strong_signal():
 
     group = prof("grouped", '[[detect.all]]\nhostname = ["^nid"]\nslurm-partition = ["^gpu$"]')
     strong = prof("strong", 'slurm-cluster = ["^c1$"]')
-    facts = profile_match.SiteFacts(
+    facts = sites.SiteFacts(
         {"SLURM_JOB_PARTITION": "gpu", "SLURM_CLUSTER_NAME": "c1"}, "nid1", {}, {}, dict().get
     )
     chosen, matched, notes = profile_match.auto_detect([group, strong], facts)

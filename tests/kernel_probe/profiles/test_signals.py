@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from kernel_probe import profile_match, profiles
+from kernel_probe import profile_match, profiles, sites
 from kernel_probe.profiles import parse
 from tests.kernel_probe.profiles.cases import BUILTIN, CATASTROPHIC, GPU_PROFILE, PLAIN, check
 
@@ -27,7 +27,7 @@ def test_plain_patterns_pass(pattern):
 
 def test_every_builtin_pattern_is_plain():
     for name in BUILTIN:
-        prof = profiles.resolve(name, [])
+        prof = sites.resolve(name, [])
         for table in (prof.detect, *prof.detect_all):
             for key in ("env", "files"):
                 for pattern in table.get(key, {}).values():
@@ -41,7 +41,7 @@ def test_a_long_value_is_not_matched_and_the_match_is_bounded(tmp_path):
     # the worst pattern check lets through, on the longest value matched: milliseconds, not hours
     prof = parse(GPU_PROFILE.replace('MYSITE = ""', "KP_SITE = '^[a-z]*[a-z]*!$'"), "x.toml")
     value = "a" * profiles.MAX_SIGNAL_CHARS
-    facts = profile_match.SiteFacts({"KP_SITE": value}, "", {}, {}, dict().get)
+    facts = sites.SiteFacts({"KP_SITE": value}, "", {}, {}, dict().get)
     start = time.perf_counter()
     assert profile_match.detect(prof, facts) is None
     assert time.perf_counter() - start < 2.0
