@@ -175,8 +175,7 @@ def backoff(first: float, cap: float, rng: random.Random) -> Iterator[float]:
 
 
 def _read(path: Path) -> str | None:
-    """The text at ``path`` (None: not there), read by the safe reader: a FIFO, a device or a huge
-    file where a marker or lock should be is an error naming it (exit 5), never a hang."""
+    """The text at ``path`` (None: absent); a FIFO, device or huge file is exit 5, never a hang."""
     try:
         raw = read_regular(path, MAX_BYTES)
     except FileNotFoundError:
@@ -390,8 +389,7 @@ def run(request: ProbeRequest, events: Events | None = None) -> ProbeResult:
 
 
 def _read_only(out: Path) -> bool:
-    """Whether ``out``'s folder is read-only: no rank can write a lock or a marker there, so each
-    rank reuses a current lock itself instead of waiting for a marker."""
+    """Whether ``out``'s folder is read-only (no marker can be written: each rank on its own)."""
     try:
         return bool(os.statvfs(os.path.dirname(os.path.realpath(out)) or ".").f_flag & os.ST_RDONLY)
     except OSError:
@@ -459,8 +457,7 @@ def _job_rank(mode: str, events: Events) -> JobRank | None:
 def _take_lock(
     out: Path, given: Path, p: Plan, rank: JobRank, mode: str, timeout: float, t_start: float
 ) -> ProbeResult:
-    """A waiting rank's part: the lock at ``given``, taken only if it is the one this job's marker
-    names, probed with this rank's inputs, for a node like this one."""
+    """A waiting rank's part: the lock the marker names, probed with its inputs, for its node."""
     marker, text = wait(out, rank, mode=mode, timeout=timeout)
     lock: kernel_lock.KernelLock | None = None
     try:

@@ -65,8 +65,7 @@ def _search(pattern: str, value: str, what: str, notes: list[str]) -> bool:
 def _evaluate(
     signals: Mapping[str, Any], facts: SiteFacts, notes: list[str]
 ) -> tuple[list[Hit], list[str]]:
-    """(each signal that matched, each that did not): one per variable, file, pattern list and
-    device table."""
+    """(each signal that matched, each that did not)."""
     tried: list[tuple[str, bool, str, str]] = []  # kind, matched, as a hit, as a miss
     for var, pattern in signals.get("env", {}).items():
         value = facts.env.get(var)
@@ -219,11 +218,9 @@ def choose(
 def other_site(
     profile: Profile, seen: Profile | None, matched: str, where: str = "this machine"
 ) -> None:
-    """Raise ProfileUnmet (exit 4) when a named ``profile`` meets a node whose site signals identify
+    """Raise ProfileUnmet (exit 4) when the site signals place a node named for ``profile`` at
     another profile's site (``seen``, by ``matched``): hardware alone cannot tell apart sites with
-    the same nodes (the A100s of JUWELS Booster, Leonardo and Perlmutter). A node that matches no
-    profile, or only a device profile, is not refused: naming a profile is how such a site is
-    used."""
+    the same nodes. No site match, or a device profile's, is no refusal."""
     if seen is None or seen.name == profile.name or matched.startswith("device:"):
         return
     raise ProfileUnmet(
@@ -321,13 +318,9 @@ def required_libraries(profile: Profile) -> list[str]:
 def library_facts(
     keys: Iterable[str], described: Mapping[str, Mapping[str, Any]] | None = None
 ) -> dict[str, str | None]:
-    """Installed versions by profile key: on this machine from metadata and files only (nothing is
-    imported), or on a ``described`` node (its libraries as ``kernel-probe env`` reports them).
-
-    A library ``kernel_probe.detect.libraries`` knows is found under any of its distribution names;
-    ``NAME@VARIANT`` (``transformer-engine@nvidia``) has a version only when that variant is what is
-    installed (the ROCm fork of transformer-engine installs under NVIDIA's names). Any other key is
-    one distribution's version."""
+    """Installed versions by profile key, on this machine (metadata and files, nothing imported) or
+    on a ``described`` node: a known library under any of its distribution names; ``NAME@VARIANT``
+    only when that variant is installed (TE's ROCm fork uses NVIDIA's names)."""
     known = {lib.name: lib for lib in known_libraries()}
     out: dict[str, str | None] = {}
     for key in keys:
@@ -358,8 +351,7 @@ def _library_here(base: str, lib: Any) -> tuple[str | None, Any]:
 def _library_described(
     base: str, lib: Any, described: Mapping[str, Mapping[str, Any]]
 ) -> tuple[str | None, Any]:
-    """(version, variant) on a described node: by report name, or a distribution listed directly
-    or among a library's."""
+    """(version, variant) on a described node, by report name or distribution."""
     entry = described.get(base)
     if entry is None:
         dists = (e.get("distributions") or {} for e in described.values())

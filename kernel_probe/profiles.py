@@ -291,8 +291,7 @@ def _check_devices(p: _Reader, requires: Mapping[str, Any]) -> None:
 def _check_libraries(
     p: _Reader, requires: Mapping[str, Any], declared: Iterable[cands.Candidate]
 ) -> tuple[str, ...]:
-    """Library names against the registry (or declared as the site's), and libraries both required
-    and forbidden (a profile no node can meet); returns the site's own library names."""
+    """Library names known and not both required and forbidden; the site's own names."""
     site_libraries = p.strings(requires, "site-libraries", "requires.")
     libs = known_libraries()
     known = {lib.name for lib in libs} | {d for lib in libs for d in lib.distributions}

@@ -341,8 +341,7 @@ def _fingerprint(data: Mapping[str, Any], strict: bool) -> dict[str, Any]:
 
 
 def _library(name: str, value: Any, strict: bool) -> Mapping[str, Any] | None:
-    """One library of a node: {version, variant (as the registry spells it), distributions}; None
-    when ``env --json`` lists it as not installed."""
+    """One library of a node (variant as the registry spells it); None: not installed."""
     if isinstance(value, str):
         value = {"version": value}
     if not isinstance(value, dict):

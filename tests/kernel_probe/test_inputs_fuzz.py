@@ -1,5 +1,5 @@
 """Generated JSON of every shape, fed to the readers of inputs that are not the lock: the job marker
-(``handoff.Marker``), a node description (``profiles match --node``) and a site profile's parser.
+(``jobstart.Marker``), a node description (``profiles match --node``) and a site profile's parser.
 Each either reads it or refuses it with a documented exit code naming the file: never a traceback,
 never exit 1 (issue 34). Slow (the fast lane does not import hypothesis: conftest.SLOW_MODULES)."""
 
