@@ -1,7 +1,7 @@
 """Is the probe's choice the fastest? An independent timer checks it, in the same run.
 
 For each precision (bf16 under autocast as anemoi trains, and float32; plain bf16 on request) this
-runs the probe as a library (``kernel_probe.jobstart.start.run``: checks, timing, choice, lock) at
+runs the probe as a library (``kernel_probe.jobstart.run``: checks, timing, choice, lock) at
 the three GPU shapes, then times every candidate the probe accepted with a harness written apart
 from ``kernel_probe/probe/timing.py``: ``triton.testing.do_bench`` (median; it flushes the L2 cache
 before each repetition) where CUDA and triton are there, CUDA events around each call with an L2
@@ -184,7 +184,7 @@ def time_one(
 def probe_at(out: Path, precision: str, shapes: tuple[str, ...], reps: int | None, smoke: bool):
     """The probe as a library (checks, timing, choice, lock written), as `kernel-probe` runs it. A
     smoke run on a shared CPU gives each candidate's checks more time than a job start would."""
-    from kernel_probe.jobstart import start
+    from kernel_probe import jobstart
     from kernel_probe.probe import planning
 
     request = planning.ProbeRequest(
@@ -196,7 +196,7 @@ def probe_at(out: Path, precision: str, shapes: tuple[str, ...], reps: int | Non
         command=f"benchmarks/gpu_choice.py ({precision})",
         **({"timeout": 120.0} if smoke else {}),
     )
-    return start.run(request)
+    return jobstart.run(request)
 
 
 def choices_at(result, shape: str) -> dict[str, str]:

@@ -62,8 +62,8 @@ if str(FAKES) not in sys.path:
     sys.path.insert(0, str(FAKES))
 # a test run started by a launcher (`srun pytest`) must not make the kernel-probe runs it starts
 # wait for a rank 0 of that job: without their rank variable, no launcher is read
-# (kernel_probe.jobstart.ranks)
-from kernel_probe.jobstart.ranks import LAUNCHERS  # noqa: E402 (after the path set-up above)
+# (kernel_probe.ranks)
+from kernel_probe.ranks import LAUNCHERS  # noqa: E402 (after the path set-up above)
 
 for _launcher in LAUNCHERS:
     os.environ.pop(_launcher.rank, None)

@@ -1,6 +1,6 @@
 """The main command: parse the arguments into a ProbeRequest, run the pipeline, render what it says.
 
-The work itself is ``kernel_probe.jobstart.start.run`` (which rank of a job probes) over
+The work itself is ``kernel_probe.jobstart.run`` (which rank of a job probes) over
 ``kernel_probe.probe.pipeline`` (detect, check, time, choose, write the lock, or reuse the one that
 is there); this module only turns arguments into a request, shows progress and the
 result, and leaves errors to the CLI's exit-code mapping.
@@ -155,7 +155,7 @@ def publish_usage_failure(argv: Sequence[str], message: str) -> None:
     """A bad argument argparse refused: where this is rank 0 of a job, its failed marker (exit 2) is
     left beside ``--out`` so that the other ranks fail at once instead of waiting out
     --lock-timeout."""
-    from kernel_probe.jobstart.start import fail_before_plan
+    from kernel_probe.jobstart import fail_before_plan
 
     pre = argparse.ArgumentParser(add_help=False, exit_on_error=False)
     pre.add_argument("--out", default=DEFAULT_LOCK)
@@ -308,7 +308,7 @@ class ConsoleEvents(Events):
 def run_probe(args: argparse.Namespace) -> int:
     """A probe: the request from the arguments, the job start and the probe, then the summary or the
     JSON."""
-    from kernel_probe.jobstart import start
+    from kernel_probe import jobstart as start
 
     try:
         request = request_from(args)

@@ -131,9 +131,9 @@ def _render_table(table: dict, path: list[str], lines: list[str]) -> None:
 
 def run_profiles(args: argparse.Namespace) -> int:
     """``kernel-probe profiles ACTION``: list, show, check or match site profiles."""
-    from kernel_probe.profiles.autodetect import detect_warnings
-    from kernel_probe.profiles.discovery import builtin_dir, names_file, resolve, survey
-    from kernel_probe.profiles.format import load_file
+    from kernel_probe.profile_match import detect_warnings
+    from kernel_probe.profiles import load_file
+    from kernel_probe.sites import builtin_dir, names_file, resolve, survey
 
     args.profiles_dir = [*args.profiles_dir, *getattr(args, "profiles_dir_after", [])]
     if args.action == "match":
@@ -199,45 +199,45 @@ def run_profiles(args: argparse.Namespace) -> int:
 
 def _match(args: argparse.Namespace) -> int:
     """What ``--profile NAME`` would decide on this machine or a described node, without probing."""
+    from kernel_probe import profile_match, sites
     from kernel_probe.errors import ProfileUnmet
     from kernel_probe.probe.planning import detect_device
-    from kernel_probe.profiles import nodes, requirements
-    from kernel_probe.profiles.signals import DETECT_DEVICE_KEYS
+    from kernel_probe.profiles import DETECT_DEVICE_KEYS
 
     named = "named (profiles match NAME)"
     device: dict[str, Any] = {}
     if args.node:
-        node = nodes.load(args.node)
+        node = sites.load_node(args.node)
         device = {key: node.fingerprint[f"device-{key}"] for key in DETECT_DEVICE_KEYS}
-        profile, matched, notes = requirements.choose(
-            args.name, args.profiles_dir, device, facts=nodes.site_facts(node), named=named
+        profile, matched, notes = profile_match.choose(
+            args.name, args.profiles_dir, device, facts=sites.node_facts(node), named=named
         )
         current: dict[str, Any] = dict(node.fingerprint)
         where = f"the node described in {node.path}"
 
         def libraries(keys):
-            return requirements.library_facts(keys, node.libraries)
+            return profile_match.library_facts(keys, node.libraries)
 
         name_note = None
     else:
         from kernel_lock.fingerprint import fields, with_torch
 
-        profile, matched, notes = requirements.choose(
+        profile, matched, notes = profile_match.choose(
             args.name, args.profiles_dir, detect_device(), named=named
         )
         current = with_torch.current()
         where = "this machine"
-        libraries = requirements.library_facts
+        libraries = profile_match.library_facts
         name_note = fields.device_name_note(current)
     site_refusal: ProfileUnmet | None = None
     if profile is not None and args.name != "auto":  # named: do the site's signals agree?
-        facts = nodes.site_facts(node) if args.node else None
-        seen, seen_by, _ = requirements.choose(
+        facts = sites.node_facts(node) if args.node else None
+        seen, seen_by, _ = profile_match.choose(
             "auto", args.profiles_dir, device if args.node else detect_device(), facts=facts
         )
         seen_by_text = f"{seen.name} ({seen_by})" if seen else ""
         try:
-            requirements.other_site(profile, seen, seen_by, where)
+            profile_match.other_site(profile, seen, seen_by, where)
         except ProfileUnmet as exc:
             site_refusal = exc
         if seen is None or seen.name != profile.name:
@@ -259,10 +259,10 @@ def _match(args: argparse.Namespace) -> int:
     code = 0
     refusal = None
     if profile is not None:
-        libs = libraries(requirements.required_libraries(profile))
-        problems = requirements.unmet(profile, current, libs)
+        libs = libraries(profile_match.required_libraries(profile))
+        problems = profile_match.unmet(profile, current, libs)
         try:
-            result["warnings"] = requirements.enforce(profile, current, libs)
+            result["warnings"] = profile_match.enforce(profile, current, libs)
         except ProfileUnmet as exc:
             code, refusal = 4, exc
         result["unmet"] = [

@@ -1,13 +1,13 @@
 """The probe as a library: a typed request in, a typed result out.
 
-    from kernel_probe.jobstart.start import run
+    from kernel_probe.jobstart import run
     result = run(ProbeRequest(out=Path("kernel-lock.toml"), shapes=("40320x1024",)))
     result.lock.slots["LayerNorm"].implementation
 
 ``probe_or_reuse`` takes a planned request (``kernel_probe.probe.planning``: the device, the site
 profile, the candidates), checks every candidate in an isolated worker, times the accepted ones,
 chooses per slot and writes the lock (or reuses the current one) under a file lock. It knows nothing
-of ranks: ``kernel_probe.jobstart.start.run`` (the command's entry point) plans the request, decides
+of ranks: ``kernel_probe.jobstart.run`` (the command's entry point) plans the request, decides
 which rank of a job probes and hands the others its lock. Nothing here prints: what a person should
 see is sent to an :class:`Events` object (the command line renders it; the default ignores it), and
 every failure the user can act on is a ``LockError`` with its exit code.
@@ -160,7 +160,7 @@ def reusable(
             fix="re-run with --force to replace it, or accept the edit with `kernel-probe rehash`",
         )
     if lock.provenance.get("inputs") != digest:
-        from kernel_probe.profiles.requirements import profile_change
+        from kernel_probe.profile_match import profile_change
 
         # why: the profile's change where it changed, else the options that differ
         options = options_change(lock.provenance.get("options"), inputs or {})
@@ -222,7 +222,7 @@ def probe_or_reuse(
     """Reuse the lock at ``given`` if current, else probe and write it under a file lock, so that
     concurrent probes of one path write one lock. ``unlocked``: what to warn where the file system
     does not do file locks (None: that concurrent probes are not kept apart). How the ranks of a job
-    share one probe is decided above this, in ``kernel_probe.jobstart.start``."""
+    share one probe is decided above this, in ``kernel_probe.jobstart``."""
     from kernel_probe.probe.write import check_writable, exclusive, resolve_out
 
     # a symbolic link is written through; write access is needed only once a probe will run

@@ -63,7 +63,7 @@ class ProbeRequest:
     check_only: bool = False
     lock_timeout: float = 1800.0
     command: str = "kernel-probe"  # recorded in the lock's provenance
-    # who probes where the launcher names this process's rank (kernel_probe.jobstart.ranks): "job"
+    # who probes where the launcher names this process's rank (kernel_probe.ranks): "job"
     # (rank 0), "node-type" (one rank per kind of node; --out names {node-type}), "rank" (each rank
     # under the file lock); None: the profile's [policy] probe-per, else "job"
     probe_per: str | None = None
@@ -85,7 +85,7 @@ class Plan:
 
     request: ProbeRequest
     device: Mapping[str, Any]
-    profile: Any  # kernel_probe.profiles.format.Profile | None
+    profile: Any  # kernel_probe.profiles.Profile | None
     matched: str
     candidates: tuple[Candidate, ...]
     problems: tuple[str, ...]  # candidates that could not be offered (broken plug-ins)
@@ -354,14 +354,14 @@ def _apply_profile(request: ProbeRequest, device: Mapping[str, Any], events: Eve
     if not request.profile:
         return None, ""
     from kernel_lock.fingerprint import here
-    from kernel_probe.profiles import discovery, requirements
+    from kernel_probe import profile_match, sites
 
     dirs = request.profiles_dirs
     # the directories surveyed once, for the profile named and for the site's signals alike
     found = None
-    if not discovery.names_file(request.profile):
-        found = discovery.survey(dirs)
-    profile, matched, notes = requirements.choose(request.profile, dirs, device, found=found)
+    if not sites.names_file(request.profile):
+        found = sites.survey(dirs)
+    profile, matched, notes = profile_match.choose(request.profile, dirs, device, found=found)
     for note in notes:
         events.note(f"profile {request.profile}: {note}")
     if profile is None:
@@ -370,10 +370,10 @@ def _apply_profile(request: ProbeRequest, device: Mapping[str, Any], events: Eve
     if request.profile == "auto":
         events.note(f"profile auto: {profile.name} (matched {matched})")
     else:  # named: a node that its site signals place at another site is not this profile's
-        seen, seen_by, _ = requirements.choose("auto", dirs, device, found=found)
-        requirements.other_site(profile, seen, seen_by)
-    libs = requirements.library_facts(requirements.required_libraries(profile))
-    for warning in requirements.enforce(profile, here.for_check(), libs):
+        seen, seen_by, _ = profile_match.choose("auto", dirs, device, found=found)
+        profile_match.other_site(profile, seen, seen_by)
+    libs = profile_match.library_facts(profile_match.required_libraries(profile))
+    for warning in profile_match.enforce(profile, here.for_check(), libs):
         events.warn(warning)
     return profile, matched
 

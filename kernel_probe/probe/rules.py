@@ -64,7 +64,7 @@ def slot_rules(
     profile: Any = None,
 ) -> dict[str, SlotRule]:
     """Per slot of ``slots``: the command line's ``--pin``/``--prefer`` where it names the slot,
-    else the profile's policy (``kernel_probe.profiles.format.Profile``: its ``slots`` and
+    else the profile's policy (``kernel_probe.profiles.Profile``: its ``slots`` and
     ``name``), and the profile's ``allowed`` in both cases.
 
     >>> slot_rules(["LayerNorm"], {"LayerNorm": "liger.layer_norm"}, {})["LayerNorm"].pin

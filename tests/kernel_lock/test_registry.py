@@ -53,8 +53,7 @@ def test_loading_a_lock_of_torch_classes_does_not_read_the_registry():
 
 def test_kernel_probe_reads_the_registry_on_first_use_of_its_tables():
     reads = _reads(
-        "import kernel_probe.candidates, kernel_probe.detect.libraries, "
-        "kernel_probe.profiles.format",
+        "import kernel_probe.candidates, kernel_probe.detect.libraries, kernel_probe.profiles",
         "kernel_probe.candidates.builtin(); kernel_probe.detect.libraries.known_libraries()",
     )
     assert reads[0] == 0, "registry.toml was parsed while importing"

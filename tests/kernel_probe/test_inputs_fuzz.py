@@ -1,5 +1,5 @@
 """Generated JSON of every shape, fed to the readers of inputs that are not the lock: the job marker
-(``handoff.Marker``), a node description (``profiles match --node``) and a site profile's parser.
+(``jobstart.Marker``), a node description (``profiles match --node``) and a site profile's parser.
 Each either reads it or refuses it with a documented exit code naming the file: never a traceback,
 never exit 1 (issue 34). Slow (the fast lane does not import hypothesis: conftest.SLOW_MODULES)."""
 
@@ -78,7 +78,7 @@ MARKER = {
 @SETTINGS
 @given(data=st.data())
 def test_the_marker_reader(data):
-    from kernel_probe.jobstart.handoff import Marker
+    from kernel_probe.jobstart import Marker
 
     doc = graft(MARKER, data) if data.draw(st.booleans()) else data.draw(json_values)
     text = json.dumps(doc)
@@ -138,7 +138,7 @@ def tomlable(value: Any) -> Any:
 @SETTINGS
 @given(data=st.data())
 def test_the_profile_parser(data):
-    from kernel_probe.profiles.format import parse
+    from kernel_probe.profiles import parse
 
     doc = tomlable(graft(PROFILE, data))
     if not isinstance(doc, dict):

@@ -11,7 +11,7 @@ import pytest
 
 from kernel_lock.errors import ExitCode
 from kernel_probe.errors import InputFileError
-from kernel_probe.profiles.format import ProfileError
+from kernel_probe.profiles import ProfileError
 from kernel_probe.tables import CandidateDataError, TableReader
 
 PATH = "site/registry.toml"

@@ -8,8 +8,8 @@ import re
 import pytest
 
 from kernel_lock.format import toml
+from kernel_probe import sites
 from kernel_probe.cli import main
-from kernel_probe.profiles import discovery
 from tests.conftest import run_cli
 from tests.kernel_probe.profiles.cases import BUILTIN, GPU_PROFILE, ROOT, match
 
@@ -63,7 +63,7 @@ def test_show_renders_the_profile_as_toml_with_its_strictness(name, capsys):
     code, out, _ = run_cli(["profiles", "show", name], capsys)
     assert code == 0 and "{'" not in out  # no Python dicts
     shown = toml.loads(out)
-    written = toml.loads((discovery.builtin_dir() / f"{name}.toml").read_text())
+    written = toml.loads((sites.builtin_dir() / f"{name}.toml").read_text())
     assert shown["strictness"] == {"default": "error", "warn": []}
     written.setdefault("strictness", {}).setdefault("default", "error")
     written["strictness"].setdefault("warn", [])

@@ -40,12 +40,12 @@ from kernel_lock.fingerprint import host as fp_host
 from kernel_lock.format.schema import Slot
 from kernel_lock.format.versions import in_spec, release_text
 from kernel_lock.lock import KernelLock
+from kernel_probe import profile_match, sites
 from kernel_probe.candidates import builtin
 from kernel_probe.probe import pipeline
 from kernel_probe.probe import write as lockwrite
 from kernel_probe.probe.check import check_candidate
-from kernel_probe.profiles import discovery, requirements
-from kernel_probe.profiles.format import ProfileError, load_file
+from kernel_probe.profiles import ProfileError, load_file
 from tests.conftest import run_cli
 from tests.kernel_probe.detect.cases import make_dist, write_pkg
 
@@ -313,7 +313,7 @@ def test_lumi_accepts_the_rocm_transformer_engine_fork(node, tmp_path, monkeypat
     _transformer_engine(tmp_path, fork=True)
     monkeypatch.syspath_prepend(str(tmp_path))
     node(lumi())
-    assert requirements.library_facts(
+    assert profile_match.library_facts(
         ["transformer-engine", "transformer-engine@nvidia", "transformer-engine@rocm-fork"]
     ) == {
         "transformer-engine": "2.4.0",
@@ -325,7 +325,7 @@ def test_lumi_accepts_the_rocm_transformer_engine_fork(node, tmp_path, monkeypat
     code, result = match("auto", capsys)
     assert code == 0 and result["profile"] == "lumi-g"
     # and its candidates are allowed there, judged by the checks like any other
-    prof = discovery.resolve("lumi-g", [])
+    prof = sites.resolve("lumi-g", [])
     assert (
         "te.layer_norm" in prof.slots["LayerNorm"].allowed
         and "te.rms_norm" in prof.slots["RMSNorm"].allowed
@@ -475,7 +475,7 @@ def test_probe_accepts_lumi_with_its_profile(profile, env, node, tmp_path, monke
 def test_every_site_fact_in_the_profile_names_its_source(name):
     """Each [detect] and [requires] line cites a numbered source (on the line, or the comment
     above), or says it is kernel-probe's own choice; what is not known is listed in `unknown`."""
-    prof = discovery.resolve(name, [])
+    prof = sites.resolve(name, [])
     cited = {int(s[1:].split("]", 1)[0]) for s in prof.sources}
     assert cited == set(range(1, len(prof.sources) + 1))
     section, previous = "", ""

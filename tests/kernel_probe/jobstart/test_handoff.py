@@ -1,4 +1,4 @@
-"""Many ranks, one probe (kernel_probe.jobstart.handoff): the job marker, the node-local wait,
+"""Many ranks, one probe (kernel_probe.jobstart): the job marker, the node-local wait,
 bounded backoff on the shared directory, the prober's failure reaching every rank, and the no-flock
 path."""
 
@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 import kernel_lock
+from kernel_probe import jobstart
 from kernel_probe.candidates import default_for
 from kernel_probe.errors import NodeDiffers, ProbeError, UsageError
-from kernel_probe.jobstart import handoff, start
-from kernel_probe.jobstart.handoff import Marker, RankFailed, WaitTimeout
-from kernel_probe.jobstart.ranks import LAUNCHERS, JobRank
+from kernel_probe.jobstart import Marker, RankFailed, WaitTimeout
 from kernel_probe.probe import planning
+from kernel_probe.ranks import LAUNCHERS, JobRank
 from tests.conftest import sealed_lock, small_probe
 from tests.kernel_probe.probe.test_candidates_data import _lock_pinning
 
@@ -44,7 +44,7 @@ def no_launcher(monkeypatch):
     """The tests set the launcher variables they mean; pytest may run under a real launcher."""
     for name in LAUNCHER_VARS:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv(handoff.NODE_DIR_ENV, raising=False)
+    monkeypatch.delenv(jobstart.NODE_DIR_ENV, raising=False)
 
 
 def slurm(
@@ -99,7 +99,7 @@ def marked(
         lock.compute_digest(),
         planning.plan(request).digest,
     )
-    handoff.publish(out, rank, marker, lock.dumps())
+    jobstart.publish(out, rank, marker, lock.dumps())
     return marker
 
 
@@ -119,7 +119,7 @@ def test_a_current_lock_without_this_jobs_marker_is_never_reused(tmp_path, monke
         monkeypatch, tmp_path, 1, local=1, restart=2 if earlier and earlier.attempt == "1" else None
     )
     with pytest.raises(WaitTimeout) as exc:
-        start.run(request)
+        jobstart.run(request)
     text = str(exc.value)
     attempt = "2" if earlier and earlier.attempt == "1" else "0"
     assert f"rank 0 of slurm job 77 (attempt {attempt}) wrote no job marker" in text
@@ -132,7 +132,7 @@ def test_a_waiting_rank_takes_the_lock_rank_0_marked_for_this_job(tmp_path, monk
     lock = current_lock(out, request)
     slurm(monkeypatch, tmp_path, 3, local=3)
     marked(out, lock, job_rank(), request)
-    result = start.run(request)
+    result = jobstart.run(request)
     assert result.reused and result.lock.compute_digest() == lock.compute_digest()
     assert result.source.startswith("rank 0 of 16") and "slurm job 77" in result.source
 
@@ -146,15 +146,17 @@ def test_a_rank_on_the_node_waits_on_the_node_local_copy_not_the_shared_director
     slurm(monkeypatch, tmp_path, 5, local=5)
     rank = job_rank()
     marked(out, lock, rank, request)
-    local = handoff.node_dir(out, rank)
+    local = jobstart.node_dir(out, rank)
     assert local.is_relative_to(tmp_path / "node0")  # $TMPDIR: this node's
-    handoff.marker_path(out, rank).unlink()  # the shared marker gone: the node-local copy is enough
-    assert start.run(request).reused
+    jobstart.marker_path(
+        out, rank
+    ).unlink()  # the shared marker gone: the node-local copy is enough
+    assert jobstart.run(request).reused
     # on another node (its own $TMPDIR) nothing was copied yet: a non-watching rank there waits for
     # its watcher
     slurm(monkeypatch, tmp_path, 13, local=5, node=1)
     with pytest.raises(WaitTimeout):
-        start.run(dataclasses.replace(request, lock_timeout=0.15))
+        jobstart.run(dataclasses.replace(request, lock_timeout=0.15))
 
 
 def test_a_node_differing_from_rank_0s_lock_is_told_to_probe_per_node_type(tmp_path, monkeypatch):
@@ -167,7 +169,7 @@ def test_a_node_differing_from_rank_0s_lock_is_told_to_probe_per_node_type(tmp_p
     slurm(monkeypatch, tmp_path, 1, local=1)
     marked(out, other, job_rank(), request)
     with pytest.raises(NodeDiffers) as exc:
-        start.run(request)
+        jobstart.run(request)
     assert (
         exc.value.exit_code == 3
         and "device-type" in str(exc.value)
@@ -184,7 +186,7 @@ def test_other_options_or_a_replaced_lock_are_errors_not_a_silent_reuse(tmp_path
     other_options = dataclasses.replace(request, shapes=("128x32",))
     marked(out, lock, job_rank(), other_options)
     with pytest.raises(UsageError, match="with other options than this rank"):
-        start.run(request)
+        jobstart.run(request)
     marked(out, lock, job_rank(), request)
     replaced = dataclasses.replace(lock, created_by="someone else").sealed()
     replaced.dump(out)  # after the marker: another job wrote the same --out
@@ -194,20 +196,20 @@ def test_other_options_or_a_replaced_lock_are_errors_not_a_silent_reuse(tmp_path
         ProbeError,
         match=r"is not the lock rank 0 of 16.* wrote for this job \(its digest differs\)",
     ):
-        start.run(request)
+        jobstart.run(request)
 
 
 def test_a_failed_prober_fails_every_waiting_rank_at_once_with_its_exit_code(tmp_path):
     out = tmp_path / "k.toml"
     prober = job_rank()
     exc = ProbeError("no candidate of LayerNorm was accepted", fix="run `kernel-probe check`")
-    handoff.publish(out, prober, handoff.failure_marker(prober, exc), None)
+    jobstart.publish(out, prober, jobstart.failure_marker(prober, exc), None)
     for rank in (
         job_rank(1, local=1),
         job_rank(9, local=0),
     ):  # on its node (local copy), and a watcher
         with pytest.raises(RankFailed) as err:
-            handoff.wait(out, rank, mode="job", timeout=5)
+            jobstart.wait(out, rank, mode="job", timeout=5)
         assert err.value.exit_code == 1 and "rank 0 of 16" in err.value.problem
         assert (
             "no candidate of LayerNorm" in err.value.problem
@@ -231,14 +233,14 @@ class FakeTime:
 
 def _count_reads(monkeypatch, shared: Path) -> list[Path]:
     reads: list[Path] = []
-    real = handoff._read
+    real = jobstart._read
 
     def counting(path):
         if Path(path).parent == shared:
             reads.append(Path(path))
         return real(path)
 
-    monkeypatch.setattr(handoff, "_read", counting)
+    monkeypatch.setattr(jobstart, "_read", counting)
     return reads
 
 
@@ -253,7 +255,7 @@ def _wait_in_vain(
     reads = _count_reads(monkeypatch, shared)
     t = FakeTime()
     with pytest.raises(WaitTimeout):
-        handoff.wait(
+        jobstart.wait(
             shared / "k.toml", rank, mode="job", timeout=timeout, clock=t.clock, sleep=t.sleep
         )
     return reads, t
@@ -276,25 +278,27 @@ def test_a_rank_that_does_not_watch_looks_at_the_shared_directory_rarely(tmp_pat
 
 def test_node_type_claims_are_exclusive_and_need_no_file_lock(tmp_path, monkeypatch):
     out = tmp_path / "k.toml"
-    assert handoff.claim(out, job_rank(0)) is True
-    assert handoff.claim(out, job_rank(8)) is False
-    assert "rank 0 of 16" in handoff.claim_path(out, job_rank()).read_text()
+    assert jobstart.claim(out, job_rank(0)) is True
+    assert jobstart.claim(out, job_rank(8)) is False
+    assert "rank 0 of 16" in jobstart.claim_path(out, job_rank()).read_text()
     t = FakeTime()
     monkeypatch.setenv("TMPDIR", str(tmp_path / "node"))
     with pytest.raises(
         WaitTimeout, match=r"the rank that claimed k.toml for this node type .*\(rank 0 of 16"
     ):
-        handoff.wait(out, job_rank(8), mode="node-type", timeout=1, clock=t.clock, sleep=t.sleep)
+        jobstart.wait(out, job_rank(8), mode="node-type", timeout=1, clock=t.clock, sleep=t.sleep)
 
 
 def test_node_type_needs_the_placeholder_and_names_the_device(tmp_path):
     with pytest.raises(UsageError, match=r"names no \{node-type\}"):
-        start.run(planning.ProbeRequest(out=tmp_path / "k.toml", probe_per="node-type", **REQUEST))
-    name = handoff.node_type(
+        jobstart.run(
+            planning.ProbeRequest(out=tmp_path / "k.toml", probe_per="node-type", **REQUEST)
+        )
+    name = jobstart.node_type(
         {"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "arch": "sm_90", "count": 4}
     )
     assert name.startswith("cuda-sm_90-4-") and "/" not in name
-    assert name != handoff.node_type(
+    assert name != jobstart.node_type(
         {"type": "cuda", "name": "NVIDIA A100", "arch": "sm_80", "count": 4}
     )
 
@@ -304,9 +308,9 @@ def test_bad_launcher_variables_are_a_usage_error_and_rank_ignores_them(tmp_path
     monkeypatch.setenv("SLURM_PROCID", "one")
     request = planning.ProbeRequest(out=tmp_path / "k.toml", **REQUEST)
     with pytest.raises(UsageError, match="SLURM_PROCID='one'") as exc:
-        start.run(request)
+        jobstart.run(request)
     assert exc.value.exit_code == 2 and "--probe-per rank" in str(exc.value)
-    assert start._job_rank("rank", planning.Events()) is None
+    assert jobstart._job_rank("rank", planning.Events()) is None
 
 
 # ---- the processes themselves: one probe, with and without file locks ----------------------------
@@ -392,7 +396,7 @@ def test_without_rank_variables_a_file_system_without_locks_still_warns(
 
 def test_a_profile_can_choose_one_probe_per_node_type(tmp_path):
     from kernel_lock.errors import LockError
-    from kernel_probe.profiles.format import parse
+    from kernel_probe.profiles import parse
 
     head = 'profile-version = "1"\nname = "mixed"\n[detect]\nenv = { MIXED = "" }\n[policy]\n'
     assert parse(head + 'probe-per = "node-type"\n', "mixed.toml").probe_per == "node-type"
@@ -409,14 +413,14 @@ def test_node_type_mode_waits_for_the_rank_that_claimed_its_kind_of_node(tmp_pat
         lock_timeout=5,
         **REQUEST,
     )
-    kind = handoff.node_type(planning.plan(request).device)
+    kind = jobstart.node_type(planning.plan(request).device)
     out = tmp_path / "shared" / f"k.{kind}.toml"
     lock = current_lock(out, request)
-    assert handoff.claim(out, job_rank(0))  # a node of this kind claimed it first
+    assert jobstart.claim(out, job_rank(0))  # a node of this kind claimed it first
     marked(out, lock, job_rank(), request)
     # this node's watching rank: its claim loses, it waits
     slurm(monkeypatch, tmp_path, 8, local=0, node=1)
-    result = start.run(request)
+    result = jobstart.run(request)
     assert result.lock_path == out, (result.lock_path, out)
     assert result.reused and result.source.startswith("rank 0 of 16")
 
@@ -428,9 +432,9 @@ def test_rank_0_failing_before_any_work_still_releases_the_others(tmp_path, monk
     out.parent.mkdir()
     slurm(monkeypatch, tmp_path, 0, local=0)
     with pytest.raises(UsageError):
-        start.run(planning.ProbeRequest(out=out, **{**REQUEST, "reps": 0}))
+        jobstart.run(planning.ProbeRequest(out=out, **{**REQUEST, "reps": 0}))
     with pytest.raises(RankFailed) as err:
-        handoff.wait(out, job_rank(1, local=1), mode="job", timeout=5)
+        jobstart.wait(out, job_rank(1, local=1), mode="job", timeout=5)
     assert err.value.exit_code == 2 and "--reps must be a whole number from 1" in err.value.problem
 
 
@@ -442,14 +446,14 @@ def test_a_special_file_where_the_job_marker_should_be_fails_fast_naming_it(tmp_
 
     out = tmp_path / "k.toml"
     rank = job_rank(9, local=0)  # a node's watcher reads the shared marker
-    path = handoff.marker_path(out, rank)
+    path = jobstart.marker_path(out, rank)
     if special == "fifo":
         os.mkfifo(path)
     else:
         with open(path, "wb") as fh:
             fh.truncate(64 << 20)  # sparse: larger than any lock or marker may be
     with pytest.raises(InputFileError) as err:
-        handoff.wait(out, rank, mode="job", timeout=5)
+        jobstart.wait(out, rank, mode="job", timeout=5)
     assert (
         err.value.exit_code == 5
         and err.value.path == str(path)
@@ -463,9 +467,9 @@ def test_a_link_planted_at_the_marker_path_is_never_written_through(tmp_path):
     out, victim = tmp_path / "L.toml", tmp_path / "victim.txt"
     victim.write_text("precious")
     rank = job_rank()
-    handoff.marker_path(out, rank).symlink_to(victim)
+    jobstart.marker_path(out, rank).symlink_to(victim)
     with pytest.raises(kernel_lock.LockFormatError, match="symbolic link"):
-        handoff.publish(out, rank, Marker("reused", rank.key, "r0", "h"), "")
+        jobstart.publish(out, rank, Marker("reused", rank.key, "r0", "h"), "")
     assert victim.read_text() == "precious"
 
 
@@ -476,17 +480,17 @@ def test_a_node_local_folder_made_beforehand_by_someone_else_is_neither_used_nor
     (tmp_path / "tmp").mkdir()
     out, rank, victim = tmp_path / "k.toml", job_rank(1, local=1), tmp_path / "victim.txt"
     victim.write_text("precious")
-    local = handoff.node_dir(out, rank)
+    local = jobstart.node_dir(out, rank)
     local.mkdir(parents=True)
     os.chmod(local.parent, 0o777)  # what another user on the node would have left, open to all
     forged = Marker("written", rank.key, "an attacker", "h", digest="sha256:" + "0" * 64)
     (local / "ready").write_text(
         json.dumps({"marker": dataclasses.asdict(forged), "lock": "forged"})
     )
-    assert handoff._from_local(local / "ready", rank) is None  # never read from there
+    assert jobstart._from_local(local / "ready", rank) is None  # never read from there
     (local / "ready").unlink()
     (local / "ready").symlink_to(victim)
-    handoff._publish_local(out, rank, Marker("reused", rank.key, "r0", "h"), "lock text")
+    jobstart._publish_local(out, rank, Marker("reused", rank.key, "r0", "h"), "lock text")
     assert victim.read_text() == "precious"
 
 
@@ -507,9 +511,9 @@ def test_a_node_local_folder_made_beforehand_by_someone_else_is_neither_used_nor
 def test_a_marker_is_read_by_the_typed_reader(tmp_path, change, key):
     rank = job_rank(1, local=0)
     good = dataclasses.asdict(Marker("failed", rank.key, "r0", "h", problem="boom", exit_code=5))
-    handoff.marker_path(tmp_path / "k.toml", rank).write_text(json.dumps({**good, **change}))
-    with pytest.raises(handoff.MarkerError) as err:
-        handoff.wait(tmp_path / "k.toml", rank, mode="job", timeout=5)
+    jobstart.marker_path(tmp_path / "k.toml", rank).write_text(json.dumps({**good, **change}))
+    with pytest.raises(jobstart.MarkerError) as err:
+        jobstart.wait(tmp_path / "k.toml", rank, mode="job", timeout=5)
     assert (
         err.value.exit_code == 5 and err.value.key == key and str(err.value.path).endswith(rank.key)
     )
@@ -518,24 +522,24 @@ def test_a_marker_is_read_by_the_typed_reader(tmp_path, change, key):
 def test_a_marker_of_another_identity_is_never_taken(tmp_path):
     rank = job_rank(1, local=0)
     other = dataclasses.asdict(Marker("reused", "slurm-77.0-a0", "r0", "h"))
-    handoff.marker_path(tmp_path / "k.toml", rank).write_text(json.dumps(other))
-    with pytest.raises(handoff.MarkerError, match="not this one"):
-        handoff.wait(tmp_path / "k.toml", rank, mode="job", timeout=5)
+    jobstart.marker_path(tmp_path / "k.toml", rank).write_text(json.dumps(other))
+    with pytest.raises(jobstart.MarkerError, match="not this one"):
+        jobstart.wait(tmp_path / "k.toml", rank, mode="job", timeout=5)
 
 
 def test_torchrun_steps_of_one_slurm_job_have_their_own_markers(tmp_path):
-    from kernel_probe.jobstart.ranks import detect
+    from kernel_probe.ranks import detect
 
     base = {"RANK": "1", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "77", "SLURM_JOB_ID": "77"}
     step0, step1 = (detect({**base, "SLURM_STEP_ID": s}).rank for s in ("0", "1"))
     assert step0 is not None and step1 is not None
     out = tmp_path / "k.toml"
-    handoff.publish(
+    jobstart.publish(
         out, dataclasses.replace(step0, rank=0), Marker("reused", step0.key, "r0", "h"), ""
     )
     # step 1's rank 1 waits for its own rank 0, not step 0's marker
     with pytest.raises(WaitTimeout):
-        handoff.wait(out, step1, mode="job", timeout=0.3)
+        jobstart.wait(out, step1, mode="job", timeout=0.3)
 
 
 @pytest.mark.parametrize("argv", [["--timeout", "-1"], ["--lock-timeout", "nan"], ["--reps", "0"]])
@@ -551,7 +555,7 @@ def test_rank_0_given_a_bad_argument_fails_every_rank_with_its_exit_code(
         main(["--out", str(out), *argv])
     assert exc.value.code == 2
     with pytest.raises(RankFailed) as err:
-        handoff.wait(out, job_rank(1, local=1), mode="job", timeout=5)
+        jobstart.wait(out, job_rank(1, local=1), mode="job", timeout=5)
     assert err.value.exit_code == 2 and argv[0] in err.value.problem
 
 
@@ -559,7 +563,7 @@ def test_rank_0_given_a_bad_argument_fails_every_rank_with_its_exit_code(
 def test_a_node_local_folder_of_another_user_open_to_all_is_neither_used_nor_read_end_to_end(
     tmp_path, monkeypatch, foreign
 ):
-    """Issue 34, through ``start.run``: on a node, another user (uid 12345) made
+    """Issue 34, through ``jobstart.run``: on a node, another user (uid 12345) made
     ``$TMPDIR/kernel-probe-<uid>`` (or this job's folder in it) beforehand, mode 777, with a
     ``ready`` link in the job's folder. Rank 0 publishes and a waiting rank of the node takes the
     lock: neither writes through the link nor reads anything under that folder; the victim is
@@ -569,7 +573,7 @@ def test_a_node_local_folder_of_another_user_open_to_all_is_neither_used_nor_rea
     lock = current_lock(out, request)
     slurm(monkeypatch, tmp_path, 0, local=0)
     rank = job_rank()
-    local = handoff.node_dir(out, rank)
+    local = jobstart.node_dir(out, rank)
     local.mkdir(parents=True)
     for folder in (local.parent, local) if foreign == "user-folder" else (local,):
         os.chown(folder, 12345, 12345)
@@ -579,9 +583,9 @@ def test_a_node_local_folder_of_another_user_open_to_all_is_neither_used_nor_rea
     (local / "ready").symlink_to(victim)
 
     read: list[Path] = []
-    real_read = handoff._read
-    monkeypatch.setattr(handoff, "_read", lambda path: read.append(Path(path)) or real_read(path))
-    assert start.run(request).reused  # rank 0: reuses the lock, publishes the marker
+    real_read = jobstart._read
+    monkeypatch.setattr(jobstart, "_read", lambda path: read.append(Path(path)) or real_read(path))
+    assert jobstart.run(request).reused  # rank 0: reuses the lock, publishes the marker
     assert victim.read_text() == "precious" and (local / "ready").is_symlink()
 
     # the link now points at a forged answer, as the attacker would want it read by the node's ranks
@@ -591,9 +595,9 @@ def test_a_node_local_folder_of_another_user_open_to_all_is_neither_used_nor_rea
     payload = json.dumps({"marker": dataclasses.asdict(forged), "lock": "forged"})
     victim.write_text(payload)
     # the rare look at the shared marker, made quick
-    monkeypatch.setattr(handoff, "FALLBACK", (0.05, 0.1))
+    monkeypatch.setattr(jobstart, "FALLBACK", (0.05, 0.1))
     slurm(monkeypatch, tmp_path, 5, local=5)
-    result = start.run(request)
+    result = jobstart.run(request)
     # rank 0's, from the shared marker
     assert result.reused and result.lock.compute_digest() == lock.compute_digest()
     assert victim.read_text() == payload  # not replaced by the node leader's copy either

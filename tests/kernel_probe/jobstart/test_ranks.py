@@ -1,4 +1,4 @@
-"""Rank detection from launcher variables (kernel_probe.jobstart.ranks): every launcher, the nesting
+"""Rank detection from launcher variables (kernel_probe.ranks): every launcher, the nesting
 of one launcher in another, and what partial or contradictory variables decide (never a guessed rank
 0)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernel_probe.jobstart.ranks import JobRank, RankVariableError, detect
+from kernel_probe.ranks import JobRank, RankVariableError, detect
 
 SLURM = {
     "SLURM_JOB_ID": "4242",

@@ -45,6 +45,8 @@ HEAVY = (
 # package metadata and the file system (no import, no child), so a library installed since the probe
 # is noticed
 LIGHT = ("kernel_probe.detect", "kernel_probe.detect.libraries")
+# the site profiles: their format, the site data, the matching
+PROFILE_MODULES = ("kernel_probe.profiles", "kernel_probe.sites", "kernel_probe.profile_match")
 
 
 @pytest.fixture(autouse=True)
@@ -107,7 +109,7 @@ def test_a_warm_run_imports_no_torch_nor_rich(warm, argv):
     assert rc == 0, err
     assert _heavy(mods) == [], f"the warm path imported {_heavy(mods)}"
     # no profile named: the site profiles are never read, not even their parser imported
-    assert not {m for m in mods if m.startswith("kernel_probe.profiles")}, (
+    assert not {m for m in mods if m.startswith(PROFILE_MODULES)}, (
         "the warm path imported a profiles module"
     )
     assert (warm / "k.toml").read_bytes() == before  # reused, not rewritten

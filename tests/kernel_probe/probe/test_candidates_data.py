@@ -23,11 +23,11 @@ from kernel_lock.errors import TargetNotAllowed
 from kernel_lock.format import toml
 from kernel_lock.trust import check_target, registry
 from kernel_probe import candidates as cands
+from kernel_probe import profiles
 from kernel_probe.probe import write as lockwrite
 from kernel_probe.probe.check import check_all, dtype_plan
 from kernel_probe.probe.choose import Choice
 from kernel_probe.probe.report import Report
-from kernel_probe.profiles import format as profile_format
 from kernel_probe.tables import CandidateDataError, TableReader
 from tests.conftest import ROOT
 
@@ -59,7 +59,7 @@ def test_every_slot_fact_is_imported_from_kernel_lock_slots():
         is verify.MODES
         is slots.MODES
     )
-    assert document.PRECISIONS is profile_format.PRECISIONS is slots.PRECISIONS
+    assert document.PRECISIONS is profiles.PRECISIONS is slots.PRECISIONS
     assert schema.STATUSES is judge.STATUSES is slots.STATUSES
     assert judge.confusable is slots.confusable and judge.DTYPES is slots.DTYPES
 
@@ -166,7 +166,7 @@ def test_a_builtin_entry_is_a_valid_profile_candidate(tmp_path):
         .replace('"te.layer_norm"', '"site.te_layer_norm"')
     )
     text = f'profile-version = "1"\nname = "site"\n\n[[candidate]]\n{te}\n'
-    prof = profile_format.parse(text, "site.toml")
+    prof = profiles.parse(text, "site.toml")
     builtin = next(c for c in cands.builtin() if c.id == "te.layer_norm")
     assert prof.candidates[0].to_json() == {
         **builtin.to_json(),

@@ -13,9 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from kernel_probe import jobstart
 from kernel_probe.errors import InputFileError, StaleLock, UsageError
-from kernel_probe.jobstart import start
-from kernel_probe.jobstart.start import run
+from kernel_probe.jobstart import run
 from kernel_probe.probe import pipeline, planning
 from kernel_probe.probe.pipeline import choose_all, reusable
 from kernel_probe.probe.planning import ProbeRequest, plan
@@ -150,26 +150,26 @@ def test_run_refuses_an_unknown_probe_per(tmp_path, cpu, mode):
 
 # ---- the steps -----------------------------------------------------------------------------------
 def test_expand_out(cpu, monkeypatch):
-    from kernel_probe.jobstart import handoff
-
-    monkeypatch.setattr(handoff, "node_type", lambda device: f"{device['type']}-kind")
+    monkeypatch.setattr(jobstart, "node_type", lambda device: f"{device['type']}-kind")
     p = plan(ProbeRequest())
-    assert start._expand_out(ProbeRequest(out=Path("a/lock.toml")), p, "job") == Path("a/lock.toml")
-    assert start._expand_out(ProbeRequest(out=Path("a/{node-type}.toml")), p, "job") == Path(
+    assert jobstart._expand_out(ProbeRequest(out=Path("a/lock.toml")), p, "job") == Path(
+        "a/lock.toml"
+    )
+    assert jobstart._expand_out(ProbeRequest(out=Path("a/{node-type}.toml")), p, "job") == Path(
         "a/cpu-kind.toml"
     )
-    assert start._expand_out(ProbeRequest(out=Path("{node-type}.toml")), p, "node-type") == Path(
+    assert jobstart._expand_out(ProbeRequest(out=Path("{node-type}.toml")), p, "node-type") == Path(
         "cpu-kind.toml"
     )
     with pytest.raises(UsageError, match=r"--out a/lock.toml names no \{node-type\}") as info:
-        start._expand_out(ProbeRequest(out=Path("a/lock.toml")), p, "node-type")
+        jobstart._expand_out(ProbeRequest(out=Path("a/lock.toml")), p, "node-type")
     assert "kernel-lock.{node-type}.toml" in info.value.fix
 
 
 def test_job_rank_without_a_launcher(cpu):
-    assert start._job_rank("rank", planning.Events()) is None
+    assert jobstart._job_rank("rank", planning.Events()) is None
     # conftest clears the launchers' rank variables
-    assert start._job_rank("job", planning.Events()) is None
+    assert jobstart._job_rank("job", planning.Events()) is None
 
 
 def site(**slots) -> SimpleNamespace:
@@ -405,7 +405,7 @@ def test_check_exits_3_naming_the_new_library(tmp_path, cpu, monkeypatch):
         "plan",
         lambda *_a, **_k: replace(p, libraries=dict(p.libraries) | {"liger-kernel": "0.8.5"}),
     )
-    monkeypatch.setattr(start, "plan", planning.plan)
+    monkeypatch.setattr(jobstart, "plan", planning.plan)
     with pytest.raises(StaleLock) as info:
         run(request)
     assert (

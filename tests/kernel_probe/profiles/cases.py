@@ -12,11 +12,11 @@ from pathlib import Path
 from kernel_lock.fingerprint import with_torch
 from kernel_lock.format.schema import Slot
 from kernel_lock.lock import KernelLock
+from kernel_probe import sites
 from kernel_probe.probe import write as lockwrite
-from kernel_probe.profiles import discovery, nodes
 from tests.conftest import run_cli
 
-BUILTIN_DIR = discovery.builtin_dir()
+BUILTIN_DIR = sites.builtin_dir()
 
 
 BUILTIN = sorted(p.stem for p in BUILTIN_DIR.glob("*.toml"))
@@ -253,7 +253,7 @@ CONTRADICTIONS = [
 
 # ---- 5. weak signals never decide alone ----------------------------------------------------------
 def described_node(tmp_path: Path, base: str, **changes) -> Path:
-    data = json.loads((nodes.examples_dir() / f"{base}.json").read_text())
+    data = json.loads((sites.examples_dir() / f"{base}.json").read_text())
     for key, value in changes.items():
         data[key] = value
     p = tmp_path / f"{base}-changed.json"
@@ -309,7 +309,7 @@ def files_profile(d: Path, path: str) -> Path:
 
 
 def run_cli_process(argv: list, env_dir: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {**os.environ, discovery.ENV_VAR: str(env_dir)}
+    env = {**os.environ, sites.ENV_VAR: str(env_dir)}
     return subprocess.run(
         [sys.executable, "-m", "kernel_probe", *map(str, argv)],
         env=env,

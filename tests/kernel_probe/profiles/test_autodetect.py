@@ -1,4 +1,4 @@
-"""kernel_probe.profiles.autodetect: recognising a site from its signals (strong decide, weak never
+"""kernel_probe.profile_match: recognising a site from its signals (strong decide, weak never
 alone), marker files read safely."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 import kernel_lock
+from kernel_probe import profile_match, sites
 from kernel_probe.cli import main
-from kernel_probe.profiles import autodetect, discovery
-from kernel_probe.profiles.format import Profile, load_file, parse
+from kernel_probe.profiles import Profile, load_file, parse
 from tests.kernel_probe.profiles.cases import (
     BUILTIN,
     BUILTIN_DIR,
@@ -34,8 +34,8 @@ def test_auto_detection_picks_each_builtin(name):
     env, host, cluster, device, files = SIGNALS[name]
     if cluster:
         env = {**env, "SLURM_CLUSTER_NAME": cluster}
-    found = discovery.available().values()
-    prof, matched, _ = autodetect.auto_detect(
+    found = sites.available().values()
+    prof, matched, _ = profile_match.auto_detect(
         found,
         {"hostname": host, "slurm": {}},
         device,
@@ -49,8 +49,8 @@ def test_auto_detection_picks_each_builtin(name):
 
 
 def test_nid_hostname_alone_is_not_lumi():
-    prof, matched, _ = autodetect.auto_detect(
-        discovery.available().values(),
+    prof, matched, _ = profile_match.auto_detect(
+        sites.available().values(),
         {"hostname": "nid001234"},
         {"type": "cuda"},
         env={},
@@ -60,8 +60,8 @@ def test_nid_hostname_alone_is_not_lumi():
 
 
 def test_juwels_via_systemname_env():
-    prof, matched, _ = autodetect.auto_detect(
-        discovery.available().values(),
+    prof, matched, _ = profile_match.auto_detect(
+        sites.available().values(),
         {"hostname": "x"},
         {"type": "cuda"},
         env={"SYSTEMNAME": "juwelsbooster"},
@@ -169,10 +169,10 @@ def test_a_group_of_both_weak_kinds_decides_below_a_strong_signal():
 
     group = prof("grouped", '[[detect.all]]\nhostname = ["^nid"]\nslurm-partition = ["^gpu$"]')
     strong = prof("strong", 'slurm-cluster = ["^c1$"]')
-    facts = autodetect.SiteFacts(
+    facts = sites.SiteFacts(
         {"SLURM_JOB_PARTITION": "gpu", "SLURM_CLUSTER_NAME": "c1"}, "nid1", {}, {}, dict().get
     )
-    chosen, matched, notes = autodetect.auto_detect([group, strong], facts)
+    chosen, matched, notes = profile_match.auto_detect([group, strong], facts)
     assert (
         chosen is strong
         and "grouped also matched (slurm-partition:gpu + hostname:nid1), more weakly" in notes

@@ -1,4 +1,4 @@
-"""Finding profiles (kernel_probe.profiles.discovery): the built-in site profiles are data read on
+"""Finding profiles (kernel_probe.sites): the built-in site profiles are data read on
 first use.
 
 Importing the command line, the probe and every profiles module parses nothing (a job start that
@@ -12,8 +12,8 @@ import os
 import subprocess
 import sys
 
+from kernel_probe import sites
 from kernel_probe.cli import main
-from kernel_probe.profiles import discovery
 from tests.conftest import run_cli
 from tests.kernel_probe.profiles.cases import (
     BUILTIN,
@@ -33,40 +33,38 @@ def seen(event, args):
         opened.append(os.fsdecode(args[0]))
 sys.addaudithook(seen)
 import kernel_probe.cli, kernel_probe.probe.pipeline, kernel_probe.commands.profiles
-from kernel_probe.profiles import autodetect, discovery, format, nodes, requirements, signals
+from kernel_probe import profile_match, profiles, sites
 from kernel_probe.cli import SUBCOMMANDS, build_subparser
 for name in SUBCOMMANDS:
     build_subparser(name)  # every subcommand's flags and help texts, as `--help` builds them
-sites = str(discovery.builtin_dir())
-at_import = sorted(p for p in opened if p.startswith(sites))
-found = discovery.available()
-on_use = sorted({p for p in opened if p.startswith(sites)})
+builtin = str(sites.builtin_dir())
+at_import = sorted(p for p in opened if p.startswith(builtin))
+found = sites.available()
+on_use = sorted({p for p in opened if p.startswith(builtin)})
 print(json.dumps({"at_import": at_import, "on_use": on_use, "found": sorted(found)}))
 """
 
 
 def test_the_builtin_profiles_are_read_on_first_use_not_at_import():
-    env = {k: v for k, v in os.environ.items() if k != discovery.ENV_VAR}
+    env = {k: v for k, v in os.environ.items() if k != sites.ENV_VAR}
     proc = subprocess.run(
         [sys.executable, "-c", _CODE], capture_output=True, text=True, env=env, timeout=120
     )
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stdout.splitlines()[-1])
     assert seen["at_import"] == [], "importing kernel-probe read built-in profiles"
-    shipped = sorted(str(p) for p in discovery.builtin_dir().glob("*.toml"))
+    shipped = sorted(str(p) for p in sites.builtin_dir().glob("*.toml"))
     assert seen["on_use"] == shipped  # the hook sees the reads it is there to catch
     assert seen["found"] == sorted(os.path.basename(p)[: -len(".toml")] for p in shipped)
 
 
 def test_a_survey_is_read_when_called(tmp_path, monkeypatch):
     """A profile written after import is found: nothing is cached at import time."""
-    monkeypatch.delenv(discovery.ENV_VAR, raising=False)
-    assert "mine" not in discovery.available([str(tmp_path)])
-    text = (
-        (discovery.builtin_dir() / "cpu.toml").read_text().replace('name = "cpu"', 'name = "mine"')
-    )
+    monkeypatch.delenv(sites.ENV_VAR, raising=False)
+    assert "mine" not in sites.available([str(tmp_path)])
+    text = (sites.builtin_dir() / "cpu.toml").read_text().replace('name = "cpu"', 'name = "mine"')
     (tmp_path / "mine.toml").write_text(text)
-    assert discovery.available([str(tmp_path)])["mine"].path == str(tmp_path / "mine.toml")
+    assert sites.available([str(tmp_path)])["mine"].path == str(tmp_path / "mine.toml")
 
 
 def test_the_required_sites_are_shipped():
@@ -88,8 +86,8 @@ def test_profiles_env_var_and_shadowing(tmp_path, monkeypatch, capsys):
     (d / "cpu.toml").write_text(
         CPU_PROFILE.replace('"mysite"', '"cpu"').replace('"test site"', '"my own cpu profile"')
     )
-    monkeypatch.setenv(discovery.ENV_VAR, str(d))
-    assert discovery.resolve("cpu").description == "my own cpu profile"
+    monkeypatch.setenv(sites.ENV_VAR, str(d))
+    assert sites.resolve("cpu").description == "my own cpu profile"
     assert main(["profiles", "list", "--json"]) == 0
     names = {p["name"]: p for p in json.loads(capsys.readouterr().out)}
     assert names["cpu"]["description"] == "my own cpu profile" and "lumi-g" in names

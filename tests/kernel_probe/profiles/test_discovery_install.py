@@ -16,37 +16,35 @@ from pathlib import Path
 import pytest
 
 import kernel_probe
-from kernel_probe.profiles import discovery
-from kernel_probe.profiles.format import load_file
+from kernel_probe import sites
+from kernel_probe.profiles import load_file
 from tests.conftest import ROOT, run_cli
 
 SHIPPED = sorted(
-    p.stem
-    for p in (ROOT / "kernel_probe" / "profiles" / discovery.BUILTIN_PACKAGE_DIR).glob("*.toml")
+    p.stem for p in (ROOT / "kernel_probe" / "profiles" / sites.BUILTIN_PACKAGE_DIR).glob("*.toml")
 )
 
 
 # ---- (a) found through importlib.resources, every one parses -------------------------------------
 def test_builtin_dir_is_package_data_found_through_importlib_resources():
-    found = discovery.builtin_dir()
-    assert found == Path(
-        str(files("kernel_probe.profiles").joinpath(discovery.BUILTIN_PACKAGE_DIR))
-    )
+    found = sites.builtin_dir()
+    assert found == Path(str(files("kernel_probe") / "profiles" / sites.BUILTIN_PACKAGE_DIR))
     assert found.parent == Path(kernel_probe.__file__).parent / "profiles" and found.is_dir()
     assert {"lumi-g", "frontier", "cpu"} <= set(SHIPPED)
 
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_builtin_profile_parses(name):
-    prof = load_file(discovery.builtin_dir() / f"{name}.toml")
+    prof = load_file(sites.builtin_dir() / f"{name}.toml")
     assert prof.name == name
 
 
 def test_available_lists_every_builtin_from_the_package(monkeypatch):
-    monkeypatch.delenv(discovery.ENV_VAR, raising=False)
-    found, broken = discovery.scan()
+    monkeypatch.delenv(sites.ENV_VAR, raising=False)
+    surveyed = sites.survey()
+    found, broken = surveyed.profiles, surveyed.broken
     assert not broken and sorted(found) == SHIPPED
-    assert all(Path(p.path).parent == discovery.builtin_dir() for p in found.values())
+    assert all(Path(p.path).parent == sites.builtin_dir() for p in found.values())
 
 
 # ---- (b) a real install: --target and --prefix ---------------------------------------------------
@@ -97,7 +95,7 @@ def _list_profiles(site: Path, cwd: Path) -> list[str]:
         "import sys, kernel_probe; from kernel_probe.cli import main; print('imported from', "
         "kernel_probe.__file__, file=sys.stderr); sys.exit(main(['profiles', 'list', '--json']))"
     )
-    env = {k: v for k, v in os.environ.items() if k != discovery.ENV_VAR}
+    env = {k: v for k, v in os.environ.items() if k != sites.ENV_VAR}
     env["PYTHONPATH"] = str(site)  # not the checkout, which conftest puts on PYTHONPATH
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=cwd, timeout=120
@@ -119,7 +117,7 @@ def test_pip_install_target_finds_the_builtin_profiles(source_copy, tmp_path):
     target = tmp_path / "target"
     _pip_install(source_copy, "--target", str(target))
     assert (
-        target / "kernel_probe" / "profiles" / discovery.BUILTIN_PACKAGE_DIR / "lumi-g.toml"
+        target / "kernel_probe" / "profiles" / sites.BUILTIN_PACKAGE_DIR / "lumi-g.toml"
     ).is_file()
     (tmp_path / "elsewhere").mkdir()
     assert _list_profiles(target, tmp_path / "elsewhere") == SHIPPED
@@ -141,8 +139,8 @@ def broken_install(request, tmp_path, monkeypatch) -> Path:
     where = tmp_path / "site_profiles"
     if request.param == "empty":
         where.mkdir()
-    monkeypatch.setattr(discovery, "builtin_dir", lambda: where)
-    monkeypatch.delenv(discovery.ENV_VAR, raising=False)
+    monkeypatch.setattr(sites, "builtin_dir", lambda: where)
+    monkeypatch.delenv(sites.ENV_VAR, raising=False)
     return where
 
 
@@ -174,7 +172,7 @@ def test_missing_builtins_are_not_hidden_by_a_user_directory(broken_install, tmp
     mine = tmp_path / "mine"
     mine.mkdir()
     shutil.copy2(
-        ROOT / "kernel_probe" / "profiles" / discovery.BUILTIN_PACKAGE_DIR / "cpu.toml",
+        ROOT / "kernel_probe" / "profiles" / sites.BUILTIN_PACKAGE_DIR / "cpu.toml",
         mine / "cpu.toml",
     )
     code, _, err = run_cli(["profiles", "--profiles-dir", str(mine), "list"], capsys)
@@ -182,7 +180,7 @@ def test_missing_builtins_are_not_hidden_by_a_user_directory(broken_install, tmp
 
 
 def test_missing_builtins_error_is_an_input_file_error(broken_install):
-    with pytest.raises(discovery.BuiltinProfilesMissing) as info:
-        discovery.available()
+    with pytest.raises(sites.BuiltinProfilesMissing) as info:
+        sites.available()
     assert info.value.exit_code == 5 and info.value.path == str(broken_install)
     assert "reinstall" in (info.value.fix or "")

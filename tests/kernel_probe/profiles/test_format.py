@@ -1,4 +1,4 @@
-"""kernel_probe.profiles.format: a profile file read strictly (closed sets, contradictions, library
+"""kernel_probe.profiles: a profile file read strictly (closed sets, contradictions, library
 names, candidates); malformed files exit 5."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kernel_probe.cli import main
-from kernel_probe.profiles.format import load_file
+from kernel_probe.profiles import load_file
 from tests.conftest import run_cli
 from tests.kernel_probe.profiles.cases import (
     BAD_VALUES,
@@ -161,7 +161,7 @@ def test_site_libraries_and_candidate_distributions_are_known(tmp_path, capsys):
 
 # ---- issue 34: policy rules ----------------------------------------------------------------------
 def test_allowed_empty_allows_nothing_and_a_pin_or_preference_then_contradicts_it(tmp_path, capsys):
-    from kernel_probe.profiles.format import parse
+    from kernel_probe.profiles import parse
 
     text = GPU_PROFILE + "\n[policy.LayerNorm]\nallowed = []\n"
     prof = parse(text, "p.toml")
@@ -201,7 +201,7 @@ def test_a_candidate_target_goes_through_the_refusal_rules_of_candidate(tmp_path
 
 @pytest.mark.parametrize("spelling", ["NVIDIA", "Nvidia"])
 def test_a_variant_in_a_profile_is_case_insensitive(tmp_path, capsys, spelling):
-    from kernel_probe.profiles.format import parse
+    from kernel_probe.profiles import parse
 
     text = GPU_PROFILE.replace(
         "[requires]", f'[requires]\nforbidden = {{ "transformer-engine@{spelling}" = "" }}', 1

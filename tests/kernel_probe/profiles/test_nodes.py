@@ -1,5 +1,5 @@
-"""kernel_probe.profiles.nodes: the built-ins against the shipped example nodes, and described nodes
-(``profiles match --node``)."""
+"""Described nodes (kernel_probe.sites, profile_match): the built-ins against the shipped example
+nodes, and ``profiles match --node``."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import json
 
 import pytest
 
-from kernel_probe.profiles import discovery, nodes, requirements
+from kernel_probe import profile_match, sites
 from tests.conftest import run_cli
 from tests.kernel_probe.profiles.cases import BUILTIN, PAIRS, ROOT, SAME_HARDWARE, match
 
 
 # ---- the built-ins against the shipped example nodes ---------------------------------------------
 def test_every_builtin_has_an_example_node():
-    assert set(BUILTIN) <= set(nodes.examples())
+    assert set(BUILTIN) <= set(sites.examples())
 
 
 @pytest.mark.parametrize("name", BUILTIN)
@@ -83,14 +83,14 @@ def test_a_named_profile_is_refused_at_job_start_on_another_sites_node(monkeypat
     same; auto picks lumi-g."""
     from kernel_probe.errors import ProfileUnmet
 
-    lumi = discovery.resolve("lumi-g", [])
-    frontier = discovery.resolve("frontier", [])
+    lumi = sites.resolve("lumi-g", [])
+    frontier = sites.resolve("frontier", [])
     # its own site: nothing raised
-    requirements.other_site(lumi, lumi, "env:LUMI_STACK_PARTITION=G")
+    profile_match.other_site(lumi, lumi, "env:LUMI_STACK_PARTITION=G")
     # no site's signals: a named profile is how such a site is used
-    requirements.other_site(frontier, None, "")
+    profile_match.other_site(frontier, None, "")
     with pytest.raises(ProfileUnmet) as exc:
-        requirements.other_site(frontier, lumi, "env:LUMI_STACK_PARTITION=G")
+        profile_match.other_site(frontier, lumi, "env:LUMI_STACK_PARTITION=G")
     assert (
         exc.value.exit_code == 4
         and "lumi-g" in str(exc.value)
@@ -164,7 +164,7 @@ def test_the_example_nodes_are_package_data():
 
 # ---- issue 34: every value through the typed reader; variants case-insensitive -------------------
 def _alps(**change) -> dict:
-    doc = json.loads((nodes.examples()["alps-gh200"]).read_text())
+    doc = json.loads((sites.examples()["alps-gh200"]).read_text())
     for dotted, value in change.items():
         *path, last = dotted.split("__")
         node = doc

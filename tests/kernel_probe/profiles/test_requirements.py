@@ -1,4 +1,4 @@
-"""kernel_probe.profiles.requirements: what a site requires, enforced (exit 4), and the profile as
+"""kernel_probe.profile_match: what a site requires, enforced (exit 4), and the profile as
 part of the lock's identity."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import kernel_lock
 from kernel_probe.cli import main
 from kernel_probe.probe import pipeline
-from kernel_probe.profiles.format import load_file
+from kernel_probe.profiles import load_file
 from tests.conftest import run_cli
 from tests.kernel_probe.profiles.cases import (
     GPU_PROFILE,

@@ -1,25 +1,10 @@
-"""Many ranks, one probe, a quiet shared file system: how the ranks of one job share the probe.
+"""Job start: which rank of a job probes, and how the others take its lock (the command's entry).
 
-Where the launcher says which rank of which job a process is (``kernel_probe.jobstart.ranks``), one
-rank probes (rank 0; or, with ``--probe-per node-type``, the first node of each node type to claim
-it) and the others wait for *its* answer, with no file lock and no polling storm:
-
-- The prober writes the lock atomically (as always), then a **job marker** beside it,
-  ``.<lock name>.job-<launcher>-<job>-a<attempt>``: JSON with the outcome (written, reused or
-  failed, with the error), the lock's content digest and the probe's inputs digest. The marker, not
-  the lock, is what the others wait for, so a lock left by an earlier job or attempt is never taken
-  for this one's, and the lock's own format and digest are untouched.
-- On each node one rank (local rank 0) watches the shared directory: one ``open`` of the marker per
-  check, with jittered backoff from 0.1 s doubling to 5 s. When the marker is there it reads the
-  lock once, checks its digest against the marker's and copies both to a node-local file (under
-  ``$KERNEL_PROBE_NODE_DIR``, else ``$TMPDIR``, else ``/dev/shm``, else ``/tmp``).
-- The node's other ranks wait on that node-local file (backoff 0.05 s to 1 s), touching the shared
-  directory only as a fallback (at 30 s, then doubling to 5 min), in case the node-local directory
-  is not shared by the ranks of a node after all or the watching rank died.
-
-Shared-directory operations during a cold start are then about nodes x (checks to reach the 5 s cap,
-+ probe seconds / 5) instead of ranks x probe seconds x 20 (filelock's 0.05 s poll): see
-docs/probe.md for the measured figures and the formula.
+``run`` plans the request, then probes or reuses the lock itself (no launcher, ``--probe-per rank``,
+a read-only folder) or takes part in the job's hand-off: one rank (rank 0, or per kind of node the
+one whose claim wins) probes and leaves a job marker beside the lock; on each node local rank 0
+watches the shared directory with backoff and copies marker and lock to a node-local file, which the
+node's other ranks wait on. No file lock, no polling storm: docs/probe.md "Many ranks at job start".
 """
 
 from __future__ import annotations
@@ -36,23 +21,28 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from kernel_lock.errors import ExitCode
+import kernel_lock
+from kernel_lock.errors import ExitCode, LockError, LockMismatch
 from kernel_lock.format.reading import ReadError, get_int, get_literal, get_text, refuse_unknown
 from kernel_lock.lock import MAX_BYTES
 from kernel_lock.trust.files import UnsafeFile, UnsafeWrite, private_dir, read_regular, write_file
-from kernel_probe.errors import InputFileError, ProbeError
-from kernel_probe.jobstart.ranks import JobRank
+from kernel_probe.errors import InputFileError, NodeDiffers, ProbeError, UsageError
+from kernel_probe.probe.pipeline import ProbeResult, probe_or_reuse
+from kernel_probe.probe.planning import Events, Plan, ProbeRequest, plan
+from kernel_probe.ranks import JobRank, RankVariableError, detect
 
 NODE_DIR_ENV = "KERNEL_PROBE_NODE_DIR"
 WATCH = (0.1, 5.0)  # the node's watcher on the shared directory: first delay, cap (s)
 LOCAL = (0.05, 1.0)  # the other ranks, on the node-local file
 FALLBACK = (30.0, 300.0)  # the other ranks' rare look at the shared directory
-STALE_MARKER_S = (
-    7 * 24 * 3600
-)  # markers of other jobs older than this are removed by the next prober
+STALE_MARKER_S = 7 * 24 * 3600  # the next prober removes other jobs' markers older than this
 PROBE_PER = ("job", "node-type", "rank")
+OUTCOMES = ("written", "reused", "failed")
+Outcome = Literal["written", "reused", "failed"]
+EXIT_CODES = tuple(int(c) for c in ExitCode)  # the documented table: a marker's code is one of them
 
 
+# ---- the job marker ------------------------------------------------------------------------------
 class RankFailed(ProbeError):
     """The probing rank failed: every waiting rank fails with its message and exit code."""
 
@@ -65,9 +55,8 @@ class WaitTimeout(ProbeError):
     """The probing rank wrote no marker in time (exit 1)."""
 
 
-OUTCOMES = ("written", "reused", "failed")
-Outcome = Literal["written", "reused", "failed"]
-EXIT_CODES = tuple(int(c) for c in ExitCode)  # the documented table: a marker's code is one of them
+class MarkerError(InputFileError):
+    """A job marker that is not what kernel-probe writes (exit 5), naming the file and the key."""
 
 
 @dataclass(frozen=True)
@@ -90,14 +79,12 @@ class Marker:
 
     @classmethod
     def from_dict(cls, data: Any) -> Marker:
-        """The typed reader (``kernel_lock.format.reading``): every key checked, unknown keys
-        refused; ReadError."""
+        """The marker in ``data``, every key checked by the typed reader; ReadError."""
         if not isinstance(data, dict):
             raise ReadError(f"expected a JSON object, got {type(data).__name__}")
         refuse_unknown(data, tuple(cls.__dataclass_fields__))
         outcome = get_literal(data, "outcome", OUTCOMES)
         code = get_int(data, "exit_code", 0, 255, default=0)
-        assert code is not None
         if code not in EXIT_CODES:
             raise ReadError(
                 f"{code} is not a documented exit code ({', '.join(map(str, EXIT_CODES))})",
@@ -118,8 +105,7 @@ class Marker:
 
     @classmethod
     def from_json(cls, text: str, where: Path) -> Marker:
-        """The marker in ``text`` (the file ``where``); MarkerError names the file and key when it
-        is not one."""
+        """The marker in ``text`` (the file ``where``); MarkerError names the file and key."""
         try:
             return cls.from_dict(json.loads(text))
         except (ValueError, RecursionError) as exc:
@@ -133,8 +119,20 @@ class Marker:
             ) from None
 
 
-class MarkerError(InputFileError):
-    """A job marker that is not what kernel-probe writes (exit 5), naming the file and the key."""
+def failure_marker(rank: JobRank, exc: BaseException) -> Marker:
+    """The marker a prober leaves when it fails, so that no rank waits for it until the timeout."""
+    code: int = ExitCode.FAILURE
+    fix = ""
+    if isinstance(exc, LockError):
+        problem, code, fix = exc.problem, exc.exit_code, exc.fix or ""
+    elif isinstance(exc, KeyboardInterrupt):
+        problem = "interrupted"
+    else:
+        problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    host = socket.gethostname()
+    return Marker(
+        "failed", rank.key, rank.describe(), host, problem=problem, exit_code=code, fix=fix
+    )
 
 
 def marker_path(out: Path, rank: JobRank) -> Path:
@@ -150,11 +148,8 @@ def claim_path(out: Path, rank: JobRank) -> Path:
 def node_dir(out: Path, rank: JobRank, env: Mapping[str, str] | None = None) -> Path:
     """The node-local directory this job's ranks on one node share for ``out``."""
     env = os.environ if env is None else env
-    root = (
-        env.get(NODE_DIR_ENV)
-        or env.get("TMPDIR")
-        or ("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp")
-    )
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
+    root = env.get(NODE_DIR_ENV) or env.get("TMPDIR") or shm
     tag = hashlib.sha256(f"{out}\0{rank.key}".encode()).hexdigest()[:16]
     return Path(root) / f"kernel-probe-{os.getuid()}" / tag
 
@@ -180,47 +175,34 @@ def backoff(first: float, cap: float, rng: random.Random) -> Iterator[float]:
 
 
 def _read(path: Path) -> str | None:
-    """The text at ``path``; None if it is not there (one ``open`` when it is not). Read as every
-    input is (kernel_lock.trust.files): a FIFO, a device or a huge file where a marker or lock
-    should be is an error naming it (exit 5), never a rank that hangs or fills its memory."""
+    """The text at ``path`` (None: absent); a FIFO, device or huge file is exit 5, never a hang."""
     try:
         raw = read_regular(path, MAX_BYTES)
     except FileNotFoundError:
         return None
     except UnsafeFile as exc:
-        raise InputFileError(
-            exc.problem,
-            path=str(path),
-            fix=f"remove {path}: kernel-probe writes it as a regular file",
-        ) from None
+        fix = f"remove {path}: kernel-probe writes it as a regular file"
+        raise InputFileError(exc.problem, path=str(path), fix=fix) from None
     return raw.decode("utf-8", errors="replace")  # not UTF-8: its digest tells
 
 
 def claim(out: Path, rank: JobRank) -> bool:
     """Claim the probe of ``out`` for this job (``--probe-per node-type``): True for the one rank
-    whose exclusive create succeeds (O_EXCL is atomic on NFS v3+, Lustre and GPFS; no file lock
-    needed)."""
+    whose exclusive create succeeds (atomic on NFS v3+, Lustre and GPFS; no file lock needed)."""
     try:
-        write_file(
-            claim_path(out, rank), f"{rank.describe()} on {socket.gethostname()}\n", exclusive=True
-        )
+        text = f"{rank.describe()} on {socket.gethostname()}\n"
+        write_file(claim_path(out, rank), text, exclusive=True)
     except FileExistsError:
         return False
     return True
 
 
 def publish(out: Path, rank: JobRank, marker: Marker, lock_text: str | None) -> None:
-    """The prober's last step, composed before anything is written: the job marker beside the lock,
-    then its node's local copy; then the markers of other jobs older than ``STALE_MARKER_S`` are
-    removed."""
-    shared, local = marker_path(out, rank), node_dir(out, rank)
-    payload, stale = _local_payload(marker, lock_text), _stale_markers(out, rank)
-    write_file(shared, marker.to_json())
-    try:
-        folder = private_dir(private_dir(local.parent) / local.name)
-        write_file(folder / "ready", payload, mode=0o600)
-    except (OSError, UnsafeWrite):
-        pass  # the node's other ranks then find the marker on the shared directory (their fallback)
+    """The prober's last step: the job marker beside the lock, then its node's local copy; then the
+    markers of other jobs older than ``STALE_MARKER_S`` are removed."""
+    stale = _stale_markers(out, rank)
+    write_file(marker_path(out, rank), marker.to_json())
+    _publish_local(out, rank, marker, lock_text)
     for path in stale:
         try:
             os.unlink(path)
@@ -229,8 +211,9 @@ def publish(out: Path, rank: JobRank, marker: Marker, lock_text: str | None) -> 
 
 
 def _publish_local(out: Path, rank: JobRank, marker: Marker, lock_text: str | None) -> None:
-    """The node-local copy of the marker and its lock (a node's watcher, once it has read them)."""
-    local, payload = node_dir(out, rank), _local_payload(marker, lock_text)
+    """The node-local copy of the marker and its lock."""
+    local = node_dir(out, rank)
+    payload = json.dumps({"marker": json.loads(marker.to_json()), "lock": lock_text})
     try:
         folder = private_dir(private_dir(local.parent) / local.name)
         write_file(folder / "ready", payload, mode=0o600)
@@ -238,15 +221,8 @@ def _publish_local(out: Path, rank: JobRank, marker: Marker, lock_text: str | No
         pass  # the node's other ranks then find the marker on the shared directory (their fallback)
 
 
-def _local_payload(marker: Marker, lock_text: str | None) -> str:
-    """The node-local copy's text: the marker and the lock's text together."""
-    return json.dumps({"marker": json.loads(marker.to_json()), "lock": lock_text})
-
-
 def _stale_markers(out: Path, rank: JobRank) -> list[str]:
-    """The markers of other jobs beside ``out`` older than ``STALE_MARKER_S``."""
-    prefix, mine = f".{out.name}.job-", marker_path(out, rank).name
-    now = time.time()
+    prefix, mine, now = f".{out.name}.job-", marker_path(out, rank).name, time.time()
     try:
         entries = list(os.scandir(out.parent))
     except OSError:
@@ -288,12 +264,9 @@ def wait(
     rng = random.Random(f"{rank.key}/{rank.rank}")
     start = clock()
     local_ready = node_dir(out, rank) / "ready"
-    if rank.node_leader:
-        watch, fallback = backoff(*WATCH, rng), None
-    else:
-        watch = backoff(*LOCAL, rng)
-        fallback, next_shared = backoff(*FALLBACK, rng), start
-        next_shared += next(fallback)
+    watch = backoff(*(WATCH if rank.node_leader else LOCAL), rng)
+    fallback = backoff(*FALLBACK, rng)
+    next_shared = start if rank.node_leader else start + next(fallback)
     while True:
         if rank.node_leader:
             found = _from_shared(out, rank)
@@ -301,7 +274,7 @@ def wait(
             found = _from_local(local_ready, rank)
             if found is None and clock() >= next_shared:
                 found = _from_shared(out, rank)
-                next_shared = clock() + next(fallback)  # type: ignore[arg-type]
+                next_shared = clock() + next(fallback)
         if found is not None:
             return _outcome(out, *found)
         waited = clock() - start
@@ -375,35 +348,146 @@ def _outcome(out: Path, marker: Marker, lock_text: str) -> tuple[Marker, str]:
     return marker, lock_text
 
 
-def failure_marker(rank: JobRank, exc: BaseException) -> Marker:
-    """The marker a prober leaves when it fails, so that no rank waits for it until the timeout."""
-    from kernel_lock.errors import LockError
-
-    if isinstance(exc, LockError):
-        return Marker(
-            "failed",
-            rank.key,
-            rank.describe(),
-            socket.gethostname(),
-            problem=exc.problem,
-            exit_code=exc.exit_code,
-            fix=exc.fix or "",
-        )
-    if isinstance(exc, KeyboardInterrupt):
-        return Marker(
-            "failed",
-            rank.key,
-            rank.describe(),
-            socket.gethostname(),
-            problem="interrupted",
-            exit_code=ExitCode.FAILURE,
-        )
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    return Marker(
-        "failed",
-        rank.key,
-        rank.describe(),
-        socket.gethostname(),
-        problem=text,
-        exit_code=ExitCode.FAILURE,
+# ---- the job start -------------------------------------------------------------------------------
+def run(request: ProbeRequest, events: Events | None = None) -> ProbeResult:
+    """Reuse the lock at ``request.out`` if it is current, else probe and write it; with a launcher,
+    one rank probes and the others take its lock. ``check_only`` writes nothing and raises
+    :class:`StaleLock` (exit 3) when the lock is not current."""
+    events = events or Events()
+    t_start = time.perf_counter()
+    rank = None if request.check_only else _job_rank(request.probe_per or "job", events)
+    try:
+        p = plan(request, events)
+    except BaseException as exc:
+        if rank is not None and rank.rank == 0 and request.probe_per in (None, "job"):
+            # no rank waits for a plan that failed
+            _fail_for_all(Path(os.path.abspath(request.out)), rank, exc)
+        raise
+    mode = request.probe_per or (p.profile.probe_per if p.profile else None) or "job"
+    given = _expand_out(request, p, mode)
+    if rank is None or mode == "rank" or _read_only(given):
+        return probe_or_reuse(request, p, given, events, t_start)
+    out = Path(os.path.abspath(given))  # the marker sits beside the path as given, not a link's
+    # job: rank 0; node-type: of each node's watching rank, the one whose exclusive create wins
+    if not (rank.rank == 0 if mode == "job" else rank.node_leader and claim(out, rank)):
+        return _take_lock(out, given, p, rank, mode, request.lock_timeout, t_start)
+    unlocked = (
+        f"{given.parent}: this file system does not do file locks: the ranks of this job still "
+        f"probe once (they wait for this rank's job marker), but another job probing {given.name} "
+        "at the same time is not kept apart (each write stays atomic: a reader sees one whole lock)"
     )
+    try:
+        result = probe_or_reuse(request, p, given, events, t_start, unlocked=unlocked)
+    except BaseException as exc:
+        _fail_for_all(out, rank, exc)
+        raise
+    outcome: Outcome = "reused" if result.reused else "written"
+    host, digest = socket.gethostname(), result.lock.compute_digest()
+    marker = Marker(outcome, rank.key, rank.describe(), host, digest, p.digest)
+    publish(out, rank, marker, result.lock.dumps())
+    return result
+
+
+def _read_only(out: Path) -> bool:
+    """Whether ``out``'s folder is read-only (no marker can be written: each rank on its own)."""
+    try:
+        return bool(os.statvfs(os.path.dirname(os.path.realpath(out)) or ".").f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def fail_before_plan(
+    out: str | Path, probe_per: str | None, check_only: bool, exc: BaseException
+) -> None:
+    """A request refused before it is planned (a bad argument): where this is rank 0 of a job whose
+    rank 0 probes, its failed marker is published, so the waiting ranks fail at once."""
+    if check_only or probe_per not in (None, "job"):
+        return
+    try:
+        rank = detect().rank
+    except ValueError:
+        return  # the launcher's variables are unreadable: no job to tell
+    if rank is not None and rank.rank == 0:
+        _fail_for_all(Path(os.path.abspath(out)), rank, exc)
+
+
+def _fail_for_all(out: Path, rank: JobRank, exc: BaseException) -> None:
+    if "{node-type}" in str(out):
+        return  # no rank has claimed a kind of node yet: none waits
+    try:
+        publish(out, rank, failure_marker(rank, exc), None)
+    except (OSError, LockError):
+        pass  # the others time out, naming this rank
+
+
+def _expand_out(request: ProbeRequest, p: Plan, mode: str) -> Path:
+    """``--out`` with ``{node-type}`` replaced by this node's (:func:`node_type`)."""
+    text = str(request.out)
+    if "{node-type}" in text:
+        return Path(text.replace("{node-type}", node_type(p.device)))
+    if mode == "node-type":
+        raise UsageError(
+            f"--probe-per node-type writes one lock per kind of node, but --out {text} "
+            "names no {node-type}",
+            fix="use e.g. --out 'kernel-lock.{node-type}.toml' (the path is printed, and "
+            "in --json as 'lock')",
+        )
+    return request.out
+
+
+def _job_rank(mode: str, events: Events) -> JobRank | None:
+    """This process's rank and job, or None: no launcher variables, or ``--probe-per rank``."""
+    if mode not in PROBE_PER:
+        raise UsageError(f"--probe-per {mode!r}: use one of {', '.join(PROBE_PER)}")
+    if mode == "rank":
+        return None
+    try:
+        found = detect()
+    except RankVariableError as exc:
+        raise UsageError(
+            f"launcher variables: {exc}",
+            fix="correct or unset the variable, or pass --probe-per rank to ignore the "
+            "launcher's variables",
+        ) from None
+    for note in found.notes:
+        events.note(f"launcher variables: {note}")
+    return found.rank
+
+
+def _take_lock(
+    out: Path, given: Path, p: Plan, rank: JobRank, mode: str, timeout: float, t_start: float
+) -> ProbeResult:
+    """A waiting rank's part: the lock the marker names, probed with its inputs, for its node."""
+    marker, text = wait(out, rank, mode=mode, timeout=timeout)
+    lock: kernel_lock.KernelLock | None = None
+    try:
+        lock = kernel_lock.loads(text, path=str(given), emit_warnings=False, trust=p.trust)
+    except LockError as exc:
+        problem = exc.problem
+    if lock is None or lock.compute_digest() != marker.digest:
+        raise ProbeError(
+            f"{given} is not the lock {marker.by} wrote for this job"
+            + (
+                f" ({problem})"
+                if lock is None
+                else " (its digest differs): another job or process replaced it"
+            ),
+            fix="give each job its own --out, or start the job again",
+        )
+    if marker.inputs != p.digest:
+        raise UsageError(
+            f"{marker.by} probed {given} with other options than this rank (shapes, precision, "
+            "slots, candidates, pins or profile)",
+            fix="start every rank with the same kernel-probe arguments",
+        )
+    try:
+        lock.verify()
+    except LockMismatch as exc:
+        raise NodeDiffers(
+            f"{given} was probed by {marker.by} on {marker.host}, and this node differs from it: "
+            + "; ".join(str(d) for d in exc.differences),
+            fix="probe one lock per kind of node: --probe-per node-type --out "
+            "'kernel-lock.{node-type}.toml'",
+        ) from None
+    seconds = time.perf_counter() - t_start
+    return ProbeResult(given, lock, True, p, seconds=seconds, source=marker.by)

@@ -1,0 +1,378 @@
+"""A node against the site profiles: which profile's ``[detect]`` signals it shows (``--profile
+auto``), which requirements it does not meet (exit 4), and whether a lock was written under the
+same profile. The node is this machine or a described one (``kernel_probe.sites``); ambiguity is an
+error, never a guess; libraries are never imported.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kernel_lock import Difference
+from kernel_lock.fingerprint.fields import library_versions
+from kernel_lock.format.versions import in_spec
+from kernel_probe.candidates import arch_satisfies
+from kernel_probe.detect.libraries import known_libraries, locate
+from kernel_probe.detect.site import detect_site
+from kernel_probe.errors import ProfileUnmet
+from kernel_probe.profiles import MAX_SIGNAL_CHARS, STRONG, WEAK, Profile, load_file
+from kernel_probe.sites import SiteFacts, Survey, names_file, resolve, site_facts, survey
+
+# what a refused user can do, by group: about their job and environment, not about the profile
+USER_FIX = {
+    "device": "run on one of the site's GPU nodes, inside a GPU job",
+    "count": "ask the job for GPUs and keep them visible (CUDA_VISIBLE_DEVICES, "
+    "HIP_VISIBLE_DEVICES)",
+    "versions": "use a torch build in the required range (the site's module or container)",
+    "libraries": "install the required libraries in this environment (or load the site's module)",
+    "forbidden": "uninstall the forbidden library, or use another environment without it",
+}
+
+
+# ---- recognising a site --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Hit:
+    """One site signal that matched, as the notes and the lock's ``matched`` name it."""
+
+    kind: str  # one of SIGNALS
+    text: str  # "env:LUMI_STACK_PARTITION=G"
+
+
+@dataclass(frozen=True)
+class Detection:
+    """Why auto-detection would pick a profile: ``rank`` 2 = a strong signal decided, 1 = a group of
+    weak signals together, 0 = a device profile's device facts (only when no site matched)."""
+
+    profile: Profile
+    rank: int
+    strength: int
+    matched: str
+    hits: int
+
+
+def _search(pattern: str, value: str, what: str, notes: list[str]) -> bool:
+    if len(value) > MAX_SIGNAL_CHARS:
+        notes.append(
+            f"{what} is {len(value)} characters long, more than {MAX_SIGNAL_CHARS}: not matched"
+        )
+        return False
+    return re.search(pattern, value) is not None
+
+
+def _evaluate(
+    signals: Mapping[str, Any], facts: SiteFacts, notes: list[str]
+) -> tuple[list[Hit], list[str]]:
+    """(each signal that matched, each that did not)."""
+    tried: list[tuple[str, bool, str, str]] = []  # kind, matched, as a hit, as a miss
+    for var, pattern in signals.get("env", {}).items():
+        value = facts.env.get(var)
+        ok = value is not None and _search(pattern, value, f"${var}", notes)
+        tried.append(("env", ok, f"env:{var}={value}", f"env:{var}"))
+    for path, pattern in signals.get("files", {}).items():
+        value = facts.read_file(path)
+        ok = value is not None and _search(pattern, value, f"the first line of {path}", notes)
+        tried.append(("files", ok, f"file:{path}={value}", f"file:{path}"))
+    for kind, var in (
+        ("slurm-cluster", "SLURM_CLUSTER_NAME"),
+        ("slurm-partition", "SLURM_JOB_PARTITION"),
+        ("hostname", ""),
+    ):
+        if kind in signals:
+            value = facts.slurm_value(var) if var else facts.hostname
+            ok = bool(value) and any(
+                _search(pat, value or "", kind, notes) for pat in signals[kind]
+            )
+            tried.append((kind, ok, f"{kind}:{value}", kind))
+    if dev := signals.get("device", {}):
+        text = "device:" + ",".join(f"{k}={v}" for k, v in dev.items())
+        found = {k: str(facts.device.get(k, "")) for k in dev}
+        same = (
+            arch_satisfies(found[k], v) if k == "arch" else found[k] == v for k, v in dev.items()
+        )
+        tried.append(("device", all(same), text, text))
+    hits = [Hit(kind, text) for kind, ok, text, _ in tried if ok]
+    return hits, [miss for _, ok, _, miss in tried if not ok]
+
+
+def detect(profile: Profile, facts: SiteFacts, notes: list[str] | None = None) -> Detection | None:
+    """How ``profile`` would be picked on a node with ``facts`` (None: it would not), with a note in
+    ``notes`` when some of its signals matched but could not decide."""
+    notes = [] if notes is None else notes
+    seen: list[str] = []
+    top, _ = _evaluate(profile.detect, facts, seen)
+    found: list[Detection] = []
+    strong = [h for h in top if h.kind in STRONG]
+    if strong:
+        best = max(strong, key=lambda h: STRONG[h.kind])
+        found.append(Detection(profile, 2, STRONG[best.kind], best.text, len(top)))
+    for group in profile.detect_all:
+        hits, missed = _evaluate(group, facts, seen)
+        kinds = {h.kind for h in hits}
+        said = (
+            f"{profile.name}: {', '.join(h.text for h in hits)} matched, but not "
+            f"{', '.join(missed)}: "
+        )
+        if not missed:
+            rank = 2 if kinds & set(STRONG) else 1
+            strength = max((STRONG[k] for k in kinds if k in STRONG), default=1)
+            matched = " + ".join(h.text for h in hits)
+            found.append(Detection(profile, rank, strength, matched, len(hits)))
+        elif kinds & set(STRONG):
+            notes.append(said + "not one of its nodes")
+        elif kinds & set(WEAK):
+            notes.append(said + "a weak signal never decides alone (other sites share such names)")
+    site_signals = any(k != "device" for k in profile.detect) or bool(profile.detect_all)
+    device_hits = [h for h in top if h.kind == "device"]
+    if device_hits and not site_signals:
+        found.append(Detection(profile, 0, 0, device_hits[0].text, 1))
+    weak = [h for h in top if h.kind in WEAK]
+    if not found and weak:
+        notes.append(
+            f"{profile.name}: {', '.join(h.text for h in weak)} matched, but a weak signal never "
+            "decides alone (other sites share such names): not picked"
+        )
+    notes.extend(f"{profile.name}: {n}" for n in dict.fromkeys(seen))
+    return max(found, key=lambda x: (x.rank, x.strength, x.hits)) if found else None
+
+
+def detect_warnings(profile: Profile) -> list[str]:
+    """What `profiles check` says about a valid profile that --profile auto could never pick."""
+    site = [k for k in profile.detect if k != "device"]
+    if site and not any(k in STRONG for k in site) and not profile.detect_all:
+        return [
+            f"detect: only weak signals ({', '.join(site)}): --profile auto never picks this "
+            "profile on them alone; add a strong signal (env, files, slurm-cluster) or a "
+            "[[detect.all]] group (docs/profiles.md)"
+        ]
+    if not profile.detect and not profile.detect_all:
+        return [
+            "detect: no signal: --profile auto never picks this profile (name it with --profile)"
+        ]
+    return []
+
+
+def auto_detect(
+    profiles: Iterable[Profile],
+    site: Mapping[str, Any] | SiteFacts,
+    device: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    read_file: Callable[[str], str | None] | None = None,
+) -> tuple[Profile | None, str, list[str]]:
+    """(profile, the signal that decided, notes); None when nothing decided. Ambiguity is an
+    error (exit 4)."""
+    problems: list[str] = []
+    facts = (
+        site
+        if isinstance(site, SiteFacts)
+        else site_facts(site, device or {}, env, read_file, problems)
+    )
+    notes: list[str] = []
+    scored = [d for d in (detect(prof, facts, notes) for prof in profiles) if d is not None]
+    notes.extend(dict.fromkeys(problems))
+    if not scored:
+        return None, "", notes
+    scored.sort(key=lambda d: (-d.rank, -d.strength, -d.hits, d.profile.name))
+    best = scored[0]
+    score = (best.rank, best.strength, best.hits)
+    rivals = [d for d in scored[1:] if (d.rank, d.strength, d.hits) == score]
+    if rivals:
+        names = ", ".join(d.profile.name for d in [best, *rivals])
+        raise ProfileUnmet(
+            f"--profile auto is ambiguous: {names} match equally well ({best.matched})",
+            fix="name the profile with --profile NAME",
+        )
+    notes += [f"{d.profile.name} also matched ({d.matched}), more weakly" for d in scored[1:]]
+    return best.profile, best.matched, notes
+
+
+def choose(
+    spec: str,
+    extra: Iterable[str],
+    device: Mapping[str, Any],
+    site: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    facts: SiteFacts | None = None,
+    named: str = "explicit (--profile)",
+    found: Survey | None = None,
+) -> tuple[Profile | None, str, list[str]]:
+    """The profile ``--profile NAME|PATH|auto`` names, how it was chosen (``named`` when named), and
+    notes to show. ``facts``: a described node's site facts instead of this machine's; ``found``:
+    the profile directories as already surveyed, else they are surveyed here."""
+    if spec != "auto" and names_file(spec):
+        return load_file(spec), named, []
+    found = found or survey(extra)
+    if spec != "auto":
+        return resolve(spec, extra, found), named, found.notes_for(spec)
+    notes = found.notes_for() + [f"broken profile, not considered: {exc}" for exc in found.broken]
+    problems: list[str] = []
+    if facts is None:
+        facts = site_facts(site or detect_site(env), device, env, problems=problems)
+    profile, matched, more = auto_detect(found.profiles.values(), facts)
+    return profile, matched, notes + more + list(dict.fromkeys(problems))
+
+
+def other_site(
+    profile: Profile, seen: Profile | None, matched: str, where: str = "this machine"
+) -> None:
+    """Raise ProfileUnmet (exit 4) when the site signals place a node named for ``profile`` at
+    another profile's site (``seen``, by ``matched``): hardware alone cannot tell apart sites with
+    the same nodes. No site match, or a device profile's, is no refusal."""
+    if seen is None or seen.name == profile.name or matched.startswith("device:"):
+        return
+    raise ProfileUnmet(
+        f"{where} is a node of profile {seen.name!r} by its site signals ({matched}), not of "
+        f"{profile.name!r}",
+        path=profile.path,
+        fix=f"use --profile {seen.name} (or --profile auto) here, or run on a node of "
+        f"{profile.name}",
+    )
+
+
+# ---- what a site requires ------------------------------------------------------------------------
+class Unmet(Difference):
+    """One requirement of a profile a node does not meet, expected vs found: a fingerprint
+    difference whose ``rule`` is the requirement's strictness group."""
+
+    @property
+    def group(self) -> str:
+        """The strictness group (device, count, versions, libraries, forbidden)."""
+        return self.rule
+
+    def __str__(self) -> str:
+        return f"{self.field}: expected {self.expected}, found {self.found}"
+
+
+def unmet(
+    profile: Profile, fingerprint: Mapping[str, Any], libraries: Mapping[str, str | None]
+) -> list[Unmet]:
+    """Every requirement of ``profile`` this machine does not meet (expected vs found)."""
+    req, out = profile.requires, []
+    cpu = fingerprint.get("device-type") == "cpu"
+    for key in ("device-type", "device-vendor", "device-arch", "arch"):
+        if not (allowed := req.get(key)):
+            continue
+        allowed = [allowed] if isinstance(allowed, str) else list(allowed)
+        found = str(fingerprint.get(key, ""))
+        if key == "device-vendor" and cpu:  # a CPU's vendor is not a GPU's
+            found = f"none (no accelerator; CPU vendor {found})"
+        if key == "device-arch" and found:
+            ok = any(arch_satisfies(found, a) for a in allowed)
+        else:
+            ok = found in allowed
+        if not ok:
+            out.append(Unmet(key, " or ".join(allowed), found or "none", "device"))
+    need, count = req.get("min-device-count", 0), fingerprint.get("device-count", 0)
+    if need and (cpu or int(count) < need):
+        out.append(
+            Unmet("device-count", f">= {need} accelerator(s)", str(0 if cpu else count), "count")
+        )
+    for key in ("torch", "torch-cuda", "torch-hip", "driver"):
+        found = str(fingerprint.get(key, ""))
+        if (spec := req.get(key)) is not None and not in_spec(spec, found):
+            out.append(Unmet(key, spec, found or "none", "versions"))
+    for lib, spec in req.get("libraries", {}).items():
+        if (version := libraries.get(lib)) is None:
+            out.append(Unmet(f"library {lib}", spec or "installed", "not installed", "libraries"))
+        elif spec and not in_spec(spec, version):
+            out.append(Unmet(f"library {lib}", spec, version, "libraries"))
+    for lib, spec in req.get("forbidden", {}).items():
+        if (version := libraries.get(lib)) is not None and (not spec or in_spec(spec, version)):
+            expected = f"not installed{' in ' + spec if spec else ''}"
+            out.append(Unmet(f"library {lib}", expected, version, "forbidden"))
+    return out
+
+
+def enforce(
+    profile: Profile, fingerprint: Mapping[str, Any], libraries: Mapping[str, str | None]
+) -> list[str]:
+    """Raise ProfileUnmet (exit 4) listing every unmet requirement that is an error; return
+    warnings."""
+    problems = unmet(profile, fingerprint, libraries)
+    strict = profile.default_strictness == "error"
+    errors = [u for u in problems if strict and u.group not in profile.warn_groups]
+    warnings = [f"profile {profile.name}: {u}" for u in problems if u not in errors]
+    if errors:
+        lines = "\n".join(f"  - {u}" for u in errors)
+        todo = [USER_FIX[g] for g in dict.fromkeys(u.group for u in errors)]
+        if profile.help:
+            todo.insert(0, f"{profile.name}: {profile.help}")
+        raise ProfileUnmet(
+            f"this machine does not meet profile {profile.name!r} ({len(errors)} unmet):\n{lines}",
+            path=profile.path,
+            fix="; ".join(todo)
+            + "; or use the profile of the machine you are on (--profile NAME, or auto)",
+        )
+    return warnings
+
+
+def required_libraries(profile: Profile) -> list[str]:
+    """The library keys a profile's requirements name: a distribution, or
+    ``distribution@variant``."""
+    return sorted({*profile.requires.get("libraries", {}), *profile.requires.get("forbidden", {})})
+
+
+def library_facts(
+    keys: Iterable[str], described: Mapping[str, Mapping[str, Any]] | None = None
+) -> dict[str, str | None]:
+    """Installed versions by profile key, on this machine (metadata and files, nothing imported) or
+    on a ``described`` node: a known library under any of its distribution names; ``NAME@VARIANT``
+    only when that variant is installed (TE's ROCm fork uses NVIDIA's names)."""
+    known = {lib.name: lib for lib in known_libraries()}
+    out: dict[str, str | None] = {}
+    for key in keys:
+        base, at, variant = key.partition("@")
+        lib = known.get(base)
+        if described is None:
+            version, found = _library_here(base, lib)
+        else:
+            version, found = _library_described(base, lib, described)
+        # a namesake (a variant that is not usable) never counts; NAME@VARIANT only that variant
+        if found is not None and (not found.usable or (at and found.key != variant)):
+            version = None
+        out[key] = None if at and found is None else version
+    return out
+
+
+def _library_here(base: str, lib: Any) -> tuple[str | None, Any]:
+    """(version, recognised variant) of a library or distribution on this machine."""
+    if lib is None:
+        return library_versions([base])[base], None
+    located = locate(lib)
+    version = next(iter(located.distributions.values()), None) if located.installed else None
+    if located.installed and version is None:  # importable, e.g. a source build on the path
+        version = "unknown (no distribution metadata)"
+    return version, located.variant
+
+
+def _library_described(
+    base: str, lib: Any, described: Mapping[str, Mapping[str, Any]]
+) -> tuple[str | None, Any]:
+    """(version, variant) on a described node, by report name or distribution."""
+    entry = described.get(base)
+    if entry is None:
+        dists = (e.get("distributions") or {} for e in described.values())
+        found = next((str(d[base]) for d in dists if isinstance(d, dict) and d.get(base)), None)
+        return found, None
+    version = entry.get("version") or next(iter((entry.get("distributions") or {}).values()), None)
+    found = next((v for v in lib.variants if v.key == entry.get("variant")), None) if lib else None
+    return None if version is None else str(version), found
+
+
+def profile_change(recorded: Mapping[str, Any], profile: Profile | None) -> str | None:
+    """Why a lock written under ``recorded`` (its [profile] table) is not this run's: the profile's
+    name or its digest changed (None when the profile is the same, or neither has one)."""
+    name, digest = recorded.get("name"), recorded.get("digest")
+    if profile is None:
+        return f"it was written under profile {name} and this run applies none" if name else None
+    if name != profile.name:
+        return f"it was written under profile {name or 'none'}, this run applies {profile.name}"
+    if digest != profile.digest:
+        return (
+            f"profile {profile.name} changed since the lock was written (digest "
+            f"{str(digest)[:19]}... -> {profile.digest[:19]}..., {profile.path})"
+        )
+    return None

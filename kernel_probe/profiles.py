@@ -1,0 +1,498 @@
+"""Site profiles: what a site's nodes are expected to be, and its policy, read from TOML
+(docs/profiles.md). ``parse`` reads one strictly (unknown keys are errors: a typo in a policy must
+not silently widen it) and refuses requirements no node can meet; ``kernel_probe.sites`` finds them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import importlib
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernel_lock.format import toml
+from kernel_lock.slots import PRECISIONS, SLOTS
+from kernel_lock.trust.files import UnsafeFile, read_regular
+from kernel_probe import candidates as cands
+from kernel_probe.detect.libraries import known_libraries
+from kernel_probe.detect.triton import TRITON_DISTRIBUTIONS
+from kernel_probe.errors import InputFileError
+from kernel_probe.jobstart import PROBE_PER
+from kernel_probe.shapes import parse_shape
+from kernel_probe.tables import TableReader
+
+PROFILE_VERSION = "1"
+GROUPS = ("device", "count", "versions", "libraries", "forbidden")  # strictness groups
+MAX_BYTES = 1 << 20  # a profile is a few kB
+
+# [detect] signals. A strong one names the site (its own variable or marker file, the Slurm
+# cluster); a weak one follows a naming scheme other sites share (Cray nidNNNNNN, "gpu" partitions)
+# and never decides alone; the device describes hardware, not a site (docs/profiles.md)
+STRONG = {"env": 3, "files": 3, "slurm-cluster": 2}
+WEAK = ("hostname", "slurm-partition")
+SIGNALS = (*STRONG, *WEAK, "device")
+DETECT_DEVICE_KEYS = ("type", "vendor", "arch")
+MAX_SIGNAL_CHARS = 256  # a longer value never matches: it bounds every pattern's matching time
+MAX_VARIABLE_REPEATS = 2  # per pattern; with MAX_SIGNAL_CHARS, a search stays within milliseconds
+
+DEVICE_VENDOR = {"cuda": "nvidia", "rocm": "amd", "mps": "apple", "xpu": "intel"}
+CPU_ARCHES = ("x86_64", "aarch64", "ppc64le", "s390x", "riscv64")  # as Linux nodes report them
+_ARCH_SPELLINGS = {
+    **dict.fromkeys(("amd64", "x64", "x86-64"), "x86_64"),
+    **dict.fromkeys(("arm64", "armv8"), "aarch64"),
+}
+_TOP = (
+    *("profile-version", "name", "description", "help", "sources", "unknown", "detect"),
+    *("requires", "policy", "candidate", "strictness"),
+)
+_REQUIRES = (
+    *("device-type", "device-vendor", "device-arch", "min-device-count", "arch", "torch"),
+    *("torch-cuda", "torch-hip", "driver", "libraries", "forbidden", "site-libraries"),
+)
+_VERSIONS = ("torch", "torch-cuda", "torch-hip", "driver")
+_POLICY = ("precision", "shapes", "deterministic", "probe-per", *SLOTS)
+
+
+class ProfileError(InputFileError):
+    """A malformed profile (exit 5); the message names the file and the dotted key."""
+
+
+@dataclass(frozen=True)
+class SlotPolicy:
+    """A profile's ``[policy.<slot>]``: the candidates allowed (None: the key is absent, any;
+    ``()``: ``allowed = []``, none), preferred, or pinned."""
+
+    allowed: tuple[str, ...] | None = None
+    preferred: tuple[str, ...] = ()
+    pin: str | None = None
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One validated site profile: how to recognise the site, what it requires, its policy."""
+
+    name: str
+    description: str
+    path: str
+    digest: str
+    sources: tuple[str, ...] = ()
+    unknown: tuple[str, ...] = ()
+    detect: Mapping[str, Any] = field(default_factory=dict)
+    requires: Mapping[str, Any] = field(default_factory=dict)
+    precision: str | None = None
+    shapes: tuple[str, ...] = ()
+    deterministic: bool = False  # only bitwise repeatable candidates are chosen
+    probe_per: str | None = None  # who probes at job start (kernel_probe.jobstart.PROBE_PER)
+    slots: Mapping[str, SlotPolicy] = field(default_factory=dict)
+    candidates: tuple[cands.Candidate, ...] = ()
+    default_strictness: str = "error"
+    warn_groups: tuple[str, ...] = ()
+    detect_all: tuple[Mapping[str, Any], ...] = ()  # [[detect.all]]: each group matches whole
+    help: str = ""  # one line for the profile's users, shown when a node is refused
+    site_libraries: tuple[str, ...] = ()  # library names the registry lacks, declared on purpose
+    document: Mapping[str, Any] = field(default_factory=dict)  # the parsed TOML (`profiles show`)
+
+    def lock_record(self, matched: str) -> dict[str, Any]:
+        """The lock's ``[profile]`` table for this profile, matched as ``matched``."""
+        return {"name": self.name, "digest": self.digest, "matched": matched, "source": self.path}
+
+
+def pattern_problem(pattern: str) -> str | None:
+    """Why a detect pattern could backtrack without bound (None if it cannot): a repeat or an
+    alternation inside a repeat (``(a|aa)+``), a backreference, more than MAX_VARIABLE_REPEATS
+    variable repeats. What remains matches a value of MAX_SIGNAL_CHARS in milliseconds."""
+    # the stdlib's own parser, the tree re compiles (re._parser since 3.11, sre_parse before)
+    try:
+        sre, c = importlib.import_module("re._parser"), importlib.import_module("re._constants")
+    except ImportError:  # Python 3.10
+        sre, c = importlib.import_module("sre_parse"), importlib.import_module("sre_constants")
+    names = ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT")
+    repeats = tuple(getattr(c, n) for n in names if hasattr(c, n))
+    counted = 0
+
+    def walk(items: Any, in_repeat: bool) -> str | None:
+        nonlocal counted
+        for op, av in items:
+            found = None
+            if op in repeats:
+                lo, hi, sub = av
+                variable = hi != lo and hi > 1
+                if in_repeat and variable:
+                    return "a repeat inside a repeat"
+                counted += variable
+                found = walk(sub, in_repeat or hi > 1)
+            elif op is c.BRANCH:
+                if in_repeat:
+                    return "an alternation inside a repeat"
+                found = next((x for x in (walk(b, in_repeat) for b in av[1]) if x), None)
+            elif op is c.SUBPATTERN:
+                found = walk(av[-1], in_repeat)
+            elif op in (c.ASSERT, c.ASSERT_NOT):
+                found = walk(av[1], in_repeat)
+            elif op in (c.GROUPREF, c.GROUPREF_EXISTS):
+                return "a backreference"
+            elif op is getattr(c, "ATOMIC_GROUP", None):
+                found = walk(av, in_repeat)
+            if found:
+                return found
+        return None
+
+    found = walk(sre.parse(pattern), False)
+    if found is None and counted > MAX_VARIABLE_REPEATS:
+        found = f"{counted} variable repeats (at most {MAX_VARIABLE_REPEATS})"
+    return found
+
+
+# ---- parsing ------------------------------------------------------------------------------------
+class _Reader(TableReader):
+    """The project's strict table reader, raising ProfileError; patterns also bounded."""
+
+    error = ProfileError
+
+    def regex(self, pattern: str, key: str) -> str:
+        super().regex(pattern, key)
+        problem = pattern_problem(pattern)
+        if problem:
+            raise self.err(
+                key,
+                f"{pattern!r}: {problem}; such a pattern can take exponential time on a "
+                "crafted value",
+                fix="match the value with a plain pattern: anchors, literals, character "
+                "classes and at most "
+                f"{MAX_VARIABLE_REPEATS} repeats, none inside another (e.g. '^(a|aa)+$' -> '^a+$')",
+            )
+        return pattern
+
+
+def _closed(
+    p: _Reader, values: Iterable[str], accepted: Sequence[str], key: str, what: str, spellings=None
+) -> None:
+    """Every value one of ``accepted``: a wrong spelling is refused naming the accepted ones."""
+    for value in values:
+        if value in accepted:
+            continue
+        low = value.lower()
+        near = (spellings or {}).get(low) or (low if low in accepted else None)
+        near = near or next(iter(difflib.get_close_matches(low, list(accepted), n=1)), None)
+        raise p.err(
+            key,
+            f"{value!r} is not a {what} kernel-probe reports",
+            fix=(f"did you mean {near!r}? " if near else "") + f"accepted: {', '.join(accepted)}",
+        )
+
+
+def _signals(p: _Reader, table: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """One set of detect signals (``[detect]``, or one ``[[detect.all]]`` group), validated."""
+    out: dict[str, Any] = {}
+    for key in ("env", "files"):
+        if key in table:
+            out[key] = p.free_table(table, key, where)
+            for k, v in out[key].items():
+                if not isinstance(v, str):
+                    raise p.err(
+                        f"{where}{key}.{k}", "expected a regular expression string ('' = present)"
+                    )
+                p.regex(v, f"{where}{key}.{k}")
+    for key in ("hostname", "slurm-cluster", "slurm-partition"):
+        if key in table:
+            out[key] = list(p.strings(table, key, where))
+            for i, pattern in enumerate(out[key]):
+                p.regex(pattern, f"{where}{key}[{i}]")
+    if "device" in table:
+        dev = out["device"] = p.table(table, "device", DETECT_DEVICE_KEYS, where)
+        for k, v in dev.items():
+            if not isinstance(v, str):
+                raise p.err(f"{where}device.{k}", f"expected a string, got {type(v).__name__}")
+        if "type" in dev:
+            _closed(p, [dev["type"]], cands.DEVICE_TYPES, f"{where}device.type", "device type")
+        if "vendor" in dev:
+            vendors = tuple(DEVICE_VENDOR.values())
+            _closed(p, [dev["vendor"]], vendors, f"{where}device.vendor", "vendor")
+        if "arch" in dev and (problem := cands.gpu_arch_problem(dev["arch"])):
+            raise p.err(f"{where}device.arch", problem)
+    return out
+
+
+def _read_detect(p: _Reader, d: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``[detect]`` and its ``[[detect.all]]`` groups; each must be able to decide."""
+    raw = p.table(d, "detect", (*SIGNALS, "all"), "")
+    detect = _signals(p, raw, "detect.")
+    tables = raw.get("all", [])
+    if not isinstance(tables, list) or not all(isinstance(x, dict) for x in tables):
+        raise p.err("detect.all", "expected an array of tables ([[detect.all]])")
+    groups = []
+    for i, group in enumerate(tables):
+        p.no_unknown(group, SIGNALS, f"detect.all[{i}].")
+        groups.append(_signals(p, group, f"detect.all[{i}]."))
+    if "device" in detect and ([k for k in detect if k != "device"] or any(groups)):
+        raise p.err(
+            "detect.device",
+            "a device signal next to site signals would pick this profile on any such device",
+            fix="put it in a [[detect.all]] group with the site signal it qualifies "
+            '(e.g. env = { BSC_MACHINE = "^mn5$" }, device = { type = "cuda" })',
+        )
+    for i, group in enumerate(groups):
+        kinds = set(group)
+        if not (kinds & set(STRONG)) and not set(WEAK) <= kinds:
+            raise p.err(
+                f"detect.all[{i}]",
+                f"this group ({', '.join(sorted(kinds)) or 'empty'}) can never decide: weak "
+                "signals (hostname, slurm-partition) and the device do not identify a site alone",
+                fix="add a strong signal (env, files, slurm-cluster), or require both hostname "
+                "and slurm-partition",
+            )
+    return detect, groups
+
+
+def _check_devices(p: _Reader, requires: Mapping[str, Any]) -> None:
+    """The device requirements against their closed sets, and against each other."""
+    types = p.strings(requires, "device-type", "requires.")
+    _closed(p, types, cands.DEVICE_TYPES, "requires.device-type", "device type")
+    vendors = p.strings(requires, "device-vendor", "requires.")
+    _closed(p, vendors, tuple(DEVICE_VENDOR.values()), "requires.device-vendor", "device vendor")
+    arches = p.strings(requires, "arch", "requires.")
+    _closed(p, arches, CPU_ARCHES, "requires.arch", "CPU arch", _ARCH_SPELLINGS)
+    gpu_types = [t for t in types if t in ("cuda", "rocm")] or ["cuda", "rocm"]
+    for arch in p.strings(requires, "device-arch", "requires."):
+        if problem := cands.gpu_arch_problem(arch, gpu_types):
+            raise p.err(
+                "requires.device-arch",
+                problem,
+                fix="NVIDIA: sm_80, sm_90, sm_80+ (that or newer); AMD: gfx90a, gfx942 (exactly)",
+            )
+    count = requires.get("min-device-count", 0)
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise p.err("requires.min-device-count", "expected a non-negative integer")
+    accel = [t for t in types if t != "cpu"]
+    if types and vendors and not any(DEVICE_VENDOR.get(t) in vendors for t in accel):
+        raise p.err(
+            "requires.device-vendor",
+            f"{', '.join(vendors)} contradicts requires.device-type {', '.join(types)}: "
+            + (
+                "no such device has that vendor"
+                if accel
+                else "a CPU-only node has no accelerator vendor"
+            ),
+            fix="make them agree: " + ", ".join(f"{t} -> {v}" for t, v in DEVICE_VENDOR.items()),
+        )
+    if types and count and not accel:
+        raise p.err(
+            "requires.min-device-count",
+            f"{count} accelerator(s) required, but requires.device-type allows only cpu",
+            fix="drop min-device-count, or require an accelerator type",
+        )
+
+
+def _check_libraries(
+    p: _Reader, requires: Mapping[str, Any], declared: Iterable[cands.Candidate]
+) -> tuple[str, ...]:
+    """Library names known and not both required and forbidden; the site's own names."""
+    site_libraries = p.strings(requires, "site-libraries", "requires.")
+    libs = known_libraries()
+    known = {lib.name for lib in libs} | {d for lib in libs for d in lib.distributions}
+    known |= {*TRITON_DISTRIBUTIONS, *(c.distribution for c in declared if c.distribution)}
+    tables = {key: p.free_table(requires, key, "requires.") for key in ("libraries", "forbidden")}
+    for key, table in tables.items():
+        for lib, spec in list(table.items()):
+            p.specifier(spec, f"requires.{key}.{lib}")
+            base, at, variant = lib.partition("@")
+            if at:
+                variants = variants_of(base)
+                # variants are case-insensitive: NVIDIA is nvidia
+                spelt = {v.lower(): v for v in variants}.get(variant.lower())
+                if spelt is not None and spelt != variant:
+                    table[f"{base}@{spelt}"] = table.pop(lib)
+                    variant = spelt
+                if variant not in variants:
+                    raise p.err(
+                        f"requires.{key}.{lib}",
+                        f"{variant!r} is not a known variant of {base}",
+                        fix=f"known variants: {', '.join(variants) or 'none'} "
+                        "(kernel_lock/registry.toml)",
+                    )
+            elif base not in known and base not in site_libraries:
+                close = difflib.get_close_matches(base, list(known), n=1, cutoff=0.75)
+                raise p.err(
+                    f"requires.{key}.{lib}",
+                    f"unknown library {base!r}: a misspelt name would "
+                    + ("forbid nothing" if key == "forbidden" else "never be found"),
+                    fix=(f"did you mean {close[0]!r}? " if close else "")
+                    + "use a library of kernel_lock/registry.toml (`kernel-probe env` lists them), "
+                    f"or declare a site's own distribution in requires.site-libraries = [{base!r}]",
+                )
+    for lib, spec in tables["forbidden"].items():
+        for required, rspec in tables["libraries"].items():
+            # forbidding a library forbids each of its variants; forbidding one leaves the others
+            same = required == lib or ("@" not in lib and required.partition("@")[0] == lib)
+            if same and (not spec or spec == rspec):
+                raise p.err(
+                    f"requires.forbidden.{lib}",
+                    f"{lib} is forbidden{' in ' + spec if spec else ''} but "
+                    f"requires.libraries.{required} "
+                    f"requires it{' in ' + rspec if rspec else ''}: no node can meet this profile",
+                    fix="keep one of them, or forbid only a range the requirement does not allow",
+                )
+    return site_libraries
+
+
+def _slot_policy(p: _Reader, policy: Mapping[str, Any], slot: str, known: Mapping) -> SlotPolicy:
+    """``[policy.<slot>]``: every id a candidate of ``slot``; with ``allowed``, within it."""
+    where = f"policy.{slot}."
+    sp = p.table(policy, slot, ("allowed", "preferred", "pin"), "policy.")
+    allowed = p.strings(sp, "allowed", where) if "allowed" in sp else None
+    preferred = p.strings(sp, "preferred", where)
+    pin = p.string(sp, "pin", where)
+    if pin is not None and not pin.strip():
+        raise p.err(
+            f"{where}pin",
+            "an empty pin pins nothing",
+            fix="name a candidate id (e.g. torch.layer_norm), or remove the key",
+        )
+    named = {"allowed": allowed or (), "preferred": preferred, "pin": (pin,) if pin else ()}
+    for key, ids in named.items():
+        for cid in ids:
+            cand = known.get(cid)
+            if cand is None:
+                raise p.err(
+                    f"{where}{key}",
+                    f"unknown candidate id {cid!r}",
+                    fix="use an id from `kernel-probe check` (e.g. torch.layer_norm, "
+                    "liger.rms_norm) or declare it in a [[candidate]] table",
+                )
+            if slot not in cand.slots:
+                raise p.err(
+                    f"{where}{key}", f"candidate {cid!r} is for {', '.join(cand.slots)}, not {slot}"
+                )
+    # `allowed = []` allows nothing: a preference or a pin is then a contradiction
+    for key in ("preferred", "pin"):
+        for cid in named[key]:
+            if allowed is not None and cid not in allowed:
+                raise p.err(f"{where}{key}", f"{cid!r} is not in policy.{slot}.allowed")
+    return SlotPolicy(allowed, preferred, pin)
+
+
+def _read_policy(p: _Reader, d: Mapping[str, Any], known: Mapping) -> dict[str, Any]:
+    """``[policy]``, as the Profile's fields."""
+    policy = p.table(d, "policy", _POLICY, "")
+    precision = p.string(policy, "precision", "policy.")
+    if precision is not None and precision not in PRECISIONS:
+        raise p.err("policy.precision", f"{precision!r} is not one of {', '.join(PRECISIONS)}")
+    shapes = p.strings(policy, "shapes", "policy.")
+    deterministic = policy.get("deterministic", False)
+    if not isinstance(deterministic, bool):
+        raise p.err(
+            "policy.deterministic", f"expected true or false, got {type(deterministic).__name__}"
+        )
+    probe_per = p.string(policy, "probe-per", "policy.")
+    if probe_per is not None and probe_per not in PROBE_PER:
+        raise p.err("policy.probe-per", f"{probe_per!r} is not one of {', '.join(PROBE_PER)}")
+    for i, s in enumerate(shapes):
+        try:
+            parse_shape(s)
+        except ValueError as exc:
+            raise p.err(f"policy.shapes[{i}]", str(exc).replace("--shape ", "")) from None
+    slots = {slot: _slot_policy(p, policy, slot, known) for slot in SLOTS if slot in policy}
+    return dict(
+        precision=precision,
+        shapes=shapes,
+        deterministic=deterministic,
+        probe_per=probe_per,
+        slots=slots,
+    )
+
+
+def parse(text: str, path: str) -> Profile:
+    """The profile in TOML ``text`` (from ``path``); ProfileError names the file, key and fix."""
+    p = _Reader(path)
+    try:
+        d = toml.loads(text)
+    except (toml.TOMLDecodeError, ValueError, RecursionError) as exc:  # a 5,000-digit integer
+        raise p.err("", f"not valid TOML: {exc}") from None
+    p.no_unknown(d, _TOP, "")
+    version = p.string(d, "profile-version", "", required=True)
+    if version != PROFILE_VERSION:
+        raise p.err(
+            "profile-version",
+            f"unsupported profile-version {version!r} (this kernel-probe reads "
+            f"{PROFILE_VERSION!r})",
+        )
+    name = p.string(d, "name", "", required=True)
+    if not re.match(r"^[a-z0-9][a-z0-9._-]*$", name):
+        raise p.err("name", f"{name!r}: use lower-case letters, digits, '.', '_' and '-'")
+    help_line = p.string(d, "help", "", default="")
+    if "\n" in help_line or len(help_line) > 300:
+        raise p.err("help", "one line of at most 300 characters", fix="point to a page for more")
+    detect, groups = _read_detect(p, d)
+    requires = p.table(d, "requires", _REQUIRES, "")
+    for key in _VERSIONS:
+        if key in requires:
+            p.specifier(requires[key], f"requires.{key}")
+    declared = cands.read_candidates(
+        p, d, source=f"profile:{name}", reserved={b.id for b in cands.builtin()}
+    )
+    policy = _read_policy(p, d, {c.id: c for c in (*cands.builtin(), *declared)})
+    strict = p.table(d, "strictness", ("default", "warn"), "")
+    default = p.string(strict, "default", "strictness.", default="error")
+    if default not in ("error", "warn"):
+        raise p.err("strictness.default", f"{default!r} is not 'error' or 'warn'")
+    warn = p.strings(strict, "warn", "strictness.")
+    for g in warn:
+        if g not in GROUPS:
+            raise p.err("strictness.warn", f"unknown group {g!r}; groups: {', '.join(GROUPS)}")
+    _check_devices(p, requires)
+    site_libraries = _check_libraries(p, requires, declared)
+    return Profile(
+        name=name,
+        description=p.string(d, "description", "", default=""),
+        path=path,
+        digest="sha256:" + hashlib.sha256(text.encode()).hexdigest(),
+        sources=p.strings(d, "sources", ""),
+        unknown=p.strings(d, "unknown", ""),
+        detect=detect,
+        requires=requires,
+        **policy,
+        candidates=declared,
+        default_strictness=default,
+        warn_groups=warn,
+        detect_all=tuple(groups),
+        help=help_line,
+        site_libraries=site_libraries,
+        document=d,
+    )
+
+
+def load_file(path: str | os.PathLike[str]) -> Profile:
+    """The profile file at ``path``, read through the safe reader, parsed by :func:`from_bytes`."""
+    p = Path(path)
+    try:
+        raw = read_regular(p, MAX_BYTES)
+    except FileNotFoundError:
+        raise ProfileError(
+            "no such file", path=str(p), fix="check the path, or use `kernel-probe profiles list`"
+        ) from None
+    except UnsafeFile as exc:
+        fix = "pass a .toml file, or use --profiles-dir" if "directory" in exc.problem else exc.fix
+        raise ProfileError(exc.problem, path=str(p), fix=fix or None) from None
+    except OSError as exc:
+        raise ProfileError(f"cannot read: {exc}", path=str(p)) from None
+    return from_bytes(raw, str(p))
+
+
+def from_bytes(raw: bytes, path: str) -> Profile:
+    """The profile in the bytes read from the file ``path`` (UTF-8 TOML), parsed; ProfileError."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProfileError(f"cannot read: {exc}", path=path) from None
+    return parse(text, path)
+
+
+def variants_of(base: str) -> list[str]:
+    """The variant keys ``kernel_probe.detect.libraries`` tells apart for a library (by name)."""
+    lib = next((lib for lib in known_libraries() if lib.name == base), None)
+    return [v.key for v in lib.variants if v.usable] if lib is not None else []

@@ -1,1 +1,0 @@
-"""Site profiles: the format, finding them, recognising a site, and what a site requires."""
