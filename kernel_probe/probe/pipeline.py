@@ -69,10 +69,16 @@ OPTION_NAMES = {
     "strict_dtype": "--strict-dtype",
     "graph_attention": "--graph-attention",
     "allow_graph_attention_fallback": "--allow-graph-attention-fallback",
-    "mlp_implementation": "--mlp-implementation",
-    "activation": "--activation",
     "allow_approximation": "--allow-approximation",
 }
+
+
+def _option_name(key: str) -> str:
+    """How a person names the option behind a digest key (a slot's: its declaring flag)."""
+    for s in slot_behaviour.SLOTS.values():
+        if s.option is not None and key in s.inputs("", "cpu"):
+            return s.option.flag
+    return OPTION_NAMES.get(key, key)
 
 
 def _flat(value: Any) -> Any:
@@ -109,7 +115,7 @@ def options_change(recorded: Mapping[str, Any] | None, now: Mapping[str, Any]) -
             parts += [f"no longer {', '.join(sorted(was - new))}"] if was - new else []
             changes.append(f"candidates: {'; '.join(parts)}")
         else:
-            changes.append(f"{OPTION_NAMES.get(key, key)}: {_shown(old)} -> {_shown(value)}")
+            changes.append(f"{_option_name(key)}: {_shown(old)} -> {_shown(value)}")
     unknown = sorted(set(recorded) - set(now))
     if unknown:  # a newer kernel-probe's option
         changes.append(f"options this kernel-probe does not know: {', '.join(unknown)}")
