@@ -227,29 +227,20 @@ class _Converter:
             return module
         twin = _build_twin(module, slot, twin_cls)
         error = _compare(module, twin, slot) if self.compare else None
+        original, twin_name = _qualified(type(module)), _qualified(twin_cls)
         if error is not None and error > _tolerance(slot):
             raise NotPortable(
-                f"{where or 'the model'}: {_qualified(type(module))} and its twin "
-                f"{_qualified(twin_cls)} disagree here (error {error:.3g} > tolerance "
-                f"{_tolerance(slot):.3g}; the lock verified "
+                f"{where or 'the model'}: {original} and its twin {twin_name} disagree here "
+                f"(error {error:.3g} > tolerance {_tolerance(slot):.3g}; the lock verified "
                 f"{slot.twin.max_error if slot.twin else None})",
                 path=self.lock.path,
                 key=f"slots.{slot.name}.twin",
                 fix="re-probe on this machine (`kernel-probe --force`) and save with the new lock",
             )
-        note = "not compared: the original cannot run on this machine"
-        if error is not None or not self.compare:
-            note = ""
-        self.replacements.append(
-            Replacement(
-                where or "<root>",
-                slot.name,
-                _qualified(type(module)),
-                _qualified(twin_cls),
-                error,
-                note,
-            )
-        )
+        compared = error is not None or not self.compare
+        note = "" if compared else "not compared: the original cannot run on this machine"
+        where = where or "<root>"
+        self.replacements.append(Replacement(where, slot.name, original, twin_name, error, note))
         self._seen[id(module)] = twin
         return twin
 
@@ -294,10 +285,8 @@ class _Converter:
         if isinstance(func, type) and (slot := self.slot_of(func)) is not None:
             twin_cls = self.twin_class(slot, func)
             assert slot.twin is not None
-            twin_kwargs = dict(slot.twin.kwargs)
-            for k, v in keywords.items():  # what the call site pinned beyond the lock (eps) is kept
-                if k in twin_kwargs:
-                    twin_kwargs[k] = v
+            twin_kwargs = dict(slot.twin.kwargs)  # a value the call site set (eps) wins
+            twin_kwargs.update((k, v) for k, v in keywords.items() if k in twin_kwargs)
             return functools.partial(twin_cls, *args, **twin_kwargs)
         if type(value).__module__.startswith("kernel_lock"):  # a KernelFactory of a torch.nn class
             return functools.partial(func, *args, **keywords)
