@@ -170,15 +170,11 @@ def _transposed(value: Any, shape: tuple[int, ...] | None) -> bool:
 def migrate_state_dict(
     state_dict: Mapping[str, Any], lock: KernelLock, model: Any
 ) -> OrderedDict[str, Any]:
-    """``state_dict`` (saved under ``lock``, or under the training lock an inference lock derives
-    from) made loadable into ``model``, rebuilt in inference mode; ``state_dict`` is not modified.
-
-    A twin's rule applies only where ``model`` asks for it: a key is dropped when ``model`` does not
-    expect it, renamed when ``model`` expects the new name and not the old, transposed when it
-    expects the transposed shape; every other key is kept, so a misfit still fails a strict load.
-    ``model`` is an ``nn.Module``, a mapping of its keys to tensors or shapes, or its keys (then no
-    transpose applies). What was migrated is logged (INFO, logger ``kernel_lock``).
-    """
+    """``state_dict`` (saved under ``lock`` or the training lock it derives from) made loadable
+    into ``model`` rebuilt in inference mode (a module, its keys mapped to tensors or shapes, or its
+    keys). A twin's rule applies only where ``model`` asks for it (a key it lacks dropped or
+    renamed, a transposed shape turned); every other key is kept, so a misfit still fails a strict
+    load. ``state_dict`` is not modified; what was migrated is logged (INFO, ``kernel_lock``)."""
     if hasattr(model, "state_dict"):
         expected: dict[str, Any] = {k: _shape(v) for k, v in model.state_dict().items()}
     elif isinstance(model, Mapping):

@@ -296,16 +296,13 @@ class _Converter:
 def portable(
     module: Any, lock: KernelLock, *, compare: bool = True, report: list[Replacement] | None = None
 ) -> Any:
-    """A copy of ``module`` that unpickles where neither the training library nor kernel_lock is
-    installed: every module, class or stored factory from ``lock`` replaced by the slot's verified
-    twin, its state migrated as the lock records.
+    """A copy of ``module`` that unpickles without the training library and kernel_lock: every
+    module, class or stored factory from ``lock`` is the slot's verified twin, its state migrated.
 
-    ``compare`` runs each replaced module beside its twin on a small input and refuses
-    (:class:`NotPortable`) a disagreement beyond the lock's verified error (a module that cannot run
-    here is recorded as not compared); ``report`` receives one :class:`Replacement` per module.
-    Raises :class:`KernelUnavailable` for a slot without a usable twin, and :class:`NotPortable`
-    where the copy's pickle would still name kernel_lock or a training library.
-    """
+    ``compare`` refuses (:class:`NotPortable`) a twin that disagrees with its module here beyond the
+    lock's verified error; ``report`` receives one :class:`Replacement` per module. Raises
+    :class:`KernelUnavailable` for a slot without a usable twin, and :class:`NotPortable` where the
+    copy's pickle would still name kernel_lock or a training library."""
     converter = _Converter(lock, compare)
     copied = converter.modules(copy.deepcopy(module))
     converter.attributes(copied)
