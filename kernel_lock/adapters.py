@@ -1,14 +1,9 @@
 """Thin module classes kernel_lock ships so a lock can name them as targets.
 
 Each keeps the parameters and state-dict keys of the class it adapts, so a checkpoint moves freely
-between the adapter and the class it adapts. Importing this module imports torch; it is only
-imported when a lock resolves one of these targets. The library an adapter wraps is imported only
-when that adapter is first looked up (module ``__getattr__``), so this module imports without
-liger-kernel.
-
-Kept at ``kernel_lock.adapters`` (the public face of the lock's target classes, beside
-``attention`` and ``gated_mlp``): locks, anemoi configs and pickled models name these classes by
-this path, and a lock's digest covers it.
+between the two; locks, anemoi configs and pickled models name them by this path. Importing this
+module imports torch; the library an adapter wraps is imported when the adapter is first looked up
+(module ``__getattr__``), so this module imports without liger-kernel.
 """
 
 from __future__ import annotations
@@ -31,10 +26,9 @@ from .trust.adapter_names import (
     size_parameter,
 )
 
-# the classes this module builds on first lookup (module ``__getattr__``: the adapters of
-# kernel_lock.trust.adapter_names' tables, and the generic ``Autocast__...`` / ``Sized__...`` ones)
-# are public too, by the name a lock gives; not listed, so ``import *`` never imports their
-# libraries
+# the classes built on first lookup (the tables of kernel_lock.trust.adapter_names, and the generic
+# ``Autocast__...`` / ``Sized__...`` ones) are public too, by the name a lock gives; not listed, so
+# ``import *`` never imports their libraries
 __all__ = [
     "TORCH_INIT_ADAPTERS",
     "CompiledGELU",
@@ -47,27 +41,20 @@ __all__ = [
     "torch_init_adapter",
 ]
 
+_OPS: dict[str, Callable[..., Any]] = {
+    "layer_norm": lambda x, shape, weight, bias, eps: F.layer_norm(x, shape, weight, bias, eps),
+    "rms_norm": lambda x, shape, weight, eps: F.rms_norm(x, shape, weight, eps),
+    "linear": lambda x, weight, bias: F.linear(x, weight, bias),
+    "gelu": lambda x, approximate: F.gelu(x, approximate=approximate),
+}
 _compiled: dict[str, Callable[..., Any]] = {}
 
 
-def _compiled_fn(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    # one compiled function per op, shared by every instance (compilation is per process and shape)
-    f = _compiled.get(name)
-    if f is None:
-        f = _compiled[name] = torch.compile(fn)
-    return f
-
-
-def _layer_norm(x, normalized_shape, weight, bias, eps):
-    return F.layer_norm(x, normalized_shape, weight, bias, eps)
-
-
-def _rms_norm(x, normalized_shape, weight, eps):
-    return F.rms_norm(x, normalized_shape, weight, eps)
-
-
-def _linear(x, weight, bias):
-    return F.linear(x, weight, bias)
+def _compiled_op(name: str) -> Callable[..., Any]:
+    """One compiled function per op, shared by every instance (compilation is per process)."""
+    if name not in _compiled:
+        _compiled[name] = torch.compile(_OPS[name])
+    return _compiled[name]
 
 
 class CompiledLayerNorm(nn.LayerNorm):
@@ -75,7 +62,7 @@ class CompiledLayerNorm(nn.LayerNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``F.layer_norm`` over the last dimensions, compiled."""
-        return _compiled_fn("layer_norm", _layer_norm)(
+        return _compiled_op("layer_norm")(
             x, self.normalized_shape, self.weight, self.bias, self.eps
         )
 
@@ -85,7 +72,7 @@ class CompiledRMSNorm(nn.RMSNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``F.rms_norm`` over the last dimensions, compiled."""
-        return _compiled_fn("rms_norm", _rms_norm)(x, self.normalized_shape, self.weight, self.eps)
+        return _compiled_op("rms_norm")(x, self.normalized_shape, self.weight, self.eps)
 
 
 class CompiledLinear(nn.Linear):
@@ -93,49 +80,28 @@ class CompiledLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``F.linear``, compiled."""
-        return _compiled_fn("linear", _linear)(x, self.weight, self.bias)
-
-
-def _gelu(x, approximate):
-    return F.gelu(x, approximate=approximate)
+        return _compiled_op("linear")(x, self.weight, self.bias)
 
 
 class CompiledGELU(nn.GELU):
-    """``torch.nn.GELU`` whose forward runs through ``torch.compile`` (same ``approximate``, no
-    parameters)."""
+    """``torch.nn.GELU`` whose forward runs through ``torch.compile`` (same ``approximate``)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``F.gelu``, compiled."""
-        return _compiled_fn("gelu", _gelu)(x, self.approximate)
+        return _compiled_op("gelu")(x, self.approximate)
 
 
-# ---- anemoi's call convention and wrappers -------------------------------------------------------
-# The names of the adapters and what each wraps live in kernel_lock.trust.adapter_names
-# (import-light: the export and a lock's trust check read them without torch); the classes are built
-# here on first lookup (module ``__getattr__``) and pickle by name.
+def _subclass(base: type, name: str, doc: str, module: str = __name__, **members: Any) -> type:
+    """``base``'s subclass ``name``, in this module: pickle finds it again (``__getattr__``)."""
+    for member in members.values():
+        member.__qualname__ = f"{name}.{member.__name__}"
+    namespace = {"__module__": module, "__qualname__": name, "__doc__": doc, **members}
+    return type(base)(name, (base,), namespace)
 
 
-def _last_dim(normalized_shape: Any, name: str) -> int:
-    if isinstance(normalized_shape, int):
-        return normalized_shape
-    shape = tuple(normalized_shape)
-    if len(shape) != 1:
-        raise ValueError(
-            f"{name} normalizes over the last dimension only; got normalized_shape={shape!r}"
-        )
-    return int(shape[0])
-
-
-def _init_signature(cls: type[Any]) -> inspect.Signature:
-    """The signature of ``cls.__init__`` (``self`` first): what an adapter's own ``__init__``
-    advertises."""
-    return inspect.signature(cls.__init__)
-
-
-def normalized_shape_adapter(base: type, size_param: str, name: str) -> type:
+def normalized_shape_adapter(base: type[Any], size_param: str, name: str) -> type:
     """A subclass of ``base`` whose size argument is ``normalized_shape`` (int or 1-tuple,
-    positional or keyword), as torch.nn.LayerNorm's is. The library's own keyword (``size_param``)
-    still works."""
+    positional or keyword), as torch.nn.LayerNorm's is; ``size_param`` still works too."""
     missing = object()
 
     def __init__(self, normalized_shape=missing, *args, **kwargs):
@@ -145,29 +111,30 @@ def normalized_shape_adapter(base: type, size_param: str, name: str) -> type:
             normalized_shape = kwargs.pop(size_param)
         if normalized_shape is missing:
             raise TypeError(f"{name}() missing required argument: 'normalized_shape'")
-        base.__init__(self, _last_dim(normalized_shape, name), *args, **kwargs)
+        if not isinstance(normalized_shape, int):
+            shape = tuple(normalized_shape)
+            if len(shape) != 1:
+                raise ValueError(
+                    f"{name} normalizes over the last dimension only; got "
+                    f"normalized_shape={shape!r}"
+                )
+            normalized_shape = int(shape[0])
+        base.__init__(self, normalized_shape, *args, **kwargs)
 
     # what inspect.signature (and so the lock's kwargs check) sees: the base's, size renamed
-    params = list(_init_signature(base).parameters.values())
     params = [
         p.replace(name="normalized_shape", default=inspect.Parameter.empty)
         if p.name == size_param
         else p
-        for p in params
+        for p in inspect.signature(base.__init__).parameters.values()
     ]
     __init__.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]  # read by inspect.signature
-    __init__.__qualname__ = f"{name}.__init__"
     doc = (
         f"``{base.__module__}.{base.__qualname__}`` built as ``{name}(normalized_shape, ...)``, "
         "the way anemoi-models calls its norms. Same parameters and state-dict keys as the class "
         "it adapts."
     )
-    # module and name make it picklable: pickle finds it again through this module's __getattr__
-    return type(base)(
-        name,
-        (base,),
-        {"__init__": __init__, "__module__": __name__, "__qualname__": name, "__doc__": doc},
-    )
+    return _subclass(base, name, doc, __init__=__init__)
 
 
 def autocast_adapter(base: type, name: str) -> type:
@@ -177,26 +144,19 @@ def autocast_adapter(base: type, name: str) -> type:
         """The base class's forward, its output cast to ``x``'s dtype."""
         return base.forward(self, x, *args, **kwargs).type_as(x)
 
-    forward.__qualname__ = f"{name}.forward"
     doc = (
         f"``{base.__module__}.{base.__qualname__}`` with its output cast back to the input "
-        "dtype, as anemoi's "
-        "AutocastLayerNorm does for torch.nn.LayerNorm. Same parameters and state-dict keys."
+        "dtype, as anemoi's AutocastLayerNorm does for torch.nn.LayerNorm. Same parameters and "
+        "state-dict keys."
     )
-    return type(base)(
-        name,
-        (base,),
-        {"forward": forward, "__module__": __name__, "__qualname__": name, "__doc__": doc},
-    )
+    return _subclass(base, name, doc, forward=forward)
 
 
-# ---- torch.nn's initialisation -------------------------------------------------------------------
 # A library class that computes the right thing but starts its parameters elsewhere (transformer-
-# engine's Linear draws its weight from N(0, 0.023) and zeroes its bias, where torch.nn.Linear draws
-# both from U(-1/sqrt(in), 1/sqrt(in))) changes every model trained from scratch. These adapters are
-# the library class re-initialised the torch.nn way after its own constructor: same parameters, same
-# state dict, same forward. adapter name -> (the library class, the semantics whose init it
-# restores)
+# engine's Linear draws its weight from N(0, 0.023) and zeroes its bias, torch.nn.Linear draws both
+# from U(-1/sqrt(in), 1/sqrt(in))) changes every model trained from scratch; these adapters are the
+# library class re-initialised the torch.nn way after its own constructor.
+# adapter name -> (the library class, the semantics whose init it restores)
 TORCH_INIT_ADAPTERS: dict[str, tuple[str, str]] = {
     "TELinear": ("transformer_engine.pytorch.Linear", "linear")
 }
@@ -205,67 +165,56 @@ TORCH_INIT_ADAPTERS: dict[str, tuple[str, str]] = {
 def torch_init(module: nn.Module, semantics: str) -> None:
     """Set ``module``'s ``weight``/``bias`` as torch.nn's module of that semantics initialises
     them."""
-    weight = getattr(module, "weight", None)
-    bias = getattr(module, "bias", None)
+    weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
     with torch.no_grad():
-        if semantics == "linear":
-            if weight is not None:
-                nn.init.kaiming_uniform_(weight, a=math.sqrt(5))  # torch.nn.Linear.reset_parameters
-                if bias is not None:
-                    fan_in = weight.shape[1]
-                    bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
-                    nn.init.uniform_(bias, -bound, bound)
-        else:
+        if semantics != "linear":
             if weight is not None:
                 nn.init.ones_(weight)
             if bias is not None:
                 nn.init.zeros_(bias)
+        elif weight is not None:
+            nn.init.kaiming_uniform_(weight, a=math.sqrt(5))  # torch.nn.Linear.reset_parameters
+            if bias is not None:
+                fan_in = weight.shape[1]
+                bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+                nn.init.uniform_(bias, -bound, bound)
 
 
-def torch_init_adapter(base: type, semantics: str, name: str, module: str = __name__) -> type:
-    """A subclass of ``base`` whose fresh parameters start where torch.nn's do (see
-    ``torch_init``)."""
+def torch_init_adapter(base: type[Any], semantics: str, name: str, module: str = __name__) -> type:
+    """A subclass of ``base`` whose fresh parameters start where torch.nn's do (``torch_init``)."""
 
     def __init__(self, *args, **kwargs):
         base.__init__(self, *args, **kwargs)
         torch_init(self, semantics)
 
-    __init__.__signature__ = _init_signature(base)  # type: ignore[attr-defined]  # read by inspect.signature
-    __init__.__qualname__ = f"{name}.__init__"
+    __init__.__signature__ = inspect.signature(base.__init__)  # type: ignore[attr-defined]  # read by inspect.signature
     doc = (
         f"``{base.__module__}.{base.__qualname__}``, its parameters initialised as torch.nn's "
         f"{semantics} initialises them. Same parameters, state dict and forward."
     )
-    return type(base)(
-        name,
-        (base,),
-        {"__init__": __init__, "__module__": module, "__qualname__": name, "__doc__": doc},
-    )
+    return _subclass(base, name, doc, module, __init__=__init__)
 
 
 def _class(target: str) -> type:
     module_name, _, attr = target.rpartition(".")
     if module_name == __name__:
         return globals()[attr] if attr in globals() else __getattr__(attr)
-    # ImportError if the library is missing
-    return getattr(importlib.import_module(module_name), attr)
+    return getattr(importlib.import_module(module_name), attr)  # ImportError: library missing
 
 
 def _generic(prefix: str, kernel: str) -> type:
-    """The generic ``prefix`` adapter around the class at ``kernel`` (see
-    kernel_lock.anemoi.generic_adapter)."""
+    """The generic ``prefix`` adapter around the class at ``kernel``."""
     base = _class(kernel)
     if not isinstance(base, type) or not issubclass(base, nn.Module):
         raise TypeError(f"{kernel} is not a torch.nn.Module class: no adapter is built around it")
     size = size_parameter(base)
+    tail = kernel.replace(".", GENERIC_SEPARATOR)
     if size is not None:
-        sized = f"Sized{GENERIC_SEPARATOR}{kernel.replace('.', GENERIC_SEPARATOR)}"
+        sized = f"Sized{GENERIC_SEPARATOR}{tail}"
         base = globals().get(sized) or normalized_shape_adapter(base, size, sized)
         globals()[sized] = base
     if prefix == "Autocast":
-        return autocast_adapter(
-            base, f"{prefix}{GENERIC_SEPARATOR}{kernel.replace('.', GENERIC_SEPARATOR)}"
-        )
+        return autocast_adapter(base, f"{prefix}{GENERIC_SEPARATOR}{tail}")
     if size is None:
         raise TypeError(f"{kernel} already takes normalized_shape: it needs no size adapter")
     return base
@@ -273,8 +222,7 @@ def _generic(prefix: str, kernel: str) -> type:
 
 def __getattr__(name: str) -> type:
     """Build the adapter ``name`` on first lookup (a table row of
-    ``kernel_lock.trust.adapter_names``, or a generic ``Autocast__``/``Sized__`` name);
-    AttributeError for any other name."""
+    ``kernel_lock.trust.adapter_names``, or a generic ``Autocast__``/``Sized__`` name)."""
     generic = generic_parts(name)
     if generic is not None:
         cls = _generic(*generic)

@@ -1,27 +1,19 @@
 """The Attention slot's implementations: module classes with one contract, so a lock can pin any of
 them.
 
-The contract is ``torch.nn.functional.scaled_dot_product_attention`` on BHSD tensors (batch, heads,
-sequence, head_dim): ``forward(q, k, v, attn_mask=None, dropout_p=None, is_causal=False, scale=None,
-enable_gqa=False)`` returns ``softmax(q k^T * scale) v``, non-causal unless asked. On top of it come
-the options a model fixes when it builds the layer (the constructor's keywords, pinned by the lock):
+The contract is ``torch.nn.functional.scaled_dot_product_attention`` on (batch, heads, seq, dim)
+tensors: ``forward(q, k, v, attn_mask=None, dropout_p=None, is_causal=False, scale=None,
+enable_gqa=False)``, plus the options a model fixes when it builds the layer (the lock pins them):
 
-- ``window``: the band's half-width ``w``: key ``j`` is visible to query ``i`` iff ``|i - j| <= w``
-  (anemoi's ``window_size``; ``-1``: global attention);
-- ``softcap``: scores become ``softcap * tanh(scores / softcap)`` (``0``: none);
-- ``dropout``: the attention-weight dropout applied in training mode (``dropout_p=None`` in the
-  call), as anemoi's ``dropout_p if self.training else 0``;
-- ``alibi``: anemoi's ``use_alibi_slopes``: a bias ``-slope_h * |i - j|`` per head (slopes as
-  anemoi's ``get_alibi_slopes``).
+- ``window``: key ``j`` is visible to query ``i`` iff ``|i - j| <= window`` (-1: global);
+- ``softcap``: scores become ``softcap * tanh(scores / softcap)`` (0: none);
+- ``dropout``: applied in training mode when the call passes ``dropout_p=None``;
+- ``alibi``: a bias ``-slope_h * |i - j|`` per head (anemoi's ``get_alibi_slopes``).
 
-An implementation that cannot honour an option it is built with raises (``NotImplementedError``) on
-the call, never silently computes something else: except where it reproduces what anemoi's own
-wrapper does with that library (the flash-attn adapters pass exactly the arguments anemoi passes,
-dropped ones included), because the verdict must be about what anemoi will run. The probe measures
-what each one honours (kernel_probe.probe.attention).
-
-Importing this module imports torch; kernel_lock imports it only when a lock resolves an Attention
-target. The kernel libraries are imported on the first call.
+An implementation raises ``NotImplementedError`` for an option it cannot honour, except where it
+reproduces what anemoi's own wrapper does with that library (the flash-attn classes pass exactly
+the arguments anemoi passes): the probe measures what each honours. Importing this module imports
+torch; the kernel libraries are imported on the first call.
 """
 
 from __future__ import annotations
@@ -51,8 +43,7 @@ __all__ = [
     "for_function",
 ]
 
-# the torch.nn.attention.SDPBackend member each ``backend`` keyword forces ("default": torch
-# chooses)
+# the torch.nn.attention.SDPBackend member each ``backend`` forces ("default": torch chooses)
 SDPA_BACKENDS = {
     "math": "MATH",
     "flash": "FLASH_ATTENTION",
@@ -73,20 +64,17 @@ def alibi_slopes(heads: int) -> torch.Tensor:
     """anemoi-models' ``get_alibi_slopes`` (the ALiBi paper's geometric slopes, interpolated for a
     head count that is not a power of two), in float32."""
     n = 2 ** math.floor(math.log2(heads))
-    slope_0 = 2.0 ** (-8.0 / n)
-    slopes = torch.pow(slope_0, torch.arange(1, 1 + n))
+    slopes = torch.pow(2.0 ** (-8.0 / n), torch.arange(1, 1 + n))
     if n < heads:
-        slope_hat = 2.0 ** (-4.0 / n)
-        extra = torch.pow(slope_hat, torch.arange(1, 1 + 2 * (heads - n), 2))
+        extra = torch.pow(2.0 ** (-4.0 / n), torch.arange(1, 1 + 2 * (heads - n), 2))
         slopes = torch.cat([slopes, extra])
     return slopes.float()
 
 
 def alibi_bias(heads: int, q_len: int, k_len: int, device: Any, dtype: Any) -> torch.Tensor:
     """``-slope_h * |i - j|`` as an additive (heads, q_len, k_len) bias."""
-    dist = (
-        torch.arange(q_len, device=device)[:, None] - torch.arange(k_len, device=device)[None, :]
-    ).abs()
+    i = torch.arange(q_len, device=device)[:, None]
+    dist = (i - torch.arange(k_len, device=device)[None, :]).abs()
     return (-alibi_slopes(heads).to(device)[:, None, None] * dist).to(dtype)
 
 
@@ -104,14 +92,9 @@ class Attention(nn.Module):
             raise ValueError(f"softcap must be >= 0 (0: none), got {softcap!r}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
-        self.window, self.softcap, self.dropout, self.alibi = (
-            int(window),
-            float(softcap),
-            float(dropout),
-            bool(alibi),
-        )
-        # one mask per (q_len, k_len, device): a second sequence length gets its own (anemoi's SDPA
-        # wrapper builds one and reuses it "assuming the sequence length does not change")
+        self.window, self.softcap = int(window), float(softcap)
+        self.dropout, self.alibi = float(dropout), bool(alibi)
+        # one mask per (q_len, k_len, device), as anemoi's SDPA wrapper reuses its one
         self._masks: dict[tuple[int, int, str], torch.Tensor] = {}
 
     def extra_repr(self) -> str:
@@ -126,10 +109,9 @@ class Attention(nn.Module):
         if self.window < 0:
             return None
         key = (q_len, k_len, str(device))
-        mask = self._masks.get(key)
-        if mask is None:
-            mask = self._masks[key] = band_mask(q_len, k_len, self.window, device)
-        return mask
+        if key not in self._masks:
+            self._masks[key] = band_mask(q_len, k_len, self.window, device)
+        return self._masks[key]
 
     def forward(
         self,
@@ -142,33 +124,20 @@ class Attention(nn.Module):
         scale: float | None = None,
         enable_gqa: bool = False,
     ) -> torch.Tensor:
-        """``scaled_dot_product_attention(q, k, v, ...)`` on BHSD tensors with this layer's
-        options."""
+        """``scaled_dot_product_attention(q, k, v, ...)`` with this layer's options."""
         if dropout_p is None:
             dropout_p = self.dropout if self.training else 0.0
         return self.attend(
             q, k, v, attn_mask, float(dropout_p), bool(is_causal), scale, bool(enable_gqa)
         )
 
-    def attend(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        attn_mask: torch.Tensor | None,
-        dropout_p: float,
-        is_causal: bool,
-        scale: float | None,
-        enable_gqa: bool,
-    ) -> torch.Tensor:
-        """The attention of ``q`` over ``k``/``v`` in (batch, heads, seq, dim) layout, SDPA's
-        arguments normalised; each backend implements it."""
+    def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> torch.Tensor:
+        """The attention, SDPA's arguments normalised (``dropout_p`` a float); each backend
+        implements it."""
         raise NotImplementedError
 
-    def _combined_mask(
-        self, q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | None
-    ) -> Any:
-        """The window mask and the caller's (boolean: both must allow; float: the window as
+    def _combined_mask(self, q: torch.Tensor, k: torch.Tensor, attn_mask: Any) -> Any:
+        """The window and the caller's mask (boolean: both must allow; float: the window as
         -inf)."""
         band = self.window_mask(q.shape[-2], k.shape[-2], q.device)
         if band is None or attn_mask is None:
@@ -177,13 +146,18 @@ class Attention(nn.Module):
             return attn_mask & band
         return attn_mask.masked_fill(~band, float("-inf"))
 
+    def _refuse(self, what: str, softcap: bool = True, alibi: bool = True) -> None:
+        """Raise for a softcap or alibi this implementation (``what``) cannot honour."""
+        if softcap and self.softcap > 0:
+            raise NotImplementedError(f"softcap is not supported by {what}")
+        if alibi and self.alibi:
+            raise NotImplementedError(f"alibi slopes are not supported by {what}")
+
 
 class SDPAttention(Attention):
-    """``torch.nn.functional.scaled_dot_product_attention`` with the window as a boolean mask, as
-    anemoi's SDPA path builds it. ``backend``: "default" (torch chooses) or one forced through
-    ``torch.nn.attention.sdpa_kernel`` ("math", "flash", "efficient", "cudnn"): a forced backend
-    that refuses the inputs raises torch's error, never runs another. softcap and alibi raise, as
-    anemoi's."""
+    """``torch.nn.functional.scaled_dot_product_attention``, the window as a boolean mask (as
+    anemoi's SDPA path builds it). ``backend``: "default" (torch chooses) or one forced through
+    ``sdpa_kernel`` (a forced backend that refuses the inputs raises). softcap and alibi raise."""
 
     def __init__(
         self,
@@ -205,16 +179,8 @@ class SDPAttention(Attention):
         return f"{super().extra_repr()}, backend={self.backend!r}"
 
     def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-        """torch's scaled_dot_product_attention, the window folded into the mask, under the backend
-        asked for."""
-        if self.softcap > 0:
-            raise NotImplementedError(
-                "softcap is not supported by torch's scaled_dot_product_attention"
-            )
-        if self.alibi:
-            raise NotImplementedError(
-                "alibi slopes are not supported by torch's scaled_dot_product_attention"
-            )
+        """torch's scaled_dot_product_attention under the backend asked for."""
+        self._refuse("torch's scaled_dot_product_attention")
         mask = self._combined_mask(q, k, attn_mask)
         call = {"attn_mask": mask, "dropout_p": dropout_p, "is_causal": is_causal, "scale": scale}
         if enable_gqa:
@@ -231,10 +197,8 @@ _flex: dict[str, Callable[..., Any]] = {}
 
 
 class FlexAttention(Attention):
-    """``torch.nn.attention.flex_attention`` with the window as a band ``block_mask`` (blocks
-    outside the band are skipped) and softcap/alibi as a ``score_mod``, compiled
-    (``compiled=False``: eager, for tests). Dropout and an ``attn_mask`` raise: flex_attention has
-    neither."""
+    """``torch.nn.attention.flex_attention``: the window as a band ``block_mask``, softcap and alibi
+    as a ``score_mod``, compiled (``compiled=False``: eager). Dropout and masks raise."""
 
     def __init__(
         self,
@@ -249,8 +213,7 @@ class FlexAttention(Attention):
         self._blocks: dict[tuple[int, int, str], Any] = {}
 
     def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-        """torch's flex_attention: the window as a block mask, softcap and alibi as a score
-        modification (no mask, no dropout)."""
+        """torch's flex_attention with this layer's block mask and score modification."""
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
         if dropout_p > 0:
@@ -261,22 +224,20 @@ class FlexAttention(Attention):
             )
         fn = flex_attention
         if self.compiled:
-            fn = _flex.get("flex") or _flex.setdefault(
-                "flex", torch.compile(flex_attention, dynamic=False)
-            )
+            if "flex" not in _flex:
+                _flex["flex"] = torch.compile(flex_attention, dynamic=False)
+            fn = _flex["flex"]
         block = None
         if self.window >= 0:
             key = (q.shape[-2], k.shape[-2], str(q.device))
-            block = self._blocks.get(key)
-            if block is None:
+            if key not in self._blocks:
                 w = self.window
 
                 def band(b, h, qi, kj):
                     return (qi - kj).abs() <= w
 
-                block = self._blocks[key] = create_block_mask(
-                    band, None, None, q.shape[-2], k.shape[-2], device=str(q.device)
-                )
+                self._blocks[key] = create_block_mask(band, None, None, *key[:2], device=key[2])
+            block = self._blocks[key]
         score_mod = None
         cap, slopes = self.softcap, alibi_slopes(q.shape[1]).to(q.device) if self.alibi else None
         if cap > 0 or slopes is not None:
@@ -300,18 +261,12 @@ def _bshd(*tensors: torch.Tensor) -> list[torch.Tensor]:
 
 class _FlashAttention(Attention):
     """A flash-attn generation, called exactly as anemoi-models' ``FlashAttentionWrapper`` calls it:
-    BHSD -> BSHD, ``window_size=(w, w)`` or ``(-1, -1)``, ``causal=False``, and only the arguments
-    anemoi passes to that generation (what it drops, this drops: the probe measures and names it).
-    ``scale`` (not passed by anemoi, whose scale is the default) goes in as ``softmax_scale``."""
+    BSHD, ``window_size=(w, w)`` or ``(-1, -1)``, and only the arguments anemoi passes to that
+    generation; ``scale`` (anemoi passes none) goes in as ``softmax_scale``."""
 
     MODULE = ""
     GENERATION = 0
-
-    def __init__(
-        self, window: int = -1, softcap: float = 0.0, dropout: float = 0.0, alibi: bool = False
-    ):
-        super().__init__(window, softcap, dropout, alibi)
-        self._func: Callable[..., Any] | None = None
+    _func: Callable[..., Any] | None = None
 
     def func(self) -> Callable[..., Any]:
         if self._func is None:
@@ -321,13 +276,15 @@ class _FlashAttention(Attention):
     def _window(self) -> tuple[int, int]:
         return (self.window, self.window) if self.window >= 0 else (-1, -1)
 
+    def _scale(self, scale: float | None) -> dict[str, float]:
+        return {} if scale is None else {"softmax_scale": scale}
+
     def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
         if attn_mask is not None:
             raise NotImplementedError(
                 f"flash-attn {self.GENERATION} takes no attn_mask (only the window)"
             )
-        q, k, v = _bshd(q, k, v)
-        out = self.call(q, k, v, dropout_p, is_causal, scale)
+        out = self.call(*_bshd(q, k, v), dropout_p, is_causal, scale)
         if isinstance(out, tuple):  # v4, and early v3, return (out, softmax_lse)
             out = out[0]
         return out.transpose(1, 2)
@@ -343,22 +300,13 @@ class FlashAttention2(_FlashAttention):
     MODULE, GENERATION = "flash_attn", 2
 
     def call(self, q, k, v, dropout_p, is_causal, scale):
-        """flash-attn 2's ``flash_attn_func`` on (batch, seq, heads, dim) tensors: window, dropout,
-        softcap and alibi passed."""
+        """flash-attn 2's ``flash_attn_func`` on BSHD tensors, every option passed."""
         slopes = None
         if self.alibi:  # anemoi: alibi_slopes.repeat(batch_size, 1)
             slopes = alibi_slopes(q.shape[2]).repeat(q.shape[0], 1).to(q.device)
-        extra = {} if scale is None else {"softmax_scale": scale}
+        options = {"dropout_p": dropout_p, "softcap": self.softcap, "alibi_slopes": slopes}
         return self.func()(
-            q,
-            k,
-            v,
-            causal=is_causal,
-            window_size=self._window(),
-            dropout_p=dropout_p,
-            softcap=self.softcap,
-            alibi_slopes=slopes,
-            **extra,
+            q, k, v, causal=is_causal, window_size=self._window(), **options, **self._scale(scale)
         )
 
 
@@ -369,15 +317,11 @@ class FlashAttention3(_FlashAttention):
     MODULE, GENERATION = "flash_attn_interface", 3
 
     def call(self, q, k, v, dropout_p, is_causal, scale):
-        """flash-attn 3's ``flash_attn_func``: window and softcap (no alibi; its dropout is not
-        passed)."""
-        if self.alibi:
-            raise NotImplementedError(
-                "alibi slopes are not supported by flash attention v3 (anemoi raises)"
-            )
-        extra = {} if scale is None else {"softmax_scale": scale}
+        """flash-attn 3's ``flash_attn_func``: window and softcap."""
+        self._refuse("flash attention v3 (anemoi raises)", softcap=False)
+        window, cap = self._window(), self.softcap
         return self.func()(
-            q, k, v, causal=is_causal, window_size=self._window(), softcap=self.softcap, **extra
+            q, k, v, causal=is_causal, window_size=window, softcap=cap, **self._scale(scale)
         )
 
 
@@ -388,8 +332,7 @@ class FlashAttention4(_FlashAttention):
     MODULE, GENERATION = "flash_attn.cute", 4
 
     def call(self, q, k, v, dropout_p, is_causal, scale):
-        """flash-attn 4's ``flash_attn_func``: window and scale (its default scale made
-        explicit)."""
+        """flash-attn 4's ``flash_attn_func``: window and scale (its default made explicit)."""
         softmax_scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
         return self.func()(
             q, k, v, softmax_scale=softmax_scale, causal=is_causal, window_size=self._window()
@@ -408,8 +351,7 @@ class TEDotProductAttention(Attention):
         self._te: dict[tuple[int, int, float | None, float], Any] = {}
 
     def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-        """transformer-engine's DotProductAttention, one module per (heads, dim, scale, dropout),
-        window only."""
+        """transformer-engine's DotProductAttention, one module per (heads, dim, scale, dropout)."""
         if self.softcap > 0:
             raise NotImplementedError(
                 "softcap is not supported by transformer-engine's DotProductAttention"
@@ -419,38 +361,31 @@ class TEDotProductAttention(Attention):
         if attn_mask is not None:
             raise NotImplementedError("this adapter takes no attn_mask (only the window)")
         key = (q.shape[1], q.shape[-1], scale, dropout_p)
-        module = self._te.get(key)
-        if module is None:
-            DotProductAttention = importlib.import_module(
-                "transformer_engine.pytorch"
-            ).DotProductAttention
-
-            window = (self.window, self.window) if self.window >= 0 else (-1, -1)
-            module = self._te[key] = DotProductAttention(
+        if key not in self._te:
+            te = importlib.import_module("transformer_engine.pytorch")
+            self._te[key] = te.DotProductAttention(
                 q.shape[1],
                 q.shape[-1],
                 attention_dropout=dropout_p,
                 qkv_format="bshd",
                 attn_mask_type="causal" if is_causal else "no_mask",
-                window_size=window,
+                window_size=(self.window, self.window) if self.window >= 0 else (-1, -1),
                 softmax_scale=scale,
             )
         q, k, v = _bshd(q, k, v)
-        out = module(q.contiguous(), k.contiguous(), v.contiguous())  # (B, S, H*D)
+        out = self._te[key](q.contiguous(), k.contiguous(), v.contiguous())  # (B, S, H*D)
         return out.view(q.shape[0], q.shape[1], q.shape[2], q.shape[3]).transpose(1, 2)
 
 
 class FunctionAttention(Attention):
-    """A user's function with SDPA's signature, offered as ``--candidate
-    Attention=module.function``: it receives the window as a boolean ``attn_mask`` (True = attend),
-    as anemoi's SDPA path builds it. ``FUNCTION`` is set on the class ``for_function`` builds.
-    softcap and alibi raise: SDPA's signature carries neither."""
+    """A user's function with SDPA's signature (``--candidate Attention=module.function``), given
+    the window as a boolean ``attn_mask``; ``FUNCTION`` is set by ``for_function``. softcap and
+    alibi raise: SDPA's signature carries neither."""
 
     FUNCTION: Callable[..., Any] | None = None
 
     def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-        """The library function with SDPA's signature (``FUNCTION``), the window folded into the
-        mask."""
+        """The function (``FUNCTION``), the window folded into the mask."""
         if self.softcap > 0 or self.alibi:
             raise NotImplementedError(
                 "a function with SDPA's signature takes no softcap and no alibi slopes"
@@ -472,10 +407,6 @@ class FunctionAttention(Attention):
 
 def for_function(fn: Callable[..., Any], target: str) -> type[FunctionAttention]:
     """The Attention class that calls ``fn`` (named ``target`` in the lock)."""
-    name = target.rpartition(".")[2]
     doc = f"``{target}`` with the Attention slot's options (the window as a boolean attn_mask)."
-    return type(
-        f"FunctionAttention_{name}",
-        (FunctionAttention,),
-        {"FUNCTION": staticmethod(fn), "__doc__": doc},
-    )
+    name = f"FunctionAttention_{target.rpartition('.')[2]}"
+    return type(name, (FunctionAttention,), {"FUNCTION": staticmethod(fn), "__doc__": doc})

@@ -1,15 +1,10 @@
 """Checkpoints that carry their lock, and the state-dict migration a twin may need.
 
-A checkpoint is whatever dict the training loop saves (``torch.save``). :func:`attach` adds the lock
-under one key, as its canonical text and content digest (plain strings, so ``torch.load`` with
-``weights_only=True`` reads it back); :func:`lock_from_checkpoint` validates it again and checks the
-digest. :func:`migrate_state_dict` applies the twins' recorded migrations, so a state dict saved
-from the training implementation loads strictly into the model rebuilt in inference mode.
-
-Not imported by ``import kernel_lock``; torch is never imported here.
-
-One of kernel_lock's integrations (with ``anemoi``, ``distributed`` and ``portability``), kept at
-the path the docs show.
+:func:`attach` stores the lock in a checkpoint dict as plain strings (its canonical text and content
+digest, so ``torch.load(weights_only=True)`` reads it); :func:`lock_from_checkpoint` validates it
+and checks the digest; :func:`migrate_state_dict` applies the twins' recorded migrations, so a state
+dict saved from the training implementation loads strictly into the model rebuilt in inference mode.
+Not imported by ``import kernel_lock``; never imports torch.
 """
 
 from __future__ import annotations
@@ -26,7 +21,6 @@ from .lock import KernelLock, loads
 
 __all__ = [
     "CHECKPOINT_KEY",
-    "MIGRATIONS",
     "Rule",
     "attach",
     "lock_from_checkpoint",
@@ -42,13 +36,8 @@ log = logging.getLogger("kernel_lock")
 
 
 def attach(checkpoint: MutableMapping[str, Any], lock: KernelLock) -> MutableMapping[str, Any]:
-    """Store ``lock`` in ``checkpoint`` (in place) under ``"kernel_lock"``, and return the
-    checkpoint.
-
-    The entry is ``{"text": <canonical TOML>, "digest": "sha256:..."}``; the digest is that of the
-    content, so a lock edited by hand after it was sealed is still stored faithfully (and reported
-    as hand-edited when read back, as it would be from its file).
-    """
+    """Store ``lock`` in ``checkpoint`` (in place) as ``{"text": <canonical TOML>, "digest":
+    <content digest>}`` under ``"kernel_lock"``, and return the checkpoint."""
     checkpoint[CHECKPOINT_KEY] = {"text": lock.dumps(), "digest": lock.compute_digest()}
     return checkpoint
 
@@ -61,41 +50,27 @@ def lock_from_checkpoint(
     emit_warnings: bool = True,
     trust: Iterable[str] = (),
 ) -> KernelLock:
-    """The lock a checkpoint carries, validated like a lock file and checked against its stored
-    digest.
-
-    Raises :class:`LockFormatError` when the checkpoint carries no lock, the entry is malformed, the
-    text is not a valid lock, or its content does not match the digest stored beside it. A lock
-    inside a checkpoint is no more trusted than a file: ``trust`` grants what its
-    ``trusted-modules`` ask.
-    """
+    """The lock a checkpoint carries, validated like a lock file (``trust`` grants what its
+    ``trusted-modules`` ask) and checked against its stored digest, else LockFormatError."""
     key = CHECKPOINT_KEY
+
+    def bad(problem: str, at: str = key, fix: str | None = None) -> LockFormatError:
+        return LockFormatError(problem, path=where, key=at, fix=fix)
+
     entry = checkpoint.get(key) if isinstance(checkpoint, Mapping) else None
     if entry is None:
-        raise LockFormatError(
+        raise bad(
             "the checkpoint carries no kernel lock",
-            path=where,
-            key=key,
             fix="save checkpoints with kernel_lock.checkpoint.attach(checkpoint, lock), or load "
             "the lock the model was trained with from its file",
         )
     if not isinstance(entry, Mapping):
-        raise LockFormatError(
-            f"expected a dict with 'text' and 'digest', got {type(entry).__name__}",
-            path=where,
-            key=key,
-        )
+        raise bad(f"expected a dict with 'text' and 'digest', got {type(entry).__name__}")
     text, digest = entry.get("text"), entry.get("digest")
     if not isinstance(text, str):
-        raise LockFormatError(
-            f"expected the lock's TOML text, got {type(text).__name__}",
-            path=where,
-            key=f"{key}.text",
-        )
+        raise bad(f"expected the lock's TOML text, got {type(text).__name__}", f"{key}.text")
     if not isinstance(digest, str):
-        raise LockFormatError(
-            f"expected 'sha256:<hex>', got {type(digest).__name__}", path=where, key=f"{key}.digest"
-        )
+        raise bad(f"expected 'sha256:<hex>', got {type(digest).__name__}", f"{key}.digest")
     lock = loads(
         text,
         path=f"{where}[{key!r}]",
@@ -105,32 +80,27 @@ def lock_from_checkpoint(
     )
     found = lock.compute_digest()
     if found != digest:
-        raise LockFormatError(
+        raise bad(
             f"the lock stored in the checkpoint does not match its digest (stored {digest}, "
             f"content {found})",
-            path=where,
-            key=f"{key}.digest",
+            f"{key}.digest",
             fix="the checkpoint was altered after it was saved; restore it, or re-attach the "
             "training lock",
         )
     return lock
 
 
-# The state-dict migration rules this kernel_lock applies, written from the training
-# implementation's keys to its twin's (the probe finds them by matching keys and shapes;
-# docs/lock-format.md):
-#   drop:<key>         the key has no counterpart in the twin (transformer-engine's _extra_state)
-#   rename:<a>-><b>    the parameter is stored as <a>, the twin calls it <b> (gamma -> weight)
+# The rules, from the training implementation's keys to its twin's (docs/lock-format.md), applied
+# in this order; keys are local to the module and may contain dots (norm.weight):
+#   drop:<key>         no counterpart in the twin (transformer-engine's _extra_state)
+#   rename:<a>-><b>    stored as <a>, the twin calls it <b> (gamma -> weight)
 #   transpose:<b>      the twin's <b> is the transpose of what is stored (a weight kept (in, out))
-# Keys are local to the module (they may contain dots: norm.weight); applied in that order.
-MIGRATIONS = ("drop", "rename", "transpose")
 _KEY = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_0-9][\w]*)*$")
 
 
 @dataclass(frozen=True)
 class Rule:
-    """One state-dict migration step of a twin: ``drop:KEY``, ``rename:OLD->NEW`` or
-    ``transpose:KEY``."""
+    """One migration step of a twin: ``drop:KEY``, ``rename:OLD->NEW`` or ``transpose:KEY``."""
 
     kind: str  # drop | rename | transpose
     key: str  # the stored key (drop, rename) or the twin's key (transpose)
@@ -147,12 +117,9 @@ def parse_rule(text: str) -> Rule | None:
     kind, _, arg = text.partition(":")
     if kind == "rename":
         old, sep, new = arg.partition("->")
-        if sep and _KEY.match(old) and _KEY.match(new) and old != new:
-            return Rule(kind, old, new)
-        return None
-    if kind in ("drop", "transpose") and _KEY.match(arg):
-        return Rule(kind, arg)
-    return None
+        ok = sep and _KEY.match(old) and _KEY.match(new) and old != new
+        return Rule(kind, old, new) if ok else None
+    return Rule(kind, arg) if kind in ("drop", "transpose") and _KEY.match(arg) else None
 
 
 def migration_rules(slot: Any, *, path: str | None = None) -> list[Rule]:
@@ -160,51 +127,33 @@ def migration_rules(slot: Any, *, path: str | None = None) -> list[Rule]:
     twin = slot.twin
     if twin is None or twin.state_dict != "migrate":
         return []
-    rules = []
-    for i, text in enumerate(twin.migration):
-        rule = parse_rule(text)
+    rules = [parse_rule(text) for text in twin.migration]
+    for i, rule in enumerate(rules):
         if rule is None:
             raise LockFormatError(
-                f"unknown state-dict migration {text!r}",
+                f"unknown state-dict migration {twin.migration[i]!r}",
                 path=path,
                 key=f"slots.{slot.name}.twin.migration[{i}]",
                 fix="the rules this kernel_lock applies are 'drop:<key>', "
                 "'rename:<old>-><new>' and 'transpose:<key>' (docs/lock-format.md); a newer "
                 "kernel-probe may write others: upgrade kernel_lock",
             )
-        rules.append(rule)
-    return rules
+    return [r for r in rules if r is not None]
 
 
 def migrate_module_state(state: Mapping[str, Any], rules: Iterable[Rule]) -> dict[str, Any]:
-    """One module's state dict (local keys), stored by the training implementation, in its twin's
-    layout."""
-    out = dict(state)
-    rules = list(rules)
+    """One module's state dict (local keys), as the training implementation stores it, in its
+    twin's layout."""
+    out, rules = dict(state), list(rules)
+    for rule in (r for r in rules if r.kind == "drop"):
+        out.pop(rule.key, None)
+    for rule in (r for r in rules if r.kind == "rename" and r.key in out):
+        out[rule.new] = out.pop(rule.key)
     for rule in rules:
-        if rule.kind == "drop":
-            out.pop(rule.key, None)
-    for rule in rules:
-        if rule.kind == "rename" and rule.key in out:
-            out[rule.new] = out.pop(rule.key)
-    for rule in rules:
-        if (
-            rule.kind == "transpose"
-            and rule.key in out
-            and getattr(out[rule.key], "dim", lambda: 0)() == 2
-        ):
-            out[rule.key] = out[rule.key].t().contiguous()
+        value = out.get(rule.key)
+        if rule.kind == "transpose" and getattr(value, "dim", lambda: 0)() == 2:
+            out[rule.key] = value.t().contiguous()  # type: ignore[union-attr]
     return out
-
-
-def _suffix(key: str, local: str) -> str | None:
-    """The module prefix of ``key`` if it ends with the local key ``local`` ('' or 'a.b.'), else
-    None."""
-    if key == local:
-        return ""
-    if key.endswith("." + local):
-        return key[: -len(local)]
-    return None
 
 
 def _shape(value: Any) -> tuple[int, ...] | None:
@@ -212,37 +161,30 @@ def _shape(value: Any) -> tuple[int, ...] | None:
     return tuple(shape) if shape is not None else None
 
 
+def _transposed(value: Any, shape: tuple[int, ...] | None) -> bool:
+    """Whether ``value`` is the transpose of a tensor of ``shape``."""
+    got = _shape(value)
+    return shape is not None and got is not None and tuple(reversed(got)) == shape
+
+
 def migrate_state_dict(
     state_dict: Mapping[str, Any], lock: KernelLock, model: Any
 ) -> OrderedDict[str, Any]:
-    """``state_dict`` (saved under ``lock``) made loadable into ``model`` (rebuilt in inference
-    mode).
-
-    The rules are the lock's twin migrations (slots whose twin has ``state-dict = "migrate"``), and
-    they apply only where ``model`` says they must: a key is dropped when ``model`` does not expect
-    it and a ``drop:`` rule names it; renamed when ``model`` expects the new name and not the old;
-    transposed when ``model`` expects the transposed shape. Every other key is kept as it is, so
-    anything else that does not fit still fails ``load_state_dict(strict=True)`` loudly. ``model``
-    is an ``nn.Module``, a mapping of its state-dict keys to tensors (or shapes), or the collection
-    of its keys (then shapes are unknown and no transpose applies). Where a slot was not substituted
-    (the library is installed here), its module still has the stored keys and they are kept.
-    ``state_dict`` is not modified; what was migrated is logged (INFO, logger ``kernel_lock``).
-
-    ``lock`` is the lock the state dict was saved under (what :func:`lock_from_checkpoint` returns),
-    or an inference lock derived from it: a derived lock keeps each substituted slot's twin record.
-    """
+    """``state_dict`` (saved under ``lock`` or the training lock it derives from) made loadable
+    into ``model`` rebuilt in inference mode (a module, its keys mapped to tensors or shapes, or its
+    keys). A twin's rule applies only where ``model`` asks for it (a key it lacks dropped or
+    renamed, a transposed shape turned); every other key is kept, so a misfit still fails a strict
+    load. ``state_dict`` is not modified; what was migrated is logged (INFO, ``kernel_lock``)."""
     if hasattr(model, "state_dict"):
         expected: dict[str, Any] = {k: _shape(v) for k, v in model.state_dict().items()}
     elif isinstance(model, Mapping):
         expected = {
-            k: (tuple(v) if isinstance(v, (tuple, list)) else _shape(v)) for k, v in model.items()
+            k: tuple(v) if isinstance(v, (tuple, list)) else _shape(v) for k, v in model.items()
         }
     else:
-        expected = {k: None for k in model}
+        expected = dict.fromkeys(model)
     rules = [
-        (name, rule)
-        for name, slot in lock.slots.items()
-        for rule in migration_rules(slot, path=lock.path)
+        (n, r) for n, slot in lock.slots.items() for r in migration_rules(slot, path=lock.path)
     ]
     out: OrderedDict[str, Any] = OrderedDict()
     done = []
@@ -254,49 +196,37 @@ def migrate_state_dict(
             out[new_key] = new_value
     if done:
         log.info("kernel_lock: state-dict migration: %s", "; ".join(done))
-    # module versions torch keeps beside the tensors
-    metadata = getattr(state_dict, "_metadata", None)
+    metadata = getattr(state_dict, "_metadata", None)  # module versions torch keeps beside tensors
     if metadata is not None:
-        out._metadata = metadata  # type: ignore[attr-defined]  # torch's attribute, which OrderedDict does not declare
+        out._metadata = metadata  # type: ignore[attr-defined]  # torch's, OrderedDict lacks it
     return out
-
-
-def _fits(value: Any, shape: tuple[int, ...] | None) -> bool:
-    return shape is None or _shape(value) is None or _shape(value) == shape
 
 
 def _migrate_one(
     key: str, value: Any, rules: list[tuple[str, Rule]], expected: Mapping[str, Any]
 ) -> tuple[str | None, Any, str]:
-    if key in expected and _fits(value, expected[key]):
+    """The key, value and what was done (``""``: nothing) for one entry of a state dict."""
+    shape = expected.get(key)
+    if key in expected and (shape is None or _shape(value) is None or _shape(value) == shape):
         return key, value, ""
     for slot, rule in rules:
-        prefix = _suffix(key, rule.key)
-        if prefix is None:
+        if key == rule.key:
+            prefix = ""
+        elif key.endswith("." + rule.key):
+            prefix = key[: -len(rule.key)]
+        else:
             continue
         if rule.kind == "drop" and key not in expected:
             return None, value, f"dropped ({slot} twin: {rule})"
-        if rule.kind == "rename" and key not in expected and prefix + rule.new in expected:
-            new_key = prefix + rule.new
+        new_key = prefix + rule.new
+        if rule.kind == "rename" and key not in expected and new_key in expected:
             how = f"-> {new_key} ({slot} twin: {rule})"
             turned = [
                 r for s, r in rules if s == slot and r.kind == "transpose" and r.key == rule.new
             ]
-            shape = expected[new_key]
-            if (
-                turned
-                and shape is not None
-                and (got := _shape(value)) is not None
-                and tuple(reversed(got)) == shape
-            ):
+            if turned and _transposed(value, expected[new_key]):
                 return new_key, value.t().contiguous(), how + f", {turned[0]}"
             return new_key, value, how
-        if rule.kind == "transpose" and key in expected:
-            shape = expected[key]
-            if (
-                shape is not None
-                and (got := _shape(value)) is not None
-                and tuple(reversed(got)) == shape
-            ):
-                return key, value.t().contiguous(), f"transposed ({slot} twin: {rule})"
+        if rule.kind == "transpose" and key in expected and _transposed(value, expected[key]):
+            return key, value.t().contiguous(), f"transposed ({slot} twin: {rule})"
     return key, value, ""

@@ -1,23 +1,12 @@
 """Many ranks, one lock: every rank checks that all ranks hold the same lock and match it.
 
-    lock = kernel_lock.load("kernel-lock.toml")
     kernel_lock.distributed.check_ranks(lock)     # after torch.distributed.init_process_group(...)
 
-Each rank reports its host, the content digest of the lock it loaded and the ways its machine
-differs from that lock; the reports are exchanged as UTF-8 JSON in uint8 tensors (``all_gather`` of
-the lengths, then of the padded bytes) on whatever backend the job initialised, and every rank
-reaches the same verdict, so either all ranks go on or all raise :class:`RanksDisagree` with the
-same message. A rank whose own check fails in an unexpected way still takes part in the exchange
-(its failure is its report), so no rank is left waiting; an exchange that fails is a
-:class:`RanksDisagree` too.
-
-Not ``all_gather_object``: it pickles (a rank would unpickle whatever another sends) and needs numpy
-(``RuntimeError: Numpy is not available`` in an environment without it).
-
-Not imported by ``import kernel_lock``; torch is imported when :func:`check_ranks` is called.
-
-One of kernel_lock's integrations (with ``anemoi``, ``checkpoint`` and ``portability``), kept at the
-path the docs show (``kernel_lock.distributed.check_ranks``).
+Each rank's report (host, the digest of its lock, its differences) travels as UTF-8 JSON in uint8
+tensors, not ``all_gather_object`` (it pickles, and needs numpy); every rank reaches the same
+verdict, so all go on or all raise :class:`RanksDisagree`. A rank whose check crashes, or an
+exchange that fails, is reported too, so no rank is left waiting. Not imported by ``import
+kernel_lock``; torch is imported when :func:`check_ranks` is called.
 """
 
 from __future__ import annotations
@@ -26,6 +15,7 @@ import json
 import socket
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from itertools import groupby
 from typing import Any
 
 from .errors import LockError, LockMismatch, RanksDisagree
@@ -41,16 +31,7 @@ from .format.reading import (
 from .format.schema import DIGEST
 from .lock import KernelLock
 
-__all__ = [
-    "MAX_DIFFERENCES",
-    "MAX_HOST",
-    "MAX_RANK",
-    "REPORT_KEYS",
-    "check_ranks",
-    "judge",
-    "local_report",
-    "report_from_dict",
-]
+__all__ = ["check_ranks", "judge", "local_report", "report_from_dict"]
 
 
 def local_report(
@@ -70,38 +51,17 @@ def local_report(
         differences = [exc.problem]
     except Exception as exc:  # never leave the other ranks waiting on a rank that crashed checking
         differences = [f"checking failed: {type(exc).__name__}: {exc}"]
-    return {
-        "rank": rank,
-        "host": socket.gethostname(),
-        "lock": lock.path or "<lock>",
-        "digest": lock.compute_digest(),
-        "differences": differences,
-    }
+    digest = lock.compute_digest()
+    host, path = socket.gethostname(), lock.path or "<lock>"
+    return {"rank": rank, "host": host, "lock": path, "digest": digest, "differences": differences}
 
 
 def _ranks_text(ranks: Sequence[int]) -> str:
     """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8' (64 ranks stay one line)."""
-    parts: list[str] = []
-    ordered = sorted(ranks)
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ", ".join(parts)
-
-
-def _grouped(
-    reports: Sequence[Mapping[str, Any]], key: Any
-) -> list[tuple[Any, list[Mapping[str, Any]]]]:
-    """Reports with the same key together (64 ranks with one problem are one entry), in rank
-    order."""
-    groups: dict[Any, list[Mapping[str, Any]]] = {}
-    for r in reports:
-        groups.setdefault(key(r), []).append(r)
-    return list(groups.items())
+    runs = [
+        [r for _, r in run] for _, run in groupby(enumerate(sorted(ranks)), lambda p: p[1] - p[0])
+    ]
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def _who(group: Sequence[Mapping[str, Any]], most: int = 8) -> str:
@@ -112,19 +72,23 @@ def _who(group: Sequence[Mapping[str, Any]], most: int = 8) -> str:
     return f"{'rank' if len(ranks) == 1 else 'ranks'} {_ranks_text(ranks)} on {shown}"
 
 
+def _grouped(reports: Sequence[Mapping[str, Any]], key: Any) -> dict[Any, list[Mapping[str, Any]]]:
+    """Reports with the same key together (64 ranks with one problem are one entry)."""
+    groups: dict[Any, list[Mapping[str, Any]]] = {}
+    for r in reports:
+        groups.setdefault(key(r), []).append(r)
+    return groups
+
+
 def judge(reports: Sequence[Mapping[str, Any]]) -> RanksDisagree | None:
     """The verdict on all ranks' reports: None if they agree and match, else the error to raise.
-
-    The reference digest is the one most ranks hold (the lowest rank's on a tie), so one stray rank
-    in a large job is named alone rather than every other rank being listed against it.
-    """
+    The reference lock is the one most ranks hold (the lowest rank's on a tie)."""
     if not reports:
         return None
     counts = Counter(r["digest"] for r in reports)
     by_rank = sorted(reports, key=lambda r: r["rank"])
-    reference = max(
-        counts, key=lambda d: (counts[d], -min(r["rank"] for r in by_rank if r["digest"] == d))
-    )
+    first = {d: min(r["rank"] for r in by_rank if r["digest"] == d) for d in counts}
+    reference = max(counts, key=lambda d: (counts[d], -first[d]))
     stray = [r for r in by_rank if r["digest"] != reference]
     mismatched = [r for r in by_rank if r["differences"]]
     if not stray and not mismatched:
@@ -134,30 +98,27 @@ def judge(reports: Sequence[Mapping[str, Any]]) -> RanksDisagree | None:
         f"the kernel lock check failed on {len(faulty)} of {len(reports)} rank(s) "
         f"({_ranks_text(faulty)}):"
     ]
+    fix = []
     if stray:
         holders = [r["rank"] for r in by_rank if r["digest"] == reference]
         lines.append(
             f"  {len(holders)} rank(s) ({_ranks_text(holders)}) hold lock {reference[:19]}; "
             f"{len(stray)} rank(s) hold a different lock:"
         )
-        for (digest, path), group in _grouped(stray, lambda r: (r["digest"], r["lock"])):
+        for (digest, path), group in _grouped(stray, lambda r: (r["digest"], r["lock"])).items():
             lines.append(f"    {_who(group)}: {digest[:19]} ({path})")
-    if mismatched:
-        lines.append(
-            f"  {len(mismatched)} rank(s) run on a machine that does not match the lock they hold:"
-        )
-        for (differences, path), group in _grouped(
-            mismatched, lambda r: (tuple(r["differences"]), r["lock"])
-        ):
-            lines.append(f"    {_who(group)} ({path}):")
-            lines.extend(f"      - {d}" for d in differences)
-    fix = []
-    if stray:
         fix.append(
             "give every rank the same lock file (write it once, e.g. `kernel-probe --out` on a "
             "shared path)"
         )
     if mismatched:
+        lines.append(
+            f"  {len(mismatched)} rank(s) run on a machine that does not match the lock they hold:"
+        )
+        by_problem = _grouped(mismatched, lambda r: (tuple(r["differences"]), r["lock"]))
+        for (differences, path), group in by_problem.items():
+            lines.append(f"    {_who(group)} ({path}):")
+            lines.extend(f"      - {d}" for d in differences)
         fix.append("run the job on nodes that match the lock, or re-probe on them")
     return RanksDisagree(
         "\n".join(lines), reports=[dict(r) for r in by_rank], ranks=faulty, fix="; ".join(fix)
@@ -165,17 +126,11 @@ def judge(reports: Sequence[Mapping[str, Any]]) -> RanksDisagree | None:
 
 
 def check_ranks(lock: KernelLock, *, group: Any = None, mode: str | None = None) -> None:
-    """Check on every rank that all ranks hold the same lock and that each rank's machine matches
-    it.
-
-    Call it on every rank of ``group`` (default: the whole job) after loading the lock; it is a
-    collective. Raises :class:`RanksDisagree` on every rank, naming the ranks and hosts at fault, or
-    saying why the reports could not be exchanged. ``mode`` is what each rank's check applies
-    (``lock.verify(mode)``): "inference" accepts machines that need a verified twin. Without an
-    initialised process group the process is a world of one. With NCCL, set each rank's device
-    (``torch.cuda.set_device``) first: the reports travel in tensors on the current CUDA device.
-    """
-    import torch.distributed as dist
+    """Check, on every rank of ``group`` (default: the whole job; a collective), that all ranks
+    hold the same lock and each rank's machine matches it (``lock.verify(mode)``); else raise
+    :class:`RanksDisagree` on every rank, naming the ranks and hosts at fault. Without a process
+    group the process is a world of one; with NCCL, set each rank's device first."""
+    import torch.distributed as dist  # reason: torch only when the ranks are checked
 
     if not (dist.is_available() and dist.is_initialized()):
         reports = [local_report(lock, rank=0, mode=mode)]
@@ -186,49 +141,30 @@ def check_ranks(lock: KernelLock, *, group: Any = None, mode: str | None = None)
         raise error
 
 
-# backends whose collectives take tensors on an accelerator, not in host memory (gloo and mpi take
-# CPU tensors)
-_ACCELERATOR_OF_BACKEND = {"nccl": "cuda"}
-
-
 def _exchange_device_type(backend: str) -> str:
-    """Where the exchanged tensors live: "cpu" for gloo and mpi, "cuda" for nccl.
-
-    A group created with several backends (``"cpu:gloo,cuda:nccl"``, the default in recent torch)
-    takes CPU tensors through its CPU half; one with only a device backend (``"cuda:nccl"``) takes
-    that device's.
-    """
+    """Where the exchanged tensors live: "cpu" for gloo and mpi (and a group with a CPU half, such
+    as "cpu:gloo,cuda:nccl"), "cuda" for nccl, else the one device a group names."""
     pairs = [
         part.split(":", 1) if ":" in part else ["", part] for part in backend.lower().split(",")
     ]
     devices = [device for device, _ in pairs if device]
     if devices:
         return "cpu" if "cpu" in devices else devices[0]
-    return _ACCELERATOR_OF_BACKEND.get(pairs[0][1], "cpu")
-
-
-_EXCHANGE_FIX = (
-    "call check_ranks on every rank of the group, after init_process_group and (with NCCL) "
-    "torch.cuda.set_device(local_rank); if the process group itself is broken (a rank that died or "
-    "timed out), fix that first: with NCCL, NCCL_DEBUG=INFO names the failing link"
-)
+    return "cuda" if pairs[0][1] == "nccl" else "cpu"
 
 
 def _exchange(mine: Mapping[str, Any], group: Any) -> list[dict[str, Any]]:
-    """Every rank's report, in group-rank order, gathered as UTF-8 JSON bytes (no pickle, no
-    numpy)."""
-    import torch
+    """Every rank's report, in group-rank order, gathered as UTF-8 JSON bytes."""
+    import torch  # reason: torch only when the ranks are checked
     import torch.distributed as dist
 
     backend = "unknown"
     try:
         backend = str(dist.get_backend(group))
         kind = _exchange_device_type(backend)
-        device = (
-            torch.device("cpu")
-            if kind == "cpu"
-            else torch.device(kind, getattr(torch, kind).current_device())
-        )
+        device = torch.device("cpu")
+        if kind != "cpu":
+            device = torch.device(kind, getattr(torch, kind).current_device())
         world = dist.get_world_size(group)
         data = json.dumps(dict(mine), sort_keys=True).encode("utf-8")
         length = torch.tensor([len(data)], dtype=torch.int64, device=device)
@@ -240,46 +176,40 @@ def _exchange(mine: Mapping[str, Any], group: Any) -> list[dict[str, Any]]:
         gathered = [torch.empty(max(sizes), dtype=torch.uint8, device=device) for _ in range(world)]
         dist.all_gather(gathered, padded, group=group)
         raw = [bytes(t[:size].cpu().tolist()) for t, size in zip(gathered, sizes, strict=True)]
-    # every rank that gets here raises; none goes on with a partial picture
-    except Exception as exc:
+    except Exception as exc:  # every rank that gets here raises: none goes on with a partial view
         raise RanksDisagree(
             f"rank {mine['rank']} on {mine['host']} could not exchange its kernel lock report "
             f"with the other ranks (backend {backend}): {type(exc).__name__}: {exc}",
             reports=[dict(mine)],
-            fix=_EXCHANGE_FIX,
+            fix="call check_ranks on every rank of the group, after init_process_group and (with "
+            "NCCL) torch.cuda.set_device(local_rank); if the process group itself is broken (a "
+            "rank that died or timed out), fix that first: with NCCL, NCCL_DEBUG=INFO names the "
+            "failing link",
         ) from exc
     return [_decoded(blob, index, backend) for index, blob in enumerate(raw)]
 
 
-# What a report may hold (kernel_lock.format.reading's bounds): a rank beyond any job, a host name
-# beyond DNS's 253 characters, thousands of differences or a megabyte of text are a report this
-# module never wrote.
-REPORT_KEYS = ("rank", "host", "lock", "digest", "differences")
-MAX_RANK = 1 << 24
-MAX_HOST = 255
-MAX_DIFFERENCES = 256
+_KEYS = ("rank", "host", "lock", "digest", "differences")
 
 
 def report_from_dict(data: Any) -> dict[str, Any]:
-    """One rank's report, read by the typed reader (``kernel_lock.format.reading``): every key
-    required and bounded, unknown keys refused with "did you mean";
-    :class:`~kernel_lock.format.reading.ReadError` naming the key."""
+    """One rank's report, read by the typed reader (every key required and bounded, unknown keys
+    refused); ``kernel_lock.format.reading.ReadError`` naming the key."""
     if not isinstance(data, dict):
         raise ReadError(f"expected a JSON object, got a JSON {type(data).__name__}")
-    refuse_unknown(data, REPORT_KEYS)
-    for key in REPORT_KEYS:
+    refuse_unknown(data, _KEYS)
+    for key in _KEYS:
         get_required(data, key, list if key == "differences" else (int if key == "rank" else str))
-    rank = get_int(data, "rank", 0, MAX_RANK)
-    host = get_text(data, "host", limit=MAX_HOST)
+    rank = get_int(data, "rank", 0, 1 << 24)  # bounds: a report this module never wrote
+    host = get_text(data, "host", limit=255)  # DNS: 253
     lock = get_text(data, "lock")
     digest = get_text(data, "digest", limit=80)
     if not DIGEST.fullmatch(digest or ""):
         raise ReadError(f"{digest!r:.80} is not 'sha256:<64 hex digits>'", "digest")
     differences = get_strings(data, "differences")
-    if len(differences) > MAX_DIFFERENCES:
+    if len(differences) > 256:
         raise ReadError(
-            f"{len(differences)} entries, more than the {MAX_DIFFERENCES} a report may have",
-            "differences",
+            f"{len(differences)} entries, more than the 256 a report may have", "differences"
         )
     for i, text in enumerate(differences):
         if len(text) > MAX_TEXT:
@@ -292,7 +222,7 @@ def report_from_dict(data: Any) -> dict[str, Any]:
         "host": host,
         "lock": lock,
         "digest": digest,
-        "differences": list(differences),
+        "differences": [*differences],
     }
 
 
@@ -303,16 +233,16 @@ def _decoded(blob: bytes, index: int, backend: str) -> dict[str, Any]:
     except (
         ValueError,
         RecursionError,
-    ) as exc:  # ReadError, UnicodeDecodeError and JSONDecodeError are ValueErrors
-        key = exc.key if isinstance(exc, ReadError) else ""
-        problem = exc.problem if isinstance(exc, ReadError) else str(exc)
-        fix = (exc.fix + "; ") if isinstance(exc, ReadError) and exc.fix else ""
+    ) as exc:  # ReadError and the decoders' errors are ValueErrors
+        read = exc if isinstance(exc, ReadError) else None
+        key = f", key {read.key!r}" if read and read.key else ""
+        fix = f"{read.fix}; " if read and read.fix else ""
         raise RanksDisagree(
             f"the kernel lock report of group rank {index} did not decode (backend {backend})"
-            + (f", key {key!r}" if key else "")
-            + f": {problem}; received {blob[:80]!r}{'...' if len(blob) > 80 else ''}",
+            f"{key}: {read.problem if read else exc}; received {blob[:80]!r}"
+            f"{'...' if len(blob) > 80 else ''}",
             ranks=[index],
             fix=f"{fix}run the same kernel_lock version on every rank (one environment for the "
-            "whole job), "
-            "and do not run other collectives on the group concurrently with check_ranks",
+            "whole job), and do not run other collectives on the group concurrently with "
+            "check_ranks",
         ) from exc

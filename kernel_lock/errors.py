@@ -1,9 +1,5 @@
-"""The one error family of kernel_lock.
-
-Every error names *where* (file and dotted key path), *what* went wrong, and the *fix*. Each class
-carries its documented exit code (an ``ExitCode``), so scripts can tell a stale lock (3) from a
-broken file (5) without parsing messages.
-"""
+"""The one error family of kernel_lock: each error names where (file, dotted key), what, and the
+fix, and carries its documented exit code (``ExitCode``)."""
 
 from __future__ import annotations
 
@@ -28,8 +24,8 @@ __all__ = [
 
 
 class ExitCode(IntEnum):
-    """The exit codes of every kernel-probe command, each with its meaning (``.meaning``): the CLI's
-    help and the documentation's tables are generated from these."""
+    """The exit codes of every kernel-probe command, each with its ``meaning`` (the CLI's help and
+    the docs' tables are generated from these)."""
 
     meaning: str
 
@@ -39,9 +35,7 @@ class ExitCode(IntEnum):
         member.meaning = meaning
         return member
 
-    def __str__(
-        self,
-    ) -> str:  # the number, as format() gives it (Python 3.10 would say ExitCode.OK)
+    def __str__(self) -> str:  # the number, as format() gives it (3.10 would say ExitCode.OK)
         return str(self.value)
 
     OK = 0, "ok"
@@ -74,8 +68,7 @@ class ExitCode(IntEnum):
 class LockError(Exception):
     """Base of every error kernel_lock raises on purpose."""
 
-    # an int: a code read back from another rank's report fits too
-    exit_code: int = ExitCode.FAILURE
+    exit_code: int = ExitCode.FAILURE  # an int: a code read back from another rank fits too
 
     def __init__(
         self,
@@ -146,26 +139,22 @@ class LockMismatch(LockError):
             path=path,
             key="environment",
             fix=fix
-            or "re-run `kernel-probe --force` on this machine to write a lock for it, relax "
-            "the field's "
-            "`match` rule in the lock if the difference is harmless, or use the matching machine",
+            or "re-run `kernel-probe --force` on this machine to write a lock for it, relax the "
+            "field's `match` rule in the lock if the difference is harmless, or use the matching "
+            "machine",
         )
 
 
 class KernelUnavailable(LockError):
-    """A slot's implementation cannot be built here (library missing or broken), and no allowed way
-    out."""
+    """A slot's implementation cannot be built here (library missing or broken), no way out."""
 
     exit_code = ExitCode.MISMATCH
 
 
 class RanksDisagree(LockError):
-    """The ranks of a distributed job do not hold the same lock, or some rank's machine does not
-    match it.
-
-    Raised on every rank by ``kernel_lock.distributed.check_ranks``; ``reports`` holds what each
-    rank said (rank, host, lock path, content digest, differences) and ``ranks`` the ranks at fault.
-    """
+    """Raised on every rank by ``kernel_lock.distributed.check_ranks`` when the ranks hold different
+    locks or a rank's machine does not match: ``reports`` (what each rank said) and ``ranks`` (those
+    at fault)."""
 
     exit_code = ExitCode.MISMATCH
 
@@ -183,23 +172,19 @@ class RanksDisagree(LockError):
 
 
 class DeviceVisibilityError(LockError):
-    """The device-visibility variables contradict each other, so which GPUs this process uses is
-    undefined."""
+    """The device-visibility variables contradict each other: which GPUs are used is undefined."""
 
     exit_code = ExitCode.USAGE
 
 
 class BadEnvironmentVariable(LockError, ValueError):
-    """A variable kernel_lock reads ($KERNEL_LOCK_TRUST) or an argument standing for it is
-    malformed: a usage error (exit 2), not a broken file."""
+    """$KERNEL_LOCK_TRUST (or an argument standing for it) is malformed: a usage error (exit 2)."""
 
     exit_code = ExitCode.USAGE
 
 
 class LockWarning(UserWarning):
-    """Something worth knowing that does not stop resolution (hand-edited lock, newer minor
-    version)."""
+    """Worth knowing, does not stop resolution (a hand-edited lock, a newer minor version)."""
 
 
-EXIT_CODES = {int(code): code.meaning for code in ExitCode}
-"""Code -> meaning, as a plain dict (kernel_lock's public API; ``ExitCode`` is the source)."""
+EXIT_CODES = {int(code): code.meaning for code in ExitCode}  # code -> meaning, as a plain dict

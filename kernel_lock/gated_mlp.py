@@ -1,24 +1,13 @@
 """The GatedMLP slot's classes: anemoi's ``GatedMLPLayer`` interface over a torch or a fused gate.
 
-Every class here has anemoi's parameters and state-dict keys exactly (``gate_proj.weight``,
-``gate_proj.bias``, ``value_proj.weight``, ``value_proj.bias``: two ``torch.nn.Linear`` and a gate
-without parameters), is built as ``Class(in_features, out_features, mlp_implementation=...,
-bias=True)`` and computes ``gate(gate_proj(x)) * value_proj(x)`` (``kernel_lock.slots.gated_mlp``).
-They differ in how the gate and the product run:
-
-- ``GatedMLP``: torch's functions, as anemoi's layer (the slot's default and every candidate's
-  twin);
-- ``CompiledGatedMLP``: the gate and the product through one ``torch.compile``'d function;
-- ``LigerGatedMLP``: liger-kernel's fused Triton kernels, ``LigerSiLUMulFunction`` for swiglu and
-  ``LigerGELUMulFunction`` for geglu. liger's GELU is the tanh approximation, so the check rejects
-  it for anemoi's geglu (exact erf) by name; liger has no fused sigmoid or relu gate (glu, reglu).
-
-``swap_gated_layers`` puts one of these in place of each ``GatedMLPLayer`` of a built anemoi model,
-its parameters moved over by a strict state-dict load (anemoi hard-codes its gate: there is no
-config key for the class). Importing this module imports torch; liger-kernel is imported only when
-``LigerGatedMLP`` is first looked up (module ``__getattr__``).
-
-Kept at ``kernel_lock.gated_mlp``: locks name these classes by this path (see ``adapters``).
+Each has anemoi's parameters and state-dict keys (``gate_proj`` and ``value_proj``, two
+``torch.nn.Linear``), is built as ``Class(in_features, out_features, mlp_implementation=...,
+bias=True)`` and computes ``gate(gate_proj(x)) * value_proj(x)`` (``kernel_lock.slots.gated_mlp``):
+``GatedMLP`` with torch's functions (the default and every twin), ``CompiledGatedMLP`` through
+``torch.compile``, ``LigerGatedMLP`` with liger-kernel's fused kernels (silu for swiglu; tanh GELU
+for geglu, which the check rejects for anemoi's erf; no sigmoid or relu gate). ``swap_gated_layers``
+puts one in place of each ``GatedMLPLayer`` of a built anemoi model (anemoi has no config key for
+it). Importing this module imports torch; liger-kernel only when ``LigerGatedMLP`` is looked up.
 """
 
 from __future__ import annotations
@@ -58,8 +47,7 @@ TORCH_GATES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 class GatedMLP(nn.Module):
     """``gate(gate_proj(x)) * value_proj(x)`` with torch's functions: anemoi's ``GatedMLPLayer``
-    with torch.nn.Linear for its Linear slot. Same parameters and state-dict keys as anemoi's
-    layer."""
+    with torch.nn.Linear for its Linear slot."""
 
     def __init__(
         self,
@@ -74,10 +62,9 @@ class GatedMLP(nn.Module):
         self.mlp_implementation = mlp_implementation
         self.gate_function = gate_for(mlp_implementation).function
         self._check_gate()
-        self.gate_proj = nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype)
-        self.value_proj = nn.Linear(
-            in_features, out_features, bias=bias, device=device, dtype=dtype
-        )
+        options = {"bias": bias, "device": device, "dtype": dtype}
+        self.gate_proj = nn.Linear(in_features, out_features, **options)
+        self.value_proj = nn.Linear(in_features, out_features, **options)
 
     def _check_gate(self) -> None:
         """A subclass refuses, at construction, a gate its kernel does not compute."""
@@ -99,17 +86,15 @@ _compiled: dict[str, Callable[..., Any]] = {}
 
 
 def _gated_product(function: str) -> Callable[..., Any]:
-    # one compiled function per gate, shared by every instance (compilation is per process and
-    # shape)
-    f = _compiled.get(function)
-    if f is None:
+    """One compiled function per gate, shared by every instance (compilation is per process)."""
+    if function not in _compiled:
         gate = TORCH_GATES[function]
 
         def gated_product(g: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             return gate(g) * v
 
-        f = _compiled[function] = torch.compile(gated_product)
-    return f
+        _compiled[function] = torch.compile(gated_product)
+    return _compiled[function]
 
 
 class CompiledGatedMLP(GatedMLP):
@@ -136,12 +121,10 @@ def _liger_class() -> type:
 
     class LigerGatedMLP(GatedMLP):
         """``GatedMLP`` whose gate and product are liger-kernel's fused Triton kernel: swiglu
-        through ``LigerSiLUMulFunction``, geglu through ``LigerGELUMulFunction`` (tanh-approximated
-        GELU, not anemoi's erf: the check says so). Same parameters and state-dict keys as anemoi's
-        layer."""
+        through ``LigerSiLUMulFunction``, geglu through ``LigerGELUMulFunction`` (tanh GELU, not
+        anemoi's erf: the check says so)."""
 
-        # what the fused kernel computes for each gate it is offered for (the check compares against
-        # it)
+        # what the fused kernel computes for each gate it is offered for (the check compares)
         computes = {gate: computed for gate, (_, _, computed) in LIGER_GATES.items()}
 
         def _check_gate(self) -> None:
@@ -158,9 +141,7 @@ def _liger_class() -> type:
             return functions[self.gate_function].apply(gate, value)
 
     LigerGatedMLP.__module__ = __name__
-    LigerGatedMLP.__qualname__ = (
-        "LigerGatedMLP"  # picklable by name, found again through __getattr__
-    )
+    LigerGatedMLP.__qualname__ = "LigerGatedMLP"  # picklable by name, found through __getattr__
     return LigerGatedMLP
 
 
@@ -181,8 +162,7 @@ def anemoi_implementation(layer: nn.Module) -> str:
 
 
 def from_anemoi(layer: nn.Module, cls: type[GatedMLP] = GatedMLP) -> GatedMLP:
-    """A ``cls`` computing what the anemoi ``GatedMLPLayer`` ``layer`` does, its parameters loaded
-    strictly."""
+    """A ``cls`` computing what the anemoi ``GatedMLPLayer`` ``layer`` does, parameters loaded."""
     gate_proj = layer.gate_proj
     if not isinstance(gate_proj, nn.Linear):
         raise TypeError(
@@ -202,9 +182,8 @@ def from_anemoi(layer: nn.Module, cls: type[GatedMLP] = GatedMLP) -> GatedMLP:
 
 
 def swap_gated_layers(model: nn.Module, cls: type[GatedMLP]) -> int:
-    """Replace every anemoi ``GatedMLPLayer`` in ``model`` by ``cls`` (its parameters moved over by
-    a strict state-dict load, so the model's state dict keeps its keys). Returns how many were
-    replaced."""
+    """Replace every anemoi ``GatedMLPLayer`` in ``model`` by ``cls`` (its parameters loaded
+    strictly, the state dict's keys kept); returns how many."""
     found = [
         (parent, name, child)
         for parent in model.modules()

@@ -1,54 +1,37 @@
 """Portable whole-model checkpoints: the model with every lock class replaced by its torch.nn twin.
 
-anemoi's inference checkpoint is a pickled model (``torch.save(model)``, read back with
-``torch.load(weights_only=False)``): the pickle names every class the model holds, and the factory
-partials its processors and mappers keep (``layer_factory``). Built from a lock that pins a training
-library, or an adapter of ``kernel_lock.adapters``, it unpickles only where that library *and*
-kernel_lock are installed. :func:`portable` returns a copy that names neither:
-
-- every module whose class came from the lock (the pinned class itself, or a
-  ``kernel_lock.adapters`` subclass of it) becomes the slot's verified twin, built with the module's
-  own size and eps, its state migrated as the lock records (``drop:_extra_state``), and its output
-  compared with the original's where the original can run here;
-- an adapter that keeps an anemoi wrapper's behaviour (``AutocastLigerLayerNormAnemoi``) becomes
-  that wrapper around the twin (anemoi's ``AutocastLayerNorm``), so the output dtype is unchanged;
-- every stored factory (a ``functools.partial`` of a lock class, such as anemoi's ``layer_factory``
-  entries, or kernel_lock's own ``KernelFactory``) becomes a plain ``functools.partial`` of the
-  twin;
-- the result is pickled once, without tensor data, and refused if any kernel_lock or
-  training-library name is still in it.
-
-Not imported by ``import kernel_lock``; torch is imported when :func:`portable` runs.
-
-One of kernel_lock's integrations (with ``anemoi``, ``checkpoint`` and ``distributed``), kept at the
-path the docs show (``kernel_lock.portability.saved_modules``).
+A pickled model (anemoi's inference checkpoint) names every class it holds, so one built from a lock
+that pins a training library or an adapter loads only where that library and kernel_lock are
+installed. :func:`portable` returns a copy that names neither; :func:`saved_modules` lists what a
+``torch.save`` file would import, without unpickling it. Not imported by ``import kernel_lock``.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import io
 import logging
 import pickle
 import pickletools
 import zipfile
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .anemoi import locate, wrapper_of
+from .checkpoint import migrate_module_state, migration_rules
 from .errors import ExitCode, KernelUnavailable, LockError
 from .format.schema import Slot
 from .lock import KernelLock
+from .resolve import twin_refusal
+from .trust.importing import import_failure, import_target
 
 __all__ = [
-    "ADAPTERS_MODULE",
-    "EPS_ATTRIBUTES",
     "NotPortable",
     "Replacement",
     "UnreadablePickle",
-    "forbidden_roots",
     "globals_in",
     "pickled_modules",
     "portable",
@@ -57,8 +40,7 @@ __all__ = [
 
 log = logging.getLogger("kernel_lock")
 
-ADAPTERS_MODULE = "kernel_lock.adapters"
-EPS_ATTRIBUTES = ("eps", "variance_epsilon")  # where norm classes keep their eps
+_ADAPTERS = "kernel_lock.adapters"
 
 
 class NotPortable(LockError):
@@ -75,8 +57,7 @@ class Replacement:
     slot: str
     original: str
     twin: str
-    # measured here between the two (normwise relative); None: the original cannot run here
-    error: float | None
+    error: float | None  # normwise relative, measured here; None: the original cannot run here
     note: str = ""
 
 
@@ -84,91 +65,8 @@ def _qualified(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-class _Plan:
-    """Which classes came from the lock, and what each becomes."""
-
-    def __init__(self, lock: KernelLock):
-        from .errors import LockError
-        from .resolve import twin_refusal
-        from .trust.importing import import_failure, import_target
-
-        self.lock = lock
-        self.slots: list[tuple[Slot, type]] = []
-        for slot in lock.slots.values():
-            key = f"slots.{slot.name}.target"
-            try:
-                cls = import_target(slot.target, lock.granted, where=lock.path, key=key)
-            except ImportError:
-                continue  # not importable here: no module of the model can be an instance of it
-            except LockError:
-                raise
-            except (
-                Exception,
-                SystemExit,
-            ) as exc:  # sys.exit on import: unavailable, as factory says; never the end
-                raise import_failure(slot.name, slot.target, exc, lock.path, key) from None
-            self.slots.append((slot, cls))
-        self._twin_refusal = twin_refusal
-        self._import = import_target
-
-    def slot_of(self, cls: type) -> tuple[Slot, type] | None:
-        """The slot whose class ``cls`` is (or adapts), with the slot's pinned class."""
-        for slot, pinned in self.slots:
-            if cls is pinned or (cls.__module__ == ADAPTERS_MODULE and issubclass(cls, pinned)):
-                return slot, pinned
-        return None
-
-    def twin_class(self, slot: Slot, cls: type) -> type:
-        refusal = self._twin_refusal(slot)
-        if refusal is not None:
-            raise KernelUnavailable(
-                f"slot {slot.name}: the model holds {_qualified(cls)} ({slot.implementation}), "
-                f"and {refusal}",
-                path=self.lock.path,
-                key=f"slots.{slot.name}.twin",
-                fix="save the checkpoint as it is (it then needs the training library to "
-                "load), or re-train with an implementation that has a verified torch.nn twin",
-            )
-        assert slot.twin is not None
-        twin = self._import(
-            slot.twin.target,
-            self.lock.granted,
-            where=self.lock.path,
-            key=f"slots.{slot.name}.twin.target",
-        )
-        wrapper = _wrapper_for(cls, slot.twin.target)
-        if wrapper is not None:
-            from .anemoi import locate
-
-            return locate(wrapper)
-        return twin
-
-
-def _wrapper_for(cls: type, twin_target: str) -> str | None:
-    """anemoi's wrapper class to use where ``cls`` is an adapter keeping that wrapper's
-    behaviour."""
-    from .anemoi import wrapper_of
-
-    wrapper = wrapper_of(_qualified(cls)) if cls.__module__ == ADAPTERS_MODULE else None
-    if wrapper is None:
-        return None
-    if wrapper.runs != twin_target:
-        raise NotPortable(
-            f"{_qualified(cls)} keeps anemoi's {wrapper.target} behaviour around its kernel, but "
-            f"that wrapper runs {wrapper.runs}, not the twin {twin_target}",
-            fix="add a wrapper for the twin to kernel_lock.anemoi.WRAPPERS",
-        )
-    return wrapper.target
-
-
-def _migrated(state: Mapping[str, Any], slot: Slot) -> dict[str, Any]:
-    from .checkpoint import migrate_module_state, migration_rules
-
-    return migrate_module_state(state, migration_rules(slot))
-
-
-def _module_eps(module: Any) -> float | None:
-    for name in EPS_ATTRIBUTES:
+def _eps(module: Any) -> float | None:
+    for name in ("eps", "variance_epsilon"):  # where norm classes keep their eps
         value = getattr(module, name, None)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
@@ -177,29 +75,26 @@ def _module_eps(module: Any) -> float | None:
 
 def _build_twin(module: Any, slot: Slot, twin_cls: type) -> Any:
     """The twin of ``module``: its sizes and eps, the lock's twin kwargs, the migrated state."""
-    import inspect
-
     assert slot.twin is not None
-    state = _migrated(module.state_dict(), slot)
+    state = migrate_module_state(module.state_dict(), migration_rules(slot))
     kwargs = dict(slot.twin.kwargs)
     try:
         accepted = set(inspect.signature(twin_cls).parameters)
     except (TypeError, ValueError):
         accepted = set(kwargs)
-    if slot.semantics == "activation":  # elementwise, no parameters: the twin's own kwargs only
-        args: tuple[Any, ...] = ()
-    elif slot.semantics == "linear":
+    args: tuple[Any, ...] = ()  # an activation: elementwise, only the twin's own kwargs
+    if slot.semantics == "linear":
         weight = state["weight"]
         args = (int(weight.shape[1]), int(weight.shape[0]))
         kwargs["bias"] = "bias" in state and state["bias"] is not None
-    else:
+    elif slot.semantics != "activation":
         shape = getattr(module, "normalized_shape", None)
         if shape is None:
             shape = (
                 tuple(state["weight"].shape) if "weight" in state else (int(module.hidden_size),)
             )
         args = (tuple(shape) if not isinstance(shape, int) else (shape,),)
-        eps = _module_eps(module)
+        eps = _eps(module)
         if eps is not None and "eps" in accepted:
             kwargs["eps"] = eps  # what the module computed with (a call site may have set it)
         if "elementwise_affine" in accepted:
@@ -212,37 +107,33 @@ def _build_twin(module: Any, slot: Slot, twin_cls: type) -> Any:
         twin = twin.to(device=reference.device, dtype=reference.dtype)
     twin.load_state_dict(state, strict=True)
     twin.train(module.training)
+    originals = dict(module.named_parameters())
     for name, p in twin.named_parameters():
-        original = dict(module.named_parameters()).get(name)
-        if original is not None:
-            p.requires_grad_(original.requires_grad)
+        if name in originals:
+            p.requires_grad_(originals[name].requires_grad)
     return twin
 
 
 def _compare(original: Any, twin: Any, slot: Slot) -> float | None:
-    """Normwise relative error between the two on a small input; None when the original cannot run
-    here."""
-    import torch
+    """Normwise relative error of the two on a small input; None where the original cannot run."""
+    import torch  # reason: kernel_lock imports torch only when a model is converted
 
     params = list(twin.parameters())
     device = params[0].device if params else torch.device("cpu")
     dtype = params[0].dtype if params else torch.float32
-    width = (
-        params[0].shape[-1]
-        if slot.semantics == "linear" and params
-        else (
-            int(torch.tensor(getattr(twin, "normalized_shape", (params[0].shape[0],))).prod())
-            if params
-            else 8
-        )
-    )
+    if not params:
+        width = 8
+    elif slot.semantics == "linear":
+        width = params[0].shape[-1]
+    else:
+        shape = getattr(twin, "normalized_shape", (params[0].shape[0],))
+        width = int(torch.tensor(shape).prod())
     gen = torch.Generator().manual_seed(0)
     x = (torch.randn(16, width, generator=gen) + 0.3).to(device=device, dtype=dtype)
     try:
         with torch.no_grad():
             a = original(x)
-    # e.g. a GPU-only kernel on this CPU: it cannot be compared here, which is said
-    except Exception:
+    except Exception:  # e.g. a GPU-only kernel on this CPU: not compared, and said so
         return None
     with torch.no_grad():
         b = twin(x)
@@ -257,82 +148,108 @@ def _compare(original: Any, twin: Any, slot: Slot) -> float | None:
 
 
 def _tolerance(slot: Slot) -> float:
-    recorded = (
-        slot.twin.max_error if slot.twin is not None and slot.twin.max_error is not None else 0.0
-    )
-    return max(8 * recorded, 1e-4)
+    recorded = slot.twin.max_error if slot.twin is not None else None
+    return max(8 * (recorded or 0.0), 1e-4)
 
 
 class _Converter:
-    """Walks a module tree, replacing lock classes (modules, classes, partials) with their twins."""
+    """Replaces lock classes (modules, stored classes, partials) in a module tree by their twins."""
 
-    def __init__(self, plan: _Plan, compare: bool):
-        self.plan = plan
-        self.compare = compare
+    def __init__(self, lock: KernelLock, compare: bool):
+        self.lock, self.compare = lock, compare
         self.replacements: list[Replacement] = []
-        self._seen: dict[int, Any] = {}
+        self._seen: dict[int, Any] = {}  # a module shared by several parents stays shared
+        self.slots: list[tuple[Slot, type]] = []  # each slot importable here, with its class
+        for slot in lock.slots.values():
+            key = f"slots.{slot.name}.target"
+            try:
+                cls = import_target(slot.target, lock.granted, where=lock.path, key=key)
+            except ImportError:
+                continue  # not importable here: no module of the model can be an instance of it
+            except LockError:
+                raise
+            except (Exception, SystemExit) as exc:  # sys.exit on import: unavailable, as factory
+                raise import_failure(slot.name, slot.target, exc, lock.path, key) from None
+            self.slots.append((slot, cls))
 
-    # -- modules ------------------------------------------------------------------------------
+    def slot_of(self, cls: type) -> Slot | None:
+        """The slot whose pinned class ``cls`` is (or adapts)."""
+        for slot, pinned in self.slots:
+            if cls is pinned or (cls.__module__ == _ADAPTERS and issubclass(cls, pinned)):
+                return slot
+        return None
+
+    def twin_class(self, slot: Slot, cls: type) -> type:
+        """The class that stands in for ``cls``: the slot's twin, or the anemoi wrapper around it
+        that ``cls`` adapts."""
+        refusal = twin_refusal(slot)
+        if refusal is not None:
+            raise KernelUnavailable(
+                f"slot {slot.name}: the model holds {_qualified(cls)} ({slot.implementation}), "
+                f"and {refusal}",
+                path=self.lock.path,
+                key=f"slots.{slot.name}.twin",
+                fix="save the checkpoint as it is (it then needs the training library to "
+                "load), or re-train with an implementation that has a verified torch.nn twin",
+            )
+        assert slot.twin is not None
+        key = f"slots.{slot.name}.twin.target"
+        twin = import_target(slot.twin.target, self.lock.granted, where=self.lock.path, key=key)
+        wrapper = wrapper_of(_qualified(cls)) if cls.__module__ == _ADAPTERS else None
+        if wrapper is None:
+            return twin
+        if wrapper.runs != slot.twin.target:
+            raise NotPortable(
+                f"{_qualified(cls)} keeps anemoi's {wrapper.target} behaviour around its kernel, "
+                f"but that wrapper runs {wrapper.runs}, not the twin {slot.twin.target}",
+                fix="add a wrapper for the twin to kernel_lock.anemoi.WRAPPERS",
+            )
+        return locate(wrapper.target)
+
     def modules(self, root: Any) -> Any:
-        found = self.plan.slot_of(type(root))
-        if found is not None:
-            return self._replace(root, "", *found)
+        """``root`` with every lock-class module in its tree replaced (``root`` itself too)."""
+        slot = self.slot_of(type(root))
+        if slot is not None:
+            return self._replace(root, "", slot)
         for name, parent in list(root.named_modules()):
             for child_name, child in list(parent._modules.items()):
-                if child is None:
-                    continue
-                hit = self.plan.slot_of(type(child))
-                if hit is not None:
+                if child is not None and (slot := self.slot_of(type(child))) is not None:
                     where = f"{name}.{child_name}" if name else child_name
-                    parent._modules[child_name] = self._replace(child, where, *hit)
+                    parent._modules[child_name] = self._replace(child, where, slot)
         return root
 
-    def _replace(self, module: Any, where: str, slot: Slot, pinned: type) -> Any:
-        key = id(module)
-        if key in self._seen:  # a module shared by several parents stays shared
-            return self._seen[key]
-        twin_cls = self.plan.twin_class(slot, type(module))
+    def _replace(self, module: Any, where: str, slot: Slot) -> Any:
+        if id(module) in self._seen:
+            return self._seen[id(module)]
+        twin_cls = self.twin_class(slot, type(module))
         if type(module) is twin_cls:
-            self._seen[key] = module
+            self._seen[id(module)] = module
             return module
         twin = _build_twin(module, slot, twin_cls)
         error = _compare(module, twin, slot) if self.compare else None
+        original, twin_name = _qualified(type(module)), _qualified(twin_cls)
         if error is not None and error > _tolerance(slot):
             raise NotPortable(
-                f"{where or 'the model'}: {_qualified(type(module))} and its twin "
-                f"{_qualified(twin_cls)} disagree here "
+                f"{where or 'the model'}: {original} and its twin {twin_name} disagree here "
                 f"(error {error:.3g} > tolerance {_tolerance(slot):.3g}; the lock verified "
                 f"{slot.twin.max_error if slot.twin else None})",
-                path=self.plan.lock.path,
+                path=self.lock.path,
                 key=f"slots.{slot.name}.twin",
                 fix="re-probe on this machine (`kernel-probe --force`) and save with the new lock",
             )
-        note = (
-            ""
-            if error is not None or not self.compare
-            else "not compared: the original cannot run on this machine"
-        )
-        self.replacements.append(
-            Replacement(
-                where or "<root>",
-                slot.name,
-                _qualified(type(module)),
-                _qualified(twin_cls),
-                error,
-                note,
-            )
-        )
-        self._seen[key] = twin
+        compared = error is not None or not self.compare
+        note = "" if compared else "not compared: the original cannot run on this machine"
+        where = where or "<root>"
+        self.replacements.append(Replacement(where, slot.name, original, twin_name, error, note))
+        self._seen[id(module)] = twin
         return twin
 
-    # -- stored factories and classes -----------------------------------------------------------
     def attributes(self, root: Any) -> None:
+        """Replace the lock classes and partials stored in the tree's modules' attributes."""
         for _, module in root.named_modules():
             for name, value in list(vars(module).items()):
-                if (
-                    name in ("_modules", "_parameters", "_buffers")
-                    or name.startswith("_forward")
-                    or name.startswith("_backward")
+                if name in ("_modules", "_parameters", "_buffers") or name.startswith(
+                    ("_forward", "_backward")
                 ):
                     continue
                 new = self.value(value, 0)
@@ -340,13 +257,14 @@ class _Converter:
                     object.__setattr__(module, name, new)
 
     def value(self, value: Any, depth: int) -> Any:
+        """``value`` with lock classes and partials replaced, through dicts, lists and tuples."""
         if depth > 8:
             return value
         if isinstance(value, functools.partial):
             return self._partial(value)
         if isinstance(value, type):
-            found = self.plan.slot_of(value)
-            return self.plan.twin_class(found[0], value) if found is not None else value
+            slot = self.slot_of(value)
+            return self.twin_class(slot, value) if slot is not None else value
         if isinstance(value, dict):
             items = {k: self.value(v, depth + 1) for k, v in value.items()}
             if all(items[k] is value[k] for k in value):
@@ -356,22 +274,19 @@ class _Converter:
             except Exception:
                 return dict(items)
         if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-            items_l = [self.value(v, depth + 1) for v in value]
-            if all(a is b for a, b in zip(items_l, value, strict=True)):
+            listed = [self.value(v, depth + 1) for v in value]
+            if all(a is b for a, b in zip(listed, value, strict=True)):
                 return value
-            return type(value)(items_l)
+            return type(value)(listed)
         return value
 
     def _partial(self, value: functools.partial) -> Any:
         func, args, keywords = value.func, value.args, dict(value.keywords or {})
-        if isinstance(func, type) and (found := self.plan.slot_of(func)) is not None:
-            slot = found[0]
-            twin_cls = self.plan.twin_class(slot, func)
+        if isinstance(func, type) and (slot := self.slot_of(func)) is not None:
+            twin_cls = self.twin_class(slot, func)
             assert slot.twin is not None
-            twin_kwargs = dict(slot.twin.kwargs)
-            for k, v in keywords.items():  # what the call site pinned beyond the lock (eps) is kept
-                if k in twin_kwargs:
-                    twin_kwargs[k] = v
+            twin_kwargs = dict(slot.twin.kwargs)  # a value the call site set (eps) wins
+            twin_kwargs.update((k, v) for k, v in keywords.items() if k in twin_kwargs)
             return functools.partial(twin_cls, *args, **twin_kwargs)
         if type(value).__module__.startswith("kernel_lock"):  # a KernelFactory of a torch.nn class
             return functools.partial(func, *args, **keywords)
@@ -381,36 +296,27 @@ class _Converter:
 def portable(
     module: Any, lock: KernelLock, *, compare: bool = True, report: list[Replacement] | None = None
 ) -> Any:
-    """A copy of ``module`` that unpickles where neither the training library nor kernel_lock is
-    installed.
+    """A copy of ``module`` that unpickles without the training library and kernel_lock: every
+    module, class or stored factory from ``lock`` is the slot's verified twin, its state migrated.
 
-    Every module whose class came from ``lock`` (directly, through a ``kernel_lock.adapters`` class,
-    or through a stored factory such as anemoi's ``layer_factory``) is replaced by the slot's
-    verified twin, with its state migrated as the lock records. ``compare`` runs each replaced
-    module and its twin on a small input and refuses (:class:`NotPortable`) where they disagree
-    beyond the lock's verified error; a module that cannot run here (a GPU kernel on a CPU) is
-    recorded as not compared. ``report`` (a list) receives one :class:`Replacement` per module
-    replaced.
-
-    Raises :class:`KernelUnavailable` naming the slot where a module's slot has no usable twin, and
-    :class:`NotPortable` where the copy's pickle would still name kernel_lock or a training library.
-    """
-    plan = _Plan(lock)
-    copied = copy.deepcopy(module)
-    converter = _Converter(plan, compare)
-    copied = converter.modules(copied)
+    ``compare`` refuses (:class:`NotPortable`) a twin that disagrees with its module here beyond the
+    lock's verified error; ``report`` receives one :class:`Replacement` per module. Raises
+    :class:`KernelUnavailable` for a slot without a usable twin, and :class:`NotPortable` where the
+    copy's pickle would still name kernel_lock or a training library."""
+    converter = _Converter(lock, compare)
+    copied = converter.modules(copy.deepcopy(module))
     converter.attributes(copied)
     for r in converter.replacements:
-        log.info(
-            "kernel_lock.portable: %s %s -> %s (%s)",
-            r.path,
-            r.original,
-            r.twin,
-            "not compared" if r.error is None else f"error {r.error:.3g}",
-        )
+        compared = "not compared" if r.error is None else f"error {r.error:.3g}"
+        log.info("kernel_lock.portable: %s %s -> %s (%s)", r.path, r.original, r.twin, compared)
     if report is not None:
         report.extend(converter.replacements)
-    forbidden = forbidden_roots(lock)
+    forbidden = {"kernel_lock"} | {m.split(".")[0] for m in lock.trusted_modules}
+    for slot in lock.slots.values():
+        forbidden.add(slot.target.split(".")[0])
+        forbidden.update(r.module.split(".")[0] for r in slot.requires if r.module)
+    twins = {s.twin.target.split(".")[0] for s in lock.slots.values() if s.twin is not None}
+    forbidden -= (twins - {"kernel_lock"}) | {"torch"}
     left = sorted(
         m
         for m in pickled_modules(copied)
@@ -426,48 +332,23 @@ def portable(
     return copied
 
 
-def forbidden_roots(lock: KernelLock) -> set[str]:
-    """Top-level modules a portable pickle must not name: kernel_lock and the lock's training
-    libraries."""
-    roots = {"kernel_lock"}
-    for slot in lock.slots.values():
-        roots.add(slot.target.split(".")[0])
-        roots.update(r.module.split(".")[0] for r in slot.requires if r.module)
-    roots.update(m.split(".")[0] for m in lock.trusted_modules)
-    twins = {
-        slot.twin.target.split(".")[0] for slot in lock.slots.values() if slot.twin is not None
-    }
-    return roots - (twins - {"kernel_lock"}) - {"torch"}
-
-
 # ---- what a pickle names -------------------------------------------------------------------------
-_STRING_OPS = {
-    "SHORT_BINUNICODE",
-    "BINUNICODE",
-    "UNICODE",
-    "BINUNICODE8",
-    "SHORT_BINSTRING",
-    "BINSTRING",
-    "STRING",
-}
+# the opcodes that push a string: SHORT_BINUNICODE, BINUNICODE, UNICODE, ..., BINSTRING, STRING
+_PUSH_STRING = ([pickletools.pyunicode], [pickletools.pystring])
+_STRINGS = {op.name for op in pickletools.opcodes if op.stack_after in _PUSH_STRING}
 _UNKNOWN = object()  # a stack value that is not a string the scan knows
 
 
 class UnreadablePickle(ValueError):
-    """A pickle whose globals cannot all be named without running it (a STACK_GLOBAL whose operands
-    are not plain strings, an extension-registry code, a malformed stream): nothing may be said
-    about it."""
+    """A pickle whose globals cannot all be named without running it (a STACK_GLOBAL on operands
+    that are not plain strings, an extension-registry code, a malformed stream)."""
 
 
 def globals_in(data: bytes) -> set[str]:
-    """Every ``module.name`` the pickle stream ``data`` would import when loaded: GLOBAL and INST
-    arguments, and STACK_GLOBAL's two operands as they are on the stack when it runs.
-
-    The stack, the marks and the memo are modelled opcode by opcode (each opcode's declared stack
-    effect, from ``pickletools``), so strings pushed and popped as decoys, or fetched from the memo,
-    are read as ``pickle`` would read them. Where the scan cannot name a global with certainty it
-    raises :class:`UnreadablePickle` rather than under-report. Nothing is unpickled.
-    """
+    """Every ``module.name`` the pickle stream ``data`` would import when loaded (GLOBAL, INST and
+    STACK_GLOBAL), read without unpickling: the stack, marks and memo are modelled opcode by opcode,
+    so decoy strings and memo fetches are read as ``pickle`` reads them. Raises
+    :class:`UnreadablePickle` where a global cannot be named with certainty."""
     found: set[str] = set()
     stack: list[Any] = []
     marks: list[int] = []
@@ -488,7 +369,7 @@ def globals_in(data: bytes) -> set[str]:
     try:
         for op, arg, pos in pickletools.genops(data):
             name = op.name
-            if name in _STRING_OPS:
+            if name in _STRINGS:
                 stack.append(arg)
             elif name in ("GLOBAL", "INST"):
                 module, _, attr = str(arg).partition(" ")
@@ -510,10 +391,8 @@ def globals_in(data: bytes) -> set[str]:
                 )
             elif name == "MARK":
                 marks.append(len(stack))
-            elif name == "MEMOIZE":
-                memo[len(memo)] = stack[-1] if stack else _UNKNOWN
-            elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
-                memo[arg] = stack[-1] if stack else _UNKNOWN
+            elif name in ("MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"):
+                memo[len(memo) if name == "MEMOIZE" else arg] = stack[-1] if stack else _UNKNOWN
             elif name in ("GET", "BINGET", "LONG_BINGET"):
                 if arg not in memo:
                     raise UnreadablePickle(
@@ -522,12 +401,9 @@ def globals_in(data: bytes) -> set[str]:
                 stack.append(memo[arg])
             elif name == "DUP":
                 stack.append(stack[-1] if stack else _UNKNOWN)
-            elif name == "POP":
-                if len(stack) > (marks[-1] if marks else 0):
-                    pop()
-                else:  # pickle's load_pop: with nothing above the mark, POP drops the mark
-                    pop_mark()
-            elif name == "POP_MARK":
+            elif name == "POP" and len(stack) > (marks[-1] if marks else 0):
+                pop()
+            elif name in ("POP", "POP_MARK"):  # pickle's load_pop: nothing above the mark: drop it
                 pop_mark()
             elif name == "STOP":
                 break
@@ -549,27 +425,22 @@ def globals_in(data: bytes) -> set[str]:
 def pickled_modules(obj: Any) -> set[str]:
     """The modules pickling ``obj`` names (tensor data left out), e.g. ``{"torch.nn.modules.linear",
     ...}``."""
-    import torch
-
-    buf = io.BytesIO()
+    import torch  # reason: kernel_lock imports torch only when a model is converted
 
     class _Pickler(pickle.Pickler):
-        # storages: named, not serialised (torch.save does the same)
-        def persistent_id(self, o: Any) -> Any:
+        def persistent_id(self, o: Any) -> Any:  # storages: named, not serialised (as torch.save)
             if isinstance(o, (torch.UntypedStorage, torch.storage.TypedStorage)):
                 return "storage"
             return None
 
+    buf = io.BytesIO()
     _Pickler(buf, protocol=2).dump(obj)
     return {name.rpartition(".")[0] for name in globals_in(buf.getvalue())}
 
 
 def saved_modules(path: str | Path) -> set[str]:
-    """The modules a ``torch.save`` file's pickles would import when loaded (read from its zip
-    archive; nothing is unpickled). Every global is reported: each ``.pkl`` member's stack is
-    modelled (:func:`globals_in`), and a pickle whose globals cannot all be named raises
-    :class:`UnreadablePickle`.
-    """
+    """The modules a ``torch.save`` file's pickles would import when loaded, read from its zip
+    archive without unpickling (:func:`globals_in` on every ``.pkl`` member)."""
     found: set[str] = set()
     with zipfile.ZipFile(path) as archive:
         for member in archive.namelist():
