@@ -26,6 +26,7 @@ from .errors import ExitCode, KernelUnavailable, LockError
 from .format.schema import Slot
 from .lock import KernelLock
 from .resolve import twin_refusal
+from .slots import SPECS
 from .trust.importing import import_failure, import_target
 
 __all__ = [
@@ -65,14 +66,6 @@ def _qualified(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _eps(module: Any) -> float | None:
-    for name in ("eps", "variance_epsilon"):  # where norm classes keep their eps
-        value = getattr(module, name, None)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    return None
-
-
 def _build_twin(module: Any, slot: Slot, twin_cls: type) -> Any:
     """The twin of ``module``: its sizes and eps, the lock's twin kwargs, the migrated state."""
     assert slot.twin is not None
@@ -82,26 +75,10 @@ def _build_twin(module: Any, slot: Slot, twin_cls: type) -> Any:
         accepted = set(inspect.signature(twin_cls).parameters)
     except (TypeError, ValueError):
         accepted = set(kwargs)
-    args: tuple[Any, ...] = ()  # an activation: elementwise, only the twin's own kwargs
-    if slot.semantics == "linear":
-        weight = state["weight"]
-        args = (int(weight.shape[1]), int(weight.shape[0]))
-        kwargs["bias"] = "bias" in state and state["bias"] is not None
-    elif slot.semantics != "activation":
-        shape = getattr(module, "normalized_shape", None)
-        if shape is None:
-            shape = (
-                tuple(state["weight"].shape) if "weight" in state else (int(module.hidden_size),)
-            )
-        args = (tuple(shape) if not isinstance(shape, int) else (shape,),)
-        eps = _eps(module)
-        if eps is not None and "eps" in accepted:
-            kwargs["eps"] = eps  # what the module computed with (a call site may have set it)
-        if "elementwise_affine" in accepted:
-            kwargs["elementwise_affine"] = "weight" in state
-        if "bias" in accepted and slot.semantics == "layer_norm":
-            kwargs["bias"] = "bias" in state
-    twin = twin_cls(*args, **kwargs)
+    # the slot's own: its size, eps and parameters (an activation: only the twin's own kwargs)
+    how = SPECS[slot.name].twin_args
+    args, own = how(module, state, accepted) if how is not None else ((), {})
+    twin = twin_cls(*args, **{**kwargs, **own})
     reference = next(iter(state.values()), None)
     if reference is not None and hasattr(reference, "device"):
         twin = twin.to(device=reference.device, dtype=reference.dtype)
@@ -121,13 +98,13 @@ def _compare(original: Any, twin: Any, slot: Slot) -> float | None:
     params = list(twin.parameters())
     device = params[0].device if params else torch.device("cpu")
     dtype = params[0].dtype if params else torch.float32
+    sample_width = SPECS[slot.name].sample_width
     if not params:
         width = 8
-    elif slot.semantics == "linear":
-        width = params[0].shape[-1]
+    elif sample_width is not None:
+        width = sample_width(twin)
     else:
-        shape = getattr(twin, "normalized_shape", (params[0].shape[0],))
-        width = int(torch.tensor(shape).prod())
+        width = int(params[0].shape[0])
     gen = torch.Generator().manual_seed(0)
     x = (torch.randn(16, width, generator=gen) + 0.3).to(device=device, dtype=dtype)
     try:

@@ -91,6 +91,13 @@ class SlotSpec:
     on_resolve: Callable[[Any, str | None], None] | None = None
     # what anemoi reads at import for the slot as pinned: an inference job's environment
     anemoi_environment: Callable[[Any], Mapping[str, str]] | None = None
+    # a portable copy of a model (kernel_lock.portability): the twin's positional arguments and the
+    # kwargs it takes from a built module (module, its migrated state, the twin's keywords)
+    twin_args: (
+        Callable[[Any, Mapping[str, Any], set[str]], tuple[tuple[Any, ...], dict[str, Any]]] | None
+    ) = None
+    # the width of the input the twin is compared with the module on
+    sample_width: Callable[[Any], int] | None = None
 
 
 def torch_aliases(module: str, *names: str) -> dict[str, str]:

@@ -305,6 +305,18 @@ def _on_resolve(slot: Any, path: str | None) -> None:
         apply(record, str(here.for_check(("device-type",)).get("device-type", "")), path=path)
 
 
+def _twin_args(
+    module: Any, state: Mapping[str, Any], accepted: set[str]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    weight = state["weight"]
+    bias = "bias" in state and state["bias"] is not None
+    return (int(weight.shape[1]), int(weight.shape[0])), {"bias": bias}
+
+
+def _sample_width(twin: Any) -> int:
+    return int(next(iter(twin.parameters())).shape[-1])
+
+
 _LINEAR = frozenset(("in_features", "out_features", "bias", "device", "dtype"))
 
 LINEAR = SlotSpec(
@@ -333,4 +345,6 @@ LINEAR = SlotSpec(
     ),
     job_start=_job_start,
     on_resolve=_on_resolve,
+    twin_args=_twin_args,
+    sample_width=_sample_width,
 )
