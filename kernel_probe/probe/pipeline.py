@@ -391,9 +391,9 @@ def _emulated_matmul(p: Plan) -> str | None:
     slot)."""
     if p.device["type"] != "cpu" or "Linear" not in p.slots or p.dtype == "float32":
         return None
-    from kernel_probe.detect import cpumath
+    from kernel_probe.detect import host
 
-    return cpumath.emulated_warning(p.dtype)
+    return host.emulated_warning(p.dtype)
 
 
 def _emulated_call_times(timings: Mapping[str, Mapping[str, list]], dtype: str) -> list[str]:

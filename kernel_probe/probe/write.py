@@ -61,9 +61,9 @@ def _evidence(report: Report) -> list[dict[str, Any]]:
     matmul = None
     # native or emulated bf16 / fp16 (issue 38)
     if report.semantics == "linear" and report.device == "cpu":
-        from kernel_probe.detect import cpumath
+        from kernel_probe.detect import host
 
-        matmul = cpumath.matmul()
+        matmul = host.matmul()
     for v in report.verdicts:
         row: dict[str, Any] = {
             "device": v.device,
@@ -87,7 +87,7 @@ def _evidence(report: Report) -> list[dict[str, Any]]:
         if report.capabilities:
             row["capabilities"] = dict(report.capabilities)
         if matmul is not None and v.dtype in matmul:
-            row["matmul"] = cpumath.describe(matmul[v.dtype])
+            row["matmul"] = host.describe(matmul[v.dtype])
         rows.append(row)
     return rows
 

@@ -176,11 +176,11 @@ def site_facts(
     read_file: Callable[[str], str | None] | None = None,
     problems: list[str] | None = None,
 ) -> SiteFacts:
-    """The site facts of this machine (``site`` from kernel_probe.detect.site); marker files are
+    """The site facts of this machine (``site`` from kernel_probe.detect.host); marker files are
     read like every input (regular files only, non-blocking, capped), a refused one noted in
     ``problems``."""
     if read_file is None:
-        from kernel_probe.detect.site import read_marker
+        from kernel_probe.detect.host import read_marker
 
         said = [] if problems is None else problems
 

@@ -241,7 +241,7 @@ def choose(
         if found is None:
             found = survey(extra)
         return resolve(spec, extra, found), named, found.notes_for(spec)
-    from kernel_probe.detect.site import detect_site
+    from kernel_probe.detect.host import detect_site
 
     if found is None:
         found = survey(extra)

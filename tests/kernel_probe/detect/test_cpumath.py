@@ -1,5 +1,6 @@
-"""kernel_probe.detect.cpumath: native or emulated bf16 / fp16 matmul, from CPU flags and oneDNN's
-ISA ceiling (tables of flags as /proc/cpuinfo writes them), and the probe's up-front warning.
+"""kernel_probe.detect.host (CPU matmul): native or emulated bf16 / fp16 matmul, from CPU flags
+and oneDNN's ISA ceiling (tables of flags as /proc/cpuinfo writes them), and the probe's up-front
+warning.
 
 The public names used: ``cpu_flags``, ``matmul``, ``emulated_warning``, ``describe``.
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernel_probe.detect import cpumath
+from kernel_probe.detect import host
 
 AVX2_ONLY = "fpu sse sse2 avx avx2 fma f16c"  # f16c converts, it does not multiply
 SAPPHIRE = AVX2_ONLY + " avx512f avx512bw avx512_bf16 avx512_fp16 amx_bf16 amx_tile amx_int8"
@@ -46,7 +47,7 @@ GRAVITON3 = "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp bf1
     ],
 )
 def test_native_or_emulated_by_flags_and_onednn_ceiling(flags, env, bf16, fp16):
-    got = cpumath.matmul(flags.split(), env)
+    got = host.matmul(flags.split(), env)
     assert (got["bfloat16"]["native"], got["bfloat16"]["path"]) == bf16
     assert (got["float16"]["native"], got["float16"]["path"]) == fp16
     for fact in got.values():
@@ -57,33 +58,33 @@ def test_native_or_emulated_by_flags_and_onednn_ceiling(flags, env, bf16, fp16):
 
 def test_flags_come_from_the_first_flags_or_features_line():
     text = "processor\t: 0\nflags\t\t: fpu avx2 avx512_bf16\n\nprocessor\t: 1\nflags\t\t: fpu\n"
-    assert cpumath.cpu_flags(text) == {"fpu", "avx2", "avx512_bf16"}
-    assert cpumath.cpu_flags("processor : 0\nFeatures : fp asimd bf16\n") == {"fp", "asimd", "bf16"}
-    assert cpumath.cpu_flags("nothing here\n") is None
+    assert host.cpu_flags(text) == {"fpu", "avx2", "avx512_bf16"}
+    assert host.cpu_flags("processor : 0\nFeatures : fp asimd bf16\n") == {"fp", "asimd", "bf16"}
+    assert host.cpu_flags("nothing here\n") is None
 
 
 def test_unreadable_flags_are_unknown_not_emulated(monkeypatch):
-    monkeypatch.setattr(cpumath, "cpu_flags", lambda cpuinfo=None: None)
-    got = cpumath.matmul(env={})
+    monkeypatch.setattr(host, "cpu_flags", lambda cpuinfo=None: None)
+    got = host.matmul(env={})
     assert got["bfloat16"]["native"] is None and "/proc/cpuinfo" in got["bfloat16"]["why"]
-    assert cpumath.emulated_warning("bfloat16", got) is None  # nothing is claimed that was not read
-    assert cpumath.describe(got["bfloat16"]).startswith("unknown: ")
+    assert host.emulated_warning("bfloat16", got) is None  # nothing is claimed that was not read
+    assert host.describe(got["bfloat16"]).startswith("unknown: ")
 
 
 def test_the_warning_is_for_an_emulated_dtype_only():
-    emulated = cpumath.matmul(AVX2_ONLY.split(), {})
-    line = cpumath.emulated_warning("bfloat16", emulated)
+    emulated = host.matmul(AVX2_ONLY.split(), {})
+    line = host.emulated_warning("bfloat16", emulated)
     assert line is not None and line.startswith(
         "bfloat16 matmul is emulated on this CPU (the CPU has none of "
     )
-    assert cpumath.describe(emulated["bfloat16"]).startswith("emulated: ")
-    native = cpumath.matmul(SAPPHIRE.split(), {})
-    assert cpumath.emulated_warning("bfloat16", native) is None
-    assert cpumath.emulated_warning("float32", emulated) is None
-    assert cpumath.describe(native["bfloat16"]) == "native: AMX BF16"
+    assert host.describe(emulated["bfloat16"]).startswith("emulated: ")
+    native = host.matmul(SAPPHIRE.split(), {})
+    assert host.emulated_warning("bfloat16", native) is None
+    assert host.emulated_warning("float32", emulated) is None
+    assert host.describe(native["bfloat16"]) == "native: AMX BF16"
 
 
 def test_this_machine_reads_the_same_flags_as_proc_cpuinfo():
     with open("/proc/cpuinfo", encoding="utf-8") as fh:
         text = fh.read()
-    assert cpumath.cpu_flags() == cpumath.cpu_flags(text)
+    assert host.cpu_flags() == host.cpu_flags(text)

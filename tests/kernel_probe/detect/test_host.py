@@ -133,7 +133,7 @@ def test_memory_without_proc_meminfo_asks_sysconf(monkeypatch):
 
 
 def test_detect_host_shape(monkeypatch):
-    monkeypatch.setattr(host.fingerprint_host, "archspec_host", lambda: None)
+    monkeypatch.setattr(host.fp_host, "archspec_host", lambda: None)
     h = host.detect_host()
     assert list(h) == ["os", "python", "cpu", "memory"]
     assert h["python"]["virtualenv"] is (sys.prefix != sys.base_prefix)

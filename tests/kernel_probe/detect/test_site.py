@@ -1,4 +1,4 @@
-"""kernel_probe.detect.site: hostname, Slurm variables and site markers, as found."""
+"""kernel_probe.detect.host (site signals): hostname, Slurm variables and site markers, as found."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ import socket
 
 import pytest
 
-from kernel_probe.detect import site
+from kernel_probe.detect import host
 
 
 def test_site_signals(tmp_path):
     systemname = tmp_path / "systemname"
     systemname.write_text("juwelsbooster\n")
-    markers = site.SITE_MARKERS + (
-        site.SiteMarker("file", str(systemname), "JSC"),
-        site.SiteMarker("file", str(tmp_path / "absent"), "nowhere"),
+    markers = host.SITE_MARKERS + (
+        host.SiteMarker("file", str(systemname), "JSC"),
+        host.SiteMarker("file", str(tmp_path / "absent"), "nowhere"),
     )
     env = {
         "LUMI_STACK_NAME": "LUMI",
@@ -24,7 +24,7 @@ def test_site_signals(tmp_path):
         "HOME": "/users/x",
         "SLURM_SECRET_UNLISTED": "x",
     }
-    s = site.detect_site(env, hostname="nid005123", markers=markers)
+    s = host.detect_site(env, hostname="nid005123", markers=markers)
     assert s["hostname"] == "nid005123"
     assert s["slurm"] == {"SLURM_CLUSTER_NAME": "lumi", "SLURM_JOB_ID": "123"}
     signals = {m["signal"]: m["value"] for m in s["markers"]}
@@ -34,7 +34,7 @@ def test_site_signals(tmp_path):
 
 
 def test_site_markers_cover_the_issue_list():
-    names = {m.name for m in site.SITE_MARKERS}
+    names = {m.name for m in host.SITE_MARKERS}
     wanted = {
         "LUMI_STACK_NAME",
         "SYSTEMNAME",
@@ -61,16 +61,16 @@ def test_site_markers_cover_the_issue_list():
 def test_read_marker_takes_the_first_line(tmp_path, content, value):
     path = tmp_path / "systemname"
     path.write_text(content)
-    assert site.read_marker(str(path)) == (value, "")
-    assert site.first_line(str(path)) == value
+    assert host.read_marker(str(path)) == (value, "")
+    assert host.first_line(str(path)) == value
 
 
 def test_read_marker_of_an_absent_file_is_silent(tmp_path):
-    assert site.read_marker(str(tmp_path / "absent")) == (None, "")
+    assert host.read_marker(str(tmp_path / "absent")) == (None, "")
 
 
 def test_read_marker_refuses_a_directory(tmp_path):
-    value, why = site.read_marker(str(tmp_path))
+    value, why = host.read_marker(str(tmp_path))
     assert value is None and why.startswith("is a directory, not a") and why.endswith(": not read")
 
 
@@ -78,22 +78,22 @@ def test_read_marker_refuses_a_directory(tmp_path):
 def test_read_marker_never_blocks_on_a_fifo(tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    value, why = site.read_marker(str(fifo))
+    value, why = host.read_marker(str(fifo))
     assert value is None and "not a regular file" in why and why.endswith(": not read")
 
 
 def test_read_marker_refuses_a_file_over_its_limit(tmp_path):
     path = tmp_path / "big"
     path.write_text("x" * 100 + "\n")
-    value, why = site.read_marker(str(path), limit=10)
+    value, why = host.read_marker(str(path), limit=10)
     assert value is None and "more than the 10" in why
-    assert site.read_marker(str(path), limit=200) == ("x" * 100, "")
+    assert host.read_marker(str(path), limit=200) == ("x" * 100, "")
 
 
 def test_read_marker_replaces_undecodable_bytes(tmp_path):
     path = tmp_path / "m"
     path.write_bytes(b"lumi\xff\n")
-    assert site.read_marker(str(path)) == ("lumi\ufffd", "")
+    assert host.read_marker(str(path)) == ("lumi\ufffd", "")
 
 
 # ---- detect_site -------------------------------------------------------------------------------
@@ -113,23 +113,23 @@ def test_read_marker_replaces_undecodable_bytes(tmp_path):
     ],
 )
 def test_detect_site_env_markers(env, markers):
-    env_only = tuple(m for m in site.SITE_MARKERS if m.kind == "env")
-    found = site.detect_site(env, hostname="h", markers=env_only)["markers"]
+    env_only = tuple(m for m in host.SITE_MARKERS if m.kind == "env")
+    found = host.detect_site(env, hostname="h", markers=env_only)["markers"]
     assert [(m["signal"], m["value"], m["hint"]) for m in found] == markers
 
 
 def test_detect_site_keeps_only_the_listed_slurm_variables():
-    env = {name: str(i) for i, name in enumerate(site.SLURM_VARIABLES)} | {
+    env = {name: str(i) for i, name in enumerate(host.SLURM_VARIABLES)} | {
         "SLURM_JOB_NAME": "secret",
         "PATH": "/x",
     }
-    slurm = site.detect_site(env, hostname="h", markers=())["slurm"]
+    slurm = host.detect_site(env, hostname="h", markers=())["slurm"]
     # every one, in the table's order, nothing else
-    assert list(slurm) == list(site.SLURM_VARIABLES)
+    assert list(slurm) == list(host.SLURM_VARIABLES)
 
 
 def test_detect_site_defaults_to_this_host_and_environment(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
-    s = site.detect_site(markers=())
+    s = host.detect_site(markers=())
     assert s["hostname"] == socket.gethostname()
     assert s["slurm"]["SLURM_JOB_ID"] == "4242"

@@ -266,9 +266,9 @@ def _cpu_plan(precision: str, slots: tuple[str, ...] = ("LayerNorm", "RMSNorm", 
 
 
 def test_an_emulated_regime_is_said_up_front_and_one_calls_time_after(monkeypatch):
-    from kernel_probe.detect import cpumath
+    from kernel_probe.detect import host
 
-    monkeypatch.setattr(cpumath, "cpu_flags", lambda cpuinfo=None: {"avx2"})
+    monkeypatch.setattr(host, "cpu_flags", lambda cpuinfo=None: {"avx2"})
     warning = pipeline._emulated_matmul(_cpu_plan("bfloat16"))
     assert warning is not None and warning.startswith("bfloat16 matmul is emulated on this CPU")
     assert pipeline._emulated_matmul(_cpu_plan("float32")) is None  # fp32 is never emulated
@@ -292,11 +292,9 @@ def test_an_emulated_regime_is_said_up_front_and_one_calls_time_after(monkeypatc
 
 
 def test_a_native_regime_is_not_warned_about(monkeypatch):
-    from kernel_probe.detect import cpumath
+    from kernel_probe.detect import host
 
-    monkeypatch.setattr(
-        cpumath, "cpu_flags", lambda cpuinfo=None: {"avx2", "avx512_bf16", "amx_bf16"}
-    )
+    monkeypatch.setattr(host, "cpu_flags", lambda cpuinfo=None: {"avx2", "avx512_bf16", "amx_bf16"})
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     assert pipeline._emulated_matmul(_cpu_plan("bfloat16")) is None
 
