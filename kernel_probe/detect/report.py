@@ -21,6 +21,7 @@ from kernel_lock.fingerprint import nvml as fp_nvml
 from kernel_lock.fingerprint import with_torch
 from kernel_probe import __version__
 from kernel_probe.detect import accelerators, host, libraries
+from kernel_probe.detect import triton as triton_info
 from kernel_probe.detect.accelerators import NvmlList, failure
 from kernel_probe.detect.importcheck import (
     DEFAULT_TIMEOUT,
@@ -142,35 +143,35 @@ def detect(
     # Only what decides which children to start, then the children: they import their libraries
     # while this process does the rest (and imports torch)
     located = libraries.locate_all(table, extra_paths)
-    device_nodes = libraries.gpu_device_nodes(root)
+    device_nodes = triton_info.gpu_device_nodes(root)
     checks = None
     if import_checks:
         requests = libraries.import_requests(located)
         # no GPU device node: Triton's runtime is asked for a target only if torch sees a device
-        where = libraries.module_location(libraries.TRITON, extra_paths)
-        if (triton := libraries.triton_request(where, target=bool(device_nodes))) is not None:
+        where = libraries.module_location(triton_info.MODULE, extra_paths)
+        if (triton := triton_info.import_request(where, target=bool(device_nodes))) is not None:
             requests["triton"] = triton
         checks = run(requests)
     try:
-        located_triton = libraries.locate_triton(extra_paths)
+        located_triton = triton_info.locate(extra_paths)
         host_facts = host.detect_host()
         here = _torch_and_devices(torch, nvml or fp_nvml.nvml_devices, errors)
         imported = checks.results() if checks is not None else {}
-        not_asked = libraries.target_not_asked(device_nodes, here["device"]["type"])
+        not_asked = triton_info.target_not_asked(device_nodes, here["device"]["type"])
         if (
             not device_nodes
             and not_asked is None
             and imported.get("triton", {}).get("status") == "ok"
         ):
             # torch sees a device that left no device node: ask the runtime now, as on a GPU node
-            checks = run({"triton": ImportCheckRequest(libraries.TRITON, probe="triton-target")})
+            checks = run({"triton": ImportCheckRequest(triton_info.MODULE, probe="triton-target")})
             imported["triton"] = checks.results()["triton"]
     except BaseException:  # interrupted, or a bug here: no child is left running until its timeout
         if checks is not None:
             checks.cancel()
         raise
     libs = {name: libraries.report(loc, imported.get(name)) for name, loc in located.items()}
-    triton_facts = libraries.triton_report(
+    triton_facts = triton_info.report(
         located_triton,
         imported.get("triton"),
         torch_build=here["torch"]["build"] if here["torch"] else "cpu",

@@ -237,7 +237,8 @@ def _known_libraries(declared: Iterable[Candidate]) -> dict[str, str]:
     """Library names a profile may require or forbid -> what they are: the registry's libraries (by
     name and by each distribution name), Triton's distributions, and the profile's own
     candidates'."""
-    from kernel_probe.detect.libraries import TRITON_DISTRIBUTIONS, known_libraries
+    from kernel_probe.detect.libraries import known_libraries
+    from kernel_probe.detect.triton import TRITON_DISTRIBUTIONS
 
     known = {lib.name: "registry" for lib in known_libraries()}
     known.update(
