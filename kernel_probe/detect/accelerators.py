@@ -56,22 +56,12 @@ MATH_FLAGS: tuple[tuple[str, str], ...] = (
 # deterministic cuBLAS, a leftover CUDA_LAUNCH_BLOCKING=1 costs a lot of multi-GPU speed, and
 # HSA_OVERRIDE_GFX_VERSION makes a GPU report another gfx arch.
 NUMERICS_ENV = (
-    "NVIDIA_TF32_OVERRIDE",
-    "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
-    "CUBLAS_WORKSPACE_CONFIG",
-    "CUDA_LAUNCH_BLOCKING",
-    "CUDA_VISIBLE_DEVICES",
-    "HIP_VISIBLE_DEVICES",
-    "ROCR_VISIBLE_DEVICES",
-    "HSA_OVERRIDE_GFX_VERSION",
-    "PYTORCH_CUDA_ALLOC_CONF",
-    "PYTORCH_HIP_ALLOC_CONF",
-    "PYTORCH_NVML_BASED_CUDA_CHECK",
-    "TORCH_CUDNN_SDPA_ENABLED",
-    "TORCH_BLAS_PREFER_HIPBLASLT",
-    "MIOPEN_USER_DB_PATH",
-    "TRITON_CACHE_DIR",
-    "FLASH_ATTENTION_TRITON_AMD_ENABLE",
+    ("NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "CUBLAS_WORKSPACE_CONFIG")
+    + ("CUDA_LAUNCH_BLOCKING", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+    + ("ROCR_VISIBLE_DEVICES", "HSA_OVERRIDE_GFX_VERSION", "PYTORCH_CUDA_ALLOC_CONF")
+    + ("PYTORCH_HIP_ALLOC_CONF", "PYTORCH_NVML_BASED_CUDA_CHECK", "TORCH_CUDNN_SDPA_ENABLED")
+    + ("TORCH_BLAS_PREFER_HIPBLASLT", "MIOPEN_USER_DB_PATH", "TRITON_CACHE_DIR")
+    + ("FLASH_ATTENTION_TRITON_AMD_ENABLE",)
 )
 _SM = re.compile(r"^(sm|compute)_(\d+)([a-z]?)$")
 
@@ -81,12 +71,16 @@ def failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _read(torch: Any, path: str) -> Any:
-    obj = torch
-    for part in path.removesuffix("()").split("."):
+def _attr(obj: Any, path: str) -> Any:
+    for part in path.split("."):
         obj = getattr(obj, part, None)
-        if obj is None:
-            return None
+    return obj
+
+
+def _read(torch: Any, path: str) -> Any:
+    obj = _attr(torch, path.removesuffix("()"))
+    if obj is None:
+        return None
     try:
         value = obj() if path.endswith("()") else obj
     except Exception:  # a flag this build cannot answer (e.g. no CUDA): unknown, not an error
@@ -118,20 +112,14 @@ def dnn_library(torch: Any) -> dict[str, Any]:
     library = "miopen" if build_kind(torch) == "rocm" else "cudnn"
     out: dict[str, Any] = {"library": library, "version": None, "compiled": None}
     out.update(available=False, error=None)
-    is_available = getattr(
-        getattr(getattr(torch, "backends", None), "cudnn", None), "is_available", None
-    )
+    is_available, cudnn = _attr(torch, "backends.cudnn.is_available"), _attr(torch, "_C._cudnn")
     try:
         out["available"] = bool(is_available()) if is_available else False
-    except Exception as exc:  # a loader problem is exactly the kind of fact this report is for
-        out["error"] = failure(exc)
-    cudnn = getattr(getattr(torch, "_C", None), "_cudnn", None)
-    if cudnn is not None and out["available"]:
-        try:
+        if cudnn is not None and out["available"]:
             out["version"] = _dotted(cudnn.getRuntimeVersion())
             out["compiled"] = _dotted(cudnn.getCompileVersion())
-        except Exception as exc:
-            out["error"] = failure(exc)
+    except Exception as exc:  # a loader problem is exactly the kind of fact this report is for
+        out["error"] = failure(exc)
     return out
 
 
@@ -143,9 +131,7 @@ def collectives_library(torch: Any) -> dict[str, Any]:
     if kind not in ("cuda", "rocm"):
         return out
     try:
-        nccl = getattr(getattr(torch, "cuda", None), "nccl", None)
-        if nccl is None:
-            nccl = importlib.import_module(f"{torch.__name__}.cuda.nccl")
+        nccl = _attr(torch, "cuda.nccl") or importlib.import_module(f"{torch.__name__}.cuda.nccl")
         out["version"] = ".".join(str(p) for p in nccl.version())
     except Exception as exc:  # built without NCCL, or the library failed to load
         out["error"] = failure(exc)
@@ -154,7 +140,7 @@ def collectives_library(torch: Any) -> dict[str, Any]:
 
 def torch_arch_list(torch: Any) -> list[str]:
     """The device code targets torch was compiled for (``sm_90``, ``compute_90``, ``gfx90a``)."""
-    get = getattr(getattr(torch, "cuda", None), "get_arch_list", None)
+    get = _attr(torch, "cuda.get_arch_list")
     try:
         return [] if get is None else [str(a) for a in get()]
     except Exception:  # an old or broken build; "unknown" is then the honest answer
@@ -304,19 +290,10 @@ def _torch_devices(torch: Any, kind: str, driver: str) -> list[dict[str, Any]]:
 
 
 def _nvml_device(d: dict[str, Any]) -> dict[str, Any]:
-    return _device(
-        "cuda",
-        "nvidia",
-        d["index"],
-        d["name"],
-        d["arch"],
-        capability=list(d["capability"]),
-        memory_bytes=d.get("memory_bytes"),
-        uuid=d.get("uuid"),
-        driver=d.get("driver", ""),
-        cuda_driver=d.get("cuda_driver", ""),
-        source="nvml",
-    )
+    extra = {key: d.get(key) for key in ("memory_bytes", "uuid")}
+    extra.update(driver=d.get("driver", ""), cuda_driver=d.get("cuda_driver", ""), source="nvml")
+    extra["capability"] = list(d["capability"])
+    return _device("cuda", "nvidia", d["index"], d["name"], d["arch"], **extra)
 
 
 def _devices(torch: Any, primary: dict[str, Any], nvml: NvmlList) -> list[dict[str, Any]]:

@@ -28,20 +28,9 @@ NATIVE_FLAGS: dict[str, tuple[tuple[str, str], ...]] = {
 # oneDNN's ISA names, lowest first, and the lowest that reaches each native path
 # (https://uxlfoundation.github.io/oneDNN/dev_guide_cpu_dispatcher_control.html)
 ONEDNN_ISAS = (
-    "SSE41",
-    "AVX",
-    "AVX2",
-    "AVX2_VNNI",
-    "AVX2_VNNI_2",
-    "AVX512_CORE",
-    "AVX512_CORE_VNNI",
-    "AVX512_CORE_BF16",
-    "AVX10_1_512",
-    "AVX512_CORE_FP16",
-    "AVX512_CORE_AMX",
-    "AVX10_1_512_AMX",
-    "AVX512_CORE_AMX_FP16",
-    "AVX10_1_512_AMX_FP16",
+    ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
+    + ("AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16", "AVX512_CORE_AMX")
+    + ("AVX10_1_512_AMX", "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX_FP16")
 )
 ONEDNN_NEEDS = {
     "AMX BF16": "AVX512_CORE_AMX",
@@ -76,20 +65,10 @@ SITE_MARKERS: tuple[SiteMarker, ...] = (
 )
 # the Slurm variables worth keeping with a lock: cluster, job, partition and GPU allocation
 SLURM_VARIABLES = (
-    "SLURM_CLUSTER_NAME",
-    "SLURM_JOB_ID",
-    "SLURM_JOB_PARTITION",
-    "SLURM_JOB_ACCOUNT",
-    "SLURM_JOB_QOS",
-    "SLURM_JOB_NODELIST",
-    "SLURM_NNODES",
-    "SLURM_NTASKS",
-    "SLURM_PROCID",
-    "SLURM_LOCALID",
-    "SLURM_CPUS_PER_TASK",
-    "SLURM_GPUS_ON_NODE",
-    "SLURM_JOB_GPUS",
-    "SLURM_STEP_GPUS",
+    ("SLURM_CLUSTER_NAME", "SLURM_JOB_ID", "SLURM_JOB_PARTITION", "SLURM_JOB_ACCOUNT")
+    + ("SLURM_JOB_QOS", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS", "SLURM_PROCID")
+    + ("SLURM_LOCALID", "SLURM_CPUS_PER_TASK", "SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS")
+    + ("SLURM_STEP_GPUS",)
 )
 MARKER_BYTES = 64 << 10  # a marker file is one short line
 

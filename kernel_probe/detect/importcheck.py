@@ -59,7 +59,6 @@ from kernel_probe.isolation.protocol import (
     ProtocolError,
 )
 
-ImportRequest = ImportCheckRequest
 STATUSES = ("ok", "error", "crashed", "timeout", "not-installed", "skipped")
 PROBES = ("", "triton-target")  # what the child may do after a successful import
 DEFAULT_TIMEOUT = 20.0
@@ -74,16 +73,9 @@ MAX_BYTES = 256 * 1024  # a cached answer is a few hundred bytes
 MAX_ENTRIES = 5000  # files of a library's package stat'ed for the key (liger-kernel has ~300)
 ENV_NAMES = ("PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH", "LD_PRELOAD")
 ENV_PREFIXES = (
-    "CUDA_",
-    "HIP_",
-    "ROCM_",
-    "ROCR_",
-    "NVIDIA_",
-    "TRITON_",
-    "TORCH",
-    "PYTORCH_",
-    "NVTE_",
-    "LIGER_",
+    ("CUDA_", "HIP_", "ROCM_", "ROCR_", "NVIDIA_")
+    + ("TRITON_", "TORCH", "PYTORCH_")
+    + ("NVTE_", "LIGER_")
 )
 
 # The child's function: an ImportCheckRequest in, an ImportCheckReply out (as JSON).

@@ -36,19 +36,9 @@ from kernel_probe.detect.libraries import KnownLibrary
 
 SCHEMA = "kernel-probe-env/1"
 TOP_LEVEL_KEYS = (
-    "schema",
-    "kernel_probe",
-    "seconds",
-    "import_checks",
-    "host",
-    "torch",
-    "device",
-    "accelerators",
-    "triton",
-    "libraries",
-    "site",
-    "fingerprint",
-    "errors",
+    ("schema", "kernel_probe", "seconds", "import_checks", "host", "torch", "device")
+    + ("accelerators", "triton", "libraries", "site")
+    + ("fingerprint", "errors")
 )
 # What device_facts sees when torch cannot be imported: no GPU runtime, so it answers for the CPU.
 _NO_TORCH = SimpleNamespace(version=SimpleNamespace(cuda=None, hip=None))
