@@ -13,14 +13,10 @@ timeout, answers an ``ImportCheckReply`` and exits normally, so a crash at exit 
     not-installed  there was nothing to import (decided by the caller, no child started)
     skipped        not checked (``--no-import-checks``, or a namesake that is not the library)
 
-The cache (``ImportCache``) keeps an answer only when the child returned, exited with 0 and printed
-nothing, for ``MAX_AGE`` at most, and reuses it (with ``cached``: when it was asked) while its key
-is the same: the module and probe, kernel-probe's version and the child's source; the interpreter
-and the node (host name, boot id: a shared home never answers for another node); every folder on
-the search path with its modification time and every file of the library's package with its size
-and time; the variables that steer an import or a device (``ENV_NAMES``, ``ENV_PREFIXES``). Its
-folder (``cache_folder``) is made private and checked like the node-local folders; one that cannot
-be used only turns the cache off, with a note.
+``ImportCache`` keeps a clean answer (returned, exit code 0, nothing printed) for ``MAX_AGE`` at
+most and reuses it, marked ``cached``, while nothing in its key changed (``cache_key``: the child,
+the interpreter, the node and its boot, the search path and the library's files with their times,
+the variables that steer an import or a device). A folder it cannot use only turns it off.
 """
 
 from __future__ import annotations
@@ -35,7 +31,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -251,7 +246,7 @@ def cache_key(
     extra_paths: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
 ) -> str:
-    """The hex digest of everything an import check's answer depends on (the module's docstring)."""
+    """The hex digest of everything an import check's answer depends on."""
     e = os.environ if env is None else env
     paths = [str(p) for p in extra_paths] + [p for p in sys.path if p]
     facts = {
@@ -395,16 +390,11 @@ def check_import(
     return classify(child, timeout)
 
 
-def _set(event: threading.Event, _future: Future) -> None:
-    event.set()
-
-
 class ImportChecks:
-    """Start every check at once (a thread per child) and collect the results later.
-
-    The constructor returns once every child has started (or its check ended without one: a kept
-    answer, a failure to start), so the caller's own work (importing torch) cannot delay a start.
-    """
+    """Start every check at once (a thread per child: each only waits on its child) and collect the
+    results later. The constructor returns once every child has started (or its check ended
+    without one: a kept answer, a failure to start), so the caller's own work (importing torch)
+    cannot delay a start."""
 
     def __init__(
         self,
@@ -415,35 +405,37 @@ class ImportChecks:
         env: Mapping[str, str] | None = None,
         cache: ImportCache | None = None,
     ):
-        self._futures: dict[str, Future] = {}
+        self._results: dict[str, dict[str, Any]] = {}
         self._procs: list[subprocess.Popen[bytes]] = []
         self._cancelled = False
-        self._pool: ThreadPoolExecutor | None = None
-        if not requests:
-            return
-        # a thread per check (each only waits on its child): every child starts now, none queues
-        self._pool = ThreadPoolExecutor(
-            max_workers=len(requests), thread_name_prefix="import-check"
-        )
+        options = dict(timeout=timeout, extra_paths=extra_paths, env=env, cache=cache)
         ready = {name: threading.Event() for name in requests}
-        for name, request in requests.items():
-            future = self._pool.submit(
-                check_import,
-                request,
-                timeout=timeout,
-                extra_paths=extra_paths,
-                env=env,
-                started=functools.partial(self._started, ready[name]),
-                cache=cache,
+        self._threads = {
+            name: threading.Thread(
+                target=self._check, args=(name, request, ready[name], options), name="import-check"
             )
-            future.add_done_callback(functools.partial(_set, ready[name]))
-            self._futures[name] = future
+            for name, request in requests.items()
+        }
+        for thread in self._threads.values():
+            thread.start()
         try:
             for event in ready.values():
                 event.wait()
         except BaseException:  # interrupted while the children start
             self.cancel()
             raise
+
+    def _check(
+        self, name: str, request: ImportCheckRequest, ready: threading.Event, options: Any
+    ) -> None:
+        try:
+            started = functools.partial(self._started, ready)
+            self._results[name] = check_import(request, started=started, **options)
+        except Exception as exc:  # a bug in the checker itself: said on that library
+            reason = f"import check failed: {type(exc).__name__}: {exc}"
+            self._results[name] = {"status": "error", "seconds": 0.0, "reason": reason}
+        finally:
+            ready.set()
 
     def _started(self, ready: threading.Event, proc: subprocess.Popen[bytes]) -> None:
         self._procs.append(proc)
@@ -455,29 +447,16 @@ class ImportChecks:
         """Kill every child still running (Ctrl-C, or the caller failed): nobody waits out the
         timeouts."""
         self._cancelled = True
-        for future in self._futures.values():
-            future.cancel()
         for proc in list(self._procs):
             if proc.poll() is None:
                 kill_group(proc.pid)
 
     def results(self) -> dict[str, dict[str, Any]]:
         """Each library's import check result, waiting for the ones still running."""
-        out = {}
         try:
-            for name, future in self._futures.items():
-                try:
-                    out[name] = future.result()
-                except Exception as exc:  # a bug in the checker itself: said on that library
-                    out[name] = {
-                        "status": "error",
-                        "seconds": 0.0,
-                        "reason": f"import check failed: {type(exc).__name__}: {exc}",
-                    }
+            for thread in self._threads.values():
+                thread.join()
         except BaseException:  # KeyboardInterrupt while waiting: the children are in own sessions
             self.cancel()
             raise
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-        return out
+        return {name: self._results[name] for name in self._threads}
