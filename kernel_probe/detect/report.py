@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -102,6 +102,21 @@ def _checks_facts(
     return out
 
 
+def _first_checks(
+    located: Mapping[str, libraries.Located],
+    device_nodes: Sequence[str],
+    extra_paths: Sequence[str],
+    run: Callable[[dict[str, ImportCheckRequest]], ImportChecks],
+) -> ImportChecks:
+    """The libraries' checks and Triton's, started; with no GPU device node, Triton's runtime is
+    asked for a target only if torch sees a device (later)."""
+    requests = libraries.import_requests(located)
+    where = libraries.module_location(triton_info.MODULE, extra_paths)
+    if (triton := triton_info.import_request(where, target=bool(device_nodes))) is not None:
+        requests["triton"] = triton
+    return run(requests)
+
+
 def detect(
     *,
     import_checks: bool = True,
@@ -134,14 +149,7 @@ def detect(
     # while this process does the rest (and imports torch)
     located = libraries.locate_all(table, extra_paths)
     device_nodes = triton_info.gpu_device_nodes(root)
-    checks = None
-    if import_checks:
-        requests = libraries.import_requests(located)
-        # no GPU device node: Triton's runtime is asked for a target only if torch sees a device
-        where = libraries.module_location(triton_info.MODULE, extra_paths)
-        if (triton := triton_info.import_request(where, target=bool(device_nodes))) is not None:
-            requests["triton"] = triton
-        checks = run(requests)
+    checks = _first_checks(located, device_nodes, extra_paths, run) if import_checks else None
     try:
         located_triton = triton_info.locate(extra_paths)
         host_facts = host.detect_host()
