@@ -100,12 +100,12 @@ def main() -> None:
             f"--reps {args.before_reps} (every accepted candidate timed {args.before_reps} "
             "times, as before)"
         )
-    from kernel_probe.detect import cpumath
+    from kernel_probe.detect import host
 
-    bf16 = cpumath.matmul(env=env)["bfloat16"]
+    bf16 = host.matmul(env=env)["bfloat16"]
     print(f"before: {said}; after: this tree's defaults")
     print(
-        f"bf16 matmul here: {cpumath.describe(bf16)}; load at start: {os.getloadavg()[0]:.1f} "
+        f"bf16 matmul here: {host.describe(bf16)}; load at start: {os.getloadavg()[0]:.1f} "
         f"on {os.cpu_count()} CPUs"
     )
     with tempfile.TemporaryDirectory() as d:

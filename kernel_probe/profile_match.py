@@ -15,8 +15,8 @@ from kernel_lock import Difference
 from kernel_lock.fingerprint.fields import library_versions
 from kernel_lock.format.versions import in_spec
 from kernel_probe.candidates import arch_satisfies
+from kernel_probe.detect.host import detect_site
 from kernel_probe.detect.libraries import known_libraries, locate
-from kernel_probe.detect.site import detect_site
 from kernel_probe.errors import ProfileUnmet
 from kernel_probe.profiles import MAX_SIGNAL_CHARS, STRONG, WEAK, Profile, load_file
 from kernel_probe.sites import SiteFacts, Survey, names_file, resolve, site_facts, survey

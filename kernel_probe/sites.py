@@ -35,8 +35,8 @@ from kernel_lock.format.reading import (
 )
 from kernel_lock.trust.files import UnsafeFile, read_regular
 from kernel_probe.candidates import DEVICE_TYPES
+from kernel_probe.detect.host import read_marker
 from kernel_probe.detect.libraries import known_libraries
-from kernel_probe.detect.site import read_marker
 from kernel_probe.errors import InputFileError, UsageError
 from kernel_probe.profiles import MAX_BYTES, Profile, ProfileError, from_bytes, load_file
 
@@ -212,7 +212,7 @@ def site_facts(
     read_file: Callable[[str], str | None] | None = None,
     problems: list[str] | None = None,
 ) -> SiteFacts:
-    """This machine's site facts (``site`` from kernel_probe.detect.site); marker files read like
+    """This machine's site facts (``site`` from kernel_probe.detect.host); marker files read like
     every input (regular, non-blocking, capped), a refused one noted in ``problems``."""
     said = [] if problems is None else problems
 

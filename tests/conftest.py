@@ -72,7 +72,7 @@ for _launcher in LAUNCHERS:
 os.environ["KERNEL_LOCK_TRUST"] = (
     "kp_zoo,kp_fastlib,kp_fastnorm,kp_models,kp_notmodule,kp_not_installed,mylib"
 )
-# `kernel-probe env` keeps import-check answers (kernel_probe.detect.importcache): the suite keeps
+# `kernel-probe env` keeps import-check answers (kernel_probe.detect.importcheck): the suite keeps
 # its own, in a folder of this run, never in the user's ~/.cache
 if "KERNEL_PROBE_CACHE_DIR" not in os.environ:
     import tempfile

@@ -8,7 +8,7 @@ from typing import Any
 
 from kernel_probe import output
 from kernel_probe.commands.numbers import seconds
-from kernel_probe.detect import cpumath
+from kernel_probe.detect import host as cpumath
 from kernel_probe.errors import UsageError
 from kernel_probe.output import safe
 
@@ -56,7 +56,7 @@ def run_env(args: argparse.Namespace) -> int:
             f"--timeout must be a positive number of seconds, not {args.timeout:g}",
             fix="pass e.g. --timeout 20",
         )
-    from kernel_probe.detect.importcache import ImportCache
+    from kernel_probe.detect.importcheck import ImportCache
     from kernel_probe.detect.report import detect
 
     cache = ImportCache.default(read=not args.fresh)

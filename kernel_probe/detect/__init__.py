@@ -1,6 +1,3 @@
-"""The detection layer: what this machine is, as plain data (facts only; no verdicts, no rendering).
-
-One module per part: ``host``, ``torchbuild``, ``accelerators``, ``triton``, ``libraries``,
-``site``; ``importcheck`` runs the child-process imports; ``report`` gathers them all
-(``kernel-probe env``).
-"""
+"""What this machine is, as plain data (facts only; no verdicts, no rendering): ``host`` (OS, CPU,
+memory, site), ``accelerators`` (torch's build and devices), ``libraries`` and ``triton`` (from
+metadata), ``importcheck`` (their imports, in children); ``report`` gathers them."""

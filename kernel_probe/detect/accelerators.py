@@ -1,53 +1,178 @@
-"""The accelerators torch can use here, one entry per device, and whether torch's build covers them.
+"""What torch was built with, and the accelerators it can use here (one entry per device).
 
 The vendor decision is made once, in ``kernel_lock.fingerprint.with_torch.device_facts``: ROCm is
 told apart by ``torch.version.hip``, never by compute capability (an MI250X reports (9, 0), like an
-H100). This module takes that primary-device answer and fills in the per-device details for the same
-kind. ``torch`` is any object shaped like the torch module, so tests pass ``SimpleNamespace`` fakes
-for ``torch.version``, ``torch.cuda``, ``torch.backends.mps`` and ``torch.xpu``.
-
-NVIDIA details come from NVML first (no CUDA context); only without NVML does this read
-``torch.cuda.get_device_properties``, which initialises CUDA in this process.
+H100); this module fills in the per-device details for that kind. NVIDIA details come from NVML
+first (no CUDA context); only without NVML is ``torch.cuda.get_device_properties`` asked. Nothing
+else here starts a GPU runtime: versions come from ``torch.version`` and the loaded cuDNN/MIOpen and
+NCCL/RCCL, flags from ``torch.backends``. ``torch`` is anything shaped like the torch module.
 """
 
 from __future__ import annotations
 
+import importlib
+import os
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kernel_lock.fingerprint import fields, host, visible
-from kernel_lock.fingerprint import nvml as nvml_mod
-
-_SM = re.compile(r"^(sm|compute)_(\d+)([a-z]?)$")
+from kernel_lock.fingerprint import fields, visible
+from kernel_lock.fingerprint import host as fp_host
+from kernel_lock.fingerprint import nvml as fp_nvml
 
 # kernel_lock.fingerprint.nvml.nvml_devices, or a stand-in: the NVIDIA devices NVML sees, or None
 NvmlList = Callable[[], "list[dict[str, Any]] | None"]
 
+# (report key, path under the torch module; a trailing "()" calls it): switches that change
+# results or their reproducibility; None where this torch has no such switch
+MATH_FLAGS: tuple[tuple[str, str], ...] = (
+    ("float32_matmul_precision", "get_float32_matmul_precision()"),
+    ("matmul_allow_tf32", "backends.cuda.matmul.allow_tf32"),
+    ("cudnn_allow_tf32", "backends.cudnn.allow_tf32"),
+    ("matmul_fp32_precision", "backends.cuda.matmul.fp32_precision"),
+    ("cudnn_fp32_precision", "backends.cudnn.fp32_precision"),
+    (
+        "matmul_allow_fp16_reduced_precision_reduction",
+        "backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
+    ),
+    (
+        "matmul_allow_bf16_reduced_precision_reduction",
+        "backends.cuda.matmul.allow_bf16_reduced_precision_reduction",
+    ),
+    ("matmul_allow_fp16_accumulation", "backends.cuda.matmul.allow_fp16_accumulation"),
+    ("deterministic_algorithms", "are_deterministic_algorithms_enabled()"),
+    ("deterministic_warn_only", "is_deterministic_algorithms_warn_only_enabled()"),
+    ("cudnn_enabled", "backends.cudnn.enabled"),
+    ("cudnn_deterministic", "backends.cudnn.deterministic"),
+    ("cudnn_benchmark", "backends.cudnn.benchmark"),
+    ("preferred_blas_library", "backends.cuda.preferred_blas_library()"),
+    ("flash_sdp_enabled", "backends.cuda.flash_sdp_enabled()"),
+    ("mem_efficient_sdp_enabled", "backends.cuda.mem_efficient_sdp_enabled()"),
+    ("cudnn_sdp_enabled", "backends.cuda.cudnn_sdp_enabled()"),
+    ("math_sdp_enabled", "backends.cuda.math_sdp_enabled()"),
+)
+# Variables that change what torch or its kernels compute, or where they run: NVIDIA_TF32_OVERRIDE=0
+# disables TF32 in cuBLAS/cuDNN whatever torch's flags say, CUBLAS_WORKSPACE_CONFIG is needed for
+# deterministic cuBLAS, a leftover CUDA_LAUNCH_BLOCKING=1 costs a lot of multi-GPU speed, and
+# HSA_OVERRIDE_GFX_VERSION makes a GPU report another gfx arch.
+NUMERICS_ENV = (
+    ("NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "CUBLAS_WORKSPACE_CONFIG")
+    + ("CUDA_LAUNCH_BLOCKING", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+    + ("ROCR_VISIBLE_DEVICES", "HSA_OVERRIDE_GFX_VERSION", "PYTORCH_CUDA_ALLOC_CONF")
+    + ("PYTORCH_HIP_ALLOC_CONF", "PYTORCH_NVML_BASED_CUDA_CHECK", "TORCH_CUDNN_SDPA_ENABLED")
+    + ("TORCH_BLAS_PREFER_HIPBLASLT", "MIOPEN_USER_DB_PATH", "TRITON_CACHE_DIR")
+    + ("FLASH_ATTENTION_TRITON_AMD_ENABLE",)
+)
+_SM = re.compile(r"^(sm|compute)_(\d+)([a-z]?)$")
 
-def _sm_version(number: str) -> tuple[int, int]:
-    """'90' -> (9, 0); '100' -> (10, 0); '121' -> (12, 1)."""
-    return int(number[:-1]), int(number[-1])
+
+def failure(exc: BaseException) -> str:
+    """``Type: message``: how the report states an exception."""
+    return f"{type(exc).__name__}: {exc}"
 
 
-def _entry_version(entry: str) -> tuple[int, int]:
-    """'sm_90' / 'compute_90' -> (9, 0), for an arch-list entry already known to match ``_SM``."""
-    m = _SM.match(entry)
-    assert m is not None
-    return _sm_version(m.group(2))
+def _attr(obj: Any, path: str) -> Any:
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def _read(torch: Any, path: str) -> Any:
+    obj = _attr(torch, path.removesuffix("()"))
+    if obj is None:
+        return None
+    try:
+        value = obj() if path.endswith("()") else obj
+    except Exception:  # a flag this build cannot answer (e.g. no CUDA): unknown, not an error
+        return None
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    name = getattr(value, "name", None)  # enums such as _BlasBackend.Cublas
+    return str(name) if name is not None else str(value)
+
+
+def build_kind(torch: Any) -> str:
+    """cuda, rocm, xpu or cpu: the GPU runtime torch was built for (MPS is in every macOS build)."""
+    version = getattr(torch, "version", None)
+    for attr, kind in (("hip", "rocm"), ("cuda", "cuda"), ("xpu", "xpu")):
+        if getattr(version, attr, None):
+            return kind
+    return "cpu"
+
+
+def _dotted(parts: Any) -> str | None:
+    try:
+        return ".".join(str(int(p)) for p in tuple(parts)[:3])
+    except (TypeError, ValueError):
+        return None
+
+
+def dnn_library(torch: Any) -> dict[str, Any]:
+    """cuDNN (MIOpen on ROCm): the version loaded, and the one torch was compiled against."""
+    library = "miopen" if build_kind(torch) == "rocm" else "cudnn"
+    out: dict[str, Any] = {"library": library, "version": None, "compiled": None}
+    out.update(available=False, error=None)
+    is_available, cudnn = _attr(torch, "backends.cudnn.is_available"), _attr(torch, "_C._cudnn")
+    try:
+        out["available"] = bool(is_available()) if is_available else False
+        if cudnn is not None and out["available"]:
+            out["version"] = _dotted(cudnn.getRuntimeVersion())
+            out["compiled"] = _dotted(cudnn.getCompileVersion())
+    except Exception as exc:  # a loader problem is exactly the kind of fact this report is for
+        out["error"] = failure(exc)
+    return out
+
+
+def collectives_library(torch: Any) -> dict[str, Any]:
+    """NCCL (RCCL on ROCm): the version torch uses; None on builds without it."""
+    kind = build_kind(torch)
+    out: dict[str, Any] = {"library": "rccl" if kind == "rocm" else "nccl", "version": None}
+    out["error"] = None
+    if kind not in ("cuda", "rocm"):
+        return out
+    try:
+        nccl = _attr(torch, "cuda.nccl") or importlib.import_module(f"{torch.__name__}.cuda.nccl")
+        out["version"] = ".".join(str(p) for p in nccl.version())
+    except Exception as exc:  # built without NCCL, or the library failed to load
+        out["error"] = failure(exc)
+    return out
 
 
 def torch_arch_list(torch: Any) -> list[str]:
-    """The device code targets torch was compiled for (``sm_90``, ``compute_90``, ``gfx90a``,
-    ...)."""
-    cuda = getattr(torch, "cuda", None)
-    get = getattr(cuda, "get_arch_list", None)
-    if get is None:
-        return []
+    """The device code targets torch was compiled for (``sm_90``, ``compute_90``, ``gfx90a``)."""
+    get = _attr(torch, "cuda.get_arch_list")
     try:
-        return [str(a) for a in get()]
+        return [] if get is None else [str(a) for a in get()]
     except Exception:  # an old or broken build; "unknown" is then the honest answer
         return []
+
+
+def detect_torch_build(torch: Any) -> dict[str, Any]:
+    """The torch build's facts: version, location, build kind, toolkits, libraries, math flags."""
+    version = getattr(torch, "version", None)
+    return {
+        "version": str(getattr(torch, "__version__", "")),
+        "location": os.path.dirname(str(getattr(torch, "__file__", "") or "")) or None,
+        "build": build_kind(torch),
+        **{key: getattr(version, key, None) for key in ("cuda", "hip", "rocm", "xpu")},
+        "git": getattr(version, "git_version", None),
+        "debug": getattr(version, "debug", None),
+        "arch_list": torch_arch_list(torch),
+        "cxx11_abi": _read(torch, "compiled_with_cxx11_abi()"),
+        "dnn": dnn_library(torch),
+        "collectives": collectives_library(torch),
+        "cpu_capability": _read(torch, "backends.cpu.get_cpu_capability()"),
+        "math": {key: _read(torch, path) for key, path in MATH_FLAGS},
+        "environment": {name: os.environ[name] for name in NUMERICS_ENV if name in os.environ},
+    }
+
+
+def _sm(number: str) -> tuple[int, int]:
+    return int(number[:-1]), int(number[-1])  # '90' -> (9, 0); '121' -> (12, 1)
+
+
+def _covers(covered: bool | None, how: str, detail: str) -> dict[str, Any]:
+    return {"covered": covered, "how": how, "detail": detail}
 
 
 def torch_build_covers(device_arch: str, arch_list: Sequence[str]) -> dict[str, Any]:
@@ -58,211 +183,71 @@ def torch_build_covers(device_arch: str, arch_list: Sequence[str]) -> dict[str, 
     exact match), ``none`` (not covered), ``unknown`` or ``not-applicable``.
     """
     if not device_arch:
-        return {"covered": None, "how": "not-applicable", "detail": "no GPU arch"}
+        return _covers(None, "not-applicable", "no GPU arch")
     if not arch_list:
-        return {
-            "covered": None,
-            "how": "unknown",
-            "detail": "torch reports no compiled device arch list",
-        }
+        return _covers(None, "unknown", "torch reports no compiled device arch list")
     built = ", ".join(arch_list)
     if device_arch.startswith("gfx"):
-        targets = {host.normalize_gcn_arch(a) for a in arch_list}
+        targets = {fp_host.normalize_gcn_arch(a) for a in arch_list}
         if device_arch in targets:
-            return {
-                "covered": True,
-                "how": "code-object",
-                "detail": f"torch ships code objects for {device_arch}",
-            }
+            return _covers(True, "code-object", f"torch ships code objects for {device_arch}")
         if any(t.endswith("-generic") for t in targets):
-            return {
-                "covered": None,
-                "how": "unknown",
-                "detail": f"torch was built for {built}; whether a generic target covers "
-                f"{device_arch} is not checked",
-            }
-        return {
-            "covered": False,
-            "how": "none",
-            "detail": f"torch was built for {built}, not {device_arch}: expect 'HIP error: "
-            "invalid device function'",
-        }
+            return _covers(
+                None,
+                "unknown",
+                f"torch was built for {built}; whether a generic target covers {device_arch} is "
+                "not checked",
+            )
+        return _covers(
+            False,
+            "none",
+            f"torch was built for {built}, not {device_arch}: expect 'HIP error: invalid device "
+            "function'",
+        )
     device = _SM.match(device_arch)
     if device is None or device.group(1) != "sm":
-        return {
-            "covered": None,
-            "how": "unknown",
-            "detail": f"unrecognised device arch {device_arch!r}",
-        }
-    want = _sm_version(device.group(2))
-    sass, ptx = [], []
+        return _covers(None, "unknown", f"unrecognised device arch {device_arch!r}")
+    want = _sm(device.group(2))
+    sass: list[tuple[tuple[int, int], str]] = []
+    ptx: list[tuple[tuple[int, int], str]] = []
     for entry in arch_list:
         m = _SM.match(entry)
         if m is None:
             continue
-        have, suffix = _sm_version(m.group(2)), m.group(3)
+        have, suffix = _sm(m.group(2)), m.group(3)
         if m.group(1) == "sm":
             if have == want:
-                return {"covered": True, "how": "sass", "detail": f"torch ships SASS for {entry}"}
+                return _covers(True, "sass", f"torch ships SASS for {entry}")
             # SASS runs on later minors of the same major, except arch-specific ("a") builds
             if suffix != "a" and have[0] == want[0] and have[1] <= want[1]:
-                sass.append(entry)
+                sass.append((have, entry))
         elif suffix != "a" and have <= want:
-            ptx.append(entry)
-    sass.sort(key=_entry_version)
-    ptx.sort(key=_entry_version)
+            ptx.append((have, entry))
     if sass:
-        return {
-            "covered": True,
-            "how": "binary-compatible",
-            "detail": f"runs {sass[-1]} SASS (same major, older minor)",
-        }
+        newest = sorted(sass, key=lambda e: e[0])[-1][1]
+        return _covers(True, "binary-compatible", f"runs {newest} SASS (same major, older minor)")
     if ptx:
-        return {
-            "covered": True,
-            "how": "ptx-jit",
-            "detail": f"covered via PTX JIT from {ptx[-1]}: the driver compiles at first "
-            "launch (slow start)",
-        }
-    return {
-        "covered": False,
-        "how": "none",
-        "detail": f"torch was built for {built}, not {device_arch}: expect "
-        "'no kernel image is available for execution on the device'",
-    }
+        newest = sorted(ptx, key=lambda e: e[0])[-1][1]
+        return _covers(
+            True,
+            "ptx-jit",
+            f"covered via PTX JIT from {newest}: the driver compiles at first launch (slow start)",
+        )
+    return _covers(
+        False,
+        "none",
+        f"torch was built for {built}, not {device_arch}: expect 'no kernel image is available "
+        "for execution on the device'",
+    )
 
 
 def _device(
     kind: str, vendor: str, index: int, name: str, arch: str, **extra: Any
 ) -> dict[str, Any]:
-    entry = {
-        "type": kind,
-        "vendor": vendor,
-        "index": index,
-        "name": name,
-        "arch": arch,
-        "capability": None,
-        "gcn_arch_name": None,
-        "memory_bytes": None,
-        "multiprocessors": None,
-        "uuid": None,
-        "driver": "",
-        "cuda_driver": "",
-        "source": "torch",
-        "physical": None,
-        "notes": [],
-    }
-    entry.update(extra)
-    return entry
-
-
-def _uuid(props: Any) -> str | None:
-    value = getattr(props, "uuid", None)
-    return None if value is None else str(value)
-
-
-def _cuda_devices(torch: Any, primary: dict[str, Any], nvml: NvmlList) -> list[dict[str, Any]]:
-    listed = nvml()
-    if listed:
-        return [
-            _device(
-                "cuda",
-                "nvidia",
-                d["index"],
-                d["name"],
-                d["arch"],
-                capability=list(d["capability"]),
-                memory_bytes=d.get("memory_bytes"),
-                uuid=d.get("uuid"),
-                driver=d.get("driver", ""),
-                cuda_driver=d.get("cuda_driver", ""),
-                source="nvml",
-            )
-            for d in listed
-        ]
-    cuda = torch.cuda
-    driver = primary.get("driver") or host.driver_version("cuda")
-    out = []
-    for i in range(int(cuda.device_count())):
-        props = cuda.get_device_properties(i)
-        major, minor = int(props.major), int(props.minor)
-        out.append(
-            _device(
-                "cuda",
-                "nvidia",
-                i,
-                str(props.name),
-                f"sm_{major}{minor}",
-                capability=[major, minor],
-                memory_bytes=_int(getattr(props, "total_memory", None)),
-                multiprocessors=_int(getattr(props, "multi_processor_count", None)),
-                uuid=_uuid(props),
-                driver=driver,
-            )
-        )
-    return out
-
-
-def _rocm_devices(torch: Any, primary: dict[str, Any]) -> list[dict[str, Any]]:
-    cuda = torch.cuda
-    driver = primary.get("driver") or host.driver_version("rocm")
-    out = []
-    for i in range(int(cuda.device_count())):
-        props = cuda.get_device_properties(i)
-        raw = str(getattr(props, "gcnArchName", "") or "")
-        name = str(props.name)
-        notes = []
-        if name in fields.GENERIC_DEVICE_NAMES or not name:
-            notes.append(
-                f"generic device name {name!r} (libdrm amdgpu.ids missing or old): identify it "
-                "by arch"
-            )
-        out.append(
-            _device(
-                "rocm",
-                "amd",
-                i,
-                name,
-                host.normalize_gcn_arch(raw),
-                gcn_arch_name=raw or None,
-                memory_bytes=_int(getattr(props, "total_memory", None)),
-                multiprocessors=_int(getattr(props, "multi_processor_count", None)),
-                uuid=_uuid(props),
-                driver=driver,
-                notes=notes,
-            )
-        )
-    return out
-
-
-def _mps_devices(torch: Any, primary: dict[str, Any]) -> list[dict[str, Any]]:
-    memory = None
-    mps = getattr(torch, "mps", None)
-    if mps is not None and hasattr(mps, "recommended_max_memory"):
-        try:
-            memory = int(mps.recommended_max_memory())
-        except Exception:  # older torch, or MPS refuses: memory is then unknown
-            memory = None
-    return [_device("mps", "apple", 0, primary["name"], "", memory_bytes=memory)]
-
-
-def _xpu_devices(torch: Any) -> list[dict[str, Any]]:
-    xpu = torch.xpu
-    out = []
-    for i in range(int(xpu.device_count())):
-        props = xpu.get_device_properties(i)
-        out.append(
-            _device(
-                "xpu",
-                "intel",
-                i,
-                str(getattr(props, "name", "Intel XPU")),
-                "",
-                memory_bytes=_int(getattr(props, "total_memory", None)),
-                driver=str(getattr(props, "driver_version", "") or ""),
-            )
-        )
-    return out
+    entry: dict[str, Any] = dict(type=kind, vendor=vendor, index=index, name=name, arch=arch)
+    entry.update(capability=None, gcn_arch_name=None, memory_bytes=None, multiprocessors=None)
+    entry.update(uuid=None, driver="", cuda_driver="", source="torch", physical=None, notes=[])
+    return {**entry, **extra}
 
 
 def _int(value: Any) -> int | None:
@@ -272,30 +257,82 @@ def _int(value: Any) -> int | None:
         return None
 
 
-def detect_accelerators(
-    torch: Any, primary: dict[str, Any], *, nvml: NvmlList = nvml_mod.nvml_devices
-) -> list[dict[str, Any]]:
-    """Every device of the primary device's kind, each with ``torch_build_covers``.
+def _torch_devices(torch: Any, kind: str, driver: str) -> list[dict[str, Any]]:
+    """The CUDA or ROCm devices as ``torch.cuda`` describes them (this initialises the runtime)."""
+    out = []
+    for i in range(int(torch.cuda.device_count())):
+        props = torch.cuda.get_device_properties(i)
+        uuid = getattr(props, "uuid", None)
+        facts = dict(
+            memory_bytes=_int(getattr(props, "total_memory", None)),
+            multiprocessors=_int(getattr(props, "multi_processor_count", None)),
+            uuid=None if uuid is None else str(uuid),
+            driver=driver,
+        )
+        name = str(props.name)
+        if kind == "cuda":
+            major, minor = int(props.major), int(props.minor)
+            arch = f"sm_{major}{minor}"
+            out.append(_device(kind, "nvidia", i, name, arch, capability=[major, minor], **facts))
+            continue
+        raw = str(getattr(props, "gcnArchName", "") or "")
+        notes = []
+        if name in fields.GENERIC_DEVICE_NAMES or not name:
+            notes.append(
+                f"generic device name {name!r} (libdrm amdgpu.ids missing or old): identify it "
+                "by arch"
+            )
+        arch = fp_host.normalize_gcn_arch(raw)
+        out.append(
+            _device(kind, "amd", i, name, arch, gcn_arch_name=raw or None, notes=notes, **facts)
+        )
+    return out
 
-    ``primary`` is ``kernel_lock.fingerprint.with_torch.device_facts(torch)``. On a CPU-only machine
-    the list holds one ``cpu`` entry. ``physical`` is the device's node-level id when a visibility
-    variable renumbers devices (``fingerprint.visible.physical_devices``), None otherwise.
-    """
+
+def _nvml_device(d: dict[str, Any]) -> dict[str, Any]:
+    extra = {key: d.get(key) for key in ("memory_bytes", "uuid")}
+    extra.update(driver=d.get("driver", ""), cuda_driver=d.get("cuda_driver", ""), source="nvml")
+    extra["capability"] = list(d["capability"])
+    return _device("cuda", "nvidia", d["index"], d["name"], d["arch"], **extra)
+
+
+def _devices(torch: Any, primary: dict[str, Any], nvml: NvmlList) -> list[dict[str, Any]]:
     kind = primary["type"]
-    if kind == "cuda":
-        devices = _cuda_devices(torch, primary, nvml)
-    elif kind == "rocm":
-        devices = _rocm_devices(torch, primary)
-    elif kind == "mps":
-        devices = _mps_devices(torch, primary)
-    elif kind == "xpu":
-        devices = _xpu_devices(torch)
-    else:
-        devices = []
-    if not devices:  # CPU, or a GPU kind whose enumeration came back empty
-        devices = [
-            _device(kind, primary["vendor"], 0, primary["name"], primary["arch"], source="host")
-        ]
+    if kind == "cuda" and (listed := nvml()):
+        return [_nvml_device(d) for d in listed]
+    if kind in ("cuda", "rocm"):
+        return _torch_devices(torch, kind, primary.get("driver") or fp_host.driver_version(kind))
+    if kind == "mps":
+        mps, memory = getattr(torch, "mps", None), None
+        if mps is not None and hasattr(mps, "recommended_max_memory"):
+            try:
+                memory = int(mps.recommended_max_memory())
+            except Exception:  # older torch, or MPS refuses: memory is then unknown
+                memory = None
+        return [_device("mps", "apple", 0, primary["name"], "", memory_bytes=memory)]
+    if kind != "xpu":
+        return []
+    out = []
+    for i in range(int(torch.xpu.device_count())):
+        props = torch.xpu.get_device_properties(i)
+        name = str(getattr(props, "name", "Intel XPU"))
+        memory = _int(getattr(props, "total_memory", None))
+        driver = str(getattr(props, "driver_version", "") or "")
+        out.append(_device("xpu", "intel", i, name, "", memory_bytes=memory, driver=driver))
+    return out
+
+
+def detect_accelerators(
+    torch: Any, primary: dict[str, Any], *, nvml: NvmlList = fp_nvml.nvml_devices
+) -> list[dict[str, Any]]:
+    """Every device of the primary device's kind (``primary``: ``with_torch.device_facts(torch)``),
+    each with ``torch_build_covers``; one ``cpu`` entry on a CPU-only machine. ``physical``: the
+    node-level id when a visibility variable renumbers devices, else None."""
+    kind = primary["type"]
+    # CPU, or a GPU kind whose enumeration came back empty
+    devices = _devices(torch, primary, nvml) or [
+        _device(kind, primary["vendor"], 0, primary["name"], primary["arch"], source="host")
+    ]
     arch_list = torch_arch_list(torch) if kind in ("cuda", "rocm") else []
     physical = visible.physical_devices(kind)
     for device in devices:

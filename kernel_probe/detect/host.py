@@ -1,18 +1,79 @@
-"""The host: OS, Python, CPU (archspec microarchitecture), cores and memory. No torch needed."""
+"""The host without torch: OS, Python, CPU (archspec; native or emulated bf16/fp16 matmul), memory,
+and the site signals (hostname, Slurm variables, site markers), each recorded as found.
+
+Without a native low-precision path a bf16 GEMM goes through float32 conversions element by
+element: on an AVX2-only CPU one forward+backward of a 2048x1024x1024 Linear takes seconds, not
+milliseconds, which is what a bf16-mixed probe's timing then measures. Deciding *which* site this
+is belongs to the site profiles; a ``nid`` hostname alone says "HPE Cray EX", not which site.
+"""
 
 from __future__ import annotations
 
 import os
 import platform
+import socket
 import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from kernel_lock.fingerprint import host as fingerprint_host
-from kernel_probe.detect import cpumath
+from kernel_lock.fingerprint import host as fp_host
+from kernel_lock.trust.files import UnsafeFile, read_regular
+
+# per dtype, (flag in /proc/cpuinfo, the path it gives); the first flag present names the path
+NATIVE_FLAGS: dict[str, tuple[tuple[str, str], ...]] = {
+    "bfloat16": (("amx_bf16", "AMX BF16"), ("avx512_bf16", "AVX-512 BF16"), ("bf16", "ARM BF16")),
+    "float16": (("amx_fp16", "AMX FP16"), ("avx512_fp16", "AVX-512 FP16"), ("fphp", "ARM FP16")),
+}
+# oneDNN's ISA names, lowest first, and the lowest that reaches each native path
+# (https://uxlfoundation.github.io/oneDNN/dev_guide_cpu_dispatcher_control.html)
+ONEDNN_ISAS = (
+    ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
+    + ("AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16", "AVX512_CORE_AMX")
+    + ("AVX10_1_512_AMX", "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX_FP16")
+)
+ONEDNN_NEEDS = {
+    "AMX BF16": "AVX512_CORE_AMX",
+    "AVX-512 BF16": "AVX512_CORE_BF16",
+    "AMX FP16": "AVX512_CORE_AMX_FP16",
+    "AVX-512 FP16": "AVX10_1_512",
+}
+ONEDNN_ALIASES = {"AVX512_CORE_FP16": "AVX10_1_512", "AVX10_1_512_AMX": "AVX512_CORE_AMX"}
+
+
+@dataclass(frozen=True)
+class SiteMarker:
+    """An environment variable or file (its first line is the value) that a site sets; ``hint``:
+    the site it usually means, for the profiles (not a verdict)."""
+
+    kind: str  # "env" or "file"
+    name: str
+    hint: str
+
+
+SITE_MARKERS: tuple[SiteMarker, ...] = (
+    SiteMarker("env", "LUMI_STACK_NAME", "LUMI (CSC)"),
+    SiteMarker("env", "LUMI_STACK_PARTITION", "LUMI (CSC)"),
+    SiteMarker("env", "SYSTEMNAME", "JSC (juwelsbooster, jurecadc, jupiter)"),
+    SiteMarker("file", "/etc/FZJ/systemname", "JSC (juwelsbooster, jurecadc, jupiter)"),
+    SiteMarker("env", "CLUSTER_NAME", "CSCS Alps (daint, clariden, santis)"),
+    SiteMarker("env", "NERSC_HOST", "NERSC (perlmutter)"),
+    SiteMarker("env", "BSC_MACHINE", "BSC (mn5)"),
+    SiteMarker("env", "HPCPERM", "ECMWF Atos HPC2020"),
+    SiteMarker("env", "ALL_CCFRWORK", "IDRIS Jean Zay"),
+    SiteMarker("env", "PROJECTDIR", "Isambard-AI (BriCS), among others"),
+)
+# the Slurm variables worth keeping with a lock: cluster, job, partition and GPU allocation
+SLURM_VARIABLES = (
+    ("SLURM_CLUSTER_NAME", "SLURM_JOB_ID", "SLURM_JOB_PARTITION", "SLURM_JOB_ACCOUNT")
+    + ("SLURM_JOB_QOS", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS", "SLURM_PROCID")
+    + ("SLURM_LOCALID", "SLURM_CPUS_PER_TASK", "SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS")
+    + ("SLURM_STEP_GPUS",)
+)
+MARKER_BYTES = 64 << 10  # a marker file is one short line
 
 
 def _os_release() -> str | None:
-    """PRETTY_NAME from /etc/os-release (Linux), e.g. 'Rocky Linux 8.9 (Green Obsidian)'."""
     try:
         with open("/etc/os-release", encoding="utf-8", errors="replace") as fh:
             for line in fh:
@@ -24,11 +85,8 @@ def _os_release() -> str | None:
 
 
 def cpu_model(host: Any | None) -> dict[str, Any]:
-    """archspec's view of the CPU. ``host`` is an archspec ``Microarchitecture`` (or None).
-
-    archspec answers an unknown model with its generic level (``x86_64_v4``, vendor ``generic``):
-    that is reported as ``model_known: false``, not as an error.
-    """
+    """archspec's view of the CPU (``host``: a ``Microarchitecture`` or None); an unknown model,
+    answered with archspec's generic level, is ``model_known: false``, not an error."""
     if host is None:
         return {"microarch": "unknown", "generic": None, "vendor": None, "model_known": False}
     generic = getattr(host, "generic", None)
@@ -43,20 +101,18 @@ def cpu_model(host: Any | None) -> dict[str, Any]:
 
 def _brand() -> str | None:
     try:
-        import archspec.cpu
+        import archspec.cpu  # optional, and slow to import
 
         return archspec.cpu.brand_string() or None
     except Exception:  # archspec missing or unable to read the brand: the name is then unknown
         return None
 
 
-def _usable_cores() -> int | None:
-    getter = getattr(os, "sched_getaffinity", None)
-    if getter is None:
-        return None
+def usable_cores() -> int | None:
+    """The CPUs this process may run on (what Slurm/cgroups allow, not the node), or None."""
     try:
-        return len(getter(0))  # what Slurm/cgroups let this process use, not the whole node
-    except OSError:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
         return None
 
 
@@ -74,22 +130,19 @@ def _meminfo() -> dict[str, int]:
 
 
 def _cgroup_memory_limit() -> int | None:
-    """The memory limit of this process's cgroup (a Slurm job's allocation), if any."""
     for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         try:
             with open(path, encoding="utf-8") as fh:
                 value = fh.read().strip()
         except OSError:
             continue
-        if value.isdigit() and int(value) < (1 << 60):  # cgroup v1 writes a huge number for "none"
-            return int(value)
-        return None
+        # cgroup v1 writes a huge number for "no limit"
+        return int(value) if value.isdigit() and int(value) < (1 << 60) else None
     return None
 
 
 def memory() -> dict[str, int | None]:
-    """Total and available memory and the cgroup limit, in bytes (None where the system does not
-    say)."""
+    """Total and available memory and the cgroup limit (a Slurm job's allocation), in bytes."""
     info = _meminfo()
     total = info.get("MemTotal")
     if total is None:
@@ -102,6 +155,79 @@ def memory() -> dict[str, int | None]:
         "available_bytes": info.get("MemAvailable"),
         "cgroup_limit_bytes": _cgroup_memory_limit(),
     }
+
+
+def cpu_flags(cpuinfo: str | None = None) -> set[str] | None:
+    """The CPU's feature flags (the first ``flags`` or ``Features`` line); None when unreadable."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+                cpuinfo = fh.read(1 << 20)
+        except OSError:
+            return None
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip().lower() in ("flags", "features"):
+            return set(value.split())
+    return None
+
+
+def _isa_rank(name: str) -> int | None:
+    name = ONEDNN_ALIASES.get(name, name)
+    return ONEDNN_ISAS.index(name) if name in ONEDNN_ISAS else None
+
+
+def matmul(
+    flags: Iterable[str] | None = None, env: Mapping[str, str] | None = None
+) -> dict[str, dict[str, Any]]:
+    """Per low-precision dtype: ``native`` (True, False, or None when the flags are unreadable),
+    ``path`` (e.g. "AMX BF16") and ``why``; an ``ONEDNN_MAX_CPU_ISA`` below the path's ISA keeps
+    oneDNN from it."""
+    flagset = cpu_flags() if flags is None else set(flags)
+    env = os.environ if env is None else env
+    ceiling = (env.get("ONEDNN_MAX_CPU_ISA") or env.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
+    rank = _isa_rank(ceiling) if ceiling not in ("", "ALL", "DEFAULT") else None
+    out: dict[str, dict[str, Any]] = {}
+    for dtype, paths in NATIVE_FLAGS.items():
+        have = [name for flag, name in paths if flagset is not None and flag in flagset]
+        usable = [
+            n
+            for n in have
+            if rank is None or n not in ONEDNN_NEEDS or rank >= (_isa_rank(ONEDNN_NEEDS[n]) or 0)
+        ]
+        if flagset is None:
+            why = "the CPU's flags could not be read (/proc/cpuinfo)"
+        elif not have:
+            why = f"the CPU has none of {', '.join(name for _, name in paths)}"
+        elif not usable:
+            why = (
+                f"the CPU has {', '.join(have)}, but ONEDNN_MAX_CPU_ISA={ceiling} keeps oneDNN "
+                "from it"
+            )
+        else:
+            why = usable[0]
+        native = None if flagset is None else bool(usable)
+        out[dtype] = {"native": native, "path": usable[0] if usable else "", "why": why}
+    return out
+
+
+def emulated_warning(
+    dtype: str, facts: Mapping[str, Mapping[str, Any]] | None = None
+) -> str | None:
+    """The line a CPU probe prints before any work when ``dtype``'s matmuls are emulated here."""
+    fact = (matmul() if facts is None else facts).get(dtype)
+    if fact is None or fact["native"] is not False:
+        return None
+    return (
+        f"{dtype} matmul is emulated on this CPU ({fact['why']}): a {dtype} Linear's timing "
+        "measures the emulation (seconds per call at the default shape), so only the calls that "
+        "can change a choice are made; the time of one call follows once it is measured"
+    )
+
+
+def describe(fact: Mapping[str, Any]) -> str:
+    """``native: AMX BF16``, ``emulated: the CPU has none of ...``, ``unknown: ...``."""
+    return {True: "native", False: "emulated", None: "unknown"}[fact["native"]] + f": {fact['why']}"
 
 
 def detect_host() -> dict[str, Any]:
@@ -122,11 +248,52 @@ def detect_host() -> dict[str, Any]:
         },
         "cpu": {
             "arch": platform.machine().lower(),
-            **cpu_model(fingerprint_host.archspec_host()),
+            **cpu_model(fp_host.archspec_host()),
             "brand": _brand(),
             "cores": os.cpu_count(),
-            "usable_cores": _usable_cores(),
-            "matmul": cpumath.matmul(),  # bf16 / fp16 matmul native or emulated (issue 38)
+            "usable_cores": usable_cores(),
+            "matmul": matmul(),  # issue 38
         },
         "memory": memory(),
+    }
+
+
+def read_marker(path: str, limit: int = MARKER_BYTES) -> tuple[str | None, str]:
+    """(the first line of the marker file at ``path`` or None, why it was not read: '' if absent
+    or read), read like every input: a regular file only, non-blocking, at most ``limit`` bytes."""
+    try:
+        data = read_regular(path, limit)
+    except FileNotFoundError:
+        return None, ""
+    except UnsafeFile as exc:
+        return None, f"{exc.problem}: not read"
+    except OSError as exc:
+        return None, f"cannot read: {exc.strerror or exc}"
+    return data.decode("utf-8", errors="replace").partition("\n")[0].strip() or None, ""
+
+
+def first_line(path: str) -> str | None:
+    """The first line of the marker file at ``path`` (None when it cannot be read)."""
+    return read_marker(path)[0]
+
+
+def detect_site(
+    env: Mapping[str, str] | None = None,
+    *,
+    hostname: str | None = None,
+    markers: tuple[SiteMarker, ...] = SITE_MARKERS,
+) -> dict[str, Any]:
+    """The hostname, the Slurm variables set and the site markers found."""
+    env = os.environ if env is None else env
+    found = []
+    for marker in markers:
+        value = env.get(marker.name) if marker.kind == "env" else first_line(marker.name)
+        if value:
+            found.append(
+                {"signal": f"{marker.kind}:{marker.name}", "value": value, "hint": marker.hint}
+            )
+    return {
+        "hostname": hostname if hostname is not None else socket.gethostname(),
+        "slurm": {name: env[name] for name in SLURM_VARIABLES if name in env},
+        "markers": found,
     }

@@ -1,11 +1,10 @@
 """Does a module import here? Asked in a child process, so a crash, a hang or a stray print is only
-a fact.
+a fact; a clean answer is kept per node and installation, so ``env`` need not ask again.
 
-A kernel library can abort the interpreter on import (a missing or mismatched .so), hang (a lock
-on a network filesystem, a driver call that never returns), or print to stdout (and so break a
-JSON report). The child (``child.run_function``, with ``CHILD_SOURCE``: nothing of kernel_probe is
-imported there) imports the module under a timeout and answers an ``ImportCheckReply``; it then
-exits normally, so a crash at interpreter exit is seen too. The parent classifies what came back:
+A kernel library can abort the interpreter on import (a missing .so), hang (a lock on a network
+filesystem, a driver call that never returns) or print to stdout (and so break a JSON report). The
+child (``CHILD_SOURCE``: nothing of kernel_probe is imported there) imports the module under a
+timeout, answers an ``ImportCheckReply`` and exits normally, so a crash at exit is seen too:
 
     ok             imported (its stdout, if any, is kept in ``stdout``)
     error          the import raised (exception type and message, and where)
@@ -13,17 +12,32 @@ exits normally, so a crash at interpreter exit is seen too. The parent classifie
     timeout        still running after ``timeout`` seconds; the child's process group is killed
     not-installed  there was nothing to import (decided by the caller, no child started)
     skipped        not checked (``--no-import-checks``, or a namesake that is not the library)
+
+``ImportCache`` keeps a clean answer (returned, exit code 0, nothing printed) for ``MAX_AGE`` at
+most and reuses it, marked ``cached``, while nothing in its key changed (``cache_key``: the child,
+the interpreter, the node and its boot, the search path and the library's files with their times,
+the variables that steer an import or a device). A folder it cannot use only turns it off.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
+import os
+import socket
 import subprocess
+import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
+from kernel_lock.trust.files import UnsafeFile, UnsafeWrite, private_dir, read_regular, write_file
+from kernel_probe import __version__
+from kernel_probe.detect.host import usable_cores
 from kernel_probe.isolation.child import (
     ChildResult,
     child_environment,
@@ -33,71 +47,31 @@ from kernel_probe.isolation.child import (
     run_function,
     signal_name,
 )
-from kernel_probe.isolation.protocol import ImportCheckReply, ProtocolError
-from kernel_probe.isolation.protocol import ImportCheckRequest as ImportRequest
-
-if TYPE_CHECKING:
-    from kernel_probe.detect.importcache import ImportCache
-
-__all__ = [
-    "DEFAULT_TIMEOUT",
-    "PROBES",
-    "STATUSES",
-    "ImportChecks",
-    "ImportRequest",
-    "check_import",
-    "classify",
-    "close_calls",
-    "scaled_timeout",
-]
-
-DEFAULT_TIMEOUT = 20.0
-# a machine loaded beyond one runnable process per core makes every import slower by about that
-# factor: the default timeout is scaled by it (never below 1x, at most MAX_SCALE x), and a check
-# that took more than CLOSE of its timeout is named, so the next run under more load is not a
-# surprise
-MAX_SCALE = 6.0
-CLOSE = 0.5
-
-
-def load_per_core() -> float:
-    """Runnable processes per usable core over the last minute (0.0 where the OS does not say)."""
-    import os
-
-    try:
-        load = os.getloadavg()[0]
-    except (OSError, AttributeError):
-        return 0.0
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return load / max(1, cores)
-
-
-def scaled_timeout(base: float = DEFAULT_TIMEOUT, load: float | None = None) -> float:
-    """``base`` seconds scaled to the machine's measured load (``load_per_core`` when ``load`` is
-    None)."""
-    per_core = load_per_core() if load is None else load
-    return base * min(MAX_SCALE, max(1.0, per_core))
-
-
-def close_calls(results: Mapping[str, Mapping[str, Any]], timeout: float) -> list[str]:
-    """A note for each import that took more than CLOSE of its timeout (or ran out of it)."""
-    notes = []
-    for name, r in results.items():
-        seconds = r.get("seconds")
-        if isinstance(seconds, (int, float)) and seconds >= CLOSE * timeout:
-            what = "timed out after" if r.get("status") == "timeout" else "took"
-            notes.append(
-                f"{name}: the import check {what} {seconds:.1f} s of its {timeout:.0f} s timeout "
-                f"(load {load_per_core():.1f} per core); pass a larger --timeout if it fails "
-                "under more load"
-            )
-    return notes
-
+from kernel_probe.isolation.protocol import (
+    ImportCheckCached,
+    ImportCheckReply,
+    ImportCheckRequest,
+    ProtocolError,
+)
 
 STATUSES = ("ok", "error", "crashed", "timeout", "not-installed", "skipped")
+PROBES = ("", "triton-target")  # what the child may do after a successful import
+DEFAULT_TIMEOUT = 20.0
+# a machine loaded beyond one runnable process per core makes every import slower by about that
+# factor: the default timeout is scaled by it (1x to MAX_SCALE x), and a check that took more than
+# CLOSE of its timeout is named, so the next run under more load is not a surprise
+MAX_SCALE = 6.0
+CLOSE = 0.5
+FORMAT = "kernel-probe-import-cache/1"
+MAX_AGE = 7 * 24 * 3600.0  # seconds an answer is reused at the most
+MAX_BYTES = 256 * 1024  # a cached answer is a few hundred bytes
+MAX_ENTRIES = 5000  # files of a library's package stat'ed for the key (liger-kernel has ~300)
+ENV_NAMES = ("PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH", "LD_PRELOAD")
+ENV_PREFIXES = (
+    ("CUDA_", "HIP_", "ROCM_", "ROCR_", "NVIDIA_")
+    + ("TRITON_", "TORCH", "PYTORCH_")
+    + ("NVTE_", "LIGER_")
+)
 
 # The child's function: an ImportCheckRequest in, an ImportCheckReply out (as JSON).
 CHILD_SOURCE = r"""
@@ -132,7 +106,59 @@ def check(request):
     return result
 """
 
-PROBES = ("", "triton-target")  # what the child may do after a successful import
+
+def load_per_core() -> float:
+    """Runnable processes per usable core over the last minute (0.0 where the OS does not say)."""
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return 0.0
+    return load / max(1, usable_cores() or os.cpu_count() or 1)
+
+
+def scaled_timeout(base: float = DEFAULT_TIMEOUT, load: float | None = None) -> float:
+    """``base`` seconds scaled to the machine's load (``load_per_core`` when ``load`` is None)."""
+    per_core = load_per_core() if load is None else load
+    return base * min(MAX_SCALE, max(1.0, per_core))
+
+
+def close_calls(results: Mapping[str, Mapping[str, Any]], timeout: float) -> list[str]:
+    """A note for each import that took more than CLOSE of its timeout (or ran out of it)."""
+    notes = []
+    for name, r in results.items():
+        seconds = r.get("seconds")
+        if isinstance(seconds, (int, float)) and seconds >= CLOSE * timeout:
+            what = "timed out after" if r.get("status") == "timeout" else "took"
+            notes.append(
+                f"{name}: the import check {what} {seconds:.1f} s of its {timeout:.0f} s timeout "
+                f"(load {load_per_core():.1f} per core); pass a larger --timeout if it fails "
+                "under more load"
+            )
+    return notes
+
+
+def _verdict(
+    child: ChildResult, reply: ImportCheckReply | None, broken: str, timeout: float
+) -> tuple[str, str]:
+    """The status and reason of what a child left behind."""
+    code = child.returncode
+    detail = fatal_line(child.stderr).replace(" in <module>)", ")")
+    if child.timed_out:
+        return "timeout", f"import did not finish within {timeout:g} s (child killed)"
+    if not child.started:
+        return "error", child.reason
+    if code is not None and code < 0:
+        when = "after importing, at interpreter exit" if reply is not None else "during import"
+        return "crashed", f"killed by {signal_name(-code)} {when}" + (
+            f": {detail}" if detail else ""
+        )
+    if reply is None:
+        detail = broken or detail
+        said = f"exited with code {code} without a result" if code else "the child wrote no result"
+        return "crashed" if code else "error", said + (f": {detail}" if detail else "")
+    if reply.ok:
+        return "ok", "imported" + (f", then exited with code {code}" if code else "")
+    return "error", f"{reply.type or 'Exception'}: {reply.message}".strip()
 
 
 def classify(child: ChildResult, timeout: float) -> dict[str, Any]:
@@ -146,44 +172,15 @@ def classify(child: ChildResult, timeout: float) -> dict[str, Any]:
             broken = str(exc)
     elif child.status == "error":  # the child's own code raised: a bug, not the library's doing
         broken = child.reason
-    returncode = child.returncode
-    out: dict[str, Any] = {"status": "", "reason": "", "seconds": round(child.seconds, 3)}
-    if child.timed_out:
-        out["status"] = "timeout"
-        out["reason"] = f"import did not finish within {timeout:g} s (child killed)"
-    elif not child.started:
-        out["status"], out["reason"] = "error", child.reason
-    elif returncode is not None and returncode < 0:
-        out["status"] = "crashed"
-        when = "after importing, at interpreter exit" if reply is not None else "during import"
-        detail = _stderr_reason(child.stderr)
-        out["reason"] = f"killed by {signal_name(-returncode)} {when}" + (
-            f": {detail}" if detail else ""
-        )
-    elif reply is None:
-        out["status"] = "crashed" if returncode else "error"
-        detail = broken or _stderr_reason(child.stderr)
-        out["reason"] = (
-            f"exited with code {returncode} without a result"
-            if returncode
-            else "the child wrote no result"
-        ) + (f": {detail}" if detail else "")
-    elif reply.ok:
-        out["status"] = "ok"
-        out["reason"] = "imported"
-        if returncode:
-            out["reason"] = f"imported, then exited with code {returncode}"
-    else:
-        out["status"] = "error"
-        out["reason"] = f"{reply.type or 'Exception'}: {reply.message}".strip()
-        if reply.where:
-            out["where"] = reply.where
+    status, reason = _verdict(child, reply, broken, timeout)
+    out: dict[str, Any] = {"status": status, "reason": reason, "seconds": round(child.seconds, 3)}
     if reply is not None:
+        if status == "error" and child.started and reply.where:  # the import raised
+            out["where"] = reply.where
         out["import_seconds"] = round(float(reply.seconds), 3)
-        if reply.file:
-            out["file"] = reply.file
-        if reply.version:
-            out["module_version"] = reply.version
+        for key, value in (("file", reply.file), ("module_version", reply.version)):
+            if value:
+                out[key] = value
         if reply.target is not None:
             out["target"] = reply.target
         if reply.target_error:
@@ -195,14 +192,154 @@ def classify(child: ChildResult, timeout: float) -> dict[str, Any]:
     return out
 
 
-def _stderr_reason(stderr: str) -> str:
-    """faulthandler's 'Fatal Python error' and the innermost frame (without its ' in <module>'),
-    else the last line."""
-    return fatal_line(stderr).replace(" in <module>)", ")")
+def cache_folder(env: Mapping[str, str] | None = None) -> Path:
+    """Where the cache lives (the folder, not yet checked or made): ``$KERNEL_PROBE_CACHE_DIR``,
+    else ``$XDG_CACHE_HOME/kernel-probe``, else ``~/.cache/kernel-probe``."""
+    e = os.environ if env is None else env
+    if e.get("KERNEL_PROBE_CACHE_DIR"):
+        return Path(e["KERNEL_PROBE_CACHE_DIR"])
+    base = Path(e["XDG_CACHE_HOME"]) if e.get("XDG_CACHE_HOME") else Path.home() / ".cache"
+    return base / "kernel-probe"
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def _stamp(path: str | os.PathLike[str]) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_mtime_ns, st.st_size]
+
+
+def _package_files(module: str, paths: Sequence[str]) -> Iterator[list[Any]]:
+    """Each file of the top-level package of ``module`` found on ``paths``, with its stamp."""
+    top = module.split(".", 1)[0]
+    for folder in paths:
+        root, single = Path(folder or ".") / top, Path(folder or ".") / f"{top}.py"
+        if root.is_dir():
+            seen = 0
+            for dirpath, dirnames, filenames in os.walk(root):
+                dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+                for name in sorted(n for n in filenames if not n.endswith(".pyc")):
+                    seen += 1
+                    if seen > MAX_ENTRIES:
+                        yield ["(more files)", seen]
+                        return
+                    yield [os.path.join(dirpath, name), _stamp(os.path.join(dirpath, name))]
+            return
+        if single.is_file():
+            yield [str(single), _stamp(single)]
+            return
+
+
+def cache_key(
+    request: ImportCheckRequest,
+    *,
+    child_source: str,
+    extra_paths: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> str:
+    """The hex digest of everything an import check's answer depends on."""
+    e = os.environ if env is None else env
+    paths = [str(p) for p in extra_paths] + [p for p in sys.path if p]
+    facts = {
+        "format": FORMAT,
+        "kernel_probe": __version__,
+        "child": hashlib.sha256(child_source.encode()).hexdigest(),
+        "request": request.to_json(),
+        "python": [sys.executable, sys.version, sys.prefix],
+        "node": [socket.gethostname(), _boot_id()],
+        "paths": [[p, _stamp(p)] for p in paths],
+        "package": list(_package_files(request.module, paths)),
+        "env": {k: e[k] for k in sorted(e) if k in ENV_NAMES or k.startswith(ENV_PREFIXES)},
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass
+class ImportCache:
+    """The cache folder and what happened with it in one run (``used``: answers reused;
+    ``problem``: why it is off, for the report's notes)."""
+
+    folder: Path | None
+    read: bool = True  # False: ask every library again (``--fresh``); answers are still written
+    used: int = 0
+    problem: str = ""
+    _ready: bool = field(default=False, repr=False)
+
+    @classmethod
+    def default(cls, env: Mapping[str, str] | None = None, *, read: bool = True) -> ImportCache:
+        """The cache in its usual folder (``cache_folder``)."""
+        return cls(cache_folder(env), read=read)
+
+    def _imports(self) -> Path | None:
+        if self.folder is None or self.problem:
+            return None
+        if not self._ready:
+            try:
+                if not self.folder.parent.exists():  # ~/.cache on a new account: made private too
+                    private_dir(self.folder.parent)
+                private_dir(self.folder)
+                private_dir(self.folder / "imports")
+            except (UnsafeWrite, OSError) as exc:
+                self.problem = f"the import-check cache is off: {exc}"
+                return None
+            self._ready = True
+        return self.folder / "imports"
+
+    def load(self, key: str) -> tuple[ChildResult, str] | None:
+        """The child result kept under ``key`` and when it was asked, or None (missing, stale,
+        unreadable: a broken answer is asked again)."""
+        folder = self._imports() if self.read else None
+        if folder is None:
+            return None
+        try:
+            entry = ImportCheckCached.from_json(
+                json.loads(read_regular(folder / f"{key}.json", MAX_BYTES))
+            )
+            ImportCheckReply.from_json(entry.reply)  # what classify reads: refused here
+        except (UnsafeFile, OSError, ValueError, TypeError, ProtocolError):
+            return None
+        if not all(isinstance(t, (int, float)) for t in (entry.asked, entry.seconds)):
+            return None
+        if (
+            entry.format != FORMAT
+            or entry.key != key
+            or not 0 <= time.time() - entry.asked <= MAX_AGE
+        ):
+            return None
+        self.used += 1
+        child = ChildResult(status="ok", value=entry.reply, returncode=0, seconds=entry.seconds)
+        return child, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry.asked))
+
+    def store(self, key: str, child: ChildResult) -> None:
+        """Keep a clean answer (the module's docstring); anything else is not kept."""
+        clean = child.ok and child.returncode == 0 and not child.timed_out
+        folder = self._imports() if clean and not child.stdout.strip() else None
+        if folder is None:
+            return
+        entry = ImportCheckCached(
+            format=FORMAT,
+            key=key,
+            asked=time.time(),
+            seconds=float(child.seconds),
+            reply=dict(child.value),
+        )
+        try:
+            write_file(folder / f"{key}.json", json.dumps(entry.to_json()), mode=0o600)
+        except (UnsafeWrite, OSError) as exc:
+            self.problem = f"the import-check cache is off: {exc}"
 
 
 def check_import(
-    request: ImportRequest | str,
+    request: ImportCheckRequest | str,
     *,
     timeout: float = DEFAULT_TIMEOUT,
     extra_paths: Sequence[str] = (),
@@ -212,37 +349,29 @@ def check_import(
     cache: ImportCache | None = None,
 ) -> dict[str, Any]:
     """Import one module in a fresh interpreter and report how it went (never raises for the
-    module's sake).
-
-    ``started`` is called with the child's Popen as soon as it runs (so a caller can cancel it).
-    ``cache``: an earlier clean answer for the same installation is reused (``cached`` in the result
-    says when it was asked), and a new clean answer is kept (``detect.importcache``).
-    """
+    module's sake). ``started`` gets the child's Popen as soon as it runs (to cancel it); ``cache``
+    reuses an earlier clean answer (``cached`` says when it was asked) and keeps a new one."""
     if isinstance(request, str):
-        request = ImportRequest(module=request)
+        request = ImportCheckRequest(module=request)
     if request.probe not in PROBES:
         raise ValueError(f"unknown probe {request.probe!r}")
-    key = ""
     keyed = cache is not None and python is None
+    key = ""
 
     def _key() -> str:
-        from kernel_probe.detect.importcache import cache_key
-
         return cache_key(request, child_source=CHILD_SOURCE, extra_paths=extra_paths, env=env)
 
     if keyed and cache is not None and cache.read:
         key = _key()
         found = cache.load(key)
         if found is not None:
-            kept, asked = found
-            return {**classify(kept, timeout), "cached": asked}
+            return {**classify(found[0], timeout), "cached": found[1]}
 
     def _started(proc: subprocess.Popen[bytes]) -> None:
         nonlocal key
         if started is not None:
             started(proc)
-        # --fresh: the key is worked out while the child imports, not before it starts
-        if keyed and not key:
+        if keyed and not key:  # --fresh: the key is worked out while the child imports
             key = _key()
 
     child = run_function(
@@ -261,59 +390,52 @@ def check_import(
     return classify(child, timeout)
 
 
-def _set(event: threading.Event, _future: Future) -> None:
-    event.set()
-
-
 class ImportChecks:
-    """Start every check at once (a thread per child) and collect the results later.
-
-    The constructor returns once every child has started (or its check ended without one: a kept
-    answer, a failure to start), so the caller's own work (importing torch) cannot delay a start:
-    the children import their libraries while the parent does the rest.
-    """
+    """Start every check at once (a thread per child: each only waits on its child) and collect the
+    results later. The constructor returns once every child has started (or its check ended
+    without one: a kept answer, a failure to start), so the caller's own work (importing torch)
+    cannot delay a start."""
 
     def __init__(
         self,
-        requests: Mapping[str, ImportRequest],
+        requests: Mapping[str, ImportCheckRequest],
         *,
         timeout: float = DEFAULT_TIMEOUT,
         extra_paths: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         cache: ImportCache | None = None,
     ):
-        self._futures: dict[str, Future] = {}
+        self._results: dict[str, dict[str, Any]] = {}
         self._procs: list[subprocess.Popen[bytes]] = []
         self._cancelled = False
-        self._pool: ThreadPoolExecutor | None = None
-        if requests:
-            # a thread per check (each only waits on its child): every child starts now, none queues
-            self._pool = ThreadPoolExecutor(
-                max_workers=len(requests), thread_name_prefix="import-check"
+        options = dict(timeout=timeout, extra_paths=extra_paths, env=env, cache=cache)
+        ready = {name: threading.Event() for name in requests}
+        self._threads = {
+            name: threading.Thread(
+                target=self._check, args=(name, request, ready[name], options), name="import-check"
             )
-            ready = {name: threading.Event() for name in requests}
-            for name, request in requests.items():
-                future = self._pool.submit(
-                    check_import,
-                    request,
-                    timeout=timeout,
-                    extra_paths=extra_paths,
-                    env=env,
-                    started=functools.partial(self._started, ready[name]),
-                    cache=cache,
-                )
-                future.add_done_callback(functools.partial(_set, ready[name]))
-                self._futures[name] = future
-            try:
-                for event in ready.values():
-                    event.wait()
-            except BaseException:  # interrupted while the children start
-                self.cancel()
-                raise
+            for name, request in requests.items()
+        }
+        for thread in self._threads.values():
+            thread.start()
+        try:
+            for event in ready.values():
+                event.wait()
+        except BaseException:  # interrupted while the children start
+            self.cancel()
+            raise
 
-    def names(self) -> Iterable[str]:
-        """The libraries whose import checks were started."""
-        return self._futures.keys()
+    def _check(
+        self, name: str, request: ImportCheckRequest, ready: threading.Event, options: Any
+    ) -> None:
+        try:
+            started = functools.partial(self._started, ready)
+            self._results[name] = check_import(request, started=started, **options)
+        except Exception as exc:  # a bug in the checker itself: said on that library
+            reason = f"import check failed: {type(exc).__name__}: {exc}"
+            self._results[name] = {"status": "error", "seconds": 0.0, "reason": reason}
+        finally:
+            ready.set()
 
     def _started(self, ready: threading.Event, proc: subprocess.Popen[bytes]) -> None:
         self._procs.append(proc)
@@ -325,31 +447,16 @@ class ImportChecks:
         """Kill every child still running (Ctrl-C, or the caller failed): nobody waits out the
         timeouts."""
         self._cancelled = True
-        for future in self._futures.values():
-            future.cancel()
         for proc in list(self._procs):
             if proc.poll() is None:
                 kill_group(proc.pid)
 
     def results(self) -> dict[str, dict[str, Any]]:
         """Each library's import check result, waiting for the ones still running."""
-        out = {}
         try:
-            for name, future in self._futures.items():
-                try:
-                    out[name] = future.result()
-                # a bug in the checker itself: report it on that library, go on
-                except Exception as exc:
-                    out[name] = {
-                        "status": "error",
-                        "seconds": 0.0,
-                        "reason": f"import check failed: {type(exc).__name__}: {exc}",
-                    }
-        # KeyboardInterrupt while waiting: the children are in their own sessions
-        except BaseException:
+            for thread in self._threads.values():
+                thread.join()
+        except BaseException:  # KeyboardInterrupt while waiting: the children are in own sessions
             self.cancel()
             raise
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-        return out
+        return {name: self._results[name] for name in self._threads}

@@ -1,13 +1,10 @@
-"""Which kernel libraries are installed, what they really are, and whether they import.
+"""Which kernel libraries are installed, and what they really are, from package metadata and files
+only: nothing here imports a library (``importcheck`` does, in children).
 
-Knowledge is data: ``known_libraries()`` says, for each library, the distribution names it ships
-under, its top-level module, the module whose import proves it usable, and how to recognise what the
-module really is (``variants``) from its files, without importing it. It is read from the
-``[[library]]`` tables of kernel_lock's registry (``kernel_lock/registry.toml``): adding a library
-is adding a table there.
-
-The metadata part (``locate``) reads package metadata and the file system only; the import part
-runs in child processes (``importcheck``), so nothing here imports a kernel library in-process.
+Knowledge is data: the ``[[library]]`` tables of ``kernel_lock/registry.toml`` say, per library,
+the distributions it ships under, its module, the module whose import proves it usable and how to
+recognise what the module really is from its files (``variants``): adding a library is adding a
+table there.
 """
 
 from __future__ import annotations
@@ -26,17 +23,17 @@ from kernel_lock.trust import registry
 from kernel_probe.tables import TableReader
 
 if TYPE_CHECKING:  # the import checks' machinery is not loaded by a staleness check (the warm path)
-    from kernel_probe.detect.importcheck import ImportRequest
+    from kernel_probe.isolation.protocol import ImportCheckRequest
+
+LIBRARY_KEYS = ("name", "distributions", "module", "check", "about", "variant")
+VARIANT_KEYS = ("key", "label", "has-any", "text-in", "usable")
+NOT_RUN = {"status": "skipped", "reason": "import checks were not run", "seconds": None}
 
 
 @dataclass(frozen=True)
 class Variant:
-    """One thing a module name can turn out to be, recognised from its files.
-
-    It matches when any path in ``has_any`` exists under the package directory, or any
-    ``(file, text)`` in ``text_in`` names a file there that contains the text. A variant with
-    neither matches anything: put it last, as the default.
-    """
+    """What a module can turn out to be: a path of ``has_any`` exists under the package, or a file
+    of ``text_in`` holds its text; with neither it matches anything (the default, last)."""
 
     key: str
     label: str
@@ -52,8 +49,7 @@ class Variant:
 
 @dataclass(frozen=True)
 class KnownLibrary:
-    """A kernel library the report looks for (a ``[[library]]`` of
-    ``kernel_lock/registry.toml``)."""
+    """A kernel library the report looks for (a ``[[library]]`` of the registry)."""
 
     name: str  # the key in the report
     distributions: tuple[str, ...]  # distribution names it is installed under, preferred first
@@ -63,8 +59,20 @@ class KnownLibrary:
     about: str = ""
 
 
-LIBRARY_KEYS = ("name", "distributions", "module", "check", "about", "variant")
-VARIANT_KEYS = ("key", "label", "has-any", "text-in", "usable")
+def _variant(r: TableReader, v: Mapping[str, Any], where: str) -> Variant:
+    r.no_unknown(v, VARIANT_KEYS, where)
+    text_in = v.get("text-in", [])
+    if not all(
+        isinstance(x, list) and len(x) == 2 and all(isinstance(s, str) for s in x) for x in text_in
+    ):
+        raise r.err(f"{where}text-in", "expected a list of [file, text] pairs")
+    return Variant(
+        str(r.string(v, "key", where, required=True)),
+        str(r.string(v, "label", where, required=True)),
+        has_any=r.strings(v, "has-any", where),
+        text_in=tuple((f, s) for f, s in text_in),
+        usable=r.boolean(v, "usable", where, default=True),
+    )
 
 
 def read_libraries(r: TableReader, d: Mapping[str, Any]) -> tuple[KnownLibrary, ...]:
@@ -73,25 +81,9 @@ def read_libraries(r: TableReader, d: Mapping[str, Any]) -> tuple[KnownLibrary, 
     for i, lib in enumerate(d.get("library", [])):
         where = f"library[{i}]."
         r.no_unknown(lib, LIBRARY_KEYS, where)
-        variants = []
-        for j, v in enumerate(lib.get("variant", [])):
-            vwhere = f"{where}variant[{j}]."
-            r.no_unknown(v, VARIANT_KEYS, vwhere)
-            text_in = v.get("text-in", [])
-            if not all(
-                isinstance(x, list) and len(x) == 2 and all(isinstance(s, str) for s in x)
-                for x in text_in
-            ):
-                raise r.err(f"{vwhere}text-in", "expected a list of [file, text] pairs")
-            variants.append(
-                Variant(
-                    str(r.string(v, "key", vwhere, required=True)),
-                    str(r.string(v, "label", vwhere, required=True)),
-                    has_any=r.strings(v, "has-any", vwhere),
-                    text_in=tuple((f, s) for f, s in text_in),
-                    usable=r.boolean(v, "usable", vwhere, default=True),
-                )
-            )
+        variants = [
+            _variant(r, v, f"{where}variant[{j}].") for j, v in enumerate(lib.get("variant", []))
+        ]
         libs.append(
             KnownLibrary(
                 str(r.string(lib, "name", where, required=True)),
@@ -105,11 +97,9 @@ def read_libraries(r: TableReader, d: Mapping[str, Any]) -> tuple[KnownLibrary, 
     return tuple(libs)
 
 
-# every library kernel-probe reports on, from kernel_lock's registry (one [[library]] table each)
 @functools.cache
 def known_libraries() -> tuple[KnownLibrary, ...]:
-    """Every library kernel-probe reports on: the ``[[library]]`` tables of kernel_lock's registry,
-    read on first use."""
+    """Every library kernel-probe reports on: the registry's ``[[library]]`` tables, read once."""
     return read_libraries(TableReader(str(registry.path())), registry.data())
 
 
@@ -138,19 +128,9 @@ def search_path(extra_paths: Sequence[str] = ()) -> list[str]:
     return [str(p) for p in extra_paths] + list(sys.path)
 
 
-def find_distribution(name: str, path: Sequence[str]) -> metadata.Distribution | None:
-    """The installed distribution ``name`` on ``path``, or None (nothing imported)."""
-    for dist in metadata.distributions(name=name, path=list(path)):
-        return dist
-    return None
-
-
 def module_location(module: str, extra_paths: Sequence[str] = ()) -> str | None:
-    """Where ``import module`` (top-level) would load from, found without importing anything.
-
-    ``extra_paths`` come first, as they will on the child's PYTHONPATH; then the normal finders
-    (which also know editable installs).
-    """
+    """Where ``import module`` (top-level) would load from, found without importing anything:
+    ``extra_paths`` first (as on the child's PYTHONPATH), then the normal finders."""
     spec = None
     if extra_paths:
         spec = importlib.machinery.PathFinder.find_spec(module, [str(p) for p in extra_paths])
@@ -158,13 +138,11 @@ def module_location(module: str, extra_paths: Sequence[str] = ()) -> str | None:
         try:
             spec = importlib.util.find_spec(module)
         except (ImportError, ValueError):  # a broken finder or a module with __spec__ = None
-            spec = None
+            return None
     if spec is None:
         return None
     if spec.submodule_search_locations:
-        locations = list(spec.submodule_search_locations)
-        if locations:
-            return str(locations[0])
+        return str(list(spec.submodule_search_locations)[0])
     return str(spec.origin) if spec.origin else None
 
 
@@ -182,45 +160,42 @@ def recognise(variants: Sequence[Variant], location: str) -> Variant | None:
     for variant in variants:
         if variant.is_default:
             return variant
-        if base is None:
-            continue
-        if any(os.path.exists(os.path.join(base, rel)) for rel in variant.has_any):
-            return variant
-        if any(_contains(os.path.join(base, rel), text) for rel, text in variant.text_in):
+        if base is not None and (
+            any(os.path.exists(os.path.join(base, rel)) for rel in variant.has_any)
+            or any(_contains(os.path.join(base, rel), text) for rel, text in variant.text_in)
+        ):
             return variant
     return None
 
 
+def installed(names: Sequence[str], path: Sequence[str]) -> dict[str, metadata.Distribution]:
+    """The distributions of ``names`` installed on ``path``, by name (nothing imported)."""
+    found = {n: next(iter(metadata.distributions(name=n, path=list(path))), None) for n in names}
+    return {n: d for n, d in found.items() if d is not None}
+
+
 def locate(library: KnownLibrary, extra_paths: Sequence[str] = ()) -> Located:
-    """Where ``library`` is installed, its distributions' versions and its variant, without
-    importing it."""
-    path = search_path(extra_paths)
-    versions: dict[str, str] = {}
-    for name in library.distributions:
-        dist = find_distribution(name, path)
-        if dist is not None:
-            versions[name] = str(dist.version)
+    """Where ``library`` is installed, its distributions' versions and its variant (no import)."""
+    found = installed(library.distributions, search_path(extra_paths))
     location = module_location(library.module, extra_paths)
     variant = recognise(library.variants, location) if location and library.variants else None
-    return Located(library, versions, location, variant)
+    return Located(library, {n: str(d.version) for n, d in found.items()}, location, variant)
 
 
 def locate_all(
     table: Sequence[KnownLibrary] | None = None, extra_paths: Sequence[str] = ()
 ) -> dict[str, Located]:
     """Where each library of ``table`` (default: :func:`known_libraries`) is installed, by name."""
-    return {
-        lib.name: locate(lib, extra_paths)
-        for lib in (known_libraries() if table is None else table)
-    }
+    libs = known_libraries() if table is None else table
+    return {lib.name: locate(lib, extra_paths) for lib in libs}
 
 
-def import_requests(located: Mapping[str, Located]) -> dict[str, ImportRequest]:
+def import_requests(located: Mapping[str, Located]) -> dict[str, ImportCheckRequest]:
     """The child imports worth running: installed libraries that are what they claim to be."""
-    from kernel_probe.detect.importcheck import ImportRequest
+    from kernel_probe.isolation.protocol import ImportCheckRequest  # not on the warm path
 
     return {
-        name: ImportRequest(loc.library.check)
+        name: ImportCheckRequest(module=loc.library.check)
         for name, loc in located.items()
         if loc.installed and (loc.variant is None or loc.variant.usable)
     }
@@ -228,7 +203,7 @@ def import_requests(located: Mapping[str, Located]) -> dict[str, ImportRequest]:
 
 def report(located: Located, imported: Mapping[str, Any] | None) -> dict[str, Any]:
     """The JSON-ready entry for one library (keys documented in docs/env.md)."""
-    lib = located.library
+    lib, variant = located.library, located.variant
     if not located.installed:
         reason = "module not found"
         if located.distributions:
@@ -237,23 +212,19 @@ def report(located: Located, imported: Mapping[str, Any] | None) -> dict[str, An
                 f"{lib.module!r} is not importable"
             )
         status: dict[str, Any] = {"status": "not-installed", "reason": reason, "seconds": None}
-    elif located.variant is not None and not located.variant.usable:
-        status = {"status": "skipped", "reason": located.variant.label, "seconds": None}
-    elif imported is None:
-        status = {"status": "skipped", "reason": "import checks were not run", "seconds": None}
+    elif variant is not None and not variant.usable:
+        status = {"status": "skipped", "reason": variant.label, "seconds": None}
     else:
-        status = dict(imported)
+        status = dict(NOT_RUN if imported is None else imported)
     return {
         "installed": located.installed,
-        "version": located.distributions.get(located.distribution)
-        if located.distribution
-        else None,
+        "version": located.distributions.get(located.distribution or "", None),
         "distribution": located.distribution,
         "distributions": dict(located.distributions),
         "module": lib.module,
         "location": located.location,
-        "variant": located.variant.key if located.variant else None,
-        "identified_as": located.variant.label if located.variant else None,
+        "variant": variant.key if variant else None,
+        "identified_as": variant.label if variant else None,
         "check_module": lib.check,
         "import": status,
     }
@@ -271,30 +242,22 @@ def by_library(candidates: Sequence[Any]) -> dict[str, list[str]]:
 
 
 def installed_for(candidates: Sequence[Any]) -> dict[str, str]:
-    """Of the registry's libraries, those a candidate of ``candidates`` comes from, each with what
-    is installed now: its version ("installed" when no distribution metadata names it), or "" when
-    it is not installed.
-
-    Read from metadata and the file system only (no import, no torch): the probe records it in the
-    lock (``provenance.libraries``), and a lock probed before a library was installed or removed is
-    stale."""
+    """Of the registry's libraries, those a candidate comes from, with what is installed now: its
+    version ("installed" without metadata), or "". No import: the lock records it
+    (``provenance.libraries``), and a library installed or removed since makes the lock stale."""
     out = {}
     for name in by_library(candidates):
         found = locate(next(lib for lib in known_libraries() if lib.name == name))
-        out[name] = (
-            (found.distributions[found.distribution] if found.distribution else "installed")
-            if found.installed
-            else ""
-        )
+        version = found.distributions[found.distribution] if found.distribution else "installed"
+        out[name] = version if found.installed else ""
     return dict(sorted(out.items()))
 
 
 def library_change(
     recorded: Mapping[str, Any], now: Mapping[str, str], judged: Mapping[str, Sequence[str]]
 ) -> str | None:
-    """Why a lock whose probe saw the libraries ``recorded`` is stale now (``now``:
-    :func:`installed_for`): a library installed since, or removed since; ``judged``: library -> its
-    candidates' ids, to name them."""
+    """Why a lock whose probe saw the libraries ``recorded`` is stale now (``now``: installed_for;
+    ``judged``: library -> its candidates' ids, to name them)."""
     changes = []
     for name, version in now.items():
         before = recorded.get(name)

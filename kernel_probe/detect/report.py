@@ -1,4 +1,4 @@
-"""The report of ``kernel-probe env``: every part of the detection layer, gathered as plain data.
+"""The report of ``kernel-probe env``: every fact of the detection layer, gathered as plain data.
 
     from kernel_probe.detect.report import detect
     report = detect()                      # dict; keys documented in docs/env.md
@@ -10,22 +10,24 @@ runtime uses), so the report and the lock can never disagree about what "this ma
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
 from kernel_lock.errors import DeviceVisibilityError
-from kernel_lock.fingerprint import nvml as nvml_mod
+from kernel_lock.fingerprint import nvml as fp_nvml
 from kernel_lock.fingerprint import with_torch
-from kernel_probe.detect import accelerators, host, libraries, site, torchbuild
+from kernel_probe import __version__
+from kernel_probe.detect import accelerators, host, libraries
 from kernel_probe.detect import triton as triton_info
-from kernel_probe.detect.accelerators import NvmlList
-from kernel_probe.detect.importcache import ImportCache
+from kernel_probe.detect.accelerators import NvmlList, failure
 from kernel_probe.detect.importcheck import (
     DEFAULT_TIMEOUT,
+    ImportCache,
+    ImportCheckRequest,
     ImportChecks,
-    ImportRequest,
     close_calls,
     load_per_core,
     scaled_timeout,
@@ -33,88 +35,86 @@ from kernel_probe.detect.importcheck import (
 from kernel_probe.detect.libraries import KnownLibrary
 
 SCHEMA = "kernel-probe-env/1"
-
 TOP_LEVEL_KEYS = (
-    "schema",
-    "kernel_probe",
-    "seconds",
-    "import_checks",
-    "host",
-    "torch",
-    "device",
-    "accelerators",
-    "triton",
-    "libraries",
-    "site",
-    "fingerprint",
-    "errors",
+    ("schema", "kernel_probe", "seconds", "import_checks", "host", "torch", "device")
+    + ("accelerators", "triton", "libraries", "site")
+    + ("fingerprint", "errors")
 )
-
 # What device_facts sees when torch cannot be imported: no GPU runtime, so it answers for the CPU.
 _NO_TORCH = SimpleNamespace(version=SimpleNamespace(cuda=None, hip=None))
-
-
-def _error(where: str, exc: BaseException) -> dict[str, str]:
-    return {"where": where, "error": f"{type(exc).__name__}: {exc}"}
 
 
 def _torch_and_devices(
     torch: Any | None, nvml: NvmlList, errors: list[dict[str, str]]
 ) -> dict[str, Any]:
-    """torch's build, the primary device, every device, and the lock fingerprint; failures go to
-    ``errors``."""
+    """torch's build, the primary device, every device, the lock fingerprint; failures to
+    ``errors`` (a broken torch or driver is a fact to report, not the end of the report)."""
     if torch is None:
         try:
-            import torch as torch_module
+            import torch as torch_module  # the one costly import of ``env``
 
             torch = torch_module
-        except Exception as exc:  # a broken torch is a fact to report, not the end of the report
-            errors.append(_error("import torch", exc))
+        except Exception as exc:
+            errors.append({"where": "import torch", "error": failure(exc)})
     torch_like = torch if torch is not None else _NO_TORCH
-    torch_facts: dict[str, Any] | None = None
+    out: dict[str, Any] = {"torch": None, "device": None, "accelerators": [], "fingerprint": None}
     if torch is not None:
         try:
-            torch_facts = torchbuild.detect_torch_build(torch)
+            out["torch"] = accelerators.detect_torch_build(torch)
         except Exception as exc:
-            errors.append(_error("torch build", exc))
+            errors.append({"where": "torch build", "error": failure(exc)})
     try:
         primary = with_torch.device_facts(torch_like)
     except DeviceVisibilityError:  # the user's variables contradict each other: not "a CPU node"
         raise
     except Exception as exc:  # the driver or torch failed while asking for the device
-        errors.append(_error("device", exc))
+        errors.append({"where": "device", "error": failure(exc)})
         primary = with_torch.device_facts(_NO_TORCH)
+    out["device"] = dict(primary)
     try:
-        devices = accelerators.detect_accelerators(torch_like, primary, nvml=nvml)
+        out["accelerators"] = accelerators.detect_accelerators(torch_like, primary, nvml=nvml)
     except Exception as exc:
-        errors.append(_error("accelerators", exc))
-        devices = []
-    fp: dict[str, Any] | None = None
+        errors.append({"where": "accelerators", "error": failure(exc)})
     if torch is not None:
-        try:
-            # one device answer for both
-            fp = with_torch.current(torch, device=lambda _torch: primary)
+        try:  # one device answer for both
+            out["fingerprint"] = with_torch.current(torch, device=lambda _torch: primary)
         except Exception as exc:
-            errors.append(_error("fingerprint", exc))
-    return {
-        "torch": torch_facts,
-        "device": dict(primary),
-        "accelerators": devices,
-        "fingerprint": fp,
-    }
+            errors.append({"where": "fingerprint", "error": failure(exc)})
+    return out
 
 
-def _cache_notes(cache: ImportCache | None) -> list[str]:
-    return [cache.problem] if cache is not None and cache.problem else []
+def _checks_facts(
+    run: bool,
+    timeout: float,
+    scaled: bool,
+    imported: Mapping[str, Mapping[str, Any]],
+    cache: ImportCache | None,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"run": run, "timeout": float(timeout)}
+    if scaled:
+        out["load_per_core"] = round(load_per_core(), 2)
+    if run:
+        notes = [cache.problem] if cache is not None and cache.problem else []
+        out["notes"] = close_calls(imported, timeout) + notes
+    if run and cache is not None:
+        out["cache"] = {"folder": str(cache.folder), "read": cache.read, "reused": cache.used}
+        out["cache"]["on"] = not cache.problem
+    return out
 
 
-def _cache_facts(cache: ImportCache) -> dict[str, Any]:
-    return {
-        "folder": str(cache.folder),
-        "read": cache.read,
-        "reused": cache.used,
-        "on": not cache.problem,
-    }
+def _first_checks(
+    located: Mapping[str, libraries.Located],
+    device_nodes: Sequence[str],
+    extra_paths: Sequence[str],
+    run: Callable[[dict[str, ImportCheckRequest]], ImportChecks],
+) -> ImportChecks:
+    """The libraries' checks and Triton's, started; with no GPU device node, Triton's runtime is
+    asked for a target only if torch sees a device (later)."""
+    requests = libraries.import_requests(located)
+    where = libraries.module_location(triton_info.MODULE, extra_paths)
+    if (triton := triton_info.import_request(where, target=bool(device_nodes))) is not None:
+        requests["triton"] = triton
+    return run(requests)
 
 
 def detect(
@@ -132,44 +132,28 @@ def detect(
     """Everything ``kernel-probe env`` reports, as JSON-ready data.
 
     ``import_checks`` imports each installed kernel library (and Triton, to read its target) in a
-    child process with ``timeout`` seconds each (None: the default scaled to the machine's measured
-    load, ``importcheck.scaled_timeout``), all at once; ``extra_paths`` go in front of the search
-    path, in-process and on the children's PYTHONPATH; ``env`` replaces os.environ for the children
-    and the site signals. ``table`` replaces ``libraries.known_libraries()``; ``torch`` and ``nvml``
-    replace the real ones (tests). ``cache`` keeps and reuses the import checks' clean answers
-    (``detect.importcache``; None: every library is asked). ``root`` is where ``/dev`` is, for the
-    GPU device nodes that decide whether Triton's runtime is asked for a target (tests pass a
-    folder).
+    child process, all at once, ``timeout`` seconds each (None: the default scaled to the machine's
+    load); ``extra_paths`` go in front of the search path, in-process and on the children's
+    PYTHONPATH; ``env`` replaces os.environ for the children and the site signals; ``cache`` keeps
+    and reuses the checks' clean answers. ``table`` (the libraries), ``torch`` and ``nvml`` replace
+    the real ones, and ``root`` is where ``/dev`` is (tests).
     """
-    from kernel_probe import __version__
-
     start = time.perf_counter()
     errors: list[dict[str, str]] = []
     scaled = timeout is None and import_checks  # no child, no timeout to scale
     timeout = scaled_timeout() if scaled else float(DEFAULT_TIMEOUT if timeout is None else timeout)
-
-    # Only what decides which children to start, then the children, so they import their libraries
-    # while this process does the rest (and imports torch): ImportChecks returns once each has
-    # started.
-    located_libs = libraries.locate_all(table, extra_paths)
-    triton_location = libraries.module_location(triton_info.MODULE, extra_paths)
+    run = functools.partial(
+        ImportChecks, timeout=timeout, extra_paths=extra_paths, env=env, cache=cache
+    )
+    # Only what decides which children to start, then the children: they import their libraries
+    # while this process does the rest (and imports torch)
+    located = libraries.locate_all(table, extra_paths)
     device_nodes = triton_info.gpu_device_nodes(root)
-    checks = None
-    if import_checks:
-        requests = libraries.import_requests(located_libs)
-        # no GPU device node: Triton's runtime is asked for a target only if torch sees a device
-        # after all
-        triton_request = triton_info.import_request(triton_location, target=bool(device_nodes))
-        if triton_request is not None:
-            requests["triton"] = triton_request
-        checks = ImportChecks(
-            requests, timeout=timeout, extra_paths=extra_paths, env=env, cache=cache
-        )
-
+    checks = _first_checks(located, device_nodes, extra_paths, run) if import_checks else None
     try:
         located_triton = triton_info.locate(extra_paths)
         host_facts = host.detect_host()
-        here = _torch_and_devices(torch, nvml or nvml_mod.nvml_devices, errors)
+        here = _torch_and_devices(torch, nvml or fp_nvml.nvml_devices, errors)
         imported = checks.results() if checks is not None else {}
         not_asked = triton_info.target_not_asked(device_nodes, here["device"]["type"])
         if (
@@ -177,18 +161,14 @@ def detect(
             and not_asked is None
             and imported.get("triton", {}).get("status") == "ok"
         ):
-            # torch sees a device that left no device node: ask the runtime now, as on any GPU node
-            late = {"triton": ImportRequest(triton_info.MODULE, probe="triton-target")}
-            checks = ImportChecks(
-                late, timeout=timeout, extra_paths=extra_paths, env=env, cache=cache
-            )
+            # torch sees a device that left no device node: ask the runtime now, as on a GPU node
+            checks = run({"triton": ImportCheckRequest(triton_info.MODULE, probe="triton-target")})
             imported["triton"] = checks.results()["triton"]
-    # interrupted, or a bug here: do not leave children running until their timeout
-    except BaseException:
+    except BaseException:  # interrupted, or a bug here: no child is left running until its timeout
         if checks is not None:
             checks.cancel()
         raise
-    libs = {name: libraries.report(loc, imported.get(name)) for name, loc in located_libs.items()}
+    libs = {name: libraries.report(loc, imported.get(name)) for name, loc in located.items()}
     triton_facts = triton_info.report(
         located_triton,
         imported.get("triton"),
@@ -196,29 +176,16 @@ def detect(
         device_arch=here["device"]["arch"],
         not_asked=not_asked,
     )
-
     return {
         "schema": SCHEMA,
         "kernel_probe": __version__,
         "seconds": round(time.perf_counter() - start, 3),
-        "import_checks": {
-            "run": bool(import_checks),
-            "timeout": float(timeout),
-            **({"load_per_core": round(load_per_core(), 2)} if scaled else {}),
-            **(
-                {"notes": close_calls(imported, timeout) + _cache_notes(cache)}
-                if import_checks
-                else {}
-            ),
-            **({"cache": _cache_facts(cache)} if import_checks and cache is not None else {}),
-        },
+        "import_checks": _checks_facts(bool(import_checks), timeout, scaled, imported, cache),
         "host": host_facts,
-        "torch": here["torch"],
-        "device": here["device"],
-        "accelerators": here["accelerators"],
+        **{key: here[key] for key in ("torch", "device", "accelerators")},
         "triton": triton_facts,
         "libraries": libs,
-        "site": site.detect_site(env),
+        "site": host.detect_site(env),
         "fingerprint": here["fingerprint"],
         "errors": errors,
     }

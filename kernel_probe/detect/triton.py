@@ -1,24 +1,13 @@
 """Triton: which distribution provides the ``triton`` package, which backends it carries, and
-whether it is the one torch was built with.
+whether it is the one torch was built with (from metadata and files; nothing is imported).
 
-Several distributions install the same ``triton`` package: ``triton`` from PyPI,
-``pytorch-triton-rocm`` / ``triton-rocm`` from the PyTorch ROCm index, ``pytorch-triton`` (CUDA
-nightlies), ``pytorch-triton-xpu``. Which backends a distribution carries is read from its own
-RECORD (``triton/backends/nvidia``, ``triton/backends/amd``): PyPI's ``triton`` 3.x ships both, so
-it *does* target a ROCm GPU. The real risk is another one: installing a library that depends on
-plain ``triton`` puts a second Triton beside the one torch was built with (its wheel pins it:
-``pytorch-triton-rocm==3.1.0+...``); their files overwrite each other, whichever was installed last
-wins, and its version may not be the one torch's compiler expects. Which distribution owns the files
-is read from the wheel RECORDs: the owner's recorded hash of ``triton/__init__.py`` and sizes of
-``triton/_C/*`` match the disk.
-
-The active backend and target arch need Triton's runtime driver: that runs in the import-check child
-(``triton.runtime.driver.active.get_current_target()``). Without import checks the backend is
-inferred from the torch build and marked so. Asking the driver imports torch and looks for every GPU
-runtime (1.5 s of CPU on a 2-core node, only to end in "0 active drivers" where there is no GPU): on
-a node with no GPU device node at all (``GPU_DEVICE_NODES``) and torch seeing only the CPU, it is
-not asked, the report says why (``target_not_asked``), and the backend is inferred as without import
-checks. Where either shows a device, it is asked.
+Several distributions install the same ``triton`` package (PyPI's ``triton`` carries both the CUDA
+and the AMD backend from 3.x; ``pytorch-triton-rocm`` is what torch's ROCm wheel pins). A library
+depending on plain ``triton`` puts a second one beside torch's: their files overwrite each other,
+the last installed wins, and which one owns them is told by the wheel RECORDs. The active backend
+and arch need Triton's runtime, asked in the import-check child only where a GPU may be (a GPU
+device node, or torch sees a device): elsewhere it costs 1.5 s of CPU to end in "0 active drivers",
+so the backend is inferred from torch's build, and the report says why (``target_not_asked``).
 """
 
 from __future__ import annotations
@@ -33,13 +22,11 @@ from importlib import metadata
 from typing import Any
 
 from kernel_lock.fingerprint.host import normalize_gcn_arch
-from kernel_probe.detect.importcheck import ImportRequest
-from kernel_probe.detect.libraries import find_distribution, module_location, search_path
+from kernel_probe.detect.libraries import NOT_RUN, installed, module_location, search_path
+from kernel_probe.isolation.protocol import ImportCheckRequest
 
 MODULE = "triton"
-
-# distribution -> the backend its builds target when its RECORD lists no triton/backends/ (Triton
-# 2.x)
+# distribution -> the backend its builds target when its RECORD lists no triton/backends/ (2.x)
 TRITON_DISTRIBUTIONS: dict[str, str] = {
     "triton": "cuda",
     "pytorch-triton": "cuda",
@@ -48,31 +35,23 @@ TRITON_DISTRIBUTIONS: dict[str, str] = {
     "pytorch-triton-xpu": "xpu",
     "triton-xpu": "xpu",
 }
-
-# torch's build -> the Triton backend that build needs
 BACKEND_FOR_TORCH_BUILD = {"cuda": "cuda", "rocm": "hip", "xpu": "xpu"}
-
-# triton/backends/<directory> -> the backend name Triton's runtime reports
-BACKEND_DIRECTORIES = {"nvidia": "cuda", "amd": "hip", "intel": "xpu"}
-
-
-# the device nodes a GPU driver creates (NVIDIA, AMD's KFD, a DRM render node: Intel and AMD GPUs):
-# without any of them no Triton backend can find a device
+BACKEND_DIRECTORIES = {"nvidia": "cuda", "amd": "hip", "intel": "xpu"}  # triton/backends/<dir>
+# the device nodes of a GPU driver (NVIDIA, AMD's KFD, a DRM render node): without any of them no
+# Triton backend can find a device
 GPU_DEVICE_NODES = ("dev/nvidia*", "dev/kfd", "dev/dri/renderD*")
 NO_GPU = "no GPU device on this node"
 
 
 def gpu_device_nodes(root: str | os.PathLike[str] = "/") -> list[str]:
-    """The GPU device nodes under ``root`` (``GPU_DEVICE_NODES``; tests pass a folder of fakes)."""
-    return sorted(
-        p for pattern in GPU_DEVICE_NODES for p in glob.glob(os.path.join(os.fspath(root), pattern))
-    )
+    """The GPU device nodes under ``root`` (tests pass a folder of fakes)."""
+    base = os.fspath(root)
+    return sorted(p for pattern in GPU_DEVICE_NODES for p in glob.glob(os.path.join(base, pattern)))
 
 
 def target_not_asked(device_nodes: Sequence[str], device_type: str) -> str | None:
     """Why Triton's runtime is not asked for a target (None: ask it): no GPU device node and torch
-    sees only the CPU (``device_type``: the primary device's type, as the lock fingerprint sees
-    it)."""
+    (``device_type``: the primary device's type) sees only the CPU."""
     if device_nodes or device_type != "cpu":
         return None
     patterns = ", ".join("/" + p for p in GPU_DEVICE_NODES)
@@ -80,17 +59,11 @@ def target_not_asked(device_nodes: Sequence[str], device_type: str) -> str | Non
 
 
 def backends_of(dist: metadata.Distribution, name: str) -> list[str]:
-    """The backends a Triton distribution carries, from its RECORD
-    (``triton/backends/<dir>/...``)."""
+    """The backends a Triton distribution carries, from its RECORD (``triton/backends/<dir>/``)."""
     found = set()
     for entry in dist.files or ():
         parts = str(entry).replace("\\", "/").split("/")
-        if (
-            len(parts) > 3
-            and parts[0] == MODULE
-            and parts[1] == "backends"
-            and parts[2] in BACKEND_DIRECTORIES
-        ):
+        if len(parts) > 3 and parts[:2] == [MODULE, "backends"] and parts[2] in BACKEND_DIRECTORIES:
             found.add(BACKEND_DIRECTORIES[parts[2]])
     return sorted(found) or [TRITON_DISTRIBUTIONS[name]]
 
@@ -98,9 +71,9 @@ def backends_of(dist: metadata.Distribution, name: str) -> list[str]:
 def torch_pin(path: Sequence[str] = ()) -> tuple[str, str] | None:
     """(distribution, version) of the Triton torch's wheel pins (``Requires-Dist:
     pytorch-triton-rocm==3.1.0+...``)."""
-    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.requirements import InvalidRequirement, Requirement  # only ``env`` needs it
 
-    dist = find_distribution("torch", search_path(path))
+    dist = installed(("torch",), search_path(path)).get("torch")
     for text in (dist.requires or []) if dist is not None else []:
         try:
             req = Requirement(text)
@@ -115,15 +88,13 @@ def torch_pin(path: Sequence[str] = ()) -> tuple[str, str] | None:
 
 @dataclass(frozen=True)
 class LocatedTriton:
-    """Where Triton is installed, the distributions that own it and torch's pin, found without
-    importing it."""
+    """Where Triton is installed, the distributions that own it and torch's pin (no import)."""
 
     location: str | None  # the triton package directory `import triton` would load
     distributions: dict[str, str] = field(default_factory=dict)  # installed: name -> version
     owners: tuple[str, ...] = ()  # distributions whose RECORD matches the files on disk
     owner_evidence: str = ""
-    # installed: name -> backends it carries
-    backends: dict[str, list[str]] = field(default_factory=dict)
+    backends: dict[str, list[str]] = field(default_factory=dict)  # installed: name -> backends
     torch_pin: tuple[str, str] | None = None  # what torch's wheel requires: (distribution, version)
 
     @property
@@ -141,25 +112,19 @@ def _record_hash(path: str) -> str:
 
 
 def _matches_disk(dist: metadata.Distribution, package_dir: str) -> bool | None:
-    """Do this distribution's recorded files match what is on disk? None when it records nothing
-    usable."""
-    root = os.path.dirname(package_dir)
+    """Whether the recorded ``__init__.py`` hash and ``_C/*`` sizes match the disk (None: none)."""
     checked = 0
     for entry in dist.files or ():
         rel = str(entry).replace("\\", "/")
-        probe_hash = (
-            rel == f"{MODULE}/__init__.py"
-            and entry.hash is not None
-            and entry.hash.mode == "sha256"
-        )
-        probe_size = rel.startswith(f"{MODULE}/_C/") and entry.size is not None
-        if not (probe_hash or probe_size):
+        hashed = rel == f"{MODULE}/__init__.py" and getattr(entry.hash, "mode", "") == "sha256"
+        sized = rel.startswith(f"{MODULE}/_C/") and entry.size is not None
+        if not (hashed or sized):
             continue
-        path = os.path.join(root, *rel.split("/"))
+        path = os.path.join(os.path.dirname(package_dir), *rel.split("/"))
         try:
-            if probe_size and entry.size is not None and os.path.getsize(path) != int(entry.size):
+            if sized and entry.size is not None and os.path.getsize(path) != int(entry.size):
                 return False
-            if probe_hash and entry.hash is not None and _record_hash(path) != entry.hash.value:
+            if hashed and entry.hash is not None and _record_hash(path) != entry.hash.value:
                 return False
         except OSError:
             return False
@@ -168,47 +133,63 @@ def _matches_disk(dist: metadata.Distribution, package_dir: str) -> bool | None:
 
 
 def locate(extra_paths: Sequence[str] = ()) -> LocatedTriton:
-    """Where Triton is installed, its distributions' versions and backends, without importing it."""
-    path = search_path(extra_paths)
+    """Where Triton is installed, its distributions' versions and backends (no import)."""
     location = module_location(MODULE, extra_paths)
-    found: dict[str, metadata.Distribution] = {}
-    for name in TRITON_DISTRIBUTIONS:
-        dist = find_distribution(name, path)
-        if dist is not None:
-            found[name] = dist
+    found = installed(tuple(TRITON_DISTRIBUTIONS), search_path(extra_paths))
     versions = {name: str(dist.version) for name, dist in found.items()}
     backends = {name: backends_of(dist, name) for name, dist in found.items()}
     pin = torch_pin(extra_paths)
     if location is None or not os.path.isdir(location) or not found:
         return LocatedTriton(location, versions, backends=backends, torch_pin=pin)
-    verdicts = {name: _matches_disk(dist, location) for name, dist in found.items()}
-    owners = tuple(name for name, ok in verdicts.items() if ok)
+    owners = tuple(name for name, dist in found.items() if _matches_disk(dist, location))
+    evidence = "no installed distribution's RECORD matches the files on disk"
     if owners:
         evidence = "RECORD hash/size matches the files on disk"
     elif len(found) == 1:
-        owners, evidence = (
-            tuple(found),
-            "the only triton distribution installed (its RECORD could not confirm it)",
-        )
-    else:
-        evidence = "no installed distribution's RECORD matches the files on disk"
+        owners = tuple(found)
+        evidence = "the only triton distribution installed (its RECORD could not confirm it)"
     return LocatedTriton(location, versions, owners, evidence, backends, pin)
 
 
-def import_request(location: str | None, *, target: bool = True) -> ImportRequest | None:
+def import_request(location: str | None, *, target: bool = True) -> ImportCheckRequest | None:
     """The import check of Triton at ``location`` (None: not installed, no check); ``target``: the
     child also asks Triton's runtime for its target."""
     if location is None:
         return None
-    return ImportRequest(MODULE, probe="triton-target" if target else "")
+    return ImportCheckRequest(module=MODULE, probe="triton-target" if target else "")
 
 
-def _normalize_arch(backend: str, arch: str) -> str:
-    if backend == "cuda" and arch.isdigit():
-        return f"sm_{arch}"
-    if backend == "hip":
-        return normalize_gcn_arch(arch)
-    return arch
+def _pin_problem(located: LocatedTriton, provider: str | None) -> tuple[bool | None, str | None]:
+    if located.torch_pin is None or provider is None:
+        return None, None
+    dist, version = located.torch_pin
+    have = located.distributions.get(provider, "")
+    if provider == dist and have == version:
+        return True, None
+    return False, (
+        f"torch was built with {dist}=={version}, but the 'triton' package in use comes from "
+        f"{provider} {have}: Triton kernels (liger, torch.compile) may fail to compile or behave "
+        f"differently; reinstall {dist}=={version} last"
+    )
+
+
+def _target(
+    located: LocatedTriton, imported: Mapping[str, Any] | None, wanted: str | None, arch: str
+) -> dict[str, Any]:
+    """The active backend, arch and warp size: Triton's runtime's, else inferred from torch."""
+    out: dict[str, Any] = dict(backend=None, arch=None, warp_size=None, target_source=None)
+    target = (imported or {}).get("target")
+    if target:
+        backend = str(target.get("backend") or "")
+        raw = str(target.get("arch") or "")
+        raw = f"sm_{raw}" if backend == "cuda" and raw.isdigit() else raw
+        raw = normalize_gcn_arch(raw) if backend == "hip" else raw
+        out.update(backend=backend or None, arch=raw or None, warp_size=target.get("warp_size"))
+        out["target_source"] = "runtime"
+    elif located.installed and wanted is not None:
+        out.update(backend=wanted, arch=arch or None, target_source="torch build")
+    out["target_error"] = imported.get("target_error") if imported and not target else None
+    return out
 
 
 def report(
@@ -223,8 +204,7 @@ def report(
     check did not ask the runtime for a target (``target_not_asked``)."""
     provider = located.owners[0] if len(located.owners) == 1 else None
     built_for = {
-        name: located.backends.get(name) or [TRITON_DISTRIBUTIONS[name]]
-        for name in located.distributions
+        n: located.backends.get(n) or [TRITON_DISTRIBUTIONS[n]] for n in located.distributions
     }
     conflict = None
     if len(located.distributions) > 1:
@@ -238,45 +218,14 @@ def report(
         )
     wanted = BACKEND_FOR_TORCH_BUILD.get(torch_build)
     provider_backends = built_for.get(provider) if provider else None
-    matches_torch = (
-        None if (wanted is None or provider_backends is None) else wanted in provider_backends
-    )
+    matches = None if wanted is None or provider_backends is None else wanted in provider_backends
+    matches_pin, pin_problem = _pin_problem(located, provider)
     pin = located.torch_pin
-    version_matches = None
-    pin_problem = None
-    if pin is not None and provider is not None:
-        pinned_dist, pinned_version = pin
-        have = located.distributions.get(provider, "")
-        version_matches = provider == pinned_dist and have == pinned_version
-        if not version_matches:
-            pin_problem = (
-                f"torch was built with {pinned_dist}=={pinned_version}, but the 'triton' package "
-                f"in use comes from {provider} {have}: Triton kernels (liger, torch.compile) may "
-                "fail to compile or behave differently; reinstall "
-                f"{pinned_dist}=={pinned_version} last"
-            )
-
-    backend = arch = warp_size = None
-    source = None
-    target_error = None
-    if imported is not None and imported.get("target"):
-        target = imported["target"]
-        backend = str(target.get("backend") or "") or None
-        arch = _normalize_arch(backend or "", str(target.get("arch") or "")) or None
-        warp_size = target.get("warp_size")
-        source = "runtime"
-    else:
-        if imported is not None:
-            target_error = imported.get("target_error")
-        if located.installed and wanted is not None:
-            backend, arch, source = wanted, device_arch or None, "torch build"
-    status: dict[str, Any]
+    given = NOT_RUN if imported is None else imported
+    status = {k: v for k, v in given.items() if k not in ("target", "target_error")}
     if not located.installed:
         status = {"status": "not-installed", "reason": "module not found", "seconds": None}
-    elif imported is None:
-        status = {"status": "skipped", "reason": "import checks were not run", "seconds": None}
-    else:
-        status = {k: v for k, v in imported.items() if k not in ("target", "target_error")}
+    no_target = imported is not None and not imported.get("target")
     return {
         "installed": located.installed,
         "location": located.location,
@@ -288,17 +237,11 @@ def report(
             n: {"version": v, "built_for": built_for[n]} for n, v in located.distributions.items()
         },
         "conflict": conflict,
-        "matches_torch_build": matches_torch,
+        "matches_torch_build": matches,
         "torch_requires": f"{pin[0]}=={pin[1]}" if pin else None,
-        "matches_torch_pin": version_matches,
+        "matches_torch_pin": matches_pin,
         "torch_pin_problem": pin_problem,
-        "backend": backend,
-        "arch": arch,
-        "warp_size": warp_size,
-        "target_source": source,
-        "target_error": target_error,
-        "target_not_asked": not_asked
-        if imported is not None and not imported.get("target")
-        else None,
+        **_target(located, imported, wanted, device_arch),
+        "target_not_asked": not_asked if no_target else None,
         "import": status,
     }

@@ -527,7 +527,7 @@ class ImportCheckReply(Message):
 
 @dataclass(frozen=True, kw_only=True)
 class ImportCheckCached(Message):
-    """An import check's answer kept on disk (``detect.importcache``): the reply, the child's
+    """An import check's answer kept on disk (``detect.importcheck``): the reply, the child's
     seconds, when it was asked (``asked``, seconds since the epoch) and under which key."""
 
     format: str

@@ -31,9 +31,9 @@ class Linear(Slot):
         """A CPU whose regime's matmuls are emulated: the probe will be slow."""
         if device != "cpu" or dtype == "float32":
             return []
-        from kernel_probe.detect import cpumath  # reads the CPU's flags: only for this warning
+        from kernel_probe.detect import host  # reads the CPU's flags: only for this warning
 
-        warning = cpumath.emulated_warning(dtype)
+        warning = host.emulated_warning(dtype)
         return [warning] if warning else []
 
     def notes(self, device: str, dtype: str, timings: Mapping[str, Sequence[Any]]) -> list[str]:
@@ -52,12 +52,10 @@ class Linear(Slot):
         """On a CPU: whether each dtype's matmul is native or emulated here."""
         if report.device != "cpu":
             return lambda dtype: {}
-        from kernel_probe.detect import (
-            cpumath,
-        )  # reads the CPU's flags: only when a lock is written
+        from kernel_probe.detect import host  # the CPU's flags: only when a lock is written
 
-        matmul = cpumath.matmul()
-        return lambda dtype: {"matmul": cpumath.describe(matmul[dtype])} if dtype in matmul else {}
+        matmul = host.matmul()
+        return lambda dtype: {"matmul": host.describe(matmul[dtype])} if dtype in matmul else {}
 
 
 LINEAR = Linear(linear.LINEAR)

@@ -1,5 +1,6 @@
-"""kernel_probe.detect.importcache: an import check's clean answer is kept per installation and
-node, reused (and said to be) while nothing it depends on changed, and asked again otherwise.
+"""kernel_probe.detect.importcheck (the cache): an import check's clean answer is kept per
+installation and node, reused (and said to be) while nothing it depends on changed, and asked again
+otherwise.
 
 Each test that asks starts a child (a second or less); a reused answer starts none."""
 
@@ -11,8 +12,8 @@ import time
 
 import pytest
 
-from kernel_probe.detect import importcache, importcheck
-from kernel_probe.detect.importcache import ImportCache
+from kernel_probe.detect import importcheck
+from kernel_probe.detect.importcheck import ImportCache
 from kernel_probe.isolation import child as child_mod
 
 
@@ -85,9 +86,9 @@ def test_a_newly_installed_package_on_the_path_is_asked_again(lib, tmp_path, chi
 
 
 def test_a_variable_that_steers_devices_changes_the_key(lib, tmp_path, children):
-    request = importcheck.ImportRequest(module="fake_clean")
-    key = importcache.cache_key(request, child_source="x", extra_paths=[str(lib)], env={})
-    assert key == importcache.cache_key(
+    request = importcheck.ImportCheckRequest(module="fake_clean")
+    key = importcheck.cache_key(request, child_source="x", extra_paths=[str(lib)], env={})
+    assert key == importcheck.cache_key(
         request, child_source="x", extra_paths=[str(lib)], env={"HOME": "/x"}
     )
     for var in (
@@ -96,11 +97,11 @@ def test_a_variable_that_steers_devices_changes_the_key(lib, tmp_path, children)
         "LD_LIBRARY_PATH",
         "TRITON_INTERPRET",
     ):
-        other = importcache.cache_key(
+        other = importcheck.cache_key(
             request, child_source="x", extra_paths=[str(lib)], env={var: "1"}
         )
         assert other != key, var
-    assert importcache.cache_key(request, child_source="y", extra_paths=[str(lib)], env={}) != key
+    assert importcheck.cache_key(request, child_source="y", extra_paths=[str(lib)], env={}) != key
 
 
 def test_fresh_asks_again_and_keeps_the_new_answer(lib, tmp_path, children):
@@ -140,7 +141,7 @@ def _kept(tmp_path):
         lambda e: "not json",
         lambda e: json.dumps({**e, "reply": {"ok": "yes", "surprise": 1}}),
         lambda e: json.dumps({**e, "asked": "yesterday"}),
-        lambda e: json.dumps({**e, "asked": e["asked"] - importcache.MAX_AGE - 60}),
+        lambda e: json.dumps({**e, "asked": e["asked"] - importcheck.MAX_AGE - 60}),
         lambda e: json.dumps({**e, "asked": e["asked"] + 3600}),
         lambda e: json.dumps({**e, "key": "0" * 64}),
         lambda e: json.dumps({**e, "format": "kernel-probe-import-cache/0"}),
@@ -187,9 +188,9 @@ def test_an_unusable_folder_turns_the_cache_off_with_a_note(lib, tmp_path, child
 
 
 def test_the_folder_follows_the_variables(tmp_path):
-    assert importcache.cache_folder({"KERNEL_PROBE_CACHE_DIR": "/a"}).as_posix() == "/a"
-    assert importcache.cache_folder({"XDG_CACHE_HOME": "/b"}).as_posix() == "/b/kernel-probe"
-    assert importcache.cache_folder({}).as_posix().endswith("/.cache/kernel-probe")
+    assert importcheck.cache_folder({"KERNEL_PROBE_CACHE_DIR": "/a"}).as_posix() == "/a"
+    assert importcheck.cache_folder({"XDG_CACHE_HOME": "/b"}).as_posix() == "/b/kernel-probe"
+    assert importcheck.cache_folder({}).as_posix().endswith("/.cache/kernel-probe")
 
 
 def test_env_reports_the_cache_and_reuses_it(lib, tmp_path, children, monkeypatch):

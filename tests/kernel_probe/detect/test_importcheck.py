@@ -11,7 +11,7 @@ import os
 import pytest
 
 from kernel_probe.detect import importcheck
-from kernel_probe.detect.importcache import ImportCache
+from kernel_probe.detect.importcheck import ImportCache
 
 
 @pytest.mark.parametrize(
@@ -248,7 +248,7 @@ def test_statuses_are_the_documented_ones():
 
 @pytest.mark.slow
 def test_import_checks_run_concurrently(fakes):
-    requests = {f"hang{i}": importcheck.ImportRequest("fake_hang") for i in range(3)}
+    requests = {f"hang{i}": importcheck.ImportCheckRequest("fake_hang") for i in range(3)}
     checks = importcheck.ImportChecks(requests, timeout=2, extra_paths=[str(fakes)])
     results = checks.results()
     assert {r["status"] for r in results.values()} == {"timeout"}
@@ -258,7 +258,7 @@ def test_import_checks_run_concurrently(fakes):
 
 def test_cancel_kills_running_checks_at_once(fakes):
     checks = importcheck.ImportChecks(
-        {"hang": importcheck.ImportRequest("fake_hang")}, timeout=120, extra_paths=[str(fakes)]
+        {"hang": importcheck.ImportCheckRequest("fake_hang")}, timeout=120, extra_paths=[str(fakes)]
     )
     checks.cancel()
     result = checks.results()["hang"]  # without cancel() this would wait 120 s
@@ -269,7 +269,7 @@ def test_cancel_kills_running_checks_at_once(fakes):
 def test_the_checks_have_started_when_the_constructor_returns(fakes):
     many = 9  # more than any pool limit once was: none queues behind a running one
     checks = importcheck.ImportChecks(
-        {f"hang{i}": importcheck.ImportRequest("fake_hang") for i in range(many)},
+        {f"hang{i}": importcheck.ImportCheckRequest("fake_hang") for i in range(many)},
         timeout=120,
         extra_paths=[str(fakes)],
     )
@@ -284,20 +284,18 @@ def test_the_checks_have_started_when_the_constructor_returns(fakes):
 def test_with_fresh_the_cache_key_is_worked_out_once_the_child_runs(
     fakes, tmp_path_factory, monkeypatch
 ):
-    from kernel_probe.detect import importcache
-
     order = []
-    real_run, real_key = importcheck.run_function, importcache.cache_key
+    real_run, real_key = importcheck.run_function, importcheck.cache_key
 
     def run(*a, started, **k):
         return real_run(*a, started=lambda proc: (order.append("started"), started(proc)), **k)
 
     monkeypatch.setattr(importcheck, "run_function", run)
     monkeypatch.setattr(
-        importcache, "cache_key", lambda *a, **k: (order.append("key"), real_key(*a, **k))[1]
+        importcheck, "cache_key", lambda *a, **k: (order.append("key"), real_key(*a, **k))[1]
     )
     folder = tmp_path_factory.mktemp("cache")  # not in the fakes' folder, whose time is in the key
-    cache = importcache.ImportCache(folder, read=False)
+    cache = importcheck.ImportCache(folder, read=False)
     importcheck.check_import("fake_raise", timeout=30, extra_paths=[str(fakes)], cache=cache)
     assert order == ["started", "key"]  # --fresh: nothing to look up, so nothing before the start
     order.clear()

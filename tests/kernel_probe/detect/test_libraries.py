@@ -43,7 +43,7 @@ def test_nvidia_apex_is_recognised_by_its_module(tmp_path):
     located = libraries.locate(APEX, [str(tmp_path)])
     assert located.variant.key == "nvidia"
     requests = libraries.import_requests({"apex": located})
-    assert requests == {"apex": importcheck.ImportRequest("apex.normalization")}
+    assert requests == {"apex": importcheck.ImportCheckRequest("apex.normalization")}
     result = importcheck.check_import(requests["apex"], timeout=30, extra_paths=[str(tmp_path)])
     entry = libraries.report(located, result)
     assert entry["identified_as"] == "NVIDIA apex (CUDA)" and entry["import"]["status"] == "ok"
@@ -254,8 +254,8 @@ def test_import_requests_skip_what_is_absent_or_a_namesake():
         "d": _located("d", variant=libraries.Variant("nvidia", "NVIDIA", has_any=("x",))),
     }
     assert libraries.import_requests(located) == {
-        "a": importcheck.ImportRequest("a.ops"),
-        "d": importcheck.ImportRequest("d.ops"),
+        "a": importcheck.ImportCheckRequest("a.ops"),
+        "d": importcheck.ImportCheckRequest("d.ops"),
     }
 
 

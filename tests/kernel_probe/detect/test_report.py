@@ -114,7 +114,7 @@ def test_detect_reports_each_failing_part_and_goes_on(monkeypatch):
     def broken(*_a, **_k):
         raise RuntimeError("part failed")
 
-    monkeypatch.setattr(env_report.torchbuild, "detect_torch_build", broken)
+    monkeypatch.setattr(env_report.accelerators, "detect_torch_build", broken)
     monkeypatch.setattr(env_report.accelerators, "detect_accelerators", broken)
     monkeypatch.setattr(env_report.with_torch, "current", broken)
     report = env_report.detect(import_checks=False, table=(), torch=fake_torch(**MI250X))

@@ -1,5 +1,5 @@
-"""kernel_probe.detect.torchbuild: what torch was built with, its DNN and collectives libraries, the
-math flags."""
+"""kernel_probe.detect.accelerators (the torch build): what torch was built with, its DNN and
+collectives libraries, the math flags."""
 
 from __future__ import annotations
 
@@ -8,17 +8,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from kernel_probe.detect import torchbuild
+from kernel_probe.detect import accelerators
 from tests.kernel_probe.detect.cases import CPU, H100, MI250X, MPS, fake_torch
 
 
 def test_torch_build_on_this_machine():
     import torch
 
-    t = torchbuild.detect_torch_build(torch)
+    t = accelerators.detect_torch_build(torch)
     assert t["version"] == torch.__version__
-    assert t["build"] == torchbuild.build_kind(torch)
-    assert set(t["math"]) == {key for key, _ in torchbuild.MATH_FLAGS}
+    assert t["build"] == accelerators.build_kind(torch)
+    assert set(t["math"]) == {key for key, _ in accelerators.MATH_FLAGS}
     assert t["math"]["float32_matmul_precision"] == torch.get_float32_matmul_precision()
     assert t["math"]["deterministic_algorithms"] == torch.are_deterministic_algorithms_enabled()
     assert t["arch_list"] == torch.cuda.get_arch_list()
@@ -31,7 +31,9 @@ def test_torch_build_follows_math_flags():
     old = torch.get_float32_matmul_precision()
     try:
         torch.set_float32_matmul_precision("medium")
-        assert torchbuild.detect_torch_build(torch)["math"]["float32_matmul_precision"] == "medium"
+        assert (
+            accelerators.detect_torch_build(torch)["math"]["float32_matmul_precision"] == "medium"
+        )
     finally:
         torch.set_float32_matmul_precision(old)
 
@@ -45,7 +47,7 @@ def test_rocm_build_names_miopen_and_rccl():
         )
     )
     torch.backends.cudnn = SimpleNamespace(is_available=lambda: True)
-    t = torchbuild.detect_torch_build(torch)
+    t = accelerators.detect_torch_build(torch)
     assert t["build"] == "rocm"
     assert t["dnn"] == {
         "library": "miopen",
@@ -62,7 +64,7 @@ def test_rocm_build_names_miopen_and_rccl():
     "machine, kind", [(H100, "cuda"), (MI250X, "rocm"), (CPU, "cpu"), (MPS, "cpu")]
 )
 def test_build_kind(machine, kind):
-    assert torchbuild.build_kind(fake_torch(**machine)) == kind
+    assert accelerators.build_kind(fake_torch(**machine)) == kind
 
 
 # ---- the DNN and collectives libraries ---------------------------------------------------------
@@ -142,13 +144,13 @@ def _raise(exc):
     ids=["loaded", "not-available", "loader-error", "odd-version", "absent"],
 )
 def test_dnn_library(torch, expected):
-    assert torchbuild.dnn_library(torch) == expected
+    assert accelerators.dnn_library(torch) == expected
 
 
 def test_dnn_library_reports_a_version_call_that_fails():
     torch = _cudnn_torch(MI250X)
     torch._C._cudnn.getRuntimeVersion = _raise(RuntimeError("MIOpen not loaded"))
-    out = torchbuild.dnn_library(torch)
+    out = accelerators.dnn_library(torch)
     assert out["library"] == "miopen" and out["error"] == "RuntimeError: MIOpen not loaded"
 
 
@@ -182,13 +184,13 @@ def _nccl_torch(machine, version):
     ids=["nccl", "rccl", "fails", "cpu-build", "mps"],
 )
 def test_collectives_library(torch, expected):
-    assert torchbuild.collectives_library(torch) == expected
+    assert accelerators.collectives_library(torch) == expected
 
 
 def test_collectives_library_imports_torch_cuda_nccl_when_not_loaded():
     torch = fake_torch(**H100)
     torch.__name__ = "no_such_torch_here"
-    out = torchbuild.collectives_library(torch)
+    out = accelerators.collectives_library(torch)
     assert out["version"] is None and out["error"].startswith("ModuleNotFoundError: ")
 
 
@@ -200,7 +202,7 @@ def test_an_unanswerable_flag_is_none_and_an_enum_reads_as_its_name():
         preferred_blas_library=lambda: SimpleNamespace(name="Cublaslt")
     )
     torch.are_deterministic_algorithms_enabled = lambda: True
-    math = torchbuild.detect_torch_build(torch)["math"]
+    math = accelerators.detect_torch_build(torch)["math"]
     assert math["float32_matmul_precision"] is None
     assert math["preferred_blas_library"] == "Cublaslt"
     assert math["deterministic_algorithms"] is True
@@ -208,12 +210,12 @@ def test_an_unanswerable_flag_is_none_and_an_enum_reads_as_its_name():
 
 
 def test_the_variables_that_change_numerics_are_recorded(monkeypatch):
-    for name in torchbuild.NUMERICS_ENV:
+    for name in accelerators.NUMERICS_ENV:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
     monkeypatch.setenv("HSA_OVERRIDE_GFX_VERSION", "9.0.10")
     monkeypatch.setenv("SOME_OTHER_VARIABLE", "x")
-    env = torchbuild.detect_torch_build(fake_torch(**MI250X))["environment"]
+    env = accelerators.detect_torch_build(fake_torch(**MI250X))["environment"]
     assert env == {"NVIDIA_TF32_OVERRIDE": "0", "HSA_OVERRIDE_GFX_VERSION": "9.0.10"}
 
 
@@ -227,4 +229,4 @@ def test_the_variables_that_change_numerics_are_recorded(monkeypatch):
     ],
 )
 def test_build_kind_from_torch_version(version, kind):
-    assert torchbuild.build_kind(SimpleNamespace(version=version)) == kind
+    assert accelerators.build_kind(SimpleNamespace(version=version)) == kind

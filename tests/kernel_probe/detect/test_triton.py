@@ -262,12 +262,12 @@ def test_report_when_triton_is_absent():
 
 
 def test_import_request_reads_the_target_only_when_installed_and_asked():
-    assert triton_info.import_request("/site/triton") == triton_info.ImportRequest(
+    assert triton_info.import_request("/site/triton") == triton_info.ImportCheckRequest(
         "triton", probe="triton-target"
     )
-    assert triton_info.import_request("/site/triton", target=False) == triton_info.ImportRequest(
-        "triton", probe=""
-    )
+    assert triton_info.import_request(
+        "/site/triton", target=False
+    ) == triton_info.ImportCheckRequest("triton", probe="")
     assert triton_info.import_request(None) is None
 
 

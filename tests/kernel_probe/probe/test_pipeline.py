@@ -268,9 +268,9 @@ def _warnings(device: str, dtype: str, slots=("LayerNorm", "RMSNorm", "Linear"))
 
 
 def test_an_emulated_regime_is_said_up_front_and_one_calls_time_after(monkeypatch):
-    from kernel_probe.detect import cpumath
+    from kernel_probe.detect import host
 
-    monkeypatch.setattr(cpumath, "cpu_flags", lambda cpuinfo=None: {"avx2"})
+    monkeypatch.setattr(host, "cpu_flags", lambda cpuinfo=None: {"avx2"})
     [warning] = _warnings("cpu", "bfloat16")
     assert warning.startswith("bfloat16 matmul is emulated on this CPU")
     assert _warnings("cpu", "float32") == []  # fp32 is never emulated
@@ -289,11 +289,9 @@ def test_an_emulated_regime_is_said_up_front_and_one_calls_time_after(monkeypatc
 
 
 def test_a_native_regime_is_not_warned_about(monkeypatch):
-    from kernel_probe.detect import cpumath
+    from kernel_probe.detect import host
 
-    monkeypatch.setattr(
-        cpumath, "cpu_flags", lambda cpuinfo=None: {"avx2", "avx512_bf16", "amx_bf16"}
-    )
+    monkeypatch.setattr(host, "cpu_flags", lambda cpuinfo=None: {"avx2", "avx512_bf16", "amx_bf16"})
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     assert _warnings("cpu", "bfloat16") == []
 

@@ -196,9 +196,9 @@ def test_build_lock_rounds_the_evidence_and_timings():
 
 
 def test_a_cpu_linear_records_whether_its_regimes_matmul_is_native(monkeypatch):
-    from kernel_probe.detect import cpumath
+    from kernel_probe.detect import host
 
-    monkeypatch.setattr(cpumath, "cpu_flags", lambda cpuinfo=None: {"avx2"})
+    monkeypatch.setattr(host, "cpu_flags", lambda cpuinfo=None: {"avx2"})
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     linear = builtin("torch.linear")
     verdicts = [

@@ -206,7 +206,7 @@ def test_a_detect_file_that_is_not_a_small_regular_file_is_never_read(kind, tmp_
 def test_a_marker_file_is_read_like_every_input(tmp_path, fifo):
     import threading
 
-    from kernel_probe.detect.site import read_marker
+    from kernel_probe.detect.host import read_marker
 
     (tmp_path / "m").write_text("juwelsbooster\nsecond line\n")
     assert read_marker(str(tmp_path / "m")) == ("juwelsbooster", "")
