@@ -1,11 +1,9 @@
 """Every message between the probe and its child processes, typed, in one place.
 
-The probe's worker (``worker.Worker``) reads one JSON line per request, ``{"op": ..., ...}``: the
-``*Request`` TypedDicts, one per op, each answered by its op's reply (``REPLIES``) after any number
-of ``{"progress": ...}`` lines. The import checks of ``kernel-probe env`` (``ImportCheck*``) and
-reading an anemoi config (``Compose*``, ``Schema*``, ``EntryCheck*``, ``ConfigCheck*``) send one
-JSON file each way. A message missing a key or carrying an unknown one is a ``ProtocolError``
-naming the message and the key, so a key renamed on one side fails on the first message.
+The worker (``worker.Worker``) reads one JSON line per request, ``{"op": ..., ...}`` (a ``*Request``
+TypedDict), and answers with its op's reply (``worker.REPLIES``) after ``{"progress": ...}`` lines.
+Import checks (``ImportCheck*``) and anemoi config children send one JSON file each way. A missing
+or unknown key is a ``ProtocolError`` naming message and key: a renamed key fails at once.
 """
 
 import os
@@ -13,7 +11,7 @@ import types
 import typing
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, Literal, TypedDict, TypeVar, cast
+from typing import Any, Literal, TypedDict, TypeVar
 
 # What an interpreted run is, said the same way wherever one appears (replies, verdicts, timing)
 INTERPRETED = (
@@ -61,12 +59,9 @@ class Message:
 
     @classmethod
     def from_json(cls: type[M], data: Any) -> M:
-        """Read a message back (nested messages too); :class:`ProtocolError` names the message and
-        the key when it is not one."""
+        """Read a message back; :class:`ProtocolError` names message and key when it is not one."""
         known = {f.name: f for f in fields(cls)}
-        required = [
-            k for k, f in known.items() if f.default is MISSING and f.default_factory is MISSING
-        ]
+        required = [k for k, f in known.items() if f.default is MISSING is f.default_factory]
         check_keys(cls.__name__, data, list(known), required)
         kwargs, hints = {}, typing.get_type_hints(cls)
         for key, value in data.items():
@@ -112,8 +107,8 @@ def _decode(kind: Any, value: Any) -> Any:
 
 # ---- the rows a check and a timing measure -------------------------------------------------------
 ImportKind = Literal["", "import", "exception"]  # an import that raised: ImportError, or else
-Phase = Literal["", "import", "baseline", "build", "blas"]  # where a check stopped before any row
-# the flags a measurement row may raise (measure writes them, judge reads them)
+# where a check stopped before any row; the flags a row may raise (measure writes, judge reads)
+Phase = Literal["", "import", "baseline", "build", "blas"]
 FLAG_INPUT_MODIFIED = "input-modified"
 FLAG_GRAD_OUTPUT_MODIFIED = "grad-output-modified"
 FLAG_OUTPUT_DTYPE = "output-dtype"
@@ -127,15 +122,13 @@ def alt_key(semantics: str) -> str:
 
 
 class ErrorStats(TypedDict):
-    """One compared output's statistics besides the max error, normwise, the worst group's:
-    ``rms``, ``bias`` (mean signed error) and ``sd`` as [candidate, torch.nn]; ``n`` elements per
-    group; ``ref_rms`` the reference's RMS over the tensor."""
+    """One compared output's statistics besides the max error: normwise, the worst group's."""
 
-    rms: list[float]
-    bias: list[float]
+    rms: list[float]  # [candidate, torch.nn], as bias and sd
+    bias: list[float]  # the mean signed error
     sd: list[float]
-    n: int
-    ref_rms: float
+    n: int  # elements per group (a row, or the whole tensor)
+    ref_rms: float  # the reference's RMS over the tensor
 
 
 class MeasurementRow(TypedDict, total=False):
@@ -177,28 +170,23 @@ def _rows(value: Any) -> list[MeasurementRow]:
 
 
 class ShapeCheck(TypedDict, total=False):
-    """The check at one timed shape (``atshape``; judged by ``judge.judge_shape``): per tensor the
-    max error and stats against float64 on the ``sampled`` rows; the first wrong row, bisected
-    from ``first_bad_sampled`` to ``last_good_row``, and what was over there; ``error``: it
-    raised."""
+    """The check at one timed shape (``atshape``; judged by ``judge.judge_shape``)."""
 
     rows: int
     sampled: int
     boundaries: list[str]
-    errors: dict[str, list[float]]
+    errors: dict[str, list[float]]  # tensor -> [candidate, torch.nn] vs float64, sampled rows
     stats: dict[str, ErrorStats]
-    first_bad_row: int
-    first_bad_statistic: str
+    first_bad_row: int  # bisected from first_bad_sampled down to last_good_row
+    first_bad_statistic: str  # what was over its tolerance there ("y bias")
     first_bad_sampled: int
     last_good_row: int
     seconds: float
-    error: str
+    error: str  # the check itself raised
 
 
 class TimingRow(TypedDict, total=False):
-    """One shape of a timing (``timing.time_candidate``): ``error`` instead of the figures when it
-    failed; ``check`` at that shape (``atshape``); ``timed``: how the repetitions were decided,
-    ``samples`` the timed calls (s), which the slot's other candidates are decided against."""
+    """One shape of a timing (``timing.time_candidate``); ``error`` instead of the figures."""
 
     implementation: str
     shape: str
@@ -213,21 +201,20 @@ class TimingRow(TypedDict, total=False):
     copy_gbps: float
     copy_percent: float
     error: str
-    check: ShapeCheck
+    check: ShapeCheck  # at that shape (atshape), unless timed without it
     blas: str  # the BLAS library a Linear ran under on a GPU
     peak_bytes: int  # Attention on a GPU: peak memory allocated by one fwd+bwd
-    timed: str
-    samples: list[float]
+    timed: str  # how the number of repetitions was decided (probe.repetitions)
+    samples: list[float]  # the timed calls (s): the slot's others are decided against them
 
 
 # ---- the worker: replies -------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class Reply(Message):
-    """What every worker reply carries: the torch functions replaced while it ran (refused), and
-    whether Triton ran in its interpreter (labelled, never timed, never locked)."""
+    """What every worker reply carries besides its op's own fields."""
 
-    tampered: tuple[str, ...] = ()
-    interpreted: bool = False
+    tampered: tuple[str, ...] = ()  # torch functions replaced while it ran: refused
+    interpreted: bool = False  # Triton ran in its interpreter: labelled, never timed or locked
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -265,18 +252,17 @@ class TryReply(Reply):
 
 @dataclass(frozen=True, kw_only=True)
 class CheckReply(Reply):
-    """``measure.check``'s raw measurements; ``phase``: where it stopped early, with ``error`` (and
-    ``kind`` for an import); ``layout``: ``Layout.to_json()``."""
+    """``measure.check``'s raw measurements, or where it stopped early (``phase``, ``error``)."""
 
     candidate: str
     device: str
     rows: list[MeasurementRow] = field(default_factory=list)
     phase: Phase = ""
     error: str = ""
-    kind: ImportKind = ""
+    kind: ImportKind = ""  # for an import that failed
     traceback: str = ""
     import_s: float | None = None
-    layout: dict[str, Any] | None = None
+    layout: dict[str, Any] | None = None  # Layout.to_json()
     init: list[str] = field(default_factory=list)
     blas: str = ""  # a Linear on a GPU: the BLAS library the rows were measured under
     blas_default: str = ""  # the library torch picks by itself in this process
@@ -295,16 +281,15 @@ class TimeReply(Reply):
 
 @dataclass(frozen=True, kw_only=True)
 class TimingProgressMessage(Message):
-    """Sent before a timing's reply: shape ``index`` of ``of``, ``phase`` (first call, warm-up, rep)
-    ``done`` of ``total``, ``seconds`` spent on this shape so far."""
+    """Sent before a timing's reply: where it is, on one shape."""
 
     shape: str
-    index: int
+    index: int  # of ``of`` shapes
     of: int
-    phase: str
-    done: int
+    phase: str  # first call, warm-up, rep
+    done: int  # of ``total`` in this phase
     total: int
-    seconds: float
+    seconds: float  # spent on this shape so far
 
 
 # ---- the worker: requests, one per op (``total=False``: the keys a request may leave out) -------
@@ -388,31 +373,6 @@ CandidateRequest = CheckRequest | TryRequest | TimeRequest
 Request = (
     PingRequest | FingerprintRequest | ImportRequest | CandidateRequest | GraphAttentionRequest
 )
-REQUESTS: dict[str, Any] = {
-    typing.get_args(r.__annotations__["op"])[0]: r for r in typing.get_args(Request)
-}
-REPLIES: dict[str, type[Reply]] = {
-    "ping": PingReply,
-    "fingerprint": FingerprintReply,
-    "import": ImportReply,
-    "check": CheckReply,
-    "try": TryReply,
-    "time": TimeReply,
-    "graph-attention": CheckReply,
-}
-
-
-def read_request(data: Any) -> Request:
-    """The worker's side: the request a JSON object is, by its ``op`` (else ProtocolError)."""
-    if not isinstance(data, Mapping):
-        raise ProtocolError(f"request: expected a JSON object, got {type(data).__name__}")
-    kind = REQUESTS.get(data.get("op"))  # type: ignore[arg-type]
-    if kind is None:
-        raise ProtocolError(
-            f"request: unknown op {data.get('op')!r} (known: {', '.join(REQUESTS)})"
-        )
-    check_keys(kind.__name__, data, list(kind.__annotations__), kind.__required_keys__)
-    return cast(Request, data)
 
 
 # ---- import checks (``kernel-probe env``) --------------------------------------------------------
@@ -426,28 +386,26 @@ class ImportCheckRequest(Message):
 
 @dataclass(frozen=True, kw_only=True)
 class ImportCheckReply(Message):
-    """What the import-check child saw: imported (``ok``: its file and version) or what it raised
-    (``type``, ``message``, ``where``); ``target``: the "triton-target" probe's answer."""
+    """What the import-check child saw: imported (``ok``), or what it raised, and where."""
 
     ok: bool
-    file: str | None = None
+    file: str | None = None  # the module's __file__ and __version__, when it imported
     version: str | None = None
     type: str = ""
     message: str = ""
     where: str = ""
     seconds: float = 0.0
-    target: dict[str, Any] | None = None
+    target: dict[str, Any] | None = None  # the "triton-target" probe: backend, arch, warp_size
     target_error: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
 class ImportCheckCached(Message):
-    """An import check's answer kept on disk (``detect.importcache``): asked when (epoch seconds),
-    under which key."""
+    """An import check's answer kept on disk (``detect.importcache``)."""
 
     format: str
     key: str
-    asked: float
+    asked: float  # seconds since the epoch
     seconds: float
     reply: dict[str, Any]
 
@@ -455,21 +413,20 @@ class ImportCheckCached(Message):
 # ---- reading an anemoi config --------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class ComposeRequest(Message):
-    """Compose ``config_name`` from ``config_dir`` with ``overrides``, as anemoi-training would;
-    ``trusted``: the packages a ``pkg://`` search path may name (others are refused, unimported)."""
+    """Compose ``config_name`` from ``config_dir`` with ``overrides``, as anemoi-training would."""
 
     config_dir: str
     config_name: str
     overrides: tuple[str, ...] = ()
-    trusted: tuple[str, ...] = ()
+    trusted: tuple[str, ...] = ()  # what a pkg:// search path may name (else refused, unimported)
 
 
 @dataclass(frozen=True, kw_only=True)
 class ComposeReply(Message):
-    """The composed tree (interpolations as written); per ``layer_kernels`` path, its block resolved
-    by OmegaConf: ``{"entries": {...}}``, ``{"value": ...}`` (no mapping) or ``{"error": ...}``."""
+    """The composed tree (interpolations as written), and each ``layer_kernels`` block resolved."""
 
     tree: Any
+    # per path, by OmegaConf: {"entries": {...}}, {"value": ...} (no mapping) or {"error": ...}
     blocks: dict[str, dict[str, Any]] = field(default_factory=dict)
     choices: dict[str, str] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)
@@ -477,24 +434,23 @@ class ComposeReply(Message):
 
 @dataclass(frozen=True, kw_only=True)
 class SchemaRequest(Message):
-    """Validate ``tree`` with anemoi-training's ``BaseSchema``; ``model_file``: ``tree`` is a model
-    node, validated inside the packaged config; ``preset``: also validate that packaged preset."""
+    """Validate ``tree`` (interpolations as written) with anemoi-training's ``BaseSchema``."""
 
     tree: Any
-    model_file: bool = False
-    preset: str = ""
+    model_file: bool = False  # tree is a model node, validated inside the packaged config
+    preset: str = ""  # also validate anemoi-training's packaged model preset of that name
 
 
 @dataclass(frozen=True, kw_only=True)
 class SchemaReply(Message):
-    """``errors`` (``{"where", "type", "message"}`` each); ``unset``: mandatory values left for the
-    command line; ``members``: per path, the union member its errors are for; ``preset``: the
-    shipped preset's own errors; ``version``: anemoi-training's."""
+    """The schema's errors at config paths, and what it leaves unset; ``version``: anemoi's."""
 
-    errors: list[dict[str, str]] = field(default_factory=list)
-    unset: list[str] = field(default_factory=list)
-    members: dict[str, str] = field(default_factory=dict)
-    preset: list[dict[str, str]] = field(default_factory=list)
+    errors: list[dict[str, str]] = field(default_factory=list)  # {"where", "type", "message"}
+    unset: list[str] = field(
+        default_factory=list
+    )  # mandatory values (???) left to the command line
+    members: dict[str, str] = field(default_factory=dict)  # path -> union member its errors are for
+    preset: list[dict[str, str]] = field(default_factory=list)  # the shipped preset's own errors
     version: str = ""
 
 
@@ -518,11 +474,10 @@ class EntryCheckReply(Message):
 
 @dataclass(frozen=True, kw_only=True)
 class ConfigCheckRequest(Message):
-    """One reading of a config checked in one child (``anemoi.config_child``): the schema (address
-    space capped at ``schema_memory`` bytes while it runs), then the ``entries``."""
+    """One reading of a config checked in one child (``anemoi.config_child``): schema, entries."""
 
     schema: SchemaRequest | None = None
-    schema_memory: int = 0
+    schema_memory: int = 0  # the address space's cap while the schema runs (bytes)
     entries: tuple[EntryCheckRequest, ...] = ()
 
 

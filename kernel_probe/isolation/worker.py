@@ -26,19 +26,26 @@ import sys
 import tempfile
 import time
 import traceback
+import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from kernel_probe.isolation.child import kill_group, signal_name, spawn
 from kernel_probe.isolation.protocol import (
-    REPLIES,
+    CheckReply,
+    FingerprintReply,
+    ImportReply,
     ImportRequest,
+    PingReply,
     PingRequest,
+    ProtocolError,
     Reply,
     Request,
+    TimeReply,
     TimingProgressMessage,
+    TryReply,
+    check_keys,
     interpreter_requested,
-    read_request,
 )
 
 DEFAULT_TIMEOUT = 300.0  # a call's budget unless the caller says otherwise
@@ -59,7 +66,21 @@ TORCH_SURFACE = (
     *(f"torch.Tensor.{m}" for m in ("__add__", "__mul__", "__sub__", "pow", "mean", "to")),
 )
 PING: PingRequest = {"op": "ping"}
+# each op's request type (its keys are checked on arrival) and the class of its reply
+REQUESTS: dict[str, Any] = {
+    typing.get_args(r.__annotations__["op"])[0]: r for r in typing.get_args(Request)
+}
+REPLIES: dict[str, type[Reply]] = {
+    "ping": PingReply,
+    "fingerprint": FingerprintReply,
+    "import": ImportReply,
+    "check": CheckReply,
+    "try": TryReply,
+    "time": TimeReply,
+    "graph-attention": CheckReply,
+}
 Progress = Callable[[TimingProgressMessage], None]
+Spawned = tuple[subprocess.Popen[bytes], Any]  # a worker process and its stderr file
 
 
 class WorkerDied(Exception):
@@ -71,7 +92,7 @@ class WorkerDied(Exception):
         self.reason = reason
 
 
-def _spawn(env: Mapping[str, str]) -> tuple[subprocess.Popen[bytes], Any]:
+def _spawn(env: Mapping[str, str]) -> Spawned:
     """A worker process (the working directory stays on its path, for a local ``--candidate``),
     already asked to start up (its ping not yet read)."""
     stderr = tempfile.TemporaryFile(mode="w+b")  # noqa: SIM115 (open for the worker's life)
@@ -106,7 +127,7 @@ class Worker:
     def __init__(
         self,
         env: Mapping[str, str] | None = None,
-        spare: Callable[[], tuple[subprocess.Popen[bytes], Any] | None] | None = None,
+        spare: Callable[[], Spawned | None] | None = None,
     ):
         self._env = dict(os.environ if env is None else env)
         self._spare = spare
@@ -174,7 +195,7 @@ class Worker:
         timeout: float = DEFAULT_TIMEOUT,
         on_progress: Progress | None = None,
     ) -> Any:
-        """Send one request; its op's reply (``protocol.REPLIES``) comes back, ``on_progress``
+        """Send one request; its op's reply (``REPLIES``) comes back, ``on_progress``
         given each progress message before it; ``timeout`` covers the whole call. On crash or
         timeout raise WorkerDied (the next call gets a fresh worker)."""
         if self._proc is None or (
@@ -295,7 +316,7 @@ class WorkerPool:
         self._env = dict(os.environ if env is None else env)
         self.shared = Worker(self._env)
         self._libraries: dict[str, Worker] = {}
-        self._next: tuple[subprocess.Popen[bytes], Any] | None = None
+        self._next: Spawned | None = None
         self._spares = True  # keep one spare process starting (off once every library is known)
 
     @property
@@ -303,7 +324,7 @@ class WorkerPool:
         """Fresh workers started so far (a library whose candidates need no process starts none)."""
         return sum(w.started for w in self._libraries.values())
 
-    def _take(self) -> tuple[subprocess.Popen[bytes], Any]:
+    def _take(self) -> Spawned:
         taken = self._next or _spawn(self._env)
         self._next = _spawn(self._env) if self._spares else None  # the next library's
         return taken
@@ -397,6 +418,19 @@ def record_baseline() -> None:
     """Remember torch's functions as they are now (at the start-up ping, before any candidate)."""
     if not _BASELINE_SURFACE:
         _BASELINE_SURFACE.update(_snapshot())
+
+
+def read_request(data: Any) -> Request:
+    """The request a JSON object is, by its ``op`` (else ProtocolError)."""
+    if not isinstance(data, Mapping):
+        raise ProtocolError(f"request: expected a JSON object, got {type(data).__name__}")
+    kind = REQUESTS.get(data.get("op"))  # type: ignore[arg-type]
+    if kind is None:
+        raise ProtocolError(
+            f"request: unknown op {data.get('op')!r} (known: {', '.join(REQUESTS)})"
+        )
+    check_keys(kind.__name__, data, list(kind.__annotations__), kind.__required_keys__)
+    return typing.cast(Request, data)
 
 
 def serve(dispatch: Callable[[Request, Progress], Reply]) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from kernel_probe.candidates import Candidate, default_for
 from kernel_probe.isolation import protocol as p
+from kernel_probe.isolation import worker
 
 CAND = default_for("LayerNorm")
 
@@ -21,7 +22,7 @@ ROW: p.MeasurementRow = {
     "nondeterministic": None,
 }
 
-REQUESTS: list[p.Request] = [
+SAMPLES: list[p.Request] = [
     {"op": "ping"},
     {"op": "import", "target": "torch.nn.LayerNorm"},
     {
@@ -114,13 +115,13 @@ def test_every_message_round_trips_through_json(message):
 
 
 def _name(request):
-    return p.REQUESTS[request["op"]].__name__
+    return worker.REQUESTS[request["op"]].__name__
 
 
-@pytest.mark.parametrize("request_", REQUESTS, ids=_name)
+@pytest.mark.parametrize("request_", SAMPLES, ids=_name)
 def test_every_request_round_trips_through_json(request_):
     wire = json.loads(json.dumps(request_))
-    assert p.read_request(wire) == wire and wire["op"] in p.REPLIES
+    assert worker.read_request(wire) == wire and wire["op"] in worker.REPLIES
     for key in ("candidate", "baseline"):  # the candidate as the worker rebuilds it
         assert key not in wire or Candidate.from_json(wire[key]) == CAND
 
@@ -134,10 +135,10 @@ def test_an_unknown_key_is_a_clear_error(message):
         type(message).from_json(wire)
 
 
-@pytest.mark.parametrize("request_", REQUESTS, ids=_name)
+@pytest.mark.parametrize("request_", SAMPLES, ids=_name)
 def test_an_unknown_request_key_is_a_clear_error(request_):
     with pytest.raises(p.ProtocolError, match=rf"{_name(request_)}: unknown key\(s\) 'colour'"):
-        p.read_request({**request_, "colour": "blue"})
+        worker.read_request({**request_, "colour": "blue"})
 
 
 @pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
@@ -153,21 +154,21 @@ def test_a_missing_key_is_a_clear_error(message):
         type(message).from_json(wire)
 
 
-@pytest.mark.parametrize("request_", [r for r in REQUESTS if r["op"] != "ping"], ids=_name)
+@pytest.mark.parametrize("request_", [r for r in SAMPLES if r["op"] != "ping"], ids=_name)
 def test_a_missing_request_key_is_a_clear_error(request_):
-    required = [k for k in p.REQUESTS[request_["op"]].__required_keys__ if k != "op"]
+    required = [k for k in worker.REQUESTS[request_["op"]].__required_keys__ if k != "op"]
     wire = {k: v for k, v in request_.items() if k != sorted(required)[0]}
     with pytest.raises(
         p.ProtocolError, match=rf"{_name(request_)}: missing key\(s\) '{sorted(required)[0]}'"
     ):
-        p.read_request(wire)
+        worker.read_request(wire)
 
 
 def test_what_is_not_a_message_is_a_clear_error():
     with pytest.raises(p.ProtocolError, match="PingReply: expected a JSON object, got list"):
         p.PingReply.from_json([1])
     with pytest.raises(p.ProtocolError, match="unknown op 'fly'"):
-        p.read_request({"op": "fly"})
+        worker.read_request({"op": "fly"})
     bad_row = {**p.CheckReply(candidate="c", device="cpu", rows=[ROW]).to_json()}
     bad_row["rows"] = [{**ROW, "flgs": {}}]
     with pytest.raises(
@@ -189,7 +190,7 @@ def test_the_worker_answers_a_typed_request():
         ping = w.call({"op": "ping"}, 120)
         imported = w.call({"op": "import", "target": "torch.nn.LayerNorm"}, 60)
         missing = w.call({"op": "import", "target": "no_such_module_here.X"}, 60)
-        tried = w.call(REQUESTS[4] | {"device": "cpu"}, 60)
+        tried = w.call(SAMPLES[4] | {"device": "cpu"}, 60)
     assert isinstance(ping, p.PingReply) and ping.pid > 0
     assert isinstance(imported, p.ImportReply) and imported.ok and not imported.tampered
     assert not missing.ok and missing.kind == "import" and "no_such_module_here" in missing.error
