@@ -7,16 +7,13 @@
     else:
         report(result.status, result.reason)  # "crashed" / "timeout" / "error", with the evidence
 
-Every child (the probe's worker, an import check of ``kernel-probe env``, Hydra composing an anemoi
-config, the import of a config's entries) runs ``BOOT``, started by the one launcher,
-``kernel_lock.trust.launch`` (``python -I``, ``sys.path`` set before any import, never the working
-directory; the worker has it *last*, for a local ``--candidate mymod.X``, so nothing installed can
-be shadowed). ``BOOT`` dies with its parent (``PR_SET_PDEATHSIG`` on Linux, and a check of the
-parent's pid), may leave a reaper in its process group that kills the group when the child dies,
-caps its address space if asked, then either calls ``function(payload)`` once (``run_function``:
-payload, result, stdout and stderr are files, so a forked process holding the child's descriptors
-cannot block the caller, and what it prints cannot corrupt the answer) or serves (``spawn``, the
-worker). The child leads its own process group; the caller kills the whole group when it ends.
+Every child runs ``BOOT``, started by the one launcher, ``kernel_lock.trust.launch`` (``python -I``,
+``sys.path`` set before any import, never the working directory, except *last* for the worker, so
+``--candidate mymod.X`` may name a local module). ``BOOT`` dies with its parent, may leave a reaper
+that kills its process group when it dies, caps its address space if asked, then calls
+``function(payload)`` once (``run_function``: payload, answer and output are files, so a forked
+process holding the child's descriptors cannot block the caller) or serves (``spawn``, the worker).
+The caller kills the child's whole process group when it ends.
 """
 
 from __future__ import annotations

@@ -1,17 +1,13 @@
 """Process isolation for foreign code: the worker that candidates are imported and run in.
 
-A candidate that segfaults, aborts, hangs, forks, raises a CUDA error or runs out of memory costs
-only its worker: the caller gets ``WorkerDied`` (``crashed`` / ``timeout``, with the evidence) and
-the next call a fresh worker. ``WorkerPool`` gives torch's own candidates one shared worker, started
-before any library is imported (so the torch.nn baseline and the float64 reference cannot have been
-patched), and every other library a fresh worker of its own. Each worker snapshots the torch
-functions the reference and baseline use (``TORCH_SURFACE``) and reports any a candidate replaced.
-
-A worker is started by ``child.spawn``: its own process group, killed whole when it is closed; it
-dies with its parent, and a reaper in its group kills the group when it dies. Replies are read with
-``select`` against a deadline, never by a thread blocked on a pipe a forked grandchild may hold.
-The protocol channel is a duplicate of the worker's stdout; fd 1 is pointed at stderr, so a library
-that prints cannot corrupt it. Transport only: ``kernel_probe.probe.handlers`` answers requests.
+A candidate that segfaults, aborts, hangs, forks or runs out of memory costs only its worker: the
+caller gets ``WorkerDied`` (``crashed`` / ``timeout``, with stderr's tail), the next call a fresh
+worker. ``WorkerPool``: torch's own candidates share one worker, started before any library is
+imported; every other library gets its own. Each worker reports the torch functions the reference
+and baseline use (``TORCH_SURFACE``) that a candidate replaced. A worker is a ``child.spawn``
+process group (killed whole on close; it dies with its parent, a reaper kills the group when it
+dies); replies are read with ``select`` against a deadline, never blocked on a pipe a grandchild
+holds; its stdout is pointed at stderr, so a library that prints cannot corrupt the protocol.
 """
 
 from __future__ import annotations

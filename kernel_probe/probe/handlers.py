@@ -1,9 +1,6 @@
-"""What a worker process does with each request: one handler per op (``OPS``).
-
-``kernel_probe.isolation.worker`` is the transport; a worker process runs :func:`serve` here. A
-candidate's check, try and timing go to its slot's own module (``correctness`` for the norms and
-Linear, ``attention``, ``gated_mlp``, ``activation``; ``graph_attention``; ``timing``), each
-imported when its first request comes: a worker serves one library, and loads no other slot's code.
+"""What a worker process does with each request: one handler per op (``OPS``), over the transport
+of ``kernel_probe.isolation.worker``. A candidate's check, try and timing go to its slot's module,
+imported at its first request: a worker serves one library, and loads no other slot's code.
 """
 
 from __future__ import annotations
