@@ -105,15 +105,16 @@ def timings(
             with pool.worker_for(r.candidate) as worker:
                 for precision in TIMED:
                     dtype, regime = PRECISIONS[precision]
-                    request = TimeRequest(
-                        candidate=r.candidate,
-                        slot=r.slot,
-                        device=device,
-                        shapes=(shape,),
-                        dtype=dtype,
-                        regime=regime,
-                        options={"reps": 10, "warmup": 3, "min_seconds": 0.0},
-                    )
+                    request: TimeRequest = {
+                        "op": "time",
+                        "candidate": r.candidate.to_json(),
+                        "slot": r.slot,
+                        "device": device,
+                        "shapes": (shape,),
+                        "dtype": dtype,
+                        "regime": regime,
+                        "options": {"reps": 10, "warmup": 3, "min_seconds": 0.0},
+                    }
                     reply = worker.call(request, TIMING_TIMEOUT)
                     assert not reply.tampered, (r.id, reply.tampered)
                     out.setdefault(r.id, {})[precision] = dict(reply.rows[0])
@@ -188,16 +189,17 @@ def attention(device: str, geometry: str, *, timeout: float = 120.0) -> dict[str
                 continue
             with pool.worker_for(r.candidate) as worker:
                 for dtype, regime in ATTENTION_ROWS:
-                    request = TimeRequest(
-                        candidate=r.candidate,
-                        slot=ATTENTION,
-                        device=device,
-                        shapes=(geometry,),
-                        dtype=dtype,
-                        regime=regime,
-                        canonical=dict(canon[ATTENTION]) if canon else {},
-                        options=ATTENTION_TIMING,
-                    )
+                    request: TimeRequest = {
+                        "op": "time",
+                        "candidate": r.candidate.to_json(),
+                        "slot": ATTENTION,
+                        "device": device,
+                        "shapes": (geometry,),
+                        "dtype": dtype,
+                        "regime": regime,
+                        "canonical": dict(canon[ATTENTION]) if canon else {},
+                        "options": ATTENTION_TIMING,
+                    }
                     reply = worker.call(request, TIMING_TIMEOUT)
                     assert not reply.tampered, (r.id, reply.tampered)
                     row = dict(reply.rows[0])
@@ -267,16 +269,17 @@ def gated_mlp(device: str, *, smoke: bool, timeout: float = 120.0) -> dict[str, 
                 if r.status != "accepted" or r.candidate is None:
                     continue
                 with pool.worker_for(r.candidate) as worker:
-                    request = TimeRequest(
-                        candidate=r.candidate,
-                        slot=GATED_MLP,
-                        device=device,
-                        shapes=(shape,),
-                        dtype=timed_dtype,
-                        regime=timed_regime,
-                        canonical=dict(canon[GATED_MLP]),
-                        options=GATED_TIMING,
-                    )
+                    request: TimeRequest = {
+                        "op": "time",
+                        "candidate": r.candidate.to_json(),
+                        "slot": GATED_MLP,
+                        "device": device,
+                        "shapes": (shape,),
+                        "dtype": timed_dtype,
+                        "regime": timed_regime,
+                        "canonical": dict(canon[GATED_MLP]),
+                        "options": GATED_TIMING,
+                    }
                     reply = worker.call(request, TIMING_TIMEOUT)
                     assert not reply.tampered, (r.id, reply.tampered)
                     entry["timing"] = dict(reply.rows[0])

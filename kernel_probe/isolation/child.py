@@ -7,22 +7,13 @@
     else:
         report(result.status, result.reason)  # "crashed" / "timeout" / "error", with the evidence
 
-Every child (the probe's worker, an import check of ``kernel-probe env``, Hydra composing an anemoi
-config, the import of a config's entries) runs ``BOOT``, started by the one launcher,
-``kernel_lock.trust.launch`` (``python -I``, ``sys.path`` set before any import: the roots of the
-``PYTHONPATH`` it is given, never the working directory; the worker has it *last*, as ``--candidate
-mymod.X`` may name a local module, so nothing installed can be shadowed from it). ``BOOT`` arranges
-to die with its parent (``PR_SET_PDEATHSIG`` on Linux, and a check of the parent's pid), optionally
-leaves a reaper in its process group that kills the group when the child dies, caps its address
-space if asked, and then either
-
-- calls ``function(payload)`` once (``run_function``): the payload, the result and the child's
-  stdout/stderr are files, so a library that forks a long-lived process holding the child's
-  descriptors cannot block the caller, and whatever it prints cannot corrupt the answer; or
-- serves (``spawn``, the worker): ``function()`` reads requests on stdin until it closes.
-
-The child leads its own process group; when it ends (or its time is up) the caller kills the whole
-group, so nothing it spawned outlives the call.
+Every child runs ``BOOT``, started by the one launcher, ``kernel_lock.trust.launch`` (``python -I``,
+``sys.path`` set before any import, never the working directory, except *last* for the worker, so
+``--candidate mymod.X`` may name a local module). ``BOOT`` dies with its parent, may leave a reaper
+that kills its process group when it dies, caps its address space if asked, then calls
+``function(payload)`` once (``run_function``: payload, answer and output are files, so a forked
+process holding the child's descriptors cannot block the caller) or serves (``spawn``, the worker).
+The caller kills the child's whole process group when it ends.
 """
 
 from __future__ import annotations
@@ -42,11 +33,10 @@ from typing import Any
 from kernel_lock.trust.files import write_file
 from kernel_lock.trust.launch import kill_group, python_argv, pythonpath_roots, start
 
-# The child program. It imports only the standard library before ``module`` (an import check must
-# not import kernel_probe: the child may have another sys.path, and the question is the library's
-# import alone). OPTIONS (JSON): mode (call | serve), module, function, source (instead of module:
-# code defining ``function``), parent, keep_cwd, reaper, memory, exit (hard | normal), payload,
-# result.
+# The child program: the standard library only before ``module`` (an import check's question is
+# the library's import alone). Its options (JSON): mode (call | serve), module, function, source
+# (code defining ``function``, instead of module), parent, keep_cwd, reaper, memory, exit (hard |
+# normal), payload, result.
 BOOT = r"""
 import sys, json, os
 options = json.loads(sys.argv[1])
@@ -113,9 +103,7 @@ TAIL = 4000  # characters of the child's stdout/stderr kept as evidence
 
 @dataclass(frozen=True)
 class ChildResult:
-    """What came back from a child: ``status`` is ok, error (the function raised), crashed or
-    timeout.
-
+    """What came back from a child: ``status`` ok, error (the function raised), crashed or timeout.
     ``timed_out`` is set even when an answer came before the kill; ``started`` is False when the
     interpreter could not be started at all."""
 
@@ -154,16 +142,15 @@ def _tail(path: Path) -> str:
     try:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - 4 * TAIL))
+            fh.seek(max(0, fh.tell() - 4 * TAIL))
             return clip(fh.read().decode("utf-8", "replace"))
     except OSError:
         return ""
 
 
 def fatal_line(stderr: str) -> str:
-    """The most telling line of a dead child's stderr (faulthandler's 'Fatal Python error', else the
-    last)."""
+    """The most telling line of a dead child's stderr (faulthandler's 'Fatal Python error' with its
+    first frame, else the last line)."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     for i, line in enumerate(lines):
         if line.startswith("Fatal Python error"):
@@ -236,19 +223,18 @@ def run_function(
     teardown: bool = False,
     started: Callable[[subprocess.Popen[bytes]], None] | None = None,
 ) -> ChildResult:
-    """``module.function(payload)`` in a child process, with a wall-clock ``timeout`` (seconds).
+    """``module.function(payload)`` in a child process, within ``timeout`` seconds; never raises for
+    the child's sake.
 
     ``payload`` (a protocol message, or JSON) and the return value are JSON. ``memory_limit``
-    (bytes) caps the child's address space, so a runaway (a YAML alias bomb) ends as a MemoryError
-    instead of exhausting the node. ``source`` is Python code defining ``function``, run instead of
-    importing ``module`` (nothing of kernel_probe is imported in the child). ``teardown``: the child
-    exits normally after answering, so a crash at interpreter exit shows in ``returncode``.
-    ``started`` receives the child's Popen as soon as it runs (so a caller can kill it). Never
-    raises for the child's sake.
+    (bytes) caps the child's address space, so a runaway (a YAML alias bomb) ends as a MemoryError.
+    ``source``: code defining ``function``, run instead of importing ``module``. ``teardown``: the
+    child exits normally after answering, so a crash at exit shows in ``returncode``. ``started``
+    receives the child's Popen as soon as it runs (so a caller can kill it).
     """
     if hasattr(payload, "to_json"):
         payload = payload.to_json()
-    start = time.perf_counter()
+    begun = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kernel-probe-child-") as tmp:
         d = Path(tmp)
         payload_path, result_path = d / "payload.json", d / "result.json"
@@ -271,35 +257,19 @@ def run_function(
                     exit="normal" if teardown else "hard",
                 )
             except OSError as exc:
-                return ChildResult(
-                    "crashed",
-                    reason=f"could not start {python or sys.executable}: {exc}",
-                    started=False,
-                )
+                reason = f"could not start {python or sys.executable}: {exc}"
+                return ChildResult("crashed", reason=reason, started=False)
             if started is not None:
                 started(proc)
             timed_out = _wait(proc, timeout)
-        seconds = time.perf_counter() - start
-        stdout, stderr = _tail(d / "stdout"), _tail(d / "stderr")
-        value = None
-        if result_path.exists():
-            try:
-                value = json.loads(result_path.read_text(encoding="utf-8"))
-            except (ValueError, RecursionError):
-                value = None
-            if not (
-                isinstance(value, dict)
-                and (set(value) == {"ok"} or isinstance(value.get("raised"), str))
-            ):
-                # not an answer BOOT writes: the child is reported as crashed, with its output
-                value = None
-    common: dict[str, Any] = dict(
-        returncode=proc.returncode,
-        seconds=seconds,
-        stdout=stdout,
-        stderr=stderr,
-        timed_out=timed_out,
-    )
+        value = _answer(result_path)
+        common: dict[str, Any] = dict(
+            returncode=proc.returncode,
+            seconds=time.perf_counter() - begun,
+            stdout=_tail(d / "stdout"),
+            stderr=_tail(d / "stderr"),
+            timed_out=timed_out,
+        )
     if timed_out and value is None:
         return ChildResult("timeout", reason=f"no answer within {timeout:g} s (killed)", **common)
     if value is None:
@@ -309,21 +279,27 @@ def run_function(
             if code is not None and code < 0
             else f"exited with status {code}"
         )
-        detail = fatal_line(stderr)
+        detail = fatal_line(common["stderr"])
         return ChildResult(
             "crashed",
             reason=f"the child process {how} without an answer" + (f": {detail}" if detail else ""),
             **common,
         )
     if "raised" in value:
+        reason = f"{value['raised']}: {value.get('message', '')}".strip()
         raised = {k: str(v) for k, v in value.items()}
-        return ChildResult(
-            "error",
-            reason=f"{value['raised']}: {value.get('message', '')}".strip(),
-            raised=raised,
-            **common,
-        )
+        return ChildResult("error", reason=reason, raised=raised, **common)
     return ChildResult("ok", value=value["ok"], **common)
+
+
+def _answer(path: Path) -> dict[str, Any] | None:
+    """The answer ``BOOT`` wrote, or None (none, torn, or not one ``BOOT`` writes: crashed)."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    ok = isinstance(value, dict) and (set(value) == {"ok"} or isinstance(value.get("raised"), str))
+    return value if ok else None
 
 
 def _wait(proc: subprocess.Popen[bytes], timeout: float) -> bool:

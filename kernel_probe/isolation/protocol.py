@@ -1,43 +1,19 @@
 """Every message between the probe and its child processes, typed, in one place.
 
-    reply = worker.call(CheckRequest(candidate=cand, slot="LayerNorm", device="cpu", dtypes=plan))
-    reply.rows[0]["cases"]                     # a CheckReply, not a dict someone may have misspelt
-
-Three conversations cross a process boundary, all as JSON (one line, or one file):
-
-- the probe's worker (``worker.Worker``): a request (``PingRequest``, ``FingerprintRequest``,
-  ``ImportRequest``, ``CheckRequest``, ``TryRequest``, ``TimeRequest``; ``op`` on the wire names
-  it), answered by its reply class (``request.REPLY``), after any number of
-  ``TimingProgressMessage``s;
-- the import checks of ``kernel-probe env`` (``detect.importcheck``): an ``ImportCheckRequest``,
-  answered by an ``ImportCheckReply``;
-- reading an anemoi config (``anemoi_config``): a ``ComposeRequest`` answered by a ``ComposeReply``
-  (Hydra's composition, ``anemoi_compose``), and ``EntryCheckRequest`` answered by
-  ``EntryCheckReply`` (``kernel_probe.anemoi.entry_checks.check_entries``).
-
-``to_json()`` gives the JSON-ready dict; ``from_json()`` reads one back and raises ``ProtocolError``
-naming the message and the key when a key is missing or unknown, so a key renamed on one side fails
-on the first message, with its name, not as a ``KeyError`` three modules away. The measurement rows
-inside a ``CheckReply`` (written by ``measure``, judged by ``judge``) are a ``TypedDict`` with their
-flag names and the alternative-semantics key declared here once.
+The worker (``worker.Worker``) reads one JSON line per request, ``{"op": ..., ...}`` (a ``*Request``
+TypedDict), and answers with its op's reply (``worker.REPLIES``) after ``{"progress": ...}`` lines.
+Import checks (``ImportCheck*``) and anemoi config children send one JSON file each way. A missing
+or unknown key is a ``ProtocolError`` naming message and key: a renamed key fails at once.
 """
 
-from __future__ import annotations
-
 import os
-from collections.abc import Callable, Mapping
+import types
+import typing
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypedDict, TypeVar
+from typing import Any, Literal, TypedDict, TypeVar
 
-from kernel_lock.format.reading import ReadError, context, unknown_keys
-
-if TYPE_CHECKING:
-    from kernel_probe.candidates import Candidate
-
-
-# What an interpreted run is, said the same way wherever one appears (replies, verdicts, reports,
-# timing, choice); declared here, beside the reply that carries the flag, so the probe's plan can
-# ask without importing the worker
+# What an interpreted run is, said the same way wherever one appears (replies, verdicts, timing)
 INTERPRETED = (
     "interpreted: its Triton kernels ran in Triton's interpreter (TRITON_INTERPRET=1), not "
     "compiled for this device; what it computes is checked, but an interpreted run is never timed "
@@ -46,8 +22,7 @@ INTERPRETED = (
 
 
 def interpreter_requested(env: Mapping[str, str] | None = None) -> bool:
-    """Whether ``env`` (default: this process's environment) switches Triton's interpreter on
-    (triton reads 1, true, on, yes; any case)."""
+    """Whether ``env`` (default: ours) switches Triton's interpreter on (1, true, on, yes)."""
     value = (os.environ if env is None else env).get("TRITON_INTERPRET", "")
     return value.strip().lower() in ("1", "true", "on", "yes")
 
@@ -56,110 +31,190 @@ class ProtocolError(ValueError):
     """A message that is not what its type declares (a missing or unknown key, not an object)."""
 
 
+def check_keys(name: str, data: Any, known: Sequence[str], required: Collection[str]) -> None:
+    """Refuse ``data`` unless it is an object with the ``required`` keys and only ``known`` ones."""
+    if not isinstance(data, Mapping):
+        raise ProtocolError(f"{name}: expected a JSON object, got {type(data).__name__}")
+    known = [k for k in known if k != "op"]
+    unknown = ", ".join(repr(str(k)) for k in sorted(data) if k not in known and k != "op")
+    if unknown:
+        raise ProtocolError(
+            f"{name}: unknown key(s) {unknown} (known: {', '.join(known) or 'none'})"
+        )
+    missing = [k for k in known if k in required and k not in data]
+    if missing:
+        raise ProtocolError(f"{name}: missing key(s) {', '.join(map(repr, missing))}")
+
+
 M = TypeVar("M", bound="Message")
-
-
-def _candidate_field() -> Any:
-    """A ``Candidate`` field: its own JSON on the wire (``Candidate.to_json`` / ``from_json``)."""
-
-    def decode(value: Any) -> Candidate:
-        from kernel_probe.candidates import Candidate
-
-        return Candidate.from_json(value)
-
-    return field(metadata={"json": (lambda c: c.to_json(), decode)})
-
-
-def _optional_candidate_field() -> Any:
-    def decode(value: Any) -> Candidate | None:
-        from kernel_probe.candidates import Candidate
-
-        return None if value is None else Candidate.from_json(value)
-
-    return field(
-        default=None, metadata={"json": (lambda c: None if c is None else c.to_json(), decode)}
-    )
 
 
 @dataclass(frozen=True)
 class Message:
-    """A message with a fixed set of keys; subclasses are frozen, keyword-only dataclasses."""
+    """A message with a fixed set of keys: a frozen dataclass, tuples as JSON lists."""
 
     def to_json(self) -> dict[str, Any]:
-        """The message as a JSON object, each field through its encoder."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            encode: Callable[[Any], Any] | None = f.metadata.get("json", (None, None))[0]
-            out[f.name] = encode(value) if encode else _plain(value)
-        return out
+        """The message as a JSON object."""
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
 
     @classmethod
     def from_json(cls: type[M], data: Any) -> M:
-        """Read a message back; :class:`ProtocolError` names the message and the key when it is not
-        one."""
-        try:
-            return cls._read(data)
-        except ReadError as exc:  # the key was added as the error left the field that raised it
-            raise ProtocolError(
-                f"{cls.__name__}{'.' + exc.key if exc.key else ''}: {exc.problem}"
-            ) from None
-
-    @classmethod
-    def _read(cls: type[M], data: Any) -> M:
-        if not isinstance(data, Mapping):
-            raise ReadError(f"expected a JSON object, got {type(data).__name__}")
+        """Read a message back; :class:`ProtocolError` names message and key when it is not one."""
         known = {f.name: f for f in fields(cls)}
-        unknown = sorted(unknown_keys(data, (*known, *cls._envelope())))
-        if unknown:
-            raise ReadError(
-                f"unknown key(s) {', '.join(map(repr, unknown))} (known: "
-                f"{', '.join(known) or 'none'})"
-            )
-        missing = [
-            k
-            for k, f in known.items()
-            if k not in data and f.default is MISSING and f.default_factory is MISSING
-        ]
-        if missing:
-            raise ReadError(f"missing key(s) {', '.join(map(repr, missing))}")
-        kwargs = {}
+        required = [k for k, f in known.items() if f.default is MISSING is f.default_factory]
+        check_keys(cls.__name__, data, list(known), required)
+        kwargs, hints = {}, typing.get_type_hints(cls)
         for key, value in data.items():
             if key not in known:
                 continue
-            decode: Callable[[Any], Any] | None = known[key].metadata.get("json", (None, None))[1]
-            with context(key):
-                try:
-                    kwargs[key] = decode(value) if decode else value
-                except ProtocolError as exc:
-                    raise ReadError(str(exc)) from None
-                except (TypeError, ValueError, KeyError) as exc:
-                    raise ReadError(f"{type(exc).__name__}: {exc}") from None
+            try:
+                kwargs[key] = _decode(hints[key], value)
+            except ProtocolError as exc:
+                raise ProtocolError(f"{cls.__name__}.{key}: {exc}") from None
+            except (TypeError, ValueError, KeyError) as exc:
+                raise ProtocolError(f"{cls.__name__}.{key}: {type(exc).__name__}: {exc}") from None
         return cls(**kwargs)
-
-    @classmethod
-    def _envelope(cls) -> tuple[str, ...]:
-        """Keys on the wire that are not fields (a request's ``op``)."""
-        return ()
 
 
 def _plain(value: Any) -> Any:
     if isinstance(value, Message):
         return value.to_json()
-    if isinstance(value, tuple):
-        return [_plain(v) for v in value]
+    return [_plain(v) for v in value] if isinstance(value, tuple) else value
+
+
+def _decode(kind: Any, value: Any) -> Any:
+    """``value`` as a field of type ``kind``: nested messages read, lists made tuples."""
+    origin = typing.get_origin(kind)
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    if isinstance(kind, type) and issubclass(kind, Message):
+        return kind.from_json(value)
+    if origin in (typing.Union, types.UnionType) and value is not None and len(args) == 1:
+        return _decode(args[0], value)
+    if kind == list[MeasurementRow]:
+        return _rows(value)
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise ProtocolError(f"expected a list, got {type(value).__name__}")
+        out = []
+        for i, item in enumerate(value):
+            try:
+                out.append(_decode(args[0], item))
+            except ProtocolError as exc:
+                raise ProtocolError(f"[{i}]: {exc}") from None
+        return tuple(out)
     return value
+
+
+# ---- the rows a check and a timing measure -------------------------------------------------------
+ImportKind = Literal["", "import", "exception"]  # an import that raised: ImportError, or else
+# where a check stopped before any row; the flags a row may raise (measure writes, judge reads)
+Phase = Literal["", "import", "baseline", "build", "blas"]
+FLAG_INPUT_MODIFIED = "input-modified"
+FLAG_GRAD_OUTPUT_MODIFIED = "grad-output-modified"
+FLAG_OUTPUT_DTYPE = "output-dtype"
+FLAG_NOT_ELEMENTWISE = "not-elementwise"  # Activation: the output's shape is not the input's
+ALT_PREFIX = "y-as-"
+
+
+def alt_key(semantics: str) -> str:
+    """The error key of the output judged against ``semantics``' reference (``y-as-rms_norm``)."""
+    return ALT_PREFIX + semantics
+
+
+class ErrorStats(TypedDict):
+    """One compared output's statistics besides the max error: normwise, the worst group's."""
+
+    rms: list[float]  # [candidate, torch.nn], as bias and sd
+    bias: list[float]  # the mean signed error
+    sd: list[float]
+    n: int  # elements per group (a row, or the whole tensor)
+    ref_rms: float  # the reference's RMS over the tensor
+
+
+class MeasurementRow(TypedDict, total=False):
+    """One (dtype, regime) of a check: ``measure.check`` writes it, ``judge.judge_row`` reads it."""
+
+    dtype: str
+    regime: str
+    cases: dict[str, dict[str, list[float]]]  # case -> tensor -> [candidate, torch.nn]
+    stats: dict[str, dict[str, ErrorStats]]  # case -> tensor -> RMS and bias (not alt_key's)
+    flags: dict[str, str]  # FLAG_* -> the case (or the dtypes) it was seen on
+    skipped: str
+    exception: str
+    traceback: str
+    out_dtype: str
+    nondeterministic: str | None
+    blocks: dict[str, dict[str, Any]]
+    seconds: float
+    twin: dict[str, Any]
+    # Activation: the errors against the function it computes where that is not the declared one
+    approx_cases: dict[str, dict[str, list[float]]]
+    approx_stats: dict[str, dict[str, ErrorStats]]
+
+
+MEASUREMENT_KEYS = frozenset(MeasurementRow.__annotations__)
+
+
+def _rows(value: Any) -> list[MeasurementRow]:
+    if not isinstance(value, list):
+        raise ProtocolError(f"expected a list of rows, got {type(value).__name__}")
+    for i, row in enumerate(value):
+        if not isinstance(row, Mapping):
+            raise ProtocolError(f"rows[{i}]: expected a JSON object")
+        unknown = sorted(set(row) - MEASUREMENT_KEYS)
+        if unknown:
+            raise ProtocolError(f"rows[{i}]: unknown key(s) {', '.join(map(repr, unknown))}")
+        if "dtype" not in row or "regime" not in row:
+            raise ProtocolError(f"rows[{i}]: missing 'dtype' or 'regime'")
+    return value
+
+
+class ShapeCheck(TypedDict, total=False):
+    """The check at one timed shape (``atshape``; judged by ``judge.judge_shape``)."""
+
+    rows: int
+    sampled: int
+    boundaries: list[str]
+    errors: dict[str, list[float]]  # tensor -> [candidate, torch.nn] vs float64, sampled rows
+    stats: dict[str, ErrorStats]
+    first_bad_row: int  # bisected from first_bad_sampled down to last_good_row
+    first_bad_statistic: str  # what was over its tolerance there ("y bias")
+    first_bad_sampled: int
+    last_good_row: int
+    seconds: float
+    error: str  # the check itself raised
+
+
+class TimingRow(TypedDict, total=False):
+    """One shape of a timing (``timing.time_candidate``); ``error`` instead of the figures."""
+
+    implementation: str
+    shape: str
+    dtype: str
+    regime: str
+    compile_s: float
+    median_ms: float
+    spread: float
+    reps: int
+    gbps: float
+    tflops: float
+    copy_gbps: float
+    copy_percent: float
+    error: str
+    check: ShapeCheck  # at that shape (atshape), unless timed without it
+    blas: str  # the BLAS library a Linear ran under on a GPU
+    peak_bytes: int  # Attention on a GPU: peak memory allocated by one fwd+bwd
+    timed: str  # how the number of repetitions was decided (probe.repetitions)
+    samples: list[float]  # the timed calls (s): the slot's others are decided against them
 
 
 # ---- the worker: replies -------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class Reply(Message):
-    """What every worker reply may carry: the torch functions replaced while it ran (refused), and
-    whether Triton kernels in the worker run in Triton's interpreter (``TRITON_INTERPRET``): such a
-    run is labelled, never timed and never locked."""
+    """What every worker reply carries besides its op's own fields."""
 
-    tampered: tuple[str, ...] = field(default=(), metadata={"json": (list, tuple)})
-    interpreted: bool = False
+    tampered: tuple[str, ...] = ()  # torch functions replaced while it ran: refused
+    interpreted: bool = False  # Triton ran in its interpreter: labelled, never timed or locked
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -189,170 +244,35 @@ class ImportReply(Reply):
 
 @dataclass(frozen=True, kw_only=True)
 class TryReply(Reply):
-    """One tiny forward on a device the candidate does not declare: whether it ran, else what it
-    raised."""
+    """One tiny forward on a device the candidate does not declare: ran, or what it raised."""
 
     ran: bool
     error: str = ""
 
 
-# The names of the flags a measurement row may raise, and the key under which a norm's output is
-# compared with the other norm's reference (an RMSNorm offered as a LayerNorm): measure writes them,
-# judge reads them.
-ImportKind = Literal[
-    "", "import", "exception"
-]  # an import that raised: an ImportError (absent) or anything else
-Phase = Literal[
-    "", "import", "baseline", "build", "blas"
-]  # where a check stopped before any row ("": it did not)
-FLAG_INPUT_MODIFIED = "input-modified"
-FLAG_GRAD_OUTPUT_MODIFIED = "grad-output-modified"
-FLAG_OUTPUT_DTYPE = "output-dtype"
-FLAG_NOT_ELEMENTWISE = (
-    "not-elementwise"  # Activation: the output's shape is not the input's (a GLU halves it)
-)
-ALT_PREFIX = "y-as-"
-
-
-def alt_key(semantics: str) -> str:
-    """The error key of the output judged against ``semantics``' reference (``y-as-rms_norm``)."""
-    return ALT_PREFIX + semantics
-
-
-class ErrorStats(TypedDict):
-    """One compared output's statistics besides the max error (``measure.error_stats``; judged by
-    ``judge.limits``): ``rms``, ``bias`` (the mean signed error) and ``sd`` (the errors' standard
-    deviation about their mean) as [candidate, torch.nn], each the worst group's, normwise; ``n``:
-    the elements per group (a row, or the whole tensor); ``ref_rms``: the reference's RMS over the
-    tensor, normwise (its typical magnitude, in (0, 1])."""
-
-    rms: list[float]
-    bias: list[float]
-    sd: list[float]
-    n: int
-    ref_rms: float
-
-
-class MeasurementRow(TypedDict, total=False):
-    """One (dtype, regime) of a check: ``measure.check`` writes it, ``judge.judge_row`` reads it."""
-
-    dtype: str
-    regime: str
-    # case -> tensor (y, dx, ..., alt_key(...)) -> [candidate, torch.nn]
-    cases: dict[str, dict[str, list[float]]]
-    stats: dict[str, dict[str, ErrorStats]]  # case -> tensor -> RMS and bias (not for alt_key(...))
-    flags: dict[str, str]  # FLAG_* -> the case (or the dtypes) it was seen on
-    skipped: str
-    exception: str
-    traceback: str
-    out_dtype: str
-    nondeterministic: str | None
-    blocks: dict[str, dict[str, Any]]
-    seconds: float
-    twin: dict[str, Any]
-    # Activation: the errors against the function the candidate computes, where that is not the
-    # declared one (an approximation, judged so only with --allow-approximation)
-    approx_cases: dict[str, dict[str, list[float]]]
-    approx_stats: dict[str, dict[str, ErrorStats]]
-
-
-MEASUREMENT_KEYS = frozenset(MeasurementRow.__annotations__)
-
-
-def _rows(value: Any) -> list[MeasurementRow]:
-    if not isinstance(value, list):
-        raise ProtocolError(f"expected a list of rows, got {type(value).__name__}")
-    for i, row in enumerate(value):
-        if not isinstance(row, Mapping):
-            raise ProtocolError(f"rows[{i}]: expected a JSON object")
-        unknown = sorted(set(row) - MEASUREMENT_KEYS)
-        if unknown:
-            raise ProtocolError(f"rows[{i}]: unknown key(s) {', '.join(map(repr, unknown))}")
-        if "dtype" not in row or "regime" not in row:
-            raise ProtocolError(f"rows[{i}]: missing 'dtype' or 'regime'")
-    return value
-
-
 @dataclass(frozen=True, kw_only=True)
 class CheckReply(Reply):
-    """``measure.check``'s raw measurements. ``phase`` names where it stopped early (import,
-    baseline, build), with ``error`` (and ``kind`` for an import); ``layout`` is
-    ``Layout.to_json()``."""
+    """``measure.check``'s raw measurements, or where it stopped early (``phase``, ``error``)."""
 
     candidate: str
     device: str
-    rows: list[MeasurementRow] = field(default_factory=list, metadata={"json": (list, _rows)})
+    rows: list[MeasurementRow] = field(default_factory=list)
     phase: Phase = ""
     error: str = ""
-    kind: ImportKind = ""
+    kind: ImportKind = ""  # for an import that failed
     traceback: str = ""
     import_s: float | None = None
-    layout: dict[str, Any] | None = None
+    layout: dict[str, Any] | None = None  # Layout.to_json()
     init: list[str] = field(default_factory=list)
-    # a Linear on a GPU: the BLAS library the rows were measured under (kernel_lock.slots.linear
-    # names)
-    blas: str = ""
-    blas_default: str = ""  # the library torch picks by itself in this process (before any was set)
-    # Attention: what each option really does, measured (kernel_probe.probe.attention.capabilities)
-    capabilities: dict[str, str] = field(default_factory=dict)
-    # Activation: the function its float32 output matches, measured
-    # (kernel_probe.probe.activation.identify)
-    computes: str = ""
-
-
-class ShapeCheck(TypedDict, total=False):
-    """The check at one timed shape (``atshape.check_at_shape``; judged by ``judge.judge_shape``).
-
-    ``errors``: tensor (y, dx, dweight, dbias) -> [candidate, torch.nn], each against float64 on the
-    ``sampled`` rows, the max error; ``stats``: the same tensors' RMS and bias; ``first_bad_row``:
-    the first wrong row (bisected down from ``first_bad_sampled``, the first sampled row over a
-    tolerance, to ``last_good_row``), ``first_bad_statistic`` what was over there (``y bias``);
-    ``error``: the check itself raised."""
-
-    rows: int
-    sampled: int
-    boundaries: list[str]
-    errors: dict[str, list[float]]
-    stats: dict[str, ErrorStats]
-    first_bad_row: int
-    first_bad_statistic: str
-    first_bad_sampled: int
-    last_good_row: int
-    seconds: float
-    error: str
-
-
-class TimingRow(TypedDict, total=False):
-    """One shape of a timing (``timing.time_candidate``); ``error`` instead of the figures when it
-    failed; ``check``: the candidate at that shape against float64 (``atshape``), unless the timing
-    was asked without it; ``blas``: the BLAS library a Linear ran under on a GPU; ``timed``: how the
-    number of repetitions was decided (``kernel_probe.probe.repetitions``), ``samples`` the timed
-    calls (seconds), which the slot's other candidates are decided against (not recorded in the
-    lock)."""
-
-    implementation: str
-    shape: str
-    dtype: str
-    regime: str
-    compile_s: float
-    median_ms: float
-    spread: float
-    reps: int
-    gbps: float
-    tflops: float
-    copy_gbps: float
-    copy_percent: float
-    error: str
-    check: ShapeCheck
-    blas: str
-    peak_bytes: int  # Attention on a GPU: peak memory allocated by one fwd+bwd
-    timed: str
-    samples: list[float]
+    blas: str = ""  # a Linear on a GPU: the BLAS library the rows were measured under
+    blas_default: str = ""  # the library torch picks by itself in this process
+    capabilities: dict[str, str] = field(default_factory=dict)  # Attention: options, measured
+    computes: str = ""  # Activation: the function its float32 output matches, measured
 
 
 @dataclass(frozen=True, kw_only=True)
 class TimeReply(Reply):
-    """A candidate's timing: one row per shape (``TimingRow``)."""
+    """A candidate's timing: one row per shape."""
 
     candidate: str
     device: str
@@ -361,149 +281,104 @@ class TimeReply(Reply):
 
 @dataclass(frozen=True, kw_only=True)
 class TimingProgressMessage(Message):
-    """Sent by a timing worker before its reply: shape ``index`` of ``of``, ``phase`` (first call,
-    warm-up, rep) ``done`` of ``total``, ``seconds`` spent on this shape so far."""
+    """Sent before a timing's reply: where it is, on one shape."""
 
     shape: str
-    index: int
+    index: int  # of ``of`` shapes
     of: int
-    phase: str
-    done: int
+    phase: str  # first call, warm-up, rep
+    done: int  # of ``total`` in this phase
     total: int
-    seconds: float
+    seconds: float  # spent on this shape so far
 
 
-# ---- the worker: requests ------------------------------------------------------------------------
-R = TypeVar("R", bound=Reply)
+# ---- the worker: requests, one per op (``total=False``: the keys a request may leave out) -------
+class PingRequest(TypedDict):
+    """Start up: import torch and the measuring code, snapshot torch's functions."""
+
+    op: Literal["ping"]
 
 
-@dataclass(frozen=True, kw_only=True)
-class Request(Message, Generic[R]):
-    """A worker request; ``OP`` is its name on the wire, ``REPLY`` the class of its answer
-    (``R``)."""
+class FingerprintRequest(TypedDict):
+    """The lock fingerprint, read by the worker's torch (the probe's process never imports it)."""
 
-    OP: ClassVar[str] = ""
-    REPLY: ClassVar[type[Reply]] = Reply
-
-    def __init_subclass__(
-        cls, op: str = "", reply: type[Reply] | None = None, **kwargs: Any
-    ) -> None:
-        super().__init_subclass__(**kwargs)
-        if op:
-            cls.OP = op
-        if reply is not None:
-            cls.REPLY = reply
-
-    def to_json(self) -> dict[str, Any]:
-        """The request as a JSON object, its ``op`` included."""
-        return {"op": self.OP, **super().to_json()}
-
-    @classmethod
-    def _envelope(cls) -> tuple[str, ...]:
-        return ("op",)
+    op: Literal["fingerprint"]
 
 
-@dataclass(frozen=True, kw_only=True)
-class PingRequest(Request[PingReply], op="ping", reply=PingReply):
-    """Start up: import torch and the probe's own measuring code, snapshot torch's functions."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class FingerprintRequest(Request[FingerprintReply], op="fingerprint", reply=FingerprintReply):
-    """The lock fingerprint, read where torch is imported already (the probe's own process never
-    imports torch: the shared worker answers, from the torch that ran the checks)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class ImportRequest(Request[ImportReply], op="import", reply=ImportReply):
+class ImportRequest(TypedDict):
     """Import the class ``target`` (under its own, short, time budget)."""
 
+    op: Literal["import"]
     target: str
 
 
-@dataclass(frozen=True, kw_only=True)
-class CandidateRequest(Request[R]):
-    """A request about one candidate, for one slot, on one device type."""
+class TryRequest(TypedDict):
+    """Build ``candidate`` (``Candidate.to_json``) on a device it does not declare; run it once."""
 
-    candidate: Candidate = _candidate_field()
+    op: Literal["try"]
+    candidate: dict[str, Any]
     slot: str
     device: str
 
 
-@dataclass(frozen=True, kw_only=True)
-class CheckRequest(CandidateRequest[CheckReply], op="check", reply=CheckReply):
-    """The correctness checks (``measure.check``) of one candidate for ``slot`` at each (dtype,
-    regime)."""
-
-    dtypes: tuple[tuple[str, str], ...] = field(
-        metadata={"json": (lambda d: [list(p) for p in d], lambda d: tuple(tuple(p) for p in d))}
-    )
-    canonical: dict[str, Any] = field(default_factory=dict)
-    seed: int = 0
-    hidden: int | None = None  # None: limits.CHECK_HIDDEN
-    baseline: Candidate | None = _optional_candidate_field()  # None: the slot's torch.nn default
+class _Check(TypedDict):
+    op: Literal["check"]
+    candidate: dict[str, Any]
+    slot: str
+    device: str
+    dtypes: Sequence[Sequence[str]]  # (dtype, regime) pairs
 
 
-@dataclass(frozen=True, kw_only=True)
-class TryRequest(CandidateRequest[TryReply], op="try", reply=TryReply):
-    """Build the candidate on a device it does not declare and run it once: why it cannot run
-    here."""
+class CheckRequest(_Check, total=False):
+    """The correctness checks of ``candidate`` for ``slot`` at each (dtype, regime)."""
+
+    canonical: dict[str, Any]
+    seed: int
+    hidden: int | None  # None: limits.CHECK_HIDDEN
+    baseline: dict[str, Any] | None  # None: the slot's torch.nn default
 
 
-@dataclass(frozen=True, kw_only=True)
-class TimeRequest(CandidateRequest[TimeReply], op="time", reply=TimeReply):
-    """Time forward+backward at ``shapes``; with ``progress``, ``TimingProgressMessage``s come
-    first."""
-
-    shapes: tuple[str, ...] = field(metadata={"json": (list, tuple)})
+class _Time(TypedDict):
+    op: Literal["time"]
+    candidate: dict[str, Any]
+    slot: str
+    device: str
+    shapes: Sequence[str]
     dtype: str
     regime: str
-    options: dict[str, Any] = field(default_factory=dict)
-    progress: bool = False
-    # Attention: the model's options (window, ...)
-    canonical: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, kw_only=True)
-class GraphAttentionRequest(Request[CheckReply], op="graph-attention", reply=CheckReply):
-    """The GraphTransformer attention check (``graph_attention.check``) of one ``backend``
-    (``triton``, ``pyg`` or ``module.function``) on ``device``, one row per dtype."""
+class TimeRequest(_Time, total=False):
+    """Time forward+backward at ``shapes``; with ``progress``, progress messages come first."""
 
-    backend: str
+    options: dict[str, Any]
+    progress: bool
+    canonical: dict[str, Any]  # Attention: the model's options (window, ...)
+
+
+class _GraphAttention(TypedDict):
+    op: Literal["graph-attention"]
+    backend: str  # triton, pyg or module.function
     device: str
-    dtypes: tuple[str, ...] = field(metadata={"json": (list, tuple)})
-    seed: int = 0
+    dtypes: Sequence[str]
 
 
-REQUESTS: dict[str, type[Request[Any]]] = {
-    cls.OP: cls
-    for cls in (
-        PingRequest,
-        FingerprintRequest,
-        ImportRequest,
-        CheckRequest,
-        TryRequest,
-        TimeRequest,
-        GraphAttentionRequest,
-    )
-}
+class GraphAttentionRequest(_GraphAttention, total=False):
+    """The GraphTransformer attention check of one backend, one row per dtype."""
+
+    seed: int
 
 
-def request_from_json(data: Any) -> Request[Any]:
-    """The worker's side: the request a JSON object is, by its ``op``."""
-    if not isinstance(data, Mapping):
-        raise ProtocolError(f"request: expected a JSON object, got {type(data).__name__}")
-    op = data.get("op")
-    if op not in REQUESTS:
-        raise ProtocolError(f"request: unknown op {op!r} (known: {', '.join(REQUESTS)})")
-    return REQUESTS[op].from_json(data)
+CandidateRequest = CheckRequest | TryRequest | TimeRequest
+Request = (
+    PingRequest | FingerprintRequest | ImportRequest | CandidateRequest | GraphAttentionRequest
+)
 
 
 # ---- import checks (``kernel-probe env``) --------------------------------------------------------
 @dataclass(frozen=True)
 class ImportCheckRequest(Message):
-    """One module to import in a child, and an optional probe to run after it
-    (``importcheck.PROBES``)."""
+    """One module to import in a child, and a probe to run after it (``importcheck.PROBES``)."""
 
     module: str
     probe: str = ""
@@ -511,13 +386,12 @@ class ImportCheckRequest(Message):
 
 @dataclass(frozen=True, kw_only=True)
 class ImportCheckReply(Message):
-    """What the import-check child saw: imported (``ok``) or what it raised (``type``, ``message``,
-    ``where``)."""
+    """What the import-check child saw: imported (``ok``), or what it raised, and where."""
 
     ok: bool
     file: str | None = None  # the module's __file__ and __version__, when it imported
     version: str | None = None
-    type: str = ""  # what the import raised, and where
+    type: str = ""
     message: str = ""
     where: str = ""
     seconds: float = 0.0
@@ -527,12 +401,11 @@ class ImportCheckReply(Message):
 
 @dataclass(frozen=True, kw_only=True)
 class ImportCheckCached(Message):
-    """An import check's answer kept on disk (``detect.importcheck``): the reply, the child's
-    seconds, when it was asked (``asked``, seconds since the epoch) and under which key."""
+    """An import check's answer kept on disk (``detect.importcheck``)."""
 
     format: str
     key: str
-    asked: float
+    asked: float  # seconds since the epoch
     seconds: float
     reply: dict[str, Any]
 
@@ -544,18 +417,16 @@ class ComposeRequest(Message):
 
     config_dir: str
     config_name: str
-    overrides: tuple[str, ...] = field(default=(), metadata={"json": (list, tuple)})
-    # packages a ``pkg://`` search path may name (anything else is refused before it is imported)
-    trusted: tuple[str, ...] = field(default=(), metadata={"json": (list, tuple)})
+    overrides: tuple[str, ...] = ()
+    trusted: tuple[str, ...] = ()  # what a pkg:// search path may name (else refused, unimported)
 
 
 @dataclass(frozen=True, kw_only=True)
 class ComposeReply(Message):
-    """The composed tree (interpolations as written); per ``layer_kernels`` path, its block resolved
-    by OmegaConf: ``{"entries": {...}}``, ``{"value": ...}`` (not a mapping) or ``{"error":
-    ...}``."""
+    """The composed tree (interpolations as written), and each ``layer_kernels`` block resolved."""
 
     tree: Any
+    # per path, by OmegaConf: {"entries": {...}}, {"value": ...} (no mapping) or {"error": ...}
     blocks: dict[str, dict[str, Any]] = field(default_factory=dict)
     choices: dict[str, str] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)
@@ -563,35 +434,29 @@ class ComposeReply(Message):
 
 @dataclass(frozen=True, kw_only=True)
 class SchemaRequest(Message):
-    """Validate a composed config (``tree``, interpolations as written) with anemoi-training's
-    ``BaseSchema``; ``model_file``: ``tree`` is a model node, validated inside anemoi-training's
-    packaged ``config``."""
+    """Validate ``tree`` (interpolations as written) with anemoi-training's ``BaseSchema``."""
 
     tree: Any
-    model_file: bool = False
-    preset: str = (
-        ""  # also validate anemoi-training's packaged model preset of that name, as shipped
-    )
+    model_file: bool = False  # tree is a model node, validated inside the packaged config
+    preset: str = ""  # also validate anemoi-training's packaged model preset of that name
 
 
 @dataclass(frozen=True, kw_only=True)
 class SchemaReply(Message):
-    """``errors``: ``{"where", "type", "message"}`` each, at config paths; ``unset``: mandatory
-    values (``???``) the config leaves for the command line; ``members``: per config path, the union
-    member the errors there are reported for (the closest of several, e.g. anemoi's model schemas);
-    ``version``: anemoi-training's."""
+    """The schema's errors at config paths, and what it leaves unset; ``version``: anemoi's."""
 
-    errors: list[dict[str, str]] = field(default_factory=list)
-    unset: list[str] = field(default_factory=list)
-    members: dict[str, str] = field(default_factory=dict)
+    errors: list[dict[str, str]] = field(default_factory=list)  # {"where", "type", "message"}
+    unset: list[str] = field(
+        default_factory=list
+    )  # mandatory values (???) left to the command line
+    members: dict[str, str] = field(default_factory=dict)  # path -> union member its errors are for
     preset: list[dict[str, str]] = field(default_factory=list)  # the shipped preset's own errors
     version: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
 class EntryCheckRequest(Message):
-    """One ``layer_kernels`` entry to import and judge
-    (``kernel_probe.anemoi.entry_checks.check_entry``)."""
+    """One ``layer_kernels`` entry to import and judge (``anemoi.entry_checks.check_entry``)."""
 
     key: str
     entry: Any
@@ -601,58 +466,24 @@ class EntryCheckRequest(Message):
 
 @dataclass(frozen=True, kw_only=True)
 class EntryCheckReply(Message):
-    """``findings``: ``Finding.to_json()`` each; ``facts``: what the entry builds (target, family,
-    defaults)."""
+    """``findings``: ``Finding.to_json()`` each; ``facts``: what the entry builds."""
 
     findings: list[dict[str, Any]]
     facts: dict[str, Any]
 
 
-def _messages(kind: type[M]) -> Any:
-    """A field holding a tuple of ``kind`` messages: on the wire, a list of their JSON objects."""
-
-    def decode(value: Any) -> tuple[M, ...]:
-        if not isinstance(value, list):
-            raise ProtocolError(f"expected a list, got {type(value).__name__}")
-        out = []
-        for i, v in enumerate(value):
-            try:
-                out.append(kind.from_json(v))
-            except ProtocolError as exc:
-                raise ProtocolError(f"[{i}]: {exc}") from None
-        return tuple(out)
-
-    return field(default=(), metadata={"json": (lambda vs: [v.to_json() for v in vs], decode)})
-
-
-def _optional_message(kind: type[M]) -> Any:
-    """A field holding one ``kind`` message or None (JSON null)."""
-    return field(
-        default=None,
-        metadata={
-            "json": (
-                lambda v: None if v is None else v.to_json(),
-                lambda v: None if v is None else kind.from_json(v),
-            )
-        },
-    )
-
-
 @dataclass(frozen=True, kw_only=True)
 class ConfigCheckRequest(Message):
-    """One reading of a config checked in one child (``kernel_probe.anemoi.config_child``):
-    anemoi-training's schema on it (``schema``, where it is run; its address space capped at
-    ``schema_memory`` bytes while it runs), then its ``entries``."""
+    """One reading of a config checked in one child (``anemoi.config_child``): schema, entries."""
 
-    schema: SchemaRequest | None = _optional_message(SchemaRequest)
-    schema_memory: int = 0
-    entries: tuple[EntryCheckRequest, ...] = _messages(EntryCheckRequest)
+    schema: SchemaRequest | None = None
+    schema_memory: int = 0  # the address space's cap while the schema runs (bytes)
+    entries: tuple[EntryCheckRequest, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
 class ConfigCheckReply(Message):
-    """``schema``: the schema's reply (None where it was not asked); ``entries``: one reply per
-    entry, in the request's order."""
+    """``schema``: its reply (None where not asked); ``entries``: one reply per entry, in order."""
 
-    schema: SchemaReply | None = _optional_message(SchemaReply)
-    entries: tuple[EntryCheckReply, ...] = _messages(EntryCheckReply)
+    schema: SchemaReply | None = None
+    entries: tuple[EntryCheckReply, ...] = ()

@@ -26,7 +26,6 @@ from kernel_probe.isolation.protocol import (
     CheckReply,
     CheckRequest,
     ImportReply,
-    ImportRequest,
     TimeRequest,
     TimingProgressMessage,
     TryReply,
@@ -152,14 +151,18 @@ def _measure(
     (``timeout``, more for a torch.compile candidate, whose first calls compile)."""
     if tried:
         try:
-            reply = worker.call(
-                TryRequest(candidate=cand, slot=slot, device=device), import_timeout + timeout
-            )
+            trial: TryRequest = {
+                "op": "try",
+                "candidate": cand.to_json(),
+                "slot": slot,
+                "device": device,
+            }
+            reply = worker.call(trial, import_timeout + timeout)
         except WorkerDied as exc:
             return _Said(died=exc)
         return _Said(tried=reply)
     try:
-        imported = worker.call(ImportRequest(target=cand.target), import_timeout)
+        imported: ImportReply = worker.call({"op": "import", "target": cand.target}, import_timeout)
     except WorkerDied as exc:
         return _Said(died=exc, budget=import_timeout)
     if imported.tampered or not imported.ok:
@@ -168,15 +171,16 @@ def _measure(
     try:
         # hidden: e.g. 64 (anemoi's QueryNorm/KeyNorm normalise over head_dim); baseline: the
         # reference torch.nn class (tests: a reference with CUDA's autocast policy)
-        request = CheckRequest(
-            candidate=cand,
-            slot=slot,
-            device=device,
-            dtypes=dtypes,
-            canonical=dict(canonical or {}),
-            hidden=hidden,
-            baseline=baseline,
-        )
+        request: CheckRequest = {
+            "op": "check",
+            "candidate": cand.to_json(),
+            "slot": slot,
+            "device": device,
+            "dtypes": dtypes,
+            "canonical": dict(canonical or {}),
+            "hidden": hidden,
+            "baseline": None if baseline is None else baseline.to_json(),
+        }
         raw = worker.call(request, budget)
     except WorkerDied as exc:
         return _Said(imported=imported, died=exc, budget=budget)
@@ -496,17 +500,18 @@ def _time(
     t1 = time.perf_counter()
     shapes = timing.timed_at.get(slot, timing.shapes)
     timing.progress(slot, cand.id, shapes, None)
-    request = TimeRequest(
-        candidate=cand,
-        slot=slot,
-        device=checks.device,
-        shapes=shapes,
-        dtype=timing.dtype,
-        regime=timing.regime,
-        progress=True,
-        canonical=dict(checks.canonical.get(slot) or {}),
-        options=dict(options),
-    )
+    request: TimeRequest = {
+        "op": "time",
+        "candidate": cand.to_json(),
+        "slot": slot,
+        "device": checks.device,
+        "shapes": shapes,
+        "dtype": timing.dtype,
+        "regime": timing.regime,
+        "progress": True,
+        "canonical": dict(checks.canonical.get(slot) or {}),
+        "options": dict(options),
+    }
     try:
         reply = worker.call(
             request, TIMING_TIMEOUT, on_progress=lambda m: timing.progress(slot, cand.id, shapes, m)

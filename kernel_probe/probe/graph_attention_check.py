@@ -53,10 +53,13 @@ def check_backend(
     interpreted = backend == "triton" and device == "cpu" and interpreter_requested()
     try:
         with Worker() as worker:
-            reply = worker.call(
-                GraphAttentionRequest(backend=backend, device=device, dtypes=tuple(dtypes)),
-                timeout=timeout,
-            )
+            request: GraphAttentionRequest = {
+                "op": "graph-attention",
+                "backend": backend,
+                "device": device,
+                "dtypes": list(dtypes),
+            }
+            reply = worker.call(request, timeout=timeout)
     except WorkerDied as exc:
         return GraphAttentionReport(backend, device, exc.status, [f"the check {exc.reason}"])
     report = judge(backend, device, reply.rows, interpreted=interpreted)

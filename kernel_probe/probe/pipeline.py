@@ -282,7 +282,6 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     """Check every candidate, time the accepted ones, choose per slot and build the lock (not
     written)."""
     from kernel_probe.candidates import for_slot
-    from kernel_probe.isolation.protocol import FingerprintRequest
     from kernel_probe.isolation.worker import START_TIMEOUT as FINGERPRINT_TIMEOUT
     from kernel_probe.isolation.worker import WorkerPool
     from kernel_probe.probe.check import Checks, Timing, check_and_time
@@ -350,7 +349,7 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
                 result.check_seconds += done.check_seconds
                 result.time_seconds += done.time_seconds
             # from the worker whose torch ran the checks: this process never imports torch
-            fingerprint = pool.shared.call(FingerprintRequest(), FINGERPRINT_TIMEOUT).fields
+            fingerprint = pool.shared.call({"op": "fingerprint"}, FINGERPRINT_TIMEOUT).fields
     finally:
         events.done()
     for name, b in behaviour.items():

@@ -213,9 +213,7 @@ class InProcessWorker:
     """The worker's handlers, run in this process on the CPU (the device is simulated)."""
 
     def call(self, request, timeout=0, on_progress=None):
-        return handlers.dispatch(
-            dataclasses.replace(request, device="cpu") if hasattr(request, "device") else request
-        )
+        return handlers.dispatch({**request, "device": "cpu"} if "device" in request else request)
 
 
 class InProcessPool:

@@ -99,7 +99,7 @@ def test_the_worker_runs_none_of_them(planted):
     from kernel_probe.isolation.worker import Worker
 
     with Worker() as worker:
-        worker._start()  # a real worker, up and answering its ping
+        worker.call({"op": "ping"})  # a real worker, up and answering its ping
         assert worker.started == 1
     assert ran(planted) == []
 

@@ -8,8 +8,9 @@ from dataclasses import MISSING, fields
 
 import pytest
 
-from kernel_probe.candidates import default_for
+from kernel_probe.candidates import Candidate, default_for
 from kernel_probe.isolation import protocol as p
+from kernel_probe.isolation import worker
 
 CAND = default_for("LayerNorm")
 
@@ -21,36 +22,42 @@ ROW: p.MeasurementRow = {
     "nondeterministic": None,
 }
 
+SAMPLES: list[p.Request] = [
+    {"op": "ping"},
+    {"op": "import", "target": "torch.nn.LayerNorm"},
+    {
+        "op": "check",
+        "candidate": CAND.to_json(),
+        "slot": "LayerNorm",
+        "device": "cpu",
+        "dtypes": [["float32", "true"], ["bfloat16", "mixed"]],
+    },
+    {
+        "op": "check",
+        "candidate": CAND.to_json(),
+        "slot": "LayerNorm",
+        "device": "cpu",
+        "dtypes": [["float32", "true"]],
+        "canonical": {"eps": 1e-6},
+        "seed": 3,
+        "hidden": 64,
+        "baseline": CAND.to_json(),
+    },
+    {"op": "try", "candidate": CAND.to_json(), "slot": "LayerNorm", "device": "cuda"},
+    {
+        "op": "time",
+        "candidate": CAND.to_json(),
+        "slot": "LayerNorm",
+        "device": "cpu",
+        "shapes": ["32x16"],
+        "dtype": "float32",
+        "regime": "true",
+        "options": {"reps": 2},
+        "progress": True,
+    },
+]
+
 MESSAGES = [
-    p.PingRequest(),
-    p.ImportRequest(target="torch.nn.LayerNorm"),
-    p.CheckRequest(
-        candidate=CAND,
-        slot="LayerNorm",
-        device="cpu",
-        dtypes=(("float32", "true"), ("bfloat16", "mixed")),
-    ),
-    p.CheckRequest(
-        candidate=CAND,
-        slot="LayerNorm",
-        device="cpu",
-        dtypes=(("float32", "true"),),
-        canonical={"eps": 1e-6},
-        seed=3,
-        hidden=64,
-        baseline=CAND,
-    ),
-    p.TryRequest(candidate=CAND, slot="LayerNorm", device="cuda"),
-    p.TimeRequest(
-        candidate=CAND,
-        slot="LayerNorm",
-        device="cpu",
-        shapes=("32x16",),
-        dtype="float32",
-        regime="true",
-        options={"reps": 2},
-        progress=True,
-    ),
     p.PingReply(pid=42),
     p.ImportReply(ok=False, kind="import", error="ImportError: no"),
     p.ImportReply(ok=True, seconds=0.5, tampered=("torch.matmul",)),
@@ -105,8 +112,18 @@ def test_every_message_round_trips_through_json(message):
     wire = json.loads(json.dumps(message.to_json()))
     back = type(message).from_json(wire)
     assert back == message
-    if isinstance(message, p.Request):
-        assert wire["op"] == message.OP and p.request_from_json(wire) == message
+
+
+def _name(request):
+    return worker.REQUESTS[request["op"]].__name__
+
+
+@pytest.mark.parametrize("request_", SAMPLES, ids=_name)
+def test_every_request_round_trips_through_json(request_):
+    wire = json.loads(json.dumps(request_))
+    assert worker.read_request(wire) == wire and wire["op"] in worker.REPLIES
+    for key in ("candidate", "baseline"):  # the candidate as the worker rebuilds it
+        assert key not in wire or Candidate.from_json(wire[key]) == CAND
 
 
 @pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
@@ -118,9 +135,13 @@ def test_an_unknown_key_is_a_clear_error(message):
         type(message).from_json(wire)
 
 
-@pytest.mark.parametrize(
-    "message", [m for m in MESSAGES if type(m) is not p.PingRequest], ids=lambda m: type(m).__name__
-)
+@pytest.mark.parametrize("request_", SAMPLES, ids=_name)
+def test_an_unknown_request_key_is_a_clear_error(request_):
+    with pytest.raises(p.ProtocolError, match=rf"{_name(request_)}: unknown key\(s\) 'colour'"):
+        worker.read_request({**request_, "colour": "blue"})
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
 def test_a_missing_key_is_a_clear_error(message):
     required = [f for f in fields(message) if f.default is MISSING and f.default_factory is MISSING]
     if not required:
@@ -133,11 +154,21 @@ def test_a_missing_key_is_a_clear_error(message):
         type(message).from_json(wire)
 
 
+@pytest.mark.parametrize("request_", [r for r in SAMPLES if r["op"] != "ping"], ids=_name)
+def test_a_missing_request_key_is_a_clear_error(request_):
+    required = [k for k in worker.REQUESTS[request_["op"]].__required_keys__ if k != "op"]
+    wire = {k: v for k, v in request_.items() if k != sorted(required)[0]}
+    with pytest.raises(
+        p.ProtocolError, match=rf"{_name(request_)}: missing key\(s\) '{sorted(required)[0]}'"
+    ):
+        worker.read_request(wire)
+
+
 def test_what_is_not_a_message_is_a_clear_error():
     with pytest.raises(p.ProtocolError, match="PingReply: expected a JSON object, got list"):
         p.PingReply.from_json([1])
     with pytest.raises(p.ProtocolError, match="unknown op 'fly'"):
-        p.request_from_json({"op": "fly"})
+        worker.read_request({"op": "fly"})
     bad_row = {**p.CheckReply(candidate="c", device="cpu", rows=[ROW]).to_json()}
     bad_row["rows"] = [{**ROW, "flgs": {}}]
     with pytest.raises(
@@ -156,10 +187,10 @@ def test_the_worker_answers_a_typed_request():
     from kernel_probe.isolation.worker import Worker
 
     with Worker() as w:
-        ping = w.call(p.PingRequest(), 120)
-        imported = w.call(p.ImportRequest(target="torch.nn.LayerNorm"), 60)
-        missing = w.call(p.ImportRequest(target="no_such_module_here.X"), 60)
-        tried = w.call(p.TryRequest(candidate=CAND, slot="LayerNorm", device="cpu"), 60)
+        ping = w.call({"op": "ping"}, 120)
+        imported = w.call({"op": "import", "target": "torch.nn.LayerNorm"}, 60)
+        missing = w.call({"op": "import", "target": "no_such_module_here.X"}, 60)
+        tried = w.call(SAMPLES[4] | {"device": "cpu"}, 60)
     assert isinstance(ping, p.PingReply) and ping.pid > 0
     assert isinstance(imported, p.ImportReply) and imported.ok and not imported.tampered
     assert not missing.ok and missing.kind == "import" and "no_such_module_here" in missing.error
@@ -171,7 +202,7 @@ def test_the_worker_reports_a_malformed_request():
     from kernel_probe.isolation.worker import Worker
 
     with Worker() as w:
-        w.call(p.PingRequest(), 120)
+        w.call({"op": "ping"}, 120)
         w._proc.stdin.write(b'{"op": "import", "targt": "x"}\n')
         with pytest.raises(RuntimeError, match=r"ImportRequest: unknown key\(s\) 'targt'"):
-            w._reply(p.ImportReply, 30, __import__("time").monotonic() + 30)
+            w._read(p.ImportReply, 30)

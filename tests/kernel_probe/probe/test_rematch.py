@@ -20,18 +20,18 @@ class _Worker:
         self.medians, self.calls = medians, []
 
     def call(self, request: TimeRequest, timeout, on_progress=None) -> TimeReply:
-        cid = request.candidate.id
-        self.calls.append((cid, dict(request.options)))
+        cid = request["candidate"]["id"]
+        self.calls.append((cid, dict(request["options"])))
         ms = self.medians[cid].pop(0)
         row = {
             "implementation": cid,
             "shape": SHAPE,
-            "dtype": request.dtype,
-            "regime": request.regime,
+            "dtype": request["dtype"],
+            "regime": request["regime"],
             "median_ms": ms,
             "spread": 0.01,
             "reps": 5,
-            "timed": "baseline" if request.options.get("against") is None else "decided",
+            "timed": "baseline" if request["options"].get("against") is None else "decided",
             "samples": [ms / 1e3] * 5,
         }
         return TimeReply(candidate=cid, device="cpu", rows=[row])
