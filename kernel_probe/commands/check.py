@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from kernel_lock.format.slots import DTYPES, PROBED_BY_DEFAULT, SLOTS, short_dtype
 from kernel_probe import output
-from kernel_probe.commands.numbers import count, seconds
+from kernel_probe.cli import count, seconds
 from kernel_probe.output import safe
 from kernel_probe.probe.attention_geometry import DEFAULT_GEOMETRY, O96_GEOMETRY
 from kernel_probe.probe.limits import CHECK_HIDDEN, CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from kernel_probe.commands.explain import bar_chart
+from kernel_probe.commands.locks import bar_chart
 
 ROWS = [
     {
