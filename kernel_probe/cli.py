@@ -1,9 +1,6 @@
 """The ``kernel-probe`` command line: the table of subcommands, the arguments they share, and one
 mapping of errors to exit codes (kernel_lock.errors.ExitCode); ``--debug`` shows the traceback.
-
-``kernel-probe [options]`` runs the probe (detect, check, time, choose, write the lock);
-``kernel-probe SUBCOMMAND ...`` runs one of the tools below. The pipelines are library functions;
-a command parses, calls one and renders its result.
+``kernel-probe [options]`` runs the probe; ``kernel-probe SUBCOMMAND ...`` one of the tools below.
 """
 
 from __future__ import annotations
@@ -130,7 +127,7 @@ SUB_EPILOG = (
 )
 
 
-# ---- what the commands share: the LOCK argument, --trust, opening a lock, number types ---------
+# ---- what the commands share ------------------------------------------------------------------
 DEFAULT_LOCK = "kernel-lock.toml"
 MAX_COUNT = 1_000_000
 TRUST_HELP = (
@@ -152,24 +149,15 @@ def add_lock_argument(p: argparse.ArgumentParser, what: str = "lock file") -> No
 
 
 def add_trust_argument(p: argparse.ArgumentParser) -> None:
-    """``--trust MODULE`` (repeatable, ``args.trust``): packages a lock may import beyond the
-    allow-list."""
+    """``--trust MODULE`` (repeatable, ``args.trust``)."""
     p.add_argument("--trust", action="append", default=[], metavar="MODULE", help=TRUST_HELP)
 
 
-def load_lock(
-    path: str,
-    strict: bool = False,
-    *,
-    trust: Sequence[str] = (),
-    check_targets: bool = True,
-) -> kernel_lock.KernelLock:
-    """Load a lock for a command, its warnings on stderr. ``check_targets=False`` for commands that
-    only print a lock (nothing is imported)."""
+def load_lock(path: str, strict: bool = False, **options: Any) -> kernel_lock.KernelLock:
+    """``kernel_lock.load`` for a command (``options``: ``trust``, ``check_targets``), the lock's
+    warnings on stderr and a missing ``$KERNEL_LOCK`` file named as such."""
     try:
-        lock = kernel_lock.load(
-            path, strict=strict, emit_warnings=False, trust=trust, check_targets=check_targets
-        )
+        lock = kernel_lock.load(path, strict=strict, emit_warnings=False, **options)
     except LockError as exc:
         env = os.environ.get("KERNEL_LOCK")
         if env is None or env != path or os.path.isfile(path):
@@ -187,11 +175,10 @@ def load_lock(
     return lock
 
 
-def open_lock(args: argparse.Namespace, **load: Any) -> kernel_lock.KernelLock:
-    """The lock ``args.lock`` names (None: ``default_lock_path()``, written back), read as
-    ``load_lock`` reads it."""
+def open_lock(args: argparse.Namespace, **options: Any) -> kernel_lock.KernelLock:
+    """:func:`load_lock` of ``args.lock``, set to :func:`default_lock_path` when not given."""
     args.lock = args.lock or default_lock_path()
-    return load_lock(args.lock, **load)
+    return load_lock(args.lock, **options)
 
 
 def seconds(text: str, *, limit: float = MAX_SECONDS) -> float:
@@ -226,8 +213,7 @@ def count(lo: int = 1, hi: int = MAX_COUNT) -> Callable[[str], int]:
 
 # ---- parsing ----------------------------------------------------------------------------------
 def unknown_subcommand(word: str) -> str | None:
-    """The message for ``kernel-probe WORD`` where WORD is no subcommand (None: WORD is an option),
-    naming the nearest one (argparse's suggest_on_error does not see the subcommands)."""
+    """The message for ``kernel-probe WORD``, WORD no subcommand (None: WORD is an option)."""
     if not word or word.startswith("-"):
         return None
     near = difflib.get_close_matches(word, list(SUBCOMMANDS), n=1, cutoff=0.6)
@@ -268,7 +254,7 @@ def _base_parser(prog: str, description: str, json: str | None) -> _Parser:
 
 
 def build_subparser(name: str) -> tuple[_Parser, Callable]:
-    """The parser of subcommand ``name`` and its run function, its module imported only now."""
+    """The parser of subcommand ``name`` and its run function (its module imported now)."""
     sub = SUBCOMMANDS[name]
     module = importlib.import_module(f"kernel_probe.commands.{sub.module}")
     p = _base_parser(f"kernel-probe {name}", sub.help, sub.json)
@@ -296,8 +282,7 @@ def _probe_parser(argv: list[str]) -> tuple[_Parser, Callable]:
 
 # ---- running ----------------------------------------------------------------------------------
 def exit_now(code: int) -> NoReturn:
-    """End this process with ``code`` once what it wrote is out (stdout, stderr, logging), skipping
-    the interpreter's teardown (finalising torch's modules costs 0.3-0.5 s after the answer)."""
+    """End this process with ``code`` once its output is out, without the interpreter's teardown."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -308,10 +293,8 @@ def exit_now(code: int) -> NoReturn:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The command line: parse, run the subcommand, render its errors; returns the exit code.
-
-    ``argv`` None: this process's own command line, which a subcommand marked ``exit_now`` ends
-    without the interpreter's teardown; a caller passing ``argv`` gets the code back."""
+    """The command line: parse, run, render errors; the exit code. ``argv`` None: this process's
+    own, which a subcommand marked ``exit_now`` ends without the interpreter's teardown."""
     code = _main(list(sys.argv[1:] if argv is None else argv))
     if argv is None and sys.argv[1:2] and getattr(SUBCOMMANDS.get(sys.argv[1]), "exit_now", False):
         exit_now(code)

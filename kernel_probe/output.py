@@ -1,8 +1,6 @@
-"""Presentation: one rich console on stdout and one on stderr, tables, JSON, the one failure shape
-of ``--json``, and the two flags every command shares (``--json``, ``--debug``), declared once.
-
-rich honours NO_COLOR and narrow terminals by itself; nothing is wrapped in JSON mode and errors go
-to stderr. Every string from a file or a library is printed through ``safe`` or ``plain``.
+"""Presentation: one rich console on stdout and one on stderr (rich honours NO_COLOR and narrow
+terminals), tables, JSON, the one failure shape of ``--json``, and the two flags every command
+shares, declared once. Every string from a file or a library is printed through ``safe``/``plain``.
 """
 
 from __future__ import annotations
@@ -25,8 +23,7 @@ def debug_flag() -> argparse.ArgumentParser:
 
 
 def json_flag(help: str | None = None) -> argparse.ArgumentParser:
-    """``--json`` as an argparse parent, ``help`` saying what it prints; the command's usage errors
-    and failures are then JSON objects on stdout too (kernel_probe.cli)."""
+    """``--json`` as an argparse parent, ``help`` saying what it prints."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--json", action="store_true", help=help)
     return p
@@ -59,9 +56,8 @@ _CONTROL = re.compile(
 
 
 def safe(value: Any) -> str:
-    """``value`` as text for a rich console: control and format characters shown as escapes (no
-    terminal sequence from a file reaches the terminal) and rich markup escaped (``[/bold]`` in a
-    lock is printed, not interpreted)."""
+    """``value`` as text for a rich console: control and format characters shown as escapes, rich
+    markup escaped (``[/bold]`` in a lock is printed, not interpreted)."""
     from rich.markup import escape
 
     return escape(_controls_escaped(str(value)))
@@ -92,9 +88,8 @@ def table(title: str | None = None, **options: Any):
 
 
 def print_table(tbl: Any, *, stderr: bool = False) -> None:
-    """Print ``tbl`` no narrower than it needs: ``no_wrap`` columns (ids, shapes, numbers) are never
-    cut or wrapped, even at 80 columns or in a log; other columns wrap at spaces. A table that
-    cannot fit is printed wider than the console instead of truncated."""
+    """Print ``tbl``: ``no_wrap`` columns (ids, shapes, numbers) never cut or wrapped, the others
+    wrapped at spaces; a table that cannot fit is printed wider than the console, not cut."""
     from rich.measure import Measurement
     from rich.text import Text
 
@@ -123,8 +118,8 @@ def print_rows(
     wrap: Sequence[str] = (),
     right: Sequence[str] = (),
 ) -> None:
-    """Print ``rows`` (cells already made ``safe``) as a :func:`table` under ``columns``: the
-    columns in ``wrap`` wrap at spaces, the others never; those in ``right`` are right-aligned."""
+    """Print ``rows`` (cells made ``safe``) as a :func:`table`: only the columns in ``wrap`` wrap,
+    those in ``right`` are right-aligned."""
     tbl = table(title)
     for col in columns:
         tbl.add_column(col, no_wrap=col not in wrap, justify="right" if col in right else "left")
@@ -149,8 +144,7 @@ def failure(
 
 
 def with_failure(body: dict[str, Any], exc: Any, exit_code: int | None = None) -> dict[str, Any]:
-    """``body`` (a command's own JSON fields) with ``ok`` and, when ``exc`` (a LockError) is given,
-    its ``error`` in the shape of :func:`failure`."""
+    """``body`` (a command's own JSON fields) with ``ok``, and ``exc``'s error (a LockError)."""
     if exc is None:
         return {"ok": True, **{k: v for k, v in body.items() if k != "ok"}}
     code = exc.exit_code if exit_code is None else exit_code
@@ -181,7 +175,6 @@ def _lines(message: str) -> str:
 
 
 def info(message: str) -> None:
-    """A plain line on stderr, written without rich (the warm path of a job start prints one line
-    and must not pay for importing rich); control characters shown as escapes."""
+    """A plain line on stderr, without rich (the warm path of a job start must not import it)."""
     sys.stderr.write(plain(message) + "\n")
     sys.stderr.flush()

@@ -13,19 +13,13 @@ import yaml
 
 from kernel_lock.anemoi import attention_export, export, gated_mlp_export
 from kernel_lock.format.slots import MODES
-from kernel_probe import __version__, output
+from kernel_probe import __version__, cli, output
 from kernel_probe.anemoi.config_file import SHAPES
 from kernel_probe.anemoi.entry_checks import DEFAULT_TIMEOUT
 from kernel_probe.anemoi.graph_attention_checks import export_setting
 from kernel_probe.anemoi.pipelines import CHECK_CONFIG_EXIT, check_config, export_for_config
 from kernel_probe.anemoi.trust import add_config_trust_argument, config_trust
-from kernel_probe.cli import (
-    DEFAULT_LOCK,
-    add_trust_argument,
-    load_lock,
-    open_lock,
-    seconds,
-)
+from kernel_probe.cli import add_trust_argument, load_lock, open_lock
 from kernel_probe.errors import UsageError
 from kernel_probe.output import safe
 
@@ -42,7 +36,7 @@ def add_export_arguments(p: argparse.ArgumentParser) -> None:
         "lock",
         nargs="?",
         default=None,
-        help=f"lock file (default: $KERNEL_LOCK or ./{DEFAULT_LOCK})",
+        help=f"lock file (default: $KERNEL_LOCK or ./{cli.DEFAULT_LOCK})",
     )
     p.add_argument(
         "--format",
@@ -270,26 +264,27 @@ def add_check_config_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="the lock's resolution to compare with (default: the lock's own mode)",
     )
-    flags = {
-        "--qk-norm": "compare QueryNorm/KeyNorm with the lock too (as `export --qk-norm`)",
-        "--allow-semantics-change": "an RMSNorm under a LayerNorm/QueryNorm/KeyNorm key is "
-        "deliberate: a warning, not an error",
-        "--no-compose": "judge an overlay alone, without Hydra composition",
-    }
-    _flags(p, flags)
+    _flags(
+        p,
+        {
+            "--qk-norm": "compare QueryNorm/KeyNorm with the lock too (as `export --qk-norm`)",
+            "--allow-semantics-change": "an RMSNorm under a LayerNorm/QueryNorm/KeyNorm key is "
+            "deliberate: a warning, not an error",
+            "--no-compose": "judge an overlay alone, without Hydra composition",
+        },
+    )
     p.add_argument(
         "--timeout",
-        type=seconds,
+        type=cli.seconds,
         default=DEFAULT_TIMEOUT,
         metavar="SECONDS",
         help=f"how long importing the targets may take (default {DEFAULT_TIMEOUT:g})",
     )
-    _flags(
-        p,
-        {
-            "--no-schema": "skip anemoi-training's own schema (BaseSchema), which check-config "
-            "runs where it is installed"
-        },
+    p.add_argument(
+        "--no-schema",
+        action="store_true",
+        help="skip anemoi-training's own schema (BaseSchema), which check-config runs where it "
+        "is installed",
     )
     add_trust_argument(p)
     add_config_trust_argument(p)

@@ -127,14 +127,9 @@ def _show(args: argparse.Namespace) -> int:
 
 def _summary(prof: Any) -> dict:
     return {
-        "name": prof.name,
-        "description": prof.description,
-        "help": prof.help,
-        "path": prof.path,
-        "digest": prof.digest,
+        **{k: getattr(prof, k) for k in ("name", "description", "help", "path", "digest")},
         "detect": {**prof.detect, **({"all": list(prof.detect_all)} if prof.detect_all else {})},
-        "requires": prof.requires,
-        "precision": prof.precision,
+        **{k: getattr(prof, k) for k in ("requires", "precision")},
         "shapes": list(prof.shapes),
         "deterministic": prof.deterministic,
         "policy": {
