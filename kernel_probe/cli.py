@@ -148,6 +148,12 @@ def add_lock_argument(p: argparse.ArgumentParser, what: str = "lock file") -> No
     )
 
 
+def add_flags(p: argparse.ArgumentParser, flags: dict[str, str]) -> None:
+    """An on/off option for each ``flag: help``."""
+    for flag, help in flags.items():
+        p.add_argument(flag, action="store_true", help=help)
+
+
 def add_trust_argument(p: argparse.ArgumentParser) -> None:
     """``--trust MODULE`` (repeatable, ``args.trust``)."""
     p.add_argument("--trust", action="append", default=[], metavar="MODULE", help=TRUST_HELP)

@@ -19,25 +19,15 @@ from kernel_probe.anemoi.entry_checks import DEFAULT_TIMEOUT
 from kernel_probe.anemoi.graph_attention_checks import export_setting
 from kernel_probe.anemoi.pipelines import CHECK_CONFIG_EXIT, check_config, export_for_config
 from kernel_probe.anemoi.trust import add_config_trust_argument, config_trust
-from kernel_probe.cli import add_trust_argument, load_lock, open_lock
+from kernel_probe.cli import add_flags, add_lock_argument, add_trust_argument, load_lock, open_lock
 from kernel_probe.errors import UsageError
 from kernel_probe.output import safe
-
-
-def _flags(p: argparse.ArgumentParser, flags: dict[str, str]) -> None:
-    for flag, help in flags.items():
-        p.add_argument(flag, action="store_true", help=help)
 
 
 # ---- export -----------------------------------------------------------------------------------
 def add_export_arguments(p: argparse.ArgumentParser) -> None:
     """``kernel-probe export``'s arguments."""
-    p.add_argument(
-        "lock",
-        nargs="?",
-        default=None,
-        help=f"lock file (default: $KERNEL_LOCK or ./{cli.DEFAULT_LOCK})",
-    )
+    add_lock_argument(p)
     p.add_argument(
         "--format",
         choices=("anemoi",),
@@ -52,11 +42,8 @@ def add_export_arguments(p: argparse.ArgumentParser) -> None:
         "verified torch.nn twin where a pinned library cannot run here (default: the lock's own "
         "mode)",
     )
-    p.add_argument(
-        "--qk-norm",
-        action="store_true",
-        help="also emit QueryNorm/KeyNorm (bias-free, over head_dim) from the LayerNorm slot",
-    )
+    qk = "also emit QueryNorm/KeyNorm (bias-free, over head_dim) from the LayerNorm slot"
+    add_flags(p, {"--qk-norm": qk})
     p.add_argument(
         "--config",
         default=None,
@@ -64,7 +51,7 @@ def add_export_arguments(p: argparse.ArgumentParser) -> None:
         help="emit the overlay for this anemoi config (composed as anemoi-training composes it; "
         "Hydra overrides after `--`): every block gets the lock's entries, anemoi's wrappers kept",
     )
-    _flags(p, {"--no-compose": "with --config: read the file alone, without Hydra"})
+    add_flags(p, {"--no-compose": "with --config: read the file alone, without Hydra"})
     add_trust_argument(p)
     add_config_trust_argument(p)
     p.epilog = (
@@ -264,7 +251,7 @@ def add_check_config_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="the lock's resolution to compare with (default: the lock's own mode)",
     )
-    _flags(
+    add_flags(
         p,
         {
             "--qk-norm": "compare QueryNorm/KeyNorm with the lock too (as `export --qk-norm`)",
@@ -280,12 +267,8 @@ def add_check_config_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help=f"how long importing the targets may take (default {DEFAULT_TIMEOUT:g})",
     )
-    p.add_argument(
-        "--no-schema",
-        action="store_true",
-        help="skip anemoi-training's own schema (BaseSchema), which check-config runs where it "
-        "is installed",
-    )
+    skip = "skip anemoi-training's own schema (BaseSchema), which check-config runs where it is"
+    add_flags(p, {"--no-schema": f"{skip} installed"})
     add_trust_argument(p)
     add_config_trust_argument(p)
     codes = "\n".join(f"  {c}  {t}" for c, t in CHECK_CONFIG_EXIT.items())

@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from kernel_probe import output
-from kernel_probe.cli import seconds
+from kernel_probe.cli import add_flags, seconds
 from kernel_probe.detect import cpumath
 from kernel_probe.detect.importcache import ImportCache
 from kernel_probe.detect.importcheck import DEFAULT_TIMEOUT
@@ -27,18 +27,15 @@ STATUS_STYLE = {
 
 def add_env_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``kernel-probe env``."""
-    p.add_argument(
-        "--no-import-checks",
-        action="store_true",
-        help="do not import kernel libraries or Triton (no child processes): metadata and "
-        "torch only",
-    )
-    p.add_argument(
-        "--fresh",
-        action="store_true",
-        help="import every library again: do not reuse the answers kept from earlier checks of "
-        "the same installation on this node (they are kept in $KERNEL_PROBE_CACHE_DIR, else "
-        "~/.cache/kernel-probe)",
+    add_flags(
+        p,
+        {
+            "--no-import-checks": "do not import kernel libraries or Triton (no child processes): "
+            "metadata and torch only",
+            "--fresh": "import every library again: do not reuse the answers kept from earlier "
+            "checks of the same installation on this node (they are kept in "
+            "$KERNEL_PROBE_CACHE_DIR, else ~/.cache/kernel-probe)",
+        },
     )
     p.add_argument(
         "--timeout",

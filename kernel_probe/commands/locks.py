@@ -18,7 +18,7 @@ from kernel_lock.format.slots import MODES, short_dtype, slot_name_fix
 from kernel_lock.resolve import factory, resolve_slot
 from kernel_lock.trust.confirming import before_sealing
 from kernel_probe import cli, output
-from kernel_probe.cli import add_lock_argument, add_trust_argument, load_lock, open_lock
+from kernel_probe.cli import add_flags, add_lock_argument, add_trust_argument, load_lock, open_lock
 from kernel_probe.errors import ProbeError, UsageError
 from kernel_probe.output import print_rows, safe
 from kernel_probe.probe.derive import derive_inference
@@ -227,11 +227,12 @@ def add_diff_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``kernel-probe diff``."""
     p.add_argument("a", help="old lock")
     p.add_argument("b", help="new lock")
-    p.add_argument(
-        "--exit-code",
-        action="store_true",
-        help=f"exit {ExitCode.LOCKS_DIFFER.value} when the locks differ, 0 when they do not "
-        "(git diff --exit-code uses 1, which kernel-probe keeps for failures)",
+    add_flags(
+        p,
+        {
+            "--exit-code": f"exit {ExitCode.LOCKS_DIFFER.value} when the locks differ, 0 when they "
+            "do not (git diff --exit-code uses 1, which kernel-probe keeps for failures)"
+        },
     )
 
 
@@ -274,17 +275,15 @@ def add_verify_arguments(p: argparse.ArgumentParser) -> None:
         help="training: this machine must match the lock; inference: substitute verified twins "
         "where needed (default: the lock's own mode, `mode` in the file)",
     )
-    p.add_argument(
-        "--strict",
-        action="store_true",
-        help="a hand-edited lock (digest mismatch), or one without an environment, is an error",
-    )
-    p.add_argument(
-        "--no-import",
-        action="store_true",
-        help="check the machine and each slot's requirements from files and package metadata only, "
-        "importing no kernel library and not torch (the check for every rank at job start); by "
-        "default each slot's class is also imported",
+    add_flags(
+        p,
+        {
+            "--strict": "a hand-edited lock (digest mismatch), or one without an environment, is "
+            "an error",
+            "--no-import": "check the machine and each slot's requirements from files and package "
+            "metadata only, importing no kernel library and not torch (the check for every rank "
+            "at job start); by default each slot's class is also imported",
+        },
     )
     add_trust_argument(p)
 
@@ -408,7 +407,7 @@ def add_lock_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("source", metavar="IN", help="the training lock")
     p.add_argument("out", metavar="OUT", help="where to write the inference lock (atomically)")
-    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    add_flags(p, {"--force": "replace OUT if it exists"})
     add_trust_argument(p)
 
 
