@@ -1,15 +1,16 @@
-"""The ``kernel-probe`` command line.
-
-``kernel-probe [options]`` runs the probe (detect, check, time, choose, write the lock);
-``kernel-probe SUBCOMMAND ...`` runs one of the tools below. Every user error becomes one message on
-stderr and a documented exit code (kernel_lock.errors.ExitCode); ``--debug`` shows the traceback.
+"""The ``kernel-probe`` command line: the table of subcommands, the arguments they share, and one
+mapping of errors to exit codes (kernel_lock.errors.ExitCode); ``--debug`` shows the traceback.
+``kernel-probe [options]`` runs the probe; ``kernel-probe SUBCOMMAND ...`` one of the tools below.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import functools
+import importlib
 import logging
+import math
 import os
 import sys
 import warnings
@@ -17,17 +18,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+import kernel_lock
 from kernel_lock.errors import ExitCode, LockError, LockWarning
 from kernel_probe import __version__, output
+from kernel_probe.probe.limits import MAX_SECONDS
 
 
 @dataclass(frozen=True)
 class Subcommand:
-    """One ``kernel-probe NAME``: its module under kernel_probe.commands (imported only when that
-    subcommand runs, so ``kernel-probe --version`` stays fast), the functions that add its arguments
-    and run it (spelled out, so grep finds every wiring), its one-line help, and what its ``--json``
-    prints (None: it has no --json). ``--debug`` and ``--json`` come from kernel_probe.output's
-    parent parsers."""
+    """One ``kernel-probe NAME``: its module under kernel_probe.commands (imported only when it
+    runs, so ``--version`` and the job-start path stay fast), the functions that add its arguments
+    and run it, its help, and what its ``--json`` prints (None: it has no --json)."""
 
     module: str
     add_arguments: str
@@ -35,28 +36,27 @@ class Subcommand:
     help: str
     json: str | None = None
     # its own process ends without the interpreter's teardown (``exit_now``): with torch loaded that
-    # teardown costs 0.3-0.5 s and changes nothing the command reports (issue 37: a first ``env`` <
-    # 3 s)
+    # teardown costs 0.3-0.5 s after the answer (issue 37: a first ``env`` < 3 s)
     exit_now: bool = False
 
 
 SUBCOMMANDS: dict[str, Subcommand] = {
     "verify": Subcommand(
-        "verify",
+        "locks",
         "add_verify_arguments",
         "run_verify",
         "check this machine against a lock and resolve every slot",
         json="machine-readable result on stdout",
     ),
     "show": Subcommand(
-        "show",
+        "locks",
         "add_show_arguments",
         "run_show",
         "print a lock in readable form",
         json="the lock's content as JSON",
     ),
     "rehash": Subcommand(
-        "rehash",
+        "locks",
         "add_rehash_arguments",
         "run_rehash",
         "accept hand edits: recompute a lock's digest (atomic rewrite)",
@@ -83,35 +83,35 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "site profiles: list, show NAME, check PATH, match [NAME] [--node FILE]",
     ),
     "explain": Subcommand(
-        "explain",
+        "locks",
         "add_explain_arguments",
         "run_explain",
         "why a lock chose what it chose for one slot: evidence, timings, rejections",
         json="the slot's entry as JSON",
     ),
     "diff": Subcommand(
-        "diff",
+        "locks",
         "add_diff_arguments",
         "run_diff",
         "what changed between two locks: environment fields and choices",
         json="the differences as JSON",
     ),
     "export": Subcommand(
-        "export",
+        "anemoi",
         "add_export_arguments",
         "run_export",
         "print a lock as anemoi-models' layer_kernels YAML block (--format anemoi)",
         json="the mapping as JSON instead of YAML",
     ),
     "check-config": Subcommand(
-        "check_config",
+        "anemoi",
         "add_check_config_arguments",
         "run_check_config",
         "check an anemoi config's layer_kernels blocks on this machine (and against a lock)",
         json="findings as JSON",
     ),
     "lock": Subcommand(
-        "lock",
+        "locks",
         "add_lock_arguments",
         "run_lock",
         "derive a lock for inference on this machine: lock --for inference IN OUT",
@@ -119,29 +119,107 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     ),
 }
 
-# subcommands that pass what follows `--` on to Hydra (anemoi configs)
-TAKES_OVERRIDES = ("check-config", "export")
-
-
-def _epilog() -> str:
-    codes = "\n".join(f"  {code.value}  {code.meaning}" for code in ExitCode)
-    return f"exit codes:\n{codes}"
-
-
-# a subcommand's help names the exit codes once, briefly; the table is in `kernel-probe --help` and
-# docs/
+TAKES_OVERRIDES = ("check-config", "export")  # what follows `--` goes on to Hydra
+# a subcommand's help names the exit codes once, briefly; the table is in `kernel-probe --help`
 SUB_EPILOG = (
     "exit codes: 0 ok, 2 usage, 3 mismatch or stale, 5 bad input file; all of them: "
     "kernel-probe --help"
 )
 
 
-def unknown_subcommand(word: str) -> str | None:
-    """The message for ``kernel-probe WORD`` where WORD is no subcommand (None: WORD is an option),
-    with the nearest subcommand when there is one (difflib: argparse's own suggest_on_error, Python
-    3.14, does not see subcommands dispatched here)."""
-    import difflib
+# ---- what the commands share ------------------------------------------------------------------
+DEFAULT_LOCK = "kernel-lock.toml"
+MAX_COUNT = 1_000_000
+TRUST_HELP = (
+    "trust this top-level package beyond the built-in allow-list (repeatable; also "
+    "$KERNEL_LOCK_TRUST). A lock's own trusted-modules only ask for it"
+)
 
+
+def default_lock_path() -> str:
+    """The lock a command reads when none is named: $KERNEL_LOCK, else ./kernel-lock.toml."""
+    return os.environ.get("KERNEL_LOCK", DEFAULT_LOCK)
+
+
+def add_lock_argument(p: argparse.ArgumentParser, what: str = "lock file") -> None:
+    """The optional LOCK positional (``args.lock``; None when not given: ``default_lock_path``)."""
+    p.add_argument(
+        "lock", nargs="?", default=None, help=f"{what} (default: $KERNEL_LOCK or ./{DEFAULT_LOCK})"
+    )
+
+
+def add_flags(p: argparse.ArgumentParser, flags: dict[str, str]) -> None:
+    """An on/off option for each ``flag: help``."""
+    for flag, help in flags.items():
+        p.add_argument(flag, action="store_true", help=help)
+
+
+def add_trust_argument(p: argparse.ArgumentParser) -> None:
+    """``--trust MODULE`` (repeatable, ``args.trust``)."""
+    p.add_argument("--trust", action="append", default=[], metavar="MODULE", help=TRUST_HELP)
+
+
+def load_lock(path: str, strict: bool = False, **options: Any) -> kernel_lock.KernelLock:
+    """``kernel_lock.load`` for a command (``options``: ``trust``, ``check_targets``), the lock's
+    warnings on stderr and a missing ``$KERNEL_LOCK`` file named as such."""
+    try:
+        lock = kernel_lock.load(path, strict=strict, emit_warnings=False, **options)
+    except LockError as exc:
+        env = os.environ.get("KERNEL_LOCK")
+        if env is None or env != path or os.path.isfile(path):
+            raise
+        # a missing lock named by the environment rather than by the user: say where it came from
+        exc.problem += " ($KERNEL_LOCK names this path)"
+        exc.fix = (
+            "unset KERNEL_LOCK or point it at the lock, or name the lock on the command "
+            f"line; {exc.fix or ''}"
+        ).rstrip("; ")
+        exc.args = (exc._render(),)
+        raise
+    for message in lock.warnings:
+        output.warn(message)
+    return lock
+
+
+def open_lock(args: argparse.Namespace, **options: Any) -> kernel_lock.KernelLock:
+    """:func:`load_lock` of ``args.lock``, set to :func:`default_lock_path` when not given."""
+    args.lock = args.lock or default_lock_path()
+    return load_lock(args.lock, **options)
+
+
+def seconds(text: str, *, limit: float = MAX_SECONDS) -> float:
+    """An argparse type: a positive, finite number of seconds, at most ``limit`` (a week)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and 0 < value <= limit):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a time budget must be a positive, finite number of seconds, at most "
+            f"{limit:g}"
+        )
+    return value
+
+
+def count(lo: int = 1, hi: int = MAX_COUNT) -> Callable[[str], int]:
+    """An argparse type: a whole number in ``[lo, hi]``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip(), 10) if text.strip().isascii() else None
+        except ValueError:
+            value = None
+        if value is None or not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number from {lo} to {hi}")
+        return value
+
+    parse.__name__ = "count"
+    return parse
+
+
+# ---- parsing ----------------------------------------------------------------------------------
+def unknown_subcommand(word: str) -> str | None:
+    """The message for ``kernel-probe WORD``, WORD no subcommand (None: WORD is an option)."""
     if not word or word.startswith("-"):
         return None
     near = difflib.get_close_matches(word, list(SUBCOMMANDS), n=1, cutoff=0.6)
@@ -157,37 +235,19 @@ class _Parser(argparse.ArgumentParser):
     """argparse, except that with --json a usage error is also a JSON object on stdout (exit 2)."""
 
     json_wanted = False
-    on_error: Callable[[str], None] | None = (
-        None  # the main probe: rank 0's bad argument fails the whole job
-    )
+    on_error: Callable[[str], None] | None = None  # the probe: rank 0's bad argument fails the job
 
     def error(self, message: str) -> NoReturn:
         if self.on_error is not None:
             self.on_error(message)
         if self.json_wanted:
-            output.print_json(error_json(message, ExitCode.USAGE, kind="UsageError"))
+            output.print_json(output.failure(message, ExitCode.USAGE, kind="UsageError"))
         super().error(message)
 
 
-def error_json(
-    problem: str,
-    exit_code: int,
-    *,
-    kind: str,
-    path: str | None = None,
-    key: str | None = None,
-    fix: str | None = None,
-) -> dict:
-    """What a failed command prints on stdout under --json: one object, the same shape for every
-    error (kernel_probe.output.failure)."""
-    return output.failure(problem, exit_code, kind=kind, file=path, key=key, fix=fix)
-
-
 def _base_parser(prog: str, description: str, json: str | None) -> _Parser:
-    """A command's parser with the common flags: --debug, and --json (its help ``json``) unless
-    ``json`` is None."""
+    """A command's parser with --debug, and --json (its help ``json``) unless ``json`` is None."""
     common = [output.debug_flag(), *([] if json is None else [output.json_flag(json)])]
-    # did you mean
     extra: dict[str, Any] = {"suggest_on_error": True} if sys.version_info >= (3, 14) else {}
     return _Parser(
         prog=prog,
@@ -200,9 +260,7 @@ def _base_parser(prog: str, description: str, json: str | None) -> _Parser:
 
 
 def build_subparser(name: str) -> tuple[_Parser, Callable]:
-    """The parser of subcommand ``name`` and its run function, its module imported only now."""
-    import importlib
-
+    """The parser of subcommand ``name`` and its run function (its module imported now)."""
     sub = SUBCOMMANDS[name]
     module = importlib.import_module(f"kernel_probe.commands.{sub.module}")
     p = _base_parser(f"kernel-probe {name}", sub.help, sub.json)
@@ -210,10 +268,27 @@ def build_subparser(name: str) -> tuple[_Parser, Callable]:
     return p, getattr(module, sub.run)
 
 
+def _probe_parser(argv: list[str]) -> tuple[_Parser, Callable]:
+    # the probe's modules cost an import a subcommand does not pay
+    from kernel_probe.commands import probe
+
+    parser = _base_parser(
+        "kernel-probe",
+        "Probe kernels on this machine and write a kernel lock.",
+        "machine-readable summary on stdout",
+    )
+    parser.add_argument("-V", "--version", action="version", version=f"kernel-probe {__version__}")
+    probe.add_probe_arguments(parser)
+    subs = "\n".join(f"  {n:<14} {s.help}" for n, s in SUBCOMMANDS.items())
+    codes = "\n".join(f"  {code.value}  {code.meaning}" for code in ExitCode)
+    parser.epilog = f"subcommands (kernel-probe SUBCOMMAND --help):\n{subs}\n\nexit codes:\n{codes}"
+    parser.on_error = functools.partial(probe.publish_usage_failure, list(argv))
+    return parser, probe.run_probe
+
+
+# ---- running ----------------------------------------------------------------------------------
 def exit_now(code: int) -> NoReturn:
-    """End this process with ``code`` once what it wrote is out (stdout, stderr, logging), skipping
-    the interpreter's teardown: finalising torch's modules costs 0.3-0.5 s of CPU, after the
-    answer."""
+    """End this process with ``code`` once its output is out, without the interpreter's teardown."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -224,18 +299,10 @@ def exit_now(code: int) -> NoReturn:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The command line: parse, run the subcommand, render its errors; returns the exit code.
-
-    ``argv`` None: this process's own command line (``sys.argv``), which a subcommand marked
-    ``exit_now`` ends without the interpreter's teardown; a caller passing ``argv`` gets the code
-    back."""
+    """The command line: parse, run, render errors; the exit code. ``argv`` None: this process's
+    own, which a subcommand marked ``exit_now`` ends without the interpreter's teardown."""
     code = _main(list(sys.argv[1:] if argv is None else argv))
-    if (
-        argv is None
-        and sys.argv[1:2]
-        and sys.argv[1] in SUBCOMMANDS
-        and SUBCOMMANDS[sys.argv[1]].exit_now
-    ):
+    if argv is None and sys.argv[1:2] and getattr(SUBCOMMANDS.get(sys.argv[1]), "exit_now", False):
         exit_now(code)
     return code
 
@@ -244,38 +311,22 @@ def _main(argv: list[str]) -> int:
     if argv and argv[0] in ("-V", "--version"):
         print(f"kernel-probe {__version__}")
         return ExitCode.OK
-    overrides: list[str] = []
+    rest, overrides = argv, []
     if argv and argv[0] in SUBCOMMANDS:
-        parser, run = build_subparser(argv[0])
-        rest = argv[1:]
-        # Hydra overrides: everything after `--`, as written
-        if argv[0] in TAKES_OVERRIDES and "--" in rest:
+        (parser, run), rest = build_subparser(argv[0]), argv[1:]
+        if argv[0] in TAKES_OVERRIDES and "--" in rest:  # Hydra overrides, as written
             cut = rest.index("--")
             rest, overrides = rest[:cut], rest[cut + 1 :]
+    elif (wrong := unknown_subcommand(argv[0]) if argv else None) is not None:
+        if "--json" in argv:
+            fail = output.failure(
+                wrong, ExitCode.USAGE, kind="UsageError", fix="kernel-probe --help"
+            )
+            output.print_json(fail)
+        output.error(f"{wrong}\n  fix: see kernel-probe --help")
+        return ExitCode.USAGE
     else:
-        from kernel_probe.commands import probe
-
-        wrong = unknown_subcommand(argv[0]) if argv else None
-        if wrong is not None:
-            if "--json" in argv:
-                output.print_json(
-                    error_json(wrong, ExitCode.USAGE, kind="UsageError", fix="kernel-probe --help")
-                )
-            output.error(f"{wrong}\n  fix: see kernel-probe --help")
-            return ExitCode.USAGE
-        parser = _base_parser(
-            "kernel-probe",
-            "Probe kernels on this machine and write a kernel lock.",
-            "machine-readable summary on stdout",
-        )
-        parser.add_argument(
-            "-V", "--version", action="version", version=f"kernel-probe {__version__}"
-        )
-        probe.add_probe_arguments(parser)
-        sub = "\n".join(f"  {n:<14} {s.help}" for n, s in SUBCOMMANDS.items())
-        parser.epilog = f"subcommands (kernel-probe SUBCOMMAND --help):\n{sub}\n\n{_epilog()}"
-        run, rest = probe.run_probe, argv
-        parser.on_error = functools.partial(probe.publish_usage_failure, list(rest))
+        parser, run = _probe_parser(argv)
     parser.json_wanted = "--json" in rest
     args = parser.parse_args(rest)  # exits 2 on usage errors
     args.overrides = overrides
@@ -286,43 +337,31 @@ def _main(argv: list[str]) -> int:
     output.reset()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LockWarning)  # commands report lock warnings themselves
-        try:
-            return int(run(args) or 0)
-        except LockError as exc:
-            if args.debug:
-                raise
-            output.error(str(exc))
-            if getattr(args, "json", False):
-                output.print_json(
-                    error_json(
-                        exc.problem,
-                        exc.exit_code,
-                        kind=type(exc).__name__,
-                        path=exc.path,
-                        key=exc.key,
-                        fix=exc.fix,
-                    )
-                )
-            return exc.exit_code
-        except KeyboardInterrupt:
-            output.error("interrupted")
-            return ExitCode.FAILURE
-        except Exception as exc:  # a bug: say so plainly, keep the traceback for --debug
-            if args.debug or os.environ.get("KERNEL_PROBE_DEBUG"):
-                raise
-            output.error(
-                f"unexpected {type(exc).__name__}: {exc} (re-run with --debug for the traceback)"
-            )
-            if getattr(args, "json", False):
-                output.print_json(
-                    error_json(
-                        f"unexpected {type(exc).__name__}: {exc}",
-                        ExitCode.FAILURE,
-                        kind="bug",
-                        fix="re-run with --debug for the traceback",
-                    )
-                )
-            return ExitCode.FAILURE
+        return _run(run, args)
+
+
+def _run(run: Callable[[argparse.Namespace], Any], args: argparse.Namespace) -> int:
+    try:
+        return int(run(args) or 0)
+    except LockError as exc:
+        if args.debug:
+            raise
+        output.error(str(exc))
+        if getattr(args, "json", False):
+            output.print_json(output.with_failure({}, exc))
+        return exc.exit_code
+    except KeyboardInterrupt:
+        output.error("interrupted")
+        return ExitCode.FAILURE
+    except Exception as exc:  # a bug: say so plainly, keep the traceback for --debug
+        if args.debug or os.environ.get("KERNEL_PROBE_DEBUG"):
+            raise
+        problem = f"unexpected {type(exc).__name__}: {exc}"
+        output.error(f"{problem} (re-run with --debug for the traceback)")
+        if getattr(args, "json", False):
+            fix = "re-run with --debug for the traceback"
+            output.print_json(output.failure(problem, ExitCode.FAILURE, kind="bug", fix=fix))
+        return ExitCode.FAILURE
 
 
 if __name__ == "__main__":  # pragma: no cover

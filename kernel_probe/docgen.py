@@ -1,16 +1,9 @@
 """Tables in the documentation that are generated from the code, so they cannot drift from it.
 
-A document holds a generated block between two marker comments::
-
-    <!-- exit-codes:begin -->
-    ...generated, replaced on every run...
-    <!-- exit-codes:end -->
-
-``python -m kernel_probe.docgen`` rewrites every block in ``README.md`` and ``docs/*.md`` of the
-checkout; ``--check`` writes nothing and exits 1 if any of them is out of date (the test suite runs
-it). A block's name says which generator fills it (``BLOCKS``); an unknown name or an unterminated
-block is an error (exit 5), never silently left alone. A tool for the checkout, not for users: the
-installed package has no documents to rewrite.
+A generated block sits between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->``; ``NAME`` says
+which generator of ``BLOCKS`` fills it, and an unknown name or a block without its end is an error
+(exit 5). ``python -m kernel_probe.docgen`` rewrites every block of README.md and docs/*.md in the
+checkout; ``--check`` writes nothing and exits 1 if one is out of date (the test suite runs it).
 """
 
 from __future__ import annotations
@@ -22,11 +15,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kernel_lock.errors import ExitCode
+from kernel_lock.trust.files import write_file
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout: README.md and docs/ live there
 
 _BEGIN = re.compile(r"<!-- ([a-z][a-z0-9-]*):begin -->\n")
-_END = "<!-- {name}:end -->"
 
 
 def _cell(text: str) -> str:
@@ -53,22 +46,18 @@ def render(text: str, where: str = "<text>") -> str:
     """``text`` with every generated block filled in afresh."""
     out, pos = [], 0
     while (m := _BEGIN.search(text, pos)) is not None:
-        name = m.group(1)
+        name, line = m.group(1), text.count("\n", 0, m.start()) + 1
         if name not in BLOCKS:
-            line = text.count("\n", 0, m.start()) + 1
-            raise DocgenError(
-                f"{where}:{line}: unknown generated block {name!r} (known: {', '.join(BLOCKS)})"
-            )
-        end = text.find(_END.format(name=name), m.end())
+            known = ", ".join(BLOCKS)
+            raise DocgenError(f"{where}:{line}: unknown generated block {name!r} (known: {known})")
+        end = text.find(f"<!-- {name}:end -->", m.end())
         if end < 0:
-            line = text.count("\n", 0, m.start()) + 1
             raise DocgenError(
                 f"{where}:{line}: <!-- {name}:begin --> without its <!-- {name}:end -->"
             )
         out += [text[pos : m.end()], BLOCKS[name]()]
         pos = end
-    out.append(text[pos:])
-    return "".join(out)
+    return "".join([*out, text[pos:]])
 
 
 def documents(root: Path = ROOT) -> list[Path]:
@@ -81,11 +70,8 @@ def update(root: Path = ROOT, *, write: bool = True) -> list[Path]:
     changed = []
     for p in documents(root):
         text = p.read_text(encoding="utf-8")
-        new = render(text, str(p))
-        if new != text:
+        if (new := render(text, str(p))) != text:
             if write:
-                from kernel_lock.trust.files import write_file
-
                 write_file(p, new, through_link=True)
             changed.append(p)
     return changed

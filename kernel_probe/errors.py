@@ -1,5 +1,4 @@
-"""Errors of the probe itself, each with the exit code the CLI returns for it (kernel_lock's
-ExitCode)."""
+"""The probe's errors, each with the exit code the CLI returns for it (kernel_lock's ExitCode)."""
 
 from __future__ import annotations
 
@@ -9,13 +8,11 @@ from kernel_lock.errors import ExitCode, LockError
 class ProbeError(LockError):
     """A failure the user can act on; ``exit_code`` is one of kernel_lock's ExitCode."""
 
-    # as LockError's: RankFailed carries the code another rank reported
-    exit_code: int = ExitCode.FAILURE
+    exit_code: int = ExitCode.FAILURE  # an int, as LockError's: RankFailed carries another's code
 
 
 class UsageError(ProbeError):
-    """A command line that cannot mean anything: a bad value, a flag without the one it needs, a
-    misspelt slot."""
+    """A command line that cannot mean anything: a bad value, a flag without the one it needs."""
 
     exit_code = ExitCode.USAGE
 
@@ -27,8 +24,7 @@ class StaleLock(ProbeError):
 
 
 class ForcedUnusable(ProbeError):
-    """A ``--pin``/``--prefer`` (or a profile's pin) names a candidate that cannot be used on this
-    machine."""
+    """A ``--pin``/``--prefer`` (or a profile's pin) names a candidate unusable on this machine."""
 
     exit_code = ExitCode.MISMATCH
 
@@ -40,14 +36,12 @@ class NodeDiffers(ProbeError):
 
 
 class ProfileUnmet(ProbeError):
-    """The machine (or a described node) does not meet the site profile that ``--profile`` or
-    ``profiles match`` names, or no one profile matches it (``auto``)."""
+    """The machine (or a described node) does not meet the site profile, or no profile matches."""
 
     exit_code = ExitCode.PROFILE_UNMET
 
 
 class InputFileError(ProbeError):
-    """A file the probe reads is missing, unreadable or malformed: an anemoi config, or the existing
-    lock it would reuse."""
+    """A file the probe reads is missing, unreadable or malformed (a config, a lock to reuse)."""
 
     exit_code = ExitCode.BAD_INPUT

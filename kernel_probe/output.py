@@ -1,9 +1,6 @@
-"""Presentation helpers: one rich console on stdout, one on stderr, JSON printing, and the two flags
-every command shares to choose its presentation (``--json``, ``--debug``), declared once as argparse
-parents.
-
-rich honours NO_COLOR and narrow terminals by itself; we only make sure nothing is wrapped in JSON
-mode and that errors go to stderr.
+"""Presentation: one rich console on stdout and one on stderr (rich honours NO_COLOR and narrow
+terminals), tables, JSON, the one failure shape of ``--json``, and the two flags every command
+shares, declared once. Every string from a file or a library is printed through ``safe``/``plain``.
 """
 
 from __future__ import annotations
@@ -12,6 +9,7 @@ import argparse
 import json
 import re
 import sys
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 _consoles: dict[str, Any] = {}
@@ -25,9 +23,7 @@ def debug_flag() -> argparse.ArgumentParser:
 
 
 def json_flag(help: str | None = None) -> argparse.ArgumentParser:
-    """``--json`` as an argparse parent: every command that can print JSON takes it, ``help`` saying
-    what it prints; its usage errors and failures are then JSON objects on stdout too
-    (kernel_probe.cli)."""
+    """``--json`` as an argparse parent, ``help`` saying what it prints."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--json", action="store_true", help=help)
     return p
@@ -37,7 +33,7 @@ def console(stderr: bool = False):
     """The shared rich console on stdout (or stderr), created on first use."""
     key = "err" if stderr else "out"
     if key not in _consoles:
-        from rich.console import Console
+        from rich.console import Console  # rich: not on the job-start path
 
         _consoles[key] = Console(stderr=stderr, highlight=False, soft_wrap=True)
     return _consoles[key]
@@ -48,11 +44,10 @@ def reset() -> None:
     _consoles.clear()
 
 
-# What is never printed as itself: C0 and C1 controls, and Unicode's invisible format characters
-# (category Cf: bidi embeddings, overrides and isolates U+202A-U+202E and U+2066-U+2069, zero-width
-# U+200B-U+200F, U+2060-U+2064, U+FEFF, soft hyphen, tags ...) and the line and paragraph separators
-# U+2028 / U+2029, which can make a lock's text read as something else (tests compare this with
-# unicodedata's Cf, Zl and Zp sets).
+# Never printed as itself: C0 and C1 controls, Unicode's invisible format characters (category Cf:
+# bidi embeddings, overrides and isolates, zero-width characters, soft hyphen, tags ...) and the
+# line and paragraph separators, which can make a lock's text read as something else (tests compare
+# this with unicodedata's Cf, Zl and Zp sets).
 _CONTROL = re.compile(
     "[\x00-\x1f\x7f-\x9f\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891\u08e2\u180e\u200b-\u200f"
     "\u2028-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f"
@@ -61,10 +56,8 @@ _CONTROL = re.compile(
 
 
 def safe(value: Any) -> str:
-    """``value`` as text for a rich console: control and format characters shown as escapes (no
-    terminal sequence from a file ever reaches the terminal) and rich markup escaped (``[/bold]`` in
-    a lock is printed, not interpreted). Every string that comes from a file or a library goes
-    through this."""
+    """``value`` as text for a rich console: control and format characters shown as escapes, rich
+    markup escaped (``[/bold]`` in a lock is printed, not interpreted)."""
     from rich.markup import escape
 
     return escape(_controls_escaped(str(value)))
@@ -72,6 +65,11 @@ def safe(value: Any) -> str:
 
 def _controls_escaped(text: str) -> str:
     return _CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), text)
+
+
+def plain(value: Any) -> str:
+    """``value`` as text for a plain stream: each line's control characters shown as escapes."""
+    return "\n".join(_controls_escaped(line) for line in str(value).split("\n"))
 
 
 def table(title: str | None = None, **options: Any):
@@ -90,23 +88,18 @@ def table(title: str | None = None, **options: Any):
 
 
 def print_table(tbl: Any, *, stderr: bool = False) -> None:
-    """Print ``tbl`` no narrower than it needs: columns marked ``no_wrap`` (ids, shapes, numbers)
-    are never cut or wrapped mid-word, even at 80 columns or in a log without a terminal; other
-    columns wrap at spaces. A table that cannot fit is printed wider than the console instead of
-    truncated."""
+    """Print ``tbl``: ``no_wrap`` columns (ids, shapes, numbers) never cut or wrapped, the others
+    wrapped at spaces; a table that cannot fit is printed wider than the console, not cut."""
     from rich.measure import Measurement
     from rich.text import Text
 
     con = console(stderr)
     for column in tbl.columns:  # a wrapping column is at least as wide as its longest word
         if not column.no_wrap:
-            words = [
-                w
-                for cell in column.cells
-                for w in (
-                    Text.from_markup(cell).plain if isinstance(cell, str) else str(cell)
-                ).split()
-            ]
+            cells = (
+                Text.from_markup(c).plain if isinstance(c, str) else str(c) for c in column.cells
+            )
+            words = [w for cell in cells for w in cell.split()]
             column.min_width = max([column.min_width or 0, *(len(w) for w in words)])
     need = Measurement.get(con, con.options.update(width=100_000), tbl).minimum
     width = con.width
@@ -115,6 +108,24 @@ def print_table(tbl: Any, *, stderr: bool = False) -> None:
         con.print(tbl)
     finally:
         con.width = width
+
+
+def print_rows(
+    title: str | None,
+    columns: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    *,
+    wrap: Sequence[str] = (),
+    right: Sequence[str] = (),
+) -> None:
+    """Print ``rows`` (cells made ``safe``) as a :func:`table`: only the columns in ``wrap`` wrap,
+    those in ``right`` are right-aligned."""
+    tbl = table(title)
+    for col in columns:
+        tbl.add_column(col, no_wrap=col not in wrap, justify="right" if col in right else "left")
+    for row in rows:
+        tbl.add_row(*row)
+    print_table(tbl)
 
 
 def failure(
@@ -128,22 +139,12 @@ def failure(
 ) -> dict[str, Any]:
     """The one shape of a failure under ``--json``, for every command: ``{"ok": false, "error":
     {...}}`` (a command adds its own fields beside ``ok`` and ``error``; docs/cli.md)."""
-    return {
-        "ok": False,
-        "error": {
-            "type": kind,
-            "exit_code": int(exit_code),
-            "problem": problem,
-            "file": file,
-            "key": key,
-            "fix": fix,
-        },
-    }
+    error = {"type": kind, "exit_code": int(exit_code), "problem": problem}
+    return {"ok": False, "error": {**error, "file": file, "key": key, "fix": fix}}
 
 
 def with_failure(body: dict[str, Any], exc: Any, exit_code: int | None = None) -> dict[str, Any]:
-    """``body`` (a command's own JSON fields) with ``ok`` and, when ``exc`` (a LockError) is given,
-    its ``error`` in the shape of :func:`failure`."""
+    """``body`` (a command's own JSON fields) with ``ok``, and ``exc``'s error (a LockError)."""
     if exc is None:
         return {"ok": True, **{k: v for k, v in body.items() if k != "ok"}}
     code = exc.exit_code if exit_code is None else exit_code
@@ -159,29 +160,21 @@ def print_json(data: Any) -> None:
     sys.stdout.flush()
 
 
-def _lines(message: str) -> str:
-    """A multi-line message (an error with its fix) keeps its lines; each is made safe."""
-    return "\n".join(safe(line) for line in str(message).split("\n"))
-
-
 def error(message: str) -> None:
-    """An error line on stderr."""
+    """An error on stderr (each line of a message with its fix made safe)."""
     console(stderr=True).print(f"[bold red]error:[/] {_lines(message)}")
 
 
 def warn(message: str) -> None:
-    """A warning line on stderr."""
+    """A warning on stderr."""
     console(stderr=True).print(f"[yellow]warning:[/] {_lines(message)}")
 
 
+def _lines(message: str) -> str:
+    return "\n".join(safe(line) for line in str(message).split("\n"))
+
+
 def info(message: str) -> None:
-    """A plain line on stderr, written without rich (the warm path of a job start prints one line
-    and must not pay for importing rich); control characters are shown as escapes, as ``safe``
-    does."""
+    """A plain line on stderr, without rich (the warm path of a job start must not import it)."""
     sys.stderr.write(plain(message) + "\n")
     sys.stderr.flush()
-
-
-def plain(value: Any) -> str:
-    """``value`` as text for a plain stream: each line's control characters shown as escapes."""
-    return "\n".join(_controls_escaped(line) for line in str(value).split("\n"))

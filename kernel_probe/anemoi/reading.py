@@ -9,7 +9,7 @@ installed, the file is judged alone (``kernel_probe.anemoi.blocks``) and a findi
 were not followed.
 
 Reading lives here and in config_file/blocks; verdicts are entry_checks/block_checks/schema_check's;
-presentation is the commands' (commands/check_config.py, commands/export.py).
+presentation is the commands' (commands/anemoi.py).
 """
 
 from __future__ import annotations

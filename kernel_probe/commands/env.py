@@ -7,8 +7,10 @@ import argparse
 from typing import Any
 
 from kernel_probe import output
-from kernel_probe.commands.numbers import seconds
-from kernel_probe.detect import host as cpumath
+from kernel_probe.cli import add_flags, seconds
+from kernel_probe.detect import host
+from kernel_probe.detect.importcheck import DEFAULT_TIMEOUT, ImportCache
+from kernel_probe.detect.report import detect
 from kernel_probe.errors import UsageError
 from kernel_probe.output import safe
 
@@ -24,20 +26,15 @@ STATUS_STYLE = {
 
 def add_env_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``kernel-probe env``."""
-    from kernel_probe.detect.importcheck import DEFAULT_TIMEOUT
-
-    p.add_argument(
-        "--no-import-checks",
-        action="store_true",
-        help="do not import kernel libraries or Triton (no child processes): metadata and "
-        "torch only",
-    )
-    p.add_argument(
-        "--fresh",
-        action="store_true",
-        help="import every library again: do not reuse the answers kept from earlier checks of "
-        "the same installation on this node (they are kept in $KERNEL_PROBE_CACHE_DIR, else "
-        "~/.cache/kernel-probe)",
+    add_flags(
+        p,
+        {
+            "--no-import-checks": "do not import kernel libraries or Triton (no child processes): "
+            "metadata and torch only",
+            "--fresh": "import every library again: do not reuse the answers kept from earlier "
+            "checks of the same installation on this node (they are kept in "
+            "$KERNEL_PROBE_CACHE_DIR, else ~/.cache/kernel-probe)",
+        },
     )
     p.add_argument(
         "--timeout",
@@ -56,9 +53,6 @@ def run_env(args: argparse.Namespace) -> int:
             f"--timeout must be a positive number of seconds, not {args.timeout:g}",
             fix="pass e.g. --timeout 20",
         )
-    from kernel_probe.detect.importcheck import ImportCache
-    from kernel_probe.detect.report import detect
-
     cache = ImportCache.default(read=not args.fresh)
     report = detect(import_checks=not args.no_import_checks, timeout=args.timeout, cache=cache)
     if args.json:
@@ -68,16 +62,15 @@ def run_env(args: argparse.Namespace) -> int:
     return 0
 
 
-# ---- rendering ------------------------------------------------------------------------------
-def _gib(n: int | None) -> str:
-    return "?" if n is None else f"{n / 2**30:.1f} GiB"
+_Rows = list[tuple[str, Any]]
 
 
-def _onoff(value: Any) -> str:
-    return {True: "on", False: "off", None: "n/a"}.get(value, str(value))
+class _Markup(str):
+    """A row's value that is rich markup already (what in it came from the report made safe)."""
 
 
-def _section(console: Any, title: str, rows: list[tuple[str, str]]) -> None:
+def _section(console: Any, title: str, rows: _Rows) -> None:
+    """A titled section of ``key value`` rows; keys and plain values are made safe here."""
     from rich.table import Table
 
     console.print()
@@ -86,17 +79,22 @@ def _section(console: Any, title: str, rows: list[tuple[str, str]]) -> None:
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
     for key, value in rows:
-        table.add_row(key, value)
+        table.add_row(safe(key), value if isinstance(value, _Markup) else safe(value))
     console.print(table)
+
+
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**30:.1f} GiB"
+
+
+def _onoff(value: Any) -> str:
+    return {True: "on", False: "off", None: "n/a"}.get(value, str(value))
 
 
 def _status(entry: dict[str, Any]) -> str:
     status = entry.get("status", "")
-    text = (
-        f"[{STATUS_STYLE.get(status, '')}]{safe(status)}[/]"
-        if STATUS_STYLE.get(status)
-        else safe(status)
-    )
+    style = STATUS_STYLE.get(status)
+    text = f"[{style}]{safe(status)}[/]" if style else safe(status)
     if entry.get("seconds") is not None:
         text += f" in {entry['seconds']:.2f} s"
     if entry.get("cached"):
@@ -104,70 +102,47 @@ def _status(entry: dict[str, Any]) -> str:
     return text
 
 
-def _host_rows(h: dict[str, Any]) -> list[tuple[str, str]]:
+def _host_rows(h: dict[str, Any]) -> _Rows:
     cpu, mem, os_, py = h["cpu"], h["memory"], h["os"], h["python"]
-    model = cpu["microarch"]
-    if cpu["model_known"]:
-        model += (
-            f" (generic {cpu['generic']})" if cpu.get("generic") and cpu["generic"] != model else ""
-        )
-    else:
-        model = f"unknown model, generic level {cpu.get('generic') or cpu['microarch']}"
+    model, generic = cpu["microarch"], cpu.get("generic")
+    if not cpu["model_known"]:
+        model = f"unknown model, generic level {generic or cpu['microarch']}"
+    elif generic and generic != model:
+        model += f" (generic {generic})"
     memory = f"{_gib(mem['total_bytes'])} total, {_gib(mem['available_bytes'])} available"
     if mem.get("cgroup_limit_bytes"):
         memory += f", {_gib(mem['cgroup_limit_bytes'])} cgroup limit"
     cores = str(cpu["cores"])
     if cpu.get("usable_cores") not in (None, cpu["cores"]):
         cores += f" ({cpu['usable_cores']} usable)"
+    venv = " (virtualenv)" if py["virtualenv"] else ""
     return [
-        (
-            "os",
-            safe(f"{os_.get('distribution') or os_['system']} ({os_['system']} {os_['release']})"),
-        ),
-        (
-            "python",
-            safe(
-                f"{py['version']} {py['implementation']}, {py['executable']}"
-                + (" (virtualenv)" if py["virtualenv"] else "")
-            ),
-        ),
-        (
-            "cpu",
-            safe(f"{cpu['arch']}, {model}" + (f", {cpu['brand']}" if cpu.get("brand") else "")),
-        ),
+        ("os", f"{os_.get('distribution') or os_['system']} ({os_['system']} {os_['release']})"),
+        ("python", f"{py['version']} {py['implementation']}, {py['executable']}{venv}"),
+        ("cpu", f"{cpu['arch']}, {model}" + (f", {cpu['brand']}" if cpu.get("brand") else "")),
         ("cores", cores),
-        *[
-            (f"{dtype} matmul", safe(cpumath.describe(fact)))
-            for dtype, fact in (cpu.get("matmul") or {}).items()
-        ],
+        *[(f"{t} matmul", host.describe(f)) for t, f in (cpu.get("matmul") or {}).items()],
         ("memory", memory),
     ]
 
 
-def _torch_rows(t: dict[str, Any] | None) -> list[tuple[str, str]]:
+def _torch_rows(t: dict[str, Any] | None) -> _Rows:
     if t is None:
-        return [("torch", "[red]not importable[/] (see errors)")]
+        return [("torch", _Markup("[red]not importable[/] (see errors)"))]
     builds = {
         "cuda": f"CUDA {t['cuda']}",
         "rocm": f"HIP {t['hip']}" + (f", ROCm {t['rocm']}" if t.get("rocm") else ""),
         "xpu": f"XPU {t['xpu']}",
     }
-    build = builds.get(t["build"], "CPU only")
     dnn, coll, m = t["dnn"], t["collectives"], t["math"]
-    rows = [
-        ("version", safe(f"{t['version']} ({t['location']})")),
-        ("built for", safe(build)),
-        ("device code", safe(" ".join(t["arch_list"]) or "none")),
-        (
-            dnn["library"],
-            safe(
-                f"{dnn['version']} (compiled {dnn['compiled']})"
-                if dnn["version"]
-                else (dnn["error"] or "not loaded")
-            ),
-        ),
-        (coll["library"], safe(coll["version"] or coll["error"] or "not in this build")),
-        ("cpu kernels", safe(str(t["cpu_capability"]))),
+    dnn_text = f"{dnn['version']} (compiled {dnn['compiled']})" if dnn["version"] else None
+    return [
+        ("version", f"{t['version']} ({t['location']})"),
+        ("built for", builds.get(t["build"], "CPU only")),
+        ("device code", " ".join(t["arch_list"]) or "none"),
+        (dnn["library"], dnn_text or dnn["error"] or "not loaded"),
+        (coll["library"], coll["version"] or coll["error"] or "not in this build"),
+        ("cpu kernels", str(t["cpu_capability"])),
         (
             "tf32",
             f"matmul {_onoff(m['matmul_allow_tf32'])}, cudnn {_onoff(m['cudnn_allow_tf32'])}, "
@@ -185,28 +160,23 @@ def _torch_rows(t: dict[str, Any] | None) -> list[tuple[str, str]]:
             + f", cudnn deterministic {_onoff(m['cudnn_deterministic'])}, "
             f"benchmark {_onoff(m['cudnn_benchmark'])}",
         ),
+        *t["environment"].items(),
     ]
-    for name, value in t["environment"].items():
-        rows.append((safe(name), safe(value)))
-    return rows
 
 
-def _device_rows(devices: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    rows = []
+def _device_rows(devices: list[dict[str, Any]]) -> _Rows:
+    rows: _Rows = []
     for d in devices:
-        label = f"{d['type']}:{d['index']}"
-        if d.get("physical") is not None:
-            label += safe(f" (node {d['physical']})")
+        node = f" (node {d['physical']})" if d.get("physical") is not None else ""
+        label = f"{d['type']}:{d['index']}{node}"
         if d["type"] == "cpu":
-            rows.append((label, safe(f"{d['name']} (no accelerator torch can use)")))
+            rows.append((label, f"{d['name']} (no accelerator torch can use)"))
             continue
         parts = [f"{d['vendor']} {d['arch'] or '(arch n/a)'}"]
         if d.get("gcn_arch_name") and d["gcn_arch_name"] != d["arch"]:
             parts[0] += f" ({d['gcn_arch_name']})"
-        if d.get("memory_bytes"):
-            parts.append(_gib(d["memory_bytes"]))
-        if d.get("driver"):
-            parts.append(f"driver {d['driver']}")
+        parts += [_gib(d["memory_bytes"])] if d.get("memory_bytes") else []
+        parts += [f"driver {d['driver']}"] if d.get("driver") else []
         text = safe(f"{d['name']}\n" + ", ".join(parts))
         cover = d.get("torch_build_covers") or {}
         if cover.get("covered") is True:
@@ -215,80 +185,55 @@ def _device_rows(devices: list[dict[str, Any]]) -> list[tuple[str, str]]:
             text += f"\n[red]torch build does not cover it[/]: {safe(cover['detail'])}"
         elif cover.get("how") == "unknown":
             text += f"\ntorch build coverage unknown: {safe(cover['detail'])}"
-        for note in d.get("notes") or ():
-            text += f"\n[yellow]note[/]: {safe(note)}"
-        rows.append((label, text))
+        text += "".join(f"\n[yellow]note[/]: {safe(note)}" for note in d.get("notes") or ())
+        rows.append((label, _Markup(text)))
     return rows
 
 
-def _triton_rows(t: dict[str, Any]) -> list[tuple[str, str]]:
+def _triton_rows(t: dict[str, Any]) -> _Rows:
     if not t["installed"]:
-        return [("triton", "[dim]not installed[/]")]
-    dists = (
-        ", ".join(
-            f"{n} {v['version']} (backends: {', '.join(v['built_for'])})"
-            for n, v in t["distributions"].items()
-        )
-        or "none found"
+        return [("triton", _Markup("[dim]not installed[/]"))]
+    dists = ", ".join(
+        f"{n} {v['version']} (backends: {', '.join(v['built_for'])})"
+        for n, v in t["distributions"].items()
     )
+    provider = f"{t['provider']} {t['version']}" if t["provider"] else None
+    unknown = f"unknown: {t['provider_evidence'] or 'no distribution metadata'}"
     rows = [
-        (
-            "provider",
-            safe(
-                f"{t['provider']} {t['version']}"
-                if t["provider"]
-                else f"unknown: {t['provider_evidence'] or 'no distribution metadata'}"
-            ),
-        ),
-        ("installed", safe(dists)),
-        ("location", safe(t["location"] or "?")),
+        ("provider", provider or unknown),
+        ("installed", dists or "none found"),
+        ("location", t["location"] or "?"),
     ]
     if t["backend"]:
-        rows.append(
-            (
-                "target",
-                safe(
-                    f"{t['backend']} {t['arch'] or '(arch n/a)'}"
-                    + (f", warp size {t['warp_size']}" if t.get("warp_size") else "")
-                    + f" (from {t['target_source']})"
-                    + (
-                        f"; the runtime was not asked: {t['target_not_asked']}"
-                        if t.get("target_not_asked")
-                        else ""
-                    )
-                ),
-            )
-        )
+        target = f"{t['backend']} {t['arch'] or '(arch n/a)'}"
+        target += f", warp size {t['warp_size']}" if t.get("warp_size") else ""
+        target += f" (from {t['target_source']})"
+        if t.get("target_not_asked"):
+            target += f"; the runtime was not asked: {t['target_not_asked']}"
+        rows.append(("target", target))
     elif t.get("target_not_asked"):
-        rows.append(("target", safe(f"not asked: {t['target_not_asked']}")))
+        rows.append(("target", f"not asked: {t['target_not_asked']}"))
     elif t.get("target_error"):
-        rows.append(("target", safe(f"none: {t['target_error']}")))
+        rows.append(("target", f"none: {t['target_error']}"))
     if t["conflict"]:
-        rows.append(("conflict", f"[yellow]{safe(t['conflict'])}[/]"))
+        rows.append(("conflict", _Markup(f"[yellow]{safe(t['conflict'])}[/]")))
     if t["matches_torch_build"] is False:
-        rows.append(
-            (
-                "mismatch",
-                "[red]the importable triton carries no backend for this torch's GPU runtime[/]",
-            )
-        )
+        mismatch = "[red]the importable triton carries no backend for this torch's GPU runtime[/]"
+        rows.append(("mismatch", _Markup(mismatch)))
     if t.get("torch_requires"):
-        rows.append(("torch pins", safe(t["torch_requires"])))
+        rows.append(("torch pins", t["torch_requires"]))
     if t.get("torch_pin_problem"):
-        rows.append(("risk", f"[yellow]{safe(t['torch_pin_problem'])}[/]"))
-    rows.append(("import", _status(t["import"])))
-    return rows
+        rows.append(("risk", _Markup(f"[yellow]{safe(t['torch_pin_problem'])}[/]")))
+    return [*rows, ("import", _Markup(_status(t["import"])))]
 
 
-def _library_rows(libs: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
+def _library_rows(libs: dict[str, dict[str, Any]]) -> _Rows:
     rows = []
     for name, lib in libs.items():
         imp = lib["import"]
         if not lib["installed"]:
-            text = "[dim]not installed[/]"
-            if lib["distributions"]:
-                text += f": {safe(imp['reason'])}"
-            rows.append((safe(name), text))
+            why = f": {safe(imp['reason'])}" if lib["distributions"] else ""
+            rows.append((name, _Markup(f"[dim]not installed[/]{why}")))
             continue
         head = safe(f"{lib['version'] or '(no distribution metadata)'}")
         if lib.get("identified_as"):
@@ -298,19 +243,15 @@ def _library_rows(libs: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
             text += f"\n{safe(imp['reason'])}"
         if imp.get("stdout"):
             text += f"\n[yellow]printed to stdout on import[/]: {safe(imp['stdout'][:200])}"
-        text += f"\n[dim]{safe(lib['location'] or '')}[/]"
-        rows.append((safe(name), text))
+        rows.append((name, _Markup(f"{text}\n[dim]{safe(lib['location'] or '')}[/]")))
     return rows
 
 
-def _site_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
-    rows = [("hostname", safe(s["hostname"]))]
-    for name, value in s["slurm"].items():
-        rows.append((safe(name), safe(value)))
-    for marker in s["markers"]:
-        rows.append((safe(marker["signal"]), safe(f"{marker['value']} (hint: {marker['hint']})")))
+def _site_rows(s: dict[str, Any]) -> _Rows:
+    rows = [("hostname", s["hostname"]), *s["slurm"].items()]
+    rows += [(m["signal"], f"{m['value']} (hint: {m['hint']})") for m in s["markers"]]
     if not s["slurm"] and not s["markers"]:
-        rows.append(("markers", "[dim]no Slurm job, no known site marker[/]"))
+        rows.append(("markers", _Markup("[dim]no Slurm job, no known site marker[/]")))
     return rows
 
 
@@ -323,20 +264,12 @@ def render(report: dict[str, Any], console: Any) -> None:
     _section(console, "kernel libraries", _library_rows(report["libraries"]))
     _section(console, "site", _site_rows(report["site"]))
     if report["fingerprint"] is not None:
-        _section(
-            console,
-            "lock fingerprint",
-            [
-                (safe(k), safe(str(v)) if v != "" else "[dim]''[/]")
-                for k, v in report["fingerprint"].items()
-            ],
-        )
+        empty = _Markup("[dim]''[/]")
+        rows = [(k, str(v) if v != "" else empty) for k, v in report["fingerprint"].items()]
+        _section(console, "lock fingerprint", rows)
     if report["errors"]:
-        _section(
-            console,
-            "errors",
-            [(safe(e["where"]), f"[red]{safe(e['error'])}[/]") for e in report["errors"]],
-        )
+        errors = [(e["where"], _Markup(f"[red]{safe(e['error'])}[/]")) for e in report["errors"]]
+        _section(console, "errors", errors)
     checks = report["import_checks"]
     how = (
         f"import checks in child processes, {checks['timeout']:.0f} s timeout"

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from kernel_lock.slots import PRECISIONS
 from kernel_probe import output
 from kernel_probe import slots as slot_behaviour
-from kernel_probe.commands.numbers import count, seconds
+from kernel_probe.cli import count, seconds
 from kernel_probe.errors import UsageError
 from kernel_probe.output import safe
 from kernel_probe.probe.limits import MAX_REPS
@@ -30,8 +30,8 @@ from kernel_probe.slots.base import shape_work
 
 if TYPE_CHECKING:
     from kernel_probe.isolation.protocol import TimingProgressMessage
+from kernel_probe.cli import DEFAULT_LOCK
 from kernel_probe.commands.check import add_candidate_arguments, add_switches
-from kernel_probe.commands.lockfile import DEFAULT_LOCK
 
 
 def add_probe_arguments(p: argparse.ArgumentParser) -> None:

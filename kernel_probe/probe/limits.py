@@ -18,6 +18,6 @@ CHECK_HIDDEN = (
     1000  # the correctness inputs' normalised (input) size: not a power of two on purpose
 )
 
-# every numeric option is finite, positive and at most this (kernel_probe.commands.numbers)
+# every numeric option is finite, positive and at most this (kernel_probe.cli)
 MAX_SECONDS = 7 * 24 * 3600.0  # a week: longer than any job's start; beyond it a typo, not a budget
 MAX_REPS = 100_000

@@ -186,7 +186,8 @@ def test_the_check_reads_every_kernel_probe_module_and_their_many_imports():
         for node in ast.walk(ast.parse((ROOT / rel).read_text()))
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kernel_lock")
     )
-    assert len(PROBE) > 100 and count > 100, (len(PROBE), count)
+    # a sanity bound against an empty glob (issue 51 merged many modules: 138 files became ~100)
+    assert len(PROBE) > 50 and count > 100, (len(PROBE), count)
 
 
 @pytest.mark.parametrize(

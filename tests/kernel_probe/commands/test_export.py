@@ -391,7 +391,7 @@ def test_readme_says_what_the_anemoi_install_prints():
 def test_component_blocks_are_commented_yaml_under_processor(render, options, note, has):
     import yaml
 
-    from kernel_probe.commands import export
+    from kernel_probe.commands import anemoi as export
 
     text = getattr(export, render)(options, note)
     assert text.startswith("\n#") and text.endswith("\n")

@@ -1,4 +1,4 @@
-"""kernel_probe/commands/lock.py: ``kernel-probe lock --for inference IN OUT``, its arguments and
+"""kernel_probe/commands/locks.py: ``kernel-probe lock --for inference IN OUT``, its arguments and
 run_lock called directly. The derivation itself (which slot takes its twin, and why) is
 kernel_probe/probe/derive.py's; the whole command through the CLI:
 tests/kernel_lock/test_resolve_inference.py."""
@@ -12,7 +12,7 @@ import pytest
 
 import kernel_lock
 from kernel_lock.errors import ExitCode
-from kernel_probe.commands.lock import add_lock_arguments, run_lock
+from kernel_probe.commands.locks import add_lock_arguments, run_lock
 from kernel_probe.errors import ProbeError, UsageError
 from tests.conftest import edited_lock, write_sealed
 

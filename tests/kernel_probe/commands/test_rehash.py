@@ -1,4 +1,4 @@
-"""kernel_probe/commands/rehash.py: ``kernel-probe rehash [LOCK]`` re-seals a deliberately
+"""kernel_probe/commands/locks.py: ``kernel-probe rehash [LOCK]`` re-seals a deliberately
 hand-edited lock, validating it fully first."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 import kernel_lock
 from kernel_lock.errors import LockError
-from kernel_probe.commands.rehash import add_rehash_arguments, run_rehash
+from kernel_probe.commands.locks import add_rehash_arguments, run_rehash
 from tests.conftest import MINIMAL_LOCK, edited_lock, run_cli, write_sealed
 
 

@@ -38,7 +38,7 @@ BUILTIN_IDS = [c.id for c in cands.builtin()]
 def test_every_slot_fact_is_imported_from_kernel_lock_slots():
     from kernel_lock import resolve
     from kernel_lock.format import document, schema
-    from kernel_probe.commands import check_config, export, verify
+    from kernel_probe.commands import anemoi, locks
     from kernel_probe.probe import judge
 
     assert kernel_lock.SLOTS is slots.SLOTS
@@ -51,14 +51,7 @@ def test_every_slot_fact_is_imported_from_kernel_lock_slots():
         is lockwrite.SPECS
         is slots.SPECS
     )
-    assert (
-        document.MODES
-        is resolve.MODES
-        is export.MODES
-        is check_config.MODES
-        is verify.MODES
-        is slots.MODES
-    )
+    assert document.MODES is resolve.MODES is anemoi.MODES is locks.MODES is slots.MODES
     assert document.PRECISIONS is profiles.PRECISIONS is slots.PRECISIONS
     assert schema.STATUSES is judge.STATUSES is slots.STATUSES
     assert judge.confusable is slots.confusable and judge.DTYPES is slots.DTYPES
@@ -93,7 +86,7 @@ def test_the_slot_facts_agree_with_each_other():
 def test_one_hint_for_a_misspelt_slot(name, fix):
     from kernel_lock.errors import LockFormatError
     from kernel_lock.resolve import factory
-    from kernel_probe.commands.explain import slot_argument
+    from kernel_probe.commands.locks import slot_argument
     from kernel_probe.errors import UsageError
 
     assert slots.slot_name_fix(name) == fix

@@ -1,0 +1,466 @@
+"""The commands that read a lock: ``show``, ``explain``, ``diff``, ``verify``, ``rehash`` and
+``lock --for inference``. Each opens the lock as kernel_probe.cli does (``$KERNEL_LOCK``, the lock's
+warnings on stderr), calls the library and renders its answer as text or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import kernel_lock
+from kernel_lock.errors import ExitCode, LockError
+from kernel_lock.fingerprint import with_torch
+from kernel_lock.fingerprint.version_file import Unsettled, torch_build
+from kernel_lock.resolve import factory, resolve_slot
+from kernel_lock.slots import MODES, short_dtype, slot_name_fix
+from kernel_lock.trust.confirming import before_sealing
+from kernel_probe import cli, output
+from kernel_probe.cli import add_flags, add_lock_argument, add_trust_argument, load_lock, open_lock
+from kernel_probe.errors import ProbeError, UsageError
+from kernel_probe.output import print_rows, safe
+from kernel_probe.probe.derive import derive_inference
+from kernel_probe.probe.lockdiff import lock_differences
+
+
+def _say(*lines: str) -> None:
+    for line in lines:
+        output.console().print(line)
+
+
+def _print_failure(body: dict[str, Any], exc: LockError | None) -> int:
+    """``body`` as JSON with ``ok`` (and ``exc`` as its error, also said on stderr)."""
+    output.print_json(output.with_failure(body, exc))
+    if exc is not None:
+        output.error(str(exc))
+    return exc.exit_code if exc else 0
+
+
+# ---- show -------------------------------------------------------------------------------------
+def add_show_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``kernel-probe show``."""
+    add_lock_argument(p)
+
+
+def run_show(args: argparse.Namespace) -> int:
+    """``kernel-probe show [LOCK]``: the lock's pins, fingerprint and evidence, as text or JSON."""
+    lock = open_lock(args, check_targets=False)
+    if args.json:
+        output.print_json(lock.to_dict())
+        return 0
+    _say(
+        f"[bold]{safe(args.lock)}[/]  lock-version {safe(lock.lock_version)}, "
+        f"{safe(lock.created_by)}, {safe(lock.created_at or 'no date')}",
+        f"mode {lock.mode}; precision {lock.precision or 'not recorded'}; "
+        f"digest {'intact' if lock.intact else '[yellow]NOT intact[/]'}",
+    )
+    if lock.profile:
+        _say(f"profile: {safe(lock.profile.get('name', '?'))}")
+    env = lock.environment
+    fields = [(safe(n), safe(f.value), f.match) for n, f in env.fields.items()]
+    fields += [(f"library {safe(n)}", safe(f.value), f.match) for n, f in env.libraries.items()]
+    print_rows("environment", ("field", "value", "match"), fields, wrap=("value",))
+    slots = [
+        (n, safe(s.implementation), safe(s.target), safe(dict(s.kwargs)), _twin(s.twin))
+        for n, s in lock.slots.items()
+    ]
+    columns = ("slot", "implementation", "target", "kwargs", "twin")
+    print_rows("slots", columns, slots, wrap=("kwargs", "twin"))
+    _say(*(f"{name}: {safe(s.reason)}" for name, s in lock.slots.items() if s.reason))
+    return 0
+
+
+def _twin(twin: Any) -> str:
+    return "-" if twin is None else f"{safe(twin.target)} ({twin.state_dict})"
+
+
+# ---- explain ----------------------------------------------------------------------------------
+def add_explain_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``kernel-probe explain``."""
+    p.add_argument(
+        "args",
+        nargs="+",
+        metavar="[LOCK] SLOT",
+        help=f"the lock file (default: $KERNEL_LOCK or ./{cli.DEFAULT_LOCK}) and the slot: "
+        f"{', '.join(kernel_lock.SLOTS)}",
+    )
+
+
+def slot_argument(text: str) -> str:
+    """A slot name from the command line; a wrong one is a usage error (exit 2) naming the near
+    miss."""
+    if text in kernel_lock.SLOTS:
+        return text
+    raise UsageError(f"unknown slot {text!r}", fix=slot_name_fix(text))
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    """``kernel-probe explain [LOCK] SLOT``: why the lock pins what it pins for one slot."""
+    words = args.args
+    if len(words) > 2:
+        raise UsageError(
+            f"explain takes [LOCK] SLOT, got {len(words)} arguments: {' '.join(words)}"
+        )
+    # a lock's path rather than a mistyped slot: it exists, or is named like a file
+    one = words[0] if len(words) == 1 and words[0] not in kernel_lock.SLOTS else ""
+    if one and (os.path.exists(one) or one.endswith(".toml") or os.sep in one):
+        raise UsageError(
+            f"explain {one}: which slot? explain takes [LOCK] SLOT",
+            fix=f"name the slot after the lock: kernel-probe explain {one} SLOT "
+            f"({', '.join(kernel_lock.SLOTS)})",
+        )
+    args.lock, args.slot = words if len(words) == 2 else [cli.default_lock_path(), words[0]]
+    slot_argument(args.slot)  # before reading the file: a typo is the argument's fault
+    slot = load_lock(args.lock, check_targets=False).slots.get(args.slot)
+    if args.json:
+        unpinned = {"implementation": None, "note": "not pinned: resolves to torch.nn"}
+        output.print_json(slot.to_dict() if slot else unpinned)
+    elif slot is None:
+        _say(
+            f"{safe(args.slot)} is not pinned in {safe(args.lock)}: it resolves to torch.nn "
+            "(the default)"
+        )
+    else:
+        _explain(args.slot, slot)
+    return 0
+
+
+def _explain(name: str, slot: Any) -> None:
+    requires = ", ".join(f"{r.name}{r.specifier}" for r in slot.requires) or "torch only"
+    _say(
+        f"[bold]{name}[/] -> {safe(slot.implementation)} ({safe(slot.target)})",
+        f"  why: {safe(slot.reason or 'no reason recorded')}",
+        f"  kwargs: {safe(dict(slot.kwargs))}; requires: {safe(requires)}",
+    )
+    if twin := slot.twin:
+        _say(
+            f"  twin for inference: {safe(twin.target)} {safe(dict(twin.kwargs))}, state dict "
+            f"{twin.state_dict}"
+            + (f" ({safe(', '.join(twin.migration))})" if twin.migration else "")
+            + (f", verified max error {twin.max_error}" if twin.max_error is not None else "")
+        )
+    else:
+        _say("  no portable twin: inference needs the same library")
+    if slot.evidence:
+        keys = ("device", "dtype", "regime", "status", "worst-error-ratio")
+        rows = [
+            [*(safe(e.get(k, "")) for k in keys), safe(", ".join(map(str, e.get("failed", []))))]
+            for e in slot.evidence
+        ]
+        columns = ("device", "dtype", "regime", "status", "error/tol", "failed")
+        print_rows("correctness evidence", columns, rows, wrap=("failed",))
+        _say("  error/tol: the worst error over the tolerance (< 1 passes)")
+    if slot.timing:
+        _timings(slot.timing, slot.implementation)
+    for r in slot.rejected:
+        _say(
+            f"  not chosen: {safe(r.implementation)} {safe(f'[{r.status}]')} "
+            f"{safe('; '.join(r.reasons))}"
+        )
+
+
+def _timings(timing: Any, chosen: str) -> None:
+    on_gpu = any("copy-percent" in t for t in timing)  # measured on GPUs only
+    columns: tuple[str, ...] = ("implementation", "shape", "dtype", "ms", "first call s")
+    columns += ("GB/s", "% copy") if on_gpu else ()
+    rows = []
+    for t in timing:
+        ms = t.get("median-ms")
+        cells = [
+            t.get("implementation", ""),
+            t.get("shape", ""),
+            f"{short_dtype(t.get('dtype', ''))} {t.get('regime', '')}",
+            f"{ms:.3f}" if isinstance(ms, (int, float)) else t.get("error", ""),
+            _fmt(t.get("compile-s")),
+        ]
+        if on_gpu:
+            cells += [_fmt(t.get("gbps")), _fmt(t.get("copy-percent"), ".0f")]
+        rows.append([safe(c) for c in cells])
+    print_rows("timings (forward + backward)", columns, rows, right=columns[3:])
+    _say(
+        *(
+            f"  {safe(t.get('implementation', ''))} at {safe(t.get('shape', ''))}: "
+            f"{safe(t['error'])}"
+            for t in timing
+            if "error" in t
+        )
+    )
+    for line in bar_chart(timing, chosen=chosen):
+        output.console().print(safe(line), soft_wrap=False)
+
+
+def bar_chart(rows: Any, *, chosen: str = "", width: int = 80) -> list[str]:
+    """The candidates' median times as text bars, one group per shape and precision, each bar scaled
+    to the slowest there; the chosen one is marked ``*``. Fits ``width`` columns (plain text: logs
+    keep it)."""
+    groups: dict[tuple[str, str], list[tuple[str, float]]] = {}
+    for t in rows:
+        ms = t.get("median-ms")
+        if isinstance(ms, (int, float)) and not isinstance(ms, bool) and ms > 0:
+            key = (
+                str(t.get("shape", "")),
+                f"{short_dtype(t.get('dtype', ''))} {t.get('regime', '')}".strip(),
+            )
+            groups.setdefault(key, []).append((str(t.get("implementation", "")), float(ms)))
+    if not groups:
+        return []
+    name_w = min(32, max(len(name) for rs in groups.values() for name, _ in rs) + 2)
+    lines = ["  median ms, forward + backward (* chosen; bars scaled to the slowest per shape)"]
+    for (shape, precision), rs in groups.items():
+        lines.append(f"  {shape} {precision}")
+        slowest = max(ms for _, ms in rs)
+        for name, ms in sorted(rs, key=lambda r: r[1]):
+            label = (("* " if name == chosen else "  ") + name)[:name_w].ljust(name_w)
+            room = max(1, width - 4 - name_w - 10)
+            lines.append(f"    {label}{'#' * max(1, round(room * ms / slowest))} {ms:.3g}")
+    return lines
+
+
+def _fmt(value: Any, spec: str = ".3g") -> str:
+    return format(value, spec) if isinstance(value, (int, float)) else "-"
+
+
+# ---- diff -------------------------------------------------------------------------------------
+def add_diff_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``kernel-probe diff``."""
+    p.add_argument("a", help="old lock")
+    p.add_argument("b", help="new lock")
+    add_flags(
+        p,
+        {
+            "--exit-code": f"exit {ExitCode.LOCKS_DIFFER.value} when the locks differ, 0 when they "
+            "do not (git diff --exit-code uses 1, which kernel-probe keeps for failures)"
+        },
+    )
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    """``kernel-probe diff A B``: what differs between two locks (environment, slots), as text or
+    JSON."""
+    a, b = load_lock(args.a, check_targets=False), load_lock(args.b, check_targets=False)
+    diffs = lock_differences(a, b)
+    differ = any(diffs.values())
+    code = ExitCode.LOCKS_DIFFER if (differ and args.exit_code) else 0
+    if args.json:
+        failed = ProbeError(f"{args.a} and {args.b} differ (see the differences)") if code else None
+        output.print_json(output.with_failure(dict(diffs), failed, code))
+        if failed is not None:
+            output.error(f"{failed.problem} (exit {code}, --exit-code)")
+        return code
+    if not differ:
+        _say("no differences in environment or choices")
+    _say(*(f"{d['key']}: {safe(repr(d['a']))} -> {safe(repr(d['b']))}" for d in diffs["lock"]))
+    for d in diffs["environment"]:
+        fa, fb = (x["value"] if x else "absent" for x in (d["a"], d["b"]))
+        _say(f"environment {safe(d['field'])}: {safe(repr(fa))} -> {safe(repr(fb))}")
+    _say(
+        *(
+            f"slot {d['slot']} {d['key']}: {safe(repr(d['a']))} -> {safe(repr(d['b']))}"
+            for d in diffs["slots"]
+        )
+    )
+    return code
+
+
+# ---- verify -----------------------------------------------------------------------------------
+def add_verify_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``kernel-probe verify``."""
+    add_lock_argument(p)
+    p.add_argument(
+        "--mode",
+        choices=MODES,
+        default=None,
+        help="training: this machine must match the lock; inference: substitute verified twins "
+        "where needed (default: the lock's own mode, `mode` in the file)",
+    )
+    add_flags(
+        p,
+        {
+            "--strict": "a hand-edited lock (digest mismatch), or one without an environment, is "
+            "an error",
+            "--no-import": "check the machine and each slot's requirements from files and package "
+            "metadata only, importing no kernel library and not torch (the check for every rank "
+            "at job start); by default each slot's class is also imported",
+        },
+    )
+    add_trust_argument(p)
+
+
+_RESOLVED = ("implementation", "target", "kwargs", "substituted_from", "max_error")
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    """``kernel-probe verify [LOCK]``: does this machine match the lock, and does each slot resolve
+    here."""
+    lock = open_lock(args, strict=args.strict, trust=args.trust)
+    args.mode = args.mode or lock.mode
+    result: dict[str, Any] = {
+        "lock": args.lock,
+        "mode": args.mode,
+        "differences": [],
+        "notes": [],
+        "warnings": list(lock.warnings),
+        "slots": {},
+        "imported": not args.no_import,
+    }
+    try:
+        # with --no-import the machine is read without torch where every checked fact can be, and
+        # each class judged from the tables of known classes: one they cannot judge is an error
+        # (not confirmed), never current (kernel_lock.resolve.confirm_targets)
+        result["notes"] = lock.verify(args.mode, targets="static" if args.no_import else None)
+    except LockError as exc:
+        if not args.json:
+            raise
+        result["differences"] = [
+            {"field": d.field, "expected": d.expected, "found": d.found, "rule": d.rule}
+            for d in getattr(exc, "differences", ())
+        ]
+        return _print_failure(result, exc)
+    failures: list[LockError] = []
+    for slot in kernel_lock.SLOTS:
+        try:
+            result["slots"][slot] = _resolve(lock, slot, args.mode, args.no_import)
+        except LockError as exc:  # e.g. installed but broken on import, with no usable twin
+            if not args.json:
+                raise
+            result["slots"][slot] = {
+                "error": exc.problem,
+                "fix": exc.fix,
+                "exit_code": exc.exit_code,
+            }
+            failures.append(exc)
+    if args.json:
+        return _print_failure(result, max(failures, key=lambda e: e.exit_code, default=None))
+    # plain lines (no rich): this is every rank's job-start output, and its cost is counted
+    verdict = "matches this machine" if args.mode == "training" else "can run on this machine"
+    imported = ", classes not imported" if args.no_import else ""
+    lines = [f"ok: {args.lock} {verdict} ({args.mode} mode{imported})"]
+    lines += [f"  note: {note}" for note in result["notes"]]
+    for slot, s in result["slots"].items():
+        extra = ""
+        if s["substituted_from"]:
+            error = "not recorded" if s["max_error"] is None else f"{s['max_error']:.3g}"
+            extra = f" (substituted for {s['substituted_from']}, verified max error {error})"
+        lines.append(f"  {slot:<10} -> {s['target']} {s['kwargs']}{extra}")
+    sys.stdout.write(output.plain("\n".join(lines)) + "\n")
+    return 0
+
+
+def _resolve(lock: kernel_lock.KernelLock, slot: str, mode: str, no_import: bool) -> dict:
+    if no_import:  # the decision only: requirements from metadata, nothing imported
+        r = resolve_slot(lock, slot, mode, import_classes=False)
+        found = (r.implementation, r.target, dict(r.kwargs), r.substituted_from, r.max_error)
+    else:
+        f = factory(lock, slot, mode=mode, verify_environment=False)
+        found = (f.implementation, f.target, dict(f.keywords), f.substituted_from, f.max_error)
+    return dict(zip(_RESOLVED, found, strict=True))
+
+
+# ---- rehash -----------------------------------------------------------------------------------
+def add_rehash_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``kernel-probe rehash``."""
+    add_lock_argument(p, "lock file to re-seal after a deliberate hand edit")
+    add_trust_argument(p)
+
+
+def run_rehash(args: argparse.Namespace) -> int:
+    """``kernel-probe rehash [LOCK]``: re-seal a lock after a deliberate hand edit. It is still
+    fully validated, and a lock that ``verify`` and the runtime would refuse is not sealed
+    (``kernel_lock.trust.confirming.before_sealing``); the rewrite is atomic."""
+    args.lock = args.lock or cli.default_lock_path()
+    lock = kernel_lock.load(args.lock, emit_warnings=False, trust=args.trust)
+    unjudged = before_sealing(lock, _torch_version(lock))
+    sealed = lock.sealed()
+    sealed.dump(args.lock)
+    same = "unchanged" if sealed.digest == lock.digest else "updated"
+    output.info(f"{args.lock}: digest {same} ({sealed.digest})")
+    for line in unjudged:
+        output.info(f"  note: {line}")
+    return 0
+
+
+def _torch_version(lock: kernel_lock.KernelLock) -> str:
+    """The torch the lock's classes are judged for: the lock's own, else this machine's (read
+    without importing torch); empty when neither is known (torch.nn's targets are then not judged).
+    """
+    recorded = lock.environment.fields.get("torch")
+    if recorded is not None:
+        return str(recorded.value)
+    try:
+        return torch_build().version
+    except Unsettled:
+        return ""
+
+
+# ---- lock --for inference ---------------------------------------------------------------------
+def add_lock_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``kernel-probe lock``."""
+    p.add_argument(
+        "--for",
+        dest="purpose",
+        required=True,
+        choices=("inference",),
+        help="what the new lock is for (inference: substitute verified torch.nn twins where the "
+        "training libraries cannot run)",
+    )
+    p.add_argument("source", metavar="IN", help="the training lock")
+    p.add_argument("out", metavar="OUT", help="where to write the inference lock (atomically)")
+    add_flags(p, {"--force": "replace OUT if it exists"})
+    add_trust_argument(p)
+
+
+def run_lock(args: argparse.Namespace) -> int:
+    """``kernel-probe lock --for inference IN OUT``: on the inference machine, each slot that cannot
+    run here replaced by its verified portable twin (as ``factory(..., mode="inference")`` would),
+    decided once and written down; a slot with no usable twin stops it and nothing is written."""
+    out = Path(args.out)
+    if out.is_dir():
+        raise UsageError(
+            f"{out} is a directory",
+            fix=f"name the lock file, e.g. {out / 'kernel-lock.inference.toml'}",
+        )
+    if out.exists() and not args.force:
+        raise UsageError(
+            f"{out} exists; not replacing it",
+            fix="pass --force to replace it, or choose another OUT",
+        )
+    lock = load_lock(args.source, trust=args.trust)
+    if lock.mode != "training":
+        source_of = lock.provenance.get("source", "an unrecorded lock")
+        raise UsageError(
+            f"{args.source} is already an inference lock (derived from {source_of})",
+            fix="derive from the training lock itself",
+        )
+    current = with_torch.current()
+    derived, subs = derive_inference(lock, current, source=str(args.source))
+    derived.verify("inference", current=current)  # what it promises holds here
+    derived.dump(out)
+    swapped = {s.slot for s in subs}
+    if args.json:
+        keys = ("slot", "from", "from-target", "to", "reason", "max-error")
+        names = ("slot", "training", "training_target", "twin_target", "reason", "max_error")
+        output.print_json(
+            {
+                "source": str(args.source),
+                "source-digest": derived.provenance["source-digest"],
+                "out": str(out),
+                "digest": derived.digest,
+                "substitutions": [
+                    {k: getattr(s, n) for k, n in zip(keys, names, strict=True)} for s in subs
+                ],
+                "kept": sorted(name for name in derived.slots if name not in swapped),
+            }
+        )
+        return 0
+    _say(f"[green]wrote[/] {safe(str(out))}: inference lock derived from {safe(str(args.source))}")
+    _say(*(f"  [yellow]{safe(str(s))}[/]: {safe(s.reason)}" for s in subs))
+    _say(
+        *(
+            f"  {name}: {safe(derived.slots[name].implementation)} (runs here, kept)"
+            for name in kernel_lock.SLOTS
+            if name in derived.slots and name not in swapped
+        )
+    )
+    return 0

@@ -1,0 +1,107 @@
+"""kernel_probe/commands/locks.py: show (a lock in readable form, and as JSON); explain (why a lock
+chose what it chose for one slot, with a text bar chart of the candidates' times per shape within 80
+columns, issue 37); diff (what changed between two locks, and exit 6 with --exit-code when they
+differ). verify, rehash and lock --for inference: test_verify.py, test_rehash.py, test_lock.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from kernel_probe.commands.locks import bar_chart
+from tests.conftest import MINIMAL_LOCK, ROOT, write_sealed
+from tests.conftest import run_cli as run
+
+
+# ---- show ----------------------------------------------------------------------------------------
+def test_show_text_and_json(lock_file, capsys):
+    code, out, _ = run(["show", str(lock_file)], capsys)
+    assert code == 0 and "LayerNorm" in out and "torch.layer_norm" in out
+    code, out, _ = run(["show", str(lock_file), "--json"], capsys)
+    assert json.loads(out)["slots"]["LayerNorm"]["kwargs"] == {"eps": 1e-6}
+
+
+# ---- explain -------------------------------------------------------------------------------------
+def test_explain_with_a_bad_slot_is_a_usage_error(lock_file, capsys):
+    code, _, err = run(["explain", lock_file, "Layernorm"], capsys)
+    assert code == 2 and "did you mean 'LayerNorm'" in err
+    code, _, err = run(["explain", lock_file, "LayerNorm", "extra"], capsys)
+    assert code == 2
+
+
+ROWS = [
+    {
+        "implementation": "torch.layer_norm",
+        "shape": "2048x1024",
+        "dtype": "float32",
+        "regime": "true",
+        "median-ms": 2.0,
+    },
+    {
+        "implementation": "liger.layer_norm",
+        "shape": "2048x1024",
+        "dtype": "float32",
+        "regime": "true",
+        "median-ms": 1.0,
+    },
+    {
+        "implementation": "torch.layer_norm",
+        "shape": "8x8",
+        "dtype": "float32",
+        "regime": "true",
+        "median-ms": 0.01,
+    },
+    {
+        "implementation": "te.layer_norm",
+        "shape": "8x8",
+        "dtype": "float32",
+        "regime": "true",
+        "error": "OOM",
+    },
+]
+
+
+def test_bars_are_scaled_to_the_slowest_at_each_shape_and_mark_the_chosen():
+    lines = bar_chart(ROWS, chosen="liger.layer_norm")
+    assert all(len(line) <= 80 for line in lines)
+    group = lines[lines.index("  2048x1024 fp32 true") + 1 :][:2]
+    fast, slow = group  # fastest first
+    assert fast.lstrip().startswith("* liger.layer_norm") and slow.lstrip().startswith(
+        "torch.layer_norm"
+    )
+    assert fast.count("#") * 2 == slow.count("#") or abs(fast.count("#") * 2 - slow.count("#")) <= 1
+    assert fast.endswith(" 1") and slow.endswith(" 2")
+    assert not any("te.layer_norm" in line for line in lines)  # a row without a time draws no bar
+
+
+def test_no_timings_no_chart():
+    assert bar_chart([], chosen="x") == [] and bar_chart([ROWS[3]]) == []
+
+
+# ---- diff ----------------------------------------------------------------------------------------
+def test_diff_exit_code_is_6_when_the_locks_differ(tmp_path, capsys):
+    from kernel_lock.errors import EXIT_CODES
+
+    a, same, b = tmp_path / "a.toml", tmp_path / "same.toml", tmp_path / "b.toml"
+    for path, text in (
+        (a, MINIMAL_LOCK),
+        (same, MINIMAL_LOCK),
+        (b, MINIMAL_LOCK.replace("bias = false", "bias = true")),
+    ):
+        write_sealed(path, text)
+    code, out, _ = run(["diff", a, b, "--exit-code"], capsys)
+    assert code == 6 and "diff --exit-code" in EXIT_CODES[6]
+    assert "slot Linear kwargs: {'bias': False} -> {'bias': True}" in out
+    assert run(["diff", a, b], capsys)[0] == 0  # without --exit-code a difference is not a status
+    assert run(["diff", a, same, "--exit-code"], capsys)[0] == 0
+    assert run(["diff", a, a, "--exit-code"], capsys)[0] == 0
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernel_probe", "diff", str(a), str(b), "--exit-code"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 6, proc.stderr
+    code, out, _ = run(["diff", "--help"], capsys)
+    assert code == 0 and "exit 6 when the locks differ" in " ".join(out.split())
