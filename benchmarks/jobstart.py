@@ -8,7 +8,7 @@ Measured in this one run, so machine noise hits every side alike:
   - the files each one opens and the modules it imports, counted by an audit hook ("open" events)
     installed from a sitecustomize in a temporary folder put first on PYTHONPATH
   - for reference, the floors: `python -c "pass"` and the torch-free fingerprint alone
-    (kernel_lock.fingerprint.torchless), which is what the warm path can cost once it uses it
+    (kernel_lock.torchless), which is what the warm path can cost once it uses it
   - N concurrent warm `kernel-probe --out L` on one lock (default 64): the slowest one's wall time,
     the whole batch's, and how many failed (goal: none)
 
@@ -164,7 +164,7 @@ def main() -> None:
             "torchless.fingerprint()": [
                 sys.executable,
                 "-c",
-                "import kernel_lock.fingerprint.torchless as t; t.fingerprint()",
+                "import kernel_lock.torchless as t; t.fingerprint()",
             ],
         }
         for argv in commands.values():  # warm the page cache and fail early on a stale lock

@@ -17,7 +17,8 @@ What a reader finds where (every module lists its public names in ``__all__``):
   (``slots``, ``versions``, ``activations``, ``gating``, ``blas``, ``graph_attention``);
 - ``trust/``: what may be imported and how (the allow-list, ``registry``, ``importing``, ``locate``,
   ``confirming``), the one child launcher (``launch``) and the one safe writer (``files``);
-- resolve and fingerprint: ``resolve`` (the resolver) and ``fingerprint/`` (this machine's facts);
+- resolve and fingerprint: ``resolve`` (the resolver); ``fingerprint``, ``host`` and ``torchless``
+  (this machine's facts);
 - the classes a lock names as targets: ``adapters``, ``attention``, ``gated_mlp``;
 - integrations: ``anemoi``, ``checkpoint``, ``distributed``, ``portability``.
 

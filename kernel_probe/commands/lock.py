@@ -39,7 +39,7 @@ def add_lock_arguments(p: argparse.ArgumentParser) -> None:
 def run_lock(args: argparse.Namespace) -> int:
     """``kernel-probe lock --for inference IN OUT``: derive an inference lock from a training
     one."""
-    from kernel_lock.fingerprint import with_torch
+    from kernel_lock import fingerprint
 
     out = Path(args.out)
     if out.is_dir():
@@ -59,7 +59,7 @@ def run_lock(args: argparse.Namespace) -> int:
             f"{args.source} is already an inference lock (derived from {source_of})",
             fix="derive from the training lock itself",
         )
-    current = with_torch.current()
+    current = fingerprint.current()
     derived, substitutions = derive_inference(lock, current, source=str(args.source))
     # what it promises holds here (no substitution left)
     derived.verify("inference", current=current)

@@ -220,15 +220,15 @@ def _match(args: argparse.Namespace) -> int:
 
         name_note = None
     else:
-        from kernel_lock.fingerprint import fields, with_torch
+        from kernel_lock import fingerprint
 
         profile, matched, notes = requirements.choose(
             args.name, args.profiles_dir, detect_device(), named=named
         )
-        current = with_torch.current()
+        current = fingerprint.current()
         where = "this machine"
         libraries = requirements.library_facts
-        name_note = fields.device_name_note(current)
+        name_note = fingerprint.device_name_note(current)
     site_refusal: ProfileUnmet | None = None
     if profile is not None and args.name != "auto":  # named: do the site's signals agree?
         facts = nodes.site_facts(node) if args.node else None

@@ -42,7 +42,7 @@ def _torch_version(lock: kernel_lock.KernelLock) -> str:
     """The torch the lock's classes are judged for: the lock's own, else this machine's (read
     without importing torch); empty when neither is known (torch.nn's targets are then not
     judged)."""
-    from kernel_lock.fingerprint.version_file import Unsettled, torch_build
+    from kernel_lock.fingerprint import Unsettled, torch_build
 
     recorded = lock.environment.fields.get("torch")
     if recorded is not None:

@@ -64,7 +64,7 @@ def run_verify(args: argparse.Namespace) -> int:
     }
     try:
         # the machine is read without torch where every checked fact can be
-        # (kernel_lock.fingerprint.torchless) with --no-import, each slot's class and kwargs are
+        # (kernel_lock.torchless) with --no-import, each slot's class and kwargs are
         # judged from the tables of known classes; one they cannot judge is an error (not
         # confirmed), never current (kernel_lock.resolve.confirm_targets)
         result["notes"] = lock.verify(args.mode, targets="static" if args.no_import else None)

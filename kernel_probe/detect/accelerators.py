@@ -1,6 +1,6 @@
 """The accelerators torch can use here, one entry per device, and whether torch's build covers them.
 
-The vendor decision is made once, in ``kernel_lock.fingerprint.with_torch.device_facts``: ROCm is
+The vendor decision is made once, in ``kernel_lock.fingerprint.device_facts``: ROCm is
 told apart by ``torch.version.hip``, never by compute capability (an MI250X reports (9, 0), like an
 H100). This module takes that primary-device answer and fills in the per-device details for the same
 kind. ``torch`` is any object shaped like the torch module, so tests pass ``SimpleNamespace`` fakes
@@ -16,12 +16,11 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kernel_lock.fingerprint import fields, host, visible
-from kernel_lock.fingerprint import nvml as nvml_mod
+from kernel_lock import fingerprint, host
 
 _SM = re.compile(r"^(sm|compute)_(\d+)([a-z]?)$")
 
-# kernel_lock.fingerprint.nvml.nvml_devices, or a stand-in: the NVIDIA devices NVML sees, or None
+# kernel_lock.host.nvml_devices, or a stand-in: the NVIDIA devices NVML sees, or None
 NvmlList = Callable[[], "list[dict[str, Any]] | None"]
 
 
@@ -212,7 +211,7 @@ def _rocm_devices(torch: Any, primary: dict[str, Any]) -> list[dict[str, Any]]:
         raw = str(getattr(props, "gcnArchName", "") or "")
         name = str(props.name)
         notes = []
-        if name in fields.GENERIC_DEVICE_NAMES or not name:
+        if name in fingerprint.GENERIC_DEVICE_NAMES or not name:
             notes.append(
                 f"generic device name {name!r} (libdrm amdgpu.ids missing or old): identify it "
                 "by arch"
@@ -273,13 +272,13 @@ def _int(value: Any) -> int | None:
 
 
 def detect_accelerators(
-    torch: Any, primary: dict[str, Any], *, nvml: NvmlList = nvml_mod.nvml_devices
+    torch: Any, primary: dict[str, Any], *, nvml: NvmlList = host.nvml_devices
 ) -> list[dict[str, Any]]:
     """Every device of the primary device's kind, each with ``torch_build_covers``.
 
-    ``primary`` is ``kernel_lock.fingerprint.with_torch.device_facts(torch)``. On a CPU-only machine
+    ``primary`` is ``kernel_lock.fingerprint.device_facts(torch)``. On a CPU-only machine
     the list holds one ``cpu`` entry. ``physical`` is the device's node-level id when a visibility
-    variable renumbers devices (``fingerprint.visible.physical_devices``), None otherwise.
+    variable renumbers devices (``kernel_lock.host.physical_devices``), None otherwise.
     """
     kind = primary["type"]
     if kind == "cuda":
@@ -297,7 +296,7 @@ def detect_accelerators(
             _device(kind, primary["vendor"], 0, primary["name"], primary["arch"], source="host")
         ]
     arch_list = torch_arch_list(torch) if kind in ("cuda", "rocm") else []
-    physical = visible.physical_devices(kind)
+    physical = host.physical_devices(kind)
     for device in devices:
         if physical is not None and device["type"] == kind and device["index"] < len(physical):
             device["physical"] = physical[device["index"]]

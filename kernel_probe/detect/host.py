@@ -7,7 +7,7 @@ import platform
 import sys
 from typing import Any
 
-from kernel_lock.fingerprint import host as fingerprint_host
+from kernel_lock import host as fingerprint_host
 from kernel_probe.detect import cpumath
 
 

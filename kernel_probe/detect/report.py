@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
+from kernel_lock import fingerprint
+from kernel_lock import host as lock_host
 from kernel_lock.errors import DeviceVisibilityError
-from kernel_lock.fingerprint import nvml as nvml_mod
-from kernel_lock.fingerprint import with_torch
 from kernel_probe.detect import accelerators, host, libraries, site, torchbuild
 from kernel_probe.detect import triton as triton_info
 from kernel_probe.detect.accelerators import NvmlList
@@ -78,12 +78,12 @@ def _torch_and_devices(
         except Exception as exc:
             errors.append(_error("torch build", exc))
     try:
-        primary = with_torch.device_facts(torch_like)
+        primary = fingerprint.device_facts(torch_like)
     except DeviceVisibilityError:  # the user's variables contradict each other: not "a CPU node"
         raise
     except Exception as exc:  # the driver or torch failed while asking for the device
         errors.append(_error("device", exc))
-        primary = with_torch.device_facts(_NO_TORCH)
+        primary = fingerprint.device_facts(_NO_TORCH)
     try:
         devices = accelerators.detect_accelerators(torch_like, primary, nvml=nvml)
     except Exception as exc:
@@ -93,7 +93,7 @@ def _torch_and_devices(
     if torch is not None:
         try:
             # one device answer for both
-            fp = with_torch.current(torch, device=lambda _torch: primary)
+            fp = fingerprint.current(torch, device=lambda _torch: primary)
         except Exception as exc:
             errors.append(_error("fingerprint", exc))
     return {
@@ -169,7 +169,7 @@ def detect(
     try:
         located_triton = triton_info.locate(extra_paths)
         host_facts = host.detect_host()
-        here = _torch_and_devices(torch, nvml or nvml_mod.nvml_devices, errors)
+        here = _torch_and_devices(torch, nvml or lock_host.nvml_devices, errors)
         imported = checks.results() if checks is not None else {}
         not_asked = triton_info.target_not_asked(device_nodes, here["device"]["type"])
         if (

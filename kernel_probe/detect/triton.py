@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from kernel_lock.fingerprint.host import normalize_gcn_arch
+from kernel_lock.host import normalize_gcn_arch
 from kernel_probe.detect.importcheck import ImportRequest
 from kernel_probe.detect.libraries import find_distribution, module_location, search_path
 

@@ -161,11 +161,9 @@ def dispatch(
         worker.record_baseline()
         return PingReply(pid=os.getpid())
     if isinstance(request, FingerprintRequest):
-        from kernel_lock.fingerprint import (
-            with_torch,
-        )  # imports torch: imported where torch already is
+        from kernel_lock import fingerprint  # imports torch: imported where torch already is
 
-        return FingerprintReply(fields=with_torch.current())
+        return FingerprintReply(fields=fingerprint.current())
     # the norms' and Linear's measuring code: loaded by the ping already (a cost paid at start-up)
     from kernel_probe.probe import correctness, measure, slotcheck
     from kernel_probe.probe.limits import CHECK_HIDDEN

@@ -184,9 +184,9 @@ def large_shape_warning(device_type: str, shapes: Sequence[str], reps: int) -> s
 
 
 def detect_device() -> dict[str, Any]:
-    """This machine's device facts (``fingerprint.with_torch.device_facts``): read without torch
-    where every one of them can be (``kernel_lock.fingerprint.torchless``), else from torch."""
-    from kernel_lock.fingerprint.here import device_here
+    """This machine's device facts (``kernel_lock.fingerprint.device_facts``): read without torch
+    where every one of them can be (``kernel_lock.torchless``), else from torch."""
+    from kernel_lock.torchless import device_here
 
     return device_here()
 
@@ -367,7 +367,7 @@ def _apply_profile(request: ProbeRequest, device: Mapping[str, Any], events: Eve
     """Load the profile (or auto-detect it), enforce its requirements (exit 4 on unmet)."""
     if not request.profile:
         return None, ""
-    from kernel_lock.fingerprint import here
+    from kernel_lock import torchless
     from kernel_probe.profiles import discovery, requirements
 
     dirs = request.profiles_dirs
@@ -387,7 +387,7 @@ def _apply_profile(request: ProbeRequest, device: Mapping[str, Any], events: Eve
         seen, seen_by, _ = requirements.choose("auto", dirs, device, found=found)
         requirements.other_site(profile, seen, seen_by)
     libs = requirements.library_facts(requirements.required_libraries(profile))
-    for warning in requirements.enforce(profile, here.for_check(), libs):
+    for warning in requirements.enforce(profile, torchless.for_check(), libs):
         events.warn(warning)
     return profile, matched
 

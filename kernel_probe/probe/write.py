@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernel_lock.fingerprint.fields import FIELDS, library_versions
+from kernel_lock.fingerprint import FIELDS, library_versions
 from kernel_lock.format.blas import Blas
 from kernel_lock.format.graph_attention import GraphAttention
 from kernel_lock.format.schema import Candidate as RejectedCandidate

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernel_lock.fingerprint.fields import FIELDS
+from kernel_lock.fingerprint import FIELDS
 from kernel_lock.format.reading import (
     ReadError,
     context,

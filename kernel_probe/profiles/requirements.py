@@ -190,7 +190,7 @@ def library_facts(
 
 def _library_here(base: str, lib: Any) -> tuple[str | None, Any]:
     """(version, recognised variant) of a library or distribution on this machine."""
-    from kernel_lock.fingerprint.fields import library_versions
+    from kernel_lock.fingerprint import library_versions
     from kernel_probe.detect.libraries import locate
 
     if lib is None:

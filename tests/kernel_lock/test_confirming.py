@@ -14,6 +14,7 @@ import time
 import pytest
 
 import kernel_lock
+from kernel_lock import fingerprint
 from kernel_lock.errors import (
     ExitCode,
     KernelUnavailable,
@@ -21,7 +22,6 @@ from kernel_lock.errors import (
     LockFormatError,
     TargetNotAllowed,
 )
-from kernel_lock.fingerprint import with_torch
 from kernel_lock.trust import confirming
 from kernel_lock.trust.confirming import before_sealing, child_verdicts, confirm_in_child
 from tests.kernel_lock.test_locate import (  # noqa: F401  (ghost_site: a fixture these tests use)
@@ -173,7 +173,7 @@ def test_sealing_refuses_what_the_import_refuses_or_says_it_could_not_judge(
     refused = _import_verdict(path)
     lock = kernel_lock.load(path, emit_warnings=False)
     try:
-        unjudged = before_sealing(lock, with_torch.current()["torch"])
+        unjudged = before_sealing(lock, fingerprint.current()["torch"])
     except LockError as exc:
         # what the import refuses too (it may stop first at the machine, exit 3, before reaching a
         # twin)
@@ -200,7 +200,7 @@ def test_sealing_refuses_what_the_import_refuses_or_says_it_could_not_judge(
 def test_sealing_a_good_lock_judges_every_target(tmp_path, case):
     path = _lock(tmp_path, GOOD[case])
     assert (
-        before_sealing(kernel_lock.load(path, emit_warnings=False), with_torch.current()["torch"])
+        before_sealing(kernel_lock.load(path, emit_warnings=False), fingerprint.current()["torch"])
         == []
     )
 
@@ -211,7 +211,7 @@ def test_sealing_judges_the_twin_and_imports_what_the_tables_cannot_judge(tmp_pa
 
     lock = kernel_lock.load(_lock(tmp_path, twin_of_other_semantics), emit_warnings=False)
     with pytest.raises(TargetNotAllowed) as exc:
-        before_sealing(lock, with_torch.current()["torch"])
+        before_sealing(lock, fingerprint.current()["torch"])
     assert exc.value.key == "slots.LayerNorm.twin.target" and "computes rms_norm" in str(exc.value)
     started = _child_in_this_process(monkeypatch)
     good = kernel_lock.load(_lock(tmp_path, lambda d: None), emit_warnings=False)

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 import kernel_lock
+from kernel_lock import fingerprint
 from kernel_lock.errors import KernelUnavailable, LockError
-from kernel_lock.fingerprint import with_torch
 from kernel_lock.format import slots, toml
 from kernel_lock.resolve import factory
 from kernel_lock.trust import registry
@@ -38,7 +38,7 @@ CHECKED = (
 
 
 def _base() -> dict[str, Any]:
-    now = with_torch.current()
+    now = fingerprint.current()
     env = {name: {"value": now[name], "match": "exact"} for name in CHECKED}
     entry = lambda impl, target, sem, kwargs: {  # noqa: E731
         "implementation": impl,

@@ -270,9 +270,9 @@ def test_detect_knows_every_builtin_library():
 
 @functools.cache
 def _here() -> dict:
-    from kernel_lock.fingerprint import with_torch
+    from kernel_lock import fingerprint
 
-    return dict(with_torch.current())
+    return dict(fingerprint.current())
 
 
 def _lock_pinning(cand: cands.Candidate) -> kernel_lock.KernelLock:
