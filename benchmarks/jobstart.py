@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kernel_lock.trust.files import write_file
+from kernel_lock.files import write_file
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,7 +52,7 @@ def _write():
     # counted before the write's import
     record = {"argv": sys.argv, "opened": len(_opened), "distinct": len(set(_opened)),
               "modules": len(sys.modules), "torch": "torch" in sys.modules}
-    from kernel_lock.trust.files import write_file  # the one safe writer
+    from kernel_lock.files import write_file  # the one safe writer
 
     write_file(os.path.join(_out, f"{os.getpid()}.json"), json.dumps(record))
 

@@ -353,7 +353,7 @@ def confirm_targets(
             fix="run `kernel-probe verify` without --no-import (imports each class), or "
             "`kernel-probe --check` (imports only these, in a child process)",
         )
-    from .trust.confirming import (
+    from .launch import (
         confirm_in_child,
     )  # a child process: only for targets no table can judge
 

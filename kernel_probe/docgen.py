@@ -84,7 +84,7 @@ def update(root: Path = ROOT, *, write: bool = True) -> list[Path]:
         new = render(text, str(p))
         if new != text:
             if write:
-                from kernel_lock.trust.files import write_file
+                from kernel_lock.files import write_file
 
                 write_file(p, new, through_link=True)
             changed.append(p)

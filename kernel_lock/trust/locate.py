@@ -5,7 +5,7 @@ registry.
 ``requirement_problems`` compares a slot's requirements with the installed distributions;
 ``static_problem`` decides a target as an import would, from ``registry.target_facts``, or says why
 only an import can tell. The job-start check (``kernel_lock.resolve.confirm_targets``) and the
-inference resolver use them, and so does ``kernel_lock.trust.confirming.before_sealing``.
+inference resolver use them, and so does ``kernel_lock.launch.before_sealing``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``kernel-probe rehash [LOCK]``: accept deliberate hand edits by recomputing the lock's digest.
 The lock is still fully validated, and every target decided as the job-start check decides it
 without importing and, where only an import can tell, by importing it in a child process
-(``kernel_lock.trust.confirming.before_sealing``): a lock that ``verify`` and the runtime would
+(``kernel_lock.launch.before_sealing``): a lock that ``verify`` and the runtime would
 refuse is not sealed. The lock is rewritten atomically."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 import kernel_lock
-from kernel_lock.trust.confirming import before_sealing
+from kernel_lock.launch import before_sealing
 from kernel_probe import output
 from kernel_probe.commands.lockfile import add_lock_argument, add_trust_argument, default_lock_path
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernel_lock.trust.files import UnsafeFile, UnsafeWrite, private_dir, read_regular, write_file
+from kernel_lock.files import UnsafeFile, UnsafeWrite, private_dir, read_regular, write_file
 from kernel_probe.isolation.child import ChildResult
 from kernel_probe.isolation.protocol import (
     ImportCheckCached,

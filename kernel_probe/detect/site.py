@@ -62,9 +62,9 @@ def read_marker(path: str, limit: int = MARKER_BYTES) -> tuple[str | None, str]:
     """(the first line of the marker file at ``path`` or None, why it was not read: '' if absent or
     read).
 
-    Read like every input (``kernel_lock.trust.files``): a regular file only, opened non-blocking (a
+    Read like every input (``kernel_lock.files``): a regular file only, opened non-blocking (a
     FIFO cannot hang the job start), at most ``limit`` bytes (``/dev/zero`` is never read)."""
-    from kernel_lock.trust.files import UnsafeFile, read_regular
+    from kernel_lock.files import UnsafeFile, read_regular
 
     try:
         data = read_regular(path, limit)

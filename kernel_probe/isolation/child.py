@@ -9,7 +9,7 @@
 
 Every child (the probe's worker, an import check of ``kernel-probe env``, Hydra composing an anemoi
 config, the import of a config's entries) runs ``BOOT``, started by the one launcher,
-``kernel_lock.trust.launch`` (``python -I``, ``sys.path`` set before any import: the roots of the
+``kernel_lock.launch`` (``python -I``, ``sys.path`` set before any import: the roots of the
 ``PYTHONPATH`` it is given, never the working directory; the worker has it *last*, as ``--candidate
 mymod.X`` may name a local module, so nothing installed can be shadowed from it). ``BOOT`` arranges
 to die with its parent (``PR_SET_PDEATHSIG`` on Linux, and a check of the parent's pid), optionally
@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernel_lock.trust.files import write_file
-from kernel_lock.trust.launch import kill_group, python_argv, pythonpath_roots, start
+from kernel_lock.files import write_file
+from kernel_lock.launch import kill_group, python_argv, pythonpath_roots, start
 
 # The child program. It imports only the standard library before ``module`` (an import check must
 # not import kernel_probe: the child may have another sys.path, and the question is the library's

@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kernel_lock.errors import ExitCode
+from kernel_lock.files import UnsafeFile, UnsafeWrite, private_dir, read_regular, write_file
 from kernel_lock.format.reading import ReadError, get_int, get_literal, get_text, refuse_unknown
 from kernel_lock.lock import MAX_BYTES
-from kernel_lock.trust.files import UnsafeFile, UnsafeWrite, private_dir, read_regular, write_file
 from kernel_probe.errors import InputFileError, ProbeError
 from kernel_probe.jobstart.ranks import JobRank
 
@@ -181,7 +181,7 @@ def backoff(first: float, cap: float, rng: random.Random) -> Iterator[float]:
 
 def _read(path: Path) -> str | None:
     """The text at ``path``; None if it is not there (one ``open`` when it is not). Read as every
-    input is (kernel_lock.trust.files): a FIFO, a device or a huge file where a marker or lock
+    input is (kernel_lock.files): a FIFO, a device or a huge file where a marker or lock
     should be is an error naming it (exit 5), never a rank that hangs or fills its memory."""
     try:
         raw = read_regular(path, MAX_BYTES)

@@ -349,7 +349,7 @@ def resolve_out(path: Path) -> Path:
             f"--out {text} is a directory", fix=f"use --out {path / 'kernel-lock.toml'}"
         )
     if mode is not None and not stat.S_ISREG(mode):
-        from kernel_lock.trust.files import kind
+        from kernel_lock.files import kind
 
         raise UsageError(
             f"--out {text} is {kind(mode)}, not a regular file: it is never replaced (not even "

@@ -66,7 +66,7 @@ class Survey:
 def survey(extra: Iterable[str] = ()) -> Survey:
     """Every valid profile of the user directories, then the built-ins (see :class:`Survey`); one
     broken file must not hide every other profile."""
-    from kernel_lock.trust.files import UnsafeFile, read_regular
+    from kernel_lock.files import UnsafeFile, read_regular
 
     builtin = builtin_dir()
     if not (builtin.is_dir() and any(builtin.glob("*.toml"))):

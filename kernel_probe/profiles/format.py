@@ -508,7 +508,7 @@ def parse(text: str, path: str) -> Profile:
 
 def load_file(path: str | os.PathLike[str]) -> Profile:
     """The profile file at ``path``, read through the safe reader, parsed by :func:`from_bytes`."""
-    from kernel_lock.trust.files import UnsafeFile, read_regular
+    from kernel_lock.files import UnsafeFile, read_regular
 
     p = Path(path)
     try:

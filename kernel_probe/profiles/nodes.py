@@ -98,7 +98,7 @@ def load(spec: str) -> Node:
                 "node.json` on the node)",
             )
         return load(str(known[spec]))
-    from kernel_lock.trust.files import UnsafeFile, read_regular
+    from kernel_lock.files import UnsafeFile, read_regular
 
     try:
         text = read_regular(spec, MAX_BYTES).decode("utf-8")
