@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .trust.adapter_names import (
+from .registry import (
     AUTOCAST_ADAPTERS,
     GENERIC_SEPARATOR,
     SIZE_ADAPTERS,
@@ -32,7 +32,7 @@ from .trust.adapter_names import (
 )
 
 # the classes this module builds on first lookup (module ``__getattr__``: the adapters of
-# kernel_lock.trust.adapter_names' tables, and the generic ``Autocast__...`` / ``Sized__...`` ones)
+# kernel_lock.registry's tables, and the generic ``Autocast__...`` / ``Sized__...`` ones)
 # are public too, by the name a lock gives; not listed, so ``import *`` never imports their
 # libraries
 __all__ = [
@@ -110,7 +110,7 @@ class CompiledGELU(nn.GELU):
 
 
 # ---- anemoi's call convention and wrappers -------------------------------------------------------
-# The names of the adapters and what each wraps live in kernel_lock.trust.adapter_names
+# The names of the adapters and what each wraps live in kernel_lock.registry
 # (import-light: the export and a lock's trust check read them without torch); the classes are built
 # here on first lookup (module ``__getattr__``) and pickle by name.
 
@@ -273,7 +273,7 @@ def _generic(prefix: str, kernel: str) -> type:
 
 def __getattr__(name: str) -> type:
     """Build the adapter ``name`` on first lookup (a table row of
-    ``kernel_lock.trust.adapter_names``, or a generic ``Autocast__``/``Sized__`` name);
+    ``kernel_lock.registry``, or a generic ``Autocast__``/``Sized__`` name);
     AttributeError for any other name."""
     generic = generic_parts(name)
     if generic is not None:

@@ -12,7 +12,7 @@ with the dimensions. Its call sites fix a convention the target must accept:
 
 :func:`layer_kernels` turns a lock into that block (pinned kwargs, never dimensions; an adapter from
 ``kernel_lock.adapters`` where a library's constructor does not fit; their names are in
-``kernel_lock.trust.adapter_names``). It imports the targets, so torch; importing this module
+``kernel_lock.registry``). It imports the targets, so torch; importing this module
 imports neither torch nor yaml (``import kernel_lock`` never imports it). What a training or
 inference process needs lives here; the checks of a config's blocks are kernel-probe's
 (``kernel_probe.anemoi.entry_checks``).
@@ -35,7 +35,7 @@ from typing import Any
 
 from .errors import LockFormatError
 from .lock import KernelLock
-from .trust.adapter_names import (
+from .registry import (
     ADAPTERS,
     GENERIC_SEPARATOR,
     WRAPPING_ADAPTERS,
@@ -108,7 +108,7 @@ def glu_refused(class_name: str) -> bool:
 # (the processor of a transformer model; a TransformerMapper's encoder and decoder). anemoi-models
 # 0.19 has two backends: its SDPA path (torch chooses the SDPA backend) and its flash wrapper
 # (flash-attn v4, then v3, then v2, whichever imports first:
-# kernel_lock.trust.locate.anemoi_flash_generation)
+# kernel_lock.trust.anemoi_flash_generation)
 ANEMOI_ATTENTION = {
     "kernel_lock.attention.SDPAttention": "scaled_dot_product_attention",
     "kernel_lock.attention.FlashAttention2": "flash_attention",
@@ -230,7 +230,7 @@ def generic_adapter(prefix: str, kernel: str) -> str:
             f"whose parts contain no {GENERIC_SEPARATOR!r}",
             key=kernel,
             fix="rename the module or class, or add a row for it to "
-            "kernel_lock.trust.adapter_names' adapter tables",
+            "kernel_lock.registry's adapter tables",
         )
     return f"{ADAPTERS}.{prefix}{GENERIC_SEPARATOR}{GENERIC_SEPARATOR.join(parts)}"
 
@@ -342,7 +342,7 @@ def _fitting_target(
         key=f"slots.{slot}.target",
         fix="pin an implementation whose constructor takes anemoi's arguments (`kernel-probe "
         "--pin`), or add an "
-        "adapter for this class to kernel_lock.trust.adapter_names.SIZE_ADAPTERS",
+        "adapter for this class to kernel_lock.registry.SIZE_ADAPTERS",
     )
 
 
@@ -386,7 +386,7 @@ def entry_for(key: str, want: Exported, current: Any, *, where: str = "") -> Exp
             "would silently undo it",
             key=where or key,
             fix=f"keep {name} here (it runs the torch.nn.LayerNorm kernel), or add an adapter "
-            f"for {kernel} to kernel_lock.trust.adapter_names.AUTOCAST_ADAPTERS",
+            f"for {kernel} to kernel_lock.registry.AUTOCAST_ADAPTERS",
         )
     return Exported(
         key,

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import ExitCode, KernelUnavailable, LockError, LockFormatError
 from .format.reading import ReadError, context, get_text, refuse_unknown
-from .trust.locate import static_problem
+from .trust import static_problem
 
 if TYPE_CHECKING:
     import subprocess

@@ -90,7 +90,7 @@ class _Plan:
     def __init__(self, lock: KernelLock):
         from .errors import LockError
         from .resolve import twin_refusal
-        from .trust.importing import import_failure, import_target
+        from .trust import import_failure, import_target
 
         self.lock = lock
         self.slots: list[tuple[Slot, type]] = []

@@ -19,8 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import Difference, KernelUnavailable, LockFormatError, LockMismatch
 from .format.slots import DEFAULT_TARGETS, MODES, SLOTS, TWIN_SEMANTICS, Mode, slot_name_fix
-from .trust.importing import IN_INFERENCE_MODE, build, install_hint
-from .trust.locate import requirement_problems, static_problem, unusable_reason
+from .trust import (
+    IN_INFERENCE_MODE,
+    build,
+    install_hint,
+    requirement_problems,
+    static_problem,
+    unusable_reason,
+)
 
 if TYPE_CHECKING:
     from .format.document import LockDocument

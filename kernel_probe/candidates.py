@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from kernel_lock import registry as lock_registry
 from kernel_lock.format import toml
 
 # declared in kernel_lock.format.slots; still importable from here
@@ -41,7 +42,6 @@ from kernel_lock.format.slots import (
     SLOTS,
     slot_name_fix,
 )
-from kernel_lock.trust import registry as lock_registry
 from kernel_probe.errors import UsageError
 from kernel_probe.tables import TableReader
 

@@ -344,7 +344,7 @@ def class_semantics(cls: Any) -> str | None:
     class it derives from) is one of torch's quantized, QAT or fused classes (``NOT_PLAIN_TORCH``):
     those, and every other torch module, compute something else (``other: Identity``). Another
     library's class that derives from none of them is not judged by its name: None, and the caller
-    takes the registry's declaration (``kernel_lock.trust.registry.declared_semantics``) or the
+    takes the registry's declaration (``kernel_lock.registry.declared_semantics``) or the
     lock's word.
     """
     if not isinstance(cls, type):

@@ -17,7 +17,7 @@ from typing import Any
 
 from kernel_lock.anemoi import ANEMOI_ATTENTION
 from kernel_lock.lock import KernelLock
-from kernel_lock.trust.locate import FLASH_GENERATIONS, anemoi_flash_generation
+from kernel_lock.trust import FLASH_GENERATIONS, anemoi_flash_generation
 from kernel_probe.anemoi.blocks import Finding
 from kernel_probe.anemoi.config_file import mappings_where
 

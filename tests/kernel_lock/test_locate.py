@@ -19,12 +19,11 @@ import pytest
 import torch
 
 import kernel_lock
-from kernel_lock import fingerprint
+from kernel_lock import fingerprint, registry
 from kernel_lock.errors import KernelUnavailable, LockError
 from kernel_lock.format import slots, toml
 from kernel_lock.resolve import factory
-from kernel_lock.trust import registry
-from kernel_lock.trust.locate import locate
+from kernel_lock.trust import locate
 from tests.conftest import small_probe, write_sealed
 
 CHECKED = (

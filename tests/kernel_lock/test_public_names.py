@@ -243,7 +243,7 @@ def test_a_private_or_undeclared_import_is_found(source, problem):
         "from kernel_lock import LockError, load",
         "from kernel_lock.format import toml, slots",
         "from kernel_lock.files import write_file, private_dir",
-        "from kernel_lock.trust import check_target, registry",
+        "from kernel_lock.trust import check_target, locate\nfrom kernel_lock import registry",
         "import kernel_lock.fingerprint\nkernel_lock.fingerprint.FIELDS",
         "import kernel_lock\nkernel_lock.format.schema.Slot; kernel_lock.load",
         "from kernel_lock.format import blas as b\nb.apply",

@@ -1,0 +1,232 @@
+"""The registry: the kernel libraries, built-in candidates and adapters kernel-lock knows, as data.
+
+``registry.toml`` (package data of kernel_lock) holds one ``[[library]]`` table per kernel library
+and one ``[[candidate]]`` table per built-in implementation of a slot. This module reads it
+(tomllib, no torch) and derives the import allow-list from it: a lock may name, without being
+granted trust, a class under torch, kernel_lock's own target modules, or the import root of any
+registered candidate's target or twin, so the allow-list and the candidates cannot drift apart.
+kernel-probe parses the same tables into its own types; here they stay plain data.
+
+The adapters ``kernel_lock.adapters`` builds (``kernel_lock.adapters.NAME``, a class made with torch
+on first lookup) are named here too, read without torch by the export (``kernel_lock.anemoi``) and
+by the trust check before anything is imported. Adding a library class with a known signature is
+adding a row.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from pathlib import Path
+from typing import Any
+
+from .format import toml as _toml
+from .format.slots import KNOWN_TARGETS, SLOT_SEMANTICS, TargetFacts, canonical_target
+
+__all__ = [
+    "ADAPTERS",
+    "AUTOCAST_ADAPTERS",
+    "DATA",
+    "GENERIC_PREFIXES",
+    "GENERIC_SEPARATOR",
+    "OWN_ROOTS",
+    "PATH",
+    "SIZE_ADAPTERS",
+    "SIZE_NAMES",
+    "WRAPPING_ADAPTERS",
+    "adapter_for",
+    "allowed_roots",
+    "data",
+    "declared_semantics",
+    "generic_kernel",
+    "generic_parts",
+    "import_root",
+    "path",
+    "reset",
+    "size_parameter",
+    "target_facts",
+    "wrapping_adapter_for",
+]
+
+DATA = "registry.toml"  # package data of kernel_lock; pyproject.toml's package-data names it too
+# modules every lock may name whatever the registry says: torch itself and kernel_lock's own
+OWN_ROOTS = ("torch", "kernel_lock.adapters", "kernel_lock.attention", "kernel_lock.gated_mlp")
+# None: the registry.toml shipped in this package. Tests point it at a copy with an entry added
+# (what shipping that file does) and call reset().
+PATH: Path | None = None
+
+
+def path() -> Path:
+    """The registry file in use, found through importlib.resources like kernel-probe's site
+    profiles."""
+    if PATH is not None:
+        return PATH
+    from importlib.resources import files
+
+    return Path(str(files("kernel_lock").joinpath(DATA)))
+
+
+@functools.cache
+def _data(where: Path) -> dict[str, Any]:
+    return _toml.loads(where.read_text(encoding="utf-8"))
+
+
+def data() -> dict[str, Any]:
+    """The parsed registry (read once per file; callers must not modify it)."""
+    return _data(path())
+
+
+def reset() -> None:
+    """Forget what was read (after pointing ``PATH`` elsewhere)."""
+    _data.cache_clear()
+    _allowed_roots.cache_clear()
+    _declared.cache_clear()
+
+
+def import_root(target: str) -> str:
+    """A target's allow-list entry: its top-level package, except kernel_lock's own modules, which
+    are allowed one module at a time (only ``kernel_lock.adapters`` builds classes)."""
+    parts = target.split(".")
+    return ".".join(parts[:2]) if parts[0] == "kernel_lock" else parts[0]
+
+
+@functools.cache
+def _allowed_roots(where: Path) -> tuple[str, ...]:
+    roots = dict.fromkeys(OWN_ROOTS)
+    for cand in _data(where).get("candidate", []):
+        for key in ("target", "twin-target"):
+            if isinstance(cand.get(key), str) and cand[key]:
+                roots.setdefault(import_root(cand[key]))
+    return tuple(roots)
+
+
+def allowed_roots() -> tuple[str, ...]:
+    """The modules a lock may name without being granted trust: ``OWN_ROOTS`` and the import root
+    of every registered candidate's target and twin."""
+    return _allowed_roots(path())
+
+
+@functools.cache
+def _declared(where: Path) -> dict[str, TargetFacts]:
+    out: dict[str, TargetFacts] = {}
+    for cand in _data(where).get("candidate", []):
+        target, slots = cand.get("target"), cand.get("slots") or []
+        if not (isinstance(target, str) and slots and slots[0] in SLOT_SEMANTICS):
+            continue
+        semantics = cand.get("semantics") or SLOT_SEMANTICS[slots[0]]
+        known = set(cand.get("kwargs") or {}) | set(cand.get("build-kwargs") or {})
+        before = out.get(target)
+        if before is not None:
+            known |= before.params
+        out[target] = TargetFacts(semantics, frozenset(known), False)
+    return out
+
+
+def target_facts(target: str) -> TargetFacts | None:
+    """What ``target`` computes and the constructor keywords it is known to accept, without
+    importing it: torch.nn's and kernel_lock's classes from ``slots.KNOWN_TARGETS`` (through their
+    aliases), a registered candidate's from its declaration (the kwargs it is declared with, not
+    necessarily all it accepts). None: only importing it can tell."""
+    name = canonical_target(target)
+    if name in KNOWN_TARGETS:
+        return KNOWN_TARGETS[name]
+    return _declared(path()).get(name)
+
+
+def declared_semantics(target: str) -> str | None:
+    """The semantics the registry declares for ``target``, or None."""
+    facts = target_facts(target)
+    return facts.semantics if facts is not None else None
+
+
+# ---- the adapters, by name ----------------------------------------------------------------------
+
+ADAPTERS = "kernel_lock.adapters"
+
+# anemoi builds norms as ``LayerNorm(C)`` and ``LayerNorm(normalized_shape=C)``; these library
+# classes call the size ``hidden_size``, so anemoi cannot build them directly. Each entry is an
+# adapter: a subclass of the library class (same parameters, same state-dict keys) whose first
+# argument is ``normalized_shape``. Adding a library with that signature is adding a row here.
+# adapter name -> (the library class it subclasses, the name of that class's size parameter)
+SIZE_ADAPTERS: dict[str, tuple[str, str]] = {
+    "LigerLayerNormAnemoi": ("liger_kernel.transformers.LigerLayerNorm", "hidden_size"),
+    "LigerRMSNormAnemoi": ("liger_kernel.transformers.LigerRMSNorm", "hidden_size"),
+    "FlashAttnRMSNormAnemoi": ("flash_attn.ops.triton.layer_norm.RMSNorm", "hidden_size"),
+}
+
+# anemoi's AutocastLayerNorm is torch.nn.LayerNorm with its output cast back to the input dtype, and
+# anemoi's gnn preset (and every QueryNorm/KeyNorm default) relies on that cast. Where a lock pins
+# another LayerNorm kernel, these keep the cast around it: a subclass of the kernel's anemoi-ready
+# class whose forward returns ``super().forward(x).type_as(x)`` (same parameters and state dict).
+# adapter name -> the class it subclasses (a library class, or another adapter)
+AUTOCAST_ADAPTERS: dict[str, str] = {
+    "AutocastCompiledLayerNorm": f"{ADAPTERS}.CompiledLayerNorm",
+    "AutocastLigerLayerNormAnemoi": f"{ADAPTERS}.LigerLayerNormAnemoi",
+    "AutocastTELayerNorm": "transformer_engine.pytorch.LayerNorm",
+    "AutocastFusedLayerNorm": "apex.normalization.FusedLayerNorm",
+}
+
+# the adapters that keep an anemoi wrapper's behaviour, by the wrapper's adapter prefix
+WRAPPING_ADAPTERS: dict[str, dict[str, str]] = {"Autocast": AUTOCAST_ADAPTERS}
+
+# Generic adapters: for a kernel no table above names (a site's own class, a library not listed),
+# the adapter's *name* carries the kernel's dotted path, its dots written ``__``:
+#   kernel_lock.adapters.Autocast__site_kernels__norms__FastLayerNorm
+# is site_kernels.norms.FastLayerNorm (given anemoi's ``normalized_shape`` argument if it takes its
+# size as one of SIZE_NAMES) with its output cast back to the input dtype; ``Sized__...`` only
+# renames the size argument. Built on first lookup like every adapter, so it pickles by name, and it
+# subclasses the kernel (same parameters and state dict). Nothing in kernel_lock is edited to use a
+# new kernel.
+GENERIC_SEPARATOR = "__"
+GENERIC_PREFIXES = ("Autocast", "Sized")
+SIZE_NAMES = ("hidden_size", "dim")
+
+
+def generic_parts(name: str) -> tuple[str, str] | None:
+    """(prefix, kernel path) of a generic adapter's class name, or None."""
+    prefix, sep, rest = name.partition(GENERIC_SEPARATOR)
+    if not sep or prefix not in GENERIC_PREFIXES:
+        return None
+    parts = rest.split(GENERIC_SEPARATOR)
+    if len(parts) < 2 or any(not p.isidentifier() or p.startswith("_") for p in parts):
+        return None
+    return prefix, ".".join(parts)
+
+
+def generic_kernel(target: str) -> str | None:
+    """The kernel a generic adapter target wraps (``kernel_lock.adapters.Autocast__a__B`` ->
+    ``a.B``), or None."""
+    module, _, name = target.rpartition(".")
+    if module != ADAPTERS:
+        return None
+    parts = generic_parts(name)
+    return parts[1] if parts else None
+
+
+def adapter_for(target: str) -> str | None:
+    """The ``kernel_lock.adapters`` path of the size adapter for ``target``, or None."""
+    for name, (wrapped, _) in SIZE_ADAPTERS.items():
+        if wrapped == target:
+            return f"{ADAPTERS}.{name}"
+    return None
+
+
+def wrapping_adapter_for(prefix: str, target: str) -> str | None:
+    """The ``kernel_lock.adapters`` path of the class that runs ``target`` inside the behaviour of
+    the anemoi wrapper ``prefix`` names (e.g. Autocast: the output cast back to the input dtype)."""
+    for name, base in WRAPPING_ADAPTERS.get(prefix, {}).items():
+        if base == target:
+            return f"{ADAPTERS}.{name}"
+    return None
+
+
+def size_parameter(cls: Any) -> str | None:
+    """The name a norm class gives its size where it is not anemoi's ``normalized_shape`` (one of
+    ``SIZE_NAMES``, as its first parameter), else None."""
+    try:
+        params = [p for p in inspect.signature(cls).parameters.values() if p.name != "self"]
+    except (TypeError, ValueError):
+        return None
+    if not params or any(p.name == "normalized_shape" for p in params):
+        return None
+    return params[0].name if params[0].name in SIZE_NAMES else None
