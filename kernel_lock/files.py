@@ -43,6 +43,16 @@ KINDS = {
 }
 
 
+# a new file, never one planted beforehand, never through a link
+_CREATE = (
+    os.O_WRONLY
+    | os.O_CREAT
+    | os.O_EXCL
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
+
+
 class UnsafeFile(Exception):
     """Why a path cannot be read as an input file: ``problem`` and ``fix``."""
 
@@ -256,37 +266,14 @@ def write_file(
             "write to a regular file path",
         )
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    flags = (
-        os.O_WRONLY
-        | os.O_CREAT
-        | os.O_EXCL
-        | getattr(os, "O_NOFOLLOW", 0)
-        | getattr(os, "O_CLOEXEC", 0)
-    )
     if exclusive:
-        fd = os.open(target, flags, mode)  # FileExistsError: claimed by another
+        fd = os.open(target, _CREATE, mode)  # FileExistsError: claimed by another
         try:
             _write_all(fd, raw)
         finally:
             os.close(fd)
         return target
-    import secrets
-
-    for _ in range(100):
-        tmp = directory / f".{path.name}.{secrets.token_hex(6)}.tmp"
-        try:
-            fd = os.open(tmp, flags, 0o600)
-            break
-        except FileExistsError:
-            continue
-        except OSError as exc:  # read-only, no permission: nothing was written
-            raise _refuse(
-                target,
-                f"cannot write in the folder {directory} ({exc.strerror}); nothing was written",
-                "give a path in a folder you can write to",
-            ) from None
-    else:  # pragma: no cover - 100 random names all taken
-        raise _refuse(target, "no temporary name was free", "remove the .tmp files there")
+    tmp, fd = _temporary(directory, target)
     try:
         try:
             _write_all(fd, raw)
@@ -301,6 +288,26 @@ def write_file(
             pass
         raise
     return target
+
+
+def _temporary(directory: Path, target: Path) -> tuple[Path, int]:
+    """A new temporary file beside ``target``, created with ``_CREATE``, and its descriptor."""
+    import secrets  # only where something is written: reading a lock stays light
+
+    for _ in range(100):
+        tmp = directory / f".{target.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            return tmp, os.open(tmp, _CREATE, 0o600)
+        except FileExistsError:
+            continue
+        except OSError as exc:  # read-only, no permission: nothing was written
+            raise _refuse(
+                target,
+                f"cannot write in the folder {directory} ({exc.strerror}); nothing was written",
+                "give a path in a folder you can write to",
+            ) from None
+    # 100 random names all taken
+    raise _refuse(target, "no temporary name was free", "remove the .tmp files there")
 
 
 def _write_all(fd: int, raw: bytes) -> None:

@@ -1,21 +1,13 @@
 """The one way kernel-probe and kernel_lock start a Python child, and the child that confirms what
 only an import can judge.
 
-Every Python child (the probe's worker and its one-shot children, the confirming child below,
-``check-config``'s Hydra and import children) is started by :func:`python_argv` and :func:`start`:
-
-- ``python -I`` (no user site-packages, no ``PYTHON*`` variable, no script or working directory on
-  ``sys.path``), so a ``json.py`` or ``sitecustomize.py`` in the caller's working directory never
-  runs in it;
-- ``sys.path`` set by the first statement, before any import: the caller's trusted roots (absolute;
-  never ``''``, ``.`` or the working directory), then the interpreter's own; a child that must find
-  a module the user named in the working directory gets it *last*, where it shadows nothing;
-- ``-X faulthandler`` (a crash names its frame) and ``-X utf8``;
-- its own session: :func:`kill_group` ends it and everything it spawned.
-
-:func:`child_verdicts` resolves slots with ``factory`` in such a child (the job-start check,
-``resolve.confirm_targets``), so foreign code never runs in the checking process;
-:func:`before_sealing` decides every target of a hand-edited lock before ``rehash`` seals it.
+Every Python child (the probe's worker and one-shot children, the confirming child, check-config's
+children) is started by :func:`python_argv` and :func:`start`: ``python -I`` (no user site, no
+``PYTHON*`` variable, no working directory on ``sys.path``, so a ``json.py`` there never runs),
+``sys.path`` set before any import (the caller's trusted roots, absolute, then the interpreter's;
+the working directory only *last*, where it shadows nothing), ``-X faulthandler -X utf8``, and its
+own session, which :func:`kill_group` ends. :func:`child_verdicts` resolves slots with ``factory``
+in such a child, so foreign code never runs in the checking process.
 """
 
 from __future__ import annotations
@@ -305,14 +297,9 @@ def confirm_in_child(lock: LockDocument, mode: str, unknown: Mapping[str, str]) 
 
 
 def before_sealing(lock: LockDocument, torch_version: str) -> list[str]:
-    """Every target of ``lock`` (each slot's and its twin's) decided before a hand-edited lock is
-    sealed, as the job-start check decides it, so no lock is sealed that ``verify`` refuses.
-
-    From the tables and the file system (``trust.static_problem``), and a slot's target they cannot
-    judge by importing it in a child. What an import refuses (other semantics, an unknown keyword
-    argument) is raised; a library absent or broken here is no refusal: returned, one line per
-    target not judged here and why, as is a twin the tables cannot judge.
-    """
+    """Every target of a hand-edited ``lock`` (each slot's and its twin's) decided before it is
+    sealed, as the job-start check decides it: what an import refuses is raised; a library absent
+    or broken here, or a twin the tables cannot judge, is returned as a line saying why."""
     notes: list[str] = []
     unknown: dict[str, str] = {}
     for entry in lock.slots.values():

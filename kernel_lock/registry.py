@@ -1,16 +1,9 @@
 """The registry: the kernel libraries, built-in candidates and adapters kernel-lock knows, as data.
 
-``registry.toml`` (package data of kernel_lock) holds one ``[[library]]`` table per kernel library
-and one ``[[candidate]]`` table per built-in implementation of a slot. This module reads it
-(tomllib, no torch) and derives the import allow-list from it: a lock may name, without being
-granted trust, a class under torch, kernel_lock's own target modules, or the import root of any
-registered candidate's target or twin, so the allow-list and the candidates cannot drift apart.
-kernel-probe parses the same tables into its own types; here they stay plain data.
-
-The adapters ``kernel_lock.adapters`` builds (``kernel_lock.adapters.NAME``, a class made with torch
-on first lookup) are named here too, read without torch by the export (``kernel_lock.anemoi``) and
-by the trust check before anything is imported. Adding a library class with a known signature is
-adding a row.
+``registry.toml`` holds one ``[[library]]`` table per kernel library and one ``[[candidate]]`` per
+built-in implementation of a slot; read here (no torch), it gives the import allow-list, so the two
+cannot drift apart. The adapters ``kernel_lock.adapters`` builds are named here too, read without
+torch by the export and by the trust check. kernel-probe parses the same tables into its own types.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """This machine's fingerprint read without importing torch, and the one a check takes.
 
 At job start ``import torch`` is the expensive part (thousands of files read by every rank), yet
-every fact is also on disk: torch's build in its installed ``torch/version.py`` (parsed with
-``ast``, never executed), the devices in the drivers' ``/proc`` and ``/sys`` files, NVML where it is
-installed. :func:`fingerprint` returns the fields of ``kernel_lock.fingerprint.current()``; one it
-cannot read with certainty (one torch might report differently) is None and named in
-``Notes.fallbacks`` with the reason, so the caller takes torch's instead. It never guesses. Only
-``root`` moves: torch's ``version.py`` stays where this process finds it, the host fields are this
-host's.
+every fact is also on disk: torch's build in its ``version.py``, the devices in the drivers' /proc
+and /sys files, NVML. :func:`fingerprint` returns the fields of ``fingerprint.current()``; one it
+cannot read with certainty is None and named in ``Notes.fallbacks``, and the caller asks torch. It
+never guesses.
 """
 
 from __future__ import annotations
@@ -383,13 +380,9 @@ def fingerprint(
     *,
     version_file: Path | None = None,
 ) -> tuple[dict[str, Any], Notes]:
-    """Every field of ``fingerprint.FIELDS``, read without importing torch, and the :class:`Notes`.
-
-    A field not read with certainty is None and named in ``Notes.fallbacks``. ``env`` replaces
-    os.environ (visibility and numerics variables); ``root`` is where /proc, /sys and /dev are;
-    ``version_file`` replaces the installed torch/version.py. Raises ``DeviceVisibilityError`` where
-    ``fingerprint.current()`` would.
-    """
+    """Every field of ``fingerprint.FIELDS`` read without importing torch, and the :class:`Notes`.
+    ``env`` replaces os.environ, ``root`` is where /proc, /sys and /dev are (only they move), and
+    ``version_file`` the installed torch/version.py. Raises where ``fingerprint.current()`` does."""
     env = os.environ if env is None else env
     fields: dict[str, Any] = host.fields() | {"numerics-env": numerics_env(env)}
     fallbacks: dict[str, str] = {}

@@ -1,16 +1,9 @@
 """Which modules a lock may make this process import, importing them, and what is known without.
 
-The built-in allow-list follows from the registry (``kernel_lock.registry.allowed_roots``: torch,
-kernel_lock's own target modules and every built-in candidate's import root). Beyond it only the
-*caller* grants trust: the API's ``trust=[...]``, ``$KERNEL_LOCK_TRUST``, kernel-probe's
-``--trust``; a lock's own ``trusted-modules`` only asks for it, and the refusal says how to grant
-it. Every check runs before anything is imported.
-
-:func:`import_target` and :func:`build` import an allowed class and turn every way that fails into
-an error a user can act on; :func:`locate`, :func:`requirement_problems` and :func:`static_problem`
-decide what they can from the file system and the registry, without running any package's code.
-A lock's document and slots (``format.document.LockDocument``, ``format.schema.Slot``) are typed
-``Any`` here: the lock's reader imports this module, never the other way round.
+The allow-list is the registry's (``registry.allowed_roots``) plus what the *caller* grants (the
+API's ``trust=[...]``, ``$KERNEL_LOCK_TRUST``, ``--trust``); a lock's own ``trusted-modules`` only
+asks, and the refusal says how to grant it. Every check runs before anything is imported. A lock's
+document and slots are typed ``Any`` here: the lock's reader imports this module, not the reverse.
 """
 
 from __future__ import annotations
@@ -104,13 +97,10 @@ def check_target(
     requested: Sequence[str] = (),
     what: str = "target",
 ) -> None:
-    """Refuse a target outside the allow-list, before anything is imported.
-
-    The allow-list is ``registry.allowed_roots()`` plus the modules the caller trusts (``trusted``);
-    the lock's own ``trusted-modules`` (``requested``) are only a request, named in the error with
-    how to grant it. A path with a private or ``__main__`` component is never imported (importing a
-    ``__main__`` runs it). A generic adapter's kernel is checked as if the lock named it.
-    """
+    """Refuse a target outside the allow-list (``registry.allowed_roots()`` + ``trusted``), before
+    anything is imported. The lock's ``trusted-modules`` (``requested``) are named in the refusal
+    with how to grant them; a private or ``__main__`` component is never imported; a generic
+    adapter's kernel is checked as if the lock named it."""
     if not isinstance(target, str) or not DOTTED.fullmatch(target):
         raise LockFormatError(
             f"{target!r} is not a dotted import path like 'torch.nn.LayerNorm'", path=path, key=key
@@ -292,9 +282,8 @@ def build(slot_name: str, target: str, kwargs: Mapping[str, Any], lock: Any, key
 def import_failure(
     slot_name: str, target: str, exc: BaseException, where: str | None, key: str
 ) -> KernelUnavailable:
-    """What an import that ended neither in a class nor an ImportError means, for every importer of
-    a lock's classes: a library that calls ``sys.exit`` or raises while importing is unavailable
-    here (exit 3); it never ends the caller."""
+    """A library that calls ``sys.exit`` or raises while importing: unavailable here (exit 3), for
+    every importer of a lock's classes; it never ends the caller."""
     if isinstance(exc, SystemExit):
         return KernelUnavailable(
             f"slot {slot_name}: importing {target!r} called sys.exit({exc.code!r})",
@@ -316,12 +305,9 @@ def import_failure(
 
 def locate(module: str) -> bool | None:
     """Is ``module`` on the search path? True / False where the file system says so, None where only
-    importing could tell. No package's code runs: the top-level package is looked up by the import
-    system's finders, each submodule by ``PathFinder`` within its parent's ``__path__`` as found on
-    disk (``importlib.util.find_spec("a.b")`` would import ``a``). A package that builds its
-    ``__path__`` on import may hold a submodule this cannot see: a submodule not found is None,
-    never False; only a missing top-level package is False.
-    """
+    importing could tell (a submodule not found: its package may build ``__path__`` on import). No
+    package's code runs: the finders look up the top-level package, ``PathFinder`` each submodule
+    in its parent's ``__path__`` (``importlib.util.find_spec("a.b")`` would import ``a``)."""
     parts = module.split(".")
     try:  # a top-level name has no parent to import: only the finders run (editable installs' too)
         spec = importlib.util.find_spec(parts[0])
