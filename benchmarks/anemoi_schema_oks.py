@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from kernel_lock.trust.files import write_file
+from kernel_lock.files import write_file
 from kernel_probe.anemoi.pipelines import check_config
 
 SCHEMA_KINDS = ("schema", "preset")

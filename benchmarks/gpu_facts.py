@@ -94,7 +94,7 @@ def environment(smoke: bool) -> dict[str, Any]:
 
 def write_json(path: Path, data: Any) -> None:
     """Written whole or not at all: a part killed at its time limit leaves no half file."""
-    from kernel_lock.trust.files import write_file
+    from kernel_lock.files import write_file
 
     path.parent.mkdir(parents=True, exist_ok=True)
     write_file(path, json.dumps(data, indent=1, default=str) + "\n")  # the one safe writer

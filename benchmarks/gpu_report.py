@@ -420,7 +420,7 @@ def write_report(run_dir: Path, doc: Path, anchor: Path | None = None) -> Path:
     section, _ = figures(run_dir, doc, _load(anchor) if anchor else None)
     head, _, rest = text.partition(BEGIN)
     _, _, tail = rest.partition(END)
-    from kernel_lock.trust.files import write_file
+    from kernel_lock.files import write_file
 
     write_file(doc, head + section + tail, through_link=True)  # the one safe writer
     return doc

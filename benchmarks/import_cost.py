@@ -33,9 +33,9 @@ ENV = dict(os.environ)
 
 def child(code: str, *, capture: bool = False) -> str:
     """Run ``code`` in a fresh interpreter started by the one launcher
-    (``kernel_lock.trust.launch``: ``-I``, this checkout first on its path, its own session); its
+    (``kernel_lock.launch``: ``-I``, this checkout first on its path, its own session); its
     stdout when ``capture``."""
-    from kernel_lock.trust.launch import python_argv, start
+    from kernel_lock.launch import python_argv, start
 
     proc = start(
         python_argv(code, roots=[str(ROOT)]), env=ENV, stdout=subprocess.PIPE if capture else None

@@ -8,7 +8,7 @@ Measured in this one run, so machine noise hits every side alike:
   - the files each one opens and the modules it imports, counted by an audit hook ("open" events)
     installed from a sitecustomize in a temporary folder put first on PYTHONPATH
   - for reference, the floors: `python -c "pass"` and the torch-free fingerprint alone
-    (kernel_lock.fingerprint.torchless), which is what the warm path can cost once it uses it
+    (kernel_lock.torchless), which is what the warm path can cost once it uses it
   - N concurrent warm `kernel-probe --out L` on one lock (default 64): the slowest one's wall time,
     the whole batch's, and how many failed (goal: none)
 
@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kernel_lock.trust.files import write_file
+from kernel_lock.files import write_file
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,7 +52,7 @@ def _write():
     # counted before the write's import
     record = {"argv": sys.argv, "opened": len(_opened), "distinct": len(set(_opened)),
               "modules": len(sys.modules), "torch": "torch" in sys.modules}
-    from kernel_lock.trust.files import write_file  # the one safe writer
+    from kernel_lock.files import write_file  # the one safe writer
 
     write_file(os.path.join(_out, f"{os.getpid()}.json"), json.dumps(record))
 
@@ -164,7 +164,7 @@ def main() -> None:
             "torchless.fingerprint()": [
                 sys.executable,
                 "-c",
-                "import kernel_lock.fingerprint.torchless as t; t.fingerprint()",
+                "import kernel_lock.torchless as t; t.fingerprint()",
             ],
         }
         for argv in commands.values():  # warm the page cache and fail early on a stale lock

@@ -32,8 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from kernel_lock.trust.files import write_file
-from kernel_lock.trust.launch import python_argv, start
+from kernel_lock.files import write_file
+from kernel_lock.launch import python_argv, start
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PROBE = ["--slot", "LayerNorm", "--shape", "64x32", "--reps", "1"]
@@ -61,7 +61,7 @@ out = []
 for p in procs:
     o, e = p.communicate()
     out.append({"code": p.returncode, "stdout": o, "stderr": e})
-from kernel_lock.trust.files import write_file  # the one safe writer
+from kernel_lock.files import write_file  # the one safe writer
 write_file(sys.argv[2], json.dumps(out))
 """
 
@@ -113,7 +113,7 @@ def run_job(args, shared: Path, nodes_dir: Path, job: str, site: Path | None, tr
         strace.insert(1, "--seccomp-bpf")
     began = time.perf_counter()
     # the launcher of the ranks is a Python child: started by the one launcher
-    # (kernel_lock.trust.launch), under strace
+    # (kernel_lock.launch), under strace
     launcher = start(
         [*strace, *python_argv(LAUNCHER, [str(spec), str(results)], roots=[str(ROOT)])]
     )

@@ -28,7 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kernel_lock.trust.files import write_file  # noqa: E402  (this checkout's, found through ROOT)
+from kernel_lock.files import write_file  # noqa: E402  (this checkout's, found through ROOT)
 
 DEFAULT_SHAPES = ("512x1024", "1024x1024", "2048x1024", "4096x1024")
 

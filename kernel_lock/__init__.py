@@ -15,9 +15,11 @@ What a reader finds where (every module lists its public names in ``__all__``):
 - the entry: this package, ``lock`` (``KernelLock``, ``load``, ``loads``), ``errors``;
 - ``format/``: the lock file (``schema``, ``document``, ``toml``, ``reading``) and its vocabulary
   (``slots``, ``versions``, ``activations``, ``gating``, ``blas``, ``graph_attention``);
-- ``trust/``: what may be imported and how (the allow-list, ``registry``, ``importing``, ``locate``,
-  ``confirming``), the one child launcher (``launch``) and the one safe writer (``files``);
-- resolve and fingerprint: ``resolve`` (the resolver) and ``fingerprint/`` (this machine's facts);
+- what may be imported and how: ``registry`` (the candidates and adapters, as data), ``trust`` (the
+  allow-list, importing, what is known without importing); the one child launcher and the
+  confirming child (``launch``) and the one safe reader and writer (``files``);
+- resolve and fingerprint: ``resolve`` (the resolver); ``fingerprint``, ``host`` and ``torchless``
+  (this machine's facts);
 - the classes a lock names as targets: ``adapters``, ``attention``, ``gated_mlp``;
 - integrations: ``anemoi``, ``checkpoint``, ``distributed``, ``portability``.
 

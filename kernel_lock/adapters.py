@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .trust.adapter_names import (
+from .registry import (
     AUTOCAST_ADAPTERS,
     GENERIC_SEPARATOR,
     SIZE_ADAPTERS,

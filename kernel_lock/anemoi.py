@@ -12,7 +12,7 @@ with the dimensions. Its call sites fix a convention the target must accept:
 
 :func:`layer_kernels` turns a lock into that block (pinned kwargs, never dimensions; an adapter from
 ``kernel_lock.adapters`` where a library's constructor does not fit; their names are in
-``kernel_lock.trust.adapter_names``). It imports the targets, so torch; importing this module
+``kernel_lock.registry``). It imports the targets, so torch; importing this module
 imports neither torch nor yaml (``import kernel_lock`` never imports it). What a training or
 inference process needs lives here; the checks of a config's blocks are kernel-probe's
 (``kernel_probe.anemoi.entry_checks``).
@@ -35,7 +35,7 @@ from typing import Any
 
 from .errors import LockFormatError
 from .lock import KernelLock
-from .trust.adapter_names import (
+from .registry import (
     ADAPTERS,
     GENERIC_SEPARATOR,
     WRAPPING_ADAPTERS,
@@ -45,6 +45,8 @@ from .trust.adapter_names import (
     size_parameter,
     wrapping_adapter_for,
 )
+from .slots import SPECS
+from .slots.attention import ANEMOI_ATTENTION, ATTENTION_BACKEND_ENV
 
 __all__ = [
     "ANEMOI_ATTENTION",
@@ -105,19 +107,8 @@ def glu_refused(class_name: str) -> bool:
 
 
 # ---- attention: anemoi's MultiHeadSelfAttention options, per component with attention ------------
-# (the processor of a transformer model; a TransformerMapper's encoder and decoder). anemoi-models
-# 0.19 has two backends: its SDPA path (torch chooses the SDPA backend) and its flash wrapper
-# (flash-attn v4, then v3, then v2, whichever imports first:
-# kernel_lock.trust.locate.anemoi_flash_generation)
-ANEMOI_ATTENTION = {
-    "kernel_lock.attention.SDPAttention": "scaled_dot_product_attention",
-    "kernel_lock.attention.FlashAttention2": "flash_attention",
-    "kernel_lock.attention.FlashAttention3": "flash_attention",
-    "kernel_lock.attention.FlashAttention4": "flash_attention",
-}
-# anemoi's environment variable, read when anemoi.models.layers.attention is imported: it overrides
-# every component's attention_implementation (how a flash-trained model runs inference with SDPA)
-ATTENTION_BACKEND_ENV = "ANEMOI_INFERENCE_TRANSFORMER_ATTENTION_BACKEND"
+# (the processor of a transformer model; a TransformerMapper's encoder and decoder): the Attention
+# slot's anemoi names are kernel_lock.slots.attention's (ANEMOI_ATTENTION, ATTENTION_BACKEND_ENV)
 
 
 def attention_options(target: str, kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
@@ -230,7 +221,7 @@ def generic_adapter(prefix: str, kernel: str) -> str:
             f"whose parts contain no {GENERIC_SEPARATOR!r}",
             key=kernel,
             fix="rename the module or class, or add a row for it to "
-            "kernel_lock.trust.adapter_names' adapter tables",
+            "kernel_lock.registry's adapter tables",
         )
     return f"{ADAPTERS}.{prefix}{GENERIC_SEPARATOR}{GENERIC_SEPARATOR.join(parts)}"
 
@@ -342,7 +333,7 @@ def _fitting_target(
         key=f"slots.{slot}.target",
         fix="pin an implementation whose constructor takes anemoi's arguments (`kernel-probe "
         "--pin`), or add an "
-        "adapter for this class to kernel_lock.trust.adapter_names.SIZE_ADAPTERS",
+        "adapter for this class to kernel_lock.registry.SIZE_ADAPTERS",
     )
 
 
@@ -386,7 +377,7 @@ def entry_for(key: str, want: Exported, current: Any, *, where: str = "") -> Exp
             "would silently undo it",
             key=where or key,
             fix=f"keep {name} here (it runs the torch.nn.LayerNorm kernel), or add an adapter "
-            f"for {kernel} to kernel_lock.trust.adapter_names.AUTOCAST_ADAPTERS",
+            f"for {kernel} to kernel_lock.registry.AUTOCAST_ADAPTERS",
         )
     return Exported(
         key,
@@ -405,7 +396,6 @@ def export(
 ) -> list[Exported]:
     """The entries of :func:`layer_kernels`, each with a note on how it was reached."""
     from .resolve import factory
-    from .slots import SPECS
 
     out: list[Exported] = []
     for slot, key in SLOT_KEYS.items():

@@ -1,7 +1,7 @@
 """The kernel lock: :class:`KernelLock` (the document, plus verify and resolve), and the entry
 points that read one (``load``, ``loads``); ``KernelLock.dumps`` / ``dump`` write it.
 
-A lock is read from a regular file of at most ``MAX_BYTES`` (``kernel_lock.trust.files``), parsed as
+A lock is read from a regular file of at most ``MAX_BYTES`` (``kernel_lock.files``), parsed as
 TOML, then validated: the top-level keys by :mod:`kernel_lock.format.document`, the tables by
 :mod:`kernel_lock.format.schema`, through :mod:`kernel_lock.format.reading`'s getters; which targets
 may be imported is :mod:`kernel_lock.trust`'s. Resolution is :mod:`kernel_lock.resolve`'s, reached
@@ -134,7 +134,7 @@ def load(
 ) -> KernelLock:
     """Read and validate the lock at ``path`` (a regular file of at most 8 MiB). See
     :func:`loads`."""
-    from .trust.files import UnsafeFile, read_regular
+    from .files import UnsafeFile, read_regular
 
     p = Path(path)
     where = str(p)

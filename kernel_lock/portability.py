@@ -27,7 +27,7 @@ from .format.schema import Slot
 from .lock import KernelLock
 from .resolve import twin_refusal
 from .slots import SPECS
-from .trust.importing import import_failure, import_target
+from .trust import import_failure, import_target
 
 __all__ = [
     "NotPortable",

@@ -19,8 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import Difference, KernelUnavailable, LockFormatError, LockMismatch
 from .slots import MODES, SPECS, Mode, slot_name_fix, twin_semantics
-from .trust.importing import IN_INFERENCE_MODE, build, install_hint
-from .trust.locate import requirement_problems, static_problem, unusable_reason
+from .trust import (
+    IN_INFERENCE_MODE,
+    build,
+    install_hint,
+    requirement_problems,
+    static_problem,
+    unusable_reason,
+)
 
 if TYPE_CHECKING:
     from .format.document import LockDocument
@@ -107,7 +113,7 @@ def verify(
     """
     mode = mode_for(lock, mode)
     if current is None:
-        from .fingerprint import here
+        from . import torchless
 
         # without importing torch where it is not; a fact this check needs that only torch can
         # settle is read with it
@@ -121,31 +127,33 @@ def verify(
                 *checked,
                 "device-type",
             ]  # where anemoi's GraphTransformer would run its kernel
-        current = here.for_check(checked)
+        current = torchless.for_check(checked)
     notes: list[str] = []
     from .format import graph_attention
 
     fallback = graph_attention.fallback_note(lock.graph_attention, current)
     if mode == "training":
-        from .fingerprint import fields
+        from . import fingerprint
 
-        libs = fields.library_versions(lock.environment.libraries)
-        diffs = fields.compare(lock.environment.fields, current, lock.environment.libraries, libs)
+        libs = fingerprint.library_versions(lock.environment.libraries)
+        diffs = fingerprint.compare(
+            lock.environment.fields, current, lock.environment.libraries, libs
+        )
         notes.extend(
             f"environment field {name!r} is unknown to this kernel_lock (a newer writer?): not "
             "checked"
-            for name in fields.unchecked_fields(lock.environment.fields)
+            for name in fingerprint.unchecked_fields(lock.environment.fields)
         )
         notes.extend(
             f"{name} differs (lock {spec.value!r}, here {current.get(name)!r}): not checked "
             "(match = ignore)"
             for name, spec in lock.environment.fields.items()
             if spec.match == "ignore"
-            and name in fields.FIELDS
+            and name in fingerprint.FIELDS
             and current.get(name) is not None
             and str(current.get(name)) != str(spec.value)
         )
-        name_note = fields.device_name_note(current)
+        name_note = fingerprint.device_name_note(current)
         if name_note:
             notes.append(name_note)
         missing = []  # slots whose own library is missing or too old: installing it is the fix
@@ -347,7 +355,7 @@ def confirm_targets(
             fix="run `kernel-probe verify` without --no-import (imports each class), or "
             "`kernel-probe --check` (imports only these, in a child process)",
         )
-    from .trust.confirming import (
+    from .launch import (
         confirm_in_child,
     )  # a child process: only for targets no table can judge
 
@@ -419,9 +427,9 @@ def resolve_slot(
             build(slot, entry.target, entry.kwargs, lock, key) if import_classes else None
         )
     if current is None:
-        from .fingerprint import here
+        from . import torchless
 
-        current = here.for_check(INFERENCE_FACTS)
+        current = torchless.for_check(INFERENCE_FACTS)
     reason = unusable_reason(entry, current)
     if reason is None:
         if not import_classes:
@@ -486,9 +494,9 @@ def _refuse_training(lock: LockDocument, entry: Slot) -> None:
             f"or load it {IN_INFERENCE_MODE} to use the verified torch.nn twin",
         )
     if entry.devices:
-        from .fingerprint import here as fingerprint_here
+        from . import torchless
 
-        here = fingerprint_here.for_check(INFERENCE_FACTS).get("device-type")
+        here = torchless.for_check(INFERENCE_FACTS).get("device-type")
         if here not in entry.devices:
             raise KernelUnavailable(
                 f"slot {slot}: {entry.implementation} ({entry.target}) runs on "

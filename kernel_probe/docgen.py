@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kernel_lock.errors import ExitCode
-from kernel_lock.trust.files import write_file
+from kernel_lock.files import write_file
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout: README.md and docs/ live there
 

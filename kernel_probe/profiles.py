@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernel_lock.files import UnsafeFile, read_regular
 from kernel_lock.format import toml
 from kernel_lock.slots import PRECISIONS, SLOTS
-from kernel_lock.trust.files import UnsafeFile, read_regular
 from kernel_probe import candidates as cands
 from kernel_probe.detect.libraries import known_libraries
 from kernel_probe.detect.triton import TRITON_DISTRIBUTIONS

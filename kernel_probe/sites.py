@@ -21,7 +21,8 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from kernel_lock.fingerprint.fields import FIELDS
+from kernel_lock.files import UnsafeFile, read_regular
+from kernel_lock.fingerprint import FIELDS
 from kernel_lock.format.reading import (
     ReadError,
     context,
@@ -33,7 +34,6 @@ from kernel_lock.format.reading import (
     get_text,
     refuse_unknown,
 )
-from kernel_lock.trust.files import UnsafeFile, read_regular
 from kernel_probe.candidates import DEVICE_TYPES
 from kernel_probe.detect.host import read_marker
 from kernel_probe.detect.libraries import known_libraries

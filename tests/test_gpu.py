@@ -42,7 +42,7 @@ def importable(module: str) -> bool:
 
 @pytest.fixture(scope="module")
 def reports():
-    from kernel_lock.fingerprint.here import device_here
+    from kernel_lock.torchless import device_here
 
     arch = device_here().get("arch") or ""
     return gpu_suite.verdicts("cuda", arch, gpu_suite.candidates())

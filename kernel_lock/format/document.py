@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from ..errors import LockFormatError, LockVersionError
+from ..files import atomic_write_text
 from ..slots import MODES, PRECISIONS, SPECS, Mode, slot_name_fix, spec_of
 from ..trust import granted_trust, module_name
-from ..trust.files import atomic_write_text
 from . import toml as _toml
 from .graph_attention import TABLE as GRAPH_ATTENTION
 from .graph_attention import GraphAttention

@@ -90,7 +90,7 @@ class GraphAttention(Table):
 
 def triton_installed() -> bool | None:
     """Is triton on the search path (the file system only; None: only importing could tell)."""
-    from ..trust.locate import locate
+    from ..trust import locate
 
     return locate("triton")
 

@@ -20,6 +20,7 @@ from functools import reduce
 from typing import Any, Literal, TypeVar, cast, get_args
 
 from ..errors import LockFormatError
+from ..fingerprint import FIELDS, Match
 from ..slots import STATUSES, SlotSpec, Status, semantics
 from ..trust import DOTTED, MODULE, check_target
 from .reading import ReadError, context, get, get_choice, get_required, get_tables, join, type_name
@@ -68,7 +69,6 @@ __all__ = [
 # numerics-env; 1.3: slots.Linear.blas, and the timing rows' check at the model's shape
 # (checked-rows, worst-error-ratio)
 LOCK_VERSION = "1.3"
-Match = Literal["exact", "compatible", "ignore"]  # how strictly a fingerprint field must match
 MATCH_RULES: tuple[Match, ...] = get_args(Match)
 StateDict = Literal[
     "interchangeable", "migrate", "incompatible"
@@ -352,10 +352,6 @@ def _env_fields(
     ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]
 ) -> dict[str, EnvField]:
     """``[environment]``'s named fields: every key but ``libraries``, in file order."""
-    from ..fingerprint.fields import (
-        FIELDS,
-    )  # the field catalogue lives beside the code that computes it
-
     fields = {}
     for name, value in d.items():
         if name == "libraries":
@@ -375,8 +371,6 @@ def _env_fields(
 
 def _env_fields_out(fields: Mapping[str, EnvField]) -> dict[str, Any]:
     """The named fields, the known ones in their catalogue order, then the others sorted."""
-    from ..fingerprint.fields import FIELDS
-
     order = list(FIELDS) + sorted(k for k in fields if k not in FIELDS)
     return {k: fields[k].to_dict() for k in order if k in fields}
 

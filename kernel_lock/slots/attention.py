@@ -9,15 +9,27 @@ from typing import Any
 
 from .base import SlotSpec, TargetFacts
 
-__all__ = ["ATTENTION"]
+__all__ = ["ANEMOI_ATTENTION", "ATTENTION", "ATTENTION_BACKEND_ENV"]
 
 _OPTIONS = frozenset(("window", "softcap", "dropout", "alibi"))
 _CLASSES = ("FlashAttention2", "FlashAttention3", "FlashAttention4", "TEDotProductAttention")
 
 
-def _anemoi_environment(slot: Any) -> Mapping[str, str]:
-    from ..anemoi import ANEMOI_ATTENTION, ATTENTION_BACKEND_ENV  # anemoi's names: only here
+# anemoi-models 0.19's backends for a class of the slot: its SDPA path (torch chooses the SDPA
+# backend) and its flash wrapper (flash-attn v4, then v3, then v2, whichever imports first:
+# kernel_lock.trust.anemoi_flash_generation)
+ANEMOI_ATTENTION = {
+    "kernel_lock.attention.SDPAttention": "scaled_dot_product_attention",
+    "kernel_lock.attention.FlashAttention2": "flash_attention",
+    "kernel_lock.attention.FlashAttention3": "flash_attention",
+    "kernel_lock.attention.FlashAttention4": "flash_attention",
+}
+# anemoi's environment variable, read when anemoi.models.layers.attention is imported: it overrides
+# every component's attention_implementation (how a flash-trained model runs inference with SDPA)
+ATTENTION_BACKEND_ENV = "ANEMOI_INFERENCE_TRANSFORMER_ATTENTION_BACKEND"
 
+
+def _anemoi_environment(slot: Any) -> Mapping[str, str]:
     backend = ANEMOI_ATTENTION.get(slot.target)
     return {ATTENTION_BACKEND_ENV: backend} if backend is not None else {}
 

@@ -300,7 +300,7 @@ def _job_start(slot: Any, current: Mapping[str, Any]) -> list[Difference]:
 def _on_resolve(slot: Any, path: str | None) -> None:
     record = slot.extra.get("blas")
     if record is not None:
-        from ..fingerprint import here  # reads this machine's facts: only when a Linear resolves
+        from .. import torchless as here  # reads this machine's facts: only when a Linear resolves
 
         apply(record, str(here.for_check(("device-type",)).get("device-type", "")), path=path)
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from kernel_lock.anemoi import ANEMOI_ATTENTION
 from kernel_lock.lock import KernelLock
-from kernel_lock.trust.locate import FLASH_GENERATIONS, anemoi_flash_generation
+from kernel_lock.slots.attention import ANEMOI_ATTENTION
+from kernel_lock.trust import FLASH_GENERATIONS, anemoi_flash_generation
 from kernel_probe.anemoi.blocks import Finding
 from kernel_probe.anemoi.config_file import mappings_where
 

@@ -94,7 +94,7 @@ def load_config(path: str | Path) -> Any:
     (exit 5)."""
     import yaml
 
-    from kernel_lock.trust.files import UnsafeFile, read_regular
+    from kernel_lock.files import UnsafeFile, read_regular
 
     p = Path(path)
     try:

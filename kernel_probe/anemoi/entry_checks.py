@@ -26,7 +26,7 @@ from kernel_lock.anemoi import (
     glu_refused,
     locate,
 )
-from kernel_lock.trust.adapter_names import adapter_for
+from kernel_lock.registry import adapter_for
 from kernel_probe.anemoi.blocks import KEYS, Finding
 from kernel_probe.isolation.child import run_function
 from kernel_probe.isolation.protocol import EntryCheckReply, EntryCheckRequest

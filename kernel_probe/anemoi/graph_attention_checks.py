@@ -63,9 +63,9 @@ def findings(
     it)."""
     graph = lock.graph_attention if lock is not None else None
     if current is None:
-        from kernel_lock.fingerprint import here
+        from kernel_lock import torchless
 
-        current = here.for_check(["device-type"])
+        current = torchless.for_check(["device-type"])
     out: list[Finding] = []
     for where, comp in components(tree):
         value = _value(comp)

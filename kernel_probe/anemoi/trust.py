@@ -40,8 +40,8 @@ class Trust:
         """None if ``target`` (and any kernel a generic adapter wraps) may be imported, else
         (severity, problem, fix): ``__main__`` and private modules never; others not without
         trust."""
-        from kernel_lock.trust import registry
-        from kernel_lock.trust.adapter_names import generic_kernel
+        from kernel_lock import registry
+        from kernel_lock.registry import generic_kernel
 
         names = [target]
         inner = generic_kernel(target)

@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import kernel_lock
+from kernel_lock import fingerprint as with_torch
 from kernel_lock.errors import ExitCode, LockError
-from kernel_lock.fingerprint import with_torch
-from kernel_lock.fingerprint.version_file import Unsettled, torch_build
+from kernel_lock.fingerprint import Unsettled, torch_build
+from kernel_lock.launch import before_sealing
 from kernel_lock.resolve import factory, resolve_slot
 from kernel_lock.slots import MODES, short_dtype, slot_name_fix
-from kernel_lock.trust.confirming import before_sealing
 from kernel_probe import cli, output
 from kernel_probe.cli import add_flags, add_lock_argument, add_trust_argument, load_lock, open_lock
 from kernel_probe.errors import ProbeError, UsageError

@@ -1,6 +1,6 @@
 """What torch was built with, and the accelerators it can use here (one entry per device).
 
-The vendor decision is made once, in ``kernel_lock.fingerprint.with_torch.device_facts``: ROCm is
+The vendor decision is made once, in ``kernel_lock.fingerprint.device_facts``: ROCm is
 told apart by ``torch.version.hip``, never by compute capability (an MI250X reports (9, 0), like an
 H100); this module fills in the per-device details for that kind. NVIDIA details come from NVML
 first (no CUDA context); only without NVML is ``torch.cuda.get_device_properties`` asked. Nothing
@@ -16,11 +16,10 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kernel_lock.fingerprint import fields, visible
-from kernel_lock.fingerprint import host as fp_host
-from kernel_lock.fingerprint import nvml as fp_nvml
+from kernel_lock import fingerprint
+from kernel_lock import host as lock_host
 
-# kernel_lock.fingerprint.nvml.nvml_devices, or a stand-in: the NVIDIA devices NVML sees, or None
+# kernel_lock.host.nvml_devices, or a stand-in: the NVIDIA devices NVML sees, or None
 NvmlList = Callable[[], "list[dict[str, Any]] | None"]
 
 # (report key, path under the torch module; a trailing "()" calls it): switches that change
@@ -188,7 +187,7 @@ def torch_build_covers(device_arch: str, arch_list: Sequence[str]) -> dict[str, 
         return _covers(None, "unknown", "torch reports no compiled device arch list")
     built = ", ".join(arch_list)
     if device_arch.startswith("gfx"):
-        targets = {fp_host.normalize_gcn_arch(a) for a in arch_list}
+        targets = {lock_host.normalize_gcn_arch(a) for a in arch_list}
         if device_arch in targets:
             return _covers(True, "code-object", f"torch ships code objects for {device_arch}")
         if any(t.endswith("-generic") for t in targets):
@@ -277,12 +276,12 @@ def _torch_devices(torch: Any, kind: str, driver: str) -> list[dict[str, Any]]:
             continue
         raw = str(getattr(props, "gcnArchName", "") or "")
         notes = []
-        if name in fields.GENERIC_DEVICE_NAMES or not name:
+        if name in fingerprint.GENERIC_DEVICE_NAMES or not name:
             notes.append(
                 f"generic device name {name!r} (libdrm amdgpu.ids missing or old): identify it "
                 "by arch"
             )
-        arch = fp_host.normalize_gcn_arch(raw)
+        arch = lock_host.normalize_gcn_arch(raw)
         out.append(
             _device(kind, "amd", i, name, arch, gcn_arch_name=raw or None, notes=notes, **facts)
         )
@@ -301,7 +300,7 @@ def _devices(torch: Any, primary: dict[str, Any], nvml: NvmlList) -> list[dict[s
     if kind == "cuda" and (listed := nvml()):
         return [_nvml_device(d) for d in listed]
     if kind in ("cuda", "rocm"):
-        return _torch_devices(torch, kind, primary.get("driver") or fp_host.driver_version(kind))
+        return _torch_devices(torch, kind, primary.get("driver") or lock_host.driver_version(kind))
     if kind == "mps":
         mps, memory = getattr(torch, "mps", None), None
         if mps is not None and hasattr(mps, "recommended_max_memory"):
@@ -323,7 +322,7 @@ def _devices(torch: Any, primary: dict[str, Any], nvml: NvmlList) -> list[dict[s
 
 
 def detect_accelerators(
-    torch: Any, primary: dict[str, Any], *, nvml: NvmlList = fp_nvml.nvml_devices
+    torch: Any, primary: dict[str, Any], *, nvml: NvmlList = lock_host.nvml_devices
 ) -> list[dict[str, Any]]:
     """Every device of the primary device's kind (``primary``: ``with_torch.device_facts(torch)``),
     each with ``torch_build_covers``; one ``cpu`` entry on a CPU-only machine. ``physical``: the
@@ -334,7 +333,7 @@ def detect_accelerators(
         _device(kind, primary["vendor"], 0, primary["name"], primary["arch"], source="host")
     ]
     arch_list = torch_arch_list(torch) if kind in ("cuda", "rocm") else []
-    physical = visible.physical_devices(kind)
+    physical = lock_host.physical_devices(kind)
     for device in devices:
         if physical is not None and device["type"] == kind and device["index"] < len(physical):
             device["physical"] = physical[device["index"]]

@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kernel_lock.fingerprint import host as fp_host
-from kernel_lock.trust.files import UnsafeFile, read_regular
+from kernel_lock import host as fp_host
+from kernel_lock.files import UnsafeFile, read_regular
 
 # per dtype, (flag in /proc/cpuinfo, the path it gives); the first flag present names the path
 NATIVE_FLAGS: dict[str, tuple[tuple[str, str], ...]] = {

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernel_lock.trust.files import UnsafeFile, UnsafeWrite, private_dir, read_regular, write_file
+from kernel_lock.files import UnsafeFile, UnsafeWrite, private_dir, read_regular, write_file
 from kernel_probe import __version__
 from kernel_probe.detect.host import usable_cores
 from kernel_probe.isolation.child import (

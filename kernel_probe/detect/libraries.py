@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
-from kernel_lock.trust import registry
+from kernel_lock import registry
 from kernel_probe.tables import TableReader
 
 if TYPE_CHECKING:  # the import checks' machinery is not loaded by a staleness check (the warm path)

@@ -16,9 +16,9 @@ from collections.abc import Callable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
+from kernel_lock import fingerprint
+from kernel_lock import host as lock_host
 from kernel_lock.errors import DeviceVisibilityError
-from kernel_lock.fingerprint import nvml as fp_nvml
-from kernel_lock.fingerprint import with_torch
 from kernel_probe import __version__
 from kernel_probe.detect import accelerators, host, libraries
 from kernel_probe.detect import triton as triton_info
@@ -64,12 +64,12 @@ def _torch_and_devices(
         except Exception as exc:
             errors.append({"where": "torch build", "error": failure(exc)})
     try:
-        primary = with_torch.device_facts(torch_like)
+        primary = fingerprint.device_facts(torch_like)
     except DeviceVisibilityError:  # the user's variables contradict each other: not "a CPU node"
         raise
     except Exception as exc:  # the driver or torch failed while asking for the device
         errors.append({"where": "device", "error": failure(exc)})
-        primary = with_torch.device_facts(_NO_TORCH)
+        primary = fingerprint.device_facts(_NO_TORCH)
     out["device"] = dict(primary)
     try:
         out["accelerators"] = accelerators.detect_accelerators(torch_like, primary, nvml=nvml)
@@ -77,7 +77,7 @@ def _torch_and_devices(
         errors.append({"where": "accelerators", "error": failure(exc)})
     if torch is not None:
         try:  # one device answer for both
-            out["fingerprint"] = with_torch.current(torch, device=lambda _torch: primary)
+            out["fingerprint"] = fingerprint.current(torch, device=lambda _torch: primary)
         except Exception as exc:
             errors.append({"where": "fingerprint", "error": failure(exc)})
     return out
@@ -153,7 +153,7 @@ def detect(
     try:
         located_triton = triton_info.locate(extra_paths)
         host_facts = host.detect_host()
-        here = _torch_and_devices(torch, nvml or fp_nvml.nvml_devices, errors)
+        here = _torch_and_devices(torch, nvml or lock_host.nvml_devices, errors)
         imported = checks.results() if checks is not None else {}
         not_asked = triton_info.target_not_asked(device_nodes, here["device"]["type"])
         if (

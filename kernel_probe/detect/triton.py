@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from kernel_lock.fingerprint.host import normalize_gcn_arch
+from kernel_lock.host import normalize_gcn_arch
 from kernel_probe.detect.libraries import NOT_RUN, installed, module_location, search_path
 from kernel_probe.isolation.protocol import ImportCheckRequest
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernel_lock.trust.files import write_file
-from kernel_lock.trust.launch import kill_group, python_argv, pythonpath_roots, start
+from kernel_lock.files import write_file
+from kernel_lock.launch import kill_group, python_argv, pythonpath_roots, start
 
 # The child program: the standard library only before ``module`` (an import check's question is
 # the library's import alone). Its options (JSON): mode (call | serve), module, function, source

@@ -227,7 +227,8 @@ class PingReply(Reply):
 
 @dataclass(frozen=True, kw_only=True)
 class FingerprintReply(Reply):
-    """This machine's lock fingerprint as the worker's torch sees it (``with_torch.current``)."""
+    """This machine's lock fingerprint as the worker's torch sees it
+    (``kernel_lock.fingerprint.current``)."""
 
     fields: dict[str, Any]
 

@@ -275,7 +275,7 @@ def _row(
 
 def build(cand: Candidate) -> Any:
     """An instance of the candidate (an activation takes no dimensions: its pinned kwargs only)."""
-    from kernel_lock.trust.importing import import_target
+    from kernel_lock.trust import import_target
 
     cls = import_target(cand.target, (cand.target.split(".")[0],), semantics="activation")
     kwargs = dict(cand.kwargs)

@@ -259,7 +259,7 @@ def cases(dtype: Any, gen: torch.Generator) -> list[Case]:
 
 def build(cand: Candidate, values: Mapping[str, Any], **override: Any) -> Any:
     """An instance of the candidate with the canonical options (and ``override``)."""
-    from kernel_lock.trust.importing import import_target
+    from kernel_lock.trust import import_target
 
     cls = import_target(cand.target, (cand.target.split(".")[0],), semantics="attention")
     kwargs = {k: fill(v, values) for k, v in cand.kwargs.items()}

@@ -45,7 +45,7 @@ def derive_inference(
 
     Raises :class:`KernelUnavailable` naming every slot that cannot run here and has no usable twin.
     """
-    from kernel_lock.fingerprint.fields import library_versions
+    from kernel_lock.fingerprint import library_versions
     from kernel_lock.resolve import resolve_slot
     from kernel_probe.probe.write import environment
 

@@ -61,7 +61,7 @@ def _ping(request: Request, emit: Progress) -> Reply:
 
 
 def _fingerprint(request: Request, emit: Progress) -> Reply:
-    from kernel_lock.fingerprint import with_torch  # imports torch: where torch already is
+    from kernel_lock import fingerprint as with_torch  # imports torch: where torch already is
 
     return FingerprintReply(fields=with_torch.current())
 

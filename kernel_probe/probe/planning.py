@@ -172,9 +172,9 @@ def large_shape_warning(device_type: str, shapes: Sequence[str], reps: int) -> s
 
 
 def detect_device() -> dict[str, Any]:
-    """This machine's device facts (``fingerprint.with_torch.device_facts``): read without torch
-    where every one of them can be (``kernel_lock.fingerprint.torchless``), else from torch."""
-    from kernel_lock.fingerprint.here import device_here
+    """This machine's device facts (``kernel_lock.fingerprint.device_facts``): read without torch
+    where every one of them can be (``kernel_lock.torchless``), else from torch."""
+    from kernel_lock.torchless import device_here
 
     return device_here()
 
@@ -353,7 +353,7 @@ def _apply_profile(request: ProbeRequest, device: Mapping[str, Any], events: Eve
     """Load the profile (or auto-detect it), enforce its requirements (exit 4 on unmet)."""
     if not request.profile:
         return None, ""
-    from kernel_lock.fingerprint import here
+    from kernel_lock import torchless as here
     from kernel_probe import profile_match, sites
 
     dirs = request.profiles_dirs

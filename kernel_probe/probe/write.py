@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernel_lock.fingerprint.fields import FIELDS, library_versions
+from kernel_lock.fingerprint import FIELDS, library_versions
 from kernel_lock.format.graph_attention import GraphAttention
 from kernel_lock.format.schema import Candidate as RejectedCandidate
 from kernel_lock.format.schema import EnvField, Environment, Requirement, Slot, Twin
@@ -329,7 +329,7 @@ def resolve_out(path: Path) -> Path:
             f"--out {text} is a directory", fix=f"use --out {path / 'kernel-lock.toml'}"
         )
     if mode is not None and not stat.S_ISREG(mode):
-        from kernel_lock.trust.files import kind
+        from kernel_lock.files import kind
 
         raise UsageError(
             f"--out {text} is {kind(mode)}, not a regular file: it is never replaced (not even "

@@ -1,11 +1,11 @@
-"""kernel_lock.trust.adapter_names: the adapters' tables and the generic naming scheme, read without
+"""kernel_lock.registry: the adapters' tables and the generic naming scheme, read without
 torch."""
 
 from __future__ import annotations
 
 import pytest
 
-from kernel_lock.trust.adapter_names import (
+from kernel_lock.registry import (
     ADAPTERS,
     AUTOCAST_ADAPTERS,
     SIZE_ADAPTERS,

@@ -38,9 +38,9 @@ from omegaconf import OmegaConf
 
 import kernel_lock
 import kernel_lock.adapters as adapters
-import kernel_lock.trust.adapter_names as adapter_names
+from kernel_lock import registry
 from kernel_lock.anemoi import layer_kernels, locate
-from kernel_lock.trust.importing import import_target
+from kernel_lock.trust import import_target
 from kernel_probe.cli import main
 from tests.conftest import small_probe, write_sealed
 
@@ -235,7 +235,7 @@ def test_qk_norm_export_reaches_query_and_key_norms(locks, name, tmp_path, monke
     # anemoi's q/k norms cast their output back to the input dtype: the lock's kernel goes in the
     # adapter that keeps that cast (one row of data per kernel)
     monkeypatch.setitem(
-        adapter_names.AUTOCAST_ADAPTERS, "AutocastGoodLayerNorm", "kp_zoo.norms.GoodLayerNorm"
+        registry.AUTOCAST_ADAPTERS, "AutocastGoodLayerNorm", "kp_zoo.norms.GoodLayerNorm"
     )
     proc = build(name, exported_yaml(tmp_path / "qk.toml", "--qk-norm"))
     forward_backward(name, proc)
@@ -273,7 +273,7 @@ def test_adapter_target_for_a_liger_signature_class(monkeypatch, tmp_path):
     from kp_zoo.norms import HiddenSizeLayerNorm
 
     monkeypatch.setitem(
-        adapter_names.SIZE_ADAPTERS,
+        registry.SIZE_ADAPTERS,
         "HiddenSizeLayerNormAnemoi",
         ("kp_zoo.norms.HiddenSizeLayerNorm", "hidden_size"),
     )

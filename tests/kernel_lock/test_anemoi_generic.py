@@ -25,8 +25,8 @@ import kernel_lock
 import kernel_lock.adapters as adapters
 from kernel_lock.anemoi import ConventionError, generic_adapter, wrapper_of
 from kernel_lock.errors import TargetNotAllowed
+from kernel_lock.registry import AUTOCAST_ADAPTERS, SIZE_ADAPTERS, generic_kernel
 from kernel_lock.trust import check_target
-from kernel_lock.trust.adapter_names import AUTOCAST_ADAPTERS, SIZE_ADAPTERS, generic_kernel
 from tests.conftest import ROOT, small_probe
 
 GENERIC = "kernel_lock.adapters.Autocast__kp_fastlib__FastLayerNorm"

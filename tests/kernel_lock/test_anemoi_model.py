@@ -34,7 +34,7 @@ from anemoi.models.layers.normalization import AutocastLayerNorm
 
 import kernel_lock
 import kernel_lock.adapters as adapters
-import kernel_lock.trust.adapter_names as adapter_names
+from kernel_lock import registry
 from kernel_lock.portability import Replacement, saved_modules
 from kernel_probe.anemoi.pipelines import export_for_config
 from kernel_probe.cli import main
@@ -91,12 +91,12 @@ def fast_adapters(monkeypatch):
     """kp_fastlib registered the way liger is: a size adapter, and the adapter keeping
     AutocastLayerNorm's cast."""
     monkeypatch.setitem(
-        adapter_names.SIZE_ADAPTERS,
+        registry.SIZE_ADAPTERS,
         "FastLayerNormAnemoi",
         ("kp_fastlib.FastLayerNorm", "hidden_size"),
     )
     monkeypatch.setitem(
-        adapter_names.AUTOCAST_ADAPTERS,
+        registry.AUTOCAST_ADAPTERS,
         "AutocastFastLayerNormAnemoi",
         "kernel_lock.adapters.FastLayerNormAnemoi",
     )

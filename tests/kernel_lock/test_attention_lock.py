@@ -12,7 +12,7 @@ import torch
 import kernel_lock
 from kernel_lock.anemoi import attention_export
 from kernel_lock.errors import LockMismatch
-from kernel_lock.trust.locate import anemoi_flash_generation
+from kernel_lock.trust import anemoi_flash_generation
 from tests.conftest import MINIMAL_LOCK, run_cli, write_sealed
 
 SDPA_SLOT = """

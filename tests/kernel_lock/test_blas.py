@@ -24,10 +24,8 @@ import pytest
 import torch
 
 import kernel_lock
-from kernel_lock import resolve
+from kernel_lock import fingerprint, resolve, torchless
 from kernel_lock.errors import LockFormatError, LockMismatch
-from kernel_lock.fingerprint import here as fp_here
-from kernel_lock.fingerprint import with_torch
 from kernel_lock.slots import linear as blas
 from kernel_probe.candidates import builtin, parse_candidate
 from kernel_probe.isolation import worker
@@ -250,8 +248,8 @@ H100 = {
 
 
 def simulated_cuda_probe(monkeypatch, tmp_path: Path, **request):
-    real = with_torch.current()
-    monkeypatch.setattr(with_torch, "current", lambda *a, **k: {**real, **H100})
+    real = fingerprint.current()
+    monkeypatch.setattr(fingerprint, "current", lambda *a, **k: {**real, **H100})
     monkeypatch.setattr(
         planning,
         "detect_device",
@@ -338,7 +336,7 @@ blas = {{ library = "{library}", build-default = "{default}" }}
 @pytest.fixture
 def on(monkeypatch):
     def device(kind):
-        monkeypatch.setattr(fp_here, "for_check", lambda checked=None: {"device-type": kind})
+        monkeypatch.setattr(torchless, "for_check", lambda checked=None: {"device-type": kind})
 
     return device
 

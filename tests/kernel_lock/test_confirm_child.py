@@ -1,4 +1,4 @@
-"""kernel_lock.trust.confirm_child: the child of the job-start check. Run here in-process (its
+"""kernel_lock.launch.confirm_child: the child of the job-start check. Run here in-process (its
 ``os._exit`` replaced): for each slot asked, ``factory``'s verdict; one line of verdicts, even when
 resolving a slot ends the interpreter's way (``SystemExit`` from an imported module)."""
 
@@ -10,8 +10,9 @@ import os
 import pytest
 
 from kernel_lock.errors import ExitCode
-from kernel_lock.trust import confirm_child
-from kernel_lock.trust.confirming import MARK
+from kernel_lock.launch import MARK, confirm_child
+from kernel_lock.lock import loads
+from kernel_lock.resolve import factory
 from tests.conftest import edited_lock
 
 
@@ -26,7 +27,7 @@ def _ask(monkeypatch, capsys, text: str, slots: list[str], trust: list[str]) -> 
     monkeypatch.setattr(os, "_exit", exit_)
     request = {"text": text, "path": "k.toml", "trust": trust, "mode": "training", "slots": slots}
     with pytest.raises(_Exited) as ended:
-        confirm_child.main(request)
+        confirm_child(request, loads, factory)
     assert ended.value.args == (0,)  # its exit status says nothing: the verdict line does
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith(MARK)]
     assert len(lines) == 1

@@ -1,4 +1,4 @@
-"""kernel_lock.trust.confirming: what only an import can tell, asked of a child process (its
+"""kernel_lock.launch: what only an import can tell, asked of a child process (its
 verdicts, and a child that cannot give one), and every target of a lock decided before
 ``kernel-probe rehash`` seals it.
 
@@ -14,6 +14,7 @@ import time
 import pytest
 
 import kernel_lock
+from kernel_lock import fingerprint, launch
 from kernel_lock.errors import (
     ExitCode,
     KernelUnavailable,
@@ -21,9 +22,7 @@ from kernel_lock.errors import (
     LockFormatError,
     TargetNotAllowed,
 )
-from kernel_lock.fingerprint import with_torch
-from kernel_lock.trust import confirming
-from kernel_lock.trust.confirming import before_sealing, child_verdicts, confirm_in_child
+from kernel_lock.launch import before_sealing, child_verdicts, confirm_in_child
 from tests.kernel_lock.test_locate import (  # noqa: F401  (ghost_site: a fixture these tests use)
     CASES,
     GOOD,
@@ -81,7 +80,7 @@ def test_a_child_without_a_verdict_is_unavailable_never_current(
             raise outcome
         return outcome
 
-    monkeypatch.setattr(confirming, "_run_child", run)
+    monkeypatch.setattr(launch, "_run_child", run)
     lock = kernel_lock.load(_lock(tmp_path, lambda d: None), emit_warnings=False)
     with pytest.raises(KernelUnavailable) as exc:
         child_verdicts(lock, "training", {"Linear": "asked"})
@@ -90,8 +89,8 @@ def test_a_child_without_a_verdict_is_unavailable_never_current(
 
 
 def test_a_slot_the_child_did_not_answer_is_unavailable(tmp_path, monkeypatch):
-    reply = subprocess.CompletedProcess([], 0, confirming.MARK + "{}\n", "")
-    monkeypatch.setattr(confirming, "_run_child", lambda *_a, **_kw: reply)
+    reply = subprocess.CompletedProcess([], 0, launch.MARK + "{}\n", "")
+    monkeypatch.setattr(launch, "_run_child", lambda *_a, **_kw: reply)
     lock = kernel_lock.load(_lock(tmp_path, lambda d: None), emit_warnings=False)
     with pytest.raises(KernelUnavailable, match="slot Linear: no verdict"):
         confirm_in_child(lock, "training", {"Linear": "asked"})
@@ -129,7 +128,7 @@ os._exit(0)
 
 def test_a_process_the_child_forks_neither_keeps_the_caller_waiting_nor_outlives_it():
     t0 = time.monotonic()
-    done = confirming._run_child([sys.executable, "-c", FORKS_AND_EXITS], "the request", 60.0)
+    done = launch._run_child([sys.executable, "-c", FORKS_AND_EXITS], "the request", 60.0)
     assert time.monotonic() - t0 < 30  # the forked process would hold a pipe for 600 s
     echoed, pid = done.stdout.split()[-2:]
     assert done.returncode == 0 and done.stdout.startswith("the request") and _gone(int(pid))
@@ -139,7 +138,7 @@ def test_a_process_the_child_forks_neither_keeps_the_caller_waiting_nor_outlives
 def test_a_child_that_hangs_is_killed_at_its_time_limit():
     t0 = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired):
-        confirming._run_child([sys.executable, "-c", "import time; time.sleep(600)"], "", 1.0)
+        launch._run_child([sys.executable, "-c", "import time; time.sleep(600)"], "", 1.0)
     assert time.monotonic() - t0 < 30
 
 
@@ -173,7 +172,7 @@ def test_sealing_refuses_what_the_import_refuses_or_says_it_could_not_judge(
     refused = _import_verdict(path)
     lock = kernel_lock.load(path, emit_warnings=False)
     try:
-        unjudged = before_sealing(lock, with_torch.current()["torch"])
+        unjudged = before_sealing(lock, fingerprint.current()["torch"])
     except LockError as exc:
         # what the import refuses too (it may stop first at the machine, exit 3, before reaching a
         # twin)
@@ -200,7 +199,7 @@ def test_sealing_refuses_what_the_import_refuses_or_says_it_could_not_judge(
 def test_sealing_a_good_lock_judges_every_target(tmp_path, case):
     path = _lock(tmp_path, GOOD[case])
     assert (
-        before_sealing(kernel_lock.load(path, emit_warnings=False), with_torch.current()["torch"])
+        before_sealing(kernel_lock.load(path, emit_warnings=False), fingerprint.current()["torch"])
         == []
     )
 
@@ -211,7 +210,7 @@ def test_sealing_judges_the_twin_and_imports_what_the_tables_cannot_judge(tmp_pa
 
     lock = kernel_lock.load(_lock(tmp_path, twin_of_other_semantics), emit_warnings=False)
     with pytest.raises(TargetNotAllowed) as exc:
-        before_sealing(lock, with_torch.current()["torch"])
+        before_sealing(lock, fingerprint.current()["torch"])
     assert exc.value.key == "slots.LayerNorm.twin.target" and "computes rms_norm" in str(exc.value)
     started = _child_in_this_process(monkeypatch)
     good = kernel_lock.load(_lock(tmp_path, lambda d: None), emit_warnings=False)

@@ -38,14 +38,14 @@ import datetime, json
 import torch
 import torch.distributed as dist
 import kernel_lock
-from kernel_lock.fingerprint import with_torch
+from kernel_lock import fingerprint
 from kernel_lock.distributed import check_ranks
 
 rank, world = int(sys.argv[1]), int(sys.argv[2])
 init, plan_path, out_path = sys.argv[3], sys.argv[4], sys.argv[5]
 dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
                         timeout=datetime.timedelta(seconds=60))
-here = with_torch.current()
+here = fingerprint.current()
 results = {}
 for scenario in json.load(open(plan_path)):
     mine = scenario["ranks"].get(str(rank), {})
@@ -57,7 +57,7 @@ for scenario in json.load(open(plan_path)):
         facts = {**here, **mine.get("current", {})}
         def current(*a, facts=facts, **k):
             return dict(facts)
-    with_torch.current = current  # what lock.verify() reads on this rank (torch is imported here)
+    fingerprint.current = current  # what lock.verify() reads on this rank (torch is imported here)
     try:
         check_ranks(lock)
         results[scenario["name"]] = {"ok": True}
@@ -404,12 +404,12 @@ def test_a_failed_exchange_is_ranks_disagree(fake_group, exc):
 
 
 def test_a_rank_whose_check_crashed_still_exchanges(fake_group, monkeypatch):
-    from kernel_lock.fingerprint import with_torch
+    from kernel_lock import fingerprint
 
     def crash(*a, **k):
         raise RuntimeError("NVML exploded")
 
-    monkeypatch.setattr(with_torch, "current", crash)
+    monkeypatch.setattr(fingerprint, "current", crash)
     lock = sealed_lock(MINIMAL_LOCK)
     fake_group["other"] = _sent(_report(1, digest=lock.compute_digest()))
     with pytest.raises(RanksDisagree, match="checking failed: RuntimeError: NVML exploded") as info:

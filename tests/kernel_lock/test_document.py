@@ -128,7 +128,7 @@ def test_failed_dump_keeps_old_file(tmp_path, monkeypatch):
     lock = _full_lock()
     target = tmp_path / "k.toml"
     target.write_text("old")
-    import kernel_lock.trust.files as lockmod
+    import kernel_lock.files as lockmod
 
     def boom(*a, **k):
         raise OSError("disk full")

@@ -1,4 +1,4 @@
-"""kernel_lock.trust.importing: the allow-list before the import, the class a target must be,
+"""kernel_lock.trust: the allow-list before the import, the class a target must be,
 kwargs, and build's errors."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 
 import kernel_lock
 from kernel_lock.errors import KernelUnavailable, LockFormatError, TargetNotAllowed
-from kernel_lock.trust.importing import (
+from kernel_lock.trust import (
     IN_INFERENCE_MODE,
     build,
     check_kwargs,

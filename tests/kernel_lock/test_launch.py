@@ -1,4 +1,4 @@
-"""kernel_lock.trust.launch: the one child launcher. A ``json.py``, ``tempfile.py`` and
+"""kernel_lock.launch: the one child launcher. A ``json.py``, ``tempfile.py`` and
 ``sitecustomize.py`` planted in the working directory run in no child (issue 34, point 2)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel_lock.trust.launch import cwd_like, python_argv, pythonpath_roots, start, trusted_roots
+from kernel_lock.launch import cwd_like, python_argv, pythonpath_roots, start, trusted_roots
 
 PLANTED = ("json", "tempfile", "sitecustomize", "kp_local_only")
 
@@ -108,7 +108,7 @@ def test_the_worker_runs_none_of_them(planted):
 def test_the_confirming_child_runs_none_of_them_and_its_verdict_stands(planted, minimal_lock_text):
     """A json.py printing a forged verdict once made `--check` exit 0 while `verify` exited 3."""
     from kernel_lock import loads
-    from kernel_lock.trust.confirming import child_verdicts
+    from kernel_lock.launch import child_verdicts
 
     lock = loads(
         minimal_lock_text.replace("torch.nn.LayerNorm", "torch.nn.Identity"),

@@ -19,13 +19,11 @@ import pytest
 import torch
 
 import kernel_lock
-from kernel_lock import slots
+from kernel_lock import fingerprint, registry, slots
 from kernel_lock.errors import KernelUnavailable, LockError
-from kernel_lock.fingerprint import with_torch
 from kernel_lock.format import toml
 from kernel_lock.resolve import factory
-from kernel_lock.trust import registry
-from kernel_lock.trust.locate import locate
+from kernel_lock.trust import locate
 from tests.conftest import small_probe, write_sealed
 
 CHECKED = (
@@ -39,7 +37,7 @@ CHECKED = (
 
 
 def _base() -> dict[str, Any]:
-    now = with_torch.current()
+    now = fingerprint.current()
     env = {name: {"value": now[name], "match": "exact"} for name in CHECKED}
     entry = lambda impl, target, sem, kwargs: {  # noqa: E731
         "implementation": impl,
@@ -168,32 +166,32 @@ class _ChildExited(Exception):
 
 def _child_in_this_process(monkeypatch) -> list[list[str]]:
     """The confirming child of ``verify(targets="child")`` run in this process: the same
-    ``confirm_child.main`` on the same JSON request, its stdout parsed by the same code, without
+    ``confirm_child`` on the same JSON request, its stdout parsed by the same code, without
     starting an interpreter that imports torch (a second or more each). Returns the list of children
     asked for."""
     import contextlib
     import io
     import json
 
-    from kernel_lock.trust import confirm_child, confirming
+    from kernel_lock import launch
 
     started: list[list[str]] = []
 
     def run(argv, request, timeout):
         assert (
             argv[:2] == [sys.executable, "-I"]
-            and "kernel_lock.trust.confirm_child import main" in argv[-1]
+            and "from kernel_lock.launch import confirm_child" in argv[-1]
         ), argv
         started.append(argv)
         out = io.StringIO()
         with contextlib.redirect_stdout(out), pytest.raises(_ChildExited):
-            confirm_child.main(json.loads(request))  # ends with os._exit(0), as a child does
+            launch.confirm_child(json.loads(request), kernel_lock.loads, factory)  # os._exit(0)
         return subprocess.CompletedProcess(argv, 0, out.getvalue(), "")
 
     def exit_(code):
         raise _ChildExited(code)
 
-    monkeypatch.setattr(confirming, "_run_child", run)
+    monkeypatch.setattr(launch, "_run_child", run)
     monkeypatch.setattr(os, "_exit", exit_)
     return started
 

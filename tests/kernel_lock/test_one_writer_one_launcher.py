@@ -1,6 +1,6 @@
 """Issue 34: every file kernel-probe and its benchmarks write goes through the one safe writer
-(``kernel_lock.trust.files.write_file``), and every Python child starts through the one launcher
-(``kernel_lock.trust.launch``). The source is read (code inside strings too: a child's program is a
+(``kernel_lock.files.write_file``), and every Python child starts through the one launcher
+(``kernel_lock.launch``). The source is read (code inside strings too: a child's program is a
 string), so a second writer or a raw ``subprocess`` start of ``sys.executable`` fails here; each
 exception left is listed with the reason it is not one."""
 
@@ -24,7 +24,7 @@ RAW_WRITE = re.compile(
 )
 # (file, what matched) -> why it is not a second writer
 WRITES_ALLOWED = {
-    ("kernel_lock/trust/files.py", "os.replace("): "the one writer itself",
+    ("kernel_lock/files.py", "os.replace("): "the one writer itself",
     # the isolation child's program imports only the standard library (it may run under another
     # interpreter, without kernel_lock): its answer goes to a file in the caller's 0700 mkdtemp
     (
@@ -69,7 +69,7 @@ def _found(pattern: re.Pattern[str]) -> set[tuple[str, str]]:
 def test_every_file_is_written_by_the_one_safe_writer():
     raw = _found(RAW_WRITE)
     assert {k for k in raw if k not in WRITES_ALLOWED} == set(), (
-        "write these with kernel_lock.trust.files.write_file"
+        "write these with kernel_lock.files.write_file"
     )
     assert set(WRITES_ALLOWED) <= raw, "an allowed exception that is gone: remove it from the list"
 
@@ -96,9 +96,9 @@ RAW_START = re.compile(
     r"\bsubprocess\.(run|Popen|call|check_call|check_output)\(|\bos\.(system|exec\w*|spawn\w*|posix_spawn\w*|popen)\(|\bmultiprocessing\b"
 )
 # file -> why its own starts are not Python children of kernel-probe (they go through
-# kernel_lock.trust.launch otherwise)
+# kernel_lock.launch otherwise)
 STARTS_ALLOWED = {
-    "kernel_lock/trust/launch.py": "the one launcher itself",
+    "kernel_lock/launch.py": "the one launcher itself",
     "benchmarks/gpu_facts.py": "nvidia-smi, not a Python child",
     # the benchmarks below time or trace the command a user types (`python -m kernel_probe ...`,
     # `python -c "import torch"` as the baseline), with the PYTHONPATH a sitecustomize needs: the
@@ -122,13 +122,13 @@ STARTS_ALLOWED = {
 def test_every_python_child_is_started_by_the_one_launcher():
     files = {rel for rel, _ in _found(RAW_START)}
     assert files - set(STARTS_ALLOWED) == set(), (
-        "start these through kernel_lock.trust.launch (python_argv + start)"
+        "start these through kernel_lock.launch (python_argv + start)"
     )
     assert set(STARTS_ALLOWED) <= files, (
         "an allowed exception that is gone: remove it from the list"
     )
     assert not {f for f in files if f.startswith(("kernel_lock/", "kernel_probe/"))} - {
-        "kernel_lock/trust/launch.py"
+        "kernel_lock/launch.py"
     }
 
 

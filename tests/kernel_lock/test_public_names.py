@@ -196,8 +196,8 @@ def test_the_check_reads_every_kernel_probe_module_and_their_many_imports():
         ("from kernel_lock._files import write_file", "kernel_lock._files is a private module"),
         ("from kernel_lock._toml import dumps", "kernel_lock._toml is a private module"),
         (
-            "from kernel_lock.trust.files import _write_all",
-            "_write_all is not in kernel_lock.trust.files.__all__",
+            "from kernel_lock.files import _write_all",
+            "_write_all is not in kernel_lock.files.__all__",
         ),
         (
             "from kernel_lock.format.schema import _kwargs",
@@ -243,9 +243,9 @@ def test_a_private_or_undeclared_import_is_found(source, problem):
     [
         "from kernel_lock import LockError, load",
         "from kernel_lock.format import toml\nfrom kernel_lock import slots",
-        "from kernel_lock.trust.files import write_file, private_dir",
-        "from kernel_lock.trust import check_target, registry",
-        "import kernel_lock.fingerprint.fields\nkernel_lock.fingerprint.fields.FIELDS",
+        "from kernel_lock.files import write_file, private_dir",
+        "from kernel_lock.trust import check_target, locate\nfrom kernel_lock import registry",
+        "import kernel_lock.fingerprint\nkernel_lock.fingerprint.FIELDS",
         "import kernel_lock\nkernel_lock.format.schema.Slot; kernel_lock.load",
         "from kernel_lock.slots import linear as b\nb.apply",
         "import json\njson.loads",
@@ -259,9 +259,7 @@ def test_a_violation_in_a_module_file_fails_the_check(tmp_path):
     """The check on a file, as it reads kernel_probe's: a module that reaches the safe writer's
     private helper is named with its line."""
     bad = tmp_path / "bad_module.py"
-    bad.write_text(
-        '"""A module."""\n\nfrom kernel_lock.trust.files import _write_all, write_file\n'
-    )
+    bad.write_text('"""A module."""\n\nfrom kernel_lock.files import _write_all, write_file\n')
     assert violations(bad.read_text(), bad.name) == [
-        "bad_module.py:3: _write_all is not in kernel_lock.trust.files.__all__"
+        "bad_module.py:3: _write_all is not in kernel_lock.files.__all__"
     ]

@@ -37,8 +37,8 @@ def _reads(imports: str, use: str) -> list[int]:
 
 def test_importing_kernel_lock_does_not_read_the_registry_and_first_use_does():
     reads = _reads(
-        "import kernel_lock, kernel_lock.trust.registry, kernel_lock.trust, kernel_lock.resolve",
-        "kernel_lock.trust.registry.allowed_roots()",
+        "import kernel_lock, kernel_lock.registry, kernel_lock.trust, kernel_lock.resolve",
+        "kernel_lock.registry.allowed_roots()",
     )
     assert reads == [0, 1, 1]
 

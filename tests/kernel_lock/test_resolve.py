@@ -19,8 +19,8 @@ from kernel_lock import (
     LockMismatch,
     LockWarning,
     TargetNotAllowed,
+    fingerprint,
 )
-from kernel_lock.fingerprint import fields as fp_fields
 from kernel_probe import candidates as cands
 from kernel_probe.probe.check import check_all
 from tests.conftest import MINIMAL_LOCK, edited_lock
@@ -194,7 +194,7 @@ def test_environment_mismatch_lists_every_field():
     ],
 )
 def test_match_rules(kind, rule, expected, found, ok):
-    assert fp_fields.field_matches(kind, rule, expected, found) is ok
+    assert fingerprint.field_matches(kind, rule, expected, found) is ok
 
 
 def test_inference_mode_substitutes_twin_and_says_so(caplog):

@@ -17,7 +17,7 @@ import torch
 import kernel_lock
 from kernel_lock import KernelUnavailable, LockMismatch, LockWarning
 from kernel_lock.slots import SPECS, twin_semantics
-from kernel_lock.trust.importing import import_target
+from kernel_lock.trust import import_target
 from kernel_probe.candidates import builtin
 from tests.conftest import MINIMAL_LOCK, write_sealed
 from tests.conftest import run_cli as run

@@ -1,4 +1,4 @@
-"""kernel_lock.trust.files.write_file and private_dir: the one safe writer, tested against links,
+"""kernel_lock.files.write_file and private_dir: the one safe writer, tested against links,
 FIFOs, foreign owners and modes (issue 34, point 1: files clobbered through links)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import stat
 import pytest
 
 from kernel_lock.errors import ExitCode
-from kernel_lock.trust.files import UnsafeWrite, check_directory, private_dir, write_file
+from kernel_lock.files import UnsafeWrite, check_directory, private_dir, write_file
 
 OTHER_UID = (
     54321  # a user that is not us (the tests run as root here, or as a user: either way not 54321)

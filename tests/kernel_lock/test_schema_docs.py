@@ -24,7 +24,7 @@ import pytest
 
 import kernel_lock
 from kernel_lock import errors
-from kernel_lock.fingerprint.fields import FIELDS
+from kernel_lock.fingerprint import FIELDS
 from kernel_lock.format import toml
 from kernel_lock.format.schema import Slot
 from kernel_lock.format.tables import table_keys

@@ -1,4 +1,4 @@
-"""kernel_lock.fingerprint.fields: the fields' catalogue, the match rules, and the comparison with a
+"""kernel_lock.fingerprint: the fields' catalogue, the match rules, and the comparison with a
 lock."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kernel_lock.errors import Difference
-from kernel_lock.fingerprint.fields import (
+from kernel_lock.fingerprint import (
     BUILD_FIELDS,
     DEVICE_FIELDS,
     FIELDS,

@@ -1,4 +1,4 @@
-"""kernel_lock.fingerprint.here: torch's fingerprint where torch is imported, else the torch-free
+"""kernel_lock.torchless.for_check: torch's fingerprint where torch is imported, else the torch-free
 read."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from kernel_lock.fingerprint import here, torchless, with_torch
+from kernel_lock import fingerprint, torchless
 
 
 @pytest.fixture
@@ -22,10 +22,10 @@ def readers(monkeypatch):
 
         return read
 
-    monkeypatch.setattr(with_torch, "current", reader("with_torch.current", {"by": "torch"}))
+    monkeypatch.setattr(fingerprint, "current", reader("with_torch.current", {"by": "torch"}))
     monkeypatch.setattr(torchless, "current", reader("torchless.current", {"by": "files"}))
-    monkeypatch.setattr(with_torch, "import_torch", reader("import_torch", "torch-module"))
-    monkeypatch.setattr(with_torch, "device_facts", reader("device_facts", {"type": "torch"}))
+    monkeypatch.setattr(fingerprint, "import_torch", reader("import_torch", "torch-module"))
+    monkeypatch.setattr(fingerprint, "device_facts", reader("device_facts", {"type": "torch"}))
     return calls
 
 
@@ -39,10 +39,10 @@ def readers(monkeypatch):
     ],
 )
 def test_for_check(monkeypatch, readers, use_torch, torch_imported, by):
-    monkeypatch.setattr(here, "USE_IMPORTED_TORCH", use_torch)
+    monkeypatch.setattr(torchless, "USE_IMPORTED_TORCH", use_torch)
     if not torch_imported:
         monkeypatch.delitem(sys.modules, "torch", raising=False)
-    assert here.for_check(["driver"]) == {"by": by}
+    assert torchless.for_check(["driver"]) == {"by": by}
     if by == "files":
         assert readers == [("torchless.current", (["driver"],))]
     else:
@@ -69,9 +69,9 @@ def test_for_check(monkeypatch, readers, use_torch, torch_imported, by):
     ],
 )
 def test_device_here(monkeypatch, readers, use_torch, torch_imported, torchless_facts, facts):
-    monkeypatch.setattr(here, "USE_IMPORTED_TORCH", use_torch)
+    monkeypatch.setattr(torchless, "USE_IMPORTED_TORCH", use_torch)
     if not torch_imported:
         monkeypatch.delitem(sys.modules, "torch", raising=False)
     monkeypatch.setattr(torchless, "device", lambda: torchless_facts)
-    assert here.device_here() == facts
+    assert torchless.device_here() == facts
     assert (("import_torch", ()) in readers) is (facts == {"type": "torch"})

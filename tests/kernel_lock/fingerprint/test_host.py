@@ -1,4 +1,4 @@
-"""kernel_lock.fingerprint.host: the CPU, the driver's version file and ROCm arch names, read from
+"""kernel_lock.host: the CPU, the driver's version file and ROCm arch names, read from
 fakes of archspec and of the /proc and /sys files (this machine's own are not what is tested)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from kernel_lock.fingerprint import host
+from kernel_lock import host
 
 
 @pytest.mark.parametrize(

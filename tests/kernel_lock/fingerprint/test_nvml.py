@@ -1,4 +1,4 @@
-"""kernel_lock.fingerprint.nvml: NVIDIA's devices through a fake pynvml (no GPU, no NVML needed)."""
+"""kernel_lock.host (NVML): NVIDIA's devices through a fake pynvml (no GPU, no NVML needed)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from kernel_lock.fingerprint import nvml
+from kernel_lock import host
 
 UUIDS = ["GPU-aaaa1111", "GPU-bbbb2222"]
 
@@ -55,7 +55,7 @@ def pynvml(monkeypatch):
 @pytest.mark.parametrize("bytes_text", [False, True])  # older nvidia-ml-py returns bytes
 def test_every_device_in_cuda_order(pynvml, bytes_text):
     m = pynvml(fake_pynvml(bytes_text=bytes_text))
-    devices = nvml.nvml_devices()
+    devices = host.nvml_devices()
     assert devices == [
         {
             "index": 0,
@@ -81,7 +81,7 @@ def test_every_device_in_cuda_order(pynvml, bytes_text):
         },
     ]
     assert m.calls[0] == "nvmlInit" and m.calls[-1] == "nvmlShutdown"
-    assert nvml.primary() == {
+    assert host.nvml_primary() == {
         "name": "NVIDIA H100 80GB HBM3",
         "arch": "sm_90",
         "count": 2,
@@ -104,7 +104,7 @@ def test_every_device_in_cuda_order(pynvml, bytes_text):
 def test_cuda_visible_devices_orders_and_hides(pynvml, monkeypatch, visible, order):
     pynvml(fake_pynvml())
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    devices = nvml.nvml_devices()
+    devices = host.nvml_devices()
     if order is None:
         assert devices is None  # nothing visible, or an uncertain reading: the caller asks torch
     else:
@@ -127,7 +127,7 @@ def test_cuda_visible_devices_orders_and_hides(pynvml, monkeypatch, visible, ord
 )
 def test_any_failure_is_none_and_nvml_is_shut_down(pynvml, fail):
     m = pynvml(fake_pynvml(fail=fail))
-    assert nvml.nvml_devices() is None and nvml.primary() is None
+    assert host.nvml_devices() is None and host.nvml_primary() is None
     assert ("nvmlShutdown" in m.calls) is (fail != "nvmlInit")
 
 
@@ -140,7 +140,7 @@ def test_any_failure_is_none_and_nvml_is_shut_down(pynvml, fail):
 )
 def test_optional_facts_left_out(pynvml, fail, key, value):
     pynvml(fake_pynvml(fail=fail))
-    devices = nvml.nvml_devices()
+    devices = host.nvml_devices()
     assert (
         len(devices) == 2
         and all(d[key] == value for d in devices)
@@ -150,7 +150,7 @@ def test_optional_facts_left_out(pynvml, fail, key, value):
 
 def test_a_failing_shutdown_is_ignored(pynvml):
     pynvml(fake_pynvml(fail="nvmlShutdown"))
-    assert len(nvml.nvml_devices()) == 2
+    assert len(host.nvml_devices()) == 2
 
 
 @pytest.mark.parametrize(
@@ -158,11 +158,11 @@ def test_a_failing_shutdown_is_ignored(pynvml):
 )
 def test_cuda_driver_version(pynvml, cuda, text):
     pynvml(fake_pynvml(cuda=cuda))
-    assert nvml.nvml_devices()[0]["cuda_driver"] == text
+    assert host.nvml_devices()[0]["cuda_driver"] == text
 
 
 def test_no_pynvml_or_no_device(pynvml):
     pynvml(None)  # not installed: importing it raises
-    assert nvml.nvml_devices() is None and nvml.primary() is None
+    assert host.nvml_devices() is None and host.nvml_primary() is None
     pynvml(fake_pynvml(uuids=[]))
-    assert nvml.nvml_devices() is None and nvml.primary() is None
+    assert host.nvml_devices() is None and host.nvml_primary() is None

@@ -12,12 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from kernel_lock import fingerprint, host, torchless
 from kernel_lock.errors import DeviceVisibilityError
-from kernel_lock.fingerprint import fields as fp_fields
-from kernel_lock.fingerprint import here as fp_here
-from kernel_lock.fingerprint import nvml as fp_nvml
-from kernel_lock.fingerprint import torchless, with_torch
-from kernel_lock.fingerprint import version_file as fp_version_file
 from tests.conftest import ROOT
 
 
@@ -25,7 +21,7 @@ from tests.conftest import ROOT
 def read_the_files(monkeypatch):
     """pytest has torch imported, where a check would ask it: read the files, as a job start
     does."""
-    monkeypatch.setattr(fp_here, "USE_IMPORTED_TORCH", False)
+    monkeypatch.setattr(torchless, "USE_IMPORTED_TORCH", False)
 
 
 # --- torch builds (torch/version.py as torch's own build writes it: annotated assignments) --------
@@ -206,15 +202,15 @@ def device(fields) -> tuple:
 def test_equals_the_torch_based_fingerprint_here():
     fields, notes = torchless.fingerprint()
     assert notes.complete, notes.fallbacks
-    assert list(fields) == list(fp_fields.FIELDS)
-    current = with_torch.current()
-    for name in fp_fields.FIELDS:
+    assert list(fields) == list(fingerprint.FIELDS)
+    current = fingerprint.current()
+    for name in fingerprint.FIELDS:
         assert fields[name] == current[name], name
 
 
 def test_no_torch_module_is_imported():
     code = (
-        "import sys, json, kernel_lock.fingerprint.torchless as t; f, n = t.fingerprint(); "
+        "import sys, json, kernel_lock.torchless as t; f, n = t.fingerprint(); "
         "print(json.dumps({'torch': sorted(m for m in sys.modules if m == 'torch' or "
         "m.startswith('torch.')), 'complete': n.complete}))"
     )
@@ -362,8 +358,8 @@ def test_cuda_build_without_reachable_driver_falls_back(tmp_path, missing):
 
 def test_nvml_is_taken_when_it_answers(tmp_path, monkeypatch):
     monkeypatch.setattr(
-        fp_nvml,
-        "primary",
+        host,
+        "nvml_primary",
         lambda: {
             "name": "NVIDIA H100 80GB HBM3",
             "arch": "sm_90",
@@ -483,7 +479,7 @@ def test_gfx_names(value, gfx):
     ],
 )
 def test_version_file_is_read_as_data(text, expected):
-    values = fp_version_file.parse_version_file(text)
+    values = fingerprint.parse_version_file(text)
     assert {k: values.get(k) for k in expected} == expected
 
 
@@ -500,7 +496,7 @@ HOSTILE = [
 def test_version_file_with_code_is_not_run(tmp_path, template):
     marker = tmp_path / "ran"
     with pytest.raises(ValueError):
-        fp_version_file.parse_version_file(template.format(marker=marker))
+        fingerprint.parse_version_file(template.format(marker=marker))
     fields, notes = torchless.fingerprint(
         env={}, root=tmp_path, version_file=build_file(tmp_path, template.format(marker=marker))
     )
@@ -514,7 +510,7 @@ def _fake_distribution(site: Path, version_py: str, marker: Path) -> None:
     """An installed torch whose __init__ leaves a mark if anything imports it."""
     _write(site, "torch/__init__.py", f"open({str(marker)!r}, 'w').write('imported')\n")
     _write(site, "torch/version.py", version_py)
-    # the compiled parts `import torch` needs (kernel_lock.fingerprint.torchless looks for them,
+    # the compiled parts `import torch` needs (kernel_lock.torchless looks for them,
     # empty files will do)
     for part in (
         "_C.abi3.so",
@@ -535,7 +531,7 @@ def _fake_distribution(site: Path, version_py: str, marker: Path) -> None:
 def _in_subprocess(site: Path) -> dict:
     code = (
         "import json, sys; sys.path.insert(0, sys.argv[1]); import "
-        "kernel_lock.fingerprint.torchless as t; f, n = t.fingerprint(env={}, root=sys.argv[2]); "
+        "kernel_lock.torchless as t; f, n = t.fingerprint(env={}, root=sys.argv[2]); "
         "print(json.dumps({'fields': f, 'fallbacks': dict(n.fallbacks), 'torch': 'torch' in "
         "sys.modules}))"
     )
@@ -591,8 +587,8 @@ def test_current_falls_back_to_torch_only_for_checked_fields(tmp_path, monkeypat
     partial = {**fields, "device-count": None}
     notes = torchless.Notes(fallbacks={"device-count": "a device cgroup may hide GPUs"})
     monkeypatch.setattr(torchless, "fingerprint", lambda: (partial, notes))
-    monkeypatch.setattr(with_torch, "current", lambda: {"from": "torch"})
-    with caplog.at_level(logging.DEBUG, logger="kernel_lock.fingerprint.torchless"):
+    monkeypatch.setattr(fingerprint, "current", lambda: {"from": "torch"})
+    with caplog.at_level(logging.DEBUG, logger="kernel_lock.torchless"):
         assert torchless.current(checked=["torch", "device-type"]) is partial
         assert torchless.current() == {"from": "torch"}
     assert "device-count: needs torch (a device cgroup may hide GPUs)" in caplog.text
@@ -601,6 +597,6 @@ def test_current_falls_back_to_torch_only_for_checked_fields(tmp_path, monkeypat
 def test_device_is_shaped_like_device_facts():
     import torch
 
-    expected = with_torch.device_facts(torch)
+    expected = fingerprint.device_facts(torch)
     got = torchless.device()
     assert got is not None and {k: got[k] for k in expected} == expected and got["features"] == ""

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel_lock.fingerprint import torchless
-from kernel_lock.fingerprint import version_file as fp_version_file
+from kernel_lock import fingerprint, torchless
 
 REAL = {
     # torch 2.2.1 CPU (PyPI macOS/aarch64 wheel: no local version)
@@ -88,14 +87,14 @@ def test_real_version_files_are_read(tmp_path, name):
     text, (version, cuda, hip) = REAL[name]
     path = tmp_path / "version.py"
     path.write_text(text)
-    build = fp_version_file.torch_build(path)
+    build = fingerprint.torch_build(path)
     assert (build.version, build.cuda, build.hip) == (version, cuda, hip)
 
 
 def test_the_installed_version_file_is_read_as_torch_reports_it():
     import torch
 
-    build = fp_version_file.torch_build()  # the installed file, with its compiled parts checked
+    build = fingerprint.torch_build()  # the installed file, with its compiled parts checked
     assert build.version == torch.__version__.split("+")[0]
     assert (build.cuda, build.hip) == (torch.version.cuda or "", torch.version.hip or "")
     assert build.rocm == (getattr(torch.version, "rocm", None) or "")
@@ -138,14 +137,14 @@ def test_anything_else_makes_the_build_unsure_and_debug_says_why(
     path = tmp_path / "version.py"
     path.write_text(HOSTILE[name])
     with pytest.raises(ValueError):
-        fp_version_file.parse_version_file(HOSTILE[name])
+        fingerprint.parse_version_file(HOSTILE[name])
     fields, notes = torchless.fingerprint(env={}, root=tmp_path, version_file=path)
     assert fields["torch-cuda"] is None and fields["torch"] is None
     assert "cannot be read as plain data" in notes.fallbacks["torch-cuda"]
     # the job-start check on such a file: torch answers, and --debug (DEBUG records) says which line
     # and why
-    monkeypatch.setattr(fp_version_file, "_version_file", lambda: path)
-    with caplog.at_level(logging.DEBUG, logger="kernel_lock.fingerprint.torchless"):
+    monkeypatch.setattr(fingerprint, "_version_file", lambda: path)
+    with caplog.at_level(logging.DEBUG, logger="kernel_lock.torchless"):
         answer = torchless.current(["torch-cuda"])
     import torch
 
@@ -179,8 +178,8 @@ def _fake_torch(root: Path, *, extension: bool, libs: tuple[str, ...]) -> Path:
 )
 def test_a_torch_without_its_compiled_parts_is_not_read(tmp_path, extension, libs, missing):
     folder = _fake_torch(tmp_path, extension=extension, libs=libs)
-    build = fp_version_file.torch_build(folder / "version.py")
-    why = fp_version_file._compiled_parts_missing(folder, build)
+    build = fingerprint.torch_build(folder / "version.py")
+    why = fingerprint._compiled_parts_missing(folder, build)
     if missing is None:
         assert why is None
     else:

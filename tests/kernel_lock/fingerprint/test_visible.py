@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_lock.fingerprint import visible
+from kernel_lock import host
 
 UUIDS = ["GPU-0a1b2c3d-aaaa", "GPU-0a1b9999-bbbb", "GPU-77777777-cccc", "GPU-88888888-dddd"]
 CORPUS = [
@@ -62,7 +62,7 @@ def _torch_cuda_count(monkeypatch, value: str) -> int:
 
 @pytest.mark.parametrize("value", CORPUS)
 def test_cuda_visible_devices_read_as_torch_reads_them(monkeypatch, value):
-    ours = visible.visible_nvml_indices(value, UUIDS)
+    ours = host.visible_nvml_indices(value, UUIDS)
     try:
         reference = _torch_cuda_count(monkeypatch, value)
     except ValueError:  # torch's own parser fails on it ("+"): not ours to guess
@@ -91,15 +91,15 @@ def test_cuda_visible_devices_read_as_torch_reads_them(monkeypatch, value):
 def test_the_issue_cases(value, expected):
     """CUDA reads 0,0 as no device and 0gpu as device 0 (kernel_lock read them as one device and
     none)."""
-    assert visible.visible_nvml_indices(value, UUIDS) == expected
+    assert host.visible_nvml_indices(value, UUIDS) == expected
 
 
 def test_uuid_forms_map_to_their_devices():
-    assert visible.visible_nvml_indices("GPU-77777777-cccc,GPU-8", UUIDS) == [2, 3]
+    assert host.visible_nvml_indices("GPU-77777777-cccc,GPU-8", UUIDS) == [2, 3]
     # ambiguous prefix: invalid, ends the list
-    assert visible.visible_nvml_indices("GPU-0a1b", UUIDS) == []
+    assert host.visible_nvml_indices("GPU-0a1b", UUIDS) == []
     # MIG: torch counts those
-    assert visible.visible_nvml_indices("MIG-11111111-2222", UUIDS) is None
+    assert host.visible_nvml_indices("MIG-11111111-2222", UUIDS) is None
 
 
 ROCM_CORPUS = [
@@ -142,7 +142,7 @@ def _torch_rocm_count(monkeypatch, env: dict[str, str]) -> int:
     "env", ROCM_CORPUS, ids=lambda e: ",".join(f"{k[:4]}={v}" for k, v in e.items()) or "unset"
 )
 def test_rocm_visibility_read_as_torch_reads_it(monkeypatch, env):
-    ours = visible.rocm_visible_indices(env, len(UUIDS))
+    ours = host.rocm_visible_indices(env, len(UUIDS))
     reference = _torch_rocm_count(monkeypatch, env)
     if ours is not None:
         assert len(ours) == reference, (env, ours, reference)
@@ -159,11 +159,11 @@ def test_rocm_visibility_read_as_torch_reads_it(monkeypatch, env):
 
 
 def test_rocm_hip_indexes_into_rocr():
-    assert visible.rocm_visible_indices(
+    assert host.rocm_visible_indices(
         {"ROCR_VISIBLE_DEVICES": "2,3", "HIP_VISIBLE_DEVICES": "1"}, 4
     ) == [3]
     # never guessed on ROCm
-    assert visible.rocm_visible_indices({"HIP_VISIBLE_DEVICES": "0gpu"}, 4) is None
+    assert host.rocm_visible_indices({"HIP_VISIBLE_DEVICES": "0gpu"}, 4) is None
 
 
 # ---- the torch-free fingerprint on an 8-GPU H100 node

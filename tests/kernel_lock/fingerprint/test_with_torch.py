@@ -1,4 +1,4 @@
-"""kernel_lock.fingerprint.with_torch: the fingerprint as torch reports it, on fake torch modules
+"""kernel_lock.fingerprint.current: the fingerprint as torch reports it, on fake torch modules
 that describe a ROCm, CUDA, MPS, XPU or CPU machine (no accelerator needed), and on the real CPU
 torch."""
 
@@ -11,8 +11,8 @@ from types import SimpleNamespace as NS
 
 import pytest
 
+from kernel_lock import fingerprint, host
 from kernel_lock.errors import DeviceVisibilityError, KernelUnavailable
-from kernel_lock.fingerprint import fields, host, nvml, with_torch
 
 
 @pytest.fixture(autouse=True)
@@ -22,10 +22,10 @@ def machine(monkeypatch):
         "ROCR_VISIBLE_DEVICES",
         "HIP_VISIBLE_DEVICES",
         "CUDA_VISIBLE_DEVICES",
-        *fields.NUMERICS_ENV,
+        *fingerprint.NUMERICS_ENV,
     ):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(nvml, "primary", lambda: None)
+    monkeypatch.setattr(host, "nvml_primary", lambda: None)
     monkeypatch.setattr(
         host,
         "driver_version",
@@ -135,28 +135,28 @@ DEVICES = [
 
 @pytest.mark.parametrize("torch,facts", DEVICES)
 def test_device_facts(torch, facts):
-    assert with_torch.device_facts(torch) == facts
+    assert fingerprint.device_facts(torch) == facts
 
 
 def test_nvml_is_asked_first_on_a_cuda_build(monkeypatch):
     first = {"name": "NVIDIA A100-SXM4-80GB", "arch": "sm_80", "count": 8, "driver": "535.1"}
-    monkeypatch.setattr(nvml, "primary", lambda: first)
+    monkeypatch.setattr(host, "nvml_primary", lambda: first)
     torch = fake_torch(cuda="12.4", cuda_mod=_cuda(count=4))
-    assert with_torch.device_facts(torch) == {"type": "cuda", "vendor": "nvidia", **first}
+    assert fingerprint.device_facts(torch) == {"type": "cuda", "vendor": "nvidia", **first}
 
 
 def test_contradicting_rocm_visibility_is_an_error(monkeypatch):
     monkeypatch.setenv("ROCR_VISIBLE_DEVICES", "0")
     monkeypatch.setenv("HIP_VISIBLE_DEVICES", "0,1")
     with pytest.raises(DeviceVisibilityError, match="HIP_VISIBLE_DEVICES"):
-        with_torch.device_facts(fake_torch(hip="6.2", cuda_mod=MI250X))
+        fingerprint.device_facts(fake_torch(hip="6.2", cuda_mod=MI250X))
 
 
 def test_current_of_a_fake_rocm_torch(monkeypatch):
     monkeypatch.setenv("HSA_XNACK", "1")
     torch = fake_torch(hip="6.2.41134-65d174c3e", rocm="6.2.4", cuda_mod=MI250X)
-    got = with_torch.current(torch)
-    assert list(got) == list(fields.FIELDS)
+    got = fingerprint.current(torch)
+    assert list(got) == list(fingerprint.FIELDS)
     assert got == {
         "python": platform.python_version(),
         "os": sys.platform,
@@ -178,7 +178,7 @@ def test_current_of_a_fake_rocm_torch(monkeypatch):
 
 
 def test_current_takes_the_device_reader_it_is_given():
-    got = with_torch.current(
+    got = fingerprint.current(
         fake_torch(version="2.6.0"),
         device=lambda t: {
             "type": "cuda",
@@ -195,7 +195,7 @@ def test_current_takes_the_device_reader_it_is_given():
 def test_current_of_the_installed_torch():
     import torch
 
-    got = with_torch.current()
+    got = fingerprint.current()
     assert got["torch"] == torch.__version__.split("+")[0] and got["device-type"] in (
         "cpu",
         "cuda",
@@ -203,7 +203,7 @@ def test_current_of_the_installed_torch():
         "mps",
         "xpu",
     )
-    assert with_torch.import_torch() is torch
+    assert fingerprint.import_torch() is torch
 
 
 @pytest.mark.parametrize(
@@ -219,6 +219,6 @@ def test_a_torch_that_fails_to_import(monkeypatch, error):
 
     monkeypatch.setattr(builtins, "__import__", fake_import)
     with pytest.raises(KernelUnavailable) as exc:
-        with_torch.import_torch()
+        fingerprint.import_torch()
     assert exc.value.problem == f"`import torch` fails here: {type(error).__name__}: {error}"
     assert exc.value.key == "environment.torch" and "reinstall torch" in exc.value.fix

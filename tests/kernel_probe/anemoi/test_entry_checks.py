@@ -212,7 +212,7 @@ def test_facts_of_an_entry_that_imports():
 
 
 def test_a_signature_error_names_the_adapter_where_a_table_row_has_one(monkeypatch):
-    import kernel_lock.trust.adapter_names as adapter_names
+    from kernel_lock import registry
 
     entry = {"_target_": "kp_zoo.norms.HiddenSizeLayerNorm"}
     [f] = [f for f in check_entry("LayerNorm", entry, "w")[0] if f.kind == "signature"]
@@ -221,7 +221,7 @@ def test_a_signature_error_names_the_adapter_where_a_table_row_has_one(monkeypat
         == "use a class whose constructor takes anemoi's arguments, or a thin subclass adapting it"
     )
     monkeypatch.setitem(
-        adapter_names.SIZE_ADAPTERS,
+        registry.SIZE_ADAPTERS,
         "HiddenSizeLayerNormAnemoi",
         ("kp_zoo.norms.HiddenSizeLayerNorm", "hidden_size"),
     )

@@ -14,8 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kernel_lock.fingerprint import fields, with_torch
-from kernel_lock.fingerprint import nvml as fp_nvml
+from kernel_lock import fingerprint, host
 from kernel_probe import cli, output
 from kernel_probe.commands import env as envcmd
 from kernel_probe.detect import libraries
@@ -65,7 +64,7 @@ def test_env_json_without_import_checks_parses(capsys):
     report = json.loads(capsys.readouterr().out)
     assert tuple(report) == TOP_LEVEL_KEYS and report["schema"] == SCHEMA
     assert report["import_checks"] == {"run": False, "timeout": 20.0}
-    assert report["fingerprint"] == with_torch.current()
+    assert report["fingerprint"] == fingerprint.current()
     assert {lib["import"]["status"] for lib in report["libraries"].values()} <= {
         "skipped",
         "not-installed",
@@ -145,7 +144,7 @@ def _rocm_torch():
 
 
 def test_rendering_a_simulated_rocm_node_on_a_narrow_colour_terminal(monkeypatch):
-    monkeypatch.setattr(fp_nvml, "nvml_devices", lambda: None)
+    monkeypatch.setattr(host, "nvml_devices", lambda: None)
     report = detect(import_checks=False, torch=_rocm_torch(), nvml=lambda: None)
     monkeypatch.setenv("NO_COLOR", "1")
     from rich.console import Console
@@ -232,7 +231,7 @@ def _keys(value, path=""):
 
 
 def test_every_json_key_is_documented(monkeypatch):
-    monkeypatch.setattr(fp_nvml, "nvml_devices", lambda: None)
+    monkeypatch.setattr(host, "nvml_devices", lambda: None)
     with open(os.path.join(ROOT, "docs", "env.md"), encoding="utf-8") as fh:
         doc = fh.read()
     report = detect(import_checks=False)
@@ -258,4 +257,5 @@ def test_every_json_key_is_documented(monkeypatch):
         }
     )
     assert missing == []
-    assert set(report["fingerprint"]) == set(fields.FIELDS)  # documented by reference to FIELDS
+    # documented by reference to FIELDS
+    assert set(report["fingerprint"]) == set(fingerprint.FIELDS)

@@ -19,8 +19,7 @@ import yaml
 
 import kernel_lock
 import kernel_lock.adapters as adapters
-import kernel_lock.trust.adapter_names as adapter_names
-from kernel_lock import KernelUnavailable, LockMismatch, LockWarning
+from kernel_lock import KernelUnavailable, LockMismatch, LockWarning, registry
 from kernel_lock.anemoi import (
     AUTOCAST_LAYER_NORM,
     ConventionError,
@@ -74,7 +73,7 @@ def fake_adapter(monkeypatch):
     """Register the liger-signature fake the way liger's own classes are registered: one row of
     data."""
     monkeypatch.setitem(
-        adapter_names.SIZE_ADAPTERS,
+        registry.SIZE_ADAPTERS,
         "HiddenSizeLayerNormAnemoi",
         ("kp_zoo.norms.HiddenSizeLayerNorm", "hidden_size"),
     )
@@ -150,10 +149,10 @@ def test_a_size_named_hidden_size_gets_the_generic_size_adapter():
 
 
 def test_no_adapter_is_a_clear_error(capsys, tmp_path, monkeypatch):
-    import kernel_lock.trust.adapter_names
+    import kernel_lock.registry
 
     # a size parameter no adapter knows
-    monkeypatch.setattr(kernel_lock.trust.adapter_names, "SIZE_NAMES", ())
+    monkeypatch.setattr(kernel_lock.registry, "SIZE_NAMES", ())
     lock = load(lock_text("kp_zoo.norms.HiddenSizeLayerNorm", "{ eps = 1e-5 }"))
     with pytest.raises(ConventionError) as exc:
         layer_kernels(lock)
@@ -230,7 +229,7 @@ def test_qk_norm(monkeypatch):
         == "kernel_lock.adapters.Autocast__kp_zoo__norms__GoodLayerNorm"
     )
     monkeypatch.setitem(
-        adapter_names.AUTOCAST_ADAPTERS, "AutocastGoodLayerNorm", "kp_zoo.norms.GoodLayerNorm"
+        registry.AUTOCAST_ADAPTERS, "AutocastGoodLayerNorm", "kp_zoo.norms.GoodLayerNorm"
     )
     qk = layer_kernels(load(lock_text("kp_zoo.norms.GoodLayerNorm")), qk_norm=True)
     assert qk["QueryNorm"] == {

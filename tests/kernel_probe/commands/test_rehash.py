@@ -82,7 +82,7 @@ def test_the_default_lock_is_kernel_lock_or_the_working_directorys(tmp_path, mon
             "not in the import allow-list",
         ),
         # what verify and the runtime refuse is not sealed either
-        # (kernel_lock.trust.confirming.before_sealing)
+        # (kernel_lock.launch.before_sealing)
         (
             {'target = "torch.nn.LayerNorm"': 'target = "torch.nn.RMSNorm"'},
             "computes rms_norm, not layer_norm",

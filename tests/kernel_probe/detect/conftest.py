@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from kernel_lock.fingerprint import nvml as fp_nvml
+from kernel_lock import host
 from tests.kernel_probe.detect.cases import write_fakes
 
 
 @pytest.fixture
 def no_nvml(monkeypatch):
     """Simulations must not see a real NVML that a GPU machine may have."""
-    monkeypatch.setattr(fp_nvml, "nvml_devices", lambda: None)
+    monkeypatch.setattr(host, "nvml_devices", lambda: None)
 
 
 @pytest.fixture

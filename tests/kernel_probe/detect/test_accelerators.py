@@ -8,17 +8,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from kernel_lock.fingerprint import host as fp_host
-from kernel_lock.fingerprint import nvml as fp_nvml
-from kernel_lock.fingerprint import visible as fp_visible
-from kernel_lock.fingerprint import with_torch
+from kernel_lock import fingerprint, host
 from kernel_probe.detect import accelerators
 from tests.kernel_probe.detect.cases import CPU, H100, MI250X, MPS, fake_torch
 
 pytestmark = pytest.mark.usefixtures("no_nvml")
 
 
-REAL_NVML_DEVICES = fp_nvml.nvml_devices
+REAL_NVML_DEVICES = host.nvml_devices
 
 
 @pytest.mark.parametrize(
@@ -33,7 +30,7 @@ REAL_NVML_DEVICES = fp_nvml.nvml_devices
 )
 def test_simulated_machines_vendor_and_arch(machine, kind, vendor, arch, count):
     torch = fake_torch(**machine)
-    primary = with_torch.device_facts(torch)
+    primary = fingerprint.device_facts(torch)
     devices = accelerators.detect_accelerators(torch, primary, nvml=lambda: None)
     assert primary["type"] == kind and primary["arch"] == arch and primary["count"] == count
     assert len(devices) == count
@@ -42,17 +39,17 @@ def test_simulated_machines_vendor_and_arch(machine, kind, vendor, arch, count):
     if vendor is not None:
         assert primary["vendor"] == vendor and {d["vendor"] for d in devices} == {vendor}
     else:  # the CPU vendor is this host's CPU vendor (archspec, else /proc/cpuinfo), never a GPU's
-        assert primary["vendor"] == fp_host.cpu_vendor() and primary["vendor"] not in (
+        assert primary["vendor"] == host.cpu_vendor() and primary["vendor"] not in (
             "nvidia",
             "apple",
         )
-    fp = with_torch.current(torch, device=lambda _t: primary)
+    fp = fingerprint.current(torch, device=lambda _t: primary)
     assert fp["device-type"] == kind and fp["device-arch"] == arch
 
 
 def test_mi250x_is_not_taken_for_hopper():
     torch = fake_torch(**MI250X)
-    primary = with_torch.device_facts(torch)
+    primary = fingerprint.device_facts(torch)
     devices = accelerators.detect_accelerators(torch, primary, nvml=lambda: None)
     first = devices[0]
     # capability (9, 0) is Hopper's too: nothing about this device may say sm_90 or nvidia
@@ -63,14 +60,14 @@ def test_mi250x_is_not_taken_for_hopper():
     assert any("generic device name" in note for note in first["notes"])
     assert first["torch_build_covers"]["covered"] is True
     assert first["torch_build_covers"]["how"] == "code-object"
-    fp = with_torch.current(torch, device=lambda _t: primary)
+    fp = fingerprint.current(torch, device=lambda _t: primary)
     assert fp["torch-hip"] == MI250X["hip"] and fp["torch-cuda"] == ""
 
 
 def test_h100_details_and_coverage():
     torch = fake_torch(**H100)
     devices = accelerators.detect_accelerators(
-        torch, with_torch.device_facts(torch), nvml=lambda: None
+        torch, fingerprint.device_facts(torch), nvml=lambda: None
     )
     assert devices[0]["capability"] == [9, 0]
     assert devices[0]["multiprocessors"] == 132
@@ -98,9 +95,9 @@ def test_nvml_answers_without_touching_torch_cuda(monkeypatch):
             "cuda_driver": "12.7",
         }
     ]
-    monkeypatch.setattr(fp_nvml, "nvml_devices", lambda: listed)
+    monkeypatch.setattr(host, "nvml_devices", lambda: listed)
     torch = fake_torch(cuda="12.6")  # no devices: any torch.cuda device query raises AssertionError
-    primary = with_torch.device_facts(torch)
+    primary = fingerprint.device_facts(torch)
     assert primary == {
         "type": "cuda",
         "vendor": "nvidia",
@@ -182,7 +179,7 @@ def test_xpu_machine():
             )
         ]
     )
-    primary = with_torch.device_facts(torch)
+    primary = fingerprint.device_facts(torch)
     devices = accelerators.detect_accelerators(torch, primary, nvml=lambda: None)
     assert (
         primary["vendor"] == "intel"
@@ -241,7 +238,7 @@ def test_torch_build_covers(device, arch_list, covered, how):
     ],
 )
 def test_visible_nvml_indices(visible, uuids, expected):
-    assert fp_visible.visible_nvml_indices(visible, uuids) == expected
+    assert host.visible_nvml_indices(visible, uuids) == expected
 
 
 # ---- torch's arch list -------------------------------------------------------------------------

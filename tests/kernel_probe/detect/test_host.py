@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kernel_lock.fingerprint import host as fp_host
+from kernel_lock import host as fp_host
 from kernel_probe.detect import host
 
 

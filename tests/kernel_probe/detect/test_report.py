@@ -8,8 +8,8 @@ from importlib import metadata
 
 import pytest
 
+from kernel_lock import fingerprint
 from kernel_lock.errors import DeviceVisibilityError
-from kernel_lock.fingerprint import with_torch
 from kernel_probe.detect import libraries
 from kernel_probe.detect import report as env_report
 from kernel_probe.detect.libraries import KnownLibrary
@@ -23,7 +23,7 @@ def test_detect_without_import_checks_is_plain_data():
     assert tuple(report) == env_report.TOP_LEVEL_KEYS
     assert report["schema"] == env_report.SCHEMA
     assert json.loads(json.dumps(report)) == report
-    assert report["fingerprint"] == with_torch.current()  # the lock's own code, same answer
+    assert report["fingerprint"] == fingerprint.current()  # the lock's own code, same answer
     assert report["device"]["type"] == report["fingerprint"]["device-type"]
     assert all(
         lib["import"]["status"] in ("skipped", "not-installed")
@@ -116,7 +116,7 @@ def test_detect_reports_each_failing_part_and_goes_on(monkeypatch):
 
     monkeypatch.setattr(env_report.accelerators, "detect_torch_build", broken)
     monkeypatch.setattr(env_report.accelerators, "detect_accelerators", broken)
-    monkeypatch.setattr(env_report.with_torch, "current", broken)
+    monkeypatch.setattr(env_report.fingerprint, "current", broken)
     report = env_report.detect(import_checks=False, table=(), torch=fake_torch(**MI250X))
     assert [(e["where"], e["error"]) for e in report["errors"]] == [
         ("torch build", "RuntimeError: part failed"),
@@ -135,7 +135,7 @@ def test_contradicting_visibility_variables_are_not_taken_for_a_cpu_node(monkeyp
             "HIP_VISIBLE_DEVICES names more devices than ROCR_VISIBLE_DEVICES allows"
         )
 
-    monkeypatch.setattr(env_report.with_torch, "device_facts", contradiction)
+    monkeypatch.setattr(env_report.fingerprint, "device_facts", contradiction)
     with pytest.raises(DeviceVisibilityError):
         env_report.detect(import_checks=False, table=(), torch=fake_torch(**MI250X))
 

@@ -34,9 +34,8 @@ import pytest
 import torch
 
 import kernel_lock
+from kernel_lock import fingerprint, host
 from kernel_lock.errors import DeviceVisibilityError, LockMismatch
-from kernel_lock.fingerprint import fields, nvml, visible, with_torch
-from kernel_lock.fingerprint import host as fp_host
 from kernel_lock.format.schema import Slot
 from kernel_lock.format.versions import in_spec, release_text
 from kernel_lock.lock import KernelLock
@@ -181,7 +180,7 @@ _CLEARED = (
     "SYSTEMNAME",
     "CLUSTER_NAME",
     "NERSC_HOST",
-    *fields.NUMERICS_ENV,
+    *fingerprint.NUMERICS_ENV,
 )
 
 
@@ -217,8 +216,8 @@ def node(monkeypatch, tmp_path):
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: n.devices[i].name)
         monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: list(n.arch_list))
         # the torch path, as without nvidia-ml-py
-        monkeypatch.setattr(nvml, "nvml_devices", lambda: None)
-        monkeypatch.setattr(fp_host, "driver_version", lambda kind: n.driver)
+        monkeypatch.setattr(host, "nvml_devices", lambda: None)
+        monkeypatch.setattr(host, "driver_version", lambda kind: n.driver)
         monkeypatch.setattr(socket, "gethostname", lambda: n.hostname)
         return n
 
@@ -231,7 +230,7 @@ def match(name: str, capsys) -> tuple[int, dict]:
 
 
 def lock_for_here(**match_rules: str) -> KernelLock:
-    env = lockwrite.environment(with_torch.current(), {})
+    env = lockwrite.environment(fingerprint.current(), {})
     for name, rule in match_rules.items():
         env.fields[name] = replace(env.fields[name], match=rule)
     slot = Slot(
@@ -248,7 +247,7 @@ def lock_for_here(**match_rules: str) -> KernelLock:
 @pytest.mark.parametrize("build", list(ROCM_BUILDS))
 def test_lumi_profile_accepts_every_rocm_build_of_torch(build, node, capsys):
     n = node(lumi(build))
-    fp = with_torch.current()
+    fp = fingerprint.current()
     assert fp["torch-hip"] == n.hip and fp["torch-rocm"] == (n.rocm or "")  # recorded as reported
     assert fp["device-type"] == "rocm" and fp["device-arch"] == "gfx90a" and fp["device-count"] == 8
     code, result = match("lumi-g", capsys)
@@ -262,10 +261,10 @@ def test_hashed_versions_compare_by_release():
     assert not in_spec(">=6.1,<7.1", "7.1.25421") and not in_spec(">=6.1", "6.0.32830-d62f6a171")
     assert not in_spec(">=6.0", "") and not in_spec(">=6.0", "unknown")
     # the fingerprint uses the same rule: a hash never makes two HIP builds differ
-    assert fields.field_matches(
+    assert fingerprint.field_matches(
         "version", "compatible", "6.2.41134-65d174c3e", "6.2.41133-dd7f95766"
     )
-    assert not fields.field_matches(
+    assert not fingerprint.field_matches(
         "version", "compatible", "6.2.41134-65d174c3e", "6.3.42131-fa1d09cbd"
     )
 
@@ -494,7 +493,7 @@ def test_every_site_fact_in_the_profile_names_its_source(name):
 # ---- 6. numerics settings and the xnack mode are part of the fingerprint -------------------------
 def test_rocm_numerics_settings_are_recorded_and_checked(node):
     node(lumi(), ROCBLAS_INTERNAL_FP16_ALT_IMPL="1")
-    fp = with_torch.current()
+    fp = fingerprint.current()
     assert fp["numerics-env"] == "ROCBLAS_INTERNAL_FP16_ALT_IMPL=1"
     lock = lock_for_here()
     assert lock.environment.fields["numerics-env"].match == "exact"
@@ -509,7 +508,7 @@ def test_rocm_numerics_settings_are_recorded_and_checked(node):
 
 def test_xnack_mode_is_kept(node):
     node(lumi(features="sramecc+:xnack-"))
-    fp = with_torch.current()
+    fp = fingerprint.current()
     assert fp["device-arch"] == "gfx90a" and fp["device-features"] == "sramecc+:xnack-"
     lock = lock_for_here()
     node(lumi(features="sramecc+:xnack+"))
@@ -520,7 +519,7 @@ def test_xnack_mode_is_kept(node):
 
 def test_numerics_settings_do_not_bind_a_cpu_lock(monkeypatch):
     monkeypatch.delenv("HSA_XNACK", raising=False)
-    env = lockwrite.environment({**with_torch.current(), "device-type": "cpu"}, {})
+    env = lockwrite.environment({**fingerprint.current(), "device-type": "cpu"}, {})
     assert env.fields["numerics-env"].match == "ignore"
 
 
@@ -542,7 +541,7 @@ def _verdict(cid: str, device: dict) -> tuple[str, str]:
 
 def test_no_install_advice_for_what_cannot_run_on_amd(node):
     node(lumi())
-    device = with_torch.device_facts(torch)
+    device = fingerprint.device_facts(torch)
     status, why = _verdict("quack.rms_norm", device)
     assert (
         status == "unavailable"
@@ -562,18 +561,18 @@ def test_no_install_advice_for_what_cannot_run_on_amd(node):
 
 def test_quack_needs_hopper_or_newer(node):
     node(A100)
-    device = with_torch.device_facts(torch)
+    device = fingerprint.device_facts(torch)
     assert device["arch"] == "sm_80"
     status, why = _verdict("quack.rms_norm", device)
     assert status == "unavailable" and "needs a GPU arch sm_90+ on cuda; this one is sm_80" in why
     assert "pip install" not in why
     node(H100)
-    status, why = _verdict("quack.rms_norm", with_torch.device_facts(torch))
+    status, why = _verdict("quack.rms_norm", fingerprint.device_facts(torch))
     assert (
         status == "unavailable"
         and "not installed: quack-kernels (pip install quack-kernels)" in why
     )
-    status, why = _verdict("te.layer_norm", with_torch.device_facts(torch))
+    status, why = _verdict("te.layer_norm", fingerprint.device_facts(torch))
     assert "pip install --no-build-isolation transformer_engine[pytorch]" in why
 
 
@@ -608,7 +607,7 @@ def test_more_hip_than_rocr_devices_is_an_error_not_a_cpu_node(node, capsys):
     with pytest.raises(RuntimeError, match="HIP_VISIBLE_DEVICES contains more devices"):
         torch.cuda.device_count()
     with pytest.raises(DeviceVisibilityError) as info:
-        with_torch.current()
+        fingerprint.current()
     assert info.value.exit_code == 2
     assert "HIP_VISIBLE_DEVICES='0,1'" in str(info.value) and "ROCR_VISIBLE_DEVICES='3'" in str(
         info.value
@@ -627,6 +626,6 @@ def test_each_rank_records_its_node_device(node, capsys):
     assert code == 0 and len(report["accelerators"]) == 1
     assert report["accelerators"][0]["index"] == 0 and report["accelerators"][0]["physical"] == "5"
     node(lumi(), ROCR_VISIBLE_DEVICES="4,5,6,7", HIP_VISIBLE_DEVICES="2")
-    assert visible.physical_devices("rocm") == ["6"]
+    assert host.physical_devices("rocm") == ["6"]
     node(lumi())
-    assert visible.physical_devices("rocm") is None
+    assert host.physical_devices("rocm") is None

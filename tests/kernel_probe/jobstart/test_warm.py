@@ -1,7 +1,7 @@
 """Job start at scale: a warm run with a current lock reads the machine without importing torch.
 
 Every rank runs ``kernel-probe --out L`` (or ``--check``, or ``verify``) at job start. When the lock
-is current, those commands read the fingerprint with ``kernel_lock.fingerprint.torchless`` and
+is current, those commands read the fingerprint with ``kernel_lock.torchless`` and
 import neither torch, nor rich, nor the probe's heavy modules; where a checked fact cannot be read
 without torch, they fall back to the torch-based fingerprint and say which fact and why under
 ``--debug``.
@@ -19,9 +19,8 @@ from pathlib import Path
 import pytest
 
 import kernel_lock
+from kernel_lock import fingerprint, torchless
 from kernel_lock.errors import LockMismatch
-from kernel_lock.fingerprint import here as fp_here
-from kernel_lock.fingerprint import torchless, with_torch
 from kernel_probe.candidates import default_for
 from tests.conftest import run_cli, small_probe
 from tests.kernel_probe.probe.test_candidates_data import _lock_pinning
@@ -53,7 +52,7 @@ PROFILE_MODULES = ("kernel_probe.profiles", "kernel_probe.sites", "kernel_probe.
 def read_the_files(monkeypatch):
     """pytest has torch imported, where a check would ask it: read the files, as a job start
     does."""
-    monkeypatch.setattr(fp_here, "USE_IMPORTED_TORCH", False)
+    monkeypatch.setattr(torchless, "USE_IMPORTED_TORCH", False)
 
 
 def _imports(
@@ -175,7 +174,7 @@ def test_verify_falls_back_to_torch_for_a_checked_fact_and_says_why(here_lock, m
     )
     calls = []
     monkeypatch.setattr(
-        with_torch, "current", lambda real=with_torch.current: calls.append(1) or real()
+        fingerprint, "current", lambda real=fingerprint.current: calls.append(1) or real()
     )
     with caplog.at_level(logging.DEBUG, logger="kernel_lock"):
         lock.verify()
@@ -191,7 +190,7 @@ def test_an_ignored_fact_needs_no_torch(here_lock, monkeypatch):
         torchless, "fingerprint", _unsettled("device-count", "CUDA_VISIBLE_DEVICES lists a UUID")
     )
     monkeypatch.setattr(
-        with_torch,
+        fingerprint,
         "current",
         lambda: pytest.fail("torch was imported for a field the lock ignores"),
     )
@@ -210,7 +209,7 @@ def test_the_torch_free_reading_catches_what_the_torch_one_does(here_lock, monke
         lambda *a, **k: ({**real(*a, **k)[0], "torch": "2.4.1"}, real(*a, **k)[1]),
     )
     monkeypatch.setattr(
-        with_torch, "current", lambda: pytest.fail("torch was imported though every fact was read")
+        fingerprint, "current", lambda: pytest.fail("torch was imported though every fact was read")
     )
     with pytest.raises(LockMismatch) as exc:
         lock.verify()
@@ -270,7 +269,7 @@ def test_verify_no_import_decides_every_slot_without_importing_a_class(
 def test_a_process_with_torch_imported_asks_torch(here_lock, monkeypatch):
     """A training process has torch loaded: its answers are the cheaper and the lock's own
     source."""
-    monkeypatch.setattr(fp_here, "USE_IMPORTED_TORCH", True)
+    monkeypatch.setattr(torchless, "USE_IMPORTED_TORCH", True)
     monkeypatch.setattr(
         torchless,
         "fingerprint",

@@ -3,7 +3,7 @@ home.
 
 ``kernel_lock/registry.toml`` declares the built-ins in a site profile's ``[[candidate]]`` form and
 the libraries in ``[[library]]`` tables; the import allow-list
-(``kernel_lock.trust.registry.allowed_roots``) is derived from the candidates, and
+(``kernel_lock.registry.allowed_roots``) is derived from the candidates, and
 ``kernel_probe.detect.libraries`` reads the libraries, so adding a kernel library's candidate is one
 data entry.
 """
@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 import kernel_lock
-from kernel_lock import slots
+from kernel_lock import registry, slots
 from kernel_lock.errors import TargetNotAllowed
 from kernel_lock.format import toml
-from kernel_lock.trust import check_target, registry
+from kernel_lock.trust import check_target
 from kernel_probe import candidates as cands
 from kernel_probe import profiles
 from kernel_probe.probe import write as lockwrite
@@ -255,9 +255,9 @@ def test_detect_knows_every_builtin_library():
 
 @functools.cache
 def _here() -> dict:
-    from kernel_lock.fingerprint import with_torch
+    from kernel_lock import fingerprint
 
-    return dict(with_torch.current())
+    return dict(fingerprint.current())
 
 
 def _lock_pinning(cand: cands.Candidate) -> kernel_lock.KernelLock:

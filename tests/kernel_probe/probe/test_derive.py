@@ -7,7 +7,7 @@ import pytest
 
 import kernel_lock
 from kernel_lock.errors import KernelUnavailable
-from kernel_lock.fingerprint.fields import FIELDS
+from kernel_lock.fingerprint import FIELDS
 from kernel_probe.probe.derive import Substitution, derive_inference
 from tests.conftest import MINIMAL_LOCK, edited_lock, sealed_lock
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import kernel_lock
-from kernel_lock.fingerprint.fields import FIELDS
+from kernel_lock.fingerprint import FIELDS
 from kernel_probe import candidates as cands
 from kernel_probe.errors import ProbeError, UsageError
 from kernel_probe.probe import write

@@ -12,7 +12,7 @@ import dataclasses
 from pathlib import Path
 
 import kernel_lock
-from kernel_lock.fingerprint.fields import FIELDS
+from kernel_lock.fingerprint import FIELDS
 from kernel_lock.format.graph_attention import GraphAttention
 from kernel_probe import candidates as cands
 from kernel_probe.probe.choose import Choice

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kernel_lock.fingerprint import with_torch
+from kernel_lock import fingerprint
 from kernel_lock.format.schema import Slot
 from kernel_lock.lock import KernelLock
 from kernel_probe import sites
@@ -277,7 +277,7 @@ SAME_HARDWARE = {
 
 # ---- 6. the profile is part of the lock's identity -----------------------------------------------
 def lock_with_profile(path: Path, profile: dict, inputs: str = "inputs-1") -> Path:
-    env = lockwrite.environment(with_torch.current(), {})
+    env = lockwrite.environment(fingerprint.current(), {})
     slot = Slot(
         name="LayerNorm",
         implementation="torch.layer_norm",

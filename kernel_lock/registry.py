@@ -1,31 +1,136 @@
-"""The adapters ``kernel_lock.adapters`` builds, by name: what each wraps, read without torch.
+"""The registry: the kernel libraries, built-in candidates and adapters kernel-lock knows, as data.
 
-A lock or an anemoi config names an adapter as ``kernel_lock.adapters.NAME``; that module builds the
-class (torch) on first lookup. The tables below and the generic naming scheme are the facts behind
-those names. They are import-light, so that the export (``kernel_lock.anemoi``) and a lock's trust
-check (``kernel_lock.lock.check_target``, which runs before anything is imported) read them without
-importing torch. Adding a library class with a known signature is adding a row here.
+``registry.toml`` holds one ``[[library]]`` table per kernel library and one ``[[candidate]]`` per
+built-in implementation of a slot; read here (no torch), it gives the import allow-list, so the two
+cannot drift apart. The adapters ``kernel_lock.adapters`` builds are named here too, read without
+torch by the export and by the trust check. kernel-probe parses the same tables into its own types.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
+from pathlib import Path
 from typing import Any
+
+from .format import toml as _toml
+from .slots import SPECS, TargetFacts, canonical_target
+from .slots import target_facts as known_facts
 
 __all__ = [
     "ADAPTERS",
     "AUTOCAST_ADAPTERS",
+    "DATA",
     "GENERIC_PREFIXES",
     "GENERIC_SEPARATOR",
+    "OWN_ROOTS",
+    "PATH",
     "SIZE_ADAPTERS",
     "SIZE_NAMES",
     "WRAPPING_ADAPTERS",
     "adapter_for",
+    "allowed_roots",
+    "data",
+    "declared_semantics",
     "generic_kernel",
     "generic_parts",
+    "import_root",
+    "path",
+    "reset",
     "size_parameter",
+    "target_facts",
     "wrapping_adapter_for",
 ]
+
+DATA = "registry.toml"  # package data of kernel_lock; pyproject.toml's package-data names it too
+# modules every lock may name whatever the registry says: torch itself and kernel_lock's own
+OWN_ROOTS = ("torch", "kernel_lock.adapters", "kernel_lock.attention", "kernel_lock.gated_mlp")
+# None: the registry.toml shipped in this package. Tests point it at a copy with an entry added
+# (what shipping that file does) and call reset().
+PATH: Path | None = None
+
+
+def path() -> Path:
+    """The registry file in use, found through importlib.resources like kernel-probe's site
+    profiles."""
+    if PATH is not None:
+        return PATH
+    from importlib.resources import files
+
+    return Path(str(files("kernel_lock").joinpath(DATA)))
+
+
+@functools.cache
+def _data(where: Path) -> dict[str, Any]:
+    return _toml.loads(where.read_text(encoding="utf-8"))
+
+
+def data() -> dict[str, Any]:
+    """The parsed registry (read once per file; callers must not modify it)."""
+    return _data(path())
+
+
+def reset() -> None:
+    """Forget what was read (after pointing ``PATH`` elsewhere)."""
+    _data.cache_clear()
+    _allowed_roots.cache_clear()
+    _declared.cache_clear()
+
+
+def import_root(target: str) -> str:
+    """A target's allow-list entry: its top-level package, except kernel_lock's own modules, which
+    are allowed one module at a time (only ``kernel_lock.adapters`` builds classes)."""
+    parts = target.split(".")
+    return ".".join(parts[:2]) if parts[0] == "kernel_lock" else parts[0]
+
+
+@functools.cache
+def _allowed_roots(where: Path) -> tuple[str, ...]:
+    roots = dict.fromkeys(OWN_ROOTS)
+    for cand in _data(where).get("candidate", []):
+        for key in ("target", "twin-target"):
+            if isinstance(cand.get(key), str) and cand[key]:
+                roots.setdefault(import_root(cand[key]))
+    return tuple(roots)
+
+
+def allowed_roots() -> tuple[str, ...]:
+    """The modules a lock may name without being granted trust: ``OWN_ROOTS`` and the import root
+    of every registered candidate's target and twin."""
+    return _allowed_roots(path())
+
+
+@functools.cache
+def _declared(where: Path) -> dict[str, TargetFacts]:
+    out: dict[str, TargetFacts] = {}
+    for cand in _data(where).get("candidate", []):
+        target, slots = cand.get("target"), cand.get("slots") or []
+        if not (isinstance(target, str) and slots and slots[0] in SPECS):
+            continue
+        semantics = cand.get("semantics") or SPECS[slots[0]].semantics
+        known = set(cand.get("kwargs") or {}) | set(cand.get("build-kwargs") or {})
+        before = out.get(target)
+        if before is not None:
+            known |= before.params
+        out[target] = TargetFacts(semantics, frozenset(known), False)
+    return out
+
+
+def target_facts(target: str) -> TargetFacts | None:
+    """What ``target`` computes and the constructor keywords it is known to accept, without
+    importing it: torch.nn's and kernel_lock's classes from ``SlotSpec.known_targets`` (through
+    their aliases), a registered candidate's from its declaration (the kwargs it is declared with,
+    not necessarily all it accepts). None: only importing it can tell."""
+    return known_facts(target) or _declared(path()).get(canonical_target(target))
+
+
+def declared_semantics(target: str) -> str | None:
+    """The semantics the registry declares for ``target``, or None."""
+    facts = target_facts(target)
+    return facts.semantics if facts is not None else None
+
+
+# ---- the adapters, by name ----------------------------------------------------------------------
 
 ADAPTERS = "kernel_lock.adapters"
 
@@ -90,8 +195,7 @@ def generic_kernel(target: str) -> str | None:
 
 
 def adapter_for(target: str) -> str | None:
-    """The ``kernel_lock.adapters`` path of the size adapter for ``target``, or None if there is
-    none."""
+    """The ``kernel_lock.adapters`` path of the size adapter for ``target``, or None."""
     for name, (wrapped, _) in SIZE_ADAPTERS.items():
         if wrapped == target:
             return f"{ADAPTERS}.{name}"

@@ -1,23 +1,16 @@
-"""The fingerprint of this machine read without importing torch, or the fields it cannot read so.
+"""This machine's fingerprint read without importing torch, and the one a check takes.
 
-``with_torch.current()`` imports torch to learn how torch was built and which accelerator it sees;
-at job start that import is the expensive part (thousands of files read by every rank). Every fact
-is also on disk: torch's build in its installed ``torch/version.py`` (parsed, never executed), the
-devices in the drivers' ``/proc`` and ``/sys`` files, NVML when it is installed. This module reads
-them and returns the same fields as ``with_torch.current()``; a field it cannot read with certainty
--- one torch might report differently -- is ``None`` and listed in ``Notes.fallbacks`` with the
-reason, so the caller takes the torch-based fingerprint instead. It never guesses.
-
-Only ``root`` moves: the driver files and torch's ``version.py`` stay where this process finds them,
-and the host fields (python, os, arch, cpu-microarch, the CPU's vendor and name) are always this
-host's, as ``host`` reads them. torch's ``version.py`` is read by ``version_file``.
+At job start ``import torch`` is the expensive part (thousands of files read by every rank), yet
+every fact is also on disk: torch's build in its ``version.py``, the devices in the drivers' /proc
+and /sys files, NVML. :func:`fingerprint` returns the fields of ``fingerprint.current()``; one it
+cannot read with certainty is None and named in ``Notes.fallbacks``, and the caller asks torch. It
+never guesses.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import platform
 import re
 import sys
 from collections.abc import Iterable, Mapping
@@ -25,22 +18,48 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import host, nvml, with_torch
-from .fields import DEVICE_FIELDS, FIELDS, numerics_env
-from .version_file import TorchBuild, Unsettled, metadata_agrees, torch_build
-from .visible import physical_devices, rocm_visible_indices, visible_nvml_indices
+from . import fingerprint as fp
+from . import host
+from .fingerprint import BUILD_FIELDS, DEVICE_FIELDS, FIELDS, TorchBuild, Unsettled, numerics_env
 
 __all__ = [
     "MIN_DRIVER_FOR_CUDA",
     "NVIDIA_ARCH_BY_NAME",
+    "USE_IMPORTED_TORCH",
     "Notes",
     "current",
     "device",
+    "device_here",
     "fingerprint",
+    "for_check",
     "gfx_name",
 ]
 
 log = logging.getLogger(__name__)
+
+# Where torch is imported already (a training or inference process), asking it costs nothing and is
+# what a lock was written from; tests turn this off to read the files in a process that has torch.
+USE_IMPORTED_TORCH = True
+
+
+def for_check(checked: Iterable[str] | None = None) -> dict[str, Any]:
+    """The fingerprint a check compares with a lock: torch's where it is imported already, else
+    :func:`current` (torch-free unless a field in ``checked`` needs torch)."""
+    if USE_IMPORTED_TORCH and "torch" in sys.modules:
+        return fp.current()
+    return current(checked)
+
+
+def device_here() -> dict[str, Any]:
+    """``fingerprint.device_facts`` of this machine, by the rule of :func:`for_check`."""
+    if not (USE_IMPORTED_TORCH and "torch" in sys.modules):
+        facts = device()
+        if facts is not None:
+            return facts
+    return fp.device_facts(fp.import_torch())
+
+
+# ---- the devices, from the drivers' files ------------------------------------------------------
 
 # Compute capability by device name, for the names the driver's /proc file gives. Only entries with
 # a source: NVIDIA's CUDA GPUs page (developer.nvidia.com/cuda-gpus) lists A100 as 8.0 and H100,
@@ -75,16 +94,14 @@ class Notes:
         return not self.fallbacks
 
     def blocking(self, checked: Iterable[str]) -> dict[str, str]:
-        """The fallbacks among ``checked`` (e.g. the lock's fields whose match rule is not
-        ``ignore``)."""
+        """The fallbacks among ``checked`` (e.g. the lock's fields not matched by ``ignore``)."""
         wanted = set(checked)
         return {name: why for name, why in self.fallbacks.items() if name in wanted}
 
     def lines(self) -> list[str]:
         """One line per source and per fallback, for ``--debug``."""
         out = [f"{name}: read from {where}" for name, where in self.sources.items()]
-        out += [f"{name}: needs torch ({why})" for name, why in self.fallbacks.items()]
-        return out
+        return out + [f"{name}: needs torch ({why})" for name, why in self.fallbacks.items()]
 
 
 def _read(path: Path, limit: int = 65536) -> str:
@@ -96,38 +113,25 @@ def _release(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", text))
 
 
-def _driver(device_type: str, root: Path) -> str:
-    """``host.driver_version`` under ``root`` (same file, same pattern)."""
-    where, pattern = host.DRIVER_FILES[device_type]
-    try:
-        match = pattern.search(_read(root / where.lstrip("/"), 4096))
-    except OSError:
-        return ""
-    return match.group(1) if match else ""
+_DEVICE_KEYS = ("type", "vendor", "name", "arch", "features", "count", "driver")
+
+
+def _facts(*values: Any) -> dict[str, Any]:
+    """Device facts keyed like ``fingerprint.device_facts``'s."""
+    return dict(zip(_DEVICE_KEYS, values, strict=True))
 
 
 def _cpu_device() -> dict[str, Any]:
-    """The CPU device facts exactly as ``with_torch.device_facts`` gives them on a CPU-only
-    torch."""
-    return {
-        "type": "cpu",
-        "vendor": host.cpu_vendor(),
-        "name": host.cpu_name(),
-        "arch": "",
-        "features": "",
-        "count": 1,
-        "driver": "",
-    }
+    """The CPU as ``fingerprint.device_facts`` gives it on a CPU-only torch."""
+    return _facts("cpu", host.cpu_vendor(), host.cpu_name(), "", "", 1, "")
 
 
 def _nvidia_proc_gpus(root: Path) -> list[dict[str, str]]:
-    """One dict per ``/proc/driver/nvidia/gpus/<bus>/information`` (keys as the driver prints them),
-    in PCI bus order. Layout: nv_procfs_read_gpu_info in NVIDIA's open-gpu-kernel-modules,
-    kernel-open/nvidia/nv-procfs.c ("Model:", "GPU UUID:", "Bus Location:", "Device Minor:",
-    "GPU Excluded:")."""
-    base = root / "proc/driver/nvidia/gpus"
+    """One dict per ``/proc/driver/nvidia/gpus/<bus>/information`` (keys as the driver prints them:
+    nv_procfs_read_gpu_info in NVIDIA's open-gpu-kernel-modules, kernel-open/nvidia/nv-procfs.c),
+    in PCI bus order."""
     gpus = []
-    for entry in sorted(base.iterdir(), key=lambda p: p.name.lower()):
+    for entry in sorted((root / "proc/driver/nvidia/gpus").iterdir(), key=lambda p: p.name.lower()):
         info = {"bus": entry.name}
         for line in _read(entry / "information").splitlines():
             key, sep, value = line.partition(":")
@@ -150,8 +154,8 @@ def _mig_instances(root: Path) -> bool:
 
 
 def _libcuda_findable(root: Path, env: Mapping[str, str]) -> bool:
-    """Whether the dynamic loader can find libcuda.so.1 (ld.so.cache or LD_LIBRARY_PATH): without it
-    a container sees the host's /proc/driver/nvidia yet torch finds no CUDA."""
+    """Whether the dynamic loader finds libcuda.so.1 (ld.so.cache or LD_LIBRARY_PATH): without it a
+    container sees the host's /proc/driver/nvidia yet torch finds no CUDA."""
     for folder in filter(None, env.get("LD_LIBRARY_PATH", "").split(":")):
         if (Path(folder) / "libcuda.so.1").exists():
             return True
@@ -165,21 +169,14 @@ def _libcuda_findable(root: Path, env: Mapping[str, str]) -> bool:
 def _nvidia_from_proc(
     build: TorchBuild, env: Mapping[str, str], root: Path
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    unsure = (
-        "device-type",
-        "device-vendor",
-        "device-name",
-        "device-arch",
-        "device-count",
-        "driver",
-    )
+    unsure = tuple(name for name in DEVICE_FIELDS if name != "device-features")
     if not (root / "proc/driver/nvidia/gpus").is_dir():
         raise Unsettled(
             unsure,
             f"torch is built for CUDA {build.cuda} but {root / 'proc/driver/nvidia'} lists no "
             "GPU (the driver may load on first use, or this is WSL): only torch can tell",
         )
-    driver = _driver("cuda", root)
+    driver = host.driver_version("cuda", root)
     major = _release(build.cuda)[:1]
     need = MIN_DRIVER_FOR_CUDA.get(major[0]) if major else None
     if need is None or not driver or _release(driver) < need:
@@ -197,8 +194,7 @@ def _nvidia_from_proc(
     if "CUDA_VISIBLE_DEVICES" not in env:
         # /proc lists every GPU of the node; a device cgroup (Slurm's ConstrainDevices, a CPU job on
         # a GPU node) can hide some or all of them from CUDA, and nothing readable without opening
-        # the device files says which. CUDA_VISIBLE_DEVICES (set by Slurm for a GPU allocation) says
-        # what was given.
+        # the device files says which; CUDA_VISIBLE_DEVICES (Slurm's, for a GPU allocation) does.
         raise Unsettled(
             unsure,
             "CUDA_VISIBLE_DEVICES is unset and NVML is not available: a device cgroup may hide "
@@ -210,9 +206,8 @@ def _nvidia_from_proc(
         gpus = [g for g in _nvidia_proc_gpus(root) if g.get("GPU Excluded", "No") != "Yes"]
     except OSError as exc:
         raise Unsettled(unsure, f"the driver's GPU list cannot be read: {exc}") from None
-    order = visible_nvml_indices(
-        env.get("CUDA_VISIBLE_DEVICES"), [g.get("GPU UUID", "") for g in gpus]
-    )
+    uuids = [g.get("GPU UUID", "") for g in gpus]
+    order = host.visible_nvml_indices(env.get("CUDA_VISIBLE_DEVICES"), uuids)
     if order is None:
         raise Unsettled(
             unsure,
@@ -221,15 +216,7 @@ def _nvidia_from_proc(
         )
     if not order:
         return _cpu_device(), {}  # CUDA sees no device: torch reports the CPU
-    device: dict[str, Any] = {
-        "type": "cuda",
-        "vendor": "nvidia",
-        "name": None,
-        "arch": None,
-        "features": "",
-        "count": len(order),
-        "driver": driver,
-    }
+    device = _facts("cuda", "nvidia", None, None, "", len(order), driver)
     models = {g.get("Model", "") for g in gpus}
     if len(models) != 1:
         why = (
@@ -255,7 +242,7 @@ def _nvidia(
         "CUDA_VISIBLE_DEVICES"
     )
     if root == Path("/") and same_env:
-        first = nvml.primary()  # exactly what with_torch.current() takes on a CUDA build
+        first = host.nvml_primary()  # exactly what fingerprint.current() takes on a CUDA build
         if first is not None:
             sources["device"] = "NVML"
             return {"type": "cuda", "vendor": "nvidia", "features": "", **first}, {}
@@ -288,8 +275,7 @@ def _properties(path: Path) -> dict[str, int]:
 
 
 def _kfd_gpus(root: Path) -> list[dict[str, int]]:
-    """The GPU nodes of the KFD topology in node order (HIP's device order); CPU nodes have no
-    SIMDs."""
+    """The GPU nodes of the KFD topology in node order (HIP's); CPU nodes have no SIMDs."""
     base = root / "sys/class/kfd/kfd/topology/nodes"
     gpus = []
     for node in sorted((p for p in base.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)):
@@ -312,9 +298,8 @@ def _amd(
     build: TorchBuild, env: Mapping[str, str], root: Path, sources: dict[str, str]
 ) -> tuple[dict[str, Any], dict[str, str]]:
     sources["device"] = str(root / "sys/class/kfd/kfd/topology")
-    physical_devices("rocm", env)  # raises on contradictory variables, as device_facts does
-    topology = root / "sys/class/kfd/kfd/topology/nodes"
-    if not topology.is_dir():
+    host.physical_devices("rocm", env)  # raises on contradictory variables, as device_facts does
+    if not (root / "sys/class/kfd/kfd/topology/nodes").is_dir():
         if (root / "dev/kfd").exists():
             raise Unsettled(DEVICE_FIELDS, "/dev/kfd exists but the KFD topology cannot be read")
         return (
@@ -329,7 +314,7 @@ def _amd(
             DEVICE_FIELDS,
             "the node has AMD GPUs but /dev/kfd is not here (a container without them?)",
         )
-    visible = rocm_visible_indices(env, len(gpus))
+    visible = host.rocm_visible_indices(env, len(gpus))
     if visible is None:
         raise Unsettled(
             DEVICE_FIELDS,
@@ -337,23 +322,14 @@ def _amd(
             "repeats, signs, spaces and invalid items are left to HIP): only torch can tell which "
             "GPUs it sees",
         )
-    device: dict[str, Any] = {
-        "type": "rocm",
-        "vendor": "amd",
-        "name": None,
-        "arch": None,
-        "features": None,
-        "count": len(visible),
-        "driver": _driver("rocm", root),
-    }
+    driver = host.driver_version("rocm", root)
+    device = _facts("rocm", "amd", None, None, None, len(visible), driver)
     unsure = {
         # hipDeviceProp.name comes from libdrm's amdgpu.ids, whichever copy the runtime loads
-        # (sites.md: "AMD Radeon Graphics" when it is missing or old); the KFD only has the PCI
-        # device id
+        # (sites.md: "AMD Radeon Graphics" when it is missing or old); the KFD has the PCI id only
         "device-name": "the marketing name comes from the amdgpu.ids table the runtime loads "
         f"(PCI device id 0x{gpus[visible[0]].get('device_id', 0):04x}), not from the KFD",
-        # gcnArchName's sramecc/xnack suffix depends on the ECC setting and the per-process XNACK
-        # mode
+        # gcnArchName's sramecc/xnack suffix: the ECC setting and the per-process XNACK mode
         "device-features": "sramecc/xnack come from the runtime (ECC mode, HSA_XNACK, "
         "amdgpu.noretry)",
     }
@@ -372,125 +348,11 @@ def _amd(
     return device, unsure
 
 
-def fingerprint(
-    env: Mapping[str, str] | None = None,
-    root: str | os.PathLike[str] = "/",
-    *,
-    version_file: Path | None = None,
-) -> tuple[dict[str, Any], Notes]:
-    """Every field of ``fields.FIELDS``, read without importing torch.
-
-    A field that cannot be read with certainty is ``None`` and named in ``Notes.fallbacks`` (field
-    -> why): the caller then takes ``with_torch.current()`` for the whole fingerprint. ``env``
-    replaces os.environ (visibility and numerics variables); ``root`` is where /proc, /sys and /dev
-    are (tests point it at a fixture tree); ``version_file`` replaces the installed
-    torch/version.py. Raises ``DeviceVisibilityError`` where ``with_torch.current()`` would.
-    """
-    env = os.environ if env is None else env
-    base = Path(root)
-    fields: dict[str, Any] = {
-        "python": platform.python_version(),
-        "os": sys.platform if sys.platform != "linux" else "linux",
-        "arch": platform.machine().lower(),
-        "cpu-microarch": host.cpu_microarch(),
-        "numerics-env": numerics_env(env),
-    }
-    fallbacks: dict[str, str] = {}
-    sources: dict[str, str] = {
-        "python, os, arch, cpu-microarch": "this interpreter and archspec",
-        "numerics-env": "the environment",
-    }
-
-    def unsettled(exc: Unsettled) -> None:
-        for name in exc.fields:
-            fallbacks.setdefault(name, exc.why)
-
-    build: TorchBuild | None = None
-    try:
-        build = torch_build(version_file)
-        sources["torch, torch-cuda, torch-hip, torch-rocm"] = build.path
-        disagreement = None if version_file is not None else metadata_agrees(build)
-        if disagreement:
-            fallbacks["torch"] = disagreement
-        if not build.version:
-            fallbacks["torch"] = f"{build.path} has no __version__ string"
-        fields.update(
-            {
-                "torch": build.version,
-                "torch-cuda": build.cuda,
-                "torch-hip": build.hip,
-                "torch-rocm": build.rocm,
-            }
-        )
-    except Unsettled as exc:
-        unsettled(exc)
-
-    device: dict[str, Any] | None = None
-    if build is not None:
-        try:
-            device, unsure = _device(build, env, base, sources)
-            for name, why in unsure.items():
-                fallbacks.setdefault(name, why)
-        except Unsettled as exc:
-            unsettled(exc)
-    if device is not None:
-        fields.update(
-            {
-                "device-type": device["type"],
-                "device-vendor": device["vendor"],
-                "device-name": device["name"],
-                "device-arch": device["arch"],
-                "device-features": device["features"],
-                "device-count": device["count"],
-                "driver": device["driver"],
-            }
-        )
-    for name in FIELDS:
-        if name in fallbacks or name not in fields:
-            fields[name] = None
-            fallbacks.setdefault(name, "not read (see the other fallbacks)")
-    ordered = {name: fields[name] for name in FIELDS}
-    return ordered, Notes(fallbacks, sources)
-
-
-def current(checked: Iterable[str] | None = None) -> dict[str, Any]:
-    """The fingerprint for a check: torch-free when every field in ``checked`` (default: all) was
-    read with certainty, else ``with_torch.current()`` (which imports torch). Each fallback is
-    logged at DEBUG level (``--debug``): which field, and why. A field outside ``checked`` that
-    could not be read is None (e.g. device-count, which locks ignore by default)."""
-    fields, notes = fingerprint()
-    blocking = dict(notes.fallbacks) if checked is None else notes.blocking(checked)
-    for line in notes.lines():
-        log.debug("torch-free fingerprint: %s", line)
-    if not blocking:
-        return fields
-    log.debug(
-        "torch-free fingerprint incomplete (%s): reading it with torch", ", ".join(sorted(blocking))
-    )
-    return with_torch.current()
-
-
-def device() -> dict[str, Any] | None:
-    """This machine's device facts shaped like ``with_torch.device_facts(torch)`` (type, vendor,
-    name, arch, features, count, driver), or None when any of them needs torch (logged at DEBUG
-    level)."""
-    fields, notes = fingerprint()
-    missing = notes.blocking(DEVICE_FIELDS)
-    if missing:
-        for name, why in missing.items():
-            log.debug("torch-free device facts: %s needs torch (%s)", name, why)
-        return None
-    return {
-        key: fields[f"device-{key}"]
-        for key in ("type", "vendor", "name", "arch", "features", "count")
-    } | {"driver": fields["driver"]}
-
-
 def _device(
     build: TorchBuild, env: Mapping[str, str], root: Path, sources: dict[str, str]
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """The device facts ``with_torch.device_facts`` would give, asked in its order, and the ones
-    that only torch can settle (field -> why; their value is None)."""
+    """The device facts ``fingerprint.device_facts`` would give, asked in its order, and those only
+    torch can settle (field -> why; their value is None)."""
     if not sys.platform.startswith("linux"):
         raise Unsettled(
             DEVICE_FIELDS,
@@ -507,3 +369,75 @@ def _device(
         )
     sources["device"] = "a CPU-only torch on Linux: the CPU (/proc/cpuinfo and archspec)"
     return _cpu_device(), {}
+
+
+# ---- the whole read ------------------------------------------------------------------------------
+
+
+def fingerprint(
+    env: Mapping[str, str] | None = None,
+    root: str | os.PathLike[str] = "/",
+    *,
+    version_file: Path | None = None,
+) -> tuple[dict[str, Any], Notes]:
+    """Every field of ``fingerprint.FIELDS`` read without importing torch, and the :class:`Notes`.
+    ``env`` replaces os.environ, ``root`` is where /proc, /sys and /dev are (only they move), and
+    ``version_file`` the installed torch/version.py. Raises where ``fingerprint.current()`` does."""
+    env = os.environ if env is None else env
+    fields: dict[str, Any] = host.fields() | {"numerics-env": numerics_env(env)}
+    fallbacks: dict[str, str] = {}
+    sources: dict[str, str] = {
+        "python, os, arch, cpu-microarch": "this interpreter and archspec",
+        "numerics-env": "the environment",
+    }
+    try:
+        build = fp.torch_build(version_file)
+        sources["torch, torch-cuda, torch-hip, torch-rocm"] = build.path
+        disagreement = None if version_file is not None else fp.metadata_agrees(build)
+        if disagreement:
+            fallbacks["torch"] = disagreement
+        if not build.version:
+            fallbacks["torch"] = f"{build.path} has no __version__ string"
+        fields.update(
+            zip(BUILD_FIELDS, (build.version, build.cuda, build.hip, build.rocm), strict=True)
+        )
+        device, unsure = _device(build, env, Path(root), sources)
+        fields.update(
+            {name: device[key] for name, key in zip(DEVICE_FIELDS, _DEVICE_KEYS, strict=True)}
+        )
+        for name, why in unsure.items():
+            fallbacks.setdefault(name, why)
+    except Unsettled as exc:
+        for name in exc.fields:
+            fallbacks.setdefault(name, exc.why)
+    for name in FIELDS:
+        if name in fallbacks or name not in fields:
+            fields[name] = None
+            fallbacks.setdefault(name, "not read (see the other fallbacks)")
+    return {name: fields[name] for name in FIELDS}, Notes(fallbacks, sources)
+
+
+def current(checked: Iterable[str] | None = None) -> dict[str, Any]:
+    """The fingerprint for a check: torch-free when every field in ``checked`` (default: all) was
+    read with certainty, else ``fingerprint.current()`` (which imports torch); each fallback logged
+    at DEBUG (``--debug``). A field outside ``checked`` not read is None."""
+    fields, notes = fingerprint()
+    blocking = dict(notes.fallbacks) if checked is None else notes.blocking(checked)
+    for line in notes.lines():
+        log.debug("torch-free fingerprint: %s", line)
+    if not blocking:
+        return fields
+    log.debug(
+        "torch-free fingerprint incomplete (%s): reading it with torch", ", ".join(sorted(blocking))
+    )
+    return fp.current()
+
+
+def device() -> dict[str, Any] | None:
+    """This machine's device facts shaped like ``fingerprint.device_facts(torch)``, or None when any
+    of them needs torch (logged at DEBUG)."""
+    fields, notes = fingerprint()
+    missing = notes.blocking(DEVICE_FIELDS)
+    for name, why in missing.items():
+        log.debug("torch-free device facts: %s needs torch (%s)", name, why)
+    return None if missing else _facts(*(fields[name] for name in DEVICE_FIELDS))

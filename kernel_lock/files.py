@@ -1,23 +1,16 @@
-"""Reading an input file safely (a regular file only, never more than a cap), and the one safe
-writer.
+"""The one safe reader of input files and the one safe writer of every file kernel-probe creates.
 
-A FIFO, a character device (``/dev/zero``), a socket or a directory passed where a lock, a profile
-or a config is expected would hang the reader or exhaust its memory: they are refused before any
-byte is read. The file is opened non-blocking (a FIFO's open cannot wait for a writer), checked with
-``fstat`` on the open descriptor (no race with a rename), and read up to ``limit`` bytes.
-
-Every file kernel-probe creates or replaces (a lock, a job marker, a node-local copy, a report, a
-generated docs section) is written by :func:`write_file`: a temporary file created with ``O_CREAT |
-O_EXCL | O_NOFOLLOW`` in the target's own directory (a name planted there beforehand, link or not,
-is never opened), written, fsynced and renamed into place. A symbolic link at the final component is
-refused (:class:`UnsafeWrite`), unless the caller passes ``through_link`` for a path the user named
-on the command line (``--out``: a lock shared by links stays shared); the link is then resolved
-once, before any check. The directory is checked as OpenSSH's ``StrictModes`` checks ``~/.ssh``: it
-must be owned by the user or by root, and not writable by every user unless it is sticky and
-root-owned (``/tmp``); no directory above it may be writable by every user without the sticky bit
-(anyone could rename it away). Group-writable directories are accepted: the group is trusted (a
-project's shared lock directory). :func:`private_dir` makes node-local directories (mode 0700, and
-checked after creation: one made beforehand by someone else, or opened to others, is refused).
+:func:`read_regular` refuses a FIFO, a device, a socket or a directory before any byte is read (the
+file is opened non-blocking and checked with ``fstat`` on the open descriptor), and reads at most a
+cap. :func:`write_file` (locks, job markers, node-local copies, reports, generated docs) writes a
+temporary file created with ``O_CREAT | O_EXCL | O_NOFOLLOW`` in the target's own directory (a name
+planted there, link or not, is never opened), fsyncs it and renames it into place; a link at the
+final component is refused unless the caller passes ``through_link`` for a path the user named
+(``--out``), which is then resolved once, before any check. Directories are checked as OpenSSH's
+``StrictModes`` checks ``~/.ssh``: owned by the user or root, not writable by every user unless
+sticky and root-owned (``/tmp``), and no directory above writable by every user without the sticky
+bit; group-writable is accepted (a project's shared lock directory). :func:`private_dir` makes
+node-local directories (0700, checked after creation).
 """
 
 from __future__ import annotations
@@ -26,7 +19,7 @@ import os
 import stat
 from pathlib import Path
 
-from ..errors import LockFormatError
+from .errors import LockFormatError
 
 __all__ = [
     "KINDS",
@@ -48,6 +41,16 @@ KINDS = {
     stat.S_IFDIR: "a directory",
     stat.S_IFLNK: "a symbolic link",
 }
+
+
+# a new file, never one planted beforehand, never through a link
+_CREATE = (
+    os.O_WRONLY
+    | os.O_CREAT
+    | os.O_EXCL
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
 
 
 class UnsafeFile(Exception):
@@ -121,8 +124,8 @@ def _world_writable_problem(st: os.stat_result) -> str | None:
 
 
 def check_directory(directory: Path | str, named: Path | str | None = None) -> Path:
-    """The real path of ``directory`` if files may be written there (see the module's rule);
-    :class:`UnsafeWrite` otherwise, naming ``named`` (the file to be written) where given."""
+    """The real path of ``directory`` if files may be written there (the module's rule), else
+    :class:`UnsafeWrite` naming ``named`` (the file to be written) where given."""
     real = Path(os.path.realpath(directory or "."))
     where = named if named is not None else real
     try:
@@ -178,10 +181,9 @@ def check_directory(directory: Path | str, named: Path | str | None = None) -> P
 
 
 def private_dir(path: Path | str, *, create: bool = True) -> Path:
-    """The node-local directory ``path``, made with mode 0700 where missing (its parent must exist
-    and pass :func:`check_directory`), and checked after creation: a real directory (not a link),
-    owned by this user, open to nobody else. :class:`UnsafeWrite` otherwise (``create=False``: also
-    when it is missing, as FileNotFoundError)."""
+    """The node-local directory ``path``, made 0700 where missing (its parent must pass
+    :func:`check_directory`) and checked: a real directory owned by this user, open to nobody else;
+    :class:`UnsafeWrite` otherwise (``create=False``: FileNotFoundError when it is missing)."""
     path = Path(path)
     check_directory(path.parent)
     if create:
@@ -236,12 +238,11 @@ def write_file(
     through_link: bool = False,
     exclusive: bool = False,
 ) -> Path:
-    """Write ``data`` to ``path`` atomically (the one writer: see the module's docstring); the path
-    written.
+    """Write ``data`` to ``path`` atomically (the module's rules) and return the path written.
 
     ``exclusive``: create ``path`` itself with ``O_EXCL`` (a claim: FileExistsError when it is
-    there) instead of renaming a temporary file over it. ``through_link``: a link at ``path`` (one
-    the user named) is resolved and its target replaced; otherwise a link there is refused."""
+    there). ``through_link``: a link at ``path`` (one the user named) is resolved and its target
+    replaced; otherwise a link there is refused."""
     path = Path(path)
     if through_link:
         path = Path(os.path.realpath(path))
@@ -265,37 +266,14 @@ def write_file(
             "write to a regular file path",
         )
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    flags = (
-        os.O_WRONLY
-        | os.O_CREAT
-        | os.O_EXCL
-        | getattr(os, "O_NOFOLLOW", 0)
-        | getattr(os, "O_CLOEXEC", 0)
-    )
     if exclusive:
-        fd = os.open(target, flags, mode)  # FileExistsError: claimed by another
+        fd = os.open(target, _CREATE, mode)  # FileExistsError: claimed by another
         try:
             _write_all(fd, raw)
         finally:
             os.close(fd)
         return target
-    import secrets
-
-    for _ in range(100):
-        tmp = directory / f".{path.name}.{secrets.token_hex(6)}.tmp"
-        try:
-            fd = os.open(tmp, flags, 0o600)
-            break
-        except FileExistsError:
-            continue
-        except OSError as exc:  # read-only, no permission: nothing was written
-            raise _refuse(
-                target,
-                f"cannot write in the folder {directory} ({exc.strerror}); nothing was written",
-                "give a path in a folder you can write to",
-            ) from None
-    else:  # pragma: no cover - 100 random names all taken
-        raise _refuse(target, "no temporary name was free", "remove the .tmp files there")
+    tmp, fd = _temporary(directory, target)
     try:
         try:
             _write_all(fd, raw)
@@ -310,6 +288,26 @@ def write_file(
             pass
         raise
     return target
+
+
+def _temporary(directory: Path, target: Path) -> tuple[Path, int]:
+    """A new temporary file beside ``target``, created with ``_CREATE``, and its descriptor."""
+    import secrets  # only where something is written: reading a lock stays light
+
+    for _ in range(100):
+        tmp = directory / f".{target.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            return tmp, os.open(tmp, _CREATE, 0o600)
+        except FileExistsError:
+            continue
+        except OSError as exc:  # read-only, no permission: nothing was written
+            raise _refuse(
+                target,
+                f"cannot write in the folder {directory} ({exc.strerror}); nothing was written",
+                "give a path in a folder you can write to",
+            ) from None
+    # 100 random names all taken
+    raise _refuse(target, "no temporary name was free", "remove the .tmp files there")
 
 
 def _write_all(fd: int, raw: bytes) -> None:

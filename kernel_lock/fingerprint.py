@@ -1,0 +1,499 @@
+"""The environment fingerprint: the facts a lock pins (``FIELDS``), how strictly each must match,
+the comparison with a lock, and this machine's facts as an imported torch reports them (what a lock
+is written from). torch's build is also read from its installed ``torch/version.py`` (parsed with
+``ast``, never executed) for ``kernel_lock.torchless``, which reads every fact without importing
+torch. Host facts come from ``kernel_lock.host``; versions from metadata: no kernel library is
+imported.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from . import host
+from .errors import Difference, KernelUnavailable
+from .format.versions import release
+
+__all__ = [
+    "BUILD_FIELDS",
+    "DEVICE_FIELDS",
+    "FIELDS",
+    "GENERIC_DEVICE_NAMES",
+    "NUMERICS_ENV",
+    "FieldKind",
+    "FieldSpec",
+    "Match",
+    "TorchBuild",
+    "Unsettled",
+    "compare",
+    "current",
+    "device_facts",
+    "device_name_note",
+    "field_matches",
+    "import_torch",
+    "library_versions",
+    "metadata_agrees",
+    "numerics_env",
+    "parse_version_file",
+    "torch_build",
+    "unchecked_fields",
+]
+
+Match = Literal["exact", "compatible", "ignore"]  # how strictly a fingerprint field must match
+FieldKind = Literal["version", "text", "count"]  # how a field's values compare
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One fact of the fingerprint: its TOML type, default match rule, kind and doc line."""
+
+    type: type | tuple[type, ...]
+    default_match: Match
+    kind: FieldKind  # "version" compares release numbers; "text" compares strings; "count" integers
+    doc: str
+
+
+_VERSION: tuple[Match, FieldKind] = ("compatible", "version")  # the version fields' rule and kind
+_EXACT: tuple[Match, FieldKind] = ("exact", "text")
+FIELDS: dict[str, FieldSpec] = {
+    "python": FieldSpec(str, *_VERSION, "Python version (compatible: same major.minor)"),
+    "os": FieldSpec(str, *_EXACT, "operating system, lower case (linux, darwin, windows)"),
+    "arch": FieldSpec(str, *_EXACT, "CPU architecture (x86_64, aarch64)"),
+    "cpu-microarch": FieldSpec(
+        str, "ignore", "text", "CPU microarchitecture from archspec (zen3, neoverse_v2)"
+    ),
+    "torch": FieldSpec(str, *_VERSION, "torch version (compatible: same major.minor)"),
+    "torch-cuda": FieldSpec(str, *_VERSION, "CUDA version torch was built with, '' if none"),
+    "torch-hip": FieldSpec(str, *_VERSION, "HIP (ROCm) version torch was built with, '' if none"),
+    "torch-rocm": FieldSpec(
+        str,
+        *_VERSION,
+        "ROCm version torch was built with (torch.version.rocm, torch >= 2.10), '' if none",
+    ),
+    "device-type": FieldSpec(str, *_EXACT, "cpu, cuda, rocm, mps or xpu"),
+    "device-vendor": FieldSpec(str, *_EXACT, "nvidia, amd, apple, intel, or the CPU vendor"),
+    "device-name": FieldSpec(str, *_EXACT, "device name as the driver reports it"),
+    "device-arch": FieldSpec(str, *_EXACT, "sm_90, gfx90a, ...; '' on CPU"),
+    "device-features": FieldSpec(
+        str,
+        *_EXACT,
+        "ROCm target features from gcnArchName (sramecc+:xnack-); '' elsewhere: an xnack+ run "
+        "is not an xnack- one",
+    ),
+    "device-count": FieldSpec(int, "ignore", "count", "number of devices of that type"),
+    "driver": FieldSpec(str, *_VERSION, "GPU driver version, '' when it cannot be read cheaply"),
+    "numerics-env": FieldSpec(
+        str,
+        *_EXACT,
+        "environment variables that change what kernels compute, as "
+        "VAR=value;... ('' when none is set; see NUMERICS_ENV)",
+    ),
+}
+
+# the fields the device facts decide, and those torch's build decides (read together by torchless)
+DEVICE_FIELDS = (*(name for name in FIELDS if name.startswith("device-")), "driver")
+BUILD_FIELDS = ("torch", "torch-cuda", "torch-hip", "torch-rocm")
+
+# Variables that change the numbers kernels produce or which kernels run: on ROCm, rocBLAS's and
+# MIOpen's alternate fp16 paths (PyTorch's numerical-accuracy notes: reduced-precision fp16 on
+# MI200), XNACK (unified-memory retries; another code object), TunableOp's GEMM selection and the
+# hipBLASLt preference.
+NUMERICS_ENV = (
+    "ROCBLAS_INTERNAL_FP16_ALT_IMPL",
+    "MIOPEN_DEBUG_CONVOLUTION_ATTRIB_FP16_ALT_IMPL",
+    "HSA_XNACK",
+    "PYTORCH_TUNABLEOP_ENABLED",
+    "TORCH_BLAS_PREFER_HIPBLASLT",
+)
+
+# device names that say nothing about the device (libdrm's amdgpu.ids missing or old)
+GENERIC_DEVICE_NAMES = ("AMD Radeon Graphics",)
+
+
+def numerics_env(env: Mapping[str, str] | None = None) -> str:
+    """``NUMERICS_ENV`` as set in ``env`` (default: os.environ): ``VAR=value;...`` or ''."""
+    env = os.environ if env is None else env
+    return ";".join(f"{name}={env[name]}" for name in NUMERICS_ENV if name in env)
+
+
+def device_name_note(current: Mapping[str, Any]) -> str | None:
+    """A note when the device name identifies nothing (empty or generic): the arch does."""
+    name = str(current.get("device-name", ""))
+    if current.get("device-type") not in ("cuda", "rocm"):
+        return None
+    if not name or name in GENERIC_DEVICE_NAMES:
+        return (
+            f"the device name is {name!r}, which does not identify the device (libdrm's "
+            "amdgpu.ids is missing or old in this environment); it is identified by its arch "
+            f"{current.get('device-arch')!r}"
+        )
+    return None
+
+
+def field_matches(kind: FieldKind, rule: Match, expected: Any, found: Any) -> bool:
+    """Does ``found`` satisfy ``expected`` under ``rule``?
+
+    ``compatible`` on a version means the same major.minor (a patch or driver bump keeps the lock
+    valid; a torch minor or CUDA minor does not). On text and counts it means equal.
+
+    >>> field_matches("version", "compatible", "2.5.1", "2.5.3")  # a patch bump keeps the lock
+    True
+    >>> field_matches("version", "compatible", "12.4", "12.6")  # a minor does not
+    False
+    >>> field_matches("version", "compatible", "2.5.1+cu124", "2.5.0")  # a local label: no release
+    True
+    >>> field_matches("version", "exact", "2.5.1", "2.5.3")
+    False
+    >>> field_matches("version", "compatible", "2.5.1", "")  # not found: no match
+    False
+    >>> field_matches("count", "compatible", 8, 4), field_matches("count", "ignore", 8, 4)
+    (False, True)
+    """
+    if rule == "ignore":
+        return True
+    if rule == "exact" or kind != "version" or expected == "" or found == "":
+        return expected == found
+    e, f = release(str(expected)), release(str(found))
+    if not e or not f:
+        return expected == found
+    return e[:2] == f[:2]
+
+
+def compare(
+    expected: Mapping[str, Any],
+    found: Mapping[str, Any],
+    libraries_expected: Mapping[str, Any],
+    libraries_found: Mapping[str, str | None],
+) -> list[Difference]:
+    """Every field where ``found`` does not satisfy the lock's ``expected`` (EnvField objects)."""
+    diffs = []
+    for name, spec in expected.items():
+        # a field of a newer kernel-probe: reported by the loader, not checked (unchecked_fields)
+        if name in FIELDS and not field_matches(
+            FIELDS[name].kind, spec.match, spec.value, found.get(name)
+        ):
+            diffs.append(Difference(name, spec.value, found.get(name), spec.match))
+    for name, spec in libraries_expected.items():
+        value = libraries_found.get(name)
+        if value is None:
+            if spec.match != "ignore":
+                diffs.append(
+                    Difference(f"libraries.{name}", spec.value, "not installed", spec.match)
+                )
+        elif not field_matches("version", spec.match, spec.value, value):
+            diffs.append(Difference(f"libraries.{name}", spec.value, value, spec.match))
+    return diffs
+
+
+def unchecked_fields(expected: Mapping[str, Any]) -> list[str]:
+    """The lock's environment fields this kernel_lock does not know, and so does not check."""
+    return [name for name in expected if name not in FIELDS]
+
+
+def library_versions(names: Iterable[str]) -> dict[str, str | None]:
+    """Installed distribution versions from package metadata (nothing is imported)."""
+    from importlib import metadata
+
+    out: dict[str, str | None] = {}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+# ---- the facts as an imported torch reports them ----------------------------------------------
+
+
+def device_facts(torch: Any) -> dict[str, Any]:
+    """Type, vendor, name, arch, count and driver of the primary accelerator (or the CPU).
+
+    ROCm is told apart by ``torch.version.hip``, never by compute capability (an MI250X reports
+    (9, 0), like a Hopper GPU); its arch comes from ``gcnArchName``. Raises
+    ``DeviceVisibilityError`` when the ROCm visibility variables contradict each other.
+    """
+    hip = getattr(torch.version, "hip", None)
+    cuda_mod = getattr(torch, "cuda", None)
+    if hip:
+        # contradictory visibility variables are an error, not "no GPU"
+        host.physical_devices("rocm")
+        if cuda_mod is not None and cuda_mod.is_available() and cuda_mod.device_count() > 0:
+            props = cuda_mod.get_device_properties(0)
+            gcn = str(getattr(props, "gcnArchName", ""))
+            return {
+                "type": "rocm",
+                "vendor": "amd",
+                "name": str(props.name),
+                "arch": host.normalize_gcn_arch(gcn),
+                "features": host.gcn_features(gcn),
+                "count": int(cuda_mod.device_count()),
+                "driver": host.driver_version("rocm"),
+            }
+    elif getattr(torch.version, "cuda", None) and cuda_mod is not None:
+        first = host.nvml_primary()
+        if first is not None:
+            return {"type": "cuda", "vendor": "nvidia", **first}
+        if cuda_mod.is_available() and cuda_mod.device_count() > 0:
+            major, minor = cuda_mod.get_device_capability(0)
+            return {
+                "type": "cuda",
+                "vendor": "nvidia",
+                "name": str(cuda_mod.get_device_name(0)),
+                "arch": f"sm_{major}{minor}",
+                "count": int(cuda_mod.device_count()),
+                "driver": host.driver_version("cuda"),
+            }
+    mps = getattr(getattr(torch, "backends", None), "mps", None)
+    if mps is not None and mps.is_available():
+        return dict(type="mps", vendor="apple", name="Apple MPS", arch="", count=1, driver="")
+    xpu = getattr(torch, "xpu", None)
+    if (
+        xpu is not None
+        and hasattr(xpu, "is_available")
+        and xpu.is_available()
+        and xpu.device_count() > 0
+    ):
+        props = xpu.get_device_properties(0)
+        return {
+            "type": "xpu",
+            "vendor": "intel",
+            "name": str(getattr(props, "name", "Intel XPU")),
+            "arch": "",
+            "count": int(xpu.device_count()),
+            "driver": str(getattr(props, "driver_version", "")),
+        }
+    return dict(
+        type="cpu", vendor=host.cpu_vendor(), name=host.cpu_name(), arch="", count=1, driver=""
+    )
+
+
+def import_torch() -> Any:
+    """``import torch``, or :class:`KernelUnavailable` saying why it failed (a torch whose compiled
+    libraries are missing or broken is no machine a lock is current on)."""
+    try:
+        import torch
+    except Exception as exc:  # ImportError, OSError from the dynamic loader, its __init__'s errors
+        raise KernelUnavailable(
+            f"`import torch` fails here: {type(exc).__name__}: {exc}",
+            key="environment.torch",
+            fix="repair or reinstall torch in this environment (pip install --force-reinstall "
+            "torch)",
+        ) from None
+    return torch
+
+
+def current(
+    torch: Any | None = None, *, device: Callable[[Any], dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The fingerprint fields of this machine, as plain values keyed like ``FIELDS`` (torch is
+    imported when not passed)."""
+    if torch is None:
+        torch = import_torch()
+    dev = (device or device_facts)(torch)
+    return host.fields() | {
+        "torch": str(torch.__version__).split("+")[0],
+        "torch-cuda": str(getattr(torch.version, "cuda", None) or ""),
+        "torch-hip": str(getattr(torch.version, "hip", None) or ""),
+        "torch-rocm": str(getattr(torch.version, "rocm", None) or ""),
+        "device-type": dev["type"],
+        "device-vendor": dev["vendor"],
+        "device-name": dev["name"],
+        "device-arch": dev["arch"],
+        "device-features": dev.get("features", ""),
+        "device-count": int(dev["count"]),
+        "driver": dev.get("driver", ""),
+        "numerics-env": numerics_env(),
+    }
+
+
+# ---- torch's build, from its installed version.py (for kernel_lock.torchless) --------------------
+
+
+@dataclass(frozen=True)
+class TorchBuild:
+    """What ``torch.version`` would say, read from the installed file."""
+
+    version: str  # torch.__version__ without the local part (+cu124)
+    cuda: str
+    hip: str
+    rocm: str
+    xpu: str
+    path: str
+
+
+class Unsettled(Exception):
+    """A fact that cannot be read with certainty: the fields it decides, and why."""
+
+    def __init__(self, fields: Iterable[str], why: str):
+        super().__init__(why)
+        self.fields = tuple(fields)
+        self.why = why
+
+
+_TORCH_FIELDS = BUILD_FIELDS + DEVICE_FIELDS  # what is unknown while torch's build is
+
+# What a real torch/version.py holds: tools/generate_torch_version.py (and setup.py's older copy)
+# writes ``from typing import Optional``, ``__all__ = [...]``, ``__version__ = '...'``, ``debug =
+# False``, ``git_version = '...'`` and ``cuda`` / ``hip`` / ``rocm`` / ``xpu`` as ``NAME:
+# Optional[str] = '...'`` (torch < 2.0: ``NAME = '...'``). Checked against the files of CPU, CUDA
+# and ROCm wheels from 1.13 to 2.13 (tests/kernel_lock/fingerprint/test_version_file.py). Nothing
+# else is read: anything else could change, when Python runs the file, what the names hold.
+_VERSION_FILE_IMPORT = ("typing", ("Optional",))
+_ANNOTATION = "Optional[str]"
+
+
+def _plain_value(node: ast.expr) -> bool:
+    """A string, a bool, None, or a list of strings."""
+    if isinstance(node, ast.Constant):
+        return node.value is None or isinstance(node.value, (str, bool))
+    return isinstance(node, ast.List) and all(
+        isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts
+    )
+
+
+def parse_version_file(text: str) -> dict[str, Any]:
+    """The names a ``torch/version.py`` binds, read with ``ast`` (nothing is executed).
+
+    Accepted, and nothing else: ``from typing import Optional`` (no alias), ``NAME = literal`` and
+    ``NAME: Optional[str] = literal`` after that import (a string, a bool, None, a list of strings),
+    each name bound once, never ``Optional``, ``str`` or a dunder other than ``__all__`` and
+    ``__version__``. Anything else raises ``ValueError`` saying which line.
+    """
+    values: dict[str, Any] = {}
+    imported = False
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.ImportFrom):
+            names = tuple(alias.name for alias in node.names if alias.asname is None)
+            if (
+                (node.module, names) == _VERSION_FILE_IMPORT
+                and node.level == 0
+                and len(node.names) == 1
+            ):
+                imported = True
+                continue
+            raise ValueError(
+                f"line {node.lineno}: an import other than `from typing import Optional`"
+            )
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+        ):
+            target, value = node.targets[0].id, node.value
+        elif (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and node.simple
+            and node.value is not None
+            and ast.unparse(node.annotation) == _ANNOTATION
+            and isinstance(node.annotation, ast.Subscript)
+            and isinstance(node.annotation.value, ast.Name)
+            and imported
+        ):
+            target, value = node.target.id, node.value
+        else:
+            raise ValueError(
+                f"line {node.lineno}: {type(node).__name__} statement (only `NAME = literal` and "
+                f"`NAME: {_ANNOTATION} = literal` are read)"
+            )
+        if target in values:
+            raise ValueError(f"line {node.lineno}: {target} is bound twice")
+        if target in ("Optional", "str") or (
+            target.startswith("__") and target not in ("__all__", "__version__")
+        ):
+            raise ValueError(f"line {node.lineno}: {target} is not a name torch's version.py binds")
+        if not _plain_value(value):
+            raise ValueError(
+                f"line {node.lineno}: {target} is not a string, bool, None or list of strings"
+            )
+        values[target] = ast.literal_eval(value)
+    return values
+
+
+# The compiled parts ``import torch`` loads first: its extension module and, in a wheel's torch/lib,
+# the libraries it links. A layout that keeps them elsewhere (a conda environment's lib/) is not
+# judged from here: the fingerprint then imports torch.
+_TORCH_LIBS = ("libc10", "libtorch_cpu", "libtorch_python")
+_LIB_SUFFIX = {"linux": ".so", "darwin": ".dylib", "win32": ".dll"}
+
+
+def _compiled_parts_missing(folder: Path, build: TorchBuild) -> str | None:
+    """Why ``import torch`` may fail for a compiled part missing in ``folder``, or None."""
+    import importlib.machinery
+
+    if not any(
+        (folder / f"_C{suffix}").is_file() for suffix in importlib.machinery.EXTENSION_SUFFIXES
+    ):
+        return f"torch's extension module {folder / '_C'}.* is missing: `import torch` would fail"
+    suffix = _LIB_SUFFIX.get(sys.platform)
+    if suffix is None:
+        return f"torch's compiled libraries are not looked for on {sys.platform}"
+    wanted = [*_TORCH_LIBS, *(["libtorch_cuda"] if build.cuda else [])]
+    wanted += ["libtorch_hip"] if build.hip else []
+    if sys.platform == "win32":
+        wanted = [name.removeprefix("lib") for name in wanted]
+    missing = [name + suffix for name in wanted if not (folder / "lib" / (name + suffix)).is_file()]
+    if missing:
+        return (
+            f"{folder / 'lib'} lacks {', '.join(missing)}: whether `import torch` succeeds "
+            "is only known by importing it"
+        )
+    return None
+
+
+def _version_file() -> Path:
+    """The version.py of the torch ``import torch`` would load (find_spec runs none of its code)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError) as exc:
+        raise Unsettled(_TORCH_FIELDS, f"torch cannot be located: {exc}") from None
+    if spec is None or not spec.submodule_search_locations:
+        raise Unsettled(_TORCH_FIELDS, "torch is not importable here")
+    return Path(next(iter(spec.submodule_search_locations))) / "version.py"
+
+
+def torch_build(path: Path | None = None) -> TorchBuild:
+    """torch's version and CUDA / HIP / ROCm / XPU build from its installed ``version.py``; for the
+    installed torch, only when its compiled parts are there too (else ``import torch`` fails)."""
+    check_compiled = path is None
+    path = _version_file() if path is None else path
+    try:
+        values = parse_version_file(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as exc:
+        raise Unsettled(_TORCH_FIELDS, f"{path} cannot be read as plain data: {exc}") from None
+    texts: dict[str, str] = {}
+    for name in ("cuda", "hip", "rocm", "xpu"):
+        value = values.get(name)
+        if value is not None and not isinstance(value, str):
+            raise Unsettled(_TORCH_FIELDS, f"{path}: {name} = {value!r} is not a string")
+        texts[name] = value or ""
+    version = values.get("__version__")
+    version = version if isinstance(version, str) else ""  # the caller falls back for "torch"
+    build = TorchBuild(version.split("+")[0], **texts, path=str(path))
+    missing = _compiled_parts_missing(path.parent, build) if check_compiled else None
+    if missing:
+        raise Unsettled(_TORCH_FIELDS, missing)
+    return build
+
+
+def metadata_agrees(build: TorchBuild) -> str | None:
+    """Why the installed distribution's version contradicts version.py (two torches on the path?),
+    or None."""
+    from importlib import metadata
+
+    try:
+        installed = metadata.version("torch").split("+")[0]
+    except metadata.PackageNotFoundError:
+        return None  # a source checkout on PYTHONPATH: version.py is what torch reports
+    if build.version and installed != build.version:
+        return f"the torch distribution says {installed} but {build.path} says {build.version}"
+    return None

@@ -1,0 +1,329 @@
+"""The one way kernel-probe and kernel_lock start a Python child, and the child that confirms what
+only an import can judge.
+
+Every Python child (the probe's worker and one-shot children, the confirming child, check-config's
+children) is started by :func:`python_argv` and :func:`start`: ``python -I`` (no user site, no
+``PYTHON*`` variable, no working directory on ``sys.path``, so a ``json.py`` there never runs),
+``sys.path`` set before any import (the caller's trusted roots, absolute, then the interpreter's;
+the working directory only *last*, where it shadows nothing), ``-X faulthandler -X utf8``, and its
+own session, which :func:`kill_group` ends. :func:`child_verdicts` resolves slots with ``factory``
+in such a child, so foreign code never runs in the checking process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .errors import ExitCode, KernelUnavailable, LockError, LockFormatError
+from .format.reading import ReadError, context, get_text, refuse_unknown
+from .trust import static_problem
+
+if TYPE_CHECKING:
+    import subprocess
+
+    from .format.document import LockDocument
+
+__all__ = [
+    "CHILD_TIMEOUT",
+    "FLAGS",
+    "MARK",
+    "before_sealing",
+    "child_verdicts",
+    "confirm_child",
+    "confirm_in_child",
+    "cwd_like",
+    "kill_group",
+    "python_argv",
+    "pythonpath_roots",
+    "read_verdicts",
+    "start",
+    "trusted_roots",
+]
+
+FLAGS = ("-I", "-X", "faulthandler", "-X", "utf8")
+CHILD_TIMEOUT = 300.0  # seconds for the child that imports what could not be judged without it
+MARK = "KERNEL_LOCK_CONFIRM "
+# The confirming child's program. Reading and resolving a lock sit above this module, so the
+# program, not this module, imports them and hands them to confirm_child.
+_CONFIRM = (
+    "import json, sys; from kernel_lock.launch import confirm_child; "
+    "from kernel_lock.lock import loads; from kernel_lock.resolve import factory; "
+    "confirm_child(json.loads(sys.stdin.read()), loads, factory)"
+)
+
+
+def cwd_like(entry: str) -> bool:
+    """Whether a search-path entry names the working directory (``''``, ``.``, or its path)."""
+    if entry in ("", "."):
+        return True
+    try:
+        return os.path.realpath(entry) == os.path.realpath(os.getcwd())
+    except OSError:
+        return True
+
+
+def trusted_roots(entries: Sequence[str]) -> list[str]:
+    """``entries`` (a search path), absolute, without the working directory in any spelling."""
+    return [
+        os.path.abspath(e) for e in dict.fromkeys(entries) if isinstance(e, str) and not cwd_like(e)
+    ]
+
+
+def pythonpath_roots(env: Mapping[str, str] | None = None) -> list[str]:
+    """The roots a child started with ``env`` was meant to have from its ``PYTHONPATH`` (which
+    ``-I`` itself ignores), as :func:`trusted_roots`."""
+    env = os.environ if env is None else env
+    return trusted_roots([p for p in (env.get("PYTHONPATH") or "").split(os.pathsep) if p])
+
+
+def python_argv(
+    code: str,
+    args: Sequence[str] = (),
+    *,
+    roots: Sequence[str] = (),
+    keep_cwd: bool = False,
+    python: str | None = None,
+) -> list[str]:
+    """The command line of a child running ``code`` (``-c``) with ``args``, its ``sys.path`` being
+    ``roots`` + the interpreter's own (+ the working directory last, ``keep_cwd``)."""
+    first = f"import sys; sys.path[:0] = {trusted_roots(roots)!r}"
+    if keep_cwd:
+        first += "; sys.path.append(__import__('os').getcwd())"
+    return [python or sys.executable, *FLAGS, "-c", f"{first}\n{code}", *args]
+
+
+def start(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    stdin: Any = None,
+    stdout: Any = None,
+    stderr: Any = None,
+    bufsize: int = -1,
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` (from :func:`python_argv`) in a session of its own, with ``env`` (default:
+    ours). Raises OSError when it cannot be started."""
+    import subprocess  # only where a child is started: kernel_lock stays import-light
+
+    return subprocess.Popen(
+        list(argv),
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+        bufsize=bufsize,
+        env=dict(os.environ if env is None else env),
+        start_new_session=True,
+    )
+
+
+def kill_group(pid: int) -> None:
+    """Kill the session ``pid`` leads: the child and everything it spawned (the one kill rule)."""
+    import signal
+
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, OSError):
+        pass  # nothing left of it
+
+
+def _run_child(argv: list[str], request: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run the child with ``request`` on its stdin. Its output comes back through files, not pipes,
+    so a process a library forks (inheriting them) cannot keep this waiting; whatever is left of its
+    session is killed once it ends or times out (``subprocess.TimeoutExpired``)."""
+    import subprocess
+    import tempfile
+
+    with (
+        tempfile.TemporaryFile("w+b") as stdin,
+        tempfile.TemporaryFile("w+b") as out,
+        tempfile.TemporaryFile("w+b") as err,
+    ):
+        stdin.write(request.encode("utf-8"))
+        stdin.seek(0)
+        proc = start(argv, stdin=stdin, stdout=out, stderr=err)
+        try:
+            proc.wait(timeout)
+        finally:
+            kill_group(proc.pid)  # the session's leftovers, or the child itself on time out
+            proc.wait()
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = (f.read().decode("utf-8", "replace") for f in (out, err))
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+
+
+# ---- confirming in a child what only an import can judge ----------------------------------------
+
+
+def child_verdicts(
+    lock: LockDocument, mode: str, unknown: Mapping[str, str]
+) -> dict[str, dict[str, Any] | None]:
+    """Resolve the ``unknown`` slots (name -> why they could not be judged without importing) with
+    ``factory`` in a fresh interpreter (same search path, same trust): per slot, None where it
+    built, else the error as a dict (exit_code, problem, key, fix). A child that cannot run, or ends
+    without a verdict, is :class:`KernelUnavailable`."""
+    import subprocess
+
+    request = {
+        "text": lock.dumps(),
+        "path": lock.path,
+        "trust": list(lock.granted),
+        "mode": mode,
+        "slots": list(unknown),
+    }
+    # the caller's search path (same trust, same libraries), its working directory never first
+    keep_cwd = any(cwd_like(entry) for entry in sys.path)
+    argv = python_argv(_CONFIRM, roots=sys.path, keep_cwd=keep_cwd)
+    what = ", ".join(f"slot {name} ({why})" for name, why in unknown.items())
+
+    def unconfirmed(problem: str) -> KernelUnavailable:
+        return KernelUnavailable(
+            f"{what}: {problem}",
+            path=lock.path,
+            key="slots." + next(iter(unknown)),
+            fix="run `kernel-probe verify` to see the import's own error",
+        )
+
+    try:
+        proc = _run_child(argv, json.dumps(request), CHILD_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise unconfirmed(f"importing it in a child process to confirm it failed: {exc}") from None
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]
+    if not lines:
+        tail = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        raise unconfirmed(
+            f"the child process importing it to confirm it ended without a verdict ({tail[:300]})"
+        )
+    try:
+        verdicts = read_verdicts(json.loads(lines[-1][len(MARK) :]), unknown)
+    except (ValueError, RecursionError) as exc:
+        raise unconfirmed(
+            "the child process importing it to confirm it gave no verdict kernel-probe reads "
+            f"({exc})"
+        ) from None
+    missing = {"exit_code": KernelUnavailable.exit_code, "key": None, "fix": None}
+    return {
+        slot: verdicts.get(slot, {**missing, "problem": f"slot {slot}: no verdict"})
+        for slot in unknown
+    }
+
+
+def read_verdicts(data: Any, slots: Mapping[str, str]) -> dict[str, dict[str, Any] | None]:
+    """The child's answer, read by the typed reader: per slot asked, None or {exit_code (a
+    documented one), problem, key, fix}; anything else is a ReadError."""
+    if not isinstance(data, dict):
+        raise ReadError(f"expected a JSON object, got {type(data).__name__}")
+    refuse_unknown(data, list(slots))
+    out: dict[str, dict[str, Any] | None] = {}
+    for slot, verdict in data.items():
+        if verdict is None:
+            out[slot] = None
+            continue
+        with context(slot):
+            if not isinstance(verdict, dict):
+                raise ReadError(f"expected an object or null, got {type(verdict).__name__}")
+            refuse_unknown(verdict, ("exit_code", "problem", "key", "fix"))
+            code = verdict.get("exit_code")
+            if isinstance(code, bool) or code not in {int(c) for c in ExitCode if c}:
+                raise ReadError(f"{code!r:.40} is not a documented failing exit code", "exit_code")
+            out[slot] = {
+                "exit_code": code,
+                "problem": get_text(verdict, "problem", "") or "",
+                "key": get_text(verdict, "key", None, limit=300),
+                "fix": get_text(verdict, "fix", None),
+            }
+    return out
+
+
+def confirm_child(
+    request: Mapping[str, Any], loads: Callable[..., Any], factory: Callable[..., Any]
+) -> None:
+    """The confirming child's body: ``factory`` for each slot asked of the lock ``loads`` reads,
+    then one line of verdicts and ``os._exit(0)``, whatever an imported module does."""
+    verdicts: dict[str, Any] = {}
+    try:
+        for slot in request["slots"]:
+            verdicts[slot] = _verdict(request, slot, loads, factory)
+    finally:
+        sys.stdout.write("\n" + MARK + json.dumps(verdicts) + "\n")
+        sys.stdout.flush()
+        os._exit(0)  # no atexit hook or thread of an imported library decides the outcome
+
+
+def _verdict(
+    request: Mapping[str, Any], slot: str, loads: Callable[..., Any], factory: Callable[..., Any]
+) -> dict[str, Any] | None:
+    """What ``factory`` said of ``slot``: None when it built, else the error as a dict."""
+    try:
+        lock = loads(
+            request["text"], path=request["path"], trust=request["trust"], emit_warnings=False
+        )
+        factory(lock, slot, request["mode"], verify_environment=False)
+        return None
+    except LockError as exc:
+        return {"exit_code": exc.exit_code, "problem": exc.problem, "key": exc.key, "fix": exc.fix}
+    except BaseException as exc:  # the import path reports it as unavailable too
+        return {
+            "exit_code": KernelUnavailable.exit_code,
+            "problem": f"slot {slot}: resolving it raised {type(exc).__name__}: {exc}",
+            "key": f"slots.{slot}",
+            "fix": "repair or reinstall that library, or re-run `kernel-probe`",
+        }
+
+
+def _refusal(
+    lock: LockDocument, verdict: Mapping[str, Any], why: str
+) -> KernelUnavailable | LockFormatError:
+    cls = (
+        LockFormatError if verdict["exit_code"] == LockFormatError.exit_code else KernelUnavailable
+    )
+    return cls(
+        f"{verdict['problem']} (found by importing it in a child process: {why} without import)",
+        path=lock.path,
+        key=verdict["key"],
+        fix=verdict["fix"],
+    )
+
+
+def confirm_in_child(lock: LockDocument, mode: str, unknown: Mapping[str, str]) -> None:
+    """Resolve the ``unknown`` slots in a child process and raise the first refusal here."""
+    for slot, verdict in child_verdicts(lock, mode, unknown).items():
+        if verdict is not None:
+            raise _refusal(lock, verdict, unknown[slot])
+
+
+def before_sealing(lock: LockDocument, torch_version: str) -> list[str]:
+    """Every target of a hand-edited ``lock`` (each slot's and its twin's) decided before it is
+    sealed, as the job-start check decides it: what an import refuses is raised; a library absent
+    or broken here, or a twin the tables cannot judge, is returned as a line saying why."""
+    notes: list[str] = []
+    unknown: dict[str, str] = {}
+    for entry in lock.slots.values():
+        key = f"slots.{entry.name}"
+        pairs = [(entry.target, entry.kwargs, key)]
+        if entry.twin is not None:
+            pairs.append((entry.twin.target, entry.twin.kwargs, f"{key}.twin"))
+        for target, kwargs, at in pairs:
+            try:
+                why = static_problem(entry.name, target, kwargs, torch_version, lock.path, at)
+            except KernelUnavailable as exc:
+                notes.append(f"{at}: {target} not judged: {exc.problem}")
+                continue
+            if why is not None and at == key:
+                unknown[entry.name] = why
+            elif why is not None:
+                notes.append(f"{at}: {target} not judged without importing it: {why}")
+    if unknown:
+        for slot, verdict in child_verdicts(lock, "training", unknown).items():
+            if verdict is None:
+                continue
+            if verdict["exit_code"] == LockFormatError.exit_code:  # what the import refuses
+                raise _refusal(lock, verdict, unknown[slot])
+            notes.append(
+                f"slots.{slot}: {lock.slots[slot].target} not judged: {verdict['problem']}"
+            )
+    return notes

@@ -1,0 +1,453 @@
+"""Which modules a lock may make this process import, importing them, and what is known without.
+
+The allow-list is the registry's (``registry.allowed_roots``) plus what the *caller* grants (the
+API's ``trust=[...]``, ``$KERNEL_LOCK_TRUST``, ``--trust``); a lock's own ``trusted-modules`` only
+asks, and the refusal says how to grant it. Every check runs before anything is imported. A lock's
+document and slots are typed ``Any`` here: the lock's reader imports this module, not the reverse.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import importlib.util
+import inspect
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from .errors import (
+    BadEnvironmentVariable,
+    Difference,
+    KernelUnavailable,
+    LockFormatError,
+    TargetNotAllowed,
+)
+from .format.versions import in_spec, release
+from .registry import OWN_ROOTS, allowed_roots, declared_semantics, generic_kernel, target_facts
+from .slots import SPECS, TORCH_FACTS_SINCE, canonical_target, class_semantics
+
+__all__ = [
+    "DOTTED",
+    "FLASH_GENERATIONS",
+    "IN_INFERENCE_MODE",
+    "MODULE",
+    "TRUST_ENV",
+    "anemoi_flash_generation",
+    "build",
+    "check_kwargs",
+    "check_target",
+    "flash_generation_problems",
+    "granted_trust",
+    "import_failure",
+    "import_target",
+    "install_hint",
+    "locate",
+    "module_name",
+    "private",
+    "requirement_problems",
+    "static_problem",
+    "unusable_reason",
+]
+
+TRUST_ENV = "KERNEL_LOCK_TRUST"  # modules the caller trusts beyond the built-in allow-list
+DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+", re.ASCII)
+MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", re.ASCII)
+# how to ask for inference mode, said once for both audiences of these messages
+IN_INFERENCE_MODE = 'in inference mode (Python: mode="inference"; command line: --mode inference)'
+
+
+def private(dotted: str) -> bool:
+    """Whether a dotted name has a private (``_x``) or dunder component."""
+    return any(part.startswith("_") for part in dotted.split("."))
+
+
+def module_name(name: str) -> bool:
+    """Whether ``name`` is a public module name a lock or a caller may trust."""
+    return bool(MODULE.fullmatch(name)) and not private(name)
+
+
+def _under(name: str, root: str) -> bool:
+    return name == root or name.startswith(root + ".")
+
+
+def granted_trust(trust: Iterable[str] = ()) -> tuple[str, ...]:
+    """The modules the caller trusts: ``trust`` and ``$KERNEL_LOCK_TRUST`` (comma- or
+    colon-separated)."""
+    names = [str(t) for t in trust]
+    names += [n for n in re.split(r"[,:\s]+", os.environ.get(TRUST_ENV, "")) if n]
+    for name in names:
+        if not module_name(name):
+            source = f"${TRUST_ENV}" if name not in trust else "trust"
+            raise BadEnvironmentVariable(
+                f"{source}: {name!r} is not a public module name",
+                key=TRUST_ENV if source != "trust" else None,
+                fix="list top-level packages, e.g. KERNEL_LOCK_TRUST=site_kernels",
+            )
+    return tuple(dict.fromkeys(names))
+
+
+def check_target(
+    target: str,
+    trusted: Sequence[str] = (),
+    *,
+    path: str | None = None,
+    key: str | None = None,
+    requested: Sequence[str] = (),
+    what: str = "target",
+) -> None:
+    """Refuse a target outside the allow-list (``registry.allowed_roots()`` + ``trusted``), before
+    anything is imported. The lock's ``trusted-modules`` (``requested``) are named in the refusal
+    with how to grant them; a private or ``__main__`` component is never imported; a generic
+    adapter's kernel is checked as if the lock named it."""
+    if not isinstance(target, str) or not DOTTED.fullmatch(target):
+        raise LockFormatError(
+            f"{target!r} is not a dotted import path like 'torch.nn.LayerNorm'", path=path, key=key
+        )
+    if private(target):
+        raise TargetNotAllowed(
+            f"{what} {target!r} has a private or __main__ component: it is never imported "
+            "(importing a module's __main__ runs it)",
+            path=path,
+            key=key,
+            fix="name a public class, e.g. torch.nn.LayerNorm",
+        )
+    inner = generic_kernel(target)
+    if inner is not None:
+        where = f"{what} (inside {target})"
+        check_target(inner, trusted, path=path, key=key, requested=requested, what=where)
+    if any(_under(target, root) for root in (*OWN_ROOTS, *trusted)):
+        return  # torch's own classes need no registry read (a few ms at every import of a lock)
+    allowed = allowed_roots()
+    if any(_under(target, root) for root in allowed):
+        return
+    asked = next((m for m in requested if _under(target, m)), None)
+    if asked is not None:
+        raise TargetNotAllowed(
+            f"{what} {target!r} is in {asked!r}, which the lock asks to trust (trusted-modules) "
+            "but which was not granted; nothing was imported",
+            path=path,
+            key=key,
+            fix=f"if you trust {asked!r}, grant it: `--trust {asked}` on kernel-probe's "
+            "command line, "
+            f"{TRUST_ENV}={asked} in the environment, or kernel_lock.load(path, trust=[{asked!r}])",
+        )
+    raise TargetNotAllowed(
+        f"{what} {target!r} is not in the import allow-list ({', '.join(allowed)}); nothing "
+        "was imported",
+        path=path,
+        key=key,
+        fix=f"if you trust that module, grant it: `--trust MODULE`, {TRUST_ENV}=MODULE, or "
+        "kernel_lock.load(path, trust=[...]) (a lock's own trusted-modules only asks)",
+    )
+
+
+# ---- importing a pinned class: the allow-list first, then the import, then what it must be ------
+
+
+def _other_maths(
+    target: str, found: str, semantics: str, where: str | None, key: str | None
+) -> TargetNotAllowed:
+    return TargetNotAllowed(
+        f"target {target!r} computes {found}, not {semantics}: the slot would change the "
+        "model's maths",
+        path=where,
+        key=key,
+        fix="pin a class of the slot's semantics (an RMSNorm is not a LayerNorm), or move "
+        "the entry to its slot",
+    )
+
+
+def _not_installed(
+    problem: str, module: str, where: str | None, key: str | None
+) -> KernelUnavailable:
+    return KernelUnavailable(
+        problem,
+        path=where,
+        key=key,
+        fix=f"install the library that provides module {module!r}, re-run `kernel-probe` "
+        f"to choose what this machine can run, or resolve it {IN_INFERENCE_MODE} to use the "
+        "verified torch.nn twin",
+    )
+
+
+def _unknown_kwarg(
+    cls: str, kw: str, accepted: Iterable[str], where: str | None, key: str
+) -> LockFormatError:
+    return LockFormatError(
+        f"{cls} does not accept the keyword argument {kw!r}",
+        path=where,
+        key=key,
+        fix=f"remove it; accepted: {', '.join(accepted)}",
+    )
+
+
+def install_hint(slot: Any) -> str:
+    """``pip install 'liger-kernel>=0.5'``: what installs the libraries ``slot`` requires."""
+    wanted = " ".join(
+        f"'{r.name}{r.specifier}'" if str(r.specifier) else r.name
+        for r in slot.requires
+        if r.name != "torch"
+    )
+    return f"`pip install {wanted}`" if wanted else "the library it needs"
+
+
+def import_target(
+    target: str,
+    trusted: tuple[str, ...] = (),
+    *,
+    where: str | None = None,
+    key: str | None = None,
+    semantics: str | None = None,
+) -> type:
+    """Import an allow-listed ``torch.nn.Module`` subclass, the allow-list checked first; with
+    ``semantics``, a class that computes something else (an RMSNorm for a LayerNorm slot, an
+    Identity for a Linear) is refused."""
+    check_target(target, trusted, path=where, key=key)
+    module_path, _, attr = target.rpartition(".")
+    # a nested class ("pkg.mod.Outer.Inner") is not supported on purpose: one module, one class
+    module = importlib.import_module(module_path)
+    try:
+        obj = getattr(module, attr)
+    except AttributeError:
+        raise ImportError(f"module {module_path!r} has no attribute {attr!r}") from None
+    import torch  # a class is being imported: torch is needed now, not at kernel_lock's import
+
+    if semantics == "attention" and callable(obj) and not isinstance(obj, type):
+        # a function with SDPA's signature (``--candidate Attention=module.function``), called by a
+        # class of kernel_lock.attention, which gives it the window as its mask
+        from .attention import for_function  # imports torch
+
+        obj = for_function(obj, target)
+    if not (isinstance(obj, type) and issubclass(obj, torch.nn.Module)):
+        raise TargetNotAllowed(
+            f"target {target!r} is a {type(obj).__name__}, not a torch.nn.Module subclass",
+            path=where,
+            key=key,
+            fix="a slot must name a module class, such as torch.nn.LayerNorm",
+        )
+    # a generic adapter's semantics are its kernel's: the registry's word on the class it names
+    found = None
+    if semantics is not None:
+        found = class_semantics(obj) or declared_semantics(generic_kernel(target) or target)
+    if found is not None and found != semantics:
+        raise _other_maths(target, found, str(semantics), where, key)
+    return obj
+
+
+def check_kwargs(cls: type, kwargs: Mapping[str, Any], *, where: str | None, key: str) -> None:
+    """Refuse pinned kwargs the class's constructor does not accept (before any call)."""
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):  # builtins without a signature: nothing to check
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    for name in kwargs:
+        p = params.get(name)
+        if p is None or p.kind in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL):
+            accepted = [
+                n for n, q in params.items() if q.kind in (q.POSITIONAL_OR_KEYWORD, q.KEYWORD_ONLY)
+            ]
+            name_of = f"{cls.__module__}.{cls.__qualname__}"
+            raise _unknown_kwarg(name_of, name, accepted, where, f"{key}.{name}")
+
+
+def build(slot_name: str, target: str, kwargs: Mapping[str, Any], lock: Any, key: str) -> type:
+    """Import ``target`` for ``slot_name`` and check ``kwargs`` against it; every failure a
+    :class:`LockError` naming the lock's file and ``key`` (``lock``: a LockDocument or None)."""
+    trusted = lock.granted if lock else ()
+    where = lock.path if lock else None
+    try:
+        cls = import_target(
+            target, trusted, where=where, key=f"{key}.target", semantics=SPECS[slot_name].semantics
+        )
+    except (LockFormatError, TargetNotAllowed):
+        raise
+    # a module that runs its command line on import must not end the caller
+    except SystemExit as exc:
+        raise import_failure(slot_name, target, exc, where, key) from None
+    except ImportError as exc:
+        missing = getattr(exc, "name", None) or target.split(".")[0]
+        problem = f"slot {slot_name}: cannot import {target!r}: {exc}"
+        raise _not_installed(problem, missing, where, key) from None
+    # a library that raises something else while importing is broken, not absent
+    except Exception as exc:
+        raise import_failure(slot_name, target, exc, where, key) from None
+    check_kwargs(cls, kwargs, where=where, key=f"{key}.kwargs")
+    return cls
+
+
+def import_failure(
+    slot_name: str, target: str, exc: BaseException, where: str | None, key: str
+) -> KernelUnavailable:
+    """A library that calls ``sys.exit`` or raises while importing: unavailable here (exit 3), for
+    every importer of a lock's classes; it never ends the caller."""
+    if isinstance(exc, SystemExit):
+        return KernelUnavailable(
+            f"slot {slot_name}: importing {target!r} called sys.exit({exc.code!r})",
+            path=where,
+            key=key,
+            fix="that module is a program, not a library of layers: pin a class from a library",
+        )
+    return KernelUnavailable(
+        f"slot {slot_name}: importing {target!r} failed with {type(exc).__name__}: {exc}",
+        path=where,
+        key=key,
+        fix="repair or reinstall that library, re-run `kernel-probe`, or resolve it "
+        f"{IN_INFERENCE_MODE}",
+    )
+
+
+# ---- what is known without importing: the file system, package metadata, the registry --------
+
+
+def locate(module: str) -> bool | None:
+    """Is ``module`` on the search path? True / False where the file system says so, None where only
+    importing could tell (a submodule not found: its package may build ``__path__`` on import). No
+    package's code runs: the finders look up the top-level package, ``PathFinder`` each submodule
+    in its parent's ``__path__`` (``importlib.util.find_spec("a.b")`` would import ``a``)."""
+    parts = module.split(".")
+    try:  # a top-level name has no parent to import: only the finders run (editable installs' too)
+        spec = importlib.util.find_spec(parts[0])
+    except (ImportError, ValueError, OSError):
+        return None
+    if spec is None:
+        return False
+    for i in range(1, len(parts)):
+        locations = spec.submodule_search_locations
+        if not locations:
+            return None  # a module, not a package, or one whose path is built on import
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(
+                ".".join(parts[: i + 1]), list(locations)
+            )
+        except (ImportError, ValueError, OSError):
+            return None
+        if spec is None:
+            return None
+    return True
+
+
+def requirement_problems(slot: Any) -> list[Difference]:
+    """Requirements of a slot (a ``format.schema.Slot``) this machine does not satisfy, from
+    package metadata and the file system (no import)."""
+    from importlib import metadata  # costs milliseconds: only where a lock's slot is checked
+
+    problems = []
+    for req in slot.requires:
+        field = f"slots.{slot.name}.requires.{req.name}"
+        try:
+            version = metadata.version(req.name)
+        except metadata.PackageNotFoundError:
+            version = None
+        where = locate(req.module) if req.module else None
+        if version is None and where:
+            version = "unknown"  # importable but not installed as a distribution (a source tree)
+        if version is None:
+            problems.append(Difference(field, req.specifier or "any", "not installed", "specifier"))
+        elif where is False:  # the metadata is there, the module's files are not (half removed)
+            found = (
+                f"{version} per its metadata, but module {req.module!r} is not on the search path"
+            )
+            problems.append(Difference(field, req.specifier or "any", found, "specifier"))
+        elif req.specifier and version != "unknown" and not in_spec(req.specifier, version):
+            problems.append(Difference(field, req.specifier, version, "specifier"))
+    problems.extend(flash_generation_problems(slot))
+    return problems
+
+
+# anemoi-models' FlashAttentionWrapper imports the first of these that imports, whatever the lock
+# chose: (generation, module, the kernel_lock.attention class that calls it as anemoi does)
+FLASH_GENERATIONS = (
+    (4, "flash_attn.cute", "kernel_lock.attention.FlashAttention4"),
+    (3, "flash_attn_interface", "kernel_lock.attention.FlashAttention3"),
+    (2, "flash_attn", "kernel_lock.attention.FlashAttention2"),
+)
+
+
+def anemoi_flash_generation() -> int | None:
+    """The flash-attn generation anemoi's import order (v4, v3, v2) picks here, from the file system
+    (None: none is installed)."""
+    return next((generation for generation, module, _ in FLASH_GENERATIONS if locate(module)), None)
+
+
+def flash_generation_problems(slot: Any) -> list[Difference]:
+    """A lock that chose flash-attn generation N, on a machine where anemoi would import another
+    first (v4 installed beside the locked v2): anemoi would run kernels the lock never checked."""
+    locked = next((g for g, _, target in FLASH_GENERATIONS if target == slot.target), None)
+    if locked is None:
+        return []
+    here = anemoi_flash_generation()
+    if here is None or here == locked:
+        return []  # not installed: the requirement says so
+    module = next(m for g, m, _ in FLASH_GENERATIONS if g == here)
+    return [
+        Difference(
+            f"slots.{slot.name}.target",
+            f"flash-attn {locked} ({slot.target})",
+            f"flash-attn {here}: {module} is installed here, and anemoi-models imports v4, then "
+            f"v3, then v2, so its flash_attention would run v{here}",
+            "exact",
+        )
+    ]
+
+
+def unusable_reason(slot: Any, current: Mapping[str, Any]) -> str | None:
+    """Why ``slot``'s pinned implementation cannot run on ``current`` (metadata only), or None."""
+    problems = requirement_problems(slot)
+    if problems:
+        return "; ".join(
+            f"{p.field.rsplit('.', 1)[-1]} {p.found} (needs {p.expected})" for p in problems
+        )
+    if slot.devices and current.get("device-type") not in slot.devices:
+        return (
+            f"it runs on {', '.join(slot.devices)}, this machine's device is "
+            f"{current.get('device-type')}"
+        )
+    return None
+
+
+def static_problem(
+    slot: str,
+    target: str,
+    kwargs: Mapping[str, Any],
+    torch_version: str,
+    where: str | None,
+    key: str,
+) -> str | None:
+    """Decide ``target`` for ``slot`` as :func:`build` would, from ``registry.target_facts`` and
+    the file system: raises the error the import would raise; None when it would build; the reason
+    when only importing can tell (a target outside the tables, a kwarg the registry does not
+    declare, an unknown or too old torch, a module found only by importing its parent)."""
+    facts = target_facts(target)
+    if facts is None:
+        return f"{target!r} is not a class the registry or torch.nn's table declares"
+    name = canonical_target(target)
+    if (
+        name.split(".")[0] in ("torch", "kernel_lock")
+        and release(torch_version)[:2] < TORCH_FACTS_SINCE
+    ):
+        return (
+            f"torch {torch_version or '(version unknown)'} is not one the table of "
+            "torch.nn's classes holds for"
+        )
+    semantics = SPECS[slot].semantics
+    if facts.semantics != semantics:
+        raise _other_maths(target, facts.semantics, semantics, where, f"{key}.target")
+    for kw in kwargs:
+        if kw in facts.params:
+            continue
+        if not facts.complete:
+            return f"keyword argument {kw!r} is not one the registry declares for {target!r}"
+        raise _unknown_kwarg(name, kw, sorted(facts.params), where, f"{key}.kwargs.{kw}")
+    module = target.rpartition(".")[0]
+    found = locate(module)
+    if found is False:
+        top = module.split(".")[0]
+        problem = f"slot {slot}: cannot import {target!r}: module {top!r} is not on the search path"
+        raise _not_installed(problem, top, where, key)
+    if found is None:
+        return f"module {module!r} can only be found by importing its parent package"
+    return None
