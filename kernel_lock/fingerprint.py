@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -18,7 +19,6 @@ from typing import Any, Literal
 
 from . import host
 from .errors import Difference, KernelUnavailable
-from .format.versions import release
 
 __all__ = [
     "BUILD_FIELDS",
@@ -37,10 +37,13 @@ __all__ = [
     "device_name_note",
     "field_matches",
     "import_torch",
+    "in_spec",
     "library_versions",
     "metadata_agrees",
     "numerics_env",
     "parse_version_file",
+    "release",
+    "release_text",
     "torch_build",
     "unchecked_fields",
 ]
@@ -114,6 +117,43 @@ NUMERICS_ENV = (
 
 # device names that say nothing about the device (libdrm's amdgpu.ids missing or old)
 GENERIC_DEVICE_NAMES = ("AMD Radeon Graphics",)
+
+
+# ---- versions as machines report them ---------------------------------------------------------
+# ``torch.version.hip`` of ROCm wheels up to torch 2.9 carries a git hash (``6.2.41134-65d174c3e``,
+# pytorch #166068), which PEP 440 cannot parse; drivers report ``580.159.04``, torch
+# ``2.7.1+rocm6.2.4``. One rule for the fingerprint, the site profiles and the requirements: the
+# leading dotted numbers are the release, whatever follows is ignored.
+_LEADING = re.compile(r"\s*v?([0-9]+(?:\.[0-9]+)*)", re.ASCII)
+
+
+def release(text: str) -> tuple[int, ...]:
+    """``'6.2.41134-65d174c3e'`` -> ``(6, 2, 41134)``; ``()`` if there is no release."""
+    m = _LEADING.match(str(text))
+    return tuple(int(part) for part in m.group(1).split(".")[:8]) if m else ()
+
+
+def release_text(text: str) -> str:
+    """``'6.2.41134-65d174c3e'`` -> ``'6.2.41134'``; ``''`` when there is no release."""
+    return ".".join(str(n) for n in release(text))
+
+
+def in_spec(spec: str, text: str) -> bool:
+    """Does ``text`` satisfy the PEP 440 specifier ``spec``? Pre-releases count (a site's nightly
+    is still that release); a version PEP 440 cannot parse compares by its release (none: never)."""
+    from packaging.specifiers import SpecifierSet  # only where a requirement is checked
+    from packaging.version import InvalidVersion, Version
+
+    if not text:
+        return False
+    try:
+        version = Version(text)
+    except InvalidVersion:
+        numbers = release_text(text)
+        if not numbers:
+            return False
+        version = Version(numbers)
+    return SpecifierSet(spec).contains(version, prereleases=True)
 
 
 def numerics_env(env: Mapping[str, str] | None = None) -> str:

@@ -19,13 +19,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .errors import ExitCode, KernelUnavailable, LockError, LockFormatError
-from .format.reading import ReadError, context, get_text, refuse_unknown
+from .tables import ReadError, context, get_text, refuse_unknown
 from .trust import static_problem
 
 if TYPE_CHECKING:
     import subprocess
 
-    from .format.document import LockDocument
+    from .lock import LockDocument
 
 __all__ = [
     "CHILD_TIMEOUT",

@@ -13,7 +13,7 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-from .format import toml as _toml
+from . import toml as _toml
 from .slots import SPECS, TargetFacts, canonical_target
 from .slots import target_facts as known_facts
 

@@ -24,7 +24,7 @@ from .errors import (
     LockFormatError,
     TargetNotAllowed,
 )
-from .format.versions import in_spec, release
+from .fingerprint import in_spec, release
 from .registry import OWN_ROOTS, allowed_roots, declared_semantics, generic_kernel, target_facts
 from .slots import SPECS, TORCH_FACTS_SINCE, canonical_target, class_semantics
 
@@ -331,7 +331,7 @@ def locate(module: str) -> bool | None:
 
 
 def requirement_problems(slot: Any) -> list[Difference]:
-    """Requirements of a slot (a ``format.schema.Slot``) this machine does not satisfy, from
+    """Requirements of a slot (a ``schema.Slot``) this machine does not satisfy, from
     package metadata and the file system (no import)."""
     from importlib import metadata  # costs milliseconds: only where a lock's slot is checked
 

@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 
 import kernel_lock
-from kernel_lock import registry, slots
+from kernel_lock import registry, slots, toml
 from kernel_lock.errors import TargetNotAllowed
-from kernel_lock.format import toml
 from kernel_lock.trust import check_target
 from kernel_probe import candidates as cands
 from kernel_probe import profiles
@@ -36,23 +35,17 @@ BUILTIN_IDS = [c.id for c in cands.builtin()]
 
 # ---- one home per slot fact ----------------------------------------------------------------------
 def test_every_slot_fact_is_imported_from_kernel_lock_slots():
-    from kernel_lock import resolve
-    from kernel_lock.format import document, schema
+    from kernel_lock import lock, resolve, schema
     from kernel_probe.commands import anemoi, locks
     from kernel_probe.probe import judge
 
     assert kernel_lock.SLOTS is slots.SLOTS
     # every slot's facts are its SlotSpec's, read from the one registry
     assert (
-        document.SPECS
-        is resolve.SPECS
-        is cands.SPECS
-        is judge.SPECS
-        is lockwrite.SPECS
-        is slots.SPECS
+        lock.SPECS is resolve.SPECS is cands.SPECS is judge.SPECS is lockwrite.SPECS is slots.SPECS
     )
-    assert document.MODES is resolve.MODES is anemoi.MODES is locks.MODES is slots.MODES
-    assert document.PRECISIONS is profiles.PRECISIONS is slots.PRECISIONS
+    assert lock.MODES is resolve.MODES is anemoi.MODES is locks.MODES is slots.MODES
+    assert lock.PRECISIONS is profiles.PRECISIONS is slots.PRECISIONS
     assert schema.STATUSES is judge.STATUSES is slots.STATUSES
     assert judge.confusable is slots.confusable and judge.DTYPES is slots.DTYPES
 

@@ -1,36 +1,32 @@
 """The lock's ``[graph-attention]`` table: which backend anemoi's GraphTransformer attention must
 run, and the job-start rule that holds it there. Import-light (no torch).
 
-anemoi-models' GraphTransformer blocks take ``graph_attention_backend: triton | pyg``. With
-``triton`` they use anemoi's own Triton kernel only where ``import triton`` works *and*
-``torch.cuda.is_available()`` (ROCm included); anywhere else they log a WARNING and run PyG's
-message passing instead
-(``anemoi.models.layers.block.GraphTransformerBaseBlock.set_attention_function``). The two are
-different kernels (the Triton one gather-style and bitwise repeatable, PyG's scatter-based with
-atomics on a GPU), so a lock that checked ``triton`` does not vouch for a job that silently runs
-``pyg``: the job-start check (``kernel_lock.resolve.verify``) refuses such a machine, naming the
-cause, unless the lock records the allowance ``allow-fallback = true`` (written by ``kernel-probe
---allow-graph-attention-fallback``).
+anemoi-models' GraphTransformer blocks take ``graph_attention_backend: triton | pyg``. ``triton``
+runs anemoi's own Triton kernel only where ``import triton`` works *and*
+``torch.cuda.is_available()`` (ROCm included); anywhere else anemoi logs a WARNING and runs PyG's
+message passing (``GraphTransformerBaseBlock.set_attention_function``). The two are different
+kernels (Triton's gather-style and bitwise repeatable, PyG's scatter-based with atomics on a GPU),
+so the job-start check (``kernel_lock.resolve.verify``) refuses a machine where a locked ``triton``
+would run ``pyg``, naming the cause, unless the lock records ``allow-fallback = true`` (written by
+``kernel-probe --allow-graph-attention-fallback``).
 
     [graph-attention]
     backend = "triton"          # what export writes as graph_attention_backend
     allow-fallback = false      # a machine where anemoi would run pyg instead is refused
     reason = "..."              # why the probe chose it
-    [[graph-attention.evidence]]   # one verdict per (backend, dtype): probe.graph_attention_verdict
+    [[graph-attention.evidence]]   # one verdict per (backend, dtype)
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..errors import Difference
-from .reading import ReadError, get_choice
-from .tables import EMPTY, Table, flag, text, toml_key
-
-if TYPE_CHECKING:
-    from .schema import Context
+from .errors import Difference
+from .schema import record
+from .tables import EMPTY, ReadError, Table, flag, get_choice, text, toml_key
+from .trust import locate
 
 __all__ = [
     "ALLOW_FLAG",
@@ -51,6 +47,11 @@ TABLE = "graph-attention"
 GPU_DEVICE_TYPES = ("cuda", "rocm")  # where torch.cuda.is_available() is true
 ANEMOI_KEY = "graph_attention_backend"
 ALLOW_FLAG = "--allow-graph-attention-fallback"
+FIX = (
+    "run on a GPU node with triton installed (`pip install triton`; ROCm: pytorch-triton-rocm), "
+    "re-run `kernel-probe` on this machine to lock the pyg backend it runs, or probe with "
+    f"`{ALLOW_FLAG}` to record that the fallback to pyg is accepted"
+)
 
 
 def _allow_fallback(ctx: Any, d: Mapping[str, Any], key: str, so_far: Mapping[str, Any]) -> bool:
@@ -60,18 +61,9 @@ def _allow_fallback(ctx: Any, d: Mapping[str, Any], key: str, so_far: Mapping[st
     return allow
 
 
-def _evidence(
-    ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]
-) -> tuple[Mapping[str, Any], ...]:
-    from .schema import record
-
-    return ctx.objects(d, key, record)
-
-
 def _backend(ctx: Any, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> str:
-    return get_choice(
-        d, key, BACKENDS, None, fix='set `backend = "triton"` or `"pyg"` (see docs/lock-format.md)'
-    )
+    fix = 'set `backend = "triton"` or `"pyg"` (see docs/lock-format.md)'
+    return get_choice(d, key, BACKENDS, None, fix=fix)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -84,21 +76,19 @@ class GraphAttention(Table):
     )
     reason: str = field(default="", metadata=toml_key("reason", text()))
     evidence: tuple[Mapping[str, Any], ...] = field(
-        default=(), metadata=toml_key("evidence", _evidence, omit=EMPTY)
+        default=(),
+        metadata=toml_key("evidence", lambda ctx, d, k, _: ctx.objects(d, k, record), omit=EMPTY),
     )
 
 
 def triton_installed() -> bool | None:
     """Is triton on the search path (the file system only; None: only importing could tell)."""
-    from ..trust import locate
-
     return locate("triton")
 
 
 def fallback_cause(current: Mapping[str, Any], triton: bool | None = None) -> str | None:
     """Why anemoi's GraphTransformer would fall back from ``triton`` to ``pyg`` on the machine
-    ``current`` describes (its ``device-type``), or None. ``triton``: whether triton is installed
-    (default: looked up)."""
+    ``current`` describes, or None. ``triton``: whether triton is installed (default: looked up)."""
     causes = []
     if (triton_installed() if triton is None else triton) is False:
         causes.append("triton is not installed")
@@ -114,38 +104,29 @@ def fallback_cause(current: Mapping[str, Any], triton: bool | None = None) -> st
 def job_start_differences(
     graph: GraphAttention | None, current: Mapping[str, Any], triton: bool | None = None
 ) -> list[Difference]:
-    """A locked ``triton`` backend on a machine where anemoi would run ``pyg`` instead, unless the
-    lock allows the fallback."""
+    """A locked ``triton`` backend on a machine where anemoi would run ``pyg``, unless the lock
+    allows the fallback."""
     if graph is None or graph.backend != "triton" or graph.allow_fallback:
         return []
     cause = fallback_cause(current, triton)
     if cause is None:
         return []
+    found = f"pyg: {cause}, so anemoi-models falls back to PyG's message passing with a warning"
     return [
         Difference(
-            f"{TABLE}.backend",
-            "triton (anemoi's Triton GraphTransformer kernel)",
-            f"pyg: {cause}, so anemoi-models falls back to PyG's message passing with a warning",
-            "exact",
+            f"{TABLE}.backend", "triton (anemoi's Triton GraphTransformer kernel)", found, "exact"
         )
     ]
-
-
-FIX = (
-    "run on a GPU node with triton installed (`pip install triton`; ROCm: pytorch-triton-rocm), "
-    "re-run `kernel-probe` on this machine to lock the pyg backend it runs, or probe with "
-    f"`{ALLOW_FLAG}` to record that the fallback to pyg is accepted"
-)
 
 
 def fallback_note(
     graph: GraphAttention | None, current: Mapping[str, Any], triton: bool | None = None
 ) -> str | None:
     """The note for an allowed (or inference-time) fallback: anemoi runs pyg here."""
-    if graph is None or graph.backend != "triton":
-        return None
-    cause = fallback_cause(current, triton)
-    if cause is None:
+    cause = None
+    if graph is not None and graph.backend == "triton":
+        cause = fallback_cause(current, triton)
+    if graph is None or cause is None:
         return None
     allowed = "the lock allows it (allow-fallback)" if graph.allow_fallback else "inference"
     return f"graph attention: anemoi runs pyg here, not the locked triton ({cause}; {allowed})"
