@@ -20,7 +20,7 @@ from typing import Any, TypeVar, cast
 
 from . import toml as _toml
 from .errors import LockFormatError, LockVersionError, LockWarning
-from .files import UnsafeFile, atomic_write_text, read_regular
+from .files import UnsafeFile, read_regular, write_file
 from .graph_attention import TABLE as GRAPH_ATTENTION
 from .graph_attention import GraphAttention
 from .schema import (
@@ -178,7 +178,7 @@ class LockDocument:
     def dump(self, path: str | os.PathLike[str]) -> None:
         """Write atomically: a temp file in the same directory, fsync, then rename over the
         target."""
-        atomic_write_text(Path(path), self.dumps())
+        write_file(path, self.dumps(), through_link=True)
 
 
 def _check_version(ctx: Context, d: Mapping[str, Any]) -> None:
