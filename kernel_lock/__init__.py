@@ -13,8 +13,9 @@ when something is resolved; rich and kernel_probe never.
 What a reader finds where (every module lists its public names in ``__all__``):
 
 - the entry: this package, ``lock`` (``KernelLock``, ``load``, ``loads``), ``errors``;
-- the lock file: ``schema`` (its tables), ``tables`` (the typed getters, tables declared by their
-  fields), ``toml`` (the canonical layout), ``graph_attention``; the slots: ``slots/``;
+- the lock file: ``document`` (its top-level keys), ``schema`` (its tables), ``tables`` (the typed
+  getters; tables declared by their fields), ``toml`` (the canonical layout), ``graph_attention``;
+  the slots: ``slots/``;
 - what may be imported and how: ``registry`` (the candidates and adapters, as data), ``trust`` (the
   allow-list, importing, what is known without importing); the one child launcher and the
   confirming child (``launch``) and the one safe reader and writer (``files``);

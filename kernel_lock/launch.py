@@ -24,7 +24,7 @@ from .trust import static_problem
 if TYPE_CHECKING:
     import subprocess
 
-    from .lock import LockDocument
+    from .document import LockDocument
 
 __all__ = [
     "CHILD_TIMEOUT",

@@ -29,7 +29,7 @@ from .trust import (
 )
 
 if TYPE_CHECKING:
-    from .lock import LockDocument
+    from .document import LockDocument
     from .schema import Slot
 
 __all__ = [

@@ -19,6 +19,7 @@ GENERIC = [
     "kernel_lock/tables.py",
     "kernel_lock/toml.py",
     "kernel_lock/schema.py",
+    "kernel_lock/document.py",
     "kernel_lock/graph_attention.py",
     "kernel_lock/lock.py",
     "kernel_lock/resolve.py",

@@ -12,7 +12,7 @@ import tomllib
 
 import kernel_lock
 from kernel_lock import LockError, toml
-from kernel_lock.lock import SEAL, LockDocument
+from kernel_lock.document import SEAL, LockDocument
 from kernel_lock.tables import table_keys
 from tests.kernel_lock.test_document import _full_lock
 

@@ -35,17 +35,22 @@ BUILTIN_IDS = [c.id for c in cands.builtin()]
 
 # ---- one home per slot fact ----------------------------------------------------------------------
 def test_every_slot_fact_is_imported_from_kernel_lock_slots():
-    from kernel_lock import lock, resolve, schema
+    from kernel_lock import document, resolve, schema
     from kernel_probe.commands import anemoi, locks
     from kernel_probe.probe import judge
 
     assert kernel_lock.SLOTS is slots.SLOTS
     # every slot's facts are its SlotSpec's, read from the one registry
     assert (
-        lock.SPECS is resolve.SPECS is cands.SPECS is judge.SPECS is lockwrite.SPECS is slots.SPECS
+        document.SPECS
+        is resolve.SPECS
+        is cands.SPECS
+        is judge.SPECS
+        is lockwrite.SPECS
+        is slots.SPECS
     )
-    assert lock.MODES is resolve.MODES is anemoi.MODES is locks.MODES is slots.MODES
-    assert lock.PRECISIONS is profiles.PRECISIONS is slots.PRECISIONS
+    assert document.MODES is resolve.MODES is anemoi.MODES is locks.MODES is slots.MODES
+    assert document.PRECISIONS is profiles.PRECISIONS is slots.PRECISIONS
     assert schema.STATUSES is judge.STATUSES is slots.STATUSES
     assert judge.confusable is slots.confusable and judge.DTYPES is slots.DTYPES
 
