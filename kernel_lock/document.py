@@ -32,21 +32,18 @@ from .schema import (
     table,
 )
 from .slots import MODES, PRECISIONS, SPECS, Mode, slot_name_fix, spec_of
-from .tables import EMPTY, NONE, ReadError, from_dict, get, get_strings, one_of, text, to_dict
+from .tables import EMPTY, NONE, Raw, ReadError, from_dict, get, get_strings, one_of, text, to_dict
 from .tables import toml_key as key
 from .trust import granted_trust, module_name
 
-__all__ = [
-    "SEAL",
-    "LockDocument",
-]
+__all__ = ["SEAL", "LockDocument"]
 
 SEAL = "digest"  # the one top-level key the digest does not cover: itself
 _L = TypeVar("_L", bound="LockDocument")
 _REHASH = "re-run `kernel-probe --force`, or accept the edit with `kernel-probe rehash LOCK`"
 
 
-def _trusted(ctx: Context, d: Mapping[str, Any], k: str, _: Mapping[str, Any]) -> tuple[str, ...]:
+def _trusted(ctx: Context, d: Raw, k: str, _: Raw) -> tuple[str, ...]:
     """``trusted-modules``: module names the lock asks the caller to trust (a request only)."""
     trusted = get_strings(d, k)
     for i, module in enumerate(trusted):
@@ -56,18 +53,18 @@ def _trusted(ctx: Context, d: Mapping[str, Any], k: str, _: Mapping[str, Any]) -
     return trusted
 
 
-def _digest(ctx: Context, d: Mapping[str, Any], k: str, _: Mapping[str, Any]) -> str:
+def _digest(ctx: Context, d: Raw, k: str, _: Raw) -> str:
     digest = get(d, k, str, default="")
     if digest and not DIGEST.fullmatch(digest):
         raise ReadError(f"{digest!r} is not 'sha256:<64 hex digits>'", k)
     return cast(str, digest)
 
 
-def _environment(ctx: Context, d: Mapping[str, Any], k: str, so_far: Any) -> Environment:
+def _environment(ctx: Context, d: Raw, k: str, so_far: Any) -> Environment:
     return table(Environment)(ctx, d, k, so_far) or Environment()
 
 
-def _slots(ctx: Context, d: Mapping[str, Any], k: str, _: Mapping[str, Any]) -> dict[str, Slot]:
+def _slots(ctx: Context, d: Raw, k: str, _: Raw) -> dict[str, Slot]:
     """``[slots.<name>]``: each a slot kernel_lock knows (or one a trusted package declares)."""
     slots, tables = {}, get(d, k, dict, default={})
     with ctx.at(k):
@@ -100,9 +97,7 @@ class LockDocument:
     )
     trusted_modules: tuple[str, ...] = field(default=(), metadata=key("trusted-modules", _trusted))
     digest: str = field(default="", metadata=key(SEAL, _digest))
-    profile: Mapping[str, Any] = field(
-        default_factory=dict, metadata=key("profile", record_table, omit=EMPTY)
-    )
+    profile: Raw = field(default_factory=dict, metadata=key("profile", record_table, omit=EMPTY))
     environment: Environment = field(metadata=key("environment", _environment))
     slots: Mapping[str, Slot] = field(
         metadata=key("slots", _slots, write=lambda s: {n: s[n].to_dict() for n in SPECS if n in s})
@@ -111,7 +106,7 @@ class LockDocument:
     graph_attention: GraphAttention | None = field(
         default=None, metadata=key(GRAPH_ATTENTION, table(GraphAttention), omit=NONE)
     )
-    provenance: Mapping[str, Any] = field(
+    provenance: Raw = field(
         default_factory=dict, metadata=key("provenance", record_table, omit=EMPTY)
     )
     path: str | None = field(default=None, compare=False)
@@ -125,7 +120,7 @@ class LockDocument:
     @classmethod
     def _from_dict(
         cls: type[_L],
-        d: Mapping[str, Any],
+        d: Raw,
         path: str | None = None,
         *,
         strict: bool = False,
@@ -173,7 +168,7 @@ class LockDocument:
         write_file(path, self.dumps(), through_link=True)
 
 
-def _check_version(ctx: Context, d: Mapping[str, Any]) -> None:
+def _check_version(ctx: Context, d: Raw) -> None:
     version = required(d, "lock-version")
     m = VERSION.fullmatch(version)
     if not m:

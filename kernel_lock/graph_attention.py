@@ -19,13 +19,12 @@ would run ``pyg``, naming the cause, unless the lock records ``allow-fallback = 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import Difference
 from .schema import record
-from .tables import EMPTY, ReadError, Table, flag, get_choice, text, toml_key
+from .tables import EMPTY, Raw, ReadError, Table, flag, get_choice, text, toml_key
 from .trust import locate
 
 __all__ = [
@@ -54,14 +53,14 @@ FIX = (
 )
 
 
-def _allow_fallback(ctx: Any, d: Mapping[str, Any], key: str, so_far: Mapping[str, Any]) -> bool:
+def _allow_fallback(ctx: Any, d: Raw, key: str, so_far: Raw) -> bool:
     allow = flag(ctx, d, key, so_far)
     if allow and so_far["backend"] != "triton":
         raise ReadError("only a triton backend can fall back (to pyg)", key, fix="remove it")
     return allow
 
 
-def _backend(ctx: Any, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> str:
+def _backend(ctx: Any, d: Raw, key: str, _: Raw) -> str:
     fix = 'set `backend = "triton"` or `"pyg"` (see docs/lock-format.md)'
     return get_choice(d, key, BACKENDS, None, fix=fix)
 
@@ -75,7 +74,7 @@ class GraphAttention(Table):
         default=False, metadata=toml_key("allow-fallback", _allow_fallback, omit=EMPTY)
     )
     reason: str = field(default="", metadata=toml_key("reason", text()))
-    evidence: tuple[Mapping[str, Any], ...] = field(
+    evidence: tuple[Raw, ...] = field(
         default=(),
         metadata=toml_key("evidence", lambda ctx, d, k, _: ctx.objects(d, k, record), omit=EMPTY),
     )
@@ -86,7 +85,7 @@ def triton_installed() -> bool | None:
     return locate("triton")
 
 
-def fallback_cause(current: Mapping[str, Any], triton: bool | None = None) -> str | None:
+def fallback_cause(current: Raw, triton: bool | None = None) -> str | None:
     """Why anemoi's GraphTransformer would fall back from ``triton`` to ``pyg`` on the machine
     ``current`` describes, or None. ``triton``: whether triton is installed (default: looked up)."""
     causes = []
@@ -102,7 +101,7 @@ def fallback_cause(current: Mapping[str, Any], triton: bool | None = None) -> st
 
 
 def job_start_differences(
-    graph: GraphAttention | None, current: Mapping[str, Any], triton: bool | None = None
+    graph: GraphAttention | None, current: Raw, triton: bool | None = None
 ) -> list[Difference]:
     """A locked ``triton`` backend on a machine where anemoi would run ``pyg``, unless the lock
     allows the fallback."""
@@ -120,7 +119,7 @@ def job_start_differences(
 
 
 def fallback_note(
-    graph: GraphAttention | None, current: Mapping[str, Any], triton: bool | None = None
+    graph: GraphAttention | None, current: Raw, triton: bool | None = None
 ) -> str | None:
     """The note for an allowed (or inference-time) fallback: anemoi runs pyg here."""
     cause = None

@@ -20,12 +20,7 @@ from .document import LockDocument
 from .errors import LockFormatError, LockWarning
 from .files import UnsafeFile, read_regular
 
-__all__ = [
-    "MAX_BYTES",
-    "KernelLock",
-    "load",
-    "loads",
-]
+__all__ = ["MAX_BYTES", "KernelLock", "load", "loads"]
 
 MAX_BYTES = 8 << 20  # a lock is a few kB; anything this large is not one
 

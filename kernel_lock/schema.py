@@ -24,6 +24,7 @@ from .tables import (
     FIX_MISSING,
     NONE,
     REST,
+    Raw,
     ReadError,
     Table,
     context,
@@ -103,9 +104,7 @@ class Context:
         finally:
             self.where.pop()
 
-    def objects(
-        self, d: Mapping[str, Any], key: str, build: Callable[[Mapping[str, Any]], _T]
-    ) -> tuple[_T, ...]:
+    def objects(self, d: Raw, key: str, build: Callable[[Raw], _T]) -> tuple[_T, ...]:
         """The array of tables at ``key``, each built by ``build`` at ``key[i]``."""
         out = []
         for i, table in enumerate(get_tables(d, key)):
@@ -113,9 +112,7 @@ class Context:
                 out.append(build(table))
         return tuple(out)
 
-    def object(
-        self, d: Mapping[str, Any], key: str, build: Callable[[Mapping[str, Any]], _T]
-    ) -> _T | None:
+    def object(self, d: Raw, key: str, build: Callable[[Raw], _T]) -> _T | None:
         """The table at ``key`` built by ``build`` (None when absent)."""
         table = get(d, key, dict)
         if table is None:
@@ -131,7 +128,7 @@ class Context:
         where = reduce(join, [*self.where, key])
         self.warnings.append(f"{self.path or '<lock>'}: '{where}': {problem}")
 
-    def unknown(self, d: Mapping[str, Any], known: Sequence[str], what: str = "key") -> None:
+    def unknown(self, d: Raw, known: Sequence[str], what: str = "key") -> None:
         """Warn about each key of ``d`` not in ``known`` (a newer writer's, ignored)."""
         for key in d:
             if key not in known:
@@ -155,7 +152,7 @@ class Context:
         return self.warnings + ([more] if self.dropped else [])
 
 
-def required(d: Mapping[str, Any], key: str, typ: Any = str) -> Any:
+def required(d: Raw, key: str, typ: Any = str) -> Any:
     """A key the lock must have; missing, the fix points at docs/lock-format.md."""
     return get_required(d, key, typ, fix=FIX_MISSING.format(key=key))
 
@@ -171,7 +168,7 @@ def _value_problem(value: Any, *, finite: bool) -> str | None:
     return None
 
 
-def _kwargs(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> dict[str, Any]:
+def _kwargs(ctx: Context, d: Raw, key: str, _: Raw) -> dict[str, Any]:
     values = get(d, key, dict, default={})
     for name, value in values.items():
         where = f"{key}.{name}"
@@ -191,7 +188,7 @@ def _kwargs(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) 
     return dict(values)
 
 
-def record(d: Mapping[str, Any]) -> dict[str, Any]:
+def record(d: Raw) -> dict[str, Any]:
     """Evidence and timing rows: free-form flat records whose values are all TOML-writable."""
     for key, value in d.items():
         if isinstance(value, (dict, list)):
@@ -214,14 +211,14 @@ def _listed(value: Any) -> list[Any]:
 
 
 # ---- the fields' readers (each called with the reading state, the table, the key, the values)
-def _target(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> str:
+def _target(ctx: Context, d: Raw, key: str, _: Raw) -> str:
     """A class the lock names: required, and on the allow-list."""
     target = required(d, key)
     ctx.check(target, key)
     return target
 
 
-def _specifier(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> str:
+def _specifier(ctx: Context, d: Raw, key: str, _: Raw) -> str:
     from packaging.specifiers import InvalidSpecifier, SpecifierSet  # only where a slot requires
 
     spec = get(d, key, str, default="")
@@ -234,7 +231,7 @@ def _specifier(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any
     return spec
 
 
-def _module(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> str:
+def _module(ctx: Context, d: Raw, key: str, _: Raw) -> str:
     module = get(d, key, str, default="")
     if module and not MODULE.fullmatch(module):
         raise ReadError(f"{module!r} is not a module name", key)
@@ -245,42 +242,34 @@ def _module(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) 
     return module
 
 
-def _max_error(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> float | None:
+def _max_error(ctx: Context, d: Raw, key: str, _: Raw) -> float | None:
     max_error = get(d, key, float)
     if max_error is not None and (not math.isfinite(max_error) or max_error < 0):
         raise ReadError("must be a non-negative finite number", key)
     return cast("float | None", max_error)
 
 
-def _records(
-    ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]
-) -> tuple[Mapping[str, Any], ...]:
+def _records(ctx: Context, d: Raw, key: str, _: Raw) -> tuple[Raw, ...]:
     return ctx.objects(d, key, record)
 
 
-def record_table(
-    ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]
-) -> Mapping[str, Any]:
+def record_table(ctx: Context, d: Raw, key: str, _: Raw) -> Raw:
     """A free-form flat table (``[profile]``, ``[provenance]``): empty when absent."""
     return ctx.object(d, key, record) or {}
 
 
-def tables(
-    cls: type[_T],
-) -> Callable[[Context, Mapping[str, Any], str, Mapping[str, Any]], tuple[_T, ...]]:
+def tables(cls: type[_T]) -> Callable[[Context, Raw, str, Raw], tuple[_T, ...]]:
     """An array of ``cls`` tables (empty when absent), each read at ``key[i]``."""
     return lambda ctx, d, key, _: ctx.objects(d, key, lambda t: from_dict(cls, ctx, t))
 
 
-def table(
-    cls: type[_T],
-) -> Callable[[Context, Mapping[str, Any], str, Mapping[str, Any]], _T | None]:
+def table(cls: type[_T]) -> Callable[[Context, Raw, str, Raw], _T | None]:
     """A ``cls`` table (None when absent), read at ``key``."""
     return lambda ctx, d, key, _: ctx.object(d, key, lambda t: from_dict(cls, ctx, t))
 
 
 # ---- the tables ----------------------------------------------------------------------------------
-def _env_value(ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]) -> str | int:
+def _env_value(ctx: Context, d: Raw, key: str, _: Raw) -> str | int:
     value = get(d, key, (str, int))
     if value is None:
         raise ReadError("required key is missing", key)
@@ -309,9 +298,7 @@ def _env_field(ctx: Context, name: str, d: Any, typ: Any, problem: str | None = 
     return env
 
 
-def _env_fields(
-    ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]
-) -> dict[str, EnvField]:
+def _env_fields(ctx: Context, d: Raw, key: str, _: Raw) -> dict[str, EnvField]:
     """``[environment]``'s named fields: every key but ``libraries``, in file order."""
     fields = {}
     for name, value in d.items():
@@ -331,9 +318,7 @@ def _env_fields_out(fields: Mapping[str, EnvField]) -> dict[str, Any]:
     return {k: fields[k].to_dict() for k in order if k in fields}
 
 
-def _libraries(
-    ctx: Context, d: Mapping[str, Any], key: str, _: Mapping[str, Any]
-) -> dict[str, EnvField]:
+def _libraries(ctx: Context, d: Raw, key: str, _: Raw) -> dict[str, EnvField]:
     with ctx.at(key):
         return {
             name: _env_field(ctx, name, v, str, "a library version must be a string")
@@ -374,7 +359,7 @@ class Twin(Table):
     """The portable torch.nn equivalent used for inference where the training library is absent."""
 
     target: str = field(metadata=toml_key("target", _target))
-    kwargs: Mapping[str, Any] = field(default_factory=dict, metadata=toml_key("kwargs", _kwargs))
+    kwargs: Raw = field(default_factory=dict, metadata=toml_key("kwargs", _kwargs))
     state_dict: StateDict = field(
         default="interchangeable",
         metadata=toml_key("state-dict", one_of(STATE_DICT, default="interchangeable")),
@@ -397,7 +382,7 @@ class Candidate(Table):
     reasons: tuple[str, ...] = field(default=(), metadata=toml_key("reasons", strings))
 
 
-def _semantics(ctx: Context, d: Mapping[str, Any], key: str, so_far: Mapping[str, Any]) -> str:
+def _semantics(ctx: Context, d: Raw, key: str, so_far: Raw) -> str:
     return str(one_of(semantics())(ctx, d, key, so_far))
 
 
@@ -410,7 +395,7 @@ class Slot(Table):
     implementation: str = field(metadata=toml_key("implementation", text(required=True)))
     target: str = field(metadata=toml_key("target", _target))
     semantics: str = field(metadata=toml_key("semantics", _semantics))
-    kwargs: Mapping[str, Any] = field(default_factory=dict, metadata=toml_key("kwargs", _kwargs))
+    kwargs: Raw = field(default_factory=dict, metadata=toml_key("kwargs", _kwargs))
     requires: tuple[Requirement, ...] = field(
         default=(), metadata=toml_key("requires", tables(Requirement))
     )
@@ -421,16 +406,14 @@ class Slot(Table):
         default=(), metadata=toml_key("accepted-changes", strings, omit=EMPTY)
     )
     twin: Twin | None = field(default=None, metadata=toml_key("twin", table(Twin), omit=NONE))
-    evidence: tuple[Mapping[str, Any], ...] = field(
+    evidence: tuple[Raw, ...] = field(
         default=(), metadata=toml_key("evidence", _records, omit=EMPTY)
     )
-    timing: tuple[Mapping[str, Any], ...] = field(
-        default=(), metadata=toml_key("timing", _records, omit=EMPTY)
-    )
+    timing: tuple[Raw, ...] = field(default=(), metadata=toml_key("timing", _records, omit=EMPTY))
     rejected: tuple[Candidate, ...] = field(
         default=(), metadata=toml_key("rejected", tables(Candidate), omit=EMPTY)
     )
-    extra: Mapping[str, Any] = field(default_factory=dict)  # the slot's own keys, by key
+    extra: Raw = field(default_factory=dict)  # the slot's own keys, by key
 
     def to_dict(self) -> dict[str, Any]:
         """The TOML-ready table: each generic key followed by the slot's keys written after it."""

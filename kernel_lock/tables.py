@@ -35,6 +35,7 @@ __all__ = [
     "MAX_TEXT",
     "NONE",
     "REST",
+    "Raw",
     "ReadError",
     "Reader",
     "Table",
@@ -66,6 +67,7 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
+Raw = Mapping[str, Any]  # a table as parsed from TOML or JSON
 MAX_TEXT = 4096  # characters of a free-text value (a problem, a fix, a description) unless told
 FIX_MISSING = "add `{key} = ...` (see docs/lock-format.md)"
 REST = "*"  # the key of a field that holds the table's other keys (``[environment]``'s fields)
@@ -123,7 +125,7 @@ def type_name(t: Any) -> str:
     return _TYPE_NAMES.get(t, t.__name__)
 
 
-def get(d: Mapping[str, Any], key: str, typ: Any, default: Any = None) -> Any:
+def get(d: Raw, key: str, typ: Any, default: Any = None) -> Any:
     """``d[key]`` if it is a ``typ`` (an int is taken for a float), ``default`` when absent."""
     value = d.get(key)
     if value is None:
@@ -138,7 +140,7 @@ def get(d: Mapping[str, Any], key: str, typ: Any, default: Any = None) -> Any:
     return value
 
 
-def get_required(d: Mapping[str, Any], key: str, typ: Any, fix: str | None = None) -> Any:
+def get_required(d: Raw, key: str, typ: Any, fix: str | None = None) -> Any:
     """``d[key]``, which must be there and be a ``typ``."""
     value = get(d, key, typ)
     if value is None:
@@ -147,11 +149,7 @@ def get_required(d: Mapping[str, Any], key: str, typ: Any, fix: str | None = Non
 
 
 def get_choice(
-    d: Mapping[str, Any],
-    key: str,
-    choices: Sequence[str],
-    default: str | None = None,
-    fix: str | None = None,
+    d: Raw, key: str, choices: Sequence[str], default: str | None = None, fix: str | None = None
 ) -> str:
     """A string among ``choices``; required unless there is a ``default``."""
     value = get(d, key, str) if default is not None else get_required(d, key, str, fix)
@@ -162,7 +160,7 @@ def get_choice(
     return value
 
 
-def get_strings(d: Mapping[str, Any], key: str) -> tuple[str, ...]:
+def get_strings(d: Raw, key: str) -> tuple[str, ...]:
     """An array of strings (empty when absent)."""
     values = d.get(key, [])
     if not isinstance(values, list):
@@ -175,7 +173,7 @@ def get_strings(d: Mapping[str, Any], key: str) -> tuple[str, ...]:
     return tuple(values)
 
 
-def get_tables(d: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
+def get_tables(d: Raw, key: str) -> list[Raw]:
     """An array of tables (empty when absent)."""
     values = get(d, key, list, default=[])
     for i, v in enumerate(values):
@@ -184,14 +182,12 @@ def get_tables(d: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
     return values
 
 
-def unknown_keys(d: Mapping[str, Any], known: Sequence[str]) -> list[str]:
+def unknown_keys(d: Raw, known: Sequence[str]) -> list[str]:
     """The keys of ``d`` not in ``known``, in file order."""
     return [str(k) for k in d if k not in known]
 
 
-def get_int(
-    d: Mapping[str, Any], key: str, lo: int, hi: int, default: int | None = None
-) -> int | None:
+def get_int(d: Raw, key: str, lo: int, hi: int, default: int | None = None) -> int | None:
     """An integer in ``[lo, hi]`` (never a boolean, never a float); ``default`` when absent."""
     value = get(d, key, int, default)
     if value is not None and not lo <= value <= hi:
@@ -206,9 +202,7 @@ def _too_long(value: str, limit: int, key: str) -> None:
         )
 
 
-def get_text(
-    d: Mapping[str, Any], key: str, default: str | None = None, limit: int = MAX_TEXT
-) -> str | None:
+def get_text(d: Raw, key: str, default: str | None = None, limit: int = MAX_TEXT) -> str | None:
     """A string of at most ``limit`` characters; ``default`` when absent."""
     value = get(d, key, str, default)
     if value is not None:
@@ -217,12 +211,7 @@ def get_text(
 
 
 def get_literal(
-    d: Mapping[str, Any],
-    key: str,
-    choices: Sequence[str],
-    default: str | None = None,
-    *,
-    fold: bool = False,
+    d: Raw, key: str, choices: Sequence[str], default: str | None = None, *, fold: bool = False
 ) -> str:
     """One of a closed set (a ``Literal``'s values); ``fold``: case-insensitive, returned as
     ``choices`` spell it. A near miss is named."""
@@ -251,15 +240,13 @@ def did_you_mean(word: str, known: Sequence[str]) -> str:
     return f"known: {', '.join(map(str, known))}"
 
 
-def refuse_unknown(d: Mapping[str, Any], known: Sequence[str]) -> None:
+def refuse_unknown(d: Raw, known: Sequence[str]) -> None:
     """A key of ``d`` not in ``known`` is a :class:`ReadError` (with "did you mean")."""
     for k in unknown_keys(d, known):
         raise ReadError(f"unknown key {k!r:.80}", k, did_you_mean(k, known))
 
 
-def get_table(
-    d: Mapping[str, Any], key: str, known: Sequence[str] | None = None
-) -> Mapping[str, Any]:
+def get_table(d: Raw, key: str, known: Sequence[str] | None = None) -> Raw:
     """A table (empty when absent); with ``known``, its unknown keys refused."""
     value = get(d, key, dict, default={})
     if known is not None:
@@ -268,7 +255,7 @@ def get_table(
     return value
 
 
-def get_string_map(d: Mapping[str, Any], key: str, limit: int = MAX_TEXT) -> dict[str, str]:
+def get_string_map(d: Raw, key: str, limit: int = MAX_TEXT) -> dict[str, str]:
     """A table of strings to strings (empty when absent)."""
     value = get(d, key, dict, default={})
     for k, v in value.items():
@@ -280,7 +267,7 @@ def get_string_map(d: Mapping[str, Any], key: str, limit: int = MAX_TEXT) -> dic
 
 # ---- tables declared by their fields' metadata ---------------------------------------------------
 # (the reading state, the table, the key, the values read so far by this table) -> the field's value
-Reader = Callable[[Any, Mapping[str, Any], str, Mapping[str, Any]], Any]
+Reader = Callable[[Any, Raw, str, Raw], Any]
 
 
 def EMPTY(value: Any) -> bool:
@@ -312,9 +299,7 @@ def table_keys(cls: type) -> tuple[str, ...]:
     )
 
 
-def from_dict(
-    cls: type[_T], ctx: Any, d: Mapping[str, Any], known: Sequence[str] = (), **given: Any
-) -> _T:
+def from_dict(cls: type[_T], ctx: Any, d: Raw, known: Sequence[str] = (), **given: Any) -> _T:
     """The table ``d`` as a ``cls``, each field read by its reader in canonical order, after the
     keys neither a field nor ``known`` declares are reported (``ctx.unknown``); ``given``: the
     fields the file does not hold."""
@@ -366,12 +351,12 @@ def one_of(choices: Sequence[str], default: str | None = None) -> Reader:
     return lambda ctx, d, k, _: get_choice(d, k, choices, default, fix=FIX_MISSING.format(key=k))
 
 
-def strings(ctx: Any, d: Mapping[str, Any], k: str, _: Mapping[str, Any]) -> tuple[str, ...]:
+def strings(ctx: Any, d: Raw, k: str, _: Raw) -> tuple[str, ...]:
     """An array of strings (empty when absent)."""
     return get_strings(d, k)
 
 
-def flag(ctx: Any, d: Mapping[str, Any], k: str, _: Mapping[str, Any]) -> bool:
+def flag(ctx: Any, d: Raw, k: str, _: Raw) -> bool:
     """``true`` or ``false`` (false when absent)."""
     return bool(get(d, k, bool, default=False))
 

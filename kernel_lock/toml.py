@@ -14,13 +14,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = [
-    "TOMLDecodeError",
-    "dumps",
-    "loads",
-    "toml_key",
-    "toml_value",
-]
+__all__ = ["TOMLDecodeError", "dumps", "loads", "toml_key", "toml_value"]
 
 if sys.version_info >= (3, 11):
     import tomllib
