@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import resolve
 from . import toml as _toml
 from .document import LockDocument
 from .errors import LockFormatError, LockWarning
@@ -40,21 +41,15 @@ class KernelLock(LockDocument):
         targets: str | None = None,
     ) -> list[str]:
         """Check this machine against the lock (``kernel_lock.resolve.verify``); its warnings."""
-        from .resolve import verify  # resolve imports torch-heavy paths lazily; and this module
-
-        return verify(self, mode=mode, current=current, targets=targets)
+        return resolve.verify(self, mode=mode, current=current, targets=targets)
 
     def factory(self, slot: str, mode: str | None = None, **options: Any):
         """The class the lock pins for ``slot``, verified (``kernel_lock.resolve.factory``)."""
-        from .resolve import factory  # cycle: resolve reads locks
-
-        return factory(self, slot, mode=mode, **options)
+        return resolve.factory(self, slot, mode=mode, **options)
 
     def resolve_all(self, mode: str | None = None) -> dict[str, Any]:
         """Every slot's class, by slot name."""
-        from .resolve import factory  # cycle: resolve reads locks
-
-        return {name: factory(self, name, mode=mode) for name in self.slots}
+        return {name: resolve.factory(self, name, mode=mode) for name in self.slots}
 
 
 def _fail(where: str, problem: str, fix: str | None = None) -> LockFormatError:
