@@ -246,12 +246,8 @@ def fields_of(
     """The fingerprint's fields from torch's build (``BUILD_FIELDS``' values), the device facts
     (keyed like ``device_facts``'s dict: ``DEVICE_KEYS``, those given) and the environment."""
     fields = host.fields() | dict(zip(BUILD_FIELDS, build or (), strict=build is not None))
-    pairs = zip(DEVICE_FIELDS, DEVICE_KEYS, strict=True)
-    return (
-        fields
-        | {n: device[k] for n, k in pairs if k in device}
-        | {"numerics-env": numerics_env(env)}
-    )
+    fields |= {n: device[k] for n, k in zip(DEVICE_FIELDS, DEVICE_KEYS, strict=True) if k in device}
+    return fields | {"numerics-env": numerics_env(env)}
 
 
 def _facts(kind: str, vendor: str, name: str, arch: str, count: int, driver: str) -> dict:
@@ -348,12 +344,10 @@ class Unsettled(Exception):
 
 
 _TORCH_FIELDS = BUILD_FIELDS + DEVICE_FIELDS  # what is unknown while torch's build is
-# What a real torch/version.py holds: tools/generate_torch_version.py (and setup.py's older copy)
-# writes ``from typing import Optional``, ``__all__ = [...]``, ``__version__ = '...'``, ``debug =
-# False``, ``git_version = '...'`` and ``cuda`` / ``hip`` / ``rocm`` / ``xpu`` as ``NAME:
-# Optional[str] = '...'`` (torch < 2.0: ``NAME = '...'``). Checked against the files of CPU, CUDA
-# and ROCm wheels from 1.13 to 2.13 (tests/kernel_lock/fingerprint/test_version_file.py). Nothing
-# else is read: anything else could change, when Python runs the file, what the names hold.
+# torch's tools/generate_torch_version.py writes ``from typing import Optional``, ``__all__``,
+# ``__version__``, ``debug``, ``git_version`` and ``NAME: Optional[str] = '...'`` for cuda, hip,
+# rocm, xpu (torch < 2.0: ``NAME = '...'``); checked against CPU, CUDA and ROCm wheels 1.13 to 2.13
+# (test_version_file.py). Nothing else is read: it could change what the names hold when run.
 _ANNOTATION = "Optional[str]"
 
 
