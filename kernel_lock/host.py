@@ -138,14 +138,11 @@ def _entries(value: str) -> list[str]:
 
 
 def physical_devices(device_type: str, env: Mapping[str, str] | None = None) -> list[str] | None:
-    """The node-level id of each device this process sees, in torch's order (``'?'``: an entry that
-    cannot be mapped); None when nothing restricts it.
-
-    ROCm applies ``ROCR_VISIBLE_DEVICES`` (node ids or UUIDs), then ``HIP_VISIBLE_DEVICES`` (or
-    ``CUDA_VISIBLE_DEVICES``), whose indices count within what ROCR left: with LUMI's per-rank
-    ``ROCR_VISIBLE_DEVICES=$SLURM_LOCALID`` only this tells the ranks' devices 0 apart. A HIP list
-    longer than the ROCR list, which torch refuses, raises ``DeviceVisibilityError``.
-    """
+    """The node-level id of each device this process sees, in torch's order (``'?'``: not mapped);
+    None when nothing restricts it. ROCm applies ``ROCR_VISIBLE_DEVICES``, then
+    ``HIP_VISIBLE_DEVICES`` (or ``CUDA_VISIBLE_DEVICES``) indexing what ROCR left (LUMI's per-rank
+    ``ROCR_VISIBLE_DEVICES=$SLURM_LOCALID``); a HIP list longer than ROCR's raises
+    ``DeviceVisibilityError``, as torch refuses it."""
     env = os.environ if env is None else env
     if device_type == "rocm":
         rocr = env.get("ROCR_VISIBLE_DEVICES")
@@ -188,14 +185,11 @@ def _indices(value: str, limit: int) -> list[int] | None:
 
 
 def rocm_visible_indices(env: Mapping[str, str], count: int) -> list[int] | None:
-    """Node indices (KFD GPU order) of the GPUs HIP will see, in HIP's order, among ``count`` GPUs;
-    None where ROCm's reading is not certain, so the caller asks torch.
-
-    Only lists of distinct plain indices within range are read: UUIDs, repeats, signs, spaces,
-    out-of-range or empty items (read differently by ROCr, HIP and torch) are left to torch, and so
-    is CUDA_VISIBLE_DEVICES beside ROCR_VISIBLE_DEVICES (HIP honours it, torch's parser does not).
-    Contradictory variables raise as :func:`physical_devices` does.
-    """
+    """Node indices (KFD order) of the GPUs HIP will see, in HIP's order, among ``count`` GPUs; None
+    where the reading is not certain: only distinct plain indices in range are read (UUIDs,
+    repeats, signs, spaces, empty items are left to torch), and CUDA_VISIBLE_DEVICES beside
+    ROCR_VISIBLE_DEVICES is too (HIP honours it, torch does not). Raises as
+    :func:`physical_devices` does."""
     physical_devices("rocm", env)  # raises DeviceVisibilityError on a HIP list longer than ROCR's
     rocr = env.get("ROCR_VISIBLE_DEVICES")
     hip = env.get("HIP_VISIBLE_DEVICES")
@@ -293,12 +287,9 @@ def _text(value: Any) -> str:
 
 
 def nvml_devices() -> list[dict[str, Any]] | None:
-    """Every CUDA-visible NVIDIA GPU via NVML (nvidia-ml-py), without creating a CUDA context.
-
-    One dict per device, in CUDA's order: index, nvml_index, name, arch (sm_XY), capability, uuid,
-    memory_bytes, driver (kernel driver version) and cuda_driver (the newest CUDA the driver
-    supports). None when NVML is not installed, has no library or no devices, or fails in any way.
-    """
+    """Every CUDA-visible NVIDIA GPU via NVML (nvidia-ml-py), without a CUDA context, in CUDA's
+    order: index, nvml_index, name, arch (sm_XY), capability, uuid, memory_bytes, driver and
+    cuda_driver (the newest CUDA the driver supports). None when NVML is missing or fails."""
     try:
         import pynvml
     except Exception:  # not installed, or a broken/deprecated shim
