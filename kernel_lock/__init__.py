@@ -13,8 +13,9 @@ when something is resolved; rich and kernel_probe never.
 What a reader finds where (every module lists its public names in ``__all__``):
 
 - the entry: this package, ``lock`` (``KernelLock``, ``load``, ``loads``), ``errors``;
-- ``format/``: the lock file (``schema``, ``document``, ``toml``, ``reading``) and its vocabulary
-  (``slots``, ``versions``, ``activations``, ``gating``, ``blas``, ``graph_attention``);
+- the lock file: ``document`` (its top-level keys), ``schema`` (its tables), ``tables`` (the typed
+  getters; tables declared by their fields), ``toml`` (the canonical layout), ``graph_attention``;
+  the slots: ``slots/``;
 - what may be imported and how: ``registry`` (the candidates and adapters, as data), ``trust`` (the
   allow-list, importing, what is known without importing); the one child launcher and the
   confirming child (``launch``) and the one safe reader and writer (``files``);
@@ -41,8 +42,8 @@ from .errors import (
     RanksDisagree,
     TargetNotAllowed,
 )
-from .format.schema import LOCK_VERSION
 from .lock import KernelLock, load, loads
+from .schema import LOCK_VERSION
 from .slots import SLOTS
 
 __version__ = "0.1.0"

@@ -19,7 +19,9 @@ from itertools import groupby
 from typing import Any
 
 from .errors import LockError, LockMismatch, RanksDisagree
-from .format.reading import (
+from .lock import KernelLock
+from .schema import DIGEST
+from .tables import (
     MAX_TEXT,
     ReadError,
     get_int,
@@ -28,8 +30,6 @@ from .format.reading import (
     get_text,
     refuse_unknown,
 )
-from .format.schema import DIGEST
-from .lock import KernelLock
 
 __all__ = ["check_ranks", "judge", "local_report", "report_from_dict"]
 
@@ -194,7 +194,7 @@ _KEYS = ("rank", "host", "lock", "digest", "differences")
 
 def report_from_dict(data: Any) -> dict[str, Any]:
     """One rank's report, read by the typed reader (every key required and bounded, unknown keys
-    refused); ``kernel_lock.format.reading.ReadError`` naming the key."""
+    refused); ``kernel_lock.tables.ReadError`` naming the key."""
     if not isinstance(data, dict):
         raise ReadError(f"expected a JSON object, got a JSON {type(data).__name__}")
     refuse_unknown(data, _KEYS)

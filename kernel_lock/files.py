@@ -1,16 +1,15 @@
 """The one safe reader of input files and the one safe writer of every file kernel-probe creates.
 
-:func:`read_regular` refuses a FIFO, a device, a socket or a directory before any byte is read (the
-file is opened non-blocking and checked with ``fstat`` on the open descriptor), and reads at most a
-cap. :func:`write_file` (locks, job markers, node-local copies, reports, generated docs) writes a
-temporary file created with ``O_CREAT | O_EXCL | O_NOFOLLOW`` in the target's own directory (a name
-planted there, link or not, is never opened), fsyncs it and renames it into place; a link at the
-final component is refused unless the caller passes ``through_link`` for a path the user named
-(``--out``), which is then resolved once, before any check. Directories are checked as OpenSSH's
+:func:`read_regular` refuses a FIFO, a device, a socket or a directory before any byte is read
+(opened non-blocking, checked with ``fstat`` on the descriptor), and reads at most a cap.
+:func:`write_file` writes a temporary file created with ``O_CREAT | O_EXCL | O_NOFOLLOW`` in the
+target's own directory (a name planted there is never opened), fsyncs it and renames it into place;
+a link at the final component is refused unless the caller passes ``through_link`` for a path the
+user named (``--out``), resolved once, before any check. Directories are checked as OpenSSH's
 ``StrictModes`` checks ``~/.ssh``: owned by the user or root, not writable by every user unless
-sticky and root-owned (``/tmp``), and no directory above writable by every user without the sticky
-bit; group-writable is accepted (a project's shared lock directory). :func:`private_dir` makes
-node-local directories (0700, checked after creation).
+sticky and root-owned (``/tmp``), no directory above writable by every user without the sticky bit;
+group-writable is accepted (a shared lock directory). :func:`private_dir` makes node-local
+directories (0700, checked after creation).
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ __all__ = [
     "KINDS",
     "UnsafeFile",
     "UnsafeWrite",
-    "atomic_write_text",
     "check_directory",
     "kind",
     "private_dir",
@@ -105,8 +103,8 @@ def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
 
 
 class UnsafeWrite(LockFormatError):
-    """A file is not written: its directory is not safe to write in, or its path is a link or not a
-    regular file (exit 5). Nothing is half-written."""
+    """A file is not written (exit 5): its directory is unsafe, or its path is a link or not a
+    regular file. Nothing is half-written."""
 
 
 def _refuse(path: Path | str, problem: str, fix: str) -> UnsafeWrite:
@@ -181,8 +179,8 @@ def check_directory(directory: Path | str, named: Path | str | None = None) -> P
 
 
 def private_dir(path: Path | str, *, create: bool = True) -> Path:
-    """The node-local directory ``path``, made 0700 where missing (its parent must pass
-    :func:`check_directory`) and checked: a real directory owned by this user, open to nobody else;
+    """The node-local directory ``path``, made 0700 where missing (in a parent that passes
+    :func:`check_directory`) and checked: a real directory of this user's, open to nobody else;
     :class:`UnsafeWrite` otherwise (``create=False``: FileNotFoundError when it is missing)."""
     path = Path(path)
     check_directory(path.parent)
@@ -231,7 +229,7 @@ def private_dir(path: Path | str, *, create: bool = True) -> Path:
 
 
 def write_file(
-    path: Path | str,
+    path: str | os.PathLike[str],
     data: str | bytes,
     *,
     mode: int = 0o644,
@@ -315,8 +313,3 @@ def _write_all(fd: int, raw: bytes) -> None:
     while view:
         view = view[os.write(fd, view) :]
     os.fsync(fd)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """The lock's write (a path the user named): :func:`write_file` through a link at ``path``."""
-    write_file(path, text, through_link=True)

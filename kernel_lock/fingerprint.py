@@ -1,15 +1,12 @@
 """The environment fingerprint: the facts a lock pins (``FIELDS``), how strictly each must match,
-the comparison with a lock, and this machine's facts as an imported torch reports them (what a lock
-is written from). torch's build is also read from its installed ``torch/version.py`` (parsed with
-``ast``, never executed) for ``kernel_lock.torchless``, which reads every fact without importing
-torch. Host facts come from ``kernel_lock.host``; versions from metadata: no kernel library is
-imported.
-"""
+the comparison with a lock, and this machine's facts as an imported torch reports them; torch's
+build also from its ``torch/version.py``, parsed, never run (for ``kernel_lock.torchless``)."""
 
 from __future__ import annotations
 
 import ast
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -18,11 +15,11 @@ from typing import Any, Literal
 
 from . import host
 from .errors import Difference, KernelUnavailable
-from .format.versions import release
 
 __all__ = [
     "BUILD_FIELDS",
     "DEVICE_FIELDS",
+    "DEVICE_KEYS",
     "FIELDS",
     "GENERIC_DEVICE_NAMES",
     "NUMERICS_ENV",
@@ -36,11 +33,15 @@ __all__ = [
     "device_facts",
     "device_name_note",
     "field_matches",
+    "fields_of",
     "import_torch",
+    "in_spec",
     "library_versions",
     "metadata_agrees",
     "numerics_env",
     "parse_version_file",
+    "release",
+    "release_text",
     "torch_build",
     "unchecked_fields",
 ]
@@ -59,45 +60,45 @@ class FieldSpec:
     doc: str
 
 
-_VERSION: tuple[Match, FieldKind] = ("compatible", "version")  # the version fields' rule and kind
-_EXACT: tuple[Match, FieldKind] = ("exact", "text")
+_V: tuple[Match, FieldKind] = ("compatible", "version")
+_X: tuple[Match, FieldKind] = ("exact", "text")
+_IGNORED: tuple[Match, FieldKind] = ("ignore", "text")
+_COUNT: tuple[Match, FieldKind] = ("ignore", "count")
+_BUILT = "version torch was built with"
+_ARCHSPEC = "archspec (zen3, neoverse_v2)"
+_FEATURES = (
+    "ROCm target features from gcnArchName (sramecc+:xnack-); '' elsewhere: an xnack+ run is not "
+    "an xnack- one"
+)
+_NUMERICS = (
+    "environment variables that change what kernels compute, as VAR=value;... ('' when none is "
+    "set; see NUMERICS_ENV)"
+)
 FIELDS: dict[str, FieldSpec] = {
-    "python": FieldSpec(str, *_VERSION, "Python version (compatible: same major.minor)"),
-    "os": FieldSpec(str, *_EXACT, "operating system, lower case (linux, darwin, windows)"),
-    "arch": FieldSpec(str, *_EXACT, "CPU architecture (x86_64, aarch64)"),
-    "cpu-microarch": FieldSpec(
-        str, "ignore", "text", "CPU microarchitecture from archspec (zen3, neoverse_v2)"
-    ),
-    "torch": FieldSpec(str, *_VERSION, "torch version (compatible: same major.minor)"),
-    "torch-cuda": FieldSpec(str, *_VERSION, "CUDA version torch was built with, '' if none"),
-    "torch-hip": FieldSpec(str, *_VERSION, "HIP (ROCm) version torch was built with, '' if none"),
-    "torch-rocm": FieldSpec(
-        str,
-        *_VERSION,
-        "ROCm version torch was built with (torch.version.rocm, torch >= 2.10), '' if none",
-    ),
-    "device-type": FieldSpec(str, *_EXACT, "cpu, cuda, rocm, mps or xpu"),
-    "device-vendor": FieldSpec(str, *_EXACT, "nvidia, amd, apple, intel, or the CPU vendor"),
-    "device-name": FieldSpec(str, *_EXACT, "device name as the driver reports it"),
-    "device-arch": FieldSpec(str, *_EXACT, "sm_90, gfx90a, ...; '' on CPU"),
-    "device-features": FieldSpec(
-        str,
-        *_EXACT,
-        "ROCm target features from gcnArchName (sramecc+:xnack-); '' elsewhere: an xnack+ run "
-        "is not an xnack- one",
-    ),
-    "device-count": FieldSpec(int, "ignore", "count", "number of devices of that type"),
-    "driver": FieldSpec(str, *_VERSION, "GPU driver version, '' when it cannot be read cheaply"),
-    "numerics-env": FieldSpec(
-        str,
-        *_EXACT,
-        "environment variables that change what kernels compute, as "
-        "VAR=value;... ('' when none is set; see NUMERICS_ENV)",
-    ),
+    name: FieldSpec(typ, *rule, doc)
+    for name, typ, rule, doc in (
+        ("python", str, _V, "Python version (compatible: same major.minor)"),
+        ("os", str, _X, "operating system, lower case (linux, darwin, windows)"),
+        ("arch", str, _X, "CPU architecture (x86_64, aarch64)"),
+        ("cpu-microarch", str, _IGNORED, f"CPU microarchitecture from {_ARCHSPEC}"),
+        ("torch", str, _V, "torch version (compatible: same major.minor)"),
+        ("torch-cuda", str, _V, f"CUDA {_BUILT}, '' if none"),
+        ("torch-hip", str, _V, f"HIP (ROCm) {_BUILT}, '' if none"),
+        ("torch-rocm", str, _V, f"ROCm {_BUILT} (torch.version.rocm, torch >= 2.10), '' if none"),
+        ("device-type", str, _X, "cpu, cuda, rocm, mps or xpu"),
+        ("device-vendor", str, _X, "nvidia, amd, apple, intel, or the CPU vendor"),
+        ("device-name", str, _X, "device name as the driver reports it"),
+        ("device-arch", str, _X, "sm_90, gfx90a, ...; '' on CPU"),
+        ("device-features", str, _X, _FEATURES),
+        ("device-count", int, _COUNT, "number of devices of that type"),
+        ("driver", str, _V, "GPU driver version, '' when it cannot be read cheaply"),
+        ("numerics-env", str, _X, _NUMERICS),
+    )
 }
 
-# the fields the device facts decide, and those torch's build decides (read together by torchless)
+# the fields the device facts decide (DEVICE_KEYS: their keys in device_facts's dict), torch's build
 DEVICE_FIELDS = (*(name for name in FIELDS if name.startswith("device-")), "driver")
+DEVICE_KEYS = ("type", "vendor", "name", "arch", "features", "count", "driver")
 BUILD_FIELDS = ("torch", "torch-cuda", "torch-hip", "torch-rocm")
 
 # Variables that change the numbers kernels produce or which kernels run: on ROCm, rocBLAS's and
@@ -111,9 +112,43 @@ NUMERICS_ENV = (
     "PYTORCH_TUNABLEOP_ENABLED",
     "TORCH_BLAS_PREFER_HIPBLASLT",
 )
-
 # device names that say nothing about the device (libdrm's amdgpu.ids missing or old)
 GENERIC_DEVICE_NAMES = ("AMD Radeon Graphics",)
+
+# ``torch.version.hip`` of ROCm wheels up to torch 2.9 carries a git hash (``6.2.41134-65d174c3e``,
+# pytorch #166068), which PEP 440 cannot parse; drivers report ``580.159.04``, torch
+# ``2.7.1+rocm6.2.4``. One rule for the fingerprint, the site profiles and the requirements: the
+# leading dotted numbers are the release, whatever follows is ignored.
+_LEADING = re.compile(r"\s*v?([0-9]+(?:\.[0-9]+)*)", re.ASCII)
+
+
+def release(text: str) -> tuple[int, ...]:
+    """``'6.2.41134-65d174c3e'`` -> ``(6, 2, 41134)``; ``()`` if there is no release."""
+    m = _LEADING.match(str(text))
+    return tuple(int(part) for part in m.group(1).split(".")[:8]) if m else ()
+
+
+def release_text(text: str) -> str:
+    """``'6.2.41134-65d174c3e'`` -> ``'6.2.41134'``; ``''`` when there is no release."""
+    return ".".join(str(n) for n in release(text))
+
+
+def in_spec(spec: str, text: str) -> bool:
+    """Does ``text`` satisfy the PEP 440 specifier ``spec``? Pre-releases count (a site's nightly
+    is still that release); a version PEP 440 cannot parse compares by its release (none: never)."""
+    from packaging.specifiers import SpecifierSet  # only where a requirement is checked
+    from packaging.version import InvalidVersion, Version
+
+    if not text:
+        return False
+    try:
+        version = Version(text)
+    except InvalidVersion:
+        numbers = release_text(text)
+        if not numbers:
+            return False
+        version = Version(numbers)
+    return SpecifierSet(spec).contains(version, prereleases=True)
 
 
 def numerics_env(env: Mapping[str, str] | None = None) -> str:
@@ -125,15 +160,15 @@ def numerics_env(env: Mapping[str, str] | None = None) -> str:
 def device_name_note(current: Mapping[str, Any]) -> str | None:
     """A note when the device name identifies nothing (empty or generic): the arch does."""
     name = str(current.get("device-name", ""))
-    if current.get("device-type") not in ("cuda", "rocm"):
+    if current.get("device-type") not in ("cuda", "rocm") or (
+        name and name not in GENERIC_DEVICE_NAMES
+    ):
         return None
-    if not name or name in GENERIC_DEVICE_NAMES:
-        return (
-            f"the device name is {name!r}, which does not identify the device (libdrm's "
-            "amdgpu.ids is missing or old in this environment); it is identified by its arch "
-            f"{current.get('device-arch')!r}"
-        )
-    return None
+    return (
+        f"the device name is {name!r}, which does not identify the device (libdrm's "
+        "amdgpu.ids is missing or old in this environment); it is identified by its arch "
+        f"{current.get('device-arch')!r}"
+    )
 
 
 def field_matches(kind: FieldKind, rule: Match, expected: Any, found: Any) -> bool:
@@ -175,18 +210,14 @@ def compare(
     diffs = []
     for name, spec in expected.items():
         # a field of a newer kernel-probe: reported by the loader, not checked (unchecked_fields)
-        if name in FIELDS and not field_matches(
-            FIELDS[name].kind, spec.match, spec.value, found.get(name)
-        ):
-            diffs.append(Difference(name, spec.value, found.get(name), spec.match))
+        value = found.get(name)
+        if name in FIELDS and not field_matches(FIELDS[name].kind, spec.match, spec.value, value):
+            diffs.append(Difference(name, spec.value, value, spec.match))
     for name, spec in libraries_expected.items():
         value = libraries_found.get(name)
-        if value is None:
-            if spec.match != "ignore":
-                diffs.append(
-                    Difference(f"libraries.{name}", spec.value, "not installed", spec.match)
-                )
-        elif not field_matches("version", spec.match, spec.value, value):
+        if value is None and spec.match != "ignore":
+            diffs.append(Difference(f"libraries.{name}", spec.value, "not installed", spec.match))
+        elif value is not None and not field_matches("version", spec.match, spec.value, value):
             diffs.append(Difference(f"libraries.{name}", spec.value, value, spec.match))
     return diffs
 
@@ -198,7 +229,7 @@ def unchecked_fields(expected: Mapping[str, Any]) -> list[str]:
 
 def library_versions(names: Iterable[str]) -> dict[str, str | None]:
     """Installed distribution versions from package metadata (nothing is imported)."""
-    from importlib import metadata
+    from importlib import metadata  # costs milliseconds: only where versions are asked
 
     out: dict[str, str | None] = {}
     for name in names:
@@ -209,7 +240,22 @@ def library_versions(names: Iterable[str]) -> dict[str, str | None]:
     return out
 
 
-# ---- the facts as an imported torch reports them ----------------------------------------------
+def fields_of(
+    build: Iterable[str] | None, device: Mapping[str, Any], env: Mapping[str, str]
+) -> dict[str, Any]:
+    """The fingerprint's fields from torch's build (``BUILD_FIELDS``' values), the device facts
+    (keyed like ``device_facts``'s dict: ``DEVICE_KEYS``, those given) and the environment."""
+    fields = host.fields() | dict(zip(BUILD_FIELDS, build or (), strict=build is not None))
+    fields |= {n: device[k] for n, k in zip(DEVICE_FIELDS, DEVICE_KEYS, strict=True) if k in device}
+    return fields | {"numerics-env": numerics_env(env)}
+
+
+def _facts(kind: str, vendor: str, name: str, arch: str, count: int, driver: str) -> dict:
+    return dict(type=kind, vendor=vendor, name=name, arch=arch, count=count, driver=driver)
+
+
+def _gpus(cuda: Any) -> int:
+    return int(cuda.device_count()) if cuda.is_available() and cuda.device_count() > 0 else 0
 
 
 def device_facts(torch: Any) -> dict[str, Any]:
@@ -219,59 +265,34 @@ def device_facts(torch: Any) -> dict[str, Any]:
     (9, 0), like a Hopper GPU); its arch comes from ``gcnArchName``. Raises
     ``DeviceVisibilityError`` when the ROCm visibility variables contradict each other.
     """
-    hip = getattr(torch.version, "hip", None)
-    cuda_mod = getattr(torch, "cuda", None)
-    if hip:
-        # contradictory visibility variables are an error, not "no GPU"
-        host.physical_devices("rocm")
-        if cuda_mod is not None and cuda_mod.is_available() and cuda_mod.device_count() > 0:
-            props = cuda_mod.get_device_properties(0)
+    cuda: Any = getattr(torch, "cuda", None)
+    if getattr(torch.version, "hip", None):
+        host.physical_devices("rocm")  # contradictory visibility variables: an error, not "no GPU"
+        count = _gpus(cuda) if cuda is not None else 0
+        if count:
+            props = cuda.get_device_properties(0)
             gcn = str(getattr(props, "gcnArchName", ""))
-            return {
-                "type": "rocm",
-                "vendor": "amd",
-                "name": str(props.name),
-                "arch": host.normalize_gcn_arch(gcn),
-                "features": host.gcn_features(gcn),
-                "count": int(cuda_mod.device_count()),
-                "driver": host.driver_version("rocm"),
-            }
-    elif getattr(torch.version, "cuda", None) and cuda_mod is not None:
+            arch, driver = host.normalize_gcn_arch(gcn), host.driver_version("rocm")
+            facts = _facts("rocm", "amd", str(props.name), arch, count, driver)
+            return {**facts, "features": host.gcn_features(gcn)}
+    elif getattr(torch.version, "cuda", None) and cuda is not None:
         first = host.nvml_primary()
         if first is not None:
             return {"type": "cuda", "vendor": "nvidia", **first}
-        if cuda_mod.is_available() and cuda_mod.device_count() > 0:
-            major, minor = cuda_mod.get_device_capability(0)
-            return {
-                "type": "cuda",
-                "vendor": "nvidia",
-                "name": str(cuda_mod.get_device_name(0)),
-                "arch": f"sm_{major}{minor}",
-                "count": int(cuda_mod.device_count()),
-                "driver": host.driver_version("cuda"),
-            }
+        count = _gpus(cuda)
+        if count:
+            major, minor = cuda.get_device_capability(0)
+            name, driver = str(cuda.get_device_name(0)), host.driver_version("cuda")
+            return _facts("cuda", "nvidia", name, f"sm_{major}{minor}", count, driver)
     mps = getattr(getattr(torch, "backends", None), "mps", None)
     if mps is not None and mps.is_available():
-        return dict(type="mps", vendor="apple", name="Apple MPS", arch="", count=1, driver="")
-    xpu = getattr(torch, "xpu", None)
-    if (
-        xpu is not None
-        and hasattr(xpu, "is_available")
-        and xpu.is_available()
-        and xpu.device_count() > 0
-    ):
+        return _facts("mps", "apple", "Apple MPS", "", 1, "")
+    xpu: Any = getattr(torch, "xpu", None)
+    if getattr(xpu, "is_available", None) and xpu.is_available() and xpu.device_count() > 0:
         props = xpu.get_device_properties(0)
-        return {
-            "type": "xpu",
-            "vendor": "intel",
-            "name": str(getattr(props, "name", "Intel XPU")),
-            "arch": "",
-            "count": int(xpu.device_count()),
-            "driver": str(getattr(props, "driver_version", "")),
-        }
-    return dict(
-        type="cpu", vendor=host.cpu_vendor(), name=host.cpu_name(), arch="", count=1, driver=""
-    )
+        name, driver = getattr(props, "name", "Intel XPU"), getattr(props, "driver_version", "")
+        return _facts("xpu", "intel", str(name), "", int(xpu.device_count()), str(driver))
+    return _facts("cpu", host.cpu_vendor(), host.cpu_name(), "", 1, "")
 
 
 def import_torch() -> Any:
@@ -292,35 +313,21 @@ def import_torch() -> Any:
 def current(
     torch: Any | None = None, *, device: Callable[[Any], dict[str, Any]] | None = None
 ) -> dict[str, Any]:
-    """The fingerprint fields of this machine, as plain values keyed like ``FIELDS`` (torch is
-    imported when not passed)."""
-    if torch is None:
-        torch = import_torch()
-    dev = (device or device_facts)(torch)
-    return host.fields() | {
-        "torch": str(torch.__version__).split("+")[0],
-        "torch-cuda": str(getattr(torch.version, "cuda", None) or ""),
-        "torch-hip": str(getattr(torch.version, "hip", None) or ""),
-        "torch-rocm": str(getattr(torch.version, "rocm", None) or ""),
-        "device-type": dev["type"],
-        "device-vendor": dev["vendor"],
-        "device-name": dev["name"],
-        "device-arch": dev["arch"],
-        "device-features": dev.get("features", ""),
-        "device-count": int(dev["count"]),
-        "driver": dev.get("driver", ""),
-        "numerics-env": numerics_env(),
-    }
+    """The fingerprint fields of this machine, keyed like ``FIELDS`` (torch imported if not
+    passed)."""
+    torch = import_torch() if torch is None else torch
+    dev = {"features": "", "driver": "", **(device or device_facts)(torch)}
+    build = [str(getattr(torch.version, name, None) or "") for name in ("cuda", "hip", "rocm")]
+    version = str(torch.__version__).split("+")[0]
+    return fields_of([version, *build], {**dev, "count": int(dev["count"])}, os.environ)
 
 
 # ---- torch's build, from its installed version.py (for kernel_lock.torchless) --------------------
-
-
 @dataclass(frozen=True)
 class TorchBuild:
-    """What ``torch.version`` would say, read from the installed file."""
+    """What ``torch.version`` would say, read from the installed file (``version``: no +cu124)."""
 
-    version: str  # torch.__version__ without the local part (+cu124)
+    version: str
     cuda: str
     hip: str
     rocm: str
@@ -333,19 +340,14 @@ class Unsettled(Exception):
 
     def __init__(self, fields: Iterable[str], why: str):
         super().__init__(why)
-        self.fields = tuple(fields)
-        self.why = why
+        self.fields, self.why = tuple(fields), why
 
 
 _TORCH_FIELDS = BUILD_FIELDS + DEVICE_FIELDS  # what is unknown while torch's build is
-
-# What a real torch/version.py holds: tools/generate_torch_version.py (and setup.py's older copy)
-# writes ``from typing import Optional``, ``__all__ = [...]``, ``__version__ = '...'``, ``debug =
-# False``, ``git_version = '...'`` and ``cuda`` / ``hip`` / ``rocm`` / ``xpu`` as ``NAME:
-# Optional[str] = '...'`` (torch < 2.0: ``NAME = '...'``). Checked against the files of CPU, CUDA
-# and ROCm wheels from 1.13 to 2.13 (tests/kernel_lock/fingerprint/test_version_file.py). Nothing
-# else is read: anything else could change, when Python runs the file, what the names hold.
-_VERSION_FILE_IMPORT = ("typing", ("Optional",))
+# torch's tools/generate_torch_version.py writes ``from typing import Optional``, ``__all__``,
+# ``__version__``, ``debug``, ``git_version`` and ``NAME: Optional[str] = '...'`` for cuda, hip,
+# rocm, xpu (torch < 2.0: ``NAME = '...'``); checked against CPU, CUDA and ROCm wheels 1.13 to 2.13
+# (test_version_file.py). Nothing else is read: it could change what the names hold when run.
 _ANNOTATION = "Optional[str]"
 
 
@@ -356,6 +358,26 @@ def _plain_value(node: ast.expr) -> bool:
     return isinstance(node, ast.List) and all(
         isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts
     )
+
+
+def _binding(node: ast.stmt, imported: bool) -> tuple[str, ast.expr] | None:
+    """(name, value) of ``NAME = value``, or of ``NAME: Optional[str] = value`` after the import."""
+    if isinstance(node, ast.Assign) and len(node.targets) == 1:
+        target = node.targets[0]
+        return (target.id, node.value) if isinstance(target, ast.Name) else None
+    annotation = getattr(node, "annotation", None)
+    if (
+        isinstance(node, ast.AnnAssign)
+        and isinstance(node.target, ast.Name)
+        and node.simple
+        and node.value is not None
+        and isinstance(annotation, ast.Subscript)
+        and isinstance(annotation.value, ast.Name)
+        and ast.unparse(annotation) == _ANNOTATION
+        and imported
+    ):
+        return node.target.id, node.value
+    return None
 
 
 def parse_version_file(text: str) -> dict[str, Any]:
@@ -369,50 +391,28 @@ def parse_version_file(text: str) -> dict[str, Any]:
     values: dict[str, Any] = {}
     imported = False
     for node in ast.parse(text).body:
+        line = f"line {node.lineno}:"
         if isinstance(node, ast.ImportFrom):
-            names = tuple(alias.name for alias in node.names if alias.asname is None)
-            if (
-                (node.module, names) == _VERSION_FILE_IMPORT
-                and node.level == 0
-                and len(node.names) == 1
-            ):
+            names = [(alias.name, alias.asname) for alias in node.names]
+            if node.module == "typing" and names == [("Optional", None)] and node.level == 0:
                 imported = True
                 continue
+            raise ValueError(f"{line} an import other than `from typing import Optional`")
+        bound = _binding(node, imported)
+        if bound is None:
             raise ValueError(
-                f"line {node.lineno}: an import other than `from typing import Optional`"
-            )
-        if (
-            isinstance(node, ast.Assign)
-            and len(node.targets) == 1
-            and isinstance(node.targets[0], ast.Name)
-        ):
-            target, value = node.targets[0].id, node.value
-        elif (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and node.simple
-            and node.value is not None
-            and ast.unparse(node.annotation) == _ANNOTATION
-            and isinstance(node.annotation, ast.Subscript)
-            and isinstance(node.annotation.value, ast.Name)
-            and imported
-        ):
-            target, value = node.target.id, node.value
-        else:
-            raise ValueError(
-                f"line {node.lineno}: {type(node).__name__} statement (only `NAME = literal` and "
+                f"{line} {type(node).__name__} statement (only `NAME = literal` and "
                 f"`NAME: {_ANNOTATION} = literal` are read)"
             )
+        target, value = bound
         if target in values:
-            raise ValueError(f"line {node.lineno}: {target} is bound twice")
+            raise ValueError(f"{line} {target} is bound twice")
         if target in ("Optional", "str") or (
             target.startswith("__") and target not in ("__all__", "__version__")
         ):
-            raise ValueError(f"line {node.lineno}: {target} is not a name torch's version.py binds")
+            raise ValueError(f"{line} {target} is not a name torch's version.py binds")
         if not _plain_value(value):
-            raise ValueError(
-                f"line {node.lineno}: {target} is not a string, bool, None or list of strings"
-            )
+            raise ValueError(f"{line} {target} is not a string, bool, None or list of strings")
         values[target] = ast.literal_eval(value)
     return values
 
@@ -428,15 +428,14 @@ def _compiled_parts_missing(folder: Path, build: TorchBuild) -> str | None:
     """Why ``import torch`` may fail for a compiled part missing in ``folder``, or None."""
     import importlib.machinery
 
-    if not any(
-        (folder / f"_C{suffix}").is_file() for suffix in importlib.machinery.EXTENSION_SUFFIXES
-    ):
+    suffixes = importlib.machinery.EXTENSION_SUFFIXES
+    if not any((folder / f"_C{suffix}").is_file() for suffix in suffixes):
         return f"torch's extension module {folder / '_C'}.* is missing: `import torch` would fail"
     suffix = _LIB_SUFFIX.get(sys.platform)
     if suffix is None:
         return f"torch's compiled libraries are not looked for on {sys.platform}"
-    wanted = [*_TORCH_LIBS, *(["libtorch_cuda"] if build.cuda else [])]
-    wanted += ["libtorch_hip"] if build.hip else []
+    extra = {"libtorch_cuda": build.cuda, "libtorch_hip": build.hip}
+    wanted = [*_TORCH_LIBS, *(name for name, built in extra.items() if built)]
     if sys.platform == "win32":
         wanted = [name.removeprefix("lib") for name in wanted]
     missing = [name + suffix for name in wanted if not (folder / "lib" / (name + suffix)).is_file()]
@@ -470,14 +469,13 @@ def torch_build(path: Path | None = None) -> TorchBuild:
         values = parse_version_file(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as exc:
         raise Unsettled(_TORCH_FIELDS, f"{path} cannot be read as plain data: {exc}") from None
-    texts: dict[str, str] = {}
     for name in ("cuda", "hip", "rocm", "xpu"):
         value = values.get(name)
         if value is not None and not isinstance(value, str):
             raise Unsettled(_TORCH_FIELDS, f"{path}: {name} = {value!r} is not a string")
-        texts[name] = value or ""
     version = values.get("__version__")
     version = version if isinstance(version, str) else ""  # the caller falls back for "torch"
+    texts = {name: values.get(name) or "" for name in ("cuda", "hip", "rocm", "xpu")}
     build = TorchBuild(version.split("+")[0], **texts, path=str(path))
     missing = _compiled_parts_missing(path.parent, build) if check_compiled else None
     if missing:
@@ -486,8 +484,7 @@ def torch_build(path: Path | None = None) -> TorchBuild:
 
 
 def metadata_agrees(build: TorchBuild) -> str | None:
-    """Why the installed distribution's version contradicts version.py (two torches on the path?),
-    or None."""
+    """Why the installed torch's metadata contradicts version.py (two torches?), or None."""
     from importlib import metadata
 
     try:

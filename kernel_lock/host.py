@@ -1,8 +1,7 @@
-"""Facts of this host read without torch: the CPU (archspec, /proc/cpuinfo), the GPU driver's
-version file, ROCm's arch names, the devices the visibility variables leave, and NVIDIA's devices
-through NVML (no CUDA context). ``kernel_lock.fingerprint`` and ``kernel_lock.torchless`` both take
-them from here. A reading that is not certain is None: "ask torch".
-"""
+"""Facts of this host read without torch, for ``kernel_lock.fingerprint`` and ``torchless``: the
+CPU (archspec, /proc/cpuinfo), the GPU driver's version file, ROCm's arch names, the devices the
+visibility variables leave, and NVIDIA's devices through NVML (no CUDA context). A reading that is
+not certain is None: "ask torch"."""
 
 from __future__ import annotations
 
@@ -59,8 +58,7 @@ def normalize_gcn_arch(name: str) -> str:
 
 
 def gcn_features(name: str) -> str:
-    """'gfx90a:sramecc+:xnack-' -> 'sramecc+:xnack-' (the target features, which change code
-    objects)."""
+    """'gfx90a:sramecc+:xnack-' -> 'sramecc+:xnack-' (the target features: other code objects)."""
     return name.partition(":")[2].strip()
 
 
@@ -75,12 +73,10 @@ DRIVER_FILES = {
 
 
 def driver_version(device_type: str, root: str | os.PathLike[str] = "/") -> str:
-    """The GPU kernel driver's version from its /proc or /sys file (under ``root``); '' when there
-    is none."""
-    entry = DRIVER_FILES.get(device_type)
-    if entry is None:
+    """The GPU kernel driver's version from its /proc or /sys file (under ``root``); '' if none."""
+    if device_type not in DRIVER_FILES:
         return ""
-    path, pattern = entry
+    path, pattern = DRIVER_FILES[device_type]
     try:
         with open(os.path.join(root, path.lstrip("/")), encoding="utf-8", errors="replace") as fh:
             match = pattern.search(fh.read(4096))
@@ -98,62 +94,55 @@ _CPU_VENDORS = {
 }
 
 
+def _cpuinfo(matches: Any) -> str | None:
+    """The value of the first /proc/cpuinfo line ``matches`` (given the line), or None."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            return next((line.split(":", 1)[1].strip() for line in fh if matches(line)), None)
+    except OSError:
+        return None
+
+
 def cpu_vendor() -> str:
     """archspec's vendor, or /proc/cpuinfo's vendor_id when archspec only knows a generic level."""
     host = archspec_host()
     vendor = "" if host is None else str(host.vendor).lower()
     if vendor and vendor != "generic":
         return {"authenticamd": "amd", "genuineintel": "intel"}.get(vendor, vendor)
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.split(":", 1)[0].strip().lower() in ("vendor_id", "cpu implementer"):
-                    raw = line.split(":", 1)[1].strip().lower()
-                    return _CPU_VENDORS.get(raw, raw)
-    except OSError:
-        pass
+    keys = ("vendor_id", "cpu implementer")
+    raw = _cpuinfo(lambda line: line.split(":", 1)[0].strip().lower() in keys)
+    if raw is not None:
+        return _CPU_VENDORS.get(raw.lower(), raw.lower())
     return vendor or "unknown"
 
 
 def cpu_name() -> str:
     """The CPU's model name from /proc/cpuinfo, else what ``platform`` says."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.lower().startswith(("model name", "cpu model", "hardware")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
+    name = _cpuinfo(lambda line: line.lower().startswith(("model name", "cpu model", "hardware")))
+    return name if name is not None else platform.processor() or platform.machine() or "unknown"
 
 
 def fields() -> dict[str, Any]:
     """The fingerprint's fields of this interpreter and CPU: python, os, arch, cpu-microarch."""
     return {
         "python": platform.python_version(),
-        "os": sys.platform if sys.platform != "linux" else "linux",
+        "os": sys.platform,
         "arch": platform.machine().lower(),
         "cpu-microarch": cpu_microarch(),
     }
 
 
 # ---- the visible devices: CUDA_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES --------
-# Only a reading that is certain is given; None means "ask torch".
-
-
 def _entries(value: str) -> list[str]:
     return [entry.strip() for entry in value.split(",")]
 
 
 def physical_devices(device_type: str, env: Mapping[str, str] | None = None) -> list[str] | None:
-    """The node-level id of each device this process sees, in torch's order (``'?'``: an entry that
-    cannot be mapped); None when nothing restricts it.
-
-    ROCm applies ``ROCR_VISIBLE_DEVICES`` (node ids or UUIDs), then ``HIP_VISIBLE_DEVICES`` (or
-    ``CUDA_VISIBLE_DEVICES``), whose indices count within what ROCR left: with LUMI's per-rank
-    ``ROCR_VISIBLE_DEVICES=$SLURM_LOCALID`` only this tells the ranks' devices 0 apart. A HIP list
-    longer than the ROCR list, which torch refuses, raises ``DeviceVisibilityError``.
-    """
+    """The node-level id of each device this process sees, in torch's order (``'?'``: not mapped);
+    None when nothing restricts it. ROCm applies ``ROCR_VISIBLE_DEVICES``, then
+    ``HIP_VISIBLE_DEVICES`` (or ``CUDA_VISIBLE_DEVICES``) indexing what ROCR left (LUMI's per-rank
+    ``ROCR_VISIBLE_DEVICES=$SLURM_LOCALID``); a HIP list longer than ROCR's raises
+    ``DeviceVisibilityError``, as torch refuses it."""
     env = os.environ if env is None else env
     if device_type == "rocm":
         rocr = env.get("ROCR_VISIBLE_DEVICES")
@@ -196,14 +185,11 @@ def _indices(value: str, limit: int) -> list[int] | None:
 
 
 def rocm_visible_indices(env: Mapping[str, str], count: int) -> list[int] | None:
-    """Node indices (KFD GPU order) of the GPUs HIP will see, in HIP's order, among ``count`` GPUs;
-    None where ROCm's reading is not certain, so the caller asks torch.
-
-    Only lists of distinct plain indices within range are read: UUIDs, repeats, signs, spaces,
-    out-of-range or empty items (read differently by ROCr, HIP and torch) are left to torch, and so
-    is CUDA_VISIBLE_DEVICES beside ROCR_VISIBLE_DEVICES (HIP honours it, torch's parser does not).
-    Contradictory variables raise as :func:`physical_devices` does.
-    """
+    """Node indices (KFD order) of the GPUs HIP will see, in HIP's order, among ``count`` GPUs; None
+    where the reading is not certain: only distinct plain indices in range are read (UUIDs,
+    repeats, signs, spaces, empty items are left to torch), and CUDA_VISIBLE_DEVICES beside
+    ROCR_VISIBLE_DEVICES is too (HIP honours it, torch does not). Raises as
+    :func:`physical_devices` does."""
     physical_devices("rocm", env)  # raises DeviceVisibilityError on a HIP list longer than ROCR's
     rocr = env.get("ROCR_VISIBLE_DEVICES")
     hip = env.get("HIP_VISIBLE_DEVICES")
@@ -211,10 +197,8 @@ def rocm_visible_indices(env: Mapping[str, str], count: int) -> list[int] | None
     if rocr is not None and hip is None and cuda is not None:
         return None
     base = list(range(count)) if rocr is None else _indices(rocr, count)
-    if base is None:
-        return None
     chosen = hip if hip is not None else cuda
-    if chosen is None:
+    if base is None or chosen is None:
         return base
     picked = _indices(chosen, len(base))
     return None if picked is None else [base[i] for i in picked]
@@ -298,19 +282,14 @@ def visible_nvml_indices(visible: str | None, uuids: list[str]) -> list[int] | N
 
 
 # ---- NVIDIA's devices through NVML: an optional shortcut, never a reason to fail -----------------
-
-
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def nvml_devices() -> list[dict[str, Any]] | None:
-    """Every CUDA-visible NVIDIA GPU via NVML (nvidia-ml-py), without creating a CUDA context.
-
-    One dict per device, in CUDA's order: index, nvml_index, name, arch (sm_XY), capability, uuid,
-    memory_bytes, driver (kernel driver version) and cuda_driver (the newest CUDA the driver
-    supports). None when NVML is not installed, has no library or no devices, or fails in any way.
-    """
+    """Every CUDA-visible NVIDIA GPU via NVML (nvidia-ml-py), without a CUDA context, in CUDA's
+    order: index, nvml_index, name, arch (sm_XY), capability, uuid, memory_bytes, driver and
+    cuda_driver (the newest CUDA the driver supports). None when NVML is missing or fails."""
     try:
         import pynvml
     except Exception:  # not installed, or a broken/deprecated shim

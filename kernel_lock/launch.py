@@ -1,13 +1,12 @@
 """The one way kernel-probe and kernel_lock start a Python child, and the child that confirms what
 only an import can judge.
 
-Every Python child (the probe's worker and one-shot children, the confirming child, check-config's
-children) is started by :func:`python_argv` and :func:`start`: ``python -I`` (no user site, no
-``PYTHON*`` variable, no working directory on ``sys.path``, so a ``json.py`` there never runs),
-``sys.path`` set before any import (the caller's trusted roots, absolute, then the interpreter's;
-the working directory only *last*, where it shadows nothing), ``-X faulthandler -X utf8``, and its
-own session, which :func:`kill_group` ends. :func:`child_verdicts` resolves slots with ``factory``
-in such a child, so foreign code never runs in the checking process.
+Every Python child is started by :func:`python_argv` and :func:`start`: ``python -I`` (no user
+site, no ``PYTHON*`` variable, no working directory on ``sys.path``, so a ``json.py`` there never
+runs), ``sys.path`` set before any import (the trusted roots, absolute, then the interpreter's; the
+working directory only *last*), ``-X faulthandler -X utf8``, and its own session, which
+:func:`kill_group` ends. :func:`child_verdicts` resolves slots with ``factory`` in such a child, so
+foreign code never runs in the checking process.
 """
 
 from __future__ import annotations
@@ -19,13 +18,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .errors import ExitCode, KernelUnavailable, LockError, LockFormatError
-from .format.reading import ReadError, context, get_text, refuse_unknown
+from .tables import ReadError, context, get_text, refuse_unknown
 from .trust import static_problem
 
 if TYPE_CHECKING:
     import subprocess
 
-    from .format.document import LockDocument
+    from .document import LockDocument
 
 __all__ = [
     "CHILD_TIMEOUT",
@@ -74,8 +73,7 @@ def trusted_roots(entries: Sequence[str]) -> list[str]:
 
 
 def pythonpath_roots(env: Mapping[str, str] | None = None) -> list[str]:
-    """The roots a child started with ``env`` was meant to have from its ``PYTHONPATH`` (which
-    ``-I`` itself ignores), as :func:`trusted_roots`."""
+    """The roots ``env``'s ``PYTHONPATH`` (which ``-I`` ignores) meant, as :func:`trusted_roots`."""
     env = os.environ if env is None else env
     return trusted_roots([p for p in (env.get("PYTHONPATH") or "").split(os.pathsep) if p])
 
@@ -106,7 +104,7 @@ def start(
     bufsize: int = -1,
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` (from :func:`python_argv`) in a session of its own, with ``env`` (default:
-    ours). Raises OSError when it cannot be started."""
+    ours); OSError when it cannot be started."""
     import subprocess  # only where a child is started: kernel_lock stays import-light
 
     return subprocess.Popen(
@@ -131,9 +129,8 @@ def kill_group(pid: int) -> None:
 
 
 def _run_child(argv: list[str], request: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run the child with ``request`` on its stdin. Its output comes back through files, not pipes,
-    so a process a library forks (inheriting them) cannot keep this waiting; whatever is left of its
-    session is killed once it ends or times out (``subprocess.TimeoutExpired``)."""
+    """Run the child with ``request`` on its stdin; its output comes back through files, so a
+    process a library forks cannot keep this waiting. Its session is killed once it ends."""
     import subprocess
     import tempfile
 
@@ -157,15 +154,13 @@ def _run_child(argv: list[str], request: str, timeout: float) -> subprocess.Comp
 
 
 # ---- confirming in a child what only an import can judge ----------------------------------------
-
-
 def child_verdicts(
     lock: LockDocument, mode: str, unknown: Mapping[str, str]
 ) -> dict[str, dict[str, Any] | None]:
-    """Resolve the ``unknown`` slots (name -> why they could not be judged without importing) with
-    ``factory`` in a fresh interpreter (same search path, same trust): per slot, None where it
-    built, else the error as a dict (exit_code, problem, key, fix). A child that cannot run, or ends
-    without a verdict, is :class:`KernelUnavailable`."""
+    """Resolve the ``unknown`` slots (name -> why only an import can judge them) with ``factory`` in
+    a fresh interpreter (same search path, same trust): per slot, None where it built, else the
+    error as a dict (exit_code, problem, key, fix). A child that cannot run, or ends without a
+    verdict, is :class:`KernelUnavailable`."""
     import subprocess
 
     request = {
@@ -213,8 +208,8 @@ def child_verdicts(
 
 
 def read_verdicts(data: Any, slots: Mapping[str, str]) -> dict[str, dict[str, Any] | None]:
-    """The child's answer, read by the typed reader: per slot asked, None or {exit_code (a
-    documented one), problem, key, fix}; anything else is a ReadError."""
+    """The child's answer, per slot asked: None or {exit_code (a documented one), problem, key,
+    fix}; anything else is a ReadError."""
     if not isinstance(data, dict):
         raise ReadError(f"expected a JSON object, got {type(data).__name__}")
     refuse_unknown(data, list(slots))
@@ -297,9 +292,9 @@ def confirm_in_child(lock: LockDocument, mode: str, unknown: Mapping[str, str]) 
 
 
 def before_sealing(lock: LockDocument, torch_version: str) -> list[str]:
-    """Every target of a hand-edited ``lock`` (each slot's and its twin's) decided before it is
-    sealed, as the job-start check decides it: what an import refuses is raised; a library absent
-    or broken here, or a twin the tables cannot judge, is returned as a line saying why."""
+    """Every target of a hand-edited ``lock`` (slots' and twins') decided before it is sealed, as
+    the job-start check decides it: what an import refuses is raised; a library absent or broken
+    here, or a twin the tables cannot judge, is returned as a line saying why."""
     notes: list[str] = []
     unknown: dict[str, str] = {}
     for entry in lock.slots.values():

@@ -1,11 +1,10 @@
-"""The kernel lock: :class:`KernelLock` (the document, plus verify and resolve), and the entry
-points that read one (``load``, ``loads``); ``KernelLock.dumps`` / ``dump`` write it.
+"""The kernel lock: :class:`KernelLock` (the document plus verify and resolve), and the entry points
+that read one (:func:`load`, :func:`loads`); ``KernelLock.dumps`` / ``dump`` write it.
 
 A lock is read from a regular file of at most ``MAX_BYTES`` (``kernel_lock.files``), parsed as
-TOML, then validated: the top-level keys by :mod:`kernel_lock.format.document`, the tables by
-:mod:`kernel_lock.format.schema`, through :mod:`kernel_lock.format.reading`'s getters; which targets
-may be imported is :mod:`kernel_lock.trust`'s. Resolution is :mod:`kernel_lock.resolve`'s, reached
-through the methods.
+TOML, then validated: the top-level keys by :mod:`kernel_lock.document`, the tables by
+:mod:`kernel_lock.schema`; which targets may be imported is :mod:`kernel_lock.trust`'s. Resolution
+is :mod:`kernel_lock.resolve`'s, reached through the methods.
 """
 
 from __future__ import annotations
@@ -16,16 +15,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import resolve
+from . import toml as _toml
+from .document import LockDocument
 from .errors import LockFormatError, LockWarning
-from .format import toml as _toml
-from .format.document import LockDocument
+from .files import UnsafeFile, read_regular
 
-__all__ = [
-    "MAX_BYTES",
-    "KernelLock",
-    "load",
-    "loads",
-]
+__all__ = ["MAX_BYTES", "KernelLock", "load", "loads"]
 
 MAX_BYTES = 8 << 20  # a lock is a few kB; anything this large is not one
 
@@ -44,23 +40,20 @@ class KernelLock(LockDocument):
         current: Mapping[str, Any] | None = None,
         targets: str | None = None,
     ) -> list[str]:
-        """Check this machine against the lock (``kernel_lock.resolve.verify``); the warnings it
-        returns."""
-        from .resolve import verify
-
-        return verify(self, mode=mode, current=current, targets=targets)
+        """Check this machine against the lock (``kernel_lock.resolve.verify``); its warnings."""
+        return resolve.verify(self, mode=mode, current=current, targets=targets)
 
     def factory(self, slot: str, mode: str | None = None, **options: Any):
         """The class the lock pins for ``slot``, verified (``kernel_lock.resolve.factory``)."""
-        from .resolve import factory
-
-        return factory(self, slot, mode=mode, **options)
+        return resolve.factory(self, slot, mode=mode, **options)
 
     def resolve_all(self, mode: str | None = None) -> dict[str, Any]:
         """Every slot's class, by slot name."""
-        from .resolve import factory
+        return {name: resolve.factory(self, name, mode=mode) for name in self.slots}
 
-        return {name: factory(self, name, mode=mode) for name in self.slots}
+
+def _fail(where: str, problem: str, fix: str | None = None) -> LockFormatError:
+    return LockFormatError(problem, path=where, fix=fix)
 
 
 def loads(
@@ -80,44 +73,43 @@ def loads(
     a lock; nothing resolves without the allow-list anyway).
     """
     where = path or "<lock>"
-    # the file reader's limit, for every source of lock text (a file, a checkpoint, another rank's
-    # report)
+    # the file reader's limit, for every source of lock text (a file, a checkpoint, a rank's report)
     size = (
         len(text)
         if isinstance(text, bytes) or len(text) > MAX_BYTES
         else len(text.encode("utf-8", "replace"))
     )
     if size > MAX_BYTES:
-        raise LockFormatError(
+        raise _fail(
+            where,
             f"is {size} bytes, more than the {MAX_BYTES} this input may have",
-            path=where,
-            fix="pass the right lock; a real one is a few kB",
+            "pass the right lock; a real one is a few kB",
         )
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise LockFormatError(
+            raise _fail(
+                where,
                 f"not UTF-8 text ({exc.reason} at byte {exc.start})",
-                path=where,
-                fix="a lock is a TOML text file written by kernel-probe",
+                "a lock is a TOML text file written by kernel-probe",
             ) from None
     try:
         data = _toml.loads(text)
     except _toml.TOMLDecodeError as exc:
-        raise LockFormatError(
+        raise _fail(
+            where,
             f"not valid TOML: {exc}",
-            path=where,
-            fix="restore the file from version control or re-run `kernel-probe --force`",
+            "restore the file from version control or re-run `kernel-probe --force`",
         ) from None
     except (ValueError, RecursionError) as exc:  # e.g. a NUL byte, absurd nesting
-        raise LockFormatError(f"not valid TOML: {exc}", path=where) from None
+        raise _fail(where, f"not valid TOML: {exc}") from None
     try:
         lock = KernelLock._from_dict(
             data, path=where, strict=strict, trust=trust, check_targets=check_targets
         )
     except RecursionError:
-        raise LockFormatError("nesting too deep", path=where) from None
+        raise _fail(where, "nesting too deep") from None
     if emit_warnings:
         for message in lock.warnings:
             warnings.warn(message, LockWarning, stacklevel=3)
@@ -134,28 +126,22 @@ def load(
 ) -> KernelLock:
     """Read and validate the lock at ``path`` (a regular file of at most 8 MiB). See
     :func:`loads`."""
-    from .files import UnsafeFile, read_regular
-
-    p = Path(path)
-    where = str(p)
+    where = str(Path(path))
     try:
-        raw = read_regular(p, MAX_BYTES)
+        raw = read_regular(path, MAX_BYTES)
     except FileNotFoundError:
-        raise LockFormatError(
+        raise _fail(
+            where,
             "no such file",
-            path=where,
-            fix="run `kernel-probe --out PATH` on this machine to write one, or check the path",
+            "run `kernel-probe --out PATH` on this machine to write one, or check the path",
         ) from None
     except UnsafeFile as exc:
-        fix = (
-            f"pass the lock file itself, e.g. {p / 'kernel-lock.toml'}"
-            if "directory" in exc.problem
-            else exc.fix
-        )
-        raise LockFormatError(exc.problem, path=where, fix=fix or None) from None
+        directory = "directory" in exc.problem
+        fix = f"pass the lock file itself, e.g. {Path(path) / 'kernel-lock.toml'}"
+        raise _fail(where, exc.problem, fix if directory else exc.fix or None) from None
     except OSError as exc:
-        raise LockFormatError(
-            f"cannot read: {exc.strerror}", path=where, fix="check the path and its permissions"
+        raise _fail(
+            where, f"cannot read: {exc.strerror}", "check the path and its permissions"
         ) from None
     return loads(
         raw,

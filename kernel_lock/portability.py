@@ -23,9 +23,9 @@ from typing import Any
 from .anemoi import locate, wrapper_of
 from .checkpoint import migrate_module_state, migration_rules
 from .errors import ExitCode, KernelUnavailable, LockError
-from .format.schema import Slot
 from .lock import KernelLock
 from .resolve import twin_refusal
+from .schema import Slot
 from .slots import SPECS
 from .trust import import_failure, import_target
 

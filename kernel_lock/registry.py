@@ -1,9 +1,8 @@
 """The registry: the kernel libraries, built-in candidates and adapters kernel-lock knows, as data.
 
-``registry.toml`` holds one ``[[library]]`` table per kernel library and one ``[[candidate]]`` per
-built-in implementation of a slot; read here (no torch), it gives the import allow-list, so the two
-cannot drift apart. The adapters ``kernel_lock.adapters`` builds are named here too, read without
-torch by the export and by the trust check. kernel-probe parses the same tables into its own types.
+``registry.toml`` (one ``[[library]]`` per kernel library, one ``[[candidate]]`` per built-in
+implementation of a slot) is read here without torch; the import allow-list follows from it, so the
+two cannot drift apart. The adapters ``kernel_lock.adapters`` builds are named here too.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-from .format import toml as _toml
+from . import toml as _toml
 from .slots import SPECS, TargetFacts, canonical_target
 from .slots import target_facts as known_facts
 
@@ -45,14 +44,11 @@ __all__ = [
 DATA = "registry.toml"  # package data of kernel_lock; pyproject.toml's package-data names it too
 # modules every lock may name whatever the registry says: torch itself and kernel_lock's own
 OWN_ROOTS = ("torch", "kernel_lock.adapters", "kernel_lock.attention", "kernel_lock.gated_mlp")
-# None: the registry.toml shipped in this package. Tests point it at a copy with an entry added
-# (what shipping that file does) and call reset().
-PATH: Path | None = None
+PATH: Path | None = None  # None: the shipped file; tests point it at a copy, then call reset()
 
 
 def path() -> Path:
-    """The registry file in use, found through importlib.resources like kernel-probe's site
-    profiles."""
+    """The registry file in use (through importlib.resources)."""
     if PATH is not None:
         return PATH
     from importlib.resources import files
@@ -78,8 +74,7 @@ def reset() -> None:
 
 
 def import_root(target: str) -> str:
-    """A target's allow-list entry: its top-level package, except kernel_lock's own modules, which
-    are allowed one module at a time (only ``kernel_lock.adapters`` builds classes)."""
+    """A target's allow-list entry: its top-level package (kernel_lock's own: one module)."""
     parts = target.split(".")
     return ".".join(parts[:2]) if parts[0] == "kernel_lock" else parts[0]
 
@@ -117,10 +112,9 @@ def _declared(where: Path) -> dict[str, TargetFacts]:
 
 
 def target_facts(target: str) -> TargetFacts | None:
-    """What ``target`` computes and the constructor keywords it is known to accept, without
-    importing it: torch.nn's and kernel_lock's classes from ``SlotSpec.known_targets`` (through
-    their aliases), a registered candidate's from its declaration (the kwargs it is declared with,
-    not necessarily all it accepts). None: only importing it can tell."""
+    """What ``target`` computes and the keywords it is known to accept, without importing it:
+    ``SlotSpec.known_targets``' classes, else a registered candidate's declaration (its declared
+    kwargs, perhaps not all it accepts). None: only importing it can tell."""
     return known_facts(target) or _declared(path()).get(canonical_target(target))
 
 
@@ -131,13 +125,11 @@ def declared_semantics(target: str) -> str | None:
 
 
 # ---- the adapters, by name ----------------------------------------------------------------------
-
 ADAPTERS = "kernel_lock.adapters"
 
 # anemoi builds norms as ``LayerNorm(C)`` and ``LayerNorm(normalized_shape=C)``; these library
-# classes call the size ``hidden_size``, so anemoi cannot build them directly. Each entry is an
-# adapter: a subclass of the library class (same parameters, same state-dict keys) whose first
-# argument is ``normalized_shape``. Adding a library with that signature is adding a row here.
+# classes call the size ``hidden_size``. Each adapter subclasses the library class (same parameters
+# and state dict) with ``normalized_shape`` first. Adding a library with that signature is a row:
 # adapter name -> (the library class it subclasses, the name of that class's size parameter)
 SIZE_ADAPTERS: dict[str, tuple[str, str]] = {
     "LigerLayerNormAnemoi": ("liger_kernel.transformers.LigerLayerNorm", "hidden_size"),
@@ -145,10 +137,9 @@ SIZE_ADAPTERS: dict[str, tuple[str, str]] = {
     "FlashAttnRMSNormAnemoi": ("flash_attn.ops.triton.layer_norm.RMSNorm", "hidden_size"),
 }
 
-# anemoi's AutocastLayerNorm is torch.nn.LayerNorm with its output cast back to the input dtype, and
-# anemoi's gnn preset (and every QueryNorm/KeyNorm default) relies on that cast. Where a lock pins
-# another LayerNorm kernel, these keep the cast around it: a subclass of the kernel's anemoi-ready
-# class whose forward returns ``super().forward(x).type_as(x)`` (same parameters and state dict).
+# anemoi's AutocastLayerNorm casts torch.nn.LayerNorm's output back to the input dtype, and its gnn
+# preset (and every QueryNorm/KeyNorm default) relies on it. Where a lock pins another LayerNorm
+# kernel, these keep the cast: a subclass whose forward returns ``super().forward(x).type_as(x)``.
 # adapter name -> the class it subclasses (a library class, or another adapter)
 AUTOCAST_ADAPTERS: dict[str, str] = {
     "AutocastCompiledLayerNorm": f"{ADAPTERS}.CompiledLayerNorm",
@@ -160,14 +151,11 @@ AUTOCAST_ADAPTERS: dict[str, str] = {
 # the adapters that keep an anemoi wrapper's behaviour, by the wrapper's adapter prefix
 WRAPPING_ADAPTERS: dict[str, dict[str, str]] = {"Autocast": AUTOCAST_ADAPTERS}
 
-# Generic adapters: for a kernel no table above names (a site's own class, a library not listed),
-# the adapter's *name* carries the kernel's dotted path, its dots written ``__``:
-#   kernel_lock.adapters.Autocast__site_kernels__norms__FastLayerNorm
-# is site_kernels.norms.FastLayerNorm (given anemoi's ``normalized_shape`` argument if it takes its
-# size as one of SIZE_NAMES) with its output cast back to the input dtype; ``Sized__...`` only
-# renames the size argument. Built on first lookup like every adapter, so it pickles by name, and it
-# subclasses the kernel (same parameters and state dict). Nothing in kernel_lock is edited to use a
-# new kernel.
+# Generic adapters, for a kernel no table above names: the adapter's *name* carries the kernel's
+# dotted path, dots written ``__``: ``kernel_lock.adapters.Autocast__site_kernels__norms__FastLN``
+# is site_kernels.norms.FastLN (given ``normalized_shape`` if it takes its size as one of
+# SIZE_NAMES) with its output cast back; ``Sized__...`` only renames the size argument. Built on
+# first lookup, so it pickles by name; nothing in kernel_lock is edited to use a new kernel.
 GENERIC_SEPARATOR = "__"
 GENERIC_PREFIXES = ("Autocast", "Sized")
 SIZE_NAMES = ("hidden_size", "dim")
@@ -203,8 +191,8 @@ def adapter_for(target: str) -> str | None:
 
 
 def wrapping_adapter_for(prefix: str, target: str) -> str | None:
-    """The ``kernel_lock.adapters`` path of the class that runs ``target`` inside the behaviour of
-    the anemoi wrapper ``prefix`` names (e.g. Autocast: the output cast back to the input dtype)."""
+    """The ``kernel_lock.adapters`` path of the class that runs ``target`` inside the anemoi
+    wrapper ``prefix`` names (Autocast: the output cast back to the input dtype)."""
     for name, base in WRAPPING_ADAPTERS.get(prefix, {}).items():
         if base == target:
             return f"{ADAPTERS}.{name}"

@@ -29,8 +29,8 @@ from .trust import (
 )
 
 if TYPE_CHECKING:
-    from .format.document import LockDocument
-    from .format.schema import Slot
+    from .document import LockDocument
+    from .schema import Slot
 
 __all__ = [
     "INFERENCE_FACTS",
@@ -129,7 +129,7 @@ def verify(
             ]  # where anemoi's GraphTransformer would run its kernel
         current = torchless.for_check(checked)
     notes: list[str] = []
-    from .format import graph_attention
+    from . import graph_attention
 
     fallback = graph_attention.fallback_note(lock.graph_attention, current)
     if mode == "training":

@@ -20,7 +20,7 @@ from typing import Any
 
 from . import fingerprint as fp
 from . import host
-from .fingerprint import BUILD_FIELDS, DEVICE_FIELDS, FIELDS, TorchBuild, Unsettled, numerics_env
+from .fingerprint import DEVICE_FIELDS, DEVICE_KEYS, FIELDS, TorchBuild, Unsettled, release
 
 __all__ = [
     "MIN_DRIVER_FOR_CUDA",
@@ -109,16 +109,9 @@ def _read(path: Path, limit: int = 65536) -> str:
         return fh.read(limit)
 
 
-def _release(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in re.findall(r"\d+", text))
-
-
-_DEVICE_KEYS = ("type", "vendor", "name", "arch", "features", "count", "driver")
-
-
 def _facts(*values: Any) -> dict[str, Any]:
-    """Device facts keyed like ``fingerprint.device_facts``'s."""
-    return dict(zip(_DEVICE_KEYS, values, strict=True))
+    """Device facts keyed like ``fingerprint.device_facts``'s (``DEVICE_KEYS``)."""
+    return dict(zip(DEVICE_KEYS, values, strict=True))
 
 
 def _cpu_device() -> dict[str, Any]:
@@ -177,9 +170,9 @@ def _nvidia_from_proc(
             "GPU (the driver may load on first use, or this is WSL): only torch can tell",
         )
     driver = host.driver_version("cuda", root)
-    major = _release(build.cuda)[:1]
+    major = release(build.cuda)[:1]
     need = MIN_DRIVER_FOR_CUDA.get(major[0]) if major else None
-    if need is None or not driver or _release(driver) < need:
+    if need is None or not driver or release(driver) < need:
         raise Unsettled(
             unsure,
             f"driver {driver or '(unreadable)'} against torch's CUDA {build.cuda}: whether "
@@ -384,12 +377,13 @@ def fingerprint(
     ``env`` replaces os.environ, ``root`` is where /proc, /sys and /dev are (only they move), and
     ``version_file`` the installed torch/version.py. Raises where ``fingerprint.current()`` does."""
     env = os.environ if env is None else env
-    fields: dict[str, Any] = host.fields() | {"numerics-env": numerics_env(env)}
     fallbacks: dict[str, str] = {}
     sources: dict[str, str] = {
         "python, os, arch, cpu-microarch": "this interpreter and archspec",
         "numerics-env": "the environment",
     }
+    build: TorchBuild | None = None
+    device: dict[str, Any] = {}
     try:
         build = fp.torch_build(version_file)
         sources["torch, torch-cuda, torch-hip, torch-rocm"] = build.path
@@ -398,18 +392,14 @@ def fingerprint(
             fallbacks["torch"] = disagreement
         if not build.version:
             fallbacks["torch"] = f"{build.path} has no __version__ string"
-        fields.update(
-            zip(BUILD_FIELDS, (build.version, build.cuda, build.hip, build.rocm), strict=True)
-        )
         device, unsure = _device(build, env, Path(root), sources)
-        fields.update(
-            {name: device[key] for name, key in zip(DEVICE_FIELDS, _DEVICE_KEYS, strict=True)}
-        )
         for name, why in unsure.items():
             fallbacks.setdefault(name, why)
     except Unsettled as exc:
         for name in exc.fields:
             fallbacks.setdefault(name, exc.why)
+    versions = (build.version, build.cuda, build.hip, build.rocm) if build else None
+    fields = fp.fields_of(versions, device, env)
     for name in FIELDS:
         if name in fallbacks or name not in fields:
             fields[name] = None

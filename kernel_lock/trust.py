@@ -2,8 +2,8 @@
 
 The allow-list is the registry's (``registry.allowed_roots``) plus what the *caller* grants (the
 API's ``trust=[...]``, ``$KERNEL_LOCK_TRUST``, ``--trust``); a lock's own ``trusted-modules`` only
-asks, and the refusal says how to grant it. Every check runs before anything is imported. A lock's
-document and slots are typed ``Any`` here: the lock's reader imports this module, not the reverse.
+asks, and the refusal says how to grant it. Every check runs before anything is imported. Slots are
+typed ``Any`` here: the lock's reader imports this module, not the reverse.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from .errors import (
     LockFormatError,
     TargetNotAllowed,
 )
-from .format.versions import in_spec, release
+from .fingerprint import in_spec, library_versions, release
 from .registry import OWN_ROOTS, allowed_roots, declared_semantics, generic_kernel, target_facts
 from .slots import SPECS, TORCH_FACTS_SINCE, canonical_target, class_semantics
 
@@ -144,8 +144,6 @@ def check_target(
 
 
 # ---- importing a pinned class: the allow-list first, then the import, then what it must be ------
-
-
 def _other_maths(
     target: str, found: str, semantics: str, where: str | None, key: str | None
 ) -> TargetNotAllowed:
@@ -202,8 +200,8 @@ def import_target(
     semantics: str | None = None,
 ) -> type:
     """Import an allow-listed ``torch.nn.Module`` subclass, the allow-list checked first; with
-    ``semantics``, a class that computes something else (an RMSNorm for a LayerNorm slot, an
-    Identity for a Linear) is refused."""
+    ``semantics``, a class that computes something else (an RMSNorm for a LayerNorm slot) is
+    refused."""
     check_target(target, trusted, path=where, key=key)
     module_path, _, attr = target.rpartition(".")
     # a nested class ("pkg.mod.Outer.Inner") is not supported on purpose: one module, one class
@@ -215,8 +213,7 @@ def import_target(
     import torch  # a class is being imported: torch is needed now, not at kernel_lock's import
 
     if semantics == "attention" and callable(obj) and not isinstance(obj, type):
-        # a function with SDPA's signature (``--candidate Attention=module.function``), called by a
-        # class of kernel_lock.attention, which gives it the window as its mask
+        # a function with SDPA's signature (``--candidate Attention=module.function``), wrapped
         from .attention import for_function  # imports torch
 
         obj = for_function(obj, target)
@@ -228,9 +225,8 @@ def import_target(
             fix="a slot must name a module class, such as torch.nn.LayerNorm",
         )
     # a generic adapter's semantics are its kernel's: the registry's word on the class it names
-    found = None
-    if semantics is not None:
-        found = class_semantics(obj) or declared_semantics(generic_kernel(target) or target)
+    kernel = generic_kernel(target) or target
+    found = None if semantics is None else class_semantics(obj) or declared_semantics(kernel)
     if found is not None and found != semantics:
         raise _other_maths(target, found, str(semantics), where, key)
     return obj
@@ -256,7 +252,7 @@ def check_kwargs(cls: type, kwargs: Mapping[str, Any], *, where: str | None, key
 
 def build(slot_name: str, target: str, kwargs: Mapping[str, Any], lock: Any, key: str) -> type:
     """Import ``target`` for ``slot_name`` and check ``kwargs`` against it; every failure a
-    :class:`LockError` naming the lock's file and ``key`` (``lock``: a LockDocument or None)."""
+    :class:`LockError` naming the lock's file and ``key`` (``lock``: a document or None)."""
     trusted = lock.granted if lock else ()
     where = lock.path if lock else None
     try:
@@ -265,15 +261,13 @@ def build(slot_name: str, target: str, kwargs: Mapping[str, Any], lock: Any, key
         )
     except (LockFormatError, TargetNotAllowed):
         raise
-    # a module that runs its command line on import must not end the caller
-    except SystemExit as exc:
-        raise import_failure(slot_name, target, exc, where, key) from None
     except ImportError as exc:
         missing = getattr(exc, "name", None) or target.split(".")[0]
         problem = f"slot {slot_name}: cannot import {target!r}: {exc}"
         raise _not_installed(problem, missing, where, key) from None
-    # a library that raises something else while importing is broken, not absent
-    except Exception as exc:
+    # a module that runs its command line on import must not end the caller; a library that raises
+    # something else while importing is broken, not absent
+    except (SystemExit, Exception) as exc:
         raise import_failure(slot_name, target, exc, where, key) from None
     check_kwargs(cls, kwargs, where=where, key=f"{key}.kwargs")
     return cls
@@ -301,13 +295,11 @@ def import_failure(
 
 
 # ---- what is known without importing: the file system, package metadata, the registry --------
-
-
 def locate(module: str) -> bool | None:
     """Is ``module`` on the search path? True / False where the file system says so, None where only
-    importing could tell (a submodule not found: its package may build ``__path__`` on import). No
-    package's code runs: the finders look up the top-level package, ``PathFinder`` each submodule
-    in its parent's ``__path__`` (``importlib.util.find_spec("a.b")`` would import ``a``)."""
+    importing could tell (a package may build ``__path__`` on import). No package's code runs: the
+    finders look up the top level, ``PathFinder`` each submodule in its parent's ``__path__``
+    (``importlib.util.find_spec("a.b")`` would import ``a``)."""
     parts = module.split(".")
     try:  # a top-level name has no parent to import: only the finders run (editable installs' too)
         spec = importlib.util.find_spec(parts[0])
@@ -331,18 +323,13 @@ def locate(module: str) -> bool | None:
 
 
 def requirement_problems(slot: Any) -> list[Difference]:
-    """Requirements of a slot (a ``format.schema.Slot``) this machine does not satisfy, from
-    package metadata and the file system (no import)."""
-    from importlib import metadata  # costs milliseconds: only where a lock's slot is checked
-
+    """Requirements of a slot (a ``schema.Slot``) this machine does not satisfy, from package
+    metadata and the file system (no import)."""
     problems = []
+    versions = library_versions(req.name for req in slot.requires)
     for req in slot.requires:
         field = f"slots.{slot.name}.requires.{req.name}"
-        try:
-            version = metadata.version(req.name)
-        except metadata.PackageNotFoundError:
-            version = None
-        where = locate(req.module) if req.module else None
+        version, where = versions[req.name], locate(req.module) if req.module else None
         if version is None and where:
             version = "unknown"  # importable but not installed as a distribution (a source tree)
         if version is None:
@@ -419,8 +406,7 @@ def static_problem(
 ) -> str | None:
     """Decide ``target`` for ``slot`` as :func:`build` would, from ``registry.target_facts`` and
     the file system: raises the error the import would raise; None when it would build; the reason
-    when only importing can tell (a target outside the tables, a kwarg the registry does not
-    declare, an unknown or too old torch, a module found only by importing its parent)."""
+    when only importing can tell."""
     facts = target_facts(target)
     if facts is None:
         return f"{target!r} is not a class the registry or torch.nn's table declares"

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kernel_lock import registry as lock_registry
-from kernel_lock.format import toml
+from kernel_lock import toml
 from kernel_lock.slots import SPECS, slot_name_fix
 from kernel_lock.slots import semantics as known_semantics
 from kernel_probe.errors import UsageError

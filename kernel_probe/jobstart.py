@@ -24,8 +24,8 @@ from typing import Any, Literal
 import kernel_lock
 from kernel_lock.errors import ExitCode, LockError, LockMismatch
 from kernel_lock.files import UnsafeFile, UnsafeWrite, private_dir, read_regular, write_file
-from kernel_lock.format.reading import ReadError, get_int, get_literal, get_text, refuse_unknown
 from kernel_lock.lock import MAX_BYTES
+from kernel_lock.tables import ReadError, get_int, get_literal, get_text, refuse_unknown
 from kernel_probe.errors import InputFileError, NodeDiffers, ProbeError, UsageError
 from kernel_probe.probe.pipeline import ProbeResult, probe_or_reuse
 from kernel_probe.probe.planning import Events, Plan, ProbeRequest, plan

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kernel_lock import Difference
-from kernel_lock.fingerprint import library_versions
-from kernel_lock.format.versions import in_spec
+from kernel_lock.fingerprint import in_spec, library_versions
 from kernel_probe.candidates import arch_satisfies
 from kernel_probe.detect.host import detect_site
 from kernel_probe.detect.libraries import known_libraries, locate

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernel_lock import toml
 from kernel_lock.files import UnsafeFile, read_regular
-from kernel_lock.format import toml
 from kernel_lock.slots import PRECISIONS, SLOTS
 from kernel_probe import candidates as cands
 from kernel_probe.detect.libraries import known_libraries

@@ -23,7 +23,7 @@ from typing import Any
 
 from kernel_lock.files import UnsafeFile, read_regular
 from kernel_lock.fingerprint import FIELDS
-from kernel_lock.format.reading import (
+from kernel_lock.tables import (
     ReadError,
     context,
     get,

@@ -1,7 +1,7 @@
 """Strict reading of the project's TOML tables (the registry, site profiles, candidate
 declarations).
 
-``kernel_lock.format.reading`` holds the one family of typed getters; this reader raises their
+``kernel_lock.tables`` holds the one family of typed getters; this reader raises their
 errors as the probe's input-file errors (exit 5), naming the file and the dotted key, and refuses
 unknown keys.
 """
@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar, overload
 
-from kernel_lock.format.reading import ReadError, get, get_required, get_strings, unknown_keys
+from kernel_lock.tables import ReadError, get, get_required, get_strings, unknown_keys
 from kernel_probe.errors import InputFileError
 
 _T = TypeVar("_T")
@@ -23,7 +23,7 @@ class CandidateDataError(InputFileError):
 
 
 class TableReader:
-    """Strict reading of parsed TOML: ``kernel_lock.format.reading``'s typed getters, whose errors
+    """Strict reading of parsed TOML: ``kernel_lock.tables``'s typed getters, whose errors
     this reader raises with the file and the dotted key.
 
     Unknown keys are errors (a typo must not silently widen a policy or drop a pinned argument).
@@ -39,7 +39,7 @@ class TableReader:
         return self.error(problem, path=self.path, key=key, fix=fix)
 
     def read(self, where: str, getter: Callable[[], _T]) -> _T:
-        """Run one of ``kernel_lock.format.reading``'s getters; its error, its key completed with
+        """Run one of ``kernel_lock.tables``'s getters; its error, its key completed with
         ``where``, is this reader's (the file named)."""
         try:
             return getter()

@@ -16,7 +16,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 GENERIC = [
-    "kernel_lock/format",
+    "kernel_lock/tables.py",
+    "kernel_lock/toml.py",
+    "kernel_lock/schema.py",
+    "kernel_lock/document.py",
+    "kernel_lock/graph_attention.py",
     "kernel_lock/lock.py",
     "kernel_lock/resolve.py",
     "kernel_lock/slots/__init__.py",

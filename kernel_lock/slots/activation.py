@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from ..format.reading import ReadError, get_required
+from ..tables import ReadError, get_required
 from .base import SlotKey, SlotSpec, TargetFacts, torch_aliases
 
 __all__ = [

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from ..format.reading import ReadError, get
+from ..tables import ReadError, get
 from .base import SlotKey, SlotSpec, TargetFacts
 
 __all__ = [

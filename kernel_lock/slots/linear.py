@@ -25,8 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import Difference, LockMismatch
-from ..format.reading import ReadError, get
-from ..format.tables import EMPTY, Table, from_dict, one_of, toml_key
+from ..tables import EMPTY, ReadError, Table, from_dict, get, one_of, toml_key
 from .base import SlotKey, SlotSpec, TargetFacts, torch_aliases
 
 __all__ = [

@@ -8,7 +8,7 @@ GraphTransformer mappers of any model (``model.encoders.<name>.mapper``,
 ``transformer*.yaml``). A component is a mapping whose ``_target_`` is one of ``GT_TARGETS``, or
 that sets the key. Each is judged alone (per component), against anemoi's own rule (any other value
 fails its assertion, quoted) and against the lock's ``[graph-attention]``
-(kernel_lock.format.graph_attention).
+(kernel_lock.graph_attention).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from kernel_lock.format.graph_attention import ANEMOI_KEY, BACKENDS, TABLE, fallback_cause
+from kernel_lock.graph_attention import ANEMOI_KEY, BACKENDS, TABLE, fallback_cause
 from kernel_lock.lock import KernelLock
 from kernel_probe.anemoi.blocks import Finding
 from kernel_probe.anemoi.config_file import mappings_where

@@ -9,7 +9,7 @@ from typing import Any
 
 from kernel_lock import fingerprint as fields
 from kernel_lock import fingerprint as with_torch
-from kernel_lock.format.toml import toml_key, toml_value
+from kernel_lock.toml import toml_key, toml_value
 from kernel_probe import output, profile_match, sites
 from kernel_probe.errors import ProfileUnmet
 from kernel_probe.output import print_rows, safe

@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kernel_lock.errors import KernelUnavailable
-from kernel_lock.format.schema import Slot
 from kernel_lock.lock import KernelLock
+from kernel_lock.schema import Slot
 from kernel_lock.slots import SPECS
 from kernel_probe import __version__
 

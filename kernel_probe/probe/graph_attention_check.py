@@ -1,5 +1,5 @@
 """The GraphTransformer attention backend in a probe: check the backends in the worker, choose the
-one the lock records (``[graph-attention]``, kernel_lock.format.graph_attention), say why.
+one the lock records (``[graph-attention]``, kernel_lock.graph_attention), say why.
 
 Which backends are checked: ``pyg`` always (it is what anemoi runs wherever the Triton kernel
 cannot); ``triton`` on a GPU, or on a CPU in Triton's interpreter (``TRITON_INTERPRET=1``: its
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from kernel_lock.format.graph_attention import (
+from kernel_lock.graph_attention import (
     ALLOW_FLAG,
     BACKENDS,
     GraphAttention,

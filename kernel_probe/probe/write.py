@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernel_lock.fingerprint import FIELDS, library_versions
-from kernel_lock.format.graph_attention import GraphAttention
-from kernel_lock.format.schema import Candidate as RejectedCandidate
-from kernel_lock.format.schema import EnvField, Environment, Requirement, Slot, Twin
+from kernel_lock.graph_attention import GraphAttention
 from kernel_lock.lock import KernelLock
+from kernel_lock.schema import Candidate as RejectedCandidate
+from kernel_lock.schema import EnvField, Environment, Requirement, Slot, Twin
 from kernel_lock.slots import SPECS
 from kernel_probe import __version__
 from kernel_probe import slots as slot_behaviour

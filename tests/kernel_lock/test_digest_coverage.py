@@ -11,10 +11,9 @@ import pytest
 import tomllib
 
 import kernel_lock
-from kernel_lock import LockError
-from kernel_lock.format import toml
-from kernel_lock.format.document import SEAL, LockDocument
-from kernel_lock.format.tables import table_keys
+from kernel_lock import LockError, toml
+from kernel_lock.document import SEAL, LockDocument
+from kernel_lock.tables import table_keys
 from tests.kernel_lock.test_document import _full_lock
 
 

@@ -452,7 +452,7 @@ def test_a_rank_whose_check_crashed_still_exchanges(fake_group, monkeypatch):
     ids=lambda v: v if isinstance(v, str) else None,
 )
 def test_a_report_that_does_not_decode_is_ranks_disagree(fake_group, blob, key, why):
-    """Issue 34: another rank's report goes through the typed reader (kernel_lock.format.reading):
+    """Issue 34: another rank's report goes through the typed reader (kernel_lock.tables):
     bounded, unknown keys refused, an error naming the rank it came from and the key."""
     fake_group["other"] = blob
     with pytest.raises(RanksDisagree) as info:

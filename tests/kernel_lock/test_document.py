@@ -1,4 +1,4 @@
-"""kernel_lock.format.document: the lock's top-level keys, the version and digest rules, canonical
+"""kernel_lock.document: the lock's top-level keys, the version and digest rules, canonical
 round trips."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 
 import kernel_lock
 from kernel_lock import LockFormatError, LockVersionError, LockWarning
-from kernel_lock.format.document import LockDocument
-from kernel_lock.format.schema import LOCK_VERSION
+from kernel_lock.document import LockDocument
 from kernel_lock.lock import KernelLock
+from kernel_lock.schema import LOCK_VERSION
 from tests.conftest import MINIMAL_LOCK, edited_lock, sealed_lock
 
 

@@ -8,7 +8,7 @@ import pytest
 
 import kernel_lock
 from kernel_lock import LockFormatError, LockMismatch
-from kernel_lock.format import graph_attention as ga
+from kernel_lock import graph_attention as ga
 from tests.conftest import MINIMAL_LOCK
 
 GPU = {"device-type": "cuda"}

@@ -19,9 +19,8 @@ import pytest
 import torch
 
 import kernel_lock
-from kernel_lock import fingerprint, registry, slots
+from kernel_lock import fingerprint, registry, slots, toml
 from kernel_lock.errors import KernelUnavailable, LockError
-from kernel_lock.format import toml
 from kernel_lock.resolve import factory
 from kernel_lock.trust import locate
 from tests.conftest import small_probe, write_sealed

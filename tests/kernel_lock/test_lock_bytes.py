@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import kernel_lock
-from kernel_lock.format import toml
+from kernel_lock import toml
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCKS = sorted(p for p in ROOT.rglob("*.toml") if "lock-version" in toml.loads(p.read_text()))

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 import kernel_lock
 from kernel_lock import SLOTS, KernelLock, LockError, LockWarning
-from kernel_lock.format.schema import Slot
-from kernel_lock.format.tables import table_keys
+from kernel_lock.schema import Slot
+from kernel_lock.tables import table_keys
 from tests.conftest import MINIMAL_LOCK
 
 # thousands of examples: slow, and the fast lane does not import it or hypothesis

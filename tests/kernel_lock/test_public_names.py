@@ -200,8 +200,8 @@ def test_the_check_reads_every_kernel_probe_module_and_their_many_imports():
             "_write_all is not in kernel_lock.files.__all__",
         ),
         (
-            "from kernel_lock.format.schema import _kwargs",
-            "_kwargs is not in kernel_lock.format.schema.__all__",
+            "from kernel_lock.schema import _kwargs",
+            "_kwargs is not in kernel_lock.schema.__all__",
         ),
         # a name a module only imports is not its to give
         (
@@ -209,8 +209,8 @@ def test_the_check_reads_every_kernel_probe_module_and_their_many_imports():
             "LockDocument is not in kernel_lock.lock.__all__",
         ),
         (
-            "from kernel_lock.schema import Slot",
-            "kernel_lock.schema is not a module of kernel_lock",
+            "from kernel_lock.format.schema import Slot",
+            "kernel_lock.format.schema is not a module of kernel_lock",
         ),
         (
             "def f():\n    from kernel_lock.resolve import _make",
@@ -227,8 +227,8 @@ def test_the_check_reads_every_kernel_probe_module_and_their_many_imports():
             "_APPLIED is not in kernel_lock.slots.linear.__all__",
         ),
         (
-            "import kernel_lock.format.toml as t\nt._key('a')",
-            "_key is not in kernel_lock.format.toml.__all__",
+            "import kernel_lock.toml as t\nt._key('a')",
+            "_key is not in kernel_lock.toml.__all__",
         ),
         ("from kernel_lock import _toml", "_toml is not in kernel_lock.__all__"),
     ],
@@ -242,11 +242,11 @@ def test_a_private_or_undeclared_import_is_found(source, problem):
     "source",
     [
         "from kernel_lock import LockError, load",
-        "from kernel_lock.format import toml\nfrom kernel_lock import slots",
+        "from kernel_lock import toml\nfrom kernel_lock import slots",
         "from kernel_lock.files import write_file, private_dir",
         "from kernel_lock.trust import check_target, locate\nfrom kernel_lock import registry",
         "import kernel_lock.fingerprint\nkernel_lock.fingerprint.FIELDS",
-        "import kernel_lock\nkernel_lock.format.schema.Slot; kernel_lock.load",
+        "import kernel_lock\nkernel_lock.schema.Slot; kernel_lock.load",
         "from kernel_lock.slots import linear as b\nb.apply",
         "import json\njson.loads",
     ],

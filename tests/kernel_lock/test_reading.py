@@ -1,11 +1,11 @@
-"""kernel_lock.format.reading: the typed getters, their one error type, and the dotted key built as
+"""kernel_lock.tables: the typed getters, their one error type, and the dotted key built as
 it unwinds."""
 
 from __future__ import annotations
 
 import pytest
 
-from kernel_lock.format.reading import (
+from kernel_lock.tables import (
     ReadError,
     context,
     get,

@@ -7,12 +7,12 @@ import json
 import subprocess
 import sys
 
-# Each child counts the times registry.toml is opened and parsed (kernel_lock.format.toml.loads
+# Each child counts the times registry.toml is opened and parsed (kernel_lock.toml.loads
 # given its text), through the imports named, then through a first use; a second use must not read
 # it again.
 _COUNT = """
 import json, sys
-from kernel_lock.format import toml
+from kernel_lock import toml
 resources = __import__("importlib.resources").resources
 text = resources.files("kernel_lock").joinpath("registry.toml").read_text()
 reads = []

@@ -23,12 +23,11 @@ from collections.abc import Iterator, Mapping
 import pytest
 
 import kernel_lock
-from kernel_lock import errors
+from kernel_lock import errors, toml
 from kernel_lock.fingerprint import FIELDS
-from kernel_lock.format import toml
-from kernel_lock.format.schema import Slot
-from kernel_lock.format.tables import table_keys
 from kernel_lock.lock import KernelLock
+from kernel_lock.schema import Slot
+from kernel_lock.tables import table_keys
 from kernel_probe.cli import main
 from tests.conftest import ROOT, small_probe
 

@@ -1,4 +1,4 @@
-"""kernel_lock.format.toml: the canonical TOML writer (inline tables, sections, arrays of tables)
+"""kernel_lock.toml: the canonical TOML writer (inline tables, sections, arrays of tables)
 and its reader."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from kernel_lock.format import toml
+from kernel_lock import toml
 
 # (value, how it is written after `k = `)
 SCALARS = [

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import kernel_lock
-from kernel_lock.format import toml
+from kernel_lock import toml
 
 GOLDEN = sorted((Path(__file__).parent / "data" / "toml-golden").glob("*.toml"))
 

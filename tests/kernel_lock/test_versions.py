@@ -1,11 +1,11 @@
-"""kernel_lock.format.versions: release numbers of versions as machines report them, and PEP 440
+"""kernel_lock.fingerprint: release numbers of versions as machines report them, and PEP 440
 specifiers."""
 
 from __future__ import annotations
 
 import pytest
 
-from kernel_lock.format.versions import in_spec, release, release_text
+from kernel_lock.fingerprint import in_spec, release, release_text
 
 # (text, release numbers)
 RELEASES = [

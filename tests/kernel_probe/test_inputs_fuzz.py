@@ -14,9 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kernel_lock import LockError
+from kernel_lock import LockError, toml
 from kernel_lock.errors import ExitCode
-from kernel_lock.format import toml
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow

@@ -149,7 +149,7 @@ def test_type_errors_name_the_file_and_dotted_key(r, call, key, problem):
 
 
 def test_read_completes_the_key_and_keeps_the_fix(r):
-    from kernel_lock.format.reading import ReadError
+    from kernel_lock.tables import ReadError
 
     def getter():
         raise ReadError("bad value", "kwargs.eps", fix="use a float")

@@ -18,7 +18,7 @@ from kernel_lock.fingerprint import (
     numerics_env,
     unchecked_fields,
 )
-from kernel_lock.format.schema import MATCH_RULES, EnvField
+from kernel_lock.schema import MATCH_RULES, EnvField
 
 
 def test_the_catalogue():

@@ -86,7 +86,7 @@ def test_a_triton_config_on_a_machine_that_falls_back_is_a_warning_without_a_loc
 
 
 def test_a_locked_triton_on_a_gpu_with_triton_is_clean(monkeypatch):
-    from kernel_lock.format import graph_attention
+    from kernel_lock import graph_attention
 
     monkeypatch.setattr(graph_attention, "triton_installed", lambda: True)
     assert findings(tree("triton", "triton", "triton"), lock('backend = "triton"\n'), GPU) == []

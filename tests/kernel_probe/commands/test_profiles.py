@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from kernel_lock.format import toml
+from kernel_lock import toml
 from kernel_probe import sites
 from kernel_probe.cli import main
 from tests.conftest import run_cli

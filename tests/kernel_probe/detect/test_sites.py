@@ -36,9 +36,9 @@ import torch
 import kernel_lock
 from kernel_lock import fingerprint, host
 from kernel_lock.errors import DeviceVisibilityError, LockMismatch
-from kernel_lock.format.schema import Slot
-from kernel_lock.format.versions import in_spec, release_text
+from kernel_lock.fingerprint import in_spec, release_text
 from kernel_lock.lock import KernelLock
+from kernel_lock.schema import Slot
 from kernel_probe import profile_match, sites
 from kernel_probe.candidates import builtin
 from kernel_probe.probe import pipeline

@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 
 import kernel_lock
-from kernel_lock import registry, slots
+from kernel_lock import registry, slots, toml
 from kernel_lock.errors import TargetNotAllowed
-from kernel_lock.format import toml
 from kernel_lock.trust import check_target
 from kernel_probe import candidates as cands
 from kernel_probe import profiles
@@ -36,8 +35,7 @@ BUILTIN_IDS = [c.id for c in cands.builtin()]
 
 # ---- one home per slot fact ----------------------------------------------------------------------
 def test_every_slot_fact_is_imported_from_kernel_lock_slots():
-    from kernel_lock import resolve
-    from kernel_lock.format import document, schema
+    from kernel_lock import document, resolve, schema
     from kernel_probe.commands import anemoi, locks
     from kernel_probe.probe import judge
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import kernel_lock
-from kernel_lock.format.graph_attention import GraphAttention
+from kernel_lock.graph_attention import GraphAttention
 from kernel_probe.errors import ForcedUnusable, UsageError
 from kernel_probe.probe import graph_attention as ga
 from kernel_probe.probe import graph_attention_check as gac

@@ -158,7 +158,7 @@ def test_the_inference_twin_loads_a_state_dict_through_the_migration(tmp_path, c
     # ... run where the library is missing: inference substitutes the twins, and the state dict
     # migrates
     gone = lock.slots["LayerNorm"].requires + (
-        kernel_lock.format.schema.Requirement(name="kp-no-such-distribution"),
+        kernel_lock.schema.Requirement(name="kp-no-such-distribution"),
     )
     absent = replace(
         lock, slots={name: replace(s, requires=gone) for name, s in lock.slots.items()}

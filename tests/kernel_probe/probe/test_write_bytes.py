@@ -13,7 +13,7 @@ from pathlib import Path
 
 import kernel_lock
 from kernel_lock.fingerprint import FIELDS
-from kernel_lock.format.graph_attention import GraphAttention
+from kernel_lock.graph_attention import GraphAttention
 from kernel_probe import candidates as cands
 from kernel_probe.probe.choose import Choice
 from kernel_probe.probe.report import Report, Verdict, report_base

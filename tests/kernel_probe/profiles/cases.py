@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from kernel_lock import fingerprint
-from kernel_lock.format.schema import Slot
 from kernel_lock.lock import KernelLock
+from kernel_lock.schema import Slot
 from kernel_probe import sites
 from kernel_probe.probe import write as lockwrite
 from tests.conftest import run_cli

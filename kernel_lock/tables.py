@@ -1,0 +1,371 @@
+"""Typed getters over parsed TOML or JSON, and tables declared once by their fields' metadata.
+
+Modelled on pypa/packaging's ``pylock.py``. The getters (:func:`get`, :func:`get_required`,
+:func:`get_choice`, ...) raise one error type, :class:`ReadError`, naming only the key they were
+given; a reader wraps each nested table in :func:`context`, which prefixes its own key as the error
+unwinds (``slots.Linear.blas``). The reader that started (the lock's, a profile's, a marker's) turns
+the finished error into its own exception with the file name, the dotted key and the fix.
+
+A table of the lock is a frozen dataclass whose fields carry, in their metadata (:func:`toml_key`),
+their TOML key, their reader and when they are left out; the fields' order is the canonical key
+order, so the bytes and the digest follow from the declaration. :func:`from_dict` and
+:func:`to_dict` read and write every table.
+
+    >>> from dataclasses import dataclass, field
+    >>> @dataclass(frozen=True, kw_only=True, slots=True)
+    ... class Pin:
+    ...     target: str = field(metadata=toml_key("target", text(required=True)))
+    ...     reason: str = field(default="", metadata=toml_key("reason", text(), omit=EMPTY))
+    >>> to_dict(Pin(target="torch.nn.LayerNorm"))
+    {'target': 'torch.nn.LayerNorm'}
+    >>> table_keys(Pin)
+    ('target', 'reason')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import fields, is_dataclass
+from typing import Any, TypeVar
+
+__all__ = [
+    "EMPTY",
+    "FIX_MISSING",
+    "MAX_TEXT",
+    "NONE",
+    "REST",
+    "Raw",
+    "ReadError",
+    "Reader",
+    "Table",
+    "context",
+    "did_you_mean",
+    "flag",
+    "from_dict",
+    "get",
+    "get_choice",
+    "get_int",
+    "get_literal",
+    "get_required",
+    "get_string_map",
+    "get_strings",
+    "get_table",
+    "get_tables",
+    "get_text",
+    "join",
+    "one_of",
+    "plain",
+    "refuse_unknown",
+    "strings",
+    "table_keys",
+    "text",
+    "to_dict",
+    "toml_key",
+    "type_name",
+    "unknown_keys",
+]
+
+_T = TypeVar("_T")
+Raw = Mapping[str, Any]  # a table as parsed from TOML or JSON
+MAX_TEXT = 4096  # characters of a free-text value (a problem, a fix, a description) unless told
+FIX_MISSING = "add `{key} = ...` (see docs/lock-format.md)"
+REST = "*"  # the key of a field that holds the table's other keys (``[environment]``'s fields)
+_TYPE_NAMES = {
+    str: "string",
+    int: "integer",
+    float: "float",
+    bool: "true or false",
+    dict: "table",
+    list: "array",
+}
+
+
+class ReadError(ValueError):
+    """A value that is not what its reader declares: the problem, the dotted key so far, the fix.
+
+    ``kind``: the exception class the reader should raise in the end (``None``: its own), for an
+    error whose class says more than its text (a target outside the allow-list)."""
+
+    def __init__(
+        self,
+        problem: str,
+        key: str = "",
+        fix: str | None = None,
+        kind: type[Exception] | None = None,
+    ):
+        super().__init__(problem)
+        self.problem, self.key, self.fix, self.kind = problem, key, fix, kind
+
+    def __str__(self) -> str:
+        return f"'{self.key}': {self.problem}" if self.key else self.problem
+
+
+def join(outer: str, inner: str) -> str:
+    """One dotted key: ``slots`` + ``Linear``, ``requires`` + ``[0]``."""
+    if not outer or not inner:
+        return outer or inner
+    return outer + inner if inner.startswith("[") else f"{outer}.{inner}"
+
+
+@contextmanager
+def context(key: str) -> Iterator[None]:
+    """Read a nested table: a :class:`ReadError` leaving the block gets ``key`` in front."""
+    try:
+        yield
+    except ReadError as exc:
+        exc.key = join(key, exc.key)
+        raise
+
+
+def type_name(t: Any) -> str:
+    """How a message names a type read from TOML (``string``, ``table``, ``true or false``)."""
+    if isinstance(t, tuple):
+        return " or ".join(type_name(x) for x in t)
+    return _TYPE_NAMES.get(t, t.__name__)
+
+
+def get(d: Raw, key: str, typ: Any, default: Any = None) -> Any:
+    """``d[key]`` if it is a ``typ`` (an int is taken for a float), ``default`` when absent."""
+    value = d.get(key)
+    if value is None:
+        return default
+    # TOML booleans are ints to Python; never accept one where the other is meant
+    if isinstance(value, bool) and typ is not bool and not (isinstance(typ, tuple) and bool in typ):
+        raise ReadError(f"expected {type_name(typ)}, got boolean {value!r}", key)
+    if typ is float and isinstance(value, int):
+        value = float(value)
+    if not isinstance(value, typ):
+        raise ReadError(f"expected {type_name(typ)}, got {type(value).__name__} {value!r:.60}", key)
+    return value
+
+
+def get_required(d: Raw, key: str, typ: Any, fix: str | None = None) -> Any:
+    """``d[key]``, which must be there and be a ``typ``."""
+    value = get(d, key, typ)
+    if value is None:
+        raise ReadError("required key is missing", key, fix)
+    return value
+
+
+def get_choice(
+    d: Raw, key: str, choices: Sequence[str], default: str | None = None, fix: str | None = None
+) -> str:
+    """A string among ``choices``; required unless there is a ``default``."""
+    value = get(d, key, str) if default is not None else get_required(d, key, str, fix)
+    if value is None:
+        return str(default)
+    if value not in choices:
+        raise ReadError(f"{value!r} is not one of {', '.join(choices)}", key)
+    return value
+
+
+def get_strings(d: Raw, key: str) -> tuple[str, ...]:
+    """An array of strings (empty when absent)."""
+    values = d.get(key, [])
+    if not isinstance(values, list):
+        raise ReadError(
+            f"expected a list of strings, got {type(values).__name__} {values!r:.60}", key
+        )
+    for i, v in enumerate(values):
+        if not isinstance(v, str):
+            raise ReadError(f"expected string, got {type(v).__name__}", f"{key}[{i}]")
+    return tuple(values)
+
+
+def get_tables(d: Raw, key: str) -> list[Raw]:
+    """An array of tables (empty when absent)."""
+    values = get(d, key, list, default=[])
+    for i, v in enumerate(values):
+        if not isinstance(v, dict):
+            raise ReadError(f"expected table, got {type(v).__name__}", f"{key}[{i}]")
+    return values
+
+
+def unknown_keys(d: Raw, known: Sequence[str]) -> list[str]:
+    """The keys of ``d`` not in ``known``, in file order."""
+    return [str(k) for k in d if k not in known]
+
+
+def get_int(d: Raw, key: str, lo: int, hi: int, default: int | None = None) -> int | None:
+    """An integer in ``[lo, hi]`` (never a boolean, never a float); ``default`` when absent."""
+    value = get(d, key, int, default)
+    if value is not None and not lo <= value <= hi:
+        raise ReadError(f"{value} is out of range: expected {lo} to {hi}", key)
+    return value
+
+
+def _too_long(value: str, limit: int, key: str) -> None:
+    if len(value) > limit:
+        raise ReadError(
+            f"a string of {len(value)} characters, more than the {limit} this key may have", key
+        )
+
+
+def get_text(d: Raw, key: str, default: str | None = None, limit: int = MAX_TEXT) -> str | None:
+    """A string of at most ``limit`` characters; ``default`` when absent."""
+    value = get(d, key, str, default)
+    if value is not None:
+        _too_long(value, limit, key)
+    return value
+
+
+def get_literal(
+    d: Raw, key: str, choices: Sequence[str], default: str | None = None, *, fold: bool = False
+) -> str:
+    """One of a closed set (a ``Literal``'s values); ``fold``: case-insensitive, returned as
+    ``choices`` spell it. A near miss is named."""
+    value = (
+        get_text(d, key, default, limit=200) if default is not None else get_required(d, key, str)
+    )
+    assert value is not None
+    if value in choices:
+        return value
+    folded = {c.lower(): c for c in choices} if fold else {}
+    if value.lower() in folded:
+        return folded[value.lower()]
+    raise ReadError(
+        f"{value!r:.80} is not one of {', '.join(choices)}", key, did_you_mean(value, choices)
+    )
+
+
+def did_you_mean(word: str, known: Sequence[str]) -> str:
+    """``did you mean 'x'?`` for the closest of ``known``, else the list of them."""
+    import difflib  # only on an error: kernel_lock's import stays light
+
+    lower = [str(k).lower() for k in known]
+    close = difflib.get_close_matches(str(word).lower(), lower, n=1, cutoff=0.6)
+    if close:
+        return f"did you mean {next(k for k in known if str(k).lower() == close[0])!r}?"
+    return f"known: {', '.join(map(str, known))}"
+
+
+def refuse_unknown(d: Raw, known: Sequence[str]) -> None:
+    """A key of ``d`` not in ``known`` is a :class:`ReadError` (with "did you mean")."""
+    for k in unknown_keys(d, known):
+        raise ReadError(f"unknown key {k!r:.80}", k, did_you_mean(k, known))
+
+
+def get_table(d: Raw, key: str, known: Sequence[str] | None = None) -> Raw:
+    """A table (empty when absent); with ``known``, its unknown keys refused."""
+    value = get(d, key, dict, default={})
+    if known is not None:
+        with context(key):
+            refuse_unknown(value, known)
+    return value
+
+
+def get_string_map(d: Raw, key: str, limit: int = MAX_TEXT) -> dict[str, str]:
+    """A table of strings to strings (empty when absent)."""
+    value = get(d, key, dict, default={})
+    for k, v in value.items():
+        if not isinstance(v, str):
+            raise ReadError(f"expected string, got {type(v).__name__}", join(key, str(k)))
+        _too_long(v, limit, join(key, k))
+    return dict(value)
+
+
+# ---- tables declared by their fields' metadata ---------------------------------------------------
+# (the reading state, the table, the key, the values read so far by this table) -> the field's value
+Reader = Callable[[Any, Raw, str, Raw], Any]
+
+
+def EMPTY(value: Any) -> bool:
+    """Left out when empty (``""``, ``()``, ``{}``, ``False``, ``None``)."""
+    return not value
+
+
+def NONE(value: Any) -> bool:
+    """Left out when None (a ``0.0`` is written)."""
+    return value is None
+
+
+def toml_key(
+    name: str,
+    read: Reader,
+    *,
+    omit: Callable[[Any], bool] | None = None,
+    write: Callable[[Any], Any] | None = None,
+) -> dict[str, Any]:
+    """The metadata of a field held at ``name``: read by ``read``, written by ``write`` (default
+    :func:`plain`) unless ``omit(value)``."""
+    return {"key": name, "read": read, "omit": omit, "write": write or plain}
+
+
+def table_keys(cls: type) -> tuple[str, ...]:
+    """The TOML keys of the table ``cls``, in canonical order."""
+    return tuple(
+        f.metadata["key"] for f in fields(cls) if f.metadata.get("key") not in (None, REST)
+    )
+
+
+def from_dict(cls: type[_T], ctx: Any, d: Raw, known: Sequence[str] = (), **given: Any) -> _T:
+    """The table ``d`` as a ``cls``, each field read by its reader in canonical order, after the
+    keys neither a field nor ``known`` declares are reported (``ctx.unknown``); ``given``: the
+    fields the file does not hold."""
+    declared = [f for f in fields(cls) if "key" in f.metadata]  # type: ignore[arg-type]
+    if all(f.metadata["key"] != REST for f in declared):
+        ctx.unknown(d, (*table_keys(cls), *known))
+    values: dict[str, Any] = dict(given)
+    for f in declared:
+        values[f.name] = f.metadata["read"](ctx, d, f.metadata["key"], values)
+    return cls(**values)
+
+
+def to_dict(table: Any, *, without: Sequence[str] = ()) -> dict[str, Any]:
+    """The TOML-ready mapping of ``table``, keys in canonical order (``without``: left out)."""
+    out: dict[str, Any] = {}
+    for f in fields(table):
+        name, omit = f.metadata.get("key"), f.metadata.get("omit")
+        value = getattr(table, f.name)
+        if name is None or name in without or (omit is not None and omit(value)):
+            continue
+        written = f.metadata["write"](value)
+        if name == REST:
+            out.update(written)
+        else:
+            out[name] = written
+    return out
+
+
+def plain(value: Any) -> Any:
+    """A value as TOML (and the digest's JSON) takes it: a table as its mapping, tuples as lists."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return to_dict(value)
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+def text(default: str = "", *, required: bool = False) -> Reader:
+    """A string (``required``: missing, the fix points at docs/lock-format.md)."""
+    if required:
+        return lambda ctx, d, k, _: get_required(d, k, str, fix=FIX_MISSING.format(key=k))
+    return lambda ctx, d, k, _: get(d, k, str, default=default)
+
+
+def one_of(choices: Sequence[str], default: str | None = None) -> Reader:
+    """A string among ``choices`` (required unless there is a ``default``)."""
+    return lambda ctx, d, k, _: get_choice(d, k, choices, default, fix=FIX_MISSING.format(key=k))
+
+
+def strings(ctx: Any, d: Raw, k: str, _: Raw) -> tuple[str, ...]:
+    """An array of strings (empty when absent)."""
+    return get_strings(d, k)
+
+
+def flag(ctx: Any, d: Raw, k: str, _: Raw) -> bool:
+    """``true`` or ``false`` (false when absent)."""
+    return bool(get(d, k, bool, default=False))
+
+
+class Table:
+    """A table of the lock: its :meth:`to_dict` is the generic writer's."""
+
+    __slots__ = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The TOML-ready table, keys in canonical order."""
+        return to_dict(self)
