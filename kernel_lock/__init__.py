@@ -8,22 +8,9 @@ classes.
     norm = LayerNorm(1024)               # the library's own class, with the pinned kwargs
 
 Import-light on purpose: training and inference import this in every process. torch is imported only
-when something is resolved; rich and kernel_probe never.
-
-What a reader finds where (every module lists its public names in ``__all__``):
-
-- the entry: this package, ``lock`` (``KernelLock``, ``load``, ``loads``), ``errors``;
-- ``format/``: the lock file (``schema``, ``document``, ``toml``, ``reading``) and its vocabulary
-  (``slots``, ``versions``, ``activations``, ``gating``, ``blas``, ``graph_attention``);
-- what may be imported and how: ``registry`` (the candidates and adapters, as data), ``trust`` (the
-  allow-list, importing, what is known without importing); the one child launcher and the
-  confirming child (``launch``) and the one safe reader and writer (``files``);
-- resolve and fingerprint: ``resolve`` (the resolver); ``fingerprint``, ``host`` and ``torchless``
-  (this machine's facts);
-- the classes a lock names as targets: ``adapters``, ``attention``, ``gated_mlp``;
-- integrations: ``anemoi``, ``checkpoint``, ``distributed``, ``portability``.
-
-Modules whose dotted paths are written into locks, configs, pickles or the docs keep those paths.
+when something is resolved; rich and kernel_probe never. Modules whose dotted paths are written into
+locks, configs, pickles or the docs (``resolve``, ``adapters``, ``attention``, ``gated_mlp``) keep
+those paths.
 """
 
 from __future__ import annotations
@@ -70,17 +57,15 @@ __all__ = [
 
 
 def factory(lock: KernelLock | None, slot: str, mode: str | None = None, **options):
-    """``lock.factory(slot)``, also for ``lock=None`` (every slot resolves to torch.nn); ``mode``
-    defaults to the lock's own."""
-    from .resolve import factory as _factory
+    """``lock.factory(slot)``, also for ``lock=None`` (every slot resolves to torch.nn)."""
+    from .resolve import factory as _factory  # reason: import-light until something resolves
 
     return _factory(lock, slot, mode=mode, **options)
 
 
 def portable(module, lock: KernelLock, **options):
     """A copy of ``module`` whose pickle needs neither the lock's training libraries nor
-    kernel_lock: every lock class replaced by its verified torch.nn twin (see
-    ``kernel_lock.portability``)."""
-    from .portability import portable as _portable
+    kernel_lock (``kernel_lock.portability.portable``)."""
+    from .portability import portable as _portable  # reason: import-light until a model converts
 
     return _portable(module, lock, **options)

@@ -1,9 +1,9 @@
 """Portable whole-model checkpoints: the model with every lock class replaced by its torch.nn twin.
 
 A pickled model (anemoi's inference checkpoint) names every class it holds, so one built from a lock
-that pins a training library or an adapter loads only where that library and kernel_lock are
-installed. :func:`portable` returns a copy that names neither; :func:`saved_modules` lists what a
-``torch.save`` file would import, without unpickling it. Not imported by ``import kernel_lock``.
+that pins a training library or an adapter loads only where both are installed. :func:`portable`
+returns a copy that names neither; :func:`saved_modules` lists what a ``torch.save`` file would
+import, without unpickling it.
 """
 
 from __future__ import annotations
@@ -75,8 +75,7 @@ def _build_twin(module: Any, slot: Slot, twin_cls: type) -> Any:
         accepted = set(inspect.signature(twin_cls).parameters)
     except (TypeError, ValueError):
         accepted = set(kwargs)
-    # the slot's own: its size, eps and parameters (an activation: only the twin's own kwargs)
-    how = SPECS[slot.name].twin_args
+    how = SPECS[slot.name].twin_args  # its size, eps, parameters (none: the twin's own kwargs)
     args, own = how(module, state, accepted) if how is not None else ((), {})
     twin = twin_cls(*args, **{**kwargs, **own})
     reference = next(iter(state.values()), None)
@@ -98,13 +97,8 @@ def _compare(original: Any, twin: Any, slot: Slot) -> float | None:
     params = list(twin.parameters())
     device = params[0].device if params else torch.device("cpu")
     dtype = params[0].dtype if params else torch.float32
-    sample_width = SPECS[slot.name].sample_width
-    if not params:
-        width = 8
-    elif sample_width is not None:
-        width = sample_width(twin)
-    else:
-        width = int(params[0].shape[0])
+    how = SPECS[slot.name].sample_width
+    width = 8 if not params else how(twin) if how is not None else int(params[0].shape[0])
     gen = torch.Generator().manual_seed(0)
     x = (torch.randn(16, width, generator=gen) + 0.3).to(device=device, dtype=dtype)
     try:
