@@ -52,13 +52,14 @@ class NotPortable(LockError):
 
 @dataclass(frozen=True)
 class Replacement:
-    """One module replaced by its twin: where, from which class to which, and how close they are."""
+    """One module replaced by its twin: where, from which class to which, and how close they are
+    (``error``: normwise relative, measured here; None: the original cannot run here)."""
 
     path: str
     slot: str
     original: str
     twin: str
-    error: float | None  # normwise relative, measured here; None: the original cannot run here
+    error: float | None
     note: str = ""
 
 
@@ -119,8 +120,7 @@ def _compare(original: Any, twin: Any, slot: Slot) -> float | None:
 
 
 def _tolerance(slot: Slot) -> float:
-    recorded = slot.twin.max_error if slot.twin is not None else None
-    return max(8 * (recorded or 0.0), 1e-4)
+    return max(8 * ((slot.twin.max_error if slot.twin else None) or 0.0), 1e-4)
 
 
 class _Converter:
@@ -145,14 +145,13 @@ class _Converter:
 
     def slot_of(self, cls: type) -> Slot | None:
         """The slot whose pinned class ``cls`` is (or adapts)."""
-        for slot, pinned in self.slots:
-            if cls is pinned or (cls.__module__ == _ADAPTERS and issubclass(cls, pinned)):
-                return slot
-        return None
+        adapts = cls.__module__ == _ADAPTERS
+        return next(
+            (s for s, pin in self.slots if cls is pin or adapts and issubclass(cls, pin)), None
+        )
 
     def twin_class(self, slot: Slot, cls: type) -> type:
-        """The class that stands in for ``cls``: the slot's twin, or the anemoi wrapper around it
-        that ``cls`` adapts."""
+        """The slot's twin, or the anemoi wrapper around it that ``cls`` adapts."""
         refusal = twin_refusal(slot)
         if refusal is not None:
             raise KernelUnavailable(
@@ -219,11 +218,12 @@ class _Converter:
         """Replace the lock classes and partials stored in the tree's modules' attributes."""
         for _, module in root.named_modules():
             for name, value in list(vars(module).items()):
-                if name in ("_modules", "_parameters", "_buffers") or name.startswith(
-                    ("_forward", "_backward")
-                ):
-                    continue
-                new = self.value(value, 0)
+                skip = name in ("_modules", "_parameters", "_buffers")
+                new = (
+                    value
+                    if skip or name.startswith(("_forward", "_backward"))
+                    else self.value(value, 0)
+                )
                 if new is not value:
                     object.__setattr__(module, name, new)
 

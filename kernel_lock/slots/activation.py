@@ -1,12 +1,7 @@
-"""The Activation slot: an elementwise function of one tensor, no parameters. Which function is
-the model's declared choice (``function``, a canonical value and a key of the lock's table), the
-reference every candidate is checked against; no constructor takes it.
-
-GELU's exact-erf and tanh forms are different functions (up to 4.7e-4 apart, near |x| = 2.7):
-liger's GEGLU and TE's gelu use tanh, anemoi's default and its geglu gate use erf. A function
-outside ``ACTIVATION_FUNCTIONS`` is declared by the class that computes it,
-``other:dotted.path.Class`` (anemoi's Sine, CustomRelu): its reference is that class, run in
-float64.
+"""The Activation slot: an elementwise function of one tensor, no parameters. The function is the
+model's declared choice (``function``: a canonical value and a key of the lock's table), the
+reference every candidate is checked against. GELU's erf and tanh forms differ (up to 4.7e-4): liger
+and TE use tanh, anemoi erf. Another function is declared by its class, ``other:dotted.path.Class``.
 """
 
 from __future__ import annotations

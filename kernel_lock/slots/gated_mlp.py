@@ -1,12 +1,7 @@
-"""The GatedMLP slot: anemoi's ``GatedMLPLayer`` and the gate each ``mlp_implementation``
-hard-codes.
-
-anemoi-models' ``GatedMLPLayer`` (``anemoi/models/layers/mlp.py``) holds two
-``layer_kernels.Linear`` modules, ``gate_proj`` and ``value_proj``, and returns
-``gate(gate_proj(x)) * value_proj(x)``, the gate chosen by ``mlp_implementation``
-(``_build_gating_activation``). The lock's ``[slots.GatedMLP]`` records both the implementation
-(its kwargs) and the formula (its ``gate``).
-A probe checks the slot only when asked: anemoi's default ``mlp`` has no gate.
+"""The GatedMLP slot: anemoi's ``GatedMLPLayer`` (two Linears, ``gate(gate_proj(x)) *
+value_proj(x)``) and the gate each ``mlp_implementation`` hard-codes. The lock records both the
+implementation (its kwargs) and the formula (``gate``). Probed only when asked: anemoi's default
+``mlp`` has no gate.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
-"""The Linear slot, and the BLAS library under it: its names, what the lock records
-(``slots.Linear.blas``), and applying it in a process.
+"""The Linear slot, and the BLAS library under it (``slots.Linear.blas``).
 
-On CUDA a Linear's GEMMs run in cuBLAS or cuBLASLt; on ROCm in rocBLAS (torch's ``"hipblas"``) or
-hipBLASLt, chosen process-wide by ``torch.backends.cuda.preferred_blas_library`` (its start value
-from ``TORCH_BLAS_PREFER_CUBLASLT`` / ``TORCH_BLAS_PREFER_HIPBLASLT`` and, on ROCm, the GPU arch).
-The libraries round differently, and it matters: on LUMI (MI250X) anemoi's training loss diverged
-with torch newer than 2.3 and not on CUDA (anemoi-core #560, #1041, #1042). So the probe checks and
-times the Linear under each library the build offers, and the lock records the one chosen
-(:class:`Blas`) and the one torch used by itself on the probing machine (``build_default``).
-
-When the Linear slot resolves, :func:`apply` sets the recorded library process-wide and logs it. A
-process that chose another library itself (neither the recorded one nor the build's default the
-probe saw) gets a :class:`LockMismatch`, never a silent override. torch is imported by
-:func:`apply` only.
+A Linear's GEMMs run in cuBLAS or cuBLASLt (CUDA), rocBLAS or hipBLASLt (ROCm), chosen process-wide
+by ``torch.backends.cuda.preferred_blas_library``. They round differently, and it matters: on LUMI
+anemoi's training loss diverged with torch newer than 2.3 (anemoi-core #560, #1041, #1042). So the
+lock records the library the Linear was checked and timed under (:class:`Blas`), and :func:`apply`
+sets it when the slot resolves. A process that chose another library itself (neither the recorded
+one nor the build's default the probe saw) gets a :class:`LockMismatch`, never a silent override.
 """
 
 from __future__ import annotations
