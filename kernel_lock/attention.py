@@ -337,10 +337,7 @@ class TEDotProductAttention(Attention):
 
     def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
         """transformer-engine's DotProductAttention, one module per (heads, dim, scale, dropout)."""
-        if self.softcap > 0:
-            raise NotImplementedError(
-                "softcap is not supported by transformer-engine's DotProductAttention"
-            )
+        self._refuse("transformer-engine's DotProductAttention", alibi=False)
         if self.alibi:
             raise NotImplementedError("this adapter passes no alibi slopes to transformer-engine")
         if attn_mask is not None:

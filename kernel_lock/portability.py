@@ -269,10 +269,9 @@ def portable(
 ) -> Any:
     """A copy of ``module`` that unpickles without the training library and kernel_lock: every
     module, class or stored factory from ``lock`` is the slot's verified twin, its state migrated.
-
     ``compare`` refuses (:class:`NotPortable`) a twin that disagrees with its module here beyond the
     lock's verified error; ``report`` receives one :class:`Replacement` per module. Raises
-    :class:`KernelUnavailable` for a slot without a usable twin, and :class:`NotPortable` where the
+    :class:`KernelUnavailable` for a slot without a usable twin, :class:`NotPortable` where the
     copy's pickle would still name kernel_lock or a training library."""
     converter = _Converter(lock, compare)
     copied = converter.modules(copy.deepcopy(module))
@@ -282,16 +281,15 @@ def portable(
         log.info("kernel_lock.portable: %s %s -> %s (%s)", r.path, r.original, r.twin, compared)
     if report is not None:
         report.extend(converter.replacements)
-    forbidden = {"kernel_lock"} | {m.split(".")[0] for m in lock.trusted_modules}
-    for slot in lock.slots.values():
-        forbidden.add(slot.target.split(".")[0])
-        forbidden.update(r.module.split(".")[0] for r in slot.requires if r.module)
-    twins = {s.twin.target.split(".")[0] for s in lock.slots.values() if s.twin is not None}
-    forbidden -= (twins - {"kernel_lock"}) | {"torch"}
+    slots = lock.slots.values()
+    forbidden = {"kernel_lock", *lock.trusted_modules, *(s.target for s in slots)}
+    forbidden |= {r.module for s in slots for r in s.requires if r.module}
+    twins = {s.twin.target.split(".")[0] for s in slots if s.twin is not None}
+    roots = {m.split(".")[0] for m in forbidden} - (twins - {"kernel_lock"}) - {"torch"}
     left = sorted(
         m
         for m in pickled_modules(copied)
-        if m.split(".")[0] in forbidden or m.startswith("kernel_lock")
+        if m.split(".")[0] in roots or m.startswith("kernel_lock")
     )
     if left:
         raise NotPortable(
@@ -311,15 +309,14 @@ _UNKNOWN = object()  # a stack value that is not a string the scan knows
 
 
 class UnreadablePickle(ValueError):
-    """A pickle whose globals cannot all be named without running it (a STACK_GLOBAL on operands
-    that are not plain strings, an extension-registry code, a malformed stream)."""
+    """A pickle whose globals cannot all be named without running it."""
 
 
 def globals_in(data: bytes) -> set[str]:
-    """Every ``module.name`` the pickle stream ``data`` would import when loaded (GLOBAL, INST and
-    STACK_GLOBAL), read without unpickling: the stack, marks and memo are modelled opcode by opcode,
-    so decoy strings and memo fetches are read as ``pickle`` reads them. Raises
-    :class:`UnreadablePickle` where a global cannot be named with certainty."""
+    """Every ``module.name`` the pickle stream ``data`` would import when loaded, read without
+    unpickling: the stack, marks and memo are modelled opcode by opcode, so decoy strings and memo
+    fetches are read as ``pickle`` reads them. :class:`UnreadablePickle` where a global cannot be
+    named with certainty."""
     found: set[str] = set()
     stack: list[Any] = []
     marks: list[int] = []

@@ -144,10 +144,9 @@ def _verify_training(lock: LockDocument, current: Mapping[str, Any]) -> list[str
     libraries = fingerprint.library_versions(env.libraries)
     diffs = fingerprint.compare(env.fields, current, env.libraries, libraries)
     notes = _fingerprint_notes(lock, current)
-    missing, required = (
-        [],
-        0,
-    )  # slots whose own library is missing or too old: installing is the fix
+    # slots whose own library is missing or too old (installing is the fix), and their problems
+    missing: list[Slot] = []
+    required = 0
     for slot in lock.slots.values():
         found = requirement_problems(slot)
         job_start = SPECS[slot.name].job_start  # the slot's own rules (the Linear's BLAS)
@@ -163,12 +162,8 @@ def _verify_training(lock: LockDocument, current: Mapping[str, Any]) -> list[str
         fix = _training_fix(lock, len(diffs) > required, missing)
         if graph:  # the graph-attention backend's own fix, beside the others'
             others = fix or f"{_REPROBE} to write a lock for it"
-            only = len(graph) == len(diffs)
-            fix = (
-                graph_attention.FIX
-                if only
-                else f"{others}; for [{graph_attention.TABLE}]: {graph_attention.FIX}"
-            )
+            fix = f"{others}; for [{graph_attention.TABLE}]: {graph_attention.FIX}"
+            fix = graph_attention.FIX if len(graph) == len(diffs) else fix
         raise LockMismatch(diffs, path=lock.path, fix=fix)
     return notes
 
