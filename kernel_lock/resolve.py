@@ -48,6 +48,10 @@ log = logging.getLogger("kernel_lock")
 # the facts an inference check reads: a slot runs as pinned only on its device types (Slot.devices)
 _INFERENCE_FACTS = ("device-type",)
 _REPROBE = "re-run `kernel-probe --force` on this machine"
+_NO_TWIN_FIX = (
+    "install the training library on this machine, or re-train / re-probe with an implementation "
+    "that has a verified torch.nn twin with the same semantics and an interchangeable state dict"
+)
 
 
 class KernelFactory(functools.partial):
@@ -373,29 +377,12 @@ def resolve_slot(
             reason = exc.problem
     refusal = twin_refusal(entry)
     if refusal is not None:
-        raise _no_twin(
-            lock,
-            entry,
-            reason,
-            refusal,
-            fix="install the training library on this machine, or re-train / re-probe with an "
-            "implementation that has a verified torch.nn twin with the same semantics and an "
-            "interchangeable state dict",
-        )
+        raise _no_twin(lock, entry, reason, refusal, fix=_NO_TWIN_FIX)
     twin = entry.twin
     assert twin is not None
     cls = build(slot, twin.target, twin.kwargs, lock, f"{key}.twin") if import_classes else None
-    return Resolution(
-        slot,
-        mode,
-        f"twin:{entry.implementation}",
-        twin.target,
-        twin.kwargs,
-        cls,
-        substituted_from=entry.implementation,
-        reason=reason,
-        max_error=twin.max_error,
-    )
+    substitute = functools.partial(Resolution, slot, mode, f"twin:{entry.implementation}")
+    return substitute(twin.target, twin.kwargs, cls, entry.implementation, reason, twin.max_error)
 
 
 def _refuse_training(lock: LockDocument, entry: Slot) -> None:

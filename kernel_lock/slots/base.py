@@ -16,7 +16,6 @@ __all__ = [
     "MODES",
     "NOT_PLAIN_TORCH",
     "PRECISIONS",
-    "REGIMES",
     "STATUSES",
     "DType",
     "Mode",
@@ -110,7 +109,6 @@ Mode = Literal["training", "inference"]  # what a lock is resolved for
 MODES: tuple[Mode, ...] = get_args(Mode)
 # parameters and compute in the dtype, or float32 parameters under autocast
 Regime = Literal["true", "mixed"]
-REGIMES: tuple[Regime, ...] = get_args(Regime)
 
 
 class Precision(NamedTuple):
