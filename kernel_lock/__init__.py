@@ -71,17 +71,15 @@ __all__ = [
 
 
 def factory(lock: KernelLock | None, slot: str, mode: str | None = None, **options):
-    """``lock.factory(slot)``, also for ``lock=None`` (every slot resolves to torch.nn); ``mode``
-    defaults to the lock's own."""
-    from .resolve import factory as _factory
+    """``lock.factory(slot)``, also for ``lock=None`` (every slot resolves to torch.nn)."""
+    from .resolve import factory as _factory  # reason: import-light until something resolves
 
     return _factory(lock, slot, mode=mode, **options)
 
 
 def portable(module, lock: KernelLock, **options):
     """A copy of ``module`` whose pickle needs neither the lock's training libraries nor
-    kernel_lock: every lock class replaced by its verified torch.nn twin (see
-    ``kernel_lock.portability``)."""
-    from .portability import portable as _portable
+    kernel_lock (``kernel_lock.portability.portable``)."""
+    from .portability import portable as _portable  # reason: import-light until a model converts
 
     return _portable(module, lock, **options)

@@ -1,9 +1,8 @@
-"""Thin module classes kernel_lock ships so a lock can name them as targets.
+"""Thin module classes a lock can name as targets (by this path: locks, configs, pickles).
 
 Each keeps the parameters and state-dict keys of the class it adapts, so a checkpoint moves freely
-between the two; locks, anemoi configs and pickled models name them by this path. Importing this
-module imports torch; the library an adapter wraps is imported when the adapter is first looked up
-(module ``__getattr__``), so this module imports without liger-kernel.
+between the two. Imports torch; the library an adapter wraps is imported when the adapter is first
+looked up (module ``__getattr__``).
 """
 
 from __future__ import annotations
@@ -26,9 +25,8 @@ from .registry import (
     size_parameter,
 )
 
-# the classes built on first lookup (the tables of kernel_lock.trust.adapter_names, and the generic
-# ``Autocast__...`` / ``Sized__...`` ones) are public too, by the name a lock gives; not listed, so
-# ``import *`` never imports their libraries
+# the classes built on first lookup (the registry's tables, the generic ``Autocast__...`` /
+# ``Sized__...`` ones) are public too; not listed, so ``import *`` never imports their libraries
 __all__ = [
     "TORCH_INIT_ADAPTERS",
     "CompiledGELU",
@@ -50,53 +48,33 @@ _OPS: dict[str, Callable[..., Any]] = {
 _compiled: dict[str, Callable[..., Any]] = {}
 
 
-def _compiled_op(name: str) -> Callable[..., Any]:
-    """One compiled function per op, shared by every instance (compilation is per process)."""
-    if name not in _compiled:
-        _compiled[name] = torch.compile(_OPS[name])
-    return _compiled[name]
-
-
-class CompiledLayerNorm(nn.LayerNorm):
-    """``torch.nn.LayerNorm`` whose forward runs through ``torch.compile`` (same parameters)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``F.layer_norm`` over the last dimensions, compiled."""
-        return _compiled_op("layer_norm")(
-            x, self.normalized_shape, self.weight, self.bias, self.eps
-        )
-
-
-class CompiledRMSNorm(nn.RMSNorm):
-    """``torch.nn.RMSNorm`` whose forward runs through ``torch.compile`` (same parameters)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``F.rms_norm`` over the last dimensions, compiled."""
-        return _compiled_op("rms_norm")(x, self.normalized_shape, self.weight, self.eps)
-
-
-class CompiledLinear(nn.Linear):
-    """``torch.nn.Linear`` whose forward runs through ``torch.compile`` (same parameters)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``F.linear``, compiled."""
-        return _compiled_op("linear")(x, self.weight, self.bias)
-
-
-class CompiledGELU(nn.GELU):
-    """``torch.nn.GELU`` whose forward runs through ``torch.compile`` (same ``approximate``)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``F.gelu``, compiled."""
-        return _compiled_op("gelu")(x, self.approximate)
-
-
 def _subclass(base: type, name: str, doc: str, module: str = __name__, **members: Any) -> type:
     """``base``'s subclass ``name``, in this module: pickle finds it again (``__getattr__``)."""
     for member in members.values():
         member.__qualname__ = f"{name}.{member.__name__}"
     namespace = {"__module__": module, "__qualname__": name, "__doc__": doc, **members}
     return type(base)(name, (base,), namespace)
+
+
+def _compiled_class(base: type, op: str, *attributes: str) -> type:
+    """``base`` whose forward runs ``F.<op>`` through ``torch.compile``, one compiled function per
+    op shared by every instance (compilation is per process); same parameters."""
+
+    def forward(self: Any, x: torch.Tensor) -> torch.Tensor:
+        if op not in _compiled:
+            _compiled[op] = torch.compile(_OPS[op])
+        return _compiled[op](x, *(getattr(self, a) for a in attributes))
+
+    doc = f"``torch.nn.{base.__name__}`` whose forward runs through ``torch.compile``."
+    return _subclass(base, f"Compiled{base.__name__}", doc, forward=forward)
+
+
+CompiledLayerNorm = _compiled_class(
+    nn.LayerNorm, "layer_norm", "normalized_shape", "weight", "bias", "eps"
+)
+CompiledRMSNorm = _compiled_class(nn.RMSNorm, "rms_norm", "normalized_shape", "weight", "eps")
+CompiledLinear = _compiled_class(nn.Linear, "linear", "weight", "bias")
+CompiledGELU = _compiled_class(nn.GELU, "gelu", "approximate")
 
 
 def normalized_shape_adapter(base: type[Any], size_param: str, name: str) -> type:

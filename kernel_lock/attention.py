@@ -12,8 +12,7 @@ enable_gqa=False)``, plus the options a model fixes when it builds the layer (th
 
 An implementation raises ``NotImplementedError`` for an option it cannot honour, except where it
 reproduces what anemoi's own wrapper does with that library (the flash-attn classes pass exactly
-the arguments anemoi passes): the probe measures what each honours. Importing this module imports
-torch; the kernel libraries are imported on the first call.
+the arguments anemoi passes). Imports torch; the kernel libraries on the first call.
 """
 
 from __future__ import annotations
@@ -53,16 +52,15 @@ SDPA_BACKENDS = {
 
 
 def band_mask(q_len: int, k_len: int, window: int, device: Any) -> torch.Tensor:
-    """The boolean window mask (True = attend): key ``j`` visible to query ``i`` iff ``|i - j| <=
-    window``."""
+    """The boolean window mask (True = attend where ``|i - j| <= window``)."""
     i = torch.arange(q_len, device=device)[:, None]
     j = torch.arange(k_len, device=device)[None, :]
     return (i - j).abs() <= window
 
 
 def alibi_slopes(heads: int) -> torch.Tensor:
-    """anemoi-models' ``get_alibi_slopes`` (the ALiBi paper's geometric slopes, interpolated for a
-    head count that is not a power of two), in float32."""
+    """anemoi-models' ``get_alibi_slopes`` (ALiBi's geometric slopes, interpolated for a head count
+    that is not a power of two), in float32."""
     n = 2 ** math.floor(math.log2(heads))
     slopes = torch.pow(2.0 ** (-8.0 / n), torch.arange(1, 1 + n))
     if n < heads:
@@ -98,11 +96,9 @@ class Attention(nn.Module):
         self._masks: dict[tuple[int, int, str], torch.Tensor] = {}
 
     def extra_repr(self) -> str:
-        """The options in the module's repr: window, softcap, dropout, alibi."""
-        return (
-            f"window={self.window}, softcap={self.softcap}, dropout={self.dropout}, "
-            f"alibi={self.alibi}"
-        )
+        """The options in the module's repr."""
+        w, c, d, a = self.window, self.softcap, self.dropout, self.alibi
+        return f"window={w}, softcap={c}, dropout={d}, alibi={a}"
 
     def window_mask(self, q_len: int, k_len: int, device: Any) -> torch.Tensor | None:
         """The band as a boolean mask (None: global)."""
@@ -132,13 +128,11 @@ class Attention(nn.Module):
         )
 
     def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> torch.Tensor:
-        """The attention, SDPA's arguments normalised (``dropout_p`` a float); each backend
-        implements it."""
+        """The attention, SDPA's arguments normalised; each backend implements it."""
         raise NotImplementedError
 
     def _combined_mask(self, q: torch.Tensor, k: torch.Tensor, attn_mask: Any) -> Any:
-        """The window and the caller's mask (boolean: both must allow; float: the window as
-        -inf)."""
+        """The window and the caller's mask (boolean: both allow; float: the window as -inf)."""
         band = self.window_mask(q.shape[-2], k.shape[-2], q.device)
         if band is None or attn_mask is None:
             return band if attn_mask is None else attn_mask
@@ -147,7 +141,7 @@ class Attention(nn.Module):
         return attn_mask.masked_fill(~band, float("-inf"))
 
     def _refuse(self, what: str, softcap: bool = True, alibi: bool = True) -> None:
-        """Raise for a softcap or alibi this implementation (``what``) cannot honour."""
+        """Raise for a softcap or alibi ``what`` cannot honour."""
         if softcap and self.softcap > 0:
             raise NotImplementedError(f"softcap is not supported by {what}")
         if alibi and self.alibi:
@@ -183,8 +177,7 @@ class SDPAttention(Attention):
         self._refuse("torch's scaled_dot_product_attention")
         mask = self._combined_mask(q, k, attn_mask)
         call = {"attn_mask": mask, "dropout_p": dropout_p, "is_causal": is_causal, "scale": scale}
-        if enable_gqa:
-            call["enable_gqa"] = True
+        call.update({"enable_gqa": True} if enable_gqa else {})
         if self.backend == "default":
             return F.scaled_dot_product_attention(q, k, v, **call)
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -222,11 +215,9 @@ class FlexAttention(Attention):
             raise NotImplementedError(
                 "this flex_attention adapter takes no attn_mask and no is_causal"
             )
-        fn = flex_attention
-        if self.compiled:
-            if "flex" not in _flex:
-                _flex["flex"] = torch.compile(flex_attention, dynamic=False)
-            fn = _flex["flex"]
+        if self.compiled and "flex" not in _flex:
+            _flex["flex"] = torch.compile(flex_attention, dynamic=False)
+        fn = _flex["flex"] if self.compiled else flex_attention
         block = None
         if self.window >= 0:
             key = (q.shape[-2], k.shape[-2], str(q.device))
@@ -276,20 +267,18 @@ class _FlashAttention(Attention):
     def _window(self) -> tuple[int, int]:
         return (self.window, self.window) if self.window >= 0 else (-1, -1)
 
-    def _scale(self, scale: float | None) -> dict[str, float]:
-        return {} if scale is None else {"softmax_scale": scale}
-
     def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
         if attn_mask is not None:
             raise NotImplementedError(
                 f"flash-attn {self.GENERATION} takes no attn_mask (only the window)"
             )
-        out = self.call(*_bshd(q, k, v), dropout_p, is_causal, scale)
+        options = {} if scale is None else {"softmax_scale": scale}
+        out = self.call(*_bshd(q, k, v), dropout_p, is_causal, options)
         if isinstance(out, tuple):  # v4, and early v3, return (out, softmax_lse)
             out = out[0]
         return out.transpose(1, 2)
 
-    def call(self, q, k, v, dropout_p, is_causal, scale):
+    def call(self, q, k, v, dropout_p, is_causal, options):
         raise NotImplementedError
 
 
@@ -299,15 +288,13 @@ class FlashAttention2(_FlashAttention):
 
     MODULE, GENERATION = "flash_attn", 2
 
-    def call(self, q, k, v, dropout_p, is_causal, scale):
+    def call(self, q, k, v, dropout_p, is_causal, options):
         """flash-attn 2's ``flash_attn_func`` on BSHD tensors, every option passed."""
         slopes = None
         if self.alibi:  # anemoi: alibi_slopes.repeat(batch_size, 1)
             slopes = alibi_slopes(q.shape[2]).repeat(q.shape[0], 1).to(q.device)
-        options = {"dropout_p": dropout_p, "softcap": self.softcap, "alibi_slopes": slopes}
-        return self.func()(
-            q, k, v, causal=is_causal, window_size=self._window(), **options, **self._scale(scale)
-        )
+        options |= {"dropout_p": dropout_p, "softcap": self.softcap, "alibi_slopes": slopes}
+        return self.func()(q, k, v, causal=is_causal, window_size=self._window(), **options)
 
 
 class FlashAttention3(_FlashAttention):
@@ -316,13 +303,11 @@ class FlashAttention3(_FlashAttention):
 
     MODULE, GENERATION = "flash_attn_interface", 3
 
-    def call(self, q, k, v, dropout_p, is_causal, scale):
+    def call(self, q, k, v, dropout_p, is_causal, options):
         """flash-attn 3's ``flash_attn_func``: window and softcap."""
         self._refuse("flash attention v3 (anemoi raises)", softcap=False)
         window, cap = self._window(), self.softcap
-        return self.func()(
-            q, k, v, causal=is_causal, window_size=window, softcap=cap, **self._scale(scale)
-        )
+        return self.func()(q, k, v, causal=is_causal, window_size=window, softcap=cap, **options)
 
 
 class FlashAttention4(_FlashAttention):
@@ -331,11 +316,11 @@ class FlashAttention4(_FlashAttention):
 
     MODULE, GENERATION = "flash_attn.cute", 4
 
-    def call(self, q, k, v, dropout_p, is_causal, scale):
+    def call(self, q, k, v, dropout_p, is_causal, options):
         """flash-attn 4's ``flash_attn_func``: window and scale (its default made explicit)."""
-        softmax_scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        scale = options["softmax_scale"] if options else 1.0 / math.sqrt(q.shape[-1])
         return self.func()(
-            q, k, v, softmax_scale=softmax_scale, causal=is_causal, window_size=self._window()
+            q, k, v, softmax_scale=scale, causal=is_causal, window_size=self._window()
         )
 
 
@@ -352,10 +337,7 @@ class TEDotProductAttention(Attention):
 
     def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
         """transformer-engine's DotProductAttention, one module per (heads, dim, scale, dropout)."""
-        if self.softcap > 0:
-            raise NotImplementedError(
-                "softcap is not supported by transformer-engine's DotProductAttention"
-            )
+        self._refuse("transformer-engine's DotProductAttention", alibi=False)
         if self.alibi:
             raise NotImplementedError("this adapter passes no alibi slopes to transformer-engine")
         if attn_mask is not None:
@@ -392,16 +374,10 @@ class FunctionAttention(Attention):
             )
         fn = type(self).FUNCTION
         assert fn is not None
-        call: dict[str, Any] = {
-            "attn_mask": self._combined_mask(q, k, attn_mask),
-            "dropout_p": dropout_p,
-        }
-        if is_causal:
-            call["is_causal"] = True
-        if scale is not None:
-            call["scale"] = scale
-        if enable_gqa:
-            call["enable_gqa"] = True
+        call = {"attn_mask": self._combined_mask(q, k, attn_mask), "dropout_p": dropout_p}
+        call.update({"is_causal": True} if is_causal else {})
+        call.update({"scale": scale} if scale is not None else {})
+        call.update({"enable_gqa": True} if enable_gqa else {})
         return fn(q, k, v, **call)
 
 

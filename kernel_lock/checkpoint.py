@@ -1,10 +1,9 @@
 """Checkpoints that carry their lock, and the state-dict migration a twin may need.
 
-:func:`attach` stores the lock in a checkpoint dict as plain strings (its canonical text and content
-digest, so ``torch.load(weights_only=True)`` reads it); :func:`lock_from_checkpoint` validates it
-and checks the digest; :func:`migrate_state_dict` applies the twins' recorded migrations, so a state
-dict saved from the training implementation loads strictly into the model rebuilt in inference mode.
-Not imported by ``import kernel_lock``; never imports torch.
+:func:`attach` stores the lock in a checkpoint dict as plain strings (so
+``torch.load(weights_only=True)`` reads them); :func:`lock_from_checkpoint` validates it and checks
+the digest; :func:`migrate_state_dict` applies the twins' recorded migrations, so a state dict saved
+from the training implementation loads strictly into the model rebuilt in inference mode. No torch.
 """
 
 from __future__ import annotations
@@ -71,13 +70,8 @@ def lock_from_checkpoint(
         raise bad(f"expected the lock's TOML text, got {type(text).__name__}", f"{key}.text")
     if not isinstance(digest, str):
         raise bad(f"expected 'sha256:<hex>', got {type(digest).__name__}", f"{key}.digest")
-    lock = loads(
-        text,
-        path=f"{where}[{key!r}]",
-        strict=strict,
-        emit_warnings=emit_warnings,
-        trust=tuple(trust),
-    )
+    path = f"{where}[{key!r}]"
+    lock = loads(text, path=path, strict=strict, emit_warnings=emit_warnings, trust=tuple(trust))
     found = lock.compute_digest()
     if found != digest:
         raise bad(
@@ -100,16 +94,15 @@ _KEY = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_0-9][\w]*)*$")
 
 @dataclass(frozen=True)
 class Rule:
-    """One migration step of a twin: ``drop:KEY``, ``rename:OLD->NEW`` or ``transpose:KEY``."""
+    """One migration step of a twin: ``drop:KEY``, ``rename:OLD->NEW`` or ``transpose:KEY``
+    (``key``: the stored key for drop and rename, the twin's for transpose)."""
 
-    kind: str  # drop | rename | transpose
-    key: str  # the stored key (drop, rename) or the twin's key (transpose)
+    kind: str
+    key: str
     new: str = ""  # rename: the twin's key
 
     def __str__(self) -> str:
-        return (
-            f"rename:{self.key}->{self.new}" if self.kind == "rename" else f"{self.kind}:{self.key}"
-        )
+        return f"{self.kind}:{self.key}" + (f"->{self.new}" if self.kind == "rename" else "")
 
 
 def parse_rule(text: str) -> Rule | None:
@@ -162,7 +155,6 @@ def _shape(value: Any) -> tuple[int, ...] | None:
 
 
 def _transposed(value: Any, shape: tuple[int, ...] | None) -> bool:
-    """Whether ``value`` is the transpose of a tensor of ``shape``."""
     got = _shape(value)
     return shape is not None and got is not None and tuple(reversed(got)) == shape
 

@@ -1,12 +1,10 @@
-"""Many ranks, one lock: every rank checks that all ranks hold the same lock and match it.
+"""Many ranks, one lock: ``check_ranks(lock)`` (after ``init_process_group``) checks on every rank
+that all ranks hold the same lock and match it.
 
-    kernel_lock.distributed.check_ranks(lock)     # after torch.distributed.init_process_group(...)
-
-Each rank's report (host, the digest of its lock, its differences) travels as UTF-8 JSON in uint8
-tensors, not ``all_gather_object`` (it pickles, and needs numpy); every rank reaches the same
-verdict, so all go on or all raise :class:`RanksDisagree`. A rank whose check crashes, or an
-exchange that fails, is reported too, so no rank is left waiting. Not imported by ``import
-kernel_lock``; torch is imported when :func:`check_ranks` is called.
+Each rank's report travels as UTF-8 JSON in uint8 tensors, not ``all_gather_object`` (it pickles,
+and needs numpy); every rank reaches the same verdict, so all go on or all raise
+:class:`RanksDisagree`. A rank whose check crashes, or an exchange that fails, is reported too, so
+no rank is left waiting.
 """
 
 from __future__ import annotations
@@ -201,8 +199,7 @@ def report_from_dict(data: Any) -> dict[str, Any]:
     for key in _KEYS:
         get_required(data, key, list if key == "differences" else (int if key == "rank" else str))
     rank = get_int(data, "rank", 0, 1 << 24)  # bounds: a report this module never wrote
-    host = get_text(data, "host", limit=255)  # DNS: 253
-    lock = get_text(data, "lock")
+    host, lock = get_text(data, "host", limit=255), get_text(data, "lock")  # DNS: 253
     digest = get_text(data, "digest", limit=80)
     if not DIGEST.fullmatch(digest or ""):
         raise ReadError(f"{digest!r:.80} is not 'sha256:<64 hex digits>'", "digest")
@@ -230,10 +227,7 @@ def _decoded(blob: bytes, index: int, backend: str) -> dict[str, Any]:
     """One gathered report back from its bytes, refused unless :func:`report_from_dict` reads it."""
     try:
         return report_from_dict(json.loads(blob.decode("utf-8")))
-    except (
-        ValueError,
-        RecursionError,
-    ) as exc:  # ReadError and the decoders' errors are ValueErrors
+    except (ValueError, RecursionError) as exc:  # ReadError and the decoders' are ValueErrors
         read = exc if isinstance(exc, ReadError) else None
         key = f", key {read.key!r}" if read and read.key else ""
         fix = f"{read.fix}; " if read and read.fix else ""

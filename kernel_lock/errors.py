@@ -25,7 +25,7 @@ __all__ = [
 
 class ExitCode(IntEnum):
     """The exit codes of every kernel-probe command, each with its ``meaning`` (the CLI's help and
-    the docs' tables are generated from these)."""
+    the docs' tables are generated from it)."""
 
     meaning: str
 
@@ -78,20 +78,13 @@ class LockError(Exception):
         key: str | None = None,
         fix: str | None = None,
     ):
-        self.path = path
-        self.key = key
-        self.problem = message
-        self.fix = fix
+        self.path, self.key, self.problem, self.fix = path, key, message, fix
         super().__init__(self._render())
 
     def _render(self) -> str:
-        where = ": ".join(
-            part for part in (self.path, f"'{self.key}'" if self.key else None) if part
-        )
+        where = ": ".join(p for p in (self.path, f"'{self.key}'" if self.key else None) if p)
         text = f"{where}: {self.problem}" if where else self.problem
-        if self.fix:
-            text += f"\n  fix: {self.fix}"
-        return text
+        return text + (f"\n  fix: {self.fix}" if self.fix else "")
 
 
 class LockFormatError(LockError, ValueError):
@@ -166,8 +159,7 @@ class RanksDisagree(LockError):
         ranks: list[int] | None = None,
         fix: str | None = None,
     ):
-        self.reports = list(reports or [])
-        self.ranks = list(ranks or [])
+        self.reports, self.ranks = list(reports or []), list(ranks or [])
         super().__init__(message, fix=fix)
 
 

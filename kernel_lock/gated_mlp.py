@@ -2,12 +2,11 @@
 
 Each has anemoi's parameters and state-dict keys (``gate_proj`` and ``value_proj``, two
 ``torch.nn.Linear``), is built as ``Class(in_features, out_features, mlp_implementation=...,
-bias=True)`` and computes ``gate(gate_proj(x)) * value_proj(x)`` (``kernel_lock.slots.gated_mlp``):
-``GatedMLP`` with torch's functions (the default and every twin), ``CompiledGatedMLP`` through
-``torch.compile``, ``LigerGatedMLP`` with liger-kernel's fused kernels (silu for swiglu; tanh GELU
-for geglu, which the check rejects for anemoi's erf; no sigmoid or relu gate). ``swap_gated_layers``
-puts one in place of each ``GatedMLPLayer`` of a built anemoi model (anemoi has no config key for
-it). Importing this module imports torch; liger-kernel only when ``LigerGatedMLP`` is looked up.
+bias=True)`` and computes ``gate(gate_proj(x)) * value_proj(x)``: ``GatedMLP`` with torch's
+functions (the default and every twin), ``CompiledGatedMLP`` through ``torch.compile``,
+``LigerGatedMLP`` with liger-kernel's fused kernels. ``swap_gated_layers`` puts one in place of each
+``GatedMLPLayer`` of a built anemoi model (anemoi has no config key for it). Imports torch;
+liger-kernel only when ``LigerGatedMLP`` is looked up.
 """
 
 from __future__ import annotations
@@ -22,8 +21,8 @@ from torch import nn
 
 from .slots.gated_mlp import GATES, gate_for
 
-# the classes this module builds on first lookup (module ``__getattr__``: ``LigerGatedMLP``) are
-# public too, by the name a lock gives; not listed, so ``import *`` never imports their libraries
+# LigerGatedMLP (built on first lookup) is public too; not listed, so ``import *`` never imports
+# liger-kernel
 __all__ = [
     "ANEMOI_LAYER",
     "LIGER_GATES",
@@ -85,25 +84,21 @@ class GatedMLP(nn.Module):
 _compiled: dict[str, Callable[..., Any]] = {}
 
 
-def _gated_product(function: str) -> Callable[..., Any]:
-    """One compiled function per gate, shared by every instance (compilation is per process)."""
-    if function not in _compiled:
-        gate = TORCH_GATES[function]
-
-        def gated_product(g: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            return gate(g) * v
-
-        _compiled[function] = torch.compile(gated_product)
-    return _compiled[function]
-
-
 class CompiledGatedMLP(GatedMLP):
-    """``GatedMLP`` whose gate and product run as one ``torch.compile``'d function (same
-    parameters)."""
+    """``GatedMLP`` whose gate and product run as one ``torch.compile``'d function, one per gate
+    shared by every instance (same parameters)."""
 
     def gate_and_multiply(self, gate: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         """The gate and the product, compiled."""
-        return _gated_product(self.gate_function)(gate, value)
+        function = self.gate_function
+        if function not in _compiled:
+            torch_gate = TORCH_GATES[function]
+
+            def gated_product(g: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+                return torch_gate(g) * v
+
+            _compiled[function] = torch.compile(gated_product)
+        return _compiled[function](gate, value)
 
 
 # liger-kernel's fused gate-and-multiply functions, by the gate they compute (its GELU is tanh's)
@@ -149,8 +144,7 @@ ANEMOI_LAYER = "GatedMLPLayer"
 
 
 def anemoi_implementation(layer: nn.Module) -> str:
-    """The ``mlp_implementation`` an anemoi ``GatedMLPLayer`` was built with, told by its gate
-    module."""
+    """The ``mlp_implementation`` an anemoi ``GatedMLPLayer`` was built with (its gate module)."""
     gating = getattr(layer, "gating", None)
     for name, gate in GATES.items():
         cls = gate.anemoi_module.rpartition(".")[2]

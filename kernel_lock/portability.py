@@ -1,9 +1,9 @@
 """Portable whole-model checkpoints: the model with every lock class replaced by its torch.nn twin.
 
 A pickled model (anemoi's inference checkpoint) names every class it holds, so one built from a lock
-that pins a training library or an adapter loads only where that library and kernel_lock are
-installed. :func:`portable` returns a copy that names neither; :func:`saved_modules` lists what a
-``torch.save`` file would import, without unpickling it. Not imported by ``import kernel_lock``.
+that pins a training library or an adapter loads only where both are installed. :func:`portable`
+returns a copy that names neither; :func:`saved_modules` lists what a ``torch.save`` file would
+import, without unpickling it.
 """
 
 from __future__ import annotations
@@ -52,13 +52,14 @@ class NotPortable(LockError):
 
 @dataclass(frozen=True)
 class Replacement:
-    """One module replaced by its twin: where, from which class to which, and how close they are."""
+    """One module replaced by its twin: where, from which class to which, and how close they are
+    (``error``: normwise relative, measured here; None: the original cannot run here)."""
 
     path: str
     slot: str
     original: str
     twin: str
-    error: float | None  # normwise relative, measured here; None: the original cannot run here
+    error: float | None
     note: str = ""
 
 
@@ -75,8 +76,7 @@ def _build_twin(module: Any, slot: Slot, twin_cls: type) -> Any:
         accepted = set(inspect.signature(twin_cls).parameters)
     except (TypeError, ValueError):
         accepted = set(kwargs)
-    # the slot's own: its size, eps and parameters (an activation: only the twin's own kwargs)
-    how = SPECS[slot.name].twin_args
+    how = SPECS[slot.name].twin_args  # its size, eps, parameters (none: the twin's own kwargs)
     args, own = how(module, state, accepted) if how is not None else ((), {})
     twin = twin_cls(*args, **{**kwargs, **own})
     reference = next(iter(state.values()), None)
@@ -98,13 +98,8 @@ def _compare(original: Any, twin: Any, slot: Slot) -> float | None:
     params = list(twin.parameters())
     device = params[0].device if params else torch.device("cpu")
     dtype = params[0].dtype if params else torch.float32
-    sample_width = SPECS[slot.name].sample_width
-    if not params:
-        width = 8
-    elif sample_width is not None:
-        width = sample_width(twin)
-    else:
-        width = int(params[0].shape[0])
+    how = SPECS[slot.name].sample_width
+    width = 8 if not params else how(twin) if how is not None else int(params[0].shape[0])
     gen = torch.Generator().manual_seed(0)
     x = (torch.randn(16, width, generator=gen) + 0.3).to(device=device, dtype=dtype)
     try:
@@ -125,8 +120,7 @@ def _compare(original: Any, twin: Any, slot: Slot) -> float | None:
 
 
 def _tolerance(slot: Slot) -> float:
-    recorded = slot.twin.max_error if slot.twin is not None else None
-    return max(8 * (recorded or 0.0), 1e-4)
+    return max(8 * ((slot.twin.max_error if slot.twin else None) or 0.0), 1e-4)
 
 
 class _Converter:
@@ -151,14 +145,13 @@ class _Converter:
 
     def slot_of(self, cls: type) -> Slot | None:
         """The slot whose pinned class ``cls`` is (or adapts)."""
-        for slot, pinned in self.slots:
-            if cls is pinned or (cls.__module__ == _ADAPTERS and issubclass(cls, pinned)):
-                return slot
-        return None
+        adapts = cls.__module__ == _ADAPTERS
+        return next(
+            (s for s, pin in self.slots if cls is pin or adapts and issubclass(cls, pin)), None
+        )
 
     def twin_class(self, slot: Slot, cls: type) -> type:
-        """The class that stands in for ``cls``: the slot's twin, or the anemoi wrapper around it
-        that ``cls`` adapts."""
+        """The slot's twin, or the anemoi wrapper around it that ``cls`` adapts."""
         refusal = twin_refusal(slot)
         if refusal is not None:
             raise KernelUnavailable(
@@ -225,11 +218,12 @@ class _Converter:
         """Replace the lock classes and partials stored in the tree's modules' attributes."""
         for _, module in root.named_modules():
             for name, value in list(vars(module).items()):
-                if name in ("_modules", "_parameters", "_buffers") or name.startswith(
-                    ("_forward", "_backward")
-                ):
-                    continue
-                new = self.value(value, 0)
+                skip = name in ("_modules", "_parameters", "_buffers")
+                new = (
+                    value
+                    if skip or name.startswith(("_forward", "_backward"))
+                    else self.value(value, 0)
+                )
                 if new is not value:
                     object.__setattr__(module, name, new)
 
@@ -275,10 +269,9 @@ def portable(
 ) -> Any:
     """A copy of ``module`` that unpickles without the training library and kernel_lock: every
     module, class or stored factory from ``lock`` is the slot's verified twin, its state migrated.
-
     ``compare`` refuses (:class:`NotPortable`) a twin that disagrees with its module here beyond the
     lock's verified error; ``report`` receives one :class:`Replacement` per module. Raises
-    :class:`KernelUnavailable` for a slot without a usable twin, and :class:`NotPortable` where the
+    :class:`KernelUnavailable` for a slot without a usable twin, :class:`NotPortable` where the
     copy's pickle would still name kernel_lock or a training library."""
     converter = _Converter(lock, compare)
     copied = converter.modules(copy.deepcopy(module))
@@ -288,16 +281,15 @@ def portable(
         log.info("kernel_lock.portable: %s %s -> %s (%s)", r.path, r.original, r.twin, compared)
     if report is not None:
         report.extend(converter.replacements)
-    forbidden = {"kernel_lock"} | {m.split(".")[0] for m in lock.trusted_modules}
-    for slot in lock.slots.values():
-        forbidden.add(slot.target.split(".")[0])
-        forbidden.update(r.module.split(".")[0] for r in slot.requires if r.module)
-    twins = {s.twin.target.split(".")[0] for s in lock.slots.values() if s.twin is not None}
-    forbidden -= (twins - {"kernel_lock"}) | {"torch"}
+    slots = lock.slots.values()
+    forbidden = {"kernel_lock", *lock.trusted_modules, *(s.target for s in slots)}
+    forbidden |= {r.module for s in slots for r in s.requires if r.module}
+    twins = {s.twin.target.split(".")[0] for s in slots if s.twin is not None}
+    roots = {m.split(".")[0] for m in forbidden} - (twins - {"kernel_lock"}) - {"torch"}
     left = sorted(
         m
         for m in pickled_modules(copied)
-        if m.split(".")[0] in forbidden or m.startswith("kernel_lock")
+        if m.split(".")[0] in roots or m.startswith("kernel_lock")
     )
     if left:
         raise NotPortable(
@@ -317,15 +309,14 @@ _UNKNOWN = object()  # a stack value that is not a string the scan knows
 
 
 class UnreadablePickle(ValueError):
-    """A pickle whose globals cannot all be named without running it (a STACK_GLOBAL on operands
-    that are not plain strings, an extension-registry code, a malformed stream)."""
+    """A pickle whose globals cannot all be named without running it."""
 
 
 def globals_in(data: bytes) -> set[str]:
-    """Every ``module.name`` the pickle stream ``data`` would import when loaded (GLOBAL, INST and
-    STACK_GLOBAL), read without unpickling: the stack, marks and memo are modelled opcode by opcode,
-    so decoy strings and memo fetches are read as ``pickle`` reads them. Raises
-    :class:`UnreadablePickle` where a global cannot be named with certainty."""
+    """Every ``module.name`` the pickle stream ``data`` would import when loaded, read without
+    unpickling: the stack, marks and memo are modelled opcode by opcode, so decoy strings and memo
+    fetches are read as ``pickle`` reads them. :class:`UnreadablePickle` where a global cannot be
+    named with certainty."""
     found: set[str] = set()
     stack: list[Any] = []
     marks: list[int] = []

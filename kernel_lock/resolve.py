@@ -2,10 +2,7 @@
 
 Training mode never substitutes: the pinned implementation is built here, or an error says why not.
 Inference mode may use the slot's verified torch.nn twin instead, and says so (a WARNING log record
-and the ``substituted_from`` attribute of what it returns), so a caller can assert on it.
-
-Kept at ``kernel_lock.resolve`` (the public face of *resolve and fingerprint*; the facts it checks
-are ``kernel_lock.fingerprint``'s): models that hold a factory pickle it as
+and the ``substituted_from`` attribute of what it returns). Models that hold a factory pickle it as
 ``kernel_lock.resolve.KernelFactory``.
 """
 
@@ -17,7 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from . import fingerprint, graph_attention, torchless
 from .errors import Difference, KernelUnavailable, LockFormatError, LockMismatch
+from .launch import confirm_in_child
 from .slots import MODES, SPECS, Mode, slot_name_fix, twin_semantics
 from .trust import (
     IN_INFERENCE_MODE,
@@ -33,10 +32,8 @@ if TYPE_CHECKING:
     from .schema import Slot
 
 __all__ = [
-    "INFERENCE_FACTS",
     "KernelFactory",
     "Resolution",
-    "check_twins",
     "confirm_targets",
     "factory",
     "mode_for",
@@ -47,13 +44,18 @@ __all__ = [
 
 log = logging.getLogger("kernel_lock")
 
+# the facts an inference check reads: a slot runs as pinned only on its device types (Slot.devices)
+_INFERENCE_FACTS = ("device-type",)
+_REPROBE = "re-run `kernel-probe --force` on this machine"
+_NO_TWIN_FIX = (
+    "install the training library on this machine, or re-train / re-probe with an implementation "
+    "that has a verified torch.nn twin with the same semantics and an interchangeable state dict"
+)
+
 
 class KernelFactory(functools.partial):
-    """``functools.partial`` of the real class, with the pinned kwargs (call-site kwargs win).
-
-    Calling it builds the library's own module (``type(m)`` is the pinned class, no wrapper). The
-    extra attributes record how the slot was resolved.
-    """
+    """``functools.partial`` of the real class with the pinned kwargs (call-site kwargs win);
+    calling it builds the library's own module. The attributes record how the slot resolved."""
 
     slot: str
     implementation: str
@@ -63,8 +65,7 @@ class KernelFactory(functools.partial):
     max_error: float | None  # verified max error between the twin and the training implementation
 
     def describe(self) -> str:
-        """``LayerNorm -> liger.layer_norm (liger_kernel...)``, and what it substitutes for, if
-        anything."""
+        """``LayerNorm -> liger.layer_norm (liger_kernel...)``, and what it substitutes for."""
         text = f"{self.slot} -> {self.implementation} ({self.target})"
         if self.substituted_from:
             text += (
@@ -73,18 +74,8 @@ class KernelFactory(functools.partial):
         return text
 
 
-def _check_slot_name(slot: str) -> None:
-    if slot not in SPECS:
-        raise LockFormatError(f"unknown slot {slot!r}", key=slot, fix=slot_name_fix(slot))
-
-
-# the facts an inference check reads: a slot runs as pinned only on its device types (Slot.devices)
-INFERENCE_FACTS = ("device-type",)
-
-
 def mode_for(lock: LockDocument | None, mode: str | None) -> Mode:
-    """The mode to resolve in: the one asked for, else the lock's own (``mode = "inference"`` in a
-    derived lock), else training. Raises for an unknown mode."""
+    """The mode to resolve in: the one asked for, else the lock's own, else training."""
     chosen = mode if mode is not None else (lock.mode if lock is not None else "training")
     if chosen not in MODES:
         raise LockFormatError(f"unknown mode {chosen!r}", fix=f"use one of {', '.join(MODES)}")
@@ -98,131 +89,109 @@ def verify(
     current: Mapping[str, Any] | None = None,
     targets: str | None = None,
 ) -> list[str]:
-    """Check this machine against the lock. Raises :class:`LockMismatch` listing every difference.
+    """Check this machine against the lock; raises :class:`LockMismatch` listing every difference.
+    Returns notes (substitutions, fields not checked). ``mode`` defaults to the lock's own.
 
-    ``targets``: whether each slot's class and kwargs are checked too, as ``factory`` would refuse
-    them (:func:`confirm_targets`): None, not here (the caller imports them next); ``"static"``,
-    without importing anything, a target only an import can judge being an error (``verify
-    --no-import``); ``"child"``, such a target is imported in a child process (the job-start check
-    of ``kernel-probe``).
-
-    Training: every fingerprint field (under its match rule), every pinned library version and every
-    slot requirement. Inference: the machine may differ (that is the point), but every slot must be
-    buildable, either as pinned or through a verified twin. Returns notes (substitutions). ``mode``
-    defaults to the lock's own.
+    Training: every fingerprint field (under its match rule), every pinned library version, every
+    slot requirement and the slots' own job-start rules. Inference: the machine may differ, but
+    every slot must be buildable, as pinned or through a verified twin. ``targets``: whether each
+    slot's class and kwargs are checked too, as ``factory`` would (:func:`confirm_targets`): None,
+    not here; ``"static"``, without importing (a target only an import can judge is an error);
+    ``"child"``, such a target is imported in a child process.
     """
     mode = mode_for(lock, mode)
-    if current is None:
-        from . import torchless
-
-        # without importing torch where it is not; a fact this check needs that only torch can
-        # settle is read with it
-        checked = (
-            [name for name, spec in lock.environment.fields.items() if spec.match != "ignore"]
-            if mode == "training"
-            else INFERENCE_FACTS
-        )
-        if lock.graph_attention is not None and "device-type" not in checked:
-            checked = [
-                *checked,
-                "device-type",
-            ]  # where anemoi's GraphTransformer would run its kernel
-        current = torchless.for_check(checked)
-    notes: list[str] = []
-    from . import graph_attention
-
+    if current is None:  # torch-free; a fact only torch can settle is read with it
+        current = torchless.for_check(_facts_checked(lock, mode))
+    notes = (_verify_training if mode == "training" else _verify_inference)(lock, current)
     fallback = graph_attention.fallback_note(lock.graph_attention, current)
-    if mode == "training":
-        from . import fingerprint
+    if fallback:
+        notes.append(fallback)
+    if targets is not None:
+        confirm_targets(lock, mode, current, import_unknown=targets == "child")
+    return notes
 
-        libs = fingerprint.library_versions(lock.environment.libraries)
-        diffs = fingerprint.compare(
-            lock.environment.fields, current, lock.environment.libraries, libs
-        )
-        notes.extend(
-            f"environment field {name!r} is unknown to this kernel_lock (a newer writer?): not "
-            "checked"
-            for name in fingerprint.unchecked_fields(lock.environment.fields)
-        )
-        notes.extend(
-            f"{name} differs (lock {spec.value!r}, here {current.get(name)!r}): not checked "
-            "(match = ignore)"
-            for name, spec in lock.environment.fields.items()
-            if spec.match == "ignore"
-            and name in fingerprint.FIELDS
-            and current.get(name) is not None
-            and str(current.get(name)) != str(spec.value)
-        )
-        name_note = fingerprint.device_name_note(current)
-        if name_note:
-            notes.append(name_note)
-        missing = []  # slots whose own library is missing or too old: installing it is the fix
-        for slot in lock.slots.values():
-            found = requirement_problems(slot)
-            diffs.extend(found)
-            if found:
-                missing.append(slot)
-            job_start = SPECS[slot.name].job_start  # the slot's own rules (the Linear's BLAS)
-            if job_start is not None:
-                diffs.extend(job_start(slot, current))
-        graph_diffs = graph_attention.job_start_differences(lock.graph_attention, current)
-        diffs.extend(graph_diffs)
-        if fallback and not graph_diffs:
-            notes.append(fallback)
-        if lock.mode == "inference":
-            diffs.append(
-                Difference(
-                    "mode",
-                    "inference",
-                    "training asked for (training never runs on the substitutions of a derived "
-                    "lock)",
-                    "mode",
-                )
-            )
-        if diffs:
-            fix = None
-            if lock.mode == "inference":
-                fix = (
-                    f"verify it {IN_INFERENCE_MODE}, or train with the training lock it was "
-                    "derived from"
-                )
-            elif missing:  # as factory() says it: install the library, or use the verified twin
-                hints = ", ".join(dict.fromkeys(install_hint(slot) for slot in missing))
-                others = len(diffs) > sum(len(requirement_problems(slot)) for slot in missing)
-                fix = (
-                    f"install what the lock's slots need ({hints}), or load it "
-                    f"{IN_INFERENCE_MODE} to use the verified torch.nn twins"
-                    + (
-                        "; for the other fields, re-run `kernel-probe --force` on this machine"
-                        if others
-                        else ""
-                    )
-                )
-            if graph_diffs:  # the graph-attention backend's own fix, beside the others'
-                others_fix = (
-                    fix or "re-run `kernel-probe --force` on this machine to write a lock for it"
-                )
-                only = len(graph_diffs) == len(diffs)
-                fix = (
-                    graph_attention.FIX
-                    if only
-                    else f"{others_fix}; for [{graph_attention.TABLE}]: {graph_attention.FIX}"
-                )
-            raise LockMismatch(diffs, path=lock.path, fix=fix)
-        if targets is not None:
-            confirm_targets(lock, mode, current, import_unknown=targets == "child")
-        return notes
-    problems = []
+
+def _facts_checked(lock: LockDocument, mode: Mode) -> list[str]:
+    fields = lock.environment.fields
+    checked = (
+        [name for name, spec in fields.items() if spec.match != "ignore"]
+        if mode == "training"
+        else list(_INFERENCE_FACTS)
+    )
+    if lock.graph_attention is not None and "device-type" not in checked:
+        checked.append("device-type")  # where anemoi's GraphTransformer would run its kernel
+    return checked
+
+
+def _fingerprint_notes(lock: LockDocument, current: Mapping[str, Any]) -> list[str]:
+    fields = lock.environment.fields
+    notes = [
+        f"environment field {name!r} is unknown to this kernel_lock (a newer writer?): not checked"
+        for name in fingerprint.unchecked_fields(fields)
+    ]
+    notes += [
+        f"{name} differs (lock {spec.value!r}, here {current.get(name)!r}): not checked "
+        "(match = ignore)"
+        for name, spec in fields.items()
+        if spec.match == "ignore"
+        and name in fingerprint.FIELDS
+        and current.get(name) is not None
+        and str(current.get(name)) != str(spec.value)
+    ]
+    name_note = fingerprint.device_name_note(current)
+    return notes + ([name_note] if name_note else [])
+
+
+def _verify_training(lock: LockDocument, current: Mapping[str, Any]) -> list[str]:
+    env = lock.environment
+    libraries = fingerprint.library_versions(env.libraries)
+    diffs = fingerprint.compare(env.fields, current, env.libraries, libraries)
+    notes = _fingerprint_notes(lock, current)
+    # slots whose own library is missing or too old (installing is the fix), and their problems
+    missing: list[Slot] = []
+    required = 0
+    for slot in lock.slots.values():
+        found = requirement_problems(slot)
+        job_start = SPECS[slot.name].job_start  # the slot's own rules (the Linear's BLAS)
+        diffs += found + (job_start(slot, current) if job_start is not None else [])
+        missing += [slot] if found else []
+        required += len(found)
+    graph = graph_attention.job_start_differences(lock.graph_attention, current)
+    diffs += graph
+    if lock.mode == "inference":
+        why = "training asked for (training never runs on the substitutions of a derived lock)"
+        diffs.append(Difference("mode", "inference", why, "mode"))
+    if diffs:
+        fix = _training_fix(lock, len(diffs) > required, missing)
+        if graph:  # the graph-attention backend's own fix, beside the others'
+            others = fix or f"{_REPROBE} to write a lock for it"
+            fix = f"{others}; for [{graph_attention.TABLE}]: {graph_attention.FIX}"
+            fix = graph_attention.FIX if len(graph) == len(diffs) else fix
+        raise LockMismatch(diffs, path=lock.path, fix=fix)
+    return notes
+
+
+def _training_fix(lock: LockDocument, others: bool, missing: list[Slot]) -> str | None:
+    if lock.mode == "inference":
+        return f"verify it {IN_INFERENCE_MODE}, or train with the training lock it was derived from"
+    if not missing:
+        return None
+    # as factory() says it: install the library, or use the verified twin
+    hints = ", ".join(dict.fromkeys(install_hint(slot) for slot in missing))
+    return (
+        f"install what the lock's slots need ({hints}), or load it {IN_INFERENCE_MODE} to use the "
+        "verified torch.nn twins" + (f"; for the other fields, {_REPROBE}" if others else "")
+    )
+
+
+def _verify_inference(lock: LockDocument, current: Mapping[str, Any]) -> list[str]:
+    notes, problems = [], []
     for slot in lock.slots.values():
         try:
-            r = resolve_slot(lock, slot.name, mode, current=current, import_classes=False)
+            r = resolve_slot(lock, slot.name, "inference", current=current, import_classes=False)
         except KernelUnavailable:
-            reason, refusal = unusable_reason(slot, current), twin_refusal(slot)
-            problems.append(
-                Difference(
-                    f"slots.{slot.name}", slot.implementation, f"{reason}; {refusal}", "inference"
-                )
-            )
+            why = f"{unusable_reason(slot, current)}; {twin_refusal(slot)}"
+            problems.append(Difference(f"slots.{slot.name}", slot.implementation, why, "inference"))
             continue
         if r.substituted_from:
             notes.append(
@@ -236,44 +205,24 @@ def verify(
             fix="install the library the slot needs, or re-probe on this machine; a slot "
             "without a verified twin cannot be substituted",
         )
-    if fallback:
-        notes.append(fallback)
-    check_twins(lock, str(current.get("torch") or ""))
-    if targets is not None:
-        confirm_targets(lock, mode, current, import_unknown=targets == "child")
+    # every twin judged as `rehash` judges it, used here or not: one of other semantics or with a
+    # kwarg it does not take is refused; one only an import can judge is judged where it is built
+    torch_version = str(current.get("torch") or "")
+    for entry in lock.slots.values():
+        if entry.twin is not None:
+            key = f"slots.{entry.name}.twin"
+            twin = entry.twin
+            try:
+                static_problem(entry.name, twin.target, twin.kwargs, torch_version, lock.path, key)
+            except KernelUnavailable:
+                pass  # its library is not here: the slot's own target runs, or the slot fails
     return notes
 
 
-def check_twins(lock: LockDocument, torch_version: str) -> None:
-    """Every twin of ``lock`` judged as ``rehash`` judges it (``locate.static_problem``, the one
-    function): a twin may stand in for its slot in inference, so one of other semantics (an RMSNorm,
-    through an alias, as LayerNorm's twin) or with a keyword argument it does not take is refused,
-    whether or not it is used on this machine. A twin only an import can judge is judged where it is
-    built."""
-    for entry in lock.slots.values():
-        if entry.twin is None:
-            continue
-        try:
-            static_problem(
-                entry.name,
-                entry.twin.target,
-                entry.twin.kwargs,
-                torch_version,
-                lock.path,
-                f"slots.{entry.name}.twin",
-            )
-        except KernelUnavailable:
-            # the twin's library is not on this machine: the slot's own target runs, or the slot
-            # fails
-            pass
-
-
 def twin_refusal(slot: Slot) -> str | None:
-    """Why ``slot``'s twin may not stand in for it, or None when it may.
-
-    A twin may stand in only if it exists, its state dict interchanges with the pinned class's
-    (directly, or through a recorded migration), and it computes the same thing as the slot.
-    """
+    """Why ``slot``'s twin may not stand in for it, or None when it may: it must exist, its state
+    dict interchange with the pinned class's (directly or by a recorded migration), and it must
+    compute the same thing as the slot."""
     twin = slot.twin
     if twin is None:
         return "it has no verified portable twin"
@@ -291,56 +240,30 @@ def twin_refusal(slot: Slot) -> str | None:
     return None
 
 
-# ---- the job-start check: what an import would refuse, decided without importing where it can be
+def _no_twin(
+    lock: LockDocument, entry: Slot, reason: Any, refusal: str, **fix: str
+) -> KernelUnavailable:
+    return KernelUnavailable(
+        f"slot {entry.name}: {entry.implementation} ({entry.target}) cannot run here ({reason}), "
+        f"and {refusal}",
+        path=lock.path,
+        key=f"slots.{entry.name}.twin",
+        **fix,
+    )
 
 
 def confirm_targets(
     lock: LockDocument, mode: str, current: Mapping[str, Any], *, import_unknown: bool
 ) -> None:
-    """Raise what :func:`factory` would raise for a slot of ``lock`` in ``mode``: a target of other
-    semantics or not a class, an unknown kwarg, a module that is not there.
-
-    Decided without importing wherever ``registry.target_facts`` and the file system know the facts.
-    A target they cannot judge is "not checked without import", never current: with
-    ``import_unknown``, those slots are resolved by ``factory`` in a child process (foreign code
-    runs there, not here) and its verdict is raised here; without, :class:`KernelUnavailable` says
-    which and why (exit 3: the lock could not be confirmed).
-    """
+    """Raise what :func:`factory` would raise for a slot of ``lock`` in ``mode`` (a target of other
+    semantics or not a class, an unknown kwarg, a module that is not there), decided without
+    importing wherever ``target_facts`` and the file system know. A target they cannot judge is
+    never current: with ``import_unknown`` it is resolved by ``factory`` in a child process and its
+    verdict raised here; without, :class:`KernelUnavailable` says which and why."""
     torch_version = str(current.get("torch") or "")
     unknown: dict[str, str] = {}
     for entry in lock.slots.values():
-        key = f"slots.{entry.name}"
-        if mode == "training":
-            target, kwargs, at = entry.target, entry.kwargs, key
-        else:
-            r = resolve_slot(lock, entry.name, mode, current=current, import_classes=False)
-            target, kwargs, at = (
-                r.target,
-                r.kwargs,
-                key if r.substituted_from is None else f"{key}.twin",
-            )
-        try:
-            why = static_problem(entry.name, target, kwargs, torch_version, lock.path, at)
-        except KernelUnavailable as exc:
-            if mode == "training" or at != key:
-                raise
-            refusal = twin_refusal(entry)  # inference: the import path falls back to the twin
-            if refusal is not None:
-                raise KernelUnavailable(
-                    f"slot {entry.name}: {entry.implementation} ({entry.target}) cannot run here "
-                    f"({exc.problem}), and {refusal}",
-                    path=lock.path,
-                    key=f"{key}.twin",
-                ) from None
-            assert entry.twin is not None
-            why = static_problem(
-                entry.name,
-                entry.twin.target,
-                entry.twin.kwargs,
-                torch_version,
-                lock.path,
-                f"{key}.twin",
-            )
+        why = _static_problem(lock, entry, mode, current, torch_version)
         if why is not None:
             unknown[entry.name] = why
     if not unknown:
@@ -355,32 +278,42 @@ def confirm_targets(
             fix="run `kernel-probe verify` without --no-import (imports each class), or "
             "`kernel-probe --check` (imports only these, in a child process)",
         )
-    from .launch import (
-        confirm_in_child,
-    )  # a child process: only for targets no table can judge
-
     confirm_in_child(lock, mode, unknown)
+
+
+def _static_problem(
+    lock: LockDocument, entry: Slot, mode: str, current: Mapping[str, Any], torch_version: str
+) -> str | None:
+    """What importing the class ``entry`` resolves to in ``mode`` would say, decided statically."""
+    key = f"slots.{entry.name}"
+    target, kwargs, at = entry.target, entry.kwargs, key
+    if mode != "training":
+        r = resolve_slot(lock, entry.name, mode, current=current, import_classes=False)
+        if r.substituted_from is not None:
+            target, kwargs, at = r.target, r.kwargs, f"{key}.twin"
+    try:
+        return static_problem(entry.name, target, kwargs, torch_version, lock.path, at)
+    except KernelUnavailable as exc:
+        if mode == "training" or at != key:
+            raise
+        refusal = twin_refusal(entry)  # inference: the import path falls back to the twin
+        if refusal is not None:
+            raise _no_twin(lock, entry, exc.problem, refusal) from None
+        assert entry.twin is not None
+        twin, at = entry.twin, f"{key}.twin"
+        return static_problem(entry.name, twin.target, twin.kwargs, torch_version, lock.path, at)
 
 
 def _max_error_text(max_error: float | None) -> str:
     return "not recorded" if max_error is None else f"{max_error:.3g}"
 
 
-def _ensure_verified(lock: LockDocument, mode: str) -> None:
-    done = lock.verified_modes
-    if mode not in done:
-        verify(lock, mode=mode)
-        done.add(mode)
-
-
 @dataclass(frozen=True)
 class Resolution:
     """What one slot resolves to in one mode, and why: the one decision ``factory``, ``verify``,
-    ``kernel-probe lock --for inference`` and the anemoi export all take.
-
-    ``cls`` is the imported class (None when resolved without importing); ``substituted_from`` the
-    training implementation a twin stands in for, with ``reason`` (why it cannot run here) and the
-    twin's verified ``max_error``."""
+    ``kernel-probe lock --for inference`` and the anemoi export take. ``cls`` is the imported class
+    (None when resolved without importing); ``substituted_from`` the training implementation a twin
+    stands in for, with ``reason`` (why it cannot run here) and the twin's ``max_error``."""
 
     slot: str
     mode: Mode
@@ -400,36 +333,39 @@ def resolve_slot(
     *,
     current: Mapping[str, Any] | None = None,
     import_classes: bool = True,
+    verify_environment: bool = False,
 ) -> Resolution:
     """Decide what ``slot`` resolves to under ``lock`` in ``mode`` (default: the lock's own).
 
     Training: the pinned implementation, or :class:`KernelUnavailable` (requirement missing, other
-    device type, an inference lock, an import that fails). Inference: the pinned implementation
-    where it can run here (with ``import_classes``, an import that fails counts as cannot), else the
-    verified twin, else :class:`KernelUnavailable` with both reasons. Never checks the fingerprint
-    (that is ``verify``'s); ``current`` defaults to this machine.
+    device type, an inference lock, an import that fails); with ``verify_environment``, the whole
+    fingerprint is verified once per lock after the slot's own checks. Inference: the pinned
+    implementation where it can run here (with ``import_classes``, an import that fails counts as
+    cannot), else the verified twin, else :class:`KernelUnavailable` with both reasons. ``current``
+    defaults to this machine.
     """
-    _check_slot_name(slot)
     mode = mode_for(lock, mode)
+    if slot not in SPECS:
+        raise LockFormatError(f"unknown slot {slot!r}", key=slot, fix=slot_name_fix(slot))
     entry = lock.slots.get(slot) if lock is not None else None
-    if entry is None:
+    if lock is None or entry is None:
         target = SPECS[slot].default_target
         cls = build(slot, target, {}, None, f"slots.{slot}") if import_classes else None
         return Resolution(slot, mode, "torch (default; slot not in lock)", target, {}, cls)
-    assert lock is not None
     key = f"slots.{slot}"
     pinned = functools.partial(
         Resolution, slot, mode, entry.implementation, entry.target, entry.kwargs
     )
     if mode == "training":
         _refuse_training(lock, entry)
+        if verify_environment and mode not in lock.verified_modes:
+            verify(lock, mode=mode)  # the whole fingerprint, once per lock
+            lock.verified_modes.add(mode)
         return pinned(
             build(slot, entry.target, entry.kwargs, lock, key) if import_classes else None
         )
     if current is None:
-        from . import torchless
-
-        current = torchless.for_check(INFERENCE_FACTS)
+        current = torchless.for_check(_INFERENCE_FACTS)
     reason = unusable_reason(entry, current)
     if reason is None:
         if not import_classes:
@@ -440,35 +376,17 @@ def resolve_slot(
             reason = exc.problem
     refusal = twin_refusal(entry)
     if refusal is not None:
-        raise KernelUnavailable(
-            f"slot {slot}: {entry.implementation} ({entry.target}) cannot run here ({reason}), "
-            f"and {refusal}",
-            path=lock.path,
-            key=f"{key}.twin",
-            fix="install the training library on this machine, or re-train / re-probe with an "
-            "implementation that has a verified torch.nn twin with the same semantics and an "
-            "interchangeable state dict",
-        )
+        raise _no_twin(lock, entry, reason, refusal, fix=_NO_TWIN_FIX)
     twin = entry.twin
     assert twin is not None
     cls = build(slot, twin.target, twin.kwargs, lock, f"{key}.twin") if import_classes else None
-    return Resolution(
-        slot,
-        mode,
-        f"twin:{entry.implementation}",
-        twin.target,
-        twin.kwargs,
-        cls,
-        substituted_from=entry.implementation,
-        reason=reason,
-        max_error=twin.max_error,
-    )
+    substitute = functools.partial(Resolution, slot, mode, f"twin:{entry.implementation}")
+    return substitute(twin.target, twin.kwargs, cls, entry.implementation, reason, twin.max_error)
 
 
 def _refuse_training(lock: LockDocument, entry: Slot) -> None:
-    """Raise :class:`KernelUnavailable` when ``entry`` cannot be trained with here (metadata
-    only)."""
-    slot = entry.name
+    """Raise :class:`KernelUnavailable` where ``entry`` cannot be trained with here (metadata)."""
+    slot, what = entry.name, f"slot {entry.name}: {entry.implementation} ({entry.target})"
     if lock.mode == "inference":
         raise KernelUnavailable(
             f"slot {slot}: {lock.path or 'this lock'} is an inference lock (its substitutions are "
@@ -484,7 +402,7 @@ def _refuse_training(lock: LockDocument, entry: Slot) -> None:
     problems = requirement_problems(entry)
     if problems:
         raise KernelUnavailable(
-            f"slot {slot}: {entry.implementation} ({entry.target}) needs "
+            f"{what} needs "
             + "; ".join(
                 f"{p.field.rsplit('.', 1)[-1]} {p.expected} (found: {p.found})" for p in problems
             ),
@@ -493,19 +411,15 @@ def _refuse_training(lock: LockDocument, entry: Slot) -> None:
             fix=f"install it ({install_hint(entry)}), re-run `kernel-probe` on this machine, "
             f"or load it {IN_INFERENCE_MODE} to use the verified torch.nn twin",
         )
-    if entry.devices:
-        from . import torchless
-
-        here = torchless.for_check(INFERENCE_FACTS).get("device-type")
-        if here not in entry.devices:
-            raise KernelUnavailable(
-                f"slot {slot}: {entry.implementation} ({entry.target}) runs on "
-                f"{', '.join(entry.devices)}; this machine's device is {here}",
-                path=lock.path,
-                key=f"slots.{slot}.devices",
-                fix="train on a machine with that device, re-run `kernel-probe` on this "
-                f"machine, or load it {IN_INFERENCE_MODE} to use the verified torch.nn twin",
-            )
+    here = torchless.for_check(_INFERENCE_FACTS).get("device-type") if entry.devices else None
+    if entry.devices and here not in entry.devices:
+        raise KernelUnavailable(
+            f"{what} runs on {', '.join(entry.devices)}; this machine's device is {here}",
+            path=lock.path,
+            key=f"slots.{slot}.devices",
+            fix="train on a machine with that device, re-run `kernel-probe` on this "
+            f"machine, or load it {IN_INFERENCE_MODE} to use the verified torch.nn twin",
+        )
 
 
 def factory(
@@ -515,20 +429,10 @@ def factory(
     *,
     verify_environment: bool = True,
 ) -> KernelFactory:
-    """The callable that builds ``slot``'s pinned class with the pinned kwargs.
-
-    A slot the lock does not mention resolves to torch.nn (locks may pin only some slots). ``mode``
-    defaults to the lock's own (training for a probe lock, inference for a derived one). What it
-    resolves to is :func:`resolve_slot`'s decision; training mode also verifies the whole
-    fingerprint once per lock (``verify_environment``).
-    """
-    mode = mode_for(lock, mode)
-    if mode == "training" and lock is not None and slot in lock.slots:
-        _check_slot_name(slot)
-        _refuse_training(lock, lock.slots[slot])
-        if verify_environment:
-            _ensure_verified(lock, mode)  # the whole fingerprint, once per lock
-    r = resolve_slot(lock, slot, mode)
+    """The callable that builds ``slot``'s pinned class with the pinned kwargs: what
+    :func:`resolve_slot` decides (a slot the lock does not pin resolves to torch.nn); training also
+    verifies the whole fingerprint once per lock (``verify_environment``)."""
+    r = resolve_slot(lock, slot, mode, verify_environment=verify_environment)
     entry = lock.slots.get(slot) if lock is not None else None
     on_resolve = SPECS[slot].on_resolve  # the slot's own process-wide setting (a BLAS library)
     if lock is not None and entry is not None and on_resolve is not None:
@@ -544,22 +448,7 @@ def factory(
             _max_error_text(r.max_error),
         )
     assert r.cls is not None
-    return _make(
-        r.cls, r.kwargs, slot, r.implementation, r.target, mode, r.substituted_from, r.max_error
-    )
-
-
-def _make(
-    cls: type,
-    kwargs: Mapping[str, Any],
-    slot: str,
-    implementation: str,
-    target: str,
-    mode: Mode,
-    substituted_from: str | None,
-    max_error: float | None,
-) -> KernelFactory:
-    f = KernelFactory(cls, **dict(kwargs))
-    f.slot, f.implementation, f.target, f.mode = slot, implementation, target, mode
-    f.substituted_from, f.max_error = substituted_from, max_error
+    f = KernelFactory(r.cls, **dict(r.kwargs))
+    f.slot, f.implementation, f.target, f.mode = slot, r.implementation, r.target, r.mode
+    f.substituted_from, f.max_error = r.substituted_from, r.max_error
     return f

@@ -2,8 +2,8 @@
 
 The built-in slots are declared in this package, one module each; another package declares a slot
 through the ``kernel_lock.slots`` entry-point group (name = the slot, value = ``module:SPEC``),
-loaded where a lock names the slot and the caller trusts the package (:func:`spec_of`). Nothing
-here names a slot: what a slot is lives in its own module. Import-light (no torch).
+loaded where a lock names it and the caller trusts the package (:func:`spec_of`). Nothing here
+names a slot. Import-light (no torch).
 """
 
 from __future__ import annotations
@@ -18,12 +18,8 @@ from .base import (
     MODES,
     NOT_PLAIN_TORCH,
     PRECISIONS,
-    REGIMES,
     STATUSES,
-    DType,
     Mode,
-    Precision,
-    Regime,
     SlotKey,
     SlotSpec,
     Status,
@@ -38,15 +34,11 @@ __all__ = [
     "ENTRY_POINTS",
     "MODES",
     "PRECISIONS",
-    "REGIMES",
     "SLOTS",
     "SPECS",
     "STATUSES",
     "TORCH_FACTS_SINCE",
-    "DType",
     "Mode",
-    "Precision",
-    "Regime",
     "SlotKey",
     "SlotSpec",
     "Status",
@@ -87,31 +79,22 @@ def register(spec: SlotSpec) -> SlotSpec:
     key of another slot."""
     if not isinstance(spec, SlotSpec):
         raise TypeError(f"expected kernel_lock.slots.SlotSpec, got {type(spec).__name__}")
-    known = SPECS.get(spec.name)
-    if known is spec:
+    if SPECS.get(spec.name) is spec:
         return spec
+    owner = next((s.name for s in SPECS.values() if s.semantics == spec.semantics), "")
+    keys = {k.name for s in SPECS.values() for k in s.keys}
+    taken = [f"lock key {k.name!r} is another slot's" for k in spec.keys if k.name in keys]
     problem = (
         f"slot {spec.name!r} exists already"
-        if known is not None
-        else f"semantics {spec.semantics!r} is slot {_owner(spec.semantics)}'s"
-        if _owner(spec.semantics)
-        else next(
-            (f"lock key {k.name!r} is another slot's" for k in spec.keys if _key_owner(k.name)),
-            "",
-        )
+        if spec.name in SPECS
+        else f"semantics {spec.semantics!r} is slot {owner}'s"
+        if owner
+        else (taken or [""])[0]
     )
     if problem or not spec.name.isidentifier():
         raise ValueError(problem or f"slot name {spec.name!r} is not an identifier")
     SPECS[spec.name] = spec
     return spec
-
-
-def _owner(semantics: str) -> str:
-    return next((s.name for s in SPECS.values() if s.semantics == semantics), "")
-
-
-def _key_owner(key: str) -> str:
-    return next((s.name for s in SPECS.values() for k in s.keys if k.name == key), "")
 
 
 def semantics() -> tuple[str, ...]:
@@ -120,8 +103,8 @@ def semantics() -> tuple[str, ...]:
 
 
 def spec_of(name: str, granted: Sequence[str] = ()) -> SlotSpec | None:
-    """The spec of slot ``name``: a registered one, else one another package declares (entry
-    point ``kernel_lock.slots``), loaded only where its module is trusted; None when none is."""
+    """The spec of slot ``name``: a registered one, else one another package declares (entry point
+    ``kernel_lock.slots``), loaded only where its module is trusted; None when none is."""
     if name in SPECS:
         return SPECS[name]
     if not name.isidentifier():
@@ -131,7 +114,7 @@ def spec_of(name: str, granted: Sequence[str] = ()) -> SlotSpec | None:
     for ep in entry_points(group=ENTRY_POINTS, name=name):
         module = ep.value.split(":")[0].strip()
         root = module.split(".")[0]
-        if not _under(module, granted):
+        if not _under(module, granted):  # allow-list before import
             raise LockFormatError(
                 f"slot {name!r} is declared by {ep.value} (entry point {ENTRY_POINTS}), a package "
                 "not trusted",
@@ -155,8 +138,7 @@ def confusable(semantics: str) -> str:
 
 
 def slot_name_fix(name: str) -> str:
-    """The fix for an unknown slot ``name``: the slot it misspells, if only case differs, else the
-    list."""
+    """The fix for an unknown slot ``name``: the slot it misspells in case, else the list."""
     close = [s for s in SPECS if s.lower() == str(name).lower()]
     if close:
         return f"did you mean {close[0]!r}? slot names are case-sensitive"
@@ -164,8 +146,7 @@ def slot_name_fix(name: str) -> str:
 
 
 def canonical_target(target: str) -> str:
-    """``torch.nn.modules.normalization.LayerNorm`` -> ``torch.nn.LayerNorm``; other names
-    unchanged."""
+    """``torch.nn.modules.normalization.LayerNorm`` -> ``torch.nn.LayerNorm``; others unchanged."""
     return next((s.aliases[target] for s in SPECS.values() if target in s.aliases), target)
 
 
@@ -182,6 +163,7 @@ def twin_semantics(target: str) -> str | None:
 
 
 _MODULE = "torch.nn.modules.module.Module"
+_ADAPTERS = ("kernel_lock.adapters",)
 
 
 def _under(module: str, roots: Sequence[str]) -> bool:
@@ -201,17 +183,13 @@ def class_semantics(cls: Any) -> str | None:
 
     A subclass of a class a slot is computed by (``SlotSpec.computed_by``) computes that slot,
     unless it is one of torch's quantized, QAT or fused classes (``NOT_PLAIN_TORCH``): those, and
-    every other torch module, compute something else (``other: Identity``). An adapter of
-    ``kernel_lock.adapters`` computes what the class it wraps computes. Another library's class
-    that derives from none of them is not judged by its name: None (the registry's declaration or
-    the lock's word decides)."""
+    every other torch module, compute something else (``other: Identity``). An adapter computes
+    what the class it wraps computes. Another library's class that derives from none of them is not
+    judged by its name: None (the registry's declaration or the lock's word decides)."""
     if not isinstance(cls, type):
         return None
-    if _under(cls.__module__, ("kernel_lock.adapters",)):
-        wrapped = next(
-            (c for c in cls.__mro__[1:] if not _under(c.__module__, ("kernel_lock.adapters",))),
-            None,
-        )
+    if _under(cls.__module__, _ADAPTERS):
+        wrapped = next((c for c in cls.__mro__[1:] if not _under(c.__module__, _ADAPTERS)), None)
         if wrapped is None or f"{wrapped.__module__}.{wrapped.__name__}" == _MODULE:
             return None
         return class_semantics(wrapped)

@@ -1,18 +1,12 @@
-"""The Activation slot: an elementwise function of one tensor, no parameters. Which function is
-the model's declared choice (``function``, a canonical value and a key of the lock's table), the
-reference every candidate is checked against; no constructor takes it.
-
-GELU's exact-erf and tanh forms are different functions (up to 4.7e-4 apart, near |x| = 2.7):
-liger's GEGLU and TE's gelu use tanh, anemoi's default and its geglu gate use erf. A function
-outside ``ACTIVATION_FUNCTIONS`` is declared by the class that computes it,
-``other:dotted.path.Class`` (anemoi's Sine, CustomRelu): its reference is that class, run in
-float64.
+"""The Activation slot: an elementwise function of one tensor, no parameters. The function is the
+model's declared choice (``function``: a canonical value and a key of the lock's table), the
+reference every candidate is checked against. GELU's erf and tanh forms differ (up to 4.7e-4): liger
+and TE use tanh, anemoi erf. Another function is declared by its class, ``other:dotted.path.Class``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Any
 
 from ..tables import ReadError, get_required
@@ -20,10 +14,8 @@ from .base import SlotKey, SlotSpec, TargetFacts, torch_aliases
 
 __all__ = [
     "ACTIVATION",
-    "ACTIVATION_CLASSES",
     "ACTIVATION_FUNCTIONS",
     "APPROXIMATIONS",
-    "NOT_ELEMENTWISE",
     "OTHER_FUNCTION",
     "declared_function",
     "function_of",
@@ -38,29 +30,26 @@ OTHER_FUNCTION = "other:"
 # pairs where one is an approximation of the other: accepted for each other only with
 # ``--allow-approximation``, and recorded in the lock's accepted-changes
 APPROXIMATIONS = frozenset({frozenset({"gelu-erf", "gelu-tanh"})})
-# torch.nn's activation classes -> the function each computes with its default arguments; GELU's
-# ``approximate="tanh"`` makes it gelu-tanh (``function_of``)
-ACTIVATION_CLASSES: Mapping[str, str] = MappingProxyType(
-    {
-        "torch.nn.GELU": "gelu-erf",
-        "torch.nn.SiLU": "silu",
-        "torch.nn.ReLU": "relu",
-        "torch.nn.Sigmoid": "sigmoid",
-        "kernel_lock.adapters.CompiledGELU": "gelu-erf",
-        # transformer-engine's fusible ops: its GELU is the tanh form (TE's docstring and math.h)
-        "transformer_engine.pytorch.ops.GELU": "gelu-tanh",
-        "transformer_engine.pytorch.ops.ReLU": "relu",
-    }
-)
+_GELU, _INPLACE = frozenset(("approximate",)), frozenset(("inplace",))
+# class -> the function it computes with its default arguments, and its keywords (None: not known
+# without importing it); GELU's ``approximate="tanh"`` makes it gelu-tanh (``function_of``)
+_CLASSES: Mapping[str, tuple[str, frozenset[str] | None]] = {
+    "torch.nn.GELU": ("gelu-erf", _GELU),
+    "torch.nn.SiLU": ("silu", _INPLACE),
+    "torch.nn.ReLU": ("relu", _INPLACE),
+    "torch.nn.Sigmoid": ("sigmoid", frozenset()),
+    "kernel_lock.adapters.CompiledGELU": ("gelu-erf", _GELU),
+    # transformer-engine's fusible ops: its GELU is the tanh form (TE's docstring and math.h)
+    "transformer_engine.pytorch.ops.GELU": ("gelu-tanh", None),
+    "transformer_engine.pytorch.ops.ReLU": ("relu", None),
+}
+_ALIASES = torch_aliases("activation", "GELU", "SiLU", "ReLU", "Sigmoid")
 
 
 def function_of(target: str, kwargs: Mapping[str, Any] | None = None) -> str | None:
-    """The function a class computes with ``kwargs``, told without importing it: torch.nn's
-    activations and kernel_lock's adapters (``torch.nn.GELU`` with ``approximate="tanh"`` is
-    gelu-tanh); None for any other class (the check measures what it computes)."""
-    function = ACTIVATION_CLASSES.get(_ALIASES.get(target, target))
-    if function is None:
-        return None
+    """The function a class computes with ``kwargs``, told without importing it (torch.nn's
+    activations, kernel_lock's adapters, TE's ops); None for any other class."""
+    function = _CLASSES.get(_ALIASES.get(target, target), (None, None))[0]
     if function == "gelu-erf" and (kwargs or {}).get("approximate", "none") == "tanh":
         return "gelu-tanh"
     return function
@@ -72,8 +61,7 @@ def function_problem(text: str) -> str | None:
     if text in ACTIVATION_FUNCTIONS:
         return None
     if text.startswith(OTHER_FUNCTION):
-        path = text[len(OTHER_FUNCTION) :]
-        parts = path.split(".")
+        parts = text[len(OTHER_FUNCTION) :].split(".")
         if len(parts) >= 2 and all(p.isidentifier() and not p.startswith("_") for p in parts):
             return None
         return (
@@ -88,8 +76,7 @@ def function_problem(text: str) -> str | None:
 
 
 def declared_function(canonical_overrides: Mapping[str, Any] | None) -> str:
-    """The model's declared function: the slot's canonical ``function`` as the request overrides it
-    (torch-free: the probe's own process judges with it and never imports torch)."""
+    """The model's declared function: the canonical ``function`` as the request overrides it."""
     return str((canonical_overrides or {}).get("function") or ACTIVATION.canonical["function"])
 
 
@@ -113,27 +100,20 @@ def _refuse_function(slot: str, d: Mapping[str, Any]) -> None:
         )
 
 
-# torch.nn.modules.activation's classes that are no elementwise activation: attention, the gated GLU
-# (it halves the last dimension: anemoi refuses it under Activation) and the normalising softmaxes
-NOT_ELEMENTWISE = ("MultiheadAttention", "GLU", "Softmax", "Softmin", "LogSoftmax", "Softmax2d")
-_GELU = frozenset(("approximate",))
-_INPLACE = frozenset(("inplace",))
-_ALIASES = torch_aliases("activation", "GELU", "SiLU", "ReLU", "Sigmoid")
-
 ACTIVATION = SlotSpec(
     name="Activation",
     semantics="activation",
     default_target="torch.nn.GELU",  # anemoi's default layer_kernels.Activation (exact erf)
     canonical={"function": "gelu-erf"},
     known_targets={
-        "torch.nn.GELU": TargetFacts("activation", _GELU, True),
-        "torch.nn.SiLU": TargetFacts("activation", _INPLACE, True),
-        "torch.nn.ReLU": TargetFacts("activation", _INPLACE, True),
-        "torch.nn.Sigmoid": TargetFacts("activation", frozenset(), True),
-        "kernel_lock.adapters.CompiledGELU": TargetFacts("activation", _GELU, True),
+        target: TargetFacts("activation", params, True)
+        for target, (_, params) in _CLASSES.items()
+        if params is not None
     },
     computed_by=("torch.nn.modules.activation.*",),
-    not_computed_by=NOT_ELEMENTWISE,
+    # torch.nn.modules.activation's classes that are no elementwise activation: attention, the
+    # gated GLU (it halves the last dimension: anemoi refuses it) and the normalising softmaxes
+    not_computed_by=("MultiheadAttention", "GLU", "Softmax", "Softmin", "LogSoftmax", "Softmax2d"),
     aliases=_ALIASES,
     # the model's function the candidates were checked against
     keys=(SlotKey("function", _read_function, _refuse_function, after="semantics"),),

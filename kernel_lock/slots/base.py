@@ -1,9 +1,5 @@
-"""The slot protocol's kernel_lock half: what a slot is (:class:`SlotSpec`), and the closed sets
-every module names (precisions, dtypes, modes, statuses).
-
-A slot's spec is plain data, one per slot in its own module of this package (``norms``, ``linear``,
-``attention``, ``gated_mlp``, ``activation``), or declared by another package through the
-``kernel_lock.slots`` entry-point group (:mod:`kernel_lock.slots`). Nothing here imports torch.
+"""The slot protocol's kernel_lock half: what a slot is (:class:`SlotSpec`, plain data), and the
+closed sets every module names (precisions, dtypes, modes, statuses). No torch.
 """
 
 from __future__ import annotations
@@ -20,7 +16,6 @@ __all__ = [
     "MODES",
     "NOT_PLAIN_TORCH",
     "PRECISIONS",
-    "REGIMES",
     "STATUSES",
     "DType",
     "Mode",
@@ -30,6 +25,7 @@ __all__ = [
     "SlotSpec",
     "Status",
     "TargetFacts",
+    "TwinArgs",
     "dtype_named",
     "short_dtype",
     "torch_aliases",
@@ -62,6 +58,11 @@ class SlotKey:
     omit: Callable[[Any], bool] = lambda value: not value
 
 
+# a portable copy of a model (kernel_lock.portability): the twin's positional arguments and the
+# kwargs it takes from a built module (the module, its migrated state, the twin's keywords)
+TwinArgs = Callable[[Any, Mapping[str, Any], set[str]], tuple[tuple[Any, ...], dict[str, Any]]]
+
+
 @dataclass(frozen=True)
 class SlotSpec:
     """One slot as kernel_lock knows it: what it computes, what a lock may pin for it, how its
@@ -77,8 +78,8 @@ class SlotSpec:
     call_kwargs: Mapping[str, Any] = field(default_factory=dict)
     # classes whose semantics and keywords are known without importing them
     known_targets: Mapping[str, TargetFacts] = field(default_factory=dict)
-    # dotted names of the classes whose subclasses compute the slot ("module.*": every class of
-    # that torch module but ``not_computed_by``)
+    # classes whose subclasses compute the slot ("module.*": every class of that torch module but
+    # ``not_computed_by``)
     computed_by: tuple[str, ...] = ()
     not_computed_by: tuple[str, ...] = ()
     aliases: Mapping[str, str] = field(default_factory=dict)  # other public names of its classes
@@ -91,13 +92,8 @@ class SlotSpec:
     on_resolve: Callable[[Any, str | None], None] | None = None
     # what anemoi reads at import for the slot as pinned: an inference job's environment
     anemoi_environment: Callable[[Any], Mapping[str, str]] | None = None
-    # a portable copy of a model (kernel_lock.portability): the twin's positional arguments and the
-    # kwargs it takes from a built module (module, its migrated state, the twin's keywords)
-    twin_args: (
-        Callable[[Any, Mapping[str, Any], set[str]], tuple[tuple[Any, ...], dict[str, Any]]] | None
-    ) = None
-    # the width of the input the twin is compared with the module on
-    sample_width: Callable[[Any], int] | None = None
+    twin_args: TwinArgs | None = None
+    sample_width: Callable[[Any], int] | None = None  # the twin's input width to compare on
 
 
 def torch_aliases(module: str, *names: str) -> dict[str, str]:
@@ -113,7 +109,6 @@ Mode = Literal["training", "inference"]  # what a lock is resolved for
 MODES: tuple[Mode, ...] = get_args(Mode)
 # parameters and compute in the dtype, or float32 parameters under autocast
 Regime = Literal["true", "mixed"]
-REGIMES: tuple[Regime, ...] = get_args(Regime)
 
 
 class Precision(NamedTuple):

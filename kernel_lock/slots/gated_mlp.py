@@ -1,12 +1,7 @@
-"""The GatedMLP slot: anemoi's ``GatedMLPLayer`` and the gate each ``mlp_implementation``
-hard-codes.
-
-anemoi-models' ``GatedMLPLayer`` (``anemoi/models/layers/mlp.py``) holds two
-``layer_kernels.Linear`` modules, ``gate_proj`` and ``value_proj``, and returns
-``gate(gate_proj(x)) * value_proj(x)``, the gate chosen by ``mlp_implementation``
-(``_build_gating_activation``). The lock's ``[slots.GatedMLP]`` records both the implementation
-(its kwargs) and the formula (its ``gate``).
-A probe checks the slot only when asked: anemoi's default ``mlp`` has no gate.
+"""The GatedMLP slot: anemoi's ``GatedMLPLayer`` (two Linears, ``gate(gate_proj(x)) *
+value_proj(x)``) and the gate each ``mlp_implementation`` hard-codes. The lock records both the
+implementation (its kwargs) and the formula (``gate``). Probed only when asked: anemoi's default
+``mlp`` has no gate.
 """
 
 from __future__ import annotations
@@ -19,13 +14,11 @@ from ..tables import ReadError, get
 from .base import SlotKey, SlotSpec, TargetFacts
 
 __all__ = [
-    "APPROXIMATIONS",
     "CONFIG_KEY",
     "GATED",
     "GATED_MLP",
     "GATES",
     "MLP_IMPLEMENTATIONS",
-    "Gate",
     "formula",
     "gate_for",
 ]
@@ -36,33 +29,29 @@ CONFIG_KEY = "mlp_implementation"  # the key in anemoi's processor, encoder and 
 
 
 class Gate(NamedTuple):
-    """One gated variant: the gate function's name, the layer's formula, and the torch.nn module
-    anemoi builds for the gate (``_build_gating_activation``)."""
+    """One gated variant: the gate function's name and the torch.nn module anemoi builds for the
+    gate (``_build_gating_activation``)."""
 
     function: str
-    formula: str
     anemoi_module: str
 
-
-def _formula(function: str) -> str:
-    return f"{function}(gate_proj(x)) * value_proj(x)"
+    @property
+    def formula(self) -> str:
+        """The layer's formula, ``silu(gate_proj(x)) * value_proj(x)``."""
+        return f"{self.function}(gate_proj(x)) * value_proj(x)"
 
 
 # mlp_implementation -> its gate. geglu's gate is torch.nn.GELU(): the exact erf form, not tanh's
 # approximation (liger's GELUMul and transformer-engine's geglu compute tanh's)
 GATES: Mapping[str, Gate] = MappingProxyType(
     {
-        "glu": Gate("sigmoid", _formula("sigmoid"), "torch.nn.Sigmoid"),
-        "swiglu": Gate("silu", _formula("silu"), "torch.nn.SiLU"),
-        "geglu": Gate("gelu_erf", _formula("gelu_erf"), "torch.nn.GELU"),
-        "reglu": Gate("relu", _formula("relu"), "torch.nn.ReLU"),
+        "glu": Gate("sigmoid", "torch.nn.Sigmoid"),
+        "swiglu": Gate("silu", "torch.nn.SiLU"),
+        "geglu": Gate("gelu_erf", "torch.nn.GELU"),
+        "reglu": Gate("relu", "torch.nn.ReLU"),
     }
 )
 GATED = tuple(GATES)
-# what a kernel may compute instead of a gate (same shapes, same parameters): the tanh approximation
-# of GELU for geglu's erf, and the gate applied to the value projection instead of the gate
-# projection
-APPROXIMATIONS: Mapping[str, str] = MappingProxyType({"gelu_erf": "gelu_tanh"})
 
 
 def gate_for(mlp_implementation: str) -> Gate:

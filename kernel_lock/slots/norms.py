@@ -4,12 +4,12 @@ the bias). RMSNorm's eps is pinned: torch.nn.RMSNorm's default (``eps=None``) me
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from functools import partial
 from math import prod
 from typing import Any
 
-from .base import SlotSpec, TargetFacts, torch_aliases
+from .base import SlotSpec, TargetFacts, TwinArgs, torch_aliases
 
 __all__ = ["LAYER_NORM", "RMS_NORM"]
 
@@ -50,7 +50,6 @@ def _sample_width(twin: Any) -> int:
     return int(prod(getattr(twin, "normalized_shape", (params[0].shape[0],))))
 
 
-TwinArgs = Callable[[Any, Mapping[str, Any], set[str]], tuple[tuple[Any, ...], dict[str, Any]]]
 _LAYER_NORM_TWIN: TwinArgs = partial(_twin_args, bias=True)
 _RMS_NORM_TWIN: TwinArgs = partial(_twin_args, bias=False)
 
