@@ -22,7 +22,7 @@ from kernel_probe import candidates as cands
 from kernel_probe.detect.libraries import known_libraries
 from kernel_probe.detect.triton import TRITON_DISTRIBUTIONS
 from kernel_probe.errors import InputFileError
-from kernel_probe.jobstart import PROBE_PER
+from kernel_probe.ranks import PROBE_PER
 from kernel_probe.shapes import parse_shape
 from kernel_probe.tables import TableReader
 
@@ -87,7 +87,7 @@ class Profile:
     precision: str | None = None
     shapes: tuple[str, ...] = ()
     deterministic: bool = False  # only bitwise repeatable candidates are chosen
-    probe_per: str | None = None  # who probes at job start (kernel_probe.jobstart.PROBE_PER)
+    probe_per: str | None = None  # who probes at job start (kernel_probe.ranks.PROBE_PER)
     slots: Mapping[str, SlotPolicy] = field(default_factory=dict)
     candidates: tuple[cands.Candidate, ...] = ()
     default_strictness: str = "error"
