@@ -1,10 +1,9 @@
 """The host without torch: OS, Python, CPU (archspec; native or emulated bf16/fp16 matmul), memory,
 and the site signals (hostname, Slurm variables, site markers), each recorded as found.
 
-Without a native low-precision path a bf16 GEMM goes through float32 conversions element by
-element: on an AVX2-only CPU one forward+backward of a 2048x1024x1024 Linear takes seconds, not
-milliseconds, which is what a bf16-mixed probe's timing then measures. Deciding *which* site this
-is belongs to the site profiles; a ``nid`` hostname alone says "HPE Cray EX", not which site.
+Without a native low-precision path a bf16 GEMM converts through float32 element by element: on an
+AVX2-only CPU one forward+backward of a 2048x1024x1024 Linear takes seconds, which is what a
+bf16-mixed probe's timing then measures. Which site this is, the site profiles decide.
 """
 
 from __future__ import annotations
@@ -14,8 +13,7 @@ import platform
 import socket
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from kernel_lock import host as fp_host
 from kernel_lock.files import UnsafeFile, read_regular
@@ -41,8 +39,7 @@ ONEDNN_NEEDS = {
 ONEDNN_ALIASES = {"AVX512_CORE_FP16": "AVX10_1_512", "AVX10_1_512_AMX": "AVX512_CORE_AMX"}
 
 
-@dataclass(frozen=True)
-class SiteMarker:
+class SiteMarker(NamedTuple):
     """An environment variable or file (its first line is the value) that a site sets; ``hint``:
     the site it usually means, for the profiles (not a verdict)."""
 
@@ -51,11 +48,12 @@ class SiteMarker:
     hint: str
 
 
+_JSC = "JSC (juwelsbooster, jurecadc, jupiter)"
 SITE_MARKERS: tuple[SiteMarker, ...] = (
     SiteMarker("env", "LUMI_STACK_NAME", "LUMI (CSC)"),
     SiteMarker("env", "LUMI_STACK_PARTITION", "LUMI (CSC)"),
-    SiteMarker("env", "SYSTEMNAME", "JSC (juwelsbooster, jurecadc, jupiter)"),
-    SiteMarker("file", "/etc/FZJ/systemname", "JSC (juwelsbooster, jurecadc, jupiter)"),
+    SiteMarker("env", "SYSTEMNAME", _JSC),
+    SiteMarker("file", "/etc/FZJ/systemname", _JSC),
     SiteMarker("env", "CLUSTER_NAME", "CSCS Alps (daint, clariden, santis)"),
     SiteMarker("env", "NERSC_HOST", "NERSC (perlmutter)"),
     SiteMarker("env", "BSC_MACHINE", "BSC (mn5)"),
@@ -73,15 +71,19 @@ SLURM_VARIABLES = (
 MARKER_BYTES = 64 << 10  # a marker file is one short line
 
 
-def _os_release() -> str | None:
+def _lines(path: str) -> list[str]:
     try:
-        with open("/etc/os-release", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("PRETTY_NAME="):
-                    return line.split("=", 1)[1].strip().strip('"') or None
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read(1 << 20).splitlines()
     except OSError:
-        pass
-    return None
+        return []
+
+
+def _os_release() -> str | None:
+    found = (
+        ln.split("=", 1)[1] for ln in _lines("/etc/os-release") if ln.startswith("PRETTY_NAME=")
+    )
+    return next(found, "").strip().strip('"') or None
 
 
 def cpu_model(host: Any | None) -> dict[str, Any]:
@@ -119,12 +121,11 @@ def usable_cores() -> int | None:
 def _meminfo() -> dict[str, int]:
     out: dict[str, int] = {}
     try:
-        with open("/proc/meminfo", encoding="utf-8") as fh:
-            for line in fh:
-                key, _, rest = line.partition(":")
-                if key in ("MemTotal", "MemAvailable"):
-                    out[key] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
+        for line in _lines("/proc/meminfo"):
+            key, _, rest = line.partition(":")
+            if key in ("MemTotal", "MemAvailable"):
+                out[key] = int(rest.split()[0]) * 1024
+    except (ValueError, IndexError):
         pass
     return out
 
@@ -159,13 +160,8 @@ def memory() -> dict[str, int | None]:
 
 def cpu_flags(cpuinfo: str | None = None) -> set[str] | None:
     """The CPU's feature flags (the first ``flags`` or ``Features`` line); None when unreadable."""
-    if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-                cpuinfo = fh.read(1 << 20)
-        except OSError:
-            return None
-    for line in cpuinfo.splitlines():
+    lines = _lines("/proc/cpuinfo") if cpuinfo is None else cpuinfo.splitlines()
+    for line in lines:
         key, sep, value = line.partition(":")
         if sep and key.strip().lower() in ("flags", "features"):
             return set(value.split())
@@ -195,17 +191,12 @@ def matmul(
             for n in have
             if rank is None or n not in ONEDNN_NEEDS or rank >= (_isa_rank(ONEDNN_NEEDS[n]) or 0)
         ]
+        why = usable[0] if usable else f"the CPU has none of {', '.join(n for _, n in paths)}"
         if flagset is None:
             why = "the CPU's flags could not be read (/proc/cpuinfo)"
-        elif not have:
-            why = f"the CPU has none of {', '.join(name for _, name in paths)}"
-        elif not usable:
-            why = (
-                f"the CPU has {', '.join(have)}, but ONEDNN_MAX_CPU_ISA={ceiling} keeps oneDNN "
-                "from it"
-            )
-        else:
-            why = usable[0]
+        elif have and not usable:
+            why = f"the CPU has {', '.join(have)}, but ONEDNN_MAX_CPU_ISA={ceiling} keeps oneDNN "
+            why += "from it"
         native = None if flagset is None else bool(usable)
         out[dtype] = {"native": native, "path": usable[0] if usable else "", "why": why}
     return out
@@ -286,12 +277,9 @@ def detect_site(
     """The hostname, the Slurm variables set and the site markers found."""
     env = os.environ if env is None else env
     found = []
-    for marker in markers:
-        value = env.get(marker.name) if marker.kind == "env" else first_line(marker.name)
-        if value:
-            found.append(
-                {"signal": f"{marker.kind}:{marker.name}", "value": value, "hint": marker.hint}
-            )
+    for m in markers:
+        if value := env.get(m.name) if m.kind == "env" else first_line(m.name):
+            found.append({"signal": f"{m.kind}:{m.name}", "value": value, "hint": m.hint})
     return {
         "hostname": hostname if hostname is not None else socket.gethostname(),
         "slurm": {name: env[name] for name in SLURM_VARIABLES if name in env},

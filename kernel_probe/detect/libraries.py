@@ -1,10 +1,7 @@
 """Which kernel libraries are installed, and what they really are, from package metadata and files
-only: nothing here imports a library (``importcheck`` does, in children).
-
-Knowledge is data: the ``[[library]]`` tables of ``kernel_lock/registry.toml`` say, per library,
-the distributions it ships under, its module, the module whose import proves it usable and how to
-recognise what the module really is from its files (``variants``): adding a library is adding a
-table there.
+only: nothing is imported here (``importcheck`` does, in children). Knowledge is data: the
+``[[library]]`` tables of ``kernel_lock/registry.toml`` (distributions, module, the module whose
+import proves it usable, ``variants`` recognised from its files); adding a library is adding one.
 """
 
 from __future__ import annotations
@@ -59,39 +56,39 @@ class KnownLibrary:
     about: str = ""
 
 
-def _variant(r: TableReader, v: Mapping[str, Any], where: str) -> Variant:
-    r.no_unknown(v, VARIANT_KEYS, where)
-    text_in = v.get("text-in", [])
-    if not all(
-        isinstance(x, list) and len(x) == 2 and all(isinstance(s, str) for s in x) for x in text_in
-    ):
-        raise r.err(f"{where}text-in", "expected a list of [file, text] pairs")
-    return Variant(
-        str(r.string(v, "key", where, required=True)),
-        str(r.string(v, "label", where, required=True)),
-        has_any=r.strings(v, "has-any", where),
-        text_in=tuple((f, s) for f, s in text_in),
-        usable=r.boolean(v, "usable", where, default=True),
-    )
-
-
 def read_libraries(r: TableReader, d: Mapping[str, Any]) -> tuple[KnownLibrary, ...]:
     """The ``[[library]]`` tables of a registry file (``kernel_lock/registry.toml``)."""
     libs = []
     for i, lib in enumerate(d.get("library", [])):
         where = f"library[{i}]."
         r.no_unknown(lib, LIBRARY_KEYS, where)
-        variants = [
-            _variant(r, v, f"{where}variant[{j}].") for j, v in enumerate(lib.get("variant", []))
-        ]
+        variants = []
+        for j, v in enumerate(lib.get("variant", [])):
+            at = f"{where}variant[{j}]."
+            r.no_unknown(v, VARIANT_KEYS, at)
+            text_in = v.get("text-in", [])
+            if not all(
+                isinstance(x, list) and len(x) == 2 and all(isinstance(s, str) for s in x)
+                for x in text_in
+            ):
+                raise r.err(f"{at}text-in", "expected a list of [file, text] pairs")
+            variants.append(
+                Variant(
+                    r.string(v, "key", at, required=True),
+                    r.string(v, "label", at, required=True),
+                    has_any=r.strings(v, "has-any", at),
+                    text_in=tuple((f, t) for f, t in text_in),
+                    usable=r.boolean(v, "usable", at, default=True),
+                )
+            )
         libs.append(
             KnownLibrary(
-                str(r.string(lib, "name", where, required=True)),
+                r.string(lib, "name", where, required=True),
                 r.strings(lib, "distributions", where),
-                str(r.string(lib, "module", where, required=True)),
-                str(r.string(lib, "check", where, required=True)),
+                r.string(lib, "module", where, required=True),
+                r.string(lib, "check", where, required=True),
                 variants=tuple(variants),
-                about=r.string(lib, "about", where, default="") or "",
+                about=r.string(lib, "about", where, default=""),
             )
         )
     return tuple(libs)
@@ -101,6 +98,11 @@ def read_libraries(r: TableReader, d: Mapping[str, Any]) -> tuple[KnownLibrary, 
 def known_libraries() -> tuple[KnownLibrary, ...]:
     """Every library kernel-probe reports on: the registry's ``[[library]]`` tables, read once."""
     return read_libraries(TableReader(str(registry.path())), registry.data())
+
+
+def known(name: str) -> KnownLibrary | None:
+    """The registry's library ``name``, or None."""
+    return next((lib for lib in known_libraries() if lib.name == name), None)
 
 
 @dataclass(frozen=True)
@@ -235,8 +237,7 @@ def by_library(candidates: Sequence[Any]) -> dict[str, list[str]]:
     modules = {lib.module: lib.name for lib in known_libraries()}
     out: dict[str, list[str]] = {}
     for c in candidates:
-        name = modules.get(c.module or registry.import_root(c.target))
-        if name:
+        if name := modules.get(c.module or registry.import_root(c.target)):
             out.setdefault(name, []).append(c.id)
     return out
 
@@ -246,11 +247,11 @@ def installed_for(candidates: Sequence[Any]) -> dict[str, str]:
     version ("installed" without metadata), or "". No import: the lock records it
     (``provenance.libraries``), and a library installed or removed since makes the lock stale."""
     out = {}
-    for name in by_library(candidates):
-        found = locate(next(lib for lib in known_libraries() if lib.name == name))
+    for name in sorted(by_library(candidates)):
+        found = locate(known(name))  # type: ignore[arg-type]  # by_library names known ones
         version = found.distributions[found.distribution] if found.distribution else "installed"
         out[name] = version if found.installed else ""
-    return dict(sorted(out.items()))
+    return out
 
 
 def library_change(
@@ -264,14 +265,11 @@ def library_change(
         if not isinstance(before, str) or bool(before) == bool(version):
             continue
         ids = ", ".join(judged.get(name, ())) or "its candidates"
-        if version:
-            changes.append(
-                f"{name} is installed now ({version}) but was not when the lock was probed: "
-                f"{ids} never judged"
-            )
-        else:
-            changes.append(
-                f"{name} ({before}) was installed when the lock was probed and is not now: "
-                f"{ids} judged on it"
-            )
+        changes.append(
+            f"{name} is installed now ({version}) but was not when the lock was probed: "
+            f"{ids} never judged"
+            if version
+            else f"{name} ({before}) was installed when the lock was probed and is not now: "
+            f"{ids} judged on it"
+        )
     return "; ".join(changes) or None

@@ -1,11 +1,6 @@
-"""The report of ``kernel-probe env``: every fact of the detection layer, gathered as plain data.
-
-    from kernel_probe.detect.report import detect
-    report = detect()                      # dict; keys documented in docs/env.md
-    report = detect(import_checks=False)   # no child processes: metadata and torch only
-
-The primary device and the lock fingerprint come from ``kernel_lock.fingerprint`` (the code the
-runtime uses), so the report and the lock can never disagree about what "this machine" is.
+"""The report of ``kernel-probe env``: every fact of the detection layer, as plain data
+(``detect()``; keys documented in docs/env.md). The primary device and the lock fingerprint come
+from ``kernel_lock.fingerprint``, so the report and the lock never disagree about this machine.
 """
 
 from __future__ import annotations
@@ -44,25 +39,30 @@ TOP_LEVEL_KEYS = (
 _NO_TORCH = SimpleNamespace(version=SimpleNamespace(cuda=None, hip=None))
 
 
+def _import_torch() -> Any:
+    import torch  # the one costly import of ``env``
+
+    return torch
+
+
 def _torch_and_devices(
     torch: Any | None, nvml: NvmlList, errors: list[dict[str, str]]
 ) -> dict[str, Any]:
     """torch's build, the primary device, every device, the lock fingerprint; failures to
     ``errors`` (a broken torch or driver is a fact to report, not the end of the report)."""
-    if torch is None:
-        try:
-            import torch as torch_module  # the one costly import of ``env``
 
-            torch = torch_module
+    def attempt(where: str, fact: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fact(*args, **kwargs)
         except Exception as exc:
-            errors.append({"where": "import torch", "error": failure(exc)})
+            errors.append({"where": where, "error": failure(exc)})
+            return None
+
+    torch = attempt("import torch", _import_torch) if torch is None else torch
     torch_like = torch if torch is not None else _NO_TORCH
     out: dict[str, Any] = {"torch": None, "device": None, "accelerators": [], "fingerprint": None}
     if torch is not None:
-        try:
-            out["torch"] = accelerators.detect_torch_build(torch)
-        except Exception as exc:
-            errors.append({"where": "torch build", "error": failure(exc)})
+        out["torch"] = attempt("torch build", accelerators.detect_torch_build, torch)
     try:
         primary = fingerprint.device_facts(torch_like)
     except DeviceVisibilityError:  # the user's variables contradict each other: not "a CPU node"
@@ -71,15 +71,13 @@ def _torch_and_devices(
         errors.append({"where": "device", "error": failure(exc)})
         primary = fingerprint.device_facts(_NO_TORCH)
     out["device"] = dict(primary)
-    try:
-        out["accelerators"] = accelerators.detect_accelerators(torch_like, primary, nvml=nvml)
-    except Exception as exc:
-        errors.append({"where": "accelerators", "error": failure(exc)})
-    if torch is not None:
-        try:  # one device answer for both
-            out["fingerprint"] = fingerprint.current(torch, device=lambda _torch: primary)
-        except Exception as exc:
-            errors.append({"where": "fingerprint", "error": failure(exc)})
+    found = attempt(
+        "accelerators", accelerators.detect_accelerators, torch_like, primary, nvml=nvml
+    )
+    out["accelerators"] = found or []
+    if torch is not None:  # one device answer for both
+        answer = attempt("fingerprint", fingerprint.current, torch, device=lambda _t: primary)
+        out["fingerprint"] = answer
     return out
 
 
@@ -100,21 +98,6 @@ def _checks_facts(
         out["cache"] = {"folder": str(cache.folder), "read": cache.read, "reused": cache.used}
         out["cache"]["on"] = not cache.problem
     return out
-
-
-def _first_checks(
-    located: Mapping[str, libraries.Located],
-    device_nodes: Sequence[str],
-    extra_paths: Sequence[str],
-    run: Callable[[dict[str, ImportCheckRequest]], ImportChecks],
-) -> ImportChecks:
-    """The libraries' checks and Triton's, started; with no GPU device node, Triton's runtime is
-    asked for a target only if torch sees a device (later)."""
-    requests = libraries.import_requests(located)
-    where = libraries.module_location(triton_info.MODULE, extra_paths)
-    if (triton := triton_info.import_request(where, target=bool(device_nodes))) is not None:
-        requests["triton"] = triton
-    return run(requests)
 
 
 def detect(
@@ -149,7 +132,13 @@ def detect(
     # while this process does the rest (and imports torch)
     located = libraries.locate_all(table, extra_paths)
     device_nodes = triton_info.gpu_device_nodes(root)
-    checks = _first_checks(located, device_nodes, extra_paths, run) if import_checks else None
+    checks = None
+    if import_checks:  # with no GPU device node, Triton's target is asked later if torch sees one
+        requests = libraries.import_requests(located)
+        where = libraries.module_location(triton_info.MODULE, extra_paths)
+        if (triton := triton_info.import_request(where, target=bool(device_nodes))) is not None:
+            requests["triton"] = triton
+        checks = run(requests)
     try:
         located_triton = triton_info.locate(extra_paths)
         host_facts = host.detect_host()

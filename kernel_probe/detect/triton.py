@@ -2,12 +2,10 @@
 whether it is the one torch was built with (from metadata and files; nothing is imported).
 
 Several distributions install the same ``triton`` package (PyPI's ``triton`` carries both the CUDA
-and the AMD backend from 3.x; ``pytorch-triton-rocm`` is what torch's ROCm wheel pins). A library
-depending on plain ``triton`` puts a second one beside torch's: their files overwrite each other,
-the last installed wins, and which one owns them is told by the wheel RECORDs. The active backend
-and arch need Triton's runtime, asked in the import-check child only where a GPU may be (a GPU
-device node, or torch sees a device): elsewhere it costs 1.5 s of CPU to end in "0 active drivers",
-so the backend is inferred from torch's build, and the report says why (``target_not_asked``).
+and the AMD backend from 3.x; ``pytorch-triton-rocm`` is what torch's ROCm wheel pins): the last
+installed wins, the wheel RECORDs tell which owns the files. The active target needs Triton's
+runtime, asked in the import-check child only where a GPU may be; elsewhere it costs 1.5 s to end
+in "0 active drivers", so the backend is inferred from torch's build (``target_not_asked``).
 """
 
 from __future__ import annotations
@@ -79,10 +77,9 @@ def torch_pin(path: Sequence[str] = ()) -> tuple[str, str] | None:
             req = Requirement(text)
         except InvalidRequirement:
             continue
-        if req.name.lower() in TRITON_DISTRIBUTIONS:
-            pinned = [s.version for s in req.specifier if s.operator in ("==", "===")]
-            if pinned:
-                return req.name.lower(), pinned[0]
+        pinned = [s.version for s in req.specifier if s.operator in ("==", "===")]
+        if req.name.lower() in TRITON_DISTRIBUTIONS and pinned:
+            return req.name.lower(), pinned[0]
     return None
 
 
@@ -159,39 +156,6 @@ def import_request(location: str | None, *, target: bool = True) -> ImportCheckR
     return ImportCheckRequest(module=MODULE, probe="triton-target" if target else "")
 
 
-def _pin_problem(located: LocatedTriton, provider: str | None) -> tuple[bool | None, str | None]:
-    if located.torch_pin is None or provider is None:
-        return None, None
-    dist, version = located.torch_pin
-    have = located.distributions.get(provider, "")
-    if provider == dist and have == version:
-        return True, None
-    return False, (
-        f"torch was built with {dist}=={version}, but the 'triton' package in use comes from "
-        f"{provider} {have}: Triton kernels (liger, torch.compile) may fail to compile or behave "
-        f"differently; reinstall {dist}=={version} last"
-    )
-
-
-def _target(
-    located: LocatedTriton, imported: Mapping[str, Any] | None, wanted: str | None, arch: str
-) -> dict[str, Any]:
-    """The active backend, arch and warp size: Triton's runtime's, else inferred from torch."""
-    out: dict[str, Any] = dict(backend=None, arch=None, warp_size=None, target_source=None)
-    target = (imported or {}).get("target")
-    if target:
-        backend = str(target.get("backend") or "")
-        raw = str(target.get("arch") or "")
-        raw = f"sm_{raw}" if backend == "cuda" and raw.isdigit() else raw
-        raw = normalize_gcn_arch(raw) if backend == "hip" else raw
-        out.update(backend=backend or None, arch=raw or None, warp_size=target.get("warp_size"))
-        out["target_source"] = "runtime"
-    elif located.installed and wanted is not None:
-        out.update(backend=wanted, arch=arch or None, target_source="torch build")
-    out["target_error"] = imported.get("target_error") if imported and not target else None
-    return out
-
-
 def report(
     located: LocatedTriton,
     imported: Mapping[str, Any] | None,
@@ -202,15 +166,13 @@ def report(
 ) -> dict[str, Any]:
     """The JSON-ready triton section (keys documented in docs/env.md); ``not_asked``: why the import
     check did not ask the runtime for a target (``target_not_asked``)."""
+    dists = located.distributions
     provider = located.owners[0] if len(located.owners) == 1 else None
-    built_for = {
-        n: located.backends.get(n) or [TRITON_DISTRIBUTIONS[n]] for n in located.distributions
-    }
+    built_for = {n: located.backends.get(n) or [TRITON_DISTRIBUTIONS[n]] for n in dists}
     conflict = None
-    if len(located.distributions) > 1:
+    if len(dists) > 1:
         listed = ", ".join(
-            f"{n} {located.distributions[n]} (backends: {', '.join(b)})"
-            for n, b in built_for.items()
+            f"{n} {dists[n]} (backends: {', '.join(b)})" for n, b in built_for.items()
         )
         conflict = (
             f"several distributions install the same 'triton' package: {listed}; the one "
@@ -218,30 +180,48 @@ def report(
         )
     wanted = BACKEND_FOR_TORCH_BUILD.get(torch_build)
     provider_backends = built_for.get(provider) if provider else None
-    matches = None if wanted is None or provider_backends is None else wanted in provider_backends
-    matches_pin, pin_problem = _pin_problem(located, provider)
-    pin = located.torch_pin
-    given = NOT_RUN if imported is None else imported
-    status = {k: v for k, v in given.items() if k not in ("target", "target_error")}
+    pin, matches_pin, pin_problem = located.torch_pin, None, None
+    if pin is not None and provider is not None:
+        matches_pin = provider == pin[0] and dists.get(provider, "") == pin[1]
+        if not matches_pin:
+            pin_problem = (
+                f"torch was built with {pin[0]}=={pin[1]}, but the 'triton' package in use comes "
+                f"from {provider} {dists.get(provider, '')}: Triton kernels (liger, "
+                f"torch.compile) may fail to compile or behave differently; reinstall "
+                f"{pin[0]}=={pin[1]} last"
+            )
+    status = {k: v for k, v in (imported or NOT_RUN).items() if k not in ("target", "target_error")}
     if not located.installed:
         status = {"status": "not-installed", "reason": "module not found", "seconds": None}
-    no_target = imported is not None and not imported.get("target")
+    # the active backend, arch and warp size: Triton's runtime's, else inferred from torch's build
+    target = (imported or {}).get("target")
+    found: dict[str, Any] = dict(backend=None, arch=None, warp_size=None, target_source=None)
+    if target:
+        backend = str(target.get("backend") or "")
+        raw = str(target.get("arch") or "")
+        raw = f"sm_{raw}" if backend == "cuda" and raw.isdigit() else raw
+        raw = normalize_gcn_arch(raw) if backend == "hip" else raw
+        found.update(backend=backend or None, arch=raw or None, warp_size=target.get("warp_size"))
+        found["target_source"] = "runtime"
+    elif located.installed and wanted is not None:
+        found.update(backend=wanted, arch=device_arch or None, target_source="torch build")
+    found["target_error"] = imported.get("target_error") if imported and not target else None
     return {
         "installed": located.installed,
         "location": located.location,
         "provider": provider,
         "provider_candidates": list(located.owners),
         "provider_evidence": located.owner_evidence or None,
-        "version": located.distributions.get(provider) if provider else None,
-        "distributions": {
-            n: {"version": v, "built_for": built_for[n]} for n, v in located.distributions.items()
-        },
+        "version": dists.get(provider) if provider else None,
+        "distributions": {n: {"version": v, "built_for": built_for[n]} for n, v in dists.items()},
         "conflict": conflict,
-        "matches_torch_build": matches,
+        "matches_torch_build": (
+            None if wanted is None or provider_backends is None else wanted in provider_backends
+        ),
         "torch_requires": f"{pin[0]}=={pin[1]}" if pin else None,
         "matches_torch_pin": matches_pin,
         "torch_pin_problem": pin_problem,
-        **_target(located, imported, wanted, device_arch),
-        "target_not_asked": not_asked if no_target else None,
+        **found,
+        "target_not_asked": not_asked if imported is not None and not target else None,
         "import": status,
     }
