@@ -1,10 +1,7 @@
-"""What torch was built with, and the accelerators it can use here (one entry per device).
-
-The vendor is decided once, by ``kernel_lock.fingerprint.device_facts`` (ROCm by
-``torch.version.hip``, never by compute capability: an MI250X reports (9, 0), like an H100); this
-fills in each device of that kind: NVIDIA from NVML first (no CUDA context), else from
-``torch.cuda``. Versions come from ``torch.version`` and the loaded libraries, flags from
-``torch.backends``. ``torch`` is anything shaped like the torch module.
+"""What torch was built with, and each accelerator it can use here. The vendor is decided once,
+by ``kernel_lock.fingerprint.device_facts`` (ROCm by ``torch.version.hip``, never by compute
+capability); NVIDIA devices come from NVML first (no CUDA context). ``torch``: anything shaped like
+the torch module.
 """
 
 from __future__ import annotations
@@ -48,10 +45,8 @@ allow_bf16_reduced_precision_reduction
     math_sdp_enabled backends.cuda.math_sdp_enabled()
     """.strip().splitlines()
 )
-# Variables that change what torch or its kernels compute, or where they run: NVIDIA_TF32_OVERRIDE=0
-# disables TF32 in cuBLAS/cuDNN whatever torch's flags say, CUBLAS_WORKSPACE_CONFIG is needed for
-# deterministic cuBLAS, a leftover CUDA_LAUNCH_BLOCKING=1 costs a lot of multi-GPU speed, and
-# HSA_OVERRIDE_GFX_VERSION makes a GPU report another gfx arch.
+# variables that change what torch or its kernels compute, or where they run (NVIDIA_TF32_OVERRIDE=0
+# disables TF32 whatever torch says; HSA_OVERRIDE_GFX_VERSION makes a GPU report another arch)
 NUMERICS_ENV = (
     ("NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "CUBLAS_WORKSPACE_CONFIG")
     + ("CUDA_LAUNCH_BLOCKING", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
@@ -169,12 +164,9 @@ def _sm(number: str) -> tuple[int, int]:
 
 
 def torch_build_covers(device_arch: str, arch_list: Sequence[str]) -> dict[str, Any]:
-    """Will torch's own kernels run on ``device_arch``? A predicted "no kernel image" when not.
-
-    ``how`` is ``sass`` (exact device code), ``binary-compatible`` (SASS of an older minor of the
-    same major), ``ptx-jit`` (PTX the driver compiles at first launch), ``code-object`` (AMD
-    exact match), ``none`` (not covered), ``unknown`` or ``not-applicable``.
-    """
+    """Will torch's own kernels run on ``device_arch``? ``how``: ``sass``,
+    ``binary-compatible`` (an older minor's SASS), ``ptx-jit`` (compiled at first launch),
+    ``code-object`` (AMD), ``none``, ``unknown`` or ``not-applicable``."""
 
     def covers(covered: bool | None, how: str, detail: str) -> dict[str, Any]:
         return {"covered": covered, "how": how, "detail": detail}
@@ -238,7 +230,6 @@ def _int(value: Any) -> int | None:
 
 
 def _devices(torch: Any, primary: dict[str, Any], nvml: NvmlList) -> list[dict[str, Any]]:
-    """Every device of the primary's kind; ``torch.cuda`` initialises the runtime, NVML does not."""
     kind, out = primary["type"], []
     if kind == "cuda" and (listed := nvml()):
         for d in listed:
@@ -294,9 +285,8 @@ def _devices(torch: Any, primary: dict[str, Any], nvml: NvmlList) -> list[dict[s
 def detect_accelerators(
     torch: Any, primary: dict[str, Any], *, nvml: NvmlList = lock_host.nvml_devices
 ) -> list[dict[str, Any]]:
-    """Every device of the primary device's kind (``primary``: ``fingerprint.device_facts``),
-    each with ``torch_build_covers``; one ``cpu`` entry on a CPU-only machine. ``physical``: the
-    node-level id when a visibility variable renumbers devices, else None."""
+    """Every device of the primary device's kind (one ``cpu`` entry without one), each with
+    ``torch_build_covers``; ``physical``: the node-level id under a visibility variable, or None."""
     kind = primary["type"]
     # CPU, or a GPU kind whose enumeration came back empty
     devices = _devices(torch, primary, nvml) or [

@@ -1,9 +1,6 @@
-"""The host without torch: OS, Python, CPU (archspec; native or emulated bf16/fp16 matmul), memory,
-and the site signals (hostname, Slurm variables, site markers), each recorded as found.
-
-Without a native low-precision path a bf16 GEMM converts through float32 element by element: on an
-AVX2-only CPU one forward+backward of a 2048x1024x1024 Linear takes seconds, which is what a
-bf16-mixed probe's timing then measures. Which site this is, the site profiles decide.
+"""The host without torch: OS, Python, CPU (archspec; native or emulated bf16/fp16 matmul: without a
+native path a bf16 Linear's timing measures an emulation, seconds per call), memory, and the site
+signals (hostname, Slurm variables, site markers) as found; which site it is, the profiles decide.
 """
 
 from __future__ import annotations
@@ -40,8 +37,7 @@ ONEDNN_ALIASES = {"AVX512_CORE_FP16": "AVX10_1_512", "AVX10_1_512_AMX": "AVX512_
 
 
 class SiteMarker(NamedTuple):
-    """An environment variable or file (its first line is the value) that a site sets; ``hint``:
-    the site it usually means, for the profiles (not a verdict)."""
+    """A variable or file (its first line) a site sets; ``hint``: the site it usually means."""
 
     kind: str  # "env" or "file"
     name: str
@@ -87,8 +83,8 @@ def _os_release() -> str | None:
 
 
 def cpu_model(host: Any | None) -> dict[str, Any]:
-    """archspec's view of the CPU (``host``: a ``Microarchitecture`` or None); an unknown model,
-    answered with archspec's generic level, is ``model_known: false``, not an error."""
+    """archspec's view of the CPU (``host``: a ``Microarchitecture`` or None); an unknown model is
+    ``model_known: false``."""
     if host is None:
         return {"microarch": "unknown", "generic": None, "vendor": None, "model_known": False}
     generic = getattr(host, "generic", None)
@@ -176,9 +172,8 @@ def _isa_rank(name: str) -> int | None:
 def matmul(
     flags: Iterable[str] | None = None, env: Mapping[str, str] | None = None
 ) -> dict[str, dict[str, Any]]:
-    """Per low-precision dtype: ``native`` (True, False, or None when the flags are unreadable),
-    ``path`` (e.g. "AMX BF16") and ``why``; an ``ONEDNN_MAX_CPU_ISA`` below the path's ISA keeps
-    oneDNN from it."""
+    """Per low-precision dtype: ``native`` (None: flags unreadable), ``path`` and ``why``; an
+    ``ONEDNN_MAX_CPU_ISA`` below the path's ISA keeps oneDNN from it."""
     flagset = cpu_flags() if flags is None else set(flags)
     env = os.environ if env is None else env
     ceiling = (env.get("ONEDNN_MAX_CPU_ISA") or env.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
@@ -250,8 +245,8 @@ def detect_host() -> dict[str, Any]:
 
 
 def read_marker(path: str, limit: int = MARKER_BYTES) -> tuple[str | None, str]:
-    """(the first line of the marker file at ``path`` or None, why it was not read: '' if absent
-    or read), read like every input: a regular file only, non-blocking, at most ``limit`` bytes."""
+    """(The first line of the marker file at ``path`` or None, why it was not read: '' if absent or
+    read); a regular file only, non-blocking, at most ``limit`` bytes."""
     try:
         data = read_regular(path, limit)
     except FileNotFoundError:

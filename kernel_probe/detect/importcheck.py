@@ -133,7 +133,6 @@ def close_calls(results: Mapping[str, Mapping[str, Any]], timeout: float) -> lis
 def _verdict(
     child: ChildResult, reply: ImportCheckReply | None, broken: str, timeout: float
 ) -> tuple[str, str]:
-    """The status and reason of what a child left behind."""
     code = child.returncode
     detail = fatal_line(child.stderr).replace(" in <module>)", ")")
     if child.timed_out:
@@ -185,8 +184,8 @@ def classify(child: ChildResult, timeout: float) -> dict[str, Any]:
 
 
 def cache_folder(env: Mapping[str, str] | None = None) -> Path:
-    """Where the cache lives (the folder, not yet checked or made): ``$KERNEL_PROBE_CACHE_DIR``,
-    else ``$XDG_CACHE_HOME/kernel-probe``, else ``~/.cache/kernel-probe``."""
+    """The cache folder (not yet made): ``$KERNEL_PROBE_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/kernel-probe``, else ``~/.cache/kernel-probe``."""
     e = os.environ if env is None else env
     if e.get("KERNEL_PROBE_CACHE_DIR"):
         return Path(e["KERNEL_PROBE_CACHE_DIR"])
@@ -203,7 +202,6 @@ def _stamp(path: str | os.PathLike[str]) -> list[int] | None:
 
 
 def _package_files(module: str, paths: Sequence[str]) -> Iterator[list[Any]]:
-    """Each file of the top-level package of ``module`` found on ``paths``, with its stamp."""
     top = module.split(".", 1)[0]
     for folder in paths:
         root, single = Path(folder or ".") / top, Path(folder or ".") / f"{top}.py"
@@ -254,8 +252,8 @@ def cache_key(
 
 @dataclass
 class ImportCache:
-    """The cache folder and what happened with it in one run (``used``: answers reused;
-    ``problem``: why it is off, for the report's notes)."""
+    """The cache folder, and in one run: ``used`` answers reused, the ``problem`` that turned
+    it off."""
 
     folder: Path | None
     read: bool = True  # False: ask every library again (``--fresh``); answers are still written
@@ -284,8 +282,7 @@ class ImportCache:
         return self.folder / "imports"
 
     def load(self, key: str) -> tuple[ChildResult, str] | None:
-        """The child result kept under ``key`` and when it was asked, or None (missing, stale,
-        unreadable: a broken answer is asked again)."""
+        """The child result kept under ``key``, and when it was asked (None: missing, stale)."""
         folder = self._imports() if self.read else None
         if folder is None:
             return None
@@ -338,8 +335,7 @@ def check_import(
     cache: ImportCache | None = None,
 ) -> dict[str, Any]:
     """Import one module in a fresh interpreter and report how it went (never raises for the
-    module's sake). ``started`` gets the child's Popen as soon as it runs (to cancel it); ``cache``
-    reuses an earlier clean answer (``cached`` says when it was asked) and keeps a new one."""
+    module's sake); ``started`` gets the child's Popen (to cancel it); ``cache`` keeps answers."""
     if isinstance(request, str):
         request = ImportCheckRequest(module=request)
     if request.probe not in PROBES:
@@ -377,9 +373,8 @@ def check_import(
 
 
 class ImportChecks:
-    """Start every check at once (a thread per child: each only waits on its child) and collect the
-    results later. The constructor returns once every child has started (or its check ended
-    without one), so the caller's own work (importing torch) cannot delay a start."""
+    """Every check started at once (a thread per child) and collected later; the constructor returns
+    once every child has started, so the caller's own work (importing torch) cannot delay one."""
 
     def __init__(
         self,
@@ -427,8 +422,7 @@ class ImportChecks:
             raise
 
     def cancel(self) -> None:
-        """Kill every child still running (Ctrl-C, or the caller failed): nobody waits out the
-        timeouts."""
+        """Kill every child still running (Ctrl-C, or the caller failed)."""
         self._cancelled = True
         for proc in list(self._procs):
             if proc.poll() is None:
