@@ -169,7 +169,6 @@ def backoff(first: float, cap: float, rng: random.Random) -> Iterator[float]:
 
 
 def _read(path: Path) -> str | None:
-    """The text at ``path`` (None: absent); a FIFO, device or huge file is exit 5, never a hang."""
     try:
         raw = read_regular(path, MAX_BYTES)
     except FileNotFoundError:
@@ -192,8 +191,8 @@ def claim(out: Path, rank: JobRank) -> bool:
 
 
 def publish(out: Path, rank: JobRank, marker: Marker, lock_text: str | None) -> None:
-    """The prober's last step: the job marker beside the lock, then its node's local copy; then the
-    markers of other jobs older than ``STALE_MARKER_S`` are removed."""
+    """The prober's last step: the job marker beside the lock, its node's local copy; then other
+    jobs' markers older than ``STALE_MARKER_S`` are removed."""
     prefix, mine, now = f".{out.name}.job-", marker_path(out, rank).name, time.time()
     stale = []
     try:
@@ -230,9 +229,8 @@ def wait(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[Marker, str]:
-    """Wait for the prober's marker for this job; (the marker, the lock's text). Raises
-    :class:`RankFailed` when the prober failed, :class:`WaitTimeout` (naming the rank that should
-    have written it and the job) when nothing came within ``timeout`` seconds."""
+    """Wait for the prober's marker for this job: (marker, lock text); :class:`RankFailed` when the
+    prober failed, :class:`WaitTimeout` when nothing came within ``timeout`` seconds."""
     rng = random.Random(f"{rank.key}/{rank.rank}")
     start = clock()
     local_ready = node_dir(out, rank) / "ready"
@@ -363,7 +361,6 @@ def run(request: ProbeRequest, events: Events | None = None) -> ProbeResult:
 
 
 def _read_only(out: Path) -> bool:
-    """Whether ``out``'s folder is read-only (no marker can be written: each rank on its own)."""
     try:
         return bool(os.statvfs(os.path.dirname(os.path.realpath(out)) or ".").f_flag & os.ST_RDONLY)
     except OSError:
@@ -373,8 +370,8 @@ def _read_only(out: Path) -> bool:
 def fail_before_plan(
     out: str | Path, probe_per: str | None, check_only: bool, exc: BaseException
 ) -> None:
-    """A request refused before it is planned (a bad argument): where this is rank 0 of a job whose
-    rank 0 probes, its failed marker is published, so the waiting ranks fail at once."""
+    """A request refused before it is planned: as rank 0 of a job whose rank 0 probes, publish the
+    failed marker, so the waiting ranks fail at once."""
     if check_only or probe_per not in (None, "job"):
         return
     try:
@@ -395,7 +392,6 @@ def _fail_for_all(out: Path, rank: JobRank, exc: BaseException) -> None:
 
 
 def _expand_out(request: ProbeRequest, p: Plan, mode: str) -> Path:
-    """``--out`` with ``{node-type}`` replaced by this node's (:func:`node_type`)."""
     text = str(request.out)
     if "{node-type}" in text:
         return Path(text.replace("{node-type}", node_type(p.device)))
@@ -410,7 +406,6 @@ def _expand_out(request: ProbeRequest, p: Plan, mode: str) -> Path:
 
 
 def _job_rank(mode: str, events: Events) -> JobRank | None:
-    """This process's rank and job, or None: no launcher variables, or ``--probe-per rank``."""
     if mode not in PROBE_PER:
         raise UsageError(f"--probe-per {mode!r}: use one of {', '.join(PROBE_PER)}")
     if mode == "rank":
@@ -431,7 +426,6 @@ def _job_rank(mode: str, events: Events) -> JobRank | None:
 def _take_lock(
     out: Path, given: Path, p: Plan, rank: JobRank, mode: str, timeout: float, t_start: float
 ) -> ProbeResult:
-    """A waiting rank's part: the lock the marker names, probed with its inputs, for its node."""
     marker, text = wait(out, rank, mode=mode, timeout=timeout)
     lock: kernel_lock.KernelLock | None = None
     try:

@@ -130,7 +130,6 @@ def _number(env: Mapping[str, str], names: tuple[str, ...]) -> int | None:
 
 
 def _job(env: Mapping[str, str], spec: Launcher) -> tuple[str, str] | None:
-    """(job id with its step, attempt), from the launcher, else the batch system."""
     own = _first(env, spec.job)
     choices = [(own, spec.step, spec.attempt)] if own and own[1].lower() not in NO_JOB else []
     choices += [(found, s, a) for n, s, a in BATCH_JOB if (found := _first(env, (n,)))]
@@ -154,8 +153,8 @@ def _job(env: Mapping[str, str], spec: Launcher) -> tuple[str, str] | None:
 
 
 def detect(env: Mapping[str, str] | None = None) -> Detection:
-    """This process's rank, from the innermost launcher whose rank variable is set. Raises
-    :class:`RankVariableError` for a value that is set but not a rank (never read as rank 0)."""
+    """This process's rank, from the innermost launcher whose rank variable is set;
+    :class:`RankVariableError` for a value set but not a rank (never read as rank 0)."""
     env = os.environ if env is None else env
     notes: list[str] = []
     for spec in LAUNCHERS:
