@@ -41,17 +41,10 @@ from kernel_probe.profiles import MAX_BYTES, Profile, ProfileError, from_bytes, 
 ENV_VAR = "KERNEL_PROBE_PROFILES"
 BUILTIN_PACKAGE_DIR = "sites"  # under kernel_probe/profiles/; pyproject.toml's package-data too
 EXAMPLES_DIR = "nodes"  # under the built-ins
-MAX_MARKER_BYTES = 64 << 10  # a marker file is one short line
 MAX_NODE_BYTES = 4 << 20  # an env --json report is some tens of kB
 NODE_SCHEMA = "kernel-probe-node/1"
 ENV_SCHEMA = "kernel-probe-env/1"
-_NODE_KEYS = (
-    "schema",
-    "description",
-    "sources",
-    "fingerprint",
-    "libraries",
-    "site",
+_NODE_KEYS = ("schema", "description", "sources", "fingerprint", "libraries", "site") + (
     "env",
     "files",
 )
@@ -210,7 +203,7 @@ def site_facts(
     said = [] if problems is None else problems
 
     def read_marker_file(path: str) -> str | None:
-        value, problem = read_marker(path, MAX_MARKER_BYTES)
+        value, problem = read_marker(path)
         if problem:
             said.append(f"detect file {path}: {problem}")
         return value
