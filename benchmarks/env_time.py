@@ -48,9 +48,9 @@ COMMANDS = {
 def _bare_imports() -> dict[str, list[str]]:
     """``python -I -c "import <module>"`` for each installed library's import-check module."""
     sys.path.insert(0, ROOT)
-    from kernel_probe.detect import libraries
+    from kernel_probe.detect import libraries, report
 
-    requests = libraries.import_requests(libraries.locate_all())
+    requests = report.import_requests(libraries.locate_all())
     return {
         f"import {r.module} (bare child)": [sys.executable, "-I", "-c", f"import {r.module}"]
         for r in requests.values()

@@ -1,14 +1,14 @@
 """Job start: which rank of a job probes, and how the others take its lock (the command's entry).
 
-``run`` plans the request, then probes or reuses the lock itself (no launcher, ``--probe-per rank``,
-a read-only folder) or takes part in the job's hand-off: one rank (rank 0, or per kind of node the
-one whose claim wins) probes and leaves a job marker beside the lock; on each node local rank 0
-watches the shared directory with backoff and copies marker and lock to a node-local file, which the
-node's other ranks wait on. No file lock, no polling storm: docs/probe.md "Many ranks at job start".
+One rank (rank 0, or per kind of node the one whose claim wins) probes and leaves a job marker
+beside the lock; on each node local rank 0 watches the shared directory with backoff and copies
+marker and lock to a node-local file the node's other ranks wait on (docs/probe.md "Many ranks at
+job start"). Without a launcher, with ``--probe-per rank`` or a read-only folder, each rank alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -29,20 +29,18 @@ from kernel_lock.tables import ReadError, get_int, get_literal, get_text, refuse
 from kernel_probe.errors import InputFileError, NodeDiffers, ProbeError, UsageError
 from kernel_probe.probe.pipeline import ProbeResult, probe_or_reuse
 from kernel_probe.probe.planning import Events, Plan, ProbeRequest, plan
-from kernel_probe.ranks import JobRank, RankVariableError, detect
+from kernel_probe.ranks import PROBE_PER, JobRank, RankVariableError, detect
 
 NODE_DIR_ENV = "KERNEL_PROBE_NODE_DIR"
 WATCH = (0.1, 5.0)  # the node's watcher on the shared directory: first delay, cap (s)
 LOCAL = (0.05, 1.0)  # the other ranks, on the node-local file
 FALLBACK = (30.0, 300.0)  # the other ranks' rare look at the shared directory
 STALE_MARKER_S = 7 * 24 * 3600  # the next prober removes other jobs' markers older than this
-PROBE_PER = ("job", "node-type", "rank")
 OUTCOMES = ("written", "reused", "failed")
 Outcome = Literal["written", "reused", "failed"]
 EXIT_CODES = tuple(int(c) for c in ExitCode)  # the documented table: a marker's code is one of them
 
 
-# ---- the job marker ------------------------------------------------------------------------------
 class RankFailed(ProbeError):
     """The probing rank failed: every waiting rank fails with its message and exit code."""
 
@@ -86,10 +84,8 @@ class Marker:
         outcome = get_literal(data, "outcome", OUTCOMES)
         code = get_int(data, "exit_code", 0, 255, default=0)
         if code not in EXIT_CODES:
-            raise ReadError(
-                f"{code} is not a documented exit code ({', '.join(map(str, EXIT_CODES))})",
-                "exit_code",
-            )
+            codes = ", ".join(map(str, EXIT_CODES))
+            raise ReadError(f"{code} is not a documented exit code ({codes})", "exit_code")
         if (outcome == "failed") != (code != 0):
             raise ReadError(
                 f"outcome {outcome!r} with exit code {code}: a failure has a non-zero code",
@@ -109,20 +105,19 @@ class Marker:
         try:
             return cls.from_dict(json.loads(text))
         except (ValueError, RecursionError) as exc:
-            key = exc.key if isinstance(exc, ReadError) else ""
-            problem = exc.problem if isinstance(exc, ReadError) else f"not valid JSON ({exc})"
+            read = exc if isinstance(exc, ReadError) else None
             raise MarkerError(
-                f"not a job marker kernel-probe wrote: {problem}",
+                "not a job marker kernel-probe wrote: "
+                + (read.problem if read else f"not valid JSON ({exc})"),
                 path=str(where),
-                key=key or None,
+                key=(read.key if read else "") or None,
                 fix=f"remove {where} and start the job again",
             ) from None
 
 
 def failure_marker(rank: JobRank, exc: BaseException) -> Marker:
     """The marker a prober leaves when it fails, so that no rank waits for it until the timeout."""
-    code: int = ExitCode.FAILURE
-    fix = ""
+    code, fix = int(ExitCode.FAILURE), ""
     if isinstance(exc, LockError):
         problem, code, fix = exc.problem, exc.exit_code, exc.fix or ""
     elif isinstance(exc, KeyboardInterrupt):
@@ -166,8 +161,7 @@ def node_type(device: Mapping[str, Any]) -> str:
 
 
 def backoff(first: float, cap: float, rng: random.Random) -> Iterator[float]:
-    """Sleeps doubling from ``first`` to ``cap``, each jittered by +-20 % so ranks do not move in
-    step."""
+    """Sleeps doubling from ``first`` to ``cap``, each jittered by +-20 % (ranks not in step)."""
     delay = first
     while True:
         yield delay * rng.uniform(0.8, 1.2)
@@ -175,7 +169,6 @@ def backoff(first: float, cap: float, rng: random.Random) -> Iterator[float]:
 
 
 def _read(path: Path) -> str | None:
-    """The text at ``path`` (None: absent); a FIFO, device or huge file is exit 5, never a hang."""
     try:
         raw = read_regular(path, MAX_BYTES)
     except FileNotFoundError:
@@ -198,20 +191,26 @@ def claim(out: Path, rank: JobRank) -> bool:
 
 
 def publish(out: Path, rank: JobRank, marker: Marker, lock_text: str | None) -> None:
-    """The prober's last step: the job marker beside the lock, then its node's local copy; then the
-    markers of other jobs older than ``STALE_MARKER_S`` are removed."""
-    stale = _stale_markers(out, rank)
+    """The prober's last step: the job marker beside the lock, its node's local copy; then other
+    jobs' markers older than ``STALE_MARKER_S`` are removed."""
+    prefix, mine, now = f".{out.name}.job-", marker_path(out, rank).name, time.time()
+    stale = []
+    try:
+        for entry in os.scandir(out.parent):
+            if entry.name.startswith(prefix) and not entry.name.startswith(mine):
+                with contextlib.suppress(OSError):
+                    if now - entry.stat(follow_symlinks=False).st_mtime > STALE_MARKER_S:
+                        stale.append(entry.path)
+    except OSError:
+        stale = []
     write_file(marker_path(out, rank), marker.to_json())
     _publish_local(out, rank, marker, lock_text)
     for path in stale:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(path)
-        except OSError:
-            pass
 
 
 def _publish_local(out: Path, rank: JobRank, marker: Marker, lock_text: str | None) -> None:
-    """The node-local copy of the marker and its lock."""
     local = node_dir(out, rank)
     payload = json.dumps({"marker": json.loads(marker.to_json()), "lock": lock_text})
     try:
@@ -219,34 +218,6 @@ def _publish_local(out: Path, rank: JobRank, marker: Marker, lock_text: str | No
         write_file(folder / "ready", payload, mode=0o600)
     except (OSError, UnsafeWrite):
         pass  # the node's other ranks then find the marker on the shared directory (their fallback)
-
-
-def _stale_markers(out: Path, rank: JobRank) -> list[str]:
-    prefix, mine, now = f".{out.name}.job-", marker_path(out, rank).name, time.time()
-    try:
-        entries = list(os.scandir(out.parent))
-    except OSError:
-        return []
-    stale = []
-    for entry in entries:
-        if not entry.name.startswith(prefix) or entry.name.startswith(mine):
-            continue
-        try:
-            if now - entry.stat(follow_symlinks=False).st_mtime > STALE_MARKER_S:
-                stale.append(entry.path)
-        except OSError:
-            pass
-    return stale
-
-
-def _who(out: Path, rank: JobRank, mode: str) -> str:
-    job = f"{rank.launcher} job {rank.job} (attempt {rank.attempt})"
-    if mode == "job":
-        return f"rank 0 of {job}"
-    claimed = _read(claim_path(out, rank))
-    return f"the rank that claimed {out.name} for this node type in {job}" + (
-        f" ({claimed.strip()})" if claimed else " (no rank claimed it)"
-    )
 
 
 def wait(
@@ -258,9 +229,8 @@ def wait(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[Marker, str]:
-    """Wait for the prober's marker for this job; (the marker, the lock's text). Raises
-    :class:`RankFailed` when the prober failed, :class:`WaitTimeout` (naming the rank that should
-    have written it and the job) when nothing came within ``timeout`` seconds."""
+    """Wait for the prober's marker for this job: (marker, lock text); :class:`RankFailed` when the
+    prober failed, :class:`WaitTimeout` when nothing came within ``timeout`` seconds."""
     rng = random.Random(f"{rank.key}/{rank.rank}")
     start = clock()
     local_ready = node_dir(out, rank) / "ready"
@@ -268,21 +238,32 @@ def wait(
     fallback = backoff(*FALLBACK, rng)
     next_shared = start if rank.node_leader else start + next(fallback)
     while True:
-        if rank.node_leader:
+        found = _from_shared(out, rank) if rank.node_leader else _from_local(local_ready, rank)
+        if found is None and not rank.node_leader and clock() >= next_shared:
             found = _from_shared(out, rank)
-        else:
-            found = _from_local(local_ready, rank)
-            if found is None and clock() >= next_shared:
-                found = _from_shared(out, rank)
-                next_shared = clock() + next(fallback)
+            next_shared = clock() + next(fallback)
         if found is not None:
-            return _outcome(out, *found)
+            marker, lock_text = found
+            if marker.outcome == "failed":
+                raise RankFailed(
+                    f"{out}: {marker.by} (on {marker.host}) failed, so this rank has no lock: "
+                    f"{marker.problem}",
+                    marker.exit_code or ExitCode.FAILURE,
+                    fix=marker.fix or None,
+                )
+            return marker, lock_text
         waited = clock() - start
         if waited >= timeout:
+            job = f"{rank.launcher} job {rank.job} (attempt {rank.attempt})"
+            who = f"rank 0 of {job}"
+            if mode != "job":
+                claimed = _read(claim_path(out, rank))
+                who = f"the rank that claimed {out.name} for this node type in {job}" + (
+                    f" ({claimed.strip()})" if claimed else " (no rank claimed it)"
+                )
             raise WaitTimeout(
-                f"{out}: {_who(out, rank, mode)} wrote no job marker "
-                f"({marker_path(out, rank).name}) within {timeout:.0f} s; this is "
-                f"{rank.describe()}",
+                f"{out}: {who} wrote no job marker ({marker_path(out, rank).name}) within "
+                f"{timeout:.0f} s; this is {rank.describe()}",
                 fix="look in that rank's output for why it stopped; start the job again, or "
                 "raise --lock-timeout",
             )
@@ -337,18 +318,6 @@ def _from_local(ready: Path, rank: JobRank) -> tuple[Marker, str] | None:
         return None
 
 
-def _outcome(out: Path, marker: Marker, lock_text: str) -> tuple[Marker, str]:
-    if marker.outcome == "failed":
-        raise RankFailed(
-            f"{out}: {marker.by} (on {marker.host}) failed, so this rank has no lock: "
-            f"{marker.problem}",
-            marker.exit_code or ExitCode.FAILURE,
-            fix=marker.fix or None,
-        )
-    return marker, lock_text
-
-
-# ---- the job start -------------------------------------------------------------------------------
 def run(request: ProbeRequest, events: Events | None = None) -> ProbeResult:
     """Reuse the lock at ``request.out`` if it is current, else probe and write it; with a launcher,
     one rank probes and the others take its lock. ``check_only`` writes nothing and raises
@@ -360,8 +329,7 @@ def run(request: ProbeRequest, events: Events | None = None) -> ProbeResult:
         p = plan(request, events)
     except BaseException as exc:
         if rank is not None and rank.rank == 0 and request.probe_per in (None, "job"):
-            # no rank waits for a plan that failed
-            _fail_for_all(Path(os.path.abspath(request.out)), rank, exc)
+            _fail_for_all(Path(os.path.abspath(request.out)), rank, exc)  # none waits for it
         raise
     mode = request.probe_per or (p.profile.probe_per if p.profile else None) or "job"
     given = _expand_out(request, p, mode)
@@ -383,13 +351,16 @@ def run(request: ProbeRequest, events: Events | None = None) -> ProbeResult:
         raise
     outcome: Outcome = "reused" if result.reused else "written"
     host, digest = socket.gethostname(), result.lock.compute_digest()
-    marker = Marker(outcome, rank.key, rank.describe(), host, digest, p.digest)
-    publish(out, rank, marker, result.lock.dumps())
+    publish(
+        out,
+        rank,
+        Marker(outcome, rank.key, rank.describe(), host, digest, p.digest),
+        result.lock.dumps(),
+    )
     return result
 
 
 def _read_only(out: Path) -> bool:
-    """Whether ``out``'s folder is read-only (no marker can be written: each rank on its own)."""
     try:
         return bool(os.statvfs(os.path.dirname(os.path.realpath(out)) or ".").f_flag & os.ST_RDONLY)
     except OSError:
@@ -399,8 +370,8 @@ def _read_only(out: Path) -> bool:
 def fail_before_plan(
     out: str | Path, probe_per: str | None, check_only: bool, exc: BaseException
 ) -> None:
-    """A request refused before it is planned (a bad argument): where this is rank 0 of a job whose
-    rank 0 probes, its failed marker is published, so the waiting ranks fail at once."""
+    """A request refused before it is planned: as rank 0 of a job whose rank 0 probes, publish the
+    failed marker, so the waiting ranks fail at once."""
     if check_only or probe_per not in (None, "job"):
         return
     try:
@@ -421,7 +392,6 @@ def _fail_for_all(out: Path, rank: JobRank, exc: BaseException) -> None:
 
 
 def _expand_out(request: ProbeRequest, p: Plan, mode: str) -> Path:
-    """``--out`` with ``{node-type}`` replaced by this node's (:func:`node_type`)."""
     text = str(request.out)
     if "{node-type}" in text:
         return Path(text.replace("{node-type}", node_type(p.device)))
@@ -436,7 +406,6 @@ def _expand_out(request: ProbeRequest, p: Plan, mode: str) -> Path:
 
 
 def _job_rank(mode: str, events: Events) -> JobRank | None:
-    """This process's rank and job, or None: no launcher variables, or ``--probe-per rank``."""
     if mode not in PROBE_PER:
         raise UsageError(f"--probe-per {mode!r}: use one of {', '.join(PROBE_PER)}")
     if mode == "rank":
@@ -457,7 +426,6 @@ def _job_rank(mode: str, events: Events) -> JobRank | None:
 def _take_lock(
     out: Path, given: Path, p: Plan, rank: JobRank, mode: str, timeout: float, t_start: float
 ) -> ProbeResult:
-    """A waiting rank's part: the lock the marker names, probed with its inputs, for its node."""
     marker, text = wait(out, rank, mode=mode, timeout=timeout)
     lock: kernel_lock.KernelLock | None = None
     try:

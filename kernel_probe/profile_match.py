@@ -1,7 +1,7 @@
 """A node against the site profiles: which profile's ``[detect]`` signals it shows (``--profile
-auto``), which requirements it does not meet (exit 4), and whether a lock was written under the
-same profile. The node is this machine or a described one (``kernel_probe.sites``); ambiguity is an
-error, never a guess; libraries are never imported.
+auto``; ambiguity is an error, never a guess), which requirements it does not meet (exit 4), and
+whether a lock was written under the same profile. The node is this machine or a described one
+(``kernel_probe.sites``); libraries are never imported.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from kernel_lock import Difference
 from kernel_lock.fingerprint import in_spec, library_versions
 from kernel_probe.candidates import arch_satisfies
 from kernel_probe.detect.host import detect_site
-from kernel_probe.detect.libraries import known_libraries, locate
+from kernel_probe.detect.libraries import known, locate
 from kernel_probe.errors import ProfileUnmet
 from kernel_probe.profiles import MAX_SIGNAL_CHARS, STRONG, WEAK, Profile, load_file
 from kernel_probe.sites import SiteFacts, Survey, names_file, resolve, site_facts, survey
@@ -31,7 +31,6 @@ USER_FIX = {
 }
 
 
-# ---- recognising a site --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Hit:
     """One site signal that matched, as the notes and the lock's ``matched`` name it."""
@@ -43,7 +42,7 @@ class Hit:
 @dataclass(frozen=True)
 class Detection:
     """Why auto-detection would pick a profile: ``rank`` 2 = a strong signal decided, 1 = a group of
-    weak signals together, 0 = a device profile's device facts (only when no site matched)."""
+    weak signals together, 0 = a device profile's device (only when no site matched)."""
 
     profile: Profile
     rank: int
@@ -64,7 +63,6 @@ def _search(pattern: str, value: str, what: str, notes: list[str]) -> bool:
 def _evaluate(
     signals: Mapping[str, Any], facts: SiteFacts, notes: list[str]
 ) -> tuple[list[Hit], list[str]]:
-    """(each signal that matched, each that did not)."""
     tried: list[tuple[str, bool, str, str]] = []  # kind, matched, as a hit, as a miss
     for var, pattern in signals.get("env", {}).items():
         value = facts.env.get(var)
@@ -97,7 +95,7 @@ def _evaluate(
 
 
 def detect(profile: Profile, facts: SiteFacts, notes: list[str] | None = None) -> Detection | None:
-    """How ``profile`` would be picked on a node with ``facts`` (None: it would not), with a note in
+    """How ``profile`` would be picked on a node with ``facts`` (None: not), with a note in
     ``notes`` when some of its signals matched but could not decide."""
     notes = [] if notes is None else notes
     seen: list[str] = []
@@ -160,8 +158,7 @@ def auto_detect(
     env: Mapping[str, str] | None = None,
     read_file: Callable[[str], str | None] | None = None,
 ) -> tuple[Profile | None, str, list[str]]:
-    """(profile, the signal that decided, notes); None when nothing decided. Ambiguity is an
-    error (exit 4)."""
+    """(profile, the signal that decided, notes); None when nothing decided; ambiguity is exit 4."""
     problems: list[str] = []
     facts = (
         site
@@ -199,8 +196,7 @@ def choose(
     found: Survey | None = None,
 ) -> tuple[Profile | None, str, list[str]]:
     """The profile ``--profile NAME|PATH|auto`` names, how it was chosen (``named`` when named), and
-    notes to show. ``facts``: a described node's site facts instead of this machine's; ``found``:
-    the profile directories as already surveyed, else they are surveyed here."""
+    notes; ``facts``: a described node's instead of this machine's; ``found``: an earlier survey."""
     if spec != "auto" and names_file(spec):
         return load_file(spec), named, []
     found = found or survey(extra)
@@ -218,8 +214,7 @@ def other_site(
     profile: Profile, seen: Profile | None, matched: str, where: str = "this machine"
 ) -> None:
     """Raise ProfileUnmet (exit 4) when the site signals place a node named for ``profile`` at
-    another profile's site (``seen``, by ``matched``): hardware alone cannot tell apart sites with
-    the same nodes. No site match, or a device profile's, is no refusal."""
+    another profile's site (``seen``, by ``matched``); a device profile's match refuses nothing."""
     if seen is None or seen.name == profile.name or matched.startswith("device:"):
         return
     raise ProfileUnmet(
@@ -231,10 +226,8 @@ def other_site(
     )
 
 
-# ---- what a site requires ------------------------------------------------------------------------
 class Unmet(Difference):
-    """One requirement of a profile a node does not meet, expected vs found: a fingerprint
-    difference whose ``rule`` is the requirement's strictness group."""
+    """One requirement a node does not meet: a fingerprint difference; ``rule``: its group."""
 
     @property
     def group(self) -> str:
@@ -288,7 +281,7 @@ def unmet(
 def enforce(
     profile: Profile, fingerprint: Mapping[str, Any], libraries: Mapping[str, str | None]
 ) -> list[str]:
-    """Raise ProfileUnmet (exit 4) listing every unmet requirement that is an error; return
+    """Raise ProfileUnmet (exit 4) listing every unmet requirement that is an error; return the
     warnings."""
     problems = unmet(profile, fingerprint, libraries)
     strict = profile.default_strictness == "error"
@@ -309,8 +302,7 @@ def enforce(
 
 
 def required_libraries(profile: Profile) -> list[str]:
-    """The library keys a profile's requirements name: a distribution, or
-    ``distribution@variant``."""
+    """The library keys a profile's requirements name (``distribution`` or ``name@variant``)."""
     return sorted({*profile.requires.get("libraries", {}), *profile.requires.get("forbidden", {})})
 
 
@@ -320,15 +312,34 @@ def library_facts(
     """Installed versions by profile key, on this machine (metadata and files, nothing imported) or
     on a ``described`` node: a known library under any of its distribution names; ``NAME@VARIANT``
     only when that variant is installed (TE's ROCm fork uses NVIDIA's names)."""
-    known = {lib.name: lib for lib in known_libraries()}
     out: dict[str, str | None] = {}
     for key in keys:
         base, at, variant = key.partition("@")
-        lib = known.get(base)
-        if described is None:
-            version, found = _library_here(base, lib)
+        lib, found = known(base), None
+        if described is not None and (entry := described.get(base)) is not None:
+            dists = entry.get("distributions") or {}
+            version = entry.get("version") or next(iter(dists.values()), None)
+            version = None if version is None else str(version)
+            found = (
+                next((v for v in lib.variants if v.key == entry.get("variant")), None)
+                if lib
+                else None
+            )
+        elif described is not None:  # by a distribution name of any library
+            dists = (e.get("distributions") or {} for e in described.values())
+            version = next(
+                (str(d[base]) for d in dists if isinstance(d, dict) and d.get(base)), None
+            )
+        elif lib is None:
+            version = library_versions([base])[base]
         else:
-            version, found = _library_described(base, lib, described)
+            located = locate(lib)
+            version = (
+                next(iter(located.distributions.values()), None) if located.installed else None
+            )
+            if located.installed and version is None:  # importable, e.g. a source build on the path
+                version = "unknown (no distribution metadata)"
+            found = located.variant
         # a namesake (a variant that is not usable) never counts; NAME@VARIANT only that variant
         if found is not None and (not found.usable or (at and found.key != variant)):
             version = None
@@ -336,34 +347,8 @@ def library_facts(
     return out
 
 
-def _library_here(base: str, lib: Any) -> tuple[str | None, Any]:
-    """(version, recognised variant) of a library or distribution on this machine."""
-    if lib is None:
-        return library_versions([base])[base], None
-    located = locate(lib)
-    version = next(iter(located.distributions.values()), None) if located.installed else None
-    if located.installed and version is None:  # importable, e.g. a source build on the path
-        version = "unknown (no distribution metadata)"
-    return version, located.variant
-
-
-def _library_described(
-    base: str, lib: Any, described: Mapping[str, Mapping[str, Any]]
-) -> tuple[str | None, Any]:
-    """(version, variant) on a described node, by report name or distribution."""
-    entry = described.get(base)
-    if entry is None:
-        dists = (e.get("distributions") or {} for e in described.values())
-        found = next((str(d[base]) for d in dists if isinstance(d, dict) and d.get(base)), None)
-        return found, None
-    version = entry.get("version") or next(iter((entry.get("distributions") or {}).values()), None)
-    found = next((v for v in lib.variants if v.key == entry.get("variant")), None) if lib else None
-    return None if version is None else str(version), found
-
-
 def profile_change(recorded: Mapping[str, Any], profile: Profile | None) -> str | None:
-    """Why a lock written under ``recorded`` (its [profile] table) is not this run's: the profile's
-    name or its digest changed (None when the profile is the same, or neither has one)."""
+    """Why a lock written under ``recorded`` (its [profile] table) is not for this run."""
     name, digest = recorded.get("name"), recorded.get("digest")
     if profile is None:
         return f"it was written under profile {name} and this run applies none" if name else None

@@ -1,6 +1,6 @@
 """Site profiles: what a site's nodes are expected to be, and its policy, read from TOML
-(docs/profiles.md). ``parse`` reads one strictly (unknown keys are errors: a typo in a policy must
-not silently widen it) and refuses requirements no node can meet; ``kernel_probe.sites`` finds them.
+(docs/profiles.md) strictly (an unknown key is an error: a typo must not silently widen a policy),
+refusing requirements no node can meet; ``kernel_probe.sites`` finds them.
 """
 
 from __future__ import annotations
@@ -19,10 +19,9 @@ from kernel_lock import toml
 from kernel_lock.files import UnsafeFile, read_regular
 from kernel_lock.slots import PRECISIONS, SLOTS
 from kernel_probe import candidates as cands
-from kernel_probe.detect.libraries import known_libraries
-from kernel_probe.detect.triton import TRITON_DISTRIBUTIONS
+from kernel_probe.detect.libraries import TRITON_DISTRIBUTIONS, known, known_libraries
 from kernel_probe.errors import InputFileError
-from kernel_probe.jobstart import PROBE_PER
+from kernel_probe.ranks import PROBE_PER
 from kernel_probe.shapes import parse_shape
 from kernel_probe.tables import TableReader
 
@@ -41,6 +40,7 @@ MAX_SIGNAL_CHARS = 256  # a longer value never matches: it bounds every pattern'
 MAX_VARIABLE_REPEATS = 2  # per pattern; with MAX_SIGNAL_CHARS, a search stays within milliseconds
 
 DEVICE_VENDOR = {"cuda": "nvidia", "rocm": "amd", "mps": "apple", "xpu": "intel"}
+VENDORS = tuple(DEVICE_VENDOR.values())
 CPU_ARCHES = ("x86_64", "aarch64", "ppc64le", "s390x", "riscv64")  # as Linux nodes report them
 _ARCH_SPELLINGS = {
     **dict.fromkeys(("amd64", "x64", "x86-64"), "x86_64"),
@@ -87,7 +87,7 @@ class Profile:
     precision: str | None = None
     shapes: tuple[str, ...] = ()
     deterministic: bool = False  # only bitwise repeatable candidates are chosen
-    probe_per: str | None = None  # who probes at job start (kernel_probe.jobstart.PROBE_PER)
+    probe_per: str | None = None  # who probes at job start (kernel_probe.ranks.PROBE_PER)
     slots: Mapping[str, SlotPolicy] = field(default_factory=dict)
     candidates: tuple[cands.Candidate, ...] = ()
     default_strictness: str = "error"
@@ -104,8 +104,7 @@ class Profile:
 
 def pattern_problem(pattern: str) -> str | None:
     """Why a detect pattern could backtrack without bound (None if it cannot): a repeat or an
-    alternation inside a repeat (``(a|aa)+``), a backreference, more than MAX_VARIABLE_REPEATS
-    variable repeats. What remains matches a value of MAX_SIGNAL_CHARS in milliseconds."""
+    alternation inside a repeat, a backreference, over MAX_VARIABLE_REPEATS variable repeats."""
     # the stdlib's own parser, the tree re compiles (re._parser since 3.11, sre_parse before)
     try:
         sre, c = importlib.import_module("re._parser"), importlib.import_module("re._constants")
@@ -150,8 +149,6 @@ def pattern_problem(pattern: str) -> str | None:
 
 # ---- parsing ------------------------------------------------------------------------------------
 class _Reader(TableReader):
-    """The project's strict table reader, raising ProfileError; patterns also bounded."""
-
     error = ProfileError
 
     def regex(self, pattern: str, key: str) -> str:
@@ -172,7 +169,6 @@ class _Reader(TableReader):
 def _closed(
     p: _Reader, values: Iterable[str], accepted: Sequence[str], key: str, what: str, spellings=None
 ) -> None:
-    """Every value one of ``accepted``: a wrong spelling is refused naming the accepted ones."""
     for value in values:
         if value in accepted:
             continue
@@ -187,7 +183,6 @@ def _closed(
 
 
 def _signals(p: _Reader, table: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """One set of detect signals (``[detect]``, or one ``[[detect.all]]`` group), validated."""
     out: dict[str, Any] = {}
     for key in ("env", "files"):
         if key in table:
@@ -203,23 +198,22 @@ def _signals(p: _Reader, table: Mapping[str, Any], where: str) -> dict[str, Any]
             out[key] = list(p.strings(table, key, where))
             for i, pattern in enumerate(out[key]):
                 p.regex(pattern, f"{where}{key}[{i}]")
-    if "device" in table:
-        dev = out["device"] = p.table(table, "device", DETECT_DEVICE_KEYS, where)
-        for k, v in dev.items():
-            if not isinstance(v, str):
-                raise p.err(f"{where}device.{k}", f"expected a string, got {type(v).__name__}")
-        if "type" in dev:
-            _closed(p, [dev["type"]], cands.DEVICE_TYPES, f"{where}device.type", "device type")
-        if "vendor" in dev:
-            vendors = tuple(DEVICE_VENDOR.values())
-            _closed(p, [dev["vendor"]], vendors, f"{where}device.vendor", "vendor")
-        if "arch" in dev and (problem := cands.gpu_arch_problem(dev["arch"])):
-            raise p.err(f"{where}device.arch", problem)
+    if "device" not in table:
+        return out
+    dev = out["device"] = p.table(table, "device", DETECT_DEVICE_KEYS, where)
+    for k, v in dev.items():
+        if not isinstance(v, str):
+            raise p.err(f"{where}device.{k}", f"expected a string, got {type(v).__name__}")
+    if "type" in dev:
+        _closed(p, [dev["type"]], cands.DEVICE_TYPES, f"{where}device.type", "device type")
+    if "vendor" in dev:
+        _closed(p, [dev["vendor"]], VENDORS, f"{where}device.vendor", "vendor")
+    if "arch" in dev and (problem := cands.gpu_arch_problem(dev["arch"])):
+        raise p.err(f"{where}device.arch", problem)
     return out
 
 
 def _read_detect(p: _Reader, d: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """``[detect]`` and its ``[[detect.all]]`` groups; each must be able to decide."""
     raw = p.table(d, "detect", (*SIGNALS, "all"), "")
     detect = _signals(p, raw, "detect.")
     tables = raw.get("all", [])
@@ -237,11 +231,10 @@ def _read_detect(p: _Reader, d: Mapping[str, Any]) -> tuple[dict[str, Any], list
             '(e.g. env = { BSC_MACHINE = "^mn5$" }, device = { type = "cuda" })',
         )
     for i, group in enumerate(groups):
-        kinds = set(group)
-        if not (kinds & set(STRONG)) and not set(WEAK) <= kinds:
+        if not (set(group) & set(STRONG)) and not set(WEAK) <= set(group):
             raise p.err(
                 f"detect.all[{i}]",
-                f"this group ({', '.join(sorted(kinds)) or 'empty'}) can never decide: weak "
+                f"this group ({', '.join(sorted(group)) or 'empty'}) can never decide: weak "
                 "signals (hostname, slurm-partition) and the device do not identify a site alone",
                 fix="add a strong signal (env, files, slurm-cluster), or require both hostname "
                 "and slurm-partition",
@@ -250,11 +243,10 @@ def _read_detect(p: _Reader, d: Mapping[str, Any]) -> tuple[dict[str, Any], list
 
 
 def _check_devices(p: _Reader, requires: Mapping[str, Any]) -> None:
-    """The device requirements against their closed sets, and against each other."""
     types = p.strings(requires, "device-type", "requires.")
     _closed(p, types, cands.DEVICE_TYPES, "requires.device-type", "device type")
     vendors = p.strings(requires, "device-vendor", "requires.")
-    _closed(p, vendors, tuple(DEVICE_VENDOR.values()), "requires.device-vendor", "device vendor")
+    _closed(p, vendors, VENDORS, "requires.device-vendor", "device vendor")
     arches = p.strings(requires, "arch", "requires.")
     _closed(p, arches, CPU_ARCHES, "requires.arch", "CPU arch", _ARCH_SPELLINGS)
     gpu_types = [t for t in types if t in ("cuda", "rocm")] or ["cuda", "rocm"]
@@ -270,14 +262,14 @@ def _check_devices(p: _Reader, requires: Mapping[str, Any]) -> None:
         raise p.err("requires.min-device-count", "expected a non-negative integer")
     accel = [t for t in types if t != "cpu"]
     if types and vendors and not any(DEVICE_VENDOR.get(t) in vendors for t in accel):
+        why = (
+            "no such device has that vendor"
+            if accel
+            else "a CPU-only node has no accelerator vendor"
+        )
         raise p.err(
             "requires.device-vendor",
-            f"{', '.join(vendors)} contradicts requires.device-type {', '.join(types)}: "
-            + (
-                "no such device has that vendor"
-                if accel
-                else "a CPU-only node has no accelerator vendor"
-            ),
+            f"{', '.join(vendors)} contradicts requires.device-type {', '.join(types)}: {why}",
             fix="make them agree: " + ", ".join(f"{t} -> {v}" for t, v in DEVICE_VENDOR.items()),
         )
     if types and count and not accel:
@@ -291,11 +283,10 @@ def _check_devices(p: _Reader, requires: Mapping[str, Any]) -> None:
 def _check_libraries(
     p: _Reader, requires: Mapping[str, Any], declared: Iterable[cands.Candidate]
 ) -> tuple[str, ...]:
-    """Library names known and not both required and forbidden; the site's own names."""
     site_libraries = p.strings(requires, "site-libraries", "requires.")
     libs = known_libraries()
-    known = {lib.name for lib in libs} | {d for lib in libs for d in lib.distributions}
-    known |= {*TRITON_DISTRIBUTIONS, *(c.distribution for c in declared if c.distribution)}
+    names = {lib.name for lib in libs} | {d for lib in libs for d in lib.distributions}
+    names |= {*TRITON_DISTRIBUTIONS, *(c.distribution for c in declared if c.distribution)}
     tables = {key: p.free_table(requires, key, "requires.") for key in ("libraries", "forbidden")}
     for key, table in tables.items():
         for lib, spec in list(table.items()):
@@ -315,8 +306,8 @@ def _check_libraries(
                         fix=f"known variants: {', '.join(variants) or 'none'} "
                         "(kernel_lock/registry.toml)",
                     )
-            elif base not in known and base not in site_libraries:
-                close = difflib.get_close_matches(base, list(known), n=1, cutoff=0.75)
+            elif base not in names and base not in site_libraries:
+                close = difflib.get_close_matches(base, list(names), n=1, cutoff=0.75)
                 raise p.err(
                     f"requires.{key}.{lib}",
                     f"unknown library {base!r}: a misspelt name would "
@@ -341,7 +332,6 @@ def _check_libraries(
 
 
 def _slot_policy(p: _Reader, policy: Mapping[str, Any], slot: str, known: Mapping) -> SlotPolicy:
-    """``[policy.<slot>]``: every id a candidate of ``slot``; with ``allowed``, within it."""
     where = f"policy.{slot}."
     sp = p.table(policy, slot, ("allowed", "preferred", "pin"), "policy.")
     allowed = p.strings(sp, "allowed", where) if "allowed" in sp else None
@@ -356,8 +346,7 @@ def _slot_policy(p: _Reader, policy: Mapping[str, Any], slot: str, known: Mappin
     named = {"allowed": allowed or (), "preferred": preferred, "pin": (pin,) if pin else ()}
     for key, ids in named.items():
         for cid in ids:
-            cand = known.get(cid)
-            if cand is None:
+            if (cand := known.get(cid)) is None:
                 raise p.err(
                     f"{where}{key}",
                     f"unknown candidate id {cid!r}",
@@ -370,39 +359,38 @@ def _slot_policy(p: _Reader, policy: Mapping[str, Any], slot: str, known: Mappin
                 )
     # `allowed = []` allows nothing: a preference or a pin is then a contradiction
     for key in ("preferred", "pin"):
-        for cid in named[key]:
-            if allowed is not None and cid not in allowed:
-                raise p.err(f"{where}{key}", f"{cid!r} is not in policy.{slot}.allowed")
+        if allowed is not None and (out := [c for c in named[key] if c not in allowed]):
+            raise p.err(f"{where}{key}", f"{out[0]!r} is not in policy.{slot}.allowed")
     return SlotPolicy(allowed, preferred, pin)
 
 
 def _read_policy(p: _Reader, d: Mapping[str, Any], known: Mapping) -> dict[str, Any]:
-    """``[policy]``, as the Profile's fields."""
     policy = p.table(d, "policy", _POLICY, "")
-    precision = p.string(policy, "precision", "policy.")
-    if precision is not None and precision not in PRECISIONS:
-        raise p.err("policy.precision", f"{precision!r} is not one of {', '.join(PRECISIONS)}")
+
+    def closed(key: str, accepted: Sequence[str]) -> None:
+        value = p.string(policy, key, "policy.")
+        if value is not None and value not in accepted:
+            raise p.err(f"policy.{key}", f"{value!r} is not one of {', '.join(accepted)}")
+
+    closed("precision", tuple(PRECISIONS))
     shapes = p.strings(policy, "shapes", "policy.")
     deterministic = policy.get("deterministic", False)
     if not isinstance(deterministic, bool):
         raise p.err(
             "policy.deterministic", f"expected true or false, got {type(deterministic).__name__}"
         )
-    probe_per = p.string(policy, "probe-per", "policy.")
-    if probe_per is not None and probe_per not in PROBE_PER:
-        raise p.err("policy.probe-per", f"{probe_per!r} is not one of {', '.join(PROBE_PER)}")
+    closed("probe-per", PROBE_PER)
     for i, s in enumerate(shapes):
         try:
             parse_shape(s)
         except ValueError as exc:
             raise p.err(f"policy.shapes[{i}]", str(exc).replace("--shape ", "")) from None
-    slots = {slot: _slot_policy(p, policy, slot, known) for slot in SLOTS if slot in policy}
     return dict(
-        precision=precision,
+        precision=policy.get("precision"),
         shapes=shapes,
         deterministic=deterministic,
-        probe_per=probe_per,
-        slots=slots,
+        probe_per=policy.get("probe-per"),
+        slots={slot: _slot_policy(p, policy, slot, known) for slot in SLOTS if slot in policy},
     )
 
 
@@ -432,18 +420,18 @@ def parse(text: str, path: str) -> Profile:
     for key in _VERSIONS:
         if key in requires:
             p.specifier(requires[key], f"requires.{key}")
+    builtin = cands.builtin()
     declared = cands.read_candidates(
-        p, d, source=f"profile:{name}", reserved={b.id for b in cands.builtin()}
+        p, d, source=f"profile:{name}", reserved={b.id for b in builtin}
     )
-    policy = _read_policy(p, d, {c.id: c for c in (*cands.builtin(), *declared)})
+    policy = _read_policy(p, d, {c.id: c for c in (*builtin, *declared)})
     strict = p.table(d, "strictness", ("default", "warn"), "")
     default = p.string(strict, "default", "strictness.", default="error")
     if default not in ("error", "warn"):
         raise p.err("strictness.default", f"{default!r} is not 'error' or 'warn'")
     warn = p.strings(strict, "warn", "strictness.")
-    for g in warn:
-        if g not in GROUPS:
-            raise p.err("strictness.warn", f"unknown group {g!r}; groups: {', '.join(GROUPS)}")
+    if unknown := [g for g in warn if g not in GROUPS]:
+        raise p.err("strictness.warn", f"unknown group {unknown[0]!r}; groups: {', '.join(GROUPS)}")
     _check_devices(p, requires)
     site_libraries = _check_libraries(p, requires, declared)
     return Profile(
@@ -494,5 +482,5 @@ def from_bytes(raw: bytes, path: str) -> Profile:
 
 def variants_of(base: str) -> list[str]:
     """The variant keys ``kernel_probe.detect.libraries`` tells apart for a library (by name)."""
-    lib = next((lib for lib in known_libraries() if lib.name == base), None)
+    lib = known(base)
     return [v.key for v in lib.variants if v.usable] if lib is not None else []

@@ -1,9 +1,9 @@
-"""Which rank of which job this process is, read from its launcher's variables.
+"""Which rank of which job this process is, read from its launcher's variables, and who probes.
 
 Pure and import-light: every rank reads it at job start (``kernel_probe.jobstart``). Launchers,
-innermost first, and what their variables decide: docs/probe.md "Who is who". Nothing is guessed
-that could make two ranks probe: a value that is not a whole number, or a rank not below the world
-size, is an error naming the variable (never rank 0); a rank without a job id is no rank.
+innermost first, and what their variables decide: docs/probe.md "Who is who". A value that is not a
+whole number, or a rank not below the world size, is an error naming the variable (never rank 0);
+a rank without a job id is no rank.
 """
 
 from __future__ import annotations
@@ -12,6 +12,9 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+# who probes at job start (``--probe-per``, a profile's ``[policy] probe-per``)
+PROBE_PER = ("job", "node-type", "rank")
 
 
 @dataclass(frozen=True)
@@ -34,21 +37,19 @@ def _launcher(spec: str) -> Launcher:
 
 
 # innermost first: torchrun inside srun gives one Slurm task per node but one torchrun rank per GPU
-# name, rank, size, local rank, node, job, step, attempt ("-": none, "," between alternatives)
+# name, rank, size, local rank, node, job, step, attempt ("-": none, "," between alternatives);
+# OMPI_COMM_WORLD_NODE_RANK counts across all jobs on the node: not a node index
 LAUNCHERS = tuple(
-    map(
-        _launcher,
-        (
-            "torchrun RANK WORLD_SIZE LOCAL_RANK GROUP_RANK TORCHELASTIC_RUN_ID - "
-            "TORCHELASTIC_RESTART_COUNT",
-            # OMPI_COMM_WORLD_NODE_RANK counts across all jobs on the node: not a node index
-            "openmpi OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE OMPI_COMM_WORLD_LOCAL_RANK - "
-            "PMIX_NAMESPACE,OMPI_MCA_ess_base_jobid - -",
-            "pals PALS_RANKID PMI_SIZE PALS_LOCAL_RANKID PALS_NODEID PALS_APID - -",
-            "pmi PMI_RANK PMI_SIZE PMI_LOCAL_RANK,MPI_LOCALRANKID - - - -",
-            "slurm SLURM_PROCID SLURM_NTASKS,SLURM_NPROCS SLURM_LOCALID SLURM_NODEID "
-            "SLURM_JOB_ID,SLURM_JOBID SLURM_STEP_ID,SLURM_STEPID SLURM_RESTART_COUNT",
-        ),
+    _launcher(spec)
+    for spec in (
+        "torchrun RANK WORLD_SIZE LOCAL_RANK GROUP_RANK TORCHELASTIC_RUN_ID - "
+        "TORCHELASTIC_RESTART_COUNT",
+        "openmpi OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE OMPI_COMM_WORLD_LOCAL_RANK - "
+        "PMIX_NAMESPACE,OMPI_MCA_ess_base_jobid - -",
+        "pals PALS_RANKID PMI_SIZE PALS_LOCAL_RANKID PALS_NODEID PALS_APID - -",
+        "pmi PMI_RANK PMI_SIZE PMI_LOCAL_RANK,MPI_LOCALRANKID - - - -",
+        "slurm SLURM_PROCID SLURM_NTASKS,SLURM_NPROCS SLURM_LOCALID SLURM_NODEID "
+        "SLURM_JOB_ID,SLURM_JOBID SLURM_STEP_ID,SLURM_STEPID SLURM_RESTART_COUNT",
     )
 )
 # the batch system's job, for a launcher that names none (PMI, torchrun without --rdzv-id)
@@ -78,13 +79,13 @@ class JobRank:
     world_size: int | None = None
     local_rank: int | None = None
     node: int | None = None
-    variables: tuple[str, ...] = ()  # the variables read, for messages
 
     @property
     def key(self) -> str:
         """This start of the job, safe in a file name: ``slurm-1234.0-a0``."""
-        text = f"{self.launcher}-{self.job}-a{self.attempt}"
-        return re.sub(r"[^A-Za-z0-9_.=+-]", "_", text)[:120]
+        return re.sub(r"[^A-Za-z0-9_.=+-]", "_", f"{self.launcher}-{self.job}-a{self.attempt}")[
+            :120
+        ]
 
     @property
     def node_leader(self) -> bool:
@@ -111,8 +112,7 @@ class Detection:
 
 
 def _first(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str] | None:
-    found = ((n, env[n].strip()) for n in names if (env.get(n) or "").strip())
-    return next(found, None)
+    return next(((n, env[n].strip()) for n in names if (env.get(n) or "").strip()), None)
 
 
 def _whole(name: str, value: str) -> int:
@@ -129,15 +129,13 @@ def _number(env: Mapping[str, str], names: tuple[str, ...]) -> int | None:
     return _whole(*found) if found else None
 
 
-def _job(env: Mapping[str, str], spec: Launcher) -> tuple[str, str, list[str]] | None:
-    """(job id with its step, attempt, variables read), from the launcher, else the batch system."""
+def _job(env: Mapping[str, str], spec: Launcher) -> tuple[str, str] | None:
     own = _first(env, spec.job)
     choices = [(own, spec.step, spec.attempt)] if own and own[1].lower() not in NO_JOB else []
     choices += [(found, s, a) for n, s, a in BATCH_JOB if (found := _first(env, (n,)))]
     if not choices:
         return None
-    (name, job), step_names, attempt_names = choices[0]
-    used = [name]
+    (_, job), step_names, attempt_names = choices[0]
     # the launch step, the launcher's or else Slurm's (with its requeues): torchrun's
     # --rdzv-id=$SLURM_JOB_ID is the same in every `srun` step, and two steps are two launches
     requeues: tuple[str, ...] = ()
@@ -145,25 +143,24 @@ def _job(env: Mapping[str, str], spec: Launcher) -> tuple[str, str, list[str]] |
     if step is None and (step := _first(env, BATCH_STEP)):
         requeues = BATCH_ATTEMPT
     if step:
-        job, used = f"{job}.{step[1]}", used + [step[0]]
-    counts: list[str] = []  # Slurm's requeues, torchrun's restarts; unset: the first attempt
-    for names in dict.fromkeys(n for n in (requeues, attempt_names, spec.attempt) if n):
-        found = _first(env, names)
-        counts.append(str(_whole(*found)) if found else "0")
-        used += [found[0]] if found else []
-    return job, ".".join(counts) or "0", used
+        job = f"{job}.{step[1]}"
+    # Slurm's requeues, torchrun's restarts; unset: the first attempt
+    counts = [
+        str(_number(env, names) or 0)
+        for names in dict.fromkeys(n for n in (requeues, attempt_names, spec.attempt) if n)
+    ]
+    return job, ".".join(counts) or "0"
 
 
 def detect(env: Mapping[str, str] | None = None) -> Detection:
-    """This process's rank, from the innermost launcher whose rank variable is set. Raises
-    :class:`RankVariableError` for a value that is set but not a rank (never read as rank 0)."""
+    """This process's rank, from the innermost launcher whose rank variable is set;
+    :class:`RankVariableError` for a value set but not a rank (never read as rank 0)."""
     env = os.environ if env is None else env
     notes: list[str] = []
     for spec in LAUNCHERS:
         found = _first(env, (spec.rank,))
         if found is None:
-            others = [n for n in (*spec.size, *spec.local_rank) if n in env]
-            if others:
+            if others := [n for n in (*spec.size, *spec.local_rank) if n in env]:
                 notes.append(
                     f"{', '.join(others)} set without {spec.rank}: not read as a {spec.name} rank"
                 )
@@ -182,8 +179,5 @@ def detect(env: Mapping[str, str] | None = None) -> Detection:
                 "not be told apart: ranks are not coordinated, each takes the file lock"
             )
             return Detection(None, tuple(notes))
-        job_id, attempt, used = job
-        read = [n for n in (spec.rank, *spec.size, *spec.local_rank, *spec.node) if n in env]
-        rank_of = JobRank(spec.name, rank, job_id, attempt, size, local, node, (*read, *used))
-        return Detection(rank_of, tuple(notes))
+        return Detection(JobRank(spec.name, rank, *job, size, local, node), tuple(notes))
     return Detection(None, tuple(notes))

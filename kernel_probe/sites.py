@@ -1,13 +1,11 @@
 """The site data: the built-in and the user's profiles found by name, and a node's site facts
 (this machine's, or a described node's).
 
-``survey`` reads the ``--profiles-dir`` directories, then ``$KERNEL_PROBE_PROFILES``, then the
-built-ins (package data, ``kernel_probe/profiles/sites/*.toml``); the first profile of a name wins
-and every shadowing is noted; nothing is read at import. A described node (``profiles match
---node``) is what ``kernel-probe env --json`` prints on it (schema ``kernel-probe-env/1``: its
-``fingerprint``, ``libraries`` and ``site`` are read, the rest ignored), or the short form
-``kernel-probe-node/1`` with ``env`` and ``files`` too (docs/profiles.md); examples of the built-in
-sites ship as ``kernel_probe/profiles/sites/nodes/*.json``.
+``survey`` reads the ``--profiles-dir`` directories, ``$KERNEL_PROBE_PROFILES``, then the built-ins
+(package data, ``kernel_probe/profiles/sites/*.toml``): the first profile of a name wins, every
+shadowing is noted. A described node (``profiles match --node``) is ``kernel-probe env --json``'s
+output (its ``fingerprint``, ``libraries`` and ``site``) or the short form ``kernel-probe-node/1``
+(docs/profiles.md); the built-in sites' examples ship as ``.../sites/nodes/*.json``.
 """
 
 from __future__ import annotations
@@ -36,24 +34,17 @@ from kernel_lock.tables import (
 )
 from kernel_probe.candidates import DEVICE_TYPES
 from kernel_probe.detect.host import read_marker
-from kernel_probe.detect.libraries import known_libraries
+from kernel_probe.detect.libraries import known
 from kernel_probe.errors import InputFileError, UsageError
 from kernel_probe.profiles import MAX_BYTES, Profile, ProfileError, from_bytes, load_file
 
 ENV_VAR = "KERNEL_PROBE_PROFILES"
 BUILTIN_PACKAGE_DIR = "sites"  # under kernel_probe/profiles/; pyproject.toml's package-data too
 EXAMPLES_DIR = "nodes"  # under the built-ins
-MAX_MARKER_BYTES = 64 << 10  # a marker file is one short line
 MAX_NODE_BYTES = 4 << 20  # an env --json report is some tens of kB
 NODE_SCHEMA = "kernel-probe-node/1"
 ENV_SCHEMA = "kernel-probe-env/1"
-_NODE_KEYS = (
-    "schema",
-    "description",
-    "sources",
-    "fingerprint",
-    "libraries",
-    "site",
+_NODE_KEYS = ("schema", "description", "sources", "fingerprint", "libraries", "site") + (
     "env",
     "files",
 )
@@ -72,18 +63,15 @@ class NodeError(InputFileError):
     """A malformed node description (exit 5), naming the file and the key."""
 
 
-# ---- finding profiles ---------------------------------------------------------------------------
 def builtin_dir() -> Path:
-    """The built-in profiles: package data found through importlib.resources, so a checkout, a
-    venv, ``pip install --target``, ``--prefix`` and ``--user`` all find them the same way."""
+    """The built-in profiles: package data, found through importlib.resources (any layout)."""
     return Path(str(files("kernel_probe") / "profiles" / BUILTIN_PACKAGE_DIR))
 
 
 @dataclass
 class Survey:
     """Every profile found (by name: the first directory wins), the broken files, and notes:
-    shadowed built-ins, duplicate names, a file named unlike its profile, files that are not
-    profiles."""
+    shadowed built-ins, duplicate names, a file named unlike its profile, non-profile files."""
 
     profiles: dict[str, Profile] = field(default_factory=dict)
     broken: list[ProfileError] = field(default_factory=list)
@@ -94,7 +82,6 @@ class Survey:
         return [text for n, text in self.notes if name is None or n in (name, "")]
 
     def _add(self, prof: Profile, f: Path, d: Path, builtin: Path) -> None:
-        """Keep ``prof`` (the file ``f`` in ``d``) unless an earlier one of its name shadows it."""
         name, first, said = prof.name, self.profiles.get(prof.name), []
         if name != f.stem:
             said.append(
@@ -116,8 +103,8 @@ class Survey:
 
 
 def survey(extra: Iterable[str] = ()) -> Survey:
-    """Every valid profile of ``--profiles-dir`` (``extra``), ``$KERNEL_PROBE_PROFILES``, then the
-    built-ins (see :class:`Survey`); one broken file must not hide every other profile."""
+    """Every valid profile of ``extra`` (``--profiles-dir``), ``$KERNEL_PROBE_PROFILES``, then the
+    built-ins; one broken file hides no other."""
     builtin = builtin_dir()
     if not (builtin.is_dir() and any(builtin.glob("*.toml"))):
         raise BuiltinProfilesMissing(
@@ -191,8 +178,7 @@ def resolve(spec: str, extra: Iterable[str] = (), found: Survey | None = None) -
 # ---- a node's site facts -----------------------------------------------------------------------
 @dataclass(frozen=True)
 class SiteFacts:
-    """What a node shows of its site: its environment, host name, Slurm variables, device, and a
-    reader of marker files (path -> first line, or None)."""
+    """A node's site: environment, host name, Slurm variables, device, and a marker-file reader."""
 
     env: Mapping[str, str]
     hostname: str
@@ -212,12 +198,12 @@ def site_facts(
     read_file: Callable[[str], str | None] | None = None,
     problems: list[str] | None = None,
 ) -> SiteFacts:
-    """This machine's site facts (``site`` from kernel_probe.detect.host); marker files read like
-    every input (regular, non-blocking, capped), a refused one noted in ``problems``."""
+    """This machine's site facts (``site``: ``detect.host.detect_site``); a marker file refused by
+    the safe reader is noted in ``problems``."""
     said = [] if problems is None else problems
 
     def read_marker_file(path: str) -> str | None:
-        value, problem = read_marker(path, MAX_MARKER_BYTES)
+        value, problem = read_marker(path)
         if problem:
             said.append(f"detect file {path}: {problem}")
         return value
@@ -288,8 +274,7 @@ def load_node(spec: str) -> Node:
 
 
 def parse_node(data: Any, path: str) -> Node:
-    """The node described by ``data``, read by the typed reader: a value of the wrong type, an
-    unknown key of the short form, a variant no library has, is a NodeError naming the key."""
+    """The node described by ``data`` (typed reader; NodeError names the key)."""
     try:
         if not isinstance(data, dict):
             raise ReadError(
@@ -341,7 +326,6 @@ def _fingerprint(data: Mapping[str, Any], strict: bool) -> dict[str, Any]:
 
 
 def _library(name: str, value: Any, strict: bool) -> Mapping[str, Any] | None:
-    """One library of a node (variant as the registry spells it); None: not installed."""
     if isinstance(value, str):
         value = {"version": value}
     if not isinstance(value, dict):
@@ -357,7 +341,7 @@ def _library(name: str, value: Any, strict: bool) -> Mapping[str, Any] | None:
     installed = get(value, "installed", bool, default=True)
     variant = None
     if value.get("variant") is not None:
-        lib = next((lib for lib in known_libraries() if lib.name == name), None)
+        lib = known(name)
         keys = [v.key for v in lib.variants] if lib is not None else []
         if not keys:
             raise ReadError(
@@ -372,7 +356,6 @@ def _library(name: str, value: Any, strict: bool) -> Mapping[str, Any] | None:
 def _with_site(
     data: Mapping[str, Any], strict: bool, path: str, fingerprint: dict, libraries: dict
 ) -> Node:
-    """The node, with its site facts: host name, Slurm, and the variables and marker files."""
     site = get_table(data, "site", _SITE_KEYS if strict else None)
     with context("site"):
         hostname = get_text(site, "hostname", "", limit=255) or ""

@@ -1,11 +1,7 @@
-"""What torch was built with, and the accelerators it can use here (one entry per device).
-
-The vendor decision is made once, in ``kernel_lock.fingerprint.device_facts``: ROCm is
-told apart by ``torch.version.hip``, never by compute capability (an MI250X reports (9, 0), like an
-H100); this module fills in the per-device details for that kind. NVIDIA details come from NVML
-first (no CUDA context); only without NVML is ``torch.cuda.get_device_properties`` asked. Nothing
-else here starts a GPU runtime: versions come from ``torch.version`` and the loaded cuDNN/MIOpen and
-NCCL/RCCL, flags from ``torch.backends``. ``torch`` is anything shaped like the torch module.
+"""What torch was built with, and each accelerator it can use here. The vendor is decided once,
+by ``kernel_lock.fingerprint.device_facts`` (ROCm by ``torch.version.hip``, never by compute
+capability); NVIDIA devices come from NVML first (no CUDA context). ``torch``: anything shaped like
+the torch module.
 """
 
 from __future__ import annotations
@@ -22,38 +18,35 @@ from kernel_lock import host as lock_host
 # kernel_lock.host.nvml_devices, or a stand-in: the NVIDIA devices NVML sees, or None
 NvmlList = Callable[[], "list[dict[str, Any]] | None"]
 
-# (report key, path under the torch module; a trailing "()" calls it): switches that change
-# results or their reproducibility; None where this torch has no such switch
-MATH_FLAGS: tuple[tuple[str, str], ...] = (
-    ("float32_matmul_precision", "get_float32_matmul_precision()"),
-    ("matmul_allow_tf32", "backends.cuda.matmul.allow_tf32"),
-    ("cudnn_allow_tf32", "backends.cudnn.allow_tf32"),
-    ("matmul_fp32_precision", "backends.cuda.matmul.fp32_precision"),
-    ("cudnn_fp32_precision", "backends.cudnn.fp32_precision"),
-    (
-        "matmul_allow_fp16_reduced_precision_reduction",
-        "backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
-    ),
-    (
-        "matmul_allow_bf16_reduced_precision_reduction",
-        "backends.cuda.matmul.allow_bf16_reduced_precision_reduction",
-    ),
-    ("matmul_allow_fp16_accumulation", "backends.cuda.matmul.allow_fp16_accumulation"),
-    ("deterministic_algorithms", "are_deterministic_algorithms_enabled()"),
-    ("deterministic_warn_only", "is_deterministic_algorithms_warn_only_enabled()"),
-    ("cudnn_enabled", "backends.cudnn.enabled"),
-    ("cudnn_deterministic", "backends.cudnn.deterministic"),
-    ("cudnn_benchmark", "backends.cudnn.benchmark"),
-    ("preferred_blas_library", "backends.cuda.preferred_blas_library()"),
-    ("flash_sdp_enabled", "backends.cuda.flash_sdp_enabled()"),
-    ("mem_efficient_sdp_enabled", "backends.cuda.mem_efficient_sdp_enabled()"),
-    ("cudnn_sdp_enabled", "backends.cuda.cudnn_sdp_enabled()"),
-    ("math_sdp_enabled", "backends.cuda.math_sdp_enabled()"),
+# report key, then the path under the torch module ("()": called); switches that change results or
+# their reproducibility; None where this torch has no such switch
+MATH_FLAGS: tuple[tuple[str, ...], ...] = tuple(
+    tuple(line.split())
+    for line in """
+    float32_matmul_precision get_float32_matmul_precision()
+    matmul_allow_tf32 backends.cuda.matmul.allow_tf32
+    cudnn_allow_tf32 backends.cudnn.allow_tf32
+    matmul_fp32_precision backends.cuda.matmul.fp32_precision
+    cudnn_fp32_precision backends.cudnn.fp32_precision
+    matmul_allow_fp16_reduced_precision_reduction backends.cuda.matmul.\
+allow_fp16_reduced_precision_reduction
+    matmul_allow_bf16_reduced_precision_reduction backends.cuda.matmul.\
+allow_bf16_reduced_precision_reduction
+    matmul_allow_fp16_accumulation backends.cuda.matmul.allow_fp16_accumulation
+    deterministic_algorithms are_deterministic_algorithms_enabled()
+    deterministic_warn_only is_deterministic_algorithms_warn_only_enabled()
+    cudnn_enabled backends.cudnn.enabled
+    cudnn_deterministic backends.cudnn.deterministic
+    cudnn_benchmark backends.cudnn.benchmark
+    preferred_blas_library backends.cuda.preferred_blas_library()
+    flash_sdp_enabled backends.cuda.flash_sdp_enabled()
+    mem_efficient_sdp_enabled backends.cuda.mem_efficient_sdp_enabled()
+    cudnn_sdp_enabled backends.cuda.cudnn_sdp_enabled()
+    math_sdp_enabled backends.cuda.math_sdp_enabled()
+    """.strip().splitlines()
 )
-# Variables that change what torch or its kernels compute, or where they run: NVIDIA_TF32_OVERRIDE=0
-# disables TF32 in cuBLAS/cuDNN whatever torch's flags say, CUBLAS_WORKSPACE_CONFIG is needed for
-# deterministic cuBLAS, a leftover CUDA_LAUNCH_BLOCKING=1 costs a lot of multi-GPU speed, and
-# HSA_OVERRIDE_GFX_VERSION makes a GPU report another gfx arch.
+# variables that change what torch or its kernels compute, or where they run (NVIDIA_TF32_OVERRIDE=0
+# disables TF32 whatever torch says; HSA_OVERRIDE_GFX_VERSION makes a GPU report another arch)
 NUMERICS_ENV = (
     ("NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "CUBLAS_WORKSPACE_CONFIG")
     + ("CUDA_LAUNCH_BLOCKING", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
@@ -170,74 +163,54 @@ def _sm(number: str) -> tuple[int, int]:
     return int(number[:-1]), int(number[-1])  # '90' -> (9, 0); '121' -> (12, 1)
 
 
-def _covers(covered: bool | None, how: str, detail: str) -> dict[str, Any]:
-    return {"covered": covered, "how": how, "detail": detail}
-
-
 def torch_build_covers(device_arch: str, arch_list: Sequence[str]) -> dict[str, Any]:
-    """Will torch's own kernels run on ``device_arch``? A predicted "no kernel image" when not.
+    """Will torch's own kernels run on ``device_arch``? ``how``: ``sass``,
+    ``binary-compatible`` (an older minor's SASS), ``ptx-jit`` (compiled at first launch),
+    ``code-object`` (AMD), ``none``, ``unknown`` or ``not-applicable``."""
 
-    ``how`` is ``sass`` (exact device code), ``binary-compatible`` (SASS of an older minor of the
-    same major), ``ptx-jit`` (PTX the driver compiles at first launch), ``code-object`` (AMD
-    exact match), ``none`` (not covered), ``unknown`` or ``not-applicable``.
-    """
+    def covers(covered: bool | None, how: str, detail: str) -> dict[str, Any]:
+        return {"covered": covered, "how": how, "detail": detail}
+
     if not device_arch:
-        return _covers(None, "not-applicable", "no GPU arch")
+        return covers(None, "not-applicable", "no GPU arch")
     if not arch_list:
-        return _covers(None, "unknown", "torch reports no compiled device arch list")
-    built = ", ".join(arch_list)
+        return covers(None, "unknown", "torch reports no compiled device arch list")
+    built = f"torch was built for {', '.join(arch_list)}"
     if device_arch.startswith("gfx"):
         targets = {lock_host.normalize_gcn_arch(a) for a in arch_list}
         if device_arch in targets:
-            return _covers(True, "code-object", f"torch ships code objects for {device_arch}")
+            return covers(True, "code-object", f"torch ships code objects for {device_arch}")
         if any(t.endswith("-generic") for t in targets):
-            return _covers(
-                None,
-                "unknown",
-                f"torch was built for {built}; whether a generic target covers {device_arch} is "
-                "not checked",
-            )
-        return _covers(
-            False,
-            "none",
-            f"torch was built for {built}, not {device_arch}: expect 'HIP error: invalid device "
-            "function'",
-        )
+            why = f"{built}; whether a generic target covers {device_arch} is not checked"
+            return covers(None, "unknown", why)
+        why = f"{built}, not {device_arch}: expect 'HIP error: invalid device function'"
+        return covers(False, "none", why)
     device = _SM.match(device_arch)
     if device is None or device.group(1) != "sm":
-        return _covers(None, "unknown", f"unrecognised device arch {device_arch!r}")
+        return covers(None, "unknown", f"unrecognised device arch {device_arch!r}")
     want = _sm(device.group(2))
     sass: list[tuple[tuple[int, int], str]] = []
     ptx: list[tuple[tuple[int, int], str]] = []
     for entry in arch_list:
-        m = _SM.match(entry)
-        if m is None:
+        if (m := _SM.match(entry)) is None:
             continue
         have, suffix = _sm(m.group(2)), m.group(3)
-        if m.group(1) == "sm":
-            if have == want:
-                return _covers(True, "sass", f"torch ships SASS for {entry}")
-            # SASS runs on later minors of the same major, except arch-specific ("a") builds
-            if suffix != "a" and have[0] == want[0] and have[1] <= want[1]:
-                sass.append((have, entry))
-        elif suffix != "a" and have <= want:
+        if m.group(1) == "sm" and have == want:
+            return covers(True, "sass", f"torch ships SASS for {entry}")
+        # SASS runs on later minors of the same major, except arch-specific ("a") builds
+        if m.group(1) == "sm" and suffix != "a" and have[0] == want[0] and have[1] <= want[1]:
+            sass.append((have, entry))
+        elif m.group(1) != "sm" and suffix != "a" and have <= want:
             ptx.append((have, entry))
     if sass:
         newest = sorted(sass, key=lambda e: e[0])[-1][1]
-        return _covers(True, "binary-compatible", f"runs {newest} SASS (same major, older minor)")
+        return covers(True, "binary-compatible", f"runs {newest} SASS (same major, older minor)")
     if ptx:
         newest = sorted(ptx, key=lambda e: e[0])[-1][1]
-        return _covers(
-            True,
-            "ptx-jit",
-            f"covered via PTX JIT from {newest}: the driver compiles at first launch (slow start)",
-        )
-    return _covers(
-        False,
-        "none",
-        f"torch was built for {built}, not {device_arch}: expect 'no kernel image is available "
-        "for execution on the device'",
-    )
+        why = f"covered via PTX JIT from {newest}: the driver compiles at first launch (slow start)"
+        return covers(True, "ptx-jit", why)
+    why = f"{built}, not {device_arch}: expect 'no kernel image is available for execution on the "
+    return covers(False, "none", why + "device'")
 
 
 def _device(
@@ -256,51 +229,15 @@ def _int(value: Any) -> int | None:
         return None
 
 
-def _torch_devices(torch: Any, kind: str, driver: str) -> list[dict[str, Any]]:
-    """The CUDA or ROCm devices as ``torch.cuda`` describes them (this initialises the runtime)."""
-    out = []
-    for i in range(int(torch.cuda.device_count())):
-        props = torch.cuda.get_device_properties(i)
-        uuid = getattr(props, "uuid", None)
-        facts = dict(
-            memory_bytes=_int(getattr(props, "total_memory", None)),
-            multiprocessors=_int(getattr(props, "multi_processor_count", None)),
-            uuid=None if uuid is None else str(uuid),
-            driver=driver,
-        )
-        name = str(props.name)
-        if kind == "cuda":
-            major, minor = int(props.major), int(props.minor)
-            arch = f"sm_{major}{minor}"
-            out.append(_device(kind, "nvidia", i, name, arch, capability=[major, minor], **facts))
-            continue
-        raw = str(getattr(props, "gcnArchName", "") or "")
-        notes = []
-        if name in fingerprint.GENERIC_DEVICE_NAMES or not name:
-            notes.append(
-                f"generic device name {name!r} (libdrm amdgpu.ids missing or old): identify it "
-                "by arch"
-            )
-        arch = lock_host.normalize_gcn_arch(raw)
-        out.append(
-            _device(kind, "amd", i, name, arch, gcn_arch_name=raw or None, notes=notes, **facts)
-        )
-    return out
-
-
-def _nvml_device(d: dict[str, Any]) -> dict[str, Any]:
-    extra = {key: d.get(key) for key in ("memory_bytes", "uuid")}
-    extra.update(driver=d.get("driver", ""), cuda_driver=d.get("cuda_driver", ""), source="nvml")
-    extra["capability"] = list(d["capability"])
-    return _device("cuda", "nvidia", d["index"], d["name"], d["arch"], **extra)
-
-
 def _devices(torch: Any, primary: dict[str, Any], nvml: NvmlList) -> list[dict[str, Any]]:
-    kind = primary["type"]
+    kind, out = primary["type"], []
     if kind == "cuda" and (listed := nvml()):
-        return [_nvml_device(d) for d in listed]
-    if kind in ("cuda", "rocm"):
-        return _torch_devices(torch, kind, primary.get("driver") or lock_host.driver_version(kind))
+        for d in listed:
+            extra = {key: d.get(key) for key in ("memory_bytes", "uuid")}
+            extra.update(driver=d.get("driver", ""), cuda_driver=d.get("cuda_driver", ""))
+            extra.update(source="nvml", capability=list(d["capability"]))
+            out.append(_device("cuda", "nvidia", d["index"], d["name"], d["arch"], **extra))
+        return out
     if kind == "mps":
         mps, memory = getattr(torch, "mps", None), None
         if mps is not None and hasattr(mps, "recommended_max_memory"):
@@ -309,24 +246,47 @@ def _devices(torch: Any, primary: dict[str, Any], nvml: NvmlList) -> list[dict[s
             except Exception:  # older torch, or MPS refuses: memory is then unknown
                 memory = None
         return [_device("mps", "apple", 0, primary["name"], "", memory_bytes=memory)]
-    if kind != "xpu":
-        return []
-    out = []
-    for i in range(int(torch.xpu.device_count())):
-        props = torch.xpu.get_device_properties(i)
-        name = str(getattr(props, "name", "Intel XPU"))
-        memory = _int(getattr(props, "total_memory", None))
-        driver = str(getattr(props, "driver_version", "") or "")
-        out.append(_device("xpu", "intel", i, name, "", memory_bytes=memory, driver=driver))
+    if kind == "xpu":
+        for i in range(int(torch.xpu.device_count())):
+            props = torch.xpu.get_device_properties(i)
+            name = str(getattr(props, "name", "Intel XPU"))
+            memory = _int(getattr(props, "total_memory", None))
+            driver = str(getattr(props, "driver_version", "") or "")
+            out.append(_device("xpu", "intel", i, name, "", memory_bytes=memory, driver=driver))
+        return out
+    if kind not in ("cuda", "rocm"):
+        return out
+    driver = primary.get("driver") or lock_host.driver_version(kind)
+    for i in range(int(torch.cuda.device_count())):
+        props = torch.cuda.get_device_properties(i)
+        uuid, name = getattr(props, "uuid", None), str(props.name)
+        facts: dict[str, Any] = dict(
+            memory_bytes=_int(getattr(props, "total_memory", None)),
+            multiprocessors=_int(getattr(props, "multi_processor_count", None)),
+            uuid=None if uuid is None else str(uuid),
+            driver=driver,
+        )
+        if kind == "cuda":
+            major, minor = int(props.major), int(props.minor)
+            facts["capability"] = [major, minor]
+            out.append(_device(kind, "nvidia", i, name, f"sm_{major}{minor}", **facts))
+            continue
+        raw = str(getattr(props, "gcnArchName", "") or "")
+        if name in fingerprint.GENERIC_DEVICE_NAMES or not name:
+            facts["notes"] = [
+                f"generic device name {name!r} (libdrm amdgpu.ids missing or old): identify it "
+                "by arch"
+            ]
+        arch = lock_host.normalize_gcn_arch(raw)
+        out.append(_device(kind, "amd", i, name, arch, gcn_arch_name=raw or None, **facts))
     return out
 
 
 def detect_accelerators(
     torch: Any, primary: dict[str, Any], *, nvml: NvmlList = lock_host.nvml_devices
 ) -> list[dict[str, Any]]:
-    """Every device of the primary device's kind (``primary``: ``with_torch.device_facts(torch)``),
-    each with ``torch_build_covers``; one ``cpu`` entry on a CPU-only machine. ``physical``: the
-    node-level id when a visibility variable renumbers devices, else None."""
+    """Every device of the primary device's kind (one ``cpu`` entry without one), each with
+    ``torch_build_covers``; ``physical``: the node-level id under a visibility variable, or None."""
     kind = primary["type"]
     # CPU, or a GPU kind whose enumeration came back empty
     devices = _devices(torch, primary, nvml) or [

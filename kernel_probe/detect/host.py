@@ -1,10 +1,6 @@
-"""The host without torch: OS, Python, CPU (archspec; native or emulated bf16/fp16 matmul), memory,
-and the site signals (hostname, Slurm variables, site markers), each recorded as found.
-
-Without a native low-precision path a bf16 GEMM goes through float32 conversions element by
-element: on an AVX2-only CPU one forward+backward of a 2048x1024x1024 Linear takes seconds, not
-milliseconds, which is what a bf16-mixed probe's timing then measures. Deciding *which* site this
-is belongs to the site profiles; a ``nid`` hostname alone says "HPE Cray EX", not which site.
+"""The host without torch: OS, Python, CPU (archspec; native or emulated bf16/fp16 matmul: without a
+native path a bf16 Linear's timing measures an emulation, seconds per call), memory, and the site
+signals (hostname, Slurm variables, site markers) as found; which site it is, the profiles decide.
 """
 
 from __future__ import annotations
@@ -14,8 +10,7 @@ import platform
 import socket
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from kernel_lock import host as fp_host
 from kernel_lock.files import UnsafeFile, read_regular
@@ -41,21 +36,20 @@ ONEDNN_NEEDS = {
 ONEDNN_ALIASES = {"AVX512_CORE_FP16": "AVX10_1_512", "AVX10_1_512_AMX": "AVX512_CORE_AMX"}
 
 
-@dataclass(frozen=True)
-class SiteMarker:
-    """An environment variable or file (its first line is the value) that a site sets; ``hint``:
-    the site it usually means, for the profiles (not a verdict)."""
+class SiteMarker(NamedTuple):
+    """A variable or file (its first line) a site sets; ``hint``: the site it usually means."""
 
     kind: str  # "env" or "file"
     name: str
     hint: str
 
 
+_JSC = "JSC (juwelsbooster, jurecadc, jupiter)"
 SITE_MARKERS: tuple[SiteMarker, ...] = (
     SiteMarker("env", "LUMI_STACK_NAME", "LUMI (CSC)"),
     SiteMarker("env", "LUMI_STACK_PARTITION", "LUMI (CSC)"),
-    SiteMarker("env", "SYSTEMNAME", "JSC (juwelsbooster, jurecadc, jupiter)"),
-    SiteMarker("file", "/etc/FZJ/systemname", "JSC (juwelsbooster, jurecadc, jupiter)"),
+    SiteMarker("env", "SYSTEMNAME", _JSC),
+    SiteMarker("file", "/etc/FZJ/systemname", _JSC),
     SiteMarker("env", "CLUSTER_NAME", "CSCS Alps (daint, clariden, santis)"),
     SiteMarker("env", "NERSC_HOST", "NERSC (perlmutter)"),
     SiteMarker("env", "BSC_MACHINE", "BSC (mn5)"),
@@ -73,20 +67,24 @@ SLURM_VARIABLES = (
 MARKER_BYTES = 64 << 10  # a marker file is one short line
 
 
-def _os_release() -> str | None:
+def _lines(path: str) -> list[str]:
     try:
-        with open("/etc/os-release", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("PRETTY_NAME="):
-                    return line.split("=", 1)[1].strip().strip('"') or None
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read(1 << 20).splitlines()
     except OSError:
-        pass
-    return None
+        return []
+
+
+def _os_release() -> str | None:
+    found = (
+        ln.split("=", 1)[1] for ln in _lines("/etc/os-release") if ln.startswith("PRETTY_NAME=")
+    )
+    return next(found, "").strip().strip('"') or None
 
 
 def cpu_model(host: Any | None) -> dict[str, Any]:
-    """archspec's view of the CPU (``host``: a ``Microarchitecture`` or None); an unknown model,
-    answered with archspec's generic level, is ``model_known: false``, not an error."""
+    """archspec's view of the CPU (``host``: a ``Microarchitecture`` or None); an unknown model is
+    ``model_known: false``."""
     if host is None:
         return {"microarch": "unknown", "generic": None, "vendor": None, "model_known": False}
     generic = getattr(host, "generic", None)
@@ -119,12 +117,11 @@ def usable_cores() -> int | None:
 def _meminfo() -> dict[str, int]:
     out: dict[str, int] = {}
     try:
-        with open("/proc/meminfo", encoding="utf-8") as fh:
-            for line in fh:
-                key, _, rest = line.partition(":")
-                if key in ("MemTotal", "MemAvailable"):
-                    out[key] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
+        for line in _lines("/proc/meminfo"):
+            key, _, rest = line.partition(":")
+            if key in ("MemTotal", "MemAvailable"):
+                out[key] = int(rest.split()[0]) * 1024
+    except (ValueError, IndexError):
         pass
     return out
 
@@ -159,13 +156,8 @@ def memory() -> dict[str, int | None]:
 
 def cpu_flags(cpuinfo: str | None = None) -> set[str] | None:
     """The CPU's feature flags (the first ``flags`` or ``Features`` line); None when unreadable."""
-    if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-                cpuinfo = fh.read(1 << 20)
-        except OSError:
-            return None
-    for line in cpuinfo.splitlines():
+    lines = _lines("/proc/cpuinfo") if cpuinfo is None else cpuinfo.splitlines()
+    for line in lines:
         key, sep, value = line.partition(":")
         if sep and key.strip().lower() in ("flags", "features"):
             return set(value.split())
@@ -180,9 +172,8 @@ def _isa_rank(name: str) -> int | None:
 def matmul(
     flags: Iterable[str] | None = None, env: Mapping[str, str] | None = None
 ) -> dict[str, dict[str, Any]]:
-    """Per low-precision dtype: ``native`` (True, False, or None when the flags are unreadable),
-    ``path`` (e.g. "AMX BF16") and ``why``; an ``ONEDNN_MAX_CPU_ISA`` below the path's ISA keeps
-    oneDNN from it."""
+    """Per low-precision dtype: ``native`` (None: flags unreadable), ``path`` and ``why``; an
+    ``ONEDNN_MAX_CPU_ISA`` below the path's ISA keeps oneDNN from it."""
     flagset = cpu_flags() if flags is None else set(flags)
     env = os.environ if env is None else env
     ceiling = (env.get("ONEDNN_MAX_CPU_ISA") or env.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
@@ -195,17 +186,12 @@ def matmul(
             for n in have
             if rank is None or n not in ONEDNN_NEEDS or rank >= (_isa_rank(ONEDNN_NEEDS[n]) or 0)
         ]
+        why = usable[0] if usable else f"the CPU has none of {', '.join(n for _, n in paths)}"
         if flagset is None:
             why = "the CPU's flags could not be read (/proc/cpuinfo)"
-        elif not have:
-            why = f"the CPU has none of {', '.join(name for _, name in paths)}"
-        elif not usable:
-            why = (
-                f"the CPU has {', '.join(have)}, but ONEDNN_MAX_CPU_ISA={ceiling} keeps oneDNN "
-                "from it"
-            )
-        else:
-            why = usable[0]
+        elif have and not usable:
+            why = f"the CPU has {', '.join(have)}, but ONEDNN_MAX_CPU_ISA={ceiling} keeps oneDNN "
+            why += "from it"
         native = None if flagset is None else bool(usable)
         out[dtype] = {"native": native, "path": usable[0] if usable else "", "why": why}
     return out
@@ -259,8 +245,8 @@ def detect_host() -> dict[str, Any]:
 
 
 def read_marker(path: str, limit: int = MARKER_BYTES) -> tuple[str | None, str]:
-    """(the first line of the marker file at ``path`` or None, why it was not read: '' if absent
-    or read), read like every input: a regular file only, non-blocking, at most ``limit`` bytes."""
+    """(The first line of the marker file at ``path`` or None, why it was not read: '' if absent or
+    read); a regular file only, non-blocking, at most ``limit`` bytes."""
     try:
         data = read_regular(path, limit)
     except FileNotFoundError:
@@ -286,12 +272,9 @@ def detect_site(
     """The hostname, the Slurm variables set and the site markers found."""
     env = os.environ if env is None else env
     found = []
-    for marker in markers:
-        value = env.get(marker.name) if marker.kind == "env" else first_line(marker.name)
-        if value:
-            found.append(
-                {"signal": f"{marker.kind}:{marker.name}", "value": value, "hint": marker.hint}
-            )
+    for m in markers:
+        if value := env.get(m.name) if m.kind == "env" else first_line(m.name):
+            found.append({"signal": f"{m.kind}:{m.name}", "value": value, "hint": m.hint})
     return {
         "hostname": hostname if hostname is not None else socket.gethostname(),
         "slurm": {name: env[name] for name in SLURM_VARIABLES if name in env},

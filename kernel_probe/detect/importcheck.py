@@ -1,9 +1,5 @@
-"""Does a module import here? Asked in a child process, so a crash, a hang or a stray print is only
-a fact; a clean answer is kept per node and installation, so ``env`` need not ask again.
-
-A kernel library can abort the interpreter on import (a missing .so), hang (a lock on a network
-filesystem, a driver call that never returns) or print to stdout (and so break a JSON report). The
-child (``CHILD_SOURCE``: nothing of kernel_probe is imported there) imports the module under a
+"""Does a module import here? Asked in a child process (``CHILD_SOURCE``: nothing of kernel_probe
+is imported there), so an abort, a hang or a stray print is only a fact. The child imports under a
 timeout, answers an ``ImportCheckReply`` and exits normally, so a crash at exit is seen too:
 
     ok             imported (its stdout, if any, is kept in ``stdout``)
@@ -13,15 +9,13 @@ timeout, answers an ``ImportCheckReply`` and exits normally, so a crash at exit 
     not-installed  there was nothing to import (decided by the caller, no child started)
     skipped        not checked (``--no-import-checks``, or a namesake that is not the library)
 
-``ImportCache`` keeps a clean answer (returned, exit code 0, nothing printed) for ``MAX_AGE`` at
-most and reuses it, marked ``cached``, while nothing in its key changed (``cache_key``: the child,
-the interpreter, the node and its boot, the search path and the library's files with their times,
-the variables that steer an import or a device). A folder it cannot use only turns it off.
+``ImportCache`` keeps a clean answer (exit code 0, nothing printed) for ``MAX_AGE`` at most and
+reuses it, marked ``cached``, while nothing in its ``cache_key`` changed (the child, interpreter,
+node and boot, search path, the library's files and times, the variables that steer an import).
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
@@ -118,8 +112,7 @@ def load_per_core() -> float:
 
 def scaled_timeout(base: float = DEFAULT_TIMEOUT, load: float | None = None) -> float:
     """``base`` seconds scaled to the machine's load (``load_per_core`` when ``load`` is None)."""
-    per_core = load_per_core() if load is None else load
-    return base * min(MAX_SCALE, max(1.0, per_core))
+    return base * min(MAX_SCALE, max(1.0, load_per_core() if load is None else load))
 
 
 def close_calls(results: Mapping[str, Mapping[str, Any]], timeout: float) -> list[str]:
@@ -140,7 +133,6 @@ def close_calls(results: Mapping[str, Mapping[str, Any]], timeout: float) -> lis
 def _verdict(
     child: ChildResult, reply: ImportCheckReply | None, broken: str, timeout: float
 ) -> tuple[str, str]:
-    """The status and reason of what a child left behind."""
     code = child.returncode
     detail = fatal_line(child.stderr).replace(" in <module>)", ")")
     if child.timed_out:
@@ -149,9 +141,8 @@ def _verdict(
         return "error", child.reason
     if code is not None and code < 0:
         when = "after importing, at interpreter exit" if reply is not None else "during import"
-        return "crashed", f"killed by {signal_name(-code)} {when}" + (
-            f": {detail}" if detail else ""
-        )
+        said = f"killed by {signal_name(-code)} {when}"
+        return "crashed", said + (f": {detail}" if detail else "")
     if reply is None:
         detail = broken or detail
         said = f"exited with code {code} without a result" if code else "the child wrote no result"
@@ -178,9 +169,9 @@ def classify(child: ChildResult, timeout: float) -> dict[str, Any]:
         if status == "error" and child.started and reply.where:  # the import raised
             out["where"] = reply.where
         out["import_seconds"] = round(float(reply.seconds), 3)
-        for key, value in (("file", reply.file), ("module_version", reply.version)):
-            if value:
-                out[key] = value
+        out.update(
+            (k, v) for k, v in (("file", reply.file), ("module_version", reply.version)) if v
+        )
         if reply.target is not None:
             out["target"] = reply.target
         if reply.target_error:
@@ -193,21 +184,13 @@ def classify(child: ChildResult, timeout: float) -> dict[str, Any]:
 
 
 def cache_folder(env: Mapping[str, str] | None = None) -> Path:
-    """Where the cache lives (the folder, not yet checked or made): ``$KERNEL_PROBE_CACHE_DIR``,
-    else ``$XDG_CACHE_HOME/kernel-probe``, else ``~/.cache/kernel-probe``."""
+    """The cache folder (not yet made): ``$KERNEL_PROBE_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/kernel-probe``, else ``~/.cache/kernel-probe``."""
     e = os.environ if env is None else env
     if e.get("KERNEL_PROBE_CACHE_DIR"):
         return Path(e["KERNEL_PROBE_CACHE_DIR"])
     base = Path(e["XDG_CACHE_HOME"]) if e.get("XDG_CACHE_HOME") else Path.home() / ".cache"
     return base / "kernel-probe"
-
-
-def _boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
-            return fh.read().strip()
-    except OSError:
-        return ""
 
 
 def _stamp(path: str | os.PathLike[str]) -> list[int] | None:
@@ -219,7 +202,6 @@ def _stamp(path: str | os.PathLike[str]) -> list[int] | None:
 
 
 def _package_files(module: str, paths: Sequence[str]) -> Iterator[list[Any]]:
-    """Each file of the top-level package of ``module`` found on ``paths``, with its stamp."""
     top = module.split(".", 1)[0]
     for folder in paths:
         root, single = Path(folder or ".") / top, Path(folder or ".") / f"{top}.py"
@@ -249,13 +231,18 @@ def cache_key(
     """The hex digest of everything an import check's answer depends on."""
     e = os.environ if env is None else env
     paths = [str(p) for p in extra_paths] + [p for p in sys.path if p]
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            boot = fh.read().strip()
+    except OSError:
+        boot = ""
     facts = {
         "format": FORMAT,
         "kernel_probe": __version__,
         "child": hashlib.sha256(child_source.encode()).hexdigest(),
         "request": request.to_json(),
         "python": [sys.executable, sys.version, sys.prefix],
-        "node": [socket.gethostname(), _boot_id()],
+        "node": [socket.gethostname(), boot],
         "paths": [[p, _stamp(p)] for p in paths],
         "package": list(_package_files(request.module, paths)),
         "env": {k: e[k] for k in sorted(e) if k in ENV_NAMES or k.startswith(ENV_PREFIXES)},
@@ -265,8 +252,8 @@ def cache_key(
 
 @dataclass
 class ImportCache:
-    """The cache folder and what happened with it in one run (``used``: answers reused;
-    ``problem``: why it is off, for the report's notes)."""
+    """The cache folder, and in one run: ``used`` answers reused, the ``problem`` that turned
+    it off."""
 
     folder: Path | None
     read: bool = True  # False: ask every library again (``--fresh``); answers are still written
@@ -295,8 +282,7 @@ class ImportCache:
         return self.folder / "imports"
 
     def load(self, key: str) -> tuple[ChildResult, str] | None:
-        """The child result kept under ``key`` and when it was asked, or None (missing, stale,
-        unreadable: a broken answer is asked again)."""
+        """The child result kept under ``key``, and when it was asked (None: missing, stale)."""
         folder = self._imports() if self.read else None
         if folder is None:
             return None
@@ -349,20 +335,16 @@ def check_import(
     cache: ImportCache | None = None,
 ) -> dict[str, Any]:
     """Import one module in a fresh interpreter and report how it went (never raises for the
-    module's sake). ``started`` gets the child's Popen as soon as it runs (to cancel it); ``cache``
-    reuses an earlier clean answer (``cached`` says when it was asked) and keeps a new one."""
+    module's sake); ``started`` gets the child's Popen (to cancel it); ``cache`` keeps answers."""
     if isinstance(request, str):
         request = ImportCheckRequest(module=request)
     if request.probe not in PROBES:
         raise ValueError(f"unknown probe {request.probe!r}")
     keyed = cache is not None and python is None
     key = ""
-
-    def _key() -> str:
-        return cache_key(request, child_source=CHILD_SOURCE, extra_paths=extra_paths, env=env)
-
+    args: dict[str, Any] = dict(child_source=CHILD_SOURCE, extra_paths=extra_paths, env=env)
     if keyed and cache is not None and cache.read:
-        key = _key()
+        key = cache_key(request, **args)
         found = cache.load(key)
         if found is not None:
             return {**classify(found[0], timeout), "cached": found[1]}
@@ -372,7 +354,7 @@ def check_import(
         if started is not None:
             started(proc)
         if keyed and not key:  # --fresh: the key is worked out while the child imports
-            key = _key()
+            key = cache_key(request, **args)
 
     child = run_function(
         "",
@@ -391,10 +373,8 @@ def check_import(
 
 
 class ImportChecks:
-    """Start every check at once (a thread per child: each only waits on its child) and collect the
-    results later. The constructor returns once every child has started (or its check ended
-    without one: a kept answer, a failure to start), so the caller's own work (importing torch)
-    cannot delay a start."""
+    """Every check started at once (a thread per child) and collected later; the constructor returns
+    once every child has started, so the caller's own work (importing torch) cannot delay one."""
 
     def __init__(
         self,
@@ -408,13 +388,29 @@ class ImportChecks:
         self._results: dict[str, dict[str, Any]] = {}
         self._procs: list[subprocess.Popen[bytes]] = []
         self._cancelled = False
-        options = dict(timeout=timeout, extra_paths=extra_paths, env=env, cache=cache)
+        options: dict[str, Any] = dict(
+            timeout=timeout, extra_paths=extra_paths, env=env, cache=cache
+        )
         ready = {name: threading.Event() for name in requests}
+
+        def check(name: str, request: ImportCheckRequest) -> None:
+            def started(proc: subprocess.Popen[bytes]) -> None:
+                self._procs.append(proc)
+                ready[name].set()
+                if self._cancelled:  # started while cancel() was running
+                    kill_group(proc.pid)
+
+            try:
+                self._results[name] = check_import(request, started=started, **options)
+            except Exception as exc:  # a bug in the checker itself: said on that library
+                reason = f"import check failed: {type(exc).__name__}: {exc}"
+                self._results[name] = {"status": "error", "seconds": 0.0, "reason": reason}
+            finally:
+                ready[name].set()
+
         self._threads = {
-            name: threading.Thread(
-                target=self._check, args=(name, request, ready[name], options), name="import-check"
-            )
-            for name, request in requests.items()
+            name: threading.Thread(target=check, args=(name, r), name="import-check")
+            for name, r in requests.items()
         }
         for thread in self._threads.values():
             thread.start()
@@ -425,27 +421,8 @@ class ImportChecks:
             self.cancel()
             raise
 
-    def _check(
-        self, name: str, request: ImportCheckRequest, ready: threading.Event, options: Any
-    ) -> None:
-        try:
-            started = functools.partial(self._started, ready)
-            self._results[name] = check_import(request, started=started, **options)
-        except Exception as exc:  # a bug in the checker itself: said on that library
-            reason = f"import check failed: {type(exc).__name__}: {exc}"
-            self._results[name] = {"status": "error", "seconds": 0.0, "reason": reason}
-        finally:
-            ready.set()
-
-    def _started(self, ready: threading.Event, proc: subprocess.Popen[bytes]) -> None:
-        self._procs.append(proc)
-        ready.set()
-        if self._cancelled:  # started while cancel() was running
-            kill_group(proc.pid)
-
     def cancel(self) -> None:
-        """Kill every child still running (Ctrl-C, or the caller failed): nobody waits out the
-        timeouts."""
+        """Kill every child still running (Ctrl-C, or the caller failed)."""
         self._cancelled = True
         for proc in list(self._procs):
             if proc.poll() is None:

@@ -1,15 +1,18 @@
-"""Which kernel libraries are installed, and what they really are, from package metadata and files
-only: nothing here imports a library (``importcheck`` does, in children).
+"""Which kernel libraries and which Triton are installed, and what they really are, from package
+metadata and files only: nothing is imported here (``importcheck`` does, in children).
 
-Knowledge is data: the ``[[library]]`` tables of ``kernel_lock/registry.toml`` say, per library,
-the distributions it ships under, its module, the module whose import proves it usable and how to
-recognise what the module really is from its files (``variants``): adding a library is adding a
-table there.
+The libraries are data: the ``[[library]]`` tables of ``kernel_lock/registry.toml`` (distributions,
+module, the module whose import proves it usable, ``variants`` recognised from its files). Several
+distributions install the same ``triton`` package (PyPI's ``triton`` 3.x carries the CUDA and the
+AMD backend; ``pytorch-triton-rocm`` is what torch's ROCm wheel pins): the last installed owns the
+files, and their wheel RECORDs tell which.
 """
 
 from __future__ import annotations
 
+import base64
 import functools
+import hashlib
 import importlib.machinery
 import importlib.util
 import os
@@ -17,23 +20,30 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kernel_lock import registry
 from kernel_probe.tables import TableReader
 
-if TYPE_CHECKING:  # the import checks' machinery is not loaded by a staleness check (the warm path)
-    from kernel_probe.isolation.protocol import ImportCheckRequest
-
 LIBRARY_KEYS = ("name", "distributions", "module", "check", "about", "variant")
 VARIANT_KEYS = ("key", "label", "has-any", "text-in", "usable")
-NOT_RUN = {"status": "skipped", "reason": "import checks were not run", "seconds": None}
+TRITON = "triton"  # the module
+# distribution -> the backend its builds target when its RECORD lists no triton/backends/ (2.x)
+TRITON_DISTRIBUTIONS: dict[str, str] = {
+    "triton": "cuda",
+    "pytorch-triton": "cuda",
+    "pytorch-triton-rocm": "hip",
+    "triton-rocm": "hip",
+    "pytorch-triton-xpu": "xpu",
+    "triton-xpu": "xpu",
+}
+BACKEND_DIRECTORIES = {"nvidia": "cuda", "amd": "hip", "intel": "xpu"}  # triton/backends/<dir>
 
 
 @dataclass(frozen=True)
 class Variant:
     """What a module can turn out to be: a path of ``has_any`` exists under the package, or a file
-    of ``text_in`` holds its text; with neither it matches anything (the default, last)."""
+    of ``text_in`` holds its text; with neither it is the default (last)."""
 
     key: str
     label: str
@@ -59,39 +69,39 @@ class KnownLibrary:
     about: str = ""
 
 
-def _variant(r: TableReader, v: Mapping[str, Any], where: str) -> Variant:
-    r.no_unknown(v, VARIANT_KEYS, where)
-    text_in = v.get("text-in", [])
-    if not all(
-        isinstance(x, list) and len(x) == 2 and all(isinstance(s, str) for s in x) for x in text_in
-    ):
-        raise r.err(f"{where}text-in", "expected a list of [file, text] pairs")
-    return Variant(
-        str(r.string(v, "key", where, required=True)),
-        str(r.string(v, "label", where, required=True)),
-        has_any=r.strings(v, "has-any", where),
-        text_in=tuple((f, s) for f, s in text_in),
-        usable=r.boolean(v, "usable", where, default=True),
-    )
-
-
 def read_libraries(r: TableReader, d: Mapping[str, Any]) -> tuple[KnownLibrary, ...]:
     """The ``[[library]]`` tables of a registry file (``kernel_lock/registry.toml``)."""
     libs = []
     for i, lib in enumerate(d.get("library", [])):
         where = f"library[{i}]."
         r.no_unknown(lib, LIBRARY_KEYS, where)
-        variants = [
-            _variant(r, v, f"{where}variant[{j}].") for j, v in enumerate(lib.get("variant", []))
-        ]
+        variants = []
+        for j, v in enumerate(lib.get("variant", [])):
+            at = f"{where}variant[{j}]."
+            r.no_unknown(v, VARIANT_KEYS, at)
+            text_in = v.get("text-in", [])
+            if not all(
+                isinstance(x, list) and len(x) == 2 and all(isinstance(s, str) for s in x)
+                for x in text_in
+            ):
+                raise r.err(f"{at}text-in", "expected a list of [file, text] pairs")
+            variants.append(
+                Variant(
+                    r.string(v, "key", at, required=True),
+                    r.string(v, "label", at, required=True),
+                    has_any=r.strings(v, "has-any", at),
+                    text_in=tuple((f, t) for f, t in text_in),
+                    usable=r.boolean(v, "usable", at, default=True),
+                )
+            )
         libs.append(
             KnownLibrary(
-                str(r.string(lib, "name", where, required=True)),
+                r.string(lib, "name", where, required=True),
                 r.strings(lib, "distributions", where),
-                str(r.string(lib, "module", where, required=True)),
-                str(r.string(lib, "check", where, required=True)),
+                r.string(lib, "module", where, required=True),
+                r.string(lib, "check", where, required=True),
                 variants=tuple(variants),
-                about=r.string(lib, "about", where, default="") or "",
+                about=r.string(lib, "about", where, default=""),
             )
         )
     return tuple(libs)
@@ -101,6 +111,11 @@ def read_libraries(r: TableReader, d: Mapping[str, Any]) -> tuple[KnownLibrary, 
 def known_libraries() -> tuple[KnownLibrary, ...]:
     """Every library kernel-probe reports on: the registry's ``[[library]]`` tables, read once."""
     return read_libraries(TableReader(str(registry.path())), registry.data())
+
+
+def known(name: str) -> KnownLibrary | None:
+    """The registry's library ``name``, or None."""
+    return next((lib for lib in known_libraries() if lib.name == name), None)
 
 
 @dataclass(frozen=True)
@@ -129,8 +144,8 @@ def search_path(extra_paths: Sequence[str] = ()) -> list[str]:
 
 
 def module_location(module: str, extra_paths: Sequence[str] = ()) -> str | None:
-    """Where ``import module`` (top-level) would load from, found without importing anything:
-    ``extra_paths`` first (as on the child's PYTHONPATH), then the normal finders."""
+    """Where ``import module`` (top-level) would load from, found without importing anything,
+    ``extra_paths`` first (as on the child's PYTHONPATH)."""
     spec = None
     if extra_paths:
         spec = importlib.machinery.PathFinder.find_spec(module, [str(p) for p in extra_paths])
@@ -190,88 +205,133 @@ def locate_all(
     return {lib.name: locate(lib, extra_paths) for lib in libs}
 
 
-def import_requests(located: Mapping[str, Located]) -> dict[str, ImportCheckRequest]:
-    """The child imports worth running: installed libraries that are what they claim to be."""
-    from kernel_probe.isolation.protocol import ImportCheckRequest  # not on the warm path
-
-    return {
-        name: ImportCheckRequest(module=loc.library.check)
-        for name, loc in located.items()
-        if loc.installed and (loc.variant is None or loc.variant.usable)
-    }
-
-
-def report(located: Located, imported: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The JSON-ready entry for one library (keys documented in docs/env.md)."""
-    lib, variant = located.library, located.variant
-    if not located.installed:
-        reason = "module not found"
-        if located.distributions:
-            reason = (
-                f"distribution {located.distribution} is installed but module "
-                f"{lib.module!r} is not importable"
-            )
-        status: dict[str, Any] = {"status": "not-installed", "reason": reason, "seconds": None}
-    elif variant is not None and not variant.usable:
-        status = {"status": "skipped", "reason": variant.label, "seconds": None}
-    else:
-        status = dict(NOT_RUN if imported is None else imported)
-    return {
-        "installed": located.installed,
-        "version": located.distributions.get(located.distribution or "", None),
-        "distribution": located.distribution,
-        "distributions": dict(located.distributions),
-        "module": lib.module,
-        "location": located.location,
-        "variant": variant.key if variant else None,
-        "identified_as": variant.label if variant else None,
-        "check_module": lib.check,
-        "import": status,
-    }
-
-
 def by_library(candidates: Sequence[Any]) -> dict[str, list[str]]:
     """Registry library name -> the ids of the candidates of ``candidates`` that come from it."""
     modules = {lib.module: lib.name for lib in known_libraries()}
     out: dict[str, list[str]] = {}
     for c in candidates:
-        name = modules.get(c.module or registry.import_root(c.target))
-        if name:
+        if name := modules.get(c.module or registry.import_root(c.target)):
             out.setdefault(name, []).append(c.id)
     return out
 
 
 def installed_for(candidates: Sequence[Any]) -> dict[str, str]:
     """Of the registry's libraries, those a candidate comes from, with what is installed now: its
-    version ("installed" without metadata), or "". No import: the lock records it
-    (``provenance.libraries``), and a library installed or removed since makes the lock stale."""
+    version ("installed" without metadata), or "" (the lock's ``provenance.libraries``)."""
     out = {}
-    for name in by_library(candidates):
-        found = locate(next(lib for lib in known_libraries() if lib.name == name))
+    for name in sorted(by_library(candidates)):
+        found = locate(known(name))  # type: ignore[arg-type]  # by_library names known ones
         version = found.distributions[found.distribution] if found.distribution else "installed"
         out[name] = version if found.installed else ""
-    return dict(sorted(out.items()))
+    return out
 
 
 def library_change(
     recorded: Mapping[str, Any], now: Mapping[str, str], judged: Mapping[str, Sequence[str]]
 ) -> str | None:
     """Why a lock whose probe saw the libraries ``recorded`` is stale now (``now``: installed_for;
-    ``judged``: library -> its candidates' ids, to name them)."""
+    ``judged``: library -> its candidates' ids)."""
     changes = []
     for name, version in now.items():
         before = recorded.get(name)
         if not isinstance(before, str) or bool(before) == bool(version):
             continue
         ids = ", ".join(judged.get(name, ())) or "its candidates"
-        if version:
-            changes.append(
-                f"{name} is installed now ({version}) but was not when the lock was probed: "
-                f"{ids} never judged"
-            )
-        else:
-            changes.append(
-                f"{name} ({before}) was installed when the lock was probed and is not now: "
-                f"{ids} judged on it"
-            )
+        changes.append(
+            f"{name} is installed now ({version}) but was not when the lock was probed: "
+            f"{ids} never judged"
+            if version
+            else f"{name} ({before}) was installed when the lock was probed and is not now: "
+            f"{ids} judged on it"
+        )
     return "; ".join(changes) or None
+
+
+def backends_of(dist: metadata.Distribution, name: str) -> list[str]:
+    """The backends a Triton distribution carries, from its RECORD (``triton/backends/<dir>/``)."""
+    found = set()
+    for entry in dist.files or ():
+        parts = str(entry).replace("\\", "/").split("/")
+        if len(parts) > 3 and parts[:2] == [TRITON, "backends"] and parts[2] in BACKEND_DIRECTORIES:
+            found.add(BACKEND_DIRECTORIES[parts[2]])
+    return sorted(found) or [TRITON_DISTRIBUTIONS[name]]
+
+
+def torch_pin(path: Sequence[str] = ()) -> tuple[str, str] | None:
+    """(distribution, version) of the Triton torch's wheel pins (``Requires-Dist``), or None."""
+    from packaging.requirements import InvalidRequirement, Requirement  # only ``env`` needs it
+
+    dist = installed(("torch",), search_path(path)).get("torch")
+    for text in (dist.requires or []) if dist is not None else []:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            continue
+        pinned = [s.version for s in req.specifier if s.operator in ("==", "===")]
+        if req.name.lower() in TRITON_DISTRIBUTIONS and pinned:
+            return req.name.lower(), pinned[0]
+    return None
+
+
+@dataclass(frozen=True)
+class LocatedTriton:
+    """Where Triton is installed, the distributions that own it and torch's pin (no import)."""
+
+    location: str | None  # the triton package directory `import triton` would load
+    distributions: dict[str, str] = field(default_factory=dict)  # installed: name -> version
+    owners: tuple[str, ...] = ()  # distributions whose RECORD matches the files on disk
+    owner_evidence: str = ""
+    backends: dict[str, list[str]] = field(default_factory=dict)  # installed: name -> backends
+    torch_pin: tuple[str, str] | None = None  # what torch's wheel requires: (distribution, version)
+
+    @property
+    def installed(self) -> bool:
+        """Whether Triton's module was found on the path."""
+        return self.location is not None
+
+
+def _record_hash(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
+
+
+def _matches_disk(dist: metadata.Distribution, package_dir: str) -> bool | None:
+    checked = 0
+    for entry in dist.files or ():
+        rel = str(entry).replace("\\", "/")
+        hashed = rel == f"{TRITON}/__init__.py" and getattr(entry.hash, "mode", "") == "sha256"
+        sized = rel.startswith(f"{TRITON}/_C/") and entry.size is not None
+        if not (hashed or sized):
+            continue
+        path = os.path.join(os.path.dirname(package_dir), *rel.split("/"))
+        try:
+            if sized and entry.size is not None and os.path.getsize(path) != int(entry.size):
+                return False
+            if hashed and entry.hash is not None and _record_hash(path) != entry.hash.value:
+                return False
+        except OSError:
+            return False
+        checked += 1
+    return True if checked else None
+
+
+def locate_triton(extra_paths: Sequence[str] = ()) -> LocatedTriton:
+    """Where Triton is installed, its distributions' versions and backends (no import)."""
+    location = module_location(TRITON, extra_paths)
+    found = installed(tuple(TRITON_DISTRIBUTIONS), search_path(extra_paths))
+    versions = {name: str(dist.version) for name, dist in found.items()}
+    backends = {name: backends_of(dist, name) for name, dist in found.items()}
+    pin = torch_pin(extra_paths)
+    if location is None or not os.path.isdir(location) or not found:
+        return LocatedTriton(location, versions, backends=backends, torch_pin=pin)
+    owners = tuple(name for name, dist in found.items() if _matches_disk(dist, location))
+    evidence = "no installed distribution's RECORD matches the files on disk"
+    if owners:
+        evidence = "RECORD hash/size matches the files on disk"
+    elif len(found) == 1:
+        owners = tuple(found)
+        evidence = "the only triton distribution installed (its RECORD could not confirm it)"
+    return LocatedTriton(location, versions, owners, evidence, backends, pin)

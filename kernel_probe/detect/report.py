@@ -1,16 +1,17 @@
-"""The report of ``kernel-probe env``: every fact of the detection layer, gathered as plain data.
+"""The report of ``kernel-probe env``: every fact of the detection layer, as plain data
+(``detect()``; keys documented in docs/env.md). The primary device and the lock fingerprint come
+from ``kernel_lock.fingerprint``, so the report and the lock never disagree about this machine.
 
-    from kernel_probe.detect.report import detect
-    report = detect()                      # dict; keys documented in docs/env.md
-    report = detect(import_checks=False)   # no child processes: metadata and torch only
-
-The primary device and the lock fingerprint come from ``kernel_lock.fingerprint`` (the code the
-runtime uses), so the report and the lock can never disagree about what "this machine" is.
+Triton's active target needs its runtime, asked in the import-check child only where a GPU may be:
+elsewhere it costs 1.5 s to end in "0 active drivers", so the backend is inferred from torch's build
+and the report says why (``target_not_asked``).
 """
 
 from __future__ import annotations
 
 import functools
+import glob
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import SimpleNamespace
@@ -19,9 +20,9 @@ from typing import Any
 from kernel_lock import fingerprint
 from kernel_lock import host as lock_host
 from kernel_lock.errors import DeviceVisibilityError
+from kernel_lock.host import normalize_gcn_arch
 from kernel_probe import __version__
 from kernel_probe.detect import accelerators, host, libraries
-from kernel_probe.detect import triton as triton_info
 from kernel_probe.detect.accelerators import NvmlList, failure
 from kernel_probe.detect.importcheck import (
     DEFAULT_TIMEOUT,
@@ -32,7 +33,13 @@ from kernel_probe.detect.importcheck import (
     load_per_core,
     scaled_timeout,
 )
-from kernel_probe.detect.libraries import KnownLibrary
+from kernel_probe.detect.libraries import (
+    TRITON,
+    TRITON_DISTRIBUTIONS,
+    KnownLibrary,
+    Located,
+    LocatedTriton,
+)
 
 SCHEMA = "kernel-probe-env/1"
 TOP_LEVEL_KEYS = (
@@ -40,29 +47,170 @@ TOP_LEVEL_KEYS = (
     + ("accelerators", "triton", "libraries", "site")
     + ("fingerprint", "errors")
 )
-# What device_facts sees when torch cannot be imported: no GPU runtime, so it answers for the CPU.
+# what device_facts sees when torch cannot be imported: no GPU runtime, so it answers for the CPU
 _NO_TORCH = SimpleNamespace(version=SimpleNamespace(cuda=None, hip=None))
+NOT_RUN = {"status": "skipped", "reason": "import checks were not run", "seconds": None}
+BACKEND_FOR_TORCH_BUILD = {"cuda": "cuda", "rocm": "hip", "xpu": "xpu"}
+# the device nodes of a GPU driver (NVIDIA, AMD's KFD, a DRM render node): without any of them no
+# Triton backend can find a device
+GPU_DEVICE_NODES = ("dev/nvidia*", "dev/kfd", "dev/dri/renderD*")
+NO_GPU = "no GPU device on this node"
+
+
+def gpu_device_nodes(root: str | os.PathLike[str] = "/") -> list[str]:
+    """The GPU device nodes under ``root`` (tests pass a folder of fakes)."""
+    base = os.fspath(root)
+    return sorted(p for pattern in GPU_DEVICE_NODES for p in glob.glob(os.path.join(base, pattern)))
+
+
+def target_not_asked(device_nodes: Sequence[str], device_type: str) -> str | None:
+    """Why Triton's runtime is not asked for a target (None: ask it): no GPU device node, and
+    torch (``device_type``: the primary device's type) sees only the CPU."""
+    if device_nodes or device_type != "cpu":
+        return None
+    patterns = ", ".join("/" + p for p in GPU_DEVICE_NODES)
+    return f"{NO_GPU} (none of {patterns}, and torch sees only the CPU)"
+
+
+def import_requests(located: Mapping[str, Located]) -> dict[str, ImportCheckRequest]:
+    """The child imports worth running: installed libraries that are what they claim to be."""
+    return {
+        name: ImportCheckRequest(module=loc.library.check)
+        for name, loc in located.items()
+        if loc.installed and (loc.variant is None or loc.variant.usable)
+    }
+
+
+def library_entry(located: Located, imported: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The JSON-ready entry for one library (keys documented in docs/env.md)."""
+    lib, variant = located.library, located.variant
+    if not located.installed:
+        reason = "module not found"
+        if located.distributions:
+            reason = (
+                f"distribution {located.distribution} is installed but module "
+                f"{lib.module!r} is not importable"
+            )
+        status: dict[str, Any] = {"status": "not-installed", "reason": reason, "seconds": None}
+    elif variant is not None and not variant.usable:
+        status = {"status": "skipped", "reason": variant.label, "seconds": None}
+    else:
+        status = dict(NOT_RUN if imported is None else imported)
+    return {
+        "installed": located.installed,
+        "version": located.distributions.get(located.distribution or "", None),
+        "distribution": located.distribution,
+        "distributions": dict(located.distributions),
+        "module": lib.module,
+        "location": located.location,
+        "variant": variant.key if variant else None,
+        "identified_as": variant.label if variant else None,
+        "check_module": lib.check,
+        "import": status,
+    }
+
+
+def triton_request(location: str | None, *, target: bool = True) -> ImportCheckRequest | None:
+    """The import check of Triton at ``location`` (None: not installed); ``target``: also ask
+    Triton's runtime for its target."""
+    if location is None:
+        return None
+    return ImportCheckRequest(module=TRITON, probe="triton-target" if target else "")
+
+
+def triton_entry(
+    located: LocatedTriton,
+    imported: Mapping[str, Any] | None,
+    *,
+    torch_build: str,
+    device_arch: str,
+    not_asked: str | None = None,
+) -> dict[str, Any]:
+    """The JSON-ready triton section (docs/env.md); ``not_asked``: ``target_not_asked``."""
+    dists = located.distributions
+    provider = located.owners[0] if len(located.owners) == 1 else None
+    built_for = {n: located.backends.get(n) or [TRITON_DISTRIBUTIONS[n]] for n in dists}
+    conflict = None
+    if len(dists) > 1:
+        listed = ", ".join(
+            f"{n} {dists[n]} (backends: {', '.join(b)})" for n, b in built_for.items()
+        )
+        conflict = (
+            f"several distributions install the same 'triton' package: {listed}; the one "
+            f"installed last owns the files (now: {provider or 'unknown'})"
+        )
+    wanted = BACKEND_FOR_TORCH_BUILD.get(torch_build)
+    provider_backends = built_for.get(provider) if provider else None
+    pin, matches_pin, pin_problem = located.torch_pin, None, None
+    if pin is not None and provider is not None:
+        matches_pin = provider == pin[0] and dists.get(provider, "") == pin[1]
+        if not matches_pin:
+            pin_problem = (
+                f"torch was built with {pin[0]}=={pin[1]}, but the 'triton' package in use comes "
+                f"from {provider} {dists.get(provider, '')}: Triton kernels (liger, "
+                f"torch.compile) may fail to compile or behave differently; reinstall "
+                f"{pin[0]}=={pin[1]} last"
+            )
+    status = {k: v for k, v in (imported or NOT_RUN).items() if k not in ("target", "target_error")}
+    if not located.installed:
+        status = {"status": "not-installed", "reason": "module not found", "seconds": None}
+    # the active backend, arch and warp size: Triton's runtime's, else inferred from torch's build
+    target = (imported or {}).get("target")
+    found: dict[str, Any] = dict(backend=None, arch=None, warp_size=None, target_source=None)
+    if target:
+        backend = str(target.get("backend") or "")
+        raw = str(target.get("arch") or "")
+        raw = f"sm_{raw}" if backend == "cuda" and raw.isdigit() else raw
+        raw = normalize_gcn_arch(raw) if backend == "hip" else raw
+        found.update(backend=backend or None, arch=raw or None, warp_size=target.get("warp_size"))
+        found["target_source"] = "runtime"
+    elif located.installed and wanted is not None:
+        found.update(backend=wanted, arch=device_arch or None, target_source="torch build")
+    found["target_error"] = imported.get("target_error") if imported and not target else None
+    return {
+        "installed": located.installed,
+        "location": located.location,
+        "provider": provider,
+        "provider_candidates": list(located.owners),
+        "provider_evidence": located.owner_evidence or None,
+        "version": dists.get(provider) if provider else None,
+        "distributions": {n: {"version": v, "built_for": built_for[n]} for n, v in dists.items()},
+        "conflict": conflict,
+        "matches_torch_build": (
+            None if wanted is None or provider_backends is None else wanted in provider_backends
+        ),
+        "torch_requires": f"{pin[0]}=={pin[1]}" if pin else None,
+        "matches_torch_pin": matches_pin,
+        "torch_pin_problem": pin_problem,
+        **found,
+        "target_not_asked": not_asked if imported is not None and not target else None,
+        "import": status,
+    }
+
+
+def _import_torch() -> Any:
+    import torch  # the one costly import of ``env``
+
+    return torch
 
 
 def _torch_and_devices(
     torch: Any | None, nvml: NvmlList, errors: list[dict[str, str]]
 ) -> dict[str, Any]:
-    """torch's build, the primary device, every device, the lock fingerprint; failures to
-    ``errors`` (a broken torch or driver is a fact to report, not the end of the report)."""
-    if torch is None:
-        try:
-            import torch as torch_module  # the one costly import of ``env``
+    """torch's build, its devices and the fingerprint; a failure is a fact in ``errors``."""
 
-            torch = torch_module
+    def attempt(where: str, fact: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fact(*args, **kwargs)
         except Exception as exc:
-            errors.append({"where": "import torch", "error": failure(exc)})
+            errors.append({"where": where, "error": failure(exc)})
+            return None
+
+    torch = attempt("import torch", _import_torch) if torch is None else torch
     torch_like = torch if torch is not None else _NO_TORCH
     out: dict[str, Any] = {"torch": None, "device": None, "accelerators": [], "fingerprint": None}
     if torch is not None:
-        try:
-            out["torch"] = accelerators.detect_torch_build(torch)
-        except Exception as exc:
-            errors.append({"where": "torch build", "error": failure(exc)})
+        out["torch"] = attempt("torch build", accelerators.detect_torch_build, torch)
     try:
         primary = fingerprint.device_facts(torch_like)
     except DeviceVisibilityError:  # the user's variables contradict each other: not "a CPU node"
@@ -71,15 +219,13 @@ def _torch_and_devices(
         errors.append({"where": "device", "error": failure(exc)})
         primary = fingerprint.device_facts(_NO_TORCH)
     out["device"] = dict(primary)
-    try:
-        out["accelerators"] = accelerators.detect_accelerators(torch_like, primary, nvml=nvml)
-    except Exception as exc:
-        errors.append({"where": "accelerators", "error": failure(exc)})
-    if torch is not None:
-        try:  # one device answer for both
-            out["fingerprint"] = fingerprint.current(torch, device=lambda _torch: primary)
-        except Exception as exc:
-            errors.append({"where": "fingerprint", "error": failure(exc)})
+    found = attempt(
+        "accelerators", accelerators.detect_accelerators, torch_like, primary, nvml=nvml
+    )
+    out["accelerators"] = found or []
+    if torch is not None:  # one device answer for both
+        answer = attempt("fingerprint", fingerprint.current, torch, device=lambda _t: primary)
+        out["fingerprint"] = answer
     return out
 
 
@@ -102,21 +248,6 @@ def _checks_facts(
     return out
 
 
-def _first_checks(
-    located: Mapping[str, libraries.Located],
-    device_nodes: Sequence[str],
-    extra_paths: Sequence[str],
-    run: Callable[[dict[str, ImportCheckRequest]], ImportChecks],
-) -> ImportChecks:
-    """The libraries' checks and Triton's, started; with no GPU device node, Triton's runtime is
-    asked for a target only if torch sees a device (later)."""
-    requests = libraries.import_requests(located)
-    where = libraries.module_location(triton_info.MODULE, extra_paths)
-    if (triton := triton_info.import_request(where, target=bool(device_nodes))) is not None:
-        requests["triton"] = triton
-    return run(requests)
-
-
 def detect(
     *,
     import_checks: bool = True,
@@ -131,12 +262,11 @@ def detect(
 ) -> dict[str, Any]:
     """Everything ``kernel-probe env`` reports, as JSON-ready data.
 
-    ``import_checks`` imports each installed kernel library (and Triton, to read its target) in a
-    child process, all at once, ``timeout`` seconds each (None: the default scaled to the machine's
-    load); ``extra_paths`` go in front of the search path, in-process and on the children's
-    PYTHONPATH; ``env`` replaces os.environ for the children and the site signals; ``cache`` keeps
-    and reuses the checks' clean answers. ``table`` (the libraries), ``torch`` and ``nvml`` replace
-    the real ones, and ``root`` is where ``/dev`` is (tests).
+    ``import_checks``: import each installed library (and Triton) in a child, all at once,
+    ``timeout`` seconds each (None: the default scaled to the load); ``extra_paths`` go first on the
+    search path, here and in the children; ``env`` replaces os.environ for the children and the site
+    signals; ``cache`` keeps clean answers. ``table``, ``torch``, ``nvml`` and ``root`` (where
+    ``/dev`` is) replace the real ones in tests.
     """
     start = time.perf_counter()
     errors: list[dict[str, str]] = []
@@ -148,28 +278,34 @@ def detect(
     # Only what decides which children to start, then the children: they import their libraries
     # while this process does the rest (and imports torch)
     located = libraries.locate_all(table, extra_paths)
-    device_nodes = triton_info.gpu_device_nodes(root)
-    checks = _first_checks(located, device_nodes, extra_paths, run) if import_checks else None
+    device_nodes = gpu_device_nodes(root)
+    checks = None
+    if import_checks:  # with no GPU device node, Triton's target is asked later if torch sees one
+        requests = import_requests(located)
+        where = libraries.module_location(TRITON, extra_paths)
+        if (triton := triton_request(where, target=bool(device_nodes))) is not None:
+            requests["triton"] = triton
+        checks = run(requests)
     try:
-        located_triton = triton_info.locate(extra_paths)
+        located_triton = libraries.locate_triton(extra_paths)
         host_facts = host.detect_host()
         here = _torch_and_devices(torch, nvml or lock_host.nvml_devices, errors)
         imported = checks.results() if checks is not None else {}
-        not_asked = triton_info.target_not_asked(device_nodes, here["device"]["type"])
+        not_asked = target_not_asked(device_nodes, here["device"]["type"])
         if (
             not device_nodes
             and not_asked is None
             and imported.get("triton", {}).get("status") == "ok"
         ):
             # torch sees a device that left no device node: ask the runtime now, as on a GPU node
-            checks = run({"triton": ImportCheckRequest(triton_info.MODULE, probe="triton-target")})
+            checks = run({"triton": ImportCheckRequest(TRITON, probe="triton-target")})
             imported["triton"] = checks.results()["triton"]
     except BaseException:  # interrupted, or a bug here: no child is left running until its timeout
         if checks is not None:
             checks.cancel()
         raise
-    libs = {name: libraries.report(loc, imported.get(name)) for name, loc in located.items()}
-    triton_facts = triton_info.report(
+    libs = {name: library_entry(loc, imported.get(name)) for name, loc in located.items()}
+    triton_facts = triton_entry(
         located_triton,
         imported.get("triton"),
         torch_build=here["torch"]["build"] if here["torch"] else "cpu",

@@ -198,7 +198,7 @@ def test_env_reports_the_cache_and_reuses_it(lib, tmp_path, children, monkeypatc
     from kernel_probe.detect.libraries import KnownLibrary
 
     # libraries only
-    monkeypatch.setattr(report.triton_info, "import_request", lambda *_a, **_k: None)
+    monkeypatch.setattr(report, "triton_request", lambda *_a, **_k: None)
     table = [
         KnownLibrary(
             name="fake", distributions=("fake-clean",), module="fake_clean", check="fake_clean"

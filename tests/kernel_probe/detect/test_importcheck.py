@@ -339,7 +339,7 @@ def test_env_reports_the_scaled_timeout_and_the_load(monkeypatch):
     monkeypatch.setattr(env_report, "load_per_core", lambda: 2.5)
     monkeypatch.setattr(env_report, "scaled_timeout", lambda: importcheck.scaled_timeout(load=2.5))
     # no child: the timeout only
-    monkeypatch.setattr(env_report.triton_info, "import_request", lambda *_a, **_k: None)
+    monkeypatch.setattr(env_report, "triton_request", lambda *_a, **_k: None)
     checks = env_report.detect(import_checks=True, table=())["import_checks"]
     assert (
         checks["timeout"] == 50.0

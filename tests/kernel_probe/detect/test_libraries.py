@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from kernel_probe.detect import importcheck, libraries
+from kernel_probe.detect import report as env_report
 from kernel_probe.detect.libraries import KnownLibrary
 from kernel_probe.tables import CandidateDataError, TableReader
 from tests.kernel_probe.detect.cases import make_dist, write_pkg
@@ -25,12 +26,12 @@ def test_pypi_apex_is_not_nvidia_apex(tmp_path):
         summary="Toolkit for Pyramid, a Pylons Project, to add Authentication and Authorization",
     )
     located = libraries.locate(APEX, [str(tmp_path)])
-    entry = libraries.report(located, None)
+    entry = env_report.library_entry(located, None)
     assert entry["installed"] and entry["version"] == "0.9.10" and entry["distribution"] == "apex"
     assert entry["variant"] == "unrelated"
     assert entry["identified_as"].startswith("not apex")
     assert entry["import"]["status"] == "skipped" and "not apex" in entry["import"]["reason"]
-    assert libraries.import_requests({"apex": located}) == {}  # never imported
+    assert env_report.import_requests({"apex": located}) == {}  # never imported
 
 
 def test_nvidia_apex_is_recognised_by_its_module(tmp_path):
@@ -42,10 +43,10 @@ def test_nvidia_apex_is_recognised_by_its_module(tmp_path):
     make_dist(tmp_path, "apex", "0.1")
     located = libraries.locate(APEX, [str(tmp_path)])
     assert located.variant.key == "nvidia"
-    requests = libraries.import_requests({"apex": located})
+    requests = env_report.import_requests({"apex": located})
     assert requests == {"apex": importcheck.ImportCheckRequest("apex.normalization")}
     result = importcheck.check_import(requests["apex"], timeout=30, extra_paths=[str(tmp_path)])
-    entry = libraries.report(located, result)
+    entry = env_report.library_entry(located, result)
     assert entry["identified_as"] == "NVIDIA apex (CUDA)" and entry["import"]["status"] == "ok"
 
 
@@ -74,7 +75,7 @@ def test_distribution_without_module_is_not_installed(tmp_path):
     lib = KnownLibrary(
         "quack-kernels", ("quack-kernels",), "quack_not_here_module", "quack_not_here_module"
     )
-    entry = libraries.report(libraries.locate(lib, [str(tmp_path)]), None)
+    entry = env_report.library_entry(libraries.locate(lib, [str(tmp_path)]), None)
     assert not entry["installed"] and entry["version"] == "0.6.5"
     assert (
         entry["import"]["status"] == "not-installed"
@@ -253,7 +254,7 @@ def test_import_requests_skip_what_is_absent_or_a_namesake():
         "c": _located("c", variant=libraries.Variant("pypi", "a namesake", usable=False)),
         "d": _located("d", variant=libraries.Variant("nvidia", "NVIDIA", has_any=("x",))),
     }
-    assert libraries.import_requests(located) == {
+    assert env_report.import_requests(located) == {
         "a": importcheck.ImportCheckRequest("a.ops"),
         "d": importcheck.ImportCheckRequest("d.ops"),
     }
@@ -261,7 +262,7 @@ def test_import_requests_skip_what_is_absent_or_a_namesake():
 
 def test_report_takes_the_import_check_as_it_came():
     imported = {"status": "error", "reason": "OSError: bad .so", "seconds": 0.5}
-    entry = libraries.report(_located("a", dists={"a": "1.2", "a-cu12": "1.3"}), imported)
+    entry = env_report.library_entry(_located("a", dists={"a": "1.2", "a-cu12": "1.3"}), imported)
     assert entry["import"] == imported and entry["import"] is not imported
     assert (entry["distribution"], entry["version"]) == ("a", "1.2")  # the preferred one
     assert entry["distributions"] == {"a": "1.2", "a-cu12": "1.3"}
@@ -273,7 +274,7 @@ def test_report_takes_the_import_check_as_it_came():
 
 
 def test_report_of_a_library_not_installed_at_all():
-    entry = libraries.report(_located("z", installed=False), None)
+    entry = env_report.library_entry(_located("z", installed=False), None)
     assert (
         entry["installed"] is False and entry["version"] is None and entry["distribution"] is None
     )
@@ -313,7 +314,7 @@ def test_rocm_forks_are_labelled_as_forks(tmp_path):
         },
     )
     apex = next(lib for lib in libraries.known_libraries() if lib.name == "apex")
-    entry = libraries.report(libraries.locate(apex, [str(tmp_path)]), None)
+    entry = env_report.library_entry(libraries.locate(apex, [str(tmp_path)]), None)
     assert entry["variant"] == "rocm-fork" and "NVIDIA" not in entry["identified_as"]
     te_root = tmp_path / "te"
     write_pkg(
@@ -327,5 +328,5 @@ def test_rocm_forks_are_labelled_as_forks(tmp_path):
     )
     make_dist(te_root, "transformer-engine", "2.4.0")
     te = next(lib for lib in libraries.known_libraries() if lib.name == "transformer-engine")
-    entry = libraries.report(libraries.locate(te, [str(te_root)]), None)
+    entry = env_report.library_entry(libraries.locate(te, [str(te_root)]), None)
     assert entry["variant"] == "rocm-fork" and "NVIDIA" not in entry["identified_as"]

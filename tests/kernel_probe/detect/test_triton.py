@@ -1,5 +1,5 @@
-"""kernel_probe.detect.triton: which distribution owns the triton files, its backends and its
-target."""
+"""Triton (kernel_probe.detect.libraries; its entry in detect.report): which distribution owns the
+triton files, its backends and its target."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from importlib import metadata
 
 import pytest
 
-from kernel_probe.detect import triton as triton_info
+from kernel_probe.detect import libraries
+from kernel_probe.detect import report as env_report
 from tests.kernel_probe.detect.cases import make_dist
 
 
@@ -39,8 +40,8 @@ def test_cuda_triton_beside_pytorch_triton_rocm(tmp_path, last_installed):
         "3.1.0",
         [("triton/__init__.py", CUDA_INIT), ("triton/_C/libtriton.so", CUDA_LIB)],
     )
-    located = triton_info.locate([str(tmp_path)])
-    facts = triton_info.report(located, None, torch_build="rocm", device_arch="gfx90a")
+    located = libraries.locate_triton([str(tmp_path)])
+    facts = env_report.triton_entry(located, None, torch_build="rocm", device_arch="gfx90a")
     assert facts["provider"] == last_installed
     # this fake's RECORD lists no backends/
     assert facts["distributions"]["triton"]["built_for"] == ["cuda"]
@@ -57,7 +58,7 @@ def test_cuda_triton_beside_pytorch_triton_rocm(tmp_path, last_installed):
 
 
 def test_triton_target_from_the_runtime_wins():
-    located = triton_info.LocatedTriton(
+    located = libraries.LocatedTriton(
         "/x/triton", {"pytorch-triton-rocm": "3.1.0"}, ("pytorch-triton-rocm",), ""
     )
     imported = {
@@ -66,7 +67,7 @@ def test_triton_target_from_the_runtime_wins():
         "seconds": 1.0,
         "target": {"backend": "hip", "arch": "gfx90a:sramecc+:xnack-", "warp_size": 64},
     }
-    facts = triton_info.report(located, imported, torch_build="rocm", device_arch="gfx90a")
+    facts = env_report.triton_entry(located, imported, torch_build="rocm", device_arch="gfx90a")
     assert (facts["backend"], facts["arch"], facts["warp_size"]) == ("hip", "gfx90a", 64)
     assert (
         facts["target_source"] == "runtime"
@@ -75,13 +76,15 @@ def test_triton_target_from_the_runtime_wins():
     )
     cuda = dict(imported, target={"backend": "cuda", "arch": "90", "warp_size": 32})
     assert (
-        triton_info.report(located, cuda, torch_build="cuda", device_arch="sm_90")["arch"]
+        env_report.triton_entry(located, cuda, torch_build="cuda", device_arch="sm_90")["arch"]
         == "sm_90"
     )
 
 
 def test_triton_on_this_machine_matches_metadata():
-    facts = triton_info.report(triton_info.locate(), None, torch_build="cpu", device_arch="")
+    facts = env_report.triton_entry(
+        libraries.locate_triton(), None, torch_build="cpu", device_arch=""
+    )
     try:
         version = metadata.version("triton")
     except metadata.PackageNotFoundError:
@@ -122,7 +125,7 @@ def _dist(root, name, version, files=(), requires=()):
     ],
 )
 def test_backends_of(tmp_path, name, files, backends):
-    assert triton_info.backends_of(_dist(tmp_path, name, "3.1.0", files), name) == backends
+    assert libraries.backends_of(_dist(tmp_path, name, "3.1.0", files), name) == backends
 
 
 @pytest.mark.parametrize(
@@ -145,14 +148,14 @@ def test_backends_of(tmp_path, name, files, backends):
 )
 def test_torch_pin(tmp_path, requires, pin):
     _dist(tmp_path, "torch", "2.6.0", requires=requires)
-    assert triton_info.torch_pin([str(tmp_path)]) == pin
+    assert libraries.torch_pin([str(tmp_path)]) == pin
 
 
 # ---- who owns the files ------------------------------------------------------------------------
 def test_the_only_distribution_owns_files_its_record_cannot_confirm(tmp_path):
     _triton_tree(tmp_path, CUDA_INIT, CUDA_LIB)
     make_dist(tmp_path, "triton", "3.1.0")  # an empty RECORD
-    located = triton_info.locate([str(tmp_path)])
+    located = libraries.locate_triton([str(tmp_path)])
     assert located.installed and located.location == str(tmp_path / "triton")
     assert located.owners == ("triton",) and "only triton distribution" in located.owner_evidence
 
@@ -166,11 +169,11 @@ def test_no_owner_when_no_record_matches_the_disk(tmp_path):
         [("triton/__init__.py", CUDA_INIT), ("triton/_C/libtriton.so", CUDA_LIB)],
     )
     make_dist(tmp_path, "pytorch-triton-rocm", "3.1.0", [("triton/_C/libtriton.so", ROCM_LIB)])
-    located = triton_info.locate([str(tmp_path)])
+    located = libraries.locate_triton([str(tmp_path)])
     assert located.owners == () and located.owner_evidence.startswith(
         "no installed distribution's RECORD"
     )
-    facts = triton_info.report(located, None, torch_build="cuda", device_arch="sm_90")
+    facts = env_report.triton_entry(located, None, torch_build="cuda", device_arch="sm_90")
     assert (
         facts["provider"] is None
         and facts["version"] is None
@@ -181,7 +184,7 @@ def test_no_owner_when_no_record_matches_the_disk(tmp_path):
 
 # ---- the report section ------------------------------------------------------------------------
 def _here(dist="triton", version="3.2.0", backends=("cuda",), pin=None):
-    return triton_info.LocatedTriton(
+    return libraries.LocatedTriton(
         "/site/triton", {dist: version}, (dist,), "", {dist: list(backends)}, pin
     )
 
@@ -196,7 +199,7 @@ def _here(dist="triton", version="3.2.0", backends=("cuda",), pin=None):
     ],
 )
 def test_report_compares_with_torchs_pin(pin, requires, matches, problem):
-    facts = triton_info.report(_here(pin=pin), None, torch_build="cuda", device_arch="sm_90")
+    facts = env_report.triton_entry(_here(pin=pin), None, torch_build="cuda", device_arch="sm_90")
     assert (facts["torch_requires"], facts["matches_torch_pin"]) == (requires, matches)
     if problem is None:
         assert facts["torch_pin_problem"] is None
@@ -216,7 +219,7 @@ def test_report_compares_with_torchs_pin(pin, requires, matches, problem):
 def test_report_without_an_import_infers_from_torchs_build(
     torch_build, backends, matches, backend, arch
 ):
-    facts = triton_info.report(
+    facts = env_report.triton_entry(
         _here(backends=backends), None, torch_build=torch_build, device_arch="sm_90"
     )
     assert (facts["matches_torch_build"], facts["backend"], facts["arch"]) == (
@@ -241,15 +244,15 @@ def test_report_keeps_why_the_target_could_not_be_read():
         "seconds": 0.4,
         "target_error": "RuntimeError: 0 active drivers",
     }
-    facts = triton_info.report(_here(), imported, torch_build="cuda", device_arch="sm_90")
+    facts = env_report.triton_entry(_here(), imported, torch_build="cuda", device_arch="sm_90")
     assert facts["target_error"] == "RuntimeError: 0 active drivers"
     assert facts["import"] == {"status": "ok", "reason": "imported", "seconds": 0.4}
     assert (facts["backend"], facts["target_source"]) == ("cuda", "torch build")
 
 
 def test_report_when_triton_is_absent():
-    facts = triton_info.report(
-        triton_info.LocatedTriton(None), None, torch_build="cuda", device_arch="sm_90"
+    facts = env_report.triton_entry(
+        libraries.LocatedTriton(None), None, torch_build="cuda", device_arch="sm_90"
     )
     assert (
         facts["installed"] is False and facts["backend"] is None and facts["target_source"] is None
@@ -262,13 +265,13 @@ def test_report_when_triton_is_absent():
 
 
 def test_import_request_reads_the_target_only_when_installed_and_asked():
-    assert triton_info.import_request("/site/triton") == triton_info.ImportCheckRequest(
+    assert env_report.triton_request("/site/triton") == env_report.ImportCheckRequest(
         "triton", probe="triton-target"
     )
-    assert triton_info.import_request(
-        "/site/triton", target=False
-    ) == triton_info.ImportCheckRequest("triton", probe="")
-    assert triton_info.import_request(None) is None
+    assert env_report.triton_request("/site/triton", target=False) == env_report.ImportCheckRequest(
+        "triton", probe=""
+    )
+    assert env_report.triton_request(None) is None
 
 
 # ---- the runtime is not asked for a target on a node without any GPU device (issue 37) -----------
@@ -286,7 +289,7 @@ def test_gpu_device_nodes_are_read_under_the_root(tmp_path, nodes, found):
     for rel in nodes:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("")
-    assert triton_info.gpu_device_nodes(tmp_path) == [str(tmp_path / rel) for rel in found]
+    assert env_report.gpu_device_nodes(tmp_path) == [str(tmp_path / rel) for rel in found]
 
 
 @pytest.mark.parametrize(
@@ -300,17 +303,17 @@ def test_gpu_device_nodes_are_read_under_the_root(tmp_path, nodes, found):
     ],
 )
 def test_the_target_is_not_asked_only_without_any_device(nodes, device_type, asked):
-    why = triton_info.target_not_asked(nodes, device_type)
+    why = env_report.target_not_asked(nodes, device_type)
     assert (why is None) is asked
     if not asked:
-        assert why.startswith(triton_info.NO_GPU) and "/dev/kfd" in why and "only the CPU" in why
+        assert why.startswith(env_report.NO_GPU) and "/dev/kfd" in why and "only the CPU" in why
 
 
 @pytest.mark.parametrize("torch_build, backend", [("cuda", "cuda"), ("rocm", "hip"), ("cpu", None)])
 def test_a_target_not_asked_is_said_and_inferred_from_torchs_build(torch_build, backend):
-    why = triton_info.target_not_asked((), "cpu")
+    why = env_report.target_not_asked((), "cpu")
     imported = {"status": "ok", "reason": "imported", "seconds": 0.3}
-    facts = triton_info.report(
+    facts = env_report.triton_entry(
         _here(backends=("cuda", "hip")),
         imported,
         torch_build=torch_build,
@@ -329,14 +332,14 @@ def test_a_target_read_from_the_runtime_is_never_marked_not_asked():
         "seconds": 1.0,
         "target": {"backend": "cuda", "arch": "90", "warp_size": 32},
     }
-    facts = triton_info.report(
+    facts = env_report.triton_entry(
         _here(), imported, torch_build="cuda", device_arch="sm_90", not_asked="x"
     )
     assert facts["target_not_asked"] is None and facts["target_source"] == "runtime"
     assert (
-        triton_info.report(_here(), None, torch_build="cuda", device_arch="sm_90", not_asked="x")[
-            "target_not_asked"
-        ]
+        env_report.triton_entry(
+            _here(), None, torch_build="cuda", device_arch="sm_90", not_asked="x"
+        )["target_not_asked"]
         is None
     )  # no import check at all: nothing was asked of anyone
 
@@ -364,8 +367,8 @@ def test_pypi_triton_targets_hip_on_a_rocm_node(tmp_path):
     torch_info = make_dist(tmp_path, "torch", "2.7.1+rocm6.2.4")
     with open(torch_info / "METADATA", "a") as fh:
         fh.write('Requires-Dist: pytorch-triton-rocm==3.3.1; platform_system == "Linux"\n')
-    facts = triton_info.report(
-        triton_info.locate([str(tmp_path)]), None, torch_build="rocm", device_arch="gfx90a"
+    facts = env_report.triton_entry(
+        libraries.locate_triton([str(tmp_path)]), None, torch_build="rocm", device_arch="gfx90a"
     )
     assert facts["distributions"]["triton"]["built_for"] == ["cuda", "hip"]
     assert facts["matches_torch_build"] is True  # it does target this GPU ...
