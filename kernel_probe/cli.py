@@ -10,7 +10,6 @@ import difflib
 import functools
 import importlib
 import logging
-import math
 import os
 import sys
 import warnings
@@ -18,10 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-import kernel_lock
 from kernel_lock.errors import ExitCode, LockError, LockWarning
 from kernel_probe import __version__, output
-from kernel_probe.probe.limits import MAX_SECONDS
 
 
 @dataclass(frozen=True)
@@ -125,96 +122,6 @@ SUB_EPILOG = (
     "exit codes: 0 ok, 2 usage, 3 mismatch or stale, 5 bad input file; all of them: "
     "kernel-probe --help"
 )
-
-
-# ---- what the commands share ------------------------------------------------------------------
-DEFAULT_LOCK = "kernel-lock.toml"
-MAX_COUNT = 1_000_000
-TRUST_HELP = (
-    "trust this top-level package beyond the built-in allow-list (repeatable; also "
-    "$KERNEL_LOCK_TRUST). A lock's own trusted-modules only ask for it"
-)
-
-
-def default_lock_path() -> str:
-    """The lock a command reads when none is named: $KERNEL_LOCK, else ./kernel-lock.toml."""
-    return os.environ.get("KERNEL_LOCK", DEFAULT_LOCK)
-
-
-def add_lock_argument(p: argparse.ArgumentParser, what: str = "lock file") -> None:
-    """The optional LOCK positional (``args.lock``; None when not given: ``default_lock_path``)."""
-    p.add_argument(
-        "lock", nargs="?", default=None, help=f"{what} (default: $KERNEL_LOCK or ./{DEFAULT_LOCK})"
-    )
-
-
-def add_flags(p: argparse.ArgumentParser, flags: dict[str, str]) -> None:
-    """An on/off option for each ``flag: help``."""
-    for flag, help in flags.items():
-        p.add_argument(flag, action="store_true", help=help)
-
-
-def add_trust_argument(p: argparse.ArgumentParser) -> None:
-    """``--trust MODULE`` (repeatable, ``args.trust``)."""
-    p.add_argument("--trust", action="append", default=[], metavar="MODULE", help=TRUST_HELP)
-
-
-def load_lock(path: str, strict: bool = False, **options: Any) -> kernel_lock.KernelLock:
-    """``kernel_lock.load`` for a command (``options``: ``trust``, ``check_targets``), the lock's
-    warnings on stderr and a missing ``$KERNEL_LOCK`` file named as such."""
-    try:
-        lock = kernel_lock.load(path, strict=strict, emit_warnings=False, **options)
-    except LockError as exc:
-        env = os.environ.get("KERNEL_LOCK")
-        if env is None or env != path or os.path.isfile(path):
-            raise
-        # a missing lock named by the environment rather than by the user: say where it came from
-        exc.problem += " ($KERNEL_LOCK names this path)"
-        exc.fix = (
-            "unset KERNEL_LOCK or point it at the lock, or name the lock on the command "
-            f"line; {exc.fix or ''}"
-        ).rstrip("; ")
-        exc.args = (exc._render(),)
-        raise
-    for message in lock.warnings:
-        output.warn(message)
-    return lock
-
-
-def open_lock(args: argparse.Namespace, **options: Any) -> kernel_lock.KernelLock:
-    """:func:`load_lock` of ``args.lock``, set to :func:`default_lock_path` when not given."""
-    args.lock = args.lock or default_lock_path()
-    return load_lock(args.lock, **options)
-
-
-def seconds(text: str, *, limit: float = MAX_SECONDS) -> float:
-    """An argparse type: a positive, finite number of seconds, at most ``limit`` (a week)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not (math.isfinite(value) and 0 < value <= limit):
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: a time budget must be a positive, finite number of seconds, at most "
-            f"{limit:g}"
-        )
-    return value
-
-
-def count(lo: int = 1, hi: int = MAX_COUNT) -> Callable[[str], int]:
-    """An argparse type: a whole number in ``[lo, hi]``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text.strip(), 10) if text.strip().isascii() else None
-        except ValueError:
-            value = None
-        if value is None or not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number from {lo} to {hi}")
-        return value
-
-    parse.__name__ = "count"
-    return parse
 
 
 # ---- parsing ----------------------------------------------------------------------------------

@@ -7,12 +7,11 @@ import argparse
 from typing import Any
 
 from kernel_probe import output
-from kernel_probe.cli import add_flags, seconds
 from kernel_probe.detect import host
 from kernel_probe.detect.importcheck import DEFAULT_TIMEOUT, ImportCache
 from kernel_probe.detect.report import detect
 from kernel_probe.errors import UsageError
-from kernel_probe.output import safe
+from kernel_probe.output import add_flags, safe, seconds
 
 STATUS_STYLE = {
     "ok": "green",

@@ -17,10 +17,19 @@ from kernel_lock.fingerprint import Unsettled, torch_build
 from kernel_lock.launch import before_sealing
 from kernel_lock.resolve import factory, resolve_slot
 from kernel_lock.slots import MODES, short_dtype, slot_name_fix
-from kernel_probe import cli, output
-from kernel_probe.cli import add_flags, add_lock_argument, add_trust_argument, load_lock, open_lock
+from kernel_probe import output
 from kernel_probe.errors import ProbeError, UsageError
-from kernel_probe.output import print_rows, safe
+from kernel_probe.output import (
+    DEFAULT_LOCK,
+    add_flags,
+    add_lock_argument,
+    add_trust_argument,
+    default_lock_path,
+    load_lock,
+    open_lock,
+    print_rows,
+    safe,
+)
 from kernel_probe.probe.derive import derive_inference
 from kernel_probe.probe.lockdiff import lock_differences
 
@@ -83,7 +92,7 @@ def add_explain_arguments(p: argparse.ArgumentParser) -> None:
         "args",
         nargs="+",
         metavar="[LOCK] SLOT",
-        help=f"the lock file (default: $KERNEL_LOCK or ./{cli.DEFAULT_LOCK}) and the slot: "
+        help=f"the lock file (default: $KERNEL_LOCK or ./{DEFAULT_LOCK}) and the slot: "
         f"{', '.join(kernel_lock.SLOTS)}",
     )
 
@@ -111,7 +120,7 @@ def run_explain(args: argparse.Namespace) -> int:
             fix=f"name the slot after the lock: kernel-probe explain {one} SLOT "
             f"({', '.join(kernel_lock.SLOTS)})",
         )
-    args.lock, args.slot = words if len(words) == 2 else [cli.default_lock_path(), words[0]]
+    args.lock, args.slot = words if len(words) == 2 else [default_lock_path(), words[0]]
     slot_argument(args.slot)  # before reading the file: a typo is the argument's fault
     slot = load_lock(args.lock, check_targets=False).slots.get(args.slot)
     if args.json:
@@ -369,7 +378,7 @@ def run_rehash(args: argparse.Namespace) -> int:
     """``kernel-probe rehash [LOCK]``: re-seal a lock after a deliberate hand edit. It is still
     fully validated, and a lock that ``verify`` and the runtime would refuse is not sealed
     (``kernel_lock.trust.confirming.before_sealing``); the rewrite is atomic."""
-    args.lock = args.lock or cli.default_lock_path()
+    args.lock = args.lock or default_lock_path()
     lock = kernel_lock.load(args.lock, emit_warnings=False, trust=args.trust)
     unjudged = before_sealing(lock, _torch_version(lock))
     sealed = lock.sealed()
