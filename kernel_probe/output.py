@@ -73,16 +73,16 @@ def safe(value: Any) -> str:
     markup escaped (``[/bold]`` in a lock is printed, not interpreted)."""
     from rich.markup import escape
 
-    return escape(_controls_escaped(str(value)))
+    return escape(_escaped(str(value)))
 
 
-def _controls_escaped(text: str) -> str:
+def _escaped(text: str) -> str:
     return _CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), text)
 
 
 def plain(value: Any) -> str:
     """``value`` as text for a plain stream: each line's control characters shown as escapes."""
-    return "\n".join(_controls_escaped(line) for line in str(value).split("\n"))
+    return "\n".join(_escaped(line) for line in str(value).split("\n"))
 
 
 def table(title: str | None = None, **options: Any):
@@ -90,14 +90,8 @@ def table(title: str | None = None, **options: Any):
     from rich import box
     from rich.table import Table
 
-    options = {
-        "box": box.SIMPLE_HEAD,
-        "show_edge": False,
-        "pad_edge": False,
-        "title_justify": "left",
-        **options,
-    }
-    return Table(title=title, **options)
+    defaults = dict(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, title_justify="left")
+    return Table(title=title, **{**defaults, **options})
 
 
 def print_table(tbl: Any, *, stderr: bool = False) -> None:
@@ -114,8 +108,7 @@ def print_table(tbl: Any, *, stderr: bool = False) -> None:
             )
             words = [w for cell in cells for w in cell.split()]
             column.min_width = max([column.min_width or 0, *(len(w) for w in words)])
-    need = Measurement.get(con, con.options.update(width=100_000), tbl).minimum
-    width = con.width
+    width, need = con.width, Measurement.get(con, con.options.update(width=100_000), tbl).minimum
     try:
         con.width = max(width, need)
         con.print(tbl)
@@ -175,16 +168,16 @@ def print_json(data: Any) -> None:
 
 def error(message: str) -> None:
     """An error on stderr (each line of a message with its fix made safe)."""
-    console(stderr=True).print(f"[bold red]error:[/] {_lines(message)}")
+    _say("[bold red]error:[/]", message)
 
 
 def warn(message: str) -> None:
     """A warning on stderr."""
-    console(stderr=True).print(f"[yellow]warning:[/] {_lines(message)}")
+    _say("[yellow]warning:[/]", message)
 
 
-def _lines(message: str) -> str:
-    return "\n".join(safe(line) for line in str(message).split("\n"))
+def _say(label: str, message: str) -> None:
+    console(stderr=True).print(label, "\n".join(safe(line) for line in str(message).split("\n")))
 
 
 def info(message: str) -> None:

@@ -1,6 +1,6 @@
 """The commands that read a lock: ``show``, ``explain``, ``diff``, ``verify``, ``rehash`` and
-``lock --for inference``. Each opens the lock as kernel_probe.cli does (``$KERNEL_LOCK``, the lock's
-warnings on stderr), calls the library and renders its answer as text or JSON."""
+``lock --for inference``. Each opens the lock with kernel_probe.output (``$KERNEL_LOCK``, the
+lock's warnings on stderr), calls the library and renders its answer as text or JSON."""
 
 from __future__ import annotations
 
@@ -33,14 +33,16 @@ from kernel_probe.output import (
 from kernel_probe.probe.derive import derive_inference
 from kernel_probe.probe.lockdiff import lock_differences
 
+_SLOT_NAMES = ", ".join(kernel_lock.SLOTS)
+
 
 def _say(*lines: str) -> None:
     for line in lines:
         output.console().print(line)
 
 
-def _print_failure(body: dict[str, Any], exc: LockError | None) -> int:
-    """``body`` as JSON with ``ok`` (and ``exc`` as its error, also said on stderr)."""
+def _json(body: dict[str, Any], exc: LockError | None) -> int:
+    """``body`` as JSON with ``ok`` and ``exc`` as its error (also on stderr); the exit code."""
     output.print_json(output.with_failure(body, exc))
     if exc is not None:
         output.error(str(exc))
@@ -64,15 +66,14 @@ def run_show(args: argparse.Namespace) -> int:
         f"{safe(lock.created_by)}, {safe(lock.created_at or 'no date')}",
         f"mode {lock.mode}; precision {lock.precision or 'not recorded'}; "
         f"digest {'intact' if lock.intact else '[yellow]NOT intact[/]'}",
+        *([f"profile: {safe(lock.profile.get('name', '?'))}"] if lock.profile else []),
     )
-    if lock.profile:
-        _say(f"profile: {safe(lock.profile.get('name', '?'))}")
     env = lock.environment
     fields = [(safe(n), safe(f.value), f.match) for n, f in env.fields.items()]
     fields += [(f"library {safe(n)}", safe(f.value), f.match) for n, f in env.libraries.items()]
     print_rows("environment", ("field", "value", "match"), fields, wrap=("value",))
     slots = [
-        (n, safe(s.implementation), safe(s.target), safe(dict(s.kwargs)), _twin(s.twin))
+        (n, *map(safe, (s.implementation, s.target, dict(s.kwargs))), _twin(s.twin))
         for n, s in lock.slots.items()
     ]
     columns = ("slot", "implementation", "target", "kwargs", "twin")
@@ -93,7 +94,7 @@ def add_explain_arguments(p: argparse.ArgumentParser) -> None:
         nargs="+",
         metavar="[LOCK] SLOT",
         help=f"the lock file (default: $KERNEL_LOCK or ./{DEFAULT_LOCK}) and the slot: "
-        f"{', '.join(kernel_lock.SLOTS)}",
+        + _SLOT_NAMES,
     )
 
 
@@ -117,8 +118,7 @@ def run_explain(args: argparse.Namespace) -> int:
     if one and (os.path.exists(one) or one.endswith(".toml") or os.sep in one):
         raise UsageError(
             f"explain {one}: which slot? explain takes [LOCK] SLOT",
-            fix=f"name the slot after the lock: kernel-probe explain {one} SLOT "
-            f"({', '.join(kernel_lock.SLOTS)})",
+            fix=f"name the slot after the lock: kernel-probe explain {one} SLOT ({_SLOT_NAMES})",
         )
     args.lock, args.slot = words if len(words) == 2 else [default_lock_path(), words[0]]
     slot_argument(args.slot)  # before reading the file: a typo is the argument's fault
@@ -163,11 +163,13 @@ def _explain(name: str, slot: Any) -> None:
         _say("  error/tol: the worst error over the tolerance (< 1 passes)")
     if slot.timing:
         _timings(slot.timing, slot.implementation)
-    for r in slot.rejected:
-        _say(
+    _say(
+        *(
             f"  not chosen: {safe(r.implementation)} {safe(f'[{r.status}]')} "
             f"{safe('; '.join(r.reasons))}"
+            for r in slot.rejected
         )
+    )
 
 
 def _timings(timing: Any, chosen: str) -> None:
@@ -183,9 +185,8 @@ def _timings(timing: Any, chosen: str) -> None:
             f"{short_dtype(t.get('dtype', ''))} {t.get('regime', '')}",
             f"{ms:.3f}" if isinstance(ms, (int, float)) else t.get("error", ""),
             _fmt(t.get("compile-s")),
+            *([_fmt(t.get("gbps")), _fmt(t.get("copy-percent"), ".0f")] if on_gpu else []),
         ]
-        if on_gpu:
-            cells += [_fmt(t.get("gbps")), _fmt(t.get("copy-percent"), ".0f")]
         rows.append([safe(c) for c in cells])
     print_rows("timings (forward + backward)", columns, rows, right=columns[3:])
     _say(
@@ -208,21 +209,19 @@ def bar_chart(rows: Any, *, chosen: str = "", width: int = 80) -> list[str]:
     for t in rows:
         ms = t.get("median-ms")
         if isinstance(ms, (int, float)) and not isinstance(ms, bool) and ms > 0:
-            key = (
-                str(t.get("shape", "")),
-                f"{short_dtype(t.get('dtype', ''))} {t.get('regime', '')}".strip(),
-            )
-            groups.setdefault(key, []).append((str(t.get("implementation", "")), float(ms)))
+            precision = f"{short_dtype(t.get('dtype', ''))} {t.get('regime', '')}".strip()
+            group = groups.setdefault((str(t.get("shape", "")), precision), [])
+            group.append((str(t.get("implementation", "")), float(ms)))
     if not groups:
         return []
     name_w = min(32, max(len(name) for rs in groups.values() for name, _ in rs) + 2)
+    room = max(1, width - 4 - name_w - 10)
     lines = ["  median ms, forward + backward (* chosen; bars scaled to the slowest per shape)"]
     for (shape, precision), rs in groups.items():
         lines.append(f"  {shape} {precision}")
         slowest = max(ms for _, ms in rs)
         for name, ms in sorted(rs, key=lambda r: r[1]):
             label = (("* " if name == chosen else "  ") + name)[:name_w].ljust(name_w)
-            room = max(1, width - 4 - name_w - 10)
             lines.append(f"    {label}{'#' * max(1, round(room * ms / slowest))} {ms:.3g}")
     return lines
 
@@ -236,13 +235,11 @@ def add_diff_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``kernel-probe diff``."""
     p.add_argument("a", help="old lock")
     p.add_argument("b", help="new lock")
-    add_flags(
-        p,
-        {
-            "--exit-code": f"exit {ExitCode.LOCKS_DIFFER.value} when the locks differ, 0 when they "
-            "do not (git diff --exit-code uses 1, which kernel-probe keeps for failures)"
-        },
+    exit_help = (
+        f"exit {ExitCode.LOCKS_DIFFER.value} when the locks differ, 0 when they do not (git diff "
+        "--exit-code uses 1, which kernel-probe keeps for failures)"
     )
+    add_flags(p, {"--exit-code": exit_help})
 
 
 def run_diff(args: argparse.Namespace) -> int:
@@ -260,16 +257,12 @@ def run_diff(args: argparse.Namespace) -> int:
         return code
     if not differ:
         _say("no differences in environment or choices")
-    _say(*(f"{d['key']}: {safe(repr(d['a']))} -> {safe(repr(d['b']))}" for d in diffs["lock"]))
+    changes = [(d["key"], d["a"], d["b"]) for d in diffs["lock"]]
     for d in diffs["environment"]:
         fa, fb = (x["value"] if x else "absent" for x in (d["a"], d["b"]))
-        _say(f"environment {safe(d['field'])}: {safe(repr(fa))} -> {safe(repr(fb))}")
-    _say(
-        *(
-            f"slot {d['slot']} {d['key']}: {safe(repr(d['a']))} -> {safe(repr(d['b']))}"
-            for d in diffs["slots"]
-        )
-    )
+        changes.append((f"environment {d['field']}", fa, fb))
+    changes += [(f"slot {d['slot']} {d['key']}", d["a"], d["b"]) for d in diffs["slots"]]
+    _say(*(f"{safe(what)}: {safe(repr(x))} -> {safe(repr(y))}" for what, x, y in changes))
     return code
 
 
@@ -305,15 +298,8 @@ def run_verify(args: argparse.Namespace) -> int:
     here."""
     lock = open_lock(args, strict=args.strict, trust=args.trust)
     args.mode = args.mode or lock.mode
-    result: dict[str, Any] = {
-        "lock": args.lock,
-        "mode": args.mode,
-        "differences": [],
-        "notes": [],
-        "warnings": list(lock.warnings),
-        "slots": {},
-        "imported": not args.no_import,
-    }
+    result: dict[str, Any] = {"lock": args.lock, "mode": args.mode, "differences": [], "notes": []}
+    result |= {"warnings": list(lock.warnings), "slots": {}, "imported": not args.no_import}
     try:
         # with --no-import the machine is read without torch where every checked fact can be, and
         # each class judged from the tables of known classes: one they cannot judge is an error
@@ -326,7 +312,7 @@ def run_verify(args: argparse.Namespace) -> int:
             {"field": d.field, "expected": d.expected, "found": d.found, "rule": d.rule}
             for d in getattr(exc, "differences", ())
         ]
-        return _print_failure(result, exc)
+        return _json(result, exc)
     failures: list[LockError] = []
     for slot in kernel_lock.SLOTS:
         try:
@@ -341,7 +327,7 @@ def run_verify(args: argparse.Namespace) -> int:
             }
             failures.append(exc)
     if args.json:
-        return _print_failure(result, max(failures, key=lambda e: e.exit_code, default=None))
+        return _json(result, max(failures, key=lambda e: e.exit_code, default=None))
     # plain lines (no rich): this is every rank's job-start output, and its cost is counted
     verdict = "matches this machine" if args.mode == "training" else "can run on this machine"
     imported = ", classes not imported" if args.no_import else ""
@@ -376,8 +362,8 @@ def add_rehash_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_rehash(args: argparse.Namespace) -> int:
     """``kernel-probe rehash [LOCK]``: re-seal a lock after a deliberate hand edit. It is still
-    fully validated, and a lock that ``verify`` and the runtime would refuse is not sealed
-    (``kernel_lock.trust.confirming.before_sealing``); the rewrite is atomic."""
+    fully validated, a lock that ``verify`` and the runtime would refuse is not sealed
+    (``kernel_lock.launch.before_sealing``), and the rewrite is atomic."""
     args.lock = args.lock or default_lock_path()
     lock = kernel_lock.load(args.lock, emit_warnings=False, trust=args.trust)
     unjudged = before_sealing(lock, _torch_version(lock))
@@ -392,10 +378,8 @@ def run_rehash(args: argparse.Namespace) -> int:
 
 def _torch_version(lock: kernel_lock.KernelLock) -> str:
     """The torch the lock's classes are judged for: the lock's own, else this machine's (read
-    without importing torch); empty when neither is known (torch.nn's targets are then not judged).
-    """
-    recorded = lock.environment.fields.get("torch")
-    if recorded is not None:
+    without torch); empty when neither is known (torch.nn's targets are then not judged)."""
+    if (recorded := lock.environment.fields.get("torch")) is not None:
         return str(recorded.value)
     try:
         return torch_build().version
@@ -420,21 +404,27 @@ def add_lock_arguments(p: argparse.ArgumentParser) -> None:
     add_trust_argument(p)
 
 
+_SUBSTITUTION = {
+    "slot": "slot",
+    "from": "training",
+    "from-target": "training_target",
+    "to": "twin_target",
+    "reason": "reason",
+    "max-error": "max_error",
+}
+
+
 def run_lock(args: argparse.Namespace) -> int:
     """``kernel-probe lock --for inference IN OUT``: on the inference machine, each slot that cannot
     run here replaced by its verified portable twin (as ``factory(..., mode="inference")`` would),
     decided once and written down; a slot with no usable twin stops it and nothing is written."""
     out = Path(args.out)
     if out.is_dir():
-        raise UsageError(
-            f"{out} is a directory",
-            fix=f"name the lock file, e.g. {out / 'kernel-lock.inference.toml'}",
-        )
+        fix = f"name the lock file, e.g. {out / 'kernel-lock.inference.toml'}"
+        raise UsageError(f"{out} is a directory", fix=fix)
     if out.exists() and not args.force:
-        raise UsageError(
-            f"{out} exists; not replacing it",
-            fix="pass --force to replace it, or choose another OUT",
-        )
+        fix = "pass --force to replace it, or choose another OUT"
+        raise UsageError(f"{out} exists; not replacing it", fix=fix)
     lock = load_lock(args.source, trust=args.trust)
     if lock.mode != "training":
         source_of = lock.provenance.get("source", "an unrecorded lock")
@@ -447,9 +437,8 @@ def run_lock(args: argparse.Namespace) -> int:
     derived.verify("inference", current=current)  # what it promises holds here
     derived.dump(out)
     swapped = {s.slot for s in subs}
+    kept = [name for name in kernel_lock.SLOTS if name in derived.slots and name not in swapped]
     if args.json:
-        keys = ("slot", "from", "from-target", "to", "reason", "max-error")
-        names = ("slot", "training", "training_target", "twin_target", "reason", "max_error")
         output.print_json(
             {
                 "source": str(args.source),
@@ -457,19 +446,15 @@ def run_lock(args: argparse.Namespace) -> int:
                 "out": str(out),
                 "digest": derived.digest,
                 "substitutions": [
-                    {k: getattr(s, n) for k, n in zip(keys, names, strict=True)} for s in subs
+                    {k: getattr(s, n) for k, n in _SUBSTITUTION.items()} for s in subs
                 ],
                 "kept": sorted(name for name in derived.slots if name not in swapped),
             }
         )
         return 0
-    _say(f"[green]wrote[/] {safe(str(out))}: inference lock derived from {safe(str(args.source))}")
-    _say(*(f"  [yellow]{safe(str(s))}[/]: {safe(s.reason)}" for s in subs))
     _say(
-        *(
-            f"  {name}: {safe(derived.slots[name].implementation)} (runs here, kept)"
-            for name in kernel_lock.SLOTS
-            if name in derived.slots and name not in swapped
-        )
+        f"[green]wrote[/] {safe(str(out))}: inference lock derived from {safe(str(args.source))}",
+        *(f"  [yellow]{safe(str(s))}[/]: {safe(s.reason)}" for s in subs),
+        *(f"  {n}: {safe(derived.slots[n].implementation)} (runs here, kept)" for n in kept),
     )
     return 0
