@@ -19,17 +19,7 @@ from kernel_lock.resolve import factory, resolve_slot
 from kernel_lock.slots import MODES, short_dtype, slot_name_fix
 from kernel_probe import output
 from kernel_probe.errors import ProbeError, UsageError
-from kernel_probe.output import (
-    DEFAULT_LOCK,
-    add_flags,
-    add_lock_argument,
-    add_trust_argument,
-    default_lock_path,
-    load_lock,
-    open_lock,
-    print_rows,
-    safe,
-)
+from kernel_probe.output import print_rows, safe
 from kernel_probe.probe.derive import derive_inference
 from kernel_probe.probe.lockdiff import lock_differences
 
@@ -52,12 +42,12 @@ def _json(body: dict[str, Any], exc: LockError | None) -> int:
 # ---- show -------------------------------------------------------------------------------------
 def add_show_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``kernel-probe show``."""
-    add_lock_argument(p)
+    output.add_lock_argument(p)
 
 
 def run_show(args: argparse.Namespace) -> int:
     """``kernel-probe show [LOCK]``: the lock's pins, fingerprint and evidence, as text or JSON."""
-    lock = open_lock(args, check_targets=False)
+    lock = output.open_lock(args, check_targets=False)
     if args.json:
         output.print_json(lock.to_dict())
         return 0
@@ -93,7 +83,7 @@ def add_explain_arguments(p: argparse.ArgumentParser) -> None:
         "args",
         nargs="+",
         metavar="[LOCK] SLOT",
-        help=f"the lock file (default: $KERNEL_LOCK or ./{DEFAULT_LOCK}) and the slot: "
+        help=f"the lock file (default: $KERNEL_LOCK or ./{output.DEFAULT_LOCK}) and the slot: "
         + _SLOT_NAMES,
     )
 
@@ -120,9 +110,9 @@ def run_explain(args: argparse.Namespace) -> int:
             f"explain {one}: which slot? explain takes [LOCK] SLOT",
             fix=f"name the slot after the lock: kernel-probe explain {one} SLOT ({_SLOT_NAMES})",
         )
-    args.lock, args.slot = words if len(words) == 2 else [default_lock_path(), words[0]]
+    args.lock, args.slot = words if len(words) == 2 else [output.default_lock_path(), words[0]]
     slot_argument(args.slot)  # before reading the file: a typo is the argument's fault
-    slot = load_lock(args.lock, check_targets=False).slots.get(args.slot)
+    slot = output.load_lock(args.lock, check_targets=False).slots.get(args.slot)
     if args.json:
         unpinned = {"implementation": None, "note": "not pinned: resolves to torch.nn"}
         output.print_json(slot.to_dict() if slot else unpinned)
@@ -239,13 +229,13 @@ def add_diff_arguments(p: argparse.ArgumentParser) -> None:
         f"exit {ExitCode.LOCKS_DIFFER.value} when the locks differ, 0 when they do not (git diff "
         "--exit-code uses 1, which kernel-probe keeps for failures)"
     )
-    add_flags(p, {"--exit-code": exit_help})
+    output.add_flags(p, {"--exit-code": exit_help})
 
 
 def run_diff(args: argparse.Namespace) -> int:
     """``kernel-probe diff A B``: what differs between two locks (environment, slots), as text or
     JSON."""
-    a, b = load_lock(args.a, check_targets=False), load_lock(args.b, check_targets=False)
+    a, b = (output.load_lock(path, check_targets=False) for path in (args.a, args.b))
     diffs = lock_differences(a, b)
     differ = any(diffs.values())
     code = ExitCode.LOCKS_DIFFER if (differ and args.exit_code) else 0
@@ -269,7 +259,7 @@ def run_diff(args: argparse.Namespace) -> int:
 # ---- verify -----------------------------------------------------------------------------------
 def add_verify_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``kernel-probe verify``."""
-    add_lock_argument(p)
+    output.add_lock_argument(p)
     p.add_argument(
         "--mode",
         choices=MODES,
@@ -277,7 +267,7 @@ def add_verify_arguments(p: argparse.ArgumentParser) -> None:
         help="training: this machine must match the lock; inference: substitute verified twins "
         "where needed (default: the lock's own mode, `mode` in the file)",
     )
-    add_flags(
+    output.add_flags(
         p,
         {
             "--strict": "a hand-edited lock (digest mismatch), or one without an environment, is "
@@ -287,7 +277,7 @@ def add_verify_arguments(p: argparse.ArgumentParser) -> None:
             "at job start); by default each slot's class is also imported",
         },
     )
-    add_trust_argument(p)
+    output.add_trust_argument(p)
 
 
 _RESOLVED = ("implementation", "target", "kwargs", "substituted_from", "max_error")
@@ -296,7 +286,7 @@ _RESOLVED = ("implementation", "target", "kwargs", "substituted_from", "max_erro
 def run_verify(args: argparse.Namespace) -> int:
     """``kernel-probe verify [LOCK]``: does this machine match the lock, and does each slot resolve
     here."""
-    lock = open_lock(args, strict=args.strict, trust=args.trust)
+    lock = output.open_lock(args, strict=args.strict, trust=args.trust)
     args.mode = args.mode or lock.mode
     result: dict[str, Any] = {"lock": args.lock, "mode": args.mode, "differences": [], "notes": []}
     result |= {"warnings": list(lock.warnings), "slots": {}, "imported": not args.no_import}
@@ -320,11 +310,7 @@ def run_verify(args: argparse.Namespace) -> int:
         except LockError as exc:  # e.g. installed but broken on import, with no usable twin
             if not args.json:
                 raise
-            result["slots"][slot] = {
-                "error": exc.problem,
-                "fix": exc.fix,
-                "exit_code": exc.exit_code,
-            }
+            result["slots"][slot] = dict(error=exc.problem, fix=exc.fix, exit_code=exc.exit_code)
             failures.append(exc)
     if args.json:
         return _json(result, max(failures, key=lambda e: e.exit_code, default=None))
@@ -356,15 +342,15 @@ def _resolve(lock: kernel_lock.KernelLock, slot: str, mode: str, no_import: bool
 # ---- rehash -----------------------------------------------------------------------------------
 def add_rehash_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``kernel-probe rehash``."""
-    add_lock_argument(p, "lock file to re-seal after a deliberate hand edit")
-    add_trust_argument(p)
+    output.add_lock_argument(p, "lock file to re-seal after a deliberate hand edit")
+    output.add_trust_argument(p)
 
 
 def run_rehash(args: argparse.Namespace) -> int:
     """``kernel-probe rehash [LOCK]``: re-seal a lock after a deliberate hand edit. It is still
     fully validated, a lock that ``verify`` and the runtime would refuse is not sealed
     (``kernel_lock.launch.before_sealing``), and the rewrite is atomic."""
-    args.lock = args.lock or default_lock_path()
+    args.lock = args.lock or output.default_lock_path()
     lock = kernel_lock.load(args.lock, emit_warnings=False, trust=args.trust)
     unjudged = before_sealing(lock, _torch_version(lock))
     sealed = lock.sealed()
@@ -400,18 +386,13 @@ def add_lock_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("source", metavar="IN", help="the training lock")
     p.add_argument("out", metavar="OUT", help="where to write the inference lock (atomically)")
-    add_flags(p, {"--force": "replace OUT if it exists"})
-    add_trust_argument(p)
+    output.add_flags(p, {"--force": "replace OUT if it exists"})
+    output.add_trust_argument(p)
 
 
-_SUBSTITUTION = {
-    "slot": "slot",
-    "from": "training",
-    "from-target": "training_target",
-    "to": "twin_target",
-    "reason": "reason",
-    "max-error": "max_error",
-}
+# each substitution's JSON keys and the attributes they hold
+_SUBSTITUTION = ("slot", "from", "from-target", "to", "reason", "max-error")
+_ATTRIBUTES = ("slot", "training", "training_target", "twin_target", "reason", "max_error")
 
 
 def run_lock(args: argparse.Namespace) -> int:
@@ -425,7 +406,7 @@ def run_lock(args: argparse.Namespace) -> int:
     if out.exists() and not args.force:
         fix = "pass --force to replace it, or choose another OUT"
         raise UsageError(f"{out} exists; not replacing it", fix=fix)
-    lock = load_lock(args.source, trust=args.trust)
+    lock = output.load_lock(args.source, trust=args.trust)
     if lock.mode != "training":
         source_of = lock.provenance.get("source", "an unrecorded lock")
         raise UsageError(
@@ -439,18 +420,14 @@ def run_lock(args: argparse.Namespace) -> int:
     swapped = {s.slot for s in subs}
     kept = [name for name in kernel_lock.SLOTS if name in derived.slots and name not in swapped]
     if args.json:
-        output.print_json(
-            {
-                "source": str(args.source),
-                "source-digest": derived.provenance["source-digest"],
-                "out": str(out),
-                "digest": derived.digest,
-                "substitutions": [
-                    {k: getattr(s, n) for k, n in _SUBSTITUTION.items()} for s in subs
-                ],
-                "kept": sorted(name for name in derived.slots if name not in swapped),
-            }
-        )
+        body = {"source": str(args.source), "source-digest": derived.provenance["source-digest"]}
+        body |= {"out": str(out), "digest": derived.digest}
+        body["substitutions"] = [
+            {k: getattr(s, n) for k, n in zip(_SUBSTITUTION, _ATTRIBUTES, strict=True)}
+            for s in subs
+        ]
+        body["kept"] = sorted(name for name in derived.slots if name not in swapped)
+        output.print_json(body)
         return 0
     _say(
         f"[green]wrote[/] {safe(str(out))}: inference lock derived from {safe(str(args.source))}",

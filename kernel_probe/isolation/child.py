@@ -1,19 +1,13 @@
 """The one way the probe starts a child process: a fresh interpreter that cannot hurt the caller.
 
-    result = run_function("kernel_probe.anemoi.entry_checks", "check_entries", requests,
-                          timeout=120)
-    if result.ok:
-        use(result.value)
-    else:
-        report(result.status, result.reason)  # "crashed" / "timeout" / "error", with the evidence
-
 Every child runs ``BOOT``, started by the one launcher, ``kernel_lock.launch`` (``python -I``,
 ``sys.path`` set before any import, never the working directory, except *last* for the worker, so
 ``--candidate mymod.X`` may name a local module). ``BOOT`` dies with its parent, may leave a reaper
 that kills its process group when it dies, caps its address space if asked, then calls
-``function(payload)`` once (``run_function``: payload, answer and output are files, so a forked
-process holding the child's descriptors cannot block the caller) or serves (``spawn``, the worker).
-The caller ends the child with :func:`end`, which kills its whole process group.
+``function(payload)`` once (:func:`run_function`, whose ``ChildResult`` says ok, error, crashed or
+timeout with the evidence; payload, answer and output are files, so a forked process holding the
+child's descriptors cannot block the caller) or serves (:func:`spawn`, the worker). :func:`end`
+ends a child: its whole process group is killed.
 """
 
 from __future__ import annotations
