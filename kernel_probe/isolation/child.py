@@ -182,9 +182,8 @@ def spawn(
     bufsize: int = -1,
     **call: Any,
 ) -> subprocess.Popen[bytes]:
-    """Start ``BOOT`` in its own process group: it serves ``module.function()`` (``call`` empty) or
-    calls it once on a payload (``call``: mode, payload, result, source, exit; see
-    ``run_function``). Raises OSError when the interpreter cannot be started."""
+    """Start ``BOOT`` in its own process group: it serves ``module.function()``, or with ``call``
+    (mode, payload, result, source, exit) calls it once. OSError when it cannot start."""
     options = {"mode": "serve", "module": module, "function": function, "parent": os.getpid()}
     options |= {"keep_cwd": keep_cwd, "reaper": reaper, "memory": int(memory_limit or 0) or None}
     env = dict(env) if env is not None else child_environment()
@@ -224,15 +223,11 @@ def run_function(
     teardown: bool = False,
     started: Callable[[subprocess.Popen[bytes]], None] | None = None,
 ) -> ChildResult:
-    """``module.function(payload)`` in a child process, within ``timeout`` seconds; never raises for
-    the child's sake.
-
-    ``payload`` (a protocol message, or JSON) and the return value are JSON. ``memory_limit``
-    (bytes) caps the child's address space, so a runaway (a YAML alias bomb) ends as a MemoryError.
-    ``source``: code defining ``function``, run instead of importing ``module``. ``teardown``: the
-    child exits normally after answering, so a crash at exit shows in ``returncode``. ``started``
-    receives the child's Popen as soon as it runs (so a caller can kill it).
-    """
+    """``module.function(payload)`` (JSON in and out) in a child, within ``timeout`` seconds; never
+    raises for the child's sake. ``memory_limit`` (bytes) caps its address space (a YAML alias bomb
+    ends as a MemoryError); ``source``: code defining ``function``, run instead of ``module``;
+    ``teardown``: the child exits normally after answering (a crash at exit shows in
+    ``returncode``); ``started`` receives its Popen as soon as it runs."""
     payload = payload.to_json() if hasattr(payload, "to_json") else payload
     begun = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kernel-probe-child-") as tmp:

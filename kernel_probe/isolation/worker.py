@@ -179,9 +179,8 @@ class Worker:
         timeout: float = DEFAULT_TIMEOUT,
         on_progress: Progress | None = None,
     ) -> Any:
-        """Send one request; its op's reply (``REPLIES``) comes back, ``on_progress``
-        given each progress message before it; ``timeout`` covers the whole call. On crash or
-        timeout raise WorkerDied (the next call gets a fresh worker)."""
+        """``request``'s reply (``REPLIES``), ``on_progress`` given each progress message before it,
+        within ``timeout``; WorkerDied on crash or timeout (the next call gets a fresh worker)."""
         if self._proc is None or (
             self._proc.poll() is not None and not self._ping_unread and self._ahead is None
         ):
@@ -394,9 +393,9 @@ def read_request(data: Any) -> Request:
 
 
 def serve(dispatch: Callable[[Request, Progress], Reply]) -> None:
-    """The worker's loop: one request a line on stdin, answered by ``dispatch`` (the probe's
-    handlers) with one reply a line, after any progress messages, flagged when torch's functions
-    were replaced or Triton ran interpreted; what is not a request gets a fatal reply."""
+    """The worker's loop: one request a line on stdin, one reply a line from ``dispatch`` (after its
+    progress messages; flagged when torch's functions were replaced or Triton ran interpreted), a
+    fatal reply to what is not a request."""
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything printed by foreign code goes to stderr, not the protocol
     sys.stdout = sys.stderr
