@@ -1,6 +1,6 @@
-"""The ``kernel-probe`` command line: the table of subcommands, the arguments they share, and one
-mapping of errors to exit codes (kernel_lock.errors.ExitCode); ``--debug`` shows the traceback.
-``kernel-probe [options]`` runs the probe; ``kernel-probe SUBCOMMAND ...`` one of the tools below.
+"""The ``kernel-probe`` command line: the table of subcommands and one mapping of errors to exit
+codes (kernel_lock.errors.ExitCode); ``--debug`` shows the traceback. ``kernel-probe [options]``
+runs the probe; ``kernel-probe SUBCOMMAND ...`` one of the tools below.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import difflib
 import functools
 import importlib
 import logging
-import math
 import os
 import sys
 import warnings
@@ -18,106 +17,92 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-import kernel_lock
 from kernel_lock.errors import ExitCode, LockError, LockWarning
 from kernel_probe import __version__, output
-from kernel_probe.probe.limits import MAX_SECONDS
 
 
 @dataclass(frozen=True)
 class Subcommand:
     """One ``kernel-probe NAME``: its module under kernel_probe.commands (imported only when it
     runs, so ``--version`` and the job-start path stay fast), the functions that add its arguments
-    and run it, its help, and what its ``--json`` prints (None: it has no --json)."""
+    and run it, its help, and what its ``--json`` prints (None: it has no --json). ``exit_now``: its
+    process ends without the interpreter's teardown, which costs 0.3-0.5 s once torch is loaded
+    (issue 37: a first ``env`` < 3 s)."""
 
     module: str
     add_arguments: str
     run: str
     help: str
     json: str | None = None
-    # its own process ends without the interpreter's teardown (``exit_now``): with torch loaded that
-    # teardown costs 0.3-0.5 s after the answer (issue 37: a first ``env`` < 3 s)
     exit_now: bool = False
 
 
-SUBCOMMANDS: dict[str, Subcommand] = {
-    "verify": Subcommand(
-        "locks",
-        "add_verify_arguments",
-        "run_verify",
-        "check this machine against a lock and resolve every slot",
-        json="machine-readable result on stdout",
-    ),
-    "show": Subcommand(
-        "locks",
-        "add_show_arguments",
-        "run_show",
-        "print a lock in readable form",
-        json="the lock's content as JSON",
-    ),
-    "rehash": Subcommand(
-        "locks",
-        "add_rehash_arguments",
-        "run_rehash",
-        "accept hand edits: recompute a lock's digest (atomic rewrite)",
-    ),
-    "env": Subcommand(
-        "env",
-        "add_env_arguments",
-        "run_env",
-        "report this machine: host, torch build, accelerators, triton, kernel libraries, site",
-        json="the report as JSON (keys documented in docs/env.md)",
-        exit_now=True,
-    ),
-    "check": Subcommand(
-        "check",
-        "add_check_arguments",
-        "run_check",
-        "run the correctness kernels and print the verdict table",
-        json="machine-readable verdicts on stdout",
-    ),
-    "profiles": Subcommand(
-        "profiles",
-        "add_profiles_arguments",
-        "run_profiles",
-        "site profiles: list, show NAME, check PATH, match [NAME] [--node FILE]",
-    ),
-    "explain": Subcommand(
-        "locks",
-        "add_explain_arguments",
-        "run_explain",
-        "why a lock chose what it chose for one slot: evidence, timings, rejections",
-        json="the slot's entry as JSON",
-    ),
-    "diff": Subcommand(
-        "locks",
-        "add_diff_arguments",
-        "run_diff",
-        "what changed between two locks: environment fields and choices",
-        json="the differences as JSON",
-    ),
-    "export": Subcommand(
-        "anemoi",
-        "add_export_arguments",
-        "run_export",
-        "print a lock as anemoi-models' layer_kernels YAML block (--format anemoi)",
-        json="the mapping as JSON instead of YAML",
-    ),
-    "check-config": Subcommand(
-        "anemoi",
-        "add_check_config_arguments",
-        "run_check_config",
-        "check an anemoi config's layer_kernels blocks on this machine (and against a lock)",
-        json="findings as JSON",
-    ),
-    "lock": Subcommand(
-        "locks",
-        "add_lock_arguments",
-        "run_lock",
-        "derive a lock for inference on this machine: lock --for inference IN OUT",
-        json="machine-readable summary on stdout",
-    ),
-}
+def _sub(name: str, module: str, help: str, json: str | None = None, exit_now: bool = False):
+    fn = name.replace("-", "_")
+    return name, Subcommand(module, f"add_{fn}_arguments", f"run_{fn}", help, json, exit_now)
+
+
+_SUMMARY = "machine-readable summary on stdout"
+SUBCOMMANDS: dict[str, Subcommand] = dict(
+    [
+        _sub(
+            "verify",
+            "locks",
+            "check this machine against a lock and resolve every slot",
+            "machine-readable result on stdout",
+        ),
+        _sub("show", "locks", "print a lock in readable form", "the lock's content as JSON"),
+        _sub("rehash", "locks", "accept hand edits: recompute a lock's digest (atomic rewrite)"),
+        _sub(
+            "env",
+            "env",
+            "report this machine: host, torch build, accelerators, triton, kernel libraries, site",
+            "the report as JSON (keys documented in docs/env.md)",
+            exit_now=True,
+        ),
+        _sub(
+            "check",
+            "check",
+            "run the correctness kernels and print the verdict table",
+            "machine-readable verdicts on stdout",
+        ),
+        _sub(
+            "profiles",
+            "profiles",
+            "site profiles: list, show NAME, check PATH, match [NAME] [--node FILE]",
+        ),
+        _sub(
+            "explain",
+            "locks",
+            "why a lock chose what it chose for one slot: evidence, timings, rejections",
+            "the slot's entry as JSON",
+        ),
+        _sub(
+            "diff",
+            "locks",
+            "what changed between two locks: environment fields and choices",
+            "the differences as JSON",
+        ),
+        _sub(
+            "export",
+            "anemoi",
+            "print a lock as anemoi-models' layer_kernels YAML block (--format anemoi)",
+            "the mapping as JSON instead of YAML",
+        ),
+        _sub(
+            "check-config",
+            "anemoi",
+            "check an anemoi config's layer_kernels blocks on this machine (and against a lock)",
+            "findings as JSON",
+        ),
+        _sub(
+            "lock",
+            "locks",
+            "derive a lock for inference on this machine: lock --for inference IN OUT",
+            _SUMMARY,
+        ),
+    ]
+)
 
 TAKES_OVERRIDES = ("check-config", "export")  # what follows `--` goes on to Hydra
 # a subcommand's help names the exit codes once, briefly; the table is in `kernel-probe --help`
@@ -127,97 +112,6 @@ SUB_EPILOG = (
 )
 
 
-# ---- what the commands share ------------------------------------------------------------------
-DEFAULT_LOCK = "kernel-lock.toml"
-MAX_COUNT = 1_000_000
-TRUST_HELP = (
-    "trust this top-level package beyond the built-in allow-list (repeatable; also "
-    "$KERNEL_LOCK_TRUST). A lock's own trusted-modules only ask for it"
-)
-
-
-def default_lock_path() -> str:
-    """The lock a command reads when none is named: $KERNEL_LOCK, else ./kernel-lock.toml."""
-    return os.environ.get("KERNEL_LOCK", DEFAULT_LOCK)
-
-
-def add_lock_argument(p: argparse.ArgumentParser, what: str = "lock file") -> None:
-    """The optional LOCK positional (``args.lock``; None when not given: ``default_lock_path``)."""
-    p.add_argument(
-        "lock", nargs="?", default=None, help=f"{what} (default: $KERNEL_LOCK or ./{DEFAULT_LOCK})"
-    )
-
-
-def add_flags(p: argparse.ArgumentParser, flags: dict[str, str]) -> None:
-    """An on/off option for each ``flag: help``."""
-    for flag, help in flags.items():
-        p.add_argument(flag, action="store_true", help=help)
-
-
-def add_trust_argument(p: argparse.ArgumentParser) -> None:
-    """``--trust MODULE`` (repeatable, ``args.trust``)."""
-    p.add_argument("--trust", action="append", default=[], metavar="MODULE", help=TRUST_HELP)
-
-
-def load_lock(path: str, strict: bool = False, **options: Any) -> kernel_lock.KernelLock:
-    """``kernel_lock.load`` for a command (``options``: ``trust``, ``check_targets``), the lock's
-    warnings on stderr and a missing ``$KERNEL_LOCK`` file named as such."""
-    try:
-        lock = kernel_lock.load(path, strict=strict, emit_warnings=False, **options)
-    except LockError as exc:
-        env = os.environ.get("KERNEL_LOCK")
-        if env is None or env != path or os.path.isfile(path):
-            raise
-        # a missing lock named by the environment rather than by the user: say where it came from
-        exc.problem += " ($KERNEL_LOCK names this path)"
-        exc.fix = (
-            "unset KERNEL_LOCK or point it at the lock, or name the lock on the command "
-            f"line; {exc.fix or ''}"
-        ).rstrip("; ")
-        exc.args = (exc._render(),)
-        raise
-    for message in lock.warnings:
-        output.warn(message)
-    return lock
-
-
-def open_lock(args: argparse.Namespace, **options: Any) -> kernel_lock.KernelLock:
-    """:func:`load_lock` of ``args.lock``, set to :func:`default_lock_path` when not given."""
-    args.lock = args.lock or default_lock_path()
-    return load_lock(args.lock, **options)
-
-
-def seconds(text: str, *, limit: float = MAX_SECONDS) -> float:
-    """An argparse type: a positive, finite number of seconds, at most ``limit`` (a week)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not (math.isfinite(value) and 0 < value <= limit):
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: a time budget must be a positive, finite number of seconds, at most "
-            f"{limit:g}"
-        )
-    return value
-
-
-def count(lo: int = 1, hi: int = MAX_COUNT) -> Callable[[str], int]:
-    """An argparse type: a whole number in ``[lo, hi]``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text.strip(), 10) if text.strip().isascii() else None
-        except ValueError:
-            value = None
-        if value is None or not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number from {lo} to {hi}")
-        return value
-
-    parse.__name__ = "count"
-    return parse
-
-
-# ---- parsing ----------------------------------------------------------------------------------
 def unknown_subcommand(word: str) -> str | None:
     """The message for ``kernel-probe WORD``, WORD no subcommand (None: WORD is an option)."""
     if not word or word.startswith("-"):
@@ -269,14 +163,10 @@ def build_subparser(name: str) -> tuple[_Parser, Callable]:
 
 
 def _probe_parser(argv: list[str]) -> tuple[_Parser, Callable]:
-    # the probe's modules cost an import a subcommand does not pay
-    from kernel_probe.commands import probe
+    from kernel_probe.commands import probe  # the probe's modules: a subcommand does not pay them
 
-    parser = _base_parser(
-        "kernel-probe",
-        "Probe kernels on this machine and write a kernel lock.",
-        "machine-readable summary on stdout",
-    )
+    description = "Probe kernels on this machine and write a kernel lock."
+    parser = _base_parser("kernel-probe", description, _SUMMARY)
     parser.add_argument("-V", "--version", action="version", version=f"kernel-probe {__version__}")
     probe.add_probe_arguments(parser)
     subs = "\n".join(f"  {n:<14} {s.help}" for n, s in SUBCOMMANDS.items())
@@ -286,7 +176,6 @@ def _probe_parser(argv: list[str]) -> tuple[_Parser, Callable]:
     return parser, probe.run_probe
 
 
-# ---- running ----------------------------------------------------------------------------------
 def exit_now(code: int) -> NoReturn:
     """End this process with ``code`` once its output is out, without the interpreter's teardown."""
     logging.shutdown()
@@ -319,10 +208,8 @@ def _main(argv: list[str]) -> int:
             rest, overrides = rest[:cut], rest[cut + 1 :]
     elif (wrong := unknown_subcommand(argv[0]) if argv else None) is not None:
         if "--json" in argv:
-            fail = output.failure(
-                wrong, ExitCode.USAGE, kind="UsageError", fix="kernel-probe --help"
-            )
-            output.print_json(fail)
+            fix = "kernel-probe --help"
+            output.print_json(output.failure(wrong, ExitCode.USAGE, kind="UsageError", fix=fix))
         output.error(f"{wrong}\n  fix: see kernel-probe --help")
         return ExitCode.USAGE
     else:
@@ -341,13 +228,14 @@ def _main(argv: list[str]) -> int:
 
 
 def _run(run: Callable[[argparse.Namespace], Any], args: argparse.Namespace) -> int:
+    json = getattr(args, "json", False)
     try:
         return int(run(args) or 0)
     except LockError as exc:
         if args.debug:
             raise
         output.error(str(exc))
-        if getattr(args, "json", False):
+        if json:
             output.print_json(output.with_failure({}, exc))
         return exc.exit_code
     except KeyboardInterrupt:
@@ -356,10 +244,10 @@ def _run(run: Callable[[argparse.Namespace], Any], args: argparse.Namespace) -> 
     except Exception as exc:  # a bug: say so plainly, keep the traceback for --debug
         if args.debug or os.environ.get("KERNEL_PROBE_DEBUG"):
             raise
+        fix = "re-run with --debug for the traceback"
         problem = f"unexpected {type(exc).__name__}: {exc}"
-        output.error(f"{problem} (re-run with --debug for the traceback)")
-        if getattr(args, "json", False):
-            fix = "re-run with --debug for the traceback"
+        output.error(f"{problem} ({fix})")
+        if json:
             output.print_json(output.failure(problem, ExitCode.FAILURE, kind="bug", fix=fix))
         return ExitCode.FAILURE
 

@@ -1,9 +1,9 @@
 """Tables in the documentation that are generated from the code, so they cannot drift from it.
 
-A generated block sits between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->``; ``NAME`` says
-which generator of ``BLOCKS`` fills it, and an unknown name or a block without its end is an error
-(exit 5). ``python -m kernel_probe.docgen`` rewrites every block of README.md and docs/*.md in the
-checkout; ``--check`` writes nothing and exits 1 if one is out of date (the test suite runs it).
+A generated block sits between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->``, filled by the
+generator ``BLOCKS[NAME]`` (an unknown name or a block without its end: exit 5).
+``python -m kernel_probe.docgen`` rewrites the blocks of README.md and docs/*.md; ``--check`` writes
+nothing and exits 1 if one is out of date (the test suite runs it).
 """
 
 from __future__ import annotations
@@ -22,13 +22,10 @@ ROOT = Path(__file__).resolve().parent.parent  # the checkout: README.md and doc
 _BEGIN = re.compile(r"<!-- ([a-z][a-z0-9-]*):begin -->\n")
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
 def exit_code_table() -> str:
     """The code -> meaning table of ``kernel_lock.errors.ExitCode``, which every command follows."""
-    rows = "".join(f"| {code.value} | {_cell(code.meaning)} |\n" for code in sorted(ExitCode))
+    cell = {ord("|"): "\\|", ord("\n"): " "}
+    rows = "".join(f"| {c.value} | {c.meaning.translate(cell)} |\n" for c in sorted(ExitCode))
     return (
         "<!-- generated from kernel_lock.errors.ExitCode by `python -m kernel_probe.docgen`: edit "
         "it there -->\n| code | meaning |\n|---|---|\n" + rows
@@ -50,8 +47,7 @@ def render(text: str, where: str = "<text>") -> str:
         if name not in BLOCKS:
             known = ", ".join(BLOCKS)
             raise DocgenError(f"{where}:{line}: unknown generated block {name!r} (known: {known})")
-        end = text.find(f"<!-- {name}:end -->", m.end())
-        if end < 0:
+        if (end := text.find(f"<!-- {name}:end -->", m.end())) < 0:
             raise DocgenError(
                 f"{where}:{line}: <!-- {name}:begin --> without its <!-- {name}:end -->"
             )
@@ -83,29 +79,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m kernel_probe.docgen", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument(
-        "--check", action="store_true", help="write nothing; exit 1 if a document is out of date"
-    )
-    parser.add_argument(
-        "--root", type=Path, default=ROOT, help="the checkout holding README.md and docs/"
-    )
+    check_help = "write nothing; exit 1 if a document is out of date"
+    parser.add_argument("--check", action="store_true", help=check_help)
+    root_help = "the checkout holding README.md and docs/"
+    parser.add_argument("--root", type=Path, default=ROOT, help=root_help)
     args = parser.parse_args(argv)
-    if not documents(args.root):
-        print(f"error: no README.md or docs/*.md under {args.root}", file=sys.stderr)
-        return ExitCode.BAD_INPUT
     try:
+        if not documents(args.root):
+            raise DocgenError(f"no README.md or docs/*.md under {args.root}")
         changed = update(args.root, write=not args.check)
     except DocgenError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.BAD_INPUT
+    stale = "generated tables are out of date (run `python -m kernel_probe.docgen`)"
     for p in changed:
-        if args.check:
-            print(
-                f"{p}: generated tables are out of date (run `python -m kernel_probe.docgen`)",
-                file=sys.stderr,
-            )
-        else:
-            print(f"updated {p}")
+        print(
+            f"{p}: {stale}" if args.check else f"updated {p}",
+            file=sys.stderr if args.check else sys.stdout,
+        )
     return ExitCode.FAILURE if (changed and args.check) else ExitCode.OK
 
 

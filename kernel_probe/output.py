@@ -1,18 +1,31 @@
-"""Presentation: one rich console on stdout and one on stderr (rich honours NO_COLOR and narrow
-terminals), tables, JSON, the one failure shape of ``--json``, and the two flags every command
-shares, declared once. Every string from a file or a library is printed through ``safe``/``plain``.
+"""What every command shares: one rich console per stream (rich honours NO_COLOR and narrow
+terminals), tables, JSON and the one failure shape of ``--json``; the arguments the commands share,
+declared once (``--json``, ``--debug``, a lock, ``--trust``, seconds, counts) and opening a lock.
+Every string from a file or a library is printed through ``safe``/``plain``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import kernel_lock
+from kernel_lock.errors import LockError
+from kernel_probe.probe.limits import MAX_SECONDS
+
 _consoles: dict[str, Any] = {}
+DEFAULT_LOCK = "kernel-lock.toml"
+MAX_COUNT = 1_000_000
+TRUST_HELP = (
+    "trust this top-level package beyond the built-in allow-list (repeatable; also "
+    "$KERNEL_LOCK_TRUST). A lock's own trusted-modules only ask for it"
+)
 
 
 def debug_flag() -> argparse.ArgumentParser:
@@ -60,16 +73,16 @@ def safe(value: Any) -> str:
     markup escaped (``[/bold]`` in a lock is printed, not interpreted)."""
     from rich.markup import escape
 
-    return escape(_controls_escaped(str(value)))
+    return escape(_escaped(str(value)))
 
 
-def _controls_escaped(text: str) -> str:
+def _escaped(text: str) -> str:
     return _CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), text)
 
 
 def plain(value: Any) -> str:
     """``value`` as text for a plain stream: each line's control characters shown as escapes."""
-    return "\n".join(_controls_escaped(line) for line in str(value).split("\n"))
+    return "\n".join(_escaped(line) for line in str(value).split("\n"))
 
 
 def table(title: str | None = None, **options: Any):
@@ -77,14 +90,8 @@ def table(title: str | None = None, **options: Any):
     from rich import box
     from rich.table import Table
 
-    options = {
-        "box": box.SIMPLE_HEAD,
-        "show_edge": False,
-        "pad_edge": False,
-        "title_justify": "left",
-        **options,
-    }
-    return Table(title=title, **options)
+    defaults = dict(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, title_justify="left")
+    return Table(title=title, **{**defaults, **options})
 
 
 def print_table(tbl: Any, *, stderr: bool = False) -> None:
@@ -101,8 +108,7 @@ def print_table(tbl: Any, *, stderr: bool = False) -> None:
             )
             words = [w for cell in cells for w in cell.split()]
             column.min_width = max([column.min_width or 0, *(len(w) for w in words)])
-    need = Measurement.get(con, con.options.update(width=100_000), tbl).minimum
-    width = con.width
+    width, need = con.width, Measurement.get(con, con.options.update(width=100_000), tbl).minimum
     try:
         con.width = max(width, need)
         con.print(tbl)
@@ -162,19 +168,101 @@ def print_json(data: Any) -> None:
 
 def error(message: str) -> None:
     """An error on stderr (each line of a message with its fix made safe)."""
-    console(stderr=True).print(f"[bold red]error:[/] {_lines(message)}")
+    _say("[bold red]error:[/]", message)
 
 
 def warn(message: str) -> None:
     """A warning on stderr."""
-    console(stderr=True).print(f"[yellow]warning:[/] {_lines(message)}")
+    _say("[yellow]warning:[/]", message)
 
 
-def _lines(message: str) -> str:
-    return "\n".join(safe(line) for line in str(message).split("\n"))
+def _say(label: str, message: str) -> None:
+    console(stderr=True).print(label, "\n".join(safe(line) for line in str(message).split("\n")))
 
 
 def info(message: str) -> None:
     """A plain line on stderr, without rich (the warm path of a job start must not import it)."""
     sys.stderr.write(plain(message) + "\n")
     sys.stderr.flush()
+
+
+# ---- the arguments the commands share ---------------------------------------------------------
+def default_lock_path() -> str:
+    """The lock a command reads when none is named: $KERNEL_LOCK, else ./kernel-lock.toml."""
+    return os.environ.get("KERNEL_LOCK", DEFAULT_LOCK)
+
+
+def add_lock_argument(p: argparse.ArgumentParser, what: str = "lock file") -> None:
+    """The optional LOCK positional (``args.lock``; None when not given: ``default_lock_path``)."""
+    p.add_argument(
+        "lock", nargs="?", default=None, help=f"{what} (default: $KERNEL_LOCK or ./{DEFAULT_LOCK})"
+    )
+
+
+def add_flags(p: argparse.ArgumentParser, flags: dict[str, str]) -> None:
+    """An on/off option for each ``flag: help``."""
+    for flag, help in flags.items():
+        p.add_argument(flag, action="store_true", help=help)
+
+
+def add_trust_argument(p: argparse.ArgumentParser) -> None:
+    """``--trust MODULE`` (repeatable, ``args.trust``)."""
+    p.add_argument("--trust", action="append", default=[], metavar="MODULE", help=TRUST_HELP)
+
+
+def load_lock(path: str, strict: bool = False, **options: Any) -> kernel_lock.KernelLock:
+    """``kernel_lock.load`` for a command (``options``: ``trust``, ``check_targets``), the lock's
+    warnings on stderr and a missing ``$KERNEL_LOCK`` file named as such."""
+    try:
+        lock = kernel_lock.load(path, strict=strict, emit_warnings=False, **options)
+    except LockError as exc:
+        env = os.environ.get("KERNEL_LOCK")
+        if env is None or env != path or os.path.isfile(path):
+            raise
+        # a missing lock named by the environment rather than by the user: say where it came from
+        exc.problem += " ($KERNEL_LOCK names this path)"
+        exc.fix = (
+            "unset KERNEL_LOCK or point it at the lock, or name the lock on the command "
+            f"line; {exc.fix or ''}"
+        ).rstrip("; ")
+        exc.args = (exc._render(),)
+        raise
+    for message in lock.warnings:
+        warn(message)
+    return lock
+
+
+def open_lock(args: argparse.Namespace, **options: Any) -> kernel_lock.KernelLock:
+    """:func:`load_lock` of ``args.lock``, set to :func:`default_lock_path` when not given."""
+    args.lock = args.lock or default_lock_path()
+    return load_lock(args.lock, **options)
+
+
+def seconds(text: str, *, limit: float = MAX_SECONDS) -> float:
+    """An argparse type: a positive, finite number of seconds, at most ``limit`` (a week)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and 0 < value <= limit):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a time budget must be a positive, finite number of seconds, at most "
+            f"{limit:g}"
+        )
+    return value
+
+
+def count(lo: int = 1, hi: int = MAX_COUNT) -> Callable[[str], int]:
+    """An argparse type: a whole number in ``[lo, hi]``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip(), 10) if text.strip().isascii() else None
+        except ValueError:
+            value = None
+        if value is None or not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number from {lo} to {hi}")
+        return value
+
+    parse.__name__ = "count"
+    return parse

@@ -13,15 +13,21 @@ import yaml
 
 from kernel_lock.anemoi import attention_export, export, gated_mlp_export
 from kernel_lock.slots import MODES
-from kernel_probe import __version__, cli, output
+from kernel_probe import __version__, output
 from kernel_probe.anemoi.config_file import SHAPES
 from kernel_probe.anemoi.entry_checks import DEFAULT_TIMEOUT
 from kernel_probe.anemoi.graph_attention_checks import export_setting
 from kernel_probe.anemoi.pipelines import CHECK_CONFIG_EXIT, check_config, export_for_config
 from kernel_probe.anemoi.trust import add_config_trust_argument, config_trust
-from kernel_probe.cli import add_flags, add_lock_argument, add_trust_argument, load_lock, open_lock
 from kernel_probe.errors import UsageError
-from kernel_probe.output import safe
+from kernel_probe.output import (
+    add_flags,
+    add_lock_argument,
+    add_trust_argument,
+    load_lock,
+    open_lock,
+    safe,
+)
 
 
 # ---- export -----------------------------------------------------------------------------------
@@ -262,7 +268,7 @@ def add_check_config_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--timeout",
-        type=cli.seconds,
+        type=output.seconds,
         default=DEFAULT_TIMEOUT,
         metavar="SECONDS",
         help=f"how long importing the targets may take (default {DEFAULT_TIMEOUT:g})",

@@ -8,8 +8,7 @@ from collections.abc import Sequence
 from kernel_lock.slots import DTYPES, short_dtype, slot_name_fix
 from kernel_probe import output
 from kernel_probe import slots as slot_behaviour
-from kernel_probe.cli import count, seconds
-from kernel_probe.output import safe
+from kernel_probe.output import count, safe, seconds
 from kernel_probe.probe.limits import CHECK_HIDDEN, CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT
 
 

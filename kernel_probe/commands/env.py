@@ -7,12 +7,11 @@ import argparse
 from typing import Any
 
 from kernel_probe import output
-from kernel_probe.cli import add_flags, seconds
 from kernel_probe.detect import host
 from kernel_probe.detect.importcheck import DEFAULT_TIMEOUT, ImportCache
 from kernel_probe.detect.report import detect
 from kernel_probe.errors import UsageError
-from kernel_probe.output import safe
+from kernel_probe.output import add_flags, safe, seconds
 
 STATUS_STYLE = {
     "ok": "green",
@@ -69,20 +68,6 @@ class _Markup(str):
     """A row's value that is rich markup already (what in it came from the report made safe)."""
 
 
-def _section(console: Any, title: str, rows: _Rows) -> None:
-    """A titled section of ``key value`` rows; keys and plain values are made safe here."""
-    from rich.table import Table
-
-    console.print()
-    console.rule(f"[bold]{title}[/]", align="left")
-    table = Table.grid(padding=(0, 2))
-    table.add_column(style="bold", no_wrap=True)
-    table.add_column(overflow="fold")
-    for key, value in rows:
-        table.add_row(safe(key), value if isinstance(value, _Markup) else safe(value))
-    console.print(table)
-
-
 def _gib(n: int | None) -> str:
     return "?" if n is None else f"{n / 2**30:.1f} GiB"
 
@@ -136,6 +121,8 @@ def _torch_rows(t: dict[str, Any] | None) -> _Rows:
     }
     dnn, coll, m = t["dnn"], t["collectives"], t["math"]
     dnn_text = f"{dnn['version']} (compiled {dnn['compiled']})" if dnn["version"] else None
+    on = {k: _onoff(v) for k, v in m.items()}
+    warn_only = " (warn only)" if m["deterministic_warn_only"] else ""
     return [
         ("version", f"{t['version']} ({t['location']})"),
         ("built for", builds.get(t["build"], "CPU only")),
@@ -145,20 +132,18 @@ def _torch_rows(t: dict[str, Any] | None) -> _Rows:
         ("cpu kernels", str(t["cpu_capability"])),
         (
             "tf32",
-            f"matmul {_onoff(m['matmul_allow_tf32'])}, cudnn {_onoff(m['cudnn_allow_tf32'])}, "
+            f"matmul {on['matmul_allow_tf32']}, cudnn {on['cudnn_allow_tf32']}, "
             f"fp32 matmul precision {m['float32_matmul_precision']}",
         ),
         (
             "reductions",
-            f"fp16 reduced {_onoff(m['matmul_allow_fp16_reduced_precision_reduction'])}, "
-            f"bf16 reduced {_onoff(m['matmul_allow_bf16_reduced_precision_reduction'])}",
+            f"fp16 reduced {on['matmul_allow_fp16_reduced_precision_reduction']}, "
+            f"bf16 reduced {on['matmul_allow_bf16_reduced_precision_reduction']}",
         ),
         (
             "determinism",
-            f"algorithms {_onoff(m['deterministic_algorithms'])}"
-            + (" (warn only)" if m["deterministic_warn_only"] else "")
-            + f", cudnn deterministic {_onoff(m['cudnn_deterministic'])}, "
-            f"benchmark {_onoff(m['cudnn_benchmark'])}",
+            f"algorithms {on['deterministic_algorithms']}{warn_only}, cudnn deterministic "
+            f"{on['cudnn_deterministic']}, benchmark {on['cudnn_benchmark']}",
         ),
         *t["environment"].items(),
     ]
@@ -235,10 +220,9 @@ def _library_rows(libs: dict[str, dict[str, Any]]) -> _Rows:
             why = f": {safe(imp['reason'])}" if lib["distributions"] else ""
             rows.append((name, _Markup(f"[dim]not installed[/]{why}")))
             continue
-        head = safe(f"{lib['version'] or '(no distribution metadata)'}")
-        if lib.get("identified_as"):
-            head += f", {safe(lib['identified_as'])}"
-        text = f"{head}\nimport {safe(lib['check_module'])}: {_status(imp)}"
+        text = safe(f"{lib['version'] or '(no distribution metadata)'}")
+        text += f", {safe(lib['identified_as'])}" if lib.get("identified_as") else ""
+        text += f"\nimport {safe(lib['check_module'])}: {_status(imp)}"
         if imp["status"] != "ok" and imp.get("reason"):
             text += f"\n{safe(imp['reason'])}"
         if imp.get("stdout"):
@@ -257,27 +241,38 @@ def _site_rows(s: dict[str, Any]) -> _Rows:
 
 def render(report: dict[str, Any], console: Any) -> None:
     """The readable report: one small section per part (narrow terminals fold the values)."""
-    _section(console, "host", _host_rows(report["host"]))
-    _section(console, "torch", _torch_rows(report["torch"]))
-    _section(console, "accelerators", _device_rows(report["accelerators"]))
-    _section(console, "triton", _triton_rows(report["triton"]))
-    _section(console, "kernel libraries", _library_rows(report["libraries"]))
-    _section(console, "site", _site_rows(report["site"]))
+    from rich.table import Table  # rich: not on the job-start path
+
+    sections = [
+        ("host", _host_rows(report["host"])),
+        ("torch", _torch_rows(report["torch"])),
+        ("accelerators", _device_rows(report["accelerators"])),
+        ("triton", _triton_rows(report["triton"])),
+        ("kernel libraries", _library_rows(report["libraries"])),
+        ("site", _site_rows(report["site"])),
+    ]
     if report["fingerprint"] is not None:
         empty = _Markup("[dim]''[/]")
         rows = [(k, str(v) if v != "" else empty) for k, v in report["fingerprint"].items()]
-        _section(console, "lock fingerprint", rows)
+        sections.append(("lock fingerprint", rows))
     if report["errors"]:
         errors = [(e["where"], _Markup(f"[red]{safe(e['error'])}[/]")) for e in report["errors"]]
-        _section(console, "errors", errors)
+        sections.append(("errors", errors))
+    for title, rows in sections:  # keys and plain values are made safe here
+        console.print()
+        console.rule(f"[bold]{title}[/]", align="left")
+        table = Table.grid(padding=(0, 2))
+        table.add_column(style="bold", no_wrap=True)
+        table.add_column(overflow="fold")
+        for key, value in rows:
+            table.add_row(safe(key), value if isinstance(value, _Markup) else safe(value))
+        console.print(table)
     checks = report["import_checks"]
-    how = (
-        f"import checks in child processes, {checks['timeout']:.0f} s timeout"
-        if checks["run"]
-        else "no import checks"
-    )
-    if checks.get("load_per_core") is not None and checks["run"]:
-        how += f" (scaled to load {checks['load_per_core']:.1f} per core)"
+    how = "no import checks"
+    if checks["run"]:
+        how = f"import checks in child processes, {checks['timeout']:.0f} s timeout"
+        if checks.get("load_per_core") is not None:
+            how += f" (scaled to load {checks['load_per_core']:.1f} per core)"
     console.print()
     for note in checks.get("notes", ()):
         console.print(f"[yellow]note:[/] {safe(note)}", soft_wrap=False)  # wrapped at the width

@@ -1,6 +1,6 @@
 """The commands that read a lock: ``show``, ``explain``, ``diff``, ``verify``, ``rehash`` and
-``lock --for inference``. Each opens the lock as kernel_probe.cli does (``$KERNEL_LOCK``, the lock's
-warnings on stderr), calls the library and renders its answer as text or JSON."""
+``lock --for inference``. Each opens the lock with kernel_probe.output (``$KERNEL_LOCK``, the
+lock's warnings on stderr), calls the library and renders its answer as text or JSON."""
 
 from __future__ import annotations
 
@@ -17,12 +17,13 @@ from kernel_lock.fingerprint import Unsettled, torch_build
 from kernel_lock.launch import before_sealing
 from kernel_lock.resolve import factory, resolve_slot
 from kernel_lock.slots import MODES, short_dtype, slot_name_fix
-from kernel_probe import cli, output
-from kernel_probe.cli import add_flags, add_lock_argument, add_trust_argument, load_lock, open_lock
+from kernel_probe import output
 from kernel_probe.errors import ProbeError, UsageError
 from kernel_probe.output import print_rows, safe
 from kernel_probe.probe.derive import derive_inference
 from kernel_probe.probe.lockdiff import lock_differences
+
+_SLOT_NAMES = ", ".join(kernel_lock.SLOTS)
 
 
 def _say(*lines: str) -> None:
@@ -30,8 +31,8 @@ def _say(*lines: str) -> None:
         output.console().print(line)
 
 
-def _print_failure(body: dict[str, Any], exc: LockError | None) -> int:
-    """``body`` as JSON with ``ok`` (and ``exc`` as its error, also said on stderr)."""
+def _json(body: dict[str, Any], exc: LockError | None) -> int:
+    """``body`` as JSON with ``ok`` and ``exc`` as its error (also on stderr); the exit code."""
     output.print_json(output.with_failure(body, exc))
     if exc is not None:
         output.error(str(exc))
@@ -41,12 +42,12 @@ def _print_failure(body: dict[str, Any], exc: LockError | None) -> int:
 # ---- show -------------------------------------------------------------------------------------
 def add_show_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``kernel-probe show``."""
-    add_lock_argument(p)
+    output.add_lock_argument(p)
 
 
 def run_show(args: argparse.Namespace) -> int:
     """``kernel-probe show [LOCK]``: the lock's pins, fingerprint and evidence, as text or JSON."""
-    lock = open_lock(args, check_targets=False)
+    lock = output.open_lock(args, check_targets=False)
     if args.json:
         output.print_json(lock.to_dict())
         return 0
@@ -55,15 +56,14 @@ def run_show(args: argparse.Namespace) -> int:
         f"{safe(lock.created_by)}, {safe(lock.created_at or 'no date')}",
         f"mode {lock.mode}; precision {lock.precision or 'not recorded'}; "
         f"digest {'intact' if lock.intact else '[yellow]NOT intact[/]'}",
+        *([f"profile: {safe(lock.profile.get('name', '?'))}"] if lock.profile else []),
     )
-    if lock.profile:
-        _say(f"profile: {safe(lock.profile.get('name', '?'))}")
     env = lock.environment
     fields = [(safe(n), safe(f.value), f.match) for n, f in env.fields.items()]
     fields += [(f"library {safe(n)}", safe(f.value), f.match) for n, f in env.libraries.items()]
     print_rows("environment", ("field", "value", "match"), fields, wrap=("value",))
     slots = [
-        (n, safe(s.implementation), safe(s.target), safe(dict(s.kwargs)), _twin(s.twin))
+        (n, *map(safe, (s.implementation, s.target, dict(s.kwargs))), _twin(s.twin))
         for n, s in lock.slots.items()
     ]
     columns = ("slot", "implementation", "target", "kwargs", "twin")
@@ -83,8 +83,8 @@ def add_explain_arguments(p: argparse.ArgumentParser) -> None:
         "args",
         nargs="+",
         metavar="[LOCK] SLOT",
-        help=f"the lock file (default: $KERNEL_LOCK or ./{cli.DEFAULT_LOCK}) and the slot: "
-        f"{', '.join(kernel_lock.SLOTS)}",
+        help=f"the lock file (default: $KERNEL_LOCK or ./{output.DEFAULT_LOCK}) and the slot: "
+        + _SLOT_NAMES,
     )
 
 
@@ -108,12 +108,11 @@ def run_explain(args: argparse.Namespace) -> int:
     if one and (os.path.exists(one) or one.endswith(".toml") or os.sep in one):
         raise UsageError(
             f"explain {one}: which slot? explain takes [LOCK] SLOT",
-            fix=f"name the slot after the lock: kernel-probe explain {one} SLOT "
-            f"({', '.join(kernel_lock.SLOTS)})",
+            fix=f"name the slot after the lock: kernel-probe explain {one} SLOT ({_SLOT_NAMES})",
         )
-    args.lock, args.slot = words if len(words) == 2 else [cli.default_lock_path(), words[0]]
+    args.lock, args.slot = words if len(words) == 2 else [output.default_lock_path(), words[0]]
     slot_argument(args.slot)  # before reading the file: a typo is the argument's fault
-    slot = load_lock(args.lock, check_targets=False).slots.get(args.slot)
+    slot = output.load_lock(args.lock, check_targets=False).slots.get(args.slot)
     if args.json:
         unpinned = {"implementation": None, "note": "not pinned: resolves to torch.nn"}
         output.print_json(slot.to_dict() if slot else unpinned)
@@ -154,11 +153,13 @@ def _explain(name: str, slot: Any) -> None:
         _say("  error/tol: the worst error over the tolerance (< 1 passes)")
     if slot.timing:
         _timings(slot.timing, slot.implementation)
-    for r in slot.rejected:
-        _say(
+    _say(
+        *(
             f"  not chosen: {safe(r.implementation)} {safe(f'[{r.status}]')} "
             f"{safe('; '.join(r.reasons))}"
+            for r in slot.rejected
         )
+    )
 
 
 def _timings(timing: Any, chosen: str) -> None:
@@ -174,9 +175,8 @@ def _timings(timing: Any, chosen: str) -> None:
             f"{short_dtype(t.get('dtype', ''))} {t.get('regime', '')}",
             f"{ms:.3f}" if isinstance(ms, (int, float)) else t.get("error", ""),
             _fmt(t.get("compile-s")),
+            *([_fmt(t.get("gbps")), _fmt(t.get("copy-percent"), ".0f")] if on_gpu else []),
         ]
-        if on_gpu:
-            cells += [_fmt(t.get("gbps")), _fmt(t.get("copy-percent"), ".0f")]
         rows.append([safe(c) for c in cells])
     print_rows("timings (forward + backward)", columns, rows, right=columns[3:])
     _say(
@@ -199,21 +199,19 @@ def bar_chart(rows: Any, *, chosen: str = "", width: int = 80) -> list[str]:
     for t in rows:
         ms = t.get("median-ms")
         if isinstance(ms, (int, float)) and not isinstance(ms, bool) and ms > 0:
-            key = (
-                str(t.get("shape", "")),
-                f"{short_dtype(t.get('dtype', ''))} {t.get('regime', '')}".strip(),
-            )
-            groups.setdefault(key, []).append((str(t.get("implementation", "")), float(ms)))
+            precision = f"{short_dtype(t.get('dtype', ''))} {t.get('regime', '')}".strip()
+            group = groups.setdefault((str(t.get("shape", "")), precision), [])
+            group.append((str(t.get("implementation", "")), float(ms)))
     if not groups:
         return []
     name_w = min(32, max(len(name) for rs in groups.values() for name, _ in rs) + 2)
+    room = max(1, width - 4 - name_w - 10)
     lines = ["  median ms, forward + backward (* chosen; bars scaled to the slowest per shape)"]
     for (shape, precision), rs in groups.items():
         lines.append(f"  {shape} {precision}")
         slowest = max(ms for _, ms in rs)
         for name, ms in sorted(rs, key=lambda r: r[1]):
             label = (("* " if name == chosen else "  ") + name)[:name_w].ljust(name_w)
-            room = max(1, width - 4 - name_w - 10)
             lines.append(f"    {label}{'#' * max(1, round(room * ms / slowest))} {ms:.3g}")
     return lines
 
@@ -227,19 +225,17 @@ def add_diff_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``kernel-probe diff``."""
     p.add_argument("a", help="old lock")
     p.add_argument("b", help="new lock")
-    add_flags(
-        p,
-        {
-            "--exit-code": f"exit {ExitCode.LOCKS_DIFFER.value} when the locks differ, 0 when they "
-            "do not (git diff --exit-code uses 1, which kernel-probe keeps for failures)"
-        },
+    exit_help = (
+        f"exit {ExitCode.LOCKS_DIFFER.value} when the locks differ, 0 when they do not (git diff "
+        "--exit-code uses 1, which kernel-probe keeps for failures)"
     )
+    output.add_flags(p, {"--exit-code": exit_help})
 
 
 def run_diff(args: argparse.Namespace) -> int:
     """``kernel-probe diff A B``: what differs between two locks (environment, slots), as text or
     JSON."""
-    a, b = load_lock(args.a, check_targets=False), load_lock(args.b, check_targets=False)
+    a, b = (output.load_lock(path, check_targets=False) for path in (args.a, args.b))
     diffs = lock_differences(a, b)
     differ = any(diffs.values())
     code = ExitCode.LOCKS_DIFFER if (differ and args.exit_code) else 0
@@ -251,23 +247,19 @@ def run_diff(args: argparse.Namespace) -> int:
         return code
     if not differ:
         _say("no differences in environment or choices")
-    _say(*(f"{d['key']}: {safe(repr(d['a']))} -> {safe(repr(d['b']))}" for d in diffs["lock"]))
+    changes = [(d["key"], d["a"], d["b"]) for d in diffs["lock"]]
     for d in diffs["environment"]:
         fa, fb = (x["value"] if x else "absent" for x in (d["a"], d["b"]))
-        _say(f"environment {safe(d['field'])}: {safe(repr(fa))} -> {safe(repr(fb))}")
-    _say(
-        *(
-            f"slot {d['slot']} {d['key']}: {safe(repr(d['a']))} -> {safe(repr(d['b']))}"
-            for d in diffs["slots"]
-        )
-    )
+        changes.append((f"environment {d['field']}", fa, fb))
+    changes += [(f"slot {d['slot']} {d['key']}", d["a"], d["b"]) for d in diffs["slots"]]
+    _say(*(f"{safe(what)}: {safe(repr(x))} -> {safe(repr(y))}" for what, x, y in changes))
     return code
 
 
 # ---- verify -----------------------------------------------------------------------------------
 def add_verify_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``kernel-probe verify``."""
-    add_lock_argument(p)
+    output.add_lock_argument(p)
     p.add_argument(
         "--mode",
         choices=MODES,
@@ -275,7 +267,7 @@ def add_verify_arguments(p: argparse.ArgumentParser) -> None:
         help="training: this machine must match the lock; inference: substitute verified twins "
         "where needed (default: the lock's own mode, `mode` in the file)",
     )
-    add_flags(
+    output.add_flags(
         p,
         {
             "--strict": "a hand-edited lock (digest mismatch), or one without an environment, is "
@@ -285,7 +277,7 @@ def add_verify_arguments(p: argparse.ArgumentParser) -> None:
             "at job start); by default each slot's class is also imported",
         },
     )
-    add_trust_argument(p)
+    output.add_trust_argument(p)
 
 
 _RESOLVED = ("implementation", "target", "kwargs", "substituted_from", "max_error")
@@ -294,17 +286,10 @@ _RESOLVED = ("implementation", "target", "kwargs", "substituted_from", "max_erro
 def run_verify(args: argparse.Namespace) -> int:
     """``kernel-probe verify [LOCK]``: does this machine match the lock, and does each slot resolve
     here."""
-    lock = open_lock(args, strict=args.strict, trust=args.trust)
+    lock = output.open_lock(args, strict=args.strict, trust=args.trust)
     args.mode = args.mode or lock.mode
-    result: dict[str, Any] = {
-        "lock": args.lock,
-        "mode": args.mode,
-        "differences": [],
-        "notes": [],
-        "warnings": list(lock.warnings),
-        "slots": {},
-        "imported": not args.no_import,
-    }
+    result: dict[str, Any] = {"lock": args.lock, "mode": args.mode, "differences": [], "notes": []}
+    result |= {"warnings": list(lock.warnings), "slots": {}, "imported": not args.no_import}
     try:
         # with --no-import the machine is read without torch where every checked fact can be, and
         # each class judged from the tables of known classes: one they cannot judge is an error
@@ -317,7 +302,7 @@ def run_verify(args: argparse.Namespace) -> int:
             {"field": d.field, "expected": d.expected, "found": d.found, "rule": d.rule}
             for d in getattr(exc, "differences", ())
         ]
-        return _print_failure(result, exc)
+        return _json(result, exc)
     failures: list[LockError] = []
     for slot in kernel_lock.SLOTS:
         try:
@@ -325,14 +310,10 @@ def run_verify(args: argparse.Namespace) -> int:
         except LockError as exc:  # e.g. installed but broken on import, with no usable twin
             if not args.json:
                 raise
-            result["slots"][slot] = {
-                "error": exc.problem,
-                "fix": exc.fix,
-                "exit_code": exc.exit_code,
-            }
+            result["slots"][slot] = dict(error=exc.problem, fix=exc.fix, exit_code=exc.exit_code)
             failures.append(exc)
     if args.json:
-        return _print_failure(result, max(failures, key=lambda e: e.exit_code, default=None))
+        return _json(result, max(failures, key=lambda e: e.exit_code, default=None))
     # plain lines (no rich): this is every rank's job-start output, and its cost is counted
     verdict = "matches this machine" if args.mode == "training" else "can run on this machine"
     imported = ", classes not imported" if args.no_import else ""
@@ -361,15 +342,15 @@ def _resolve(lock: kernel_lock.KernelLock, slot: str, mode: str, no_import: bool
 # ---- rehash -----------------------------------------------------------------------------------
 def add_rehash_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``kernel-probe rehash``."""
-    add_lock_argument(p, "lock file to re-seal after a deliberate hand edit")
-    add_trust_argument(p)
+    output.add_lock_argument(p, "lock file to re-seal after a deliberate hand edit")
+    output.add_trust_argument(p)
 
 
 def run_rehash(args: argparse.Namespace) -> int:
     """``kernel-probe rehash [LOCK]``: re-seal a lock after a deliberate hand edit. It is still
-    fully validated, and a lock that ``verify`` and the runtime would refuse is not sealed
-    (``kernel_lock.trust.confirming.before_sealing``); the rewrite is atomic."""
-    args.lock = args.lock or cli.default_lock_path()
+    fully validated, a lock that ``verify`` and the runtime would refuse is not sealed
+    (``kernel_lock.launch.before_sealing``), and the rewrite is atomic."""
+    args.lock = args.lock or output.default_lock_path()
     lock = kernel_lock.load(args.lock, emit_warnings=False, trust=args.trust)
     unjudged = before_sealing(lock, _torch_version(lock))
     sealed = lock.sealed()
@@ -383,10 +364,8 @@ def run_rehash(args: argparse.Namespace) -> int:
 
 def _torch_version(lock: kernel_lock.KernelLock) -> str:
     """The torch the lock's classes are judged for: the lock's own, else this machine's (read
-    without importing torch); empty when neither is known (torch.nn's targets are then not judged).
-    """
-    recorded = lock.environment.fields.get("torch")
-    if recorded is not None:
+    without torch); empty when neither is known (torch.nn's targets are then not judged)."""
+    if (recorded := lock.environment.fields.get("torch")) is not None:
         return str(recorded.value)
     try:
         return torch_build().version
@@ -407,8 +386,13 @@ def add_lock_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("source", metavar="IN", help="the training lock")
     p.add_argument("out", metavar="OUT", help="where to write the inference lock (atomically)")
-    add_flags(p, {"--force": "replace OUT if it exists"})
-    add_trust_argument(p)
+    output.add_flags(p, {"--force": "replace OUT if it exists"})
+    output.add_trust_argument(p)
+
+
+# each substitution's JSON keys and the attributes they hold
+_SUBSTITUTION = ("slot", "from", "from-target", "to", "reason", "max-error")
+_ATTRIBUTES = ("slot", "training", "training_target", "twin_target", "reason", "max_error")
 
 
 def run_lock(args: argparse.Namespace) -> int:
@@ -417,16 +401,12 @@ def run_lock(args: argparse.Namespace) -> int:
     decided once and written down; a slot with no usable twin stops it and nothing is written."""
     out = Path(args.out)
     if out.is_dir():
-        raise UsageError(
-            f"{out} is a directory",
-            fix=f"name the lock file, e.g. {out / 'kernel-lock.inference.toml'}",
-        )
+        fix = f"name the lock file, e.g. {out / 'kernel-lock.inference.toml'}"
+        raise UsageError(f"{out} is a directory", fix=fix)
     if out.exists() and not args.force:
-        raise UsageError(
-            f"{out} exists; not replacing it",
-            fix="pass --force to replace it, or choose another OUT",
-        )
-    lock = load_lock(args.source, trust=args.trust)
+        fix = "pass --force to replace it, or choose another OUT"
+        raise UsageError(f"{out} exists; not replacing it", fix=fix)
+    lock = output.load_lock(args.source, trust=args.trust)
     if lock.mode != "training":
         source_of = lock.provenance.get("source", "an unrecorded lock")
         raise UsageError(
@@ -438,29 +418,20 @@ def run_lock(args: argparse.Namespace) -> int:
     derived.verify("inference", current=current)  # what it promises holds here
     derived.dump(out)
     swapped = {s.slot for s in subs}
+    kept = [name for name in kernel_lock.SLOTS if name in derived.slots and name not in swapped]
     if args.json:
-        keys = ("slot", "from", "from-target", "to", "reason", "max-error")
-        names = ("slot", "training", "training_target", "twin_target", "reason", "max_error")
-        output.print_json(
-            {
-                "source": str(args.source),
-                "source-digest": derived.provenance["source-digest"],
-                "out": str(out),
-                "digest": derived.digest,
-                "substitutions": [
-                    {k: getattr(s, n) for k, n in zip(keys, names, strict=True)} for s in subs
-                ],
-                "kept": sorted(name for name in derived.slots if name not in swapped),
-            }
-        )
+        body = {"source": str(args.source), "source-digest": derived.provenance["source-digest"]}
+        body |= {"out": str(out), "digest": derived.digest}
+        body["substitutions"] = [
+            {k: getattr(s, n) for k, n in zip(_SUBSTITUTION, _ATTRIBUTES, strict=True)}
+            for s in subs
+        ]
+        body["kept"] = sorted(name for name in derived.slots if name not in swapped)
+        output.print_json(body)
         return 0
-    _say(f"[green]wrote[/] {safe(str(out))}: inference lock derived from {safe(str(args.source))}")
-    _say(*(f"  [yellow]{safe(str(s))}[/]: {safe(s.reason)}" for s in subs))
     _say(
-        *(
-            f"  {name}: {safe(derived.slots[name].implementation)} (runs here, kept)"
-            for name in kernel_lock.SLOTS
-            if name in derived.slots and name not in swapped
-        )
+        f"[green]wrote[/] {safe(str(out))}: inference lock derived from {safe(str(args.source))}",
+        *(f"  [yellow]{safe(str(s))}[/]: {safe(s.reason)}" for s in subs),
+        *(f"  {n}: {safe(derived.slots[n].implementation)} (runs here, kept)" for n in kept),
     )
     return 0

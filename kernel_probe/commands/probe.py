@@ -20,9 +20,8 @@ from typing import TYPE_CHECKING, Any
 from kernel_lock.slots import PRECISIONS
 from kernel_probe import output
 from kernel_probe import slots as slot_behaviour
-from kernel_probe.cli import count, seconds
 from kernel_probe.errors import UsageError
-from kernel_probe.output import safe
+from kernel_probe.output import DEFAULT_LOCK, count, safe, seconds
 from kernel_probe.probe.limits import MAX_REPS
 from kernel_probe.probe.pipeline import ProbeResult
 from kernel_probe.probe.planning import DEFAULT_REPS, DEFAULT_SHAPES, Events, ProbeRequest
@@ -30,7 +29,6 @@ from kernel_probe.slots.base import shape_work
 
 if TYPE_CHECKING:
     from kernel_probe.isolation.protocol import TimingProgressMessage
-from kernel_probe.cli import DEFAULT_LOCK
 from kernel_probe.commands.check import add_candidate_arguments, add_switches
 
 

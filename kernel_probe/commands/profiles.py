@@ -7,8 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kernel_lock import fingerprint as fields
-from kernel_lock import fingerprint as with_torch
+from kernel_lock import fingerprint
 from kernel_lock.toml import toml_key, toml_value
 from kernel_probe import output, profile_match, sites
 from kernel_probe.errors import ProfileUnmet
@@ -18,28 +17,31 @@ from kernel_probe.profile_match import detect_warnings
 from kernel_probe.profiles import DETECT_DEVICE_KEYS, load_file
 from kernel_probe.sites import builtin_dir, names_file, resolve, survey
 
+_ACTIONS = {
+    "list": "every profile found, built-in and yours",
+    "show": "one profile as TOML: detection, requirements, policy, strictness",
+    "check": "validate a profile file (exit 5 on errors)",
+    "match": "does this machine (or a described node, --node) meet a profile? exit 0 yes, 4 no: "
+    "what --profile enforces",
+}
+_DIR_HELP = "extra directory of profiles (repeatable; also $KERNEL_PROBE_PROFILES)"
+
 
 def add_profiles_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``kernel-probe profiles`` and its actions (list, show, check, match)."""
     # --profiles-dir is taken before the action (`profiles --profiles-dir D list`) and after it
-    _profiles_dir(p, "profiles_dir")
+    dirs: dict[str, Any] = dict(action="append", default=[], metavar="DIR", help=_DIR_HELP)
+    p.add_argument("--profiles-dir", dest="profiles_dir", **dirs)
     sub = p.add_subparsers(dest="action", required=True, metavar="{list,show,check,match}")
-    json = [output.json_flag()]
-    ls = sub.add_parser("list", help="every profile found, built-in and yours", parents=json)
-    show = sub.add_parser(
-        "show",
-        help="one profile as TOML: detection, requirements, policy, strictness",
-        parents=json,
-    )
-    show.add_argument("name", help="profile name or path")
-    check = sub.add_parser("check", help="validate a profile file (exit 5 on errors)")
-    check.add_argument("path")
-    match = sub.add_parser(
-        "match",
-        help="does this machine (or a described node, --node) meet a profile? exit 0 yes, 4 no: "
-        "what --profile enforces",
-        parents=json,
-    )
+    actions = {
+        name: sub.add_parser(
+            name, help=help, parents=[] if name == "check" else [output.json_flag()]
+        )
+        for name, help in _ACTIONS.items()
+    }
+    actions["show"].add_argument("name", help="profile name or path")
+    actions["check"].add_argument("path")
+    match = actions["match"]
     match.add_argument(
         "name", nargs="?", default="auto", help="profile name or path, or auto (default)"
     )
@@ -50,19 +52,8 @@ def add_profiles_arguments(p: argparse.ArgumentParser) -> None:
         "--json` from the node, or the short form of docs/profiles.md), or the name of a shipped "
         "example",
     )
-    for action in (ls, show, check, match):
-        _profiles_dir(action, "profiles_dir_after")
-
-
-def _profiles_dir(p: argparse.ArgumentParser, dest: str) -> None:
-    p.add_argument(
-        "--profiles-dir",
-        dest=dest,
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="extra directory of profiles (repeatable; also $KERNEL_PROBE_PROFILES)",
-    )
+    for action in actions.values():
+        action.add_argument("--profiles-dir", dest="profiles_dir_after", **dirs)
 
 
 def run_profiles(args: argparse.Namespace) -> int:
@@ -193,18 +184,29 @@ def _device(node: Any) -> dict[str, Any]:
 
 def _match(args: argparse.Namespace) -> int:
     """What ``--profile NAME`` would decide on this machine or a described node, without probing."""
-    named = "named (profiles match NAME)"
     node = sites.load_node(args.node) if args.node else None
-    facts = sites.node_facts(node) if node else None
+    device, facts = _device(node), sites.node_facts(node) if node else None
+    named = "named (profiles match NAME)"
     profile, matched, notes = profile_match.choose(
-        args.name, args.profiles_dir, _device(node), facts=facts, named=named
+        args.name, args.profiles_dir, device, facts=facts, named=named
     )
-    current: dict[str, Any] = dict(node.fingerprint) if node else with_torch.current()
+    current: dict[str, Any] = dict(node.fingerprint) if node else fingerprint.current()
     where = f"the node described in {node.path}" if node else "this machine"
     site_refusal: ProfileUnmet | None = None
     seen_by = ""
     if profile is not None and args.name != "auto":  # named: do the site's signals agree?
-        site_refusal, seen_by = _other_site(args, profile, node, where, notes)
+        seen, by, _ = profile_match.choose("auto", args.profiles_dir, device, facts=facts)
+        try:
+            profile_match.other_site(profile, seen, by, where)
+        except ProfileUnmet as exc:
+            site_refusal = exc
+        if seen is None or seen.name != profile.name:
+            notes.append(
+                f"the site signals {'of this node' if node else 'here'} "
+                + (f"point to profile {seen.name}" if seen else "match no profile")
+                + f", not {profile.name}: is this the right profile?"
+            )
+        seen_by = f"{seen.name} ({by})" if seen else ""
     result: dict[str, Any] = {
         "profile": profile.name if profile else None,
         "node": args.node,
@@ -213,20 +215,19 @@ def _match(args: argparse.Namespace) -> int:
         "unmet": [],
         "warnings": [],
         "help": profile.help if profile else "",
-        "device-name-note": None if node else fields.device_name_note(current),
+        "device-name-note": None if node else fingerprint.device_name_note(current),
     }
     code, refusal = 0, None
     if profile is not None:
         keys = profile_match.required_libraries(profile)
         libs = profile_match.library_facts(keys, node.libraries if node else None)
-        problems = profile_match.unmet(profile, current, libs)
         try:
             result["warnings"] = profile_match.enforce(profile, current, libs)
         except ProfileUnmet as exc:
             code, refusal = 4, exc
         result["unmet"] = [
             {"group": u.group, "field": u.field, "expected": u.expected, "found": u.found}
-            for u in problems
+            for u in profile_match.unmet(profile, current, libs)
         ]
         if site_refusal is not None:  # another site's node, whatever its hardware meets
             code, refusal = 4, refusal or site_refusal
@@ -235,30 +236,9 @@ def _match(args: argparse.Namespace) -> int:
         result["fix"] = refusal.fix if refusal else None
     if args.json:
         output.print_json(output.with_failure({**result, "exit_code": code}, refusal))
-        return code
-    _render_match(result, profile, where, code, refusal)
+    else:
+        _render_match(result, profile, where, code, refusal)
     return code
-
-
-def _other_site(
-    args: argparse.Namespace, profile: Any, node: Any, where: str, notes: list[str]
-) -> tuple[ProfileUnmet | None, str]:
-    """A named profile against the site signals of the node: the refusal when they name another
-    site, and which profile they point to (a note added when it is not this one)."""
-    facts = sites.node_facts(node) if node else None
-    seen, seen_by, _ = profile_match.choose("auto", args.profiles_dir, _device(node), facts=facts)
-    refusal = None
-    try:
-        profile_match.other_site(profile, seen, seen_by, where)
-    except ProfileUnmet as exc:
-        refusal = exc
-    if seen is None or seen.name != profile.name:
-        notes.append(
-            f"the site signals {'of this node' if node else 'here'} "
-            + (f"point to profile {seen.name}" if seen else "match no profile")
-            + f", not {profile.name}: is this the right profile?"
-        )
-    return refusal, f"{seen.name} ({seen_by})" if seen else ""
 
 
 def _render_match(

@@ -1,19 +1,13 @@
 """The one way the probe starts a child process: a fresh interpreter that cannot hurt the caller.
 
-    result = run_function("kernel_probe.anemoi.entry_checks", "check_entries", requests,
-                          timeout=120)
-    if result.ok:
-        use(result.value)
-    else:
-        report(result.status, result.reason)  # "crashed" / "timeout" / "error", with the evidence
-
-Every child runs ``BOOT``, started by the one launcher, ``kernel_lock.trust.launch`` (``python -I``,
+Every child runs ``BOOT``, started by the one launcher, ``kernel_lock.launch`` (``python -I``,
 ``sys.path`` set before any import, never the working directory, except *last* for the worker, so
 ``--candidate mymod.X`` may name a local module). ``BOOT`` dies with its parent, may leave a reaper
 that kills its process group when it dies, caps its address space if asked, then calls
-``function(payload)`` once (``run_function``: payload, answer and output are files, so a forked
-process holding the child's descriptors cannot block the caller) or serves (``spawn``, the worker).
-The caller kills the child's whole process group when it ends.
+``function(payload)`` once (:func:`run_function`, whose ``ChildResult`` says ok, error, crashed or
+timeout with the evidence; payload, answer and output are files, so a forked process holding the
+child's descriptors cannot block the caller) or serves (:func:`spawn`, the worker). :func:`end`
+ends a child: its whole process group is killed.
 """
 
 from __future__ import annotations
@@ -141,8 +135,7 @@ def clip(text: str, limit: int = TAIL) -> str:
 def _tail(path: Path) -> str:
     try:
         with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - 4 * TAIL))
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 4 * TAIL))
             return clip(fh.read().decode("utf-8", "replace"))
     except OSError:
         return ""
@@ -154,9 +147,8 @@ def fatal_line(stderr: str) -> str:
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     for i, line in enumerate(lines):
         if line.startswith("Fatal Python error"):
-            frame = next(
-                (f for f in lines[i + 1 :] if f.startswith("File ") and "<frozen" not in f), ""
-            )
+            frames = (f for f in lines[i + 1 :] if f.startswith("File ") and "<frozen" not in f)
+            frame = next(frames, "")
             return f"{line} ({frame})" if frame else line
     return lines[-1] if lines else ""
 
@@ -167,9 +159,9 @@ def child_environment(
     """The child's environment: ours (or ``env``), with ``extra_paths`` in front of PYTHONPATH."""
     base = dict(os.environ if env is None else env)
     if extra_paths:
-        parts = [str(p) for p in extra_paths]
-        if base.get("PYTHONPATH"):
-            parts.append(base["PYTHONPATH"])
+        parts = [str(p) for p in extra_paths] + (
+            [base["PYTHONPATH"]] if base.get("PYTHONPATH") else []
+        )
         base["PYTHONPATH"] = os.pathsep.join(parts)
     base.setdefault("PYTHONIOENCODING", "utf-8")
     return base
@@ -190,24 +182,32 @@ def spawn(
     bufsize: int = -1,
     **call: Any,
 ) -> subprocess.Popen[bytes]:
-    """Start ``BOOT`` in its own process group: it serves ``module.function()`` (``call`` empty) or
-    calls it once on a payload (``call``: mode, payload, result, source, exit; see
-    ``run_function``). Raises OSError when the interpreter cannot be started."""
-    options = {
-        "mode": "serve",
-        "module": module,
-        "function": function,
-        "parent": os.getpid(),
-        "keep_cwd": keep_cwd,
-        "reaper": reaper,
-        "memory": int(memory_limit) if memory_limit else None,
-        **call,
-    }
+    """Start ``BOOT`` in its own process group: it serves ``module.function()``, or with ``call``
+    (mode, payload, result, source, exit) calls it once. OSError when it cannot start."""
+    options = {"mode": "serve", "module": module, "function": function, "parent": os.getpid()}
+    options |= {"keep_cwd": keep_cwd, "reaper": reaper, "memory": int(memory_limit or 0) or None}
     env = dict(env) if env is not None else child_environment()
-    argv = python_argv(
-        BOOT, [json.dumps(options)], roots=pythonpath_roots(env), keep_cwd=keep_cwd, python=python
-    )
+    code = [json.dumps({**options, **call})]
+    argv = python_argv(BOOT, code, roots=pythonpath_roots(env), keep_cwd=keep_cwd, python=python)
     return start(argv, stdin=stdin, stdout=stdout, stderr=stderr, bufsize=bufsize, env=env)
+
+
+def end(proc: subprocess.Popen[bytes], grace: float) -> bool:
+    """Give ``proc`` ``grace`` seconds to exit, then kill its process group, whatever it spawned
+    included (at once when interrupted); True: it had not exited in time."""
+    late = False
+    try:
+        proc.wait(timeout=max(grace, 0.0))
+    except subprocess.TimeoutExpired:
+        late = True
+    except BaseException:  # interrupted: take the child (and its group) with us
+        kill_group(proc.pid)
+        proc.wait()
+        raise
+    kill_group(proc.pid)
+    if late:
+        proc.wait()
+    return late
 
 
 def run_function(
@@ -223,22 +223,16 @@ def run_function(
     teardown: bool = False,
     started: Callable[[subprocess.Popen[bytes]], None] | None = None,
 ) -> ChildResult:
-    """``module.function(payload)`` in a child process, within ``timeout`` seconds; never raises for
-    the child's sake.
-
-    ``payload`` (a protocol message, or JSON) and the return value are JSON. ``memory_limit``
-    (bytes) caps the child's address space, so a runaway (a YAML alias bomb) ends as a MemoryError.
-    ``source``: code defining ``function``, run instead of importing ``module``. ``teardown``: the
-    child exits normally after answering, so a crash at exit shows in ``returncode``. ``started``
-    receives the child's Popen as soon as it runs (so a caller can kill it).
-    """
-    if hasattr(payload, "to_json"):
-        payload = payload.to_json()
+    """``module.function(payload)`` (JSON in and out) in a child, within ``timeout`` seconds; never
+    raises for the child's sake. ``memory_limit`` (bytes) caps its address space (a YAML alias bomb
+    ends as a MemoryError); ``source``: code defining ``function``, run instead of ``module``;
+    ``teardown``: the child exits normally after answering (a crash at exit shows in
+    ``returncode``); ``started`` receives its Popen as soon as it runs."""
+    payload = payload.to_json() if hasattr(payload, "to_json") else payload
     begun = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kernel-probe-child-") as tmp:
         d = Path(tmp)
-        payload_path, result_path = d / "payload.json", d / "result.json"
-        write_file(payload_path, json.dumps(payload, default=str), mode=0o600)
+        write_file(d / "payload.json", json.dumps(payload, default=str), mode=0o600)
         with open(d / "stdout", "wb") as out, open(d / "stderr", "wb") as err:
             try:
                 proc = spawn(
@@ -252,8 +246,8 @@ def run_function(
                     stderr=err,
                     mode="call",
                     source=source,
-                    payload=str(payload_path),
-                    result=str(result_path),
+                    payload=str(d / "payload.json"),
+                    result=str(d / "result.json"),
                     exit="normal" if teardown else "hard",
                 )
             except OSError as exc:
@@ -261,35 +255,27 @@ def run_function(
                 return ChildResult("crashed", reason=reason, started=False)
             if started is not None:
                 started(proc)
-            timed_out = _wait(proc, timeout)
-        value = _answer(result_path)
-        common: dict[str, Any] = dict(
-            returncode=proc.returncode,
-            seconds=time.perf_counter() - begun,
-            stdout=_tail(d / "stdout"),
-            stderr=_tail(d / "stderr"),
-            timed_out=timed_out,
-        )
-    if timed_out and value is None:
-        return ChildResult("timeout", reason=f"no answer within {timeout:g} s (killed)", **common)
-    if value is None:
-        code = proc.returncode
-        how = (
-            f"was killed by {signal_name(-code)}"
-            if code is not None and code < 0
-            else f"exited with status {code}"
-        )
-        detail = fatal_line(common["stderr"])
-        return ChildResult(
-            "crashed",
-            reason=f"the child process {how} without an answer" + (f": {detail}" if detail else ""),
-            **common,
-        )
-    if "raised" in value:
+            timed_out = end(proc, timeout)
+        value = _answer(d / "result.json")
+        stdout, stderr = _tail(d / "stdout"), _tail(d / "stderr")
+    seconds = time.perf_counter() - begun
+    common: dict[str, Any] = dict(returncode=proc.returncode, seconds=seconds, stdout=stdout)
+    common |= dict(stderr=stderr, timed_out=timed_out)
+    if value is not None and "raised" in value:
         reason = f"{value['raised']}: {value.get('message', '')}".strip()
         raised = {k: str(v) for k, v in value.items()}
         return ChildResult("error", reason=reason, raised=raised, **common)
-    return ChildResult("ok", value=value["ok"], **common)
+    if value is not None:
+        return ChildResult("ok", value=value["ok"], **common)
+    if timed_out:
+        return ChildResult("timeout", reason=f"no answer within {timeout:g} s (killed)", **common)
+    code = proc.returncode
+    how = (
+        f"was killed by {signal_name(-code)}" if code and code < 0 else f"exited with status {code}"
+    )
+    detail = f": {line}" if (line := fatal_line(stderr)) else ""
+    reason = f"the child process {how} without an answer{detail}"
+    return ChildResult("crashed", reason=reason, **common)
 
 
 def _answer(path: Path) -> dict[str, Any] | None:
@@ -300,22 +286,3 @@ def _answer(path: Path) -> dict[str, Any] | None:
         return None
     ok = isinstance(value, dict) and (set(value) == {"ok"} or isinstance(value.get("raised"), str))
     return value if ok else None
-
-
-def _wait(proc: subprocess.Popen[bytes], timeout: float) -> bool:
-    """Wait for the child (True: its time ran out); then kill its group, whatever it spawned
-    included."""
-    timed_out = False
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    except BaseException:  # interrupted: take the child (and its group) with us
-        kill_group(proc.pid)
-        proc.wait()
-        raise
-    finally:
-        kill_group(proc.pid)
-    if timed_out:
-        proc.wait()
-    return timed_out

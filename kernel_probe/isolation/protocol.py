@@ -1,9 +1,9 @@
 """Every message between the probe and its child processes, typed, in one place.
 
-The worker (``worker.Worker``) reads one JSON line per request, ``{"op": ..., ...}`` (a ``*Request``
-TypedDict), and answers with its op's reply (``worker.REPLIES``) after ``{"progress": ...}`` lines.
-Import checks (``ImportCheck*``) and anemoi config children send one JSON file each way. A missing
-or unknown key is a ``ProtocolError`` naming message and key: a renamed key fails at once.
+The worker reads one JSON line per request, ``{"op": ..., ...}`` (a ``*Request`` TypedDict), and
+answers with its op's reply (``worker.REPLIES``) after ``{"progress": ...}`` lines. Import checks
+and anemoi config children send one JSON file each way. A missing or unknown key is a
+``ProtocolError`` naming message and key: a renamed key fails at once.
 """
 
 import os
@@ -36,13 +36,11 @@ def check_keys(name: str, data: Any, known: Sequence[str], required: Collection[
     if not isinstance(data, Mapping):
         raise ProtocolError(f"{name}: expected a JSON object, got {type(data).__name__}")
     known = [k for k in known if k != "op"]
-    unknown = ", ".join(repr(str(k)) for k in sorted(data) if k not in known and k != "op")
-    if unknown:
+    if unknown := ", ".join(repr(str(k)) for k in sorted(data) if k not in known and k != "op"):
         raise ProtocolError(
             f"{name}: unknown key(s) {unknown} (known: {', '.join(known) or 'none'})"
         )
-    missing = [k for k in known if k in required and k not in data]
-    if missing:
+    if missing := [k for k in known if k in required and k not in data]:
         raise ProtocolError(f"{name}: missing key(s) {', '.join(map(repr, missing))}")
 
 
@@ -63,12 +61,12 @@ class Message:
         known = {f.name: f for f in fields(cls)}
         required = [k for k, f in known.items() if f.default is MISSING is f.default_factory]
         check_keys(cls.__name__, data, list(known), required)
-        kwargs, hints = {}, typing.get_type_hints(cls)
+        kwargs = {}
         for key, value in data.items():
-            if key not in known:
+            if key not in known:  # "op"
                 continue
             try:
-                kwargs[key] = _decode(hints[key], value)
+                kwargs[key] = _decode(known[key].type, value)
             except ProtocolError as exc:
                 raise ProtocolError(f"{cls.__name__}.{key}: {exc}") from None
             except (TypeError, ValueError, KeyError) as exc:
@@ -84,31 +82,29 @@ def _plain(value: Any) -> Any:
 
 def _decode(kind: Any, value: Any) -> Any:
     """``value`` as a field of type ``kind``: nested messages read, lists made tuples."""
-    origin = typing.get_origin(kind)
     args = [a for a in typing.get_args(kind) if a is not type(None)]
     if isinstance(kind, type) and issubclass(kind, Message):
         return kind.from_json(value)
-    if origin in (typing.Union, types.UnionType) and value is not None and len(args) == 1:
-        return _decode(args[0], value)
+    if typing.get_origin(kind) in (typing.Union, types.UnionType) and value is not None:
+        return _decode(args[0], value) if len(args) == 1 else value
     if kind == list[MeasurementRow]:
         return _rows(value)
-    if origin is tuple:
-        if not isinstance(value, list):
-            raise ProtocolError(f"expected a list, got {type(value).__name__}")
-        out = []
-        for i, item in enumerate(value):
-            try:
-                out.append(_decode(args[0], item))
-            except ProtocolError as exc:
-                raise ProtocolError(f"[{i}]: {exc}") from None
-        return tuple(out)
-    return value
+    if typing.get_origin(kind) is not tuple:
+        return value
+    if not isinstance(value, list):
+        raise ProtocolError(f"expected a list, got {type(value).__name__}")
+    out = []
+    for i, item in enumerate(value):
+        try:
+            out.append(_decode(args[0], item))
+        except ProtocolError as exc:
+            raise ProtocolError(f"[{i}]: {exc}") from None
+    return tuple(out)
 
 
 # ---- the rows a check and a timing measure -------------------------------------------------------
 ImportKind = Literal["", "import", "exception"]  # an import that raised: ImportError, or else
-# where a check stopped before any row; the flags a row may raise (measure writes, judge reads)
-Phase = Literal["", "import", "baseline", "build", "blas"]
+# the flags a row may raise (measure writes, judge reads)
 FLAG_INPUT_MODIFIED = "input-modified"
 FLAG_GRAD_OUTPUT_MODIFIED = "grad-output-modified"
 FLAG_OUTPUT_DTYPE = "output-dtype"
@@ -258,7 +254,7 @@ class CheckReply(Reply):
     candidate: str
     device: str
     rows: list[MeasurementRow] = field(default_factory=list)
-    phase: Phase = ""
+    phase: Literal["", "import", "baseline", "build", "blas"] = ""  # where it stopped before a row
     error: str = ""
     kind: ImportKind = ""  # for an import that failed
     traceback: str = ""
@@ -447,9 +443,7 @@ class SchemaReply(Message):
     """The schema's errors at config paths, and what it leaves unset; ``version``: anemoi's."""
 
     errors: list[dict[str, str]] = field(default_factory=list)  # {"where", "type", "message"}
-    unset: list[str] = field(
-        default_factory=list
-    )  # mandatory values (???) left to the command line
+    unset: list[str] = field(default_factory=list)  # mandatory values (???) left to the CLI
     members: dict[str, str] = field(default_factory=dict)  # path -> union member its errors are for
     preset: list[dict[str, str]] = field(default_factory=list)  # the shipped preset's own errors
     version: str = ""

@@ -1,11 +1,11 @@
-"""Process isolation for foreign code: the worker that candidates are imported and run in.
+"""The worker that candidates are imported and run in.
 
 A candidate that segfaults, aborts, hangs, forks or runs out of memory costs only its worker: the
 caller gets ``WorkerDied`` (``crashed`` / ``timeout``, with stderr's tail), the next call a fresh
 worker. ``WorkerPool``: torch's own candidates share one worker, started before any library is
 imported; every other library gets its own. Each worker reports the torch functions the reference
 and baseline use (``TORCH_SURFACE``) that a candidate replaced. A worker is a ``child.spawn``
-process group (killed whole on close; it dies with its parent, a reaper kills the group when it
+process group (ended by ``child.end``; it dies with its parent, a reaper kills the group when it
 dies); replies are read with ``select`` against a deadline, never blocked on a pipe a grandchild
 holds; its stdout is pointed at stderr, so a library that prints cannot corrupt the protocol.
 """
@@ -26,7 +26,7 @@ import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
-from kernel_probe.isolation.child import kill_group, signal_name, spawn
+from kernel_probe.isolation.child import end, signal_name, spawn
 from kernel_probe.isolation.protocol import (
     CheckReply,
     FingerprintReply,
@@ -92,17 +92,10 @@ def _spawn(env: Mapping[str, str]) -> Spawned:
     """A worker process (the working directory stays on its path, for a local ``--candidate``),
     already asked to start up (its ping not yet read)."""
     stderr = tempfile.TemporaryFile(mode="w+b")  # noqa: SIM115 (open for the worker's life)
-    proc = spawn(
-        HANDLERS,
-        "serve",
-        env=env,
-        keep_cwd=True,
-        reaper=True,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=stderr,
-        bufsize=0,
+    pipes: dict[str, Any] = dict(
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, bufsize=0
     )
+    proc = spawn(HANDLERS, "serve", env=env, keep_cwd=True, reaper=True, **pipes)
     _write(proc, PING)
     return proc, stderr
 
@@ -167,12 +160,7 @@ class Worker:
         proc, self._proc = self._proc, None
         self._ping_unread, self._ahead = False, None  # a new process owes no earlier reply
         if proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=max(grace, 0.0))
-            kill_group(proc.pid)  # the worker, if still there, and whatever a candidate spawned
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
+            end(proc, grace)
             if proc.stdout is not None:
                 proc.stdout.close()  # nobody is reading it: closing cannot deadlock
         if self._stderr is not None:
@@ -191,9 +179,8 @@ class Worker:
         timeout: float = DEFAULT_TIMEOUT,
         on_progress: Progress | None = None,
     ) -> Any:
-        """Send one request; its op's reply (``REPLIES``) comes back, ``on_progress``
-        given each progress message before it; ``timeout`` covers the whole call. On crash or
-        timeout raise WorkerDied (the next call gets a fresh worker)."""
+        """``request``'s reply (``REPLIES``), ``on_progress`` given each progress message before it,
+        within ``timeout``; WorkerDied on crash or timeout (the next call gets a fresh worker)."""
         if self._proc is None or (
             self._proc.poll() is not None and not self._ping_unread and self._ahead is None
         ):
@@ -213,15 +200,15 @@ class Worker:
             _write(self._proc, request)
         return self._read(REPLIES[request["op"]], timeout, on_progress)
 
-    def _stderr_tail(self, limit: int = 1500) -> str:
-        """What the worker wrote to stderr since the current request began."""
+    def _stderr_tail(self) -> str:
+        """What the worker wrote to stderr since the current request began, blank lines left out."""
         if self._stderr is None:
             return ""
         self._stderr.flush()
         self._stderr.seek(self._mark)
         data = self._stderr.read().decode("utf-8", "replace")
         self._stderr.seek(0, 2)
-        return "\n".join(line for line in data.strip().splitlines() if line.strip())[-limit:]
+        return "\n".join(line for line in data.strip().splitlines() if line.strip())
 
     def _readline(self, deadline: float) -> bytes | None:
         """The next reply line; b"" when the worker died without one; None past the deadline."""
@@ -229,25 +216,17 @@ class Worker:
         assert proc is not None and proc.stdout is not None
         fd = proc.stdout.fileno()
         while b"\n" not in self._buffer:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if (remaining := deadline - time.monotonic()) <= 0:
                 return None
-            ready, _, _ = select.select([fd], [], [], min(remaining, 0.25))
-            if ready:
-                chunk = os.read(fd, 1 << 16)
-                if not chunk:
+            ready = select.select([fd], [], [], min(remaining, 0.25))[0]
+            # dead: a process it forked may hold the pipe open, so EOF may never come: take what
+            # has arrived and stop waiting
+            if not ready and proc.poll() is not None and not select.select([fd], [], [], 0)[0]:
+                return b""
+            if ready or proc.poll() is not None:
+                if not (chunk := os.read(fd, 1 << 16)):
                     return b""  # EOF: the worker (and whatever inherited the pipe) is gone
                 self._buffer += chunk
-            elif proc.poll() is not None:
-                # dead; a process it forked may hold the pipe open, so EOF may never come: take
-                # what has arrived and stop waiting
-                ready, _, _ = select.select([fd], [], [], 0)
-                if ready:
-                    chunk = os.read(fd, 1 << 16)
-                    self._buffer += chunk
-                    if chunk:
-                        continue
-                return b"" if b"\n" not in self._buffer else self._buffer.split(b"\n", 1)[0]
         line, _, self._buffer = self._buffer.partition(b"\n")
         return line
 
@@ -257,32 +236,18 @@ class Worker:
         assert proc is not None
         deadline = time.monotonic() + timeout
         while True:
-            line = self._readline(deadline)
-            if line is None:
-                kill_group(proc.pid)
-                proc.wait()
-                tail = self._stderr_tail()
+            if not (line := self._readline(deadline)):  # None: its time ran out; b"": it died
+                end(proc, 0 if line is None else 10)
+                tail, code = self._stderr_tail(), proc.returncode
                 self.close()
-                raise WorkerDied(
-                    "timeout",
-                    f"no answer within {timeout:g} s (killed)"
-                    + (f"; last output: {tail[-300:]}" if tail else ""),
-                )
-            if not line:
-                try:
-                    code = proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    kill_group(proc.pid)
-                    code = proc.wait()
-                tail = self._stderr_tail()
-                self.close()
+                if line is None:
+                    last = f"; last output: {tail[-300:]}" if tail else ""
+                    raise WorkerDied("timeout", f"no answer within {timeout:g} s (killed){last}")
                 how = (
                     f"killed by {signal_name(-code)}" if code < 0 else f"exited with status {code}"
                 )
-                raise WorkerDied(
-                    "crashed",
-                    f"the worker process {how}" + (f"; stderr: {tail[-600:]}" if tail else ""),
-                )
+                last = f"; stderr: {tail[-600:]}" if tail else ""
+                raise WorkerDied("crashed", f"the worker process {how}{last}")
             data = json.loads(line)
             if "fatal" in data:
                 raise RuntimeError(f"worker error: {data['fatal']}")
@@ -364,8 +329,7 @@ class WorkerPool:
         spare, self._next = self._next, None
         if spare is not None:
             proc, stderr = spare
-            kill_group(proc.pid)
-            proc.wait()
+            end(proc, 0)
             for f in (proc.stdin, proc.stdout, stderr):
                 with contextlib.suppress(OSError, AttributeError):
                     if f is not None:
@@ -420,8 +384,7 @@ def read_request(data: Any) -> Request:
     """The request a JSON object is, by its ``op`` (else ProtocolError)."""
     if not isinstance(data, Mapping):
         raise ProtocolError(f"request: expected a JSON object, got {type(data).__name__}")
-    kind = REQUESTS.get(data.get("op"))  # type: ignore[arg-type]
-    if kind is None:
+    if (kind := REQUESTS.get(data.get("op"))) is None:  # type: ignore[arg-type]
         raise ProtocolError(
             f"request: unknown op {data.get('op')!r} (known: {', '.join(REQUESTS)})"
         )
@@ -430,9 +393,9 @@ def read_request(data: Any) -> Request:
 
 
 def serve(dispatch: Callable[[Request, Progress], Reply]) -> None:
-    """The worker's loop: one request a line on stdin, answered by ``dispatch`` (the probe's
-    handlers) with one reply a line, after any progress messages, flagged when torch's functions
-    were replaced or Triton ran interpreted; what is not a request gets a fatal reply."""
+    """The worker's loop: one request a line on stdin, one reply a line from ``dispatch`` (after its
+    progress messages; flagged when torch's functions were replaced or Triton ran interpreted), a
+    fatal reply to what is not a request."""
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything printed by foreign code goes to stderr, not the protocol
     sys.stdout = sys.stderr
@@ -447,12 +410,11 @@ def serve(dispatch: Callable[[Request, Progress], Reply]) -> None:
         out: dict[str, Any]
         try:
             reply = dispatch(read_request(json.loads(line)), emit)
-            changed = tampered()
-            if changed:
-                reply = dataclasses.replace(reply, tampered=tuple(changed))
-            if interpreting():
-                reply = dataclasses.replace(reply, interpreted=True)
-            out = reply.to_json()
+            out = dataclasses.replace(
+                reply,
+                tampered=tuple(tampered()) or reply.tampered,
+                interpreted=reply.interpreted or interpreting(),
+            ).to_json()
         except Exception as exc:  # a bug in the probe (or a malformed request): the parent's to see
             out = {"fatal": f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"}
         proto.write(json.dumps(out, default=str) + "\n")

@@ -171,7 +171,8 @@ def test_another_call_after_a_request_sent_ahead_gets_its_own_reply():
 
 @pytest.mark.slow  # starts a worker (import torch)
 def test_a_worker_that_dies_while_a_request_is_ahead_is_reported_and_replaced():
-    from kernel_probe.isolation.worker import Worker, WorkerDied, kill_group
+    from kernel_probe.isolation.child import kill_group
+    from kernel_probe.isolation.worker import Worker, WorkerDied
 
     with Worker() as w:
         w.send_ahead({"op": "import", "target": "torch.nn.LayerNorm"})
