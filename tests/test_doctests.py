@@ -10,7 +10,7 @@ import importlib
 import pytest
 
 MODULES = {  # module -> the functions whose examples it must keep (a deleted example fails here)
-    "kernel_probe.probe.judge": ("floor", "tolerance", "ratio", "limits"),
+    "kernel_probe.probe.tolerance": ("floor", "tolerance", "ratio", "limits"),
     "kernel_lock.fingerprint.fields": ("field_matches",),
     "kernel_lock.format.toml": ("toml_key", "toml_value"),  # the canonical layout's two rules
     "kernel_probe.probe.repetitions": ("margin",),

@@ -28,6 +28,7 @@ GENERIC = [
     "kernel_probe/probe/check.py",
     "kernel_probe/probe/handlers.py",
     "kernel_probe/probe/judge.py",
+    "kernel_probe/probe/tolerance.py",
     "kernel_probe/probe/report.py",
     "kernel_probe/probe/repetitions.py",
     "kernel_probe/probe/choose.py",
@@ -54,9 +55,10 @@ def _docstrings(tree: ast.AST) -> set[int]:
     ids = set()
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
-            if isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
-                ids.add(id(body[0].value))
+        first = body[0] if isinstance(body, list) and body else None
+        value = first.value if isinstance(first, ast.Expr) else None
+        if isinstance(value, ast.Constant) and isinstance(value.value, str):
+            ids.add(id(value))
     return ids
 
 

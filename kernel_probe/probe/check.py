@@ -35,9 +35,9 @@ from kernel_probe.isolation.protocol import (
 from kernel_probe.isolation.worker import Worker, WorkerDied, WorkerPool
 from kernel_probe.probe import judge, repetitions
 from kernel_probe.probe.choose import beats_default
-from kernel_probe.probe.judge import Policy, Problem
+from kernel_probe.probe.judge import Policy
 from kernel_probe.probe.limits import CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT, TIMING_TIMEOUT
-from kernel_probe.probe.report import Report, ReportBase, report_base
+from kernel_probe.probe.report import Problem, Report, ReportBase, report_base, static_problem
 
 P = ParamSpec("P")
 
@@ -99,7 +99,7 @@ def check_candidate(
     of it (:func:`_measure`: the worker's calls only), then the verdict on that (:func:`_verdict`:
     the judge's calls only)."""
     base = report_base(cand, slot, device)
-    problem = judge.static_problem(cand, slot, device, arch, with_compile=with_compile, detail=True)
+    problem = static_problem(cand, slot, device, arch, with_compile=with_compile, detail=True)
     if problem is None:
         problem = slot_behaviour.slot(slot).static_problem(cand, canonical or {})
     if problem is not None and not problem.try_it:
@@ -340,7 +340,7 @@ def _runs(
     """Whether checking ``cand`` will start its worker (not refused, not stopped before it)."""
     if refuse(slot, cand):
         return False
-    problem = judge.static_problem(
+    problem = static_problem(
         cand, slot, checks.device, checks.arch, with_compile=checks.with_compile, detail=True
     )
     return problem is None or problem.try_it

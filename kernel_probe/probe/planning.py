@@ -415,7 +415,7 @@ def check_forced(
                     f"(allowed: {', '.join(rule.allowed) or 'none: allowed = []'})",
                     fix=f"drop {said}, or use a profile that allows it",
                 )
-            from kernel_probe.probe.judge import static_problem  # only when something is forced
+            from kernel_probe.probe.report import static_problem  # only when something is forced
 
             cand = next(c for c in for_slot(candidates, slot) if c.id == cid)
             problem = static_problem(

@@ -87,7 +87,7 @@ def _evidence(report: Report) -> list[dict[str, Any]]:
 
 
 def _timing(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    from kernel_probe.probe.judge import judge_shape
+    from kernel_probe.probe.tolerance import judge_shape
 
     out = []
     for r in rows:
