@@ -16,7 +16,7 @@ MODULES = {  # module -> the functions whose examples it must keep (a deleted ex
     "kernel_probe.probe.repetitions": ("margin",),
     "kernel_probe.probe.choose": ("clears_margin", "within_margin"),
     "kernel_probe.probe.check": ("faster_runs",),  # the rematch keeps the default's faster run
-    "kernel_probe.probe.rules": ("rules", "slot_rules"),  # the module's own examples, and the merge
+    "kernel_probe.probe.planning": ("SlotRule", "slot_rules"),  # a slot's rule, and the merge
     "kernel_lock.format.tables": (
         "tables",
     ),  # a table declared by its fields, written by the generic writer
