@@ -27,7 +27,7 @@ def run_diff(args: argparse.Namespace) -> int:
     """``kernel-probe diff A B``: what differs between two locks (environment, slots), as text or
     JSON."""
     a, b = load_lock(args.a, check_targets=False), load_lock(args.b, check_targets=False)
-    from kernel_probe.probe.lockdiff import lock_differences
+    from kernel_probe.probe.derive import lock_differences
 
     diffs = lock_differences(a, b)
     differ = any(diffs.values())

@@ -264,13 +264,11 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     from kernel_probe.probe.graph_attention_check import for_probe
 
     events = events or Events()
-    warning = large_shape_warning(p.device["type"], p.shapes, p.reps)
     behaviour = {s: slot_behaviour.slot(s) for s in p.slots}
-    if warning:
-        events.warn(warning)
-    for b in behaviour.values():
-        for line in b.warnings(p.device["type"], p.dtype):
-            events.warn(line)
+    warnings = [large_shape_warning(p.device["type"], p.shapes, p.reps)]
+    warnings += [line for b in behaviour.values() for line in b.warnings(p.device["type"], p.dtype)]
+    for line in filter(None, warnings):
+        events.warn(line)
     # fp32 as a sanity baseline, plus the regime the model trains in
     rows = [("float32", "true")] + ([(p.dtype, p.regime)] if p.dtype != "float32" else [])
     request = p.request
