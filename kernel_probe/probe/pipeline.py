@@ -272,6 +272,11 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     # fp32 as a sanity baseline, plus the regime the model trains in
     rows = [("float32", "true")] + ([(p.dtype, p.regime)] if p.dtype != "float32" else [])
     request = p.request
+    policy = Policy(
+        allow_init_change=request.allow_init_change,
+        strict_dtype=request.strict_dtype,
+        allow_approximation=request.allow_approximation,
+    )
     checks = Checks(
         p.device["type"],
         rows,
@@ -279,21 +284,12 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
         timeout=request.timeout,
         import_timeout=request.import_timeout,
         with_compile=request.with_compile,
-        policy=Policy(
-            allow_init_change=request.allow_init_change,
-            strict_dtype=request.strict_dtype,
-            allow_approximation=request.allow_approximation,
-        ),
+        policy=policy,
         canonical=p.canonical,
     )
+    fixed = request.reps is not None  # --reps N: N calls for every accepted candidate
     timing = Timing(
-        tuple(p.shapes),
-        p.dtype,
-        p.regime,
-        p.reps,
-        events.timing,
-        timed_at=p.timed_at,
-        fixed=request.reps is not None,  # --reps N: N calls for every accepted candidate
+        tuple(p.shapes), p.dtype, p.regime, p.reps, events.timing, timed_at=p.timed_at, fixed=fixed
     )
     # the lock: set below by build_lock, so a returned ProbeResult always has one
     result = ProbeResult(request.out, None, False, p)  # type: ignore[arg-type]

@@ -290,12 +290,6 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
     inputs = _inputs(request, candidates, profile, precision, shapes, slots, deterministic)
     for name in ordered:
         inputs.update(behaviour[name].inputs(declared[name], kind))
-    # only when asked: a lock probed without them stays reusable as before
-    if request.graph_attention:
-        inputs["graph_attention"] = request.graph_attention
-        inputs["allow_graph_attention_fallback"] = request.allow_graph_attention_fallback
-    if request.allow_approximation:
-        inputs["allow_approximation"] = True
     canonical = {n: b.canonical(declared[n], kind) for n, b in behaviour.items()}
     probed = [c for c in candidates if set(c.slots) & set(slots)]
     return Plan(
@@ -339,7 +333,7 @@ def _inputs(
     deterministic: bool,
 ) -> dict[str, Any]:
     """The options the inputs digest is of, before the slots' own."""
-    return {
+    inputs = {
         "precision": precision,
         "shapes": list(shapes),
         "slots": list(slots),
@@ -352,6 +346,13 @@ def _inputs(
         "allow_init_change": request.allow_init_change,
         "strict_dtype": request.strict_dtype,
     }
+    # only when asked: a lock probed without them stays reusable as before
+    if request.graph_attention:
+        inputs["graph_attention"] = request.graph_attention
+        inputs["allow_graph_attention_fallback"] = request.allow_graph_attention_fallback
+    if request.allow_approximation:
+        inputs["allow_approximation"] = True
+    return inputs
 
 
 def _refuse_bad_arguments(request: ProbeRequest) -> tuple[str, ...]:
