@@ -34,9 +34,8 @@ class Verdict:
     errors: Mapping[str, Mapping[str, Sequence[float]]] = field(default_factory=dict)
     deterministic: bool | None = None  # two runs bitwise equal (None: not measured)
     changes: tuple[str, ...] = ()  # accepted, but the model changes besides numbers (recorded)
-    ratios: Mapping[str, Mapping[str, float]] = field(
-        default_factory=dict
-    )  # case -> output -> ratio
+    # case -> output -> error / tolerance, where a slot has its own max tolerance
+    ratios: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The verdict as the lock's evidence and ``--json`` show it."""
