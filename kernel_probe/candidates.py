@@ -1,19 +1,8 @@
 """Where a candidate is declared, and the one parser of candidate declarations.
 
-A candidate says which slot(s) it can fill, what it computes (its semantics), what to import, which
-distribution it needs, which device types it supports, how the canonical constructor arguments map
-onto its own, and its portable torch.nn twin. Everything here is plain data that crosses the process
-boundary to the worker as JSON; nothing is imported until a worker builds the candidate.
-
-The built-ins are data too: the ``[[candidate]]`` tables of kernel_lock's registry
-(``kernel_lock/registry.toml``), written in the form a site profile's ``[[candidate]]`` uses
-(docs/profiles.md) and read by the same parser (:func:`read_candidates`). Adding a kernel library is
-adding entries there; kernel_lock's import allow-list follows from them. The slot facts the defaults
-come from (semantics, call convention, canonical values) live in ``kernel_lock.slots``.
-
-Constructor arguments are templates: a string ``"$name"`` is replaced by the canonical value
-``name`` (``normalized_shape``, ``hidden``, ``eps``, ``bias``, ``in_features``, ``out_features``,
-``device``, ``param_dtype``); anything else is passed as it is.
+A candidate is plain data (sent to the worker as JSON, imported only there). The built-ins are the
+``[[candidate]]`` tables of ``kernel_lock/registry.toml``, in a site profile's form and read by the
+same parser (:func:`read_candidates`): adding a kernel library is adding entries there.
 """
 
 from __future__ import annotations
@@ -24,23 +13,26 @@ import os
 import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
+from importlib import metadata
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from kernel_lock import registry as lock_registry
 from kernel_lock import toml
 from kernel_lock.slots import SPECS, slot_name_fix
 from kernel_lock.slots import semantics as known_semantics
+from kernel_lock.slots.linear import LIBRARIES, device_of
+from kernel_lock.trust import private
 from kernel_probe.errors import UsageError
 from kernel_probe.tables import TableReader
-
-_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """One implementation offered for slots: its class and how to build it, where it runs, its
-    torch.nn twin."""
+    """One implementation offered for slots: its class, how to build it (``args``/``kwargs`` are
+    templates: ``"$eps"`` is the canonical value ``eps``), where it runs (``archs``: per device
+    type, "sm_80+" = that or newer), how to install it (``install``: per device type, "": no
+    build), its torch.nn twin; ``blas``: a Linear's BLAS library on a GPU."""
 
     id: str
     slots: tuple[str, ...]
@@ -48,26 +40,18 @@ class Candidate:
     target: str
     args: tuple[Any, ...] = ("$normalized_shape",)  # positional constructor arguments (dimensions)
     kwargs: Mapping[str, Any] = field(default_factory=dict)  # pinned in the lock
-    # only while probing (device placement)
-    build_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    build_kwargs: Mapping[str, Any] = field(default_factory=dict)  # only while probing
     distribution: str = ""  # "" = ships with torch
     specifier: str = ""
     module: str = ""
     devices: tuple[str, ...] = ()  # () = any device torch runs on
-    # device type -> the GPU archs it runs on there ("gfx90a"; "sm_80+" = sm_80 or newer); a device
-    # type not named here has no arch requirement
     archs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    # device type -> how to install it there ("" = no build for that platform); default: pip install
-    # <distribution>
     install: Mapping[str, str] = field(default_factory=dict)
     compiled: bool = False  # torch.compile inside: expensive on CPU, JIT time reported apart
     twin_target: str = ""
     twin_kwargs: Mapping[str, Any] = field(default_factory=dict)
     note: str = ""
     source: str = "builtin"  # builtin | entry-point:<name> | command-line | profile:<name>
-    # Linear on a GPU: the BLAS library it runs under (kernel_lock.slots.linear names: cublas,
-    # cublaslt, rocblas, hipblaslt), set process-wide while it is checked and timed, and by
-    # kernel_lock when its slot resolves
     blas: str = ""
 
     def pinned_kwargs(self, canonical: Mapping[str, Any]) -> dict[str, Any]:
@@ -92,16 +76,14 @@ class Candidate:
         return cls(**d)
 
     def arch_problem(self, device: str, arch: str) -> str | None:
-        """Why this candidate cannot run on a ``device`` GPU of ``arch``; None when it can (or arch
-        is unknown)."""
+        """Why it cannot run on a ``device`` GPU of ``arch``; None when it can (or arch unknown)."""
         wanted = tuple(self.archs.get(device, ()))
         if not wanted or not arch or any(arch_satisfies(arch, w) for w in wanted):
             return None
         return f"needs a GPU arch {' or '.join(wanted)} on {device}; this one is {arch}"
 
     def install_hint(self, device: str) -> str:
-        """How to install the candidate's library for ``device``; '' when there is no build for
-        it."""
+        """How to install the candidate's library for ``device``; '' where there is no build."""
         if device in self.install:
             return self.install[device]
         if self.distribution:
@@ -110,8 +92,7 @@ class Candidate:
 
 
 def arch_satisfies(arch: str, wanted: str) -> bool:
-    """``'sm_90'`` satisfies ``'sm_80+'`` and ``'sm_90'``; gfx archs match exactly (features
-    stripped)."""
+    """``'sm_90'`` satisfies ``'sm_80+'`` and ``'sm_90'``; gfx archs match exactly."""
     arch = arch.split(":", 1)[0]
     if wanted.endswith("+"):
         base = wanted[:-1]
@@ -121,10 +102,8 @@ def arch_satisfies(arch: str, wanted: str) -> bool:
     return arch == wanted
 
 
-# The one syntax of GPU archs, in a candidate's ``archs`` and a profile's ``requires.device-arch``:
-# NVIDIA ``sm_XY`` (``sm_90a``: the arch-specific build), ``sm_XY+`` = that or newer; AMD ``gfxNNN``
-# exactly (gfx targets are not ordered: gfx942 is not "newer" than gfx90a in any way a kernel can
-# use).
+# The one syntax of GPU archs (a candidate's ``archs``, a profile's ``requires.device-arch``):
+# ``sm_XY`` (``sm_90a``: arch-specific), ``sm_XY+`` = that or newer; ``gfxNNN`` exactly (unordered)
 GPU_ARCH_SYNTAX = {
     "cuda": re.compile(r"sm_[0-9]{2,3}[af]?\+?", re.ASCII),
     "rocm": re.compile(r"gfx[0-9a-f]{3,4}", re.ASCII),
@@ -137,11 +116,9 @@ def gpu_arch_problem(name: str, device_types: Collection[str] = ("cuda", "rocm")
         if kind in GPU_ARCH_SYNTAX and GPU_ARCH_SYNTAX[kind].fullmatch(name):
             return None
     capability = re.fullmatch(r"([0-9]{1,2})\.([0-9])", name)
-    hint = (
-        f" (compute capability {name} is written 'sm_{capability[1]}{capability[2]}')"
-        if capability
-        else ""
-    )
+    hint = ""
+    if capability:
+        hint = f" (compute capability {name} is written 'sm_{capability[1]}{capability[2]}')"
     if name.startswith("gfx") and name.endswith("+"):
         hint = " (gfx archs match exactly: list each one)"
     for kind in device_types:
@@ -163,8 +140,7 @@ def fill(value: Any, canonical: Mapping[str, Any]) -> Any:
 
 
 # ---- reading declarations: the built-ins' data file and a profile's [[candidate]] tables ---------
-# the keys of a [[candidate]] table: Candidate's fields, dashed, but where it was offered
-# (``source``)
+# the keys of a [[candidate]] table: Candidate's fields, dashed, but where it was offered (source)
 CANDIDATE_KEYS = tuple(f.name.replace("_", "-") for f in fields(Candidate) if f.name != "source")
 DEVICE_TYPES = ("cuda", "rocm", "xpu", "mps", "cpu")
 
@@ -227,24 +203,14 @@ def parse_candidate(
     slots = r.strings(c, "slots", where)
     if not slots or any(s not in SPECS for s in slots):
         raise r.err(f"{where}slots", f"expected a list of slots from {', '.join(SPECS)}")
-    semantics = r.string(c, "semantics", where, default=SPECS[slots[0]].semantics)
-    target = r.string(c, "target", where, required=True)
-    if not re.match(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$", target):
-        raise r.err(f"{where}target", f"{target!r} is not a dotted import path")
-    from kernel_lock.trust import private
-
-    if private(target):  # the rule --candidate and a lock's reader apply: refused before any work
-        raise r.err(
-            f"{where}target",
-            f"{target!r} has a private or __main__ component: it is never imported (importing a "
-            "module's __main__ runs it)",
-            fix="name a public class of an importable library, e.g. mylib.FastLayerNorm",
-        )
-    spec = r.string(c, "specifier", where, default="") or ""
-    if spec:
-        r.specifier(spec, f"{where}specifier")
-    args = _scalars(r, c.get("args", list(SPECS[slots[0]].call_args)), f"{where}args", table=False)
-    kwargs = _scalars(r, c.get("kwargs", SPECS[slots[0]].call_kwargs), f"{where}kwargs", table=True)
+    spec = SPECS[slots[0]]
+    semantics = r.string(c, "semantics", where, default=spec.semantics)
+    target = _target(r, r.string(c, "target", where, required=True), f"{where}target")
+    specifier = r.string(c, "specifier", where, default="") or ""
+    if specifier:
+        r.specifier(specifier, f"{where}specifier")
+    args = _scalars(r, c.get("args", list(spec.call_args)), f"{where}args", table=False)
+    kwargs = _scalars(r, c.get("kwargs", spec.call_kwargs), f"{where}kwargs", table=True)
     build_kwargs = _scalars(r, c.get("build-kwargs", {}), f"{where}build-kwargs", table=True)
     twin_kwargs = _scalars(r, c.get("twin-kwargs", {}), f"{where}twin-kwargs", table=True)
     if semantics not in known_semantics():
@@ -258,25 +224,8 @@ def parse_candidate(
             problem = gpu_arch_problem(name, (kind,))
             if problem:
                 raise r.err(f"{where}archs.{kind}", problem)
-    blas = r.string(c, "blas", where, default="") or ""
-    if blas:
-        from kernel_lock.slots.linear import LIBRARIES, device_of
-
-        if not device_of(blas):
-            known = ", ".join(f"{'/'.join(pair)} ({kind})" for kind, pair in LIBRARIES.items())
-            raise r.err(
-                f"{where}blas", f"{blas!r} is not a BLAS library kernel-lock knows: {known}"
-            )
-        if slots != ("Linear",) or semantics != "linear":
-            raise r.err(
-                f"{where}blas",
-                "only a Linear candidate runs under a BLAS library",
-                fix="remove `blas`",
-            )
+    blas = _blas(r, r.string(c, "blas", where, default="") or "", slots, semantics, where)
     install_table = r.table(c, "install", DEVICE_TYPES, where)
-    install = {
-        kind: r.string(install_table, kind, f"{where}install.") or "" for kind in install_table
-    }
     return Candidate(
         id=cid,
         slots=slots,
@@ -286,11 +235,11 @@ def parse_candidate(
         kwargs=dict(kwargs),
         build_kwargs=dict(build_kwargs),
         distribution=r.string(c, "distribution", where, default="") or "",
-        specifier=spec,
+        specifier=specifier,
         module=r.string(c, "module", where, default=target.split(".")[0]) or "",
         devices=r.strings(c, "devices", where),
         archs=archs,
-        install=install,
+        install={k: r.string(install_table, k, f"{where}install.") or "" for k in install_table},
         compiled=r.boolean(c, "compiled", where),
         twin_target=r.string(c, "twin-target", where, default="") or "",
         twin_kwargs=dict(twin_kwargs),
@@ -300,12 +249,38 @@ def parse_candidate(
     )
 
 
+def _target(r: TableReader, target: str, key: str) -> str:
+    """A dotted import path, refused before any work when private (as --candidate and a lock)."""
+    if not re.match(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$", target):
+        raise r.err(key, f"{target!r} is not a dotted import path")
+    if private(target):
+        raise r.err(
+            key,
+            f"{target!r} has a private or __main__ component: it is never imported (importing a "
+            "module's __main__ runs it)",
+            fix="name a public class of an importable library, e.g. mylib.FastLayerNorm",
+        )
+    return target
+
+
+def _blas(r: TableReader, blas: str, slots: tuple[str, ...], semantics: str, where: str) -> str:
+    """A BLAS library kernel-lock knows, for a Linear candidate only."""
+    if not blas:
+        return ""
+    if not device_of(blas):
+        known = ", ".join(f"{'/'.join(pair)} ({kind})" for kind, pair in LIBRARIES.items())
+        raise r.err(f"{where}blas", f"{blas!r} is not a BLAS library kernel-lock knows: {known}")
+    if slots != ("Linear",) or semantics != "linear":
+        raise r.err(
+            f"{where}blas", "only a Linear candidate runs under a BLAS library", fix="remove `blas`"
+        )
+    return blas
+
+
 def load_candidates(
     path: str | os.PathLike[str], *, source: str = "builtin"
 ) -> tuple[Candidate, ...]:
-    """The ``[[candidate]]`` entries of a candidate data file (the form
-    ``kernel_lock/registry.toml`` has; its ``[[library]]`` tables are read by
-    ``kernel_probe.detect.libraries``)."""
+    """The ``[[candidate]]`` entries of a data file in ``kernel_lock/registry.toml``'s form."""
     r = TableReader(str(path))
     try:
         d = toml.loads(Path(path).read_text(encoding="utf-8"))
@@ -319,8 +294,7 @@ def load_candidates(
 
 @functools.cache
 def builtin() -> tuple[Candidate, ...]:
-    """The built-in candidates: the ``[[candidate]]`` tables of kernel_lock's registry, read on
-    first use."""
+    """The built-in candidates: kernel_lock's registry's, read on first use."""
     return load_candidates(lock_registry.path())
 
 
@@ -344,11 +318,8 @@ _SPEC = re.compile(r"^(?P<slot>[A-Za-z]+)=(?P<target>[A-Za-z_][\w]*(\.[A-Za-z_]\
 
 
 def from_command_line(text: str) -> Candidate:
-    """``SLOT=dotted.path.Class``: a third-party class offered for a slot, judged like any other.
-
-    Its semantics are assumed to be the slot's (that is what it is offered as); the correctness
-    checks then tell whether it really computes that. Its module becomes trusted in the lock.
-    """
+    """``SLOT=dotted.path.Class``: a third-party class offered for a slot, judged like any other
+    (its semantics assumed the slot's, its module trusted in the lock)."""
     m = _SPEC.match(text.strip())
     if not m:
         raise UsageError(
@@ -381,16 +352,11 @@ def from_command_line(text: str) -> Candidate:
 
 
 def from_entry_points() -> tuple[list[Candidate], list[str]]:
-    """Third-party candidates from the ``kernel_probe.probe.candidates`` entry-point group.
-
-    An entry point loads to a Candidate, a list of them, or a callable returning either. A broken
-    plug-in is reported (second return value), never allowed to stop the probe.
-    """
-    from importlib.metadata import entry_points
-
+    """Third-party candidates from the ``kernel_probe.probe.candidates`` entry points (a Candidate,
+    a list, or a callable returning either); a broken plug-in is reported, never stops the probe."""
     found: list[Candidate] = []
     problems: list[str] = []
-    for ep in entry_points(group="kernel_probe.probe.candidates"):
+    for ep in metadata.entry_points(group="kernel_probe.probe.candidates"):
         try:
             obj = ep.load()
             if callable(obj) and not isinstance(obj, Candidate):

@@ -1,10 +1,6 @@
-"""Model shapes as the command line and profiles write them (no torch here: profiles load without
-it).
-
-A shape is written ROWSxHIDDEN (ROWSxINxOUT for Linear); ``*`` and ``X`` are read as ``x``, and
-every shape is normalised (:func:`normal_shape`) before it is compared, digested or written, so
-``2048*1024``, ``2048X1024`` and ``2048x1024`` are one shape and reuse one lock.
-"""
+"""Model shapes as the command line and profiles write them: ROWSxHIDDEN (ROWSxINxOUT for
+Linear), ``*`` and ``X`` read as ``x``, each normalised (:func:`normal_shape`) before it is
+compared, digested or written, so ``2048*1024`` and ``2048x1024`` reuse one lock. No torch here."""
 
 from __future__ import annotations
 

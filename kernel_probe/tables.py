@@ -1,13 +1,10 @@
 """Strict reading of the project's TOML tables (the registry, site profiles, candidate
-declarations).
-
-``kernel_lock.tables`` holds the one family of typed getters; this reader raises their
-errors as the probe's input-file errors (exit 5), naming the file and the dotted key, and refuses
-unknown keys.
-"""
+declarations): ``kernel_lock.tables``'s typed getters, their errors the probe's input-file
+errors (exit 5) naming the file and the dotted key; unknown keys refused."""
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar, overload
@@ -23,11 +20,8 @@ class CandidateDataError(InputFileError):
 
 
 class TableReader:
-    """Strict reading of parsed TOML: ``kernel_lock.tables``'s typed getters, whose errors
-    this reader raises with the file and the dotted key.
-
-    Unknown keys are errors (a typo must not silently widen a policy or drop a pinned argument).
-    ``error`` is the exception raised; a site profile's reader raises ``ProfileError``."""
+    """Strict reading of parsed TOML, its errors ``error`` (a site profile's: ``ProfileError``).
+    Unknown keys are errors: a typo must not widen a policy or drop a pinned argument."""
 
     error: type[InputFileError] = CandidateDataError
 
@@ -39,8 +33,8 @@ class TableReader:
         return self.error(problem, path=self.path, key=key, fix=fix)
 
     def read(self, where: str, getter: Callable[[], _T]) -> _T:
-        """Run one of ``kernel_lock.tables``'s getters; its error, its key completed with
-        ``where``, is this reader's (the file named)."""
+        """One of ``kernel_lock.tables``'s getters, its error this reader's (the key
+        completed with ``where``)."""
         try:
             return getter()
         except ReadError as exc:
@@ -61,8 +55,6 @@ class TableReader:
     def no_unknown(self, d: Mapping[str, Any], known: Sequence[str], where: str) -> None:
         """Refuse the first key of ``d`` not in ``known``, with a did-you-mean."""
         for k in unknown_keys(d, known):
-            import difflib
-
             close = difflib.get_close_matches(k, list(known), n=1, cutoff=0.75)
             hint = (
                 f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(known)}"
@@ -120,7 +112,7 @@ class TableReader:
 
     def specifier(self, spec: Any, key: str) -> str:
         """``spec`` when it is a PEP 440 version specifier string, else an error naming ``key``."""
-        from packaging.specifiers import InvalidSpecifier, SpecifierSet
+        from packaging.specifiers import InvalidSpecifier, SpecifierSet  # not on the warm path
 
         if not isinstance(spec, str):
             raise self.err(key, f"expected a PEP 440 specifier string, got {type(spec).__name__}")

@@ -10,13 +10,13 @@ import importlib
 import pytest
 
 MODULES = {  # module -> the functions whose examples it must keep (a deleted example fails here)
-    "kernel_probe.probe.judge": ("floor", "tolerance", "ratio", "limits"),
+    "kernel_probe.probe.tolerance": ("floor", "tolerance", "ratio", "limits"),
     "kernel_lock.fingerprint": ("field_matches",),
     "kernel_lock.toml": ("toml_key", "toml_value"),  # the canonical layout's two rules
     "kernel_probe.probe.repetitions": ("margin",),
     "kernel_probe.probe.choose": ("clears_margin", "within_margin"),
     "kernel_probe.probe.check": ("faster_runs",),  # the rematch keeps the default's faster run
-    "kernel_probe.probe.rules": ("rules", "slot_rules"),  # the module's own examples, and the merge
+    "kernel_probe.probe.planning": ("SlotRule", "slot_rules"),  # a slot's rule, and the merge
     "kernel_lock.tables": (
         "tables",
     ),  # a table declared by its fields, written by the generic writer

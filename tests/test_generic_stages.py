@@ -32,6 +32,7 @@ GENERIC = [
     "kernel_probe/probe/check.py",
     "kernel_probe/probe/handlers.py",
     "kernel_probe/probe/judge.py",
+    "kernel_probe/probe/tolerance.py",
     "kernel_probe/probe/report.py",
     "kernel_probe/probe/repetitions.py",
     "kernel_probe/probe/choose.py",

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from kernel_lock.slots import DTYPES, short_dtype, slot_name_fix
 from kernel_probe import output
 from kernel_probe import slots as slot_behaviour
+from kernel_probe.errors import ForcedUnusable, UsageError
+from kernel_probe.isolation.protocol import INTERPRETED
 from kernel_probe.output import count, safe, seconds
+from kernel_probe.probe.graph_attention_check import check_backend
+from kernel_probe.probe.judge import Policy
 from kernel_probe.probe.limits import CHECK_HIDDEN, CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT
+from kernel_probe.probe.planning import detect_device, gather_candidates
+from kernel_probe.probe.report import Report, Verdict
 
 
 def add_candidate_arguments(p: argparse.ArgumentParser) -> None:
@@ -85,10 +92,8 @@ def add_switches(p: argparse.ArgumentParser, switches: Sequence[tuple[str, str]]
         p.add_argument(flag, action="store_true", help=what)
 
 
-def policy_from(args: argparse.Namespace):
+def policy_from(args: argparse.Namespace) -> Policy:
     """The judging policy the command line asks for (--allow-init-change, --strict-dtype)."""
-    from kernel_probe.probe.judge import Policy
-
     return Policy(
         allow_init_change=args.allow_init_change,
         strict_dtype=args.strict_dtype,
@@ -134,26 +139,20 @@ def add_check_arguments(p: argparse.ArgumentParser) -> None:
 def run_check(args: argparse.Namespace) -> int:
     """`kernel-probe check`: every candidate checked here (none timed), the verdicts as a table or
     JSON."""
-    from kernel_probe.errors import UsageError
-    from kernel_probe.probe.check import check_all, dtype_plan, parse_dtype
+    from kernel_probe.probe.check import check_all, dtype_plan, parse_dtype  # the worker: heavy
 
     if args.hidden is not None and not 1 <= args.hidden <= 65536:
         raise UsageError(f"--hidden must be between 1 and 65536, not {args.hidden}")
-
     dtypes = [parse_dtype(d) for d in args.dtype] or list(DTYPES)
     if args.graph_attention:
         return _graph_attention(args.graph_attention, dtypes, args.json)
-    regimes = ("true", "mixed") if args.regime == "both" else (args.regime,)
-    plan = dtype_plan(dtypes, regimes)
-    from kernel_probe.probe.planning import detect_device, gather_candidates
-
+    plan = dtype_plan(dtypes, ("true", "mixed") if args.regime == "both" else (args.regime,))
     candidates, problems = gather_candidates(args.candidate, plugins=not args.no_plugins)
     for problem in problems:
         output.warn(problem)
     device = detect_device()
-    if not args.no_plugins:
-        for problem in slot_behaviour.load_plugins():
-            output.warn(problem)
+    for problem in slot_behaviour.load_plugins() if not args.no_plugins else []:
+        output.warn(problem)
     for name in args.slot:
         if name not in slot_behaviour.SLOTS:
             raise UsageError(f"--slot {name}: unknown slot; {slot_name_fix(name)}")
@@ -179,50 +178,48 @@ def run_check(args: argparse.Namespace) -> int:
         progress=progress,
         canonical=canonical,
     )
-    # a class the user offered that cannot even be imported here is a failure of this command (exit
-    # 3), not one more row: nothing was checked of what was asked for (a crash or a timeout is a
-    # verdict on the class)
-    offered = [
-        r
-        for rs in reports.values()
-        for r in rs
-        if r.id.startswith("custom:") and r.status in UNJUDGED
-    ]
-    failure = None
-    if offered:
-        from kernel_probe.errors import ForcedUnusable
-
-        failure = ForcedUnusable(
-            "; ".join(
-                f"--candidate {r.id.removeprefix('custom:')} is {r.status}: "
-                f"{r.reasons[0] if r.reasons else ''}"
-                for r in offered
-            ),
-            fix="install its package or put its directory on PYTHONPATH, and check the dotted path",
-        )
+    failure = _not_importable(reports)
+    hidden = args.hidden or CHECK_HIDDEN
     if args.json:
         body = {
             "device": device,
-            "hidden": args.hidden or CHECK_HIDDEN,
+            "hidden": hidden,
             "plan": [{"dtype": d, "regime": r} for d, r in plan],
             "problems": problems,
             "slots": {slot: [r.to_json() for r in rs] for slot, rs in reports.items()},
         }
         output.print_json(output.with_failure(body, failure))
         return failure.exit_code if failure else 0
-    render_verdicts(reports, plan, device, hidden=args.hidden or CHECK_HIDDEN)
+    render_verdicts(reports, plan, device, hidden=hidden)
     if failure is not None:
         output.error(str(failure))
         return failure.exit_code
     return 0
 
 
-def _graph_attention(backends: Sequence[str], dtypes: Sequence[str], as_json: bool) -> int:
-    """`check --graph-attention`: each backend's verdict
-    (kernel_probe.probe.graph_attention_check)."""
-    from kernel_probe.probe.graph_attention_check import check_backend
-    from kernel_probe.probe.planning import detect_device
+def _not_importable(reports: Mapping[str, list[Report]]) -> ForcedUnusable | None:
+    """A class the user offered that cannot even be imported here fails the command (exit 3):
+    nothing of what was asked for was checked (a crash or a timeout is a verdict on the class)."""
+    offered = [
+        r
+        for rs in reports.values()
+        for r in rs
+        if r.id.startswith("custom:") and r.status in UNJUDGED
+    ]
+    if not offered:
+        return None
+    return ForcedUnusable(
+        "; ".join(
+            f"--candidate {r.id.removeprefix('custom:')} is {r.status}: "
+            f"{r.reasons[0] if r.reasons else ''}"
+            for r in offered
+        ),
+        fix="install its package or put its directory on PYTHONPATH, and check the dotted path",
+    )
 
+
+def _graph_attention(backends: Sequence[str], dtypes: Sequence[str], as_json: bool) -> int:
+    """`check --graph-attention`: each backend's verdict."""
     device = detect_device()["type"]
     reports = [check_backend(b, device, dtypes) for b in backends]
     if as_json:
@@ -242,11 +239,8 @@ def _graph_attention(backends: Sequence[str], dtypes: Sequence[str], as_json: bo
     return 0
 
 
-# the status of a candidate that never ran: its class could not be imported (or cannot run on this
-# device)
+# the status of a candidate that never ran: its class could not be imported (or cannot run here)
 UNJUDGED = ("unavailable",)
-
-
 STATUS_STYLE = {
     "accepted": "green",
     "rejected": "red",
@@ -257,10 +251,24 @@ STATUS_STYLE = {
 }
 
 
-def render_verdicts(reports, plan, device, hidden: int = CHECK_HIDDEN) -> None:
-    """Per slot, a table of candidates x (dtype, regime) cells, then why each was not accepted."""
-    from kernel_probe.isolation.protocol import INTERPRETED
+def _cell(v: Verdict | None) -> str:
+    """One (dtype, regime) cell of the verdict table."""
+    if v is None:
+        return "-"
+    if v.status == "accepted":
+        return f"[green]ok[/] {v.worst_ratio:.2f}"
+    if v.worst_ratio is not None and v.status == "rejected":
+        return f"[red]x[/] {v.worst_ratio:.2g}"
+    return f"[{STATUS_STYLE.get(v.status, '')}]{v.status[:7]}[/]"
 
+
+def render_verdicts(
+    reports: Mapping[str, list[Report]],
+    plan: Sequence[tuple[str, str]],
+    device: Mapping[str, Any],
+    hidden: int = CHECK_HIDDEN,
+) -> None:
+    """Per slot, a table of candidates x (dtype, regime) cells, then why each was not accepted."""
     con = output.console()
     con.print(f"device: {device['type']} ({safe(str(device['name']))}); inputs {hidden} wide")
     for slot, rs in reports.items():
@@ -268,49 +276,21 @@ def render_verdicts(reports, plan, device, hidden: int = CHECK_HIDDEN) -> None:
         table.add_column("candidate", no_wrap=True)
         table.add_column("status", no_wrap=True, min_width=11)
         for d, r in plan:
-            table.add_column(
-                short_dtype(d) + ("+amp" if r == "mixed" else ""),
-                justify="right",
-                no_wrap=True,
-                min_width=7,
-            )
+            name = short_dtype(d) + ("+amp" if r == "mixed" else "")
+            table.add_column(name, justify="right", no_wrap=True, min_width=7)
         table.add_column("det", no_wrap=True)
         table.add_column("s", justify="right", no_wrap=True)
         for rep in rs:
-            cells = []
             by = {(v.dtype, v.regime): v for v in rep.verdicts}
-            for d, r in plan:
-                v = by.get((d, r))
-                if v is None:
-                    cells.append("-")
-                elif v.status == "accepted":
-                    cells.append(f"[green]ok[/] {v.worst_ratio:.2f}")
-                elif v.worst_ratio is not None and v.status == "rejected":
-                    cells.append(f"[red]x[/] {v.worst_ratio:.2g}")
-                else:
-                    cells.append(f"[{STATUS_STYLE.get(v.status, '')}]{v.status[:7]}[/]")
-            style = STATUS_STYLE.get(rep.status, "")
             det = {True: "yes", False: "[yellow]no[/]", None: "-"}[rep.deterministic]
             took = "-" if rep.seconds is None else f"{rep.seconds:.1f}"
-            status = f"[{style}]{rep.status}[/]" + (
-                " [yellow](interpreted)[/]" if rep.interpreted else ""
-            )
+            status = f"[{STATUS_STYLE.get(rep.status, '')}]{rep.status}[/]"
+            status += " [yellow](interpreted)[/]" if rep.interpreted else ""
+            cells = [_cell(by.get(key)) for key in plan]
             table.add_row(safe(rep.id), status, *cells, det, took)
         output.print_table(table)
         for rep in rs:
-            if rep.interpreted:
-                con.print(f"  [bold]{safe(rep.id)}[/] {safe(INTERPRETED)}")
-            if rep.status != "accepted" and rep.reasons:
-                con.print(f"  [bold]{safe(rep.id)}[/] {rep.status}: {safe(rep.reasons[0])}")
-                for reason in rep.reasons[1:3]:
-                    con.print(f"      {safe(reason)}")
-            for change in rep.changes if rep.status == "accepted" else ():
-                con.print(f"  [bold]{safe(rep.id)}[/] accepted with a change: {safe(change)}")
-            if rep.migration and rep.status == "accepted":
-                con.print(
-                    f"  [bold]{safe(rep.id)}[/] state dict onto torch.nn's: "
-                    f"{safe(', '.join(rep.migration))}"
-                )
+            _notes(con, rep)
     con.print(
         "det: forward and backward bitwise repeatable; s: seconds this candidate took (import "
         "and checks)"
@@ -322,3 +302,19 @@ def render_verdicts(reports, plan, device, hidden: int = CHECK_HIDDEN) -> None:
     for name in reports:
         if slot_behaviour.slot(name).footnote:
             con.print(slot_behaviour.slot(name).footnote)
+
+
+def _notes(con: Any, rep: Report) -> None:
+    """Under a slot's table: what a candidate's verdict says besides its cells."""
+    who = f"  [bold]{safe(rep.id)}[/]"
+    if rep.interpreted:
+        con.print(f"{who} {safe(INTERPRETED)}")
+    if rep.status != "accepted" and rep.reasons:
+        con.print(f"{who} {rep.status}: {safe(rep.reasons[0])}")
+        for reason in rep.reasons[1:3]:
+            con.print(f"      {safe(reason)}")
+    if rep.status == "accepted":
+        for change in rep.changes:
+            con.print(f"{who} accepted with a change: {safe(change)}")
+        if rep.migration:
+            con.print(f"{who} state dict onto torch.nn's: {safe(', '.join(rep.migration))}")

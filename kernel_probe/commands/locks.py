@@ -20,8 +20,7 @@ from kernel_lock.slots import MODES, short_dtype, slot_name_fix
 from kernel_probe import output
 from kernel_probe.errors import ProbeError, UsageError
 from kernel_probe.output import print_rows, safe
-from kernel_probe.probe.derive import derive_inference
-from kernel_probe.probe.lockdiff import lock_differences
+from kernel_probe.probe.derive import derive_inference, lock_differences
 
 _SLOT_NAMES = ", ".join(kernel_lock.SLOTS)
 

@@ -1,10 +1,5 @@
-"""The main command: parse the arguments into a ProbeRequest, run the pipeline, render what it says.
-
-The work itself is ``kernel_probe.jobstart.run`` (which rank of a job probes) over
-``kernel_probe.probe.pipeline`` (detect, check, time, choose, write the lock, or reuse the one that
-is there); this module only turns arguments into a request, shows progress and the
-result, and leaves errors to the CLI's exit-code mapping.
-"""
+"""The main command: parse the arguments into a ProbeRequest, run the job start and the pipeline
+(``kernel_probe.jobstart.run``), render what they say. Errors are left to the CLI's exit codes."""
 
 from __future__ import annotations
 
@@ -13,23 +8,21 @@ import functools
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kernel_lock.slots import PRECISIONS
-from kernel_probe import output
+from kernel_probe import jobstart, output
 from kernel_probe import slots as slot_behaviour
+from kernel_probe.commands.check import STATUS_STYLE, add_candidate_arguments, add_switches
 from kernel_probe.errors import UsageError
+from kernel_probe.isolation.protocol import INTERPRETED, TimingProgressMessage
 from kernel_probe.output import DEFAULT_LOCK, count, safe, seconds
 from kernel_probe.probe.limits import MAX_REPS
 from kernel_probe.probe.pipeline import ProbeResult
 from kernel_probe.probe.planning import DEFAULT_REPS, DEFAULT_SHAPES, Events, ProbeRequest
 from kernel_probe.slots.base import shape_work
-
-if TYPE_CHECKING:
-    from kernel_probe.isolation.protocol import TimingProgressMessage
-from kernel_probe.commands.check import add_candidate_arguments, add_switches
 
 
 def add_probe_arguments(p: argparse.ArgumentParser) -> None:
@@ -77,17 +70,21 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
         ("--pin", "take this candidate if accepted, whatever its speed"),
     ):
         p.add_argument(flag, action="append", default=[], metavar="SLOT=ID", help=what)
-    add_switches(
-        p,
-        (
-            ("--force", "probe again even if the lock is current; replace a corrupt lock"),
-            (
-                "--check",
-                "write nothing; exit 0 if the lock is current for this machine, 3 if stale or "
-                "missing",
-            ),
-        ),
-    )
+    add_switches(p, PROBE_SWITCHES)
+    _add_run_arguments(p)
+
+
+PROBE_SWITCHES = (
+    ("--force", "probe again even if the lock is current; replace a corrupt lock"),
+    (
+        "--check",
+        "write nothing; exit 0 if the lock is current for this machine, 3 if stale or missing",
+    ),
+)
+
+
+def _add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """How long, who and what a probe runs."""
     p.add_argument(
         "--reps",
         type=count(1, MAX_REPS),
@@ -132,8 +129,7 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
         "to pyg (no GPU or no triton); the job-start check refuses such a machine otherwise",
     )
     add_candidate_arguments(p)
-    # not an option of the probe (it takes --precision); kept hidden to answer with a helpful
-    # message
+    # not an option of the probe (it takes --precision): kept hidden to answer helpfully
     p.add_argument("--dtype", action="append", default=[], help=argparse.SUPPRESS)
 
 
@@ -150,11 +146,8 @@ def _pairs(values: list[str], flag: str) -> dict[str, str]:
 
 
 def publish_usage_failure(argv: Sequence[str], message: str) -> None:
-    """A bad argument argparse refused: where this is rank 0 of a job, its failed marker (exit 2) is
-    left beside ``--out`` so that the other ranks fail at once instead of waiting out
-    --lock-timeout."""
-    from kernel_probe.jobstart import fail_before_plan
-
+    """A bad argument argparse refused: rank 0 of a job leaves its failed marker (exit 2) beside
+    ``--out``, so the other ranks fail at once instead of waiting out --lock-timeout."""
     pre = argparse.ArgumentParser(add_help=False, exit_on_error=False)
     pre.add_argument("--out", default=DEFAULT_LOCK)
     pre.add_argument("--probe-per", default=None)
@@ -163,10 +156,10 @@ def publish_usage_failure(argv: Sequence[str], message: str) -> None:
         known, _ = pre.parse_known_args(list(argv))
     except (argparse.ArgumentError, SystemExit):
         return
-    fail_before_plan(known.out, known.probe_per, known.check, UsageError(message))
+    jobstart.fail_before_plan(known.out, known.probe_per, known.check, UsageError(message))
 
 
-# the ProbeRequest fields taken from the option of the same name as argparse parsed it; request_from
+# the ProbeRequest fields taken as argparse parsed the option of the same name; request_from
 # converts the others (a test checks that the two sets fill every field)
 AS_PARSED = (
     "graph_attention",
@@ -229,9 +222,8 @@ class ConsoleEvents(Events):
 
     @functools.cached_property
     def progress(self) -> Any:
-        """The progress bar, made on first use: a reused lock never shows one, so never imports
-        rich."""
-        from rich.progress import Progress
+        """The progress bar, made on first use: a reused lock never imports rich."""
+        from rich.progress import Progress  # rich: only where a probe runs
 
         return Progress(
             *self.progress_columns(),
@@ -242,9 +234,8 @@ class ConsoleEvents(Events):
 
     @staticmethod
     def progress_columns() -> tuple[Any, ...]:
-        """The bar's columns: the description (at most TimingProgress.WIDTH), a short bar,
-        done/total, the clock: 80 columns in all."""
-        from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+        """The bar's columns: description, a short bar, done/total, the clock: 80 in all."""
+        from rich.progress import BarColumn, TextColumn, TimeElapsedColumn  # rich: see above
 
         return (
             TextColumn("{task.description}"),
@@ -268,15 +259,10 @@ class ConsoleEvents(Events):
 
     def checking(self, slot: str, cand_id: str, index: int, total: int) -> None:
         """Candidate ``index`` of ``total`` is being checked: the bar's position, or a log line."""
-        # the bar counts candidates while checking (timing shows its own calls in it)
-        self.progress.update(
-            self.task,
-            completed=index - 1,
-            total=total,
-            description=f"checking {slot}: {cand_id}"[:52],
-        )
+        what = f"checking {slot}: {cand_id}"
+        self.progress.update(self.task, completed=index - 1, total=total, description=what[:52])
         if not self.terminal:  # a batch log: one line per candidate, so a slow one is visible
-            output.info(f"checking {slot}: {cand_id} ({index}/{total})")
+            output.info(f"{what} ({index}/{total})")
 
     def timing(
         self, slot: str, cand_id: str, shapes: Sequence[str], message: TimingProgressMessage | None
@@ -289,8 +275,9 @@ class ConsoleEvents(Events):
                 if self.terminal
                 else output.info
             )
+            work = slot_behaviour.slot(slot).work
             self.timers[(slot, cand_id)] = TimingProgress(
-                what, list(shapes), show, compact=self.terminal, work=slot_behaviour.slot(slot).work
+                what, list(shapes), show, compact=self.terminal, work=work
             )
             self.progress.update(self.task, description=what[: TimingProgress.WIDTH])
         else:
@@ -304,77 +291,58 @@ class ConsoleEvents(Events):
 
 
 def run_probe(args: argparse.Namespace) -> int:
-    """A probe: the request from the arguments, the job start and the probe, then the summary or the
-    JSON."""
-    from kernel_probe import jobstart as start
-
+    """A probe: the request, the job start and the probe, then the summary or the JSON."""
     try:
         request = request_from(args)
     except UsageError as exc:
-        start.fail_before_plan(args.out, args.probe_per, args.check, exc)
+        jobstart.fail_before_plan(args.out, args.probe_per, args.check, exc)
         raise
-    result = start.run(request, ConsoleEvents(quiet=args.json))
+    result = jobstart.run(request, ConsoleEvents(quiet=args.json))
     if result.reused:
         _reused(args, result)
+    elif args.json:
+        output.print_json(_summary(result))
     else:
-        _report(args, result)
+        _report(result)
     return 0
 
 
-def _reused(args, result: ProbeResult) -> None:
+def _reused(args: argparse.Namespace, result: ProbeResult) -> None:
     lock, out = result.lock, result.lock_path
-    if args.json:
-        output.print_json(
-            {
-                "lock": str(out),
-                "reused": True,
-                "seconds": round(result.seconds, 2),
-                **({"written-by": result.source} if result.source else {}),
-                "slots": {
-                    n: {"chosen": s.implementation, "reason": s.reason}
-                    for n, s in lock.slots.items()
-                },
-            }
-        )
-    else:
+    if not args.json:
         choices = ", ".join(f"{n} -> {s.implementation}" for n, s in lock.slots.items())
         by = f"written for this job by {result.source}, " if result.source else ""
         output.info(f"{out}: {by}current for this machine, reused without probing ({choices})")
+        return
+    slots = {n: {"chosen": s.implementation, "reason": s.reason} for n, s in lock.slots.items()}
+    written_by = {"written-by": result.source} if result.source else {}
+    seconds = round(result.seconds, 2)
+    output.print_json(
+        {"lock": str(out), "reused": True, "seconds": seconds, **written_by, "slots": slots}
+    )
 
 
 class TimingProgress:
-    """Turns a timing worker's progress messages into one line: where it is, and how long is left.
+    """A timing worker's progress messages as one line: where it is, how long is left (the time per
+    call counts the timed repetitions only). ``compact``: a terminal's line, updated in place, in 80
+    columns; else a log line when a shape starts and ends, and at most every ``every`` s between.
+    ``work``: a shape's cost relative to another's (``Slot.work``)."""
 
-    The time per call counts the timed repetitions only (the first call and the warm-up, which
-    compile and fill caches, are not spread over them), so "left" is what the remaining repetitions
-    take. In a terminal the line updates in place and fits 80 columns (``compact``); in a log a line
-    is written when a shape starts and ends, and at most every ``every`` seconds in between."""
-
-    WIDTH = (
-        52  # of the description in a terminal: with the bar, the count and the clock, 80 columns
-    )
+    WIDTH = 52  # of the description in a terminal: with the bar, the count and the clock, 80
 
     def __init__(
         self,
         what: str,
         shapes: list[str],
-        show,
+        show: Callable[[str], Any],
         every: float = 10.0,
         *,
         compact: bool = False,
-        work=None,
+        work: Callable[[str], float] | None = None,
     ):
-        self.what, self.shapes, self.show, self.every, self.compact = (
-            what,
-            shapes,
-            show,
-            every,
-            compact,
-        )
-        # a shape's cost relative to another's (Slot.work)
-        self.work = work or shape_work
-        self._last = -float("inf")
-        self._shape: str | None = None
+        self.what, self.shapes, self.show, self.every = what, shapes, show, every
+        self.compact, self.work = compact, work or shape_work
+        self._last, self._shape = -float("inf"), None  # type: tuple[float, str | None]
         self._reps_from = 0.0  # seconds into the shape when the timed repetitions began
 
     def __call__(self, msg: TimingProgressMessage) -> None:
@@ -395,8 +363,7 @@ class TimingProgress:
         return max(0.0, msg.seconds - self._reps_from) / max(1, msg.done)
 
     def text(self, msg: TimingProgressMessage) -> str:
-        """The progress line of one timing message: the shape, the phase, and the time left at this
-        shape."""
+        """The progress line of one timing message: the shape, the phase, the time left."""
         if self.compact:
             return self.short(msg)
         where = f"{self.what} at {msg.shape} (shape {msg.index + 1}/{msg.of})"
@@ -412,23 +379,19 @@ class TimingProgress:
         return text
 
     def later(self, msg: TimingProgressMessage, per_call: float) -> float:
-        """The repetitions of the shapes after this one, by their size (their warm-up not
-        counted)."""
+        """The repetitions of the shapes after this one, by their size (warm-up not counted)."""
         after = sum(self.work(s) for s in self.shapes[msg.index + 1 :])
         return per_call * msg.total * after / self.work(msg.shape)
 
     def short(self, msg: TimingProgressMessage) -> str:
-        """The terminal's line: slot and candidate, shape i/n, repetition and time left, at most
-        WIDTH."""
+        """The terminal's line (at most WIDTH): candidate, shape i/n, repetition, time left."""
+        tail = f" {msg.shape} {msg.index + 1}/{msg.of}"
         if msg.phase != "rep":
-            tail = f" {msg.shape} {msg.index + 1}/{msg.of} {msg.phase}"
+            tail += f" {msg.phase}"
         else:
             per_call = self.per_call(msg)
             left = per_call * (msg.total - msg.done) + self.later(msg, per_call)
-            tail = (
-                f" {msg.shape} {msg.index + 1}/{msg.of} rep {msg.done}/{msg.total} "
-                f"~{left:.0f}s left"
-            )
+            tail += f" rep {msg.done}/{msg.total} ~{left:.0f}s left"
         head = self.what.removeprefix("timing ")
         room = self.WIDTH - len(tail)
         if len(head) > room:
@@ -436,94 +399,62 @@ class TimingProgress:
         return (head + tail)[: self.WIDTH]
 
 
-def _report(args, result: ProbeResult) -> None:
-    choices, reports, timings, plan = result.choices, result.reports, result.timings, result.plan
-    if args.json:
-        output.print_json(
-            {
-                "lock": str(result.lock_path),
-                "reused": False,
-                "seconds": round(result.seconds, 2),
-                "device": plan.device,
-                "precision": plan.precision,
-                "shapes": list(plan.shapes),
-                **{
-                    s.summary_key: plan.resolved[s.name]
-                    for s in slot_behaviour.SLOTS.values()
-                    if s.summary_key
-                },
-                "check_seconds": round(result.check_seconds, 2),
-                "time_seconds": round(result.time_seconds, 2),
-                "slots": {
-                    slot: {
-                        "chosen": c.report.id,
-                        "how": c.how,
-                        "reason": c.reason,
-                        "candidates": [
-                            dict(r.to_json(), timings=timings[slot].get(r.id, []))
-                            for r in reports[slot]
-                        ],
-                    }
-                    for slot, c in choices.items()
-                },
+def _summary(result: ProbeResult) -> dict[str, Any]:
+    """The probe's ``--json`` answer."""
+    plan, timings = result.plan, result.timings
+    return {
+        "lock": str(result.lock_path),
+        "reused": False,
+        "seconds": round(result.seconds, 2),
+        "device": plan.device,
+        "precision": plan.precision,
+        "shapes": list(plan.shapes),
+        **{
+            s.summary_key: plan.resolved[s.name]
+            for s in slot_behaviour.SLOTS.values()
+            if s.summary_key
+        },
+        "check_seconds": round(result.check_seconds, 2),
+        "time_seconds": round(result.time_seconds, 2),
+        "slots": {
+            slot: {
+                "chosen": c.report.id,
+                "how": c.how,
+                "reason": c.reason,
+                "candidates": [
+                    dict(r.to_json(), timings=timings[slot].get(r.id, []))
+                    for r in result.reports[slot]
+                ],
             }
-        )
-        return
-    from kernel_probe.commands.check import STATUS_STYLE
-    from kernel_probe.isolation.protocol import INTERPRETED
+            for slot, c in result.choices.items()
+        },
+    }
 
-    con = output.console()
+
+def _report(result: ProbeResult) -> None:
+    """The probe's summary: per slot a table of candidates and timings, then the choices."""
+    plan, con = result.plan, output.console()
     dev = plan.device
     on_gpu = dev["type"] != "cpu"
     shapes_from = f" ({plan.shapes_from})" if plan.shapes_from else ""
+    declared = "".join(
+        f", {s.summary_key} {plan.resolved[s.name]}"
+        for s in slot_behaviour.SLOTS.values()
+        if s.summary_key and s.name in plan.slots
+    )
     con.print(
         f"device {dev['type']} ({safe(str(dev['name']))}), precision {plan.precision}, "
-        f"shapes {', '.join(plan.shapes)}{shapes_from}"
-        + "".join(
-            f", {s.summary_key} {plan.resolved[s.name]}"
-            for s in slot_behaviour.SLOTS.values()
-            if s.summary_key and s.name in plan.slots
-        )
+        f"shapes {', '.join(plan.shapes)}{shapes_from}{declared}"
     )
-    for slot, c in choices.items():
-        table = output.table(slot)
-        for col, right in (
-            ("candidate", False),
-            ("verdict", False),
-            ("shape", False),
-            ("ms", True),
-        ) + ((("GB/s", True), ("% copy", True)) if on_gpu else ()):
-            table.add_column(col, no_wrap=True, justify="right" if right else "left")
-        for r in reports[slot]:
-            chosen = r.id == c.report.id
-            status = (
-                "[bold green]chosen[/]"
-                if chosen
-                else f"[{STATUS_STYLE.get(r.status, '')}]{r.status}[/]"
-            )
-            status += " [yellow](interpreted)[/]" if r.interpreted else ""
-            timed = timings[slot].get(r.id)
-            # untimed: one row of dashes
-            rows: Sequence[dict[str, Any] | None] = timed if timed else [None]
-            for i, t in enumerate(rows):
-                cells = ["-", ""] + (["", ""] if on_gpu else [])
-                if t is not None and "error" in t:
-                    cells = [t["shape"], "error"] + (["", ""] if on_gpu else [])
-                elif t is not None:
-                    cells = [t["shape"], f"{t['median_ms']:.3f}"]
-                    if on_gpu:
-                        cells += [
-                            f"{t['gbps']:.3g}",
-                            f"{t['copy_percent']:.0f}" if "copy_percent" in t else "-",
-                        ]
-                table.add_row(safe(r.id) if i == 0 else "", status if i == 0 else "", *cells)
-        output.print_table(table)
-        for r in reports[slot]:
+    for slot, c in result.choices.items():
+        output.print_table(_slot_table(slot, c.report.id, result, on_gpu))
+        timings = result.timings[slot]
+        for r in result.reports[slot]:
             if r.interpreted:
                 con.print(f"  [dim]{safe(r.id)} {safe(INTERPRETED)}[/]")
             if r.status != "accepted" and r.reasons:
                 con.print(f"  [dim]{safe(r.id)} {r.status}: {safe(r.reasons[0])}[/]")
-            for t in timings[slot].get(r.id) or ():
+            for t in timings.get(r.id) or ():
                 if "error" in t:
                     con.print(f"  [dim]{safe(r.id)} at {safe(t['shape'])}: {safe(t['error'])}[/]")
     if not on_gpu:
@@ -531,9 +462,35 @@ def _report(args, result: ProbeResult) -> None:
             "[dim]ms: median forward + backward; bandwidth figures (GB/s, % of a copy) are shown "
             "on GPUs only (on a CPU a copy of a cache-sized buffer is no ceiling)[/]"
         )
-    for slot, c in choices.items():
+    for slot, c in result.choices.items():
         con.print(f"[bold]{slot}[/] -> {safe(c.report.id)} ({safe(c.reason)})")
     con.print(
         f"wrote {safe(str(result.lock_path))} in {result.seconds:.1f} s (check "
         f"{result.check_seconds:.1f} s, timing {result.time_seconds:.1f} s)"
     )
+
+
+def _slot_table(slot: str, chosen: str, result: ProbeResult, on_gpu: bool) -> Any:
+    """One slot's table: each candidate's verdict, and its time at each shape."""
+    table = output.table(slot)
+    columns = [("candidate", False), ("verdict", False), ("shape", False), ("ms", True)]
+    for col, right in columns + ([("GB/s", True), ("% copy", True)] if on_gpu else []):
+        table.add_column(col, no_wrap=True, justify="right" if right else "left")
+    blank = ["", ""] if on_gpu else []
+    for r in result.reports[slot]:
+        if r.id == chosen:
+            status = "[bold green]chosen[/]"
+        else:
+            status = f"[{STATUS_STYLE.get(r.status, '')}]{r.status}[/]"
+        status += " [yellow](interpreted)[/]" if r.interpreted else ""
+        for i, t in enumerate(result.timings[slot].get(r.id) or (None,)):  # untimed: a row of "-"
+            cells = ["-", "", *blank]
+            if t is not None and "error" in t:
+                cells = [t["shape"], "error", *blank]
+            elif t is not None:
+                cells = [t["shape"], f"{t['median_ms']:.3f}"]
+                if on_gpu:
+                    copy = f"{t['copy_percent']:.0f}" if "copy_percent" in t else "-"
+                    cells += [f"{t['gbps']:.3g}", copy]
+            table.add_row(safe(r.id) if i == 0 else "", status if i == 0 else "", *cells)
+    return table

@@ -200,7 +200,7 @@ def identify(mod: Any, declared: str, gen: torch.Generator) -> str:
     (its max error within 4 x torch's own + 2 eps): the declared one first, then each known one; ""
     when it matches none. The forward says which function it is; a wrong backward is the rows' to
     reject."""
-    from kernel_probe.probe.judge import tolerance
+    from kernel_probe.probe.tolerance import tolerance
 
     xs = cases(torch.float32, gen)
     names = ("random", "gelu-gap")

@@ -45,7 +45,6 @@ import torch
 
 from kernel_probe.isolation.protocol import ErrorStats, ShapeCheck
 from kernel_probe.probe.blasrun import blas_selected
-from kernel_probe.probe.judge import STATISTICS, Limits, limits
 from kernel_probe.probe.layout import Layout
 from kernel_probe.probe.measure import (
     autocasting,
@@ -56,6 +55,7 @@ from kernel_probe.probe.measure import (
     reference,
     reference_pass,
 )
+from kernel_probe.probe.tolerance import STATISTICS, Limits, limits
 
 WINDOW = 4  # rows either side of a boundary, and at each end of the tensor
 SPREAD = 16  # bands over the whole tensor, one sampled row each

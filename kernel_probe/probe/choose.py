@@ -8,16 +8,12 @@ faster by more than the margin:
     score <= 1 / (1 + margin),   margin = max(5 %, 2 x the larger relative spread (IQR / median)
                                                of the two candidates' timings at any shape)
 
-so a difference timing noise could produce never flips the choice, and repeated probes on one
-machine choose the same. Among candidates that clear the margin the lowest score wins; exact ties go
-to the candidate declared first. ``--pin SLOT=ID`` forces an accepted candidate whatever its speed;
-``--prefer SLOT=ID`` takes it when it is accepted and not slower than the default by more than the
-margin. A pinned or preferred candidate that is not accepted is an error, never silently dropped.
-``--deterministic`` keeps only candidates whose forward and backward were bitwise repeatable in
-every checked dtype; a pinned or preferred one that is not is an error. A candidate whose Triton
-kernels ran in Triton's interpreter (``TRITON_INTERPRET=1``) is never eligible, and pinning it is an
-error: its verdict says what the interpreter computes, not what the compiled kernel does or how
-fast.
+so a difference timing noise could produce never flips the choice. Among candidates that clear the
+margin the lowest score wins; exact ties go to the one declared first. ``--pin SLOT=ID`` forces an
+accepted candidate whatever its speed; ``--prefer SLOT=ID`` takes it when accepted and not slower
+than the default beyond the margin. ``--deterministic`` keeps only bitwise repeatable candidates. A
+candidate whose Triton kernels ran interpreted is never eligible. A pinned or preferred candidate
+that is not eligible is an error, never silently dropped.
 """
 
 from __future__ import annotations
@@ -32,9 +28,9 @@ from kernel_probe.isolation.protocol import INTERPRETED
 from kernel_probe.probe import repetitions
 from kernel_probe.probe.report import Report
 
-MIN_MARGIN = repetitions.MIN_MARGIN
 How = Literal["fastest", "default", "pinned", "preferred"]  # how a slot's implementation was chosen
 FORCED = {"pin": "pinned", "prefer": "preferred"}  # the flag (--pin) -> what it makes a candidate
+Rows = Sequence[Mapping[str, Any]]
 
 
 @dataclass
@@ -51,8 +47,7 @@ class Choice:
 
 def clears_margin(score: float, spread: float) -> bool:
     """Does a candidate whose time ratio to the default is ``score`` replace the default? Only when
-    it is faster by more than the margin (``spread``: the larger relative spread of the two's
-    timings).
+    faster by more than the margin (``spread``: the larger relative spread of the two's timings).
 
     >>> clears_margin(0.9, 0.0)  # 1.11x faster: beyond the 5 % margin
     True
@@ -76,41 +71,35 @@ def within_margin(score: float, spread: float) -> bool:
     return score <= 1 + repetitions.margin(spread)
 
 
-def _ok_timings(rows: Sequence[Mapping[str, Any]] | None, shapes: Sequence[str]) -> bool:
-    if not rows:
-        return False
-    got = {r["shape"]: r for r in rows if "error" not in r}
-    return all(s in got for s in shapes)
+def _ok_timings(rows: Rows | None, shapes: Sequence[str]) -> bool:
+    got = {r["shape"] for r in rows or () if "error" not in r}
+    return bool(rows) and all(s in got for s in shapes)
 
 
-def _score(rows, base_rows, shapes) -> tuple[float, float]:
+def _ratios(rows: Rows, base_rows: Rows, shapes: Sequence[str]) -> dict[str, float]:
+    by, base = {r["shape"]: r for r in rows}, {r["shape"]: r for r in base_rows}
+    return {s: by[s]["median_ms"] / base[s]["median_ms"] for s in shapes}
+
+
+def _score(rows: Rows, base_rows: Rows, shapes: Sequence[str]) -> tuple[float, float]:
     """(geometric mean time ratio to the default, the larger relative spread seen)."""
-    by = {r["shape"]: r for r in rows}
-    base = {r["shape"]: r for r in base_rows}
-    logs, spread = [], 0.0
-    for s in shapes:
-        logs.append(math.log(by[s]["median_ms"] / base[s]["median_ms"]))
-        spread = max(spread, by[s].get("spread", 0.0), base[s].get("spread", 0.0))
+    logs = [math.log(r) for r in _ratios(rows, base_rows, shapes).values()]
+    by, base = {r["shape"]: r for r in rows}, {r["shape"]: r for r in base_rows}
+    spread = max([0.0] + [t[s].get("spread", 0.0) for s in shapes for t in (by, base)])
     return math.exp(sum(logs) / len(logs)), spread
 
 
-def beats_default(
-    rows: Sequence[Mapping[str, Any]] | None,
-    base_rows: Sequence[Mapping[str, Any]] | None,
-    shapes: Sequence[str],
-) -> bool:
-    """Whether a candidate's timing rows replace the default's by ``choose``'s rule (faster beyond
-    the margin at the geometric mean over ``shapes``); False when either side lacks a shape."""
+def beats_default(rows: Rows | None, base_rows: Rows | None, shapes: Sequence[str]) -> bool:
+    """Whether a candidate's timing rows replace the default's by ``choose``'s rule; False when
+    either side lacks a shape."""
     if not _ok_timings(rows, shapes) or not _ok_timings(base_rows, shapes):
         return False
     assert rows is not None and base_rows is not None
     return clears_margin(*_score(rows, base_rows, shapes))
 
 
-def _worst_shape(rows, base_rows, shapes) -> tuple[str, float]:
-    by = {r["shape"]: r for r in rows}
-    base = {r["shape"]: r for r in base_rows}
-    ratios = {s: by[s]["median_ms"] / base[s]["median_ms"] for s in shapes}
+def _worst_shape(rows: Rows, base_rows: Rows, shapes: Sequence[str]) -> tuple[str, float]:
+    ratios = _ratios(rows, base_rows, shapes)
     s = max(ratios, key=lambda k: abs(math.log(ratios[k])))
     return s, ratios[s]
 
@@ -129,53 +118,16 @@ def choose(
     strict_prefer: bool = True,
     deterministic: bool = False,
 ) -> Choice:
-    """``prefer`` may be an ordered list (a profile's preferences): the first preferred candidate
-    that is eligible and within the margin wins. With ``strict_prefer`` (the command line), a
-    preferred candidate that is not accepted is an error; a profile's list just moves on.
-    ``deterministic`` restricts the choice to bitwise repeatable candidates. ``origin`` names where
-    a pin or preference came from ("profile lumi-g"); empty means the command line
-    (``--pin``/``--prefer``)."""
+    """The slot's implementation by the rule above. ``prefer`` may be an ordered list (a profile's):
+    the first eligible one within the margin wins; with ``strict_prefer`` (the command line) one
+    that is not accepted is an error. ``origin`` names where a pin or preference came from
+    ("profile lumi-g"; "": the command line)."""
     by_id = {r.id: r for r in reports}
     prefers = [prefer] if isinstance(prefer, str) else list(prefer or ())
-    checks = [(pin, "pin")] + ([(p, "prefer") for p in prefers] if strict_prefer else [])
-    for forced, kind in checks:
-        if forced is None:
-            continue
-        said = f"{origin} {kind} {slot}={forced}" if origin else f"--{kind} {slot}={forced}"
-        way_out = f"remove the {kind} from {origin}" if origin else f"drop --{kind} {slot}={forced}"
-        r = by_id.get(forced)
-        if r is None:
-            known = ", ".join(sorted(by_id))
-            raise UsageError(
-                f"{said}: no such candidate for {slot} (known: {known})",
-                fix="use one of the ids `kernel-probe check` lists",
-            )
-        if r.status != "accepted":
-            raise ForcedUnusable(
-                f"{said}: the candidate is {r.status} on this machine: "
-                f"{'; '.join(r.reasons[:3]) or 'no reason recorded'}",
-                fix=f"{way_out}, or fix the candidate; a {FORCED[kind]} kernel is never "
-                "silently replaced",
-            )
-        if r.interpreted:
-            raise ForcedUnusable(
-                f"{said}: the candidate's verdict is {INTERPRETED}",
-                fix=f"{way_out}, or unset TRITON_INTERPRET and probe again where its kernels "
-                "compile",
-            )
-        if deterministic and r.deterministic is not True:
-            why = (
-                "; ".join(
-                    n for v in r.verdicts for n in v.notes if n.startswith("not deterministic")
-                )
-                or "not measured"
-            )
-            raise ForcedUnusable(
-                f"{said}: --deterministic, but the candidate is not bitwise repeatable here "
-                f"({why})",
-                fix=f"{way_out}, or drop --deterministic (and the profile's `deterministic = "
-                "true`)",
-            )
+    forced = [(pin, "pin")] + ([(p, "prefer") for p in prefers] if strict_prefer else [])
+    for cid, kind in forced:
+        if cid is not None:
+            _check_forced(slot, by_id, cid, kind, origin, deterministic)
     eligible = [
         r
         for r in reports
@@ -193,67 +145,101 @@ def choose(
             fix="run `kernel-probe check --slot " + slot + "` to see every verdict and its reasons",
         )
     default = next((r for r in eligible if r.id == default_id), None)
-    # torch.nn itself failed here (or is not deterministic): take the fastest eligible, say so
-    if default is None:
+    if default is None:  # torch.nn itself failed here (or is not deterministic): say so
         base = eligible[0]
         best = min(
             eligible,
             key=lambda r: (_score(timings[r.id], timings[base.id], shapes)[0], eligible.index(r)),
         )
+        default_was = any(r.id == default_id and r.status == "accepted" for r in reports)
         why = (
             "not deterministic here (--deterministic)"
-            if deterministic and any(r.id == default_id and r.status == "accepted" for r in reports)
+            if deterministic and default_was
             else "not accepted here"
         )
-        return Choice(
-            slot,
-            best,
-            "fastest",
-            f"{best.id} fastest accepted candidate; the default {default_id} was {why}",
-        )
-    scores: dict[str, float] = {}
-    spreads: dict[str, float] = {}
-    clear: list[tuple[float, int, Report]] = []
-    for i, r in enumerate(eligible):
-        if r is default:
-            scores[r.id] = 1.0
-            continue
-        score, spread = _score(timings[r.id], timings[default.id], shapes)
-        scores[r.id] = score
-        spreads[r.id] = spread
-        if clears_margin(score, spread):
-            clear.append((score, i, r))
+        reason = f"{best.id} fastest accepted candidate; the default {default_id} was {why}"
+        return Choice(slot, best, "fastest", reason)
+    scored = {
+        r.id: _score(timings[r.id], timings[default.id], shapes)
+        for r in eligible
+        if r is not default
+    }
+    scores = {r.id: scored[r.id][0] if r is not default else 1.0 for r in eligible}
     for cid in prefers:
         if cid == default.id:
-            return Choice(
-                slot, default, "preferred", f"{cid} preferred by {origin or '--prefer'}", scores
+            said = f"{cid} preferred by {origin or '--prefer'}"
+            return Choice(slot, default, "preferred", said, scores)
+        if cid in scored and within_margin(*scored[cid]):
+            said = (
+                f"{cid} preferred by {origin or '--prefer'} ({1 / scores[cid]:.2f}x the "
+                "default's speed)"
             )
-        r = next((e for e in eligible if e.id == cid), None)
-        if r is not None and within_margin(scores[r.id], spreads[r.id]):
-            return Choice(
-                slot,
-                r,
-                "preferred",
-                f"{r.id} preferred by {origin or '--prefer'} ({1 / scores[r.id]:.2f}x the "
-                "default's speed)",
-                scores,
-            )
+            return Choice(slot, by_id[cid], "preferred", said, scores)
+    return _fastest_or_default(slot, reports, eligible, default, timings, shapes, dtype, scored)
+
+
+def _check_forced(
+    slot: str, by_id: Mapping[str, Report], cid: str, kind: str, origin: str, deterministic: bool
+) -> None:
+    """A pinned or preferred candidate that is unknown, not accepted, interpreted or (with
+    ``--deterministic``) not repeatable: an error, never silently replaced."""
+    said = f"{origin} {kind} {slot}={cid}" if origin else f"--{kind} {slot}={cid}"
+    way_out = f"remove the {kind} from {origin}" if origin else f"drop --{kind} {slot}={cid}"
+    r = by_id.get(cid)
+    if r is None:
+        raise UsageError(
+            f"{said}: no such candidate for {slot} (known: {', '.join(sorted(by_id))})",
+            fix="use one of the ids `kernel-probe check` lists",
+        )
+    if r.status != "accepted":
+        raise ForcedUnusable(
+            f"{said}: the candidate is {r.status} on this machine: "
+            f"{'; '.join(r.reasons[:3]) or 'no reason recorded'}",
+            fix=f"{way_out}, or fix the candidate; a {FORCED[kind]} kernel is never "
+            "silently replaced",
+        )
+    if r.interpreted:
+        raise ForcedUnusable(
+            f"{said}: the candidate's verdict is {INTERPRETED}",
+            fix=f"{way_out}, or unset TRITON_INTERPRET and probe again where its kernels compile",
+        )
+    if deterministic and r.deterministic is not True:
+        notes = [n for v in r.verdicts for n in v.notes if n.startswith("not deterministic")]
+        raise ForcedUnusable(
+            f"{said}: --deterministic, but the candidate is not bitwise repeatable here "
+            f"({'; '.join(notes) or 'not measured'})",
+            fix=f"{way_out}, or drop --deterministic (and the profile's `deterministic = true`)",
+        )
+
+
+def _fastest_or_default(
+    slot: str,
+    reports: Sequence[Report],
+    eligible: list[Report],
+    default: Report,
+    timings: Mapping[str, Rows],
+    shapes: list[str],
+    dtype: str,
+    scored: Mapping[str, tuple[float, float]],
+) -> Choice:
+    """The fastest candidate that clears the margin, else the default, saying why (``scored``:
+    per other eligible candidate, its score and spread)."""
+    scores = {r.id: scored[r.id][0] if r is not default else 1.0 for r in eligible}
     others = [r for r in eligible if r is not default]
+    clear = [
+        (scores[r.id], i, r)
+        for i, r in enumerate(eligible)
+        if r.id in scored and clears_margin(*scored[r.id])
+    ]
     if clear:
         score, _, best = min(clear, key=lambda t: (t[0], t[1]))
-        shape, ratio = _worst_shape(timings[best.id], timings[default.id], shapes)
         where = (
             f"at {shapes[0]} {dtype}"
             if len(shapes) == 1
             else f"over {len(shapes)} shapes {dtype} (geometric mean)"
         )
-        return Choice(
-            slot,
-            best,
-            "fastest",
-            f"{best.id} {1 / score:.2f}x faster than {default.id} {where}",
-            scores,
-        )
+        reason = f"{best.id} {1 / score:.2f}x faster than {default.id} {where}"
+        return Choice(slot, best, "fastest", reason, scores)
     if not others:
         rejected = [r for r in reports if r.status != "accepted"]
         note = (
@@ -262,11 +248,11 @@ def choose(
             else "no other candidate"
         )
         return Choice(slot, default, "default", f"{default.id} is the default; {note}", scores)
-    fastest_other = min(others, key=lambda r: (scores[r.id], eligible.index(r)))
-    s = scores[fastest_other.id]
+    fastest = min(others, key=lambda r: (scores[r.id], eligible.index(r)))
+    s = scores[fastest.id]
     if s >= 1:
-        shape, ratio = _worst_shape(timings[fastest_other.id], timings[default.id], shapes)
-        detail = f"{fastest_other.id} {ratio:.2f}x slower at {shape} {dtype}"
+        shape, ratio = _worst_shape(timings[fastest.id], timings[default.id], shapes)
+        detail = f"{fastest.id} {ratio:.2f}x slower at {shape} {dtype}"
     else:
-        detail = f"{fastest_other.id} only {1 / s:.2f}x faster, inside the noise margin"
+        detail = f"{fastest.id} only {1 / s:.2f}x faster, inside the noise margin"
     return Choice(slot, default, "default", f"{default.id} is the default; {detail}", scores)

@@ -1,24 +1,27 @@
-"""An inference lock derived from a training lock, for the machine it will run on.
+"""Locks from locks: an inference lock derived from a training lock for the machine it will run
+on, and what differs between two locks.
 
-Every slot whose training implementation cannot run here is replaced by its verified portable twin:
-the decision ``kernel_lock.resolve.resolve_slot`` takes in inference mode (the same one
-``factory(..., mode="inference")`` takes at run time), made once and written down. A slot with no
+Deriving: every slot whose training implementation cannot run here is replaced by its verified
+portable twin, the decision ``kernel_lock.resolve.resolve_slot`` takes in inference mode (as
+``factory(..., mode="inference")`` does at run time), made once and written down. A slot with no
 usable twin stops the derivation. The derived lock's environment is this machine's, so it verifies
 here, and its provenance names the training lock and each substitution.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from kernel_lock.errors import KernelUnavailable
+from kernel_lock.fingerprint import library_versions
 from kernel_lock.lock import KernelLock
+from kernel_lock.resolve import resolve_slot
 from kernel_lock.schema import Slot
-from kernel_lock.slots import SPECS
+from kernel_lock.slots import SLOTS, SPECS
 from kernel_probe import __version__
+from kernel_probe.probe.write import environment, now
 
 
 @dataclass(frozen=True)
@@ -42,13 +45,8 @@ def derive_inference(
     lock: KernelLock, current: Mapping[str, Any], *, source: str
 ) -> tuple[KernelLock, list[Substitution]]:
     """The sealed inference lock for the machine ``current`` describes, and the substitutions made.
-
-    Raises :class:`KernelUnavailable` naming every slot that cannot run here and has no usable twin.
-    """
-    from kernel_lock.fingerprint import library_versions
-    from kernel_lock.resolve import resolve_slot
-    from kernel_probe.probe.write import environment
-
+    Raises :class:`KernelUnavailable` naming every slot that cannot run here and has no usable
+    twin."""
     slots: dict[str, Slot] = {}
     substitutions: list[Substitution] = []
     refused: list[str] = []
@@ -85,6 +83,24 @@ def derive_inference(
         )
     distributions = sorted({r.name for s in slots.values() for r in s.requires})
     libraries = {n: v for n, v in library_versions(distributions).items() if v is not None}
+    derived = KernelLock(
+        created_by=f"kernel-probe {__version__}",
+        created_at=now(),
+        environment=environment(current, libraries),
+        slots=slots,
+        mode="inference",
+        precision=lock.precision,
+        trusted_modules=lock.trusted_modules,
+        provenance=_provenance(lock, source, slots, substitutions),
+        graph_attention=lock.graph_attention,  # anemoi's GraphTransformer backend
+    )
+    return derived.sealed(), substitutions
+
+
+def _provenance(
+    lock: KernelLock, source: str, slots: Mapping[str, Slot], substitutions: list[Substitution]
+) -> dict[str, Any]:
+    """What the derived lock records of its training lock and the substitutions."""
     provenance: dict[str, Any] = {
         "derived-for": "inference",
         "source": source,
@@ -104,19 +120,42 @@ def derive_inference(
             environment_vars.update(anemoi_environment(entry))
     if environment_vars:
         provenance["anemoi-environment"] = environment_vars
-    derived = KernelLock(
-        created_by=f"kernel-probe {__version__}",
-        created_at=dt.datetime.now(dt.timezone.utc)
-        .replace(microsecond=0)
-        .isoformat()
-        .replace("+00:00", "Z"),
-        environment=environment(current, libraries),
-        slots=slots,
-        mode="inference",
-        precision=lock.precision,
-        trusted_modules=lock.trusted_modules,
-        provenance=provenance,
-        # anemoi's GraphTransformer backend: a note where it falls back
-        graph_attention=lock.graph_attention,
-    )
-    return derived.sealed(), substitutions
+    return provenance
+
+
+def _as_dict(field: Any) -> dict[str, Any] | None:
+    return field.to_dict() if field else None
+
+
+def lock_differences(a: KernelLock, b: KernelLock) -> dict[str, list[dict[str, Any]]]:
+    """What differs between locks ``a`` and ``b``: top-level keys, fingerprint fields and
+    libraries, and each slot's implementation, target and kwargs."""
+    env = []
+    for name in sorted(set(a.environment.fields) | set(b.environment.fields)):
+        x, y = a.environment.fields.get(name), b.environment.fields.get(name)
+        if (x and x.value) != (y and y.value) or (x and x.match) != (y and y.match):
+            env.append({"field": name, "a": _as_dict(x), "b": _as_dict(y)})
+    for name in sorted(set(a.environment.libraries) | set(b.environment.libraries)):
+        x, y = a.environment.libraries.get(name), b.environment.libraries.get(name)
+        if (x and x.value) != (y and y.value):
+            env.append({"field": f"libraries.{name}", "a": _as_dict(x), "b": _as_dict(y)})
+    slots = []
+    for name in SLOTS:
+        sx, sy = a.slots.get(name), b.slots.get(name)
+        for key in ("implementation", "target", "kwargs"):
+            vx, vy = getattr(sx, key) if sx else None, getattr(sy, key) if sy else None
+            if vx != vy:
+                if key == "kwargs":
+                    vx, vy = (None if v is None else dict(v) for v in (vx, vy))
+                slots.append({"slot": name, "key": key, "a": vx, "b": vy})
+    top = []
+    for key in ("precision", "mode", "lock_version"):
+        if getattr(a, key) != getattr(b, key):
+            top.append({"key": key.replace("_", "-"), "a": getattr(a, key), "b": getattr(b, key)})
+    # the profile is part of a lock's identity: the same name with another digest is another policy
+    pa, pb = dict(a.profile), dict(b.profile)
+    for key in ("name", "digest"):
+        x, y = pa.get(key), pb.get(key)
+        if x != y and not (key == "digest" and pa.get("name") != pb.get("name")):
+            top.append({"key": "profile" if key == "name" else "profile-digest", "a": x, "b": y})
+    return {"lock": top, "environment": env, "slots": slots}

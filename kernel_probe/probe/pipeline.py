@@ -1,18 +1,14 @@
-"""The probe as a library: a typed request in, a typed result out.
+"""The probe as a library: a planned request in, a typed result out.
 
     from kernel_probe.jobstart import run
     result = run(ProbeRequest(out=Path("kernel-lock.toml"), shapes=("40320x1024",)))
     result.lock.slots["LayerNorm"].implementation
 
-``probe_or_reuse`` takes a planned request (``kernel_probe.probe.planning``: the device, the site
-profile, the candidates), checks every candidate in an isolated worker, times the accepted ones,
-chooses per slot and writes the lock (or reuses the current one) under a file lock. It knows nothing
-of ranks: ``kernel_probe.jobstart.run`` (the command's entry point) plans the request, decides
-which rank of a job probes and hands the others its lock. Nothing here prints: what a person should
-see is sent to an :class:`Events` object (the command line renders it; the default ignores it), and
-every failure the user can act on is a ``LockError`` with its exit code.
-``kernel_probe.commands.probe`` only parses arguments into a :class:`ProbeRequest` and renders the
-:class:`ProbeResult`.
+``probe_or_reuse`` reuses the lock if it answers the plan (``kernel_probe.probe.planning``), else
+checks every candidate in an isolated worker, times the accepted ones, chooses per slot and writes
+the lock, under a file lock. It knows nothing of ranks (``kernel_probe.jobstart`` decides which rank
+probes) and prints nothing: what a person should see goes to an :class:`Events` object, and every
+failure the user can act on is a ``LockError`` with its exit code.
 """
 
 from __future__ import annotations
@@ -22,24 +18,25 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import kernel_lock
 from kernel_lock.errors import KernelUnavailable, LockError, LockFormatError, LockMismatch
 from kernel_probe import slots as slot_behaviour
+from kernel_probe.candidates import Candidate, default_for, for_slot
+from kernel_probe.detect.libraries import library_change
 from kernel_probe.errors import InputFileError, StaleLock
-from kernel_probe.probe.planning import Events, Plan, ProbeRequest, large_shape_warning
-
-if TYPE_CHECKING:  # the warm path (a current lock) imports none of the probe's machinery
-    from kernel_probe.candidates import Candidate
-    from kernel_probe.probe.choose import Choice
-    from kernel_probe.probe.report import Report
+from kernel_probe.probe.choose import Choice, choose
+from kernel_probe.probe.judge import Policy
+from kernel_probe.probe.planning import Events, Plan, ProbeRequest, SlotRule, large_shape_warning
+from kernel_probe.probe.report import Report
+from kernel_probe.probe.write import build_lock, check_writable, exclusive, resolve_out
 
 
 @dataclass
 class ProbeResult:
     """What a probe did: the lock (written or reused) and, when it probed, every report, timing and
-    choice."""
+    choice; ``source``: reused, who wrote the lock for this job ("" when it was there already)."""
 
     lock_path: Path
     lock: kernel_lock.KernelLock
@@ -51,7 +48,7 @@ class ProbeResult:
     timings: dict[str, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)
     check_seconds: float = 0.0
     time_seconds: float = 0.0
-    source: str = ""  # reused: who wrote the lock for this job ("" when it was there already)
+    source: str = ""
 
 
 # the options of the inputs digest as a person names them
@@ -100,8 +97,7 @@ def _shown(value: Any) -> str:
 
 def options_change(recorded: Mapping[str, Any] | None, now: Mapping[str, Any]) -> str:
     """Which options differ between a lock's recorded ones (``provenance.options``) and this run's,
-    each with the old and the new value; the general reason when the lock records no options (an
-    older lock)."""
+    each with the old and the new value; the general reason for an older lock that records none."""
     if not isinstance(recorded, Mapping) or not recorded:
         return "it was probed with other options (shapes, precision, candidates, pins or profile)"
     changes = []
@@ -119,14 +115,12 @@ def options_change(recorded: Mapping[str, Any] | None, now: Mapping[str, Any]) -
     unknown = sorted(set(recorded) - set(now))
     if unknown:  # a newer kernel-probe's option
         changes.append(f"options this kernel-probe does not know: {', '.join(unknown)}")
-    return "it was probed with other options: " + (
-        "; ".join(changes) or "(the same values, another encoding)"
-    )
+    said = "; ".join(changes) or "(the same values, another encoding)"
+    return "it was probed with other options: " + said
 
 
 def recorded_options(inputs: Mapping[str, Any]) -> dict[str, Any]:
-    """The inputs as the lock records them (``provenance.options``): one scalar each
-    (:func:`_flat`)."""
+    """The inputs as the lock records them (``provenance.options``): one scalar each."""
     return {k: _flat(v) for k, v in inputs.items()}
 
 
@@ -142,23 +136,18 @@ def reusable(
 ) -> tuple[kernel_lock.KernelLock | None, str]:
     """(the lock, "") if it can be reused; (None, why not) otherwise. Raises for a corrupt lock.
 
-    ``trust``: the libraries of this run's own candidates (the command line, the profile, plug-ins):
-    offering them is the grant a lock written for them needs. ``inputs``: this run's options, to
-    name the ones that differ; ``libraries``: what is installed now of the registry libraries the
-    candidates come from (``detect.libraries.installed_for``): a library installed or removed since
-    the probe makes the lock stale, since its candidates were never judged (or were judged on it);
-    ``judged``: library -> its candidates' ids, to name them."""
+    ``trust``: the libraries of this run's own candidates (offering them grants a lock written for
+    them); ``inputs``: this run's options, to name those that differ; ``libraries``: what is
+    installed now of the registry libraries the candidates come from (one installed or removed
+    since the probe makes the lock stale); ``judged``: library -> its candidates' ids."""
     if not path.exists():
         return None, f"{path} does not exist"
+    rerun = "re-run with --force to replace it (nothing was overwritten)"
     try:
         lock = kernel_lock.load(path, emit_warnings=False, trust=tuple(trust))
     except LockError as exc:
-        raise InputFileError(
-            f"the existing lock is not valid: {exc.problem}",
-            path=str(path),
-            key=exc.key,
-            fix="re-run with --force to replace it (nothing was overwritten)",
-        ) from None
+        problem = f"the existing lock is not valid: {exc.problem}"
+        raise InputFileError(problem, path=str(path), key=exc.key, fix=rerun) from None
     if not lock.intact:
         raise InputFileError(
             "the existing lock was edited by hand (its digest does not match)",
@@ -166,35 +155,26 @@ def reusable(
             fix="re-run with --force to replace it, or accept the edit with `kernel-probe rehash`",
         )
     if lock.provenance.get("inputs") != digest:
-        from kernel_probe.profile_match import profile_change
+        from kernel_probe.profile_match import profile_change  # only where a lock is stale
 
         # why: the profile's change where it changed, else the options that differ
         options = options_change(lock.provenance.get("options"), inputs or {})
         return None, profile_change(lock.profile, profile) or options
     if libraries is not None:
-        from kernel_probe.detect.libraries import library_change
-
         changed = library_change(_recorded_libraries(lock, judged), libraries, judged)
         if changed:
             return (
                 None,
-                changed + " (re-probe to judge them: kernel-probe --out ... without --check)",
+                f"{changed} (re-probe to judge them: kernel-probe --out ... without --check)",
             )
-    try:
-        # each slot's class and kwargs as `verify` and `factory` would judge them: from the tables
-        # where they know the class, else imported in a child process
-        # (kernel_lock.resolve.confirm_targets)
+    try:  # each slot's class and kwargs as `verify` and `factory` judge them
         lock.verify(targets="child")
     except LockMismatch as exc:
         return None, "this machine differs: " + "; ".join(str(d) for d in exc.differences)
     except LockFormatError as exc:
-        raise InputFileError(
-            f"the existing lock is not valid: {exc.problem}",
-            path=str(path),
-            key=exc.key,
-            fix=(exc.fix + "; or " if exc.fix else "")
-            + "re-run with --force to replace it (nothing was overwritten)",
-        ) from None
+        fix = (exc.fix + "; or " if exc.fix else "") + rerun
+        problem = f"the existing lock is not valid: {exc.problem}"
+        raise InputFileError(problem, path=str(path), key=exc.key, fix=fix) from None
     except KernelUnavailable as exc:
         return None, exc.problem
     return lock, ""
@@ -203,8 +183,8 @@ def reusable(
 def _recorded_libraries(
     lock: kernel_lock.KernelLock, judged: Mapping[str, Sequence[str]]
 ) -> dict[str, str]:
-    """What the lock's probe saw installed (``provenance.libraries``); for an older lock without it,
-    the libraries whose candidates it records all rejected as "not installed"."""
+    """What the lock's probe saw installed (``provenance.libraries``); for an older lock, the
+    libraries whose candidates it records all rejected as "not installed"."""
     recorded = lock.provenance.get("libraries")
     if isinstance(recorded, Mapping):
         return {str(k): str(v) for k, v in recorded.items()}
@@ -227,15 +207,11 @@ def probe_or_reuse(
 ) -> ProbeResult:
     """Reuse the lock at ``given`` if current, else probe and write it under a file lock, so that
     concurrent probes of one path write one lock. ``unlocked``: what to warn where the file system
-    does not do file locks (None: that concurrent probes are not kept apart). How the ranks of a job
-    share one probe is decided above this, in ``kernel_probe.jobstart``."""
-    from kernel_probe.probe.write import check_writable, exclusive, resolve_out
-
+    does not do file locks (None: that concurrent probes are not kept apart)."""
     # a symbolic link is written through; write access is needed only once a probe will run
     out = given if request.check_only else resolve_out(given)
 
     def current() -> tuple[kernel_lock.KernelLock | None, str]:
-        """The lock at ``out`` if it answers this plan (None, and why not, otherwise)."""
         return reusable(
             out,
             p.digest,
@@ -281,67 +257,49 @@ def probe_or_reuse(
 def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     """Check every candidate, time the accepted ones, choose per slot and build the lock (not
     written)."""
-    from kernel_probe.candidates import for_slot
-    from kernel_probe.isolation.worker import START_TIMEOUT as FINGERPRINT_TIMEOUT
-    from kernel_probe.isolation.worker import WorkerPool
+    # the probe's machinery: never imported where a current lock is reused
+    from kernel_probe.isolation.worker import START_TIMEOUT, WorkerPool
     from kernel_probe.probe.check import Checks, Timing, check_and_time
-    from kernel_probe.probe.judge import Policy
-    from kernel_probe.probe.write import build_lock
+    from kernel_probe.probe.graph_attention_check import for_probe
 
     events = events or Events()
-    warning = large_shape_warning(p.device["type"], p.shapes, p.reps)
-    if warning:
-        events.warn(warning)
     behaviour = {s: slot_behaviour.slot(s) for s in p.slots}
-    for b in behaviour.values():
-        for line in b.warnings(p.device["type"], p.dtype):
-            events.warn(line)
+    warnings = [large_shape_warning(p.device["type"], p.shapes, p.reps)]
+    warnings += [line for b in behaviour.values() for line in b.warnings(p.device["type"], p.dtype)]
+    for line in filter(None, warnings):
+        events.warn(line)
     # fp32 as a sanity baseline, plus the regime the model trains in
     rows = [("float32", "true")] + ([(p.dtype, p.regime)] if p.dtype != "float32" else [])
+    request = p.request
+    policy = Policy(
+        allow_init_change=request.allow_init_change,
+        strict_dtype=request.strict_dtype,
+        allow_approximation=request.allow_approximation,
+    )
     checks = Checks(
         p.device["type"],
         rows,
         arch=p.device["arch"],
-        timeout=p.request.timeout,
-        import_timeout=p.request.import_timeout,
-        with_compile=p.request.with_compile,
-        policy=Policy(
-            allow_init_change=p.request.allow_init_change,
-            strict_dtype=p.request.strict_dtype,
-            allow_approximation=p.request.allow_approximation,
-        ),
+        timeout=request.timeout,
+        import_timeout=request.import_timeout,
+        with_compile=request.with_compile,
+        policy=policy,
         canonical=p.canonical,
     )
+    fixed = request.reps is not None  # --reps N: N calls for every accepted candidate
     timing = Timing(
-        tuple(p.shapes),
-        p.dtype,
-        p.regime,
-        p.reps,
-        events.timing,  # each candidate's timing, at the shapes check times it at
-        timed_at=p.timed_at,
-        fixed=p.request.reps is not None,  # --reps N: N calls for every accepted candidate
+        tuple(p.shapes), p.dtype, p.regime, p.reps, events.timing, timed_at=p.timed_at, fixed=fixed
     )
-    # lock: None only while probing; build_lock sets it below, so a returned ProbeResult always has
-    # one
-    result = ProbeResult(
-        p.request.out,
-        None,  # type: ignore[arg-type]
-        False,
-        p,
-        reports={s: [] for s in p.slots},
-        timings={s: {} for s in p.slots},
-    )
+    # the lock: set below by build_lock, so a returned ProbeResult always has one
+    result = ProbeResult(request.out, None, False, p)  # type: ignore[arg-type]
+    result.reports, result.timings = {s: [] for s in p.slots}, {s: {} for s in p.slots}
     per_slot = {s: for_slot(p.candidates, s) for s in p.slots}
     events.begin(sum(len(v) for v in per_slot.values()))
     try:
         with WorkerPool() as pool:
+            refuse = functools.partial(_refused, p)
             for done in check_and_time(
-                per_slot,
-                checks,
-                pool,
-                timing=timing,
-                refuse=functools.partial(_refused, p),
-                checking=events.checking,
+                per_slot, checks, pool, timing=timing, refuse=refuse, checking=events.checking
             ):
                 result.reports[done.slot].append(done.report)
                 if done.timings is not None:
@@ -349,13 +307,32 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
                 result.check_seconds += done.check_seconds
                 result.time_seconds += done.time_seconds
             # from the worker whose torch ran the checks: this process never imports torch
-            fingerprint = pool.shared.call({"op": "fingerprint"}, FINGERPRINT_TIMEOUT).fields
+            fingerprint = pool.shared.call({"op": "fingerprint"}, START_TIMEOUT).fields
     finally:
         events.done()
     for name, b in behaviour.items():
         for line in b.notes(p.device["type"], p.dtype, result.timings[name]):
             events.note(line)
     result.choices = choose_all(p, result.reports, result.timings)
+    graph = for_probe(
+        request, p.device["type"], [d for d, _ in rows], fingerprint, p.deterministic, events.note
+    )
+    result.lock = build_lock(
+        result.choices,
+        result.reports,
+        result.timings,
+        fingerprint,
+        precision=p.precision,
+        provenance=_provenance(p, result),
+        profile=p.profile.lock_record(p.matched) if p.profile else None,
+        canonical=p.canonical,
+        graph_attention=graph,
+    )
+    return result
+
+
+def _provenance(p: Plan, result: ProbeResult) -> dict[str, Any]:
+    """What the lock records of how it was probed."""
     provenance: dict[str, Any] = {
         "inputs": p.digest,
         "command": p.request.command,
@@ -368,23 +345,7 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     }
     if p.deterministic:
         provenance["deterministic"] = True
-    from kernel_probe.probe.graph_attention_check import for_probe
-
-    graph = for_probe(
-        p.request, p.device["type"], [d for d, _ in rows], fingerprint, p.deterministic, events.note
-    )
-    result.lock = build_lock(
-        result.choices,
-        result.reports,
-        result.timings,
-        fingerprint,
-        precision=p.precision,
-        provenance=provenance,
-        profile=p.profile.lock_record(p.matched) if p.profile else None,
-        canonical=p.canonical,
-        graph_attention=graph,
-    )
-    return result
+    return provenance
 
 
 def _refused(p: Plan, slot: str, cand: Candidate) -> str | None:
@@ -396,12 +357,8 @@ def _refused(p: Plan, slot: str, cand: Candidate) -> str | None:
 def choose_all(
     p: Plan, reports: Mapping[str, list[Report]], timings: Mapping[str, Mapping[str, list]]
 ) -> dict[str, Choice]:
-    """Per slot: the slot's rule (``rules.SlotRule``: the command line's pin/prefer, else the
-    profile's policy), else the choice's own rule (choose.py)."""
-    from kernel_probe.candidates import default_for
-    from kernel_probe.probe.choose import choose
-    from kernel_probe.probe.rules import SlotRule
-
+    """Per slot: the slot's rule (the command line's pin/prefer, else the profile's policy), else
+    the choice's own rule."""
     choices = {}
     for slot in p.slots:
         rule = p.rules.get(slot) or SlotRule()

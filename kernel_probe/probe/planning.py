@@ -3,11 +3,12 @@
     p = planning.plan(ProbeRequest(shapes=("40320x1024",)))
 
 ``plan`` refuses every bad argument before any work (exit 2), a node the profile rules out (exit 4)
-and a pin that cannot run here (exit 3); it detects the device, applies the site profile and its
-per-slot rules, gathers the candidates and fixes the shapes, precision and repetitions, and the
-digest of the inputs by which a lock is reused or probed again. ``kernel_probe.probe.pipeline``
-runs the :class:`Plan`. Nothing here prints: what a person should see goes to an :class:`Events`
-object.
+and a pin that cannot run here (exit 3); it detects the device, applies the site profile, merges its
+per-slot policy with the command line's ``--pin``/``--prefer`` into one :class:`SlotRule` per slot
+(the one answer the probe reads), gathers the candidates and fixes the shapes, precision,
+repetitions and the digest of the inputs by which a lock is reused or probed again.
+``kernel_probe.probe.pipeline`` runs the :class:`Plan`. Nothing here prints: what a person should
+see goes to an :class:`Events` object.
 """
 
 from __future__ import annotations
@@ -16,31 +17,34 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from kernel_lock import torchless as here
 from kernel_lock.slots import PRECISIONS, slot_name_fix
+from kernel_probe import candidates as cands
 from kernel_probe import slots as slot_behaviour
+from kernel_probe.candidates import Candidate, for_slot
+from kernel_probe.detect.libraries import by_library, installed_for
 from kernel_probe.errors import ForcedUnusable, UsageError
-from kernel_probe.probe.limits import CHECK_TIMEOUT, IMPORT_TIMEOUT
-from kernel_probe.probe.rules import SlotRule, slot_rules
+from kernel_probe.isolation.protocol import TimingProgressMessage, interpreter_requested
+from kernel_probe.probe.limits import CHECK_TIMEOUT, IMPORT_TIMEOUT, MAX_REPS, MAX_SECONDS
+from kernel_probe.probe.report import static_problem
+from kernel_probe.probe.write import inputs_digest, trusted_roots
 from kernel_probe.shapes import normal_shapes, parse_shape
-
-if TYPE_CHECKING:  # the warm path (a current lock) imports none of the probe's machinery
-    from kernel_probe.candidates import Candidate
-    from kernel_probe.isolation.protocol import TimingProgressMessage
 
 DEFAULT_SHAPES = {"gpu": ("40320x1024", "542080x1024"), "cpu": ("2048x1024",)}
 DEFAULT_REPS = {"gpu": 20, "cpu": 5}
 DEFAULT_PRECISION = "bf16-mixed"
-CPU_LARGE_ELEMENTS = (
-    16 * 1024 * 1024
-)  # 8x the CPU default shape: beyond it, timing on a CPU takes minutes
+CPU_LARGE_ELEMENTS = 16 * 1024 * 1024  # 8x the CPU default shape: timing it on a CPU takes minutes
 
 
 @dataclass(frozen=True)
 class ProbeRequest:
-    """What to probe; every field has the command line's default. Empty ``shapes``/``slots`` mean
-    the profile's or the defaults; ``candidates`` are extra ``SLOT=dotted.path.Class`` offers."""
+    """What to probe; every field has the command line's default. Empty ``shapes``/``slots``: the
+    profile's or the defaults; ``candidates``: extra ``SLOT=dotted.path.Class`` offers;
+    ``probe_per``: who probes under a launcher ("job", "node-type", "rank"; None: the profile's,
+    else "job"); ``graph_attention``: anemoi's GraphTransformer backend to check ("": none);
+    ``declared``: per slot, what the model declares of it (``Slot.option``)."""
 
     out: Path = Path("kernel-lock.toml")
     shapes: tuple[str, ...] = ()
@@ -63,25 +67,97 @@ class ProbeRequest:
     check_only: bool = False
     lock_timeout: float = 1800.0
     command: str = "kernel-probe"  # recorded in the lock's provenance
-    # who probes where the launcher names this process's rank (kernel_probe.ranks): "job"
-    # (rank 0), "node-type" (one rank per kind of node; --out names {node-type}), "rank" (each rank
-    # under the file lock); None: the profile's [policy] probe-per, else "job"
     probe_per: str | None = None
-    # anemoi's GraphTransformer attention backend (kernel_probe.probe.graph_attention_check): "" =
-    # not checked, "auto", "triton" or "pyg"; and whether a locked triton may fall back to pyg at
-    # job start
     graph_attention: str = ""
     allow_graph_attention_fallback: bool = False
-    # per slot, what the model declares of it (Slot.option: --attention, --mlp-implementation,
-    # --activation); a slot not named: its default
     declared: Mapping[str, str] = field(default_factory=dict)
-    # whether an approximation of what the model computes may be accepted (recorded)
     allow_approximation: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlotRule:
+    """One slot's rule: ``pin`` / ``prefer`` and where they come from (``origin``: "" for the
+    command line, "profile NAME"); ``strict_prefer``: a preferred candidate not accepted is an
+    error (``--prefer``) rather than skipped (a profile's list); ``allowed``: the only candidates
+    that may be checked (None: any), and who says so (``allowed_by``).
+
+    >>> rule = SlotRule(allowed=("torch.layer_norm",), allowed_by="profile lumi-g")
+    >>> rule.refuses("liger.layer_norm")
+    'not allowed by profile lumi-g'
+    >>> rule.refuses("torch.layer_norm") is None
+    True
+    """
+
+    pin: str | None = None
+    prefer: tuple[str, ...] = ()
+    origin: str = ""
+    strict_prefer: bool = True
+    allowed: tuple[str, ...] | None = None
+    allowed_by: str = ""
+
+    def refuses(self, cid: str) -> str | None:
+        """Why the candidate ``cid`` is skipped without being checked, or None."""
+        if self.allowed is not None and cid not in self.allowed:
+            return f"not allowed by {self.allowed_by}"
+        return None
+
+    def choice_options(self) -> dict[str, Any]:
+        """The keyword arguments ``choose.choose`` takes from this rule."""
+        if self.origin:
+            return {
+                "pin": self.pin,
+                "prefer": list(self.prefer),
+                "origin": self.origin,
+                "strict_prefer": False,
+            }
+        return {"pin": self.pin, "prefer": self.prefer[0] if self.prefer else None}
+
+
+def slot_rules(
+    slots: Sequence[str],
+    pins: Mapping[str, str],
+    prefers: Mapping[str, str],
+    profile: Any = None,
+) -> dict[str, SlotRule]:
+    """Per slot: the command line's ``--pin``/``--prefer`` where it names the slot, else the
+    profile's policy (``Profile.slots``); the profile's ``allowed`` holds either way.
+
+    >>> slot_rules(["LayerNorm"], {"LayerNorm": "liger.layer_norm"}, {})["LayerNorm"].pin
+    'liger.layer_norm'
+    """
+    rules = {}
+    for slot in slots:
+        policy = profile.slots.get(slot) if profile is not None else None
+        allowed = None if policy is None or policy.allowed is None else tuple(policy.allowed)
+        allowed_by = f"profile {profile.name}" if policy is not None else ""
+        if slot in pins or slot in prefers or policy is None:
+            prefer = prefers.get(slot)
+            rules[slot] = SlotRule(
+                pin=pins.get(slot),
+                prefer=(prefer,) if prefer else (),
+                allowed=allowed,
+                allowed_by=allowed_by,
+            )
+        else:
+            rules[slot] = SlotRule(
+                pin=policy.pin,
+                prefer=tuple(policy.preferred),
+                origin=allowed_by,
+                strict_prefer=False,
+                allowed=allowed,
+                allowed_by=allowed_by,
+            )
+    return rules
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What a request means on this machine, decided before any candidate runs."""
+    """What a request means on this machine, decided before any candidate runs. Per slot:
+    ``canonical`` (what its declaration pins), ``timed_at`` (its shapes), ``resolved`` (its
+    declared value, or its default), ``rules``; ``slot_provenance``: what the lock records of the
+    declarations; ``inputs``: the options the digest is of; ``libraries``: the registry libraries
+    the candidates come from (version, "installed" or "": absent), ``library_candidates``: their
+    candidates' ids."""
 
     request: ProbeRequest
     device: Mapping[str, Any]
@@ -97,25 +173,13 @@ class Plan:
     deterministic: bool
     digest: str  # of the inputs: a lock probed with other inputs is not reused
     trust: tuple[str, ...]
-    # per slot, the canonical values the model's declaration sets (pinned in the lock, checked)
     canonical: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    # per slot, the shapes it is timed at (a slot's own, or the plan's shapes)
     timed_at: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    # what the lock's provenance records of the slots' declarations (Attention: its geometry)
     slot_provenance: Mapping[str, Any] = field(default_factory=dict)
-    # per slot, the declared value as the probe reads it (its default where none is declared)
     resolved: Mapping[str, str] = field(default_factory=dict)
-
-    # the options the digest is of (recorded in the lock, so a lock probed with others can say which
-    # differ)
     inputs: Mapping[str, Any] = field(default_factory=dict)
-    # the registry libraries this plan's candidates come from: version, "installed" or "" (not
-    # installed)
     libraries: Mapping[str, str] = field(default_factory=dict)
-    # library -> its candidates' ids
     library_candidates: Mapping[str, Sequence[str]] = field(default_factory=dict)
-    # per slot, what the command line and the profile say of it (rules.SlotRule): the one answer the
-    # probe reads
     rules: Mapping[str, SlotRule] = field(default_factory=dict)
 
     @property
@@ -148,8 +212,7 @@ class Events:
     def timing(
         self, slot: str, cand_id: str, shapes: Sequence[str], message: TimingProgressMessage | None
     ) -> None:
-        """A candidate's timing started (``message`` None) or progressed (a worker progress
-        message)."""
+        """A candidate's timing started (``message`` None) or progressed."""
 
     def done(self) -> None:
         """Checking and timing are over (also after an error)."""
@@ -172,34 +235,134 @@ def large_shape_warning(device_type: str, shapes: Sequence[str], reps: int) -> s
 
 
 def detect_device() -> dict[str, Any]:
-    """This machine's device facts (``kernel_lock.fingerprint.device_facts``): read without torch
-    where every one of them can be (``kernel_lock.torchless``), else from torch."""
-    from kernel_lock.torchless import device_here
-
-    return device_here()
+    """This machine's device facts, read without torch where every one of them can be."""
+    return here.device_here()
 
 
 def gather_candidates(
     offered: Sequence[str], extra: Sequence[Candidate] = (), *, plugins: bool = True
-):
+) -> tuple[list[Candidate], list[str]]:
     """(the registry with ``extra`` and the ``SLOT=dotted.path.Class`` offers, problems)."""
-    from kernel_probe import candidates as cands
+    offers = [*extra, *(cands.from_command_line(text) for text in offered)]
+    return cands.registry(offers, entry_points=plugins)
 
-    return cands.registry(
-        [*extra, *(cands.from_command_line(text) for text in offered)], entry_points=plugins
+
+def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
+    """Decide what ``request`` means here, refusing every bad argument before any work (exit 2), a
+    node the profile rules out (exit 4) and a pin that cannot run here (exit 3)."""
+    events = events or Events()
+    asked = _refuse_bad_arguments(request)
+    slots, slot_problems = _slots(request)
+    device = detect_device()
+    profile, matched = _apply_profile(request, device, events)
+    rules = slot_rules(slots, request.pins, request.prefers, profile)
+    candidates, problems = gather_candidates(
+        request.candidates, list(profile.candidates) if profile else [], plugins=request.plugins
+    )
+    problems = [*slot_problems, *problems]
+    if interpreter_requested():
+        problems.append(
+            "TRITON_INTERPRET is set: Triton kernels run in Triton's interpreter, not compiled; a "
+            "candidate whose kernels ran interpreted is labelled so, never timed and never written "
+            "to the lock"
+        )
+    check_forced(
+        request.pins,
+        request.prefers,
+        slots,
+        candidates,
+        device,
+        rules=rules,
+        with_compile=request.with_compile,
+    )
+    kind = "cpu" if device["type"] == "cpu" else "gpu"
+    if asked:
+        shapes, shapes_from = asked, ""
+    elif profile and profile.shapes:
+        shapes, shapes_from = normal_shapes(profile.shapes), f"profile {profile.name}"
+    else:
+        shapes, shapes_from = DEFAULT_SHAPES[kind], "defaults"
+    precision = request.precision or (profile and profile.precision) or DEFAULT_PRECISION
+    deterministic = request.deterministic or bool(profile and profile.deterministic)
+    declared = {name: request.declared.get(name, "") for name in slots}
+    behaviour = {name: slot_behaviour.slot(name) for name in slots}
+    ordered = [n for n in slot_behaviour.SLOTS if n in slots]  # the slots' order
+    inputs = _inputs(request, candidates, profile, precision, shapes, slots, deterministic)
+    for name in ordered:
+        inputs.update(behaviour[name].inputs(declared[name], kind))
+    canonical = {n: b.canonical(declared[n], kind) for n, b in behaviour.items()}
+    probed = [c for c in candidates if set(c.slots) & set(slots)]
+    return Plan(
+        request=request,
+        device=device,
+        profile=profile,
+        matched=matched,
+        candidates=tuple(candidates),
+        problems=tuple(problems),
+        slots=slots,
+        shapes=shapes,
+        shapes_from=shapes_from,
+        precision=precision,
+        reps=request.reps or DEFAULT_REPS[kind],
+        deterministic=deterministic,
+        digest=inputs_digest(inputs),
+        trust=trusted_roots(candidates),
+        canonical={n: c for n, c in canonical.items() if c},
+        timed_at={n: b.shapes(declared[n], kind, shapes) for n, b in behaviour.items()},
+        slot_provenance={
+            k: v for n in ordered for k, v in behaviour[n].provenance(declared[n], kind).items()
+        },
+        resolved={
+            n: s.resolved(request.declared.get(n, ""), kind)
+            for n, s in slot_behaviour.SLOTS.items()
+        },
+        inputs=inputs,
+        libraries=installed_for(probed),
+        library_candidates=by_library(probed),
+        rules=rules,
     )
 
 
+def _inputs(
+    request: ProbeRequest,
+    candidates: Sequence[Candidate],
+    profile: Any,
+    precision: str,
+    shapes: Sequence[str],
+    slots: Sequence[str],
+    deterministic: bool,
+) -> dict[str, Any]:
+    """The options the inputs digest is of, before the slots' own."""
+    inputs = {
+        "precision": precision,
+        "shapes": list(shapes),
+        "slots": list(slots),
+        "pins": dict(request.pins),
+        "prefers": dict(request.prefers),
+        "candidates": sorted(f"{c.id}={c.target}" for c in candidates),
+        "with_compile": request.with_compile,
+        "profile": profile.digest if profile else None,
+        "deterministic": deterministic,
+        "allow_init_change": request.allow_init_change,
+        "strict_dtype": request.strict_dtype,
+    }
+    # only when asked: a lock probed without them stays reusable as before
+    if request.graph_attention:
+        inputs["graph_attention"] = request.graph_attention
+        inputs["allow_graph_attention_fallback"] = request.allow_graph_attention_fallback
+    if request.allow_approximation:
+        inputs["allow_approximation"] = True
+    return inputs
+
+
 def _refuse_bad_arguments(request: ProbeRequest) -> tuple[str, ...]:
-    """The request's first stage: every argument checked before any work (exit 2), in this order:
-    the shapes, repetitions, time limits, precision, what the model declares of each slot (in the
-    slots' order) and ``--check`` with ``--force``; the shapes asked for, normalised."""
+    """Every argument checked before any work (exit 2), in this order: the shapes, repetitions,
+    time limits, precision, the slots' declarations, ``--check`` with ``--force``; the shapes asked
+    for, normalised."""
     try:
         asked = normal_shapes(request.shapes)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    from kernel_probe.probe.limits import MAX_REPS, MAX_SECONDS
-
     if request.reps is not None and not 1 <= request.reps <= MAX_REPS:
         raise UsageError(f"--reps must be a whole number from 1 to {MAX_REPS}, not {request.reps}")
     for flag, value in (
@@ -230,137 +393,32 @@ def _slots(request: ProbeRequest) -> tuple[tuple[str, ...], list[str]]:
     """The slots probed (those named, else every slot a probe covers by default), and the problems
     of the slots other packages declare (loaded where plug-ins are allowed)."""
     problems = slot_behaviour.load_plugins() if request.plugins else []
+    known = slot_behaviour.SLOTS
     for flag, forced in (("--pin", request.pins), ("--prefer", request.prefers)):
         for name, cid in forced.items():
-            if name not in slot_behaviour.SLOTS:
-                known = ", ".join(slot_behaviour.SLOTS)
+            if name not in known:
                 text = f"{name}={cid}"
-                raise UsageError(f"{flag} {text!r}: unknown slot {name!r} (known: {known})")
+                raise UsageError(
+                    f"{flag} {text!r}: unknown slot {name!r} (known: {', '.join(known)})"
+                )
     for name in request.slots:
-        if name not in slot_behaviour.SLOTS:
+        if name not in known:
             raise UsageError(f"--slot {name}: unknown slot; {slot_name_fix(name)}")
-    named = tuple(request.slots)
-    every = slot_behaviour.SLOTS.values()
-    return named or tuple(
-        s.name for s in every if s.wanted(request.declared.get(s.name, ""))
-    ), problems
+    wanted = (s.name for s in known.values() if s.wanted(request.declared.get(s.name, "")))
+    return tuple(request.slots) or tuple(wanted), problems
 
 
-def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
-    """Decide what ``request`` means here, refusing every bad argument before any work (exit 2), a
-    node the profile rules out (exit 4) and a pin that cannot run here (exit 3)."""
-    events = events or Events()
-    asked = _refuse_bad_arguments(request)
-    slots, slot_problems = _slots(request)
-    device = detect_device()
-    profile, matched = _apply_profile(request, device, events)
-    # the chain: the profile, its per-slot rules with the command line's, the candidates, the forced
-    rules = slot_rules(slots, request.pins, request.prefers, profile)
-    candidates, problems = gather_candidates(
-        request.candidates, list(profile.candidates) if profile else [], plugins=request.plugins
-    )
-    problems = [*slot_problems, *problems]
-    from kernel_probe.isolation.protocol import interpreter_requested
-
-    if interpreter_requested():
-        problems = [
-            *problems,
-            "TRITON_INTERPRET is set: Triton kernels run in Triton's interpreter, not "
-            "compiled; a candidate whose "
-            "kernels ran interpreted is labelled so, never timed and never written to the lock",
-        ]
-    check_forced(
-        request.pins,
-        request.prefers,
-        slots,
-        candidates,
-        device,
-        rules=rules,
-        with_compile=request.with_compile,
-    )
-    kind = "cpu" if device["type"] == "cpu" else "gpu"
-    if asked:
-        shapes, shapes_from = asked, ""
-    elif profile and profile.shapes:
-        shapes, shapes_from = normal_shapes(profile.shapes), f"profile {profile.name}"
-    else:
-        shapes, shapes_from = DEFAULT_SHAPES[kind], "defaults"
-    precision = request.precision or (
-        profile.precision if profile and profile.precision else DEFAULT_PRECISION
-    )
-    deterministic = request.deterministic or bool(profile and profile.deterministic)
-    inputs = {
-        "precision": precision,
-        "shapes": list(shapes),
-        "slots": list(slots),
-        "pins": dict(request.pins),
-        "prefers": dict(request.prefers),
-        "candidates": sorted(f"{c.id}={c.target}" for c in candidates),
-        "with_compile": request.with_compile,
-        "profile": profile.digest if profile else None,
-        "deterministic": deterministic,
-        "allow_init_change": request.allow_init_change,
-        "strict_dtype": request.strict_dtype,
-    }
-    declared = {name: request.declared.get(name, "") for name in slots}
-    ordered = [n for n in slot_behaviour.SLOTS if n in slots]  # the slots' order
-    for name in ordered:
-        inputs.update(slot_behaviour.slot(name).inputs(declared[name], kind))
-    # only when asked: a lock probed without it stays reusable as before
-    if request.graph_attention:
-        inputs["graph_attention"] = request.graph_attention
-        inputs["allow_graph_attention_fallback"] = request.allow_graph_attention_fallback
-    if request.allow_approximation:
-        inputs["allow_approximation"] = True
-    from kernel_probe.detect.libraries import by_library, installed_for
-
-    probed = [c for c in candidates if set(c.slots) & set(slots)]
-    from kernel_probe.probe.write import inputs_digest, trusted_roots
-
-    behaviour = {name: slot_behaviour.slot(name) for name in slots}
-    canonical = {n: b.canonical(declared[n], kind) for n, b in behaviour.items()}
-    recorded = {
-        k: v for n in ordered for k, v in behaviour[n].provenance(declared[n], kind).items()
-    }
-    every = slot_behaviour.SLOTS.items()
-    return Plan(
-        request=request,
-        device=device,
-        profile=profile,
-        matched=matched,
-        candidates=tuple(candidates),
-        problems=tuple(problems),
-        slots=slots,
-        shapes=shapes,
-        shapes_from=shapes_from,
-        precision=precision,
-        reps=request.reps or DEFAULT_REPS[kind],
-        deterministic=deterministic,
-        digest=inputs_digest(inputs),
-        trust=trusted_roots(candidates),
-        canonical={n: c for n, c in canonical.items() if c},
-        timed_at={n: b.shapes(declared[n], kind, shapes) for n, b in behaviour.items()},
-        slot_provenance=recorded,
-        resolved={n: b.resolved(request.declared.get(n, ""), kind) for n, b in every},
-        inputs=inputs,
-        libraries=installed_for(probed),
-        library_candidates=by_library(probed),
-        rules=rules,
-    )
-
-
-def _apply_profile(request: ProbeRequest, device: Mapping[str, Any], events: Events):
+def _apply_profile(
+    request: ProbeRequest, device: Mapping[str, Any], events: Events
+) -> tuple[Any, str]:
     """Load the profile (or auto-detect it), enforce its requirements (exit 4 on unmet)."""
     if not request.profile:
         return None, ""
-    from kernel_lock import torchless as here
-    from kernel_probe import profile_match, sites
+    from kernel_probe import profile_match, sites  # never imported by a run without a profile
 
     dirs = request.profiles_dirs
     # the directories surveyed once, for the profile named and for the site's signals alike
-    found = None
-    if not sites.names_file(request.profile):
-        found = sites.survey(dirs)
+    found = None if sites.names_file(request.profile) else sites.survey(dirs)
     profile, matched, notes = profile_match.choose(request.profile, dirs, device, found=found)
     for note in notes:
         events.note(f"profile {request.profile}: {note}")
@@ -388,11 +446,9 @@ def check_forced(
     rules: Mapping[str, SlotRule] | None = None,
     with_compile: bool = False,
 ) -> None:
-    """Every --pin/--prefer checked before any work: the slot is probed, the id is a candidate of it
+    """Every --pin/--prefer checked before any work: the slot is probed, the id is its candidate
     (exit 2), the profile allows it (exit 2), and it can run here as far as is known without
     importing it (exit 3, with the reason and how to install it)."""
-    from kernel_probe.candidates import for_slot
-
     for flag, forced in (("--pin", pins), ("--prefer", prefers)):
         for slot, cid in forced.items():
             said = f"{flag} {slot}={cid}"
@@ -401,10 +457,10 @@ def check_forced(
                     f"{said}: but --slot limits this probe to {', '.join(slots)}",
                     fix=f"add --slot {slot}, or drop {said}",
                 )
-            ids = [c.id for c in for_slot(candidates, slot)]
-            if cid not in ids:
+            offered = {c.id: c for c in for_slot(candidates, slot)}
+            if cid not in offered:
                 raise UsageError(
-                    f"{said}: {cid!r} is not a candidate for {slot} (known: {', '.join(ids)})",
+                    f"{said}: {cid!r} is not a candidate for {slot} (known: {', '.join(offered)})",
                     fix="use one of those ids, or offer your own class with --candidate "
                     f"{slot}=module.Class",
                 )
@@ -415,20 +471,17 @@ def check_forced(
                     f"(allowed: {', '.join(rule.allowed) or 'none: allowed = []'})",
                     fix=f"drop {said}, or use a profile that allows it",
                 )
-            from kernel_probe.probe.judge import static_problem  # only when something is forced
-
-            cand = next(c for c in for_slot(candidates, slot) if c.id == cid)
+            arch = device.get("arch") or ""
             problem = static_problem(
-                cand, slot, device["type"], device.get("arch") or "", with_compile=with_compile
+                offered[cid], slot, device["type"], arch, with_compile=with_compile
             )
             if problem:
-                status, reason = problem.status, problem.reason
                 fix = (
                     "add --with-compile"
-                    if status == "skipped"
+                    if problem.status == "skipped"
                     else f"drop {said}, or run on a machine where it can run"
                 )
                 raise ForcedUnusable(
-                    f"{said}: the candidate is {status} on this machine: {reason}",
+                    f"{said}: the candidate is {problem.status} on this machine: {problem.reason}",
                     fix=fix + "; a pinned or preferred kernel is never silently replaced",
                 )

@@ -1,31 +1,19 @@
 """How many timed calls a candidate gets: only as many as can change the slot's choice.
 
-The choice (``choose``) keeps the torch.nn default unless a candidate's median time is lower by more
-than the margin, ``max(5 %, 2 x the larger relative spread)``; ``--prefer`` takes a candidate unless
-it is slower by more than the margin. So a candidate's repetitions can stop as soon as it is known
-on which side of those two boundaries its time lies:
+The choice (``choose``) keeps the default unless a candidate is faster by more than the margin,
+``max(5 %, 2 x the larger relative spread)``, and ``--prefer`` takes one unless it is slower by
+more. So: a **sole** accepted candidate decides nothing (its check at the model's shape, then one
+measured call, ``timed = "sole candidate"``; that first call is the measured one when it took
+``SOLE_SECOND_CALL_BELOW_S`` or more); the **default** is timed first with the usual count; every
+**other** candidate is repeated until the sequential test decides it, its share of the slot's
+budget is spent, or it reached ``MAX_FACTOR`` x the default's count; a first call slower than
+``FAR_SLOWER`` x (1 + margin) x the default's median is not repeated.
 
-- a slot with **one** accepted candidate decides nothing: its first call is its check at the model's
-  shape, then one measured call, recorded as ``timed = "sole candidate"`` (when the first call took
-  ``SOLE_SECOND_CALL_BELOW_S`` or more, as bf16 emulated on a CPU does, it is the measured call: its
-  one-time costs are nothing beside it);
-- the **default** is timed first, with the usual count (``--reps``'s default) inside the slot's
-  budget;
-- every **other** candidate is repeated until the *sequential test* below decides it, its share of
-  the slot's budget is spent, or it reached ``max_reps``;
-- a candidate whose first timed call is slower than the default by more than ``FAR_SLOWER`` times
-  ``(1 + margin)`` is not repeated: no later call can bring it back under the margin.
-
-**The sequential test.** After each call (from ``MIN_REPS`` calls on), the distribution-free
-confidence interval of the candidate's median (order statistics, ``LEVEL``) is divided by the one
-of the default's median, giving an interval for the time ratio; with the margin ``m`` of the samples
-so far, the candidate is decided once that interval lies wholly below ``1 / (1 + m)`` (it will be
-chosen), wholly between ``1 / (1 + m)`` and ``1 + m`` (the default stays, a preference would hold),
-or wholly above ``1 + m``, and the same holds at the smallest margin (5 %): a spread read from four
-calls is noisy itself, and one slow call could otherwise widen the margin enough to "decide" a
-clearly faster candidate as inside the noise. Both medians' uncertainty is in the interval and the
-margin's noise term in ``m``, so a ranking is only called once the samples so far cannot reverse it.
-Pure functions of the samples (seconds or milliseconds, as long as both sides use the same unit).
+**The sequential test** (``decided``). From ``MIN_REPS`` calls on, the distribution-free confidence
+intervals (``LEVEL``) of the two medians give an interval for the time ratio; the candidate is
+decided once that interval contains none of the boundaries ``1 / (1 + m)`` and ``1 + m``, at the
+margin ``m`` of the samples so far and at the smallest margin (a spread read from four calls is
+noisy itself). Pure functions of the samples, in any one unit.
 """
 
 from __future__ import annotations
@@ -37,16 +25,10 @@ from collections.abc import Sequence
 MIN_MARGIN = 0.05  # the smallest margin a choice is made by (choose.py's rule)
 MIN_REPS = 4  # calls before the test may decide (and the fewest that give a spread)
 LEVEL = 0.8  # of each median's confidence interval
-FAR_SLOWER = (
-    2.0  # a first call slower than FAR_SLOWER x (1 + margin) x the default's median: not repeated
-)
-SOLE_SECOND_CALL_BELOW_S = (
-    1.0  # a sole candidate's first call under this: one more call is measured
-)
-MAX_FACTOR = 4  # a candidate's repetitions stop at MAX_FACTOR x the default's count at the latest
-
-# the per-slot budget of timed calls (seconds; first calls and warm-ups count), by device kind
-SLOT_BUDGET_S = {"cpu": 20.0, "gpu": 20.0}
+FAR_SLOWER = 2.0  # a first call slower than this x (1 + margin) x the default's: not repeated
+SOLE_SECOND_CALL_BELOW_S = 1.0  # a sole candidate's first call under this: one more is measured
+MAX_FACTOR = 4  # repetitions stop at this x the default's count at the latest
+SLOT_BUDGET_S = {"cpu": 20.0, "gpu": 20.0}  # per slot, of timed calls (first calls, warm-ups count)
 
 
 def spread(samples: Sequence[float]) -> float:
@@ -70,8 +52,8 @@ def margin(*spreads: float) -> float:
 
 def median_interval(samples: Sequence[float], level: float = LEVEL) -> tuple[float, float] | None:
     """The distribution-free confidence interval of the median: ``(x_(k), x_(n+1-k))`` of the sorted
-    samples for the largest ``k`` with ``P(Binomial(n, 1/2) < k) <= (1 - level) / 2``; None when no
-    such interval exists at ``n`` samples."""
+    samples for the largest ``k`` with ``P(Binomial(n, 1/2) < k) <= (1 - level) / 2``; None when
+    there is none at ``n`` samples."""
     n = len(samples)
     tail = (1 - level) / 2
     k, below = 0, 0.0  # below: P(B < k + 1) as k grows
@@ -109,9 +91,7 @@ def decided(samples: Sequence[float], baseline: Sequence[float]) -> bool:
 
 def boundaries(samples: Sequence[float], baseline: Sequence[float]) -> tuple[float, ...]:
     """The time ratios where the choice changes: ``1 / (1 + m)`` and ``1 + m`` at the margin of the
-    samples so far, and at the smallest margin (a spread read from a few calls is itself noisy: one
-    slow call among four can make the margin, so nothing is decided that the spread alone
-    decides)."""
+    samples so far, and at the smallest margin."""
     m = margin(spread(samples), spread(baseline))
     return tuple(sorted({1 / (1 + m), 1 + m, 1 / (1 + MIN_MARGIN), 1 + MIN_MARGIN}))
 

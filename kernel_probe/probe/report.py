@@ -1,22 +1,23 @@
-"""The records of a verdict: per (dtype, regime) a ``Verdict``, per candidate a ``Report``. The
-verdict module (``judge``) writes them; the checker, the chooser, the lock writer and the command
-line read them."""
+"""The records of a verdict, per (dtype, regime) a ``Verdict`` and per candidate a ``Report``, and
+what rules a candidate out before anything is imported (``static_problem``). The judge writes the
+records; the checker, the chooser, the lock writer and the command line read them."""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from importlib import metadata
 from typing import Any, TypedDict
 
-from kernel_lock.slots import Status
+from kernel_lock.slots import SPECS, Status
 from kernel_probe.candidates import Candidate
 
 
 @dataclass(frozen=True)
 class Verdict:
     """One (candidate, device, dtype, regime): status, reasons, and the numbers behind them. Built
-    once, by a rule of ``judge`` (``judge.row_verdict``), from a row that was measured: there is no
-    default status, so nothing is accepted that no rule judged."""
+    once by a rule of ``judge`` from a measured row: nothing is accepted that no rule judged."""
 
     candidate: str
     device: str
@@ -26,15 +27,14 @@ class Verdict:
     reasons: tuple[str, ...] = ()
     failed: tuple[str, ...] = ()
     worst_ratio: float | None = None
-    # per statistic (max, rms, bias): the worst ratio
-    statistics: Mapping[str, float] = field(default_factory=dict)
+    statistics: Mapping[str, float] = field(default_factory=dict)  # per statistic: worst ratio
     out_dtype: str = ""
     twin: Mapping[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     errors: Mapping[str, Mapping[str, Sequence[float]]] = field(default_factory=dict)
     deterministic: bool | None = None  # two runs bitwise equal (None: not measured)
     changes: tuple[str, ...] = ()  # accepted, but the model changes besides numbers (recorded)
-    # Attention: case -> output -> err / tolerance
+    # case -> output -> error / tolerance, where a slot has its own max tolerance
     ratios: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -92,17 +92,11 @@ class Report:
     candidate: Candidate | None = None
     seconds: float | None = None  # wall time of this candidate's import and checks
     migration: tuple[str, ...] = ()  # its state dict onto torch.nn's (the layout's rules)
-    # accepted changes besides numbers, recorded in the lock
-    changes: list[str] = field(default_factory=list)
-    interpreted: bool = (
-        False  # its Triton kernels ran in Triton's interpreter: never timed, never locked
-    )
-    blas: str = (
-        ""  # a Linear on a GPU: the BLAS library it was checked under (kernel_lock.slots.linear)
-    )
+    changes: list[str] = field(default_factory=list)  # accepted changes, recorded in the lock
+    interpreted: bool = False  # its Triton kernels ran interpreted: never timed, never locked
+    blas: str = ""  # a Linear on a GPU: the BLAS library it was checked under
     blas_default: str = ""  # the library torch picked by itself in the probe's worker
-    # Attention: what each option (window, softcap, dropout, alibi, scale) really does, measured
-    capabilities: dict[str, str] = field(default_factory=dict)
+    capabilities: dict[str, str] = field(default_factory=dict)  # what each option really does
 
     @property
     def deterministic(self) -> bool | None:
@@ -112,14 +106,10 @@ class Report:
     @property
     def twin(self) -> dict[str, Any]:
         """The twin check of the first accepted row (they agree across rows in practice)."""
-        for v in self.verdicts:
-            if v.status == "accepted" and v.twin:
-                return dict(v.twin)
-        return {}
+        return next((dict(v.twin) for v in self.verdicts if v.status == "accepted" and v.twin), {})
 
     def worst_ratio(self) -> float | None:
-        """The largest error / tolerance over every measured row (None when nothing was
-        measured)."""
+        """The largest error / tolerance over every measured row (None: nothing measured)."""
         ratios = [v.worst_ratio for v in self.verdicts if v.worst_ratio is not None]
         return max(ratios) if ratios else None
 
@@ -143,3 +133,82 @@ class Report:
             **({"capabilities": dict(self.capabilities)} if self.capabilities else {}),
             "evidence": [v.to_json() for v in self.verdicts],
         }
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why a candidate gets ``status`` without being checked; ``try_it``: installed but declaring
+    other devices, so trying it in a worker says how it fails here."""
+
+    status: Status
+    reason: str
+    try_it: bool = False
+
+
+def installed(cand: Candidate, device: str = "") -> str | None:
+    """None if the candidate's library is present (metadata / find_spec, no import); else why
+    not, with how to install it for ``device``."""
+    top = cand.module.split(".")[0]
+    if cand.distribution:
+        try:
+            metadata.version(cand.distribution)
+            return None
+        except metadata.PackageNotFoundError:
+            if cand.module and importlib.util.find_spec(top) is not None:
+                return None
+        what = cand.distribution
+    elif cand.module and importlib.util.find_spec(top) is None:
+        what = f"no module {top!r}"
+    else:
+        return None
+    if cand.source == "command-line":  # the user's own class: no registry says how to install it
+        return (
+            f"not importable: {what} on this Python's path (offered as "
+            f"{cand.slots[0]}={cand.target}; "
+            "install its package or put its directory on PYTHONPATH, and check the dotted path)"
+        )
+    hint = cand.install_hint(device)
+    return f"not installed: {what}" + (
+        f" ({hint})" if hint else f" (no build for {device})" if device else ""
+    )
+
+
+def static_problem(
+    cand: Candidate,
+    slot: str,
+    device: str,
+    arch: str = "",
+    *,
+    with_compile: bool = False,
+    detail: bool = False,
+) -> Problem | None:
+    """Why ``cand`` certainly cannot be checked for ``slot`` here, known without importing it; None
+    when it is worth checking. ``detail`` (the checker): also where it is not installed either."""
+    expected = SPECS[slot].semantics
+    if cand.semantics != expected:
+        return Problem("rejected", f"semantics: {cand.semantics} != {expected}")
+
+    def absent() -> str:
+        return " (and it is not installed)" if detail and installed(cand) is not None else ""
+
+    # what the hardware rules out comes first: no advice to install what cannot run here
+    if cand.devices and device not in cand.devices:
+        why = f"runs on {', '.join(cand.devices)}; this device is {device}"
+        if detail and cand.blas:  # a BLAS library belongs to its platform: nothing to try
+            blas = f"{cand.blas} is a {cand.devices[0]} BLAS library"
+            return Problem("unavailable", f"{why} ({blas})")
+        note = absent()
+        return Problem("unavailable", why + note, try_it=detail and not note)
+    wrong_arch = cand.arch_problem(device, arch)
+    if wrong_arch:
+        return Problem("unavailable", wrong_arch + absent())
+    missing = installed(cand, device)
+    if missing:
+        return Problem("unavailable", missing)
+    if cand.compiled and device == "cpu" and not with_compile:
+        return Problem(
+            "skipped",
+            "torch.compile candidates are not probed on CPU by default (each shape and dtype costs "
+            "seconds of C++ compilation); pass --with-compile to include them",
+        )
+    return None

@@ -30,8 +30,8 @@ from kernel_lock.slots import linear as blas
 from kernel_probe.candidates import builtin, parse_candidate
 from kernel_probe.isolation import worker
 from kernel_probe.probe import blasrun, correctness, handlers, pipeline, planning, timing
-from kernel_probe.probe.judge import Policy, Problem, judge_candidate, static_problem
-from kernel_probe.probe.report import ReportBase
+from kernel_probe.probe.judge import Policy, judge_candidate
+from kernel_probe.probe.report import Problem, ReportBase, static_problem
 from kernel_probe.tables import CandidateDataError, TableReader
 
 CUDA_LIBS = ("torch.linear.cublas", "torch.linear.cublaslt")

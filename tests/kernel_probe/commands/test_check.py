@@ -83,7 +83,7 @@ def test_bad_timeouts_are_usage_errors(capsys, argv, code):
 # ---- a class the user offered that cannot be imported (issue 37: it exited 0, "no build for cpu")
 def test_an_offered_class_that_is_not_importable_says_so_without_an_install_hint():
     from kernel_probe.candidates import from_command_line
-    from kernel_probe.probe.judge import installed
+    from kernel_probe.probe.report import installed
 
     why = installed(from_command_line("LayerNorm=mymod_that_is_not_there.Nope"), "cpu")
     assert (

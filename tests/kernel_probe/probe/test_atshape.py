@@ -15,7 +15,7 @@ import kernel_lock
 from kernel_probe.candidates import builtin, from_command_line
 from kernel_probe.cli import main
 from kernel_probe.probe import atshape, timing
-from kernel_probe.probe.judge import judge_output, judge_shape
+from kernel_probe.probe.tolerance import judge_output, judge_shape
 from tests.conftest import small_probe
 
 FAST = {"reps": 1, "warmup": 1, "min_seconds": 0.0}

@@ -37,7 +37,7 @@ BUILTIN_IDS = [c.id for c in cands.builtin()]
 def test_every_slot_fact_is_imported_from_kernel_lock_slots():
     from kernel_lock import document, resolve, schema
     from kernel_probe.commands import anemoi, locks
-    from kernel_probe.probe import judge
+    from kernel_probe.probe import judge, report, tolerance
 
     assert kernel_lock.SLOTS is slots.SLOTS
     # every slot's facts are its SlotSpec's, read from the one registry
@@ -45,14 +45,14 @@ def test_every_slot_fact_is_imported_from_kernel_lock_slots():
         document.SPECS
         is resolve.SPECS
         is cands.SPECS
-        is judge.SPECS
+        is report.SPECS
         is lockwrite.SPECS
         is slots.SPECS
     )
     assert document.MODES is resolve.MODES is anemoi.MODES is locks.MODES is slots.MODES
     assert document.PRECISIONS is profiles.PRECISIONS is slots.PRECISIONS
     assert schema.STATUSES is judge.STATUSES is slots.STATUSES
-    assert judge.confusable is slots.confusable and judge.DTYPES is slots.DTYPES
+    assert judge.confusable is slots.confusable and tolerance.DTYPES is slots.DTYPES
 
 
 def test_precisions_are_names_to_dtype_and_regime():

@@ -11,8 +11,7 @@ import pytest
 from kernel_probe.candidates import Candidate
 from kernel_probe.isolation.protocol import TimeReply, TryReply
 from kernel_probe.probe import judge
-from kernel_probe.probe.judge import Problem, static_problem
-from kernel_probe.probe.report import Report
+from kernel_probe.probe.report import Problem, Report, static_problem
 
 HERE = Candidate("x.here", ("LayerNorm",), "layer_norm", "torch.nn.LayerNorm")
 ABSENT = dataclasses.replace(HERE, distribution="kp-surely-absent", module="kp_surely_absent")
@@ -156,7 +155,7 @@ def _stats(got, base, ref, rows=True):
 def test_rounding_noise_is_no_bias_and_a_shift_of_half_an_ulp_is(dtype):
     import torch
 
-    from kernel_probe.probe.judge import judge_output
+    from kernel_probe.probe.tolerance import judge_output
 
     gen = torch.Generator().manual_seed(0)
     ref = torch.randn(37, 1000, generator=gen, dtype=torch.float64)
@@ -180,7 +179,7 @@ def test_the_bias_rule_false_alarm_rate_on_pure_rounding_noise():
     ~20."""
     import torch
 
-    from kernel_probe.probe.judge import K_SIGMA, judge_output, limits
+    from kernel_probe.probe.tolerance import K_SIGMA, judge_output, limits
 
     gen = torch.Generator().manual_seed(1)
     flagged, at_three = 0, 0
@@ -199,7 +198,7 @@ def test_the_bias_rule_false_alarm_rate_on_pure_rounding_noise():
 
 
 def test_without_stats_only_the_max_is_judged():
-    from kernel_probe.probe.judge import judge_output, limits
+    from kernel_probe.probe.tolerance import judge_output, limits
 
     assert limits("float32", 1e-7).rms == float("inf")
     assert judge_output("y", [1e-7, 1e-7], None, "float32") == (

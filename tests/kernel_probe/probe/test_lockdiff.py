@@ -1,11 +1,11 @@
-"""kernel_probe.probe.lockdiff: what changed between two locks (top-level keys, environment,
-slots)."""
+"""kernel_probe.probe.derive.lock_differences: what changed between two locks (top-level keys,
+environment, slots)."""
 
 from __future__ import annotations
 
 import pytest
 
-from kernel_probe.probe.lockdiff import lock_differences
+from kernel_probe.probe.derive import lock_differences
 from tests.conftest import MINIMAL_LOCK, edited_lock, sealed_lock
 
 HEAD = 'created-by = "hand"\n'

@@ -18,9 +18,8 @@ from kernel_probe.errors import InputFileError, StaleLock, UsageError
 from kernel_probe.jobstart import run
 from kernel_probe.probe import pipeline, planning
 from kernel_probe.probe.pipeline import choose_all, reusable
-from kernel_probe.probe.planning import ProbeRequest, plan
+from kernel_probe.probe.planning import ProbeRequest, plan, slot_rules
 from kernel_probe.probe.report import Report
-from kernel_probe.probe.rules import slot_rules
 from kernel_probe.slots import slot
 from tests.conftest import MINIMAL_LOCK, edited_lock, write_sealed
 

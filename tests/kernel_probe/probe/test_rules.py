@@ -1,5 +1,5 @@
-"""kernel_probe.probe.rules: one answer per slot from the command line and the profile, read in one
-place."""
+"""kernel_probe.probe.planning's SlotRule: one answer per slot from the command line and the
+profile, read in one place."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
-from kernel_probe.probe.rules import SlotRule, slot_rules
+from kernel_probe.probe.planning import SlotRule, slot_rules
 
 PROBE = Path(__file__).resolve().parents[3] / "kernel_probe" / "probe"
 
@@ -57,11 +57,11 @@ def test_an_empty_allow_list_allows_nothing():
 
 def test_no_other_probe_module_reads_a_profiles_policy():
     """The profile's per-slot policy (``profile.slots``, ``.allowed``, ``.preferred``) is read in
-    rules.py alone: the probe consumes the SlotRule."""
+    planning.py alone: the probe consumes the SlotRule."""
     readers = sorted(
         f.name
         for f in PROBE.glob("*.py")
-        if f.name != "rules.py"
+        if f.name != "planning.py"
         and re.search(r"profile\.slots|\bsp\.(allowed|pin|preferred)\b", f.read_text())
     )
     assert readers == []
