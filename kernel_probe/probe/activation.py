@@ -43,11 +43,11 @@ from kernel_probe.probe.measure import (
     compare,
     first_line,
     import_class,
+    import_stop,
     no_twin,
     torch_dtype,
     twin_candidate,
 )
-from kernel_probe.probe.slotcheck import import_stop
 
 OUTPUTS = ("y", "dx")
 ROWS, WIDTH = (

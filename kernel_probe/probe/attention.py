@@ -42,8 +42,14 @@ from kernel_probe.isolation.protocol import (
     TimingRow,
 )
 from kernel_probe.probe.attention_geometry import HINTS, SMALL_WINDOW, canonical, parse_geometry  # noqa: F401 (re-exported)
-from kernel_probe.probe.measure import first_line, no_twin, torch_dtype, twin_candidate
-from kernel_probe.probe.slotcheck import SetupCache, import_stop
+from kernel_probe.probe.measure import (
+    SetupCache,
+    first_line,
+    import_stop,
+    no_twin,
+    torch_dtype,
+    twin_candidate,
+)
 
 OUTPUTS = ("out", "dq", "dk", "dv")
 # the check's own geometry: cheap on a CPU (every case is a few (S x S) matmuls of head_dim 32)

@@ -54,11 +54,11 @@ from kernel_probe.probe.measure import (
     compare,
     first_line,
     import_class,
+    import_stop,
     one_cpu_thread,
     rel_err,
     torch_dtype,
 )
-from kernel_probe.probe.slotcheck import import_stop
 
 ANEMOI_IN = (
     1024  # anemoi's num_channels in every preset: ``check --hidden 1024``, the tests, the GPU kit

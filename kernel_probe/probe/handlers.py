@@ -65,7 +65,7 @@ def dispatch(
 
         return FingerprintReply(fields=with_torch.current())
     # the norms' and Linear's measuring code: loaded by the ping already (a cost paid at start-up)
-    from kernel_probe.probe import measure, slotcheck
+    from kernel_probe.probe import measure
 
     if isinstance(request, GraphAttentionRequest):
         from kernel_probe.probe import graph_attention  # anemoi and PyG: only when asked
@@ -102,7 +102,7 @@ def dispatch(
                 hidden=request.hidden,
                 baseline=request.baseline,
                 # torch's side of each case (inputs, reference, torch.nn's pass) once per row
-                shared=slotcheck.SHARED,
+                shared=measure.SHARED,
             )
         if isinstance(request, TryRequest):
             return TryReply.from_json(slot.try_once(request.candidate, request.device))

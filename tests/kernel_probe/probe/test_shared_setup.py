@@ -1,4 +1,4 @@
-"""The set-up a slot's candidates share in the worker (``slotcheck.SetupCache``, issue 38): sharing
+"""The set-up a slot's candidates share in the worker (``measure.SetupCache``, issue 38): sharing
 the inputs, the float64 reference and torch.nn's pass changes no figure and no verdict, and a
 candidate that writes into its input or its grad_output cannot change what the next one is judged
 against."""
@@ -12,8 +12,8 @@ import pytest
 from kernel_probe import candidates as cands
 from kernel_probe.probe import correctness
 from kernel_probe.probe.judge import Policy, judge_candidate
+from kernel_probe.probe.measure import SetupCache
 from kernel_probe.probe.report import report_base
-from kernel_probe.probe.slotcheck import SetupCache
 
 HIDDEN = 24
 ROWS = [("float32", "true"), ("bfloat16", "mixed"), ("float16", "true")]
