@@ -229,8 +229,8 @@ def gated_mlp(device: str, *, smoke: bool, timeout: float = 120.0) -> dict[str, 
     GATED_MLP = "GatedMLP"
     from kernel_probe.isolation.protocol import TimeRequest
     from kernel_probe.isolation.worker import WorkerPool
-    from kernel_probe.probe.gated_mlp import ANEMOI_IN
     from kernel_probe.probe.limits import TIMING_TIMEOUT
+    from kernel_probe.slots.gated_mlp_kernels import ANEMOI_IN
 
     rows = GATED_SMOKE_ROWS if smoke else GATED_ROWS
     shape = GATED_SMOKE if smoke else GATED_GPU
