@@ -164,8 +164,8 @@ def attention(device: str, geometry: str, *, timeout: float = 120.0) -> dict[str
     ATTENTION = "Attention"
     from kernel_probe.isolation.protocol import TimeRequest
     from kernel_probe.isolation.worker import WorkerPool
-    from kernel_probe.probe.attention_geometry import parse_geometry
     from kernel_probe.probe.limits import TIMING_TIMEOUT
+    from kernel_probe.slots.attention import parse_geometry
 
     window = parse_geometry(geometry).window
     canon = {ATTENTION: {"window": window}} if window is not None else None

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from kernel_probe.isolation.protocol import ErrorStats, MeasurementRow, interpreter_requested
-from kernel_probe.probe.attention import Case as AttentionCase
+from kernel_probe.slots.attention_kernels import Case as AttentionCase
 
 BACKENDS = ("triton", "pyg")  # anemoi-models' graph_attention_backend values
 # (in-degree, nodes with it) in TriNodes(resolution=5) + MultiScaleEdges(x_hops=1): see the
@@ -221,8 +221,7 @@ def _errors(
 ) -> tuple[dict[str, list[float]], dict[str, ErrorStats]]:
     """output -> [the backend's error, the baseline's], and the RMS/bias statistics of the outputs
     that do not vanish (a vanishing one is judged by its max error against max|dv|)."""
-    from kernel_probe.probe.attention import rel
-    from kernel_probe.probe.measure import compare
+    from kernel_probe.probe.measure import compare, rel
 
     dv_scale = float(ref["dv"].abs().max())
     errors, stats = {}, {}

@@ -63,8 +63,8 @@ class GraphAttentionReport:
 
 def judge_row(backend: str, device: str, row: MeasurementRow) -> Verdict:
     """One dtype's verdict: every case's outputs under the rule of the module docstring."""
-    from kernel_probe.probe.attention_verdict import tolerance
     from kernel_probe.probe.judge import judge_cases, row_verdict, unmeasured
+    from kernel_probe.slots.attention import tolerance
 
     v = unmeasured(backend, device, row, None)  # an exception is a crash: no refusal to tell apart
     if v is not None:

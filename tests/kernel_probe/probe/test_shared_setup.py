@@ -119,14 +119,20 @@ WINDOWED = {"window": 6}
 
 
 def attention_measured(shared: SetupCache | None, options=WINDOWED) -> list[tuple[Any, Any]]:
-    from kernel_probe.probe import attention, attention_verdict
+    from kernel_probe.slots import attention, attention_kernels
 
     out = []
     for spec in ATTENTION:
         cand = candidate(spec if spec.startswith("torch.") else f"Attention={spec}")
-        raw = attention.check(cand, "cpu", ROWS[:2], canonical_overrides=options, shared=shared)
-        report = attention_verdict.judge(
-            raw, cand, "cpu", report_base(cand, "Attention", "cpu"), attention.canonical(options)
+        raw = attention_kernels.check(
+            cand, "cpu", ROWS[:2], canonical_overrides=options, shared=shared
+        )
+        report = attention.judge(
+            raw,
+            cand,
+            "cpu",
+            report_base(cand, "Attention", "cpu"),
+            attention.canonical_options(options),
         )
         out.append((figures(raw.to_json()), (report.status, report.reasons)))
     return out
