@@ -220,8 +220,8 @@ def run_check(args: argparse.Namespace) -> int:
 
 def _graph_attention(backends: Sequence[str], dtypes: Sequence[str], as_json: bool) -> int:
     """`check --graph-attention`: each backend's verdict
-    (kernel_probe.probe.graph_attention_check)."""
-    from kernel_probe.probe.graph_attention_check import check_backend
+    (kernel_probe.probe.graph_attention)."""
+    from kernel_probe.probe.graph_attention import check_backend
     from kernel_probe.probe.planning import detect_device
 
     device = detect_device()["type"]

@@ -363,7 +363,7 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     }
     if p.deterministic:
         provenance["deterministic"] = True
-    from kernel_probe.probe.graph_attention_check import for_probe
+    from kernel_probe.probe.graph_attention import for_probe
 
     graph = for_probe(
         p.request, p.device["type"], [d for d, _ in rows], fingerprint, p.deterministic, events.note

@@ -67,7 +67,7 @@ class ProbeRequest:
     # (rank 0), "node-type" (one rank per kind of node; --out names {node-type}), "rank" (each rank
     # under the file lock); None: the profile's [policy] probe-per, else "job"
     probe_per: str | None = None
-    # anemoi's GraphTransformer attention backend (kernel_probe.probe.graph_attention_check): "" =
+    # anemoi's GraphTransformer attention backend (kernel_probe.probe.graph_attention): "" =
     # not checked, "auto", "triton" or "pyg"; and whether a locked triton may fall back to pyg at
     # job start
     graph_attention: str = ""
