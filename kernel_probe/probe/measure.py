@@ -1,10 +1,9 @@
-"""What the worker measures with (torch): raw numbers, no verdicts (those are judge.py's).
+"""What every slot's worker measures with (torch): raw numbers, no verdicts (those are judge's).
 
-For every slot: the candidate imported (``import_stop``) and built, the normwise errors against a
-float64 reference (``compare``: the max error and the statistics ``judge.limits`` weighs), the
-set-up a slot's candidates share (``SetupCache``). For the layers with parameters that map one
-tensor (``correctness``, ``atshape``, ``timing``): their float64 maths, hard inputs, one
-forward+backward pass, and the BLAS library a Linear runs under on a GPU.
+The candidate imported (``import_stop``: the early stop every slot's check shares) and built, the
+normwise errors against a float64 reference (``compare``: the max error and the statistics
+``judge.limits`` weighs), the set-up a slot's candidates share in one worker (``SetupCache``), and
+where a check's tensors live (``on_device``, ``one_cpu_thread``).
 """
 
 from __future__ import annotations
@@ -98,9 +97,8 @@ def no_twin() -> dict[str, Any]:
 # ---- the set-up a slot's candidates share ------------------------------------------------------
 class SetupCache:
     """What a check computes that is the same for every candidate of a slot (the seeded inputs, the
-    reference's pass, torch's own), per key (all that determines it), made by the first candidate
-    that needs it. A candidate runs on clones of it. The least recently used of ``size`` entries is
-    dropped first; ``hits`` and ``misses`` say how often it served."""
+    reference's pass, torch's own), per key, made by the first candidate that needs it (each runs
+    on clones of it); the least recently used of ``size`` entries dropped first."""
 
     def __init__(self, size: int = 8):
         self._entries: OrderedDict[Hashable, Any] = OrderedDict()
@@ -171,21 +169,12 @@ def compare(
 ) -> tuple[list[float], ErrorStats]:
     """([the candidate's max error, torch's], the worst group's RMS error, bias and spread of each,
     the group size and the reference's RMS). ``base_side``: torch's, already computed (``side``)."""
-    maxima = [0.0, 0.0]
     n, scale, ref_rms = _scale(ref, rows)
-    stats: ErrorStats = {
-        "rms": [0.0] * 2,
-        "bias": [0.0] * 2,
-        "sd": [0.0] * 2,
-        "n": n,
-        "ref_rms": ref_rms,
-    }
+    maxima, rms, bias, sd = [0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]
     for i, t in enumerate((got, base)):
         known = base_side if i == 1 else None
-        maxima[i], stats["rms"][i], stats["bias"][i], stats["sd"][i] = known or _side(
-            t, ref, scale, rows
-        )
-    return maxima, stats
+        maxima[i], rms[i], bias[i], sd[i] = known or _side(t, ref, scale, rows)
+    return maxima, {"rms": rms, "bias": bias, "sd": sd, "n": n, "ref_rms": ref_rms}
 
 
 def side(t: Any, ref: Any, *, rows: bool) -> Side:
