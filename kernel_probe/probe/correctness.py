@@ -1,11 +1,11 @@
 """The norms' and Linear's check, in the worker: raw measurements of one candidate on one device.
 
 First, once, its parameter layout against torch.nn's (``layout``) and where its parameters start
-(``initstats``). Then per (dtype, regime), with torch.nn's baseline and the same non-trivial
-parameters on the hard inputs of ``onetensor.cases``: each one's errors against float64 forward and
-backward, the flags, whether two runs are bitwise equal, the blocks a norm sits in (where its output
-dtype differs) and the twin check. What the slot's candidates share is computed once per worker
-(``measure.SetupCache``). No verdicts: those are ``judge``'s.
+(``onetensor.init_difference``). Then per (dtype, regime), with torch.nn's baseline and the same
+non-trivial parameters on the hard inputs of ``onetensor.cases``: each one's errors against float64
+forward and backward, the flags, whether two runs are bitwise equal, the blocks a norm sits in
+(where its output dtype differs) and the twin check. What the slot's candidates share is computed
+once per worker (``measure.SetupCache``). No verdicts: those are ``judge``'s.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """The layers with parameters that map one tensor (LayerNorm, RMSNorm, Linear), as the worker
-measures them (torch): their float64 maths, parameters that are neither ones nor zeros, the hard
-inputs real kernels get wrong, one forward+backward pass, and the BLAS library a Linear runs under
-on a GPU. ``correctness``, ``atshape`` and ``timing`` build on them.
+measures them (torch): the BLAS library a Linear runs under on a GPU, their float64 maths,
+parameters that are neither ones nor zeros, the hard inputs real kernels get wrong, one
+forward+backward pass, where a fresh candidate's parameters start, and the checks a row makes after
+its cases (repeatability, the blocks a norm sits in, the twin). ``correctness``, ``atshape`` and
+``timing`` build on them.
 """
 
 from __future__ import annotations
