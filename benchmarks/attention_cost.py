@@ -1,9 +1,10 @@
 """What the Attention slot's check costs on this machine, and what it adds to a cold CPU probe.
 
-1. The check of one candidate (kernel_probe.probe.attention.check: every case, the band's edge, the
-   second length, determinism, the twin, the capability matrix), in-process, for torch's SDPA, at
-   the probe's own check geometry (2 heads x head_dim 32 x 48 positions) and at a larger one (4 x 64
-   x 256), per dtype of the CPU probe's plan (float32 and bfloat16), fastest of ``--rounds``.
+1. The check of one candidate (kernel_probe.slots.attention_kernels.check: every case, the band's
+   edge, the second length, determinism, the twin, the capability matrix), in-process, for torch's
+   SDPA, at the probe's own check geometry (2 heads x head_dim 32 x 48 positions) and at a larger
+   one (4 x 64 x 256), per dtype of the CPU probe's plan (float32 and bfloat16), fastest of
+   ``--rounds``.
 2. A cold CPU probe (``kernel-probe --out ... --force`` in a fresh process: workers, checks, timing)
    with the three other slots only, and with the Attention slot added (the default), interleaved
    rounds; the difference of the fastest of each is the slot's cost (goal: at most 3 s).
@@ -26,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 def check_cost(rounds: int) -> None:
     from kernel_probe.candidates import builtin
-    from kernel_probe.probe import attention
+    from kernel_probe.slots import attention_kernels as attention
 
     cand = next(c for c in builtin() if c.id == "torch.sdpa")
     # torch's first calls (lazy initialisation) apart

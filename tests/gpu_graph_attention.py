@@ -2,7 +2,7 @@
 by ``benchmarks/gpu_all.py``), written for any device so its code paths also run on a CPU
 (tests/test_gpu_kit.py).
 
-1. The GraphAttention check (``kernel_probe.probe.graph_attention_check.check_backend``, in the
+1. The GraphAttention check (``kernel_probe.probe.graph_attention.check_backend``, in the
    isolated worker) of anemoi's Triton kernel and of the PyG path, forward and backward against
    float64 in float32 and bfloat16 on the check graph (O96 processor degrees), #1027's sharp softmax
    included: on a GPU the real, compiled Triton kernel (on a CPU it is skipped, with its reason,
@@ -111,7 +111,7 @@ def timing(backend: str, device: str, geometry: dict[str, Any]) -> dict[str, Any
 def run(device: str, smoke: bool) -> dict[str, Any]:
     """The graph-attention work on ``device`` (the module docstring): verdicts and timings per
     backend."""
-    from kernel_probe.probe.graph_attention_check import check_backend
+    from kernel_probe.probe.graph_attention import check_backend
 
     geometry = SMOKE if smoke else O96
     out: dict[str, Any] = {"device": device, "smoke": smoke, "backends": {}}

@@ -165,8 +165,8 @@ def attention(device: str, geometry: str, *, timeout: float = 120.0) -> dict[str
     ATTENTION = "Attention"
     from kernel_probe.isolation.protocol import TimeRequest
     from kernel_probe.isolation.worker import WorkerPool
-    from kernel_probe.probe.attention_geometry import parse_geometry
     from kernel_probe.probe.limits import TIMING_TIMEOUT
+    from kernel_probe.slots.attention import parse_geometry
 
     window = parse_geometry(geometry).window
     canon = {ATTENTION: {"window": window}} if window is not None else None
@@ -231,8 +231,8 @@ def gated_mlp(device: str, *, smoke: bool, timeout: float = 120.0) -> dict[str, 
     GATED_MLP = "GatedMLP"
     from kernel_probe.isolation.protocol import TimeRequest
     from kernel_probe.isolation.worker import WorkerPool
-    from kernel_probe.probe.gated_mlp import ANEMOI_IN
     from kernel_probe.probe.limits import TIMING_TIMEOUT
+    from kernel_probe.slots.gated_mlp_kernels import ANEMOI_IN
 
     rows = GATED_SMOKE_ROWS if smoke else GATED_ROWS
     shape = GATED_SMOKE if smoke else GATED_GPU

@@ -12,7 +12,7 @@ from kernel_probe import slots as slot_behaviour
 from kernel_probe.errors import ForcedUnusable, UsageError
 from kernel_probe.isolation.protocol import INTERPRETED
 from kernel_probe.output import count, safe, seconds
-from kernel_probe.probe.graph_attention_check import check_backend
+from kernel_probe.probe.graph_attention import check_backend
 from kernel_probe.probe.judge import Policy
 from kernel_probe.probe.limits import CHECK_HIDDEN, CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT
 from kernel_probe.probe.planning import detect_device, gather_candidates

@@ -166,7 +166,7 @@ def _rows(value: Any) -> list[MeasurementRow]:
 
 
 class ShapeCheck(TypedDict, total=False):
-    """The check at one timed shape (``atshape``; judged by ``judge.judge_shape``)."""
+    """The check at one timed shape (``atshape``; judged by ``tolerance.judge_shape``)."""
 
     rows: int
     sampled: int

@@ -1,13 +1,11 @@
-"""The correctness kernels, run inside the worker: raw measurements of one candidate on one device.
+"""The norms' and Linear's check, in the worker: raw measurements of one candidate on one device.
 
-First, once, what a freshly built candidate is: its parameter layout against torch.nn's (``layout``:
-keys and shapes, the mapping between them) and where its parameters start (``initstats``). Then, for
-each (dtype, regime), build the candidate and the torch.nn baseline with the same non-trivial
-parameters (through the layout's mapping), feed both the hard inputs of ``measure.cases``, run
-forward and backward, and record each one's max relative error against a float64 reference, plus
-flags (mutated input or grad_output, output dtype), whether two runs are bitwise equal, and (where
-the output dtype differs from torch.nn's) the errors of the small blocks a norm sits in. The twin
-check loads the candidate's state into its torch.nn twin. No verdicts here: those are ``judge``'s.
+First, once, its parameter layout against torch.nn's (``layout``) and where its parameters start
+(``onetensor.init_difference``). Then per (dtype, regime), with torch.nn's baseline and the same
+non-trivial parameters on the hard inputs of ``onetensor.cases``: each one's errors against float64
+forward and backward, the flags, whether two runs are bitwise equal, the blocks a norm sits in
+(where its output dtype differs) and the twin check. What the slot's candidates share is computed
+once per worker (``measure.SetupCache``). No verdicts: those are ``judge``'s.
 """
 
 from __future__ import annotations
@@ -26,43 +24,17 @@ import torch
 
 from kernel_lock.slots import confusable, torch_device
 from kernel_probe.candidates import Candidate, canonical_for, default_for
-from kernel_probe.isolation.protocol import (
-    FLAG_GRAD_OUTPUT_MODIFIED,
-    FLAG_INPUT_MODIFIED,
-    FLAG_OUTPUT_DTYPE,
-    CheckReply,
-    ErrorStats,
-    MeasurementRow,
-    alt_key,
-)
-from kernel_probe.probe.blasrun import BlasNotOffered, baseline_blas, blas_library, blas_selected
+from kernel_probe.isolation import protocol
+from kernel_probe.isolation.protocol import CheckReply, ErrorStats, MeasurementRow
+from kernel_probe.probe import measure, onetensor
 from kernel_probe.probe.layout import Layout, discover, shapes
 from kernel_probe.probe.limits import CHECK_HIDDEN
-from kernel_probe.probe.measure import (
-    Case,
-    blocks,
-    build,
-    cases,
-    compare,
-    dtype_name,
-    first_line,
-    fresh_differences,
-    load_parameters,
-    one_cpu_thread,
-    parameters_for,
-    reference,
-    reference_pass,
-    rel_err,
-    repeatability,
-    run_pass,
-    side,
-    torch_dtype,
-    twin_check,
-    worst_stats,
-)
-from kernel_probe.probe.slotcheck import SetupCache, import_stop
+
+ALT_CASES = ("random", "tiny-variance")  # a norm's output also measured against the other norm's
+PARAMETER_GRADIENTS = frozenset(("dweight", "dbias"))  # sums over every row: judged per tensor
 
 
+# ---- the check ---------------------------------------------------------------------------------
 class _Stopped(Exception):
     """A step that ends the check early: the reply's fields that say where and why."""
 
@@ -82,9 +54,7 @@ class Bench:
     overrides: Mapping[str, Any] | None
     seed: int
     baseline: Candidate  # the torch.nn class it is judged against
-    shared: SetupCache | None = (
-        None  # the set-up shared with the slot's other candidates (slotcheck)
-    )
+    shared: measure.SetupCache | None = None  # the set-up shared with the slot's other candidates
 
     @property
     def torch_device(self) -> str:
@@ -108,24 +78,14 @@ class Bench:
         )
 
     def key(self, *more: Any) -> tuple[Any, ...]:
-        """What determines the set-up a slot's candidates share (``slotcheck.SetupCache``), and
-        ``more``."""
+        """What determines the set-up a slot's candidates share, and ``more``."""
         overrides = json.dumps(dict(self.overrides or {}), sort_keys=True, default=str)
         baseline = json.dumps(self.baseline.to_json(), sort_keys=True, default=str)
-        return (
-            self.slot,
-            self.cand.semantics,
-            self.device,
-            self.hidden,
-            overrides,
-            self.seed,
-            baseline,
-            *more,
-        )
+        fixed = (self.slot, self.cand.semantics, self.device, self.hidden, overrides, self.seed)
+        return (*fixed, baseline, *more)
 
     def shared_or_made(self, key: tuple[Any, ...], make: Any) -> Any:
-        """``make()``, or what the slot's earlier candidate made under ``key`` (with a shared
-        cache)."""
+        """``make()``, or what the slot's earlier candidate made under ``key``."""
         return make() if self.shared is None else self.shared.get(key, make)
 
 
@@ -139,20 +99,18 @@ def check(
     canonical_overrides: Mapping[str, Any] | None = None,
     seed: int = 0,
     baseline: Candidate | None = None,
-    shared: SetupCache | None = None,
+    shared: measure.SetupCache | None = None,
 ) -> CheckReply:
     """Raw measurements of one candidate on one device: layout, initialisation, and per (dtype,
-    regime) the errors, flags, determinism and (where the output dtype differs) the blocks. Where it
-    stops early, ``phase`` says where (import, baseline, build, blas) and ``error`` why. ``shared``:
-    the worker's cache of what the slot's candidates share (``slotcheck``); None computes it all
-    here."""
+    regime) the errors, flags, determinism, blocks and twin. Where it stops early, ``phase`` says
+    where (import, baseline, build, blas) and ``error`` why. ``shared``: the worker's cache of what
+    the slot's candidates share; None computes it all here."""
     rows: list[MeasurementRow] = []
     # the reply so far: each step binds what it learnt, and an early stop returns it with the reason
     reply = functools.partial(CheckReply, candidate=cand.id, device=device, rows=rows)
-    bench = Bench(
-        cand, slot, device, hidden, canonical_overrides, seed, baseline or default_for(slot), shared
-    )
-    import_s, stopped = import_stop(cand, device, whole=True)
+    baseline = baseline or default_for(slot)
+    bench = Bench(cand, slot, device, hidden, canonical_overrides, seed, baseline, shared)
+    import_s, stopped = measure.import_stop(cand, device, whole=True)
     if stopped is not None:
         return stopped
     reply = functools.partial(reply, import_s=import_s)
@@ -164,29 +122,23 @@ def check(
     layout = discover(shapes(fresh.state_dict()), base_shapes)
     base_layout = discover(base_shapes, base_shapes)
     reply = functools.partial(reply, layout=layout.to_json())
-    if not layout.ok:
-        # no numerics without a mapping: the verdict says what is missing and unexpected
+    if not layout.ok:  # no numerics without a mapping: the verdict says what is missing
         return reply()
-    reply = functools.partial(reply, init=fresh_differences(fresh, fresh_base, layout))
+    reply = functools.partial(reply, init=onetensor.fresh_differences(fresh, fresh_base, layout))
     with contextlib.ExitStack() as stack:
-        # the check's tensors are small (measure.one_cpu_thread)
-        stack.enter_context(one_cpu_thread(device))
+        stack.enter_context(measure.one_cpu_thread(device))  # the check's tensors are small
         try:
-            library, default = stack.enter_context(blas_library(cand, device))
-        except BlasNotOffered as exc:
+            library, default = stack.enter_context(onetensor.blas_library(cand, device))
+        except onetensor.BlasNotOffered as exc:
             return reply(phase="blas", error=str(exc))
         rows.extend(_measure_row(bench, d, regime, layout, base_layout) for d, regime in dtypes)
     return reply(blas=library, blas_default=default)
 
 
 def _fresh(bench: Bench) -> tuple[Any, Any]:
-    """The candidate and torch.nn's module freshly built in float32 (their layouts, their
-    initialisation).
-
-    Each is built right after seeding torch's global generators (``seed`` for torch.nn, ``seed + 1``
-    for the candidate: two independent draws), so that the initialisation verdict is the same on
-    every rank and in every run, whatever the worker computed before. torch.nn's is the same for
-    every candidate of the slot: built once (shared)."""
+    """The candidate and torch.nn's module freshly built in float32 (torch.nn's shared)."""
+    # each right after seeding torch's global generators (seed for torch.nn, seed + 1 for the
+    # candidate): the initialisation verdict is the same on every rank and in every run
     canonical32 = bench.canonical("float32")
     fresh_base = bench.shared_or_made(
         bench.key("fresh"), functools.partial(_fresh_baseline, bench, canonical32)
@@ -195,7 +147,7 @@ def _fresh(bench: Bench) -> tuple[Any, Any]:
         raise fresh_base
     try:
         torch.manual_seed(bench.seed + 1)
-        fresh = build(bench.cand, canonical32, bench.torch_device, torch.float32)
+        fresh = measure.build(bench.cand, canonical32, bench.torch_device, torch.float32)
     except Exception as exc:
         raise _Stopped(
             phase="build",
@@ -206,11 +158,10 @@ def _fresh(bench: Bench) -> tuple[Any, Any]:
 
 
 def _fresh_baseline(bench: Bench, canonical32: dict[str, Any]) -> Any:
-    """torch.nn's module freshly built in float32 after seeding, or the stop that says why it cannot
-    be."""
+    """torch.nn's module freshly built in float32 after seeding, or the stop that says why not."""
     try:
         torch.manual_seed(bench.seed)
-        return build(bench.baseline, canonical32, bench.torch_device, torch.float32)
+        return measure.build(bench.baseline, canonical32, bench.torch_device, torch.float32)
     except Exception as exc:
         return _Stopped(
             phase="baseline",
@@ -237,43 +188,32 @@ class Row:
     @classmethod
     def of(cls, bench: Bench, name: str, regime: str) -> Row:
         """The row's set-up; its generator has drawn the parameters."""
-        dtype = torch_dtype(name)
+        dtype = measure.torch_dtype(name)
         mixed = regime == "mixed"
         param_dtype = torch.float32 if mixed else dtype
-        canonical = bench.canonical(dtype_name(param_dtype))
+        canonical = bench.canonical(measure.dtype_name(param_dtype))
         gen = torch.Generator().manual_seed(bench.seed)
         semantics = bench.cand.semantics
         bias = bool(canonical.get("bias", False)) if semantics != "rms_norm" else False
-        params = parameters_for(semantics, bench.hidden, canonical["out_features"], bias, gen)
+        out = canonical["out_features"]
+        params = onetensor.parameters_for(semantics, bench.hidden, out, bias, gen)
         device = bench.torch_device
-        params64 = {
-            k: (v.to(torch.float64).to(device) if v is not None else None)
-            for k, v in params.items()
-        }
-        width = canonical["out_features"] if semantics == "linear" else bench.hidden
+        params64 = onetensor.in_float64(params, device)
+        width = out if semantics == "linear" else bench.hidden
         autocast = (device, dtype) if mixed else None
+        eps = canonical.get("eps", 0.0)
         return cls(
-            dtype,
-            mixed,
-            param_dtype,
-            canonical,
-            params,
-            params64,
-            autocast,
-            width,
-            canonical.get("eps", 0.0),
-            gen,
+            dtype, mixed, param_dtype, canonical, params, params64, autocast, width, eps, gen
         )
 
 
 @dataclass(frozen=True)
 class Prepared:
-    """One input of a case as every candidate of the slot gets it: x, its grad_output and skip
-    (drawn in that order), the float64 reference's pass and torch.nn's, and torch.nn's error per
-    tensor against the reference (``measure.side``) and against the other norm's maths. ``error``:
-    what the reference (``"reference"``, before the candidate runs) or torch.nn (``"baseline"``,
-    after it) raised on it, raised again where it happened for each candidate. Never handed to a
-    candidate: it runs on clones (``run_pass``)."""
+    """One input of a case as every candidate of the slot gets it (it runs on clones)."""
+
+    # x, grad_output and skip (drawn in that order), the reference's and torch.nn's passes,
+    # torch.nn's errors against the reference and the other norm's maths; error: what the
+    # reference or torch.nn raised on it, raised again for each candidate where it happened
 
     x: Any
     gy: Any
@@ -287,15 +227,14 @@ class Prepared:
 
 @dataclass(frozen=True)
 class Shared:
-    """A row's set-up shared by the slot's candidates: the row (parameters, configuration),
-    torch.nn's module in the row's dtype, every case's prepared inputs, and the generator's state
-    once the cases drew theirs (each candidate's generator continues from there: its repeatability,
-    blocks and twin inputs are the ones it drew without the sharing). ``skipped``: torch.nn itself
-    fails here."""
+    """A row's set-up shared by the slot's candidates (``skipped``: torch.nn itself fails here)."""
+
+    # the generator's state once the cases drew theirs: each candidate's continues from there, as
+    # it would without the sharing
 
     setup: Row
     base_mod: Any = None
-    cases: tuple[tuple[Case, tuple[Prepared, ...]], ...] = ()
+    cases: tuple[tuple[onetensor.Case, tuple[Prepared, ...]], ...] = ()
     gen_state: Any = None
     skipped: str = ""
 
@@ -311,7 +250,7 @@ def _measure_row(
 ) -> MeasurementRow:
     """One (dtype, regime): the errors, flags, determinism, blocks and twin check (or why not)."""
     shared = bench.shared_or_made(
-        bench.key("row", name, regime, baseline_blas(bench.cand, bench.device)),
+        bench.key("row", name, regime, onetensor.baseline_blas(bench.cand, bench.device)),
         functools.partial(_prepare, bench, name, regime, base_layout),
     )
     row: MeasurementRow = {"dtype": name, "regime": regime, "cases": {}, "flags": {}}
@@ -327,82 +266,75 @@ def _measure_row(
 
 
 def _prepare(bench: Bench, name: str, regime: str, base_layout: Layout) -> Shared:
-    """What every candidate of the slot is measured against in this row, computed once: the row's
-    set-up, torch.nn's module, and per case and input the drawn tensors, the float64 reference's
-    pass and torch.nn's (each under the baseline's BLAS library) with torch.nn's errors."""
+    """What every candidate of the slot is measured against in this row, computed once."""
     setup = Row.of(bench, name, regime)
     try:
         base_mod = _baseline(bench, setup, base_layout)
     except Exception as exc:
-        why = (
-            f"torch.nn itself fails for {name} {regime} on {bench.device}: "
-            f"{type(exc).__name__}: {exc}"
-        )
-        return Shared(setup, skipped=why)
+        why = f"torch.nn itself fails for {name} {regime} on {bench.device}: "
+        return Shared(setup, skipped=why + f"{type(exc).__name__}: {exc}")
     semantics, device, gen = bench.cand.semantics, bench.torch_device, setup.gen
     prepared = []
-    for case in cases(semantics, bench.hidden, setup.dtype, device, gen, mixed=setup.mixed):
+    for case in onetensor.cases(
+        semantics, bench.hidden, setup.dtype, device, gen, mixed=setup.mixed
+    ):
         inputs = []
         for x in case.inputs:
             out_shape = (*x.shape[:-1], setup.width)
             gy = (torch.randn(*out_shape, generator=gen) * 0.7 + 0.1).to(device, x.dtype)
-            skip = (
-                (torch.randn(*out_shape, generator=gen)).to(device, x.dtype)
-                if case.residual
-                else None
-            )
+            skip = None
+            if case.residual:
+                skip = torch.randn(*out_shape, generator=gen).to(device, x.dtype)
             inputs.append(_prepared(bench, setup, case, (base_mod, base_layout), x, gy, skip))
         prepared.append((case, tuple(inputs)))
     return Shared(setup, base_mod, tuple(prepared), gen.get_state())
 
 
-def _prepared(
-    bench: Bench, setup: Row, case: Case, baseline: tuple[Any, Layout], x: Any, gy: Any, skip: Any
-) -> Prepared:
+def _prepared(bench: Bench, setup: Row, case: Any, baseline: tuple, x, gy, skip) -> Prepared:
     """One input's reference and torch.nn's pass, and torch.nn's errors (or what raised)."""
     semantics = bench.cand.semantics
     try:
-        ref = reference_pass(semantics, x, gy, setup.params64, setup.eps, skip)
+        ref = onetensor.reference_pass(semantics, x, gy, setup.params64, setup.eps, skip)
     except Exception as exc:
         return Prepared(x, gy, skip, error=("reference", exc, exc.__traceback__))
     try:
-        with blas_selected(baseline_blas(bench.cand, bench.device)):
-            base = run_pass(baseline[0], x, gy, skip, setup.autocast, baseline[1])
+        with onetensor.blas_selected(onetensor.baseline_blas(bench.cand, bench.device)):
+            base = onetensor.run_pass(baseline[0], x, gy, skip, setup.autocast, baseline[1])
     except Exception as exc:
         return Prepared(x, gy, skip, ref, error=("baseline", exc, exc.__traceback__))
     sides = {
-        name: side(b, r, rows=name not in PARAMETER_GRADIENTS)
+        name: measure.side(b, r, rows=name not in PARAMETER_GRADIENTS)
         for name, (_, b, r) in _compared(base, base, ref, case.residual).items()
         if r is not None
     }
-    alt = rel_err(base["y"], ref["y"]) if confusable(semantics) and case.name in ALT_CASES else 0.0
-    return Prepared(x, gy, skip, ref, base, sides, alt)
+    alt = confusable(semantics) and case.name in ALT_CASES
+    return Prepared(
+        x, gy, skip, ref, base, sides, measure.rel_err(base["y"], ref["y"]) if alt else 0.0
+    )
 
 
 def _baseline(bench: Bench, setup: Row, base_layout: Layout) -> Any:
-    """torch.nn's module in the row's dtype, with the row's parameters, after one small pass (a
-    dtype or regime torch.nn itself cannot run is skipped, not held against the candidate)."""
+    """torch.nn's module in the row's dtype and parameters, after one small pass."""
+    # a dtype or regime torch.nn itself cannot run is skipped, not held against the candidate
     device = bench.torch_device
-    base_mod = build(bench.baseline, setup.canonical, device, setup.param_dtype)
-    load_parameters(base_mod, setup.params, base_layout)
+    base_mod = measure.build(bench.baseline, setup.canonical, device, setup.param_dtype)
+    onetensor.load_parameters(base_mod, setup.params, base_layout)
     x_probe = torch.randn(2, bench.hidden, generator=setup.gen).to(device, setup.dtype)
     gy = torch.ones(2, setup.width, device=device, dtype=setup.dtype)
-    with blas_selected(baseline_blas(bench.cand, bench.device)):
-        run_pass(base_mod, x_probe, gy, None, setup.autocast, base_layout)
+    with onetensor.blas_selected(onetensor.baseline_blas(bench.cand, bench.device)):
+        onetensor.run_pass(base_mod, x_probe, gy, None, setup.autocast, base_layout)
     return base_mod
 
 
 def _measure(
     bench: Bench, shared: Shared, row: MeasurementRow, layout: Layout, base_layout: Layout
 ) -> None:
-    """The candidate built with the row's parameters, run on every case next to torch.nn, then its
-    repeatability, the blocks (where its output dtype differs) and the twin check, into ``row``."""
+    """The candidate with the row's parameters on every case, then the per-row checks, into row."""
     # unshared, the row's own generator draws on where the cases left it, as it always did
-    setup, base_mod = (shared.setup if bench.shared is None else shared.row()), shared.base_mod
-    cand, device, gen = bench.cand, bench.torch_device, setup.gen
+    setup = shared.setup if bench.shared is None else shared.row()
     t_build = time.perf_counter()
-    mod = build(cand, setup.canonical, device, setup.param_dtype)
-    load_parameters(mod, setup.params, layout)
+    mod = measure.build(bench.cand, setup.canonical, bench.torch_device, setup.param_dtype)
+    onetensor.load_parameters(mod, setup.params, layout)
     out_dtype = ""
     row["stats"] = {}
     for case, inputs in shared.cases:
@@ -410,88 +342,45 @@ def _measure(
             bench, setup, case, inputs, (mod, layout), row["flags"]
         )
     row["out_dtype"] = out_dtype
-    row["nondeterministic"] = repeatability(
-        mod, bench.hidden, setup.width, setup.dtype, device, setup.autocast, layout, gen
-    )
-    if FLAG_OUTPUT_DTYPE in row["flags"] and confusable(cand.semantics):  # a norm
-        row["blocks"] = blocks(
-            mod,
-            base_mod,
-            cand.semantics,
-            bench.hidden,
-            setup.dtype,
-            setup.param_dtype,
-            device,
-            setup.autocast,
-            setup.params64,
-            setup.eps,
-            layout,
-            base_layout,
-            gen,
+    row["nondeterministic"] = onetensor.repeatability(bench, setup, mod, layout)
+    if protocol.FLAG_OUTPUT_DTYPE in row["flags"] and confusable(bench.cand.semantics):  # a norm
+        row["blocks"] = onetensor.blocks(
+            bench, setup, (mod, layout), (shared.base_mod, base_layout)
         )
     row["seconds"] = time.perf_counter() - t_build
-    row["twin"] = twin_check(
-        cand,
-        bench.slot,
-        mod,
-        setup.canonical,
-        device,
-        setup.param_dtype,
-        setup.dtype,
-        setup.autocast,
-        gen,
-        layout,
-    )
-
-
-ALT_CASES = (
-    "random",
-    "tiny-variance",
-)  # where a norm's output is also measured against the other norm's maths
+    row["twin"] = onetensor.twin_check(bench, setup, mod, layout)
 
 
 def _measure_case(
-    bench: Bench,
-    setup: Row,
-    case: Case,
-    inputs: tuple[Prepared, ...],
-    candidate: tuple[Any, Layout],
-    flags: dict[str, str],
+    bench: Bench, setup: Row, case: Any, inputs: tuple[Prepared, ...], candidate: tuple, flags: dict
 ) -> tuple[dict[str, list[float]], dict[str, ErrorStats], str]:
-    """One case: per tensor [the candidate's error, torch.nn's error] against float64 and their RMS
-    and bias statistics (each the worst over its inputs), the flags it raised, and the candidate's
-    output dtype. torch.nn's side and the reference come prepared (``Prepared``)."""
-    semantics = bench.cand.semantics
+    """One case's errors and statistics (the worst over its inputs), flags and output dtype."""
     errs: dict[str, list[float]] = {}
     stats: dict[str, ErrorStats] = {}
     out_dtype = ""
     for p in inputs:
         if p.error is not None and p.error[0] == "reference":
             raise p.error[1].with_traceback(p.error[2])
-        got = run_pass(candidate[0], p.x, p.gy, p.skip, setup.autocast, candidate[1])
+        got = onetensor.run_pass(candidate[0], p.x, p.gy, p.skip, setup.autocast, candidate[1])
         if p.error is not None:
             raise p.error[1].with_traceback(p.error[2])
         assert p.base is not None and p.ref is not None
         for name, (g, b, r) in _compared(got, p.base, p.ref, case.residual).items():
             if r is None:
-                _worst(errs, name, rel_err(g, r), rel_err(b, r))
+                _worst(errs, name, measure.rel_err(g, r), measure.rel_err(b, r))
                 continue
             # per row for an output and its input gradients, per tensor for a parameter's
-            maxima, row_stats = compare(
+            maxima, row_stats = measure.compare(
                 g, b, r, rows=name not in PARAMETER_GRADIENTS, base_side=p.base_sides[name]
             )
             _worst(errs, name, *maxima)
-            worst_stats(stats, name, row_stats)
-        alt = confusable(semantics)
-        if alt and case.name in ALT_CASES:
-            # the tolerance basis: torch.nn on its own maths
-            _worst(errs, alt_key(alt), _alt_error(alt, p.x, got["y"], setup), p.base_alt)
+            measure.worst_stats(stats, name, row_stats)
+        alt = confusable(bench.cand.semantics)
+        if alt and case.name in ALT_CASES:  # the tolerance basis: torch.nn on its own maths
+            _worst(errs, protocol.alt_key(alt), _alt_error(alt, p.x, got["y"], setup), p.base_alt)
         _flag(flags, case.name, got, p.base, p.x)
-        out_dtype = dtype_name(got["y"].dtype)
+        out_dtype = measure.dtype_name(got["y"].dtype)
     return errs, stats, out_dtype
-
-
-PARAMETER_GRADIENTS = frozenset(("dweight", "dbias"))  # sums over every row: judged per tensor
 
 
 def _compared(
@@ -518,11 +407,10 @@ def _worst(errs: dict[str, list[float]], name: str, got: float, base: float) -> 
 
 
 def _alt_error(alt: str, x: Any, y: Any, setup: Row) -> float:
-    """The output's error against the other norm's reference (an RMSNorm offered as a LayerNorm
-    usually has no bias either: the closer of with and without)."""
+    """The output's error against the other norm's reference, with or without bias (the closer)."""
     x64 = x.detach().to(torch.float64)
     return min(
-        rel_err(y, reference(alt, x64, setup.params64["weight"], b, setup.eps))
+        measure.rel_err(y, onetensor.reference(alt, x64, setup.params64["weight"], b, setup.eps))
         for b in (setup.params64["bias"], None)
     )
 
@@ -530,17 +418,16 @@ def _alt_error(alt: str, x: Any, y: Any, setup: Row) -> float:
 def _flag(
     flags: dict[str, str], case: str, got: dict[str, Any], base: dict[str, Any], x: Any
 ) -> None:
-    """The first case that showed each flag: a modified grad_output or input, an output dtype not
-    torch.nn's."""
+    """The first case that showed each flag."""
     if not got["grad_output_intact"]:
-        flags.setdefault(FLAG_GRAD_OUTPUT_MODIFIED, case)
+        flags.setdefault(protocol.FLAG_GRAD_OUTPUT_MODIFIED, case)
     if not got["input_intact"]:
-        flags.setdefault(FLAG_INPUT_MODIFIED, case)
+        flags.setdefault(protocol.FLAG_INPUT_MODIFIED, case)
+    name = measure.dtype_name
     if got["y"].dtype != base["y"].dtype:
         flags.setdefault(
-            FLAG_OUTPUT_DTYPE,
-            f"{dtype_name(got['y'].dtype)} (torch.nn: {dtype_name(base['y'].dtype)}) for "
-            f"{dtype_name(x.dtype)} input",
+            protocol.FLAG_OUTPUT_DTYPE,
+            f"{name(got['y'].dtype)} (torch.nn: {name(base['y'].dtype)}) for {name(x.dtype)} input",
         )
 
 
@@ -550,9 +437,9 @@ def try_once(cand: Candidate, slot: str, device: str) -> dict[str, Any]:
     tdev = torch_device(device)
     canonical = canonical_for(slot, hidden=64, out_features=64, device=tdev)
     try:
-        mod = build(cand, canonical, tdev, torch.float32)
+        mod = measure.build(cand, canonical, tdev, torch.float32)
         x = torch.randn(4, 64, device=tdev)
         mod(x).sum().backward()
     except Exception as exc:
-        return {"ran": False, "error": first_line(exc, 500)}
+        return {"ran": False, "error": measure.first_line(exc, 500)}
     return {"ran": True}

@@ -1,31 +1,20 @@
-"""The GraphTransformer's attention, measured in the worker: anemoi-models' two backends (its Triton
-kernel and PyG's message passing) forward and backward against float64, on a graph of the degrees an
-O96-era processor has, with the sharp softmax of anemoi-core #1027 and a bitwise repeat.
+"""The GraphTransformer's attention backend: measured in a worker, judged, and chosen for the lock's
+``[graph-attention]``. Not a slot: checked only when asked (``--graph-attention``); torch is
+imported by the worker's functions only (docs/checks.md, "GraphAttention").
 
-What anemoi computes (``anemoi.models.layers.conv.GraphTransformerConv``; the Triton kernel the
-same): for each destination node ``i`` over its incoming edges ``e = (j -> i)``,
+What anemoi computes (``GraphTransformerConv``; the Triton kernel the same), per destination ``i``
+over its incoming edges ``e = (j -> i)``:
 
     alpha_e = softmax_i( q_i . (k_j + e_ij) / sqrt(C) ),    out_i = sum_e alpha_e (v_j + e_ij)
 
-with q (N_dst, H, C), k and v (N_src, H, C), the edge attribute e (E, H, C). Outputs compared:
-``out``, ``dq``, ``dk``, ``dv``, ``de``. Errors are normwise relative (``attention.rel``) against
-that formula in float64 for the backend and for the same formula run by torch in the checked dtype
-(the baseline, as torch's math path is for the Attention slot); RMS and bias statistics per row of
-the last dimension (``measure.compare``). Where a gradient vanishes by construction (the sharp case:
-every neighbour sends the same message, so ``dq = dk = 0``) its error is taken relative to
-``max|dv|``: the pre-#1172 kernel's bf16 |dq| of 1.47 fails however small the reference.
-
-The graph (``check_graph``): destination in-degrees in the proportions of anemoi-graphs'
-``MultiScaleEdges(x_hops=1)`` over ``TriNodes(resolution=5)`` (the hidden mesh of anemoi-training's
-``graph/multi_scale.yaml``): a node first refined at level L has 6 neighbours at each level L..5, so
-degrees 6, 12, 18, 24 and 30 for 7680, 1920, 480, 120 and 42 of its 10,242 nodes (81,900 edges, the
-count ``docs/_static/hetero_data_graph.txt`` shows; research/anemoi.md). ``O96_DEGREES`` is that
-table.
-
-Backends: ``pyg`` (anemoi's GraphTransformerConv), ``triton`` (anemoi's custom op; on a CPU only in
-Triton's interpreter, ``TRITON_INTERPRET=1``: its ops are registered for ``cuda`` only, so the
-worker registers their own Python bodies for the CPU in its process), or ``module.function`` with
-the signature ``f(q, k, v, e, edge_index, size) -> out`` (a user's kernel; the tests' fakes).
+``out``, ``dq``, ``dk``, ``dv``, ``de`` are compared with it in float64, for the backend and for
+the formula run by torch in the checked dtype, on a graph with the in-degrees of an O96 processor.
+Backends: ``pyg``, ``triton`` (on a CPU only in Triton's interpreter, ``TRITON_INTERPRET=1``), or
+``module.function`` with the signature ``f(q, k, v, e, edge_index, size) -> out``. The lock's
+choice (``choose``) for ``wanted``: ``auto``, the backend anemoi would run here, or the other where
+that one is rejected and the other can run; ``triton``, if accepted and runnable here, else an error
+unless ``allow_fallback``; ``pyg``, if accepted. One not bitwise repeatable is refused under
+``--deterministic``.
 """
 
 from __future__ import annotations
@@ -33,18 +22,40 @@ from __future__ import annotations
 import importlib
 import math
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-import torch
+from kernel_lock.graph_attention import (
+    ALLOW_FLAG,
+    BACKENDS,
+    GraphAttention,
+    fallback_cause,
+    triton_installed,
+)
+from kernel_lock.slots import Status
+from kernel_probe.errors import ForcedUnusable, UsageError
+from kernel_probe.isolation.protocol import (
+    ErrorStats,
+    GraphAttentionRequest,
+    MeasurementRow,
+    interpreter_requested,
+)
+from kernel_probe.isolation.worker import Worker, WorkerDied
+from kernel_probe.probe.judge import (
+    judge_cases,
+    row_reasons,
+    row_verdict,
+    unmeasured,
+    worst_status,
+)
+from kernel_probe.probe.report import Verdict, deterministic
+from kernel_probe.slots.attention import tolerance
 
-from kernel_probe.isolation.protocol import ErrorStats, MeasurementRow, interpreter_requested
-from kernel_probe.probe.attention import Case as AttentionCase
-
-BACKENDS = ("triton", "pyg")  # anemoi-models' graph_attention_backend values
-# (in-degree, nodes with it) in TriNodes(resolution=5) + MultiScaleEdges(x_hops=1): see the
-# docstring
+CHOICES = ("auto", *BACKENDS)
+TIMEOUT = 600.0  # the Triton interpreter on a CPU: ~20 s per dtype here
+# (in-degree, nodes with it) in TriNodes(resolution=5) + MultiScaleEdges(x_hops=1): a node first
+# refined at level L has 6 neighbours at each level L..5 (10,242 nodes, 81,900 edges)
 O96_DEGREES = ((6, 7680), (12, 1920), (18, 480), (24, 120), (30, 42))
 OUTPUTS = ("out", "dq", "dk", "dv", "de")
 HEADS, CHANNELS = (
@@ -52,36 +63,44 @@ HEADS, CHANNELS = (
     32,
 )  # anemoi's GT processor: 16 heads x 64 at 1024 channels; the maths is per head
 NODES = 36  # the check graph: every degree of O96_DEGREES, in proportion, at least one node each
+BASELINE = "torch's formula's"
+HINTS = {
+    "random": "plain random input",
+    "large-logits": "large logits: overflow of unscaled scores in low precision",
+    "sharp-equal-messages": "sharp softmax over equal messages: dq and dk must vanish "
+    "(anemoi-core #1027)",
+}
 
 
+# ---- the check graph and the formula (the worker's) ----------------------------------------------
 def check_degrees(nodes: int = NODES) -> list[int]:
     """In-degrees of ``nodes`` destinations in ``O96_DEGREES``' proportions (each degree at least
     once), largest first."""
     total = sum(n for _, n in O96_DEGREES)
     counts = [max(1, round(nodes * n / total)) for _, n in O96_DEGREES]
     counts[0] += nodes - sum(counts)  # the commonest degree takes the rounding
-    return [
-        d
-        for (d, _), c in sorted(zip(O96_DEGREES, counts, strict=True), reverse=True)
-        for _ in range(c)
-    ]
+    pairs = sorted(zip(O96_DEGREES, counts, strict=True), reverse=True)
+    return [d for (d, _), c in pairs for _ in range(c)]
 
 
-def check_graph(gen: torch.Generator, nodes: int = NODES) -> torch.Tensor:
+def check_graph(gen: Any, nodes: int = NODES) -> Any:
     """A processor graph (sources = destinations = ``nodes``) with ``check_degrees``' in-degrees, no
     duplicate edge, sorted by destination as anemoi sorts it: ``edge_index`` (2, E) of (src,
     dst)."""
+    import torch  # the worker's (this module is the probe's too)
+
     src, dst = [], []
     for i, degree in enumerate(check_degrees(nodes)):
-        picked = torch.randperm(nodes, generator=gen)[:degree]
-        src.append(picked)
+        src.append(torch.randperm(nodes, generator=gen)[:degree])
         dst.append(torch.full((degree,), i, dtype=torch.long))
     return torch.stack([torch.cat(src), torch.cat(dst)])
 
 
 def reference(q: Any, k: Any, v: Any, e: Any, edge_index: Any, size: tuple[int, int]) -> Any:
-    """The formula of the module docstring, with torch's own ops (float64: the reference; the
+    """The formula of the module docstring with torch's own ops (float64: the reference; the
     checked dtype: the baseline). Stable softmax per destination (max subtracted)."""
+    import torch  # the worker's
+
     src, dst = edge_index
     n_dst, heads, channels = q.shape[0], q.shape[1], q.shape[2]
     key = k.index_select(0, src) + e
@@ -91,27 +110,39 @@ def reference(q: Any, k: Any, v: Any, e: Any, edge_index: Any, size: tuple[int, 
         0, dst[:, None].expand_as(scores), scores.detach(), "amax", include_self=True
     )
     weights = torch.exp(scores - peak.index_select(0, dst))
-    total = torch.zeros((n_dst, heads), dtype=scores.dtype, device=scores.device).index_add(
-        0, dst, weights
-    )
-    alpha = weights / total.index_select(0, dst)
+    zeros = torch.zeros((n_dst, heads), dtype=scores.dtype, device=scores.device)
+    alpha = weights / zeros.index_add(0, dst, weights).index_select(0, dst)
     message = (v.index_select(0, src) + e) * alpha[..., None]
-    return torch.zeros((n_dst, heads, channels), dtype=q.dtype, device=q.device).index_add(
-        0, dst, message
-    )
+    out = torch.zeros((n_dst, heads, channels), dtype=q.dtype, device=q.device)
+    return out.index_add(0, dst, message)
 
 
-# ---- the backends --------------------------------------------------------------------------------
 Attend = Callable[[Any, Any, Any, Any, Any, tuple[int, int]], Any]
 
 
-def _pyg() -> Attend:
-    from anemoi.models.layers.conv import GraphTransformerConv
+class _Unavailable(Exception):
+    """The backend cannot run on this machine: why."""
 
-    def attend(q: Any, k: Any, v: Any, e: Any, edge_index: Any, size: tuple[int, int]) -> Any:
-        return GraphTransformerConv(out_channels=q.shape[-1])(q, k, v, e, edge_index, size)
 
-    return attend
+def backend(name: str, device: str) -> Attend:
+    """The attention function ``name`` stands for (module docstring); raises ``_Unavailable`` with
+    the reason where it cannot run here."""
+    if name == "pyg":
+        from anemoi.models.layers.conv import GraphTransformerConv
+
+        def pyg(q: Any, k: Any, v: Any, e: Any, edge_index: Any, size: tuple[int, int]) -> Any:
+            return GraphTransformerConv(out_channels=q.shape[-1])(q, k, v, e, edge_index, size)
+
+        return pyg
+    if name == "triton":
+        return _triton(device)
+    module, _, function = name.rpartition(".")
+    if not module:
+        raise _Unavailable(
+            f"unknown graph attention backend {name!r}: use triton, pyg or module.function"
+        )
+    fn: Attend = getattr(importlib.import_module(module), function)
+    return fn
 
 
 def _triton(device: str) -> Attend:
@@ -124,8 +155,7 @@ def _triton(device: str) -> Attend:
     from anemoi.models.triton import gt
     from anemoi.models.triton.utils import edge_index_to_csc
 
-    # interpreter: the ops' own bodies, registered for the CPU in this worker only
-    if device == "cpu":
+    if device == "cpu":  # interpreter: the ops' own bodies, registered for the CPU in this worker
         for op in (gt.graph_transformer_attention, gt.graph_transformer_attention_backward):
             if "cpu" not in op._backend_fns:
                 op.register_kernel("cpu")(op._init_fn)
@@ -140,32 +170,17 @@ def _triton(device: str) -> Attend:
     return attend
 
 
-def backend(name: str, device: str) -> Attend:
-    """The attention function ``name`` stands for (module docstring); raises ``_Unavailable`` with
-    the reason where it cannot run here."""
-    if name == "pyg":
-        return _pyg()
-    if name == "triton":
-        return _triton(device)
-    module, _, function = name.rpartition(".")
-    if not module:
-        raise _Unavailable(
-            f"unknown graph attention backend {name!r}: use triton, pyg or module.function"
-        )
-    fn: Attend = getattr(importlib.import_module(module), function)
-    return fn
-
-
-class _Unavailable(Exception):
-    """The backend cannot run on this machine: why."""
-
-
-# ---- the inputs ----------------------------------------------------------------------------------
 @dataclass
-class Case(AttentionCase):
-    """One input: attention's (q, k, v, grad_output and the outputs that vanish by construction) and
-    the edge attribute ``e``."""
+class Case:
+    """One input: q, k, v, the edge attribute ``e``, grad_output, and the outputs that vanish by
+    construction."""
 
+    name: str
+    q: Any
+    k: Any
+    v: Any
+    go: Any
+    vanishing: tuple[str, ...] = ()
     e: Any = None
 
     def to(self, dtype: Any, device: str) -> Case:
@@ -176,10 +191,11 @@ class Case(AttentionCase):
         return Case(self.name, q, k, v, go, self.vanishing, e=e)
 
 
-def cases(gen: torch.Generator, n: int, edges: int) -> list[Case]:
+def cases(gen: Any, n: int, edges: int) -> list[Case]:
     """random; large logits that stay soft (q and k share a large part); the #1027 sharp softmax:
     large scores, and every neighbour sends the same message (v one vector, e = 0), so out = v and
     dq = dk = 0. Drawn in float64 on the CPU (the same values on every device)."""
+    import torch  # the worker's
 
     def randn(*shape: int, scale: float = 1.0) -> Any:
         return torch.randn(*shape, generator=gen, dtype=torch.float64) * scale
@@ -188,25 +204,21 @@ def cases(gen: torch.Generator, n: int, edges: int) -> list[Case]:
     q, k, v, e = randn(n, h, c), randn(n, h, c), randn(n, h, c), randn(edges, h, c)  # in this order
     out = [Case("random", q, k, v, randn(n, h, c), e=e)]
     common = randn(1, h, c, scale=30.0)
-    q, k, v = (
-        common + randn(n, h, c, scale=0.05),
-        common + randn(n, h, c, scale=0.05),
-        randn(n, h, c),
-    )
+    q, k = common + randn(n, h, c, scale=0.05), common + randn(n, h, c, scale=0.05)
+    v = randn(n, h, c)
     e = randn(edges, h, c, scale=0.05)
     out.append(Case("large-logits", q, k, v, randn(n, h, c), e=e))
     value = randn(1, h, c).expand(n, h, c).contiguous()
-    q, k, e = (
-        randn(n, h, c, scale=3.0),
-        randn(n, h, c, scale=3.0),
-        torch.zeros(edges, h, c, dtype=torch.float64),
-    )
+    q, k = randn(n, h, c, scale=3.0), randn(n, h, c, scale=3.0)
+    e = torch.zeros(edges, h, c, dtype=torch.float64)
     out.append(Case("sharp-equal-messages", q, k, value, randn(n, h, c), ("dq", "dk"), e=e))
     return out
 
 
-# ---- measuring -----------------------------------------------------------------------------------
+# ---- measuring (the worker's) --------------------------------------------------------------------
 def _grads(fn: Attend, case: Case, edge_index: Any, size: tuple[int, int]) -> dict[str, Any]:
+    import torch  # the worker's
+
     q, k, v, e = (t.detach().clone().requires_grad_(True) for t in (case.q, case.k, case.v, case.e))
     out = fn(q, k, v, e, edge_index, size)
     dq, dk, dv, de = torch.autograd.grad(out, (q, k, v, e), case.go.to(out.dtype))
@@ -214,15 +226,11 @@ def _grads(fn: Attend, case: Case, edge_index: Any, size: tuple[int, int]) -> di
 
 
 def _errors(
-    got: Mapping[str, Any],
-    base: Mapping[str, Any],
-    ref: Mapping[str, Any],
-    vanishing: tuple[str, ...],
+    got: Mapping[str, Any], base: Mapping[str, Any], ref: Mapping[str, Any], vanishing: tuple
 ) -> tuple[dict[str, list[float]], dict[str, ErrorStats]]:
     """output -> [the backend's error, the baseline's], and the RMS/bias statistics of the outputs
     that do not vanish (a vanishing one is judged by its max error against max|dv|)."""
-    from kernel_probe.probe.attention import rel
-    from kernel_probe.probe.measure import compare
+    from kernel_probe.probe.measure import compare, rel  # torch: the worker's
 
     dv_scale = float(ref["dv"].abs().max())
     errors, stats = {}, {}
@@ -231,21 +239,15 @@ def _errors(
         errors[name] = [rel(got[name], ref[name], denom), rel(base[name], ref[name], denom)]
         if name not in vanishing:
             ref64 = ref[name].detach().double().cpu()
-            stats[name] = compare(
-                got[name].double().cpu(), base[name].double().cpu(), ref64, rows=True
-            )[1]
+            got64, base64 = got[name].double().cpu(), base[name].double().cpu()
+            stats[name] = compare(got64, base64, ref64, rows=True)[1]
     return errors, stats
 
 
-def _bitwise(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
-    if all(torch.equal(a[n], b[n]) for n in OUTPUTS):
-        return None
-    spread = max(float((a[n].double() - b[n].double()).abs().max()) for n in OUTPUTS)
-    return f"two identical fwd+bwd differ by up to {spread:.3g}"
-
-
 def _row(fn: Attend, device: str, dtype_name: str, seed: int) -> MeasurementRow:
-    from kernel_probe.probe.measure import first_line, torch_dtype
+    import torch  # the worker's
+
+    from kernel_probe.probe.measure import first_line, nondeterminism, torch_dtype  # torch
 
     row: MeasurementRow = {"dtype": dtype_name, "regime": "true"}
     start = time.perf_counter()
@@ -265,13 +267,11 @@ def _row(fn: Attend, device: str, dtype_name: str, seed: int) -> MeasurementRow:
             ref = _grads(reference, low.to(torch.float64, "cpu"), edge_index, size)
             errors[case.name], stats[case.name] = _errors(got, base, ref, case.vanishing)
             if case.name == "random":  # determinism: the same fwd+bwd again, bitwise
-                row["nondeterministic"] = _bitwise(got, _grads(fn, low, ei, size))
+                row["nondeterministic"] = nondeterminism(got, _grads(fn, low, ei, size), OUTPUTS)
     except Exception as exc:
         row["exception"] = first_line(exc, 400)
         return row
-    row["cases"] = errors
-    row["stats"] = stats
-    row["flags"] = {}
+    row["cases"], row["stats"], row["flags"] = errors, stats, {}
     row["seconds"] = time.perf_counter() - start
     return row
 
@@ -279,12 +279,217 @@ def _row(fn: Attend, device: str, dtype_name: str, seed: int) -> MeasurementRow:
 def check(name: str, device: str, dtypes: list[str], seed: int = 0) -> list[MeasurementRow]:
     """One row per dtype for backend ``name`` on ``device`` (``skipped`` rows, with the reason,
     where it cannot run here)."""
+    from kernel_probe.probe.measure import first_line  # torch: the worker's
+
     try:
         fn = backend(name, device)
     except _Unavailable as exc:
         return [{"dtype": d, "regime": "true", "skipped": str(exc)} for d in dtypes]
     except Exception as exc:  # an import that failed: the backend's library is missing or broken
-        from kernel_probe.probe.measure import first_line
-
         return [{"dtype": d, "regime": "true", "exception": first_line(exc, 400)} for d in dtypes]
     return [_row(fn, device, d, seed) for d in dtypes]
+
+
+# ---- the verdict (the probe's) -------------------------------------------------------------------
+@dataclass
+class GraphAttentionReport:
+    """The verdict on one backend: its status (the worst of its dtypes'), reasons and per-dtype
+    verdicts."""
+
+    backend: str
+    device: str
+    status: Status
+    reasons: list[str] = field(default_factory=list)
+    verdicts: list[Verdict] = field(default_factory=list)
+    interpreted: bool = False  # ran in Triton's interpreter (never locked on that alone)
+
+    @property
+    def deterministic(self) -> bool | None:
+        """Bitwise repeatable in every checked dtype (None: not measured)."""
+        return deterministic(self.verdicts)
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as ``--json`` and the lock's evidence show it."""
+        return {
+            "backend": self.backend,
+            "device": self.device,
+            "status": self.status,
+            "reasons": list(self.reasons),
+            "deterministic": self.deterministic,
+            "interpreted": self.interpreted,
+            "evidence": [v.to_json() for v in self.verdicts],
+        }
+
+
+def judge_row(backend: str, device: str, row: MeasurementRow) -> Verdict:
+    """One dtype's verdict: every output's max error within the attention tolerance, its RMS error
+    and bias by the one rule (``tolerance.judge_output``)."""
+    v = unmeasured(backend, device, row, None)  # an exception is a crash: no refusal to tell apart
+    if v is not None:
+        return v
+    found = judge_cases(row, HINTS, max_tolerance=tolerance, baseline=BASELINE)
+    return row_verdict(backend, device, row, found, twin=False)
+
+
+def judge(
+    backend: str, device: str, rows: list[MeasurementRow], *, interpreted: bool = False
+) -> GraphAttentionReport:
+    """The verdict on ``backend`` from its rows (one per dtype)."""
+    verdicts = [judge_row(backend, device, row) for row in rows]
+    status = worst_status([v.status for v in verdicts])
+    reasons = row_reasons(verdicts, regime=False)
+    return GraphAttentionReport(backend, device, status, reasons, verdicts, interpreted)
+
+
+# ---- checking in a worker, and the lock's choice (the probe's) -----------------------------------
+def backends_to_check(device: str, interpreted: bool) -> list[str]:
+    """pyg, and triton where its kernel can run (a GPU) or be interpreted."""
+    return ["pyg", *(["triton"] if device in ("cuda", "rocm") or interpreted else [])]
+
+
+def check_backend(
+    backend: str, device: str, dtypes: Sequence[str], *, timeout: float = TIMEOUT
+) -> GraphAttentionReport:
+    """One backend's verdict, measured in a fresh worker (anemoi's and the kernel's code never run
+    here)."""
+    interpreted = backend == "triton" and device == "cpu" and interpreter_requested()
+    request: GraphAttentionRequest = {
+        "op": "graph-attention",
+        "backend": backend,
+        "device": device,
+        "dtypes": list(dtypes),
+    }
+    try:
+        with Worker() as worker:
+            reply = worker.call(request, timeout=timeout)
+    except WorkerDied as exc:
+        return GraphAttentionReport(backend, device, exc.status, [f"the check {exc.reason}"])
+    report = judge(backend, device, reply.rows, interpreted=interpreted)
+    if reply.tampered:
+        report.status = "rejected"
+        report.reasons.insert(0, f"replaced torch's own functions: {', '.join(reply.tampered)}")
+    return report
+
+
+def check_all(device: str, dtypes: Sequence[str]) -> list[GraphAttentionReport]:
+    """Every backend that can be checked here (``backends_to_check``)."""
+    found = backends_to_check(device, interpreter_requested())
+    return [check_backend(b, device, dtypes) for b in found]
+
+
+def _evidence(reports: Sequence[GraphAttentionReport]) -> tuple[dict[str, Any], ...]:
+    rows = []
+    for rep in reports:
+        for v in rep.verdicts:
+            row: dict[str, Any] = {"backend": rep.backend, "dtype": v.dtype, "status": v.status}
+            if v.worst_ratio is not None:
+                row["worst-ratio"] = round(v.worst_ratio, 4)
+            if v.deterministic is not None:
+                row["deterministic"] = v.deterministic
+            if rep.interpreted:
+                row["interpreted"] = True
+            if v.reasons:
+                row["reasons"] = [r[:300] for r in v.reasons[:4]]
+            sharp = v.errors.get("sharp-equal-messages", {}).get("dq")
+            if sharp:  # #1027: |dq| / max|dv| where dq must vanish
+                row["sharp-dq"] = float(f"{sharp[0]:.3g}")
+            rows.append(row)
+    return tuple(rows)
+
+
+def _usable(rep: GraphAttentionReport | None, deterministic: bool) -> str | None:
+    """Why ``rep``'s backend cannot be locked (None: it can)."""
+    if rep is None:
+        return "not checked here"
+    if rep.status != "accepted":
+        return f"{rep.status}: {'; '.join(rep.reasons[:2]) or 'no reason given'}"
+    if rep.interpreted:
+        return (
+            "checked only in Triton's interpreter (TRITON_INTERPRET=1), not compiled for "
+            "this machine"
+        )
+    if deterministic and rep.deterministic is False:
+        return "not bitwise repeatable, and the probe asks for determinism (--deterministic)"
+    return None
+
+
+def choose(
+    wanted: str,
+    reports: Sequence[GraphAttentionReport],
+    current: Mapping[str, Any],
+    *,
+    allow_fallback: bool = False,
+    deterministic: bool = False,
+    triton: bool | None = None,
+) -> GraphAttention:
+    """The lock's ``[graph-attention]`` per the rule of the module docstring; raises where none
+    fits."""
+    if wanted not in CHOICES:
+        raise UsageError(f"--graph-attention {wanted!r} is not one of {', '.join(CHOICES)}")
+    if allow_fallback and wanted == "pyg":
+        raise UsageError(
+            f"{ALLOW_FLAG} goes with a triton backend (pyg has nothing to fall back from)"
+        )
+    by = {r.backend: r for r in reports}
+    cause = fallback_cause(current, triton_installed() if triton is None else triton)
+    why = {b: _usable(by.get(b), deterministic) for b in BACKENDS}
+    evidence = _evidence(reports)
+    if wanted == "pyg" or (wanted == "auto" and cause is not None):
+        if why["pyg"] is not None:
+            raise ForcedUnusable(f"the pyg graph attention backend cannot be locked: {why['pyg']}")
+        reason = "asked for" if wanted == "pyg" else f"what anemoi runs here ({cause})"
+        return GraphAttention(
+            backend="pyg", reason=f"pyg: {reason}; accepted against float64", evidence=evidence
+        )
+    if cause is None and why["triton"] is None:
+        reason = "triton: anemoi's Triton kernel, accepted against float64"
+        return GraphAttention(backend="triton", reason=reason, evidence=evidence)
+    if cause is None and wanted == "auto" and why["pyg"] is None:
+        reason = f"pyg: the Triton kernel is not usable ({why['triton']})"
+        return GraphAttention(backend="pyg", reason=reason, evidence=evidence)
+    if cause is not None and allow_fallback:
+        if why["pyg"] is not None:
+            raise ForcedUnusable(
+                f"{ALLOW_FLAG}: the pyg path anemoi falls back to cannot be used: {why['pyg']}"
+            )
+        reason = f"triton asked for, with the fallback to pyg allowed ({cause} here; pyg accepted)"
+        return GraphAttention(
+            backend="triton", allow_fallback=True, reason=reason, evidence=evidence
+        )
+    problem = (
+        cause
+        and f"anemoi would fall back to pyg here: {cause}"
+        or f"the Triton kernel {why['triton']}"
+    )
+    raise ForcedUnusable(
+        f"the triton graph attention backend cannot be locked: {problem}",
+        fix="probe on a GPU node with triton installed, lock pyg (--graph-attention pyg), or "
+        f"pass {ALLOW_FLAG}",
+    )
+
+
+def for_probe(
+    request: Any,
+    device: str,
+    dtypes: Sequence[str],
+    fingerprint: Mapping[str, Any],
+    deterministic: bool,
+    note: Callable[[str], None],
+) -> GraphAttention | None:
+    """The probe's ``[graph-attention]`` where its request asks for it (``--graph-attention``), else
+    None: every backend checkable here checked, each verdict sent to ``note``, then ``choose``.
+    ``fingerprint`` is this machine's, from the worker (its device type decides where anemoi falls
+    back)."""
+    if not request.graph_attention:
+        return None
+    reports = check_all(device, dtypes)
+    for rep in reports:
+        first = f" ({rep.reasons[0]})" if rep.reasons else ""
+        note(f"graph attention {rep.backend}: {rep.status}{first}")
+    return choose(
+        request.graph_attention,
+        reports,
+        fingerprint,
+        allow_fallback=request.allow_graph_attention_fallback,
+        deterministic=deterministic,
+    )

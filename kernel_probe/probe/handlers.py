@@ -96,7 +96,7 @@ def _slot(request: CandidateRequest) -> Slot:
 
 
 def _check(request: CheckRequest, emit: Progress) -> Reply:
-    from kernel_probe.probe import slotcheck  # torch: loaded by the ping already
+    from kernel_probe.probe import measure  # torch: loaded by the ping already
 
     baseline = request.get("baseline")
     return _slot(request).check(
@@ -107,7 +107,7 @@ def _check(request: CheckRequest, emit: Progress) -> Reply:
         seed=request.get("seed", 0),
         hidden=request.get("hidden"),
         baseline=None if baseline is None else Candidate.from_json(baseline),
-        shared=slotcheck.SHARED,  # the inputs, reference and torch's pass, once per slot and row
+        shared=measure.SHARED,  # the inputs, reference and torch's pass, once per slot and row
     )
 
 

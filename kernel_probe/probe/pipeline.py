@@ -260,7 +260,7 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     # the probe's machinery: never imported where a current lock is reused
     from kernel_probe.isolation.worker import START_TIMEOUT, WorkerPool
     from kernel_probe.probe.check import Checks, Timing, check_and_time
-    from kernel_probe.probe.graph_attention_check import for_probe
+    from kernel_probe.probe.graph_attention import for_probe
 
     events = events or Events()
     behaviour = {s: slot_behaviour.slot(s) for s in p.slots}

@@ -1,25 +1,151 @@
 """The Activation slot in the probe: the model declares its function (``--activation``), every
-candidate is checked against it and the lock records it; one known to compute another function is
-skipped before anything is imported. Its measurements are ``kernel_probe.probe.activation``'s, its
-verdict ``activation_verdict``'s."""
+candidate is checked against it and the lock records it.
+
+The verdict: every row (dtype, regime) by the project's one rule (``judge.judge_row``: ``y`` and
+``dx`` against the float64 reference of the declared function, relative to torch.nn's own in the
+same dtype), then the function. The worker measures which function the candidate's float32 output
+matches (``CheckReply.computes``); one that computes another is rejected naming both and their
+largest difference in float64 (GELU's erf and tanh forms: 4.7e-4 near |x| = 2.7). An
+approximation of the declared function (gelu-tanh for gelu-erf, or the reverse) is accepted only
+under ``--allow-approximation``, judged against what it computes and recorded
+(``accepted-changes``). A registered class known to compute another function is skipped before
+anything is imported (``static_problem``). The worker's measurements: ``activation_kernels``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import dataclasses
+import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from kernel_lock.slots import activation
+from kernel_lock.slots.activation import (
+    ACTIVATION_FUNCTIONS,
+    OTHER_FUNCTION,
+    declared_function,
+    function_of,
+    is_approximation,
+)
 from kernel_probe.errors import UsageError
 
 from .base import Option, Slot
 
 if TYPE_CHECKING:
     from kernel_probe.candidates import Candidate
-    from kernel_probe.isolation.protocol import CheckReply, TimeReply, TimingProgressMessage
+    from kernel_probe.isolation.protocol import CheckReply, MeasurementRow, TimeReply
     from kernel_probe.probe.judge import Policy, Problem
     from kernel_probe.probe.report import Report, ReportBase
 
 __all__ = ["ACTIVATION"]
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_FORMULAS = {
+    "gelu-erf": lambda x: 0.5 * x * (1.0 + math.erf(x / math.sqrt(2.0))),
+    "gelu-tanh": lambda x: 0.5 * x * (1.0 + math.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3))),
+    "silu": lambda x: x / (1.0 + math.exp(-x)),
+    "relu": lambda x: max(x, 0.0),
+    "sigmoid": lambda x: 1.0 / (1.0 + math.exp(-x)),
+}
+assert tuple(_FORMULAS) == ACTIVATION_FUNCTIONS
+
+
+def gap(a: str, b: str) -> tuple[float, float] | None:
+    """(the largest |a(x) - b(x)| over x in [-8, 8] on a grid of 1e-3, in float64, and where) for
+    two known functions; None when either is a declared other."""
+    fa, fb = _FORMULAS.get(a), _FORMULAS.get(b)
+    if fa is None or fb is None:
+        return None
+    return max((abs(fa(i / 1000) - fb(i / 1000)), abs(i / 1000)) for i in range(-8000, 8001))
+
+
+def _difference(declared: str, computes: str) -> str:
+    measured = gap(declared, computes)
+    if measured is None:
+        return f"computes {computes}, not the model's {declared}"
+    return (
+        f"computes {computes}, not the model's {declared}: the two differ by up to "
+        f"{measured[0]:.2g} (near |x| = {measured[1]:.3g}, measured in float64)"
+    )
+
+
+def static_problem(cand: Candidate, declared: str) -> Problem | None:
+    """A registered candidate whose class computes another function than the model declares (not an
+    approximation of it): skipped before anything is imported. None when it is worth checking."""
+    from kernel_probe.probe.report import Problem  # the judge imports the candidates' parser
+
+    known = function_of(cand.target, cand.kwargs)
+    if known is None or known == declared or is_approximation(known, declared):
+        return None
+    return Problem(
+        "skipped",
+        f"{cand.target} computes {known}; the model's Activation is {declared} (--activation "
+        "names the model's function)",
+    )
+
+
+def _as_computed(row: MeasurementRow) -> MeasurementRow:
+    """The row with its errors against the function the candidate computes instead."""
+    out = dict(row)
+    if "approx_cases" in row:
+        out["cases"], out["stats"] = row["approx_cases"], row.get("approx_stats", {})
+    return out  # type: ignore[return-value]
+
+
+def judge(
+    raw: CheckReply, cand: Candidate, device: str, base: ReportBase, declared: str, policy: Policy
+) -> Report:
+    """The Activation verdict from the worker's measurements."""
+    from kernel_probe.isolation.protocol import FLAG_NOT_ELEMENTWISE
+    from kernel_probe.probe import judge as rules  # the judge imports the candidates' parser
+
+    if raw.phase == "import":
+        return rules.stopped(rules.failed_import(cand.target, raw.kind, raw.error), base)
+    if raw.phase == "build":
+        crashed = rules.Problem("crashed", f"building {cand.target} raised {raw.error}")
+        return rules.stopped(crashed, base)
+    computes = raw.computes
+    other = bool(computes) and computes != declared
+    approximation = other and is_approximation(declared, computes)
+    allowed = approximation and policy.allow_approximation
+    change = (
+        f"approximation: {_difference(declared, computes)} (accepted with --allow-approximation)"
+    )
+    rows = [_as_computed(r) for r in raw.rows] if allowed else list(raw.rows)
+    verdicts = [
+        rules.judge_row(
+            cand.id,
+            device,
+            "activation",
+            row,
+            policy,
+            # the slot's own flag: an output of another shape is no activation
+            also=[(FLAG_NOT_ELEMENTWISE, shape)]
+            if (shape := row.get("flags", {}).get(FLAG_NOT_ELEMENTWISE))
+            else (),
+            notes=[change] if allowed else (),
+        )
+        for row in rows
+    ]
+    report = rules.report_of(verdicts, base)
+    if allowed:
+        report.changes.append(change)
+    elif other:
+        hint = "; pass --allow-approximation to accept it and record it" if approximation else ""
+        report.reasons.insert(0, f"function: {_difference(declared, computes)}{hint}")
+        if report.status in ("accepted", "skipped"):
+            report.status = "rejected"
+        # a row right for the function it computes is wrong for the model's
+        report.verdicts = [
+            dataclasses.replace(v, status="rejected", failed=(*v.failed, "function"))
+            if v.status == "accepted"
+            else v
+            for v in verdicts
+        ]
+    elif not computes and report.status == "rejected" and not declared.startswith(OTHER_FUNCTION):
+        known = ", ".join(ACTIVATION_FUNCTIONS)
+        report.reasons.insert(0, f"function: its float32 forward matches none of {known}")
+    return report
 
 
 class Activation(Slot):
@@ -53,24 +179,11 @@ class Activation(Slot):
 
     def static_problem(self, cand: Candidate, canonical: Mapping[str, Any]) -> Problem | None:
         """A registered class known to compute another function."""
-        from kernel_probe.probe import activation_verdict
+        return static_problem(cand, declared_function(canonical))
 
-        return activation_verdict.static_problem(cand, activation.declared_function(canonical))
-
-    def judge(
-        self,
-        raw: CheckReply,
-        cand: Candidate,
-        device: str,
-        base: ReportBase,
-        canonical: Mapping[str, Any],
-        policy: Policy,
-    ) -> Report:
+    def judge(self, raw, cand, device, base, canonical, policy) -> Report:
         """The rows by the one rule, then the function it computes."""
-        from kernel_probe.probe import activation_verdict
-
-        function = activation.declared_function(canonical)
-        return activation_verdict.judge(raw, cand, device, base, function, policy)
+        return judge(raw, cand, device, base, declared_function(canonical), policy)
 
     def lock_keys(
         self, values: Mapping[str, Any], kwargs: Mapping[str, Any], report: Report
@@ -79,43 +192,24 @@ class Activation(Slot):
         return {"function": str(values["function"])}
 
     def check(
-        self,
-        cand: Candidate,
-        device: str,
-        dtypes: list[tuple[str, str]],
-        *,
-        canonical: Mapping[str, Any],
-        seed: int,
-        hidden: int | None,
-        baseline: Candidate | None,
-        shared: Any,
+        self, cand, device, dtypes, *, canonical, seed, hidden, baseline, shared
     ) -> CheckReply:
         """Against the declared function's float64 reference."""
-        from kernel_probe.probe import activation as measuring  # torch: in the worker only
+        from . import activation_kernels as kernels  # torch: in the worker only
 
-        return measuring.check(cand, device, dtypes, canonical_overrides=canonical, seed=seed)
+        return kernels.check(cand, device, dtypes, canonical_overrides=canonical, seed=seed)
 
     def try_once(self, cand: Candidate, device: str) -> dict[str, Any]:
         """One tiny call on a device the candidate does not declare."""
-        from kernel_probe.probe import activation as measuring  # torch: in the worker only
+        from . import activation_kernels as kernels  # torch: in the worker only
 
-        return measuring.try_once(cand, device)
+        return kernels.try_once(cand, device)
 
-    def time(
-        self,
-        cand: Candidate,
-        device: str,
-        shapes: list[str],
-        dtype: str,
-        regime: str,
-        options: Mapping[str, Any],
-        canonical: Mapping[str, Any],
-        progress: Callable[[TimingProgressMessage], None] | None,
-    ) -> TimeReply:
+    def time(self, cand, device, shapes, dtype, regime, options, canonical, progress) -> TimeReply:
         """fwd+bwd at each shape."""
-        from kernel_probe.probe import activation as measuring  # torch: in the worker only
+        from . import activation_kernels as kernels  # torch: in the worker only
 
-        return measuring.time_candidate(cand, device, shapes, dtype, options, progress)
+        return kernels.time_candidate(cand, device, shapes, dtype, options, progress)
 
 
 ACTIVATION = Activation(activation.ACTIVATION)

@@ -1,26 +1,226 @@
 """The Attention slot in the probe: the model declares its geometry and options
-(``--attention HEADSxHEAD_DIMxSEQ[:OPTIONS]``, ``kernel_probe.probe.attention_geometry``); the
-options are pinned and checked, the geometry is what it is timed at; its measurements are
-``kernel_probe.probe.attention``'s, its verdict ``attention_verdict``'s."""
+(``--attention HEADSxHEAD_DIMxSEQ[:OPTIONS]``); the options are pinned and checked, the geometry is
+what it is timed at. The worker's measurements: ``attention_kernels``.
+
+The verdict (derivation in docs/checks.md, "Attention"): per output t in (out, dq, dk, dv), per
+input case, against the float64 reference of the same masked attention,
+
+    err(candidate, t) <= FACTOR * err(math, t) + FLOOR(dtype)    FACTOR = 4, FLOOR = 8 * eps(dtype)
+
+where ``math`` is torch's own math path in the same dtype (or the fused ordering, the larger): the
+form PyTorch's and flash-attn's own tests use. Every output that does not vanish is also judged on
+its RMS error and bias per row by the norms' rule (``tolerance.judge_output``). Besides errors: an
+input modified, a key outside the band that reaches an output, and an option the model sets that the
+candidate ignores (rejected, naming it) or refuses (unavailable, with its reason).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kernel_lock.slots import attention
+from kernel_lock.slots import DTYPES, attention
 from kernel_probe.errors import UsageError
-from kernel_probe.probe import attention_geometry as geometry
 
 from .base import Option, Slot
 
 if TYPE_CHECKING:
     from kernel_probe.candidates import Candidate
-    from kernel_probe.isolation.protocol import CheckReply, TimeReply, TimingProgressMessage
-    from kernel_probe.probe.judge import Policy
-    from kernel_probe.probe.report import Report, ReportBase
+    from kernel_probe.isolation.protocol import CheckReply, MeasurementRow, TimeReply
+    from kernel_probe.probe.report import Report, ReportBase, Verdict
 
 __all__ = ["ATTENTION"]
+
+# ---- the geometry, as the command line writes it ----------------------------------------------
+# batch 1; window: the band's half-width (key j visible to query i iff |i - j| <= W; -1: global).
+# timing on a CPU: cheap; on a GPU: long enough to rank the backends without O96's cost. anemoi's
+# O96 processor: 16 heads of 128 over 40,320 nodes, window 512 (anemoi-core PR #959)
+DEFAULT_GEOMETRY = {"cpu": "4x32x256", "gpu": "16x128x8192:window=512"}
+O96_GEOMETRY = "16x128x40320:window=512"
+FORM = "HEADSxHEAD_DIMxSEQ[:window=W][,softcap=C][,dropout=P][,alibi=true]"
+OPTIONS = ("window", "softcap", "dropout", "alibi")  # the options a model fixes, after the colon
+_GEOMETRY = re.compile(r"^(\d+)x(\d+)x(\d+)(?::(.+))?$")
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """One attention geometry: heads, head_dim, sequence length, and the model's options it names
+    (``window``, ``softcap``, ``dropout``, ``alibi``; absent: the lock's canonical value)."""
+
+    heads: int
+    head_dim: int
+    seq: int
+    options: tuple[tuple[str, object], ...] = ()
+
+    @property
+    def window(self) -> int | None:
+        """The sliding window of this geometry (None: full attention)."""
+        return dict(self.options).get("window")  # type: ignore[return-value]
+
+    def __str__(self) -> str:
+        text = f"{self.heads}x{self.head_dim}x{self.seq}"
+        if self.options:
+            text += ":" + ",".join(
+                f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in self.options
+            )
+        return text
+
+
+def _option(text: str, name: str, value: str) -> tuple[str, object]:
+    try:
+        if name == "window":
+            w = int(value)
+            if w < -1:
+                raise ValueError
+            return name, w
+        if name == "alibi":
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ValueError
+            return name, value.lower() in ("true", "1")
+        x = float(value)
+        if not (x >= 0 and x == x and x != float("inf")) or (name == "dropout" and x >= 1):
+            raise ValueError
+        return name, x
+    except ValueError:
+        what = {
+            "window": "-1 (global) or a half-width >= 0",
+            "alibi": "true or false",
+            "softcap": "a number >= 0",
+        }
+        raise ValueError(
+            f"{text!r}: {name} must be {what.get(name, 'in [0, 1)')}, got {value!r}"
+        ) from None
+
+
+def parse_geometry(text: str) -> Geometry:
+    """``16x128x40320:window=512`` -> Geometry; ValueError naming the form otherwise."""
+    m = _GEOMETRY.match(text.strip())
+    if not m:
+        raise ValueError(
+            f"{text!r} is not {FORM}, e.g. {DEFAULT_GEOMETRY['cpu']} or {O96_GEOMETRY}"
+        )
+    heads, dim, seq = (int(m.group(i)) for i in (1, 2, 3))
+    if not (1 <= heads <= 1024 and 1 <= dim <= 512 and 1 <= seq <= 10_000_000):
+        raise ValueError(f"{text!r}: heads 1..1024, head_dim 1..512, seq 1..10,000,000")
+    options: dict[str, object] = {}
+    for part in (m.group(4) or "").split(",") if m.group(4) else []:
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if name not in OPTIONS or not sep:
+            raise ValueError(
+                f"{text!r}: {part!r} is not one of {', '.join(o + '=...' for o in OPTIONS)}"
+            )
+        if name in options:
+            raise ValueError(f"{text!r}: {name} is given twice")
+        options.update([_option(text, name, value.strip())])
+    return Geometry(heads, dim, seq, tuple(options.items()))
+
+
+def canonical_options(overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The Attention slot's canonical options (its ``SlotSpec.canonical``) with the model's
+    ``overrides``."""
+    c = dict(attention.ATTENTION.canonical)
+    c.update({k: v for k, v in (overrides or {}).items() if k in c})
+    return c
+
+
+# ---- the verdict -------------------------------------------------------------------------------
+SMALL_WINDOW = 1  # the band's edge: three keys per query
+HINTS = {
+    "random": "plain random input",
+    "large-logits": "large logits: overflow of unscaled scores in low precision",
+    "sharp-equal-values": "sharp softmax over equal values: dq and dk must vanish (anemoi-core "
+    "#1027)",
+    "non-contiguous": "non-contiguous (transposed) views",
+    "head-dim-64": "head_dim 64",
+    "head-dim-128": "head_dim 128",
+    "window": "the model's window",
+    "small-window": f"the band's edge (window {SMALL_WINDOW})",
+    "second-length": "a second sequence length through the same instance (a cached mask)",
+}
+FACTOR = 4.0
+FLOOR_EPS = 8.0
+UNSET = {"window": -1, "softcap": 0.0, "dropout": 0.0, "alibi": False}  # "the model sets none"
+_REFUSED = re.compile(
+    r"No available kernel|No viable backend|not supported|not implemented|NotImplemented", re.I
+)
+
+
+def tolerance(output: str, base: float, dtype: str) -> float:
+    """The attention tolerance for ``output`` given torch's math path's error ``base`` in
+    ``dtype`` (one rule for out, dq, dk and dv: vanishing gradients are scaled when measured)."""
+    return FACTOR * base + FLOOR_EPS * DTYPES.get(dtype, DTYPES["float32"]).eps
+
+
+def judge_row(cand: Candidate, device: str, row: MeasurementRow) -> Verdict:
+    """One dtype's verdict: every case's outputs under the tolerance rule, then the flags."""
+    # the judge imports the candidates' parser: not on the command line's light path
+    from kernel_probe.probe.judge import judge_cases, row_verdict, unmeasured
+
+    v = unmeasured(cand.id, device, row, _REFUSED, say_unavailable=True)
+    if v is not None:
+        return v
+    # the max error by the attention tolerance; the RMS error and the bias by the norms' rule
+    found = judge_cases(row, HINTS, max_tolerance=tolerance, baseline="torch's")
+    flags = row.get("flags", {})
+    failed: list[str] = []
+    reasons: list[str] = []
+    if "band-leak" in flags:
+        failed.append("band-leak")
+        reasons.insert(0, flags["band-leak"])
+    if "input-modified" in flags:
+        failed.append("input-modified")
+        reasons.insert(0, f"modifies its input (seen on {flags['input-modified']})")
+    return row_verdict(cand.id, device, row, found, failed=failed, reasons=reasons)
+
+
+def option_problems(
+    capabilities: dict[str, str], canonical: dict[str, object]
+) -> tuple[list[str], list[str]]:
+    """(rejections, refusals): options the model sets that the candidate ignores or gets wrong, and
+    those it refuses (raises on)."""
+    rejected, refused = [], []
+    for option, unset in UNSET.items():
+        if canonical.get(option, unset) == unset:
+            continue
+        got = capabilities.get(option, "not measured")
+        if got == "honoured":
+            continue
+        line = f"the model sets {option}={canonical[option]!r}, and this candidate {got}"
+        if got.startswith("raises"):
+            why = got[len("raises: ") :]
+            refused.append(line.replace(f"candidate {got}", f"candidate refuses it ({why})"))
+        else:
+            does = (
+                f"candidate silently {got} it"
+                if got == "ignored"
+                else f"candidate computes it {got}"
+            )
+            rejected.append(line.replace(f"candidate {got}", does))
+    return rejected, refused
+
+
+def judge(
+    raw: CheckReply, cand: Candidate, device: str, base: ReportBase, canonical: dict[str, object]
+) -> Report:
+    """The Attention verdict from the worker's measurements."""
+    from kernel_probe.probe.judge import failed_import, report_of, stopped
+
+    if raw.phase == "import":
+        return stopped(failed_import(cand.target, raw.kind, raw.error), base)
+    report = report_of([judge_row(cand, device, row) for row in raw.rows], base)
+    report.capabilities = dict(raw.capabilities)
+    rejected, refused = option_problems(report.capabilities, canonical)
+    if report.status != "accepted":
+        refused = []  # its rows say why already
+    if refused:
+        report.status = "unavailable"
+    if rejected and report.status in ("accepted", "unavailable"):
+        report.status = "rejected"
+    report.reasons = rejected + refused + report.reasons
+    return report
 
 
 class Attention(Slot):
@@ -31,8 +231,8 @@ class Attention(Slot):
         "the model's attention: the geometry the Attention slot is timed at, and after "
         "the colon the options the model fixes (window=W band half-width, softcap=C, dropout=P, "
         "alibi=true), pinned in the lock and checked: a candidate that ignores one is rejected "
-        f"(default {geometry.DEFAULT_GEOMETRY['gpu']} on GPU, {geometry.DEFAULT_GEOMETRY['cpu']} "
-        f"on CPU, global; anemoi's O96: {geometry.O96_GEOMETRY})",
+        f"(default {DEFAULT_GEOMETRY['gpu']} on GPU, {DEFAULT_GEOMETRY['cpu']} "
+        f"on CPU, global; anemoi's O96: {O96_GEOMETRY})",
         metavar="HEADSxHEAD_DIMxSEQ[:OPTIONS]",
     )
     summary_key = "attention"
@@ -45,22 +245,20 @@ class Attention(Slot):
     def refuse(self, declared: str) -> None:
         """A geometry that does not parse."""
         try:
-            geometry.parse_geometry(declared)
+            parse_geometry(declared)
         except ValueError as exc:
-            raise UsageError(
-                f"--attention {exc}",
-                fix=f"write it {geometry.FORM}, e.g. 16x128x40320:window=512",
-            ) from None
+            fix = f"write it {FORM}, e.g. 16x128x40320:window=512"
+            raise UsageError(f"--attention {exc}", fix=fix) from None
 
     def resolved(self, declared: str, kind: str) -> str:
         """The declared geometry, else the device's default."""
-        return declared or geometry.DEFAULT_GEOMETRY[kind]
+        return declared or DEFAULT_GEOMETRY[kind]
 
     def canonical(self, declared: str, kind: str | None) -> dict[str, Any]:
         """The options the geometry names (in a probe: the default geometry's where none is
         declared)."""
         value = declared if kind is None else self.resolved(declared, kind)
-        return dict(geometry.parse_geometry(value).options) if value else {}
+        return dict(parse_geometry(value).options) if value else {}
 
     def inputs(self, declared: str, kind: str) -> dict[str, Any]:
         """The geometry."""
@@ -76,64 +274,35 @@ class Attention(Slot):
 
     def work(self, shape: str) -> float:
         """Heads x queries x keys seen (the band's, with a window) x head_dim."""
-        g = geometry.parse_geometry(shape)
+        g = parse_geometry(shape)
         keys = g.seq if g.window is None or g.window < 0 else min(g.seq, 2 * g.window + 1)
         return float(g.heads * g.seq * keys * g.head_dim)
 
-    def judge(
-        self,
-        raw: CheckReply,
-        cand: Candidate,
-        device: str,
-        base: ReportBase,
-        canonical: Mapping[str, Any],
-        policy: Policy,
-    ) -> Report:
+    def judge(self, raw, cand, device, base, canonical, policy) -> Report:
         """Per output against its own tolerance, and each option the model fixes."""
-        from kernel_probe.probe import attention_verdict
-
-        return attention_verdict.judge(raw, cand, device, base, geometry.canonical(canonical))
+        return judge(raw, cand, device, base, canonical_options(canonical))
 
     def check(
-        self,
-        cand: Candidate,
-        device: str,
-        dtypes: list[tuple[str, str]],
-        *,
-        canonical: Mapping[str, Any],
-        seed: int,
-        hidden: int | None,
-        baseline: Candidate | None,
-        shared: Any,
+        self, cand, device, dtypes, *, canonical, seed, hidden, baseline, shared
     ) -> CheckReply:
         """torch's side of each case computed once per slot and row (``shared``)."""
-        from kernel_probe.probe import attention as measuring  # torch: in the worker only
+        from . import attention_kernels as kernels  # torch: in the worker only
 
-        return measuring.check(
+        return kernels.check(
             cand, device, dtypes, canonical_overrides=canonical, seed=seed, shared=shared
         )
 
     def try_once(self, cand: Candidate, device: str) -> dict[str, Any]:
         """One tiny call on a device the candidate does not declare."""
-        from kernel_probe.probe import attention as measuring  # torch: in the worker only
+        from . import attention_kernels as kernels  # torch: in the worker only
 
-        return measuring.try_once(cand, device)
+        return kernels.try_once(cand, device)
 
-    def time(
-        self,
-        cand: Candidate,
-        device: str,
-        shapes: list[str],
-        dtype: str,
-        regime: str,
-        options: Mapping[str, Any],
-        canonical: Mapping[str, Any],
-        progress: Callable[[TimingProgressMessage], None] | None,
-    ) -> TimeReply:
+    def time(self, cand, device, shapes, dtype, regime, options, canonical, progress) -> TimeReply:
         """fwd+bwd at each geometry."""
-        from kernel_probe.probe import attention as measuring  # torch: in the worker only
+        from . import attention_kernels as kernels  # torch: in the worker only
 
-        return measuring.time_candidate(
+        return kernels.time_candidate(
             cand, device, shapes, dtype, options, canonical, progress=progress
         )
 

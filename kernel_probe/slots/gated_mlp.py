@@ -1,10 +1,17 @@
 """The GatedMLP slot in the probe: anemoi's GatedMLPLayer, checked only for a model whose
-``mlp_implementation`` is gated (``--mlp-implementation``); its measurements are
-``kernel_probe.probe.gated_mlp``'s, its verdict ``gated_mlp_verdict``'s."""
+``mlp_implementation`` is gated (``--mlp-implementation``).
+
+The verdict: per (dtype, regime) and input case, every compared output (``y``, ``dx``, and the
+gradients of ``gate_proj`` and ``value_proj``'s weight and bias) by the one rule every slot's
+outputs go through (``tolerance.judge_output``: max error, RMS error and bias against float64, each
+within FACTOR x torch's own gated layer's plus the dtype's floor). Then the flags fail it outright:
+a state dict that is not anemoi's, an input modified, and an output that matches one of the
+formula's known mistakes (``MISTAKES``). The worker's measurements: ``gated_mlp_kernels``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from kernel_lock.slots import gated_mlp
@@ -14,11 +21,68 @@ from .base import Option, Slot
 
 if TYPE_CHECKING:
     from kernel_probe.candidates import Candidate
-    from kernel_probe.isolation.protocol import CheckReply, TimeReply, TimingProgressMessage
-    from kernel_probe.probe.judge import Policy
-    from kernel_probe.probe.report import Report, ReportBase
+    from kernel_probe.isolation.protocol import CheckReply, MeasurementRow, TimeReply
+    from kernel_probe.probe.report import Report, ReportBase, Verdict
 
 __all__ = ["GATED_MLP"]
+
+# the check's input cases (gated_mlp_kernels), and what each probes
+HINTS = {
+    "random": "plain random input: gate pre-activations of unit spread",
+    "wide-gate": "gate pre-activations spread to +-9: saturation, and where tanh's GELU leaves "
+    "erf's",
+}
+# what a kernel computes instead of the formula, and how the verdict names it
+MISTAKES = {
+    "gelu_tanh": "computes GELU's tanh approximation where anemoi's geglu gate is exact erf "
+    "(torch.nn.GELU())",
+    "swapped": "applies the gate to value_proj(x) instead of gate_proj(x) (gate and value swapped)",
+    "no-bias": "drops the projections' biases (gate_proj.bias, value_proj.bias)",
+}
+FLAG_STATE_DICT = "state-dict"
+FLAG_INPUT_MODIFIED = "input-modified"
+FLAG_MISTAKE = "mistake"
+
+
+def judge_row(cand: Candidate, device: str, row: MeasurementRow) -> Verdict:
+    """One (dtype, regime)'s verdict: the outputs under the one rule, then the flags."""
+    # the judge imports the candidates' parser: not on the command line's light path
+    from kernel_probe.probe.judge import _DTYPE_PROBLEM, judge_cases, row_verdict, unmeasured
+
+    v = unmeasured(cand.id, device, row, _DTYPE_PROBLEM)
+    if v is not None:
+        return v
+    found = judge_cases(row, HINTS)
+    flags = row.get("flags", {})
+    first: list[str] = []
+    failed: list[str] = []
+    reasons: list[str] = []
+    if FLAG_MISTAKE in flags:  # told in float32 (the check): it fails every row, however small here
+        hidden = ""
+        if not found.failed:
+            hidden = f" (measured in float32; in {row['dtype']} it is within rounding)"
+        first.append(flags[FLAG_MISTAKE])
+        reasons.insert(0, MISTAKES[flags[FLAG_MISTAKE]] + hidden)
+    if FLAG_INPUT_MODIFIED in flags:
+        failed.append(FLAG_INPUT_MODIFIED)
+        reasons.insert(0, f"modifies its input (seen on {flags[FLAG_INPUT_MODIFIED]})")
+    if FLAG_STATE_DICT in flags:
+        failed.append(FLAG_STATE_DICT)
+        reasons.insert(0, flags[FLAG_STATE_DICT])
+    return row_verdict(
+        cand.id, device, row, found, failed=failed, failed_first=first, reasons=reasons
+    )
+
+
+def judge(raw: CheckReply, cand: Candidate, device: str, base: ReportBase) -> Report:
+    """The GatedMLP verdict from the worker's measurements."""
+    from kernel_probe.probe.judge import Problem, failed_import, report_of, stopped
+
+    if raw.phase == "import":
+        return stopped(failed_import(cand.target, raw.kind, raw.error), base)
+    if raw.phase:
+        return stopped(Problem("unavailable", raw.error), base)
+    return report_of([judge_row(cand, device, row) for row in raw.rows], base)
 
 
 class GatedMLP(Slot):
@@ -44,23 +108,12 @@ class GatedMLP(Slot):
 
     def inputs(self, declared: str, kind: str) -> dict[str, Any]:
         """The mlp_implementation checked against."""
-        return {
-            "mlp_implementation": declared or gated_mlp.GATED_MLP.canonical["mlp_implementation"]
-        }
+        default = gated_mlp.GATED_MLP.canonical["mlp_implementation"]
+        return {"mlp_implementation": declared or default}
 
-    def judge(
-        self,
-        raw: CheckReply,
-        cand: Candidate,
-        device: str,
-        base: ReportBase,
-        canonical: Mapping[str, Any],
-        policy: Policy,
-    ) -> Report:
+    def judge(self, raw, cand, device, base, canonical, policy) -> Report:
         """Per output against the formula's float64 reference."""
-        from kernel_probe.probe import gated_mlp_verdict
-
-        return gated_mlp_verdict.judge(raw, cand, device, base)
+        return judge(raw, cand, device, base)
 
     def lock_keys(
         self, values: Mapping[str, Any], kwargs: Mapping[str, Any], report: Report
@@ -69,43 +122,24 @@ class GatedMLP(Slot):
         return {"gate": gated_mlp.formula(str(kwargs.get("mlp_implementation", "")))}
 
     def check(
-        self,
-        cand: Candidate,
-        device: str,
-        dtypes: list[tuple[str, str]],
-        *,
-        canonical: Mapping[str, Any],
-        seed: int,
-        hidden: int | None,
-        baseline: Candidate | None,
-        shared: Any,
+        self, cand, device, dtypes, *, canonical, seed, hidden, baseline, shared
     ) -> CheckReply:
         """Against the formula at anemoi's hidden size."""
-        from kernel_probe.probe import gated_mlp as measuring  # torch: in the worker only
+        from . import gated_mlp_kernels as kernels  # torch: in the worker only
 
-        return measuring.check(cand, device, dtypes, canonical_overrides=canonical, hidden=hidden)
+        return kernels.check(cand, device, dtypes, canonical_overrides=canonical, hidden=hidden)
 
     def try_once(self, cand: Candidate, device: str) -> dict[str, Any]:
         """One tiny call on a device the candidate does not declare."""
-        from kernel_probe.probe import gated_mlp as measuring  # torch: in the worker only
+        from . import gated_mlp_kernels as kernels  # torch: in the worker only
 
-        return measuring.try_once(cand, device)
+        return kernels.try_once(cand, device)
 
-    def time(
-        self,
-        cand: Candidate,
-        device: str,
-        shapes: list[str],
-        dtype: str,
-        regime: str,
-        options: Mapping[str, Any],
-        canonical: Mapping[str, Any],
-        progress: Callable[[TimingProgressMessage], None] | None,
-    ) -> TimeReply:
+    def time(self, cand, device, shapes, dtype, regime, options, canonical, progress) -> TimeReply:
         """fwd+bwd at each shape, fixed repetitions (no progress)."""
-        from kernel_probe.probe import gated_mlp as measuring  # torch: in the worker only
+        from . import gated_mlp_kernels as kernels  # torch: in the worker only
 
-        return measuring.time_candidate(cand, device, shapes, dtype, regime, options, canonical)
+        return kernels.time_candidate(cand, device, shapes, dtype, regime, options, canonical)
 
 
 GATED_MLP = GatedMLP(gated_mlp.GATED_MLP)

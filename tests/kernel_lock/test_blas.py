@@ -29,7 +29,7 @@ from kernel_lock.errors import LockFormatError, LockMismatch
 from kernel_lock.slots import linear as blas
 from kernel_probe.candidates import builtin, parse_candidate
 from kernel_probe.isolation import worker
-from kernel_probe.probe import blasrun, correctness, handlers, pipeline, planning, timing
+from kernel_probe.probe import correctness, handlers, onetensor, pipeline, planning, timing
 from kernel_probe.probe.judge import Policy, judge_candidate
 from kernel_probe.probe.report import Problem, ReportBase, static_problem
 from kernel_probe.tables import CandidateDataError, TableReader
@@ -153,7 +153,7 @@ def test_checked_and_timed_under_its_library(switch, under):
     assert rows[0]["blas"] == "cublaslt" and switch.state.name == "Cublas"
     # timed under it; the sampled rows' baseline
     assert seen.count("Cublaslt") >= 3 and seen.count("Cublas") == 1
-    with blasrun.blas_library(cand("torch.linear"), "cuda") as (library, default):
+    with onetensor.blas_library(cand("torch.linear"), "cuda") as (library, default):
         assert (library, default) == (
             "cublas",
             "cublas",
@@ -258,7 +258,7 @@ def simulated_cuda_probe(monkeypatch, tmp_path: Path, **request):
     monkeypatch.setattr(worker, "WorkerPool", InProcessPool)
     # the tensors are on the CPU; the BLAS libraries are the simulated CUDA device's
     monkeypatch.setattr(
-        blasrun, "blas_device", lambda c, device: blas.device_of(c.blas) if c.blas else "cuda"
+        onetensor, "blas_device", lambda c, device: blas.device_of(c.blas) if c.blas else "cuda"
     )
     req = planning.ProbeRequest(
         out=tmp_path / "k.toml",

@@ -66,7 +66,7 @@ class LayerScaleSlot(Slot):
     def check(self, cand, device, dtypes, *, canonical, seed, hidden, baseline, shared):
         """Forward and backward against float64, per (dtype, regime)."""
         from kernel_probe.isolation.protocol import CheckReply
-        from kernel_probe.probe.slotcheck import import_stop
+        from kernel_probe.probe.measure import import_stop
 
         import_s, stopped = import_stop(cand, device)
         if stopped is not None:

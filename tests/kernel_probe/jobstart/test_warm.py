@@ -35,8 +35,12 @@ HEAVY = (
     "kernel_probe.probe.check",
     "kernel_probe.isolation.worker",
     "kernel_probe.probe.measure",
+    "kernel_probe.probe.onetensor",
     "kernel_probe.probe.correctness",
     "kernel_probe.probe.timing",
+    "kernel_probe.slots.attention_kernels",
+    "kernel_probe.slots.activation_kernels",
+    "kernel_probe.slots.gated_mlp_kernels",
     "kernel_probe.detect",
     "kernel_lock.adapters",
 )

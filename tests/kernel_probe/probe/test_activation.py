@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from kernel_probe import candidates as cands
-from kernel_probe.probe import activation, activation_verdict
 from kernel_probe.probe.judge import Policy
 from kernel_probe.probe.report import report_base
+from kernel_probe.slots import activation, activation_kernels
 from tests.conftest import needs_anemoi
 
 FP32 = [("float32", "true")]
@@ -26,8 +26,8 @@ def verdict(target_or_id: str, function: str = "gelu-erf", dtypes=FP32, policy=P
         cand = cands.from_command_line(f"Activation={target_or_id}")
     else:
         cand = next(c for c in cands.builtin() if c.id == target_or_id)
-    raw = activation.check(cand, "cpu", dtypes, canonical_overrides={"function": function})
-    report = activation_verdict.judge(
+    raw = activation_kernels.check(cand, "cpu", dtypes, canonical_overrides={"function": function})
+    report = activation.judge(
         raw, cand, "cpu", report_base(cand, "Activation", "cpu"), function, policy
     )
     return raw, report
@@ -46,15 +46,15 @@ def test_torchs_classes_are_accepted_for_their_function_in_every_dtype(cid, func
     assert [(v.dtype, v.regime) for v in report.verdicts] == ALL
     for v in report.verdicts:
         assert v.deterministic is True and v.worst_ratio < 1
-        assert set(v.errors) == set(activation.HINTS)
+        assert set(v.errors) == set(activation_kernels.HINTS)
         assert all(set(t) == {"y", "dx"} for t in v.errors.values())
     assert report.verdicts[0].twin == {"state_dict": "interchangeable", "max_error": 0.0}
 
 
 def test_the_gap_between_the_gelus_is_measured_in_float64():
-    size, where = activation_verdict.gap("gelu-erf", "gelu-tanh")
+    size, where = activation.gap("gelu-erf", "gelu-tanh")
     assert 4.6e-4 < size < 4.8e-4 and 2.5 < where < 2.9
-    assert activation_verdict.gap("gelu-erf", "other:a.B") is None
+    assert activation.gap("gelu-erf", "other:a.B") is None
 
 
 # ---- a tanh GELU offered as erf ------------------------------------------------------------------
@@ -154,8 +154,8 @@ def test_a_declared_other_function_is_its_own_reference():
     assert report.status == "rejected" and raw.computes == "gelu-erf"
     assert report.reasons[0] == f"function: computes gelu-erf, not the model's {sine}"
     cand = cands.from_command_line("Activation=anemoi.models.layers.activations.Sine")
-    raw = activation.check(cand, "cpu", FP32, canonical_overrides={"function": sine})
-    report = activation_verdict.judge(
+    raw = activation_kernels.check(cand, "cpu", FP32, canonical_overrides={"function": sine})
+    report = activation.judge(
         raw, cand, "cpu", report_base(cand, "Activation", "cpu"), sine, Policy()
     )
     assert raw.computes == sine and report.status == "accepted", report.reasons
@@ -170,7 +170,7 @@ def test_a_declared_other_function_is_its_own_reference():
 )  # fmt: skip
 def test_a_class_known_to_compute_another_function_is_skipped_unchecked(cid, function, skipped):
     cand = next(c for c in cands.builtin() if c.id == cid)
-    problem = activation_verdict.static_problem(cand, function)
+    problem = activation.static_problem(cand, function)
     assert (problem is not None) == skipped
     if problem:
         assert (
@@ -181,7 +181,7 @@ def test_a_class_known_to_compute_another_function_is_skipped_unchecked(cid, fun
 
 def test_a_custom_class_is_never_skipped_by_its_name():
     cand = cands.from_command_line("Activation=kp_activation.FastGELU")
-    assert activation_verdict.static_problem(cand, "gelu-erf") is None
+    assert activation.static_problem(cand, "gelu-erf") is None
 
 
 def test_a_candidate_that_cannot_run_is_reported_with_the_reason():
@@ -196,7 +196,7 @@ def test_a_candidate_that_cannot_run_is_reported_with_the_reason():
     )
     assert report.verdicts[0].failed == ("not-elementwise",)
     missing = cands.from_command_line("Activation=kp_not_installed_anywhere.GELU")
-    raw = activation.check(missing, "cpu", FP32)
+    raw = activation_kernels.check(missing, "cpu", FP32)
     assert raw.phase == "import" and raw.kind == "import"
     assert cand.semantics == "activation"
 
@@ -204,7 +204,7 @@ def test_a_candidate_that_cannot_run_is_reported_with_the_reason():
 # ---- timing --------------------------------------------------------------------------------------
 def test_the_timing_is_one_measured_call_for_a_sole_candidate():
     cand = cands.default_for("Activation")
-    reply = activation.time_candidate(
+    reply = activation_kernels.time_candidate(
         cand, "cpu", ["64x128", "16x32x96"], "float32", {"mode": "sole"}
     )
     assert [r["shape"] for r in reply.rows] == ["64x128", "16x32x96"]
@@ -217,7 +217,9 @@ def test_the_timing_reports_progress_after_every_call_of_every_shape():
     seen = []
     cand = cands.default_for("Activation")
     shapes = ["64x128", "16x32x96"]
-    reply = activation.time_candidate(cand, "cpu", shapes, "float32", {"mode": "sole"}, seen.append)
+    reply = activation_kernels.time_candidate(
+        cand, "cpu", shapes, "float32", {"mode": "sole"}, seen.append
+    )
     assert all("error" not in r for r in reply.rows), reply.rows
     steps = [(m.shape, m.index, m.of, m.phase) for m in seen]
     # a sole candidate: its first call, then its one measured call (timing.timed_calls)
@@ -287,8 +289,8 @@ def test_an_unknown_activation_function_is_a_usage_error(capsys, bad):
 
 def test_torch_float64_reference_agrees_with_the_python_formulas():
     x = torch.linspace(-6, 6, 97, dtype=torch.float64)
-    for name, ref in activation.REFERENCES.items():
-        formula = activation_verdict._FORMULAS[name]
+    for name, ref in activation_kernels.REFERENCES.items():
+        formula = activation._FORMULAS[name]
         assert torch.allclose(
             ref(x), torch.tensor([formula(float(v)) for v in x], dtype=torch.float64), atol=1e-14
         )

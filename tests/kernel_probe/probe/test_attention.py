@@ -14,9 +14,9 @@ import torch
 
 from kernel_lock.attention import FlashAttention4, SDPAttention, band_mask
 from kernel_probe import candidates as cands
-from kernel_probe.probe import attention, attention_verdict
-from kernel_probe.probe.attention_geometry import parse_geometry
 from kernel_probe.probe.report import report_base
+from kernel_probe.slots import attention, attention_kernels
+from kernel_probe.slots.attention import parse_geometry
 from tests.kernel_probe.probe.test_timing import PROGRESS_2_3, assert_seconds_per_shape
 
 FAKES = Path(__file__).resolve().parents[2] / "fakes" / "attention"
@@ -45,9 +45,13 @@ def verdict(target_or_id: str, options=None, dtypes=FP32):
         cand = cands.from_command_line(f"Attention={target_or_id}")
     else:
         cand = next(c for c in cands.builtin() if c.id == target_or_id)
-    raw = attention.check(cand, "cpu", dtypes, canonical_overrides=options)
-    return raw, attention_verdict.judge(
-        raw, cand, "cpu", report_base(cand, "Attention", "cpu"), attention.canonical(options)
+    raw = attention_kernels.check(cand, "cpu", dtypes, canonical_overrides=options)
+    return raw, attention.judge(
+        raw,
+        cand,
+        "cpu",
+        report_base(cand, "Attention", "cpu"),
+        attention.canonical_options(options),
     )
 
 
@@ -66,7 +70,7 @@ def test_torchs_backends_are_accepted_with_every_ratio_recorded(cid):
             "head-dim-128",
         }
         assert set(v.ratios) >= {"window", "small-window", "second-length"}
-        assert all(set(r) == set(attention.OUTPUTS) for r in v.ratios.values())
+        assert all(set(r) == set(attention_kernels.OUTPUTS) for r in v.ratios.values())
         assert v.twin["state_dict"] == "interchangeable"
     assert raw.capabilities["window"] == "honoured" and raw.capabilities["scale"] == "honoured"
     # SDPA refuses, as anemoi's does
@@ -129,7 +133,7 @@ def test_a_bias_within_the_max_error_tolerance_is_rejected_by_the_bias_statistic
     for v in report.verdicts:
         for case, outputs in v.errors.items():  # the max error alone passes every case
             got, base = outputs["out"]
-            assert got <= attention_verdict.tolerance("out", base, v.dtype), (v.dtype, case)
+            assert got <= attention.tolerance("out", base, v.dtype), (v.dtype, case)
         # the gradients are torch's own
         assert v.failed and all(f.endswith(":out") for f in v.failed)
         assert v.statistics["bias"] > 1 and any(
@@ -266,14 +270,16 @@ def test_attention_timing_reports_progress_after_every_call_of_every_geometry():
     opts = {"reps": 3, "warmup": 2, "min_seconds": 0.0}
     geometries = ["2x16x32:window=4", "1x16x24"]
     started = time.perf_counter()
-    reply = attention.time_candidate(cand, "cpu", geometries, "float32", opts, progress=seen.append)
+    reply = attention_kernels.time_candidate(
+        cand, "cpu", geometries, "float32", opts, progress=seen.append
+    )
     wall = time.perf_counter() - started
     assert all("error" not in r and r["reps"] == 3 for r in reply.rows), reply.rows
     steps = [(m.shape, m.index, m.of, m.phase, m.done, m.total) for m in seen]
     assert steps == [(g, i, 2, *s) for i, g in enumerate(geometries) for s in PROGRESS_2_3]
     assert_seconds_per_shape(seen, geometries, wall)
     # no callback: no messages
-    quiet = attention.time_candidate(cand, "cpu", geometries[:1], "float32", opts)
+    quiet = attention_kernels.time_candidate(cand, "cpu", geometries[:1], "float32", opts)
     assert "error" not in quiet.rows[0]
 
 
@@ -348,7 +354,7 @@ def test_a_cpu_probe_pins_the_attention_slot(tmp_path, capsys):
     )
     evidence = slot.evidence[0]
     assert (
-        set(evidence["error-ratios"]) == set(attention.OUTPUTS)
+        set(evidence["error-ratios"]) == set(attention_kernels.OUTPUTS)
         and evidence["capabilities"]["window"] == "honoured"
     )
     mod = lock.factory("Attention")()

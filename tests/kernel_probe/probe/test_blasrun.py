@@ -1,5 +1,5 @@
-"""kernel_probe.probe.blasrun: the BLAS library a Linear is checked and timed under, and restored
-after."""
+"""kernel_probe.probe.onetensor's BLAS part: the BLAS library a Linear is checked and timed under,
+and restored after."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kernel_probe import candidates as cands
-from kernel_probe.probe.blasrun import (
+from kernel_probe.probe.onetensor import (
     BlasNotOffered,
     baseline_blas,
     blas_device,

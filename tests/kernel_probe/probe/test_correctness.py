@@ -1,9 +1,9 @@
 """kernel_probe.probe.correctness: the worker's raw measurements, step by step (in-process, tiny CPU
 tensors).
 
-A full row (every hard case of ``measure.cases``) takes a second even on a tiny hidden size, so the
-rows themselves are measured through the worker by the slow judge tests; here each step is run on
-its own: the early stops (import, baseline, build, layout, blas), the set-up of a row, and the
+A full row (every hard case of ``onetensor.cases``) takes a second even on a tiny hidden size, so
+the rows themselves are measured through the worker by the slow judge tests; here each step is run
+on its own: the early stops (import, baseline, build, layout, blas), the set-up of a row, and the
 bookkeeping helpers.
 """
 
@@ -22,10 +22,10 @@ from kernel_probe.isolation.protocol import (
     FLAG_INPUT_MODIFIED,
     FLAG_OUTPUT_DTYPE,
 )
-from kernel_probe.probe import correctness
-from kernel_probe.probe.blasrun import BlasNotOffered
+from kernel_probe.probe import correctness, onetensor
 from kernel_probe.probe.correctness import Bench, Row, check, try_once
 from kernel_probe.probe.layout import discover
+from kernel_probe.probe.onetensor import BlasNotOffered
 
 HIDDEN = 16
 
@@ -132,7 +132,7 @@ def test_a_blas_library_not_offered_stops_at_blas(monkeypatch):
         raise BlasNotOffered("this torch build does not offer cublaslt: torch kept cublas")
         yield
 
-    monkeypatch.setattr(correctness, "blas_library", refuse)
+    monkeypatch.setattr(onetensor, "blas_library", refuse)
     reply = check(
         cands.default_for("Linear"), "Linear", "cpu", [("float32", "true")], hidden=HIDDEN
     )
@@ -357,11 +357,11 @@ def test_discover_is_what_check_reports():
 
 # ---- one row, cut to the cases that show a rule (in-process, milliseconds) -----------------------
 def only_cases(monkeypatch, *names: str) -> None:
-    """Measure only the named cases of ``measure.cases`` (a full row takes a second; one case, ~10
+    """Measure only the named cases of ``onetensor.cases`` (a full row takes a second; one case, ~10
     ms)."""
-    every = correctness.cases
+    every = onetensor.cases
     monkeypatch.setattr(
-        correctness, "cases", lambda *a, **k: [c for c in every(*a, **k) if c.name in names]
+        onetensor, "cases", lambda *a, **k: [c for c in every(*a, **k) if c.name in names]
     )
 
 

@@ -13,8 +13,8 @@ import torch
 from kernel_lock import gated_mlp as classes
 from kernel_lock.slots.gated_mlp import GATES, formula, gate_for
 from kernel_probe import candidates as cands
-from kernel_probe.probe import gated_mlp, gated_mlp_verdict
 from kernel_probe.probe.report import report_base
+from kernel_probe.slots import gated_mlp, gated_mlp_kernels
 
 FAKES = Path(__file__).resolve().parents[2] / "fakes"
 FP32 = [("float32", "true")]
@@ -36,14 +36,14 @@ def verdict(
         cand = cands.from_command_line(f"GatedMLP={target_or_id}")
     else:
         cand = next(c for c in cands.builtin() if c.id == target_or_id)
-    raw = gated_mlp.check(
+    raw = gated_mlp_kernels.check(
         cand,
         "cpu",
         dtypes,
         canonical_overrides={"mlp_implementation": implementation},
         hidden=hidden,
     )
-    return raw, gated_mlp_verdict.judge(raw, cand, "cpu", report_base(cand, "GatedMLP", "cpu"))
+    return raw, gated_mlp.judge(raw, cand, "cpu", report_base(cand, "GatedMLP", "cpu"))
 
 
 def anemoi_layer(implementation: str, n_in: int = 16, n_out: int = 24):
@@ -78,8 +78,10 @@ def test_hidden_dim_is_anemois(ratio):
     from anemoi.models.layers.utils import compute_mlp_hidden_dim
 
     for channels in (96, 512, 1024):
-        assert gated_mlp.hidden_dim(channels, ratio) == compute_mlp_hidden_dim(channels, ratio)
-    assert gated_mlp.hidden_dim(1024, gated_mlp.CHECK_RATIO) == 2734
+        assert gated_mlp_kernels.hidden_dim(channels, ratio) == compute_mlp_hidden_dim(
+            channels, ratio
+        )
+    assert gated_mlp_kernels.hidden_dim(1024, gated_mlp_kernels.CHECK_RATIO) == 2734
 
 
 # ---- the adapters keep anemoi's interface --------------------------------------------------------
@@ -152,15 +154,15 @@ def test_torchs_gated_layer_is_accepted_against_anemois(implementation):
     for v in report.verdicts:
         assert 0 < v.worst_ratio < 1
         assert set(v.statistics) == {"max", "rms", "bias"}
-        assert all(set(e) == set(gated_mlp.OUTPUTS) for e in v.errors.values())
-        assert set(v.errors) == set(gated_mlp.HINTS)
+        assert all(set(e) == set(gated_mlp_kernels.OUTPUTS) for e in v.errors.values())
+        assert set(v.errors) == set(gated_mlp_kernels.HINTS)
 
 
 @pytest.mark.slow  # fp16 matmuls of 8 x 1024 x 2734 on a CPU: ~10 s
 def test_anemois_shape_in_fp32_and_fp16():
-    raw, report = verdict("torch.gated_mlp", "swiglu", FP16, hidden=gated_mlp.ANEMOI_IN)
+    raw, report = verdict("torch.gated_mlp", "swiglu", FP16, hidden=gated_mlp_kernels.ANEMOI_IN)
     assert report.status == "accepted", report.reasons
-    assert gated_mlp.canonical(None, gated_mlp.ANEMOI_IN)["out_features"] == 2734
+    assert gated_mlp_kernels.canonical(None, gated_mlp_kernels.ANEMOI_IN)["out_features"] == 2734
 
 
 @pytest.mark.parametrize(
@@ -190,7 +192,7 @@ def test_a_tanh_gelu_is_rejected_in_fp16_too_where_it_is_within_rounding(fakes):
     [v] = report.verdicts
     assert report.status == "rejected" and v.failed == ("gelu_tanh",)
     assert v.reasons == (
-        gated_mlp.MISTAKES["gelu_tanh"]
+        gated_mlp_kernels.MISTAKES["gelu_tanh"]
         + " (measured in float32; in float16 it is within rounding)",
     )
 
@@ -229,9 +231,9 @@ def test_a_missing_library_is_unavailable(fakes):
 def test_a_layer_without_biases_is_not_anemois():
     # anemoi's GatedMLPLayer always builds Linear(in, out): biases included
     cand = next(c for c in cands.builtin() if c.id == "torch.gated_mlp")
-    raw = gated_mlp.check(
+    raw = gated_mlp_kernels.check(
         cand, "cpu", FP32, canonical_overrides={"mlp_implementation": "reglu", "bias": False}
     )
-    report = gated_mlp_verdict.judge(raw, cand, "cpu", report_base(cand, "GatedMLP", "cpu"))
+    report = gated_mlp.judge(raw, cand, "cpu", report_base(cand, "GatedMLP", "cpu"))
     assert report.status == "rejected"
     assert "missing ['gate_proj.bias', 'value_proj.bias']" in report.reasons[0]

@@ -13,8 +13,7 @@ import kernel_lock
 from kernel_lock.graph_attention import GraphAttention
 from kernel_probe.errors import ForcedUnusable, UsageError
 from kernel_probe.probe import graph_attention as ga
-from kernel_probe.probe import graph_attention_check as gac
-from kernel_probe.probe.graph_attention_verdict import HINTS, GraphAttentionReport, judge
+from kernel_probe.probe.graph_attention import HINTS, GraphAttentionReport, judge
 from tests.conftest import needs_anemoi
 
 FAKES = Path(__file__).resolve().parents[2] / "fakes"
@@ -105,8 +104,8 @@ def test_triton_on_a_cpu_without_the_interpreter_is_skipped_with_the_reason(monk
         and "TRITON_INTERPRET=1" in rep.reasons[0]
         and "GPU" in rep.reasons[0]
     )
-    assert gac.backends_to_check("cpu", interpreted=False) == ["pyg"]
-    assert gac.backends_to_check("cuda", interpreted=False) == ["pyg", "triton"]
+    assert ga.backends_to_check("cpu", interpreted=False) == ["pyg"]
+    assert ga.backends_to_check("cuda", interpreted=False) == ["pyg", "triton"]
 
 
 def test_an_unknown_backend_is_skipped_naming_the_choices():
@@ -124,7 +123,7 @@ def test_a_backend_that_is_not_repeatable_is_recorded_and_refused_under_determin
     assert rep.status == "accepted" and rep.deterministic is False
     assert any("not deterministic" in n for n in rep.verdicts[0].notes)
     with pytest.raises(ForcedUnusable, match="determinism"):
-        gac.choose("pyg", [rep], GPU, deterministic=True)
+        ga.choose("pyg", [rep], GPU, deterministic=True)
 
 
 # ---- the choice ----------------------------------------------------------------------------------
@@ -157,7 +156,7 @@ def _rejected(backend: str) -> GraphAttentionReport:
     ],
 )
 def test_the_choice(wanted, reports, current, triton, backend, allow):
-    chosen = gac.choose(wanted, reports, current, allow_fallback=allow, triton=triton)
+    chosen = ga.choose(wanted, reports, current, allow_fallback=allow, triton=triton)
     assert (
         isinstance(chosen, GraphAttention)
         and chosen.backend == backend
@@ -185,14 +184,14 @@ def test_the_choice(wanted, reports, current, triton, backend, allow):
 )
 def test_a_choice_that_cannot_be_locked_says_why(wanted, reports, current, triton, allow, match):
     with pytest.raises(ForcedUnusable, match=match):
-        gac.choose(wanted, reports, current, allow_fallback=allow, triton=triton)
+        ga.choose(wanted, reports, current, allow_fallback=allow, triton=triton)
 
 
 def test_bad_choices_are_usage_errors():
     with pytest.raises(UsageError, match="goes with a triton backend"):
-        gac.choose("pyg", [], CPU, allow_fallback=True)
+        ga.choose("pyg", [], CPU, allow_fallback=True)
     with pytest.raises(UsageError, match="not one of"):
-        gac.choose("flash", [], CPU)
+        ga.choose("flash", [], CPU)
 
 
 # ---- the probe and the lock ----------------------------------------------------------------------
@@ -262,7 +261,7 @@ def test_anemois_triton_kernel_in_the_interpreter_is_accepted_and_its_sharp_dq_v
 ):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     # in the worker, as the probe runs it
-    rep = gac.check_backend("triton", "cpu", ["float32", "bfloat16"])
+    rep = ga.check_backend("triton", "cpu", ["float32", "bfloat16"])
     assert rep.status == "accepted" and rep.interpreted, rep.reasons
     bf16 = rep.verdicts[1]
     got, base = bf16.errors["sharp-equal-messages"]["dq"]
@@ -271,7 +270,7 @@ def test_anemois_triton_kernel_in_the_interpreter_is_accepted_and_its_sharp_dq_v
     assert rep.deterministic is True  # gather-style, no atomics
     # never locked on an interpreted verdict
     with pytest.raises(ForcedUnusable, match="interpreter"):
-        gac.choose("triton", [_accepted("pyg"), rep], GPU, triton=True)
+        ga.choose("triton", [_accepted("pyg"), rep], GPU, triton=True)
 
 
 @pytest.mark.slow  # a check in a worker (import torch)

@@ -1,5 +1,5 @@
-"""kernel_probe.probe.initstats: does a fresh candidate start where a fresh torch.nn module
-starts?"""
+"""kernel_probe.probe.onetensor's initialisation test: does a fresh candidate start where a fresh
+torch.nn module starts?"""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import math
 import pytest
 import torch
 
-from kernel_probe.probe import initstats
-from kernel_probe.probe.initstats import ALPHA, Z, compare, describe, same_distribution
+from kernel_probe.probe import onetensor as initstats
+from kernel_probe.probe.onetensor import ALPHA, Z, describe, same_distribution
+from kernel_probe.probe.onetensor import init_difference as compare
 
 
 def draws(seed: int, n: int, dist: str, scale: float = 1.0) -> torch.Tensor:

@@ -10,7 +10,8 @@ import math
 import pytest
 import torch
 
-from kernel_probe.probe.measure import cases, reference, rel_err
+from kernel_probe.probe.measure import rel_err
+from kernel_probe.probe.onetensor import cases, reference
 
 F64 = torch.float64
 

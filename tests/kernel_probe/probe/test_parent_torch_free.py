@@ -1,9 +1,10 @@
 """The probe's own process never imports torch: torch is the workers' (issue 38).
 
 Judging a verdict happens in the probe's process; a verdict module that pulls in a worker-side
-module (``kernel_probe.probe.activation`` imports torch) costs a whole ``import torch`` on the
-probe's path (2.5 s idle on 2 cores, 5 s under load), serially, while every worker waits. Checked
-here for every slot the default probe checks, through real workers, in a fresh interpreter."""
+module (``kernel_probe.slots.activation_kernels`` imports torch) costs a whole ``import torch`` on
+the probe's path (2.5 s idle on 2 cores, 5 s under load), serially, while every worker waits.
+Checked here for every slot the default probe checks, through real workers, in a fresh
+interpreter."""
 
 from __future__ import annotations
 

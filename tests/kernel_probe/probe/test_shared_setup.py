@@ -1,4 +1,4 @@
-"""The set-up a slot's candidates share in the worker (``slotcheck.SetupCache``, issue 38): sharing
+"""The set-up a slot's candidates share in the worker (``measure.SetupCache``, issue 38): sharing
 the inputs, the float64 reference and torch.nn's pass changes no figure and no verdict, and a
 candidate that writes into its input or its grad_output cannot change what the next one is judged
 against."""
@@ -12,8 +12,8 @@ import pytest
 from kernel_probe import candidates as cands
 from kernel_probe.probe import correctness
 from kernel_probe.probe.judge import Policy, judge_candidate
+from kernel_probe.probe.measure import SetupCache
 from kernel_probe.probe.report import report_base
-from kernel_probe.probe.slotcheck import SetupCache
 
 HIDDEN = 24
 ROWS = [("float32", "true"), ("bfloat16", "mixed"), ("float16", "true")]
@@ -119,14 +119,20 @@ WINDOWED = {"window": 6}
 
 
 def attention_measured(shared: SetupCache | None, options=WINDOWED) -> list[tuple[Any, Any]]:
-    from kernel_probe.probe import attention, attention_verdict
+    from kernel_probe.slots import attention, attention_kernels
 
     out = []
     for spec in ATTENTION:
         cand = candidate(spec if spec.startswith("torch.") else f"Attention={spec}")
-        raw = attention.check(cand, "cpu", ROWS[:2], canonical_overrides=options, shared=shared)
-        report = attention_verdict.judge(
-            raw, cand, "cpu", report_base(cand, "Attention", "cpu"), attention.canonical(options)
+        raw = attention_kernels.check(
+            cand, "cpu", ROWS[:2], canonical_overrides=options, shared=shared
+        )
+        report = attention.judge(
+            raw,
+            cand,
+            "cpu",
+            report_base(cand, "Attention", "cpu"),
+            attention.canonical_options(options),
         )
         out.append((figures(raw.to_json()), (report.status, report.reasons)))
     return out

@@ -1,23 +1,17 @@
-"""The Activation slot's measurements, in the worker: forward and backward against a float64
+"""The Activation slot's measurements, in the worker (torch): forward and backward against a float64
 reference of the model's declared function, on hard inputs, what the candidate really computes, and
 its timing.
 
-The reference is the declared function (``kernel_lock.slots.activation.ACTIVATION_FUNCTIONS``) in
-float64, or for a declared ``other:module.Class`` that class itself run in float64. torch.nn's own
-implementation of the same function in the same dtype is the baseline its errors are judged against
-(``judge.judge_row``: max, RMS and bias, the project's one rule). Outputs: ``y`` and ``dx``.
-
-What a candidate computes is measured, not taken from its name (``identify``): its float32 output on
-the inputs where the functions differ most is compared with every known function's reference, and
-the one it matches under the tolerance rule is reported (``CheckReply.computes``). Where that is not
-the declared function, its rows are also measured against what it does compute (``approx_cases``),
-so the verdict can accept an approximation (a tanh GELU for an erf model) only when the user says
-so.
+The reference is the declared function in float64 (for a declared ``other:module.Class``, that
+class run in float64); torch.nn's own implementation in the same dtype is the baseline its errors
+are judged against. Outputs: ``y`` and ``dx``. What a candidate computes is measured, not taken from
+its name (``identify``): its float32 output on the inputs where the functions differ most, matched
+against every known function's reference. Where that is not the declared function, its rows are also
+measured against what it does compute (``approx_cases``), for ``--allow-approximation``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -27,6 +21,7 @@ import torch
 
 from kernel_lock.slots import torch_device
 from kernel_lock.slots.activation import ACTIVATION_FUNCTIONS, OTHER_FUNCTION, declared_function
+from kernel_lock.trust import import_target
 from kernel_probe.candidates import Candidate
 from kernel_probe.isolation.protocol import (
     FLAG_GRAD_OUTPUT_MODIFIED,
@@ -39,25 +34,15 @@ from kernel_probe.isolation.protocol import (
     TimingProgressMessage,
     TimingRow,
 )
-from kernel_probe.probe.measure import (
-    compare,
-    first_line,
-    import_class,
-    no_twin,
-    torch_dtype,
-    twin_candidate,
-)
-from kernel_probe.probe.slotcheck import import_stop
+from kernel_probe.probe import measure, timing
+from kernel_probe.probe.tolerance import tolerance
+from kernel_probe.shapes import parse_shape
 
 OUTPUTS = ("y", "dx")
-ROWS, WIDTH = (
-    8,
-    256,
-)  # every case is (ROWS, WIDTH): 2,048 elements, a fraction of a millisecond per call
+ROWS, WIDTH = 8, 256  # every case is (ROWS, WIDTH): 2,048 elements, a fraction of a ms per call
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
-# ---- the functions: float64 references and torch.nn's own, in the inputs' dtype ------------------
 def _gelu_erf(x: Any) -> Any:
     return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
 
@@ -66,6 +51,7 @@ def _gelu_tanh(x: Any) -> Any:
     return 0.5 * x * (1.0 + torch.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3)))
 
 
+# the functions: float64 references, and torch.nn's own in the inputs' dtype
 REFERENCES: dict[str, Callable[[Any], Any]] = {
     "gelu-erf": _gelu_erf,
     "gelu-tanh": _gelu_tanh,
@@ -81,13 +67,19 @@ TORCH_NN: dict[str, Callable[[Any], Any]] = {
     "sigmoid": torch.sigmoid,
 }
 assert tuple(REFERENCES) == tuple(TORCH_NN) == ACTIVATION_FUNCTIONS
+HINTS = {
+    "random": "plain random input",
+    "gelu-gap": "|x| in 0.5..4: where GELU's erf and tanh forms differ most (~4.7e-4)",
+    "large-magnitude": "|x| from 10 to 30,000: overflow of x**3 or exp(-x) in low precision",
+    "tiny": "|x| from 1e-6 to 1e-2: relative accuracy near zero",
+    "non-contiguous": "a non-contiguous (transposed) 3-D view",
+}
 
 
 def function_of_other(function: str) -> Callable[[Any], Any]:
     """A declared ``other:module.Class``: that class built with no arguments, run in the input's
     dtype (in float64 it is the reference, in the checked dtype torch's baseline)."""
-    cls = import_class(function[len(OTHER_FUNCTION) :])
-    module = cls()
+    module = measure.import_class(function[len(OTHER_FUNCTION) :])()
     return lambda x: module(x)
 
 
@@ -99,16 +91,6 @@ def functions_for(function: str) -> tuple[Callable[[Any], Any], Callable[[Any], 
     return REFERENCES[function], TORCH_NN[function]
 
 
-# ---- the inputs ----------------------------------------------------------------------------------
-HINTS = {
-    "random": "plain random input",
-    "gelu-gap": "|x| in 0.5..4: where GELU's erf and tanh forms differ most (~4.7e-4)",
-    "large-magnitude": "|x| from 10 to 30,000: overflow of x**3 or exp(-x) in low precision",
-    "tiny": "|x| from 1e-6 to 1e-2: relative accuracy near zero",
-    "non-contiguous": "a non-contiguous (transposed) 3-D view",
-}
-
-
 def cases(dtype: Any, gen: torch.Generator) -> dict[str, Any]:
     """The check's inputs, each (ROWS, WIDTH) in ``dtype`` (the non-contiguous one a transposed 3-D
     view of as many elements), drawn in float64 on the CPU (the same values on every device)."""
@@ -118,14 +100,13 @@ def cases(dtype: Any, gen: torch.Generator) -> dict[str, Any]:
         sign = torch.where(torch.rand(n, generator=gen, dtype=torch.float64) < 0.5, -1.0, 1.0)
         return (magnitudes[torch.randperm(n, generator=gen)] * sign).reshape(ROWS, WIDTH)
 
+    f64 = torch.float64
     raw = {
-        "random": torch.randn(ROWS, WIDTH, generator=gen, dtype=torch.float64) * 2.0,
-        "gelu-gap": signed(torch.linspace(0.5, 4.0, n, dtype=torch.float64)),
-        "large-magnitude": signed(torch.logspace(1.0, math.log10(3e4), n, dtype=torch.float64)),
-        "tiny": signed(torch.logspace(-6.0, -2.0, n, dtype=torch.float64)),
-        "non-contiguous": torch.randn(
-            WIDTH // 8, ROWS, 8, generator=gen, dtype=torch.float64
-        ).transpose(0, 1)
+        "random": torch.randn(ROWS, WIDTH, generator=gen, dtype=f64) * 2.0,
+        "gelu-gap": signed(torch.linspace(0.5, 4.0, n, dtype=f64)),
+        "large-magnitude": signed(torch.logspace(1.0, math.log10(3e4), n, dtype=f64)),
+        "tiny": signed(torch.logspace(-6.0, -2.0, n, dtype=f64)),
+        "non-contiguous": torch.randn(WIDTH // 8, ROWS, 8, generator=gen, dtype=f64).transpose(0, 1)
         * 3.0,
     }
     device = torch.get_default_device()
@@ -137,9 +118,8 @@ class NotElementwise(ValueError):
 
 
 def _run(fn: Callable[[Any], Any], x: Any, go: Any) -> dict[str, Any]:
-    """y and dx of ``fn`` at ``x`` with grad_output ``go``, and whether it modified either. The
-    input is no leaf (as inside a model, where it is a Linear's output), so an activation that
-    writes into it runs as it would there, and the write is seen."""
+    """y and dx of ``fn`` at ``x`` with grad_output ``go``, and whether it modified either."""
+    # the input is no leaf (inside a model it is a Linear's output): a write into it runs as there
     leaf = x.detach().clone().requires_grad_(True)
     inp = leaf.clone()
     kept, gout = inp.detach().clone(), go.detach().clone()
@@ -165,18 +145,14 @@ def _errors(
     errors, stats = {}, {}
     for name in OUTPUTS:
         g = got[name].detach().double() if got[name].shape == ref[name].shape else None
-        errors[name], stats[name] = compare(
+        errors[name], stats[name] = measure.compare(
             g, base[name].detach().double(), ref[name].detach().double(), rows=True
         )
     return errors, stats
 
 
 def _measure(
-    mod: Any,
-    function: str,
-    xs: Mapping[str, Any],
-    gos: Mapping[str, Any],
-    flags: dict[str, str] | None,
+    mod: Any, function: str, xs: Mapping[str, Any], gos: Mapping[str, Any], flags: dict | None
 ) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, ErrorStats]]]:
     """Per case: the candidate's and torch's errors against ``function``'s float64 reference."""
     reference, own = functions_for(function)
@@ -194,14 +170,10 @@ def _measure(
     return cases_out, stats_out
 
 
-# ---- what the candidate computes -----------------------------------------------------------------
 def identify(mod: Any, declared: str, gen: torch.Generator) -> str:
     """The function the candidate's float32 forward matches on the random and the gelu-gap inputs
     (its max error within 4 x torch's own + 2 eps): the declared one first, then each known one; ""
-    when it matches none. The forward says which function it is; a wrong backward is the rows' to
-    reject."""
-    from kernel_probe.probe.tolerance import tolerance
-
+    when it matches none. A wrong backward is the rows' to reject."""
     xs = cases(torch.float32, gen)
     names = ("random", "gelu-gap")
     gos = {
@@ -214,11 +186,11 @@ def identify(mod: Any, declared: str, gen: torch.Generator) -> str:
             reference, own = functions_for(function)
             ok = True
             for n in names:
-                ref, base = (
-                    _run(reference, xs[n].double(), gos[n].double()),
-                    _run(own, xs[n], gos[n]),
+                ref = _run(reference, xs[n].double(), gos[n].double())
+                base = _run(own, xs[n], gos[n])
+                errors, _ = measure.compare(
+                    got[n]["y"].double(), base["y"].double(), ref["y"], rows=False
                 )
-                errors, _ = compare(got[n]["y"].double(), base["y"].double(), ref["y"], rows=False)
                 ok = ok and errors[0] <= tolerance(errors[1], "float32")
         except Exception:  # a declared class that cannot run in float64: it identifies nothing
             ok = False
@@ -227,13 +199,12 @@ def identify(mod: Any, declared: str, gen: torch.Generator) -> str:
     return ""
 
 
-# ---- one row: a dtype and regime -----------------------------------------------------------------
 def _row(
     mod: Any, function: str, computes: str, dtype_name: str, regime: str, seed: int
 ) -> MeasurementRow:
     row: MeasurementRow = {"dtype": dtype_name, "regime": regime}
     start = time.perf_counter()
-    dtype = torch_dtype(dtype_name)
+    dtype = measure.torch_dtype(dtype_name)
     gen = torch.Generator().manual_seed(seed)
     try:
         xs = cases(dtype, gen)
@@ -242,32 +213,21 @@ def _row(
         }
         flags: dict[str, str] = {}
         # "mixed": under autocast, on inputs in the low dtype (what the Linear before it hands it)
-        mixed = regime == "mixed"
-        autocast = (
-            torch.autocast(torch.get_default_device().type, dtype=dtype)
-            if mixed
-            else contextlib.nullcontext()
-        )
-        with autocast:
+        mixed = (torch.get_default_device().type, dtype) if regime == "mixed" else None
+        with measure.autocasting(mixed):
             row["cases"], row["stats"] = _measure(mod, function, xs, gos, flags)
             if computes and computes != function:
                 row["approx_cases"], row["approx_stats"] = _measure(mod, computes, xs, gos, None)
             a, b = _run(mod, xs["random"], gos["random"]), _run(mod, xs["random"], gos["random"])
-        same = all(torch.equal(a[n], b[n]) for n in OUTPUTS)
-        spread = max(float((a[n].double() - b[n].double()).abs().max()) for n in OUTPUTS)
-        row["nondeterministic"] = (
-            None if same else f"two identical fwd+bwd differ by up to {spread:.3g}"
-        )
+        row["nondeterministic"] = measure.nondeterminism(a, b, OUTPUTS)
         row["flags"] = flags
-    except NotElementwise as exc:
-        row.pop("cases", None)
-        row.pop("stats", None)
-        row["flags"] = {FLAG_NOT_ELEMENTWISE: str(exc)}
-        return row
     except Exception as exc:
         row.pop("cases", None)
         row.pop("stats", None)
-        row["exception"] = first_line(exc, 400)
+        if isinstance(exc, NotElementwise):
+            row["flags"] = {FLAG_NOT_ELEMENTWISE: str(exc)}
+        else:
+            row["exception"] = measure.first_line(exc, 400)
         return row
     row["seconds"] = time.perf_counter() - start
     return row
@@ -275,43 +235,35 @@ def _row(
 
 def build(cand: Candidate) -> Any:
     """An instance of the candidate (an activation takes no dimensions: its pinned kwargs only)."""
-    from kernel_lock.trust import import_target
-
     cls = import_target(cand.target, (cand.target.split(".")[0],), semantics="activation")
-    kwargs = dict(cand.kwargs)
-    kwargs.update(cand.build_kwargs)
-    return cls(*cand.args, **kwargs)
+    return cls(*cand.args, **{**cand.kwargs, **cand.build_kwargs})
 
 
 def _twin(cand: Candidate, mod: Any, gen: torch.Generator) -> dict[str, Any]:
-    """The portable twin on a random input: the largest relative difference of y or dx. Its state
-    dict interchanges with the candidate's only when both are empty (or have the same keys and
-    shapes)."""
-    twin_cand = twin_candidate(cand, "Activation")
+    """The portable twin on a random input: the largest relative difference of y or dx; the state
+    dicts interchange only when they have the same keys and shapes (both empty)."""
+    twin_cand = measure.twin_candidate(cand, "Activation")
     if twin_cand is None:
-        return no_twin()
+        return measure.no_twin()
     try:
         twin = build(twin_cand)
-        x = (
-            torch.randn(ROWS, WIDTH, generator=gen, dtype=torch.float64)
-            .float()
-            .to(torch.get_default_device())
-            * 2
-        )
+        x = torch.randn(ROWS, WIDTH, generator=gen, dtype=torch.float64).float()
+        x = x.to(torch.get_default_device()) * 2
         go = torch.randn_like(x)
         a, b = _run(mod, x, go), _run(twin, x, go)
     except Exception as exc:
-        return {"state_dict": "incompatible", "reason": f"the twin raised {first_line(exc, 300)}"}
+        return {
+            "state_dict": "incompatible",
+            "reason": f"the twin raised {measure.first_line(exc, 300)}",
+        }
     mine, theirs = mod.state_dict(), twin.state_dict()
     same = set(mine) == set(theirs) and all(mine[k].shape == theirs[k].shape for k in mine)
     worst = 0.0
     for n in OUTPUTS:
         scale = float(b[n].double().abs().max()) or 1.0
         worst = max(worst, float((a[n].double() - b[n].double()).abs().max()) / scale)
-    out: dict[str, Any] = {
-        "state_dict": "interchangeable" if same else "incompatible",
-        "max_error": worst,
-    }
+    out: dict[str, Any] = {"state_dict": "interchangeable" if same else "incompatible"}
+    out["max_error"] = worst
     if not same:
         out["reason"] = (
             f"state dict keys differ: {sorted(mine)} against the twin's {sorted(theirs)}"
@@ -319,7 +271,6 @@ def _twin(cand: Candidate, mod: Any, gen: torch.Generator) -> dict[str, Any]:
     return out
 
 
-# ---- the worker's entry points -------------------------------------------------------------------
 def check(
     cand: Candidate,
     device: str,
@@ -329,25 +280,19 @@ def check(
     seed: int = 0,
 ) -> CheckReply:
     """Raw measurements of one Activation candidate against the declared function."""
-    from kernel_probe.probe.attention import _on
-
     function = declared_function(canonical_overrides)
-    import_s, stopped = import_stop(cand, device)
+    import_s, stopped = measure.import_stop(cand, device)
     if stopped is not None:
         return stopped
-    with _on(device):
+    with measure.on_device(device):
         try:
             mod = build(cand)
-            if function.startswith(OTHER_FUNCTION):
-                # the declared class must build: else nothing can be judged
-                function_of_other(function)
+            if function.startswith(OTHER_FUNCTION):  # the declared class must build: else nothing
+                function_of_other(function)  # can be judged
         except Exception as exc:
+            error = measure.first_line(exc, 400)
             return CheckReply(
-                candidate=cand.id,
-                device=device,
-                phase="build",
-                error=first_line(exc, 400),
-                import_s=import_s,
+                candidate=cand.id, device=device, phase="build", error=error, import_s=import_s
             )
         try:
             computes = identify(mod, function, torch.Generator().manual_seed(seed + 11))
@@ -370,19 +315,14 @@ def time_candidate(
     progress: Callable[[TimingProgressMessage], None] | None = None,
 ) -> TimeReply:
     """fwd+bwd at each shape (``ROWSxHIDDEN``: the activation applied to rows x hidden elements; a
-    Linear's ``ROWSxINxOUT`` times rows x out) with the timing module's clock and repetition
-    rule."""
-    from kernel_probe.probe import timing
-    from kernel_probe.shapes import parse_shape
-
+    Linear's ``ROWSxINxOUT`` times rows x out) with the timing module's clock and repetitions."""
     tdev = torch_device(device)
 
-    def measure(text: str, timed: Callable[[Callable[[], None]], TimingRow]) -> None:
+    def run_shape(text: str, timed: Callable[[Callable[[], None]], TimingRow]) -> None:
         rows, hidden, out = parse_shape(text)
         mod = build(cand)
-        x = torch.randn(
-            rows, out or hidden, device=tdev, dtype=torch_dtype(dtype_name), requires_grad=True
-        )
+        dtype = measure.torch_dtype(dtype_name)
+        x = torch.randn(rows, out or hidden, device=tdev, dtype=dtype, requires_grad=True)
         go = torch.randn_like(x)
 
         def step() -> None:
@@ -392,19 +332,17 @@ def time_candidate(
         # x read, y written forward; x and grad_out read, dx written backward
         row["gbps"] = 5 * x.numel() * x.element_size() / (row["median_ms"] / 1e3) / 1e9
 
-    return timing.step_rows(cand.id, device, shapes, dtype_name, options, progress, measure)
+    return timing.step_rows(cand.id, device, shapes, dtype_name, options, progress, run_shape)
 
 
 def try_once(cand: Candidate, device: str) -> dict[str, Any]:
     """One tiny forward and backward on a device the candidate does not declare: why it cannot
     run."""
-    from kernel_probe.probe.attention import _on
-
     try:
-        with _on(device):
+        with measure.on_device(device):
             mod = build(cand)
             x = torch.randn(4, 16, device=torch_device(device), requires_grad=True)
             mod(x).sum().backward()
     except Exception as exc:
-        return {"ran": False, "error": first_line(exc, 500)}
+        return {"ran": False, "error": measure.first_line(exc, 500)}
     return {"ran": True}

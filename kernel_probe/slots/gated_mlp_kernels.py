@@ -1,22 +1,16 @@
-"""The GatedMLP slot's checks, run inside the worker: anemoi's gated MLP layer, forward and
+"""The GatedMLP slot's checks, run inside the worker (torch): anemoi's gated MLP layer, forward and
 backward.
 
 A candidate is built as the lock would build it (``Class(in_features, out_features,
 mlp_implementation=..., bias=True)``), given parameters that are neither ones nor zeros through a
-strict ``load_state_dict`` under anemoi's keys, and run forward and backward at anemoi's shapes:
-``num_channels`` 1024 in, ``compute_mlp_hidden_dim(1024, 2.67)`` out (the ratio anemoi's configs
-advise for gated variants), a few rows; by default the same check at 96 in (256 out), which costs
-little in every dtype. Every output (``y``, ``dx`` and the gradient of every parameter) is compared
-with the float64 reference of the formula (``kernel_lock.slots.gated_mlp``) and judged, against
-torch's own gated layer in the same dtype and regime, by the one rule every slot's outputs go
-through (``judge.judge_output``; ``gated_mlp_verdict``). The baseline is anemoi's own
-``GatedMLPLayer`` with ``torch.nn.Linear`` where anemoi-models imports, else the same computation
-from ``kernel_lock.gated_mlp.GatedMLP``.
-
-Besides the errors, what a fused kernel gets wrong in ways the formula names: a candidate whose
-output matches the formula with the tanh GELU instead of erf, with the gate and value projections
-swapped, or without the projections' biases, is rejected naming that. The state dict is checked
-against anemoi's layer both ways: anemoi layer -> candidate -> anemoi layer, strict, bitwise.
+strict ``load_state_dict`` under anemoi's keys, and run at anemoi's shapes: ``num_channels`` in,
+``compute_mlp_hidden_dim(in, 2.67)`` out (the ratio anemoi's configs advise for gated variants), a
+few rows; 96 in by default, 1024 as anemoi's presets (``--hidden``). Every output is compared with
+the float64 reference of the formula (``kernel_lock.slots.gated_mlp``), and with torch's own gated
+layer in the same dtype and regime: anemoi's ``GatedMLPLayer`` with ``torch.nn.Linear`` where
+anemoi-models imports, else ``kernel_lock.gated_mlp.GatedMLP``. An output that matches the formula
+with the tanh GELU instead of erf, with the gate and value swapped, or without the biases is named;
+the state dict is checked against anemoi's both ways (strict, bitwise).
 """
 
 from __future__ import annotations
@@ -31,6 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from kernel_lock.gated_mlp import TORCH_GATES, GatedMLP
 from kernel_lock.slots import SPECS, torch_device
 from kernel_lock.slots.gated_mlp import gate_for
 from kernel_probe.candidates import Candidate
@@ -41,30 +36,18 @@ from kernel_probe.isolation.protocol import (
     TimeReply,
     TimingRow,
 )
-from kernel_probe.probe.gated_mlp_verdict import (
+from kernel_probe.probe import measure, repetitions, timing
+from kernel_probe.shapes import parse_shape
+from kernel_probe.slots.gated_mlp import (
     FLAG_INPUT_MODIFIED,
     FLAG_MISTAKE,
     FLAG_STATE_DICT,
     HINTS,
     MISTAKES,
 )
-from kernel_probe.probe.measure import (
-    autocasting,
-    build,
-    compare,
-    first_line,
-    import_class,
-    one_cpu_thread,
-    rel_err,
-    torch_dtype,
-)
-from kernel_probe.probe.slotcheck import import_stop
 
-ANEMOI_IN = (
-    1024  # anemoi's num_channels in every preset: ``check --hidden 1024``, the tests, the GPU kit
-)
-# the default check: 96 in, 256 out, cheap in every dtype (bf16 matmuls are emulated on AVX2)
-CHECK_IN = 96
+ANEMOI_IN = 1024  # anemoi's num_channels in every preset: ``check --hidden 1024``, the GPU kit
+CHECK_IN = 96  # the default check: 96 in, 256 out, cheap in every dtype (bf16 emulated on AVX2)
 CHECK_RATIO = 2.67  # anemoi's configs: "use 4 (mlp) or ~2.67 (glu/swiglu/geglu/reglu)"
 CHECK_ROWS = 8  # a few rows: at anemoi's shape each is 1024 in, 2734 out (the cost is the matmuls)
 PARAMS = ("gate_proj.weight", "gate_proj.bias", "value_proj.weight", "value_proj.bias")
@@ -82,10 +65,8 @@ def hidden_dim(num_channels: int, ratio: float) -> int:
 def canonical(overrides: Mapping[str, Any] | None, in_features: int = CHECK_IN) -> dict[str, Any]:
     """The values a GatedMLP template names: the model's mlp_implementation, the bias and the
     sizes."""
-    values = {
-        **SPECS["GatedMLP"].canonical,
-        **{k: v for k, v in (overrides or {}).items() if v is not None},
-    }
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    values = {**SPECS["GatedMLP"].canonical, **given}
     gate_for(values["mlp_implementation"])  # ValueError for "mlp" or a name anemoi does not know
     out = hidden_dim(in_features, CHECK_RATIO)
     values.update(
@@ -97,8 +78,6 @@ def canonical(overrides: Mapping[str, Any] | None, in_features: int = CHECK_IN) 
 def reference(x: Any, params: Mapping[str, Any], function: str, mistake: str = "") -> Any:
     """The formula in x's dtype (float64 for the reference): ``gate(gate_proj(x)) * value_proj(x)``;
     ``mistake`` computes one of ``MISTAKES`` instead."""
-    from kernel_lock.gated_mlp import TORCH_GATES
-
     wb: dict[str, Any] = {
         k: (None if mistake == "no-bias" and k.endswith("bias") else v) for k, v in params.items()
     }
@@ -116,10 +95,8 @@ def parameters(
     fails)."""
     out: dict[str, Any] = {}
     for proj in ("gate_proj", "value_proj"):
-        out[f"{proj}.weight"] = torch.randn(
-            out_features, in_features, generator=gen, dtype=torch.float64
-        )
-        out[f"{proj}.weight"] /= math.sqrt(in_features)
+        weight = torch.randn(out_features, in_features, generator=gen, dtype=torch.float64)
+        out[f"{proj}.weight"] = weight / math.sqrt(in_features)
         if bias:
             out[f"{proj}.bias"] = 0.5 * torch.randn(
                 out_features, generator=gen, dtype=torch.float64
@@ -134,37 +111,24 @@ def anemoi_layer(values: Mapping[str, Any]) -> Any | None:
         from anemoi.models.layers.mlp import GatedMLPLayer
     except ImportError:
         return None
-    kernels = types.SimpleNamespace(Linear=torch.nn.Linear)
     # anemoi reads layer_kernels.Linear only (a DotDict in anemoi's own call sites)
-    return GatedMLPLayer(
-        values["in_features"],
-        values["out_features"],
-        kernels,  # type: ignore[arg-type]
-        values["mlp_implementation"],
-    )
+    kernels: Any = types.SimpleNamespace(Linear=torch.nn.Linear)
+    n_in, n_out = values["in_features"], values["out_features"]
+    return GatedMLPLayer(n_in, n_out, kernels, values["mlp_implementation"])
 
 
 def _torch_layer(values: Mapping[str, Any]) -> Any:
-    from kernel_lock.gated_mlp import GatedMLP
-
-    return GatedMLP(
-        values["in_features"],
-        values["out_features"],
-        values["mlp_implementation"],
-        bias=values["bias"],
-    )
+    n_in, n_out = values["in_features"], values["out_features"]
+    return GatedMLP(n_in, n_out, values["mlp_implementation"], bias=values["bias"])
 
 
 def state_dict_problem(mod: Any, values: Mapping[str, Any], gen: torch.Generator) -> str | None:
     """anemoi layer -> candidate -> anemoi layer, strict and bitwise (float32): None when the
     candidate holds anemoi's state dict exactly, else what differs."""
-    ours = anemoi_layer(values)
-    source = "anemoi-models' GatedMLPLayer"
+    ours, source = anemoi_layer(values), "anemoi-models' GatedMLPLayer"
     if ours is None:
-        ours, source = (
-            _torch_layer(values),
-            "kernel_lock.gated_mlp.GatedMLP (anemoi-models is not installed)",
-        )
+        ours = _torch_layer(values)
+        source = "kernel_lock.gated_mlp.GatedMLP (anemoi-models is not installed)"
     with torch.no_grad():
         for p in ours.parameters():
             p.copy_(torch.randn(p.shape, generator=gen))
@@ -172,29 +136,18 @@ def state_dict_problem(mod: Any, values: Mapping[str, Any], gen: torch.Generator
     have = set(mod.state_dict())
     if have != set(want):
         missing, extra = sorted(set(want) - have), sorted(have - set(want))
-        return f"its state dict is not {source}'s: " + "; ".join(
-            s
-            for s in (
-                f"missing {missing}" if missing else "",
-                f"unexpected {extra}" if extra else "",
-            )
-            if s
-        )
+        parts = [f"missing {missing}" if missing else "", f"unexpected {extra}" if extra else ""]
+        return f"its state dict is not {source}'s: " + "; ".join(s for s in parts if s)
     mod_f32 = mod.float()
     try:
         mod_f32.load_state_dict(want, strict=True)
     except (RuntimeError, KeyError) as exc:
-        return f"{source}'s state dict does not load into it strictly: {first_line(exc, 300)}"
+        why = measure.first_line(exc, 300)
+        return f"{source}'s state dict does not load into it strictly: {why}"
     back = anemoi_layer(values) or _torch_layer(values)
     back.load_state_dict(mod_f32.state_dict(), strict=True)
     changed = [k for k, t in back.state_dict().items() if not torch.equal(t, want[k])]
     return f"the round trip through it changes {changed}" if changed else None
-
-
-def _inputs(case: str, values: Mapping[str, Any], gen: torch.Generator) -> tuple[Any, Any]:
-    x = torch.randn(CHECK_ROWS, values["in_features"], generator=gen, dtype=torch.float64)
-    gy = torch.randn(CHECK_ROWS, values["out_features"], generator=gen, dtype=torch.float64)
-    return (3.0 * x if case == "wide-gate" else x), gy
 
 
 def _pass(mod: Any, x: Any, gy: Any, autocast: tuple[str, Any] | None) -> dict[str, Any]:
@@ -202,7 +155,7 @@ def _pass(mod: Any, x: Any, gy: Any, autocast: tuple[str, Any] | None) -> dict[s
     before = x.detach().clone()
     for p in mod.parameters():
         p.grad = None
-    with autocasting(autocast):
+    with measure.autocasting(autocast):
         y = mod(x)
     y.backward(gy)
     grads = dict(mod.named_parameters())
@@ -216,86 +169,75 @@ def _reference_pass(x: Any, gy: Any, params: Mapping[str, Any], function: str) -
     p64 = {k: t.detach().clone().requires_grad_(True) for k, t in params.items()}
     y = reference(x64, p64, function)
     y.backward(gy)
-    return {
-        "y": y.detach(),
-        "dx": x64.grad,
-        **{k: p64[k].grad if k in p64 else None for k in PARAMS},
-    }
-
-
-def _load(mod: Any, params: Mapping[str, Any], param_dtype: Any) -> None:
-    # strict: a candidate without anemoi's keys fails here, named by the state-dict flag
-    mod.load_state_dict({k: t.to(param_dtype) for k, t in params.items()}, strict=True)
+    grads = {k: p64[k].grad if k in p64 else None for k in PARAMS}
+    return {"y": y.detach(), "dx": x64.grad, **grads}
 
 
 def _row(
     cand: Candidate, values: Mapping[str, Any], dtype_name: str, regime: str, device: str
 ) -> MeasurementRow:
-    row: MeasurementRow = {
-        "dtype": dtype_name,
-        "regime": regime,
-        "cases": {},
-        "stats": {},
-        "flags": {},
-    }
-    dtype = torch_dtype(dtype_name)
-    tdev = torch_device(device)
+    row: MeasurementRow = {"dtype": dtype_name, "regime": regime, "cases": {}, "stats": {}}
+    row["flags"] = {}
+    dtype, tdev = measure.torch_dtype(dtype_name), torch_device(device)
     param_dtype = torch.float32 if regime == "mixed" else dtype
     autocast = (tdev, dtype) if regime == "mixed" else None
     function = gate_for(values["mlp_implementation"]).function
     gen = torch.Generator().manual_seed(0)
     start = time.perf_counter()
     try:
-        mod = build(cand, values, tdev, param_dtype)
+        mod = measure.build(cand, values, tdev, param_dtype)
     except Exception as exc:
-        row["exception"] = first_line(exc, 400)
+        row["exception"] = measure.first_line(exc, 400)
         return row
     problem = state_dict_problem(mod, values, torch.Generator().manual_seed(1))
     if problem:
         row["flags"][FLAG_STATE_DICT] = problem
         return row
     mod = mod.to(device=tdev, dtype=param_dtype)
-    base = anemoi_layer(values) or _torch_layer(values)
-    base = base.to(device=tdev, dtype=param_dtype)
-    params = parameters(
-        values["in_features"], values["out_features"], gen, bias=bool(values["bias"])
-    )
-    _load(mod, params, param_dtype)
-    _load(base, params, param_dtype)
-    # the reference from the parameters as the candidate holds them (rounded to its dtype), on the
-    # CPU
+    base = (anemoi_layer(values) or _torch_layer(values)).to(device=tdev, dtype=param_dtype)
+    params = parameters(values["in_features"], values["out_features"], gen, bool(values["bias"]))
+    for m in (mod, base):  # strict: a candidate without anemoi's keys fails here
+        m.load_state_dict({k: t.to(param_dtype) for k, t in params.items()}, strict=True)
+    # the reference from the parameters as the candidate holds them (rounded), on the CPU
     held = {k: t.to(param_dtype).to(torch.float64) for k, t in params.items()}
     for case in HINTS:
-        x64, gy64 = _inputs(case, values, gen)
+        x64 = torch.randn(CHECK_ROWS, values["in_features"], generator=gen, dtype=torch.float64)
+        gy64 = torch.randn(CHECK_ROWS, values["out_features"], generator=gen, dtype=torch.float64)
+        x64 = 3.0 * x64 if case == "wide-gate" else x64
         x, gy = x64.to(device=tdev, dtype=dtype), gy64.to(device=tdev, dtype=dtype)
         ref = _reference_pass(x.double().cpu(), gy.double().cpu(), held, function)
         try:
             got = _pass(mod, x, gy, autocast)
         except Exception as exc:
-            row["exception"] = first_line(exc, 400)
+            row["exception"] = measure.first_line(exc, 400)
             return row
         ours = _pass(base, x, gy, autocast)
         if not got["intact"]:
             row["flags"][FLAG_INPUT_MODIFIED] = case
-        errors: dict[str, list[float]] = {}
-        stats: dict[str, ErrorStats] = {}
-        for name in OUTPUTS:
-            if ref[name] is None:
-                continue
-            g, b = got[name], ours[name]
-            errors[name], stats[name] = compare(
-                None if g is None else g.cpu(),
-                None if b is None else b.cpu(),
-                ref[name],
-                rows=name in ("y", "dx"),
-            )
-        row["cases"][case] = errors
-        row["stats"][case] = stats
+        row["cases"][case], row["stats"][case] = _errors(got, ours, ref)
         if case == "random":
             _mistake(row, got["y"].cpu(), ours["y"].cpu(), x.double().cpu(), held, function)
     row["twin"] = _twin(cand, values, mod, x, autocast)
     row["seconds"] = time.perf_counter() - start
     return row
+
+
+def _errors(
+    got: Mapping[str, Any], ours: Mapping[str, Any], ref: Mapping[str, Any]
+) -> tuple[dict[str, list[float]], dict[str, ErrorStats]]:
+    errors: dict[str, list[float]] = {}
+    stats: dict[str, ErrorStats] = {}
+    for name in OUTPUTS:
+        if ref[name] is None:
+            continue
+        g, b = got[name], ours[name]
+        errors[name], stats[name] = measure.compare(
+            None if g is None else g.cpu(),
+            None if b is None else b.cpu(),
+            ref[name],
+            rows=name in ("y", "dx"),
+        )
+    return errors, stats
 
 
 def _twin(
@@ -304,29 +246,29 @@ def _twin(
     """The portable twin given the candidate's state dict (strict): interchangeable, and how far
     apart."""
     if not cand.twin_target:
-        return {"state_dict": "incompatible", "reason": "no twin declared"}
+        return measure.no_twin()
     try:
-        cls = import_class(cand.twin_target)
+        cls = measure.import_class(cand.twin_target)
         twin = cls(values["in_features"], values["out_features"], **cand.pinned_twin_kwargs(values))
         twin = twin.to(device=x.device, dtype=next(mod.parameters()).dtype)
         twin.load_state_dict(mod.state_dict(), strict=True)
-        with torch.no_grad(), autocasting(autocast):
+        with torch.no_grad(), measure.autocasting(autocast):
             a, b = mod(x), twin(x)
     except Exception as exc:
-        return {"state_dict": "incompatible", "reason": first_line(exc, 300)}
-    return {"state_dict": "interchangeable", "max_error": rel_err(a, b.to(torch.float64))}
+        return {"state_dict": "incompatible", "reason": measure.first_line(exc, 300)}
+    return {"state_dict": "interchangeable", "max_error": measure.rel_err(a, b.to(torch.float64))}
 
 
 def _mistake(
     row: MeasurementRow, y: Any, y_base: Any, x: Any, held: Mapping[str, Any], function: str
 ) -> None:
     """Which of ``MISTAKES`` the output matches better than the formula (the verdict names it)."""
-    right = compare(y, y_base, reference(x, held, function), rows=True)[0][0]
+    right = measure.compare(y, y_base, reference(x, held, function), rows=True)[0][0]
     for mistake in MISTAKES:
         if mistake == "gelu_tanh" and function != "gelu_erf":
             continue
-        wrong = compare(y, y_base, reference(x, held, function, mistake), rows=True)[0][0]
-        if wrong < right / 4:
+        wrong = reference(x, held, function, mistake)
+        if measure.compare(y, y_base, wrong, rows=True)[0][0] < right / 4:
             row["flags"][FLAG_MISTAKE] = mistake
             return
 
@@ -339,19 +281,19 @@ def check(
     canonical_overrides: Mapping[str, Any] | None = None,
     hidden: int | None = None,
 ) -> CheckReply:
-    """Raw measurements of one GatedMLP candidate (what ``gated_mlp_verdict.judge`` decides on)."""
+    """Raw measurements of one GatedMLP candidate (what ``slots.gated_mlp.judge`` decides on)."""
     try:
         values = canonical(canonical_overrides, hidden or CHECK_IN)
     except ValueError as exc:
         return CheckReply(candidate=cand.id, device=device, phase="build", error=str(exc))
-    import_s, stopped = import_stop(cand, device)
+    import_s, stopped = measure.import_stop(cand, device)
     if stopped is not None:
         return stopped
-    with one_cpu_thread(device):  # the default check's tensors are small (measure.one_cpu_thread)
+    with measure.one_cpu_thread(device):  # the default check's tensors are small
         rows = [_row(cand, values, d, regime, device) for d, regime in dtypes]
         # what the kernel computes is told in float32, where a formula's mistake (tanh's GELU for
-        # erf's) is far above rounding; in bf16 or fp16 it can hide under it. Measured once, said on
-        # every row
+        # erf's) is far above rounding; in bf16 or fp16 it can hide under it. Measured once, said
+        # on every row
         fp32 = next((r for r in rows if r["dtype"] == "float32"), None)
         if fp32 is None:
             fp32 = _row(cand, values, "float32", "true", device)
@@ -366,12 +308,11 @@ def try_once(cand: Candidate, device: str) -> dict[str, Any]:
     """One tiny forward and backward on a device the candidate does not declare: why it cannot
     run."""
     try:
-        values = canonical(None, 16)
-        mod = build(cand, values, torch_device(device), torch.float32)
+        mod = measure.build(cand, canonical(None, 16), torch_device(device), torch.float32)
         x = torch.randn(2, 16, device=torch_device(device), requires_grad=True)
         mod(x).sum().backward()
     except Exception as exc:
-        return {"ran": False, "error": first_line(exc, 500)}
+        return {"ran": False, "error": measure.first_line(exc, 500)}
     return {"ran": True}
 
 
@@ -386,32 +327,24 @@ def time_candidate(
     tick: Callable[[str, int, int], None] | None = None,
 ) -> TimeReply:
     """Forward+backward of the candidate at each ``ROWSxIN`` shape (out: anemoi's gated hidden
-    width)."""
-    from kernel_probe.probe import repetitions, timing
-    from kernel_probe.shapes import parse_shape
-
-    opts = {**timing.DEFAULT_OPTIONS, **options}
-    tdev = torch_device(device)
-    dtype = torch_dtype(dtype_name)
+    width), fixed repetitions."""
+    opts = {**timing.DEFAULT_OPTIONS, **options, "mode": "fixed"}
+    tdev, dtype = torch_device(device), measure.torch_dtype(dtype_name)
     param_dtype = torch.float32 if regime == "mixed" else dtype
+    autocast = (tdev, dtype) if regime == "mixed" else None
     clock = timing._Clock(device)
     rows_out: list[TimingRow] = []
     for shape in shapes:
         rows, width, _ = parse_shape(shape)
-        head: TimingRow = {
-            "implementation": cand.id,
-            "shape": shape,
-            "dtype": dtype_name,
-            "regime": regime,
-        }
+        head = TimingRow(implementation=cand.id, shape=shape, dtype=dtype_name, regime=regime)
         try:
             values = canonical(overrides, width)
-            mod = build(cand, values, tdev, param_dtype)
+            mod = measure.build(cand, values, tdev, param_dtype)
             x = torch.randn(rows, width, device=tdev, dtype=dtype, requires_grad=True)
             gy = torch.randn(rows, values["out_features"], device=tdev, dtype=dtype)
 
             def step(mod: Any = mod, x: Any = x, gy: Any = gy) -> None:
-                with autocasting((tdev, dtype) if regime == "mixed" else None):
+                with measure.autocasting(autocast):
                     y = mod(x)
                 y.backward(gy)
 
@@ -419,12 +352,11 @@ def time_candidate(
             step()
             clock.sync()
             compile_s = time.perf_counter() - t0
-            samples, how = timing.repeat(clock, step, {**opts, "mode": "fixed"}, tick)
+            samples, how = timing.repeat(clock, step, opts, tick)
         except Exception as exc:
-            rows_out.append({**head, "error": first_line(exc, 400)})
+            rows_out.append({**head, "error": measure.first_line(exc, 400)})
             continue
-        median = statistics.median(samples)
-        out = values["out_features"]
+        median, out = statistics.median(samples), values["out_features"]
         # the least a fwd+bwd moves: x and dy in, y and dx out, both weights read twice and their
         # grads written
         moved = dtype.itemsize * (2 * rows * width + 2 * rows * out + 6 * width * out)

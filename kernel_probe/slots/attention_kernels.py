@@ -1,0 +1,498 @@
+"""The Attention slot's measurements, in the worker (torch): ``out``, ``dq``, ``dk``, ``dv``
+against the float64 reference of the same masked attention, for the candidate and torch's own
+paths, on the hard inputs; the band's edge, determinism, the capability matrix (each option on a
+fresh instance), and the timing at the model's geometry (docs/checks.md, "Attention").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import json
+import math
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from kernel_lock.attention import alibi_bias, band_mask
+from kernel_lock.slots import torch_device
+from kernel_lock.trust import import_target
+from kernel_probe.candidates import Candidate, fill
+from kernel_probe.isolation import protocol
+from kernel_probe.isolation.protocol import CheckReply, MeasurementRow
+from kernel_probe.probe import measure, timing
+from kernel_probe.probe.measure import rel
+from kernel_probe.slots.attention import SMALL_WINDOW, canonical_options, parse_geometry
+
+OUTPUTS = ("out", "dq", "dk", "dv")
+CHECK_HEADS, CHECK_DIM, CHECK_SEQ = 2, 32, 48  # the check's own: a few (S x S) matmuls a case
+
+
+# ---- the reference and torch's own paths -------------------------------------------------------
+@dataclass(frozen=True)
+class Options:
+    """What a call computes besides q, k, v: the layer's options and the call's scale."""
+
+    window: int = -1
+    softcap: float = 0.0
+    alibi: bool = False
+    scale: float | None = None
+
+    @classmethod
+    def of(cls, kwargs: Mapping[str, Any], scale: float | None = None) -> Options:
+        """The options from a candidate's keyword arguments (window, softcap, alibi) and a scale."""
+        window, softcap = int(kwargs.get("window", -1)), float(kwargs.get("softcap", 0.0))
+        return cls(window, softcap, bool(kwargs.get("alibi")), scale)
+
+
+def _scores(raw: Any, q: Any, k: Any, opts: Options) -> Any:
+    """Scaled scores ``raw`` soft-capped, with alibi, masked to the band."""
+    s = opts.softcap * torch.tanh(raw / opts.softcap) if opts.softcap > 0 else raw
+    if opts.alibi:
+        s = s + alibi_bias(q.shape[1], q.shape[-2], k.shape[-2], q.device, s.dtype)
+    if opts.window >= 0:
+        s = s.masked_fill(~band_mask(q.shape[-2], k.shape[-2], opts.window, q.device), -math.inf)
+    return s
+
+
+def explicit(q: Any, k: Any, v: Any, opts: Options) -> Any:
+    """softmax(q k^T * scale [softcap] [+ alibi], masked to the band) v, in the inputs' dtype."""
+    scale = opts.scale if opts.scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    s = _scores((q @ k.transpose(-1, -2)) * scale, q, k, opts)
+    return torch.softmax(s, dim=-1) @ v
+
+
+def math_path(q: Any, k: Any, v: Any, opts: Options) -> Any:
+    """torch's own math path in the inputs' dtype: SDPA's MATH backend, or the explicit formula."""
+    if opts.softcap > 0 or opts.alibi:
+        return explicit(q, k, v, opts)
+    mask = None if opts.window < 0 else band_mask(q.shape[-2], k.shape[-2], opts.window, q.device)
+    with sdpa_kernel([SDPBackend.MATH]):
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=opts.scale
+        )
+
+
+def fused_path(q: Any, k: Any, v: Any, go: Any, opts: Options) -> dict[str, Any]:
+    """The attention as a correct fused kernel orders it, in the inputs' dtype: float32
+    accumulation, the output rounded once, a backward that recomputes P from the log-sum-exp and
+    takes D from the rounded output (its error where the math path is exact by accident)."""
+    dtype = q.dtype
+    q32, k32, v32, go32 = (t.float() for t in (q, k, v, go))
+    scale = opts.scale if opts.scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    half = q.shape[-1] // 2
+    # the forward's scores, and the backward's recomputed in another summation order (as a kernel's
+    # other tiling does): their difference, ~eps * |s|, is what a recomputing backward cannot avoid
+    raw = (q32 @ k32.transpose(-1, -2)) * scale
+    raw_b = (
+        q32[..., :half] @ k32[..., :half].transpose(-1, -2)
+        + q32[..., half:] @ k32[..., half:].transpose(-1, -2)
+    ) * scale
+    s = _scores(raw, q, k, opts)
+    lse = torch.logsumexp(s, dim=-1, keepdim=True)
+    out = (torch.exp(s - lse).to(dtype).float() @ v32).to(dtype)  # P rounded to the dtype for P @ V
+    p = torch.exp(_scores(raw_b, q, k, opts) - lse)
+    delta = (go32 * out.float()).sum(-1, keepdim=True)
+    ds = p * (go32 @ v32.transpose(-1, -2) - delta)
+    if opts.softcap > 0:
+        ds = ds * (1 - torch.tanh(raw_b / opts.softcap) ** 2)
+    ds, p = ds.to(dtype).float(), p.to(dtype).float()  # rounded to the dtype for the last matmuls
+    return {
+        "out": out,
+        "dq": ((ds @ k32) * scale).to(dtype),
+        "dk": ((ds.transpose(-1, -2) @ q32) * scale).to(dtype),
+        "dv": (p.transpose(-1, -2) @ go32).to(dtype),
+    }
+
+
+def _grads(fn: Callable[..., Any], q: Any, k: Any, v: Any, go: Any) -> dict[str, Any]:
+    """out, dq, dk, dv of ``fn`` at (q, k, v) with grad_output ``go``; whether it mutated them."""
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    kept = [t.detach().clone() for t in (q, k, v)]
+    gout = go.detach().clone()
+    out = fn(q, k, v)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), gout.to(out.dtype))
+    same = all(torch.equal(a, b) for a, b in zip(kept, (q, k, v), strict=True))
+    mutated = not same or not torch.equal(gout, go)
+    return {"out": out.detach(), "dq": dq, "dk": dk, "dv": dv, "mutated": mutated}
+
+
+# ---- the inputs --------------------------------------------------------------------------------
+@dataclass
+class Case:
+    """One input: q, k, v (BHSD), grad_output, and the outputs that vanish by construction."""
+
+    name: str
+    q: Any
+    k: Any
+    v: Any
+    go: Any
+    vanishing: tuple[str, ...] = ()
+
+
+def _randn(dtype: Any, gen: torch.Generator) -> Callable[..., Any]:
+    # drawn on the CPU from a seeded generator (the same values on every device), then moved
+    def randn(*shape: int, scale: float = 1.0) -> Any:
+        x = torch.randn(*shape, generator=gen, dtype=torch.float64, device="cpu") * scale
+        return x.to(device=torch.get_default_device(), dtype=dtype)
+
+    return randn
+
+
+def random_case(dtype: Any, gen: torch.Generator) -> Case:
+    """The plain random case: query, key, value and the output gradient, seeded by ``gen``."""
+    randn = _randn(dtype, gen)
+    shape = (1, CHECK_HEADS, CHECK_SEQ, CHECK_DIM)
+    return Case("random", randn(*shape), randn(*shape), randn(*shape), randn(*shape))
+
+
+def cases(dtype: Any, gen: torch.Generator) -> list[Case]:
+    """The check's inputs (``slots.attention.HINTS`` says what each is for)."""
+    h, d, s = CHECK_HEADS, CHECK_DIM, CHECK_SEQ
+    randn = _randn(dtype, gen)
+    out = [random_case(dtype, gen)]
+    # large logits: q and k share a large common part, so unscaled q.k is ~80,000 (over fp16's
+    # 65504) while the softmax stays soft (the common part cancels in it)
+    common = randn(1, h, 1, d, scale=50.0)
+    q, k = common + randn(1, h, s, d, scale=0.05), common + randn(1, h, s, d, scale=0.05)
+    out.append(Case("large-logits", q, k, randn(1, h, s, d), randn(1, h, s, d)))
+    # anemoi-core #1027: a sharp softmax whose keys all carry the same value: out = v, dq = dk = 0
+    q = randn(1, h, s, d, scale=2.5)
+    value = randn(1, h, 1, d).expand(1, h, s, d).contiguous()
+    k = q + randn(1, h, s, d, scale=0.2)
+    out.append(Case("sharp-equal-values", q, k, value, randn(1, h, s, d), ("dq", "dk")))
+    # a non-contiguous view: what anemoi's rearrange of a (batch, grid, heads, vars) tensor gives
+    q, k = randn(1, s, h, d).transpose(1, 2), randn(1, s, h, d).transpose(1, 2)
+    out.append(Case("non-contiguous", q, k, randn(1, h, s, d), randn(1, h, s, d)))
+    for dim in (64, 128):
+        shape = (1, h, 16, dim)
+        q, k, v, go = randn(*shape), randn(*shape), randn(*shape), randn(*shape)
+        out.append(Case(f"head-dim-{dim}", q, k, v, go))
+    return out
+
+
+def _cast(case: Case, dtype: Any) -> Case:
+    """The same values in ``dtype`` (views stay views)."""
+    q, k, v, go = (t.to(dtype) for t in (case.q, case.k, case.v, case.go))
+    return Case(case.name, q, k, v, go, case.vanishing)
+
+
+# ---- measuring: a row per dtype ------------------------------------------------------------------
+def build(cand: Candidate, values: Mapping[str, Any], **override: Any) -> Any:
+    """An instance of the candidate with the canonical options (and ``override``)."""
+    cls = import_target(cand.target, (cand.target.split(".")[0],), semantics="attention")
+    kwargs = {k: fill(v, values) for k, v in cand.kwargs.items()}
+    kwargs.update(override)
+    return cls(*[fill(a, values) for a in cand.args], **kwargs)
+
+
+class _Refused(Exception):
+    """The candidate raised on these inputs: its reason (torch's warnings first)."""
+
+
+@contextlib.contextmanager
+def _refusals() -> Iterator[None]:
+    """What the block raises, raised again as ``_Refused`` with torch's reason."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield
+        except Exception as exc:
+            # torch's SDPA says why it refused a backend in warnings ("Flash attention kernel not
+            # used because:", "Both fused kernels do not support non-zero dropout.")
+            notes = [str(w.message).split(" (Triggered internally")[0] for w in caught]
+            notes = [n for n in dict.fromkeys(notes) if n and "kernel" in n]
+            raise _Refused("; ".join([*notes, measure.first_line(exc, 300)])) from exc
+
+
+def _run(mod: Any, case: Case, *, scale: float | None = None) -> dict[str, Any]:
+    with _refusals():
+        return _grads(lambda q, k, v: mod(q, k, v, scale=scale), case.q, case.k, case.v, case.go)
+
+
+def _errors(got: Mapping, bases: list, ref: Mapping, vanishing: tuple) -> tuple[dict, dict]:
+    """Per output: [the candidate's error, torch's (its paths' larger)], and the statistics per row
+    (none for a vanishing output: its error is measured against max|dv| by the max alone)."""
+    dv_scale = float(ref["dv"].abs().max())
+    out, stats = {}, {}
+    for name in OUTPUTS:
+        denom = dv_scale if name in vanishing else None
+        theirs = max(rel(b[name], ref[name], denom) for b in bases)
+        out[name] = [rel(got[name], ref[name], denom), theirs]
+        if name in vanishing:
+            continue
+        ref64, got64 = ref[name].detach().double(), got[name].detach().double()
+        # torch's statistics: the larger of its math path's and its fused ordering's
+        m, f = (measure.compare(got64, b[name].double(), ref64, rows=True)[1] for b in bases)
+        for key in ("rms", "bias", "sd"):
+            m[key] = [m[key][0], max(m[key][1], f[key][1])]
+        stats[name] = m
+    return out, stats
+
+
+def _torch_side(case: Case, opts: Options) -> tuple[Any, Any, Any]:
+    """torch's math path, its fused path and the float64 reference on ``case``."""
+    base = _grads(lambda q, k, v: math_path(q, k, v, opts), case.q, case.k, case.v, case.go)
+    fused = fused_path(case.q, case.k, case.v, case.go, opts)
+    c64 = _cast(case, torch.float64)
+    ref = _grads(lambda q, k, v: explicit(q, k, v, opts), c64.q, c64.k, c64.v, c64.go)
+    return base, fused, ref
+
+
+def _band_edge(mod: Any, dtype: Any, gen: torch.Generator, window: int) -> str | None:
+    """None when keys outside query i0's band get exactly zero weight and gradient, else what."""
+    h, d, s = CHECK_HEADS, CHECK_DIM, CHECK_SEQ
+    randn = _randn(dtype, gen)
+    q, k, v = (randn(1, h, s, d) for _ in range(3))
+    i0 = s // 2
+    go = torch.zeros_like(q)
+    go[:, :, i0] = 1.0
+    got = _run(mod, Case("edge", q, k, v, go))
+    outside = (torch.arange(s, device=q.device) - i0).abs() > window
+    leaks = [name for name in ("dk", "dv") if bool((got[name][:, :, outside] != 0).any())]
+    v2, k2 = v.clone(), k.clone()
+    v2[:, :, outside] = 1e3
+    k2[:, :, outside] = -k2[:, :, outside]
+    again = _run(mod, Case("edge", q, k2, v2, go))
+    if not torch.equal(again["out"][:, :, i0], got["out"][:, :, i0]):
+        leaks.insert(0, "out")
+    if not leaks:
+        return None
+    reached = ", ".join(leaks)
+    return f"keys outside the band of half-width {window} reach {reached} (must be exactly zero)"
+
+
+def _row(cand: Candidate, values: Mapping, name: str, regime: str, seed: int, shared: Any) -> Any:
+    # "mixed": under autocast the Linear layers before attention hand it q, k, v in the low dtype,
+    # so it is checked on inputs in that dtype, as in "true"
+    row: MeasurementRow = {"dtype": name, "regime": regime}
+    # a row draws its inputs in the same order for every candidate (one that raises ends the row),
+    # so the n-th case measured is the same case: torch's side of it is shared by call number
+    overrides = json.dumps(dict(values), sort_keys=True, default=str)
+    key = ("Attention", overrides, name, regime, seed, str(torch.get_default_device()))
+    sides: dict[int, tuple[Any, Any, Any]] = {} if shared is None else shared.get(key, dict)
+    calls = itertools.count()
+
+    def measured(inst: Any, case: Case, opts: Options, flags: dict | None = None) -> tuple:
+        n = next(calls)
+        got = _run(inst, case, scale=opts.scale)
+        if got["mutated"] and flags is not None:
+            flags.setdefault("input-modified", case.name)
+        if n not in sides:
+            sides[n] = _torch_side(case, opts)
+        base, fused, ref = sides[n]
+        return _errors(got, [base, fused], ref, case.vanishing)
+
+    start = time.perf_counter()
+    dtype = measure.torch_dtype(name)
+    gen = torch.Generator().manual_seed(seed)
+    errors: dict[str, Any] = {}
+    stats: dict[str, Any] = {}
+    flags: dict[str, str] = {}
+    try:
+        mod = _cases(cand, values, measured, dtype, gen, (errors, stats, flags))
+        # determinism: the same fwd+bwd twice, bitwise
+        random = random_case(dtype, torch.Generator().manual_seed(seed))
+        got = _run(mod, random)
+        row["nondeterministic"] = measure.nondeterminism(got, _run(mod, random), OUTPUTS)
+        row["twin"] = _twin(cand, values, random, got)
+    except _Refused as exc:
+        row["exception"] = str(exc)
+        return row
+    except Exception as exc:
+        row["exception"] = measure.first_line(exc, 400)
+        return row
+    row["cases"], row["stats"], row["flags"] = errors, stats, flags
+    row["seconds"] = time.perf_counter() - start
+    return row
+
+
+def _cases(
+    cand: Candidate, values: Mapping[str, Any], measured: Any, dtype: Any, gen: Any, out: tuple
+) -> Any:
+    """Every case, the windows and the band's edge, a second length, into ``out``; the instance."""
+    errors, stats, flags = out
+    opts = Options.of(values)
+    window = opts.window if opts.window >= 0 else CHECK_SEQ // 4
+    mod = build(cand, values)
+    mod.eval()  # dropout off: the numbers are judged without it (dropout is a capability)
+    for case in cases(dtype, gen):
+        errors[case.name], stats[case.name] = measured(mod, case, opts, flags)
+    # the windows: the model's (or a quarter of the sequence) and the band's edge, fresh instances
+    for name, w in (("window", window), ("small-window", SMALL_WINDOW)):
+        if opts.window >= 0 and name == "window":
+            inst, o = mod, opts
+        else:
+            inst, o = build(cand, values, window=w).eval(), Options(w, opts.softcap, opts.alibi)
+        errors[name], stats[name] = measured(inst, random_case(dtype, gen), o)
+        leak = _band_edge(inst, dtype, gen, w)
+        if leak:
+            flags.setdefault("band-leak", leak)
+    # a second sequence length through the same instance (anemoi's SDPA wrapper caches its mask)
+    inst = build(cand, values, window=window).eval()
+    first = random_case(dtype, gen)
+    _run(inst, first)
+    cut = CHECK_SEQ // 2 + 5
+    short = Case("second-length", *(t[:, :, :cut] for t in (first.q, first.k, first.v, first.go)))
+    o = Options(window, opts.softcap, opts.alibi)
+    errors["second-length"], stats["second-length"] = measured(inst, short, o)
+    return mod
+
+
+def _twin(cand: Candidate, values: Mapping, case: Case, got: Mapping) -> dict[str, Any]:
+    """The twin (torch's SDPA, the same options) on the same input: the largest difference."""
+    twin_cand = measure.twin_candidate(cand, "Attention")
+    if twin_cand is None:
+        return measure.no_twin()
+    try:
+        twin = _run(build(twin_cand, values).eval(), case)
+    except Exception as exc:
+        why = f"the twin raised {measure.first_line(exc, 300)}"
+        return {"state_dict": "incompatible", "reason": why}
+    worst = max(rel(got[n], twin[n]) for n in OUTPUTS)
+    return {"state_dict": "interchangeable", "max_error": worst}
+
+
+# ---- the capability matrix -----------------------------------------------------------------------
+def capabilities(cand: Candidate, values: Mapping[str, Any], seed: int) -> dict[str, str]:
+    """What each option really does, measured in float32 on a fresh instance per option."""
+    gen = torch.Generator().manual_seed(seed + 7)
+    base_values = {**values, "window": -1, "softcap": 0.0, "dropout": 0.0, "alibi": False}
+    case = random_case(torch.float32, gen)
+    # large logits make softcap matter; a window of 4 in 48 keys makes the band matter
+    loud = Case("loud", case.q * 6, case.k * 6, case.v, case.go)
+    trials: dict[str, tuple[dict[str, Any], Options, Case]] = {
+        "window": ({"window": 4}, Options(window=4), case),
+        "softcap": ({"softcap": 2.0}, Options(softcap=2.0), loud),
+        "alibi": ({"alibi": True}, Options(alibi=True), case),
+        "scale": ({}, Options(scale=0.05), loud),
+    }
+    out = {name: _capability(cand, base_values, *trial) for name, trial in trials.items()}
+    out["dropout"] = _dropout(cand, base_values, case)
+    return out
+
+
+def _capability(
+    cand: Candidate, values: Mapping[str, Any], override: dict[str, Any], opts: Options, case: Case
+) -> str:
+    c64 = _cast(case, torch.float64)
+    with_it = explicit(c64.q, c64.k, c64.v, opts)
+    without = explicit(c64.q, c64.k, c64.v, Options())
+    try:
+        mod = build(cand, values, **override).eval()
+        with _refusals():
+            got = mod(case.q, case.k, case.v, scale=opts.scale).detach()
+    except _Refused as exc:
+        return f"raises: {exc}"
+    except Exception as exc:
+        return f"raises: {measure.first_line(exc, 300)}"
+    tol = 4 * rel(math_path(case.q, case.k, case.v, opts), with_it) + 1e-5
+    if rel(got, with_it) <= tol:
+        return "honoured"
+    if rel(got, without) <= tol:
+        return "ignored"
+    return (
+        f"wrong (error {rel(got, with_it):.3g} against the reference with it, "
+        f"{rel(got, without):.3g} without)"
+    )
+
+
+def _dropout(cand: Candidate, values: Mapping[str, Any], case: Case) -> str:
+    """Honoured: dropout 0.5 changes the output in training mode, and eval mode turns it off."""
+    try:
+        mod = build(cand, values, dropout=0.5)
+        with _refusals():
+            mod.train()
+            torch.manual_seed(1)
+            dropped = mod(case.q, case.k, case.v).detach()
+            mod.eval()
+            plain = mod(case.q, case.k, case.v).detach()
+    except _Refused as exc:
+        return f"raises: {exc}"
+    except Exception as exc:
+        return f"raises: {measure.first_line(exc, 300)}"
+    ref = explicit(case.q.double(), case.k.double(), case.v.double(), Options())
+    if rel(plain, ref) > 1e-4:
+        return f"wrong (eval mode with dropout set is off by {rel(plain, ref):.3g})"
+    return "ignored" if rel(dropped, plain) <= 1e-6 else "honoured"
+
+
+def check(
+    cand: Candidate,
+    device: str,
+    dtypes: list[tuple[str, str]],
+    *,
+    canonical_overrides: Mapping[str, Any] | None = None,
+    seed: int = 0,
+    shared: measure.SetupCache | None = None,
+) -> CheckReply:
+    """Raw measurements of one Attention candidate (``shared``: torch's side of each case, once)."""
+    values = canonical_options(canonical_overrides)
+    import_s, stopped = measure.import_stop(cand, device, needed=bool(cand.target.count(".")))
+    if stopped is not None:
+        return stopped
+    with measure.on_device(device):
+        rows = [_row(cand, values, d, regime, seed, shared) for d, regime in dtypes]
+        caps = capabilities(cand, values, seed)
+    return CheckReply(
+        candidate=cand.id, device=device, rows=rows, import_s=import_s, capabilities=caps
+    )
+
+
+def try_once(cand: Candidate, device: str) -> dict[str, Any]:
+    """One tiny forward and backward on a device the candidate does not declare: why not."""
+    try:
+        with measure.on_device(device):
+            mod = build(cand, canonical_options(None))
+            q = torch.randn(1, 2, 8, 32, device=torch_device(device), requires_grad=True)
+            mod(q, q, q).sum().backward()
+    except Exception as exc:
+        return {"ran": False, "error": measure.first_line(exc, 500)}
+    return {"ran": True}
+
+
+def time_candidate(
+    cand: Candidate,
+    device: str,
+    geometries: list[str],
+    dtype_name: str,
+    options: Mapping[str, Any],
+    canonical_overrides: Mapping[str, Any] | None = None,
+    progress: Callable[[protocol.TimingProgressMessage], None] | None = None,
+) -> protocol.TimeReply:
+    """fwd+bwd per geometry (``timing.step_rows``); on a GPU, peak memory."""
+    tdev = torch_device(device)
+
+    def run_shape(text: str, timed: Callable[[Callable[[], None]], protocol.TimingRow]) -> None:
+        g = parse_geometry(text)
+        values = canonical_options({**dict(canonical_overrides or {}), **dict(g.options)})
+        mod = build(cand, values).train()
+        dtype = measure.torch_dtype(dtype_name)
+        new = functools.partial(
+            torch.randn, 1, g.heads, g.seq, g.head_dim, device=tdev, dtype=dtype
+        )
+        q, k, v = (new(requires_grad=True) for _ in range(3))
+        go = new()
+
+        def step() -> None:
+            torch.autograd.grad(mod(q, k, v), (q, k, v), go)
+
+        if tdev == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        row = timed(step)
+        keys = g.seq if values["window"] < 0 else min(g.seq, 2 * values["window"] + 1)
+        seconds = row["median_ms"] / 1e3
+        # fwd 2 matmuls, bwd 5 (one recomputing the scores), 2 flops per multiply-add, band keys
+        row["tflops"] = 7 * 2.0 * g.heads * g.seq * keys * g.head_dim / seconds / 1e12
+        # q, k, v, out read or written forward; q, k, v, out, grad_out read, dq, dk, dv written
+        row["gbps"] = 12 * g.heads * g.seq * g.head_dim * dtype.itemsize / seconds / 1e9
+        if tdev == "cuda":
+            row["peak_bytes"] = int(torch.cuda.max_memory_allocated())
+
+    return timing.step_rows(cand.id, device, geometries, dtype_name, options, progress, run_shape)
