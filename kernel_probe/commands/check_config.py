@@ -7,7 +7,7 @@ import argparse
 
 from kernel_lock.format.slots import MODES
 from kernel_probe import output
-from kernel_probe.anemoi.trust import add_config_trust_argument, config_trust
+from kernel_probe.anemoi.reading import add_config_trust_argument, config_trust
 from kernel_probe.commands.lockfile import add_trust_argument, load_lock
 from kernel_probe.commands.numbers import seconds
 from kernel_probe.errors import UsageError
@@ -16,7 +16,7 @@ from kernel_probe.output import safe
 
 def add_check_config_arguments(p: argparse.ArgumentParser) -> None:
     """``kernel-probe check-config``'s arguments, and its exit codes in the epilog."""
-    from kernel_probe.anemoi.entry_checks import DEFAULT_TIMEOUT
+    from kernel_probe.anemoi.entries import DEFAULT_TIMEOUT
     from kernel_probe.anemoi.pipelines import CHECK_CONFIG_EXIT
 
     p.add_argument(
@@ -166,7 +166,7 @@ STYLE = {"error": "bold red", "warning": "yellow", "note": "dim"}
 
 
 def _render(args, result, code: int) -> None:
-    from kernel_probe.anemoi.config_file import SHAPES
+    from kernel_probe.anemoi.config import SHAPES
 
     con = output.console()
     config = result.config

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from kernel_lock.format.slots import MODES
 from kernel_probe import __version__, output
-from kernel_probe.anemoi.trust import add_config_trust_argument, config_trust
+from kernel_probe.anemoi.reading import add_config_trust_argument, config_trust
 from kernel_probe.commands.lockfile import (
     DEFAULT_LOCK,
     add_trust_argument,
@@ -81,7 +81,7 @@ def run_export(args: argparse.Namespace) -> int:
             raise UsageError(
                 f"Hydra overrides ({' '.join(args.overrides)}) need --config CONFIG.yaml"
             )
-        from kernel_probe.anemoi.graph_attention_checks import export_setting
+        from kernel_probe.anemoi.components import export_setting
 
         entries = export(lock, args.mode, qk_norm=args.qk_norm)
         attention = attention_export(lock, args.mode)
