@@ -200,7 +200,7 @@ def _generic(prefix: str, kernel: str) -> type:
 
 def __getattr__(name: str) -> type:
     """Build the adapter ``name`` on first lookup (a table row of
-    ``kernel_lock.trust.adapter_names``, or a generic ``Autocast__``/``Sized__`` name)."""
+    ``kernel_lock.registry``, or a generic ``Autocast__``/``Sized__`` name)."""
     generic = generic_parts(name)
     if generic is not None:
         cls = _generic(*generic)

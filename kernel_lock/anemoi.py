@@ -1,28 +1,13 @@
-"""anemoi-models' ``layer_kernels``: the lock as a config block, and anemoi's conventions it
-follows.
+"""anemoi-models' ``layer_kernels``: the lock as a config block (:func:`layer_kernels`), and the
+anemoi conventions it follows.
 
-anemoi-models builds its layers from a ``layer_kernels`` mapping of five keys to Hydra entries
-(``{_target_: dotted.path, **kwargs}``), each instantiated as a partial and then called by anemoi
-with the dimensions. Its call sites fix a convention the target must accept:
-
-    LayerNorm(C)  and  LayerNorm(normalized_shape=C)   Transformer / GraphTransformer / MLP blocks
-    Linear(in, out)  and  Linear(in, out, bias=...)
-    QueryNorm(head_dim), KeyNorm(head_dim)              only with qk_norm: True
-    Activation()
-
-:func:`layer_kernels` turns a lock into that block (pinned kwargs, never dimensions; an adapter from
-``kernel_lock.adapters`` where a library's constructor does not fit; their names are in
-``kernel_lock.registry``). It imports the targets, so torch; importing this module
-imports neither torch nor yaml (``import kernel_lock`` never imports it). What a training or
-inference process needs lives here; the checks of a config's blocks are kernel-probe's
-(``kernel_probe.anemoi.entry_checks``).
-
-The lock's ``RMSNorm`` slot has no anemoi key and is never exported: anemoi has no RMSNorm call
-site, and an RMSNorm under ``LayerNorm``/``QueryNorm``/``KeyNorm`` changes the model's maths and its
-state dict (no bias, no mean), which is a modelling decision, not a kernel choice.
-
-One of kernel_lock's integrations (with ``checkpoint``, ``distributed`` and ``portability``), kept
-at the path the docs show (``kernel_lock.anemoi.layer_kernels``).
+anemoi builds its layers from a ``layer_kernels`` mapping of five keys to Hydra entries
+(``{_target_: dotted.path, **kwargs}``), each instantiated as a partial and called with the
+dimensions (``CALLS``): the block pins kwargs, never dimensions, and names an adapter from
+``kernel_lock.adapters`` where a constructor does not fit. The lock's RMSNorm slot has no anemoi
+key: an RMSNorm under LayerNorm/QueryNorm/KeyNorm changes the model's maths and state dict, a
+modelling decision, not a kernel choice. Importing this module imports neither torch nor yaml;
+the checks of a config are kernel-probe's (``kernel_probe.anemoi``).
 """
 
 from __future__ import annotations
@@ -45,8 +30,10 @@ from .registry import (
     size_parameter,
     wrapping_adapter_for,
 )
+from .resolve import factory
 from .slots import SPECS
 from .slots.attention import ANEMOI_ATTENTION, ATTENTION_BACKEND_ENV
+from .slots.gated_mlp import CONFIG_KEY
 
 __all__ = [
     "ANEMOI_ATTENTION",
@@ -75,9 +62,8 @@ __all__ = [
     "wrapper_of",
 ]
 
-# The keys anemoi reads from a block, and what anemoi-models 0.19's load_layer_kernels uses for a
-# key the block does not set. A key the block sets replaces the default entry whole (its kwargs
-# included).
+# What anemoi-models 0.19's load_layer_kernels uses for a key the block does not set; a key the
+# block sets replaces the default entry whole (its kwargs included).
 AUTOCAST_LAYER_NORM = "anemoi.models.layers.normalization.AutocastLayerNorm"
 CONDITIONAL_LAYER_NORM = "anemoi.models.layers.normalization.ConditionalLayerNorm"
 ANEMOI_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -87,13 +73,9 @@ ANEMOI_DEFAULTS: dict[str, dict[str, Any]] = {
     "QueryNorm": {"_target_": AUTOCAST_LAYER_NORM, "bias": False},
     "KeyNorm": {"_target_": AUTOCAST_LAYER_NORM, "bias": False},
 }
-
-# lock slot -> anemoi key (the RMSNorm slot has none; see the module docstring; Attention is no
-# layer_kernels entry: it is set per component with attention, ``attention_options``)
+# lock slot -> anemoi key (Attention is set per component: ``attention_options``)
 SLOT_KEYS = {"LayerNorm": "LayerNorm", "Linear": "Linear", "Activation": "Activation"}
-
-# anemoi-models 0.19's refusal of a GLU-family class in layer_kernels.Activation (layers/mlp.py,
-# build_feedforward_modules, PR #943): it tests the class name of the built module, upper-cased
+# anemoi-models 0.19's refusal of a GLU-family class under layer_kernels.Activation (layers/mlp.py)
 GLU_REFUSAL = (
     "GLU-based activations are not supported via layer_kernels.Activation. "
     "Use `mlp_implementation` with one of: 'glu', 'swiglu', 'geglu', 'reglu'."
@@ -102,20 +84,18 @@ GLU_REFUSAL = (
 
 def glu_refused(class_name: str) -> bool:
     """Whether anemoi refuses a class of this name under ``Activation`` (its own test: "GLU" in the
-    upper-cased name, so ``GEGLU``, ``SwiGLU`` and ``GLU`` itself)."""
+    upper-cased name)."""
     return "GLU" in class_name.upper()
 
 
-# ---- attention: anemoi's MultiHeadSelfAttention options, per component with attention ------------
-# (the processor of a transformer model; a TransformerMapper's encoder and decoder): the Attention
-# slot's anemoi names are kernel_lock.slots.attention's (ANEMOI_ATTENTION, ATTENTION_BACKEND_ENV)
+# anemoi's MultiHeadSelfAttention backends, per component with attention: the Attention slot's
+# anemoi names are kernel_lock.slots.attention's (ANEMOI_ATTENTION, ATTENTION_BACKEND_ENV)
 
 
 def attention_options(target: str, kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
-    """The anemoi keys a component with attention sets for the lock's Attention slot, and a note:
-    ``attention_implementation``, plus ``window_size``, ``softcap``, ``use_alibi_slopes`` and
-    ``dropout_p`` where the lock fixes them. ``({}, why)`` for an implementation anemoi cannot
-    run."""
+    """The anemoi keys a component with attention sets for the lock's Attention slot
+    (``attention_implementation``, and the options the lock fixes), and a note; ``({}, why)`` for
+    an implementation anemoi cannot run."""
     implementation = ANEMOI_ATTENTION.get(target)
     if implementation is None:
         return {}, (
@@ -131,32 +111,29 @@ def attention_options(target: str, kwargs: Mapping[str, Any]) -> tuple[dict[str,
         out["use_alibi_slopes"] = True
     if float(kwargs.get("dropout", 0.0)) > 0:
         out["dropout_p"] = float(kwargs["dropout"])
-    note = ""
-    if (
-        target == "kernel_lock.attention.SDPAttention"
-        and kwargs.get("backend", "default") != "default"
-    ):
-        note = (
-            f"the lock checked SDPA's {kwargs['backend']} backend; anemoi's SDPA path lets torch "
-            "choose, so run under torch.nn.attention.sdpa_kernel to hold it there"
+    backend = kwargs.get("backend", "default")
+    if target == "kernel_lock.attention.SDPAttention" and backend != "default":
+        return out, (
+            f"the lock checked SDPA's {backend} backend; anemoi's SDPA path lets torch choose, so "
+            "run under torch.nn.attention.sdpa_kernel to hold it there"
         )
-    elif implementation == "flash_attention":
-        note = (
+    if implementation == "flash_attention":
+        return out, (
             "anemoi imports flash-attn v4, then v3, then v2: the job-start check refuses a "
             f"machine where it would not pick the lock's v{target[-1]}"
         )
-    return out, note
+    return out, ""
 
 
 # the sizes anemoi passes at the call site; pinned here they clash with a positional call
+NORM_DIMENSIONS = ("normalized_shape", "hidden_size", "dim")
 DIMENSIONS = {
-    "LayerNorm": ("normalized_shape", "hidden_size", "dim"),
-    "QueryNorm": ("normalized_shape", "hidden_size", "dim"),
-    "KeyNorm": ("normalized_shape", "hidden_size", "dim"),
+    "LayerNorm": NORM_DIMENSIONS,
+    "QueryNorm": NORM_DIMENSIONS,
+    "KeyNorm": NORM_DIMENSIONS,
     "Linear": ("in_features", "out_features"),
     "Activation": (),
 }
-
 # anemoi's call sites, as (how anemoi writes it, positional args, keyword args); sizes are examples
 CALLS: dict[str, tuple[tuple[str, tuple[Any, ...], dict[str, Any]], ...]] = {
     "LayerNorm": (
@@ -175,13 +152,10 @@ CALLS: dict[str, tuple[tuple[str, tuple[Any, ...], dict[str, Any]], ...]] = {
 
 @dataclass(frozen=True)
 class Wrapper:
-    """One of anemoi's own norm classes, and how it relates to a kernel a lock may pin.
-
-    ``runs`` names the kernel class a *same-kernel* wrapper runs (it subclasses it and adds
-    ``behaviour``); None marks a *different layer*, which a lock never replaces. ``adapter_prefix``
-    names the ``kernel_lock.adapters`` classes that keep the wrapper's behaviour around another
-    kernel (``Autocast`` + the kernel's anemoi-ready class name, see ``AUTOCAST_ADAPTERS``).
-    """
+    """One of anemoi's own norm classes, and how it relates to a kernel a lock may pin: ``runs``
+    names the kernel class a *same-kernel* wrapper subclasses (adding ``behaviour``), None marks a
+    *different layer* a lock never replaces; ``adapter_prefix`` names the ``kernel_lock.adapters``
+    classes that keep the wrapper's behaviour around another kernel (``AUTOCAST_ADAPTERS``)."""
 
     target: str
     runs: str | None
@@ -208,6 +182,11 @@ WRAPPERS: dict[str, Wrapper] = {
         ),
     )
 }
+
+
+class ConventionError(LockFormatError):
+    """A lock's target cannot be built the way anemoi calls it, and kernel_lock has no adapter for
+    it."""
 
 
 def generic_adapter(prefix: str, kernel: str) -> str:
@@ -240,18 +219,9 @@ def wrapper_of(target: str) -> Wrapper | None:
     return None
 
 
-class ConventionError(LockFormatError):
-    """A lock's target cannot be built the way anemoi calls it, and kernel_lock has no adapter for
-    it."""
-
-
-# ---- the convention ------------------------------------------------------------------------------
 def convention_problems(cls: Any, key: str, kwargs: Mapping[str, Any]) -> list[str]:
-    """The anemoi call sites for ``key`` that a partial of ``cls`` with ``kwargs`` would fail.
-
-    Call-site kwargs win over the partial's, as in functools.partial and Hydra. A constructor
-    without a readable signature cannot be checked and passes.
-    """
+    """The anemoi call sites for ``key`` a partial of ``cls`` with ``kwargs`` would fail (call-site
+    kwargs win, as in functools.partial); a constructor without a readable signature passes."""
     try:
         sig = inspect.signature(cls)
     except (TypeError, ValueError):
@@ -297,10 +267,6 @@ class Exported:
     note: str = ""
 
 
-def _entry(target: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    return {"_target_": target, **kwargs}
-
-
 def _fitting_target(
     cls: Callable[..., Any],
     target: str,
@@ -313,7 +279,7 @@ def _fitting_target(
     problems = convention_problems(cls, key, kwargs)
     if not problems:
         return target, ""
-    from . import adapters
+    from . import adapters  # reason: imports torch
 
     adapter = adapter_for(target)
     if adapter is None and size_parameter(cls) is not None and "." in target:
@@ -321,32 +287,28 @@ def _fitting_target(
     if adapter is not None:
         adapted = getattr(adapters, adapter.rpartition(".")[2])
         if not convention_problems(adapted, key, kwargs):
-            return (
-                adapter,
-                f"{target} takes its size as {size_parameter(cls)}; {adapter} subclasses it "
-                "(same state dict)",
-            )
+            note = f"{target} takes its size as {size_parameter(cls)}; {adapter} subclasses it "
+            return adapter, note + "(same state dict)"
     raise ConventionError(
         f"{target} (slot {slot}) cannot be built the way anemoi calls {key}: "
         + "; ".join(problems),
         path=where,
         key=f"slots.{slot}.target",
         fix="pin an implementation whose constructor takes anemoi's arguments (`kernel-probe "
-        "--pin`), or add an "
-        "adapter for this class to kernel_lock.registry.SIZE_ADAPTERS",
+        "--pin`), or add an adapter for this class to "
+        "kernel_lock.registry.SIZE_ADAPTERS",
     )
 
 
 def entry_for(key: str, want: Exported, current: Any, *, where: str = "") -> Exported | None:
     """What a block should hold for ``key`` given the lock's entry ``want`` and the block's
-    ``current`` entry (anemoi's default for a key the block does not set); None: leave it as it is.
+    ``current`` entry (anemoi's default where unset); None: leave it as it is.
 
     The rule (``WRAPPERS``): a different layer (ConditionalLayerNorm) is never replaced; a
     same-kernel wrapper (AutocastLayerNorm) stays where the lock pins the kernel it runs, with the
     lock's kwargs, and becomes the adapter that keeps its behaviour around any other kernel
-    (``AUTOCAST_ADAPTERS``); without such an adapter, :class:`ConventionError`. A wrapping adapter
-    in the block counts as its wrapper, so applying the rule twice changes nothing.
-    Anything else takes the lock's entry.
+    (without one, :class:`ConventionError`). A wrapping adapter counts as its wrapper, so applying
+    the rule twice changes nothing. Anything else takes the lock's entry.
     """
     target = current.get("_target_") if isinstance(current, Mapping) else None
     wrapper = wrapper_of(target) if isinstance(target, str) else None
@@ -358,11 +320,8 @@ def entry_for(key: str, want: Exported, current: Any, *, where: str = "") -> Exp
     kwargs = {k: v for k, v in want.entry.items() if k != "_target_"}
     name = wrapper.target.rpartition(".")[2]
     if kernel == wrapper.runs:
-        return Exported(
-            key,
-            _entry(wrapper.target, kwargs),
-            f"keeps anemoi's {name}: it runs the lock's {kernel} kernel and {wrapper.behaviour}",
-        )
+        note = f"keeps anemoi's {name}: it runs the lock's {kernel} kernel and {wrapper.behaviour}"
+        return Exported(key, {"_target_": wrapper.target, **kwargs}, note)
     adapter = wrapping_adapter_for(wrapper.adapter_prefix, kernel)
     if adapter is None and kernel.startswith(f"{ADAPTERS}."):
         # a generic size adapter: wrap its kernel directly (it adapts the size too)
@@ -379,12 +338,15 @@ def entry_for(key: str, want: Exported, current: Any, *, where: str = "") -> Exp
             fix=f"keep {name} here (it runs the torch.nn.LayerNorm kernel), or add an adapter "
             f"for {kernel} to kernel_lock.registry.AUTOCAST_ADAPTERS",
         )
-    return Exported(
-        key,
-        _entry(adapter, kwargs),
-        f"anemoi's {name} {wrapper.behaviour}; {adapter.rpartition('.')[2]} "
-        f"keeps that around the lock's {kernel} (same state dict)",
+    note = (
+        f"anemoi's {name} {wrapper.behaviour}; {adapter.rpartition('.')[2]} keeps that around the "
+        f"lock's {kernel} (same state dict)"
     )
+    return Exported(key, {"_target_": adapter, **kwargs}, note)
+
+
+def _joined(first: str, note: str) -> str:
+    return first + (f"; {note}" if note else "")
 
 
 def export(
@@ -395,8 +357,6 @@ def export(
     verify_environment: bool = True,
 ) -> list[Exported]:
     """The entries of :func:`layer_kernels`, each with a note on how it was reached."""
-    from .resolve import factory
-
     out: list[Exported] = []
     for slot, key in SLOT_KEYS.items():
         if slot not in lock.slots:
@@ -405,44 +365,42 @@ def export(
         kwargs = {k: v for k, v in f.keywords.items() if k not in DIMENSIONS[key]}
         target, note = _fitting_target(f.func, f.target, key, kwargs, slot, lock.path)
         if f.substituted_from:
-            note = (
-                f"inference substitute for {f.substituted_from} (verified max error {f.max_error})"
-                + (f"; {note}" if note else "")
-            )
+            twin = f"inference substitute for {f.substituted_from} (verified max error "
+            note = _joined(f"{twin}{f.max_error})", note)
         function = lock.slots[slot].extra.get("function")  # which function the model computes
         if function:
-            note = f"the model's function {function}" + (f"; {note}" if note else "")
-        out.append(Exported(key, _entry(target, kwargs), note))
+            note = _joined(f"the model's function {function}", note)
+        out.append(Exported(key, {"_target_": target, **kwargs}, note))
     if qk_norm:
-        ln = next((e for e in out if e.key == "LayerNorm"), None)
-        target = ln.entry["_target_"] if ln else SPECS["LayerNorm"].default_target
-        kwargs = {k: v for k, v in (ln.entry if ln else {}).items() if k != "_target_"}
-        if target != SPECS["LayerNorm"].default_target and "bias" not in kwargs:
-            raise ConventionError(
-                f"the lock's LayerNorm ({target}) pins no `bias` switch, so it cannot build "
-                "anemoi's bias-free QueryNorm/KeyNorm (the state dict would gain a bias)",
-                path=lock.path,
-                key="slots.LayerNorm.kwargs",
-                fix="export without qk_norm (anemoi's default AutocastLayerNorm stays for "
-                "QueryNorm/KeyNorm)",
-            )
-        kwargs["bias"] = False  # anemoi's q/k norms have a weight and no bias
-        for key in ("QueryNorm", "KeyNorm"):
-            # anemoi's default q/k norm is AutocastLayerNorm: the same rule as for any block using
-            # it
-            entry = entry_for(
-                key,
-                Exported(key, _entry(target, kwargs)),
-                ANEMOI_DEFAULTS[key],
-                where=f"layer_kernels.{key}",
-            )
-            assert entry is not None
-            note = entry.note + (
-                ""
-                if target == SPECS["LayerNorm"].default_target
-                else "; check the kernel at head_dim with `kernel-probe check --hidden 64`"
-            )
-            out.append(Exported(key, entry.entry, note))
+        out.extend(_query_key_norms(lock, next((e for e in out if e.key == "LayerNorm"), None)))
+    return out
+
+
+def _query_key_norms(lock: KernelLock, ln: Exported | None) -> list[Exported]:
+    """QueryNorm and KeyNorm from the LayerNorm slot's entry ``ln``, bias-free as anemoi's own."""
+    default = SPECS["LayerNorm"].default_target
+    target = ln.entry["_target_"] if ln else default
+    kwargs = {k: v for k, v in (ln.entry if ln else {}).items() if k != "_target_"}
+    if target != default and "bias" not in kwargs:
+        raise ConventionError(
+            f"the lock's LayerNorm ({target}) pins no `bias` switch, so it cannot build "
+            "anemoi's bias-free QueryNorm/KeyNorm (the state dict would gain a bias)",
+            path=lock.path,
+            key="slots.LayerNorm.kwargs",
+            fix="export without qk_norm (anemoi's default AutocastLayerNorm stays for "
+            "QueryNorm/KeyNorm)",
+        )
+    kwargs["bias"] = False  # anemoi's q/k norms have a weight and no bias
+    check = "check the kernel at head_dim with `kernel-probe check --hidden 64`"
+    out = []
+    for key in ("QueryNorm", "KeyNorm"):
+        # anemoi's default q/k norm is AutocastLayerNorm: the rule for any block using it
+        want = Exported(key, {"_target_": target, **kwargs})
+        entry = entry_for(key, want, ANEMOI_DEFAULTS[key], where=f"layer_kernels.{key}")
+        assert entry is not None
+        out.append(
+            Exported(key, entry.entry, entry.note + ("" if target == default else f"; {check}"))
+        )
     return out
 
 
@@ -450,12 +408,9 @@ def attention_export(
     lock: KernelLock, mode: str | None = None, *, verify_environment: bool = True
 ) -> tuple[dict[str, Any], str] | None:
     """The keys every component with attention sets (``attention_options``) for the Attention slot
-    as it resolves in ``mode`` (inference: the twin where the pinned library cannot run), and a
-    note; None when the lock does not pin the slot (anemoi's own setting stays)."""
+    as it resolves in ``mode``, and a note; None when the lock does not pin the slot."""
     if "Attention" not in lock.slots:
         return None
-    from .resolve import factory
-
     f = factory(lock, "Attention", mode=mode, verify_environment=verify_environment)
     options, note = attention_options(f.target, f.keywords)
     if f.substituted_from and options:
@@ -469,16 +424,12 @@ def attention_export(
 
 def gated_mlp_export(lock: KernelLock) -> tuple[dict[str, Any], str] | None:
     """The key every component with an MLP sets for the lock's GatedMLP slot
-    (``mlp_implementation``, anemoi's processor, encoder and decoder configs) and a note; None when
-    the lock does not pin the slot (anemoi's own setting stays). anemoi hard-codes the gate, so a
-    kernel other than torch's runs only where the model's layers are swapped for it
-    (``kernel_lock.gated_mlp.swap_gated_layers``)."""
+    (``mlp_implementation``) and a note; None when the lock does not pin the slot. anemoi
+    hard-codes the gate: another kernel than torch's runs only where the model's layers are swapped
+    for it (``kernel_lock.gated_mlp.swap_gated_layers``)."""
     if "GatedMLP" not in lock.slots:
         return None
-    from .slots.gated_mlp import CONFIG_KEY
-
     slot = lock.slots["GatedMLP"]
-    options = {CONFIG_KEY: slot.kwargs.get(CONFIG_KEY)}
     note = f"the lock checked {slot.extra['gate']}"
     if slot.target != "kernel_lock.gated_mlp.GatedMLP":
         note += (
@@ -486,7 +437,7 @@ def gated_mlp_export(lock: KernelLock) -> tuple[dict[str, Any], str] | None:
             "building the model, kernel_lock.gated_mlp.swap_gated_layers(model, "
             "lock.factory('GatedMLP').func) puts the lock's kernel in its place (same state dict)"
         )
-    return options, note
+    return {CONFIG_KEY: slot.kwargs.get(CONFIG_KEY)}, note
 
 
 def layer_kernels(
@@ -505,8 +456,7 @@ def layer_kernels(
     ``kernel_lock.adapters``; without one, :class:`ConventionError`. ``qk_norm=True`` also fills
     ``QueryNorm``/``KeyNorm`` from the LayerNorm slot, bias-free as anemoi's own. Raises what
     ``lock.factory`` raises (e.g. ``LockMismatch`` in training mode on another machine). Pass the
-    result to a processor or mapper as its raw ``layer_kernels`` config (anemoi instantiates it
-    itself).
+    result to a processor or mapper as its raw ``layer_kernels`` config.
     """
     return {
         e.key: e.entry

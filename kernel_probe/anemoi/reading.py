@@ -1,47 +1,124 @@
-"""Reading an anemoi config the way anemoi-training does: composed by Hydra where that decides the
-model.
+"""Reading an anemoi config as anemoi-training does, and what may be imported for it.
 
-An overlay (a ``defaults:`` list), a model preset extending another, or a config given Hydra
-overrides after ``--`` says little on its own: it is composed with Hydra exactly as
-``anemoi-training train`` composes it (``kernel_probe.anemoi.compose``, in a child process), and the
-composed model's blocks are what is checked. Where Hydra or anemoi-training's presets are not
-installed, the file is judged alone (``kernel_probe.anemoi.blocks``) and a finding says the defaults
-were not followed.
+An overlay, a model preset extending another, or a config given Hydra overrides is composed by
+Hydra exactly as ``anemoi-training train`` composes it (in a child: ``anemoi.children``) and the
+composed model's blocks are checked. Where Hydra or anemoi-training's presets are not
+installed, the file is judged alone and a finding says the defaults were not followed.
 
-Reading lives here and in config_file/blocks; verdicts are entry_checks/block_checks/schema_check's;
-presentation is the commands' (commands/anemoi.py).
+A config names modules: its entries' ``_target_`` (imported to check a signature) and ``pkg://``
+search paths (imported by Hydra). The rules are the lock's (``kernel_lock.trust.check_target``): a
+private or ``__main__`` module is never imported, and one outside the allow-list (plus
+anemoi-models, ``CONFIG_ROOTS``) and the caller's trust is not imported.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from importlib import metadata
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-from kernel_probe.anemoi.blocks import (
+from kernel_lock import registry
+from kernel_lock.registry import generic_kernel
+from kernel_lock.trust import granted_trust
+from kernel_probe.anemoi.children import UNTRUSTED_SEARCH_PATH
+from kernel_probe.anemoi.config import (
     INTERPOLATION,
-    Block,
+    SHAPES,
     Config,
     Finding,
     add_block,
-    block_values,
+    add_blocks,
+    classify,
     find_blocks,
-    inherited,
+    group_member,
+    load_config,
+    source_of,
     value_at,
 )
-from kernel_probe.anemoi.compose import UNTRUSTED_SEARCH_PATH
-from kernel_probe.anemoi.config_file import SHAPES, classify, group_member, load_config
-from kernel_probe.anemoi.trust import NO_TRUST, Trust
 from kernel_probe.errors import UsageError
 from kernel_probe.isolation.child import run_function
 from kernel_probe.isolation.protocol import ComposeReply, ComposeRequest, ProtocolError
 
 COMPOSE_TIMEOUT = 60.0
-COMPOSE_MEMORY = (
-    4 << 30
-)  # a YAML alias bomb ends as a MemoryError in the child, not an exhausted node
+COMPOSE_MEMORY = 4 << 30  # a YAML alias bomb ends as a MemoryError in the child, not the node's
+CHILDREN = "kernel_probe.anemoi.children"  # the children's module, never imported by them
+CONFIG_ROOTS = ("anemoi.models",)  # anemoi-models: AutocastLayerNorm is anemoi's own default
+SEARCH_ROOTS = ("hydra.conf", "anemoi.training")  # pkg:// paths Hydra may import for composing
+OWN_TARGETS_FLAG = "--import-config-targets"
+
+
+@dataclass(frozen=True)
+class Trust:
+    """What the caller trusts this checker to import for a config: ``modules`` (``--trust``,
+    ``$KERNEL_LOCK_TRUST``) and, with ``own_targets`` (``--import-config-targets``), every public
+    module the config's own entries name."""
+
+    modules: tuple[str, ...] = ()
+    own_targets: bool = False
+
+    @classmethod
+    def granted(cls, trust: Sequence[str] = (), *, own_targets: bool = False) -> Trust:
+        """The caller's trust: ``trust`` plus ``$KERNEL_LOCK_TRUST``, and ``own_targets``."""
+        return cls(granted_trust(trust), own_targets)
+
+    def refusal(self, target: str) -> tuple[str, str, str] | None:
+        """None if ``target`` (and a kernel a generic adapter wraps) may be imported, else
+        (severity, problem, fix)."""
+        inner = generic_kernel(target)
+        names = [target] if inner is None else [target, inner]
+        for name in names:
+            if any(part.startswith("_") for part in name.split(".")):
+                return (
+                    "error",
+                    f"{name!r} has a private or __main__ component: it is never imported "
+                    "(importing a module's __main__ runs it), and anemoi would import it when it "
+                    "builds the model",
+                    "name a public class, e.g. torch.nn.LayerNorm",
+                )
+        if self.own_targets:
+            return None
+        roots = (*registry.allowed_roots(), *CONFIG_ROOTS, *self.modules)
+        for name in names:
+            if not any(name == r or name.startswith(r + ".") for r in roots):
+                top = name.split(".")[0]
+                return (
+                    "warning",
+                    f"not checked: module not trusted ({name!r} is outside the import allow-list "
+                    "and the modules you trust; nothing was imported, so its import, signature "
+                    "and semantics are unknown)",
+                    f"if you trust it, `--trust {top}` (or $KERNEL_LOCK_TRUST={top}), or "
+                    f"{OWN_TARGETS_FLAG} to let check-config import every module this config's "
+                    "entries name",
+                )
+        return None
+
+    def search_roots(self) -> tuple[str, ...]:
+        """The packages Hydra may import for a ``pkg://`` search path while composing."""
+        return (*SEARCH_ROOTS, *self.modules)
+
+
+NO_TRUST = Trust()  # the allow-list alone
+
+
+def add_config_trust_argument(p: argparse.ArgumentParser) -> None:
+    """The ``--import-config-targets`` flag of the commands that read a config."""
+    p.add_argument(
+        OWN_TARGETS_FLAG,
+        action="store_true",
+        help="import every public module the config's own layer_kernels entries name (default: "
+        "only the import allow-list, anemoi-models and --trust; an entry outside them is reported "
+        "as not checked). A `__main__` or private module is never imported",
+    )
+
+
+def config_trust(args: argparse.Namespace) -> Trust:
+    """The :class:`Trust` a command's ``--trust`` and ``--import-config-targets`` grant."""
+    return Trust.granted(args.trust, own_targets=args.import_config_targets)
 
 
 def installed(distribution: str) -> str | None:
@@ -52,90 +129,19 @@ def installed(distribution: str) -> str | None:
         return None
 
 
-def _defaults_text(root: Mapping[str, Any]) -> str:
-    items: list[str] = []
-    for d in root.get("defaults") or []:
-        if isinstance(d, Mapping):
-            items.extend(f"{k}: {v}" for k, v in d.items())
-        elif d != "_self_":
-            items.append(str(d))
-    return ", ".join(items) or "none"
+def packaged_dir() -> Path | None:
+    """anemoi-training's packaged config directory, found without importing it."""
+    try:
+        spec = find_spec("anemoi.training")
+    except (ImportError, ValueError):
+        return None
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(location) / "config" / "config.yaml").is_file():
+            return Path(location) / "config"
+    return None
 
 
-def _not_composed(config: Config, root: Mapping[str, Any], why: str, fix: str) -> None:
-    config.findings.append(
-        Finding(
-            "warning",
-            "defaults",
-            "defaults",
-            f"the defaults list ({_defaults_text(root)}) was not followed: {why}. Only what "
-            "this file itself sets is "
-            "checked; the presets' layer_kernels (anemoi's model for this run) are not seen here",
-            fix,
-        )
-    )
-
-
-def _composed(config: Config, root: Mapping[str, Any], answer: ComposeReply) -> None:
-    """Fill ``config`` from the child's composition (blocks resolved by OmegaConf itself)."""
-    tree = answer.tree
-    model = tree.get("model") if isinstance(tree, Mapping) else None
-    config.composed = True
-    config.tree = tree
-    config.choices = dict(answer.choices)
-    config.sources = list(answer.sources)
-    resolved = answer.blocks
-    raw = block_values(model) if isinstance(model, Mapping) else []
-    paths = {where for where, _ in raw}
-    written_model = root.get("model") if isinstance(root.get("model"), Mapping) else {}
-    for where, value in raw:
-        parent = inherited(value, paths, where)
-        if parent is not None:
-            config.blocks.append(Block(where, inherits=parent, source=value))
-            continue
-        block = resolved.get(where, {})
-        if "error" in block:
-            config.findings.append(
-                Finding(
-                    "error",
-                    "interpolation",
-                    where,
-                    f"Hydra cannot resolve this block: {block['error']}",
-                )
-            )
-            continue
-        if "value" in block:
-            add_block(config, where, block["value"])
-            continue
-        content: dict[str, Any] = {}
-        for key, entry in block.get("entries", {}).items():
-            if isinstance(entry, Mapping) and "__error__" in entry:
-                config.findings.append(
-                    Finding(
-                        "error",
-                        "interpolation",
-                        f"{where}.{key}",
-                        f"Hydra cannot resolve this entry: {entry['__error__']}",
-                    )
-                )
-                continue
-            content[key] = entry
-        written = value_at(written_model, where.split(".")[1:])
-        add_block(
-            config, where, content, source=value if isinstance(value, str) else "", written=written
-        )
-    if not raw:
-        config.findings.append(
-            Finding(
-                "warning",
-                "entry",
-                "model",
-                "the composed config has no layer_kernels block: anemoi uses its defaults",
-            )
-        )
-        config.blocks.append(Block("(anemoi defaults)", content={}))
-
-
+# ---- composition ---------------------------------------------------------------------------------
 def compose(
     config_dir: Path,
     config_name: str,
@@ -155,11 +161,7 @@ def compose(
         trusted=trust.search_roots(),
     )
     result = run_function(
-        "kernel_probe.anemoi.compose",
-        "compose",
-        request,
-        timeout=timeout,
-        memory_limit=COMPOSE_MEMORY,
+        CHILDREN, "compose", request, timeout=timeout, memory_limit=COMPOSE_MEMORY
     )
     if result.ok:
         try:
@@ -170,13 +172,71 @@ def compose(
     return None, result.reason, kind
 
 
+def _composed(config: Config, root: Mapping[str, Any], answer: ComposeReply) -> None:
+    """Fill ``config`` from the child's composition (blocks resolved by OmegaConf itself)."""
+    tree = answer.tree
+    config.composed, config.tree = True, tree
+    config.choices, config.sources = dict(answer.choices), list(answer.sources)
+    written_model = root.get("model") if isinstance(root.get("model"), Mapping) else {}
+
+    def add(where: str, value: Any) -> None:
+        block = answer.blocks.get(where, {})
+        if "error" in block:
+            problem = f"Hydra cannot resolve this block: {block['error']}"
+            config.findings.append(Finding("error", "interpolation", where, problem))
+            return
+        if "value" in block:
+            add_block(config, where, block["value"])
+            return
+        content: dict[str, Any] = {}
+        for key, entry in block.get("entries", {}).items():
+            if isinstance(entry, Mapping) and "__error__" in entry:
+                problem = f"Hydra cannot resolve this entry: {entry['__error__']}"
+                config.findings.append(Finding("error", "interpolation", f"{where}.{key}", problem))
+            else:
+                content[key] = entry
+        written = value_at(written_model, where.split(".")[1:])
+        add_block(config, where, content, source=source_of(value), written=written)
+
+    model = tree.get("model") if isinstance(tree, Mapping) else None
+    add_blocks(
+        config,
+        model,
+        add,
+        "the composed config has no layer_kernels block: anemoi uses its defaults",
+    )
+
+
+def _defaults_text(root: Mapping[str, Any]) -> str:
+    items: list[str] = []
+    for d in root.get("defaults") or []:
+        if isinstance(d, Mapping):
+            items.extend(f"{k}: {v}" for k, v in d.items())
+        elif d != "_self_":
+            items.append(str(d))
+    return ", ".join(items) or "none"
+
+
+def _not_composed(config: Config, root: Mapping[str, Any], why: str, fix: str) -> None:
+    config.findings.append(
+        Finding(
+            "warning",
+            "defaults",
+            "defaults",
+            f"the defaults list ({_defaults_text(root)}) was not followed: {why}. Only what this "
+            "file itself sets is checked; the presets' layer_kernels (anemoi's model for this run) "
+            "are not seen here",
+            fix,
+        )
+    )
+
+
 _NOT_OVERRIDDEN = re.compile(r"Could not override '([^']+)'")
 
 
 def override_through_interpolation(why: str, root: Mapping[str, Any]) -> tuple[str, str] | None:
     """Where Hydra refused an override because a key on its path is an interpolation (the overlay
-    ``kernel-probe export --config`` writes: ``LayerNorm: ${model.kernel_lock.LayerNorm}``), the
-    override that works (on the key the interpolation points at) and why; else None."""
+    ``export --config`` writes), the override that works (on the key it points at) and why."""
     m = _NOT_OVERRIDDEN.search(why)
     if m is None:
         return None
@@ -188,15 +248,66 @@ def override_through_interpolation(why: str, root: Mapping[str, Any]) -> tuple[s
         node = node[part]
         ref = INTERPOLATION.match(node) if isinstance(node, str) else None
         if ref is not None and i + 1 < len(parts):
-            where = ".".join(parts[: i + 1])
             value = why.split("=", 1)[1].strip() if "=" in why else "VALUE"
-            target = ".".join([ref.group(1), *parts[i + 1 :]])
             return (
-                f"{target}={value}",
-                f"{where} is the interpolation {node}, and Hydra cannot override a key under "
-                "an interpolation",
+                f"{'.'.join([ref.group(1), *parts[i + 1 :]])}={value}",
+                f"{'.'.join(parts[: i + 1])} is the interpolation {node}, and Hydra cannot "
+                "override a key under an interpolation",
             )
     return None
+
+
+def _compose_failed(
+    config: Config,
+    root: Mapping[str, Any],
+    model_root: Mapping[str, Any],
+    p: Path,
+    why: str,
+    kind: str,
+) -> None:
+    """The finding for a composition that did not happen: a warning where Hydra or the presets
+    are missing, an error where the config or a search path is refused."""
+    if kind == "missing":
+        _not_composed(
+            config,
+            root,
+            why,
+            "install hydra-core and anemoi-training (`pip install --no-deps anemoi-training`, as "
+            ".ci/anemoi-install does) to compose it as training does",
+        )
+        return
+    if kind == "MissingConfigException" and installed("anemoi-training") is None:
+        _not_composed(
+            config,
+            root,
+            f"anemoi-training is not installed here, so its presets cannot be found ({why})",
+            "install anemoi-training (`pip install --no-deps anemoi-training`) to compose it as "
+            "training does",
+        )
+        return
+    if kind == UNTRUSTED_SEARCH_PATH:
+        finding = Finding(
+            "error",
+            "trust",
+            str(p),
+            f"refused to compose: {why.partition(': ')[2] or why}",
+            "remove the search path; if it names a public package you trust, `--trust PACKAGE` "
+            "(or $KERNEL_LOCK_TRUST); a __main__ or private module is never imported",
+        )
+    else:
+        working = override_through_interpolation(why, model_root)
+        finding = Finding(
+            "error",
+            "compose",
+            str(p),
+            f"Hydra cannot compose this config as anemoi-training would: {why}"
+            + (f" ({working[1]})" if working else ""),
+            f"override `{working[0]}` instead (it sets the entry every block pointing there uses)"
+            if working
+            else "fix the defaults list or the overrides; `anemoi-training train` would fail the "
+            "same way",
+        )
+    config.findings.insert(0, finding)
 
 
 def read_config(
@@ -208,14 +319,12 @@ def read_config(
     trust: Trust = NO_TRUST,
     shape: str | None = None,
 ) -> Config:
-    """The blocks of the config at ``path``, composed as anemoi-training would where that is what
-    decides the model (an overlay, a model preset extending another, or ``overrides``) and Hydra can
-    run here.
+    """The blocks of the config at ``path``, composed as anemoi-training would where that decides
+    the model (an overlay, a preset extending another, or ``overrides``) and Hydra can run here.
 
-    An overlay is the primary config: composed from its own directory under its own name. A model
-    file is an option of the ``model`` group: composed as ``config`` with ``model=<its name>`` from
-    the directory above its ``model/`` directory, as ``anemoi-training train --config-path DIR
-    model=NAME`` would.
+    An overlay is composed from its own directory under its own name; a model file as ``config``
+    with ``model=<its name>`` from the directory above its ``model/`` directory, as
+    ``anemoi-training train --config-path DIR model=NAME`` would.
     """
     p = Path(path)
     root = load_config(p)
@@ -232,79 +341,26 @@ def read_config(
     wants_composition = (
         shape == "overlay" or bool(overrides) or (member and isinstance(root.get("defaults"), list))
     )
+    as_root = {"model": root} if shape == "model-file" else root
     if not (wants_composition and compose_overlays):
         config = find_blocks(root, shape)
         if wants_composition:
-            _not_composed(
-                config,
-                root,
-                "composition was switched off (--no-compose)",
-                "drop --no-compose to check the model anemoi-training will build",
-            )
+            why = "composition was switched off (--no-compose)"
+            fix = "drop --no-compose to check the model anemoi-training will build"
+            _not_composed(config, root, why, fix)
     else:
         if member:
-            answer, why, kind = compose(
-                p.resolve().parent.parent, "config", [f"model={p.stem}", *overrides], timeout, trust
-            )
+            where, name, more = p.resolve().parent.parent, "config", [f"model={p.stem}"]
         else:
-            answer, why, kind = compose(p.parent, p.stem, overrides, timeout, trust)
+            where, name, more = p.parent, p.stem, []
+        answer, why, kind = compose(where, name, [*more, *overrides], timeout, trust)
         if answer is not None:
             config = Config(shape=shape)
-            _composed(config, {"model": root} if shape == "model-file" else root, answer)
+            _composed(config, as_root, answer)
         else:
-            training = installed("anemoi-training")
             config = find_blocks(root, shape)
-            if kind == "missing":
-                _not_composed(
-                    config,
-                    root,
-                    why,
-                    "install hydra-core and anemoi-training (`pip install --no-deps "
-                    "anemoi-training`, as .ci/anemoi-install does) to compose it as training does",
-                )
-            elif kind == "MissingConfigException" and training is None:
-                _not_composed(
-                    config,
-                    root,
-                    "anemoi-training is not installed here, so its presets cannot be found "
-                    f"({why})",
-                    "install anemoi-training (`pip install --no-deps anemoi-training`) to "
-                    "compose it as training does",
-                )
-            elif kind == UNTRUSTED_SEARCH_PATH:
-                config.findings.insert(
-                    0,
-                    Finding(
-                        "error",
-                        "trust",
-                        str(p),
-                        f"refused to compose: {why.partition(': ')[2] or why}",
-                        "remove the search path; if it names a public package you trust, "
-                        "`--trust PACKAGE` (or "
-                        "$KERNEL_LOCK_TRUST); a __main__ or private module is never imported",
-                    ),
-                )
-            else:
-                working = override_through_interpolation(
-                    why, {"model": root} if shape == "model-file" else root
-                )
-                config.findings.insert(
-                    0,
-                    Finding(
-                        "error",
-                        "compose",
-                        str(p),
-                        f"Hydra cannot compose this config as anemoi-training would: {why}"
-                        + (f" ({working[1]})" if working else ""),
-                        f"override `{working[0]}` instead"
-                        + " (it sets the entry every block pointing there uses)"
-                        if working
-                        else "fix the defaults list or the overrides; `anemoi-training train` "
-                        "would fail the same way",
-                    ),
-                )
-    config.path = str(p)
-    config.overrides = list(overrides)
+            _compose_failed(config, root, as_root, p, why, kind)
+    config.path, config.overrides = str(p), list(overrides)
     if shape == decided.shape:
         config.why, config.alternative = decided.why, decided.alternative
     else:

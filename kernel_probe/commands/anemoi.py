@@ -14,11 +14,11 @@ import yaml
 from kernel_lock.anemoi import attention_export, export, gated_mlp_export
 from kernel_lock.slots import MODES
 from kernel_probe import __version__, output
-from kernel_probe.anemoi.config_file import SHAPES
-from kernel_probe.anemoi.entry_checks import DEFAULT_TIMEOUT
-from kernel_probe.anemoi.graph_attention_checks import export_setting
+from kernel_probe.anemoi.components import export_setting
+from kernel_probe.anemoi.config import SHAPES
+from kernel_probe.anemoi.entries import DEFAULT_TIMEOUT
 from kernel_probe.anemoi.pipelines import CHECK_CONFIG_EXIT, check_config, export_for_config
-from kernel_probe.anemoi.trust import add_config_trust_argument, config_trust
+from kernel_probe.anemoi.reading import add_config_trust_argument, config_trust
 from kernel_probe.errors import UsageError
 from kernel_probe.output import (
     add_flags,

@@ -451,7 +451,7 @@ class SchemaReply(Message):
 
 @dataclass(frozen=True, kw_only=True)
 class EntryCheckRequest(Message):
-    """One ``layer_kernels`` entry to import and judge (``anemoi.entry_checks.check_entry``)."""
+    """One ``layer_kernels`` entry to import and judge (``anemoi.entries.check_entry``)."""
 
     key: str
     entry: Any

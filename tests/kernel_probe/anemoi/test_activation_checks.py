@@ -11,9 +11,9 @@ import pytest
 
 import kernel_lock
 from kernel_lock.anemoi import GLU_REFUSAL, Exported
-from kernel_probe.anemoi.block_checks import compare_with_lock
-from kernel_probe.anemoi.blocks import Block
-from kernel_probe.anemoi.entry_checks import check_entry
+from kernel_probe.anemoi.checks import compare_with_lock
+from kernel_probe.anemoi.config import Block
+from kernel_probe.anemoi.entries import check_entry
 from tests.conftest import MINIMAL_LOCK, write_sealed
 
 ERF = Exported(

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 import kernel_lock
-from kernel_probe.anemoi import attention_checks
-from kernel_probe.anemoi.attention_checks import findings
+from kernel_probe.anemoi import components as attention_checks
+from kernel_probe.anemoi.components import attention_findings as findings
 from tests.conftest import MINIMAL_LOCK
 
 FLASH2 = """

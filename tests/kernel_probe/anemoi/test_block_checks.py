@@ -1,4 +1,4 @@
-"""kernel_probe/anemoi/block_checks.py: a whole block against what Hydra's merge left, the lock, and
+"""kernel_probe/anemoi/checks.py: a whole block against what Hydra's merge left, the lock, and
 the preset's anemoi wrappers. Pure functions over blocks as read: nothing here imports a target."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from kernel_lock.anemoi import AUTOCAST_LAYER_NORM, CONDITIONAL_LAYER_NORM, Exported
-from kernel_probe.anemoi.block_checks import (
+from kernel_probe.anemoi.checks import (
     _effective,
     _same,
     compare_with_lock,
@@ -17,8 +17,8 @@ from kernel_probe.anemoi.block_checks import (
     merge_leftovers,
     preset_file,
 )
-from kernel_probe.anemoi.blocks import Block, Config
-from kernel_probe.anemoi.schema_check import packaged_dir
+from kernel_probe.anemoi.config import Block, Config
+from kernel_probe.anemoi.reading import packaged_dir
 
 LN = {"_target_": "torch.nn.LayerNorm"}
 PACKAGED = packaged_dir()

@@ -1,4 +1,4 @@
-"""kernel_probe/anemoi/blocks.py: the layer_kernels blocks of one config as read (no
+"""kernel_probe/anemoi/config.py: the layer_kernels blocks of one config as read (no
 composition)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from kernel_probe.anemoi.blocks import (
+from kernel_probe.anemoi.config import (
     Block,
     Config,
     Finding,
@@ -15,9 +15,9 @@ from kernel_probe.anemoi.blocks import (
     block_values,
     find_blocks,
     inherited,
+    load_config,
     value_at,
 )
-from kernel_probe.anemoi.config_file import load_config
 from kernel_probe.errors import InputFileError
 from tests.kernel_probe.commands.test_check_config import TRAINING  # the training layout
 

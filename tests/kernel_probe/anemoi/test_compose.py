@@ -1,4 +1,4 @@
-"""kernel_probe/anemoi/compose.py: the child side of reading a config (the layer_kernels paths of a
+"""kernel_probe/anemoi/children.py: the child side of reading a config (the layer_kernels paths of a
 composed tree, and the guard that refuses an untrusted ``pkg://`` search path before Hydra imports
 it). The composition itself runs Hydra (tests/kernel_probe/anemoi/test_pipelines.py and
 test_schema_check.py)."""
@@ -9,12 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from kernel_probe.anemoi.compose import (
-    UNTRUSTED_SEARCH_PATH,
-    UntrustedSearchPath,
-    _get,
-    layer_kernels_paths,
-)
+from kernel_probe.anemoi.children import UNTRUSTED_SEARCH_PATH, UntrustedSearchPath, _get
+from kernel_probe.anemoi.config import layer_kernels_paths
 
 
 @pytest.mark.parametrize(
@@ -68,7 +64,7 @@ def guarded(monkeypatch):
     )
     from hydra._internal.config_repository import ConfigRepository
 
-    from kernel_probe.anemoi.compose import guard_search_paths
+    from kernel_probe.anemoi.children import guard_search_paths
 
     seen: list = []
     monkeypatch.setattr(

@@ -1,5 +1,5 @@
 """check-config runs anemoi-training's schema and a config's entries in one child
-(``kernel_probe.anemoi.config_child``), and each part alone where that child fails: the same
+(``kernel_probe.anemoi.children.check``), and each part alone where that child fails: the same
 findings either way, one child fewer when it works."""
 
 from __future__ import annotations
@@ -11,9 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from kernel_probe.anemoi import config_child, entry_checks, pipelines, schema_check
-from kernel_probe.anemoi.blocks import Config
-from kernel_probe.anemoi.schema_check import SchemaRun
+from kernel_probe.anemoi import checks as schema_check
+from kernel_probe.anemoi import children as config_child
+from kernel_probe.anemoi import entries as entry_checks
+from kernel_probe.anemoi import pipelines
+from kernel_probe.anemoi.checks import SchemaRun
+from kernel_probe.anemoi.config import Config
 from kernel_probe.isolation.child import ChildResult
 from kernel_probe.isolation.protocol import (
     ConfigCheckReply,
@@ -60,7 +63,7 @@ class Children:
         self.asked.append(name)
         if hasattr(payload, "to_json"):
             payload = payload.to_json()
-        if name == "kernel_probe.anemoi.config_child.check":
+        if name == "kernel_probe.anemoi.children.check":
             ConfigCheckRequest.from_json(payload)  # what the child would read
         return self.answers[name]
 
@@ -77,8 +80,8 @@ def children(monkeypatch):
 
 
 ALONE = {
-    "kernel_probe__anemoi__schema__validate": ChildResult("ok", value=SCHEMA.to_json()),
-    "kernel_probe__anemoi__entry_checks__check_entries": ChildResult(
+    "kernel_probe__anemoi__children__validate": ChildResult("ok", value=SCHEMA.to_json()),
+    "kernel_probe__anemoi__entries__check_entries": ChildResult(
         "ok", value=[ENTRY_REPLY.to_json()]
     ),
 }
@@ -90,11 +93,9 @@ def _both(config: Config = Config(path="c.yaml", tree={"model": {}})):
 
 def test_both_parts_in_one_child_when_it_answers(children):
     reply = ConfigCheckReply(schema=SCHEMA, entries=(ENTRY_REPLY,))
-    fake = children(
-        kernel_probe__anemoi__config_child__check=ChildResult("ok", value=reply.to_json())
-    )
+    fake = children(kernel_probe__anemoi__children__check=ChildResult("ok", value=reply.to_json()))
     status, errors, entries = _both()
-    assert fake.asked == ["kernel_probe.anemoi.config_child.check"]
+    assert fake.asked == ["kernel_probe.anemoi.children.check"]
     assert status == "checked with anemoi-training 0.17.1's BaseSchema (the composed config)"
     assert [(e.kind, e.where) for e in errors] == [("schema", "model.x")]
     assert entries == [ENTRY_REPLY]
@@ -112,12 +113,12 @@ def test_both_parts_in_one_child_when_it_answers(children):
     ids=["crashed", "timeout", "raised", "malformed", "short"],
 )
 def test_each_part_alone_where_the_one_child_fails(children, failed):
-    fake = children(kernel_probe__anemoi__config_child__check=failed, **ALONE)
+    fake = children(kernel_probe__anemoi__children__check=failed, **ALONE)
     status, errors, entries = _both()
     assert fake.asked == [
-        "kernel_probe.anemoi.config_child.check",
-        "kernel_probe.anemoi.schema.validate",
-        "kernel_probe.anemoi.entry_checks.check_entries",
+        "kernel_probe.anemoi.children.check",
+        "kernel_probe.anemoi.children.validate",
+        "kernel_probe.anemoi.entries.check_entries",
     ]
     assert [(e.kind, e.where) for e in errors] == [("schema", "model.x")]
     assert status.startswith("checked with anemoi-training 0.17.1") and entries == [ENTRY_REPLY]
@@ -128,11 +129,11 @@ def test_a_part_alone_runs_in_its_own_child(children):
     status, errors, entries = pipelines._schema_and_entries(
         Config(path="c.yaml", tree={}), RUN, [], timeout=60
     )
-    assert fake.asked == ["kernel_probe.anemoi.schema.validate"] and entries == []
+    assert fake.asked == ["kernel_probe.anemoi.children.validate"] and entries == []
     status, errors, entries = pipelines._schema_and_entries(
         Config(path="c.yaml"), "not run: --no-schema", [ENTRY], timeout=60
     )
-    assert fake.asked[1:] == ["kernel_probe.anemoi.entry_checks.check_entries"]
+    assert fake.asked[1:] == ["kernel_probe.anemoi.entries.check_entries"]
     assert (status, errors, entries) == ("not run: --no-schema", [], [ENTRY_REPLY])
 
 
@@ -191,14 +192,14 @@ def test_a_shipped_preset_gets_the_same_findings_from_one_child_as_from_two(coun
         / "transformer.yaml"
     )
     one = pipelines.check_config(preset)
-    assert counted == ["kernel_probe.anemoi.config_child.check"]
+    assert counted == ["kernel_probe.anemoi.children.check"]
     del counted[:]
     monkeypatch.setattr(pipelines, "COMPOSE_MEMORY", 512 << 20)  # torch does not import in it
     two = pipelines.check_config(preset)
     assert counted == [
-        "kernel_probe.anemoi.config_child.check",
-        "kernel_probe.anemoi.schema.validate",
-        "kernel_probe.anemoi.entry_checks.check_entries",
+        "kernel_probe.anemoi.children.check",
+        "kernel_probe.anemoi.children.validate",
+        "kernel_probe.anemoi.entries.check_entries",
     ]
     assert one.schema.startswith("checked with anemoi-training") and one.schema == two.schema
     assert one.findings == two.findings and one.exit_code == two.exit_code == 5

@@ -1,4 +1,4 @@
-"""kernel_probe/anemoi/config_file.py: reading an anemoi config safely, and telling its shape."""
+"""kernel_probe/anemoi/config.py: reading an anemoi config safely, and telling its shape."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import time
 import pytest
 
 from kernel_lock.errors import ExitCode
-from kernel_probe.anemoi import config_file
-from kernel_probe.anemoi.config_file import (
+from kernel_probe.anemoi import config as config_file
+from kernel_probe.anemoi.config import (
     Kind,
     classify,
     detect_shape,

@@ -1,4 +1,4 @@
-"""kernel_probe/anemoi/entry_checks.py: one layer_kernels entry against anemoi, in-process (the same
+"""kernel_probe/anemoi/entries.py: one layer_kernels entry against anemoi, in-process (the same
 function check-config's child runs): the key, the import, the signature, the semantics."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_probe.anemoi.entry_checks import (
+from kernel_probe.anemoi.entries import (
     check_entries,
     check_entry,
     constructor_defaults,

@@ -13,7 +13,8 @@ import yaml
 import kernel_lock
 from kernel_lock.anemoi import gated_mlp_export
 from kernel_lock.errors import LockFormatError
-from kernel_probe.anemoi.gated_checks import components, findings
+from kernel_probe.anemoi.components import gated_components as components
+from kernel_probe.anemoi.components import gated_findings as findings
 from tests.conftest import MINIMAL_LOCK
 
 pytest.importorskip("anemoi.training", reason="anemoi-training is installed with the test extras")

@@ -5,12 +5,9 @@ from __future__ import annotations
 import pytest
 
 import kernel_lock
-from kernel_probe.anemoi.graph_attention_checks import (
-    components,
-    export_setting,
-    findings,
-    overlay_settings,
-)
+from kernel_probe.anemoi.components import export_setting, overlay_settings
+from kernel_probe.anemoi.components import graph_components as components
+from kernel_probe.anemoi.components import graph_findings as findings
 from tests.conftest import MINIMAL_LOCK
 
 PROCESSOR = "anemoi.models.layers.processor.GraphTransformerProcessor"

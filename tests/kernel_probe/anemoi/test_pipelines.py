@@ -18,7 +18,7 @@ import yaml
 
 import kernel_lock
 from kernel_lock.anemoi import AUTOCAST_LAYER_NORM, CONDITIONAL_LAYER_NORM, layer_kernels
-from kernel_probe.anemoi.compose import layer_kernels_paths
+from kernel_probe.anemoi.config import layer_kernels_paths
 from kernel_probe.anemoi.pipelines import check_config, export_for_config
 from kernel_probe.cli import main
 from tests.conftest import write_sealed

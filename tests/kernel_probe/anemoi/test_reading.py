@@ -1,5 +1,5 @@
 """kernel_probe/anemoi/reading.py: reading a config as anemoi-training does. Hydra's composition
-runs in a child (kernel_probe.anemoi.compose); here that child is stood in for by its answer, so
+runs in a child (kernel_probe.anemoi.children); here that child is stood in for by its answer, so
 every branch of reading is exercised without starting one (test_pipelines.py and
 test_schema_check.py run the real one)."""
 
@@ -13,12 +13,13 @@ import yaml
 
 from kernel_probe.anemoi import reading
 from kernel_probe.anemoi.reading import (
+    SEARCH_ROOTS,
+    Trust,
     _defaults_text,
     installed,
     override_through_interpolation,
     read_config,
 )
-from kernel_probe.anemoi.trust import SEARCH_ROOTS, Trust
 from kernel_probe.errors import UsageError
 from kernel_probe.isolation.child import ChildResult
 from kernel_probe.isolation.protocol import ComposeReply, ComposeRequest
@@ -45,7 +46,7 @@ class Child:
 
     def __call__(self, module, function, payload, *, timeout, memory_limit):
         assert (module, function, memory_limit) == (
-            "kernel_probe.anemoi.compose",
+            "kernel_probe.anemoi.children",
             "compose",
             reading.COMPOSE_MEMORY,
         )

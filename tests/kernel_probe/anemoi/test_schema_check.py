@@ -16,9 +16,9 @@ import yaml
 
 import kernel_lock
 from kernel_lock.anemoi import AUTOCAST_LAYER_NORM, layer_kernels
-from kernel_probe.anemoi import schema_check
+from kernel_probe.anemoi import checks as schema_check
 from kernel_probe.anemoi.pipelines import check_config, export_for_config
-from kernel_probe.anemoi.trust import Trust
+from kernel_probe.anemoi.reading import Trust
 from kernel_probe.commands.anemoi import render_yaml
 from tests.anemoi_build import deep_merge, write_overlay
 from tests.conftest import run_cli, write_sealed

@@ -1,4 +1,4 @@
-"""kernel_probe/anemoi/trust.py: what check-config and ``export --config`` may import for a
+"""kernel_probe/anemoi/reading.py: what check-config and ``export --config`` may import for a
 config."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from kernel_lock.errors import BadEnvironmentVariable
-from kernel_probe.anemoi.trust import (
+from kernel_probe.anemoi.reading import (
     CONFIG_ROOTS,
     NO_TRUST,
     OWN_TARGETS_FLAG,
