@@ -25,6 +25,8 @@ def test_the_fixtures_are_found():
         "probe-cpu-32-true.toml",
         "probe-cpu-gated-mlp-graph-attention.toml",
         "inference-cpu.toml",
+        "build-lock-every-slot.toml",  # RMSNorm, Attention, GatedMLP, Activation
+        "derived-inference-every-slot.toml",
     } <= names
     assert {"probe-cpu-linear.toml", "lock-format-example.toml"} <= names
 

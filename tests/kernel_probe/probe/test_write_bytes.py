@@ -4,7 +4,12 @@
 library, an Activation, rejected candidates, timings, a profile, provenance and
 ``[graph-attention]``); with its clock and version fixed, the lock it writes is byte for byte the
 golden file, which was written by the code before the lock's tables were declared by their fields'
-metadata."""
+metadata.
+
+The second pair covers the slots that one lacks: an RMSNorm with its twin, an Attention with its
+options, a GatedMLP with its gate, a SiLU Activation, and the inference lock ``derive_inference``
+writes from a lock whose RMSNorm needs a GPU library (its twin substituted). Both were written by
+the code before the Slot protocol (6d29f99, issue 51) from these same reports."""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from kernel_lock.fingerprint import FIELDS
 from kernel_lock.graph_attention import GraphAttention
 from kernel_probe import candidates as cands
 from kernel_probe.probe.choose import Choice
+from kernel_probe.probe.derive import derive_inference
 from kernel_probe.probe.report import Report, Verdict, report_base
 from kernel_probe.probe.write import build_lock
 
@@ -26,6 +32,8 @@ GOLDEN = (
     / "locks"
     / "build-lock-fixed-reports.toml"
 )
+EVERY_SLOT = GOLDEN.with_name("build-lock-every-slot.toml")
+DERIVED = GOLDEN.with_name("derived-inference-every-slot.toml")
 
 
 def _timed(implementation: str, shape: str) -> dict:
@@ -120,3 +128,71 @@ def test_the_lock_written_in_process_is_the_golden_file_byte_for_byte():
     lock = fixed_lock()
     assert lock.dumps() == GOLDEN.read_text()
     assert kernel_lock.loads(GOLDEN.read_text(), emit_warnings=False).digest == lock.digest
+
+
+def _fixed(lock: kernel_lock.KernelLock) -> kernel_lock.KernelLock:
+    return dataclasses.replace(
+        lock, created_at="2026-12-01T00:00:00Z", created_by="kernel-probe 0.0.0"
+    ).sealed()
+
+
+def every_slot_locks() -> tuple[kernel_lock.KernelLock, kernel_lock.KernelLock]:
+    """The lock ``build_lock`` writes for RMSNorm, Attention, GatedMLP and Activation from fixed
+    reports, and the inference lock derived for a CPU from one whose RMSNorm is liger's."""
+    twin = {"state_dict": "interchangeable", "max_error": 0.00123456}
+
+    def accepted(cid: str, **verdict) -> Report:
+        return _report(cid, verdicts=[_verdict(cid, **verdict)])
+
+    rms, att = accepted("torch.compile.rms_norm", twin=twin), accepted("torch.sdpa.math", twin=twin)
+    gated, silu = accepted("torch.compile.gated_mlp", twin=twin), accepted("torch.silu")
+    reports = {
+        "RMSNorm": [rms, _report("liger.rms_norm", "unavailable", ("runs on cuda, rocm, xpu",))],
+        "Attention": [att, _report("torch.flex", "rejected", ("drops the window",))],
+        "GatedMLP": [gated],
+        "Activation": [silu],
+    }
+    choices = {
+        "RMSNorm": Choice("RMSNorm", rms, "fastest", "fastest: 1.2x torch.rms_norm", {}),
+        "Attention": Choice("Attention", att, "fastest", "fastest: 1.1x torch.sdpa", {}),
+        "GatedMLP": Choice("GatedMLP", gated, "pinned", "pinned with --pin", {}),
+        "Activation": Choice("Activation", silu, "default", "kept the default", {}),
+    }
+    timings = {
+        "RMSNorm": {"torch.compile.rms_norm": [_timed("torch.compile.rms_norm", "64x32")]},
+        "Attention": {"torch.sdpa.math": [_timed("torch.sdpa.math", "2x16x64")]},
+        "GatedMLP": {"torch.compile.gated_mlp": [_timed("torch.compile.gated_mlp", "64x32x48")]},
+    }
+    for rows in timings.values():
+        for row in rows.values():
+            row[0]["compile_s"] = 0.0
+    canonical = {
+        "RMSNorm": {"eps": 1e-5},
+        "Attention": {"num_heads": 2, "head_dim": 8, "window": 4, "dropout": 0.0},
+        "GatedMLP": {"mlp_implementation": "geglu"},
+        "Activation": {"function": "silu"},
+    }
+    current: dict = {name: f"v-{name}" for name in FIELDS}
+    current["device-type"], current["device-count"] = "cpu", 1
+    provenance = {"command": "kernel-probe --out k.toml", "check-seconds": 1.25}
+    lock = build_lock(
+        choices, reports, timings, current, precision="32-true", canonical=canonical,
+        provenance=provenance,
+    )  # fmt: skip
+    liger = accepted("liger.rms_norm", twin=twin)
+    choices["RMSNorm"] = Choice("RMSNorm", liger, "fastest", "fastest: 2x torch.rms_norm", {})
+    gpu = {**current, "device-type": "cuda"}
+    trained = _fixed(
+        build_lock(choices, {**reports, "RMSNorm": [liger]}, {}, gpu, precision="32-true",
+                   canonical=canonical)
+    )  # fmt: skip
+    derived, _ = derive_inference(trained, current, source="trained.toml")
+    return _fixed(lock), _fixed(derived)
+
+
+def test_every_slot_and_the_inference_lock_keep_the_bytes_written_before_the_slot_protocol():
+    lock, derived = every_slot_locks()
+    assert lock.dumps() == EVERY_SLOT.read_text()
+    assert derived.dumps() == DERIVED.read_text()
+    assert derived.mode == "inference" and derived.slots["RMSNorm"].target == "torch.nn.RMSNorm"
+    assert lock.slots["GatedMLP"].extra["gate"] and lock.slots["Activation"].extra["function"]
