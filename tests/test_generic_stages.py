@@ -23,6 +23,11 @@ GENERIC = [
     "kernel_lock/graph_attention.py",
     "kernel_lock/lock.py",
     "kernel_lock/resolve.py",
+    "kernel_lock/fingerprint.py",
+    "kernel_lock/registry.py",
+    "kernel_lock/portability.py",
+    "kernel_lock/checkpoint.py",
+    "kernel_lock/distributed.py",
     "kernel_lock/slots/__init__.py",
     "kernel_lock/slots/base.py",
     "kernel_probe/slots/__init__.py",
@@ -40,6 +45,10 @@ GENERIC = [
     "kernel_probe/probe/derive.py",
     "kernel_probe/commands/probe.py",
     "kernel_probe/commands/check.py",
+    "kernel_probe/commands/locks.py",  # show, explain, diff, verify, rehash, lock --for inference
+    "kernel_probe/anemoi/pipelines.py",  # export and check-config as library functions
+    "kernel_probe/jobstart.py",
+    "kernel_probe/profiles.py",
 ]
 SLOT_NAMES = {"LayerNorm", "RMSNorm", "Linear", "Attention", "GatedMLP", "Activation"}
 SEMANTICS = {"layer_norm", "rms_norm", "linear", "attention", "gated_mlp", "activation"}
