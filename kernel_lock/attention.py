@@ -27,19 +27,16 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
-    "SDPA_BACKENDS",
     "Attention",
     "FlashAttention2",
     "FlashAttention3",
     "FlashAttention4",
     "FlexAttention",
-    "FunctionAttention",
     "SDPAttention",
     "TEDotProductAttention",
     "alibi_bias",
     "alibi_slopes",
     "band_mask",
-    "for_function",
 ]
 
 # the torch.nn.attention.SDPBackend member each ``backend`` forces ("default": torch chooses)

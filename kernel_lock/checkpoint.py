@@ -20,12 +20,10 @@ from .lock import KernelLock, loads
 
 __all__ = [
     "CHECKPOINT_KEY",
-    "Rule",
     "attach",
     "lock_from_checkpoint",
     "migrate_module_state",
     "migrate_state_dict",
-    "migration_rules",
     "parse_rule",
 ]
 

@@ -31,7 +31,8 @@ from .schema import (
     required,
     table,
 )
-from .slots import MODES, PRECISIONS, SPECS, Mode, slot_name_fix, spec_of
+from .slots import MODES, PRECISIONS, SPECS, slot_name_fix, spec_of
+from .slots.base import Mode
 from .tables import EMPTY, NONE, Raw, ReadError, from_dict, get, get_strings, one_of, text, to_dict
 from .tables import toml_key as key
 from .trust import granted_trust, module_name

@@ -21,7 +21,6 @@ from pathlib import Path
 from .errors import LockFormatError
 
 __all__ = [
-    "KINDS",
     "UnsafeFile",
     "UnsafeWrite",
     "check_directory",

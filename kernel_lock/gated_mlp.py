@@ -24,8 +24,6 @@ from .slots.gated_mlp import GATES, gate_for
 # LigerGatedMLP (built on first lookup) is public too; not listed, so ``import *`` never imports
 # liger-kernel
 __all__ = [
-    "ANEMOI_LAYER",
-    "LIGER_GATES",
     "TORCH_GATES",
     "CompiledGatedMLP",
     "GatedMLP",

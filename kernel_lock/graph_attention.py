@@ -31,13 +31,9 @@ __all__ = [
     "ALLOW_FLAG",
     "ANEMOI_KEY",
     "BACKENDS",
-    "FIX",
-    "GPU_DEVICE_TYPES",
     "TABLE",
     "GraphAttention",
     "fallback_cause",
-    "fallback_note",
-    "job_start_differences",
     "triton_installed",
 ]
 

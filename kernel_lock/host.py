@@ -20,7 +20,6 @@ __all__ = [
     "cpu_microarch",
     "cpu_name",
     "cpu_vendor",
-    "cuda_visible_entries",
     "driver_version",
     "fields",
     "gcn_features",

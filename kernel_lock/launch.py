@@ -27,8 +27,6 @@ if TYPE_CHECKING:
     from .document import LockDocument
 
 __all__ = [
-    "CHILD_TIMEOUT",
-    "FLAGS",
     "MARK",
     "before_sealing",
     "child_verdicts",
@@ -38,7 +36,6 @@ __all__ = [
     "kill_group",
     "python_argv",
     "pythonpath_roots",
-    "read_verdicts",
     "start",
     "trusted_roots",
 ]

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 from . import fingerprint, graph_attention, torchless
 from .errors import Difference, KernelUnavailable, LockFormatError, LockMismatch
 from .launch import confirm_in_child
-from .slots import MODES, SPECS, Mode, slot_name_fix, twin_semantics
+from .slots import MODES, SPECS, slot_name_fix, twin_semantics
+from .slots.base import Mode
 from .trust import (
     IN_INFERENCE_MODE,
     build,
@@ -33,12 +34,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "KernelFactory",
-    "Resolution",
     "confirm_targets",
     "factory",
-    "mode_for",
     "resolve_slot",
-    "twin_refusal",
     "verify",
 ]
 

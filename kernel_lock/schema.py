@@ -43,23 +43,15 @@ from .tables import (
 from .trust import DOTTED, MODULE, check_target
 
 __all__ = [
-    "DIGEST",
     "LOCK_VERSION",
     "MATCH_RULES",
-    "STATE_DICT",
-    "VERSION",
     "Candidate",
-    "Context",
     "EnvField",
     "Environment",
-    "Match",
     "Requirement",
     "Slot",
-    "StateDict",
     "Twin",
-    "read_slot",
     "record",
-    "record_table",
     "required",
     "table",
     "tables",

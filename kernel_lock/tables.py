@@ -30,17 +30,10 @@ from dataclasses import fields, is_dataclass
 from typing import Any, TypeVar
 
 __all__ = [
-    "EMPTY",
-    "FIX_MISSING",
-    "MAX_TEXT",
-    "NONE",
-    "REST",
     "Raw",
     "ReadError",
-    "Reader",
     "Table",
     "context",
-    "did_you_mean",
     "flag",
     "from_dict",
     "get",
@@ -54,7 +47,6 @@ __all__ = [
     "get_tables",
     "get_text",
     "join",
-    "one_of",
     "plain",
     "refuse_unknown",
     "strings",

@@ -23,8 +23,6 @@ from . import host
 from .fingerprint import DEVICE_FIELDS, DEVICE_KEYS, FIELDS, TorchBuild, Unsettled, release
 
 __all__ = [
-    "MIN_DRIVER_FOR_CUDA",
-    "NVIDIA_ARCH_BY_NAME",
     "USE_IMPORTED_TORCH",
     "Notes",
     "current",

@@ -29,7 +29,6 @@ from .registry import OWN_ROOTS, allowed_roots, declared_semantics, generic_kern
 from .slots import SPECS, TORCH_FACTS_SINCE, canonical_target, class_semantics
 
 __all__ = [
-    "DOTTED",
     "FLASH_GENERATIONS",
     "IN_INFERENCE_MODE",
     "MODULE",
@@ -38,17 +37,13 @@ __all__ = [
     "build",
     "check_kwargs",
     "check_target",
-    "flash_generation_problems",
     "granted_trust",
-    "import_failure",
     "import_target",
     "install_hint",
     "locate",
     "module_name",
     "private",
-    "requirement_problems",
     "static_problem",
-    "unusable_reason",
 ]
 
 TRUST_ENV = "KERNEL_LOCK_TRUST"  # modules the caller trusts beyond the built-in allow-list

@@ -9,7 +9,10 @@ from typing import Any
 
 from .base import SlotSpec, TargetFacts
 
-__all__ = ["ANEMOI_ATTENTION", "ATTENTION", "ATTENTION_BACKEND_ENV"]
+__all__ = [
+    "ANEMOI_ATTENTION",
+    "ATTENTION",
+]
 
 _OPTIONS = frozenset(("window", "softcap", "dropout", "alibi"))
 _CLASSES = ("FlashAttention2", "FlashAttention3", "FlashAttention4", "TEDotProductAttention")

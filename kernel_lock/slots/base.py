@@ -14,21 +14,13 @@ from ..errors import Difference
 __all__ = [
     "DTYPES",
     "MODES",
-    "NOT_PLAIN_TORCH",
     "PRECISIONS",
     "STATUSES",
-    "DType",
-    "Mode",
-    "Precision",
-    "Regime",
-    "SlotKey",
     "SlotSpec",
     "Status",
     "TargetFacts",
-    "TwinArgs",
     "dtype_named",
     "short_dtype",
-    "torch_aliases",
     "torch_device",
 ]
 
