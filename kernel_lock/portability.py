@@ -267,12 +267,9 @@ class _Converter:
 def portable(
     module: Any, lock: KernelLock, *, compare: bool = True, report: list[Replacement] | None = None
 ) -> Any:
-    """A copy of ``module`` that unpickles without the training library and kernel_lock: every
-    module, class or stored factory from ``lock`` is the slot's verified twin, its state migrated.
-    ``compare`` refuses (:class:`NotPortable`) a twin that disagrees with its module here beyond the
-    lock's verified error; ``report`` receives one :class:`Replacement` per module. Raises
-    :class:`KernelUnavailable` for a slot without a usable twin, :class:`NotPortable` where the
-    copy's pickle would still name kernel_lock or a training library."""
+    """A copy of ``module`` that unpickles without the training library and kernel_lock:
+    each lock class becomes its slot's verified twin (``compare``: checked here). Raises
+    :class:`KernelUnavailable` or :class:`NotPortable`."""
     converter = _Converter(lock, compare)
     copied = converter.modules(copy.deepcopy(module))
     converter.attributes(copied)
@@ -313,10 +310,8 @@ class UnreadablePickle(ValueError):
 
 
 def globals_in(data: bytes) -> set[str]:
-    """Every ``module.name`` the pickle stream ``data`` would import when loaded, read without
-    unpickling: the stack, marks and memo are modelled opcode by opcode, so decoy strings and memo
-    fetches are read as ``pickle`` reads them. :class:`UnreadablePickle` where a global cannot be
-    named with certainty."""
+    """Every ``module.name`` the pickle ``data`` would import, read without unpickling
+    (stack, marks and memo modelled); :class:`UnreadablePickle` where one cannot be named."""
     found: set[str] = set()
     stack: list[Any] = []
     marks: list[int] = []
@@ -391,8 +386,7 @@ def globals_in(data: bytes) -> set[str]:
 
 
 def pickled_modules(obj: Any) -> set[str]:
-    """The modules pickling ``obj`` names (tensor data left out), e.g. ``{"torch.nn.modules.linear",
-    ...}``."""
+    """The modules pickling ``obj`` names (tensor data left out)."""
     import torch  # reason: kernel_lock imports torch only when a model is converted
 
     class _Pickler(pickle.Pickler):
@@ -407,8 +401,7 @@ def pickled_modules(obj: Any) -> set[str]:
 
 
 def saved_modules(path: str | Path) -> set[str]:
-    """The modules a ``torch.save`` file's pickles would import when loaded, read from its zip
-    archive without unpickling (:func:`globals_in` on every ``.pkl`` member)."""
+    """The modules a ``torch.save`` file's pickles would import (read, not unpickled)."""
     found: set[str] = set()
     with zipfile.ZipFile(path) as archive:
         for member in archive.namelist():

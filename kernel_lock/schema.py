@@ -1,10 +1,5 @@
-"""The lock's tables, format v1 (``docs/lock-format.md``): frozen dataclasses whose fields declare
-their TOML key, reader and omission (:func:`kernel_lock.tables.toml_key`), in canonical key order.
-
-Each nested table is read inside :meth:`Context.at`, so an error names its dotted key as it unwinds.
-Whether a target may be imported is :mod:`kernel_lock.trust`'s to say; the document, its version and
-digest, and reading files are :mod:`kernel_lock.lock`'s.
-"""
+"""The lock's tables, format v1 (``docs/lock-format.md``): frozen dataclasses whose fields
+declare their TOML key, reader and omission, in canonical key order."""
 
 from __future__ import annotations
 
@@ -270,8 +265,7 @@ def _env_value(ctx: Context, d: Raw, key: str, _: Raw) -> str | int:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EnvField(Table):
-    """One fingerprint field: the value seen when the lock was written, and how strictly it must
-    match."""
+    """One fingerprint field: the value seen when locking, and how strictly it must match."""
 
     value: str | int = field(metadata=toml_key("value", _env_value))
     match: Match = field(
@@ -338,8 +332,7 @@ class Environment(Table):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Requirement(Table):
-    """A distribution a slot's implementation needs: name, PEP 440 specifier, the module it
-    provides."""
+    """A distribution a slot needs: name, PEP 440 specifier, the module it provides."""
 
     name: str = field(metadata=toml_key("name", text(required=True)))
     specifier: str = field(default="", metadata=toml_key("specifier", _specifier))
@@ -380,8 +373,7 @@ def _semantics(ctx: Context, d: Raw, key: str, so_far: Raw) -> str:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Slot(Table):
-    """What the lock pins for one slot, fields in the canonical key order of ``[slots.<name>]``;
-    the slot's own keys (``SlotSpec.keys``: ``extra``) are written after the key each names."""
+    """What the lock pins for one slot; the slot's own keys are written after the key each names."""
 
     name: str  # the slot's table name, not a key inside it
     implementation: str = field(metadata=toml_key("implementation", text(required=True)))
@@ -420,8 +412,7 @@ class Slot(Table):
 
 
 def read_slot(ctx: Context, name: str, d: Any, spec: SlotSpec) -> Slot:
-    """The slot ``name``'s table, read at ``slots.<name>``: its semantics must be the slot's, a key
-    of another slot's is refused."""
+    """The slot ``name``'s table: its semantics must be the slot's; other slots' keys refused."""
     if not isinstance(d, dict):
         raise ReadError("expected a table")
     others = [k for s in SPECS.values() if s is not spec for k in s.keys]

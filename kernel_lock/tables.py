@@ -74,10 +74,7 @@ _TYPE_NAMES = {
 
 
 class ReadError(ValueError):
-    """A value that is not what its reader declares: the problem, the dotted key so far, the fix.
-
-    ``kind``: the exception class the reader should raise in the end (``None``: its own), for an
-    error whose class says more than its text (a target outside the allow-list)."""
+    """A value not what its reader declares: problem, dotted key, fix, final ``kind``."""
 
     def __init__(
         self,
@@ -205,8 +202,7 @@ def get_text(d: Raw, key: str, default: str | None = None, limit: int = MAX_TEXT
 def get_literal(
     d: Raw, key: str, choices: Sequence[str], default: str | None = None, *, fold: bool = False
 ) -> str:
-    """One of a closed set (a ``Literal``'s values); ``fold``: case-insensitive, returned as
-    ``choices`` spell it. A near miss is named."""
+    """One of a closed set; ``fold``: case-insensitive. A near miss is named."""
     value = (
         get_text(d, key, default, limit=200) if default is not None else get_required(d, key, str)
     )
@@ -279,8 +275,7 @@ def toml_key(
     omit: Callable[[Any], bool] | None = None,
     write: Callable[[Any], Any] | None = None,
 ) -> dict[str, Any]:
-    """The metadata of a field held at ``name``: read by ``read``, written by ``write`` (default
-    :func:`plain`) unless ``omit(value)``."""
+    """A field's metadata: its TOML key, reader, writer (default :func:`plain`) and omission."""
     return {"key": name, "read": read, "omit": omit, "write": write or plain}
 
 
@@ -292,9 +287,8 @@ def table_keys(cls: type) -> tuple[str, ...]:
 
 
 def from_dict(cls: type[_T], ctx: Any, d: Raw, known: Sequence[str] = (), **given: Any) -> _T:
-    """The table ``d`` as a ``cls``, each field read by its reader in canonical order, after the
-    keys neither a field nor ``known`` declares are reported (``ctx.unknown``); ``given``: the
-    fields the file does not hold."""
+    """The table ``d`` as a ``cls``, fields read in canonical order after unknown keys are
+    reported; ``given``: fields the file does not hold."""
     declared = [f for f in fields(cls) if "key" in f.metadata]  # type: ignore[arg-type]
     if all(f.metadata["key"] != REST for f in declared):
         ctx.unknown(d, (*table_keys(cls), *known))

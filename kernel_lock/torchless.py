@@ -1,11 +1,6 @@
-"""This machine's fingerprint read without importing torch, and the one a check takes.
-
-At job start ``import torch`` is the expensive part (thousands of files read by every rank), yet
-every fact is also on disk: torch's build in its ``version.py``, the devices in the drivers' /proc
-and /sys files, NVML. :func:`fingerprint` returns the fields of ``fingerprint.current()``; one it
-cannot read with certainty is None and named in ``Notes.fallbacks``, and the caller asks torch. It
-never guesses.
-"""
+"""This machine's fingerprint read without importing torch (its ``version.py``, the drivers'
+/proc and /sys files, NVML). A field not read with certainty is None, named in
+``Notes.fallbacks``, and the caller asks torch: it never guesses."""
 
 from __future__ import annotations
 
@@ -41,8 +36,8 @@ USE_IMPORTED_TORCH = True
 
 
 def for_check(checked: Iterable[str] | None = None) -> dict[str, Any]:
-    """The fingerprint a check compares with a lock: torch's where it is imported already, else
-    :func:`current` (torch-free unless a field in ``checked`` needs torch)."""
+    """The fingerprint a check compares with a lock: torch's where it is imported already,
+    else :func:`current`."""
     if USE_IMPORTED_TORCH and "torch" in sys.modules:
         return fp.current()
     return current(checked)
@@ -80,8 +75,7 @@ MIN_DRIVER_FOR_CUDA: dict[int, tuple[int, ...]] = {11: (450, 80, 2), 12: (525, 6
 
 @dataclass(frozen=True)
 class Notes:
-    """What the torch-free read could not settle (``fallbacks``: field -> why) and where each group
-    of facts came from (``sources``), for ``--debug``."""
+    """What the torch-free read could not settle (``fallbacks``) and each fact's ``sources``."""
 
     fallbacks: Mapping[str, str] = field(default_factory=dict)
     sources: Mapping[str, str] = field(default_factory=dict)
@@ -118,9 +112,7 @@ def _cpu_device() -> dict[str, Any]:
 
 
 def _nvidia_proc_gpus(root: Path) -> list[dict[str, str]]:
-    """One dict per ``/proc/driver/nvidia/gpus/<bus>/information`` (keys as the driver prints them:
-    nv_procfs_read_gpu_info in NVIDIA's open-gpu-kernel-modules, kernel-open/nvidia/nv-procfs.c),
-    in PCI bus order."""
+    """One dict per ``/proc/driver/nvidia/gpus/<bus>/information``, in bus order."""
     gpus = []
     for entry in sorted((root / "proc/driver/nvidia/gpus").iterdir(), key=lambda p: p.name.lower()):
         info = {"bus": entry.name}
@@ -133,8 +125,7 @@ def _nvidia_proc_gpus(root: Path) -> list[dict[str, str]]:
 
 
 def _mig_instances(root: Path) -> bool:
-    """Whether any GPU has MIG GPU instances (``capabilities/gpuN/mig/giM``, NVIDIA MIG user guide,
-    "Device Nodes and Capabilities"): CUDA then names and counts MIG devices, not GPUs."""
+    """Whether any GPU has MIG instances: CUDA then names and counts MIG devices."""
     caps = root / "proc/driver/nvidia/capabilities"
     try:
         return any(
@@ -145,8 +136,7 @@ def _mig_instances(root: Path) -> bool:
 
 
 def _libcuda_findable(root: Path, env: Mapping[str, str]) -> bool:
-    """Whether the dynamic loader finds libcuda.so.1 (ld.so.cache or LD_LIBRARY_PATH): without it a
-    container sees the host's /proc/driver/nvidia yet torch finds no CUDA."""
+    """Whether the dynamic loader finds libcuda.so.1 (a container may see /proc only)."""
     for folder in filter(None, env.get("LD_LIBRARY_PATH", "").split(":")):
         if (Path(folder) / "libcuda.so.1").exists():
             return True
@@ -242,8 +232,8 @@ def _nvidia(
 
 
 def gfx_name(target_version: int) -> str:
-    """KFD's ``gfx_target_version`` (major*10000 + minor*100 + stepping) as an LLVM target: the
-    stepping is one hex digit, so 90010 -> gfx90a, 90402 -> gfx942, 110000 -> gfx1100."""
+    """KFD's ``gfx_target_version`` as an LLVM target (stepping in hex): 90010 -> gfx90a,
+    90402 -> gfx942."""
     major, minor, stepping = (
         target_version // 10000,
         target_version // 100 % 100,

@@ -1,10 +1,6 @@
-"""Which modules a lock may make this process import, importing them, and what is known without.
-
-The allow-list is the registry's (``registry.allowed_roots``) plus what the *caller* grants (the
-API's ``trust=[...]``, ``$KERNEL_LOCK_TRUST``, ``--trust``); a lock's own ``trusted-modules`` only
-asks, and the refusal says how to grant it. Every check runs before anything is imported. Slots are
-typed ``Any`` here: the lock's reader imports this module, not the reverse.
-"""
+"""Which modules a lock may make this process import, importing them, and what is known
+without. The allow-list is the registry's plus what the *caller* grants; a lock's own
+``trusted-modules`` only asks. Every check runs before anything is imported."""
 
 from __future__ import annotations
 
@@ -68,8 +64,7 @@ def _under(name: str, root: str) -> bool:
 
 
 def granted_trust(trust: Iterable[str] = ()) -> tuple[str, ...]:
-    """The modules the caller trusts: ``trust`` and ``$KERNEL_LOCK_TRUST`` (comma- or
-    colon-separated)."""
+    """The modules the caller trusts: ``trust`` and ``$KERNEL_LOCK_TRUST``."""
     names = [str(t) for t in trust]
     names += [n for n in re.split(r"[,:\s]+", os.environ.get(TRUST_ENV, "")) if n]
     for name in names:
@@ -92,10 +87,8 @@ def check_target(
     requested: Sequence[str] = (),
     what: str = "target",
 ) -> None:
-    """Refuse a target outside the allow-list (``registry.allowed_roots()`` + ``trusted``), before
-    anything is imported. The lock's ``trusted-modules`` (``requested``) are named in the refusal
-    with how to grant them; a private or ``__main__`` component is never imported; a generic
-    adapter's kernel is checked as if the lock named it."""
+    """Refuse a target outside the allow-list before anything is imported; a private or
+    ``__main__`` component is never imported; a generic adapter's kernel is checked too."""
     if not isinstance(target, str) or not DOTTED.fullmatch(target):
         raise LockFormatError(
             f"{target!r} is not a dotted import path like 'torch.nn.LayerNorm'", path=path, key=key
@@ -194,9 +187,8 @@ def import_target(
     key: str | None = None,
     semantics: str | None = None,
 ) -> type:
-    """Import an allow-listed ``torch.nn.Module`` subclass, the allow-list checked first; with
-    ``semantics``, a class that computes something else (an RMSNorm for a LayerNorm slot) is
-    refused."""
+    """Import an allow-listed ``torch.nn.Module`` subclass (checked first); with
+    ``semantics``, a class computing something else is refused."""
     check_target(target, trusted, path=where, key=key)
     module_path, _, attr = target.rpartition(".")
     # a nested class ("pkg.mod.Outer.Inner") is not supported on purpose: one module, one class
@@ -246,8 +238,7 @@ def check_kwargs(cls: type, kwargs: Mapping[str, Any], *, where: str | None, key
 
 
 def build(slot_name: str, target: str, kwargs: Mapping[str, Any], lock: Any, key: str) -> type:
-    """Import ``target`` for ``slot_name`` and check ``kwargs`` against it; every failure a
-    :class:`LockError` naming the lock's file and ``key`` (``lock``: a document or None)."""
+    """Import ``target`` for ``slot_name`` and check ``kwargs``; failures name the file and key."""
     trusted = lock.granted if lock else ()
     where = lock.path if lock else None
     try:
@@ -271,8 +262,7 @@ def build(slot_name: str, target: str, kwargs: Mapping[str, Any], lock: Any, key
 def import_failure(
     slot_name: str, target: str, exc: BaseException, where: str | None, key: str
 ) -> KernelUnavailable:
-    """A library that calls ``sys.exit`` or raises while importing: unavailable here (exit 3), for
-    every importer of a lock's classes; it never ends the caller."""
+    """A library that exits or raises while importing: unavailable (exit 3), never fatal."""
     if isinstance(exc, SystemExit):
         return KernelUnavailable(
             f"slot {slot_name}: importing {target!r} called sys.exit({exc.code!r})",
@@ -291,10 +281,8 @@ def import_failure(
 
 # ---- what is known without importing: the file system, package metadata, the registry --------
 def locate(module: str) -> bool | None:
-    """Is ``module`` on the search path? True / False where the file system says so, None where only
-    importing could tell (a package may build ``__path__`` on import). No package's code runs: the
-    finders look up the top level, ``PathFinder`` each submodule in its parent's ``__path__``
-    (``importlib.util.find_spec("a.b")`` would import ``a``)."""
+    """Is ``module`` on the search path? True / False where the file system says, None where
+    only importing could tell. No package's code runs (``find_spec("a.b")`` would import ``a``)."""
     parts = module.split(".")
     try:  # a top-level name has no parent to import: only the finders run (editable installs' too)
         spec = importlib.util.find_spec(parts[0])
@@ -318,8 +306,7 @@ def locate(module: str) -> bool | None:
 
 
 def requirement_problems(slot: Any) -> list[Difference]:
-    """Requirements of a slot (a ``schema.Slot``) this machine does not satisfy, from package
-    metadata and the file system (no import)."""
+    """A slot's requirements this machine does not satisfy (no import)."""
     problems = []
     versions = library_versions(req.name for req in slot.requires)
     for req in slot.requires:
