@@ -1,10 +1,5 @@
-"""Checkpoints that carry their lock, and the state-dict migration a twin may need.
-
-:func:`attach` stores the lock in a checkpoint dict as plain strings (so
-``torch.load(weights_only=True)`` reads them); :func:`lock_from_checkpoint` validates it and checks
-the digest; :func:`migrate_state_dict` applies the twins' recorded migrations, so a state dict saved
-from the training implementation loads strictly into the model rebuilt in inference mode. No torch.
-"""
+"""Checkpoints that carry their lock (as plain strings, for ``weights_only=True``), and
+the state-dict migration a twin may need. No torch."""
 
 from __future__ import annotations
 
@@ -33,8 +28,7 @@ log = logging.getLogger("kernel_lock")
 
 
 def attach(checkpoint: MutableMapping[str, Any], lock: KernelLock) -> MutableMapping[str, Any]:
-    """Store ``lock`` in ``checkpoint`` (in place) as ``{"text": <canonical TOML>, "digest":
-    <content digest>}`` under ``"kernel_lock"``, and return the checkpoint."""
+    """Store ``lock`` in ``checkpoint`` (in place) as text and digest, and return it."""
     checkpoint[CHECKPOINT_KEY] = {"text": lock.dumps(), "digest": lock.compute_digest()}
     return checkpoint
 
@@ -47,8 +41,8 @@ def lock_from_checkpoint(
     emit_warnings: bool = True,
     trust: Iterable[str] = (),
 ) -> KernelLock:
-    """The lock a checkpoint carries, validated like a lock file (``trust`` grants what its
-    ``trusted-modules`` ask) and checked against its stored digest, else LockFormatError."""
+    """The lock a checkpoint carries, validated like a file and checked against
+    its stored digest, else LockFormatError."""
     key = CHECKPOINT_KEY
 
     def bad(problem: str, at: str = key, fix: str | None = None) -> LockFormatError:
@@ -92,8 +86,7 @@ _KEY = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_0-9][\w]*)*$")
 
 @dataclass(frozen=True)
 class Rule:
-    """One migration step of a twin: ``drop:KEY``, ``rename:OLD->NEW`` or ``transpose:KEY``
-    (``key``: the stored key for drop and rename, the twin's for transpose)."""
+    """One migration step: ``drop:KEY``, ``rename:OLD->NEW`` or ``transpose:KEY``."""
 
     kind: str
     key: str
@@ -133,8 +126,7 @@ def migration_rules(slot: Any, *, path: str | None = None) -> list[Rule]:
 
 
 def migrate_module_state(state: Mapping[str, Any], rules: Iterable[Rule]) -> dict[str, Any]:
-    """One module's state dict (local keys), as the training implementation stores it, in its
-    twin's layout."""
+    """One module's state dict, as the training implementation stores it, in its twin's layout."""
     out, rules = dict(state), list(rules)
     for rule in (r for r in rules if r.kind == "drop"):
         out.pop(rule.key, None)
@@ -160,11 +152,9 @@ def _transposed(value: Any, shape: tuple[int, ...] | None) -> bool:
 def migrate_state_dict(
     state_dict: Mapping[str, Any], lock: KernelLock, model: Any
 ) -> OrderedDict[str, Any]:
-    """``state_dict`` (saved under ``lock`` or the training lock it derives from) made loadable
-    into ``model`` rebuilt in inference mode (a module, its keys mapped to tensors or shapes, or its
-    keys). A twin's rule applies only where ``model`` asks for it (a key it lacks dropped or
-    renamed, a transposed shape turned); every other key is kept, so a misfit still fails a strict
-    load. ``state_dict`` is not modified; what was migrated is logged (INFO, ``kernel_lock``)."""
+    """``state_dict`` made loadable into ``model`` rebuilt in inference mode: a
+    twin's rule applies only where ``model`` asks for it, every other key is kept (a misfit still
+    fails a strict load). Not modified in place; migrations are logged."""
     if hasattr(model, "state_dict"):
         expected: dict[str, Any] = {k: _shape(v) for k, v in model.state_dict().items()}
     elif isinstance(model, Mapping):

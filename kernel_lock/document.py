@@ -1,9 +1,5 @@
-"""The lock document: its top-level keys, the version and digest rules, and the TOML text back.
-
-:class:`LockDocument` is what a kernel lock *is* (the data); ``kernel_lock.lock.KernelLock`` adds
-what it *does* (verify, resolve), so the resolver can take a document without importing the module
-that imports it. The tables inside are :mod:`kernel_lock.schema`'s.
-"""
+"""The lock document: its top-level keys, the version and digest rules, the TOML text.
+``KernelLock`` adds what a lock does, so the resolver takes a document without a cycle."""
 
 from __future__ import annotations
 
@@ -83,9 +79,7 @@ def _slots(ctx: Context, d: Raw, k: str, _: Raw) -> dict[str, Slot]:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LockDocument:
-    """A parsed, validated kernel lock's content (the fields' order is the canonical key order);
-    :class:`KernelLock` adds what it does, so the resolver can take a document without importing
-    this module."""
+    """A parsed, validated kernel lock's content, fields in canonical key order."""
 
     lock_version: str = field(
         default=LOCK_VERSION, metadata=key("lock-version", text(required=True))
@@ -141,13 +135,11 @@ class LockDocument:
         return replace(lock, warnings=tuple(ctx.finished_warnings()), intact=intact)
 
     def to_dict(self, *, with_digest: bool = True) -> dict[str, Any]:
-        """The TOML-ready mapping in canonical key order (``with_digest=False``: what the digest
-        covers)."""
+        """The TOML-ready mapping (``with_digest=False``: what the digest covers)."""
         return to_dict(self, without=() if with_digest else (SEAL,))
 
     def covered(self) -> dict[str, Any]:
-        """What the digest covers, by construction: everything :meth:`dumps` writes but ``SEAL``
-        (a table added to the schema and written is covered without anyone remembering to)."""
+        """What the digest covers, by construction: all :meth:`dumps` writes but ``SEAL``."""
         return {k: value for k, value in self.to_dict().items() if k != SEAL}
 
     def compute_digest(self) -> str:
@@ -164,8 +156,7 @@ class LockDocument:
         return _toml.dumps(self.to_dict())
 
     def dump(self, path: str | os.PathLike[str]) -> None:
-        """Write atomically: a temp file in the same directory, fsync, then rename over the
-        target."""
+        """Write atomically: a temp file beside the target, fsync, rename."""
         write_file(path, self.dumps(), through_link=True)
 
 
@@ -196,8 +187,7 @@ def _check_version(ctx: Context, d: Raw) -> None:
 
 
 def _check_digest(ctx: Context, lock: LockDocument, strict: bool) -> bool:
-    """Whether the digest seals the content; a lock without one, or edited, is warned about (an
-    error with ``strict``, as is a lock without an environment)."""
+    """Warn on a missing or broken digest (an error with ``strict``, as no environment)."""
     if strict and not lock.environment.fields:
         raise ReadError(
             "the lock has no [environment]: it would match any machine",

@@ -1,10 +1,5 @@
-"""Portable whole-model checkpoints: the model with every lock class replaced by its torch.nn twin.
-
-A pickled model (anemoi's inference checkpoint) names every class it holds, so one built from a lock
-that pins a training library or an adapter loads only where both are installed. :func:`portable`
-returns a copy that names neither; :func:`saved_modules` lists what a ``torch.save`` file would
-import, without unpickling it.
-"""
+"""Portable whole-model checkpoints: the model with every lock class replaced by its
+torch.nn twin (:func:`portable`), and what a ``torch.save`` file names (:func:`saved_modules`)."""
 
 from __future__ import annotations
 
@@ -52,8 +47,7 @@ class NotPortable(LockError):
 
 @dataclass(frozen=True)
 class Replacement:
-    """One module replaced by its twin: where, from which class to which, and how close they are
-    (``error``: normwise relative, measured here; None: the original cannot run here)."""
+    """One module replaced by its twin, and their error here (None: not compared)."""
 
     path: str
     slot: str

@@ -1,9 +1,5 @@
-"""The registry: the kernel libraries, built-in candidates and adapters kernel-lock knows, as data.
-
-``registry.toml`` (one ``[[library]]`` per kernel library, one ``[[candidate]]`` per built-in
-implementation of a slot) is read here without torch; the import allow-list follows from it, so the
-two cannot drift apart. The adapters ``kernel_lock.adapters`` builds are named here too.
-"""
+"""The registry: the kernel libraries, built-in candidates and adapters, as data read
+from ``registry.toml`` without torch; the import allow-list follows from it."""
 
 from __future__ import annotations
 
@@ -86,8 +82,7 @@ def _allowed_roots(where: Path) -> tuple[str, ...]:
 
 
 def allowed_roots() -> tuple[str, ...]:
-    """The modules a lock may name without being granted trust: ``OWN_ROOTS`` and the import root
-    of every registered candidate's target and twin."""
+    """The modules a lock may name without granted trust: ``OWN_ROOTS`` and the registry's."""
     return _allowed_roots(path())
 
 
@@ -108,9 +103,8 @@ def _declared(where: Path) -> dict[str, TargetFacts]:
 
 
 def target_facts(target: str) -> TargetFacts | None:
-    """What ``target`` computes and the keywords it is known to accept, without importing it:
-    ``SlotSpec.known_targets``' classes, else a registered candidate's declaration (its declared
-    kwargs, perhaps not all it accepts). None: only importing it can tell."""
+    """What ``target`` computes and accepts, without importing it (a slot's known target
+    or a registered candidate); None: only importing can tell."""
     return known_facts(target) or _declared(path()).get(canonical_target(target))
 
 
@@ -169,8 +163,7 @@ def generic_parts(name: str) -> tuple[str, str] | None:
 
 
 def generic_kernel(target: str) -> str | None:
-    """The kernel a generic adapter target wraps (``kernel_lock.adapters.Autocast__a__B`` ->
-    ``a.B``), or None."""
+    """The kernel a generic adapter target wraps (``...Autocast__a__B`` -> ``a.B``), or None."""
     module, _, name = target.rpartition(".")
     if module != ADAPTERS:
         return None
@@ -187,8 +180,7 @@ def adapter_for(target: str) -> str | None:
 
 
 def wrapping_adapter_for(prefix: str, target: str) -> str | None:
-    """The ``kernel_lock.adapters`` path of the class that runs ``target`` inside the anemoi
-    wrapper ``prefix`` names (Autocast: the output cast back to the input dtype)."""
+    """The adapter that runs ``target`` inside the anemoi wrapper ``prefix`` names."""
     for name, base in WRAPPING_ADAPTERS.get(prefix, {}).items():
         if base == target:
             return f"{ADAPTERS}.{name}"
@@ -196,8 +188,7 @@ def wrapping_adapter_for(prefix: str, target: str) -> str | None:
 
 
 def size_parameter(cls: Any) -> str | None:
-    """The name a norm class gives its size where it is not anemoi's ``normalized_shape`` (one of
-    ``SIZE_NAMES``, as its first parameter), else None."""
+    """The name a norm class gives its size where not ``normalized_shape``, else None."""
     try:
         params = [p for p in inspect.signature(cls).parameters.values() if p.name != "self"]
     except (TypeError, ValueError):

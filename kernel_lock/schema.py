@@ -69,8 +69,7 @@ _T = TypeVar("_T")
 
 
 class Context:
-    """The state of reading one lock: the file, the table being read, the trust granted, and the
-    warnings to report once parsing succeeds."""
+    """The state of reading one lock: file, current table, trust granted, warnings."""
 
     def __init__(self, path: str | None, granted: Sequence[str] = (), check_targets: bool = True):
         self.path = path

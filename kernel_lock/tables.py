@@ -1,15 +1,6 @@
-"""Typed getters over parsed TOML or JSON, and tables declared once by their fields' metadata.
-
-Modelled on pypa/packaging's ``pylock.py``. The getters (:func:`get`, :func:`get_required`,
-:func:`get_choice`, ...) raise one error type, :class:`ReadError`, naming only the key they were
-given; a reader wraps each nested table in :func:`context`, which prefixes its own key as the error
-unwinds (``slots.Linear.blas``). The reader that started (the lock's, a profile's, a marker's) turns
-the finished error into its own exception with the file name, the dotted key and the fix.
-
-A table of the lock is a frozen dataclass whose fields carry, in their metadata (:func:`toml_key`),
-their TOML key, their reader and when they are left out; the fields' order is the canonical key
-order, so the bytes and the digest follow from the declaration. :func:`from_dict` and
-:func:`to_dict` read and write every table.
+"""Typed getters over parsed TOML or JSON (one error type, :class:`ReadError`, whose key
+:func:`context` prefixes as it unwinds), and tables declared by their fields' metadata: the
+fields' order is the canonical key order, so the bytes and the digest follow.
 
     >>> from dataclasses import dataclass, field
     >>> @dataclass(frozen=True, kw_only=True, slots=True)
@@ -19,8 +10,7 @@ order, so the bytes and the digest follow from the declaration. :func:`from_dict
     >>> to_dict(Pin(target="torch.nn.LayerNorm"))
     {'target': 'torch.nn.LayerNorm'}
     >>> table_keys(Pin)
-    ('target', 'reason')
-"""
+    ('target', 'reason')"""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The Activation slot: an elementwise function of one tensor, no parameters. The function is the
-model's declared choice (``function``: a canonical value and a key of the lock's table), the
-reference every candidate is checked against. GELU's erf and tanh forms differ (up to 4.7e-4): liger
-and TE use tanh, anemoi erf. Another function is declared by its class, ``other:dotted.path.Class``.
-"""
+"""The Activation slot: an elementwise function, no parameters; the function is the
+model's declared choice (``function``). GELU's erf and tanh forms differ (up to 4.7e-4)."""
 
 from __future__ import annotations
 
@@ -47,8 +44,7 @@ _ALIASES = torch_aliases("activation", "GELU", "SiLU", "ReLU", "Sigmoid")
 
 
 def function_of(target: str, kwargs: Mapping[str, Any] | None = None) -> str | None:
-    """The function a class computes with ``kwargs``, told without importing it (torch.nn's
-    activations, kernel_lock's adapters, TE's ops); None for any other class."""
+    """The function a class computes with ``kwargs``, told without importing it, or None."""
     function = _CLASSES.get(_ALIASES.get(target, target), (None, None))[0]
     if function == "gelu-erf" and (kwargs or {}).get("approximate", "none") == "tanh":
         return "gelu-tanh"
@@ -56,8 +52,7 @@ def function_of(target: str, kwargs: Mapping[str, Any] | None = None) -> str | N
 
 
 def function_problem(text: str) -> str | None:
-    """Why ``text`` is no activation function the slot knows (None when it is one): one of
-    ``ACTIVATION_FUNCTIONS`` or ``other:dotted.path.Class``."""
+    """Why ``text`` is no activation function the slot knows (None when it is one)."""
     if text in ACTIVATION_FUNCTIONS:
         return None
     if text.startswith(OTHER_FUNCTION):

@@ -1,6 +1,4 @@
-"""The Attention slot: torch's ``scaled_dot_product_attention`` contract (q, k, v) plus the options
-a model fixes (window -1 = global, softcap 0 = none, dropout, ALiBi); its classes are
-``kernel_lock.attention``'s, built with no dimensions."""
+"""The Attention slot: SDPA's contract plus the options a model fixes."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The slot protocol's kernel_lock half: what a slot is (:class:`SlotSpec`, plain data), and the
-closed sets every module names (precisions, dtypes, modes, statuses). No torch.
-"""
+"""What a slot is (:class:`SlotSpec`, plain data), and the closed sets. No torch."""
 
 from __future__ import annotations
 
@@ -26,8 +24,7 @@ __all__ = [
 
 
 class TargetFacts(NamedTuple):
-    """What a class computes and which constructor keywords it accepts, known without importing
-    it (``complete``: ``params`` lists every one)."""
+    """What a class computes and which keywords it accepts, known without importing it."""
 
     semantics: str
     params: frozenset[str]
@@ -36,11 +33,8 @@ class TargetFacts(NamedTuple):
 
 @dataclass(frozen=True)
 class SlotKey:
-    """A key only one slot's lock table holds (Activation's ``function``, Linear's ``blas``).
-
-    ``read(ctx, table, key)`` returns its value (a ReadError names the key); ``refuse(slot, table)``
-    raises where another slot's table holds it; the key is written after the key ``after``
-    (``semantics`` or ``devices``), unless ``omit(value)``."""
+    """A key only one slot's table holds (``function``, ``blas``): read, refused in another
+    slot's table, written after ``after`` unless ``omit(value)``."""
 
     name: str
     read: Callable[[Any, Mapping[str, Any], str], Any]
@@ -57,8 +51,7 @@ TwinArgs = Callable[[Any, Mapping[str, Any], set[str]], tuple[tuple[Any, ...], d
 
 @dataclass(frozen=True)
 class SlotSpec:
-    """One slot as kernel_lock knows it: what it computes, what a lock may pin for it, how its
-    classes are called, and its own lock keys and job-start rules."""
+    """One slot: what it computes, what a lock may pin, how its classes are called, its keys."""
 
     name: str
     semantics: str
@@ -123,8 +116,7 @@ PRECISIONS: Mapping[str, Precision] = MappingProxyType(
 
 
 class DType(NamedTuple):
-    """A floating-point dtype the probe checks: torch's name, the short name the command line and
-    the tables use, and its machine epsilon (the tolerance model's floor)."""
+    """A dtype the probe checks: torch's name, the short name, and its machine epsilon."""
 
     name: str
     short: str
@@ -150,8 +142,7 @@ def short_dtype(name: str) -> str:
 
 
 def dtype_named(text: str) -> str | None:
-    """The torch name of a dtype given by its torch or short name, any case (``BF16`` ->
-    ``bfloat16``); None when it is neither."""
+    """The torch name of a dtype given by either name, any case; None when neither."""
     key = text.strip().lower()
     return next((d.name for d in DTYPES.values() if key in (d.name, d.short)), None)
 

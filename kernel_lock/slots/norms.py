@@ -1,6 +1,5 @@
-"""The LayerNorm and RMSNorm slots: each the other's likely mistake (an RMSNorm drops the mean and
-the bias). RMSNorm's eps is pinned: torch.nn.RMSNorm's default (``eps=None``) means
-``finfo(dtype).eps``, which differs between fp32 and bf16, and liger defaults to 1e-6."""
+"""The LayerNorm and RMSNorm slots, each the other's likely mistake. RMSNorm's eps is
+pinned: torch's default depends on the dtype, liger's is 1e-6."""
 
 from __future__ import annotations
 
