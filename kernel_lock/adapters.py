@@ -21,8 +21,7 @@ from .registry import (
     size_parameter,
 )
 
-# the classes built on first lookup (the registry's tables, the generic ``Autocast__...`` /
-# ``Sized__...`` ones) are public too; not listed, so ``import *`` never imports their libraries
+# classes built on first lookup are public, unlisted: ``import *`` never imports their libraries
 __all__ = [
     "TORCH_INIT_ADAPTERS",
     "CompiledGELU",
@@ -124,10 +123,8 @@ def autocast_adapter(base: type, name: str) -> type:
     return _subclass(base, name, doc, forward=forward)
 
 
-# A library class that computes the right thing but starts its parameters elsewhere (transformer-
-# engine's Linear draws its weight from N(0, 0.023) and zeroes its bias, torch.nn.Linear draws both
-# from U(-1/sqrt(in), 1/sqrt(in))) changes every model trained from scratch; these adapters are the
-# library class re-initialised the torch.nn way after its own constructor.
+# A library class whose initialisation differs from torch.nn's (TE's Linear: N(0, 0.023)) changes
+# every model trained from scratch; these re-initialise it the torch.nn way.
 # adapter name -> (the library class, the semantics whose init it restores)
 TORCH_INIT_ADAPTERS: dict[str, tuple[str, str]] = {
     "TELinear": ("transformer_engine.pytorch.Linear", "linear")

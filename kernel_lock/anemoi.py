@@ -51,8 +51,7 @@ __all__ = [
     "wrapper_of",
 ]
 
-# What anemoi-models 0.19's load_layer_kernels uses for a key the block does not set; a key the
-# block sets replaces the default entry whole (its kwargs included).
+# anemoi-models 0.19's load_layer_kernels defaults; a key the block sets replaces one whole.
 AUTOCAST_LAYER_NORM = "anemoi.models.layers.normalization.AutocastLayerNorm"
 CONDITIONAL_LAYER_NORM = "anemoi.models.layers.normalization.ConditionalLayerNorm"
 ANEMOI_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -74,10 +73,6 @@ GLU_REFUSAL = (
 def glu_refused(class_name: str) -> bool:
     """Whether anemoi refuses this class name under ``Activation`` ("GLU" in it)."""
     return "GLU" in class_name.upper()
-
-
-# anemoi's MultiHeadSelfAttention backends, per component with attention: the Attention slot's
-# anemoi names are kernel_lock.slots.attention's (ANEMOI_ATTENTION, ATTENTION_BACKEND_ENV)
 
 
 def attention_options(target: str, kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], str]:

@@ -76,11 +76,8 @@ def lock_from_checkpoint(
     return lock
 
 
-# The rules, from the training implementation's keys to its twin's (docs/lock-format.md), applied
-# in this order; keys are local to the module and may contain dots (norm.weight):
-#   drop:<key>         no counterpart in the twin (transformer-engine's _extra_state)
-#   rename:<a>-><b>    stored as <a>, the twin calls it <b> (gamma -> weight)
-#   transpose:<b>      the twin's <b> is the transpose of what is stored (a weight kept (in, out))
+# The rules, applied in this order (docs/lock-format.md); keys are local, may contain dots:
+# drop:<key> (no counterpart), rename:<a>-><b> (gamma -> weight), transpose:<b> (stored (in, out))
 _KEY = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_0-9][\w]*)*$")
 
 

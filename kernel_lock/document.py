@@ -108,8 +108,7 @@ class LockDocument:
     warnings: tuple[str, ...] = field(default=(), compare=False)
     intact: bool = field(default=True, compare=False)
     granted: tuple[str, ...] = field(default=(), compare=False)  # the modules the caller trusted
-    # the modes this process has verified the lock for (kernel_lock.resolve: the fingerprint once
-    # per lock); not an argument, so a copy (``replace``) starts unverified
+    # the modes verified in this process; not an argument, so a copy starts unverified
     verified_modes: set[str] = field(init=False, default_factory=set, compare=False, repr=False)
 
     @classmethod

@@ -93,10 +93,8 @@ DEVICE_FIELDS = (*(name for name in FIELDS if name.startswith("device-")), "driv
 DEVICE_KEYS = ("type", "vendor", "name", "arch", "features", "count", "driver")
 BUILD_FIELDS = ("torch", "torch-cuda", "torch-hip", "torch-rocm")
 
-# Variables that change the numbers kernels produce or which kernels run: on ROCm, rocBLAS's and
-# MIOpen's alternate fp16 paths (PyTorch's numerical-accuracy notes: reduced-precision fp16 on
-# MI200), XNACK (unified-memory retries; another code object), TunableOp's GEMM selection and the
-# hipBLASLt preference.
+# Variables that change what kernels compute or which run (ROCm's alternate fp16 paths, XNACK,
+# TunableOp, the hipBLASLt preference).
 NUMERICS_ENV = (
     "ROCBLAS_INTERNAL_FP16_ALT_IMPL",
     "MIOPEN_DEBUG_CONVOLUTION_ATTRIB_FP16_ALT_IMPL",
@@ -107,10 +105,8 @@ NUMERICS_ENV = (
 # device names that say nothing about the device (libdrm's amdgpu.ids missing or old)
 GENERIC_DEVICE_NAMES = ("AMD Radeon Graphics",)
 
-# ``torch.version.hip`` of ROCm wheels up to torch 2.9 carries a git hash (``6.2.41134-65d174c3e``,
-# pytorch #166068), which PEP 440 cannot parse; drivers report ``580.159.04``, torch
-# ``2.7.1+rocm6.2.4``. One rule for the fingerprint, the site profiles and the requirements: the
-# leading dotted numbers are the release, whatever follows is ignored.
+# The leading dotted numbers are the release, whatever follows is ignored (ROCm wheels' hip
+# version carries a git hash PEP 440 cannot parse: ``6.2.41134-65d174c3e``).
 _LEADING = re.compile(r"\s*v?([0-9]+(?:\.[0-9]+)*)", re.ASCII)
 
 
@@ -326,10 +322,8 @@ class Unsettled(Exception):
 
 
 _TORCH_FIELDS = BUILD_FIELDS + DEVICE_FIELDS  # what is unknown while torch's build is
-# torch's tools/generate_torch_version.py writes ``from typing import Optional``, ``__all__``,
-# ``__version__``, ``debug``, ``git_version`` and ``NAME: Optional[str] = '...'`` for cuda, hip,
-# rocm, xpu (torch < 2.0: ``NAME = '...'``); checked against CPU, CUDA and ROCm wheels 1.13 to 2.13
-# (test_version_file.py). Nothing else is read: it could change what the names hold when run.
+# What torch's generate_torch_version.py writes (checked against wheels 1.13 to 2.13); nothing
+# else is read: it could change what the names hold when run.
 _ANNOTATION = "Optional[str]"
 
 
@@ -397,9 +391,7 @@ def parse_version_file(text: str) -> dict[str, Any]:
     return values
 
 
-# The compiled parts ``import torch`` loads first: its extension module and, in a wheel's torch/lib,
-# the libraries it links. A layout that keeps them elsewhere (a conda environment's lib/) is not
-# judged from here: the fingerprint then imports torch.
+# The compiled parts ``import torch`` loads first (a wheel's layout; elsewhere torch is imported)
 _TORCH_LIBS = ("libc10", "libtorch_cpu", "libtorch_python")
 _LIB_SUFFIX = {"linux": ".so", "darwin": ".dylib", "win32": ".dll"}
 

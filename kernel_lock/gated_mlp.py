@@ -14,8 +14,7 @@ from torch import nn
 
 from .slots.gated_mlp import GATES, gate_for
 
-# LigerGatedMLP (built on first lookup) is public too; not listed, so ``import *`` never imports
-# liger-kernel
+# LigerGatedMLP (built on first lookup) is public, unlisted: ``import *`` never imports liger
 __all__ = [
     "TORCH_GATES",
     "CompiledGatedMLP",

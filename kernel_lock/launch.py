@@ -36,8 +36,7 @@ __all__ = [
 FLAGS = ("-I", "-X", "faulthandler", "-X", "utf8")
 CHILD_TIMEOUT = 300.0  # seconds for the child that imports what could not be judged without it
 MARK = "KERNEL_LOCK_CONFIRM "
-# The confirming child's program. Reading and resolving a lock sit above this module, so the
-# program, not this module, imports them and hands them to confirm_child.
+# The confirming child's program: it imports the reader and resolver, which sit above this module.
 _CONFIRM = (
     "import json, sys; from kernel_lock.launch import confirm_child; "
     "from kernel_lock.lock import loads; from kernel_lock.resolve import factory; "

@@ -117,20 +117,16 @@ def declared_semantics(target: str) -> str | None:
 # ---- the adapters, by name ----------------------------------------------------------------------
 ADAPTERS = "kernel_lock.adapters"
 
-# anemoi builds norms as ``LayerNorm(C)`` and ``LayerNorm(normalized_shape=C)``; these library
-# classes call the size ``hidden_size``. Each adapter subclasses the library class (same parameters
-# and state dict) with ``normalized_shape`` first. Adding a library with that signature is a row:
-# adapter name -> (the library class it subclasses, the name of that class's size parameter)
+# anemoi calls norms with ``normalized_shape``; these classes call it ``hidden_size``: each adapter
+# subclasses one (same state dict). adapter name -> (library class, its size parameter)
 SIZE_ADAPTERS: dict[str, tuple[str, str]] = {
     "LigerLayerNormAnemoi": ("liger_kernel.transformers.LigerLayerNorm", "hidden_size"),
     "LigerRMSNormAnemoi": ("liger_kernel.transformers.LigerRMSNorm", "hidden_size"),
     "FlashAttnRMSNormAnemoi": ("flash_attn.ops.triton.layer_norm.RMSNorm", "hidden_size"),
 }
 
-# anemoi's AutocastLayerNorm casts torch.nn.LayerNorm's output back to the input dtype, and its gnn
-# preset (and every QueryNorm/KeyNorm default) relies on it. Where a lock pins another LayerNorm
-# kernel, these keep the cast: a subclass whose forward returns ``super().forward(x).type_as(x)``.
-# adapter name -> the class it subclasses (a library class, or another adapter)
+# anemoi's AutocastLayerNorm casts the output back to the input dtype; these keep that cast around
+# another LayerNorm kernel. adapter name -> the class it subclasses
 AUTOCAST_ADAPTERS: dict[str, str] = {
     "AutocastCompiledLayerNorm": f"{ADAPTERS}.CompiledLayerNorm",
     "AutocastLigerLayerNormAnemoi": f"{ADAPTERS}.LigerLayerNormAnemoi",
@@ -141,11 +137,8 @@ AUTOCAST_ADAPTERS: dict[str, str] = {
 # the adapters that keep an anemoi wrapper's behaviour, by the wrapper's adapter prefix
 WRAPPING_ADAPTERS: dict[str, dict[str, str]] = {"Autocast": AUTOCAST_ADAPTERS}
 
-# Generic adapters, for a kernel no table above names: the adapter's *name* carries the kernel's
-# dotted path, dots written ``__``: ``kernel_lock.adapters.Autocast__site_kernels__norms__FastLN``
-# is site_kernels.norms.FastLN (given ``normalized_shape`` if it takes its size as one of
-# SIZE_NAMES) with its output cast back; ``Sized__...`` only renames the size argument. Built on
-# first lookup, so it pickles by name; nothing in kernel_lock is edited to use a new kernel.
+# Generic adapters: the name carries the kernel's dotted path, dots as ``__``
+# (``Autocast__site_kernels__norms__FastLN``); built on first lookup, so it pickles by name.
 GENERIC_SEPARATOR = "__"
 GENERIC_PREFIXES = ("Autocast", "Sized")
 SIZE_NAMES = ("hidden_size", "dim")

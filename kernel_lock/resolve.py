@@ -192,8 +192,7 @@ def _verify_inference(lock: LockDocument, current: Mapping[str, Any]) -> list[st
             fix="install the library the slot needs, or re-probe on this machine; a slot "
             "without a verified twin cannot be substituted",
         )
-    # every twin judged as `rehash` judges it, used here or not: one of other semantics or with a
-    # kwarg it does not take is refused; one only an import can judge is judged where it is built
+    # every twin judged as `rehash` judges it (other semantics or an unknown kwarg is refused)
     torch_version = str(current.get("torch") or "")
     for entry in lock.slots.values():
         if entry.twin is not None:
@@ -371,8 +370,7 @@ def _refuse_training(lock: LockDocument, entry: Slot) -> None:
             + (f" ({lock.provenance['source']})" if lock.provenance.get("source") else "")
             + f", or resolve this one {IN_INFERENCE_MODE}",
         )
-    # this slot's own library first: "install it, or use inference mode" says more than the list
-    # of every differing environment field that verify() would give for the same cause
+    # this slot's own library first: "install it, or use inference mode" says more than verify()
     problems = requirement_problems(entry)
     if problems:
         raise KernelUnavailable(

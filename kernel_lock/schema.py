@@ -52,9 +52,7 @@ __all__ = [
     "tables",
 ]
 
-# 1.1: accepted-changes, rename/transpose migrations; 1.2: environment torch-rocm, device-features,
-# numerics-env; 1.3: slots.Linear.blas, and the timing rows' check at the model's shape
-# (checked-rows, worst-error-ratio)
+# 1.1: accepted-changes, migrations; 1.2: torch-rocm, device-features, numerics-env; 1.3: blas
 LOCK_VERSION = "1.3"
 MATCH_RULES: tuple[Match, ...] = get_args(Match)
 # a twin's state dict against the pinned class's
@@ -222,8 +220,7 @@ def _module(ctx: Context, d: Raw, key: str, _: Raw) -> str:
     if module and not MODULE.fullmatch(module):
         raise ReadError(f"{module!r} is not a module name", key)
     if module and ctx.check_targets:
-        # looked up on the file system only, never imported; still, only modules the allow-list
-        # covers
+        # looked up on the file system only, never imported; still only allow-listed modules
         ctx.check(module if "." in module else module + ".x", key, what="requirement module")
     return module
 

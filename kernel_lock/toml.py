@@ -104,8 +104,7 @@ def _write_table(
             raise TypeError(f"list {dotted!r} mixes tables and other values")
         for item in value:
             lines += ["", f"[[{dotted}]]"]
-            # inside [[a.b]] a nested table would need a header binding to the last item: the
-            # schema never nests that deep, so leaves are inlined and the rest refused
+            # a nested table inside [[a.b]]: the schema never nests that deep (inlined or refused)
             for k, v in item.items():
                 if not (_is_leaf(v) or all(_is_flat(x) for x in v)):
                     raise TypeError(

@@ -30,8 +30,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Where torch is imported already (a training or inference process), asking it costs nothing and is
-# what a lock was written from; tests turn this off to read the files in a process that has torch.
+# asking an imported torch costs nothing and is what a lock was written from (tests turn it off)
 USE_IMPORTED_TORCH = True
 
 
@@ -54,10 +53,8 @@ def device_here() -> dict[str, Any]:
 
 # ---- the devices, from the drivers' files ------------------------------------------------------
 
-# Compute capability by device name, for the names the driver's /proc file gives. Only entries with
-# a source: NVIDIA's CUDA GPUs page (developer.nvidia.com/cuda-gpus) lists A100 as 8.0 and H100,
-# H200 and GH200 as 9.0 (also /work/shared/research/sites.md, "NVIDIA arch"). Older drivers drop the
-# "NVIDIA " prefix ("A100-SXM4-40GB"), hence the optional group. Adding a GPU is adding a line.
+# Compute capability by the driver's device name, sourced from developer.nvidia.com/cuda-gpus;
+# older drivers drop the "NVIDIA " prefix. Adding a GPU is adding a line.
 NVIDIA_ARCH_BY_NAME: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^(NVIDIA )?A100\b"), "sm_80"),
     (re.compile(r"^(NVIDIA )?H100\b"), "sm_90"),
@@ -65,11 +62,8 @@ NVIDIA_ARCH_BY_NAME: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^(NVIDIA )?GH200\b"), "sm_90"),
 )
 
-# The oldest kernel driver each CUDA major runs on (minor-version compatibility), from NVIDIA's
-# "CUDA Compatibility" guide, table 1 (docs.nvidia.com/deploy/cuda-compatibility/
-# minor-version-compatibility.html) and the CUDA 11/12 release notes: 11.x >= 450.80.02,
-# 12.x >= 525.60.13, 13.x >= 580. Below it torch.cuda.is_available() is False; a CUDA major not
-# listed here is not guessed.
+# The oldest driver each CUDA major runs on (NVIDIA's "CUDA Compatibility" guide, table 1):
+# below it torch.cuda.is_available() is False; an unlisted major is not guessed.
 MIN_DRIVER_FOR_CUDA: dict[int, tuple[int, ...]] = {11: (450, 80, 2), 12: (525, 60, 13), 13: (580,)}
 
 
@@ -173,9 +167,7 @@ def _nvidia_from_proc(
             "(a container without the GPU?)",
         )
     if "CUDA_VISIBLE_DEVICES" not in env:
-        # /proc lists every GPU of the node; a device cgroup (Slurm's ConstrainDevices, a CPU job on
-        # a GPU node) can hide some or all of them from CUDA, and nothing readable without opening
-        # the device files says which; CUDA_VISIBLE_DEVICES (Slurm's, for a GPU allocation) does.
+        # /proc lists every GPU of the node; a device cgroup may hide some from CUDA
         raise Unsettled(
             unsure,
             "CUDA_VISIBLE_DEVICES is unset and NVML is not available: a device cgroup may hide "
@@ -263,8 +255,7 @@ def _kfd_gpus(root: Path) -> list[dict[str, int]]:
         try:
             props = _properties(node / "properties")
         except PermissionError:
-            # the kernel refuses a node this process's device cgroup may not use; ROCr skips it, but
-            # we do not count on that
+            # a node this process's device cgroup may not use
             raise Unsettled(
                 DEVICE_FIELDS, f"{node / 'properties'} is not readable (device cgroup)"
             ) from None
@@ -306,8 +297,7 @@ def _amd(
     driver = host.driver_version("rocm", root)
     device = _facts("rocm", "amd", None, None, None, len(visible), driver)
     unsure = {
-        # hipDeviceProp.name comes from libdrm's amdgpu.ids, whichever copy the runtime loads
-        # (sites.md: "AMD Radeon Graphics" when it is missing or old); the KFD has the PCI id only
+        # hipDeviceProp.name comes from libdrm's amdgpu.ids; the KFD has the PCI id only
         "device-name": "the marketing name comes from the amdgpu.ids table the runtime loads "
         f"(PCI device id 0x{gpus[visible[0]].get('device_id', 0):04x}), not from the KFD",
         # gcnArchName's sramecc/xnack suffix: the ECC setting and the per-process XNACK mode

@@ -251,8 +251,7 @@ def build(slot_name: str, target: str, kwargs: Mapping[str, Any], lock: Any, key
         missing = getattr(exc, "name", None) or target.split(".")[0]
         problem = f"slot {slot_name}: cannot import {target!r}: {exc}"
         raise _not_installed(problem, missing, where, key) from None
-    # a module that runs its command line on import must not end the caller; a library that raises
-    # something else while importing is broken, not absent
+    # a module running its command line must not end the caller; one that raises is broken
     except (SystemExit, Exception) as exc:
         raise import_failure(slot_name, target, exc, where, key) from None
     check_kwargs(cls, kwargs, where=where, key=f"{key}.kwargs")
@@ -327,8 +326,7 @@ def requirement_problems(slot: Any) -> list[Difference]:
     return problems
 
 
-# anemoi-models' FlashAttentionWrapper imports the first of these that imports, whatever the lock
-# chose: (generation, module, the kernel_lock.attention class that calls it as anemoi does)
+# anemoi's FlashAttentionWrapper imports the first that imports: (generation, module, class)
 FLASH_GENERATIONS = (
     (4, "flash_attn.cute", "kernel_lock.attention.FlashAttention4"),
     (3, "flash_attn_interface", "kernel_lock.attention.FlashAttention3"),

@@ -47,8 +47,7 @@ __all__ = [
 ]
 
 ENTRY_POINTS = "kernel_lock.slots"
-# the facts of torch.nn's classes hold for every torch kernel-probe supports (RMSNorm came in 2.4,
-# LayerNorm's ``bias`` in 2.1); tests compare them with the installed torch's signatures
+# torch.nn's facts hold for every supported torch (tests compare them with the installed one)
 TORCH_FACTS_SINCE = (2, 4)
 
 _BUILTIN = (

@@ -20,16 +20,13 @@ __all__ = [
     "is_approximation",
 ]
 
-# What an activation computes, as the model declares it (``--activation``; anemoi: the class its
-# config names)
+# What an activation computes, as the model declares it (``--activation``)
 ACTIVATION_FUNCTIONS = ("gelu-erf", "gelu-tanh", "silu", "relu", "sigmoid")
 OTHER_FUNCTION = "other:"
-# pairs where one is an approximation of the other: accepted for each other only with
-# ``--allow-approximation``, and recorded in the lock's accepted-changes
+# approximations of each other: accepted only with ``--allow-approximation``, and recorded
 APPROXIMATIONS = frozenset({frozenset({"gelu-erf", "gelu-tanh"})})
 _GELU, _INPLACE = frozenset(("approximate",)), frozenset(("inplace",))
-# class -> the function it computes with its default arguments, and its keywords (None: not known
-# without importing it); GELU's ``approximate="tanh"`` makes it gelu-tanh (``function_of``)
+# class -> its function with default arguments, and its keywords (None: not known unimported)
 _CLASSES: Mapping[str, tuple[str, frozenset[str] | None]] = {
     "torch.nn.GELU": ("gelu-erf", _GELU),
     "torch.nn.SiLU": ("silu", _INPLACE),
@@ -106,8 +103,7 @@ ACTIVATION = SlotSpec(
         if params is not None
     },
     computed_by=("torch.nn.modules.activation.*",),
-    # torch.nn.modules.activation's classes that are no elementwise activation: attention, the
-    # gated GLU (it halves the last dimension: anemoi refuses it) and the normalising softmaxes
+    # torch.nn's non-elementwise classes: attention, GLU (anemoi refuses it), the softmaxes
     not_computed_by=("MultiheadAttention", "GLU", "Softmax", "Softmin", "LogSoftmax", "Softmax2d"),
     aliases=_ALIASES,
     # the model's function the candidates were checked against

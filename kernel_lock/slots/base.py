@@ -44,8 +44,7 @@ class SlotKey:
     omit: Callable[[Any], bool] = lambda value: not value
 
 
-# a portable copy of a model (kernel_lock.portability): the twin's positional arguments and the
-# kwargs it takes from a built module (the module, its migrated state, the twin's keywords)
+# a portable copy's twin: its positional args and kwargs from a built module (module, state, kw)
 TwinArgs = Callable[[Any, Mapping[str, Any], set[str]], tuple[tuple[Any, ...], dict[str, Any]]]
 
 
@@ -57,14 +56,12 @@ class SlotSpec:
     semantics: str
     default_target: str  # what a slot the lock does not pin resolves to
     canonical: Mapping[str, Any]  # the configuration the lock pins unless the model says otherwise
-    # how a class offered for the slot is called when its declaration does not say ("$name": the
-    # canonical value ``name``)
+    # how a class offered for the slot is called ("$name": the canonical value ``name``)
     call_args: tuple[str, ...] = ()
     call_kwargs: Mapping[str, Any] = field(default_factory=dict)
     # classes whose semantics and keywords are known without importing them
     known_targets: Mapping[str, TargetFacts] = field(default_factory=dict)
-    # classes whose subclasses compute the slot ("module.*": every class of that torch module but
-    # ``not_computed_by``)
+    # classes whose subclasses compute the slot ("module.*": that torch module's, but the excluded)
     computed_by: tuple[str, ...] = ()
     not_computed_by: tuple[str, ...] = ()
     aliases: Mapping[str, str] = field(default_factory=dict)  # other public names of its classes
@@ -156,8 +153,7 @@ def torch_device(device: str) -> str:
 Status = Literal["crashed", "timeout", "rejected", "unavailable", "accepted", "skipped"]
 STATUSES: tuple[Status, ...] = get_args(Status)
 
-# torch's quantized, QAT and fused (module + activation) classes: some subclass nn.Linear, none
-# computes a plain float Linear or norm
+# torch's quantized, QAT and fused classes: none computes a plain float Linear or norm
 NOT_PLAIN_TORCH = (
     "torch.ao",
     "torch.nn.quantized",

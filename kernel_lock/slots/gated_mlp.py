@@ -37,8 +37,7 @@ class Gate(NamedTuple):
         return f"{self.function}(gate_proj(x)) * value_proj(x)"
 
 
-# mlp_implementation -> its gate. geglu's gate is torch.nn.GELU(): the exact erf form, not tanh's
-# approximation (liger's GELUMul and transformer-engine's geglu compute tanh's)
+# mlp_implementation -> its gate. geglu's is torch.nn.GELU(): erf, not liger's and TE's tanh
 GATES: Mapping[str, Gate] = MappingProxyType(
     {
         "glu": Gate("sigmoid", "torch.nn.Sigmoid"),
