@@ -27,13 +27,7 @@ if TYPE_CHECKING:
     from .document import LockDocument
     from .schema import Slot
 
-__all__ = [
-    "KernelFactory",
-    "confirm_targets",
-    "factory",
-    "resolve_slot",
-    "verify",
-]
+__all__ = ["KernelFactory", "confirm_targets", "factory", "resolve_slot", "verify"]
 
 log = logging.getLogger("kernel_lock")
 

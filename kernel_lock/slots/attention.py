@@ -7,10 +7,7 @@ from typing import Any
 
 from .base import SlotSpec, TargetFacts
 
-__all__ = [
-    "ANEMOI_ATTENTION",
-    "ATTENTION",
-]
+__all__ = ["ANEMOI_ATTENTION", "ATTENTION"]
 
 _OPTIONS = frozenset(("window", "softcap", "dropout", "alibi"))
 _CLASSES = ("FlashAttention2", "FlashAttention3", "FlashAttention4", "TEDotProductAttention")
