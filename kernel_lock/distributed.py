@@ -204,13 +204,7 @@ def report_from_dict(data: Any) -> dict[str, Any]:
                 f"a string of {len(text)} characters, more than the {MAX_TEXT} it may have",
                 f"differences[{i}]",
             )
-    return {
-        "rank": rank,
-        "host": host,
-        "lock": lock,
-        "digest": digest,
-        "differences": [*differences],
-    }
+    return dict(zip(_KEYS, (rank, host, lock, digest, [*differences]), strict=True))
 
 
 def _decoded(blob: bytes, index: int, backend: str) -> dict[str, Any]:

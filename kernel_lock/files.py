@@ -50,8 +50,7 @@ class UnsafeFile(Exception):
 
     def __init__(self, problem: str, fix: str = ""):
         super().__init__(problem)
-        self.problem = problem
-        self.fix = fix
+        self.problem, self.fix = problem, fix
 
 
 def kind(mode: int) -> str:

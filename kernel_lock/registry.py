@@ -166,18 +166,13 @@ def generic_kernel(target: str) -> str | None:
 
 def adapter_for(target: str) -> str | None:
     """The ``kernel_lock.adapters`` path of the size adapter for ``target``, or None."""
-    for name, (wrapped, _) in SIZE_ADAPTERS.items():
-        if wrapped == target:
-            return f"{ADAPTERS}.{name}"
-    return None
+    return next((f"{ADAPTERS}.{n}" for n, (w, _) in SIZE_ADAPTERS.items() if w == target), None)
 
 
 def wrapping_adapter_for(prefix: str, target: str) -> str | None:
     """The adapter that runs ``target`` inside the anemoi wrapper ``prefix`` names."""
-    for name, base in WRAPPING_ADAPTERS.get(prefix, {}).items():
-        if base == target:
-            return f"{ADAPTERS}.{name}"
-    return None
+    adapters = WRAPPING_ADAPTERS.get(prefix, {})
+    return next((f"{ADAPTERS}.{n}" for n, base in adapters.items() if base == target), None)
 
 
 def size_parameter(cls: Any) -> str | None:

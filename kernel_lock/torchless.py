@@ -274,10 +274,7 @@ def _amd(
     if not (root / "sys/class/kfd/kfd/topology/nodes").is_dir():
         if (root / "dev/kfd").exists():
             raise Unsettled(DEVICE_FIELDS, "/dev/kfd exists but the KFD topology cannot be read")
-        return (
-            _cpu_device(),
-            {},
-        )  # no amdgpu compute driver: HIP has no device, torch reports the CPU
+        return _cpu_device(), {}  # no amdgpu compute driver: torch reports the CPU
     gpus = _kfd_gpus(root)
     if not gpus:
         return _cpu_device(), {}
@@ -351,9 +348,8 @@ def fingerprint(
     *,
     version_file: Path | None = None,
 ) -> tuple[dict[str, Any], Notes]:
-    """Every field of ``fingerprint.FIELDS`` read without importing torch, and the :class:`Notes`.
-    ``env`` replaces os.environ, ``root`` is where /proc, /sys and /dev are (only they move), and
-    ``version_file`` the installed torch/version.py. Raises where ``fingerprint.current()`` does."""
+    """Every field of ``fingerprint.FIELDS`` read without torch, and the :class:`Notes`
+    (``root``: where /proc, /sys and /dev are). Raises where ``fingerprint.current()`` does."""
     env = os.environ if env is None else env
     fallbacks: dict[str, str] = {}
     sources: dict[str, str] = {
@@ -386,9 +382,8 @@ def fingerprint(
 
 
 def current(checked: Iterable[str] | None = None) -> dict[str, Any]:
-    """The fingerprint for a check: torch-free when every field in ``checked`` (default: all) was
-    read with certainty, else ``fingerprint.current()`` (which imports torch); each fallback logged
-    at DEBUG (``--debug``). A field outside ``checked`` not read is None."""
+    """The fingerprint for a check: torch-free when every field in ``checked`` was read with
+    certainty, else ``fingerprint.current()``; fallbacks logged at DEBUG."""
     fields, notes = fingerprint()
     blocking = dict(notes.fallbacks) if checked is None else notes.blocking(checked)
     for line in notes.lines():

@@ -335,14 +335,13 @@ FLASH_GENERATIONS = (
 
 
 def anemoi_flash_generation() -> int | None:
-    """The flash-attn generation anemoi's import order (v4, v3, v2) picks here, from the file system
-    (None: none is installed)."""
+    """The flash-attn generation anemoi's import order picks here (None: none)."""
     return next((generation for generation, module, _ in FLASH_GENERATIONS if locate(module)), None)
 
 
 def flash_generation_problems(slot: Any) -> list[Difference]:
-    """A lock that chose flash-attn generation N, on a machine where anemoi would import another
-    first (v4 installed beside the locked v2): anemoi would run kernels the lock never checked."""
+    """A lock that chose flash-attn N where anemoi would import another first:
+    anemoi would run kernels the lock never checked."""
     locked = next((g for g, _, target in FLASH_GENERATIONS if target == slot.target), None)
     if locked is None:
         return []
@@ -384,9 +383,8 @@ def static_problem(
     where: str | None,
     key: str,
 ) -> str | None:
-    """Decide ``target`` for ``slot`` as :func:`build` would, from ``registry.target_facts`` and
-    the file system: raises the error the import would raise; None when it would build; the reason
-    when only importing can tell."""
+    """Decide ``target`` for ``slot`` as :func:`build` would, without importing:
+    raises what the import would; None when it would build; else why only importing can tell."""
     facts = target_facts(target)
     if facts is None:
         return f"{target!r} is not a class the registry or torch.nn's table declares"
