@@ -76,8 +76,7 @@ def glu_refused(class_name: str) -> bool:
 
 
 def attention_options(target: str, kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
-    """The anemoi keys a component with attention sets for the Attention slot, and
-    a note; ``({}, why)`` for an implementation anemoi cannot run."""
+    """The Attention slot's anemoi keys and a note; ``({}, why)`` where anemoi cannot run it."""
     implementation = ANEMOI_ATTENTION.get(target)
     if implementation is None:
         return {}, (
@@ -392,8 +391,7 @@ def attention_export(
 
 
 def gated_mlp_export(lock: KernelLock) -> tuple[dict[str, Any], str] | None:
-    """The GatedMLP slot's ``mlp_implementation`` and a note; None when not pinned
-    (another gate kernel runs only through ``gated_mlp.swap_gated_layers``)."""
+    """The GatedMLP slot's ``mlp_implementation`` and a note; None when not pinned."""
     if "GatedMLP" not in lock.slots:
         return None
     slot = lock.slots["GatedMLP"]

@@ -133,8 +133,7 @@ class Attention(nn.Module):
 
 
 class SDPAttention(Attention):
-    """torch's SDPA, the window as a boolean mask; ``backend``: "default" or one forced
-    through ``sdpa_kernel``. softcap and alibi raise."""
+    """torch's SDPA, the window as a mask; ``backend`` forced through ``sdpa_kernel``."""
 
     def __init__(
         self,
@@ -173,8 +172,7 @@ _flex: dict[str, Callable[..., Any]] = {}
 
 
 class FlexAttention(Attention):
-    """``flex_attention``: the window as a ``block_mask``, softcap and alibi as a
-    ``score_mod``, compiled unless ``compiled=False``. Dropout and masks raise."""
+    """``flex_attention``: window as ``block_mask``, softcap and alibi as ``score_mod``."""
 
     def __init__(
         self,
@@ -303,8 +301,7 @@ class FlashAttention4(_FlashAttention):
 
 
 class TEDotProductAttention(Attention):
-    """transformer-engine's ``DotProductAttention`` (bshd), built on the first
-    call; softcap and alibi raise."""
+    """transformer-engine's ``DotProductAttention`` (bshd), built on first call."""
 
     def __init__(
         self, window: int = -1, softcap: float = 0.0, dropout: float = 0.0, alibi: bool = False
@@ -337,8 +334,7 @@ class TEDotProductAttention(Attention):
 
 
 class FunctionAttention(Attention):
-    """A user's function with SDPA's signature, the window as ``attn_mask``;
-    softcap and alibi raise."""
+    """A user's function with SDPA's signature, the window as ``attn_mask``."""
 
     FUNCTION: Callable[..., Any] | None = None
 

@@ -41,8 +41,7 @@ def lock_from_checkpoint(
     emit_warnings: bool = True,
     trust: Iterable[str] = (),
 ) -> KernelLock:
-    """The lock a checkpoint carries, validated like a file and checked against
-    its stored digest, else LockFormatError."""
+    """The lock a checkpoint carries, validated and checked against its stored digest."""
     key = CHECKPOINT_KEY
 
     def bad(problem: str, at: str = key, fix: str | None = None) -> LockFormatError:

@@ -118,8 +118,7 @@ def judge(reports: Sequence[Mapping[str, Any]]) -> RanksDisagree | None:
 
 
 def check_ranks(lock: KernelLock, *, group: Any = None, mode: str | None = None) -> None:
-    """On every rank (a collective): all ranks hold the same lock and match it, else
-    :class:`RanksDisagree` on every rank. No process group: a world of one."""
+    """On every rank (a collective): all hold the same lock and match it, else RanksDisagree."""
     import torch.distributed as dist  # reason: torch only when the ranks are checked
 
     if not (dist.is_available() and dist.is_initialized()):

@@ -144,8 +144,7 @@ class KernelUnavailable(LockError):
 
 
 class RanksDisagree(LockError):
-    """Raised on every rank by ``check_ranks``: ``reports`` (each rank's) and ``ranks``
-    (those at fault)."""
+    """Raised on every rank by ``check_ranks``: each rank's ``reports``, the ``ranks`` at fault."""
 
     exit_code = ExitCode.MISMATCH
 

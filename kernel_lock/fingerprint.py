@@ -433,8 +433,7 @@ def _version_file() -> Path:
 
 
 def torch_build(path: Path | None = None) -> TorchBuild:
-    """torch's version and GPU builds from its ``version.py``; for the installed torch,
-    only when its compiled parts are there too (else ``import torch`` fails)."""
+    """torch's builds from ``version.py`` (installed torch: only with its compiled parts)."""
     check_compiled = path is None
     path = _version_file() if path is None else path
     try:

@@ -103,8 +103,7 @@ def _liger_class() -> type:
     }
 
     class LigerGatedMLP(GatedMLP):
-        """``GatedMLP`` on liger-kernel's fused kernels (geglu's is tanh GELU,
-        not anemoi's erf: the check says so)."""
+        """``GatedMLP`` on liger-kernel's fused kernels (its geglu is tanh GELU)."""
 
         # what the fused kernel computes for each gate it is offered for (the check compares)
         computes = {gate: computed for gate, (_, _, computed) in LIGER_GATES.items()}
@@ -118,8 +117,7 @@ def _liger_class() -> type:
                 )
 
         def gate_and_multiply(self, gate: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-            """liger's fused gate-and-multiply (its backward
-            overwrites its inputs: this layer's own intermediates)."""
+            """liger's fused gate-and-multiply (its backward overwrites its inputs)."""
             return functions[self.gate_function].apply(gate, value)
 
     LigerGatedMLP.__module__ = __name__

@@ -242,8 +242,7 @@ def cuda_visible_entries(visible: str) -> list[int] | list[str] | None:
 
 
 def visible_nvml_indices(visible: str | None, uuids: list[str]) -> list[int] | None:
-    """NVML indices of the devices CUDA will see, in CUDA's order (``visible``:
-    None when unset); None for MIG entries or an uncertain reading."""
+    """NVML indices of the devices CUDA will see, in CUDA's order; None where uncertain."""
     if visible is None:
         return list(range(len(uuids)))
     entries = cuda_visible_entries(visible)
@@ -274,8 +273,7 @@ def _text(value: Any) -> str:
 
 
 def nvml_devices() -> list[dict[str, Any]] | None:
-    """Every CUDA-visible NVIDIA GPU via NVML, without a CUDA context, in CUDA's order;
-    None when NVML is missing or fails."""
+    """Every CUDA-visible NVIDIA GPU via NVML (no CUDA context); None when NVML fails."""
     try:
         import pynvml
     except Exception:  # not installed, or a broken/deprecated shim

@@ -144,8 +144,7 @@ def _run_child(argv: list[str], request: str, timeout: float) -> subprocess.Comp
 def child_verdicts(
     lock: LockDocument, mode: str, unknown: Mapping[str, str]
 ) -> dict[str, dict[str, Any] | None]:
-    """Resolve the ``unknown`` slots with ``factory`` in a fresh interpreter: per slot
-    None or the error as a dict; a child that fails is :class:`KernelUnavailable`."""
+    """Resolve the ``unknown`` slots with ``factory`` in a child: per slot None or an error dict."""
     import subprocess
 
     request = {

@@ -103,8 +103,7 @@ def _declared(where: Path) -> dict[str, TargetFacts]:
 
 
 def target_facts(target: str) -> TargetFacts | None:
-    """What ``target`` computes and accepts, without importing it (a slot's known target
-    or a registered candidate); None: only importing can tell."""
+    """What ``target`` computes and accepts, without importing it; None: only importing can tell."""
     return known_facts(target) or _declared(path()).get(canonical_target(target))
 
 

@@ -41,8 +41,7 @@ _NO_TWIN_FIX = (
 
 
 class KernelFactory(functools.partial):
-    """``functools.partial`` of the real class with the pinned kwargs (call-site kwargs
-    win); its attributes record how the slot resolved."""
+    """``functools.partial`` of the pinned class and kwargs, recording how the slot resolved."""
 
     slot: str
     implementation: str
@@ -285,8 +284,7 @@ def _max_error_text(max_error: float | None) -> str:
 
 @dataclass(frozen=True)
 class Resolution:
-    """What one slot resolves to in one mode: the one decision factory, verify, the
-    inference lock and the anemoi export take."""
+    """What one slot resolves to in one mode: the one decision every caller takes."""
 
     slot: str
     mode: Mode
@@ -395,8 +393,7 @@ def factory(
     *,
     verify_environment: bool = True,
 ) -> KernelFactory:
-    """The callable that builds ``slot``'s pinned class with its kwargs (training also
-    verifies the whole fingerprint once per lock)."""
+    """The callable that builds ``slot``'s pinned class (training verifies the lock once)."""
     r = resolve_slot(lock, slot, mode, verify_environment=verify_environment)
     entry = lock.slots.get(slot) if lock is not None else None
     on_resolve = SPECS[slot].on_resolve  # the slot's own process-wide setting (a BLAS library)

@@ -277,8 +277,7 @@ def table_keys(cls: type) -> tuple[str, ...]:
 
 
 def from_dict(cls: type[_T], ctx: Any, d: Raw, known: Sequence[str] = (), **given: Any) -> _T:
-    """The table ``d`` as a ``cls``, fields read in canonical order after unknown keys are
-    reported; ``given``: fields the file does not hold."""
+    """The table ``d`` as a ``cls``, its unknown keys reported; ``given``: fields not in ``d``."""
     declared = [f for f in fields(cls) if "key" in f.metadata]  # type: ignore[arg-type]
     if all(f.metadata["key"] != REST for f in declared):
         ctx.unknown(d, (*table_keys(cls), *known))

@@ -35,8 +35,7 @@ USE_IMPORTED_TORCH = True
 
 
 def for_check(checked: Iterable[str] | None = None) -> dict[str, Any]:
-    """The fingerprint a check compares with a lock: torch's where it is imported already,
-    else :func:`current`."""
+    """The fingerprint a check compares: an imported torch's, else :func:`current`."""
     if USE_IMPORTED_TORCH and "torch" in sys.modules:
         return fp.current()
     return current(checked)
@@ -224,8 +223,7 @@ def _nvidia(
 
 
 def gfx_name(target_version: int) -> str:
-    """KFD's ``gfx_target_version`` as an LLVM target (stepping in hex): 90010 -> gfx90a,
-    90402 -> gfx942."""
+    """KFD's ``gfx_target_version`` as an LLVM target: 90010 -> gfx90a, 90402 -> gfx942."""
     major, minor, stepping = (
         target_version // 10000,
         target_version // 100 % 100,
@@ -319,8 +317,7 @@ def _amd(
 def _device(
     build: TorchBuild, env: Mapping[str, str], root: Path, sources: dict[str, str]
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """The device facts ``fingerprint.device_facts`` would give, asked in its order, and those only
-    torch can settle (field -> why; their value is None)."""
+    """The device facts ``device_facts`` would give, and those only torch can settle."""
     if not sys.platform.startswith("linux"):
         raise Unsettled(
             DEVICE_FIELDS,
@@ -397,8 +394,7 @@ def current(checked: Iterable[str] | None = None) -> dict[str, Any]:
 
 
 def device() -> dict[str, Any] | None:
-    """This machine's device facts shaped like ``fingerprint.device_facts(torch)``, or None when any
-    of them needs torch (logged at DEBUG)."""
+    """This machine's device facts torch-free, or None when any needs torch (logged)."""
     fields, notes = fingerprint()
     missing = notes.blocking(DEVICE_FIELDS)
     for name, why in missing.items():

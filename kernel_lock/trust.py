@@ -187,8 +187,7 @@ def import_target(
     key: str | None = None,
     semantics: str | None = None,
 ) -> type:
-    """Import an allow-listed ``torch.nn.Module`` subclass (checked first); with
-    ``semantics``, a class computing something else is refused."""
+    """Import an allow-listed ``torch.nn.Module`` subclass; another ``semantics`` is refused."""
     check_target(target, trusted, path=where, key=key)
     module_path, _, attr = target.rpartition(".")
     # a nested class ("pkg.mod.Outer.Inner") is not supported on purpose: one module, one class
@@ -340,8 +339,7 @@ def anemoi_flash_generation() -> int | None:
 
 
 def flash_generation_problems(slot: Any) -> list[Difference]:
-    """A lock that chose flash-attn N where anemoi would import another first:
-    anemoi would run kernels the lock never checked."""
+    """A locked flash-attn N where anemoi would import another generation first."""
     locked = next((g for g, _, target in FLASH_GENERATIONS if target == slot.target), None)
     if locked is None:
         return []

@@ -90,8 +90,7 @@ def semantics() -> tuple[str, ...]:
 
 
 def spec_of(name: str, granted: Sequence[str] = ()) -> SlotSpec | None:
-    """The spec of slot ``name``: registered, else an entry point's when its module is
-    trusted; None when none is."""
+    """The spec of slot ``name``: registered, else a trusted entry point's; None when none is."""
     if name in SPECS:
         return SPECS[name]
     if not name.isidentifier():
