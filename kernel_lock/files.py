@@ -36,13 +36,8 @@ KINDS = {
 
 
 # a new file, never one planted beforehand, never through a link
-_CREATE = (
-    os.O_WRONLY
-    | os.O_CREAT
-    | os.O_EXCL
-    | getattr(os, "O_NOFOLLOW", 0)
-    | getattr(os, "O_CLOEXEC", 0)
-)
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+_CREATE |= getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 class UnsafeFile(Exception):

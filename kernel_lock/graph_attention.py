@@ -91,21 +91,18 @@ def job_start_differences(
     if cause is None:
         return []
     found = f"pyg: {cause}, so anemoi-models falls back to PyG's message passing with a warning"
-    return [
-        Difference(
-            f"{TABLE}.backend", "triton (anemoi's Triton GraphTransformer kernel)", found, "exact"
-        )
-    ]
+    expected = "triton (anemoi's Triton GraphTransformer kernel)"
+    return [Difference(f"{TABLE}.backend", expected, found, "exact")]
 
 
 def fallback_note(
     graph: GraphAttention | None, current: Raw, triton: bool | None = None
 ) -> str | None:
     """The note for an allowed (or inference-time) fallback: anemoi runs pyg here."""
-    cause = None
-    if graph is not None and graph.backend == "triton":
-        cause = fallback_cause(current, triton)
-    if graph is None or cause is None:
+    if graph is None or graph.backend != "triton":
+        return None
+    cause = fallback_cause(current, triton)
+    if cause is None:
         return None
     allowed = "the lock allows it (allow-fallback)" if graph.allow_fallback else "inference"
     return f"graph attention: anemoi runs pyg here, not the locked triton ({cause}; {allowed})"
