@@ -292,10 +292,8 @@ def _amd(
     driver = host.driver_version("rocm", root)
     device = _facts("rocm", "amd", None, None, None, len(visible), driver)
     unsure = {
-        # hipDeviceProp.name comes from libdrm's amdgpu.ids; the KFD has the PCI id only
         "device-name": "the marketing name comes from the amdgpu.ids table the runtime loads "
         f"(PCI device id 0x{gpus[visible[0]].get('device_id', 0):04x}), not from the KFD",
-        # gcnArchName's sramecc/xnack suffix: the ECC setting and the per-process XNACK mode
         "device-features": "sramecc/xnack come from the runtime (ECC mode, HSA_XNACK, "
         "amdgpu.noretry)",
     }
