@@ -1,31 +1,11 @@
-"""kernel_lock: read a kernel-lock TOML, check this machine against it, and build the pinned
-classes.
+"""kernel_lock: read a kernel-lock TOML, check this machine against it, build the pinned classes.
 
-    import kernel_lock
     lock = kernel_lock.load("kernel-lock.toml")
     lock.verify()                        # raises LockMismatch, listing every differing field
-    LayerNorm = lock.factory("LayerNorm")
-    norm = LayerNorm(1024)               # the library's own class, with the pinned kwargs
+    norm = lock.factory("LayerNorm")(1024)  # the library's own class, with the pinned kwargs
 
-Import-light on purpose: training and inference import this in every process. torch is imported only
-when something is resolved; rich and kernel_probe never.
-
-What a reader finds where (every module lists its public names in ``__all__``):
-
-- the entry: this package, ``lock`` (``KernelLock``, ``load``, ``loads``), ``errors``;
-- the lock file: ``document`` (its top-level keys), ``schema`` (its tables), ``tables`` (the typed
-  getters; tables declared by their fields), ``toml`` (the canonical layout), ``graph_attention``;
-  the slots: ``slots/``;
-- what may be imported and how: ``registry`` (the candidates and adapters, as data), ``trust`` (the
-  allow-list, importing, what is known without importing); the one child launcher and the
-  confirming child (``launch``) and the one safe reader and writer (``files``);
-- resolve and fingerprint: ``resolve`` (the resolver); ``fingerprint``, ``host`` and ``torchless``
-  (this machine's facts);
-- the classes a lock names as targets: ``adapters``, ``attention``, ``gated_mlp``;
-- integrations: ``anemoi``, ``checkpoint``, ``distributed``, ``portability``.
-
-Modules whose dotted paths are written into locks, configs, pickles or the docs keep those paths.
-"""
+Import-light on purpose (every training process imports it): torch only when something resolves;
+rich and kernel_probe never. Dotted paths written into locks, configs, pickles keep their paths."""
 
 from __future__ import annotations
 
@@ -78,8 +58,7 @@ def factory(lock: KernelLock | None, slot: str, mode: str | None = None, **optio
 
 
 def portable(module, lock: KernelLock, **options):
-    """A copy of ``module`` whose pickle needs neither the lock's training libraries nor
-    kernel_lock (``kernel_lock.portability.portable``)."""
+    """A copy of ``module`` whose pickle needs neither the lock's libraries nor kernel_lock."""
     from .portability import portable as _portable  # reason: import-light until a model converts
 
     return _portable(module, lock, **options)

@@ -1,9 +1,5 @@
-"""Thin module classes a lock can name as targets (by this path: locks, configs, pickles).
-
-Each keeps the parameters and state-dict keys of the class it adapts, so a checkpoint moves freely
-between the two. Imports torch; the library an adapter wraps is imported when the adapter is first
-looked up (module ``__getattr__``).
-"""
+"""Thin module classes a lock can name as targets (by this path: locks, configs, pickles);
+each keeps the parameters and state-dict keys of the class it adapts. Imports torch."""
 
 from __future__ import annotations
 
@@ -25,8 +21,7 @@ from .registry import (
     size_parameter,
 )
 
-# the classes built on first lookup (the registry's tables, the generic ``Autocast__...`` /
-# ``Sized__...`` ones) are public too; not listed, so ``import *`` never imports their libraries
+# classes built on first lookup are public, unlisted: ``import *`` never imports their libraries
 __all__ = [
     "TORCH_INIT_ADAPTERS",
     "CompiledGELU",
@@ -57,8 +52,7 @@ def _subclass(base: type, name: str, doc: str, module: str = __name__, **members
 
 
 def _compiled_class(base: type, op: str, *attributes: str) -> type:
-    """``base`` whose forward runs ``F.<op>`` through ``torch.compile``, one compiled function per
-    op shared by every instance (compilation is per process); same parameters."""
+    """``base`` whose forward runs ``F.<op>`` compiled once per op and process."""
 
     def forward(self: Any, x: torch.Tensor) -> torch.Tensor:
         if op not in _compiled:
@@ -78,8 +72,7 @@ CompiledGELU = _compiled_class(nn.GELU, "gelu", "approximate")
 
 
 def normalized_shape_adapter(base: type[Any], size_param: str, name: str) -> type:
-    """A subclass of ``base`` whose size argument is ``normalized_shape`` (int or 1-tuple,
-    positional or keyword), as torch.nn.LayerNorm's is; ``size_param`` still works too."""
+    """A subclass of ``base`` whose size argument is ``normalized_shape``."""
     missing = object()
 
     def __init__(self, normalized_shape=missing, *args, **kwargs):
@@ -130,10 +123,8 @@ def autocast_adapter(base: type, name: str) -> type:
     return _subclass(base, name, doc, forward=forward)
 
 
-# A library class that computes the right thing but starts its parameters elsewhere (transformer-
-# engine's Linear draws its weight from N(0, 0.023) and zeroes its bias, torch.nn.Linear draws both
-# from U(-1/sqrt(in), 1/sqrt(in))) changes every model trained from scratch; these adapters are the
-# library class re-initialised the torch.nn way after its own constructor.
+# A library class whose initialisation differs from torch.nn's (TE's Linear: N(0, 0.023)) changes
+# every model trained from scratch; these re-initialise it the torch.nn way.
 # adapter name -> (the library class, the semantics whose init it restores)
 TORCH_INIT_ADAPTERS: dict[str, tuple[str, str]] = {
     "TELinear": ("transformer_engine.pytorch.Linear", "linear")
@@ -141,8 +132,7 @@ TORCH_INIT_ADAPTERS: dict[str, tuple[str, str]] = {
 
 
 def torch_init(module: nn.Module, semantics: str) -> None:
-    """Set ``module``'s ``weight``/``bias`` as torch.nn's module of that semantics initialises
-    them."""
+    """Initialise ``module``'s ``weight``/``bias`` as torch.nn's module of that semantics."""
     weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
     with torch.no_grad():
         if semantics != "linear":
@@ -199,8 +189,7 @@ def _generic(prefix: str, kernel: str) -> type:
 
 
 def __getattr__(name: str) -> type:
-    """Build the adapter ``name`` on first lookup (a table row of
-    ``kernel_lock.registry``, or a generic ``Autocast__``/``Sized__`` name)."""
+    """Build the adapter ``name`` on first lookup (a registry row or a generic name)."""
     generic = generic_parts(name)
     if generic is not None:
         cls = _generic(*generic)

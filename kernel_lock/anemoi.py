@@ -1,14 +1,7 @@
-"""anemoi-models' ``layer_kernels``: the lock as a config block (:func:`layer_kernels`), and the
-anemoi conventions it follows.
-
-anemoi builds its layers from a ``layer_kernels`` mapping of five keys to Hydra entries
-(``{_target_: dotted.path, **kwargs}``), each instantiated as a partial and called with the
-dimensions (``CALLS``): the block pins kwargs, never dimensions, and names an adapter from
-``kernel_lock.adapters`` where a constructor does not fit. The lock's RMSNorm slot has no anemoi
-key: an RMSNorm under LayerNorm/QueryNorm/KeyNorm changes the model's maths and state dict, a
-modelling decision, not a kernel choice. Importing this module imports neither torch nor yaml;
-the checks of a config are kernel-probe's (``kernel_probe.anemoi``).
-"""
+"""anemoi-models' ``layer_kernels``: the lock as a config block (:func:`layer_kernels`).
+The block pins kwargs, never dimensions (anemoi passes them: ``CALLS``), and names an adapter
+where a constructor does not fit. RMSNorm has no anemoi key: under LayerNorm it would change the
+model's maths. Imports neither torch nor yaml."""
 
 from __future__ import annotations
 
@@ -38,19 +31,15 @@ from .slots.gated_mlp import CONFIG_KEY
 __all__ = [
     "ANEMOI_ATTENTION",
     "ANEMOI_DEFAULTS",
-    "ATTENTION_BACKEND_ENV",
     "AUTOCAST_LAYER_NORM",
     "CALLS",
     "CONDITIONAL_LAYER_NORM",
     "DIMENSIONS",
     "GLU_REFUSAL",
-    "SLOT_KEYS",
     "WRAPPERS",
     "ConventionError",
     "Exported",
-    "Wrapper",
     "attention_export",
-    "attention_options",
     "convention_problems",
     "entry_for",
     "export",
@@ -62,8 +51,7 @@ __all__ = [
     "wrapper_of",
 ]
 
-# What anemoi-models 0.19's load_layer_kernels uses for a key the block does not set; a key the
-# block sets replaces the default entry whole (its kwargs included).
+# anemoi-models 0.19's load_layer_kernels defaults; a key the block sets replaces one whole.
 AUTOCAST_LAYER_NORM = "anemoi.models.layers.normalization.AutocastLayerNorm"
 CONDITIONAL_LAYER_NORM = "anemoi.models.layers.normalization.ConditionalLayerNorm"
 ANEMOI_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -83,19 +71,12 @@ GLU_REFUSAL = (
 
 
 def glu_refused(class_name: str) -> bool:
-    """Whether anemoi refuses a class of this name under ``Activation`` (its own test: "GLU" in the
-    upper-cased name)."""
+    """Whether anemoi refuses this class name under ``Activation`` ("GLU" in it)."""
     return "GLU" in class_name.upper()
 
 
-# anemoi's MultiHeadSelfAttention backends, per component with attention: the Attention slot's
-# anemoi names are kernel_lock.slots.attention's (ANEMOI_ATTENTION, ATTENTION_BACKEND_ENV)
-
-
 def attention_options(target: str, kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
-    """The anemoi keys a component with attention sets for the lock's Attention slot
-    (``attention_implementation``, and the options the lock fixes), and a note; ``({}, why)`` for
-    an implementation anemoi cannot run."""
+    """The Attention slot's anemoi keys and a note; ``({}, why)`` where anemoi cannot run it."""
     implementation = ANEMOI_ATTENTION.get(target)
     if implementation is None:
         return {}, (
@@ -152,10 +133,8 @@ CALLS: dict[str, tuple[tuple[str, tuple[Any, ...], dict[str, Any]], ...]] = {
 
 @dataclass(frozen=True)
 class Wrapper:
-    """One of anemoi's own norm classes, and how it relates to a kernel a lock may pin: ``runs``
-    names the kernel class a *same-kernel* wrapper subclasses (adding ``behaviour``), None marks a
-    *different layer* a lock never replaces; ``adapter_prefix`` names the ``kernel_lock.adapters``
-    classes that keep the wrapper's behaviour around another kernel (``AUTOCAST_ADAPTERS``)."""
+    """One of anemoi's norm classes: ``runs``, the kernel a same-kernel wrapper subclasses
+    (None: a different layer, never replaced); ``adapter_prefix``, the adapters that keep it."""
 
     target: str
     runs: str | None
@@ -185,8 +164,7 @@ WRAPPERS: dict[str, Wrapper] = {
 
 
 class ConventionError(LockFormatError):
-    """A lock's target cannot be built the way anemoi calls it, and kernel_lock has no adapter for
-    it."""
+    """A target anemoi cannot build the way it calls it, and no adapter fits."""
 
 
 def generic_adapter(prefix: str, kernel: str) -> str:
@@ -206,8 +184,7 @@ def generic_adapter(prefix: str, kernel: str) -> str:
 
 
 def wrapper_of(target: str) -> Wrapper | None:
-    """The anemoi wrapper ``target`` is, or whose behaviour it keeps (a wrapping adapter), or
-    None."""
+    """The anemoi wrapper ``target`` is, or whose behaviour it keeps, or None."""
     if target in WRAPPERS:
         return WRAPPERS[target]
     module, _, name = target.rpartition(".")
@@ -220,8 +197,7 @@ def wrapper_of(target: str) -> Wrapper | None:
 
 
 def convention_problems(cls: Any, key: str, kwargs: Mapping[str, Any]) -> list[str]:
-    """The anemoi call sites for ``key`` a partial of ``cls`` with ``kwargs`` would fail (call-site
-    kwargs win, as in functools.partial); a constructor without a readable signature passes."""
+    """The anemoi call sites for ``key`` a partial of ``cls`` would fail."""
     try:
         sig = inspect.signature(cls)
     except (TypeError, ValueError):
@@ -236,8 +212,7 @@ def convention_problems(cls: Any, key: str, kwargs: Mapping[str, Any]) -> list[s
 
 
 def locate(path: str) -> Any:
-    """Import ``path`` the way Hydra's ``_target_`` does: a module, then attributes (or
-    submodules)."""
+    """Import ``path`` the way Hydra's ``_target_`` does: a module, then attributes."""
     parts = path.split(".")
     if not path or any(not p.isidentifier() for p in parts):
         raise ImportError(f"{path!r} is not a dotted import path")
@@ -259,8 +234,7 @@ def locate(path: str) -> Any:
 # ---- export: the lock as a layer_kernels block ---------------------------------------------------
 @dataclass(frozen=True)
 class Exported:
-    """One entry of an exported ``layer_kernels`` block: its ``key``, the Hydra ``entry``, and how
-    it was reached."""
+    """One entry of an exported ``layer_kernels`` block, and how it was reached."""
 
     key: str
     entry: dict[str, Any]
@@ -301,15 +275,10 @@ def _fitting_target(
 
 
 def entry_for(key: str, want: Exported, current: Any, *, where: str = "") -> Exported | None:
-    """What a block should hold for ``key`` given the lock's entry ``want`` and the block's
-    ``current`` entry (anemoi's default where unset); None: leave it as it is.
-
-    The rule (``WRAPPERS``): a different layer (ConditionalLayerNorm) is never replaced; a
-    same-kernel wrapper (AutocastLayerNorm) stays where the lock pins the kernel it runs, with the
-    lock's kwargs, and becomes the adapter that keeps its behaviour around any other kernel
-    (without one, :class:`ConventionError`). A wrapping adapter counts as its wrapper, so applying
-    the rule twice changes nothing. Anything else takes the lock's entry.
-    """
+    """What a block should hold for ``key`` given the lock's ``want`` and the block's
+    ``current`` entry; None: leave it. A different layer is never replaced; a same-kernel wrapper
+    stays where the lock pins its kernel, else becomes the adapter keeping its behaviour (none:
+    :class:`ConventionError`). Applying the rule twice changes nothing."""
     target = current.get("_target_") if isinstance(current, Mapping) else None
     wrapper = wrapper_of(target) if isinstance(target, str) else None
     if wrapper is None:
@@ -407,8 +376,7 @@ def _query_key_norms(lock: KernelLock, ln: Exported | None) -> list[Exported]:
 def attention_export(
     lock: KernelLock, mode: str | None = None, *, verify_environment: bool = True
 ) -> tuple[dict[str, Any], str] | None:
-    """The keys every component with attention sets (``attention_options``) for the Attention slot
-    as it resolves in ``mode``, and a note; None when the lock does not pin the slot."""
+    """The Attention slot's keys for every component with attention, and a note."""
     if "Attention" not in lock.slots:
         return None
     f = factory(lock, "Attention", mode=mode, verify_environment=verify_environment)
@@ -423,10 +391,7 @@ def attention_export(
 
 
 def gated_mlp_export(lock: KernelLock) -> tuple[dict[str, Any], str] | None:
-    """The key every component with an MLP sets for the lock's GatedMLP slot
-    (``mlp_implementation``) and a note; None when the lock does not pin the slot. anemoi
-    hard-codes the gate: another kernel than torch's runs only where the model's layers are swapped
-    for it (``kernel_lock.gated_mlp.swap_gated_layers``)."""
+    """The GatedMLP slot's ``mlp_implementation`` and a note; None when not pinned."""
     if "GatedMLP" not in lock.slots:
         return None
     slot = lock.slots["GatedMLP"]
@@ -447,17 +412,9 @@ def layer_kernels(
     qk_norm: bool = False,
     verify_environment: bool = True,
 ) -> dict[str, dict[str, Any]]:
-    """The ``layer_kernels`` block for the slots ``lock`` pins, as anemoi-models reads it.
-
-    ``{"LayerNorm": {"_target_": "torch.nn.LayerNorm", "eps": 1e-05, ...}, "Linear": {...}}``: the
-    class each slot resolves to in ``mode`` (in inference mode, the verified twin where the pinned
-    library cannot run here), with the pinned kwargs and never a dimension. A class whose
-    constructor does not take anemoi's arguments is replaced by its adapter in
-    ``kernel_lock.adapters``; without one, :class:`ConventionError`. ``qk_norm=True`` also fills
-    ``QueryNorm``/``KeyNorm`` from the LayerNorm slot, bias-free as anemoi's own. Raises what
-    ``lock.factory`` raises (e.g. ``LockMismatch`` in training mode on another machine). Pass the
-    result to a processor or mapper as its raw ``layer_kernels`` config.
-    """
+    """The ``layer_kernels`` block for the slots ``lock`` pins, as anemoi-models reads
+    it: each slot's class in ``mode`` (an adapter where anemoi's call does not fit), with the pinned
+    kwargs, no dimension; ``qk_norm`` also fills QueryNorm/KeyNorm. Raises what ``factory`` does."""
     return {
         e.key: e.entry
         for e in export(lock, mode, qk_norm=qk_norm, verify_environment=verify_environment)

@@ -1,19 +1,8 @@
-"""The Attention slot's implementations: module classes with one contract, so a lock can pin any of
-them.
-
-The contract is ``torch.nn.functional.scaled_dot_product_attention`` on (batch, heads, seq, dim)
-tensors: ``forward(q, k, v, attn_mask=None, dropout_p=None, is_causal=False, scale=None,
-enable_gqa=False)``, plus the options a model fixes when it builds the layer (the lock pins them):
-
-- ``window``: key ``j`` is visible to query ``i`` iff ``|i - j| <= window`` (-1: global);
-- ``softcap``: scores become ``softcap * tanh(scores / softcap)`` (0: none);
-- ``dropout``: applied in training mode when the call passes ``dropout_p=None``;
-- ``alibi``: a bias ``-slope_h * |i - j|`` per head (anemoi's ``get_alibi_slopes``).
-
-An implementation raises ``NotImplementedError`` for an option it cannot honour, except where it
-reproduces what anemoi's own wrapper does with that library (the flash-attn classes pass exactly
-the arguments anemoi passes). Imports torch; the kernel libraries on the first call.
-"""
+"""The Attention slot's implementations, with one contract: SDPA's ``forward(q, k, v,
+attn_mask, dropout_p, is_causal, scale, enable_gqa)`` on (batch, heads, seq, dim), plus options
+the lock pins: ``window`` (|i - j| <= window; -1 global), ``softcap`` (0: none), ``dropout``,
+``alibi`` (anemoi's slopes). An option a class cannot honour raises ``NotImplementedError``,
+except where it copies what anemoi's wrapper does. Imports torch."""
 
 from __future__ import annotations
 
@@ -27,19 +16,16 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
-    "SDPA_BACKENDS",
     "Attention",
     "FlashAttention2",
     "FlashAttention3",
     "FlashAttention4",
     "FlexAttention",
-    "FunctionAttention",
     "SDPAttention",
     "TEDotProductAttention",
     "alibi_bias",
     "alibi_slopes",
     "band_mask",
-    "for_function",
 ]
 
 # the torch.nn.attention.SDPBackend member each ``backend`` forces ("default": torch chooses)
@@ -59,8 +45,7 @@ def band_mask(q_len: int, k_len: int, window: int, device: Any) -> torch.Tensor:
 
 
 def alibi_slopes(heads: int) -> torch.Tensor:
-    """anemoi-models' ``get_alibi_slopes`` (ALiBi's geometric slopes, interpolated for a head count
-    that is not a power of two), in float32."""
+    """anemoi-models' ``get_alibi_slopes`` (ALiBi's slopes), in float32."""
     n = 2 ** math.floor(math.log2(heads))
     slopes = torch.pow(2.0 ** (-8.0 / n), torch.arange(1, 1 + n))
     if n < heads:
@@ -77,8 +62,7 @@ def alibi_bias(heads: int, q_len: int, k_len: int, device: Any, dtype: Any) -> t
 
 
 class Attention(nn.Module):
-    """The slot's contract (module docstring); subclasses implement ``attend``. No parameters: the
-    state dict is empty, so every implementation's checkpoint loads into every other."""
+    """The slot's contract; subclasses implement ``attend``. No parameters, so no state."""
 
     def __init__(
         self, window: int = -1, softcap: float = 0.0, dropout: float = 0.0, alibi: bool = False
@@ -149,9 +133,7 @@ class Attention(nn.Module):
 
 
 class SDPAttention(Attention):
-    """``torch.nn.functional.scaled_dot_product_attention``, the window as a boolean mask (as
-    anemoi's SDPA path builds it). ``backend``: "default" (torch chooses) or one forced through
-    ``sdpa_kernel`` (a forced backend that refuses the inputs raises). softcap and alibi raise."""
+    """torch's SDPA, the window as a mask; ``backend`` forced through ``sdpa_kernel``."""
 
     def __init__(
         self,
@@ -190,8 +172,7 @@ _flex: dict[str, Callable[..., Any]] = {}
 
 
 class FlexAttention(Attention):
-    """``torch.nn.attention.flex_attention``: the window as a band ``block_mask``, softcap and alibi
-    as a ``score_mod``, compiled (``compiled=False``: eager). Dropout and masks raise."""
+    """``flex_attention``: window as ``block_mask``, softcap and alibi as ``score_mod``."""
 
     def __init__(
         self,
@@ -251,9 +232,7 @@ def _bshd(*tensors: torch.Tensor) -> list[torch.Tensor]:
 
 
 class _FlashAttention(Attention):
-    """A flash-attn generation, called exactly as anemoi-models' ``FlashAttentionWrapper`` calls it:
-    BSHD, ``window_size=(w, w)`` or ``(-1, -1)``, and only the arguments anemoi passes to that
-    generation; ``scale`` (anemoi passes none) goes in as ``softmax_scale``."""
+    """A flash-attn generation, called exactly as anemoi's ``FlashAttentionWrapper``."""
 
     MODULE = ""
     GENERATION = 0
@@ -283,8 +262,7 @@ class _FlashAttention(Attention):
 
 
 class FlashAttention2(_FlashAttention):
-    """flash-attn 2 (``flash_attn.flash_attn_func``): window, dropout, softcap and alibi all
-    passed."""
+    """flash-attn 2: window, dropout, softcap and alibi all passed."""
 
     MODULE, GENERATION = "flash_attn", 2
 
@@ -298,8 +276,7 @@ class FlashAttention2(_FlashAttention):
 
 
 class FlashAttention3(_FlashAttention):
-    """flash-attn 3 (``flash_attn_interface.flash_attn_func``): window and softcap; anemoi passes no
-    dropout, and raises on alibi (so does this)."""
+    """flash-attn 3: window and softcap; no dropout; alibi raises (as in anemoi)."""
 
     MODULE, GENERATION = "flash_attn_interface", 3
 
@@ -311,8 +288,7 @@ class FlashAttention3(_FlashAttention):
 
 
 class FlashAttention4(_FlashAttention):
-    """flash-attn 4 (``flash_attn.cute.flash_attn_func``): anemoi passes ``softmax_scale =
-    1/sqrt(d)`` and the window; no dropout, no softcap, and alibi slopes are ignored."""
+    """flash-attn 4: the window and ``softmax_scale``; alibi ignored (as in anemoi)."""
 
     MODULE, GENERATION = "flash_attn.cute", 4
 
@@ -325,9 +301,7 @@ class FlashAttention4(_FlashAttention):
 
 
 class TEDotProductAttention(Attention):
-    """transformer-engine's ``DotProductAttention`` (built on the first call for its head count and
-    head_dim, ``qkv_format="bshd"``), the window as ``window_size=(w, w)``, dropout as
-    ``attention_dropout``. softcap and alibi raise (TE's module takes neither here)."""
+    """transformer-engine's ``DotProductAttention`` (bshd), built on first call."""
 
     def __init__(
         self, window: int = -1, softcap: float = 0.0, dropout: float = 0.0, alibi: bool = False
@@ -360,9 +334,7 @@ class TEDotProductAttention(Attention):
 
 
 class FunctionAttention(Attention):
-    """A user's function with SDPA's signature (``--candidate Attention=module.function``), given
-    the window as a boolean ``attn_mask``; ``FUNCTION`` is set by ``for_function``. softcap and
-    alibi raise: SDPA's signature carries neither."""
+    """A user's function with SDPA's signature, the window as ``attn_mask``."""
 
     FUNCTION: Callable[..., Any] | None = None
 

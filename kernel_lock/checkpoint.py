@@ -1,10 +1,5 @@
-"""Checkpoints that carry their lock, and the state-dict migration a twin may need.
-
-:func:`attach` stores the lock in a checkpoint dict as plain strings (so
-``torch.load(weights_only=True)`` reads them); :func:`lock_from_checkpoint` validates it and checks
-the digest; :func:`migrate_state_dict` applies the twins' recorded migrations, so a state dict saved
-from the training implementation loads strictly into the model rebuilt in inference mode. No torch.
-"""
+"""Checkpoints that carry their lock (as plain strings, for ``weights_only=True``), and
+the state-dict migration a twin may need. No torch."""
 
 from __future__ import annotations
 
@@ -20,12 +15,10 @@ from .lock import KernelLock, loads
 
 __all__ = [
     "CHECKPOINT_KEY",
-    "Rule",
     "attach",
     "lock_from_checkpoint",
     "migrate_module_state",
     "migrate_state_dict",
-    "migration_rules",
     "parse_rule",
 ]
 
@@ -35,8 +28,7 @@ log = logging.getLogger("kernel_lock")
 
 
 def attach(checkpoint: MutableMapping[str, Any], lock: KernelLock) -> MutableMapping[str, Any]:
-    """Store ``lock`` in ``checkpoint`` (in place) as ``{"text": <canonical TOML>, "digest":
-    <content digest>}`` under ``"kernel_lock"``, and return the checkpoint."""
+    """Store ``lock`` in ``checkpoint`` (in place) as text and digest, and return it."""
     checkpoint[CHECKPOINT_KEY] = {"text": lock.dumps(), "digest": lock.compute_digest()}
     return checkpoint
 
@@ -49,8 +41,7 @@ def lock_from_checkpoint(
     emit_warnings: bool = True,
     trust: Iterable[str] = (),
 ) -> KernelLock:
-    """The lock a checkpoint carries, validated like a lock file (``trust`` grants what its
-    ``trusted-modules`` ask) and checked against its stored digest, else LockFormatError."""
+    """The lock a checkpoint carries, validated and checked against its stored digest."""
     key = CHECKPOINT_KEY
 
     def bad(problem: str, at: str = key, fix: str | None = None) -> LockFormatError:
@@ -84,18 +75,14 @@ def lock_from_checkpoint(
     return lock
 
 
-# The rules, from the training implementation's keys to its twin's (docs/lock-format.md), applied
-# in this order; keys are local to the module and may contain dots (norm.weight):
-#   drop:<key>         no counterpart in the twin (transformer-engine's _extra_state)
-#   rename:<a>-><b>    stored as <a>, the twin calls it <b> (gamma -> weight)
-#   transpose:<b>      the twin's <b> is the transpose of what is stored (a weight kept (in, out))
+# The rules, applied in this order (docs/lock-format.md); keys are local, may contain dots:
+# drop:<key> (no counterpart), rename:<a>-><b> (gamma -> weight), transpose:<b> (stored (in, out))
 _KEY = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_0-9][\w]*)*$")
 
 
 @dataclass(frozen=True)
 class Rule:
-    """One migration step of a twin: ``drop:KEY``, ``rename:OLD->NEW`` or ``transpose:KEY``
-    (``key``: the stored key for drop and rename, the twin's for transpose)."""
+    """One migration step: ``drop:KEY``, ``rename:OLD->NEW`` or ``transpose:KEY``."""
 
     kind: str
     key: str
@@ -135,8 +122,7 @@ def migration_rules(slot: Any, *, path: str | None = None) -> list[Rule]:
 
 
 def migrate_module_state(state: Mapping[str, Any], rules: Iterable[Rule]) -> dict[str, Any]:
-    """One module's state dict (local keys), as the training implementation stores it, in its
-    twin's layout."""
+    """One module's state dict, as the training implementation stores it, in its twin's layout."""
     out, rules = dict(state), list(rules)
     for rule in (r for r in rules if r.kind == "drop"):
         out.pop(rule.key, None)
@@ -162,11 +148,9 @@ def _transposed(value: Any, shape: tuple[int, ...] | None) -> bool:
 def migrate_state_dict(
     state_dict: Mapping[str, Any], lock: KernelLock, model: Any
 ) -> OrderedDict[str, Any]:
-    """``state_dict`` (saved under ``lock`` or the training lock it derives from) made loadable
-    into ``model`` rebuilt in inference mode (a module, its keys mapped to tensors or shapes, or its
-    keys). A twin's rule applies only where ``model`` asks for it (a key it lacks dropped or
-    renamed, a transposed shape turned); every other key is kept, so a misfit still fails a strict
-    load. ``state_dict`` is not modified; what was migrated is logged (INFO, ``kernel_lock``)."""
+    """``state_dict`` made loadable into ``model`` rebuilt in inference mode: a
+    twin's rule applies only where ``model`` asks for it, every other key is kept (a misfit still
+    fails a strict load). Not modified in place; migrations are logged."""
     if hasattr(model, "state_dict"):
         expected: dict[str, Any] = {k: _shape(v) for k, v in model.state_dict().items()}
     elif isinstance(model, Mapping):

@@ -1,11 +1,5 @@
-"""Many ranks, one lock: ``check_ranks(lock)`` (after ``init_process_group``) checks on every rank
-that all ranks hold the same lock and match it.
-
-Each rank's report travels as UTF-8 JSON in uint8 tensors, not ``all_gather_object`` (it pickles,
-and needs numpy); every rank reaches the same verdict, so all go on or all raise
-:class:`RanksDisagree`. A rank whose check crashes, or an exchange that fails, is reported too, so
-no rank is left waiting.
-"""
+"""Many ranks, one lock: :func:`check_ranks`. Reports travel as UTF-8 JSON in uint8
+tensors (``all_gather_object`` pickles); all ranks reach one verdict, crashes included."""
 
 from __future__ import annotations
 
@@ -79,8 +73,8 @@ def _grouped(reports: Sequence[Mapping[str, Any]], key: Any) -> dict[Any, list[M
 
 
 def judge(reports: Sequence[Mapping[str, Any]]) -> RanksDisagree | None:
-    """The verdict on all ranks' reports: None if they agree and match, else the error to raise.
-    The reference lock is the one most ranks hold (the lowest rank's on a tie)."""
+    """The verdict on all ranks' reports: None, or the error to raise. The reference lock is
+    the one most ranks hold (the lowest rank's on a tie)."""
     if not reports:
         return None
     counts = Counter(r["digest"] for r in reports)
@@ -124,10 +118,7 @@ def judge(reports: Sequence[Mapping[str, Any]]) -> RanksDisagree | None:
 
 
 def check_ranks(lock: KernelLock, *, group: Any = None, mode: str | None = None) -> None:
-    """Check, on every rank of ``group`` (default: the whole job; a collective), that all ranks
-    hold the same lock and each rank's machine matches it (``lock.verify(mode)``); else raise
-    :class:`RanksDisagree` on every rank, naming the ranks and hosts at fault. Without a process
-    group the process is a world of one; with NCCL, set each rank's device first."""
+    """On every rank (a collective): all hold the same lock and match it, else RanksDisagree."""
     import torch.distributed as dist  # reason: torch only when the ranks are checked
 
     if not (dist.is_available() and dist.is_initialized()):
@@ -140,8 +131,7 @@ def check_ranks(lock: KernelLock, *, group: Any = None, mode: str | None = None)
 
 
 def _exchange_device_type(backend: str) -> str:
-    """Where the exchanged tensors live: "cpu" for gloo and mpi (and a group with a CPU half, such
-    as "cpu:gloo,cuda:nccl"), "cuda" for nccl, else the one device a group names."""
+    """Where the exchanged tensors live: "cpu" for gloo/mpi, "cuda" for nccl."""
     pairs = [
         part.split(":", 1) if ":" in part else ["", part] for part in backend.lower().split(",")
     ]
@@ -191,8 +181,7 @@ _KEYS = ("rank", "host", "lock", "digest", "differences")
 
 
 def report_from_dict(data: Any) -> dict[str, Any]:
-    """One rank's report, read by the typed reader (every key required and bounded, unknown keys
-    refused); ``kernel_lock.tables.ReadError`` naming the key."""
+    """One rank's report, read by the typed reader (keys required, bounded, known)."""
     if not isinstance(data, dict):
         raise ReadError(f"expected a JSON object, got a JSON {type(data).__name__}")
     refuse_unknown(data, _KEYS)
@@ -214,13 +203,7 @@ def report_from_dict(data: Any) -> dict[str, Any]:
                 f"a string of {len(text)} characters, more than the {MAX_TEXT} it may have",
                 f"differences[{i}]",
             )
-    return {
-        "rank": rank,
-        "host": host,
-        "lock": lock,
-        "digest": digest,
-        "differences": [*differences],
-    }
+    return dict(zip(_KEYS, (rank, host, lock, digest, [*differences]), strict=True))
 
 
 def _decoded(blob: bytes, index: int, backend: str) -> dict[str, Any]:

@@ -1,9 +1,5 @@
-"""The lock document: its top-level keys, the version and digest rules, and the TOML text back.
-
-:class:`LockDocument` is what a kernel lock *is* (the data); ``kernel_lock.lock.KernelLock`` adds
-what it *does* (verify, resolve), so the resolver can take a document without importing the module
-that imports it. The tables inside are :mod:`kernel_lock.schema`'s.
-"""
+"""The lock document: its top-level keys, the version and digest rules, the TOML text.
+``KernelLock`` adds what a lock does, so the resolver takes a document without a cycle."""
 
 from __future__ import annotations
 
@@ -31,7 +27,8 @@ from .schema import (
     required,
     table,
 )
-from .slots import MODES, PRECISIONS, SPECS, Mode, slot_name_fix, spec_of
+from .slots import MODES, PRECISIONS, SPECS, slot_name_fix, spec_of
+from .slots.base import Mode
 from .tables import EMPTY, NONE, Raw, ReadError, from_dict, get, get_strings, one_of, text, to_dict
 from .tables import toml_key as key
 from .trust import granted_trust, module_name
@@ -82,9 +79,7 @@ def _slots(ctx: Context, d: Raw, k: str, _: Raw) -> dict[str, Slot]:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LockDocument:
-    """A parsed, validated kernel lock's content (the fields' order is the canonical key order);
-    :class:`KernelLock` adds what it does, so the resolver can take a document without importing
-    this module."""
+    """A parsed, validated kernel lock's content, fields in canonical key order."""
 
     lock_version: str = field(
         default=LOCK_VERSION, metadata=key("lock-version", text(required=True))
@@ -113,8 +108,7 @@ class LockDocument:
     warnings: tuple[str, ...] = field(default=(), compare=False)
     intact: bool = field(default=True, compare=False)
     granted: tuple[str, ...] = field(default=(), compare=False)  # the modules the caller trusted
-    # the modes this process has verified the lock for (kernel_lock.resolve: the fingerprint once
-    # per lock); not an argument, so a copy (``replace``) starts unverified
+    # the modes verified in this process; not an argument, so a copy starts unverified
     verified_modes: set[str] = field(init=False, default_factory=set, compare=False, repr=False)
 
     @classmethod
@@ -140,13 +134,11 @@ class LockDocument:
         return replace(lock, warnings=tuple(ctx.finished_warnings()), intact=intact)
 
     def to_dict(self, *, with_digest: bool = True) -> dict[str, Any]:
-        """The TOML-ready mapping in canonical key order (``with_digest=False``: what the digest
-        covers)."""
+        """The TOML-ready mapping (``with_digest=False``: what the digest covers)."""
         return to_dict(self, without=() if with_digest else (SEAL,))
 
     def covered(self) -> dict[str, Any]:
-        """What the digest covers, by construction: everything :meth:`dumps` writes but ``SEAL``
-        (a table added to the schema and written is covered without anyone remembering to)."""
+        """What the digest covers, by construction: all :meth:`dumps` writes but ``SEAL``."""
         return {k: value for k, value in self.to_dict().items() if k != SEAL}
 
     def compute_digest(self) -> str:
@@ -163,8 +155,7 @@ class LockDocument:
         return _toml.dumps(self.to_dict())
 
     def dump(self, path: str | os.PathLike[str]) -> None:
-        """Write atomically: a temp file in the same directory, fsync, then rename over the
-        target."""
+        """Write atomically: a temp file beside the target, fsync, rename."""
         write_file(path, self.dumps(), through_link=True)
 
 
@@ -195,8 +186,7 @@ def _check_version(ctx: Context, d: Raw) -> None:
 
 
 def _check_digest(ctx: Context, lock: LockDocument, strict: bool) -> bool:
-    """Whether the digest seals the content; a lock without one, or edited, is warned about (an
-    error with ``strict``, as is a lock without an environment)."""
+    """Warn on a missing or broken digest (an error with ``strict``, as no environment)."""
     if strict and not lock.environment.fields:
         raise ReadError(
             "the lock has no [environment]: it would match any machine",

@@ -24,8 +24,7 @@ __all__ = [
 
 
 class ExitCode(IntEnum):
-    """The exit codes of every kernel-probe command, each with its ``meaning`` (the CLI's help and
-    the docs' tables are generated from it)."""
+    """The exit codes of every kernel-probe command, each with its ``meaning``."""
 
     meaning: str
 
@@ -145,9 +144,7 @@ class KernelUnavailable(LockError):
 
 
 class RanksDisagree(LockError):
-    """Raised on every rank by ``kernel_lock.distributed.check_ranks`` when the ranks hold different
-    locks or a rank's machine does not match: ``reports`` (what each rank said) and ``ranks`` (those
-    at fault)."""
+    """Raised on every rank by ``check_ranks``: each rank's ``reports``, the ``ranks`` at fault."""
 
     exit_code = ExitCode.MISMATCH
 

@@ -1,16 +1,11 @@
 """The one safe reader of input files and the one safe writer of every file kernel-probe creates.
 
-:func:`read_regular` refuses a FIFO, a device, a socket or a directory before any byte is read
-(opened non-blocking, checked with ``fstat`` on the descriptor), and reads at most a cap.
-:func:`write_file` writes a temporary file created with ``O_CREAT | O_EXCL | O_NOFOLLOW`` in the
-target's own directory (a name planted there is never opened), fsyncs it and renames it into place;
-a link at the final component is refused unless the caller passes ``through_link`` for a path the
-user named (``--out``), resolved once, before any check. Directories are checked as OpenSSH's
-``StrictModes`` checks ``~/.ssh``: owned by the user or root, not writable by every user unless
-sticky and root-owned (``/tmp``), no directory above writable by every user without the sticky bit;
-group-writable is accepted (a shared lock directory). :func:`private_dir` makes node-local
-directories (0700, checked after creation).
-"""
+:func:`read_regular` refuses a FIFO, device, socket or directory before reading (non-blocking
+open, ``fstat``), and reads at most a cap. :func:`write_file` writes a temporary file
+(``O_CREAT | O_EXCL | O_NOFOLLOW``) in the target's directory, fsyncs and renames it; a link at
+the target is refused unless ``through_link`` (a path the user named). Directories are checked as
+OpenSSH's ``StrictModes``: owned by the user or root, not world-writable unless sticky and
+root-owned, no world-writable non-sticky directory above; group-writable is accepted."""
 
 from __future__ import annotations
 
@@ -21,7 +16,6 @@ from pathlib import Path
 from .errors import LockFormatError
 
 __all__ = [
-    "KINDS",
     "UnsafeFile",
     "UnsafeWrite",
     "check_directory",
@@ -42,13 +36,8 @@ KINDS = {
 
 
 # a new file, never one planted beforehand, never through a link
-_CREATE = (
-    os.O_WRONLY
-    | os.O_CREAT
-    | os.O_EXCL
-    | getattr(os, "O_NOFOLLOW", 0)
-    | getattr(os, "O_CLOEXEC", 0)
-)
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+_CREATE |= getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 class UnsafeFile(Exception):
@@ -56,8 +45,7 @@ class UnsafeFile(Exception):
 
     def __init__(self, problem: str, fix: str = ""):
         super().__init__(problem)
-        self.problem = problem
-        self.fix = fix
+        self.problem, self.fix = problem, fix
 
 
 def kind(mode: int) -> str:
@@ -103,8 +91,7 @@ def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
 
 
 class UnsafeWrite(LockFormatError):
-    """A file is not written (exit 5): its directory is unsafe, or its path is a link or not a
-    regular file. Nothing is half-written."""
+    """A file is not written (exit 5): unsafe directory, a link or not a regular file."""
 
 
 def _refuse(path: Path | str, problem: str, fix: str) -> UnsafeWrite:
@@ -122,8 +109,7 @@ def _world_writable_problem(st: os.stat_result) -> str | None:
 
 
 def check_directory(directory: Path | str, named: Path | str | None = None) -> Path:
-    """The real path of ``directory`` if files may be written there (the module's rule), else
-    :class:`UnsafeWrite` naming ``named`` (the file to be written) where given."""
+    """The real path of ``directory`` if files may be written there, else :class:`UnsafeWrite`."""
     real = Path(os.path.realpath(directory or "."))
     where = named if named is not None else real
     try:
@@ -179,9 +165,8 @@ def check_directory(directory: Path | str, named: Path | str | None = None) -> P
 
 
 def private_dir(path: Path | str, *, create: bool = True) -> Path:
-    """The node-local directory ``path``, made 0700 where missing (in a parent that passes
-    :func:`check_directory`) and checked: a real directory of this user's, open to nobody else;
-    :class:`UnsafeWrite` otherwise (``create=False``: FileNotFoundError when it is missing)."""
+    """The node-local directory ``path``, made 0700 where missing and checked: this user's
+    and open to nobody else, else :class:`UnsafeWrite` (``create=False``: FileNotFoundError)."""
     path = Path(path)
     check_directory(path.parent)
     if create:
@@ -236,11 +221,8 @@ def write_file(
     through_link: bool = False,
     exclusive: bool = False,
 ) -> Path:
-    """Write ``data`` to ``path`` atomically (the module's rules) and return the path written.
-
-    ``exclusive``: create ``path`` itself with ``O_EXCL`` (a claim: FileExistsError when it is
-    there). ``through_link``: a link at ``path`` (one the user named) is resolved and its target
-    replaced; otherwise a link there is refused."""
+    """Write ``data`` to ``path`` atomically and return the path written. ``exclusive``:
+    create ``path`` with ``O_EXCL``; ``through_link``: replace a link's target, else refused."""
     path = Path(path)
     if through_link:
         path = Path(os.path.realpath(path))

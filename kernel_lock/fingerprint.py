@@ -1,6 +1,5 @@
-"""The environment fingerprint: the facts a lock pins (``FIELDS``), how strictly each must match,
-the comparison with a lock, and this machine's facts as an imported torch reports them; torch's
-build also from its ``torch/version.py``, parsed, never run (for ``kernel_lock.torchless``)."""
+"""The environment fingerprint: the facts a lock pins (``FIELDS``), their match rules, the
+comparison, this machine's facts from torch, and torch's build parsed from its ``version.py``."""
 
 from __future__ import annotations
 
@@ -19,25 +18,18 @@ from .errors import Difference, KernelUnavailable
 __all__ = [
     "BUILD_FIELDS",
     "DEVICE_FIELDS",
-    "DEVICE_KEYS",
     "FIELDS",
     "GENERIC_DEVICE_NAMES",
     "NUMERICS_ENV",
-    "FieldKind",
-    "FieldSpec",
-    "Match",
-    "TorchBuild",
     "Unsettled",
     "compare",
     "current",
     "device_facts",
     "device_name_note",
     "field_matches",
-    "fields_of",
     "import_torch",
     "in_spec",
     "library_versions",
-    "metadata_agrees",
     "numerics_env",
     "parse_version_file",
     "release",
@@ -101,10 +93,8 @@ DEVICE_FIELDS = (*(name for name in FIELDS if name.startswith("device-")), "driv
 DEVICE_KEYS = ("type", "vendor", "name", "arch", "features", "count", "driver")
 BUILD_FIELDS = ("torch", "torch-cuda", "torch-hip", "torch-rocm")
 
-# Variables that change the numbers kernels produce or which kernels run: on ROCm, rocBLAS's and
-# MIOpen's alternate fp16 paths (PyTorch's numerical-accuracy notes: reduced-precision fp16 on
-# MI200), XNACK (unified-memory retries; another code object), TunableOp's GEMM selection and the
-# hipBLASLt preference.
+# Variables that change what kernels compute or which run (ROCm's alternate fp16 paths, XNACK,
+# TunableOp, the hipBLASLt preference).
 NUMERICS_ENV = (
     "ROCBLAS_INTERNAL_FP16_ALT_IMPL",
     "MIOPEN_DEBUG_CONVOLUTION_ATTRIB_FP16_ALT_IMPL",
@@ -115,10 +105,8 @@ NUMERICS_ENV = (
 # device names that say nothing about the device (libdrm's amdgpu.ids missing or old)
 GENERIC_DEVICE_NAMES = ("AMD Radeon Graphics",)
 
-# ``torch.version.hip`` of ROCm wheels up to torch 2.9 carries a git hash (``6.2.41134-65d174c3e``,
-# pytorch #166068), which PEP 440 cannot parse; drivers report ``580.159.04``, torch
-# ``2.7.1+rocm6.2.4``. One rule for the fingerprint, the site profiles and the requirements: the
-# leading dotted numbers are the release, whatever follows is ignored.
+# The leading dotted numbers are the release, whatever follows is ignored (ROCm wheels' hip
+# version carries a git hash PEP 440 cannot parse: ``6.2.41134-65d174c3e``).
 _LEADING = re.compile(r"\s*v?([0-9]+(?:\.[0-9]+)*)", re.ASCII)
 
 
@@ -134,8 +122,8 @@ def release_text(text: str) -> str:
 
 
 def in_spec(spec: str, text: str) -> bool:
-    """Does ``text`` satisfy the PEP 440 specifier ``spec``? Pre-releases count (a site's nightly
-    is still that release); a version PEP 440 cannot parse compares by its release (none: never)."""
+    """Does ``text`` satisfy the PEP 440 ``spec``? Pre-releases count; an unparsable version
+    compares by its release (none: never)."""
     from packaging.specifiers import SpecifierSet  # only where a requirement is checked
     from packaging.version import InvalidVersion, Version
 
@@ -172,10 +160,8 @@ def device_name_note(current: Mapping[str, Any]) -> str | None:
 
 
 def field_matches(kind: FieldKind, rule: Match, expected: Any, found: Any) -> bool:
-    """Does ``found`` satisfy ``expected`` under ``rule``?
-
-    ``compatible`` on a version means the same major.minor (a patch or driver bump keeps the lock
-    valid; a torch minor or CUDA minor does not). On text and counts it means equal.
+    """Does ``found`` satisfy ``expected`` under ``rule``? ``compatible`` on a version:
+    same major.minor; on text and counts: equal.
 
     >>> field_matches("version", "compatible", "2.5.1", "2.5.3")  # a patch bump keeps the lock
     True
@@ -188,8 +174,7 @@ def field_matches(kind: FieldKind, rule: Match, expected: Any, found: Any) -> bo
     >>> field_matches("version", "compatible", "2.5.1", "")  # not found: no match
     False
     >>> field_matches("count", "compatible", 8, 4), field_matches("count", "ignore", 8, 4)
-    (False, True)
-    """
+    (False, True)"""
     if rule == "ignore":
         return True
     if rule == "exact" or kind != "version" or expected == "" or found == "":
@@ -243,8 +228,7 @@ def library_versions(names: Iterable[str]) -> dict[str, str | None]:
 def fields_of(
     build: Iterable[str] | None, device: Mapping[str, Any], env: Mapping[str, str]
 ) -> dict[str, Any]:
-    """The fingerprint's fields from torch's build (``BUILD_FIELDS``' values), the device facts
-    (keyed like ``device_facts``'s dict: ``DEVICE_KEYS``, those given) and the environment."""
+    """The fingerprint's fields from torch's build, the device facts and the environment."""
     fields = host.fields() | dict(zip(BUILD_FIELDS, build or (), strict=build is not None))
     fields |= {n: device[k] for n, k in zip(DEVICE_FIELDS, DEVICE_KEYS, strict=True) if k in device}
     return fields | {"numerics-env": numerics_env(env)}
@@ -259,12 +243,8 @@ def _gpus(cuda: Any) -> int:
 
 
 def device_facts(torch: Any) -> dict[str, Any]:
-    """Type, vendor, name, arch, count and driver of the primary accelerator (or the CPU).
-
-    ROCm is told apart by ``torch.version.hip``, never by compute capability (an MI250X reports
-    (9, 0), like a Hopper GPU); its arch comes from ``gcnArchName``. Raises
-    ``DeviceVisibilityError`` when the ROCm visibility variables contradict each other.
-    """
+    """Type, vendor, name, arch, count and driver of the primary accelerator (or CPU).
+    ROCm is told by ``torch.version.hip``, never by capability (an MI250X reports (9, 0))."""
     cuda: Any = getattr(torch, "cuda", None)
     if getattr(torch.version, "hip", None):
         host.physical_devices("rocm")  # contradictory visibility variables: an error, not "no GPU"
@@ -296,8 +276,7 @@ def device_facts(torch: Any) -> dict[str, Any]:
 
 
 def import_torch() -> Any:
-    """``import torch``, or :class:`KernelUnavailable` saying why it failed (a torch whose compiled
-    libraries are missing or broken is no machine a lock is current on)."""
+    """``import torch``, or :class:`KernelUnavailable` saying why it failed."""
     try:
         import torch
     except Exception as exc:  # ImportError, OSError from the dynamic loader, its __init__'s errors
@@ -313,8 +292,7 @@ def import_torch() -> Any:
 def current(
     torch: Any | None = None, *, device: Callable[[Any], dict[str, Any]] | None = None
 ) -> dict[str, Any]:
-    """The fingerprint fields of this machine, keyed like ``FIELDS`` (torch imported if not
-    passed)."""
+    """This machine's fingerprint fields, keyed like ``FIELDS`` (torch imported if not given)."""
     torch = import_torch() if torch is None else torch
     dev = {"features": "", "driver": "", **(device or device_facts)(torch)}
     build = [str(getattr(torch.version, name, None) or "") for name in ("cuda", "hip", "rocm")]
@@ -344,10 +322,8 @@ class Unsettled(Exception):
 
 
 _TORCH_FIELDS = BUILD_FIELDS + DEVICE_FIELDS  # what is unknown while torch's build is
-# torch's tools/generate_torch_version.py writes ``from typing import Optional``, ``__all__``,
-# ``__version__``, ``debug``, ``git_version`` and ``NAME: Optional[str] = '...'`` for cuda, hip,
-# rocm, xpu (torch < 2.0: ``NAME = '...'``); checked against CPU, CUDA and ROCm wheels 1.13 to 2.13
-# (test_version_file.py). Nothing else is read: it could change what the names hold when run.
+# What torch's generate_torch_version.py writes (checked against wheels 1.13 to 2.13); nothing
+# else is read: it could change what the names hold when run.
 _ANNOTATION = "Optional[str]"
 
 
@@ -381,13 +357,11 @@ def _binding(node: ast.stmt, imported: bool) -> tuple[str, ast.expr] | None:
 
 
 def parse_version_file(text: str) -> dict[str, Any]:
-    """The names a ``torch/version.py`` binds, read with ``ast`` (nothing is executed).
+    """The names a ``torch/version.py`` binds, read with ``ast`` (nothing runs).
 
-    Accepted, and nothing else: ``from typing import Optional`` (no alias), ``NAME = literal`` and
-    ``NAME: Optional[str] = literal`` after that import (a string, a bool, None, a list of strings),
-    each name bound once, never ``Optional``, ``str`` or a dunder other than ``__all__`` and
-    ``__version__``. Anything else raises ``ValueError`` saying which line.
-    """
+    Only ``from typing import Optional``, ``NAME = literal`` and ``NAME: Optional[str] = literal``
+    (str, bool, None, list of str), each name once, no dunder but ``__all__``/``__version__``;
+    anything else is a ``ValueError`` naming the line."""
     values: dict[str, Any] = {}
     imported = False
     for node in ast.parse(text).body:
@@ -417,9 +391,7 @@ def parse_version_file(text: str) -> dict[str, Any]:
     return values
 
 
-# The compiled parts ``import torch`` loads first: its extension module and, in a wheel's torch/lib,
-# the libraries it links. A layout that keeps them elsewhere (a conda environment's lib/) is not
-# judged from here: the fingerprint then imports torch.
+# The compiled parts ``import torch`` loads first (a wheel's layout; elsewhere torch is imported)
 _TORCH_LIBS = ("libc10", "libtorch_cpu", "libtorch_python")
 _LIB_SUFFIX = {"linux": ".so", "darwin": ".dylib", "win32": ".dll"}
 
@@ -461,8 +433,7 @@ def _version_file() -> Path:
 
 
 def torch_build(path: Path | None = None) -> TorchBuild:
-    """torch's version and CUDA / HIP / ROCm / XPU build from its installed ``version.py``; for the
-    installed torch, only when its compiled parts are there too (else ``import torch`` fails)."""
+    """torch's builds from ``version.py`` (installed torch: only with its compiled parts)."""
     check_compiled = path is None
     path = _version_file() if path is None else path
     try:

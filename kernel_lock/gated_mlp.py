@@ -1,13 +1,6 @@
-"""The GatedMLP slot's classes: anemoi's ``GatedMLPLayer`` interface over a torch or a fused gate.
-
-Each has anemoi's parameters and state-dict keys (``gate_proj`` and ``value_proj``, two
-``torch.nn.Linear``), is built as ``Class(in_features, out_features, mlp_implementation=...,
-bias=True)`` and computes ``gate(gate_proj(x)) * value_proj(x)``: ``GatedMLP`` with torch's
-functions (the default and every twin), ``CompiledGatedMLP`` through ``torch.compile``,
-``LigerGatedMLP`` with liger-kernel's fused kernels. ``swap_gated_layers`` puts one in place of each
-``GatedMLPLayer`` of a built anemoi model (anemoi has no config key for it). Imports torch;
-liger-kernel only when ``LigerGatedMLP`` is looked up.
-"""
+"""The GatedMLP slot's classes with anemoi's ``GatedMLPLayer`` interface, parameters and
+state-dict keys, computing ``gate(gate_proj(x)) * value_proj(x)``: torch's functions, compiled,
+or liger-kernel's fused kernels; ``swap_gated_layers`` puts one into a built anemoi model."""
 
 from __future__ import annotations
 
@@ -21,11 +14,8 @@ from torch import nn
 
 from .slots.gated_mlp import GATES, gate_for
 
-# LigerGatedMLP (built on first lookup) is public too; not listed, so ``import *`` never imports
-# liger-kernel
+# LigerGatedMLP (built on first lookup) is public, unlisted: ``import *`` never imports liger
 __all__ = [
-    "ANEMOI_LAYER",
-    "LIGER_GATES",
     "TORCH_GATES",
     "CompiledGatedMLP",
     "GatedMLP",
@@ -45,8 +35,7 @@ TORCH_GATES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 
 class GatedMLP(nn.Module):
-    """``gate(gate_proj(x)) * value_proj(x)`` with torch's functions: anemoi's ``GatedMLPLayer``
-    with torch.nn.Linear for its Linear slot."""
+    """``gate(gate_proj(x)) * value_proj(x)`` with torch's functions (anemoi's layer)."""
 
     def __init__(
         self,
@@ -85,8 +74,7 @@ _compiled: dict[str, Callable[..., Any]] = {}
 
 
 class CompiledGatedMLP(GatedMLP):
-    """``GatedMLP`` whose gate and product run as one ``torch.compile``'d function, one per gate
-    shared by every instance (same parameters)."""
+    """``GatedMLP`` whose gate and product run compiled, one function per gate."""
 
     def gate_and_multiply(self, gate: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         """The gate and the product, compiled."""
@@ -115,9 +103,7 @@ def _liger_class() -> type:
     }
 
     class LigerGatedMLP(GatedMLP):
-        """``GatedMLP`` whose gate and product are liger-kernel's fused Triton kernel: swiglu
-        through ``LigerSiLUMulFunction``, geglu through ``LigerGELUMulFunction`` (tanh GELU, not
-        anemoi's erf: the check says so)."""
+        """``GatedMLP`` on liger-kernel's fused kernels (its geglu is tanh GELU)."""
 
         # what the fused kernel computes for each gate it is offered for (the check compares)
         computes = {gate: computed for gate, (_, _, computed) in LIGER_GATES.items()}
@@ -131,8 +117,7 @@ def _liger_class() -> type:
                 )
 
         def gate_and_multiply(self, gate: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-            """liger's fused gate-and-multiply (its backward overwrites its saved inputs: both are
-            this layer's own intermediate projections)."""
+            """liger's fused gate-and-multiply (its backward overwrites its inputs)."""
             return functions[self.gate_function].apply(gate, value)
 
     LigerGatedMLP.__module__ = __name__
@@ -176,8 +161,7 @@ def from_anemoi(layer: nn.Module, cls: type[GatedMLP] = GatedMLP) -> GatedMLP:
 
 
 def swap_gated_layers(model: nn.Module, cls: type[GatedMLP]) -> int:
-    """Replace every anemoi ``GatedMLPLayer`` in ``model`` by ``cls`` (its parameters loaded
-    strictly, the state dict's keys kept); returns how many."""
+    """Replace every anemoi ``GatedMLPLayer`` in ``model`` by ``cls``; returns how many."""
     found = [
         (parent, name, child)
         for parent in model.modules()

@@ -1,21 +1,7 @@
-"""The lock's ``[graph-attention]`` table: which backend anemoi's GraphTransformer attention must
-run, and the job-start rule that holds it there. Import-light (no torch).
-
-anemoi-models' GraphTransformer blocks take ``graph_attention_backend: triton | pyg``. ``triton``
-runs anemoi's own Triton kernel only where ``import triton`` works *and*
-``torch.cuda.is_available()`` (ROCm included); anywhere else anemoi logs a WARNING and runs PyG's
-message passing (``GraphTransformerBaseBlock.set_attention_function``). The two are different
-kernels (Triton's gather-style and bitwise repeatable, PyG's scatter-based with atomics on a GPU),
-so the job-start check (``kernel_lock.resolve.verify``) refuses a machine where a locked ``triton``
-would run ``pyg``, naming the cause, unless the lock records ``allow-fallback = true`` (written by
-``kernel-probe --allow-graph-attention-fallback``).
-
-    [graph-attention]
-    backend = "triton"          # what export writes as graph_attention_backend
-    allow-fallback = false      # a machine where anemoi would run pyg instead is refused
-    reason = "..."              # why the probe chose it
-    [[graph-attention.evidence]]   # one verdict per (backend, dtype)
-"""
+"""The lock's ``[graph-attention]`` table: the backend anemoi's GraphTransformer must run
+(``triton`` or ``pyg``). anemoi runs ``triton`` only where triton imports and
+``torch.cuda.is_available()``, else silently ``pyg``, a different kernel; so the job-start check
+refuses a machine where a locked ``triton`` would run ``pyg`` unless ``allow-fallback = true``."""
 
 from __future__ import annotations
 
@@ -31,13 +17,9 @@ __all__ = [
     "ALLOW_FLAG",
     "ANEMOI_KEY",
     "BACKENDS",
-    "FIX",
-    "GPU_DEVICE_TYPES",
     "TABLE",
     "GraphAttention",
     "fallback_cause",
-    "fallback_note",
-    "job_start_differences",
     "triton_installed",
 ]
 
@@ -86,8 +68,7 @@ def triton_installed() -> bool | None:
 
 
 def fallback_cause(current: Raw, triton: bool | None = None) -> str | None:
-    """Why anemoi's GraphTransformer would fall back from ``triton`` to ``pyg`` on the machine
-    ``current`` describes, or None. ``triton``: whether triton is installed (default: looked up)."""
+    """Why anemoi would fall back from ``triton`` to ``pyg`` on ``current``, or None."""
     causes = []
     if (triton_installed() if triton is None else triton) is False:
         causes.append("triton is not installed")
@@ -103,29 +84,25 @@ def fallback_cause(current: Raw, triton: bool | None = None) -> str | None:
 def job_start_differences(
     graph: GraphAttention | None, current: Raw, triton: bool | None = None
 ) -> list[Difference]:
-    """A locked ``triton`` backend on a machine where anemoi would run ``pyg``, unless the lock
-    allows the fallback."""
+    """A locked ``triton`` where anemoi would run ``pyg``, unless allowed."""
     if graph is None or graph.backend != "triton" or graph.allow_fallback:
         return []
     cause = fallback_cause(current, triton)
     if cause is None:
         return []
     found = f"pyg: {cause}, so anemoi-models falls back to PyG's message passing with a warning"
-    return [
-        Difference(
-            f"{TABLE}.backend", "triton (anemoi's Triton GraphTransformer kernel)", found, "exact"
-        )
-    ]
+    expected = "triton (anemoi's Triton GraphTransformer kernel)"
+    return [Difference(f"{TABLE}.backend", expected, found, "exact")]
 
 
 def fallback_note(
     graph: GraphAttention | None, current: Raw, triton: bool | None = None
 ) -> str | None:
     """The note for an allowed (or inference-time) fallback: anemoi runs pyg here."""
-    cause = None
-    if graph is not None and graph.backend == "triton":
-        cause = fallback_cause(current, triton)
-    if graph is None or cause is None:
+    if graph is None or graph.backend != "triton":
+        return None
+    cause = fallback_cause(current, triton)
+    if cause is None:
         return None
     allowed = "the lock allows it (allow-fallback)" if graph.allow_fallback else "inference"
     return f"graph attention: anemoi runs pyg here, not the locked triton ({cause}; {allowed})"

@@ -1,7 +1,5 @@
-"""Facts of this host read without torch, for ``kernel_lock.fingerprint`` and ``torchless``: the
-CPU (archspec, /proc/cpuinfo), the GPU driver's version file, ROCm's arch names, the devices the
-visibility variables leave, and NVIDIA's devices through NVML (no CUDA context). A reading that is
-not certain is None: "ask torch"."""
+"""Facts of this host read without torch: the CPU, the GPU driver's version, ROCm arch
+names, the visible devices, NVIDIA's devices through NVML. An uncertain reading is None."""
 
 from __future__ import annotations
 
@@ -20,7 +18,6 @@ __all__ = [
     "cpu_microarch",
     "cpu_name",
     "cpu_vendor",
-    "cuda_visible_entries",
     "driver_version",
     "fields",
     "gcn_features",
@@ -34,8 +31,7 @@ __all__ = [
 
 
 def archspec_host() -> Any | None:
-    """archspec's ``Microarchitecture`` for this CPU (cached by archspec; an unknown model is its
-    generic level), or None when archspec is missing or fails."""
+    """archspec's ``Microarchitecture`` for this CPU, or None when archspec fails."""
     try:
         import archspec.cpu
     except ImportError:
@@ -138,11 +134,9 @@ def _entries(value: str) -> list[str]:
 
 
 def physical_devices(device_type: str, env: Mapping[str, str] | None = None) -> list[str] | None:
-    """The node-level id of each device this process sees, in torch's order (``'?'``: not mapped);
-    None when nothing restricts it. ROCm applies ``ROCR_VISIBLE_DEVICES``, then
-    ``HIP_VISIBLE_DEVICES`` (or ``CUDA_VISIBLE_DEVICES``) indexing what ROCR left (LUMI's per-rank
-    ``ROCR_VISIBLE_DEVICES=$SLURM_LOCALID``); a HIP list longer than ROCR's raises
-    ``DeviceVisibilityError``, as torch refuses it."""
+    """The node-level id of each device this process sees, in torch's order (``'?'``:
+    not mapped); None when unrestricted. On ROCm the HIP list indexes ROCR's; a longer HIP list
+    raises ``DeviceVisibilityError``, as torch refuses it."""
     env = os.environ if env is None else env
     if device_type == "rocm":
         rocr = env.get("ROCR_VISIBLE_DEVICES")
@@ -185,11 +179,9 @@ def _indices(value: str, limit: int) -> list[int] | None:
 
 
 def rocm_visible_indices(env: Mapping[str, str], count: int) -> list[int] | None:
-    """Node indices (KFD order) of the GPUs HIP will see, in HIP's order, among ``count`` GPUs; None
-    where the reading is not certain: only distinct plain indices in range are read (UUIDs,
-    repeats, signs, spaces, empty items are left to torch), and CUDA_VISIBLE_DEVICES beside
-    ROCR_VISIBLE_DEVICES is too (HIP honours it, torch does not). Raises as
-    :func:`physical_devices` does."""
+    """KFD node indices of the GPUs HIP will see, in HIP's order; None where
+    not certain (only distinct in-range plain indices are read; CUDA_VISIBLE_DEVICES beside
+    ROCR_VISIBLE_DEVICES too: HIP honours it, torch does not)."""
     physical_devices("rocm", env)  # raises DeviceVisibilityError on a HIP list longer than ROCR's
     rocr = env.get("ROCR_VISIBLE_DEVICES")
     hip = env.get("HIP_VISIBLE_DEVICES")
@@ -208,9 +200,8 @@ _ORDINAL = re.compile(r"[+-]?[0-9]+", re.ASCII)
 
 
 def _ordinal(item: str) -> int | None:
-    """One CUDA_VISIBLE_DEVICES item as CUDA reads it (strtoul-like: ``0gpu`` is 0, ``+1`` is 1,
-    ``-1`` and a non-number are -1, which ends the list); None where that is not certain (a lone
-    sign, ``-0``)."""
+    """One CUDA_VISIBLE_DEVICES item as CUDA reads it (strtoul-like; -1 ends the list);
+    None where uncertain (a lone sign, ``-0``)."""
     m = _ORDINAL.match(item)
     if m is None:
         return None if item[:1] in ("+", "-") else -1
@@ -221,10 +212,8 @@ def _ordinal(item: str) -> int | None:
 
 
 def cuda_visible_entries(visible: str) -> list[int] | list[str] | None:
-    """CUDA_VISIBLE_DEVICES as CUDA parses it: ordinals, or ``GPU-`` / ``MIG-`` UUIDs (full or a
-    prefix), read up to the first invalid item; a repeated item means no device (``0,0`` -> []).
-    None where the rule is not certain (ordinals and UUIDs mixed, a lone sign, ``-0``). The tests
-    compare it with torch's own parser (``torch.cuda._parse_visible_devices``)."""
+    """CUDA_VISIBLE_DEVICES as CUDA parses it (checked against torch's parser):
+    ordinals or UUIDs up to the first invalid item; a repeat: no device; None where uncertain."""
     for prefix in ("GPU-", "MIG-"):
         if visible.startswith(prefix):
             uuids: list[str] = []
@@ -253,10 +242,7 @@ def cuda_visible_entries(visible: str) -> list[int] | list[str] | None:
 
 
 def visible_nvml_indices(visible: str | None, uuids: list[str]) -> list[int] | None:
-    """NVML indices of the devices CUDA will see, in CUDA's order, from CUDA_VISIBLE_DEVICES
-    (``visible``, None when unset) and NVML's UUIDs by index. An ordinal out of range, or a UUID
-    prefix that matches no device or several, ends the list; the same device twice means none; MIG
-    entries and an uncertain reading give None ("ask torch")."""
+    """NVML indices of the devices CUDA will see, in CUDA's order; None where uncertain."""
     if visible is None:
         return list(range(len(uuids)))
     entries = cuda_visible_entries(visible)
@@ -287,9 +273,7 @@ def _text(value: Any) -> str:
 
 
 def nvml_devices() -> list[dict[str, Any]] | None:
-    """Every CUDA-visible NVIDIA GPU via NVML (nvidia-ml-py), without a CUDA context, in CUDA's
-    order: index, nvml_index, name, arch (sm_XY), capability, uuid, memory_bytes, driver and
-    cuda_driver (the newest CUDA the driver supports). None when NVML is missing or fails."""
+    """Every CUDA-visible NVIDIA GPU via NVML (no CUDA context); None when NVML fails."""
     try:
         import pynvml
     except Exception:  # not installed, or a broken/deprecated shim

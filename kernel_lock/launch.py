@@ -1,13 +1,6 @@
-"""The one way kernel-probe and kernel_lock start a Python child, and the child that confirms what
-only an import can judge.
-
-Every Python child is started by :func:`python_argv` and :func:`start`: ``python -I`` (no user
-site, no ``PYTHON*`` variable, no working directory on ``sys.path``, so a ``json.py`` there never
-runs), ``sys.path`` set before any import (the trusted roots, absolute, then the interpreter's; the
-working directory only *last*), ``-X faulthandler -X utf8``, and its own session, which
-:func:`kill_group` ends. :func:`child_verdicts` resolves slots with ``factory`` in such a child, so
-foreign code never runs in the checking process.
-"""
+"""The one way to start a Python child, and the child that confirms what only an import
+can judge. Children run ``python -I`` (no user site, no ``PYTHON*``, no cwd on ``sys.path``
+but last), ``sys.path`` set before any import, in their own session (:func:`kill_group`)."""
 
 from __future__ import annotations
 
@@ -27,8 +20,6 @@ if TYPE_CHECKING:
     from .document import LockDocument
 
 __all__ = [
-    "CHILD_TIMEOUT",
-    "FLAGS",
     "MARK",
     "before_sealing",
     "child_verdicts",
@@ -38,7 +29,6 @@ __all__ = [
     "kill_group",
     "python_argv",
     "pythonpath_roots",
-    "read_verdicts",
     "start",
     "trusted_roots",
 ]
@@ -46,8 +36,7 @@ __all__ = [
 FLAGS = ("-I", "-X", "faulthandler", "-X", "utf8")
 CHILD_TIMEOUT = 300.0  # seconds for the child that imports what could not be judged without it
 MARK = "KERNEL_LOCK_CONFIRM "
-# The confirming child's program. Reading and resolving a lock sit above this module, so the
-# program, not this module, imports them and hands them to confirm_child.
+# The confirming child's program: it imports the reader and resolver, which sit above this module.
 _CONFIRM = (
     "import json, sys; from kernel_lock.launch import confirm_child; "
     "from kernel_lock.lock import loads; from kernel_lock.resolve import factory; "
@@ -86,8 +75,7 @@ def python_argv(
     keep_cwd: bool = False,
     python: str | None = None,
 ) -> list[str]:
-    """The command line of a child running ``code`` (``-c``) with ``args``, its ``sys.path`` being
-    ``roots`` + the interpreter's own (+ the working directory last, ``keep_cwd``)."""
+    """A child's command line: ``sys.path`` is ``roots`` + the interpreter's (+ cwd last)."""
     first = f"import sys; sys.path[:0] = {trusted_roots(roots)!r}"
     if keep_cwd:
         first += "; sys.path.append(__import__('os').getcwd())"
@@ -103,8 +91,7 @@ def start(
     stderr: Any = None,
     bufsize: int = -1,
 ) -> subprocess.Popen[bytes]:
-    """Start ``argv`` (from :func:`python_argv`) in a session of its own, with ``env`` (default:
-    ours); OSError when it cannot be started."""
+    """Start ``argv`` in a session of its own with ``env``; OSError when it cannot start."""
     import subprocess  # only where a child is started: kernel_lock stays import-light
 
     return subprocess.Popen(
@@ -129,8 +116,8 @@ def kill_group(pid: int) -> None:
 
 
 def _run_child(argv: list[str], request: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run the child with ``request`` on its stdin; its output comes back through files, so a
-    process a library forks cannot keep this waiting. Its session is killed once it ends."""
+    """Run the child with ``request`` on stdin, its output through files (a forked process
+    cannot keep us waiting); its session is killed once it ends."""
     import subprocess
     import tempfile
 
@@ -157,10 +144,7 @@ def _run_child(argv: list[str], request: str, timeout: float) -> subprocess.Comp
 def child_verdicts(
     lock: LockDocument, mode: str, unknown: Mapping[str, str]
 ) -> dict[str, dict[str, Any] | None]:
-    """Resolve the ``unknown`` slots (name -> why only an import can judge them) with ``factory`` in
-    a fresh interpreter (same search path, same trust): per slot, None where it built, else the
-    error as a dict (exit_code, problem, key, fix). A child that cannot run, or ends without a
-    verdict, is :class:`KernelUnavailable`."""
+    """Resolve the ``unknown`` slots with ``factory`` in a child: per slot None or an error dict."""
     import subprocess
 
     request = {
@@ -208,8 +192,7 @@ def child_verdicts(
 
 
 def read_verdicts(data: Any, slots: Mapping[str, str]) -> dict[str, dict[str, Any] | None]:
-    """The child's answer, per slot asked: None or {exit_code (a documented one), problem, key,
-    fix}; anything else is a ReadError."""
+    """The child's answer per slot asked: None or an error dict; else a ReadError."""
     if not isinstance(data, dict):
         raise ReadError(f"expected a JSON object, got {type(data).__name__}")
     refuse_unknown(data, list(slots))
@@ -237,8 +220,7 @@ def read_verdicts(data: Any, slots: Mapping[str, str]) -> dict[str, dict[str, An
 def confirm_child(
     request: Mapping[str, Any], loads: Callable[..., Any], factory: Callable[..., Any]
 ) -> None:
-    """The confirming child's body: ``factory`` for each slot asked of the lock ``loads`` reads,
-    then one line of verdicts and ``os._exit(0)``, whatever an imported module does."""
+    """The confirming child's body: ``factory`` per slot, one line of verdicts, ``os._exit``."""
     verdicts: dict[str, Any] = {}
     try:
         for slot in request["slots"]:
@@ -292,9 +274,8 @@ def confirm_in_child(lock: LockDocument, mode: str, unknown: Mapping[str, str]) 
 
 
 def before_sealing(lock: LockDocument, torch_version: str) -> list[str]:
-    """Every target of a hand-edited ``lock`` (slots' and twins') decided before it is sealed, as
-    the job-start check decides it: what an import refuses is raised; a library absent or broken
-    here, or a twin the tables cannot judge, is returned as a line saying why."""
+    """Every target of a hand-edited ``lock`` decided before sealing, as at job start:
+    an import's refusal is raised; what cannot be judged here is returned as a line."""
     notes: list[str] = []
     unknown: dict[str, str] = {}
     for entry in lock.slots.values():

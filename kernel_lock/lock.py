@@ -1,11 +1,5 @@
-"""The kernel lock: :class:`KernelLock` (the document plus verify and resolve), and the entry points
-that read one (:func:`load`, :func:`loads`); ``KernelLock.dumps`` / ``dump`` write it.
-
-A lock is read from a regular file of at most ``MAX_BYTES`` (``kernel_lock.files``), parsed as
-TOML, then validated: the top-level keys by :mod:`kernel_lock.document`, the tables by
-:mod:`kernel_lock.schema`; which targets may be imported is :mod:`kernel_lock.trust`'s. Resolution
-is :mod:`kernel_lock.resolve`'s, reached through the methods.
-"""
+"""The kernel lock: :class:`KernelLock` (the document plus verify and resolve), and
+:func:`load` / :func:`loads`."""
 
 from __future__ import annotations
 
@@ -27,9 +21,7 @@ MAX_BYTES = 8 << 20  # a lock is a few kB; anything this large is not one
 
 
 class KernelLock(LockDocument):
-    """A parsed, validated kernel lock. Build with :func:`load` / :func:`loads`; write with
-    :meth:`dumps`; check this machine with :meth:`verify`; build the pinned classes with
-    :meth:`factory`."""
+    """A parsed, validated kernel lock: :meth:`dumps`, :meth:`verify`, :meth:`factory`."""
 
     __slots__ = ()
 
@@ -65,13 +57,9 @@ def loads(
     trust: Sequence[str] = (),
     check_targets: bool = True,
 ) -> KernelLock:
-    """Parse and validate lock text. Any problem raises a :class:`LockError` subclass.
-
-    ``trust``: modules you trust beyond the built-in allow-list (also ``$KERNEL_LOCK_TRUST``); the
-    lock's own ``trusted-modules`` only ask for it. ``strict``: a hand-edited lock, or one without
-    an environment, is an error. ``check_targets=False`` parses without the allow-list (for printing
-    a lock; nothing resolves without the allow-list anyway).
-    """
+    """Parse and validate lock text; any problem raises a :class:`LockError`. ``trust``:
+    modules granted beyond the allow-list (the lock's ``trusted-modules`` only ask); ``strict``: an
+    edited or environment-less lock is an error; ``check_targets=False``: no allow-list."""
     where = path or "<lock>"
     # the file reader's limit, for every source of lock text (a file, a checkpoint, a rank's report)
     size = (
@@ -124,8 +112,7 @@ def load(
     trust: Sequence[str] = (),
     check_targets: bool = True,
 ) -> KernelLock:
-    """Read and validate the lock at ``path`` (a regular file of at most 8 MiB). See
-    :func:`loads`."""
+    """Read and validate the lock at ``path`` (a regular file, at most 8 MiB); see :func:`loads`."""
     where = str(Path(path))
     try:
         raw = read_regular(path, MAX_BYTES)

@@ -1,10 +1,5 @@
-"""Portable whole-model checkpoints: the model with every lock class replaced by its torch.nn twin.
-
-A pickled model (anemoi's inference checkpoint) names every class it holds, so one built from a lock
-that pins a training library or an adapter loads only where both are installed. :func:`portable`
-returns a copy that names neither; :func:`saved_modules` lists what a ``torch.save`` file would
-import, without unpickling it.
-"""
+"""Portable whole-model checkpoints: the model with every lock class replaced by its
+torch.nn twin (:func:`portable`), and what a ``torch.save`` file names (:func:`saved_modules`)."""
 
 from __future__ import annotations
 
@@ -52,8 +47,7 @@ class NotPortable(LockError):
 
 @dataclass(frozen=True)
 class Replacement:
-    """One module replaced by its twin: where, from which class to which, and how close they are
-    (``error``: normwise relative, measured here; None: the original cannot run here)."""
+    """One module replaced by its twin, and their error here (None: not compared)."""
 
     path: str
     slot: str
@@ -267,12 +261,9 @@ class _Converter:
 def portable(
     module: Any, lock: KernelLock, *, compare: bool = True, report: list[Replacement] | None = None
 ) -> Any:
-    """A copy of ``module`` that unpickles without the training library and kernel_lock: every
-    module, class or stored factory from ``lock`` is the slot's verified twin, its state migrated.
-    ``compare`` refuses (:class:`NotPortable`) a twin that disagrees with its module here beyond the
-    lock's verified error; ``report`` receives one :class:`Replacement` per module. Raises
-    :class:`KernelUnavailable` for a slot without a usable twin, :class:`NotPortable` where the
-    copy's pickle would still name kernel_lock or a training library."""
+    """A copy of ``module`` that unpickles without the training library and kernel_lock:
+    each lock class becomes its slot's verified twin (``compare``: checked here). Raises
+    :class:`KernelUnavailable` or :class:`NotPortable`."""
     converter = _Converter(lock, compare)
     copied = converter.modules(copy.deepcopy(module))
     converter.attributes(copied)
@@ -313,10 +304,8 @@ class UnreadablePickle(ValueError):
 
 
 def globals_in(data: bytes) -> set[str]:
-    """Every ``module.name`` the pickle stream ``data`` would import when loaded, read without
-    unpickling: the stack, marks and memo are modelled opcode by opcode, so decoy strings and memo
-    fetches are read as ``pickle`` reads them. :class:`UnreadablePickle` where a global cannot be
-    named with certainty."""
+    """Every ``module.name`` the pickle ``data`` would import, read without unpickling
+    (stack, marks and memo modelled); :class:`UnreadablePickle` where one cannot be named."""
     found: set[str] = set()
     stack: list[Any] = []
     marks: list[int] = []
@@ -391,8 +380,7 @@ def globals_in(data: bytes) -> set[str]:
 
 
 def pickled_modules(obj: Any) -> set[str]:
-    """The modules pickling ``obj`` names (tensor data left out), e.g. ``{"torch.nn.modules.linear",
-    ...}``."""
+    """The modules pickling ``obj`` names (tensor data left out)."""
     import torch  # reason: kernel_lock imports torch only when a model is converted
 
     class _Pickler(pickle.Pickler):
@@ -407,8 +395,7 @@ def pickled_modules(obj: Any) -> set[str]:
 
 
 def saved_modules(path: str | Path) -> set[str]:
-    """The modules a ``torch.save`` file's pickles would import when loaded, read from its zip
-    archive without unpickling (:func:`globals_in` on every ``.pkl`` member)."""
+    """The modules a ``torch.save`` file's pickles would import (read, not unpickled)."""
     found: set[str] = set()
     with zipfile.ZipFile(path) as archive:
         for member in archive.namelist():

@@ -1,9 +1,5 @@
-"""The registry: the kernel libraries, built-in candidates and adapters kernel-lock knows, as data.
-
-``registry.toml`` (one ``[[library]]`` per kernel library, one ``[[candidate]]`` per built-in
-implementation of a slot) is read here without torch; the import allow-list follows from it, so the
-two cannot drift apart. The adapters ``kernel_lock.adapters`` builds are named here too.
-"""
+"""The registry: the kernel libraries, built-in candidates and adapters, as data read
+from ``registry.toml`` without torch; the import allow-list follows from it."""
 
 from __future__ import annotations
 
@@ -20,13 +16,9 @@ __all__ = [
     "ADAPTERS",
     "AUTOCAST_ADAPTERS",
     "DATA",
-    "GENERIC_PREFIXES",
-    "GENERIC_SEPARATOR",
-    "OWN_ROOTS",
     "PATH",
     "SIZE_ADAPTERS",
     "SIZE_NAMES",
-    "WRAPPING_ADAPTERS",
     "adapter_for",
     "allowed_roots",
     "data",
@@ -90,8 +82,7 @@ def _allowed_roots(where: Path) -> tuple[str, ...]:
 
 
 def allowed_roots() -> tuple[str, ...]:
-    """The modules a lock may name without being granted trust: ``OWN_ROOTS`` and the import root
-    of every registered candidate's target and twin."""
+    """The modules a lock may name without granted trust: ``OWN_ROOTS`` and the registry's."""
     return _allowed_roots(path())
 
 
@@ -112,9 +103,7 @@ def _declared(where: Path) -> dict[str, TargetFacts]:
 
 
 def target_facts(target: str) -> TargetFacts | None:
-    """What ``target`` computes and the keywords it is known to accept, without importing it:
-    ``SlotSpec.known_targets``' classes, else a registered candidate's declaration (its declared
-    kwargs, perhaps not all it accepts). None: only importing it can tell."""
+    """What ``target`` computes and accepts, without importing it; None: only importing can tell."""
     return known_facts(target) or _declared(path()).get(canonical_target(target))
 
 
@@ -127,20 +116,16 @@ def declared_semantics(target: str) -> str | None:
 # ---- the adapters, by name ----------------------------------------------------------------------
 ADAPTERS = "kernel_lock.adapters"
 
-# anemoi builds norms as ``LayerNorm(C)`` and ``LayerNorm(normalized_shape=C)``; these library
-# classes call the size ``hidden_size``. Each adapter subclasses the library class (same parameters
-# and state dict) with ``normalized_shape`` first. Adding a library with that signature is a row:
-# adapter name -> (the library class it subclasses, the name of that class's size parameter)
+# anemoi calls norms with ``normalized_shape``; these classes call it ``hidden_size``: each adapter
+# subclasses one (same state dict). adapter name -> (library class, its size parameter)
 SIZE_ADAPTERS: dict[str, tuple[str, str]] = {
     "LigerLayerNormAnemoi": ("liger_kernel.transformers.LigerLayerNorm", "hidden_size"),
     "LigerRMSNormAnemoi": ("liger_kernel.transformers.LigerRMSNorm", "hidden_size"),
     "FlashAttnRMSNormAnemoi": ("flash_attn.ops.triton.layer_norm.RMSNorm", "hidden_size"),
 }
 
-# anemoi's AutocastLayerNorm casts torch.nn.LayerNorm's output back to the input dtype, and its gnn
-# preset (and every QueryNorm/KeyNorm default) relies on it. Where a lock pins another LayerNorm
-# kernel, these keep the cast: a subclass whose forward returns ``super().forward(x).type_as(x)``.
-# adapter name -> the class it subclasses (a library class, or another adapter)
+# anemoi's AutocastLayerNorm casts the output back to the input dtype; these keep that cast around
+# another LayerNorm kernel. adapter name -> the class it subclasses
 AUTOCAST_ADAPTERS: dict[str, str] = {
     "AutocastCompiledLayerNorm": f"{ADAPTERS}.CompiledLayerNorm",
     "AutocastLigerLayerNormAnemoi": f"{ADAPTERS}.LigerLayerNormAnemoi",
@@ -151,11 +136,8 @@ AUTOCAST_ADAPTERS: dict[str, str] = {
 # the adapters that keep an anemoi wrapper's behaviour, by the wrapper's adapter prefix
 WRAPPING_ADAPTERS: dict[str, dict[str, str]] = {"Autocast": AUTOCAST_ADAPTERS}
 
-# Generic adapters, for a kernel no table above names: the adapter's *name* carries the kernel's
-# dotted path, dots written ``__``: ``kernel_lock.adapters.Autocast__site_kernels__norms__FastLN``
-# is site_kernels.norms.FastLN (given ``normalized_shape`` if it takes its size as one of
-# SIZE_NAMES) with its output cast back; ``Sized__...`` only renames the size argument. Built on
-# first lookup, so it pickles by name; nothing in kernel_lock is edited to use a new kernel.
+# Generic adapters: the name carries the kernel's dotted path, dots as ``__``
+# (``Autocast__site_kernels__norms__FastLN``); built on first lookup, so it pickles by name.
 GENERIC_SEPARATOR = "__"
 GENERIC_PREFIXES = ("Autocast", "Sized")
 SIZE_NAMES = ("hidden_size", "dim")
@@ -173,8 +155,7 @@ def generic_parts(name: str) -> tuple[str, str] | None:
 
 
 def generic_kernel(target: str) -> str | None:
-    """The kernel a generic adapter target wraps (``kernel_lock.adapters.Autocast__a__B`` ->
-    ``a.B``), or None."""
+    """The kernel a generic adapter target wraps (``...Autocast__a__B`` -> ``a.B``), or None."""
     module, _, name = target.rpartition(".")
     if module != ADAPTERS:
         return None
@@ -184,24 +165,17 @@ def generic_kernel(target: str) -> str | None:
 
 def adapter_for(target: str) -> str | None:
     """The ``kernel_lock.adapters`` path of the size adapter for ``target``, or None."""
-    for name, (wrapped, _) in SIZE_ADAPTERS.items():
-        if wrapped == target:
-            return f"{ADAPTERS}.{name}"
-    return None
+    return next((f"{ADAPTERS}.{n}" for n, (w, _) in SIZE_ADAPTERS.items() if w == target), None)
 
 
 def wrapping_adapter_for(prefix: str, target: str) -> str | None:
-    """The ``kernel_lock.adapters`` path of the class that runs ``target`` inside the anemoi
-    wrapper ``prefix`` names (Autocast: the output cast back to the input dtype)."""
-    for name, base in WRAPPING_ADAPTERS.get(prefix, {}).items():
-        if base == target:
-            return f"{ADAPTERS}.{name}"
-    return None
+    """The adapter that runs ``target`` inside the anemoi wrapper ``prefix`` names."""
+    adapters = WRAPPING_ADAPTERS.get(prefix, {})
+    return next((f"{ADAPTERS}.{n}" for n, base in adapters.items() if base == target), None)
 
 
 def size_parameter(cls: Any) -> str | None:
-    """The name a norm class gives its size where it is not anemoi's ``normalized_shape`` (one of
-    ``SIZE_NAMES``, as its first parameter), else None."""
+    """The name a norm class gives its size where not ``normalized_shape``, else None."""
     try:
         params = [p for p in inspect.signature(cls).parameters.values() if p.name != "self"]
     except (TypeError, ValueError):

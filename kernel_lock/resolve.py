@@ -1,10 +1,5 @@
-"""From a verified lock to the real classes: the resolver.
-
-Training mode never substitutes: the pinned implementation is built here, or an error says why not.
-Inference mode may use the slot's verified torch.nn twin instead, and says so (a WARNING log record
-and the ``substituted_from`` attribute of what it returns). Models that hold a factory pickle it as
-``kernel_lock.resolve.KernelFactory``.
-"""
+"""From a verified lock to the real classes. Training never substitutes; inference may
+use the slot's verified torch.nn twin, and says so (a WARNING and ``substituted_from``)."""
 
 from __future__ import annotations
 
@@ -17,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 from . import fingerprint, graph_attention, torchless
 from .errors import Difference, KernelUnavailable, LockFormatError, LockMismatch
 from .launch import confirm_in_child
-from .slots import MODES, SPECS, Mode, slot_name_fix, twin_semantics
+from .slots import MODES, SPECS, slot_name_fix, twin_semantics
+from .slots.base import Mode
 from .trust import (
     IN_INFERENCE_MODE,
     build,
@@ -31,16 +27,7 @@ if TYPE_CHECKING:
     from .document import LockDocument
     from .schema import Slot
 
-__all__ = [
-    "KernelFactory",
-    "Resolution",
-    "confirm_targets",
-    "factory",
-    "mode_for",
-    "resolve_slot",
-    "twin_refusal",
-    "verify",
-]
+__all__ = ["KernelFactory", "confirm_targets", "factory", "resolve_slot", "verify"]
 
 log = logging.getLogger("kernel_lock")
 
@@ -54,8 +41,7 @@ _NO_TWIN_FIX = (
 
 
 class KernelFactory(functools.partial):
-    """``functools.partial`` of the real class with the pinned kwargs (call-site kwargs win);
-    calling it builds the library's own module. The attributes record how the slot resolved."""
+    """``functools.partial`` of the pinned class and kwargs, recording how the slot resolved."""
 
     slot: str
     implementation: str
@@ -89,16 +75,10 @@ def verify(
     current: Mapping[str, Any] | None = None,
     targets: str | None = None,
 ) -> list[str]:
-    """Check this machine against the lock; raises :class:`LockMismatch` listing every difference.
-    Returns notes (substitutions, fields not checked). ``mode`` defaults to the lock's own.
-
-    Training: every fingerprint field (under its match rule), every pinned library version, every
-    slot requirement and the slots' own job-start rules. Inference: the machine may differ, but
-    every slot must be buildable, as pinned or through a verified twin. ``targets``: whether each
-    slot's class and kwargs are checked too, as ``factory`` would (:func:`confirm_targets`): None,
-    not here; ``"static"``, without importing (a target only an import can judge is an error);
-    ``"child"``, such a target is imported in a child process.
-    """
+    """Check this machine against the lock; raises :class:`LockMismatch` listing every
+    difference, returns notes. Training: every field, library, requirement and job-start rule;
+    inference: every slot buildable, as pinned or via its twin. ``targets``: None, ``"static"``
+    or ``"child"`` (:func:`confirm_targets`)."""
     mode = mode_for(lock, mode)
     if current is None:  # torch-free; a fact only torch can settle is read with it
         current = torchless.for_check(_facts_checked(lock, mode))
@@ -205,8 +185,7 @@ def _verify_inference(lock: LockDocument, current: Mapping[str, Any]) -> list[st
             fix="install the library the slot needs, or re-probe on this machine; a slot "
             "without a verified twin cannot be substituted",
         )
-    # every twin judged as `rehash` judges it, used here or not: one of other semantics or with a
-    # kwarg it does not take is refused; one only an import can judge is judged where it is built
+    # every twin judged as `rehash` judges it (other semantics or an unknown kwarg is refused)
     torch_version = str(current.get("torch") or "")
     for entry in lock.slots.values():
         if entry.twin is not None:
@@ -220,9 +199,7 @@ def _verify_inference(lock: LockDocument, current: Mapping[str, Any]) -> list[st
 
 
 def twin_refusal(slot: Slot) -> str | None:
-    """Why ``slot``'s twin may not stand in for it, or None when it may: it must exist, its state
-    dict interchange with the pinned class's (directly or by a recorded migration), and it must
-    compute the same thing as the slot."""
+    """Why ``slot``'s twin may not stand in for it (no twin, state dict, semantics), or None."""
     twin = slot.twin
     if twin is None:
         return "it has no verified portable twin"
@@ -255,11 +232,8 @@ def _no_twin(
 def confirm_targets(
     lock: LockDocument, mode: str, current: Mapping[str, Any], *, import_unknown: bool
 ) -> None:
-    """Raise what :func:`factory` would raise for a slot of ``lock`` in ``mode`` (a target of other
-    semantics or not a class, an unknown kwarg, a module that is not there), decided without
-    importing wherever ``target_facts`` and the file system know. A target they cannot judge is
-    never current: with ``import_unknown`` it is resolved by ``factory`` in a child process and its
-    verdict raised here; without, :class:`KernelUnavailable` says which and why."""
+    """Raise what :func:`factory` would for a slot, decided without importing where
+    possible; an undecidable target is imported in a child (``import_unknown``) or refused."""
     torch_version = str(current.get("torch") or "")
     unknown: dict[str, str] = {}
     for entry in lock.slots.values():
@@ -310,10 +284,7 @@ def _max_error_text(max_error: float | None) -> str:
 
 @dataclass(frozen=True)
 class Resolution:
-    """What one slot resolves to in one mode, and why: the one decision ``factory``, ``verify``,
-    ``kernel-probe lock --for inference`` and the anemoi export take. ``cls`` is the imported class
-    (None when resolved without importing); ``substituted_from`` the training implementation a twin
-    stands in for, with ``reason`` (why it cannot run here) and the twin's ``max_error``."""
+    """What one slot resolves to in one mode: the one decision every caller takes."""
 
     slot: str
     mode: Mode
@@ -335,15 +306,9 @@ def resolve_slot(
     import_classes: bool = True,
     verify_environment: bool = False,
 ) -> Resolution:
-    """Decide what ``slot`` resolves to under ``lock`` in ``mode`` (default: the lock's own).
-
-    Training: the pinned implementation, or :class:`KernelUnavailable` (requirement missing, other
-    device type, an inference lock, an import that fails); with ``verify_environment``, the whole
-    fingerprint is verified once per lock after the slot's own checks. Inference: the pinned
-    implementation where it can run here (with ``import_classes``, an import that fails counts as
-    cannot), else the verified twin, else :class:`KernelUnavailable` with both reasons. ``current``
-    defaults to this machine.
-    """
+    """Decide what ``slot`` resolves to under ``lock`` in ``mode`` (default: the lock's).
+    Training: the pinned implementation or :class:`KernelUnavailable`; inference: pinned where it
+    runs here, else the verified twin, else :class:`KernelUnavailable` with both reasons."""
     mode = mode_for(lock, mode)
     if slot not in SPECS:
         raise LockFormatError(f"unknown slot {slot!r}", key=slot, fix=slot_name_fix(slot))
@@ -397,8 +362,7 @@ def _refuse_training(lock: LockDocument, entry: Slot) -> None:
             + (f" ({lock.provenance['source']})" if lock.provenance.get("source") else "")
             + f", or resolve this one {IN_INFERENCE_MODE}",
         )
-    # this slot's own library first: "install it, or use inference mode" says more than the list
-    # of every differing environment field that verify() would give for the same cause
+    # this slot's own library first: "install it, or use inference mode" says more than verify()
     problems = requirement_problems(entry)
     if problems:
         raise KernelUnavailable(
@@ -429,9 +393,7 @@ def factory(
     *,
     verify_environment: bool = True,
 ) -> KernelFactory:
-    """The callable that builds ``slot``'s pinned class with the pinned kwargs: what
-    :func:`resolve_slot` decides (a slot the lock does not pin resolves to torch.nn); training also
-    verifies the whole fingerprint once per lock (``verify_environment``)."""
+    """The callable that builds ``slot``'s pinned class (training verifies the lock once)."""
     r = resolve_slot(lock, slot, mode, verify_environment=verify_environment)
     entry = lock.slots.get(slot) if lock is not None else None
     on_resolve = SPECS[slot].on_resolve  # the slot's own process-wide setting (a BLAS library)

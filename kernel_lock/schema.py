@@ -1,10 +1,5 @@
-"""The lock's tables, format v1 (``docs/lock-format.md``): frozen dataclasses whose fields declare
-their TOML key, reader and omission (:func:`kernel_lock.tables.toml_key`), in canonical key order.
-
-Each nested table is read inside :meth:`Context.at`, so an error names its dotted key as it unwinds.
-Whether a target may be imported is :mod:`kernel_lock.trust`'s to say; the document, its version and
-digest, and reading files are :mod:`kernel_lock.lock`'s.
-"""
+"""The lock's tables, format v1 (``docs/lock-format.md``): frozen dataclasses whose fields
+declare their TOML key, reader and omission, in canonical key order."""
 
 from __future__ import annotations
 
@@ -43,31 +38,21 @@ from .tables import (
 from .trust import DOTTED, MODULE, check_target
 
 __all__ = [
-    "DIGEST",
     "LOCK_VERSION",
     "MATCH_RULES",
-    "STATE_DICT",
-    "VERSION",
     "Candidate",
-    "Context",
     "EnvField",
     "Environment",
-    "Match",
     "Requirement",
     "Slot",
-    "StateDict",
     "Twin",
-    "read_slot",
     "record",
-    "record_table",
     "required",
     "table",
     "tables",
 ]
 
-# 1.1: accepted-changes, rename/transpose migrations; 1.2: environment torch-rocm, device-features,
-# numerics-env; 1.3: slots.Linear.blas, and the timing rows' check at the model's shape
-# (checked-rows, worst-error-ratio)
+# 1.1: accepted-changes, migrations; 1.2: torch-rocm, device-features, numerics-env; 1.3: blas
 LOCK_VERSION = "1.3"
 MATCH_RULES: tuple[Match, ...] = get_args(Match)
 # a twin's state dict against the pinned class's
@@ -82,8 +67,7 @@ _T = TypeVar("_T")
 
 
 class Context:
-    """The state of reading one lock: the file, the table being read, the trust granted, and the
-    warnings to report once parsing succeeds."""
+    """The state of reading one lock: file, current table, trust granted, warnings."""
 
     def __init__(self, path: str | None, granted: Sequence[str] = (), check_targets: bool = True):
         self.path = path
@@ -236,8 +220,7 @@ def _module(ctx: Context, d: Raw, key: str, _: Raw) -> str:
     if module and not MODULE.fullmatch(module):
         raise ReadError(f"{module!r} is not a module name", key)
     if module and ctx.check_targets:
-        # looked up on the file system only, never imported; still, only modules the allow-list
-        # covers
+        # looked up on the file system only, never imported; still only allow-listed modules
         ctx.check(module if "." in module else module + ".x", key, what="requirement module")
     return module
 
@@ -278,8 +261,7 @@ def _env_value(ctx: Context, d: Raw, key: str, _: Raw) -> str | int:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EnvField(Table):
-    """One fingerprint field: the value seen when the lock was written, and how strictly it must
-    match."""
+    """One fingerprint field: the value seen when locking, and how strictly it must match."""
 
     value: str | int = field(metadata=toml_key("value", _env_value))
     match: Match = field(
@@ -346,8 +328,7 @@ class Environment(Table):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Requirement(Table):
-    """A distribution a slot's implementation needs: name, PEP 440 specifier, the module it
-    provides."""
+    """A distribution a slot needs: name, PEP 440 specifier, the module it provides."""
 
     name: str = field(metadata=toml_key("name", text(required=True)))
     specifier: str = field(default="", metadata=toml_key("specifier", _specifier))
@@ -388,8 +369,7 @@ def _semantics(ctx: Context, d: Raw, key: str, so_far: Raw) -> str:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Slot(Table):
-    """What the lock pins for one slot, fields in the canonical key order of ``[slots.<name>]``;
-    the slot's own keys (``SlotSpec.keys``: ``extra``) are written after the key each names."""
+    """What the lock pins for one slot; the slot's own keys are written after the key each names."""
 
     name: str  # the slot's table name, not a key inside it
     implementation: str = field(metadata=toml_key("implementation", text(required=True)))
@@ -428,8 +408,7 @@ class Slot(Table):
 
 
 def read_slot(ctx: Context, name: str, d: Any, spec: SlotSpec) -> Slot:
-    """The slot ``name``'s table, read at ``slots.<name>``: its semantics must be the slot's, a key
-    of another slot's is refused."""
+    """The slot ``name``'s table: its semantics must be the slot's; other slots' keys refused."""
     if not isinstance(d, dict):
         raise ReadError("expected a table")
     others = [k for s in SPECS.values() if s is not spec for k in s.keys]

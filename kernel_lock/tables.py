@@ -1,15 +1,6 @@
-"""Typed getters over parsed TOML or JSON, and tables declared once by their fields' metadata.
-
-Modelled on pypa/packaging's ``pylock.py``. The getters (:func:`get`, :func:`get_required`,
-:func:`get_choice`, ...) raise one error type, :class:`ReadError`, naming only the key they were
-given; a reader wraps each nested table in :func:`context`, which prefixes its own key as the error
-unwinds (``slots.Linear.blas``). The reader that started (the lock's, a profile's, a marker's) turns
-the finished error into its own exception with the file name, the dotted key and the fix.
-
-A table of the lock is a frozen dataclass whose fields carry, in their metadata (:func:`toml_key`),
-their TOML key, their reader and when they are left out; the fields' order is the canonical key
-order, so the bytes and the digest follow from the declaration. :func:`from_dict` and
-:func:`to_dict` read and write every table.
+"""Typed getters over parsed TOML or JSON (one error type, :class:`ReadError`, whose key
+:func:`context` prefixes as it unwinds), and tables declared by their fields' metadata: the
+fields' order is the canonical key order, so the bytes and the digest follow.
 
     >>> from dataclasses import dataclass, field
     >>> @dataclass(frozen=True, kw_only=True, slots=True)
@@ -19,8 +10,7 @@ order, so the bytes and the digest follow from the declaration. :func:`from_dict
     >>> to_dict(Pin(target="torch.nn.LayerNorm"))
     {'target': 'torch.nn.LayerNorm'}
     >>> table_keys(Pin)
-    ('target', 'reason')
-"""
+    ('target', 'reason')"""
 
 from __future__ import annotations
 
@@ -30,17 +20,10 @@ from dataclasses import fields, is_dataclass
 from typing import Any, TypeVar
 
 __all__ = [
-    "EMPTY",
-    "FIX_MISSING",
-    "MAX_TEXT",
-    "NONE",
-    "REST",
     "Raw",
     "ReadError",
-    "Reader",
     "Table",
     "context",
-    "did_you_mean",
     "flag",
     "from_dict",
     "get",
@@ -54,7 +37,6 @@ __all__ = [
     "get_tables",
     "get_text",
     "join",
-    "one_of",
     "plain",
     "refuse_unknown",
     "strings",
@@ -82,10 +64,7 @@ _TYPE_NAMES = {
 
 
 class ReadError(ValueError):
-    """A value that is not what its reader declares: the problem, the dotted key so far, the fix.
-
-    ``kind``: the exception class the reader should raise in the end (``None``: its own), for an
-    error whose class says more than its text (a target outside the allow-list)."""
+    """A value not what its reader declares: problem, dotted key, fix, final ``kind``."""
 
     def __init__(
         self,
@@ -213,8 +192,7 @@ def get_text(d: Raw, key: str, default: str | None = None, limit: int = MAX_TEXT
 def get_literal(
     d: Raw, key: str, choices: Sequence[str], default: str | None = None, *, fold: bool = False
 ) -> str:
-    """One of a closed set (a ``Literal``'s values); ``fold``: case-insensitive, returned as
-    ``choices`` spell it. A near miss is named."""
+    """One of a closed set; ``fold``: case-insensitive. A near miss is named."""
     value = (
         get_text(d, key, default, limit=200) if default is not None else get_required(d, key, str)
     )
@@ -287,8 +265,7 @@ def toml_key(
     omit: Callable[[Any], bool] | None = None,
     write: Callable[[Any], Any] | None = None,
 ) -> dict[str, Any]:
-    """The metadata of a field held at ``name``: read by ``read``, written by ``write`` (default
-    :func:`plain`) unless ``omit(value)``."""
+    """A field's metadata: its TOML key, reader, writer (default :func:`plain`) and omission."""
     return {"key": name, "read": read, "omit": omit, "write": write or plain}
 
 
@@ -300,9 +277,7 @@ def table_keys(cls: type) -> tuple[str, ...]:
 
 
 def from_dict(cls: type[_T], ctx: Any, d: Raw, known: Sequence[str] = (), **given: Any) -> _T:
-    """The table ``d`` as a ``cls``, each field read by its reader in canonical order, after the
-    keys neither a field nor ``known`` declares are reported (``ctx.unknown``); ``given``: the
-    fields the file does not hold."""
+    """The table ``d`` as a ``cls``, its unknown keys reported; ``given``: fields not in ``d``."""
     declared = [f for f in fields(cls) if "key" in f.metadata]  # type: ignore[arg-type]
     if all(f.metadata["key"] != REST for f in declared):
         ctx.unknown(d, (*table_keys(cls), *known))

@@ -1,13 +1,6 @@
-"""Reading TOML (tomllib, tomli before Python 3.11), and writing it canonically.
-
-Every key, string, number and boolean is formatted by ``tomli_w``, the project's one TOML writer.
-The lock's layout is kept here, because its bytes are part of its contract (the same content gives
-the same text, ``load`` then ``dump`` is the identity): keys in the schema's order; a table of
-scalars (or lists of scalars) inline; other tables as ``[sections]``; lists of tables as
-``[[arrays]]``; an array on one line (tomli-w would break one longer than 100 columns); a tab in a
-string escaped (tomli-w leaves it raw). ``tomli_w`` is imported only to write, so reading stays
-light. Golden files: tests/kernel_lock/test_toml_bytes.py.
-"""
+"""Reading TOML, and writing it canonically with ``tomli_w`` (imported only to write).
+The layout is part of the contract (golden files: tests/kernel_lock/test_toml_bytes.py): keys in
+schema order; scalar tables inline; other tables as sections; arrays on one line; tabs escaped."""
 
 from __future__ import annotations
 
@@ -37,11 +30,10 @@ def _tomli_w_value(value: Any) -> str:
 
 
 def toml_key(key: str) -> str:
-    """A key as TOML writes it: bare when it can be, else a quoted string (tomli-w's rule).
+    """A key as TOML writes it: bare when it can be, else quoted.
 
     >>> toml_key("eps"), toml_key("a b")
-    ('eps', '"a b"')
-    """
+    ('eps', '"a b"')"""
     import tomli_w
 
     # a tab only inside a quoted key
@@ -49,12 +41,11 @@ def toml_key(key: str) -> str:
 
 
 def toml_value(value: Any) -> str:
-    """A value as written on its key's line: scalars as tomli-w writes them, arrays on one line, a
+    """A value on its key's line: scalars as tomli-w writes them, arrays on one line, a
     table inline.
 
     >>> toml_value([1, "a"]), toml_value({"eps": 1e-05})
-    ('[1, "a"]', '{ eps = 1e-05 }')
-    """
+    ('[1, "a"]', '{ eps = 1e-05 }')"""
     if isinstance(value, str):  # a tab escaped stays visible in a diff
         return _tomli_w_value(value).replace("\t", "\\t")
     if isinstance(value, (bool, int, float)):
@@ -113,8 +104,7 @@ def _write_table(
             raise TypeError(f"list {dotted!r} mixes tables and other values")
         for item in value:
             lines += ["", f"[[{dotted}]]"]
-            # inside [[a.b]] a nested table would need a header binding to the last item: the
-            # schema never nests that deep, so leaves are inlined and the rest refused
+            # a nested table inside [[a.b]]: the schema never nests that deep (inlined or refused)
             for k, v in item.items():
                 if not (_is_leaf(v) or all(_is_flat(x) for x in v)):
                     raise TypeError(

@@ -1,11 +1,6 @@
-"""This machine's fingerprint read without importing torch, and the one a check takes.
-
-At job start ``import torch`` is the expensive part (thousands of files read by every rank), yet
-every fact is also on disk: torch's build in its ``version.py``, the devices in the drivers' /proc
-and /sys files, NVML. :func:`fingerprint` returns the fields of ``fingerprint.current()``; one it
-cannot read with certainty is None and named in ``Notes.fallbacks``, and the caller asks torch. It
-never guesses.
-"""
+"""This machine's fingerprint read without importing torch (its ``version.py``, the drivers'
+/proc and /sys files, NVML). A field not read with certainty is None, named in
+``Notes.fallbacks``, and the caller asks torch: it never guesses."""
 
 from __future__ import annotations
 
@@ -23,8 +18,6 @@ from . import host
 from .fingerprint import DEVICE_FIELDS, DEVICE_KEYS, FIELDS, TorchBuild, Unsettled, release
 
 __all__ = [
-    "MIN_DRIVER_FOR_CUDA",
-    "NVIDIA_ARCH_BY_NAME",
     "USE_IMPORTED_TORCH",
     "Notes",
     "current",
@@ -37,14 +30,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Where torch is imported already (a training or inference process), asking it costs nothing and is
-# what a lock was written from; tests turn this off to read the files in a process that has torch.
+# asking an imported torch costs nothing and is what a lock was written from (tests turn it off)
 USE_IMPORTED_TORCH = True
 
 
 def for_check(checked: Iterable[str] | None = None) -> dict[str, Any]:
-    """The fingerprint a check compares with a lock: torch's where it is imported already, else
-    :func:`current` (torch-free unless a field in ``checked`` needs torch)."""
+    """The fingerprint a check compares: an imported torch's, else :func:`current`."""
     if USE_IMPORTED_TORCH and "torch" in sys.modules:
         return fp.current()
     return current(checked)
@@ -61,10 +52,8 @@ def device_here() -> dict[str, Any]:
 
 # ---- the devices, from the drivers' files ------------------------------------------------------
 
-# Compute capability by device name, for the names the driver's /proc file gives. Only entries with
-# a source: NVIDIA's CUDA GPUs page (developer.nvidia.com/cuda-gpus) lists A100 as 8.0 and H100,
-# H200 and GH200 as 9.0 (also /work/shared/research/sites.md, "NVIDIA arch"). Older drivers drop the
-# "NVIDIA " prefix ("A100-SXM4-40GB"), hence the optional group. Adding a GPU is adding a line.
+# Compute capability by the driver's device name, sourced from developer.nvidia.com/cuda-gpus;
+# older drivers drop the "NVIDIA " prefix. Adding a GPU is adding a line.
 NVIDIA_ARCH_BY_NAME: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^(NVIDIA )?A100\b"), "sm_80"),
     (re.compile(r"^(NVIDIA )?H100\b"), "sm_90"),
@@ -72,18 +61,14 @@ NVIDIA_ARCH_BY_NAME: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^(NVIDIA )?GH200\b"), "sm_90"),
 )
 
-# The oldest kernel driver each CUDA major runs on (minor-version compatibility), from NVIDIA's
-# "CUDA Compatibility" guide, table 1 (docs.nvidia.com/deploy/cuda-compatibility/
-# minor-version-compatibility.html) and the CUDA 11/12 release notes: 11.x >= 450.80.02,
-# 12.x >= 525.60.13, 13.x >= 580. Below it torch.cuda.is_available() is False; a CUDA major not
-# listed here is not guessed.
+# The oldest driver each CUDA major runs on (NVIDIA's "CUDA Compatibility" guide, table 1):
+# below it torch.cuda.is_available() is False; an unlisted major is not guessed.
 MIN_DRIVER_FOR_CUDA: dict[int, tuple[int, ...]] = {11: (450, 80, 2), 12: (525, 60, 13), 13: (580,)}
 
 
 @dataclass(frozen=True)
 class Notes:
-    """What the torch-free read could not settle (``fallbacks``: field -> why) and where each group
-    of facts came from (``sources``), for ``--debug``."""
+    """What the torch-free read could not settle (``fallbacks``) and each fact's ``sources``."""
 
     fallbacks: Mapping[str, str] = field(default_factory=dict)
     sources: Mapping[str, str] = field(default_factory=dict)
@@ -120,9 +105,7 @@ def _cpu_device() -> dict[str, Any]:
 
 
 def _nvidia_proc_gpus(root: Path) -> list[dict[str, str]]:
-    """One dict per ``/proc/driver/nvidia/gpus/<bus>/information`` (keys as the driver prints them:
-    nv_procfs_read_gpu_info in NVIDIA's open-gpu-kernel-modules, kernel-open/nvidia/nv-procfs.c),
-    in PCI bus order."""
+    """One dict per ``/proc/driver/nvidia/gpus/<bus>/information``, in bus order."""
     gpus = []
     for entry in sorted((root / "proc/driver/nvidia/gpus").iterdir(), key=lambda p: p.name.lower()):
         info = {"bus": entry.name}
@@ -135,8 +118,7 @@ def _nvidia_proc_gpus(root: Path) -> list[dict[str, str]]:
 
 
 def _mig_instances(root: Path) -> bool:
-    """Whether any GPU has MIG GPU instances (``capabilities/gpuN/mig/giM``, NVIDIA MIG user guide,
-    "Device Nodes and Capabilities"): CUDA then names and counts MIG devices, not GPUs."""
+    """Whether any GPU has MIG instances: CUDA then names and counts MIG devices."""
     caps = root / "proc/driver/nvidia/capabilities"
     try:
         return any(
@@ -147,8 +129,7 @@ def _mig_instances(root: Path) -> bool:
 
 
 def _libcuda_findable(root: Path, env: Mapping[str, str]) -> bool:
-    """Whether the dynamic loader finds libcuda.so.1 (ld.so.cache or LD_LIBRARY_PATH): without it a
-    container sees the host's /proc/driver/nvidia yet torch finds no CUDA."""
+    """Whether the dynamic loader finds libcuda.so.1 (a container may see /proc only)."""
     for folder in filter(None, env.get("LD_LIBRARY_PATH", "").split(":")):
         if (Path(folder) / "libcuda.so.1").exists():
             return True
@@ -185,9 +166,7 @@ def _nvidia_from_proc(
             "(a container without the GPU?)",
         )
     if "CUDA_VISIBLE_DEVICES" not in env:
-        # /proc lists every GPU of the node; a device cgroup (Slurm's ConstrainDevices, a CPU job on
-        # a GPU node) can hide some or all of them from CUDA, and nothing readable without opening
-        # the device files says which; CUDA_VISIBLE_DEVICES (Slurm's, for a GPU allocation) does.
+        # /proc lists every GPU of the node; a device cgroup may hide some from CUDA
         raise Unsettled(
             unsure,
             "CUDA_VISIBLE_DEVICES is unset and NVML is not available: a device cgroup may hide "
@@ -244,8 +223,7 @@ def _nvidia(
 
 
 def gfx_name(target_version: int) -> str:
-    """KFD's ``gfx_target_version`` (major*10000 + minor*100 + stepping) as an LLVM target: the
-    stepping is one hex digit, so 90010 -> gfx90a, 90402 -> gfx942, 110000 -> gfx1100."""
+    """KFD's ``gfx_target_version`` as an LLVM target: 90010 -> gfx90a, 90402 -> gfx942."""
     major, minor, stepping = (
         target_version // 10000,
         target_version // 100 % 100,
@@ -275,8 +253,7 @@ def _kfd_gpus(root: Path) -> list[dict[str, int]]:
         try:
             props = _properties(node / "properties")
         except PermissionError:
-            # the kernel refuses a node this process's device cgroup may not use; ROCr skips it, but
-            # we do not count on that
+            # a node this process's device cgroup may not use
             raise Unsettled(
                 DEVICE_FIELDS, f"{node / 'properties'} is not readable (device cgroup)"
             ) from None
@@ -295,10 +272,7 @@ def _amd(
     if not (root / "sys/class/kfd/kfd/topology/nodes").is_dir():
         if (root / "dev/kfd").exists():
             raise Unsettled(DEVICE_FIELDS, "/dev/kfd exists but the KFD topology cannot be read")
-        return (
-            _cpu_device(),
-            {},
-        )  # no amdgpu compute driver: HIP has no device, torch reports the CPU
+        return _cpu_device(), {}  # no amdgpu compute driver: torch reports the CPU
     gpus = _kfd_gpus(root)
     if not gpus:
         return _cpu_device(), {}
@@ -318,11 +292,8 @@ def _amd(
     driver = host.driver_version("rocm", root)
     device = _facts("rocm", "amd", None, None, None, len(visible), driver)
     unsure = {
-        # hipDeviceProp.name comes from libdrm's amdgpu.ids, whichever copy the runtime loads
-        # (sites.md: "AMD Radeon Graphics" when it is missing or old); the KFD has the PCI id only
         "device-name": "the marketing name comes from the amdgpu.ids table the runtime loads "
         f"(PCI device id 0x{gpus[visible[0]].get('device_id', 0):04x}), not from the KFD",
-        # gcnArchName's sramecc/xnack suffix: the ECC setting and the per-process XNACK mode
         "device-features": "sramecc/xnack come from the runtime (ECC mode, HSA_XNACK, "
         "amdgpu.noretry)",
     }
@@ -344,8 +315,7 @@ def _amd(
 def _device(
     build: TorchBuild, env: Mapping[str, str], root: Path, sources: dict[str, str]
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """The device facts ``fingerprint.device_facts`` would give, asked in its order, and those only
-    torch can settle (field -> why; their value is None)."""
+    """The device facts ``device_facts`` would give, and those only torch can settle."""
     if not sys.platform.startswith("linux"):
         raise Unsettled(
             DEVICE_FIELDS,
@@ -373,9 +343,8 @@ def fingerprint(
     *,
     version_file: Path | None = None,
 ) -> tuple[dict[str, Any], Notes]:
-    """Every field of ``fingerprint.FIELDS`` read without importing torch, and the :class:`Notes`.
-    ``env`` replaces os.environ, ``root`` is where /proc, /sys and /dev are (only they move), and
-    ``version_file`` the installed torch/version.py. Raises where ``fingerprint.current()`` does."""
+    """Every field of ``fingerprint.FIELDS`` read without torch, and the :class:`Notes`
+    (``root``: where /proc, /sys and /dev are). Raises where ``fingerprint.current()`` does."""
     env = os.environ if env is None else env
     fallbacks: dict[str, str] = {}
     sources: dict[str, str] = {
@@ -408,9 +377,8 @@ def fingerprint(
 
 
 def current(checked: Iterable[str] | None = None) -> dict[str, Any]:
-    """The fingerprint for a check: torch-free when every field in ``checked`` (default: all) was
-    read with certainty, else ``fingerprint.current()`` (which imports torch); each fallback logged
-    at DEBUG (``--debug``). A field outside ``checked`` not read is None."""
+    """The fingerprint for a check: torch-free when every field in ``checked`` was read with
+    certainty, else ``fingerprint.current()``; fallbacks logged at DEBUG."""
     fields, notes = fingerprint()
     blocking = dict(notes.fallbacks) if checked is None else notes.blocking(checked)
     for line in notes.lines():
@@ -424,8 +392,7 @@ def current(checked: Iterable[str] | None = None) -> dict[str, Any]:
 
 
 def device() -> dict[str, Any] | None:
-    """This machine's device facts shaped like ``fingerprint.device_facts(torch)``, or None when any
-    of them needs torch (logged at DEBUG)."""
+    """This machine's device facts torch-free, or None when any needs torch (logged)."""
     fields, notes = fingerprint()
     missing = notes.blocking(DEVICE_FIELDS)
     for name, why in missing.items():

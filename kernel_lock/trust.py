@@ -1,10 +1,6 @@
-"""Which modules a lock may make this process import, importing them, and what is known without.
-
-The allow-list is the registry's (``registry.allowed_roots``) plus what the *caller* grants (the
-API's ``trust=[...]``, ``$KERNEL_LOCK_TRUST``, ``--trust``); a lock's own ``trusted-modules`` only
-asks, and the refusal says how to grant it. Every check runs before anything is imported. Slots are
-typed ``Any`` here: the lock's reader imports this module, not the reverse.
-"""
+"""Which modules a lock may make this process import, importing them, and what is known
+without. The allow-list is the registry's plus what the *caller* grants; a lock's own
+``trusted-modules`` only asks. Every check runs before anything is imported."""
 
 from __future__ import annotations
 
@@ -29,7 +25,6 @@ from .registry import OWN_ROOTS, allowed_roots, declared_semantics, generic_kern
 from .slots import SPECS, TORCH_FACTS_SINCE, canonical_target, class_semantics
 
 __all__ = [
-    "DOTTED",
     "FLASH_GENERATIONS",
     "IN_INFERENCE_MODE",
     "MODULE",
@@ -38,17 +33,13 @@ __all__ = [
     "build",
     "check_kwargs",
     "check_target",
-    "flash_generation_problems",
     "granted_trust",
-    "import_failure",
     "import_target",
     "install_hint",
     "locate",
     "module_name",
     "private",
-    "requirement_problems",
     "static_problem",
-    "unusable_reason",
 ]
 
 TRUST_ENV = "KERNEL_LOCK_TRUST"  # modules the caller trusts beyond the built-in allow-list
@@ -73,8 +64,7 @@ def _under(name: str, root: str) -> bool:
 
 
 def granted_trust(trust: Iterable[str] = ()) -> tuple[str, ...]:
-    """The modules the caller trusts: ``trust`` and ``$KERNEL_LOCK_TRUST`` (comma- or
-    colon-separated)."""
+    """The modules the caller trusts: ``trust`` and ``$KERNEL_LOCK_TRUST``."""
     names = [str(t) for t in trust]
     names += [n for n in re.split(r"[,:\s]+", os.environ.get(TRUST_ENV, "")) if n]
     for name in names:
@@ -97,10 +87,8 @@ def check_target(
     requested: Sequence[str] = (),
     what: str = "target",
 ) -> None:
-    """Refuse a target outside the allow-list (``registry.allowed_roots()`` + ``trusted``), before
-    anything is imported. The lock's ``trusted-modules`` (``requested``) are named in the refusal
-    with how to grant them; a private or ``__main__`` component is never imported; a generic
-    adapter's kernel is checked as if the lock named it."""
+    """Refuse a target outside the allow-list before anything is imported; a private or
+    ``__main__`` component is never imported; a generic adapter's kernel is checked too."""
     if not isinstance(target, str) or not DOTTED.fullmatch(target):
         raise LockFormatError(
             f"{target!r} is not a dotted import path like 'torch.nn.LayerNorm'", path=path, key=key
@@ -199,9 +187,7 @@ def import_target(
     key: str | None = None,
     semantics: str | None = None,
 ) -> type:
-    """Import an allow-listed ``torch.nn.Module`` subclass, the allow-list checked first; with
-    ``semantics``, a class that computes something else (an RMSNorm for a LayerNorm slot) is
-    refused."""
+    """Import an allow-listed ``torch.nn.Module`` subclass; another ``semantics`` is refused."""
     check_target(target, trusted, path=where, key=key)
     module_path, _, attr = target.rpartition(".")
     # a nested class ("pkg.mod.Outer.Inner") is not supported on purpose: one module, one class
@@ -251,8 +237,7 @@ def check_kwargs(cls: type, kwargs: Mapping[str, Any], *, where: str | None, key
 
 
 def build(slot_name: str, target: str, kwargs: Mapping[str, Any], lock: Any, key: str) -> type:
-    """Import ``target`` for ``slot_name`` and check ``kwargs`` against it; every failure a
-    :class:`LockError` naming the lock's file and ``key`` (``lock``: a document or None)."""
+    """Import ``target`` for ``slot_name`` and check ``kwargs``; failures name the file and key."""
     trusted = lock.granted if lock else ()
     where = lock.path if lock else None
     try:
@@ -265,8 +250,7 @@ def build(slot_name: str, target: str, kwargs: Mapping[str, Any], lock: Any, key
         missing = getattr(exc, "name", None) or target.split(".")[0]
         problem = f"slot {slot_name}: cannot import {target!r}: {exc}"
         raise _not_installed(problem, missing, where, key) from None
-    # a module that runs its command line on import must not end the caller; a library that raises
-    # something else while importing is broken, not absent
+    # a module running its command line must not end the caller; one that raises is broken
     except (SystemExit, Exception) as exc:
         raise import_failure(slot_name, target, exc, where, key) from None
     check_kwargs(cls, kwargs, where=where, key=f"{key}.kwargs")
@@ -276,8 +260,7 @@ def build(slot_name: str, target: str, kwargs: Mapping[str, Any], lock: Any, key
 def import_failure(
     slot_name: str, target: str, exc: BaseException, where: str | None, key: str
 ) -> KernelUnavailable:
-    """A library that calls ``sys.exit`` or raises while importing: unavailable here (exit 3), for
-    every importer of a lock's classes; it never ends the caller."""
+    """A library that exits or raises while importing: unavailable (exit 3), never fatal."""
     if isinstance(exc, SystemExit):
         return KernelUnavailable(
             f"slot {slot_name}: importing {target!r} called sys.exit({exc.code!r})",
@@ -296,10 +279,8 @@ def import_failure(
 
 # ---- what is known without importing: the file system, package metadata, the registry --------
 def locate(module: str) -> bool | None:
-    """Is ``module`` on the search path? True / False where the file system says so, None where only
-    importing could tell (a package may build ``__path__`` on import). No package's code runs: the
-    finders look up the top level, ``PathFinder`` each submodule in its parent's ``__path__``
-    (``importlib.util.find_spec("a.b")`` would import ``a``)."""
+    """Is ``module`` on the search path? True / False where the file system says, None where
+    only importing could tell. No package's code runs (``find_spec("a.b")`` would import ``a``)."""
     parts = module.split(".")
     try:  # a top-level name has no parent to import: only the finders run (editable installs' too)
         spec = importlib.util.find_spec(parts[0])
@@ -323,8 +304,7 @@ def locate(module: str) -> bool | None:
 
 
 def requirement_problems(slot: Any) -> list[Difference]:
-    """Requirements of a slot (a ``schema.Slot``) this machine does not satisfy, from package
-    metadata and the file system (no import)."""
+    """A slot's requirements this machine does not satisfy (no import)."""
     problems = []
     versions = library_versions(req.name for req in slot.requires)
     for req in slot.requires:
@@ -345,8 +325,7 @@ def requirement_problems(slot: Any) -> list[Difference]:
     return problems
 
 
-# anemoi-models' FlashAttentionWrapper imports the first of these that imports, whatever the lock
-# chose: (generation, module, the kernel_lock.attention class that calls it as anemoi does)
+# anemoi's FlashAttentionWrapper imports the first that imports: (generation, module, class)
 FLASH_GENERATIONS = (
     (4, "flash_attn.cute", "kernel_lock.attention.FlashAttention4"),
     (3, "flash_attn_interface", "kernel_lock.attention.FlashAttention3"),
@@ -355,14 +334,12 @@ FLASH_GENERATIONS = (
 
 
 def anemoi_flash_generation() -> int | None:
-    """The flash-attn generation anemoi's import order (v4, v3, v2) picks here, from the file system
-    (None: none is installed)."""
+    """The flash-attn generation anemoi's import order picks here (None: none)."""
     return next((generation for generation, module, _ in FLASH_GENERATIONS if locate(module)), None)
 
 
 def flash_generation_problems(slot: Any) -> list[Difference]:
-    """A lock that chose flash-attn generation N, on a machine where anemoi would import another
-    first (v4 installed beside the locked v2): anemoi would run kernels the lock never checked."""
+    """A locked flash-attn N where anemoi would import another generation first."""
     locked = next((g for g, _, target in FLASH_GENERATIONS if target == slot.target), None)
     if locked is None:
         return []
@@ -404,9 +381,8 @@ def static_problem(
     where: str | None,
     key: str,
 ) -> str | None:
-    """Decide ``target`` for ``slot`` as :func:`build` would, from ``registry.target_facts`` and
-    the file system: raises the error the import would raise; None when it would build; the reason
-    when only importing can tell."""
+    """Decide ``target`` for ``slot`` as :func:`build` would, without importing:
+    raises what the import would; None when it would build; else why only importing can tell."""
     facts = target_facts(target)
     if facts is None:
         return f"{target!r} is not a class the registry or torch.nn's table declares"

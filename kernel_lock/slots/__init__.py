@@ -1,10 +1,5 @@
-"""The slots a lock pins: one :class:`SlotSpec` each, in a registry every stage reads.
-
-The built-in slots are declared in this package, one module each; another package declares a slot
-through the ``kernel_lock.slots`` entry-point group (name = the slot, value = ``module:SPEC``),
-loaded where a lock names it and the caller trusts the package (:func:`spec_of`). Nothing here
-names a slot. Import-light (no torch).
-"""
+"""The slots a lock pins: one :class:`SlotSpec` each; another package declares one
+through the ``kernel_lock.slots`` entry-point group, loaded only when trusted. No torch."""
 
 from __future__ import annotations
 
@@ -19,8 +14,6 @@ from .base import (
     NOT_PLAIN_TORCH,
     PRECISIONS,
     STATUSES,
-    Mode,
-    SlotKey,
     SlotSpec,
     Status,
     TargetFacts,
@@ -37,9 +30,6 @@ __all__ = [
     "SLOTS",
     "SPECS",
     "STATUSES",
-    "TORCH_FACTS_SINCE",
-    "Mode",
-    "SlotKey",
     "SlotSpec",
     "Status",
     "TargetFacts",
@@ -51,15 +41,13 @@ __all__ = [
     "semantics",
     "short_dtype",
     "slot_name_fix",
-    "spec_of",
     "target_facts",
     "torch_device",
     "twin_semantics",
 ]
 
 ENTRY_POINTS = "kernel_lock.slots"
-# the facts of torch.nn's classes hold for every torch kernel-probe supports (RMSNorm came in 2.4,
-# LayerNorm's ``bias`` in 2.1); tests compare them with the installed torch's signatures
+# torch.nn's facts hold for every supported torch (tests compare them with the installed one)
 TORCH_FACTS_SINCE = (2, 4)
 
 _BUILTIN = (
@@ -75,8 +63,7 @@ SPECS: dict[str, SlotSpec] = {s.name: s for s in _BUILTIN}  # and those register
 
 
 def register(spec: SlotSpec) -> SlotSpec:
-    """Add a slot declared outside kernel_lock; refused if it reuses a name, a semantics or a lock
-    key of another slot."""
+    """Add a slot declared outside kernel_lock; refused if it reuses a name, semantics or key."""
     if not isinstance(spec, SlotSpec):
         raise TypeError(f"expected kernel_lock.slots.SlotSpec, got {type(spec).__name__}")
     if SPECS.get(spec.name) is spec:
@@ -103,8 +90,7 @@ def semantics() -> tuple[str, ...]:
 
 
 def spec_of(name: str, granted: Sequence[str] = ()) -> SlotSpec | None:
-    """The spec of slot ``name``: a registered one, else one another package declares (entry point
-    ``kernel_lock.slots``), loaded only where its module is trusted; None when none is."""
+    """The spec of slot ``name``: registered, else a trusted entry point's; None when none is."""
     if name in SPECS:
         return SPECS[name]
     if not name.isidentifier():
@@ -179,13 +165,10 @@ def _computes(cls: type, spec: SlotSpec) -> bool:
 
 
 def class_semantics(cls: Any) -> str | None:
-    """What a module class computes, told by its class hierarchy; None where it cannot tell.
-
-    A subclass of a class a slot is computed by (``SlotSpec.computed_by``) computes that slot,
-    unless it is one of torch's quantized, QAT or fused classes (``NOT_PLAIN_TORCH``): those, and
-    every other torch module, compute something else (``other: Identity``). An adapter computes
-    what the class it wraps computes. Another library's class that derives from none of them is not
-    judged by its name: None (the registry's declaration or the lock's word decides)."""
+    """What a module class computes, told by its hierarchy; None where it cannot tell.
+    A subclass of a slot's ``computed_by`` class computes that slot unless it is quantized, QAT or
+    fused (``NOT_PLAIN_TORCH``); other torch modules compute ``other: Identity``; an adapter, what
+    it wraps. Another library's class is not judged by its name."""
     if not isinstance(cls, type):
         return None
     if _under(cls.__module__, _ADAPTERS):

@@ -1,8 +1,5 @@
-"""The Activation slot: an elementwise function of one tensor, no parameters. The function is the
-model's declared choice (``function``: a canonical value and a key of the lock's table), the
-reference every candidate is checked against. GELU's erf and tanh forms differ (up to 4.7e-4): liger
-and TE use tanh, anemoi erf. Another function is declared by its class, ``other:dotted.path.Class``.
-"""
+"""The Activation slot: an elementwise function, no parameters; the function is the
+model's declared choice (``function``). GELU's erf and tanh forms differ (up to 4.7e-4)."""
 
 from __future__ import annotations
 
@@ -23,16 +20,13 @@ __all__ = [
     "is_approximation",
 ]
 
-# What an activation computes, as the model declares it (``--activation``; anemoi: the class its
-# config names)
+# What an activation computes, as the model declares it (``--activation``)
 ACTIVATION_FUNCTIONS = ("gelu-erf", "gelu-tanh", "silu", "relu", "sigmoid")
 OTHER_FUNCTION = "other:"
-# pairs where one is an approximation of the other: accepted for each other only with
-# ``--allow-approximation``, and recorded in the lock's accepted-changes
+# approximations of each other: accepted only with ``--allow-approximation``, and recorded
 APPROXIMATIONS = frozenset({frozenset({"gelu-erf", "gelu-tanh"})})
 _GELU, _INPLACE = frozenset(("approximate",)), frozenset(("inplace",))
-# class -> the function it computes with its default arguments, and its keywords (None: not known
-# without importing it); GELU's ``approximate="tanh"`` makes it gelu-tanh (``function_of``)
+# class -> its function with default arguments, and its keywords (None: not known unimported)
 _CLASSES: Mapping[str, tuple[str, frozenset[str] | None]] = {
     "torch.nn.GELU": ("gelu-erf", _GELU),
     "torch.nn.SiLU": ("silu", _INPLACE),
@@ -47,8 +41,7 @@ _ALIASES = torch_aliases("activation", "GELU", "SiLU", "ReLU", "Sigmoid")
 
 
 def function_of(target: str, kwargs: Mapping[str, Any] | None = None) -> str | None:
-    """The function a class computes with ``kwargs``, told without importing it (torch.nn's
-    activations, kernel_lock's adapters, TE's ops); None for any other class."""
+    """The function a class computes with ``kwargs``, told without importing it, or None."""
     function = _CLASSES.get(_ALIASES.get(target, target), (None, None))[0]
     if function == "gelu-erf" and (kwargs or {}).get("approximate", "none") == "tanh":
         return "gelu-tanh"
@@ -56,8 +49,7 @@ def function_of(target: str, kwargs: Mapping[str, Any] | None = None) -> str | N
 
 
 def function_problem(text: str) -> str | None:
-    """Why ``text`` is no activation function the slot knows (None when it is one): one of
-    ``ACTIVATION_FUNCTIONS`` or ``other:dotted.path.Class``."""
+    """Why ``text`` is no activation function the slot knows (None when it is one)."""
     if text in ACTIVATION_FUNCTIONS:
         return None
     if text.startswith(OTHER_FUNCTION):
@@ -111,8 +103,7 @@ ACTIVATION = SlotSpec(
         if params is not None
     },
     computed_by=("torch.nn.modules.activation.*",),
-    # torch.nn.modules.activation's classes that are no elementwise activation: attention, the
-    # gated GLU (it halves the last dimension: anemoi refuses it) and the normalising softmaxes
+    # torch.nn's non-elementwise classes: attention, GLU (anemoi refuses it), the softmaxes
     not_computed_by=("MultiheadAttention", "GLU", "Softmax", "Softmin", "LogSoftmax", "Softmax2d"),
     aliases=_ALIASES,
     # the model's function the candidates were checked against

@@ -1,6 +1,4 @@
-"""The Attention slot: torch's ``scaled_dot_product_attention`` contract (q, k, v) plus the options
-a model fixes (window -1 = global, softcap 0 = none, dropout, ALiBi); its classes are
-``kernel_lock.attention``'s, built with no dimensions."""
+"""The Attention slot: SDPA's contract plus the options a model fixes."""
 
 from __future__ import annotations
 
@@ -9,23 +7,20 @@ from typing import Any
 
 from .base import SlotSpec, TargetFacts
 
-__all__ = ["ANEMOI_ATTENTION", "ATTENTION", "ATTENTION_BACKEND_ENV"]
+__all__ = ["ANEMOI_ATTENTION", "ATTENTION"]
 
 _OPTIONS = frozenset(("window", "softcap", "dropout", "alibi"))
 _CLASSES = ("FlashAttention2", "FlashAttention3", "FlashAttention4", "TEDotProductAttention")
 
 
-# anemoi-models 0.19's backends for a class of the slot: its SDPA path (torch chooses the SDPA
-# backend) and its flash wrapper (flash-attn v4, then v3, then v2, whichever imports first:
-# kernel_lock.trust.anemoi_flash_generation)
+# anemoi-models 0.19's backends for a class of the slot (flash: v4, v3, v2, whichever imports)
 ANEMOI_ATTENTION = {
     "kernel_lock.attention.SDPAttention": "scaled_dot_product_attention",
     "kernel_lock.attention.FlashAttention2": "flash_attention",
     "kernel_lock.attention.FlashAttention3": "flash_attention",
     "kernel_lock.attention.FlashAttention4": "flash_attention",
 }
-# anemoi's environment variable, read when anemoi.models.layers.attention is imported: it overrides
-# every component's attention_implementation (how a flash-trained model runs inference with SDPA)
+# anemoi's variable, read at import: overrides every component's attention_implementation
 ATTENTION_BACKEND_ENV = "ANEMOI_INFERENCE_TRANSFORMER_ATTENTION_BACKEND"
 
 

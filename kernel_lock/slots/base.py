@@ -1,6 +1,4 @@
-"""The slot protocol's kernel_lock half: what a slot is (:class:`SlotSpec`, plain data), and the
-closed sets every module names (precisions, dtypes, modes, statuses). No torch.
-"""
+"""What a slot is (:class:`SlotSpec`, plain data), and the closed sets. No torch."""
 
 from __future__ import annotations
 
@@ -14,28 +12,19 @@ from ..errors import Difference
 __all__ = [
     "DTYPES",
     "MODES",
-    "NOT_PLAIN_TORCH",
     "PRECISIONS",
     "STATUSES",
-    "DType",
-    "Mode",
-    "Precision",
-    "Regime",
-    "SlotKey",
     "SlotSpec",
     "Status",
     "TargetFacts",
-    "TwinArgs",
     "dtype_named",
     "short_dtype",
-    "torch_aliases",
     "torch_device",
 ]
 
 
 class TargetFacts(NamedTuple):
-    """What a class computes and which constructor keywords it accepts, known without importing
-    it (``complete``: ``params`` lists every one)."""
+    """What a class computes and which keywords it accepts, known without importing it."""
 
     semantics: str
     params: frozenset[str]
@@ -44,11 +33,8 @@ class TargetFacts(NamedTuple):
 
 @dataclass(frozen=True)
 class SlotKey:
-    """A key only one slot's lock table holds (Activation's ``function``, Linear's ``blas``).
-
-    ``read(ctx, table, key)`` returns its value (a ReadError names the key); ``refuse(slot, table)``
-    raises where another slot's table holds it; the key is written after the key ``after``
-    (``semantics`` or ``devices``), unless ``omit(value)``."""
+    """A key only one slot's table holds (``function``, ``blas``): read, refused in another
+    slot's table, written after ``after`` unless ``omit(value)``."""
 
     name: str
     read: Callable[[Any, Mapping[str, Any], str], Any]
@@ -58,28 +44,24 @@ class SlotKey:
     omit: Callable[[Any], bool] = lambda value: not value
 
 
-# a portable copy of a model (kernel_lock.portability): the twin's positional arguments and the
-# kwargs it takes from a built module (the module, its migrated state, the twin's keywords)
+# a portable copy's twin: its positional args and kwargs from a built module (module, state, kw)
 TwinArgs = Callable[[Any, Mapping[str, Any], set[str]], tuple[tuple[Any, ...], dict[str, Any]]]
 
 
 @dataclass(frozen=True)
 class SlotSpec:
-    """One slot as kernel_lock knows it: what it computes, what a lock may pin for it, how its
-    classes are called, and its own lock keys and job-start rules."""
+    """One slot: what it computes, what a lock may pin, how its classes are called, its keys."""
 
     name: str
     semantics: str
     default_target: str  # what a slot the lock does not pin resolves to
     canonical: Mapping[str, Any]  # the configuration the lock pins unless the model says otherwise
-    # how a class offered for the slot is called when its declaration does not say ("$name": the
-    # canonical value ``name``)
+    # how a class offered for the slot is called ("$name": the canonical value ``name``)
     call_args: tuple[str, ...] = ()
     call_kwargs: Mapping[str, Any] = field(default_factory=dict)
     # classes whose semantics and keywords are known without importing them
     known_targets: Mapping[str, TargetFacts] = field(default_factory=dict)
-    # classes whose subclasses compute the slot ("module.*": every class of that torch module but
-    # ``not_computed_by``)
+    # classes whose subclasses compute the slot ("module.*": that torch module's, but the excluded)
     computed_by: tuple[str, ...] = ()
     not_computed_by: tuple[str, ...] = ()
     aliases: Mapping[str, str] = field(default_factory=dict)  # other public names of its classes
@@ -131,8 +113,7 @@ PRECISIONS: Mapping[str, Precision] = MappingProxyType(
 
 
 class DType(NamedTuple):
-    """A floating-point dtype the probe checks: torch's name, the short name the command line and
-    the tables use, and its machine epsilon (the tolerance model's floor)."""
+    """A dtype the probe checks: torch's name, the short name, and its machine epsilon."""
 
     name: str
     short: str
@@ -158,8 +139,7 @@ def short_dtype(name: str) -> str:
 
 
 def dtype_named(text: str) -> str | None:
-    """The torch name of a dtype given by its torch or short name, any case (``BF16`` ->
-    ``bfloat16``); None when it is neither."""
+    """The torch name of a dtype given by either name, any case; None when neither."""
     key = text.strip().lower()
     return next((d.name for d in DTYPES.values() if key in (d.name, d.short)), None)
 
@@ -173,8 +153,7 @@ def torch_device(device: str) -> str:
 Status = Literal["crashed", "timeout", "rejected", "unavailable", "accepted", "skipped"]
 STATUSES: tuple[Status, ...] = get_args(Status)
 
-# torch's quantized, QAT and fused (module + activation) classes: some subclass nn.Linear, none
-# computes a plain float Linear or norm
+# torch's quantized, QAT and fused classes: none computes a plain float Linear or norm
 NOT_PLAIN_TORCH = (
     "torch.ao",
     "torch.nn.quantized",

@@ -1,8 +1,5 @@
-"""The GatedMLP slot: anemoi's ``GatedMLPLayer`` (two Linears, ``gate(gate_proj(x)) *
-value_proj(x)``) and the gate each ``mlp_implementation`` hard-codes. The lock records both the
-implementation (its kwargs) and the formula (``gate``). Probed only when asked: anemoi's default
-``mlp`` has no gate.
-"""
+"""The GatedMLP slot: anemoi's ``GatedMLPLayer`` and the gate each
+``mlp_implementation`` hard-codes; the lock records both. Probed only when asked."""
 
 from __future__ import annotations
 
@@ -29,8 +26,7 @@ CONFIG_KEY = "mlp_implementation"  # the key in anemoi's processor, encoder and 
 
 
 class Gate(NamedTuple):
-    """One gated variant: the gate function's name and the torch.nn module anemoi builds for the
-    gate (``_build_gating_activation``)."""
+    """One gated variant: the gate function's name and the torch.nn module anemoi builds."""
 
     function: str
     anemoi_module: str
@@ -41,8 +37,7 @@ class Gate(NamedTuple):
         return f"{self.function}(gate_proj(x)) * value_proj(x)"
 
 
-# mlp_implementation -> its gate. geglu's gate is torch.nn.GELU(): the exact erf form, not tanh's
-# approximation (liger's GELUMul and transformer-engine's geglu compute tanh's)
+# mlp_implementation -> its gate. geglu's is torch.nn.GELU(): erf, not liger's and TE's tanh
 GATES: Mapping[str, Gate] = MappingProxyType(
     {
         "glu": Gate("sigmoid", "torch.nn.Sigmoid"),
@@ -75,8 +70,7 @@ def formula(mlp_implementation: str) -> str:
 
 
 def _read_gate(ctx: Any, d: Mapping[str, Any], key: str) -> str:
-    """The formula of the ``mlp_implementation`` the kwargs pin, both required and agreeing (an
-    edited implementation with the old formula is a lock that contradicts itself)."""
+    """The pinned ``mlp_implementation``'s formula: both required, and agreeing."""
     gate = get(d, key, str, default="")
     kwargs = d.get("kwargs")
     implementation = kwargs.get("mlp_implementation") if isinstance(kwargs, Mapping) else None

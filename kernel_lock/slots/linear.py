@@ -1,12 +1,7 @@
-"""The Linear slot, and the BLAS library under it (``slots.Linear.blas``).
-
-A Linear's GEMMs run in cuBLAS or cuBLASLt (CUDA), rocBLAS or hipBLASLt (ROCm), chosen process-wide
-by ``torch.backends.cuda.preferred_blas_library``. They round differently, and it matters: on LUMI
-anemoi's training loss diverged with torch newer than 2.3 (anemoi-core #560, #1041, #1042). So the
-lock records the library the Linear was checked and timed under (:class:`Blas`), and :func:`apply`
-sets it when the slot resolves. A process that chose another library itself (neither the recorded
-one nor the build's default the probe saw) gets a :class:`LockMismatch`, never a silent override.
-"""
+"""The Linear slot, and the BLAS library under it (``slots.Linear.blas``). BLAS libraries
+round differently (anemoi's loss diverged on LUMI, anemoi-core #560), so the lock records the
+library checked, :func:`apply` sets it, and a process that chose another itself gets a
+:class:`LockMismatch`, never a silent override."""
 
 from __future__ import annotations
 
@@ -59,8 +54,7 @@ def _build_default(ctx: Any, d: Mapping[str, Any], key: str, so_far: Mapping[str
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Blas(Table):
-    """``slots.Linear.blas`` of a lock: the library the Linear was checked and timed under, and the
-    one torch used by itself on the probing machine."""
+    """The library the Linear was checked under, and the one torch used by itself when probing."""
 
     library: str = field(metadata=toml_key("library", one_of(_ALL)))
     build_default: str = field(
@@ -74,8 +68,7 @@ def device_of(library: str) -> str:
 
 
 def name_of(backend: Any, device: str) -> str:
-    """Our name for torch's preferred backend (``_BlasBackend.Cublaslt``) on ``device``; torch's
-    own member name, lower-cased, for one that is no recorded library (``ck``, ``default``)."""
+    """Our name for torch's preferred BLAS backend on ``device`` (else torch's, lower-cased)."""
     member = str(getattr(backend, "name", backend)).rsplit(".", 1)[-1]
     index = {"Cublas": 0, "Cublaslt": 1}.get(member)
     return member.lower() if index is None or device not in LIBRARIES else LIBRARIES[device][index]
@@ -86,8 +79,7 @@ def _current(torch: Any, device: str) -> str:
 
 
 def select(torch: Any, library: str) -> str:
-    """Set ``library`` process-wide; the library in effect afterwards (another one when this build
-    does not offer it: torch keeps its choice, e.g. hipBLASLt on an arch it does not support)."""
+    """Set ``library`` process-wide; the library in effect afterwards (torch may keep its own)."""
     try:
         torch.backends.cuda.preferred_blas_library(_TORCH_NAME.get(library, library))
     except Exception:  # an older torch without the setting, or a build without the library
@@ -99,8 +91,7 @@ _APPLIED: dict[str, str] = {}  # device -> the library kernel_lock set in this p
 
 
 def _own_choices(record: Blas, device: str, found: str | None, how: str) -> list[Difference]:
-    """The one rule: a library the process chose itself (its environment, or ``found`` in use now
-    unless kernel_lock set it) that is neither the recorded one nor the build's default."""
+    """Libraries the process chose itself that are neither the recorded one nor the default."""
     chosen = []
     for var in _ENV_VARS:  # the first one set that reads as a boolean, as torch reads them
         index = _PREFER.get(os.environ.get(var, "").strip().lower())
@@ -118,10 +109,8 @@ def _own_choices(record: Blas, device: str, found: str | None, how: str) -> list
 
 
 def apply(record: Blas, device: str, *, path: str | None = None) -> str:
-    """Make ``record.library`` the BLAS library of this process (the Linear slot resolves); logged.
-
-    Raises :class:`LockMismatch` when the process (or its environment) chose another library itself,
-    or when this build does not offer the recorded one. Returns the library in effect."""
+    """Make ``record.library`` this process's BLAS library (logged); :class:`LockMismatch` when
+    the process chose another itself or the build lacks it. Returns the library in effect."""
     if device_of(record.library) != device:
         log.info(
             "kernel_lock: the lock's Linear BLAS library %s is for %s; this process runs on "
@@ -182,9 +171,7 @@ def _refuse_blas(slot: str, d: Mapping[str, Any]) -> None:
 
 
 def _job_start(slot: Any, current: Mapping[str, Any]) -> list[Difference]:
-    """``verify`` at job start: the environment's choice (no torch needed), and this process's own
-    choice where it has imported torch already; nothing on another device type (the fingerprint's
-    device-type says so)."""
+    """``verify`` at job start: the environment's and this process's own BLAS choice."""
     record, device = slot.extra.get("blas"), str(current.get("device-type", ""))
     if record is None or device_of(record.library) != device:
         return []

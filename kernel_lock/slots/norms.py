@@ -1,6 +1,5 @@
-"""The LayerNorm and RMSNorm slots: each the other's likely mistake (an RMSNorm drops the mean and
-the bias). RMSNorm's eps is pinned: torch.nn.RMSNorm's default (``eps=None``) means
-``finfo(dtype).eps``, which differs between fp32 and bf16, and liger defaults to 1e-6."""
+"""The LayerNorm and RMSNorm slots, each the other's likely mistake. RMSNorm's eps is
+pinned: torch's default depends on the dtype, liger's is 1e-6."""
 
 from __future__ import annotations
 
@@ -50,42 +49,30 @@ def _sample_width(twin: Any) -> int:
     return int(prod(getattr(twin, "normalized_shape", (params[0].shape[0],))))
 
 
-_LAYER_NORM_TWIN: TwinArgs = partial(_twin_args, bias=True)
-_RMS_NORM_TWIN: TwinArgs = partial(_twin_args, bias=False)
+def _norm(name: str, semantics: str, params: frozenset[str], **spec: Any) -> SlotSpec:
+    """A norm slot: torch.nn's class and its compiled adapter (same constructor) known."""
+    facts = TargetFacts(semantics, params, True)
+    twin_args: TwinArgs = partial(_twin_args, bias="bias" in params)
+    return SlotSpec(
+        name=name,
+        semantics=semantics,
+        default_target=f"torch.nn.{name}",
+        call_args=("$normalized_shape",),
+        call_kwargs={"eps": "$eps"},
+        known_targets={f"torch.nn.{name}": facts, f"kernel_lock.adapters.Compiled{name}": facts},
+        computed_by=(f"torch.nn.{name}",),
+        aliases=torch_aliases("normalization", name),
+        twin_args=twin_args,
+        sample_width=_sample_width,
+        **spec,
+    )
 
-LAYER_NORM = SlotSpec(
-    name="LayerNorm",
-    semantics="layer_norm",
-    default_target="torch.nn.LayerNorm",
+
+LAYER_NORM = _norm(
+    "LayerNorm",
+    "layer_norm",
+    _LAYER_NORM,
     canonical={"eps": 1e-5, "bias": True},
-    call_args=("$normalized_shape",),
-    call_kwargs={"eps": "$eps"},
-    known_targets={
-        "torch.nn.LayerNorm": TargetFacts("layer_norm", _LAYER_NORM, True),
-        # kernel_lock.adapters: a subclass with the same constructor (a torch.compile'd forward)
-        "kernel_lock.adapters.CompiledLayerNorm": TargetFacts("layer_norm", _LAYER_NORM, True),
-    },
-    computed_by=("torch.nn.LayerNorm",),
-    aliases=torch_aliases("normalization", "LayerNorm"),
     confusable="rms_norm",
-    twin_args=_LAYER_NORM_TWIN,
-    sample_width=_sample_width,
 )
-
-RMS_NORM = SlotSpec(
-    name="RMSNorm",
-    semantics="rms_norm",
-    default_target="torch.nn.RMSNorm",
-    canonical={"eps": 1e-6},
-    call_args=("$normalized_shape",),
-    call_kwargs={"eps": "$eps"},
-    known_targets={
-        "torch.nn.RMSNorm": TargetFacts("rms_norm", _RMS_NORM, True),
-        "kernel_lock.adapters.CompiledRMSNorm": TargetFacts("rms_norm", _RMS_NORM, True),
-    },
-    computed_by=("torch.nn.RMSNorm",),
-    aliases=torch_aliases("normalization", "RMSNorm"),
-    confusable="layer_norm",
-    twin_args=_RMS_NORM_TWIN,
-    sample_width=_sample_width,
-)
+RMS_NORM = _norm("RMSNorm", "rms_norm", _RMS_NORM, canonical={"eps": 1e-6}, confusable="layer_norm")
