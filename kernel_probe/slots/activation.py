@@ -28,12 +28,12 @@ from kernel_lock.slots.activation import (
     is_approximation,
 )
 from kernel_probe.errors import UsageError
+from kernel_probe.isolation.protocol import FLAG_NOT_ELEMENTWISE, CheckReply, MeasurementRow
 
 from .base import Option, Slot
 
 if TYPE_CHECKING:
     from kernel_probe.candidates import Candidate
-    from kernel_probe.isolation.protocol import CheckReply, MeasurementRow, TimeReply
     from kernel_probe.probe.judge import Policy, Problem
     from kernel_probe.probe.report import Report, ReportBase
 
@@ -96,8 +96,7 @@ def judge(
     raw: CheckReply, cand: Candidate, device: str, base: ReportBase, declared: str, policy: Policy
 ) -> Report:
     """The Activation verdict from the worker's measurements."""
-    from kernel_probe.isolation.protocol import FLAG_NOT_ELEMENTWISE
-    from kernel_probe.probe import judge as rules  # the judge imports the candidates' parser
+    from kernel_probe.probe import judge as rules  # reason: ~70 ms the light commands skip
 
     if raw.phase == "import":
         return rules.stopped(rules.failed_import(cand.target, raw.kind, raw.error), base)
@@ -151,6 +150,8 @@ def judge(
 class Activation(Slot):
     """An elementwise function of one tensor, no parameters."""
 
+    kernels = "kernel_probe.slots.activation_kernels"
+
     option = Option(
         "--activation",
         "the model's activation function, the Activation slot's reference: gelu-erf "
@@ -190,26 +191,6 @@ class Activation(Slot):
     ) -> dict[str, Any]:
         """The model's function the candidates were checked against."""
         return {"function": str(values["function"])}
-
-    def check(
-        self, cand, device, dtypes, *, canonical, seed, hidden, baseline, shared
-    ) -> CheckReply:
-        """Against the declared function's float64 reference."""
-        from . import activation_kernels as kernels  # torch: in the worker only
-
-        return kernels.check(cand, device, dtypes, canonical_overrides=canonical, seed=seed)
-
-    def try_once(self, cand: Candidate, device: str) -> dict[str, Any]:
-        """One tiny call on a device the candidate does not declare."""
-        from . import activation_kernels as kernels  # torch: in the worker only
-
-        return kernels.try_once(cand, device)
-
-    def time(self, cand, device, shapes, dtype, regime, options, canonical, progress) -> TimeReply:
-        """fwd+bwd at each shape."""
-        from . import activation_kernels as kernels  # torch: in the worker only
-
-        return kernels.time_candidate(cand, device, shapes, dtype, options, progress)
 
 
 ACTIVATION = Activation(activation.ACTIVATION)

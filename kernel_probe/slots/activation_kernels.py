@@ -278,6 +278,7 @@ def check(
     *,
     canonical_overrides: Mapping[str, Any] | None = None,
     seed: int = 0,
+    **_: Any,
 ) -> CheckReply:
     """Raw measurements of one Activation candidate against the declared function."""
     function = declared_function(canonical_overrides)
@@ -313,6 +314,7 @@ def time_candidate(
     dtype_name: str,
     options: Mapping[str, Any],
     progress: Callable[[TimingProgressMessage], None] | None = None,
+    **_: Any,
 ) -> TimeReply:
     """fwd+bwd at each shape (``ROWSxHIDDEN``: the activation applied to rows x hidden elements; a
     Linear's ``ROWSxINxOUT`` times rows x out) with the timing module's clock and repetitions."""

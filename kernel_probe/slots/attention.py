@@ -28,7 +28,7 @@ from .base import Option, Slot
 
 if TYPE_CHECKING:
     from kernel_probe.candidates import Candidate
-    from kernel_probe.isolation.protocol import CheckReply, MeasurementRow, TimeReply
+    from kernel_probe.isolation.protocol import CheckReply, MeasurementRow
     from kernel_probe.probe.report import Report, ReportBase, Verdict
 
 __all__ = ["ATTENTION"]
@@ -156,14 +156,13 @@ def tolerance(output: str, base: float, dtype: str) -> float:
 
 def judge_row(cand: Candidate, device: str, row: MeasurementRow) -> Verdict:
     """One dtype's verdict: every case's outputs under the tolerance rule, then the flags."""
-    # the judge imports the candidates' parser: not on the command line's light path
-    from kernel_probe.probe.judge import judge_cases, row_verdict, unmeasured
+    from kernel_probe.probe import judge as rules  # reason: ~70 ms the light commands skip
 
-    v = unmeasured(cand.id, device, row, _REFUSED, say_unavailable=True)
+    v = rules.unmeasured(cand.id, device, row, _REFUSED, say_unavailable=True)
     if v is not None:
         return v
     # the max error by the attention tolerance; the RMS error and the bias by the norms' rule
-    found = judge_cases(row, HINTS, max_tolerance=tolerance, baseline="torch's")
+    found = rules.judge_cases(row, HINTS, max_tolerance=tolerance, baseline="torch's")
     flags = row.get("flags", {})
     failed: list[str] = []
     reasons: list[str] = []
@@ -173,7 +172,7 @@ def judge_row(cand: Candidate, device: str, row: MeasurementRow) -> Verdict:
     if "input-modified" in flags:
         failed.append("input-modified")
         reasons.insert(0, f"modifies its input (seen on {flags['input-modified']})")
-    return row_verdict(cand.id, device, row, found, failed=failed, reasons=reasons)
+    return rules.row_verdict(cand.id, device, row, found, failed=failed, reasons=reasons)
 
 
 def option_problems(
@@ -206,11 +205,11 @@ def judge(
     raw: CheckReply, cand: Candidate, device: str, base: ReportBase, canonical: dict[str, object]
 ) -> Report:
     """The Attention verdict from the worker's measurements."""
-    from kernel_probe.probe.judge import failed_import, report_of, stopped
+    from kernel_probe.probe import judge as rules  # reason: ~70 ms the light commands skip
 
     if raw.phase == "import":
-        return stopped(failed_import(cand.target, raw.kind, raw.error), base)
-    report = report_of([judge_row(cand, device, row) for row in raw.rows], base)
+        return rules.stopped(rules.failed_import(cand.target, raw.kind, raw.error), base)
+    report = rules.report_of([judge_row(cand, device, row) for row in raw.rows], base)
     report.capabilities = dict(raw.capabilities)
     rejected, refused = option_problems(report.capabilities, canonical)
     if report.status != "accepted":
@@ -236,6 +235,7 @@ class Attention(Slot):
         metavar="HEADSxHEAD_DIMxSEQ[:OPTIONS]",
     )
     summary_key = "attention"
+    kernels = "kernel_probe.slots.attention_kernels"
     footnote = (
         "Attention: tolerance = 4 x torch's own error (math path or fused ordering, the "
         "larger) + 8 eps, "
@@ -281,30 +281,6 @@ class Attention(Slot):
     def judge(self, raw, cand, device, base, canonical, policy) -> Report:
         """Per output against its own tolerance, and each option the model fixes."""
         return judge(raw, cand, device, base, canonical_options(canonical))
-
-    def check(
-        self, cand, device, dtypes, *, canonical, seed, hidden, baseline, shared
-    ) -> CheckReply:
-        """torch's side of each case computed once per slot and row (``shared``)."""
-        from . import attention_kernels as kernels  # torch: in the worker only
-
-        return kernels.check(
-            cand, device, dtypes, canonical_overrides=canonical, seed=seed, shared=shared
-        )
-
-    def try_once(self, cand: Candidate, device: str) -> dict[str, Any]:
-        """One tiny call on a device the candidate does not declare."""
-        from . import attention_kernels as kernels  # torch: in the worker only
-
-        return kernels.try_once(cand, device)
-
-    def time(self, cand, device, shapes, dtype, regime, options, canonical, progress) -> TimeReply:
-        """fwd+bwd at each geometry."""
-        from . import attention_kernels as kernels  # torch: in the worker only
-
-        return kernels.time_candidate(
-            cand, device, shapes, dtype, options, canonical, progress=progress
-        )
 
 
 ATTENTION = Attention(attention.ATTENTION)

@@ -431,6 +431,7 @@ def check(
     canonical_overrides: Mapping[str, Any] | None = None,
     seed: int = 0,
     shared: measure.SetupCache | None = None,
+    **_: Any,
 ) -> CheckReply:
     """Raw measurements of one Attention candidate (``shared``: torch's side of each case, once)."""
     values = canonical_options(canonical_overrides)
@@ -465,6 +466,7 @@ def time_candidate(
     options: Mapping[str, Any],
     canonical_overrides: Mapping[str, Any] | None = None,
     progress: Callable[[protocol.TimingProgressMessage], None] | None = None,
+    **_: Any,
 ) -> protocol.TimeReply:
     """fwd+bwd per geometry (``timing.step_rows``); on a GPU, peak memory."""
     tdev = torch_device(device)

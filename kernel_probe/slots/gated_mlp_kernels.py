@@ -19,7 +19,7 @@ import math
 import statistics
 import time
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -280,6 +280,7 @@ def check(
     *,
     canonical_overrides: Mapping[str, Any] | None = None,
     hidden: int | None = None,
+    **_: Any,
 ) -> CheckReply:
     """Raw measurements of one GatedMLP candidate (what ``slots.gated_mlp.judge`` decides on)."""
     try:
@@ -321,10 +322,11 @@ def time_candidate(
     device: str,
     shapes: list[str],
     dtype_name: str,
-    regime: str,
     options: Mapping[str, Any],
-    overrides: Mapping[str, Any] | None,
-    tick: Callable[[str, int, int], None] | None = None,
+    *,
+    regime: str = "true",
+    canonical_overrides: Mapping[str, Any] | None = None,
+    **_: Any,
 ) -> TimeReply:
     """Forward+backward of the candidate at each ``ROWSxIN`` shape (out: anemoi's gated hidden
     width), fixed repetitions."""
@@ -335,10 +337,10 @@ def time_candidate(
     clock = timing._Clock(device)
     rows_out: list[TimingRow] = []
     for shape in shapes:
-        rows, width, _ = parse_shape(shape)
+        rows, width = parse_shape(shape)[:2]
         head = TimingRow(implementation=cand.id, shape=shape, dtype=dtype_name, regime=regime)
         try:
-            values = canonical(overrides, width)
+            values = canonical(canonical_overrides, width)
             mod = measure.build(cand, values, tdev, param_dtype)
             x = torch.randn(rows, width, device=tdev, dtype=dtype, requires_grad=True)
             gy = torch.randn(rows, values["out_features"], device=tdev, dtype=dtype)
@@ -352,7 +354,7 @@ def time_candidate(
             step()
             clock.sync()
             compile_s = time.perf_counter() - t0
-            samples, how = timing.repeat(clock, step, opts, tick)
+            samples, how = timing.repeat(clock, step, opts)
         except Exception as exc:
             rows_out.append({**head, "error": measure.first_line(exc, 400)})
             continue
