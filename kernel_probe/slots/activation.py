@@ -1,15 +1,11 @@
 """The Activation slot in the probe: the model declares its function (``--activation``), every
-candidate is checked against it and the lock records it.
+candidate is checked against it (``activation_kernels``) and the lock records it.
 
-The verdict: every row (dtype, regime) by the project's one rule (``judge.judge_row``: ``y`` and
-``dx`` against the float64 reference of the declared function, relative to torch.nn's own in the
-same dtype), then the function. The worker measures which function the candidate's float32 output
-matches (``CheckReply.computes``); one that computes another is rejected naming both and their
-largest difference in float64 (GELU's erf and tanh forms: 4.7e-4 near |x| = 2.7). An
-approximation of the declared function (gelu-tanh for gelu-erf, or the reverse) is accepted only
-under ``--allow-approximation``, judged against what it computes and recorded
-(``accepted-changes``). A registered class known to compute another function is skipped before
-anything is imported (``static_problem``). The worker's measurements: ``activation_kernels``.
+The verdict: every row by the one rule (``judge.judge_row``), then the function the candidate's
+float32 output matches (``CheckReply.computes``). Another function is rejected, naming both and
+their largest difference in float64; an approximation of the declared one (gelu-tanh for gelu-erf,
+or the reverse) is accepted only under ``--allow-approximation``, judged against what it computes
+and recorded (``accepted-changes``).
 """
 
 from __future__ import annotations
@@ -35,7 +31,7 @@ from .base import Option, Slot
 if TYPE_CHECKING:
     from kernel_probe.candidates import Candidate
     from kernel_probe.probe.judge import Policy, Problem
-    from kernel_probe.probe.report import Report, ReportBase
+    from kernel_probe.probe.report import Report, ReportBase, Verdict
 
 __all__ = ["ACTIVATION"]
 
@@ -110,22 +106,14 @@ def judge(
     change = (
         f"approximation: {_difference(declared, computes)} (accepted with --allow-approximation)"
     )
-    rows = [_as_computed(r) for r in raw.rows] if allowed else list(raw.rows)
-    verdicts = [
-        rules.judge_row(
-            cand.id,
-            device,
-            "activation",
-            row,
-            policy,
-            # the slot's own flag: an output of another shape is no activation
-            also=[(FLAG_NOT_ELEMENTWISE, shape)]
-            if (shape := row.get("flags", {}).get(FLAG_NOT_ELEMENTWISE))
-            else (),
-            notes=[change] if allowed else (),
-        )
-        for row in rows
-    ]
+    notes = [change] if allowed else ()
+
+    def verdict(row: MeasurementRow) -> Verdict:
+        shape = row.get("flags", {}).get(FLAG_NOT_ELEMENTWISE)  # an output of another shape
+        also = [(FLAG_NOT_ELEMENTWISE, shape)] if shape else ()  # is no activation
+        return rules.judge_row(cand.id, device, "activation", row, policy, also=also, notes=notes)
+
+    verdicts = [verdict(_as_computed(r) if allowed else r) for r in raw.rows]
     report = rules.report_of(verdicts, base)
     if allowed:
         report.changes.append(change)
@@ -151,7 +139,6 @@ class Activation(Slot):
     """An elementwise function of one tensor, no parameters."""
 
     kernels = "kernel_probe.slots.activation_kernels"
-
     option = Option(
         "--activation",
         "the model's activation function, the Activation slot's reference: gelu-erf "

@@ -1,13 +1,8 @@
-"""The Activation slot's measurements, in the worker (torch): forward and backward against a float64
-reference of the model's declared function, on hard inputs, what the candidate really computes, and
-its timing.
-
-The reference is the declared function in float64 (for a declared ``other:module.Class``, that
-class run in float64); torch.nn's own implementation in the same dtype is the baseline its errors
-are judged against. Outputs: ``y`` and ``dx``. What a candidate computes is measured, not taken from
-its name (``identify``): its float32 output on the inputs where the functions differ most, matched
-against every known function's reference. Where that is not the declared function, its rows are also
-measured against what it does compute (``approx_cases``), for ``--allow-approximation``.
+"""The Activation slot's measurements, in the worker (torch): ``y`` and ``dx`` on hard inputs
+against the float64 reference of the declared function (for ``other:module.Class``, that class in
+float64), torch.nn's own in the same dtype the baseline; and its timing. What a candidate computes
+is measured, not taken from its name (``identify``); where that is not the declared function, its
+rows are also measured against what it computes (``approx_cases``, for ``--allow-approximation``).
 """
 
 from __future__ import annotations
@@ -41,20 +36,10 @@ from kernel_probe.shapes import parse_shape
 OUTPUTS = ("y", "dx")
 ROWS, WIDTH = 8, 256  # every case is (ROWS, WIDTH): 2,048 elements, a fraction of a ms per call
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-
-
-def _gelu_erf(x: Any) -> Any:
-    return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
-
-
-def _gelu_tanh(x: Any) -> Any:
-    return 0.5 * x * (1.0 + torch.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3)))
-
-
 # the functions: float64 references, and torch.nn's own in the inputs' dtype
 REFERENCES: dict[str, Callable[[Any], Any]] = {
-    "gelu-erf": _gelu_erf,
-    "gelu-tanh": _gelu_tanh,
+    "gelu-erf": lambda x: 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0))),
+    "gelu-tanh": lambda x: 0.5 * x * (1.0 + torch.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3))),
     "silu": lambda x: x * torch.sigmoid(x),
     "relu": lambda x: torch.clamp_min(x, 0.0),
     "sigmoid": torch.sigmoid,
@@ -131,12 +116,11 @@ def _run(fn: Callable[[Any], Any], x: Any, go: Any) -> dict[str, Any]:
             "layer_kernels.Activation)"
         )
     (dx,) = torch.autograd.grad(y, leaf, gout.to(y.dtype))
-    return {
-        "y": y.detach(),
-        "dx": dx,
+    modified = {
         "input": not torch.equal(kept, inp.detach()),
         "grad_output": not torch.equal(gout, go),
     }
+    return {"y": y.detach(), "dx": dx, **modified}
 
 
 def _errors(
@@ -252,23 +236,17 @@ def _twin(cand: Candidate, mod: Any, gen: torch.Generator) -> dict[str, Any]:
         go = torch.randn_like(x)
         a, b = _run(mod, x, go), _run(twin, x, go)
     except Exception as exc:
-        return {
-            "state_dict": "incompatible",
-            "reason": f"the twin raised {measure.first_line(exc, 300)}",
-        }
+        why = f"the twin raised {measure.first_line(exc, 300)}"
+        return {"state_dict": "incompatible", "reason": why}
     mine, theirs = mod.state_dict(), twin.state_dict()
     same = set(mine) == set(theirs) and all(mine[k].shape == theirs[k].shape for k in mine)
     worst = 0.0
     for n in OUTPUTS:
         scale = float(b[n].double().abs().max()) or 1.0
         worst = max(worst, float((a[n].double() - b[n].double()).abs().max()) / scale)
-    out: dict[str, Any] = {"state_dict": "interchangeable" if same else "incompatible"}
-    out["max_error"] = worst
-    if not same:
-        out["reason"] = (
-            f"state dict keys differ: {sorted(mine)} against the twin's {sorted(theirs)}"
-        )
-    return out
+    out = {"state_dict": "interchangeable" if same else "incompatible", "max_error": worst}
+    keys = f"state dict keys differ: {sorted(mine)} against the twin's {sorted(theirs)}"
+    return out if same else {**out, "reason": keys}
 
 
 def check(
