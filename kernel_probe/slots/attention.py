@@ -2,20 +2,21 @@
 (``--attention HEADSxHEAD_DIMxSEQ[:OPTIONS]``); the options are pinned and checked, the geometry is
 what it is timed at. The worker's measurements: ``attention_kernels``.
 
-The verdict (derivation in docs/checks.md, "Attention"): per output t in (out, dq, dk, dv), per
-input case, against the float64 reference of the same masked attention,
+The verdict (docs/checks.md, "Attention"): per output t in (out, dq, dk, dv) and input case,
+against the float64 reference of the same masked attention,
 
-    err(candidate, t) <= FACTOR * err(math, t) + FLOOR(dtype)    FACTOR = 4, FLOOR = 8 * eps(dtype)
+    err(candidate, t) <= FACTOR * err(torch, t) + FLOOR_EPS * eps(dtype)
 
-where ``math`` is torch's own math path in the same dtype (or the fused ordering, the larger): the
-form PyTorch's and flash-attn's own tests use. Every output that does not vanish is also judged on
-its RMS error and bias per row by the norms' rule (``tolerance.judge_output``). Besides errors: an
-input modified, a key outside the band that reaches an output, and an option the model sets that the
-candidate ignores (rejected, naming it) or refuses (unavailable, with its reason).
+torch's error being its math path's or its fused ordering's, the larger (as PyTorch's and
+flash-attn's own tests); every output that does not vanish also by the norms' rule on its RMS error
+and bias (``tolerance.judge_output``). Besides: an input modified, a key outside the band that
+reaches an output, and an option the model sets that the candidate ignores (rejected) or refuses
+(unavailable).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -68,30 +69,27 @@ class Geometry:
         return text
 
 
+_WANTED = {
+    "window": "-1 (global) or a half-width >= 0",
+    "alibi": "true or false",
+    "softcap": "a number >= 0",
+    "dropout": "in [0, 1)",
+}
+
+
 def _option(text: str, name: str, value: str) -> tuple[str, object]:
     try:
         if name == "window":
-            w = int(value)
-            if w < -1:
-                raise ValueError
-            return name, w
-        if name == "alibi":
-            if value.lower() not in ("true", "false", "1", "0"):
-                raise ValueError
-            return name, value.lower() in ("true", "1")
-        x = float(value)
-        if not (x >= 0 and x == x and x != float("inf")) or (name == "dropout" and x >= 1):
-            raise ValueError
-        return name, x
+            if int(value) >= -1:
+                return name, int(value)
+        elif name == "alibi":
+            if value.lower() in ("true", "false", "1", "0"):
+                return name, value.lower() in ("true", "1")
+        elif 0 <= (x := float(value)) < (1 if name == "dropout" else math.inf):  # not NaN
+            return name, x
     except ValueError:
-        what = {
-            "window": "-1 (global) or a half-width >= 0",
-            "alibi": "true or false",
-            "softcap": "a number >= 0",
-        }
-        raise ValueError(
-            f"{text!r}: {name} must be {what.get(name, 'in [0, 1)')}, got {value!r}"
-        ) from None
+        pass
+    raise ValueError(f"{text!r}: {name} must be {_WANTED[name]}, got {value!r}")
 
 
 def parse_geometry(text: str) -> Geometry:
@@ -187,17 +185,12 @@ def option_problems(
         got = capabilities.get(option, "not measured")
         if got == "honoured":
             continue
-        line = f"the model sets {option}={canonical[option]!r}, and this candidate {got}"
+        line = f"the model sets {option}={canonical[option]!r}, and this candidate"
         if got.startswith("raises"):
-            why = got[len("raises: ") :]
-            refused.append(line.replace(f"candidate {got}", f"candidate refuses it ({why})"))
+            refused.append(f"{line} refuses it ({got[len('raises: ') :]})")
         else:
-            does = (
-                f"candidate silently {got} it"
-                if got == "ignored"
-                else f"candidate computes it {got}"
-            )
-            rejected.append(line.replace(f"candidate {got}", does))
+            does = "silently ignored it" if got == "ignored" else f"computes it {got}"
+            rejected.append(f"{line} {does}")
     return rejected, refused
 
 
@@ -237,9 +230,9 @@ class Attention(Slot):
     summary_key = "attention"
     kernels = "kernel_probe.slots.attention_kernels"
     footnote = (
-        "Attention: tolerance = 4 x torch's own error (math path or fused ordering, the "
-        "larger) + 8 eps, "
-        "per output (out, dq, dk, dv); `--json` has every ratio and the measured capabilities"
+        "Attention: tolerance = 4 x torch's own error (math path or fused ordering, the larger) "
+        "+ 8 eps, per output (out, dq, dk, dv); `--json` has every ratio and the measured "
+        "capabilities"
     )
 
     def refuse(self, declared: str) -> None:
