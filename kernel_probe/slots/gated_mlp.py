@@ -1,12 +1,9 @@
 """The GatedMLP slot in the probe: anemoi's GatedMLPLayer, checked only for a model whose
-``mlp_implementation`` is gated (``--mlp-implementation``).
+``mlp_implementation`` is gated (``--mlp-implementation``); ``gated_mlp_kernels`` measures it.
 
-The verdict: per (dtype, regime) and input case, every compared output (``y``, ``dx``, and the
-gradients of ``gate_proj`` and ``value_proj``'s weight and bias) by the one rule every slot's
-outputs go through (``tolerance.judge_output``: max error, RMS error and bias against float64, each
-within FACTOR x torch's own gated layer's plus the dtype's floor). Then the flags fail it outright:
-a state dict that is not anemoi's, an input modified, and an output that matches one of the
-formula's known mistakes (``MISTAKES``). The worker's measurements: ``gated_mlp_kernels``.
+The verdict: every compared output of every case (``y``, ``dx``, the projections' weight and bias
+gradients) by the one rule (``tolerance.judge_output``); then a state dict that is not anemoi's, an
+input modified, or an output that matches one of the formula's known mistakes (``MISTAKES``).
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
-"""The GatedMLP slot's checks, run inside the worker (torch): anemoi's gated MLP layer, forward and
-backward.
+"""The GatedMLP slot's checks, in the worker (torch): anemoi's gated MLP layer, fwd and bwd.
 
-A candidate is built as the lock would build it (``Class(in_features, out_features,
-mlp_implementation=..., bias=True)``), given parameters that are neither ones nor zeros through a
-strict ``load_state_dict`` under anemoi's keys, and run at anemoi's shapes: ``num_channels`` in,
-``compute_mlp_hidden_dim(in, 2.67)`` out (the ratio anemoi's configs advise for gated variants), a
-few rows; 96 in by default, 1024 as anemoi's presets (``--hidden``). Every output is compared with
-the float64 reference of the formula (``kernel_lock.slots.gated_mlp``), and with torch's own gated
-layer in the same dtype and regime: anemoi's ``GatedMLPLayer`` with ``torch.nn.Linear`` where
-anemoi-models imports, else ``kernel_lock.gated_mlp.GatedMLP``. An output that matches the formula
-with the tanh GELU instead of erf, with the gate and value swapped, or without the biases is named;
-the state dict is checked against anemoi's both ways (strict, bitwise).
+A candidate is built as the lock builds it, given parameters that are neither ones nor zeros (strict
+``load_state_dict`` under anemoi's keys) and run at anemoi's shapes: ``num_channels`` in (96, or
+1024 with ``--hidden``), ``compute_mlp_hidden_dim(in, 2.67)`` out, a few rows. Every output is
+compared with the formula's float64 reference and with torch's own gated layer in the same dtype
+and regime (``own_layer``); an output matching one of ``MISTAKES`` is named, and the state dict is
+checked against anemoi's both ways (strict, bitwise).
 """
 
 from __future__ import annotations
@@ -104,31 +99,25 @@ def parameters(
     return out
 
 
-def anemoi_layer(values: Mapping[str, Any]) -> Any | None:
-    """anemoi-models' own ``GatedMLPLayer`` with ``torch.nn.Linear`` (float32), or None without
-    anemoi."""
+def own_layer(values: Mapping[str, Any]) -> tuple[Any, str]:
+    """torch's own gated layer (float32) and its name: anemoi-models' ``GatedMLPLayer`` with
+    ``torch.nn.Linear``, or ``kernel_lock.gated_mlp.GatedMLP`` without anemoi."""
+    n_in, n_out = values["in_features"], values["out_features"]
+    implementation = values["mlp_implementation"]
     try:
         from anemoi.models.layers.mlp import GatedMLPLayer
     except ImportError:
-        return None
+        layer = GatedMLP(n_in, n_out, implementation, bias=values["bias"])
+        return layer, "kernel_lock.gated_mlp.GatedMLP (anemoi-models is not installed)"
     # anemoi reads layer_kernels.Linear only (a DotDict in anemoi's own call sites)
     kernels: Any = types.SimpleNamespace(Linear=torch.nn.Linear)
-    n_in, n_out = values["in_features"], values["out_features"]
-    return GatedMLPLayer(n_in, n_out, kernels, values["mlp_implementation"])
-
-
-def _torch_layer(values: Mapping[str, Any]) -> Any:
-    n_in, n_out = values["in_features"], values["out_features"]
-    return GatedMLP(n_in, n_out, values["mlp_implementation"], bias=values["bias"])
+    return GatedMLPLayer(n_in, n_out, kernels, implementation), "anemoi-models' GatedMLPLayer"
 
 
 def state_dict_problem(mod: Any, values: Mapping[str, Any], gen: torch.Generator) -> str | None:
     """anemoi layer -> candidate -> anemoi layer, strict and bitwise (float32): None when the
     candidate holds anemoi's state dict exactly, else what differs."""
-    ours, source = anemoi_layer(values), "anemoi-models' GatedMLPLayer"
-    if ours is None:
-        ours = _torch_layer(values)
-        source = "kernel_lock.gated_mlp.GatedMLP (anemoi-models is not installed)"
+    ours, source = own_layer(values)
     with torch.no_grad():
         for p in ours.parameters():
             p.copy_(torch.randn(p.shape, generator=gen))
@@ -144,7 +133,7 @@ def state_dict_problem(mod: Any, values: Mapping[str, Any], gen: torch.Generator
     except (RuntimeError, KeyError) as exc:
         why = measure.first_line(exc, 300)
         return f"{source}'s state dict does not load into it strictly: {why}"
-    back = anemoi_layer(values) or _torch_layer(values)
+    back = own_layer(values)[0]
     back.load_state_dict(mod_f32.state_dict(), strict=True)
     changed = [k for k, t in back.state_dict().items() if not torch.equal(t, want[k])]
     return f"the round trip through it changes {changed}" if changed else None
@@ -194,7 +183,7 @@ def _row(
         row["flags"][FLAG_STATE_DICT] = problem
         return row
     mod = mod.to(device=tdev, dtype=param_dtype)
-    base = (anemoi_layer(values) or _torch_layer(values)).to(device=tdev, dtype=param_dtype)
+    base = own_layer(values)[0].to(device=tdev, dtype=param_dtype)
     params = parameters(values["in_features"], values["out_features"], gen, bool(values["bias"]))
     for m in (mod, base):  # strict: a candidate without anemoi's keys fails here
         m.load_state_dict({k: t.to(param_dtype) for k, t in params.items()}, strict=True)
