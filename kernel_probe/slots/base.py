@@ -157,22 +157,13 @@ class Slot:
         shared: Any,
     ) -> CheckReply:
         """The raw measurements of one candidate at ``dtypes`` (dtype, regime)."""
+        kw = dict(canonical_overrides=canonical, seed=seed, hidden=hidden, shared=shared)
         if self.kernels:
-            kw = dict(canonical_overrides=canonical, seed=seed, hidden=hidden, shared=shared)
             return importlib.import_module(self.kernels).check(cand, device, dtypes, **kw)
         from kernel_probe.probe import correctness  # torch: in the worker only
 
-        return correctness.check(
-            cand,
-            self.name,
-            device,
-            dtypes,
-            canonical_overrides=canonical,
-            seed=seed,
-            hidden=CHECK_HIDDEN if hidden is None else hidden,
-            baseline=baseline,
-            shared=shared,
-        )
+        kw["hidden"] = CHECK_HIDDEN if hidden is None else hidden
+        return correctness.check(cand, self.name, device, dtypes, baseline=baseline, **kw)
 
     def try_once(self, cand: Candidate, device: str) -> dict[str, Any]:
         """One tiny forward and backward on a device the candidate does not declare."""
