@@ -1,17 +1,16 @@
 """The slots the probe covers: one :class:`Slot` each, in a registry the generic stages read.
 
-The built-in slots live in this package (the norms: the protocol's defaults). Another package adds
-a slot through the ``kernel_probe.slots`` entry-point group (``name = module:SLOT``, a :class:`Slot`
-whose ``spec`` it also declares under ``kernel_lock.slots``): :func:`load_plugins` loads them where
-plug-ins are allowed; a broken one is reported, never allowed to stop the probe.
+The built-in slots live in this package, one module each. Another package adds a slot through the
+``kernel_probe.slots`` entry-point group (``name = module:SLOT``, a :class:`Slot` whose ``spec`` it
+also declares under ``kernel_lock.slots``): :func:`load_plugins` loads them where plug-ins are
+allowed; a broken one is reported, never allowed to stop the probe.
 """
 
 from __future__ import annotations
 
 from kernel_lock import slots as specs
-from kernel_lock.slots import norms
 
-from . import activation, attention, gated_mlp, linear
+from . import activation, attention, gated_mlp, linear, norms
 from .base import Option, Slot
 
 __all__ = ["ENTRY_POINTS", "SLOTS", "Option", "Slot", "load_plugins", "slot"]
@@ -21,8 +20,8 @@ ENTRY_POINTS = "kernel_probe.slots"
 SLOTS: dict[str, Slot] = {
     s.name: s
     for s in (
-        Slot(norms.LAYER_NORM),
-        Slot(norms.RMS_NORM),
+        norms.LAYER_NORM,
+        norms.RMS_NORM,
         linear.LINEAR,
         attention.ATTENTION,
         gated_mlp.GATED_MLP,
