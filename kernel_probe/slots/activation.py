@@ -80,14 +80,6 @@ def static_problem(cand: Candidate, declared: str) -> Problem | None:
     )
 
 
-def _as_computed(row: MeasurementRow) -> MeasurementRow:
-    """The row with its errors against the function the candidate computes instead."""
-    out = dict(row)
-    if "approx_cases" in row:
-        out["cases"], out["stats"] = row["approx_cases"], row.get("approx_stats", {})
-    return out  # type: ignore[return-value]
-
-
 def judge(
     raw: CheckReply, cand: Candidate, device: str, base: ReportBase, declared: str, policy: Policy
 ) -> Report:
@@ -109,11 +101,14 @@ def judge(
     notes = [change] if allowed else ()
 
     def verdict(row: MeasurementRow) -> Verdict:
+        if allowed and "approx_cases" in row:  # its errors against the function it computes
+            cases, stats = row["approx_cases"], row.get("approx_stats", {})
+            row = dict(row, cases=cases, stats=stats)  # type: ignore[assignment]
         shape = row.get("flags", {}).get(FLAG_NOT_ELEMENTWISE)  # an output of another shape
         also = [(FLAG_NOT_ELEMENTWISE, shape)] if shape else ()  # is no activation
         return rules.judge_row(cand.id, device, "activation", row, policy, also=also, notes=notes)
 
-    verdicts = [verdict(_as_computed(r) if allowed else r) for r in raw.rows]
+    verdicts = [verdict(row) for row in raw.rows]
     report = rules.report_of(verdicts, base)
     if allowed:
         report.changes.append(change)
