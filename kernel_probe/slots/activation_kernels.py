@@ -315,14 +315,8 @@ def time_candidate(
     return timing.step_rows(cand.id, device, shapes, dtype_name, options, progress, run_shape)
 
 
-def try_once(cand: Candidate, device: str) -> dict[str, Any]:
-    """One tiny forward and backward on a device the candidate does not declare: why it cannot
-    run."""
-    try:
-        with measure.on_device(device):
-            mod = build(cand)
-            x = torch.randn(4, 16, device=torch_device(device), requires_grad=True)
-            mod(x).sum().backward()
-    except Exception as exc:
-        return {"ran": False, "error": measure.first_line(exc, 500)}
-    return {"ran": True}
+def tiny_call(cand: Candidate, device: str) -> None:
+    """One tiny forward and backward (``Slot.try_once``: what it raises says why it cannot run)."""
+    with measure.on_device(device):
+        mod = build(cand)
+        mod(torch.randn(4, 16, device=torch_device(device), requires_grad=True)).sum().backward()

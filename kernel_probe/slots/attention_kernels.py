@@ -439,16 +439,12 @@ def check(
     )
 
 
-def try_once(cand: Candidate, device: str) -> dict[str, Any]:
-    """One tiny forward and backward on a device the candidate does not declare: why not."""
-    try:
-        with measure.on_device(device):
-            mod = build(cand, canonical_options(None))
-            q = torch.randn(1, 2, 8, 32, device=torch_device(device), requires_grad=True)
-            mod(q, q, q).sum().backward()
-    except Exception as exc:
-        return {"ran": False, "error": measure.first_line(exc, 500)}
-    return {"ran": True}
+def tiny_call(cand: Candidate, device: str) -> None:
+    """One tiny forward and backward (``Slot.try_once``: what it raises says why it cannot run)."""
+    with measure.on_device(device):
+        mod = build(cand, canonical_options(None))
+        q = torch.randn(1, 2, 8, 32, device=torch_device(device), requires_grad=True)
+        mod(q, q, q).sum().backward()
 
 
 def time_candidate(

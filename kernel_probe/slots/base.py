@@ -61,7 +61,7 @@ class Slot:
     option: Option | None = None  # how the model declares the slot; None: nothing to declare
     summary_key: str = ""  # the key its declared value has in the probe's JSON summary
     footnote: str = ""  # a line `kernel-probe check` prints under the verdict tables
-    # the module of its own worker measurements (``check``, ``try_once``, ``time_candidate``,
+    # the module of its own worker measurements (``check``, ``tiny_call``, ``time_candidate``,
     # importing torch); "": the norms' and Linear's (``correctness``, ``timing``)
     kernels: str = ""
 
@@ -167,11 +167,16 @@ class Slot:
 
     def try_once(self, cand: Candidate, device: str) -> dict[str, Any]:
         """One tiny forward and backward on a device the candidate does not declare."""
-        if self.kernels:
-            return importlib.import_module(self.kernels).try_once(cand, device)
-        from kernel_probe.probe import correctness  # torch: in the worker only
+        from kernel_probe.probe import correctness, measure  # torch: in the worker only
 
-        return correctness.try_once(cand, self.name, device)
+        if not self.kernels:
+            return correctness.try_once(cand, self.name, device)
+        tiny_call = importlib.import_module(self.kernels).tiny_call
+        try:
+            tiny_call(cand, device)
+        except Exception as exc:
+            return {"ran": False, "error": measure.first_line(exc, 500)}
+        return {"ran": True}
 
     def time(
         self,

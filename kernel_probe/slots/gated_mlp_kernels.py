@@ -294,16 +294,10 @@ def check(
     return CheckReply(candidate=cand.id, device=device, rows=rows, import_s=import_s)
 
 
-def try_once(cand: Candidate, device: str) -> dict[str, Any]:
-    """One tiny forward and backward on a device the candidate does not declare: why it cannot
-    run."""
-    try:
-        mod = measure.build(cand, canonical(None, 16), torch_device(device), torch.float32)
-        x = torch.randn(2, 16, device=torch_device(device), requires_grad=True)
-        mod(x).sum().backward()
-    except Exception as exc:
-        return {"ran": False, "error": measure.first_line(exc, 500)}
-    return {"ran": True}
+def tiny_call(cand: Candidate, device: str) -> None:
+    """One tiny forward and backward (``Slot.try_once``: what it raises says why it cannot run)."""
+    mod = measure.build(cand, canonical(None, 16), torch_device(device), torch.float32)
+    mod(torch.randn(2, 16, device=torch_device(device), requires_grad=True)).sum().backward()
 
 
 def time_candidate(
