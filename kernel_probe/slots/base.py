@@ -16,17 +16,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kernel_lock.slots import SlotSpec
-from kernel_probe.isolation.protocol import (
-    INTERPRETED,
-    CheckReply,
-    TimeReply,
-    TimingProgressMessage,
-)
+from kernel_probe.isolation.protocol import INTERPRETED, TimeReply
 from kernel_probe.probe.limits import CHECK_HIDDEN
 from kernel_probe.shapes import parse_shape
 
 if TYPE_CHECKING:  # the probe's side needs the types only; the worker imports what it runs
     from kernel_probe.candidates import Candidate
+    from kernel_probe.isolation.protocol import CheckReply, TimingProgressMessage
     from kernel_probe.probe.judge import Policy, Problem
     from kernel_probe.probe.report import Report, ReportBase
 
