@@ -64,8 +64,7 @@ HINTS = {
 def function_of_other(function: str) -> Callable[[Any], Any]:
     """A declared ``other:module.Class``: that class built with no arguments, run in the input's
     dtype (in float64 it is the reference, in the checked dtype torch's baseline)."""
-    module = measure.import_class(function[len(OTHER_FUNCTION) :])()
-    return lambda x: module(x)
+    return measure.import_class(function[len(OTHER_FUNCTION) :])()
 
 
 def functions_for(function: str) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
@@ -123,24 +122,13 @@ def _run(fn: Callable[[Any], Any], x: Any, go: Any) -> dict[str, Any]:
     return {"y": y.detach(), "dx": dx, **modified}
 
 
-def _errors(
-    got: Mapping[str, Any], base: Mapping[str, Any], ref: Mapping[str, Any]
-) -> tuple[dict[str, list[float]], dict[str, ErrorStats]]:
-    errors, stats = {}, {}
-    for name in OUTPUTS:
-        g = got[name].detach().double() if got[name].shape == ref[name].shape else None
-        errors[name], stats[name] = measure.compare(
-            g, base[name].detach().double(), ref[name].detach().double(), rows=True
-        )
-    return errors, stats
-
-
 def _measure(
     mod: Any, function: str, xs: Mapping[str, Any], gos: Mapping[str, Any], flags: dict | None
 ) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, ErrorStats]]]:
     """Per case: the candidate's and torch's errors against ``function``'s float64 reference."""
     reference, own = functions_for(function)
-    cases_out, stats_out = {}, {}
+    cases_out: dict[str, dict[str, list[float]]] = {}
+    stats_out: dict[str, dict[str, ErrorStats]] = {}
     for name, x in xs.items():
         got = _run(mod, x, gos[name])
         if flags is not None:
@@ -150,7 +138,11 @@ def _measure(
                 flags.setdefault(FLAG_GRAD_OUTPUT_MODIFIED, name)
         base = _run(own, x, gos[name])
         ref = _run(reference, x.double(), gos[name].double())
-        cases_out[name], stats_out[name] = _errors(got, base, ref)
+        cases_out[name], stats_out[name] = {}, {}
+        for t in OUTPUTS:
+            g = got[t].detach().double() if got[t].shape == ref[t].shape else None
+            b, r = base[t].detach().double(), ref[t].detach().double()
+            cases_out[name][t], stats_out[name][t] = measure.compare(g, b, r, rows=True)
     return cases_out, stats_out
 
 
