@@ -50,16 +50,14 @@ OUTPUTS = ("y", "dx", *PARAMS)
 
 
 def hidden_dim(num_channels: int, ratio: float) -> int:
-    """anemoi's hidden width for a ratio (``layers.utils.compute_mlp_hidden_dim``: halves round
-    up)."""
+    """anemoi's hidden width for a ratio (``compute_mlp_hidden_dim``: halves round up)."""
     if not math.isfinite(ratio) or ratio <= 0:
         raise ValueError(f"the MLP ratio must be a positive finite number, not {ratio!r}")
     return int(num_channels * ratio + 0.5)
 
 
 def canonical(overrides: Mapping[str, Any] | None, in_features: int = CHECK_IN) -> dict[str, Any]:
-    """The values a GatedMLP template names: the model's mlp_implementation, the bias and the
-    sizes."""
+    """The values a GatedMLP template names: the model's mlp_implementation, bias and sizes."""
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     values = {**SPECS["GatedMLP"].canonical, **given}
     gate_for(values["mlp_implementation"])  # ValueError for "mlp" or a name anemoi does not know
@@ -86,16 +84,14 @@ def reference(x: Any, params: Mapping[str, Any], function: str, mistake: str = "
 def parameters(
     in_features: int, out_features: int, gen: torch.Generator, bias: bool = True
 ) -> dict[str, Any]:
-    """float64 parameters under anemoi's keys, neither ones nor zeros (a kernel ignoring one
-    fails)."""
+    """float64 parameters under anemoi's keys, neither ones nor zeros (ignoring one fails)."""
     out: dict[str, Any] = {}
+    f64 = torch.float64
     for proj in ("gate_proj", "value_proj"):
-        weight = torch.randn(out_features, in_features, generator=gen, dtype=torch.float64)
+        weight = torch.randn(out_features, in_features, generator=gen, dtype=f64)
         out[f"{proj}.weight"] = weight / math.sqrt(in_features)
         if bias:
-            out[f"{proj}.bias"] = 0.5 * torch.randn(
-                out_features, generator=gen, dtype=torch.float64
-            )
+            out[f"{proj}.bias"] = 0.5 * torch.randn(out_features, generator=gen, dtype=f64)
     return out
 
 
@@ -216,24 +212,16 @@ def _errors(
 ) -> tuple[dict[str, list[float]], dict[str, ErrorStats]]:
     errors: dict[str, list[float]] = {}
     stats: dict[str, ErrorStats] = {}
-    for name in OUTPUTS:
-        if ref[name] is None:
-            continue
-        g, b = got[name], ours[name]
-        errors[name], stats[name] = measure.compare(
-            None if g is None else g.cpu(),
-            None if b is None else b.cpu(),
-            ref[name],
-            rows=name in ("y", "dx"),
-        )
+    for name in (n for n in OUTPUTS if ref[n] is not None):
+        g, b = (None if t[name] is None else t[name].cpu() for t in (got, ours))
+        errors[name], stats[name] = measure.compare(g, b, ref[name], rows=name in ("y", "dx"))
     return errors, stats
 
 
 def _twin(
     cand: Candidate, values: Mapping[str, Any], mod: Any, x: Any, autocast: tuple[str, Any] | None
 ) -> dict[str, Any]:
-    """The portable twin given the candidate's state dict (strict): interchangeable, and how far
-    apart."""
+    """The portable twin loaded with the candidate's state dict (strict): how far apart."""
     if not cand.twin_target:
         return measure.no_twin()
     try:
@@ -311,8 +299,7 @@ def time_candidate(
     canonical_overrides: Mapping[str, Any] | None = None,
     **_: Any,
 ) -> TimeReply:
-    """Forward+backward of the candidate at each ``ROWSxIN`` shape (out: anemoi's gated hidden
-    width), fixed repetitions."""
+    """fwd+bwd at each ``ROWSxIN`` shape (out: anemoi's gated hidden width), fixed repetitions."""
     opts = {**timing.DEFAULT_OPTIONS, **options, "mode": "fixed"}
     tdev, dtype = torch_device(device), measure.torch_dtype(dtype_name)
     param_dtype = torch.float32 if regime == "mixed" else dtype
