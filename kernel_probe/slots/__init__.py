@@ -36,8 +36,7 @@ def slot(name: str) -> Slot:
 
 
 def load_plugins(names: tuple[str, ...] | None = None) -> list[str]:
-    """Load the slots other packages declare (``names``: only these); the problems, one line
-    each."""
+    """Load the slots other packages declare (``names``: only these); the problems, one a line."""
     from importlib.metadata import entry_points  # ~100 ms: only where plug-ins are asked for
 
     problems = []

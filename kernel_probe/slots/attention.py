@@ -117,8 +117,7 @@ def parse_geometry(text: str) -> Geometry:
 
 
 def canonical_options(overrides: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The Attention slot's canonical options (its ``SlotSpec.canonical``) with the model's
-    ``overrides``."""
+    """The slot's canonical options (``SlotSpec.canonical``) with the model's ``overrides``."""
     c = dict(attention.ATTENTION.canonical)
     c.update({k: v for k, v in (overrides or {}).items() if k in c})
     return c
@@ -180,10 +179,8 @@ def option_problems(
     those it refuses (raises on)."""
     rejected, refused = [], []
     for option, unset in UNSET.items():
-        if canonical.get(option, unset) == unset:
-            continue
         got = capabilities.get(option, "not measured")
-        if got == "honoured":
+        if canonical.get(option, unset) == unset or got == "honoured":
             continue
         line = f"the model sets {option}={canonical[option]!r}, and this candidate"
         if got.startswith("raises"):

@@ -51,8 +51,7 @@ class Option:
 
 
 class Slot:
-    """One slot's behaviour in the probe (a layer with parameters that maps one tensor unless a
-    subclass says otherwise)."""
+    """One slot's behaviour in the probe (by default: a layer with parameters, one tensor)."""
 
     option: Option | None = None  # how the model declares the slot; None: nothing to declare
     summary_key: str = ""  # the key its declared value has in the probe's JSON summary

@@ -270,8 +270,7 @@ def check(
     with measure.one_cpu_thread(device):  # the default check's tensors are small
         rows = [_row(cand, values, d, regime, device) for d, regime in dtypes]
         # what the kernel computes is told in float32, where a formula's mistake (tanh's GELU for
-        # erf's) is far above rounding; in bf16 or fp16 it can hide under it. Measured once, said
-        # on every row
+        # erf's) is far above rounding (in bf16 or fp16 it can hide): measured once, said on all
         fp32 = next((r for r in rows if r["dtype"] == "float32"), None)
         if fp32 is None:
             fp32 = _row(cand, values, "float32", "true", device)
