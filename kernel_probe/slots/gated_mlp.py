@@ -50,8 +50,7 @@ def judge_row(cand: Candidate, device: str, row: MeasurementRow) -> Verdict:
         return v
     found = rules.judge_cases(row, HINTS)
     flags = row.get("flags", {})
-    first: list[str] = []
-    failed: list[str] = []
+    first, failed = [], []
     reasons: list[str] = []
     if FLAG_MISTAKE in flags:  # told in float32 (the check): it fails every row, however small here
         hidden = ""
