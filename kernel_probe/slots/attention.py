@@ -61,12 +61,8 @@ class Geometry:
         return dict(self.options).get("window")  # type: ignore[return-value]
 
     def __str__(self) -> str:
-        text = f"{self.heads}x{self.head_dim}x{self.seq}"
-        if self.options:
-            text += ":" + ",".join(
-                f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in self.options
-            )
-        return text
+        said = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in self.options]
+        return f"{self.heads}x{self.head_dim}x{self.seq}" + (":" + ",".join(said) if said else "")
 
 
 _WANTED = {
