@@ -1,11 +1,9 @@
 """The slots the probe covers: one :class:`Slot` each, in a registry the generic stages read.
 
-The built-in slots live in this package, one module each (``norms``, ``linear``, ``attention``,
-``gated_mlp``, ``activation``). Another package adds a slot through the ``kernel_probe.slots``
-entry-point group (name = the slot, value = ``module:SLOT``, a :class:`Slot` whose ``spec`` the
-package also declares under ``kernel_lock.slots`` so that a training process can read its locks):
-:func:`load_plugins` loads them where plug-ins are allowed, like candidates' entry points; a broken
-one is reported, never allowed to stop the probe.
+The built-in slots live in this package, one module each. Another package adds a slot through the
+``kernel_probe.slots`` entry-point group (``name = module:SLOT``, a :class:`Slot` whose ``spec`` it
+also declares under ``kernel_lock.slots``): :func:`load_plugins` loads them where plug-ins are
+allowed; a broken one is reported, never allowed to stop the probe.
 """
 
 from __future__ import annotations
@@ -38,8 +36,7 @@ def slot(name: str) -> Slot:
 
 
 def load_plugins(names: tuple[str, ...] | None = None) -> list[str]:
-    """Load the slots other packages declare (``names``: only these); the problems, one line
-    each."""
+    """Load the slots other packages declare (``names``: only these); the problems, one a line."""
     from importlib.metadata import entry_points  # ~100 ms: only where plug-ins are asked for
 
     problems = []

@@ -1,15 +1,11 @@
 """The Activation slot in the probe: the model declares its function (``--activation``), every
-candidate is checked against it and the lock records it.
+candidate is checked against it (``activation_kernels``) and the lock records it.
 
-The verdict: every row (dtype, regime) by the project's one rule (``judge.judge_row``: ``y`` and
-``dx`` against the float64 reference of the declared function, relative to torch.nn's own in the
-same dtype), then the function. The worker measures which function the candidate's float32 output
-matches (``CheckReply.computes``); one that computes another is rejected naming both and their
-largest difference in float64 (GELU's erf and tanh forms: 4.7e-4 near |x| = 2.7). An
-approximation of the declared function (gelu-tanh for gelu-erf, or the reverse) is accepted only
-under ``--allow-approximation``, judged against what it computes and recorded
-(``accepted-changes``). A registered class known to compute another function is skipped before
-anything is imported (``static_problem``). The worker's measurements: ``activation_kernels``.
+The verdict: every row by the one rule (``judge.judge_row``), then the function the candidate's
+float32 output matches (``CheckReply.computes``). Another function is rejected, naming both and
+their largest difference in float64; an approximation of the declared one (gelu-tanh for gelu-erf,
+or the reverse) is accepted only under ``--allow-approximation``, judged against what it computes
+and recorded (``accepted-changes``).
 """
 
 from __future__ import annotations
@@ -28,14 +24,14 @@ from kernel_lock.slots.activation import (
     is_approximation,
 )
 from kernel_probe.errors import UsageError
+from kernel_probe.isolation.protocol import FLAG_NOT_ELEMENTWISE, CheckReply, MeasurementRow
 
 from .base import Option, Slot
 
 if TYPE_CHECKING:
     from kernel_probe.candidates import Candidate
-    from kernel_probe.isolation.protocol import CheckReply, MeasurementRow, TimeReply
     from kernel_probe.probe.judge import Policy, Problem
-    from kernel_probe.probe.report import Report, ReportBase
+    from kernel_probe.probe.report import Report, ReportBase, Verdict
 
 __all__ = ["ACTIVATION"]
 
@@ -84,20 +80,11 @@ def static_problem(cand: Candidate, declared: str) -> Problem | None:
     )
 
 
-def _as_computed(row: MeasurementRow) -> MeasurementRow:
-    """The row with its errors against the function the candidate computes instead."""
-    out = dict(row)
-    if "approx_cases" in row:
-        out["cases"], out["stats"] = row["approx_cases"], row.get("approx_stats", {})
-    return out  # type: ignore[return-value]
-
-
 def judge(
     raw: CheckReply, cand: Candidate, device: str, base: ReportBase, declared: str, policy: Policy
 ) -> Report:
     """The Activation verdict from the worker's measurements."""
-    from kernel_probe.isolation.protocol import FLAG_NOT_ELEMENTWISE
-    from kernel_probe.probe import judge as rules  # the judge imports the candidates' parser
+    from kernel_probe.probe import judge as rules  # reason: ~70 ms the light commands skip
 
     if raw.phase == "import":
         return rules.stopped(rules.failed_import(cand.target, raw.kind, raw.error), base)
@@ -111,22 +98,17 @@ def judge(
     change = (
         f"approximation: {_difference(declared, computes)} (accepted with --allow-approximation)"
     )
-    rows = [_as_computed(r) for r in raw.rows] if allowed else list(raw.rows)
-    verdicts = [
-        rules.judge_row(
-            cand.id,
-            device,
-            "activation",
-            row,
-            policy,
-            # the slot's own flag: an output of another shape is no activation
-            also=[(FLAG_NOT_ELEMENTWISE, shape)]
-            if (shape := row.get("flags", {}).get(FLAG_NOT_ELEMENTWISE))
-            else (),
-            notes=[change] if allowed else (),
-        )
-        for row in rows
-    ]
+    notes = [change] if allowed else ()
+
+    def verdict(row: MeasurementRow) -> Verdict:
+        if allowed and "approx_cases" in row:  # its errors against the function it computes
+            cases, stats = row["approx_cases"], row.get("approx_stats", {})
+            row = dict(row, cases=cases, stats=stats)  # type: ignore[assignment]
+        shape = row.get("flags", {}).get(FLAG_NOT_ELEMENTWISE)  # an output of another shape
+        also = [(FLAG_NOT_ELEMENTWISE, shape)] if shape else ()  # is no activation
+        return rules.judge_row(cand.id, device, "activation", row, policy, also=also, notes=notes)
+
+    verdicts = [verdict(row) for row in raw.rows]
     report = rules.report_of(verdicts, base)
     if allowed:
         report.changes.append(change)
@@ -151,6 +133,7 @@ def judge(
 class Activation(Slot):
     """An elementwise function of one tensor, no parameters."""
 
+    kernels = "kernel_probe.slots.activation_kernels"
     option = Option(
         "--activation",
         "the model's activation function, the Activation slot's reference: gelu-erf "
@@ -190,26 +173,6 @@ class Activation(Slot):
     ) -> dict[str, Any]:
         """The model's function the candidates were checked against."""
         return {"function": str(values["function"])}
-
-    def check(
-        self, cand, device, dtypes, *, canonical, seed, hidden, baseline, shared
-    ) -> CheckReply:
-        """Against the declared function's float64 reference."""
-        from . import activation_kernels as kernels  # torch: in the worker only
-
-        return kernels.check(cand, device, dtypes, canonical_overrides=canonical, seed=seed)
-
-    def try_once(self, cand: Candidate, device: str) -> dict[str, Any]:
-        """One tiny call on a device the candidate does not declare."""
-        from . import activation_kernels as kernels  # torch: in the worker only
-
-        return kernels.try_once(cand, device)
-
-    def time(self, cand, device, shapes, dtype, regime, options, canonical, progress) -> TimeReply:
-        """fwd+bwd at each shape."""
-        from . import activation_kernels as kernels  # torch: in the worker only
-
-        return kernels.time_candidate(cand, device, shapes, dtype, options, progress)
 
 
 ACTIVATION = Activation(activation.ACTIVATION)

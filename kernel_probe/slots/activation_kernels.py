@@ -1,13 +1,8 @@
-"""The Activation slot's measurements, in the worker (torch): forward and backward against a float64
-reference of the model's declared function, on hard inputs, what the candidate really computes, and
-its timing.
-
-The reference is the declared function in float64 (for a declared ``other:module.Class``, that
-class run in float64); torch.nn's own implementation in the same dtype is the baseline its errors
-are judged against. Outputs: ``y`` and ``dx``. What a candidate computes is measured, not taken from
-its name (``identify``): its float32 output on the inputs where the functions differ most, matched
-against every known function's reference. Where that is not the declared function, its rows are also
-measured against what it does compute (``approx_cases``), for ``--allow-approximation``.
+"""The Activation slot's measurements, in the worker (torch): ``y`` and ``dx`` on hard inputs
+against the float64 reference of the declared function (for ``other:module.Class``, that class in
+float64), torch.nn's own in the same dtype the baseline; and its timing. What a candidate computes
+is measured, not taken from its name (``identify``); where that is not the declared function, its
+rows are also measured against what it computes (``approx_cases``, for ``--allow-approximation``).
 """
 
 from __future__ import annotations
@@ -41,20 +36,10 @@ from kernel_probe.shapes import parse_shape
 OUTPUTS = ("y", "dx")
 ROWS, WIDTH = 8, 256  # every case is (ROWS, WIDTH): 2,048 elements, a fraction of a ms per call
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-
-
-def _gelu_erf(x: Any) -> Any:
-    return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
-
-
-def _gelu_tanh(x: Any) -> Any:
-    return 0.5 * x * (1.0 + torch.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3)))
-
-
 # the functions: float64 references, and torch.nn's own in the inputs' dtype
 REFERENCES: dict[str, Callable[[Any], Any]] = {
-    "gelu-erf": _gelu_erf,
-    "gelu-tanh": _gelu_tanh,
+    "gelu-erf": lambda x: 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0))),
+    "gelu-tanh": lambda x: 0.5 * x * (1.0 + torch.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3))),
     "silu": lambda x: x * torch.sigmoid(x),
     "relu": lambda x: torch.clamp_min(x, 0.0),
     "sigmoid": torch.sigmoid,
@@ -79,8 +64,7 @@ HINTS = {
 def function_of_other(function: str) -> Callable[[Any], Any]:
     """A declared ``other:module.Class``: that class built with no arguments, run in the input's
     dtype (in float64 it is the reference, in the checked dtype torch's baseline)."""
-    module = measure.import_class(function[len(OTHER_FUNCTION) :])()
-    return lambda x: module(x)
+    return measure.import_class(function[len(OTHER_FUNCTION) :])()
 
 
 def functions_for(function: str) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
@@ -131,24 +115,11 @@ def _run(fn: Callable[[Any], Any], x: Any, go: Any) -> dict[str, Any]:
             "layer_kernels.Activation)"
         )
     (dx,) = torch.autograd.grad(y, leaf, gout.to(y.dtype))
-    return {
-        "y": y.detach(),
-        "dx": dx,
+    modified = {
         "input": not torch.equal(kept, inp.detach()),
         "grad_output": not torch.equal(gout, go),
     }
-
-
-def _errors(
-    got: Mapping[str, Any], base: Mapping[str, Any], ref: Mapping[str, Any]
-) -> tuple[dict[str, list[float]], dict[str, ErrorStats]]:
-    errors, stats = {}, {}
-    for name in OUTPUTS:
-        g = got[name].detach().double() if got[name].shape == ref[name].shape else None
-        errors[name], stats[name] = measure.compare(
-            g, base[name].detach().double(), ref[name].detach().double(), rows=True
-        )
-    return errors, stats
+    return {"y": y.detach(), "dx": dx, **modified}
 
 
 def _measure(
@@ -156,7 +127,8 @@ def _measure(
 ) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, ErrorStats]]]:
     """Per case: the candidate's and torch's errors against ``function``'s float64 reference."""
     reference, own = functions_for(function)
-    cases_out, stats_out = {}, {}
+    cases_out: dict[str, dict[str, list[float]]] = {}
+    stats_out: dict[str, dict[str, ErrorStats]] = {}
     for name, x in xs.items():
         got = _run(mod, x, gos[name])
         if flags is not None:
@@ -166,7 +138,11 @@ def _measure(
                 flags.setdefault(FLAG_GRAD_OUTPUT_MODIFIED, name)
         base = _run(own, x, gos[name])
         ref = _run(reference, x.double(), gos[name].double())
-        cases_out[name], stats_out[name] = _errors(got, base, ref)
+        cases_out[name], stats_out[name] = {}, {}
+        for t in OUTPUTS:
+            g = got[t].detach().double() if got[t].shape == ref[t].shape else None
+            b, r = base[t].detach().double(), ref[t].detach().double()
+            cases_out[name][t], stats_out[name][t] = measure.compare(g, b, r, rows=True)
     return cases_out, stats_out
 
 
@@ -252,23 +228,17 @@ def _twin(cand: Candidate, mod: Any, gen: torch.Generator) -> dict[str, Any]:
         go = torch.randn_like(x)
         a, b = _run(mod, x, go), _run(twin, x, go)
     except Exception as exc:
-        return {
-            "state_dict": "incompatible",
-            "reason": f"the twin raised {measure.first_line(exc, 300)}",
-        }
+        why = f"the twin raised {measure.first_line(exc, 300)}"
+        return {"state_dict": "incompatible", "reason": why}
     mine, theirs = mod.state_dict(), twin.state_dict()
     same = set(mine) == set(theirs) and all(mine[k].shape == theirs[k].shape for k in mine)
     worst = 0.0
     for n in OUTPUTS:
         scale = float(b[n].double().abs().max()) or 1.0
         worst = max(worst, float((a[n].double() - b[n].double()).abs().max()) / scale)
-    out: dict[str, Any] = {"state_dict": "interchangeable" if same else "incompatible"}
-    out["max_error"] = worst
-    if not same:
-        out["reason"] = (
-            f"state dict keys differ: {sorted(mine)} against the twin's {sorted(theirs)}"
-        )
-    return out
+    out = {"state_dict": "interchangeable" if same else "incompatible", "max_error": worst}
+    keys = f"state dict keys differ: {sorted(mine)} against the twin's {sorted(theirs)}"
+    return out if same else {**out, "reason": keys}
 
 
 def check(
@@ -278,6 +248,7 @@ def check(
     *,
     canonical_overrides: Mapping[str, Any] | None = None,
     seed: int = 0,
+    **_: Any,
 ) -> CheckReply:
     """Raw measurements of one Activation candidate against the declared function."""
     function = declared_function(canonical_overrides)
@@ -313,6 +284,7 @@ def time_candidate(
     dtype_name: str,
     options: Mapping[str, Any],
     progress: Callable[[TimingProgressMessage], None] | None = None,
+    **_: Any,
 ) -> TimeReply:
     """fwd+bwd at each shape (``ROWSxHIDDEN``: the activation applied to rows x hidden elements; a
     Linear's ``ROWSxINxOUT`` times rows x out) with the timing module's clock and repetitions."""
@@ -335,14 +307,8 @@ def time_candidate(
     return timing.step_rows(cand.id, device, shapes, dtype_name, options, progress, run_shape)
 
 
-def try_once(cand: Candidate, device: str) -> dict[str, Any]:
-    """One tiny forward and backward on a device the candidate does not declare: why it cannot
-    run."""
-    try:
-        with measure.on_device(device):
-            mod = build(cand)
-            x = torch.randn(4, 16, device=torch_device(device), requires_grad=True)
-            mod(x).sum().backward()
-    except Exception as exc:
-        return {"ran": False, "error": measure.first_line(exc, 500)}
-    return {"ran": True}
+def tiny_call(cand: Candidate, device: str) -> None:
+    """One tiny forward and backward (``Slot.try_once``: what it raises says why it cannot run)."""
+    with measure.on_device(device):
+        mod = build(cand)
+        mod(torch.randn(4, 16, device=torch_device(device), requires_grad=True)).sum().backward()

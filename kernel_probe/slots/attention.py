@@ -2,20 +2,21 @@
 (``--attention HEADSxHEAD_DIMxSEQ[:OPTIONS]``); the options are pinned and checked, the geometry is
 what it is timed at. The worker's measurements: ``attention_kernels``.
 
-The verdict (derivation in docs/checks.md, "Attention"): per output t in (out, dq, dk, dv), per
-input case, against the float64 reference of the same masked attention,
+The verdict (docs/checks.md, "Attention"): per output t in (out, dq, dk, dv) and input case,
+against the float64 reference of the same masked attention,
 
-    err(candidate, t) <= FACTOR * err(math, t) + FLOOR(dtype)    FACTOR = 4, FLOOR = 8 * eps(dtype)
+    err(candidate, t) <= FACTOR * err(torch, t) + FLOOR_EPS * eps(dtype)
 
-where ``math`` is torch's own math path in the same dtype (or the fused ordering, the larger): the
-form PyTorch's and flash-attn's own tests use. Every output that does not vanish is also judged on
-its RMS error and bias per row by the norms' rule (``tolerance.judge_output``). Besides errors: an
-input modified, a key outside the band that reaches an output, and an option the model sets that the
-candidate ignores (rejected, naming it) or refuses (unavailable, with its reason).
+torch's error being its math path's or its fused ordering's, the larger (as PyTorch's and
+flash-attn's own tests); every output that does not vanish also by the norms' rule on its RMS error
+and bias (``tolerance.judge_output``). Besides: an input modified, a key outside the band that
+reaches an output, and an option the model sets that the candidate ignores (rejected) or refuses
+(unavailable).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from .base import Option, Slot
 
 if TYPE_CHECKING:
     from kernel_probe.candidates import Candidate
-    from kernel_probe.isolation.protocol import CheckReply, MeasurementRow, TimeReply
+    from kernel_probe.isolation.protocol import CheckReply, MeasurementRow
     from kernel_probe.probe.report import Report, ReportBase, Verdict
 
 __all__ = ["ATTENTION"]
@@ -60,38 +61,31 @@ class Geometry:
         return dict(self.options).get("window")  # type: ignore[return-value]
 
     def __str__(self) -> str:
-        text = f"{self.heads}x{self.head_dim}x{self.seq}"
-        if self.options:
-            text += ":" + ",".join(
-                f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in self.options
-            )
-        return text
+        said = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in self.options]
+        return f"{self.heads}x{self.head_dim}x{self.seq}" + (":" + ",".join(said) if said else "")
+
+
+_WANTED = {
+    "window": "-1 (global) or a half-width >= 0",
+    "alibi": "true or false",
+    "softcap": "a number >= 0",
+    "dropout": "in [0, 1)",
+}
 
 
 def _option(text: str, name: str, value: str) -> tuple[str, object]:
     try:
         if name == "window":
-            w = int(value)
-            if w < -1:
-                raise ValueError
-            return name, w
-        if name == "alibi":
-            if value.lower() not in ("true", "false", "1", "0"):
-                raise ValueError
-            return name, value.lower() in ("true", "1")
-        x = float(value)
-        if not (x >= 0 and x == x and x != float("inf")) or (name == "dropout" and x >= 1):
-            raise ValueError
-        return name, x
+            if int(value) >= -1:
+                return name, int(value)
+        elif name == "alibi":
+            if value.lower() in ("true", "false", "1", "0"):
+                return name, value.lower() in ("true", "1")
+        elif 0 <= (x := float(value)) < (1 if name == "dropout" else math.inf):  # not NaN
+            return name, x
     except ValueError:
-        what = {
-            "window": "-1 (global) or a half-width >= 0",
-            "alibi": "true or false",
-            "softcap": "a number >= 0",
-        }
-        raise ValueError(
-            f"{text!r}: {name} must be {what.get(name, 'in [0, 1)')}, got {value!r}"
-        ) from None
+        pass
+    raise ValueError(f"{text!r}: {name} must be {_WANTED[name]}, got {value!r}")
 
 
 def parse_geometry(text: str) -> Geometry:
@@ -119,8 +113,7 @@ def parse_geometry(text: str) -> Geometry:
 
 
 def canonical_options(overrides: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The Attention slot's canonical options (its ``SlotSpec.canonical``) with the model's
-    ``overrides``."""
+    """The slot's canonical options (``SlotSpec.canonical``) with the model's ``overrides``."""
     c = dict(attention.ATTENTION.canonical)
     c.update({k: v for k, v in (overrides or {}).items() if k in c})
     return c
@@ -156,14 +149,13 @@ def tolerance(output: str, base: float, dtype: str) -> float:
 
 def judge_row(cand: Candidate, device: str, row: MeasurementRow) -> Verdict:
     """One dtype's verdict: every case's outputs under the tolerance rule, then the flags."""
-    # the judge imports the candidates' parser: not on the command line's light path
-    from kernel_probe.probe.judge import judge_cases, row_verdict, unmeasured
+    from kernel_probe.probe import judge as rules  # reason: ~70 ms the light commands skip
 
-    v = unmeasured(cand.id, device, row, _REFUSED, say_unavailable=True)
+    v = rules.unmeasured(cand.id, device, row, _REFUSED, say_unavailable=True)
     if v is not None:
         return v
     # the max error by the attention tolerance; the RMS error and the bias by the norms' rule
-    found = judge_cases(row, HINTS, max_tolerance=tolerance, baseline="torch's")
+    found = rules.judge_cases(row, HINTS, max_tolerance=tolerance, baseline="torch's")
     flags = row.get("flags", {})
     failed: list[str] = []
     reasons: list[str] = []
@@ -173,7 +165,7 @@ def judge_row(cand: Candidate, device: str, row: MeasurementRow) -> Verdict:
     if "input-modified" in flags:
         failed.append("input-modified")
         reasons.insert(0, f"modifies its input (seen on {flags['input-modified']})")
-    return row_verdict(cand.id, device, row, found, failed=failed, reasons=reasons)
+    return rules.row_verdict(cand.id, device, row, found, failed=failed, reasons=reasons)
 
 
 def option_problems(
@@ -183,22 +175,15 @@ def option_problems(
     those it refuses (raises on)."""
     rejected, refused = [], []
     for option, unset in UNSET.items():
-        if canonical.get(option, unset) == unset:
-            continue
         got = capabilities.get(option, "not measured")
-        if got == "honoured":
+        if canonical.get(option, unset) == unset or got == "honoured":
             continue
-        line = f"the model sets {option}={canonical[option]!r}, and this candidate {got}"
+        line = f"the model sets {option}={canonical[option]!r}, and this candidate"
         if got.startswith("raises"):
-            why = got[len("raises: ") :]
-            refused.append(line.replace(f"candidate {got}", f"candidate refuses it ({why})"))
+            refused.append(f"{line} refuses it ({got[len('raises: ') :]})")
         else:
-            does = (
-                f"candidate silently {got} it"
-                if got == "ignored"
-                else f"candidate computes it {got}"
-            )
-            rejected.append(line.replace(f"candidate {got}", does))
+            does = "silently ignored it" if got == "ignored" else f"computes it {got}"
+            rejected.append(f"{line} {does}")
     return rejected, refused
 
 
@@ -206,11 +191,11 @@ def judge(
     raw: CheckReply, cand: Candidate, device: str, base: ReportBase, canonical: dict[str, object]
 ) -> Report:
     """The Attention verdict from the worker's measurements."""
-    from kernel_probe.probe.judge import failed_import, report_of, stopped
+    from kernel_probe.probe import judge as rules  # reason: ~70 ms the light commands skip
 
     if raw.phase == "import":
-        return stopped(failed_import(cand.target, raw.kind, raw.error), base)
-    report = report_of([judge_row(cand, device, row) for row in raw.rows], base)
+        return rules.stopped(rules.failed_import(cand.target, raw.kind, raw.error), base)
+    report = rules.report_of([judge_row(cand, device, row) for row in raw.rows], base)
     report.capabilities = dict(raw.capabilities)
     rejected, refused = option_problems(report.capabilities, canonical)
     if report.status != "accepted":
@@ -236,10 +221,11 @@ class Attention(Slot):
         metavar="HEADSxHEAD_DIMxSEQ[:OPTIONS]",
     )
     summary_key = "attention"
+    kernels = "kernel_probe.slots.attention_kernels"
     footnote = (
-        "Attention: tolerance = 4 x torch's own error (math path or fused ordering, the "
-        "larger) + 8 eps, "
-        "per output (out, dq, dk, dv); `--json` has every ratio and the measured capabilities"
+        "Attention: tolerance = 4 x torch's own error (math path or fused ordering, the larger) "
+        "+ 8 eps, per output (out, dq, dk, dv); `--json` has every ratio and the measured "
+        "capabilities"
     )
 
     def refuse(self, declared: str) -> None:
@@ -281,30 +267,6 @@ class Attention(Slot):
     def judge(self, raw, cand, device, base, canonical, policy) -> Report:
         """Per output against its own tolerance, and each option the model fixes."""
         return judge(raw, cand, device, base, canonical_options(canonical))
-
-    def check(
-        self, cand, device, dtypes, *, canonical, seed, hidden, baseline, shared
-    ) -> CheckReply:
-        """torch's side of each case computed once per slot and row (``shared``)."""
-        from . import attention_kernels as kernels  # torch: in the worker only
-
-        return kernels.check(
-            cand, device, dtypes, canonical_overrides=canonical, seed=seed, shared=shared
-        )
-
-    def try_once(self, cand: Candidate, device: str) -> dict[str, Any]:
-        """One tiny call on a device the candidate does not declare."""
-        from . import attention_kernels as kernels  # torch: in the worker only
-
-        return kernels.try_once(cand, device)
-
-    def time(self, cand, device, shapes, dtype, regime, options, canonical, progress) -> TimeReply:
-        """fwd+bwd at each geometry."""
-        from . import attention_kernels as kernels  # torch: in the worker only
-
-        return kernels.time_candidate(
-            cand, device, shapes, dtype, options, canonical, progress=progress
-        )
 
 
 ATTENTION = Attention(attention.ATTENTION)

@@ -302,11 +302,8 @@ def _row(cand: Candidate, values: Mapping, name: str, regime: str, seed: int, sh
         got = _run(mod, random)
         row["nondeterministic"] = measure.nondeterminism(got, _run(mod, random), OUTPUTS)
         row["twin"] = _twin(cand, values, random, got)
-    except _Refused as exc:
-        row["exception"] = str(exc)
-        return row
-    except Exception as exc:
-        row["exception"] = measure.first_line(exc, 400)
+    except Exception as exc:  # a refusal says torch's reasons
+        row["exception"] = str(exc) if isinstance(exc, _Refused) else measure.first_line(exc, 400)
         return row
     row["cases"], row["stats"], row["flags"] = errors, stats, flags
     row["seconds"] = time.perf_counter() - start
@@ -388,10 +385,8 @@ def _capability(
         mod = build(cand, values, **override).eval()
         with _refusals():
             got = mod(case.q, case.k, case.v, scale=opts.scale).detach()
-    except _Refused as exc:
-        return f"raises: {exc}"
-    except Exception as exc:
-        return f"raises: {measure.first_line(exc, 300)}"
+    except Exception as exc:  # a refusal says torch's reasons
+        return f"raises: {exc if isinstance(exc, _Refused) else measure.first_line(exc, 300)}"
     tol = 4 * rel(math_path(case.q, case.k, case.v, opts), with_it) + 1e-5
     if rel(got, with_it) <= tol:
         return "honoured"
@@ -413,10 +408,8 @@ def _dropout(cand: Candidate, values: Mapping[str, Any], case: Case) -> str:
             dropped = mod(case.q, case.k, case.v).detach()
             mod.eval()
             plain = mod(case.q, case.k, case.v).detach()
-    except _Refused as exc:
-        return f"raises: {exc}"
-    except Exception as exc:
-        return f"raises: {measure.first_line(exc, 300)}"
+    except Exception as exc:  # a refusal says torch's reasons
+        return f"raises: {exc if isinstance(exc, _Refused) else measure.first_line(exc, 300)}"
     ref = explicit(case.q.double(), case.k.double(), case.v.double(), Options())
     if rel(plain, ref) > 1e-4:
         return f"wrong (eval mode with dropout set is off by {rel(plain, ref):.3g})"
@@ -431,6 +424,7 @@ def check(
     canonical_overrides: Mapping[str, Any] | None = None,
     seed: int = 0,
     shared: measure.SetupCache | None = None,
+    **_: Any,
 ) -> CheckReply:
     """Raw measurements of one Attention candidate (``shared``: torch's side of each case, once)."""
     values = canonical_options(canonical_overrides)
@@ -445,16 +439,12 @@ def check(
     )
 
 
-def try_once(cand: Candidate, device: str) -> dict[str, Any]:
-    """One tiny forward and backward on a device the candidate does not declare: why not."""
-    try:
-        with measure.on_device(device):
-            mod = build(cand, canonical_options(None))
-            q = torch.randn(1, 2, 8, 32, device=torch_device(device), requires_grad=True)
-            mod(q, q, q).sum().backward()
-    except Exception as exc:
-        return {"ran": False, "error": measure.first_line(exc, 500)}
-    return {"ran": True}
+def tiny_call(cand: Candidate, device: str) -> None:
+    """One tiny forward and backward (``Slot.try_once``: what it raises says why it cannot run)."""
+    with measure.on_device(device):
+        mod = build(cand, canonical_options(None))
+        q = torch.randn(1, 2, 8, 32, device=torch_device(device), requires_grad=True)
+        mod(q, q, q).sum().backward()
 
 
 def time_candidate(
@@ -465,6 +455,7 @@ def time_candidate(
     options: Mapping[str, Any],
     canonical_overrides: Mapping[str, Any] | None = None,
     progress: Callable[[protocol.TimingProgressMessage], None] | None = None,
+    **_: Any,
 ) -> protocol.TimeReply:
     """fwd+bwd per geometry (``timing.step_rows``); on a GPU, peak memory."""
     tdev = torch_device(device)

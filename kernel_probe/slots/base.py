@@ -1,27 +1,28 @@
 """The slot protocol's kernel_probe half: what the probe does for one slot.
 
 A :class:`Slot` pairs a slot's :class:`kernel_lock.slots.SlotSpec` with its behaviour: what the
-model declares of it on the command line and what that pins, how its candidates are judged, timed
-and written into the lock, and what its worker runs. Every method has the behaviour of a layer with
-parameters that maps one tensor (the norms, Linear); a slot overrides what differs. The generic
-stages (plan, check, judge, time, choose, write) call these methods and never name a slot.
-
-The probe's process never imports torch: the worker methods (``check``, ``try_once``, ``time``)
-run in the worker, which imports the measuring modules when a request first comes.
+model declares of it, how its candidates are judged, timed and written into the lock, and what its
+worker runs. The defaults are those of a layer with parameters that maps one tensor (the norms,
+Linear); a slot overrides what differs, and a slot with its own measurements names their module
+(``kernels``). The generic stages call these methods and never name a slot. The probe's process
+never imports torch: the worker methods (``check``, ``try_once``, ``time``) run in the worker.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kernel_lock.slots import SlotSpec
+from kernel_probe.isolation.protocol import INTERPRETED, TimeReply
+from kernel_probe.probe.limits import CHECK_HIDDEN
 from kernel_probe.shapes import parse_shape
 
 if TYPE_CHECKING:  # the probe's side needs the types only; the worker imports what it runs
     from kernel_probe.candidates import Candidate
-    from kernel_probe.isolation.protocol import CheckReply, TimeReply, TimingProgressMessage
+    from kernel_probe.isolation.protocol import CheckReply, TimingProgressMessage
     from kernel_probe.probe.judge import Policy, Problem
     from kernel_probe.probe.report import Report, ReportBase
 
@@ -50,12 +51,14 @@ class Option:
 
 
 class Slot:
-    """One slot's behaviour in the probe (a layer with parameters that maps one tensor unless a
-    subclass says otherwise)."""
+    """One slot's behaviour in the probe (by default: a layer with parameters, one tensor)."""
 
     option: Option | None = None  # how the model declares the slot; None: nothing to declare
     summary_key: str = ""  # the key its declared value has in the probe's JSON summary
     footnote: str = ""  # a line `kernel-probe check` prints under the verdict tables
+    # the module of its own worker measurements (``check``, ``tiny_call``, ``time_candidate``,
+    # importing torch); "": the norms' and Linear's (``correctness``, ``timing``)
+    kernels: str = ""
 
     def __init__(self, spec: SlotSpec):
         self.spec = spec
@@ -149,26 +152,26 @@ class Slot:
         shared: Any,
     ) -> CheckReply:
         """The raw measurements of one candidate at ``dtypes`` (dtype, regime)."""
+        kw = dict(canonical_overrides=canonical, seed=seed, hidden=hidden, shared=shared)
+        if self.kernels:
+            return importlib.import_module(self.kernels).check(cand, device, dtypes, **kw)
         from kernel_probe.probe import correctness  # torch: in the worker only
-        from kernel_probe.probe.limits import CHECK_HIDDEN
 
-        return correctness.check(
-            cand,
-            self.name,
-            device,
-            dtypes,
-            canonical_overrides=canonical,
-            seed=seed,
-            hidden=CHECK_HIDDEN if hidden is None else hidden,
-            baseline=baseline,
-            shared=shared,
-        )
+        kw["hidden"] = CHECK_HIDDEN if hidden is None else hidden
+        return correctness.check(cand, self.name, device, dtypes, baseline=baseline, **kw)
 
     def try_once(self, cand: Candidate, device: str) -> dict[str, Any]:
         """One tiny forward and backward on a device the candidate does not declare."""
-        from kernel_probe.probe import correctness  # torch: in the worker only
+        from kernel_probe.probe import correctness, measure  # torch: in the worker only
 
-        return correctness.try_once(cand, self.name, device)
+        if not self.kernels:
+            return correctness.try_once(cand, self.name, device)
+        tiny_call = importlib.import_module(self.kernels).tiny_call
+        try:
+            tiny_call(cand, device)
+        except Exception as exc:
+            return {"ran": False, "error": measure.first_line(exc, 500)}
+        return {"ran": True}
 
     def time(
         self,
@@ -182,8 +185,11 @@ class Slot:
         progress: Callable[[TimingProgressMessage], None] | None,
     ) -> TimeReply:
         """The candidate timed at each shape (never where its kernels run interpreted)."""
-        from kernel_probe.isolation import worker
-        from kernel_probe.isolation.protocol import INTERPRETED, TimeReply
+        if self.kernels:
+            own = importlib.import_module(self.kernels)
+            kw = dict(regime=regime, canonical_overrides=canonical, progress=progress)
+            return own.time_candidate(cand, device, shapes, dtype, options, **kw)
+        from kernel_probe.isolation import worker  # reason: the worker's machinery, not the probe's
         from kernel_probe.probe import measure, timing  # torch: in the worker only
 
         try:

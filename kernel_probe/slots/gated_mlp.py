@@ -1,12 +1,9 @@
 """The GatedMLP slot in the probe: anemoi's GatedMLPLayer, checked only for a model whose
-``mlp_implementation`` is gated (``--mlp-implementation``).
+``mlp_implementation`` is gated (``--mlp-implementation``); ``gated_mlp_kernels`` measures it.
 
-The verdict: per (dtype, regime) and input case, every compared output (``y``, ``dx``, and the
-gradients of ``gate_proj`` and ``value_proj``'s weight and bias) by the one rule every slot's
-outputs go through (``tolerance.judge_output``: max error, RMS error and bias against float64, each
-within FACTOR x torch's own gated layer's plus the dtype's floor). Then the flags fail it outright:
-a state dict that is not anemoi's, an input modified, and an output that matches one of the
-formula's known mistakes (``MISTAKES``). The worker's measurements: ``gated_mlp_kernels``.
+The verdict: every compared output of every case (``y``, ``dx``, the projections' weight and bias
+gradients) by the one rule (``tolerance.judge_output``); then a state dict that is not anemoi's, an
+input modified, or an output that matches one of the formula's known mistakes (``MISTAKES``).
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ from .base import Option, Slot
 
 if TYPE_CHECKING:
     from kernel_probe.candidates import Candidate
-    from kernel_probe.isolation.protocol import CheckReply, MeasurementRow, TimeReply
+    from kernel_probe.isolation.protocol import CheckReply, MeasurementRow
     from kernel_probe.probe.report import Report, ReportBase, Verdict
 
 __all__ = ["GATED_MLP"]
@@ -46,16 +43,14 @@ FLAG_MISTAKE = "mistake"
 
 def judge_row(cand: Candidate, device: str, row: MeasurementRow) -> Verdict:
     """One (dtype, regime)'s verdict: the outputs under the one rule, then the flags."""
-    # the judge imports the candidates' parser: not on the command line's light path
-    from kernel_probe.probe.judge import _DTYPE_PROBLEM, judge_cases, row_verdict, unmeasured
+    from kernel_probe.probe import judge as rules  # reason: ~70 ms the light commands skip
 
-    v = unmeasured(cand.id, device, row, _DTYPE_PROBLEM)
+    v = rules.unmeasured(cand.id, device, row, rules._DTYPE_PROBLEM)
     if v is not None:
         return v
-    found = judge_cases(row, HINTS)
+    found = rules.judge_cases(row, HINTS)
     flags = row.get("flags", {})
-    first: list[str] = []
-    failed: list[str] = []
+    first, failed = [], []
     reasons: list[str] = []
     if FLAG_MISTAKE in flags:  # told in float32 (the check): it fails every row, however small here
         hidden = ""
@@ -69,20 +64,20 @@ def judge_row(cand: Candidate, device: str, row: MeasurementRow) -> Verdict:
     if FLAG_STATE_DICT in flags:
         failed.append(FLAG_STATE_DICT)
         reasons.insert(0, flags[FLAG_STATE_DICT])
-    return row_verdict(
+    return rules.row_verdict(
         cand.id, device, row, found, failed=failed, failed_first=first, reasons=reasons
     )
 
 
 def judge(raw: CheckReply, cand: Candidate, device: str, base: ReportBase) -> Report:
     """The GatedMLP verdict from the worker's measurements."""
-    from kernel_probe.probe.judge import Problem, failed_import, report_of, stopped
+    from kernel_probe.probe import judge as rules  # reason: ~70 ms the light commands skip
 
     if raw.phase == "import":
-        return stopped(failed_import(cand.target, raw.kind, raw.error), base)
+        return rules.stopped(rules.failed_import(cand.target, raw.kind, raw.error), base)
     if raw.phase:
-        return stopped(Problem("unavailable", raw.error), base)
-    return report_of([judge_row(cand, device, row) for row in raw.rows], base)
+        return rules.stopped(rules.Problem("unavailable", raw.error), base)
+    return rules.report_of([judge_row(cand, device, row) for row in raw.rows], base)
 
 
 class GatedMLP(Slot):
@@ -94,6 +89,7 @@ class GatedMLP(Slot):
         "against (default swiglu; anemoi's geglu is exact-erf GELU)",
         choices=gated_mlp.GATED,
     )
+    kernels = "kernel_probe.slots.gated_mlp_kernels"
 
     def refuse(self, declared: str) -> None:
         """An mlp_implementation that is not gated."""
@@ -120,26 +116,6 @@ class GatedMLP(Slot):
     ) -> dict[str, Any]:
         """The formula of the mlp_implementation it pins."""
         return {"gate": gated_mlp.formula(str(kwargs.get("mlp_implementation", "")))}
-
-    def check(
-        self, cand, device, dtypes, *, canonical, seed, hidden, baseline, shared
-    ) -> CheckReply:
-        """Against the formula at anemoi's hidden size."""
-        from . import gated_mlp_kernels as kernels  # torch: in the worker only
-
-        return kernels.check(cand, device, dtypes, canonical_overrides=canonical, hidden=hidden)
-
-    def try_once(self, cand: Candidate, device: str) -> dict[str, Any]:
-        """One tiny call on a device the candidate does not declare."""
-        from . import gated_mlp_kernels as kernels  # torch: in the worker only
-
-        return kernels.try_once(cand, device)
-
-    def time(self, cand, device, shapes, dtype, regime, options, canonical, progress) -> TimeReply:
-        """fwd+bwd at each shape, fixed repetitions (no progress)."""
-        from . import gated_mlp_kernels as kernels  # torch: in the worker only
-
-        return kernels.time_candidate(cand, device, shapes, dtype, regime, options, canonical)
 
 
 GATED_MLP = GatedMLP(gated_mlp.GATED_MLP)

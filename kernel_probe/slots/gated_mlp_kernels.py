@@ -1,16 +1,11 @@
-"""The GatedMLP slot's checks, run inside the worker (torch): anemoi's gated MLP layer, forward and
-backward.
+"""The GatedMLP slot's checks, in the worker (torch): anemoi's gated MLP layer, fwd and bwd.
 
-A candidate is built as the lock would build it (``Class(in_features, out_features,
-mlp_implementation=..., bias=True)``), given parameters that are neither ones nor zeros through a
-strict ``load_state_dict`` under anemoi's keys, and run at anemoi's shapes: ``num_channels`` in,
-``compute_mlp_hidden_dim(in, 2.67)`` out (the ratio anemoi's configs advise for gated variants), a
-few rows; 96 in by default, 1024 as anemoi's presets (``--hidden``). Every output is compared with
-the float64 reference of the formula (``kernel_lock.slots.gated_mlp``), and with torch's own gated
-layer in the same dtype and regime: anemoi's ``GatedMLPLayer`` with ``torch.nn.Linear`` where
-anemoi-models imports, else ``kernel_lock.gated_mlp.GatedMLP``. An output that matches the formula
-with the tanh GELU instead of erf, with the gate and value swapped, or without the biases is named;
-the state dict is checked against anemoi's both ways (strict, bitwise).
+A candidate is built as the lock builds it, given parameters that are neither ones nor zeros (strict
+``load_state_dict`` under anemoi's keys) and run at anemoi's shapes: ``num_channels`` in (96, or
+1024 with ``--hidden``), ``compute_mlp_hidden_dim(in, 2.67)`` out, a few rows. Every output is
+compared with the formula's float64 reference and with torch's own gated layer in the same dtype
+and regime (``own_layer``); an output matching one of ``MISTAKES`` is named, and the state dict is
+checked against anemoi's both ways (strict, bitwise).
 """
 
 from __future__ import annotations
@@ -19,7 +14,7 @@ import math
 import statistics
 import time
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -55,16 +50,14 @@ OUTPUTS = ("y", "dx", *PARAMS)
 
 
 def hidden_dim(num_channels: int, ratio: float) -> int:
-    """anemoi's hidden width for a ratio (``layers.utils.compute_mlp_hidden_dim``: halves round
-    up)."""
+    """anemoi's hidden width for a ratio (``compute_mlp_hidden_dim``: halves round up)."""
     if not math.isfinite(ratio) or ratio <= 0:
         raise ValueError(f"the MLP ratio must be a positive finite number, not {ratio!r}")
     return int(num_channels * ratio + 0.5)
 
 
 def canonical(overrides: Mapping[str, Any] | None, in_features: int = CHECK_IN) -> dict[str, Any]:
-    """The values a GatedMLP template names: the model's mlp_implementation, the bias and the
-    sizes."""
+    """The values a GatedMLP template names: the model's mlp_implementation, bias and sizes."""
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     values = {**SPECS["GatedMLP"].canonical, **given}
     gate_for(values["mlp_implementation"])  # ValueError for "mlp" or a name anemoi does not know
@@ -91,44 +84,36 @@ def reference(x: Any, params: Mapping[str, Any], function: str, mistake: str = "
 def parameters(
     in_features: int, out_features: int, gen: torch.Generator, bias: bool = True
 ) -> dict[str, Any]:
-    """float64 parameters under anemoi's keys, neither ones nor zeros (a kernel ignoring one
-    fails)."""
+    """float64 parameters under anemoi's keys, neither ones nor zeros (ignoring one fails)."""
     out: dict[str, Any] = {}
+    f64 = torch.float64
     for proj in ("gate_proj", "value_proj"):
-        weight = torch.randn(out_features, in_features, generator=gen, dtype=torch.float64)
+        weight = torch.randn(out_features, in_features, generator=gen, dtype=f64)
         out[f"{proj}.weight"] = weight / math.sqrt(in_features)
         if bias:
-            out[f"{proj}.bias"] = 0.5 * torch.randn(
-                out_features, generator=gen, dtype=torch.float64
-            )
+            out[f"{proj}.bias"] = 0.5 * torch.randn(out_features, generator=gen, dtype=f64)
     return out
 
 
-def anemoi_layer(values: Mapping[str, Any]) -> Any | None:
-    """anemoi-models' own ``GatedMLPLayer`` with ``torch.nn.Linear`` (float32), or None without
-    anemoi."""
+def own_layer(values: Mapping[str, Any]) -> tuple[Any, str]:
+    """torch's own gated layer (float32) and its name: anemoi-models' ``GatedMLPLayer`` with
+    ``torch.nn.Linear``, or ``kernel_lock.gated_mlp.GatedMLP`` without anemoi."""
+    n_in, n_out = values["in_features"], values["out_features"]
+    implementation = values["mlp_implementation"]
     try:
         from anemoi.models.layers.mlp import GatedMLPLayer
     except ImportError:
-        return None
+        layer = GatedMLP(n_in, n_out, implementation, bias=values["bias"])
+        return layer, "kernel_lock.gated_mlp.GatedMLP (anemoi-models is not installed)"
     # anemoi reads layer_kernels.Linear only (a DotDict in anemoi's own call sites)
     kernels: Any = types.SimpleNamespace(Linear=torch.nn.Linear)
-    n_in, n_out = values["in_features"], values["out_features"]
-    return GatedMLPLayer(n_in, n_out, kernels, values["mlp_implementation"])
-
-
-def _torch_layer(values: Mapping[str, Any]) -> Any:
-    n_in, n_out = values["in_features"], values["out_features"]
-    return GatedMLP(n_in, n_out, values["mlp_implementation"], bias=values["bias"])
+    return GatedMLPLayer(n_in, n_out, kernels, implementation), "anemoi-models' GatedMLPLayer"
 
 
 def state_dict_problem(mod: Any, values: Mapping[str, Any], gen: torch.Generator) -> str | None:
     """anemoi layer -> candidate -> anemoi layer, strict and bitwise (float32): None when the
     candidate holds anemoi's state dict exactly, else what differs."""
-    ours, source = anemoi_layer(values), "anemoi-models' GatedMLPLayer"
-    if ours is None:
-        ours = _torch_layer(values)
-        source = "kernel_lock.gated_mlp.GatedMLP (anemoi-models is not installed)"
+    ours, source = own_layer(values)
     with torch.no_grad():
         for p in ours.parameters():
             p.copy_(torch.randn(p.shape, generator=gen))
@@ -144,7 +129,7 @@ def state_dict_problem(mod: Any, values: Mapping[str, Any], gen: torch.Generator
     except (RuntimeError, KeyError) as exc:
         why = measure.first_line(exc, 300)
         return f"{source}'s state dict does not load into it strictly: {why}"
-    back = anemoi_layer(values) or _torch_layer(values)
+    back = own_layer(values)[0]
     back.load_state_dict(mod_f32.state_dict(), strict=True)
     changed = [k for k, t in back.state_dict().items() if not torch.equal(t, want[k])]
     return f"the round trip through it changes {changed}" if changed else None
@@ -194,7 +179,7 @@ def _row(
         row["flags"][FLAG_STATE_DICT] = problem
         return row
     mod = mod.to(device=tdev, dtype=param_dtype)
-    base = (anemoi_layer(values) or _torch_layer(values)).to(device=tdev, dtype=param_dtype)
+    base = own_layer(values)[0].to(device=tdev, dtype=param_dtype)
     params = parameters(values["in_features"], values["out_features"], gen, bool(values["bias"]))
     for m in (mod, base):  # strict: a candidate without anemoi's keys fails here
         m.load_state_dict({k: t.to(param_dtype) for k, t in params.items()}, strict=True)
@@ -227,24 +212,16 @@ def _errors(
 ) -> tuple[dict[str, list[float]], dict[str, ErrorStats]]:
     errors: dict[str, list[float]] = {}
     stats: dict[str, ErrorStats] = {}
-    for name in OUTPUTS:
-        if ref[name] is None:
-            continue
-        g, b = got[name], ours[name]
-        errors[name], stats[name] = measure.compare(
-            None if g is None else g.cpu(),
-            None if b is None else b.cpu(),
-            ref[name],
-            rows=name in ("y", "dx"),
-        )
+    for name in (n for n in OUTPUTS if ref[n] is not None):
+        g, b = (None if t[name] is None else t[name].cpu() for t in (got, ours))
+        errors[name], stats[name] = measure.compare(g, b, ref[name], rows=name in ("y", "dx"))
     return errors, stats
 
 
 def _twin(
     cand: Candidate, values: Mapping[str, Any], mod: Any, x: Any, autocast: tuple[str, Any] | None
 ) -> dict[str, Any]:
-    """The portable twin given the candidate's state dict (strict): interchangeable, and how far
-    apart."""
+    """The portable twin loaded with the candidate's state dict (strict): how far apart."""
     if not cand.twin_target:
         return measure.no_twin()
     try:
@@ -280,6 +257,7 @@ def check(
     *,
     canonical_overrides: Mapping[str, Any] | None = None,
     hidden: int | None = None,
+    **_: Any,
 ) -> CheckReply:
     """Raw measurements of one GatedMLP candidate (what ``slots.gated_mlp.judge`` decides on)."""
     try:
@@ -292,8 +270,7 @@ def check(
     with measure.one_cpu_thread(device):  # the default check's tensors are small
         rows = [_row(cand, values, d, regime, device) for d, regime in dtypes]
         # what the kernel computes is told in float32, where a formula's mistake (tanh's GELU for
-        # erf's) is far above rounding; in bf16 or fp16 it can hide under it. Measured once, said
-        # on every row
+        # erf's) is far above rounding (in bf16 or fp16 it can hide): measured once, said on all
         fp32 = next((r for r in rows if r["dtype"] == "float32"), None)
         if fp32 is None:
             fp32 = _row(cand, values, "float32", "true", device)
@@ -304,16 +281,10 @@ def check(
     return CheckReply(candidate=cand.id, device=device, rows=rows, import_s=import_s)
 
 
-def try_once(cand: Candidate, device: str) -> dict[str, Any]:
-    """One tiny forward and backward on a device the candidate does not declare: why it cannot
-    run."""
-    try:
-        mod = measure.build(cand, canonical(None, 16), torch_device(device), torch.float32)
-        x = torch.randn(2, 16, device=torch_device(device), requires_grad=True)
-        mod(x).sum().backward()
-    except Exception as exc:
-        return {"ran": False, "error": measure.first_line(exc, 500)}
-    return {"ran": True}
+def tiny_call(cand: Candidate, device: str) -> None:
+    """One tiny forward and backward (``Slot.try_once``: what it raises says why it cannot run)."""
+    mod = measure.build(cand, canonical(None, 16), torch_device(device), torch.float32)
+    mod(torch.randn(2, 16, device=torch_device(device), requires_grad=True)).sum().backward()
 
 
 def time_candidate(
@@ -321,13 +292,13 @@ def time_candidate(
     device: str,
     shapes: list[str],
     dtype_name: str,
-    regime: str,
     options: Mapping[str, Any],
-    overrides: Mapping[str, Any] | None,
-    tick: Callable[[str, int, int], None] | None = None,
+    *,
+    regime: str = "true",
+    canonical_overrides: Mapping[str, Any] | None = None,
+    **_: Any,
 ) -> TimeReply:
-    """Forward+backward of the candidate at each ``ROWSxIN`` shape (out: anemoi's gated hidden
-    width), fixed repetitions."""
+    """fwd+bwd at each ``ROWSxIN`` shape (out: anemoi's gated hidden width), fixed repetitions."""
     opts = {**timing.DEFAULT_OPTIONS, **options, "mode": "fixed"}
     tdev, dtype = torch_device(device), measure.torch_dtype(dtype_name)
     param_dtype = torch.float32 if regime == "mixed" else dtype
@@ -335,10 +306,10 @@ def time_candidate(
     clock = timing._Clock(device)
     rows_out: list[TimingRow] = []
     for shape in shapes:
-        rows, width, _ = parse_shape(shape)
+        rows, width = parse_shape(shape)[:2]
         head = TimingRow(implementation=cand.id, shape=shape, dtype=dtype_name, regime=regime)
         try:
-            values = canonical(overrides, width)
+            values = canonical(canonical_overrides, width)
             mod = measure.build(cand, values, tdev, param_dtype)
             x = torch.randn(rows, width, device=tdev, dtype=dtype, requires_grad=True)
             gy = torch.randn(rows, values["out_features"], device=tdev, dtype=dtype)
@@ -352,7 +323,7 @@ def time_candidate(
             step()
             clock.sync()
             compile_s = time.perf_counter() - t0
-            samples, how = timing.repeat(clock, step, opts, tick)
+            samples, how = timing.repeat(clock, step, opts)
         except Exception as exc:
             rows_out.append({**head, "error": measure.first_line(exc, 400)})
             continue

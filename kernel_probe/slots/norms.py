@@ -1,5 +1,4 @@
-"""The LayerNorm and RMSNorm slots in the probe: the protocol's defaults (a layer with parameters
-that maps one tensor: ``kernel_probe.probe.correctness`` checks it, ``timing`` times it)."""
+"""The LayerNorm and RMSNorm slots in the probe: the protocol's defaults."""
 
 from __future__ import annotations
 
