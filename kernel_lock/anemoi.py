@@ -61,8 +61,6 @@ ANEMOI_DEFAULTS: dict[str, dict[str, Any]] = {
     "QueryNorm": {"_target_": AUTOCAST_LAYER_NORM, "bias": False},
     "KeyNorm": {"_target_": AUTOCAST_LAYER_NORM, "bias": False},
 }
-# lock slot -> anemoi key (Attention is set per component: ``attention_options``)
-SLOT_KEYS = {"LayerNorm": "LayerNorm", "Linear": "Linear", "Activation": "Activation"}
 # anemoi-models 0.19's refusal of a GLU-family class under layer_kernels.Activation (layers/mlp.py)
 GLU_REFUSAL = (
     "GLU-based activations are not supported via layer_kernels.Activation. "
@@ -327,9 +325,12 @@ def export(
 ) -> list[Exported]:
     """The entries of :func:`layer_kernels`, each with a note on how it was reached."""
     out: list[Exported] = []
-    for slot, key in SLOT_KEYS.items():
+    # each slot with a layer_kernels key (its spec's; Attention is set per component:
+    # ``attention_options``); a slot not pinned keeps anemoi's own default (torch.nn)
+    keys = [(spec.name, spec.anemoi_key) for spec in SPECS.values() if spec.anemoi_key]
+    for slot, key in keys:
         if slot not in lock.slots:
-            continue  # not pinned: anemoi's own default (torch.nn) stays
+            continue
         f = factory(lock, slot, mode=mode, verify_environment=verify_environment)
         kwargs = {k: v for k, v in f.keywords.items() if k not in DIMENSIONS[key]}
         target, note = _fitting_target(f.func, f.target, key, kwargs, slot, lock.path)

@@ -97,6 +97,7 @@ ACTIVATION = SlotSpec(
     semantics="activation",
     default_target="torch.nn.GELU",  # anemoi's default layer_kernels.Activation (exact erf)
     canonical={"function": "gelu-erf"},
+    anemoi_key="Activation",
     known_targets={
         target: TargetFacts("activation", params, True)
         for target, (_, params) in _CLASSES.items()

@@ -75,6 +75,7 @@ class SlotSpec:
     # what anemoi reads at import for the slot as pinned: an inference job's environment
     anemoi_environment: Callable[[Any], Mapping[str, str]] | None = None
     twin_args: TwinArgs | None = None
+    anemoi_key: str = ""  # its key in anemoi's layer_kernels block ("": anemoi has none)
     sample_width: Callable[[Any], int] | None = None  # the twin's input width to compare on
 
 

@@ -206,6 +206,7 @@ LINEAR = SlotSpec(
     semantics="linear",
     default_target="torch.nn.Linear",
     canonical={"bias": True},
+    anemoi_key="Linear",
     call_args=("$in_features", "$out_features"),
     call_kwargs={"bias": "$bias"},
     known_targets={

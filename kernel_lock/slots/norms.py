@@ -74,5 +74,6 @@ LAYER_NORM = _norm(
     _LAYER_NORM,
     canonical={"eps": 1e-5, "bias": True},
     confusable="rms_norm",
+    anemoi_key="LayerNorm",  # RMSNorm has none: under anemoi's LayerNorm it changes the model
 )
 RMS_NORM = _norm("RMSNorm", "rms_norm", _RMS_NORM, canonical={"eps": 1e-6}, confusable="layer_norm")
