@@ -42,13 +42,7 @@ from kernel_probe.isolation.protocol import (
     interpreter_requested,
 )
 from kernel_probe.isolation.worker import Worker, WorkerDied
-from kernel_probe.probe.judge import (
-    judge_cases,
-    row_reasons,
-    row_verdict,
-    unmeasured,
-    worst_status,
-)
+from kernel_probe.probe.judge import judge_cases, row_reasons, row_verdict, unmeasured, worst_status
 from kernel_probe.probe.report import Verdict, deterministic
 from kernel_probe.slots.attention import tolerance
 

@@ -114,10 +114,7 @@ class SlotRule:
 
 
 def slot_rules(
-    slots: Sequence[str],
-    pins: Mapping[str, str],
-    prefers: Mapping[str, str],
-    profile: Any = None,
+    slots: Sequence[str], pins: Mapping[str, str], prefers: Mapping[str, str], profile: Any = None
 ) -> dict[str, SlotRule]:
     """Per slot: the command line's ``--pin``/``--prefer`` where it names the slot, else the
     profile's policy (``Profile.slots``); the profile's ``allowed`` holds either way.
