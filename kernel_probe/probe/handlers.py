@@ -1,7 +1,5 @@
-"""What a worker process does with each request: one handler per op (``OPS``), over the transport
-of ``kernel_probe.isolation.worker``. A candidate's check, try and timing go to its slot
-(``kernel_probe.slots``), whose measuring code is imported at its first request: a worker serves
-one library, and loads no other slot's code.
+"""What a worker process does with each request: one handler per op (``OPS``). A candidate's
+check, try and timing go to its slot, whose code is imported at its first request.
 """
 
 from __future__ import annotations
