@@ -9,6 +9,7 @@ the :class:`Plan`. Nothing here prints: what a person should see goes to :class:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -120,22 +121,14 @@ def slot_rules(
         policy = profile.slots.get(slot) if profile is not None else None
         allowed = None if policy is None or policy.allowed is None else tuple(policy.allowed)
         allowed_by = f"profile {profile.name}" if policy is not None else ""
+        rule = functools.partial(SlotRule, allowed=allowed, allowed_by=allowed_by)
         if slot in pins or slot in prefers or policy is None:
             prefer = prefers.get(slot)
-            rules[slot] = SlotRule(
-                pin=pins.get(slot),
-                prefer=(prefer,) if prefer else (),
-                allowed=allowed,
-                allowed_by=allowed_by,
-            )
+            rules[slot] = rule(pin=pins.get(slot), prefer=(prefer,) if prefer else ())
         else:
-            rules[slot] = SlotRule(
-                pin=policy.pin,
-                prefer=tuple(policy.preferred),
-                origin=allowed_by,
-                strict_prefer=False,
-                allowed=allowed,
-                allowed_by=allowed_by,
+            prefer_all = tuple(policy.preferred)
+            rules[slot] = rule(
+                pin=policy.pin, prefer=prefer_all, origin=allowed_by, strict_prefer=False
             )
     return rules
 

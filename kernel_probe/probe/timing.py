@@ -10,6 +10,7 @@ checks' non-trivial parameters, check the last warm-up call at that shape agains
 from __future__ import annotations
 
 import contextlib
+import functools
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -377,13 +378,9 @@ class _Shape:
         # the timed inputs, which the check at the shape also reads, come from their own seeded
         # generator: the same data on every rank and in every run, whatever ran before
         gen = torch.Generator(device=tdev).manual_seed(TIMED_INPUT_SEED)
-        self.xs = [
-            torch.randn(
-                self.rows, self.hidden, device=tdev, dtype=dtype, generator=gen
-            ).requires_grad_(True)
-            for _ in range(self.n_buf)
-        ]
-        self.gy = torch.randn(self.rows, self.width, device=tdev, dtype=dtype, generator=gen)
+        randn = functools.partial(torch.randn, device=tdev, dtype=dtype, generator=gen)
+        self.xs = [randn(self.rows, self.hidden).requires_grad_(True) for _ in range(self.n_buf)]
+        self.gy = randn(self.rows, self.width)
         self.autocast = (tdev, dtype) if run.mixed else None
         self.calls = 0
 
