@@ -113,8 +113,7 @@ class Setup:
 def check_at_shape(
     setup: Setup, x: Any, width: int, dtype_name: str, autocast: Any, timer: Timer | None
 ) -> ShapeCheck:
-    """The candidate's forward and backward on all of ``x``, against float64 and torch.nn (on the
-    sampled rows), the same parameters in each."""
+    """The candidate's pass on all of ``x``, against float64 and torch.nn on the sampled rows."""
     started = time.perf_counter()
     rows, hidden = x.shape
     sampled = sample_rows(rows, (hidden, width))

@@ -271,8 +271,7 @@ def _time_slot(
     pool: WorkerPool,
     timing: Timing,
 ) -> None:
-    """The slot's accepted candidates timed: the default first, the others decided against its
-    samples; a sole accepted candidate gets one measured call."""
+    """The slot's accepted candidates timed: the default first, the others against its samples."""
     default_id = default_for(slot).id
     timeable = [
         (c, d) for c, d in done if d.report.status == "accepted" and not d.report.interpreted

@@ -210,8 +210,7 @@ def _fastest_or_default(
     dtype: str,
     scored: Mapping[str, tuple[float, float]],
 ) -> Choice:
-    """The fastest candidate clearing the margin, else the default, and why (``scored``: the other
-    eligible candidates' score and spread)."""
+    """The fastest candidate clearing the margin, else the default, and why."""
     scores = {r.id: scored[r.id][0] if r is not default else 1.0 for r in eligible}
     others = [r for r in eligible if r is not default]
     clear = [

@@ -70,8 +70,7 @@ def check_degrees(nodes: int = NODES) -> list[int]:
 
 
 def check_graph(gen: Any, nodes: int = NODES) -> Any:
-    """``edge_index`` (2, E) of a ``nodes``-node graph with ``check_degrees``' in-degrees, sorted by
-    destination as anemoi sorts it, no duplicate edge."""
+    """``edge_index`` (2, E) with ``check_degrees``' in-degrees, destination-sorted as anemoi's."""
     import torch  # the worker's (this module is the probe's too)
 
     src, dst = [], []

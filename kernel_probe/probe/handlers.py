@@ -44,10 +44,6 @@ def _cand(request: CandidateRequest) -> Candidate:
     return Candidate.from_json(request["candidate"])
 
 
-def _dtypes(request: CheckRequest) -> list[tuple[str, str]]:
-    return [(dtype, regime) for dtype, regime in request["dtypes"]]
-
-
 def _ping(request: Request, emit: Progress) -> Reply:
     # torch and the measuring code once, up front, under the start timeout, before any candidate
     import torch  # noqa: F401
@@ -100,7 +96,7 @@ def _check(request: CheckRequest, emit: Progress) -> Reply:
     return _slot(request).check(
         _cand(request),
         request["device"],
-        _dtypes(request),
+        [(dtype, regime) for dtype, regime in request["dtypes"]],
         canonical=request.get("canonical", {}),
         seed=request.get("seed", 0),
         hidden=request.get("hidden"),

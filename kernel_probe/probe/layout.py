@@ -19,8 +19,7 @@ Shape = tuple[int, ...]
 
 @dataclass(frozen=True)
 class Layout:
-    """How the candidate's state maps onto torch.nn's. ``pairs``: torch.nn key -> (candidate key,
-    transposed)."""
+    """How the candidate's state maps onto torch.nn's (torch.nn key -> (its key, transposed))."""
 
     ok: bool
     pairs: Mapping[str, tuple[str, bool]] = field(default_factory=dict)
@@ -88,8 +87,7 @@ def _fits(candidate: Shape, reference: Shape) -> tuple[bool, bool]:
 
 
 def discover(candidate: Mapping[str, Shape], reference: Mapping[str, Shape]) -> Layout:
-    """The mapping from the candidate's state-dict keys and shapes onto torch.nn's
-    (``reference``)."""
+    """The mapping from the candidate's state-dict keys and shapes onto torch.nn's."""
     rules: list[str] = []
     cand = dict(candidate)
     for key in list(cand):

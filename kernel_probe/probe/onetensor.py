@@ -41,8 +41,7 @@ def blas_device(cand: Candidate, device: str) -> str:
 
 @contextlib.contextmanager
 def blas_library(cand: Candidate, device: str) -> Iterator[tuple[str, str]]:
-    """Run a Linear under its candidate's BLAS library (none: torch's pick), then restore it.
-    Yields (the library in effect, the build's default), ("", "") where none applies."""
+    """Run a Linear under its BLAS library; yields (the one in effect, the build's default)."""
     kind = blas_device(cand, device) if cand.semantics == "linear" else ""
     if not kind:
         yield "", ""

@@ -165,8 +165,7 @@ def reusable(
 def _recorded_libraries(
     lock: kernel_lock.KernelLock, judged: Mapping[str, Sequence[str]]
 ) -> dict[str, str]:
-    """What the lock's probe saw installed (``provenance.libraries``); for an older lock, the
-    libraries whose candidates it records all "not installed"."""
+    """What the lock's probe saw installed (older locks: libraries all "not installed")."""
     recorded = lock.provenance.get("libraries")
     if isinstance(recorded, Mapping):
         return {str(k): str(v) for k, v in recorded.items()}
@@ -236,12 +235,10 @@ def probe_or_reuse(
 
 
 def probe(p: Plan, events: Events | None = None) -> ProbeResult:
-    """Check every candidate, time the accepted ones, choose per slot and build the lock (not
-    written)."""
-    # the probe's machinery: never imported where a current lock is reused
-    from kernel_probe.isolation.worker import START_TIMEOUT, WorkerPool
-    from kernel_probe.probe.check import Checks, Timing, check_and_time
-    from kernel_probe.probe.graph_attention import for_probe
+    """Check every candidate, time the accepted ones, choose, build the lock (not written)."""
+    from kernel_probe.isolation.worker import START_TIMEOUT, WorkerPool  # pool: not on reuse
+    from kernel_probe.probe.check import Checks, Timing, check_and_time  # checker: not on reuse
+    from kernel_probe.probe.graph_attention import for_probe  # likewise
 
     events = events or Events()
     behaviour = {s: slot_behaviour.slot(s) for s in p.slots}

@@ -144,8 +144,7 @@ class Problem:
 
 
 def installed(cand: Candidate, device: str = "") -> str | None:
-    """None if the candidate's library is present (found, not imported); else why not, and how to
-    install it for ``device``."""
+    """None if the candidate's library is present (unimported); else why not, and how to install."""
     top = cand.module.split(".")[0]
     if cand.distribution:
         try:

@@ -162,8 +162,7 @@ def _against(opts: Mapping[str, Any], shape: str) -> list[float] | None:
 def progress_message(
     shape: str, index: int, of: int, phase: str, done: int, total: int, seconds: float
 ) -> TimingProgressMessage:
-    """A timing worker's progress: shape ``index`` of ``of``, ``phase`` (first call, warm-up,
-    rep) ``done`` of ``total``, ``seconds`` spent on this shape."""
+    """A timing worker's progress: shape ``index`` of ``of``, ``phase`` ``done`` of ``total``."""
     return TimingProgressMessage(
         shape=shape,
         index=index,

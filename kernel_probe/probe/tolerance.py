@@ -154,8 +154,7 @@ class ShapeVerdict:
 
 
 def judge_shape(shape: str, dtype: str, regime: str, check: ShapeCheck) -> ShapeVerdict:
-    """The check at a timed shape (``atshape``): wrong or unchecked rejects, naming the first wrong
-    row."""
+    """The check at a timed shape (``atshape``): wrong or unchecked rejects, naming the row."""
     where = f"at the model's shape {shape} ({dtype}, regime {regime})"
     if "error" in check:
         why = f"{where}: the check against float64 could not run: {check['error']}"
