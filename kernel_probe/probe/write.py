@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kernel_lock.files import kind
-from kernel_lock.fingerprint import FIELDS, library_versions
+from kernel_lock.fingerprint import FIELDS, Match, library_versions
 from kernel_lock.graph_attention import GraphAttention
 from kernel_lock.lock import KernelLock
 from kernel_lock.schema import Candidate as RejectedCandidate
@@ -29,22 +29,23 @@ from kernel_probe.probe.choose import Choice
 from kernel_probe.probe.report import Report
 from kernel_probe.probe.tolerance import judge_shape
 
+# (field, device type) -> its match rule where not the field's default
+_MATCH: dict[tuple[str, str], Match] = {
+    ("cpu-microarch", "cpu"): "exact",  # on a CPU lock, the CPU *is* the device timed on
+    # one MI250X GCD reads "AMD Instinct MI250X", "... / MI250" or "AMD Radeon Graphics" by
+    # libdrm's amdgpu.ids (pytorch PR #147791): arch and features identify it
+    ("device-name", "rocm"): "ignore",
+    ("numerics-env", "cpu"): "ignore",  # GPU math libraries' settings: they change nothing here
+}
+
 
 def environment(current: Mapping[str, Any], libraries: Mapping[str, str]) -> Environment:
     """The lock's fingerprint from this machine's facts, each with its match rule."""
-    kind = current.get("device-type")
-    fields = {}
-    for name, spec in FIELDS.items():
-        match = spec.default_match
-        if name == "cpu-microarch" and kind == "cpu":
-            match = "exact"  # on a CPU lock, the CPU *is* the device the timings were made on
-        if name == "device-name" and kind == "rocm":
-            # one MI250X GCD reads "AMD Instinct MI250X", "... / MI250" or "AMD Radeon Graphics"
-            # by libdrm's amdgpu.ids (pytorch PR #147791): arch and features identify it
-            match = "ignore"
-        if name == "numerics-env" and kind == "cpu":
-            match = "ignore"  # GPU math libraries' settings: recorded, they change nothing here
-        fields[name] = EnvField(value=current[name], match=match)
+    kind = current.get("device-type") or ""
+    fields = {
+        name: EnvField(value=current[name], match=_MATCH.get((name, kind), spec.default_match))
+        for name, spec in FIELDS.items()
+    }
     libs = {n: EnvField(value=v, match="compatible") for n, v in sorted(libraries.items())}
     return Environment(fields=fields, libraries=libs)
 
