@@ -97,8 +97,7 @@ class Setup:
     def run(
         self, x: Any, width: int, dtype_name: str, mixed: bool, timer: Timer | None = None
     ) -> ShapeCheck:
-        """The check on all of ``x``, or the error that stopped it (``timer`` runs its full-size
-        pass: a sole candidate's one measured call)."""
+        """The check on all of ``x``, or its error (``timer`` runs the full-size pass, if given)."""
         rows = int(x.shape[0])
         if not self.layout.ok:  # only accepted candidates are timed: one offered directly
             why = f"its state dict does not map onto torch.nn's: {self.layout.problem()}"

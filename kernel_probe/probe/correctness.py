@@ -99,8 +99,7 @@ def check(
     baseline: Candidate | None = None,
     shared: measure.SetupCache | None = None,
 ) -> CheckReply:
-    """Raw measurements of one candidate on one device (module docstring); stopped early,
-    ``phase`` says where and ``error`` why. ``shared``: the worker's cache (None: all made here)."""
+    """One candidate's raw measurements (stopped early: ``phase`` where, ``error`` why)."""
     rows: list[MeasurementRow] = []
     # the reply so far: each step binds what it learnt, and an early stop returns it with the reason
     reply = functools.partial(CheckReply, candidate=cand.id, device=device, rows=rows)

@@ -41,8 +41,7 @@ class Substitution:
 def derive_inference(
     lock: KernelLock, current: Mapping[str, Any], *, source: str
 ) -> tuple[KernelLock, list[Substitution]]:
-    """The sealed inference lock for the machine ``current`` describes, and the substitutions;
-    :class:`KernelUnavailable` names every slot that cannot run here and has no usable twin."""
+    """The sealed inference lock for ``current``'s machine, and the substitutions (module doc)."""
     slots: dict[str, Slot] = {}
     substitutions: list[Substitution] = []
     refused: list[str] = []

@@ -208,8 +208,7 @@ def _grads(fn: Attend, case: Case, edge_index: Any, size: tuple[int, int]) -> di
 def _errors(
     got: Mapping[str, Any], base: Mapping[str, Any], ref: Mapping[str, Any], vanishing: tuple
 ) -> tuple[dict[str, list[float]], dict[str, ErrorStats]]:
-    """output -> [the backend's error, the baseline's], and the statistics of those that do not
-    vanish (a vanishing one: its max error against max|dv|)."""
+    """output -> [its error, the baseline's]; statistics where it does not vanish (max|dv|)."""
     from kernel_probe.probe.measure import compare, rel  # torch: the worker's
 
     dv_scale = float(ref["dv"].abs().max())

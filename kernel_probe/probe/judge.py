@@ -93,8 +93,7 @@ def judge_cases(
     max_tolerance: Callable[[str, float, str], float] | None = None,
     baseline: str = "torch.nn's",
 ) -> Findings:
-    """Every case's outputs of ``row`` (not ``ALT_PREFIX``'s); ``max_tolerance(output, base,
-    dtype)``: a slot's own, ratios then kept per case."""
+    """Every case's outputs of ``row``; ``max_tolerance(output, base, dtype)``: a slot's own."""
     dtype = row["dtype"]
     worst, failed, reasons = 0.0, [], []
     statistics: dict[str, float] = {}
@@ -204,8 +203,7 @@ def judge_row(
     also: Sequence[tuple[str, str]] = (),
     notes: Sequence[str] = (),
 ) -> Verdict:
-    """One measured (dtype, regime): errors, then flags; ``also``: a slot's own failing (flag,
-    reason), reason first; ``notes``: its own."""
+    """One measured row: errors, flags; ``also``: a slot's own failing (flag, reason)."""
     v = unmeasured(candidate, device, row, _DTYPE_PROBLEM)
     if v is not None:
         return v

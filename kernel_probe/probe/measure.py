@@ -52,8 +52,7 @@ def import_class(target: str) -> Any:
 def import_stop(
     cand: Candidate, device: str, *, needed: bool = True, whole: bool = False
 ) -> tuple[float, CheckReply | None]:
-    """Import the candidate's class: (seconds, None), or (0, the reply stopping the check at
-    ``phase="import"``, with the exception's first line, ``whole``: all of it)."""
+    """Import the candidate's class: (seconds, None), or (0, the reply stopping the check)."""
     start = time.perf_counter()
     if needed:
         try:

@@ -30,8 +30,7 @@ from kernel_probe.probe.write import build_lock, check_writable, exclusive, reso
 
 @dataclass
 class ProbeResult:
-    """What a probe did: the lock (written or reused), and what it probed; ``source``: reused, who
-    wrote the lock for this job ("" when it was there already)."""
+    """What a probe did; ``source``: reused, who wrote the lock for this job ("": it was there)."""
 
     lock_path: Path
     lock: kernel_lock.KernelLock
@@ -186,8 +185,7 @@ def probe_or_reuse(
     *,
     unlocked: str | None = None,
 ) -> ProbeResult:
-    """Reuse the lock at ``given`` if current, else probe and write it under a file lock (one lock
-    from concurrent probes). ``unlocked``: the warning where the file system has no file locks."""
+    """Reuse the lock at ``given`` if current, else probe and write it under a file lock."""
     # a symbolic link is written through; write access is needed only once a probe will run
     out = given if request.check_only else resolve_out(given)
 

@@ -179,8 +179,7 @@ def static_problem(
     with_compile: bool = False,
     detail: bool = False,
 ) -> Problem | None:
-    """Why ``cand`` certainly cannot be checked for ``slot`` here, unimported (None: worth it).
-    ``detail`` (the checker): also where it is not installed either."""
+    """Why ``cand`` certainly cannot be checked for ``slot`` here, known unimported (None: none)."""
     expected = SPECS[slot].semantics
     if cand.semantics != expected:
         return Problem("rejected", f"semantics: {cand.semantics} != {expected}")

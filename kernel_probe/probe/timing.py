@@ -129,8 +129,7 @@ def timed_calls(
     shape: str,
     row: TimingRow,
 ) -> list[float]:
-    """A step slot's calls at one shape: the first (``compile_s``), then one measured call for a
-    sole candidate, else ``repeat``'s; the row's median, spread, reps and ``timed`` filled in."""
+    """A step slot's calls at one shape (first, then sole or ``repeat``'s), into the row."""
     row["compile_s"] = _first_call(clock, step, tick)
     if opts.get("mode") == "sole":  # the slot's one accepted candidate: one measured call
         samples, how = [clock.time(step)], "sole candidate"

@@ -116,8 +116,7 @@ def judge_output(
     max_tolerance: float | None = None,
     baseline: str = "torch.nn's",
 ) -> tuple[float, list[Excess]]:
-    """One output: (worst statistic / tolerance, <= 1 passes; those over). ``ratios``: the worst
-    per statistic, kept; ``max_tolerance``: a slot's own for the max."""
+    """One output: (worst statistic / tolerance, <= 1 passes; those over)."""
     lim = limits(dtype, errors[1], stats)
     if max_tolerance is not None:
         lim = dataclasses.replace(lim, max=max_tolerance)

@@ -232,8 +232,7 @@ def inputs_digest(inputs: Mapping[str, Any]) -> str:
 
 
 def check_writable(path: Path) -> Path:
-    """The real path a lock at ``path`` is written to (through a symbolic link), or a UsageError
-    (exit 2) with the fix; only where a probe will write."""
+    """The real path a lock at ``path`` is written to, or a UsageError (exit 2) with the fix."""
     real = resolve_out(path)
     directory = real.parent
     exists = real.exists()
