@@ -217,11 +217,8 @@ def check_and_time(
     index = 0
     # every library that will run starts its worker now and imports its first candidate while
     # torch's own are checked (liger-kernel's import: 4 s on 2 cores)
-    pool.prepare(
-        ahead=[
-            c for slot, cands in per_slot.items() for c in cands if _runs(c, slot, checks, refuse)
-        ]
-    )
+    ahead = [c for slot, cands in per_slot.items() for c in cands if _runs(c, slot, checks, refuse)]
+    pool.prepare(ahead=ahead)
     for slot, cands in per_slot.items():
         done: list[tuple[Candidate, Checked]] = []
         for cand in cands:
