@@ -204,7 +204,8 @@ def _first_bad(
         g, r = got.get(name), ref_by[name]
         if g is None or r is None:
             continue
-        over = _rows_over(g, r, r.abs().max().item(), lims[name]).nonzero()
+        by_max, by_rms, by_bias = _row_statistics(g, r, r.abs().max().item(), lims[name])
+        over = (by_max | by_rms | by_bias).nonzero()
         if len(over):
             first = sampled[int(over[0])]
             bad_at = first if bad_at is None else min(bad_at, first)
@@ -231,12 +232,6 @@ def _row_statistics(got: Any, ref: Any, scale: float, lim: Limits) -> list[Any]:
     """Per row, per statistic (max, RMS, bias): is it over its tolerance?"""
     per = measure.group_errors(got, ref, scale, rows=True)[:3]
     return [v > tol for v, tol in zip(per, (lim.max, lim.rms, lim.bias), strict=True)]
-
-
-def _rows_over(got: Any, ref: Any, scale: float, lim: Limits) -> Any:
-    """Per row: is any of its statistics over its tolerance?"""
-    over = _row_statistics(got, ref, scale, lim)
-    return over[0] | over[1] | over[2]
 
 
 def _row_statistic(got: Any, ref: Any, scale: float, lim: Limits, tensor: str) -> str:
