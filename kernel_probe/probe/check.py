@@ -83,8 +83,7 @@ def check_candidate(
     policy: Policy = Policy(),
     baseline: Candidate | None = None,
 ) -> Report:
-    """The verdict on one candidate for one slot, timed. ``arch``: the GPU's (``sm_90``);
-    ``hidden``: the inputs' normalised size; ``baseline``: the reference torch.nn class (tests)."""
+    """The verdict on one candidate for one slot, timed (``baseline``: torch.nn's class, tests)."""
     base = report_base(cand, slot, device)
     canonical = canonical or {}
     problem = static_problem(cand, slot, device, arch, with_compile=with_compile, detail=True)
@@ -400,8 +399,7 @@ def check_all(
     progress: Callable[[str, str], None] | None = None,
     **options: Any,
 ) -> dict[str, list[Report]]:
-    """Verdicts for every candidate of every slot (``check_and_time`` without timing);
-    ``options``: :class:`Checks`' (``arch``, ``timeout``, ``canonical``, ...)."""
+    """Verdicts for every candidate of every slot; ``options``: :class:`Checks`' fields."""
     checks = Checks(device, plan, **{k: v for k, v in options.items() if v is not None})
     per_slot = {slot: for_slot(candidates, slot) for slot in slots}
     out: dict[str, list[Report]] = {slot: [] for slot in per_slot}

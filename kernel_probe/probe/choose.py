@@ -169,8 +169,7 @@ def choose(
 def _check_forced(
     slot: str, by_id: Mapping[str, Report], cid: str, kind: str, origin: str, deterministic: bool
 ) -> None:
-    """A pinned or preferred candidate unknown, not accepted, interpreted or not repeatable
-    (``--deterministic``): an error, never silently replaced."""
+    """A pinned or preferred candidate that is not eligible: an error, never silently replaced."""
     said = f"{origin} {kind} {slot}={cid}" if origin else f"--{kind} {slot}={cid}"
     way_out = f"remove the {kind} from {origin}" if origin else f"drop --{kind} {slot}={cid}"
     r = by_id.get(cid)

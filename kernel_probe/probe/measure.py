@@ -91,8 +91,7 @@ def no_twin() -> dict[str, Any]:
 
 # ---- the set-up a slot's candidates share ------------------------------------------------------
 class SetupCache:
-    """What a check computes alike for a slot's candidates (inputs, reference, torch's pass), per
-    key, made by the first that needs it; least recently used of ``size`` entries dropped first."""
+    """What a check computes alike for a slot's candidates, per key (LRU of ``size`` entries)."""
 
     def __init__(self, size: int = 8):
         self._entries: OrderedDict[Hashable, Any] = OrderedDict()
@@ -160,8 +159,7 @@ def group_errors(got: Any, ref: Any, scale: float, *, rows: bool) -> tuple[Any, 
 def compare(
     got: Any, base: Any, ref: Any, *, rows: bool, base_side: Side | None = None
 ) -> tuple[list[float], ErrorStats]:
-    """([the candidate's max error, torch's], each's worst group RMS, bias and spread, group size,
-    the reference's RMS). ``base_side``: torch's, already computed (``side``)."""
+    """([max error, torch's], worst groups' statistics); ``base_side``: torch's, if computed."""
     n, scale, ref_rms = _scale(ref, rows)
     maxima, rms, bias, sd = [0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]
     for i, t in enumerate((got, base)):

@@ -135,8 +135,7 @@ class Report:
 
 @dataclass(frozen=True)
 class Problem:
-    """Why a candidate gets ``status`` unchecked; ``try_it``: installed but for other devices (a
-    worker tries it, to say how it fails here)."""
+    """Why a candidate gets ``status`` unchecked; ``try_it``: installed for other devices."""
 
     status: Status
     reason: str

@@ -258,8 +258,7 @@ def check_writable(path: Path) -> Path:
 
 
 def resolve_out(path: Path) -> Path:
-    """The real path of the lock at ``path`` (links followed), or a UsageError (exit 2) for an
-    empty name, a missing directory, a directory or a special file; no write access needed."""
+    """The real path of the lock at ``path`` (links followed), or a UsageError (exit 2)."""
     text = str(path)
     if not text.strip():
         raise UsageError("--out is empty", fix="name the lock file, e.g. --out kernel-lock.toml")
