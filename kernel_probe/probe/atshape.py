@@ -1,15 +1,11 @@
-"""The check at the model's shapes: run inside the worker, right after a candidate is timed at a
-shape (``timing``), for the norms and Linear.
+"""The check at the model's shapes, in the worker, as a norm or Linear is timed (``timing``).
 
-The correctness checks run at 37 rows; a kernel can be right there and wrong at the model's size
-(PyTorch's ROCm ``F.layer_norm`` past 2^23 rows, pytorch #184826; int32 offsets overflowing past
-2^31 elements; a launch grid's y dimension stopping at 65535). So the timed call runs forward and
-backward once more at that exact shape and regime, and a sample of its rows (``sample_rows``: both
-ends, either side of each boundary the tensor reaches, one row per band) is compared with float64.
-``y`` and ``dx`` are row-local; ``dweight`` and ``dbias`` sum over every row, so grad_output is
-zero except on the sampled rows. torch.nn's own error, the tolerance's basis, is measured on the
-sampled rows alone, so a torch.nn that is wrong at the model's size cannot widen it. A wrong sampled
-row is bisected down to the first wrong row. The rule in full: docs/checks.md.
+A kernel right at the checks' 37 rows can be wrong at the model's size (ROCm ``F.layer_norm`` past
+2^23 rows, pytorch #184826; int32 offsets past 2^31 elements; a grid's y dimension at 65535). So
+one more forward and backward runs at that shape, and sampled rows (``sample_rows``: both ends,
+each boundary reached, one per band) are compared with float64; grad_output is zero elsewhere, so
+the parameter gradients sum over them. torch.nn's error, the tolerance's basis, is measured on
+those rows alone; a wrong row is bisected down to the first. In full: docs/checks.md.
 """
 
 from __future__ import annotations
@@ -35,8 +31,7 @@ Timer = Callable[[Callable[[], None]], object]
 
 
 def boundaries(rows: int, widths: Sequence[int]) -> list[tuple[int, str]]:
-    """The boundaries a ``rows`` x ``width`` tensor reaches: (first row at or beyond it, its
-    name)."""
+    """The boundaries a ``rows`` x ``width`` tensor reaches: (first row at or beyond, name)."""
     out = [(b, name) for b, name in ROW_BOUNDARIES if b < rows]
     for w in sorted(set(widths)):
         b = -(-ELEMENT_BOUNDARY // w)  # ceil: the first row whose first element is at or beyond
@@ -46,9 +41,8 @@ def boundaries(rows: int, widths: Sequence[int]) -> list[tuple[int, str]]:
 
 
 def sample_rows(rows: int, widths: Sequence[int]) -> list[int]:
-    """The rows the check compares, ascending, without repeats: the first and last ``WINDOW``, rows
-    ``b - WINDOW`` to ``b + WINDOW - 1`` for each of ``boundaries``, and one row in each of
-    ``SPREAD`` equal bands at an offset that depends only on ``rows``."""
+    """The rows compared, ascending: the first and last ``WINDOW``, ``WINDOW`` either side of each
+    boundary, one in each of ``SPREAD`` bands at an offset depending only on ``rows``."""
     if rows <= 0:
         return []
     picked: set[int] = set(range(min(WINDOW, rows)))
@@ -63,8 +57,7 @@ def sample_rows(rows: int, widths: Sequence[int]) -> list[int]:
 
 
 class Setup:
-    """What the check at a timed shape needs, prepared before the timing: the candidate and torch.nn
-    loaded with the correctness checks' non-trivial parameters, through the candidate's layout."""
+    """The check at a timed shape, prepared: candidate and torch.nn with the checks' parameters."""
 
     def __init__(
         self,
@@ -104,8 +97,7 @@ class Setup:
     def run(
         self, x: Any, width: int, dtype_name: str, mixed: bool, timer: Timer | None = None
     ) -> ShapeCheck:
-        """The check on the whole of ``x``, or the error that stopped it (``timer``, given, runs its
-        full-size forward and backward: a sole candidate's one measured call is this one)."""
+        """The check on all of ``x``, or its error (``timer`` runs the full-size pass, if given)."""
         rows = int(x.shape[0])
         if not self.layout.ok:  # only accepted candidates are timed: one offered directly
             why = f"its state dict does not map onto torch.nn's: {self.layout.problem()}"
@@ -113,18 +105,14 @@ class Setup:
         autocast = (self.device, measure.torch_dtype(dtype_name)) if mixed else None
         try:
             return check_at_shape(self, x, width, dtype_name, autocast, timer)
-        except (
-            Exception
-        ) as exc:  # out of memory for the extra output and gradients, a kernel raising
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            return ShapeCheck(rows=rows, error=f"{type(exc).__name__}: {first}"[:400])
+        except Exception as exc:  # out of memory for the extra tensors, a kernel raising
+            return ShapeCheck(rows=rows, error=measure.first_line(exc, 400))
 
 
 def check_at_shape(
     setup: Setup, x: Any, width: int, dtype_name: str, autocast: Any, timer: Timer | None
 ) -> ShapeCheck:
-    """Forward and backward of the candidate on the whole of ``x`` (the model's shape), against
-    float64 and against torch.nn (on the sampled rows only), with the same parameters in both."""
+    """The candidate's pass on all of ``x``, against float64 and torch.nn on the sampled rows."""
     started = time.perf_counter()
     rows, hidden = x.shape
     sampled = sample_rows(rows, (hidden, width))
@@ -161,8 +149,7 @@ def check_at_shape(
 def _full_size(
     setup: Setup, x: Any, idx: Any, gy_rows: Any, autocast: Any, timer: Timer | None
 ) -> tuple[Any, Any, dict[str, Any]]:
-    """The candidate's forward and backward at full size: x (now a leaf), y, and what is compared
-    (``y`` and ``dx`` on the sampled rows, the parameters' gradients)."""
+    """The candidate's full-size pass: x (now a leaf), y, and what is compared."""
     rows, width = x.shape[0], gy_rows.shape[1]
     gy = torch.zeros(rows, width, device=x.device, dtype=x.dtype)
     gy[idx] = gy_rows
@@ -211,14 +198,14 @@ def _first_bad(
     ref_by: Mapping[str, Any],
     lims: Mapping[str, Limits],
 ) -> None:
-    """The first wrong row into ``out``: the first sampled row over a tolerance, bisected down to
-    the last right sampled row below it."""
+    """The first wrong row into ``out``: the first sampled one over, bisected down."""
     bad_at: int | None = None
     for name in ROW_LOCAL:
         g, r = got.get(name), ref_by[name]
         if g is None or r is None:
             continue
-        over = _rows_over(g, r, r.abs().max().item(), lims[name]).nonzero()
+        by_max, by_rms, by_bias = _row_statistics(g, r, r.abs().max().item(), lims[name])
+        over = (by_max | by_rms | by_bias).nonzero()
         if len(over):
             first = sampled[int(over[0])]
             bad_at = first if bad_at is None else min(bad_at, first)
@@ -245,12 +232,6 @@ def _row_statistics(got: Any, ref: Any, scale: float, lim: Limits) -> list[Any]:
     """Per row, per statistic (max, RMS, bias): is it over its tolerance?"""
     per = measure.group_errors(got, ref, scale, rows=True)[:3]
     return [v > tol for v, tol in zip(per, (lim.max, lim.rms, lim.bias), strict=True)]
-
-
-def _rows_over(got: Any, ref: Any, scale: float, lim: Limits) -> Any:
-    """Per row: is any of its statistics over its tolerance?"""
-    over = _row_statistics(got, ref, scale, lim)
-    return over[0] | over[1] | over[2]
 
 
 def _row_statistic(got: Any, ref: Any, scale: float, lim: Limits, tensor: str) -> str:
@@ -284,8 +265,7 @@ def _sampled_statistic(
 
 
 def _row_wrong(setup: Setup, row: int, xy: tuple[Any, Any], scale: float, lim: Limits) -> str:
-    """What is wrong in one unsampled row ("" when nothing): its output, judged on the sample's
-    scale and tolerances; its input gradient must be zero, as its grad_output was."""
+    """What is wrong in an unsampled row (""; none): its output, or a dx not zero."""
     x, y = xy
     x64 = x.detach()[row : row + 1].to(torch.float64)
     p64 = setup.params64

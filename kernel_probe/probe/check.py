@@ -1,11 +1,9 @@
-"""Run the correctness kernels for every candidate of every slot, isolated, and time the accepted
-ones.
+"""Check every candidate of every slot in its worker, and time the accepted ones there.
 
-Per candidate: what rules it out before anything is imported, the import (``IMPORT_TIMEOUT``: a
-library that hangs on import costs that much), the checks (``CHECK_TIMEOUT``, more for torch.compile
-candidates, whose first calls compile), then for the probe the timing in the same worker. Every
-verdict is the judge's; this module only says which worker runs what, in which order, with which
-budget. ``check_and_time`` is the one loop both ``kernel-probe check`` and the probe run.
+Per candidate: what rules it out unimported, the import (``IMPORT_TIMEOUT``), the checks
+(``CHECK_TIMEOUT``, more for torch.compile candidates), then the timing. Verdicts are the judge's;
+this module says which worker runs what, in which order, with which budget. ``check_and_time`` is
+the one loop of both ``kernel-probe check`` and the probe.
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ import functools
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ParamSpec, cast
+from typing import Any, ParamSpec, TypedDict, cast
 
 from kernel_lock.slots import DTYPES, dtype_named
 from kernel_probe import slots as slot_behaviour
@@ -85,9 +83,7 @@ def check_candidate(
     policy: Policy = Policy(),
     baseline: Candidate | None = None,
 ) -> Report:
-    """The verdict on one candidate for one slot, ``seconds`` the time it took. ``arch``: the GPU's
-    (``sm_90``, ``gfx90a``); ``hidden``: the inputs' normalised size (anemoi's head_dim, 64);
-    ``baseline``: the reference torch.nn class (tests)."""
+    """The verdict on one candidate for one slot, timed (``baseline``: torch.nn's class, tests)."""
     base = report_base(cand, slot, device)
     canonical = canonical or {}
     problem = static_problem(cand, slot, device, arch, with_compile=with_compile, detail=True)
@@ -107,17 +103,12 @@ def check_candidate(
     if not imported.ok:
         return stopped(judge.failed_import(cand.target, imported.kind, imported.error), base)
     seconds = timeout * (COMPILED_FACTOR if cand.compiled else 1)
+    request = CheckRequest(
+        op="check", **_about(cand, slot, device), dtypes=tuple(plan), canonical=dict(canonical)
+    )
+    request["hidden"] = hidden
+    request["baseline"] = None if baseline is None else baseline.to_json()
     try:
-        request: CheckRequest = {
-            "op": "check",
-            "candidate": cand.to_json(),
-            "slot": slot,
-            "device": device,
-            "dtypes": tuple(plan),
-            "canonical": dict(canonical),
-            "hidden": hidden,
-            "baseline": None if baseline is None else baseline.to_json(),
-        }
         raw = worker.call(request, seconds)
     except WorkerDied as exc:
         return stopped(judge.died(exc.status, exc.reason, "checks", ("check", seconds)), base)
@@ -143,18 +134,23 @@ def _tried(
 ) -> Report:
     """A candidate installed here that declares other devices: how trying it fails (or runs)."""
     try:
-        trial: TryRequest = {
-            "op": "try",
-            "candidate": cand.to_json(),
-            "slot": slot,
-            "device": device,
-        }
-        tried = worker.call(trial, seconds)
+        tried = worker.call(TryRequest(op="try", **_about(cand, slot, device)), seconds)
     except WorkerDied as exc:
         why = f"{problem.reason}; trying it {exc.status}: {exc.reason}"
         return Report(status="unavailable", reasons=[why], **base)
     why = judge.judge_tried(problem, cand, tried)
     return Report(status="unavailable", reasons=[why], interpreted=tried.interpreted, **base)
+
+
+class _About(TypedDict):
+    candidate: dict[str, Any]
+    slot: str
+    device: str
+
+
+def _about(cand: Candidate, slot: str, device: str) -> _About:
+    """What every request about a candidate says."""
+    return _About(candidate=cand.to_json(), slot=slot, device=device)
 
 
 @dataclass(frozen=True)
@@ -179,10 +175,9 @@ OnTiming = Callable[[str, str, Sequence[str], TimingProgressMessage | None], Non
 
 @dataclass(frozen=True)
 class Timing:
-    """How the probe times each accepted candidate after its check, in the same worker.
-    ``timed_at``: per slot, its shapes where not ``shapes``; ``fixed``: ``reps`` calls each
-    (``--reps``), else only what can change the choice (``repetitions``) within ``budget_s`` per
-    slot (None: the device's)."""
+    """How the probe times each accepted candidate after its check, in its worker. ``timed_at``: a
+    slot's own shapes; ``fixed``: ``reps`` calls each (``--reps``), else what can change the choice
+    (``repetitions``) within ``budget_s`` per slot (None: the device's)."""
 
     shapes: tuple[str, ...]
     dtype: str
@@ -196,8 +191,7 @@ class Timing:
 
 @dataclass
 class Checked:
-    """One candidate for one slot after ``check_and_time``: its report, its timing rows as the
-    lock records them (None: not timed), and the seconds its check and its timing took."""
+    """One candidate after ``check_and_time``: report, timing rows (None: not timed), seconds."""
 
     slot: str
     report: Report
@@ -215,18 +209,15 @@ def check_and_time(
     refuse: Callable[[str, Candidate], str | None] = lambda slot, cand: None,
     checking: Callable[[str, str, int, int], None] = lambda slot, cid, index, total: None,
 ) -> Iterator[Checked]:
-    """Every candidate of every slot checked in its worker (torch's own share one, every other gets
-    a fresh one), and with ``timing`` the accepted ones timed there. ``refuse``: why a candidate is
-    skipped unchecked; ``checking(slot, id, index, total)`` before each (1-based)."""
+    """Every candidate checked in its worker (torch's own share one), with ``timing`` the accepted
+    ones timed there. ``refuse``: why one is skipped unchecked; ``checking(slot, id, index,
+    total)`` before each (1-based)."""
     total = sum(len(cands) for cands in per_slot.values())
     index = 0
     # every library that will run starts its worker now and imports its first candidate while
     # torch's own are checked (liger-kernel's import: 4 s on 2 cores)
-    pool.prepare(
-        ahead=[
-            c for slot, cands in per_slot.items() for c in cands if _runs(c, slot, checks, refuse)
-        ]
-    )
+    ahead = [c for slot, cands in per_slot.items() for c in cands if _runs(c, slot, checks, refuse)]
+    pool.prepare(ahead=ahead)
     for slot, cands in per_slot.items():
         done: list[tuple[Candidate, Checked]] = []
         for cand in cands:
@@ -263,21 +254,9 @@ def _runs(
 def _check(cand: Candidate, slot: str, checks: Checks, worker: Worker) -> Checked:
     """One candidate checked in its worker."""
     t0 = time.perf_counter()
-    report = check_candidate(
-        cand,
-        slot,
-        checks.device,
-        checks.plan,
-        worker,
-        arch=checks.arch,
-        timeout=checks.timeout,
-        import_timeout=checks.import_timeout,
-        with_compile=checks.with_compile,
-        canonical=checks.canonical.get(slot),
-        hidden=checks.hidden,
-        policy=checks.policy,
-        baseline=checks.baselines.get(slot),
-    )
+    same = {k: v for k, v in vars(checks).items() if k not in ("device", "plan", "baselines")}
+    same["canonical"], same["baseline"] = checks.canonical.get(slot), checks.baselines.get(slot)
+    report = check_candidate(cand, slot, checks.device, checks.plan, worker, **same)
     return Checked(slot, report, check_seconds=time.perf_counter() - t0)
 
 
@@ -288,8 +267,7 @@ def _time_slot(
     pool: WorkerPool,
     timing: Timing,
 ) -> None:
-    """The slot's accepted candidates timed in their workers: the default first, the others decided
-    against its samples; one sole accepted candidate gets one measured call."""
+    """The slot's accepted candidates timed: the default first, the others against its samples."""
     default_id = default_for(slot).id
     timeable = [
         (c, d) for c, d in done if d.report.status == "accepted" and not d.report.interpreted
@@ -302,10 +280,11 @@ def _time_slot(
     first_options: dict[str, Any] = {}
     for i, (cand, checked) in enumerate(timeable):
         warmup = min(3, timing.reps) if checks.device != "cpu" or timing.fixed else 1
+        min_seconds = 0.2 if checks.device != "cpu" else 0.0
         options: dict[str, Any] = {
             "reps": timing.reps,
             "warmup": warmup,
-            "min_seconds": 0.2 if checks.device != "cpu" else 0.0,
+            "min_seconds": min_seconds,
         }
         if timing.fixed:
             options["mode"] = "fixed"
@@ -333,10 +312,9 @@ def _rematch(
     timing: Timing,
     options: Mapping[str, Any],
 ) -> None:
-    """Where a candidate beat the default's first run, the default is timed again after it, with
-    the same options, each shape keeping the faster run: the first candidate timed in a worker pays
-    for what warms up later (thread pools, the allocator, clocks; torch.sdpa timed first on a loaded
-    2-core CPU came out 1.36x slower than torch.sdpa.flash, the same kernel there)."""
+    """Where a candidate beat the default's first run, the default is timed again, each shape
+    keeping the faster run: the first timed pays for what warms up (thread pools, allocator,
+    clocks; torch.sdpa timed first on 2 loaded cores: 1.36x slower than the same kernel after)."""
     default_cand, default = timeable[0]
     shapes = timing.timed_at.get(slot, timing.shapes)
     if timing.fixed or not default.timings or default.report.status != "accepted":
@@ -393,18 +371,12 @@ def _time(
     t1 = time.perf_counter()
     shapes = timing.timed_at.get(slot, timing.shapes)
     timing.progress(slot, cand.id, shapes, None)
-    request: TimeRequest = {
-        "op": "time",
-        "candidate": cand.to_json(),
-        "slot": slot,
-        "device": checks.device,
-        "shapes": shapes,
-        "dtype": timing.dtype,
-        "regime": timing.regime,
-        "progress": True,
-        "canonical": dict(checks.canonical.get(slot) or {}),
-        "options": dict(options),
-    }
+    where = _about(cand, slot, checks.device)
+    request = TimeRequest(
+        op="time", **where, shapes=shapes, dtype=timing.dtype, regime=timing.regime
+    )
+    request["progress"], request["options"] = True, dict(options)
+    request["canonical"] = dict(checks.canonical.get(slot) or {})
     try:
         reply = worker.call(
             request, TIMING_TIMEOUT, on_progress=lambda m: timing.progress(slot, cand.id, shapes, m)
@@ -427,8 +399,7 @@ def check_all(
     progress: Callable[[str, str], None] | None = None,
     **options: Any,
 ) -> dict[str, list[Report]]:
-    """Verdicts for every candidate of every slot (``check_and_time`` without timing);
-    ``options``: :class:`Checks`' (``arch``, ``timeout``, ``canonical``, ...)."""
+    """Verdicts for every candidate of every slot; ``options``: :class:`Checks`' fields."""
     checks = Checks(device, plan, **{k: v for k, v in options.items() if v is not None})
     per_slot = {slot: for_slot(candidates, slot) for slot in slots}
     out: dict[str, list[Report]] = {slot: [] for slot in per_slot}

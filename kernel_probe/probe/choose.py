@@ -1,19 +1,16 @@
 """Where a slot's implementation is chosen, from verdicts and timings.
 
-The rule. Only candidates ``accepted`` by the correctness kernels and timed without error at every
-requested shape are eligible. Each is scored by the geometric mean, over the shapes, of its median
-time divided by the torch.nn default's. The default keeps the slot unless another candidate is
-faster by more than the margin:
+Eligible: candidates ``accepted`` and timed without error at every shape. Each is scored by the
+geometric mean over the shapes of its median time / the torch.nn default's. The default keeps the
+slot unless another candidate is faster by more than the margin:
 
     score <= 1 / (1 + margin),   margin = max(5 %, 2 x the larger relative spread (IQR / median)
                                                of the two candidates' timings at any shape)
 
-so a difference timing noise could produce never flips the choice. Among candidates that clear the
-margin the lowest score wins; exact ties go to the one declared first. ``--pin SLOT=ID`` forces an
-accepted candidate whatever its speed; ``--prefer SLOT=ID`` takes it when accepted and not slower
-than the default beyond the margin. ``--deterministic`` keeps only bitwise repeatable candidates. A
-candidate whose Triton kernels ran interpreted is never eligible. A pinned or preferred candidate
-that is not eligible is an error, never silently dropped.
+so timing noise never flips the choice. Of those clearing it the lowest score wins (ties: declared
+first). ``--pin`` forces an accepted candidate; ``--prefer`` takes it when accepted and not slower
+beyond the margin; ``--deterministic`` keeps only bitwise repeatable ones; Triton kernels that ran
+interpreted are never eligible. A pinned or preferred candidate not eligible is an error.
 """
 
 from __future__ import annotations
@@ -35,8 +32,7 @@ Rows = Sequence[Mapping[str, Any]]
 
 @dataclass
 class Choice:
-    """The implementation chosen for one slot: its report, how it was chosen (fastest, default,
-    pinned, preferred), why, and the time ratios to the default it was chosen by."""
+    """One slot's implementation: its report, how and why chosen, time ratios to the default."""
 
     slot: str
     report: Report
@@ -46,8 +42,8 @@ class Choice:
 
 
 def clears_margin(score: float, spread: float) -> bool:
-    """Does a candidate whose time ratio to the default is ``score`` replace the default? Only when
-    faster by more than the margin (``spread``: the larger relative spread of the two's timings).
+    """Does a time ratio to the default of ``score`` replace it (``spread``: the larger of the
+    two's relative spreads)?
 
     >>> clears_margin(0.9, 0.0)  # 1.11x faster: beyond the 5 % margin
     True
@@ -60,8 +56,7 @@ def clears_margin(score: float, spread: float) -> bool:
 
 
 def within_margin(score: float, spread: float) -> bool:
-    """Is a preferred candidate (``--prefer``, a profile's preference) taken over the default? When
-    it is not slower than the default by more than the margin.
+    """Is a preferred candidate taken over the default: not slower by more than the margin?
 
     >>> within_margin(1.04, 0.0), within_margin(1.06, 0.0)  # 4 % slower: taken; 6 %: not
     (True, False)
@@ -90,8 +85,7 @@ def _score(rows: Rows, base_rows: Rows, shapes: Sequence[str]) -> tuple[float, f
 
 
 def beats_default(rows: Rows | None, base_rows: Rows | None, shapes: Sequence[str]) -> bool:
-    """Whether a candidate's timing rows replace the default's by ``choose``'s rule; False when
-    either side lacks a shape."""
+    """Whether a candidate's timing rows beat the default's (False where either lacks a shape)."""
     if not _ok_timings(rows, shapes) or not _ok_timings(base_rows, shapes):
         return False
     assert rows is not None and base_rows is not None
@@ -118,10 +112,9 @@ def choose(
     strict_prefer: bool = True,
     deterministic: bool = False,
 ) -> Choice:
-    """The slot's implementation by the rule above. ``prefer`` may be an ordered list (a profile's):
-    the first eligible one within the margin wins; with ``strict_prefer`` (the command line) one
-    that is not accepted is an error. ``origin`` names where a pin or preference came from
-    ("profile lumi-g"; "": the command line)."""
+    """The slot's implementation by the rule above. ``prefer``: may be a profile's ordered list (the
+    first within the margin wins); ``strict_prefer``: one not accepted is an error; ``origin``:
+    where a pin or preference came from ("profile lumi-g"; "": the command line)."""
     by_id = {r.id: r for r in reports}
     prefers = [prefer] if isinstance(prefer, str) else list(prefer or ())
     forced = [(pin, "pin")] + ([(p, "prefer") for p in prefers] if strict_prefer else [])
@@ -152,11 +145,8 @@ def choose(
             key=lambda r: (_score(timings[r.id], timings[base.id], shapes)[0], eligible.index(r)),
         )
         default_was = any(r.id == default_id and r.status == "accepted" for r in reports)
-        why = (
-            "not deterministic here (--deterministic)"
-            if deterministic and default_was
-            else "not accepted here"
-        )
+        why = "not accepted here"
+        why = "not deterministic here (--deterministic)" if deterministic and default_was else why
         reason = f"{best.id} fastest accepted candidate; the default {default_id} was {why}"
         return Choice(slot, best, "fastest", reason)
     scored = {
@@ -170,10 +160,8 @@ def choose(
             said = f"{cid} preferred by {origin or '--prefer'}"
             return Choice(slot, default, "preferred", said, scores)
         if cid in scored and within_margin(*scored[cid]):
-            said = (
-                f"{cid} preferred by {origin or '--prefer'} ({1 / scores[cid]:.2f}x the "
-                "default's speed)"
-            )
+            said = f"{cid} preferred by {origin or '--prefer'} ({1 / scores[cid]:.2f}x the "
+            said += "default's speed)"
             return Choice(slot, by_id[cid], "preferred", said, scores)
     return _fastest_or_default(slot, reports, eligible, default, timings, shapes, dtype, scored)
 
@@ -181,8 +169,7 @@ def choose(
 def _check_forced(
     slot: str, by_id: Mapping[str, Report], cid: str, kind: str, origin: str, deterministic: bool
 ) -> None:
-    """A pinned or preferred candidate that is unknown, not accepted, interpreted or (with
-    ``--deterministic``) not repeatable: an error, never silently replaced."""
+    """A pinned or preferred candidate that is not eligible: an error, never silently replaced."""
     said = f"{origin} {kind} {slot}={cid}" if origin else f"--{kind} {slot}={cid}"
     way_out = f"remove the {kind} from {origin}" if origin else f"drop --{kind} {slot}={cid}"
     r = by_id.get(cid)
@@ -222,8 +209,7 @@ def _fastest_or_default(
     dtype: str,
     scored: Mapping[str, tuple[float, float]],
 ) -> Choice:
-    """The fastest candidate that clears the margin, else the default, saying why (``scored``:
-    per other eligible candidate, its score and spread)."""
+    """The fastest candidate clearing the margin, else the default, and why."""
     scores = {r.id: scored[r.id][0] if r is not default else 1.0 for r in eligible}
     others = [r for r in eligible if r is not default]
     clear = [
@@ -233,20 +219,14 @@ def _fastest_or_default(
     ]
     if clear:
         score, _, best = min(clear, key=lambda t: (t[0], t[1]))
-        where = (
-            f"at {shapes[0]} {dtype}"
-            if len(shapes) == 1
-            else f"over {len(shapes)} shapes {dtype} (geometric mean)"
-        )
+        where = f"over {len(shapes)} shapes {dtype} (geometric mean)"
+        where = f"at {shapes[0]} {dtype}" if len(shapes) == 1 else where
         reason = f"{best.id} {1 / score:.2f}x faster than {default.id} {where}"
         return Choice(slot, best, "fastest", reason, scores)
     if not others:
         rejected = [r for r in reports if r.status != "accepted"]
-        note = (
-            f"no other candidate was accepted ({len(rejected)} not accepted)"
-            if rejected
-            else "no other candidate"
-        )
+        note = f"no other candidate was accepted ({len(rejected)} not accepted)"
+        note = note if rejected else "no other candidate"
         return Choice(slot, default, "default", f"{default.id} is the default; {note}", scores)
     fastest = min(others, key=lambda r: (scores[r.id], eligible.index(r)))
     s = scores[fastest.id]

@@ -1,11 +1,9 @@
 """The norms' and Linear's check, in the worker: raw measurements of one candidate on one device.
 
-First, once, its parameter layout against torch.nn's (``layout``) and where its parameters start
-(``onetensor.init_difference``). Then per (dtype, regime), with torch.nn's baseline and the same
-non-trivial parameters on the hard inputs of ``onetensor.cases``: each one's errors against float64
-forward and backward, the flags, whether two runs are bitwise equal, the blocks a norm sits in
-(where its output dtype differs) and the twin check. What the slot's candidates share is computed
-once per worker (``measure.SetupCache``). No verdicts: those are ``judge``'s.
+Once, its layout (``layout``) and where its parameters start (``onetensor``). Then per (dtype,
+regime), beside torch.nn with the same parameters on ``onetensor.cases``: errors against float64
+forward and backward, flags, repeatability, the blocks a norm sits in (where its output dtype
+differs), the twin. What the slot's candidates share is made once per worker; no verdicts here.
 """
 
 from __future__ import annotations
@@ -101,10 +99,7 @@ def check(
     baseline: Candidate | None = None,
     shared: measure.SetupCache | None = None,
 ) -> CheckReply:
-    """Raw measurements of one candidate on one device: layout, initialisation, and per (dtype,
-    regime) the errors, flags, determinism, blocks and twin. Where it stops early, ``phase`` says
-    where (import, baseline, build, blas) and ``error`` why. ``shared``: the worker's cache of what
-    the slot's candidates share; None computes it all here."""
+    """One candidate's raw measurements (stopped early: ``phase`` where, ``error`` why)."""
     rows: list[MeasurementRow] = []
     # the reply so far: each step binds what it learnt, and an early stop returns it with the reason
     reply = functools.partial(CheckReply, candidate=cand.id, device=device, rows=rows)
@@ -171,8 +166,7 @@ def _fresh_baseline(bench: Bench, canonical32: dict[str, Any]) -> Any:
 
 @dataclass(frozen=True)
 class Row:
-    """What one (dtype, regime) is measured with: dtypes, configuration, the non-trivial parameters
-    (also in float64, for the reference), autocast, output width, eps and the seeded generator."""
+    """What one (dtype, regime) is measured with (parameters also in float64, for the reference)."""
 
     dtype: torch.dtype
     mixed: bool
@@ -209,11 +203,8 @@ class Row:
 
 @dataclass(frozen=True)
 class Prepared:
-    """One input of a case as every candidate of the slot gets it (it runs on clones)."""
-
-    # x, grad_output and skip (drawn in that order), the reference's and torch.nn's passes,
-    # torch.nn's errors against the reference and the other norm's maths; error: what the
-    # reference or torch.nn raised on it, raised again for each candidate where it happened
+    """One input of a case as every candidate gets it: x, grad_output, skip (drawn so), the
+    reference's and torch.nn's passes and errors; ``error``: what those raised, raised again."""
 
     x: Any
     gy: Any
@@ -227,10 +218,8 @@ class Prepared:
 
 @dataclass(frozen=True)
 class Shared:
-    """A row's set-up shared by the slot's candidates (``skipped``: torch.nn itself fails here)."""
-
-    # the generator's state once the cases drew theirs: each candidate's continues from there, as
-    # it would without the sharing
+    """A row's set-up shared by the slot's candidates (``skipped``: torch.nn itself fails here);
+    ``gen_state``: where the cases left the generator, for each candidate's to go on from."""
 
     setup: Row
     base_mod: Any = None
@@ -432,8 +421,7 @@ def _flag(
 
 
 def try_once(cand: Candidate, slot: str, device: str) -> dict[str, Any]:
-    """On a device the candidate does not declare: build it and run one tiny forward, to capture
-    the concrete reason it cannot run (or the fact that it silently runs something else)."""
+    """On a device it does not declare: build the candidate and run it once, to say how it fails."""
     tdev = torch_device(device)
     canonical = canonical_for(slot, hidden=64, out_features=64, device=tdev)
     try:

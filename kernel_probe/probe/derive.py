@@ -1,11 +1,9 @@
-"""Locks from locks: an inference lock derived from a training lock for the machine it will run
-on, and what differs between two locks.
+"""Locks from locks: an inference lock derived from a training lock for this machine, and what
+differs between two locks.
 
-Deriving: every slot whose training implementation cannot run here is replaced by its verified
-portable twin, the decision ``kernel_lock.resolve.resolve_slot`` takes in inference mode (as
-``factory(..., mode="inference")`` does at run time), made once and written down. A slot with no
-usable twin stops the derivation. The derived lock's environment is this machine's, so it verifies
-here, and its provenance names the training lock and each substitution.
+Every slot whose training implementation cannot run here gets its verified twin, as
+``resolve_slot`` decides in inference mode, made once and written down; a slot without one stops
+it. The environment is this machine's; the provenance names the training lock and substitutions.
 """
 
 from __future__ import annotations
@@ -26,8 +24,7 @@ from kernel_probe.probe.write import environment, now
 
 @dataclass(frozen=True)
 class Substitution:
-    """A slot whose training implementation cannot run here, replaced by its portable twin, and
-    why."""
+    """A slot whose training implementation cannot run here, replaced by its twin, and why."""
 
     slot: str
     training: str  # the training implementation id
@@ -44,9 +41,7 @@ class Substitution:
 def derive_inference(
     lock: KernelLock, current: Mapping[str, Any], *, source: str
 ) -> tuple[KernelLock, list[Substitution]]:
-    """The sealed inference lock for the machine ``current`` describes, and the substitutions made.
-    Raises :class:`KernelUnavailable` naming every slot that cannot run here and has no usable
-    twin."""
+    """The sealed inference lock for ``current``'s machine, and the substitutions (module doc)."""
     slots: dict[str, Slot] = {}
     substitutions: list[Substitution] = []
     refused: list[str] = []
@@ -128,8 +123,7 @@ def _as_dict(field: Any) -> dict[str, Any] | None:
 
 
 def lock_differences(a: KernelLock, b: KernelLock) -> dict[str, list[dict[str, Any]]]:
-    """What differs between locks ``a`` and ``b``: top-level keys, fingerprint fields and
-    libraries, and each slot's implementation, target and kwargs."""
+    """What differs between locks: top-level keys, fingerprint, libraries, slots' choices."""
     env = []
     for name in sorted(set(a.environment.fields) | set(b.environment.fields)):
         x, y = a.environment.fields.get(name), b.environment.fields.get(name)

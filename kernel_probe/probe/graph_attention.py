@@ -1,19 +1,14 @@
 """The GraphTransformer's attention backend: measured in a worker, judged, and chosen for the lock's
-``[graph-attention]``. Not a slot: checked only when asked (``--graph-attention``); torch is
-imported by the worker's functions only (docs/checks.md, "GraphAttention").
-
-What anemoi computes (``GraphTransformerConv``; the Triton kernel the same), per destination ``i``
-over its incoming edges ``e = (j -> i)``:
+``[graph-attention]``; checked only when asked (``--graph-attention``), torch only in the worker
+(docs/checks.md, "GraphAttention"). Per destination ``i`` over its edges ``e = (j -> i)``:
 
     alpha_e = softmax_i( q_i . (k_j + e_ij) / sqrt(C) ),    out_i = sum_e alpha_e (v_j + e_ij)
 
-``out``, ``dq``, ``dk``, ``dv``, ``de`` are compared with it in float64, for the backend and for
-the formula run by torch in the checked dtype, on a graph with the in-degrees of an O96 processor.
-Backends: ``pyg``, ``triton`` (on a CPU only in Triton's interpreter, ``TRITON_INTERPRET=1``), or
-``module.function`` with the signature ``f(q, k, v, e, edge_index, size) -> out``. The lock's
-choice (``choose``) for ``wanted``: ``auto``, the backend anemoi would run here, or the other where
-that one is rejected and the other can run; ``triton``, if accepted and runnable here, else an error
-unless ``allow_fallback``; ``pyg``, if accepted. One not bitwise repeatable is refused under
+``out``, ``dq``, ``dk``, ``dv``, ``de`` are compared with it in float64 on a graph with an O96
+processor's in-degrees. Backends: ``pyg``, ``triton`` (on a CPU only under TRITON_INTERPRET=1), or
+``module.function`` as ``f(q, k, v, e, edge_index, size) -> out``. ``choose``: ``auto`` takes what
+anemoi would run here, or the other where that one is rejected; ``triton`` if accepted and runnable,
+else an error unless ``allow_fallback``; ``pyg`` if accepted; never one not bitwise repeatable under
 ``--deterministic``.
 """
 
@@ -42,13 +37,7 @@ from kernel_probe.isolation.protocol import (
     interpreter_requested,
 )
 from kernel_probe.isolation.worker import Worker, WorkerDied
-from kernel_probe.probe.judge import (
-    judge_cases,
-    row_reasons,
-    row_verdict,
-    unmeasured,
-    worst_status,
-)
+from kernel_probe.probe.judge import judge_cases, row_reasons, row_verdict, unmeasured, worst_status
 from kernel_probe.probe.report import Verdict, deterministic
 from kernel_probe.slots.attention import tolerance
 
@@ -58,10 +47,8 @@ TIMEOUT = 600.0  # the Triton interpreter on a CPU: ~20 s per dtype here
 # refined at level L has 6 neighbours at each level L..5 (10,242 nodes, 81,900 edges)
 O96_DEGREES = ((6, 7680), (12, 1920), (18, 480), (24, 120), (30, 42))
 OUTPUTS = ("out", "dq", "dk", "dv", "de")
-HEADS, CHANNELS = (
-    4,
-    32,
-)  # anemoi's GT processor: 16 heads x 64 at 1024 channels; the maths is per head
+# anemoi's GT processor: 16 heads x 64 at 1024 channels; the maths is per head
+HEADS, CHANNELS = 4, 32
 NODES = 36  # the check graph: every degree of O96_DEGREES, in proportion, at least one node each
 BASELINE = "torch's formula's"
 HINTS = {
@@ -74,8 +61,7 @@ HINTS = {
 
 # ---- the check graph and the formula (the worker's) ----------------------------------------------
 def check_degrees(nodes: int = NODES) -> list[int]:
-    """In-degrees of ``nodes`` destinations in ``O96_DEGREES``' proportions (each degree at least
-    once), largest first."""
+    """In-degrees of ``nodes`` destinations in ``O96_DEGREES``' proportions, largest first."""
     total = sum(n for _, n in O96_DEGREES)
     counts = [max(1, round(nodes * n / total)) for _, n in O96_DEGREES]
     counts[0] += nodes - sum(counts)  # the commonest degree takes the rounding
@@ -84,9 +70,7 @@ def check_degrees(nodes: int = NODES) -> list[int]:
 
 
 def check_graph(gen: Any, nodes: int = NODES) -> Any:
-    """A processor graph (sources = destinations = ``nodes``) with ``check_degrees``' in-degrees, no
-    duplicate edge, sorted by destination as anemoi sorts it: ``edge_index`` (2, E) of (src,
-    dst)."""
+    """``edge_index`` (2, E) with ``check_degrees``' in-degrees, destination-sorted as anemoi's."""
     import torch  # the worker's (this module is the probe's too)
 
     src, dst = [], []
@@ -97,8 +81,7 @@ def check_graph(gen: Any, nodes: int = NODES) -> Any:
 
 
 def reference(q: Any, k: Any, v: Any, e: Any, edge_index: Any, size: tuple[int, int]) -> Any:
-    """The formula of the module docstring with torch's own ops (float64: the reference; the
-    checked dtype: the baseline). Stable softmax per destination (max subtracted)."""
+    """The module docstring's formula in torch's ops (stable softmax): reference and baseline."""
     import torch  # the worker's
 
     src, dst = edge_index
@@ -125,8 +108,7 @@ class _Unavailable(Exception):
 
 
 def backend(name: str, device: str) -> Attend:
-    """The attention function ``name`` stands for (module docstring); raises ``_Unavailable`` with
-    the reason where it cannot run here."""
+    """The attention function ``name`` stands for; ``_Unavailable`` where it cannot run here."""
     if name == "pyg":
         from anemoi.models.layers.conv import GraphTransformerConv
 
@@ -172,8 +154,7 @@ def _triton(device: str) -> Attend:
 
 @dataclass
 class Case:
-    """One input: q, k, v, the edge attribute ``e``, grad_output, and the outputs that vanish by
-    construction."""
+    """One input: q, k, v, grad_output, the outputs that vanish by construction, e."""
 
     name: str
     q: Any
@@ -192,9 +173,8 @@ class Case:
 
 
 def cases(gen: Any, n: int, edges: int) -> list[Case]:
-    """random; large logits that stay soft (q and k share a large part); the #1027 sharp softmax:
-    large scores, and every neighbour sends the same message (v one vector, e = 0), so out = v and
-    dq = dk = 0. Drawn in float64 on the CPU (the same values on every device)."""
+    """random; large logits that stay soft; #1027's sharp softmax over equal messages (v one
+    vector, e = 0: out = v, dq = dk = 0). Drawn in float64 on the CPU."""
     import torch  # the worker's
 
     def randn(*shape: int, scale: float = 1.0) -> Any:
@@ -228,8 +208,7 @@ def _grads(fn: Attend, case: Case, edge_index: Any, size: tuple[int, int]) -> di
 def _errors(
     got: Mapping[str, Any], base: Mapping[str, Any], ref: Mapping[str, Any], vanishing: tuple
 ) -> tuple[dict[str, list[float]], dict[str, ErrorStats]]:
-    """output -> [the backend's error, the baseline's], and the RMS/bias statistics of the outputs
-    that do not vanish (a vanishing one is judged by its max error against max|dv|)."""
+    """output -> [its error, the baseline's]; statistics where it does not vanish (max|dv|)."""
     from kernel_probe.probe.measure import compare, rel  # torch: the worker's
 
     dv_scale = float(ref["dv"].abs().max())
@@ -277,8 +256,7 @@ def _row(fn: Attend, device: str, dtype_name: str, seed: int) -> MeasurementRow:
 
 
 def check(name: str, device: str, dtypes: list[str], seed: int = 0) -> list[MeasurementRow]:
-    """One row per dtype for backend ``name`` on ``device`` (``skipped`` rows, with the reason,
-    where it cannot run here)."""
+    """One row per dtype for backend ``name`` on ``device`` (``skipped`` where it cannot run)."""
     from kernel_probe.probe.measure import first_line  # torch: the worker's
 
     try:
@@ -293,8 +271,7 @@ def check(name: str, device: str, dtypes: list[str], seed: int = 0) -> list[Meas
 # ---- the verdict (the probe's) -------------------------------------------------------------------
 @dataclass
 class GraphAttentionReport:
-    """The verdict on one backend: its status (the worst of its dtypes'), reasons and per-dtype
-    verdicts."""
+    """The verdict on one backend: the worst of its dtypes' statuses, reasons, verdicts."""
 
     backend: str
     device: str
@@ -322,8 +299,7 @@ class GraphAttentionReport:
 
 
 def judge_row(backend: str, device: str, row: MeasurementRow) -> Verdict:
-    """One dtype's verdict: every output's max error within the attention tolerance, its RMS error
-    and bias by the one rule (``tolerance.judge_output``)."""
+    """One dtype's verdict: max errors under the attention tolerance, RMS and bias as usual."""
     v = unmeasured(backend, device, row, None)  # an exception is a crash: no refusal to tell apart
     if v is not None:
         return v
@@ -350,15 +326,11 @@ def backends_to_check(device: str, interpreted: bool) -> list[str]:
 def check_backend(
     backend: str, device: str, dtypes: Sequence[str], *, timeout: float = TIMEOUT
 ) -> GraphAttentionReport:
-    """One backend's verdict, measured in a fresh worker (anemoi's and the kernel's code never run
-    here)."""
+    """One backend's verdict, measured in a fresh worker (its code never runs here)."""
     interpreted = backend == "triton" and device == "cpu" and interpreter_requested()
-    request: GraphAttentionRequest = {
-        "op": "graph-attention",
-        "backend": backend,
-        "device": device,
-        "dtypes": list(dtypes),
-    }
+    request = GraphAttentionRequest(
+        op="graph-attention", backend=backend, device=device, dtypes=list(dtypes)
+    )
     try:
         with Worker() as worker:
             reply = worker.call(request, timeout=timeout)
@@ -422,8 +394,7 @@ def choose(
     deterministic: bool = False,
     triton: bool | None = None,
 ) -> GraphAttention:
-    """The lock's ``[graph-attention]`` per the rule of the module docstring; raises where none
-    fits."""
+    """The lock's ``[graph-attention]`` by the module docstring's rule; raises where none fits."""
     if wanted not in CHOICES:
         raise UsageError(f"--graph-attention {wanted!r} is not one of {', '.join(CHOICES)}")
     if allow_fallback and wanted == "pyg":
@@ -476,10 +447,9 @@ def for_probe(
     deterministic: bool,
     note: Callable[[str], None],
 ) -> GraphAttention | None:
-    """The probe's ``[graph-attention]`` where its request asks for it (``--graph-attention``), else
-    None: every backend checkable here checked, each verdict sent to ``note``, then ``choose``.
-    ``fingerprint`` is this machine's, from the worker (its device type decides where anemoi falls
-    back)."""
+    """The probe's ``[graph-attention]`` where asked (``--graph-attention``; else None): every
+    backend checkable here, each verdict to ``note``, then ``choose`` (``fingerprint``: the
+    worker's, whose device type decides where anemoi falls back)."""
     if not request.graph_attention:
         return None
     reports = check_all(device, dtypes)

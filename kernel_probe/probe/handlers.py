@@ -1,7 +1,5 @@
-"""What a worker process does with each request: one handler per op (``OPS``), over the transport
-of ``kernel_probe.isolation.worker``. A candidate's check, try and timing go to its slot
-(``kernel_probe.slots``), whose measuring code is imported at its first request: a worker serves
-one library, and loads no other slot's code.
+"""What a worker process does with each request: one handler per op (``OPS``). A candidate's
+check, try and timing go to its slot, whose code is imported at its first request.
 """
 
 from __future__ import annotations
@@ -44,10 +42,6 @@ def serve() -> None:
 
 def _cand(request: CandidateRequest) -> Candidate:
     return Candidate.from_json(request["candidate"])
-
-
-def _dtypes(request: CheckRequest) -> list[tuple[str, str]]:
-    return [(dtype, regime) for dtype, regime in request["dtypes"]]
 
 
 def _ping(request: Request, emit: Progress) -> Reply:
@@ -102,7 +96,7 @@ def _check(request: CheckRequest, emit: Progress) -> Reply:
     return _slot(request).check(
         _cand(request),
         request["device"],
-        _dtypes(request),
+        [(dtype, regime) for dtype, regime in request["dtypes"]],
         canonical=request.get("canonical", {}),
         seed=request.get("seed", 0),
         hidden=request.get("hidden"),

@@ -1,12 +1,9 @@
 """Where a verdict is decided: raw measurements in, (status, reasons) out.
 
-Every compared output of a row is judged by the tolerance model (``tolerance``); an input or
-grad_output modified in place fails a candidate outright; an output dtype other than torch.nn's is
-judged by its consequence in the blocks a norm sits in (``--strict-dtype``: rejected). Bitwise
-repeatability is recorded, not failed on. Here too: a worker that died or ran out of time, a
-library that tampered with torch, the state dict's layout, the initialisation, and the timing. What
-rules a candidate out before anything is imported is ``report.static_problem``; the checker only
-orchestrates.
+Outputs are judged by the tolerance model (``tolerance``); an input or grad_output modified in
+place fails outright; another output dtype than torch.nn's is judged by its consequence in the
+blocks a norm sits in (``--strict-dtype``: rejected); bitwise repeatability is recorded only. Also
+here: dead workers, tampering, the layout, the initialisation, the timing.
 """
 
 from __future__ import annotations
@@ -96,8 +93,7 @@ def judge_cases(
     max_tolerance: Callable[[str, float, str], float] | None = None,
     baseline: str = "torch.nn's",
 ) -> Findings:
-    """Every case's compared outputs of ``row`` (an alternative reference's, ``ALT_PREFIX``, not
-    judged); ``max_tolerance(output, base, dtype)``: a slot's own, ratios kept per case."""
+    """Every case's outputs of ``row``; ``max_tolerance(output, base, dtype)``: a slot's own."""
     dtype = row["dtype"]
     worst, failed, reasons = 0.0, [], []
     statistics: dict[str, float] = {}
@@ -128,8 +124,7 @@ def judge_cases(
 
 
 def determinism(row: MeasurementRow) -> tuple[bool | None, tuple[str, ...]]:
-    """(deterministic, a note with the spread where two identical runs differed); (None, ())
-    when not measured."""
+    """(deterministic, a note where two identical runs differed); (None, ()): not measured."""
     if "nondeterministic" not in row:
         return None, ()
     spread = row["nondeterministic"]
@@ -144,7 +139,7 @@ def unmeasured(
     *,
     say_unavailable: bool = False,
 ) -> Verdict | None:
-    """The verdict on a row with no measurements: skipped where torch itself cannot run it; where
+    """The verdict on a row without measurements: skipped (torch itself cannot run it), or where
     the candidate raised, unavailable when ``refused`` matches the message, else crashed."""
     where = (candidate, device, row["dtype"], row["regime"])
     if "skipped" in row:
@@ -172,9 +167,8 @@ def row_verdict(
     twin: bool = True,
     out_dtype: str = "",
 ) -> Verdict:
-    """The verdict on a measured row: rejected when an output is over its tolerance or a flag
-    (``failed``, ``failed_first``) fails it, else accepted. A row with neither raises
-    :class:`UnjudgedRow`: nothing is accepted by default."""
+    """A measured row: rejected when an output is over its tolerance or a flag (``failed``,
+    ``failed_first``) fails it, else accepted; :class:`UnjudgedRow` where neither was judged."""
     all_failed = (*failed_first, *found.failed, *failed)
     if not row.get("cases") and not all_failed:
         raise UnjudgedRow(candidate, row["dtype"], row["regime"])
@@ -209,8 +203,7 @@ def judge_row(
     also: Sequence[tuple[str, str]] = (),
     notes: Sequence[str] = (),
 ) -> Verdict:
-    """The verdict on one measured (dtype, regime): errors against the tolerance model, then the
-    flags. ``also``: a slot's own failing (flag, reason), its reason first; ``notes``: its own."""
+    """One measured row: errors, flags; ``also``: a slot's own failing (flag, reason)."""
     v = unmeasured(candidate, device, row, _DTYPE_PROBLEM)
     if v is not None:
         return v
@@ -267,7 +260,7 @@ def _matches_alternative(row: MeasurementRow) -> bool | None:
 
 
 def _judge_dtype(row: MeasurementRow, what: str, policy: Policy) -> tuple[str, str]:
-    """An output dtype other than torch.nn's: (the rejection, '') or ('', the accepted change)."""
+    """Another output dtype than torch.nn's: (the rejection, '') or ('', the accepted change)."""
     regime = "under autocast" if row["regime"] == "mixed" else "in plain " + row["dtype"]
     blocks = row.get("blocks")
     if policy.strict_dtype or not blocks:
@@ -288,16 +281,14 @@ def _judge_dtype(row: MeasurementRow, what: str, policy: Policy) -> tuple[str, s
                     f"{base:.3g})"
                 )
         figures.append(f"{kind} block error ratio {worst:.2f}")
+    said = f"output dtype {what} {regime}"
     if bad:
-        blocks_said = "; ".join(bad)
-        return f"output dtype {what} {regime} changes the blocks a norm sits in: {blocks_said}", ""
-    figured = ", ".join(figures)
-    return "", f"output dtype {what} {regime}: accepted by consequence ({figured}; <= 1 passes)"
+        return f"{said} changes the blocks a norm sits in: {'; '.join(bad)}", ""
+    return "", f"{said}: accepted by consequence ({', '.join(figures)}; <= 1 passes)"
 
 
 def worst_status(statuses: Sequence[Status]) -> Status:
-    """The worst of a candidate's rows' statuses (``STATUSES`` is worst first); skipped when
-    none."""
+    """The worst of the rows' statuses (``STATUSES``: worst first); skipped when none."""
     real = [s for s in STATUSES if s in statuses and s != "skipped"]
     return real[0] if real else "skipped"
 
@@ -315,10 +306,9 @@ def row_reasons(verdicts: Sequence[Verdict], *, regime: bool = True) -> list[str
 
 def report_of(verdicts: Sequence[Verdict], base: ReportBase, **more: Any) -> Report:
     """A candidate's report from its rows' verdicts: the worst of their statuses, their reasons."""
-    statuses = [v.status for v in verdicts]
-    reasons = row_reasons(verdicts)
+    status = worst_status([v.status for v in verdicts])
     return Report(
-        status=worst_status(statuses), reasons=reasons, verdicts=list(verdicts), **base, **more
+        status=status, reasons=row_reasons(verdicts), verdicts=list(verdicts), **base, **more
     )
 
 
@@ -368,7 +358,7 @@ def stopped(problem: Problem, base: ReportBase) -> Report:
 def judge_candidate(
     raw: CheckReply, cand: Candidate, slot: str, device: str, policy: Policy, base: ReportBase
 ) -> Report:
-    """The verdict from the worker's measurements: candidate-level facts first, then the rows."""
+    """The verdict from the worker's measurements: the candidate's facts, then its rows."""
     early = _early_stop(raw, cand)
     if early is not None:
         return stopped(early, base)
@@ -402,8 +392,7 @@ def _early_stop(raw: CheckReply, cand: Candidate) -> Problem | None:
 
 
 def _judge_init(report: Report, init: list[str], policy: Policy) -> None:
-    """A changed initialisation changes every model trained from scratch: rejected, unless the
-    policy accepts (and records) it."""
+    """A changed initialisation: rejected, unless the policy accepts (and records) it."""
     if not init:
         return
     if policy.allow_init_change:
@@ -422,8 +411,7 @@ def _judge_init(report: Report, init: list[str], policy: Policy) -> None:
 
 # ---- after timing --------------------------------------------------------------------------------
 def judge_timing(report: Report, reply: TimeReply) -> None:
-    """Tampering while timed rejects; so does a wrong check at a timed shape, named first among the
-    reasons (its timings stay in the lock's record)."""
+    """Tampering while timed rejects; so does a wrong check at a timed shape (its reason first)."""
     if reply.tampered:
         report.status = "rejected"
         report.reasons.insert(

@@ -1,16 +1,11 @@
 """Parameter layout: does a candidate's state dict take torch.nn's keys, and through which mapping?
 
-Decided before any numerics, from keys and shapes only (no import, no torch): a correct kernel whose
-parameters are called ``gamma``/``beta``, or whose Linear weight is stored as ``(in, out)``,
-computes the right thing, and the probe must say how its state maps onto torch.nn's rather than
-report a numeric error or a crash. The mapping found is the twin's state-dict migration
-(``kernel_lock.checkpoint`` applies it): ``drop:<key>``, ``rename:<old>-><new>``,
-``transpose:<key>``.
-
-The rules, in order: ``_extra_state`` entries are dropped (transformer-engine's); a key torch.nn has
-with the same shape maps to itself, with the transposed shape (2-D) to itself transposed; the keys
-left on both sides pair up in declaration order when every pair has equal (or transposed) shapes.
-Anything else has no mapping, and the verdict lists what is missing and what is unexpected.
+From keys and shapes only, before any numerics: a kernel calling its parameters ``gamma``/``beta``
+or storing a Linear weight as ``(in, out)`` is right, and the mapping found is its twin's
+state-dict migration (``kernel_lock.checkpoint``): ``drop:<key>``, ``rename:<old>-><new>``,
+``transpose:<key>``. In order: ``_extra_state`` entries are dropped; a key of torch.nn's with the
+same (or 2-D transposed) shape maps to itself; the keys left pair up in declaration order when
+every pair's shapes fit. Else no mapping: the verdict lists what is missing and unexpected.
 """
 
 from __future__ import annotations
@@ -24,8 +19,7 @@ Shape = tuple[int, ...]
 
 @dataclass(frozen=True)
 class Layout:
-    """How the candidate's state maps onto torch.nn's. ``pairs``: torch.nn key -> (candidate key,
-    transposed)."""
+    """How the candidate's state maps onto torch.nn's (torch.nn key -> (its key, transposed))."""
 
     ok: bool
     pairs: Mapping[str, tuple[str, bool]] = field(default_factory=dict)
@@ -64,8 +58,6 @@ class Layout:
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> Layout:
         """The layout from :meth:`to_json`'s object."""
-        # d is what to_json wrote (the worker's reply): pairs {key: [candidate key, transposed]},
-        # lists of strings
         raw_pairs = cast("Mapping[object, Sequence[object]]", d.get("pairs") or {})
         pairs = {str(k): (str(v[0]), bool(v[1])) for k, v in dict(raw_pairs).items()}
         return cls(
@@ -95,8 +87,7 @@ def _fits(candidate: Shape, reference: Shape) -> tuple[bool, bool]:
 
 
 def discover(candidate: Mapping[str, Shape], reference: Mapping[str, Shape]) -> Layout:
-    """The mapping from the candidate's state-dict keys and shapes onto torch.nn's
-    (``reference``)."""
+    """The mapping from the candidate's state-dict keys and shapes onto torch.nn's."""
     rules: list[str] = []
     cand = dict(candidate)
     for key in list(cand):

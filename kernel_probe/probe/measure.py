@@ -1,9 +1,7 @@
 """What every slot's worker measures with (torch): raw numbers, no verdicts (those are judge's).
 
-The candidate imported (``import_stop``: the early stop every slot's check shares) and built, the
-normwise errors against a float64 reference (``compare``: the max error and the statistics that
-``tolerance.limits`` weighs), the set-up a slot's candidates share in one worker (``SetupCache``),
-and where a check's tensors live (``on_device``, ``one_cpu_thread``).
+Importing and building the candidate, normwise errors against float64 (``compare``), the set-up a
+slot's candidates share in one worker (``SetupCache``), where a check's tensors live.
 """
 
 from __future__ import annotations
@@ -54,10 +52,7 @@ def import_class(target: str) -> Any:
 def import_stop(
     cand: Candidate, device: str, *, needed: bool = True, whole: bool = False
 ) -> tuple[float, CheckReply | None]:
-    """Import the candidate's class: (the seconds it took, None), or (0, the reply that stops the
-    check at ``phase="import"``; ``kind`` "import" for an ImportError, else "exception"), its error
-    the exception's first line (``whole``: its whole message). ``needed=False``: nothing to
-    import."""
+    """Import the candidate's class: (seconds, None), or (0, the reply stopping the check)."""
     start = time.perf_counter()
     if needed:
         try:
@@ -96,9 +91,7 @@ def no_twin() -> dict[str, Any]:
 
 # ---- the set-up a slot's candidates share ------------------------------------------------------
 class SetupCache:
-    """What a check computes that is the same for every candidate of a slot (the seeded inputs, the
-    reference's pass, torch's own), per key, made by the first candidate that needs it (each runs
-    on clones of it); the least recently used of ``size`` entries dropped first."""
+    """What a check computes alike for a slot's candidates, per key (LRU of ``size`` entries)."""
 
     def __init__(self, size: int = 8):
         self._entries: OrderedDict[Hashable, Any] = OrderedDict()
@@ -150,9 +143,8 @@ def rel(got: Any, ref: Any, denom: float | None = None) -> float:
 
 
 def group_errors(got: Any, ref: Any, scale: float, *, rows: bool) -> tuple[Any, ...]:
-    """Per group of ``got - ref`` (a row when ``rows``, else the whole tensor): max |error|, RMS
-    error, |mean signed error| and the errors' spread about it, each over ``scale``; inf where not
-    finite."""
+    """Per group of ``got - ref`` (a row when ``rows``, else all): max |error|, RMS, |mean| and the
+    spread about it, over ``scale``; inf where not finite."""
     e = got.detach().to(torch.float64) - ref
     e = e.reshape(-1, e.shape[-1]) if rows and e.dim() > 0 else e.reshape(1, -1)
     s = max(scale, 1e-30)
@@ -167,8 +159,7 @@ def group_errors(got: Any, ref: Any, scale: float, *, rows: bool) -> tuple[Any, 
 def compare(
     got: Any, base: Any, ref: Any, *, rows: bool, base_side: Side | None = None
 ) -> tuple[list[float], ErrorStats]:
-    """([the candidate's max error, torch's], the worst group's RMS error, bias and spread of each,
-    the group size and the reference's RMS). ``base_side``: torch's, already computed (``side``)."""
+    """([max error, torch's], worst groups' statistics); ``base_side``: torch's, if computed."""
     n, scale, ref_rms = _scale(ref, rows)
     maxima, rms, bias, sd = [0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]
     for i, t in enumerate((got, base)):
@@ -221,14 +212,12 @@ def nondeterminism(a: Mapping[str, Any], b: Mapping[str, Any], names: Sequence[s
 
 # ---- where and how a check runs ----------------------------------------------------------------
 @contextlib.contextmanager
-def one_cpu_thread(device: str) -> Iterator[None]:
+def one_cpu_thread(device: str = "cpu") -> Iterator[None]:
     """One CPU thread for a check's small tensors (a CPU device only)."""
     # with one per core, tiny passes wait on OpenMP hand-offs (2 cores: 0.31 s vs 3.5 s loaded)
-    if device != "cpu":
-        yield
-        return
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    if device == "cpu":
+        torch.set_num_threads(1)
     try:
         yield
     finally:
@@ -238,16 +227,13 @@ def one_cpu_thread(device: str) -> Iterator[None]:
 @contextlib.contextmanager
 def on_device(device: str) -> Iterator[None]:
     """Tensors created inside land on ``device`` (torch.set_default_device), one CPU thread."""
-    # tiny tensors: several threads cost 100x here on a loaded CPU (OpenMP threads waiting)
     before = torch.get_default_device()
     torch.set_default_device(torch_device(device))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     try:
-        yield
+        with one_cpu_thread():
+            yield
     finally:
         torch.set_default_device(before)
-        torch.set_num_threads(threads)
 
 
 def autocasting(autocast: tuple[str, Any] | None) -> Any:

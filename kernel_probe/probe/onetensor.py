@@ -1,9 +1,6 @@
 """The layers with parameters that map one tensor (LayerNorm, RMSNorm, Linear), as the worker
-measures them (torch): the BLAS library a Linear runs under on a GPU, their float64 maths,
-parameters that are neither ones nor zeros, the hard inputs real kernels get wrong, one
-forward+backward pass, where a fresh candidate's parameters start, and the checks a row makes after
-its cases (repeatability, the blocks a norm sits in, the twin). ``correctness``, ``atshape`` and
-``timing`` build on them.
+measures them: a Linear's BLAS library, float64 maths, non-trivial parameters, hard inputs, one
+forward+backward pass, where fresh parameters start, and a row's checks after its cases.
 """
 
 from __future__ import annotations
@@ -36,8 +33,7 @@ class BlasNotOffered(Exception):
 
 
 def blas_device(cand: Candidate, device: str) -> str:
-    """The device type whose BLAS libraries name the candidate's (``cuda``/``rocm``); '' where none
-    applies."""
+    """The device type whose BLAS libraries name the candidate's ('': none applies)."""
     if cand.blas:
         return blas_lib.device_of(cand.blas)
     return device if device in blas_lib.LIBRARIES else ""
@@ -45,9 +41,7 @@ def blas_device(cand: Candidate, device: str) -> str:
 
 @contextlib.contextmanager
 def blas_library(cand: Candidate, device: str) -> Iterator[tuple[str, str]]:
-    """Run a Linear under its candidate's BLAS library (none: torch's pick), then restore the
-    process's choice. Yields (the library in effect, the build's default), ("", "") where none
-    applies; :class:`BlasNotOffered` where the build keeps another."""
+    """Run a Linear under its BLAS library; yields (the one in effect, the build's default)."""
     kind = blas_device(cand, device) if cand.semantics == "linear" else ""
     if not kind:
         yield "", ""
@@ -67,8 +61,8 @@ def blas_library(cand: Candidate, device: str) -> Iterator[tuple[str, str]]:
 
 
 def baseline_blas(cand: Candidate, device: str) -> str:
-    """The library torch.nn's baseline runs under for a Linear on a GPU: the classic one (cuBLAS,
-    rocBLAS), so a library that computes worse (hipBLASLt, anemoi-core #560) is judged by it."""
+    """A Linear's baseline library on a GPU: the classic one (cuBLAS, rocBLAS), so one computing
+    worse (hipBLASLt, anemoi-core #560) is judged by it."""
     kind = blas_device(cand, device) if cand.semantics == "linear" else ""
     return blas_lib.LIBRARIES[kind][0] if kind else ""
 
@@ -134,9 +128,7 @@ def parameters_for(
 
 def in_float64(params: Mapping[str, Any], device: str) -> dict[str, Any]:
     """The parameters in float64 on ``device``, for the reference."""
-    return {
-        k: (v.to(torch.float64).to(device) if v is not None else None) for k, v in params.items()
-    }
+    return {k: v if v is None else v.to(torch.float64).to(device) for k, v in params.items()}
 
 
 def load_parameters(module: Any, params: Mapping[str, Any], layout: Layout) -> None:
@@ -221,9 +213,8 @@ def run_pass(
     skip_t = skip.detach().clone().requires_grad_(True) if skip is not None else None
     gy_given = gy.clone()
     with autocasting(autocast):
-        # the skip branch is recorded *before* the module, so autograd runs the module's backward
-        # first and then hands the same gradient buffer to the skip branch: an in-place backward
-        # that overwrote grad_output shows up as a wrong skip gradient
+        # the skip branch recorded *before* the module: autograd hands the skip branch the buffer
+        # the module's backward got, so overwriting grad_output shows as a wrong skip gradient
         s = skip_t * 1.0 if skip_t is not None else None
         y = module(x)
         out = y + s if s is not None else y
@@ -262,10 +253,8 @@ def bits_equal(a: Any, b: Any) -> bool:
 
 
 # ---- where a fresh candidate's parameters start (docs/checks.md, "Initialisation") --------------
-# Deterministic initialisations must be equal; random ones must come from torch.nn's distribution,
-# judged on one draw of each by four tests at a false-alarm rate of ALPHA each: the count of values
-# beyond torch.nn's largest magnitude (its exact law: _exceedance_quantile), a z-test on the means,
-# the log ratio of the variances, and the two-sample Kolmogorov-Smirnov statistic.
+# Deterministic ones must be equal; random ones from torch.nn's distribution, by four tests at
+# ALPHA each: values beyond torch.nn's largest (exact law), means, log variance ratio, KS.
 ALPHA = 1e-6  # false-alarm rate of each test
 Z = 4.8916  # two-sided normal quantile at ALPHA
 
@@ -278,9 +267,8 @@ def describe(t: torch.Tensor) -> str:
     lo, hi = t.min().item(), t.max().item()
     if lo == hi:
         return {0.0: "zeros", 1.0: "ones"}.get(lo, f"the constant {lo:.6g}")
-    return (
-        f"values with mean {t.mean().item():.4g}, std {t.std().item():.4g} in [{lo:.4g}, {hi:.4g}]"
-    )
+    mean, std = t.mean().item(), t.std().item()
+    return f"values with mean {mean:.4g}, std {std:.4g} in [{lo:.4g}, {hi:.4g}]"
 
 
 def _exceedance_quantile(n: int, m: int, alpha: float) -> int:
@@ -332,8 +320,7 @@ def same_distribution(candidate: torch.Tensor, reference: torch.Tensor) -> list[
 
 
 def init_difference(candidate: torch.Tensor, reference: torch.Tensor) -> str | None:
-    """Why ``candidate`` (a fresh parameter) does not start like ``reference``; None when it
-    does."""
+    """Why a fresh parameter does not start like torch.nn's ``reference`` (None: it does)."""
     c, r = candidate.detach().float().cpu(), reference.detach().float().cpu()
     if c.shape != r.shape:
         return f"has shape {tuple(c.shape)}, torch.nn {tuple(r.shape)}"

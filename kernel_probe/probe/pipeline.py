@@ -1,14 +1,9 @@
 """The probe as a library: a planned request in, a typed result out.
 
-    from kernel_probe.jobstart import run
-    result = run(ProbeRequest(out=Path("kernel-lock.toml"), shapes=("40320x1024",)))
-    result.lock.slots["LayerNorm"].implementation
-
-``probe_or_reuse`` reuses the lock if it answers the plan (``kernel_probe.probe.planning``), else
-checks every candidate in an isolated worker, times the accepted ones, chooses per slot and writes
-the lock, under a file lock. It knows nothing of ranks (``kernel_probe.jobstart`` decides which rank
-probes) and prints nothing: what a person should see goes to an :class:`Events` object, and every
-failure the user can act on is a ``LockError`` with its exit code.
+``probe_or_reuse`` reuses the lock if it answers the plan (``planning``), else checks every
+candidate in an isolated worker, times the accepted ones, chooses per slot and writes the lock under
+a file lock. It knows nothing of ranks (``kernel_probe.jobstart``) and prints nothing: what a person
+should see goes to :class:`Events`, every failure they can act on is a ``LockError``.
 """
 
 from __future__ import annotations
@@ -35,8 +30,7 @@ from kernel_probe.probe.write import build_lock, check_writable, exclusive, reso
 
 @dataclass
 class ProbeResult:
-    """What a probe did: the lock (written or reused) and, when it probed, every report, timing and
-    choice; ``source``: reused, who wrote the lock for this job ("" when it was there already)."""
+    """What a probe did; ``source``: reused, who wrote the lock for this job ("": it was there)."""
 
     lock_path: Path
     lock: kernel_lock.KernelLock
@@ -51,23 +45,12 @@ class ProbeResult:
     source: str = ""
 
 
-# the options of the inputs digest as a person names them
-OPTION_NAMES = {
-    "precision": "--precision",
-    "shapes": "--shape",
-    "slots": "--slot",
-    "pins": "--pin",
-    "prefers": "--prefer",
-    "candidates": "candidates",
-    "with_compile": "--with-compile",
-    "profile": "the profile's digest",
-    "deterministic": "--deterministic",
-    "allow_init_change": "--allow-init-change",
-    "strict_dtype": "--strict-dtype",
-    "graph_attention": "--graph-attention",
-    "allow_graph_attention_fallback": "--allow-graph-attention-fallback",
-    "allow_approximation": "--allow-approximation",
-}
+# the options of the inputs digest as a person names them: these, and the flags of _FLAGS
+OPTION_NAMES = {"shapes": "--shape", "slots": "--slot", "pins": "--pin", "prefers": "--prefer"}
+OPTION_NAMES |= {"candidates": "candidates", "profile": "the profile's digest"}
+_FLAGS = ("precision", "with_compile", "deterministic", "allow_init_change", "strict_dtype")
+_FLAGS_TOO = ("graph_attention", "allow_graph_attention_fallback", "allow_approximation")
+OPTION_NAMES |= {key: "--" + key.replace("_", "-") for key in (*_FLAGS, *_FLAGS_TOO)}
 
 
 def _option_name(key: str) -> str:
@@ -96,8 +79,8 @@ def _shown(value: Any) -> str:
 
 
 def options_change(recorded: Mapping[str, Any] | None, now: Mapping[str, Any]) -> str:
-    """Which options differ between a lock's recorded ones (``provenance.options``) and this run's,
-    each with the old and the new value; the general reason for an older lock that records none."""
+    """The options that differ between a lock's (``provenance.options``) and this run's, old and
+    new value each; the general reason for an older lock that records none."""
     if not isinstance(recorded, Mapping) or not recorded:
         return "it was probed with other options (shapes, precision, candidates, pins or profile)"
     changes = []
@@ -135,11 +118,9 @@ def reusable(
     judged: Mapping[str, Sequence[str]] = {},
 ) -> tuple[kernel_lock.KernelLock | None, str]:
     """(the lock, "") if it can be reused; (None, why not) otherwise. Raises for a corrupt lock.
-
-    ``trust``: the libraries of this run's own candidates (offering them grants a lock written for
-    them); ``inputs``: this run's options, to name those that differ; ``libraries``: what is
-    installed now of the registry libraries the candidates come from (one installed or removed
-    since the probe makes the lock stale); ``judged``: library -> its candidates' ids."""
+    ``trust``: this run's own candidates' libraries; ``inputs``: this run's options (to name those
+    that differ); ``libraries``: the candidates' registry libraries installed now (one installed or
+    removed since makes the lock stale); ``judged``: library -> its candidates' ids."""
     if not path.exists():
         return None, f"{path} does not exist"
     rerun = "re-run with --force to replace it (nothing was overwritten)"
@@ -183,8 +164,7 @@ def reusable(
 def _recorded_libraries(
     lock: kernel_lock.KernelLock, judged: Mapping[str, Sequence[str]]
 ) -> dict[str, str]:
-    """What the lock's probe saw installed (``provenance.libraries``); for an older lock, the
-    libraries whose candidates it records all rejected as "not installed"."""
+    """What the lock's probe saw installed (older locks: libraries all "not installed")."""
     recorded = lock.provenance.get("libraries")
     if isinstance(recorded, Mapping):
         return {str(k): str(v) for k, v in recorded.items()}
@@ -205,9 +185,7 @@ def probe_or_reuse(
     *,
     unlocked: str | None = None,
 ) -> ProbeResult:
-    """Reuse the lock at ``given`` if current, else probe and write it under a file lock, so that
-    concurrent probes of one path write one lock. ``unlocked``: what to warn where the file system
-    does not do file locks (None: that concurrent probes are not kept apart)."""
+    """Reuse the lock at ``given`` if current, else probe and write it under a file lock."""
     # a symbolic link is written through; write access is needed only once a probe will run
     out = given if request.check_only else resolve_out(given)
 
@@ -255,12 +233,10 @@ def probe_or_reuse(
 
 
 def probe(p: Plan, events: Events | None = None) -> ProbeResult:
-    """Check every candidate, time the accepted ones, choose per slot and build the lock (not
-    written)."""
-    # the probe's machinery: never imported where a current lock is reused
-    from kernel_probe.isolation.worker import START_TIMEOUT, WorkerPool
-    from kernel_probe.probe.check import Checks, Timing, check_and_time
-    from kernel_probe.probe.graph_attention import for_probe
+    """Check every candidate, time the accepted ones, choose, build the lock (not written)."""
+    from kernel_probe.isolation.worker import START_TIMEOUT, WorkerPool  # pool: not on reuse
+    from kernel_probe.probe.check import Checks, Timing, check_and_time  # checker: not on reuse
+    from kernel_probe.probe.graph_attention import for_probe  # likewise
 
     events = events or Events()
     behaviour = {s: slot_behaviour.slot(s) for s in p.slots}
@@ -271,11 +247,7 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     # fp32 as a sanity baseline, plus the regime the model trains in
     rows = [("float32", "true")] + ([(p.dtype, p.regime)] if p.dtype != "float32" else [])
     request = p.request
-    policy = Policy(
-        allow_init_change=request.allow_init_change,
-        strict_dtype=request.strict_dtype,
-        allow_approximation=request.allow_approximation,
-    )
+    policy = Policy(request.allow_init_change, request.strict_dtype, request.allow_approximation)
     checks = Checks(
         p.device["type"],
         rows,
@@ -357,8 +329,7 @@ def _refused(p: Plan, slot: str, cand: Candidate) -> str | None:
 def choose_all(
     p: Plan, reports: Mapping[str, list[Report]], timings: Mapping[str, Mapping[str, list]]
 ) -> dict[str, Choice]:
-    """Per slot: the slot's rule (the command line's pin/prefer, else the profile's policy), else
-    the choice's own rule."""
+    """Per slot: the choice under the slot's rule (the command line's, else the profile's)."""
     choices = {}
     for slot in p.slots:
         rule = p.rules.get(slot) or SlotRule()

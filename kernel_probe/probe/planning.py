@@ -1,18 +1,15 @@
 """What a probe request means on this machine, decided before any candidate runs.
 
-    p = planning.plan(ProbeRequest(shapes=("40320x1024",)))
-
-``plan`` refuses every bad argument before any work (exit 2), a node the profile rules out (exit 4)
-and a pin that cannot run here (exit 3); it detects the device, applies the site profile, merges its
-per-slot policy with the command line's ``--pin``/``--prefer`` into one :class:`SlotRule` per slot
-(the one answer the probe reads), gathers the candidates and fixes the shapes, precision,
-repetitions and the digest of the inputs by which a lock is reused or probed again.
-``kernel_probe.probe.pipeline`` runs the :class:`Plan`. Nothing here prints: what a person should
-see goes to an :class:`Events` object.
+``plan`` refuses bad arguments (exit 2), a node the profile rules out (exit 4) and a pin that cannot
+run here (exit 3); it detects the device, applies the site profile, merges its per-slot policy with
+``--pin``/``--prefer`` into one :class:`SlotRule` per slot, gathers the candidates and fixes the
+shapes, precision, repetitions and the inputs' digest (by which a lock is reused). ``pipeline`` runs
+the :class:`Plan`. Nothing here prints: what a person should see goes to :class:`Events`.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,11 +37,10 @@ CPU_LARGE_ELEMENTS = 16 * 1024 * 1024  # 8x the CPU default shape: timing it on 
 
 @dataclass(frozen=True)
 class ProbeRequest:
-    """What to probe; every field has the command line's default. Empty ``shapes``/``slots``: the
-    profile's or the defaults; ``candidates``: extra ``SLOT=dotted.path.Class`` offers;
-    ``probe_per``: who probes under a launcher ("job", "node-type", "rank"; None: the profile's,
-    else "job"); ``graph_attention``: anemoi's GraphTransformer backend to check ("": none);
-    ``declared``: per slot, what the model declares of it (``Slot.option``)."""
+    """What to probe, with the command line's defaults. Empty ``shapes``/``slots``: the profile's or
+    the defaults; ``candidates``: ``SLOT=dotted.path.Class`` offers; ``probe_per``: who probes
+    under a launcher (None: the profile's, else "job"); ``graph_attention``: anemoi's backend to
+    check ("": none); ``declared``: per slot, what the model declares (``Slot.option``)."""
 
     out: Path = Path("kernel-lock.toml")
     shapes: tuple[str, ...] = ()
@@ -76,10 +72,9 @@ class ProbeRequest:
 
 @dataclass(frozen=True, kw_only=True)
 class SlotRule:
-    """One slot's rule: ``pin`` / ``prefer`` and where they come from (``origin``: "" for the
-    command line, "profile NAME"); ``strict_prefer``: a preferred candidate not accepted is an
-    error (``--prefer``) rather than skipped (a profile's list); ``allowed``: the only candidates
-    that may be checked (None: any), and who says so (``allowed_by``).
+    """One slot's rule: ``pin`` / ``prefer`` and their ``origin`` ("": the command line, "profile
+    NAME"); ``strict_prefer``: a preferred candidate not accepted is an error (``--prefer``), not
+    skipped; ``allowed``: the only candidates checked (None: any), and who says so.
 
     >>> rule = SlotRule(allowed=("torch.layer_norm",), allowed_by="profile lumi-g")
     >>> rule.refuses("liger.layer_norm")
@@ -103,24 +98,20 @@ class SlotRule:
 
     def choice_options(self) -> dict[str, Any]:
         """The keyword arguments ``choose.choose`` takes from this rule."""
+        options: dict[str, Any] = {
+            "pin": self.pin,
+            "prefer": self.prefer[0] if self.prefer else None,
+        }
         if self.origin:
-            return {
-                "pin": self.pin,
-                "prefer": list(self.prefer),
-                "origin": self.origin,
-                "strict_prefer": False,
-            }
-        return {"pin": self.pin, "prefer": self.prefer[0] if self.prefer else None}
+            options.update(prefer=list(self.prefer), origin=self.origin, strict_prefer=False)
+        return options
 
 
 def slot_rules(
-    slots: Sequence[str],
-    pins: Mapping[str, str],
-    prefers: Mapping[str, str],
-    profile: Any = None,
+    slots: Sequence[str], pins: Mapping[str, str], prefers: Mapping[str, str], profile: Any = None
 ) -> dict[str, SlotRule]:
-    """Per slot: the command line's ``--pin``/``--prefer`` where it names the slot, else the
-    profile's policy (``Profile.slots``); the profile's ``allowed`` holds either way.
+    """Per slot: ``--pin``/``--prefer`` where they name it, else the profile's policy; the
+    profile's ``allowed`` holds either way.
 
     >>> slot_rules(["LayerNorm"], {"LayerNorm": "liger.layer_norm"}, {})["LayerNorm"].pin
     'liger.layer_norm'
@@ -130,34 +121,24 @@ def slot_rules(
         policy = profile.slots.get(slot) if profile is not None else None
         allowed = None if policy is None or policy.allowed is None else tuple(policy.allowed)
         allowed_by = f"profile {profile.name}" if policy is not None else ""
+        rule = functools.partial(SlotRule, allowed=allowed, allowed_by=allowed_by)
         if slot in pins or slot in prefers or policy is None:
             prefer = prefers.get(slot)
-            rules[slot] = SlotRule(
-                pin=pins.get(slot),
-                prefer=(prefer,) if prefer else (),
-                allowed=allowed,
-                allowed_by=allowed_by,
-            )
+            rules[slot] = rule(pin=pins.get(slot), prefer=(prefer,) if prefer else ())
         else:
-            rules[slot] = SlotRule(
-                pin=policy.pin,
-                prefer=tuple(policy.preferred),
-                origin=allowed_by,
-                strict_prefer=False,
-                allowed=allowed,
-                allowed_by=allowed_by,
+            prefer_all = tuple(policy.preferred)
+            rules[slot] = rule(
+                pin=policy.pin, prefer=prefer_all, origin=allowed_by, strict_prefer=False
             )
     return rules
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What a request means on this machine, decided before any candidate runs. Per slot:
-    ``canonical`` (what its declaration pins), ``timed_at`` (its shapes), ``resolved`` (its
-    declared value, or its default), ``rules``; ``slot_provenance``: what the lock records of the
-    declarations; ``inputs``: the options the digest is of; ``libraries``: the registry libraries
-    the candidates come from (version, "installed" or "": absent), ``library_candidates``: their
-    candidates' ids."""
+    """What a request means here. Per slot: ``canonical`` (what its declaration pins), ``timed_at``
+    (its shapes), ``resolved`` (its declared value or default), ``rules``; ``inputs``: the options
+    digested; ``libraries``: the candidates' registry libraries (version, "installed", "": absent),
+    ``library_candidates``: their candidates' ids."""
 
     request: ProbeRequest
     device: Mapping[str, Any]
@@ -194,8 +175,7 @@ class Plan:
 
 
 class Events:
-    """What a probe tells a person while it runs. The defaults ignore everything; the command line
-    subclasses it to print."""
+    """What a probe tells a person while it runs (ignored here; the command line prints it)."""
 
     def note(self, text: str) -> None:
         """Something worth a line (the profile auto-detected, ...)."""
@@ -248,8 +228,7 @@ def gather_candidates(
 
 
 def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
-    """Decide what ``request`` means here, refusing every bad argument before any work (exit 2), a
-    node the profile rules out (exit 4) and a pin that cannot run here (exit 3)."""
+    """Decide what ``request`` means here (the module docstring's refusals first)."""
     events = events or Events()
     asked = _refuse_bad_arguments(request)
     slots, slot_problems = _slots(request)
@@ -356,9 +335,8 @@ def _inputs(
 
 
 def _refuse_bad_arguments(request: ProbeRequest) -> tuple[str, ...]:
-    """Every argument checked before any work (exit 2), in this order: the shapes, repetitions,
-    time limits, precision, the slots' declarations, ``--check`` with ``--force``; the shapes asked
-    for, normalised."""
+    """Every argument checked before any work (exit 2): shapes, repetitions, time limits,
+    precision, the slots' declarations, ``--check`` with ``--force``; the shapes, normalised."""
     try:
         asked = normal_shapes(request.shapes)
     except ValueError as exc:
@@ -390,17 +368,14 @@ def _refuse_bad_arguments(request: ProbeRequest) -> tuple[str, ...]:
 
 
 def _slots(request: ProbeRequest) -> tuple[tuple[str, ...], list[str]]:
-    """The slots probed (those named, else every slot a probe covers by default), and the problems
-    of the slots other packages declare (loaded where plug-ins are allowed)."""
+    """The slots probed (those named, else the default ones), and the problems of plug-in slots."""
     problems = slot_behaviour.load_plugins() if request.plugins else []
     known = slot_behaviour.SLOTS
     for flag, forced in (("--pin", request.pins), ("--prefer", request.prefers)):
         for name, cid in forced.items():
             if name not in known:
-                text = f"{name}={cid}"
-                raise UsageError(
-                    f"{flag} {text!r}: unknown slot {name!r} (known: {', '.join(known)})"
-                )
+                said = f"{flag} {f'{name}={cid}'!r}: unknown slot {name!r}"
+                raise UsageError(f"{said} (known: {', '.join(known)})")
     for name in request.slots:
         if name not in known:
             raise UsageError(f"--slot {name}: unknown slot; {slot_name_fix(name)}")
@@ -446,9 +421,8 @@ def check_forced(
     rules: Mapping[str, SlotRule] | None = None,
     with_compile: bool = False,
 ) -> None:
-    """Every --pin/--prefer checked before any work: the slot is probed, the id is its candidate
-    (exit 2), the profile allows it (exit 2), and it can run here as far as is known without
-    importing it (exit 3, with the reason and how to install it)."""
+    """Every --pin/--prefer checked before any work: the slot is probed, the id is its candidate,
+    the profile allows it (exit 2), and it can run here as far as known unimported (exit 3)."""
     for flag, forced in (("--pin", pins), ("--prefer", prefers)):
         for slot, cid in forced.items():
             said = f"{flag} {slot}={cid}"
@@ -476,11 +450,8 @@ def check_forced(
                 offered[cid], slot, device["type"], arch, with_compile=with_compile
             )
             if problem:
-                fix = (
-                    "add --with-compile"
-                    if problem.status == "skipped"
-                    else f"drop {said}, or run on a machine where it can run"
-                )
+                fix = f"drop {said}, or run on a machine where it can run"
+                fix = "add --with-compile" if problem.status == "skipped" else fix
                 raise ForcedUnusable(
                     f"{said}: the candidate is {problem.status} on this machine: {problem.reason}",
                     fix=fix + "; a pinned or preferred kernel is never silently replaced",

@@ -1,19 +1,15 @@
 """How many timed calls a candidate gets: only as many as can change the slot's choice.
 
-The choice (``choose``) keeps the default unless a candidate is faster by more than the margin,
-``max(5 %, 2 x the larger relative spread)``, and ``--prefer`` takes one unless it is slower by
-more. So: a **sole** accepted candidate decides nothing (its check at the model's shape, then one
-measured call, ``timed = "sole candidate"``; that first call is the measured one when it took
-``SOLE_SECOND_CALL_BELOW_S`` or more); the **default** is timed first with the usual count; every
-**other** candidate is repeated until the sequential test decides it, its share of the slot's
-budget is spent, or it reached ``MAX_FACTOR`` x the default's count; a first call slower than
-``FAR_SLOWER`` x (1 + margin) x the default's median is not repeated.
+``choose`` keeps the default unless a candidate is faster by more than the margin, ``max(5 %, 2 x
+the larger relative spread)``. So a **sole** accepted candidate gets one measured call after its
+check at the shape (that first call, when it took ``SOLE_SECOND_CALL_BELOW_S`` or more); the
+**default** is timed first, as usual; every **other** is repeated until the sequential test decides
+it, its share of the slot's budget is spent, or at ``MAX_FACTOR`` x the default's count; one whose
+first call is ``FAR_SLOWER`` x (1 + margin) x the default's median is not repeated.
 
-**The sequential test** (``decided``). From ``MIN_REPS`` calls on, the distribution-free confidence
-intervals (``LEVEL``) of the two medians give an interval for the time ratio; the candidate is
-decided once that interval contains none of the boundaries ``1 / (1 + m)`` and ``1 + m``, at the
-margin ``m`` of the samples so far and at the smallest margin (a spread read from four calls is
-noisy itself). Pure functions of the samples, in any one unit.
+**The sequential test** (``decided``): from ``MIN_REPS`` calls, the medians' distribution-free
+intervals (``LEVEL``) bound the time ratio; decided once that excludes ``1 / (1 + m)`` and ``1 +
+m``, at the samples' margin ``m`` and at the smallest (a spread of four calls is noisy itself).
 """
 
 from __future__ import annotations
@@ -51,9 +47,8 @@ def margin(*spreads: float) -> float:
 
 
 def median_interval(samples: Sequence[float], level: float = LEVEL) -> tuple[float, float] | None:
-    """The distribution-free confidence interval of the median: ``(x_(k), x_(n+1-k))`` of the sorted
-    samples for the largest ``k`` with ``P(Binomial(n, 1/2) < k) <= (1 - level) / 2``; None when
-    there is none at ``n`` samples."""
+    """The median's distribution-free interval: ``(x_(k), x_(n+1-k))`` sorted, for the largest ``k``
+    with ``P(Binomial(n, 1/2) < k) <= (1 - level) / 2``; None where there is none."""
     n = len(samples)
     tail = (1 - level) / 2
     k, below = 0, 0.0  # below: P(B < k + 1) as k grows
@@ -90,8 +85,7 @@ def decided(samples: Sequence[float], baseline: Sequence[float]) -> bool:
 
 
 def boundaries(samples: Sequence[float], baseline: Sequence[float]) -> tuple[float, ...]:
-    """The time ratios where the choice changes: ``1 / (1 + m)`` and ``1 + m`` at the margin of the
-    samples so far, and at the smallest margin."""
+    """The time ratios where the choice changes, at the samples' margin and at the smallest."""
     m = margin(spread(samples), spread(baseline))
     return tuple(sorted({1 / (1 + m), 1 + m, 1 / (1 + MIN_MARGIN), 1 + MIN_MARGIN}))
 

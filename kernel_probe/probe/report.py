@@ -1,6 +1,5 @@
-"""The records of a verdict, per (dtype, regime) a ``Verdict`` and per candidate a ``Report``, and
-what rules a candidate out before anything is imported (``static_problem``). The judge writes the
-records; the checker, the chooser, the lock writer and the command line read them."""
+"""A verdict's records (per row a ``Verdict``, per candidate a ``Report``), and what rules a
+candidate out before any import (``static_problem``)."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ from kernel_probe.candidates import Candidate
 
 @dataclass(frozen=True)
 class Verdict:
-    """One (candidate, device, dtype, regime): status, reasons, and the numbers behind them. Built
-    once by a rule of ``judge`` from a measured row: nothing is accepted that no rule judged."""
+    """One (candidate, device, dtype, regime): status, reasons, the numbers behind them."""
 
     candidate: str
     device: str
@@ -137,8 +135,7 @@ class Report:
 
 @dataclass(frozen=True)
 class Problem:
-    """Why a candidate gets ``status`` without being checked; ``try_it``: installed but declaring
-    other devices, so trying it in a worker says how it fails here."""
+    """Why a candidate gets ``status`` unchecked; ``try_it``: installed for other devices."""
 
     status: Status
     reason: str
@@ -146,8 +143,7 @@ class Problem:
 
 
 def installed(cand: Candidate, device: str = "") -> str | None:
-    """None if the candidate's library is present (metadata / find_spec, no import); else why
-    not, with how to install it for ``device``."""
+    """None if the candidate's library is present (unimported); else why not, and how to install."""
     top = cand.module.split(".")[0]
     if cand.distribution:
         try:
@@ -182,8 +178,7 @@ def static_problem(
     with_compile: bool = False,
     detail: bool = False,
 ) -> Problem | None:
-    """Why ``cand`` certainly cannot be checked for ``slot`` here, known without importing it; None
-    when it is worth checking. ``detail`` (the checker): also where it is not installed either."""
+    """Why ``cand`` certainly cannot be checked for ``slot`` here, known unimported (None: none)."""
     expected = SPECS[slot].semantics
     if cand.semantics != expected:
         return Problem("rejected", f"semantics: {cand.semantics} != {expected}")

@@ -1,17 +1,16 @@
-"""Timing, run inside the worker: forward+backward of one candidate at the model's shapes.
+"""Timing, in the worker: forward+backward of one candidate at the model's shapes.
 
-Every slot's clock and repetition rule (``repeat``, ``step_rows``): on a GPU, CUDA events around
-each call after warm-up; on a CPU, perf_counter. The first call (Triton JIT, torch.compile) is timed
-apart (``compile_s``), never mixed into the median. The norms' and Linear's timing
-(``time_candidate``) rotates its inputs through enough buffers to exceed twice the L2 cache, uses
-the correctness checks' non-trivial parameters, and checks its last warm-up call at that very shape
-and regime against float64 (``atshape``, the row's ``check``). Bandwidth is the bytes the op must
-move over the time, reported against a device-to-device copy measured in the same process.
+Every slot's clock and repetitions (``repeat``, ``step_rows``): CUDA events on a GPU, perf_counter
+on a CPU; the first call (Triton JIT, torch.compile) timed apart (``compile_s``). The norms' and
+Linear's (``time_candidate``) rotate inputs through buffers exceeding twice the L2 cache, use the
+checks' non-trivial parameters, check the last warm-up call at that shape against float64
+(``atshape``), and report bandwidth against a device-to-device copy in the same process.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -26,21 +25,12 @@ from kernel_probe.isolation.protocol import TimeReply, TimingProgressMessage, Ti
 from kernel_probe.probe import atshape, measure, onetensor, repetitions
 from kernel_probe.shapes import parse_shape
 
-# check: the check at the model's shape after timing each shape (atshape); off only to measure its
-# cost. mode (kernel_probe.probe.repetitions): "fixed" (``reps`` calls, more until ``min_seconds``,
-# at most ``max_reps``), "sole" (one measured call, the check at the shape), "adaptive" (without
-# ``against``: ``reps`` calls; with the default's samples per shape: until the sequential test
-# decides); adaptive stops at ``budget_s`` (seconds, all shapes together)
-DEFAULT_OPTIONS: dict[str, Any] = {
-    "warmup": 3,
-    "reps": 20,
-    "min_seconds": 0.2,
-    "max_reps": 200,
-    "check": True,
-    "mode": "fixed",
-    "against": None,
-    "budget_s": None,
-}
+# check: the check at each timed shape (atshape; off only to measure its cost). mode
+# (repetitions): "fixed" (``reps`` calls, more until ``min_seconds``, at most ``max_reps``), "sole"
+# (one measured call), "adaptive" (without ``against``: ``reps`` calls; with the default's samples
+# per shape: until the sequential test decides, or ``budget_s`` for all shapes is spent)
+DEFAULT_OPTIONS: dict[str, Any] = {"warmup": 3, "reps": 20, "min_seconds": 0.2, "max_reps": 200}
+DEFAULT_OPTIONS |= {"check": True, "mode": "fixed", "against": None, "budget_s": None}
 MODES = ("fixed", "sole", "adaptive")
 TIMED_INPUT_SEED = 0  # the timed inputs' seed (and so the data the check at the shape sees)
 Tick = Callable[[str, int, int], None]
@@ -89,10 +79,9 @@ def repeat(
     deadline: float | None = None,
 ) -> tuple[list[float], str]:
     """Warm-up calls, then timed repetitions; ``tick(phase, done, total)`` after each call.
-    ``checked``, when given, is the last warm-up call (the module is warm by then; without warm-up
-    calls it runs after the repetitions). Returns the samples and how their number was decided (the
-    lock's ``timed``): adaptive, ``against`` (the default's samples at this shape) makes the
-    repetitions sequential, and ``deadline`` (a ``perf_counter`` time) ends them after one call."""
+    ``checked``: the last warm-up call (none: after the repetitions). Returns the samples and how
+    their number was decided (the lock's ``timed``); adaptive, ``against`` (the default's samples
+    here) makes them sequential and ``deadline`` (perf_counter) ends them."""
     warmup, reps, max_reps = int(opts["warmup"]), int(opts["reps"]), int(opts["max_reps"])
     adaptive = opts.get("mode") == "adaptive"
     for i in range(warmup):
@@ -140,15 +129,8 @@ def timed_calls(
     shape: str,
     row: TimingRow,
 ) -> list[float]:
-    """A step slot's calls at one shape: the first (``compile_s``), then one measured call for a
-    sole candidate, else ``repeat``'s (adaptive against the default's samples at ``shape``); the
-    row's median, spread, repetitions and how their number was decided are filled in."""
-    t0 = time.perf_counter()
-    step()
-    clock.sync()
-    row["compile_s"] = time.perf_counter() - t0
-    if tick is not None:
-        tick("first call", 1, 1)
+    """A step slot's calls at one shape (first, then sole or ``repeat``'s), into the row."""
+    row["compile_s"] = _first_call(clock, step, tick)
     if opts.get("mode") == "sole":  # the slot's one accepted candidate: one measured call
         samples, how = [clock.time(step)], "sole candidate"
         if tick is not None:
@@ -162,6 +144,16 @@ def timed_calls(
     return samples
 
 
+def _first_call(clock: _Clock, step: Callable[[], None], tick: Tick | None) -> float:
+    """The seconds of the first call (compiling, JIT), ticked."""
+    t0 = time.perf_counter()
+    step()
+    clock.sync()
+    if tick is not None:
+        tick("first call", 1, 1)
+    return time.perf_counter() - t0
+
+
 def _against(opts: Mapping[str, Any], shape: str) -> list[float] | None:
     return (opts.get("against") or {}).get(shape) if opts.get("mode") == "adaptive" else None
 
@@ -169,19 +161,22 @@ def _against(opts: Mapping[str, Any], shape: str) -> list[float] | None:
 def progress_message(
     shape: str, index: int, of: int, phase: str, done: int, total: int, seconds: float
 ) -> TimingProgressMessage:
-    """The progress message a timing worker sends before its reply: shape ``index`` of ``of``,
-    ``phase`` (first call, warm-up, rep) ``done`` of ``total``, ``seconds`` spent on this shape."""
-    seconds = round(seconds, 3)
+    """A timing worker's progress: shape ``index`` of ``of``, ``phase`` ``done`` of ``total``."""
     return TimingProgressMessage(
-        shape=shape, index=index, of=of, phase=phase, done=done, total=total, seconds=seconds
+        shape=shape,
+        index=index,
+        of=of,
+        phase=phase,
+        done=done,
+        total=total,
+        seconds=round(seconds, 3),
     )
 
 
 def ticker(
     progress: Callable[[TimingProgressMessage], None] | None, shape: str, index: int, of: int
 ) -> Tick | None:
-    """``tick(phase, done, total)`` for one shape's timing, reporting ``progress_message``s with
-    the time since it was made; None where nobody listens."""
+    """``tick(phase, done, total)`` sending one shape's progress; None: nobody listens."""
     if progress is None:
         return None
     started = time.perf_counter()
@@ -202,9 +197,9 @@ def step_rows(
     progress: Callable[[TimingProgressMessage], None] | None,
     run_shape: Callable[[str, Callable[[Callable[[], None]], TimingRow]], None],
 ) -> TimeReply:
-    """One row per shape for a slot that times one forward+backward step: ``run_shape(shape,
-    timed)`` builds the shape's step and calls ``timed(step)``, which times it (``timed_calls``)
-    and returns the row for the figures ``run_shape`` adds; what it raises is the row's error."""
+    """One row per shape for a slot timing one fwd+bwd step: ``run_shape(shape, timed)`` builds the
+    step and calls ``timed(step)`` (``timed_calls``), which returns the row for its own figures;
+    what it raises is the row's error."""
     opts = {**DEFAULT_OPTIONS, **options}
     clock = _Clock(device)
     rows: list[TimingRow] = []
@@ -248,12 +243,8 @@ def time_candidate(
         try:
             library = stack.enter_context(onetensor.blas_library(cand, device))[0]
         except onetensor.BlasNotOffered as exc:
-            error = str(exc)
             rows = [
-                TimingRow(
-                    implementation=cand.id, shape=s, dtype=dtype_name, regime=regime, error=error
-                )
-                for s in shapes
+                TimingRow(**_where(cand, s, dtype_name, regime), error=str(exc)) for s in shapes
             ]
             return TimeReply(candidate=cand.id, device=device, rows=rows)
         for index, shape in enumerate(shapes):
@@ -262,14 +253,11 @@ def time_candidate(
             if budget is not None:
                 left = started + float(budget) - time.perf_counter()
                 deadline = time.perf_counter() + left / (len(shapes) - index)
-            row = TimingRow(implementation=cand.id, shape=shape, dtype=dtype_name, regime=regime)
+            row = TimingRow(**_where(cand, shape, dtype_name, regime))
+            tick = ticker(progress, shape, index, len(shapes))
             try:
-                row.update(
-                    _time_shape(run, shape, ticker(progress, shape, index, len(shapes)), deadline)
-                )
-            except (
-                Exception
-            ) as exc:  # OOM at the model's shape, a kernel that refuses the size, ...
+                row.update(_time_shape(run, shape, tick, deadline))
+            except Exception as exc:  # OOM at the model's shape, a kernel refusing the size, ...
                 row["error"] = measure.first_line(exc, 400)
             finally:
                 if torch_device(device) == "cuda":
@@ -278,6 +266,10 @@ def time_candidate(
                 row["blas"] = library
             rows.append(row)
     return TimeReply(candidate=cand.id, device=device, rows=rows)
+
+
+def _where(cand: Candidate, shape: str, dtype: str, regime: str) -> TimingRow:
+    return TimingRow(implementation=cand.id, shape=shape, dtype=dtype, regime=regime)
 
 
 @dataclass
@@ -312,9 +304,8 @@ def _time_shape(run: _Run, shape: str, tick: Tick | None, deadline: float | None
             )
 
     if opts.get("mode") == "sole":
-        # the first call is the check at this shape (compile_s); the one measured call is a second
-        # one, unless the first took so long that its one-time costs cannot matter (bf16 emulated
-        # on a CPU)
+        # the first call is the check at this shape (compile_s); the measured one a second, unless
+        # the first took so long that one-time costs cannot matter (bf16 emulated on a CPU)
         timed: list[float] = []  # the one call, timed inside its check
         if checked is not None:
             checked(lambda fn: timed.append(clock.time(fn)))
@@ -329,12 +320,7 @@ def _time_shape(run: _Run, shape: str, tick: Tick | None, deadline: float | None
                 tick("rep", 1, 1)
         samples, how = timed, "sole candidate"
     else:
-        t0 = time.perf_counter()
-        s.step()
-        clock.sync()
-        row["compile_s"] = round(time.perf_counter() - t0, 4)
-        if tick:
-            tick("first call", 1, 1)
+        row["compile_s"] = round(_first_call(clock, s.step, tick), 4)
         against = _against(opts, shape)
         samples, how = repeat(clock, s.step, opts, tick, checked, against, deadline)
     return _figures(run, s, row, samples, how)
@@ -390,13 +376,9 @@ class _Shape:
         # the timed inputs, which the check at the shape also reads, come from their own seeded
         # generator: the same data on every rank and in every run, whatever ran before
         gen = torch.Generator(device=tdev).manual_seed(TIMED_INPUT_SEED)
-        self.xs = [
-            torch.randn(
-                self.rows, self.hidden, device=tdev, dtype=dtype, generator=gen
-            ).requires_grad_(True)
-            for _ in range(self.n_buf)
-        ]
-        self.gy = torch.randn(self.rows, self.width, device=tdev, dtype=dtype, generator=gen)
+        randn = functools.partial(torch.randn, device=tdev, dtype=dtype, generator=gen)
+        self.xs = [randn(self.rows, self.hidden).requires_grad_(True) for _ in range(self.n_buf)]
+        self.gy = randn(self.rows, self.width)
         self.autocast = (tdev, dtype) if run.mixed else None
         self.calls = 0
 

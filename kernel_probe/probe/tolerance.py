@@ -1,15 +1,13 @@
 """How far from float64 a result may be: the tolerance model, and the check at the timed shapes.
 
-A candidate is judged against the error torch.nn itself makes in the same dtype, regime, device and
-input, both measured against one float64 reference (derived in docs/checks.md):
+A candidate is judged against torch.nn's own error on the same input, both against one float64
+reference (docs/checks.md):
 
     tolerance = FACTOR * error(torch.nn) + FLOOR(dtype)        FACTOR = 4, FLOOR = 2 * eps(dtype)
 
-Errors are normwise relative (max|got - ref| / max|ref|). Besides the max error, every compared
-output's RMS error and mean signed error (per row where row-local) are judged against torch.nn's
-same statistic (``limits``): rounding is unbiased and a bug's error often is not, so a group mean
-beyond K_SIGMA standard errors of the allowed noise is a bias (a false alarm below 2e-9 per group).
-Light: the worker's checks at the timed shapes read it too.
+Errors are normwise (max|got - ref| / max|ref|). Each output's RMS and mean signed error (per row
+where row-local) are judged against torch.nn's too (``limits``): rounding is unbiased and a bug
+often is not, so a mean beyond K_SIGMA standard errors of the allowed noise is a bias.
 """
 
 from __future__ import annotations
@@ -71,10 +69,9 @@ class Limits:
 
 
 def limits(dtype: str, base_max: float, stats: ErrorStats | None = None) -> Limits:
-    """One compared output's tolerances from torch.nn's statistics (``stats[...][1]``): the model
-    for the max error; FACTOR x torch.nn's RMS plus the RMS of a uniform error of two eps relative
-    to each element; FACTOR x torch.nn's bias plus K_SIGMA standard errors of a mean over ``n``
-    elements. Without ``stats`` only the max is judged.
+    """One output's tolerances from torch.nn's statistics: the model for the max; FACTOR x its RMS
+    plus a uniform two-eps error's; FACTOR x its bias plus K_SIGMA standard errors of a mean over
+    ``n`` elements. Without ``stats`` only the max is judged.
 
     >>> limits("bfloat16", 0.25)
     Limits(max=1.015625, rms=inf, bias=inf)
@@ -119,8 +116,7 @@ def judge_output(
     max_tolerance: float | None = None,
     baseline: str = "torch.nn's",
 ) -> tuple[float, list[Excess]]:
-    """One compared output: (the worst statistic / tolerance, <= 1 passes; the statistics over).
-    ``ratios`` keeps the worst ratio per statistic; ``max_tolerance``: a slot's own for the max."""
+    """One output: (worst statistic / tolerance, <= 1 passes; those over)."""
     lim = limits(dtype, errors[1], stats)
     if max_tolerance is not None:
         lim = dataclasses.replace(lim, max=max_tolerance)
@@ -143,8 +139,7 @@ def judge_output(
 
 @dataclass(frozen=True)
 class ShapeVerdict:
-    """The check at one timed shape: ``reason`` empty when it passed; ``worst_ratio`` the largest
-    statistic / tolerance (None when nothing was measured)."""
+    """The check at one timed shape: ``reason`` empty when it passed (None ratio: unmeasured)."""
 
     shape: str
     reason: str
@@ -158,8 +153,7 @@ class ShapeVerdict:
 
 
 def judge_shape(shape: str, dtype: str, regime: str, check: ShapeCheck) -> ShapeVerdict:
-    """The check at a timed shape (``atshape``) under the tolerance model: wrong there, or not
-    checked, rejects, naming the shape and the first wrong row."""
+    """The check at a timed shape (``atshape``): wrong or unchecked rejects, naming the row."""
     where = f"at the model's shape {shape} ({dtype}, regime {regime})"
     if "error" in check:
         why = f"{where}: the check against float64 could not run: {check['error']}"

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kernel_lock.files import kind
-from kernel_lock.fingerprint import FIELDS, library_versions
+from kernel_lock.fingerprint import FIELDS, Match, library_versions
 from kernel_lock.graph_attention import GraphAttention
 from kernel_lock.lock import KernelLock
 from kernel_lock.schema import Candidate as RejectedCandidate
@@ -29,22 +29,23 @@ from kernel_probe.probe.choose import Choice
 from kernel_probe.probe.report import Report
 from kernel_probe.probe.tolerance import judge_shape
 
+# (field, device type) -> its match rule where not the field's default
+_MATCH: dict[tuple[str, str], Match] = {
+    ("cpu-microarch", "cpu"): "exact",  # on a CPU lock, the CPU *is* the device timed on
+    # one MI250X GCD reads "AMD Instinct MI250X", "... / MI250" or "AMD Radeon Graphics" by
+    # libdrm's amdgpu.ids (pytorch PR #147791): arch and features identify it
+    ("device-name", "rocm"): "ignore",
+    ("numerics-env", "cpu"): "ignore",  # GPU math libraries' settings: they change nothing here
+}
+
 
 def environment(current: Mapping[str, Any], libraries: Mapping[str, str]) -> Environment:
     """The lock's fingerprint from this machine's facts, each with its match rule."""
-    kind = current.get("device-type")
-    fields = {}
-    for name, spec in FIELDS.items():
-        match = spec.default_match
-        if name == "cpu-microarch" and kind == "cpu":
-            match = "exact"  # on a CPU lock, the CPU *is* the device the timings were made on
-        if name == "device-name" and kind == "rocm":
-            # one MI250X GCD reads "AMD Instinct MI250X", "... / MI250" or "AMD Radeon Graphics"
-            # by libdrm's amdgpu.ids (pytorch PR #147791): arch and features identify it
-            match = "ignore"
-        if name == "numerics-env" and kind == "cpu":
-            match = "ignore"  # GPU math libraries' settings: recorded, they change nothing here
-        fields[name] = EnvField(value=current[name], match=match)
+    kind = current.get("device-type") or ""
+    fields = {
+        name: EnvField(value=current[name], match=_MATCH.get((name, kind), spec.default_match))
+        for name, spec in FIELDS.items()
+    }
     libs = {n: EnvField(value=v, match="compatible") for n, v in sorted(libraries.items())}
     return Environment(fields=fields, libraries=libs)
 
@@ -64,12 +65,8 @@ def _evidence(report: Report) -> list[dict[str, Any]]:
     rows = []
     extra = slot_behaviour.slot(report.slot).evidence(report)
     for v in report.verdicts:
-        row: dict[str, Any] = {
-            "device": v.device,
-            "dtype": v.dtype,
-            "regime": v.regime,
-            "status": v.status,
-        }
+        row: dict[str, Any] = {"device": v.device, "dtype": v.dtype, "regime": v.regime}
+        row["status"] = v.status
         if v.worst_ratio is not None:
             row["worst-error-ratio"] = _round(v.worst_ratio, 3)
         row["failed"] = list(v.failed)
@@ -133,8 +130,7 @@ def build_lock(
     provenance: Mapping[str, Any] | None = None,
     graph_attention: GraphAttention | None = None,
 ) -> KernelLock:
-    """The sealed lock from the choices, verdicts and timings: slots, evidence, rejected candidates
-    and fingerprint."""
+    """The sealed lock from the choices, verdicts and timings."""
     slots = {
         slot: _slot(slot, choice, reports[slot], timings.get(slot, {}), (canonical or {}).get(slot))
         for slot, choice in choices.items()
@@ -211,8 +207,7 @@ def _slot(
 
 
 def trusted_roots(candidates: Iterable[Any]) -> tuple[str, ...]:
-    """The top-level packages of candidates that are not built in: what a lock written for them asks
-    to trust, and what the run that offered them grants."""
+    """The top-level packages of candidates not built in: what a lock for them asks to trust."""
     return tuple(sorted({c.target.split(".")[0] for c in candidates if c.source != "builtin"}))
 
 
@@ -231,15 +226,13 @@ def _rejection_reasons(report: Report, choice: Choice) -> list[str]:
 
 
 def inputs_digest(inputs: Mapping[str, Any]) -> str:
-    """sha256 of the probe's inputs as canonical JSON (``provenance.inputs``: reuse when
-    unchanged)."""
+    """sha256 of the probe's inputs as canonical JSON (``provenance.inputs``)."""
     blob = json.dumps(inputs, sort_keys=True, separators=(",", ":"), default=str)
     return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
 
 
 def check_writable(path: Path) -> Path:
-    """The real path a lock at ``path`` is written to (a symbolic link is written through), or a
-    UsageError (exit 2) naming the problem and the fix; called only when a probe will write."""
+    """The real path a lock at ``path`` is written to, or a UsageError (exit 2) with the fix."""
     real = resolve_out(path)
     directory = real.parent
     exists = real.exists()
@@ -250,11 +243,8 @@ def check_writable(path: Path) -> Path:
     except OSError:
         read_only = False
     if read_only:  # EROFS: no permission would help
-        state = (
-            "is not current, so it must be probed again and written"
-            if exists
-            else "does not exist yet"
-        )
+        state = "is not current, so it must be probed again and written"
+        state = state if exists else "does not exist yet"
         raise UsageError(
             f"--out {path}: {directory} is on a read-only file system, and the lock {state}",
             fix="choose an --out on a writable file system (e.g. --out $TMPDIR/kernel-lock.toml), "
@@ -268,9 +258,7 @@ def check_writable(path: Path) -> Path:
 
 
 def resolve_out(path: Path) -> Path:
-    """The real path of the lock at ``path`` (a symbolic link followed), or a UsageError (exit 2)
-    for an empty name, a missing directory, a directory or a special file. Needs no write access:
-    a current lock in a read-only directory is reused."""
+    """The real path of the lock at ``path`` (links followed), or a UsageError (exit 2)."""
     text = str(path)
     if not text.strip():
         raise UsageError("--out is empty", fix="name the lock file, e.g. --out kernel-lock.toml")
@@ -326,8 +314,7 @@ def file_lock_path(path: Path) -> Path:
 
 
 def _wait_reports() -> Iterator[float]:
-    """When a waiting probe says how long it has waited: after 10 s, 30 s, 60 s, then every
-    minute."""
+    """When a waiting probe says how long it has waited: 10 s, 30 s, 60 s, then every minute."""
     yield from (10.0, 30.0)
     at = 60.0
     while True:
@@ -343,11 +330,9 @@ def exclusive(
     *,
     reports: Iterable[float] | None = None,
 ) -> Iterator[bool]:
-    """Hold a cross-process lock for ``path`` (``.<name>.lock`` beside it). Yields False where the
-    file system does not do file locks, so the caller can say so; a lock file this user may not
-    open (another user's, in a shared directory) is an error. While another process holds it,
-    ``waiting`` is told what is waited for, then how long at each of ``reports`` (seconds; default
-    10, 30, 60, then every minute)."""
+    """Hold a cross-process lock for ``path`` (``file_lock_path``); yields False where the file
+    system has no file locks; one this user may not open is an error. While another holds it,
+    ``waiting`` is told so, then how long at each of ``reports`` (default ``_wait_reports``)."""
     from filelock import FileLock, Timeout  # a probe that writes: not the warm path
 
     lock_path = file_lock_path(path)
