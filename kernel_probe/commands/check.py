@@ -58,38 +58,22 @@ def add_candidate_arguments(p: argparse.ArgumentParser) -> None:
         f"{CHECK_TIMEOUT:g}; "
         f"{COMPILED_FACTOR}x for torch.compile candidates, which compile on their first calls)",
     )
-    add_switches(p, CANDIDATE_SWITCHES)
+    output.add_flags(p, CANDIDATE_SWITCHES)
 
 
 # what the candidates are and how they are judged: on/off flags of `check` and the main probe
-CANDIDATE_SWITCHES = (
-    (
-        "--with-compile",
-        "also probe the torch.compile candidates on CPU (slow: C++ compilation per shape)",
-    ),
-    ("--no-plugins", "ignore kernel_probe.probe.candidates entry points"),
-    (
-        "--allow-init-change",
-        "accept a candidate whose fresh parameters start differently from torch.nn's (the lock "
-        "records it)",
-    ),
-    (
-        "--strict-dtype",
-        "reject any output dtype different from torch.nn's, instead of judging it by its "
-        "consequence",
-    ),
-    (
-        "--allow-approximation",
-        "accept an Activation computing an approximation of the model's function (a tanh GELU for "
-        "an erf model), judged against what it computes; the lock records the difference",
-    ),
-)
-
-
-def add_switches(p: argparse.ArgumentParser, switches: Sequence[tuple[str, str]]) -> None:
-    """On/off flags (``store_true``), each (flag, help), in this order."""
-    for flag, what in switches:
-        p.add_argument(flag, action="store_true", help=what)
+CANDIDATE_SWITCHES = {
+    "--with-compile": "also probe the torch.compile candidates on CPU (slow: C++ compilation per "
+    "shape)",
+    "--no-plugins": "ignore kernel_probe.probe.candidates entry points",
+    "--allow-init-change": "accept a candidate whose fresh parameters start differently from "
+    "torch.nn's (the lock records it)",
+    "--strict-dtype": "reject any output dtype different from torch.nn's, instead of judging it "
+    "by its consequence",
+    "--allow-approximation": "accept an Activation computing an approximation of the model's "
+    "function (a tanh GELU for an erf model), judged against what it computes; the lock records "
+    "the difference",
+}
 
 
 def policy_from(args: argparse.Namespace) -> Policy:

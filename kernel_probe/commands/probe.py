@@ -15,7 +15,7 @@ from typing import Any
 from kernel_lock.slots import PRECISIONS
 from kernel_probe import jobstart, output
 from kernel_probe import slots as slot_behaviour
-from kernel_probe.commands.check import STATUS_STYLE, add_candidate_arguments, add_switches
+from kernel_probe.commands.check import STATUS_STYLE, add_candidate_arguments
 from kernel_probe.errors import UsageError
 from kernel_probe.isolation.protocol import INTERPRETED, TimingProgressMessage
 from kernel_probe.output import DEFAULT_LOCK, count, safe, seconds
@@ -70,17 +70,15 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
         ("--pin", "take this candidate if accepted, whatever its speed"),
     ):
         p.add_argument(flag, action="append", default=[], metavar="SLOT=ID", help=what)
-    add_switches(p, PROBE_SWITCHES)
+    output.add_flags(p, PROBE_SWITCHES)
     _add_run_arguments(p)
 
 
-PROBE_SWITCHES = (
-    ("--force", "probe again even if the lock is current; replace a corrupt lock"),
-    (
-        "--check",
-        "write nothing; exit 0 if the lock is current for this machine, 3 if stale or missing",
-    ),
-)
+PROBE_SWITCHES = {
+    "--force": "probe again even if the lock is current; replace a corrupt lock",
+    "--check": "write nothing; exit 0 if the lock is current for this machine, 3 if stale or "
+    "missing",
+}
 
 
 def _add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -162,21 +160,9 @@ def publish_usage_failure(argv: Sequence[str], message: str) -> None:
 # the ProbeRequest fields taken as argparse parsed the option of the same name; request_from
 # converts the others (a test checks that the two sets fill every field)
 AS_PARSED = (
-    "graph_attention",
-    "allow_graph_attention_fallback",
-    "precision",
-    "profile",
-    "reps",
-    "deterministic",
-    "with_compile",
-    "allow_init_change",
-    "strict_dtype",
-    "allow_approximation",
-    "timeout",
-    "import_timeout",
-    "force",
-    "lock_timeout",
-    "probe_per",
+    *("graph_attention", "allow_graph_attention_fallback", "precision", "profile", "reps"),
+    *("deterministic", "with_compile", "allow_init_change", "strict_dtype", "allow_approximation"),
+    *("timeout", "import_timeout", "force", "lock_timeout", "probe_per"),
 )
 
 
