@@ -1,11 +1,8 @@
 """Checks of one ``layer_kernels`` entry against anemoi: the key, the import, the signature, the
 semantics, and the entry built and run as anemoi builds it (``ENTRY_SLOTS``: what each key means).
-
-:func:`check_entry` imports the entry's target (and so torch), so check-config runs it in a child
-(:func:`judge_entries` starts it; :func:`check_entries` is the child's entry point): a library that
-crashes or exits on import cannot take the checker with it. anemoi's call convention (``CALLS``,
-``DIMENSIONS``) is the runtime's, ``kernel_lock.anemoi``, which the export follows too.
-"""
+:func:`check_entry` imports the target (and torch), so it runs in a child (:func:`judge_entries`)
+that a library crashing on import cannot take the checker with; anemoi's call convention is
+``kernel_lock.anemoi``'s."""
 
 from __future__ import annotations
 
@@ -18,14 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kernel_lock.anemoi import (
-    CALLS,
-    DIMENSIONS,
-    GLU_REFUSAL,
-    convention_problems,
-    glu_refused,
-    locate,
-)
+from kernel_lock import anemoi
+from kernel_lock.anemoi import CALLS, DIMENSIONS, convention_problems
 from kernel_lock.registry import adapter_for
 from kernel_probe.anemoi.config import KEYS, Finding
 from kernel_probe.isolation.child import run_function
@@ -56,12 +47,15 @@ def _linear_class(key: str, target: str, cls: Any, family: str | None, _: bool) 
 
 
 def _activation_class(key: str, target: str, cls: Any, *_: Any) -> Problem | None:
-    problem = f"{target} is a GLU-family activation: anemoi-models raises ValueError: {GLU_REFUSAL}"
+    problem = (
+        f"{target} is a GLU-family activation: anemoi-models raises ValueError: "
+        f"{anemoi.GLU_REFUSAL}"
+    )
     fix = (
         "set the component's mlp_implementation (glu, swiglu, geglu or reglu) and keep an "
         "elementwise class such as torch.nn.GELU under layer_kernels.Activation"
     )
-    glu = glu_refused(getattr(cls, "__name__", ""))
+    glu = anemoi.glu_refused(getattr(cls, "__name__", ""))
     return ("error", "semantics", problem, fix) if glu else None
 
 
@@ -210,7 +204,7 @@ def check_entry(
             f"remove {d!r}",
         )
     try:
-        cls = locate(target)
+        cls = anemoi.locate(target)
     except (Exception, SystemExit) as exc:  # ImportError, or whatever a module raises on import
         add(
             "error",

@@ -37,7 +37,6 @@ from kernel_probe.anemoi.config import (
     find_blocks,
     group_member,
     load_config,
-    source_of,
     value_at,
 )
 from kernel_probe.errors import UsageError
@@ -196,7 +195,9 @@ def _composed(config: Config, root: Mapping[str, Any], answer: ComposeReply) -> 
             else:
                 content[key] = entry
         written = value_at(written_model, where.split(".")[1:])
-        add_block(config, where, content, source=source_of(value), written=written)
+        add_block(
+            config, where, content, source=value if isinstance(value, str) else "", written=written
+        )
 
     model = tree.get("model") if isinstance(tree, Mapping) else None
     add_blocks(
