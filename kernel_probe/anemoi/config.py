@@ -268,6 +268,18 @@ def value_at(node: Any, path: Sequence[str]) -> Any:
     return node
 
 
+def inherited(value: Any, paths: set[str], where: str) -> str | None:
+    """The block (one of ``paths``) that the block at ``where`` is ``${...}`` of, or None."""
+    m = INTERPOLATION.match(value) if isinstance(value, str) else None
+    return m.group(1) if m and m.group(1) in paths and m.group(1) != where else None
+
+
+def block_values(model: Any) -> list[tuple[str, Any]]:
+    """(full path, raw value) of every layer_kernels block under the model node."""
+    paths = layer_kernels_paths(model)
+    return [("model." + ".".join(path), value_at(model, path)) for path in paths]
+
+
 def add_block(
     config: Config, where: str, content: Any, *, source: str = "", written: Any = None
 ) -> None:
@@ -292,14 +304,14 @@ def add_block(
 def add_blocks(
     config: Config, model: Any, add: Callable[[str, Any], None], none_found: str
 ) -> None:
-    """Every block under ``model`` into ``config``: one that is ``${...}`` of another as inheriting
-    it, any other through ``add(where, raw value)``."""
-    paths = layer_kernels_paths(model) if isinstance(model, Mapping) else []
-    raw = [("model." + ".".join(path), value_at(model, path)) for path in paths]
+    """Every block under ``model`` into ``config``: an inheriting one as such, any other through
+    ``add(where, raw value)``."""
+    raw = block_values(model) if isinstance(model, Mapping) else []
+    paths = {where for where, _ in raw}
     for where, value in raw:
-        m = INTERPOLATION.match(value) if isinstance(value, str) else None
-        if m and m.group(1) in {w for w, _ in raw} and m.group(1) != where:
-            config.blocks.append(Block(where, inherits=m.group(1), source=value))
+        parent = inherited(value, paths, where)
+        if parent is not None:
+            config.blocks.append(Block(where, inherits=parent, source=value))
         else:
             add(where, value)
     if not raw:
