@@ -249,8 +249,6 @@ def add_check_config_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_check_config(args: argparse.Namespace) -> int:
     """Check the config, print the findings (both readings of an ambiguous file), exit 0, 3 or 5."""
-    if not args.timeout > 0:
-        raise UsageError(f"--timeout must be a positive number of seconds, not {args.timeout:g}")
     lock = output.load_lock(args.lock, trust=args.trust) if args.lock else None
     args.mode = args.mode or (lock.mode if lock else "training")
     result = check_config(

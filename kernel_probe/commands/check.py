@@ -121,12 +121,9 @@ def add_check_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    """`kernel-probe check`: every candidate checked here (none timed), the verdicts as a table or
-    JSON."""
+    """`kernel-probe check`: every candidate checked here (none timed), as a table or JSON."""
     from kernel_probe.probe.check import check_all, dtype_plan, parse_dtype  # the worker: heavy
 
-    if args.hidden is not None and not 1 <= args.hidden <= 65536:
-        raise UsageError(f"--hidden must be between 1 and 65536, not {args.hidden}")
     dtypes = [parse_dtype(d) for d in args.dtype] or list(DTYPES)
     if args.graph_attention:
         return _graph_attention(args.graph_attention, dtypes, args.json)
@@ -182,8 +179,8 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def _not_importable(reports: Mapping[str, list[Report]]) -> ForcedUnusable | None:
-    """A class the user offered that cannot even be imported here fails the command (exit 3):
-    nothing of what was asked for was checked (a crash or a timeout is a verdict on the class)."""
+    """A class the user offered that cannot even be imported fails the command (exit 3): nothing
+    asked for was checked (a crash or a timeout is a verdict on the class)."""
     offered = [
         r
         for rs in reports.values()
