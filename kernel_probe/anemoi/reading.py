@@ -297,12 +297,9 @@ def read_config(
     shape: str | None = None,
 ) -> Config:
     """The blocks of the config at ``path``, composed as anemoi-training would where that decides
-    the model (an overlay, a preset extending another, or ``overrides``) and Hydra can run here.
-
-    An overlay is composed from its own directory under its own name; a model file as ``config``
-    with ``model=<its name>`` from the directory above its ``model/`` directory, as
-    ``anemoi-training train --config-path DIR model=NAME`` would.
-    """
+    the model (an overlay, a preset extending another, or ``overrides``) and Hydra can run here: an
+    overlay from its own directory, a model file as ``config`` with ``model=<its name>`` from the
+    directory above its ``model/`` (as ``train --config-path DIR model=NAME``)."""
     p = Path(path)
     root = load_config(p)
     decided = classify(root, p)
