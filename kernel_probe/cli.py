@@ -1,7 +1,5 @@
-"""The ``kernel-probe`` command line: the table of subcommands and one mapping of errors to exit
-codes (kernel_lock.errors.ExitCode); ``--debug`` shows the traceback. ``kernel-probe [options]``
-runs the probe; ``kernel-probe SUBCOMMAND ...`` one of the tools below.
-"""
+"""The ``kernel-probe`` command line: ``kernel-probe [options]`` runs the probe, ``kernel-probe
+SUBCOMMAND ...`` one of the tools below; errors map to exit codes (kernel_lock.errors.ExitCode)."""
 
 from __future__ import annotations
 
@@ -24,10 +22,9 @@ from kernel_probe import __version__, output
 @dataclass(frozen=True)
 class Subcommand:
     """One ``kernel-probe NAME``: its module under kernel_probe.commands (imported only when it
-    runs, so ``--version`` and the job-start path stay fast), the functions that add its arguments
-    and run it, its help, and what its ``--json`` prints (None: it has no --json). ``exit_now``: its
-    process ends without the interpreter's teardown, which costs 0.3-0.5 s once torch is loaded
-    (issue 37: a first ``env`` < 3 s)."""
+    runs, so ``--version`` and the job-start path stay fast), its functions, help and ``--json``
+    help. ``exit_now``: its process skips the interpreter's teardown (0.3-0.5 s with torch loaded;
+    issue 37: a first ``env`` < 3 s)."""
 
     module: str
     add_arguments: str
