@@ -30,46 +30,28 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out", default=DEFAULT_LOCK, help=f"where to write the lock (default ./{DEFAULT_LOCK})"
     )
-    p.add_argument(
-        "--shape",
-        action="append",
-        default=[],
-        metavar="ROWSxHIDDEN",
-        help="model shape to time at, e.g. 40320x1024 (repeatable; Linear: ROWSxINxOUT). "
+    shape = (
+        "model shape to time at, e.g. 40320x1024 (repeatable; Linear: ROWSxINxOUT). "
         f"Default: {' and '.join(DEFAULT_SHAPES['gpu'])} on GPU, "
-        f"{' and '.join(DEFAULT_SHAPES['cpu'])} on CPU",
+        f"{' and '.join(DEFAULT_SHAPES['cpu'])} on CPU"
     )
-    p.add_argument(
-        "--precision",
-        choices=tuple(PRECISIONS),
-        default=None,
-        help="the training precision regime to verify and time in (default: the profile's, "
-        "else bf16-mixed)",
+    p.add_argument("--shape", action="append", default=[], metavar="ROWSxHIDDEN", help=shape)
+    precision = "the training precision regime to verify and time in (default: the profile's, "
+    precision += "else bf16-mixed)"
+    p.add_argument("--precision", choices=tuple(PRECISIONS), default=None, help=precision)
+    profile = (
+        "apply a site profile: its requirements are enforced (exit 4), its policy applied; "
+        "auto picks one from the site signals"
     )
-    p.add_argument(
-        "--profile",
-        default=None,
-        metavar="NAME|PATH|auto",
-        help="apply a site profile: its requirements are enforced (exit 4), its policy applied; "
-        "auto picks one from the site signals",
-    )
-    p.add_argument(
-        "--profiles-dir",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="extra directory of profiles (repeatable; also $KERNEL_PROBE_PROFILES, "
-        "os.pathsep-separated)",
-    )
-    for flag, what in (
-        (
-            "--prefer",
-            "take this candidate if accepted and not slower than the default beyond the noise "
-            "margin",
-        ),
-        ("--pin", "take this candidate if accepted, whatever its speed"),
-    ):
-        p.add_argument(flag, action="append", default=[], metavar="SLOT=ID", help=what)
+    p.add_argument("--profile", default=None, metavar="NAME|PATH|auto", help=profile)
+    dirs = "extra directory of profiles (repeatable; also $KERNEL_PROBE_PROFILES, "
+    dirs += "os.pathsep-separated)"
+    p.add_argument("--profiles-dir", action="append", default=[], metavar="DIR", help=dirs)
+    prefer = "take this candidate if accepted and not slower than the default beyond the noise "
+    prefer += "margin"
+    p.add_argument("--prefer", action="append", default=[], metavar="SLOT=ID", help=prefer)
+    pin = "take this candidate if accepted, whatever its speed"
+    p.add_argument("--pin", action="append", default=[], metavar="SLOT=ID", help=pin)
     output.add_flags(p, PROBE_SWITCHES)
     _add_run_arguments(p)
 
@@ -83,49 +65,37 @@ PROBE_SWITCHES = {
 
 def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     """How long, who and what a probe runs."""
-    p.add_argument(
-        "--reps",
-        type=count(1, MAX_REPS),
-        default=None,
-        help=f"timed repetitions per shape (at least; default "
-        f"{DEFAULT_REPS['gpu']} on GPU, {DEFAULT_REPS['cpu']} on CPU)",
+    reps = (
+        f"timed repetitions per shape (at least; default "
+        f"{DEFAULT_REPS['gpu']} on GPU, {DEFAULT_REPS['cpu']} on CPU)"
     )
-    p.add_argument(
-        "--lock-timeout",
-        type=seconds,
-        default=1800.0,
-        help="seconds to wait for another kernel-probe writing the same lock (default 1800)",
-    )
-    p.add_argument(
-        "--probe-per",
-        choices=("job", "node-type", "rank"),
-        default=None,
-        help="under a launcher that names each rank (Slurm, torchrun, Open MPI, PMI, PALS): "
+    p.add_argument("--reps", type=count(1, MAX_REPS), default=None, help=reps)
+    wait = "seconds to wait for another kernel-probe writing the same lock (default 1800)"
+    p.add_argument("--lock-timeout", type=seconds, default=1800.0, help=wait)
+    per = (
+        "under a launcher that names each rank (Slurm, torchrun, Open MPI, PMI, PALS): "
         "job (default, or the profile's [policy] probe-per) = rank 0 probes, the others wait for "
         "its lock; node-type = one rank per kind of node, --out must name {node-type}; rank = "
-        "ignore the launcher, every rank takes the file lock as without one",
+        "ignore the launcher, every rank takes the file lock as without one"
     )
-    p.add_argument(
-        "--deterministic",
-        action="store_true",
-        help="choose only candidates whose forward and backward are bitwise repeatable (for "
-        "training in a deterministic mode); a pin that is not is an error",
+    p.add_argument("--probe-per", choices=("job", "node-type", "rank"), default=None, help=per)
+    deterministic = (
+        "choose only candidates whose forward and backward are bitwise repeatable (for "
+        "training in a deterministic mode); a pin that is not is an error"
     )
-    p.add_argument(
-        "--graph-attention",
-        choices=("auto", "triton", "pyg"),
-        default="",
-        help="check anemoi's GraphTransformer attention backends (its Triton kernel, PyG) "
+    output.add_flags(p, {"--deterministic": deterministic})
+    graph = (
+        "check anemoi's GraphTransformer attention backends (its Triton kernel, PyG) "
         "against float64 and record graph_attention_backend in the lock: auto = what anemoi would "
         "run here; triton on a machine where anemoi would fall back to pyg is an error unless "
-        "--allow-graph-attention-fallback",
+        "--allow-graph-attention-fallback"
     )
-    p.add_argument(
-        "--allow-graph-attention-fallback",
-        action="store_true",
-        help="with --graph-attention triton: record that a job may run where anemoi falls back "
-        "to pyg (no GPU or no triton); the job-start check refuses such a machine otherwise",
+    p.add_argument("--graph-attention", choices=("auto", "triton", "pyg"), default="", help=graph)
+    fallback = (
+        "with --graph-attention triton: record that a job may run where anemoi falls back "
+        "to pyg (no GPU or no triton); the job-start check refuses such a machine otherwise"
     )
+    output.add_flags(p, {"--allow-graph-attention-fallback": fallback})
     add_candidate_arguments(p)
     # not an option of the probe (it takes --precision): kept hidden to answer helpfully
     p.add_argument("--dtype", action="append", default=[], help=argparse.SUPPRESS)
