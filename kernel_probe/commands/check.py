@@ -21,43 +21,26 @@ from kernel_probe.probe.report import Report, Verdict
 
 def add_candidate_arguments(p: argparse.ArgumentParser) -> None:
     """Options shared by `check` and the main probe."""
-    p.add_argument(
-        "--candidate",
-        action="append",
-        default=[],
-        metavar="SLOT=dotted.path.Class",
-        help="offer a third-party class for a slot (repeatable); it is judged like the built-ins",
-    )
-    when_named = [s.name for s in slot_behaviour.SLOTS.values() if not s.spec.by_default]
-    p.add_argument(
-        "--slot",
-        action="append",
-        default=[],
-        metavar="SLOT",
-        help="only these slots (repeatable; default: every slot but "
-        f"{', '.join(when_named)}, which is checked when named)",
-    )
+    offer = "offer a third-party class for a slot (repeatable); it is judged like the built-ins"
+    cls = "SLOT=dotted.path.Class"
+    p.add_argument("--candidate", action="append", default=[], metavar=cls, help=offer)
+    when_named = ", ".join(s.name for s in slot_behaviour.SLOTS.values() if not s.spec.by_default)
+    only = f"only these slots (repeatable; default: every slot but {when_named}, which is checked "
+    p.add_argument("--slot", action="append", default=[], metavar="SLOT", help=f"{only}when named)")
     for s in slot_behaviour.SLOTS.values():  # what the model declares of each slot
-        if s.option is not None:
-            o = s.option
+        if (o := s.option) is not None:
             p.add_argument(o.flag, default="", metavar=o.metavar, choices=o.choices, help=o.help)
-    p.add_argument(
-        "--import-timeout",
-        type=seconds,
-        default=IMPORT_TIMEOUT,
-        metavar="SECONDS",
-        help="seconds importing one candidate's library may take (default "
-        f"{IMPORT_TIMEOUT:g}): a library that hangs on import costs this much",
+    secs: dict[str, Any] = dict(type=seconds, metavar="SECONDS")
+    imports = (
+        f"seconds importing one candidate's library may take (default {IMPORT_TIMEOUT:g}): a "
+        "library that hangs on import costs this much"
     )
-    p.add_argument(
-        "--timeout",
-        type=seconds,
-        default=CHECK_TIMEOUT,
-        metavar="SECONDS",
-        help="seconds the checks of one candidate may take once imported (default "
-        f"{CHECK_TIMEOUT:g}; "
-        f"{COMPILED_FACTOR}x for torch.compile candidates, which compile on their first calls)",
+    p.add_argument("--import-timeout", default=IMPORT_TIMEOUT, help=imports, **secs)
+    checks = (
+        f"seconds the checks of one candidate may take once imported (default {CHECK_TIMEOUT:g}; "
+        f"{COMPILED_FACTOR}x for torch.compile candidates, which compile on their first calls)"
     )
+    p.add_argument("--timeout", default=CHECK_TIMEOUT, help=checks, **secs)
     output.add_flags(p, CANDIDATE_SWITCHES)
 
 
@@ -88,36 +71,21 @@ def policy_from(args: argparse.Namespace) -> Policy:
 def add_check_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `kernel-probe check`."""
     add_candidate_arguments(p)
-    p.add_argument(
-        "--dtype",
-        action="append",
-        default=[],
-        metavar="DTYPE",
-        help="fp32, bf16 or fp16 (repeatable; default: all the device supports)",
+    dtypes = "fp32, bf16 or fp16 (repeatable; default: all the device supports)"
+    p.add_argument("--dtype", action="append", default=[], metavar="DTYPE", help=dtypes)
+    regime = "plain low precision, under torch.autocast, or both (default)"
+    p.add_argument("--regime", choices=("true", "mixed", "both"), default="both", help=regime)
+    hidden = (
+        "normalised (input) size of the correctness inputs (default 1000, deliberately "
+        "not a power of two); 64 checks norms at anemoi's QueryNorm/KeyNorm head_dim"
     )
-    p.add_argument(
-        "--regime",
-        choices=("true", "mixed", "both"),
-        default="both",
-        help="plain low precision, under torch.autocast, or both (default)",
-    )
-    p.add_argument(
-        "--hidden",
-        type=count(1, 65536),
-        default=None,
-        metavar="N",
-        help="normalised (input) size of the correctness inputs (default 1000, deliberately "
-        "not a power of two); 64 checks norms at anemoi's QueryNorm/KeyNorm head_dim",
-    )
-    p.add_argument(
-        "--graph-attention",
-        action="append",
-        default=[],
-        metavar="BACKEND",
-        help="check anemoi's GraphTransformer attention instead of the slots: triton, pyg or "
+    p.add_argument("--hidden", type=count(1, 65536), default=None, metavar="N", help=hidden)
+    graph = (
+        "check anemoi's GraphTransformer attention instead of the slots: triton, pyg or "
         "module.function (f(q, k, v, e, edge_index, size)), repeatable; fwd+bwd vs float64 on an "
-        "O96-degree graph (docs/checks.md, GraphAttention)",
+        "O96-degree graph (docs/checks.md, GraphAttention)"
     )
+    p.add_argument("--graph-attention", action="append", default=[], metavar="BACKEND", help=graph)
 
 
 def run_check(args: argparse.Namespace) -> int:
