@@ -26,29 +26,21 @@ from kernel_probe.output import add_flags, add_trust_argument, safe
 def add_export_arguments(p: argparse.ArgumentParser) -> None:
     """``kernel-probe export``'s arguments."""
     output.add_lock_argument(p)
-    p.add_argument(
-        "--format",
-        choices=("anemoi",),
-        default="anemoi",
-        help="anemoi: the `layer_kernels:` YAML block anemoi-models reads (the only format so far)",
-    )
-    p.add_argument(
-        "--mode",
-        choices=MODES,
-        default=None,
-        help="training: the pinned classes (this machine must match the lock); inference: the "
+    anemoi = "anemoi: the `layer_kernels:` YAML block anemoi-models reads (the only format so far)"
+    p.add_argument("--format", choices=("anemoi",), default="anemoi", help=anemoi)
+    mode = (
+        "training: the pinned classes (this machine must match the lock); inference: the "
         "verified torch.nn twin where a pinned library cannot run here (default: the lock's own "
-        "mode)",
+        "mode)"
     )
+    p.add_argument("--mode", choices=MODES, default=None, help=mode)
     qk = "also emit QueryNorm/KeyNorm (bias-free, over head_dim) from the LayerNorm slot"
     add_flags(p, {"--qk-norm": qk})
-    p.add_argument(
-        "--config",
-        default=None,
-        metavar="CONFIG.yaml",
-        help="emit the overlay for this anemoi config (composed as anemoi-training composes it; "
-        "Hydra overrides after `--`): every block gets the lock's entries, anemoi's wrappers kept",
+    overlay = (
+        "emit the overlay for this anemoi config (composed as anemoi-training composes it; "
+        "Hydra overrides after `--`): every block gets the lock's entries, anemoi's wrappers kept"
     )
+    p.add_argument("--config", default=None, metavar="CONFIG.yaml", help=overlay)
     add_flags(p, {"--no-compose": "with --config: read the file alone, without Hydra"})
     add_trust_argument(p)
     add_config_trust_argument(p)
@@ -206,20 +198,15 @@ def render_overlay(result: Any, *, path: str, mode: str, digest: str) -> str:
 # ---- check-config -----------------------------------------------------------------------------
 def add_check_config_arguments(p: argparse.ArgumentParser) -> None:
     """``kernel-probe check-config``'s arguments, and its exit codes in the epilog."""
-    p.add_argument(
-        "config",
-        help="anemoi config (YAML): a training config, an overlay with a `defaults:` list "
-        "(composed as anemoi-training does), or a model config file (config/model/<name>.yaml)",
+    config = (
+        "anemoi config (YAML): a training config, an overlay with a `defaults:` list "
+        "(composed as anemoi-training does), or a model config file (config/model/<name>.yaml)"
     )
-    p.add_argument(
-        "--lock", default=None, help="also compare the LayerNorm/Linear entries with this lock"
-    )
-    p.add_argument(
-        "--mode",
-        choices=MODES,
-        default=None,
-        help="the lock's resolution to compare with (default: the lock's own mode)",
-    )
+    p.add_argument("config", help=config)
+    compare = "also compare the LayerNorm/Linear entries with this lock"
+    p.add_argument("--lock", default=None, help=compare)
+    mode = "the lock's resolution to compare with (default: the lock's own mode)"
+    p.add_argument("--mode", choices=MODES, default=None, help=mode)
     add_flags(
         p,
         {
@@ -229,12 +216,9 @@ def add_check_config_arguments(p: argparse.ArgumentParser) -> None:
             "--no-compose": "judge an overlay alone, without Hydra composition",
         },
     )
+    timeout = f"how long importing the targets may take (default {DEFAULT_TIMEOUT:g})"
     p.add_argument(
-        "--timeout",
-        type=output.seconds,
-        default=DEFAULT_TIMEOUT,
-        metavar="SECONDS",
-        help=f"how long importing the targets may take (default {DEFAULT_TIMEOUT:g})",
+        "--timeout", type=output.seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS", help=timeout
     )
     skip = "skip anemoi-training's own schema (BaseSchema), which check-config runs where it is"
     add_flags(p, {"--no-schema": f"{skip} installed"})
