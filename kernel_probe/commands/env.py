@@ -33,14 +33,11 @@ def add_env_arguments(p: argparse.ArgumentParser) -> None:
             "$KERNEL_PROBE_CACHE_DIR, else ~/.cache/kernel-probe)",
         },
     )
-    p.add_argument(
-        "--timeout",
-        type=seconds,
-        default=None,
-        metavar="SECONDS",
-        help=f"how long each library import check may take (default {DEFAULT_TIMEOUT:g} s, "
-        "scaled up by the machine's load per core, at most 6x)",
+    timeout = (
+        f"how long each library import check may take (default {DEFAULT_TIMEOUT:g} s, "
+        "scaled up by the machine's load per core, at most 6x)"
     )
+    p.add_argument("--timeout", type=seconds, default=None, metavar="SECONDS", help=timeout)
 
 
 def run_env(args: argparse.Namespace) -> int:

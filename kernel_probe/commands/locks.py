@@ -75,13 +75,8 @@ def _twin(twin: Any) -> str:
 # ---- explain ----------------------------------------------------------------------------------
 def add_explain_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``kernel-probe explain``."""
-    p.add_argument(
-        "args",
-        nargs="+",
-        metavar="[LOCK] SLOT",
-        help=f"the lock file (default: $KERNEL_LOCK or ./{output.DEFAULT_LOCK}) and the slot: "
-        + _SLOT_NAMES,
-    )
+    lock = f"the lock file (default: $KERNEL_LOCK or ./{output.DEFAULT_LOCK}) and the slot: "
+    p.add_argument("args", nargs="+", metavar="[LOCK] SLOT", help=lock + _SLOT_NAMES)
 
 
 def slot_argument(text: str) -> str:
@@ -242,13 +237,11 @@ def run_diff(args: argparse.Namespace) -> int:
 def add_verify_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``kernel-probe verify``."""
     output.add_lock_argument(p)
-    p.add_argument(
-        "--mode",
-        choices=MODES,
-        default=None,
-        help="training: this machine must match the lock; inference: substitute verified twins "
-        "where needed (default: the lock's own mode, `mode` in the file)",
+    mode = (
+        "training: this machine must match the lock; inference: substitute verified twins "
+        "where needed (default: the lock's own mode, `mode` in the file)"
     )
+    p.add_argument("--mode", choices=MODES, default=None, help=mode)
     output.add_flags(
         p,
         {
@@ -356,14 +349,11 @@ def _torch_version(lock: kernel_lock.KernelLock) -> str:
 # ---- lock --for inference ---------------------------------------------------------------------
 def add_lock_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``kernel-probe lock``."""
-    p.add_argument(
-        "--for",
-        dest="purpose",
-        required=True,
-        choices=("inference",),
-        help="what the new lock is for (inference: substitute verified torch.nn twins where the "
-        "training libraries cannot run)",
+    purpose = (
+        "what the new lock is for (inference: substitute verified torch.nn twins where the "
+        "training libraries cannot run)"
     )
+    p.add_argument("--for", dest="purpose", required=True, choices=("inference",), help=purpose)
     p.add_argument("source", metavar="IN", help="the training lock")
     p.add_argument("out", metavar="OUT", help="where to write the inference lock (atomically)")
     output.add_flags(p, {"--force": "replace OUT if it exists"})
