@@ -114,8 +114,8 @@ def _pairs(values: list[str], flag: str) -> dict[str, str]:
 
 
 def publish_usage_failure(argv: Sequence[str], message: str) -> None:
-    """A bad argument argparse refused: rank 0 of a job leaves its failed marker (exit 2) beside
-    ``--out``, so the other ranks fail at once instead of waiting out --lock-timeout."""
+    """A bad argument argparse refused: rank 0 of a job leaves its failed marker beside ``--out``,
+    so the other ranks fail at once instead of waiting out --lock-timeout."""
     pre = argparse.ArgumentParser(add_help=False, exit_on_error=False)
     pre.add_argument("--out", default=DEFAULT_LOCK)
     pre.add_argument("--probe-per", default=None)
@@ -279,10 +279,9 @@ def _reused(args: argparse.Namespace, result: ProbeResult) -> None:
 
 
 class TimingProgress:
-    """A timing worker's progress messages as one line: where it is, how long is left (the time per
-    call counts the timed repetitions only). ``compact``: a terminal's line, updated in place, in 80
-    columns; else a log line when a shape starts and ends, and at most every ``every`` s between.
-    ``work``: a shape's cost relative to another's (``Slot.work``)."""
+    """A timing worker's progress as one line: where it is, how long is left (by the timed
+    repetitions). ``compact``: a terminal's line, updated in place; else a log line when a shape
+    starts and ends, at most every ``every`` s between. ``work``: a shape's relative cost."""
 
     WIDTH = 52  # of the description in a terminal: with the bar, the count and the clock, 80
 
