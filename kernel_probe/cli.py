@@ -61,8 +61,10 @@ _JSON = {  # what a subcommand's --json prints (one not here has no --json)
     "check-config": "findings as JSON",
     "lock": _SUMMARY,
 }
-_MODULES = {"locks": ("verify", "show", "rehash", "explain", "diff", "lock")}  # else their own
-_MODULES["anemoi"] = ("export", "check-config")
+_MODULES: dict[str, tuple[str, ...]] = {  # the subcommands of a shared module (else their own)
+    "locks": ("verify", "show", "rehash", "explain", "diff", "lock"),
+    "anemoi": ("export", "check-config"),
+}
 EXIT_NOW = ("env",)  # see Subcommand.exit_now
 
 
