@@ -200,6 +200,13 @@ STATUS_STYLE = {
 }
 
 
+def status_cell(rep: Report, chosen: bool = False) -> str:
+    """A candidate's status in a table, marked where it ran interpreted."""
+    style = STATUS_STYLE.get(rep.status, "")
+    status = "[bold green]chosen[/]" if chosen else f"[{style}]{rep.status}[/]"
+    return status + (" [yellow](interpreted)[/]" if rep.interpreted else "")
+
+
 def _cell(v: Verdict | None) -> str:
     """One (dtype, regime) cell of the verdict table."""
     if v is None:
@@ -233,10 +240,8 @@ def render_verdicts(
             by = {(v.dtype, v.regime): v for v in rep.verdicts}
             det = {True: "yes", False: "[yellow]no[/]", None: "-"}[rep.deterministic]
             took = "-" if rep.seconds is None else f"{rep.seconds:.1f}"
-            status = f"[{STATUS_STYLE.get(rep.status, '')}]{rep.status}[/]"
-            status += " [yellow](interpreted)[/]" if rep.interpreted else ""
             cells = [_cell(by.get(key)) for key in plan]
-            table.add_row(safe(rep.id), status, *cells, det, took)
+            table.add_row(safe(rep.id), status_cell(rep), *cells, det, took)
         output.print_table(table)
         for rep in rs:
             _notes(con, rep)

@@ -15,7 +15,7 @@ from typing import Any
 from kernel_lock.slots import PRECISIONS
 from kernel_probe import jobstart, output
 from kernel_probe import slots as slot_behaviour
-from kernel_probe.commands.check import STATUS_STYLE, add_candidate_arguments
+from kernel_probe.commands.check import add_candidate_arguments, status_cell
 from kernel_probe.errors import UsageError
 from kernel_probe.isolation.protocol import INTERPRETED, TimingProgressMessage
 from kernel_probe.output import DEFAULT_LOCK, count, safe, seconds
@@ -433,11 +433,7 @@ def _slot_table(slot: str, chosen: str, result: ProbeResult, on_gpu: bool) -> An
         table.add_column(col, no_wrap=True, justify="right" if right else "left")
     blank = ["", ""] if on_gpu else []
     for r in result.reports[slot]:
-        if r.id == chosen:
-            status = "[bold green]chosen[/]"
-        else:
-            status = f"[{STATUS_STYLE.get(r.status, '')}]{r.status}[/]"
-        status += " [yellow](interpreted)[/]" if r.interpreted else ""
+        status = status_cell(r, chosen=r.id == chosen)
         for i, t in enumerate(result.timings[slot].get(r.id) or (None,)):  # untimed: a row of "-"
             cells = ["-", "", *blank]
             if t is not None and "error" in t:
