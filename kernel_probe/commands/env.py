@@ -62,10 +62,6 @@ def _gib(n: int | None) -> str:
     return "?" if n is None else f"{n / 2**30:.1f} GiB"
 
 
-def _onoff(value: Any) -> str:
-    return {True: "on", False: "off", None: "n/a"}.get(value, str(value))
-
-
 def _status(entry: dict[str, Any]) -> str:
     status = entry.get("status", "")
     style = STATUS_STYLE.get(status)
@@ -111,7 +107,7 @@ def _torch_rows(t: dict[str, Any] | None) -> _Rows:
     }
     dnn, coll, m = t["dnn"], t["collectives"], t["math"]
     dnn_text = f"{dnn['version']} (compiled {dnn['compiled']})" if dnn["version"] else None
-    on = {k: _onoff(v) for k, v in m.items()}
+    on = {k: {True: "on", False: "off", None: "n/a"}.get(v, str(v)) for k, v in m.items()}
     warn_only = " (warn only)" if m["deterministic_warn_only"] else ""
     return [
         ("version", f"{t['version']} ({t['location']})"),
