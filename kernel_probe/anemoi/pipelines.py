@@ -137,17 +137,16 @@ def _requests(
             where = f"{b.where}.{key}"
             target = entry.get("_target_") if isinstance(entry, dict) else None
             refusal = trust.refusal(target) if isinstance(target, str) and target else None
-            kind = "trust"
-            if refusal is not None and refusal[0] == "warning" and not _installed(str(target)):
-                kind = "import"  # not installed: said without importing (or running) anything
-                refusal = (
-                    "error",
-                    f"{target!r} does not import here: No module named "
-                    f"{str(target).split('.')[0]!r} (looked up without importing anything)",
-                    "install the library that provides it, or fix the dotted path",
-                )
             if refusal is not None:
-                findings.append(Finding(refusal[0], kind, where, refusal[1], refusal[2]))
+                severity, problem, fix = refusal
+                kind = "trust"
+                if severity == "warning" and not _installed(str(target)):
+                    kind, severity = "import", "error"  # said without importing anything
+                    top = str(target).split(".")[0]
+                    problem = f"{target!r} does not import here: No module named {top!r} (looked "
+                    problem += "up without importing anything)"
+                    fix = "install the library that provides it, or fix the dotted path"
+                findings.append(Finding(severity, kind, where, problem, fix))
                 facts[b.where][key] = not_imported(target)
                 continue
             requests.append(
