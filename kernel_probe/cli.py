@@ -1,7 +1,5 @@
-"""The ``kernel-probe`` command line: the table of subcommands and one mapping of errors to exit
-codes (kernel_lock.errors.ExitCode); ``--debug`` shows the traceback. ``kernel-probe [options]``
-runs the probe; ``kernel-probe SUBCOMMAND ...`` one of the tools below.
-"""
+"""The ``kernel-probe`` command line: ``kernel-probe [options]`` runs the probe, ``kernel-probe
+SUBCOMMAND ...`` one of the tools below; errors map to exit codes (kernel_lock.errors.ExitCode)."""
 
 from __future__ import annotations
 
@@ -24,10 +22,9 @@ from kernel_probe import __version__, output
 @dataclass(frozen=True)
 class Subcommand:
     """One ``kernel-probe NAME``: its module under kernel_probe.commands (imported only when it
-    runs, so ``--version`` and the job-start path stay fast), the functions that add its arguments
-    and run it, its help, and what its ``--json`` prints (None: it has no --json). ``exit_now``: its
-    process ends without the interpreter's teardown, which costs 0.3-0.5 s once torch is loaded
-    (issue 37: a first ``env`` < 3 s)."""
+    runs, so ``--version`` and the job-start path stay fast), its functions, help and ``--json``
+    help. ``exit_now``: its process skips the interpreter's teardown (0.3-0.5 s with torch loaded;
+    issue 37: a first ``env`` < 3 s)."""
 
     module: str
     add_arguments: str
@@ -37,73 +34,48 @@ class Subcommand:
     exit_now: bool = False
 
 
-def _sub(name: str, module: str, help: str, json: str | None = None, exit_now: bool = False):
-    fn = name.replace("-", "_")
-    return name, Subcommand(module, f"add_{fn}_arguments", f"run_{fn}", help, json, exit_now)
-
-
 _SUMMARY = "machine-readable summary on stdout"
-SUBCOMMANDS: dict[str, Subcommand] = dict(
-    [
-        _sub(
-            "verify",
-            "locks",
-            "check this machine against a lock and resolve every slot",
-            "machine-readable result on stdout",
-        ),
-        _sub("show", "locks", "print a lock in readable form", "the lock's content as JSON"),
-        _sub("rehash", "locks", "accept hand edits: recompute a lock's digest (atomic rewrite)"),
-        _sub(
-            "env",
-            "env",
-            "report this machine: host, torch build, accelerators, triton, kernel libraries, site",
-            "the report as JSON (keys documented in docs/env.md)",
-            exit_now=True,
-        ),
-        _sub(
-            "check",
-            "check",
-            "run the correctness kernels and print the verdict table",
-            "machine-readable verdicts on stdout",
-        ),
-        _sub(
-            "profiles",
-            "profiles",
-            "site profiles: list, show NAME, check PATH, match [NAME] [--node FILE]",
-        ),
-        _sub(
-            "explain",
-            "locks",
-            "why a lock chose what it chose for one slot: evidence, timings, rejections",
-            "the slot's entry as JSON",
-        ),
-        _sub(
-            "diff",
-            "locks",
-            "what changed between two locks: environment fields and choices",
-            "the differences as JSON",
-        ),
-        _sub(
-            "export",
-            "anemoi",
-            "print a lock as anemoi-models' layer_kernels YAML block (--format anemoi)",
-            "the mapping as JSON instead of YAML",
-        ),
-        _sub(
-            "check-config",
-            "anemoi",
-            "check an anemoi config's layer_kernels blocks on this machine (and against a lock)",
-            "findings as JSON",
-        ),
-        _sub(
-            "lock",
-            "locks",
-            "derive a lock for inference on this machine: lock --for inference IN OUT",
-            _SUMMARY,
-        ),
-    ]
-)
+# each subcommand's help, in the order `kernel-probe --help` lists them
+_HELP = {
+    "verify": "check this machine against a lock and resolve every slot",
+    "show": "print a lock in readable form",
+    "rehash": "accept hand edits: recompute a lock's digest (atomic rewrite)",
+    "env": "report this machine: host, torch build, accelerators, triton, kernel libraries, site",
+    "check": "run the correctness kernels and print the verdict table",
+    "profiles": "site profiles: list, show NAME, check PATH, match [NAME] [--node FILE]",
+    "explain": "why a lock chose what it chose for one slot: evidence, timings, rejections",
+    "diff": "what changed between two locks: environment fields and choices",
+    "export": "print a lock as anemoi-models' layer_kernels YAML block (--format anemoi)",
+    "check-config": "check an anemoi config's layer_kernels blocks on this machine (and against a "
+    "lock)",
+    "lock": "derive a lock for inference on this machine: lock --for inference IN OUT",
+}
+_JSON = {  # what a subcommand's --json prints (one not here has no --json)
+    "verify": "machine-readable result on stdout",
+    "show": "the lock's content as JSON",
+    "env": "the report as JSON (keys documented in docs/env.md)",
+    "check": "machine-readable verdicts on stdout",
+    "explain": "the slot's entry as JSON",
+    "diff": "the differences as JSON",
+    "export": "the mapping as JSON instead of YAML",
+    "check-config": "findings as JSON",
+    "lock": _SUMMARY,
+}
+_MODULES: dict[str, tuple[str, ...]] = {  # the subcommands of a shared module (else their own)
+    "locks": ("verify", "show", "rehash", "explain", "diff", "lock"),
+    "anemoi": ("export", "check-config"),
+}
+EXIT_NOW = ("env",)  # see Subcommand.exit_now
 
+
+def _sub(name: str, help: str) -> Subcommand:
+    module = next((m for m, names in _MODULES.items() if name in names), name)
+    fn = name.replace("-", "_")
+    json = _JSON.get(name)
+    return Subcommand(module, f"add_{fn}_arguments", f"run_{fn}", help, json, name in EXIT_NOW)
+
+
+SUBCOMMANDS: dict[str, Subcommand] = {name: _sub(name, help) for name, help in _HELP.items()}
 TAKES_OVERRIDES = ("check-config", "export")  # what follows `--` goes on to Hydra
 # a subcommand's help names the exit codes once, briefly; the table is in `kernel-probe --help`
 SUB_EPILOG = (

@@ -1,8 +1,6 @@
-"""What every command shares: one rich console per stream (rich honours NO_COLOR and narrow
-terminals), tables, JSON and the one failure shape of ``--json``; the arguments the commands share,
-declared once (``--json``, ``--debug``, a lock, ``--trust``, seconds, counts) and opening a lock.
-Every string from a file or a library is printed through ``safe``/``plain``.
-"""
+"""What every command shares: one rich console per stream, tables, JSON and the one failure shape
+of ``--json``; the shared arguments, declared once, and opening a lock. Every string from a file or
+a library is printed through ``safe``/``plain``."""
 
 from __future__ import annotations
 
@@ -57,10 +55,8 @@ def reset() -> None:
     _consoles.clear()
 
 
-# Never printed as itself: C0 and C1 controls, Unicode's invisible format characters (category Cf:
-# bidi embeddings, overrides and isolates, zero-width characters, soft hyphen, tags ...) and the
-# line and paragraph separators, which can make a lock's text read as something else (tests compare
-# this with unicodedata's Cf, Zl and Zp sets).
+# Never printed as itself: C0 and C1 controls, Unicode's format characters (Cf: bidi controls,
+# zero-width characters, tags ...), line and paragraph separators (tests compare it: Cf, Zl, Zp)
 _CONTROL = re.compile(
     "[\x00-\x1f\x7f-\x9f\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891\u08e2\u180e\u200b-\u200f"
     "\u2028-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f"
@@ -69,8 +65,7 @@ _CONTROL = re.compile(
 
 
 def safe(value: Any) -> str:
-    """``value`` as text for a rich console: control and format characters shown as escapes, rich
-    markup escaped (``[/bold]`` in a lock is printed, not interpreted)."""
+    """``value`` as text for a rich console: control and format characters, rich markup escaped."""
     from rich.markup import escape
 
     return escape(_escaped(str(value)))
@@ -124,8 +119,7 @@ def print_rows(
     wrap: Sequence[str] = (),
     right: Sequence[str] = (),
 ) -> None:
-    """Print ``rows`` (cells made ``safe``) as a :func:`table`: only the columns in ``wrap`` wrap,
-    those in ``right`` are right-aligned."""
+    """Print ``rows`` (cells made ``safe``) as a :func:`table`, wrapping only ``wrap`` columns."""
     tbl = table(title)
     for col in columns:
         tbl.add_column(col, no_wrap=col not in wrap, justify="right" if col in right else "left")
@@ -143,8 +137,7 @@ def failure(
     key: str | None = None,
     fix: str | None = None,
 ) -> dict[str, Any]:
-    """The one shape of a failure under ``--json``, for every command: ``{"ok": false, "error":
-    {...}}`` (a command adds its own fields beside ``ok`` and ``error``; docs/cli.md)."""
+    """The one shape of a ``--json`` failure: ``{"ok": false, "error": {...}}`` (docs/cli.md)."""
     error = {"type": kind, "exit_code": int(exit_code), "problem": problem}
     return {"ok": False, "error": {**error, "file": file, "key": key, "fix": fix}}
 
@@ -211,8 +204,7 @@ def add_trust_argument(p: argparse.ArgumentParser) -> None:
 
 
 def load_lock(path: str, strict: bool = False, **options: Any) -> kernel_lock.KernelLock:
-    """``kernel_lock.load`` for a command (``options``: ``trust``, ``check_targets``), the lock's
-    warnings on stderr and a missing ``$KERNEL_LOCK`` file named as such."""
+    """``kernel_lock.load`` for a command: warnings on stderr, a missing ``$KERNEL_LOCK`` named."""
     try:
         lock = kernel_lock.load(path, strict=strict, emit_warnings=False, **options)
     except LockError as exc:

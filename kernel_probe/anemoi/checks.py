@@ -37,9 +37,8 @@ LOCK_FIX = (
 
 
 def components_without_blocks(config: Config, *, lock_given: bool) -> list[Finding]:
-    """Every component anemoi builds with a ``layer_kernels`` argument whose node has no block:
-    built with anemoi's defaults, which a lock's kernels never reach (an error then, exit 3; a
-    warning without a lock)."""
+    """Every component built with a ``layer_kernels`` argument whose node has no block: anemoi's
+    defaults, which a lock's kernels never reach (an error then, else a warning)."""
     tree = config.tree
     if not isinstance(tree, Mapping):
         return []
@@ -98,9 +97,8 @@ def merge_leftovers(block: Block) -> list[Finding]:
 def compare_with_lock(
     block: Block, expected: Mapping[str, Exported], facts: Mapping[str, Mapping[str, Any]]
 ) -> list[Finding]:
-    """Where ``block`` builds something other than what the lock exports (``expected``, by key),
-    after anemoi's wrapper rule (``kernel_lock.anemoi.entry_for``); ``facts[key]``: the child's
-    facts about the entry the block uses for that key (its own, or anemoi's default)."""
+    """Where ``block`` builds other than what the lock exports (``expected``, by key) after anemoi's
+    wrapper rule (``entry_for``); ``facts[key]``: the child's facts about the entry it uses."""
     content = block.content or {}
     out = []
     for key, want in expected.items():
@@ -164,9 +162,8 @@ def _effective(blocks: Sequence[Block]) -> dict[str, Mapping[str, Any]]:
 
 
 def preset_file(config: Config) -> tuple[str, Path] | None:
-    """(name, path) of the model preset the config replaces entries of: the ``model`` choice (the
-    config's own directory first, then anemoi-training's packaged presets, as Hydra looks), or the
-    packaged preset a model file is named like."""
+    """(name, path) of the model preset the config replaces entries of: the ``model`` choice (looked
+    up as Hydra does), or the packaged preset a model file is named like."""
     packaged = packaged_dir()
     mine = Path(config.path).resolve()
     name = config.choices.get("model", "")
@@ -236,9 +233,8 @@ SCHEMA_FIX = (
 
 @dataclass(frozen=True)
 class SchemaRun:
-    """What the schema is run on for one reading of a config: the child's request, how it is
-    validated (said in the status line), the packaged model preset the config builds on ('' if
-    none), and whether the config is one of anemoi-training's own files, as shipped."""
+    """The schema's run for one reading of a config: the child's request, how it is validated, the
+    packaged model preset it builds on ('' if none), and whether it is anemoi-training's own."""
 
     request: SchemaRequest
     how: str
@@ -267,8 +263,7 @@ def schema_input(config: Config) -> tuple[Any, bool, str] | str:
 
 
 def schema_run(config: Config) -> SchemaRun | str:
-    """The schema's request for ``config``, or the status saying why it is not run (``not run:
-    ...``, with how to get it)."""
+    """The schema's request for ``config``, or the status saying why it is not run."""
     packaged = packaged_dir()
     if packaged is None or installed("anemoi-training") is None or installed("hydra-core") is None:
         return f"not run: anemoi-training is not installed here; {SCHEMA_FIX}"
@@ -300,10 +295,9 @@ def schema_findings(
     run: SchemaRun | str | None = None,
     reply: SchemaReply | None = None,
 ) -> tuple[str, list[Finding]]:
-    """anemoi-training's ``BaseSchema`` on the config, as ``anemoi-training train`` runs it: (how
-    it was run, or why not and how to get it; its errors at their config paths, one the shipped
-    preset has too marked as the preset's own). Runs in a child of its own unless ``reply`` is
-    the answer of the one that ran it (``run``: from :func:`schema_run`)."""
+    """anemoi-training's ``BaseSchema`` on the config as ``train`` runs it: (how it ran, or why not;
+    its errors at their config paths, those the shipped preset has too marked as the preset's), in
+    a child of its own unless ``reply`` is the answer of the one that ran it."""
     run = schema_run(config) if run is None else run
     if isinstance(run, str):
         return run, []

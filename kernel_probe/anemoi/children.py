@@ -1,12 +1,8 @@
-"""The child side of reading and checking an anemoi config: each function runs in a child
-(``kernel_probe.isolation.child.run_function``), JSON in and out, so that a hostile config or a
-broken library cannot take the caller with it.
-
-:func:`compose` is Hydra's composition as ``anemoi-training train`` does it (only YAML is read; a
-``pkg://`` package outside the caller's trust is refused before Hydra imports it); :func:`validate`
-runs anemoi-training's ``BaseSchema`` (mandatory ``???`` values filled and reported as unset; of a
-union, only the best-fitting member's errors); :func:`check` runs the schema (its address space
-capped as in a child of its own), then the entries uncapped, as training imports them.
+"""The child side of reading and checking an anemoi config, JSON in and out, so that a hostile
+config or a broken library cannot take the caller with it: :func:`compose` (Hydra's composition as
+``anemoi-training train`` does it; an untrusted ``pkg://`` is refused before Hydra imports it),
+:func:`validate` (``BaseSchema``; ``???`` values reported as unset; of a union, the best-fitting
+member's errors) and :func:`check` (the schema, address space capped, then the entries uncapped).
 """
 
 from __future__ import annotations
@@ -39,7 +35,7 @@ class UntrustedSearchPath(Exception):
 # ---- compose -------------------------------------------------------------------------------------
 def guard_search_paths(trusted: tuple[str, ...]) -> None:
     """Make Hydra refuse, before importing it, a ``pkg://`` package outside ``trusted`` (a private
-    or ``__main__`` one always): Hydra imports the package to list its files."""
+    or ``__main__`` one always)."""
     from hydra._internal.config_repository import ConfigRepository  # reason: Hydra, in the child
 
     original = ConfigRepository.initialize_sources
@@ -267,8 +263,7 @@ def validate(payload: Mapping[str, Any]) -> dict[str, Any]:
 
 # ---- the schema and the entries in one child -----------------------------------------------------
 def check(payload: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``ConfigCheckRequest`` -> its ``ConfigCheckReply`` (as JSON). Whatever raises fails the
-    child (its caller then asks each part alone)."""
+    """A ``ConfigCheckRequest`` -> its ``ConfigCheckReply`` (as JSON); whatever raises fails it."""
     request = ConfigCheckRequest.from_json(payload)
     schema: SchemaReply | None = None
     if request.schema is not None:
@@ -281,8 +276,8 @@ def check(payload: Mapping[str, Any]) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _address_space(limit: int) -> Iterator[None]:
-    """This process's address space capped at ``limit`` bytes (0: not capped) while the block runs:
-    the soft limit only, so it can be lifted again."""
+    """This process's address space capped at ``limit`` bytes (0: not) while the block runs (the
+    soft limit only, so it can be lifted again)."""
     if not limit:
         yield
         return

@@ -1,6 +1,5 @@
-"""check-config's findings on the slots a component sets beside its blocks, one row per config key
-(``COMPONENT_SLOTS``), each judged as anemoi-models 0.19 judges it (in its own words where it
-raises) and against the lock; and what export writes for them.
+"""check-config's findings on the slots a component sets beside its blocks (``COMPONENT_SLOTS``),
+judged as anemoi-models 0.19 does (in its words where it raises) and against the lock; and export.
 
 - ``attention_implementation`` (the Attention slot; the processor of a transformer model, a
   TransformerMapper's encoder and decoder). anemoi's flash wrapper imports flash-attn v4, then v3,
@@ -63,14 +62,8 @@ def _literal(value: Any) -> bool:
 
 
 # ---- Attention -----------------------------------------------------------------------------------
-def attention_components(tree: Any, where: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:
-    """Every mapping of ``tree`` with an ``attention_implementation`` key, with its dotted path."""
-    return mappings_where(tree, lambda tree: "attention_implementation" in tree, where)
-
-
 def _set(component: Mapping[str, Any], key: str) -> Any:
-    """The option's value where the config sets it to something that changes the maths, else
-    None."""
+    """The option's value where the config sets it to something that changes the maths."""
     value = component.get(key)
     if value is None or not _literal(value):
         return None
@@ -85,8 +78,7 @@ def _set(component: Mapping[str, Any], key: str) -> Any:
 def attention_findings(
     tree: Any, lock: KernelLock | None, mode: str | None = None
 ) -> list[Finding]:
-    """The attention findings of a config ``tree`` (as composed), against ``lock`` where given:
-    an error against a lock that pins attention (the job would not start as locked)."""
+    """The attention findings of a config ``tree`` (as composed), against ``lock`` where given."""
     pinned = lock is not None and "Attention" in lock.slots
     locked = None
     if pinned:
@@ -96,7 +88,7 @@ def attention_findings(
         except Exception:  # the lock's own findings say why it cannot be resolved here
             locked = None
     out: list[Finding] = []
-    for where, comp in attention_components(tree):
+    for where, comp in mappings_where(tree, lambda m: "attention_implementation" in m):
         if _literal(comp.get("attention_implementation")):
             out.extend(_attention(where, comp, locked, pinned))
     return out
@@ -169,14 +161,6 @@ def _against_locked_attention(
 
 
 # ---- graph attention -----------------------------------------------------------------------------
-def anemoi_rejects(value: str) -> str:
-    """anemoi's own assertion message for a backend it does not know (layers/block.py)."""
-    return (
-        f"Backend '{value}' not supported for GraphTransformerBlock, valid options are "
-        "'triton' and 'pyg'"
-    )
-
-
 def graph_components(tree: Any, where: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:
     """Every GraphTransformer component of ``tree`` (module docstring), with its dotted path."""
     return mappings_where(
@@ -187,9 +171,8 @@ def graph_components(tree: Any, where: str = "") -> Iterator[tuple[str, Mapping[
 def graph_findings(
     tree: Any, lock: KernelLock | None, current: Mapping[str, Any] | None = None
 ) -> list[Finding]:
-    """Every component's ``graph_attention_backend``: a value anemoi rejects (error, its wording);
-    a contradiction with the lock's backend (error); without a lock that pins one, a ``triton``
-    this machine would run as ``pyg`` (a warning: anemoi only logs it)."""
+    """Every component's ``graph_attention_backend``: a value anemoi rejects, or that contradicts
+    the lock (errors); a ``triton`` run here as ``pyg`` (a warning: anemoi only logs it)."""
     graph = lock.graph_attention if lock is not None else None
     if current is None:
         from kernel_lock import torchless  # reason: reads this machine (may import torch)
@@ -204,7 +187,9 @@ def graph_findings(
         key = f"{where}.{ANEMOI_KEY}"
         unset = "" if ANEMOI_KEY in comp else f" (not set: anemoi's default {DEFAULT_BACKEND})"
         if value not in BACKENDS:
-            problem = f"anemoi raises: {anemoi_rejects(value)}"
+            # anemoi's own assertion message (layers/block.py)
+            problem = f"anemoi raises: Backend '{value}' not supported for GraphTransformerBlock, "
+            problem += "valid options are 'triton' and 'pyg'"
             out.append(Finding("error", "entry", key, problem, "set triton or pyg"))
         elif graph is not None and value != graph.backend:
             problem = f"{value}{unset} here, but the lock's [{TABLE}] backend is {graph.backend}"
@@ -226,8 +211,7 @@ def graph_findings(
 
 
 def export_setting(lock: KernelLock) -> tuple[str, str] | None:
-    """``(backend, note)`` export writes on every GraphTransformer component; None when the lock has
-    no ``[graph-attention]`` (anemoi's own setting stays)."""
+    """``(backend, note)`` export sets on each GraphTransformer component (None: anemoi's stays)."""
     graph = lock.graph_attention
     if graph is None:
         return None
@@ -238,9 +222,8 @@ def export_setting(lock: KernelLock) -> tuple[str, str] | None:
 
 
 def overlay_settings(tree: Any, lock: KernelLock, *, model_file: bool) -> dict[str, str]:
-    """Component path relative to the model node (``processor``, ``encoders.0.mapper``) -> the
-    backend to set there; ``model_file``: ``tree`` is the model node itself, else the whole
-    config, whose components under ``model`` count."""
+    """Component path relative to the model node (``encoders.0.mapper``) -> the backend to set
+    there; ``model_file``: ``tree`` is the model node, else the whole config."""
     setting = export_setting(lock)
     if setting is None:
         return {}

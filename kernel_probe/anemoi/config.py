@@ -3,9 +3,9 @@
 
 Three shapes (``SHAPES``, told apart by :func:`classify`): a model file (the file *is* the model
 node; ``${model.x}`` means its own ``x``, a reference outside it is left unjudged), a full config
-(complete: a reference to nothing is an error), and an overlay (a ``defaults:`` list, composed by
-Hydra in ``kernel_probe.anemoi.reading``). Every ``layer_kernels`` key under the model node is a
-block, reported by its full path; a block that is ``${...}`` of another *inherits* it.
+(a reference to nothing is an error), and an overlay (composed by Hydra: ``anemoi.reading``).
+Every ``layer_kernels`` key under the model node is a block; one that is ``${...}`` of another
+inherits it.
 """
 
 from __future__ import annotations
@@ -91,8 +91,7 @@ class Config:
 
 # ---- reading the file ----------------------------------------------------------------------------
 def expanded_size(data: Any, limit: int = MAX_NODES) -> int:
-    """How many values ``data`` has with its shared (aliased) parts counted at every use, stopping
-    past ``limit``: a billion-laughs document shares them exponentially often."""
+    """How many values ``data`` has, aliased parts counted at every use, stopping past ``limit``."""
     memo: dict[int, int] = {}
 
     def size(node: Any, depth: int) -> int:
@@ -113,8 +112,7 @@ def expanded_size(data: Any, limit: int = MAX_NODES) -> int:
 
 
 def load_config(path: str | Path) -> Any:
-    """The YAML mapping at ``path``, read as OmegaConf reads it; an unreadable, malformed or
-    hostile file is an InputFileError (exit 5)."""
+    """The YAML mapping at ``path``, read as OmegaConf reads it (else an InputFileError, exit 5)."""
     import yaml  # reason: yaml is imported only where a config is read
 
     class Loader(yaml.SafeLoader):
@@ -162,8 +160,7 @@ def load_config(path: str | Path) -> Any:
 
 # ---- its shape -----------------------------------------------------------------------------------
 def group_member(root: Mapping[str, Any], path: Path | None) -> bool:
-    """Is this file an option of anemoi's ``model`` config group: in a ``model/`` directory, or
-    its defaults name sibling files (a preset extending another)?"""
+    """Is this file in anemoi's ``model`` group: in ``model/``, or extending sibling files?"""
     if path is None:
         return False
     if path.resolve().parent.name == "model":
@@ -182,9 +179,7 @@ class Kind:
 
 
 def classify(root: Mapping[str, Any], path: Path | None = None) -> Kind:
-    """The file's shape from its place (config/model/<name>.yaml) and content: a ``defaults:``
-    list, a model class under its own ``model:`` key, model-node keys at its root, training
-    sections."""
+    """The file's shape from its place (config/model/<name>.yaml) and its content."""
     if isinstance(root.get("defaults"), list):
         if group_member(root, path):
             return Kind("model-file", "a defaults list naming presets of its own model/ directory")
@@ -244,7 +239,7 @@ def mappings_where(
 
 
 def layer_kernels_paths(node: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
-    """Every path to a ``layer_kernels`` key under ``node`` (a plain container), depth first."""
+    """Every path to a ``layer_kernels`` key under ``node``, depth first."""
     if isinstance(node, Mapping):
         for key, value in node.items():
             if key == "layer_kernels":
@@ -274,26 +269,21 @@ def value_at(node: Any, path: Sequence[str]) -> Any:
 
 
 def inherited(value: Any, paths: set[str], where: str) -> str | None:
-    """The block (one of ``paths``) that the block at ``where`` inherits by being ``${...}`` of it,
-    or None."""
+    """The block (one of ``paths``) that the block at ``where`` is ``${...}`` of, or None."""
     m = INTERPOLATION.match(value) if isinstance(value, str) else None
-    if m and m.group(1) in paths and m.group(1) != where:
-        return m.group(1)
-    return None
+    return m.group(1) if m and m.group(1) in paths and m.group(1) != where else None
 
 
 def block_values(model: Any) -> list[tuple[str, Any]]:
     """(full path, raw value) of every layer_kernels block under the model node."""
-    return [
-        ("model." + ".".join(path), value_at(model, path)) for path in layer_kernels_paths(model)
-    ]
+    paths = layer_kernels_paths(model)
+    return [("model." + ".".join(path), value_at(model, path)) for path in paths]
 
 
 def add_block(
     config: Config, where: str, content: Any, *, source: str = "", written: Any = None
 ) -> None:
-    """Add the block at ``where`` to ``config``, or a finding where its content is not a mapping of
-    names."""
+    """Add the block at ``where`` to ``config``, or a finding where it is not a mapping of names."""
     if content is None:
         empty = "empty: anemoi uses its defaults for every key"
         config.findings.append(Finding("note", "entry", where, empty))
@@ -329,17 +319,10 @@ def add_blocks(
         config.blocks.append(Block("(anemoi defaults)", content={}))
 
 
-def source_of(value: Any) -> str:
-    """The interpolation a block came through ('' for a mapping written in place)."""
-    return value if isinstance(value, str) else ""
-
-
 class _Resolver:
-    """Whole-value ``${a.b.c}`` references, followed within one file.
-
-    ``model_is_root``: a model file, whose ``${model.x}`` means its own ``x``. ``complete``: a
-    reference to nothing is an error; otherwise it points outside this file and is left unjudged.
-    """
+    """Whole-value ``${a.b.c}`` references, followed within one file. ``model_is_root``: a model
+    file (``${model.x}`` is its own ``x``); ``complete``: a reference to nothing is an error (else
+    it points outside this file and is left unjudged)."""
 
     BUDGET = 100_000  # values produced while following references: a ${...} fan-out stops here
 
@@ -402,7 +385,7 @@ class _Resolver:
 
 def find_blocks(root: Mapping[str, Any], shape: str | None = None) -> Config:
     """Every layer_kernels block of a config read as one file (no composition)."""
-    shape = shape or detect_shape(root)
+    shape = shape or classify(root).shape
     config = Config(shape=shape, tree=root)
     model_is_root = shape == "model-file"
     model = root if model_is_root else root.get("model")
@@ -411,7 +394,10 @@ def find_blocks(root: Mapping[str, Any], shape: str | None = None) -> Config:
         config,
         {} if model is None else model,
         lambda where, value: add_block(
-            config, where, r.resolve(value, where, config.findings), source=source_of(value)
+            config,
+            where,
+            r.resolve(value, where, config.findings),
+            source=value if isinstance(value, str) else "",
         ),
         "no layer_kernels block found anywhere under the model node: anemoi uses its defaults",
     )

@@ -1,11 +1,8 @@
 """Checks of one ``layer_kernels`` entry against anemoi: the key, the import, the signature, the
 semantics, and the entry built and run as anemoi builds it (``ENTRY_SLOTS``: what each key means).
-
-:func:`check_entry` imports the entry's target (and so torch), so check-config runs it in a child
-(:func:`judge_entries` starts it; :func:`check_entries` is the child's entry point): a library that
-crashes or exits on import cannot take the checker with it. anemoi's call convention (``CALLS``,
-``DIMENSIONS``) is the runtime's, ``kernel_lock.anemoi``, which the export follows too.
-"""
+:func:`check_entry` imports the target (and torch), so it runs in a child (:func:`judge_entries`)
+that a library crashing on import cannot take the checker with; anemoi's call convention is
+``kernel_lock.anemoi``'s."""
 
 from __future__ import annotations
 
@@ -18,14 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kernel_lock.anemoi import (
-    CALLS,
-    DIMENSIONS,
-    GLU_REFUSAL,
-    convention_problems,
-    glu_refused,
-    locate,
-)
+from kernel_lock import anemoi
+from kernel_lock.anemoi import CALLS, DIMENSIONS, convention_problems
 from kernel_lock.registry import adapter_for
 from kernel_probe.anemoi.config import KEYS, Finding
 from kernel_probe.isolation.child import run_function
@@ -56,12 +47,15 @@ def _linear_class(key: str, target: str, cls: Any, family: str | None, _: bool) 
 
 
 def _activation_class(key: str, target: str, cls: Any, *_: Any) -> Problem | None:
-    problem = f"{target} is a GLU-family activation: anemoi-models raises ValueError: {GLU_REFUSAL}"
+    problem = (
+        f"{target} is a GLU-family activation: anemoi-models raises ValueError: "
+        f"{anemoi.GLU_REFUSAL}"
+    )
     fix = (
         "set the component's mlp_implementation (glu, swiglu, geglu or reglu) and keep an "
         "elementwise class such as torch.nn.GELU under layer_kernels.Activation"
     )
-    glu = glu_refused(getattr(cls, "__name__", ""))
+    glu = anemoi.glu_refused(getattr(cls, "__name__", ""))
     return ("error", "semantics", problem, fix) if glu else None
 
 
@@ -100,10 +94,9 @@ def _linear_outputs(module: Any, x: Any, call: str, *_: Any) -> Problem | None:
 
 @dataclass(frozen=True)
 class EntrySlot:
-    """What an entry under one ``layer_kernels`` key must be: the lock's slot that fills it, the
-    input's width where anemoi's call passes no size, the rule on the class alone (``on_class``:
-    key, target, class, norm family, semantics change allowed) and on the built module's outputs
-    (``on_outputs``: module, input, call, family, the outputs at 4x scale and at +5 shift)."""
+    """What an entry under one key must be: the lock's slot, the input's width where anemoi's call
+    passes no size, the rule on the class (``on_class``: key, target, class, family, change allowed)
+    and on the outputs (``on_outputs``: module, input, call, family, at 4x and at +5)."""
 
     slot: str
     width: int
@@ -188,8 +181,7 @@ def check_entry(
     key: str, entry: Any, where: str, *, allow_semantics_change: bool = False
 ) -> tuple[list[Finding], dict[str, Any]]:
     """Findings about one ``layer_kernels`` entry on this machine, and facts for later comparisons
-    (``target``, ``imported``, ``family``, ``defaults``: the constructor's keyword defaults).
-    Imports the target (and so torch): run it where a crashing import cannot hurt."""
+    (``target``, ``imported``, ``family``, ``defaults``); imports the target (and so torch)."""
     findings: list[Finding] = []
     facts = not_imported(None)
 
@@ -210,7 +202,7 @@ def check_entry(
             f"remove {d!r}",
         )
     try:
-        cls = locate(target)
+        cls = anemoi.locate(target)
     except (Exception, SystemExit) as exc:  # ImportError, or whatever a module raises on import
         add(
             "error",
@@ -256,10 +248,9 @@ def check_entry(
 def built_problems(
     key: str, cls: Any, kwargs: Mapping[str, Any], family: str | None = None
 ) -> list[Problem]:
-    """The entry built at each of anemoi's call sites (``CALLS``), its kwargs under the call's as
-    Hydra's partial passes them, then run forward and backward on a small input: a value of the
-    wrong type, a device this machine has not, a keyword a base refuses, and a class that builds
-    but computes something else. An RMSNorm (``family``) is left to the semantics check."""
+    """The entry built at each of anemoi's call sites (``CALLS``) as Hydra's partial passes its
+    kwargs, then run forward and backward on a small input: a value of the wrong type, a missing
+    device, a keyword a base refuses, a class computing something else."""
     import torch  # reason: as in _norm_outputs
 
     problems = _value_problems(kwargs)
@@ -340,7 +331,7 @@ def _computes(
     key: str, module: Any, args: Sequence[Any], call: str, family: str | None
 ) -> Problem | None:
     """The built module run forward and backward on a small input: its output's shape, then the
-    key's own rule on what it computes (``ENTRY_SLOTS``). None when it fits."""
+    key's own rule on what it computes (``ENTRY_SLOTS``)."""
     import torch  # reason: as in _norm_outputs
 
     slot = ENTRY_SLOTS[key]
@@ -400,9 +391,8 @@ def _fix(exc: BaseException) -> str:
 
 
 def constructor_defaults(cls: Any) -> dict[str, Any]:
-    """The keyword defaults a class is built with; a constructor that only passes ``*args,
-    **kwargs`` on (anemoi's AutocastLayerNorm) has those of the first base naming its
-    parameters."""
+    """The keyword defaults a class is built with (of the first base naming its parameters, where a
+    constructor only passes ``*args, **kwargs`` on, as anemoi's AutocastLayerNorm)."""
     for klass in getattr(cls, "__mro__", (cls,)):
         try:
             params = inspect.signature(klass).parameters
@@ -420,8 +410,7 @@ def constructor_defaults(cls: Any) -> dict[str, Any]:
 
 # ---- in a child ----------------------------------------------------------------------------------
 def check_entries(requests: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """JSON in, JSON out: :func:`check_entry` for each ``{key, entry, where,
-    allow_semantics_change}``, each distinct entry built once (the child's entry point)."""
+    """The child's entry point: :func:`check_entry` for each request (JSON), each distinct once."""
     out = []
     seen: dict[str, tuple[str, list[Finding], dict[str, Any]]] = {}
     for r in requests:

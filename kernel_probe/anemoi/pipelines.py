@@ -1,10 +1,7 @@
-"""The two anemoi pipelines, as library functions (no printing).
-
-``check_config``: every ``layer_kernels`` block of a config (composed as anemoi-training composes
-it), judged on this machine (keys, imports, signatures, semantics) and, given a lock, against it.
-``export_for_config``: the overlay that puts a lock's entries into a config so that, after Hydra's
-merge, each block holds exactly what the lock says, anemoi's wrappers kept (``entry_for``).
-"""
+"""The two anemoi pipelines, as library functions (no printing). ``check_config``: every block of a
+config (composed as anemoi-training composes it) judged on this machine and against a lock.
+``export_for_config``: the overlay after whose merge each block holds exactly the lock's entries,
+anemoi's wrappers kept (``entry_for``)."""
 
 from __future__ import annotations
 
@@ -18,21 +15,8 @@ from typing import Any
 from kernel_lock.anemoi import ANEMOI_DEFAULTS, Exported, entry_for, export, gated_mlp_export
 from kernel_lock.errors import LockError
 from kernel_lock.lock import KernelLock
-from kernel_probe.anemoi.checks import (
-    SchemaRun,
-    compare_with_lock,
-    components_without_blocks,
-    lost_wrappers,
-    merge_leftovers,
-    schema_findings,
-    schema_run,
-)
-from kernel_probe.anemoi.components import (
-    COMPONENT_SLOTS,
-    export_setting,
-    gated_components,
-    overlay_settings,
-)
+from kernel_probe.anemoi import checks, components
+from kernel_probe.anemoi.checks import SchemaRun, schema_findings
 from kernel_probe.anemoi.config import Config, Finding
 from kernel_probe.anemoi.entries import DEFAULT_TIMEOUT, judge_entries, not_imported
 from kernel_probe.anemoi.reading import CHILDREN, COMPOSE_MEMORY, NO_TRUST, Trust, read_config
@@ -97,18 +81,17 @@ def check_config(
     trust: Trust = NO_TRUST,
     _shape: str | None = None,
 ) -> CheckResult:
-    """Judge the config at ``path`` on this machine, and against ``lock`` if given; ``schema``: also
-    with anemoi-training's own schema, where it is installed. Only modules ``trust`` allows are
-    imported."""
+    """Judge the config at ``path`` on this machine, against ``lock`` if given, and with
+    anemoi-training's schema (``schema``) where installed, importing only what ``trust`` allows."""
     options = {k: v for k, v in locals().items() if k not in ("path", "overrides", "_shape")}
     config = read_config(path, overrides, compose_overlays=compose, trust=trust, shape=_shape)
     findings: list[Finding] = list(config.findings)
-    run: SchemaRun | str = schema_run(config) if schema else "not run: --no-schema"
+    run: SchemaRun | str = checks.schema_run(config) if schema else "not run: --no-schema"
     at_schema = len(findings)  # the schema's errors go here, once it has run with the entries
-    findings.extend(lost_wrappers(config))
-    for _, component_findings in COMPONENT_SLOTS.values():
+    findings.extend(checks.lost_wrappers(config))
+    for _, component_findings in components.COMPONENT_SLOTS.values():
         findings.extend(component_findings(config.tree, lock, mode))
-    findings.extend(components_without_blocks(config, lock_given=lock is not None))
+    findings.extend(checks.components_without_blocks(config, lock_given=lock is not None))
     expected: dict[str, Exported] = {}
     if lock is not None:
         try:
@@ -127,9 +110,9 @@ def check_config(
         if report:
             findings.extend(Finding(**f) for f in res.findings)
     for b in own:
-        findings.extend(merge_leftovers(b))
+        findings.extend(checks.merge_leftovers(b))
         if expected:
-            findings.extend(compare_with_lock(b, expected, facts[b.where]))
+            findings.extend(checks.compare_with_lock(b, expected, facts[b.where]))
     result = CheckResult(config, findings, expected, schema=schema_status)
     if _shape is None and config.alternative:  # ambiguous: checked the other way too
         result.alternative = check_config(path, overrides, **options, _shape=config.alternative)
@@ -154,17 +137,16 @@ def _requests(
             where = f"{b.where}.{key}"
             target = entry.get("_target_") if isinstance(entry, dict) else None
             refusal = trust.refusal(target) if isinstance(target, str) and target else None
-            kind = "trust"
-            if refusal is not None and refusal[0] == "warning" and not _installed(str(target)):
-                kind = "import"  # not installed: said without importing (or running) anything
-                refusal = (
-                    "error",
-                    f"{target!r} does not import here: No module named "
-                    f"{str(target).split('.')[0]!r} (looked up without importing anything)",
-                    "install the library that provides it, or fix the dotted path",
-                )
             if refusal is not None:
-                findings.append(Finding(refusal[0], kind, where, refusal[1], refusal[2]))
+                severity, problem, fix = refusal
+                kind = "trust"
+                if severity == "warning" and not _installed(str(target)):
+                    kind, severity = "import", "error"  # said without importing anything
+                    top = str(target).split(".")[0]
+                    problem = f"{target!r} does not import here: No module named {top!r} (looked "
+                    problem += "up without importing anything)"
+                    fix = "install the library that provides it, or fix the dotted path"
+                findings.append(Finding(severity, kind, where, problem, fix))
                 facts[b.where][key] = not_imported(target)
                 continue
             requests.append(
@@ -192,10 +174,9 @@ def _installed(target: str) -> bool:
 def _schema_and_entries(
     config: Config, run: SchemaRun | str, requests: list[EntryCheckRequest], timeout: float
 ) -> tuple[str, list[Finding], list[EntryCheckReply]]:
-    """The schema (where ``run`` is one) and the entries' checks: (the schema's status line, its
-    findings, one reply per request), both in one child (``children.check``: torch and anemoi
-    imported once) within ``timeout``. Where that child fails in any way, each part runs again in a
-    child of its own, as when asked alone, so the findings say which part failed and how."""
+    """The schema (where ``run`` is one) and the entries' checks in one child (torch and anemoi
+    imported once): (the schema's status line, its findings, one reply per request). Where that
+    child fails, each part runs again in a child of its own, so the findings say which failed."""
     reply: ConfigCheckReply | None = None
     if isinstance(run, SchemaRun) and requests:
         request = ConfigCheckRequest(
@@ -215,10 +196,9 @@ def _schema_and_entries(
 # ---- export for one config -----------------------------------------------------------------------
 @dataclass
 class ConfigExport:
-    """The overlay for one config: ``entries`` (name -> lock entry); per block path, the keys set
-    (key -> entry name); notes (where, note); per GraphTransformer component (relative to the
-    model node) its graph_attention_backend; per component (as in the config's tree) the keys the
-    lock sets there (GatedMLP's mlp_implementation)."""
+    """The overlay for one config: ``entries`` (name -> lock entry); per block path, key -> entry
+    name; notes (where, note); per GraphTransformer component (relative to the model node) its
+    backend; per component (as in the config's tree) the keys the lock sets there (GatedMLP's)."""
 
     config: Config
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -228,8 +208,7 @@ class ConfigExport:
     components: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def overlay(self) -> dict[str, Any]:
-        """The YAML-ready mapping to merge into the config (under ``model:`` unless it is a model
-        file)."""
+        """The YAML-ready mapping to merge into the config (a model file: at its root)."""
         model: dict[str, Any] = {ENTRIES_NODE: dict(self.entries)}
 
         def node(parts: Sequence[str]) -> dict[str, Any]:
@@ -261,8 +240,7 @@ def export_for_config(
     trust: Trust = NO_TRUST,
 ) -> ConfigExport:
     """The lock's entries for every block of the config at ``path`` (composed as training composes
-    it). Raises what :func:`kernel_lock.anemoi.export` raises, and ``ConventionError`` where a block
-    uses an anemoi wrapper the lock's kernel has no adapter for."""
+    it); ``ConventionError`` where a block's anemoi wrapper has no adapter for the lock's kernel."""
     config = read_config(path, overrides, compose_overlays=compose, trust=trust)
     wanted = {e.key: e for e in export(lock, mode, qk_norm=qk_norm)}
     out = ConfigExport(config)
@@ -285,8 +263,8 @@ def export_for_config(
             if note:
                 out.notes.append((where, note))
     model_file = config.shape == "model-file"
-    out.graph_attention = overlay_settings(config.tree, lock, model_file=model_file)
-    setting = export_setting(lock)
+    out.graph_attention = components.overlay_settings(config.tree, lock, model_file=model_file)
+    setting = components.export_setting(lock)
     if setting is not None:
         prefix = "" if model_file else "model."
         out.notes.extend(
@@ -294,7 +272,7 @@ def export_for_config(
         )
     gated = gated_mlp_export(lock)
     if gated is not None:
-        for where, _ in gated_components(config.tree):
+        for where, _ in components.gated_components(config.tree):
             out.components[where] = dict(gated[0])
             out.notes.append((f"{where}.mlp_implementation", gated[1]))
     return out

@@ -1,14 +1,10 @@
 """Reading an anemoi config as anemoi-training does, and what may be imported for it.
 
-An overlay, a model preset extending another, or a config given Hydra overrides is composed by
-Hydra exactly as ``anemoi-training train`` composes it (in a child: ``anemoi.children``) and the
-composed model's blocks are checked. Where Hydra or anemoi-training's presets are not
-installed, the file is judged alone and a finding says the defaults were not followed.
-
-A config names modules: its entries' ``_target_`` (imported to check a signature) and ``pkg://``
-search paths (imported by Hydra). The rules are the lock's (``kernel_lock.trust.check_target``): a
-private or ``__main__`` module is never imported, and one outside the allow-list (plus
-anemoi-models, ``CONFIG_ROOTS``) and the caller's trust is not imported.
+An overlay, a preset extending another, or a config given Hydra overrides is composed as
+``anemoi-training train`` composes it (in a child: ``anemoi.children``); without Hydra or the
+presets, the file is judged alone and a finding says so. The entries' ``_target_`` and ``pkg://``
+search paths are imported under the lock's rules (``kernel_lock.trust``): a private or ``__main__``
+module never, one outside the allow-list, anemoi-models and the caller's trust not either.
 """
 
 from __future__ import annotations
@@ -37,7 +33,6 @@ from kernel_probe.anemoi.config import (
     find_blocks,
     group_member,
     load_config,
-    source_of,
     value_at,
 )
 from kernel_probe.errors import UsageError
@@ -54,9 +49,8 @@ OWN_TARGETS_FLAG = "--import-config-targets"
 
 @dataclass(frozen=True)
 class Trust:
-    """What the caller trusts this checker to import for a config: ``modules`` (``--trust``,
-    ``$KERNEL_LOCK_TRUST``) and, with ``own_targets`` (``--import-config-targets``), every public
-    module the config's own entries name."""
+    """What may be imported for a config: ``modules`` (``--trust``, ``$KERNEL_LOCK_TRUST``) and,
+    with ``own_targets`` (``--import-config-targets``), every public module its entries name."""
 
     modules: tuple[str, ...] = ()
     own_targets: bool = False
@@ -67,8 +61,7 @@ class Trust:
         return cls(granted_trust(trust), own_targets)
 
     def refusal(self, target: str) -> tuple[str, str, str] | None:
-        """None if ``target`` (and a kernel a generic adapter wraps) may be imported, else
-        (severity, problem, fix)."""
+        """None if ``target`` (and what a generic adapter wraps) may be imported, else why not."""
         inner = generic_kernel(target)
         names = [target] if inner is None else [target, inner]
         for name in names:
@@ -149,9 +142,8 @@ def compose(
     timeout: float = COMPOSE_TIMEOUT,
     trust: Trust = NO_TRUST,
 ) -> tuple[ComposeReply | None, str, str]:
-    """Hydra's composition of ``config_name`` from ``config_dir`` (then the working directory and
-    anemoi-training's packaged presets, as its search-path plugin adds them), in a child:
-    (answer, why not, exception type)."""
+    """Hydra's composition of ``config_name`` from ``config_dir`` (and the search path anemoi adds),
+    in a child: (answer, why not, exception type)."""
     if installed("hydra-core") is None:
         return None, "hydra-core is not installed here", "missing"
     request = ComposeRequest(
@@ -196,7 +188,9 @@ def _composed(config: Config, root: Mapping[str, Any], answer: ComposeReply) -> 
             else:
                 content[key] = entry
         written = value_at(written_model, where.split(".")[1:])
-        add_block(config, where, content, source=source_of(value), written=written)
+        add_block(
+            config, where, content, source=value if isinstance(value, str) else "", written=written
+        )
 
     model = tree.get("model") if isinstance(tree, Mapping) else None
     add_blocks(
@@ -260,7 +254,7 @@ def override_through_interpolation(why: str, root: Mapping[str, Any]) -> tuple[s
 def _compose_failed(
     config: Config,
     root: Mapping[str, Any],
-    model_root: Mapping[str, Any],
+    as_root: Mapping[str, Any],
     p: Path,
     why: str,
     kind: str,
@@ -268,46 +262,29 @@ def _compose_failed(
     """The finding for a composition that did not happen: a warning where Hydra or the presets
     are missing, an error where the config or a search path is refused."""
     if kind == "missing":
-        _not_composed(
-            config,
-            root,
-            why,
+        fix = (
             "install hydra-core and anemoi-training (`pip install --no-deps anemoi-training`, as "
-            ".ci/anemoi-install does) to compose it as training does",
+            ".ci/anemoi-install does) to compose it as training does"
         )
-        return
+        return _not_composed(config, root, why, fix)
     if kind == "MissingConfigException" and installed("anemoi-training") is None:
-        _not_composed(
-            config,
-            root,
-            f"anemoi-training is not installed here, so its presets cannot be found ({why})",
-            "install anemoi-training (`pip install --no-deps anemoi-training`) to compose it as "
-            "training does",
-        )
-        return
+        why = f"anemoi-training is not installed here, so its presets cannot be found ({why})"
+        fix = "install anemoi-training (`pip install --no-deps anemoi-training`) to compose it as "
+        return _not_composed(config, root, why, fix + "training does")
     if kind == UNTRUSTED_SEARCH_PATH:
-        finding = Finding(
-            "error",
-            "trust",
-            str(p),
-            f"refused to compose: {why.partition(': ')[2] or why}",
-            "remove the search path; if it names a public package you trust, `--trust PACKAGE` "
-            "(or $KERNEL_LOCK_TRUST); a __main__ or private module is never imported",
-        )
+        problem = f"refused to compose: {why.partition(': ')[2] or why}"
+        fix = "remove the search path; if it names a public package you trust, `--trust PACKAGE` "
+        fix += "(or $KERNEL_LOCK_TRUST); a __main__ or private module is never imported"
     else:
-        working = override_through_interpolation(why, model_root)
-        finding = Finding(
-            "error",
-            "compose",
-            str(p),
-            f"Hydra cannot compose this config as anemoi-training would: {why}"
-            + (f" ({working[1]})" if working else ""),
-            f"override `{working[0]}` instead (it sets the entry every block pointing there uses)"
-            if working
-            else "fix the defaults list or the overrides; `anemoi-training train` would fail the "
-            "same way",
-        )
-    config.findings.insert(0, finding)
+        problem = f"Hydra cannot compose this config as anemoi-training would: {why}"
+        fix = "fix the defaults list or the overrides; `anemoi-training train` would fail the "
+        fix += "same way"
+        if working := override_through_interpolation(why, as_root):
+            problem += f" ({working[1]})"
+            fix = f"override `{working[0]}` instead (it sets the entry every block pointing there "
+            fix += "uses)"
+    kind = "trust" if kind == UNTRUSTED_SEARCH_PATH else "compose"
+    config.findings.insert(0, Finding("error", kind, str(p), problem, fix))
 
 
 def read_config(
@@ -320,12 +297,9 @@ def read_config(
     shape: str | None = None,
 ) -> Config:
     """The blocks of the config at ``path``, composed as anemoi-training would where that decides
-    the model (an overlay, a preset extending another, or ``overrides``) and Hydra can run here.
-
-    An overlay is composed from its own directory under its own name; a model file as ``config``
-    with ``model=<its name>`` from the directory above its ``model/`` directory, as
-    ``anemoi-training train --config-path DIR model=NAME`` would.
-    """
+    the model (an overlay, a preset extending another, or ``overrides``) and Hydra can run here: an
+    overlay from its own directory, a model file as ``config`` with ``model=<its name>`` from the
+    directory above its ``model/`` (as ``train --config-path DIR model=NAME``)."""
     p = Path(path)
     root = load_config(p)
     decided = classify(root, p)

@@ -1,11 +1,10 @@
-"""The two anemoi commands: ``export --format anemoi`` (a lock as anemoi-models' ``layer_kernels``
-block, or with ``--config`` the overlay that puts the lock's entries into every block of one
-config) and ``check-config`` (a config's blocks judged on this machine and against a lock). The
-work is kernel_probe.anemoi's; here the arguments and the rendering."""
+"""``export --format anemoi`` (a lock as anemoi's ``layer_kernels`` block, or the overlay for one
+``--config``) and ``check-config``: the arguments and rendering (the work: kernel_probe.anemoi)."""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from typing import Any
 
@@ -20,43 +19,28 @@ from kernel_probe.anemoi.entries import DEFAULT_TIMEOUT
 from kernel_probe.anemoi.pipelines import CHECK_CONFIG_EXIT, check_config, export_for_config
 from kernel_probe.anemoi.reading import add_config_trust_argument, config_trust
 from kernel_probe.errors import UsageError
-from kernel_probe.output import (
-    add_flags,
-    add_lock_argument,
-    add_trust_argument,
-    load_lock,
-    open_lock,
-    safe,
-)
+from kernel_probe.output import add_flags, add_trust_argument, safe
 
 
 # ---- export -----------------------------------------------------------------------------------
 def add_export_arguments(p: argparse.ArgumentParser) -> None:
     """``kernel-probe export``'s arguments."""
-    add_lock_argument(p)
-    p.add_argument(
-        "--format",
-        choices=("anemoi",),
-        default="anemoi",
-        help="anemoi: the `layer_kernels:` YAML block anemoi-models reads (the only format so far)",
-    )
-    p.add_argument(
-        "--mode",
-        choices=MODES,
-        default=None,
-        help="training: the pinned classes (this machine must match the lock); inference: the "
+    output.add_lock_argument(p)
+    anemoi = "anemoi: the `layer_kernels:` YAML block anemoi-models reads (the only format so far)"
+    p.add_argument("--format", choices=("anemoi",), default="anemoi", help=anemoi)
+    mode = (
+        "training: the pinned classes (this machine must match the lock); inference: the "
         "verified torch.nn twin where a pinned library cannot run here (default: the lock's own "
-        "mode)",
+        "mode)"
     )
+    p.add_argument("--mode", choices=MODES, default=None, help=mode)
     qk = "also emit QueryNorm/KeyNorm (bias-free, over head_dim) from the LayerNorm slot"
     add_flags(p, {"--qk-norm": qk})
-    p.add_argument(
-        "--config",
-        default=None,
-        metavar="CONFIG.yaml",
-        help="emit the overlay for this anemoi config (composed as anemoi-training composes it; "
-        "Hydra overrides after `--`): every block gets the lock's entries, anemoi's wrappers kept",
+    overlay = (
+        "emit the overlay for this anemoi config (composed as anemoi-training composes it; "
+        "Hydra overrides after `--`): every block gets the lock's entries, anemoi's wrappers kept"
     )
+    p.add_argument("--config", default=None, metavar="CONFIG.yaml", help=overlay)
     add_flags(p, {"--no-compose": "with --config: read the file alone, without Hydra"})
     add_trust_argument(p)
     add_config_trust_argument(p)
@@ -68,9 +52,8 @@ def add_export_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    """Print the lock's ``layer_kernels`` block (or the overlay for ``--config``) as YAML or
-    JSON."""
-    lock = open_lock(args, trust=args.trust)
+    """Print the lock's ``layer_kernels`` block (or ``--config``'s overlay) as YAML or JSON."""
+    lock = output.open_lock(args, trust=args.trust)
     args.mode = args.mode or lock.mode
     if args.config is not None:
         return _export_for_config(args, lock)
@@ -78,25 +61,18 @@ def run_export(args: argparse.Namespace) -> int:
         raise UsageError(f"Hydra overrides ({' '.join(args.overrides)}) need --config CONFIG.yaml")
     entries = export(lock, args.mode, qk_norm=args.qk_norm)
     # the slots set on each component, not in layer_kernels: (JSON key, its value's key, what)
-    parts: list[tuple[str, str, Any, Any]] = [
-        ("attention", "options", attention_export(lock, args.mode), render_attention),
-        (
-            "graph_attention",
-            "graph_attention_backend",
-            export_setting(lock),
-            render_graph_attention,
-        ),
-        ("gated_mlp", "options", gated_mlp_export(lock), render_gated_mlp),
+    parts: list[tuple[str, str, Any, str]] = [
+        ("attention", "options", attention_export(lock, args.mode), _ATTENTION_WHERE),
+        ("graph_attention", "graph_attention_backend", export_setting(lock), _GRAPH_WHERE),
+        ("gated_mlp", "options", gated_mlp_export(lock), _GATED_MLP_WHERE),
     ]
     if args.json:
         data: dict[str, object] = {"layer_kernels": {e.key: e.entry for e in entries}}
-        for name, key, got, _ in parts:
-            if got is not None:
-                data[name] = {key: got[0], "note": got[1]}
+        data |= {name: {key: got[0], "note": got[1]} for name, key, got, _ in parts if got}
         output.print_json(data)
         return 0
     text = render_yaml(entries, path=args.lock, mode=args.mode, digest=lock.digest)
-    sys.stdout.write(text + "".join(render(*got) for *_, got, render in parts if got is not None))
+    sys.stdout.write(text + "".join(_component(w, *got) for *_, got, w in parts if got is not None))
     return 0
 
 
@@ -161,16 +137,6 @@ def render_yaml(entries: Any, *, path: str, mode: str, digest: str) -> str:
     return text + "\n".join(lines) + "\n"
 
 
-def _processor_block(comments: str, options: dict) -> str:
-    """``comments``, then ``processor:`` with ``options`` as YAML under it (none: the comments
-    only): how the slots set on each component, not in layer_kernels, are written."""
-    text = "\n" + comments
-    if options:
-        body = yaml.safe_dump(options, sort_keys=False, default_flow_style=False)
-        text += "processor:\n" + "".join(f"  {line}\n" for line in body.splitlines())
-    return text
-
-
 _ATTENTION_WHERE = """\
 # Attention (slots.Attention): set these on every component with attention, beside its other keys:
 # the processor of a transformer model (model.processor), and a TransformerMapper's encoder and
@@ -181,47 +147,38 @@ _GATED_MLP_WHERE = """\
 # processor (model.processor) and each encoder's and decoder's mapper (model.encoders.<id>.mapper,
 # model.decoders.<id>.mapper). It is no layer_kernels entry; `export --config` writes it in place.
 """
-_GRAPH_ATTENTION_WHERE = """
+_GRAPH_WHERE = """\
 # GraphTransformer attention ([graph-attention]): set this on every GraphTransformer component: the
 # processor of a GraphTransformer model (model.processor) and every GraphTransformer mapper
 # (model.encoders.<name>.mapper, model.decoders.<name>.mapper); `--config` writes it for you.
 """
 
 
-def render_attention(options: dict, note: str) -> str:
-    """The Attention slot's keys as a commented YAML block: they go on each component with
-    attention."""
-    return _processor_block(_ATTENTION_WHERE + (f"# {note}\n" if note else ""), options)
+def _component(where: str, value: Any, note: str) -> str:
+    """A slot set on each component, not in layer_kernels: comments saying where, then its YAML
+    (the graph attention backend as a key, the others' options under ``processor:``)."""
+    text = "\n" + where + (f"# {note}\n" if note else "")
+    if isinstance(value, str):
+        return f"{text}graph_attention_backend: {value}\n"
+    if value:
+        body = yaml.safe_dump(value, sort_keys=False, default_flow_style=False)
+        text += "processor:\n" + "".join(f"  {line}\n" for line in body.splitlines())
+    return text
 
 
-def render_graph_attention(backend: str, note: str) -> str:
-    """The lock's [graph-attention] as a commented YAML key: it goes on each GraphTransformer
-    component."""
-    return f"{_GRAPH_ATTENTION_WHERE}# {note}\ngraph_attention_backend: {backend}\n"
-
-
-def render_gated_mlp(options: dict, note: str) -> str:
-    """The GatedMLP slot's key as a commented YAML block: it goes on each component with an MLP."""
-    return _processor_block(f"{_GATED_MLP_WHERE}# {note}\n", options)
+render_attention = functools.partial(_component, _ATTENTION_WHERE)
+render_gated_mlp = functools.partial(_component, _GATED_MLP_WHERE)
 
 
 def render_overlay(result: Any, *, path: str, mode: str, digest: str) -> str:
-    """The overlay for one config as commented YAML: how the config was read, its findings and
-    notes."""
+    """The overlay for one config as commented YAML: how it was read, its findings and notes."""
     config = result.config
-    how = (
-        f"composed by Hydra ({config.model_choice()})"
-        if config.composed
-        else "read alone, not composed"
-    )
-    target = (
-        "its root (a model file is the model node)"
-        if config.shape == "model-file"
-        else "its `model:` node"
-    )
+    how = f"composed by Hydra ({config.model_choice()})" if config.composed else ""
+    model_file = config.shape == "model-file"
+    target = "its root (a model file is the model node)" if model_file else "its `model:` node"
     overrides = " -- " + " ".join(config.overrides) if config.overrides else ""
     lines = [
-        f"# for {config.path}{overrides}: {config.shape}, {how}",
+        f"# for {config.path}{overrides}: {config.shape}, {how or 'read alone, not composed'}",
         f"# Merge this into {target}. Each block points at the lock's entries through an "
         "interpolation, so Hydra",
         "# replaces the preset's entry whole instead of merging its keys; after composition "
@@ -234,29 +191,22 @@ def render_overlay(result: Any, *, path: str, mode: str, digest: str) -> str:
         if f.severity in ("error", "warning")
     ]
     lines += [f"# {where}: {note}" for where, note in result.notes]
-    lines.append(
-        yaml.safe_dump(result.overlay(), sort_keys=False, default_flow_style=False).rstrip()
-    )
-    return _header(path, mode, digest) + "\n".join(lines) + "\n"
+    lines.append(yaml.safe_dump(result.overlay(), sort_keys=False, default_flow_style=False))
+    return _header(path, mode, digest) + "\n".join(lines).rstrip() + "\n"
 
 
 # ---- check-config -----------------------------------------------------------------------------
 def add_check_config_arguments(p: argparse.ArgumentParser) -> None:
     """``kernel-probe check-config``'s arguments, and its exit codes in the epilog."""
-    p.add_argument(
-        "config",
-        help="anemoi config (YAML): a training config, an overlay with a `defaults:` list "
-        "(composed as anemoi-training does), or a model config file (config/model/<name>.yaml)",
+    config = (
+        "anemoi config (YAML): a training config, an overlay with a `defaults:` list "
+        "(composed as anemoi-training does), or a model config file (config/model/<name>.yaml)"
     )
-    p.add_argument(
-        "--lock", default=None, help="also compare the LayerNorm/Linear entries with this lock"
-    )
-    p.add_argument(
-        "--mode",
-        choices=MODES,
-        default=None,
-        help="the lock's resolution to compare with (default: the lock's own mode)",
-    )
+    p.add_argument("config", help=config)
+    compare = "also compare the LayerNorm/Linear entries with this lock"
+    p.add_argument("--lock", default=None, help=compare)
+    mode = "the lock's resolution to compare with (default: the lock's own mode)"
+    p.add_argument("--mode", choices=MODES, default=None, help=mode)
     add_flags(
         p,
         {
@@ -266,12 +216,9 @@ def add_check_config_arguments(p: argparse.ArgumentParser) -> None:
             "--no-compose": "judge an overlay alone, without Hydra composition",
         },
     )
+    timeout = f"how long importing the targets may take (default {DEFAULT_TIMEOUT:g})"
     p.add_argument(
-        "--timeout",
-        type=output.seconds,
-        default=DEFAULT_TIMEOUT,
-        metavar="SECONDS",
-        help=f"how long importing the targets may take (default {DEFAULT_TIMEOUT:g})",
+        "--timeout", type=output.seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS", help=timeout
     )
     skip = "skip anemoi-training's own schema (BaseSchema), which check-config runs where it is"
     add_flags(p, {"--no-schema": f"{skip} installed"})
@@ -286,9 +233,7 @@ def add_check_config_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_check_config(args: argparse.Namespace) -> int:
     """Check the config, print the findings (both readings of an ambiguous file), exit 0, 3 or 5."""
-    if not args.timeout > 0:
-        raise UsageError(f"--timeout must be a positive number of seconds, not {args.timeout:g}")
-    lock = load_lock(args.lock, trust=args.trust) if args.lock else None
+    lock = output.load_lock(args.lock, trust=args.trust) if args.lock else None
     args.mode = args.mode or (lock.mode if lock else "training")
     result = check_config(
         args.config,

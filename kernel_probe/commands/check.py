@@ -21,75 +21,42 @@ from kernel_probe.probe.report import Report, Verdict
 
 def add_candidate_arguments(p: argparse.ArgumentParser) -> None:
     """Options shared by `check` and the main probe."""
-    p.add_argument(
-        "--candidate",
-        action="append",
-        default=[],
-        metavar="SLOT=dotted.path.Class",
-        help="offer a third-party class for a slot (repeatable); it is judged like the built-ins",
-    )
-    when_named = [s.name for s in slot_behaviour.SLOTS.values() if not s.spec.by_default]
-    p.add_argument(
-        "--slot",
-        action="append",
-        default=[],
-        metavar="SLOT",
-        help="only these slots (repeatable; default: every slot but "
-        f"{', '.join(when_named)}, which is checked when named)",
-    )
+    offer = "offer a third-party class for a slot (repeatable); it is judged like the built-ins"
+    cls = "SLOT=dotted.path.Class"
+    p.add_argument("--candidate", action="append", default=[], metavar=cls, help=offer)
+    when_named = ", ".join(s.name for s in slot_behaviour.SLOTS.values() if not s.spec.by_default)
+    only = f"only these slots (repeatable; default: every slot but {when_named}, which is checked "
+    p.add_argument("--slot", action="append", default=[], metavar="SLOT", help=f"{only}when named)")
     for s in slot_behaviour.SLOTS.values():  # what the model declares of each slot
-        if s.option is not None:
-            o = s.option
+        if (o := s.option) is not None:
             p.add_argument(o.flag, default="", metavar=o.metavar, choices=o.choices, help=o.help)
-    p.add_argument(
-        "--import-timeout",
-        type=seconds,
-        default=IMPORT_TIMEOUT,
-        metavar="SECONDS",
-        help="seconds importing one candidate's library may take (default "
-        f"{IMPORT_TIMEOUT:g}): a library that hangs on import costs this much",
+    secs: dict[str, Any] = dict(type=seconds, metavar="SECONDS")
+    imports = (
+        f"seconds importing one candidate's library may take (default {IMPORT_TIMEOUT:g}): a "
+        "library that hangs on import costs this much"
     )
-    p.add_argument(
-        "--timeout",
-        type=seconds,
-        default=CHECK_TIMEOUT,
-        metavar="SECONDS",
-        help="seconds the checks of one candidate may take once imported (default "
-        f"{CHECK_TIMEOUT:g}; "
-        f"{COMPILED_FACTOR}x for torch.compile candidates, which compile on their first calls)",
+    p.add_argument("--import-timeout", default=IMPORT_TIMEOUT, help=imports, **secs)
+    checks = (
+        f"seconds the checks of one candidate may take once imported (default {CHECK_TIMEOUT:g}; "
+        f"{COMPILED_FACTOR}x for torch.compile candidates, which compile on their first calls)"
     )
-    add_switches(p, CANDIDATE_SWITCHES)
+    p.add_argument("--timeout", default=CHECK_TIMEOUT, help=checks, **secs)
+    output.add_flags(p, CANDIDATE_SWITCHES)
 
 
 # what the candidates are and how they are judged: on/off flags of `check` and the main probe
-CANDIDATE_SWITCHES = (
-    (
-        "--with-compile",
-        "also probe the torch.compile candidates on CPU (slow: C++ compilation per shape)",
-    ),
-    ("--no-plugins", "ignore kernel_probe.probe.candidates entry points"),
-    (
-        "--allow-init-change",
-        "accept a candidate whose fresh parameters start differently from torch.nn's (the lock "
-        "records it)",
-    ),
-    (
-        "--strict-dtype",
-        "reject any output dtype different from torch.nn's, instead of judging it by its "
-        "consequence",
-    ),
-    (
-        "--allow-approximation",
-        "accept an Activation computing an approximation of the model's function (a tanh GELU for "
-        "an erf model), judged against what it computes; the lock records the difference",
-    ),
-)
-
-
-def add_switches(p: argparse.ArgumentParser, switches: Sequence[tuple[str, str]]) -> None:
-    """On/off flags (``store_true``), each (flag, help), in this order."""
-    for flag, what in switches:
-        p.add_argument(flag, action="store_true", help=what)
+CANDIDATE_SWITCHES = {
+    "--with-compile": "also probe the torch.compile candidates on CPU (slow: C++ compilation per "
+    "shape)",
+    "--no-plugins": "ignore kernel_probe.probe.candidates entry points",
+    "--allow-init-change": "accept a candidate whose fresh parameters start differently from "
+    "torch.nn's (the lock records it)",
+    "--strict-dtype": "reject any output dtype different from torch.nn's, instead of judging it "
+    "by its consequence",
+    "--allow-approximation": "accept an Activation computing an approximation of the model's "
+    "function (a tanh GELU for an erf model), judged against what it computes; the lock records "
+    "the difference",
+}
 
 
 def policy_from(args: argparse.Namespace) -> Policy:
@@ -104,45 +71,27 @@ def policy_from(args: argparse.Namespace) -> Policy:
 def add_check_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `kernel-probe check`."""
     add_candidate_arguments(p)
-    p.add_argument(
-        "--dtype",
-        action="append",
-        default=[],
-        metavar="DTYPE",
-        help="fp32, bf16 or fp16 (repeatable; default: all the device supports)",
+    dtypes = "fp32, bf16 or fp16 (repeatable; default: all the device supports)"
+    p.add_argument("--dtype", action="append", default=[], metavar="DTYPE", help=dtypes)
+    regime = "plain low precision, under torch.autocast, or both (default)"
+    p.add_argument("--regime", choices=("true", "mixed", "both"), default="both", help=regime)
+    hidden = (
+        "normalised (input) size of the correctness inputs (default 1000, deliberately "
+        "not a power of two); 64 checks norms at anemoi's QueryNorm/KeyNorm head_dim"
     )
-    p.add_argument(
-        "--regime",
-        choices=("true", "mixed", "both"),
-        default="both",
-        help="plain low precision, under torch.autocast, or both (default)",
-    )
-    p.add_argument(
-        "--hidden",
-        type=count(1, 65536),
-        default=None,
-        metavar="N",
-        help="normalised (input) size of the correctness inputs (default 1000, deliberately "
-        "not a power of two); 64 checks norms at anemoi's QueryNorm/KeyNorm head_dim",
-    )
-    p.add_argument(
-        "--graph-attention",
-        action="append",
-        default=[],
-        metavar="BACKEND",
-        help="check anemoi's GraphTransformer attention instead of the slots: triton, pyg or "
+    p.add_argument("--hidden", type=count(1, 65536), default=None, metavar="N", help=hidden)
+    graph = (
+        "check anemoi's GraphTransformer attention instead of the slots: triton, pyg or "
         "module.function (f(q, k, v, e, edge_index, size)), repeatable; fwd+bwd vs float64 on an "
-        "O96-degree graph (docs/checks.md, GraphAttention)",
+        "O96-degree graph (docs/checks.md, GraphAttention)"
     )
+    p.add_argument("--graph-attention", action="append", default=[], metavar="BACKEND", help=graph)
 
 
 def run_check(args: argparse.Namespace) -> int:
-    """`kernel-probe check`: every candidate checked here (none timed), the verdicts as a table or
-    JSON."""
+    """`kernel-probe check`: every candidate checked here (none timed), as a table or JSON."""
     from kernel_probe.probe.check import check_all, dtype_plan, parse_dtype  # the worker: heavy
 
-    if args.hidden is not None and not 1 <= args.hidden <= 65536:
-        raise UsageError(f"--hidden must be between 1 and 65536, not {args.hidden}")
     dtypes = [parse_dtype(d) for d in args.dtype] or list(DTYPES)
     if args.graph_attention:
         return _graph_attention(args.graph_attention, dtypes, args.json)
@@ -198,8 +147,8 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def _not_importable(reports: Mapping[str, list[Report]]) -> ForcedUnusable | None:
-    """A class the user offered that cannot even be imported here fails the command (exit 3):
-    nothing of what was asked for was checked (a crash or a timeout is a verdict on the class)."""
+    """A class the user offered that cannot even be imported fails the command (exit 3): nothing
+    asked for was checked (a crash or a timeout is a verdict on the class)."""
     offered = [
         r
         for rs in reports.values()
@@ -251,6 +200,13 @@ STATUS_STYLE = {
 }
 
 
+def status_cell(rep: Report, chosen: bool = False) -> str:
+    """A candidate's status in a table, marked where it ran interpreted."""
+    style = STATUS_STYLE.get(rep.status, "")
+    status = "[bold green]chosen[/]" if chosen else f"[{style}]{rep.status}[/]"
+    return status + (" [yellow](interpreted)[/]" if rep.interpreted else "")
+
+
 def _cell(v: Verdict | None) -> str:
     """One (dtype, regime) cell of the verdict table."""
     if v is None:
@@ -284,10 +240,8 @@ def render_verdicts(
             by = {(v.dtype, v.regime): v for v in rep.verdicts}
             det = {True: "yes", False: "[yellow]no[/]", None: "-"}[rep.deterministic]
             took = "-" if rep.seconds is None else f"{rep.seconds:.1f}"
-            status = f"[{STATUS_STYLE.get(rep.status, '')}]{rep.status}[/]"
-            status += " [yellow](interpreted)[/]" if rep.interpreted else ""
             cells = [_cell(by.get(key)) for key in plan]
-            table.add_row(safe(rep.id), status, *cells, det, took)
+            table.add_row(safe(rep.id), status_cell(rep), *cells, det, took)
         output.print_table(table)
         for rep in rs:
             _notes(con, rep)

@@ -1,6 +1,5 @@
 """The commands that read a lock: ``show``, ``explain``, ``diff``, ``verify``, ``rehash`` and
-``lock --for inference``. Each opens the lock with kernel_probe.output (``$KERNEL_LOCK``, the
-lock's warnings on stderr), calls the library and renders its answer as text or JSON."""
+``lock --for inference``: each opens it with kernel_probe.output, calls the library, renders."""
 
 from __future__ import annotations
 
@@ -39,9 +38,7 @@ def _json(body: dict[str, Any], exc: LockError | None) -> int:
 
 
 # ---- show -------------------------------------------------------------------------------------
-def add_show_arguments(p: argparse.ArgumentParser) -> None:
-    """The arguments of ``kernel-probe show``."""
-    output.add_lock_argument(p)
+add_show_arguments = output.add_lock_argument  # the arguments of ``kernel-probe show``
 
 
 def run_show(args: argparse.Namespace) -> int:
@@ -78,18 +75,12 @@ def _twin(twin: Any) -> str:
 # ---- explain ----------------------------------------------------------------------------------
 def add_explain_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``kernel-probe explain``."""
-    p.add_argument(
-        "args",
-        nargs="+",
-        metavar="[LOCK] SLOT",
-        help=f"the lock file (default: $KERNEL_LOCK or ./{output.DEFAULT_LOCK}) and the slot: "
-        + _SLOT_NAMES,
-    )
+    lock = f"the lock file (default: $KERNEL_LOCK or ./{output.DEFAULT_LOCK}) and the slot: "
+    p.add_argument("args", nargs="+", metavar="[LOCK] SLOT", help=lock + _SLOT_NAMES)
 
 
 def slot_argument(text: str) -> str:
-    """A slot name from the command line; a wrong one is a usage error (exit 2) naming the near
-    miss."""
+    """A slot name from the command line; a wrong one is a usage error naming the near miss."""
     if text in kernel_lock.SLOTS:
         return text
     raise UsageError(f"unknown slot {text!r}", fix=slot_name_fix(text))
@@ -116,10 +107,8 @@ def run_explain(args: argparse.Namespace) -> int:
         unpinned = {"implementation": None, "note": "not pinned: resolves to torch.nn"}
         output.print_json(slot.to_dict() if slot else unpinned)
     elif slot is None:
-        _say(
-            f"{safe(args.slot)} is not pinned in {safe(args.lock)}: it resolves to torch.nn "
-            "(the default)"
-        )
+        where = f"{safe(args.slot)} is not pinned in {safe(args.lock)}"
+        _say(f"{where}: it resolves to torch.nn (the default)")
     else:
         _explain(args.slot, slot)
     return 0
@@ -152,13 +141,9 @@ def _explain(name: str, slot: Any) -> None:
         _say("  error/tol: the worst error over the tolerance (< 1 passes)")
     if slot.timing:
         _timings(slot.timing, slot.implementation)
-    _say(
-        *(
-            f"  not chosen: {safe(r.implementation)} {safe(f'[{r.status}]')} "
-            f"{safe('; '.join(r.reasons))}"
-            for r in slot.rejected
-        )
-    )
+    for r in slot.rejected:
+        why = f"{safe(f'[{r.status}]')} {safe('; '.join(r.reasons))}"
+        _say(f"  not chosen: {safe(r.implementation)} {why}")
 
 
 def _timings(timing: Any, chosen: str) -> None:
@@ -178,22 +163,16 @@ def _timings(timing: Any, chosen: str) -> None:
         ]
         rows.append([safe(c) for c in cells])
     print_rows("timings (forward + backward)", columns, rows, right=columns[3:])
-    _say(
-        *(
-            f"  {safe(t.get('implementation', ''))} at {safe(t.get('shape', ''))}: "
-            f"{safe(t['error'])}"
-            for t in timing
-            if "error" in t
-        )
-    )
+    for t in (t for t in timing if "error" in t):
+        where = f"{safe(t.get('implementation', ''))} at {safe(t.get('shape', ''))}"
+        _say(f"  {where}: {safe(t['error'])}")
     for line in bar_chart(timing, chosen=chosen):
         output.console().print(safe(line), soft_wrap=False)
 
 
 def bar_chart(rows: Any, *, chosen: str = "", width: int = 80) -> list[str]:
-    """The candidates' median times as text bars, one group per shape and precision, each bar scaled
-    to the slowest there; the chosen one is marked ``*``. Fits ``width`` columns (plain text: logs
-    keep it)."""
+    """The candidates' median times as plain text bars in ``width`` columns, one group per shape and
+    precision, each scaled to the slowest there; the chosen one is marked ``*``."""
     groups: dict[tuple[str, str], list[tuple[str, float]]] = {}
     for t in rows:
         ms = t.get("median-ms")
@@ -228,12 +207,11 @@ def add_diff_arguments(p: argparse.ArgumentParser) -> None:
         f"exit {ExitCode.LOCKS_DIFFER.value} when the locks differ, 0 when they do not (git diff "
         "--exit-code uses 1, which kernel-probe keeps for failures)"
     )
-    output.add_flags(p, {"--exit-code": exit_help})
+    p.add_argument("--exit-code", action="store_true", help=exit_help)
 
 
 def run_diff(args: argparse.Namespace) -> int:
-    """``kernel-probe diff A B``: what differs between two locks (environment, slots), as text or
-    JSON."""
+    """``kernel-probe diff A B``: what differs between two locks, as text or JSON."""
     a, b = (output.load_lock(path, check_targets=False) for path in (args.a, args.b))
     diffs = lock_differences(a, b)
     differ = any(diffs.values())
@@ -259,13 +237,11 @@ def run_diff(args: argparse.Namespace) -> int:
 def add_verify_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``kernel-probe verify``."""
     output.add_lock_argument(p)
-    p.add_argument(
-        "--mode",
-        choices=MODES,
-        default=None,
-        help="training: this machine must match the lock; inference: substitute verified twins "
-        "where needed (default: the lock's own mode, `mode` in the file)",
+    mode = (
+        "training: this machine must match the lock; inference: substitute verified twins "
+        "where needed (default: the lock's own mode, `mode` in the file)"
     )
+    p.add_argument("--mode", choices=MODES, default=None, help=mode)
     output.add_flags(
         p,
         {
@@ -283,8 +259,7 @@ _RESOLVED = ("implementation", "target", "kwargs", "substituted_from", "max_erro
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    """``kernel-probe verify [LOCK]``: does this machine match the lock, and does each slot resolve
-    here."""
+    """``kernel-probe verify [LOCK]``: does this machine match the lock, does each slot resolve."""
     lock = output.open_lock(args, strict=args.strict, trust=args.trust)
     args.mode = args.mode or lock.mode
     result: dict[str, Any] = {"lock": args.lock, "mode": args.mode, "differences": [], "notes": []}
@@ -346,9 +321,8 @@ def add_rehash_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_rehash(args: argparse.Namespace) -> int:
-    """``kernel-probe rehash [LOCK]``: re-seal a lock after a deliberate hand edit. It is still
-    fully validated, a lock that ``verify`` and the runtime would refuse is not sealed
-    (``kernel_lock.launch.before_sealing``), and the rewrite is atomic."""
+    """``kernel-probe rehash [LOCK]``: re-seal a hand-edited lock, atomically; one that ``verify``
+    and the runtime would refuse is not sealed (``kernel_lock.launch.before_sealing``)."""
     args.lock = args.lock or output.default_lock_path()
     lock = kernel_lock.load(args.lock, emit_warnings=False, trust=args.trust)
     unjudged = before_sealing(lock, _torch_version(lock))
@@ -362,8 +336,8 @@ def run_rehash(args: argparse.Namespace) -> int:
 
 
 def _torch_version(lock: kernel_lock.KernelLock) -> str:
-    """The torch the lock's classes are judged for: the lock's own, else this machine's (read
-    without torch); empty when neither is known (torch.nn's targets are then not judged)."""
+    """The torch the lock's classes are judged for: the lock's, else this machine's (read without
+    torch), else empty (torch.nn's targets are then not judged)."""
     if (recorded := lock.environment.fields.get("torch")) is not None:
         return str(recorded.value)
     try:
@@ -375,14 +349,11 @@ def _torch_version(lock: kernel_lock.KernelLock) -> str:
 # ---- lock --for inference ---------------------------------------------------------------------
 def add_lock_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``kernel-probe lock``."""
-    p.add_argument(
-        "--for",
-        dest="purpose",
-        required=True,
-        choices=("inference",),
-        help="what the new lock is for (inference: substitute verified torch.nn twins where the "
-        "training libraries cannot run)",
+    purpose = (
+        "what the new lock is for (inference: substitute verified torch.nn twins where the "
+        "training libraries cannot run)"
     )
+    p.add_argument("--for", dest="purpose", required=True, choices=("inference",), help=purpose)
     p.add_argument("source", metavar="IN", help="the training lock")
     p.add_argument("out", metavar="OUT", help="where to write the inference lock (atomically)")
     output.add_flags(p, {"--force": "replace OUT if it exists"})
@@ -395,9 +366,8 @@ _ATTRIBUTES = ("slot", "training", "training_target", "twin_target", "reason", "
 
 
 def run_lock(args: argparse.Namespace) -> int:
-    """``kernel-probe lock --for inference IN OUT``: on the inference machine, each slot that cannot
-    run here replaced by its verified portable twin (as ``factory(..., mode="inference")`` would),
-    decided once and written down; a slot with no usable twin stops it and nothing is written."""
+    """``kernel-probe lock --for inference IN OUT``: each slot that cannot run here replaced by its
+    verified twin (as ``factory(..., mode="inference")`` would); a slot with none writes nothing."""
     out = Path(args.out)
     if out.is_dir():
         fix = f"name the lock file, e.g. {out / 'kernel-lock.inference.toml'}"

@@ -15,7 +15,7 @@ from typing import Any
 from kernel_lock.slots import PRECISIONS
 from kernel_probe import jobstart, output
 from kernel_probe import slots as slot_behaviour
-from kernel_probe.commands.check import STATUS_STYLE, add_candidate_arguments, add_switches
+from kernel_probe.commands.check import add_candidate_arguments, status_cell
 from kernel_probe.errors import UsageError
 from kernel_probe.isolation.protocol import INTERPRETED, TimingProgressMessage
 from kernel_probe.output import DEFAULT_LOCK, count, safe, seconds
@@ -30,104 +30,72 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out", default=DEFAULT_LOCK, help=f"where to write the lock (default ./{DEFAULT_LOCK})"
     )
-    p.add_argument(
-        "--shape",
-        action="append",
-        default=[],
-        metavar="ROWSxHIDDEN",
-        help="model shape to time at, e.g. 40320x1024 (repeatable; Linear: ROWSxINxOUT). "
+    shape = (
+        "model shape to time at, e.g. 40320x1024 (repeatable; Linear: ROWSxINxOUT). "
         f"Default: {' and '.join(DEFAULT_SHAPES['gpu'])} on GPU, "
-        f"{' and '.join(DEFAULT_SHAPES['cpu'])} on CPU",
+        f"{' and '.join(DEFAULT_SHAPES['cpu'])} on CPU"
     )
-    p.add_argument(
-        "--precision",
-        choices=tuple(PRECISIONS),
-        default=None,
-        help="the training precision regime to verify and time in (default: the profile's, "
-        "else bf16-mixed)",
+    p.add_argument("--shape", action="append", default=[], metavar="ROWSxHIDDEN", help=shape)
+    precision = "the training precision regime to verify and time in (default: the profile's, "
+    precision += "else bf16-mixed)"
+    p.add_argument("--precision", choices=tuple(PRECISIONS), default=None, help=precision)
+    profile = (
+        "apply a site profile: its requirements are enforced (exit 4), its policy applied; "
+        "auto picks one from the site signals"
     )
-    p.add_argument(
-        "--profile",
-        default=None,
-        metavar="NAME|PATH|auto",
-        help="apply a site profile: its requirements are enforced (exit 4), its policy applied; "
-        "auto picks one from the site signals",
-    )
-    p.add_argument(
-        "--profiles-dir",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="extra directory of profiles (repeatable; also $KERNEL_PROBE_PROFILES, "
-        "os.pathsep-separated)",
-    )
-    for flag, what in (
-        (
-            "--prefer",
-            "take this candidate if accepted and not slower than the default beyond the noise "
-            "margin",
-        ),
-        ("--pin", "take this candidate if accepted, whatever its speed"),
-    ):
-        p.add_argument(flag, action="append", default=[], metavar="SLOT=ID", help=what)
-    add_switches(p, PROBE_SWITCHES)
+    p.add_argument("--profile", default=None, metavar="NAME|PATH|auto", help=profile)
+    dirs = "extra directory of profiles (repeatable; also $KERNEL_PROBE_PROFILES, "
+    dirs += "os.pathsep-separated)"
+    p.add_argument("--profiles-dir", action="append", default=[], metavar="DIR", help=dirs)
+    prefer = "take this candidate if accepted and not slower than the default beyond the noise "
+    prefer += "margin"
+    p.add_argument("--prefer", action="append", default=[], metavar="SLOT=ID", help=prefer)
+    pin = "take this candidate if accepted, whatever its speed"
+    p.add_argument("--pin", action="append", default=[], metavar="SLOT=ID", help=pin)
+    output.add_flags(p, PROBE_SWITCHES)
     _add_run_arguments(p)
 
 
-PROBE_SWITCHES = (
-    ("--force", "probe again even if the lock is current; replace a corrupt lock"),
-    (
-        "--check",
-        "write nothing; exit 0 if the lock is current for this machine, 3 if stale or missing",
-    ),
-)
+PROBE_SWITCHES = {
+    "--force": "probe again even if the lock is current; replace a corrupt lock",
+    "--check": "write nothing; exit 0 if the lock is current for this machine, 3 if stale or "
+    "missing",
+}
 
 
 def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     """How long, who and what a probe runs."""
-    p.add_argument(
-        "--reps",
-        type=count(1, MAX_REPS),
-        default=None,
-        help=f"timed repetitions per shape (at least; default "
-        f"{DEFAULT_REPS['gpu']} on GPU, {DEFAULT_REPS['cpu']} on CPU)",
+    reps = (
+        f"timed repetitions per shape (at least; default "
+        f"{DEFAULT_REPS['gpu']} on GPU, {DEFAULT_REPS['cpu']} on CPU)"
     )
-    p.add_argument(
-        "--lock-timeout",
-        type=seconds,
-        default=1800.0,
-        help="seconds to wait for another kernel-probe writing the same lock (default 1800)",
-    )
-    p.add_argument(
-        "--probe-per",
-        choices=("job", "node-type", "rank"),
-        default=None,
-        help="under a launcher that names each rank (Slurm, torchrun, Open MPI, PMI, PALS): "
+    p.add_argument("--reps", type=count(1, MAX_REPS), default=None, help=reps)
+    wait = "seconds to wait for another kernel-probe writing the same lock (default 1800)"
+    p.add_argument("--lock-timeout", type=seconds, default=1800.0, help=wait)
+    per = (
+        "under a launcher that names each rank (Slurm, torchrun, Open MPI, PMI, PALS): "
         "job (default, or the profile's [policy] probe-per) = rank 0 probes, the others wait for "
         "its lock; node-type = one rank per kind of node, --out must name {node-type}; rank = "
-        "ignore the launcher, every rank takes the file lock as without one",
+        "ignore the launcher, every rank takes the file lock as without one"
     )
-    p.add_argument(
-        "--deterministic",
-        action="store_true",
-        help="choose only candidates whose forward and backward are bitwise repeatable (for "
-        "training in a deterministic mode); a pin that is not is an error",
+    p.add_argument("--probe-per", choices=("job", "node-type", "rank"), default=None, help=per)
+    deterministic = (
+        "choose only candidates whose forward and backward are bitwise repeatable (for "
+        "training in a deterministic mode); a pin that is not is an error"
     )
-    p.add_argument(
-        "--graph-attention",
-        choices=("auto", "triton", "pyg"),
-        default="",
-        help="check anemoi's GraphTransformer attention backends (its Triton kernel, PyG) "
+    output.add_flags(p, {"--deterministic": deterministic})
+    graph = (
+        "check anemoi's GraphTransformer attention backends (its Triton kernel, PyG) "
         "against float64 and record graph_attention_backend in the lock: auto = what anemoi would "
         "run here; triton on a machine where anemoi would fall back to pyg is an error unless "
-        "--allow-graph-attention-fallback",
+        "--allow-graph-attention-fallback"
     )
-    p.add_argument(
-        "--allow-graph-attention-fallback",
-        action="store_true",
-        help="with --graph-attention triton: record that a job may run where anemoi falls back "
-        "to pyg (no GPU or no triton); the job-start check refuses such a machine otherwise",
+    p.add_argument("--graph-attention", choices=("auto", "triton", "pyg"), default="", help=graph)
+    fallback = (
+        "with --graph-attention triton: record that a job may run where anemoi falls back "
+        "to pyg (no GPU or no triton); the job-start check refuses such a machine otherwise"
     )
+    output.add_flags(p, {"--allow-graph-attention-fallback": fallback})
     add_candidate_arguments(p)
     # not an option of the probe (it takes --precision): kept hidden to answer helpfully
     p.add_argument("--dtype", action="append", default=[], help=argparse.SUPPRESS)
@@ -146,8 +114,8 @@ def _pairs(values: list[str], flag: str) -> dict[str, str]:
 
 
 def publish_usage_failure(argv: Sequence[str], message: str) -> None:
-    """A bad argument argparse refused: rank 0 of a job leaves its failed marker (exit 2) beside
-    ``--out``, so the other ranks fail at once instead of waiting out --lock-timeout."""
+    """A bad argument argparse refused: rank 0 of a job leaves its failed marker beside ``--out``,
+    so the other ranks fail at once instead of waiting out --lock-timeout."""
     pre = argparse.ArgumentParser(add_help=False, exit_on_error=False)
     pre.add_argument("--out", default=DEFAULT_LOCK)
     pre.add_argument("--probe-per", default=None)
@@ -162,21 +130,9 @@ def publish_usage_failure(argv: Sequence[str], message: str) -> None:
 # the ProbeRequest fields taken as argparse parsed the option of the same name; request_from
 # converts the others (a test checks that the two sets fill every field)
 AS_PARSED = (
-    "graph_attention",
-    "allow_graph_attention_fallback",
-    "precision",
-    "profile",
-    "reps",
-    "deterministic",
-    "with_compile",
-    "allow_init_change",
-    "strict_dtype",
-    "allow_approximation",
-    "timeout",
-    "import_timeout",
-    "force",
-    "lock_timeout",
-    "probe_per",
+    *("graph_attention", "allow_graph_attention_fallback", "precision", "profile", "reps"),
+    *("deterministic", "with_compile", "allow_init_change", "strict_dtype", "allow_approximation"),
+    *("timeout", "import_timeout", "force", "lock_timeout", "probe_per"),
 )
 
 
@@ -323,10 +279,9 @@ def _reused(args: argparse.Namespace, result: ProbeResult) -> None:
 
 
 class TimingProgress:
-    """A timing worker's progress messages as one line: where it is, how long is left (the time per
-    call counts the timed repetitions only). ``compact``: a terminal's line, updated in place, in 80
-    columns; else a log line when a shape starts and ends, and at most every ``every`` s between.
-    ``work``: a shape's cost relative to another's (``Slot.work``)."""
+    """A timing worker's progress as one line: where it is, how long is left (by the timed
+    repetitions). ``compact``: a terminal's line, updated in place; else a log line when a shape
+    starts and ends, at most every ``every`` s between. ``work``: a shape's relative cost."""
 
     WIDTH = 52  # of the description in a terminal: with the bar, the count and the clock, 80
 
@@ -478,11 +433,7 @@ def _slot_table(slot: str, chosen: str, result: ProbeResult, on_gpu: bool) -> An
         table.add_column(col, no_wrap=True, justify="right" if right else "left")
     blank = ["", ""] if on_gpu else []
     for r in result.reports[slot]:
-        if r.id == chosen:
-            status = "[bold green]chosen[/]"
-        else:
-            status = f"[{STATUS_STYLE.get(r.status, '')}]{r.status}[/]"
-        status += " [yellow](interpreted)[/]" if r.interpreted else ""
+        status = status_cell(r, chosen=r.id == chosen)
         for i, t in enumerate(result.timings[slot].get(r.id) or (None,)):  # untimed: a row of "-"
             cells = ["-", "", *blank]
             if t is not None and "error" in t:

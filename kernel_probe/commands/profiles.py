@@ -176,16 +176,14 @@ def _render_table(table: dict, path: list[str], lines: list[str]) -> None:
 
 
 # ---- match ------------------------------------------------------------------------------------
-def _device(node: Any) -> dict[str, Any]:
-    if node is None:
-        return detect_device()
-    return {key: node.fingerprint[f"device-{key}"] for key in DETECT_DEVICE_KEYS}
-
-
 def _match(args: argparse.Namespace) -> int:
     """What ``--profile NAME`` would decide on this machine or a described node, without probing."""
     node = sites.load_node(args.node) if args.node else None
-    device, facts = _device(node), sites.node_facts(node) if node else None
+    if node is None:
+        device, facts = detect_device(), None
+    else:
+        device = {key: node.fingerprint[f"device-{key}"] for key in DETECT_DEVICE_KEYS}
+        facts = sites.node_facts(node)
     named = "named (profiles match NAME)"
     profile, matched, notes = profile_match.choose(
         args.name, args.profiles_dir, device, facts=facts, named=named
