@@ -5,6 +5,7 @@ signals (hostname, Slurm variables, site markers) as found; which site it is, th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import socket
@@ -87,13 +88,10 @@ def cpu_model(host: Any | None) -> dict[str, Any]:
     ``model_known: false``."""
     if host is None:
         return {"microarch": "unknown", "generic": None, "vendor": None, "model_known": False}
-    generic = getattr(host, "generic", None)
-    vendor = str(getattr(host, "vendor", "") or "")
-    return {
-        "microarch": str(host.name),
-        "generic": str(getattr(generic, "name", generic)) if generic is not None else None,
-        "vendor": vendor or None,
-        "model_known": vendor.lower() != "generic",
+    generic, vendor = getattr(host, "generic", None), str(getattr(host, "vendor", "") or "")
+    generic = str(getattr(generic, "name", generic)) if generic is not None else None
+    return dict(microarch=str(host.name), generic=generic, vendor=vendor or None) | {
+        "model_known": vendor.lower() != "generic"
     }
 
 
@@ -116,13 +114,10 @@ def usable_cores() -> int | None:
 
 def _meminfo() -> dict[str, int]:
     out: dict[str, int] = {}
-    try:
-        for line in _lines("/proc/meminfo"):
-            key, _, rest = line.partition(":")
+    with contextlib.suppress(ValueError, IndexError):
+        for key, _, rest in (line.partition(":") for line in _lines("/proc/meminfo")):
             if key in ("MemTotal", "MemAvailable"):
                 out[key] = int(rest.split()[0]) * 1024
-    except (ValueError, IndexError):
-        pass
     return out
 
 
