@@ -219,13 +219,12 @@ def _torch_and_devices(
         errors.append({"where": "device", "error": failure(exc)})
         primary = fingerprint.device_facts(_NO_TORCH)
     out["device"] = dict(primary)
-    found = attempt(
-        "accelerators", accelerators.detect_accelerators, torch_like, primary, nvml=nvml
-    )
-    out["accelerators"] = found or []
+    devices = accelerators.detect_accelerators
+    out["accelerators"] = attempt("accelerators", devices, torch_like, primary, nvml=nvml) or []
     if torch is not None:  # one device answer for both
-        answer = attempt("fingerprint", fingerprint.current, torch, device=lambda _t: primary)
-        out["fingerprint"] = answer
+        out["fingerprint"] = attempt(
+            "fingerprint", fingerprint.current, torch, device=lambda _: primary
+        )
     return out
 
 
@@ -260,14 +259,10 @@ def detect(
     cache: ImportCache | None = None,
     root: str = "/",
 ) -> dict[str, Any]:
-    """Everything ``kernel-probe env`` reports, as JSON-ready data.
-
-    ``import_checks``: import each installed library (and Triton) in a child, all at once,
-    ``timeout`` seconds each (None: the default scaled to the load); ``extra_paths`` go first on the
-    search path, here and in the children; ``env`` replaces os.environ for the children and the site
-    signals; ``cache`` keeps clean answers. ``table``, ``torch``, ``nvml`` and ``root`` (where
-    ``/dev`` is) replace the real ones in tests.
-    """
+    """Everything ``kernel-probe env`` reports, as JSON-ready data. ``import_checks``: import each
+    installed library (and Triton) in a child, ``timeout`` seconds each (None: the default scaled
+    to the load); ``extra_paths`` go first on the search path; ``env`` replaces os.environ for the
+    children and site signals. ``table``, ``torch``, ``nvml``, ``root`` (of /dev): for tests."""
     start = time.perf_counter()
     errors: list[dict[str, str]] = []
     scaled = timeout is None and import_checks  # no child, no timeout to scale
@@ -292,11 +287,8 @@ def detect(
         here = _torch_and_devices(torch, nvml or lock_host.nvml_devices, errors)
         imported = checks.results() if checks is not None else {}
         not_asked = target_not_asked(device_nodes, here["device"]["type"])
-        if (
-            not device_nodes
-            and not_asked is None
-            and imported.get("triton", {}).get("status") == "ok"
-        ):
+        triton_ok = imported.get("triton", {}).get("status") == "ok"
+        if not device_nodes and not_asked is None and triton_ok:
             # torch sees a device that left no device node: ask the runtime now, as on a GPU node
             checks = run({"triton": ImportCheckRequest(TRITON, probe="triton-target")})
             imported["triton"] = checks.results()["triton"]
@@ -305,13 +297,9 @@ def detect(
             checks.cancel()
         raise
     libs = {name: library_entry(loc, imported.get(name)) for name, loc in located.items()}
-    triton_facts = triton_entry(
-        located_triton,
-        imported.get("triton"),
-        torch_build=here["torch"]["build"] if here["torch"] else "cpu",
-        device_arch=here["device"]["arch"],
-        not_asked=not_asked,
-    )
+    build, arch = here["torch"]["build"] if here["torch"] else "cpu", here["device"]["arch"]
+    facts = dict(torch_build=build, device_arch=arch, not_asked=not_asked)
+    triton_facts = triton_entry(located_triton, imported.get("triton"), **facts)
     return {
         "schema": SCHEMA,
         "kernel_probe": __version__,
