@@ -189,9 +189,8 @@ def _signals(p: _Reader, table: Mapping[str, Any], where: str) -> dict[str, Any]
             out[key] = p.free_table(table, key, where)
             for k, v in out[key].items():
                 if not isinstance(v, str):
-                    raise p.err(
-                        f"{where}{key}.{k}", "expected a regular expression string ('' = present)"
-                    )
+                    said = "expected a regular expression string ('' = present)"
+                    raise p.err(f"{where}{key}.{k}", said)
                 p.regex(v, f"{where}{key}.{k}")
     for key in ("hostname", "slurm-cluster", "slurm-partition"):
         if key in table:
@@ -262,11 +261,8 @@ def _check_devices(p: _Reader, requires: Mapping[str, Any]) -> None:
         raise p.err("requires.min-device-count", "expected a non-negative integer")
     accel = [t for t in types if t != "cpu"]
     if types and vendors and not any(DEVICE_VENDOR.get(t) in vendors for t in accel):
-        why = (
-            "no such device has that vendor"
-            if accel
-            else "a CPU-only node has no accelerator vendor"
-        )
+        why = "a CPU-only node has no accelerator vendor"
+        why = "no such device has that vendor" if accel else why
         raise p.err(
             "requires.device-vendor",
             f"{', '.join(vendors)} contradicts requires.device-type {', '.join(types)}: {why}",
@@ -338,11 +334,8 @@ def _slot_policy(p: _Reader, policy: Mapping[str, Any], slot: str, known: Mappin
     preferred = p.strings(sp, "preferred", where)
     pin = p.string(sp, "pin", where)
     if pin is not None and not pin.strip():
-        raise p.err(
-            f"{where}pin",
-            "an empty pin pins nothing",
-            fix="name a candidate id (e.g. torch.layer_norm), or remove the key",
-        )
+        fix = "name a candidate id (e.g. torch.layer_norm), or remove the key"
+        raise p.err(f"{where}pin", "an empty pin pins nothing", fix=fix)
     named = {"allowed": allowed or (), "preferred": preferred, "pin": (pin,) if pin else ()}
     for key, ids in named.items():
         for cid in ids:
@@ -354,9 +347,8 @@ def _slot_policy(p: _Reader, policy: Mapping[str, Any], slot: str, known: Mappin
                     "liger.rms_norm) or declare it in a [[candidate]] table",
                 )
             if slot not in cand.slots:
-                raise p.err(
-                    f"{where}{key}", f"candidate {cid!r} is for {', '.join(cand.slots)}, not {slot}"
-                )
+                problem = f"candidate {cid!r} is for {', '.join(cand.slots)}, not {slot}"
+                raise p.err(f"{where}{key}", problem)
     # `allowed = []` allows nothing: a preference or a pin is then a contradiction
     for key in ("preferred", "pin"):
         if allowed is not None and (out := [c for c in named[key] if c not in allowed]):
@@ -376,22 +368,17 @@ def _read_policy(p: _Reader, d: Mapping[str, Any], known: Mapping) -> dict[str, 
     shapes = p.strings(policy, "shapes", "policy.")
     deterministic = policy.get("deterministic", False)
     if not isinstance(deterministic, bool):
-        raise p.err(
-            "policy.deterministic", f"expected true or false, got {type(deterministic).__name__}"
-        )
+        problem = f"expected true or false, got {type(deterministic).__name__}"
+        raise p.err("policy.deterministic", problem)
     closed("probe-per", PROBE_PER)
     for i, s in enumerate(shapes):
         try:
             parse_shape(s)
         except ValueError as exc:
             raise p.err(f"policy.shapes[{i}]", str(exc).replace("--shape ", "")) from None
-    return dict(
-        precision=policy.get("precision"),
-        shapes=shapes,
-        deterministic=deterministic,
-        probe_per=policy.get("probe-per"),
-        slots={slot: _slot_policy(p, policy, slot, known) for slot in SLOTS if slot in policy},
-    )
+    slots = {slot: _slot_policy(p, policy, slot, known) for slot in SLOTS if slot in policy}
+    out = dict(precision=policy.get("precision"), shapes=shapes, deterministic=deterministic)
+    return out | dict(probe_per=policy.get("probe-per"), slots=slots)
 
 
 def parse(text: str, path: str) -> Profile:
@@ -404,11 +391,8 @@ def parse(text: str, path: str) -> Profile:
     p.no_unknown(d, _TOP, "")
     version = p.string(d, "profile-version", "", required=True)
     if version != PROFILE_VERSION:
-        raise p.err(
-            "profile-version",
-            f"unsupported profile-version {version!r} (this kernel-probe reads "
-            f"{PROFILE_VERSION!r})",
-        )
+        problem = f"unsupported profile-version {version!r} (this kernel-probe reads "
+        raise p.err("profile-version", problem + f"{PROFILE_VERSION!r})")
     name = p.string(d, "name", "", required=True)
     if not re.match(r"^[a-z0-9][a-z0-9._-]*$", name):
         raise p.err("name", f"{name!r}: use lower-case letters, digits, '.', '_' and '-'")
@@ -421,9 +405,8 @@ def parse(text: str, path: str) -> Profile:
         if key in requires:
             p.specifier(requires[key], f"requires.{key}")
     builtin = cands.builtin()
-    declared = cands.read_candidates(
-        p, d, source=f"profile:{name}", reserved={b.id for b in builtin}
-    )
+    reserved = {b.id for b in builtin}
+    declared = cands.read_candidates(p, d, source=f"profile:{name}", reserved=reserved)
     policy = _read_policy(p, d, {c.id: c for c in (*builtin, *declared)})
     strict = p.table(d, "strictness", ("default", "warn"), "")
     default = p.string(strict, "default", "strictness.", default="error")
@@ -460,9 +443,8 @@ def load_file(path: str | os.PathLike[str]) -> Profile:
     try:
         raw = read_regular(p, MAX_BYTES)
     except FileNotFoundError:
-        raise ProfileError(
-            "no such file", path=str(p), fix="check the path, or use `kernel-probe profiles list`"
-        ) from None
+        fix = "check the path, or use `kernel-probe profiles list`"
+        raise ProfileError("no such file", path=str(p), fix=fix) from None
     except UnsafeFile as exc:
         fix = "pass a .toml file, or use --profiles-dir" if "directory" in exc.problem else exc.fix
         raise ProfileError(exc.problem, path=str(p), fix=fix or None) from None
@@ -482,5 +464,4 @@ def from_bytes(raw: bytes, path: str) -> Profile:
 
 def variants_of(base: str) -> list[str]:
     """The variant keys ``kernel_probe.detect.libraries`` tells apart for a library (by name)."""
-    lib = known(base)
-    return [v.key for v in lib.variants if v.usable] if lib is not None else []
+    return [v.key for v in lib.variants if v.usable] if (lib := known(base)) else []
