@@ -44,10 +44,7 @@ EXAMPLES_DIR = "nodes"  # under the built-ins
 MAX_NODE_BYTES = 4 << 20  # an env --json report is some tens of kB
 NODE_SCHEMA = "kernel-probe-node/1"
 ENV_SCHEMA = "kernel-probe-env/1"
-_NODE_KEYS = ("schema", "description", "sources", "fingerprint", "libraries", "site") + (
-    "env",
-    "files",
-)
+_NODE_KEYS = tuple("schema description sources fingerprint libraries site env files".split())
 _SITE_KEYS = ("hostname", "slurm", "markers")
 _LIBRARY_KEYS = ("version", "variant", "distributions")
 # a profile file says so on a line of its own; anything else in a profiles directory (a lock, a
@@ -135,11 +132,8 @@ def survey(extra: Iterable[str] = ()) -> Survey:
             except ProfileError as exc:
                 out.broken.append(exc)
         if skipped:
-            text = (
-                f"{d}: skipped {len(skipped)} file(s) that are not profiles "
-                f"(no profile-version line): {', '.join(skipped)}"
-            )
-            out.notes.append(("", text))
+            text = f"{d}: skipped {len(skipped)} file(s) that are not profiles (no profile-version"
+            out.notes.append(("", text + f" line): {', '.join(skipped)}"))
     return out
 
 
@@ -163,15 +157,11 @@ def resolve(spec: str, extra: Iterable[str] = (), found: Survey | None = None) -
     named = [e for e in found.broken if Path(e.path or "").stem == spec]
     if named:
         raise named[0]  # the profile asked for is the broken one: say why
-    broken = found.broken
+    broken = len(found.broken)
+    said = f"; {broken} profile file(s) are broken: `kernel-probe profiles list` names them"
     raise UsageError(
         f"unknown profile {spec!r}; available: {', '.join(sorted(found.profiles)) or 'none'}"
-        " (or pass a path to a .toml file)"
-        + (
-            f"; {len(broken)} profile file(s) are broken: `kernel-probe profiles list` names them"
-            if broken
-            else ""
-        )
+        " (or pass a path to a .toml file)" + (said if broken else "")
     )
 
 
@@ -257,11 +247,8 @@ def load_node(spec: str) -> Node:
     try:
         text = read_regular(spec, MAX_NODE_BYTES).decode("utf-8")
     except FileNotFoundError:
-        raise NodeError(
-            "no such file",
-            path=spec,
-            fix="write one with `kernel-probe env --json > node.json` on the node",
-        ) from None
+        fix = "write one with `kernel-probe env --json > node.json` on the node"
+        raise NodeError("no such file", path=spec, fix=fix) from None
     except UnsafeFile as exc:
         raise NodeError(exc.problem, path=spec, fix=exc.fix or None) from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -306,12 +293,9 @@ def parse_node(data: Any, path: str) -> Node:
 
 
 def _fingerprint(data: Mapping[str, Any], strict: bool) -> dict[str, Any]:
-    fp = get(data, "fingerprint", dict)
-    if fp is None:
-        raise ReadError(
-            "required: an object of the node's facts (as `kernel-probe env --json` has)",
-            "fingerprint",
-        )
+    if (fp := get(data, "fingerprint", dict)) is None:
+        said = "required: an object of the node's facts (as `kernel-probe env --json` has)"
+        raise ReadError(said, "fingerprint")
     out: dict[str, Any] = {}
     with context("fingerprint"):
         if strict:
@@ -329,24 +313,22 @@ def _library(name: str, value: Any, strict: bool) -> Mapping[str, Any] | None:
     if isinstance(value, str):
         value = {"version": value}
     if not isinstance(value, dict):
-        raise ReadError(
-            f"expected a version string or {{version, variant}}, got {type(value).__name__}"
-        )
+        said = f"expected a version string or {{version, variant}}, got {type(value).__name__}"
+        raise ReadError(said)
     if strict:
         refuse_unknown(value, _LIBRARY_KEYS)
     version = get_text(value, "version", None, limit=200)
-    distributions = (
-        get_string_map(value, "distributions", limit=200) if value.get("distributions") else {}
-    )
+    distributions = {}
+    if value.get("distributions"):
+        distributions = get_string_map(value, "distributions", limit=200)
     installed = get(value, "installed", bool, default=True)
     variant = None
     if value.get("variant") is not None:
         lib = known(name)
         keys = [v.key for v in lib.variants] if lib is not None else []
         if not keys:
-            raise ReadError(
-                f"{name} has no variants kernel-probe tells apart", "variant", "remove the variant"
-            )
+            said = f"{name} has no variants kernel-probe tells apart"
+            raise ReadError(said, "variant", "remove the variant")
         variant = get_literal(value, "variant", keys, fold=True)  # NVIDIA -> nvidia
     if installed is False or version is None and not distributions:
         return None  # env --json lists every known library, installed or not

@@ -85,25 +85,14 @@ def read_libraries(r: TableReader, d: Mapping[str, Any]) -> tuple[KnownLibrary, 
                 for x in text_in
             ):
                 raise r.err(f"{at}text-in", "expected a list of [file, text] pairs")
-            variants.append(
-                Variant(
-                    r.string(v, "key", at, required=True),
-                    r.string(v, "label", at, required=True),
-                    has_any=r.strings(v, "has-any", at),
-                    text_in=tuple((f, t) for f, t in text_in),
-                    usable=r.boolean(v, "usable", at, default=True),
-                )
-            )
-        libs.append(
-            KnownLibrary(
-                r.string(lib, "name", where, required=True),
-                r.strings(lib, "distributions", where),
-                r.string(lib, "module", where, required=True),
-                r.string(lib, "check", where, required=True),
-                variants=tuple(variants),
-                about=r.string(lib, "about", where, default=""),
-            )
-        )
+            key, label = (r.string(v, k, at, required=True) for k in ("key", "label"))
+            has_any, usable = r.strings(v, "has-any", at), r.boolean(v, "usable", at, default=True)
+            variants.append(Variant(key, label, has_any, tuple(map(tuple, text_in)), usable))
+        name = r.string(lib, "name", where, required=True)
+        dists = r.strings(lib, "distributions", where)
+        module, check = (r.string(lib, k, where, required=True) for k in ("module", "check"))
+        about = r.string(lib, "about", where, default="")
+        libs.append(KnownLibrary(name, dists, module, check, tuple(variants), about))
     return tuple(libs)
 
 
