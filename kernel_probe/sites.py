@@ -44,7 +44,9 @@ EXAMPLES_DIR = "nodes"  # under the built-ins
 MAX_NODE_BYTES = 4 << 20  # an env --json report is some tens of kB
 NODE_SCHEMA = "kernel-probe-node/1"
 ENV_SCHEMA = "kernel-probe-env/1"
-_NODE_KEYS = tuple("schema description sources fingerprint libraries site env files".split())
+_NODE_KEYS = (
+    *("schema", "description", "sources", "fingerprint", "libraries", "site", "env", "files"),
+)
 _SITE_KEYS = ("hostname", "slurm", "markers")
 _LIBRARY_KEYS = ("version", "variant", "distributions")
 # a profile file says so on a line of its own; anything else in a profiles directory (a lock, a
