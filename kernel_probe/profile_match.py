@@ -160,11 +160,10 @@ def auto_detect(
 ) -> tuple[Profile | None, str, list[str]]:
     """(profile, the signal that decided, notes); None when nothing decided; ambiguity is exit 4."""
     problems: list[str] = []
-    facts = (
-        site
-        if isinstance(site, SiteFacts)
-        else site_facts(site, device or {}, env, read_file, problems)
-    )
+    if isinstance(site, SiteFacts):
+        facts = site
+    else:
+        facts = site_facts(site, device or {}, env, read_file, problems)
     notes: list[str] = []
     scored = [d for d in (detect(prof, facts, notes) for prof in profiles) if d is not None]
     notes.extend(dict.fromkeys(problems))
@@ -217,12 +216,12 @@ def other_site(
     another profile's site (``seen``, by ``matched``); a device profile's match refuses nothing."""
     if seen is None or seen.name == profile.name or matched.startswith("device:"):
         return
+    fix = f"use --profile {seen.name} (or --profile auto) here, or run on a node of {profile.name}"
     raise ProfileUnmet(
         f"{where} is a node of profile {seen.name!r} by its site signals ({matched}), not of "
         f"{profile.name!r}",
         path=profile.path,
-        fix=f"use --profile {seen.name} (or --profile auto) here, or run on a node of "
-        f"{profile.name}",
+        fix=fix,
     )
 
 
@@ -320,25 +319,19 @@ def library_facts(
             dists = entry.get("distributions") or {}
             version = entry.get("version") or next(iter(dists.values()), None)
             version = None if version is None else str(version)
-            found = (
-                next((v for v in lib.variants if v.key == entry.get("variant")), None)
-                if lib
-                else None
-            )
+            variants = lib.variants if lib else ()
+            found = next((v for v in variants if v.key == entry.get("variant")), None)
         elif described is not None:  # by a distribution name of any library
             dists = (e.get("distributions") or {} for e in described.values())
-            version = next(
-                (str(d[base]) for d in dists if isinstance(d, dict) and d.get(base)), None
-            )
+            found_in = (str(d[base]) for d in dists if isinstance(d, dict) and d.get(base))
+            version = next(found_in, None)
         elif lib is None:
             version = library_versions([base])[base]
         else:
-            located = locate(lib)
-            version = (
-                next(iter(located.distributions.values()), None) if located.installed else None
-            )
-            if located.installed and version is None:  # importable, e.g. a source build on the path
-                version = "unknown (no distribution metadata)"
+            located, version = locate(lib), None
+            unknown = "unknown (no distribution metadata)"  # importable, e.g. a source build
+            if located.installed:
+                version = next(iter(located.distributions.values()), unknown)
             found = located.variant
         # a namesake (a variant that is not usable) never counts; NAME@VARIANT only that variant
         if found is not None and (not found.usable or (at and found.key != variant)):
