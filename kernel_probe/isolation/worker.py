@@ -1,14 +1,11 @@
-"""The worker that candidates are imported and run in.
+"""The worker that candidates are imported and run in: a ``child.spawn`` process group.
 
 A candidate that segfaults, aborts, hangs, forks or runs out of memory costs only its worker: the
 caller gets ``WorkerDied`` (``crashed`` / ``timeout``, with stderr's tail), the next call a fresh
-worker. ``WorkerPool``: torch's own candidates share one worker, started before any library is
-imported; every other library gets its own. Each worker reports the torch functions the reference
-and baseline use (``TORCH_SURFACE``) that a candidate replaced. A worker is a ``child.spawn``
-process group (ended by ``child.end``; it dies with its parent, a reaper kills the group when it
-dies); replies are read with ``select`` against a deadline, never blocked on a pipe a grandchild
-holds; its stdout is pointed at stderr, so a library that prints cannot corrupt the protocol.
-"""
+worker. Replies are read with ``select`` against a deadline (never blocked on a pipe a grandchild
+holds); the worker's stdout goes to stderr, so a library that prints cannot corrupt the protocol;
+it reports the torch functions of the reference and baseline (``TORCH_SURFACE``) a candidate
+replaced."""
 
 from __future__ import annotations
 
@@ -243,9 +240,8 @@ class Worker:
                 if line is None:
                     last = f"; last output: {tail[-300:]}" if tail else ""
                     raise WorkerDied("timeout", f"no answer within {timeout:g} s (killed){last}")
-                how = (
-                    f"killed by {signal_name(-code)}" if code < 0 else f"exited with status {code}"
-                )
+                how = f"exited with status {code}"
+                how = f"killed by {signal_name(-code)}" if code < 0 else how
                 last = f"; stderr: {tail[-600:]}" if tail else ""
                 raise WorkerDied("crashed", f"the worker process {how}{last}")
             data = json.loads(line)
@@ -328,12 +324,10 @@ class WorkerPool:
             worker.close(grace=deadline - time.monotonic())
         spare, self._next = self._next, None
         if spare is not None:
-            proc, stderr = spare
-            end(proc, 0)
-            for f in (proc.stdin, proc.stdout, stderr):
+            end(spare[0], 0)
+            for f in (spare[0].stdin, spare[0].stdout, spare[1]):
                 with contextlib.suppress(OSError, AttributeError):
-                    if f is not None:
-                        f.close()
+                    f.close()  # type: ignore[union-attr]
 
     def __enter__(self) -> WorkerPool:
         return self
@@ -385,9 +379,8 @@ def read_request(data: Any) -> Request:
     if not isinstance(data, Mapping):
         raise ProtocolError(f"request: expected a JSON object, got {type(data).__name__}")
     if (kind := REQUESTS.get(data.get("op"))) is None:  # type: ignore[arg-type]
-        raise ProtocolError(
-            f"request: unknown op {data.get('op')!r} (known: {', '.join(REQUESTS)})"
-        )
+        known = ", ".join(REQUESTS)
+        raise ProtocolError(f"request: unknown op {data.get('op')!r} (known: {known})")
     check_keys(kind.__name__, data, list(kind.__annotations__), kind.__required_keys__)
     return typing.cast(Request, data)
 
@@ -410,11 +403,9 @@ def serve(dispatch: Callable[[Request, Progress], Reply]) -> None:
         out: dict[str, Any]
         try:
             reply = dispatch(read_request(json.loads(line)), emit)
-            out = dataclasses.replace(
-                reply,
-                tampered=tuple(tampered()) or reply.tampered,
-                interpreted=reply.interpreted or interpreting(),
-            ).to_json()
+            flags: dict[str, Any] = dict(tampered=tuple(tampered()) or reply.tampered)
+            flags["interpreted"] = reply.interpreted or interpreting()
+            out = dataclasses.replace(reply, **flags).to_json()
         except Exception as exc:  # a bug in the probe (or a malformed request): the parent's to see
             out = {"fatal": f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"}
         proto.write(json.dumps(out, default=str) + "\n")
