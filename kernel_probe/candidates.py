@@ -1,9 +1,6 @@
-"""Where a candidate is declared, and the one parser of candidate declarations.
-
-A candidate is plain data (sent to the worker as JSON, imported only there). The built-ins are the
-``[[candidate]]`` tables of ``kernel_lock/registry.toml``, in a site profile's form and read by the
-same parser (:func:`read_candidates`): adding a kernel library is adding entries there.
-"""
+"""Where a candidate is declared (plain data, imported only in the worker), and the one parser of
+declarations: the built-ins are ``kernel_lock/registry.toml``'s ``[[candidate]]`` tables, in a
+site profile's form (:func:`read_candidates`)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""A node against the site profiles: which profile's ``[detect]`` signals it shows (``--profile
-auto``; ambiguity is an error, never a guess), which requirements it does not meet (exit 4), and
-whether a lock was written under the same profile. The node is this machine or a described one
-(``kernel_probe.sites``); libraries are never imported.
-"""
+"""A node (this machine, or one ``kernel_probe.sites`` describes) against the site profiles: which
+profile's ``[detect]`` signals it shows (``--profile auto``; ambiguity is an error), which
+requirements it does not meet (exit 4), whether a lock was written under the same profile."""
 
 from __future__ import annotations
 

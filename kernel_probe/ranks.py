@@ -1,10 +1,6 @@
-"""Which rank of which job this process is, read from its launcher's variables, and who probes.
-
-Pure and import-light: every rank reads it at job start (``kernel_probe.jobstart``). Launchers,
-innermost first, and what their variables decide: docs/probe.md "Who is who". A value that is not a
-whole number, or a rank not below the world size, is an error naming the variable (never rank 0);
-a rank without a job id is no rank.
-"""
+"""Which rank of which job this process is, from its launcher's variables (import-light; launchers
+innermost first, docs/probe.md "Who is who"). A value that is not a whole number, or a rank not
+below the world size, is an error naming the variable (never rank 0); no job id: no rank."""
 
 from __future__ import annotations
 

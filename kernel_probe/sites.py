@@ -1,12 +1,7 @@
-"""The site data: the built-in and the user's profiles found by name, and a node's site facts
-(this machine's, or a described node's).
-
-``survey`` reads the ``--profiles-dir`` directories, ``$KERNEL_PROBE_PROFILES``, then the built-ins
-(package data, ``kernel_probe/profiles/sites/*.toml``): the first profile of a name wins, every
-shadowing is noted. A described node (``profiles match --node``) is ``kernel-probe env --json``'s
-output (its ``fingerprint``, ``libraries`` and ``site``) or the short form ``kernel-probe-node/1``
-(docs/profiles.md); the built-in sites' examples ship as ``.../sites/nodes/*.json``.
-"""
+"""The site data: profiles by name (``survey``: ``--profiles-dir``, ``$KERNEL_PROBE_PROFILES``,
+then the built-ins ``kernel_probe/profiles/sites/*.toml``; the first of a name wins, shadowing is
+noted), and a node's site facts: this machine's, or a described node's (``kernel-probe env --json``
+or the short ``kernel-probe-node/1``, docs/profiles.md; examples in ``.../sites/nodes/*.json``)."""
 
 from __future__ import annotations
 

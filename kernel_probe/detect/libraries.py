@@ -1,12 +1,7 @@
 """Which kernel libraries and which Triton are installed, and what they really are, from package
-metadata and files only: nothing is imported here (``importcheck`` does, in children).
-
-The libraries are data: the ``[[library]]`` tables of ``kernel_lock/registry.toml`` (distributions,
-module, the module whose import proves it usable, ``variants`` recognised from its files). Several
-distributions install the same ``triton`` package (PyPI's ``triton`` 3.x carries the CUDA and the
-AMD backend; ``pytorch-triton-rocm`` is what torch's ROCm wheel pins): the last installed owns the
-files, and their wheel RECORDs tell which.
-"""
+metadata and files only (nothing imported). The libraries are the ``[[library]]`` tables of
+``kernel_lock/registry.toml``. Several distributions install the same ``triton`` package (PyPI's
+``triton``, ``pytorch-triton-rocm``, ...): the last installed owns the files; their RECORDs tell."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""The report of ``kernel-probe env``: every fact of the detection layer, as plain data
-(``detect()``; keys documented in docs/env.md). The primary device and the lock fingerprint come
-from ``kernel_lock.fingerprint``, so the report and the lock never disagree about this machine.
-
-Triton's active target needs its runtime, asked in the import-check child only where a GPU may be:
-elsewhere it costs 1.5 s to end in "0 active drivers", so the backend is inferred from torch's build
-and the report says why (``target_not_asked``).
-"""
+"""The report of ``kernel-probe env`` (``detect()``; keys in docs/env.md): every detected fact, as
+plain data; device and fingerprint from ``kernel_lock.fingerprint``, as the lock's. Triton's
+target is asked of its runtime only where a GPU may be (elsewhere it costs 1.5 s to end in "0
+active drivers"): else it is inferred from torch's build, and ``target_not_asked`` says why."""
 
 from __future__ import annotations
 
