@@ -153,8 +153,7 @@ class _Reader(TableReader):
 
     def regex(self, pattern: str, key: str) -> str:
         super().regex(pattern, key)
-        problem = pattern_problem(pattern)
-        if problem:
+        if problem := pattern_problem(pattern):
             raise self.err(
                 key,
                 f"{pattern!r}: {problem}; such a pattern can take exponential time on a "
@@ -175,11 +174,8 @@ def _closed(
         low = value.lower()
         near = (spellings or {}).get(low) or (low if low in accepted else None)
         near = near or next(iter(difflib.get_close_matches(low, list(accepted), n=1)), None)
-        raise p.err(
-            key,
-            f"{value!r} is not a {what} kernel-probe reports",
-            fix=(f"did you mean {near!r}? " if near else "") + f"accepted: {', '.join(accepted)}",
-        )
+        fix = (f"did you mean {near!r}? " if near else "") + f"accepted: {', '.join(accepted)}"
+        raise p.err(key, f"{value!r} is not a {what} kernel-probe reports", fix=fix)
 
 
 def _signals(p: _Reader, table: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -251,11 +247,8 @@ def _check_devices(p: _Reader, requires: Mapping[str, Any]) -> None:
     gpu_types = [t for t in types if t in ("cuda", "rocm")] or ["cuda", "rocm"]
     for arch in p.strings(requires, "device-arch", "requires."):
         if problem := cands.gpu_arch_problem(arch, gpu_types):
-            raise p.err(
-                "requires.device-arch",
-                problem,
-                fix="NVIDIA: sm_80, sm_90, sm_80+ (that or newer); AMD: gfx90a, gfx942 (exactly)",
-            )
+            fix = "NVIDIA: sm_80, sm_90, sm_80+ (that or newer); AMD: gfx90a, gfx942 (exactly)"
+            raise p.err("requires.device-arch", problem, fix=fix)
     count = requires.get("min-device-count", 0)
     if not isinstance(count, int) or isinstance(count, bool) or count < 0:
         raise p.err("requires.min-device-count", "expected a non-negative integer")
@@ -269,11 +262,9 @@ def _check_devices(p: _Reader, requires: Mapping[str, Any]) -> None:
             fix="make them agree: " + ", ".join(f"{t} -> {v}" for t, v in DEVICE_VENDOR.items()),
         )
     if types and count and not accel:
-        raise p.err(
-            "requires.min-device-count",
-            f"{count} accelerator(s) required, but requires.device-type allows only cpu",
-            fix="drop min-device-count, or require an accelerator type",
-        )
+        said = f"{count} accelerator(s) required, but requires.device-type allows only cpu"
+        fix = "drop min-device-count, or require an accelerator type"
+        raise p.err("requires.min-device-count", said, fix=fix)
 
 
 def _check_libraries(
@@ -296,12 +287,10 @@ def _check_libraries(
                     table[f"{base}@{spelt}"] = table.pop(lib)
                     variant = spelt
                 if variant not in variants:
-                    raise p.err(
-                        f"requires.{key}.{lib}",
-                        f"{variant!r} is not a known variant of {base}",
-                        fix=f"known variants: {', '.join(variants) or 'none'} "
-                        "(kernel_lock/registry.toml)",
-                    )
+                    fix = f"known variants: {', '.join(variants) or 'none'}"
+                    fix += " (kernel_lock/registry.toml)"
+                    said = f"{variant!r} is not a known variant of {base}"
+                    raise p.err(f"requires.{key}.{lib}", said, fix=fix)
             elif base not in names and base not in site_libraries:
                 close = difflib.get_close_matches(base, list(names), n=1, cutoff=0.75)
                 raise p.err(
@@ -340,12 +329,9 @@ def _slot_policy(p: _Reader, policy: Mapping[str, Any], slot: str, known: Mappin
     for key, ids in named.items():
         for cid in ids:
             if (cand := known.get(cid)) is None:
-                raise p.err(
-                    f"{where}{key}",
-                    f"unknown candidate id {cid!r}",
-                    fix="use an id from `kernel-probe check` (e.g. torch.layer_norm, "
-                    "liger.rms_norm) or declare it in a [[candidate]] table",
-                )
+                fix = "use an id from `kernel-probe check` (e.g. torch.layer_norm, liger.rms_norm)"
+                fix += " or declare it in a [[candidate]] table"
+                raise p.err(f"{where}{key}", f"unknown candidate id {cid!r}", fix=fix)
             if slot not in cand.slots:
                 problem = f"candidate {cid!r} is for {', '.join(cand.slots)}, not {slot}"
                 raise p.err(f"{where}{key}", problem)
