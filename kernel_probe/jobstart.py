@@ -440,6 +440,5 @@ def _take_lock(
             fix="probe one lock per kind of node: --probe-per node-type --out "
             "'kernel-lock.{node-type}.toml'",
         ) from None
-    return ProbeResult(
-        given, lock, True, p, seconds=time.perf_counter() - t_start, source=marker.by
-    )
+    seconds = time.perf_counter() - t_start
+    return ProbeResult(given, lock, True, p, seconds=seconds, source=marker.by)
