@@ -164,6 +164,10 @@ def _isa_rank(name: str) -> int | None:
     return ONEDNN_ISAS.index(name) if name in ONEDNN_ISAS else None
 
 
+def _reaches(rank: int | None, path: str) -> bool:  # an ISA ceiling of rank (None: none)
+    return rank is None or path not in ONEDNN_NEEDS or rank >= (_isa_rank(ONEDNN_NEEDS[path]) or 0)
+
+
 def matmul(
     flags: Iterable[str] | None = None, env: Mapping[str, str] | None = None
 ) -> dict[str, dict[str, Any]]:
@@ -176,11 +180,7 @@ def matmul(
     out: dict[str, dict[str, Any]] = {}
     for dtype, paths in NATIVE_FLAGS.items():
         have = [name for flag, name in paths if flagset is not None and flag in flagset]
-        usable = [
-            n
-            for n in have
-            if rank is None or n not in ONEDNN_NEEDS or rank >= (_isa_rank(ONEDNN_NEEDS[n]) or 0)
-        ]
+        usable = [n for n in have if _reaches(rank, n)]
         why = usable[0] if usable else f"the CPU has none of {', '.join(n for _, n in paths)}"
         if flagset is None:
             why = "the CPU's flags could not be read (/proc/cpuinfo)"

@@ -83,10 +83,8 @@ def library_entry(located: Located, imported: Mapping[str, Any] | None) -> dict[
     if not located.installed:
         reason = "module not found"
         if located.distributions:
-            reason = (
-                f"distribution {located.distribution} is installed but module "
-                f"{lib.module!r} is not importable"
-            )
+            reason = f"distribution {located.distribution} is installed but module {lib.module!r}"
+            reason += " is not importable"
         status: dict[str, Any] = {"status": "not-installed", "reason": reason, "seconds": None}
     elif variant is not None and not variant.usable:
         status = {"status": "skipped", "reason": variant.label, "seconds": None}
@@ -126,15 +124,11 @@ def triton_entry(
     dists = located.distributions
     provider = located.owners[0] if len(located.owners) == 1 else None
     built_for = {n: located.backends.get(n) or [TRITON_DISTRIBUTIONS[n]] for n in dists}
+    listed = ", ".join(f"{n} {dists[n]} (backends: {', '.join(b)})" for n, b in built_for.items())
     conflict = None
     if len(dists) > 1:
-        listed = ", ".join(
-            f"{n} {dists[n]} (backends: {', '.join(b)})" for n, b in built_for.items()
-        )
-        conflict = (
-            f"several distributions install the same 'triton' package: {listed}; the one "
-            f"installed last owns the files (now: {provider or 'unknown'})"
-        )
+        conflict = f"several distributions install the same 'triton' package: {listed}; the one "
+        conflict += f"installed last owns the files (now: {provider or 'unknown'})"
     wanted = BACKEND_FOR_TORCH_BUILD.get(torch_build)
     provider_backends = built_for.get(provider) if provider else None
     pin, matches_pin, pin_problem = located.torch_pin, None, None
