@@ -29,6 +29,11 @@ USER_FIX = {
 }
 
 
+# the signals that match a name: the Slurm variable each reads ("": the host name)
+NAMED_BY = {"slurm-cluster": "SLURM_CLUSTER_NAME", "slurm-partition": "SLURM_JOB_PARTITION"}
+NAMED_BY["hostname"] = ""
+
+
 @dataclass(frozen=True)
 class Hit:
     """One site signal that matched, as the notes and the lock's ``matched`` name it."""
@@ -51,9 +56,8 @@ class Detection:
 
 def _search(pattern: str, value: str, what: str, notes: list[str]) -> bool:
     if len(value) > MAX_SIGNAL_CHARS:
-        notes.append(
-            f"{what} is {len(value)} characters long, more than {MAX_SIGNAL_CHARS}: not matched"
-        )
+        said = f"{what} is {len(value)} characters long, more than {MAX_SIGNAL_CHARS}: not matched"
+        notes.append(said)
         return False
     return re.search(pattern, value) is not None
 
@@ -70,16 +74,10 @@ def _evaluate(
         value = facts.read_file(path)
         ok = value is not None and _search(pattern, value, f"the first line of {path}", notes)
         tried.append(("files", ok, f"file:{path}={value}", f"file:{path}"))
-    for kind, var in (
-        ("slurm-cluster", "SLURM_CLUSTER_NAME"),
-        ("slurm-partition", "SLURM_JOB_PARTITION"),
-        ("hostname", ""),
-    ):
+    for kind, var in NAMED_BY.items():
         if kind in signals:
             value = facts.slurm_value(var) if var else facts.hostname
-            ok = bool(value) and any(
-                _search(pat, value or "", kind, notes) for pat in signals[kind]
-            )
+            ok = bool(value) and any(_search(p, value or "", kind, notes) for p in signals[kind])
             tried.append((kind, ok, f"{kind}:{value}", kind))
     if dev := signals.get("device", {}):
         text = "device:" + ",".join(f"{k}={v}" for k, v in dev.items())
@@ -256,9 +254,8 @@ def unmet(
             out.append(Unmet(key, " or ".join(allowed), found or "none", "device"))
     need, count = req.get("min-device-count", 0), fingerprint.get("device-count", 0)
     if need and (cpu or int(count) < need):
-        out.append(
-            Unmet("device-count", f">= {need} accelerator(s)", str(0 if cpu else count), "count")
-        )
+        found = str(0 if cpu else count)
+        out.append(Unmet("device-count", f">= {need} accelerator(s)", found, "count"))
     for key in ("torch", "torch-cuda", "torch-hip", "driver"):
         found = str(fingerprint.get(key, ""))
         if (spec := req.get(key)) is not None and not in_spec(spec, found):
@@ -289,11 +286,11 @@ def enforce(
         todo = [USER_FIX[g] for g in dict.fromkeys(u.group for u in errors)]
         if profile.help:
             todo.insert(0, f"{profile.name}: {profile.help}")
+        todo.append("or use the profile of the machine you are on (--profile NAME, or auto)")
         raise ProfileUnmet(
             f"this machine does not meet profile {profile.name!r} ({len(errors)} unmet):\n{lines}",
             path=profile.path,
-            fix="; ".join(todo)
-            + "; or use the profile of the machine you are on (--profile NAME, or auto)",
+            fix="; ".join(todo),
         )
     return warnings
 
