@@ -32,6 +32,7 @@ USER_FIX = {
 # the signals that match a name: the Slurm variable each reads ("": the host name)
 NAMED_BY = {"slurm-cluster": "SLURM_CLUSTER_NAME", "slurm-partition": "SLURM_JOB_PARTITION"}
 NAMED_BY["hostname"] = ""
+NEVER_ALONE = "a weak signal never decides alone (other sites share such names)"
 
 
 @dataclass(frozen=True)
@@ -104,10 +105,8 @@ def detect(profile: Profile, facts: SiteFacts, notes: list[str] | None = None) -
     for group in profile.detect_all:
         hits, missed = _evaluate(group, facts, seen)
         kinds = {h.kind for h in hits}
-        said = (
-            f"{profile.name}: {', '.join(h.text for h in hits)} matched, but not "
-            f"{', '.join(missed)}: "
-        )
+        said = f"{profile.name}: {', '.join(h.text for h in hits)} matched, but not "
+        said += f"{', '.join(missed)}: "
         if not missed:
             rank = 2 if kinds & set(STRONG) else 1
             strength = max((STRONG[k] for k in kinds if k in STRONG), default=1)
@@ -116,17 +115,15 @@ def detect(profile: Profile, facts: SiteFacts, notes: list[str] | None = None) -
         elif kinds & set(STRONG):
             notes.append(said + "not one of its nodes")
         elif kinds & set(WEAK):
-            notes.append(said + "a weak signal never decides alone (other sites share such names)")
+            notes.append(said + NEVER_ALONE)
     site_signals = any(k != "device" for k in profile.detect) or bool(profile.detect_all)
     device_hits = [h for h in top if h.kind == "device"]
     if device_hits and not site_signals:
         found.append(Detection(profile, 0, 0, device_hits[0].text, 1))
     weak = [h for h in top if h.kind in WEAK]
     if not found and weak:
-        notes.append(
-            f"{profile.name}: {', '.join(h.text for h in weak)} matched, but a weak signal never "
-            "decides alone (other sites share such names): not picked"
-        )
+        said = f"{profile.name}: {', '.join(h.text for h in weak)} matched, but {NEVER_ALONE}"
+        notes.append(said + ": not picked")
     notes.extend(f"{profile.name}: {n}" for n in dict.fromkeys(seen))
     return max(found, key=lambda x: (x.rank, x.strength, x.hits)) if found else None
 

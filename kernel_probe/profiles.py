@@ -117,27 +117,25 @@ def pattern_problem(pattern: str) -> str | None:
     def walk(items: Any, in_repeat: bool) -> str | None:
         nonlocal counted
         for op, av in items:
-            found = None
+            inner, subs = in_repeat, []
+            if op in (c.GROUPREF, c.GROUPREF_EXISTS):
+                return "a backreference"
             if op in repeats:
                 lo, hi, sub = av
                 variable = hi != lo and hi > 1
                 if in_repeat and variable:
                     return "a repeat inside a repeat"
                 counted += variable
-                found = walk(sub, in_repeat or hi > 1)
+                inner, subs = in_repeat or hi > 1, [sub]
             elif op is c.BRANCH:
                 if in_repeat:
                     return "an alternation inside a repeat"
-                found = next((x for x in (walk(b, in_repeat) for b in av[1]) if x), None)
-            elif op is c.SUBPATTERN:
-                found = walk(av[-1], in_repeat)
-            elif op in (c.ASSERT, c.ASSERT_NOT):
-                found = walk(av[1], in_repeat)
-            elif op in (c.GROUPREF, c.GROUPREF_EXISTS):
-                return "a backreference"
+                subs = av[1]
+            elif op in (c.SUBPATTERN, c.ASSERT, c.ASSERT_NOT):
+                subs = [av[-1]]
             elif op is getattr(c, "ATOMIC_GROUP", None):
-                found = walk(av, in_repeat)
-            if found:
+                subs = [av]
+            if found := next((x for x in (walk(sub, inner) for sub in subs) if x), None):
                 return found
         return None
 
