@@ -78,19 +78,15 @@ class Survey:
     def _add(self, prof: Profile, f: Path, d: Path, builtin: Path) -> None:
         name, first, said = prof.name, self.profiles.get(prof.name), []
         if name != f.stem:
-            said.append(
-                f"{f} declares name {name!r}: it is found as {name!r} (name the file "
-                f"{name}.toml to avoid surprises)"
-            )
+            said.append(f"{f} declares name {name!r}: it is found as {name!r} (name the file ")
+            said[-1] += f"{name}.toml to avoid surprises)"
         if first is None:
             self.profiles[name] = prof
         elif d == builtin:
             said.append(f"{first.path} shadows the built-in profile {name!r}")
         elif Path(first.path).parent == d:
-            said.append(
-                f"two profiles named {name!r} in {d}: {Path(first.path).name} is used, {f.name} "
-                "is ignored (rename one)"
-            )
+            said.append(f"two profiles named {name!r} in {d}: {Path(first.path).name} is used, ")
+            said[-1] += f"{f.name} is ignored (rename one)"
         else:
             said.append(f"{f} is shadowed by {first.path} (an earlier directory wins)")
         self.notes += [(name, text) for text in said]
