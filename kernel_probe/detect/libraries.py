@@ -25,12 +25,9 @@ VARIANT_KEYS = ("key", "label", "has-any", "text-in", "usable")
 TRITON = "triton"  # the module
 # distribution -> the backend its builds target when its RECORD lists no triton/backends/ (2.x)
 TRITON_DISTRIBUTIONS: dict[str, str] = {
-    "triton": "cuda",
-    "pytorch-triton": "cuda",
-    "pytorch-triton-rocm": "hip",
-    "triton-rocm": "hip",
-    "pytorch-triton-xpu": "xpu",
-    "triton-xpu": "xpu",
+    **dict.fromkeys(("triton", "pytorch-triton"), "cuda"),
+    **dict.fromkeys(("pytorch-triton-rocm", "triton-rocm"), "hip"),
+    **dict.fromkeys(("pytorch-triton-xpu", "triton-xpu"), "xpu"),
 }
 BACKEND_DIRECTORIES = {"nvidia": "cuda", "amd": "hip", "intel": "xpu"}  # triton/backends/<dir>
 

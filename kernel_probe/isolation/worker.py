@@ -63,15 +63,9 @@ PING: PingRequest = {"op": "ping"}
 REQUESTS: dict[str, Any] = {
     typing.get_args(r.__annotations__["op"])[0]: r for r in typing.get_args(Request)
 }
-REPLIES: dict[str, type[Reply]] = {
-    "ping": PingReply,
-    "fingerprint": FingerprintReply,
-    "import": ImportReply,
-    "check": CheckReply,
-    "try": TryReply,
-    "time": TimeReply,
-    "graph-attention": CheckReply,
-}
+REPLIES: dict[str, type[Reply]] = {"ping": PingReply, "fingerprint": FingerprintReply}
+REPLIES |= {"import": ImportReply, "check": CheckReply, "try": TryReply, "time": TimeReply}
+REPLIES["graph-attention"] = CheckReply
 Progress = Callable[[TimingProgressMessage], None]
 Spawned = tuple[subprocess.Popen[bytes], Any]  # a worker process and its stderr file
 
