@@ -84,10 +84,8 @@ class Marker:
             codes = ", ".join(map(str, EXIT_CODES))
             raise ReadError(f"{code} is not a documented exit code ({codes})", "exit_code")
         if (outcome == "failed") != (code != 0):
-            raise ReadError(
-                f"outcome {outcome!r} with exit code {code}: a failure has a non-zero code",
-                "exit_code",
-            )
+            said = f"outcome {outcome!r} with exit code {code}: a failure has a non-zero code"
+            raise ReadError(said, "exit_code")
         keys = ("job", "digest", "inputs", "by", "host", "problem", "fix")  # the first 3 are short
         text = {k: get_text(data, k, "", limit=200 if k in keys[:3] else 4096) or "" for k in keys}
         if not text["job"]:
@@ -235,12 +233,9 @@ def wait(
         if found is not None:
             marker, lock_text = found
             if marker.outcome == "failed":
-                raise RankFailed(
-                    f"{out}: {marker.by} (on {marker.host}) failed, so this rank has no lock: "
-                    f"{marker.problem}",
-                    marker.exit_code or ExitCode.FAILURE,
-                    fix=marker.fix or None,
-                )
+                said = f"{out}: {marker.by} (on {marker.host}) failed, so this rank has no lock"
+                code = marker.exit_code or ExitCode.FAILURE
+                raise RankFailed(f"{said}: {marker.problem}", code, fix=marker.fix or None)
             return marker, lock_text
         waited = clock() - start
         if waited >= timeout:
