@@ -107,9 +107,8 @@ def survey(extra: Iterable[str] = ()) -> Survey:
     out = Survey()
     for d in [*map(Path, extra), *env, builtin]:
         if not d.is_dir():
-            raise UsageError(
-                f"profiles directory {d} does not exist (from --profiles-dir or ${ENV_VAR})"
-            )
+            said = f"profiles directory {d} does not exist (from --profiles-dir or ${ENV_VAR})"
+            raise UsageError(said)
         skipped = []
         for f in sorted(d.glob("*.toml")):
             try:
@@ -257,18 +256,13 @@ def parse_node(data: Any, path: str) -> Node:
     """The node described by ``data`` (typed reader; NodeError names the key)."""
     try:
         if not isinstance(data, dict):
-            raise ReadError(
-                "expected a JSON object (a node description or `kernel-probe env --json`), got "
-                f"{type(data).__name__}"
-            )
+            said = "expected a JSON object (a node description or `kernel-probe env --json`), got"
+            raise ReadError(f"{said} {type(data).__name__}")
         schema = data.get("schema")
         if schema not in (NODE_SCHEMA, ENV_SCHEMA):
-            raise ReadError(
-                f"unknown schema {schema!r:.80}",
-                "schema",
-                fix=f"use {NODE_SCHEMA!r} (docs/profiles.md), or the output of `kernel-probe env "
-                "--json`",
-            )
+            fix = f"use {NODE_SCHEMA!r} (docs/profiles.md), or the output of `kernel-probe env "
+            fix += "--json`"
+            raise ReadError(f"unknown schema {schema!r:.80}", "schema", fix=fix)
         strict = schema == NODE_SCHEMA
         if strict:
             refuse_unknown(data, _NODE_KEYS)
