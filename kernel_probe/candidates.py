@@ -139,6 +139,9 @@ def fill(value: Any, canonical: Mapping[str, Any]) -> Any:
 # the keys of a [[candidate]] table: Candidate's fields, dashed, but where it was offered (source)
 CANDIDATE_KEYS = tuple(f.name.replace("_", "-") for f in fields(Candidate) if f.name != "source")
 DEVICE_TYPES = ("cuda", "rocm", "xpu", "mps", "cpu")
+# a target refused before any work, as in a lock
+PRIVATE = "has a private or __main__ component: it is never imported (importing a module's "
+PRIVATE += "__main__ runs it)"
 
 
 def read_candidates(
@@ -173,11 +176,8 @@ def _scalars(r: TableReader, value: Any, key: str, *, table: bool) -> Any:
             or (isinstance(v, float) and math.isfinite(v))
         )
         if not ok:
-            raise r.err(
-                f"{key}.{k}" if table else f"{key}[{k}]",
-                f"expected a string, a finite number or a boolean, got {type(v).__name__} "
-                f"{v!r:.40}",
-            )
+            said = f"expected a string, a finite number or a boolean, got {type(v).__name__}"
+            raise r.err(f"{key}.{k}" if table else f"{key}[{k}]", f"{said} {v!r:.40}")
     return value
 
 
@@ -247,12 +247,8 @@ def _target(r: TableReader, target: str, key: str) -> str:
     if not re.match(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$", target):
         raise r.err(key, f"{target!r} is not a dotted import path")
     if private(target):
-        raise r.err(
-            key,
-            f"{target!r} has a private or __main__ component: it is never imported (importing a "
-            "module's __main__ runs it)",
-            fix="name a public class of an importable library, e.g. mylib.FastLayerNorm",
-        )
+        fix = "name a public class of an importable library, e.g. mylib.FastLayerNorm"
+        raise r.err(key, f"{target!r} {PRIVATE}", fix=fix)
     return target
 
 
@@ -317,13 +313,9 @@ def from_command_line(text: str) -> Candidate:
     slot, target = m.group("slot"), m.group("target")
     if slot not in SPECS:
         raise UsageError(f"--candidate {text!r}: unknown slot {slot!r}; {slot_name_fix(slot)}")
-    # refused before any work, as in a lock
     if any(part.startswith("_") for part in target.split(".")):
-        raise UsageError(
-            f"--candidate {text!r}: {target!r} has a private or __main__ component: it is never "
-            "imported (importing a module's __main__ runs it)",
-            fix="offer a public class of an importable library, e.g. LayerNorm=mylib.FastLayerNorm",
-        )
+        fix = "offer a public class of an importable library, e.g. LayerNorm=mylib.FastLayerNorm"
+        raise UsageError(f"--candidate {text!r}: {target!r} {PRIVATE}", fix=fix)
     default = default_for(slot)
     return Candidate(
         id=f"custom:{target}",
