@@ -155,10 +155,8 @@ def child_environment(
     """The child's environment: ours (or ``env``), with ``extra_paths`` in front of PYTHONPATH."""
     base = dict(os.environ if env is None else env)
     if extra_paths:
-        parts = [str(p) for p in extra_paths] + (
-            [base["PYTHONPATH"]] if base.get("PYTHONPATH") else []
-        )
-        base["PYTHONPATH"] = os.pathsep.join(parts)
+        old = [base["PYTHONPATH"]] if base.get("PYTHONPATH") else []
+        base["PYTHONPATH"] = os.pathsep.join([str(p) for p in extra_paths] + old)
     base.setdefault("PYTHONIOENCODING", "utf-8")
     return base
 
