@@ -219,11 +219,7 @@ def _torch_and_devices(
 
 
 def _checks_facts(
-    run: bool,
-    timeout: float,
-    scaled: bool,
-    imported: Mapping[str, Mapping[str, Any]],
-    cache: ImportCache | None,
+    run: bool, timeout: float, scaled: bool, imported: Mapping[str, Any], cache: ImportCache | None
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"run": run, "timeout": float(timeout)}
     if scaled:

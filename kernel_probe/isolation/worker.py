@@ -260,8 +260,7 @@ def library_of(cand: Any) -> str:
 
 class WorkerPool:
     """Which worker serves which candidate: torch's own share one (started before any library is
-    imported); each other library gets a fresh one that serves its candidates and nothing else. A
-    spare process keeps starting in the background, so a fresh worker's start overlaps checks."""
+    imported), each other library its own; a spare process starts ahead, overlapping checks."""
 
     def __init__(self, env: Mapping[str, str] | None = None):
         self._env = dict(os.environ if env is None else env)
@@ -287,9 +286,8 @@ class WorkerPool:
         return self._libraries[key]
 
     def prepare(self, ahead: Sequence[Any] | None = None) -> None:
-        """Start the shared worker now. ``ahead``: candidates whose libraries will need a worker:
-        each such worker starts now and imports its first candidate's class while torch's own are
-        checked (no spare kept then). ``None``: a spare starts for the first library."""
+        """Start the shared worker now; ``ahead``: candidates whose libraries' workers start now,
+        importing their first class while torch's own are checked (None: one spare starts)."""
         self.shared.send_ahead(PING)  # torch's own worker first: it starts importing torch now
         if ahead is None:
             if self._next is None:
@@ -380,9 +378,8 @@ def read_request(data: Any) -> Request:
 
 
 def serve(dispatch: Callable[[Request, Progress], Reply]) -> None:
-    """The worker's loop: one request a line on stdin, one reply a line from ``dispatch`` (after its
-    progress messages; flagged when torch's functions were replaced or Triton ran interpreted), a
-    fatal reply to what is not a request."""
+    """The worker's loop: a request a line on stdin, ``dispatch``'s reply a line after its progress
+    (flagged: torch's functions replaced, Triton interpreted); a fatal reply to a non-request."""
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything printed by foreign code goes to stderr, not the protocol
     sys.stdout = sys.stderr
