@@ -1,8 +1,6 @@
-"""What torch was built with, and each accelerator it can use here. The vendor is decided once,
-by ``kernel_lock.fingerprint.device_facts`` (ROCm by ``torch.version.hip``, never by compute
-capability); NVIDIA devices come from NVML first (no CUDA context). ``torch``: anything shaped like
-the torch module.
-"""
+"""What torch was built with, and each accelerator it can use here (the vendor decided once, by
+``kernel_lock.fingerprint.device_facts``; NVIDIA devices from NVML first, no CUDA context).
+``torch``: anything shaped like the torch module."""
 
 from __future__ import annotations
 

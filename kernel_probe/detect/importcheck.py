@@ -9,9 +9,8 @@ timeout, answers an ``ImportCheckReply`` and exits normally, so a crash at exit 
     not-installed  there was nothing to import (decided by the caller, no child started)
     skipped        not checked (``--no-import-checks``, or a namesake that is not the library)
 
-``ImportCache`` keeps a clean answer (exit code 0, nothing printed) for ``MAX_AGE`` at most and
-reuses it, marked ``cached``, while nothing in its ``cache_key`` changed (the child, interpreter,
-node and boot, search path, the library's files and times, the variables that steer an import).
+``ImportCache`` reuses a clean answer (exit 0, nothing printed), marked ``cached``, for ``MAX_AGE``
+at most, while nothing in its ``cache_key`` (interpreter, boot, paths, files, variables) changed.
 """
 
 from __future__ import annotations
