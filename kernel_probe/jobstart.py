@@ -86,8 +86,9 @@ class Marker:
         if (outcome == "failed") != (code != 0):
             said = f"outcome {outcome!r} with exit code {code}: a failure has a non-zero code"
             raise ReadError(said, "exit_code")
-        keys = ("job", "digest", "inputs", "by", "host", "problem", "fix")  # the first 3 are short
-        text = {k: get_text(data, k, "", limit=200 if k in keys[:3] else 4096) or "" for k in keys}
+        keys = ("job", "by", "host", "digest", "inputs", "problem", "fix")
+        limits = {k: 200 if k in ("job", "digest", "inputs") else 4096 for k in keys}
+        text = {k: get_text(data, k, "", limit=limits[k]) or "" for k in keys}
         if not text["job"]:
             raise ReadError("required key is missing", "job")
         return cls(outcome=outcome, exit_code=code, **text)  # type: ignore[arg-type]
