@@ -1,9 +1,6 @@
-"""Where a candidate is declared, and the one parser of candidate declarations.
-
-A candidate is plain data (sent to the worker as JSON, imported only there). The built-ins are the
-``[[candidate]]`` tables of ``kernel_lock/registry.toml``, in a site profile's form and read by the
-same parser (:func:`read_candidates`): adding a kernel library is adding entries there.
-"""
+"""Where a candidate is declared (plain data, imported only in the worker), and the one parser of
+declarations: the built-ins are ``kernel_lock/registry.toml``'s ``[[candidate]]`` tables, in a
+site profile's form (:func:`read_candidates`)."""
 
 from __future__ import annotations
 
@@ -115,9 +112,8 @@ def gpu_arch_problem(name: str, device_types: Collection[str] = ("cuda", "rocm")
     for kind in device_types:
         if kind in GPU_ARCH_SYNTAX and GPU_ARCH_SYNTAX[kind].fullmatch(name):
             return None
-    capability = re.fullmatch(r"([0-9]{1,2})\.([0-9])", name)
     hint = ""
-    if capability:
+    if capability := re.fullmatch(r"([0-9]{1,2})\.([0-9])", name):
         hint = f" (compute capability {name} is written 'sm_{capability[1]}{capability[2]}')"
     if name.startswith("gfx") and name.endswith("+"):
         hint = " (gfx archs match exactly: list each one)"
@@ -143,6 +139,9 @@ def fill(value: Any, canonical: Mapping[str, Any]) -> Any:
 # the keys of a [[candidate]] table: Candidate's fields, dashed, but where it was offered (source)
 CANDIDATE_KEYS = tuple(f.name.replace("_", "-") for f in fields(Candidate) if f.name != "source")
 DEVICE_TYPES = ("cuda", "rocm", "xpu", "mps", "cpu")
+# a target refused before any work, as in a lock
+PRIVATE = "has a private or __main__ component: it is never imported (importing a module's "
+PRIVATE += "__main__ runs it)"
 
 
 def read_candidates(
@@ -177,11 +176,8 @@ def _scalars(r: TableReader, value: Any, key: str, *, table: bool) -> Any:
             or (isinstance(v, float) and math.isfinite(v))
         )
         if not ok:
-            raise r.err(
-                f"{key}.{k}" if table else f"{key}[{k}]",
-                f"expected a string, a finite number or a boolean, got {type(v).__name__} "
-                f"{v!r:.40}",
-            )
+            said = f"expected a string, a finite number or a boolean, got {type(v).__name__}"
+            raise r.err(f"{key}.{k}" if table else f"{key}[{k}]", f"{said} {v!r:.40}")
     return value
 
 
@@ -214,16 +210,13 @@ def parse_candidate(
     build_kwargs = _scalars(r, c.get("build-kwargs", {}), f"{where}build-kwargs", table=True)
     twin_kwargs = _scalars(r, c.get("twin-kwargs", {}), f"{where}twin-kwargs", table=True)
     if semantics not in known_semantics():
-        raise r.err(
-            f"{where}semantics", f"{semantics!r} is not one of {', '.join(known_semantics())}"
-        )
+        said = f"{semantics!r} is not one of {', '.join(known_semantics())}"
+        raise r.err(f"{where}semantics", said)
     archs_table = r.table(c, "archs", DEVICE_TYPES, where)
     archs = {kind: r.strings(archs_table, kind, f"{where}archs.") for kind in archs_table}
-    for kind, names in archs.items():
-        for name in names:
-            problem = gpu_arch_problem(name, (kind,))
-            if problem:
-                raise r.err(f"{where}archs.{kind}", problem)
+    for kind, name in ((kind, name) for kind, names in archs.items() for name in names):
+        if problem := gpu_arch_problem(name, (kind,)):
+            raise r.err(f"{where}archs.{kind}", problem)
     blas = _blas(r, r.string(c, "blas", where, default="") or "", slots, semantics, where)
     install_table = r.table(c, "install", DEVICE_TYPES, where)
     return Candidate(
@@ -254,12 +247,8 @@ def _target(r: TableReader, target: str, key: str) -> str:
     if not re.match(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$", target):
         raise r.err(key, f"{target!r} is not a dotted import path")
     if private(target):
-        raise r.err(
-            key,
-            f"{target!r} has a private or __main__ component: it is never imported (importing a "
-            "module's __main__ runs it)",
-            fix="name a public class of an importable library, e.g. mylib.FastLayerNorm",
-        )
+        fix = "name a public class of an importable library, e.g. mylib.FastLayerNorm"
+        raise r.err(key, f"{target!r} {PRIVATE}", fix=fix)
     return target
 
 
@@ -271,9 +260,8 @@ def _blas(r: TableReader, blas: str, slots: tuple[str, ...], semantics: str, whe
         known = ", ".join(f"{'/'.join(pair)} ({kind})" for kind, pair in LIBRARIES.items())
         raise r.err(f"{where}blas", f"{blas!r} is not a BLAS library kernel-lock knows: {known}")
     if slots != ("Linear",) or semantics != "linear":
-        raise r.err(
-            f"{where}blas", "only a Linear candidate runs under a BLAS library", fix="remove `blas`"
-        )
+        said = "only a Linear candidate runs under a BLAS library"
+        raise r.err(f"{where}blas", said, fix="remove `blas`")
     return blas
 
 
@@ -307,10 +295,8 @@ def default_for(slot: str) -> Candidate:
             return cand
     found = [c for c in from_entry_points()[0] if slot in c.slots and c.target == target]
     if not found:
-        raise UsageError(
-            f"no candidate of the {slot} slot is its default class {target}",
-            fix="the package that declares the slot offers its default class as a candidate",
-        )
+        fix = "the package that declares the slot offers its default class as a candidate"
+        raise UsageError(f"no candidate of the {slot} slot is its default class {target}", fix=fix)
     return found[0]
 
 
@@ -322,20 +308,14 @@ def from_command_line(text: str) -> Candidate:
     (its semantics assumed the slot's, its module trusted in the lock)."""
     m = _SPEC.match(text.strip())
     if not m:
-        raise UsageError(
-            f"--candidate {text!r}: expected SLOT=dotted.path.Class, e.g. "
-            "LayerNorm=mylib.FastLayerNorm"
-        )
+        example = "e.g. LayerNorm=mylib.FastLayerNorm"
+        raise UsageError(f"--candidate {text!r}: expected SLOT=dotted.path.Class, {example}")
     slot, target = m.group("slot"), m.group("target")
     if slot not in SPECS:
         raise UsageError(f"--candidate {text!r}: unknown slot {slot!r}; {slot_name_fix(slot)}")
-    # refused before any work, as in a lock
     if any(part.startswith("_") for part in target.split(".")):
-        raise UsageError(
-            f"--candidate {text!r}: {target!r} has a private or __main__ component: it is never "
-            "imported (importing a module's __main__ runs it)",
-            fix="offer a public class of an importable library, e.g. LayerNorm=mylib.FastLayerNorm",
-        )
+        fix = "offer a public class of an importable library, e.g. LayerNorm=mylib.FastLayerNorm"
+        raise UsageError(f"--candidate {text!r}: {target!r} {PRIVATE}", fix=fix)
     default = default_for(slot)
     return Candidate(
         id=f"custom:{target}",
@@ -364,9 +344,8 @@ def from_entry_points() -> tuple[list[Candidate], list[str]]:
             items = [obj] if isinstance(obj, Candidate) else list(obj)
             for item in items:
                 if not isinstance(item, Candidate):
-                    raise TypeError(
-                        f"expected kernel_probe.candidates.Candidate, got {type(item).__name__}"
-                    )
+                    said = f"expected kernel_probe.candidates.Candidate, got {type(item).__name__}"
+                    raise TypeError(said)
                 found.append(replace(item, source=f"entry-point:{ep.name}"))
         except Exception as exc:  # a plug-in's bug must not stop the probe; it is reported
             problems.append(f"entry point {ep.name!r} ({ep.value}): {type(exc).__name__}: {exc}")
@@ -403,14 +382,7 @@ def canonical_for(
     overrides: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Every value a template may name, for one slot at one size."""
-    c = dict(SPECS[slot].canonical)
-    c.update(overrides or {})
-    c.update(
-        normalized_shape=hidden,
-        hidden=hidden,
-        in_features=hidden,
-        out_features=out_features or hidden,
-        device=device,
-        param_dtype=param_dtype,
-    )
+    c = {**SPECS[slot].canonical, **(overrides or {})}
+    c.update(normalized_shape=hidden, hidden=hidden, in_features=hidden)
+    c.update(out_features=out_features or hidden, device=device, param_dtype=param_dtype)
     return c

@@ -1,10 +1,8 @@
 """Tables in the documentation that are generated from the code, so they cannot drift from it.
 
-A generated block sits between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->``, filled by the
-generator ``BLOCKS[NAME]`` (an unknown name or a block without its end: exit 5).
-``python -m kernel_probe.docgen`` rewrites the blocks of README.md and docs/*.md; ``--check`` writes
-nothing and exits 1 if one is out of date (the test suite runs it).
-"""
+A block between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->`` is filled by ``BLOCKS[NAME]``
+(unknown name, or no end: exit 5); ``python -m kernel_probe.docgen`` rewrites README.md and
+docs/*.md, ``--check`` only exits 1 if one is out of date (the test suite runs it)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""Job start: which rank of a job probes, and how the others take its lock (the command's entry).
-
-One rank (rank 0, or per kind of node the one whose claim wins) probes and leaves a job marker
-beside the lock; on each node local rank 0 watches the shared directory with backoff and copies
-marker and lock to a node-local file the node's other ranks wait on (docs/probe.md "Many ranks at
-job start"). Without a launcher, with ``--probe-per rank`` or a read-only folder, each rank alone.
-"""
+"""Job start: which rank of a job probes, and how the others take its lock (docs/probe.md "Many
+ranks at job start"): the prober leaves a job marker beside the lock; each node's local rank 0
+copies it to a node-local file the node's other ranks wait on. Without a launcher, with
+``--probe-per rank`` or a read-only folder, each rank probes alone."""
 
 from __future__ import annotations
 
@@ -87,14 +84,11 @@ class Marker:
             codes = ", ".join(map(str, EXIT_CODES))
             raise ReadError(f"{code} is not a documented exit code ({codes})", "exit_code")
         if (outcome == "failed") != (code != 0):
-            raise ReadError(
-                f"outcome {outcome!r} with exit code {code}: a failure has a non-zero code",
-                "exit_code",
-            )
-        text = {
-            k: get_text(data, k, "", limit=200 if k in ("job", "digest", "inputs") else 4096) or ""
-            for k in ("job", "by", "host", "digest", "inputs", "problem", "fix")
-        }
+            said = f"outcome {outcome!r} with exit code {code}: a failure has a non-zero code"
+            raise ReadError(said, "exit_code")
+        keys = ("job", "by", "host", "digest", "inputs", "problem", "fix")
+        limits = {k: 200 if k in ("job", "digest", "inputs") else 4096 for k in keys}
+        text = {k: get_text(data, k, "", limit=limits[k]) or "" for k in keys}
         if not text["job"]:
             raise ReadError("required key is missing", "job")
         return cls(outcome=outcome, exit_code=code, **text)  # type: ignore[arg-type]
@@ -124,10 +118,8 @@ def failure_marker(rank: JobRank, exc: BaseException) -> Marker:
         problem = "interrupted"
     else:
         problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    host = socket.gethostname()
-    return Marker(
-        "failed", rank.key, rank.describe(), host, problem=problem, exit_code=code, fix=fix
-    )
+    who = (rank.key, rank.describe(), socket.gethostname())
+    return Marker("failed", *who, problem=problem, exit_code=code, fix=fix)
 
 
 def marker_path(out: Path, rank: JobRank) -> Path:
@@ -152,9 +144,8 @@ def node_dir(out: Path, rank: JobRank, env: Mapping[str, str] | None = None) -> 
 def node_type(device: Mapping[str, Any]) -> str:
     """A file-name-safe name for this node's kind of device: ``cuda-sm90-8-1a2b3c4d``."""
     # "" and absent alike: the torch-free reader says features = "" where torch's says nothing
-    facts = {
-        k: device.get(k) or "" for k in ("type", "vendor", "name", "arch", "features", "count")
-    }
+    keys = ("type", "vendor", "name", "arch", "features", "count")
+    facts = {k: device.get(k) or "" for k in keys}
     digest = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:8]
     what = f"{facts['type']}-{facts['arch'] or facts['name'] or ''}-{facts['count'] or 0}"
     return re.sub(r"[^A-Za-z0-9_.+-]+", "-", what).strip("-").lower() + "-" + digest
@@ -231,11 +222,9 @@ def wait(
 ) -> tuple[Marker, str]:
     """Wait for the prober's marker for this job: (marker, lock text); :class:`RankFailed` when the
     prober failed, :class:`WaitTimeout` when nothing came within ``timeout`` seconds."""
-    rng = random.Random(f"{rank.key}/{rank.rank}")
-    start = clock()
+    rng, start = random.Random(f"{rank.key}/{rank.rank}"), clock()
     local_ready = node_dir(out, rank) / "ready"
-    watch = backoff(*(WATCH if rank.node_leader else LOCAL), rng)
-    fallback = backoff(*FALLBACK, rng)
+    watch, fallback = backoff(*(WATCH if rank.node_leader else LOCAL), rng), backoff(*FALLBACK, rng)
     next_shared = start if rank.node_leader else start + next(fallback)
     while True:
         found = _from_shared(out, rank) if rank.node_leader else _from_local(local_ready, rank)
@@ -245,12 +234,9 @@ def wait(
         if found is not None:
             marker, lock_text = found
             if marker.outcome == "failed":
-                raise RankFailed(
-                    f"{out}: {marker.by} (on {marker.host}) failed, so this rank has no lock: "
-                    f"{marker.problem}",
-                    marker.exit_code or ExitCode.FAILURE,
-                    fix=marker.fix or None,
-                )
+                said = f"{out}: {marker.by} (on {marker.host}) failed, so this rank has no lock"
+                code = marker.exit_code or ExitCode.FAILURE
+                raise RankFailed(f"{said}: {marker.problem}", code, fix=marker.fix or None)
             return marker, lock_text
         waited = clock() - start
         if waited >= timeout:
@@ -350,13 +336,9 @@ def run(request: ProbeRequest, events: Events | None = None) -> ProbeResult:
         _fail_for_all(out, rank, exc)
         raise
     outcome: Outcome = "reused" if result.reused else "written"
-    host, digest = socket.gethostname(), result.lock.compute_digest()
-    publish(
-        out,
-        rank,
-        Marker(outcome, rank.key, rank.describe(), host, digest, p.digest),
-        result.lock.dumps(),
-    )
+    who = (rank.key, rank.describe(), socket.gethostname())
+    marker = Marker(outcome, *who, result.lock.compute_digest(), p.digest)
+    publish(out, rank, marker, result.lock.dumps())
     return result
 
 
@@ -433,13 +415,10 @@ def _take_lock(
     except LockError as exc:
         problem = exc.problem
     if lock is None or lock.compute_digest() != marker.digest:
+        why = "(its digest differs): another job or process replaced it"
         raise ProbeError(
-            f"{given} is not the lock {marker.by} wrote for this job"
-            + (
-                f" ({problem})"
-                if lock is None
-                else " (its digest differs): another job or process replaced it"
-            ),
+            f"{given} is not the lock {marker.by} wrote for this job "
+            + (f"({problem})" if lock is None else why),
             fix="give each job its own --out, or start the job again",
         )
     if marker.inputs != p.digest:

@@ -1,8 +1,6 @@
-"""A node against the site profiles: which profile's ``[detect]`` signals it shows (``--profile
-auto``; ambiguity is an error, never a guess), which requirements it does not meet (exit 4), and
-whether a lock was written under the same profile. The node is this machine or a described one
-(``kernel_probe.sites``); libraries are never imported.
-"""
+"""A node (this machine, or one ``kernel_probe.sites`` describes) against the site profiles: which
+profile's ``[detect]`` signals it shows (``--profile auto``; ambiguity is an error), which
+requirements it does not meet (exit 4), whether a lock was written under the same profile."""
 
 from __future__ import annotations
 
@@ -31,6 +29,12 @@ USER_FIX = {
 }
 
 
+# the signals that match a name: the Slurm variable each reads ("": the host name)
+NAMED_BY = {"slurm-cluster": "SLURM_CLUSTER_NAME", "slurm-partition": "SLURM_JOB_PARTITION"}
+NAMED_BY["hostname"] = ""
+NEVER_ALONE = "a weak signal never decides alone (other sites share such names)"
+
+
 @dataclass(frozen=True)
 class Hit:
     """One site signal that matched, as the notes and the lock's ``matched`` name it."""
@@ -53,9 +57,8 @@ class Detection:
 
 def _search(pattern: str, value: str, what: str, notes: list[str]) -> bool:
     if len(value) > MAX_SIGNAL_CHARS:
-        notes.append(
-            f"{what} is {len(value)} characters long, more than {MAX_SIGNAL_CHARS}: not matched"
-        )
+        said = f"{what} is {len(value)} characters long, more than {MAX_SIGNAL_CHARS}: not matched"
+        notes.append(said)
         return False
     return re.search(pattern, value) is not None
 
@@ -72,16 +75,10 @@ def _evaluate(
         value = facts.read_file(path)
         ok = value is not None and _search(pattern, value, f"the first line of {path}", notes)
         tried.append(("files", ok, f"file:{path}={value}", f"file:{path}"))
-    for kind, var in (
-        ("slurm-cluster", "SLURM_CLUSTER_NAME"),
-        ("slurm-partition", "SLURM_JOB_PARTITION"),
-        ("hostname", ""),
-    ):
+    for kind, var in NAMED_BY.items():
         if kind in signals:
             value = facts.slurm_value(var) if var else facts.hostname
-            ok = bool(value) and any(
-                _search(pat, value or "", kind, notes) for pat in signals[kind]
-            )
+            ok = bool(value) and any(_search(p, value or "", kind, notes) for p in signals[kind])
             tried.append((kind, ok, f"{kind}:{value}", kind))
     if dev := signals.get("device", {}):
         text = "device:" + ",".join(f"{k}={v}" for k, v in dev.items())
@@ -108,10 +105,8 @@ def detect(profile: Profile, facts: SiteFacts, notes: list[str] | None = None) -
     for group in profile.detect_all:
         hits, missed = _evaluate(group, facts, seen)
         kinds = {h.kind for h in hits}
-        said = (
-            f"{profile.name}: {', '.join(h.text for h in hits)} matched, but not "
-            f"{', '.join(missed)}: "
-        )
+        said = f"{profile.name}: {', '.join(h.text for h in hits)} matched, but not "
+        said += f"{', '.join(missed)}: "
         if not missed:
             rank = 2 if kinds & set(STRONG) else 1
             strength = max((STRONG[k] for k in kinds if k in STRONG), default=1)
@@ -120,17 +115,15 @@ def detect(profile: Profile, facts: SiteFacts, notes: list[str] | None = None) -
         elif kinds & set(STRONG):
             notes.append(said + "not one of its nodes")
         elif kinds & set(WEAK):
-            notes.append(said + "a weak signal never decides alone (other sites share such names)")
+            notes.append(said + NEVER_ALONE)
     site_signals = any(k != "device" for k in profile.detect) or bool(profile.detect_all)
     device_hits = [h for h in top if h.kind == "device"]
     if device_hits and not site_signals:
         found.append(Detection(profile, 0, 0, device_hits[0].text, 1))
     weak = [h for h in top if h.kind in WEAK]
     if not found and weak:
-        notes.append(
-            f"{profile.name}: {', '.join(h.text for h in weak)} matched, but a weak signal never "
-            "decides alone (other sites share such names): not picked"
-        )
+        said = f"{profile.name}: {', '.join(h.text for h in weak)} matched, but {NEVER_ALONE}"
+        notes.append(said + ": not picked")
     notes.extend(f"{profile.name}: {n}" for n in dict.fromkeys(seen))
     return max(found, key=lambda x: (x.rank, x.strength, x.hits)) if found else None
 
@@ -160,11 +153,10 @@ def auto_detect(
 ) -> tuple[Profile | None, str, list[str]]:
     """(profile, the signal that decided, notes); None when nothing decided; ambiguity is exit 4."""
     problems: list[str] = []
-    facts = (
-        site
-        if isinstance(site, SiteFacts)
-        else site_facts(site, device or {}, env, read_file, problems)
-    )
+    if isinstance(site, SiteFacts):
+        facts = site
+    else:
+        facts = site_facts(site, device or {}, env, read_file, problems)
     notes: list[str] = []
     scored = [d for d in (detect(prof, facts, notes) for prof in profiles) if d is not None]
     notes.extend(dict.fromkeys(problems))
@@ -217,12 +209,12 @@ def other_site(
     another profile's site (``seen``, by ``matched``); a device profile's match refuses nothing."""
     if seen is None or seen.name == profile.name or matched.startswith("device:"):
         return
+    fix = f"use --profile {seen.name} (or --profile auto) here, or run on a node of {profile.name}"
     raise ProfileUnmet(
         f"{where} is a node of profile {seen.name!r} by its site signals ({matched}), not of "
         f"{profile.name!r}",
         path=profile.path,
-        fix=f"use --profile {seen.name} (or --profile auto) here, or run on a node of "
-        f"{profile.name}",
+        fix=fix,
     )
 
 
@@ -259,9 +251,8 @@ def unmet(
             out.append(Unmet(key, " or ".join(allowed), found or "none", "device"))
     need, count = req.get("min-device-count", 0), fingerprint.get("device-count", 0)
     if need and (cpu or int(count) < need):
-        out.append(
-            Unmet("device-count", f">= {need} accelerator(s)", str(0 if cpu else count), "count")
-        )
+        found = str(0 if cpu else count)
+        out.append(Unmet("device-count", f">= {need} accelerator(s)", found, "count"))
     for key in ("torch", "torch-cuda", "torch-hip", "driver"):
         found = str(fingerprint.get(key, ""))
         if (spec := req.get(key)) is not None and not in_spec(spec, found):
@@ -292,11 +283,11 @@ def enforce(
         todo = [USER_FIX[g] for g in dict.fromkeys(u.group for u in errors)]
         if profile.help:
             todo.insert(0, f"{profile.name}: {profile.help}")
+        todo.append("or use the profile of the machine you are on (--profile NAME, or auto)")
         raise ProfileUnmet(
             f"this machine does not meet profile {profile.name!r} ({len(errors)} unmet):\n{lines}",
             path=profile.path,
-            fix="; ".join(todo)
-            + "; or use the profile of the machine you are on (--profile NAME, or auto)",
+            fix="; ".join(todo),
         )
     return warnings
 
@@ -320,25 +311,19 @@ def library_facts(
             dists = entry.get("distributions") or {}
             version = entry.get("version") or next(iter(dists.values()), None)
             version = None if version is None else str(version)
-            found = (
-                next((v for v in lib.variants if v.key == entry.get("variant")), None)
-                if lib
-                else None
-            )
+            variants = lib.variants if lib else ()
+            found = next((v for v in variants if v.key == entry.get("variant")), None)
         elif described is not None:  # by a distribution name of any library
             dists = (e.get("distributions") or {} for e in described.values())
-            version = next(
-                (str(d[base]) for d in dists if isinstance(d, dict) and d.get(base)), None
-            )
+            found_in = (str(d[base]) for d in dists if isinstance(d, dict) and d.get(base))
+            version = next(found_in, None)
         elif lib is None:
             version = library_versions([base])[base]
         else:
-            located = locate(lib)
-            version = (
-                next(iter(located.distributions.values()), None) if located.installed else None
-            )
-            if located.installed and version is None:  # importable, e.g. a source build on the path
-                version = "unknown (no distribution metadata)"
+            located, version = locate(lib), None
+            unknown = "unknown (no distribution metadata)"  # importable, e.g. a source build
+            if located.installed:
+                version = next(iter(located.distributions.values()), unknown)
             found = located.variant
         # a namesake (a variant that is not usable) never counts; NAME@VARIANT only that variant
         if found is not None and (not found.usable or (at and found.key != variant)):

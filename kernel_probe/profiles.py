@@ -117,27 +117,25 @@ def pattern_problem(pattern: str) -> str | None:
     def walk(items: Any, in_repeat: bool) -> str | None:
         nonlocal counted
         for op, av in items:
-            found = None
+            inner, subs = in_repeat, []
+            if op in (c.GROUPREF, c.GROUPREF_EXISTS):
+                return "a backreference"
             if op in repeats:
                 lo, hi, sub = av
                 variable = hi != lo and hi > 1
                 if in_repeat and variable:
                     return "a repeat inside a repeat"
                 counted += variable
-                found = walk(sub, in_repeat or hi > 1)
+                inner, subs = in_repeat or hi > 1, [sub]
             elif op is c.BRANCH:
                 if in_repeat:
                     return "an alternation inside a repeat"
-                found = next((x for x in (walk(b, in_repeat) for b in av[1]) if x), None)
-            elif op is c.SUBPATTERN:
-                found = walk(av[-1], in_repeat)
-            elif op in (c.ASSERT, c.ASSERT_NOT):
-                found = walk(av[1], in_repeat)
-            elif op in (c.GROUPREF, c.GROUPREF_EXISTS):
-                return "a backreference"
+                subs = av[1]
+            elif op in (c.SUBPATTERN, c.ASSERT, c.ASSERT_NOT):
+                subs = [av[-1]]
             elif op is getattr(c, "ATOMIC_GROUP", None):
-                found = walk(av, in_repeat)
-            if found:
+                subs = [av]
+            if found := next((x for x in (walk(sub, inner) for sub in subs) if x), None):
                 return found
         return None
 
@@ -153,8 +151,7 @@ class _Reader(TableReader):
 
     def regex(self, pattern: str, key: str) -> str:
         super().regex(pattern, key)
-        problem = pattern_problem(pattern)
-        if problem:
+        if problem := pattern_problem(pattern):
             raise self.err(
                 key,
                 f"{pattern!r}: {problem}; such a pattern can take exponential time on a "
@@ -175,11 +172,8 @@ def _closed(
         low = value.lower()
         near = (spellings or {}).get(low) or (low if low in accepted else None)
         near = near or next(iter(difflib.get_close_matches(low, list(accepted), n=1)), None)
-        raise p.err(
-            key,
-            f"{value!r} is not a {what} kernel-probe reports",
-            fix=(f"did you mean {near!r}? " if near else "") + f"accepted: {', '.join(accepted)}",
-        )
+        fix = (f"did you mean {near!r}? " if near else "") + f"accepted: {', '.join(accepted)}"
+        raise p.err(key, f"{value!r} is not a {what} kernel-probe reports", fix=fix)
 
 
 def _signals(p: _Reader, table: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -189,9 +183,8 @@ def _signals(p: _Reader, table: Mapping[str, Any], where: str) -> dict[str, Any]
             out[key] = p.free_table(table, key, where)
             for k, v in out[key].items():
                 if not isinstance(v, str):
-                    raise p.err(
-                        f"{where}{key}.{k}", "expected a regular expression string ('' = present)"
-                    )
+                    said = "expected a regular expression string ('' = present)"
+                    raise p.err(f"{where}{key}.{k}", said)
                 p.regex(v, f"{where}{key}.{k}")
     for key in ("hostname", "slurm-cluster", "slurm-partition"):
         if key in table:
@@ -252,32 +245,24 @@ def _check_devices(p: _Reader, requires: Mapping[str, Any]) -> None:
     gpu_types = [t for t in types if t in ("cuda", "rocm")] or ["cuda", "rocm"]
     for arch in p.strings(requires, "device-arch", "requires."):
         if problem := cands.gpu_arch_problem(arch, gpu_types):
-            raise p.err(
-                "requires.device-arch",
-                problem,
-                fix="NVIDIA: sm_80, sm_90, sm_80+ (that or newer); AMD: gfx90a, gfx942 (exactly)",
-            )
+            fix = "NVIDIA: sm_80, sm_90, sm_80+ (that or newer); AMD: gfx90a, gfx942 (exactly)"
+            raise p.err("requires.device-arch", problem, fix=fix)
     count = requires.get("min-device-count", 0)
     if not isinstance(count, int) or isinstance(count, bool) or count < 0:
         raise p.err("requires.min-device-count", "expected a non-negative integer")
     accel = [t for t in types if t != "cpu"]
     if types and vendors and not any(DEVICE_VENDOR.get(t) in vendors for t in accel):
-        why = (
-            "no such device has that vendor"
-            if accel
-            else "a CPU-only node has no accelerator vendor"
-        )
+        why = "a CPU-only node has no accelerator vendor"
+        why = "no such device has that vendor" if accel else why
         raise p.err(
             "requires.device-vendor",
             f"{', '.join(vendors)} contradicts requires.device-type {', '.join(types)}: {why}",
             fix="make them agree: " + ", ".join(f"{t} -> {v}" for t, v in DEVICE_VENDOR.items()),
         )
     if types and count and not accel:
-        raise p.err(
-            "requires.min-device-count",
-            f"{count} accelerator(s) required, but requires.device-type allows only cpu",
-            fix="drop min-device-count, or require an accelerator type",
-        )
+        said = f"{count} accelerator(s) required, but requires.device-type allows only cpu"
+        fix = "drop min-device-count, or require an accelerator type"
+        raise p.err("requires.min-device-count", said, fix=fix)
 
 
 def _check_libraries(
@@ -300,12 +285,10 @@ def _check_libraries(
                     table[f"{base}@{spelt}"] = table.pop(lib)
                     variant = spelt
                 if variant not in variants:
-                    raise p.err(
-                        f"requires.{key}.{lib}",
-                        f"{variant!r} is not a known variant of {base}",
-                        fix=f"known variants: {', '.join(variants) or 'none'} "
-                        "(kernel_lock/registry.toml)",
-                    )
+                    fix = f"known variants: {', '.join(variants) or 'none'}"
+                    fix += " (kernel_lock/registry.toml)"
+                    said = f"{variant!r} is not a known variant of {base}"
+                    raise p.err(f"requires.{key}.{lib}", said, fix=fix)
             elif base not in names and base not in site_libraries:
                 close = difflib.get_close_matches(base, list(names), n=1, cutoff=0.75)
                 raise p.err(
@@ -338,25 +321,18 @@ def _slot_policy(p: _Reader, policy: Mapping[str, Any], slot: str, known: Mappin
     preferred = p.strings(sp, "preferred", where)
     pin = p.string(sp, "pin", where)
     if pin is not None and not pin.strip():
-        raise p.err(
-            f"{where}pin",
-            "an empty pin pins nothing",
-            fix="name a candidate id (e.g. torch.layer_norm), or remove the key",
-        )
+        fix = "name a candidate id (e.g. torch.layer_norm), or remove the key"
+        raise p.err(f"{where}pin", "an empty pin pins nothing", fix=fix)
     named = {"allowed": allowed or (), "preferred": preferred, "pin": (pin,) if pin else ()}
     for key, ids in named.items():
         for cid in ids:
             if (cand := known.get(cid)) is None:
-                raise p.err(
-                    f"{where}{key}",
-                    f"unknown candidate id {cid!r}",
-                    fix="use an id from `kernel-probe check` (e.g. torch.layer_norm, "
-                    "liger.rms_norm) or declare it in a [[candidate]] table",
-                )
+                fix = "use an id from `kernel-probe check` (e.g. torch.layer_norm, liger.rms_norm)"
+                fix += " or declare it in a [[candidate]] table"
+                raise p.err(f"{where}{key}", f"unknown candidate id {cid!r}", fix=fix)
             if slot not in cand.slots:
-                raise p.err(
-                    f"{where}{key}", f"candidate {cid!r} is for {', '.join(cand.slots)}, not {slot}"
-                )
+                problem = f"candidate {cid!r} is for {', '.join(cand.slots)}, not {slot}"
+                raise p.err(f"{where}{key}", problem)
     # `allowed = []` allows nothing: a preference or a pin is then a contradiction
     for key in ("preferred", "pin"):
         if allowed is not None and (out := [c for c in named[key] if c not in allowed]):
@@ -376,22 +352,17 @@ def _read_policy(p: _Reader, d: Mapping[str, Any], known: Mapping) -> dict[str, 
     shapes = p.strings(policy, "shapes", "policy.")
     deterministic = policy.get("deterministic", False)
     if not isinstance(deterministic, bool):
-        raise p.err(
-            "policy.deterministic", f"expected true or false, got {type(deterministic).__name__}"
-        )
+        problem = f"expected true or false, got {type(deterministic).__name__}"
+        raise p.err("policy.deterministic", problem)
     closed("probe-per", PROBE_PER)
     for i, s in enumerate(shapes):
         try:
             parse_shape(s)
         except ValueError as exc:
             raise p.err(f"policy.shapes[{i}]", str(exc).replace("--shape ", "")) from None
-    return dict(
-        precision=policy.get("precision"),
-        shapes=shapes,
-        deterministic=deterministic,
-        probe_per=policy.get("probe-per"),
-        slots={slot: _slot_policy(p, policy, slot, known) for slot in SLOTS if slot in policy},
-    )
+    slots = {slot: _slot_policy(p, policy, slot, known) for slot in SLOTS if slot in policy}
+    out = dict(precision=policy.get("precision"), shapes=shapes, deterministic=deterministic)
+    return out | dict(probe_per=policy.get("probe-per"), slots=slots)
 
 
 def parse(text: str, path: str) -> Profile:
@@ -404,11 +375,8 @@ def parse(text: str, path: str) -> Profile:
     p.no_unknown(d, _TOP, "")
     version = p.string(d, "profile-version", "", required=True)
     if version != PROFILE_VERSION:
-        raise p.err(
-            "profile-version",
-            f"unsupported profile-version {version!r} (this kernel-probe reads "
-            f"{PROFILE_VERSION!r})",
-        )
+        problem = f"unsupported profile-version {version!r} (this kernel-probe reads "
+        raise p.err("profile-version", problem + f"{PROFILE_VERSION!r})")
     name = p.string(d, "name", "", required=True)
     if not re.match(r"^[a-z0-9][a-z0-9._-]*$", name):
         raise p.err("name", f"{name!r}: use lower-case letters, digits, '.', '_' and '-'")
@@ -421,9 +389,8 @@ def parse(text: str, path: str) -> Profile:
         if key in requires:
             p.specifier(requires[key], f"requires.{key}")
     builtin = cands.builtin()
-    declared = cands.read_candidates(
-        p, d, source=f"profile:{name}", reserved={b.id for b in builtin}
-    )
+    reserved = {b.id for b in builtin}
+    declared = cands.read_candidates(p, d, source=f"profile:{name}", reserved=reserved)
     policy = _read_policy(p, d, {c.id: c for c in (*builtin, *declared)})
     strict = p.table(d, "strictness", ("default", "warn"), "")
     default = p.string(strict, "default", "strictness.", default="error")
@@ -460,9 +427,8 @@ def load_file(path: str | os.PathLike[str]) -> Profile:
     try:
         raw = read_regular(p, MAX_BYTES)
     except FileNotFoundError:
-        raise ProfileError(
-            "no such file", path=str(p), fix="check the path, or use `kernel-probe profiles list`"
-        ) from None
+        fix = "check the path, or use `kernel-probe profiles list`"
+        raise ProfileError("no such file", path=str(p), fix=fix) from None
     except UnsafeFile as exc:
         fix = "pass a .toml file, or use --profiles-dir" if "directory" in exc.problem else exc.fix
         raise ProfileError(exc.problem, path=str(p), fix=fix or None) from None
@@ -482,5 +448,4 @@ def from_bytes(raw: bytes, path: str) -> Profile:
 
 def variants_of(base: str) -> list[str]:
     """The variant keys ``kernel_probe.detect.libraries`` tells apart for a library (by name)."""
-    lib = known(base)
-    return [v.key for v in lib.variants if v.usable] if lib is not None else []
+    return [v.key for v in lib.variants if v.usable] if (lib := known(base)) else []

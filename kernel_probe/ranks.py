@@ -1,10 +1,6 @@
-"""Which rank of which job this process is, read from its launcher's variables, and who probes.
-
-Pure and import-light: every rank reads it at job start (``kernel_probe.jobstart``). Launchers,
-innermost first, and what their variables decide: docs/probe.md "Who is who". A value that is not a
-whole number, or a rank not below the world size, is an error naming the variable (never rank 0);
-a rank without a job id is no rank.
-"""
+"""Which rank of which job this process is, from its launcher's variables (import-light; launchers
+innermost first, docs/probe.md "Who is who"). A value that is not a whole number, or a rank not
+below the world size, is an error naming the variable (never rank 0); no job id: no rank."""
 
 from __future__ import annotations
 
@@ -83,9 +79,8 @@ class JobRank:
     @property
     def key(self) -> str:
         """This start of the job, safe in a file name: ``slurm-1234.0-a0``."""
-        return re.sub(r"[^A-Za-z0-9_.=+-]", "_", f"{self.launcher}-{self.job}-a{self.attempt}")[
-            :120
-        ]
+        key = f"{self.launcher}-{self.job}-a{self.attempt}"
+        return re.sub(r"[^A-Za-z0-9_.=+-]", "_", key)[:120]
 
     @property
     def node_leader(self) -> bool:
@@ -97,10 +92,8 @@ class JobRank:
         size = f" of {self.world_size}" if self.world_size is not None else ""
         where = f", node {self.node}" if self.node is not None else ""
         local = f", local rank {self.local_rank}" if self.local_rank is not None else ""
-        return (
-            f"rank {self.rank}{size}{where}{local} of {self.launcher} job {self.job} "
-            f"(attempt {self.attempt})"
-        )
+        job = f"{self.launcher} job {self.job} (attempt {self.attempt})"
+        return f"rank {self.rank}{size}{where}{local} of {job}"
 
 
 @dataclass(frozen=True)
@@ -118,9 +111,8 @@ def _first(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str] | 
 def _whole(name: str, value: str) -> int:
     # ASCII digits only: str.isdigit takes '²' and '٣', which int() then refuses or reads otherwise
     if not re.fullmatch(r"[0-9]{1,9}", value):
-        raise RankVariableError(
-            f"{name}={value!r} is not a whole number >= 0, so this process's rank is unknown"
-        )
+        said = "is not a whole number >= 0, so this process's rank is unknown"
+        raise RankVariableError(f"{name}={value!r} {said}")
     return int(value)
 
 
@@ -160,16 +152,13 @@ def detect(env: Mapping[str, str] | None = None) -> Detection:
     for spec in LAUNCHERS:
         found = _first(env, (spec.rank,))
         if found is None:
-            if others := [n for n in (*spec.size, *spec.local_rank) if n in env]:
-                notes.append(
-                    f"{', '.join(others)} set without {spec.rank}: not read as a {spec.name} rank"
-                )
+            if others := ", ".join(n for n in (*spec.size, *spec.local_rank) if n in env):
+                notes.append(f"{others} set without {spec.rank}: not read as a {spec.name} rank")
             continue
         rank, size = _whole(*found), _number(env, spec.size)
         if size is not None and rank >= size:
-            raise RankVariableError(
-                f"{spec.rank}={rank} is not below the world size {size}: contradictory"
-            )
+            said = f"is not below the world size {size}: contradictory"
+            raise RankVariableError(f"{spec.rank}={rank} {said}")
         local, node = _number(env, spec.local_rank), _number(env, spec.node)
         job = _job(env, spec)
         if job is None:

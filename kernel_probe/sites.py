@@ -1,12 +1,7 @@
-"""The site data: the built-in and the user's profiles found by name, and a node's site facts
-(this machine's, or a described node's).
-
-``survey`` reads the ``--profiles-dir`` directories, ``$KERNEL_PROBE_PROFILES``, then the built-ins
-(package data, ``kernel_probe/profiles/sites/*.toml``): the first profile of a name wins, every
-shadowing is noted. A described node (``profiles match --node``) is ``kernel-probe env --json``'s
-output (its ``fingerprint``, ``libraries`` and ``site``) or the short form ``kernel-probe-node/1``
-(docs/profiles.md); the built-in sites' examples ship as ``.../sites/nodes/*.json``.
-"""
+"""The site data: profiles by name (``survey``: ``--profiles-dir``, ``$KERNEL_PROBE_PROFILES``,
+then the built-ins ``kernel_probe/profiles/sites/*.toml``; the first of a name wins, shadowing is
+noted), and a node's site facts: this machine's, or a described node's (``kernel-probe env --json``
+or the short ``kernel-probe-node/1``, docs/profiles.md; examples in ``.../sites/nodes/*.json``)."""
 
 from __future__ import annotations
 
@@ -44,9 +39,8 @@ EXAMPLES_DIR = "nodes"  # under the built-ins
 MAX_NODE_BYTES = 4 << 20  # an env --json report is some tens of kB
 NODE_SCHEMA = "kernel-probe-node/1"
 ENV_SCHEMA = "kernel-probe-env/1"
-_NODE_KEYS = ("schema", "description", "sources", "fingerprint", "libraries", "site") + (
-    "env",
-    "files",
+_NODE_KEYS = (
+    *("schema", "description", "sources", "fingerprint", "libraries", "site", "env", "files"),
 )
 _SITE_KEYS = ("hostname", "slurm", "markers")
 _LIBRARY_KEYS = ("version", "variant", "distributions")
@@ -84,19 +78,15 @@ class Survey:
     def _add(self, prof: Profile, f: Path, d: Path, builtin: Path) -> None:
         name, first, said = prof.name, self.profiles.get(prof.name), []
         if name != f.stem:
-            said.append(
-                f"{f} declares name {name!r}: it is found as {name!r} (name the file "
-                f"{name}.toml to avoid surprises)"
-            )
+            said.append(f"{f} declares name {name!r}: it is found as {name!r} (name the file ")
+            said[-1] += f"{name}.toml to avoid surprises)"
         if first is None:
             self.profiles[name] = prof
         elif d == builtin:
             said.append(f"{first.path} shadows the built-in profile {name!r}")
         elif Path(first.path).parent == d:
-            said.append(
-                f"two profiles named {name!r} in {d}: {Path(first.path).name} is used, {f.name} "
-                "is ignored (rename one)"
-            )
+            said.append(f"two profiles named {name!r} in {d}: {Path(first.path).name} is used, ")
+            said[-1] += f"{f.name} is ignored (rename one)"
         else:
             said.append(f"{f} is shadowed by {first.path} (an earlier directory wins)")
         self.notes += [(name, text) for text in said]
@@ -117,9 +107,8 @@ def survey(extra: Iterable[str] = ()) -> Survey:
     out = Survey()
     for d in [*map(Path, extra), *env, builtin]:
         if not d.is_dir():
-            raise UsageError(
-                f"profiles directory {d} does not exist (from --profiles-dir or ${ENV_VAR})"
-            )
+            said = f"profiles directory {d} does not exist (from --profiles-dir or ${ENV_VAR})"
+            raise UsageError(said)
         skipped = []
         for f in sorted(d.glob("*.toml")):
             try:
@@ -135,11 +124,8 @@ def survey(extra: Iterable[str] = ()) -> Survey:
             except ProfileError as exc:
                 out.broken.append(exc)
         if skipped:
-            text = (
-                f"{d}: skipped {len(skipped)} file(s) that are not profiles "
-                f"(no profile-version line): {', '.join(skipped)}"
-            )
-            out.notes.append(("", text))
+            text = f"{d}: skipped {len(skipped)} file(s) that are not profiles (no profile-version"
+            out.notes.append(("", text + f" line): {', '.join(skipped)}"))
     return out
 
 
@@ -163,15 +149,11 @@ def resolve(spec: str, extra: Iterable[str] = (), found: Survey | None = None) -
     named = [e for e in found.broken if Path(e.path or "").stem == spec]
     if named:
         raise named[0]  # the profile asked for is the broken one: say why
-    broken = found.broken
+    broken = len(found.broken)
+    said = f"; {broken} profile file(s) are broken: `kernel-probe profiles list` names them"
     raise UsageError(
         f"unknown profile {spec!r}; available: {', '.join(sorted(found.profiles)) or 'none'}"
-        " (or pass a path to a .toml file)"
-        + (
-            f"; {len(broken)} profile file(s) are broken: `kernel-probe profiles list` names them"
-            if broken
-            else ""
-        )
+        " (or pass a path to a .toml file)" + (said if broken else "")
     )
 
 
@@ -257,11 +239,8 @@ def load_node(spec: str) -> Node:
     try:
         text = read_regular(spec, MAX_NODE_BYTES).decode("utf-8")
     except FileNotFoundError:
-        raise NodeError(
-            "no such file",
-            path=spec,
-            fix="write one with `kernel-probe env --json > node.json` on the node",
-        ) from None
+        fix = "write one with `kernel-probe env --json > node.json` on the node"
+        raise NodeError("no such file", path=spec, fix=fix) from None
     except UnsafeFile as exc:
         raise NodeError(exc.problem, path=spec, fix=exc.fix or None) from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -277,18 +256,13 @@ def parse_node(data: Any, path: str) -> Node:
     """The node described by ``data`` (typed reader; NodeError names the key)."""
     try:
         if not isinstance(data, dict):
-            raise ReadError(
-                "expected a JSON object (a node description or `kernel-probe env --json`), got "
-                f"{type(data).__name__}"
-            )
+            said = "expected a JSON object (a node description or `kernel-probe env --json`), got"
+            raise ReadError(f"{said} {type(data).__name__}")
         schema = data.get("schema")
         if schema not in (NODE_SCHEMA, ENV_SCHEMA):
-            raise ReadError(
-                f"unknown schema {schema!r:.80}",
-                "schema",
-                fix=f"use {NODE_SCHEMA!r} (docs/profiles.md), or the output of `kernel-probe env "
-                "--json`",
-            )
+            fix = f"use {NODE_SCHEMA!r} (docs/profiles.md), or the output of `kernel-probe env "
+            fix += "--json`"
+            raise ReadError(f"unknown schema {schema!r:.80}", "schema", fix=fix)
         strict = schema == NODE_SCHEMA
         if strict:
             refuse_unknown(data, _NODE_KEYS)
@@ -306,12 +280,9 @@ def parse_node(data: Any, path: str) -> Node:
 
 
 def _fingerprint(data: Mapping[str, Any], strict: bool) -> dict[str, Any]:
-    fp = get(data, "fingerprint", dict)
-    if fp is None:
-        raise ReadError(
-            "required: an object of the node's facts (as `kernel-probe env --json` has)",
-            "fingerprint",
-        )
+    if (fp := get(data, "fingerprint", dict)) is None:
+        said = "required: an object of the node's facts (as `kernel-probe env --json` has)"
+        raise ReadError(said, "fingerprint")
     out: dict[str, Any] = {}
     with context("fingerprint"):
         if strict:
@@ -329,24 +300,22 @@ def _library(name: str, value: Any, strict: bool) -> Mapping[str, Any] | None:
     if isinstance(value, str):
         value = {"version": value}
     if not isinstance(value, dict):
-        raise ReadError(
-            f"expected a version string or {{version, variant}}, got {type(value).__name__}"
-        )
+        said = f"expected a version string or {{version, variant}}, got {type(value).__name__}"
+        raise ReadError(said)
     if strict:
         refuse_unknown(value, _LIBRARY_KEYS)
     version = get_text(value, "version", None, limit=200)
-    distributions = (
-        get_string_map(value, "distributions", limit=200) if value.get("distributions") else {}
-    )
+    distributions = {}
+    if value.get("distributions"):
+        distributions = get_string_map(value, "distributions", limit=200)
     installed = get(value, "installed", bool, default=True)
     variant = None
     if value.get("variant") is not None:
         lib = known(name)
         keys = [v.key for v in lib.variants] if lib is not None else []
         if not keys:
-            raise ReadError(
-                f"{name} has no variants kernel-probe tells apart", "variant", "remove the variant"
-            )
+            said = f"{name} has no variants kernel-probe tells apart"
+            raise ReadError(said, "variant", "remove the variant")
         variant = get_literal(value, "variant", keys, fold=True)  # NVIDIA -> nvidia
     if installed is False or version is None and not distributions:
         return None  # env --json lists every known library, installed or not

@@ -13,6 +13,7 @@ from kernel_lock.tables import ReadError, get, get_required, get_strings, unknow
 from kernel_probe.errors import InputFileError
 
 _T = TypeVar("_T")
+Table = Mapping[str, Any]  # a parsed TOML table
 
 
 class CandidateDataError(InputFileError):
@@ -33,26 +34,23 @@ class TableReader:
         return self.error(problem, path=self.path, key=key, fix=fix)
 
     def read(self, where: str, getter: Callable[[], _T]) -> _T:
-        """One of ``kernel_lock.tables``'s getters, its error this reader's (the key
-        completed with ``where``)."""
+        """A ``kernel_lock.tables`` getter, its error this reader's (the key after ``where``)."""
         try:
             return getter()
         except ReadError as exc:
             raise self.err(f"{where}{exc.key}", exc.problem, exc.fix) from None
 
-    def table(
-        self, d: Mapping[str, Any], key: str, known: Sequence[str], where: str
-    ) -> dict[str, Any]:
+    def table(self, d: Table, key: str, known: Sequence[str], where: str) -> dict[str, Any]:
         """The sub-table ``key`` of ``d``, its unknown keys refused."""
         v = self.free_table(d, key, where)
         self.no_unknown(v, known, f"{where}{key}.")
         return v
 
-    def free_table(self, d: Mapping[str, Any], key: str, where: str) -> dict[str, Any]:
+    def free_table(self, d: Table, key: str, where: str) -> dict[str, Any]:
         """A table whose keys are the user's (variables, paths, library names)."""
         return self.read(where, lambda: get(d, key, dict, default={}))
 
-    def no_unknown(self, d: Mapping[str, Any], known: Sequence[str], where: str) -> None:
+    def no_unknown(self, d: Table, known: Sequence[str], where: str) -> None:
         """Refuse the first key of ``d`` not in ``known``, with a did-you-mean."""
         for k in unknown_keys(d, known):
             close = difflib.get_close_matches(k, list(known), n=1, cutoff=0.75)
@@ -63,30 +61,18 @@ class TableReader:
 
     # a required key, or one with a string default, is never None
     @overload
+    def string(self, d: Table, key: str, where: str, required: Literal[True]) -> str: ...
+    @overload
     def string(
-        self, d: Mapping[str, Any], key: str, where: str, required: Literal[True]
+        self, d: Table, key: str, where: str, required: bool = ..., *, default: str
     ) -> str: ...
     @overload
     def string(
-        self, d: Mapping[str, Any], key: str, where: str, required: bool = ..., *, default: str
-    ) -> str: ...
-    @overload
-    def string(
-        self,
-        d: Mapping[str, Any],
-        key: str,
-        where: str,
-        required: bool = ...,
-        default: str | None = ...,
+        self, d: Table, key: str, where: str, required: bool = ..., default: str | None = ...
     ) -> str | None: ...
 
     def string(
-        self,
-        d: Mapping[str, Any],
-        key: str,
-        where: str,
-        required: bool = False,
-        default: str | None = None,
+        self, d: Table, key: str, where: str, required: bool = False, default: str | None = None
     ) -> str | None:
         """The string at ``key`` (or ``default``; ``required``: an error when absent)."""
         if required:
@@ -119,7 +105,6 @@ class TableReader:
         try:
             SpecifierSet(spec)
         except InvalidSpecifier:
-            raise self.err(
-                key, f"{spec!r} is not a PEP 440 version specifier like '>=2.4,<2.12'"
-            ) from None
+            problem = f"{spec!r} is not a PEP 440 version specifier like '>=2.4,<2.12'"
+            raise self.err(key, problem) from None
         return spec

@@ -1,8 +1,6 @@
-"""What torch was built with, and each accelerator it can use here. The vendor is decided once,
-by ``kernel_lock.fingerprint.device_facts`` (ROCm by ``torch.version.hip``, never by compute
-capability); NVIDIA devices come from NVML first (no CUDA context). ``torch``: anything shaped like
-the torch module.
-"""
+"""What torch was built with, and each accelerator it can use here (the vendor decided once, by
+``kernel_lock.fingerprint.device_facts``; NVIDIA devices from NVML first, no CUDA context).
+``torch``: anything shaped like the torch module."""
 
 from __future__ import annotations
 
@@ -102,8 +100,8 @@ def _dotted(parts: Any) -> str | None:
 def dnn_library(torch: Any) -> dict[str, Any]:
     """cuDNN (MIOpen on ROCm): the version loaded, and the one torch was compiled against."""
     library = "miopen" if build_kind(torch) == "rocm" else "cudnn"
-    out: dict[str, Any] = {"library": library, "version": None, "compiled": None}
-    out.update(available=False, error=None)
+    out: dict[str, Any] = dict(library=library, version=None, compiled=None, available=False)
+    out["error"] = None
     is_available, cudnn = _attr(torch, "backends.cudnn.is_available"), _attr(torch, "_C._cudnn")
     try:
         out["available"] = bool(is_available()) if is_available else False
@@ -118,13 +116,14 @@ def dnn_library(torch: Any) -> dict[str, Any]:
 def collectives_library(torch: Any) -> dict[str, Any]:
     """NCCL (RCCL on ROCm): the version torch uses; None on builds without it."""
     kind = build_kind(torch)
-    out: dict[str, Any] = {"library": "rccl" if kind == "rocm" else "nccl", "version": None}
+    out: dict[str, Any] = dict(library="rccl" if kind == "rocm" else "nccl", version=None)
     out["error"] = None
-    if kind not in ("cuda", "rocm"):
-        return out
     try:
-        nccl = _attr(torch, "cuda.nccl") or importlib.import_module(f"{torch.__name__}.cuda.nccl")
-        out["version"] = ".".join(str(p) for p in nccl.version())
+        if kind in ("cuda", "rocm"):
+            nccl = _attr(torch, "cuda.nccl") or importlib.import_module(
+                f"{torch.__name__}.cuda.nccl"
+            )
+            out["version"] = ".".join(str(p) for p in nccl.version())
     except Exception as exc:  # built without NCCL, or the library failed to load
         out["error"] = failure(exc)
     return out
@@ -188,9 +187,7 @@ def torch_build_covers(device_arch: str, arch_list: Sequence[str]) -> dict[str, 
     device = _SM.match(device_arch)
     if device is None or device.group(1) != "sm":
         return covers(None, "unknown", f"unrecognised device arch {device_arch!r}")
-    want = _sm(device.group(2))
-    sass: list[tuple[tuple[int, int], str]] = []
-    ptx: list[tuple[tuple[int, int], str]] = []
+    want, sass, ptx = _sm(device.group(2)), [], []
     for entry in arch_list:
         if (m := _SM.match(entry)) is None:
             continue
@@ -222,10 +219,10 @@ def _device(
     return {**entry, **extra}
 
 
-def _int(value: Any) -> int | None:
+def _int(obj: Any, name: str) -> int | None:
     try:
-        return None if value is None else int(value)
-    except (TypeError, ValueError):
+        return int(getattr(obj, name))
+    except (AttributeError, TypeError, ValueError):
         return None
 
 
@@ -239,19 +236,17 @@ def _devices(torch: Any, primary: dict[str, Any], nvml: NvmlList) -> list[dict[s
             out.append(_device("cuda", "nvidia", d["index"], d["name"], d["arch"], **extra))
         return out
     if kind == "mps":
-        mps, memory = getattr(torch, "mps", None), None
-        if mps is not None and hasattr(mps, "recommended_max_memory"):
-            try:
-                memory = int(mps.recommended_max_memory())
-            except Exception:  # older torch, or MPS refuses: memory is then unknown
-                memory = None
+        try:
+            memory = int(torch.mps.recommended_max_memory())
+        except Exception:  # older torch, or MPS refuses: memory is then unknown
+            memory = None
         return [_device("mps", "apple", 0, primary["name"], "", memory_bytes=memory)]
     if kind == "xpu":
         for i in range(int(torch.xpu.device_count())):
             props = torch.xpu.get_device_properties(i)
             name = str(getattr(props, "name", "Intel XPU"))
-            memory = _int(getattr(props, "total_memory", None))
             driver = str(getattr(props, "driver_version", "") or "")
+            memory = _int(props, "total_memory")
             out.append(_device("xpu", "intel", i, name, "", memory_bytes=memory, driver=driver))
         return out
     if kind not in ("cuda", "rocm"):
@@ -260,12 +255,9 @@ def _devices(torch: Any, primary: dict[str, Any], nvml: NvmlList) -> list[dict[s
     for i in range(int(torch.cuda.device_count())):
         props = torch.cuda.get_device_properties(i)
         uuid, name = getattr(props, "uuid", None), str(props.name)
-        facts: dict[str, Any] = dict(
-            memory_bytes=_int(getattr(props, "total_memory", None)),
-            multiprocessors=_int(getattr(props, "multi_processor_count", None)),
-            uuid=None if uuid is None else str(uuid),
-            driver=driver,
-        )
+        facts: dict[str, Any] = dict(uuid=None if uuid is None else str(uuid), driver=driver)
+        facts.update(memory_bytes=_int(props, "total_memory"))
+        facts.update(multiprocessors=_int(props, "multi_processor_count"))
         if kind == "cuda":
             major, minor = int(props.major), int(props.minor)
             facts["capability"] = [major, minor]

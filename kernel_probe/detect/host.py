@@ -5,6 +5,7 @@ signals (hostname, Slurm variables, site markers) as found; which site it is, th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import socket
@@ -27,12 +28,8 @@ ONEDNN_ISAS = (
     + ("AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16", "AVX512_CORE_AMX")
     + ("AVX10_1_512_AMX", "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX_FP16")
 )
-ONEDNN_NEEDS = {
-    "AMX BF16": "AVX512_CORE_AMX",
-    "AVX-512 BF16": "AVX512_CORE_BF16",
-    "AMX FP16": "AVX512_CORE_AMX_FP16",
-    "AVX-512 FP16": "AVX10_1_512",
-}
+ONEDNN_NEEDS = {"AMX BF16": "AVX512_CORE_AMX", "AVX-512 BF16": "AVX512_CORE_BF16"}
+ONEDNN_NEEDS |= {"AMX FP16": "AVX512_CORE_AMX_FP16", "AVX-512 FP16": "AVX10_1_512"}
 ONEDNN_ALIASES = {"AVX512_CORE_FP16": "AVX10_1_512", "AVX10_1_512_AMX": "AVX512_CORE_AMX"}
 
 
@@ -87,13 +84,10 @@ def cpu_model(host: Any | None) -> dict[str, Any]:
     ``model_known: false``."""
     if host is None:
         return {"microarch": "unknown", "generic": None, "vendor": None, "model_known": False}
-    generic = getattr(host, "generic", None)
-    vendor = str(getattr(host, "vendor", "") or "")
-    return {
-        "microarch": str(host.name),
-        "generic": str(getattr(generic, "name", generic)) if generic is not None else None,
-        "vendor": vendor or None,
-        "model_known": vendor.lower() != "generic",
+    generic, vendor = getattr(host, "generic", None), str(getattr(host, "vendor", "") or "")
+    generic = str(getattr(generic, "name", generic)) if generic is not None else None
+    return dict(microarch=str(host.name), generic=generic, vendor=vendor or None) | {
+        "model_known": vendor.lower() != "generic"
     }
 
 
@@ -116,13 +110,10 @@ def usable_cores() -> int | None:
 
 def _meminfo() -> dict[str, int]:
     out: dict[str, int] = {}
-    try:
-        for line in _lines("/proc/meminfo"):
-            key, _, rest = line.partition(":")
+    with contextlib.suppress(ValueError, IndexError):
+        for key, _, rest in (line.partition(":") for line in _lines("/proc/meminfo")):
             if key in ("MemTotal", "MemAvailable"):
                 out[key] = int(rest.split()[0]) * 1024
-    except (ValueError, IndexError):
-        pass
     return out
 
 
@@ -169,6 +160,10 @@ def _isa_rank(name: str) -> int | None:
     return ONEDNN_ISAS.index(name) if name in ONEDNN_ISAS else None
 
 
+def _reaches(rank: int | None, path: str) -> bool:  # an ISA ceiling of rank (None: none)
+    return rank is None or path not in ONEDNN_NEEDS or rank >= (_isa_rank(ONEDNN_NEEDS[path]) or 0)
+
+
 def matmul(
     flags: Iterable[str] | None = None, env: Mapping[str, str] | None = None
 ) -> dict[str, dict[str, Any]]:
@@ -181,11 +176,7 @@ def matmul(
     out: dict[str, dict[str, Any]] = {}
     for dtype, paths in NATIVE_FLAGS.items():
         have = [name for flag, name in paths if flagset is not None and flag in flagset]
-        usable = [
-            n
-            for n in have
-            if rank is None or n not in ONEDNN_NEEDS or rank >= (_isa_rank(ONEDNN_NEEDS[n]) or 0)
-        ]
+        usable = [n for n in have if _reaches(rank, n)]
         why = usable[0] if usable else f"the CPU has none of {', '.join(n for _, n in paths)}"
         if flagset is None:
             why = "the CPU's flags could not be read (/proc/cpuinfo)"

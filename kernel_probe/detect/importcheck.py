@@ -9,9 +9,8 @@ timeout, answers an ``ImportCheckReply`` and exits normally, so a crash at exit 
     not-installed  there was nothing to import (decided by the caller, no child started)
     skipped        not checked (``--no-import-checks``, or a namesake that is not the library)
 
-``ImportCache`` keeps a clean answer (exit code 0, nothing printed) for ``MAX_AGE`` at most and
-reuses it, marked ``cached``, while nothing in its ``cache_key`` changed (the child, interpreter,
-node and boot, search path, the library's files and times, the variables that steer an import).
+``ImportCache`` reuses a clean answer (exit 0, nothing printed), marked ``cached``, for ``MAX_AGE``
+at most, while nothing in its ``cache_key`` (interpreter, boot, paths, files, variables) changed.
 """
 
 from __future__ import annotations
@@ -169,13 +168,8 @@ def classify(child: ChildResult, timeout: float) -> dict[str, Any]:
         if status == "error" and child.started and reply.where:  # the import raised
             out["where"] = reply.where
         out["import_seconds"] = round(float(reply.seconds), 3)
-        out.update(
-            (k, v) for k, v in (("file", reply.file), ("module_version", reply.version)) if v
-        )
-        if reply.target is not None:
-            out["target"] = reply.target
-        if reply.target_error:
-            out["target_error"] = reply.target_error
+        found = dict(file=reply.file, module_version=reply.version, target=reply.target)
+        out.update((k, v) for k, v in {**found, "target_error": reply.target_error}.items() if v)
     if child.stdout.strip():
         out["stdout"] = clip(child.stdout, 2000)
     if child.stderr.strip() and out["status"] != "ok":
@@ -295,11 +289,8 @@ class ImportCache:
             return None
         if not all(isinstance(t, (int, float)) for t in (entry.asked, entry.seconds)):
             return None
-        if (
-            entry.format != FORMAT
-            or entry.key != key
-            or not 0 <= time.time() - entry.asked <= MAX_AGE
-        ):
+        stale = not 0 <= time.time() - entry.asked <= MAX_AGE
+        if entry.format != FORMAT or entry.key != key or stale:
             return None
         self.used += 1
         child = ChildResult(status="ok", value=entry.reply, returncode=0, seconds=entry.seconds)
@@ -311,13 +302,8 @@ class ImportCache:
         folder = self._imports() if clean and not child.stdout.strip() else None
         if folder is None:
             return
-        entry = ImportCheckCached(
-            format=FORMAT,
-            key=key,
-            asked=time.time(),
-            seconds=float(child.seconds),
-            reply=dict(child.value),
-        )
+        asked, seconds, reply = time.time(), float(child.seconds), dict(child.value)
+        entry = ImportCheckCached(format=FORMAT, key=key, asked=asked, seconds=seconds, reply=reply)
         try:
             write_file(folder / f"{key}.json", json.dumps(entry.to_json()), mode=0o600)
         except (UnsafeWrite, OSError) as exc:
@@ -340,8 +326,7 @@ def check_import(
         request = ImportCheckRequest(module=request)
     if request.probe not in PROBES:
         raise ValueError(f"unknown probe {request.probe!r}")
-    keyed = cache is not None and python is None
-    key = ""
+    keyed, key = cache is not None and python is None, ""
     args: dict[str, Any] = dict(child_source=CHILD_SOURCE, extra_paths=extra_paths, env=env)
     if keyed and cache is not None and cache.read:
         key = cache_key(request, **args)
@@ -356,17 +341,9 @@ def check_import(
         if keyed and not key:  # --fresh: the key is worked out while the child imports
             key = cache_key(request, **args)
 
-    child = run_function(
-        "",
-        "check",
-        request,
-        source=CHILD_SOURCE,
-        teardown=True,
-        timeout=timeout,
-        env=child_environment(extra_paths, env),
-        python=python,
-        started=_started,
-    )
+    call: dict[str, Any] = dict(source=CHILD_SOURCE, teardown=True, timeout=timeout, python=python)
+    call.update(env=child_environment(extra_paths, env), started=_started)
+    child = run_function("", "check", request, **call)
     if key and cache is not None:
         cache.store(key, child)
     return classify(child, timeout)

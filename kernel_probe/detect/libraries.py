@@ -1,12 +1,7 @@
 """Which kernel libraries and which Triton are installed, and what they really are, from package
-metadata and files only: nothing is imported here (``importcheck`` does, in children).
-
-The libraries are data: the ``[[library]]`` tables of ``kernel_lock/registry.toml`` (distributions,
-module, the module whose import proves it usable, ``variants`` recognised from its files). Several
-distributions install the same ``triton`` package (PyPI's ``triton`` 3.x carries the CUDA and the
-AMD backend; ``pytorch-triton-rocm`` is what torch's ROCm wheel pins): the last installed owns the
-files, and their wheel RECORDs tell which.
-"""
+metadata and files only (nothing imported). The libraries are the ``[[library]]`` tables of
+``kernel_lock/registry.toml``. Several distributions install the same ``triton`` package (PyPI's
+``triton``, ``pytorch-triton-rocm``, ...): the last installed owns the files; their RECORDs tell."""
 
 from __future__ import annotations
 
@@ -30,12 +25,9 @@ VARIANT_KEYS = ("key", "label", "has-any", "text-in", "usable")
 TRITON = "triton"  # the module
 # distribution -> the backend its builds target when its RECORD lists no triton/backends/ (2.x)
 TRITON_DISTRIBUTIONS: dict[str, str] = {
-    "triton": "cuda",
-    "pytorch-triton": "cuda",
-    "pytorch-triton-rocm": "hip",
-    "triton-rocm": "hip",
-    "pytorch-triton-xpu": "xpu",
-    "triton-xpu": "xpu",
+    **dict.fromkeys(("triton", "pytorch-triton"), "cuda"),
+    **dict.fromkeys(("pytorch-triton-rocm", "triton-rocm"), "hip"),
+    **dict.fromkeys(("pytorch-triton-xpu", "triton-xpu"), "xpu"),
 }
 BACKEND_DIRECTORIES = {"nvidia": "cuda", "amd": "hip", "intel": "xpu"}  # triton/backends/<dir>
 
@@ -85,25 +77,14 @@ def read_libraries(r: TableReader, d: Mapping[str, Any]) -> tuple[KnownLibrary, 
                 for x in text_in
             ):
                 raise r.err(f"{at}text-in", "expected a list of [file, text] pairs")
-            variants.append(
-                Variant(
-                    r.string(v, "key", at, required=True),
-                    r.string(v, "label", at, required=True),
-                    has_any=r.strings(v, "has-any", at),
-                    text_in=tuple((f, t) for f, t in text_in),
-                    usable=r.boolean(v, "usable", at, default=True),
-                )
-            )
-        libs.append(
-            KnownLibrary(
-                r.string(lib, "name", where, required=True),
-                r.strings(lib, "distributions", where),
-                r.string(lib, "module", where, required=True),
-                r.string(lib, "check", where, required=True),
-                variants=tuple(variants),
-                about=r.string(lib, "about", where, default=""),
-            )
-        )
+            key, label = (r.string(v, k, at, required=True) for k in ("key", "label"))
+            has_any, usable = r.strings(v, "has-any", at), r.boolean(v, "usable", at, default=True)
+            variants.append(Variant(key, label, has_any, tuple(map(tuple, text_in)), usable))
+        name = r.string(lib, "name", where, required=True)
+        dists = r.strings(lib, "distributions", where)
+        module, check = (r.string(lib, k, where, required=True) for k in ("module", "check"))
+        about = r.string(lib, "about", where, default="")
+        libs.append(KnownLibrary(name, dists, module, check, tuple(variants), about))
     return tuple(libs)
 
 

@@ -1,11 +1,7 @@
-"""The report of ``kernel-probe env``: every fact of the detection layer, as plain data
-(``detect()``; keys documented in docs/env.md). The primary device and the lock fingerprint come
-from ``kernel_lock.fingerprint``, so the report and the lock never disagree about this machine.
-
-Triton's active target needs its runtime, asked in the import-check child only where a GPU may be:
-elsewhere it costs 1.5 s to end in "0 active drivers", so the backend is inferred from torch's build
-and the report says why (``target_not_asked``).
-"""
+"""The report of ``kernel-probe env`` (``detect()``; keys in docs/env.md): every detected fact, as
+plain data; device and fingerprint from ``kernel_lock.fingerprint``, as the lock's. Triton's
+target is asked of its runtime only where a GPU may be (elsewhere it costs 1.5 s to end in "0
+active drivers"): else it is inferred from torch's build, and ``target_not_asked`` says why."""
 
 from __future__ import annotations
 
@@ -87,10 +83,8 @@ def library_entry(located: Located, imported: Mapping[str, Any] | None) -> dict[
     if not located.installed:
         reason = "module not found"
         if located.distributions:
-            reason = (
-                f"distribution {located.distribution} is installed but module "
-                f"{lib.module!r} is not importable"
-            )
+            reason = f"distribution {located.distribution} is installed but module {lib.module!r}"
+            reason += " is not importable"
         status: dict[str, Any] = {"status": "not-installed", "reason": reason, "seconds": None}
     elif variant is not None and not variant.usable:
         status = {"status": "skipped", "reason": variant.label, "seconds": None}
@@ -130,15 +124,11 @@ def triton_entry(
     dists = located.distributions
     provider = located.owners[0] if len(located.owners) == 1 else None
     built_for = {n: located.backends.get(n) or [TRITON_DISTRIBUTIONS[n]] for n in dists}
+    listed = ", ".join(f"{n} {dists[n]} (backends: {', '.join(b)})" for n, b in built_for.items())
     conflict = None
     if len(dists) > 1:
-        listed = ", ".join(
-            f"{n} {dists[n]} (backends: {', '.join(b)})" for n, b in built_for.items()
-        )
-        conflict = (
-            f"several distributions install the same 'triton' package: {listed}; the one "
-            f"installed last owns the files (now: {provider or 'unknown'})"
-        )
+        conflict = f"several distributions install the same 'triton' package: {listed}; the one "
+        conflict += f"installed last owns the files (now: {provider or 'unknown'})"
     wanted = BACKEND_FOR_TORCH_BUILD.get(torch_build)
     provider_backends = built_for.get(provider) if provider else None
     pin, matches_pin, pin_problem = located.torch_pin, None, None
@@ -219,22 +209,17 @@ def _torch_and_devices(
         errors.append({"where": "device", "error": failure(exc)})
         primary = fingerprint.device_facts(_NO_TORCH)
     out["device"] = dict(primary)
-    found = attempt(
-        "accelerators", accelerators.detect_accelerators, torch_like, primary, nvml=nvml
-    )
-    out["accelerators"] = found or []
+    devices = accelerators.detect_accelerators
+    out["accelerators"] = attempt("accelerators", devices, torch_like, primary, nvml=nvml) or []
     if torch is not None:  # one device answer for both
-        answer = attempt("fingerprint", fingerprint.current, torch, device=lambda _t: primary)
-        out["fingerprint"] = answer
+        out["fingerprint"] = attempt(
+            "fingerprint", fingerprint.current, torch, device=lambda _: primary
+        )
     return out
 
 
 def _checks_facts(
-    run: bool,
-    timeout: float,
-    scaled: bool,
-    imported: Mapping[str, Mapping[str, Any]],
-    cache: ImportCache | None,
+    run: bool, timeout: float, scaled: bool, imported: Mapping[str, Any], cache: ImportCache | None
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"run": run, "timeout": float(timeout)}
     if scaled:
@@ -260,14 +245,10 @@ def detect(
     cache: ImportCache | None = None,
     root: str = "/",
 ) -> dict[str, Any]:
-    """Everything ``kernel-probe env`` reports, as JSON-ready data.
-
-    ``import_checks``: import each installed library (and Triton) in a child, all at once,
-    ``timeout`` seconds each (None: the default scaled to the load); ``extra_paths`` go first on the
-    search path, here and in the children; ``env`` replaces os.environ for the children and the site
-    signals; ``cache`` keeps clean answers. ``table``, ``torch``, ``nvml`` and ``root`` (where
-    ``/dev`` is) replace the real ones in tests.
-    """
+    """Everything ``kernel-probe env`` reports, as JSON-ready data. ``import_checks``: import each
+    installed library (and Triton) in a child, ``timeout`` seconds each (None: the default scaled
+    to the load); ``extra_paths`` go first on the search path; ``env`` replaces os.environ for the
+    children and site signals. ``table``, ``torch``, ``nvml``, ``root`` (of /dev): for tests."""
     start = time.perf_counter()
     errors: list[dict[str, str]] = []
     scaled = timeout is None and import_checks  # no child, no timeout to scale
@@ -292,11 +273,8 @@ def detect(
         here = _torch_and_devices(torch, nvml or lock_host.nvml_devices, errors)
         imported = checks.results() if checks is not None else {}
         not_asked = target_not_asked(device_nodes, here["device"]["type"])
-        if (
-            not device_nodes
-            and not_asked is None
-            and imported.get("triton", {}).get("status") == "ok"
-        ):
+        triton_ok = imported.get("triton", {}).get("status") == "ok"
+        if not device_nodes and not_asked is None and triton_ok:
             # torch sees a device that left no device node: ask the runtime now, as on a GPU node
             checks = run({"triton": ImportCheckRequest(TRITON, probe="triton-target")})
             imported["triton"] = checks.results()["triton"]
@@ -305,13 +283,9 @@ def detect(
             checks.cancel()
         raise
     libs = {name: library_entry(loc, imported.get(name)) for name, loc in located.items()}
-    triton_facts = triton_entry(
-        located_triton,
-        imported.get("triton"),
-        torch_build=here["torch"]["build"] if here["torch"] else "cpu",
-        device_arch=here["device"]["arch"],
-        not_asked=not_asked,
-    )
+    build, arch = here["torch"]["build"] if here["torch"] else "cpu", here["device"]["arch"]
+    facts = dict(torch_build=build, device_arch=arch, not_asked=not_asked)
+    triton_facts = triton_entry(located_triton, imported.get("triton"), **facts)
     return {
         "schema": SCHEMA,
         "kernel_probe": __version__,

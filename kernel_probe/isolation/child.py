@@ -1,13 +1,10 @@
 """The one way the probe starts a child process: a fresh interpreter that cannot hurt the caller.
 
-Every child runs ``BOOT``, started by the one launcher, ``kernel_lock.launch`` (``python -I``,
-``sys.path`` set before any import, never the working directory, except *last* for the worker, so
-``--candidate mymod.X`` may name a local module). ``BOOT`` dies with its parent, may leave a reaper
-that kills its process group when it dies, caps its address space if asked, then calls
-``function(payload)`` once (:func:`run_function`, whose ``ChildResult`` says ok, error, crashed or
-timeout with the evidence; payload, answer and output are files, so a forked process holding the
-child's descriptors cannot block the caller) or serves (:func:`spawn`, the worker). :func:`end`
-ends a child: its whole process group is killed.
+Every child runs ``BOOT`` through the one launcher, ``kernel_lock.launch`` (``python -I``, the
+working directory on ``sys.path`` only last, for the worker's local ``--candidate``). ``BOOT`` dies
+with its parent, may leave a reaper that kills its process group, caps its address space if asked,
+then calls ``function(payload)`` once (:func:`run_function`: payload, answer and output are files,
+so a forked grandchild cannot block the caller) or serves (:func:`spawn`, the worker).
 """
 
 from __future__ import annotations
@@ -27,10 +24,10 @@ from typing import Any
 from kernel_lock.files import write_file
 from kernel_lock.launch import kill_group, python_argv, pythonpath_roots, start
 
-# The child program: the standard library only before ``module`` (an import check's question is
-# the library's import alone). Its options (JSON): mode (call | serve), module, function, source
-# (code defining ``function``, instead of module), parent, keep_cwd, reaper, memory, exit (hard |
-# normal), payload, result.
+# The child program: the standard library only before ``module`` (an import check asks about the
+# library's import alone). Its options (JSON): mode (call | serve), module, function, source (code
+# defining ``function``, instead of module), parent, reaper, memory, exit (hard | normal), payload,
+# result.
 BOOT = r"""
 import sys, json, os
 options = json.loads(sys.argv[1])
@@ -97,9 +94,8 @@ TAIL = 4000  # characters of the child's stdout/stderr kept as evidence
 
 @dataclass(frozen=True)
 class ChildResult:
-    """What came back from a child: ``status`` ok, error (the function raised), crashed or timeout.
-    ``timed_out`` is set even when an answer came before the kill; ``started`` is False when the
-    interpreter could not be started at all."""
+    """What came back from a child: ``status`` ok, error (the function raised), crashed or timeout;
+    ``timed_out`` even when an answer came before the kill; ``started``: the interpreter started."""
 
     status: str
     value: Any = None
@@ -159,10 +155,8 @@ def child_environment(
     """The child's environment: ours (or ``env``), with ``extra_paths`` in front of PYTHONPATH."""
     base = dict(os.environ if env is None else env)
     if extra_paths:
-        parts = [str(p) for p in extra_paths] + (
-            [base["PYTHONPATH"]] if base.get("PYTHONPATH") else []
-        )
-        base["PYTHONPATH"] = os.pathsep.join(parts)
+        old = [base["PYTHONPATH"]] if base.get("PYTHONPATH") else []
+        base["PYTHONPATH"] = os.pathsep.join([str(p) for p in extra_paths] + old)
     base.setdefault("PYTHONIOENCODING", "utf-8")
     return base
 
@@ -234,21 +228,13 @@ def run_function(
         d = Path(tmp)
         write_file(d / "payload.json", json.dumps(payload, default=str), mode=0o600)
         with open(d / "stdout", "wb") as out, open(d / "stderr", "wb") as err:
+            call: dict[str, Any] = dict(mode="call", source=source)
+            call["exit"] = "normal" if teardown else "hard"
+            call |= dict(payload=str(d / "payload.json"), result=str(d / "result.json"))
+            call |= dict(env=env, python=python, memory_limit=memory_limit)
             try:
                 proc = spawn(
-                    module,
-                    function,
-                    env=env,
-                    python=python,
-                    memory_limit=memory_limit,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
-                    mode="call",
-                    source=source,
-                    payload=str(d / "payload.json"),
-                    result=str(d / "result.json"),
-                    exit="normal" if teardown else "hard",
+                    module, function, stdin=subprocess.DEVNULL, stdout=out, stderr=err, **call
                 )
             except OSError as exc:
                 reason = f"could not start {python or sys.executable}: {exc}"

@@ -1,10 +1,6 @@
-"""Every message between the probe and its child processes, typed, in one place.
-
-The worker reads one JSON line per request, ``{"op": ..., ...}`` (a ``*Request`` TypedDict), and
-answers with its op's reply (``worker.REPLIES``) after ``{"progress": ...}`` lines. Import checks
-and anemoi config children send one JSON file each way. A missing or unknown key is a
-``ProtocolError`` naming message and key: a renamed key fails at once.
-"""
+"""Every message between the probe and its child processes, typed: the worker's JSON lines
+(``{"op": ...}`` requests, progress lines, replies), and the one-file messages of import checks and
+anemoi config children. A missing or unknown key is a ``ProtocolError`` naming message and key."""
 
 import os
 import types
@@ -62,9 +58,7 @@ class Message:
         required = [k for k, f in known.items() if f.default is MISSING is f.default_factory]
         check_keys(cls.__name__, data, list(known), required)
         kwargs = {}
-        for key, value in data.items():
-            if key not in known:  # "op"
-                continue
+        for key, value in ((k, v) for k, v in data.items() if k in known):  # not "op"
             try:
                 kwargs[key] = _decode(known[key].type, value)
             except ProtocolError as exc:
@@ -157,8 +151,7 @@ def _rows(value: Any) -> list[MeasurementRow]:
     for i, row in enumerate(value):
         if not isinstance(row, Mapping):
             raise ProtocolError(f"rows[{i}]: expected a JSON object")
-        unknown = sorted(set(row) - MEASUREMENT_KEYS)
-        if unknown:
+        if unknown := sorted(set(row) - MEASUREMENT_KEYS):
             raise ProtocolError(f"rows[{i}]: unknown key(s) {', '.join(map(repr, unknown))}")
         if "dtype" not in row or "regime" not in row:
             raise ProtocolError(f"rows[{i}]: missing 'dtype' or 'regime'")
@@ -223,8 +216,7 @@ class PingReply(Reply):
 
 @dataclass(frozen=True, kw_only=True)
 class FingerprintReply(Reply):
-    """This machine's lock fingerprint as the worker's torch sees it
-    (``kernel_lock.fingerprint.current``)."""
+    """This machine's lock fingerprint as the worker's torch sees it."""
 
     fields: dict[str, Any]
 

@@ -1,14 +1,11 @@
-"""The worker that candidates are imported and run in.
+"""The worker that candidates are imported and run in: a ``child.spawn`` process group.
 
 A candidate that segfaults, aborts, hangs, forks or runs out of memory costs only its worker: the
 caller gets ``WorkerDied`` (``crashed`` / ``timeout``, with stderr's tail), the next call a fresh
-worker. ``WorkerPool``: torch's own candidates share one worker, started before any library is
-imported; every other library gets its own. Each worker reports the torch functions the reference
-and baseline use (``TORCH_SURFACE``) that a candidate replaced. A worker is a ``child.spawn``
-process group (ended by ``child.end``; it dies with its parent, a reaper kills the group when it
-dies); replies are read with ``select`` against a deadline, never blocked on a pipe a grandchild
-holds; its stdout is pointed at stderr, so a library that prints cannot corrupt the protocol.
-"""
+worker. Replies are read with ``select`` against a deadline (never blocked on a pipe a grandchild
+holds); the worker's stdout goes to stderr, so a library that prints cannot corrupt the protocol;
+it reports the torch functions of the reference and baseline (``TORCH_SURFACE``) a candidate
+replaced."""
 
 from __future__ import annotations
 
@@ -66,15 +63,9 @@ PING: PingRequest = {"op": "ping"}
 REQUESTS: dict[str, Any] = {
     typing.get_args(r.__annotations__["op"])[0]: r for r in typing.get_args(Request)
 }
-REPLIES: dict[str, type[Reply]] = {
-    "ping": PingReply,
-    "fingerprint": FingerprintReply,
-    "import": ImportReply,
-    "check": CheckReply,
-    "try": TryReply,
-    "time": TimeReply,
-    "graph-attention": CheckReply,
-}
+REPLIES: dict[str, type[Reply]] = {"ping": PingReply, "fingerprint": FingerprintReply}
+REPLIES |= {"import": ImportReply, "check": CheckReply, "try": TryReply, "time": TimeReply}
+REPLIES["graph-attention"] = CheckReply
 Progress = Callable[[TimingProgressMessage], None]
 Spawned = tuple[subprocess.Popen[bytes], Any]  # a worker process and its stderr file
 
@@ -243,9 +234,8 @@ class Worker:
                 if line is None:
                     last = f"; last output: {tail[-300:]}" if tail else ""
                     raise WorkerDied("timeout", f"no answer within {timeout:g} s (killed){last}")
-                how = (
-                    f"killed by {signal_name(-code)}" if code < 0 else f"exited with status {code}"
-                )
+                how = f"exited with status {code}"
+                how = f"killed by {signal_name(-code)}" if code < 0 else how
                 last = f"; stderr: {tail[-600:]}" if tail else ""
                 raise WorkerDied("crashed", f"the worker process {how}{last}")
             data = json.loads(line)
@@ -270,8 +260,7 @@ def library_of(cand: Any) -> str:
 
 class WorkerPool:
     """Which worker serves which candidate: torch's own share one (started before any library is
-    imported); each other library gets a fresh one that serves its candidates and nothing else. A
-    spare process keeps starting in the background, so a fresh worker's start overlaps checks."""
+    imported), each other library its own; a spare process starts ahead, overlapping checks."""
 
     def __init__(self, env: Mapping[str, str] | None = None):
         self._env = dict(os.environ if env is None else env)
@@ -297,9 +286,8 @@ class WorkerPool:
         return self._libraries[key]
 
     def prepare(self, ahead: Sequence[Any] | None = None) -> None:
-        """Start the shared worker now. ``ahead``: candidates whose libraries will need a worker:
-        each such worker starts now and imports its first candidate's class while torch's own are
-        checked (no spare kept then). ``None``: a spare starts for the first library."""
+        """Start the shared worker now; ``ahead``: candidates whose libraries' workers start now,
+        importing their first class while torch's own are checked (None: one spare starts)."""
         self.shared.send_ahead(PING)  # torch's own worker first: it starts importing torch now
         if ahead is None:
             if self._next is None:
@@ -328,12 +316,10 @@ class WorkerPool:
             worker.close(grace=deadline - time.monotonic())
         spare, self._next = self._next, None
         if spare is not None:
-            proc, stderr = spare
-            end(proc, 0)
-            for f in (proc.stdin, proc.stdout, stderr):
+            end(spare[0], 0)
+            for f in (spare[0].stdin, spare[0].stdout, spare[1]):
                 with contextlib.suppress(OSError, AttributeError):
-                    if f is not None:
-                        f.close()
+                    f.close()  # type: ignore[union-attr]
 
     def __enter__(self) -> WorkerPool:
         return self
@@ -385,17 +371,15 @@ def read_request(data: Any) -> Request:
     if not isinstance(data, Mapping):
         raise ProtocolError(f"request: expected a JSON object, got {type(data).__name__}")
     if (kind := REQUESTS.get(data.get("op"))) is None:  # type: ignore[arg-type]
-        raise ProtocolError(
-            f"request: unknown op {data.get('op')!r} (known: {', '.join(REQUESTS)})"
-        )
+        known = ", ".join(REQUESTS)
+        raise ProtocolError(f"request: unknown op {data.get('op')!r} (known: {known})")
     check_keys(kind.__name__, data, list(kind.__annotations__), kind.__required_keys__)
     return typing.cast(Request, data)
 
 
 def serve(dispatch: Callable[[Request, Progress], Reply]) -> None:
-    """The worker's loop: one request a line on stdin, one reply a line from ``dispatch`` (after its
-    progress messages; flagged when torch's functions were replaced or Triton ran interpreted), a
-    fatal reply to what is not a request."""
+    """The worker's loop: a request a line on stdin, ``dispatch``'s reply a line after its progress
+    (flagged: torch's functions replaced, Triton interpreted); a fatal reply to a non-request."""
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything printed by foreign code goes to stderr, not the protocol
     sys.stdout = sys.stderr
@@ -410,11 +394,9 @@ def serve(dispatch: Callable[[Request, Progress], Reply]) -> None:
         out: dict[str, Any]
         try:
             reply = dispatch(read_request(json.loads(line)), emit)
-            out = dataclasses.replace(
-                reply,
-                tampered=tuple(tampered()) or reply.tampered,
-                interpreted=reply.interpreted or interpreting(),
-            ).to_json()
+            flags: dict[str, Any] = dict(tampered=tuple(tampered()) or reply.tampered)
+            flags["interpreted"] = reply.interpreted or interpreting()
+            out = dataclasses.replace(reply, **flags).to_json()
         except Exception as exc:  # a bug in the probe (or a malformed request): the parent's to see
             out = {"fatal": f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"}
         proto.write(json.dumps(out, default=str) + "\n")
