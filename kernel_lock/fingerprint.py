@@ -19,6 +19,7 @@ __all__ = [
     "BUILD_FIELDS",
     "DEVICE_FIELDS",
     "FIELDS",
+    "Match",
     "GENERIC_DEVICE_NAMES",
     "NUMERICS_ENV",
     "Unsettled",
