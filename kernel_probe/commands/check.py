@@ -12,7 +12,6 @@ from kernel_probe import slots as slot_behaviour
 from kernel_probe.errors import ForcedUnusable, UsageError
 from kernel_probe.isolation.protocol import INTERPRETED
 from kernel_probe.output import count, safe, seconds
-from kernel_probe.probe.graph_attention import check_backend
 from kernel_probe.probe.judge import Policy
 from kernel_probe.probe.limits import CHECK_HIDDEN, CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT
 from kernel_probe.probe.planning import detect_device, gather_candidates
@@ -169,6 +168,9 @@ def _not_importable(reports: Mapping[str, list[Report]]) -> ForcedUnusable | Non
 
 def _graph_attention(backends: Sequence[str], dtypes: Sequence[str], as_json: bool) -> int:
     """`check --graph-attention`: each backend's verdict."""
+    # reason: the worker's machinery, which the warm path (commands/probe imports this) never loads
+    from kernel_probe.probe.graph_attention import check_backend
+
     device = detect_device()["type"]
     reports = [check_backend(b, device, dtypes) for b in backends]
     if as_json:
