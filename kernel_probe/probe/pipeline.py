@@ -18,7 +18,7 @@ from typing import Any
 import kernel_lock
 from kernel_lock.errors import KernelUnavailable, LockError, LockFormatError, LockMismatch
 from kernel_probe import slots as slot_behaviour
-from kernel_probe.candidates import Candidate, default_for, for_slot
+from kernel_probe.candidates import Candidate, default_for, for_slot, local_modules
 from kernel_probe.detect.libraries import library_change
 from kernel_probe.errors import InputFileError, StaleLock
 from kernel_probe.probe.choose import Choice, choose
@@ -268,7 +268,7 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     per_slot = {s: for_slot(p.candidates, s) for s in p.slots}
     events.begin(sum(len(v) for v in per_slot.values()))
     try:
-        with WorkerPool() as pool:
+        with WorkerPool(local=local_modules(p.candidates)) as pool:
             refuse = functools.partial(_refused, p)
             for done in check_and_time(
                 per_slot, checks, pool, timing=timing, refuse=refuse, checking=events.checking
