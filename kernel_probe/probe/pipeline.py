@@ -164,12 +164,13 @@ def reusable(
 def _recorded_libraries(
     lock: kernel_lock.KernelLock, judged: Mapping[str, Sequence[str]]
 ) -> dict[str, str]:
-    """What the lock's probe saw installed (older locks: libraries all "not installed")."""
+    """What the lock's probe saw installed; a library it did not record (an older lock, or one
+    keyed by a submodule before issue 52): "" where all its candidates' rows say not installed."""
     recorded = lock.provenance.get("libraries")
-    if isinstance(recorded, Mapping):
-        return {str(k): str(v) for k, v in recorded.items()}
-    out: dict[str, str] = {}
+    out = {str(k): str(v) for k, v in recorded.items()} if isinstance(recorded, Mapping) else {}
     for name, ids in judged.items():
+        if name in out:
+            continue
         rows = [r for s in lock.slots for r in lock.slots[s].rejected if r.implementation in ids]
         if rows and all(any("not installed" in reason for reason in r.reasons) for r in rows):
             out[name] = ""

@@ -153,3 +153,22 @@ def test_the_confirming_child_runs_none_of_them_and_its_verdict_stands(planted, 
     )
     assert "'torch.nn.Identity' computes other: Identity, not layer_norm" in verdict["problem"]
     assert sys.modules.get("kp_local_only") is None
+
+
+@pytest.mark.slow
+def test_the_timing_plot_benchmark_probes_through_the_launcher(planted):
+    """Issue 52: `benchmarks/timing_plot.py --run` started `python -m kernel_probe` itself, which
+    put the working directory first on its path and ran a json.py there."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "timing_plot.py"
+    spec = importlib.util.spec_from_file_location("kp_timing_plot", path)
+    assert spec is not None and spec.loader is not None
+    timing_plot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(timing_plot)
+    result = timing_plot.run_probe(["64x32"], "32-true")
+    assert ran(planted) == [] and result["shapes"] == ["64x32"]
+    assert (
+        result["machine"]["command"]
+        == "kernel-probe --force --json --precision 32-true --shape 64x32"
+    )
