@@ -172,3 +172,28 @@ def test_the_timing_plot_benchmark_probes_through_the_launcher(planted):
         result["machine"]["command"]
         == "kernel-probe --force --json --precision 32-true --shape 64x32"
     )
+
+
+@pytest.mark.slow
+def test_the_confirming_child_finds_a_local_target_alone(planted, minimal_lock_text, monkeypatch):
+    """A caller with its working directory on its path (``python -m``) resolves a slot whose class
+    lives there: the child finds that module, and no other module of the folder."""
+    from kernel_lock import loads
+    from kernel_lock.launch import child_verdicts
+
+    Path("kp_local_norm.py").write_text(
+        "import torch\ntry:\n    import kp_other\nexcept ImportError:\n    pass\n"
+        "class Norm(torch.nn.LayerNorm):\n    pass\n"
+    )
+    monkeypatch.syspath_prepend("")
+    text = minimal_lock_text.replace(
+        'target = "torch.nn.LayerNorm"', 'target = "kp_local_norm.Norm"'
+    )
+    assert "kp_local_norm.Norm" in text
+    lock = loads(text, path="L.toml", emit_warnings=False, trust=["kp_local_norm"])
+    verdicts = child_verdicts(
+        lock, "training", {"LayerNorm": "its class is judged by importing it"}
+    )
+    assert ran(planted) == []  # kp_other (and every other planted module) never ran
+    verdict = verdicts["LayerNorm"]
+    assert verdict is None, verdict  # built: found, and kp_other was not
