@@ -29,6 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from kernel_lock.files import write_file  # noqa: E402  (this checkout's, found through ROOT)
+from kernel_lock.launch import kill_group, python_argv, start  # noqa: E402
+
+_PROBE = "import runpy; runpy.run_module('kernel_probe', run_name='__main__', alter_sys=True)"
 
 DEFAULT_SHAPES = ("512x1024", "1024x1024", "2048x1024", "4096x1024")
 
@@ -36,20 +39,19 @@ DEFAULT_SHAPES = ("512x1024", "1024x1024", "2048x1024", "4096x1024")
 def run_probe(shapes: list[str], precision: str) -> dict[str, Any]:
     """A fresh probe of this machine (nothing reused), its JSON and the machine's description."""
     with tempfile.TemporaryDirectory() as d:
-        argv = [
-            sys.executable,
-            "-m",
-            "kernel_probe",
-            "--out",
-            str(Path(d) / "k.toml"),
-            "--force",
-            "--json",
-        ]
-        argv += ["--precision", precision, *(a for s in shapes for a in ("--shape", s))]
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+        args = ["--out", str(Path(d) / "k.toml"), "--force", "--json"]
+        args += ["--precision", precision, *(a for s in shapes for a in ("--shape", s))]
+        # through the one launcher: this checkout's kernel_probe, nothing of the working directory
+        argv = python_argv(_PROBE, args, roots=[str(ROOT)])
+        proc = start(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            out, err = proc.communicate()
+        finally:
+            kill_group(proc.pid)  # what the probe left, or the probe itself when interrupted
         if proc.returncode:
-            sys.exit(f"the probe failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
-        result = json.loads(proc.stdout)
+            tail = err.decode("utf-8", "replace")[-2000:]
+            sys.exit(f"the probe failed (exit {proc.returncode}):\n{tail}")
+        result = json.loads(out)
     import torch
 
     result["machine"] = {
@@ -57,7 +59,7 @@ def run_probe(shapes: list[str], precision: str) -> dict[str, Any]:
         "cores": len(os.sched_getaffinity(0)),
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "command": " ".join(["kernel-probe", *argv[5:]]),  # without the temporary --out
+        "command": " ".join(["kernel-probe", *args[2:]]),  # without the temporary --out
     }
     return result
 

@@ -164,9 +164,12 @@ def check_directory(directory: Path | str, named: Path | str | None = None) -> P
     return real
 
 
-def private_dir(path: Path | str, *, create: bool = True) -> Path:
-    """The node-local directory ``path``, made 0700 where missing and checked: this user's
-    and open to nobody else, else :class:`UnsafeWrite` (``create=False``: FileNotFoundError)."""
+def private_dir(
+    path: Path | str, *, create: bool = True, variable: str = "KERNEL_PROBE_NODE_DIR"
+) -> Path:
+    """The private directory ``path``, made 0700 where missing and checked: this user's and open
+    to nobody else, else :class:`UnsafeWrite` naming ``variable`` (what chooses that folder) in
+    its fix (``create=False``: FileNotFoundError)."""
     path = Path(path)
     check_directory(path.parent)
     if create:
@@ -204,11 +207,10 @@ def private_dir(path: Path | str, *, create: bool = True) -> Path:
     if st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
         raise _refuse(
             path,
-            f"this node-local folder was not made by kernel-probe for you (owner uid {st.st_uid}, "
+            f"this folder was not made by kernel-probe for you (owner uid {st.st_uid}, "
             f"mode {stat.S_IMODE(st.st_mode):o}; expected uid {os.getuid()}, mode 700): it is "
             "never used",
-            f"remove {path} (or ask its owner to), or set $KERNEL_PROBE_NODE_DIR to a folder "
-            "of your own",
+            f"remove {path} (or ask its owner to), or set ${variable} to a folder of your own",
         )
     return path
 

@@ -1,6 +1,8 @@
 """The one way to start a Python child, and the child that confirms what only an import
-can judge. Children run ``python -I`` (no user site, no ``PYTHON*``, no cwd on ``sys.path``
-but last), ``sys.path`` set before any import, in their own session (:func:`kill_group`)."""
+can judge. Children run ``python -I`` (no user site, no ``PYTHON*``, never the working directory
+on ``sys.path``: a module named from it is reached by a finder exposing only that module),
+``sys.path`` set before any import, device-backend autoload off, in their own session
+(:func:`kill_group`)."""
 
 from __future__ import annotations
 
@@ -67,18 +69,32 @@ def pythonpath_roots(env: Mapping[str, str] | None = None) -> list[str]:
     return trusted_roots([p for p in (env.get("PYTHONPATH") or "").split(os.pathsep) if p])
 
 
+# Last on the child's meta path: finds only the named top-level modules, in one folder; it lists
+# no distributions there (importlib.metadata, torch's backend entry points, never look in it).
+_LOCAL = """
+class _Local:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        from importlib.machinery import PathFinder
+        return PathFinder.find_spec(name, [{folder!r}]) if name in {names!r} else None
+sys.meta_path.append(_Local)
+"""
+
+
 def python_argv(
     code: str,
     args: Sequence[str] = (),
     *,
     roots: Sequence[str] = (),
-    keep_cwd: bool = False,
+    local: Sequence[str] = (),
     python: str | None = None,
 ) -> list[str]:
-    """A child's command line: ``sys.path`` is ``roots`` + the interpreter's (+ cwd last)."""
+    """A child's command line: ``sys.path`` is ``roots`` + the interpreter's; the top-level
+    modules named in ``local`` (and nothing else) are found in the working directory, last."""
     first = f"import sys; sys.path[:0] = {trusted_roots(roots)!r}"
-    if keep_cwd:
-        first += "; sys.path.append(__import__('os').getcwd())"
+    names = sorted({n for n in local if n.isidentifier()})
+    if names:
+        first += _LOCAL.format(folder=os.path.abspath(os.getcwd()), names=names)
     return [python or sys.executable, *FLAGS, "-c", f"{first}\n{code}", *args]
 
 
@@ -91,7 +107,8 @@ def start(
     stderr: Any = None,
     bufsize: int = -1,
 ) -> subprocess.Popen[bytes]:
-    """Start ``argv`` in a session of its own with ``env``; OSError when it cannot start."""
+    """Start ``argv`` in a session of its own with ``env`` (torch's device-backend autoload off:
+    no entry point runs before the child's own code); OSError when it cannot start."""
     import subprocess  # only where a child is started: kernel_lock stays import-light
 
     return subprocess.Popen(
@@ -100,7 +117,7 @@ def start(
         stdout=stdout,
         stderr=stderr,
         bufsize=bufsize,
-        env=dict(os.environ if env is None else env),
+        env={**(os.environ if env is None else env), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
         start_new_session=True,
     )
 
@@ -154,9 +171,13 @@ def child_verdicts(
         "mode": mode,
         "slots": list(unknown),
     }
-    # the caller's search path (same trust, same libraries), its working directory never first
-    keep_cwd = any(cwd_like(entry) for entry in sys.path)
-    argv = python_argv(_CONFIRM, roots=sys.path, keep_cwd=keep_cwd)
+    # the caller's search path (same trust, same libraries); from its working directory (when on
+    # that path) only the modules of the slots' targets
+    entries = [lock.slots[s] for s in unknown]
+    targets = [e.target for e in entries] + [e.twin.target for e in entries if e.twin is not None]
+    local = [t.split(".")[0] for t in targets]
+    keep = any(cwd_like(entry) for entry in sys.path)
+    argv = python_argv(_CONFIRM, roots=sys.path, local=local if keep else ())
     what = ", ".join(f"slot {name} ({why})" for name, why in unknown.items())
 
     def unconfirmed(problem: str) -> KernelUnavailable:

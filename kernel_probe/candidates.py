@@ -331,6 +331,12 @@ def from_command_line(text: str) -> Candidate:
     )
 
 
+def local_modules(candidates: Iterable[Candidate]) -> list[str]:
+    """The top-level modules of the ``--candidate``s: the only ones a worker may find in the
+    working directory (never on its path)."""
+    return sorted({c.module for c in candidates if c.source == "command-line"})
+
+
 def from_entry_points() -> tuple[list[Candidate], list[str]]:
     """Third-party candidates from the ``kernel_probe.probe.candidates`` entry points (a Candidate,
     a list, or a callable returning either); a broken plug-in is reported, never stops the probe."""

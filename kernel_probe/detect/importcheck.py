@@ -10,11 +10,14 @@ timeout, answers an ``ImportCheckReply`` and exits normally, so a crash at exit 
     skipped        not checked (``--no-import-checks``, or a namesake that is not the library)
 
 ``ImportCache`` reuses a clean answer (exit 0, nothing printed), marked ``cached``, for ``MAX_AGE``
-at most, while nothing in its ``cache_key`` (interpreter, boot, paths, files, variables) changed.
+at most, while nothing in its ``cache_key`` (interpreter, boot, paths, files, variables) changed
+and every file the import loaded (``loaded``: each module's file, its mtime and size, as the child
+saw them) is as it was.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -56,8 +59,9 @@ DEFAULT_TIMEOUT = 20.0
 MAX_SCALE = 6.0
 CLOSE = 0.5
 FORMAT = "kernel-probe-import-cache/1"
+CACHE_DIR_ENV = "KERNEL_PROBE_CACHE_DIR"  # the cache folder (cache_folder)
 MAX_AGE = 7 * 24 * 3600.0  # seconds an answer is reused at the most
-MAX_BYTES = 256 * 1024  # a cached answer is a few hundred bytes
+MAX_BYTES = 4 * 1024 * 1024  # a cached answer: ~110 bytes per file loaded (torch: ~1,000 files)
 MAX_ENTRIES = 5000  # files of a library's package stat'ed for the key (liger-kernel has ~300)
 ENV_NAMES = ("PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH", "LD_PRELOAD")
 ENV_PREFIXES = (
@@ -68,9 +72,25 @@ ENV_PREFIXES = (
 
 # The child's function: an ImportCheckRequest in, an ImportCheckReply out (as JSON).
 CHILD_SOURCE = r"""
+def loaded(before, frames):
+    import os, sys
+    modules = [m for n, m in list(sys.modules.items()) if n not in before]
+    out = set()
+    for item in modules + [f.filename for f in frames]:  # what raised is gone from sys.modules
+        try:  # a module __getattr__ may raise anything; a file may be gone
+            path = item if isinstance(item, str) else getattr(item, "__file__", None)
+            if isinstance(path, str) and os.path.isabs(path):
+                st = os.stat(path)
+                out.add((path, st.st_mtime_ns, st.st_size))
+        except BaseException:
+            continue
+    return sorted(out)
+
 def check(request):
-    import importlib, time, traceback
+    import importlib, sys, time, traceback
     start = time.perf_counter()
+    before = set(sys.modules)
+    frames = []
     try:
         mod = importlib.import_module(request["module"])
     except BaseException as exc:
@@ -88,6 +108,7 @@ def check(request):
             except BaseException as exc:
                 result[key] = None
     result["seconds"] = time.perf_counter() - start
+    result["loaded"] = loaded(before, frames)
     if result["ok"] and request.get("probe") == "triton-target":
         try:
             from triton.runtime import driver
@@ -181,8 +202,8 @@ def cache_folder(env: Mapping[str, str] | None = None) -> Path:
     """The cache folder (not yet made): ``$KERNEL_PROBE_CACHE_DIR``, else
     ``$XDG_CACHE_HOME/kernel-probe``, else ``~/.cache/kernel-probe``."""
     e = os.environ if env is None else env
-    if e.get("KERNEL_PROBE_CACHE_DIR"):
-        return Path(e["KERNEL_PROBE_CACHE_DIR"])
+    if e.get(CACHE_DIR_ENV):
+        return Path(e[CACHE_DIR_ENV])
     base = Path(e["XDG_CACHE_HOME"]) if e.get("XDG_CACHE_HOME") else Path.home() / ".cache"
     return base / "kernel-probe"
 
@@ -213,6 +234,20 @@ def _package_files(module: str, paths: Sequence[str]) -> Iterator[list[Any]]:
         if single.is_file():
             yield [str(single), _stamp(single)]
             return
+
+
+def unchanged(reply: Mapping[str, Any]) -> bool:
+    """Every file the import loaded (the reply's ``loaded``) still has the mtime and size the
+    child saw; an answer that lists none is not reused."""
+    loaded = reply.get("loaded")
+    if not isinstance(loaded, list) or not loaded:
+        return False
+    for item in loaded:
+        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)):
+            return False
+        if _stamp(item[0]) != item[1:]:
+            return False
+    return True
 
 
 def cache_key(
@@ -265,10 +300,11 @@ class ImportCache:
             return None
         if not self._ready:
             try:
+                mine = functools.partial(private_dir, variable=CACHE_DIR_ENV)
                 if not self.folder.parent.exists():  # ~/.cache on a new account: made private too
-                    private_dir(self.folder.parent)
-                private_dir(self.folder)
-                private_dir(self.folder / "imports")
+                    mine(self.folder.parent)
+                mine(self.folder)
+                mine(self.folder / "imports")
             except (UnsafeWrite, OSError) as exc:
                 self.problem = f"the import-check cache is off: {exc}"
                 return None
@@ -290,7 +326,7 @@ class ImportCache:
         if not all(isinstance(t, (int, float)) for t in (entry.asked, entry.seconds)):
             return None
         stale = not 0 <= time.time() - entry.asked <= MAX_AGE
-        if entry.format != FORMAT or entry.key != key or stale:
+        if entry.format != FORMAT or entry.key != key or stale or not unchanged(entry.reply):
             return None
         self.used += 1
         child = ChildResult(status="ok", value=entry.reply, returncode=0, seconds=entry.seconds)

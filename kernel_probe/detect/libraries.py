@@ -187,11 +187,12 @@ def locate_all(
 
 
 def by_library(candidates: Sequence[Any]) -> dict[str, list[str]]:
-    """Registry library name -> the ids of the candidates of ``candidates`` that come from it."""
+    """Registry library name -> the ids of the candidates of ``candidates`` that come from it, by
+    top-level package (``apex.normalization``'s library is ``apex``)."""
     modules = {lib.module: lib.name for lib in known_libraries()}
     out: dict[str, list[str]] = {}
     for c in candidates:
-        if name := modules.get(c.module or registry.import_root(c.target)):
+        if name := modules.get(registry.import_root(c.module or c.target)):
             out.setdefault(name, []).append(c.id)
     return out
 

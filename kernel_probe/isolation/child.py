@@ -1,10 +1,10 @@
 """The one way the probe starts a child process: a fresh interpreter that cannot hurt the caller.
 
-Every child runs ``BOOT`` through the one launcher, ``kernel_lock.launch`` (``python -I``, the
-working directory on ``sys.path`` only last, for the worker's local ``--candidate``). ``BOOT`` dies
-with its parent, may leave a reaper that kills its process group, caps its address space if asked,
-then calls ``function(payload)`` once (:func:`run_function`: payload, answer and output are files,
-so a forked grandchild cannot block the caller) or serves (:func:`spawn`, the worker).
+Every child runs ``BOOT`` through the one launcher, ``kernel_lock.launch`` (``python -I``, never
+the working directory on ``sys.path``; the worker finds a local ``--candidate``'s module alone).
+``BOOT`` dies with its parent, may leave a reaper that kills its process group, caps its address
+space if asked, then calls ``function(payload)`` once (:func:`run_function`: payload, answer and
+output are files, so a forked grandchild cannot block the caller) or serves (:func:`spawn`).
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def spawn(
     *,
     env: Mapping[str, str] | None = None,
     python: str | None = None,
-    keep_cwd: bool = False,
+    local: Sequence[str] = (),
     reaper: bool = False,
     memory_limit: int | None = None,
     stdin: Any = None,
@@ -177,12 +177,13 @@ def spawn(
     **call: Any,
 ) -> subprocess.Popen[bytes]:
     """Start ``BOOT`` in its own process group: it serves ``module.function()``, or with ``call``
-    (mode, payload, result, source, exit) calls it once. OSError when it cannot start."""
+    (mode, payload, result, source, exit) calls it once; ``local``: top-level modules found in the
+    working directory. OSError when it cannot start."""
     options = {"mode": "serve", "module": module, "function": function, "parent": os.getpid()}
-    options |= {"keep_cwd": keep_cwd, "reaper": reaper, "memory": int(memory_limit or 0) or None}
+    options |= {"reaper": reaper, "memory": int(memory_limit or 0) or None}
     env = dict(env) if env is not None else child_environment()
     code = [json.dumps({**options, **call})]
-    argv = python_argv(BOOT, code, roots=pythonpath_roots(env), keep_cwd=keep_cwd, python=python)
+    argv = python_argv(BOOT, code, roots=pythonpath_roots(env), local=local, python=python)
     return start(argv, stdin=stdin, stdout=stdout, stderr=stderr, bufsize=bufsize, env=env)
 
 

@@ -386,6 +386,8 @@ class ImportCheckReply(Message):
     seconds: float = 0.0
     target: dict[str, Any] | None = None  # the "triton-target" probe: backend, arch, warp_size
     target_error: str = ""
+    # [file, mtime_ns, size] of every module the import loaded: the cache keys on them
+    loaded: tuple[tuple[str | int, ...], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

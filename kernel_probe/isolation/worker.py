@@ -79,14 +79,14 @@ class WorkerDied(Exception):
         self.reason = reason
 
 
-def _spawn(env: Mapping[str, str]) -> Spawned:
-    """A worker process (the working directory stays on its path, for a local ``--candidate``),
-    already asked to start up (its ping not yet read)."""
+def _spawn(env: Mapping[str, str], local: Sequence[str] = ()) -> Spawned:
+    """A worker process (``local``: the modules of ``--candidate``s it finds in the working
+    directory, nothing else there), already asked to start up (its ping not yet read)."""
     stderr = tempfile.TemporaryFile(mode="w+b")  # noqa: SIM115 (open for the worker's life)
     pipes: dict[str, Any] = dict(
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, bufsize=0
     )
-    proc = spawn(HANDLERS, "serve", env=env, keep_cwd=True, reaper=True, **pipes)
+    proc = spawn(HANDLERS, "serve", env=env, local=local, reaper=True, **pipes)
     _write(proc, PING)
     return proc, stderr
 
@@ -108,8 +108,10 @@ class Worker:
         self,
         env: Mapping[str, str] | None = None,
         spare: Callable[[], Spawned | None] | None = None,
+        local: Sequence[str] = (),
     ):
         self._env = dict(os.environ if env is None else env)
+        self._local = tuple(local)
         self._spare = spare
         self._proc: subprocess.Popen[bytes] | None = None
         self._stderr: Any = None
@@ -121,7 +123,7 @@ class Worker:
 
     def _launch(self) -> None:
         spawned = self._spare() if self._spare is not None else None
-        self._proc, self._stderr = spawned or _spawn(self._env)
+        self._proc, self._stderr = spawned or _spawn(self._env, self._local)
         self._buffer, self._mark, self._ping_unread = b"", 0, True
         self.started += 1
 
@@ -260,11 +262,13 @@ def library_of(cand: Any) -> str:
 
 class WorkerPool:
     """Which worker serves which candidate: torch's own share one (started before any library is
-    imported), each other library its own; a spare process starts ahead, overlapping checks."""
+    imported), each other library its own; a spare process starts ahead, overlapping checks.
+    ``local``: the top-level modules of ``--candidate``s, found in the working directory."""
 
-    def __init__(self, env: Mapping[str, str] | None = None):
+    def __init__(self, env: Mapping[str, str] | None = None, local: Sequence[str] = ()):
         self._env = dict(os.environ if env is None else env)
-        self.shared = Worker(self._env)
+        self._local = tuple(local)
+        self.shared = Worker(self._env, local=self._local)
         self._libraries: dict[str, Worker] = {}
         self._next: Spawned | None = None
         self._spares = True  # keep one spare process starting (off once every library is known)
@@ -275,14 +279,14 @@ class WorkerPool:
         return sum(w.started for w in self._libraries.values())
 
     def _take(self) -> Spawned:
-        taken = self._next or _spawn(self._env)
-        self._next = _spawn(self._env) if self._spares else None  # the next library's
+        taken = self._next or _spawn(self._env, self._local)
+        self._next = _spawn(self._env, self._local) if self._spares else None  # the next library's
         return taken
 
     def _library(self, cand: Any) -> Worker:
         key = library_of(cand)
         if key not in self._libraries:
-            self._libraries[key] = Worker(self._env, spare=self._take)
+            self._libraries[key] = Worker(self._env, spare=self._take, local=self._local)
         return self._libraries[key]
 
     def prepare(self, ahead: Sequence[Any] | None = None) -> None:
@@ -291,7 +295,7 @@ class WorkerPool:
         self.shared.send_ahead(PING)  # torch's own worker first: it starts importing torch now
         if ahead is None:
             if self._next is None:
-                self._next = _spawn(self._env)
+                self._next = _spawn(self._env, self._local)
         else:
             self._spares = False
             for cand in ahead:

@@ -17,7 +17,7 @@ from typing import Any, ParamSpec, TypedDict, cast
 
 from kernel_lock.slots import DTYPES, dtype_named
 from kernel_probe import slots as slot_behaviour
-from kernel_probe.candidates import Candidate, default_for, for_slot
+from kernel_probe.candidates import Candidate, default_for, for_slot, local_modules
 from kernel_probe.errors import UsageError
 from kernel_probe.isolation.protocol import (
     INTERPRETED,
@@ -403,7 +403,7 @@ def check_all(
     checks = Checks(device, plan, **{k: v for k, v in options.items() if v is not None})
     per_slot = {slot: for_slot(candidates, slot) for slot in slots}
     out: dict[str, list[Report]] = {slot: [] for slot in per_slot}
-    pool = workers or WorkerPool()
+    pool = workers or WorkerPool(local=local_modules(candidates))
     try:
         for done in check_and_time(
             per_slot,

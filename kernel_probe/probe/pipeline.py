@@ -18,7 +18,7 @@ from typing import Any
 import kernel_lock
 from kernel_lock.errors import KernelUnavailable, LockError, LockFormatError, LockMismatch
 from kernel_probe import slots as slot_behaviour
-from kernel_probe.candidates import Candidate, default_for, for_slot
+from kernel_probe.candidates import Candidate, default_for, for_slot, local_modules
 from kernel_probe.detect.libraries import library_change
 from kernel_probe.errors import InputFileError, StaleLock
 from kernel_probe.probe.choose import Choice, choose
@@ -164,12 +164,13 @@ def reusable(
 def _recorded_libraries(
     lock: kernel_lock.KernelLock, judged: Mapping[str, Sequence[str]]
 ) -> dict[str, str]:
-    """What the lock's probe saw installed (older locks: libraries all "not installed")."""
+    """What the lock's probe saw installed; a library it did not record (an older lock, or one
+    keyed by a submodule before issue 52): "" where all its candidates' rows say not installed."""
     recorded = lock.provenance.get("libraries")
-    if isinstance(recorded, Mapping):
-        return {str(k): str(v) for k, v in recorded.items()}
-    out: dict[str, str] = {}
+    out = {str(k): str(v) for k, v in recorded.items()} if isinstance(recorded, Mapping) else {}
     for name, ids in judged.items():
+        if name in out:
+            continue
         rows = [r for s in lock.slots for r in lock.slots[s].rejected if r.implementation in ids]
         if rows and all(any("not installed" in reason for reason in r.reasons) for r in rows):
             out[name] = ""
@@ -268,7 +269,7 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     per_slot = {s: for_slot(p.candidates, s) for s in p.slots}
     events.begin(sum(len(v) for v in per_slot.values()))
     try:
-        with WorkerPool() as pool:
+        with WorkerPool(local=local_modules(p.candidates)) as pool:
             refuse = functools.partial(_refused, p)
             for done in check_and_time(
                 per_slot, checks, pool, timing=timing, refuse=refuse, checking=events.checking

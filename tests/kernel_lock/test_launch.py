@@ -1,5 +1,6 @@
 """kernel_lock.launch: the one child launcher. A ``json.py``, ``tempfile.py`` and
-``sitecustomize.py`` planted in the working directory run in no child (issue 34, point 2)."""
+``sitecustomize.py`` planted in the working directory run in no child (issue 34, point 2); nor does
+``kp5backend.py``, declared a ``torch.backends`` entry point by a dist-info there (issue 52)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from kernel_lock.launch import cwd_like, python_argv, pythonpath_roots, start, trusted_roots
 
-PLANTED = ("json", "tempfile", "sitecustomize", "kp_local_only")
+PLANTED = ("json", "tempfile", "sitecustomize", "kp_local_only", "kp_other", "kp5backend")
 
 
 @pytest.fixture
@@ -26,6 +27,10 @@ def planted(tmp_path, monkeypatch) -> Path:
             f"open({str(tmp_path / ('RAN-' + name))!r}, 'w').close()\n"
             + ('VERDICT = "forged"\n' if name == "kp_local_only" else "raise SystemExit(0)\n")
         )
+    info = work / "kp5backend-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kp5backend\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[torch.backends]\nkp5 = kp5backend:init\n")
     monkeypatch.chdir(work)
     return tmp_path
 
@@ -53,12 +58,34 @@ def test_the_working_directory_is_never_on_the_childs_path_nor_runs_in_it(plante
     assert not json_file.startswith(os.getcwd())
 
 
-def test_keep_cwd_puts_it_last_a_local_module_is_found_nothing_installed_is_shadowed(planted):
-    done = run_code(
-        "import json, tempfile, kp_local_only; print(kp_local_only.VERDICT)", keep_cwd=True
+def test_a_named_local_module_is_found_alone_last_and_no_distribution_there(planted):
+    """Issue 52: cwd last on ``sys.path`` stopped shadowing, not discovery; the finder exposes
+    only the module named (an installed one still wins), and lists no dist-info of the folder."""
+    code = (
+        "import json, tempfile, importlib.metadata as md, kp_local_only\n"
+        "try:\n    import kp_other\nexcept ImportError:\n    kp_other = None\n"
+        "eps = [e.name for e in md.entry_points(group='torch.backends')]\n"
+        "names = [d.metadata['Name'] or '' for d in md.distributions()]\n"
+        "print(json.dumps([kp_local_only.VERDICT, kp_other is None, eps, "
+        "[n for n in names if n.startswith('kp')]]))"
     )
+    done = run_code(code, local=["kp_local_only", "json", "not a name"])
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "forged" and ran(planted) == ["kp_local_only"]
+    assert json.loads(done.stdout) == ["forged", True, [], []]
+    assert ran(planted) == ["kp_local_only"]
+
+
+def test_children_start_with_device_backend_autoload_off(planted, monkeypatch):
+    monkeypatch.setenv("TORCH_DEVICE_BACKEND_AUTOLOAD", "1")
+    done = run_code("import os; print(os.environ['TORCH_DEVICE_BACKEND_AUTOLOAD'])")
+    assert done.stdout.strip() == "0"
+
+
+@pytest.mark.slow
+def test_torch_imported_in_a_child_runs_no_backend_of_the_working_directory(planted):
+    done = run_code("import torch", local=["kp_local_only"])
+    assert done.returncode == 0, done.stderr
+    assert ran(planted) == []
 
 
 def test_pythonpath_is_read_by_the_launcher_not_by_the_interpreter(planted, monkeypatch):
@@ -126,3 +153,47 @@ def test_the_confirming_child_runs_none_of_them_and_its_verdict_stands(planted, 
     )
     assert "'torch.nn.Identity' computes other: Identity, not layer_norm" in verdict["problem"]
     assert sys.modules.get("kp_local_only") is None
+
+
+@pytest.mark.slow
+def test_the_timing_plot_benchmark_probes_through_the_launcher(planted):
+    """Issue 52: `benchmarks/timing_plot.py --run` started `python -m kernel_probe` itself, which
+    put the working directory first on its path and ran a json.py there."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "timing_plot.py"
+    spec = importlib.util.spec_from_file_location("kp_timing_plot", path)
+    assert spec is not None and spec.loader is not None
+    timing_plot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(timing_plot)
+    result = timing_plot.run_probe(["64x32"], "32-true")
+    assert ran(planted) == [] and result["shapes"] == ["64x32"]
+    assert (
+        result["machine"]["command"]
+        == "kernel-probe --force --json --precision 32-true --shape 64x32"
+    )
+
+
+@pytest.mark.slow
+def test_the_confirming_child_finds_a_local_target_alone(planted, minimal_lock_text, monkeypatch):
+    """A caller with its working directory on its path (``python -m``) resolves a slot whose class
+    lives there: the child finds that module, and no other module of the folder."""
+    from kernel_lock import loads
+    from kernel_lock.launch import child_verdicts
+
+    Path("kp_local_norm.py").write_text(
+        "import torch\ntry:\n    import kp_other\nexcept ImportError:\n    pass\n"
+        "class Norm(torch.nn.LayerNorm):\n    pass\n"
+    )
+    monkeypatch.syspath_prepend("")
+    text = minimal_lock_text.replace(
+        'target = "torch.nn.LayerNorm"', 'target = "kp_local_norm.Norm"'
+    )
+    assert "kp_local_norm.Norm" in text
+    lock = loads(text, path="L.toml", emit_warnings=False, trust=["kp_local_norm"])
+    verdicts = child_verdicts(
+        lock, "training", {"LayerNorm": "its class is judged by importing it"}
+    )
+    assert ran(planted) == []  # kp_other (and every other planted module) never ran
+    verdict = verdicts["LayerNorm"]
+    assert verdict is None, verdict  # built: found, and kp_other was not

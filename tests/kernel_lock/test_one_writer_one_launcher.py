@@ -112,7 +112,6 @@ STARTS_ALLOWED = {
     "the counter)",
     "benchmarks/jobstart_scale.py": "the ranks, inside the launcher's program, as srun would "
     "start them",
-    "benchmarks/timing_plot.py": "the probe whose timings it plots, run as a user runs it",
     "benchmarks/import_cost.py": "the one cold probe that writes the lock, as a user runs it",
     "benchmarks/gpu_all.py": "the GPU kit's parts as a user runs them (PYTHONPATH: the "
     "checkout), TERM then KILL",
@@ -132,7 +131,35 @@ def test_every_python_child_is_started_by_the_one_launcher():
     }
 
 
+NOT_IN_CWD = {"benchmarks/gpu_facts.py": "nvidia-smi, not a Python child"}
+
+
+def test_a_benchmarks_raw_start_runs_in_a_folder_it_chose_never_the_working_directory():
+    """Issue 52: `timing_plot.py --run` ran `python -m kernel_probe` (cwd first on its path) in the
+    user's folder, and a json.py there. A raw start left in benchmarks/ passes ``cwd=``."""
+    for rel in sorted(STARTS_ALLOWED):
+        if not rel.startswith("benchmarks/") or rel in NOT_IN_CWD:
+            continue
+        text = (ROOT / rel).read_text()
+        for m in RAW_START.finditer(text):
+            assert "cwd=" in _arguments(text, m.end()), (rel, m[0])
+
+
+def _arguments(text: str, at: int) -> str:
+    """The text of a call's arguments, from just after its ``(`` to the ``)`` that closes it."""
+    depth = 1
+    for i in range(at, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[at:i]
+    return text[at:]
+
+
 def test_the_benchmarks_own_helper_children_use_the_launcher():
-    for rel in ("benchmarks/import_cost.py", "benchmarks/jobstart_scale.py"):
+    for rel in (
+        "benchmarks/import_cost.py",
+        "benchmarks/jobstart_scale.py",
+        "benchmarks/timing_plot.py",
+    ):
         text = (ROOT / rel).read_text()
         assert "python_argv(" in text and 'sys.executable, "-c"' not in text, rel

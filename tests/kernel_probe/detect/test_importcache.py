@@ -77,6 +77,41 @@ def test_an_edited_library_file_is_asked_again(lib, tmp_path, children):
     assert len(children) == 2 and again["status"] == "error" and "cached" not in again
 
 
+def test_an_edited_dependency_is_asked_again_and_every_loaded_file_is_reported(
+    lib, tmp_path, children
+):
+    """Issue 52: the key held only the library's own package, so a dependency edited (another
+    top-level package the import loaded) kept a cached "ok"."""
+    (lib / "fake_dep").mkdir()
+    (lib / "fake_dep" / "__init__.py").write_text("value = 2\n")
+    (lib / "fake_user").mkdir()
+    (lib / "fake_user" / "__init__.py").write_text("import fake_dep\n")
+    first = importcheck.check_import(
+        "fake_user", timeout=30, extra_paths=[str(lib)], cache=ImportCache(tmp_path / "c")
+    )
+    [kept] = (tmp_path / "c" / "imports").iterdir()
+    files = {f for f, _, _ in json.loads(kept.read_text())["reply"]["loaded"]}
+    dep = lib / "fake_dep" / "__init__.py"
+    assert {str(dep), str(lib / "fake_user" / "__init__.py")} <= files
+    assert first["status"] == "ok" and "loaded" not in first  # kept, not shown
+    _check("fake_user", lib, ImportCache(tmp_path / "c"))
+    assert len(children) == 1, "the unchanged answer was not reused"
+    dep.write_text("raise ImportError('the dependency broke')\n")
+    os.utime(dep, ns=(time.time_ns(), time.time_ns() + 10**9))
+    again = _check("fake_user", lib, ImportCache(tmp_path / "c"))
+    assert len(children) == 2 and again["status"] == "error" and "cached" not in again
+
+
+def test_the_refusal_of_the_folder_names_the_variable_that_chooses_it(lib, tmp_path):
+    """Issue 52: it told the user to set $KERNEL_PROBE_NODE_DIR, which does not move this folder."""
+    (tmp_path / "c").mkdir()
+    os.chmod(tmp_path / "c", 0o777)
+    cache = ImportCache(tmp_path / "c")
+    _check("fake_clean", lib, cache)
+    assert "$KERNEL_PROBE_CACHE_DIR" in cache.problem and "NODE_DIR" not in cache.problem
+    assert importcheck.cache_folder({importcheck.CACHE_DIR_ENV: "/a"}).as_posix() == "/a"
+
+
 def test_a_newly_installed_package_on_the_path_is_asked_again(lib, tmp_path, children):
     _check("fake_clean", lib, ImportCache(tmp_path / "c"))
     (lib / "other_pkg").mkdir()  # an install changes the folder itself
@@ -128,7 +163,10 @@ def _kept(tmp_path):
     """A cache holding one clean answer under a made-up key, written by ImportCache.store (no
     child)."""
     cache = ImportCache(tmp_path / "c")
+    (tmp_path / "fake.py").write_text("value = 1\n")
+    st = os.stat(tmp_path / "fake.py")
     reply = {"ok": True, "file": "/x/fake/__init__.py", "version": "1.0", "seconds": 0.5}
+    reply["loaded"] = [[str(tmp_path / "fake.py"), st.st_mtime_ns, st.st_size]]
     cache.store(
         "k" * 64, child_mod.ChildResult(status="ok", value=reply, returncode=0, seconds=0.7)
     )
@@ -146,6 +184,9 @@ def _kept(tmp_path):
         lambda e: json.dumps({**e, "key": "0" * 64}),
         lambda e: json.dumps({**e, "format": "kernel-probe-import-cache/0"}),
         lambda e: json.dumps({**e, "extra": True}),
+        lambda e: json.dumps({**e, "reply": {**e["reply"], "loaded": []}}),
+        lambda e: json.dumps({**e, "reply": {**e["reply"], "loaded": [["/x", 1, "2"]]}}),
+        lambda e: json.dumps({**e, "reply": {**e["reply"], "loaded": [[1, 1, 1]]}}),
     ],
     ids=[
         "not-json",
@@ -156,6 +197,9 @@ def _kept(tmp_path):
         "other-key",
         "old-format",
         "unknown-key",
+        "no-files-loaded",
+        "bad-stamp",
+        "bad-path",
     ],
 )
 def test_a_damaged_or_stale_answer_is_not_believed(tmp_path, damage):

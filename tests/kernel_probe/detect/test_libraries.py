@@ -101,6 +101,24 @@ def test_known_libraries_table_is_well_formed():
             assert not any(v.is_default for v in lib.variants[:-1])
 
 
+def test_every_registry_candidate_maps_to_a_library_by_its_top_level_package():
+    """Issue 52: apex's candidates (module apex.normalization) and flash_attn.v4 (flash_attn.cute)
+    mapped to no library, so a lock never recorded them and installing apex left it current."""
+    from kernel_probe import candidates as cands
+    from kernel_probe.isolation.worker import torch_own
+
+    offered = cands.builtin()
+    mapped = {cid: name for name, ids in libraries.by_library(offered).items() for cid in ids}
+    assert {c.id for c in offered if not torch_own(c)} == set(mapped)
+    assert mapped["apex.layer_norm"] == mapped["apex.rms_norm"] == "apex"
+    assert mapped["flash_attn.v4"] == "flash-attn"
+    for c in offered:  # the library's top-level module is the candidate's, its distribution one
+        if c.id in mapped:
+            lib = libraries.known(mapped[c.id])
+            assert lib is not None and (c.module or c.target).split(".")[0] == lib.module
+            assert not c.distribution or c.distribution in lib.distributions
+
+
 # ---- the [[library]] tables --------------------------------------------------------------------
 def _read(d):
     return libraries.read_libraries(TableReader("registry.toml"), d)

@@ -201,3 +201,26 @@ def test_prepare_starts_each_named_library_worker_at_once_and_keeps_no_spare():
     finally:
         pool.close()
     assert pool.shared._proc is None
+
+
+# ---- the working directory (issue 52) ---------------------------------------------------------
+@pytest.mark.slow
+def test_a_local_candidate_is_found_alone_in_the_working_directory(tmp_path, monkeypatch):
+    """``--candidate LayerNorm=kp_here.Norm`` from the folder holding kp_here.py is checked; a
+    sibling module it tries to import is not found there (only the named module is exposed)."""
+    mark = tmp_path / "RAN-kp_sibling"
+    (tmp_path / "kp_sibling.py").write_text(f"open({str(mark)!r}, 'w').close()\n")
+    (tmp_path / "kp_here.py").write_text(
+        "import torch\ntry:\n    import kp_sibling\nexcept ImportError:\n    pass\n"
+        "class Norm(torch.nn.LayerNorm):\n    pass\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(
+        str(tmp_path)
+    )  # as `python -m kernel_probe` has it (never imported)
+    offered = [cands.from_command_line("LayerNorm=kp_here.Norm")]
+    assert cands.local_modules(offered) == ["kp_here"]
+    reports = check_all(["LayerNorm"], offered, "cpu", [("float32", "true")], timeout=60)
+    [r] = [r for r in reports["LayerNorm"] if r.id == "custom:kp_here.Norm"]
+    assert r.status == "accepted", r.reasons
+    assert not mark.exists()

@@ -408,3 +408,42 @@ def test_check_exits_3_naming_the_new_library(tmp_path, cpu, monkeypatch):
     assert (
         "liger-kernel is installed now (0.8.5)" in info.value.problem and info.value.exit_code == 3
     )
+
+
+# ---- libraries keyed on their top-level package (issue 52: apex.normalization was never found) ---
+def test_apex_installed_after_a_layernorm_probe_makes_the_lock_stale(tmp_path, cpu, monkeypatch):
+    request = ProbeRequest(
+        out=tmp_path / "kernel-lock.toml", shapes=SHAPE, slots=("LayerNorm",), check_only=True
+    )
+    p = plan(request)
+    assert p.library_candidates["apex"] == ["apex.layer_norm"] and p.libraries["apex"] == ""
+    seen = ", ".join(f'{k} = "{v}"' for k, v in p.libraries.items())
+    write_sealed(request.out, probed_seeing(p.digest, seen))
+    monkeypatch.setattr(
+        planning,
+        "plan",
+        lambda *_a, **_k: replace(p, libraries=dict(p.libraries) | {"apex": "installed"}),
+    )
+    monkeypatch.setattr(jobstart, "plan", planning.plan)
+    with pytest.raises(StaleLock) as info:
+        run(request)
+    assert "apex is installed now" in info.value.problem and info.value.exit_code == 3
+    assert "apex.layer_norm never judged" in info.value.problem
+
+
+def test_a_lock_that_did_not_record_a_library_is_judged_by_its_rows(tmp_path, cpu):
+    """A lock written while apex was keyed by apex.normalization records no apex at all: its
+    rejected apex rows (not installed) stand for it; without them nothing is assumed."""
+    p = plan(ProbeRequest(shapes=SHAPE, slots=("LayerNorm",)))
+    rejected = (
+        '\n[[slots.LayerNorm.rejected]]\nimplementation = "apex.layer_norm"\ntarget = '
+        '"apex.normalization.FusedLayerNorm"\nstatus = "unavailable"\n'
+        'reasons = ["runs on cuda, rocm; this device is cpu (and it is not installed)"]\n'
+    )
+    seen = 'liger-kernel = "0.8.5"'
+    now, judged = {"apex": "installed", "liger-kernel": "0.8.5"}, {"apex": ["apex.layer_norm"]}
+    path = write_sealed(tmp_path / "l.toml", probed_seeing(p.digest, seen) + rejected)
+    lock, why = reusable(path, p.digest, libraries=now, judged=judged)
+    assert lock is None and "apex is installed now (installed)" in why
+    path = write_sealed(tmp_path / "l.toml", probed_seeing(p.digest, seen))
+    assert reusable(path, p.digest, libraries=now, judged=judged)[1] == ""
