@@ -21,6 +21,7 @@ from dataclasses import fields, is_dataclass
 from typing import Any, TypeVar
 
 __all__ = [
+    "INT64",
     "Raw",
     "ReadError",
     "Table",
