@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal, NamedTuple, get_args
+from typing import Any, Literal, NamedTuple, cast, get_args
 
 from ..errors import Difference
 
@@ -72,7 +72,7 @@ class Param:
             return f"{value!r} is {got}, not {_TYPE_WORDS[self.type]}"
         if self.choices and value not in self.choices:
             return f"{value!r} is not one of the values it may be"
-        if self.type in (int, float) and not (self.low <= value <= self.high):
+        if self.type in (int, float) and not self.low <= cast(float, value) <= self.high:
             return f"{value!r} is out of range"
         return None
 

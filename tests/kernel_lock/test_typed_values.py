@@ -187,3 +187,14 @@ def test_a_checkpoint_holds_only_a_lock_that_reads_back():
     bad = replace(good, slots={**good.slots, "Attention": replace(slot, kwargs={"dropout": 2.0})})
     with pytest.raises(LockFormatError, match="does not read back"):
         attach({}, bad.sealed())
+
+
+def test_the_lock_format_doc_lists_every_declared_keyword():
+    from tests.conftest import ROOT
+
+    text = (ROOT / "docs" / "lock-format.md").read_text()
+    rows = text.split("| slot | keyword: type and range |")[1].split("\n\n")[0].splitlines()
+    for spec in SPECS.values():
+        row = next(ln for ln in rows if ln.startswith("| ") and spec.name in ln.split("|")[1])
+        for name in spec.params:
+            assert f"`{name}`" in row, (spec.name, name)
