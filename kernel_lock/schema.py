@@ -431,5 +431,5 @@ def _typed(spec: SlotSpec, kwargs: Raw, key: str) -> None:
             raise ReadError(
                 f"{spec.name}'s {name}: {problem}",
                 f"{key}.{name}",
-                fix=f"write {name} as {param.what}" + (f", e.g. {name} = {said}" if said else ""),
+                fix=f"{name} must be {param.what}" + (f", e.g. {name} = {said}" if said else ""),
             )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,11 +23,9 @@ SDPA_BACKENDS = {
 }
 _WINDOW_MAX = 2**31 - 1  # a band half-width wider than any sequence is global attention
 _PARAMS = {
-    "window": Param(
-        int, -1, _WINDOW_MAX, wanted=f"an integer, -1 (global) or a half-width 0..{_WINDOW_MAX}"
-    ),
-    "softcap": Param(float, 0.0, 1e300, wanted="a finite number >= 0 (0: none)"),
-    "dropout": Param(float, 0.0, math.nextafter(1.0, 0.0), wanted="a number in [0, 1)"),
+    "window": Param(int, -1, _WINDOW_MAX, wanted=f"-1 (global) or a half-width 0..{_WINDOW_MAX}"),
+    "softcap": Param(float, 0.0, sys.float_info.max, wanted="a finite number >= 0 (0: none)"),
+    "dropout": Param(float, 0.0, math.nextafter(1.0, 0.0), wanted="in [0, 1)"),
     "alibi": Param(bool),
     "backend": Param(str, choices=("default", *SDPA_BACKENDS)),
     "compiled": Param(bool),

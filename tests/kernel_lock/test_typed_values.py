@@ -66,7 +66,7 @@ def test_attention_keywords_are_typed(name, value, problem, where):
     text = head + (KWARGS + slot + edited if where == "twin.kwargs" else edited + slot + KWARGS)
     exc = _refused(text + twin)
     assert exc.key == f"slots.Attention.{where}.{name}"
-    assert problem in exc.problem and f"write {name} as " in exc.fix
+    assert problem in exc.problem and f"{name} must be " in exc.fix
 
 
 @pytest.mark.parametrize(
