@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .slots.attention import SDPA_BACKENDS
+
 __all__ = [
     "Attention",
     "FlashAttention2",
@@ -27,14 +29,6 @@ __all__ = [
     "alibi_slopes",
     "band_mask",
 ]
-
-# the torch.nn.attention.SDPBackend member each ``backend`` forces ("default": torch chooses)
-SDPA_BACKENDS = {
-    "math": "MATH",
-    "flash": "FLASH_ATTENTION",
-    "efficient": "EFFICIENT_ATTENTION",
-    "cudnn": "CUDNN_ATTENTION",
-}
 
 
 def band_mask(q_len: int, k_len: int, window: int, device: Any) -> torch.Tensor:

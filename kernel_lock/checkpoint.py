@@ -29,7 +29,9 @@ log = logging.getLogger("kernel_lock")
 
 def attach(checkpoint: MutableMapping[str, Any], lock: KernelLock) -> MutableMapping[str, Any]:
     """Store ``lock`` in ``checkpoint`` (in place) as text and digest, and return it."""
-    checkpoint[CHECKPOINT_KEY] = {"text": lock.dumps(), "digest": lock.compute_digest()}
+    text = lock.dumps()
+    lock.reads_back("<checkpoint>", text.encode("utf-8"))  # what lock_from_checkpoint will read
+    checkpoint[CHECKPOINT_KEY] = {"text": text, "digest": lock.compute_digest()}
     return checkpoint
 
 

@@ -8,6 +8,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, TypeVar, cast
 
 from . import toml as _toml
@@ -143,7 +144,7 @@ class LockDocument:
 
     def compute_digest(self) -> str:
         """sha256 of the canonical JSON of :meth:`covered`."""
-        blob = json.dumps(self.covered(), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+        blob = _canonical(self.covered())
         return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
 
     def sealed(self: _L) -> _L:
@@ -155,8 +156,46 @@ class LockDocument:
         return _toml.dumps(self.to_dict())
 
     def dump(self, path: str | os.PathLike[str]) -> None:
-        """Write atomically: a temp file beside the target, fsync, rename."""
-        write_file(path, self.dumps(), through_link=True)
+        """Write atomically: a temp file beside the target, fsync, read back, rename."""
+        write_file(path, self.dumps(), through_link=True, check=partial(self.reads_back, path))
+
+    def reads_back(self, where: str | os.PathLike[str], raw: bytes) -> None:
+        """Refuse lock text that the reader refuses or reads as another lock: ``loads(dumps(x))
+        == x``, compared as the digest compares (a nan equal to itself)."""
+        try:
+            again = type(self)._from_dict(
+                _toml.loads(raw.decode("utf-8")),
+                str(where),
+                trust=self.granted,
+                check_targets=False,
+            )
+        except (LockFormatError, ValueError) as exc:
+            problem, key = getattr(exc, "problem", str(exc)), getattr(exc, "key", None)
+        else:
+            key = _differs(self.to_dict(), again.to_dict())
+            if key is None:
+                return
+            problem = "it reads back as another value"
+        raise LockFormatError(
+            f"the lock as written does not read back: {problem}; nothing was written",
+            path=str(where),
+            key=key,
+            fix="a value it holds cannot be written as TOML the reader accepts: fix the input it "
+            "came from (or report it as a kernel-probe bug)",
+        )
+
+
+def _differs(a: Any, b: Any, key: str = "") -> str | None:
+    """The first dotted key whose value differs between ``a`` and ``b`` (None: equal)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        found = (_differs(a.get(k), b.get(k), f"{key}.{k}" if key else k) for k in {**a, **b})
+        return next((k for k in found if k is not None), None)
+    same = _canonical(a) == _canonical(b)
+    return None if same else key or "<lock>"
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
 def _check_version(ctx: Context, d: Raw) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from .errors import LockFormatError
@@ -222,9 +223,12 @@ def write_file(
     mode: int = 0o644,
     through_link: bool = False,
     exclusive: bool = False,
+    check: Callable[[bytes], None] | None = None,
 ) -> Path:
     """Write ``data`` to ``path`` atomically and return the path written. ``exclusive``:
-    create ``path`` with ``O_EXCL``; ``through_link``: replace a link's target, else refused."""
+    create ``path`` with ``O_EXCL``; ``through_link``: replace a link's target, else refused;
+    ``check``: called with the bytes read back from the file before it replaces ``path`` (it
+    raises to refuse them: then nothing was written)."""
     path = Path(path)
     if through_link:
         path = Path(os.path.realpath(path))
@@ -262,6 +266,8 @@ def write_file(
             os.fchmod(fd, mode)
         finally:
             os.close(fd)
+        if check is not None:
+            check(_read_back(tmp, target, raw))
         os.replace(tmp, target)
     except BaseException:
         try:
@@ -290,6 +296,19 @@ def _temporary(directory: Path, target: Path) -> tuple[Path, int]:
             ) from None
     # 100 random names all taken
     raise _refuse(target, "no temporary name was free", "remove the .tmp files there")
+
+
+def _read_back(tmp: Path, target: Path, raw: bytes) -> bytes:
+    """The bytes of ``tmp`` as the file system returns them: refused unless they are ``raw``."""
+    again = tmp.read_bytes()
+    if again != raw:
+        raise _refuse(
+            target,
+            f"read back {len(again)} bytes that differ from the {len(raw)} written; nothing was "
+            "written",
+            "check the file system (a full or failing disk?) and run the command again",
+        )
+    return again
 
 
 def _write_all(fd: int, raw: bytes) -> None:

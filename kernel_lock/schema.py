@@ -34,7 +34,9 @@ from .tables import (
     to_dict,
     toml_key,
     type_name,
+    value_problem,
 )
+from .toml import toml_value
 from .trust import DOTTED, MODULE, check_target
 
 __all__ = [
@@ -61,7 +63,6 @@ STATE_DICT: tuple[StateDict, ...] = get_args(StateDict)
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}", re.ASCII)
 VERSION = re.compile(r"([0-9]{1,6})\.([0-9]{1,6})", re.ASCII)
 _MAX_WARNINGS = 20  # per lock: 300k unknown keys are one summary, not 300k lines
-_INT64 = 1 << 63
 _SCALAR = (str, int, float, bool)
 _T = TypeVar("_T")
 
@@ -141,17 +142,6 @@ def required(d: Raw, key: str, typ: Any = str) -> Any:
     return get_required(d, key, typ, fix=FIX_MISSING.format(key=key))
 
 
-def _value_problem(value: Any, *, finite: bool) -> str | None:
-    """Why a scalar cannot be used: an integer beyond 64 bits, a non-finite number."""
-    if isinstance(value, int) and not isinstance(value, bool) and not -_INT64 <= value < _INT64:
-        digits = str(value)
-        shown = f"{digits[:20]}..." if len(digits) > 20 else digits
-        return f"integer {shown} is beyond 64 bits"
-    if finite and isinstance(value, float) and not math.isfinite(value):
-        return f"{value} is not a finite number"
-    return None
-
-
 def _kwargs(ctx: Context, d: Raw, key: str, _: Raw) -> dict[str, Any]:
     values = get(d, key, dict, default={})
     for name, value in values.items():
@@ -166,7 +156,7 @@ def _kwargs(ctx: Context, d: Raw, key: str, _: Raw) -> dict[str, Any]:
                 where,
             )
         for v in items:
-            problem = _value_problem(v, finite=True)
+            problem = value_problem(v, finite=True)
             if problem:
                 raise ReadError(problem, where, fix="pin a finite value (e.g. eps = 1e-5)")
     return dict(values)
@@ -184,7 +174,7 @@ def record(d: Raw) -> dict[str, Any]:
         elif not isinstance(value, _SCALAR):
             raise ReadError(f"unsupported value of type {type(value).__name__}", key)
         for v in value.values() if isinstance(value, dict) else _listed(value):
-            problem = _value_problem(v, finite=False)
+            problem = value_problem(v, finite=False)
             if problem:
                 raise ReadError(problem, key)
     return dict(d)
@@ -425,4 +415,21 @@ def read_slot(ctx: Context, name: str, d: Any, spec: SlotSpec) -> Slot:
             fix=f"pin a {spec.semantics} implementation for {name}, or move this entry to the "
             "matching slot",
         )
+    _typed(spec, slot.kwargs, "kwargs")
+    if slot.twin is not None:
+        _typed(spec, slot.twin.kwargs, "twin.kwargs")
     return slot
+
+
+def _typed(spec: SlotSpec, kwargs: Raw, key: str) -> None:
+    """Each keyword the slot declares (``SlotSpec.params``) of its type and in its range."""
+    for name, value in kwargs.items():
+        param = spec.params.get(name)
+        problem = param.problem(value) if param is not None else None
+        if param is not None and problem:
+            said = toml_value(spec.canonical[name]) if name in spec.canonical else ""
+            raise ReadError(
+                f"{spec.name}'s {name}: {problem}",
+                f"{key}.{name}",
+                fix=f"{name} must be {param.what}" + (f", e.g. {name} = {said}" if said else ""),
+            )

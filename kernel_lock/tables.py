@@ -14,12 +14,14 @@ fields' order is the canonical key order, so the bytes and the digest follow.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import fields, is_dataclass
 from typing import Any, TypeVar
 
 __all__ = [
+    "INT64",
     "Raw",
     "ReadError",
     "Table",
@@ -46,6 +48,7 @@ __all__ = [
     "toml_key",
     "type_name",
     "unknown_keys",
+    "value_problem",
 ]
 
 _T = TypeVar("_T")
@@ -53,6 +56,7 @@ Raw = Mapping[str, Any]  # a table as parsed from TOML or JSON
 MAX_TEXT = 4096  # characters of a free-text value (a problem, a fix, a description) unless told
 FIX_MISSING = "add `{key} = ...` (see docs/lock-format.md)"
 REST = "*"  # the key of a field that holds the table's other keys (``[environment]``'s fields)
+INT64 = 1 << 63  # every integer read is in [-INT64, INT64): what a C int64 holds
 _TYPE_NAMES = {
     str: "string",
     int: "integer",
@@ -116,7 +120,22 @@ def get(d: Raw, key: str, typ: Any, default: Any = None) -> Any:
         value = float(value)
     if not isinstance(value, typ):
         raise ReadError(f"expected {type_name(typ)}, got {type(value).__name__} {value!r:.60}", key)
+    problem = value_problem(value, finite=False)
+    if problem:
+        raise ReadError(problem, key, fix="write an integer within 64 bits")
     return value
+
+
+def value_problem(value: Any, *, finite: bool) -> str | None:
+    """Why a scalar cannot be used: an integer beyond 64 bits, or (``finite``) a float that is
+    not finite (nan, inf, -inf)."""
+    if isinstance(value, int) and not isinstance(value, bool) and not -INT64 <= value < INT64:
+        digits = str(value)
+        shown = f"{digits[:20]}..." if len(digits) > 20 else digits
+        return f"integer {shown} is beyond 64 bits"
+    if finite and isinstance(value, float) and not math.isfinite(value):
+        return f"{value} is not a finite number"
+    return None
 
 
 def get_required(d: Raw, key: str, typ: Any, fix: str | None = None) -> Any:

@@ -154,9 +154,22 @@ def with_failure(body: dict[str, Any], exc: Any, exit_code: int | None = None) -
 
 
 def print_json(data: Any) -> None:
-    """Write ``data`` to stdout as indented JSON."""
-    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    """Write ``data`` to stdout as indented, strict JSON (``NaN`` is not JSON: a number that is not
+    finite is written as TOML spells it, the string ``"nan"``, ``"inf"`` or ``"-inf"``)."""
+    text = json.dumps(json_numbers(data), indent=2, sort_keys=False, default=str, allow_nan=False)
+    sys.stdout.write(text + "\n")
     sys.stdout.flush()
+
+
+def json_numbers(value: Any) -> Any:
+    """``value`` with each float that is not finite replaced by its TOML spelling (docs/cli.md)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else "inf" if value > 0 else "-inf"
+    if isinstance(value, dict):
+        return {k: json_numbers(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_numbers(v) for v in value]
+    return value
 
 
 def error(message: str) -> None:

@@ -269,6 +269,7 @@ SLOW_MODULES = (
     "kernel_lock/test_anemoi.py",
     "kernel_lock/test_anemoi_model.py",
     "kernel_lock/test_lock_fuzz.py",
+    "kernel_lock/test_typed_roundtrip.py",
     "kernel_probe/test_inputs_fuzz.py",
     # validates against anemoi-training's own schemas: with anemoi installed, importing it composes
     # Hydra and builds ~200 pydantic models, seconds of the lane for tests that are all slow (issue

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..tables import ReadError, get_required
-from .base import SlotKey, SlotSpec, TargetFacts, torch_aliases
+from .base import Param, SlotKey, SlotSpec, TargetFacts, torch_aliases
 
 __all__ = [
     "ACTIVATION",
@@ -109,4 +109,5 @@ ACTIVATION = SlotSpec(
     aliases=_ALIASES,
     # the model's function the candidates were checked against
     keys=(SlotKey("function", _read_function, _refuse_function, after="semantics"),),
+    params={"approximate": Param(str, choices=("none", "tanh")), "inplace": Param(bool)},
 )

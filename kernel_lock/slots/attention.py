@@ -2,16 +2,34 @@
 
 from __future__ import annotations
 
+import math
+import sys
 from collections.abc import Mapping
 from typing import Any
 
-from .base import SlotSpec, TargetFacts
+from .base import Param, SlotSpec, TargetFacts
 
-__all__ = ["ANEMOI_ATTENTION", "ATTENTION"]
+__all__ = ["ANEMOI_ATTENTION", "ATTENTION", "SDPA_BACKENDS"]
 
 _OPTIONS = frozenset(("window", "softcap", "dropout", "alibi"))
 _CLASSES = ("FlashAttention2", "FlashAttention3", "FlashAttention4", "TEDotProductAttention")
 
+# the torch.nn.attention.SDPBackend member each ``backend`` forces ("default": torch chooses)
+SDPA_BACKENDS = {
+    "math": "MATH",
+    "flash": "FLASH_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+    "cudnn": "CUDNN_ATTENTION",
+}
+_WINDOW_MAX = 2**31 - 1  # a band half-width wider than any sequence is global attention
+_PARAMS = {
+    "window": Param(int, -1, _WINDOW_MAX, wanted=f"-1 (global) or a half-width 0..{_WINDOW_MAX}"),
+    "softcap": Param(float, 0.0, sys.float_info.max, wanted="a finite number >= 0 (0: none)"),
+    "dropout": Param(float, 0.0, math.nextafter(1.0, 0.0), wanted="in [0, 1)"),
+    "alibi": Param(bool),
+    "backend": Param(str, choices=("default", *SDPA_BACKENDS)),
+    "compiled": Param(bool),
+}
 
 # anemoi-models 0.19's backends for a class of the slot (flash: v4, v3, v2, whichever imports)
 ANEMOI_ATTENTION = {
@@ -49,4 +67,5 @@ ATTENTION = SlotSpec(
     },
     computed_by=("kernel_lock.attention.Attention",),
     anemoi_environment=_anemoi_environment,
+    params=_PARAMS,
 )

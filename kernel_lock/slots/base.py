@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal, NamedTuple, get_args
+from typing import Any, Literal, NamedTuple, cast, get_args
 
 from ..errors import Difference
 
@@ -13,6 +14,7 @@ __all__ = [
     "DTYPES",
     "MODES",
     "PRECISIONS",
+    "Param",
     "STATUSES",
     "SlotSpec",
     "Status",
@@ -42,6 +44,41 @@ class SlotKey:
     after: str
     write: Callable[[Any], Any] = lambda value: value
     omit: Callable[[Any], bool] = lambda value: not value
+
+
+@dataclass(frozen=True)
+class Param:
+    """A keyword a slot's classes take: its type, for a number its closed range, for a string its
+    ``choices``. A float parameter takes an integer too (a hand edit may write ``0``)."""
+
+    type: type  # bool, int, float or str
+    low: float = -math.inf
+    high: float = math.inf
+    choices: tuple[str, ...] = ()
+    wanted: str = ""  # what it must be, in words ("in [0, 1)")
+
+    @property
+    def what(self) -> str:
+        """What a value must be, in words."""
+        if self.choices:
+            return "one of " + ", ".join(f'"{c}"' for c in self.choices)
+        return self.wanted or _TYPE_WORDS[self.type]
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` is no value of this parameter (None when it is one)."""
+        types = (int, float) if self.type is float else (self.type,)
+        if isinstance(value, bool) != (self.type is bool) or not isinstance(value, types):
+            got = _TYPE_WORDS_GOT.get(type(value), type(value).__name__)
+            return f"{value!r} is {got}, not {_TYPE_WORDS[self.type]}"
+        if self.choices and value not in self.choices:
+            return f"{value!r} is not one of the values it may be"
+        if self.type in (int, float) and not self.low <= cast(float, value) <= self.high:
+            return f"{value!r} is out of range"
+        return None
+
+
+_TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+_TYPE_WORDS_GOT = {**_TYPE_WORDS, bool: "a boolean", float: "a float"}
 
 
 # a portable copy's twin: its positional args and kwargs from a built module (module, state, kw)
@@ -77,6 +114,8 @@ class SlotSpec:
     twin_args: TwinArgs | None = None
     anemoi_key: str = ""  # its key in anemoi's layer_kernels block ("": anemoi has none)
     sample_width: Callable[[Any], int] | None = None  # the twin's input width to compare on
+    # the type and range of each keyword its classes take, checked on read (kwargs, twin.kwargs)
+    params: Mapping[str, Param] = field(default_factory=dict)
 
 
 def torch_aliases(module: str, *names: str) -> dict[str, str]:

@@ -8,7 +8,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from ..tables import ReadError, get
-from .base import SlotKey, SlotSpec, TargetFacts
+from .base import Param, SlotKey, SlotSpec, TargetFacts
 
 __all__ = [
     "CONFIG_KEY",
@@ -118,4 +118,5 @@ GATED_MLP = SlotSpec(
     computed_by=("kernel_lock.gated_mlp.GatedMLP",),
     by_default=False,  # a model has it only with a gated mlp_implementation
     keys=(SlotKey("gate", _read_gate, _refuse_gate, after="devices"),),
+    params={"mlp_implementation": Param(str, choices=MLP_IMPLEMENTATIONS), "bias": Param(bool)},
 )

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import Difference, LockMismatch
 from ..tables import EMPTY, ReadError, Table, from_dict, get, one_of, toml_key
-from .base import SlotKey, SlotSpec, TargetFacts, torch_aliases
+from .base import Param, SlotKey, SlotSpec, TargetFacts, torch_aliases
 
 __all__ = ["LIBRARIES", "LINEAR", "Blas", "apply", "device_of", "name_of", "select"]
 
@@ -230,4 +230,5 @@ LINEAR = SlotSpec(
     on_resolve=_on_resolve,
     twin_args=_twin_args,
     sample_width=lambda twin: int(next(iter(twin.parameters())).shape[-1]),
+    params={"bias": Param(bool)},
 )

@@ -8,7 +8,7 @@ from functools import partial
 from math import prod
 from typing import Any
 
-from .base import SlotSpec, TargetFacts, TwinArgs, torch_aliases
+from .base import Param, SlotSpec, TargetFacts, TwinArgs, torch_aliases
 
 __all__ = ["LAYER_NORM", "RMS_NORM"]
 
@@ -16,6 +16,11 @@ _LAYER_NORM = frozenset(
     ("normalized_shape", "eps", "elementwise_affine", "bias", "device", "dtype")
 )
 _RMS_NORM = frozenset(("normalized_shape", "eps", "elementwise_affine", "device", "dtype"))
+_PARAMS = {
+    "eps": Param(float, 0.0, 1.0, wanted="a number in [0, 1]"),
+    "elementwise_affine": Param(bool),
+    "bias": Param(bool),
+}
 
 
 def _eps(module: Any) -> float | None:
@@ -64,6 +69,7 @@ def _norm(name: str, semantics: str, params: frozenset[str], **spec: Any) -> Slo
         aliases=torch_aliases("normalization", name),
         twin_args=twin_args,
         sample_width=_sample_width,
+        params=_PARAMS,
         **spec,
     )
 

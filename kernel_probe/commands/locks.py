@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -176,7 +177,8 @@ def bar_chart(rows: Any, *, chosen: str = "", width: int = 80) -> list[str]:
     groups: dict[tuple[str, str], list[tuple[str, float]]] = {}
     for t in rows:
         ms = t.get("median-ms")
-        if isinstance(ms, (int, float)) and not isinstance(ms, bool) and ms > 0:
+        # a record may hold inf or nan (docs/lock-format.md): no bar for a time not measured
+        if isinstance(ms, (int, float)) and not isinstance(ms, bool) and 0 < ms < math.inf:
             precision = f"{short_dtype(t.get('dtype', ''))} {t.get('regime', '')}".strip()
             group = groups.setdefault((str(t.get("shape", "")), precision), [])
             group.append((str(t.get("implementation", "")), float(ms)))

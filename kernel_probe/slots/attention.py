@@ -16,7 +16,6 @@ reaches an output, and an option the model sets that the candidate ignores (reje
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -65,27 +64,17 @@ class Geometry:
         return f"{self.heads}x{self.head_dim}x{self.seq}" + (":" + ",".join(said) if said else "")
 
 
-_WANTED = {
-    "window": "-1 (global) or a half-width >= 0",
-    "alibi": "true or false",
-    "softcap": "a number >= 0",
-    "dropout": "in [0, 1)",
-}
-
-
 def _option(text: str, name: str, value: str) -> tuple[str, object]:
+    """One option as the slot declares it (``SlotSpec.params``: type and range)."""
+    param = attention.ATTENTION.params[name]
+    flag = {"true": True, "1": True, "false": False, "0": False}
     try:
-        if name == "window":
-            if int(value) >= -1:
-                return name, int(value)
-        elif name == "alibi":
-            if value.lower() in ("true", "false", "1", "0"):
-                return name, value.lower() in ("true", "1")
-        elif 0 <= (x := float(value)) < (1 if name == "dropout" else math.inf):  # not NaN
+        x = flag.get(value.lower()) if param.type is bool else param.type(value)
+        if x is not None and param.problem(x) is None:
             return name, x
     except ValueError:
         pass
-    raise ValueError(f"{text!r}: {name} must be {_WANTED[name]}, got {value!r}")
+    raise ValueError(f"{text!r}: {name} must be {param.what}, got {value!r}")
 
 
 def parse_geometry(text: str) -> Geometry:
