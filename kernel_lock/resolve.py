@@ -160,8 +160,8 @@ def _training_fix(
         return None
     # as factory() says it: install the library (run on the slot's device), or use the twin
     hints = ", ".join(dict.fromkeys(install_hint(slot) for slot in missing))
-    need = (f"install what the lock's slots need ({hints})",) if missing else ()
-    need += ("run on a device the slot runs on",) if elsewhere else ()
+    need = [f"install what the lock's slots need ({hints})"] if missing else []
+    need += ["run on a device the slot runs on"] if elsewhere else []
     return (
         f"{', or '.join(need)}, or load it {IN_INFERENCE_MODE} to use the verified torch.nn twins"
         + (f"; for the other fields, {_REPROBE}" if others else "")
