@@ -18,8 +18,8 @@ from .trust import (
     IN_INFERENCE_MODE,
     build,
     install_hint,
-    requirement_problems,
     static_problem,
+    unusable,
     unusable_reason,
 )
 
@@ -98,8 +98,9 @@ def _facts_checked(lock: LockDocument, mode: Mode) -> list[str]:
         if mode == "training"
         else list(_INFERENCE_FACTS)
     )
-    if lock.graph_attention is not None and "device-type" not in checked:
-        checked.append("device-type")  # where anemoi's GraphTransformer would run its kernel
+    pinned = lock.graph_attention is not None or any(s.devices for s in lock.slots.values())
+    if pinned and "device-type" not in checked:
+        checked.append("device-type")  # a slot's devices; where anemoi's GraphTransformer runs
     return checked
 
 
@@ -131,18 +132,17 @@ def _verify_training(lock: LockDocument, current: Mapping[str, Any]) -> list[str
     missing: list[Slot] = []
     required = 0
     for slot in lock.slots.values():
-        found = requirement_problems(slot)
+        found = unusable(slot, current, "training", lock.mode)  # as factory() judges it
         job_start = SPECS[slot.name].job_start  # the slot's own rules (the Linear's BLAS)
         diffs += found + (job_start(slot, current) if job_start is not None else [])
-        missing += [slot] if found else []
-        required += len(found)
+        needs = [d for d in found if d.rule not in ("mode", "devices")]
+        missing += [slot] if needs else []
+        required += len(found) - (lock.mode == "inference")  # what the fix below covers
     graph = graph_attention.job_start_differences(lock.graph_attention, current)
-    diffs += graph
-    if lock.mode == "inference":
-        why = "training asked for (training never runs on the substitutions of a derived lock)"
-        diffs.append(Difference("mode", "inference", why, "mode"))
+    diffs = list(dict.fromkeys(diffs + graph))  # the lock's mode, said once
     if diffs:
-        fix = _training_fix(lock, len(diffs) > required, missing)
+        elsewhere = any(d.rule == "devices" for d in diffs)
+        fix = _training_fix(lock, len(diffs) > required, missing, elsewhere)
         if graph:  # the graph-attention backend's own fix, beside the others'
             others = fix or f"{_REPROBE} to write a lock for it"
             fix = f"{others}; for [{graph_attention.TABLE}]: {graph_attention.FIX}"
@@ -151,16 +151,20 @@ def _verify_training(lock: LockDocument, current: Mapping[str, Any]) -> list[str
     return notes
 
 
-def _training_fix(lock: LockDocument, others: bool, missing: list[Slot]) -> str | None:
+def _training_fix(
+    lock: LockDocument, others: bool, missing: list[Slot], elsewhere: bool = False
+) -> str | None:
     if lock.mode == "inference":
         return f"verify it {IN_INFERENCE_MODE}, or train with the training lock it was derived from"
-    if not missing:
+    if not missing and not elsewhere:
         return None
-    # as factory() says it: install the library, or use the verified twin
+    # as factory() says it: install the library (run on the slot's device), or use the twin
     hints = ", ".join(dict.fromkeys(install_hint(slot) for slot in missing))
+    need = [f"install what the lock's slots need ({hints})"] if missing else []
+    need += ["run on a device the slot runs on"] if elsewhere else []
     return (
-        f"install what the lock's slots need ({hints}), or load it {IN_INFERENCE_MODE} to use the "
-        "verified torch.nn twins" + (f"; for the other fields, {_REPROBE}" if others else "")
+        f"{', or '.join(need)}, or load it {IN_INFERENCE_MODE} to use the verified torch.nn twins"
+        + (f"; for the other fields, {_REPROBE}" if others else "")
     )
 
 
@@ -350,9 +354,15 @@ def resolve_slot(
 
 
 def _refuse_training(lock: LockDocument, entry: Slot) -> None:
-    """Raise :class:`KernelUnavailable` where ``entry`` cannot be trained with here (metadata)."""
+    """Raise :class:`KernelUnavailable` where ``entry`` cannot be trained with here (metadata):
+    :func:`~kernel_lock.trust.unusable`'s first problem, as ``verify`` finds it."""
     slot, what = entry.name, f"slot {entry.name}: {entry.implementation} ({entry.target})"
-    if lock.mode == "inference":
+    here = torchless.for_check(_INFERENCE_FACTS) if entry.devices else {}
+    problems = unusable(entry, here, "training", lock.mode)
+    first = problems[0] if problems else None
+    if first is None:
+        return
+    if first.rule == "mode":
         raise KernelUnavailable(
             f"slot {slot}: {lock.path or 'this lock'} is an inference lock (its substitutions are "
             "baked in); training never runs on substituted kernels",
@@ -362,28 +372,24 @@ def _refuse_training(lock: LockDocument, entry: Slot) -> None:
             + (f" ({lock.provenance['source']})" if lock.provenance.get("source") else "")
             + f", or resolve this one {IN_INFERENCE_MODE}",
         )
-    # this slot's own library first: "install it, or use inference mode" says more than verify()
-    problems = requirement_problems(entry)
-    if problems:
+    if first.rule == "devices":
         raise KernelUnavailable(
-            f"{what} needs "
-            + "; ".join(
-                f"{p.field.rsplit('.', 1)[-1]} {p.expected} (found: {p.found})" for p in problems
-            ),
+            f"{what} runs on {first.expected}; this machine's device is {first.found}",
             path=lock.path,
-            key=f"slots.{slot}.requires",
-            fix=f"install it ({install_hint(entry)}), re-run `kernel-probe` on this machine, "
-            f"or load it {IN_INFERENCE_MODE} to use the verified torch.nn twin",
-        )
-    here = torchless.for_check(_INFERENCE_FACTS).get("device-type") if entry.devices else None
-    if entry.devices and here not in entry.devices:
-        raise KernelUnavailable(
-            f"{what} runs on {', '.join(entry.devices)}; this machine's device is {here}",
-            path=lock.path,
-            key=f"slots.{slot}.devices",
+            key=first.field,
             fix="train on a machine with that device, re-run `kernel-probe` on this "
             f"machine, or load it {IN_INFERENCE_MODE} to use the verified torch.nn twin",
         )
+    # this slot's own library: "install it, or use inference mode" says more than verify()
+    needs = [p for p in problems if p.rule != "devices"]
+    raise KernelUnavailable(
+        f"{what} needs "
+        + "; ".join(f"{p.field.rsplit('.', 1)[-1]} {p.expected} (found: {p.found})" for p in needs),
+        path=lock.path,
+        key=f"slots.{slot}.requires",
+        fix=f"install it ({install_hint(entry)}), re-run `kernel-probe` on this machine, "
+        f"or load it {IN_INFERENCE_MODE} to use the verified torch.nn twin",
+    )
 
 
 def factory(

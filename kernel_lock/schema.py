@@ -27,8 +27,11 @@ from .tables import (
     get,
     get_required,
     get_tables,
+    identifier,
+    identifiers,
     join,
     one_of,
+    refuse_controls,
     strings,
     text,
     to_dict,
@@ -156,6 +159,8 @@ def _kwargs(ctx: Context, d: Raw, key: str, _: Raw) -> dict[str, Any]:
                 where,
             )
         for v in items:
+            if isinstance(v, str):
+                refuse_controls(v, where)  # a backend's name: never a line of a rendered file
             problem = value_problem(v, finite=True)
             if problem:
                 raise ReadError(problem, where, fix="pin a finite value (e.g. eps = 1e-5)")
@@ -320,7 +325,7 @@ class Environment(Table):
 class Requirement(Table):
     """A distribution a slot needs: name, PEP 440 specifier, the module it provides."""
 
-    name: str = field(metadata=toml_key("name", text(required=True)))
+    name: str = field(metadata=toml_key("name", identifier(required=True)))
     specifier: str = field(default="", metadata=toml_key("specifier", _specifier))
     module: str = field(default="", metadata=toml_key("module", _module, omit=EMPTY))
 
@@ -347,7 +352,7 @@ class Twin(Table):
 class Candidate(Table):
     """A candidate considered for a slot and not chosen, with the verdict and its reasons."""
 
-    implementation: str = field(metadata=toml_key("implementation", text(required=True)))
+    implementation: str = field(metadata=toml_key("implementation", identifier(required=True)))
     target: str = field(default="", metadata=toml_key("target", text()))
     status: Status = field(metadata=toml_key("status", one_of(STATUSES)))
     reasons: tuple[str, ...] = field(default=(), metadata=toml_key("reasons", strings))
@@ -362,14 +367,14 @@ class Slot(Table):
     """What the lock pins for one slot; the slot's own keys are written after the key each names."""
 
     name: str  # the slot's table name, not a key inside it
-    implementation: str = field(metadata=toml_key("implementation", text(required=True)))
+    implementation: str = field(metadata=toml_key("implementation", identifier(required=True)))
     target: str = field(metadata=toml_key("target", _target))
     semantics: str = field(metadata=toml_key("semantics", _semantics))
     kwargs: Raw = field(default_factory=dict, metadata=toml_key("kwargs", _kwargs))
     requires: tuple[Requirement, ...] = field(
         default=(), metadata=toml_key("requires", tables(Requirement))
     )
-    devices: tuple[str, ...] = field(default=(), metadata=toml_key("devices", strings))
+    devices: tuple[str, ...] = field(default=(), metadata=toml_key("devices", identifiers))
     reason: str = field(default="", metadata=toml_key("reason", text()))
     # what the implementation changes besides numbers, accepted explicitly
     changes: tuple[str, ...] = field(

@@ -15,6 +15,7 @@ fields' order is the canonical key order, so the bytes and the digest follow.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import fields, is_dataclass
@@ -22,6 +23,7 @@ from typing import Any, TypeVar
 
 __all__ = [
     "INT64",
+    "CONTROL",
     "Raw",
     "ReadError",
     "Table",
@@ -38,8 +40,11 @@ __all__ = [
     "get_table",
     "get_tables",
     "get_text",
+    "identifier",
+    "identifiers",
     "join",
     "plain",
+    "refuse_controls",
     "refuse_unknown",
     "strings",
     "table_keys",
@@ -57,6 +62,14 @@ MAX_TEXT = 4096  # characters of a free-text value (a problem, a fix, a descript
 FIX_MISSING = "add `{key} = ...` (see docs/lock-format.md)"
 REST = "*"  # the key of a field that holds the table's other keys (``[environment]``'s fields)
 INT64 = 1 << 63  # every integer read is in [-INT64, INT64): what a C int64 holds
+# Never in a name, never rendered as itself (a renderer escapes them): C0 and C1 controls, Unicode's
+# format characters (Cf: bidi controls, zero-width characters, tags ...), line and paragraph
+# separators (tests compare it: Cf, Zl, Zp)
+CONTROL = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891\u08e2\u180e\u200b-\u200f"
+    "\u2028-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f"
+    "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f]"
+)
 _TYPE_NAMES = {
     str: "string",
     int: "integer",
@@ -208,6 +221,17 @@ def get_text(d: Raw, key: str, default: str | None = None, limit: int = MAX_TEXT
     return value
 
 
+def refuse_controls(value: str, key: str) -> str:
+    """``value``, a name or identifier (a backend, a device type): a control or format character in
+    it (a newline that would add a line or a key to a rendered file) is a :class:`ReadError`."""
+    found = CONTROL.search(value)
+    if found:
+        char = f"U+{ord(found.group()):04X}"
+        said = f"{value!r:.80} holds the control character {char}: a name never does"
+        raise ReadError(said, key, "remove it (kernel-probe never writes one), then rehash")
+    return value
+
+
 def get_literal(
     d: Raw, key: str, choices: Sequence[str], default: str | None = None, *, fold: bool = False
 ) -> str:
@@ -338,6 +362,20 @@ def text(default: str = "", *, required: bool = False) -> Reader:
     if required:
         return lambda ctx, d, k, _: get_required(d, k, str, fix=FIX_MISSING.format(key=k))
     return lambda ctx, d, k, _: get(d, k, str, default=default)
+
+
+def identifier(*, required: bool = False) -> Reader:
+    """A name or identifier: :func:`text` without control or format characters."""
+    read = text(required=required)
+    return lambda ctx, d, k, so_far: refuse_controls(read(ctx, d, k, so_far), k)
+
+
+def identifiers(ctx: Any, d: Raw, k: str, _: Raw) -> tuple[str, ...]:
+    """An array of names (empty when absent), none with control or format characters."""
+    values = get_strings(d, k)
+    for i, value in enumerate(values):
+        refuse_controls(value, f"{k}[{i}]")
+    return values
 
 
 def one_of(choices: Sequence[str], default: str | None = None) -> Reader:

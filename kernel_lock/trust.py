@@ -40,6 +40,7 @@ __all__ = [
     "module_name",
     "private",
     "static_problem",
+    "unusable",
 ]
 
 TRUST_ENV = "KERNEL_LOCK_TRUST"  # modules the caller trusts beyond the built-in allow-list
@@ -358,19 +359,36 @@ def flash_generation_problems(slot: Any) -> list[Difference]:
     ]
 
 
+def unusable(
+    slot: Any, current: Mapping[str, Any], mode: str = "inference", lock_mode: str = "training"
+) -> list[Difference]:
+    """The one usability rule of a slot, shared by ``verify``, the warm check and ``factory``:
+    why ``slot``'s pinned implementation cannot run on ``current`` in ``mode`` (training never
+    runs on an inference lock; a requirement not met; a device type not among ``slot.devices``).
+    Metadata only: nothing is imported."""
+    problems = []
+    if mode == "training" and lock_mode == "inference":
+        why = "training asked for (training never runs on the substitutions of a derived lock)"
+        problems.append(Difference("mode", "inference", why, "mode"))
+    problems += requirement_problems(slot)
+    here = current.get("device-type")
+    if slot.devices and here not in slot.devices:
+        field = f"slots.{slot.name}.devices"
+        problems.append(Difference(field, ", ".join(slot.devices), here, "devices"))
+    return problems
+
+
 def unusable_reason(slot: Any, current: Mapping[str, Any]) -> str | None:
-    """Why ``slot``'s pinned implementation cannot run on ``current`` (metadata only), or None."""
-    problems = requirement_problems(slot)
-    if problems:
-        return "; ".join(
-            f"{p.field.rsplit('.', 1)[-1]} {p.found} (needs {p.expected})" for p in problems
-        )
-    if slot.devices and current.get("device-type") not in slot.devices:
-        return (
-            f"it runs on {', '.join(slot.devices)}, this machine's device is "
-            f"{current.get('device-type')}"
-        )
-    return None
+    """:func:`unusable` in inference mode, as one sentence (None: usable)."""
+    problems = unusable(slot, current)
+    if not problems:
+        return None
+    return "; ".join(
+        f"it runs on {p.expected}, this machine's device is {p.found}"
+        if p.rule == "devices"
+        else f"{p.field.rsplit('.', 1)[-1]} {p.found} (needs {p.expected})"
+        for p in problems
+    )
 
 
 def static_problem(

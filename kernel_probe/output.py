@@ -8,13 +8,13 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import kernel_lock
 from kernel_lock.errors import LockError
+from kernel_lock.tables import CONTROL as CONTROL  # what every renderer escapes
 from kernel_probe.probe.limits import MAX_SECONDS
 
 _consoles: dict[str, Any] = {}
@@ -55,15 +55,6 @@ def reset() -> None:
     _consoles.clear()
 
 
-# Never printed as itself: C0 and C1 controls, Unicode's format characters (Cf: bidi controls,
-# zero-width characters, tags ...), line and paragraph separators (tests compare it: Cf, Zl, Zp)
-_CONTROL = re.compile(
-    "[\x00-\x1f\x7f-\x9f\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891\u08e2\u180e\u200b-\u200f"
-    "\u2028-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f"
-    "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f]"
-)
-
-
 def safe(value: Any) -> str:
     """``value`` as text for a rich console: control and format characters, rich markup escaped."""
     from rich.markup import escape
@@ -72,12 +63,18 @@ def safe(value: Any) -> str:
 
 
 def _escaped(text: str) -> str:
-    return _CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), text)
+    return CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), text)
 
 
 def plain(value: Any) -> str:
     """``value`` as text for a plain stream: each line's control characters shown as escapes."""
     return "\n".join(_escaped(line) for line in str(value).split("\n"))
+
+
+def comment(value: Any) -> str:
+    """``value`` as one YAML or TOML comment line (``# ...``): every control character escaped, a
+    newline too, so no text from a file or a library can end the comment and add a line."""
+    return "# " + _escaped(str(value))
 
 
 def table(title: str | None = None, **options: Any):

@@ -19,7 +19,7 @@ from kernel_probe.anemoi.entries import DEFAULT_TIMEOUT
 from kernel_probe.anemoi.pipelines import CHECK_CONFIG_EXIT, check_config, export_for_config
 from kernel_probe.anemoi.reading import add_config_trust_argument, config_trust
 from kernel_probe.errors import UsageError
-from kernel_probe.output import add_flags, add_trust_argument, safe
+from kernel_probe.output import add_flags, add_trust_argument, comment, safe
 
 
 # ---- export -----------------------------------------------------------------------------------
@@ -104,10 +104,27 @@ def _export_for_config(args: argparse.Namespace, lock: Any) -> int:
 
 
 def _header(path: str, mode: str, digest: str) -> str:
-    return (
-        f"# anemoi-models layer_kernels, exported by kernel-probe {__version__} from {path} "
-        f"({mode} mode)\n# lock digest {digest or '(none)'}\n"
-    )
+    said = f"anemoi-models layer_kernels, exported by kernel-probe {__version__} from {path}"
+    lines = (f"{said} ({mode} mode)", f"lock digest {digest or '(none)'}")
+    return "".join(comment(line) + "\n" for line in lines)
+
+
+class _Dumper(yaml.SafeDumper):
+    """YAML's safe writer; a string with a control character double-quoted, so it is escaped
+    (``\\n``) and never spans lines (the writer's own choice, single quotes, would break them)."""
+
+
+def _string(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = '"' if output.CONTROL.search(value) else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _string)
+
+
+def _yaml(value: Any) -> list[str]:
+    """``value``'s YAML lines: every string quoted and escaped by the YAML writer."""
+    return yaml.dump(value, Dumper=_Dumper, sort_keys=False, default_flow_style=False).splitlines()
 
 
 _WHERE = """\
@@ -131,9 +148,8 @@ def render_yaml(entries: Any, *, path: str, mode: str, digest: str) -> str:
     lines = ["layer_kernels:"]
     for e in entries:
         if e.note:
-            lines.append(f"  # {e.key}: {e.note}")
-        body = yaml.safe_dump({e.key: e.entry}, sort_keys=False, default_flow_style=False)
-        lines.extend("  " + line for line in body.splitlines())
+            lines.append("  " + comment(f"{e.key}: {e.note}"))
+        lines.extend("  " + line for line in _yaml({e.key: e.entry}))
     return text + "\n".join(lines) + "\n"
 
 
@@ -157,12 +173,11 @@ _GRAPH_WHERE = """\
 def _component(where: str, value: Any, note: str) -> str:
     """A slot set on each component, not in layer_kernels: comments saying where, then its YAML
     (the graph attention backend as a key, the others' options under ``processor:``)."""
-    text = "\n" + where + (f"# {note}\n" if note else "")
+    text = "\n" + where + (f"{comment(note)}\n" if note else "")
     if isinstance(value, str):
-        return f"{text}graph_attention_backend: {value}\n"
+        return text + "".join(f"{line}\n" for line in _yaml({"graph_attention_backend": value}))
     if value:
-        body = yaml.safe_dump(value, sort_keys=False, default_flow_style=False)
-        text += "processor:\n" + "".join(f"  {line}\n" for line in body.splitlines())
+        text += "processor:\n" + "".join(f"  {line}\n" for line in _yaml(value))
     return text
 
 
@@ -178,7 +193,9 @@ def render_overlay(result: Any, *, path: str, mode: str, digest: str) -> str:
     target = "its root (a model file is the model node)" if model_file else "its `model:` node"
     overrides = " -- " + " ".join(config.overrides) if config.overrides else ""
     lines = [
-        f"# for {config.path}{overrides}: {config.shape}, {how or 'read alone, not composed'}",
+        comment(
+            f"for {config.path}{overrides}: {config.shape}, {how or 'read alone, not composed'}"
+        ),
         f"# Merge this into {target}. Each block points at the lock's entries through an "
         "interpolation, so Hydra",
         "# replaces the preset's entry whole instead of merging its keys; after composition "
@@ -186,12 +203,12 @@ def render_overlay(result: Any, *, path: str, mode: str, digest: str) -> str:
         "# these entries. Check with `kernel-probe check-config CONFIG --lock LOCK`.",
     ]
     lines += [
-        f"# {f.severity}: {f.where}: {f.problem}"
+        comment(f"{f.severity}: {f.where}: {f.problem}")
         for f in config.findings
         if f.severity in ("error", "warning")
     ]
-    lines += [f"# {where}: {note}" for where, note in result.notes]
-    lines.append(yaml.safe_dump(result.overlay(), sort_keys=False, default_flow_style=False))
+    lines += [comment(f"{where}: {note}") for where, note in result.notes]
+    lines += _yaml(result.overlay())
     return _header(path, mode, digest) + "\n".join(lines).rstrip() + "\n"
 
 

@@ -11,7 +11,7 @@ from kernel_lock import fingerprint
 from kernel_lock.toml import toml_key, toml_value
 from kernel_probe import output, profile_match, sites
 from kernel_probe.errors import ProfileUnmet
-from kernel_probe.output import print_rows, safe
+from kernel_probe.output import comment, print_rows, safe
 from kernel_probe.probe.planning import detect_device
 from kernel_probe.profile_match import detect_warnings
 from kernel_probe.profiles import DETECT_DEVICE_KEYS, load_file
@@ -142,7 +142,7 @@ def rendered(prof: Any) -> str:
     in force spelt out even where the file leaves it to the default."""
     doc = dict(prof.document)
     doc["strictness"] = {"default": prof.default_strictness, "warn": list(prof.warn_groups)}
-    lines = [f"# {prof.path}", f"# {prof.digest}"]
+    lines = [comment(prof.path), comment(prof.digest)]
     _render_table(doc, [], lines)
     return "\n".join(lines) + "\n"
 

@@ -78,9 +78,8 @@ def _hostile_lock(tmp_path, minimal_lock_text):
     from dataclasses import replace
 
     evil = "".join(NAMED)
-    slot = replace(
-        slot, implementation=f"torch.layer_norm{evil}", reason=f"fast{evil}\u202eesrever"
-    )
+    # free text only: a name (the implementation) with them is refused on read (test below)
+    slot = replace(slot, reason=f"fast{evil}\u202eesrever", changes=(f"init{evil}",))
     lock = replace(lock, slots={**lock.slots, "LayerNorm": slot}, created_by=f"hand{evil}").sealed()
     path = tmp_path / "evil.toml"
     lock.dump(path)
@@ -95,6 +94,18 @@ def test_show_and_explain_escape_them(tmp_path, minimal_lock_text, capsys, argv)
     assert code == 0, err
     assert not set(NAMED) & set(out + err), [hex(ord(c)) for c in set(NAMED) & set(out + err)]
     assert "\\u202e" in out
+
+
+def test_a_name_with_them_is_refused_on_read(tmp_path, minimal_lock_text, capsys):
+    """An implementation, a device, a backend name: identifiers, so refused (exit 5), not shown."""
+    for old, new in [
+        ('implementation = "torch.layer_norm"', 'implementation = "torch.layer_norm\u202e"'),
+        ("kwargs = { eps = 1e-6 }", 'kwargs = { eps = 1e-6 }\ndevices = ["cpu\\ny"]'),
+    ]:
+        path = tmp_path / "evil.toml"
+        path.write_text(minimal_lock_text.replace(old, new, 1))
+        code, out, err = run_cli(["show", path], capsys)
+        assert code == 5 and "control character" in err and "\u202e" not in err, err
 
 
 def test_errors_escape_them(tmp_path, minimal_lock_text, capsys):
@@ -238,10 +249,14 @@ def test_json_errors_are_json_on_stdout(argv, code, capsys, no_workers):
 @pytest.mark.parametrize("command", ["show", "explain", "diff", "verify"])
 def test_strings_from_a_lock_are_printed_as_text(tmp_path, capsys, value, shown, command):
     escaped = value.replace("\x1b", "\\u001b")
+    # a name with a control character is refused on read (issue 52): there, free text carries it
+    name = 'implementation = "torch.layer_norm"'
     text = edited_lock(
         **{
             'created-by = "hand"': f'created-by = "{escaped}"',
-            'implementation = "torch.layer_norm"': f'implementation = "{escaped}"',
+            name: f'{name}\nreason = "{escaped}"'
+            if "\x1b" in value
+            else f'implementation = "{escaped}"',
         }
     )
     path = write_sealed(tmp_path / "k.toml", text, check_targets=False)

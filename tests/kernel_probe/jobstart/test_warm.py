@@ -139,6 +139,24 @@ def test_a_stale_lock_is_still_caught_without_torch(warm, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_slot_for_another_device_is_stale_without_torch_and_probed_again(warm, tmp_path):
+    """The warm check judges a slot's devices as verify and factory do (trust.unusable)."""
+    text = (warm / "k.toml").read_text()
+    assert "\ndevices = []\n" in text
+    (tmp_path / "k.toml").write_text(text.replace("\ndevices = []\n", '\ndevices = ["xpu"]\n', 1))
+    rc, _, _, err = _imports(["rehash", "k.toml"], tmp_path)
+    assert rc == 0, err
+    rc, mods, _, err = _imports(["--out", "k.toml", "--check", *SHAPES], tmp_path)
+    assert rc == 3 and "slots.LayerNorm.devices: lock has 'xpu'" in err, err
+    assert "torch" not in mods
+    rc, _, _, err = _imports(["verify", "k.toml", "--no-import"], tmp_path)
+    assert rc == 3 and "slots.LayerNorm.devices" in err, err
+    rc, _, _, err = _imports(["--out", "k.toml", *SHAPES], tmp_path)
+    assert rc == 0 and "reused without probing" not in err, err
+    assert '\ndevices = ["xpu"]\n' not in (tmp_path / "k.toml").read_text()
+
+
+@pytest.mark.slow
 def test_debug_names_a_fact_read_without_torch_and_its_source(warm):
     rc, _, _, err = _imports(["--debug", "--out", "k.toml", "--check", *SHAPES], warm)
     assert rc == 0, err
