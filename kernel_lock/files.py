@@ -5,9 +5,9 @@ open, ``fstat``), and reads at most a cap. :func:`write_file` writes a temporary
 (``O_CREAT | O_EXCL | O_NOFOLLOW``) in the target's directory, fsyncs and renames it; a link at
 the target is refused unless ``through_link`` (a path the user named); a path that names (links
 followed, as ``/dev/stdout`` names a pipe) anything but a regular file is :class:`SpecialFile`
-(exit 2), and an OS error while writing is :class:`WriteFailed`: the old file is kept. Directories are checked as
-OpenSSH's ``StrictModes``: owned by the user or root, not world-writable unless sticky and
-root-owned, no world-writable non-sticky directory above; group-writable is accepted."""
+(exit 2); an OS error while writing is :class:`WriteFailed` (the old file is kept). Directories
+are checked as OpenSSH's ``StrictModes``: owned by the user or root, not world-writable unless
+sticky and root-owned, no world-writable non-sticky directory above; group-writable is accepted."""
 
 from __future__ import annotations
 
@@ -321,8 +321,8 @@ def write_file(
 
 
 def _write_all(fd: int, raw: bytes, mode: int | None, written: Path, target: Path) -> None:
-    """Write ``raw`` to ``fd``, fsync (``mode``: fchmod) and close it; on any failure remove the
-    file ``written`` (new, this call's), so nothing half-written stays; WriteFailed names ``target``."""
+    """Write ``raw`` to ``fd``, fsync (``mode``: fchmod) and close it; on any failure remove
+    ``written`` (new, this call's): nothing half-written stays; WriteFailed names ``target``."""
     try:
         try:
             view = memoryview(raw)
