@@ -3,26 +3,32 @@
 :func:`read_regular` refuses a FIFO, device, socket or directory before reading (non-blocking
 open, ``fstat``), and reads at most a cap. :func:`write_file` writes a temporary file
 (``O_CREAT | O_EXCL | O_NOFOLLOW``) in the target's directory, fsyncs and renames it; a link at
-the target is refused unless ``through_link`` (a path the user named). Directories are checked as
-OpenSSH's ``StrictModes``: owned by the user or root, not world-writable unless sticky and
-root-owned, no world-writable non-sticky directory above; group-writable is accepted."""
+the target is refused unless ``through_link`` (a path the user named); a path that names (links
+followed, as ``/dev/stdout`` names a pipe) anything but a regular file is :class:`SpecialFile`
+(exit 2); an OS error while writing is :class:`WriteFailed` (the old file is kept). Directories
+are checked as OpenSSH's ``StrictModes``: owned by the user or root, not world-writable unless
+sticky and root-owned, no world-writable non-sticky directory above; group-writable is accepted."""
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import LockFormatError
+from .errors import ExitCode, LockFormatError
 
 __all__ = [
+    "SpecialFile",
     "UnsafeFile",
     "UnsafeWrite",
+    "WriteFailed",
     "check_directory",
     "kind",
     "private_dir",
     "read_regular",
+    "refuse_special",
     "write_file",
 ]
 
@@ -93,6 +99,50 @@ def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
 
 class UnsafeWrite(LockFormatError):
     """A file is not written (exit 5): unsafe directory, a link or not a regular file."""
+
+
+class SpecialFile(UnsafeWrite):
+    """The path to write names a FIFO, device, socket or directory: a usage error (exit 2)."""
+
+    exit_code = ExitCode.USAGE
+
+
+class WriteFailed(UnsafeWrite):
+    """The OS failed a write (disk full, quota, I/O error): nothing was written (exit 5)."""
+
+
+def refuse_special(path: str | os.PathLike[str], option: str = "") -> None:
+    """:class:`SpecialFile` where ``path``, links followed, names something that is not a regular
+    file (``/dev/stdout`` into a pipe: a FIFO); ``option`` (``--out``) says who named it."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return  # missing, or not to be looked at: the writer says why when it writes
+    if stat.S_ISREG(st.st_mode):
+        return
+    said = option or "the path"  # the error names the path itself
+    link = f" (a link to {os.readlink(path)})" if os.path.islink(path) else ""
+    example = f"{option} kernel-lock.toml" if option.startswith("-") else "kernel-lock.toml"
+    raise SpecialFile(
+        f"{said}{link} is {kind(st.st_mode)}, not a regular file: it is never replaced (not even "
+        "with --force) nor written into (a file is written whole, then renamed into place)",
+        path=str(path),
+        fix=f"name a regular file (e.g. {example}); to pipe it on, `cat` that file"
+        if not stat.S_ISDIR(st.st_mode)
+        else f"name a file in that folder, e.g. {Path(path) / 'kernel-lock.toml'}",
+    )
+
+
+def _failed(target: Path, exc: OSError, doing: str) -> WriteFailed:
+    code = errno.errorcode.get(exc.errno or 0, "")
+    reason = f"{code}: {exc.strerror}" if code and exc.strerror else str(exc)
+    return WriteFailed(
+        f"{doing} failed ({reason}); nothing was written: a file already there is unchanged",
+        path=str(target),
+        fix="free space (or quota) on that file system and run again, or write elsewhere"
+        if code in ("ENOSPC", "EDQUOT", "EFBIG")
+        else "check the disk and the folder, then run again, or write elsewhere",
+    )
 
 
 def _refuse(path: Path | str, problem: str, fix: str) -> UnsafeWrite:
@@ -229,6 +279,7 @@ def write_file(
     create ``path`` with ``O_EXCL``; ``through_link``: replace a link's target, else refused;
     ``check``: called with the bytes read back from the file before it replaces ``path`` (it
     raises to refuse them: then nothing was written)."""
+    refuse_special(path)
     path = Path(path)
     if through_link:
         path = Path(os.path.realpath(path))
@@ -238,6 +289,8 @@ def write_file(
         st = os.lstat(target)
     except FileNotFoundError:
         st = None
+    except OSError as exc:
+        raise _failed(target, exc, "looking at it") from None
     if st is not None and stat.S_ISLNK(st.st_mode):
         raise _refuse(
             target,
@@ -253,29 +306,53 @@ def write_file(
         )
     raw = data.encode("utf-8") if isinstance(data, str) else data
     if exclusive:
-        fd = os.open(target, _CREATE, mode)  # FileExistsError: claimed by another
         try:
-            _write_all(fd, raw)
-        finally:
-            os.close(fd)
+            fd = os.open(target, _CREATE, mode)
+        except FileExistsError:
+            raise  # claimed by another
+        except OSError as exc:
+            raise _failed(target, exc, "creating it") from None
+        _write_all(fd, raw, None, target, target)
         return target
     tmp, fd = _temporary(directory, target)
+    _write_all(fd, raw, mode, tmp, target)
     try:
-        try:
-            _write_all(fd, raw)
-            os.fchmod(fd, mode)
-        finally:
-            os.close(fd)
         if check is not None:
             check(_read_back(tmp, target, raw))
         os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+    except BaseException as exc:
+        _remove(tmp)
+        if isinstance(exc, OSError):
+            raise _failed(target, exc, f"renaming {tmp.name} onto it") from None
         raise
     return target
+
+
+def _write_all(fd: int, raw: bytes, mode: int | None, written: Path, target: Path) -> None:
+    """Write ``raw`` to ``fd``, fsync (``mode``: fchmod) and close it; on any failure remove
+    ``written`` (new, this call's): nothing half-written stays; WriteFailed names ``target``."""
+    try:
+        try:
+            view = memoryview(raw)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+            if mode is not None:
+                os.fchmod(fd, mode)
+        finally:
+            os.close(fd)  # on NFS a deferred write error may surface only here
+    except BaseException as exc:
+        _remove(written)
+        if isinstance(exc, OSError):
+            raise _failed(target, exc, "writing it") from None
+        raise
+
+
+def _remove(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _temporary(directory: Path, target: Path) -> tuple[Path, int]:
@@ -300,7 +377,10 @@ def _temporary(directory: Path, target: Path) -> tuple[Path, int]:
 
 def _read_back(tmp: Path, target: Path, raw: bytes) -> bytes:
     """The bytes of ``tmp`` as the file system returns them: refused unless they are ``raw``."""
-    again = tmp.read_bytes()
+    try:
+        again = tmp.read_bytes()
+    except OSError as exc:
+        raise _failed(target, exc, "reading it back") from None
     if again != raw:
         raise _refuse(
             target,
@@ -309,10 +389,3 @@ def _read_back(tmp: Path, target: Path, raw: bytes) -> bytes:
             "check the file system (a full or failing disk?) and run the command again",
         )
     return again
-
-
-def _write_all(fd: int, raw: bytes) -> None:
-    view = memoryview(raw)
-    while view:
-        view = view[os.write(fd, view) :]
-    os.fsync(fd)

@@ -17,7 +17,7 @@ from typing import Any
 
 from .anemoi import locate, wrapper_of
 from .checkpoint import migrate_module_state, migration_rules
-from .errors import ExitCode, KernelUnavailable, LockError
+from .errors import ExitCode, KernelUnavailable, LockError, LockFormatError
 from .lock import KernelLock
 from .resolve import twin_refusal
 from .schema import Slot
@@ -395,10 +395,23 @@ def pickled_modules(obj: Any) -> set[str]:
 
 
 def saved_modules(path: str | Path) -> set[str]:
-    """The modules a ``torch.save`` file's pickles would import (read, not unpickled)."""
+    """The modules a ``torch.save`` file's pickles would import (read, not unpickled): each
+    ``.pkl`` entry scanned; an archive with two entries of one name (case ignored, as torch's zip
+    reader may match) is a LockFormatError: which one a loader reads is not defined."""
     found: set[str] = set()
     with zipfile.ZipFile(path) as archive:
-        for member in archive.namelist():
-            if member.endswith(".pkl"):  # data.pkl, and any other pickle torch.load may read
-                found |= globals_in(archive.read(member))
+        seen: dict[str, str] = {}
+        for info in archive.infolist():  # by entry: read(name) would give the last one twice
+            name, key = info.filename, info.filename.lower()
+            if key in seen:
+                raise LockFormatError(
+                    f"the archive holds two entries named {seen[key]!r} and {name!r}: a loader "
+                    "may read either, so what it would import cannot be known; refused",
+                    path=str(path),
+                    fix="re-save the checkpoint with torch.save from a trusted copy of the model",
+                )
+            seen[key] = name
+            if key.endswith(".pkl"):  # data.pkl, and any other pickle torch.load may read
+                with archive.open(info) as member:
+                    found |= globals_in(member.read())
     return {name.rpartition(".")[0] for name in found}

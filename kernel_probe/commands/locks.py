@@ -13,6 +13,7 @@ from typing import Any
 import kernel_lock
 from kernel_lock import fingerprint as with_torch
 from kernel_lock.errors import ExitCode, LockError
+from kernel_lock.files import refuse_special
 from kernel_lock.fingerprint import Unsettled, torch_build
 from kernel_lock.launch import before_sealing
 from kernel_lock.resolve import factory, resolve_slot
@@ -326,6 +327,7 @@ def run_rehash(args: argparse.Namespace) -> int:
     """``kernel-probe rehash [LOCK]``: re-seal a hand-edited lock, atomically; one that ``verify``
     and the runtime would refuse is not sealed (``kernel_lock.launch.before_sealing``)."""
     args.lock = args.lock or output.default_lock_path()
+    refuse_special(args.lock, "LOCK")  # read, then replaced: a regular file only
     lock = kernel_lock.load(args.lock, emit_warnings=False, trust=args.trust)
     unjudged = before_sealing(lock, _torch_version(lock))
     sealed = lock.sealed()
@@ -374,6 +376,7 @@ def run_lock(args: argparse.Namespace) -> int:
     if out.is_dir():
         fix = f"name the lock file, e.g. {out / 'kernel-lock.inference.toml'}"
         raise UsageError(f"{out} is a directory", fix=fix)
+    refuse_special(out, "OUT")
     if out.exists() and not args.force:
         fix = "pass --force to replace it, or choose another OUT"
         raise UsageError(f"{out} exists; not replacing it", fix=fix)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kernel_lock import torchless as here
+from kernel_lock.files import refuse_special
 from kernel_lock.slots import PRECISIONS, slot_name_fix
 from kernel_probe import candidates as cands
 from kernel_probe import slots as slot_behaviour
@@ -364,6 +365,8 @@ def _refuse_bad_arguments(request: ProbeRequest) -> tuple[str, ...]:
             slot_behaviour.slot(name).refuse(declared)
     if request.check_only and request.force:
         raise UsageError("--check and --force contradict each other")
+    if not request.check_only:  # a pipe (/dev/stdout) would be waited on, never written
+        refuse_special(request.out, "--out")
     return asked
 
 

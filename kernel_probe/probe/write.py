@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from kernel_lock.files import kind
+from kernel_lock.files import SpecialFile, refuse_special
 from kernel_lock.fingerprint import FIELDS, Match, library_versions
 from kernel_lock.graph_attention import GraphAttention
 from kernel_lock.lock import KernelLock
@@ -284,7 +284,7 @@ def resolve_out(path: Path) -> Path:
             f"--out {text}: {directory} is not a directory", fix="choose another --out"
         )
     try:
-        mode = os.stat(real).st_mode
+        mode = os.stat(path).st_mode  # links followed: /dev/stdout names the pipe, not its path
     except FileNotFoundError:
         return real
     except OSError as exc:
@@ -295,12 +295,10 @@ def resolve_out(path: Path) -> Path:
         raise UsageError(
             f"--out {text} is a directory", fix=f"use --out {path / 'kernel-lock.toml'}"
         )
-    if not stat.S_ISREG(mode):
-        raise UsageError(
-            f"--out {text} is {kind(mode)}, not a regular file: it is never replaced (not even "
-            "with --force)",
-            fix="choose a regular file path for the lock",
-        )
+    try:
+        refuse_special(path, "--out")
+    except SpecialFile as exc:  # check_writable's callers expect a UsageError
+        raise UsageError(exc.problem, path=exc.path, fix=exc.fix) from None
     return real
 
 

@@ -5,12 +5,14 @@ global the scan cannot name raises rather than being left out."""
 from __future__ import annotations
 
 import pickle
+import warnings
 import zipfile
 from pathlib import Path
 
 import pytest
 import torch
 
+from kernel_lock.errors import ExitCode, LockFormatError
 from kernel_lock.portability import UnreadablePickle, globals_in, saved_modules
 
 
@@ -143,3 +145,40 @@ def test_a_real_torch_save_is_read(tmp_path):
         "torch.nn.modules.normalization",
         "torch.nn.modules.container",
     } <= modules
+
+
+# ---- archives read entry by entry; a duplicate name refused (issue 52, mechanism 6) ------------
+def _archive(path: Path, *members: tuple[str, bytes]) -> Path:
+    with warnings.catch_warnings():  # zipfile warns of a duplicate name, then writes it
+        warnings.simplefilter("ignore", UserWarning)
+        with zipfile.ZipFile(path, "w") as archive:
+            for name, data in members:
+                archive.writestr(name, data)
+    return path
+
+
+@pytest.mark.parametrize(
+    "second", ["archive/data.pkl", "archive/DATA.pkl"], ids=["same-name", "other-case"]
+)
+def test_an_archive_with_two_entries_of_one_name_is_refused(tmp_path, second):
+    # the first data.pkl is what torch's loader reads; read(name) gave the harmless last one twice
+    path = _archive(
+        tmp_path / "two.ckpt",
+        ("archive/data.pkl", DECOY),
+        (second, pickle.dumps({"a": 1}, protocol=2)),
+        ("archive/version", b"3\n"),
+    )
+    with pytest.raises(LockFormatError) as err:
+        saved_modules(path)
+    assert err.value.path == str(path) and err.value.exit_code == ExitCode.BAD_INPUT
+    assert f"two entries named 'archive/data.pkl' and {second!r}" in err.value.problem
+    assert "re-save the checkpoint" in (err.value.fix or "")
+
+
+def test_every_pickle_entry_is_scanned_whatever_its_letter_case(tmp_path):
+    path = _archive(
+        tmp_path / "case.ckpt",
+        ("archive/data.pkl", pickle.dumps(1, protocol=2)),
+        ("archive/constants.PKL", MEMO),
+    )
+    assert saved_modules(path) == {"os"}

@@ -134,7 +134,7 @@ def test_failed_dump_keeps_old_file(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(lockmod.os, "fsync", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(lockmod.WriteFailed, match="disk full.*nothing was written"):
         lock.dump(target)
     assert target.read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["k.toml"]

@@ -1,15 +1,27 @@
 """kernel_lock.files.write_file and private_dir: the one safe writer, tested against links,
-FIFOs, foreign owners and modes (issue 34, point 1: files clobbered through links)."""
+FIFOs, foreign owners and modes (issue 34, point 1: files clobbered through links), a full disk
+and a pipe behind a link (issue 52: typed OS errors, special files refused)."""
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import stat
+import subprocess
 
 import pytest
 
 from kernel_lock.errors import ExitCode
-from kernel_lock.files import UnsafeWrite, check_directory, private_dir, write_file
+from kernel_lock.files import (
+    SpecialFile,
+    UnsafeWrite,
+    WriteFailed,
+    check_directory,
+    private_dir,
+    refuse_special,
+    write_file,
+)
 
 OTHER_UID = (
     54321  # a user that is not us (the tests run as root here, or as a user: either way not 54321)
@@ -148,3 +160,124 @@ def test_private_dir_refuses_one_made_beforehand_by_someone_else(tmp_path, how):
         private_dir(path)
     with pytest.raises(UnsafeWrite):
         private_dir(path, create=False)
+
+
+# ---- every OS error typed, nothing half-written (issue 52, mechanism 6) -------------------------
+ENOSPC = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def _failing(real, exc=ENOSPC):
+    """``real`` (os.write, os.fsync ...) that fails on any descriptor but stdin/stdout/stderr."""
+
+    def call(fd, *args):
+        if isinstance(fd, int) and fd > 2:
+            raise exc
+        return real(fd, *args)
+
+    return call
+
+
+@pytest.mark.parametrize("call", ["write", "fsync", "fchmod", "close"])
+def test_a_full_disk_is_a_typed_error_and_the_old_file_is_kept(tmp_path, monkeypatch, call):
+    old = write_file(tmp_path / "k.toml", "old = 1\n")
+    monkeypatch.setattr(os, call, _failing(getattr(os, call)))
+    with pytest.raises(WriteFailed) as err:
+        write_file(old, "new = 2\n")
+    monkeypatch.undo()
+    assert err.value.exit_code == ExitCode.BAD_INPUT and err.value.path == str(old)
+    assert "ENOSPC" in err.value.problem and "nothing was written" in err.value.problem
+    assert "free space" in err.value.fix
+    assert old.read_text() == "old = 1\n" and os.listdir(tmp_path) == ["k.toml"]
+
+
+def test_a_failed_rename_is_typed_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    old = write_file(tmp_path / "k.toml", "old = 1\n")
+    monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(OSError(errno.EIO, "I/O")))
+    with pytest.raises(WriteFailed, match="EIO: I/O.*nothing was written"):
+        write_file(old, "new = 2\n")
+    assert old.read_text() == "old = 1\n" and os.listdir(tmp_path) == ["k.toml"]
+
+
+def test_a_failed_exclusive_write_removes_its_half_written_claim(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "write", _failing(os.write))
+    with pytest.raises(WriteFailed, match="ENOSPC"):
+        write_file(tmp_path / "claim", "me", exclusive=True)
+    assert not (tmp_path / "claim").exists()
+
+
+@pytest.fixture
+def full_tmpfs(tmp_path):
+    """A 64 KiB tmpfs, filled: each write there ends in ENOSPC (needs root and mount(8))."""
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("mounting a tmpfs needs root and mount(8)")
+    where = tmp_path / "full"
+    where.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)])
+    if done.returncode:
+        pytest.skip("mount -t tmpfs refused here")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=False)
+
+
+def _fill(folder):
+    fd = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+
+
+def test_a_real_full_disk_keeps_the_old_file(full_tmpfs):
+    old = write_file(full_tmpfs / "k.toml", "old = 1\n")
+    _fill(full_tmpfs)
+    with pytest.raises(WriteFailed, match="ENOSPC.*nothing was written"):
+        write_file(old, "new = 2\n" * 4096)
+    assert old.read_text() == "old = 1\n" and sorted(os.listdir(full_tmpfs)) == ["filler", "k.toml"]
+
+
+# ---- a path that names no regular file: refused at once, exit 2 ---------------------------------
+@pytest.fixture
+def pipe_path():
+    """A path that names the write end of a pipe, as /dev/stdout does under `... | cat`."""
+    r, w = os.pipe()
+    try:
+        yield f"/proc/self/fd/{w}"
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_a_pipe_behind_a_link_is_refused_by_kind(pipe_path):
+    if not os.path.exists(pipe_path):
+        pytest.skip("no /proc here")
+    with pytest.raises(SpecialFile) as err:
+        write_file(pipe_path, "x", through_link=True)
+    assert err.value.exit_code == ExitCode.USAGE and err.value.path == pipe_path
+    assert "a FIFO (named pipe), not a regular file" in err.value.problem and "a link to" in str(
+        err.value
+    )
+    assert "regular file" in err.value.fix
+
+
+@pytest.mark.parametrize("make", ["device", "directory", "link to a fifo"])
+def test_refuse_special_names_the_option_the_kind_and_the_fix(tmp_path, make):
+    path = tmp_path / "x"
+    if make == "device":
+        path.symlink_to("/dev/null")
+    elif make == "directory":
+        path.mkdir()
+    else:
+        os.mkfifo(tmp_path / "fifo")
+        path.symlink_to(tmp_path / "fifo")
+    with pytest.raises(SpecialFile) as err:
+        refuse_special(path, "--out")
+    said = {"device": "a character device", "directory": "a directory"}.get(make, "a FIFO")
+    assert err.value.problem.startswith("--out") and said in err.value.problem
+    assert err.value.exit_code == ExitCode.USAGE and "kernel-lock.toml" in err.value.fix
+    refuse_special(tmp_path / "missing", "--out")  # nothing there yet: fine
+    refuse_special(write_file(tmp_path / "regular", "x"), "--out")
