@@ -46,18 +46,14 @@ def blas_library(cand: Candidate, device: str) -> Iterator[tuple[str, str]]:
     if not kind:
         yield "", ""
         return
-    before = torch.backends.cuda.preferred_blas_library()
-    default = blas_lib.name_of(before, kind)
+    default = blas_lib.name_of(torch.backends.cuda.preferred_blas_library(), kind)
     if not cand.blas:
         yield default, default
         return
-    now = blas_lib.select(torch, cand.blas)
-    try:
+    with blas_selected(cand.blas) as now:
         if now != cand.blas:
             raise BlasNotOffered(f"this torch build does not offer {cand.blas}: torch kept {now}")
         yield now, default
-    finally:
-        torch.backends.cuda.preferred_blas_library(before)
 
 
 def baseline_blas(cand: Candidate, device: str) -> str:
@@ -68,15 +64,16 @@ def baseline_blas(cand: Candidate, device: str) -> str:
 
 
 @contextlib.contextmanager
-def blas_selected(library: str) -> Iterator[None]:
-    """Run under ``library`` (''; as it is), then restore the process's choice."""
+def blas_selected(library: str) -> Iterator[str]:
+    """Run under ``library`` ('': as it is), then restore the process's choice; yields the one
+    torch kept."""
     if not library:
-        yield
+        yield ""
         return
     before = torch.backends.cuda.preferred_blas_library()
-    blas_lib.select(torch, library)
+    now = blas_lib.select(torch, library)
     try:
-        yield
+        yield now
     finally:
         torch.backends.cuda.preferred_blas_library(before)
 

@@ -236,7 +236,8 @@ def time_candidate(
     opts = {**DEFAULT_OPTIONS, **(options or {})}
     if opts["mode"] not in MODES:
         raise ValueError(f"timing mode {opts['mode']!r}: expected one of {', '.join(MODES)}")
-    run = _Run(cand, slot, device, measure.torch_dtype(dtype_name), regime == "mixed", opts)
+    dtype = measure.torch_dtype(dtype_name)
+    run = _Run(cand, slot, device, dtype, regime == "mixed", opts, _Clock(device))
     budget, started = opts.get("budget_s"), time.perf_counter()
     rows: list[TimingRow] = []
     with contextlib.ExitStack() as stack:
@@ -253,7 +254,7 @@ def time_candidate(
             if budget is not None:
                 left = started + float(budget) - time.perf_counter()
                 deadline = time.perf_counter() + left / (len(shapes) - index)
-            row = TimingRow(**_where(cand, shape, dtype_name, regime))
+            row = _where(cand, shape, dtype_name, regime)
             tick = ticker(progress, shape, index, len(shapes))
             try:
                 row.update(_time_shape(run, shape, tick, deadline))
@@ -282,11 +283,8 @@ class _Run:
     dtype: torch.dtype
     mixed: bool
     opts: Mapping[str, Any]
-    clock: _Clock = field(init=False)
+    clock: _Clock
     copy_gbps: dict[int, float] = field(default_factory=dict)  # by bytes: a copy's bandwidth
-
-    def __post_init__(self) -> None:
-        self.clock = _Clock(self.device)
 
 
 def _time_shape(run: _Run, shape: str, tick: Tick | None, deadline: float | None) -> TimingRow:
@@ -370,7 +368,7 @@ class _Shape:
         self.width = out if cand.semantics == "linear" else self.hidden
         per_input = self.rows * self.hidden * dtype.itemsize
         self.n_buf = 1
-        l2 = _l2_bytes(run.device)
+        l2 = _l2_bytes() if run.clock.cuda else 0
         if l2 and per_input < 2 * l2:  # rotate inputs so that together they exceed twice the L2
             self.n_buf = min(8, 2 * l2 // max(per_input, 1) + 1)
         # the timed inputs, which the check at the shape also reads, come from their own seeded
@@ -397,13 +395,11 @@ class _Shape:
         y.backward(self.gy)
 
 
-def _l2_bytes(device: str) -> int:
-    if device in ("cuda", "rocm"):
-        try:
-            return int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0))
-        except Exception:
-            return 0
-    return 0
+def _l2_bytes() -> int:
+    try:
+        return int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0))
+    except Exception:
+        return 0
 
 
 def copy_bandwidth(device: str, nbytes: int, opts: Mapping[str, Any]) -> float:
