@@ -235,9 +235,7 @@ def _fresh_like(x: Any) -> Any:
     buf = torch.empty(
         shape[1], shape[0], *shape[2:-1], shape[-1] + 8, dtype=x.dtype, device=x.device
     )
-    view = buf[..., : shape[-1]].transpose(0, 1)
-    view.copy_(x.detach())
-    return view
+    return buf[..., : shape[-1]].transpose(0, 1).copy_(x.detach())
 
 
 def bits_equal(a: Any, b: Any) -> bool:
@@ -271,12 +269,11 @@ def describe(t: torch.Tensor) -> str:
 def _exceedance_quantile(n: int, m: int, alpha: float) -> int:
     """The smallest k with P(count > k) < alpha, count: how many of n draws exceed the max of m."""
     # from one continuous distribution, P(count >= j) = prod_{i<j} (n-i)/(n+m-i) (exact)
-    k, tail = 0, 1.0  # tail = P(count >= k + 1) once multiplied by the next factor
-    while k < n:
+    tail = 1.0  # tail = P(count >= k + 1) once multiplied by the next factor
+    for k in range(n):
         tail *= (n - k) / (n + m - k)
         if tail < alpha:
             return k
-        k += 1
     return n
 
 
@@ -323,7 +320,7 @@ def init_difference(candidate: torch.Tensor, reference: torch.Tensor) -> str | N
         return f"has shape {tuple(c.shape)}, torch.nn {tuple(r.shape)}"
     if not r.numel():
         return None  # two empty parameters start alike
-    if r.numel() and r.min() == r.max():  # deterministic: ones, zeros, a constant
+    if r.min() == r.max():  # deterministic: ones, zeros, a constant
         if torch.equal(c, r):
             return None
         return f"starts as {describe(c)}; torch.nn starts as {describe(r)}"
