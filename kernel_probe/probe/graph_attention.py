@@ -424,11 +424,9 @@ def choose(
             )
         reason = f"triton asked for, with the fallback to pyg allowed ({cause} here; pyg accepted)"
         return lock(backend="triton", allow_fallback=True, reason=reason)
-    problem = (
-        cause
-        and f"anemoi would fall back to pyg here: {cause}"
-        or f"the Triton kernel {why['triton']}"
-    )
+    problem = f"the Triton kernel {why['triton']}"
+    if cause:
+        problem = f"anemoi would fall back to pyg here: {cause}"
     raise ForcedUnusable(
         f"the triton graph attention backend cannot be locked: {problem}",
         fix="probe on a GPU node with triton installed, lock pyg (--graph-attention pyg), or "
