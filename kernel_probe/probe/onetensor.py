@@ -111,21 +111,22 @@ def reference_pass(
 
 
 def parameters_for(
-    semantics: str, hidden: int, out_features: int, bias: bool, gen: torch.Generator
-) -> dict[str, Any]:
-    """Weights neither ones nor zeros (a kernel ignoring them must fail), under torch.nn's names."""
+    semantics: str, canonical: Mapping[str, Any], gen: torch.Generator
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Weights neither ones nor zeros (a kernel ignoring them must fail), under torch.nn's names, at
+    ``canonical``'s size, with its bias (an RMSNorm's: none); and in float64 on its device."""
+    hidden, out_features = canonical["hidden"], canonical["out_features"]
+    bias = semantics != "rms_norm" and bool(canonical.get("bias", False))
     if semantics == "linear":
         w = torch.randn(out_features, hidden, generator=gen) / math.sqrt(hidden)
         b = torch.randn(out_features, generator=gen) * 0.5 if bias else None
     else:
         w = 1.0 + 0.5 * torch.randn(hidden, generator=gen)
         b = 0.3 * torch.randn(hidden, generator=gen) if bias else None
-    return {"weight": w, "bias": b}
-
-
-def in_float64(params: Mapping[str, Any], device: str) -> dict[str, Any]:
-    """The parameters in float64 on ``device``, for the reference."""
-    return {k: v if v is None else v.to(torch.float64).to(device) for k, v in params.items()}
+    params, device = {"weight": w, "bias": b}, canonical["device"]
+    return params, {
+        k: v if v is None else v.to(torch.float64).to(device) for k, v in params.items()
+    }
 
 
 def load_parameters(module: Any, params: Mapping[str, Any], layout: Layout) -> None:
