@@ -123,25 +123,24 @@ def repeat(
 
 def timed_calls(
     clock: _Clock,
-    step: Callable[[], None],
     opts: Mapping[str, Any],
     tick: Tick | None,
-    shape: str,
     row: TimingRow,
-) -> list[float]:
-    """A step slot's calls at one shape (first, then sole or ``repeat``'s), into the row."""
+    step: Callable[[], None],
+) -> TimingRow:
+    """A step slot's calls at ``row``'s shape (first, then sole or ``repeat``'s), into the row."""
     row["compile_s"] = _first_call(clock, step, tick)
     if opts.get("mode") == "sole":  # the slot's one accepted candidate: one measured call
         samples, how = [clock.time(step)], "sole candidate"
         if tick is not None:
             tick("rep", 1, 1)
     else:
-        samples, how = repeat(clock, step, opts, tick, against=_against(opts, shape))
+        samples, how = repeat(clock, step, opts, tick, against=_against(opts, row["shape"]))
     row["median_ms"] = 1e3 * sorted(samples)[len(samples) // 2]
     row["spread"] = repetitions.spread(samples)
     row["reps"] = len(samples)
     row["timed"], row["samples"] = how, samples
-    return samples
+    return row
 
 
 def _first_call(clock: _Clock, step: Callable[[], None], tick: Tick | None) -> float:
@@ -206,15 +205,8 @@ def step_rows(
     for index, text in enumerate(shapes):
         row = TimingRow(implementation=cand_id, shape=text, dtype=dtype_name, regime="true")
         tick = ticker(progress, text, index, len(shapes))
-
-        def timed(
-            step: Callable[[], None], row: TimingRow = row, tick: Tick | None = tick
-        ) -> TimingRow:
-            timed_calls(clock, step, opts, tick, row["shape"], row)
-            return row
-
         try:
-            run_shape(text, timed)
+            run_shape(text, functools.partial(timed_calls, clock, opts, tick, row))
         except Exception as exc:  # OOM at the model's shape, a kernel that refuses the size, ...
             row["error"] = measure.first_line(exc, 400)
         rows.append(row)
