@@ -360,7 +360,10 @@ class _Shape:
         self.width = out if cand.semantics == "linear" else self.hidden
         per_input = self.rows * self.hidden * dtype.itemsize
         self.n_buf = 1
-        l2 = _l2_bytes() if run.clock.cuda else 0
+        l2 = 0
+        if run.clock.cuda:
+            with contextlib.suppress(Exception):  # no properties to read: no rotation
+                l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0))
         if l2 and per_input < 2 * l2:  # rotate inputs so that together they exceed twice the L2
             self.n_buf = min(8, 2 * l2 // max(per_input, 1) + 1)
         # the timed inputs, which the check at the shape also reads, come from their own seeded
@@ -385,13 +388,6 @@ class _Shape:
         with measure.autocasting(self.autocast):
             y = self.module(x)
         y.backward(self.gy)
-
-
-def _l2_bytes() -> int:
-    try:
-        return int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0))
-    except Exception:
-        return 0
 
 
 def copy_bandwidth(device: str, nbytes: int, opts: Mapping[str, Any]) -> float:
