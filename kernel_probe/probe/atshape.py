@@ -84,11 +84,7 @@ class Setup:
         else:
             self.layout = discover(shapes(module.state_dict()), base_shapes)
         self.gen = torch.Generator().manual_seed(0)
-        bias = bool(canonical.get("bias", False)) if cand.semantics != "rms_norm" else False
-        params = onetensor.parameters_for(
-            cand.semantics, canonical["hidden"], canonical["out_features"], bias, self.gen
-        )
-        self.params64 = onetensor.in_float64(params, device)
+        params, self.params64 = onetensor.parameters_for(cand.semantics, canonical, self.gen)
         self.eps = float(canonical.get("eps", 0.0) or 0.0)
         if self.layout.ok:
             onetensor.load_parameters(module, params, self.layout)

@@ -279,13 +279,9 @@ def _time_slot(
     against: dict[str, list[float]] | None = None
     first_options: dict[str, Any] = {}
     for i, (cand, checked) in enumerate(timeable):
-        warmup = min(3, timing.reps) if checks.device != "cpu" or timing.fixed else 1
-        min_seconds = 0.2 if checks.device != "cpu" else 0.0
-        options: dict[str, Any] = {
-            "reps": timing.reps,
-            "warmup": warmup,
-            "min_seconds": min_seconds,
-        }
+        warmup = min(3, timing.reps) if kind == "gpu" or timing.fixed else 1
+        options: dict[str, Any] = {"reps": timing.reps, "warmup": warmup}
+        options["min_seconds"] = 0.2 if kind == "gpu" else 0.0
         if timing.fixed:
             options["mode"] = "fixed"
         elif len(timeable) == 1:

@@ -92,12 +92,6 @@ def beats_default(rows: Rows | None, base_rows: Rows | None, shapes: Sequence[st
     return clears_margin(*_score(rows, base_rows, shapes))
 
 
-def _worst_shape(rows: Rows, base_rows: Rows, shapes: Sequence[str]) -> tuple[str, float]:
-    ratios = _ratios(rows, base_rows, shapes)
-    s = max(ratios, key=lambda k: abs(math.log(ratios[k])))
-    return s, ratios[s]
-
-
 def choose(
     slot: str,
     reports: list[Report],
@@ -231,8 +225,9 @@ def _fastest_or_default(
     fastest = min(others, key=lambda r: (scores[r.id], eligible.index(r)))
     s = scores[fastest.id]
     if s >= 1:
-        shape, ratio = _worst_shape(timings[fastest.id], timings[default.id], shapes)
-        detail = f"{fastest.id} {ratio:.2f}x slower at {shape} {dtype}"
+        ratios = _ratios(timings[fastest.id], timings[default.id], shapes)
+        shape = max(ratios, key=lambda k: abs(math.log(ratios[k])))  # the worst
+        detail = f"{fastest.id} {ratios[shape]:.2f}x slower at {shape} {dtype}"
     else:
         detail = f"{fastest.id} only {1 / s:.2f}x faster, inside the noise margin"
     return Choice(slot, default, "default", f"{default.id} is the default; {detail}", scores)

@@ -188,13 +188,9 @@ class Row:
         canonical = bench.canonical(measure.dtype_name(param_dtype))
         gen = torch.Generator().manual_seed(bench.seed)
         semantics = bench.cand.semantics
-        bias = bool(canonical.get("bias", False)) if semantics != "rms_norm" else False
-        out = canonical["out_features"]
-        params = onetensor.parameters_for(semantics, bench.hidden, out, bias, gen)
-        device = bench.torch_device
-        params64 = onetensor.in_float64(params, device)
-        width = out if semantics == "linear" else bench.hidden
-        autocast = (device, dtype) if mixed else None
+        params, params64 = onetensor.parameters_for(semantics, canonical, gen)
+        width = canonical["out_features"] if semantics == "linear" else bench.hidden
+        autocast = (bench.torch_device, dtype) if mixed else None
         eps = canonical.get("eps", 0.0)
         return cls(
             dtype, mixed, param_dtype, canonical, params, params64, autocast, width, eps, gen

@@ -14,6 +14,7 @@ else an error unless ``allow_fallback``; ``pyg`` if accepted; never one not bitw
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import time
@@ -404,34 +405,28 @@ def choose(
     by = {r.backend: r for r in reports}
     cause = fallback_cause(current, triton_installed() if triton is None else triton)
     why = {b: _usable(by.get(b), deterministic) for b in BACKENDS}
-    evidence = _evidence(reports)
+    lock = functools.partial(GraphAttention, evidence=_evidence(reports))
     if wanted == "pyg" or (wanted == "auto" and cause is not None):
         if why["pyg"] is not None:
             raise ForcedUnusable(f"the pyg graph attention backend cannot be locked: {why['pyg']}")
         reason = "asked for" if wanted == "pyg" else f"what anemoi runs here ({cause})"
-        return GraphAttention(
-            backend="pyg", reason=f"pyg: {reason}; accepted against float64", evidence=evidence
-        )
+        return lock(backend="pyg", reason=f"pyg: {reason}; accepted against float64")
     if cause is None and why["triton"] is None:
-        reason = "triton: anemoi's Triton kernel, accepted against float64"
-        return GraphAttention(backend="triton", reason=reason, evidence=evidence)
+        return lock(
+            backend="triton", reason="triton: anemoi's Triton kernel, accepted against float64"
+        )
     if cause is None and wanted == "auto" and why["pyg"] is None:
-        reason = f"pyg: the Triton kernel is not usable ({why['triton']})"
-        return GraphAttention(backend="pyg", reason=reason, evidence=evidence)
+        return lock(backend="pyg", reason=f"pyg: the Triton kernel is not usable ({why['triton']})")
     if cause is not None and allow_fallback:
         if why["pyg"] is not None:
             raise ForcedUnusable(
                 f"{ALLOW_FLAG}: the pyg path anemoi falls back to cannot be used: {why['pyg']}"
             )
         reason = f"triton asked for, with the fallback to pyg allowed ({cause} here; pyg accepted)"
-        return GraphAttention(
-            backend="triton", allow_fallback=True, reason=reason, evidence=evidence
-        )
-    problem = (
-        cause
-        and f"anemoi would fall back to pyg here: {cause}"
-        or f"the Triton kernel {why['triton']}"
-    )
+        return lock(backend="triton", allow_fallback=True, reason=reason)
+    problem = f"the Triton kernel {why['triton']}"
+    if cause:
+        problem = f"anemoi would fall back to pyg here: {cause}"
     raise ForcedUnusable(
         f"the triton graph attention backend cannot be locked: {problem}",
         fix="probe on a GPU node with triton installed, lock pyg (--graph-attention pyg), or "

@@ -60,13 +60,8 @@ class Layout:
         """The layout from :meth:`to_json`'s object."""
         raw_pairs = cast("Mapping[object, Sequence[object]]", d.get("pairs") or {})
         pairs = {str(k): (str(v[0]), bool(v[1])) for k, v in dict(raw_pairs).items()}
-        return cls(
-            bool(d["ok"]),
-            pairs,
-            _strings(d.get("rules")),
-            _strings(d.get("missing")),
-            _strings(d.get("unexpected")),
-        )
+        lists = (_strings(d.get(k)) for k in ("rules", "missing", "unexpected"))
+        return cls(bool(d["ok"]), pairs, *lists)
 
 
 def _strings(value: object) -> tuple[str, ...]:

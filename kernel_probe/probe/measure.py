@@ -161,10 +161,8 @@ def compare(
 ) -> tuple[list[float], ErrorStats]:
     """([max error, torch's], worst groups' statistics); ``base_side``: torch's, if computed."""
     n, scale, ref_rms = _scale(ref, rows)
-    maxima, rms, bias, sd = [0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]
-    for i, t in enumerate((got, base)):
-        known = base_side if i == 1 else None
-        maxima[i], rms[i], bias[i], sd[i] = known or _side(t, ref, scale, rows)
+    sides = (_side(got, ref, scale, rows), base_side or _side(base, ref, scale, rows))
+    maxima, rms, bias, sd = ([s[k] for s in sides] for k in range(4))
     return maxima, {"rms": rms, "bias": bias, "sd": sd, "n": n, "ref_rms": ref_rms}
 
 

@@ -46,18 +46,14 @@ def blas_library(cand: Candidate, device: str) -> Iterator[tuple[str, str]]:
     if not kind:
         yield "", ""
         return
-    before = torch.backends.cuda.preferred_blas_library()
-    default = blas_lib.name_of(before, kind)
+    default = blas_lib.name_of(torch.backends.cuda.preferred_blas_library(), kind)
     if not cand.blas:
         yield default, default
         return
-    now = blas_lib.select(torch, cand.blas)
-    try:
+    with blas_selected(cand.blas) as now:
         if now != cand.blas:
             raise BlasNotOffered(f"this torch build does not offer {cand.blas}: torch kept {now}")
         yield now, default
-    finally:
-        torch.backends.cuda.preferred_blas_library(before)
 
 
 def baseline_blas(cand: Candidate, device: str) -> str:
@@ -68,15 +64,16 @@ def baseline_blas(cand: Candidate, device: str) -> str:
 
 
 @contextlib.contextmanager
-def blas_selected(library: str) -> Iterator[None]:
-    """Run under ``library`` (''; as it is), then restore the process's choice."""
+def blas_selected(library: str) -> Iterator[str]:
+    """Run under ``library`` ('': as it is), then restore the process's choice; yields the one
+    torch kept."""
     if not library:
-        yield
+        yield ""
         return
     before = torch.backends.cuda.preferred_blas_library()
-    blas_lib.select(torch, library)
+    now = blas_lib.select(torch, library)
     try:
-        yield
+        yield now
     finally:
         torch.backends.cuda.preferred_blas_library(before)
 
@@ -114,21 +111,22 @@ def reference_pass(
 
 
 def parameters_for(
-    semantics: str, hidden: int, out_features: int, bias: bool, gen: torch.Generator
-) -> dict[str, Any]:
-    """Weights neither ones nor zeros (a kernel ignoring them must fail), under torch.nn's names."""
+    semantics: str, canonical: Mapping[str, Any], gen: torch.Generator
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Weights neither ones nor zeros (a kernel ignoring them must fail), under torch.nn's names, at
+    ``canonical``'s size, with its bias (an RMSNorm's: none); and in float64 on its device."""
+    hidden, out_features = canonical["hidden"], canonical["out_features"]
+    bias = semantics != "rms_norm" and bool(canonical.get("bias", False))
     if semantics == "linear":
         w = torch.randn(out_features, hidden, generator=gen) / math.sqrt(hidden)
         b = torch.randn(out_features, generator=gen) * 0.5 if bias else None
     else:
         w = 1.0 + 0.5 * torch.randn(hidden, generator=gen)
         b = 0.3 * torch.randn(hidden, generator=gen) if bias else None
-    return {"weight": w, "bias": b}
-
-
-def in_float64(params: Mapping[str, Any], device: str) -> dict[str, Any]:
-    """The parameters in float64 on ``device``, for the reference."""
-    return {k: v if v is None else v.to(torch.float64).to(device) for k, v in params.items()}
+    params, device = {"weight": w, "bias": b}, canonical["device"]
+    return params, {
+        k: v if v is None else v.to(torch.float64).to(device) for k, v in params.items()
+    }
 
 
 def load_parameters(module: Any, params: Mapping[str, Any], layout: Layout) -> None:
@@ -238,9 +236,7 @@ def _fresh_like(x: Any) -> Any:
     buf = torch.empty(
         shape[1], shape[0], *shape[2:-1], shape[-1] + 8, dtype=x.dtype, device=x.device
     )
-    view = buf[..., : shape[-1]].transpose(0, 1)
-    view.copy_(x.detach())
-    return view
+    return buf[..., : shape[-1]].transpose(0, 1).copy_(x.detach())
 
 
 def bits_equal(a: Any, b: Any) -> bool:
@@ -274,12 +270,11 @@ def describe(t: torch.Tensor) -> str:
 def _exceedance_quantile(n: int, m: int, alpha: float) -> int:
     """The smallest k with P(count > k) < alpha, count: how many of n draws exceed the max of m."""
     # from one continuous distribution, P(count >= j) = prod_{i<j} (n-i)/(n+m-i) (exact)
-    k, tail = 0, 1.0  # tail = P(count >= k + 1) once multiplied by the next factor
-    while k < n:
+    tail = 1.0  # tail = P(count >= k + 1) once multiplied by the next factor
+    for k in range(n):
         tail *= (n - k) / (n + m - k)
         if tail < alpha:
             return k
-        k += 1
     return n
 
 
@@ -326,7 +321,7 @@ def init_difference(candidate: torch.Tensor, reference: torch.Tensor) -> str | N
         return f"has shape {tuple(c.shape)}, torch.nn {tuple(r.shape)}"
     if not r.numel():
         return None  # two empty parameters start alike
-    if r.numel() and r.min() == r.max():  # deterministic: ones, zeros, a constant
+    if r.min() == r.max():  # deterministic: ones, zeros, a constant
         if torch.equal(c, r):
             return None
         return f"starts as {describe(c)}; torch.nn starts as {describe(r)}"

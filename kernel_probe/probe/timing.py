@@ -123,25 +123,24 @@ def repeat(
 
 def timed_calls(
     clock: _Clock,
-    step: Callable[[], None],
     opts: Mapping[str, Any],
     tick: Tick | None,
-    shape: str,
     row: TimingRow,
-) -> list[float]:
-    """A step slot's calls at one shape (first, then sole or ``repeat``'s), into the row."""
+    step: Callable[[], None],
+) -> TimingRow:
+    """A step slot's calls at ``row``'s shape (first, then sole or ``repeat``'s), into the row."""
     row["compile_s"] = _first_call(clock, step, tick)
     if opts.get("mode") == "sole":  # the slot's one accepted candidate: one measured call
         samples, how = [clock.time(step)], "sole candidate"
         if tick is not None:
             tick("rep", 1, 1)
     else:
-        samples, how = repeat(clock, step, opts, tick, against=_against(opts, shape))
+        samples, how = repeat(clock, step, opts, tick, against=_against(opts, row["shape"]))
     row["median_ms"] = 1e3 * sorted(samples)[len(samples) // 2]
     row["spread"] = repetitions.spread(samples)
     row["reps"] = len(samples)
     row["timed"], row["samples"] = how, samples
-    return samples
+    return row
 
 
 def _first_call(clock: _Clock, step: Callable[[], None], tick: Tick | None) -> float:
@@ -206,15 +205,8 @@ def step_rows(
     for index, text in enumerate(shapes):
         row = TimingRow(implementation=cand_id, shape=text, dtype=dtype_name, regime="true")
         tick = ticker(progress, text, index, len(shapes))
-
-        def timed(
-            step: Callable[[], None], row: TimingRow = row, tick: Tick | None = tick
-        ) -> TimingRow:
-            timed_calls(clock, step, opts, tick, row["shape"], row)
-            return row
-
         try:
-            run_shape(text, timed)
+            run_shape(text, functools.partial(timed_calls, clock, opts, tick, row))
         except Exception as exc:  # OOM at the model's shape, a kernel that refuses the size, ...
             row["error"] = measure.first_line(exc, 400)
         rows.append(row)
@@ -236,7 +228,8 @@ def time_candidate(
     opts = {**DEFAULT_OPTIONS, **(options or {})}
     if opts["mode"] not in MODES:
         raise ValueError(f"timing mode {opts['mode']!r}: expected one of {', '.join(MODES)}")
-    run = _Run(cand, slot, device, measure.torch_dtype(dtype_name), regime == "mixed", opts)
+    dtype = measure.torch_dtype(dtype_name)
+    run = _Run(cand, slot, device, dtype, regime == "mixed", opts, _Clock(device))
     budget, started = opts.get("budget_s"), time.perf_counter()
     rows: list[TimingRow] = []
     with contextlib.ExitStack() as stack:
@@ -253,7 +246,7 @@ def time_candidate(
             if budget is not None:
                 left = started + float(budget) - time.perf_counter()
                 deadline = time.perf_counter() + left / (len(shapes) - index)
-            row = TimingRow(**_where(cand, shape, dtype_name, regime))
+            row = _where(cand, shape, dtype_name, regime)
             tick = ticker(progress, shape, index, len(shapes))
             try:
                 row.update(_time_shape(run, shape, tick, deadline))
@@ -282,11 +275,8 @@ class _Run:
     dtype: torch.dtype
     mixed: bool
     opts: Mapping[str, Any]
-    clock: _Clock = field(init=False)
+    clock: _Clock
     copy_gbps: dict[int, float] = field(default_factory=dict)  # by bytes: a copy's bandwidth
-
-    def __post_init__(self) -> None:
-        self.clock = _Clock(self.device)
 
 
 def _time_shape(run: _Run, shape: str, tick: Tick | None, deadline: float | None) -> TimingRow:
@@ -370,7 +360,10 @@ class _Shape:
         self.width = out if cand.semantics == "linear" else self.hidden
         per_input = self.rows * self.hidden * dtype.itemsize
         self.n_buf = 1
-        l2 = _l2_bytes(run.device)
+        l2 = 0
+        if run.clock.cuda:
+            with contextlib.suppress(Exception):  # no properties to read: no rotation
+                l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0))
         if l2 and per_input < 2 * l2:  # rotate inputs so that together they exceed twice the L2
             self.n_buf = min(8, 2 * l2 // max(per_input, 1) + 1)
         # the timed inputs, which the check at the shape also reads, come from their own seeded
@@ -395,15 +388,6 @@ class _Shape:
         with measure.autocasting(self.autocast):
             y = self.module(x)
         y.backward(self.gy)
-
-
-def _l2_bytes(device: str) -> int:
-    if device in ("cuda", "rocm"):
-        try:
-            return int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0))
-        except Exception:
-            return 0
-    return 0
 
 
 def copy_bandwidth(device: str, nbytes: int, opts: Mapping[str, Any]) -> float:
