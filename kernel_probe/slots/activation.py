@@ -1,11 +1,8 @@
 """The Activation slot in the probe: the model declares its function (``--activation``), every
-candidate is checked against it (``activation_kernels``) and the lock records it.
-
-The verdict: every row by the one rule (``judge.judge_row``), then the function the candidate's
-float32 output matches (``CheckReply.computes``). Another function is rejected, naming both and
-their largest difference in float64; an approximation of the declared one (gelu-tanh for gelu-erf,
-or the reverse) is accepted only under ``--allow-approximation``, judged against what it computes
-and recorded (``accepted-changes``).
+candidate is checked against it (``activation_kernels``) and the lock records it. The verdict
+(``judge``): every row by the one rule, then the function its float32 output matches (another is
+rejected; an approximation of the declared one only accepted, and recorded, under
+``--allow-approximation``).
 """
 
 from __future__ import annotations
