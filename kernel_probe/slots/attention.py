@@ -237,9 +237,7 @@ class Attention(Slot):
         """Its own geometry, not the probe's shapes."""
         return (self.resolved(declared, kind),)
 
-    def provenance(self, declared: str, kind: str) -> dict[str, Any]:
-        """The geometry it was timed at."""
-        return {"attention": self.resolved(declared, kind)}
+    provenance = inputs  # the lock's provenance records the geometry it was timed at
 
     def work(self, shape: str) -> float:
         """Heads x queries x keys seen (the band's, with a window) x head_dim."""

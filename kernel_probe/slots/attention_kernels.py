@@ -44,12 +44,6 @@ class Options:
     alibi: bool = False
     scale: float | None = None
 
-    @classmethod
-    def of(cls, kwargs: Mapping[str, Any], scale: float | None = None) -> Options:
-        """The options from a candidate's keyword arguments (window, softcap, alibi) and a scale."""
-        window, softcap = int(kwargs.get("window", -1)), float(kwargs.get("softcap", 0.0))
-        return cls(window, softcap, bool(kwargs.get("alibi")), scale)
-
 
 def _scores(raw: Any, q: Any, k: Any, opts: Options) -> Any:
     """Scaled scores ``raw`` soft-capped, with alibi, masked to the band."""
@@ -315,7 +309,7 @@ def _cases(
 ) -> Any:
     """Every case, the windows and the band's edge, a second length, into ``out``; the instance."""
     errors, stats, flags = out
-    opts = Options.of(values)
+    opts = Options(int(values["window"]), float(values["softcap"]), bool(values["alibi"]))
     window = opts.window if opts.window >= 0 else CHECK_SEQ // 4
     mod = build(cand, values)
     mod.eval()  # dropout off: the numbers are judged without it (dropout is a capability)

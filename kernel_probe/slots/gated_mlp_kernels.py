@@ -319,10 +319,7 @@ def time_candidate(
                     y = mod(x)
                 y.backward(gy)
 
-            t0 = time.perf_counter()
-            step()
-            clock.sync()
-            compile_s = time.perf_counter() - t0
+            compile_s = timing._first_call(clock, step, None)
             samples, how = timing.repeat(clock, step, opts)
         except Exception as exc:
             rows_out.append({**head, "error": measure.first_line(exc, 400)})
