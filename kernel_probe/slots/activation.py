@@ -83,11 +83,8 @@ def judge(
     """The Activation verdict from the worker's measurements."""
     from kernel_probe.probe import judge as rules  # reason: ~70 ms the light commands skip
 
-    if raw.phase == "import":
-        return rules.stopped(rules.failed_import(cand.target, raw.kind, raw.error), base)
-    if raw.phase == "build":
-        crashed = rules.Problem("crashed", f"building {cand.target} raised {raw.error}")
-        return rules.stopped(crashed, base)
+    if (early := rules._early_stop(raw, cand)) is not None:  # its import or its build raised
+        return rules.stopped(early, base)
     computes = raw.computes
     other = bool(computes) and computes != declared
     approximation = other and is_approximation(declared, computes)
