@@ -278,7 +278,8 @@ def _check_libraries(
             p.specifier(spec, f"requires.{key}.{lib}")
             base, at, variant = lib.partition("@")
             if at:
-                variants = variants_of(base)
+                found = known(base)
+                variants = [v.key for v in found.variants if v.usable] if found else []
                 # variants are case-insensitive: NVIDIA is nvidia
                 spelt = {v.lower(): v for v in variants}.get(variant.lower())
                 if spelt is not None and spelt != variant:
@@ -444,8 +445,3 @@ def from_bytes(raw: bytes, path: str) -> Profile:
     except UnicodeDecodeError as exc:
         raise ProfileError(f"cannot read: {exc}", path=path) from None
     return parse(text, path)
-
-
-def variants_of(base: str) -> list[str]:
-    """The variant keys ``kernel_probe.detect.libraries`` tells apart for a library (by name)."""
-    return [v.key for v in lib.variants if v.usable] if (lib := known(base)) else []

@@ -35,7 +35,6 @@ from kernel_probe.profiles import MAX_BYTES, Profile, ProfileError, from_bytes, 
 
 ENV_VAR = "KERNEL_PROBE_PROFILES"
 BUILTIN_PACKAGE_DIR = "sites"  # under kernel_probe/profiles/; pyproject.toml's package-data too
-EXAMPLES_DIR = "nodes"  # under the built-ins
 MAX_NODE_BYTES = 4 << 20  # an env --json report is some tens of kB
 NODE_SCHEMA = "kernel-probe-node/1"
 ENV_SCHEMA = "kernel-probe-env/1"
@@ -217,7 +216,7 @@ class Node:
 
 def examples_dir() -> Path:
     """The directory of the built-in node descriptions (``kernel_probe/profiles/sites/nodes``)."""
-    return builtin_dir() / EXAMPLES_DIR
+    return builtin_dir() / "nodes"
 
 
 def examples() -> dict[str, Path]:

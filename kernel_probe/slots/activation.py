@@ -1,11 +1,8 @@
 """The Activation slot in the probe: the model declares its function (``--activation``), every
-candidate is checked against it (``activation_kernels``) and the lock records it.
-
-The verdict: every row by the one rule (``judge.judge_row``), then the function the candidate's
-float32 output matches (``CheckReply.computes``). Another function is rejected, naming both and
-their largest difference in float64; an approximation of the declared one (gelu-tanh for gelu-erf,
-or the reverse) is accepted only under ``--allow-approximation``, judged against what it computes
-and recorded (``accepted-changes``).
+candidate is checked against it (``activation_kernels``) and the lock records it. The verdict
+(``judge``): every row by the one rule, then the function its float32 output matches (another is
+rejected; an approximation of the declared one only accepted, and recorded, under
+``--allow-approximation``).
 """
 
 from __future__ import annotations
@@ -86,11 +83,8 @@ def judge(
     """The Activation verdict from the worker's measurements."""
     from kernel_probe.probe import judge as rules  # reason: ~70 ms the light commands skip
 
-    if raw.phase == "import":
-        return rules.stopped(rules.failed_import(cand.target, raw.kind, raw.error), base)
-    if raw.phase == "build":
-        crashed = rules.Problem("crashed", f"building {cand.target} raised {raw.error}")
-        return rules.stopped(crashed, base)
+    if (early := rules._early_stop(raw, cand)) is not None:  # its import or its build raised
+        return rules.stopped(early, base)
     computes = raw.computes
     other = bool(computes) and computes != declared
     approximation = other and is_approximation(declared, computes)

@@ -1,17 +1,8 @@
 """The Attention slot in the probe: the model declares its geometry and options
 (``--attention HEADSxHEAD_DIMxSEQ[:OPTIONS]``); the options are pinned and checked, the geometry is
-what it is timed at. The worker's measurements: ``attention_kernels``.
-
-The verdict (docs/checks.md, "Attention"): per output t in (out, dq, dk, dv) and input case,
-against the float64 reference of the same masked attention,
-
-    err(candidate, t) <= FACTOR * err(torch, t) + FLOOR_EPS * eps(dtype)
-
-torch's error being its math path's or its fused ordering's, the larger (as PyTorch's and
-flash-attn's own tests); every output that does not vanish also by the norms' rule on its RMS error
-and bias (``tolerance.judge_output``). Besides: an input modified, a key outside the band that
-reaches an output, and an option the model sets that the candidate ignores (rejected) or refuses
-(unavailable).
+what it is timed at; ``attention_kernels`` measures it. The verdict (per output against torch's own
+error, docs/checks.md "Attention"; an input modified, a key outside the band that reaches an output,
+an option the model sets that the candidate ignores (rejected) or refuses (unavailable)): ``judge``.
 """
 
 from __future__ import annotations
@@ -157,25 +148,6 @@ def judge_row(cand: Candidate, device: str, row: MeasurementRow) -> Verdict:
     return rules.row_verdict(cand.id, device, row, found, failed=failed, reasons=reasons)
 
 
-def option_problems(
-    capabilities: dict[str, str], canonical: dict[str, object]
-) -> tuple[list[str], list[str]]:
-    """(rejections, refusals): options the model sets that the candidate ignores or gets wrong, and
-    those it refuses (raises on)."""
-    rejected, refused = [], []
-    for option, unset in UNSET.items():
-        got = capabilities.get(option, "not measured")
-        if canonical.get(option, unset) == unset or got == "honoured":
-            continue
-        line = f"the model sets {option}={canonical[option]!r}, and this candidate"
-        if got.startswith("raises"):
-            refused.append(f"{line} refuses it ({got[len('raises: ') :]})")
-        else:
-            does = "silently ignored it" if got == "ignored" else f"computes it {got}"
-            rejected.append(f"{line} {does}")
-    return rejected, refused
-
-
 def judge(
     raw: CheckReply, cand: Candidate, device: str, base: ReportBase, canonical: dict[str, object]
 ) -> Report:
@@ -186,7 +158,18 @@ def judge(
         return rules.stopped(rules.failed_import(cand.target, raw.kind, raw.error), base)
     report = rules.report_of([judge_row(cand, device, row) for row in raw.rows], base)
     report.capabilities = dict(raw.capabilities)
-    rejected, refused = option_problems(report.capabilities, canonical)
+    # the options the model sets that the candidate ignores or gets wrong, and those it refuses
+    rejected, refused = [], []
+    for option, unset in UNSET.items():
+        got = report.capabilities.get(option, "not measured")
+        if canonical.get(option, unset) == unset or got == "honoured":
+            continue
+        line = f"the model sets {option}={canonical[option]!r}, and this candidate"
+        if got.startswith("raises"):
+            refused.append(f"{line} refuses it ({got[len('raises: ') :]})")
+        else:
+            does = "silently ignored it" if got == "ignored" else f"computes it {got}"
+            rejected.append(f"{line} {does}")
     if report.status != "accepted":
         refused = []  # its rows say why already
     if refused:
@@ -243,9 +226,7 @@ class Attention(Slot):
         """Its own geometry, not the probe's shapes."""
         return (self.resolved(declared, kind),)
 
-    def provenance(self, declared: str, kind: str) -> dict[str, Any]:
-        """The geometry it was timed at."""
-        return {"attention": self.resolved(declared, kind)}
+    provenance = inputs  # the lock's provenance records the geometry it was timed at
 
     def work(self, shape: str) -> float:
         """Heads x queries x keys seen (the band's, with a window) x head_dim."""

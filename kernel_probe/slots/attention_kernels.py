@@ -28,7 +28,7 @@ from kernel_probe.isolation import protocol
 from kernel_probe.isolation.protocol import CheckReply, MeasurementRow
 from kernel_probe.probe import measure, timing
 from kernel_probe.probe.measure import rel
-from kernel_probe.slots.attention import SMALL_WINDOW, canonical_options, parse_geometry
+from kernel_probe.slots.attention import SMALL_WINDOW, UNSET, canonical_options, parse_geometry
 
 OUTPUTS = ("out", "dq", "dk", "dv")
 CHECK_HEADS, CHECK_DIM, CHECK_SEQ = 2, 32, 48  # the check's own: a few (S x S) matmuls a case
@@ -43,12 +43,6 @@ class Options:
     softcap: float = 0.0
     alibi: bool = False
     scale: float | None = None
-
-    @classmethod
-    def of(cls, kwargs: Mapping[str, Any], scale: float | None = None) -> Options:
-        """The options from a candidate's keyword arguments (window, softcap, alibi) and a scale."""
-        window, softcap = int(kwargs.get("window", -1)), float(kwargs.get("softcap", 0.0))
-        return cls(window, softcap, bool(kwargs.get("alibi")), scale)
 
 
 def _scores(raw: Any, q: Any, k: Any, opts: Options) -> Any:
@@ -315,7 +309,7 @@ def _cases(
 ) -> Any:
     """Every case, the windows and the band's edge, a second length, into ``out``; the instance."""
     errors, stats, flags = out
-    opts = Options.of(values)
+    opts = Options(int(values["window"]), float(values["softcap"]), bool(values["alibi"]))
     window = opts.window if opts.window >= 0 else CHECK_SEQ // 4
     mod = build(cand, values)
     mod.eval()  # dropout off: the numbers are judged without it (dropout is a capability)
@@ -360,7 +354,7 @@ def _twin(cand: Candidate, values: Mapping, case: Case, got: Mapping) -> dict[st
 def capabilities(cand: Candidate, values: Mapping[str, Any], seed: int) -> dict[str, str]:
     """What each option really does, measured in float32 on a fresh instance per option."""
     gen = torch.Generator().manual_seed(seed + 7)
-    base_values = {**values, "window": -1, "softcap": 0.0, "dropout": 0.0, "alibi": False}
+    base_values = {**values, **UNSET}  # no option set
     case = random_case(torch.float32, gen)
     # large logits make softcap matter; a window of 4 in 48 keys makes the band matter
     loud = Case("loud", case.q * 6, case.k * 6, case.v, case.go)

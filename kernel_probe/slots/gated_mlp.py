@@ -1,9 +1,7 @@
-"""The GatedMLP slot in the probe: anemoi's GatedMLPLayer, checked only for a model whose
-``mlp_implementation`` is gated (``--mlp-implementation``); ``gated_mlp_kernels`` measures it.
-
-The verdict: every compared output of every case (``y``, ``dx``, the projections' weight and bias
-gradients) by the one rule (``tolerance.judge_output``); then a state dict that is not anemoi's, an
-input modified, or an output that matches one of the formula's known mistakes (``MISTAKES``).
+"""The GatedMLP slot in the probe: anemoi's GatedMLPLayer, checked for a model whose gated
+``mlp_implementation`` is declared (``--mlp-implementation``); ``gated_mlp_kernels`` measures it.
+The verdict: every compared output by the one rule, then a state dict not anemoi's, an input
+modified, or an output matching one of the formula's known mistakes (``MISTAKES``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""The GatedMLP slot's checks, in the worker (torch): anemoi's gated MLP layer, fwd and bwd.
-
-A candidate is built as the lock builds it, given parameters that are neither ones nor zeros (strict
-``load_state_dict`` under anemoi's keys) and run at anemoi's shapes: ``num_channels`` in (96, or
-1024 with ``--hidden``), ``compute_mlp_hidden_dim(in, 2.67)`` out, a few rows. Every output is
-compared with the formula's float64 reference and with torch's own gated layer in the same dtype
-and regime (``own_layer``); an output matching one of ``MISTAKES`` is named, and the state dict is
-checked against anemoi's both ways (strict, bitwise).
+"""The GatedMLP slot's checks, in the worker (torch): anemoi's gated MLP layer, fwd and bwd, built
+as the lock builds it, loaded strictly under anemoi's keys with parameters neither ones nor zeros,
+at anemoi's shapes (``canonical``). Every output is compared with the formula's float64 reference
+and torch's own gated layer (``own_layer``); a known mistake (``MISTAKES``) is named, and the state
+dict is checked against anemoi's both ways (strict, bitwise).
 """
 
 from __future__ import annotations
@@ -319,10 +316,7 @@ def time_candidate(
                     y = mod(x)
                 y.backward(gy)
 
-            t0 = time.perf_counter()
-            step()
-            clock.sync()
-            compile_s = time.perf_counter() - t0
+            compile_s = timing._first_call(clock, step, None)
             samples, how = timing.repeat(clock, step, opts)
         except Exception as exc:
             rows_out.append({**head, "error": measure.first_line(exc, 400)})
