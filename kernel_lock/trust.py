@@ -263,10 +263,10 @@ def build(slot_name: str, target: str, kwargs: Mapping[str, Any], lock: Any, key
     check_kwargs(cls, kwargs, where=where, key=f"{key}.kwargs")
     entry = lock.slots.get(slot_name) if lock else None
     twin = key.endswith(".twin")
-    problem = entry and computation_problem(entry, target, kwargs, cls, twin=twin)
-    if problem:  # what the imported class computes (a subclass inherits its base's forward)
+    wrong = computation_problem(entry, target, kwargs, cls, twin=twin) if entry else None
+    if wrong:  # what the imported class computes (a subclass inherits its base's forward)
         raise TargetNotAllowed(
-            f"slot {slot_name}: {problem}: the model's maths would change",
+            f"slot {slot_name}: {wrong}: the model's maths would change",
             path=where,
             key=f"{key}.target",
             fix=computation_fix(twin),

@@ -150,7 +150,12 @@ def twin_semantics(target: str) -> str | None:
 
 
 def computation_problem(
-    slot: Any, target: str, kwargs: Mapping[str, Any], cls: type | None = None, *, twin: bool = False
+    slot: Any,
+    target: str,
+    kwargs: Mapping[str, Any],
+    cls: type | None = None,
+    *,
+    twin: bool = False,
 ) -> str | None:
     """Why ``target`` with ``kwargs`` (``cls`` once imported) does not compute what the lock's
     ``slot`` table computes; None when it does or only running it can tell. The slot computes what
@@ -161,6 +166,7 @@ def computation_problem(
         return None
     found = spec.computes(target, kwargs, cls)
     own = spec.computes(slot.target, slot.kwargs, None) if twin else None
+    want: Mapping[str, tuple[Any, ...]]
     if own:
         want, whose = {k: (v,) for k, v in own.items()}, f"its target {slot.target} computes"
     else:

@@ -106,7 +106,7 @@ def _computes(target: str, kwargs: Mapping[str, Any], cls: type | None) -> dict[
         return None
     implementation = kwargs.get(CONFIG_KEY)
     if implementation in GATES:
-        return {"gate": formula(implementation)}
+        return {"gate": formula(str(implementation))}
     return {"gate": f"none ({CONFIG_KEY} {implementation!r} is no gated MLP)"}
 
 

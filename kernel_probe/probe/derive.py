@@ -60,13 +60,13 @@ def derive_inference(
         # the twin record stays: it says how a state dict saved by the training implementation
         # migrates into this one (kernel_lock.checkpoint.migrate_state_dict reads it)
         # the slot's derived keys (a gate) computed from the twin's kwargs, never copied
-        derived = {k.name: k.derive(r.kwargs) for k in SPECS[name].keys if k.derive is not None}
+        computed = {k.name: k.derive(r.kwargs) for k in SPECS[name].keys if k.derive is not None}
         slots[name] = replace(
             slot,
             implementation=r.implementation,
             target=r.target,
             kwargs=dict(r.kwargs),
-            extra={**slot.extra, **derived},
+            extra={**slot.extra, **computed},
             requires=(),
             devices=(),
             reason=f"inference twin of {slot.implementation} ({slot.target}), which cannot run "
