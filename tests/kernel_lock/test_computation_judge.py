@@ -228,3 +228,25 @@ def test_a_twin_computing_what_its_target_does_derives_a_lock_that_verifies(tmp_
     for key in SPECS[slot.name].keys:  # derived keys are the twin's kwargs', computed
         if key.derive is not None:
             assert slot.extra[key.name] == key.derive(slot.kwargs)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"window": 4, "softcap": 30.0, "alibi": True}])
+def test_every_registered_twin_computes_what_its_candidate_computes(overrides):
+    from types import SimpleNamespace
+
+    from kernel_lock.slots import computation_problem
+    from kernel_lock.slots.gated_mlp import GATED
+    from kernel_probe.candidates import builtin, canonical_for
+
+    judged = 0
+    for cand in (c for c in builtin() if c.twin_target):
+        for slot in cand.slots:
+            for gate in GATED if slot == "GatedMLP" else (None,):
+                extra = {"mlp_implementation": gate} if gate else {}
+                canonical = canonical_for(slot, hidden=8, overrides={**overrides, **extra})
+                kwargs = cand.pinned_kwargs(canonical)
+                entry = SimpleNamespace(name=slot, target=cand.target, kwargs=kwargs)
+                twin = cand.pinned_twin_kwargs(canonical)
+                assert computation_problem(entry, cand.twin_target, twin, twin=True) is None
+                judged += SPECS[slot].computes is not None
+    assert judged > 10
