@@ -11,9 +11,17 @@ from dataclasses import dataclass, field, replace
 from functools import reduce
 from typing import Any, Literal, TypeVar, cast, get_args
 
-from .errors import LockFormatError
+from .errors import LockFormatError, TargetNotAllowed
 from .fingerprint import FIELDS, Match
-from .slots import SPECS, STATUSES, SlotSpec, Status, semantics
+from .slots import (
+    SPECS,
+    STATUSES,
+    SlotSpec,
+    Status,
+    computation_fix,
+    computation_problem,
+    semantics,
+)
 from .tables import (
     EMPTY,
     FIX_MISSING,
@@ -423,6 +431,18 @@ def read_slot(ctx: Context, name: str, d: Any, spec: SlotSpec) -> Slot:
     _typed(spec, slot.kwargs, "kwargs")
     if slot.twin is not None:
         _typed(spec, slot.twin.kwargs, "twin.kwargs")
+    judged = [("target", slot.target, slot.kwargs, False)]
+    if slot.twin is not None:
+        judged.append(("twin.target", slot.twin.target, slot.twin.kwargs, True))
+    for at, target, kwargs, twin in judged:  # what it computes, told without importing
+        problem = computation_problem(slot, target, kwargs, twin=twin)
+        if problem:
+            raise ReadError(
+                f"slot {name}: {problem}: the model's maths would change",
+                at,
+                fix=computation_fix(twin),
+                kind=TargetNotAllowed,
+            )
     return slot
 
 

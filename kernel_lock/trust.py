@@ -22,7 +22,14 @@ from .errors import (
 )
 from .fingerprint import in_spec, library_versions, release
 from .registry import OWN_ROOTS, allowed_roots, declared_semantics, generic_kernel, target_facts
-from .slots import SPECS, TORCH_FACTS_SINCE, canonical_target, class_semantics
+from .slots import (
+    SPECS,
+    TORCH_FACTS_SINCE,
+    canonical_target,
+    class_semantics,
+    computation_fix,
+    computation_problem,
+)
 
 __all__ = [
     "FLASH_GENERATIONS",
@@ -255,6 +262,16 @@ def build(slot_name: str, target: str, kwargs: Mapping[str, Any], lock: Any, key
     except (SystemExit, Exception) as exc:
         raise import_failure(slot_name, target, exc, where, key) from None
     check_kwargs(cls, kwargs, where=where, key=f"{key}.kwargs")
+    entry = lock.slots.get(slot_name) if lock else None
+    twin = key.endswith(".twin")
+    wrong = computation_problem(entry, target, kwargs, cls, twin=twin) if entry else None
+    if wrong:  # what the imported class computes (a subclass inherits its base's forward)
+        raise TargetNotAllowed(
+            f"slot {slot_name}: {wrong}: the model's maths would change",
+            path=where,
+            key=f"{key}.target",
+            fix=computation_fix(twin),
+        )
     return cls
 
 

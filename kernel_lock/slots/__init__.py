@@ -3,7 +3,7 @@ through the ``kernel_lock.slots`` entry-point group, loaded only when trusted. N
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import LockFormatError
@@ -35,6 +35,7 @@ __all__ = [
     "TargetFacts",
     "canonical_target",
     "class_semantics",
+    "computation_problem",
     "confusable",
     "dtype_named",
     "register",
@@ -146,6 +147,51 @@ def twin_semantics(target: str) -> str | None:
     """What a twin target computes, known without importing it; None when it cannot be told."""
     facts = target_facts(target)
     return facts.semantics if facts is not None else None
+
+
+def computation_problem(
+    slot: Any,
+    target: str,
+    kwargs: Mapping[str, Any],
+    cls: type | None = None,
+    *,
+    twin: bool = False,
+) -> str | None:
+    """Why ``target`` with ``kwargs`` (``cls`` once imported) does not compute what the lock's
+    ``slot`` table computes; None when it does or only running it can tell. The slot computes what
+    its table declares (its spec's ``declares``, else its target); a twin, what its target computes
+    where that can be told, else what the table declares."""
+    spec = SPECS.get(slot.name)
+    if spec is None or spec.computes is None:
+        return None
+    found = spec.computes(target, kwargs, cls)
+    own = spec.computes(slot.target, slot.kwargs, None) if twin else None
+    want: Mapping[str, tuple[Any, ...]]
+    if own:
+        want, whose = {k: (v,) for k, v in own.items()}, f"its target {slot.target} computes"
+    else:
+        want, whose = (spec.declares(slot) if spec.declares else {}), "the slot declares"
+    for key, value in (found or {}).items():
+        allowed = want.get(key)
+        if allowed is not None and not any(value == a for a in allowed):
+            return (
+                f"{'twin ' if twin else ''}{target} computes {key} {value!r}, but {whose} {key} "
+                + " or ".join(repr(a) for a in allowed)
+            )
+    return None
+
+
+def computation_fix(twin: bool) -> str:
+    """The fix for a :func:`computation_problem`."""
+    if twin:
+        return (
+            "re-run `kernel-probe --force` to pin a twin verified against the slot's target, or "
+            "remove the twin (the slot then runs only where its own target can)"
+        )
+    return (
+        "re-run `kernel-probe --force` with the model's declaration to pin a class "
+        "that computes it; a hand edit must keep what the model computes"
+    )
 
 
 _MODULE = "torch.nn.modules.module.Module"

@@ -14,6 +14,8 @@ __all__ = [
     "ACTIVATION_FUNCTIONS",
     "APPROXIMATIONS",
     "OTHER_FUNCTION",
+    "TORCH_OTHERS",
+    "approximation_change",
     "declared_function",
     "function_of",
     "function_problem",
@@ -46,6 +48,59 @@ def function_of(target: str, kwargs: Mapping[str, Any] | None = None) -> str | N
     if function == "gelu-erf" and (kwargs or {}).get("approximate", "none") == "tanh":
         return "gelu-tanh"
     return function
+
+
+# torch.nn's other elementwise activations (torch.nn.modules.activation; a test compares)
+TORCH_OTHERS = frozenset(
+    ("Threshold", "RReLU", "Hardtanh", "ReLU6", "Hardsigmoid", "Tanh", "Mish", "Hardswish", "ELU",
+     "CELU", "SELU", "Hardshrink", "LeakyReLU", "LogSigmoid", "Softplus", "Softshrink", "PReLU",
+     "Softsign", "Tanhshrink")
+)  # fmt: skip
+
+
+def _torch_other(path: str) -> str | None:
+    """``other:torch.nn.Tanh`` for another of torch.nn's activations, by any of its names."""
+    parts = path.split(".")
+    if parts[:2] != ["torch", "nn"] or parts[2:-1] not in ([], ["modules", "activation"]):
+        return None
+    return f"{OTHER_FUNCTION}torch.nn.{parts[-1]}" if parts[-1] in TORCH_OTHERS else None
+
+
+def _function(path: str, kwargs: Mapping[str, Any]) -> str | None:
+    return function_of(path, kwargs) or _torch_other(path)
+
+
+def _computes(target: str, kwargs: Mapping[str, Any], cls: type | None) -> dict[str, str] | None:
+    """The function a class computes: by its name, else (imported) by the known class it inherits
+    its forward from."""
+    function = _function(target, kwargs)
+    for c in cls.__mro__ if cls is not None and function is None else ():
+        function = _function(f"{c.__module__}.{c.__qualname__}", kwargs)
+        if function is not None:
+            function = (
+                function if getattr(cls, "forward", None) is getattr(c, "forward", None) else None
+            )
+            break
+    return {"function": function} if function is not None else None
+
+
+def approximation_change(declared: str, computes: str) -> str:
+    """How a lock's ``accepted-changes`` begins that records ``computes`` approximating
+    ``declared`` (``--allow-approximation``)."""
+    return f"approximation: computes {computes}, not the model's {declared}"
+
+
+def _declares(slot: Any) -> dict[str, tuple[str, ...]]:
+    """The model's function, and an approximation of it the lock records as accepted."""
+    declared = str(slot.extra.get("function", ""))
+    declared = _torch_other(declared.removeprefix(OTHER_FUNCTION)) or declared
+    recorded = tuple(
+        other
+        for other in ACTIVATION_FUNCTIONS
+        if is_approximation(declared, other)
+        and any(c.startswith(approximation_change(declared, other)) for c in slot.changes)
+    )
+    return {"function": (declared, *recorded)}
 
 
 def function_problem(text: str) -> str | None:
@@ -110,4 +165,6 @@ ACTIVATION = SlotSpec(
     # the model's function the candidates were checked against
     keys=(SlotKey("function", _read_function, _refuse_function, after="semantics"),),
     params={"approximate": Param(str, choices=("none", "tanh")), "inplace": Param(bool)},
+    computes=_computes,
+    declares=_declares,
 )

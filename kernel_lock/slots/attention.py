@@ -42,6 +42,19 @@ ANEMOI_ATTENTION = {
 ATTENTION_BACKEND_ENV = "ANEMOI_INFERENCE_TRANSFORMER_ATTENTION_BACKEND"
 
 
+_BASE = "kernel_lock.attention.Attention"
+_DEFAULTS = {"window": -1, "softcap": 0.0, "dropout": 0.0, "alibi": False}  # the base class's
+
+
+def _computes(target: str, kwargs: Mapping[str, Any], cls: type | None) -> dict[str, Any] | None:
+    """The options a kernel_lock.attention class computes with (its own defaults where unpinned);
+    None for another class."""
+    known = target in ATTENTION.known_targets or any(
+        f"{c.__module__}.{c.__qualname__}" == _BASE for c in getattr(cls, "__mro__", ())
+    )
+    return {k: kwargs.get(k, v) for k, v in _DEFAULTS.items()} if known else None
+
+
 def _anemoi_environment(slot: Any) -> Mapping[str, str]:
     backend = ANEMOI_ATTENTION.get(slot.target)
     return {ATTENTION_BACKEND_ENV: backend} if backend is not None else {}
@@ -52,7 +65,7 @@ ATTENTION = SlotSpec(
     semantics="attention",
     # torch choosing its backend: what anemoi's SDPA path runs
     default_target="kernel_lock.attention.SDPAttention",
-    canonical={"window": -1, "softcap": 0.0, "dropout": 0.0, "alibi": False},
+    canonical=dict(_DEFAULTS),
     call_kwargs={name: f"${name}" for name in ("window", "softcap", "dropout", "alibi")},
     known_targets={
         "kernel_lock.attention.SDPAttention": TargetFacts(
@@ -65,7 +78,8 @@ ATTENTION = SlotSpec(
             f"kernel_lock.attention.{c}": TargetFacts("attention", _OPTIONS, True) for c in _CLASSES
         },
     },
-    computed_by=("kernel_lock.attention.Attention",),
+    computed_by=(_BASE,),
+    computes=_computes,
     anemoi_environment=_anemoi_environment,
     params=_PARAMS,
 )

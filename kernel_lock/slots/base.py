@@ -44,6 +44,8 @@ class SlotKey:
     after: str
     write: Callable[[Any], Any] = lambda value: value
     omit: Callable[[Any], bool] = lambda value: not value
+    # a value computed from the slot's kwargs (GatedMLP's gate): recomputed, never copied
+    derive: Callable[[Mapping[str, Any]], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,9 @@ _TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a number", str:
 _TYPE_WORDS_GOT = {**_TYPE_WORDS, bool: "a boolean", float: "a float"}
 
 
+# what a class computes beyond its semantics, told from its name, kwargs and (once imported) class:
+# {"function": "silu"}; None where only running it can tell
+Computes = Callable[[str, Mapping[str, Any], type | None], Mapping[str, Any] | None]
 # a portable copy's twin: its positional args and kwargs from a built module (module, state, kw)
 TwinArgs = Callable[[Any, Mapping[str, Any], set[str]], tuple[tuple[Any, ...], dict[str, Any]]]
 
@@ -112,6 +117,10 @@ class SlotSpec:
     # what anemoi reads at import for the slot as pinned: an inference job's environment
     anemoi_environment: Callable[[Any], Mapping[str, str]] | None = None
     twin_args: TwinArgs | None = None
+    # what its classes compute (Activation's function, Attention's options, GatedMLP's gate), and
+    # the values a lock's table of the slot declares for each (None: its target's own)
+    computes: Computes | None = None
+    declares: Callable[[Any], Mapping[str, tuple[Any, ...]]] | None = None
     anemoi_key: str = ""  # its key in anemoi's layer_kernels block ("": anemoi has none)
     sample_width: Callable[[Any], int] | None = None  # the twin's input width to compare on
     # the type and range of each keyword its classes take, checked on read (kwargs, twin.kwargs)

@@ -92,6 +92,28 @@ def _read_gate(ctx: Any, d: Mapping[str, Any], key: str) -> str:
     return str(gate)
 
 
+def _derive_gate(kwargs: Mapping[str, Any]) -> str:
+    """The gate the pinned kwargs compute: recomputed wherever kwargs change (a twin's)."""
+    return formula(str(kwargs.get(CONFIG_KEY)))
+
+
+def _computes(target: str, kwargs: Mapping[str, Any], cls: type | None) -> dict[str, str] | None:
+    """The gate a kernel_lock.gated_mlp class computes; None for another class."""
+    known = target in GATED_MLP.known_targets or any(
+        f"{c.__module__}.{c.__qualname__}" == _BASE for c in getattr(cls, "__mro__", ())
+    )
+    if not known:
+        return None
+    implementation = kwargs.get(CONFIG_KEY)
+    if implementation in GATES:
+        return {"gate": formula(str(implementation))}
+    return {"gate": f"none ({CONFIG_KEY} {implementation!r} is no gated MLP)"}
+
+
+def _declares(slot: Any) -> dict[str, tuple[str, ...]]:
+    return {"gate": (str(slot.extra.get("gate", "")),)}
+
+
 def _refuse_gate(slot: str, d: Mapping[str, Any]) -> None:
     if get(d, "gate", str, default=""):
         raise ReadError(
@@ -99,6 +121,7 @@ def _refuse_gate(slot: str, d: Mapping[str, Any]) -> None:
         )
 
 
+_BASE = "kernel_lock.gated_mlp.GatedMLP"
 _PARAMS = frozenset(
     ("in_features", "out_features", "mlp_implementation", "bias", "device", "dtype")
 )
@@ -115,8 +138,10 @@ GATED_MLP = SlotSpec(
         f"kernel_lock.gated_mlp.{name}": TargetFacts("gated_mlp", _PARAMS, True)
         for name in ("GatedMLP", "CompiledGatedMLP", "LigerGatedMLP")
     },
-    computed_by=("kernel_lock.gated_mlp.GatedMLP",),
+    computed_by=(_BASE,),
     by_default=False,  # a model has it only with a gated mlp_implementation
-    keys=(SlotKey("gate", _read_gate, _refuse_gate, after="devices"),),
+    keys=(SlotKey("gate", _read_gate, _refuse_gate, after="devices", derive=_derive_gate),),
     params={"mlp_implementation": Param(str, choices=MLP_IMPLEMENTATIONS), "bias": Param(bool)},
+    computes=_computes,
+    declares=_declares,
 )

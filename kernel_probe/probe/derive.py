@@ -59,11 +59,14 @@ def derive_inference(
         substitutions.append(sub)
         # the twin record stays: it says how a state dict saved by the training implementation
         # migrates into this one (kernel_lock.checkpoint.migrate_state_dict reads it)
+        # the slot's derived keys (a gate) computed from the twin's kwargs, never copied
+        computed = {k.name: k.derive(r.kwargs) for k in SPECS[name].keys if k.derive is not None}
         slots[name] = replace(
             slot,
             implementation=r.implementation,
             target=r.target,
             kwargs=dict(r.kwargs),
+            extra={**slot.extra, **computed},
             requires=(),
             devices=(),
             reason=f"inference twin of {slot.implementation} ({slot.target}), which cannot run "

@@ -16,6 +16,7 @@ from kernel_lock.slots import activation
 from kernel_lock.slots.activation import (
     ACTIVATION_FUNCTIONS,
     OTHER_FUNCTION,
+    approximation_change,
     declared_function,
     function_of,
     is_approximation,
@@ -52,14 +53,18 @@ def gap(a: str, b: str) -> tuple[float, float] | None:
     return max((abs(fa(i / 1000) - fb(i / 1000)), abs(i / 1000)) for i in range(-8000, 8001))
 
 
-def _difference(declared: str, computes: str) -> str:
+def _gap(declared: str, computes: str) -> str:
     measured = gap(declared, computes)
     if measured is None:
-        return f"computes {computes}, not the model's {declared}"
+        return ""
     return (
-        f"computes {computes}, not the model's {declared}: the two differ by up to "
-        f"{measured[0]:.2g} (near |x| = {measured[1]:.3g}, measured in float64)"
+        f": the two differ by up to {measured[0]:.2g} (near |x| = {measured[1]:.3g}, measured in "
+        "float64)"
     )
+
+
+def _difference(declared: str, computes: str) -> str:
+    return f"computes {computes}, not the model's {declared}{_gap(declared, computes)}"
 
 
 def static_problem(cand: Candidate, declared: str) -> Problem | None:
@@ -89,8 +94,10 @@ def judge(
     other = bool(computes) and computes != declared
     approximation = other and is_approximation(declared, computes)
     allowed = approximation and policy.allow_approximation
+    # the lock's reader knows it by its beginning (``approximation_change``)
     change = (
-        f"approximation: {_difference(declared, computes)} (accepted with --allow-approximation)"
+        f"{approximation_change(declared, computes)}{_gap(declared, computes)} (accepted with "
+        "--allow-approximation)"
     )
     notes = [change] if allowed else ()
 

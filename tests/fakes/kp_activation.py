@@ -67,3 +67,7 @@ class SwiGLUish(nn.Module):
     def forward(self, x):
         a, b = x.chunk(2, dim=-1)
         return F.silu(a) * b
+
+
+class NamedGELU(nn.SiLU):
+    """SiLU under a GELU's name: it inherits torch.nn.SiLU's forward, so it computes silu."""

@@ -273,7 +273,20 @@ def _lock_pinning(cand: cands.Candidate) -> kernel_lock.KernelLock:
         source=cand.source,
     )
     choice = Choice(slot, report, "pinned", "pinned for this test")
-    return lockwrite.build_lock({slot: choice}, {slot: [report]}, {}, _here(), precision="32-true")
+    # the model's declaration is what the candidate computes (an Activation's function): a lock
+    # declaring another is refused (issue 52)
+    spec = slots.SPECS[slot]
+    known = spec.computes(cand.target, cand.kwargs, None) if spec.computes else None
+    canonical = {  # a "$name" placeholder is the canonical value itself
+        slot: {
+            k: v
+            for k, v in (known or {}).items()
+            if k in spec.canonical and not (isinstance(v, str) and v.startswith("$"))
+        }
+    }
+    return lockwrite.build_lock(
+        {slot: choice}, {slot: [report]}, {}, _here(), precision="32-true", canonical=canonical
+    )
 
 
 @pytest.mark.parametrize("cid", BUILTIN_IDS)
