@@ -75,10 +75,20 @@ def _write_and_read(lock):
 
 
 def _with_kwarg(slot: str, name: str, value):
+    """LOCK with ``name = value`` pinned for ``slot``, and for its twin where the twin takes it (a
+    twin computing other than its target is the computation judge's refusal, not a type's); what the
+    slot declares (a function, a gate) follows a declared value, as the probe would write it."""
     pinned = LOCK.slots[slot]
-    return replace(
-        LOCK, slots={**LOCK.slots, slot: replace(pinned, kwargs={**pinned.kwargs, name: value})}
-    )
+    kwargs = {**pinned.kwargs, name: value}
+    twin = pinned.twin
+    if twin is not None and (name in twin.kwargs or twin.target == pinned.target):
+        twin = replace(twin, kwargs={**twin.kwargs, name: value})
+    extra, spec = dict(pinned.extra), SPECS[slot]
+    if spec.params[name].problem(value) is None and spec.computes is not None:
+        computed = spec.computes(pinned.target, kwargs, None) or {}
+        extra.update({k: v for k, v in computed.items() if k in extra})
+    entry = replace(pinned, kwargs=kwargs, twin=twin, extra=extra)
+    return replace(LOCK, slots={**LOCK.slots, slot: entry})
 
 
 @EXAMPLES

@@ -162,7 +162,8 @@ def run() -> Run:
     start = time.perf_counter()
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     # one worker for the library, as WorkerPool gives liger's candidates
-    with Worker(env) as worker:
+    # the shims are a module of the checkout, named as a --candidate from the working directory is
+    with Worker(env, local=("tests",)) as worker:
         # first, before any shim is applied in this worker: the registry's candidates, gate and all
         gate = {
             cid: check_candidate(BY_ID[cid], slot, "cpu", list(PLAN), worker)

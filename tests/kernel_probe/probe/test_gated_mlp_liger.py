@@ -39,7 +39,8 @@ def reports():
     cand = dataclasses.replace(
         cand, devices=(*cand.devices, "cpu"), target="tests.liger_interpret_shims.LigerGatedMLP"
     )
-    with Worker({**os.environ, "TRITON_INTERPRET": "1"}) as worker:
+    # the shims are a module of the checkout, named as a --candidate from the working directory is
+    with Worker({**os.environ, "TRITON_INTERPRET": "1"}, local=("tests",)) as worker:
         return {
             impl: check_candidate(
                 cand,
