@@ -259,6 +259,7 @@ SLOW_FIXTURES = {  # test module (path under tests/) -> its slow module-scoped f
     "kernel_probe/commands/test_probe.py": ("probed", "logged_probe"),
     "kernel_lock/test_distributed.py": ("ranks",),
     "kernel_probe/jobstart/test_warm.py": ("warm",),
+    "kernel_lock/test_computation_judge.py": ("probed",),
 }
 
 
