@@ -16,6 +16,8 @@ from .errors import LockFormatError, LockVersionError
 from .files import write_file
 from .graph_attention import TABLE as GRAPH_ATTENTION
 from .graph_attention import GraphAttention
+from .model import TABLE as MODEL
+from .model import Model
 from .schema import (
     DIGEST,
     LOCK_VERSION,
@@ -102,6 +104,8 @@ class LockDocument:
     graph_attention: GraphAttention | None = field(
         default=None, metadata=key(GRAPH_ATTENTION, table(GraphAttention), omit=NONE)
     )
+    # [model]: the model the lock was probed for, as traced (``kernel-probe --model``)
+    model: Model | None = field(default=None, metadata=key(MODEL, table(Model), omit=NONE))
     provenance: Raw = field(
         default_factory=dict, metadata=key("provenance", record_table, omit=EMPTY)
     )
