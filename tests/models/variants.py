@@ -1,0 +1,136 @@
+"""Models whose layers are not torch's defaults, each ``build`` small: the sites a trace must find
+with their exact semantics (``RMSNorm(eps=None)``, ``LayerNorm(bias=False)``, GQA with a padding
+mask, a tanh GELU), one it cannot swap (``nn.MultiheadAttention``), a model of functional calls
+only, a block called twice, and a model the meta device cannot run (``.item()``)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+try:
+    from .block import BATCH, HIDDEN, SEQ, Block
+except ImportError:  # loaded by its path, as a model spec: its folder is on the path
+    from block import BATCH, HIDDEN, SEQ, Block  # type: ignore[no-redef]
+
+
+class Norms(nn.Module):
+    """``RMSNorm(eps=None)`` (torch's eps: the dtype's), ``LayerNorm(bias=False)``, tanh GELU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rms = nn.RMSNorm(HIDDEN)
+        self.ln = nn.LayerNorm(HIDDEN, bias=False)
+        self.fc = nn.Linear(HIDDEN, HIDDEN, bias=False)
+        self.act = nn.GELU(approximate="tanh")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.fc(self.ln(self.rms(x))))
+
+
+def norms() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    torch.manual_seed(0)
+    return Norms(), (torch.randn(BATCH, SEQ, HIDDEN),)
+
+
+class GQA(nn.Module):
+    """Grouped-query attention (8 query heads, 2 key/value heads) with a boolean padding mask."""
+
+    heads, kv_heads, head_dim = 8, 2, 8
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = nn.Linear(HIDDEN, self.heads * self.head_dim)
+        self.kv = nn.Linear(HIDDEN, 2 * self.kv_heads * self.head_dim)
+        self.out = nn.Linear(self.heads * self.head_dim, HIDDEN)
+
+    def forward(self, x: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, self.heads, -1).transpose(1, 2)
+        k, v = self.kv(x).view(b, s, 2, self.kv_heads, -1).permute(2, 0, 3, 1, 4)
+        mask = padding[:, None, None, :]  # (b, 1, 1, s): True = attend
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        return self.out(a.transpose(1, 2).reshape(b, s, -1))
+
+
+def gqa() -> tuple[nn.Module, tuple[torch.Tensor], dict[str, torch.Tensor]]:
+    torch.manual_seed(0)
+    padding = torch.ones(BATCH, SEQ, dtype=torch.bool)
+    padding[:, SEQ - 3 :] = False
+    return GQA(), (torch.randn(BATCH, SEQ, HIDDEN),), {"padding": padding}
+
+
+class MHA(nn.Module):
+    """``nn.MultiheadAttention`` (out of reach: one fused call), then a Linear (in reach)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(HIDDEN, 4, batch_first=True)
+        self.fc = nn.Linear(HIDDEN, HIDDEN)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.attn(x, x, x, need_weights=False)[0])
+
+
+def mha() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    torch.manual_seed(0)
+    return MHA(), (torch.randn(BATCH, SEQ, HIDDEN),)
+
+
+class Functional(nn.Module):
+    """Parameters only, every slot reached through torch.nn.functional (two layer_norm calls)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w_in = nn.Parameter(torch.randn(2 * HIDDEN, HIDDEN) / HIDDEN**0.5)
+        self.w_out = nn.Parameter(torch.randn(HIDDEN, 2 * HIDDEN) / HIDDEN**0.5)
+        self.g = nn.Parameter(torch.ones(HIDDEN))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.layer_norm(x, (HIDDEN,), self.g, None, 1e-6)
+        h = F.silu(F.linear(h, self.w_in))
+        h = F.linear(F.rms_norm(h, (2 * HIDDEN,), eps=1e-5), self.w_out)
+        q = h.view(BATCH, SEQ, 4, -1).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, q, q, scale=0.5).transpose(1, 2).reshape(x.shape)
+        return F.layer_norm(F.gelu(a), (HIDDEN,))
+
+
+def functional() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    torch.manual_seed(0)
+    return Functional(), (torch.randn(BATCH, SEQ, HIDDEN),)
+
+
+class Twice(nn.Module):
+    """One block called twice in a forward: each of its sites twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = Block()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(self.block(x))
+
+
+def twice() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    torch.manual_seed(0)
+    return Twice(), (torch.randn(BATCH, SEQ, HIDDEN),)
+
+
+class DataDependent(nn.Module):
+    """A forward the meta device cannot run: ``.item()`` decides how often the norm is applied."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(HIDDEN)
+        self.fc = nn.Linear(HIDDEN, HIDDEN)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.abs().max().item() > 0:  # always true for random inputs, unknowable on meta
+            x = self.norm(x)
+        return self.fc(x)
+
+
+def data_dependent() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    torch.manual_seed(0)
+    return DataDependent(), (torch.randn(8, SEQ, HIDDEN),)
