@@ -1,0 +1,362 @@
+"""The trace's child (imports torch): import the spec, build the model on the meta device, run one
+forward and backward, and record every call site of every slot (:class:`Recorder`): modules
+through their hooks, functional calls through a TorchFunctionMode, each attributed to the
+innermost module running. Where the meta device cannot run the model, the CPU at batch 1 and 2,
+the shapes scaled to the model's own batch. JSON out (:func:`trace_model`)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from kernel_lock.model import Site, Unreached
+from kernel_lock.slots import PRECISIONS
+from kernel_probe.model.sites import FUNCTIONS, module_semantics, module_site, public_name
+from kernel_probe.model.spec import ANEMOI, ANEMOI_BUILDER
+
+__all__ = ["ModelCodeError", "Recorder", "trace_model"]
+
+# autocast's rule on a GPU, emulated so that the meta device follows it too: these run in the
+# regime's dtype, these in float32; every other op in what it receives
+_LOW = {F.linear, F.scaled_dot_product_attention, F.conv1d, F.conv2d, F.conv3d, torch.matmul,
+        torch.mm, torch.bmm, torch.baddbmm, torch.addmm, torch.addbmm, torch.einsum,
+        torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__, torch.Tensor.mm,
+        torch.Tensor.bmm}  # fmt: skip
+_FLOAT32 = {F.layer_norm, torch.layer_norm, F.group_norm, F.softmax, F.log_softmax, torch.softmax,
+            torch.log_softmax, torch.Tensor.softmax, torch.Tensor.log_softmax, F.cross_entropy,
+            F.mse_loss}  # fmt: skip
+
+
+class ModelCodeError(Exception):
+    """The model's own code failed (its import, its build, its forward or backward), or its
+    callable returned what is no ``(model, args[, kwargs])``."""
+
+
+@dataclass
+class _Frame:
+    name: str
+    covered: bool  # a slot's module (or one out of reach): its inner calls are its own
+    counts: Counter[str] = field(default_factory=Counter)
+
+
+def _tensors(values: Any) -> list[torch.Tensor]:
+    return [v for v in values if isinstance(v, torch.Tensor)]
+
+
+def _dims(t: torch.Tensor) -> str:
+    return "x".join(str(int(n)) for n in t.shape) or "1"
+
+
+class Recorder(TorchFunctionMode):
+    """Records the sites of one forward of ``model`` (``low``: the dtype of a mixed regime)."""
+
+    def __init__(self, model: nn.Module, low: torch.dtype | None = None):
+        super().__init__()
+        self.low, self.recording = low, False
+        self.sites: dict[str, dict[str, Any]] = {}
+        self.unreached: dict[str, Unreached] = {}
+        self.stack: list[_Frame] = []
+        self.handles: list[Any] = []
+        for name, module in model.named_modules():
+            site = module_site(module)
+            enter = partial(self._enter, name, site)
+            self.handles.append(module.register_forward_pre_hook(enter, with_kwargs=True))
+            leave = partial(self._leave)
+            self.handles.append(module.register_forward_hook(leave, always_call=True))
+
+    def remove(self) -> None:
+        """Take the hooks off the model."""
+        for handle in self.handles:
+            handle.remove()
+
+    def _enter(self, name: str, site: tuple[str, str] | None, module: nn.Module, args, kwargs):
+        covered = any(f.covered for f in self.stack)
+        if self.recording and not covered and site is not None:
+            slot, reason = site
+            call = public_name(type(module))
+            if not slot:
+                self.unreached.setdefault(name, Unreached(where=name, call=call, reason=reason))
+            else:
+                inputs = _tensors((*args, *kwargs.values()))
+                how = partial(module_semantics, slot, module, args, kwargs)
+                self._record(name, slot, "module", call, inputs, how)
+        self.stack.append(_Frame(name, covered or site is not None))
+
+    def _leave(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self.stack:
+            self.stack.pop()
+
+    def _record(self, where: str, slot: str, kind: str, call: str, inputs, how: Callable) -> None:
+        if where in self.sites:
+            self.sites[where]["calls"] += 1
+            return
+        dtype = str(inputs[0].dtype).removeprefix("torch.") if inputs else ""
+        self.sites[where] = {
+            "slot": slot,
+            "kind": kind,
+            "call": call,
+            "calls": 1,
+            "dtype": dtype,
+            "shapes": [_dims(t) for t in inputs],
+            "semantics": how(),
+        }
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        fn = FUNCTIONS.get(func)
+        if fn is not None and self.recording and self.stack and not self.stack[-1].covered:
+            frame = self.stack[-1]
+            frame.counts[fn.name] += 1
+            n = frame.counts[fn.name]
+            where = f"{frame.name}:{fn.name}" + (f"#{n}" if n > 1 else "")
+            bound = fn.bind(args, kwargs)
+            inputs = _tensors(bound.get(i) for i in fn.inputs)
+            self._record(where, fn.slot, "function", fn.call, inputs, partial(fn.semantics, bound))
+        if self.low is not None and (func in _LOW or func in _FLOAT32):
+            dtype = self.low if func in _LOW else torch.float32
+            args, kwargs = _cast((args, kwargs), dtype)
+        return func(*args, **kwargs)
+
+    def result(self) -> dict[str, dict[str, Any]]:
+        """The sites found, by ``where``, in the order first called."""
+        return self.sites
+
+
+def _cast(value: Any, dtype: torch.dtype) -> Any:
+    """``value`` with every floating tensor in it cast to ``dtype`` (lists, tuples, dicts)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if type(value) in (list, tuple):
+        return type(value)(_cast(v, dtype) for v in value)
+    if isinstance(value, dict):
+        return {k: _cast(v, dtype) for k, v in value.items()}
+    return value
+
+
+# ---- the spec's callable ------------------------------------------------------------------------
+def _module_of(spec: Mapping[str, str]) -> Any:
+    if spec["kind"] == "file":
+        folder, stem = os.path.split(spec["source"])
+        sys.path.insert(0, folder)  # its sibling modules import as they would beside it
+        name = stem[:-3] if stem[:-3].isidentifier() else "__kernel_probe_model__"
+        found = importlib.util.spec_from_file_location(name, spec["source"])
+        if found is None or found.loader is None:
+            raise ImportError(f"{spec['source']} cannot be loaded as a Python module")
+        module = importlib.util.module_from_spec(found)
+        sys.modules.setdefault(name, module)  # a sibling importing it by name gets this one
+        found.loader.exec_module(module)
+        return module
+    return importlib.import_module(ANEMOI_BUILDER[0] if spec["kind"] == ANEMOI else spec["source"])
+
+
+def _callable(spec: Mapping[str, str]) -> Callable[[], Any]:
+    """The spec's callable, imported; ModelCodeError naming what failed."""
+    what = ANEMOI_BUILDER[0] if spec["kind"] == ANEMOI else spec["source"]
+    try:
+        obj = _module_of(spec)
+    except BaseException as exc:
+        hint = ""
+        if isinstance(exc, ModuleNotFoundError) and spec["kind"] == "module":
+            hint = (
+                " (the working directory is not searched: name the file, path/to/file.py:"
+                "callable, or put its folder on PYTHONPATH)"
+            )
+        raise ModelCodeError(f"importing {what} raised {type(exc).__name__}: {exc}{hint}") from None
+    if spec["kind"] == ANEMOI:
+        return partial(obj.build, spec["source"])
+    for part in spec["call"].split("."):
+        if not hasattr(obj, part):
+            raise ModelCodeError(f"{what} has no {spec['call']!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ModelCodeError(f"{spec['call']!r} in {what} is a {type(obj).__name__}, not callable")
+    try:
+        inspect.signature(obj).bind()
+    except TypeError as exc:
+        raise ModelCodeError(f"{spec['call']}() takes required arguments ({exc})") from None
+    except ValueError:  # no signature to read (a builtin): calling it will tell
+        pass
+    return obj
+
+
+def _unpack(value: Any, call: str) -> tuple[nn.Module, tuple[Any, ...], dict[str, Any]]:
+    """``(model, args)`` or ``(model, args, kwargs)``; ModelCodeError for anything else."""
+    want = "(model, args) or (model, args, kwargs)"
+    if not isinstance(value, (tuple, list)) or len(value) not in (2, 3):
+        got = f"a {len(value)}-tuple" if isinstance(value, tuple) else type(value).__name__
+        raise ModelCodeError(f"{call}() returned {got}, not {want}")
+    model, args, kwargs = (*value, {}) if len(value) == 2 else value
+    if not isinstance(model, nn.Module):
+        raise ModelCodeError(
+            f"{call}() returned a {type(model).__name__} as the model, not an nn.Module"
+        )
+    if not isinstance(args, (tuple, list)):
+        raise ModelCodeError(
+            f"{call}() returned a {type(args).__name__} as args, not a tuple of the forward's "
+            "inputs (one input: (x,))"
+        )
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise ModelCodeError(f"{call}() returned a {type(kwargs).__name__} as kwargs, not a dict")
+    return model, tuple(args), kwargs
+
+
+def _build(fn: Callable[[], Any], call: str, device: str) -> tuple[nn.Module, tuple, dict]:
+    with torch.device(device):
+        value = fn()
+    return _unpack(value, call)
+
+
+# ---- one forward and backward -------------------------------------------------------------------
+def _prepare(model: nn.Module, args: tuple, kwargs: dict, precision: str) -> tuple:
+    """A ``-true`` regime casts the model (in place) and the floating inputs; a ``-mixed`` one
+    gives its autocast dtype. (args, kwargs, autocast dtype or None)."""
+    dtype = getattr(torch, PRECISIONS[precision].dtype)
+    if PRECISIONS[precision].regime == "mixed":
+        return args, kwargs, dtype
+    model.to(dtype)
+    return _cast(args, dtype), _cast(kwargs, dtype), None
+
+
+def _outputs(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value] if value.is_floating_point() and value.requires_grad else []
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _outputs(v)]
+    return []
+
+
+def _run(model: nn.Module, args: tuple, kwargs: dict, low: torch.dtype | None) -> Recorder:
+    """One forward (recorded) and backward of ``model``."""
+    recorder = Recorder(model, low)
+    try:
+        with recorder:
+            recorder.recording = True
+            out = model(*args, **kwargs)
+            recorder.recording = False
+            floating = _outputs(out)
+        if floating:
+            torch.stack([t.float().sum() for t in floating]).sum().backward()
+    finally:
+        recorder.remove()
+    return recorder
+
+
+# ---- where the meta device cannot: the CPU at batch 1 and 2, scaled to the model's batch --------
+def _first_batch(values: Any) -> int | None:
+    if isinstance(values, torch.Tensor):
+        return int(values.shape[0]) if values.dim() else None
+    items = values.values() if isinstance(values, Mapping) else values
+    if isinstance(items, (list, tuple)) or isinstance(values, Mapping):
+        return next((n for v in items if (n := _first_batch(v)) is not None), None)
+    return None
+
+
+def _take(value: Any, n: int, b: int) -> Any:
+    """``value`` with each tensor whose first dimension is the batch ``n`` cut to ``b``."""
+    if isinstance(value, torch.Tensor):
+        return value[:b] if value.dim() and value.shape[0] == n else value
+    if type(value) in (list, tuple):
+        return type(value)(_take(v, n, b) for v in value)
+    if isinstance(value, dict):
+        return {k: _take(v, n, b) for k, v in value.items()}
+    return value
+
+
+def _scaled(a: Any, b: Any, n: int) -> Any:
+    """What grows with the batch, at batch ``n`` from its values at batches 1 (a) and 2 (b)."""
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [_scaled(x, y, n) for x, y in zip(a, b, strict=False)]
+    if type(a) is int and type(b) is int:
+        return a + (b - a) * (n - 1)
+    return a
+
+
+def _shape_at(a: str, b: str, n: int) -> str:
+    x, y = a.split("x"), b.split("x")
+    if len(x) != len(y):
+        return a
+    return "x".join(str(_scaled(int(i), int(j), n)) for i, j in zip(x, y, strict=False))
+
+
+def _at_batch(one: dict, two: dict, n: int) -> tuple[dict, list[str]]:
+    """The sites of batch 1 with their shapes, call counts and sizes scaled to batch ``n``."""
+    out, notes = {}, []
+    for where, site in one.items():
+        other = two.get(where)
+        if other is None:
+            notes.append(f"{where}: called at batch 1, not at batch 2: its sizes are batch 1's")
+            out[where] = site
+            continue
+        shapes = [_shape_at(a, b, n) for a, b in zip(site["shapes"], other["shapes"], strict=False)]
+        semantics = {
+            k: _scaled(v, other["semantics"].get(k), n) for k, v in site["semantics"].items()
+        }
+        calls = _scaled(site["calls"], other["calls"], n)
+        out[where] = {**site, "shapes": shapes, "semantics": semantics, "calls": calls}
+    notes += [f"{w}: called at batch 2, not at batch 1: left out" for w in two if w not in one]
+    return out, notes
+
+
+def _on_cpu(fn: Callable[[], Any], call: str, precision: str) -> tuple[str, Recorder, dict, list]:
+    """The trace on the CPU at batch 1 (and 2); (traced, recorder, sites, notes)."""
+    try:
+        model, args, kwargs = _build(fn, call, "cpu")
+    except ModelCodeError:
+        raise
+    except BaseException as exc:
+        raise ModelCodeError(f"{call}() raised {type(exc).__name__}: {exc}") from None
+    args, kwargs, low = _prepare(model, args, kwargs, precision)
+    n = _first_batch((args, kwargs))
+    batches = (1, 2) if n is not None and n > 1 else (n or 1,)
+    runs = []
+    for b in batches:
+        cut_args, cut_kwargs = (_take(args, n, b), _take(kwargs, n, b)) if n else (args, kwargs)
+        try:
+            runs.append(_run(model, cut_args, cut_kwargs, low))
+        except BaseException as exc:
+            raise ModelCodeError(
+                f"its forward and backward at batch {b} on the CPU raised "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+    if len(runs) == 1:
+        return f"cpu, batch {n or 1} of {n or 1}", runs[0], runs[0].sites, []
+    sites, notes = _at_batch(runs[0].sites, runs[1].sites, int(n or 1))
+    return f"cpu, batch 1 of {n}", runs[0], sites, notes
+
+
+def trace_model(request: Mapping[str, Any]) -> dict[str, Any]:
+    """The child's body: the spec's sites, the unreached and how it was traced (JSON)."""
+    spec, precision = request["spec"], str(request["precision"])
+    fn = _callable(spec)
+    call = spec["call"] if spec["kind"] != ANEMOI else f"{'.'.join(ANEMOI_BUILDER)}"
+    try:
+        model, args, kwargs = _build(fn, call, "meta")
+        args, kwargs, low = _prepare(model, args, kwargs, precision)
+        recorder = _run(model, args, kwargs, low)
+        traced, sites, notes = "meta", recorder.sites, list[str]()
+    except ModelCodeError:
+        raise
+    except BaseException as exc:  # the meta device cannot run it (an .item(), a data-dependent op)
+        why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+        traced, recorder, sites, notes = _on_cpu(fn, call, precision)
+        notes = [f"the meta device could not run it ({why})", *notes]
+    found = [
+        Site(where=w, **{**s, "shapes": tuple(s["shapes"])}).to_dict() for w, s in sites.items()
+    ]
+    gone = [u.to_dict() for u in recorder.unreached.values()]
+    return {"traced": traced, "sites": found, "unreached": gone, "notes": notes}
