@@ -49,6 +49,7 @@ _HELP = {
     "check-config": "check an anemoi config's layer_kernels blocks on this machine (and against a "
     "lock)",
     "lock": "derive a lock for inference on this machine: lock --for inference IN OUT",
+    "model": "trace a model: every call site of every slot, its semantics, shapes and calls",
 }
 _JSON = {  # what a subcommand's --json prints (one not here has no --json)
     "verify": "machine-readable result on stdout",
@@ -60,6 +61,7 @@ _JSON = {  # what a subcommand's --json prints (one not here has no --json)
     "export": "the mapping as JSON instead of YAML",
     "check-config": "findings as JSON",
     "lock": _SUMMARY,
+    "model": "the trace (spec, traced, digest, sites, unreached) as JSON",
 }
 _MODULES: dict[str, tuple[str, ...]] = {  # the subcommands of a shared module (else their own)
     "locks": ("verify", "show", "rehash", "explain", "diff", "lock"),

@@ -2,6 +2,6 @@
 forward and backward of a model, in a child process; the spec is read here without torch."""
 
 from kernel_probe.model.spec import ModelSpec, parse_spec
-from kernel_probe.model.trace import DEFAULT_TIMEOUT, Traced, trace, trace_with_notes
+from kernel_probe.model.tracing import DEFAULT_TIMEOUT, Traced, trace, trace_with_notes
 
 __all__ = ["DEFAULT_TIMEOUT", "ModelSpec", "Traced", "parse_spec", "trace", "trace_with_notes"]

@@ -60,6 +60,7 @@ CASES = [
     ("export", [MISSING], 5),
     ("check-config", ["/no/such/config.yaml"], 5),
     ("lock", ["--for", "inference", minimal, existing], 2),
+    ("model", ["no/such/model.py:build"], 2),
     ("verfiy", [], 2),  # a mistyped subcommand
 ]
 

@@ -117,6 +117,28 @@ def twice() -> tuple[nn.Module, tuple[torch.Tensor]]:
     return Twice(), (torch.randn(BATCH, SEQ, HIDDEN),)
 
 
+class Windowed(nn.Module):
+    """An Attention slot module (``kernel_lock.attention.SDPAttention``, window 4), a float mask."""
+
+    def __init__(self) -> None:
+        from kernel_lock.attention import SDPAttention
+
+        super().__init__()
+        self.qkv = nn.Linear(HIDDEN, 3 * HIDDEN)
+        self.attn = SDPAttention(window=4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, 4, -1).permute(2, 0, 3, 1, 4)
+        bias = torch.zeros(s, s, dtype=x.dtype, device=x.device)
+        return self.attn(q, k, v, attn_mask=bias, scale=0.25).transpose(1, 2).reshape(x.shape)
+
+
+def windowed() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    torch.manual_seed(0)
+    return Windowed(), (torch.randn(BATCH, SEQ, HIDDEN),)
+
+
 class DataDependent(nn.Module):
     """A forward the meta device cannot run: ``.item()`` decides how often the norm is applied."""
 

@@ -1,0 +1,94 @@
+"""``kernel-probe model SPEC [--precision P] [--json]``: the call-site table of a model's trace
+(the work is kernel_probe.model's; here the arguments and the rendering)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from kernel_lock.model import Model
+from kernel_lock.slots import PRECISIONS
+from kernel_probe import output
+from kernel_probe.model import DEFAULT_TIMEOUT, trace_with_notes
+from kernel_probe.output import print_rows, safe, seconds
+
+_SPEC = (
+    "the model: path/to/file.py:callable or package.module:callable (a callable with no "
+    "required arguments returning (model, args) or (model, args, kwargs): one forward's inputs "
+    "at the model's real sizes), or anemoi:CONFIG (an anemoi training config: a YAML path or "
+    "the name of a config anemoi-training ships)"
+)
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``kernel-probe model``."""
+    p.add_argument("spec", metavar="SPEC", help=_SPEC)
+    regimes = (
+        "the training precision the sites are traced under (default 32-true): -true casts the "
+        "model and its floating inputs, -mixed runs under autocast"
+    )
+    p.add_argument("--precision", default="32-true", choices=tuple(PRECISIONS), help=regimes)
+    limit = (
+        f"seconds the child importing, building and running the model may take (default "
+        f"{DEFAULT_TIMEOUT:g})"
+    )
+    p.add_argument(
+        "--timeout", type=seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS", help=limit
+    )
+    output.add_trust_argument(p)
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, list):
+        return "x".join(str(v) for v in value) if all(type(v) is int for v in value) else str(value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    return json.dumps(value) if isinstance(value, str) and not value.isidentifier() else str(value)
+
+
+def semantics_text(semantics: Mapping[str, Any]) -> str:
+    """``eps=1e-05 bias=false normalized_shape=256``: a site's semantics on one line."""
+    return " ".join(f"{k}={_value(v)}" for k, v in semantics.items())
+
+
+def render(model: Model) -> None:
+    """The call-site table, then the sites out of reach."""
+    rows = [
+        (
+            safe(s.where or "<model>"),
+            safe(s.slot),
+            safe(s.call),
+            str(s.calls),
+            safe(" ".join(s.shapes)),
+            safe(s.dtype),
+            safe(semantics_text(s.semantics)),
+        )
+        for s in model.sites
+    ]
+    title = f"model {model.spec} (traced: {model.traced}; {model.digest[:19]}...)"
+    columns = ("site", "slot", "call", "calls", "shapes", "dtype", "semantics")
+    print_rows(safe(title), columns, rows, right=("calls",))  # one line a site, for logs
+    if not model.sites:
+        output.console().print("no call site of any slot found")
+    if model.unreached:
+        gone = [(safe(u.where or "<model>"), safe(u.call), safe(u.reason)) for u in model.unreached]
+        print_rows(
+            "out of reach (left as written)", ("site", "call", "reason"), gone, wrap=("reason",)
+        )
+
+
+def run_model(args: argparse.Namespace) -> int:
+    """``kernel-probe model SPEC``: trace the model, print its call sites."""
+    traced = trace_with_notes(
+        args.spec, precision=args.precision, trust=args.trust, timeout=args.timeout
+    )
+    for note in traced.notes:
+        output.info(f"note: {note}")
+    if args.json:
+        body = {"notes": list(traced.notes), **traced.model.to_dict()}
+        output.print_json(output.with_failure(body, None))
+    else:
+        render(traced.model)
+    return 0
