@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kernel_lock.model import Model
@@ -45,12 +45,24 @@ def _value(value: Any) -> str:
         return "x".join(str(v) for v in value) if all(type(v) is int for v in value) else str(value)
     if isinstance(value, bool):
         return str(value).lower()
-    return json.dumps(value) if isinstance(value, str) and not value.isidentifier() else str(value)
+    quote = isinstance(value, str) and (not value or any(c.isspace() or c == "=" for c in value))
+    return json.dumps(value) if quote else str(value)
 
 
 def semantics_text(semantics: Mapping[str, Any]) -> str:
     """``eps=1e-05 bias=false normalized_shape=256``: a site's semantics on one line."""
     return " ".join(f"{k}={_value(v)}" for k, v in semantics.items())
+
+
+def _print_whole(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """One line a site (for logs and grep): every column as wide as its widest cell."""
+    tbl = output.table(title)
+    for i, name in enumerate(columns):
+        width = max([len(name), *(len(r[i]) for r in rows)])
+        tbl.add_column(name, no_wrap=True, min_width=width, justify="right" if i == 3 else "left")
+    for r in rows:
+        tbl.add_row(*r)
+    output.print_table(tbl)
 
 
 def render(model: Model) -> None:
@@ -69,7 +81,7 @@ def render(model: Model) -> None:
     ]
     title = f"model {model.spec} (traced: {model.traced}; {model.digest[:19]}...)"
     columns = ("site", "slot", "call", "calls", "shapes", "dtype", "semantics")
-    print_rows(safe(title), columns, rows, right=("calls",))  # one line a site, for logs
+    _print_whole(safe(title), columns, rows)
     if not model.sites:
         output.console().print("no call site of any slot found")
     if model.unreached:

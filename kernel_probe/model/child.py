@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from kernel_lock import slots as specs
 from kernel_lock.model import Site, Unreached
 from kernel_lock.slots import PRECISIONS
 from kernel_probe.model.sites import FUNCTIONS, module_semantics, module_site, public_name
@@ -339,9 +340,23 @@ def _on_cpu(fn: Callable[[], Any], call: str, precision: str) -> tuple[str, Reco
     return f"cpu, batch 1 of {n}", runs[0], sites, notes
 
 
+def _trusted_slots(trust: list[str]) -> None:
+    """Register the slots trusted packages declare (``kernel_lock.slots`` entry points): their
+    modules are sites too. Nothing untrusted is imported."""
+    if not trust:
+        return
+    from importlib.metadata import entry_points  # ~20 ms: only where a package is trusted
+
+    for ep in entry_points(group=specs.ENTRY_POINTS):
+        module = ep.value.split(":")[0].strip()
+        if any(module == t or module.startswith(t + ".") for t in trust):
+            specs.spec_of(ep.name, tuple(trust))
+
+
 def trace_model(request: Mapping[str, Any]) -> dict[str, Any]:
     """The child's body: the spec's sites, the unreached and how it was traced (JSON)."""
     spec, precision = request["spec"], str(request["precision"])
+    _trusted_slots([str(t) for t in request.get("trust", [])])
     fn = _callable(spec)
     call = spec["call"] if spec["kind"] != ANEMOI else f"{'.'.join(ANEMOI_BUILDER)}"
     try:
