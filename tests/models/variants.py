@@ -139,6 +139,22 @@ def windowed() -> tuple[nn.Module, tuple[torch.Tensor]]:
     return Windowed(), (torch.randn(BATCH, SEQ, HIDDEN),)
 
 
+class HalfGELU(nn.GELU):
+    """A subclass of torch's GELU with a forward of its own: its inner F.gelu call is the site."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 0.5 * super().forward(x)
+
+
+class LocalNorm(nn.LayerNorm):
+    """A subclass of torch's LayerNorm that keeps its forward: a LayerNorm site of its own class."""
+
+
+def subclasses() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    torch.manual_seed(0)
+    return nn.Sequential(LocalNorm(HIDDEN, eps=1e-3), HalfGELU()), (torch.randn(BATCH, HIDDEN),)
+
+
 class DataDependent(nn.Module):
     """A forward the meta device cannot run: ``.item()`` decides how often the norm is applied."""
 

@@ -39,6 +39,7 @@ def row(slot, call, shapes, semantics, calls=1, kind="module", dtype="float32") 
                 semantics=semantics)  # fmt: skip
 
 
+VARIANTS = "tests.models.variants"
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
 QKV = ["2x4x16x16"] * 3
 BLOCK = {
@@ -135,6 +136,20 @@ def test_an_attention_slot_module_is_one_site_with_its_window():
     assert attn["call"] == "kernel_lock.attention.SDPAttention"
     assert attn["shapes"] == [*QKV, "16x16"]
     assert attn["semantics"] == attention(mask="float", scale=0.25, window=4)
+
+
+def test_a_norm_subclass_is_its_site_a_gelu_with_its_own_forward_its_inner_call():
+    value = traced("subclasses")
+    norm, gelu = value["sites"]
+    assert (norm["where"], norm["slot"], norm["call"]) == (
+        "0",
+        "LayerNorm",
+        f"{VARIANTS}.LocalNorm",
+    )
+    assert norm["semantics"] == {**LN, "eps": 1e-3} and norm["shapes"] == ["2x64"]
+    # a class outside torch is not judged by its base's name: its forward's own F.gelu is the site
+    assert (gelu["where"], gelu["call"]) == ("1:gelu", "torch.nn.functional.gelu")
+    assert gelu["semantics"] == {"function": "gelu-erf"} and value["unreached"] == []
 
 
 def test_the_meta_device_falls_back_to_the_cpu_at_batch_1_saying_so():
