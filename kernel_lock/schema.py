@@ -54,6 +54,7 @@ __all__ = [
     "LOCK_VERSION",
     "MATCH_RULES",
     "Candidate",
+    "Context",
     "EnvField",
     "Environment",
     "Requirement",

@@ -42,6 +42,7 @@ __all__ = [
     "semantics",
     "short_dtype",
     "slot_name_fix",
+    "spec_of",
     "target_facts",
     "torch_device",
     "twin_semantics",
