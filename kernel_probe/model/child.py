@@ -68,6 +68,8 @@ class Recorder(TorchFunctionMode):
         super().__init__()
         self.low, self.recording = low, False
         self.sites: dict[str, dict[str, Any]] = {}
+        self.notes: list[str] = []  # a site called again with other shapes or semantics
+        self.noted: set[str] = set()
         self.unreached: dict[str, Unreached] = {}
         self.stack: list[_Frame] = []
         self.handles: list[Any] = []
@@ -101,19 +103,20 @@ class Recorder(TorchFunctionMode):
             self.stack.pop()
 
     def _record(self, where: str, slot: str, kind: str, call: str, inputs, how: Callable) -> None:
-        if where in self.sites:
-            self.sites[where]["calls"] += 1
-            return
         dtype = str(inputs[0].dtype).removeprefix("torch.") if inputs else ""
-        self.sites[where] = {
-            "slot": slot,
-            "kind": kind,
-            "call": call,
-            "calls": 1,
-            "dtype": dtype,
-            "shapes": [_dims(t) for t in inputs],
-            "semantics": how(),
-        }
+        site = dict(slot=slot, kind=kind, call=call, calls=1, dtype=dtype)
+        site |= dict(shapes=[_dims(t) for t in inputs], semantics=how())
+        first = self.sites.setdefault(where, site)
+        if first is site:
+            return
+        first["calls"] += 1
+        keys = ("dtype", "shapes", "semantics")
+        if any(first[k] != site[k] for k in keys) and where not in self.noted:
+            self.noted.add(where)
+            again = ", ".join(f"{k} {site[k]}" for k in keys if first[k] != site[k])
+            self.notes.append(
+                f"{where}: called again with {again}: the site keeps its first call's"
+            )
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -130,10 +133,6 @@ class Recorder(TorchFunctionMode):
             dtype = self.low if func in _LOW else torch.float32
             args, kwargs = _cast((args, kwargs), dtype)
         return func(*args, **kwargs)
-
-    def result(self) -> dict[str, dict[str, Any]]:
-        """The sites found, by ``where``, in the order first called."""
-        return self.sites
 
 
 def _cast(value: Any, dtype: torch.dtype) -> Any:
@@ -177,7 +176,9 @@ def _callable(spec: Mapping[str, str]) -> Callable[[], Any]:
             )
         raise ModelCodeError(f"importing {what} raised {type(exc).__name__}: {exc}{hint}") from None
     if spec["kind"] == ANEMOI:
-        return partial(obj.build, spec["source"])
+        if not callable(getattr(obj, ANEMOI_BUILDER[1], None)):
+            raise ModelCodeError(f"{what} has no {ANEMOI_BUILDER[1]}(config)")
+        return partial(getattr(obj, ANEMOI_BUILDER[1]), spec["source"])
     for part in spec["call"].split("."):
         if not hasattr(obj, part):
             raise ModelCodeError(f"{what} has no {spec['call']!r}")
@@ -241,11 +242,14 @@ def _outputs(value: Any) -> list[torch.Tensor]:
     return []
 
 
-def _run(model: nn.Module, args: tuple, kwargs: dict, low: torch.dtype | None) -> Recorder:
-    """One forward (recorded) and backward of ``model``."""
+def _run(
+    model: nn.Module, args: tuple, kwargs: dict, low: torch.dtype | None, device: str
+) -> Recorder:
+    """One forward (recorded) and backward of ``model``, tensors its forward makes without a
+    device on ``device`` (as on the device a model runs on)."""
     recorder = Recorder(model, low)
     try:
-        with recorder:
+        with torch.device(device), recorder:
             recorder.recording = True
             out = model(*args, **kwargs)
             recorder.recording = False
@@ -328,16 +332,16 @@ def _on_cpu(fn: Callable[[], Any], call: str, precision: str) -> tuple[str, Reco
     for b in batches:
         cut_args, cut_kwargs = (_take(args, n, b), _take(kwargs, n, b)) if n else (args, kwargs)
         try:
-            runs.append(_run(model, cut_args, cut_kwargs, low))
+            runs.append(_run(model, cut_args, cut_kwargs, low, "cpu"))
         except BaseException as exc:
             raise ModelCodeError(
                 f"its forward and backward at batch {b} on the CPU raised "
                 f"{type(exc).__name__}: {exc}"
             ) from None
     if len(runs) == 1:
-        return f"cpu, batch {n or 1} of {n or 1}", runs[0], runs[0].sites, []
+        return f"cpu, batch {n or 1} of {n or 1}", runs[0], runs[0].sites, runs[0].notes
     sites, notes = _at_batch(runs[0].sites, runs[1].sites, int(n or 1))
-    return f"cpu, batch 1 of {n}", runs[0], sites, notes
+    return f"cpu, batch 1 of {n}", runs[0], sites, runs[0].notes + notes
 
 
 def _trusted_slots(trust: list[str]) -> None:
@@ -362,8 +366,8 @@ def trace_model(request: Mapping[str, Any]) -> dict[str, Any]:
     try:
         model, args, kwargs = _build(fn, call, "meta")
         args, kwargs, low = _prepare(model, args, kwargs, precision)
-        recorder = _run(model, args, kwargs, low)
-        traced, sites, notes = "meta", recorder.sites, list[str]()
+        recorder = _run(model, args, kwargs, low, "meta")
+        traced, sites, notes = "meta", recorder.sites, list(recorder.notes)
     except ModelCodeError:
         raise
     except BaseException as exc:  # the meta device cannot run it (an .item(), a data-dependent op)

@@ -130,7 +130,7 @@ class Windowed(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         q, k, v = self.qkv(x).view(b, s, 3, 4, -1).permute(2, 0, 3, 1, 4)
-        bias = torch.zeros(s, s, dtype=x.dtype, device=x.device)
+        bias = torch.zeros(s, s, dtype=x.dtype)  # no device: the one the model runs on
         return self.attn(q, k, v, attn_mask=bias, scale=0.25).transpose(1, 2).reshape(x.shape)
 
 
@@ -153,6 +153,21 @@ class LocalNorm(nn.LayerNorm):
 def subclasses() -> tuple[nn.Module, tuple[torch.Tensor]]:
     torch.manual_seed(0)
     return nn.Sequential(LocalNorm(HIDDEN, eps=1e-3), HalfGELU()), (torch.randn(BATCH, HIDDEN),)
+
+
+def two_sizes() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    """One norm called at two sequence lengths in a forward."""
+
+    class TwoSizes(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = nn.LayerNorm(HIDDEN)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.cat([self.norm(x), self.norm(x[:, : SEQ // 2])], dim=1)
+
+    torch.manual_seed(0)
+    return TwoSizes(), (torch.randn(BATCH, SEQ, HIDDEN),)
 
 
 class DataDependent(nn.Module):

@@ -75,6 +75,15 @@ def test_a_block_called_twice_is_each_site_twice():
     }
 
 
+def test_a_site_called_again_at_other_shapes_keeps_its_first_saying_so():
+    value = traced("two_sizes")
+    (norm,) = value["sites"]
+    assert norm["calls"] == 2 and norm["shapes"] == [ROWS]
+    assert value["notes"] == [
+        "norm: called again with shapes ['2x8x64']: the site keeps its first call's"
+    ]
+
+
 def test_layers_that_are_not_torchs_defaults():
     found = sites(traced("norms"))
     assert found["rms"]["semantics"] == {
@@ -130,7 +139,9 @@ def test_functional_calls_numbered_in_their_module():
 
 
 def test_an_attention_slot_module_is_one_site_with_its_window():
-    found = sites(traced("windowed"))
+    value = traced("windowed")
+    assert value["traced"] == "meta"  # its forward's torch.zeros without a device: on meta too
+    found = sites(value)
     assert list(found) == ["qkv", "attn"]  # its own inner SDPA call is not a second site
     attn = found["attn"]
     assert attn["call"] == "kernel_lock.attention.SDPAttention"
