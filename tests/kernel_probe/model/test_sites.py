@@ -3,6 +3,8 @@ trace's child body run in this process (the child itself: test_trace_child.py)."
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from kernel_lock.model import Model, Site, Unreached
@@ -229,3 +231,23 @@ def test_what_the_models_code_gets_wrong_is_named(call, said):
 def test_a_module_not_found_says_the_working_directory_is_not_searched():
     with pytest.raises(ModelCodeError, match="working directory is not searched"):
         traced("build", module="no_such_model_module")
+
+
+def test_an_anemoi_config_is_built_by_the_anemoi_builder(monkeypatch):
+    import types
+
+    import torch
+
+    built = []
+
+    def build(config: str):
+        built.append(config)
+        return torch.nn.Linear(8, 4), (torch.randn(3, 8),)
+
+    monkeypatch.setitem(
+        sys.modules, "kernel_probe.anemoi.model", types.SimpleNamespace(build=build)
+    )
+    spec = {"kind": "anemoi", "source": "/cfg/o96.yaml", "call": "build", "text": "anemoi:x"}
+    value = trace_model({"spec": spec, "precision": "32-true", "trust": []})
+    assert built == ["/cfg/o96.yaml"] and value["traced"] == "meta"
+    assert [(s["where"], s["semantics"]) for s in value["sites"]] == [("", linear(8, 4))]

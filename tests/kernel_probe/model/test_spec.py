@@ -82,3 +82,37 @@ def test_the_spec_module_imports_no_torch():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.stdout.strip() == "False", out.stderr
+
+
+@pytest.mark.parametrize(
+    ("result", "code", "said"),
+    [
+        (
+            dict(status="ok", value={"sites": [{"slot": 1}]}),
+            1,
+            "the trace's answer is not readable",
+        ),
+        (dict(status="ok", value=["sites"]), 1, "expected an object"),
+        (
+            dict(status="error", reason="KeyError: 'x'", raised={"raised": "KeyError"}),
+            1,
+            "the child tracing it failed: KeyError",
+        ),
+        (
+            dict(status="error", raised={"raised": "ModelCodeError", "message": "build() raised"}),
+            5,
+            "build() raised",
+        ),
+    ],
+)
+def test_what_the_child_answers_is_read_by_the_locks_reader(result, code, said, monkeypatch):
+    from kernel_probe.isolation.child import ChildResult
+    from kernel_probe.model import trace
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(
+        "kernel_probe.model.tracing.run_function", lambda *a, **k: ChildResult(**result)
+    )
+    with pytest.raises(Exception) as caught:
+        trace("tests/models/block.py:build")
+    assert caught.value.exit_code == code and said in caught.value.problem
