@@ -13,8 +13,25 @@ import tomllib
 import kernel_lock
 from kernel_lock import LockError, toml
 from kernel_lock.document import SEAL, LockDocument
+from kernel_lock.model import Model, Site, Unreached
 from kernel_lock.tables import table_keys
 from tests.kernel_lock.test_document import _full_lock
+
+MODEL = Model.of(
+    "block.py:build",
+    (
+        Site(
+            slot="LayerNorm",
+            where="norm",
+            call="torch.nn.LayerNorm",
+            dtype="float32",
+            shapes=("2x16x64",),
+            semantics={"eps": 1e-5, "bias": True},
+        ),
+    ),
+    (Unreached(where="mha", call="torch.nn.MultiheadAttention", reason="fused projections"),),
+    traced="meta",
+)
 
 
 def full_text() -> str:
@@ -37,6 +54,7 @@ def full_text() -> str:
         "[provenance.anemoi-environment]\nANEMOI_INFERENCE_TRANSFORMER_ATTENTION_BACKEND = "
         '"scaled_dot_product_attention"\n'
     )
+    text += "\n" + toml.dumps({"model": MODEL.to_dict()})
     text = text.replace(
         'created-by = "hand"', 'created-by = "hand"\ncreated-at = "2026-12-01T00:00:00Z"'
     )
