@@ -21,7 +21,7 @@ from .lock import KernelLock
 from .model import Model, Site
 from .routing import Enter, Leave, Route, Router
 from .slots import SPECS, canonical_target
-from .slots.base import Calls, SlotSpec
+from .slots.base import NONE, Calls, SlotSpec
 
 __all__ = ["RECORD", "Applied", "AppliedSite", "Record", "apply", "undo"]
 
@@ -76,7 +76,10 @@ class Applied:
         widths = [max(len(r[i]) for r in rows if not r[3].startswith("  (")) for i in range(3)]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r[:3], widths, strict=True)) + "  " + r[3]
                  for r in rows]  # fmt: skip
-        return "\n".join([*(line.rstrip() for line in lines), *self.notes])
+        done = sum(s.swapped for s in self.sites)
+        left = len(self.sites) - done
+        tally = f"{done} of {len(self.sites)} sites run the lock's classes; {left} left as written"
+        return "\n".join([*(line.rstrip() for line in lines), tally, *self.notes])
 
 
 @dataclass
@@ -122,31 +125,32 @@ class _Applier:
     def left(self, where: str, slot: str, kind: str, call: str, reason: str) -> None:
         self.sites.append(AppliedSite(where, slot, kind, call, "", reason))
 
-    def checked(self, spec: SlotSpec, calls: Calls, where: str, semantics: Mapping) -> str | None:
-        """Why a module's semantics are not those the lock checked (None: they are)."""
-        if self.traced is not None:
-            site = self.traced.get(where)
-            if site is None:
-                return "not in the lock's [model] trace"
-            if site.slot != spec.name:
-                return f"the lock's trace has slot {site.slot} here"
-            theirs: Mapping[str, Any] = site.semantics
-            return _differences(semantics, {k: (v,) for k, v in theirs.items()}, "the lock")
+    def stated(self, spec: SlotSpec) -> dict[str, tuple[Any, ...]]:
+        """The values the slot's table states: its kwargs, and its declaration (Activation's)."""
         table = self.lock.slots[spec.name]
-        declared = spec.declares(table) if spec.declares is not None else {}
-        fallback = {
-            **calls.defaults,
-            **spec.canonical,
-        }  # what the check ran where kwargs are silent
-        want: dict[str, tuple[Any, ...]] = {}
-        for key in (k for k in semantics if k not in calls.sizes):
-            if key in declared:
-                want[key] = tuple(declared[key])
-            elif key in table.kwargs or key in fallback:
-                want[key] = (table.kwargs.get(key, fallback.get(key)),)
-        return _differences(
-            {k: v for k, v in semantics.items() if k not in calls.sizes}, want, "the lock's slot"
-        )
+        stated = {k: (v,) for k, v in table.kwargs.items()}
+        return stated | {
+            k: tuple(v) for k, v in (spec.declares(table) if spec.declares else {}).items()
+        }
+
+    def checked(self, spec: SlotSpec, calls: Calls, where: str, semantics: Mapping) -> str | None:
+        """Why a module's semantics are not those the lock checked (None: they are): the trace's
+        site, and what the slot's table states (its kwargs, its declaration); without a trace,
+        the table with the slot's canonical values where it is silent."""
+        stated = self.stated(spec)
+        options = {k: v for k, v in semantics.items() if k not in calls.sizes}
+        if self.traced is None:
+            fallback = {**calls.defaults, **spec.canonical}  # what the check ran where it is silent
+            want = {k: stated.get(k, (fallback.get(k),)) for k in options if k in stated | fallback}
+            return _differences(options, want, "the lock's slot")
+        site = self.traced.get(where)
+        if site is None:
+            return "not in the lock's [model] trace"
+        if site.slot != spec.name:
+            return f"the lock's trace has slot {site.slot} here"
+        theirs: Mapping[str, Any] = site.semantics
+        why = _differences(semantics, {k: (v,) for k, v in theirs.items()}, "the lock")
+        return why or _stated(options, stated)
 
     def module(self, where: str, module: Any, spec: SlotSpec, calls: Calls) -> None:
         """Judge one module site, and build its replacement where it is covered."""
@@ -167,7 +171,7 @@ class _Applier:
         cls = factory.func
         if type(module) is cls:
             return self.left(where, spec.name, "module", call, f"already {factory.target}")
-        new = _build(module, spec, calls, factory)
+        new = _build(module, spec, calls, factory, self.lock.slots[spec.name].kwargs)
         if isinstance(new, str):
             return self.left(where, spec.name, "module", call, new)
         self.replaced[id(module)] = (where, module, new)
@@ -188,14 +192,27 @@ class _Applier:
             self.model.get_submodule(owner)
         except AttributeError:
             return self.left(*left, f"the model has no module {owner or '<model>'}")
+        sizes = spec.calls.sizes if spec.calls else frozenset()
+        options = {k: v for k, v in site.semantics.items() if k not in sizes}
+        why = _stated(options, self.stated(spec))
+        if why is not None:
+            return self.left(*left, why)
         factory = self.factory(site.slot)
-        built = _build_for_call(spec, functional, factory, site.semantics)
+        pinned = self.lock.slots[site.slot].kwargs
+        built = _build_for_call(spec, functional, factory, site.semantics, pinned)
         if isinstance(built, str):
             return self.left(*left, built)
         route = Route(site.where, dict(site.semantics), built, functional)
         routes.setdefault(owner, {}).setdefault(name, []).append(route)
         note = "when a call's semantics at run time are the lock's"
         self.sites.append(AppliedSite(*left, factory.target, note))
+
+
+def _stated(options: Mapping[str, Any], stated: Mapping[str, tuple[Any, ...]]) -> str | None:
+    """Where the slot's table states a value the site does not have (None: it has them all)."""
+    return _differences(
+        {k: v for k, v in options.items() if k in stated}, stated, "the lock's slot"
+    )
 
 
 def _differences(mine: Mapping[str, Any], want: Mapping[str, tuple[Any, ...]], whose: str) -> Any:
@@ -211,6 +228,7 @@ def _differences(mine: Mapping[str, Any], want: Mapping[str, tuple[Any, ...]], w
 
 def _same(a: Any, b: Any) -> bool:
     """Equal as the trace writes values (a tuple is a list; a bool is never a number)."""
+    a, b = (NONE if v is None else v for v in (a, b))
     if isinstance(a, bool) or isinstance(b, bool):
         return isinstance(a, bool) and isinstance(b, bool) and a == b
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
@@ -235,7 +253,9 @@ def _computes(spec: SlotSpec, factory: Any, kwargs: Mapping[str, Any], semantics
     )
 
 
-def _build(module: Any, spec: SlotSpec, calls: Calls, factory: Any) -> Any:
+def _build(
+    module: Any, spec: SlotSpec, calls: Calls, factory: Any, pinned: Mapping[str, Any]
+) -> Any:
     """The lock's class built from ``module`` (its sizes and options over the lock's kwargs),
     holding the module's own parameters and buffers; or why it cannot be."""
     state = module.state_dict(keep_vars=True)
@@ -245,7 +265,7 @@ def _build(module: Any, spec: SlotSpec, calls: Calls, factory: Any) -> Any:
     kwargs = {**factory.keywords, **own}
     semantics = calls.module(module)
     assert not isinstance(semantics, str)
-    why = _computes(spec, factory, kwargs, semantics)
+    why = _overridden(own, pinned) or _computes(spec, factory, kwargs, semantics)
     if why is not None:
         return why
     try:
@@ -270,7 +290,17 @@ def _build(module: Any, spec: SlotSpec, calls: Calls, factory: Any) -> Any:
     return new
 
 
-def _build_for_call(spec: SlotSpec, functional: Any, factory: Any, semantics: Mapping) -> Any:
+def _overridden(own: Mapping[str, Any], pinned: Mapping[str, Any]) -> str | None:
+    """Where the site's own option is not the one the lock's slot pins (and so checked)."""
+    return _differences(
+        {k: v for k, v in own.items() if k in pinned}, {k: (v,) for k, v in pinned.items()},
+        "the lock's slot",
+    )  # fmt: skip
+
+
+def _build_for_call(
+    spec: SlotSpec, functional: Any, factory: Any, semantics: Mapping, pinned: Mapping[str, Any]
+) -> Any:
     """The lock's class built for a functional site's semantics, or why it cannot be."""
     args, own = functional.build(semantics)
     accepted = _accepted(factory.func)
@@ -278,7 +308,7 @@ def _build_for_call(spec: SlotSpec, functional: Any, factory: Any, semantics: Ma
     if refused:
         return f"{factory.target} takes no {', '.join(refused)}"
     kwargs = {**factory.keywords, **own}
-    why = _computes(spec, factory, kwargs, semantics)
+    why = _overridden(own, pinned) or _computes(spec, factory, kwargs, semantics)
     if why is not None:
         return why
     if factory.target == spec.default_target and set(factory.keywords) <= set(own):
@@ -333,7 +363,9 @@ def apply(model: Any, lock: KernelLock, mode: str | None = None) -> Applied:
         "functional calls are not routed: the lock has no [model] table "
         "(probe with `kernel-probe --model SPEC`)",
     )  # fmt: skip
-    return Applied(tuple(applier.sites), notes, router)
+    order = {s.where: i for i, s in enumerate(traced.sites if traced is not None else ())}
+    sites = sorted(applier.sites, key=lambda s: order.get(s.where, len(order)))  # the trace's
+    return Applied(tuple(sites), notes, router)
 
 
 def _not_found(applier: _Applier, traced: Model | None) -> None:

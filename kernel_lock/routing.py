@@ -80,7 +80,7 @@ class Router:
         nth = f"{owner}:{name}" + (f"#{n}" if n > 1 else "")
         ordered = sorted(table, key=lambda r: r.where != nth)  # the n-th call's site first
         route = next((r for r in ordered if r.semantics == semantics), None)
-        tally = self.counts.setdefault(route.where if route else ordered[0].where, [0, 0])
+        tally = self.counts.setdefault(route.where if route else nth, [0, 0])
         tally[route is None] += 1
         if route is None:
             return func(*args, **kwargs)

@@ -75,6 +75,7 @@ def _module_args(
     return (), {k: getattr(module, k) for k in _DEFAULTS if k in accepted and hasattr(module, k)}
 
 
+_NONE = {k: v for k, v in _DEFAULTS.items() if k != "dropout"}
 _SDPA = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
 

@@ -68,3 +68,22 @@ def padding_mask() -> torch.Tensor:
     keep = torch.ones(BATCH, SEQ, dtype=torch.bool)
     keep[1, -3:] = False
     return keep[:, None, None, :].expand(BATCH, 1, SEQ, SEQ)
+
+
+class Functional(nn.Module):
+    """Only functional calls in its own forward: layer_norm, linear, gelu twice (erf, then
+    tanh), rms_norm."""
+
+    def __init__(self, dim: int = DIM):
+        super().__init__()
+        self.ln_w, self.ln_b = nn.Parameter(torch.randn(dim)), nn.Parameter(torch.randn(dim))
+        self.w, self.b = (
+            nn.Parameter(torch.randn(dim, dim) / dim**0.5),
+            nn.Parameter(torch.zeros(dim)),
+        )
+        self.rms_w = nn.Parameter(torch.randn(dim))
+
+    def forward(self, x):
+        h = F.layer_norm(x, (x.shape[-1],), self.ln_w, self.ln_b, eps=1e-5)
+        h = F.gelu(F.linear(h, self.w, self.b))
+        return F.rms_norm(F.gelu(h, approximate="tanh"), (x.shape[-1],), self.rms_w, eps=1e-6)
