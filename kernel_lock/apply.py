@@ -202,7 +202,7 @@ class _Applier:
         built = _build_for_call(spec, functional, factory, site.semantics, pinned)
         if isinstance(built, str):
             return self.left(*left, built)
-        route = Route(site.where, dict(site.semantics), built, functional)
+        route = Route(site.where, dict(site.semantics), built, site.slot, name)
         routes.setdefault(owner, {}).setdefault(name, []).append(route)
         note = "when a call's semantics at run time are the lock's"
         self.sites.append(AppliedSite(*left, factory.target, note))

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .slots import SPECS
 from .slots.base import Functional
 
 __all__ = ["Enter", "Leave", "Route", "Router"]
@@ -17,12 +18,30 @@ __all__ = ["Enter", "Leave", "Route", "Router"]
 
 @dataclass
 class Route:
-    """One functional site: the semantics the lock checked, and the lock's class built for it."""
+    """One functional site: the semantics the lock checked, the lock's class built for it, and
+    the slot and function it routes (by name: the model pickles)."""
 
     where: str
     semantics: Mapping[str, Any]
     module: Any
-    functional: Functional
+    slot: str
+    function: str
+    device: Any = None  # where the module's own tensors are (moved to the call's on first use)
+
+    @property
+    def functional(self) -> Functional:
+        """The slot's knowledge of the function."""
+        calls = SPECS[self.slot].calls
+        assert calls is not None
+        return calls.functions[self.function]
+
+    def run(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        """The call, on the lock's class, on the device of the call's first tensor."""
+        device = next((a.device for a in args if hasattr(a, "device")), None)
+        if device is not None and device != self.device:
+            self.module.to(device)  # its buffers (a mask cache); its parameters are the call's
+            self.device = device
+        return self.functional.call(self.module, args, kwargs)
 
 
 class Router:
@@ -84,7 +103,7 @@ class Router:
         tally[route is None] += 1
         if route is None:
             return func(*args, **kwargs)
-        return route.functional.call(route.module, args, kwargs)
+        return route.run(args, kwargs)
 
 
 class Enter:

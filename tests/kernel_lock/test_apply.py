@@ -436,3 +436,15 @@ def test_a_module_shared_under_two_names_stays_one_module():
     assert [s.where for s in report.sites] == ["0", "1"]
     copied = kernel_lock.portable(model)
     assert copied[0] is copied[2] and type(copied[0]) is torch.nn.LayerNorm
+
+
+def test_an_applied_model_pickles_whole_and_its_copy_is_made_portable_too():
+    model = seeded(Blocks)
+    report = kernel_lock.apply(model, lock_for(BLOCK_SITES))
+    loaded = pickle.loads(pickle.dumps(model))  # the record and the routes travel with it
+    x = block_input(6)
+    assert_close(loaded(x), model(x))
+    assert report.calls()["blocks.0:scaled_dot_product_attention"] == (1, 0)
+    copied = kernel_lock.portable(loaded)
+    assert type(copied.blocks[1].norm2) is torch.nn.LayerNorm
+    assert_close(copied(x), model(x))
