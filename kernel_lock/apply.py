@@ -160,6 +160,7 @@ class _Applier:
             return self.left(where, spec.name, "module", call, semantics)
         if spec.name not in self.lock.slots:
             return self.left(where, spec.name, "module", call, "the lock does not pin this slot")
+        factory = self.factory(spec.name)  # a slot the model uses, unusable here: the lock's error
         why = self.checked(spec, calls, where, semantics)
         if why is not None:
             return self.left(where, spec.name, "module", call, why)
@@ -167,9 +168,7 @@ class _Applier:
             return self.left(
                 where, spec.name, "module", call, "the model itself: apply to a parent"
             )
-        factory = self.factory(spec.name)
-        cls = factory.func
-        if type(module) is cls:
+        if type(module) is factory.func:
             return self.left(where, spec.name, "module", call, f"already {factory.target}")
         new = _build(module, spec, calls, factory, self.lock.slots[spec.name].kwargs)
         if isinstance(new, str):
@@ -188,6 +187,7 @@ class _Applier:
             return self.left(*left, f"kernel_lock routes no {name} of slot {site.slot}")
         if site.slot not in self.lock.slots:
             return self.left(*left, "the lock does not pin this slot")
+        factory = self.factory(site.slot)
         try:
             self.model.get_submodule(owner)
         except AttributeError:
@@ -197,7 +197,6 @@ class _Applier:
         why = _stated(options, self.stated(spec))
         if why is not None:
             return self.left(*left, why)
-        factory = self.factory(site.slot)
         pinned = self.lock.slots[site.slot].kwargs
         built = _build_for_call(spec, functional, factory, site.semantics, pinned)
         if isinstance(built, str):

@@ -418,6 +418,10 @@ NOT_HERE = LOCK.replace(
 def test_a_slot_that_cannot_run_here_refuses_training_and_keeps_torch_for_inference():
     with pytest.raises(kernel_lock.KernelUnavailable, match="kp_not_installed"):
         kernel_lock.apply(seeded(Blocks), lock_for(BLOCK_SITES, NOT_HERE))
+    # even where no LayerNorm of the model would be swapped (the lock checked another eps)
+    other_eps = [norm(s.where, eps=1e-6) if s.slot == "LayerNorm" else s for s in BLOCK_SITES]
+    with pytest.raises(kernel_lock.KernelUnavailable, match="kp_not_installed"):
+        kernel_lock.apply(seeded(Blocks), lock_for(other_eps, NOT_HERE))
     model = seeded(Blocks)
     report = kernel_lock.apply(model, lock_for(BLOCK_SITES, NOT_HERE), mode="inference")
     now = {s.where: s for s in report.sites}
