@@ -3,6 +3,7 @@
     lock = kernel_lock.load("kernel-lock.toml")
     lock.verify()                        # raises LockMismatch, listing every differing field
     norm = lock.factory("LayerNorm")(1024)  # the library's own class, with the pinned kwargs
+    report = kernel_lock.apply(model, lock)  # or swap a built model's call sites, each named
 
 Import-light on purpose (every training process imports it): torch only when something resolves;
 rich and kernel_probe never. Dotted paths written into locks, configs, pickles keep their paths."""
