@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .anemoi import locate, wrapper_of
+from .apply import RECORD, undo
 from .checkpoint import migrate_module_state, migration_rules
 from .errors import ExitCode, KernelUnavailable, LockError, LockFormatError
 from .lock import KernelLock
@@ -259,19 +260,45 @@ class _Converter:
 
 
 def portable(
-    module: Any, lock: KernelLock, *, compare: bool = True, report: list[Replacement] | None = None
+    module: Any,
+    lock: KernelLock | None = None,
+    *,
+    compare: bool = True,
+    report: list[Replacement] | None = None,
 ) -> Any:
-    """A copy of ``module`` that unpickles without the training library and kernel_lock:
-    each lock class becomes its slot's verified twin (``compare``: checked here). Raises
-    :class:`KernelUnavailable` or :class:`NotPortable`."""
+    """A copy of ``module`` that unpickles without the training library and kernel_lock: what
+    ``kernel_lock.apply`` changed undone (its originals back, its routing removed), and each other
+    lock class replaced by its slot's verified twin (``compare``: checked here); ``lock``: the
+    model's lock (``apply``'s by default). Raises :class:`KernelUnavailable` or
+    :class:`NotPortable`."""
+    record = getattr(module, RECORD, None)
+    lock = lock if lock is not None else getattr(record, "lock", None)
+    memo = {id(record.lock): record.lock} if record is not None else {}
+    copied = copy.deepcopy(module, memo)
+    undo(copied)
+    if lock is None:
+        left = sorted(m for m in pickled_modules(copied) if m.startswith("kernel_lock"))
+        if left:
+            raise NotPortable(
+                f"the copy would still need {', '.join(left)} to unpickle, and no lock says "
+                "which twin replaces each class",
+                fix="pass the lock: kernel_lock.portable(model, lock)",
+            )
+        return copied
     converter = _Converter(lock, compare)
-    copied = converter.modules(copy.deepcopy(module))
+    copied = converter.modules(copied)
     converter.attributes(copied)
     for r in converter.replacements:
         compared = "not compared" if r.error is None else f"error {r.error:.3g}"
         log.info("kernel_lock.portable: %s %s -> %s (%s)", r.path, r.original, r.twin, compared)
     if report is not None:
         report.extend(converter.replacements)
+    _refuse_left(copied, lock)
+    return copied
+
+
+def _refuse_left(copied: Any, lock: KernelLock) -> None:
+    """:class:`NotPortable` where the copy's pickle names a lock library or kernel_lock."""
     slots = lock.slots.values()
     forbidden = {"kernel_lock", *lock.trusted_modules, *(s.target for s in slots)}
     forbidden |= {r.module for s in slots for r in s.requires if r.module}
@@ -282,14 +309,30 @@ def portable(
         for m in pickled_modules(copied)
         if m.split(".")[0] in roots or m.startswith("kernel_lock")
     )
-    if left:
-        raise NotPortable(
-            f"the portable copy would still need {', '.join(left)} to unpickle",
-            path=lock.path,
-            fix="something outside the module tree keeps a lock class (a custom attribute "
-            "holding an instance or a closure); replace it by hand, or save a state dict instead",
-        )
-    return copied
+    if not left:
+        return
+    own = sorted(
+        f"slot {s.name}'s twin {s.twin.target}"
+        for s in slots
+        if s.twin is not None and s.twin.target.rpartition(".")[0] in left
+    )
+    raise NotPortable(
+        f"the portable copy would still need {', '.join(left)} to unpickle"
+        + (
+            f" ({', '.join(own)} is kernel_lock's own: torch.nn has no module for it)"
+            if own
+            else ""
+        ),
+        path=lock.path,
+        fix=(
+            "save a state dict instead (it loads into the model built without kernel_lock), or "
+            "write the model with torch's functional call, which kernel_lock.apply routes and "
+            "portable restores"
+            if own
+            else "something outside the module tree keeps a lock class (a custom attribute "
+            "holding an instance or a closure); replace it by hand, or save a state dict instead"
+        ),
+    )
 
 
 # ---- what a pickle names -------------------------------------------------------------------------

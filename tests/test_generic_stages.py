@@ -26,6 +26,8 @@ GENERIC = [
     "kernel_lock/fingerprint.py",
     "kernel_lock/registry.py",
     "kernel_lock/portability.py",
+    "kernel_lock/apply.py",
+    "kernel_lock/routing.py",
     "kernel_lock/checkpoint.py",
     "kernel_lock/distributed.py",
     "kernel_lock/slots/__init__.py",

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..tables import ReadError, get_required
-from .base import Param, SlotKey, SlotSpec, TargetFacts, torch_aliases
+from .base import Calls, Functional, Param, SlotKey, SlotSpec, TargetFacts, bound, torch_aliases
 
 __all__ = [
     "ACTIVATION",
@@ -147,6 +147,44 @@ def _refuse_function(slot: str, d: Mapping[str, Any]) -> None:
         )
 
 
+_IN_PLACE = "in place (it overwrites its input, which a swapped class would not)"
+
+
+def _module(module: Any) -> dict[str, str] | str:
+    """A built activation's function, or why it is not one the slot swaps."""
+    if getattr(module, "inplace", False):
+        return _IN_PLACE
+    cls = type(module)
+    approximate = {"approximate": getattr(module, "approximate", "none")}
+    function = _function(f"{cls.__module__}.{cls.__qualname__}", approximate)
+    return {"function": function} if function else f"{cls.__qualname__} computes no known function"
+
+
+def _functional(function: str) -> Functional:
+    """``torch.nn.functional.<name>`` (``gelu``: its ``approximate`` says which form)."""
+
+    def semantics(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, str] | str:
+        b = bound(args, kwargs, ("input", "approximate"), approximate="none", inplace=False)
+        if b["inplace"]:
+            return _IN_PLACE
+        tanh = function == "gelu-erf" and b["approximate"] == "tanh"
+        return {"function": "gelu-tanh" if tanh else function}
+
+    return Functional(semantics, lambda s: ((), {}), _run)
+
+
+def _run(module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+    return module(bound(args, kwargs, ("input",))["input"])
+
+
+_CALLS = Calls(
+    module=_module,
+    functions={
+        "gelu": _functional("gelu-erf"),
+        **{name: _functional(name) for name in ("silu", "relu", "sigmoid")},
+    },
+)
+
 ACTIVATION = SlotSpec(
     name="Activation",
     semantics="activation",
@@ -167,4 +205,5 @@ ACTIVATION = SlotSpec(
     params={"approximate": Param(str, choices=("none", "tanh")), "inplace": Param(bool)},
     computes=_computes,
     declares=_declares,
+    calls=_CALLS,
 )

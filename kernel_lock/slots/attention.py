@@ -7,7 +7,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from .base import Param, SlotSpec, TargetFacts
+from .base import NONE, Calls, Functional, Param, SlotSpec, TargetFacts, bound
 
 __all__ = ["ANEMOI_ATTENTION", "ATTENTION", "SDPA_BACKENDS"]
 
@@ -60,6 +60,64 @@ def _anemoi_environment(slot: Any) -> Mapping[str, str]:
     return {ATTENTION_BACKEND_ENV: backend} if backend is not None else {}
 
 
+def _module(module: Any) -> dict[str, Any] | str:
+    """A built attention module's own option the trace records (its window), or why the swap
+    would not keep it (softcap and alibi are not recorded)."""
+    if getattr(module, "softcap", 0.0) or getattr(module, "alibi", False):
+        return "softcap and alibi are not recorded by the trace: not checked"
+    return {"window": int(getattr(module, "window", -1))}
+
+
+def _module_args(
+    module: Any, state: Mapping[str, Any], accepted: set[str]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The module's own options, over whatever the lock pins."""
+    return (), {k: getattr(module, k) for k in _DEFAULTS if k in accepted and hasattr(module, k)}
+
+
+_NONE = {k: v for k, v in _DEFAULTS.items() if k != "dropout"}
+_SDPA = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+
+def _sdpa(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    b = bound(args, kwargs, _SDPA, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+              enable_gqa=False)  # fmt: skip
+    q, k, mask, scale = b["query"], b["key"], b["attn_mask"], b["scale"]
+    heads = int(q.shape[-3]) if q.dim() >= 3 else 1
+    kv_heads = int(k.shape[-3]) if k.dim() >= 3 else 1
+    kind = NONE if mask is None else "bool" if str(mask.dtype) == "torch.bool" else "float"
+    return {
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "head_dim": int(q.shape[-1]),
+        "seq_q": int(q.shape[-2]),
+        "seq_k": int(k.shape[-2]),
+        "is_causal": bool(b["is_causal"]),
+        "mask": kind,
+        "scale": NONE if scale is None else float(scale),
+        "dropout": float(b["dropout_p"]),
+        "enable_gqa": bool(b["enable_gqa"]),
+    }
+
+
+def _run_sdpa(module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+    b = bound(args, kwargs, _SDPA, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+              enable_gqa=False)  # fmt: skip
+    return module(*(b[name] for name in _SDPA))
+
+
+_CALLS = Calls(
+    module=_module,
+    # a functional call has no window, softcap or alibi: the class is built without them
+    functions={
+        "scaled_dot_product_attention": Functional(
+            _sdpa, lambda s: ((), dict(_DEFAULTS)), _run_sdpa
+        )
+    },
+    sizes=frozenset({"heads", "kv_heads", "head_dim", "seq_q", "seq_k"}),
+    module_args=_module_args,
+)
+
 ATTENTION = SlotSpec(
     name="Attention",
     semantics="attention",
@@ -82,4 +140,5 @@ ATTENTION = SlotSpec(
     computes=_computes,
     anemoi_environment=_anemoi_environment,
     params=_PARAMS,
+    calls=_CALLS,
 )

@@ -13,12 +13,15 @@ from ..errors import Difference
 __all__ = [
     "DTYPES",
     "MODES",
+    "Calls",
+    "Functional",
     "PRECISIONS",
     "Param",
     "STATUSES",
     "SlotSpec",
     "Status",
     "TargetFacts",
+    "bound",
     "dtype_named",
     "short_dtype",
     "torch_device",
@@ -90,6 +93,53 @@ Computes = Callable[[str, Mapping[str, Any], type | None], Mapping[str, Any] | N
 TwinArgs = Callable[[Any, Mapping[str, Any], set[str]], tuple[tuple[Any, ...], dict[str, Any]]]
 
 
+NONE = "none"  # a None semantics value as the trace writes it (kernel_lock.model.NONE_VALUE)
+
+
+def bound(
+    args: tuple[Any, ...], kwargs: Mapping[str, Any], names: tuple[str, ...], **defaults: Any
+) -> dict[str, Any]:
+    """A torch function's arguments by name (positional ones first), its defaults filled in."""
+    return {**defaults, **dict(zip(names, args, strict=False)), **kwargs}
+
+
+def functional_call(module: Any, params: Mapping[str, Any], *args: Any) -> Any:
+    """``module`` run on ``args`` with ``params`` (the caller's tensors) in place of its own."""
+    from torch.func import functional_call as call  # reason: torch only where a call is routed
+
+    return call(module, dict(params), args)
+
+
+# the semantics of a call site as the trace writes them (kernel_lock.model.Site.semantics), or why
+# the site is not the slot's plain form (an in-place activation): the reason, in words
+Semantics = Mapping[str, Any] | str
+
+
+@dataclass(frozen=True)
+class Functional:
+    """A torch function of the slot as ``kernel_lock.apply`` routes it: its call's semantics, the
+    slot's class built for them, and the call run on that module (the call's own tensors)."""
+
+    semantics: Callable[[tuple[Any, ...], Mapping[str, Any]], Semantics]
+    build: Callable[[Mapping[str, Any]], tuple[tuple[Any, ...], dict[str, Any]]]
+    call: Callable[[Any, tuple[Any, ...], Mapping[str, Any]], Any]
+    # the parameters of the built module the call passes its own tensors for (weight, bias)
+    params: Callable[[Mapping[str, Any]], frozenset[str]] = lambda semantics: frozenset()
+
+
+@dataclass(frozen=True)
+class Calls:
+    """How the slot's call sites are read in a built model (``kernel_lock.apply``): a module's
+    semantics, its torch functions by name, the semantics keys that are sizes (any value is
+    covered), and what a lock without ``[model]`` checked where its kwargs do not say."""
+
+    module: Callable[[Any], Semantics]
+    functions: Mapping[str, Functional] = field(default_factory=dict)
+    sizes: frozenset[str] = frozenset()
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    module_args: TwinArgs | None = None  # how to build the slot's class from a module (twin_args)
+
+
 @dataclass(frozen=True)
 class SlotSpec:
     """One slot: what it computes, what a lock may pin, how its classes are called, its keys."""
@@ -125,6 +175,7 @@ class SlotSpec:
     sample_width: Callable[[Any], int] | None = None  # the twin's input width to compare on
     # the type and range of each keyword its classes take, checked on read (kwargs, twin.kwargs)
     params: Mapping[str, Param] = field(default_factory=dict)
+    calls: Calls | None = None  # its call sites in a built model (None: not applied to one)
 
 
 def torch_aliases(module: str, *names: str) -> dict[str, str]:

@@ -14,7 +14,17 @@ from typing import Any
 
 from ..errors import Difference, LockMismatch
 from ..tables import EMPTY, ReadError, Table, from_dict, get, one_of, toml_key
-from .base import Param, SlotKey, SlotSpec, TargetFacts, torch_aliases
+from .base import (
+    Calls,
+    Functional,
+    Param,
+    SlotKey,
+    SlotSpec,
+    TargetFacts,
+    bound,
+    functional_call,
+    torch_aliases,
+)
 
 __all__ = ["LIBRARIES", "LINEAR", "Blas", "apply", "device_of", "name_of", "select"]
 
@@ -199,6 +209,44 @@ def _twin_args(
     return (int(weight.shape[1]), int(weight.shape[0])), {"bias": bias}
 
 
+def _module(module: Any) -> dict[str, Any]:
+    """A built Linear's semantics: its sizes and whether it has a bias."""
+    return {
+        "in_features": int(module.in_features),
+        "out_features": int(module.out_features),
+        "bias": getattr(module, "bias", None) is not None,
+    }
+
+
+_ARGS = ("input", "weight", "bias")
+
+
+def _call_semantics(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    b = bound(args, kwargs, _ARGS, bias=None)
+    out_features, in_features = b["weight"].shape
+    return {"in_features": int(in_features), "out_features": int(out_features),
+            "bias": b["bias"] is not None}  # fmt: skip
+
+
+def _run(module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+    b = bound(args, kwargs, _ARGS, bias=None)
+    params = {k: b[k] for k in ("weight", "bias") if b[k] is not None}
+    return functional_call(module, params, b["input"])
+
+
+_CALLS = Calls(
+    module=_module,
+    functions={
+        "linear": Functional(
+            _call_semantics,
+            lambda s: ((s["in_features"], s["out_features"]), {"bias": s["bias"]}),
+            _run,
+            lambda s: frozenset(("weight", "bias") if s["bias"] else ("weight",)),
+        )
+    },
+    sizes=frozenset({"in_features", "out_features"}),
+)
+
 _LINEAR = frozenset(("in_features", "out_features", "bias", "device", "dtype"))
 
 LINEAR = SlotSpec(
@@ -231,4 +279,5 @@ LINEAR = SlotSpec(
     twin_args=_twin_args,
     sample_width=lambda twin: int(next(iter(twin.parameters())).shape[-1]),
     params={"bias": Param(bool)},
+    calls=_CALLS,
 )

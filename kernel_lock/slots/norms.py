@@ -8,7 +8,18 @@ from functools import partial
 from math import prod
 from typing import Any
 
-from .base import Param, SlotSpec, TargetFacts, TwinArgs, torch_aliases
+from .base import (
+    NONE,
+    Calls,
+    Functional,
+    Param,
+    SlotSpec,
+    TargetFacts,
+    TwinArgs,
+    bound,
+    functional_call,
+    torch_aliases,
+)
 
 __all__ = ["LAYER_NORM", "RMS_NORM"]
 
@@ -40,13 +51,72 @@ def _twin_args(
         shape = tuple(state["weight"].shape) if "weight" in state else (int(module.hidden_size),)
     kwargs: dict[str, Any] = {}
     eps = _eps(module)
-    if eps is not None and "eps" in accepted:
-        kwargs["eps"] = eps
+    if (eps is not None or getattr(module, "eps", 0.0) is None) and "eps" in accepted:
+        kwargs["eps"] = eps  # None too: RMSNorm(eps=None) computes with its dtype's eps
     if "elementwise_affine" in accepted:
         kwargs["elementwise_affine"] = "weight" in state
     if bias and "bias" in accepted:
         kwargs["bias"] = "bias" in state
     return (tuple(shape) if not isinstance(shape, int) else (shape,),), kwargs
+
+
+def _module(module: Any, *, bias: bool) -> dict[str, Any]:
+    """A built norm's semantics: its size, eps (None as "none"), affine and bias."""
+    eps = getattr(module, "eps", None)
+    out = {
+        "normalized_shape": [int(n) for n in module.normalized_shape],
+        "eps": NONE if eps is None else float(eps),
+        "elementwise_affine": bool(module.elementwise_affine),
+    }
+    return out | ({"bias": getattr(module, "bias", None) is not None} if bias else {})
+
+
+_ARGS = {True: ("input", "normalized_shape", "weight", "bias", "eps"), False: ("input",
+         "normalized_shape", "weight", "eps")}  # fmt: skip
+_EPS = {True: 1e-5, False: None}  # F.layer_norm's and F.rms_norm's default eps
+
+
+def _call_semantics(args: tuple[Any, ...], kwargs: Mapping[str, Any], *, bias: bool) -> Any:
+    b = bound(args, kwargs, _ARGS[bias], weight=None, bias=None, eps=_EPS[bias])
+    shape = b["normalized_shape"]
+    eps = b["eps"]
+    out = {
+        "normalized_shape": [int(shape)] if isinstance(shape, int) else [int(n) for n in shape],
+        "eps": NONE if eps is None else float(eps),
+        "elementwise_affine": b["weight"] is not None,
+    }
+    return out | ({"bias": b["bias"] is not None} if bias else {})
+
+
+def _build(semantics: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    eps = semantics["eps"]
+    kwargs = {"eps": None if eps == NONE else eps}
+    kwargs |= {k: semantics[k] for k in ("elementwise_affine", "bias") if k in semantics}
+    return (tuple(semantics["normalized_shape"]),), kwargs
+
+
+def _params(semantics: Mapping[str, Any]) -> frozenset[str]:
+    names = ("weight",) * semantics["elementwise_affine"] + ("bias",) * semantics.get("bias", 0)
+    return frozenset(names)
+
+
+def _run(module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], *, bias: bool) -> Any:
+    b = bound(args, kwargs, _ARGS[bias], weight=None, bias=None)
+    params = {k: b[k] for k in ("weight", "bias") if b[k] is not None}
+    return functional_call(module, params, b["input"])
+
+
+def _calls(function: str, bias: bool) -> Calls:
+    """A norm's sites: its modules, and its torch function (``layer_norm``, ``rms_norm``)."""
+    routed = Functional(
+        partial(_call_semantics, bias=bias), _build, partial(_run, bias=bias), _params
+    )
+    return Calls(
+        module=partial(_module, bias=bias),
+        functions={function: routed},
+        sizes=frozenset({"normalized_shape"}),
+        defaults={"elementwise_affine": True},
+    )
 
 
 def _sample_width(twin: Any) -> int:
@@ -70,6 +140,7 @@ def _norm(name: str, semantics: str, params: frozenset[str], **spec: Any) -> Slo
         twin_args=twin_args,
         sample_width=_sample_width,
         params=_PARAMS,
+        calls=_calls(semantics, "bias" in params),
         **spec,
     )
 
