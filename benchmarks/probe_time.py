@@ -33,13 +33,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from kernel_lock import launch  # noqa: E402  (this checkout's, found through ROOT)
+
 
 def wall(argv: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> float:
-    """Seconds the command took; a failure is printed with the end of its output and raises."""
+    """Seconds the command took (started by the one launcher, in ``cwd``); a failure is printed
+    with the end of its output and raises."""
     t = time.perf_counter()
-    done = subprocess.run(
-        argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
+    done = launch.run(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL)
     if done.returncode != 0:
         tail = [
             line
