@@ -158,6 +158,8 @@ def run(
     import subprocess
     import tempfile
 
+    if subprocess.PIPE in (stdout, stderr):  # nothing would read it: the child would block
+        raise ValueError("launch.run captures output itself: leave stdout/stderr None for it")
     with contextlib.ExitStack() as stack:
         spool = [stack.enter_context(tempfile.TemporaryFile("w+b")) for _ in range(3)]
         spool[0].write(input.encode("utf-8") if isinstance(input, str) else input)

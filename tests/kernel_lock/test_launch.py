@@ -225,6 +225,8 @@ def test_run_starts_in_the_folder_given_and_returns_what_it_captured(tmp_path):
     )
     quiet = run([sys.executable, "-c", code], cwd=tmp_path, stdout=subprocess.DEVNULL, timeout=60)
     assert quiet.stdout == "" and quiet.stderr.strip() == ""
+    with pytest.raises(ValueError, match="captures output itself"):
+        run([sys.executable, "-c", "pass"], stderr=subprocess.PIPE)
 
 
 # a child that leaves a grandchild in its session, says it got SIGTERM, and waits to be killed
