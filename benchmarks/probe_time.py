@@ -166,9 +166,9 @@ def main() -> None:
             warm_out = next(Path(d).glob("after-default-0.toml"), None) or next(
                 Path(d).glob("after-*.toml")
             )
-            flags = (
-                [] if "default-0" in warm_out.name else ["--precision", warm_out.name.split("-")[1]]
-            )
+            # the name is after-PRECISION-I.toml, and a precision has a dash of its own (32-true)
+            precision = warm_out.stem[len("after-") :].rpartition("-")[0]
+            flags = [] if precision == "default" else ["--precision", precision]
             torch_times, warm_times = [], []
             wall([sys.executable, "-c", "import torch"], env)
             for _ in range(args.warm):  # interleaved, so drift hits both
