@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,6 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from kernel_lock import launch  # noqa: E402  (this checkout's, found through ROOT)
 
 
 def check_cost(rounds: int) -> None:
@@ -71,7 +72,7 @@ def probe_cost(rounds: int) -> None:
                     *extra,
                 ]
                 t = time.perf_counter()
-                subprocess.run(argv, check=True, capture_output=True, cwd=tmp)
+                launch.run(argv, cwd=tmp).check_returncode()  # the one launcher, in tmp
                 times[name].append(time.perf_counter() - t)
     for name, values in times.items():
         print(

@@ -29,6 +29,9 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from kernel_lock import launch  # noqa: E402  (this checkout's, found through ROOT)
 
 COMMANDS = {
     "import torch": [sys.executable, "-c", "import torch"],
@@ -47,7 +50,6 @@ COMMANDS = {
 
 def _bare_imports() -> dict[str, list[str]]:
     """``python -I -c "import <module>"`` for each installed library's import-check module."""
-    sys.path.insert(0, ROOT)
     from kernel_probe.detect import libraries, report
 
     requests = report.import_requests(libraries.locate_all())
@@ -58,11 +60,15 @@ def _bare_imports() -> dict[str, list[str]]:
 
 
 def _time(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """Wall seconds and CPU seconds (user + system, the command's and its children's)."""
+    """Wall seconds and CPU seconds (user + system, the command's and its children's), started
+    by the one launcher in this checkout."""
     with tempfile.TemporaryFile() as err:
         start = time.perf_counter()
-        proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
-        _, status, usage = os.wait4(proc.pid, 0)
+        proc = launch.start(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            launch.kill_group(proc.pid)  # what it left running, or itself when interrupted
         seconds = time.perf_counter() - start
         proc.returncode = os.waitstatus_to_exitcode(status)
         if proc.returncode != 0:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -44,9 +43,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
+sys.path[:0] = [str(BENCH), str(ROOT)]
 
 from gpu_facts import GPU_SHAPES, SMOKE_SHAPES, write_json  # noqa: E402
+
+from kernel_lock import launch  # noqa: E402  (this checkout's, found through ROOT)
 
 O96_ATTENTION = (
     "16x128x40320:window=512"  # anemoi's O96 processor: 16 heads of 128 over 40,320 nodes
@@ -148,8 +149,9 @@ def parts(out: Path, smoke: bool) -> list[Part]:
 
 
 def run_part(part: Part, out: Path, limit: float) -> dict[str, Any]:
-    """Run one part as a child process group, killed at ``limit`` seconds; its stdout in
-    ``out/logs/NAME.out`` (the probe's --json summary), its stderr in ``out/logs/NAME.log``."""
+    """Run one part through the one launcher, in this checkout, its session killed at ``limit``
+    seconds (SIGTERM, SIGKILL 5 s later) or when it ends; its stdout in ``out/logs/NAME.out`` (the
+    probe's --json summary), its stderr in ``out/logs/NAME.log``."""
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(part.env or {})}
@@ -166,37 +168,24 @@ def run_part(part: Part, out: Path, limit: float) -> dict[str, Any]:
         open(logs / f"{part.name}.out", "wb") as stdout,
         open(logs / f"{part.name}.log", "wb") as stderr,
     ):
-        proc = subprocess.Popen(
-            list(part.argv), cwd=ROOT, env=env, stdout=stdout, stderr=stderr, start_new_session=True
-        )
         try:
-            record["returncode"] = proc.wait(timeout=max(limit, 0.1))
-            record["status"] = "ok" if record["returncode"] == 0 else "failed"
+            done = launch.run(
+                part.argv,
+                cwd=ROOT,
+                env=env,
+                stdout=stdout,
+                stderr=stderr,
+                timeout=max(limit, 0.1),
+                grace=5,
+            )
+            record["returncode"] = done.returncode
+            record["status"] = "ok" if done.returncode == 0 else "failed"
         except subprocess.TimeoutExpired:
-            _kill_group(proc)
             record["status"] = "timed out"
             record["returncode"] = None
     record["seconds"] = round(time.perf_counter() - t0, 2)
     record["log"] = f"logs/{part.name}.log"
     return record
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """The part and every process it started (probe workers, compile workers): SIGTERM, then SIGKILL
-    for whatever is left of the group after 5 s."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
 
 
 def run_parts(

@@ -27,23 +27,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from kernel_lock import launch  # noqa: E402  (this checkout's, found through ROOT)
+from kernel_lock.launch import python_argv  # noqa: E402
 
 ENV = dict(os.environ)
 
 
-def child(code: str, *, capture: bool = False) -> str:
-    """Run ``code`` in a fresh interpreter started by the one launcher
-    (``kernel_lock.launch``: ``-I``, this checkout first on its path, its own session); its
-    stdout when ``capture``."""
-    from kernel_lock.launch import python_argv, start
-
-    proc = start(
-        python_argv(code, roots=[str(ROOT)]), env=ENV, stdout=subprocess.PIPE if capture else None
-    )
-    out, _ = proc.communicate()
-    if proc.returncode:
-        raise SystemExit(f"the child running {code.splitlines()[0]!r} exited {proc.returncode}")
-    return (out or b"").decode()
+def child(code: str) -> str:
+    """Run ``code`` in a fresh interpreter started by the one launcher (``kernel_lock.launch``:
+    ``-I``, this checkout first on its path, its own session, in this checkout); its stdout."""
+    done = launch.run(python_argv(code, roots=[str(ROOT)]), cwd=ROOT, env=ENV)
+    if done.returncode:
+        raise SystemExit(
+            f"the child running {code.splitlines()[0]!r} exited {done.returncode}:\n"
+            f"{done.stderr[-2000:]}"
+        )
+    return done.stdout
 
 
 def wall(code: str) -> float:
@@ -62,23 +61,13 @@ def main() -> None:
         path = Path(d) / "kernel-lock.toml"
         # a real lock for this machine (one cold probe, not timed): verify checks its whole
         # fingerprint
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "kernel_probe",
-                "--out",
-                str(path),
-                "--timeout",
-                "300",
-                "--import-timeout",
-                "300",
-            ],
-            check=True,
+        probe = [sys.executable, "-m", "kernel_probe", "--out", str(path)]
+        launch.run(
+            [*probe, "--timeout", "300", "--import-timeout", "300"],
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-        )
+        ).check_returncode()
         cases = {
             "import torch": "import torch",
             "import kernel_lock (no torch)": "import kernel_lock",
@@ -111,7 +100,7 @@ def main() -> None:
 
         splits = []
         for _ in range(args.runs):
-            splits.append(json.loads(child(split_code, capture=True)))
+            splits.append(json.loads(child(split_code)))
     med = {k: statistics.median(v) for k, v in times.items()}
     base = med["import torch"]
     print(f"runs per case: {args.runs} (median wall time of a fresh interpreter)")

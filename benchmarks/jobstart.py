@@ -30,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from kernel_lock import launch
 from kernel_lock.files import write_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,11 +64,16 @@ if _out:
 """
 
 
+def quiet(argv: list[str], env: dict[str, str] | None = None) -> None:
+    """Run ``argv`` through the one launcher, in this checkout, its output dropped; raise if it
+    fails."""
+    done = launch.run(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done.check_returncode()
+
+
 def wall(argv: list[str], env: dict[str, str] | None = None) -> float:
     t = time.perf_counter()
-    subprocess.run(
-        argv, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
-    )
+    quiet(argv, env)
     return time.perf_counter() - t
 
 
@@ -79,14 +85,7 @@ def counts(argv: list[str], site: Path) -> dict:
             JOBSTART_COUNTS=out,
             PYTHONPATH=os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH", "")])),
         )
-        subprocess.run(
-            argv,
-            check=True,
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=env,
-        )
+        quiet(argv, env)
         reports = [json.loads(p.read_text()) for p in Path(out).glob("*.json")]
     if not reports:
         return {"opened": -1, "distinct": -1, "modules": -1, "torch": None, "processes": 0}
@@ -96,25 +95,28 @@ def counts(argv: list[str], site: Path) -> dict:
 
 
 def concurrent(argv: list[str], n: int) -> tuple[float, float, list[str]]:
-    """Start ``n`` copies at once; (slowest single wall time, whole batch, failures)."""
+    """Start ``n`` copies at once (the one launcher, in this checkout); (slowest single wall time,
+    whole batch, failures)."""
     start = time.perf_counter()
-    procs = [
-        (
-            time.perf_counter(),
-            subprocess.Popen(
-                argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-            ),
-        )
-        for _ in range(n)
-    ]
+    procs: list[tuple[float, subprocess.Popen[bytes]]] = []
     slowest, failures = 0.0, []
-    for began, proc in procs:
-        _, err = proc.communicate()
-        slowest = max(slowest, time.perf_counter() - began)
-        if proc.returncode != 0:
-            failures.append(
-                f"exit {proc.returncode}: {err.strip().splitlines()[-1] if err.strip() else ''}"
+    try:
+        for _ in range(n):
+            began = time.perf_counter()
+            procs.append(
+                (
+                    began,
+                    launch.start(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE),
+                )
             )
+        for began, proc in procs:
+            err = proc.communicate()[1].decode("utf-8", "replace").strip()
+            slowest = max(slowest, time.perf_counter() - began)
+            if proc.returncode != 0:
+                failures.append(f"exit {proc.returncode}: {err.splitlines()[-1] if err else ''}")
+    finally:
+        for _, proc in procs:
+            launch.kill_group(proc.pid)  # what each left running, or each when interrupted
     return slowest, time.perf_counter() - start, failures
 
 

@@ -32,8 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from kernel_lock import launch
 from kernel_lock.files import write_file
-from kernel_lock.launch import python_argv, start
+from kernel_lock.launch import python_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PROBE = ["--slot", "LayerNorm", "--shape", "64x32", "--reps", "1"]
@@ -50,16 +51,19 @@ fcntl.flock = _refuse
 fcntl.lockf = _refuse
 """
 
-# Starts every rank at once, waits for all, writes their exit codes and --json replies.
+# Starts every rank at once (through the one launcher, in the folder each job names), waits for
+# all, writes their exit codes and --json replies.
 LAUNCHER = """\
-import json, os, subprocess, sys
+import json, subprocess, sys
+from kernel_lock import launch
 jobs = json.load(open(sys.argv[1]))
-procs = [subprocess.Popen(j["argv"], env=j["env"], cwd=j["cwd"], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
+procs = [launch.start(j["argv"], env=j["env"], cwd=j["cwd"], stdout=subprocess.PIPE,
+                      stderr=subprocess.PIPE)
          for j in jobs]
 out = []
 for p in procs:
-    o, e = p.communicate()
+    o, e = (s.decode("utf-8", "replace") for s in p.communicate())
+    launch.kill_group(p.pid)
     out.append({"code": p.returncode, "stdout": o, "stderr": e})
 from kernel_lock.files import write_file  # the one safe writer
 write_file(sys.argv[2], json.dumps(out))
@@ -113,12 +117,15 @@ def run_job(args, shared: Path, nodes_dir: Path, job: str, site: Path | None, tr
         strace.insert(1, "--seccomp-bpf")
     began = time.perf_counter()
     # the launcher of the ranks is a Python child: started by the one launcher
-    # (kernel_lock.launch), under strace
-    launcher = start(
-        [*strace, *python_argv(LAUNCHER, [str(spec), str(results)], roots=[str(ROOT)])]
+    # (kernel_lock.launch), under strace, in the job's folder
+    done = launch.run(
+        [*strace, *python_argv(LAUNCHER, [str(spec), str(results)], roots=[str(ROOT)])],
+        cwd=nodes_dir,
     )
-    if launcher.wait():
-        raise SystemExit(f"strace or the launcher of the ranks exited {launcher.returncode}")
+    if done.returncode:
+        raise SystemExit(
+            f"strace or the launcher of the ranks exited {done.returncode}: {done.stderr[-2000:]}"
+        )
     wall = time.perf_counter() - began
     replies = json.loads(results.read_text())
     return {"wall": wall, "replies": replies, **count(trace, str(shared))}

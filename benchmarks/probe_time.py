@@ -33,13 +33,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from kernel_lock import launch  # noqa: E402  (this checkout's, found through ROOT)
+
 
 def wall(argv: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> float:
-    """Seconds the command took; a failure is printed with the end of its output and raises."""
+    """Seconds the command took (started by the one launcher, in ``cwd``); a failure is printed
+    with the end of its output and raises."""
     t = time.perf_counter()
-    done = subprocess.run(
-        argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
+    done = launch.run(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL)
     if done.returncode != 0:
         tail = [
             line
@@ -165,9 +166,9 @@ def main() -> None:
             warm_out = next(Path(d).glob("after-default-0.toml"), None) or next(
                 Path(d).glob("after-*.toml")
             )
-            flags = (
-                [] if "default-0" in warm_out.name else ["--precision", warm_out.name.split("-")[1]]
-            )
+            # the name is after-PRECISION-I.toml, and a precision has a dash of its own (32-true)
+            precision = warm_out.stem[len("after-") :].rpartition("-")[0]
+            flags = [] if precision == "default" else ["--precision", precision]
             torch_times, warm_times = [], []
             wall([sys.executable, "-c", "import torch"], env)
             for _ in range(args.warm):  # interleaved, so drift hits both

@@ -19,7 +19,6 @@ import io
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -28,8 +27,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from kernel_lock import launch  # noqa: E402
 from kernel_lock.files import write_file  # noqa: E402  (this checkout's, found through ROOT)
-from kernel_lock.launch import kill_group, python_argv, start  # noqa: E402
+from kernel_lock.launch import python_argv  # noqa: E402
 
 _PROBE = "import runpy; runpy.run_module('kernel_probe', run_name='__main__', alter_sys=True)"
 
@@ -41,17 +41,12 @@ def run_probe(shapes: list[str], precision: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as d:
         args = ["--out", str(Path(d) / "k.toml"), "--force", "--json"]
         args += ["--precision", precision, *(a for s in shapes for a in ("--shape", s))]
-        # through the one launcher: this checkout's kernel_probe, nothing of the working directory
-        argv = python_argv(_PROBE, args, roots=[str(ROOT)])
-        proc = start(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        try:
-            out, err = proc.communicate()
-        finally:
-            kill_group(proc.pid)  # what the probe left, or the probe itself when interrupted
-        if proc.returncode:
-            tail = err.decode("utf-8", "replace")[-2000:]
-            sys.exit(f"the probe failed (exit {proc.returncode}):\n{tail}")
-        result = json.loads(out)
+        # through the one launcher, in the temporary folder: this checkout's kernel_probe,
+        # nothing of the working directory
+        done = launch.run(python_argv(_PROBE, args, roots=[str(ROOT)]), cwd=d)
+        if done.returncode:
+            sys.exit(f"the probe failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+        result = json.loads(done.stdout)
     import torch
 
     result["machine"] = {

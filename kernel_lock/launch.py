@@ -31,6 +31,7 @@ __all__ = [
     "kill_group",
     "python_argv",
     "pythonpath_roots",
+    "run",
     "start",
     "trusted_roots",
 ]
@@ -101,14 +102,16 @@ def python_argv(
 def start(
     argv: Sequence[str],
     *,
+    cwd: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
     stdin: Any = None,
     stdout: Any = None,
     stderr: Any = None,
     bufsize: int = -1,
 ) -> subprocess.Popen[bytes]:
-    """Start ``argv`` in a session of its own with ``env`` (torch's device-backend autoload off:
-    no entry point runs before the child's own code); OSError when it cannot start."""
+    """Start ``argv`` in a session of its own, in ``cwd`` (default: ours), with ``env`` (torch's
+    device-backend autoload off: no entry point runs before the child's own code); OSError when it
+    cannot start."""
     import subprocess  # only where a child is started: kernel_lock stays import-light
 
     return subprocess.Popen(
@@ -117,44 +120,68 @@ def start(
         stdout=stdout,
         stderr=stderr,
         bufsize=bufsize,
+        cwd=cwd,
         env={**(os.environ if env is None else env), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
         start_new_session=True,
     )
 
 
-def kill_group(pid: int) -> None:
-    """Kill the session ``pid`` leads: the child and everything it spawned (the one kill rule)."""
+def kill_group(pid: int, sig: int | None = None) -> None:
+    """Kill the session ``pid`` leads: the child and everything it spawned (the one kill rule);
+    ``sig`` (default SIGKILL) to send another signal."""
     import signal
 
     try:
-        os.killpg(pid, signal.SIGKILL)
+        os.killpg(pid, signal.SIGKILL if sig is None else sig)
     except (ProcessLookupError, PermissionError, OSError):
         pass  # nothing left of it
 
 
-def _run_child(argv: list[str], request: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run the child with ``request`` on stdin, its output through files (a forked process
-    cannot keep us waiting); its session is killed once it ends."""
+def run(
+    argv: Sequence[str],
+    *,
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    input: str | bytes = b"",
+    timeout: float | None = None,
+    grace: float = 0.0,
+    stdout: Any = None,
+    stderr: Any = None,
+) -> subprocess.CompletedProcess[str]:
+    """:func:`start` ``argv`` with ``input`` on its stdin and wait for it, ``timeout`` seconds at
+    most. Its stdout and stderr come back as text unless sent elsewhere (a file,
+    ``subprocess.DEVNULL``), through files: a process it forked cannot keep us waiting. Its session
+    is killed once it ends, at its time limit (SIGTERM first, ``grace`` seconds before the kill;
+    then subprocess.TimeoutExpired) or at once when we are interrupted. OSError: it cannot start."""
+    import contextlib
+    import signal
     import subprocess
     import tempfile
 
-    with (
-        tempfile.TemporaryFile("w+b") as stdin,
-        tempfile.TemporaryFile("w+b") as out,
-        tempfile.TemporaryFile("w+b") as err,
-    ):
-        stdin.write(request.encode("utf-8"))
-        stdin.seek(0)
-        proc = start(argv, stdin=stdin, stdout=out, stderr=err)
+    if subprocess.PIPE in (stdout, stderr):  # nothing would read it: the child would block
+        raise ValueError("launch.run captures output itself: leave stdout/stderr None for it")
+    with contextlib.ExitStack() as stack:
+        spool = [stack.enter_context(tempfile.TemporaryFile("w+b")) for _ in range(3)]
+        spool[0].write(input.encode("utf-8") if isinstance(input, str) else input)
+        spool[0].seek(0)
+        streams = [spool[1] if stdout is None else stdout, spool[2] if stderr is None else stderr]
+        proc = start(argv, cwd=cwd, env=env, stdin=spool[0], stdout=streams[0], stderr=streams[1])
         try:
             proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            if grace > 0:
+                kill_group(proc.pid, signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(grace)
+            raise
         finally:
-            kill_group(proc.pid)  # the session's leftovers, or the child itself on time out
+            kill_group(proc.pid)  # the session's leftovers, or the child itself
             proc.wait()
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = (f.read().decode("utf-8", "replace") for f in (out, err))
-    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+        texts = []
+        for own, f in zip(spool[1:], streams, strict=True):
+            own.seek(0)
+            texts.append(own.read().decode("utf-8", "replace") if f is own else "")
+    return subprocess.CompletedProcess(list(argv), proc.returncode, *texts)
 
 
 # ---- confirming in a child what only an import can judge ----------------------------------------
@@ -189,7 +216,7 @@ def child_verdicts(
         )
 
     try:
-        proc = _run_child(argv, json.dumps(request), CHILD_TIMEOUT)
+        proc = run(argv, input=json.dumps(request), timeout=CHILD_TIMEOUT)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise unconfirmed(f"importing it in a child process to confirm it failed: {exc}") from None
     lines = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]

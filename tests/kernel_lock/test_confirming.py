@@ -80,7 +80,7 @@ def test_a_child_without_a_verdict_is_unavailable_never_current(
             raise outcome
         return outcome
 
-    monkeypatch.setattr(launch, "_run_child", run)
+    monkeypatch.setattr(launch, "run", run)
     lock = kernel_lock.load(_lock(tmp_path, lambda d: None), emit_warnings=False)
     with pytest.raises(KernelUnavailable) as exc:
         child_verdicts(lock, "training", {"Linear": "asked"})
@@ -90,7 +90,7 @@ def test_a_child_without_a_verdict_is_unavailable_never_current(
 
 def test_a_slot_the_child_did_not_answer_is_unavailable(tmp_path, monkeypatch):
     reply = subprocess.CompletedProcess([], 0, launch.MARK + "{}\n", "")
-    monkeypatch.setattr(launch, "_run_child", lambda *_a, **_kw: reply)
+    monkeypatch.setattr(launch, "run", lambda *_a, **_kw: reply)
     lock = kernel_lock.load(_lock(tmp_path, lambda d: None), emit_warnings=False)
     with pytest.raises(KernelUnavailable, match="slot Linear: no verdict"):
         confirm_in_child(lock, "training", {"Linear": "asked"})
@@ -128,7 +128,7 @@ os._exit(0)
 
 def test_a_process_the_child_forks_neither_keeps_the_caller_waiting_nor_outlives_it():
     t0 = time.monotonic()
-    done = launch._run_child([sys.executable, "-c", FORKS_AND_EXITS], "the request", 60.0)
+    done = launch.run([sys.executable, "-c", FORKS_AND_EXITS], input="the request", timeout=60.0)
     assert time.monotonic() - t0 < 30  # the forked process would hold a pipe for 600 s
     echoed, pid = done.stdout.split()[-2:]
     assert done.returncode == 0 and done.stdout.startswith("the request") and _gone(int(pid))
@@ -138,7 +138,7 @@ def test_a_process_the_child_forks_neither_keeps_the_caller_waiting_nor_outlives
 def test_a_child_that_hangs_is_killed_at_its_time_limit():
     t0 = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired):
-        launch._run_child([sys.executable, "-c", "import time; time.sleep(600)"], "", 1.0)
+        launch.run([sys.executable, "-c", "import time; time.sleep(600)"], timeout=1.0)
     assert time.monotonic() - t0 < 30
 
 

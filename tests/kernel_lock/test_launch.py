@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from kernel_lock.launch import cwd_like, python_argv, pythonpath_roots, start, trusted_roots
+from kernel_lock.launch import cwd_like, python_argv, pythonpath_roots, run, start, trusted_roots
 
 PLANTED = ("json", "tempfile", "sitecustomize", "kp_local_only", "kp_other", "kp5backend")
 
@@ -197,3 +199,76 @@ def test_the_confirming_child_finds_a_local_target_alone(planted, minimal_lock_t
     assert ran(planted) == []  # kp_other (and every other planted module) never ran
     verdict = verdicts["LayerNorm"]
     assert verdict is None, verdict  # built: found, and kp_other was not
+
+
+# ---- run: start, wait within a time limit, kill the session after ------------------------------
+def _gone(pid: int, wait: float = 5.0) -> bool:
+    """The process has ended (or is a zombie of another parent) within ``wait`` seconds."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_run_starts_in_the_folder_given_and_returns_what_it_captured(tmp_path):
+    code = "import os, sys; print(os.getcwd()); print(sys.stdin.read(), file=sys.stderr)"
+    done = run([sys.executable, "-c", code], cwd=tmp_path, input="asked", timeout=60)
+    assert (done.returncode, done.stdout.strip(), done.stderr.strip()) == (
+        0,
+        str(tmp_path),
+        "asked",
+    )
+    quiet = run([sys.executable, "-c", code], cwd=tmp_path, stdout=subprocess.DEVNULL, timeout=60)
+    assert quiet.stdout == "" and quiet.stderr.strip() == ""
+    with pytest.raises(ValueError, match="captures output itself"):
+        run([sys.executable, "-c", "pass"], stderr=subprocess.PIPE)
+
+
+# a child that leaves a grandchild in its session, says it got SIGTERM, and waits to be killed
+TERMED = """
+import os, signal, sys, time
+pid = os.fork()
+if pid == 0:
+    time.sleep(600)
+    os._exit(0)
+def term(*_):
+    print("SIGTERM", flush=True)
+signal.signal(signal.SIGTERM, term)
+open(sys.argv[1], "w").write(str(pid))
+time.sleep(600)
+"""
+
+
+def test_run_at_its_limit_terms_then_kills_the_whole_session(tmp_path):
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    with open(out, "wb") as stdout, pytest.raises(subprocess.TimeoutExpired):
+        run(
+            [sys.executable, "-c", TERMED, str(tmp_path / "pid")], timeout=3, grace=1, stdout=stdout
+        )
+    assert time.monotonic() - t0 < 30
+    assert out.read_text() == "SIGTERM\n" and _gone(int((tmp_path / "pid").read_text()))
+
+
+def test_run_interrupted_kills_the_whole_session(tmp_path):
+    pid_file = tmp_path / "pid"
+
+    def interrupt(*_):  # once the child has forked: then its grandchild is there to be killed
+        if pid_file.exists() and pid_file.read_text():
+            raise KeyboardInterrupt
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.1)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run([sys.executable, "-c", TERMED, str(pid_file)], timeout=60)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert _gone(int(pid_file.read_text()))

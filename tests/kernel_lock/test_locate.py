@@ -176,7 +176,7 @@ def _child_in_this_process(monkeypatch) -> list[list[str]]:
 
     started: list[list[str]] = []
 
-    def run(argv, request, timeout):
+    def run(argv, *, input, timeout):
         assert (
             argv[:2] == [sys.executable, "-I"]
             and "from kernel_lock.launch import confirm_child" in argv[-1]
@@ -184,13 +184,13 @@ def _child_in_this_process(monkeypatch) -> list[list[str]]:
         started.append(argv)
         out = io.StringIO()
         with contextlib.redirect_stdout(out), pytest.raises(_ChildExited):
-            launch.confirm_child(json.loads(request), kernel_lock.loads, factory)  # os._exit(0)
+            launch.confirm_child(json.loads(input), kernel_lock.loads, factory)  # os._exit(0)
         return subprocess.CompletedProcess(argv, 0, out.getvalue(), "")
 
     def exit_(code):
         raise _ChildExited(code)
 
-    monkeypatch.setattr(launch, "_run_child", run)
+    monkeypatch.setattr(launch, "run", run)
     monkeypatch.setattr(os, "_exit", exit_)
     return started
 

@@ -1,8 +1,8 @@
 """Issue 34: every file kernel-probe and its benchmarks write goes through the one safe writer
 (``kernel_lock.files.write_file``), and every Python child starts through the one launcher
 (``kernel_lock.launch``). The source is read (code inside strings too: a child's program is a
-string), so a second writer or a raw ``subprocess`` start of ``sys.executable`` fails here; each
-exception left is listed with the reason it is not one."""
+string), so a second writer or a raw ``subprocess`` start fails here; each exception left is listed
+with the reason it is not one."""
 
 from __future__ import annotations
 
@@ -92,57 +92,122 @@ def test_the_scan_sees_each_kind_of_raw_write(line):
     )
 
 
-RAW_START = re.compile(
-    r"\bsubprocess\.(run|Popen|call|check_call|check_output)\(|\bos\.(system|exec\w*|spawn\w*|posix_spawn\w*|popen)\(|\bmultiprocessing\b"
+# where a child may be started: the package, its benchmarks and the tests' helper modules (the
+# GPU suite is a part of benchmarks/gpu_all.py); test modules and conftest start theirs as a test
+START_SOURCES = sorted(
+    {*SOURCES}
+    | {
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "tests").glob("*.py")
+        if not p.name.startswith("test_") and p.name != "conftest.py"
+    }
 )
-# file -> why its own starts are not Python children of kernel-probe (they go through
-# kernel_lock.launch otherwise)
+RAW_START = re.compile(
+    r"\bsubprocess\.(run|Popen|call|check_call|check_output|getoutput|getstatusoutput)\("
+    r"|\bPopen\(|\bfrom subprocess import\b|\bos\.(system|exec\w*|spawn\w*|posix_spawn\w*|popen)\("
+    r"|\bmultiprocessing\b|\bcreate_subprocess_\w+\(|\bpty\.spawn\("
+)
+# file -> why its own starts are not Python children of kernel-probe (every other child, the
+# benchmarks' included, starts through kernel_lock.launch: start or run)
 STARTS_ALLOWED = {
     "kernel_lock/launch.py": "the one launcher itself",
     "benchmarks/gpu_facts.py": "nvidia-smi, not a Python child",
-    # the benchmarks below time or trace the command a user types (`python -m kernel_probe ...`,
-    # `python -c "import torch"` as the baseline), with the PYTHONPATH a sitecustomize needs: the
-    # subject measured, not a child of kernel-probe (-I would drop that PYTHONPATH and change what
-    # is measured)
-    "benchmarks/env_time.py": "times the CLI as a user runs it",
-    "benchmarks/probe_time.py": "times the CLI as a user runs it",
-    "benchmarks/attention_cost.py": "times the CLI as a user runs it (from main: the Attention "
-    "slot's cost)",
-    "benchmarks/jobstart.py": "times and counts the CLI as a user runs it (PYTHONPATH carries "
-    "the counter)",
-    "benchmarks/jobstart_scale.py": "the ranks, inside the launcher's program, as srun would "
-    "start them",
-    "benchmarks/import_cost.py": "the one cold probe that writes the lock, as a user runs it",
-    "benchmarks/gpu_all.py": "the GPU kit's parts as a user runs them (PYTHONPATH: the "
-    "checkout), TERM then KILL",
 }
 
 
-def test_every_python_child_is_started_by_the_one_launcher():
-    files = {rel for rel, _ in _found(RAW_START)}
+def test_every_child_is_started_by_the_one_launcher():
+    """Issue 52: the benchmarks too (they started the CLI as a user runs it with subprocess)."""
+    files = {rel for rel in START_SOURCES for _ in RAW_START.finditer((ROOT / rel).read_text())}
     assert files - set(STARTS_ALLOWED) == set(), (
-        "start these through kernel_lock.launch (python_argv + start)"
+        "start these through kernel_lock.launch (launch.start or launch.run)"
     )
     assert set(STARTS_ALLOWED) <= files, (
         "an allowed exception that is gone: remove it from the list"
     )
-    assert not {f for f in files if f.startswith(("kernel_lock/", "kernel_probe/"))} - {
-        "kernel_lock/launch.py"
+    assert any(rel.startswith("tests/") for rel in START_SOURCES)  # the helpers are scanned
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "subprocess.run(argv)",
+        "subprocess.Popen(argv, cwd=d)",
+        "subprocess.check_output(['ls'])",
+        "subprocess.getoutput('ls')",
+        "from subprocess import Popen as P",
+        "Popen(argv)",
+        "os.system('ls')",
+        "os.execv(a, b)",
+        "os.posix_spawn(a, b, env)",
+        "import multiprocessing",
+        "await asyncio.create_subprocess_exec(a)",
+        "pty.spawn(argv)",
+    ],
+)
+def test_the_scan_sees_each_kind_of_raw_start(line):
+    assert RAW_START.search(line)
+    assert not RAW_START.search("launch.run(argv, cwd=ROOT)") and not RAW_START.search(
+        "proc: subprocess.Popen[bytes]"
+    )
+
+
+LAUNCH_CALL = re.compile(r"\blaunch\.(start|run)\(")
+# in a benchmark, the launcher's starts are named through its module, so the folder check sees them
+LAUNCH_BY_NAME = re.compile(
+    r"from kernel_lock\.launch import[^\n]*\b(start|run)\b|import kernel_lock\.launch\b"
+)
+NOT_A_CHOSEN_FOLDER = re.compile(r"cwd=(None\b|[\"']\.?[\"']|os\.getcwd\(|Path\.cwd\(|Path\(\))")
+
+
+def unchosen_folders(text: str) -> list[str]:
+    """The launcher's starts in ``text`` that run in the working directory: no ``cwd=``, or one
+    that names it; and an import of ``start`` or ``run`` by name (unseen by this check)."""
+    found = [m[0] for m in LAUNCH_BY_NAME.finditer(text)]
+    for m in LAUNCH_CALL.finditer(text):
+        arguments = _arguments(text, m.end())
+        if "cwd=" not in arguments or NOT_A_CHOSEN_FOLDER.search(arguments):
+            found.append(m[0] + arguments + ")")
+    return found
+
+
+def test_every_benchmark_child_runs_in_a_folder_it_chose_never_the_working_directory():
+    """Issue 52: `timing_plot.py --run` ran `python -m kernel_probe` (cwd first on its path) in the
+    user's folder, and a json.py there. The benchmarks start the CLI as a user runs it (plain
+    argv, PYTHONPATH kept): each start passes the folder it chose as ``cwd=``."""
+    starting = set()
+    for rel in START_SOURCES:
+        if rel.startswith(("benchmarks/", "tests/")):
+            text = (ROOT / rel).read_text()
+            assert unchosen_folders(text) == [], rel
+            starting |= {rel} if LAUNCH_CALL.search(text) else set()
+    assert starting >= {
+        f"benchmarks/{name}.py"
+        for name in (
+            "env_time",
+            "probe_time",
+            "attention_cost",
+            "jobstart",
+            "jobstart_scale",
+            "import_cost",
+            "gpu_all",
+            "timing_plot",
+        )
     }
 
 
-NOT_IN_CWD = {"benchmarks/gpu_facts.py": "nvidia-smi, not a Python child"}
-
-
-def test_a_benchmarks_raw_start_runs_in_a_folder_it_chose_never_the_working_directory():
-    """Issue 52: `timing_plot.py --run` ran `python -m kernel_probe` (cwd first on its path) in the
-    user's folder, and a json.py there. A raw start left in benchmarks/ passes ``cwd=``."""
-    for rel in sorted(STARTS_ALLOWED):
-        if not rel.startswith("benchmarks/") or rel in NOT_IN_CWD:
-            continue
-        text = (ROOT / rel).read_text()
-        for m in RAW_START.finditer(text):
-            assert "cwd=" in _arguments(text, m.end()), (rel, m[0])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "launch.run(argv, env=env)",
+        "launch.start(argv, cwd=None)",
+        "launch.run(f(a, b), cwd='.')",
+        "launch.start(argv, cwd=os.getcwd())",
+        "from kernel_lock.launch import python_argv, start",
+        "import kernel_lock.launch as kl",
+    ],
+)
+def test_the_folder_check_sees_a_start_in_the_working_directory(text):
+    assert unchosen_folders(text) and not unchosen_folders("launch.run(f(a), cwd=tmp, env=e)")
 
 
 def _arguments(text: str, at: int) -> str:
