@@ -139,7 +139,7 @@ def reusable(
             path=str(path),
             fix="re-run with --force to replace it, or accept the edit with `kernel-probe rehash`",
         )
-    if model is not None and (why := _other_model(lock, model)):
+    if why := _other_model(lock, model):
         return None, why
     if lock.provenance.get("inputs") != digest:
         from kernel_probe.profile_match import profile_change  # only where a lock is stale
@@ -167,8 +167,15 @@ def reusable(
     return lock, ""
 
 
-def _other_model(lock: kernel_lock.KernelLock, model: Model) -> str:
-    """Why the lock was not probed for ``model``'s trace ("" when it was)."""
+def _other_model(lock: kernel_lock.KernelLock, model: Model | None) -> str:
+    """Why the lock was not probed for ``model``'s trace (None: for no model); "" when it was."""
+    if model is None:
+        spec = lock.model.spec if lock.model is not None else ""
+        return (
+            f"it was probed for the model {spec}: check or probe it with --model {spec}"
+            if spec
+            else ""
+        )
     if lock.model is None:
         return "it was not probed for a model (it has no [model] table): probe with --model"
     if lock.model.digest == model.digest:

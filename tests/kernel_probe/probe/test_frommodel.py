@@ -19,6 +19,10 @@ from kernel_probe.slots import attention, slot
 from tests.conftest import write_sealed
 
 SPEC = "block.py:build"
+CALLS = {
+    "Activation": "torch.nn.GELU",
+    "Attention": "torch.nn.functional.scaled_dot_product_attention",
+}
 LN = {"normalized_shape": [32], "eps": 1e-5, "elementwise_affine": True, "bias": True}
 
 
@@ -28,7 +32,7 @@ def site(slot_name: str, where: str, semantics: dict, *shapes: str, calls: int =
         slot=slot_name,
         where=where,
         kind=kind,
-        call=f"torch.nn.{slot_name}",
+        call=CALLS.get(slot_name, f"torch.nn.{slot_name}"),
         calls=calls,
         dtype="float32",
         shapes=shapes,
