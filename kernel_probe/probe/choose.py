@@ -40,6 +40,7 @@ class Choice:
     how: How
     reason: str
     scores: dict[str, float] = field(default_factory=dict)
+    weighted: bool = False  # the scores are of a model's time in the slot (calls x median)
 
 
 def clears_margin(score: float, spread: float) -> bool:
@@ -119,6 +120,29 @@ def choose(
     first within the margin wins); ``strict_prefer``: one not accepted is an error; ``origin``:
     where a pin or preference came from ("profile lumi-g"; "": the command line); ``weights``: a
     model's calls per forward at each shape (the score is then the model's time in the slot)."""
+    choice = _choose(
+        slot, reports, timings, shapes, dtype, default_id, pin, prefer, origin, strict_prefer,
+        deterministic, weights,
+    )  # fmt: skip
+    choice.weighted = bool(weights) and bool(choice.scores)
+    return choice
+
+
+def _choose(
+    slot: str,
+    reports: list[Report],
+    timings: Mapping[str, list[Mapping[str, Any]]],
+    shapes: list[str],
+    dtype: str,
+    default_id: str,
+    pin: str | None,
+    prefer: str | Sequence[str] | None,
+    origin: str,
+    strict_prefer: bool,
+    deterministic: bool,
+    weights: Weights,
+) -> Choice:
+    """``choose``'s rule."""
     by_id = {r.id: r for r in reports}
     prefers = [prefer] if isinstance(prefer, str) else list(prefer or ())
     forced = [(pin, "pin")] + ([(p, "prefer") for p in prefers] if strict_prefer else [])

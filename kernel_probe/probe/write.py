@@ -222,7 +222,10 @@ def _rejection_reasons(report: Report, choice: Choice) -> list[str]:
     if score is None:
         return ["accepted, not timed"] if not report.reasons else report.reasons
     if score >= 1.0:
-        return [f"accepted; {score:.2f}x the default's time (geometric mean over the shapes)"]
+        over = (
+            "the model's time in the slot" if choice.weighted else "geometric mean over the shapes"
+        )
+        return [f"accepted; {score:.2f}x the default's time ({over})"]
     return [
         f"accepted; {1 / score:.2f}x faster than the default, but {choice.report.id} was "
         f"chosen ({choice.how})"

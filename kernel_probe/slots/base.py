@@ -310,5 +310,13 @@ class Slot:
             ]
             return TimeReply(candidate=cand.id, device=device, rows=rows)
         return timing.time_candidate(
-            cand, self.name, device, shapes, dtype, regime, options, progress=progress
+            cand,
+            self.name,
+            device,
+            shapes,
+            dtype,
+            regime,
+            options,
+            progress=progress,
+            canonical=canonical,
         )
