@@ -49,7 +49,16 @@ def for_request(
     """The trace of ``request.model`` at ``precision`` as the probe uses it (None: no --model)."""
     if not request.model:
         return None
-    return traced(trace(request.model, precision), request.slots, note)
+    result = traced(trace(request.model, precision), request.slots, note)
+    for flag, forced in (("--pin", request.pins), ("--prefer", request.prefers)):
+        for name, cid in forced.items():
+            if name not in result.slots:
+                raise UsageError(
+                    f"{flag} {name}={cid}: the model {request.model} makes no {name} call the "
+                    "probe can check",
+                    fix=f"drop {flag} {name}={cid} (`kernel-probe model SPEC` shows its calls)",
+                )
+    return result
 
 
 def refuse(request: ProbeRequest) -> None:

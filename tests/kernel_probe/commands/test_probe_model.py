@@ -60,6 +60,7 @@ def test_a_probe_for_a_model_pins_its_semantics_at_its_shapes_and_records_it(
         (["--shape", "64x32"], "--shape with --model"),
         (["--attention", "4x32x256"], "--attention with --model"),
         (["--slot", "RMSNorm"], "makes no RMSNorm call"),
+        (["--pin", "RMSNorm=torch.rms_norm"], "makes no RMSNorm call the probe can check"),
     ],
 )
 def test_what_only_the_model_says_is_refused_before_any_work(

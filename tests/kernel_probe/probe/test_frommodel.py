@@ -209,3 +209,19 @@ def test_check_with_a_model_exits_3_on_a_lock_for_another(traced_cpu, tmp_path):
     assert info.value.exit_code == 3 and "fc1: semantics" in info.value.problem
     _lock_for(plan(request), request.out, block())
     assert run(request).reused
+
+
+def test_on_a_gpu_nothing_a_default_invents_is_pinned_for_a_model(traced_cpu, monkeypatch):
+    # the GPU's default attention geometry and the RMSNorm's canonical eps never reach a model's
+    # slots: its global attention is timed without a window, its RMSNorm pinned with its own eps
+    gpu = {"type": "cuda", "arch": "sm_90", "name": "H100"}
+    monkeypatch.setattr(planning, "detect_device", lambda: dict(gpu))
+    rms = site(
+        "RMSNorm", "rms", {"normalized_shape": [32], "eps": 1e-5, "elementwise_affine": True}
+    )
+    traced_cpu.model = Model.of(SPEC, (*block().sites, replace(rms, shapes=("3x8x32",))))
+    p = plan(ProbeRequest(model=SPEC, precision="bf16-mixed"))
+    assert "Attention" not in p.canonical and p.timed_at["Attention"] == ("2x16x8",)
+    assert p.inputs["attention"] == "2x16x8" and p.slot_provenance["attention"] == "2x16x8"
+    assert p.canonical["RMSNorm"] == {"eps": 1e-5, "elementwise_affine": True}
+    assert p.canonical["LayerNorm"] == {"eps": 1e-5, "elementwise_affine": True, "bias": True}
