@@ -217,7 +217,18 @@ class Slot:
 
     # ---- judging, in the probe's process -----------------------------------------------------
     def static_problem(self, cand: Candidate, canonical: Mapping[str, Any]) -> Problem | None:
-        """Why ``cand`` cannot be the slot's kernel, known before anything is imported."""
+        """Why ``cand`` cannot be the slot's kernel, known before anything is imported: it pins a
+        value of the model's semantics other than the model's (``elementwise_affine = true`` in its
+        declaration, for a model whose norm has none), which the lock would pin."""
+        from kernel_probe.probe.report import Problem  # the judge imports the candidates' parser
+
+        for k, v in cand.kwargs.items():
+            if k in canonical and not str(v).startswith("$") and v != canonical[k]:
+                return Problem(
+                    "skipped",
+                    f"{cand.target} is declared with {k}={_value(v)}; the model's is "
+                    f"{_value(canonical[k])}",
+                )
         return None
 
     def judge(

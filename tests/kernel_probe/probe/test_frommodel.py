@@ -225,3 +225,15 @@ def test_on_a_gpu_nothing_a_default_invents_is_pinned_for_a_model(traced_cpu, mo
     assert p.inputs["attention"] == "2x16x8" and p.slot_provenance["attention"] == "2x16x8"
     assert p.canonical["RMSNorm"] == {"eps": 1e-5, "elementwise_affine": True}
     assert p.canonical["LayerNorm"] == {"eps": 1e-5, "elementwise_affine": True, "bias": True}
+
+
+def test_a_candidate_declared_with_another_value_of_the_models_semantics_is_skipped():
+    from kernel_probe.candidates import default_for
+
+    layer_norm, cand = slot("LayerNorm"), default_for("LayerNorm")  # elementwise_affine = true
+    problem = layer_norm.static_problem(cand, {"eps": 1e-5, "elementwise_affine": False})
+    assert problem is not None and problem.status == "skipped"
+    assert "declared with elementwise_affine=true; the model's is false" in problem.reason
+    # the model's own value, or a value the candidate takes from the model ($eps): checked as usual
+    assert layer_norm.static_problem(cand, {"eps": 1e-6, "elementwise_affine": True}) is None
+    assert layer_norm.static_problem(cand, {}) is None
