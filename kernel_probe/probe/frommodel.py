@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernel_lock.model import Model
 from kernel_probe import slots as slot_behaviour
+from kernel_probe.candidates import default_for
 from kernel_probe.errors import ProbeError, UsageError
 from kernel_probe.shapes import parse_shape
 from kernel_probe.slots import Use
@@ -123,6 +124,19 @@ class Traced:
         )
 
 
+def _reference(name: str) -> Callable[[Mapping[str, Any]], str]:
+    """Why the check's reference (the slot's default class) cannot compute a site's semantics:
+    its declaration pins another value of them; "" where it can."""
+    default = default_for(name)
+    said = "the check's reference cannot compute it: "
+
+    def refuse(values: Mapping[str, Any]) -> str:
+        why = slot_behaviour.slot(name).contradiction(default, values)
+        return said + why if why else ""
+
+    return refuse
+
+
 def traced(
     model: Model, asked: Sequence[str], note: Callable[[str], None] = lambda _: None
 ) -> Traced:
@@ -139,7 +153,7 @@ def traced(
     uses: dict[str, Use] = {}
     for name in (n for n in known if n in by_slot and (not asked or n in asked)):
         try:
-            uses[name] = known[name].use(by_slot[name])
+            uses[name] = known[name].use(by_slot[name], _reference(name))
         except (KeyError, TypeError, ValueError) as exc:
             raise ProbeError(
                 f"{FLAG} {model.spec}: the trace's {name} sites cannot be read: {exc!r}",

@@ -180,14 +180,18 @@ class Slot:
         """What the model's semantics amount to as the slot's option says it ("": none)."""
         return ""
 
-    def use(self, sites: Sequence[Site]) -> Use:
+    def use(
+        self, sites: Sequence[Site], refuse: Callable[[Mapping[str, Any]], str] = lambda _: ""
+    ) -> Use:
         """The slot's sites as the probe uses them: the semantics of the most calls (ties: the
         first site's) pinned, each covered site's shape weighted by its calls; a site with other
-        semantics, or semantics the slot cannot pin, is not covered (and named with why)."""
+        semantics, or semantics the slot cannot pin or ``refuse`` says why it cannot check, is not
+        covered (and named with why)."""
         uncovered: list[tuple[str, str]] = []
         found: list[tuple[Site, dict[str, Any]]] = []
         for site in sites:
             values, why = self.traced(site)
+            why = why or refuse(values)
             if why:
                 uncovered.append((site.where, why))
             else:
@@ -216,20 +220,24 @@ class Slot:
         return Use(canonical, declared, weights, tuple(covered), tuple(uncovered))
 
     # ---- judging, in the probe's process -----------------------------------------------------
-    def static_problem(self, cand: Candidate, canonical: Mapping[str, Any]) -> Problem | None:
-        """Why ``cand`` cannot be the slot's kernel, known before anything is imported: it pins a
-        value of the model's semantics other than the model's (``elementwise_affine = true`` in its
-        declaration, for a model whose norm has none), which the lock would pin."""
-        from kernel_probe.probe.report import Problem  # the judge imports the candidates' parser
-
+    def contradiction(self, cand: Candidate, canonical: Mapping[str, Any]) -> str:
+        """Where ``cand``'s declaration pins a value of the model's semantics other than the
+        model's (``elementwise_affine = true``, for a model whose norm has none): the lock would
+        pin it. "" where it pins none."""
         for k, v in cand.kwargs.items():
             if k in canonical and not str(v).startswith("$") and v != canonical[k]:
-                return Problem(
-                    "skipped",
-                    f"{cand.target} is declared with {k}={_value(v)}; the model's is "
-                    f"{_value(canonical[k])}",
+                return f"{cand.target} is declared with {k}={_value(v)}; the model's is " + (
+                    _value(canonical[k])
                 )
-        return None
+        return ""
+
+    def static_problem(self, cand: Candidate, canonical: Mapping[str, Any]) -> Problem | None:
+        """Why ``cand`` cannot be the slot's kernel, known before anything is imported (by
+        default: its ``contradiction`` of the model's semantics)."""
+        from kernel_probe.probe.report import Problem  # the judge imports the candidates' parser
+
+        why = self.contradiction(cand, canonical)
+        return Problem("skipped", why) if why else None
 
     def judge(
         self,

@@ -237,3 +237,17 @@ def test_a_candidate_declared_with_another_value_of_the_models_semantics_is_skip
     # the model's own value, or a value the candidate takes from the model ($eps): checked as usual
     assert layer_norm.static_problem(cand, {"eps": 1e-6, "elementwise_affine": True}) is None
     assert layer_norm.static_problem(cand, {}) is None
+
+
+def test_a_site_the_checks_reference_cannot_compute_is_not_covered():
+    no_affine = {**LN, "elementwise_affine": False, "bias": False}
+    model = Model.of(SPEC, (*block().sites, site("LayerNorm", "n", no_affine, "4x32", calls=9)))
+    traced = frommodel.traced(model, ())
+    # the most-called LayerNorm cannot be checked: the others are, with their own semantics
+    assert traced.uses["LayerNorm"].covered == ("norm1", "norm2")
+    assert traced.uses["LayerNorm"].canonical["elementwise_affine"] is True
+    (line,) = [line for line in traced.not_covered if line.startswith("LayerNorm n:")]
+    reference = "the check's reference cannot compute it: torch.nn.LayerNorm is declared with "
+    assert line == f"LayerNorm n: {reference}elementwise_affine=true; the model's is false"
+    only = Model.of(SPEC, (site("LayerNorm", "n", no_affine, "4x32"), *block().sites[2:]))
+    assert "LayerNorm" not in frommodel.traced(only, ()).slots
