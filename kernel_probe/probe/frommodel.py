@@ -17,7 +17,6 @@ from kernel_lock.model import Model
 from kernel_probe import slots as slot_behaviour
 from kernel_probe.candidates import default_for
 from kernel_probe.errors import ProbeError, UsageError
-from kernel_probe.shapes import parse_shape
 from kernel_probe.slots import Use
 
 if TYPE_CHECKING:
@@ -34,14 +33,6 @@ def trace(spec: str, precision: str) -> Model:
     tracer = importlib.import_module("kernel_probe.model")
     model: Model = tracer.trace(spec, precision=precision)
     return model
-
-
-def _is_shape(text: str) -> bool:
-    try:
-        parse_shape(text)
-    except ValueError:
-        return False
-    return True
 
 
 def for_request(
@@ -94,9 +85,12 @@ class Traced:
 
     @property
     def shapes(self) -> tuple[str, ...]:
-        """Every shape timed at that a --shape could say (ROWSxHIDDEN, ROWSxINxOUT), each once."""
-        every = dict.fromkeys(s for name in self.slots for s in self.uses[name].shapes)
-        return tuple(s for s in every if _is_shape(s))
+        """Every shape timed at that a --shape says (ROWSxHIDDEN, ROWSxINxOUT), each once: those
+        of the slots timed at the probe's shapes (not those with their own, ``Slot.shapes``)."""
+        own = [n for n in self.slots if slot_behaviour.slot(n).shapes("", "cpu", ())]
+        return tuple(
+            dict.fromkeys(s for n in self.slots if n not in own for s in self.uses[n].shapes)
+        )
 
     @property
     def canonical(self) -> dict[str, dict[str, Any]]:

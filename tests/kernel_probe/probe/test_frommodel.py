@@ -157,6 +157,7 @@ def test_the_plan_times_each_slot_at_the_models_shapes_with_its_semantics(traced
     }
     assert p.canonical["Activation"] == {"function": "gelu-tanh"}
     assert p.inputs["model"] == block().digest and p.shapes_from == f"model {SPEC}"
+    assert p.shapes == ("24x32", "24x32x64", "24x64x32", "24x64")  # Attention's are its own
     # another size of the same model is another plan: a lock of one is not reused for the other
     traced_cpu.model = block(out=128)
     assert plan(ProbeRequest(model=SPEC, precision="32-true")).digest != p.digest
