@@ -252,3 +252,10 @@ def test_a_site_the_checks_reference_cannot_compute_is_not_covered():
     assert line == f"LayerNorm n: {reference}elementwise_affine=true; the model's is false"
     only = Model.of(SPEC, (site("LayerNorm", "n", no_affine, "4x32"), *block().sites[2:]))
     assert "LayerNorm" not in frommodel.traced(only, ()).slots
+
+
+def test_a_gated_mlp_declares_its_implementation():
+    gated = site("GatedMLP", "mlp", {"mlp_implementation": "geglu", "bias": True}, "2x10x64")
+    use = slot("GatedMLP").use([gated])
+    assert use.declared == "geglu" and use.weights == {"20x64": 1}
+    assert use.canonical == {"mlp_implementation": "geglu", "bias": True}
