@@ -6,6 +6,7 @@ subject; the real tracer's run on tests/models/block.py follows where it is inst
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import pytest
 
@@ -28,9 +29,12 @@ def test_a_probe_for_a_model_pins_its_semantics_at_its_shapes_and_records_it(
     model = block(eps2=1e-6)
     monkeypatch.setattr(frommodel, "trace", lambda spec, precision: model)
     out = tmp_path / "kernel-lock.toml"
-    code, _, err = run_cli(["--model", SPEC, "--out", out, *SMALL], capsys)
+    code, stdout, err = run_cli(["--model", SPEC, "--out", out, *SMALL, "--json"], capsys)
     assert code == 0, err
     assert "makes no call of RMSNorm, GatedMLP: not probed" in err
+    summary = json.loads(stdout)
+    assert summary["model"]["digest"] == model.digest
+    assert summary["weights"]["LayerNorm"] == {"24x32": 2}  # norm2 (eps 1e-6) is not covered
     lock = kernel_lock.load(out, emit_warnings=False)
     assert lock.model == model and lock.intact
     assert set(lock.slots) == {"LayerNorm", "Linear", "Attention", "Activation"}
