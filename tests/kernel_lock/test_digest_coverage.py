@@ -13,28 +13,25 @@ import tomllib
 import kernel_lock
 from kernel_lock import LockError, toml
 from kernel_lock.document import SEAL, LockDocument
+from kernel_lock.model import Model, Site, Unreached
 from kernel_lock.tables import table_keys
 from tests.kernel_lock.test_document import _full_lock
 
-# a [model] table (``kernel-probe --model``), and the sites its probe did not cover
-MODEL = f"""
-[model]
-spec = "block.py:build"
-traced = "meta"
-digest = "sha256:{"2" * 64}"
-[[model.sites]]
-slot = "LayerNorm"
-where = "norm1"
-call = "torch.nn.LayerNorm"
-calls = 2
-dtype = "float32"
-shapes = ["8x64x256"]
-semantics = {{ normalized_shape = [256], eps = 1e-05, elementwise_affine = true, bias = true }}
-[[model.unreached]]
-where = "mha"
-call = "torch.nn.MultiheadAttention"
-reason = "no slot swaps it"
-"""
+MODEL = Model.of(
+    "block.py:build",
+    (
+        Site(
+            slot="LayerNorm",
+            where="norm",
+            call="torch.nn.LayerNorm",
+            dtype="float32",
+            shapes=("2x16x64",),
+            semantics={"eps": 1e-5, "bias": True},
+        ),
+    ),
+    (Unreached(where="mha", call="torch.nn.MultiheadAttention", reason="fused projections"),),
+    traced="meta",
+)
 
 
 def full_text() -> str:
@@ -52,12 +49,12 @@ def full_text() -> str:
         'shapes = ["4096x1024"]\nattention = "16x64x4096"\ncheck-seconds = 4.5\ntime-seconds = '
         "2.25\n"
         "deterministic = true\n"
-        'not-covered = ["LayerNorm norm2: eps=1e-06 (the lock\'s 1e-05)"]\n'
         '[provenance.options]\nprecision = "bf16-mixed"\nslots = "LayerNorm, Linear"\n'
         '[provenance.libraries]\nliger-kernel = "0.8.5"\n'
         "[provenance.anemoi-environment]\nANEMOI_INFERENCE_TRANSFORMER_ATTENTION_BACKEND = "
-        '"scaled_dot_product_attention"\n' + MODEL
+        '"scaled_dot_product_attention"\n'
     )
+    text += "\n" + toml.dumps({"model": MODEL.to_dict()})
     text = text.replace(
         'created-by = "hand"', 'created-by = "hand"\ncreated-at = "2026-12-01T00:00:00Z"'
     )
