@@ -45,6 +45,7 @@ GENERIC = [
     "kernel_probe/probe/choose.py",
     "kernel_probe/probe/write.py",
     "kernel_probe/probe/derive.py",
+    "kernel_probe/probe/frommodel.py",
     "kernel_probe/commands/probe.py",
     "kernel_probe/commands/check.py",
     "kernel_probe/commands/locks.py",  # show, explain, diff, verify, rehash, lock --for inference

@@ -30,6 +30,13 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out", default=DEFAULT_LOCK, help=f"where to write the lock (default ./{DEFAULT_LOCK})"
     )
+    model = (
+        "probe for this model: path/to/file.py:callable or package.module:callable (returning "
+        "(model, args[, kwargs])), or anemoi:CONFIG; its trace (run in a child) decides the slots, "
+        "their semantics and their shapes, weighted by calls, and the lock records it; --check "
+        "with --model is stale (exit 3) for a lock made for another model or other sizes"
+    )
+    p.add_argument("--model", default="", metavar="SPEC", help=model)
     shape = (
         "model shape to time at, e.g. 40320x1024 (repeatable; Linear: ROWSxINxOUT). "
         f"Default: {' and '.join(DEFAULT_SHAPES['gpu'])} on GPU, "
@@ -132,7 +139,7 @@ def publish_usage_failure(argv: Sequence[str], message: str) -> None:
 AS_PARSED = (
     *("graph_attention", "allow_graph_attention_fallback", "precision", "profile", "reps"),
     *("deterministic", "with_compile", "allow_init_change", "strict_dtype", "allow_approximation"),
-    *("timeout", "import_timeout", "force", "lock_timeout", "probe_per"),
+    *("timeout", "import_timeout", "force", "lock_timeout", "probe_per", "model"),
 )
 
 
@@ -364,6 +371,7 @@ def _summary(result: ProbeResult) -> dict[str, Any]:
         "device": plan.device,
         "precision": plan.precision,
         "shapes": list(plan.shapes),
+        **({"model": plan.model.to_dict(), "weights": plan.weights} if plan.model else {}),
         **{
             s.summary_key: plan.resolved[s.name]
             for s in slot_behaviour.SLOTS.values()

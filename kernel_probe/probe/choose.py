@@ -28,6 +28,7 @@ from kernel_probe.probe.report import Report
 How = Literal["fastest", "default", "pinned", "preferred"]  # how a slot's implementation was chosen
 FORCED = {"pin": "pinned", "prefer": "preferred"}  # the flag (--pin) -> what it makes a candidate
 Rows = Sequence[Mapping[str, Any]]
+Weights = Mapping[str, int] | None  # a model's calls per forward at each shape
 
 
 @dataclass
@@ -39,6 +40,7 @@ class Choice:
     how: How
     reason: str
     scores: dict[str, float] = field(default_factory=dict)
+    weighted: bool = False  # the scores are of a model's time in the slot (calls x median)
 
 
 def clears_margin(score: float, spread: float) -> bool:
@@ -76,11 +78,18 @@ def _ratios(rows: Rows, base_rows: Rows, shapes: Sequence[str]) -> dict[str, flo
     return {s: by[s]["median_ms"] / base[s]["median_ms"] for s in shapes}
 
 
-def _score(rows: Rows, base_rows: Rows, shapes: Sequence[str]) -> tuple[float, float]:
-    """(geometric mean time ratio to the default, the larger relative spread seen)."""
-    logs = [math.log(r) for r in _ratios(rows, base_rows, shapes).values()]
+def _score(
+    rows: Rows, base_rows: Rows, shapes: Sequence[str], weights: Weights = None
+) -> tuple[float, float]:
+    """(the time ratio to the default, the larger relative spread seen): with ``weights`` (a
+    model's calls per shape), the ratio of the model's time in the slot, sum(calls x median); else
+    the geometric mean over the shapes."""
     by, base = {r["shape"]: r for r in rows}, {r["shape"]: r for r in base_rows}
     spread = max([0.0] + [t[s].get("spread", 0.0) for s in shapes for t in (by, base)])
+    if weights:
+        total = sum(weights.get(s, 0) * by[s]["median_ms"] for s in shapes)
+        return total / sum(weights.get(s, 0) * base[s]["median_ms"] for s in shapes), spread
+    logs = [math.log(r) for r in _ratios(rows, base_rows, shapes).values()]
     return math.exp(sum(logs) / len(logs)), spread
 
 
@@ -105,10 +114,35 @@ def choose(
     origin: str = "",
     strict_prefer: bool = True,
     deterministic: bool = False,
+    weights: Weights = None,
 ) -> Choice:
     """The slot's implementation by the rule above. ``prefer``: may be a profile's ordered list (the
     first within the margin wins); ``strict_prefer``: one not accepted is an error; ``origin``:
-    where a pin or preference came from ("profile lumi-g"; "": the command line)."""
+    where a pin or preference came from ("profile lumi-g"; "": the command line); ``weights``: a
+    model's calls per forward at each shape (the score is then the model's time in the slot)."""
+    choice = _choose(
+        slot, reports, timings, shapes, dtype, default_id, pin, prefer, origin, strict_prefer,
+        deterministic, weights,
+    )  # fmt: skip
+    choice.weighted = bool(weights) and bool(choice.scores)
+    return choice
+
+
+def _choose(
+    slot: str,
+    reports: list[Report],
+    timings: Mapping[str, list[Mapping[str, Any]]],
+    shapes: list[str],
+    dtype: str,
+    default_id: str,
+    pin: str | None,
+    prefer: str | Sequence[str] | None,
+    origin: str,
+    strict_prefer: bool,
+    deterministic: bool,
+    weights: Weights,
+) -> Choice:
+    """``choose``'s rule."""
     by_id = {r.id: r for r in reports}
     prefers = [prefer] if isinstance(prefer, str) else list(prefer or ())
     forced = [(pin, "pin")] + ([(p, "prefer") for p in prefers] if strict_prefer else [])
@@ -136,7 +170,10 @@ def choose(
         base = eligible[0]
         best = min(
             eligible,
-            key=lambda r: (_score(timings[r.id], timings[base.id], shapes)[0], eligible.index(r)),
+            key=lambda r: (
+                _score(timings[r.id], timings[base.id], shapes, weights)[0],
+                eligible.index(r),
+            ),
         )
         default_was = any(r.id == default_id and r.status == "accepted" for r in reports)
         why = "not accepted here"
@@ -144,7 +181,7 @@ def choose(
         reason = f"{best.id} fastest accepted candidate; the default {default_id} was {why}"
         return Choice(slot, best, "fastest", reason)
     scored = {
-        r.id: _score(timings[r.id], timings[default.id], shapes)
+        r.id: _score(timings[r.id], timings[default.id], shapes, weights)
         for r in eligible
         if r is not default
     }
@@ -157,7 +194,20 @@ def choose(
             said = f"{cid} preferred by {origin or '--prefer'} ({1 / scores[cid]:.2f}x the "
             said += "default's speed)"
             return Choice(slot, by_id[cid], "preferred", said, scores)
-    return _fastest_or_default(slot, reports, eligible, default, timings, shapes, dtype, scored)
+    over = _over(shapes, dtype, weights)
+    return _fastest_or_default(
+        slot, reports, eligible, default, timings, shapes, dtype, scored, over
+    )
+
+
+def _over(shapes: Sequence[str], dtype: str, weights: Weights) -> str:
+    """Over what a candidate is faster: the shape, the shapes, or the model's time in the slot."""
+    if weights:
+        calls = sum(weights.get(s, 0) for s in shapes)
+        return f"in the model's time in the slot ({calls} calls at {len(shapes)} shapes, {dtype})"
+    if len(shapes) == 1:
+        return f"at {shapes[0]} {dtype}"
+    return f"over {len(shapes)} shapes {dtype} (geometric mean)"
 
 
 def _check_forced(
@@ -202,8 +252,10 @@ def _fastest_or_default(
     shapes: list[str],
     dtype: str,
     scored: Mapping[str, tuple[float, float]],
+    over: str,
 ) -> Choice:
-    """The fastest candidate clearing the margin, else the default, and why."""
+    """The fastest candidate clearing the margin, else the default, and why (``over``: what the
+    score is over, ``_over``)."""
     scores = {r.id: scored[r.id][0] if r is not default else 1.0 for r in eligible}
     others = [r for r in eligible if r is not default]
     clear = [
@@ -213,9 +265,7 @@ def _fastest_or_default(
     ]
     if clear:
         score, _, best = min(clear, key=lambda t: (t[0], t[1]))
-        where = f"over {len(shapes)} shapes {dtype} (geometric mean)"
-        where = f"at {shapes[0]} {dtype}" if len(shapes) == 1 else where
-        reason = f"{best.id} {1 / score:.2f}x faster than {default.id} {where}"
+        reason = f"{best.id} {1 / score:.2f}x faster than {default.id} {over}"
         return Choice(slot, best, "fastest", reason, scores)
     if not others:
         rejected = [r for r in reports if r.status != "accepted"]

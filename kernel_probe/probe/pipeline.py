@@ -17,6 +17,7 @@ from typing import Any
 
 import kernel_lock
 from kernel_lock.errors import KernelUnavailable, LockError, LockFormatError, LockMismatch
+from kernel_lock.model import Model, site_differences
 from kernel_probe import slots as slot_behaviour
 from kernel_probe.candidates import Candidate, default_for, for_slot, local_modules
 from kernel_probe.detect.libraries import library_change
@@ -48,6 +49,7 @@ class ProbeResult:
 # the options of the inputs digest as a person names them: these, and the flags of _FLAGS
 OPTION_NAMES = {"shapes": "--shape", "slots": "--slot", "pins": "--pin", "prefers": "--prefer"}
 OPTION_NAMES |= {"candidates": "candidates", "profile": "the profile's digest"}
+OPTION_NAMES |= {"model": "--model (the trace's digest)"}
 _FLAGS = ("precision", "with_compile", "deterministic", "allow_init_change", "strict_dtype")
 _FLAGS_TOO = ("graph_attention", "allow_graph_attention_fallback", "allow_approximation")
 OPTION_NAMES |= {key: "--" + key.replace("_", "-") for key in (*_FLAGS, *_FLAGS_TOO)}
@@ -116,11 +118,13 @@ def reusable(
     inputs: Mapping[str, Any] | None = None,
     libraries: Mapping[str, str] | None = None,
     judged: Mapping[str, Sequence[str]] = {},
+    model: Model | None = None,
 ) -> tuple[kernel_lock.KernelLock | None, str]:
     """(the lock, "") if it can be reused; (None, why not) otherwise. Raises for a corrupt lock.
     ``trust``: this run's own candidates' libraries; ``inputs``: this run's options (to name those
     that differ); ``libraries``: the candidates' registry libraries installed now (one installed or
-    removed since makes the lock stale); ``judged``: library -> its candidates' ids."""
+    removed since makes the lock stale); ``judged``: library -> its candidates' ids; ``model``:
+    the trace of --model (a lock probed for no model, or for other call sites, is stale)."""
     if not path.exists():
         return None, f"{path} does not exist"
     rerun = "re-run with --force to replace it (nothing was overwritten)"
@@ -135,6 +139,8 @@ def reusable(
             path=str(path),
             fix="re-run with --force to replace it, or accept the edit with `kernel-probe rehash`",
         )
+    if why := _other_model(lock, model):
+        return None, why
     if lock.provenance.get("inputs") != digest:
         from kernel_probe.profile_match import profile_change  # only where a lock is stale
 
@@ -159,6 +165,23 @@ def reusable(
     except KernelUnavailable as exc:
         return None, exc.problem
     return lock, ""
+
+
+def _other_model(lock: kernel_lock.KernelLock, model: Model | None) -> str:
+    """Why the lock was not probed for ``model``'s trace (None: for no model); "" when it was."""
+    if model is None:
+        spec = lock.model.spec if lock.model is not None else ""
+        return (
+            f"it was probed for the model {spec}: check or probe it with --model {spec}"
+            if spec
+            else ""
+        )
+    if lock.model is None:
+        return "it was not probed for a model (it has no [model] table): probe with --model"
+    if lock.model.digest == model.digest:
+        return ""
+    differences = "; ".join(site_differences(lock.model, model))
+    return f"it was probed for another model or other sizes: {differences}"
 
 
 def _recorded_libraries(
@@ -199,6 +222,7 @@ def probe_or_reuse(
             inputs=p.inputs,
             libraries=p.libraries,
             judged=p.library_candidates,
+            model=p.model,
         )
 
     if not request.force:
@@ -300,6 +324,7 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
         profile=p.profile.lock_record(p.matched) if p.profile else None,
         canonical=p.canonical,
         graph_attention=graph,
+        model=p.model,
     )
     return result
 
@@ -318,6 +343,8 @@ def _provenance(p: Plan, result: ProbeResult) -> dict[str, Any]:
     }
     if p.deterministic:
         provenance["deterministic"] = True
+    if p.not_covered:  # the model's sites the lock leaves as the model has them, and why
+        provenance["not-covered"] = list(p.not_covered)
     return provenance
 
 
@@ -342,6 +369,7 @@ def choose_all(
             p.dtype,
             default_for(slot).id,
             deterministic=p.deterministic,
+            weights=p.weights.get(slot),
             **rule.choice_options(),
         )
     return choices

@@ -18,6 +18,7 @@ from typing import Any
 
 from kernel_lock import torchless as here
 from kernel_lock.files import refuse_special
+from kernel_lock.model import Model
 from kernel_lock.slots import PRECISIONS, slot_name_fix
 from kernel_probe import candidates as cands
 from kernel_probe import slots as slot_behaviour
@@ -25,6 +26,7 @@ from kernel_probe.candidates import Candidate, for_slot
 from kernel_probe.detect.libraries import by_library, installed_for
 from kernel_probe.errors import ForcedUnusable, UsageError
 from kernel_probe.isolation.protocol import TimingProgressMessage, interpreter_requested
+from kernel_probe.probe import frommodel
 from kernel_probe.probe.limits import CHECK_TIMEOUT, IMPORT_TIMEOUT, MAX_REPS, MAX_SECONDS
 from kernel_probe.probe.report import static_problem
 from kernel_probe.probe.write import inputs_digest, trusted_roots
@@ -69,6 +71,7 @@ class ProbeRequest:
     allow_graph_attention_fallback: bool = False
     declared: Mapping[str, str] = field(default_factory=dict)
     allow_approximation: bool = False
+    model: str = ""  # --model SPEC: the model whose trace decides the slots, semantics and shapes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,6 +166,9 @@ class Plan:
     libraries: Mapping[str, str] = field(default_factory=dict)
     library_candidates: Mapping[str, Sequence[str]] = field(default_factory=dict)
     rules: Mapping[str, SlotRule] = field(default_factory=dict)
+    model: Model | None = None  # the trace of --model: the lock records it
+    weights: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # shape -> calls
+    not_covered: tuple[str, ...] = ()  # the model's sites the lock leaves as they are, and why
 
     @property
     def dtype(self) -> str:
@@ -235,6 +241,10 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
     slots, slot_problems = _slots(request)
     device = detect_device()
     profile, matched = _apply_profile(request, device, events)
+    precision = request.precision or (profile and profile.precision) or DEFAULT_PRECISION
+    # with --model, the model's trace decides the slots, their semantics and their shapes
+    traced = frommodel.for_request(request, precision, events.note)
+    slots = traced.slots if traced is not None else slots
     rules = slot_rules(slots, request.pins, request.prefers, profile)
     candidates, problems = gather_candidates(
         request.candidates, list(profile.candidates) if profile else [], plugins=request.plugins
@@ -256,21 +266,17 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
         with_compile=request.with_compile,
     )
     kind = "cpu" if device["type"] == "cpu" else "gpu"
-    if asked:
+    if traced is not None:
+        shapes, shapes_from = traced.shapes, f"model {request.model}"
+    elif asked:
         shapes, shapes_from = asked, ""
     elif profile and profile.shapes:
         shapes, shapes_from = normal_shapes(profile.shapes), f"profile {profile.name}"
     else:
         shapes, shapes_from = DEFAULT_SHAPES[kind], "defaults"
-    precision = request.precision or (profile and profile.precision) or DEFAULT_PRECISION
     deterministic = request.deterministic or bool(profile and profile.deterministic)
-    declared = {name: request.declared.get(name, "") for name in slots}
-    behaviour = {name: slot_behaviour.slot(name) for name in slots}
-    ordered = [n for n in slot_behaviour.SLOTS if n in slots]  # the slots' order
     inputs = _inputs(request, candidates, profile, precision, shapes, slots, deterministic)
-    for name in ordered:
-        inputs.update(behaviour[name].inputs(declared[name], kind))
-    canonical = {n: b.canonical(declared[n], kind) for n, b in behaviour.items()}
+    per_slot = _per_slot(request, slots, kind, shapes, traced, inputs)
     probed = [c for c in candidates if set(c.slots) & set(slots)]
     return Plan(
         request=request,
@@ -287,20 +293,48 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
         deterministic=deterministic,
         digest=inputs_digest(inputs),
         trust=trusted_roots(candidates),
-        canonical={n: c for n, c in canonical.items() if c},
-        timed_at={n: b.shapes(declared[n], kind, shapes) for n, b in behaviour.items()},
-        slot_provenance={
-            k: v for n in ordered for k, v in behaviour[n].provenance(declared[n], kind).items()
-        },
-        resolved={
-            n: s.resolved(request.declared.get(n, ""), kind)
-            for n, s in slot_behaviour.SLOTS.items()
-        },
         inputs=inputs,
         libraries=installed_for(probed),
         library_candidates=by_library(probed),
         rules=rules,
+        **per_slot,
     )
+
+
+def _per_slot(
+    request: ProbeRequest,
+    slots: Sequence[str],
+    kind: str,
+    shapes: Sequence[str],
+    traced: frommodel.Traced | None,
+    inputs: dict[str, Any],
+) -> dict[str, Any]:
+    """The plan's per-slot fields, from each slot's declaration or the model's trace (``inputs``
+    gains the slots' own, and the trace's digest)."""
+    declared = {name: request.declared.get(name, "") for name in slots}
+    if traced is not None:
+        declared = {name: traced.uses[name].declared for name in slots}
+        inputs["model"] = traced.model.digest
+    behaviour = {name: slot_behaviour.slot(name) for name in slots}
+    ordered = [n for n in slot_behaviour.SLOTS if n in slots]  # the slots' order
+    for name in ordered:
+        inputs.update(behaviour[name].inputs(declared[name], kind))
+    canonical = {n: b.canonical(declared[n], kind) for n, b in behaviour.items()}
+    timed_at = {n: b.shapes(declared[n], kind, shapes) for n, b in behaviour.items()}
+    if traced is not None:
+        canonical, timed_at = traced.canonical, traced.timed_at
+    return {
+        "canonical": {n: c for n, c in canonical.items() if c},
+        "timed_at": timed_at,
+        "slot_provenance": {
+            k: v for n in ordered for k, v in behaviour[n].provenance(declared[n], kind).items()
+        },
+        "resolved": {
+            n: s.resolved({**request.declared, **declared}.get(n, ""), kind)
+            for n, s in slot_behaviour.SLOTS.items()
+        },
+        **(traced.plan_fields() if traced is not None else {}),
+    }
 
 
 def _inputs(
@@ -363,6 +397,7 @@ def _refuse_bad_arguments(request: ProbeRequest) -> tuple[str, ...]:
     for name, declared in request.declared.items():
         if declared:
             slot_behaviour.slot(name).refuse(declared)
+    frommodel.refuse(request)
     if request.check_only and request.force:
         raise UsageError("--check and --force contradict each other")
     if not request.check_only:  # a pipe (/dev/stdout) would be waited on, never written

@@ -223,13 +223,15 @@ def time_candidate(
     regime: str,
     options: Mapping[str, Any] | None = None,
     progress: Callable[[TimingProgressMessage], None] | None = None,
+    canonical: Mapping[str, Any] | None = None,
 ) -> TimeReply:
-    """Rows per shape; ``progress`` receives a message after each call (``progress_message``)."""
+    """Rows per shape; ``progress`` receives a message after each call (``progress_message``);
+    ``canonical``: the model's values of the slot's semantics (a Linear without bias)."""
     opts = {**DEFAULT_OPTIONS, **(options or {})}
     if opts["mode"] not in MODES:
         raise ValueError(f"timing mode {opts['mode']!r}: expected one of {', '.join(MODES)}")
     dtype = measure.torch_dtype(dtype_name)
-    run = _Run(cand, slot, device, dtype, regime == "mixed", opts, _Clock(device))
+    run = _Run(cand, slot, device, dtype, regime == "mixed", opts, _Clock(device), canonical)
     budget, started = opts.get("budget_s"), time.perf_counter()
     rows: list[TimingRow] = []
     with contextlib.ExitStack() as stack:
@@ -276,6 +278,7 @@ class _Run:
     mixed: bool
     opts: Mapping[str, Any]
     clock: _Clock
+    canonical: Mapping[str, Any] | None = None  # the model's values of the slot's semantics
     copy_gbps: dict[int, float] = field(default_factory=dict)  # by bytes: a copy's bandwidth
 
 
@@ -352,6 +355,7 @@ class _Shape:
             out_features=out,
             device=tdev,
             param_dtype=measure.dtype_name(param_dtype),
+            overrides=run.canonical,
         )
         self.module = measure.build(cand, canonical, tdev, param_dtype)
         self.check = None

@@ -19,6 +19,7 @@ from kernel_lock.files import SpecialFile, refuse_special
 from kernel_lock.fingerprint import FIELDS, Match, library_versions
 from kernel_lock.graph_attention import GraphAttention
 from kernel_lock.lock import KernelLock
+from kernel_lock.model import Model
 from kernel_lock.schema import Candidate as RejectedCandidate
 from kernel_lock.schema import EnvField, Environment, Requirement, Slot, Twin
 from kernel_lock.slots import SPECS
@@ -129,8 +130,10 @@ def build_lock(
     profile: Mapping[str, Any] | None = None,
     provenance: Mapping[str, Any] | None = None,
     graph_attention: GraphAttention | None = None,
+    model: Model | None = None,
 ) -> KernelLock:
-    """The sealed lock from the choices, verdicts and timings."""
+    """The sealed lock from the choices, verdicts and timings (``model``: the trace of the model
+    it was probed for, its ``[model]`` table)."""
     slots = {
         slot: _slot(slot, choice, reports[slot], timings.get(slot, {}), (canonical or {}).get(slot))
         for slot, choice in choices.items()
@@ -149,6 +152,7 @@ def build_lock(
         profile=dict(profile or {}),
         provenance=dict(provenance or {}),
         graph_attention=graph_attention,
+        model=model,
     )
     return lock.sealed()
 
@@ -218,7 +222,10 @@ def _rejection_reasons(report: Report, choice: Choice) -> list[str]:
     if score is None:
         return ["accepted, not timed"] if not report.reasons else report.reasons
     if score >= 1.0:
-        return [f"accepted; {score:.2f}x the default's time (geometric mean over the shapes)"]
+        over = (
+            "the model's time in the slot" if choice.weighted else "geometric mean over the shapes"
+        )
+        return [f"accepted; {score:.2f}x the default's time ({over})"]
     return [
         f"accepted; {1 / score:.2f}x faster than the default, but {choice.report.id} was "
         f"chosen ({choice.how})"

@@ -11,9 +11,9 @@ from __future__ import annotations
 from kernel_lock import slots as specs
 
 from . import activation, attention, gated_mlp, linear, norms
-from .base import Option, Slot
+from .base import Option, Slot, Use
 
-__all__ = ["ENTRY_POINTS", "SLOTS", "Option", "Slot", "load_plugins", "slot"]
+__all__ = ["ENTRY_POINTS", "SLOTS", "Option", "Slot", "Use", "load_plugins", "slot"]
 
 ENTRY_POINTS = "kernel_probe.slots"
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from kernel_lock.model import Site
 from kernel_lock.slots import activation
 from kernel_lock.slots.activation import (
     ACTIVATION_FUNCTIONS,
@@ -168,6 +169,16 @@ class Activation(Slot):
     def judge(self, raw, cand, device, base, canonical, policy) -> Report:
         """The rows by the one rule, then the function it computes."""
         return judge(raw, cand, device, base, declared_function(canonical), policy)
+
+    def traced(self, site: Site) -> tuple[dict[str, Any], str]:
+        """The site's function, where the slot knows it."""
+        values, why = super().traced(site)
+        problem = activation.function_problem(str(values.get("function", "")))
+        return values, why or (f"function: {problem}" if problem else "")
+
+    def declaration(self, canonical: Mapping[str, Any], shapes: Sequence[str]) -> str:
+        """The traced model's function, as --activation names it."""
+        return str(canonical.get("function", ""))
 
     def lock_keys(
         self, values: Mapping[str, Any], kwargs: Mapping[str, Any], report: Report

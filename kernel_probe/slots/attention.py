@@ -7,15 +7,17 @@ an option the model sets that the candidate ignores (rejected) or refuses (unava
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kernel_lock.model import Site
 from kernel_lock.slots import DTYPES, attention
 from kernel_probe.errors import UsageError
 
-from .base import Option, Slot
+from .base import Option, Slot, dims
 
 if TYPE_CHECKING:
     from kernel_probe.candidates import Candidate
@@ -90,6 +92,42 @@ def parse_geometry(text: str) -> Geometry:
             raise ValueError(f"{text!r}: {name} is given twice")
         options.update([_option(text, name, value.strip())])
     return Geometry(heads, dim, seq, tuple(options.items()))
+
+
+# a traced call's semantics -> (the geometry's option, the value that sets nothing); a value other
+# than that where the geometry has no such option is a call the slot cannot check yet
+_TRACED = {
+    "window": ("window", -1),
+    "dropout": ("dropout", 0.0),
+    "is_causal": ("causal", False),
+    "mask": ("mask", "none"),
+    "kv_heads": ("kv_heads", None),  # None: the heads (no grouped-query attention)
+    "scale": ("scale", "none"),  # "none": 1/sqrt(head_dim)
+}
+
+
+def traced_options(semantics: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """(the options a traced call sets, what it sets that no geometry option says)."""
+    options: dict[str, Any] = {}
+    why = []
+    for key, (option, unset) in _TRACED.items():
+        unset = semantics.get("heads") if key == "kv_heads" else unset
+        value = semantics.get(key, unset)
+        default_scale = (
+            key == "scale" and isinstance(value, (int, float)) and semantics.get("head_dim")
+        )
+        if value == unset or (default_scale and math.isclose(value, semantics["head_dim"] ** -0.5)):
+            continue
+        if option in OPTIONS:
+            options[option] = value
+        else:
+            why.append(f"{key}={value!r}: the Attention slot's geometry cannot say {option} yet")
+    if semantics.get("seq_k", semantics.get("seq_q")) != semantics.get("seq_q"):
+        why.append(
+            f"seq_k {semantics['seq_k']} != seq_q {semantics['seq_q']}: timed as "
+            "self-attention only"
+        )
+    return {k: options[k] for k in OPTIONS if k in options}, why
 
 
 def canonical_options(overrides: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -233,6 +271,23 @@ class Attention(Slot):
         g = parse_geometry(shape)
         keys = g.seq if g.window is None or g.window < 0 else min(g.seq, 2 * g.window + 1)
         return float(g.heads * g.seq * keys * g.head_dim)
+
+    def traced(self, site: Site) -> tuple[dict[str, Any], str]:
+        """The options the site's call sets, as the geometry names them (``traced_options``)."""
+        options, why = traced_options(site.semantics)
+        return options, "; ".join(why)
+
+    def site_shape(self, site: Site) -> tuple[str, int]:
+        """Its geometry (HEADSxHEAD_DIMxSEQ:OPTIONS), timed at batch 1: one call per batch row."""
+        s, (options, _) = site.semantics, traced_options(site.semantics)
+        heads, head_dim, seq = (int(s[k]) for k in ("heads", "head_dim", "seq_q"))
+        query = dims(site.shapes[0]) if site.shapes else ()
+        batch = math.prod(query[:-3]) if len(query) > 3 else 1  # (B, H, S, D): B
+        return str(Geometry(heads, head_dim, seq, tuple(options.items()))), batch
+
+    def declaration(self, canonical: Mapping[str, Any], shapes: Sequence[str]) -> str:
+        """The most-called geometry, as --attention says it."""
+        return shapes[0] if shapes else ""
 
     def judge(self, raw, cand, device, base, canonical, policy) -> Report:
         """Per output against its own tolerance, and each option the model fixes."""

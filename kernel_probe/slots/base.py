@@ -11,10 +11,13 @@ never imports torch: the worker methods (``check``, ``try_once``, ``time``) run 
 from __future__ import annotations
 
 import importlib
+import json
+import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from kernel_lock.model import NONE_VALUE, Site
 from kernel_lock.slots import SlotSpec
 from kernel_probe.isolation.protocol import INTERPRETED, TimeReply
 from kernel_probe.probe.limits import CHECK_HIDDEN
@@ -26,13 +29,51 @@ if TYPE_CHECKING:  # the probe's side needs the types only; the worker imports w
     from kernel_probe.probe.judge import Policy, Problem
     from kernel_probe.probe.report import Report, ReportBase
 
-__all__ = ["Option", "Slot", "shape_work"]
+__all__ = ["Option", "Slot", "Use", "dims", "shape_work"]
 
 
 def shape_work(shape: str) -> float:
     """A norm's or Linear's shape: its rows x hidden elements (what a call's time grows with)."""
     rows, hidden, _ = parse_shape(shape)
     return float(rows * hidden)
+
+
+def dims(shape: str) -> tuple[int, ...]:
+    """A traced input shape ("8x128x256") as its dimensions; () for a scalar ("")."""
+    return tuple(int(d) for d in shape.split("x")) if shape else ()
+
+
+@dataclass(frozen=True)
+class Use:
+    """What a model's trace says of one slot (:meth:`Slot.use`). ``canonical``: the semantics the
+    probe checks and the lock pins (those of the most calls); ``declared``: what they amount to as
+    the slot's option would say it ("" where it has none); ``weights``: each shape it is timed at,
+    and how many calls at that shape one forward makes (the choice's weights); ``covered``: the
+    sites the lock will pin; ``uncovered``: (site, why) for the others, left as the model has
+    them."""
+
+    canonical: Mapping[str, Any] = field(default_factory=dict)
+    declared: str = ""
+    weights: Mapping[str, int] = field(default_factory=dict)
+    covered: tuple[str, ...] = ()
+    uncovered: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def shapes(self) -> tuple[str, ...]:
+        """The shapes timed at, most-called first."""
+        return tuple(self.weights)
+
+
+def _value(v: Any) -> str:
+    return NONE_VALUE if v is None else json.dumps(v)
+
+
+def _differ(values: Mapping[str, Any], canonical: Mapping[str, Any]) -> str:
+    """How a site's semantics differ from the lock's: ``eps=1e-06 (the lock's 1e-05)``."""
+    keys = [k for k in {**canonical, **values} if values.get(k) != canonical.get(k)]
+    return ", ".join(
+        f"{k}={_value(values.get(k))} (the lock's {_value(canonical.get(k))})" for k in keys
+    )
 
 
 @dataclass(frozen=True)
@@ -108,10 +149,95 @@ class Slot:
         """What a probe of the slot notes after timing it (``timings``: by candidate)."""
         return []
 
+    # ---- what a model's trace says of the slot (``--model``; the probe's process) --------------
+    def traced(self, site: Site) -> tuple[dict[str, Any], str]:
+        """(the semantics of ``site`` the lock would pin, why the slot cannot pin them or "").
+        By default the semantics the spec knows (its ``canonical`` and ``params``); a value its
+        ``params`` refuse (an eps of None where the slot takes a number) cannot be pinned."""
+        known = {**self.spec.canonical, **self.spec.params}
+        values = {
+            k: None if v == NONE_VALUE else v for k, v in site.semantics.items() if k in known
+        }
+        for k, v in values.items():
+            param = self.spec.params.get(k)
+            problem = param.problem(v) if param is not None else None
+            if problem:
+                return (
+                    values,
+                    f"{k}={_value(v)}: the {self.name} slot cannot pin it ({problem})",
+                )
+        return values, ""
+
+    def site_shape(self, site: Site) -> tuple[str, int]:
+        """(the shape ``site`` is timed at, how many of its calls one timed call is): the first
+        input's rows (its leading dimensions' product) x its last dimension, once."""
+        d = dims(site.shapes[0]) if site.shapes else ()
+        if not d:
+            raise ValueError(f"{site.where or '<model>'}: no input shape was traced")
+        return f"{math.prod(d[:-1])}x{d[-1]}", 1
+
+    def declaration(self, canonical: Mapping[str, Any], shapes: Sequence[str]) -> str:
+        """What the model's semantics amount to as the slot's option says it ("": none)."""
+        return ""
+
+    def use(
+        self, sites: Sequence[Site], refuse: Callable[[Mapping[str, Any]], str] = lambda _: ""
+    ) -> Use:
+        """The slot's sites as the probe uses them: the semantics of the most calls (ties: the
+        first site's) pinned, each covered site's shape weighted by its calls; a site with other
+        semantics, or semantics the slot cannot pin or ``refuse`` says why it cannot check, is not
+        covered (and named with why)."""
+        uncovered: list[tuple[str, str]] = []
+        found: list[tuple[Site, dict[str, Any]]] = []
+        for site in sites:
+            values, why = self.traced(site)
+            why = why or refuse(values)
+            if why:
+                uncovered.append((site.where, why))
+            else:
+                found.append((site, values))
+        calls: dict[str, int] = {}
+        for site, values in found:
+            key = json.dumps(values, sort_keys=True, default=str)
+            calls[key] = calls.get(key, 0) + site.calls
+        if not found:
+            return Use(uncovered=tuple(uncovered))
+        best = max(calls, key=lambda k: calls[k])  # the first of the most-called
+        canonical = next(v for _, v in found if json.dumps(v, sort_keys=True, default=str) == best)
+        weights: dict[str, int] = {}
+        covered = []
+        for site, values in found:
+            if values != canonical:
+                why = f"{_differ(values, canonical)}: the lock checks the semantics of "
+                why += f"{calls[best]} of {sum(calls.values())} calls"
+                uncovered.append((site.where, why))
+                continue
+            shape, per = self.site_shape(site)
+            weights[shape] = weights.get(shape, 0) + site.calls * per
+            covered.append(site.where)
+        weights = dict(sorted(weights.items(), key=lambda kv: -kv[1]))
+        declared = self.declaration(canonical, tuple(weights))
+        return Use(canonical, declared, weights, tuple(covered), tuple(uncovered))
+
     # ---- judging, in the probe's process -----------------------------------------------------
+    def contradiction(self, cand: Candidate, canonical: Mapping[str, Any]) -> str:
+        """Where ``cand``'s declaration pins a value of the model's semantics other than the
+        model's (``elementwise_affine = true``, for a model whose norm has none): the lock would
+        pin it. "" where it pins none."""
+        for k, v in cand.kwargs.items():
+            if k in canonical and not str(v).startswith("$") and v != canonical[k]:
+                return f"{cand.target} is declared with {k}={_value(v)}; the model's is " + (
+                    _value(canonical[k])
+                )
+        return ""
+
     def static_problem(self, cand: Candidate, canonical: Mapping[str, Any]) -> Problem | None:
-        """Why ``cand`` cannot be the slot's kernel, known before anything is imported."""
-        return None
+        """Why ``cand`` cannot be the slot's kernel, known before anything is imported (by
+        default: its ``contradiction`` of the model's semantics)."""
+        from kernel_probe.probe.report import Problem  # the judge imports the candidates' parser
+
+        why = self.contradiction(cand, canonical)
+        return Problem("skipped", why) if why else None
 
     def judge(
         self,
@@ -203,5 +329,13 @@ class Slot:
             ]
             return TimeReply(candidate=cand.id, device=device, rows=rows)
         return timing.time_candidate(
-            cand, self.name, device, shapes, dtype, regime, options, progress=progress
+            cand,
+            self.name,
+            device,
+            shapes,
+            dtype,
+            regime,
+            options,
+            progress=progress,
+            canonical=canonical,
         )

@@ -6,7 +6,7 @@ modified, or an output matching one of the formula's known mistakes (``MISTAKES`
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernel_lock.slots import gated_mlp
@@ -104,6 +104,10 @@ class GatedMLP(Slot):
         """The mlp_implementation checked against."""
         default = gated_mlp.GATED_MLP.canonical["mlp_implementation"]
         return {"mlp_implementation": declared or default}
+
+    def declaration(self, canonical: Mapping[str, Any], shapes: Sequence[str]) -> str:
+        """The traced model's mlp_implementation, as --mlp-implementation names it."""
+        return str(canonical.get("mlp_implementation", ""))
 
     def judge(self, raw, cand, device, base, canonical, policy) -> Report:
         """Per output against the formula's float64 reference."""

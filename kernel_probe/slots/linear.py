@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from kernel_lock.model import Site
 from kernel_lock.slots import linear
 
 from .base import Slot
@@ -26,6 +27,11 @@ class Linear(Slot):
         if not report.blas:
             return {}
         return {"blas": linear.Blas(library=report.blas, build_default=report.blas_default)}
+
+    def site_shape(self, site: Site) -> tuple[str, int]:
+        """ROWSxINxOUT: the input's rows and width, and the site's ``out_features``."""
+        shape, per = super().site_shape(site)
+        return f"{shape}x{int(site.semantics['out_features'])}", per
 
     def warnings(self, device: str, dtype: str) -> list[str]:
         """A CPU whose regime's matmuls are emulated: the probe will be slow."""

@@ -140,3 +140,18 @@ def test_choice_errors_name_the_flag_and_spell_it_right():
             pin="liger.rms_norm",
             origin="profile lumi-g",
         )
+
+
+def test_a_models_calls_weigh_its_shapes():
+    # faster at the first shape, slower at the second: the geometric mean says faster; the model's
+    # time in the slot (calls x median) says whichever shape it calls more
+    timings = {"torch.rms_norm": t(1.0, 1.0), "liger.rms_norm": t(0.5, 1.2)}
+    unweighted = decide(timings)
+    assert unweighted.report.id == "liger.rms_norm" and not unweighted.weighted
+    mostly_second = decide(timings, weights={SHAPES[0]: 1, SHAPES[1]: 10})
+    assert mostly_second.report.id == "torch.rms_norm" and mostly_second.how == "default"
+    assert mostly_second.scores["liger.rms_norm"] == pytest.approx((0.5 + 12) / 11)
+    mostly_first = decide(timings, weights={SHAPES[0]: 10, SHAPES[1]: 1})
+    assert mostly_first.report.id == "liger.rms_norm" and mostly_first.weighted
+    assert mostly_first.scores["liger.rms_norm"] == pytest.approx((5 + 1.2) / 11)
+    assert "in the model's time in the slot (11 calls at 2 shapes, bfloat16)" in mostly_first.reason
