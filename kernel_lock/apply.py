@@ -20,7 +20,7 @@ from .errors import LockFormatError
 from .lock import KernelLock
 from .model import Model, Site
 from .routing import Enter, Leave, Route, Router
-from .slots import SPECS, canonical_target, site_of
+from .slots import SPECS, public_name, site_of
 from .slots.base import NONE, Calls, SlotSpec
 
 __all__ = ["RECORD", "Applied", "AppliedSite", "Record", "apply", "undo"]
@@ -145,7 +145,7 @@ class _Applier:
 
     def module(self, where: str, module: Any, spec: SlotSpec, calls: Calls) -> None:
         """Judge one module site, and build its replacement where it is covered."""
-        call = canonical_target(_qualified(type(module)))
+        call = public_name(type(module))
         semantics = calls.module(module)
         if isinstance(semantics, str):
             return self.left(where, spec.name, "module", call, semantics)
@@ -366,7 +366,7 @@ def _modules(model: Any, applier: _Applier) -> None:
         if found is None:
             continue
         covered.append(where)
-        call = canonical_target(_qualified(type(module)))
+        call = public_name(type(module))
         if isinstance(found, str):
             applier.left(where, "", "module", call, found)
         elif found.calls is None:

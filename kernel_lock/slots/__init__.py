@@ -3,6 +3,7 @@ through the ``kernel_lock.slots`` entry-point group, loaded only when trusted. N
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -40,6 +41,7 @@ __all__ = [
     "dtype_named",
     "register",
     "semantics",
+    "public_name",
     "short_dtype",
     "site_of",
     "slot_name_fix",
@@ -236,6 +238,15 @@ def _qualified(cls: type) -> str:
     return canonical_target(f"{cls.__module__}.{cls.__qualname__}")
 
 
+def public_name(cls: type) -> str:
+    """``torch.nn.LayerNorm`` for torch.nn's classes (by any of their module paths), else the
+    class's own ``module.Qualname``: a site's ``call``."""
+    nn = sys.modules.get("torch.nn")  # a module of torch.nn's is built: torch is imported
+    if _under(cls.__module__, ("torch.nn.modules",)) and getattr(nn, cls.__name__, None) is cls:
+        return f"torch.nn.{cls.__name__}"
+    return _qualified(cls)
+
+
 def _own_forward(cls: type, spec: SlotSpec) -> bool:
     """Whether ``cls`` overrides the forward of the slot's class it derives from."""
     names = set(spec.computed_by) | set(spec.known_targets)
@@ -258,6 +269,6 @@ def site_of(module: Any) -> SlotSpec | str | None:
     if found is None:
         return None
     if found.endswith("(quantized or fused)"):
-        return f"{_qualified(cls)} is quantized or fused: no slot computes a plain float call"
+        return f"{public_name(cls)} is quantized or fused: no slot computes a plain float call"
     spec = next((s for s in SPECS.values() if s.semantics == found), None)
     return None if spec is None or _own_forward(cls, spec) else spec

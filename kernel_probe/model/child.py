@@ -25,7 +25,7 @@ from torch.overrides import TorchFunctionMode
 from kernel_lock import slots as specs
 from kernel_lock.model import Site, Unreached, function_site
 from kernel_lock.slots import PRECISIONS, SlotSpec
-from kernel_probe.model.sites import functions, public_name
+from kernel_probe.model.sites import functions
 from kernel_probe.model.spec import ANEMOI, ANEMOI_BUILDER
 
 __all__ = ["ModelCodeError", "Recorder", "trace_model"]
@@ -89,7 +89,7 @@ class Recorder(TorchFunctionMode):
     def _enter(self, name: str, site: SlotSpec | str | None, module: nn.Module, args, kwargs):
         covered = any(f.covered for f in self.stack)
         if self.recording and not covered and site is not None:
-            call = public_name(type(module))
+            call = specs.public_name(type(module))
             semantics = (
                 site if isinstance(site, str) else _module_semantics(site, module, args, kwargs)
             )

@@ -1,7 +1,7 @@
 """What the trace's child (imports torch) knows of its own: which torch callables are the
-functions the slots route (``F.layer_norm`` and ``torch.layer_norm`` are both ``layer_norm``), and
-the public name of a module's class. What a call site computes with, and which modules are sites,
-is the slots' (``SlotSpec.calls``, ``kernel_lock.slots.site_of``): what ``kernel_lock.apply``
+functions the slots route (``F.layer_norm`` and ``torch.layer_norm`` are both ``layer_norm``).
+What a call site computes with, which modules are sites and their public names are the slots'
+(``SlotSpec.calls``, ``kernel_lock.slots.site_of``, ``public_name``): what ``kernel_lock.apply``
 reads too."""
 
 from __future__ import annotations
@@ -11,12 +11,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from kernel_lock import slots as specs
 from kernel_lock.slots.base import Functional
 
-__all__ = ["Function", "functions", "public_name"]
+__all__ = ["Function", "functions"]
 
 
 @dataclass(frozen=True)
@@ -45,12 +44,3 @@ def functions() -> dict[Any, Function]:
                 if fn is not None and fn not in found:
                     found[fn] = Function(spec.name, f"{path}.{name}", name, functional)
     return found
-
-
-def public_name(cls: type) -> str:
-    """``torch.nn.LayerNorm`` for torch.nn's classes (by any of their module paths), else the
-    class's own ``module.Qualname``."""
-    path = specs.canonical_target(f"{cls.__module__}.{cls.__qualname__}")
-    if cls.__module__.startswith("torch.nn.modules.") and getattr(nn, cls.__name__, None) is cls:
-        return f"torch.nn.{cls.__name__}"
-    return path

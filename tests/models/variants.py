@@ -1,7 +1,8 @@
 """Models whose layers are not torch's defaults, each ``build`` small: the sites a trace must find
 with their exact semantics (``RMSNorm(eps=None)``, ``LayerNorm(bias=False)``, GQA with a padding
 mask, a tanh GELU), one it cannot swap (``nn.MultiheadAttention``), a model of functional calls
-only, a block called twice, and a model the meta device cannot run (``.item()``)."""
+only, one function called twice in one forward, a block called twice, and a model the meta device
+cannot run (``.item()``)."""
 
 from __future__ import annotations
 
@@ -187,3 +188,26 @@ class DataDependent(nn.Module):
 def data_dependent() -> tuple[nn.Module, tuple[torch.Tensor]]:
     torch.manual_seed(0)
     return DataDependent(), (torch.randn(8, SEQ, HIDDEN),)
+
+
+class Repeated(nn.Module):
+    """``F.layer_norm`` twice with the same semantics in one forward, and a GELU module that calls
+    ``F.gelu`` twice: the second call of each is its module's ``#2`` site."""
+
+    class Twice(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return F.gelu(F.gelu(x))
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.g = nn.Parameter(torch.ones(HIDDEN))
+        self.act = self.Twice()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.layer_norm(x, (HIDDEN,), self.g)
+        return F.layer_norm(self.act(h) * 2.0, (HIDDEN,), self.g)
+
+
+def repeated() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    torch.manual_seed(0)
+    return Repeated(), (torch.randn(BATCH, SEQ, HIDDEN),)
