@@ -383,7 +383,8 @@ def _not_found(applier: _Applier, traced: Model | None) -> None:
             applier.left(site.where, site.slot, site.kind, site.call, _missing(applier, site))
     for gone in traced.unreached if traced is not None else ():
         if gone.where not in seen:
-            applier.left(gone.where, "", "module", gone.call, gone.reason)
+            kind = "function" if ":" in gone.where else "module"  # a call's where names its module
+            applier.left(gone.where, "", kind, gone.call, gone.reason)
 
 
 def _missing(applier: _Applier, site: Site) -> str:

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from kernel_lock import slots as specs
-from kernel_lock.slots.base import Functional
+from kernel_lock.slots.base import Functional, bound
 
 __all__ = ["Function", "functions"]
 
@@ -29,8 +29,8 @@ class Function:
 
     def inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
         """The call's tensor inputs, in the slot's order (their shapes are the site's)."""
-        bound = {**dict(zip(self.functional.args, args, strict=False)), **kwargs}
-        return [t for n in self.functional.inputs if isinstance(t := bound.get(n), torch.Tensor)]
+        given = bound(args, kwargs, self.functional.args)
+        return [t for n in self.functional.inputs if isinstance(t := given.get(n), torch.Tensor)]
 
 
 def functions() -> dict[Any, Function]:

@@ -98,6 +98,11 @@ def test_every_traced_site_is_applied_and_the_model_computes_as_written(spec, tm
         str(report)
     )
     assert all("function" in left[w] for w in others)
+    kinds = {s.where: s.kind for s in report.sites}
+    assert all(kinds[s.where] == s.kind for s in traced.sites)
+    assert all(
+        kinds[u.where] == ("function" if ":" in u.where else "module") for u in traced.unreached
+    )
     assert model.state_dict().keys() == written.state_dict().keys()
 
     out, grads = run(model, args, kwargs)
