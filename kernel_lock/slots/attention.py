@@ -79,9 +79,14 @@ _NONE = {k: v for k, v in _DEFAULTS.items() if k != "dropout"}
 _SDPA = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
 
+def _bound(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """An SDPA call's arguments by name, its defaults filled in."""
+    return bound(args, kwargs, _SDPA, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                 enable_gqa=False)  # fmt: skip
+
+
 def _sdpa(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    b = bound(args, kwargs, _SDPA, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-              enable_gqa=False)  # fmt: skip
+    b = _bound(args, kwargs)
     q, k, mask, scale = b["query"], b["key"], b["attn_mask"], b["scale"]
     heads = int(q.shape[-3]) if q.dim() >= 3 else 1
     kv_heads = int(k.shape[-3]) if k.dim() >= 3 else 1
@@ -117,8 +122,7 @@ _MHA = (
 
 
 def _run_sdpa(module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
-    b = bound(args, kwargs, _SDPA, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-              enable_gqa=False)  # fmt: skip
+    b = _bound(args, kwargs)
     return module(*(b[name] for name in _SDPA))
 
 
