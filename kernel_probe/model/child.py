@@ -90,14 +90,14 @@ class Recorder(TorchFunctionMode):
         covered = any(f.covered for f in self.stack)
         if self.recording and not covered and site is not None:
             call = specs.public_name(type(module))
-            semantics = (
-                site if isinstance(site, str) else _module_semantics(site, module, args, kwargs)
-            )
+            slot, semantics = ("", site) if isinstance(site, str) else (
+                site.name, _module_semantics(site, module, args, kwargs)
+            )  # fmt: skip
             if isinstance(semantics, str):
                 self.unreached.setdefault(name, Unreached(where=name, call=call, reason=semantics))
             else:
                 inputs = _tensors((*args, *kwargs.values()))
-                self._record(name, site.name, "module", call, inputs, semantics)  # type: ignore[union-attr]
+                self._record(name, slot, "module", call, inputs, semantics)
         self.stack.append(_Frame(name, covered or site is not None))
 
     def _leave(self, module: nn.Module, args: Any, output: Any) -> None:
