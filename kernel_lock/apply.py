@@ -20,7 +20,7 @@ from .errors import LockFormatError
 from .lock import KernelLock
 from .model import Model, Site
 from .routing import Enter, Leave, Route, Router
-from .slots import SPECS, canonical_target
+from .slots import SPECS, public_name, site_of
 from .slots.base import NONE, Calls, SlotSpec
 
 __all__ = ["RECORD", "Applied", "AppliedSite", "Record", "apply", "undo"]
@@ -94,15 +94,6 @@ def _qualified(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _calls_of(module: Any) -> tuple[SlotSpec, Calls] | None:
-    """The slot a module is the plain torch (or kernel_lock) class of, with its call knowledge."""
-    name = canonical_target(_qualified(type(module)))
-    for spec in SPECS.values():
-        if spec.calls is not None and name in spec.known_targets:
-            return spec, spec.calls
-    return None
-
-
 class _Applier:
     """One application: the lock's classes resolved once per slot, the sites judged in turn."""
 
@@ -154,7 +145,7 @@ class _Applier:
 
     def module(self, where: str, module: Any, spec: SlotSpec, calls: Calls) -> None:
         """Judge one module site, and build its replacement where it is covered."""
-        call = canonical_target(_qualified(type(module)))
+        call = public_name(type(module))
         semantics = calls.module(module)
         if isinstance(semantics, str):
             return self.left(where, spec.name, "module", call, semantics)
@@ -343,10 +334,7 @@ def apply(model: Any, lock: KernelLock, mode: str | None = None) -> Applied:
             fix="re-run `kernel-probe --model SPEC --force` to trace the model again",
         )
     applier = _Applier(model, lock, mode)
-    for where, module in model.named_modules():
-        found = _calls_of(module)
-        if found is not None:
-            applier.module(where, module, *found)
+    _modules(model, applier)
     routes: dict[str, dict[str, list[Route]]] = {}
     for site in traced.sites if traced is not None else ():
         if site.kind == "function":
@@ -367,6 +355,26 @@ def apply(model: Any, lock: KernelLock, mode: str | None = None) -> Applied:
     return Applied(tuple(sites), notes, router)
 
 
+def _modules(model: Any, applier: _Applier) -> None:
+    """Judge the model's module sites as the trace finds them (``site_of``): a site's own
+    submodules are its own, never sites."""
+    covered: list[str] = []
+    for where, module in model.named_modules():
+        if any(c == "" or where.startswith(c + ".") for c in covered):
+            continue
+        found = site_of(module)
+        if found is None:
+            continue
+        covered.append(where)
+        call = public_name(type(module))
+        if isinstance(found, str):
+            applier.left(where, "", "module", call, found)
+        elif found.calls is None:
+            applier.left(where, found.name, "module", call, f"no {found.name} is swapped in place")
+        else:
+            applier.module(where, module, found, found.calls)
+
+
 def _not_found(applier: _Applier, traced: Model | None) -> None:
     """The trace's module sites the model does not hold, and the sites no slot can swap."""
     seen = {s.where for s in applier.sites}
@@ -374,7 +382,9 @@ def _not_found(applier: _Applier, traced: Model | None) -> None:
         if site.where not in seen:
             applier.left(site.where, site.slot, site.kind, site.call, _missing(applier, site))
     for gone in traced.unreached if traced is not None else ():
-        applier.left(gone.where, "", "module", gone.call, gone.reason)
+        if gone.where not in seen:
+            kind = "function" if ":" in gone.where else "module"  # a call's where names its module
+            applier.left(gone.where, "", kind, gone.call, gone.reason)
 
 
 def _missing(applier: _Applier, site: Site) -> str:

@@ -34,11 +34,26 @@ from .tables import (
 )
 from .tables import toml_key as key
 
-__all__ = ["KINDS", "NONE_VALUE", "TABLE", "Model", "Site", "Unreached", "site_differences"]
+__all__ = [
+    "KINDS",
+    "NONE_VALUE",
+    "TABLE",
+    "Model",
+    "Site",
+    "Unreached",
+    "function_site",
+    "site_differences",
+]
 
 TABLE = "model"
 KINDS = ("module", "function")  # a module the model holds, or a functional call it makes
 NONE_VALUE = "none"  # how a semantics value of None (``RMSNorm(eps=None)``) is written
+
+
+def function_site(owner: str, function: str, n: int) -> str:
+    """The ``where`` of the ``n``-th call (from 1) of ``function`` in ``owner``'s forward: the
+    trace writes it, ``kernel_lock.apply`` routes by it (``blocks.0:layer_norm#2``)."""
+    return f"{owner}:{function}" + (f"#{n}" if n > 1 else "")
 
 
 def _kind(ctx: Any, d: Raw, k: str, _: Raw) -> str:

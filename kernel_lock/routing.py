@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .model import function_site
 from .slots import SPECS
 from .slots.base import Functional
 
@@ -89,14 +90,18 @@ class Router:
         owner, counts = (frames[-1][0], frames[-1][1]) if frames else (None, {})
         name = getattr(func, "__name__", "")
         table = self.routes.get(owner, {}).get(name) if owner is not None else None
-        if not table or not str(getattr(func, "__module__", None) or "").startswith("torch"):
+        if (
+            not table
+            or owner is None
+            or not str(getattr(func, "__module__", "")).startswith("torch")
+        ):
             return func(*args, **kwargs)
         n = counts[name] = counts.get(name, 0) + 1
         try:
             semantics: Any = table[0].functional.semantics(args, kwargs)
         except Exception:  # a call of a form the slot does not read: not the lock's, left as is
             semantics = None
-        nth = f"{owner}:{name}" + (f"#{n}" if n > 1 else "")
+        nth = function_site(owner, name, n)
         ordered = sorted(table, key=lambda r: r.where != nth)  # the n-th call's site first
         route = next((r for r in ordered if r.semantics == semantics), None)
         tally = self.counts.setdefault(route.where if route else nth, [0, 0])

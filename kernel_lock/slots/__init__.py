@@ -3,6 +3,7 @@ through the ``kernel_lock.slots`` entry-point group, loaded only when trusted. N
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -40,7 +41,9 @@ __all__ = [
     "dtype_named",
     "register",
     "semantics",
+    "public_name",
     "short_dtype",
+    "site_of",
     "slot_name_fix",
     "spec_of",
     "target_facts",
@@ -229,3 +232,43 @@ def class_semantics(cls: Any) -> str | None:
     if found is not None:
         return found
     return f"other: {cls.__name__}" if _under(cls.__module__, ("torch",)) else None
+
+
+def _qualified(cls: type) -> str:
+    return canonical_target(f"{cls.__module__}.{cls.__qualname__}")
+
+
+def public_name(cls: type) -> str:
+    """``torch.nn.LayerNorm`` for torch.nn's classes (by any of their module paths), else the
+    class's own ``module.Qualname``: a site's ``call``."""
+    nn = sys.modules.get("torch.nn")  # a module of torch.nn's is built: torch is imported
+    if _under(cls.__module__, ("torch.nn.modules",)) and getattr(nn, cls.__name__, None) is cls:
+        return f"torch.nn.{cls.__name__}"
+    return _qualified(cls)
+
+
+def _own_forward(cls: type, spec: SlotSpec) -> bool:
+    """Whether ``cls`` overrides the forward of the slot's class it derives from."""
+    names = set(spec.computed_by) | set(spec.known_targets)
+    base = next((c for c in cls.__mro__ if _qualified(c) in names), cls)
+    return getattr(cls, "forward", None) is not getattr(base, "forward", None)
+
+
+def site_of(module: Any) -> SlotSpec | str | None:
+    """The slot whose call site a built module is (the trace's and ``kernel_lock.apply``'s one
+    rule), why it is out of reach (a class no slot swaps: its inner calls are its own), or None
+    (neither: the calls its forward makes are the sites)."""
+    cls = type(module)
+    names = [_qualified(c) for c in cls.__mro__]
+    names += [f"torch.nn.{c.__name__}" for c in cls.__mro__ if _under(c.__module__, ("torch.nn",))]
+    reasons = {k: v for s in SPECS.values() if s.calls for k, v in s.calls.out_of_reach.items()}
+    why = next((reasons[n] for n in names if n in reasons), None)
+    if why is not None:
+        return why
+    found = class_semantics(cls)
+    if found is None:
+        return None
+    if found.endswith("(quantized or fused)"):
+        return f"{public_name(cls)} is quantized or fused: no slot computes a plain float call"
+    spec = next((s for s in SPECS.values() if s.semantics == found), None)
+    return None if spec is None or _own_forward(cls, spec) else spec

@@ -156,21 +156,25 @@ def _module(module: Any) -> dict[str, str] | str:
         return _IN_PLACE
     cls = type(module)
     approximate = {"approximate": getattr(module, "approximate", "none")}
-    function = _function(f"{cls.__module__}.{cls.__qualname__}", approximate)
-    return {"function": function} if function else f"{cls.__qualname__} computes no known function"
+    found = _computes(f"{cls.__module__}.{cls.__qualname__}", approximate, cls)
+    if not found:
+        return f"{cls.__qualname__} has a forward of its own: what it computes cannot be told"
+    return dict(found)
 
 
 def _functional(function: str) -> Functional:
     """``torch.nn.functional.<name>`` (``gelu``: its ``approximate`` says which form)."""
 
+    names = ("input", "approximate" if function == "gelu-erf" else "inplace")
+
     def semantics(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, str] | str:
-        b = bound(args, kwargs, ("input", "approximate"), approximate="none", inplace=False)
+        b = bound(args, kwargs, names, approximate="none", inplace=False)
         if b["inplace"]:
             return _IN_PLACE
         tanh = function == "gelu-erf" and b["approximate"] == "tanh"
         return {"function": "gelu-tanh" if tanh else function}
 
-    return Functional(semantics, lambda s: ((), {}), _run)
+    return Functional(semantics, lambda s: ((), {}), _run, args=names)
 
 
 def _run(module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:

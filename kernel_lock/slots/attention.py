@@ -79,9 +79,14 @@ _NONE = {k: v for k, v in _DEFAULTS.items() if k != "dropout"}
 _SDPA = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
 
+def _bound(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """An SDPA call's arguments by name, its defaults filled in."""
+    return bound(args, kwargs, _SDPA, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                 enable_gqa=False)  # fmt: skip
+
+
 def _sdpa(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    b = bound(args, kwargs, _SDPA, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-              enable_gqa=False)  # fmt: skip
+    b = _bound(args, kwargs)
     q, k, mask, scale = b["query"], b["key"], b["attn_mask"], b["scale"]
     heads = int(q.shape[-3]) if q.dim() >= 3 else 1
     kv_heads = int(k.shape[-3]) if k.dim() >= 3 else 1
@@ -100,9 +105,24 @@ def _sdpa(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _module_call(module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+    """One call of an Attention-slot module: SDPA's semantics of its arguments, its dropout its
+    own where the call gives none (``Attention.forward``'s rule)."""
+    b = bound(args, kwargs, _SDPA)
+    if b.get("dropout_p") is None:
+        b["dropout_p"] = float(getattr(module, "dropout", 0.0)) if module.training else 0.0
+    return _sdpa((), b)
+
+
+_MHA = (
+    "nn.MultiheadAttention computes its projections and attention in one fused call "
+    "(F.multi_head_attention_forward) that no slot swaps; rewrite it with nn.Linear and "
+    "F.scaled_dot_product_attention to bring it in reach"
+)
+
+
 def _run_sdpa(module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
-    b = bound(args, kwargs, _SDPA, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-              enable_gqa=False)  # fmt: skip
+    b = _bound(args, kwargs)
     return module(*(b[name] for name in _SDPA))
 
 
@@ -111,11 +131,13 @@ _CALLS = Calls(
     # a functional call has no window, softcap or alibi: the class is built without them
     functions={
         "scaled_dot_product_attention": Functional(
-            _sdpa, lambda s: ((), dict(_DEFAULTS)), _run_sdpa
+            _sdpa, lambda s: ((), dict(_DEFAULTS)), _run_sdpa, args=_SDPA, inputs=_SDPA[:4]
         )
     },
     sizes=frozenset({"heads", "kv_heads", "head_dim", "seq_q", "seq_k"}),
     module_args=_module_args,
+    module_call=_module_call,
+    out_of_reach={"torch.nn.MultiheadAttention": _MHA},
 )
 
 ATTENTION = SlotSpec(

@@ -125,6 +125,9 @@ class Functional:
     call: Callable[[Any, tuple[Any, ...], Mapping[str, Any]], Any]
     # the parameters of the built module the call passes its own tensors for (weight, bias)
     params: Callable[[Mapping[str, Any]], frozenset[str]] = lambda semantics: frozenset()
+    # its parameters in order, and those whose tensors' shapes the trace records
+    args: tuple[str, ...] = ("input",)
+    inputs: tuple[str, ...] = ("input",)
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,10 @@ class Calls:
     sizes: frozenset[str] = frozenset()
     defaults: Mapping[str, Any] = field(default_factory=dict)
     module_args: TwinArgs | None = None  # how to build the slot's class from a module (twin_args)
+    # what one call of a module of the slot adds to its own semantics (its inputs' sizes, options)
+    module_call: Callable[[Any, tuple[Any, ...], Mapping[str, Any]], Semantics] | None = None
+    # classes found in a model that no slot swaps, each with why (their inner calls are theirs)
+    out_of_reach: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -221,8 +221,10 @@ def _module(module: Any) -> dict[str, Any]:
 _ARGS = ("input", "weight", "bias")
 
 
-def _call_semantics(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+def _call_semantics(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any] | str:
     b = bound(args, kwargs, _ARGS, bias=None)
+    if b["weight"].dim() != 2:  # a vector weight drops the output's last dimension: no nn.Linear
+        return f"a {b['weight'].dim()}-D weight: no Linear computes it"
     out_features, in_features = b["weight"].shape
     return {"in_features": int(in_features), "out_features": int(out_features),
             "bias": b["bias"] is not None}  # fmt: skip
@@ -242,6 +244,7 @@ _CALLS = Calls(
             lambda s: ((s["in_features"], s["out_features"]), {"bias": s["bias"]}),
             _run,
             lambda s: frozenset(("weight", "bias") if s["bias"] else ("weight",)),
+            args=_ARGS,
         )
     },
     sizes=frozenset({"in_features", "out_features"}),

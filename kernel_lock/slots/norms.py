@@ -109,8 +109,9 @@ def _run(module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], *, bias:
 def _calls(function: str, bias: bool) -> Calls:
     """A norm's sites: its modules, and its torch function (``layer_norm``, ``rms_norm``)."""
     routed = Functional(
-        partial(_call_semantics, bias=bias), _build, partial(_run, bias=bias), _params
-    )
+        partial(_call_semantics, bias=bias), _build, partial(_run, bias=bias), _params,
+        args=_ARGS[bias],
+    )  # fmt: skip
     return Calls(
         module=partial(_module, bias=bias),
         functions={function: routed},

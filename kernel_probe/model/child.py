@@ -23,9 +23,9 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from kernel_lock import slots as specs
-from kernel_lock.model import Site, Unreached
-from kernel_lock.slots import PRECISIONS
-from kernel_probe.model.sites import FUNCTIONS, module_semantics, module_site, public_name
+from kernel_lock.model import Site, Unreached, function_site
+from kernel_lock.slots import PRECISIONS, SlotSpec
+from kernel_probe.model.sites import functions
 from kernel_probe.model.spec import ANEMOI, ANEMOI_BUILDER
 
 __all__ = ["ModelCodeError", "Recorder", "trace_model"]
@@ -73,8 +73,9 @@ class Recorder(TorchFunctionMode):
         self.unreached: dict[str, Unreached] = {}
         self.stack: list[_Frame] = []
         self.handles: list[Any] = []
+        self.functions = functions()  # the slots registered now: a trusted package's too
         for name, module in model.named_modules():
-            site = module_site(module)
+            site = specs.site_of(module)
             enter = partial(self._enter, name, site)
             self.handles.append(module.register_forward_pre_hook(enter, with_kwargs=True))
             leave = partial(self._leave)
@@ -85,27 +86,28 @@ class Recorder(TorchFunctionMode):
         for handle in self.handles:
             handle.remove()
 
-    def _enter(self, name: str, site: tuple[str, str] | None, module: nn.Module, args, kwargs):
+    def _enter(self, name: str, site: SlotSpec | str | None, module: nn.Module, args, kwargs):
         covered = any(f.covered for f in self.stack)
         if self.recording and not covered and site is not None:
-            slot, reason = site
-            call = public_name(type(module))
-            if not slot:
-                self.unreached.setdefault(name, Unreached(where=name, call=call, reason=reason))
+            call = specs.public_name(type(module))
+            slot, semantics = ("", site) if isinstance(site, str) else (
+                site.name, _module_semantics(site, module, args, kwargs)
+            )  # fmt: skip
+            if isinstance(semantics, str):
+                self.unreached.setdefault(name, Unreached(where=name, call=call, reason=semantics))
             else:
                 inputs = _tensors((*args, *kwargs.values()))
-                how = partial(module_semantics, slot, module, args, kwargs)
-                self._record(name, slot, "module", call, inputs, how)
+                self._record(name, slot, "module", call, inputs, semantics)
         self.stack.append(_Frame(name, covered or site is not None))
 
     def _leave(self, module: nn.Module, args: Any, output: Any) -> None:
         if self.stack:
             self.stack.pop()
 
-    def _record(self, where: str, slot: str, kind: str, call: str, inputs, how: Callable) -> None:
+    def _record(self, where: str, slot: str, kind: str, call: str, inputs, semantics) -> None:
         dtype = str(inputs[0].dtype).removeprefix("torch.") if inputs else ""
         site = dict(slot=slot, kind=kind, call=call, calls=1, dtype=dtype)
-        site |= dict(shapes=[_dims(t) for t in inputs], semantics=how())
+        site |= dict(shapes=[_dims(t) for t in inputs], semantics=dict(semantics))
         first = self.sites.setdefault(where, site)
         if first is site:
             return
@@ -120,19 +122,32 @@ class Recorder(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        fn = FUNCTIONS.get(func)
+        fn = self.functions.get(func)
         if fn is not None and self.recording and self.stack and not self.stack[-1].covered:
             frame = self.stack[-1]
             frame.counts[fn.name] += 1
-            n = frame.counts[fn.name]
-            where = f"{frame.name}:{fn.name}" + (f"#{n}" if n > 1 else "")
-            bound = fn.bind(args, kwargs)
-            inputs = _tensors(bound.get(i) for i in fn.inputs)
-            self._record(where, fn.slot, "function", fn.call, inputs, partial(fn.semantics, bound))
+            where = function_site(frame.name, fn.name, frame.counts[fn.name])
+            semantics = fn.functional.semantics(args, kwargs)
+            if isinstance(semantics, str):
+                self.unreached.setdefault(
+                    where, Unreached(where=where, call=fn.call, reason=semantics)
+                )
+            else:
+                inputs = fn.inputs(args, kwargs)
+                self._record(where, fn.slot, "function", fn.call, inputs, semantics)
         if self.low is not None and (func in _LOW or func in _FLOAT32):
             dtype = self.low if func in _LOW else torch.float32
             args, kwargs = _cast((args, kwargs), dtype)
         return func(*args, **kwargs)
+
+
+def _module_semantics(spec: SlotSpec, module: nn.Module, args: tuple, kwargs: dict) -> Any:
+    """A module site's semantics: its own (``Calls.module``), over what its call adds."""
+    if spec.calls is None:  # a slot kernel_lock.apply does not swap: its class is its semantics
+        return {}
+    own = spec.calls.module(module)
+    call = spec.calls.module_call(module, args, kwargs) if spec.calls.module_call else {}
+    return own if isinstance(own, str) else call if isinstance(call, str) else {**call, **own}
 
 
 def _cast(value: Any, dtype: torch.dtype) -> Any:

@@ -1,7 +1,8 @@
 """Models whose layers are not torch's defaults, each ``build`` small: the sites a trace must find
 with their exact semantics (``RMSNorm(eps=None)``, ``LayerNorm(bias=False)``, GQA with a padding
 mask, a tanh GELU), one it cannot swap (``nn.MultiheadAttention``), a model of functional calls
-only, a block called twice, and a model the meta device cannot run (``.item()``)."""
+only, one function called twice in one forward, calls no slot swaps (in place, a vector weight), a
+block called twice, and a model the meta device cannot run (``.item()``)."""
 
 from __future__ import annotations
 
@@ -187,3 +188,54 @@ class DataDependent(nn.Module):
 def data_dependent() -> tuple[nn.Module, tuple[torch.Tensor]]:
     torch.manual_seed(0)
     return DataDependent(), (torch.randn(8, SEQ, HIDDEN),)
+
+
+class Repeated(nn.Module):
+    """``F.layer_norm`` twice with the same semantics in one forward, and a GELU module that calls
+    ``F.gelu`` twice: the second call of each is its module's ``#2`` site."""
+
+    class Twice(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return F.gelu(F.gelu(x))
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.g = nn.Parameter(torch.ones(HIDDEN))
+        self.act = self.Twice()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.layer_norm(x, (HIDDEN,), self.g)
+        return F.layer_norm(self.act(h) * 2.0, (HIDDEN,), self.g)
+
+
+def repeated() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    torch.manual_seed(0)
+    return Repeated(), (torch.randn(BATCH, SEQ, HIDDEN),)
+
+
+class OwnNorm(nn.LayerNorm):
+    """A LayerNorm subclass with a forward of its own: no site (apply must not replace it); the
+    ``F.layer_norm`` its forward makes is."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 2.0 * super().forward(x)
+
+
+class OutOfReach(nn.Module):
+    """Calls no slot swaps: an in-place ReLU module and ``F.relu(x, True)`` (a swapped class would
+    not overwrite its input), ``F.linear`` with a vector weight (no Linear computes it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = OwnNorm(HIDDEN)
+        self.relu = nn.ReLU(inplace=True)
+        self.v = nn.Parameter(torch.randn(HIDDEN) / HIDDEN**0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.relu(self.norm(x) + 0.0)
+        return F.relu(h - 0.1, True) * F.linear(h, self.v)[..., None]
+
+
+def out_of_reach() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    torch.manual_seed(0)
+    return OutOfReach(), (torch.randn(BATCH, SEQ, HIDDEN),)

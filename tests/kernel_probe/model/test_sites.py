@@ -165,6 +165,15 @@ def test_a_norm_subclass_is_its_site_a_gelu_with_its_own_forward_its_inner_call(
     assert gelu["semantics"] == {"function": "gelu-erf"} and value["unreached"] == []
 
 
+def test_calls_no_slot_swaps_are_unreached_and_a_subclass_with_its_own_forward_is_no_site():
+    value = traced("out_of_reach")
+    assert [(s["where"], s["semantics"]) for s in value["sites"]] == [("norm:layer_norm", LN)]
+    reasons = {u["where"]: u["reason"] for u in value["unreached"]}
+    assert list(reasons) == ["relu", ":relu", ":linear"]
+    assert reasons["relu"] == reasons[":relu"] and "in place" in reasons["relu"]
+    assert reasons[":linear"] == "a 1-D weight: no Linear computes it"
+
+
 def test_the_meta_device_falls_back_to_the_cpu_at_batch_1_saying_so():
     value = traced("data_dependent")
     assert value["traced"] == "cpu, batch 1 of 8"
