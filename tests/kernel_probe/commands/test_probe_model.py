@@ -1,11 +1,10 @@
 """``kernel-probe --model SPEC`` end to end on this CPU: the lock pins each slot the model calls,
 with the model's semantics, timed at its shapes, records the trace, and ``--check`` holds a lock
 to it. The trace is a hand-built one (``frommodel.trace`` patched) where the tracer is not the
-subject; the real tracer's run on tests/models/block.py follows where it is installed."""
+subject; the real tracer's run on tests/models/block.py follows."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
@@ -76,12 +75,6 @@ def test_what_only_the_model_says_is_refused_before_any_work(
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    importlib.util.find_spec("kernel_probe.model") is None
-    or not (ROOT / "tests/models/block.py").exists(),
-    reason="the tracer (kernel_probe.model, issue 53's trace part) and its tests/models/block.py "
-    "are not on this branch yet",
-)
 def test_the_block_traced_for_real_is_probed_as_it_is(tmp_path, capsys):
     out = tmp_path / "kernel-lock.toml"
     spec = f"{ROOT / 'tests/models/block.py'}:build"

@@ -1,0 +1,62 @@
+"""Issue 53's first Must show, end to end with no hand-written swap: `kernel-probe --model
+tests/models/block.py:build --out L` with a third-party LayerNorm pinned, then
+`kernel_lock.apply(model, kernel_lock.load(L))`. Every LayerNorm becomes that class; outputs,
+gradients and the parameters after 20 SGD steps agree with the model as written; the report names
+every site the trace found."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import kernel_lock
+from tests.conftest import ROOT, run_cli
+from tests.models import block
+
+THIRD_PARTY = "kp_zoo.norms.GoodLayerNorm"  # its own forward (float32 mean/var), not torch's
+SPEC = f"{ROOT / 'tests/models/block.py'}:build"
+STEPS = 20
+
+
+def _step(model, x, opt):
+    opt.zero_grad()
+    out = model(x)
+    loss = out.square().mean()
+    loss.backward()
+    opt.step()
+    return out.detach(), loss.detach()
+
+
+@pytest.mark.slow
+def test_the_block_probed_for_then_applied_trains_as_written(tmp_path, capsys):
+    out = tmp_path / "kernel-lock.toml"
+    args = ["--model", SPEC, "--out", out, "--precision", "32-true", "--reps", "2"]
+    pin = ["--candidate", f"LayerNorm={THIRD_PARTY}", "--pin", f"LayerNorm=custom:{THIRD_PARTY}"]
+    code, _, err = run_cli([*args, *pin], capsys)
+    assert code == 0, err
+    lock = kernel_lock.load(out, trust=["kp_zoo"], emit_warnings=False)
+    assert lock.model is not None and lock.slots["LayerNorm"].target == THIRD_PARTY
+
+    written, (x,) = block.build()
+    applied = copy.deepcopy(written)
+    report = kernel_lock.apply(applied, lock)
+    # the report names every site the trace found, and says what each runs now
+    assert {s.where for s in report.sites} >= {s.where for s in lock.model.sites}
+    norms = [m for m in applied.modules() if type(m).__name__ == "GoodLayerNorm"]
+    assert len(norms) == 2 and not any(isinstance(m, torch.nn.LayerNorm) for m in applied.modules())
+    assert set(dict(applied.state_dict())) == set(dict(written.state_dict()))
+
+    opt_w = torch.optim.SGD(written.parameters(), lr=0.05)
+    opt_a = torch.optim.SGD(applied.parameters(), lr=0.05)
+    torch.manual_seed(1)
+    for step in range(STEPS):
+        xs = x + 0.1 * torch.randn_like(x)
+        (y_w, l_w), (y_a, l_a) = _step(written, xs, opt_w), _step(applied, xs, opt_a)
+        torch.testing.assert_close(y_a, y_w, rtol=1e-5, atol=1e-5, msg=f"output, step {step}")
+        torch.testing.assert_close(l_a, l_w, rtol=1e-5, atol=1e-6, msg=f"loss, step {step}")
+        for (name, p_w), p_a in zip(written.named_parameters(), applied.parameters(), strict=True):
+            torch.testing.assert_close(p_a.grad, p_w.grad, rtol=1e-4, atol=1e-5, msg=name)
+    for (name, p_w), p_a in zip(written.named_parameters(), applied.parameters(), strict=True):
+        torch.testing.assert_close(p_a, p_w, rtol=1e-4, atol=1e-5, msg=f"{name} after {STEPS}")
