@@ -26,9 +26,11 @@ __all__ = ["ATTENTION"]
 
 # ---- the geometry, as the command line writes it ----------------------------------------------
 # batch 1; window: the band's half-width (key j visible to query i iff |i - j| <= W; -1: global).
-# timing on a CPU: cheap; on a GPU: long enough to rank the backends without O96's cost. anemoi's
-# O96 processor: 16 heads of 128 over 40,320 nodes, window 512 (anemoi-core PR #959)
-DEFAULT_GEOMETRY = {"cpu": "4x32x256", "gpu": "16x128x8192:window=512"}
+# timing on a CPU: cheap; on a GPU: long enough to rank the backends without O96's cost. A default
+# gives sizes only, never an option: an option changes what the model computes, so only the model
+# sets one (issue 53: the GPU default's window=512 built a sliding window for a global model).
+# anemoi's O96 processor: 16 heads of 128 over 40,320 nodes, window 512 (anemoi-core PR #959)
+DEFAULT_GEOMETRY = {"cpu": "4x32x256", "gpu": "16x128x8192"}
 O96_GEOMETRY = "16x128x40320:window=512"
 FORM = "HEADSxHEAD_DIMxSEQ[:window=W][,softcap=C][,dropout=P][,alibi=true]"
 OPTIONS = ("window", "softcap", "dropout", "alibi")  # the options a model fixes, after the colon
