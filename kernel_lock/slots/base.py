@@ -125,6 +125,9 @@ class SlotSpec:
     sample_width: Callable[[Any], int] | None = None  # the twin's input width to compare on
     # the type and range of each keyword its classes take, checked on read (kwargs, twin.kwargs)
     params: Mapping[str, Param] = field(default_factory=dict)
+    # keywords pinned only where the model sets them (their value differs from ``canonical``'s):
+    # Attention's ``causal``, so that a lock of a model without it reads as before
+    optional: tuple[str, ...] = ()
 
 
 def torch_aliases(module: str, *names: str) -> dict[str, str]:
