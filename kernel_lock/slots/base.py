@@ -13,6 +13,7 @@ from ..errors import Difference
 __all__ = [
     "DTYPES",
     "MODES",
+    "NONE_VALUE",
     "PRECISIONS",
     "Param",
     "STATUSES",
@@ -51,13 +52,15 @@ class SlotKey:
 @dataclass(frozen=True)
 class Param:
     """A keyword a slot's classes take: its type, for a number its closed range, for a string its
-    ``choices``. A float parameter takes an integer too (a hand edit may write ``0``)."""
+    ``choices``. A float parameter takes an integer too (a hand edit may write ``0``); one that
+    takes ``none`` takes None (RMSNorm's ``eps=None``), written :data:`NONE_VALUE` in a lock."""
 
     type: type  # bool, int, float or str
     low: float = -math.inf
     high: float = math.inf
     choices: tuple[str, ...] = ()
     wanted: str = ""  # what it must be, in words ("in [0, 1)")
+    none: bool = False  # None is a value (the class's own rule: torch.nn.RMSNorm's eps)
 
     @property
     def what(self) -> str:
@@ -68,6 +71,8 @@ class Param:
 
     def problem(self, value: Any) -> str | None:
         """Why ``value`` is no value of this parameter (None when it is one)."""
+        if value is None and self.none:
+            return None
         types = (int, float) if self.type is float else (self.type,)
         if isinstance(value, bool) != (self.type is bool) or not isinstance(value, types):
             got = _TYPE_WORDS_GOT.get(type(value), type(value).__name__)
@@ -78,6 +83,10 @@ class Param:
             return f"{value!r} is out of range"
         return None
 
+
+# a keyword's None in a lock (TOML has no null), as the lock's [model] table writes a traced None
+# (kernel_lock.model.NONE_VALUE): RMSNorm's ``eps = "none"`` is torch.nn.RMSNorm's eps=None
+NONE_VALUE = "none"
 
 _TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 _TYPE_WORDS_GOT = {**_TYPE_WORDS, bool: "a boolean", float: "a float"}

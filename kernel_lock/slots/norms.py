@@ -1,5 +1,7 @@
-"""The LayerNorm and RMSNorm slots, each the other's likely mistake. RMSNorm's eps is
-pinned: torch's default depends on the dtype, liger's is 1e-6."""
+"""The LayerNorm and RMSNorm slots, each the other's likely mistake. Their canonical values are
+torch.nn's classes' own (what a model that sets none computes): LayerNorm's eps 1e-5 and bias;
+RMSNorm's eps None, torch's rule (the machine epsilon of the input's dtype), written ``"none"`` in
+a lock and pinned so (liger's default, 1e-6, is another eps)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,9 @@ _PARAMS = {
     "elementwise_affine": Param(bool),
     "bias": Param(bool),
 }
+_EPS_NONE = Param(
+    float, 0.0, 1.0, wanted='a number in [0, 1], or "none" (torch\'s eps=None)', none=True
+)
 
 
 def _eps(module: Any) -> float | None:
@@ -54,7 +59,9 @@ def _sample_width(twin: Any) -> int:
     return int(prod(getattr(twin, "normalized_shape", (params[0].shape[0],))))
 
 
-def _norm(name: str, semantics: str, params: frozenset[str], **spec: Any) -> SlotSpec:
+def _norm(
+    name: str, semantics: str, params: frozenset[str], kinds: Mapping[str, Param], **spec: Any
+) -> SlotSpec:
     """A norm slot: torch.nn's class and its compiled adapter (same constructor) known."""
     facts = TargetFacts(semantics, params, True)
     twin_args: TwinArgs = partial(_twin_args, bias="bias" in params)
@@ -69,7 +76,7 @@ def _norm(name: str, semantics: str, params: frozenset[str], **spec: Any) -> Slo
         aliases=torch_aliases("normalization", name),
         twin_args=twin_args,
         sample_width=_sample_width,
-        params=_PARAMS,
+        params=kinds,
         **spec,
     )
 
@@ -78,8 +85,16 @@ LAYER_NORM = _norm(
     "LayerNorm",
     "layer_norm",
     _LAYER_NORM,
+    _PARAMS,
     canonical={"eps": 1e-5, "bias": True},
     confusable="rms_norm",
     anemoi_key="LayerNorm",  # RMSNorm has none: under anemoi's LayerNorm it changes the model
 )
-RMS_NORM = _norm("RMSNorm", "rms_norm", _RMS_NORM, canonical={"eps": 1e-6}, confusable="layer_norm")
+RMS_NORM = _norm(
+    "RMSNorm",
+    "rms_norm",
+    _RMS_NORM,
+    {**_PARAMS, "eps": _EPS_NONE},
+    canonical={"eps": None},  # torch.nn.RMSNorm's: issue 53 (it was 1e-6, liger's, not torch's)
+    confusable="layer_norm",
+)
