@@ -53,17 +53,15 @@ class Candidate:
 
     def pinned_kwargs(self, canonical: Mapping[str, Any]) -> dict[str, Any]:
         """The keyword arguments the lock pins, with the canonical values filled in."""
-        return {
-            **self.optional(canonical),
-            **{k: fill(v, canonical) for k, v in self.kwargs.items()},
-        }
+        filled = {k: fill(v, canonical) for k, v in self.kwargs.items()}
+        return {**filled, **{k: v for k, v in self.optional(canonical).items() if k not in filled}}
 
     def pinned_twin_kwargs(self, canonical: Mapping[str, Any]) -> dict[str, Any]:
         """The twin's keyword arguments, with the canonical values filled in."""
         if not self.twin_target:
             return {}
         filled = {k: fill(v, canonical) for k, v in self.twin_kwargs.items()}
-        return {**self.optional(canonical), **filled}
+        return {**filled, **{k: v for k, v in self.optional(canonical).items() if k not in filled}}
 
     def optional(self, canonical: Mapping[str, Any]) -> dict[str, Any]:
         """Its slots' keywords pinned only where the model sets them (``SlotSpec.optional``: the

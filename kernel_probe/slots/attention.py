@@ -201,8 +201,9 @@ def judge(
         else:
             does = "silently ignored it" if got == "ignored" else f"computes it {got}"
             rejected.append(f"{line} {does}")
-    if report.status not in ("accepted", "unavailable", "crashed"):
-        refused = []  # its rows say why already
+    runs = any(got == "honoured" for got in report.capabilities.values())
+    if report.status != "accepted" and not (runs and report.status in ("unavailable", "crashed")):
+        refused = []  # its rows say why already (it runs with no option at all: not the option)
     if refused:  # raising on an option the model sets: it cannot run the model
         report.status = "unavailable"
     if rejected and report.status in ("accepted", "unavailable"):

@@ -177,3 +177,9 @@ def test_another_slot_never_records_causal():
     with pytest.raises(kernel_lock.errors.LockFormatError) as info:
         kernel_lock.loads(text, emit_warnings=False)
     assert "only the Attention slot records a causal mask" in info.value.problem
+
+
+def test_a_causal_lock_is_not_exported_to_anemoi_whose_attention_never_is():
+    lock = kernel_lock.loads(MINIMAL_LOCK + CAUSAL_SLOT, emit_warnings=False)
+    options, note = attention_export(lock, verify_environment=False)
+    assert options == {} and "causal" in note and "not exported" in note
