@@ -1,7 +1,8 @@
 """The LayerNorm and RMSNorm slots, each the other's likely mistake. Their canonical values are
 torch.nn's classes' own (what a model that sets none computes): LayerNorm's eps 1e-5 and bias;
-RMSNorm's eps None, torch's rule (the machine epsilon of the input's dtype), written ``"none"`` in
-a lock and pinned so (liger's default, 1e-6, is another eps)."""
+RMSNorm's eps None, torch's rule (the machine epsilon of the accumulation type: float32's for
+float32, bfloat16 and float16 inputs), written ``"none"`` in a lock and pinned so (liger's
+default, 1e-6, is another eps)."""
 
 from __future__ import annotations
 

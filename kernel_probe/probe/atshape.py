@@ -85,7 +85,7 @@ class Setup:
             self.layout = discover(shapes(module.state_dict()), base_shapes)
         self.gen = torch.Generator().manual_seed(0)
         params, self.params64 = onetensor.parameters_for(cand.semantics, canonical, self.gen)
-        self.eps: float | None = canonical.get("eps", 0.0)  # None: the input dtype's (torch's)
+        self.eps: float | None = canonical.get("eps", 0.0)  # None: torch's (eps_for)
         if self.layout.ok:
             onetensor.load_parameters(module, params, self.layout)
             onetensor.load_parameters(self.baseline, params, self.base_layout)

@@ -176,7 +176,7 @@ class Row:
     params64: dict[str, Any]
     autocast: tuple[str, torch.dtype] | None
     width: int
-    eps: float | None  # None: torch.nn.RMSNorm's rule (the input dtype's machine epsilon)
+    eps: float | None  # None: torch.nn.RMSNorm's rule (onetensor.eps_for)
     gen: torch.Generator
 
     @classmethod

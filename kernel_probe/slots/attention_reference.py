@@ -65,7 +65,7 @@ def _scores(raw: Any, q: Any, k: Any, opts: Options) -> Any:
         s = s.masked_fill(~band_mask(sq, sk, opts.window, q.device), -math.inf)
     if opts.causal:
         s = s.masked_fill(~causal_mask(sq, sk, q.device), -math.inf)
-    mask = call_mask(opts.mask, s, k)
+    mask = call_mask(opts.mask, s, k)  # in the scores' dtype (s stands for q: its rows)
     if mask is not None:
         s = s.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else s + mask
     return s

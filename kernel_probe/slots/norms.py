@@ -1,5 +1,6 @@
 """The LayerNorm and RMSNorm slots in the probe: the protocol's defaults, and an eps of None
-(torch.nn.RMSNorm's own, the input dtype's machine epsilon) covered by the inputs' digest."""
+(torch.nn.RMSNorm's own, float32's machine epsilon as torch computes it) covered by the inputs'
+digest."""
 
 from __future__ import annotations
 

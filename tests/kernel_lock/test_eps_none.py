@@ -1,4 +1,4 @@
-"""RMSNorm's eps=None (torch's own: the input dtype's machine epsilon) in a lock: written
+"""RMSNorm's eps=None (torch's own: its accumulation type's machine epsilon) in a lock: written
 ``"none"``, read back as None for a keyword that takes None only (issue 53)."""
 
 from __future__ import annotations

@@ -339,7 +339,7 @@ def test_a_bias_free_layer_norm_slot_is_refused_at_the_layout(run):
 @needs_liger
 @pytest.mark.slow
 def test_liger_is_judged_on_a_models_eps_none_and_never_accepted(run):
-    """torch.nn.RMSNorm's eps=None (the input dtype's machine epsilon), the slot's canonical eps:
+    """torch.nn.RMSNorm's eps=None (float32's machine epsilon, as torch adds it), the canonical eps:
     LigerRMSNorm is built with it, as the lock would pin it, and cannot run it (issue 53)."""
     r = run.reports["liger.rms_norm[torch eps=None]"]
     assert r.status in ("crashed", "unavailable"), r.reasons

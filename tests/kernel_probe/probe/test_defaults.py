@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import kernel_lock
-from kernel_lock.slots import SPECS
+from kernel_lock.slots import DTYPES, SPECS
 from kernel_probe import candidates as cands
 from kernel_probe import slots as slot_behaviour
 from kernel_probe.probe import planning
@@ -82,15 +82,21 @@ def _verdict(target: str, dtypes, canonical=None):
 
 
 def test_eps_none_is_checked_as_torch_computes_it():
-    """torch.nn.RMSNorm(eps=None) against a float64 reference with each input dtype's epsilon;
-    a kernel that turns None into liger's 1e-6 fails on the tiny-variance input."""
-    rows = [("float32", "true"), ("bfloat16", "true")]
-    assert _verdict("torch.rms_norm", rows).status == "accepted"
-    wrong = _verdict("kp_zoo.norms.FixedEpsRMSNorm", rows)
-    assert wrong.status == "rejected", wrong.reasons
-    assert "tiny-variance" in wrong.reasons[0], wrong.reasons
+    """torch.nn.RMSNorm(eps=None) against a float64 reference with the eps torch adds (float32's,
+    whatever the input dtype); a kernel that turns None into liger's 1e-6 fails on the
+    tiny-variance input in every dtype, and so does one that adds the input dtype's own eps."""
+    fp32, bf16 = [("float32", "true")], [("bfloat16", "true")]
+    torch_own = _verdict("torch.rms_norm", fp32 + bf16)
+    assert torch_own.status == "accepted"
+    for v in torch_own.verdicts:  # the reference is torch's maths: its own error stays small
+        assert v.errors["tiny-variance"]["y"][1] < 2 * DTYPES[v.dtype].eps, v.errors
+    for rows in (fp32, bf16):
+        wrong = _verdict("kp_zoo.norms.FixedEpsRMSNorm", rows)
+        assert wrong.status == "rejected" and "tiny-variance" in wrong.reasons[0], wrong.reasons
+    assert _verdict("kp_zoo.norms.DtypeEpsRMSNorm", fp32).status == "accepted"
+    assert _verdict("kp_zoo.norms.DtypeEpsRMSNorm", bf16).status == "rejected"
     # for a model that sets liger's eps, the same class is right
-    assert _verdict("kp_zoo.norms.FixedEpsRMSNorm", rows[:1], {"eps": 1e-6}).status == "accepted"
+    assert _verdict("kp_zoo.norms.FixedEpsRMSNorm", fp32, {"eps": 1e-6}).status == "accepted"
 
 
 # ---- the issue's Must show: a probe on a simulated GPU -------------------------------------------
