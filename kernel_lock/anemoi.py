@@ -81,6 +81,8 @@ def attention_options(target: str, kwargs: Mapping[str, Any]) -> tuple[dict[str,
             "anemoi-models runs only flash_attention or scaled_dot_product_attention; the lock's "
             f"{target} has no anemoi setting (anemoi keeps its own attention_implementation)"
         )
+    if kwargs.get("causal"):  # anemoi-models 0.19's blocks build it with is_causal=False
+        return {}, "the lock's attention is causal; anemoi-models' never is (not exported)"
     out: dict[str, Any] = {"attention_implementation": implementation}
     if int(kwargs.get("window", -1)) >= 0:
         out["window_size"] = int(kwargs["window"])

@@ -21,7 +21,7 @@ from .lock import KernelLock
 from .model import Model, Site
 from .routing import Enter, Leave, Route, Router
 from .slots import SPECS, public_name, site_of
-from .slots.base import NONE, Calls, SlotSpec
+from .slots.base import NONE_VALUE, Calls, SlotSpec
 
 __all__ = ["RECORD", "Applied", "AppliedSite", "Record", "apply", "undo"]
 
@@ -218,7 +218,7 @@ def _differences(mine: Mapping[str, Any], want: Mapping[str, tuple[Any, ...]], w
 
 def _same(a: Any, b: Any) -> bool:
     """Equal as the trace writes values (a tuple is a list; a bool is never a number)."""
-    a, b = (NONE if v is None else v for v in (a, b))
+    a, b = (NONE_VALUE if v is None else v for v in (a, b))
     if isinstance(a, bool) or isinstance(b, bool):
         return isinstance(a, bool) and isinstance(b, bool) and a == b
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):

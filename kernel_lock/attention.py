@@ -1,7 +1,8 @@
 """The Attention slot's implementations, with one contract: SDPA's ``forward(q, k, v,
 attn_mask, dropout_p, is_causal, scale, enable_gqa)`` on (batch, heads, seq, dim), plus options
 the lock pins: ``window`` (|i - j| <= window; -1 global), ``softcap`` (0: none), ``dropout``,
-``alibi`` (anemoi's slopes). An option a class cannot honour raises ``NotImplementedError``,
+``alibi`` (anemoi's slopes), ``causal`` (every call is causal, as SDPA's ``is_causal``: key j
+visible to query i iff j <= i). An option a class cannot honour raises ``NotImplementedError``,
 except where it copies what anemoi's wrapper does. Imports torch."""
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = [
     "alibi_bias",
     "alibi_slopes",
     "band_mask",
+    "causal_mask",
 ]
 
 
@@ -36,6 +38,12 @@ def band_mask(q_len: int, k_len: int, window: int, device: Any) -> torch.Tensor:
     i = torch.arange(q_len, device=device)[:, None]
     j = torch.arange(k_len, device=device)[None, :]
     return (i - j).abs() <= window
+
+
+def causal_mask(q_len: int, k_len: int, device: Any) -> torch.Tensor:
+    """SDPA's ``is_causal`` as a boolean mask (True = attend where ``j <= i``, top-left)."""
+    i = torch.arange(q_len, device=device)[:, None]
+    return torch.arange(k_len, device=device)[None, :] <= i
 
 
 def alibi_slopes(heads: int) -> torch.Tensor:
@@ -59,7 +67,12 @@ class Attention(nn.Module):
     """The slot's contract; subclasses implement ``attend``. No parameters, so no state."""
 
     def __init__(
-        self, window: int = -1, softcap: float = 0.0, dropout: float = 0.0, alibi: bool = False
+        self,
+        window: int = -1,
+        softcap: float = 0.0,
+        dropout: float = 0.0,
+        alibi: bool = False,
+        causal: bool = False,
     ):
         super().__init__()
         if int(window) != window or window < -1:
@@ -69,14 +82,14 @@ class Attention(nn.Module):
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
         self.window, self.softcap = int(window), float(softcap)
-        self.dropout, self.alibi = float(dropout), bool(alibi)
+        self.dropout, self.alibi, self.causal = float(dropout), bool(alibi), bool(causal)
         # one mask per (q_len, k_len, device), as anemoi's SDPA wrapper reuses its one
         self._masks: dict[tuple[int, int, str], torch.Tensor] = {}
 
     def extra_repr(self) -> str:
         """The options in the module's repr."""
         w, c, d, a = self.window, self.softcap, self.dropout, self.alibi
-        return f"window={w}, softcap={c}, dropout={d}, alibi={a}"
+        return f"window={w}, softcap={c}, dropout={d}, alibi={a}" + (", causal=True" * self.causal)
 
     def window_mask(self, q_len: int, k_len: int, device: Any) -> torch.Tensor | None:
         """The band as a boolean mask (None: global)."""
@@ -98,12 +111,12 @@ class Attention(nn.Module):
         scale: float | None = None,
         enable_gqa: bool = False,
     ) -> torch.Tensor:
-        """``scaled_dot_product_attention(q, k, v, ...)`` with this layer's options."""
+        """``scaled_dot_product_attention(q, k, v, ...)`` with this layer's options (a causal
+        layer is causal whatever the call says)."""
         if dropout_p is None:
             dropout_p = self.dropout if self.training else 0.0
-        return self.attend(
-            q, k, v, attn_mask, float(dropout_p), bool(is_causal), scale, bool(enable_gqa)
-        )
+        causal = bool(is_causal) or self.causal
+        return self.attend(q, k, v, attn_mask, float(dropout_p), causal, scale, bool(enable_gqa))
 
     def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> torch.Tensor:
         """The attention, SDPA's arguments normalised; each backend implements it."""
@@ -117,6 +130,17 @@ class Attention(nn.Module):
         if attn_mask.dtype == torch.bool:
             return attn_mask & band
         return attn_mask.masked_fill(~band, float("-inf"))
+
+    def _masked(self, q: Any, k: Any, attn_mask: Any, is_causal: bool) -> tuple[Any, bool]:
+        """(the mask, is_causal) for SDPA, which takes one or the other: with a window or the
+        caller's mask, the causal triangle folded into the mask."""
+        mask = self._combined_mask(q, k, attn_mask)
+        if mask is None or not is_causal:
+            return mask, is_causal
+        tri = causal_mask(q.shape[-2], k.shape[-2], q.device)
+        return (
+            mask & tri if mask.dtype == torch.bool else mask.masked_fill(~tri, -math.inf)
+        ), False
 
     def _refuse(self, what: str, softcap: bool = True, alibi: bool = True) -> None:
         """Raise for a softcap or alibi ``what`` cannot honour."""
@@ -136,8 +160,9 @@ class SDPAttention(Attention):
         dropout: float = 0.0,
         alibi: bool = False,
         backend: str = "default",
+        causal: bool = False,
     ):
-        super().__init__(window, softcap, dropout, alibi)
+        super().__init__(window, softcap, dropout, alibi, causal)
         if backend != "default" and backend not in SDPA_BACKENDS:
             raise ValueError(
                 f"backend must be 'default' or one of {', '.join(SDPA_BACKENDS)}, got {backend!r}"
@@ -151,7 +176,7 @@ class SDPAttention(Attention):
     def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
         """torch's scaled_dot_product_attention under the backend asked for."""
         self._refuse("torch's scaled_dot_product_attention")
-        mask = self._combined_mask(q, k, attn_mask)
+        mask, is_causal = self._masked(q, k, attn_mask, is_causal)
         call = {"attn_mask": mask, "dropout_p": dropout_p, "is_causal": is_causal, "scale": scale}
         call.update({"enable_gqa": True} if enable_gqa else {})
         if self.backend == "default":
@@ -175,8 +200,9 @@ class FlexAttention(Attention):
         dropout: float = 0.0,
         alibi: bool = False,
         compiled: bool = True,
+        causal: bool = False,
     ):
-        super().__init__(window, softcap, dropout, alibi)
+        super().__init__(window, softcap, dropout, alibi, causal)
         self.compiled = compiled
         self._blocks: dict[tuple[int, int, str], Any] = {}
 
@@ -298,19 +324,25 @@ class TEDotProductAttention(Attention):
     """transformer-engine's ``DotProductAttention`` (bshd), built on first call."""
 
     def __init__(
-        self, window: int = -1, softcap: float = 0.0, dropout: float = 0.0, alibi: bool = False
+        self,
+        window: int = -1,
+        softcap: float = 0.0,
+        dropout: float = 0.0,
+        alibi: bool = False,
+        causal: bool = False,
     ):
-        super().__init__(window, softcap, dropout, alibi)
-        self._te: dict[tuple[int, int, float | None, float], Any] = {}
+        super().__init__(window, softcap, dropout, alibi, causal)
+        self._te: dict[tuple[int, int, float | None, float, bool], Any] = {}
 
     def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-        """transformer-engine's DotProductAttention, one module per (heads, dim, scale, dropout)."""
+        """transformer-engine's DotProductAttention, one module per (heads, dim, scale, dropout,
+        causal)."""
         self._refuse("transformer-engine's DotProductAttention", alibi=False)
         if self.alibi:
             raise NotImplementedError("this adapter passes no alibi slopes to transformer-engine")
         if attn_mask is not None:
             raise NotImplementedError("this adapter takes no attn_mask (only the window)")
-        key = (q.shape[1], q.shape[-1], scale, dropout_p)
+        key = (q.shape[1], q.shape[-1], scale, dropout_p, is_causal)
         if key not in self._te:
             te = importlib.import_module("transformer_engine.pytorch")
             self._te[key] = te.DotProductAttention(
@@ -340,7 +372,8 @@ class FunctionAttention(Attention):
             )
         fn = type(self).FUNCTION
         assert fn is not None
-        call = {"attn_mask": self._combined_mask(q, k, attn_mask), "dropout_p": dropout_p}
+        mask, is_causal = self._masked(q, k, attn_mask, is_causal)
+        call = {"attn_mask": mask, "dropout_p": dropout_p}
         call.update({"is_causal": True} if is_causal else {})
         call.update({"scale": scale} if scale is not None else {})
         call.update({"enable_gqa": True} if enable_gqa else {})

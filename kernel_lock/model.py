@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .schema import DIGEST, record
+from .slots.base import NONE_VALUE
 from .tables import (
     EMPTY,
     INT64,
@@ -47,7 +48,6 @@ __all__ = [
 
 TABLE = "model"
 KINDS = ("module", "function")  # a module the model holds, or a functional call it makes
-NONE_VALUE = "none"  # how a semantics value of None (``RMSNorm(eps=None)``) is written
 
 
 def function_site(owner: str, function: str, n: int) -> str:

@@ -22,6 +22,7 @@ from .slots import (
     computation_problem,
     semantics,
 )
+from .slots.base import NONE_VALUE
 from .tables import (
     EMPTY,
     FIX_MISSING,
@@ -39,6 +40,7 @@ from .tables import (
     identifiers,
     join,
     one_of,
+    plain,
     refuse_controls,
     strings,
     text,
@@ -174,6 +176,17 @@ def _kwargs(ctx: Context, d: Raw, key: str, _: Raw) -> dict[str, Any]:
             if problem:
                 raise ReadError(problem, where, fix="pin a finite value (e.g. eps = 1e-5)")
     return dict(values)
+
+
+def _written_kwargs(kwargs: Raw) -> dict[str, Any]:
+    """The kwargs as TOML takes them: a None (RMSNorm's eps=None) written ``NONE_VALUE``."""
+    return {name: NONE_VALUE if v is None else plain(v) for name, v in kwargs.items()}
+
+
+def _nones(spec: SlotSpec, kwargs: Raw) -> dict[str, Any]:
+    """The kwargs with ``NONE_VALUE`` read as None where the slot's keyword takes None."""
+    takes = {name for name, p in spec.params.items() if p.none}
+    return {k: None if k in takes and v == NONE_VALUE else v for k, v in kwargs.items()}
 
 
 def record(d: Raw) -> dict[str, Any]:
@@ -344,7 +357,9 @@ class Twin(Table):
     """The portable torch.nn equivalent used for inference where the training library is absent."""
 
     target: str = field(metadata=toml_key("target", _target))
-    kwargs: Raw = field(default_factory=dict, metadata=toml_key("kwargs", _kwargs))
+    kwargs: Raw = field(
+        default_factory=dict, metadata=toml_key("kwargs", _kwargs, write=_written_kwargs)
+    )
     state_dict: StateDict = field(
         default="interchangeable",
         metadata=toml_key("state-dict", one_of(STATE_DICT, default="interchangeable")),
@@ -379,7 +394,9 @@ class Slot(Table):
     implementation: str = field(metadata=toml_key("implementation", identifier(required=True)))
     target: str = field(metadata=toml_key("target", _target))
     semantics: str = field(metadata=toml_key("semantics", _semantics))
-    kwargs: Raw = field(default_factory=dict, metadata=toml_key("kwargs", _kwargs))
+    kwargs: Raw = field(
+        default_factory=dict, metadata=toml_key("kwargs", _kwargs, write=_written_kwargs)
+    )
     requires: tuple[Requirement, ...] = field(
         default=(), metadata=toml_key("requires", tables(Requirement))
     )
@@ -421,6 +438,9 @@ def read_slot(ctx: Context, name: str, d: Any, spec: SlotSpec) -> Slot:
         k.refuse(name, d)
     extra = {k.name: k.read(ctx, d, k.name) for k in spec.keys}
     slot = replace(slot, extra={k: v for k, v in extra.items() if v is not None})
+    slot = replace(slot, kwargs=_nones(spec, slot.kwargs))
+    if slot.twin is not None:
+        slot = replace(slot, twin=replace(slot.twin, kwargs=_nones(spec, slot.twin.kwargs)))
     if slot.semantics != spec.semantics:
         raise ReadError(
             f"slot {name} needs semantics {spec.semantics!r}, the lock pins {slot.semantics!r} "
@@ -453,7 +473,10 @@ def _typed(spec: SlotSpec, kwargs: Raw, key: str) -> None:
         param = spec.params.get(name)
         problem = param.problem(value) if param is not None else None
         if param is not None and problem:
-            said = toml_value(spec.canonical[name]) if name in spec.canonical else ""
+            value = spec.canonical.get(name)  # its default; None written as NONE_VALUE
+            said = (
+                toml_value(NONE_VALUE if value is None else value) if name in spec.canonical else ""
+            )
             raise ReadError(
                 f"{spec.name}'s {name}: {problem}",
                 f"{key}.{name}",

@@ -53,11 +53,25 @@ class Candidate:
 
     def pinned_kwargs(self, canonical: Mapping[str, Any]) -> dict[str, Any]:
         """The keyword arguments the lock pins, with the canonical values filled in."""
-        return {k: fill(v, canonical) for k, v in self.kwargs.items()}
+        filled = {k: fill(v, canonical) for k, v in self.kwargs.items()}
+        return {**filled, **{k: v for k, v in self.optional(canonical).items() if k not in filled}}
 
     def pinned_twin_kwargs(self, canonical: Mapping[str, Any]) -> dict[str, Any]:
         """The twin's keyword arguments, with the canonical values filled in."""
-        return {k: fill(v, canonical) for k, v in self.twin_kwargs.items()}
+        if not self.twin_target:
+            return {}
+        filled = {k: fill(v, canonical) for k, v in self.twin_kwargs.items()}
+        return {**filled, **{k: v for k, v in self.optional(canonical).items() if k not in filled}}
+
+    def optional(self, canonical: Mapping[str, Any]) -> dict[str, Any]:
+        """Its slots' keywords pinned only where the model sets them (``SlotSpec.optional``: the
+        value differs from the slot's own), whatever the declaration's templates say."""
+        return {
+            name: canonical[name]
+            for spec in (SPECS[s] for s in self.slots if s in SPECS)
+            for name in spec.optional
+            if name in canonical and canonical[name] != spec.canonical.get(name)
+        }
 
     def to_json(self) -> dict[str, Any]:
         """The candidate as a JSON object (the worker's requests carry it)."""

@@ -1,4 +1,6 @@
-"""The Attention slot: SDPA's contract plus the options a model fixes."""
+"""The Attention slot: SDPA's contract plus the options a model fixes (``window``, ``softcap``,
+``dropout``, ``alibi``, ``causal``), and what its calls pass that the slot was checked with: a
+padding mask's kind (``mask``) and grouped-query attention (``gqa``)."""
 
 from __future__ import annotations
 
@@ -7,11 +9,14 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from .base import NONE, Calls, Functional, Param, SlotSpec, TargetFacts, bound
+from ..tables import ReadError, get
+from .base import NONE_VALUE, Calls, Functional, Param, SlotKey, SlotSpec, TargetFacts, bound
 
-__all__ = ["ANEMOI_ATTENTION", "ATTENTION", "SDPA_BACKENDS"]
+__all__ = ["ANEMOI_ATTENTION", "ATTENTION", "MASKS", "SDPA_BACKENDS"]
 
-_OPTIONS = frozenset(("window", "softcap", "dropout", "alibi"))
+_OPTIONS = frozenset(("window", "softcap", "dropout", "alibi", "causal"))
+# the attn_mask a model's calls pass: none, a boolean one (True = attend), an additive float one
+MASKS = ("none", "bool", "float")
 _CLASSES = ("FlashAttention2", "FlashAttention3", "FlashAttention4", "TEDotProductAttention")
 
 # the torch.nn.attention.SDPBackend member each ``backend`` forces ("default": torch chooses)
@@ -27,6 +32,7 @@ _PARAMS = {
     "softcap": Param(float, 0.0, sys.float_info.max, wanted="a finite number >= 0 (0: none)"),
     "dropout": Param(float, 0.0, math.nextafter(1.0, 0.0), wanted="in [0, 1)"),
     "alibi": Param(bool),
+    "causal": Param(bool),
     "backend": Param(str, choices=("default", *SDPA_BACKENDS)),
     "compiled": Param(bool),
 }
@@ -43,7 +49,8 @@ ATTENTION_BACKEND_ENV = "ANEMOI_INFERENCE_TRANSFORMER_ATTENTION_BACKEND"
 
 
 _BASE = "kernel_lock.attention.Attention"
-_DEFAULTS = {"window": -1, "softcap": 0.0, "dropout": 0.0, "alibi": False}  # the base class's
+# the base class's (what torch's SDPA computes when a model sets none)
+_DEFAULTS = {"window": -1, "softcap": 0.0, "dropout": 0.0, "alibi": False, "causal": False}
 
 
 def _computes(target: str, kwargs: Mapping[str, Any], cls: type | None) -> dict[str, Any] | None:
@@ -53,6 +60,35 @@ def _computes(target: str, kwargs: Mapping[str, Any], cls: type | None) -> dict[
         f"{c.__module__}.{c.__qualname__}" == _BASE for c in getattr(cls, "__mro__", ())
     )
     return {k: kwargs.get(k, v) for k, v in _DEFAULTS.items()} if known else None
+
+
+def _declares(slot: Any) -> dict[str, tuple[Any, ...]]:
+    """Causal where the table says so (``causal = true``), else not."""
+    return {"causal": (bool(slot.extra.get("causal", False)),)}
+
+
+def _key(name: str, param: Param, unset: Any, what: str) -> SlotKey:
+    """A key of the Attention table alone, omitted where it is ``unset``."""
+
+    def read(ctx: Any, d: Mapping[str, Any], key: str) -> Any:
+        value = get(d, key, param.type)
+        problem = param.problem(value) if value is not None else None
+        if problem:
+            raise ReadError(problem, key, fix=f"{key} must be {param.what}")
+        return value
+
+    def refuse(slot: str, d: Mapping[str, Any]) -> None:
+        if name in d:
+            raise ReadError(f"only the Attention slot records {what}", name, fix=f"remove {name}")
+
+    return SlotKey(name, read, refuse, after="semantics", omit=lambda value: value == unset)
+
+
+_KEYS = (
+    _key("causal", Param(bool), False, "a causal mask"),
+    _key("mask", Param(str, choices=MASKS), "none", "an attn_mask kind"),
+    _key("gqa", Param(bool), False, "grouped-query attention"),
+)
 
 
 def _anemoi_environment(slot: Any) -> Mapping[str, str]:
@@ -90,7 +126,7 @@ def _sdpa(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
     q, k, mask, scale = b["query"], b["key"], b["attn_mask"], b["scale"]
     heads = int(q.shape[-3]) if q.dim() >= 3 else 1
     kv_heads = int(k.shape[-3]) if k.dim() >= 3 else 1
-    kind = NONE if mask is None else "bool" if str(mask.dtype) == "torch.bool" else "float"
+    kind = NONE_VALUE if mask is None else "bool" if str(mask.dtype) == "torch.bool" else "float"
     return {
         "heads": heads,
         "kv_heads": kv_heads,
@@ -99,7 +135,7 @@ def _sdpa(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         "seq_k": int(k.shape[-2]),
         "is_causal": bool(b["is_causal"]),
         "mask": kind,
-        "scale": NONE if scale is None else float(scale),
+        "scale": NONE_VALUE if scale is None else float(scale),
         "dropout": float(b["dropout_p"]),
         "enable_gqa": bool(b["enable_gqa"]),
     }
@@ -147,6 +183,7 @@ ATTENTION = SlotSpec(
     default_target="kernel_lock.attention.SDPAttention",
     canonical=dict(_DEFAULTS),
     call_kwargs={name: f"${name}" for name in ("window", "softcap", "dropout", "alibi")},
+    optional=("causal",),  # pinned where the model is causal: a lock without it is as before
     known_targets={
         "kernel_lock.attention.SDPAttention": TargetFacts(
             "attention", _OPTIONS | {"backend"}, True
@@ -160,6 +197,8 @@ ATTENTION = SlotSpec(
     },
     computed_by=(_BASE,),
     computes=_computes,
+    declares=_declares,
+    keys=_KEYS,
     anemoi_environment=_anemoi_environment,
     params=_PARAMS,
     calls=_CALLS,

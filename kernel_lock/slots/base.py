@@ -15,6 +15,7 @@ __all__ = [
     "MODES",
     "Calls",
     "Functional",
+    "NONE_VALUE",
     "PRECISIONS",
     "Param",
     "STATUSES",
@@ -54,13 +55,15 @@ class SlotKey:
 @dataclass(frozen=True)
 class Param:
     """A keyword a slot's classes take: its type, for a number its closed range, for a string its
-    ``choices``. A float parameter takes an integer too (a hand edit may write ``0``)."""
+    ``choices``. A float parameter takes an integer too (a hand edit may write ``0``); one that
+    takes ``none`` takes None (RMSNorm's ``eps=None``), written :data:`NONE_VALUE` in a lock."""
 
     type: type  # bool, int, float or str
     low: float = -math.inf
     high: float = math.inf
     choices: tuple[str, ...] = ()
     wanted: str = ""  # what it must be, in words ("in [0, 1)")
+    none: bool = False  # None is a value (the class's own rule: torch.nn.RMSNorm's eps)
 
     @property
     def what(self) -> str:
@@ -71,6 +74,8 @@ class Param:
 
     def problem(self, value: Any) -> str | None:
         """Why ``value`` is no value of this parameter (None when it is one)."""
+        if value is None and self.none:
+            return None
         types = (int, float) if self.type is float else (self.type,)
         if isinstance(value, bool) != (self.type is bool) or not isinstance(value, types):
             got = _TYPE_WORDS_GOT.get(type(value), type(value).__name__)
@@ -82,6 +87,10 @@ class Param:
         return None
 
 
+# a None in a lock (TOML has no null): a keyword's (RMSNorm's ``eps = "none"`` is torch.nn.RMSNorm's
+# eps=None) and a traced call's semantics value (the lock's [model] table)
+NONE_VALUE = "none"
+
 _TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 _TYPE_WORDS_GOT = {**_TYPE_WORDS, bool: "a boolean", float: "a float"}
 
@@ -91,9 +100,6 @@ _TYPE_WORDS_GOT = {**_TYPE_WORDS, bool: "a boolean", float: "a float"}
 Computes = Callable[[str, Mapping[str, Any], type | None], Mapping[str, Any] | None]
 # a portable copy's twin: its positional args and kwargs from a built module (module, state, kw)
 TwinArgs = Callable[[Any, Mapping[str, Any], set[str]], tuple[tuple[Any, ...], dict[str, Any]]]
-
-
-NONE = "none"  # a None semantics value as the trace writes it (kernel_lock.model.NONE_VALUE)
 
 
 def bound(
@@ -183,6 +189,9 @@ class SlotSpec:
     # the type and range of each keyword its classes take, checked on read (kwargs, twin.kwargs)
     params: Mapping[str, Param] = field(default_factory=dict)
     calls: Calls | None = None  # its call sites in a built model (None: not applied to one)
+    # keywords pinned only where the model sets them (their value differs from ``canonical``'s):
+    # Attention's ``causal``, so that a lock of a model without it reads as before
+    optional: tuple[str, ...] = ()
 
 
 def torch_aliases(module: str, *names: str) -> dict[str, str]:

@@ -1,5 +1,8 @@
-"""The LayerNorm and RMSNorm slots, each the other's likely mistake. RMSNorm's eps is
-pinned: torch's default depends on the dtype, liger's is 1e-6."""
+"""The LayerNorm and RMSNorm slots, each the other's likely mistake. Their canonical values are
+torch.nn's classes' own (what a model that sets none computes): LayerNorm's eps 1e-5 and bias;
+RMSNorm's eps None, torch's rule (the machine epsilon of the accumulation type: float32's for
+float32, bfloat16 and float16 inputs), written ``"none"`` in a lock and pinned so (liger's
+default, 1e-6, is another eps)."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from math import prod
 from typing import Any
 
 from .base import (
-    NONE,
+    NONE_VALUE,
     Calls,
     Functional,
     Param,
@@ -32,6 +35,9 @@ _PARAMS = {
     "elementwise_affine": Param(bool),
     "bias": Param(bool),
 }
+_EPS_NONE = Param(
+    float, 0.0, 1.0, wanted='a number in [0, 1], or "none" (torch\'s eps=None)', none=True
+)
 
 
 def _eps(module: Any) -> float | None:
@@ -65,7 +71,7 @@ def _module(module: Any, *, bias: bool) -> dict[str, Any]:
     eps = getattr(module, "eps", None)
     out = {
         "normalized_shape": [int(n) for n in module.normalized_shape],
-        "eps": NONE if eps is None else float(eps),
+        "eps": NONE_VALUE if eps is None else float(eps),
         "elementwise_affine": bool(module.elementwise_affine),
     }
     return out | ({"bias": getattr(module, "bias", None) is not None} if bias else {})
@@ -82,7 +88,7 @@ def _call_semantics(args: tuple[Any, ...], kwargs: Mapping[str, Any], *, bias: b
     eps = b["eps"]
     out = {
         "normalized_shape": [int(shape)] if isinstance(shape, int) else [int(n) for n in shape],
-        "eps": NONE if eps is None else float(eps),
+        "eps": NONE_VALUE if eps is None else float(eps),
         "elementwise_affine": b["weight"] is not None,
     }
     return out | ({"bias": b["bias"] is not None} if bias else {})
@@ -90,7 +96,7 @@ def _call_semantics(args: tuple[Any, ...], kwargs: Mapping[str, Any], *, bias: b
 
 def _build(semantics: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     eps = semantics["eps"]
-    kwargs = {"eps": None if eps == NONE else eps}
+    kwargs = {"eps": None if eps == NONE_VALUE else eps}
     kwargs |= {k: semantics[k] for k in ("elementwise_affine", "bias") if k in semantics}
     return (tuple(semantics["normalized_shape"]),), kwargs
 
@@ -125,7 +131,9 @@ def _sample_width(twin: Any) -> int:
     return int(prod(getattr(twin, "normalized_shape", (params[0].shape[0],))))
 
 
-def _norm(name: str, semantics: str, params: frozenset[str], **spec: Any) -> SlotSpec:
+def _norm(
+    name: str, semantics: str, params: frozenset[str], kinds: Mapping[str, Param], **spec: Any
+) -> SlotSpec:
     """A norm slot: torch.nn's class and its compiled adapter (same constructor) known."""
     facts = TargetFacts(semantics, params, True)
     twin_args: TwinArgs = partial(_twin_args, bias="bias" in params)
@@ -140,7 +148,7 @@ def _norm(name: str, semantics: str, params: frozenset[str], **spec: Any) -> Slo
         aliases=torch_aliases("normalization", name),
         twin_args=twin_args,
         sample_width=_sample_width,
-        params=_PARAMS,
+        params=kinds,
         calls=_calls(semantics, "bias" in params),
         **spec,
     )
@@ -150,8 +158,16 @@ LAYER_NORM = _norm(
     "LayerNorm",
     "layer_norm",
     _LAYER_NORM,
+    _PARAMS,
     canonical={"eps": 1e-5, "bias": True},
     confusable="rms_norm",
     anemoi_key="LayerNorm",  # RMSNorm has none: under anemoi's LayerNorm it changes the model
 )
-RMS_NORM = _norm("RMSNorm", "rms_norm", _RMS_NORM, canonical={"eps": 1e-6}, confusable="layer_norm")
+RMS_NORM = _norm(
+    "RMSNorm",
+    "rms_norm",
+    _RMS_NORM,
+    {**_PARAMS, "eps": _EPS_NONE},
+    canonical={"eps": None},  # torch.nn.RMSNorm's: issue 53 (it was 1e-6, liger's, not torch's)
+    confusable="layer_norm",
+)

@@ -85,7 +85,7 @@ class Setup:
             self.layout = discover(shapes(module.state_dict()), base_shapes)
         self.gen = torch.Generator().manual_seed(0)
         params, self.params64 = onetensor.parameters_for(cand.semantics, canonical, self.gen)
-        self.eps = float(canonical.get("eps", 0.0) or 0.0)
+        self.eps: float | None = canonical.get("eps", 0.0)  # None: torch's (eps_for)
         if self.layout.ok:
             onetensor.load_parameters(module, params, self.layout)
             onetensor.load_parameters(self.baseline, params, self.base_layout)
@@ -264,8 +264,8 @@ def _row_wrong(setup: Setup, row: int, xy: tuple[Any, Any], scale: float, lim: L
     """What is wrong in an unsampled row (""; none): its output, or a dx not zero."""
     x, y = xy
     x64 = x.detach()[row : row + 1].to(torch.float64)
-    p64 = setup.params64
-    r = onetensor.reference(setup.semantics, x64, p64["weight"], p64["bias"], setup.eps)
+    p64, eps = setup.params64, onetensor.eps_for(setup.eps, x.dtype)
+    r = onetensor.reference(setup.semantics, x64, p64["weight"], p64["bias"], eps)
     what = _row_statistic(y.detach()[row : row + 1], r, scale, lim, "y")
     if what:
         return what

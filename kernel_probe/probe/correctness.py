@@ -176,7 +176,7 @@ class Row:
     params64: dict[str, Any]
     autocast: tuple[str, torch.dtype] | None
     width: int
-    eps: float
+    eps: float | None  # None: torch.nn.RMSNorm's rule (onetensor.eps_for)
     gen: torch.Generator
 
     @classmethod
@@ -393,9 +393,9 @@ def _worst(errs: dict[str, list[float]], name: str, got: float, base: float) -> 
 
 def _alt_error(alt: str, x: Any, y: Any, setup: Row) -> float:
     """The output's error against the other norm's reference, with or without bias (the closer)."""
-    x64 = x.detach().to(torch.float64)
+    x64, eps = x.detach().to(torch.float64), onetensor.eps_for(setup.eps, x.dtype)
     return min(
-        measure.rel_err(y, onetensor.reference(alt, x64, setup.params64["weight"], b, setup.eps))
+        measure.rel_err(y, onetensor.reference(alt, x64, setup.params64["weight"], b, eps))
         for b in (setup.params64["bias"], None)
     )
 

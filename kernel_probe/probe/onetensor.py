@@ -79,6 +79,14 @@ def blas_selected(library: str) -> Iterator[str]:
 
 
 # ---- a layer with parameters that maps one tensor: its float64 maths ----------------------------
+def eps_for(eps: float | None, dtype: Any) -> float:
+    """The eps a norm adds for an input of ``dtype``. An eps of None is torch.nn.RMSNorm's rule as
+    torch computes it: the machine epsilon of its accumulation type (float32's for a float32,
+    bfloat16 or float16 input; measured on torch 2.13, where the documented finfo(x.dtype).eps
+    would be 7.8e-3 for bfloat16), so the float64 reference adds what torch adds."""
+    return float(torch.finfo(torch.promote_types(dtype, torch.float32)).eps) if eps is None else eps
+
+
 def reference(semantics: str, x: Any, weight: Any, bias: Any, eps: float) -> Any:
     """The slot's maths in float64 (inputs already float64)."""
     if semantics == "layer_norm":
@@ -93,9 +101,11 @@ def reference(semantics: str, x: Any, weight: Any, bias: Any, eps: float) -> Any
 
 
 def reference_pass(
-    semantics: str, x: Any, gy: Any, params64: Mapping[str, Any], eps: float, skip: Any
+    semantics: str, x: Any, gy: Any, params64: Mapping[str, Any], eps: float | None, skip: Any
 ) -> dict[str, Any]:
-    """The float64 reference's forward and backward: y, dx, the parameters' and skip's gradients."""
+    """The float64 reference's forward and backward: y, dx, the parameters' and skip's gradients
+    (an eps of None: ``x``'s dtype's, as torch computes it)."""
+    eps = eps_for(eps, x.dtype)
     x64 = x.detach().to(torch.float64).requires_grad_(True)
     w = params64["weight"].clone().requires_grad_(True)
     b = params64["bias"].clone().requires_grad_(True) if params64["bias"] is not None else None
@@ -399,7 +409,7 @@ def _block_errors(bench: Bench, setup: Row, kind: str, drawn: tuple, mods: tuple
     nw = p64["weight"].clone().requires_grad_(True)
     nb = p64["bias"].clone().requires_grad_(True) if p64["bias"] is not None else None
     lw, lb = w.double().to(device), bias.double().to(device)
-    semantics, eps = bench.cand.semantics, setup.eps
+    semantics, eps = bench.cand.semantics, eps_for(setup.eps, x.dtype)
     norm = functools.partial(reference, semantics, weight=nw, bias=nb, eps=eps)
     y64 = _block(kind, norm, lambda t: F.linear(t, lw, lb), x64)
     y64.backward(gy.double())

@@ -1,6 +1,7 @@
 """The Attention slot in the probe: the model declares its geometry and options
-(``--attention HEADSxHEAD_DIMxSEQ[:OPTIONS]``); the options are pinned and checked, the geometry is
-what it is timed at; ``attention_kernels`` measures it. The verdict (per output against torch's own
+(``--attention HEADSxHEAD_DIMxSEQ[:OPTIONS]``); the options are pinned and checked, what its calls
+pass (a mask's kind, grouped-query attention) checked, the geometry is what it is timed at;
+``attention_kernels`` measures it. The verdict (per output against torch's own
 error, docs/checks.md "Attention"; an input modified, a key outside the band that reaches an output,
 an option the model sets that the candidate ignores (rejected) or refuses (unavailable)): ``judge``.
 """
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernel_lock.model import Site
 from kernel_lock.slots import DTYPES, attention
+from kernel_lock.slots.base import Param
 from kernel_probe.errors import UsageError
 
 from .base import Option, Slot, dims
@@ -28,19 +30,28 @@ __all__ = ["ATTENTION"]
 
 # ---- the geometry, as the command line writes it ----------------------------------------------
 # batch 1; window: the band's half-width (key j visible to query i iff |i - j| <= W; -1: global).
-# timing on a CPU: cheap; on a GPU: long enough to rank the backends without O96's cost. anemoi's
-# O96 processor: 16 heads of 128 over 40,320 nodes, window 512 (anemoi-core PR #959)
-DEFAULT_GEOMETRY = {"cpu": "4x32x256", "gpu": "16x128x8192:window=512"}
+# timing on a CPU: cheap; on a GPU: long enough to rank the backends without O96's cost. A default
+# gives sizes only, never an option: an option changes what the model computes, so only the model
+# sets one (issue 53: the GPU default's window=512 built a sliding window for a global model).
+# anemoi's O96 processor: 16 heads of 128 over 40,320 nodes, window 512 (anemoi-core PR #959)
+DEFAULT_GEOMETRY = {"cpu": "4x32x256", "gpu": "16x128x8192"}
 O96_GEOMETRY = "16x128x40320:window=512"
-FORM = "HEADSxHEAD_DIMxSEQ[:window=W][,softcap=C][,dropout=P][,alibi=true]"
-OPTIONS = ("window", "softcap", "dropout", "alibi")  # the options a model fixes, after the colon
+FORM = (
+    "HEADSxHEAD_DIMxSEQ[:window=W][,softcap=C][,dropout=P][,alibi=true][,causal=true]"
+    "[,mask=bool|float][,kv_heads=K]"
+)
+# after the colon: the options a model fixes (pinned), and what its calls pass (checked with)
+OPTIONS = ("window", "softcap", "dropout", "alibi", "causal", "mask", "kv_heads")
+_CALLS = {"mask": Param(str, choices=attention.MASKS), "kv_heads": Param(int, 1, 1024)}
+CALL_DEFAULTS = {"mask": "none", "kv_heads": 0}  # no attn_mask; as many key/value heads (0)
 _GEOMETRY = re.compile(r"^(\d+)x(\d+)x(\d+)(?::(.+))?$")
 
 
 @dataclass(frozen=True)
 class Geometry:
     """One attention geometry: heads, head_dim, sequence length, and the model's options it names
-    (``window``, ``softcap``, ``dropout``, ``alibi``; absent: the lock's canonical value)."""
+    (``window``, ``softcap``, ``dropout``, ``alibi``, ``causal``; absent: the slot's canonical
+    value) and what its calls pass (``mask``, ``kv_heads``; absent: none, as many as heads)."""
 
     heads: int
     head_dim: int
@@ -52,6 +63,11 @@ class Geometry:
         """The sliding window of this geometry (None: full attention)."""
         return dict(self.options).get("window")  # type: ignore[return-value]
 
+    @property
+    def kv_heads(self) -> int:
+        """The key/value heads (fewer than ``heads``: grouped-query attention)."""
+        return int(dict(self.options).get("kv_heads", self.heads))  # type: ignore[call-overload]
+
     def __str__(self) -> str:
         said = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in self.options]
         return f"{self.heads}x{self.head_dim}x{self.seq}" + (":" + ",".join(said) if said else "")
@@ -59,7 +75,7 @@ class Geometry:
 
 def _option(text: str, name: str, value: str) -> tuple[str, object]:
     """One option as the slot declares it (``SlotSpec.params``: type and range)."""
-    param = attention.ATTENTION.params[name]
+    param = {**attention.ATTENTION.params, **_CALLS}[name]
     flag = {"true": True, "1": True, "false": False, "0": False}
     try:
         x = flag.get(value.lower()) if param.type is bool else param.type(value)
@@ -91,6 +107,11 @@ def parse_geometry(text: str) -> Geometry:
         if name in options:
             raise ValueError(f"{text!r}: {name} is given twice")
         options.update([_option(text, name, value.strip())])
+    kv = options.get("kv_heads", heads)
+    if heads % kv:  # type: ignore[operator]
+        raise ValueError(f"{text!r}: kv_heads={kv} does not divide the {heads} query heads")
+    if kv == heads:
+        options.pop("kv_heads", None)  # as many: no grouping
     return Geometry(heads, dim, seq, tuple(options.items()))
 
 
@@ -131,8 +152,9 @@ def traced_options(semantics: Mapping[str, Any]) -> tuple[dict[str, Any], list[s
 
 
 def canonical_options(overrides: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The slot's canonical options (``SlotSpec.canonical``) with the model's ``overrides``."""
-    c = dict(attention.ATTENTION.canonical)
+    """The slot's canonical options (``SlotSpec.canonical``) and what its calls pass
+    (``CALL_DEFAULTS``), with the model's ``overrides``."""
+    c = {**attention.ATTENTION.canonical, **CALL_DEFAULTS}
     c.update({k: v for k, v in (overrides or {}).items() if k in c})
     return c
 
@@ -151,12 +173,21 @@ HINTS = {
     "small-window": f"the band's edge (window {SMALL_WINDOW})",
     "second-length": "a second sequence length through the same instance (a cached mask)",
 }
+# the model's options, and what its calls pass: the value that means "the model sets none"
+UNSET: dict[str, Any] = {"window": -1, "softcap": 0.0, "dropout": 0.0, "alibi": False}
+UNSET |= {"causal": False, **CALL_DEFAULTS}
 FACTOR = 4.0
 FLOOR_EPS = 8.0
-UNSET = {"window": -1, "softcap": 0.0, "dropout": 0.0, "alibi": False}  # "the model sets none"
 _REFUSED = re.compile(
-    r"No available kernel|No viable backend|not supported|not implemented|NotImplemented", re.I
+    r"No available kernel|No viable backend|not supported|not implemented|NotImplemented"
+    r"|unexpected keyword argument",
+    re.I,
 )
+
+
+def capability(option: str, value: Any) -> str:
+    """The capability measured for the model's ``option`` = ``value`` (``attention_kernels``)."""
+    return {"mask": f"mask-{value}", "kv_heads": "gqa"}.get(option, option)
 
 
 def tolerance(output: str, base: float, dtype: str) -> float:
@@ -199,7 +230,7 @@ def judge(
     # the options the model sets that the candidate ignores or gets wrong, and those it refuses
     rejected, refused = [], []
     for option, unset in UNSET.items():
-        got = report.capabilities.get(option, "not measured")
+        got = report.capabilities.get(capability(option, canonical.get(option)), "not measured")
         if canonical.get(option, unset) == unset or got == "honoured":
             continue
         line = f"the model sets {option}={canonical[option]!r}, and this candidate"
@@ -208,14 +239,22 @@ def judge(
         else:
             does = "silently ignored it" if got == "ignored" else f"computes it {got}"
             rejected.append(f"{line} {does}")
-    if report.status != "accepted":
-        refused = []  # its rows say why already
-    if refused:
+    runs = any(got == "honoured" for got in report.capabilities.values())
+    if report.status != "accepted" and not (runs and report.status in ("unavailable", "crashed")):
+        refused = []  # its rows say why already (it runs with no option at all: not the option)
+    if refused:  # raising on an option the model sets: it cannot run the model
         report.status = "unavailable"
     if rejected and report.status in ("accepted", "unavailable"):
         report.status = "rejected"
     report.reasons = rejected + refused + report.reasons
     return report
+
+
+def keys_seen(g: Geometry) -> float:
+    """The keys a query sees on average: the band's with a window, about half where causal."""
+    w = -1 if g.window is None else g.window
+    keys = float(g.seq if w < 0 else min(g.seq, 2 * w + 1))
+    return keys / 2 if dict(g.options).get("causal") else keys
 
 
 class Attention(Slot):
@@ -225,9 +264,11 @@ class Attention(Slot):
         "--attention",
         "the model's attention: the geometry the Attention slot is timed at, and after "
         "the colon the options the model fixes (window=W band half-width, softcap=C, dropout=P, "
-        "alibi=true), pinned in the lock and checked: a candidate that ignores one is rejected "
-        f"(default {DEFAULT_GEOMETRY['gpu']} on GPU, {DEFAULT_GEOMETRY['cpu']} "
-        f"on CPU, global; anemoi's O96: {O96_GEOMETRY})",
+        "alibi=true, causal=true), pinned in the lock and checked: a candidate that ignores one "
+        "is rejected, one that refuses one is unavailable; and what its calls pass, checked: "
+        "mask=bool|float (an attn_mask), kv_heads=K (grouped-query attention) (default "
+        f"{DEFAULT_GEOMETRY['gpu']} on GPU, {DEFAULT_GEOMETRY['cpu']} on CPU: sizes only, "
+        f"global, no option; anemoi's O96: {O96_GEOMETRY})",
         metavar="HEADSxHEAD_DIMxSEQ[:OPTIONS]",
     )
     summary_key = "attention"
@@ -267,10 +308,9 @@ class Attention(Slot):
     provenance = inputs  # the lock's provenance records the geometry it was timed at
 
     def work(self, shape: str) -> float:
-        """Heads x queries x keys seen (the band's, with a window) x head_dim."""
+        """Heads x queries x keys seen (the band's, with a window; half, causal) x head_dim."""
         g = parse_geometry(shape)
-        keys = g.seq if g.window is None or g.window < 0 else min(g.seq, 2 * g.window + 1)
-        return float(g.heads * g.seq * keys * g.head_dim)
+        return float(g.heads * g.seq * keys_seen(g) * g.head_dim)
 
     def traced(self, site: Site) -> tuple[dict[str, Any], str]:
         """The options the site's call sets, as the geometry names them (``traced_options``)."""
@@ -292,6 +332,12 @@ class Attention(Slot):
     def judge(self, raw, cand, device, base, canonical, policy) -> Report:
         """Per output against its own tolerance, and each option the model fixes."""
         return judge(raw, cand, device, base, canonical_options(canonical))
+
+    def lock_keys(self, values, kwargs, report) -> dict[str, Any]:
+        """``causal``, ``mask`` and ``gqa`` where the model has them (else none: as before)."""
+        v = {**CALL_DEFAULTS, **values}
+        keys = {"causal": bool(v["causal"]), "mask": v["mask"], "gqa": bool(v["kv_heads"])}
+        return {k: x for k, x in keys.items() if x not in (False, "none")}
 
 
 ATTENTION = Attention(attention.ATTENTION)

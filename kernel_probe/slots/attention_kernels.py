@@ -1,16 +1,16 @@
 """The Attention slot's measurements, in the worker (torch): ``out``, ``dq``, ``dk``, ``dv``
 against the float64 reference of the same masked attention, for the candidate and torch's own
-paths, on the hard inputs; the band's edge, determinism, the capability matrix (each option on a
+paths, on the hard inputs, each called as the model calls it (causal, with its kind of attn_mask,
+with fewer key/value heads); the band's edge, determinism, the capability matrix (each option on a
 fresh instance), and the timing at the model's geometry (docs/checks.md, "Attention").
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
+import dataclasses
 import itertools
 import json
-import math
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -18,9 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from kernel_lock.attention import alibi_bias, band_mask
 from kernel_lock.slots import torch_device
 from kernel_lock.trust import import_target
 from kernel_probe.candidates import Candidate, fill
@@ -28,81 +26,23 @@ from kernel_probe.isolation import protocol
 from kernel_probe.isolation.protocol import CheckReply, MeasurementRow
 from kernel_probe.probe import measure, timing
 from kernel_probe.probe.measure import rel
-from kernel_probe.slots.attention import SMALL_WINDOW, UNSET, canonical_options, parse_geometry
+from kernel_probe.slots.attention import (
+    SMALL_WINDOW,
+    UNSET,
+    canonical_options,
+    keys_seen,
+    parse_geometry,
+)
+from kernel_probe.slots.attention_reference import (
+    Options,
+    call_mask,
+    explicit,
+    fused_path,
+    math_path,
+)
 
 OUTPUTS = ("out", "dq", "dk", "dv")
 CHECK_HEADS, CHECK_DIM, CHECK_SEQ = 2, 32, 48  # the check's own: a few (S x S) matmuls a case
-
-
-# ---- the reference and torch's own paths -------------------------------------------------------
-@dataclass(frozen=True)
-class Options:
-    """What a call computes besides q, k, v: the layer's options and the call's scale."""
-
-    window: int = -1
-    softcap: float = 0.0
-    alibi: bool = False
-    scale: float | None = None
-
-
-def _scores(raw: Any, q: Any, k: Any, opts: Options) -> Any:
-    """Scaled scores ``raw`` soft-capped, with alibi, masked to the band."""
-    s = opts.softcap * torch.tanh(raw / opts.softcap) if opts.softcap > 0 else raw
-    if opts.alibi:
-        s = s + alibi_bias(q.shape[1], q.shape[-2], k.shape[-2], q.device, s.dtype)
-    if opts.window >= 0:
-        s = s.masked_fill(~band_mask(q.shape[-2], k.shape[-2], opts.window, q.device), -math.inf)
-    return s
-
-
-def explicit(q: Any, k: Any, v: Any, opts: Options) -> Any:
-    """softmax(q k^T * scale [softcap] [+ alibi], masked to the band) v, in the inputs' dtype."""
-    scale = opts.scale if opts.scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    s = _scores((q @ k.transpose(-1, -2)) * scale, q, k, opts)
-    return torch.softmax(s, dim=-1) @ v
-
-
-def math_path(q: Any, k: Any, v: Any, opts: Options) -> Any:
-    """torch's own math path in the inputs' dtype: SDPA's MATH backend, or the explicit formula."""
-    if opts.softcap > 0 or opts.alibi:
-        return explicit(q, k, v, opts)
-    mask = None if opts.window < 0 else band_mask(q.shape[-2], k.shape[-2], opts.window, q.device)
-    with sdpa_kernel([SDPBackend.MATH]):
-        return torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, scale=opts.scale
-        )
-
-
-def fused_path(q: Any, k: Any, v: Any, go: Any, opts: Options) -> dict[str, Any]:
-    """The attention as a correct fused kernel orders it, in the inputs' dtype: float32
-    accumulation, the output rounded once, a backward that recomputes P from the log-sum-exp and
-    takes D from the rounded output (its error where the math path is exact by accident)."""
-    dtype = q.dtype
-    q32, k32, v32, go32 = (t.float() for t in (q, k, v, go))
-    scale = opts.scale if opts.scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    half = q.shape[-1] // 2
-    # the forward's scores, and the backward's recomputed in another summation order (as a kernel's
-    # other tiling does): their difference, ~eps * |s|, is what a recomputing backward cannot avoid
-    raw = (q32 @ k32.transpose(-1, -2)) * scale
-    raw_b = (
-        q32[..., :half] @ k32[..., :half].transpose(-1, -2)
-        + q32[..., half:] @ k32[..., half:].transpose(-1, -2)
-    ) * scale
-    s = _scores(raw, q, k, opts)
-    lse = torch.logsumexp(s, dim=-1, keepdim=True)
-    out = (torch.exp(s - lse).to(dtype).float() @ v32).to(dtype)  # P rounded to the dtype for P @ V
-    p = torch.exp(_scores(raw_b, q, k, opts) - lse)
-    delta = (go32 * out.float()).sum(-1, keepdim=True)
-    ds = p * (go32 @ v32.transpose(-1, -2) - delta)
-    if opts.softcap > 0:
-        ds = ds * (1 - torch.tanh(raw_b / opts.softcap) ** 2)
-    ds, p = ds.to(dtype).float(), p.to(dtype).float()  # rounded to the dtype for the last matmuls
-    return {
-        "out": out,
-        "dq": ((ds @ k32) * scale).to(dtype),
-        "dk": ((ds.transpose(-1, -2) @ q32) * scale).to(dtype),
-        "dv": (p.transpose(-1, -2) @ go32).to(dtype),
-    }
 
 
 def _grads(fn: Callable[..., Any], q: Any, k: Any, v: Any, go: Any) -> dict[str, Any]:
@@ -177,12 +117,19 @@ def _cast(case: Case, dtype: Any) -> Case:
     return Case(case.name, q, k, v, go, case.vanishing)
 
 
+def _as_called(case: Case, opts: Options) -> Case:
+    """The case with the key/value heads the model's calls pass (its first ``opts.kv``)."""
+    if not opts.kv:
+        return case
+    return dataclasses.replace(case, k=case.k[:, : opts.kv], v=case.v[:, : opts.kv])
+
+
 # ---- measuring: a row per dtype ------------------------------------------------------------------
 def build(cand: Candidate, values: Mapping[str, Any], **override: Any) -> Any:
-    """An instance of the candidate with the canonical options (and ``override``)."""
+    """An instance of the candidate with the canonical options, as the lock pins them (``causal``
+    only where the model is), and ``override``."""
     cls = import_target(cand.target, (cand.target.split(".")[0],), semantics="attention")
-    kwargs = {k: fill(v, values) for k, v in cand.kwargs.items()}
-    kwargs.update(override)
+    kwargs = {**cand.pinned_kwargs(values), **override}
     return cls(*[fill(a, values) for a in cand.args], **kwargs)
 
 
@@ -205,9 +152,20 @@ def _refusals() -> Iterator[None]:
             raise _Refused("; ".join([*notes, measure.first_line(exc, 300)])) from exc
 
 
-def _run(mod: Any, case: Case, *, scale: float | None = None) -> dict[str, Any]:
+def _call(mod: Any, q: Any, k: Any, v: Any, opts: Options) -> Any:
+    """The module called as the model calls it: its attn_mask, scale, grouped key/value heads."""
+    mask = call_mask(opts.mask, q, k)
+    extra = {"attn_mask": mask} if mask is not None else {}
+    extra.update({"enable_gqa": True} if k.shape[1] != q.shape[1] else {})
+    return mod(q, k, v, scale=opts.scale, **extra)
+
+
+PLAIN = Options()  # a call that passes no mask, scale or grouped heads
+
+
+def _run(mod: Any, case: Case, opts: Options = PLAIN) -> dict[str, Any]:
     with _refusals():
-        return _grads(lambda q, k, v: mod(q, k, v, scale=scale), case.q, case.k, case.v, case.go)
+        return _grads(lambda q, k, v: _call(mod, q, k, v, opts), case.q, case.k, case.v, case.go)
 
 
 def _errors(got: Mapping, bases: list, ref: Mapping, vanishing: tuple) -> tuple[dict, dict]:
@@ -239,21 +197,23 @@ def _torch_side(case: Case, opts: Options) -> tuple[Any, Any, Any]:
     return base, fused, ref
 
 
-def _band_edge(mod: Any, dtype: Any, gen: torch.Generator, window: int) -> str | None:
+def _band_edge(mod: Any, dtype: Any, gen: torch.Generator, opts: Options) -> str | None:
     """None when keys outside query i0's band get exactly zero weight and gradient, else what."""
-    h, d, s = CHECK_HEADS, CHECK_DIM, CHECK_SEQ
+    h, d, s, window = CHECK_HEADS, CHECK_DIM, CHECK_SEQ, opts.window
     randn = _randn(dtype, gen)
     q, k, v = (randn(1, h, s, d) for _ in range(3))
     i0 = s // 2
     go = torch.zeros_like(q)
     go[:, :, i0] = 1.0
-    got = _run(mod, Case("edge", q, k, v, go))
+    edge = _as_called(Case("edge", q, k, v, go), opts)
+    q, k, v = edge.q, edge.k.clone(), edge.v.clone()
+    got = _run(mod, Case("edge", q, k, v, go), opts)
     outside = (torch.arange(s, device=q.device) - i0).abs() > window
     leaks = [name for name in ("dk", "dv") if bool((got[name][:, :, outside] != 0).any())]
     v2, k2 = v.clone(), k.clone()
     v2[:, :, outside] = 1e3
     k2[:, :, outside] = -k2[:, :, outside]
-    again = _run(mod, Case("edge", q, k2, v2, go))
+    again = _run(mod, Case("edge", q, k2, v2, go), opts)
     if not torch.equal(again["out"][:, :, i0], got["out"][:, :, i0]):
         leaks.insert(0, "out")
     if not leaks:
@@ -275,7 +235,8 @@ def _row(cand: Candidate, values: Mapping, name: str, regime: str, seed: int, sh
 
     def measured(inst: Any, case: Case, opts: Options, flags: dict | None = None) -> tuple:
         n = next(calls)
-        got = _run(inst, case, scale=opts.scale)
+        case = _as_called(case, opts)
+        got = _run(inst, case, opts)
         if got["mutated"] and flags is not None:
             flags.setdefault("input-modified", case.name)
         if n not in sides:
@@ -292,9 +253,10 @@ def _row(cand: Candidate, values: Mapping, name: str, regime: str, seed: int, sh
     try:
         mod = _cases(cand, values, measured, dtype, gen, (errors, stats, flags))
         # determinism: the same fwd+bwd twice, bitwise
-        random = random_case(dtype, torch.Generator().manual_seed(seed))
-        got = _run(mod, random)
-        row["nondeterministic"] = measure.nondeterminism(got, _run(mod, random), OUTPUTS)
+        opts = Options.of(values)
+        random = _as_called(random_case(dtype, torch.Generator().manual_seed(seed)), opts)
+        got = _run(mod, random, opts)
+        row["nondeterministic"] = measure.nondeterminism(got, _run(mod, random, opts), OUTPUTS)
         row["twin"] = _twin(cand, values, random, got)
     except Exception as exc:  # a refusal says torch's reasons
         row["exception"] = str(exc) if isinstance(exc, _Refused) else measure.first_line(exc, 400)
@@ -309,7 +271,7 @@ def _cases(
 ) -> Any:
     """Every case, the windows and the band's edge, a second length, into ``out``; the instance."""
     errors, stats, flags = out
-    opts = Options(int(values["window"]), float(values["softcap"]), bool(values["alibi"]))
+    opts = Options.of(values)
     window = opts.window if opts.window >= 0 else CHECK_SEQ // 4
     mod = build(cand, values)
     mod.eval()  # dropout off: the numbers are judged without it (dropout is a capability)
@@ -320,18 +282,18 @@ def _cases(
         if opts.window >= 0 and name == "window":
             inst, o = mod, opts
         else:
-            inst, o = build(cand, values, window=w).eval(), Options(w, opts.softcap, opts.alibi)
+            inst, o = build(cand, values, window=w).eval(), dataclasses.replace(opts, window=w)
         errors[name], stats[name] = measured(inst, random_case(dtype, gen), o)
-        leak = _band_edge(inst, dtype, gen, w)
+        leak = _band_edge(inst, dtype, gen, o)
         if leak:
             flags.setdefault("band-leak", leak)
     # a second sequence length through the same instance (anemoi's SDPA wrapper caches its mask)
     inst = build(cand, values, window=window).eval()
-    first = random_case(dtype, gen)
-    _run(inst, first)
+    o = dataclasses.replace(opts, window=window)
+    first = _as_called(random_case(dtype, gen), o)
+    _run(inst, first, o)
     cut = CHECK_SEQ // 2 + 5
     short = Case("second-length", *(t[:, :, :cut] for t in (first.q, first.k, first.v, first.go)))
-    o = Options(window, opts.softcap, opts.alibi)
     errors["second-length"], stats["second-length"] = measured(inst, short, o)
     return mod
 
@@ -342,7 +304,7 @@ def _twin(cand: Candidate, values: Mapping, case: Case, got: Mapping) -> dict[st
     if twin_cand is None:
         return measure.no_twin()
     try:
-        twin = _run(build(twin_cand, values).eval(), case)
+        twin = _run(build(twin_cand, values).eval(), case, Options.of(values))
     except Exception as exc:
         why = f"the twin raised {measure.first_line(exc, 300)}"
         return {"state_dict": "incompatible", "reason": why}
@@ -363,6 +325,10 @@ def capabilities(cand: Candidate, values: Mapping[str, Any], seed: int) -> dict[
         "softcap": ({"softcap": 2.0}, Options(softcap=2.0), loud),
         "alibi": ({"alibi": True}, Options(alibi=True), case),
         "scale": ({}, Options(scale=0.05), loud),
+        "causal": ({"causal": True}, Options(causal=True), case),
+        "mask-bool": ({}, Options(mask="bool"), case),
+        "mask-float": ({}, Options(mask="float"), case),
+        "gqa": ({}, Options(kv=1), case),
     }
     out = {name: _capability(cand, base_values, *trial) for name, trial in trials.items()}
     out["dropout"] = _dropout(cand, base_values, case)
@@ -372,13 +338,14 @@ def capabilities(cand: Candidate, values: Mapping[str, Any], seed: int) -> dict[
 def _capability(
     cand: Candidate, values: Mapping[str, Any], override: dict[str, Any], opts: Options, case: Case
 ) -> str:
+    case = _as_called(case, opts)
     c64 = _cast(case, torch.float64)
     with_it = explicit(c64.q, c64.k, c64.v, opts)
-    without = explicit(c64.q, c64.k, c64.v, Options())
+    without = explicit(c64.q, c64.k, c64.v, Options())  # the heads grouped alike, by the shapes
     try:
         mod = build(cand, values, **override).eval()
         with _refusals():
-            got = mod(case.q, case.k, case.v, scale=opts.scale).detach()
+            got = _call(mod, case.q, case.k, case.v, opts).detach()
     except Exception as exc:  # a refusal says torch's reasons
         return f"raises: {exc if isinstance(exc, _Refused) else measure.first_line(exc, 300)}"
     tol = 4 * rel(math_path(case.q, case.k, case.v, opts), with_it) + 1e-5
@@ -459,19 +426,21 @@ def time_candidate(
         values = canonical_options({**dict(canonical_overrides or {}), **dict(g.options)})
         mod = build(cand, values).train()
         dtype = measure.torch_dtype(dtype_name)
-        new = functools.partial(
-            torch.randn, 1, g.heads, g.seq, g.head_dim, device=tdev, dtype=dtype
-        )
-        q, k, v = (new(requires_grad=True) for _ in range(3))
-        go = new()
+
+        def new(heads: int, grad: bool = True) -> Any:
+            shape = (1, heads, g.seq, g.head_dim)
+            return torch.randn(*shape, device=tdev, dtype=dtype, requires_grad=grad)
+
+        q, k, v, go = new(g.heads), new(g.kv_heads), new(g.kv_heads), new(g.heads, False)
+        opts = dataclasses.replace(Options.of(values), kv=0)  # the heads are the geometry's
 
         def step() -> None:
-            torch.autograd.grad(mod(q, k, v), (q, k, v), go)
+            torch.autograd.grad(_call(mod, q, k, v, opts), (q, k, v), go)
 
         if tdev == "cuda":
             torch.cuda.reset_peak_memory_stats()
         row = timed(step)
-        keys = g.seq if values["window"] < 0 else min(g.seq, 2 * values["window"] + 1)
+        keys = keys_seen(g)
         seconds = row["median_ms"] / 1e3
         # fwd 2 matmuls, bwd 5 (one recomputing the scores), 2 flops per multiply-add, band keys
         row["tflops"] = 7 * 2.0 * g.heads * g.seq * keys * g.head_dim / seconds / 1e12

@@ -94,3 +94,36 @@ def low_precision_backward(
     return _LowPrecisionRecompute.apply(
         q, k, v, attn_mask, scale if scale is not None else 1 / math.sqrt(q.shape[-1])
     )
+
+
+def ignores_causal(
+    q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    """Drops is_causal: every key reaches every query, whatever the model's causal flag."""
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa
+    )
+
+
+def bool_mask_only(
+    q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    """Takes a boolean attn_mask; an additive float one it reads as boolean (a wrong mask)."""
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        attn_mask = attn_mask > float("-inf")
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+        enable_gqa=enable_gqa,
+    )  # fmt: skip
+
+
+class NoOptions(torch.nn.Module):
+    """An attention class of another library that takes none of the slot's options (no causal)."""
+
+    def __init__(self, window=-1, softcap=0.0, dropout=0.0, alibi=False):
+        super().__init__()
+
+    def forward(
+        self, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+    ):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)

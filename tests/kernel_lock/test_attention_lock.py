@@ -116,3 +116,70 @@ def test_export_emits_the_attention_keys(tmp_path, capsys):
         "processor:\n  attention_implementation: scaled_dot_product_attention\n  window_size: 3"
         in stdout
     )
+
+
+# ---- causal, a mask's kind, grouped heads (issue 53) ---------------------------------------------
+CAUSAL_SLOT = """
+[slots.Attention]
+implementation = "torch.sdpa"
+target = "kernel_lock.attention.SDPAttention"
+semantics = "attention"
+causal = true
+mask = "bool"
+gqa = true
+kwargs = { window = -1, softcap = 0.0, dropout = 0.0, alibi = false, causal = true }
+"""
+
+
+def test_a_causal_lock_builds_a_causal_attention_and_says_what_its_calls_pass():
+    lock = kernel_lock.loads(MINIMAL_LOCK + CAUSAL_SLOT, emit_warnings=False)
+    slot = lock.slots["Attention"]
+    assert slot.extra == {"causal": True, "mask": "bool", "gqa": True}
+    mod = lock.factory("Attention")()
+    q, k, v = torch.randn(1, 4, 9, 8), torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert mod.causal and torch.allclose(mod(q, k, v, enable_gqa=True), ref, atol=1e-6)
+    again = kernel_lock.loads(lock.dumps(), emit_warnings=False)
+    assert again.slots["Attention"] == slot and 'causal = true\nmask = "bool"' in lock.dumps()
+
+
+@pytest.mark.parametrize(
+    "old,new,said",
+    [
+        ("causal = true\n", "", "computes causal True, but the slot declares causal False"),
+        (", causal = true }", " }", "computes causal False, but the slot declares causal True"),
+    ],
+)
+def test_a_causal_table_and_a_target_that_is_not_are_told_apart(old, new, said):
+    with pytest.raises(kernel_lock.errors.TargetNotAllowed) as info:
+        kernel_lock.loads(MINIMAL_LOCK + CAUSAL_SLOT.replace(old, new, 1), emit_warnings=False)
+    assert said in info.value.problem and info.value.exit_code == 5
+
+
+@pytest.mark.parametrize(
+    "old,new,key",
+    [
+        ('mask = "bool"', 'mask = "padding"', "mask"),
+        ("causal = true\n", 'causal = "yes"\n', "causal"),
+        ("gqa = true", "gqa = 2", "gqa"),
+    ],
+)
+def test_the_attention_keys_are_read_with_their_type(old, new, key):
+    with pytest.raises(kernel_lock.errors.LockFormatError) as info:
+        kernel_lock.loads(MINIMAL_LOCK + CAUSAL_SLOT.replace(old, new, 1), emit_warnings=False)
+    assert info.value.key.endswith(key)
+
+
+def test_another_slot_never_records_causal():
+    text = MINIMAL_LOCK.replace(
+        'semantics = "layer_norm"', 'semantics = "layer_norm"\ncausal = true'
+    )
+    with pytest.raises(kernel_lock.errors.LockFormatError) as info:
+        kernel_lock.loads(text, emit_warnings=False)
+    assert "only the Attention slot records a causal mask" in info.value.problem
+
+
+def test_a_causal_lock_is_not_exported_to_anemoi_whose_attention_never_is():
+    lock = kernel_lock.loads(MINIMAL_LOCK + CAUSAL_SLOT, emit_warnings=False)
+    options, note = attention_export(lock, verify_environment=False)
+    assert options == {} and "causal" in note and "not exported" in note

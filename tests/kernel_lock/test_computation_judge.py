@@ -99,7 +99,7 @@ def test_an_imported_subclass_computes_the_function_whose_forward_it_inherits():
 def test_each_slots_rule_tells_what_its_classes_compute():
     attention, gated = SPECS["Attention"].computes, SPECS["GatedMLP"].computes
     assert attention("kernel_lock.attention.SDPAttention", {"window": 4}, None) == {
-        "window": 4, "softcap": 0.0, "dropout": 0.0, "alibi": False
+        "window": 4, "softcap": 0.0, "dropout": 0.0, "alibi": False, "causal": False
     }  # fmt: skip
     assert attention("my.Attention", {}, None) is None  # another library's: untold
     defaults = {k: p.default for k, p in inspect.signature(Attention).parameters.items()}

@@ -37,7 +37,7 @@ def test_model_table_reads_back_equal(minimal_lock_text, tmp_path):
     model = Model.of("block.py:build", SITES, GONE, traced="meta")
     path = tmp_path / "k.toml"
     path.write_text(with_model(minimal_lock_text, model))
-    lock = load(path)
+    lock = load(path, emit_warnings=False)
     assert lock.model == model and lock.model.intact
     assert lock.model.by_slot()["Attention"] == (SITES[1],)
 

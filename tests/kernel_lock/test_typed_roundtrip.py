@@ -86,7 +86,8 @@ def _with_kwarg(slot: str, name: str, value):
     extra, spec = dict(pinned.extra), SPECS[slot]
     if spec.params[name].problem(value) is None and spec.computes is not None:
         computed = spec.computes(pinned.target, kwargs, None) or {}
-        extra.update({k: v for k, v in computed.items() if k in extra})
+        keys = {key.name for key in spec.keys}  # a key the table may omit (Attention's causal)
+        extra.update({k: v for k, v in computed.items() if k in extra or k in keys})
     entry = replace(pinned, kwargs=kwargs, twin=twin, extra=extra)
     return replace(LOCK, slots={**LOCK.slots, slot: entry})
 

@@ -41,6 +41,7 @@ def _ln32(x, w, b, eps):
 
 
 def _rms32(x, w, eps):
+    eps = torch.finfo(torch.float32).eps if eps is None else eps  # torch.nn.RMSNorm's None, in fp32
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (y * w.float()).to(x.dtype)
@@ -579,3 +580,18 @@ class RowLimitLinear(GoodLinear):
         flat = _rows_of(y)
         row = torch.arange(flat.shape[0], device=y.device).unsqueeze(-1)
         return torch.where(row >= self.ROWS, flat - self.bias, flat).reshape(y.shape)
+
+
+class FixedEpsRMSNorm(GoodRMSNorm):
+    """Correct, but an eps of None becomes 1e-6 (liger's default), not torch's dtype epsilon."""
+
+    def __init__(self, normalized_shape, eps=None, elementwise_affine=True, **kw):
+        super().__init__(normalized_shape, 1e-6 if eps is None else eps, elementwise_affine, **kw)
+
+
+class DtypeEpsRMSNorm(GoodRMSNorm):
+    """eps=None as torch documents it, ``finfo(x.dtype).eps`` (7.8e-3 for bfloat16), where torch
+    adds float32's: right in float32 only."""
+
+    def forward(self, x):
+        return _rms32(x, self.weight, torch.finfo(x.dtype).eps if self.eps is None else self.eps)

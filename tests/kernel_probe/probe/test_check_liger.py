@@ -59,6 +59,9 @@ CHECK_BUDGET = (
 BY_ID = {c.id: c for c in builtin()}
 
 
+EPS = {"eps": 1e-6}  # an RMSNorm's eps the model sets (liger's default)
+
+
 @dataclass(frozen=True)
 class Case:
     """One candidate checked in the interpreter: the registry's, made runnable on this CPU."""
@@ -87,7 +90,8 @@ class Case:
 CASES = (
     # the registry's candidates with their pinned kwargs (LigerRMSNorm: in_place = false)
     Case("liger.layer_norm", "LayerNorm", "liger.layer_norm", "LigerLayerNorm"),
-    Case("liger.rms_norm", "RMSNorm", "liger.rms_norm", "LigerRMSNorm"),
+    # (for a model whose RMSNorm sets an eps: liger's kernel takes no eps=None, torch's default)
+    Case("liger.rms_norm", "RMSNorm", "liger.rms_norm", "LigerRMSNorm", canonical=EPS),
     # liger's own default, in_place=True: its backward writes into grad_output
     Case(
         "liger.rms_norm[in_place=True]",
@@ -96,7 +100,10 @@ CASES = (
         "LigerRMSNorm",
         FP32,
         {"eps": "$eps"},
+        canonical=EPS,
     ),
+    # a model whose RMSNorm has torch's eps=None: liger is judged on it (issue 53)
+    Case("liger.rms_norm[torch eps=None]", "RMSNorm", "liger.rms_norm", "LigerRMSNorm", FP32),
     # LigerLayerNorm(bias=True) draws its fresh bias from randn
     Case(
         "liger.layer_norm[bias=True]",
@@ -132,6 +139,7 @@ CASES = (
         "LigerRMSNormAnemoi",
         FP32,
         args=("$normalized_shape",),
+        canonical=EPS,
     ),
     Case(
         "adapter:AutocastLigerLayerNormAnemoi",
@@ -245,8 +253,9 @@ def test_the_device_gate_holds_under_the_interpreter(run, cid):
     assert r.status == "unavailable" and r.interpreted
     why = r.reasons[0]
     assert "this device is cpu" in why and "tried under Triton's interpreter" in why
-    # measured: eps.to(...) on a Python float
-    assert "'float' object has no attribute 'to'" in why, why
+    # measured: eps.to(...) on a Python float; RMSNorm's eps is torch's None since issue 53
+    got = "'NoneType'" if cid == "liger.rms_norm" else "'float'"
+    assert f"{got} object has no attribute 'to'" in why, why
 
 
 # ---- the pinned kwargs: accepted in every interpreted row ----------------------------------------
@@ -325,6 +334,16 @@ def test_a_bias_free_layer_norm_slot_is_refused_at_the_layout(run):
     assert r.reasons[0].startswith("layout:") and "unexpected bias (1000,)" in r.reasons[0], (
         r.reasons
     )
+
+
+@needs_liger
+@pytest.mark.slow
+def test_liger_is_judged_on_a_models_eps_none_and_never_accepted(run):
+    """torch.nn.RMSNorm's eps=None (float32's machine epsilon, as torch adds it), the canonical eps:
+    LigerRMSNorm is built with it, as the lock would pin it, and cannot run it (issue 53)."""
+    r = run.reports["liger.rms_norm[torch eps=None]"]
+    assert r.status in ("crashed", "unavailable"), r.reasons
+    assert "NoneType" in r.reasons[0], r.reasons
 
 
 # ---- state dict and layout -----------------------------------------------------------------------
