@@ -44,6 +44,10 @@ def test_the_block_probed_for_then_applied_trains_as_written(tmp_path, capsys):
     report = kernel_lock.apply(applied, lock)
     # the report names every site the trace found, and says what each runs now
     assert {s.where for s in report.sites} >= {s.where for s in lock.model.sites}
+    # causal, as the model; routed unless the choice is plain SDPA, what the call runs already
+    attention = next(s for s in report.sites if s.slot == "Attention")
+    assert lock.slots["Attention"].kwargs["causal"] is True
+    assert attention.swapped or "what the call runs already" in attention.reason, attention
     norms = [m for m in applied.modules() if type(m).__name__ == "GoodLayerNorm"]
     assert len(norms) == 2 and not any(isinstance(m, torch.nn.LayerNorm) for m in applied.modules())
     assert set(dict(applied.state_dict())) == set(dict(written.state_dict()))
@@ -58,5 +62,7 @@ def test_the_block_probed_for_then_applied_trains_as_written(tmp_path, capsys):
         torch.testing.assert_close(l_a, l_w, rtol=1e-5, atol=1e-6, msg=f"loss, step {step}")
         for (name, p_w), p_a in zip(written.named_parameters(), applied.parameters(), strict=True):
             torch.testing.assert_close(p_a.grad, p_w.grad, rtol=1e-4, atol=1e-5, msg=name)
+    routed = {attention.where: (STEPS, 0)} if attention.swapped else {}
+    assert report.calls() == routed  # every call routed, none left
     for (name, p_w), p_a in zip(written.named_parameters(), applied.parameters(), strict=True):
         torch.testing.assert_close(p_a, p_w, rtol=1e-4, atol=1e-5, msg=f"{name} after {STEPS}")

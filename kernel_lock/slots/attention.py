@@ -157,6 +157,12 @@ _MHA = (
 )
 
 
+def _sdpa_build(semantics: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The class for an SDPA call: no window, softcap or alibi; causal where the call is (a lock
+    of a causal model pins ``causal``, and routes only its causal calls)."""
+    return (), {**_DEFAULTS, "causal": bool(semantics.get("is_causal", False))}
+
+
 def _run_sdpa(module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
     b = _bound(args, kwargs)
     return module(*(b[name] for name in _SDPA))
@@ -164,10 +170,9 @@ def _run_sdpa(module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> 
 
 _CALLS = Calls(
     module=_module,
-    # a functional call has no window, softcap or alibi: the class is built without them
     functions={
         "scaled_dot_product_attention": Functional(
-            _sdpa, lambda s: ((), dict(_DEFAULTS)), _run_sdpa, args=_SDPA, inputs=_SDPA[:4]
+            _sdpa, _sdpa_build, _run_sdpa, args=_SDPA, inputs=_SDPA[:4]
         )
     },
     sizes=frozenset({"heads", "kv_heads", "head_dim", "seq_q", "seq_k"}),

@@ -452,3 +452,16 @@ def test_an_applied_model_pickles_whole_and_its_copy_is_made_portable_too():
     copied = kernel_lock.portable(loaded)
     assert type(copied.blocks[1].norm2) is torch.nn.LayerNorm
     assert_close(copied(x), model(x))
+
+
+def test_a_causal_lock_routes_the_models_causal_sdpa_call():
+    """A lock probed for a causal model pins ``causal = true``: the model's causal SDPA call is
+    routed to a class built causal as the call is (it was once built non-causal, and the site left
+    as "causal False, the lock's slot checked True")."""
+    from kernel_lock.slots import SPECS
+
+    functional = SPECS["Attention"].calls.functions["scaled_dot_product_attention"]
+    q = torch.zeros(1, 2, 4, 8)
+    for causal in (True, False):
+        semantics = functional.semantics((q, q, q), {"is_causal": causal})
+        assert functional.build(semantics)[1]["causal"] is causal
