@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernel_lock.slots import DTYPES, attention
 from kernel_probe.errors import UsageError
+from kernel_probe.probe.limits import TIMING_TIMEOUT
 
 from .base import Option, Slot
 
@@ -90,6 +91,27 @@ def parse_geometry(text: str) -> Geometry:
             raise ValueError(f"{text!r}: {name} is given twice")
         options.update([_option(text, name, value.strip())])
     return Geometry(heads, dim, seq, tuple(options.items()))
+
+
+def too_long(seq: int, measured_seq: int, seconds: float, calls: int) -> str:
+    """Why a CPU does not time ``calls`` calls at ``seq`` keys, one having taken ``seconds`` at
+    ``measured_seq`` ("" where they fit the timing limit): every score is computed (a window is a
+    mask on a CPU, not less work), so the time grows with seq**2.
+
+    >>> too_long(40320, 1024, 0.6, 2)[:60]
+    'not timed here: one forward and backward at 40,320 keys woul'
+    >>> too_long(2048, 1024, 0.6, 6)
+    ''
+    """
+    estimate = seconds * (seq / measured_seq) ** 2
+    if estimate * calls <= TIMING_TIMEOUT:
+        return ""
+    return (
+        f"not timed here: one forward and backward at {seq:,} keys would take ~{estimate:,.0f} s "
+        f"on this CPU ({seconds:.2f} s at {measured_seq:,}; every score is computed, so x seq**2): "
+        f"{calls} calls outlast the {TIMING_TIMEOUT:.0f} s timing limit. Time it on the machine "
+        "that trains the model (a GPU), or declare a sequence this CPU can time"
+    )
 
 
 def canonical_options(overrides: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -29,8 +29,10 @@ from kernel_probe.isolation.protocol import CheckReply, MeasurementRow
 from kernel_probe.probe import measure, timing
 from kernel_probe.probe.measure import rel
 from kernel_probe.slots.attention import SMALL_WINDOW, UNSET, canonical_options, parse_geometry
+from kernel_probe.slots.attention import too_long as attention_too_long
 
 OUTPUTS = ("out", "dq", "dk", "dv")
+ESTIMATE_SEQ = 1024  # on a CPU, a longer sequence's time is estimated from one call at this many
 CHECK_HEADS, CHECK_DIM, CHECK_SEQ = 2, 32, 48  # the check's own: a few (S x S) matmuls a case
 
 
@@ -441,6 +443,18 @@ def tiny_call(cand: Candidate, device: str) -> None:
         mod(q, q, q).sum().backward()
 
 
+def too_long(mod: Any, g: Any, dtype: Any, calls: int) -> None:
+    """On a CPU, raise (the row's error) where ``calls`` calls at ``g`` would outlast the timing
+    limit, from the second of two calls at ``ESTIMATE_SEQ`` keys (``attention.too_long``)."""
+    q = torch.randn(1, g.heads, ESTIMATE_SEQ, g.head_dim, dtype=dtype, requires_grad=True)
+    for _ in range(2):
+        t0 = time.perf_counter()
+        mod(q, q, q).sum().backward()
+    reason = attention_too_long(g.seq, ESTIMATE_SEQ, time.perf_counter() - t0, calls)
+    if reason:
+        raise RuntimeError(reason)
+
+
 def time_candidate(
     cand: Candidate,
     device: str,
@@ -462,6 +476,8 @@ def time_candidate(
         new = functools.partial(
             torch.randn, 1, g.heads, g.seq, g.head_dim, device=tdev, dtype=dtype
         )
+        if tdev == "cpu" and g.seq > ESTIMATE_SEQ:
+            too_long(mod, g, dtype, int(options.get("warmup", 1)) + 1)
         q, k, v = (new(requires_grad=True) for _ in range(3))
         go = new()
 
