@@ -477,7 +477,8 @@ def time_candidate(
             torch.randn, 1, g.heads, g.seq, g.head_dim, device=tdev, dtype=dtype
         )
         if tdev == "cpu" and g.seq > ESTIMATE_SEQ:
-            too_long(mod, g, dtype, int(options.get("warmup", 1)) + 1)
+            reps = 1 if options.get("mode") == "sole" else int(options.get("reps", 1))
+            too_long(mod, g, dtype, int(options.get("warmup", 1)) + reps)
         q, k, v = (new(requires_grad=True) for _ in range(3))
         go = new()
 
