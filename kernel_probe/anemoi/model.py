@@ -38,7 +38,6 @@ from kernel_probe.anemoi.grids import GraphSizes, dataset_name, graph_sizes
 from kernel_probe.anemoi.reading import SEARCH_ROOTS, packaged_dir
 from kernel_probe.errors import InputFileError
 
-PREFIX = "anemoi:"
 # anemoi-training's test variables (a dataset's prognostic variables are the dataset's own)
 ASSUMED_PROGNOSTIC = ("10u", "10v", "2t", "msl", "t_850", "z_500")
 FLASH = "flash_attention"

@@ -114,3 +114,13 @@ def test_a_name_that_is_no_config_is_refused_listing_the_shipped_ones():
     with pytest.raises(InputFileError) as caught:
         anemoi_model.build("transfomer")
     assert "transfomer" in str(caught.value) and "transformer_ens" in (caught.value.fix or "")
+
+
+def test_a_shipped_model_file_by_its_path_is_read_as_its_name_is():
+    """The packaged file itself (config/model/graphtransformer.yaml, in its model/ directory): a
+    preset composed as training composes it, the same model as by name."""
+    path = Path(str(importlib.resources.files("anemoi.training") / "config" / "model"))
+    assert anemoi_model.declaration(str(path / "graphtransformer.yaml")) == {}
+    by_path, *_ = _built(str(path / "graphtransformer.yaml"))
+    by_name, *_ = _built("graphtransformer")
+    assert sorted(by_path.state_dict()) == sorted(by_name.state_dict())
