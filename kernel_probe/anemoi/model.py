@@ -3,25 +3,27 @@ builder behind the model spec ``anemoi:CONFIG``, and what a probe declares for i
 
 ``CONFIG`` is a YAML path (an overlay with a ``defaults:`` list, a model file, a complete config:
 composed as ``check-config`` reads it, ``kernel_probe.anemoi.reading``) or the name of a config
-anemoi-training ships (``ensemble_crps``; a model preset, ``transformer``, is composed as training
-composes it: the packaged ``config`` with ``model=<name>``). :func:`build` composes it, fills the
-mandatory ``???`` values (the dataset, the output root) with placeholders, validates it with
-anemoi-training's ``BaseSchema`` (where ``config_validation`` is on, as training does; its errors
-refuse the build), and builds ``AnemoiModelInterface`` (its encoders, processor and decoders through
-the config's ``layer_kernels``, via anemoi-models' own code) on the graph the config describes,
-sized by ``kernel_probe.anemoi.grids`` (O96 = 40,320 nodes, N320 = 542,080, ...); the inputs are one
-training batch: ``(batch, multistep_input, ensemble, data nodes, input variables)``.
+anemoi-training ships (``ensemble_crps``; a model preset, ``transformer``, is composed with the one
+shipped config that selects it, else the packaged ``config``, with ``model=<name>``).
+:func:`build` composes it, fills the mandatory ``???`` values (the dataset, the output root) with
+placeholders, validates it with anemoi-training's ``BaseSchema`` (where ``config_validation`` is
+on, as training does; its errors refuse the build), and builds ``AnemoiModelInterface`` (encoders,
+processor and decoders through the config's ``layer_kernels``, by anemoi-models' own code) on the
+graph the config describes, sized by ``kernel_probe.anemoi.grids`` (O96 = 40,320 nodes, N320 =
+542,080, ...); the inputs are one training batch: ``(batch, multistep_input, ensemble, data
+nodes, input variables)``.
 
 The graph itself is not built (that needs the dataset, anemoi-utils' grid files and scikit-learn):
-its node coordinates and edge attributes are uninitialised tensors of the real sizes, and its edge
-indices too, so the model is for tracing on the meta device (``with torch.device("meta")``: no
-memory at any size), not for computing. Two of anemoi-models' graph helpers read the graph's values
-(the in-degrees that split the edges into chunks, the sources a chunk touches); on the meta device
-they take each destination's in-degree as equal and every source as touched (``_meta_graph_ops``:
-sizes, not values, differ, and only on the meta device). The variables are the dataset's where
-it is readable here, else the config's forcings and diagnostics plus ``ASSUMED_PROGNOSTIC`` (said
-in a warning). Where flash-attn is not importable here, a ``flash_attention`` component is built
-with anemoi's ``scaled_dot_product_attention`` (the same attention; a warning says so).
+its node coordinates, edge attributes and edge indices are uninitialised tensors of the real sizes,
+so the model is for tracing on the meta device (``with torch.device("meta")``: no memory at any
+size), not for computing. Two of anemoi-models' graph helpers read the graph's values (the
+in-degrees that split the edges into chunks, the sources a chunk touches); on the meta device they
+take each destination's in-degree as equal and every source as touched (``meta_graph``: chunk
+sizes are estimates there; any other tensor goes to anemoi's own code). The variables are the
+dataset's where it is readable here, else the config's forcings and diagnostics plus
+``ASSUMED_PROGNOSTIC`` (a warning says so). Where flash-attn is not importable here, a
+``flash_attention`` component is built with anemoi's ``scaled_dot_product_attention`` (the same
+attention; a warning says so).
 """
 
 from __future__ import annotations
