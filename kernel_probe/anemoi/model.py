@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kernel_lock.slots.activation import OTHER_FUNCTION, function_of
 from kernel_probe.anemoi.config import classify, group_member, load_config, mappings_where
 from kernel_probe.anemoi.grids import GraphSizes, dataset_name, graph_sizes
 from kernel_probe.anemoi.reading import SEARCH_ROOTS, packaged_dir
@@ -42,6 +43,7 @@ from kernel_probe.errors import InputFileError
 
 # anemoi-training's test variables (a dataset's prognostic variables are the dataset's own)
 ASSUMED_PROGNOSTIC = ("10u", "10v", "2t", "msl", "t_850", "z_500")
+DEFAULT_ACTIVATION = "gelu-erf"  # the probe's --activation default: anemoi's torch.nn.GELU()
 FLASH = "flash_attention"
 SDPA = "scaled_dot_product_attention"
 
@@ -246,12 +248,24 @@ def attention_geometry(cfg: Any, sizes: GraphSizes) -> str | None:
 
 def declaration(config: str) -> dict[str, str]:
     """What a probe of this machine declares for the model ``config`` describes, as its command
-    line spells it (``{"--attention": "16x64x10242:window=512"}``), until ``--model`` traces it."""
+    line spells it (``{"--attention": "16x64x10242:window=512"}``), until ``--model`` traces it:
+    the processor's attention, its activation where it is not anemoi's default GELU, its gated
+    ``mlp_implementation``."""
     cfg = validated(composed(config), config)
     out: dict[str, str] = {}
     geometry = attention_geometry(cfg, graph_sizes(cfg.graph))
     if geometry is not None:
         out["--attention"] = geometry
+    proc = cfg.model.get("processor") or {}
+    entry = (proc.get("layer_kernels") or cfg.model.get("layer_kernels") or {}).get("Activation")
+    if entry is not None and entry.get("_target_"):
+        target = str(entry["_target_"])
+        kwargs = {k: v for k, v in entry.items() if k != "_target_"}
+        function = function_of(target, kwargs) or f"{OTHER_FUNCTION}{target}"
+        if function != DEFAULT_ACTIVATION:  # the probe's default is anemoi's own torch.nn.GELU()
+            out["--activation"] = function
+    if proc.get("mlp_implementation", "mlp") != "mlp":
+        out["--mlp-implementation"] = str(proc["mlp_implementation"])
     return out
 
 

@@ -124,3 +124,17 @@ def test_a_shipped_model_file_by_its_path_is_read_as_its_name_is():
     by_path, *_ = _built(str(path / "graphtransformer.yaml"))
     by_name, *_ = _built("graphtransformer")
     assert sorted(by_path.state_dict()) == sorted(by_name.state_dict())
+
+
+def test_the_declaration_names_an_activation_and_a_gated_mlp_the_config_sets(tmp_path):
+    import yaml
+
+    path = anemoi_build.write_overlay(tmp_path / "gnn.yaml", "gnn")
+    body = yaml.safe_load(path.read_text())
+    body["model"]["layer_kernels"] = {"Activation": {"_target_": "torch.nn.SiLU"}}
+    body["model"]["processor"]["mlp_implementation"] = "swiglu"
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    assert anemoi_model.declaration(str(path)) == {
+        "--activation": "silu",
+        "--mlp-implementation": "swiglu",
+    }
