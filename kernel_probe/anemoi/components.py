@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from kernel_lock.anemoi import attention_export
 from kernel_lock.graph_attention import ANEMOI_KEY, BACKENDS, TABLE, fallback_cause
 from kernel_lock.lock import KernelLock
 from kernel_lock.resolve import resolve_slot
@@ -158,6 +159,40 @@ def _against_locked_attention(
             fix = "probe with --attention ...:window=W for the model's window, or set the lock's"
             out.append(Finding("error", "lock", f"{where}.window_size", problem, fix))
     return out
+
+
+def attention_overlay(
+    tree: Any, lock: KernelLock, mode: str | None = None
+) -> tuple[dict[str, dict[str, Any]], list[tuple[str, str]]]:
+    """``export --config``'s attention: per component with attention (its path in ``tree``), the
+    lock's ``attention_implementation``; notes. The model's own options (``window_size``,
+    ``softcap``, ...) are never written: a component whose option the lock did not check is noted
+    (``check-config --lock`` refuses it) and left as the config has it."""
+    exported = attention_export(lock, mode)
+    if exported is None:
+        return {}, []
+    options, note = exported
+    out: dict[str, dict[str, Any]] = {}
+    notes: list[tuple[str, str]] = []
+    for where, comp in mappings_where(tree, lambda m: "attention_implementation" in m):
+        if not options:
+            notes.append((f"{where}.attention_implementation", note))
+            continue
+        out[where] = {"attention_implementation": options["attention_implementation"]}
+        if note:
+            notes.append((f"{where}.attention_implementation", note))
+        window = comp.get("window_size")
+        if _literal(window) and (-1 if window is None else int(window)) != options.get(
+            "window_size", -1
+        ):
+            notes.append(
+                (
+                    f"{where}.window_size",
+                    f"left at {window!r}: the lock checked window {options.get('window_size', -1)}"
+                    "; probe with the model's window (--attention ...:window=W)",
+                )
+            )
+    return out, notes
 
 
 # ---- graph attention -----------------------------------------------------------------------------

@@ -270,9 +270,13 @@ def export_for_config(
         out.notes.extend(
             (f"{prefix}{w}.graph_attention_backend", setting[1]) for w in out.graph_attention
         )
+    attention, said = components.attention_overlay(config.tree, lock, mode)
+    for where, keys in attention.items():
+        out.components.setdefault(where, {}).update(keys)
+    out.notes.extend(said)
     gated = gated_mlp_export(lock)
     if gated is not None:
         for where, _ in components.gated_components(config.tree):
-            out.components[where] = dict(gated[0])
+            out.components.setdefault(where, {}).update(gated[0])
             out.notes.append((f"{where}.mlp_implementation", gated[1]))
     return out

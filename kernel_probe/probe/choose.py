@@ -73,6 +73,31 @@ def _ok_timings(rows: Rows | None, shapes: Sequence[str]) -> bool:
     return bool(rows) and all(s in got for s in shapes)
 
 
+def _why_none(reports: Sequence[Report], timings: Mapping[str, Rows]) -> str:
+    """Why no candidate is eligible: each accepted one's timing error, then a count of the rest.
+
+    >>> r = Report(id="a", target="t", slot="S", semantics="s", device="cpu", status="accepted")
+    >>> _why_none([r], {"a": [{"shape": "2x2", "error": "RuntimeError: too big"}]})
+    'a not timed at 2x2: RuntimeError: too big'
+    """
+    said = []
+    for r in reports:
+        errors = [row for row in timings.get(r.id) or () if "error" in row]
+        if r.status != "accepted":
+            continue
+        if errors:
+            said.append(f"{r.id} not timed at {errors[0]['shape']}: {errors[0]['error']}")
+        elif r.interpreted or not timings.get(r.id):
+            said.append(f"{r.id} not timed{' (it ran interpreted)' if r.interpreted else ''}")
+        else:
+            said.append(f"{r.id} not bitwise repeatable (--deterministic)")
+    rest = [r for r in reports if r.status != "accepted"]
+    if rest:
+        statuses = sorted({r.status for r in rest})
+        said.append(f"{len(rest)} not accepted ({', '.join(statuses)})")
+    return "; ".join(said) or "no candidate"
+
+
 def _ratios(rows: Rows, base_rows: Rows, shapes: Sequence[str]) -> dict[str, float]:
     by, base = {r["shape"]: r for r in rows}, {r["shape"]: r for r in base_rows}
     return {s: by[s]["median_ms"] / base[s]["median_ms"] for s in shapes}
@@ -162,7 +187,7 @@ def _choose(
     if not eligible:
         what = "accepted, deterministic and timed" if deterministic else "both accepted and timed"
         raise ProbeError(
-            f"no candidate for {slot} was {what} on this machine",
+            f"no candidate for {slot} was {what} on this machine: {_why_none(reports, timings)}",
             fix="run `kernel-probe check --slot " + slot + "` to see every verdict and its reasons",
         )
     default = next((r for r in eligible if r.id == default_id), None)

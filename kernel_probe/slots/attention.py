@@ -18,6 +18,7 @@ from kernel_lock.model import Site
 from kernel_lock.slots import DTYPES, attention
 from kernel_lock.slots.base import Param
 from kernel_probe.errors import UsageError
+from kernel_probe.probe.limits import TIMING_TIMEOUT
 
 from .base import Option, Slot, dims
 
@@ -149,6 +150,27 @@ def traced_options(semantics: Mapping[str, Any]) -> tuple[dict[str, Any], list[s
             "self-attention only"
         )
     return {k: options[k] for k in OPTIONS if k in options}, why
+
+
+def too_long(seq: int, measured_seq: int, seconds: float, calls: int) -> str:
+    """Why a CPU does not time ``calls`` calls at ``seq`` keys, one having taken ``seconds`` at
+    ``measured_seq`` ("" where they fit the timing limit): every score is computed (a window is a
+    mask on a CPU, not less work), so the time grows with seq**2.
+
+    >>> too_long(40320, 1024, 0.6, 2)[:60]
+    'not timed here: one forward and backward at 40,320 keys woul'
+    >>> too_long(2048, 1024, 0.6, 6)
+    ''
+    """
+    estimate = seconds * (seq / measured_seq) ** 2
+    if estimate * calls <= TIMING_TIMEOUT:
+        return ""
+    return (
+        f"not timed here: one forward and backward at {seq:,} keys would take ~{estimate:,.0f} s "
+        f"on this CPU ({seconds:.2f} s at {measured_seq:,}; every score is computed, so x seq**2): "
+        f"{calls} calls outlast the {TIMING_TIMEOUT:.0f} s timing limit. Time it on the machine "
+        "that trains the model (a GPU), or declare a sequence this CPU can time"
+    )
 
 
 def canonical_options(overrides: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from kernel_probe.slots.attention import (
     keys_seen,
     parse_geometry,
 )
+from kernel_probe.slots.attention import too_long as attention_too_long
 from kernel_probe.slots.attention_reference import (
     Options,
     call_mask,
@@ -42,6 +43,7 @@ from kernel_probe.slots.attention_reference import (
 )
 
 OUTPUTS = ("out", "dq", "dk", "dv")
+ESTIMATE_SEQ = 1024  # on a CPU, a longer sequence's time is estimated from one call at this many
 CHECK_HEADS, CHECK_DIM, CHECK_SEQ = 2, 32, 48  # the check's own: a few (S x S) matmuls a case
 
 
@@ -408,6 +410,18 @@ def tiny_call(cand: Candidate, device: str) -> None:
         mod(q, q, q).sum().backward()
 
 
+def too_long(mod: Any, g: Any, dtype: Any, calls: int) -> None:
+    """On a CPU, raise (the row's error) where ``calls`` calls at ``g`` would outlast the timing
+    limit, from the second of two calls at ``ESTIMATE_SEQ`` keys (``attention.too_long``)."""
+    q = torch.randn(1, g.heads, ESTIMATE_SEQ, g.head_dim, dtype=dtype, requires_grad=True)
+    for _ in range(2):
+        t0 = time.perf_counter()
+        mod(q, q, q).sum().backward()
+    reason = attention_too_long(g.seq, ESTIMATE_SEQ, time.perf_counter() - t0, calls)
+    if reason:
+        raise RuntimeError(reason)
+
+
 def time_candidate(
     cand: Candidate,
     device: str,
@@ -431,6 +445,9 @@ def time_candidate(
             shape = (1, heads, g.seq, g.head_dim)
             return torch.randn(*shape, device=tdev, dtype=dtype, requires_grad=grad)
 
+        if tdev == "cpu" and g.seq > ESTIMATE_SEQ:
+            reps = 1 if options.get("mode") == "sole" else int(options.get("reps", 1))
+            too_long(mod, g, dtype, int(options.get("warmup", 1)) + reps)
         q, k, v, go = new(g.heads), new(g.kv_heads), new(g.kv_heads), new(g.heads, False)
         opts = dataclasses.replace(Options.of(values), kv=0)  # the heads are the geometry's
 

@@ -98,3 +98,19 @@ def test_against_the_lock(monkeypatch):
     assert (
         findings({"model": {"processor": {"attention_implementation": "${x}"}}}, lock(SDPA)) == []
     )
+
+
+def test_export_config_sets_the_locked_implementation_and_never_the_models_window():
+    """Issue 53: export --config left the preset's flash_attention, so check-config --lock failed
+    on attention_implementation. Now the overlay sets the lock's implementation on each component
+    with attention; the model's window is never written: where the lock checked another, a note."""
+    same, _ = attention_checks.attention_overlay(tree(), lock(SDPA))
+    assert same == {"model.processor": {"attention_implementation": "scaled_dot_product_attention"}}
+    other = lock(SDPA.replace("window = 512", "window = -1"))
+    keys, notes = attention_checks.attention_overlay(tree(), other)
+    assert "window_size" not in keys["model.processor"]
+    assert any(
+        where == "model.processor.window_size" and "the lock checked window -1" in note
+        for where, note in notes
+    )
+    assert attention_checks.attention_overlay(tree(), lock("")) == ({}, [])
