@@ -1,4 +1,4 @@
-"""Issue 53's first Must show, end to end with no hand-written swap: `kernel-probe --model
+"""Issue 53's first two Must shows, end to end with no hand-written swap: `kernel-probe --model
 tests/models/block.py:build --out L` with a third-party LayerNorm pinned, then
 `kernel_lock.apply(model, kernel_lock.load(L))`. Every LayerNorm becomes that class; outputs,
 gradients and the parameters after 20 SGD steps agree with the model as written; the report names
@@ -13,11 +13,12 @@ import torch
 
 import kernel_lock
 from tests.conftest import ROOT, run_cli
-from tests.models import block
+from tests.models import block, variants
 
 THIRD_PARTY = "kp_zoo.norms.GoodLayerNorm"  # its own forward (float32 mean/var), not torch's
 SPEC = f"{ROOT / 'tests/models/block.py'}:build"
 STEPS = 20
+SMALL = ["--precision", "32-true", "--reps", "2"]
 
 
 def _step(model, x, opt):
@@ -32,7 +33,7 @@ def _step(model, x, opt):
 @pytest.mark.slow
 def test_the_block_probed_for_then_applied_trains_as_written(tmp_path, capsys):
     out = tmp_path / "kernel-lock.toml"
-    args = ["--model", SPEC, "--out", out, "--precision", "32-true", "--reps", "2"]
+    args = ["--model", SPEC, "--out", out, *SMALL]
     pin = ["--candidate", f"LayerNorm={THIRD_PARTY}", "--pin", f"LayerNorm=custom:{THIRD_PARTY}"]
     code, _, err = run_cli([*args, *pin], capsys)
     assert code == 0, err
@@ -66,3 +67,53 @@ def test_the_block_probed_for_then_applied_trains_as_written(tmp_path, capsys):
     assert report.calls() == routed  # every call routed, none left
     for (name, p_w), p_a in zip(written.named_parameters(), applied.parameters(), strict=True):
         torch.testing.assert_close(p_a, p_w, rtol=1e-4, atol=1e-5, msg=f"{name} after {STEPS}")
+
+
+# the model's own semantics, as the lock must record them (slot, where in the slot's table, value)
+UNUSUAL = {
+    "norms": [
+        ("RMSNorm", lambda s: s.kwargs["eps"], None),  # torch's eps=None, never liger's 1e-6
+        ("LayerNorm", lambda s: s.kwargs["bias"], False),
+        ("Linear", lambda s: s.kwargs["bias"], False),
+        ("Activation", lambda s: s.extra["function"], "gelu-tanh"),
+    ],
+    "gqa": [
+        ("Attention", lambda s: s.extra["mask"], "bool"),
+        ("Attention", lambda s: s.extra["gqa"], True),
+        ("Attention", lambda s: s.kwargs.get("causal", False), False),
+        ("Attention", lambda s: s.kwargs["window"], -1),
+    ],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("builder", sorted(UNUSUAL))
+def test_a_model_unlike_torchs_defaults_is_locked_as_it_is_and_applied_unchanged(
+    builder, tmp_path, capsys
+):
+    """Issue 53's second Must show: a model whose layers are not torch's defaults is probed with
+    its own semantics (recorded in the lock), and `apply` leaves every output, gradient and
+    state-dict entry as the model as written has it."""
+    out = tmp_path / "kernel-lock.toml"
+    spec = f"{ROOT / 'tests/models/variants.py'}:{builder}"
+    code, _, err = run_cli(["--model", spec, "--out", out, *SMALL], capsys)
+    assert code == 0, err
+    lock = kernel_lock.load(out, emit_warnings=False)
+    for slot, value, want in UNUSUAL[builder]:
+        assert value(lock.slots[slot]) == want, (slot, want)
+
+    written, args, *rest = getattr(variants, builder)()
+    kwargs = rest[0] if rest else {}
+    applied = copy.deepcopy(written)
+    report = kernel_lock.apply(applied, lock)
+    assert {s.where for s in report.sites} >= {s.where for s in lock.model.sites}
+    y_w, y_a = written(*args, **kwargs), applied(*copy.deepcopy(args), **kwargs)
+    torch.testing.assert_close(y_a, y_w, rtol=1e-6, atol=1e-6)
+    y_w.square().sum().backward()
+    y_a.square().sum().backward()
+    pairs = zip(written.named_parameters(), applied.parameters(), strict=True)
+    for (name, p_w), p_a in pairs:
+        torch.testing.assert_close(p_a.grad, p_w.grad, rtol=1e-6, atol=1e-6, msg=name)
+    mine, theirs = written.state_dict(), applied.state_dict()
+    assert list(mine) == list(theirs)
+    assert all(torch.equal(mine[k], theirs[k]) for k in mine)
