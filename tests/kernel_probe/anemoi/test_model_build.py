@@ -148,3 +148,27 @@ def test_the_trace_names_the_activation_the_config_sets(tmp_path):
     assert modules and {(s.call, s.semantics["function"]) for s in modules} == {
         ("torch.nn.SiLU", "silu")
     }
+
+
+@pytest.mark.parametrize("preset", sorted(BUILDS))
+def test_the_real_size_trace_of_each_preset_that_builds(preset):
+    """``kernel-probe model anemoi:<preset>``: in its child, on the meta device, in the probe's
+    default regime (bf16-mixed: anemoi's checkpointed blocks included), at the preset's own sizes;
+    the ensemble transformer's processor attention with its window."""
+    from kernel_probe.model import trace
+
+    model = trace(f"anemoi:{preset}", precision="bf16-mixed")
+    assert model.traced == "meta" and model.intact
+    slots = model.by_slot()
+    assert {"LayerNorm", "Linear", "Activation"} <= set(slots)
+    data, hidden = BUILDS[preset]
+    attention = slots.get("Attention", ())
+    if preset == "transformer_ens":  # 16 heads over O48's hidden nodes, window 512
+        assert attention and all(
+            s.kind == "module"
+            and (s.semantics["heads"], s.semantics["seq_q"], s.semantics["window"])
+            == (16, hidden, 512)
+            for s in attention
+        )
+    else:
+        assert not attention
