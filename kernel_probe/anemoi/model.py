@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kernel_lock.slots.activation import OTHER_FUNCTION, function_of
 from kernel_probe.anemoi.config import classify, group_member, load_config, mappings_where
 from kernel_probe.anemoi.grids import GraphSizes, dataset_name, graph_sizes
 from kernel_probe.anemoi.reading import SEARCH_ROOTS, packaged_dir
@@ -43,7 +42,6 @@ from kernel_probe.errors import InputFileError
 
 # anemoi-training's test variables (a dataset's prognostic variables are the dataset's own)
 ASSUMED_PROGNOSTIC = ("10u", "10v", "2t", "msl", "t_850", "z_500")
-DEFAULT_ACTIVATION = "gelu-erf"  # the probe's --activation default: anemoi's torch.nn.GELU()
 FLASH = "flash_attention"
 SDPA = "scaled_dot_product_attention"
 
@@ -225,50 +223,6 @@ def sdpa_where_no_flash(cfg: Any) -> None:
             )
 
 
-def attention_geometry(cfg: Any, sizes: GraphSizes) -> str | None:
-    """The processor's attention as ``--attention`` declares it (heads x head_dim x hidden nodes,
-    and the options the config sets), or None where the processor has no attention."""
-    proc = cfg.model.get("processor") or {}
-    if "attention_implementation" not in proc:
-        return None
-    heads = int(proc["num_heads"])
-    seq = sizes.nodes[str(cfg.model.model.get("hidden_nodes_name", "hidden"))]
-    options = []
-    if proc.get("window_size") is not None and int(proc["window_size"]) >= 0:
-        options.append(f"window={int(proc['window_size'])}")
-    if float(proc.get("softcap") or 0.0) > 0:
-        options.append(f"softcap={float(proc['softcap'])}")
-    if float(proc.get("dropout_p") or 0.0) > 0:
-        options.append(f"dropout={float(proc['dropout_p'])}")
-    if proc.get("use_alibi_slopes"):
-        options.append("alibi=true")
-    geometry = f"{heads}x{int(proc['num_channels']) // heads}x{seq}"
-    return geometry + (":" + ",".join(options) if options else "")
-
-
-def declaration(config: str) -> dict[str, str]:
-    """What a probe of this machine declares for the model ``config`` describes, as its command
-    line spells it (``{"--attention": "16x64x10242:window=512"}``), until ``--model`` traces it:
-    the processor's attention, its activation where it is not anemoi's default GELU, its gated
-    ``mlp_implementation``."""
-    cfg = validated(composed(config), config)
-    out: dict[str, str] = {}
-    geometry = attention_geometry(cfg, graph_sizes(cfg.graph))
-    if geometry is not None:
-        out["--attention"] = geometry
-    proc = cfg.model.get("processor") or {}
-    entry = (proc.get("layer_kernels") or cfg.model.get("layer_kernels") or {}).get("Activation")
-    if entry is not None and entry.get("_target_"):
-        target = str(entry["_target_"])
-        kwargs = {k: v for k, v in entry.items() if k != "_target_"}
-        function = function_of(target, kwargs) or f"{OTHER_FUNCTION}{target}"
-        if function != DEFAULT_ACTIVATION:  # the probe's default is anemoi's own torch.nn.GELU()
-            out["--activation"] = function
-    if proc.get("mlp_implementation", "mlp") != "mlp":
-        out["--mlp-implementation"] = str(proc["mlp_implementation"])
-    return out
-
-
 # ---- the model -----------------------------------------------------------------------------------
 def _graph(cfg: Any, sizes: GraphSizes) -> Any:
     """A ``HeteroData`` with the config's node and edge sets at their sizes, values unset."""
@@ -344,6 +298,7 @@ def build(config: str) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
         ) from None
     assert type(model) is AnemoiModelInterface
     meta_graph.known_sizes(model)
+    attention_through_the_slot(model)
     model.to(device)
     run = batch_sizes(cfg)
     batch = {}
@@ -352,6 +307,40 @@ def build(config: str) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
         grid = sizes.nodes[name]
         batch[name] = torch.empty(run.batch, run.steps, run.ensemble, grid, inputs)
     return model, (batch,), forward_keywords(model.model, config)
+
+
+def attention_through_the_slot(model: Any) -> None:
+    """Each anemoi attention's backend (its SDPA or flash wrapper) called through the Attention
+    slot's module, ``kernel_lock.attention.SDPAttention``, with the attention's own window: the
+    trace then records the window (anemoi's SDPA path passes it as a boolean mask, which says no
+    window), so the probe checks and the lock pins it, and the export and check-config agree with
+    the config's ``window_size``. The same attention (query i sees key j iff |i - j| <=
+    window_size), no parameter, the same state dict. One with a softcap or alibi slopes is left as
+    anemoi built it."""
+    import torch  # reason: torch and anemoi in the child only
+    from anemoi.models.layers.attention import MultiHeadSelfAttention
+
+    from kernel_lock.attention import SDPAttention
+
+    class Through(torch.nn.Module):
+        """anemoi's call of its attention backend, made of the slot's module."""
+
+        def __init__(self, window: int) -> None:
+            super().__init__()
+            self.slot = SDPAttention(window=window)
+
+        def forward(self, query, key, value, batch_size, causal=False, window_size=None,
+                    dropout_p=0.0, softcap=None, alibi_slopes=None):  # fmt: skip
+            return self.slot(query, key, value, dropout_p=dropout_p, is_causal=causal)
+
+    for module in model.modules():
+        if not isinstance(module, MultiHeadSelfAttention):
+            continue
+        if (module.softcap or 0.0) > 0 or module.alibi_slopes is not None:
+            continue
+        window = -1 if module.window_size is None else int(module.window_size)
+        module.attention = Through(window)
+        module._attention_backend_applied = True  # anemoi's env override: already the slot's
 
 
 def forward_keywords(inner: Any, config: str) -> dict[str, Any]:

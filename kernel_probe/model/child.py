@@ -6,19 +6,21 @@ the shapes scaled to the model's own batch. JSON out (:func:`trace_model`)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
 import os
 import sys
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
@@ -264,7 +266,7 @@ def _run(
     device on ``device`` (as on the device a model runs on)."""
     recorder = Recorder(model, low)
     try:
-        with torch.device(device), recorder:
+        with torch.device(device), _checkpoint_as_plain_calls(low is not None), recorder:
             recorder.recording = True
             out = model(*args, **kwargs)
             recorder.recording = False
@@ -274,6 +276,37 @@ def _run(
     finally:
         recorder.remove()
     return recorder
+
+
+@contextlib.contextmanager
+def _checkpoint_as_plain_calls(on: bool) -> Iterator[None]:
+    """With ``on``, ``torch.utils.checkpoint.checkpoint`` calls its function plainly wherever a
+    loaded module bound it: its backward recomputes outside the trace's mode, so without the
+    mixed regime's casts, and torch refuses the recomputed dtypes. The calls are the same."""
+    original = torch.utils.checkpoint.checkpoint
+    if not on:
+        yield
+        return
+
+    def plain(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        for key in ("use_reentrant", "context_fn", "determinism_check", "debug",
+                    "preserve_rng_state"):  # fmt: skip
+            kwargs.pop(key, None)
+        return function(*args, **kwargs)
+
+    bound = [
+        (m, k)
+        for m in list(sys.modules.values())
+        for k, v in list(getattr(m, "__dict__", {}).items())
+        if v is original
+    ]
+    for m, k in bound:
+        setattr(m, k, plain)
+    try:
+        yield
+    finally:
+        for m, k in bound:
+            setattr(m, k, original)
 
 
 # ---- where the meta device cannot: the CPU at batch 1 and 2, scaled to the model's batch --------

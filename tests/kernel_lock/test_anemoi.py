@@ -365,11 +365,11 @@ def test_check_config_knows_anemois_own_classes(locks, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_readme_section_runs_as_written(locks, tmp_path):
+def test_readme_section_runs_as_written(tmp_path):
     """docs/anemoi.md "Using with anemoi" (the README's section until issue 37): its kernel-probe
-    commands and its Python snippet, as written."""
-    import shutil
-
+    commands and its Python snippet, as written: the probe traces training.yaml (`--model
+    anemoi:training.yaml`, issue 53), a gnn config at CPU sizes (an O16 dataset by name, TriNodes
+    r2 hidden), and probes it here."""
     pytest.importorskip(
         "anemoi.training",
         reason="anemoi-training (its presets) is not installed: `bash .ci/anemoi-install`",
@@ -377,15 +377,16 @@ def test_readme_section_runs_as_written(locks, tmp_path):
 
     import yaml
 
-    # the fixture ran `kernel-probe --out kernel-lock.toml` already: the README's probe reuses that
-    # lock
-    shutil.copy(locks["chosen"].path, tmp_path / "kernel-lock.toml")
     # the user's training.yaml: anemoi-training's defaults list with the gnn preset (README:
     # `defaults: [..., model: gnn, ...]`), complete enough for anemoi-training's schema, which
     # check-config runs
     from tests.anemoi_build import write_overlay
 
-    write_overlay(tmp_path / "training.yaml", "gnn")
+    training = write_overlay(tmp_path / "training.yaml", "gnn")
+    body = yaml.safe_load(training.read_text())
+    body["system"]["input"]["dataset"] = "/nonexistent/aifs-o16-unused.zarr"
+    body["graph"] = {"nodes": {"hidden": {"node_builder": {"resolution": 2}}}}
+    training.write_text(yaml.safe_dump(body, sort_keys=False))
     root = Path(__file__).resolve().parents[2]
     section = (
         (root / "docs" / "anemoi.md")
@@ -407,7 +408,7 @@ def test_readme_section_runs_as_written(locks, tmp_path):
         for line in bash.splitlines()
         if line.startswith("kernel-probe")
     ]
-    assert [c.split()[1] for c in commands] == ["--out", "export", "export", "check-config"]
+    assert [c.split()[1] for c in commands] == ["--model", "export", "export", "check-config"]
     for command in commands:
         # the printed overlay merged into training.yaml's model node, as step 3 says
         if "check-config" in command:
@@ -422,11 +423,12 @@ def test_readme_section_runs_as_written(locks, tmp_path):
             env=env,
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=300,
         )
         assert proc.returncode == 0, (command, proc.stdout, proc.stderr)
-        if command.startswith("kernel-probe --out"):
-            assert "reused without probing" in proc.stderr
+        if command.startswith("kernel-probe --model"):
+            traced = kernel_lock.load(tmp_path / "kernel-lock.toml").model
+            assert traced is not None and traced.spec == "anemoi:training.yaml" and traced.sites
         if "check-config" in command:
             assert "keeps anemoi's AutocastLayerNorm" in proc.stdout and "0 error(s)" in proc.stdout
     assert "${model.kernel_lock.Linear}" in (tmp_path / "kernel-lock.overlay.yaml").read_text()

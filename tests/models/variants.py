@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 try:
@@ -239,3 +240,20 @@ class OutOfReach(nn.Module):
 def out_of_reach() -> tuple[nn.Module, tuple[torch.Tensor]]:
     torch.manual_seed(0)
     return OutOfReach(), (torch.randn(BATCH, SEQ, HIDDEN),)
+
+
+class Checkpointed(nn.Module):
+    """A Linear and a LayerNorm under activation checkpointing (anemoi's mappers and processors
+    checkpoint theirs): its backward recomputes the forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.norm = nn.Linear(64, 64), nn.LayerNorm(64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        inner = lambda t: self.norm(self.up(t))  # noqa: E731
+        return torch.utils.checkpoint.checkpoint(inner, x, use_reentrant=False)
+
+
+def checkpointed() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    return Checkpointed(), (torch.randn(2, 16, 64, requires_grad=True),)

@@ -85,15 +85,21 @@ def test_every_shipped_preset_builds_at_its_real_sizes_or_is_refused_saying_why(
 
 def test_the_transformer_overlay_builds_with_the_preset_window_and_heads(tmp_path):
     """The user's transformer overlay (anemoi-training's two drift keys set, tests/anemoi_build.py)
-    builds, its processor attention is the preset's, and the probe's declaration says it."""
+    builds, its processor attention is the preset's, called through the Attention slot's module
+    with the preset's window (which the trace then records: anemoi's SDPA path says it only as a
+    boolean mask)."""
+    from kernel_lock.attention import SDPAttention
+
     path = anemoi_build.write_overlay(tmp_path / "transformer.yaml", "transformer")
     model, (batch,), _, _, _ = _built(str(path))
     proc = model.model.processor
     attention = [m for m in proc.modules() if type(m).__name__ == "MultiHeadSelfAttention"]
     assert attention and all(a.num_heads == 16 and a.window_size == 512 for a in attention)
+    slots = [a.attention.slot for a in attention]
+    assert all(type(s) is SDPAttention and s.window == 512 and not s.causal for s in slots)
+    assert not any(True for a in attention for _ in a.attention.state_dict())
     # encoder_decoder_only's hidden grid: o48
     assert model.model.node_attributes.num_nodes["hidden"] == 10_944
-    assert anemoi_model.declaration(str(path)) == {"--attention": "16x2x10944:window=512"}
 
 
 def test_the_model_built_is_the_one_anemoi_training_builds(tmp_path):
@@ -120,21 +126,49 @@ def test_a_shipped_model_file_by_its_path_is_read_as_its_name_is():
     """The packaged file itself (config/model/graphtransformer.yaml, in its model/ directory): a
     preset composed as training composes it, the same model as by name."""
     path = Path(str(importlib.resources.files("anemoi.training") / "config" / "model"))
-    assert anemoi_model.declaration(str(path / "graphtransformer.yaml")) == {}
     by_path, *_ = _built(str(path / "graphtransformer.yaml"))
     by_name, *_ = _built("graphtransformer")
     assert sorted(by_path.state_dict()) == sorted(by_name.state_dict())
 
 
-def test_the_declaration_names_an_activation_and_a_gated_mlp_the_config_sets(tmp_path):
+def test_the_trace_names_the_activation_the_config_sets(tmp_path):
+    """The config's ``layer_kernels.Activation`` reaches the trace as the function it computes
+    (what `--activation` declared before --model), in the probe's default regime."""
     import yaml
+
+    from kernel_probe.model import trace
 
     path = anemoi_build.write_overlay(tmp_path / "gnn.yaml", "gnn")
     body = yaml.safe_load(path.read_text())
     body["model"]["layer_kernels"] = {"Activation": {"_target_": "torch.nn.SiLU"}}
-    body["model"]["processor"]["mlp_implementation"] = "swiglu"
     path.write_text(yaml.safe_dump(body, sort_keys=False))
-    assert anemoi_model.declaration(str(path)) == {
-        "--activation": "silu",
-        "--mlp-implementation": "swiglu",
+    model = trace(f"anemoi:{path}", precision="bf16-mixed")
+    assert model.traced == "meta"
+    modules = [s for s in model.by_slot()["Activation"] if s.kind == "module"]
+    assert modules and {(s.call, s.semantics["function"]) for s in modules} == {
+        ("torch.nn.SiLU", "silu")
     }
+
+
+@pytest.mark.parametrize("preset", sorted(BUILDS))
+def test_the_real_size_trace_of_each_preset_that_builds(preset):
+    """``kernel-probe model anemoi:<preset>``: in its child, on the meta device, in the probe's
+    default regime (bf16-mixed: anemoi's checkpointed blocks included), at the preset's own sizes;
+    the ensemble transformer's processor attention with its window."""
+    from kernel_probe.model import trace
+
+    model = trace(f"anemoi:{preset}", precision="bf16-mixed")
+    assert model.traced == "meta" and model.intact
+    slots = model.by_slot()
+    assert {"LayerNorm", "Linear", "Activation"} <= set(slots)
+    data, hidden = BUILDS[preset]
+    attention = slots.get("Attention", ())
+    if preset == "transformer_ens":  # 16 heads over O48's hidden nodes, window 512
+        assert attention and all(
+            s.kind == "module"
+            and (s.semantics["heads"], s.semantics["seq_q"], s.semantics["window"])
+            == (16, hidden, 512)
+            for s in attention
+        )
+    else:
+        assert not attention

@@ -260,3 +260,18 @@ def test_an_anemoi_config_is_built_by_the_anemoi_builder(monkeypatch):
     value = trace_model({"spec": spec, "precision": "32-true", "trust": []})
     assert built == ["/cfg/o96.yaml"] and value["traced"] == "meta"
     assert [(s["where"], s["semantics"]) for s in value["sites"]] == [("", linear(8, 4))]
+
+
+def test_a_checkpointed_block_traces_in_the_mixed_regime_on_the_meta_device():
+    """Its backward's recomputation runs outside the trace's mode (without the regime's casts,
+    which torch's checkpoint refuses): the trace calls it plainly, the same sites, once each."""
+    import torch.utils.checkpoint
+
+    value = traced("checkpointed", "bf16-mixed")
+    assert value["traced"] == "meta" and not value["notes"]
+    found = sites(value)
+    assert {w: (s["slot"], s["calls"], s["dtype"]) for w, s in found.items()} == {
+        "up": ("Linear", 1, "float32"),
+        "norm": ("LayerNorm", 1, "bfloat16"),
+    }
+    assert torch.utils.checkpoint.checkpoint.__name__ == "checkpoint"  # put back
