@@ -50,6 +50,8 @@ _HELP = {
     "lock)",
     "lock": "derive a lock for inference on this machine: lock --for inference IN OUT",
     "model": "trace a model: every call site of every slot, its semantics, shapes and calls",
+    "check-model": "the model as written against the model with a lock applied, over training "
+    "steps, eval, no-grad and a state-dict round trip; the step time",
 }
 _JSON = {  # what a subcommand's --json prints (one not here has no --json)
     "verify": "machine-readable result on stdout",
@@ -62,10 +64,12 @@ _JSON = {  # what a subcommand's --json prints (one not here has no --json)
     "check-config": "findings as JSON",
     "lock": _SUMMARY,
     "model": "the trace (spec, traced, digest, sites, unreached) as JSON",
+    "check-model": "the verdict, each phase, the first diverging site and the timing as JSON",
 }
 _MODULES: dict[str, tuple[str, ...]] = {  # the subcommands of a shared module (else their own)
     "locks": ("verify", "show", "rehash", "explain", "diff", "lock"),
     "anemoi": ("export", "check-config"),
+    "check_model": ("check-model",),
 }
 EXIT_NOW = ("env",)  # see Subcommand.exit_now
 

@@ -14,7 +14,7 @@ from kernel_probe.errors import InputFileError, ProbeError, UsageError
 from kernel_probe.isolation.child import ChildResult, child_environment, clip, run_function
 from kernel_probe.model.spec import ModelSpec, parse_spec
 
-__all__ = ["DEFAULT_TIMEOUT", "Traced", "trace", "trace_with_notes"]
+__all__ = ["DEFAULT_TIMEOUT", "Traced", "failure", "trace", "trace_with_notes"]
 
 log = logging.getLogger("kernel_probe.model")
 
@@ -31,22 +31,28 @@ class Traced:
     notes: tuple[str, ...] = ()
 
 
-def _failure(spec: ModelSpec, result: ChildResult, timeout: float) -> ProbeError:
-    """The error for a child that gave no trace: the model's code (exit 5) or the child (1)."""
+def failure(
+    spec: ModelSpec,
+    result: ChildResult,
+    timeout: float,
+    done: tuple[str, str] = ("trace", "tracing"),
+) -> ProbeError:
+    """The error for a child that gave no answer (``done``: what it gives, what it does): the
+    model's code (exit 5) or the child (1)."""
     name = f"model {spec.text}"
     if result.status == "error" and result.raised.get("raised") == USER_CODE:
         fix = "fix the model's code (it runs as `python -c 'from <module> import <callable>; ...'`)"
         return InputFileError(f"{name}: {result.raised.get('message', '')}", key="model", fix=fix)
     if result.status == "timeout":
         return ProbeError(
-            f"{name}: no trace within {timeout:g} s (the child was killed)",
+            f"{name}: no {done[0]} within {timeout:g} s (the child was killed)",
             key="model",
             fix="check that building the model and one forward end; pass a longer timeout",
         )
     tail = clip(result.stderr, 600)
     detail = f"{result.reason}" + (f"\n{tail}" if tail and result.status == "crashed" else "")
     return ProbeError(
-        f"{name}: the child tracing it failed: {detail}",
+        f"{name}: the child {done[1]} it failed: {detail}",
         key="model",
         fix="run the model's callable in Python alone to see its own error; --debug for more",
     )
@@ -84,7 +90,7 @@ def trace_with_notes(
     request = {"spec": parsed.to_json(), "precision": precision, "trust": list(trust)}
     result = run_function(CHILD, "trace_model", request, timeout=timeout, env=child_environment())
     if not result.ok:
-        raise _failure(parsed, result, timeout)
+        raise failure(parsed, result, timeout)
     traced = _model(parsed, result.value)
     for note in traced.notes:
         log.info("model %s: %s", parsed.text, note)

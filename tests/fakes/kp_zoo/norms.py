@@ -188,6 +188,17 @@ class ContiguousOnlyLayerNorm(_Norm):
         return _ln32(flat, self.weight, self.bias, self.eps).reshape(x.shape)
 
 
+class StaleWeightLayerNorm(_Norm):
+    """Caches a copy of its weight at the first forward and computes with it from then on: right
+    until an optimizer step changes the weight (issue 54's bug class)."""
+
+    def forward(self, x):
+        if not hasattr(self, "_weight"):
+            self._weight = self.weight.detach().clone()
+            return _ln32(x, self.weight, self.bias, self.eps)
+        return _ln32(x, self._weight, self.bias, self.eps)
+
+
 class CachingLayerNorm(_Norm):
     """Caches the statistics of the first input it sees, per shape."""
 

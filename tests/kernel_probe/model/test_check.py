@@ -1,0 +1,113 @@
+"""check-model: the model as written against the model with a lock applied, over training steps,
+eval, no-grad and a state-dict round trip; the first diverging site named (issue 54)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import kernel_lock
+from kernel_lock.lock import KernelLock
+from kernel_lock.schema import EnvField, Environment, Slot
+from kernel_lock.slots import SPECS
+from kernel_probe.model.spec import parse_spec
+from tests.conftest import run_cli
+
+torch = pytest.importorskip("torch")
+
+from kernel_probe.model.check_child import check_model  # noqa: E402  (torch: after the skip)
+
+ROOT = Path(__file__).resolve().parents[3]
+BLOCK = f"{ROOT}/tests/models/block.py:build"
+
+
+def layer_norm_lock(target: str, path: Path) -> Path:
+    """A hand-made lock pinning the LayerNorm slot to ``target`` (trusted kp_zoo)."""
+    slot = Slot(
+        name="LayerNorm", implementation="zoo.layer-norm", target=target,
+        semantics=SPECS["LayerNorm"].semantics,
+    )  # fmt: skip
+    env = Environment(fields={"device-type": EnvField(value="cpu", match="exact")})
+    lock = KernelLock(
+        created_by="test", trusted_modules=("kp_zoo",), environment=env,
+        slots={"LayerNorm": slot},
+    )  # fmt: skip
+    lock.sealed().dump(path)
+    kernel_lock.load(path, trust=["kp_zoo"], emit_warnings=False)  # it reads back
+    return path
+
+
+def check(target: str, tmp_path: Path, steps: int = 2) -> dict:
+    lock = layer_norm_lock(target, tmp_path / "kernel-lock.toml")
+    request = {"spec": parse_spec(BLOCK).to_json(), "lock": str(lock), "trust": ["kp_zoo"]}
+    return check_model(request | {"steps": steps})
+
+
+@pytest.mark.slow  # the phases and ~15 timed rounds: ~4 s
+def test_a_correct_layer_norm_agrees_in_every_phase(tmp_path):
+    result = check("kp_zoo.norms.GoodLayerNorm", tmp_path)
+    assert result["verdict"] == "agree", result["phases"]
+    assert result["sites"] == ["norm1", "norm2"]
+    names = [p["phase"] for p in result["phases"]]
+    assert names == [
+        "in the first forward and backward", "after optimizer step 1", "after optimizer step 2",
+        "in eval mode", "in a no-grad forward", "after load_state_dict (written -> applied)",
+        "after load_state_dict (applied -> written)",
+    ]  # fmt: skip
+    timing = result["timing"]
+    assert timing["rounds"] >= 3 and timing["written"] > 0 and timing["applied"] > 0
+    assert timing["interval"][0] <= timing["ratio"] <= timing["interval"][1]
+
+
+@pytest.mark.slow  # ~4 s
+def test_a_weight_copied_at_the_first_forward_diverges_after_the_first_step(tmp_path):
+    result = check("kp_zoo.norms.StaleWeightLayerNorm", tmp_path)
+    assert result["verdict"] == "diverging"
+    last = result["phases"][-1]
+    assert last["phase"] == "after optimizer step 1"
+    assert last["diverging"][0]["what"] == "site norm1"
+    assert not result["phases"][0]["diverging"]  # the first forward and backward agree
+
+
+def test_statistics_cached_at_the_first_forward_diverge_in_the_first_backward(tmp_path):
+    """kp_zoo's CachingLayerNorm detaches its statistics: the first backward's gradients differ
+    (no site's output does yet), named by the first parameter whose gradient differs."""
+    result = check("kp_zoo.norms.CachingLayerNorm", tmp_path, steps=1)
+    first = result["phases"][-1]
+    assert (result["verdict"], first["phase"]) == ("diverging", "in the first forward and backward")
+    assert first["diverging"][0]["what"].startswith("gradient ")
+    assert not any(d["what"].startswith("site ") for d in first["diverging"])
+
+
+@pytest.mark.slow  # two children: ~6 s
+def test_check_model_exit_codes_and_json(tmp_path, capsys):
+    stale = layer_norm_lock("kp_zoo.norms.StaleWeightLayerNorm", tmp_path / "stale.toml")
+    args = ["check-model", BLOCK, "--trust", "kp_zoo", "--steps", "2"]
+    code, out, _ = run_cli([*args, "--lock", stale, "--json"], capsys)
+    body = json.loads(out)  # strict: no NaN or Infinity
+    assert code == 3 and body["verdict"] == "diverging"
+    assert body["first"]["phase"] == "after optimizer step 1"
+    assert body["first"]["what"] == "site norm1"
+    good = layer_norm_lock("kp_zoo.norms.GoodLayerNorm", tmp_path / "good.toml")
+    code, out, _ = run_cli([*args, "--lock", good], capsys)
+    assert code == 0, out
+    assert "agree in every phase (7)" in out and "x per step (" in out
+
+
+def test_bad_steps_and_a_bad_lock_fail_before_any_child(tmp_path, capsys):
+    code, _, err = run_cli(["check-model", BLOCK, "--lock", tmp_path / "none.toml"], capsys)
+    assert code == 5 and "no such file" in err
+    lock = layer_norm_lock("kp_zoo.norms.GoodLayerNorm", tmp_path / "good.toml")
+    code, _, err = run_cli(["check-model", BLOCK, "--lock", lock, "--steps", "0"], capsys)
+    assert code == 2 and "--steps 0" in err
+    code, _, err = run_cli(["check-model", "nowhere.py:build", "--lock", lock], capsys)
+    assert code == 2 and "does not exist" in err
+
+
+@pytest.mark.slow  # a child: ~3 s
+def test_a_class_the_child_cannot_import_is_the_locks_error(tmp_path, capsys):
+    lock = layer_norm_lock("kp_zoo.norms.NoSuchLayerNorm", tmp_path / "bad.toml")
+    code, _, err = run_cli(["check-model", BLOCK, "--lock", lock, "--trust", "kp_zoo"], capsys)
+    assert code == 3 and "NoSuchLayerNorm" in err
