@@ -61,6 +61,8 @@ CASES = [
     ("check-config", ["/no/such/config.yaml"], 5),
     ("lock", ["--for", "inference", minimal, existing], 2),
     ("model", ["no/such/model.py:build"], 2),
+    ("check-model", ["no/such/model.py:build", "--lock", MISSING], 2),
+    ("check-model", ["tests/models/block.py:build", "--lock", MISSING], 5),
     ("verfiy", [], 2),  # a mistyped subcommand
 ]
 
