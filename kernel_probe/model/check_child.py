@@ -12,6 +12,7 @@ import io
 import random
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from typing import Any
@@ -59,19 +60,29 @@ def _cast(value: Any, dtype: torch.dtype) -> Any:
 
 
 class _Sites:
-    """Forward hooks on the applied sites: each site's outputs, in the order they complete (a
-    functional site: the output of the module whose forward makes the call)."""
+    """Hooks on the applied sites: each site's outputs, in the order they complete (a functional
+    site: the output of the module whose forward makes the call), and a module site's input
+    gradients, in the order the backward reaches them (a backward wrong in one site shows there
+    first, before any output differs)."""
 
     def __init__(self, model: nn.Module, sites: list[str]):
         self.outputs: dict[str, list[torch.Tensor]] = {}
-        self.handles = []
+        self.inputs: dict[str, list[torch.Tensor]] = {}
         for where in sites:
             module = model.get_submodule(where.split(":")[0])
-            self.handles.append(module.register_forward_hook(self._hook(where)))
+            module.register_forward_hook(self._hook(self.outputs, where, 2))
+            if ":" not in where:
+                module.register_full_backward_hook(self._hook(self.inputs, where, 1))
 
-    def _hook(self, where: str) -> Callable[..., None]:
-        def hook(module: nn.Module, args: Any, out: Any) -> None:
-            self.outputs.setdefault(where, []).extend(t.detach().clone() for t in _floats(out))
+    @staticmethod
+    def _hook(into: dict[str, list[torch.Tensor]], where: str, arg: int) -> Callable[..., None]:
+        """A closure (a deep copy of the model keeps it, recording here): ``arg`` 2 a forward
+        hook's output, 1 a backward hook's input gradients."""
+
+        def hook(module: nn.Module, *args: Any) -> None:
+            found = [t.detach().clone() for t in _floats(args[arg - 1 if arg == 1 else 1])]
+            if found:
+                into.setdefault(where, []).extend(found)
 
         return hook
 
@@ -89,7 +100,8 @@ class _Run:
     def forward(self, model: nn.Module | None = None) -> Values:
         _Run.blame = "lock" if model is not None or self.role == "applied" else self.role
         model = model or self.model
-        self.sites.outputs = {}
+        self.sites.outputs.clear()
+        self.sites.inputs.clear()
         torch.manual_seed(SEED)
         outs = list(_floats(model(*self.args, **self.kwargs)))
         found: Values = {f"site {w}": t for w, t in self.sites.outputs.items()}
@@ -100,8 +112,10 @@ class _Run:
         self.opt.zero_grad(set_to_none=True)
         values = self.forward()
         loss = torch.stack([o.double().square().mean() for o in values.pop("_raw")]).sum()
-        loss.backward()
-        grads = {
+        with warnings.catch_warnings():  # a site none of whose inputs needs a gradient: fine
+            warnings.filterwarnings("ignore", "Full backward hook is firing", UserWarning)
+            loss.backward()
+        grads = {f"site {w} (input gradient)": t for w, t in self.sites.inputs.items()} | {
             f"gradient {n}": [p.grad.detach().clone()]
             for n, p in self.model.named_parameters()
             if p.grad is not None

@@ -72,13 +72,13 @@ def test_a_weight_copied_at_the_first_forward_diverges_after_the_first_step(tmp_
 
 
 def test_statistics_cached_at_the_first_forward_diverge_in_the_first_backward(tmp_path):
-    """kp_zoo's CachingLayerNorm detaches its statistics: the first backward's gradients differ
-    (no site's output does yet), named by the first parameter whose gradient differs."""
+    """kp_zoo's CachingLayerNorm detaches its statistics: no site's output differs in the first
+    forward, its backward does: norm2's input gradient (the first the backward reaches)."""
     result = check("kp_zoo.norms.CachingLayerNorm", tmp_path, steps=1)
     first = result["phases"][-1]
     assert (result["verdict"], first["phase"]) == ("diverging", "in the first forward and backward")
-    assert first["diverging"][0]["what"].startswith("gradient ")
-    assert not any(d["what"].startswith("site ") for d in first["diverging"])
+    assert first["diverging"][0]["what"] == "site norm2 (input gradient)"
+    assert not any(d["what"] in ("site norm1", "site norm2") for d in first["diverging"])
 
 
 @pytest.mark.slow  # two children: ~6 s
