@@ -111,3 +111,17 @@ def test_a_class_the_child_cannot_import_is_the_locks_error(tmp_path, capsys):
     lock = layer_norm_lock("kp_zoo.norms.NoSuchLayerNorm", tmp_path / "bad.toml")
     code, _, err = run_cli(["check-model", BLOCK, "--lock", lock, "--trust", "kp_zoo"], capsys)
     assert code == 3 and "NoSuchLayerNorm" in err
+
+
+def test_a_model_on_the_meta_device_is_neither_checked_nor_timed(tmp_path):
+    (tmp_path / "meta.py").write_text(
+        "import torch\n"
+        "def build():\n"
+        "    with torch.device('meta'):\n"
+        "        return torch.nn.LayerNorm(8), (torch.randn(2, 8),)\n"
+    )
+    lock = layer_norm_lock("kp_zoo.norms.GoodLayerNorm", tmp_path / "good.toml")
+    spec = parse_spec(f"{tmp_path}/meta.py:build").to_json()
+    result = check_model({"spec": spec, "lock": str(lock), "trust": ["kp_zoo"], "steps": 1})
+    assert (result["verdict"], result["timing"]) == ("not-run", None)
+    assert "meta device" in result["why"]
