@@ -18,6 +18,7 @@ from tests.conftest import run_cli
 torch = pytest.importorskip("torch")
 
 from kernel_probe.model.check_child import check_model  # noqa: E402  (torch: after the skip)
+from kernel_probe.model.child import ModelCodeError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 BLOCK = f"{ROOT}/tests/models/block.py:build"
@@ -125,3 +126,10 @@ def test_a_model_on_the_meta_device_is_neither_checked_nor_timed(tmp_path):
     result = check_model({"spec": spec, "lock": str(lock), "trust": ["kp_zoo"], "steps": 1})
     assert (result["verdict"], result["timing"]) == ("not-run", None)
     assert "meta device" in result["why"]
+
+
+def test_the_written_model_raising_is_the_models_error_not_a_divergence(tmp_path):
+    lock = layer_norm_lock("kp_zoo.norms.GoodLayerNorm", tmp_path / "good.toml")
+    spec = parse_spec(f"{ROOT}/tests/models/broken.py:forward_raises").to_json()
+    with pytest.raises(ModelCodeError, match="in the first forward and backward, the model as "):
+        check_model({"spec": spec, "lock": str(lock), "trust": ["kp_zoo"], "steps": 1})
