@@ -7,6 +7,7 @@ every site the trace found."""
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -35,11 +36,12 @@ def test_the_block_probed_for_then_applied_trains_as_written(tmp_path, capsys):
     out = tmp_path / "kernel-lock.toml"
     args = ["--model", SPEC, "--out", out, *SMALL]
     pin = ["--candidate", f"LayerNorm={THIRD_PARTY}", "--pin", f"LayerNorm=custom:{THIRD_PARTY}"]
-    code, _, err = run_cli([*args, *pin], capsys)
+    code, stdout, err = run_cli([*args, *pin, "--json"], capsys)
     assert code == 0, err
     lock = kernel_lock.load(out, trust=["kp_zoo"], emit_warnings=False)
     assert lock.model is not None and lock.slots["LayerNorm"].target == THIRD_PARTY
     assert lock.model.check is not None and lock.model.check.verdict == "agree"
+    assert json.loads(stdout)["model-check"] == lock.model.check.to_dict()
 
     written, (x,) = block.build()
     applied = copy.deepcopy(written)

@@ -379,6 +379,7 @@ def _summary(result: ProbeResult) -> dict[str, Any]:
         "precision": plan.precision,
         "shapes": list(plan.shapes),
         **({"model": plan.model.to_dict(), "weights": plan.weights} if plan.model else {}),
+        **({"model-check": checked.to_dict()} if (checked := _model_check(result)) else {}),
         **{
             s.summary_key: plan.resolved[s.name]
             for s in slot_behaviour.SLOTS.values()
@@ -399,6 +400,12 @@ def _summary(result: ProbeResult) -> dict[str, Any]:
             for slot, c in result.choices.items()
         },
     }
+
+
+def _model_check(result: ProbeResult) -> Any:
+    """The lock's recorded model-level check (None: no --model, or --no-model-check)."""
+    model = result.lock.model
+    return model.check if model is not None else None
 
 
 def _report(result: ProbeResult) -> None:

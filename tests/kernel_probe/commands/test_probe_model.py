@@ -36,6 +36,7 @@ def test_a_probe_for_a_model_pins_its_semantics_at_its_shapes_and_records_it(
     assert "model check skipped (--no-model-check), none recorded" in err
     summary = json.loads(stdout)
     assert summary["model"]["digest"] == model.digest
+    assert "model-check" not in summary  # skipped: nothing recorded
     assert summary["weights"]["LayerNorm"] == {"24x32": 2}  # norm2 (eps 1e-6) is not covered
     lock = kernel_lock.load(out, emit_warnings=False)
     assert lock.model == model and lock.intact and lock.model.check is None
