@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .schema import DIGEST, record
+from .schema import DIGEST, record, table
 from .slots.base import NONE_VALUE
 from .tables import (
     EMPTY,
     INT64,
+    NONE,
     Raw,
     ReadError,
     Table,
@@ -31,12 +33,15 @@ from .tables import (
     identifier,
     identifiers,
     refuse_controls,
+    text,
     value_problem,
 )
 from .tables import toml_key as key
 
 __all__ = [
     "KINDS",
+    "VERDICTS",
+    "Checked",
     "NONE_VALUE",
     "TABLE",
     "Model",
@@ -48,6 +53,11 @@ __all__ = [
 
 TABLE = "model"
 KINDS = ("module", "function")  # a module the model holds, or a functional call it makes
+VERDICTS = (
+    "agree",
+    "diverging",
+    "not-run",
+)  # of the model-level check (``kernel-probe check-model``)
 
 
 def function_site(owner: str, function: str, n: int) -> str:
@@ -113,6 +123,80 @@ class Unreached(Table):
     reason: str = field(metadata=key("reason", identifier(required=True)))
 
 
+def _verdict(ctx: Any, d: Raw, k: str, _: Raw) -> str:
+    value = get(d, k, str, default="")
+    if value not in VERDICTS:
+        raise ReadError(f"{value!r} is not one of {', '.join(VERDICTS)}", k)
+    return value
+
+
+def _number(ctx: Any, d: Raw, k: str, _: Raw) -> float | None:
+    value = get(d, k, float)
+    if value is not None and (not math.isfinite(value) or value < 0):
+        raise ReadError("must be a non-negative finite number", k)
+    return value
+
+
+def _interval(ctx: Any, d: Raw, k: str, _: Raw) -> tuple[float, ...]:
+    values = get(d, k, list, default=[])
+    if values and (len(values) != 2 or not all(_finite(v) for v in values)):
+        raise ReadError("must be two non-negative finite numbers, [low, high]", k)
+    return tuple(float(v) for v in values)
+
+
+def _steps(ctx: Any, d: Raw, k: str, _: Raw) -> int:
+    return get_int(d, k, 0, INT64, default=0) or 0
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < math.inf
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Checked(Table):
+    """``[model.check]``: the model-level check the probe ran against the lock it chose (the
+    model as written vs with the lock applied): its verdict, the first diverging site and phase,
+    how close the losses stayed, and the training step's time with and without the lock."""
+
+    verdict: str = field(metadata=key("verdict", _verdict))
+    steps: int = field(default=0, metadata=key("steps", _steps, omit=EMPTY))
+    phases: int = field(default=0, metadata=key("phases", _steps, omit=EMPTY))
+    first: str = field(default="", metadata=key("first", identifier(), omit=EMPTY))
+    phase: str = field(default="", metadata=key("phase", identifier(), omit=EMPTY))
+    losses_agree_to: float | None = field(
+        default=None, metadata=key("losses-agree-to", _number, omit=NONE)
+    )
+    step_ratio: float | None = field(default=None, metadata=key("step-ratio", _number, omit=NONE))
+    step_interval: tuple[float, ...] = field(
+        default=(), metadata=key("step-interval", _interval, omit=EMPTY)
+    )
+    step_written: float | None = field(
+        default=None, metadata=key("step-written", _number, omit=NONE)
+    )
+    step_applied: float | None = field(
+        default=None, metadata=key("step-applied", _number, omit=NONE)
+    )
+    why: str = field(default="", metadata=key("why", text(), omit=EMPTY))
+
+    def line(self) -> str:
+        """One line: ``agree over 3 steps (7 phases), losses agree to 3e-07; step 1.02x ...``."""
+        if self.verdict == "not-run":
+            return f"model check: not run: {self.why}"
+        if self.verdict == "diverging":
+            said = f"model check: DIVERGING, first {self.first} (phase {self.phase!r})"
+        else:
+            said = f"model check: agree over {self.steps} steps ({self.phases} phases)"
+        if self.losses_agree_to is not None:
+            said += f", losses agree to {self.losses_agree_to:.1g}"
+        if self.step_ratio is not None and len(self.step_interval) == 2:
+            low, high = self.step_interval
+            said += (
+                f"; step {self.step_ratio:.2f}x ({self.step_written:.3g} -> "
+                f"{self.step_applied:.3g} s, 95% interval {low:.2f}-{high:.2f}x)"
+            )
+        return said
+
+
 def _sites(cls: type) -> Any:
     return lambda ctx, d, k, _: ctx.objects(d, k, lambda t: from_dict(cls, ctx, t))
 
@@ -128,6 +212,7 @@ class Model(Table):
     unreached: tuple[Unreached, ...] = field(
         default=(), metadata=key("unreached", _sites(Unreached), omit=EMPTY)
     )
+    check: Checked | None = field(default=None, metadata=key("check", table(Checked), omit=NONE))
 
     @staticmethod
     def digest_of(sites: tuple[Site, ...], unreached: tuple[Unreached, ...] = ()) -> str:

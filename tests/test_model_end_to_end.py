@@ -7,6 +7,7 @@ every site the trace found."""
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -35,10 +36,12 @@ def test_the_block_probed_for_then_applied_trains_as_written(tmp_path, capsys):
     out = tmp_path / "kernel-lock.toml"
     args = ["--model", SPEC, "--out", out, *SMALL]
     pin = ["--candidate", f"LayerNorm={THIRD_PARTY}", "--pin", f"LayerNorm=custom:{THIRD_PARTY}"]
-    code, _, err = run_cli([*args, *pin], capsys)
+    code, stdout, err = run_cli([*args, *pin, "--json"], capsys)
     assert code == 0, err
     lock = kernel_lock.load(out, trust=["kp_zoo"], emit_warnings=False)
     assert lock.model is not None and lock.slots["LayerNorm"].target == THIRD_PARTY
+    assert lock.model.check is not None and lock.model.check.verdict == "agree"
+    assert json.loads(stdout)["model-check"] == lock.model.check.to_dict()
 
     written, (x,) = block.build()
     applied = copy.deepcopy(written)
@@ -117,3 +120,25 @@ def test_a_model_unlike_torchs_defaults_is_locked_as_it_is_and_applied_unchanged
     mine, theirs = written.state_dict(), applied.state_dict()
     assert list(mine) == list(theirs)
     assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+
+
+@pytest.mark.slow
+def test_a_pinned_class_that_diverges_at_the_model_level_writes_no_lock(tmp_path, capsys):
+    """Issue 54: StaleCopyLayerNorm passes every per-kernel check (its weights never change
+    there) and computes with its first weight after an optimizer step; the probe's model check
+    names the site and the phase, exits 3 and keeps no lock (docs/probe.md)."""
+    stale = "kp_zoo.norms.StaleCopyLayerNorm"
+    out = tmp_path / "kernel-lock.toml"
+    pin = ["--candidate", f"LayerNorm={stale}", "--pin", f"LayerNorm=custom:{stale}"]
+    code, _, err = run_cli(["--model", SPEC, "--out", out, *SMALL, *pin], capsys)
+    assert code == 3, err
+    assert "site norm1 diverges (phase 'after optimizer step 1'" in err, err
+    assert "no lock written" in err and "--no-model-check" in err
+    assert not out.exists()
+    # the user's explicit choice: unchecked, written, nothing recorded
+    code, _, err = run_cli(
+        ["--model", SPEC, "--out", out, *SMALL, *pin, "--no-model-check"], capsys
+    )
+    assert code == 0, err
+    lock = kernel_lock.load(out, trust=["kp_zoo"], emit_warnings=False)
+    assert lock.slots["LayerNorm"].target == stale and lock.model.check is None

@@ -67,7 +67,14 @@ def run_show(args: argparse.Namespace) -> int:
     columns = ("slot", "implementation", "target", "kwargs", "twin")
     print_rows("slots", columns, slots, wrap=("kwargs", "twin"))
     _say(*(f"{name}: {safe(s.reason)}" for name, s in lock.slots.items() if s.reason))
+    _model_check(lock)
     return 0
+
+
+def _model_check(lock: Any) -> None:
+    """The recorded model-level check in one line (a lock probed with --model)."""
+    if lock.model is not None and lock.model.check is not None:
+        _say(safe(lock.model.check.line()))
 
 
 def _twin(twin: Any) -> str:
@@ -104,7 +111,8 @@ def run_explain(args: argparse.Namespace) -> int:
         )
     args.lock, args.slot = words if len(words) == 2 else [output.default_lock_path(), words[0]]
     slot_argument(args.slot)  # before reading the file: a typo is the argument's fault
-    slot = output.load_lock(args.lock, check_targets=False).slots.get(args.slot)
+    lock = output.load_lock(args.lock, check_targets=False)
+    slot = lock.slots.get(args.slot)
     if args.json:
         unpinned = {"implementation": None, "note": "not pinned: resolves to torch.nn"}
         output.print_json(slot.to_dict() if slot else unpinned)
@@ -113,6 +121,7 @@ def run_explain(args: argparse.Namespace) -> int:
         _say(f"{where}: it resolves to torch.nn (the default)")
     else:
         _explain(args.slot, slot)
+        _model_check(lock)
     return 0
 
 

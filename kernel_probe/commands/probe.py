@@ -37,6 +37,12 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
         "with --model is stale (exit 3) for a lock made for another model or other sizes"
     )
     p.add_argument("--model", default="", metavar="SPEC", help=model)
+    skip = (
+        "with --model: do not run the model-level check of the model with the chosen lock "
+        "(by default run after choosing, recorded in the lock's [model.check]; a diverging one "
+        "writes no lock, exit 3)"
+    )
+    output.add_flags(p, {"--no-model-check": skip})
     shape = (
         "model shape to time at, e.g. 40320x1024 (repeatable; Linear: ROWSxINxOUT). "
         f"Default: {' and '.join(DEFAULT_SHAPES['gpu'])} on GPU, "
@@ -166,6 +172,7 @@ def request_from(args: argparse.Namespace) -> ProbeRequest:
             for s in slot_behaviour.SLOTS.values()
             if s.option is not None
         },
+        model_check=not args.no_model_check,
         **{name: getattr(args, name) for name in AS_PARSED},
     )
 
@@ -372,6 +379,7 @@ def _summary(result: ProbeResult) -> dict[str, Any]:
         "precision": plan.precision,
         "shapes": list(plan.shapes),
         **({"model": plan.model.to_dict(), "weights": plan.weights} if plan.model else {}),
+        **({"model-check": checked.to_dict()} if (checked := _model_check(result)) else {}),
         **{
             s.summary_key: plan.resolved[s.name]
             for s in slot_behaviour.SLOTS.values()
@@ -392,6 +400,12 @@ def _summary(result: ProbeResult) -> dict[str, Any]:
             for slot, c in result.choices.items()
         },
     }
+
+
+def _model_check(result: ProbeResult) -> Any:
+    """The lock's recorded model-level check (None: no --model, or --no-model-check)."""
+    model = result.lock.model
+    return model.check if model is not None else None
 
 
 def _report(result: ProbeResult) -> None:

@@ -56,6 +56,11 @@ def for_request(
 def refuse(request: ProbeRequest) -> None:
     """With --model, what only the model says: its shapes and each slot's declaration (exit 2)."""
     if not request.model:
+        if not request.model_check:
+            raise UsageError(
+                "--no-model-check without --model: only a probe for a model checks the model",
+                fix="drop --no-model-check (or probe for a model with --model SPEC)",
+            )
         return
     if request.shapes:
         raise UsageError(

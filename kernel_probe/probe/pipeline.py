@@ -24,6 +24,7 @@ from kernel_probe.detect.libraries import library_change
 from kernel_probe.errors import InputFileError, StaleLock
 from kernel_probe.probe.choose import Choice, choose
 from kernel_probe.probe.judge import Policy
+from kernel_probe.probe.modelcheck import FLAG, checked
 from kernel_probe.probe.planning import Events, Plan, ProbeRequest, SlotRule, large_shape_warning
 from kernel_probe.probe.report import Report
 from kernel_probe.probe.write import build_lock, check_writable, exclusive, resolve_out
@@ -251,6 +252,10 @@ def probe_or_reuse(
         for problem in p.problems:
             events.warn(problem)
         result = probe(p, events)
+        if request.model and request.model_check:  # before writing: a diverging lock is not kept
+            result.lock = checked(result.lock, request.model, p.trust, events.note, events.warn)
+        elif request.model:
+            events.note(f"model {request.model}: model check skipped ({FLAG}), none recorded")
         result.lock.dump(out)
     result.lock_path = out
     result.seconds = time.perf_counter() - t_start

@@ -72,6 +72,9 @@ class ProbeRequest:
     declared: Mapping[str, str] = field(default_factory=dict)
     allow_approximation: bool = False
     model: str = ""  # --model SPEC: the model whose trace decides the slots, semantics and shapes
+    model_check: bool = (
+        True  # with --model: check the model with the chosen lock (--no-model-check)
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -606,3 +606,15 @@ class DtypeEpsRMSNorm(GoodRMSNorm):
 
     def forward(self, x):
         return _rms32(x, self.weight, torch.finfo(x.dtype).eps if self.eps is None else self.eps)
+
+
+class StaleCopyLayerNorm(_Norm):
+    """Computes with a copy of its weight taken at the first forward, its gradient still reaching
+    the weight: every check at fixed weights passes; after an optimizer step it computes with the
+    old weight (issue 54's bug class, as a per-kernel check accepts it)."""
+
+    def forward(self, x):
+        if not hasattr(self, "_weight"):
+            self._weight = self.weight.detach().clone()
+        weight = self._weight + (self.weight - self.weight.detach())  # stale value, live gradient
+        return _ln32(x, weight, self.bias, self.eps)

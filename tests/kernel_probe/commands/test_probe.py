@@ -547,7 +547,7 @@ def test_every_request_field_comes_from_the_command_line_once():
         "plugins",
         "profiles_dirs",
     }
-    converted |= {"check_only", "command", "declared"}
+    converted |= {"check_only", "command", "declared", "model_check"}
     fields = {f.name for f in dataclasses.fields(ProbeRequest)}
     assert (
         set(probe_cmd.AS_PARSED) | converted == fields and not set(probe_cmd.AS_PARSED) & converted

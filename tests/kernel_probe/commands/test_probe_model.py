@@ -28,14 +28,18 @@ def test_a_probe_for_a_model_pins_its_semantics_at_its_shapes_and_records_it(
     model = block(eps2=1e-6)
     monkeypatch.setattr(frommodel, "trace", lambda spec, precision: model)
     out = tmp_path / "kernel-lock.toml"
-    code, stdout, err = run_cli(["--model", SPEC, "--out", out, *SMALL, "--json"], capsys)
+    # a hand-built trace: no model to check (SPEC names no file), so the check is skipped
+    argv = ["--model", SPEC, "--out", out, *SMALL, "--json", "--no-model-check"]
+    code, stdout, err = run_cli(argv, capsys)
     assert code == 0, err
     assert "makes no call of RMSNorm, GatedMLP: not probed" in err
+    assert "model check skipped (--no-model-check), none recorded" in err
     summary = json.loads(stdout)
     assert summary["model"]["digest"] == model.digest
+    assert "model-check" not in summary  # skipped: nothing recorded
     assert summary["weights"]["LayerNorm"] == {"24x32": 2}  # norm2 (eps 1e-6) is not covered
     lock = kernel_lock.load(out, emit_warnings=False)
-    assert lock.model == model and lock.intact
+    assert lock.model == model and lock.intact and lock.model.check is None
     assert set(lock.slots) == {"LayerNorm", "Linear", "Attention", "Activation"}
     # the semantics of the most calls, pinned; the other site named, left as the model has it
     assert lock.slots["LayerNorm"].kwargs["eps"] == 1e-5
@@ -74,6 +78,12 @@ def test_what_only_the_model_says_is_refused_before_any_work(
     assert code == 2 and said in err and not (tmp_path / "l.toml").exists()
 
 
+def test_no_model_check_without_a_model_is_refused(tmp_path, capsys, no_workers):
+    code, _, err = run_cli(["--no-model-check", "--out", tmp_path / "l.toml"], capsys)
+    assert code == 2 and "--no-model-check without --model" in err
+    assert not (tmp_path / "l.toml").exists()
+
+
 @pytest.mark.slow
 def test_the_block_traced_for_real_is_probed_as_it_is(tmp_path, capsys):
     out = tmp_path / "kernel-lock.toml"
@@ -87,4 +97,12 @@ def test_the_block_traced_for_real_is_probed_as_it_is(tmp_path, capsys):
     for name, sites in used.items():  # every slot the block calls: pinned, or its sites named
         assert name in lock.slots or all(f"{name} {s.where}" in not_covered for s in sites)
     assert lock.slots["LayerNorm"].kwargs["eps"] == used["LayerNorm"][0].semantics["eps"]
+    # the model-level check ran against the lock chosen, and is recorded (issue 54)
+    checked = lock.model.check
+    assert checked is not None and (checked.verdict, checked.steps) == ("agree", 3), checked
+    assert checked.phases >= 5 and checked.losses_agree_to is not None
+    assert checked.step_ratio and checked.step_ratio > 0 and len(checked.step_interval) == 2
+    assert "model check: agree over 3 steps" in err
+    code, shown, _ = run_cli(["show", out], capsys)
+    assert code == 0 and checked.line() in " ".join(shown.split())
     assert run_cli(["--check", "--model", spec, "--out", out, *SMALL], capsys)[0] == 0
