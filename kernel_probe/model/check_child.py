@@ -22,7 +22,7 @@ from torch import nn
 
 import kernel_lock
 from kernel_lock.errors import LockError
-from kernel_probe.model.child import ModelCodeError, _build, _callable, _trusted_slots
+from kernel_probe.model.child import ModelCodeError, _build, _callable, _cast, _trusted_slots
 from kernel_probe.model.spec import ANEMOI, ANEMOI_BUILDER
 
 __all__ = ["FLOOR", "K", "check_model"]
@@ -47,16 +47,6 @@ def _floats(value: Any) -> Iterator[torch.Tensor]:
     elif isinstance(value, (list, tuple)):
         for v in value:
             yield from _floats(v)
-
-
-def _cast(value: Any, dtype: torch.dtype) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(dtype) if value.is_floating_point() else value
-    if type(value) in (list, tuple):
-        return type(value)(_cast(v, dtype) for v in value)
-    if isinstance(value, dict):
-        return {k: _cast(v, dtype) for k, v in value.items()}
-    return value
 
 
 class _Sites:
