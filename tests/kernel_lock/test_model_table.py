@@ -54,15 +54,7 @@ def test_digest_covers_the_sites_not_the_spec():
 
 def test_a_changed_semantics_is_named():
     a = Model.of("m:f", SITES)
-    changed = Site(
-        slot="LayerNorm",
-        where="blocks.0.norm1",
-        call="torch.nn.LayerNorm",
-        calls=2,
-        dtype="float32",
-        shapes=("8x128x256",),
-        semantics={"eps": 1e-6, "bias": False, "normalized_shape": [256]},
-    )
+    changed = dataclasses.replace(SITES[0], semantics={**SITES[0].semantics, "eps": 1e-6})
     b = Model.of("m:f", (changed, SITES[1]))
     (line,) = site_differences(a, b)
     assert line.startswith("blocks.0.norm1: semantics") and "1e-06" in line
