@@ -206,28 +206,37 @@ def _main(argv: list[str]) -> int:
 
 
 def _run(run: Callable[[argparse.Namespace], Any], args: argparse.Namespace) -> int:
+    """Run a command and render its failure; ``--debug`` adds the traceback on stderr and changes
+    nothing else: not stdout, not the exit code, not what is written."""
     json = getattr(args, "json", False)
     try:
         return int(run(args) or 0)
     except LockError as exc:
-        if args.debug:
-            raise
+        _traceback(args)
         output.error(str(exc))
         if json:
             output.print_json(output.with_failure({}, exc))
         return exc.exit_code
     except KeyboardInterrupt:
+        _traceback(args)
         output.error("interrupted")
         return ExitCode.FAILURE
-    except Exception as exc:  # a bug: say so plainly, keep the traceback for --debug
-        if args.debug or os.environ.get("KERNEL_PROBE_DEBUG"):
-            raise
+    except Exception as exc:  # a bug: say so plainly, the traceback with --debug
+        _traceback(args)
         fix = "re-run with --debug for the traceback"
         problem = f"unexpected {type(exc).__name__}: {exc}"
         output.error(f"{problem} ({fix})")
         if json:
             output.print_json(output.failure(problem, ExitCode.FAILURE, kind="bug", fix=fix))
         return ExitCode.FAILURE
+
+
+def _traceback(args: argparse.Namespace) -> None:
+    """With --debug, the traceback of the exception being handled, on stderr."""
+    if args.debug:
+        import traceback
+
+        traceback.print_exc(file=sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -26,16 +26,20 @@ TRUST_HELP = (
 )
 
 
-def debug_flag() -> argparse.ArgumentParser:
-    """``--debug`` as an argparse parent (``parents=[debug_flag()]``): every command takes it."""
-    p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+DEBUG_HELP = "show tracebacks and debug logs"
+
+
+def debug_flag(default: Any = False) -> argparse.ArgumentParser:
+    """``--debug`` as an argparse parent (``parents=[debug_flag()]``): every command takes it; a
+    subcommand's action takes it too, ``default`` ``argparse.SUPPRESS`` (the command's stands)."""
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument("--debug", action="store_true", default=default, help=DEBUG_HELP)
     return p
 
 
 def json_flag(help: str | None = None) -> argparse.ArgumentParser:
     """``--json`` as an argparse parent, ``help`` saying what it prints."""
-    p = argparse.ArgumentParser(add_help=False)
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     p.add_argument("--json", action="store_true", help=help)
     return p
 

@@ -35,7 +35,13 @@ def add_profiles_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", required=True, metavar="{list,show,check,match}")
     actions = {
         name: sub.add_parser(
-            name, help=help, parents=[] if name == "check" else [output.json_flag()]
+            name,
+            help=help,
+            allow_abbrev=False,
+            parents=[
+                output.debug_flag(argparse.SUPPRESS),
+                *([] if name == "check" else [output.json_flag()]),
+            ],
         )
         for name, help in _ACTIONS.items()
     }
