@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--shape", default="2048x1024")
     args = ap.parse_args()

@@ -86,7 +86,7 @@ def probe_cost(rounds: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-probe", action="store_true", help="only the check's cost")
     args = ap.parse_args()

@@ -81,7 +81,9 @@ def _time(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        allow_abbrev=False,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--runs", type=int, default=5, help="runs of each command (default 5)")
     args = parser.parse_args()

@@ -249,7 +249,9 @@ def _limits(text: Sequence[str], names: Sequence[str]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        allow_abbrev=False,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     what = ap.add_mutually_exclusive_group(required=True)
     what.add_argument("--out", type=Path, help="run every part, results into this directory")

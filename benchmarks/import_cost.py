@@ -52,7 +52,7 @@ def wall(code: str) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--runs", type=int, default=9)
     args = ap.parse_args()
 

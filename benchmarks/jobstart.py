@@ -121,7 +121,7 @@ def concurrent(argv: list[str], n: int) -> tuple[float, float, list[str]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument(
         "--runs", type=int, default=7, help="interleaved fresh starts per command (default 7)"
     )

@@ -178,7 +178,7 @@ def report(name: str, r: dict) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--ranks", type=int, default=8, help="ranks per node")
     ap.add_argument("--start", choices=("cold", "warm", "both"), default="both")

@@ -60,7 +60,7 @@ def write_lock(path: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--steps", type=int, default=3)
     steps = str(ap.parse_args().steps)
     with tempfile.TemporaryDirectory(prefix="model-check-") as tmp:

@@ -70,7 +70,7 @@ def outcome(path: Path) -> tuple[dict[str, str], dict[str, dict[str, str]], int]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--cold", type=int, default=3, help="cold probes per side and precision")
     ap.add_argument("--warm", type=int, default=5, help="warm reuses (0: skip)")
     ap.add_argument(

@@ -114,7 +114,7 @@ def plot(result: dict[str, Any], out: Path) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument(
         "--run", action="store_true", help="probe this machine first (else plot --data as it is)"
     )

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import fields, is_dataclass
 from typing import Any, TypeVar
@@ -28,6 +28,7 @@ __all__ = [
     "ReadError",
     "Table",
     "context",
+    "did_you_mean",
     "flag",
     "from_dict",
     "get",
@@ -43,6 +44,7 @@ __all__ = [
     "identifier",
     "identifiers",
     "join",
+    "nearest",
     "plain",
     "refuse_controls",
     "refuse_unknown",
@@ -250,15 +252,23 @@ def get_literal(
     )
 
 
-def did_you_mean(word: str, known: Sequence[str]) -> str:
-    """``did you mean 'x'?`` for the closest of ``known``, else the list of them."""
+def nearest(word: Any, known: Iterable[Any]) -> str | None:
+    """The one of ``known`` that ``word`` most likely misspells, compared case-insensitively: the
+    project's one suggestion (options, subcommands, slots, keys, choices); None: none is near."""
     import difflib  # only on an error: kernel_lock's import stays light
 
-    lower = [str(k).lower() for k in known]
-    close = difflib.get_close_matches(str(word).lower(), lower, n=1, cutoff=0.6)
-    if close:
-        return f"did you mean {next(k for k in known if str(k).lower() == close[0])!r}?"
-    return f"known: {', '.join(map(str, known))}"
+    folded: dict[str, str] = {}
+    for k in known:
+        folded.setdefault(str(k).lower(), str(k))
+    low = str(word).lower()
+    close = [low] if low in folded else difflib.get_close_matches(low, folded, n=1, cutoff=0.6)
+    return folded[close[0]] if close else None
+
+
+def did_you_mean(word: Any, known: Sequence[Any], what: str = "known") -> str:
+    """``did you mean 'x'?`` for the :func:`nearest` of ``known``, else the list of them."""
+    near = nearest(word, known)
+    return f"did you mean {near!r}?" if near else f"{what}: {', '.join(map(str, known))}"
 
 
 def refuse_unknown(d: Raw, known: Sequence[str]) -> None:

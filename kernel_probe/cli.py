@@ -4,7 +4,6 @@ SUBCOMMAND ...`` one of the tools below; errors map to exit codes (kernel_lock.e
 from __future__ import annotations
 
 import argparse
-import difflib
 import functools
 import importlib
 import logging
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from kernel_lock.errors import ExitCode, LockError, LockWarning
+from kernel_lock.tables import nearest
 from kernel_probe import __version__, output
 
 
@@ -90,44 +90,83 @@ SUB_EPILOG = (
 )
 
 
-def unknown_subcommand(word: str) -> str | None:
-    """The message for ``kernel-probe WORD``, WORD no subcommand (None: WORD is an option)."""
+def unknown_subcommand(word: str) -> tuple[str, str] | None:
+    """The problem and fix for ``kernel-probe WORD``, WORD no subcommand (None: WORD is an
+    option)."""
     if not word or word.startswith("-"):
         return None
-    near = difflib.get_close_matches(word, list(SUBCOMMANDS), n=1, cutoff=0.6)
+    near = nearest(word, SUBCOMMANDS)
     if near:
-        return f"unknown subcommand {word!r}; did you mean {near[0]!r}?"
+        return f"unknown subcommand {word!r}", f"did you mean {near!r}? see kernel-probe --help"
     return (
         f"{word!r} is not a subcommand (subcommands: {', '.join(SUBCOMMANDS)}); the probe "
-        "itself takes only options"
+        "itself takes only options",
+        "see kernel-probe --help",
     )
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, except that with --json a usage error is also a JSON object on stdout (exit 2)."""
+    """argparse, except that no option is taken for its abbreviation (``allow_abbrev=False``:
+    ``--shap`` is not ``--shape``), and that a usage error is one message and a fix naming the
+    nearest option or choice, case-insensitively, instead of the whole usage; with --json it is also
+    a JSON object on stdout (exit 2)."""
 
     json_wanted = False
     on_error: Callable[[str], None] | None = None  # the probe: rank 0's bad argument fails the job
+    near_miss: str | None = None  # the fix for the choice _check_value refused
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        if action.choices is not None and value not in action.choices:
+            near = nearest(value, action.choices)
+            self.near_miss = f"did you mean {near!r}?" if near else None
+        super()._check_value(action, value)
 
     def error(self, message: str) -> NoReturn:
+        fix = self.near_miss or _misspelt_options(message, self) or f"see {self.prog} --help"
         if self.on_error is not None:
             self.on_error(message)
         if self.json_wanted:
-            output.print_json(output.failure(message, ExitCode.USAGE, kind="UsageError"))
-        super().error(message)
+            output.print_json(output.failure(message, ExitCode.USAGE, kind="UsageError", fix=fix))
+        output.error(f"{message}\n  fix: {fix}")
+        self.exit(ExitCode.USAGE)
+
+
+def _misspelt_options(message: str, parser: argparse.ArgumentParser) -> str | None:
+    """For argparse's "unrecognized arguments: ...", the option each misspells, if any is near."""
+    said = "unrecognized arguments: "
+    if not message.startswith(said):
+        return None
+    known = _option_strings(parser)
+    words = [w.partition("=")[0] for w in message[len(said) :].split() if w.startswith("-")]
+    hints = [f"{w}: did you mean {near!r}?" for w in words if (near := nearest(w, known))]
+    return "; ".join(hints) or None
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    """Every option ``parser`` and its subcommands' parsers take."""
+    out: list[str] = []
+    for action in parser._actions:
+        out += action.option_strings
+        subs = action.choices.values() if isinstance(action.choices, dict) else ()
+        out += [
+            o
+            for sub in subs
+            if isinstance(sub, argparse.ArgumentParser)
+            for o in _option_strings(sub)
+        ]
+    return out
 
 
 def _base_parser(prog: str, description: str, json: str | None) -> _Parser:
     """A command's parser with --debug, and --json (its help ``json``) unless ``json`` is None."""
     common = [output.debug_flag(), *([] if json is None else [output.json_flag(json)])]
-    extra: dict[str, Any] = {"suggest_on_error": True} if sys.version_info >= (3, 14) else {}
     return _Parser(
         prog=prog,
         description=description,
         epilog=SUB_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=common,
-        **extra,
+        allow_abbrev=False,
     )
 
 
@@ -185,10 +224,10 @@ def _main(argv: list[str]) -> int:
             cut = rest.index("--")
             rest, overrides = rest[:cut], rest[cut + 1 :]
     elif (wrong := unknown_subcommand(argv[0]) if argv else None) is not None:
+        problem, fix = wrong
         if "--json" in argv:
-            fix = "kernel-probe --help"
-            output.print_json(output.failure(wrong, ExitCode.USAGE, kind="UsageError", fix=fix))
-        output.error(f"{wrong}\n  fix: see kernel-probe --help")
+            output.print_json(output.failure(problem, ExitCode.USAGE, kind="UsageError", fix=fix))
+        output.error(f"{problem}\n  fix: {fix}")
         return ExitCode.USAGE
     else:
         parser, run = _probe_parser(argv)

@@ -75,7 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Regenerate the generated parts of README.md and docs/*.md (``--check``: only say whether they
     are current)."""
     parser = argparse.ArgumentParser(
-        prog="python -m kernel_probe.docgen", description=__doc__.split("\n\n")[0]
+        prog="python -m kernel_probe.docgen",
+        description=__doc__.split("\n\n")[0],
+        allow_abbrev=False,
     )
     check_help = "write nothing; exit 1 if a document is out of date"
     parser.add_argument("--check", action="store_true", help=check_help)

@@ -5,7 +5,6 @@ refusing requirements no node can meet; ``kernel_probe.sites`` finds them.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import importlib
 import os
@@ -18,6 +17,7 @@ from typing import Any
 from kernel_lock import toml
 from kernel_lock.files import UnsafeFile, read_regular
 from kernel_lock.slots import PRECISIONS, SLOTS
+from kernel_lock.tables import nearest
 from kernel_probe import candidates as cands
 from kernel_probe.detect.libraries import TRITON_DISTRIBUTIONS, known, known_libraries
 from kernel_probe.errors import InputFileError
@@ -169,9 +169,7 @@ def _closed(
     for value in values:
         if value in accepted:
             continue
-        low = value.lower()
-        near = (spellings or {}).get(low) or (low if low in accepted else None)
-        near = near or next(iter(difflib.get_close_matches(low, list(accepted), n=1)), None)
+        near = (spellings or {}).get(value.lower()) or nearest(value, accepted)
         fix = (f"did you mean {near!r}? " if near else "") + f"accepted: {', '.join(accepted)}"
         raise p.err(key, f"{value!r} is not a {what} kernel-probe reports", fix=fix)
 
@@ -291,12 +289,12 @@ def _check_libraries(
                     said = f"{variant!r} is not a known variant of {base}"
                     raise p.err(f"requires.{key}.{lib}", said, fix=fix)
             elif base not in names and base not in site_libraries:
-                close = difflib.get_close_matches(base, list(names), n=1, cutoff=0.75)
+                close = nearest(base, names)
                 raise p.err(
                     f"requires.{key}.{lib}",
                     f"unknown library {base!r}: a misspelt name would "
                     + ("forbid nothing" if key == "forbidden" else "never be found"),
-                    fix=(f"did you mean {close[0]!r}? " if close else "")
+                    fix=(f"did you mean {close!r}? " if close else "")
                     + "use a library of kernel_lock/registry.toml (`kernel-probe env` lists them), "
                     f"or declare a site's own distribution in requires.site-libraries = [{base!r}]",
                 )

@@ -4,12 +4,18 @@ errors (exit 5) naming the file and the dotted key; unknown keys refused."""
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar, overload
 
-from kernel_lock.tables import ReadError, get, get_required, get_strings, unknown_keys
+from kernel_lock.tables import (
+    ReadError,
+    did_you_mean,
+    get,
+    get_required,
+    get_strings,
+    unknown_keys,
+)
 from kernel_probe.errors import InputFileError
 
 _T = TypeVar("_T")
@@ -53,10 +59,7 @@ class TableReader:
     def no_unknown(self, d: Table, known: Sequence[str], where: str) -> None:
         """Refuse the first key of ``d`` not in ``known``, with a did-you-mean."""
         for k in unknown_keys(d, known):
-            close = difflib.get_close_matches(k, list(known), n=1, cutoff=0.75)
-            hint = (
-                f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(known)}"
-            )
+            hint = did_you_mean(k, known, "known keys here")
             raise self.err(f"{where}{k}", f"unknown key {k!r}", fix=hint)
 
     # a required key, or one with a string default, is never None

@@ -301,7 +301,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    ap = argparse.ArgumentParser(description="the GPU kit's attention part (tests/gpu_suite.py)")
+    ap = argparse.ArgumentParser(
+        allow_abbrev=False, description="the GPU kit's attention part (tests/gpu_suite.py)"
+    )
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument(
         "--smoke", action="store_true", help=f"{ATTENTION_SMOKE} on this machine's device"

@@ -129,11 +129,14 @@ def confusable(semantics: str) -> str:
 
 
 def slot_name_fix(name: str) -> str:
-    """The fix for an unknown slot ``name``: the slot it misspells in case, else the list."""
-    close = [s for s in SPECS if s.lower() == str(name).lower()]
-    if close:
-        return f"did you mean {close[0]!r}? slot names are case-sensitive"
-    return f"known slots: {', '.join(SPECS)}"
+    """The fix for an unknown slot ``name``: the slot it misspells (in case: slot names are
+    case-sensitive), and the list of them."""
+    from ..tables import nearest
+
+    near, known = nearest(name, SPECS), f"known slots: {', '.join(SPECS)}"
+    if near is not None and near.lower() == str(name).lower():
+        return f"did you mean {near!r}? slot names are case-sensitive"
+    return f"did you mean {near!r}? {known}" if near else known
 
 
 def canonical_target(target: str) -> str:

@@ -7,7 +7,6 @@ that a library crashing on import cannot take the checker with; anemoi's call co
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import inspect
 import json
 import warnings
@@ -18,6 +17,7 @@ from typing import Any
 from kernel_lock import anemoi
 from kernel_lock.anemoi import CALLS, DIMENSIONS, convention_problems
 from kernel_lock.registry import adapter_for
+from kernel_lock.tables import nearest
 from kernel_probe.anemoi.config import KEYS, Finding
 from kernel_probe.isolation.child import run_function
 from kernel_probe.isolation.protocol import EntryCheckReply, EntryCheckRequest
@@ -144,10 +144,8 @@ def not_imported(target: Any) -> dict[str, Any]:
 
 def key_suggestion(key: str) -> str:
     """The hint for an unknown key: the close match, and the keys anemoi knows."""
-    close = [k for k in KEYS if k.lower() == str(key).lower()] or difflib.get_close_matches(
-        str(key), KEYS, n=1
-    )
-    hint = f"did you mean {close[0]!r}? keys are case-sensitive; " if close else ""
+    close = nearest(key, KEYS)
+    hint = f"did you mean {close!r}? keys are case-sensitive; " if close else ""
     return f"{hint}anemoi knows {', '.join(KEYS)}"
 
 

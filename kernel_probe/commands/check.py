@@ -103,7 +103,7 @@ def run_check(args: argparse.Namespace) -> int:
         output.warn(problem)
     for name in args.slot:
         if name not in slot_behaviour.SLOTS:
-            raise UsageError(f"--slot {name}: unknown slot; {slot_name_fix(name)}")
+            raise UsageError(f"--slot {name}: unknown slot {name!r}", fix=slot_name_fix(name))
     slots = args.slot or [s.name for s in slot_behaviour.SLOTS.values() if s.spec.by_default]
     canonical = {}
     for s in slot_behaviour.SLOTS.values():

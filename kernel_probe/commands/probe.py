@@ -129,7 +129,7 @@ def _pairs(values: list[str], flag: str) -> dict[str, str]:
 def publish_usage_failure(argv: Sequence[str], message: str) -> None:
     """A bad argument argparse refused: rank 0 of a job leaves its failed marker beside ``--out``,
     so the other ranks fail at once instead of waiting out --lock-timeout."""
-    pre = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    pre = argparse.ArgumentParser(add_help=False, exit_on_error=False, allow_abbrev=False)
     pre.add_argument("--out", default=DEFAULT_LOCK)
     pre.add_argument("--probe-per", default=None)
     pre.add_argument("--check", action="store_true")

@@ -20,6 +20,7 @@ from kernel_lock import torchless as here
 from kernel_lock.files import refuse_special
 from kernel_lock.model import Model
 from kernel_lock.slots import PRECISIONS, slot_name_fix
+from kernel_lock.tables import nearest
 from kernel_probe import candidates as cands
 from kernel_probe import slots as slot_behaviour
 from kernel_probe.candidates import Candidate, for_slot
@@ -412,14 +413,11 @@ def _slots(request: ProbeRequest) -> tuple[tuple[str, ...], list[str]]:
     """The slots probed (those named, else the default ones), and the problems of plug-in slots."""
     problems = slot_behaviour.load_plugins() if request.plugins else []
     known = slot_behaviour.SLOTS
-    for flag, forced in (("--pin", request.pins), ("--prefer", request.prefers)):
-        for name, cid in forced.items():
-            if name not in known:
-                said = f"{flag} {f'{name}={cid}'!r}: unknown slot {name!r}"
-                raise UsageError(f"{said} (known: {', '.join(known)})")
-    for name in request.slots:
+    forced = (("--pin", request.pins), ("--prefer", request.prefers))
+    named = [(f"{flag} {f'{n}={c}'!r}", n) for flag, given in forced for n, c in given.items()]
+    for said, name in [*named, *((f"--slot {n}", n) for n in request.slots)]:
         if name not in known:
-            raise UsageError(f"--slot {name}: unknown slot; {slot_name_fix(name)}")
+            raise UsageError(f"{said}: unknown slot {name!r}", fix=slot_name_fix(name))
     wanted = (s.name for s in known.values() if s.wanted(request.declared.get(s.name, "")))
     return tuple(request.slots) or tuple(wanted), problems
 
@@ -474,9 +472,10 @@ def check_forced(
                 )
             offered = {c.id: c for c in for_slot(candidates, slot)}
             if cid not in offered:
+                near = f"did you mean {nearest(cid, offered)!r}? " if nearest(cid, offered) else ""
                 raise UsageError(
                     f"{said}: {cid!r} is not a candidate for {slot} (known: {', '.join(offered)})",
-                    fix="use one of those ids, or offer your own class with --candidate "
+                    fix=f"{near}use one of those ids, or offer your own class with --candidate "
                     f"{slot}=module.Class",
                 )
             rule = (rules or {}).get(slot)

@@ -130,14 +130,18 @@ def test_torch_device(device, torch_type):
     assert torch_device(device) == torch_type
 
 
+KNOWN = "known slots: LayerNorm, RMSNorm, Linear, Attention, GatedMLP, Activation"
+
+
 @pytest.mark.parametrize(
     "name,fix",
     [
         ("layernorm", "did you mean 'LayerNorm'? slot names are case-sensitive"),
         ("RMSNORM", "did you mean 'RMSNorm'? slot names are case-sensitive"),
         ("linear", "did you mean 'Linear'? slot names are case-sensitive"),
-        ("Dense", "known slots: LayerNorm, RMSNorm, Linear, Attention, GatedMLP, Activation"),
-        ("Layer_Norm", "known slots: LayerNorm, RMSNorm, Linear, Attention, GatedMLP, Activation"),
+        ("Dense", KNOWN),
+        ("Layer_Norm", f"did you mean 'LayerNorm'? {KNOWN}"),
+        ("LayerNrom", f"did you mean 'LayerNorm'? {KNOWN}"),
     ],
 )
 def test_slot_name_fix(name, fix):

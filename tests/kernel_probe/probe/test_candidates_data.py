@@ -79,6 +79,11 @@ def test_the_slot_facts_agree_with_each_other():
         ("Layernorm", "did you mean 'LayerNorm'? slot names are case-sensitive"),
         ("rmsnorm", "did you mean 'RMSNorm'? slot names are case-sensitive"),
         ("Conv", "known slots: LayerNorm, RMSNorm, Linear, Attention, GatedMLP, Activation"),
+        (  # issue 57: a misspelling, not only a case, names the nearest slot
+            "LayerNrom",
+            "did you mean 'LayerNorm'? known slots: LayerNorm, RMSNorm, Linear, Attention, "
+            "GatedMLP, Activation",
+        ),
     ],
 )
 def test_one_hint_for_a_misspelt_slot(name, fix):
