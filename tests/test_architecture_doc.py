@@ -46,8 +46,7 @@ def test_the_picture_goes_from_detection_to_training_and_inference():
 
 
 def test_the_readme_links_the_docs_and_stays_short():
+    """(Every link resolves: tests/test_doc_links.py.)"""
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 150
-    for link in re.findall(r"\]\((docs/[\w.-]+\.md)", readme):
-        assert (ROOT / link).is_file(), link
     assert "docs/architecture.md" in readme and "docs/benchmarks.md" in readme
