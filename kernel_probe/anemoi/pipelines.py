@@ -20,6 +20,7 @@ from kernel_probe.anemoi.checks import SchemaRun, schema_findings
 from kernel_probe.anemoi.config import Config, Finding
 from kernel_probe.anemoi.entries import DEFAULT_TIMEOUT, judge_entries, not_imported
 from kernel_probe.anemoi.reading import CHILDREN, COMPOSE_MEMORY, NO_TRUST, Trust, read_config
+from kernel_probe.anemoi.versions import torch_pin_notes
 from kernel_probe.isolation.child import run_function
 from kernel_probe.isolation.protocol import (
     ConfigCheckReply,
@@ -52,6 +53,7 @@ class CheckResult:
     expected: dict[str, Exported] = field(default_factory=dict)
     alternative: CheckResult | None = None
     schema: str = "not run: --no-schema"
+    torch_pin: list[str] = field(default_factory=list)  # anemoi's torch pin overridden: a note
 
     @property
     def own_exit_code(self) -> int:
@@ -114,6 +116,7 @@ def check_config(
         if expected:
             findings.extend(checks.compare_with_lock(b, expected, facts[b.where]))
     result = CheckResult(config, findings, expected, schema=schema_status)
+    result.torch_pin = torch_pin_notes()
     if _shape is None and config.alternative:  # ambiguous: checked the other way too
         result.alternative = check_config(path, overrides, **options, _shape=config.alternative)
     return result

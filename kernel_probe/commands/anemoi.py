@@ -315,6 +315,7 @@ def _json(args: argparse.Namespace, result: Any, code: int) -> dict:
         "blocks": blocks,
         "expected": {k: e.entry for k, e in result.expected.items()},
         "schema": result.schema,
+        "torch_pin": result.torch_pin,
         "findings": [f.to_json() for f in result.findings],
     }
 
@@ -357,6 +358,8 @@ def _render(args: argparse.Namespace, result: Any, code: int) -> None:
             via = f" (through {safe(b.source)})" if b.source else ""
             say(f"  {safe(b.where)}{via}: {safe(keys)}")
     say(f"  anemoi-training's schema: {safe(result.schema)}")
+    for note in result.torch_pin:
+        say(f"  [yellow]note:[/] {safe(note)}")
     if result.expected:
         exported = ", ".join(f"{k} -> {e.entry['_target_']}" for k, e in result.expected.items())
         say("  the lock exports: " + safe(exported))

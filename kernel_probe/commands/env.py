@@ -132,6 +132,7 @@ def _torch_rows(t: dict[str, Any] | None) -> _Rows:
             f"{on['cudnn_deterministic']}, benchmark {on['cudnn_benchmark']}",
         ),
         *t["environment"].items(),
+        *(("note", _Markup(f"[yellow]{safe(note)}[/]")) for note in t.get("notes") or ()),
     ]
 
 

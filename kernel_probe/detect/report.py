@@ -18,6 +18,7 @@ from kernel_lock import host as lock_host
 from kernel_lock.errors import DeviceVisibilityError
 from kernel_lock.host import normalize_gcn_arch
 from kernel_probe import __version__
+from kernel_probe.anemoi.versions import torch_pin_notes
 from kernel_probe.detect import accelerators, host, libraries
 from kernel_probe.detect.accelerators import NvmlList, failure
 from kernel_probe.detect.importcheck import (
@@ -283,6 +284,8 @@ def detect(
             checks.cancel()
         raise
     libs = {name: library_entry(loc, imported.get(name)) for name, loc in located.items()}
+    if here["torch"]:  # a fact about this torch and what is installed beside it
+        here["torch"]["notes"] = torch_pin_notes(here["torch"]["version"])
     build, arch = here["torch"]["build"] if here["torch"] else "cpu", here["device"]["arch"]
     facts = dict(torch_build=build, device_arch=arch, not_asked=not_asked)
     triton_facts = triton_entry(located_triton, imported.get("triton"), **facts)
