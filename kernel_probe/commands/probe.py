@@ -282,7 +282,8 @@ def _reused(args: argparse.Namespace, result: ProbeResult) -> None:
     if not args.json:
         choices = ", ".join(f"{n} -> {s.implementation}" for n, s in lock.slots.items())
         by = f"written for this job by {result.source}, " if result.source else ""
-        output.info(f"{out}: {by}current for this machine, reused without probing ({choices})")
+        reused = "" if args.check else ", reused without probing"  # --check only looks
+        output.info(f"{out}: {by}current for this machine{reused} ({choices})")
         return
     slots = {n: {"chosen": s.implementation, "reason": s.reason} for n, s in lock.slots.items()}
     written_by = {"written-by": result.source} if result.source else {}
@@ -374,6 +375,7 @@ def _summary(result: ProbeResult) -> dict[str, Any]:
     return {
         "lock": str(result.lock_path),
         "reused": False,
+        **({"replaced": result.replaced} if result.replaced else {}),
         "seconds": round(result.seconds, 2),
         "device": plan.device,
         "precision": plan.precision,

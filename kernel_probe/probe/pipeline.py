@@ -45,6 +45,7 @@ class ProbeResult:
     check_seconds: float = 0.0
     time_seconds: float = 0.0
     source: str = ""
+    replaced: str = ""  # a probe that replaced a lock: why, as --check says it
 
 
 # the options of the inputs digest as a person names them: these, and the flags of _FLAGS
@@ -245,10 +246,15 @@ def probe_or_reuse(
                 "one whole lock); under a launcher that sets rank variables (Slurm, torchrun, "
                 "MPI) one rank probes without them"
             )
+        replaced = f"{out}: probing again to replace it (--force)"
         if not request.force:  # another rank may have written it while we waited
-            lock, _ = current()
+            lock, why = current()
             if lock is not None:
                 return ProbeResult(out, lock, True, p, seconds=time.perf_counter() - t_start)
+            replaced = f"{out} is stale, probing again to replace it: {why}"
+        replaced = replaced if out.exists() else ""
+        if replaced:  # in one line, as --check says why it is stale
+            events.note(replaced)
         for problem in p.problems:
             events.warn(problem)
         result = probe(p, events)
@@ -257,7 +263,7 @@ def probe_or_reuse(
         elif request.model:
             events.note(f"model {request.model}: model check skipped ({FLAG}), none recorded")
         result.lock.dump(out)
-    result.lock_path = out
+    result.lock_path, result.replaced = out, replaced
     result.seconds = time.perf_counter() - t_start
     return result
 
