@@ -44,7 +44,10 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
     )
     output.add_flags(p, {"--no-model-check": skip})
     shape = (
-        "model shape to time at, e.g. 40320x1024 (repeatable; Linear: ROWSxINxOUT). "
+        "model shape to time at: ROWSxHIDDEN, e.g. 40320x1024 (rows: batch x sequence), or "
+        "ROWSxINxOUT for a probe of Linear alone; SLOT=SHAPE for one slot's own, e.g. "
+        "LayerNorm=8192x1024 or Linear=8192x1024x4096 (repeatable; a three-part shape where a "
+        "slot takes ROWSxHIDDEN exits 2). "
         f"Default: {' and '.join(DEFAULT_SHAPES['gpu'])} on GPU, "
         f"{' and '.join(DEFAULT_SHAPES['cpu'])} on CPU"
     )
@@ -380,6 +383,7 @@ def _summary(result: ProbeResult) -> dict[str, Any]:
         "device": plan.device,
         "precision": plan.precision,
         "shapes": list(plan.shapes),
+        **({"slot-shapes": own} if (own := plan.inputs.get("slot_shapes")) else {}),
         **({"model": plan.model.to_dict(), "weights": plan.weights} if plan.model else {}),
         **({"model-check": checked.to_dict()} if (checked := _model_check(result)) else {}),
         **{
@@ -416,6 +420,7 @@ def _report(result: ProbeResult) -> None:
     dev = plan.device
     on_gpu = dev["type"] != "cpu"
     shapes_from = f" ({plan.shapes_from})" if plan.shapes_from else ""
+    shapes_from += "".join(f", {own}" for own in plan.inputs.get("slot_shapes", ()))
     declared = "".join(
         f", {s.summary_key} {plan.resolved[s.name]}"
         for s in slot_behaviour.SLOTS.values()

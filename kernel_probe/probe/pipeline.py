@@ -50,6 +50,7 @@ class ProbeResult:
 
 # the options of the inputs digest as a person names them: these, and the flags of _FLAGS
 OPTION_NAMES = {"shapes": "--shape", "slots": "--slot", "pins": "--pin", "prefers": "--prefer"}
+OPTION_NAMES |= {"slot_shapes": "--shape SLOT=SHAPE"}
 OPTION_NAMES |= {"candidates": "candidates", "profile": "the profile's digest"}
 OPTION_NAMES |= {"model": "--model (the trace's digest)"}
 _FLAGS = ("precision", "with_compile", "deterministic", "allow_init_change", "strict_dtype")
@@ -276,7 +277,8 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
 
     events = events or Events()
     behaviour = {s: slot_behaviour.slot(s) for s in p.slots}
-    warnings = [large_shape_warning(p.device["type"], p.shapes, p.reps)]
+    own = [text.partition("=")[2] for text in p.inputs.get("slot_shapes", ())]  # SLOT=SHAPE
+    warnings = [large_shape_warning(p.device["type"], [*p.shapes, *own], p.reps)]
     warnings += [line for b in behaviour.values() for line in b.warnings(p.device["type"], p.dtype)]
     for line in filter(None, warnings):
         events.warn(line)

@@ -150,6 +150,8 @@ def test_hand_edited_lock_needs_force(probed, tmp_path, capsys):
         (["--shape", "0x1024"], 2, "positive integers"),
         (["--shape", "40320"], 2, "ROWSxHIDDEN"),
         (["--shape", "axb"], 2, "ROWSxHIDDEN"),
+        (["--shape", "8x4096x1024"], 2, "8 rows, not 8*4096"),  # issue 57: b x s x h
+        (["--shape", "Attention=4x8"], 2, "use --attention"),
         (["--dtype", "bf16"], 2, "--precision"),
         (["--pin", "RMSNorm"], 2, "expected SLOT=ID"),
         (["--pin", "Rmsnorm=x"], 2, "unknown slot"),
