@@ -3,6 +3,7 @@ use the slot's verified torch.nn twin, and says so (a WARNING and ``substituted_
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Mapping
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from .document import LockDocument
     from .schema import Slot
 
-__all__ = ["KernelFactory", "confirm_targets", "factory", "resolve_slot", "verify"]
+__all__ = ["KernelFactory", "as_locked", "confirm_targets", "factory", "resolve_slot", "verify"]
 
 log = logging.getLogger("kernel_lock")
 
@@ -300,6 +301,31 @@ class Resolution:
     reason: str | None = None
     max_error: float | None = None
 
+    def to_json(self) -> dict[str, Any]:
+        """What it resolves to as every command's JSON says it."""
+        return {
+            "implementation": self.implementation,
+            "target": self.target,
+            "kwargs": {**self.kwargs},
+        }
+
+
+# what a slot the lock does not pin resolves to: its spec's default_target, under this name
+UNPINNED = "torch (default; slot not in lock)"
+
+
+def as_locked(lock: LockDocument | None, slot: str, mode: str | None = None) -> Resolution:
+    """What ``slot`` resolves to by the lock alone, before this machine is asked: the pinned
+    implementation, or the slot's default class where the lock does not pin it. The one answer
+    ``explain``, ``show`` and ``verify`` give (``resolve_slot`` builds on it)."""
+    mode = mode_for(lock, mode)
+    if slot not in SPECS:
+        raise LockFormatError(f"unknown slot {slot!r}", key=slot, fix=slot_name_fix(slot))
+    entry = lock.slots.get(slot) if lock is not None else None
+    if entry is None:
+        return Resolution(slot, mode, UNPINNED, SPECS[slot].default_target, {})
+    return Resolution(slot, mode, entry.implementation, entry.target, entry.kwargs)
+
 
 def resolve_slot(
     lock: LockDocument | None,
@@ -313,18 +339,16 @@ def resolve_slot(
     """Decide what ``slot`` resolves to under ``lock`` in ``mode`` (default: the lock's).
     Training: the pinned implementation or :class:`KernelUnavailable`; inference: pinned where it
     runs here, else the verified twin, else :class:`KernelUnavailable` with both reasons."""
-    mode = mode_for(lock, mode)
-    if slot not in SPECS:
-        raise LockFormatError(f"unknown slot {slot!r}", key=slot, fix=slot_name_fix(slot))
-    entry = lock.slots.get(slot) if lock is not None else None
+    locked = as_locked(lock, slot, mode)
+    mode, entry = locked.mode, lock.slots.get(slot) if lock is not None else None
     if lock is None or entry is None:
-        target = SPECS[slot].default_target
-        cls = build(slot, target, {}, None, f"slots.{slot}") if import_classes else None
-        return Resolution(slot, mode, "torch (default; slot not in lock)", target, {}, cls)
+        cls = build(slot, locked.target, {}, None, f"slots.{slot}") if import_classes else None
+        return dataclasses.replace(locked, cls=cls)
     key = f"slots.{slot}"
-    pinned = functools.partial(
-        Resolution, slot, mode, entry.implementation, entry.target, entry.kwargs
-    )
+
+    def pinned(cls: type | None = None) -> Resolution:
+        return dataclasses.replace(locked, cls=cls)
+
     if mode == "training":
         _refuse_training(lock, entry)
         if verify_environment and mode not in lock.verified_modes:

@@ -104,9 +104,9 @@ def print_table(tbl: Any, *, stderr: bool = False) -> None:
             )
             words = [w for cell in cells for w in cell.split()]
             column.min_width = max([column.min_width or 0, *(len(w) for w in words)])
-    width, need = con.width, Measurement.get(con, con.options.update(width=100_000), tbl).minimum
-    try:
-        con.width = max(width, need)
+    width, need = con.width, Measurement.get(con, con.options.update(width=100_000), tbl)
+    try:  # rich squeezes a table wider than the console by cutting ids: unwrapped, wider, instead
+        con.width = need.maximum if need.minimum > width else width
         con.print(tbl)
     finally:
         con.width = width

@@ -16,7 +16,7 @@ from kernel_lock.errors import ExitCode, LockError
 from kernel_lock.files import refuse_special
 from kernel_lock.fingerprint import Unsettled, torch_build
 from kernel_lock.launch import before_sealing
-from kernel_lock.resolve import factory, resolve_slot
+from kernel_lock.resolve import as_locked, factory, resolve_slot
 from kernel_lock.slots import MODES, short_dtype, slot_name_fix
 from kernel_probe import output
 from kernel_probe.errors import ProbeError, UsageError
@@ -46,8 +46,11 @@ add_show_arguments = output.add_lock_argument  # the arguments of ``kernel-probe
 def run_show(args: argparse.Namespace) -> int:
     """``kernel-probe show [LOCK]``: the lock's pins, fingerprint and evidence, as text or JSON."""
     lock = output.open_lock(args, check_targets=False)
+    resolved = [as_locked(lock, name) for name in _every_slot(lock)]
     if args.json:
-        output.print_json(lock.to_dict())
+        output.print_json(
+            {**lock.to_dict(), "resolves-to": {r.slot: r.to_json() for r in resolved}}
+        )
         return 0
     _say(
         f"[bold]{safe(args.lock)}[/]  lock-version {safe(lock.lock_version)}, "
@@ -61,8 +64,8 @@ def run_show(args: argparse.Namespace) -> int:
     fields += [(f"library {safe(n)}", safe(f.value), f.match) for n, f in env.libraries.items()]
     print_rows("environment", ("field", "value", "match"), fields, wrap=("value",))
     slots = [
-        (n, *map(safe, (s.implementation, s.target, dict(s.kwargs))), _twin(s.twin))
-        for n, s in lock.slots.items()
+        (r.slot, *map(safe, (r.implementation, r.target, dict(r.kwargs))), _twin(_twin_of(lock, r)))
+        for r in resolved
     ]
     columns = ("slot", "implementation", "target", "kwargs", "twin")
     print_rows("slots", columns, slots, wrap=("kwargs", "twin"))
@@ -79,6 +82,17 @@ def _model_check(lock: Any) -> None:
 
 def _twin(twin: Any) -> str:
     return "-" if twin is None else f"{safe(twin.target)} ({twin.state_dict})"
+
+
+def _twin_of(lock: kernel_lock.KernelLock, resolved: Any) -> Any:
+    entry = lock.slots.get(resolved.slot)
+    return entry.twin if entry is not None else None
+
+
+def _every_slot(lock: kernel_lock.KernelLock) -> list[str]:
+    """The lock's slots, then every other slot this kernel_lock knows (each resolves to its
+    default)."""
+    return [*lock.slots, *(name for name in kernel_lock.SLOTS if name not in lock.slots)]
 
 
 # ---- explain ----------------------------------------------------------------------------------
@@ -112,23 +126,25 @@ def run_explain(args: argparse.Namespace) -> int:
     args.lock, args.slot = words if len(words) == 2 else [output.default_lock_path(), words[0]]
     slot_argument(args.slot)  # before reading the file: a typo is the argument's fault
     lock = output.load_lock(args.lock, check_targets=False)
-    slot = lock.slots.get(args.slot)
+    slot, resolved = lock.slots.get(args.slot), as_locked(lock, args.slot)
     if args.json:
-        unpinned = {"implementation": None, "note": "not pinned: resolves to torch.nn"}
-        output.print_json(slot.to_dict() if slot else unpinned)
+        unpinned = {"implementation": None, "note": f"not pinned: resolves to {resolved.target}"}
+        output.print_json(
+            {**(slot.to_dict() if slot else unpinned), "resolves-to": resolved.to_json()}
+        )
     elif slot is None:
         where = f"{safe(args.slot)} is not pinned in {safe(args.lock)}"
-        _say(f"{where}: it resolves to torch.nn (the default)")
+        _say(f"{where}: it resolves to {safe(resolved.target)}, the slot's default")
     else:
-        _explain(args.slot, slot)
+        _explain(resolved, slot)
         _model_check(lock)
     return 0
 
 
-def _explain(name: str, slot: Any) -> None:
+def _explain(resolved: Any, slot: Any) -> None:
     requires = ", ".join(f"{r.name}{r.specifier}" for r in slot.requires) or "torch only"
     _say(
-        f"[bold]{name}[/] -> {safe(slot.implementation)} ({safe(slot.target)})",
+        f"[bold]{resolved.slot}[/] -> {safe(resolved.implementation)} ({safe(resolved.target)})",
         f"  why: {safe(slot.reason or 'no reason recorded')}",
         f"  kwargs: {safe(dict(slot.kwargs))}; requires: {safe(requires)}",
     )

@@ -44,7 +44,10 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
     )
     output.add_flags(p, {"--no-model-check": skip})
     shape = (
-        "model shape to time at, e.g. 40320x1024 (repeatable; Linear: ROWSxINxOUT). "
+        "model shape to time at: ROWSxHIDDEN, e.g. 40320x1024 (rows: batch x sequence), or "
+        "ROWSxINxOUT for a probe of Linear alone; SLOT=SHAPE for one slot's own, e.g. "
+        "LayerNorm=8192x1024 or Linear=8192x1024x4096 (repeatable; a three-part shape where a "
+        "slot takes ROWSxHIDDEN exits 2). "
         f"Default: {' and '.join(DEFAULT_SHAPES['gpu'])} on GPU, "
         f"{' and '.join(DEFAULT_SHAPES['cpu'])} on CPU"
     )
@@ -282,7 +285,8 @@ def _reused(args: argparse.Namespace, result: ProbeResult) -> None:
     if not args.json:
         choices = ", ".join(f"{n} -> {s.implementation}" for n, s in lock.slots.items())
         by = f"written for this job by {result.source}, " if result.source else ""
-        output.info(f"{out}: {by}current for this machine, reused without probing ({choices})")
+        reused = "" if args.check else ", reused without probing"  # --check only looks
+        output.info(f"{out}: {by}current for this machine{reused} ({choices})")
         return
     slots = {n: {"chosen": s.implementation, "reason": s.reason} for n, s in lock.slots.items()}
     written_by = {"written-by": result.source} if result.source else {}
@@ -374,10 +378,12 @@ def _summary(result: ProbeResult) -> dict[str, Any]:
     return {
         "lock": str(result.lock_path),
         "reused": False,
+        **({"replaced": result.replaced} if result.replaced else {}),
         "seconds": round(result.seconds, 2),
         "device": plan.device,
         "precision": plan.precision,
         "shapes": list(plan.shapes),
+        **({"slot-shapes": own} if (own := plan.inputs.get("slot_shapes")) else {}),
         **({"model": plan.model.to_dict(), "weights": plan.weights} if plan.model else {}),
         **({"model-check": checked.to_dict()} if (checked := _model_check(result)) else {}),
         **{
@@ -414,6 +420,7 @@ def _report(result: ProbeResult) -> None:
     dev = plan.device
     on_gpu = dev["type"] != "cpu"
     shapes_from = f" ({plan.shapes_from})" if plan.shapes_from else ""
+    shapes_from += "".join(f", {own}" for own in plan.inputs.get("slot_shapes", ()))
     declared = "".join(
         f", {s.summary_key} {plan.resolved[s.name]}"
         for s in slot_behaviour.SLOTS.values()

@@ -149,7 +149,9 @@ def unmeasured(
     message = row["exception"]
     refusal = refused is not None and refused.search(message)
     status: Status = "unavailable" if refusal else "crashed"
-    said = f"unavailable: {message}" if say_unavailable and refusal else f"raised {message}"
+    said = f"raised {message}"
+    if say_unavailable and refusal:  # the project's words first, what the library said as detail
+        said = f"cannot run these inputs here; it {said}"
     return Verdict(*where, status, reasons=(said,))
 
 

@@ -45,10 +45,12 @@ class ProbeResult:
     check_seconds: float = 0.0
     time_seconds: float = 0.0
     source: str = ""
+    replaced: str = ""  # a probe that replaced a lock: why, as --check says it
 
 
 # the options of the inputs digest as a person names them: these, and the flags of _FLAGS
 OPTION_NAMES = {"shapes": "--shape", "slots": "--slot", "pins": "--pin", "prefers": "--prefer"}
+OPTION_NAMES |= {"slot_shapes": "--shape SLOT=SHAPE"}
 OPTION_NAMES |= {"candidates": "candidates", "profile": "the profile's digest"}
 OPTION_NAMES |= {"model": "--model (the trace's digest)"}
 _FLAGS = ("precision", "with_compile", "deterministic", "allow_init_change", "strict_dtype")
@@ -245,10 +247,15 @@ def probe_or_reuse(
                 "one whole lock); under a launcher that sets rank variables (Slurm, torchrun, "
                 "MPI) one rank probes without them"
             )
+        replaced = f"{out}: probing again to replace it (--force)"
         if not request.force:  # another rank may have written it while we waited
-            lock, _ = current()
+            lock, why = current()
             if lock is not None:
                 return ProbeResult(out, lock, True, p, seconds=time.perf_counter() - t_start)
+            replaced = f"{out} is stale, probing again to replace it: {why}"
+        replaced = replaced if out.exists() else ""
+        if replaced:  # in one line, as --check says why it is stale
+            events.note(replaced)
         for problem in p.problems:
             events.warn(problem)
         result = probe(p, events)
@@ -257,7 +264,7 @@ def probe_or_reuse(
         elif request.model:
             events.note(f"model {request.model}: model check skipped ({FLAG}), none recorded")
         result.lock.dump(out)
-    result.lock_path = out
+    result.lock_path, result.replaced = out, replaced
     result.seconds = time.perf_counter() - t_start
     return result
 
@@ -270,7 +277,8 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
 
     events = events or Events()
     behaviour = {s: slot_behaviour.slot(s) for s in p.slots}
-    warnings = [large_shape_warning(p.device["type"], p.shapes, p.reps)]
+    own = [text.partition("=")[2] for text in p.inputs.get("slot_shapes", ())]  # SLOT=SHAPE
+    warnings = [large_shape_warning(p.device["type"], [*p.shapes, *own], p.reps)]
     warnings += [line for b in behaviour.values() for line in b.warnings(p.device["type"], p.dtype)]
     for line in filter(None, warnings):
         events.warn(line)

@@ -22,6 +22,7 @@ from kernel_lock.model import Model
 from kernel_lock.slots import PRECISIONS, slot_name_fix
 from kernel_lock.tables import nearest
 from kernel_probe import candidates as cands
+from kernel_probe import shapes as shaping
 from kernel_probe import slots as slot_behaviour
 from kernel_probe.candidates import Candidate, for_slot
 from kernel_probe.detect.libraries import by_library, installed_for
@@ -31,7 +32,6 @@ from kernel_probe.probe import frommodel
 from kernel_probe.probe.limits import CHECK_TIMEOUT, IMPORT_TIMEOUT, MAX_REPS, MAX_SECONDS
 from kernel_probe.probe.report import static_problem
 from kernel_probe.probe.write import inputs_digest, trusted_roots
-from kernel_probe.shapes import normal_shapes, parse_shape
 
 DEFAULT_SHAPES = {"gpu": ("40320x1024", "542080x1024"), "cpu": ("2048x1024",)}
 DEFAULT_REPS = {"gpu": 20, "cpu": 5}
@@ -73,9 +73,7 @@ class ProbeRequest:
     declared: Mapping[str, str] = field(default_factory=dict)
     allow_approximation: bool = False
     model: str = ""  # --model SPEC: the model whose trace decides the slots, semantics and shapes
-    model_check: bool = (
-        True  # with --model: check the model with the chosen lock (--no-model-check)
-    )
+    model_check: bool = True  # with --model: check the model with the chosen lock
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -213,7 +211,7 @@ def large_shape_warning(device_type: str, shapes: Sequence[str], reps: int) -> s
     """On a CPU, the warning that GPU-sized shapes take minutes to time, and what to do instead."""
     if device_type != "cpu":
         return None
-    large = [s for s in shapes if parse_shape(s)[0] * parse_shape(s)[1] > CPU_LARGE_ELEMENTS]
+    large = [s for s in shapes if shaping.shape_work(s) > CPU_LARGE_ELEMENTS]
     if not large:
         return None
     return (
@@ -241,8 +239,9 @@ def gather_candidates(
 def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
     """Decide what ``request`` means here (the module docstring's refusals first)."""
     events = events or Events()
-    asked = _refuse_bad_arguments(request)
+    asked, own = _refuse_bad_arguments(request)
     slots, slot_problems = _slots(request)
+    shaping.refuse_misread(asked, own, {name: slot_behaviour.slot(name) for name in slots})
     device = detect_device()
     profile, matched = _apply_profile(request, device, events)
     precision = request.precision or (profile and profile.precision) or DEFAULT_PRECISION
@@ -275,12 +274,12 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
     elif asked:
         shapes, shapes_from = asked, ""
     elif profile and profile.shapes:
-        shapes, shapes_from = normal_shapes(profile.shapes), f"profile {profile.name}"
+        shapes, shapes_from = shaping.normal_shapes(profile.shapes), f"profile {profile.name}"
     else:
         shapes, shapes_from = DEFAULT_SHAPES[kind], "defaults"
     deterministic = request.deterministic or bool(profile and profile.deterministic)
     inputs = _inputs(request, candidates, profile, precision, shapes, slots, deterministic)
-    per_slot = _per_slot(request, slots, kind, shapes, traced, inputs)
+    per_slot = _per_slot(request, slots, kind, (shapes, own), traced, inputs)
     probed = [c for c in candidates if set(c.slots) & set(slots)]
     return Plan(
         request=request,
@@ -309,12 +308,14 @@ def _per_slot(
     request: ProbeRequest,
     slots: Sequence[str],
     kind: str,
-    shapes: Sequence[str],
+    shaped: shaping.Split,
     traced: frommodel.Traced | None,
     inputs: dict[str, Any],
 ) -> dict[str, Any]:
     """The plan's per-slot fields, from each slot's declaration or the model's trace (``inputs``
-    gains the slots' own, and the trace's digest)."""
+    gains the slots' own, their own --shape SLOT=SHAPE and the trace's digest)."""
+    shapes, own = shaped
+    inputs.update(shaping.recorded(own))
     declared = {name: request.declared.get(name, "") for name in slots}
     if traced is not None:
         declared = {name: traced.uses[name].declared for name in slots}
@@ -324,7 +325,7 @@ def _per_slot(
     for name in ordered:
         inputs.update(behaviour[name].inputs(declared[name], kind))
     canonical = {n: b.canonical(declared[n], kind) for n, b in behaviour.items()}
-    timed_at = {n: b.shapes(declared[n], kind, shapes) for n, b in behaviour.items()}
+    timed_at = {n: b.shapes(declared[n], kind, own.get(n, shapes)) for n, b in behaviour.items()}
     if traced is not None:
         canonical, timed_at = traced.canonical, traced.timed_at
     return {
@@ -373,11 +374,11 @@ def _inputs(
     return inputs
 
 
-def _refuse_bad_arguments(request: ProbeRequest) -> tuple[str, ...]:
+def _refuse_bad_arguments(request: ProbeRequest) -> shaping.Split:
     """Every argument checked before any work (exit 2): shapes, repetitions, time limits,
     precision, the slots' declarations, ``--check`` with ``--force``; the shapes, normalised."""
     try:
-        asked = normal_shapes(request.shapes)
+        asked = shaping.split_shapes(request.shapes)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if request.reps is not None and not 1 <= request.reps <= MAX_REPS:

@@ -294,6 +294,7 @@ class Attention(Slot):
         metavar="HEADSxHEAD_DIMxSEQ[:OPTIONS]",
     )
     summary_key = "attention"
+    shape_form = ""  # timed at its --attention geometry
     kernels = "kernel_probe.slots.attention_kernels"
     footnote = (
         "Attention: tolerance = 4 x torch's own error (math path or fused ordering, the larger) "

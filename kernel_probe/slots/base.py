@@ -21,7 +21,7 @@ from kernel_lock.model import NONE_VALUE, Site
 from kernel_lock.slots import SlotSpec
 from kernel_probe.isolation.protocol import INTERPRETED, TimeReply
 from kernel_probe.probe.limits import CHECK_HIDDEN
-from kernel_probe.shapes import parse_shape
+from kernel_probe.shapes import shape_work
 
 if TYPE_CHECKING:  # the probe's side needs the types only; the worker imports what it runs
     from kernel_probe.candidates import Candidate
@@ -30,12 +30,6 @@ if TYPE_CHECKING:  # the probe's side needs the types only; the worker imports w
     from kernel_probe.probe.report import Report, ReportBase
 
 __all__ = ["Option", "Slot", "Use", "dims", "shape_work"]
-
-
-def shape_work(shape: str) -> float:
-    """A norm's or Linear's shape: its rows x hidden elements (what a call's time grows with)."""
-    rows, hidden, _ = parse_shape(shape)
-    return float(rows * hidden)
 
 
 def dims(shape: str) -> tuple[int, ...]:
@@ -97,6 +91,9 @@ class Slot:
     option: Option | None = None  # how the model declares the slot; None: nothing to declare
     summary_key: str = ""  # the key its declared value has in the probe's JSON summary
     footnote: str = ""  # a line `kernel-probe check` prints under the verdict tables
+    # the --shape it is timed at: ROWSxHIDDEN, Linear's ROWSxINxOUT (or ROWSxHIDDEN: a square
+    # weight); "": its own declaration's (Attention's --attention), never a --shape
+    shape_form: str = "ROWSxHIDDEN"
     # the module of its own worker measurements (``check``, ``tiny_call``, ``time_candidate``,
     # importing torch); "": the norms' and Linear's (``correctness``, ``timing``)
     kernels: str = ""

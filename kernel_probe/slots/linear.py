@@ -20,6 +20,8 @@ __all__ = ["LINEAR"]
 class Linear(Slot):
     """torch.nn.Linear's slot."""
 
+    shape_form = "ROWSxINxOUT"
+
     def lock_keys(
         self, values: Mapping[str, Any], kwargs: Mapping[str, Any], report: Report
     ) -> dict[str, Any]:

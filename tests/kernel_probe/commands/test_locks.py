@@ -105,3 +105,65 @@ def test_diff_exit_code_is_6_when_the_locks_differ(tmp_path, capsys):
     assert proc.returncode == 6, proc.stderr
     code, out, _ = run(["diff", "--help"], capsys)
     assert code == 0 and "exit 6 when the locks differ" in " ".join(out.split())
+
+
+# ---- one answer per question (issue 57) ---------------------------------------------------------
+def _locks_of_every_slot(tmp_path):
+    """Two locks that between them pin every built-in slot and leave every one unpinned: the
+    checked-in lock of RMSNorm, Attention, GatedMLP and Activation (its environment cut to this
+    CPU), and MINIMAL_LOCK's LayerNorm and Linear."""
+    every = (ROOT / "tests/kernel_lock/data/locks/build-lock-every-slot.toml").read_text()
+    head = 'lock-version = "1.3"\ncreated-by = "hand"\nmode = "training"\n\n'
+    env = '[environment]\ndevice-type = { value = "cpu", match = "exact" }\n\n'
+    every = head + env + every[every.index("[slots.") :]
+    rms = MINIMAL_LOCK.index("[slots.RMSNorm]")
+    rest = MINIMAL_LOCK[:rms] + MINIMAL_LOCK[MINIMAL_LOCK.index("[slots.Linear]") :]
+    return [write_sealed(tmp_path / "every.toml", every), write_sealed(tmp_path / "min.toml", rest)]
+
+
+def test_explain_show_verify_and_their_json_agree_on_what_each_slot_resolves_to(tmp_path, capsys):
+    """`explain LOCK SLOT`, `show`, `verify` and each one's --json give one answer per slot: the
+    pinned class, or the slot's own default (GatedMLP: kernel_lock.gated_mlp.GatedMLP, never
+    "torch.nn")."""
+    import re
+
+    import kernel_lock
+    from kernel_lock.resolve import UNPINNED
+    from kernel_lock.slots import SPECS
+
+    seen_pinned, seen_unpinned = set(), set()
+    for path in _locks_of_every_slot(tmp_path):
+        lock = kernel_lock.load(path, emit_warnings=False)
+        code, out, err = run(["verify", path, "--json"], capsys)
+        assert code == 0, err
+        answer = {
+            s: (r["implementation"], r["target"], r["kwargs"])
+            for s, r in json.loads(out)["slots"].items()
+        }
+        assert set(answer) == set(kernel_lock.SLOTS)
+        _, shown, _ = run(["show", path, "--json"], capsys)
+        _, verified, _ = run(["verify", path], capsys)
+        _, table, _ = run(["show", path], capsys)
+        for slot, (implementation, target, kwargs) in answer.items():
+            pinned = slot in lock.slots
+            (seen_pinned if pinned else seen_unpinned).add(slot)
+            assert (implementation == UNPINNED) != pinned
+            assert target == (lock.slots[slot].target if pinned else SPECS[slot].default_target)
+            assert json.loads(shown)["resolves-to"][slot] == {
+                "implementation": implementation,
+                "target": target,
+                "kwargs": kwargs,
+            }
+            code, explained, _ = run(["explain", path, slot, "--json"], capsys)
+            assert (
+                code == 0
+                and json.loads(explained)["resolves-to"] == json.loads(shown)["resolves-to"][slot]
+            )
+            code, explained, _ = run(["explain", path, slot], capsys)
+            words = " ".join(explained.split())
+            said = f"{slot} -> {implementation} ({target})" if pinned else f"resolves to {target},"
+            assert code == 0 and said in words, words
+            assert f"  {slot:<10} -> {target} {kwargs}" in verified
+            row = rf"^\s*{slot}\s+{re.escape(implementation)}\s+{re.escape(target)}\s"
+            assert re.search(row, table, re.M), table
+    assert seen_pinned == seen_unpinned == set(kernel_lock.SLOTS)

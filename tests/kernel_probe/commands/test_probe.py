@@ -80,10 +80,38 @@ def test_second_run_reuses(probed, capsys):
 
 def test_check_mode(probed, tmp_path, capsys):
     assert main(["--out", str(probed), "--check"]) == 0
+    said = capsys.readouterr().err  # issue 57: current, and nothing "reused"
+    assert f"{probed}: current for this machine (" in said and "reused" not in said
     assert main(["--out", str(tmp_path / "missing.toml"), "--check"]) == 3
     assert "stale or missing" in capsys.readouterr().err
     assert main(["--out", str(probed), "--check", "--precision", "32-true"]) == 3
     assert not (tmp_path / "missing.toml").exists()
+
+
+def test_a_probe_that_replaces_a_lock_says_why_as_check_does(tmp_path, capsys):
+    """Issue 57: a lock probed at other shapes is replaced with one line saying why, the reason
+    --check gives (one staleness comparison); a new lock says nothing of replacing."""
+    out = tmp_path / "a.toml"
+    first = ["--out", out, *small_probe("Linear", shape="64x32", reps=1)]
+    assert run_cli(first, capsys)[0] == 0
+    assert "replace" not in capsys.readouterr().err
+    other = ["--out", out, *small_probe("Linear", shape="32x32", reps=1)]
+    code, _, checked = run_cli([*other, "--check"], capsys)
+    why = "it was probed with other options: --shape: 64x32 -> 32x32"
+    assert code == 3 and f"is stale or missing: {why}" in " ".join(checked.split())
+    code, summary, err = run_cli([*other, "--json"], capsys)
+    said = f"{out} is stale, probing again to replace it: {why}"
+    assert code == 0 and said in " ".join(err.split())
+    assert json.loads(summary)["replaced"] == said
+    assert kernel_lock.load(out).provenance["shapes"] == ["32x32"]
+    code, _, said = run_cli([*other, "--check"], capsys)  # current: said so, nothing "reused"
+    assert code == 0 and f"{out}: current for this machine (Linear -> " in " ".join(said.split())
+    assert "reused" not in said
+    code, summary, err = run_cli([*other, "--force", "--json"], capsys)
+    assert (
+        code == 0
+        and json.loads(summary)["replaced"] == f"{out}: probing again to replace it (--force)"
+    )
 
 
 @pytest.mark.slow
@@ -122,6 +150,8 @@ def test_hand_edited_lock_needs_force(probed, tmp_path, capsys):
         (["--shape", "0x1024"], 2, "positive integers"),
         (["--shape", "40320"], 2, "ROWSxHIDDEN"),
         (["--shape", "axb"], 2, "ROWSxHIDDEN"),
+        (["--shape", "8x4096x1024"], 2, "8 rows, not 8*4096"),  # issue 57: b x s x h
+        (["--shape", "Attention=4x8"], 2, "use --attention"),
         (["--dtype", "bf16"], 2, "--precision"),
         (["--pin", "RMSNorm"], 2, "expected SLOT=ID"),
         (["--pin", "Rmsnorm=x"], 2, "unknown slot"),

@@ -81,8 +81,30 @@ def test_torchs_backends_are_accepted_with_every_ratio_recorded(cid):
 def test_a_forced_backend_that_refuses_cpu_is_unavailable_with_torchs_reason(cid):
     _, report = verdict(cid)
     assert report.status == "unavailable"
-    # never another backend
+    # never another backend; the project's words first, torch's message kept as the detail
+    assert report.reasons[0].startswith("float32/true: cannot run these inputs here; it raised ")
     assert "No viable backend for scaled_dot_product_attention" in report.reasons[0]
+
+
+@pytest.mark.parametrize(
+    ("cid", "devices"), [("torch.sdpa.efficient", "cuda, rocm"), ("torch.sdpa.cudnn", "cuda")]
+)
+def test_a_backend_of_other_devices_says_where_it_runs_and_keeps_torchs_refusal(cid, devices):
+    """As the probe and `check` judge it (issue 57): "runs on cuda" rather than torch's raw
+    "No viable backend ...", which stays as the detail of the call tried here."""
+    from kernel_probe.isolation.worker import Worker
+    from kernel_probe.probe.check import check_candidate
+
+    cand = next(c for c in cands.builtin() if c.id == cid)
+    with Worker() as worker:
+        report = check_candidate(
+            cand, "Attention", "cpu", FP32, worker, canonical=attention.canonical_options(None)
+        )
+    assert report.status == "unavailable"
+    said = (
+        f"runs on {devices}; this device is cpu; trying it raised RuntimeError: No viable backend"
+    )
+    assert report.reasons[0].startswith(said), report.reasons
 
 
 def test_cpu_flash_refuses_dropout_and_a_model_with_dropout_cannot_use_it():

@@ -144,7 +144,7 @@ def test_defaults_follow_the_device_kind(on, device, kind):
 def test_what_was_asked_for_overrides_the_defaults(on):
     p = plan(
         ProbeRequest(
-            shapes=("64x32", "8x16x4"),
+            shapes=("64x32", "8x16x4", "RMSNorm=48x32"),
             precision="32-true",
             slots=("Linear", "RMSNorm"),
             reps=3,
@@ -153,6 +153,8 @@ def test_what_was_asked_for_overrides_the_defaults(on):
         )
     )
     assert p.shapes == ("64x32", "8x16x4") and p.shapes_from == ""
+    # RMSNorm takes ROWSxHIDDEN: its own shape, not the Linear's ROWSxINxOUT (issue 57)
+    assert p.timed_at == {"Linear": ("64x32", "8x16x4"), "RMSNorm": ("48x32",)}
     assert (p.precision, p.dtype, p.regime) == ("32-true", "float32", "true")
     assert p.slots == ("Linear", "RMSNorm") and p.reps == 3 and p.deterministic is True
     assert "custom:mylib.FastLayerNorm" in [c.id for c in p.candidates]
@@ -258,3 +260,60 @@ def test_a_shape_is_one_input_however_it_is_spelled(on):
     spelled = plan(ProbeRequest(shapes=("2048*1024", "64X32")))
     assert spelled.shapes == ("2048x1024", "64x32")
     assert spelled.digest == plan(ProbeRequest(shapes=("2048x1024", "64x32"))).digest
+
+
+# ---- --shape's forms (issue 57) ------------------------------------------------------------------
+def test_a_three_part_shape_for_a_norm_is_refused_with_its_reading_and_the_form_to_use(on):
+    """`--shape 8x4096x1024` (batch x sequence x hidden) was taken as ROWSxINxOUT and LayerNorm
+    timed at 8 rows of 4096: refused, saying how it reads and what to write instead."""
+    with pytest.raises(UsageError) as info:
+        plan(ProbeRequest(shapes=("8x4096x1024",)))
+    exc = info.value
+    assert exc.exit_code == 2
+    assert exc.problem.startswith(
+        "--shape 8x4096x1024: read as ROWSxINxOUT (8 rows, 4096 in, 1024 out), as Linear takes "
+        "it, so 8 rows, not 8*4096; LayerNorm, RMSNorm, Activation take ROWSxHIDDEN"
+    ), exc.problem
+    assert "the rows are 8*4096: --shape 32768x1024 (" in exc.fix
+    assert "--shape LayerNorm=32768x1024, --shape Linear=32768x1024xOUT" in exc.fix
+    assert "--model SPEC" in exc.fix
+    with pytest.raises(UsageError, match="LayerNorm=8x4096x1024: .* LayerNorm takes ROWSxHIDDEN"):
+        plan(ProbeRequest(shapes=("LayerNorm=8x4096x1024",), slots=("LayerNorm",)))
+
+
+def test_a_three_part_shape_is_linears_and_each_slot_may_have_its_own(on):
+    alone = plan(ProbeRequest(shapes=("8x4096x1024",), slots=("Linear",)))
+    assert alone.timed_at == {"Linear": ("8x4096x1024",)}
+    request = ProbeRequest(
+        shapes=("32768x1024", "Linear=32768x1024x4096", "LayerNorm=8192x1024"),
+        slots=("LayerNorm", "RMSNorm", "Linear", "Attention"),
+    )
+    p = plan(request)
+    assert p.shapes == ("32768x1024",)
+    assert p.timed_at["LayerNorm"] == ("8192x1024",) and p.timed_at["RMSNorm"] == ("32768x1024",)
+    assert p.timed_at["Linear"] == ("32768x1024x4096",)
+    assert p.timed_at["Attention"] == ("4x32x256",)  # its own geometry, as before
+    # digested in one order whatever the order given; a probe without them keeps its digest
+    assert p.inputs["slot_shapes"] == ["LayerNorm=8192x1024", "Linear=32768x1024x4096"]
+    swapped = request.shapes[:1] + request.shapes[:0:-1]
+    assert plan(ProbeRequest(shapes=swapped, slots=request.slots)).digest == p.digest
+    plain = plan(ProbeRequest(shapes=("32768x1024",), slots=request.slots))
+    assert "slot_shapes" not in plain.inputs and plain.digest != p.digest
+
+
+@pytest.mark.parametrize(
+    "shapes,slots,problem,fix",
+    [
+        (("layernorm=8x8",), (), "'layernorm' is not a slot this probe covers", "did you mean"),
+        (("RMSNorm=8x8",), ("Linear",), "'RMSNorm' is not a slot", "add --slot RMSNorm"),
+        (("Attention=2x8",), (), "Attention is not timed at a --shape", "use --attention"),
+        (("LayerNorm=8xq",), (), "--shape 'LayerNorm=8xq': expected ROWSxHIDDEN", None),
+    ],
+)
+def test_a_slots_own_shape_is_refused_where_it_cannot_mean_anything(
+    on, shapes, slots, problem, fix
+):
+    with pytest.raises(UsageError) as info:
+        plan(ProbeRequest(shapes=shapes, slots=slots))
+    assert info.value.exit_code == 2 and problem in info.value.problem
+    assert fix is None or fix in info.value.fix

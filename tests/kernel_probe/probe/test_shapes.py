@@ -45,8 +45,8 @@ def test_parse_shape_refuses(text):
     with pytest.raises(ValueError) as info:
         parse_shape(text)
     assert str(info.value) == (
-        f"--shape {text!r}: expected ROWSxHIDDEN (e.g. 40320x1024) or ROWSxINxOUT for Linear, "
-        "all positive integers"
+        f"--shape {text!r}: expected ROWSxHIDDEN (e.g. 40320x1024), ROWSxINxOUT for Linear, or "
+        "SLOT=SHAPE for one slot's own shape, all positive integers"
     )
 
 
