@@ -16,7 +16,7 @@ import pytest
 from kernel_probe import jobstart
 from kernel_probe.errors import InputFileError, StaleLock, UsageError
 from kernel_probe.jobstart import run
-from kernel_probe.probe import pipeline, planning
+from kernel_probe.probe import pipeline, planning, stale
 from kernel_probe.probe.pipeline import choose_all, reusable
 from kernel_probe.probe.planning import ProbeRequest, plan, slot_rules
 from kernel_probe.probe.report import Report
@@ -303,20 +303,20 @@ def test_other_options_are_named_with_their_old_and_new_values():
         "pins": {},
         "candidates": ["a=x.A"],
     }
-    recorded = pipeline.recorded_options(before)
+    recorded = stale.recorded_options(before)
     now = {
         "precision": "32-true",
         "shapes": ["64x32"],
         "pins": {"Linear": "torch.linear"},
         "candidates": ["b=y.B"],
     }
-    why = pipeline.options_change(recorded, now)
+    why = stale.options_change(recorded, now)
     assert "--precision: bf16-mixed -> 32-true" in why and "--shape: 2048x1024 -> 64x32" in why
     assert (
         "--pin: none -> Linear=torch.linear" in why
         and "candidates: new b=y.B; no longer a=x.A" in why
     )
-    assert pipeline.options_change(recorded, before).endswith("(the same values, another encoding)")
+    assert stale.options_change(recorded, before).endswith("(the same values, another encoding)")
 
 
 def test_a_lock_probed_with_other_options_names_them(tmp_path, cpu):
