@@ -20,7 +20,7 @@ from kernel_lock.errors import KernelUnavailable, LockError, LockFormatError, Lo
 from kernel_lock.model import Model
 from kernel_probe import slots as slot_behaviour
 from kernel_probe.candidates import Candidate, default_for, for_slot, local_modules
-from kernel_probe.errors import InputFileError, StaleLock
+from kernel_probe.errors import InputFileError, StaleLock, TooLarge
 from kernel_probe.probe import stale
 from kernel_probe.probe.choose import Choice, choose
 from kernel_probe.probe.judge import Policy
@@ -170,6 +170,7 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
 
     events = events or Events()
     behaviour = {s: slot_behaviour.slot(s) for s in p.slots}
+    refuse_too_large(p, behaviour)
     warnings = [large_shape_warning(p.device["type"], p.shapes, p.reps)]
     warnings += [line for b in behaviour.values() for line in b.warnings(p.device["type"], p.dtype)]
     for line in filter(None, warnings):
@@ -232,6 +233,22 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
         model=p.model,
     )
     return result
+
+
+def refuse_too_large(p: Plan, behaviour: Mapping[str, slot_behaviour.Slot]) -> None:
+    """Raise TooLarge (exit 3) for a shape a slot says this device cannot time, before any worker
+    starts, with what to do instead."""
+    kind = "cpu" if p.device["type"] == "cpu" else "gpu"
+    for name, b in behaviour.items():
+        for shape in p.timed_at.get(name, ()):
+            if why := b.too_large(shape, kind):
+                flag = b.option.flag if b.option and not p.request.model else ""
+                smaller = f"; or declare a size this {kind} can time ({flag})" if flag else ""
+                raise TooLarge(
+                    f"{name} at {shape} cannot be timed on this {kind}: {why}",
+                    fix=f"probe where the model trains (a GPU node){smaller}; or leave {name} "
+                    "out: --slot for each other slot (nothing was checked or written)",
+                )
 
 
 def _provenance(p: Plan, result: ProbeResult) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -593,3 +594,20 @@ def test_diff_names_what_check_calls_stale(tmp_path, capsys, monkeypatch):
     # --check of b with a's options: stale for the same reason (one comparison)
     code, _, err = run_cli([*probe_a, "--out", b, "--check"], capsys)
     assert code == 3 and "--attention: 2x16x96 -> 2x16x64" in " ".join(err.split())
+
+
+def test_o96_attention_on_a_cpu_is_refused_within_seconds(tmp_path):
+    """Issue 56: O96's attention on this CPU exited 1 after minutes; now exit 3 up front, in a
+    fresh interpreter as a user runs it, naming the reason and the fix, nothing written."""
+    out = tmp_path / "k.toml"
+    argv = ["--slot", "Attention", "--attention", "16x64x40320:window=512", "--out", str(out)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernel_probe", *argv], capture_output=True, text=True, cwd=ROOT
+    )
+    seconds = time.perf_counter() - t0
+    assert proc.returncode == 3, proc.stderr
+    err = " ".join(proc.stderr.split())
+    assert "Attention at 16x64x40320:window=512 cannot be timed on this cpu" in err
+    assert "fix: probe where the model trains (a GPU node)" in err and not out.exists()
+    assert seconds < 60, seconds

@@ -447,3 +447,25 @@ def test_a_lock_that_did_not_record_a_library_is_judged_by_its_rows(tmp_path, cp
     assert lock is None and "apex is installed now (installed)" in why
     path = write_sealed(tmp_path / "l.toml", probed_seeing(p.digest, seen))
     assert reusable(path, p.digest, libraries=now, judged=judged)[1] == ""
+
+
+# ---- a shape this device cannot time: refused before any worker (issue 56) ----------------------
+O96 = "16x64x40320:window=512"
+
+
+def test_a_size_this_cpu_cannot_time_is_refused_before_any_work(cpu):
+    from kernel_probe.errors import TooLarge
+
+    p = plan(ProbeRequest(slots=("Attention",), declared={"Attention": O96}))
+    with pytest.raises(TooLarge) as info:
+        pipeline.probe(p)  # no worker: the no_workers fixture fails the test if one starts
+    assert info.value.exit_code == 3
+    assert info.value.problem.startswith(f"Attention at {O96} cannot be timed on this cpu: ")
+    assert "(--attention)" in info.value.fix and "--slot for each other slot" in info.value.fix
+    # a model's own size: no --attention to lower it
+    with pytest.raises(TooLarge) as info:
+        pipeline.probe(replace(p, request=replace(p.request, model="m.py:build")))
+    assert "--attention" not in info.value.fix and "a GPU node" in info.value.fix
+    # the same geometry on a GPU is timed
+    gpu = replace(p, device={**p.device, "type": "cuda"}, timed_at={"Attention": (O96,)})
+    pipeline.refuse_too_large(gpu, {"Attention": slot("Attention")})
