@@ -8,7 +8,7 @@ Prints, per tree ("before": a git revision exported with ``git archive`` and run
     in 10 anywhere);
   - per challenger, its ratio to the default (default's time / its time, summed over the slot's
     shapes, so > 1 is faster): the median over the N probes and the range they span, and the
-    interval the lock itself records, where its timing rows carry one.
+    noise the lock itself records for it (its spread, or the ratio's interval where rows carry one).
 The two trees' probes alternate (before, after; then after, before), so load and drift hit both.
 The hog is one child busy on one core (started through kernel_lock.launch, killed at the end).
 
@@ -36,6 +36,8 @@ sys.path.insert(0, str(ROOT))
 from kernel_lock import launch  # noqa: E402  (this checkout's, found through ROOT)
 
 BEFORE = "71842b5"  # the merge-base with main when issue 56's work started
+# what a timing row records of its noise: the spread (before), a ratio and its interval (after)
+RECORDED = ("ratio", "interval")
 # one core kept busy: pinned to the last CPU this process may use, where it can be pinned
 HOG = (
     "import os\n"
@@ -75,7 +77,7 @@ def probe(tree: Path, out: Path, argv: Sequence[str]) -> float:
 
 def outcome(path: Path) -> dict[str, dict[str, Any]]:
     """Per slot of the lock: the winner, each challenger's ratio to the default (summed times),
-    and the interval fields its timing rows record (any key naming an interval or a ratio)."""
+    and what its timing rows record of their noise (``spread``, a ratio, an interval)."""
     import kernel_lock
     from kernel_probe.candidates import default_for
 
@@ -88,7 +90,7 @@ def outcome(path: Path) -> dict[str, dict[str, Any]]:
             ms = row.get("median-ms")
             if isinstance(ms, (int, float)) and ms > 0:
                 totals[str(row.get("implementation"))] += float(ms)
-            said = {k: v for k, v in row.items() if "interval" in k or k.startswith("ratio")}
+            said = {k: v for k, v in row.items() if k == "spread" or k.startswith(RECORDED)}
             if said:
                 recorded[str(row.get("implementation"))] = said
         default = default_for(name).id
