@@ -29,6 +29,12 @@ class ForcedUnusable(ProbeError):
     exit_code = ExitCode.MISMATCH
 
 
+class TooLarge(ProbeError):
+    """A slot's shape this device cannot time (``Slot.too_large``), refused before any work."""
+
+    exit_code = ExitCode.MISMATCH
+
+
 class NodeDiffers(ProbeError):
     """A waiting rank's node does not match the lock the probing rank wrote for the job."""
 

@@ -330,18 +330,3 @@ def library_facts(
             version = None
         out[key] = None if at and found is None else version
     return out
-
-
-def profile_change(recorded: Mapping[str, Any], profile: Profile | None) -> str | None:
-    """Why a lock written under ``recorded`` (its [profile] table) is not for this run."""
-    name, digest = recorded.get("name"), recorded.get("digest")
-    if profile is None:
-        return f"it was written under profile {name} and this run applies none" if name else None
-    if name != profile.name:
-        return f"it was written under profile {name or 'none'}, this run applies {profile.name}"
-    if digest != profile.digest:
-        return (
-            f"profile {profile.name} changed since the lock was written (digest "
-            f"{str(digest)[:19]}... -> {profile.digest[:19]}..., {profile.path})"
-        )
-    return None

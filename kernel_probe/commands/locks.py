@@ -251,13 +251,19 @@ def run_diff(args: argparse.Namespace) -> int:
             output.error(f"{failed.problem} (exit {code}, --exit-code)")
         return code
     if not differ:
-        _say("no differences in environment or choices")
+        _say("no differences in environment, choices or what they were probed for")
     changes = [(d["key"], d["a"], d["b"]) for d in diffs["lock"]]
     for d in diffs["environment"]:
         fa, fb = (x["value"] if x else "absent" for x in (d["a"], d["b"]))
         changes.append((f"environment {d['field']}", fa, fb))
     changes += [(f"slot {d['slot']} {d['key']}", d["a"], d["b"]) for d in diffs["slots"]]
     _say(*(f"{safe(what)}: {safe(repr(x))} -> {safe(repr(y))}" for what, x, y in changes))
+    if diffs["probe"]:  # in --check's words (kernel_probe.probe.stale)
+        _say(
+            f"probed for other things, as --check says it ({safe(args.a)} is 'the lock', "
+            f"{safe(args.b)} 'now' / 'this run'):"
+        )
+        _say(*(f"  {d['what']}: {safe(d['why'])}" for d in diffs["probe"]))
     return code
 
 

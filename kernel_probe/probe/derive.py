@@ -19,6 +19,7 @@ from kernel_lock.resolve import resolve_slot
 from kernel_lock.schema import Slot
 from kernel_lock.slots import SLOTS, SPECS
 from kernel_probe import __version__
+from kernel_probe.probe import stale
 from kernel_probe.probe.write import environment, now
 
 
@@ -126,7 +127,8 @@ def _as_dict(field: Any) -> dict[str, Any] | None:
 
 
 def lock_differences(a: KernelLock, b: KernelLock) -> dict[str, list[dict[str, Any]]]:
-    """What differs between locks: top-level keys, fingerprint, libraries, slots' choices."""
+    """What differs between locks: top-level keys, fingerprint, libraries, slots' choices, and
+    what they were probed for (the model, the profile, the options, the libraries installed)."""
     env = []
     for name in sorted(set(a.environment.fields) | set(b.environment.fields)):
         x, y = a.environment.fields.get(name), b.environment.fields.get(name)
@@ -149,10 +151,6 @@ def lock_differences(a: KernelLock, b: KernelLock) -> dict[str, list[dict[str, A
     for key in ("precision", "mode", "lock_version"):
         if getattr(a, key) != getattr(b, key):
             top.append({"key": key.replace("_", "-"), "a": getattr(a, key), "b": getattr(b, key)})
-    # the profile is part of a lock's identity: the same name with another digest is another policy
-    pa, pb = dict(a.profile), dict(b.profile)
-    for key in ("name", "digest"):
-        x, y = pa.get(key), pb.get(key)
-        if x != y and not (key == "digest" and pa.get("name") != pb.get("name")):
-            top.append({"key": "profile" if key == "name" else "profile-digest", "a": x, "b": y})
-    return {"lock": top, "environment": env, "slots": slots}
+    # what each was probed for, as `--check` compares a lock with a run (one function: stale)
+    probed = stale.differences(stale.Probed.of_lock(a), stale.Probed.of_lock(b))
+    return {"lock": top, "environment": env, "slots": slots, "probe": [d.to_dict() for d in probed]}

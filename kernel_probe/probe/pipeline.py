@@ -17,11 +17,11 @@ from typing import Any
 
 import kernel_lock
 from kernel_lock.errors import KernelUnavailable, LockError, LockFormatError, LockMismatch
-from kernel_lock.model import Model, site_differences
+from kernel_lock.model import Model
 from kernel_probe import slots as slot_behaviour
 from kernel_probe.candidates import Candidate, default_for, for_slot, local_modules
-from kernel_probe.detect.libraries import library_change
-from kernel_probe.errors import InputFileError, StaleLock
+from kernel_probe.errors import InputFileError, StaleLock, TooLarge
+from kernel_probe.probe import stale
 from kernel_probe.probe.choose import Choice, choose
 from kernel_probe.probe.judge import Policy
 from kernel_probe.probe.modelcheck import FLAG, checked
@@ -46,70 +46,6 @@ class ProbeResult:
     time_seconds: float = 0.0
     source: str = ""
     replaced: str = ""  # a probe that replaced a lock: why, as --check says it
-
-
-# the options of the inputs digest as a person names them: these, and the flags of _FLAGS
-OPTION_NAMES = {"shapes": "--shape", "slots": "--slot", "pins": "--pin", "prefers": "--prefer"}
-OPTION_NAMES |= {"slot_shapes": "--shape SLOT=SHAPE"}
-OPTION_NAMES |= {"candidates": "candidates", "profile": "the profile's digest"}
-OPTION_NAMES |= {"model": "--model (the trace's digest)"}
-_FLAGS = ("precision", "with_compile", "deterministic", "allow_init_change", "strict_dtype")
-_FLAGS_TOO = ("graph_attention", "allow_graph_attention_fallback", "allow_approximation")
-OPTION_NAMES |= {key: "--" + key.replace("_", "-") for key in (*_FLAGS, *_FLAGS_TOO)}
-
-
-def _option_name(key: str) -> str:
-    """How a person names the option behind a digest key (a slot's: its declaring flag)."""
-    for s in slot_behaviour.SLOTS.values():
-        if s.option is not None and key in s.inputs("", "cpu"):
-            return s.option.flag
-    return OPTION_NAMES.get(key, key)
-
-
-def _flat(value: Any) -> Any:
-    """An option as the lock records it: a scalar (a list or table joined with ", "; absent: "")."""
-    if value is None:
-        return ""
-    if isinstance(value, Mapping):
-        return ", ".join(f"{k}={v}" for k, v in sorted(value.items()))
-    if isinstance(value, (list, tuple)):
-        return ", ".join(str(v) for v in value)
-    return value
-
-
-def _shown(value: Any) -> str:
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    return str(value) if value != "" else "none"
-
-
-def options_change(recorded: Mapping[str, Any] | None, now: Mapping[str, Any]) -> str:
-    """The options that differ between a lock's (``provenance.options``) and this run's, old and
-    new value each; the general reason for an older lock that records none."""
-    if not isinstance(recorded, Mapping) or not recorded:
-        return "it was probed with other options (shapes, precision, candidates, pins or profile)"
-    changes = []
-    for key, value in recorded_options(now).items():
-        old = recorded.get(key, "")
-        if old == value:
-            continue
-        if key == "candidates" and isinstance(old, str):
-            was, new = set(filter(None, old.split(", "))), set(filter(None, value.split(", ")))
-            parts = [f"new {', '.join(sorted(new - was))}"] if new - was else []
-            parts += [f"no longer {', '.join(sorted(was - new))}"] if was - new else []
-            changes.append(f"candidates: {'; '.join(parts)}")
-        else:
-            changes.append(f"{_option_name(key)}: {_shown(old)} -> {_shown(value)}")
-    unknown = sorted(set(recorded) - set(now))
-    if unknown:  # a newer kernel-probe's option
-        changes.append(f"options this kernel-probe does not know: {', '.join(unknown)}")
-    said = "; ".join(changes) or "(the same values, another encoding)"
-    return "it was probed with other options: " + said
-
-
-def recorded_options(inputs: Mapping[str, Any]) -> dict[str, Any]:
-    """The inputs as the lock records them (``provenance.options``): one scalar each."""
-    return {k: _flat(v) for k, v in inputs.items()}
 
 
 def reusable(
@@ -142,21 +78,17 @@ def reusable(
             path=str(path),
             fix="re-run with --force to replace it, or accept the edit with `kernel-probe rehash`",
         )
-    if why := _other_model(lock, model):
-        return None, why
-    if lock.provenance.get("inputs") != digest:
-        from kernel_probe.profile_match import profile_change  # only where a lock is stale
-
-        # why: the profile's change where it changed, else the options that differ
-        options = options_change(lock.provenance.get("options"), inputs or {})
-        return None, profile_change(lock.profile, profile) or options
-    if libraries is not None:
-        changed = library_change(_recorded_libraries(lock, judged), libraries, judged)
-        if changed:
-            return (
-                None,
-                f"{changed} (re-probe to judge them: kernel-probe --out ... without --check)",
-            )
+    now = stale.Probed(
+        digest,
+        None if inputs is None else stale.recorded_options(inputs),
+        libraries,
+        profile.lock_record("") if profile is not None else {},
+        model,
+    )
+    # the first difference, the most telling: the model, the profile, the options, the libraries
+    for d in stale.differences(stale.Probed.of_lock(lock, judged), now, judged):
+        again = " (re-probe to judge them: kernel-probe --out ... without --check)"
+        return None, d.why + (again if d.what == "libraries" else "")
     try:  # each slot's class and kwargs as `verify` and `factory` judge them
         lock.verify(targets="child")
     except LockMismatch as exc:
@@ -168,39 +100,6 @@ def reusable(
     except KernelUnavailable as exc:
         return None, exc.problem
     return lock, ""
-
-
-def _other_model(lock: kernel_lock.KernelLock, model: Model | None) -> str:
-    """Why the lock was not probed for ``model``'s trace (None: for no model); "" when it was."""
-    if model is None:
-        spec = lock.model.spec if lock.model is not None else ""
-        return (
-            f"it was probed for the model {spec}: check or probe it with --model {spec}"
-            if spec
-            else ""
-        )
-    if lock.model is None:
-        return "it was not probed for a model (it has no [model] table): probe with --model"
-    if lock.model.digest == model.digest:
-        return ""
-    differences = "; ".join(site_differences(lock.model, model))
-    return f"it was probed for another model or other sizes: {differences}"
-
-
-def _recorded_libraries(
-    lock: kernel_lock.KernelLock, judged: Mapping[str, Sequence[str]]
-) -> dict[str, str]:
-    """What the lock's probe saw installed; a library it did not record (an older lock, or one
-    keyed by a submodule before issue 52): "" where all its candidates' rows say not installed."""
-    recorded = lock.provenance.get("libraries")
-    out = {str(k): str(v) for k, v in recorded.items()} if isinstance(recorded, Mapping) else {}
-    for name, ids in judged.items():
-        if name in out:
-            continue
-        rows = [r for s in lock.slots for r in lock.slots[s].rejected if r.implementation in ids]
-        if rows and all(any("not installed" in reason for reason in r.reasons) for r in rows):
-            out[name] = ""
-    return out
 
 
 def probe_or_reuse(
@@ -277,6 +176,7 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
 
     events = events or Events()
     behaviour = {s: slot_behaviour.slot(s) for s in p.slots}
+    refuse_too_large(p, behaviour)
     own = [text.partition("=")[2] for text in p.inputs.get("slot_shapes", ())]  # SLOT=SHAPE
     warnings = [large_shape_warning(p.device["type"], [*p.shapes, *own], p.reps)]
     warnings += [line for b in behaviour.values() for line in b.warnings(p.device["type"], p.dtype)]
@@ -342,6 +242,22 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     return result
 
 
+def refuse_too_large(p: Plan, behaviour: Mapping[str, slot_behaviour.Slot]) -> None:
+    """Raise TooLarge (exit 3) for a shape a slot says this device cannot time, before any worker
+    starts, with what to do instead."""
+    kind = "cpu" if p.device["type"] == "cpu" else "gpu"
+    for name, b in behaviour.items():
+        for shape in p.timed_at.get(name, ()):
+            if why := b.too_large(shape, kind):
+                flag = b.option.flag if b.option and not p.request.model else ""
+                smaller = f"; or declare a size this {kind} can time ({flag})" if flag else ""
+                raise TooLarge(
+                    f"{name} at {shape} cannot be timed on this {kind}: {why}",
+                    fix=f"probe where the model trains (a GPU node){smaller}; or leave {name} "
+                    "out: --slot for each other slot (nothing was checked or written)",
+                )
+
+
 def _provenance(p: Plan, result: ProbeResult) -> dict[str, Any]:
     """What the lock records of how it was probed."""
     provenance: dict[str, Any] = {
@@ -349,7 +265,7 @@ def _provenance(p: Plan, result: ProbeResult) -> dict[str, Any]:
         "command": p.request.command,
         "shapes": list(p.shapes),
         **p.slot_provenance,
-        "options": recorded_options(p.inputs),
+        "options": stale.recorded_options(p.inputs),
         "libraries": dict(p.libraries),
         "check-seconds": round(result.check_seconds, 2),
         "time-seconds": round(result.time_seconds, 2),

@@ -37,6 +37,9 @@ __all__ = ["ATTENTION"]
 # anemoi's O96 processor: 16 heads of 128 over 40,320 nodes, window 512 (anemoi-core PR #959)
 DEFAULT_GEOMETRY = {"cpu": "4x32x256", "gpu": "16x128x8192"}
 O96_GEOMETRY = "16x128x40320:window=512"
+# on a CPU, a longer sequence is refused before anything runs (``Attention.too_large``): 256x the
+# cost of 1,024 keys, minutes per call (docs/cli.md); a shorter one is estimated first (too_long)
+CPU_MAX_SEQ = 16_384
 FORM = (
     "HEADSxHEAD_DIMxSEQ[:window=W][,softcap=C][,dropout=P][,alibi=true][,causal=true]"
     "[,mask=bool|float][,kv_heads=K]"
@@ -329,6 +332,19 @@ class Attention(Slot):
         return (self.resolved(declared, kind),)
 
     provenance = inputs  # the lock's provenance records the geometry it was timed at
+
+    def too_large(self, shape: str, kind: str) -> str:
+        """On a CPU, a sequence over ``CPU_MAX_SEQ`` keys (O96's 40,320): every score is computed
+        there, so a call costs minutes; one up to it is estimated before it is timed
+        (``too_long``)."""
+        g = parse_geometry(shape)
+        if kind != "cpu" or g.seq <= CPU_MAX_SEQ:
+            return ""
+        return (
+            "on a CPU every score is computed (a window is a mask, not less work): one forward "
+            f"and backward at {g.seq:,} keys costs {(g.seq / 1024) ** 2:,.0f}x one at 1,024 keys "
+            f"(minutes per call), and a CPU times at most {CPU_MAX_SEQ:,} keys"
+        )
 
     def work(self, shape: str) -> float:
         """Heads x queries x keys seen (the band's, with a window; half, causal) x head_dim."""

@@ -134,6 +134,11 @@ class Slot:
         """What the lock's provenance records of the declaration."""
         return {}
 
+    def too_large(self, shape: str, kind: str) -> str:
+        """Why a ``kind`` device cannot time the slot at ``shape`` ("": it can): the probe refuses
+        it before any worker starts (exit 3), never a failure after minutes."""
+        return ""
+
     def work(self, shape: str) -> float:
         """What a call's time grows with at ``shape`` (the progress line's estimate)."""
         return shape_work(shape)

@@ -14,6 +14,7 @@ CODES = [
     (errors.UsageError, ExitCode.USAGE),
     (errors.StaleLock, ExitCode.MISMATCH),
     (errors.ForcedUnusable, ExitCode.MISMATCH),
+    (errors.TooLarge, ExitCode.MISMATCH),
     (errors.NodeDiffers, ExitCode.MISMATCH),
     (errors.ProfileUnmet, ExitCode.PROFILE_UNMET),
     (errors.InputFileError, ExitCode.BAD_INPUT),

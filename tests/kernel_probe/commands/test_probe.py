@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -591,3 +592,52 @@ def test_every_request_field_comes_from_the_command_line_once():
         9.0,
     )
     assert request.plugins is False and request.check_only is False
+
+
+@pytest.mark.slow
+def test_diff_names_what_check_calls_stale(tmp_path, capsys, monkeypatch):
+    """Issue 56: two locks probed at other shapes, another attention geometry and with liger
+    present in one: `diff --exit-code` names each difference and exits 6; `--check` of one for
+    the other's options is stale."""
+    from kernel_probe.probe import planning
+
+    a, b = tmp_path / "a.toml", tmp_path / "b.toml"
+    probe_a = [*small_probe("LayerNorm", "Attention"), "--attention", "2x16x64"]
+    probe_b = [*small_probe("LayerNorm", "Attention", shape="128x64"), "--attention", "2x16x96"]
+    assert main([*probe_a, "--out", str(a)]) == 0
+    installed = planning.installed_for
+    with monkeypatch.context() as m:  # as on a machine where liger-kernel is not installed
+        m.setattr(planning, "installed_for", lambda c: {**installed(c), "liger-kernel": ""})
+        assert main([*probe_b, "--out", str(b)]) == 0
+    assert kernel_lock.load(b).provenance["libraries"]["liger-kernel"] == ""
+    capsys.readouterr()
+    code, out, _ = run_cli(["diff", b, a, "--exit-code"], capsys)
+    assert code == 6, out
+    lines = " ".join(out.split())
+    assert "options: it was probed with other options:" in lines
+    assert "--shape: 128x64 -> 64x32" in lines and "--attention: 2x16x96 -> 2x16x64" in lines
+    assert "libraries: liger-kernel is installed now" in lines
+    code, out, _ = run_cli(["diff", b, a, "--json"], capsys)
+    found = {d["what"]: d for d in json.loads(out)["probe"]}
+    assert found["libraries"]["a"] == {"liger-kernel": ""}
+    assert found["options"]["b"]["attention"] == "2x16x64"
+    # --check of b with a's options: stale for the same reason (one comparison)
+    code, _, err = run_cli([*probe_a, "--out", b, "--check"], capsys)
+    assert code == 3 and "--attention: 2x16x96 -> 2x16x64" in " ".join(err.split())
+
+
+def test_o96_attention_on_a_cpu_is_refused_within_seconds(tmp_path):
+    """Issue 56: O96's attention on this CPU exited 1 after minutes; now exit 3 up front, in a
+    fresh interpreter as a user runs it, naming the reason and the fix, nothing written."""
+    out = tmp_path / "k.toml"
+    argv = ["--slot", "Attention", "--attention", "16x64x40320:window=512", "--out", str(out)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernel_probe", *argv], capture_output=True, text=True, cwd=ROOT
+    )
+    seconds = time.perf_counter() - t0
+    assert proc.returncode == 3, proc.stderr
+    err = " ".join(proc.stderr.split())
+    assert "Attention at 16x64x40320:window=512 cannot be timed on this cpu" in err
+    assert "fix: probe where the model trains (a GPU node)" in err and not out.exists()
+    assert seconds < 60, seconds

@@ -416,3 +416,21 @@ def test_o96_attention_on_a_cpu_stops_within_seconds_saying_why(tmp_path, capsys
     assert "torch.sdpa not timed at 16x64x40320:window=512" in err
     assert "would take ~" in err and "on this CPU" in err and "a GPU" in err
     assert not (tmp_path / "lock.toml").exists()
+
+
+# ---- sizes a CPU cannot time (issue 56: O96 on a CPU failed after minutes) -----------------------
+@pytest.mark.parametrize(
+    "shape,kind,refused",
+    [
+        ("16x64x40320:window=512", "cpu", True),  # O96's processor
+        ("16x128x16385", "cpu", True),
+        ("16x64x16384:window=512", "cpu", False),  # at the limit: estimated, then timed or not
+        ("4x32x256", "cpu", False),
+        ("16x128x40320:window=512", "gpu", False),
+    ],
+)
+def test_a_cpu_refuses_a_sequence_over_its_limit(shape, kind, refused):
+    why = attention.ATTENTION.too_large(shape, kind)
+    assert bool(why) is refused
+    if shape.startswith("16x64x40320"):
+        assert "at 40,320 keys costs 1,550x one at 1,024 keys" in why and "16,384 keys" in why

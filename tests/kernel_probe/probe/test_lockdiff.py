@@ -1,10 +1,15 @@
 """kernel_probe.probe.derive.lock_differences: what changed between two locks (top-level keys,
-environment, slots)."""
+environment, slots, and what they were probed for: kernel_probe.probe.stale, as --check)."""
 
 from __future__ import annotations
 
+import hashlib
+from dataclasses import replace
+
 import pytest
 
+from kernel_lock import toml
+from kernel_lock.model import Model, Site
 from kernel_probe.probe.derive import lock_differences
 from tests.conftest import MINIMAL_LOCK, edited_lock, sealed_lock
 
@@ -21,7 +26,8 @@ def diff(a: str, b: str):
 
 
 def test_a_lock_does_not_differ_from_itself():
-    assert diff(MINIMAL_LOCK, MINIMAL_LOCK) == {"lock": [], "environment": [], "slots": []}
+    empty = {"lock": [], "environment": [], "slots": [], "probe": []}
+    assert diff(MINIMAL_LOCK, MINIMAL_LOCK) == empty
 
 
 @pytest.mark.parametrize(
@@ -33,32 +39,37 @@ def test_a_lock_does_not_differ_from_itself():
             {'lock-version = "1.0"': 'lock-version = "1.1"'},
             {"key": "lock-version", "a": "1.0", "b": "1.1"},
         ),
-        ({HEAD: profile("site", "a")}, {"key": "profile", "a": None, "b": "site"}),
     ],
 )
 def test_top_level_differences(edit, expected):
     result = diff(MINIMAL_LOCK, edited_lock(**edit))
     assert expected in result["lock"]
-    assert result["slots"] == [] and result["environment"] == []
+    assert result["slots"] == [] and result["environment"] == [] and result["probe"] == []
 
 
 @pytest.mark.parametrize(
     "a,b,expected",
     [
         # the same profile name with another digest is another policy
-        (
-            ("p", "a"),
-            ("p", "b"),
-            [{"key": "profile-digest", "a": "sha256:" + "a" * 64, "b": "sha256:" + "b" * 64}],
-        ),
-        # another name: the name says it, the digest is not listed besides
-        (("p", "a"), ("q", "b"), [{"key": "profile", "a": "p", "b": "q"}]),
-        (("p", "a"), ("p", "a"), []),
+        (("p", "a"), ("p", "b"), "profile p changed since the lock was written (digest sha256:aaa"),
+        (("p", "a"), ("q", "b"), "it was written under profile p, this run applies q"),
+        (None, ("q", "b"), "it was written under profile none, this run applies q"),
+        (("p", "a"), None, "it was written under profile p and this run applies none"),
     ],
 )
 def test_profile_differences(a, b, expected):
-    result = diff(edited_lock(**{HEAD: profile(*a)}), edited_lock(**{HEAD: profile(*b)}))
-    assert result["lock"] == expected
+    texts = [edited_lock(**{HEAD: profile(*x)}) if x else MINIMAL_LOCK for x in (a, b)]
+    result = diff(*texts)
+    assert result["lock"] == [] and [d["what"] for d in result["probe"]] == ["profile"]
+    assert result["probe"][0]["why"].startswith(expected)
+    assert result["probe"][0]["b"] == (
+        {"name": b[0], "digest": "sha256:" + b[1] * 64} if b else {"name": None, "digest": None}
+    )
+
+
+def test_the_same_profile_does_not_differ():
+    same = edited_lock(**{HEAD: profile("p", "a")})
+    assert diff(same, same)["probe"] == []
 
 
 @pytest.mark.parametrize(
@@ -151,3 +162,51 @@ def test_a_library_differs_by_version_not_by_match():
 def test_slot_differences(edit, expected):
     result = diff(MINIMAL_LOCK, edited_lock(**edit))
     assert result["slots"] == expected and result["lock"] == []
+
+
+# ---- what they were probed for (issue 56: `diff` saw none of what --check sees) ------------------
+def probed(shapes: str, attention: str, liger: str, model: str = "") -> str:
+    """MINIMAL_LOCK as probed with these options and liger-kernel ("": not installed)."""
+    options = (
+        f'options = {{ shapes = "{shapes}", attention = "{attention}", precision = "32-true" }}'
+    )
+    digest = hashlib.sha256(f"{shapes} {attention}".encode()).hexdigest()
+    libraries = f'libraries = {{ apex = "", liger-kernel = "{liger}" }}'
+    provenance = f'provenance = {{ inputs = "sha256:{digest}", {options}, {libraries} }}\n'
+    return edited_lock(**{HEAD: HEAD + provenance}) + model
+
+
+def test_other_shapes_geometry_and_libraries_are_named():
+    a = probed("64x32", "4x32x256", "")
+    b = probed("2048x1024", "16x64x1024:window=128", "0.8.5")
+    result = diff(a, b)
+    assert result["lock"] == result["environment"] == result["slots"] == []
+    found = {d["what"]: d for d in result["probe"]}
+    assert list(found) == ["options", "libraries"]
+    options = found["options"]
+    assert options["a"] == {"shapes": "64x32", "attention": "4x32x256"}
+    assert options["b"] == {"shapes": "2048x1024", "attention": "16x64x1024:window=128"}
+    assert "--shape: 64x32 -> 2048x1024" in options["why"]
+    assert "--attention: 4x32x256 -> 16x64x1024:window=128" in options["why"]
+    libraries = found["libraries"]
+    assert libraries["a"] == {"liger-kernel": ""} and libraries["b"] == {"liger-kernel": "0.8.5"}
+    assert "liger-kernel is installed now (0.8.5) but was not" in libraries["why"]
+    # the same options and libraries: nothing
+    assert diff(a, probed("64x32", "4x32x256", ""))["probe"] == []
+
+
+def test_another_model_is_named_with_its_sites():
+    norm = Site(slot="LayerNorm", where="norm", call="torch.nn.LayerNorm", shapes=("8x64",))
+    models = [
+        Model.of("m.py:build", (replace(norm, shapes=(shape,)),)) for shape in ("8x64", "8x128")
+    ]
+    a, b = (MINIMAL_LOCK + "\n" + toml.dumps({"model": m.to_dict()}) for m in models)
+    found = diff(a, b)["probe"]
+    assert [d["what"] for d in found] == ["model"]
+    assert found[0]["why"] == (
+        "it was probed for another model or other sizes: norm: shapes ['8x64'] in the lock, "
+        "['8x128'] in the model"
+    )
+    assert found[0]["a"] == f"m.py:build ({models[0].digest})"
+    assert "not probed for a model" in diff(MINIMAL_LOCK, a)["probe"][0]["why"]
+    assert "probed for the model m.py:build" in diff(a, MINIMAL_LOCK)["probe"][0]["why"]

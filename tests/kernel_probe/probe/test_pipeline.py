@@ -16,7 +16,7 @@ import pytest
 from kernel_probe import jobstart
 from kernel_probe.errors import InputFileError, StaleLock, UsageError
 from kernel_probe.jobstart import run
-from kernel_probe.probe import pipeline, planning
+from kernel_probe.probe import pipeline, planning, stale
 from kernel_probe.probe.pipeline import choose_all, reusable
 from kernel_probe.probe.planning import ProbeRequest, plan, slot_rules
 from kernel_probe.probe.report import Report
@@ -303,20 +303,20 @@ def test_other_options_are_named_with_their_old_and_new_values():
         "pins": {},
         "candidates": ["a=x.A"],
     }
-    recorded = pipeline.recorded_options(before)
+    recorded = stale.recorded_options(before)
     now = {
         "precision": "32-true",
         "shapes": ["64x32"],
         "pins": {"Linear": "torch.linear"},
         "candidates": ["b=y.B"],
     }
-    why = pipeline.options_change(recorded, now)
+    why = stale.options_change(recorded, now)
     assert "--precision: bf16-mixed -> 32-true" in why and "--shape: 2048x1024 -> 64x32" in why
     assert (
         "--pin: none -> Linear=torch.linear" in why
         and "candidates: new b=y.B; no longer a=x.A" in why
     )
-    assert pipeline.options_change(recorded, before).endswith("(the same values, another encoding)")
+    assert stale.options_change(recorded, before).endswith("(the same values, another encoding)")
 
 
 def test_a_lock_probed_with_other_options_names_them(tmp_path, cpu):
@@ -447,3 +447,25 @@ def test_a_lock_that_did_not_record_a_library_is_judged_by_its_rows(tmp_path, cp
     assert lock is None and "apex is installed now (installed)" in why
     path = write_sealed(tmp_path / "l.toml", probed_seeing(p.digest, seen))
     assert reusable(path, p.digest, libraries=now, judged=judged)[1] == ""
+
+
+# ---- a shape this device cannot time: refused before any worker (issue 56) ----------------------
+O96 = "16x64x40320:window=512"
+
+
+def test_a_size_this_cpu_cannot_time_is_refused_before_any_work(cpu):
+    from kernel_probe.errors import TooLarge
+
+    p = plan(ProbeRequest(slots=("Attention",), declared={"Attention": O96}))
+    with pytest.raises(TooLarge) as info:
+        pipeline.probe(p)  # no worker: the no_workers fixture fails the test if one starts
+    assert info.value.exit_code == 3
+    assert info.value.problem.startswith(f"Attention at {O96} cannot be timed on this cpu: ")
+    assert "(--attention)" in info.value.fix and "--slot for each other slot" in info.value.fix
+    # a model's own size: no --attention to lower it
+    with pytest.raises(TooLarge) as info:
+        pipeline.probe(replace(p, request=replace(p.request, model="m.py:build")))
+    assert "--attention" not in info.value.fix and "a GPU node" in info.value.fix
+    # the same geometry on a GPU is timed
+    gpu = replace(p, device={**p.device, "type": "cuda"}, timed_at={"Attention": (O96,)})
+    pipeline.refuse_too_large(gpu, {"Attention": slot("Attention")})

@@ -96,11 +96,11 @@ def test_diff_sees_a_changed_profile_digest(tmp_path, capsys):
     a = lock_with_profile(tmp_path / "a.toml", record)
     b = lock_with_profile(tmp_path / "b.toml", {**record, "digest": "sha256:" + "b" * 64})
     code, out, _ = run_cli(["diff", a, b, "--exit-code"], capsys)
-    assert code == 6 and "profile-digest: 'sha256:aaaa" in out
+    assert code == 6 and "profile: profile mysite changed since the lock was written" in out
     code, out, _ = run_cli(["diff", a, b, "--json"], capsys)
-    assert json.loads(out)["lock"] == [
-        {"key": "profile-digest", "a": record["digest"], "b": "sha256:" + "b" * 64}
-    ]
+    (found,) = json.loads(out)["probe"]
+    assert found["what"] == "profile" and found["a"]["digest"] == record["digest"]
+    assert found["b"] == {"name": "mysite", "digest": "sha256:" + "b" * 64}
     assert run_cli(["diff", a, a, "--exit-code"], capsys)[0] == 0
 
 
