@@ -132,7 +132,7 @@ def summary(runs: Sequence[Mapping[str, dict[str, Any]]]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--runs", type=int, default=10, help="cold probes per tree (default 10)")
     ap.add_argument("--before", default=BEFORE, help=f"the git revision before (default {BEFORE})")
     ap.add_argument("--slots", default="LayerNorm,Attention", help="the slots probed")
