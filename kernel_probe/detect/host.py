@@ -309,24 +309,36 @@ def busy_others(
     >>> busy_others(before, after, 1.0, root=10)  # 20 and 21 (new); 10 and 11 are ours
     2
     """
-    ours, grew = {os.getpid() if root is None else root}, True
-    while grew:
-        more = {pid for pid, (parent, _) in after.items() if parent in ours} - ours
-        ours, grew = ours | more, bool(more)
+    ours = _tree(after, os.getpid() if root is None else root)
     floor = BUSY_SHARE * max(seconds, 1e-9)
     used = {pid: cpu - before.get(pid, (0, 0.0))[1] for pid, (_, cpu) in after.items()}
     return sum(1 for pid, cpu in used.items() if pid not in ours and cpu >= floor)
 
 
-class Load:
-    """What else ran on the machine over a timed block: made before it, ``seen()`` after it."""
+def _tree(processes: Mapping[int, tuple[int, float]], root: int) -> set[int]:
+    """``root`` and every process descending from it."""
+    ours, grew = {root}, True
+    while grew:
+        more = {pid for pid, (parent, _) in processes.items() if parent in ours} - ours
+        ours, grew = ours | more, bool(more)
+    return ours
 
-    def __init__(self) -> None:
-        self.started, self.before = time.perf_counter(), cpu_seconds()
+
+class Load:
+    """What else ran on the machine over a timed block: made before it, ``seen()`` after it;
+    ``gpu``: also the other processes NVML sees computing on the GPU (where it can say)."""
+
+    def __init__(self, gpu: bool = False) -> None:
+        self.gpu, self.started, self.before = gpu, time.perf_counter(), cpu_seconds()
 
     def seen(self) -> dict[str, float | int]:
-        """The 1-minute load average now and the other busy processes since the start."""
-        seconds = time.perf_counter() - self.started
-        busy = busy_others(self.before, cpu_seconds(), seconds)
+        """The 1-minute load average now, the other busy processes since the start, and on a GPU
+        the other processes computing on it now."""
+        seconds, after = time.perf_counter() - self.started, cpu_seconds()
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-        return {"load_average": round(load, 2), "busy_processes": busy}
+        out: dict[str, float | int] = {"load_average": round(load, 2)}
+        out["busy_processes"] = busy_others(self.before, after, seconds)
+        pids = fp_host.nvml_compute_pids() if self.gpu else None
+        if pids is not None:
+            out["gpu_processes"] = len(set(pids) - _tree(after, os.getpid()))
+        return out

@@ -199,6 +199,7 @@ class TimingRow(TypedDict, total=False):
     # round the default's block median and this candidate's, ms (repetitions.py)
     load_average: float
     busy_processes: int
+    gpu_processes: int  # on a GPU, where NVML can say
     pairs: list[list[float]]
 
 

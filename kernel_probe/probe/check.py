@@ -397,7 +397,7 @@ def merged(
         new = {**row, "samples": samples, "median_ms": median, "reps": len(samples)}
         new["spread"] = repetitions.spread(samples)
         new.update({k: row[k] * row["median_ms"] / median for k in RATES if k in row})
-        for key in ("load_average", "busy_processes"):
+        for key in ("load_average", "busy_processes", "gpu_processes"):
             if key in extra:
                 new[key] = max(row.get(key, 0), extra[key])
         out.append(new)
@@ -418,16 +418,18 @@ def _time(
     rows; the report says why)."""
     t1 = time.perf_counter()
     shapes = timing.timed_at.get(slot, timing.shapes)
-    timing.progress(slot, cand.id, shapes, None)
+    first = done.timings is None  # later rounds' blocks are not announced: one line per candidate
+    if first:
+        timing.progress(slot, cand.id, shapes, None)
     where = _about(cand, slot, checks.device)
     request = TimeRequest(
         op="time", **where, shapes=shapes, dtype=timing.dtype, regime=timing.regime
     )
-    request["progress"], request["options"] = True, dict(options)
+    request["progress"], request["options"] = first, dict(options)
     request["canonical"] = dict(checks.canonical.get(slot) or {})
     rows = None
     with pool.worker_for(cand) as worker:
-        load = host.Load()
+        load = host.Load(gpu=checks.device != "cpu")
         try:
             reply = worker.call(
                 request,

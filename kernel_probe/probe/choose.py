@@ -308,14 +308,17 @@ def load_warnings(
     for slot, choice in choices.items():
         rows = [row for rows in timings.get(slot, {}).values() for row in rows or ()]
         busy = max((int(r.get("busy_processes", 0)) for r in rows), default=0)
+        busy += max((int(r.get("gpu_processes", 0)) for r in rows), default=0)
         if not choice.ratios or busy < 1:
             continue
         load = max(float(r.get("load_average", 0.0)) for r in rows)
         undecided = sorted(k for k, r in choice.ratios.items() if r.verdict == "undecided")
-        what = f"{', '.join(undecided)} undecided" if undecided else "a close call may differ"
+        what = f"it left {', '.join(undecided)} undecided" if undecided else "a close call"
+        what += " may differ on an idle machine" if not undecided else ""
         out.append(
-            f"{slot} was timed while {busy} other process{'es' * (busy > 1)} kept a CPU busy "
-            f"(load average {load:.1f}): the paired rounds share that load, but {what}; "
-            "probe on a quiet machine (or the job's own nodes) to be sure"
+            f"{slot} was timed while {busy} other process{'es were' if busy > 1 else ' was'} busy "
+            f"(a tenth of a core or more, or computing on the GPU; load average {load:.1f}): the "
+            f"paired rounds share that load, but {what}; probe on a quiet machine (or the job's "
+            "own nodes) to be sure"
         )
     return out

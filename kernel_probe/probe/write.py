@@ -91,7 +91,7 @@ def _evidence(report: Report) -> list[dict[str, Any]]:
 # timing row keys the lock records as they are (rounded to 4, 2 or 3 digits), besides the error
 _TIMED = {"median_ms": 4, "spread": 2, "gbps": 4, "compile_s": 3}
 _IF_TIMED = {"reps": None, "timed": None, "copy_percent": 3, "tflops": 4}
-_IF_TIMED |= {"load_average": 3, "busy_processes": None}
+_IF_TIMED |= {"load_average": 3, "busy_processes": None, "gpu_processes": None}
 
 
 def _timing(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:

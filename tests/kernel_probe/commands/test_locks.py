@@ -105,3 +105,13 @@ def test_diff_exit_code_is_6_when_the_locks_differ(tmp_path, capsys):
     assert proc.returncode == 6, proc.stderr
     code, out, _ = run(["diff", "--help"], capsys)
     assert code == 0 and "exit 6 when the locks differ" in " ".join(out.split())
+
+
+def test_explain_shows_the_paired_ratio_its_interval_and_the_load(capsys, monkeypatch):
+    """Issue 56: the interval written in the lock (1.4) is shown by explain, with the load seen."""
+    monkeypatch.setenv("COLUMNS", "160")
+    lock = ROOT / "tests" / "kernel_lock" / "data" / "locks" / "build-lock-fixed-reports.toml"
+    code, out, _ = run(["explain", str(lock), "LayerNorm"], capsys)
+    assert code == 0, out
+    assert "0.91 [0.82, 1.00] x6" in out and "1.2 / 1" in out
+    assert "the median time ratio of the paired rounds" in out

@@ -196,7 +196,7 @@ def test_load_seen_is_warned_about_where_it_can_sway_a_choice():
     for rows in timings.values():
         rows[0]["busy_processes"], rows[0]["load_average"] = 2, 3.5
     lines = load_warnings({"Attention": picked}, {"Attention": timings})
-    assert len(lines) == 1 and "Attention was timed while 2 other processes kept" in lines[0]
+    assert len(lines) == 1 and "Attention was timed while 2 other processes were busy" in lines[0]
     assert "load average 3.5" in lines[0]
     quiet = {k: [{**rows[0], "busy_processes": 0}] for k, rows in timings.items()}
     assert load_warnings({"Attention": picked}, {"Attention": quiet}) == []
