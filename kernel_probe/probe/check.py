@@ -309,13 +309,15 @@ def _rounds(
     options: tuple[dict[str, Any], dict[str, Any]],
 ) -> None:
     """Paired rounds: per round, per candidate still undecided, a block of the default and one of
-    it (the order swapped every round), until each is decided (``--reps N``: N calls each, all
-    rounds), ``MAX_ROUNDS`` or the slot's budget."""
+    it (the order swapped every round), until each is decided (``--reps N``: N calls each, in
+    ``MIN_ROUNDS`` rounds at least, all of them), ``MAX_ROUNDS`` or the slot's budget."""
     (base_cand, base), rest = timeable[0], list(timeable[1:])
     shapes, weights = timing.timed_at.get(slot, timing.shapes), timing.weights.get(slot)
     kind = "gpu" if checks.device != "cpu" else "cpu"
     budget = repetitions.SLOT_BUDGET_S[kind] if timing.budget_s is None else timing.budget_s
-    rounds = -(-timing.reps // options[0]["reps"]) if timing.fixed else repetitions.MAX_ROUNDS
+    rounds = repetitions.MAX_ROUNDS
+    if timing.fixed:  # N calls, in at least the rounds an interval takes (fewer decide nothing)
+        rounds = max(repetitions.MIN_ROUNDS, -(-timing.reps // options[0]["reps"]))
     started, how = time.perf_counter(), "fixed" if timing.fixed else "max-rounds"
     for r in range(rounds):
         for cand, checked in rest:

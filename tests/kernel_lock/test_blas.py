@@ -283,7 +283,7 @@ def test_simulated_cuda_probe_chooses_and_records_the_library(monkeypatch, tmp_p
     slot = result.lock.slots["Linear"]
     assert (
         slot.implementation == "torch.linear.cublaslt" and "faster than torch.linear" in slot.reason
-    )
+    ), (slot.reason, slot.timing)
     assert slot.extra["blas"] == blas.Blas(library="cublaslt", build_default="cublas")
     assert {t["implementation"]: t["blas"] for t in slot.timing} == {
         "torch.linear": "cublas",

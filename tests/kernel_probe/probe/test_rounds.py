@@ -189,6 +189,9 @@ def test_fixed_reps_time_every_round_without_stopping_early():
         timings["torch.sdpa.flash"][0]["reps"] == 8
         and timings["torch.sdpa.flash"][0]["timed"] == "fixed"
     )
+    # fewer calls than an interval takes rounds: the rounds it takes, one call each
+    picked, calls, _ = _slot({"torch.sdpa": 2.0, "torch.sdpa.flash": 1.0}, fixed=True, reps=2)
+    assert len(calls) == 2 * repetitions.MIN_ROUNDS and picked.report.id == "torch.sdpa.flash"
 
 
 def test_load_seen_is_warned_about_where_it_can_sway_a_choice():
