@@ -184,3 +184,12 @@ def test_a_models_calls_weigh_its_shapes():
     assert mostly_first.report.id == "liger.rms_norm" and mostly_first.weighted
     assert mostly_first.scores["liger.rms_norm"] == pytest.approx((5 + 1.2) / 11)
     assert "in the model's time in the slot (11 calls at 2 shapes, bfloat16)" in mostly_first.reason
+
+
+def test_a_lone_candidate_where_the_default_failed_is_no_decision():
+    reports = [rep("torch.rms_norm", "rejected"), rep("liger.rms_norm")]
+    c = decide({"liger.rms_norm": t(1.0, 1.0)}, reports)
+    assert c.report.id == "liger.rms_norm" and "fastest" not in c.reason
+    assert (
+        "the only candidate accepted and timed" in c.reason and "nothing was compared" in c.reason
+    )
