@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 MIN_MARGIN = 0.05  # the smallest gain a choice is made for: ties go to the default
-LEVEL = 0.9  # of the interval of the rounds' median ratio
-MIN_ROUNDS = 6  # paired rounds before an interval is drawn (6: the extremes, at 97 %)
-MAX_ROUNDS = 20  # rounds stop here at the latest
+LEVEL = 0.98  # of the interval of the rounds' median ratio
+MIN_ROUNDS = 7  # paired rounds before an interval exists (7: the extremes, at 98.4 %)
+MAX_ROUNDS = 12  # rounds stop here at the latest
 SOLE_SECOND_CALL_BELOW_S = 1.0  # a sole candidate's first call under this: one more is measured
 SLOT_BUDGET_S = {"cpu": 20.0, "gpu": 20.0}  # per slot, of timed calls (first calls count)
 Verdict = Literal["faster", "same", "slower", "not faster", "undecided"]
@@ -41,7 +41,7 @@ def block(reps: int) -> int:
     """The calls of one block of a round: the count asked over ``MIN_ROUNDS``, at least one.
 
     >>> block(5), block(20), block(1)
-    (1, 3, 1)
+    (1, 2, 1)
     """
     return max(1, reps // MIN_ROUNDS)
 
@@ -104,7 +104,7 @@ class Ratio:
         """The ratio with its interval, for a reason line.
 
         >>> Ratio(0.76, (0.72, 0.8), 6).said()
-        'time ratio 0.76 (90 % interval 0.72-0.80, 6 paired rounds)'
+        'time ratio 0.76 (98 % interval 0.72-0.80, 6 paired rounds)'
         """
         rounds = f"{self.rounds} paired round{'s' if self.rounds != 1 else ''}"
         if not self.rounds:

@@ -113,5 +113,5 @@ def test_explain_shows_the_paired_ratio_its_interval_and_the_load(capsys, monkey
     lock = ROOT / "tests" / "kernel_lock" / "data" / "locks" / "build-lock-fixed-reports.toml"
     code, out, _ = run(["explain", str(lock), "LayerNorm"], capsys)
     assert code == 0, out
-    assert "0.91 [0.82, 1.00] x6" in out and "1.2 / 1" in out
+    assert "0.91 [0.82, 1.00] x7" in out and "1.2 / 1" in out
     assert "the median time ratio of the paired rounds" in out

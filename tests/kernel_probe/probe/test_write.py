@@ -305,7 +305,7 @@ def test_a_timing_row_keeps_what_it_measured(row, expected):
             [],
             Ratio(0.5, (0.45, 0.55), 6),
             [
-                "accepted; faster: time ratio 0.50 (90 % interval 0.45-0.55, 6 paired rounds) "
+                "accepted; faster: time ratio 0.50 (98 % interval 0.45-0.55, 6 paired rounds) "
                 "against the default (geometric mean over the shapes), but torch.rms_norm was "
                 "chosen (pinned)"
             ],
